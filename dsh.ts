@@ -146,6 +146,28 @@ export interface Provider {
   complete(request: ChatRequest): Promise<ChatResponse>
 }
 
+/** What a tool's `execute` receives besides its parsed arguments. */
+export interface ToolContext {
+  /** Aborted when the turn is cancelled; long-running tools should stop early. */
+  signal: AbortSignal
+  /** The id of the tool call being answered. */
+  callId: string
+}
+
+/**
+ * What a tool returns: a string (one text block), blocks, or an explicit result. Throwing is fine:
+ * the loop turns it into an error result for the model (DESIGN.md §7).
+ */
+export type ToolOutput = string | Block[] | { content: string | Block[]; isError?: boolean }
+
+/** A tool: a plain object (DESIGN.md §7). `parameters` is a JSON schema for the arguments object. */
+export interface Tool<Args = any> {
+  name: string
+  description: string
+  parameters: Record<string, unknown>
+  execute(args: Args, ctx: ToolContext): ToolOutput | Promise<ToolOutput>
+}
+
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 2. Meter
 // ════════════════════════════════════════════════════════════════════════════════════════════
@@ -186,4 +208,8 @@ export interface Provider {
 // 8. CLI
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-// (cli)
+// (cli-tools)
+
+// (cli-replay)
+
+// (cli-main)
