@@ -119,6 +119,11 @@ export interface ChatRequest {
   tools?: readonly ToolSpec[]
   messages: readonly Message[]
   maxTokens?: number
+  /**
+   * The caller's estimate of the prompt (envelope + messages) in tokens, e.g. the session's
+   * anchored measure; used to clamp `maxTokens` to the window. Default: the heuristic of §2.
+   */
+  inputTokens?: number
   signal?: AbortSignal
   /** Extra HTTP headers, e.g. `x-dsh-purpose: compaction` on summary requests (DESIGN.md §5). */
   headers?: Record<string, string>
