@@ -37,9 +37,12 @@ function copyOfSource(name: string, edit: (src: string) => string): { entry: str
 }
 
 // ── The real build ──────────────────────────────────────────────────────────────────────────────
+// Every build in this file starts at load and runs concurrently (each is a short child process);
+// the tests await the one they check.
 const dist = join(work, 'dist')
+const realBuild = runBuild('--outdir', dist)
 let built: Run
-before(async () => { built = await runBuild('--outdir', dist) })
+before(async () => { built = await realBuild })
 
 test('node build.mjs writes the ESM bundle, the IIFE, their source maps and the declarations', () => {
   assert.equal(built.code, 0, built.stderr)
@@ -94,9 +97,10 @@ const STATIC_NODE_IMPORTS: Array<[label: string, line: string, module: string]> 
   ['re-export', "export { createHash } from 'node:crypto'", 'node:crypto'],
 ]
 for (const [label, line, module] of STATIC_NODE_IMPORTS) {
+  const { entry, outdir } = copyOfSource(`static-${module.slice(5)}`, (src) => `${line}\n${src}`)
+  const pending = runBuild('--entry', entry, '--outdir', outdir)
   test(`a static node: ${label} at the top of dsh.ts fails the build, naming ${module}`, async () => {
-    const { entry, outdir } = copyOfSource(`static-${module.slice(5)}`, (src) => `${line}\n${src}`)
-    const r = await runBuild('--entry', entry, '--outdir', outdir)
+    const r = await pending
     assert.equal(r.code, 1, `build exited ${r.code}:\n${r.stdout}${r.stderr}`)
     assert.match(r.stderr, new RegExp(`static import of "${module}" in the platform-neutral core`))
     assert.match(r.stderr, /dsh\.ts:1:/) // points at the line
@@ -104,14 +108,16 @@ for (const [label, line, module] of STATIC_NODE_IMPORTS) {
   })
 }
 
-test("a dynamic import('node:fs') stays external in both bundles and loads when called (Node)", async () => {
-  const { entry, outdir } = copyOfSource('dynamic', (src) => `${src}
+const dynamic = copyOfSource('dynamic', (src) => `${src}
 export async function sizeOfPackageJson(dir: string): Promise<number> {
   const { statSync } = await import('node:fs')
   return statSync(dir + '/package.json').size
 }
 `)
-  const r = await runBuild('--entry', entry, '--outdir', outdir)
+const dynamicBuild = runBuild('--entry', dynamic.entry, '--outdir', dynamic.outdir)
+test("a dynamic import('node:fs') stays external in both bundles and loads when called (Node)", async () => {
+  const { entry, outdir } = dynamic
+  const r = await dynamicBuild
   assert.equal(r.code, 0, r.stderr)
   for (const file of ['dsh.mjs', 'dsh.iife.js']) assert.match(readFileSync(join(outdir, file), 'utf8'), /import\("node:fs"\)/)
   const mod = await import(pathToFileURL(join(outdir, 'dsh.mjs')).href)
@@ -119,13 +125,29 @@ export async function sizeOfPackageJson(dir: string): Promise<number> {
   assert.match(readFileSync(join(outdir, 'dsh.d.ts'), 'utf8'), /export declare function sizeOfPackageJson\(dir: string\): Promise<number>;/)
 })
 
-test('a type-only node: import is erased and builds', async () => {
-  const { entry, outdir } = copyOfSource('type-only', (src) => `import type { Stats } from 'node:fs'\n${src}
+const typeOnly = copyOfSource('type-only', (src) => `import type { Stats } from 'node:fs'\n${src}
 export function isBig(stats: Pick<Stats, 'size'>): boolean { return stats.size > 1 }
 `)
-  const r = await runBuild('--entry', entry, '--outdir', outdir, '--no-dts')
+const typeOnlyBuild = runBuild('--entry', typeOnly.entry, '--outdir', typeOnly.outdir, '--no-dts')
+test('a type-only node: import is erased and builds', async () => {
+  const { outdir } = typeOnly
+  const r = await typeOnlyBuild
   assert.equal(r.code, 0, r.stderr)
-  assert.doesNotMatch(readFileSync(join(outdir, 'dsh.mjs'), 'utf8'), /node:/)
+  // Static forms in esbuild's minified output; the core's own dynamic import("node:…") may remain.
+  assert.doesNotMatch(readFileSync(join(outdir, 'dsh.mjs'), 'utf8'), /(?:from|import)\s*["']node:/)
   assert.equal(existsSync(join(outdir, 'dsh.d.ts')), false, '--no-dts skips tsc')
 })
 
+
+// Users bundle dsh again for the browser or the edge (wrangler, Vercel and Vite use esbuild). esbuild
+// resolves a string-literal dynamic import, so the file store's import("node:fs/promises") stops such
+// a build ("Could not resolve"); a non-literal specifier (plus webpackIgnore / @vite-ignore) passes.
+test('a browser-platform bundler (esbuild, as wrangler and Vercel use) can bundle dist/dsh.mjs', { todo: 'FileStore imports a literal "node:fs/promises" (lead: see the runtimes report)' }, async () => {
+  await realBuild
+  const esbuild = await import('esbuild')
+  const result = await esbuild.build({
+    stdin: { contents: "export * from './dsh.mjs'", resolveDir: dist, loader: 'js' },
+    bundle: true, format: 'esm', platform: 'browser', write: false, logLevel: 'silent',
+  }).catch((err: { errors?: Array<{ text: string }> }) => err)
+  assert.deepEqual('errors' in result ? result.errors?.map((e) => e.text) : 'threw', [])
+})

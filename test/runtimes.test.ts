@@ -192,6 +192,19 @@ test('node-src: the reference observation holds the expected values', () => {
   const seen = received.get('node-src')
   assert.equal(observation.version, dshSource.VERSION)
   assert.deepEqual(observation.exports, Object.keys(dshSource).sort())
+  // Worked by hand from DESIGN.md §2–3: input = 4094 'a' + 1000 × family (8 units, 5 code points)
+  // + 600 × 'é😀' (3 units, 2 code points) = 13,894 units, 10,294 code points, ⌈13894/4⌉ = 3474 tokens.
+  // Pruned: 4096 head code points (4094 'a' + 👨 + ZWJ = 4097 units) + 39-unit marker + 1024 tail
+  // code points (512 × 'é😀' = 1536 units) = 5672 units, 5159 code points; grapheme-safe moves the
+  // head cut back before the family: 5669 units, 5157 code points.
+  const pruner = observation['meter-pruner'] as Record<string, Record<string, unknown>>
+  const unitsAndPoints = (k: string) => [pruner[k].units, pruner[k].codePoints]
+  assert.deepEqual([unitsAndPoints('input'), pruner.input.tokens], [[13894, 10294], 3474])
+  assert.deepEqual([unitsAndPoints('plain'), unitsAndPoints('graphemeSafe')], [[5672, 5159], [5669, 5157]])
+  assert.deepEqual([pruner.plain.aroundHead, pruner.graphemeSafe.aroundHead], ['aaaa👨\u200d\n\n[..', 'aaaa\n\n[... t'])
+  // 'read it' = ⌈7/4⌉ + 8 = 10; the call: name + arguments 'read{}' = ⌈6/4⌉ + 8 = 10;
+  // 'x😀' × 5000 = ⌈15000/4⌉ + 8 = 3758.
+  assert.deepEqual((observation['session-memory'] as Record<string, unknown>).reloadedSurface, [[1, 'user', 10], [2, 'assistant', 10], [3, 'tool', 3758]])
   assert.deepEqual(observation['fetch-echo'], {
     method: 'POST', path: '/echo', contentType: 'application/json',
     body: { model: 'smoke', messages: [{ role: 'user', content: 'héllo 😀' }] },
@@ -205,8 +218,8 @@ test('node-src: the reference observation holds the expected values', () => {
   assert.equal(seen?.[0].body, JSON.stringify({ model: 'smoke', messages: [{ role: 'user', content: 'héllo 😀' }] }))
 })
 
-// Turns green when sections 2–7 are merged; then the lead drops `todo`.
-test('every runtime exposes the DESIGN.md §9 exports', { todo: 'sections 2-7 not merged yet' }, () => {
+// Turns green when the provider (6) and the loop (7) are merged; then the lead drops `todo`.
+test('every runtime exposes the DESIGN.md §9 exports', { todo: 'sections 6-7 not merged yet' }, () => {
   const missing = REQUIRED_EXPORTS.filter((name) => !(report('node-src').observation.exports as string[]).includes(name))
   assert.deepEqual(missing, [])
 })

@@ -42,6 +42,49 @@ export const STEPS = [
     }
   }],
 
+  // Meter and pruner (DESIGN.md §2–3) on astral and ZWJ text: string handling and Intl.Segmenter
+  // (the grapheme-safe cut) must agree everywhere.
+  ['meter-pruner', (dsh) => {
+    const family = '👨‍👩‍👧' // 8 UTF-16 units, 5 code points, 1 grapheme
+    const text = 'a'.repeat(4094) + family.repeat(1000) + 'é😀'.repeat(600)
+    const shape = (s) => ({
+      units: s.length, codePoints: dsh.codePointLength(s), tokens: dsh.estimateTextTokens(s),
+      aroundHead: s.slice(4090, 4102), tail: s.slice(-6),
+    })
+    const result = { role: 'tool', toolCallId: 'A', content: [{ type: 'text', text }, { type: 'image', url: 'x' }, { type: 'text', text: 'end' }] }
+    const pruned = dsh.pruneToolResult(result)
+    return {
+      input: shape(text),
+      plain: shape(dsh.pruneText(text)),
+      graphemeSafe: shape(dsh.pruneText(text, { graphemeSafe: true })),
+      toolResult: { types: pruned.content.map((b) => b.type), tokens: dsh.estimateMessageTokens(pruned) },
+      messageTokens: dsh.estimateMessageTokens({ role: 'user', content: 'héllo 😀' }),
+    }
+  }],
+
+  // The session log in a MemoryStore (DESIGN.md §4): append, surface, reload from the store.
+  ['session-memory', async (dsh) => {
+    const store = new dsh.MemoryStore()
+    const session = await dsh.Session.open(store, { id: 'smoke', now: () => 1000 })
+    session.append('user/message', { message: { role: 'user', content: 'read it' }, surfaceOp: { op: 'append' } })
+    session.append('assistant/message', {
+      message: { role: 'assistant', content: [{ type: 'tool-call', id: 'A', name: 'read', arguments: '{}' }] },
+      finishReason: 'tool_calls', surfaceOp: { op: 'append' },
+    })
+    session.append('tool/result', {
+      message: { role: 'tool', toolCallId: 'A', content: [{ type: 'text', text: 'x😀'.repeat(5000) }] }, surfaceOp: { op: 'append' },
+    })
+    await session.sync()
+    const reloaded = await dsh.Session.load(store)
+    const surface = (s) => s.surface().map((n) => [n.seq, n.message.role, n.tokens])
+    return {
+      events: session.events.map((e) => [e.seq, e.type, e.time]),
+      surface: surface(session),
+      reloadedSurface: surface(reloaded),
+      openToolCalls: reloaded.openToolCalls(),
+    }
+  }],
+
   // Loopback networking: a JSON POST reaches the test server and its reply comes back.
   ['fetch-echo', (dsh, ctx) => ctx.post('/echo', { model: 'smoke', messages: [{ role: 'user', content: 'héllo 😀' }] })],
 
