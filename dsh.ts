@@ -1054,6 +1054,399 @@ function randomId(): string {
 // 5. Ladder
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
+/**
+ * Ladder settings (DESIGN.md §5). Ratios are of the context window; token counts are tokens.
+ * - `thresholdRatio` 0.8: pressure starts at `floor(window × 0.8)` tokens.
+ * - `retainedTailRatio` 0.16: a pressure compaction keeps the newest `floor(window × 0.16)` tokens verbatim.
+ * - `summaryMaxTokens` 8192: completion budget of a summary request (clamped to the room left).
+ * - `compactionRetries` 1: extra summary attempts under pressure.
+ * - `maxOverflowRetries` 1: consecutive overflow recoveries per step; 0 disables overflow recovery only.
+ * - `auto` true: the Agent runs the ladder itself; false disables pressure and overflow handling.
+ * - `minSavingsRatio` 0.05: a compaction that saves less than this share of the total counts as failed.
+ * - `spillBytes` 262,144 (256 KiB, UTF-8 bytes): larger tool results are spilled at write time.
+ */
+export interface CompactionConfig {
+  thresholdRatio: number
+  retainedTailRatio: number
+  summaryMaxTokens: number
+  compactionRetries: number
+  maxOverflowRetries: number
+  auto: boolean
+  minSavingsRatio: number
+  spillBytes: number
+}
+
+/** The defaults of DESIGN.md §5. */
+export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = Object.freeze({
+  thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
+  maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
+})
+
+/** The one-line preamble in front of a summary checkpoint (DESIGN.md §4 "Projection"). */
+export const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
+
+/** The instruction that ends every summary request (DESIGN.md §5 "Summary transaction"). */
+export const SUMMARY_INSTRUCTION = [
+  'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers will be removed.',
+  'Do not call any tool. Answer with the checkpoint only, under these headings:',
+  '1. Request — what the user asked for, in their words where it matters.',
+  '2. Key facts — decisions, constraints and findings.',
+  '3. Files — every path read, created or changed, and what changed.',
+  '4. Errors and fixes — what failed, the exact messages, and what fixed them.',
+  '5. Pending work — what was asked or promised and is not done.',
+  '6. Current work — what was being done right before this checkpoint.',
+  '7. Next step — the single next action.',
+  'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, merge it in; drop nothing from it that still matters.',
+].join('\n')
+
+/** Frames a summary as the checkpoint text of a `user/message` (DESIGN.md §4). */
+export function frameCheckpoint(summary: string): string {
+  return `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+}
+
+/** What the ladder needs from its host (the {@link Agent} implements it). */
+export interface CompactionHost {
+  readonly session: Session
+  /** The model that writes summaries. */
+  readonly summarizer: Provider
+  /** Context window of the conversation model, tokens; undefined when unknown. */
+  readonly contextWindow?: number
+  readonly envelope: Envelope
+  readonly compaction: CompactionConfig
+  readonly pruneConfig: PruneConfig
+  /** Seq of the current turn's user input, which is never summarised. */
+  readonly pinnedSeq?: number
+  /** Reports a ladder warning (also logged as `compaction/warning`). */
+  warn(message: string): void
+  /** Ladder memory across calls (failed-compaction guard, one-time warnings). */
+  ladderState: LadderState
+}
+
+/** Per-host memory of the ladder. */
+export interface LadderState {
+  /** Heuristic surface tokens when pressure compaction last failed; no retry until it grows. */
+  failedAtSurfaceTokens?: number
+  warnedNoWindow?: boolean
+}
+
+/** The result of one {@link compactIfNeeded} call. Token figures are measured totals, in tokens. */
+export interface CompactionOutcome {
+  trigger: 'pressure' | 'context-overflow' | 'manual'
+  action: 'none' | 'skipped' | 'pruned' | 'compacted' | 'failed'
+  tokensBefore: number
+  tokensAfter: number
+  /** Tokens reclaimed by pruning (no model call). */
+  prunedTokens: number
+  summaryRequests: number
+  generationBefore: number
+  generationAfter: number
+  reason?: string
+}
+
+/** Seqs of the tool results logged after the newest assistant message (not yet seen by the model). */
+function unseenResults(session: Session): Set<number> {
+  const nodes = session.surface()
+  const unseen = new Set<number>()
+  for (let i = nodes.length - 1; i >= 0 && nodes[i].message.role !== 'assistant'; i--) if (nodes[i].message.role === 'tool') unseen.add(nodes[i].seq)
+  return unseen
+}
+
+/**
+ * Prunes tool results over the threshold (DESIGN.md §3 recency rule): first those the model has
+ * seen; the newest step's results only when `includeNewest` or when pruning the older ones did not
+ * bring the total under `thresholdTokens`. Returns tokens reclaimed.
+ */
+export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean): number {
+  const unseen = unseenResults(session)
+  // A result over the threshold has at least that many UTF-16 units, so this filter loses none.
+  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN)).map((n) => n.seq)
+  let reclaimed = 0
+  for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
+  if (includeNewest || session.measure().totalTokens >= thresholdTokens) {
+    for (const seq of candidates) if (unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
+  }
+  return reclaimed
+}
+
+/** A contiguous run of surface nodes chosen for summary: indices `[start, end)` of the surface. */
+export interface Region { start: number; end: number; tokens: number }
+
+/**
+ * Selects the region to summarise (DESIGN.md §5 "Region selection"): from the surface head (or
+ * right after the pinned current-turn input when that is the head) up to a cut that keeps at least
+ * `retainedTokens` of the newest history verbatim, moved toward the head until no kept tool result
+ * loses its call (and no summarised call loses its result), matched by id. When the pinned input
+ * lies inside, the region ends before it — or, when that part is worth less than `minTokens`, starts
+ * after it. Returns undefined when no safe region of at least two nodes (or one non-checkpoint
+ * node) exists.
+ */
+export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, pinnedSeq?: number, minTokens = 0): Region | undefined {
+  let cut = nodes.length
+  let kept = 0
+  while (cut > 0 && kept < retainedTokens) kept += nodes[--cut].tokens
+  const pinned = pinnedSeq === undefined ? -1 : nodes.findIndex((n) => n.seq === pinnedSeq)
+  let start = 0
+  if (pinned >= 0 && pinned < cut) {
+    const before = nodes.slice(0, pinned).reduce((t, n) => t + n.tokens, 0)
+    if (pinned > 0 && before >= minTokens) cut = pinned
+    else start = pinned + 1
+  } else if (pinned === 0) start = 1
+  // Balance by id: where is each call, where is its result?
+  const callAt = new Map<string, number>()
+  nodes.forEach((n, i) => { if (n.message.role === 'assistant') for (const b of n.message.content) if (b.type === 'tool-call') callAt.set((b as ToolCallBlock).id, i) })
+  const resultAt = new Map<string, number>()
+  nodes.forEach((n, i) => { if (n.message.role === 'tool') resultAt.set(n.message.toolCallId, i) })
+  for (let changed = true; changed && start < cut;) {
+    changed = false
+    for (let i = start; i < cut; i++) {
+      const m = nodes[i].message
+      if (m.role === 'tool') {
+        const c = callAt.get(m.toolCallId) ?? -1
+        if (c < start) { start = i + 1; changed = true; break } // its call is before the region: skip past it
+      } else if (m.role === 'assistant') {
+        for (const b of m.content) {
+          if (b.type !== 'tool-call') continue
+          const r = resultAt.get((b as ToolCallBlock).id) ?? Infinity
+          if (r >= cut) { cut = i; changed = true; break } // its result is kept: move the cut toward the head
+        }
+        if (changed) break
+      }
+    }
+  }
+  if (start >= cut) return undefined
+  const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
+  if (cut - start === 1 && isCheckpoint(nodes[start])) return undefined
+  let tokens = 0
+  for (let i = start; i < cut; i++) tokens += nodes[i].tokens
+  return { start, end: cut, tokens }
+}
+
+/** Thrown inside a compaction transaction; logged as `compaction/end {error}`. */
+export class CompactionError extends Error {
+  constructor(message: string) { super(message); this.name = 'CompactionError' }
+}
+
+/** Groups messages so that an assistant message with calls stays with its results. */
+function balancedGroups(messages: readonly Message[]): Message[][] {
+  const groups: Message[][] = []
+  let open = new Set<string>()
+  for (const m of messages) {
+    if (open.size === 0) groups.push([])
+    groups[groups.length - 1].push(m)
+    if (m.role === 'assistant') for (const b of m.content) if (b.type === 'tool-call') open.add((b as ToolCallBlock).id)
+    if (m.role === 'tool') open.delete(m.toolCallId)
+  }
+  return groups
+}
+
+/** Shortens every text of a message (for a summary request only) so it costs at most `tokens`. */
+function shrinkMessage(m: Message, tokens: number): Message {
+  const chars = Math.max(256, (tokens - MESSAGE_OVERHEAD_TOKENS) * CHARS_PER_TOKEN)
+  const cfg: PruneConfig = { thresholdChars: chars, headChars: Math.floor(chars * 0.7) - 40, tailChars: Math.floor(chars * 0.3) - 40 }
+  const cut = (t: string) => pruneText(t, cfg)
+  if (typeof m.content === 'string') return { ...m, content: cut(m.content) } as Message
+  return { ...m, content: m.content.map((b) => (b.type === 'text' || b.type === 'reasoning' ? { ...b, text: cut((b as TextBlock).text) } : b)) } as Message
+}
+
+/**
+ * Summarises `messages` with the host's summarizer. Replays the envelope (system, tools) and the
+ * messages, then {@link SUMMARY_INSTRUCTION}, with header `x-dsh-purpose: compaction`. When the
+ * whole does not fit the summarizer's window (by the §2 estimate), summarises in tool-balanced
+ * chunks, each merged into the running summary; no request exceeds the window.
+ */
+export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal): Promise<{ summary: string; usage?: Usage; requests: number }> {
+  const provider = host.summarizer
+  const window = provider.contextWindow ?? host.contextWindow ?? Infinity
+  const envelopeTokens = estimateEnvelopeTokens(host.envelope)
+  const instruction: UserMessage = { role: 'user', content: SUMMARY_INSTRUCTION }
+  const fixed = envelopeTokens + estimateMessageTokens(instruction)
+  const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
+  const prior = (s: string): UserMessage => ({ role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` })
+  let summary = ''
+  let requests = 0
+  const usage: Usage = { promptTokens: 0, completionTokens: 0 }
+  const call = async (chunk: Message[]) => {
+    const msgs = summary ? [prior(summary), ...chunk, instruction] : [...chunk, instruction]
+    requests++
+    const res = await provider.complete({
+      system: host.envelope.system, tools: host.envelope.tools, messages: msgs, maxTokens: host.compaction.summaryMaxTokens,
+      inputTokens: estimateRequestTokens(host.envelope, msgs), signal, headers: { 'x-dsh-purpose': 'compaction' },
+    })
+    if (res.usage) { usage.promptTokens += res.usage.promptTokens; usage.completionTokens += res.usage.completionTokens }
+    const text = res.message.content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('').trim()
+    if (!text) throw new CompactionError(`the summarizer (${provider.model}) returned no text (finish reason ${res.finishReason})`)
+    summary = text
+  }
+  let chunk: Message[] = []
+  let chunkTokens = 0
+  const budget = () => window - fixed - reserve - (summary ? estimateMessageTokens(prior(summary)) + reserve : 0)
+  for (const group of balancedGroups(messages)) {
+    let groupTokens = group.reduce((t, m) => t + estimateMessageTokens(m), 0)
+    if (chunk.length > 0 && chunkTokens + groupTokens > budget()) { await call(chunk); chunk = []; chunkTokens = 0 }
+    if (groupTokens > budget()) {
+      // A single group larger than a whole request: shorten its texts for this request only.
+      const room = budget()
+      if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) throw new CompactionError(`the summarizer's window (${window} tokens) leaves no room for the region after the envelope (${envelopeTokens} tokens)`)
+      const each = Math.floor(room / group.length)
+      const shrunk = group.map((m) => (estimateMessageTokens(m) > each ? shrinkMessage(m, each) : m))
+      groupTokens = shrunk.reduce((t, m) => t + estimateMessageTokens(m), 0)
+      chunk.push(...shrunk)
+    } else chunk.push(...group)
+    chunkTokens += groupTokens
+  }
+  if (chunk.length > 0 || !summary) await call(chunk)
+  return { summary, usage, requests }
+}
+
+/**
+ * One summary transaction (DESIGN.md §5): `compaction/start` (the lock) → summarise → reject a
+ * framed summary not strictly smaller than the region → check the surface did not change → append
+ * `compaction/summary` and the replacing `user/message` with no await between → `compaction/end`.
+ * Any failure writes `compaction/end {error}` and leaves the surface as it was. Returns the number of
+ * summary requests made; throws the failure (a {@link CompactionError}, or the provider's error).
+ */
+export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal): Promise<number> {
+  const session = host.session
+  const nodes = session.surface().slice(region.start, region.end)
+  const first = nodes[0].seq, last = nodes[nodes.length - 1].seq
+  const generation = session.replaceGeneration
+  const id = `k${session.seq}`
+  const tokensBefore = session.measure().totalTokens
+  session.append('compaction/start', { id, trigger })
+  let requests = 0
+  try {
+    const result = await summarise(host, nodes.map((n) => n.message), signal)
+    requests = result.requests
+    if (signal?.aborted) throw new CompactionError('aborted')
+    const checkpoint: UserMessage = { role: 'user', content: frameCheckpoint(result.summary) }
+    const checkpointTokens = estimateMessageTokens(checkpoint)
+    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace`)
+    if (session.replaceGeneration !== generation || !session.node(first) || !session.node(last)) throw new CompactionError('the surface changed during compaction')
+    session.append('compaction/summary', { id, summary: result.summary, shadowedSeqs: nodes.map((n) => n.seq), shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage })
+    session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id })
+    session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens })
+    return requests
+  } catch (err) {
+    const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
+    session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err) })
+    throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
+  }
+}
+
+/**
+ * The escalation ladder (DESIGN.md §5).
+ * `'pressure'`: nothing below `floor(window × thresholdRatio)`; else prune (older results first),
+ * remeasure, and only then summarise the oldest tool-balanced region, up to `compactionRetries + 1`
+ * attempts; failures are warnings, remembered so that no retry happens before the surface grows by
+ * the retained tail. `'context-overflow'`: prune every result, then summarise everything before the
+ * current input with no retained tail, once. `'manual'` (e.g. `/compact`): like pressure, without the
+ * threshold check. Never throws for ladder failures; rethrows only cancellation.
+ */
+export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' | 'context-overflow' | 'manual', signal?: AbortSignal): Promise<CompactionOutcome> {
+  const { session, compaction: cfg } = host
+  const window = host.contextWindow
+  const m0 = session.measure()
+  const outcome: CompactionOutcome = {
+    trigger, action: 'none', tokensBefore: m0.totalTokens, tokensAfter: m0.totalTokens, prunedTokens: 0,
+    summaryRequests: 0, generationBefore: session.replaceGeneration, generationAfter: session.replaceGeneration,
+  }
+  const done = (action: CompactionOutcome['action'], reason?: string) => {
+    outcome.action = action
+    outcome.reason = reason
+    outcome.tokensAfter = session.measure().totalTokens
+    outcome.generationAfter = session.replaceGeneration
+    return outcome
+  }
+  if (trigger !== 'context-overflow' && window === undefined) {
+    if (!host.ladderState.warnedNoWindow) {
+      host.ladderState.warnedNoWindow = true
+      host.warn(`configuration error: the context window of model "${host.summarizer.model}" is unknown, so pressure compaction is off; set contextWindow (CLI: --context-window N)`)
+    }
+    return done('skipped', 'no context window')
+  }
+  if (session.openCompaction) return done('skipped', 'a compaction is already running')
+  const threshold = window === undefined ? 0 : Math.floor(window * cfg.thresholdRatio)
+  if (trigger === 'pressure' && m0.totalTokens < threshold) return done('none')
+  if (signal?.aborted) return done('skipped', 'aborted')
+
+  if (trigger === 'context-overflow') {
+    outcome.prunedTokens = pruneSurface(session, host.pruneConfig, trigger, 0, true)
+    const region = selectRegion(session.surface(), 0, host.pinnedSeq)
+    if (region) {
+      try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal) } catch (err) {
+        outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
+        if (signal?.aborted) throw err
+        host.warn(`overflow compaction failed: ${(err as Error).message}`)
+      }
+    }
+    return done(session.replaceGeneration > outcome.generationBefore ? 'compacted' : 'failed', region ? undefined : 'no region to summarise')
+  }
+
+  outcome.prunedTokens = pruneSurface(session, host.pruneConfig, trigger, threshold, false)
+  if (trigger === 'pressure' && session.measure().totalTokens < threshold) return done('pruned')
+
+  const state = host.ladderState
+  const retained = Math.floor((window ?? 0) * cfg.retainedTailRatio)
+  if (trigger === 'pressure' && state.failedAtSurfaceTokens !== undefined && session.measure().heuristicTokens < state.failedAtSurfaceTokens + retained) {
+    return done(outcome.prunedTokens > 0 ? 'pruned' : 'skipped', 'an earlier compaction failed and the surface has not grown enough since')
+  }
+  const minSaving = Math.ceil(m0.totalTokens * cfg.minSavingsRatio)
+  let lastError = ''
+  for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
+    const region = selectRegion(session.surface(), retained, host.pinnedSeq, minSaving)
+    if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or touching the current input'; break }
+    try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal) } catch (err) {
+      outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
+      if (signal?.aborted) throw err
+      lastError = (err as Error).message
+      continue
+    }
+    if (trigger === 'manual' || session.measure().totalTokens < threshold) break
+  }
+  const after = session.measure().totalTokens
+  const saved = m0.totalTokens - after
+  if (trigger === 'manual' && session.replaceGeneration > outcome.generationBefore) return done('compacted')
+  if (after < threshold && saved >= minSaving) { state.failedAtSurfaceTokens = undefined; return done('compacted') }
+  state.failedAtSurfaceTokens = session.measure().heuristicTokens
+  const why = lastError || (saved < minSaving ? `it saved only ${saved} tokens (< ${Math.round(cfg.minSavingsRatio * 100)}%)` : 'the retained tail and envelope alone are above it')
+  host.warn(`context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; not retrying until the surface grows by ${retained} tokens`)
+  session.append('compaction/warning', { trigger, message: why, totalTokens: after, thresholdTokens: threshold })
+  return done(session.replaceGeneration > outcome.generationBefore ? 'compacted' : 'failed', why)
+}
+
+/** UTF-8 byte length of `text`, counting only up to `limit + 1` (O(min(length, limit))). */
+export function utf8Length(text: string, limit = Infinity): number {
+  let bytes = 0
+  for (let i = 0; i < text.length && bytes <= limit; i++) {
+    const c = text.charCodeAt(i)
+    if (c < 0x80) bytes += 1
+    else if (c < 0x800) bytes += 2
+    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < text.length && (text.charCodeAt(i + 1) & 0xfc00) === 0xdc00) { bytes += 4; i++ }
+    else bytes += 3
+  }
+  return bytes
+}
+
+/**
+ * Spill (DESIGN.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
+ * to the store's artefact area and replaced by a head/tail preview plus the reference. Runs at write
+ * time, never under pressure. Returns the message unchanged when it is small or the store keeps no
+ * artefacts.
+ */
+export async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
+  if (!store.putArtefact) return { message }
+  const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
+  let bytes = 0
+  for (const t of texts) { bytes += utf8Length(t.text, spillBytes - bytes); if (bytes > spillBytes) break }
+  if (bytes <= spillBytes) return { message }
+  const whole = texts.map((t) => t.text).join('')
+  const ref = await store.putArtefact(name, whole)
+  const fullBytes = utf8Length(whole)
+  const preview = pruneText(whole).replace(PRUNE_MARKER, `\n\n[... tool result middle spilled: all ${fullBytes} bytes are stored at ${ref} ...]\n\n`)
+  const content: Block[] = [{ type: 'text', text: preview }, ...message.content.filter((b) => b.type !== 'text')]
+  return { message: { ...message, content }, spilled: { ref, bytes: fullBytes } }
+}
+
 // (ladder)
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
@@ -1065,6 +1458,311 @@ function randomId(): string {
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 7. Loop
 // ════════════════════════════════════════════════════════════════════════════════════════════
+
+/** Hook names, in the order they run in a step (DESIGN.md §7). */
+export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step'
+
+/** What a hook receives. `request` only for `agent/request` (mutable); `error` only for `agent/request-error`. */
+export interface HookContext {
+  agent: Agent
+  turn: number
+  step: number
+  signal: AbortSignal
+  request?: ChatRequest
+  error?: ProviderError
+}
+
+/** A hook. An `agent/request-error` hook returns `{retry: true}` to have the step retried. */
+export type Hook = (ctx: HookContext) => void | { retry?: boolean } | Promise<void | { retry?: boolean }>
+
+/** Everything a UI can follow: every log event, every streamed delta, every warning. */
+export type AgentEvent =
+  | { type: 'log'; event: SessionEvent }
+  | { type: 'stream'; event: StreamEvent }
+  | { type: 'warning'; message: string }
+
+/** Options of {@link Agent}. Token counts are tokens; `maxSteps` is provider calls per turn. */
+export interface AgentOptions {
+  session: Session
+  provider: Provider
+  tools?: readonly Tool[]
+  system?: string
+  /** Overrides the provider's context window (tokens). */
+  contextWindow?: number
+  /** Completion budget per step, tokens (default: the provider's); clamped to the room left. */
+  maxTokens?: number
+  /** Model for summaries (default: `provider`). */
+  summarizer?: Provider
+  compaction?: Partial<CompactionConfig>
+  prune?: Partial<PruneConfig>
+  /** Steps per turn before the turn ends with reason `max-steps` (default 200). */
+  maxSteps?: number
+  onEvent?: (event: AgentEvent) => void
+}
+
+/** How a turn ended. `text` is the final assistant text. */
+export interface TurnResult {
+  turn: number
+  steps: number
+  reason: 'stop' | 'length' | 'aborted' | 'max-steps' | string
+  text: string
+  message?: AssistantMessage
+}
+
+const textOfBlocks = (blocks: readonly Block[]) => blocks.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('')
+
+/** Turns whatever a tool returned into result content; anything else is an error for the model. */
+function toolOutputToResult(callId: string, name: string, out: unknown): ToolResultMessage {
+  if (typeof out === 'string') return { role: 'tool', toolCallId: callId, content: [{ type: 'text', text: out }] }
+  if (Array.isArray(out)) {
+    validateMessage({ role: 'tool', toolCallId: callId, content: out }, 'tool')
+    return { role: 'tool', toolCallId: callId, content: out as Block[] }
+  }
+  if (out && typeof out === 'object' && 'content' in out) {
+    const o = out as { content: unknown; isError?: unknown }
+    const r = toolOutputToResult(callId, name, o.content)
+    return o.isError ? { ...r, isError: true } : r
+  }
+  const kind = out === null ? 'null' : typeof out
+  return errorResult(callId, `tool ${name} returned ${kind}; a tool must return a string, an array of blocks or {content, isError}`, 'TOOL_BAD_OUTPUT')
+}
+
+/** Gives every tool call an id (some servers omit it), unique by the event seq it will get. */
+function withCallIds(message: AssistantMessage, seq: number): AssistantMessage {
+  let n = 0
+  if (!message.content.some((b) => b.type === 'tool-call' && !(b as ToolCallBlock).id)) return message
+  return { ...message, content: message.content.map((b) => (b.type === 'tool-call' && !(b as ToolCallBlock).id ? { ...b, id: `call_dsh_${seq}_${n++}` } : b)) }
+}
+
+function errorResult(callId: string, text: string, code: string): ToolResultMessage {
+  return { role: 'tool', toolCallId: callId, content: [{ type: 'text', text }], isError: true, metadata: { code } }
+}
+
+/**
+ * The agent loop (DESIGN.md §7). A turn is one user input until the model stops calling tools; a
+ * step is one provider call plus its tool calls. Every state change is a log event (see
+ * {@link Session}); {@link AgentOptions.onEvent} also gets streamed deltas and warnings.
+ * The ladder (§5) is wired in through the `agent/post-step` and `agent/request-error` hooks unless
+ * `compaction.auto` is false. Cancellation through `run(input, {signal})`: a running tool call
+ * finishes, undispatched calls get a synthetic `TOOL_ABORTED` result, partial assistant text is kept
+ * as an interrupted message.
+ */
+export class Agent implements CompactionHost {
+  readonly session: Session
+  readonly provider: Provider
+  readonly summarizer: Provider
+  readonly tools: readonly Tool[]
+  readonly compaction: CompactionConfig
+  readonly pruneConfig: PruneConfig
+  readonly maxSteps: number
+  readonly system?: string
+  ladderState: LadderState = {}
+  pinnedSeq?: number
+  private readonly window?: number
+  private readonly maxTokens: number
+  private readonly hooks = new Map<HookName, Hook[]>()
+  private readonly steering: string[] = []
+  private running = false
+  private overflowRetries = 0
+  private onEvent?: (e: AgentEvent) => void
+
+  constructor(options: AgentOptions) {
+    if (!options?.session || !options.provider) throw new TypeError('new Agent({session, provider, …}): session and provider are required')
+    this.session = options.session
+    this.provider = options.provider
+    this.summarizer = options.summarizer ?? options.provider
+    this.tools = options.tools ?? []
+    const names = new Set<string>()
+    for (const t of this.tools) {
+      if (!t || typeof t.name !== 'string' || typeof t.execute !== 'function') throw new TypeError('every tool needs a string name and an execute(args, ctx) function')
+      if (names.has(t.name)) throw new TypeError(`two tools are named ${JSON.stringify(t.name)}; tool names must be unique`)
+      names.add(t.name)
+    }
+    this.system = options.system
+    this.window = options.contextWindow ?? options.provider.contextWindow
+    if (this.window !== undefined && !(Number.isInteger(this.window) && this.window > 0)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
+    this.maxTokens = options.maxTokens ?? options.provider.maxTokens
+    this.compaction = { ...DEFAULT_COMPACTION_CONFIG, ...options.compaction }
+    this.pruneConfig = resolvePruneConfig(options.prune)
+    this.maxSteps = options.maxSteps ?? 200
+    this.onEvent = options.onEvent
+    if (this.onEvent) { const cb = this.onEvent; this.session.subscribe((event) => cb({ type: 'log', event })) }
+    if (this.compaction.auto) {
+      this.on('agent/post-step', async ({ signal }) => { await compactIfNeeded(this, 'pressure', signal) })
+      this.on('agent/request-error', async ({ error, signal }) => {
+        if (error?.code !== 'CONTEXT_WINDOW_EXCEEDED' || signal.aborted) return
+        if (this.overflowRetries >= this.compaction.maxOverflowRetries) return
+        const outcome = await compactIfNeeded(this, 'context-overflow', signal)
+        if (outcome.generationAfter > outcome.generationBefore) return { retry: true } // never retry an unchanged request
+      })
+    }
+  }
+
+  /** Context window in tokens, if known. */
+  get contextWindow(): number | undefined { return this.window }
+  /** The request envelope: system prompt and tool specs. */
+  get envelope(): Envelope {
+    return { system: this.system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
+  }
+
+  /** Registers a hook; returns a function that removes it. */
+  on(name: HookName, hook: Hook): () => void {
+    const list = this.hooks.get(name) ?? []
+    list.push(hook)
+    this.hooks.set(name, list)
+    return () => { const l = this.hooks.get(name)!; l.splice(l.indexOf(hook), 1) }
+  }
+
+  /** Queues a user message for the next step of the running turn (or the next turn). */
+  steer(text: string): void { this.steering.push(text) }
+
+  /** Reports a warning to `onEvent`. */
+  warn(message: string): void { this.onEvent?.({ type: 'warning', message }) }
+
+  private async runHooks(name: HookName, ctx: HookContext): Promise<boolean> {
+    let retry = false
+    for (const hook of this.hooks.get(name) ?? []) {
+      const r = await hook(ctx)
+      if (r && r.retry) retry = true
+    }
+    return retry
+  }
+
+  /** Runs `fn`; a failure caused by cancellation becomes `undefined` (the caller ends the turn). */
+  private async unlessAborted<T>(fn: () => Promise<T>, signal: AbortSignal): Promise<T | undefined> {
+    try { return await fn() } catch (err) {
+      if (signal.aborted) return undefined
+      throw err
+    }
+  }
+
+  private drainSteering(): boolean {
+    if (this.steering.length === 0) return false
+    for (const text of this.steering.splice(0)) this.session.append('user/message', { message: { role: 'user', content: text }, surfaceOp: { op: 'append' } })
+    return true
+  }
+
+  /**
+   * Runs one turn. Resolves with how it ended (an abort resolves with reason `aborted`); rejects
+   * with the provider's original {@link ProviderError} when a step fails and the ladder cannot
+   * recover, or with a {@link SessionError} if the store fails.
+   */
+  async run(input: string | UserMessage, options: { signal?: AbortSignal } = {}): Promise<TurnResult> {
+    if (this.running) throw new Error('a turn is already running on this agent; wait for it or use steer(text)')
+    this.running = true
+    const signal = options.signal ?? new AbortController().signal
+    const session = this.session
+    const turn = session.turn.turn + 1
+    let step = 0
+    let last: AssistantMessage | undefined
+    const end = async (reason: string): Promise<TurnResult> => {
+      session.append('turn/end', { turn, reason })
+      await session.sync()
+      return { turn, steps: step, reason, text: last ? textOfBlocks(last.content) : '', message: last }
+    }
+    try {
+      session.append('turn/start', { turn })
+      const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
+      this.pinnedSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
+      await session.sync()
+      if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
+      this.overflowRetries = 0
+      for (;;) {
+        if (signal.aborted) return await end('aborted')
+        if (step >= this.maxSteps) return await end('max-steps')
+        step++
+        session.append('step/start', { turn, step })
+        const ctx: HookContext = { agent: this, turn, step, signal }
+        await this.runHooks('agent/pre-step', ctx)
+        this.drainSteering()
+        const envelope = this.envelope
+        session.setHeader({ model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window })
+        const request: ChatRequest = {
+          system: envelope.system, tools: envelope.tools, messages: session.messages(), maxTokens: this.maxTokens,
+          inputTokens: session.measure().totalTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
+        }
+        await this.runHooks('agent/request', { ...ctx, request })
+        let response: ChatResponse
+        try {
+          response = await this.provider.complete(request)
+        } catch (raw) {
+          const error = raw instanceof ProviderError ? raw : new ProviderError('TRANSPORT', String((raw as Error)?.message ?? raw), { cause: raw })
+          const partial = error.partial && error.partial.content.some((b) => b.type === 'text' || b.type === 'reasoning')
+            ? { role: 'assistant' as const, content: error.partial.content.filter((b) => b.type === 'text' || b.type === 'reasoning'), interrupted: true } : undefined
+          if (signal.aborted || error.code === 'ABORTED') {
+            if (partial) session.append('assistant/message', { message: partial, finishReason: 'aborted', surfaceOp: { op: 'append' } })
+            session.append('step/end', { turn, step })
+            return await end('aborted')
+          }
+          session.append('request/error', { code: error.code, status: error.status, message: error.message, trigger: 'conversation' })
+          const generationBefore = session.replaceGeneration
+          const retry = await this.unlessAborted(() => this.runHooks('agent/request-error', { ...ctx, error }), signal)
+          if (signal.aborted) { session.append('step/end', { turn, step }); return await end('aborted') }
+          if (retry && session.replaceGeneration > generationBefore) {
+            this.overflowRetries++
+            session.append('step/end', { turn, step })
+            session.append('recovery/retry', { generationBefore, generationAfter: session.replaceGeneration })
+            await session.sync()
+            continue
+          }
+          if (partial) session.append('assistant/message', { message: partial, finishReason: 'error', surfaceOp: { op: 'append' } })
+          session.append('step/end', { turn, step })
+          await end('error')
+          throw raw instanceof ProviderError ? raw : error
+        }
+        this.overflowRetries = 0
+        last = withCallIds(response.message, session.seq)
+        session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' } })
+        const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+        await this.runTools(calls, signal)
+        const steered = this.drainSteering()
+        await session.sync()
+        if (!signal.aborted) await this.unlessAborted(() => this.runHooks('agent/post-step', ctx), signal)
+        session.append('step/end', { turn, step })
+        await session.sync()
+        if (signal.aborted) return await end('aborted')
+        if (calls.length === 0 && !steered) return await end(response.finishReason === 'length' ? 'length' : 'stop')
+      }
+    } finally {
+      this.running = false
+      this.pinnedSeq = undefined
+    }
+  }
+
+  /** Runs tool calls in order; after an abort the remaining ones get synthetic aborted results. */
+  private async runTools(calls: ToolCallBlock[], signal: AbortSignal): Promise<void> {
+    const session = this.session
+    for (const call of calls) {
+      if (signal.aborted) {
+        session.append('tool/result', { message: errorResult(call.id, 'TOOL_ABORTED: the turn was cancelled before this tool call started.', 'TOOL_ABORTED'), surfaceOp: { op: 'append' } })
+        continue
+      }
+      session.append('tool/call', { callId: call.id, name: call.name, arguments: call.arguments })
+      await session.flush() // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
+      let result: ToolResultMessage
+      const tool = this.tools.find((t) => t.name === call.name)
+      if (!tool) {
+        result = errorResult(call.id, `unknown tool ${JSON.stringify(call.name)}; available tools: ${this.tools.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
+      } else {
+        let args: unknown
+        try { args = call.arguments.trim() === '' ? {} : JSON.parse(call.arguments) } catch (err) {
+          args = undefined
+          result = errorResult(call.id, `the arguments of ${call.name} are not valid JSON (${(err as Error).message}); send one JSON object matching the tool's parameters`, 'TOOL_BAD_ARGUMENTS')
+        }
+        if (args !== undefined) {
+          try { result = toolOutputToResult(call.id, call.name, await tool.execute(args, { signal, callId: call.id })) } catch (err) {
+            result = errorResult(call.id, `tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`, 'TOOL_ERROR')
+          }
+        }
+      }
+      const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, `${call.id}.txt`)
+      session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
+    }
+  }
+
+  /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
+  compact(signal?: AbortSignal): Promise<CompactionOutcome> { return compactIfNeeded(this, 'manual', signal) }
+}
 
 // (loop)
 
