@@ -177,17 +177,876 @@ export interface Tool<Args = any> {
 // 2. Meter
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
+/** Tokens are estimated as one per four UTF-16 units (DESIGN.md §2). */
+export const CHARS_PER_TOKEN = 4
+/** Fixed per-message overhead in tokens (role, separators), DESIGN.md §2. */
+export const MESSAGE_OVERHEAD_TOKENS = 8
+
+/** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). DESIGN.md §2. */
+export function estimateTextTokens(text: string): number {
+  return Math.ceil(text.length / CHARS_PER_TOKEN)
+}
+
+/**
+ * Heuristic price of one message in tokens: `ceil(C / 4) + 8`, where C is the UTF-16 length of its
+ * text-bearing fields (text, reasoning, tool-call name + arguments, tool-result text); each
+ * non-text block (image, unknown) adds `ceil(JSON.stringify(block).length / 4)`. DESIGN.md §2.
+ * Worked check: a 200,000-char tool result costs 50,008.
+ */
+export function estimateMessageTokens(message: Message): number {
+  const content = message.content
+  if (typeof content === 'string') return estimateTextTokens(content) + MESSAGE_OVERHEAD_TOKENS
+  let chars = 0
+  let other = 0
+  for (const block of content) {
+    if (block.type === 'text' || block.type === 'reasoning') chars += (block as TextBlock).text.length
+    else if (block.type === 'tool-call') chars += (block as ToolCallBlock).name.length + (block as ToolCallBlock).arguments.length
+    else other += estimateTextTokens(JSON.stringify(block))
+  }
+  return Math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
+}
+
+/**
+ * Heuristic price of the request envelope in tokens: `ceil(system.length / 4) + 8` plus
+ * `ceil(JSON.stringify(tools).length / 4) + 8`. An absent (or empty) system prompt and an absent
+ * (or empty) tool list cost 0. DESIGN.md §2.
+ */
+export function estimateEnvelopeTokens(envelope: Envelope): number {
+  let tokens = 0
+  if (envelope.system) tokens += estimateTextTokens(envelope.system) + MESSAGE_OVERHEAD_TOKENS
+  if (envelope.tools && envelope.tools.length > 0) tokens += estimateTextTokens(JSON.stringify(envelope.tools)) + MESSAGE_OVERHEAD_TOKENS
+  return tokens
+}
+
+/** Heuristic price of a whole request (envelope + messages) in tokens. O(messages). */
+export function estimateRequestTokens(envelope: Envelope, messages: readonly Message[]): number {
+  let tokens = estimateEnvelopeTokens(envelope)
+  for (const m of messages) tokens += estimateMessageTokens(m)
+  return tokens
+}
+
+/**
+ * Where a measurement is anchored: the provider-reported size of the last call
+ * (`promptTokens + completionTokens`, tokens) and the heuristic size of the same content right
+ * after that call's assistant message was logged (tokens). DESIGN.md §2 "Usage anchor".
+ */
+export interface UsageAnchor { providerTokens: number; heuristicTokens: number; seq: number }
+
+/**
+ * The size of what the next request would carry, in tokens. DESIGN.md §2.
+ * `totalTokens` = `envelopeTokens + surfaceTokens` when not anchored; when anchored it is
+ * `max(provider, heuristic at anchor) + (heuristic now − heuristic at anchor)`: the provider's
+ * figure plus the signed heuristic price of every surface change since (a low provider figure
+ * never undercounts).
+ */
+export interface Measurement {
+  totalTokens: number
+  /** Heuristic tokens of system prompt + tool specs. */
+  envelopeTokens: number
+  /** Heuristic tokens of all surface messages (sum of `nodes[i].tokens`). */
+  surfaceTokens: number
+  /** `envelopeTokens + surfaceTokens`. */
+  heuristicTokens: number
+  /** True when `totalTokens` stands on provider-reported usage. */
+  anchored: boolean
+  anchor?: UsageAnchor
+  /** Per-node prices, oldest first (live view: do not keep across appends). */
+  nodes: readonly SurfaceNode[]
+}
+
+/** Applies the usage anchor rule of DESIGN.md §2 to a heuristic total (tokens). */
+export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | undefined): number {
+  if (!anchor) return heuristicTokens
+  return Math.max(anchor.providerTokens, anchor.heuristicTokens) + (heuristicTokens - anchor.heuristicTokens)
+}
+
 // (meter)
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 3. Pruner
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
+/** The text put where the middle of a pruned tool result was (39 code points). DESIGN.md §3. */
+export const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
+const MARKER_CODE_POINTS = 39
+
+/**
+ * Pruner configuration, all lengths in Unicode code points (DESIGN.md §3).
+ * `graphemeSafe` (off by default) moves each cut to a grapheme-cluster boundary with
+ * `Intl.Segmenter` where the runtime has it, so a cut never splits an emoji sequence or a
+ * combining mark from its base; cuts only shrink the kept text, so the budget still holds.
+ */
+export interface PruneConfig {
+  thresholdChars: number
+  headChars: number
+  tailChars: number
+  graphemeSafe?: boolean
+}
+
+/** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. DESIGN.md §3. */
+export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
+
+/** Thrown for a prune configuration that cannot work; the message names the values and the fix. */
+export class PruneConfigError extends TypeError {
+  constructor(message: string) { super(message); this.name = 'PruneConfigError' }
+}
+
+const validatedConfigs = new WeakSet<object>()
+
+/**
+ * Checks a partial configuration and returns the full one (defaults filled in). Throws
+ * {@link PruneConfigError} for unknown keys, non-integer or negative lengths, and
+ * `headChars + 39 + tailChars > thresholdChars` (the pruned text would not be smaller).
+ */
+export function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
+  if (config === undefined || config === DEFAULT_PRUNE_CONFIG) return DEFAULT_PRUNE_CONFIG
+  if (validatedConfigs.has(config)) return config as PruneConfig
+  if (typeof config !== 'object' || config === null) throw new PruneConfigError(`prune config must be an object, got ${String(config)}`)
+  for (const key of Object.keys(config)) {
+    if (!['thresholdChars', 'headChars', 'tailChars', 'graphemeSafe'].includes(key)) {
+      throw new PruneConfigError(`prune config: unknown key "${key}" (known: thresholdChars, headChars, tailChars, graphemeSafe)`)
+    }
+  }
+  const full = { ...DEFAULT_PRUNE_CONFIG, ...config }
+  for (const key of ['thresholdChars', 'headChars', 'tailChars'] as const) {
+    const v = full[key]
+    if (!Number.isSafeInteger(v) || v < 0) throw new PruneConfigError(`prune config: ${key} must be a non-negative integer number of code points, got ${String(v)}`)
+  }
+  if (full.graphemeSafe !== undefined && typeof full.graphemeSafe !== 'boolean') throw new PruneConfigError(`prune config: graphemeSafe must be a boolean, got ${String(full.graphemeSafe)}`)
+  if (full.headChars + MARKER_CODE_POINTS + full.tailChars > full.thresholdChars) {
+    throw new PruneConfigError(`prune config: headChars (${full.headChars}) + marker (${MARKER_CODE_POINTS}) + tailChars (${full.tailChars}) = ${full.headChars + MARKER_CODE_POINTS + full.tailChars} exceeds thresholdChars (${full.thresholdChars}); lower headChars or tailChars, or raise thresholdChars`)
+  }
+  validatedConfigs.add(full)
+  return full
+}
+
+const isHigh = (c: number) => c >= 0xd800 && c <= 0xdbff
+const isLow = (c: number) => c >= 0xdc00 && c <= 0xdfff
+
+/** UTF-16 index just after the first `n` code points of `text` (or `text.length`). O(n). */
+function indexAfterCodePoints(text: string, n: number): number {
+  let i = 0
+  for (let k = 0; k < n && i < text.length; k++) i += isHigh(text.charCodeAt(i)) && isLow(text.charCodeAt(i + 1)) ? 2 : 1
+  return i
+}
+
+/** UTF-16 index where the last `n` code points of `text` start (or 0). O(n). */
+function indexBeforeLastCodePoints(text: string, n: number): number {
+  let i = text.length
+  for (let k = 0; k < n && i > 0; k++) i -= isLow(text.charCodeAt(i - 1)) && isHigh(text.charCodeAt(i - 2)) ? 2 : 1
+  return i
+}
+
+/**
+ * Number of Unicode code points in `text` (a surrogate pair counts once; a lone surrogate counts
+ * once). O(length). Stops early and returns `limit + 1` when `limit` is given and exceeded, so a
+ * "more than N?" question costs O(N) whatever the text's size.
+ */
+export function codePointLength(text: string, limit = Infinity): number {
+  if (text.length <= limit) {
+    // Fast path: no astral characters means one code point per UTF-16 unit.
+    let n = 0
+    for (let i = 0; i < text.length; i++, n++) if (isHigh(text.charCodeAt(i)) && isLow(text.charCodeAt(i + 1))) i++
+    return n
+  }
+  let n = 0
+  for (let i = 0; i < text.length; i++) {
+    if (isHigh(text.charCodeAt(i)) && isLow(text.charCodeAt(i + 1))) i++
+    if (++n > limit) return n
+  }
+  return n
+}
+
+let segmenter: { segment(s: string): { containing(i: number): { index: number; segment: string } | undefined } } | null | undefined
+function graphemeSegmenter() {
+  if (segmenter === undefined) segmenter = typeof Intl !== 'undefined' && 'Segmenter' in Intl ? new (Intl as any).Segmenter(undefined, { granularity: 'grapheme' }) : null
+  return segmenter
+}
+/** Grapheme clusters longer than this many UTF-16 units are cut anyway (bounded work). */
+const GRAPHEME_WINDOW = 64
+
+/** Moves a cut at UTF-16 index `at` to the start (`dir` -1) or end (+1) of its grapheme cluster. */
+function snapToGrapheme(text: string, at: number, dir: -1 | 1): number {
+  const seg = graphemeSegmenter()
+  if (!seg || at <= 0 || at >= text.length) return at
+  const from = Math.max(0, at - GRAPHEME_WINDOW)
+  const window = text.slice(from, Math.min(text.length, at + GRAPHEME_WINDOW))
+  const cluster = seg.segment(window).containing(at - from)
+  if (!cluster || cluster.index + from === at) return at
+  return dir < 0 ? cluster.index + from : cluster.index + from + cluster.segment.length
+}
+
+/** Head and tail UTF-16 cut points of a text known to exceed the threshold. */
+function cutPoints(text: string, cfg: PruneConfig): [headEnd: number, tailStart: number] {
+  let headEnd = indexAfterCodePoints(text, cfg.headChars)
+  let tailStart = indexBeforeLastCodePoints(text, cfg.tailChars)
+  if (cfg.graphemeSafe) { headEnd = snapToGrapheme(text, headEnd, -1); tailStart = snapToGrapheme(text, tailStart, 1) }
+  return [headEnd, tailStart]
+}
+
+/**
+ * Prunes one text: unchanged when it holds ≤ `thresholdChars` code points, else the first
+ * `headChars` code points + {@link PRUNE_MARKER} + the last `tailChars` code points. Never splits a
+ * surrogate pair. O(head + tail + threshold) whatever the text's length. Idempotent.
+ * Throws {@link PruneConfigError} for a bad config. DESIGN.md §3.
+ */
+export function pruneText(text: string, config?: Partial<PruneConfig>): string {
+  const cfg = resolvePruneConfig(config)
+  if (text.length <= cfg.thresholdChars || codePointLength(text, cfg.thresholdChars) <= cfg.thresholdChars) return text
+  const [headEnd, tailStart] = cutPoints(text, cfg)
+  return text.slice(0, headEnd) + PRUNE_MARKER + text.slice(tailStart)
+}
+
+/**
+ * Prunes a tool result (DESIGN.md §3). Its text blocks are treated as one joined text (no
+ * separator): when that holds ≤ `thresholdChars` code points the same object is returned.
+ * Otherwise the first `headChars` and last `tailChars` code points are kept, the marker goes into
+ * the first text block the cut touches, text blocks wholly inside the cut are dropped, non-text
+ * blocks keep their order among the kept blocks, and every other field (toolCallId, isError,
+ * metadata) is unchanged. Work is O(head + tail + threshold + blocks). Idempotent.
+ */
+export function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfig>): ToolResultMessage {
+  const cfg = resolvePruneConfig(config)
+  const blocks = message.content
+  // Count code points of the joined text, stopping past the threshold.
+  let budget = cfg.thresholdChars
+  for (const b of blocks) {
+    if (b.type !== 'text') continue
+    budget -= codePointLength((b as TextBlock).text, budget)
+    if (budget < 0) break
+  }
+  if (budget >= 0) return message
+
+  // The head cut: walk forward through text blocks until `headChars` code points are kept.
+  const texts = blocks.map((b, i) => (b.type === 'text' ? i : -1)).filter((i) => i >= 0)
+  let left = cfg.headChars
+  let headBlock = -1, headEnd = 0 // block index (into `blocks`) and UTF-16 index where the cut starts
+  for (const i of texts) {
+    const t = (blocks[i] as TextBlock).text
+    const end = indexAfterCodePoints(t, left)
+    if (end < t.length) { headBlock = i; headEnd = end; break }
+    left -= codePointLength(t, left) // the whole block is kept
+  }
+  // The tail cut: walk backward.
+  left = cfg.tailChars
+  let tailBlock = -1, tailStart = 0
+  for (let k = texts.length - 1; k >= 0; k--) {
+    const i = texts[k]
+    const t = (blocks[i] as TextBlock).text
+    const start = indexBeforeLastCodePoints(t, left)
+    if (start > 0) { tailBlock = i; tailStart = start; break }
+    left -= codePointLength(t, left)
+  }
+  if (cfg.graphemeSafe) {
+    headEnd = snapToGrapheme((blocks[headBlock] as TextBlock).text, headEnd, -1)
+    tailStart = snapToGrapheme((blocks[tailBlock] as TextBlock).text, tailStart, 1)
+  }
+  const out: Block[] = []
+  for (let i = 0; i < blocks.length; i++) {
+    const b = blocks[i]
+    if (b.type !== 'text' || i < headBlock || i > tailBlock) { out.push(b); continue }
+    const t = (b as TextBlock).text
+    if (i === headBlock) {
+      const rest = i === tailBlock ? t.slice(tailStart) : ''
+      out.push({ ...b, text: t.slice(0, headEnd) + PRUNE_MARKER + rest } as TextBlock)
+    } else if (i === tailBlock) {
+      out.push({ ...b, text: t.slice(tailStart) } as TextBlock)
+    } // else: wholly inside the cut, dropped
+  }
+  return { ...message, content: out }
+}
+
 // (pruner)
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 4. Log & surface
 // ════════════════════════════════════════════════════════════════════════════════════════════
+
+/** How a surface event changes the surface (DESIGN.md §4). `start`/`end` are seqs of surface nodes. */
+export type SurfaceOp = { op: 'append' } | { op: 'replace'; start: number; end: number }
+
+/** The request envelope and model as logged by `request/header` (written when it changes). */
+export interface RequestHeader {
+  model: string
+  baseURL: string
+  system?: string
+  tools?: readonly ToolSpec[]
+  /** Completion budget, tokens. */
+  maxTokens?: number
+  /** Context window, tokens. */
+  contextWindow?: number
+}
+
+/** The `data` of each event type dsh writes (DESIGN.md §4). Callers may log other types too. */
+export interface EventDataMap {
+  'session/start': { id: string; version: string }
+  'session/resume': { lastSeq: number; torn?: TornLine; repaired: number }
+  'turn/start': { turn: number }
+  'turn/end': { turn: number; reason: string }
+  'step/start': { turn: number; step: number }
+  'step/end': { turn: number; step: number }
+  'request/header': RequestHeader
+  'user/message': { message: UserMessage; surfaceOp: SurfaceOp; compactionId?: string }
+  'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string }
+  'tool/call': { callId: string; name: string; arguments: string }
+  'tool/result': { message: ToolResultMessage; surfaceOp: SurfaceOp; spilled?: { ref: string; bytes: number } }
+  'request/error': { code: string; status?: number; message: string; trigger?: string }
+  'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
+  'compaction/start': { id: string; trigger: string }
+  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage }
+  'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number }
+  'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
+  'recovery/retry': { generationBefore: number; generationAfter: number }
+}
+export type EventType = keyof EventDataMap
+
+/**
+ * One log entry. `seq` is contiguous from 0; `time` is ms since the epoch. Events are shared by
+ * reference with stores and listeners: treat them as immutable.
+ */
+export interface SessionEvent<T extends string = string> {
+  seq: number
+  type: T
+  time: number
+  data: T extends EventType ? EventDataMap[T] : Record<string, unknown>
+}
+
+/** A message on the surface, with its heuristic price in tokens and the seq of the event that put it there. */
+export interface SurfaceNode {
+  readonly seq: number
+  readonly message: Message
+  readonly tokens: number
+  /** Position key: strictly increasing along the surface (a replacement inherits its range's first key). */
+  readonly key: number
+}
+
+export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE'
+
+/** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
+export class SessionError extends Error {
+  readonly code: SessionErrorCode
+  /** 1-based line of a log file, for `LOG_CORRUPT`. */
+  readonly line?: number
+  constructor(code: SessionErrorCode, message: string, line?: number) {
+    super(message)
+    this.name = 'SessionError'
+    this.code = code
+    this.line = line
+  }
+}
+
+/** A last log line cut short by a crash: dropped on load and reported (DESIGN.md §4). */
+export interface TornLine { line: number; bytes: number; savedTo?: string }
+
+/** What a store returns on load. */
+export interface LoadedLog { events: SessionEvent[]; torn?: TornLine }
+
+/**
+ * Where a session's events live. `append` receives events in seq order; `sync` is the durability
+ * point (fsync for files), called at step boundaries. Artefacts hold spilled tool results.
+ */
+export interface LogStore {
+  load(): Promise<LoadedLog>
+  append(events: readonly SessionEvent[]): Promise<void>
+  sync?(): Promise<void>
+  /** Stores `text` (e.g. a spilled tool result) and returns a reference a human can follow. */
+  putArtefact?(name: string, text: string): Promise<string>
+  getArtefact?(ref: string): Promise<string>
+  close?(): Promise<void>
+}
+
+/** Keeps the log in memory (the default; edge-safe). Artefacts live in a Map. */
+export class MemoryStore implements LogStore {
+  readonly events: SessionEvent[] = []
+  readonly artefacts = new Map<string, string>()
+  async load(): Promise<LoadedLog> { return { events: this.events.slice() } }
+  async append(events: readonly SessionEvent[]): Promise<void> { for (const e of events) this.events.push(e) }
+  async putArtefact(name: string, text: string): Promise<string> { this.artefacts.set(name, text); return `memory:${name}` }
+  async getArtefact(ref: string): Promise<string> {
+    const text = this.artefacts.get(ref.replace(/^memory:/, ''))
+    if (text === undefined) throw new SessionError('STORE', `no artefact ${ref} in this MemoryStore`)
+    return text
+  }
+}
+
+/** Checks the shape of one decoded log line; returns an error message or undefined. */
+function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined {
+  if (typeof e !== 'object' || e === null || Array.isArray(e)) return 'not a JSON object'
+  const { seq, type, time, data } = e as Record<string, unknown>
+  if (typeof seq !== 'number' || typeof type !== 'string' || typeof time !== 'number' || typeof data !== 'object' || data === null) {
+    return 'not a dsh event {seq, type, time, data} (is this a transcript? use `dsh replay FILE`)'
+  }
+  if (seq !== expectedSeq) return `seq ${seq} where ${expectedSeq} was expected (events must be contiguous)`
+  return undefined
+}
+
+/**
+ * Parses JSONL log text. A last line without its newline that does not parse is torn (dropped and
+ * reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line.
+ */
+export function parseLogText(text: string): { events: SessionEvent[]; torn?: TornLine; goodLength: number } {
+  const events: SessionEvent[] = []
+  let pos = 0
+  let line = 0
+  while (pos < text.length) {
+    line++
+    const nl = text.indexOf('\n', pos)
+    const end = nl < 0 ? text.length : nl
+    const raw = text.slice(pos, end)
+    if (raw.trim() === '') {
+      if (nl < 0) break
+      throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
+    }
+    let value: unknown
+    try { value = JSON.parse(raw) } catch {
+      if (nl < 0) return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
+      throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
+    }
+    const problem = eventShapeProblem(value, events.length)
+    if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
+    events.push(value as SessionEvent)
+    pos = nl < 0 ? text.length : nl + 1
+  }
+  return { events, goodLength: text.length }
+}
+
+/**
+ * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
+ * `sync()` fsyncs. Loading drops a torn last line — its bytes are saved beside the log as
+ * `FILE.torn-<time>` and the file is truncated to its last whole line — and refuses any other
+ * corruption with the line number. Spilled tool results go to `FILE.artefacts/`.
+ */
+export class FileStore implements LogStore {
+  readonly path: string
+  private handle: any
+  private needsNewline = false
+  constructor(path: string) { this.path = path }
+
+  private async fs() { return await import('node:fs/promises') }
+
+  async load(): Promise<LoadedLog> {
+    const fs = await this.fs()
+    let text: string
+    try { text = await fs.readFile(this.path, 'utf8') } catch (err: any) {
+      if (err?.code === 'ENOENT') return { events: [] }
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
+    }
+    const parsed = parseLogText(text)
+    if (parsed.torn) {
+      const savedTo = `${this.path}.torn-${Date.now()}`
+      await fs.writeFile(savedTo, text.slice(parsed.goodLength))
+      await fs.truncate(this.path, new TextEncoder().encode(text.slice(0, parsed.goodLength)).length)
+      parsed.torn.savedTo = savedTo
+    } else if (text.length > 0 && !text.endsWith('\n')) this.needsNewline = true
+    return { events: parsed.events, torn: parsed.torn }
+  }
+
+  async append(events: readonly SessionEvent[]): Promise<void> {
+    if (events.length === 0) return
+    if (!this.handle) this.handle = await (await this.fs()).open(this.path, 'a')
+    let text = this.needsNewline ? '\n' : ''
+    for (const e of events) text += JSON.stringify(e) + '\n'
+    this.needsNewline = false
+    await this.handle.write(text)
+  }
+
+  async sync(): Promise<void> { if (this.handle) await this.handle.sync() }
+
+  async putArtefact(name: string, text: string): Promise<string> {
+    const fs = await this.fs()
+    const dir = `${this.path}.artefacts`
+    await fs.mkdir(dir, { recursive: true })
+    const file = `${dir}/${name.replace(/[^\w.-]/g, '_')}`
+    await fs.writeFile(file, text)
+    return file
+  }
+
+  async getArtefact(ref: string): Promise<string> { return await (await this.fs()).readFile(ref, 'utf8') }
+
+  async close(): Promise<void> { const h = this.handle; this.handle = undefined; if (h) await h.close() }
+}
+
+function validateBlocks(blocks: unknown, where: string): void {
+  if (!Array.isArray(blocks)) throw new SessionError('INVALID_MESSAGE', `${where}.content must be an array of blocks`)
+  blocks.forEach((b, i) => {
+    if (typeof b !== 'object' || b === null || typeof (b as Block).type !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] must be an object with a string "type"`)
+    const t = (b as Block).type
+    if ((t === 'text' || t === 'reasoning') && typeof (b as TextBlock).text !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}].text must be a string`)
+    if (t === 'tool-call') {
+      const c = b as ToolCallBlock
+      if (typeof c.id !== 'string' || c.id === '') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs a non-empty string id`)
+      if (typeof c.name !== 'string' || typeof c.arguments !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs string name and arguments (raw JSON text)`)
+    }
+  })
+}
+
+/** Throws `SessionError('INVALID_MESSAGE')` unless `m` is a well-formed message of `role`. */
+export function validateMessage(m: unknown, role?: Message['role']): asserts m is Message {
+  if (typeof m !== 'object' || m === null) throw new SessionError('INVALID_MESSAGE', 'message must be an object')
+  const msg = m as Message
+  if (role && msg.role !== role) throw new SessionError('INVALID_MESSAGE', `expected a ${role} message, got role ${JSON.stringify(msg.role)}`)
+  if (msg.role === 'user') { if (typeof msg.content !== 'string') validateBlocks(msg.content, 'user message') }
+  else if (msg.role === 'assistant') validateBlocks(msg.content, 'assistant message')
+  else if (msg.role === 'tool') {
+    if (typeof msg.toolCallId !== 'string' || msg.toolCallId === '') throw new SessionError('INVALID_MESSAGE', 'tool result needs a non-empty string toolCallId')
+    validateBlocks(msg.content, 'tool result')
+    if ((msg.content as Block[]).some((b) => b.type === 'tool-call')) throw new SessionError('INVALID_MESSAGE', 'a tool result cannot contain tool-call blocks')
+  } else throw new SessionError('INVALID_MESSAGE', `unknown role ${JSON.stringify((msg as { role: unknown }).role)} (user, assistant or tool)`)
+}
+
+const toolCalls = (m: Message): ToolCallBlock[] =>
+  m.role === 'assistant' ? (m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]) : []
+
+const SURFACE_TYPES: Record<string, Message['role']> = { 'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool' }
+
+/** Options for {@link Session}. */
+export interface SessionOptions {
+  store?: LogStore
+  /** Session id for `session/start` (default: a random UUID). */
+  id?: string
+  /** Clock for event `time` in ms (default `Date.now`). */
+  now?: () => number
+}
+
+/**
+ * The append-only session log and the model-visible surface projected from it (DESIGN.md §4).
+ * `append` is synchronous: it checks every invariant first (a violating append throws
+ * {@link SessionError} and changes nothing), then updates the surface, the per-node prices and the
+ * usage anchor incrementally (O(1) for an append, O(range) for a replace), and queues the event for
+ * the store; {@link Session.flush} writes the queue, {@link Session.sync} also fsyncs.
+ *
+ * Open or create with {@link Session.open}; inspect a log without writing with {@link Session.load}.
+ */
+export class Session {
+  readonly store: LogStore
+  /** The whole log, oldest first (treat as read-only). */
+  readonly events: SessionEvent[] = []
+  /** The torn last line dropped when this session was loaded, if any. */
+  torn?: TornLine
+  private readonly now: () => number
+  private nodes: SurfaceNode[] = []
+  private bySeq = new Map<number, SurfaceNode>()
+  /** callId → seq of the surface node holding the call, and of its result once logged. */
+  private calls = new Map<string, { callSeq: number; resultSeq?: number }>()
+  private openCalls = new Set<string>()
+  private dispatched = new Set<string>()
+  private surfaceTokensSum = 0
+  private envelopeTokensSum = 0
+  private anchorState?: UsageAnchor
+  private generation = 0
+  private pending: SessionEvent[] = []
+  private writing: Promise<void> = Promise.resolve()
+  private listeners = new Set<(e: SessionEvent) => void>()
+  /** The last `request/header` logged. */
+  header?: RequestHeader
+  /** Turn and step bookkeeping derived from the log. */
+  private turnState = { last: 0, open: false, step: 0, stepOpen: false }
+  private compactionOpen?: string
+  private sessionId = ''
+
+  constructor(options: SessionOptions = {}) {
+    this.store = options.store ?? new MemoryStore()
+    this.now = options.now ?? Date.now
+  }
+
+  /**
+   * Opens the session in `store`: a new one (writes `session/start`) when the store is empty,
+   * otherwise the loaded log, resumed (see {@link Session.resume}). Throws `SessionError` with
+   * `code 'LOG_CORRUPT'` and a line number for a corrupt log.
+   */
+  static async open(store: LogStore = new MemoryStore(), options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
+    const session = await Session.load(store, options)
+    if (session.events.length === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
+    else session.resume()
+    await session.sync()
+    return session
+  }
+
+  /** Loads the log in `store` and replays it (every invariant is re-checked), writing nothing. */
+  static async load(store: LogStore, options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
+    const session = new Session({ ...options, store })
+    const loaded = await store.load()
+    session.torn = loaded.torn
+    for (const e of loaded.events) {
+      if (e.seq !== session.events.length) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.events.length} was expected`, e.seq + 1)
+      try { session.check(e.type, e.data) } catch (err) {
+        throw new SessionError('LOG_CORRUPT', `session log line ${e.seq + 1}: ${(err as Error).message}`, e.seq + 1)
+      }
+      session.apply(e)
+    }
+    return session
+  }
+
+  /** The session id from `session/start`. */
+  get id(): string { return this.sessionId }
+  /** Number of events; also the seq of the next event. */
+  get seq(): number { return this.events.length }
+  /** Increases by exactly one on every committed replace (DESIGN.md §4). */
+  get replaceGeneration(): number { return this.generation }
+  /** The current surface, oldest first. A live view: do not keep it across appends. */
+  surface(): readonly SurfaceNode[] { return this.nodes }
+  /** The surface node put there by event `seq`, if it is still on the surface. */
+  node(seq: number): SurfaceNode | undefined { return this.bySeq.get(seq) }
+  /** Ids of tool calls on the surface that have no result yet. */
+  openToolCalls(): string[] { return [...this.openCalls] }
+  /** Whether a `tool/call` dispatch record was logged for `callId`. */
+  wasDispatched(callId: string): boolean { return this.dispatched.has(callId) }
+  /** The open turn's number, the last step number in it, and whether a step is open. */
+  get turn(): { turn: number; open: boolean; step: number; stepOpen: boolean } {
+    const t = this.turnState
+    return { turn: t.last, open: t.open, step: t.step, stepOpen: t.stepOpen }
+  }
+  /** Id of a `compaction/start` with no `compaction/end` yet (the compaction lock). */
+  get openCompaction(): string | undefined { return this.compactionOpen }
+
+  /** Calls `listener` with every event appended from now on; returns an unsubscribe function. */
+  subscribe(listener: (event: SessionEvent) => void): () => void {
+    this.listeners.add(listener)
+    return () => this.listeners.delete(listener)
+  }
+
+  /**
+   * Appends one event. Throws {@link SessionError} (and changes nothing) when the event would break
+   * an invariant: a malformed message; a replace whose start/end are not on the surface or are out
+   * of order; a `tool/result` replace that changes more than content; a replace that would separate
+   * a tool call from its result (matched by id); a result for an unknown or answered call.
+   */
+  append<T extends EventType>(type: T, data: EventDataMap[T]): SessionEvent<T>
+  append(type: string, data: Record<string, unknown>): SessionEvent
+  append(type: string, data: any): SessionEvent {
+    if (typeof type !== 'string' || type === '') throw new SessionError('INVALID_EVENT', 'event type must be a non-empty string')
+    if (typeof data !== 'object' || data === null || Array.isArray(data)) throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
+    this.check(type, data)
+    const event = { seq: this.events.length, type, time: this.now(), data } as SessionEvent
+    this.apply(event)
+    this.pending.push(event)
+    for (const l of this.listeners) l(event)
+    return event
+  }
+
+  /** Validates an event against the current state without changing anything. */
+  private check(type: string, data: any): void {
+    const role = SURFACE_TYPES[type]
+    if (!role) return
+    validateMessage(data.message, role)
+    const op = data.surfaceOp as SurfaceOp
+    const message = data.message as Message
+    if (!op || (op.op !== 'append' && op.op !== 'replace')) throw new SessionError('SURFACE_OP', `${type}: surfaceOp must be {op:'append'} or {op:'replace', start, end}`)
+    const newCalls = toolCalls(message)
+    const seen = new Set<string>()
+    for (const c of newCalls) {
+      if (seen.has(c.id) || this.calls.has(c.id)) throw new SessionError('PAIRING', `tool call id ${JSON.stringify(c.id)} is not unique on the surface`)
+      seen.add(c.id)
+    }
+    if (op.op === 'append') {
+      if (role === 'tool') {
+        const id = (message as ToolResultMessage).toolCallId
+        const call = this.calls.get(id)
+        if (!call) throw new SessionError('PAIRING', `tool result for unknown tool call id ${JSON.stringify(id)}`)
+        if (call.resultSeq !== undefined) throw new SessionError('PAIRING', `tool call ${JSON.stringify(id)} already has a result (seq ${call.resultSeq})`)
+      }
+      return
+    }
+    // Replace.
+    const { start, end } = op
+    const first = this.bySeq.get(start)
+    const last = this.bySeq.get(end)
+    if (!Number.isInteger(start) || !Number.isInteger(end) || !first || !last) {
+      throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the current surface`)
+    }
+    if (first.key > last.key) throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
+    if (newCalls.length > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
+    if (role === 'tool') {
+      const old = first.message
+      if (start !== end || old.role !== 'tool') throw new SessionError('SURFACE_OP', `tool/result: a replace must cover exactly one tool result (got ${start}..${end})`)
+      const { content: _a, ...restOld } = old
+      const { content: _b, ...restNew } = message as ToolResultMessage
+      if (JSON.stringify(restOld) !== JSON.stringify(restNew)) throw new SessionError('SURFACE_OP', `tool/result: a replacement may change only content (seq ${start})`)
+      return
+    }
+    // A range replace must keep calls and results together (DESIGN.md §4, matched by id).
+    const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
+    const inRange = new Set<number>()
+    for (let i = lo; i <= hi; i++) inRange.add(this.nodes[i].seq)
+    for (let i = lo; i <= hi; i++) {
+      const m = this.nodes[i].message
+      for (const c of toolCalls(m)) {
+        const entry = this.calls.get(c.id)!
+        if (entry.resultSeq === undefined) throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id}, which has no result yet`)
+        if (!inRange.has(entry.resultSeq)) throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id} but keep its result (seq ${entry.resultSeq})`)
+      }
+      if (m.role === 'tool') {
+        const entry = this.calls.get(m.toolCallId)!
+        if (!inRange.has(entry.callSeq)) throw new SessionError('PAIRING', `replace ${start}..${end} would remove the result of tool call ${m.toolCallId} but keep the call (seq ${entry.callSeq})`)
+      }
+    }
+  }
+
+  /** Binary search for the surface index of a position key. */
+  private indexOfKey(key: number): number {
+    let lo = 0, hi = this.nodes.length - 1
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1
+      const k = this.nodes[mid].key
+      if (k === key) return mid
+      if (k < key) lo = mid + 1
+      else hi = mid - 1
+    }
+    return -1
+  }
+
+  /** Applies a checked event to the derived state. The same code serves live appends and replay. */
+  private apply(event: SessionEvent): void {
+    this.events.push(event)
+    const data = event.data as any
+    switch (event.type) {
+      case 'session/start': this.sessionId = data.id; break
+      case 'request/header': {
+        this.header = data
+        this.envelopeTokensSum = estimateEnvelopeTokens(data)
+        this.anchorState = undefined // an envelope or model change voids the usage anchor (DESIGN.md §2)
+        break
+      }
+      case 'turn/start': this.turnState = { last: data.turn, open: true, step: 0, stepOpen: false }; break
+      case 'turn/end': this.turnState.open = false; this.turnState.stepOpen = false; break
+      case 'step/start': this.turnState.step = data.step; this.turnState.stepOpen = true; break
+      case 'step/end': this.turnState.stepOpen = false; break
+      case 'tool/call': this.dispatched.add(data.callId); break
+      case 'compaction/start': this.compactionOpen = data.id; break
+      case 'compaction/end': if (this.compactionOpen === data.id) this.compactionOpen = undefined; break
+    }
+    if (!SURFACE_TYPES[event.type]) return
+    const message = data.message as Message
+    const op = data.surfaceOp as SurfaceOp
+    const tokens = estimateMessageTokens(message)
+    if (op.op === 'append') {
+      const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
+      this.nodes.push(node)
+      this.bySeq.set(event.seq, node)
+      this.surfaceTokensSum += tokens
+      for (const c of toolCalls(message)) { this.calls.set(c.id, { callSeq: event.seq }); this.openCalls.add(c.id) }
+      if (message.role === 'tool') { this.calls.get(message.toolCallId)!.resultSeq = event.seq; this.openCalls.delete(message.toolCallId) }
+    } else {
+      const first = this.bySeq.get(op.start)!, last = this.bySeq.get(op.end)!
+      const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
+      const node: SurfaceNode = { seq: event.seq, message, tokens, key: first.key }
+      let shadowed = 0
+      for (let i = lo; i <= hi; i++) {
+        const old = this.nodes[i]
+        shadowed += old.tokens
+        this.bySeq.delete(old.seq)
+        if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
+        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id) }
+      }
+      if (message.role === 'tool') this.calls.get(message.toolCallId)!.resultSeq = event.seq
+      this.nodes.splice(lo, hi - lo + 1, node)
+      this.bySeq.set(event.seq, node)
+      this.surfaceTokensSum += tokens - shadowed
+      this.generation++
+    }
+    if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
+      const u = data.usage as Usage
+      this.anchorState = { providerTokens: u.promptTokens + u.completionTokens, heuristicTokens: this.envelopeTokensSum + this.surfaceTokensSum, seq: event.seq }
+    }
+  }
+
+  /** The size of the next request, in tokens, O(1) (DESIGN.md §2). */
+  measure(): Measurement {
+    const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+    return {
+      totalTokens: anchoredTotal(heuristicTokens, this.anchorState),
+      envelopeTokens: this.envelopeTokensSum,
+      surfaceTokens: this.surfaceTokensSum,
+      heuristicTokens,
+      anchored: this.anchorState !== undefined,
+      anchor: this.anchorState,
+      nodes: this.nodes,
+    }
+  }
+
+  /**
+   * The surface as provider messages, in surface order (DESIGN.md §4 "Projection"). Throws
+   * `SessionError('PAIRING')` while a tool call has no result: such a request must never be sent.
+   */
+  messages(): Message[] {
+    if (this.openCalls.size > 0) throw new SessionError('PAIRING', `cannot build a request: tool call(s) ${[...this.openCalls].join(', ')} have no result yet`)
+    return this.nodes.map((n) => n.message)
+  }
+
+  /** Logs `request/header` when model, base URL, envelope, budget or window changed; returns whether it did. */
+  setHeader(header: RequestHeader): boolean {
+    const clean = JSON.parse(JSON.stringify(header)) as RequestHeader
+    if (this.header && JSON.stringify(this.header) === JSON.stringify(clean)) return false
+    this.append('request/header', clean)
+    return true
+  }
+
+  /**
+   * Prunes the tool result at surface node `seq` (DESIGN.md §3 log protocol): appends
+   * `compaction/prune {shadowedSeqs:[seq], shadowedTokenCount}` then the pruned `tool/result` as a
+   * replace of `seq`. Returns the tokens reclaimed (0, and nothing appended, when the result is
+   * already within the threshold). The original stays in the log.
+   */
+  pruneToolResult(seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
+    const node = this.bySeq.get(seq)
+    if (!node || node.message.role !== 'tool') throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
+    const pruned = pruneToolResult(node.message, config)
+    if (pruned === node.message) return 0
+    const data = { message: pruned, surfaceOp: { op: 'replace' as const, start: seq, end: seq } }
+    this.check('tool/result', data) // both events or neither
+    this.append('compaction/prune', trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger } : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
+    const after = this.append('tool/result', data)
+    return node.tokens - this.bySeq.get(after.seq)!.tokens
+  }
+
+  /**
+   * Resumes a loaded session (DESIGN.md §4): writes `session/resume`, closes a stale compaction
+   * lock, gives every tool call without a result a synthetic error result (`TOOL_OUTCOME_UNKNOWN`
+   * when its `tool/call` was logged, else `TOOL_NOT_STARTED`), and closes an open step and turn.
+   */
+  resume(): void {
+    const open = [...this.openCalls]
+    this.append('session/resume', { lastSeq: this.events.length - 1, torn: this.torn, repaired: open.length })
+    if (this.compactionOpen) this.append('compaction/end', { id: this.compactionOpen, error: 'stale: the process stopped during this compaction' })
+    for (const id of open) {
+      const code = this.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
+      const text = code === 'TOOL_OUTCOME_UNKNOWN'
+        ? `${code}: the process stopped while this tool call was running; its effects are unknown. Check the current state before repeating it.`
+        : `${code}: the process stopped before this tool call was started; call it again if it is still needed.`
+      this.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text }], isError: true, metadata: { code } }, surfaceOp: { op: 'append' } })
+    }
+    const t = this.turnState
+    if (t.stepOpen) this.append('step/end', { turn: t.last, step: t.step })
+    if (t.open) this.append('turn/end', { turn: t.last, reason: 'interrupted' })
+  }
+
+  /** Writes queued events to the store (in order; concurrent calls are serialised). */
+  flush(): Promise<void> {
+    const run = async () => {
+      if (this.pending.length === 0) return
+      const batch = this.pending
+      this.pending = []
+      try { await this.store.append(batch) } catch (err) {
+        this.pending = batch.concat(this.pending) // keep them for the next attempt: nothing is lost
+        throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: ${(err as Error)?.message ?? err}`)
+      }
+    }
+    this.writing = this.writing.then(run, run)
+    return this.writing
+  }
+
+  /** Flushes, then makes the log durable (fsync for {@link FileStore}). Called at step boundaries. */
+  async sync(): Promise<void> {
+    await this.flush()
+    await this.store.sync?.()
+  }
+}
+
+function randomId(): string {
+  const c = (globalThis as any).crypto
+  if (c?.randomUUID) return c.randomUUID()
+  return `s-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`
+}
 
 // (log)
 
