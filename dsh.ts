@@ -1205,20 +1205,20 @@ export function readTranscript(text: string, options: ReadTranscriptOptions = {}
 
 // ── parsing and detection ──
 
-type JsonRecord = Record<string, unknown>
-interface JsonlLine { line: number; value: JsonRecord }
+type TranscriptRecord = Record<string, unknown>
+interface JsonlLine { line: number; value: TranscriptRecord }
 type ParsedTranscript =
   | { kind: 'json'; value: unknown; notes: string[] }
   | { kind: 'jsonl'; lines: JsonlLine[]; notes: string[] }
 
-const isRecord = (v: unknown): v is JsonRecord => typeof v === 'object' && v !== null && !Array.isArray(v)
+const isJsonRecord = (v: unknown): v is TranscriptRecord => typeof v === 'object' && v !== null && !Array.isArray(v)
 
 function parseTranscriptText(text: string): ParsedTranscript {
   if (typeof text !== 'string') throw new TranscriptError(`expected the file's text (a string), got ${typeof text}`)
   if (text.charCodeAt(0) === 0xfeff) text = text.slice(1)
   const start = text.search(/\S/)
   if (start < 0) throw new TranscriptError('the file is empty')
-  const firstLine = lineAt(text, start)
+  const firstLine = lineNumberAt(text, start)
   const first = text[start]
   if (first !== '{' && first !== '[') {
     const head = text.slice(start, start + 40).split(/\r?\n/)[0]
@@ -1232,8 +1232,8 @@ function parseTranscriptText(text: string): ParsedTranscript {
     const end = text.indexOf('\n', start)
     let firstValue: unknown
     try { firstValue = JSON.parse(text.slice(start, end < 0 ? undefined : end)) } catch { firstValue = undefined }
-    if (first === '{' && isRecord(firstValue)) return parseJsonl(text)
-    throw new TranscriptError(`not valid JSON (${errorText(err)})`, { line: jsonErrorLine(text, err) })
+    if (first === '{' && isJsonRecord(firstValue)) return parseJsonl(text)
+    throw new TranscriptError(`not valid JSON (${errorMessageOf(err)})`, { line: jsonErrorLine(text, err) })
   }
 }
 
@@ -1256,10 +1256,10 @@ function parseJsonl(text: string): ParsedTranscript {
         notes.push(`dropped the torn last line ${i + 1} (${row.length} UTF-16 units, not valid JSON, no final newline)`)
         break
       }
-      throw new TranscriptError(`not valid JSON (${errorText(err)})`, { line: i + 1 })
+      throw new TranscriptError(`not valid JSON (${errorMessageOf(err)})`, { line: i + 1 })
     }
-    if (!isRecord(value)) {
-      throw new TranscriptError(`a JSONL line must be a JSON object, got ${jsonType(value)}`, { line: i + 1 })
+    if (!isJsonRecord(value)) {
+      throw new TranscriptError(`a JSONL line must be a JSON object, got ${jsonTypeName(value)}`, { line: i + 1 })
     }
     lines.push({ line: i + 1, value })
   }
@@ -1272,30 +1272,30 @@ function detectParsed(parsed: ParsedTranscript): TranscriptFormat {
     if (isDshEvent(head.value)) return 'dsh'
     if (parsed.lines.slice(0, 50).some(l => isClaudeCodeLine(l.value))) return 'claude-code'
     throw new TranscriptError(`JSONL whose first line is neither a dsh event {seq, type, time, data} nor a Claude Code ` +
-      `entry {type, uuid, sessionId, message}; its keys are ${keyList(head.value)}`, { line: head.line })
+      `entry {type, uuid, sessionId, message}; its keys are ${jsonKeyList(head.value)}`, { line: head.line })
   }
   const v = parsed.value
   if (Array.isArray(v)) return 'openai'
-  if (!isRecord(v)) throw new TranscriptError(`a JSON ${jsonType(v)} is not a transcript`)
+  if (!isJsonRecord(v)) throw new TranscriptError(`a JSON ${jsonTypeName(v)} is not a transcript`)
   if (typeof v.trajectory_format === 'string' && v.trajectory_format.startsWith('mini-swe-agent')) return 'mini-swe-agent'
-  if (Array.isArray(v.messages) && isRecord(v.info) && 'mini_version' in v.info) return 'mini-swe-agent'
+  if (Array.isArray(v.messages) && isJsonRecord(v.info) && 'mini_version' in v.info) return 'mini-swe-agent'
   if (Array.isArray(v.history)) return 'swe-agent'
   if (Array.isArray(v.messages)) return 'openai'
   if (isDshEvent(v)) return 'dsh'
   if (isClaudeCodeLine(v)) return 'claude-code'
-  throw new TranscriptError(`a JSON object without "messages", "history" or "trajectory_format"; its keys are ${keyList(v)}`)
+  throw new TranscriptError(`a JSON object without "messages", "history" or "trajectory_format"; its keys are ${jsonKeyList(v)}`)
 }
 
-function isDshEvent(v: JsonRecord): boolean {
-  return typeof v.seq === 'number' && typeof v.type === 'string' && 'time' in v && isRecord(v.data)
+function isDshEvent(v: TranscriptRecord): boolean {
+  return typeof v.seq === 'number' && typeof v.type === 'string' && 'time' in v && isJsonRecord(v.data)
 }
 
-function isClaudeCodeLine(v: JsonRecord): boolean {
+function isClaudeCodeLine(v: TranscriptRecord): boolean {
   return typeof v.type === 'string' && (typeof v.sessionId === 'string' || typeof v.uuid === 'string' ||
     (v.type === 'summary' && typeof v.leafUuid === 'string'))
 }
 
-function lineAt(text: string, index: number): number {
+function lineNumberAt(text: string, index: number): number {
   let line = 1
   for (let i = text.indexOf('\n'); i >= 0 && i < index; i = text.indexOf('\n', i + 1)) line++
   return line
@@ -1303,16 +1303,16 @@ function lineAt(text: string, index: number): number {
 
 /** The line of a JSON.parse error, from V8's "position N" or a "line N column M" message; else undefined. */
 function jsonErrorLine(text: string, err: unknown): number | undefined {
-  const message = errorText(err)
+  const message = errorMessageOf(err)
   const lc = /line (\d+) column \d+/.exec(message)
   if (lc) return Number(lc[1])
   const pos = /position (\d+)/.exec(message)
-  return pos ? lineAt(text, Number(pos[1])) : undefined
+  return pos ? lineNumberAt(text, Number(pos[1])) : undefined
 }
 
-const errorText = (err: unknown): string => (err instanceof Error ? err.message : String(err))
-const jsonType = (v: unknown): string => (v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v)
-const keyList = (v: JsonRecord): string => {
+const errorMessageOf = (err: unknown): string => (err instanceof Error ? err.message : String(err))
+const jsonTypeName = (v: unknown): string => (v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v)
+const jsonKeyList = (v: TranscriptRecord): string => {
   const keys = Object.keys(v)
   return keys.length === 0 ? '(none)' : keys.slice(0, 8).map(k => JSON.stringify(k)).join(', ') + (keys.length > 8 ? ', …' : '')
 }
@@ -1325,15 +1325,15 @@ function expectJsonDocument(parsed: ParsedTranscript, format: TranscriptFormat):
 function expectJsonl(parsed: ParsedTranscript, format: TranscriptFormat): JsonlLine[] {
   if (parsed.kind === 'jsonl') return parsed.lines
   // One JSONL line is also one JSON document.
-  if (isRecord(parsed.value)) return [{ line: 1, value: parsed.value }]
+  if (isJsonRecord(parsed.value)) return [{ line: 1, value: parsed.value }]
   throw new TranscriptError(`a ${format} transcript is JSONL (one JSON object per line), but this file is a JSON ` +
-    jsonType(parsed.value))
+    jsonTypeName(parsed.value))
 }
 
 // ── shared building blocks ──
 
 /** Messages as read, before pairing; `where[i]` locates message i in the file for notes. */
-interface Draft {
+interface TranscriptDraft {
   envelope: Envelope
   messages: Message[]
   where: string[]
@@ -1341,38 +1341,38 @@ interface Draft {
   notes: string[]
 }
 
-const newDraft = (): Draft => ({ envelope: {}, messages: [], where: [], usage: [], notes: [] })
+const newTranscriptDraft = (): TranscriptDraft => ({ envelope: {}, messages: [], where: [], usage: [], notes: [] })
 
-function push(draft: Draft, message: Message, where: string, usage?: Usage): void {
+function pushDraft(draft: TranscriptDraft, message: Message, where: string, usage?: Usage): void {
   draft.messages.push(message)
   draft.where.push(where)
   if (message.role === 'assistant') draft.usage.push(usage)
 }
 
 /** Usage in the OpenAI chat-completions shape (`prompt_tokens`, …; DESIGN.md §6), else undefined. */
-function openAIUsage(u: unknown): Usage | undefined {
-  if (!isRecord(u) || typeof u.prompt_tokens !== 'number' || typeof u.completion_tokens !== 'number') return undefined
+function chatCompletionUsage(u: unknown): Usage | undefined {
+  if (!isJsonRecord(u) || typeof u.prompt_tokens !== 'number' || typeof u.completion_tokens !== 'number') return undefined
   const usage: Usage = { promptTokens: u.prompt_tokens, completionTokens: u.completion_tokens }
-  const cached = isRecord(u.prompt_tokens_details) ? u.prompt_tokens_details.cached_tokens : u.prompt_cache_hit_tokens
+  const cached = isJsonRecord(u.prompt_tokens_details) ? u.prompt_tokens_details.cached_tokens : u.prompt_cache_hit_tokens
   if (typeof cached === 'number') usage.cachedTokens = cached
-  const reasoning = isRecord(u.completion_tokens_details) ? u.completion_tokens_details.reasoning_tokens : undefined
+  const reasoning = isJsonRecord(u.completion_tokens_details) ? u.completion_tokens_details.reasoning_tokens : undefined
   if (typeof reasoning === 'number') usage.reasoningTokens = reasoning
   return usage
 }
 
 /** OpenAI message content (string, null or parts) → blocks; empty text is dropped. */
-function chatBlocks(content: unknown, field: string, at: { line?: number } = {}): Block[] {
+function chatContentBlocks(content: unknown, field: string, at: { line?: number } = {}): Block[] {
   if (content === null || content === undefined) return []
   if (typeof content === 'string') return content === '' ? [] : [{ type: 'text', text: content }]
   if (!Array.isArray(content)) {
-    throw new TranscriptError(`content must be a string or an array of parts, got ${jsonType(content)}`, { ...at, field })
+    throw new TranscriptError(`content must be a string or an array of parts, got ${jsonTypeName(content)}`, { ...at, field })
   }
-  return content.map((part, i) => partBlock(part, `${field}[${i}]`, at))
+  return content.map((part, i) => chatPartBlock(part, `${field}[${i}]`, at))
 }
 
 /** One content part: `text` → text block, `image_url` → image block, any other part kept as it is. */
-function partBlock(part: unknown, field: string, at: { line?: number }): Block {
-  if (!isRecord(part) || typeof part.type !== 'string') {
+function chatPartBlock(part: unknown, field: string, at: { line?: number }): Block {
+  if (!isJsonRecord(part) || typeof part.type !== 'string') {
     throw new TranscriptError('a content part must be an object with a string "type"', { ...at, field })
   }
   if (part.type === 'text') {
@@ -1385,7 +1385,7 @@ function partBlock(part: unknown, field: string, at: { line?: number }): Block {
   return { ...part, type: part.type }
 }
 
-const textOf = (blocks: Block[]): string =>
+const blocksText = (blocks: Block[]): string =>
   blocks.map(b => (b.type === 'text' && typeof b.text === 'string' ? b.text : '')).join('')
 
 /**
@@ -1393,42 +1393,45 @@ const textOf = (blocks: Block[]): string =>
  * `usageOf` reads an assistant message's usage. SWE-agent's `tool_call_ids` (array) is accepted
  * beside `tool_call_id`.
  */
-function readChatMessages(list: unknown[], path: string, draft: Draft, usageOf: (m: JsonRecord) => Usage | undefined): void {
+function readChatMessages(
+  list: unknown[], path: string, draft: TranscriptDraft, usageOf: (m: TranscriptRecord) => Usage | undefined,
+): void {
   const system: string[] = []
   let lateSystem = 0
   list.forEach((m, i) => {
     const at = `${path}[${i}]`
-    if (!isRecord(m)) throw new TranscriptError(`a message must be an object, got ${jsonType(m)}`, { field: at })
+    if (!isJsonRecord(m)) throw new TranscriptError(`a message must be an object, got ${jsonTypeName(m)}`, { field: at })
     const role = m.role
     if (role === 'system' || role === 'developer') {
-      const text = textOf(chatBlocks(m.content, `${at}.content`))
+      const text = blocksText(chatContentBlocks(m.content, `${at}.content`))
       if (draft.messages.length === 0) system.push(text)
-      else { lateSystem++; push(draft, { role: 'user', content: text }, at) }
+      else { lateSystem++; pushDraft(draft, { role: 'user', content: text }, at) }
     } else if (role === 'user') {
-      push(draft, { role: 'user', content: typeof m.content === 'string' ? m.content : chatBlocks(m.content, `${at}.content`) }, at)
+      const content = typeof m.content === 'string' ? m.content : chatContentBlocks(m.content, `${at}.content`)
+      pushDraft(draft, { role: 'user', content }, at)
     } else if (role === 'assistant') {
       const content: Block[] = []
       const reasoning = m.reasoning_content ?? m.reasoning
       if (typeof reasoning === 'string' && reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
-      content.push(...chatBlocks(m.content, `${at}.content`))
+      content.push(...chatContentBlocks(m.content, `${at}.content`))
       if (m.tool_calls !== undefined && m.tool_calls !== null) {
         if (!Array.isArray(m.tool_calls)) {
           throw new TranscriptError('tool_calls must be an array', { field: `${at}.tool_calls` })
         }
         m.tool_calls.forEach((c, j) => {
           const cf = `${at}.tool_calls[${j}]`
-          const fn = isRecord(c) ? c.function : undefined
-          if (!isRecord(c) || typeof c.id !== 'string') {
+          const fn = isJsonRecord(c) ? c.function : undefined
+          if (!isJsonRecord(c) || typeof c.id !== 'string') {
             throw new TranscriptError('a tool call needs a string "id"', { field: `${cf}.id` })
           }
-          if (!isRecord(fn) || typeof fn.name !== 'string') {
+          if (!isJsonRecord(fn) || typeof fn.name !== 'string') {
             throw new TranscriptError('a tool call needs "function": {"name", "arguments"}', { field: `${cf}.function.name` })
           }
           const args = typeof fn.arguments === 'string' ? fn.arguments : JSON.stringify(fn.arguments ?? {})
           content.push({ type: 'tool-call', id: c.id, name: fn.name, arguments: args })
         })
       }
-      push(draft, { role: 'assistant', content }, at, usageOf(m))
+      pushDraft(draft, { role: 'assistant', content }, at, usageOf(m))
     } else if (role === 'tool') {
       const ids = typeof m.tool_call_id === 'string' ? [m.tool_call_id]
         : Array.isArray(m.tool_call_ids) && m.tool_call_ids.length > 0 && m.tool_call_ids.every(x => typeof x === 'string')
@@ -1436,10 +1439,10 @@ function readChatMessages(list: unknown[], path: string, draft: Draft, usageOf: 
       if (!ids) {
         throw new TranscriptError('a tool message needs "tool_call_id" (a string)', { field: `${at}.tool_call_id` })
       }
-      const content = chatBlocks(m.content, `${at}.content`)
+      const content = chatContentBlocks(m.content, `${at}.content`)
       if (content.length === 0) content.push({ type: 'text', text: '' })
       // One observation answering several calls: the text goes to the first, so it is counted once.
-      ids.forEach((id, k) => push(draft, {
+      ids.forEach((id, k) => pushDraft(draft, {
         role: 'tool', toolCallId: id, content: k === 0 ? content : [{ type: 'text', text: `(see the result of ${ids[0]})` }],
       }, at))
       if (ids.length > 1) {
@@ -1464,7 +1467,7 @@ const SYNTHETIC_RESULT_TEXT = 'No result was recorded for this tool call in the 
  * call, matched by id). Results are expected after their call and before the next user or
  * assistant message; a call still open at that point gets a synthetic error result there.
  */
-function pairToolCalls(draft: Draft): Message[] {
+function pairToolCalls(draft: TranscriptDraft): Message[] {
   const out: Message[] = []
   const open: { id: string; original: string; name: string; where: string }[] = []
   const uses = new Map<string, number>()
@@ -1528,7 +1531,7 @@ function pairToolCalls(draft: Draft): Message[] {
   return out
 }
 
-function finish(format: TranscriptFormat, draft: Draft): Transcript {
+function finishTranscript(format: TranscriptFormat, draft: TranscriptDraft): Transcript {
   const messages = pairToolCalls(draft)
   return { format, envelope: draft.envelope, messages, usage: draft.usage, notes: draft.notes }
 }
@@ -1537,38 +1540,38 @@ function finish(format: TranscriptFormat, draft: Draft): Transcript {
 
 function readOpenAITranscript(parsed: ParsedTranscript): Transcript {
   const doc = expectJsonDocument(parsed, 'openai')
-  const draft = newDraft()
+  const draft = newTranscriptDraft()
   let list: unknown
   let path = 'messages'
-  if (Array.isArray(doc)) { list = doc; path = '' } else if (isRecord(doc)) list = doc.messages
+  if (Array.isArray(doc)) { list = doc; path = '' } else if (isJsonRecord(doc)) list = doc.messages
   if (!Array.isArray(list)) {
     throw new TranscriptError('an openai transcript is a JSON array of messages or an object with a "messages" array',
       { field: 'messages' })
   }
   if (list.length === 0) throw new TranscriptError('the message array is empty', { field: path || undefined })
   const head = list[0]
-  if (isRecord(head) && !('role' in head) && ('action' in head || 'observation' in head)) {
+  if (isJsonRecord(head) && !('role' in head) && ('action' in head || 'observation' in head)) {
     throw new TranscriptError('this looks like an OpenHands event list, which replay does not read', { field: `${path}[0].role` })
   }
-  readChatMessages(list, path, draft, m => openAIUsage(m.usage))
-  if (isRecord(doc)) {
+  readChatMessages(list, path, draft, m => chatCompletionUsage(m.usage))
+  if (isJsonRecord(doc)) {
     if (typeof doc.system === 'string' && draft.envelope.system === undefined) draft.envelope.system = doc.system
     if (doc.tools !== undefined) draft.envelope.tools = readToolSpecs(doc.tools, 'tools')
   }
-  return finish('openai', draft)
+  return finishTranscript('openai', draft)
 }
 
 /** `tools` as OpenAI sends them (`{type: "function", function: {...}}`) or bare `{name, ...}` specs. */
 function readToolSpecs(tools: unknown, field: string, line?: number): ToolSpec[] {
   if (!Array.isArray(tools)) throw new TranscriptError('"tools" must be an array of function specs', { line, field })
   return tools.map((t, i) => {
-    const fn = isRecord(t) && isRecord(t.function) ? t.function : t
-    if (!isRecord(fn) || typeof fn.name !== 'string') {
+    const fn = isJsonRecord(t) && isJsonRecord(t.function) ? t.function : t
+    if (!isJsonRecord(fn) || typeof fn.name !== 'string') {
       throw new TranscriptError('a tool spec needs a string "name"', { line, field: `${field}[${i}]` })
     }
     const spec: ToolSpec = { name: fn.name }
     if (typeof fn.description === 'string') spec.description = fn.description
-    if (isRecord(fn.parameters)) spec.parameters = fn.parameters
+    if (isJsonRecord(fn.parameters)) spec.parameters = fn.parameters
     return spec
   })
 }
@@ -1580,17 +1583,17 @@ const MINI_SWE_AGENT_BASH = /```bash\s*\n([\s\S]*?)\n```/g
 
 function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
   const doc = expectJsonDocument(parsed, 'mini-swe-agent')
-  if (!isRecord(doc) || !Array.isArray(doc.messages)) {
+  if (!isJsonRecord(doc) || !Array.isArray(doc.messages)) {
     throw new TranscriptError('a mini-swe-agent trajectory is a JSON object with a "messages" array', { field: 'messages' })
   }
   const list: unknown[] = doc.messages
-  const draft = newDraft()
-  const usageOf = (m: JsonRecord) =>
-    (isRecord(m.extra) && isRecord(m.extra.response) ? openAIUsage(m.extra.response.usage) : undefined)
-  if (list.some(m => isRecord(m) && (m.role === 'tool' || Array.isArray(m.tool_calls)))) {
+  const draft = newTranscriptDraft()
+  const usageOf = (m: TranscriptRecord) =>
+    (isJsonRecord(m.extra) && isJsonRecord(m.extra.response) ? chatCompletionUsage(m.extra.response.usage) : undefined)
+  if (list.some(m => isJsonRecord(m) && (m.role === 'tool' || Array.isArray(m.tool_calls)))) {
     readChatMessages(list, 'messages', draft, usageOf)
     draft.notes.push('mini-swe-agent trajectory with native tool calls: read as OpenAI messages')
-    return finish('mini-swe-agent', draft)
+    return finishTranscript('mini-swe-agent', draft)
   }
   let calls = 0
   let plain = 0
@@ -1598,7 +1601,7 @@ function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
   const system: string[] = []
   list.forEach((m, i) => {
     const at = `messages[${i}]`
-    if (!isRecord(m)) throw new TranscriptError(`a message must be an object, got ${jsonType(m)}`, { field: at })
+    if (!isJsonRecord(m)) throw new TranscriptError(`a message must be an object, got ${jsonTypeName(m)}`, { field: at })
     if (typeof m.content !== 'string') {
       throw new TranscriptError('mini-swe-agent message content must be a string', { field: `${at}.content` })
     }
@@ -1610,9 +1613,9 @@ function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
       const isError = /^The last command <command>[\s\S]*?<\/command> timed out/.test(content)
       const result: ToolResultMessage = { role: 'tool', toolCallId: callId, content: [{ type: 'text', text: content }] }
       if (isError) result.isError = true
-      push(draft, result, at)
+      pushDraft(draft, result, at)
     } else if (m.role === 'user' || m.role === 'system') {
-      push(draft, { role: 'user', content }, at)
+      pushDraft(draft, { role: 'user', content }, at)
     } else if (m.role === 'assistant') {
       const blocks = [...content.matchAll(MINI_SWE_AGENT_BASH)]
       const out: Block[] = []
@@ -1627,7 +1630,7 @@ function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
         if (content !== '') out.push({ type: 'text', text: content })
         plain++
       }
-      push(draft, { role: 'assistant', content: out }, at, usageOf(m))
+      pushDraft(draft, { role: 'assistant', content: out }, at, usageOf(m))
     } else {
       throw new TranscriptError(`unknown role ${JSON.stringify(m.role)}; mini-swe-agent has system, user, assistant`,
         { field: `${at}.role` })
@@ -1638,22 +1641,22 @@ function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
     'a `bash` tool call (block moved out of the text) and the next user message as its result' +
     (plain > 0 ? `; ${plain} with 0 or several bash blocks (format errors, nothing ran) kept as text` : ''))
   draft.notes.push('envelope.tools unknown: mini-swe-agent sends no tool specs')
-  return finish('mini-swe-agent', draft)
+  return finishTranscript('mini-swe-agent', draft)
 }
 
 // ── swe-agent ──
 
 function readSweAgent(parsed: ParsedTranscript): Transcript {
   const doc = expectJsonDocument(parsed, 'swe-agent')
-  if (!isRecord(doc) || !Array.isArray(doc.history)) {
+  if (!isJsonRecord(doc) || !Array.isArray(doc.history)) {
     throw new TranscriptError('a SWE-agent trajectory is a JSON object with a "history" array', { field: 'history' })
   }
   if (doc.history.length === 0) throw new TranscriptError('the history is empty', { field: 'history' })
-  const draft = newDraft()
+  const draft = newTranscriptDraft()
   readChatMessages(doc.history, 'history', draft, () => undefined)
   draft.notes.push('read "history" only ("trajectory[].messages" repeats it at every step); no per-call usage in SWE-agent ' +
     'trajectories; envelope.tools unknown (the file names tool bundles, not specs)')
-  return finish('swe-agent', draft)
+  return finishTranscript('swe-agent', draft)
 }
 
 // ── claude-code ──
@@ -1670,7 +1673,7 @@ function readClaudeCode(parsed: ParsedTranscript, withSidechains: boolean): Tran
     }
     if (typeof v.uuid === 'string') byUuid.set(v.uuid, l)
     if (v.type === 'user' || v.type === 'assistant') {
-      if (!isRecord(v.message)) {
+      if (!isJsonRecord(v.message)) {
         throw new TranscriptError(`a ${v.type} line needs a "message" object`, { line: l.line, field: 'message' })
       }
       entries.push(l)
@@ -1723,7 +1726,7 @@ function chainRoot(l: JsonlLine, byUuid: Map<string, JsonlLine>): string {
  * through `parentUuid`, across compaction boundaries through `logicalParentUuid`.
  */
 function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, JsonlLine>): Transcript {
-  const draft = newDraft()
+  const draft = newTranscriptDraft()
   const leaf = candidates[candidates.length - 1]
   let path: JsonlLine[]
   if (candidates.every(l => typeof l.value.uuid === 'string')) {
@@ -1768,34 +1771,34 @@ function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, Json
   for (const l of path) {
     const v = l.value
     const msg = v.message
-    if ((v.type !== 'user' && v.type !== 'assistant') || !isRecord(msg)) continue // e.g. a compaction boundary
+    if ((v.type !== 'user' && v.type !== 'assistant') || !isJsonRecord(msg)) continue // e.g. a compaction boundary
     const at = { line: l.line }
     const where = `line ${l.line}`
     if (v.type === 'user') {
       if (v.isCompactSummary === true) { compactSummaries++; continue }
       const content = msg.content
-      if (typeof content === 'string') { push(draft, { role: 'user', content }, where); continue }
+      if (typeof content === 'string') { pushDraft(draft, { role: 'user', content }, where); continue }
       if (!Array.isArray(content)) {
         throw new TranscriptError('user content must be a string or an array of blocks', { ...at, field: 'message.content' })
       }
       const other: Block[] = []
       content.forEach((b, i) => {
         const field = `message.content[${i}]`
-        if (!isRecord(b) || typeof b.type !== 'string') {
+        if (!isJsonRecord(b) || typeof b.type !== 'string') {
           throw new TranscriptError('a content block needs a string "type"', { ...at, field })
         }
         if (b.type === 'tool_result') {
           if (typeof b.tool_use_id !== 'string') {
             throw new TranscriptError('a tool_result needs a string "tool_use_id"', { ...at, field: `${field}.tool_use_id` })
           }
-          const blocks = chatBlocks(b.content, `${field}.content`, at)
+          const blocks = chatContentBlocks(b.content, `${field}.content`, at)
           if (blocks.length === 0) blocks.push({ type: 'text', text: '' })
           const result: ToolResultMessage = { role: 'tool', toolCallId: b.tool_use_id, content: blocks }
           if (b.is_error === true) result.isError = true
-          push(draft, result, where)
-        } else other.push(partBlock(b, field, at))
+          pushDraft(draft, result, where)
+        } else other.push(chatPartBlock(b, field, at))
       })
-      if (other.length > 0) push(draft, { role: 'user', content: other }, where)
+      if (other.length > 0) pushDraft(draft, { role: 'user', content: other }, where)
     } else {
       const content = msg.content
       if (!Array.isArray(content)) {
@@ -1803,7 +1806,7 @@ function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, Json
       }
       const blocks = content.map((b, i): Block => {
         const field = `message.content[${i}]`
-        if (!isRecord(b) || typeof b.type !== 'string') {
+        if (!isJsonRecord(b) || typeof b.type !== 'string') {
           throw new TranscriptError('a content block needs a string "type"', { ...at, field })
         }
         if (b.type === 'tool_use') {
@@ -1813,7 +1816,7 @@ function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, Json
           return { type: 'tool-call', id: b.id, name: b.name, arguments: JSON.stringify(b.input ?? {}) }
         }
         if (b.type === 'thinking' && typeof b.thinking === 'string') return { type: 'reasoning', text: b.thinking }
-        return partBlock(b, field, at)
+        return chatPartBlock(b, field, at)
       })
       const id = typeof msg.id === 'string' ? msg.id : String(v.uuid ?? `line ${l.line}`)
       const usage = claudeUsage(msg.usage)
@@ -1828,7 +1831,7 @@ function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, Json
       } else {
         const message: AssistantMessage = { role: 'assistant', content: blocks }
         assistants.set(id, { message, usageIndex: draft.usage.length, outputTokens: usage?.completionTokens ?? -1 })
-        push(draft, message, where, usage)
+        pushDraft(draft, message, where, usage)
       }
     }
   }
@@ -1836,12 +1839,12 @@ function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, Json
     draft.notes.push(`dropped ${compactSummaries} compact-summary user message(s) written by Claude Code's own compaction`)
   }
   draft.notes.push('envelope unknown: Claude Code logs record neither the system prompt nor the tool specs')
-  return finish('claude-code', draft)
+  return finishTranscript('claude-code', draft)
 }
 
 /** Anthropic usage: prompt = input + cache creation + cache read tokens (all three are billed input). */
 function claudeUsage(u: unknown): Usage | undefined {
-  if (!isRecord(u) || typeof u.input_tokens !== 'number' || typeof u.output_tokens !== 'number') return undefined
+  if (!isJsonRecord(u) || typeof u.input_tokens !== 'number' || typeof u.output_tokens !== 'number') return undefined
   const created = typeof u.cache_creation_input_tokens === 'number' ? u.cache_creation_input_tokens : 0
   const read = typeof u.cache_read_input_tokens === 'number' ? u.cache_read_input_tokens : 0
   return { promptTokens: u.input_tokens + created + read, completionTokens: u.output_tokens, cachedTokens: read }
@@ -1855,7 +1858,7 @@ const DSH_SURFACE_ROLE: Record<string, Message['role']> = {
 
 function readDshLog(parsed: ParsedTranscript): Transcript {
   const lines = expectJsonl(parsed, 'dsh')
-  const draft = newDraft()
+  const draft = newTranscriptDraft()
   let header: string | undefined
   let headerChanges = 0
   let replaced = 0
@@ -1866,7 +1869,7 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
       throw new TranscriptError('a dsh log line is an event {seq: number, type: string, time, data: object}',
         { line: l.line, field })
     }
-    const data = v.data as JsonRecord
+    const data = v.data as TranscriptRecord
     const type = v.type as string
     if (type === 'request/header') {
       const envelope: Envelope = {}
@@ -1878,10 +1881,10 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
     }
     const role = DSH_SURFACE_ROLE[type]
     if (role === undefined) continue
-    const op = isRecord(data.surfaceOp) ? data.surfaceOp.op : isRecord(v.surfaceOp) ? v.surfaceOp.op : undefined
+    const op = isJsonRecord(data.surfaceOp) ? data.surfaceOp.op : isJsonRecord(v.surfaceOp) ? v.surfaceOp.op : undefined
     if (op !== 'append') { replaced++; continue }
     const m = data.message
-    if (!isRecord(m) || m.role !== role) {
+    if (!isJsonRecord(m) || m.role !== role) {
       throw new TranscriptError(`a ${type} event needs data.message with role "${role}"`,
         { line: l.line, field: 'data.message.role' })
     }
@@ -1894,9 +1897,9 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
       throw new TranscriptError('a tool result needs a string toolCallId', { line: l.line, field: 'data.message.toolCallId' })
     }
     const u = data.usage
-    const usage = isRecord(u) && typeof u.promptTokens === 'number' && typeof u.completionTokens === 'number'
+    const usage = isJsonRecord(u) && typeof u.promptTokens === 'number' && typeof u.completionTokens === 'number'
       ? u as unknown as Usage : undefined
-    push(draft, m as unknown as Message, `line ${l.line}`, usage)
+    pushDraft(draft, m as unknown as Message, `line ${l.line}`, usage)
   }
   if (replaced > 0) {
     draft.notes.push(`skipped ${replaced} replace event(s) (prunes and summaries of the recorded session): the history ` +
@@ -1905,7 +1908,7 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   if (headerChanges > 0) {
     draft.notes.push(`the request envelope changed ${headerChanges} time(s); the first one is used`)
   }
-  return finish('dsh', draft)
+  return finishTranscript('dsh', draft)
 }
 
 // (cli-main)
