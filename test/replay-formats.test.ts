@@ -4,7 +4,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { readFileSync } from 'node:fs'
 import {
-  detectTranscriptFormat, readTranscript, TranscriptError,
+  detectTranscriptFormat, readTranscript, TranscriptError, Session, MemoryStore, PRUNE_MARKER,
   type Message, type ToolCallBlock, type Transcript, type TranscriptFormat,
 } from '../dsh.ts'
 import { sharedPath, skipWithoutShared } from './shared.ts'
@@ -412,6 +412,33 @@ test('dsh inline: appended surface messages, envelope from request/header, repla
   assert.equal(codePoints(textOf(t.messages[2])), 9000)
   assert.deepEqual(t.usage, [{ promptTokens: 50, completionTokens: 5 }, undefined])
   assert.ok(t.notes.some(n => n.startsWith('skipped 1 replace event(s)')))
+})
+
+test('dsh: a log written by Session (with a prune) reads back as the history before the prune', async () => {
+  const store = new MemoryStore()
+  const session = await Session.open(store, { id: 's1', now: () => 0 })
+  session.setHeader({ model: 'm', baseURL: 'http://127.0.0.1:1', system: 'sys', tools: [{ name: 'read_file', parameters: { type: 'object' } }] })
+  session.append('user/message', { message: { role: 'user', content: 'read big.txt' }, surfaceOp: { op: 'append' } })
+  session.append('assistant/message', {
+    message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'read_file', arguments: '{"path":"big.txt"}' }] },
+    usage: { promptTokens: 40, completionTokens: 9 }, finishReason: 'tool_calls', surfaceOp: { op: 'append' },
+  })
+  const big = '🎯'.repeat(10_000) // 10,000 code points, 20,000 UTF-16 units
+  const result = session.append('tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: big }] }, surfaceOp: { op: 'append' } })
+  assert.ok(session.pruneToolResult(result.seq) > 0)
+  session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+  await session.flush()
+  const text = store.events.map(e => JSON.stringify(e)).join('\n') + '\n'
+
+  assert.equal(detectTranscriptFormat(text), 'dsh')
+  const t = readTranscript(text)
+  assert.deepEqual(t.envelope, { system: 'sys', tools: [{ name: 'read_file', parameters: { type: 'object' } }] })
+  assert.deepEqual(t.messages.map(m => m.role), ['user', 'assistant', 'tool', 'assistant'])
+  assert.equal(textOf(t.messages[2]), big, 'the original result, not the pruned one')
+  assert.deepEqual(t.usage, [{ promptTokens: 40, completionTokens: 9 }, undefined])
+  assert.ok(t.notes.some(n => n.startsWith('skipped 1 replace event(s)')))
+  // The session's own surface holds the pruned result instead.
+  assert.ok(textOf(session.messages()[2]).includes(PRUNE_MARKER))
 })
 
 // ── errors: what is wrong, where, and the accepted formats; never a raw SyntaxError/TypeError ──
