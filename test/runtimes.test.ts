@@ -205,6 +205,12 @@ test('node-src: the reference observation holds the expected values', () => {
   // 'read it' = ⌈7/4⌉ + 8 = 10; the call: name + arguments 'read{}' = ⌈6/4⌉ + 8 = 10;
   // 'x😀' × 5000 = ⌈15000/4⌉ + 8 = 3758.
   assert.deepEqual((observation['session-memory'] as Record<string, unknown>).reloadedSurface, [[1, 'user', 10], [2, 'assistant', 10], [3, 'tool', 3758]])
+  // Two steps, one tool call; the 60,006-char result is over the prune threshold (8192 code points).
+  const agent = observation['agent-scripted'] as { result: unknown; log: string[]; requests: Array<{ purpose: string }>; prunedInSecondRequest: boolean }
+  assert.deepEqual(agent.result, { text: 'the log shows 3 errors', steps: 2, reason: 'stop' })
+  assert.deepEqual(agent.requests.map((r) => r.purpose), ['conversation', 'conversation'])
+  assert.equal(agent.prunedInSecondRequest, true)
+  assert.deepEqual(agent.log.filter((t) => t.startsWith('compaction/')), ['compaction/prune'])
   assert.deepEqual(observation['fetch-echo'], {
     method: 'POST', path: '/echo', contentType: 'application/json',
     body: { model: 'smoke', messages: [{ role: 'user', content: 'héllo 😀' }] },

@@ -85,6 +85,36 @@ export const STEPS = [
     }
   }],
 
+  // The Agent loop and the ladder's prune rung (DESIGN.md §§5, 7) with an in-process scripted
+  // provider: a two-step turn whose 60 KB tool result is pruned before the second request.
+  // (The HTTP provider against test/fake-provider.ts replaces this provider when it lands.)
+  ['agent-scripted', async (dsh) => {
+    const replies = [
+      { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'read_log', arguments: '{}' }] }, finishReason: 'tool_calls' },
+      { message: { role: 'assistant', content: [{ type: 'text', text: 'the log shows 3 errors' }] }, finishReason: 'stop' },
+    ]
+    const requests = []
+    const provider = {
+      model: 'scripted', baseURL: 'memory://scripted', contextWindow: 16_000, maxTokens: 1000,
+      async complete(req) {
+        requests.push({ purpose: req.headers?.['x-dsh-purpose'] ?? 'conversation', messages: JSON.parse(JSON.stringify(req.messages)) })
+        return JSON.parse(JSON.stringify(replies[requests.length - 1]))
+      },
+    }
+    const readLog = { name: 'read_log', description: 'returns the log', parameters: { type: 'object' }, execute: () => 'log line\n'.repeat(6_667) + 'end' }
+    const session = await dsh.Session.open(new dsh.MemoryStore(), { id: 'smoke', now: () => 1000 })
+    const events = []
+    const agent = new dsh.Agent({ session, provider, tools: [readLog], onEvent: (e) => events.push(e.type === 'log' ? e.event.type : e.type) })
+    const result = await agent.run('summarise the log')
+    return {
+      result: { text: result.text, steps: result.steps, reason: result.reason },
+      events,
+      log: session.events.map((e) => e.type),
+      requests: requests.map((r) => ({ purpose: r.purpose, messages: r.messages.map((m) => [m.role, JSON.stringify(m.content).length]) })),
+      prunedInSecondRequest: JSON.stringify(requests[1]?.messages ?? []).includes(JSON.stringify(dsh.PRUNE_MARKER).slice(1, -1)),
+    }
+  }],
+
   // Loopback networking: a JSON POST reaches the test server and its reply comes back.
   ['fetch-echo', (dsh, ctx) => ctx.post('/echo', { model: 'smoke', messages: [{ role: 'user', content: 'héllo 😀' }] })],
 
