@@ -154,7 +154,10 @@ before(async () => {
       outcomes.set(r.id, await runChild(file, args))
     }
   }
-  await Promise.all(Array.from({ length: Math.max(1, availableParallelism()) }, worker))
+  // One runtime per core; DSH_RUNTIMES_JOBS=1 runs them one after another (for timing one alone).
+  const jobs = Number(process.env.DSH_RUNTIMES_JOBS) || availableParallelism()
+  await Promise.all(Array.from({ length: Math.max(1, jobs) }, worker))
+  // DSH_RUNTIMES_VERBOSE=1 prints each runtime's exit code and wall time.
   if (process.env.DSH_RUNTIMES_VERBOSE) for (const [id, o] of outcomes) console.log(`${id}: exit ${o.code} in ${o.ms} ms`)
 })
 
