@@ -611,6 +611,15 @@ export function parseLogText(text: string): { events: SessionEvent[]; torn?: Tor
 }
 
 /**
+ * Loads a `node:` module lazily (file store, CLI). The specifier is computed, so that a user's
+ * bundler (esbuild, Vite, webpack) leaves it alone when it bundles dsh.ts for an edge or browser
+ * target, where these parts never run.
+ */
+export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
+  return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
+}
+
+/**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
  * `sync()` fsyncs. Loading drops a torn last line — its bytes are saved beside the log as
  * `FILE.torn-<time>` and the file is truncated to its last whole line — and refuses any other
@@ -622,7 +631,7 @@ export class FileStore implements LogStore {
   private needsNewline = false
   constructor(path: string) { this.path = path }
 
-  private async fs() { return await import('node:fs/promises') }
+  private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
   async load(): Promise<LoadedLog> {
     const fs = await this.fs()

@@ -142,7 +142,7 @@ test('a type-only node: import is erased and builds', async () => {
 // Users bundle dsh again for the browser or the edge (wrangler, Vercel and Vite use esbuild). esbuild
 // resolves a string-literal dynamic import, so the file store's import("node:fs/promises") stops such
 // a build ("Could not resolve"); a non-literal specifier (plus webpackIgnore / @vite-ignore) passes.
-test('a browser-platform bundler (esbuild, as wrangler and Vercel use) can bundle dist/dsh.mjs', { todo: 'FileStore imports a literal "node:fs/promises" (lead: see the runtimes report)' }, async () => {
+test('a browser-platform bundler (esbuild, as wrangler and Vercel use) can bundle dist/dsh.mjs', async () => {
   await realBuild
   const esbuild = await import('esbuild')
   const result = await esbuild.build({
