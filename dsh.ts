@@ -215,6 +215,778 @@ export interface Tool<Args = any> {
 
 // (cli-tools)
 
+// ── 8.1 Built-in coding tools (DESIGN.md §8, issue 5) ─────────────────────────────────────────
+// The file system and process code of dsh.ts. `node:` modules are loaded here through dynamic
+// `import()` only, so that the core still bundles for edge runtimes (TOOLCHAIN.md).
+
+/** Defaults of {@link builtinTools} (units in the names). */
+export const BUILTIN_TOOL_DEFAULTS = Object.freeze({
+  /** Cap on one tool's output in UTF-16 units. 100,000 ≈ 25,000 tokens by §2, the size of a big
+   *  read in common coding agents; above it the pruner (§3) and the spill (§5) take over anyway. */
+  maxOutputChars: 100_000,
+  /** read_file: lines read when the model gives no `limit`. */
+  readLimitLines: 2_000,
+  /** list_files: entries listed at most (recursive listings stop there). */
+  listMaxEntries: 1_000,
+  /** grep: matches reported when the model gives no `max_matches`. */
+  grepDefaultMatches: 100,
+  /** grep: the most matches the model may ask for. */
+  grepMaxMatches: 1_000,
+  /** shell: timeout of a command when the model gives no `timeout_ms`, in ms. */
+  shellTimeoutMs: 120_000,
+  /** shell: the longest `timeout_ms` the model may ask for, in ms. */
+  shellMaxTimeoutMs: 600_000,
+})
+
+/** Directories that list_files and grep never descend into (they may still be named as `path`). */
+const TOOL_SKIP_DIRS: ReadonlySet<string> = new Set(['node_modules', '.git'])
+/** Bytes sniffed for a NUL byte to call a file binary (the heuristic of git and grep). */
+const TOOL_BINARY_SNIFF_BYTES = 8 * 1024
+/** grep: files larger than this many bytes are skipped (and counted in the summary). */
+const GREP_MAX_FILE_BYTES = 16 * 1024 * 1024
+/** grep: a matching line is shown up to this many UTF-16 units. */
+const GREP_LINE_CHARS = 500
+/** shell: ms between SIGTERM and SIGKILL of the process group, and again before giving up on its pipes. */
+const SHELL_KILL_GRACE_MS = 1_000
+
+/** Options of {@link builtinTools}. Every number is a positive integer in the unit its name says. */
+export interface BuiltinToolsOptions {
+  /** Working directory. Relative paths resolve against it, and every path must stay inside it
+   *  after symlinks are resolved (realpath). It must exist. */
+  cwd: string
+  /** Offer the `shell` tool (DESIGN.md §8: only with `--allow-shell` or an interactive yes). Default false. */
+  allowShell?: boolean
+  /** Cap on each tool's output in UTF-16 units; a one-line notice after the cut says what was left
+   *  out and how to get it. `shell` gives each of stdout and stderr half of it (its first and last
+   *  quarter), with a marker in the middle. Default {@link BUILTIN_TOOL_DEFAULTS}.maxOutputChars (100,000). */
+  maxOutputChars?: number
+  /** read_file: lines read when the model gives no `limit`. Default 2,000. */
+  readLimitLines?: number
+  /** list_files: entries listed at most. Default 1,000. */
+  listMaxEntries?: number
+  /** grep: the most matches the model may ask for with `max_matches`. Default 1,000. */
+  grepMaxMatches?: number
+  /** shell: timeout in ms when the model gives no `timeout_ms`. Default 120,000. */
+  shellTimeoutMs?: number
+  /** shell: the longest `timeout_ms` the model may ask for, in ms. Default 600,000. */
+  shellMaxTimeoutMs?: number
+}
+
+type NodeFs = typeof import('node:fs/promises')
+type NodePath = typeof import('node:path')
+interface ToolHost {
+  fs: NodeFs
+  path: NodePath
+  /** realpath of the working directory. */
+  root: string
+  maxOutputChars: number
+}
+
+/**
+ * The built-in coding tools of the CLI (DESIGN.md §8): `read_file`, `list_files`, `grep`,
+ * `write_file`, `edit_file`, and `shell` when `allowShell` is true. Plain {@link Tool} objects; any
+ * agent can use them.
+ *
+ * Confinement: a path argument resolves against `cwd`, then through every symlink (realpath, also
+ * for files that do not exist yet and for dangling links); a path that lands outside `cwd` is
+ * refused with an error that names the resolved path. The `shell` tool is not confined: a command
+ * can reach anything the user can, which is why it is opt-in. Checks and file operations are not
+ * atomic: a process that swaps a directory for a symlink between them is out of scope.
+ *
+ * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
+ * one notice line saying how much was left out and how to get more (offset, a narrower path…).
+ * Failures throw an `Error` whose message starts with the tool's name and says what to do
+ * instead; the loop turns it into an error result for the model (DESIGN.md §7). `shell` returns
+ * `{content, isError: true}` for a non-zero exit, a timeout or a cancellation, with the output so far.
+ *
+ * Needs a runtime with `node:fs/promises`, `node:path` (and `node:child_process` for `shell`):
+ * Node ≥ 20, Deno, Bun.
+ * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
+ */
+export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
+  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs']
+  for (const key of Object.keys(options)) {
+    if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
+  }
+  if (typeof options.cwd !== 'string' || options.cwd === '') throw new TypeError('builtinTools: options.cwd must be a non-empty directory path')
+  const num = (name: keyof typeof BUILTIN_TOOL_DEFAULTS): number => {
+    const value = (options as unknown as Record<string, unknown>)[name] ?? BUILTIN_TOOL_DEFAULTS[name]
+    if (!Number.isSafeInteger(value) || (value as number) < 1) {
+      throw new TypeError(`builtinTools: options.${name} must be a positive integer, got ${String(value)} (default ${BUILTIN_TOOL_DEFAULTS[name]})`)
+    }
+    return value as number
+  }
+  const maxOutputChars = num('maxOutputChars')
+  const readLimitLines = num('readLimitLines')
+  const listMaxEntries = num('listMaxEntries')
+  const grepMaxMatches = num('grepMaxMatches')
+  const shellTimeoutMs = num('shellTimeoutMs')
+  const shellMaxTimeoutMs = num('shellMaxTimeoutMs')
+  if (shellTimeoutMs > shellMaxTimeoutMs) {
+    throw new TypeError(`builtinTools: options.shellTimeoutMs (${shellTimeoutMs} ms) exceeds options.shellMaxTimeoutMs (${shellMaxTimeoutMs} ms)`)
+  }
+  const [fs, path] = await Promise.all([import('node:fs/promises'), import('node:path')])
+  let root: string
+  try { root = await fs.realpath(path.resolve(options.cwd)) } catch (error) {
+    throw new Error(`builtinTools: working directory ${options.cwd} is not usable (${fsErrorReason(error)})`, { cause: error })
+  }
+  if (!(await fs.stat(root)).isDirectory()) throw new Error(`builtinTools: working directory ${options.cwd} is not a directory`)
+  const host: ToolHost = { fs, path, root, maxOutputChars }
+  const tools = [
+    readFileTool(host, readLimitLines),
+    listFilesTool(host, listMaxEntries),
+    grepTool(host, Math.min(BUILTIN_TOOL_DEFAULTS.grepDefaultMatches, grepMaxMatches), grepMaxMatches),
+    writeFileTool(host),
+    editFileTool(host),
+  ]
+  if (options.allowShell === true) tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs))
+  return tools
+}
+
+// ── argument checks: a wrong argument is an error the model can read and fix ──
+
+function toolArgs(tool: string, args: unknown, keys: readonly string[]): Record<string, unknown> {
+  if (args === null || typeof args !== 'object' || Array.isArray(args)) {
+    throw new Error(`${tool}: arguments must be a JSON object with the keys ${keys.join(', ')}`)
+  }
+  for (const key of Object.keys(args)) {
+    if (!keys.includes(key)) throw new Error(`${tool}: unknown argument "${key}"; the arguments are ${keys.join(', ')}`)
+  }
+  return args as Record<string, unknown>
+}
+
+function argString(tool: string, args: Record<string, unknown>, key: string, fallback?: string): string {
+  const value = args[key] ?? fallback
+  if (value === undefined) throw new Error(`${tool}: the argument "${key}" is required`)
+  if (typeof value !== 'string') throw new Error(`${tool}: "${key}" must be a string, got ${JSON.stringify(value)}`)
+  return value
+}
+
+/** An integer argument; a string of digits is accepted too (some models quote numbers). */
+function argInt(tool: string, args: Record<string, unknown>, key: string, fallback: number, min: number, max: number, unit: string): number {
+  let value = args[key]
+  if (value === undefined || value === null) return fallback
+  if (typeof value === 'string' && /^\d+$/.test(value.trim())) value = Number(value.trim())
+  if (!Number.isSafeInteger(value) || (value as number) < min || (value as number) > max) {
+    throw new Error(`${tool}: "${key}" must be an integer from ${min} to ${max} (${unit}), got ${JSON.stringify(value)}`)
+  }
+  return value as number
+}
+
+/** A boolean argument; the strings "true" and "false" are accepted too. */
+function argBool(tool: string, args: Record<string, unknown>, key: string): boolean {
+  const value = args[key]
+  if (value === undefined || value === null || value === false || value === 'false') return false
+  if (value === true || value === 'true') return true
+  throw new Error(`${tool}: "${key}" must be true or false, got ${JSON.stringify(value)}`)
+}
+
+// ── paths ──
+
+function fsErrorReason(error: unknown): string {
+  const code = (error as { code?: unknown } | null)?.code
+  switch (code) {
+    case 'ENOENT': return 'it does not exist'
+    case 'EACCES': case 'EPERM': return 'permission denied'
+    case 'ENOTDIR': return 'a part of the path is a file, not a directory'
+    case 'EISDIR': return 'it is a directory'
+    case 'ELOOP': return 'too many symbolic links (a symlink loop)'
+    default: return error instanceof Error ? error.message : String(error)
+  }
+}
+
+/** `error` rethrown as an Error naming the tool and the path; `hint` says what to do about it. */
+function fsError(tool: string, shown: string, error: unknown, hint = ''): Error {
+  const missing = (error as { code?: unknown } | null)?.code === 'ENOENT'
+  const fix = hint || (missing ? '; check the path with list_files' : '')
+  return new Error(`${tool}: cannot use ${shown}: ${fsErrorReason(error)}${fix}`, { cause: error })
+}
+
+/** realpath that also works for paths that do not exist yet: the missing tail is re-appended to
+ *  the realpath of the longest existing prefix, and a dangling symlink is followed by hand (so that
+ *  writing through it cannot land outside the working directory). */
+async function realpathLenient(host: ToolHost, target: string, hops = 0): Promise<string> {
+  const { fs, path } = host
+  try { return await fs.realpath(target) } catch (error) {
+    const code = (error as { code?: unknown }).code
+    if (code !== 'ENOENT' && code !== 'ENOTDIR') throw error
+  }
+  const parent = path.dirname(target)
+  if (parent === target) return target
+  const candidate = path.join(await realpathLenient(host, parent, hops), path.basename(target))
+  let link: string
+  try { link = await fs.readlink(candidate) } catch { return candidate }
+  if (hops >= 40) throw Object.assign(new Error(`too many symbolic links at ${candidate}`), { code: 'ELOOP' })
+  return realpathLenient(host, path.resolve(path.dirname(candidate), link), hops + 1)
+}
+
+function isInside(path: NodePath, root: string, target: string): boolean {
+  const rel = path.relative(root, target)
+  return rel === '' || !(rel === '..' || rel.startsWith('..' + path.sep) || path.isAbsolute(rel))
+}
+
+/** A path as the model sees it: relative to the working directory, `/`-separated, `.` for the root. */
+function shownPath(host: ToolHost, real: string): string {
+  const rel = host.path.relative(host.root, real)
+  return rel === '' ? '.' : rel.split(host.path.sep).join('/')
+}
+
+/** Resolves a path argument and refuses it when it leaves the working directory. */
+async function confine(host: ToolHost, tool: string, input: string): Promise<{ real: string; shown: string }> {
+  const { path, root } = host
+  if (input === '') throw new Error(`${tool}: "path" is empty; give a path relative to the working directory, e.g. "."`)
+  if (input.includes('\0')) throw new Error(`${tool}: "path" contains a NUL character`)
+  const lexical = path.resolve(root, input)
+  let real: string
+  try { real = await realpathLenient(host, lexical) } catch (error) { throw fsError(tool, JSON.stringify(input), error) }
+  if (!isInside(path, root, real)) {
+    const how = isInside(path, root, lexical) ? 'through a symlink to' : 'to'
+    throw new Error(`${tool}: ${JSON.stringify(input)} is outside the working directory ${root} ` +
+      `(it resolves ${how} ${real}); these tools can only reach files inside the working directory, so use a path inside it`)
+  }
+  return { real, shown: shownPath(host, real) }
+}
+
+// ── output caps ──
+
+function isHighSurrogate(unit: number): boolean { return unit >= 0xd800 && unit <= 0xdbff }
+function isLowSurrogate(unit: number): boolean { return unit >= 0xdc00 && unit <= 0xdfff }
+
+/** The first `maxUnits` UTF-16 units of `text`, one fewer when the cut would split a surrogate pair. */
+function headUnits(text: string, maxUnits: number): string {
+  if (text.length <= maxUnits) return text
+  const end = maxUnits > 0 && isHighSurrogate(text.charCodeAt(maxUnits - 1)) ? maxUnits - 1 : maxUnits
+  return text.slice(0, end)
+}
+
+/** Joins whole lines with `\n` while they fit in `maxUnits`; a first line longer than that is cut. */
+function joinLinesCapped(lines: readonly string[], maxUnits: number): { text: string; count: number; firstCut: boolean } {
+  let used = 0
+  let count = 0
+  for (const line of lines) {
+    const cost = (count > 0 ? 1 : 0) + line.length
+    if (used + cost > maxUnits) break
+    used += cost
+    count++
+  }
+  if (count === 0 && lines.length > 0) return { text: headUnits(lines[0], maxUnits), count: 1, firstCut: true }
+  return { text: lines.slice(0, count).join('\n'), count, firstCut: false }
+}
+
+function hasNulByte(bytes: Uint8Array): boolean {
+  return bytes.subarray(0, TOOL_BINARY_SNIFF_BYTES).includes(0)
+}
+
+function plural(n: number, word: string): string { return `${n} ${word}${n === 1 ? '' : 's'}` }
+
+// ── read_file ──
+
+function readFileTool(host: ToolHost, defaultLines: number): Tool {
+  const max = host.maxOutputChars
+  return {
+    name: 'read_file',
+    description: `Read a text file inside the working directory. Each line comes back as its 1-based line number, a tab, then the text ("     7\\tconst x = 1"); the number and tab are not part of the file. Reads up to "limit" lines (default ${defaultLines}) from line "offset" (default 1), and at most ${max} characters; a note at the end says when the file continues and which offset reads on.`,
+    parameters: {
+      type: 'object',
+      properties: {
+        path: { type: 'string', description: 'File path, relative to the working directory.' },
+        offset: { type: 'integer', minimum: 1, description: 'First line to read, 1-based. Default 1.' },
+        limit: { type: 'integer', minimum: 1, description: `Number of lines to read. Default ${defaultLines}.` },
+      },
+      required: ['path'],
+      additionalProperties: false,
+    },
+    async execute(rawArgs, ctx) {
+      const args = toolArgs('read_file', rawArgs, ['path', 'offset', 'limit'])
+      const offset = argInt('read_file', args, 'offset', 1, 1, Number.MAX_SAFE_INTEGER, 'a 1-based line number')
+      const limit = argInt('read_file', args, 'limit', defaultLines, 1, Number.MAX_SAFE_INTEGER, 'lines')
+      const { real, shown } = await confine(host, 'read_file', argString('read_file', args, 'path'))
+      let st
+      try { st = await host.fs.stat(real) } catch (error) { throw fsError('read_file', shown, error) }
+      if (st.isDirectory()) throw new Error(`read_file: ${shown} is a directory; use list_files to see what is in it`)
+      if (!st.isFile()) throw new Error(`read_file: ${shown} is not a regular file`)
+      const size = st.size
+      if (size === 0) return `(${shown} is empty: 0 bytes)`
+      const handle = await host.fs.open(real, 'r').catch((error: unknown) => { throw fsError('read_file', shown, error) })
+      // Streamed in chunks: reading lines 1-100 of a 1 GB log must not load the whole file.
+      const lines: string[] = []
+      let used = 0 // UTF-16 units in lines.join('\n')
+      let lineNo = 0
+      let stop: 'range' | 'cap' | 'long-line' | undefined
+      const take = (raw: string): boolean => { // true = stop reading
+        lineNo++
+        if (lineNo < offset) return false
+        if (lineNo >= offset + limit) { stop = 'range'; return true }
+        const text = `${String(lineNo).padStart(6)}\t${raw.endsWith('\r') ? raw.slice(0, -1) : raw}`
+        const cost = (lines.length > 0 ? 1 : 0) + text.length
+        if (used + cost <= max) { lines.push(text); used += cost; return false }
+        if (lines.length === 0) { lines.push(headUnits(text, max)); stop = 'long-line' } else stop = 'cap'
+        return true
+      }
+      try {
+        const decoder = new TextDecoder()
+        const buffer = new Uint8Array(64 * 1024)
+        let position = 0
+        let pending = ''
+        let skippingLongLine = false // the rest of a line longer than any output could show is dropped unread
+        reading: for (;;) {
+          if (ctx.signal.aborted) throw new Error('read_file: cancelled')
+          const { bytesRead } = await handle.read(buffer, 0, buffer.length, position)
+          if (bytesRead === 0) break
+          if (position === 0 && hasNulByte(buffer.subarray(0, bytesRead))) {
+            throw new Error(`read_file: ${shown} looks binary (a NUL byte in its first ${TOOL_BINARY_SNIFF_BYTES} bytes); read_file shows text files only`)
+          }
+          position += bytesRead
+          let chunk = decoder.decode(buffer.subarray(0, bytesRead), { stream: true })
+          if (skippingLongLine) {
+            const newline = chunk.indexOf('\n')
+            if (newline === -1) continue
+            chunk = chunk.slice(newline)
+            skippingLongLine = false
+          }
+          pending += chunk
+          let start = 0
+          for (let newline = pending.indexOf('\n'); newline !== -1; newline = pending.indexOf('\n', start)) {
+            if (take(pending.slice(start, newline))) break reading
+            start = newline + 1
+          }
+          pending = pending.slice(start)
+          if (pending.length > max + 16) { pending = pending.slice(0, max + 16); skippingLongLine = true }
+        }
+        if (stop === undefined) {
+          pending += decoder.decode()
+          if (pending.length > 0) take(pending)
+        }
+      } finally { await handle.close() }
+      if (lines.length === 0) {
+        throw new Error(`read_file: offset ${offset} is past the end of ${shown}, which has ${plural(lineNo, 'line')}; use an offset from 1 to ${lineNo}`)
+      }
+      const last = offset + lines.length - 1
+      const body = lines.join('\n')
+      switch (stop) {
+        case undefined: return body
+        case 'range': return `${body}\n[lines ${offset}-${last} of ${shown} shown; the file continues (${size} bytes in all); read more with offset=${last + 1}]`
+        case 'cap': return `${body}\n[output capped at ${max} characters: lines ${offset}-${last} of ${shown} shown; read more with offset=${last + 1}]`
+        case 'long-line': return `${body}\n[line ${last} of ${shown} is longer than the output cap of ${max} characters and was cut; the next line is at offset=${last + 1}; use grep to find text inside this line]`
+      }
+    },
+  }
+}
+
+// ── list_files ──
+
+function listFilesTool(host: ToolHost, maxEntries: number): Tool {
+  const { fs, path } = host
+  return {
+    name: 'list_files',
+    description: `List a directory inside the working directory. Paths come back relative to the working directory; directories end with "/", symlinks with "@". With recursive: true, lists subdirectories too (breadth-first, at most ${maxEntries} entries) but never descends into ${[...TOOL_SKIP_DIRS].join(' or ')} (list them by path to see inside).`,
+    parameters: {
+      type: 'object',
+      properties: {
+        path: { type: 'string', description: 'Directory, relative to the working directory. Default ".".' },
+        recursive: { type: 'boolean', description: 'Also list subdirectories. Default false.' },
+      },
+      additionalProperties: false,
+    },
+    async execute(rawArgs, ctx) {
+      const args = toolArgs('list_files', rawArgs, ['path', 'recursive'])
+      const recursive = argBool('list_files', args, 'recursive')
+      const { real, shown } = await confine(host, 'list_files', argString('list_files', args, 'path', '.'))
+      let st
+      try { st = await fs.stat(real) } catch (error) { throw fsError('list_files', shown, error) }
+      if (!st.isDirectory()) throw new Error(`list_files: ${shown} is a file, not a directory; use read_file to read it`)
+      const entries: string[] = []
+      const notDescended: string[] = []
+      const queue = [real]
+      let full = false
+      for (let next = 0; next < queue.length && !full; next++) {
+        if (ctx.signal.aborted) throw new Error('list_files: cancelled')
+        const dir = queue[next]
+        let dirents
+        try { dirents = await fs.readdir(dir, { withFileTypes: true }) } catch (error) {
+          if (dir === real) throw fsError('list_files', shown, error)
+          entries.push(`${shownPath(host, dir)}/ (not listed: ${fsErrorReason(error)})`)
+          continue
+        }
+        dirents.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+        for (const dirent of dirents) {
+          if (entries.length >= maxEntries) { full = true; break }
+          const child = path.join(dir, dirent.name)
+          const rel = shownPath(host, child)
+          if (dirent.isDirectory()) {
+            entries.push(`${rel}/`)
+            if (!recursive) continue
+            if (TOOL_SKIP_DIRS.has(dirent.name)) notDescended.push(`${rel}/`)
+            else queue.push(child)
+          } else entries.push(dirent.isSymbolicLink() ? `${rel}@` : rel)
+        }
+      }
+      if (entries.length === 0) return `(${shown} is an empty directory)`
+      entries.sort() // breadth-first keeps the shallow levels under the cap; sorted, they read as a tree
+      const { text, count } = joinLinesCapped(entries, host.maxOutputChars)
+      const notes: string[] = []
+      if (count < entries.length) notes.push(`[output capped at ${host.maxOutputChars} characters: ${entries.length - count} more entries not shown; list a subdirectory to see them]`)
+      if (full) notes.push(`[listing stopped at ${maxEntries} entries; list a subdirectory${recursive ? ', or list without recursive,' : ''} to see the rest]`)
+      if (notDescended.length > 0) notes.push(`[not descended into: ${notDescended.join(', ')}; list them by path to see inside]`)
+      return [text, ...notes].join('\n')
+    },
+  }
+}
+
+// ── grep ──
+
+/** A glob as a RegExp over `/`-separated paths: `*` and `?` stay within a segment, `**` crosses
+ *  segments (`**\/` also matches no directory), `[...]`/`[!...]` are classes, `{a,b}` alternatives. */
+function globToRegExp(glob: string): RegExp {
+  let out = ''
+  let braces = 0
+  for (let i = 0; i < glob.length; i++) {
+    const c = glob[i]
+    if (c === '*') {
+      if (glob[i + 1] === '*') {
+        const slash = glob[i + 2] === '/'
+        out += slash ? '(?:.*/)?' : '.*'
+        i += slash ? 2 : 1
+      } else out += '[^/]*'
+    } else if (c === '?') out += '[^/]'
+    else if (c === '[') {
+      const close = glob.indexOf(']', i + 2)
+      if (close === -1) { out += '\\['; continue }
+      const body = glob.slice(i + 1, close)
+      out += `[${body.startsWith('!') ? '^' + body.slice(1) : body}]`
+      i = close
+    } else if (c === '{') { out += '(?:'; braces++ }
+    else if (c === '}' && braces > 0) { out += ')'; braces-- }
+    else if (c === ',' && braces > 0) out += '|'
+    else out += c.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')
+  }
+  return new RegExp(`^${out}${')'.repeat(braces)}$`)
+}
+
+function escapeRegExp(text: string): string { return text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&') }
+
+function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): Tool {
+  const { fs, path } = host
+  return {
+    name: 'grep',
+    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_CHARS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB.`,
+    parameters: {
+      type: 'object',
+      properties: {
+        pattern: { type: 'string', description: 'JavaScript regular expression (no slashes or flags), or literal text with fixed_strings: true.' },
+        path: { type: 'string', description: 'File or directory to search, relative to the working directory. Default ".".' },
+        glob: { type: 'string', description: 'Only search files whose path matches this glob, e.g. "*.ts", "src/**/*.{js,mjs}". Without a "/" it matches the file name; with one, the path below "path".' },
+        fixed_strings: { type: 'boolean', description: 'Treat pattern as literal text. Default false.' },
+        ignore_case: { type: 'boolean', description: 'Case-insensitive search. Default false.' },
+        max_matches: { type: 'integer', minimum: 1, maximum: maxMatches, description: `Stop after this many matching lines. Default ${defaultMatches}.` },
+      },
+      required: ['pattern'],
+      additionalProperties: false,
+    },
+    async execute(rawArgs, ctx) {
+      const args = toolArgs('grep', rawArgs, ['pattern', 'path', 'glob', 'fixed_strings', 'ignore_case', 'max_matches'])
+      const pattern = argString('grep', args, 'pattern')
+      if (pattern === '') throw new Error('grep: "pattern" is empty; give the text or regular expression to search for')
+      const fixed = argBool('grep', args, 'fixed_strings')
+      const ignoreCase = argBool('grep', args, 'ignore_case')
+      const limit = argInt('grep', args, 'max_matches', defaultMatches, 1, maxMatches, 'matching lines')
+      const glob = args.glob === undefined ? undefined : argString('grep', args, 'glob')
+      let regex: RegExp
+      try { regex = new RegExp(fixed ? escapeRegExp(pattern) : pattern, ignoreCase ? 'i' : '') } catch (error) {
+        throw new Error(`grep: ${JSON.stringify(pattern)} is not a valid JavaScript regular expression (${(error as Error).message}); fix it, or pass fixed_strings: true to search for the text literally`)
+      }
+      const globRegex = glob === undefined || glob === '' ? undefined : globToRegExp(glob)
+      const globOnPath = glob !== undefined && glob.includes('/')
+      const { real, shown } = await confine(host, 'grep', argString('grep', args, 'path', '.'))
+      let st
+      try { st = await fs.stat(real) } catch (error) { throw fsError('grep', shown, error) }
+
+      const matches: string[] = []
+      let filesSearched = 0
+      let filesMatched = 0
+      let skippedBinary = 0
+      let skippedLarge = 0
+      let reachedLimit = false
+      const searchFile = async (file: string, size: number): Promise<void> => {
+        if (size > GREP_MAX_FILE_BYTES) { skippedLarge++; return }
+        let bytes: Uint8Array
+        try { bytes = await fs.readFile(file) } catch { return } // vanished or unreadable: not a match
+        if (hasNulByte(bytes)) { skippedBinary++; return }
+        filesSearched++
+        const text = new TextDecoder().decode(bytes)
+        const rel = shownPath(host, file)
+        let matchedHere = false
+        for (let start = 0, lineNo = 1; start <= text.length; lineNo++) {
+          let end = text.indexOf('\n', start)
+          if (end === -1) { if (start === text.length) break; end = text.length }
+          const line = text.charCodeAt(end - 1) === 13 ? text.slice(start, end - 1) : text.slice(start, end)
+          start = end + 1
+          if (!regex.test(line)) continue
+          const cut = headUnits(line, GREP_LINE_CHARS)
+          matches.push(`${rel}:${lineNo}:${cut}${cut.length < line.length ? ` [… ${line.length - cut.length} more characters]` : ''}`)
+          matchedHere = true
+          if (matches.length >= limit) { reachedLimit = true; break }
+        }
+        if (matchedHere) filesMatched++
+      }
+      const walk = async (dir: string): Promise<void> => {
+        let dirents
+        try { dirents = await fs.readdir(dir, { withFileTypes: true }) } catch (error) {
+          if (dir === real) throw fsError('grep', shown, error)
+          return
+        }
+        dirents.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+        for (const dirent of dirents) {
+          if (reachedLimit) return
+          if (ctx.signal.aborted) throw new Error('grep: cancelled')
+          const child = path.join(dir, dirent.name)
+          if (dirent.isDirectory()) { if (!TOOL_SKIP_DIRS.has(dirent.name)) await walk(child); continue }
+          if (!dirent.isFile()) continue // symlinks are not followed (they could lead outside)
+          if (globRegex) {
+            const rel = path.relative(real, child).split(path.sep).join('/')
+            if (!globRegex.test(globOnPath ? rel : dirent.name)) continue
+          }
+          let size: number
+          try { size = (await fs.stat(child)).size } catch { continue }
+          await searchFile(child, size)
+        }
+      }
+      if (st.isDirectory()) await walk(real)
+      else await searchFile(real, st.size)
+
+      const skipped = [
+        skippedBinary > 0 ? plural(skippedBinary, 'binary file') : '',
+        skippedLarge > 0 ? `${plural(skippedLarge, 'file')} over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB` : '',
+      ].filter(Boolean).join(' and ')
+      const searched = `${plural(filesSearched, 'file')} searched${skipped ? `; skipped ${skipped}` : ''}`
+      const what = `${fixed ? JSON.stringify(pattern) : `/${pattern}/`}${ignoreCase ? ' (ignoring case)' : ''}${glob ? ` in files matching ${glob}` : ''}`
+      if (matches.length === 0) return `no matches for ${what} in ${shown} (${searched})`
+      const { text, count } = joinLinesCapped(matches, host.maxOutputChars)
+      const notes: string[] = []
+      if (count < matches.length) notes.push(`[output capped at ${host.maxOutputChars} characters: ${matches.length - count} more matching lines not shown; narrow the path or glob]`)
+      notes.push(reachedLimit
+        ? `[stopped at max_matches=${limit}: ${plural(matches.length, 'matching line')} in ${plural(filesMatched, 'file')}; narrow the pattern, path or glob${limit < maxMatches ? `, or raise max_matches (up to ${maxMatches})` : ''}]`
+        : `[${plural(matches.length, 'matching line')} in ${plural(filesMatched, 'file')}; ${searched}]`)
+      return [text, ...notes].join('\n')
+    },
+  }
+}
+
+// ── write_file and edit_file ──
+
+function writeFileTool(host: ToolHost): Tool {
+  const { fs, path } = host
+  return {
+    name: 'write_file',
+    description: 'Create or overwrite a file inside the working directory with the given content (UTF-8). Parent directories are created as needed. To change part of an existing file, prefer edit_file.',
+    parameters: {
+      type: 'object',
+      properties: {
+        path: { type: 'string', description: 'File path, relative to the working directory.' },
+        content: { type: 'string', description: 'The complete new content of the file.' },
+      },
+      required: ['path', 'content'],
+      additionalProperties: false,
+    },
+    async execute(rawArgs) {
+      const args = toolArgs('write_file', rawArgs, ['path', 'content'])
+      const content = argString('write_file', args, 'content')
+      const { real, shown } = await confine(host, 'write_file', argString('write_file', args, 'path'))
+      const st = await fs.stat(real).catch((error: unknown) => {
+        if ((error as { code?: unknown }).code === 'ENOENT') return undefined
+        throw fsError('write_file', shown, error)
+      })
+      if (st?.isDirectory()) throw new Error(`write_file: ${shown} is a directory; give a file path`)
+      const previousBytes = st?.size
+      try {
+        await fs.mkdir(path.dirname(real), { recursive: true })
+        await fs.writeFile(real, content, 'utf8')
+      } catch (error) { throw fsError('write_file', shown, error) }
+      const bytes = new TextEncoder().encode(content).length
+      return `wrote ${plural(bytes, 'byte')} to ${shown} (${previousBytes === undefined ? 'new file' : `replaced ${plural(previousBytes, 'byte')}`})`
+    },
+  }
+}
+
+/** 1-based line numbers of the given offsets (UTF-16 units, ascending) in `text`. */
+function lineNumbersAt(text: string, offsets: readonly number[]): number[] {
+  const out: number[] = []
+  let line = 1
+  let from = 0
+  for (const offset of offsets) {
+    for (let nl = text.indexOf('\n', from); nl !== -1 && nl < offset; nl = text.indexOf('\n', nl + 1)) { line++; from = nl + 1 }
+    out.push(line)
+  }
+  return out
+}
+
+/** Non-overlapping occurrences of `needle` in `text`, as UTF-16 offsets. */
+function occurrences(text: string, needle: string): number[] {
+  const found: number[] = []
+  for (let at = text.indexOf(needle); at !== -1; at = text.indexOf(needle, at + needle.length)) found.push(at)
+  return found
+}
+
+function editFileTool(host: ToolHost): Tool {
+  const { fs } = host
+  return {
+    name: 'edit_file',
+    description: 'Edit a file inside the working directory by exact string replacement: old_string must appear in the file exactly once (include enough surrounding lines to make it unique), unless replace_all is true. Copy old_string from read_file output without the line-number prefix, keeping indentation and whitespace exactly.',
+    parameters: {
+      type: 'object',
+      properties: {
+        path: { type: 'string', description: 'File path, relative to the working directory.' },
+        old_string: { type: 'string', description: 'The exact text to replace.' },
+        new_string: { type: 'string', description: 'The text to put in its place.' },
+        replace_all: { type: 'boolean', description: 'Replace every occurrence. Default false.' },
+      },
+      required: ['path', 'old_string', 'new_string'],
+      additionalProperties: false,
+    },
+    async execute(rawArgs) {
+      const args = toolArgs('edit_file', rawArgs, ['path', 'old_string', 'new_string', 'replace_all'])
+      let oldString = argString('edit_file', args, 'old_string')
+      let newString = argString('edit_file', args, 'new_string')
+      const replaceAll = argBool('edit_file', args, 'replace_all')
+      if (oldString === '') throw new Error('edit_file: old_string is empty; to create a file or replace all of it use write_file')
+      if (oldString === newString) throw new Error('edit_file: old_string and new_string are the same; nothing would change')
+      const { real, shown } = await confine(host, 'edit_file', argString('edit_file', args, 'path'))
+      let bytes: Uint8Array
+      try { bytes = await fs.readFile(real) } catch (error) {
+        throw fsError('edit_file', shown, error, (error as { code?: unknown }).code === 'ENOENT' ? '; to create a new file use write_file' : '')
+      }
+      if (hasNulByte(bytes)) throw new Error(`edit_file: ${shown} looks binary (a NUL byte in its first ${TOOL_BINARY_SNIFF_BYTES} bytes); edit_file edits text files only`)
+      const text = new TextDecoder().decode(bytes)
+      let found = occurrences(text, oldString)
+      let crlf = false
+      if (found.length === 0 && text.includes('\r\n') && oldString.includes('\n') && !oldString.includes('\r')) {
+        // read_file shows CRLF lines without their \r; match the model's LF text against them.
+        const converted = occurrences(text, oldString.replace(/\n/g, '\r\n'))
+        if (converted.length > 0) {
+          found = converted
+          oldString = oldString.replace(/\n/g, '\r\n')
+          newString = newString.replace(/\r?\n/g, '\r\n')
+          crlf = true
+        }
+      }
+      if (found.length === 0) {
+        const prefixed = /^ *\d+\t/m.test(oldString) ? ' old_string seems to start lines with read_file line numbers ("    12\\t"); leave them out.' : ''
+        throw new Error(`edit_file: old_string was not found in ${shown} (0 occurrences).${prefixed} Read the file again and copy the exact text, including indentation and whitespace.`)
+      }
+      if (found.length > 1 && !replaceAll) {
+        const lines = lineNumbersAt(text, found.slice(0, 10))
+        throw new Error(`edit_file: old_string occurs ${found.length} times in ${shown} (at lines ${lines.join(', ')}${found.length > 10 ? ', …' : ''}); include more surrounding text to make it unique, or set replace_all: true to replace every occurrence`)
+      }
+      let edited = ''
+      let from = 0
+      for (const at of found) { edited += text.slice(from, at) + newString; from = at + oldString.length } // slices, not String.replace: "$&" in new_string stays literal
+      edited += text.slice(from)
+      try { await fs.writeFile(real, edited, 'utf8') } catch (error) { throw fsError('edit_file', shown, error) }
+      const lines = lineNumbersAt(text, found.slice(0, 10))
+      return `edited ${shown}: replaced ${plural(found.length, 'occurrence')} (at ${lines.length === 1 ? 'line' : 'lines'} ${lines.join(', ')}${found.length > 10 ? ', …' : ''})${crlf ? '; matched with CRLF line endings' : ''}`
+    },
+  }
+}
+
+// ── shell ──
+
+/** Keeps the first and last units of a stream that may be endless, in bounded memory. */
+class StreamText {
+  private head = ''
+  private tail = ''
+  total = 0 // UTF-16 units seen
+  constructor(private readonly headMax: number, private readonly tailMax: number) {}
+  push(chunk: string): void {
+    this.total += chunk.length
+    if (this.head.length < this.headMax) {
+      const room = this.headMax - this.head.length
+      this.head += chunk.slice(0, room)
+      chunk = chunk.slice(room)
+    }
+    if (chunk !== '' && this.tailMax > 0) this.tail = (this.tail + chunk).slice(-this.tailMax)
+  }
+  /** The kept text; when anything was dropped, a marker in the middle says how much. */
+  render(label: string): string {
+    if (this.total <= this.headMax + this.tailMax) return this.head + this.tail
+    // Drop half of a surrogate pair at either cut.
+    const head = isHighSurrogate(this.head.charCodeAt(this.head.length - 1)) ? this.head.slice(0, -1) : this.head
+    const tail = isLowSurrogate(this.tail.charCodeAt(0)) ? this.tail.slice(1) : this.tail
+    return `${head}\n[… ${this.total - head.length - tail.length} characters of ${label} cut here …]\n${tail}`
+  }
+}
+
+function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number): Tool {
+  const half = Math.floor(host.maxOutputChars / 2)
+  return {
+    name: 'shell',
+    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with its process group) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
+    parameters: {
+      type: 'object',
+      properties: {
+        command: { type: 'string', description: 'The command line to run.' },
+        timeout_ms: { type: 'integer', minimum: 1, maximum: maxTimeoutMs, description: `Timeout in milliseconds. Default ${defaultTimeoutMs}.` },
+      },
+      required: ['command'],
+      additionalProperties: false,
+    },
+    async execute(rawArgs, ctx) {
+      const args = toolArgs('shell', rawArgs, ['command', 'timeout_ms'])
+      const command = argString('shell', args, 'command')
+      if (command.trim() === '') throw new Error('shell: "command" is empty')
+      const timeoutMs = argInt('shell', args, 'timeout_ms', defaultTimeoutMs, 1, maxTimeoutMs, 'milliseconds')
+      if (ctx.signal.aborted) throw new Error('shell: not run, the turn was cancelled')
+      const [{ spawn }, proc] = await Promise.all([import('node:child_process'), import('node:process')])
+      const posix = proc.platform !== 'win32'
+      // Own process group (detached) on POSIX, so that a timeout kills the command's children too.
+      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true })
+      const stdout = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
+      const stderr = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
+      child.stdout.setEncoding('utf8') // decodes UTF-8 split across chunks
+      child.stderr.setEncoding('utf8')
+      child.stdout.on('data', (chunk: string) => stdout.push(chunk))
+      child.stderr.on('data', (chunk: string) => stderr.push(chunk))
+      const outcome = await new Promise<{ code: number | null; signal: string | null; why: 'exit' | 'timeout' | 'aborted' | 'error'; error?: Error }>((resolve) => {
+        let why: 'exit' | 'timeout' | 'aborted' = 'exit'
+        const timers: ReturnType<typeof setTimeout>[] = []
+        const killGroup = (signal: 'SIGTERM' | 'SIGKILL'): void => {
+          try { if (posix && child.pid !== undefined) proc.kill(-child.pid, signal); else child.kill(signal) } catch { /* already gone */ }
+        }
+        const finish = (result: { code: number | null; signal: string | null; error?: Error }): void => {
+          for (const timer of timers) clearTimeout(timer)
+          ctx.signal.removeEventListener('abort', onAbort)
+          resolve({ ...result, why: result.error ? 'error' : why })
+        }
+        const stop = (reason: 'timeout' | 'aborted'): void => {
+          if (why !== 'exit') return
+          why = reason
+          killGroup('SIGTERM')
+          timers.push(setTimeout(() => {
+            killGroup('SIGKILL')
+            // A grandchild outside the group may hold the pipes open: stop waiting for them.
+            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
+          }, SHELL_KILL_GRACE_MS))
+        }
+        const onAbort = (): void => stop('aborted')
+        ctx.signal.addEventListener('abort', onAbort, { once: true })
+        timers.push(setTimeout(() => stop('timeout'), timeoutMs))
+        child.once('error', (error) => finish({ code: null, signal: null, error }))
+        child.once('close', (code, signal) => finish({ code, signal }))
+      })
+      if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${outcome.error?.message}`, { cause: outcome.error })
+      const status = outcome.why === 'timeout' ? `timed out after ${timeoutMs} ms; the command was killed (raise timeout_ms, up to ${maxTimeoutMs}, if it needs longer)`
+        : outcome.why === 'aborted' ? 'cancelled; the command was killed'
+        : outcome.code === null ? `killed by signal ${outcome.signal}`
+        : `exit code ${outcome.code}`
+      const parts = [status]
+      if (stdout.total > 0) parts.push(`stdout:\n${stdout.render('stdout')}`)
+      if (stderr.total > 0) parts.push(`stderr:\n${stderr.render('stderr')}`)
+      if (stdout.total === 0 && stderr.total === 0) parts.push('(no output)')
+      const content = parts.join('\n')
+      return outcome.why === 'exit' && outcome.code === 0 ? content : { content, isError: true }
+    },
+  }
+}
+
 // (cli-replay)
 
 // (cli-main)
