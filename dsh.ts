@@ -990,3 +990,383 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
 // (cli-replay)
 
 // (cli-main)
+
+// ── 8.3 Command line: arguments, configuration, entry point (DESIGN.md §8, issue 5) ──────────
+
+/** DeepSeek defaults of the CLI (DESIGN.md §6). */
+export const CLI_DEFAULTS = Object.freeze({
+  baseURL: 'https://api.deepseek.com',
+  model: 'deepseek-v4-flash',
+  /** Environment variable read for the key when neither `--api-key-env` nor a non-DeepSeek base URL is given. */
+  apiKeyEnv: 'DEEPSEEK_API_KEY',
+  /** Compaction threshold as a ratio of the context window (DESIGN.md §5). */
+  threshold: 0.8,
+  /** replay: size of a simulated summary, in tokens (issue 5). */
+  summaryTokens: 2_000,
+})
+
+/** Transcript formats `replay --format` accepts (issue 5; ../shared/corpus/FORMATS.md). `auto` detects. */
+export type CliReplayFormat = 'auto' | 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
+const CLI_REPLAY_FORMATS: readonly CliReplayFormat[] = ['auto', 'dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+
+/** A bad command line or missing configuration. The CLI prints `message` (one line) and exits with `exitCode` 2. */
+export class UsageError extends Error {
+  readonly exitCode = 2
+  constructor(message: string) {
+    super(message)
+    this.name = 'UsageError'
+  }
+}
+
+/** Where to send model calls, resolved from flags, environment and {@link CLI_DEFAULTS}. */
+export interface CliModelOptions {
+  /** Model name: `--model`, else `$DSH_MODEL`, else `deepseek-v4-flash`. */
+  model: string
+  /** Base URL without a trailing slash: `--base-url`, else `$DSH_BASE_URL`, else `https://api.deepseek.com`. */
+  baseURL: string
+  /** The API key, absent for a server that needs none. Never printed. */
+  apiKey?: string
+  /** The environment variable `apiKey` came from, for messages. */
+  apiKeyEnv?: string
+}
+
+/** `dsh [prompt]` / `dsh -p PROMPT`: run the agent. */
+export interface CliRunOptions extends CliModelOptions {
+  command: 'run'
+  /** The prompt (`-p/--print PROMPT` or the positional argument). Absent: interactive on a TTY, else the caller decides (e.g. read stdin). */
+  prompt?: string
+  /** True when the prompt came with `-p/--print` (one-shot, answer on stdout). */
+  print: boolean
+  /** `--context-window N`, tokens. Absent: the provider's known window for the model (DESIGN.md §6). */
+  contextWindow?: number
+  /** `--max-tokens N`, completion budget per call in tokens. Absent: the provider's default. */
+  maxTokens?: number
+  /** `--session FILE`: JSONL session log, resumed when it exists (path as given). */
+  session?: string
+  /** `--threshold R`: compaction threshold, a ratio of the window in (0, 1]. Default 0.8. */
+  threshold: number
+  /** `--json`: every event as one JSON line on stdout. */
+  json: boolean
+  /** `--allow-shell`: offer the shell tool. */
+  allowShell: boolean
+}
+
+/** `dsh replay FILE`: run a recorded session through the meter and the ladder offline. */
+export interface CliReplayOptions {
+  command: 'replay'
+  /** The transcript to replay (path as given). */
+  file: string
+  /** `--context-window N`, tokens. Absent: the replay decides (e.g. from the log's `request/header`). */
+  contextWindow?: number
+  /** `--threshold R` in (0, 1]. Default 0.8. */
+  threshold: number
+  /** `--json`: machine-readable output. */
+  json: boolean
+  /** `--summary-tokens N`: size of a simulated summary in tokens. Default 2,000. */
+  summaryTokens: number
+  /** `--format F`. Default `auto`. */
+  format: CliReplayFormat
+  /** Present when `--base-url`, `--model` or `--api-key-env` asks for real summary calls; absent:
+   *  summaries are simulated at `summaryTokens` (a key in the environment alone never costs money). */
+  summarizer?: CliModelOptions
+}
+
+/** What {@link parseCliArgs} returns. */
+export type CliOptions = { command: 'help' } | { command: 'version' } | CliRunOptions | CliReplayOptions
+
+/** Flags: the value name (undefined = a switch) and the commands that accept it. */
+const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('run' | 'replay')[] }>> = {
+  '--print': { value: 'PROMPT', commands: ['run'] },
+  '--model': { value: 'NAME', commands: ['run', 'replay'] },
+  '--base-url': { value: 'URL', commands: ['run', 'replay'] },
+  '--api-key-env': { value: 'NAME', commands: ['run', 'replay'] },
+  '--context-window': { value: 'N', commands: ['run', 'replay'] },
+  '--max-tokens': { value: 'N', commands: ['run'] },
+  '--session': { value: 'FILE', commands: ['run'] },
+  '--threshold': { value: 'R', commands: ['run', 'replay'] },
+  '--json': { commands: ['run', 'replay'] },
+  '--allow-shell': { commands: ['run'] },
+  '--summary-tokens': { value: 'N', commands: ['replay'] },
+  '--format': { value: 'F', commands: ['replay'] },
+  '--help': { commands: ['run', 'replay'] },
+  '--version': { commands: ['run', 'replay'] },
+}
+const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help' }
+
+/** The `--help` text (DESIGN.md §8). */
+export const CLI_HELP = `dsh ${VERSION}: a coding agent that keeps long sessions inside the model's context window
+
+Usage
+  npx tsx dsh.ts                       interactive session (needs a terminal)
+  npx tsx dsh.ts "PROMPT"              run one prompt, print the answer, exit
+  npx tsx dsh.ts -p "PROMPT"           the same (--print)
+  npx tsx dsh.ts replay FILE [...]     replay a recorded session offline (see below)
+
+Options
+  -p, --print PROMPT     run PROMPT once; the answer goes to stdout
+  --model NAME           model name (default: $DSH_MODEL, else ${CLI_DEFAULTS.model})
+  --base-url URL         any OpenAI-compatible server; requests go to URL/chat/completions
+                         (default: $DSH_BASE_URL, else ${CLI_DEFAULTS.baseURL})
+  --api-key-env NAME     read the API key from the environment variable NAME (default:
+                         ${CLI_DEFAULTS.apiKeyEnv}, which is only sent to api.deepseek.com;
+                         a server that needs no key, e.g. a local one, needs no flag)
+  --context-window N     context window in tokens; required for models dsh does not know
+                         (it knows deepseek-v4-flash and deepseek-v4-pro: 1,048,576)
+  --max-tokens N         completion budget per model call, in tokens (default: the provider's;
+                         always clamped to the room left in the window)
+  --session FILE         keep the session in FILE (JSONL); resumes it when FILE exists
+  --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
+  --json                 print every event as one JSON object per line on stdout
+  --allow-shell          let the model run shell commands in the working directory
+  -h, --help             show this help
+  --version              print the version
+
+The model gets these tools: read_file, list_files, grep, write_file, edit_file (all limited to
+the working directory) and, with --allow-shell, shell. Interactive commands: /compact, /usage,
+/help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
+
+Replay: npx tsx dsh.ts replay FILE [options]
+  Runs a recorded session (a dsh log, an OpenAI-style message array, a Claude Code session
+  JSONL, a SWE-agent or mini-swe-agent trajectory) through the meter and the ladder and prints,
+  per step, tokens before and after, the rung taken and tokens reclaimed, then totals.
+  --context-window N     window to simulate, in tokens
+  --threshold R          as above (default ${CLI_DEFAULTS.threshold})
+  --summary-tokens N     size of a simulated summary, in tokens (default ${CLI_DEFAULTS.summaryTokens})
+  --format F             force a format: ${CLI_REPLAY_FORMATS.slice(1).join(', ')}
+                         (default auto: detected from the file)
+  --json                 machine-readable output
+  --base-url URL, --model NAME, --api-key-env NAME
+                         summarise with a real model instead of simulating summaries
+
+Environment
+  ${CLI_DEFAULTS.apiKeyEnv}       API key for DeepSeek (https://platform.deepseek.com)
+  DSH_BASE_URL           default for --base-url
+  DSH_MODEL              default for --model
+  NO_COLOR               plain status line
+
+Exit codes
+  0  done
+  1  the provider or a tool failed (the error is on stderr)
+  2  usage error: a bad flag or missing configuration (one line on stderr says what to set)
+
+Examples
+  export ${CLI_DEFAULTS.apiKeyEnv}=sk-...
+  npx tsx dsh.ts -p "list the TODO comments in src/, grouped by file"
+  npx tsx dsh.ts --session fix.jsonl "make the failing test in test/date.test.ts pass"
+  npx tsx dsh.ts --session fix.jsonl "now add a test for leap years"   # continues the session
+  npx tsx dsh.ts --base-url http://127.0.0.1:8080/v1 --model qwen3-coder --context-window 32768
+  npx tsx dsh.ts replay examples/session.jsonl --context-window 32000
+`
+
+/** Edit distance, for "did you mean" on a mistyped flag. */
+function editDistance(a: string, b: string): number {
+  let previous = Array.from({ length: b.length + 1 }, (_, j) => j)
+  for (let i = 1; i <= a.length; i++) {
+    const current = [i]
+    for (let j = 1; j <= b.length; j++) {
+      current[j] = Math.min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1))
+    }
+    previous = current
+  }
+  return previous[b.length]
+}
+
+function parsePositiveInt(flag: string, raw: string, unit: string, example: string): number {
+  const value = Number(raw)
+  if (!/^\d+$/.test(raw) || !Number.isSafeInteger(value) || value < 1) {
+    throw new UsageError(`${flag} must be a positive whole number of ${unit}, got ${JSON.stringify(raw)} (e.g. ${flag} ${example})`)
+  }
+  return value
+}
+
+function parseThreshold(raw: string): number {
+  const value = Number(raw)
+  if (!/^(?:\d+(?:\.\d*)?|\.\d+)$/.test(raw) || !(value > 0 && value <= 1)) {
+    throw new UsageError(`--threshold must be a ratio of the context window greater than 0 and at most 1, got ${JSON.stringify(raw)} (e.g. --threshold 0.8 for 80%)`)
+  }
+  return value
+}
+
+/** Base URL, model and key from flags, environment and defaults. The DeepSeek key is only ever
+ *  paired with a DeepSeek base URL, so that pointing dsh at another server cannot leak it. */
+function resolveModelOptions(flags: Map<string, string>, env: Record<string, string | undefined>): CliModelOptions {
+  const nonEmpty = (value: string | undefined): string | undefined => (value === undefined || value === '' ? undefined : value)
+  const urlSource = flags.has('--base-url') ? '--base-url' : nonEmpty(env.DSH_BASE_URL) ? 'DSH_BASE_URL' : undefined
+  const rawURL = flags.get('--base-url') ?? nonEmpty(env.DSH_BASE_URL) ?? CLI_DEFAULTS.baseURL
+  let url: URL
+  try { url = new URL(rawURL) } catch { url = new URL('invalid:') }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+    throw new UsageError(`${urlSource ?? 'the base URL'} must be an http(s) URL such as http://127.0.0.1:8080/v1, got ${JSON.stringify(rawURL)}`)
+  }
+  const baseURL = rawURL.replace(/\/+$/, '')
+  const model = flags.get('--model') ?? nonEmpty(env.DSH_MODEL) ?? CLI_DEFAULTS.model
+  if (model.trim() === '') throw new UsageError('--model is empty; give a model name, e.g. --model deepseek-v4-pro')
+
+  const keyEnv = flags.get('--api-key-env')
+  if (keyEnv !== undefined) {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(keyEnv)) {
+      // Not echoed: a common slip is to pass the key itself.
+      throw new UsageError('--api-key-env takes the NAME of an environment variable that holds the key (e.g. --api-key-env OPENROUTER_API_KEY), not the key itself')
+    }
+    const apiKey = nonEmpty(env[keyEnv])
+    if (apiKey === undefined) throw new UsageError(`no API key: --api-key-env names ${keyEnv}, but ${keyEnv} is not set; set it (export ${keyEnv}=...) or drop the flag`)
+    return { model, baseURL, apiKey, apiKeyEnv: keyEnv }
+  }
+  if (url.hostname !== new URL(CLI_DEFAULTS.baseURL).hostname) return { model, baseURL } // a server that needs no key, or a 401 the provider reports
+  const apiKey = nonEmpty(env[CLI_DEFAULTS.apiKeyEnv])
+  if (apiKey === undefined) {
+    throw new UsageError(`no API key: set ${CLI_DEFAULTS.apiKeyEnv} (or --api-key-env NAME), or point --base-url at a server that needs none`)
+  }
+  return { model, baseURL, apiKey, apiKeyEnv: CLI_DEFAULTS.apiKeyEnv }
+}
+
+/**
+ * Parses the command line (DESIGN.md §8, issue 5). Pure: reads only its arguments.
+ *
+ * `argv` is the arguments after the script (`process.argv.slice(2)`); `env` is the environment
+ * (`DEEPSEEK_API_KEY`, `DSH_BASE_URL`, `DSH_MODEL`, and the variable named by `--api-key-env`;
+ * empty values count as unset). Long flags take their value as the next argument or after `=`
+ * (`--model=x`); `--` ends the flags. The first argument `replay` selects the replay command.
+ * A flag given twice keeps the last value. `--help`/`-h` and `--version` win over everything else,
+ * so they work without any configuration.
+ *
+ * Key rules: `--api-key-env NAME` reads `env[NAME]`; otherwise `DEEPSEEK_API_KEY` is used, and
+ * required, only when the base URL is DeepSeek's; any other base URL (e.g. a local server) gets
+ * no key unless `--api-key-env` names one.
+ *
+ * @returns {@link CliOptions}; numbers are validated (`--context-window`, `--max-tokens`,
+ *   `--summary-tokens`: positive integers, tokens; `--threshold`: a ratio in (0, 1]).
+ * @throws UsageError (exit code 2) whose one-line message names the flag or variable and what to set.
+ */
+export function parseCliArgs(argv: readonly string[], env: Record<string, string | undefined>): CliOptions {
+  const endOfFlags = argv.indexOf('--')
+  const flagPart = endOfFlags === -1 ? argv : argv.slice(0, endOfFlags)
+  if (flagPart.some((arg) => arg === '--help' || arg === '-h')) return { command: 'help' }
+  if (flagPart.includes('--version')) return { command: 'version' }
+
+  const command = argv[0] === 'replay' ? 'replay' : 'run'
+  const flags = new Map<string, string>()
+  const positionals: string[] = []
+  for (let i = command === 'replay' ? 1 : 0; i < argv.length; i++) {
+    const arg = argv[i]
+    if (arg === '--') { positionals.push(...argv.slice(i + 1)); break }
+    if (!arg.startsWith('-') || arg === '-') { positionals.push(arg); continue }
+    const eq = arg.startsWith('--') ? arg.indexOf('=') : -1
+    const name = CLI_SHORT_FLAGS[arg] ?? (eq === -1 ? arg : arg.slice(0, eq))
+    const spec = CLI_FLAGS[name]
+    if (spec === undefined) {
+      const guess = Object.keys(CLI_FLAGS).find((known) => editDistance(name, known) <= 2)
+      throw new UsageError(`unknown option ${name}${guess ? ` (did you mean ${guess}?)` : ''}; run with --help for the list`)
+    }
+    if (!spec.commands.includes(command)) {
+      const replayFlags = Object.keys(CLI_FLAGS).filter((flag) => CLI_FLAGS[flag].commands.includes('replay') && flag !== '--help' && flag !== '--version')
+      throw new UsageError(command === 'replay'
+        ? `${name} does not apply to replay; replay takes ${replayFlags.join(', ')}`
+        : `${name} only applies to replay: npx tsx dsh.ts replay FILE ${name} ${spec.value}`)
+    }
+    if (spec.value === undefined) {
+      if (eq !== -1) throw new UsageError(`${name} takes no value (got ${JSON.stringify(arg)})`)
+      flags.set(name, '')
+      continue
+    }
+    let value: string | undefined
+    if (eq !== -1) value = arg.slice(eq + 1)
+    else {
+      value = argv[i + 1]
+      // A value that looks like a flag is taken as a missing value, except for a prompt.
+      if (value !== undefined && name !== '--print' && value.startsWith('--')) value = undefined
+      if (value !== undefined) i++
+    }
+    if (value === undefined) throw new UsageError(`${arg} needs a value: ${name} ${spec.value}`)
+    flags.set(name, value)
+  }
+
+  const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
+  const threshold = flags.has('--threshold') ? parseThreshold(flags.get('--threshold')!) : CLI_DEFAULTS.threshold
+  const json = flags.has('--json')
+
+  if (command === 'replay') {
+    if (positionals.length === 0) throw new UsageError('replay needs a FILE: npx tsx dsh.ts replay FILE [--context-window N]')
+    if (positionals.length > 1) throw new UsageError(`replay takes one FILE, got ${positionals.length} (${positionals.map((p) => JSON.stringify(p)).join(', ')})`)
+    const summaryTokens = flags.has('--summary-tokens') ? parsePositiveInt('--summary-tokens', flags.get('--summary-tokens')!, 'tokens', '2000') : CLI_DEFAULTS.summaryTokens
+    const format = (flags.get('--format') ?? 'auto') as CliReplayFormat
+    if (!CLI_REPLAY_FORMATS.includes(format)) throw new UsageError(`--format must be one of ${CLI_REPLAY_FORMATS.join(', ')}, got ${JSON.stringify(format)}`)
+    const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
+    return {
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format,
+      ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
+    }
+  }
+
+  const printed = flags.get('--print')
+  if (printed !== undefined && positionals.length > 0) {
+    throw new UsageError(`give the prompt once: either -p "PROMPT" or a positional "PROMPT", not both (extra: ${JSON.stringify(positionals[0])})`)
+  }
+  if (positionals.length > 1) {
+    throw new UsageError(`the prompt must be one argument; quote it: npx tsx dsh.ts ${JSON.stringify(positionals.join(' '))}`)
+  }
+  const prompt = printed ?? positionals[0]
+  if (prompt !== undefined && prompt.trim() === '') throw new UsageError('the prompt is empty; give a task, e.g. -p "explain src/main.ts"')
+  const maxTokens = flags.has('--max-tokens') ? parsePositiveInt('--max-tokens', flags.get('--max-tokens')!, 'tokens', '8192') : undefined
+  if (maxTokens !== undefined && contextWindow !== undefined && maxTokens >= contextWindow) {
+    throw new UsageError(`--max-tokens ${maxTokens} must be below --context-window ${contextWindow}: the prompt needs room too`)
+  }
+  const session = flags.get('--session')
+  if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
+  return {
+    command, ...resolveModelOptions(flags, env), prompt, print: printed !== undefined,
+    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'),
+  }
+}
+
+/** Where {@link runCliBasics} writes. */
+export interface CliIO {
+  stdout(text: string): void
+  stderr(text: string): void
+}
+
+/**
+ * The first part of the CLI's `main`: parses `argv`, answers `--help` and `--version` on stdout,
+ * and reports a {@link UsageError} as ONE line `dsh: …` on stderr.
+ * @returns `{exitCode}` when the process should exit now (0 after help/version, 2 after a usage
+ *   error), or `{options}` for the run or replay command to carry out.
+ * @throws only what is not a UsageError (a bug).
+ */
+export function runCliBasics(argv: readonly string[], env: Record<string, string | undefined>, io: CliIO): { exitCode: number } | { options: CliRunOptions | CliReplayOptions } {
+  let options: CliOptions
+  try { options = parseCliArgs(argv, env) } catch (error) {
+    if (!(error instanceof UsageError)) throw error
+    io.stderr(`dsh: ${error.message}\n`)
+    return { exitCode: error.exitCode }
+  }
+  if (options.command === 'help') { io.stdout(CLI_HELP); return { exitCode: 0 } }
+  if (options.command === 'version') { io.stdout(`dsh.ts ${VERSION}\n`); return { exitCode: 0 } }
+  return { options }
+}
+
+/**
+ * Whether dsh.ts (or its bundle) is the program being run, not a module being imported
+ * (DESIGN.md §0, TOOLCHAIN.md). Deno and Bun: `import.meta.main`. Node: the realpath of
+ * `import.meta.url` equals the realpath of `process.argv[1]` (so a symlinked bin works). A bundle
+ * without `import.meta.url` (the IIFE build for edge runtimes) is never the entry point.
+ *
+ * `probe` is for tests; by default it is read from this module and the process. Async because the
+ * realpath check loads `node:fs` lazily: call it as `isEntryPoint().then(…)`, not with a top-level
+ * `await`, which the IIFE bundle does not allow. Never throws.
+ */
+export async function isEntryPoint(probe: { url?: string; main?: unknown; argv1?: string } = entryProbe()): Promise<boolean> {
+  if (typeof probe.main === 'boolean') return probe.main
+  if (typeof probe.url !== 'string' || !probe.url.startsWith('file:') || typeof probe.argv1 !== 'string' || probe.argv1 === '') return false
+  try {
+    const [{ realpath }, { fileURLToPath }] = await Promise.all([import('node:fs/promises'), import('node:url')])
+    const [self, script] = await Promise.all([realpath(fileURLToPath(probe.url)), realpath(probe.argv1)])
+    return self === script
+  } catch {
+    return false
+  }
+}
+
+function entryProbe(): { url?: string; main?: unknown; argv1?: string } {
+  const meta = import.meta as { url?: string; main?: unknown }
+  return { url: meta.url, main: meta.main, argv1: (globalThis as { process?: { argv?: string[] } }).process?.argv?.[1] }
+}

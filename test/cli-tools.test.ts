@@ -5,9 +5,10 @@ import assert from 'node:assert/strict'
 import { mkdtemp, mkdir, writeFile, readFile, symlink, realpath, rm, stat } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
+import { pathToFileURL, fileURLToPath } from 'node:url'
 import {
-  builtinTools,
-  type Tool, type ToolOutput, type BuiltinToolsOptions,
+  builtinTools, parseCliArgs, runCliBasics, isEntryPoint, UsageError, CLI_HELP, VERSION,
+  type Tool, type ToolOutput, type BuiltinToolsOptions, type CliOptions,
 } from '../dsh.ts'
 
 const live = () => ({ signal: new AbortController().signal, callId: 'call_1' })
@@ -433,5 +434,162 @@ describe('shell', () => {
   test('timeout_ms is checked', async () => {
     await assert.rejects(async () => t.shell.execute({ command: 'true', timeout_ms: 0 }, live()), { message: 'shell: "timeout_ms" must be an integer from 1 to 600000 (milliseconds), got 0' })
     await assert.rejects(async () => t.shell.execute({ command: '  ' }, live()), { message: 'shell: "command" is empty' })
+  })
+})
+
+describe('parseCliArgs', () => {
+  const key = { DEEPSEEK_API_KEY: 'sk-test' }
+  const runDefaults = {
+    command: 'run', model: 'deepseek-v4-flash', baseURL: 'https://api.deepseek.com', apiKey: 'sk-test', apiKeyEnv: 'DEEPSEEK_API_KEY',
+    prompt: undefined, print: false, contextWindow: undefined, maxTokens: undefined, session: undefined, threshold: 0.8, json: false, allowShell: false,
+  }
+  const replayDefaults = { command: 'replay', file: 's.jsonl', contextWindow: undefined, threshold: 0.8, json: false, summaryTokens: 2000, format: 'auto' }
+  const noKey = 'no API key: set DEEPSEEK_API_KEY (or --api-key-env NAME), or point --base-url at a server that needs none'
+
+  const rows: { argv: string[]; env?: Record<string, string | undefined>; expect: CliOptions | Record<string, unknown> | string }[] = [
+    { argv: [], env: key, expect: runDefaults },
+    { argv: ['fix the test'], env: key, expect: { ...runDefaults, prompt: 'fix the test' } },
+    { argv: ['-p', 'fix the test'], env: key, expect: { ...runDefaults, prompt: 'fix the test', print: true } },
+    { argv: ['--print=a=b'], env: key, expect: { ...runDefaults, prompt: 'a=b', print: true } },
+    { argv: ['-p', '--json'], env: key, expect: { ...runDefaults, prompt: '--json', print: true } },
+    { argv: ['--', '--json'], env: key, expect: { ...runDefaults, prompt: '--json' } },
+    { argv: ['--model', 'deepseek-v4-pro', '--context-window', '1048576', '--max-tokens', '8192', '--session', 's.jsonl', '--threshold', '.5', '--json', '--allow-shell', 'go'], env: key,
+      expect: { ...runDefaults, model: 'deepseek-v4-pro', contextWindow: 1048576, maxTokens: 8192, session: 's.jsonl', threshold: 0.5, json: true, allowShell: true, prompt: 'go' } },
+    { argv: ['--threshold=1', '--model=a', '--model=b'], env: key, expect: { ...runDefaults, threshold: 1, model: 'b' } },
+    { argv: [], env: { ...key, DSH_MODEL: 'deepseek-v4-pro', DSH_BASE_URL: 'https://api.deepseek.com/' }, expect: { ...runDefaults, model: 'deepseek-v4-pro' } },
+    { argv: ['--model', 'x'], env: { ...key, DSH_MODEL: 'y' }, expect: { ...runDefaults, model: 'x' } },
+    // keys
+    { argv: [], env: {}, expect: noKey },
+    { argv: [], env: { DEEPSEEK_API_KEY: '' }, expect: noKey },
+    { argv: ['--base-url', 'https://api.deepseek.com'], env: {}, expect: noKey },
+    { argv: ['--base-url', 'http://127.0.0.1:8080/v1/', '--model', 'm'], env: {},
+      expect: { ...runDefaults, baseURL: 'http://127.0.0.1:8080/v1', model: 'm', apiKey: undefined, apiKeyEnv: undefined } },
+    { argv: ['--base-url', 'http://localhost:11434/v1'], env: key, // the DeepSeek key is not sent elsewhere
+      expect: { ...runDefaults, baseURL: 'http://localhost:11434/v1', apiKey: undefined, apiKeyEnv: undefined } },
+    { argv: [], env: { DSH_BASE_URL: 'http://127.0.0.1:9/v1' }, expect: { ...runDefaults, baseURL: 'http://127.0.0.1:9/v1', apiKey: undefined, apiKeyEnv: undefined } },
+    { argv: ['--base-url', 'https://openrouter.ai/api/v1', '--api-key-env', 'OR_KEY'], env: { OR_KEY: 'or-1' },
+      expect: { ...runDefaults, baseURL: 'https://openrouter.ai/api/v1', apiKey: 'or-1', apiKeyEnv: 'OR_KEY' } },
+    { argv: ['--api-key-env', 'MY_KEY'], env: key, expect: 'no API key: --api-key-env names MY_KEY, but MY_KEY is not set; set it (export MY_KEY=...) or drop the flag' },
+    { argv: ['--api-key-env', 'sk-12345'], env: key, expect: '--api-key-env takes the NAME of an environment variable that holds the key (e.g. --api-key-env OPENROUTER_API_KEY), not the key itself' },
+    { argv: ['--base-url', 'localhost:8080'], env: key, expect: '--base-url must be an http(s) URL such as http://127.0.0.1:8080/v1, got "localhost:8080"' },
+    { argv: [], env: { DSH_BASE_URL: 'ftp://x' }, expect: 'DSH_BASE_URL must be an http(s) URL such as http://127.0.0.1:8080/v1, got "ftp://x"' },
+    // numbers
+    { argv: ['--context-window', '0'], env: key, expect: '--context-window must be a positive whole number of tokens, got "0" (e.g. --context-window 128000)' },
+    { argv: ['--context-window', '-5'], env: key, expect: '--context-window must be a positive whole number of tokens, got "-5" (e.g. --context-window 128000)' },
+    { argv: ['--context-window', '128k'], env: key, expect: '--context-window must be a positive whole number of tokens, got "128k" (e.g. --context-window 128000)' },
+    { argv: ['--max-tokens', '1.5'], env: key, expect: '--max-tokens must be a positive whole number of tokens, got "1.5" (e.g. --max-tokens 8192)' },
+    { argv: ['--max-tokens', '16000', '--context-window', '16000'], env: key, expect: '--max-tokens 16000 must be below --context-window 16000: the prompt needs room too' },
+    ...['0', '1.5', '80', 'abc', ''].map((r) => ({ argv: ['--threshold', r], env: key,
+      expect: `--threshold must be a ratio of the context window greater than 0 and at most 1, got ${JSON.stringify(r)} (e.g. --threshold 0.8 for 80%)` })),
+    // flags
+    { argv: ['--model'], env: key, expect: '--model needs a value: --model NAME' },
+    { argv: ['--model', '--json'], env: key, expect: '--model needs a value: --model NAME' },
+    { argv: ['-p'], env: key, expect: '-p needs a value: --print PROMPT' },
+    { argv: ['--contex-window', '5'], env: key, expect: 'unknown option --contex-window (did you mean --context-window?); run with --help for the list' },
+    { argv: ['--verbose'], env: key, expect: 'unknown option --verbose; run with --help for the list' },
+    { argv: ['-x'], env: key, expect: 'unknown option -x; run with --help for the list' },
+    { argv: ['--json=yes'], env: key, expect: '--json takes no value (got "--json=yes")' },
+    { argv: ['--summary-tokens', '5'], env: key, expect: '--summary-tokens only applies to replay: npx tsx dsh.ts replay FILE --summary-tokens N' },
+    { argv: ['-p', 'a', 'b'], env: key, expect: 'give the prompt once: either -p "PROMPT" or a positional "PROMPT", not both (extra: "b")' },
+    { argv: ['fix', 'the', 'bug'], env: key, expect: 'the prompt must be one argument; quote it: npx tsx dsh.ts "fix the bug"' },
+    { argv: ['-p', ' '], env: key, expect: 'the prompt is empty; give a task, e.g. -p "explain src/main.ts"' },
+    { argv: ['--session='], env: key, expect: '--session needs a file name, e.g. --session work.jsonl' },
+    // help and version work without configuration
+    { argv: ['--help'], env: {}, expect: { command: 'help' } },
+    { argv: ['--bogus', '-h'], env: {}, expect: { command: 'help' } },
+    { argv: ['replay', '--help'], env: {}, expect: { command: 'help' } },
+    { argv: ['--version'], env: {}, expect: { command: 'version' } },
+    { argv: ['--', '--help'], env: key, expect: { ...runDefaults, prompt: '--help' } },
+    // replay
+    { argv: ['replay', 's.jsonl'], env: {}, expect: replayDefaults },
+    { argv: ['replay', 's.jsonl'], env: key, expect: replayDefaults },
+    { argv: ['replay', '--context-window', '32000', 's.jsonl', '--threshold', '0.9', '--json', '--summary-tokens', '500', '--format', 'claude-code'], env: {},
+      expect: { ...replayDefaults, contextWindow: 32000, threshold: 0.9, json: true, summaryTokens: 500, format: 'claude-code' } },
+    { argv: ['replay', 's.jsonl', '--model', 'deepseek-v4-pro'], env: key,
+      expect: { ...replayDefaults, summarizer: { model: 'deepseek-v4-pro', baseURL: 'https://api.deepseek.com', apiKey: 'sk-test', apiKeyEnv: 'DEEPSEEK_API_KEY' } } },
+    { argv: ['replay', 's.jsonl', '--base-url', 'http://127.0.0.1:8080'], env: key,
+      expect: { ...replayDefaults, summarizer: { model: 'deepseek-v4-flash', baseURL: 'http://127.0.0.1:8080' } } },
+    { argv: ['replay', 's.jsonl', '--model', 'deepseek-v4-pro'], env: {}, expect: noKey },
+    { argv: ['replay'], env: {}, expect: 'replay needs a FILE: npx tsx dsh.ts replay FILE [--context-window N]' },
+    { argv: ['replay', 'a', 'b'], env: {}, expect: 'replay takes one FILE, got 2 ("a", "b")' },
+    { argv: ['replay', 's.jsonl', '--format', 'xml'], env: {}, expect: '--format must be one of auto, dsh, openai, claude-code, swe-agent, mini-swe-agent, got "xml"' },
+    { argv: ['replay', 's.jsonl', '--allow-shell'], env: {},
+      expect: '--allow-shell does not apply to replay; replay takes --model, --base-url, --api-key-env, --context-window, --threshold, --json, --summary-tokens, --format' },
+    { argv: ['replay', 's.jsonl', '--summary-tokens', '0'], env: {}, expect: '--summary-tokens must be a positive whole number of tokens, got "0" (e.g. --summary-tokens 2000)' },
+  ]
+  for (const row of rows) {
+    test(`${JSON.stringify(row.argv)} ${JSON.stringify(row.env ?? {})}`, () => {
+      const run = () => parseCliArgs(row.argv, row.env ?? {})
+      if (typeof row.expect === 'string') {
+        assert.throws(run, (e: unknown) => e instanceof UsageError && e.exitCode === 2 && e.message === row.expect && !e.message.includes('\n'),
+          `expected UsageError: ${row.expect}`)
+      } else {
+        // undefined fields count as absent
+        const expected = Object.fromEntries(Object.entries(row.expect).filter(([, v]) => v !== undefined))
+        const actual = Object.fromEntries(Object.entries(run()).filter(([, v]) => v !== undefined))
+        assert.deepEqual(actual, expected)
+      }
+    })
+  }
+
+  test('the API key never appears in an error message', () => {
+    for (const argv of [['--api-key-env', 'sk-secret-value'], ['--api-key-env=sk-secret-value']]) {
+      assert.throws(() => parseCliArgs(argv, {}), (e: Error) => e instanceof UsageError && !e.message.includes('sk-secret-value'))
+    }
+  })
+})
+
+describe('runCliBasics, CLI_HELP, isEntryPoint', () => {
+  function capture() {
+    const io = { out: '', err: '', stdout(s: string) { io.out += s }, stderr(s: string) { io.err += s } }
+    return io
+  }
+
+  test('--help, --version, a usage error, and options to run', () => {
+    let io = capture()
+    assert.deepEqual(runCliBasics(['--help'], {}, io), { exitCode: 0 })
+    assert.equal(io.out, CLI_HELP); assert.equal(io.err, '')
+    io = capture()
+    assert.deepEqual(runCliBasics(['--version'], {}, io), { exitCode: 0 })
+    assert.equal(io.out, `dsh.ts ${VERSION}\n`)
+    io = capture()
+    assert.deepEqual(runCliBasics(['-p', 'hi'], {}, io), { exitCode: 2 })
+    assert.equal(io.err, 'dsh: no API key: set DEEPSEEK_API_KEY (or --api-key-env NAME), or point --base-url at a server that needs none\n')
+    assert.equal(io.out, '')
+    io = capture()
+    const result = runCliBasics(['replay', 'x.json'], {}, io)
+    assert.ok('options' in result && result.options.command === 'replay' && result.options.file === 'x.json')
+    assert.equal(io.out + io.err, '')
+  })
+
+  test('the help names every flag, the environment, the exit codes and a replay example', () => {
+    for (const word of ['-p, --print PROMPT', '--model NAME', '--base-url URL', '--api-key-env NAME', '--context-window N', '--max-tokens N',
+      '--session FILE', '--threshold R', '--json', '--allow-shell', '-h, --help', '--version', '--summary-tokens N', '--format F',
+      'DEEPSEEK_API_KEY', 'DSH_BASE_URL', 'DSH_MODEL', '0  done', '1  the provider or a tool failed', '2  usage error',
+      'npx tsx dsh.ts replay examples/', 'deepseek-v4-flash', 'https://api.deepseek.com', '(default 0.8)', '(default 2000)']) {
+      assert.ok(CLI_HELP.includes(word), `help lacks ${JSON.stringify(word)}`)
+    }
+    assert.ok(CLI_HELP.split('\n').every((line) => line.length <= 100), 'help lines fit a terminal')
+  })
+
+  test('isEntryPoint: import.meta.main wins; else realpaths are compared; never true without a file URL', async () => {
+    const { base } = await ws({ 'main.mjs': '' })
+    const script = join(base, 'work', 'main.mjs')
+    await symlink(script, join(base, 'bin-link'))
+    const url = pathToFileURL(script).href
+    const cases: [{ url?: string; main?: unknown; argv1?: string }, boolean][] = [
+      [{ main: true }, true],
+      [{ main: false, url, argv1: script }, false],
+      [{ url, argv1: script }, true],
+      [{ url, argv1: join(base, 'bin-link') }, true],
+      [{ url, argv1: join(base, 'work', '..', 'work', 'main.mjs') }, true],
+      [{ url, argv1: fileURLToPath(import.meta.url) }, false],
+      [{ url, argv1: join(base, 'missing.mjs') }, false],
+      [{ url }, false],
+      [{ url: 'https://example.com/dsh.mjs', argv1: script }, false],
+      [{}, false], // the IIFE bundle: no import.meta.url
+    ]
+    for (const [probe, expected] of cases) assert.equal(await isEntryPoint(probe), expected, JSON.stringify(probe))
+    assert.equal(await isEntryPoint(), false, 'importing dsh.ts from a test is not running it')
   })
 })
