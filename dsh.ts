@@ -1891,7 +1891,7 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
   if (shellTimeoutMs > shellMaxTimeoutMs) {
     throw new TypeError(`builtinTools: options.shellTimeoutMs (${shellTimeoutMs} ms) exceeds options.shellMaxTimeoutMs (${shellMaxTimeoutMs} ms)`)
   }
-  const [fs, path] = await Promise.all([import('node:fs/promises'), import('node:path')])
+  const [fs, path] = await Promise.all([importNode<NodeFs>('node:fs/promises'), importNode<NodePath>('node:path')])
   let root: string
   try { root = await fs.realpath(path.resolve(options.cwd)) } catch (error) {
     throw new Error(`builtinTools: working directory ${options.cwd} is not usable (${fsErrorReason(error)})`, { cause: error })
@@ -2501,7 +2501,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       if (command.trim() === '') throw new Error('shell: "command" is empty')
       const timeoutMs = argInt('shell', args, 'timeout_ms', defaultTimeoutMs, 1, maxTimeoutMs, 'milliseconds')
       if (ctx.signal.aborted) throw new Error('shell: not run, the turn was cancelled')
-      const [{ spawn }, proc] = await Promise.all([import('node:child_process'), import('node:process')])
+      const [{ spawn }, proc] = await Promise.all([importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process')])
       const posix = proc.platform !== 'win32'
       // Own process group (detached) on POSIX, so that a timeout kills the command's children too.
       const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true })
@@ -3759,7 +3759,7 @@ export async function isEntryPoint(probe: { url?: string; main?: unknown; argv1?
   if (typeof probe.main === 'boolean') return probe.main
   if (typeof probe.url !== 'string' || !probe.url.startsWith('file:') || typeof probe.argv1 !== 'string' || probe.argv1 === '') return false
   try {
-    const [{ realpath }, { fileURLToPath }] = await Promise.all([import('node:fs/promises'), import('node:url')])
+    const [{ realpath }, { fileURLToPath }] = await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'), importNode<typeof import('node:url')>('node:url')])
     const [self, script] = await Promise.all([realpath(fileURLToPath(probe.url)), realpath(probe.argv1)])
     return self === script
   } catch {
@@ -3771,3 +3771,219 @@ function entryProbe(): { url?: string; main?: unknown; argv1?: string } {
   const meta = import.meta as { url?: string; main?: unknown }
   return { url: meta.url, main: meta.main, argv1: (globalThis as { process?: { argv?: string[] } }).process?.argv?.[1] }
 }
+/** The CLI agent's system prompt; `{cwd}` is filled in at start. */
+export const CLI_SYSTEM_PROMPT = [
+  'You are dsh, a careful coding agent working in the directory {cwd}.',
+  'Use the tools to read, search and change files there; paths are relative to that directory.',
+  'Read before you edit. Make the smallest change that does the job, and say what you changed.',
+  'When you are done, answer with a short summary for the user and stop calling tools.',
+].join('\n')
+
+type NodeProcess = {
+  argv: string[]; env: Record<string, string | undefined>; cwd(): string; exitCode?: number
+  stdin: any; stdout: { write(s: string): boolean; isTTY?: boolean }; stderr: { write(s: string): boolean; isTTY?: boolean }
+  on(event: string, fn: (...a: any[]) => void): unknown; off(event: string, fn: (...a: any[]) => void): unknown
+}
+
+const fmt = (n: number) => n.toLocaleString('en-US')
+
+/**
+ * Turns agent events into terminal output on stderr: one line for each prune, compaction, overflow
+ * recovery, provider retry and warning; after each step, on a TTY only, the context occupancy
+ * `tokens / window (pct)`. Colour (dim) only on a TTY and without `NO_COLOR`.
+ */
+export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean): (e: AgentEvent) => void {
+  const paint = (s: string) => (color ? `\x1b[2m${s}\x1b[0m` : s)
+  const say = (s: string) => write(paint(`[dsh] ${s}`) + '\n')
+  return (e) => {
+    const a = agent()
+    if (e.type === 'warning') return say(`warning: ${e.message}`)
+    if (e.type === 'stream') {
+      if (e.event.type === 'retry') say(`${e.event.error.code}${e.event.error.status ? ` (${e.event.error.status})` : ''}: retry ${e.event.attempt} in ${(e.event.delayMs / 1000).toFixed(1)} s`)
+      return
+    }
+    const ev = e.event
+    const d = ev.data as any
+    switch (ev.type) {
+      case 'compaction/prune': return say(`pruned tool result #${d.shadowedSeqs[0]} (${fmt(d.shadowedTokenCount)} tokens)`)
+      case 'compaction/end': return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${fmt(d.tokensBefore)} → ${fmt(d.tokensAfter)} tokens`)
+      case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
+      case 'request/error': return say(`provider error ${d.code}${d.status ? ` (${d.status})` : ''}: ${d.message}`)
+      case 'step/end': {
+        if (!tty || !a) return
+        const m = a.session.measure(), w = a.contextWindow
+        return say(`context ${fmt(m.totalTokens)}${w ? ` / ${fmt(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'}`)
+      }
+    }
+  }
+}
+
+/** `/usage`: occupancy, envelope and surface sizes, provider-reported usage so far. */
+function usageReport(agent: Agent): string {
+  const m = agent.session.measure(), w = agent.contextWindow
+  let prompt = 0, completion = 0, cached = 0, calls = 0
+  for (const e of agent.session.events) {
+    const u = e.type === 'assistant/message' ? (e.data as any).usage as Usage | undefined : undefined
+    if (u) { calls++; prompt += u.promptTokens; completion += u.completionTokens; cached += u.cachedTokens ?? 0 }
+  }
+  return [
+    `context: ${fmt(m.totalTokens)}${w ? ` / ${fmt(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens'} ${m.anchored ? '(anchored on provider usage)' : '(heuristic)'}`,
+    `envelope ${fmt(m.envelopeTokens)} + surface ${fmt(m.surfaceTokens)} tokens in ${m.nodes.length} messages; ${agent.session.seq} log events; replace generation ${agent.session.replaceGeneration}`,
+    `provider usage over ${calls} calls: prompt ${fmt(prompt)} (cached ${fmt(cached)}), completion ${fmt(completion)} tokens`,
+  ].join('\n') + '\n'
+}
+
+/**
+ * The CLI (DESIGN.md §8). Returns the exit code: 0 done, 1 provider or tool failure, 2 usage error.
+ * Node, Deno and Bun (node: modules loaded lazily). `argv` excludes the runtime and script.
+ */
+export async function main(argv: readonly string[], proc?: NodeProcess): Promise<number> {
+  const p: NodeProcess = proc ?? (await importNode<any>('node:process')).default
+  const io: CliIO = { stdout: (t) => void p.stdout.write(t), stderr: (t) => void p.stderr.write(t) }
+  const basics = runCliBasics(argv, p.env, io)
+  if ('exitCode' in basics) return basics.exitCode
+  const options = basics.options
+  if (options.command === 'replay') return await replayCommand(options, p, io)
+
+  const provider = options.baseURL === CLI_DEFAULTS.baseURL
+    ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
+    : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
+  let session: Session
+  try {
+    session = await Session.open(options.session ? new FileStore(options.session) : new MemoryStore())
+  } catch (err) {
+    if (err instanceof SessionError && err.code === 'LOG_CORRUPT') { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
+    throw err
+  }
+  if (session.torn) io.stderr(`dsh: the session log's last line (line ${session.torn.line}, ${session.torn.bytes} bytes) was cut short by a crash; dropped and saved to ${session.torn.savedTo}\n`)
+  const cwd = p.cwd()
+  const tty = !!p.stderr.isTTY
+  const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
+  let allowShell = options.allowShell
+  if (!allowShell && interactive) allowShell = await askYesNo(p, 'Allow the agent to run shell commands in this directory? [y/N] ')
+  const tools = await builtinTools({ cwd, allowShell })
+  let agent: Agent | undefined
+  const status = statusReporter(() => agent, io.stderr, tty, tty && !p.env.NO_COLOR)
+  const onEvent = (e: AgentEvent) => {
+    if (options.json) { if (e.type === 'log') io.stdout(JSON.stringify(e.event) + '\n'); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
+    if (interactive && e.type === 'stream' && e.event.type === 'text-delta') io.stdout(e.event.text)
+    status(e)
+  }
+  agent = new Agent({
+    session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), contextWindow: options.contextWindow,
+    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent,
+  })
+
+  let prompt = options.prompt
+  if (prompt === undefined && !interactive) {
+    prompt = await readAll(p.stdin)
+    if (!prompt.trim()) { io.stderr('dsh: no prompt: pass one as an argument or with -p "…", pipe it on stdin, or run in a terminal for interactive mode\n'); return 2 }
+  }
+  try {
+    if (!interactive) return await oneTurn(agent, prompt!, p, io, options.json)
+    return await interactiveLoop(agent, p, io)
+  } finally {
+    await session.sync().catch(() => {})
+    await session.store.close?.()
+  }
+}
+
+/** Runs one turn; the first Ctrl-C cancels it, a second exits (130). */
+async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliIO, json: boolean): Promise<number> {
+  const ctrl = new AbortController()
+  const onSigint = () => {
+    if (ctrl.signal.aborted) { p.stderr.write('\n[dsh] interrupted twice: exiting\n'); (p as any).exit(130) }
+    ctrl.abort(); p.stderr.write('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n')
+  }
+  p.on('SIGINT', onSigint)
+  try {
+    const result = await agent.run(prompt, { signal: ctrl.signal })
+    if (!json) io.stdout(result.text.endsWith('\n') || result.text === '' ? result.text : result.text + '\n')
+    if (result.reason === 'aborted') { io.stderr('dsh: turn cancelled\n'); return 130 }
+    if (result.reason !== 'stop') io.stderr(`dsh: the turn ended with reason "${result.reason}"\n`)
+    return 0
+  } catch (err) {
+    io.stderr(`dsh: ${err instanceof ProviderError ? `${err.code}${err.status ? ` (HTTP ${err.status})` : ''}: ` : ''}${(err as Error)?.message ?? err}\n`)
+    return 1
+  } finally { p.off('SIGINT', onSigint) }
+}
+
+async function readAll(stream: any): Promise<string> {
+  let text = ''
+  const decoder = new TextDecoder()
+  for await (const chunk of stream) text += typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true })
+  return text + decoder.decode()
+}
+
+async function askYesNo(p: NodeProcess, question: string): Promise<boolean> {
+  const readline = await importNode<typeof import('node:readline/promises')>('node:readline/promises')
+  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any })
+  try { return /^y(es)?$/i.test((await rl.question(question)).trim()) } finally { rl.close() }
+}
+
+const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact (compact now), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
+
+/** The interactive loop: a prompt per turn, slash commands, Ctrl-C cancels the running turn. */
+async function interactiveLoop(agent: Agent, p: NodeProcess, io: CliIO): Promise<number> {
+  const readline = await importNode<typeof import('node:readline')>('node:readline')
+  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: '› ' })
+  let running: AbortController | undefined
+  let exitCode = 0
+  io.stderr(`dsh ${VERSION} · ${agent.provider.model} · ${agent.contextWindow ? `${fmt(agent.contextWindow)}-token window` : 'window unknown'} · /help for commands\n`)
+  rl.on('SIGINT', () => {
+    if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n'); return }
+    rl.close()
+  })
+  rl.prompt()
+  for await (const raw of rl) {
+    const line = raw.trim()
+    if (line === '') { rl.prompt(); continue }
+    if (line === '/exit' || line === '/quit') break
+    if (line === '/help') io.stderr(INTERACTIVE_HELP)
+    else if (line === '/usage') io.stderr(usageReport(agent))
+    else if (line === '/compact') {
+      running = new AbortController()
+      const o = await agent.compact(running.signal).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))
+      io.stderr(`[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${fmt(o.tokensBefore)} → ${fmt(o.tokensAfter)} tokens\n`)
+    } else if (line.startsWith('/')) io.stderr(`unknown command ${line}; ${INTERACTIVE_HELP}`)
+    else {
+      running = new AbortController()
+      try {
+        const result = await agent.run(line, { signal: running.signal })
+        io.stdout(result.reason === 'aborted' ? '\n' : '\n')
+        if (result.reason !== 'stop') io.stderr(`[dsh] turn ended: ${result.reason}\n`)
+        exitCode = 0
+      } catch (err) {
+        io.stderr(`\ndsh: ${err instanceof ProviderError ? `${err.code}: ` : ''}${(err as Error)?.message ?? err}\n`)
+        exitCode = 1
+      }
+    }
+    running = undefined
+    rl.prompt()
+  }
+  rl.close()
+  return exitCode
+}
+
+/** `dsh replay FILE`: reads the file (node:fs) and runs the offline replay; exit 2 for a file that is not a transcript. */
+async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO): Promise<number> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  let text: string
+  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${options.file}: ${(err as Error).message}\n`); return 2 }
+  try { readTranscript(text, options.format === 'auto' ? {} : { format: options.format }) } catch (err) {
+    if (err instanceof TranscriptError) { io.stderr(`dsh: replay: ${options.file}: ${err.message}\n`); return 2 }
+    throw err
+  }
+  io.stderr('dsh: replay: not wired yet\n')
+  return 1
+}
+
+// Runs the CLI when this file is the program (never on import; see isEntryPoint).
+void isEntryPoint().then(async (isMain) => {
+  if (!isMain) return
+  const p = (await importNode<any>('node:process')).default
+  try { p.exitCode = await main(p.argv.slice(2), p) } catch (err) {
+    p.stderr.write(`dsh: internal error: ${(err as Error)?.stack ?? err}\n`)
+    p.exitCode = 1
+  }
+})
