@@ -2580,6 +2580,10 @@ const ACCEPTED_FORMATS = 'Accepted formats: dsh (session log, JSONL of {seq, typ
  * - `notes`: human-readable lines on what was skipped, renamed or synthesised.
  * - `sidechains`: Claude Code only, with `{sidechains: true}`: each Task-subagent run as its own
  *   transcript (each had its own context window).
+ * - `turnStarts`: dsh logs only: indices into `messages` of the user messages that opened a turn
+ *   (after a `turn/start`); the others were steering. Without it, replay opens a turn at every user
+ *   message that does not follow another user message.
+ * - `contextWindow`: dsh logs only: the window (tokens) of the first `request/header` that names one.
  */
 export interface Transcript {
   format: TranscriptFormat
@@ -2588,6 +2592,8 @@ export interface Transcript {
   usage: (Usage | undefined)[]
   notes: string[]
   sidechains?: Transcript[]
+  turnStarts?: number[]
+  contextWindow?: number
 }
 
 /** Options of {@link readTranscript}. */
@@ -2654,9 +2660,11 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  *   blocks; `isMeta` lines are kept (Claude Code sends them to the model, it only hides them from the
  *   user); `toolUseResult` is ignored (it duplicates the result). Usage: prompt tokens =
  *   `input_tokens + cache_creation_input_tokens + cache_read_input_tokens`.
- * - **dsh** — (interim, until the Session class reads logs) the messages of `user/message`,
- *   `assistant/message` and `tool/result` events whose `surfaceOp.op` is `append`, i.e. the
- *   history before any prune or summary; the envelope from the first `request/header`.
+ * - **dsh** — the surface-forming events as first written: the messages of `user/message`,
+ *   `assistant/message` and `tool/result` events whose `surfaceOp.op` is `append` (the history before
+ *   any prune or summary), in log order; the envelope and context window from the first
+ *   `request/header`; `turnStarts` from `turn/start` (a user message after it opened a turn, any other
+ *   was steering).
  *
  * Every format then goes through one pairing pass: a tool call without a result gets a synthetic
  * error result right after its step, a result without a call is dropped, and a call id reused
@@ -3341,6 +3349,9 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   let header: string | undefined
   let headerChanges = 0
   let replaced = 0
+  let contextWindow: number | undefined
+  let turnOpen = false // a turn/start with no surface message after it yet
+  const opensTurn = new Set<Message>()
   for (const l of lines) {
     const v = l.value
     if (!isDshEvent(v)) {
@@ -3356,8 +3367,10 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
       if (data.tools !== undefined && data.tools !== null) envelope.tools = readToolSpecs(data.tools, 'data.tools', l.line)
       const key = JSON.stringify(envelope)
       if (header === undefined) { header = key; draft.envelope = envelope } else if (key !== header) headerChanges++
+      if (contextWindow === undefined && Number.isSafeInteger(data.contextWindow) && (data.contextWindow as number) > 0) contextWindow = data.contextWindow as number
       continue
     }
+    if (type === 'turn/start') { turnOpen = true; continue }
     const role = DSH_SURFACE_ROLE[type]
     if (role === undefined) continue
     const op = isJsonRecord(data.surfaceOp) ? data.surfaceOp.op : isJsonRecord(v.surfaceOp) ? v.surfaceOp.op : undefined
@@ -3378,6 +3391,8 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
     const u = data.usage
     const usage = isJsonRecord(u) && typeof u.promptTokens === 'number' && typeof u.completionTokens === 'number'
       ? u as unknown as Usage : undefined
+    if (role === 'user' && turnOpen) opensTurn.add(m as unknown as Message)
+    turnOpen = false
     pushDraft(draft, m as unknown as Message, `line ${l.line}`, usage)
   }
   if (replaced > 0) {
@@ -3387,7 +3402,468 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   if (headerChanges > 0) {
     draft.notes.push(`the request envelope changed ${headerChanges} time(s); the first one is used`)
   }
-  return finishTranscript('dsh', draft)
+  const transcript = finishTranscript('dsh', draft)
+  // The pairing pass keeps user messages as the same objects, so identity finds them again.
+  transcript.turnStarts = transcript.messages.flatMap((m, i) => (opensTurn.has(m) ? [i] : []))
+  if (contextWindow !== undefined) transcript.contextWindow = contextWindow
+  return transcript
+}
+
+// ── Replay runner: a transcript through the meter and the ladder, offline (issue 5, DESIGN.md §8) ──
+// Web-standard like the readers: it takes a Transcript (or the file's text); the CLI reads files.
+
+/** What the ladder did at one check: the rung taken (DESIGN.md §5 prune → compact; `failed` = still over). */
+export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed'
+
+/**
+ * One thing the replay did to the surface. Token figures are dsh's heuristic (DESIGN.md §2):
+ * - `spill`: a tool result over the spill limit (UTF-8 `bytes`) replaced at write time by a preview;
+ * - `prune`: the tool result at `seq` cut to head + tail (its price before → after);
+ * - `compaction`: `messages` surface messages (seqs `firstSeq`..`lastSeq`, priced `tokensBefore`)
+ *   replaced by a checkpoint priced `tokensAfter`; `totalBefore`/`totalAfter` are the request totals;
+ * - `compaction-failed`: a summary transaction that committed nothing, with its error.
+ */
+export type ReplayEvent =
+  | { type: 'spill'; seq: number; bytes: number; tokensBefore: number; tokensAfter: number }
+  | { type: 'prune'; seq: number; tokensBefore: number; tokensAfter: number }
+  | { type: 'compaction'; id: string; messages: number; firstSeq: number; lastSeq: number; tokensBefore: number; tokensAfter: number; totalBefore: number; totalAfter: number }
+  | { type: 'compaction-failed'; id: string; error: string }
+
+/**
+ * One row of a replay: a pressure check, at a turn start (`kind: 'turn-start'`, after the user input
+ * is appended) or after a step (`kind: 'step'`, after its assistant message and tool results). All
+ * figures are tokens by dsh's own estimate, never anchored on the transcript's usage.
+ * - `step`: 1-based over the whole transcript (one per assistant message); on a turn-start row, the
+ *   number of the step that follows. `turn`: 1-based.
+ * - `requestTokens` (steps): the measured total of the projected request that produced this step's
+ *   assistant message — what dsh would have sent. `unmanagedTokens`: the same point with no
+ *   management (envelope + every message so far, as recorded). `recordedPromptTokens`: the prompt
+ *   tokens the original run reported for this call, when the file has them (comparison only).
+ * - `beforeTokens` → `afterTokens`: the measured total around the rung; `reclaimedTokens` = their
+ *   difference. `prunes`/`prunedTokens`: prune events and tokens they reclaimed; `summaryCalls`:
+ *   summary requests made; `events`: spills, prunes and compactions in order; `warnings`: ladder warnings.
+ */
+export interface ReplayStep {
+  kind: 'turn-start' | 'step'
+  step: number
+  turn: number
+  requestTokens?: number
+  unmanagedTokens: number
+  recordedPromptTokens?: number
+  beforeTokens: number
+  rung: ReplayRung
+  afterTokens: number
+  reclaimedTokens: number
+  prunes: number
+  prunedTokens: number
+  summaryCalls: number
+  events: ReplayEvent[]
+  warnings: string[]
+}
+
+/**
+ * Totals of a replay (tokens unless named otherwise).
+ * - `peakRequestTokens` / `peakPercent`: the largest step request, and its share of the window (%, one decimal).
+ * - `requestsOverWindow`: step requests larger than the window with dsh managing the context;
+ *   `unmanagedStepsOverWindow`: steps whose unmanaged request would have been larger than the window.
+ * - `summaryRequestsOverWindow`: summary requests larger than the summarizer's window (by §2).
+ * - `resultsOverPruneThreshold`: tool results of the transcript over the prune threshold (code points).
+ */
+export interface ReplayTotals {
+  steps: number
+  turns: number
+  peakRequestTokens: number
+  peakPercent: number
+  prunes: number
+  prunedTokens: number
+  spills: number
+  compactions: number
+  failedCompactions: number
+  summaryCalls: number
+  requestsOverWindow: number
+  unmanagedStepsOverWindow: number
+  peakUnmanagedTokens: number
+  peakRecordedPromptTokens?: number
+  peakSummaryRequestTokens: number
+  summaryRequestsOverWindow: number
+  resultsOverPruneThreshold: number
+  /** Ladder warnings (their texts are in {@link ReplayReport.warnings}). */
+  ladderWarnings: number
+}
+
+/** The outcome of {@link replayTranscript}: the settings used, one row per pressure check, totals. */
+export interface ReplayReport {
+  format: TranscriptFormat
+  messages: { user: number; assistant: number; tool: number }
+  /** Tokens. */
+  contextWindow: number
+  thresholdRatio: number
+  /** `floor(contextWindow × thresholdRatio)`, tokens. */
+  thresholdTokens: number
+  /** `{simulated: true, tokens}` (fixed-size summaries, no model) or the model that wrote them. */
+  summaries: { simulated: true; tokens: number } | { simulated: false; model: string }
+  rows: ReplayStep[]
+  totals: ReplayTotals
+  /** The reader's notes on the transcript (skipped, synthesised, renamed). */
+  notes: string[]
+  warnings: string[]
+}
+
+/** Options of {@link replayTranscript}. */
+export interface ReplayOptions {
+  /** Context window to replay at, tokens (positive integer). Default: the transcript's (dsh logs), else the summarizer's. */
+  contextWindow?: number
+  /** Pressure threshold as a share of the window, 0 < r ≤ 1. Default 0.8 (DESIGN.md §5). */
+  thresholdRatio?: number
+  /** Size of each simulated summary, tokens by the §2 estimate. Default 2,000. Ignored with `summarizer`. */
+  summaryTokens?: number
+  /** A real model to write the summaries (the CLI passes one with --base-url/--model or a key). */
+  summarizer?: Provider
+  signal?: AbortSignal
+  /** Called with each row as it is made, with the replay's session (read it, do not append). */
+  onStep?: (step: ReplayStep, session: Session) => void
+}
+
+/** Default size of a simulated summary, tokens (issue 5: `--summary-tokens`, default 2,000). */
+export const DEFAULT_REPLAY_SUMMARY_TOKENS = 2000
+
+/**
+ * A text of exactly `tokens` tokens by the §2 estimate (`4 × tokens` UTF-16 units, no outer
+ * whitespace, since `summarise` trims what the model returns).
+ */
+function simulatedSummaryText(tokens: number, messages: number): string {
+  const head = `[simulated checkpoint of ${messages} message(s): fixed size, no model was called] `
+  const chars = tokens * CHARS_PER_TOKEN
+  let text = head
+  while (text.length < chars) text += 'summary text '
+  text = text.slice(0, chars)
+  return text.replace(/\s/g, (c, i: number) => (i === 0 || i === chars - 1 ? '.' : c))
+}
+
+/** A Provider that answers every summary request with a fixed-size text (no network). */
+function simulatedSummarizer(tokens: number, contextWindow: number): Provider {
+  return {
+    model: 'simulated-summarizer', baseURL: 'replay://simulated', contextWindow, maxTokens: tokens,
+    async complete(request: ChatRequest): Promise<ChatResponse> {
+      return { message: { role: 'assistant', content: [{ type: 'text', text: simulatedSummaryText(tokens, request.messages.length) }] }, finishReason: 'stop' }
+    },
+  }
+}
+
+const countRoles = (messages: readonly Message[]) => {
+  const n = { user: 0, assistant: 0, tool: 0 }
+  for (const m of messages) n[m.role]++
+  return n
+}
+
+/** Code points of a tool result's text blocks, counted only up to `limit + 1`. */
+function resultCodePoints(m: ToolResultMessage, limit: number): number {
+  let n = 0
+  for (const b of m.content) if (b.type === 'text') { n += codePointLength((b as TextBlock).text, limit - n); if (n > limit) break }
+  return n
+}
+
+function positiveInteger(name: string, value: unknown, fix: string): number {
+  if (!Number.isSafeInteger(value) || (value as number) <= 0) throw new RangeError(`replay: ${name} must be a positive integer number of tokens, got ${String(value)}; ${fix}`)
+  return value as number
+}
+
+/**
+ * Replays a transcript through the meter and the ladder, offline (DESIGN.md §8, issue 5), the way
+ * the {@link Agent} would have fed it: into a fresh {@link Session} ({@link MemoryStore}) with the
+ * transcript's envelope; a user message opens a turn (`turn/start`, the input appended and pinned
+ * as {@link CompactionHost.pinnedSeq}, then the pressure check), a user message right after another
+ * (or, in a dsh log, one not after `turn/start`) is steering; each assistant message is a step
+ * (`step/start`, the message, each result as `tool/call` + `tool/result` — spilled over the spill
+ * limit as the Agent does — then `compactIfNeeded(host, 'pressure')`, then `step/end`).
+ * Usage is never given to the session: the transcript's figures describe the original prompts,
+ * so the meter stays on its own estimate; they are kept per step as `recordedPromptTokens`.
+ * Without `summarizer`, summaries are simulated at exactly `summaryTokens` tokens each.
+ * @throws {RangeError} for a missing or bad `contextWindow`, `thresholdRatio` or `summaryTokens`
+ *   (the message names the value and the fix). Cancellation through `signal` rejects with its reason.
+ */
+export async function replayTranscript(transcript: Transcript, options: ReplayOptions = {}): Promise<ReplayReport> {
+  const window = positiveInteger('contextWindow', options.contextWindow ?? transcript.contextWindow ?? options.summarizer?.contextWindow,
+    'pass contextWindow (CLI: --context-window N)')
+  const thresholdRatio = options.thresholdRatio ?? DEFAULT_COMPACTION_CONFIG.thresholdRatio
+  if (typeof thresholdRatio !== 'number' || !(thresholdRatio > 0 && thresholdRatio <= 1)) {
+    throw new RangeError(`replay: thresholdRatio must be a number in (0, 1], got ${String(thresholdRatio)}; e.g. 0.8 (CLI: --threshold 0.8)`)
+  }
+  const summaryTokens = positiveInteger('summaryTokens', options.summaryTokens ?? DEFAULT_REPLAY_SUMMARY_TOKENS, 'e.g. 2000 (CLI: --summary-tokens N)')
+  const signal = options.signal
+  const compaction: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG, thresholdRatio }
+  const pruneConfig = resolvePruneConfig()
+  const base = options.summarizer ?? simulatedSummarizer(summaryTokens, window)
+  const summaryWindow = base.contextWindow ?? window
+  let peakSummaryRequestTokens = 0
+  let summaryRequestsOverWindow = 0
+  // Every summary request passes here, so its size (the estimate summarise() hands over) is recorded.
+  const summarizer: Provider = {
+    model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens,
+    complete(request) {
+      const tokens = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools }, request.messages)
+      peakSummaryRequestTokens = Math.max(peakSummaryRequestTokens, tokens)
+      if (tokens > summaryWindow) summaryRequestsOverWindow++
+      return base.complete(request)
+    },
+  }
+  const session = new Session({ store: new MemoryStore() })
+  session.append('session/start', { id: `replay-${transcript.format}`, version: VERSION })
+  const envelope = transcript.envelope
+  session.setHeader({ model: summarizer.model, baseURL: summarizer.baseURL, system: envelope.system, tools: envelope.tools, contextWindow: window })
+  const warnings: string[] = []
+  let rowWarnings: string[] = []
+  const host = {
+    session, summarizer, contextWindow: window, envelope, compaction, pruneConfig,
+    pinnedSeq: undefined as number | undefined,
+    warn(message: string) { warnings.push(message); rowWarnings.push(message) },
+    ladderState: {} as LadderState,
+  } satisfies CompactionHost
+
+  // Surface changes made by the ladder, read off the log as they are appended.
+  let rowEvents: ReplayEvent[] = []
+  let pendingPrune: { seq: number; tokens: number } | undefined
+  let pendingSummary: { id: string; seqs: number[]; tokens: number } | undefined
+  let pendingCheckpoint: { tokens: number } | undefined
+  session.subscribe((e) => {
+    const d = e.data as any
+    switch (e.type) {
+      case 'compaction/prune': pendingPrune = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; break
+      case 'tool/result':
+        if (pendingPrune && d.surfaceOp.op === 'replace') {
+          rowEvents.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message) })
+          pendingPrune = undefined
+        }
+        break
+      case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
+      case 'user/message': if (pendingSummary && d.compactionId === pendingSummary.id) pendingCheckpoint = { tokens: estimateMessageTokens(d.message) }; break
+      case 'compaction/end':
+        if (d.error !== undefined) rowEvents.push({ type: 'compaction-failed', id: d.id, error: d.error })
+        else if (pendingSummary && pendingCheckpoint && pendingSummary.id === d.id) {
+          const s = pendingSummary
+          rowEvents.push({
+            type: 'compaction', id: s.id, messages: s.seqs.length, firstSeq: s.seqs[0], lastSeq: s.seqs[s.seqs.length - 1],
+            tokensBefore: s.tokens, tokensAfter: pendingCheckpoint.tokens, totalBefore: d.tokensBefore, totalAfter: d.tokensAfter,
+          })
+        }
+        pendingSummary = undefined
+        pendingCheckpoint = undefined
+        break
+    }
+  })
+
+  const rows: ReplayStep[] = []
+  let unmanaged = estimateEnvelopeTokens(envelope)
+  let turn = 0
+  let stepInTurn = 0
+  let step = 0
+  let assistantIndex = 0
+  let lastHadCalls = false
+  let resultsOverPruneThreshold = 0
+
+  /** One pressure check; records a row. */
+  const check = async (row: Omit<ReplayStep, 'beforeTokens' | 'rung' | 'afterTokens' | 'reclaimedTokens' | 'prunes' | 'prunedTokens' | 'summaryCalls' | 'events' | 'warnings'>) => {
+    const outcome = await compactIfNeeded(host, 'pressure', signal)
+    const rung: ReplayRung = outcome.action === 'compacted' ? 'compact' : outcome.action === 'pruned' ? 'prune' : outcome.action === 'failed' ? 'failed' : 'none'
+    const events = rowEvents
+    const full: ReplayStep = {
+      ...row, beforeTokens: outcome.tokensBefore, rung, afterTokens: outcome.tokensAfter,
+      reclaimedTokens: outcome.tokensBefore - outcome.tokensAfter, prunes: events.filter((e) => e.type === 'prune').length,
+      prunedTokens: outcome.prunedTokens, summaryCalls: outcome.summaryRequests, events, warnings: rowWarnings,
+    }
+    rowEvents = []
+    rowWarnings = []
+    rows.push(full)
+    options.onStep?.(full, session)
+  }
+  const endTurn = (reason: string) => { if (turn > 0 && session.turn.open) session.append('turn/end', { turn, reason }) }
+
+  const messages = transcript.messages
+  const turnStarts = transcript.turnStarts ? new Set(transcript.turnStarts) : undefined
+  for (let i = 0; i < messages.length; i++) {
+    signal?.throwIfAborted()
+    const m = messages[i]
+    if (m.role === 'user') {
+      unmanaged += estimateMessageTokens(m)
+      const opens = turnStarts ? turnStarts.has(i) : i === 0 || messages[i - 1].role !== 'user'
+      if (!opens && turn > 0) { session.append('user/message', { message: m, surfaceOp: { op: 'append' } }); continue } // steering
+      endTurn(lastHadCalls ? 'next-input' : 'stop')
+      turn++
+      stepInTurn = 0
+      session.append('turn/start', { turn })
+      host.pinnedSeq = session.append('user/message', { message: m, surfaceOp: { op: 'append' } }).seq
+      await check({ kind: 'turn-start', step: step + 1, turn, unmanagedTokens: unmanaged })
+      continue
+    }
+    if (m.role === 'tool') continue // appended with its step below
+    // An assistant message: one step.
+    if (turn === 0) { turn = 1; session.append('turn/start', { turn }) } // a transcript that opens without user input
+    step++
+    stepInTurn++
+    const requestTokens = session.measure().totalTokens
+    const recorded = transcript.usage[assistantIndex++]
+    const row = { kind: 'step' as const, step, turn, requestTokens, unmanagedTokens: unmanaged, ...(recorded ? { recordedPromptTokens: recorded.promptTokens } : {}) }
+    unmanaged += estimateMessageTokens(m)
+    session.append('step/start', { turn, step: stepInTurn })
+    session.append('assistant/message', { message: m, finishReason: 'replay', surfaceOp: { op: 'append' } })
+    const calls = m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+    lastHadCalls = calls.length > 0
+    for (; i + 1 < messages.length && messages[i + 1].role === 'tool'; i++) {
+      const result = messages[i + 1] as ToolResultMessage
+      unmanaged += estimateMessageTokens(result)
+      if (resultCodePoints(result, pruneConfig.thresholdChars) > pruneConfig.thresholdChars) resultsOverPruneThreshold++
+      const call = calls.find((c) => c.id === result.toolCallId)
+      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '', arguments: call?.arguments ?? '' })
+      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, `${result.toolCallId}.txt`)
+      const event = session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
+      if (spilled.spilled) {
+        rowEvents.push({ type: 'spill', seq: event.seq, bytes: spilled.spilled.bytes, tokensBefore: estimateMessageTokens(result), tokensAfter: estimateMessageTokens(spilled.message) })
+      }
+    }
+    await check(row)
+    session.append('step/end', { turn, step: stepInTurn })
+  }
+  endTurn(lastHadCalls ? 'end-of-transcript' : 'stop')
+
+  const steps = rows.filter((r) => r.kind === 'step')
+  const peakRequestTokens = steps.reduce((p, r) => Math.max(p, r.requestTokens!), 0)
+  const recordedPeak = steps.reduce((p, r) => Math.max(p, r.recordedPromptTokens ?? -1), -1)
+  const all = rows.flatMap((r) => r.events)
+  const totals: ReplayTotals = {
+    steps: steps.length,
+    turns: turn,
+    peakRequestTokens,
+    peakPercent: Math.round((peakRequestTokens / window) * 1000) / 10,
+    prunes: all.filter((e) => e.type === 'prune').length,
+    prunedTokens: rows.reduce((t, r) => t + r.prunedTokens, 0),
+    spills: all.filter((e) => e.type === 'spill').length,
+    compactions: all.filter((e) => e.type === 'compaction').length,
+    failedCompactions: all.filter((e) => e.type === 'compaction-failed').length,
+    summaryCalls: rows.reduce((t, r) => t + r.summaryCalls, 0),
+    requestsOverWindow: steps.filter((r) => r.requestTokens! > window).length,
+    unmanagedStepsOverWindow: steps.filter((r) => r.unmanagedTokens > window).length,
+    peakUnmanagedTokens: steps.reduce((p, r) => Math.max(p, r.unmanagedTokens), 0),
+    ...(recordedPeak >= 0 ? { peakRecordedPromptTokens: recordedPeak } : {}),
+    peakSummaryRequestTokens,
+    summaryRequestsOverWindow,
+    resultsOverPruneThreshold,
+    ladderWarnings: warnings.length,
+  }
+  return {
+    format: transcript.format, messages: countRoles(messages), contextWindow: window, thresholdRatio,
+    thresholdTokens: Math.floor(window * thresholdRatio),
+    summaries: options.summarizer ? { simulated: false, model: options.summarizer.model } : { simulated: true, tokens: summaryTokens },
+    rows, totals, notes: transcript.notes, warnings,
+  }
+}
+
+/** Options of {@link formatReplay}. */
+export interface FormatReplayOptions {
+  /** JSONL instead of a table: one object per row (`kind` 'turn-start' | 'step'), then one `kind: 'totals'`. */
+  json?: boolean
+  /** A name for the header line (e.g. the file name). */
+  name?: string
+  /** Added to every JSON object as `chain` (e.g. 'main', 'sidechain 2'); a heading in the table. */
+  chain?: string
+}
+
+const groupDigits = (n: number): string => String(n).replace(/\B(?=(\d{3})+(?!\d))/g, ',')
+
+function describeReplayEvent(e: ReplayEvent): string {
+  switch (e.type) {
+    case 'spill': return `spill    tool result seq ${e.seq}: ${groupDigits(e.bytes)} bytes stored aside, ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
+    case 'prune': return `prune    tool result seq ${e.seq}: ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
+    case 'compaction': return `compact  ${e.id}: ${e.messages} messages (seq ${e.firstSeq}..${e.lastSeq}) ${groupDigits(e.tokensBefore)} → checkpoint ${groupDigits(e.tokensAfter)} tokens; total ${groupDigits(e.totalBefore)} → ${groupDigits(e.totalAfter)}`
+    case 'compaction-failed': return `failed   ${e.id}: ${e.error}`
+  }
+}
+
+/**
+ * Renders a {@link ReplayReport}: a header (settings, how summaries were made, what the token figures
+ * are), one aligned table row per pressure check with its events indented below, and a totals block —
+ * or, with `json`, JSONL (one object per row, then the totals with the settings). O(rows + events).
+ */
+export function formatReplay(report: ReplayReport, options: FormatReplayOptions = {}): string {
+  const chain = options.chain === undefined ? {} : { chain: options.chain }
+  if (options.json) {
+    const lines = report.rows.map((r) => JSON.stringify({ ...chain, ...r }))
+    const { rows: _rows, totals, ...settings } = report
+    lines.push(JSON.stringify({ ...chain, kind: 'totals', ...settings, ...totals }))
+    return lines.join('\n') + '\n'
+  }
+  const t = report.totals
+  const n = report.messages
+  const out: string[] = []
+  if (options.chain !== undefined) out.push(`── ${options.chain} ──`)
+  out.push(`dsh replay${options.name ? ` of ${options.name}` : ''}: ${report.format}, ${n.user + n.assistant + n.tool} messages (${n.user} user, ${n.assistant} assistant, ${n.tool} tool results), ${t.turns} turn(s), ${t.steps} step(s)`)
+  out.push(`context window ${groupDigits(report.contextWindow)} tokens; pressure threshold ${groupDigits(report.thresholdTokens)} (${report.thresholdRatio}); tool results pruned over ${groupDigits(DEFAULT_PRUNE_CONFIG.thresholdChars)} code points`)
+  out.push(report.summaries.simulated
+    ? `summaries simulated at ${groupDigits(report.summaries.tokens)} tokens each (no model was called)`
+    : `summaries written by the model ${report.summaries.model}`)
+  out.push(report.format === 'dsh'
+    ? 'tokens: dsh\'s own estimate (DESIGN.md §2), not anchored on the log\'s usage; "recorded" is the prompt size the recorded run reported, for comparison'
+    : 'tokens: dsh\'s own estimate (DESIGN.md §2), not anchored on the transcript\'s usage: the "recorded" prompt tokens describe the original, unmanaged prompts (another tokenizer, plus any system prompt and tools the file does not record) and are shown for comparison only')
+  for (const note of report.notes) out.push(`note: ${note}`)
+  out.push('request = what dsh would send for the step; unmanaged = the same with no management; before → after = around the rung at the pressure check')
+  out.push('')
+  const header = ['step', 'turn', 'request', 'unmanaged', 'recorded', 'before', 'rung', 'after', 'reclaimed']
+  const cells = report.rows.map((r) => [
+    r.kind === 'step' ? String(r.step) : 'input', String(r.turn), r.requestTokens === undefined ? '-' : groupDigits(r.requestTokens),
+    groupDigits(r.unmanagedTokens), r.recordedPromptTokens === undefined ? '-' : groupDigits(r.recordedPromptTokens),
+    groupDigits(r.beforeTokens), r.rung, groupDigits(r.afterTokens), groupDigits(r.reclaimedTokens),
+  ])
+  const widths = header.map((h, c) => cells.reduce((w, row) => Math.max(w, row[c].length), h.length))
+  const line = (row: string[]) => row.map((s, c) => (c === 6 ? s.padEnd(widths[c]) : s.padStart(widths[c]))).join('  ')
+  const indent = ' '.repeat(widths[0] + 2) + '↳ '
+  out.push(line(header))
+  report.rows.forEach((r, k) => {
+    out.push(line(cells[k]))
+    for (const e of r.events) out.push(indent + describeReplayEvent(e))
+    for (const w of r.warnings) out.push(indent + `warning  ${w}`)
+  })
+  out.push('')
+  const pct = (tokens: number) => `${((tokens / report.contextWindow) * 100).toFixed(1)}%`
+  const totals: [string, string][] = [
+    ['steps', `${groupDigits(t.steps)} in ${t.turns} turn(s)`],
+    ['peak request', `${groupDigits(t.peakRequestTokens)} tokens (${t.peakPercent.toFixed(1)}% of ${groupDigits(report.contextWindow)})`],
+    ['prunes', `${t.prunes} (${groupDigits(t.prunedTokens)} tokens reclaimed by pruning)`],
+    ['spills', String(t.spills)],
+    ['compactions', `${t.compactions}${t.failedCompactions ? ` (+${t.failedCompactions} failed)` : ''}, ${t.summaryCalls} summary call(s)`],
+    ['requests over the window, dsh', String(t.requestsOverWindow)],
+    ['steps over the window, unmanaged', `${t.unmanagedStepsOverWindow} (unmanaged peak ${groupDigits(t.peakUnmanagedTokens)} tokens, ${pct(t.peakUnmanagedTokens)})`],
+  ]
+  if (t.peakRecordedPromptTokens !== undefined) totals.push(['recorded peak prompt', `${groupDigits(t.peakRecordedPromptTokens)} tokens (as reported by the original run)`])
+  if (t.summaryCalls > 0) totals.push(['largest summary request', `${groupDigits(t.peakSummaryRequestTokens)} tokens (${t.summaryRequestsOverWindow} over the summarizer's window)`])
+  if (t.ladderWarnings > 0) totals.push(['ladder warnings', String(t.ladderWarnings)])
+  const labelWidth = totals.reduce((w, [l]) => Math.max(w, l.length), 0)
+  out.push('totals')
+  for (const [label, value] of totals) out.push(`  ${label.padEnd(labelWidth)}  ${value}`)
+  return out.join('\n') + '\n'
+}
+
+/** Options of {@link runReplay}: reading, replaying and rendering in one. */
+export interface RunReplayOptions extends ReplayOptions, ReadTranscriptOptions, Omit<FormatReplayOptions, 'chain'> {}
+
+/**
+ * The `replay` command without its file system: reads `text` ({@link readTranscript}), replays it
+ * ({@link replayTranscript}) and renders it ({@link formatReplay}). With `sidechains` (Claude Code),
+ * each Task-subagent run is replayed too, as its own session with the same settings, and rendered
+ * after the main chain (`sidechainReports`, in file order).
+ * @throws {TranscriptError} for a file that is no transcript; {@link RangeError} for bad options.
+ */
+export async function runReplay(text: string, options: RunReplayOptions = {}): Promise<{ report: ReplayReport; sidechainReports: ReplayReport[]; output: string }> {
+  const transcript = readTranscript(text, { format: options.format, sidechains: options.sidechains })
+  const report = await replayTranscript(transcript, options)
+  const sidechainReports: ReplayReport[] = []
+  for (const side of transcript.sidechains ?? []) {
+    sidechainReports.push(await replayTranscript(side, { ...options, contextWindow: report.contextWindow }))
+  }
+  const chains = sidechainReports.length > 0
+  let output = formatReplay(report, { json: options.json, name: options.name, chain: chains ? 'main chain' : undefined })
+  sidechainReports.forEach((r, k) => {
+    output += (options.json ? '' : '\n') + formatReplay(r, { json: options.json, name: options.name, chain: `sidechain ${k + 1} of ${sidechainReports.length}` })
+  })
+  return { report, sidechainReports, output }
 }
 
 // (cli-main)
