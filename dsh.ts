@@ -1185,46 +1185,56 @@ export interface Region { start: number; end: number; tokens: number }
  * right after the pinned current-turn input when that is the head) up to a cut that keeps at least
  * `retainedTokens` of the newest history verbatim, moved toward the head until no kept tool result
  * loses its call (and no summarised call loses its result), matched by id. When the pinned input
- * lies inside, the region ends before it — or, when that part is worth less than `minTokens`, starts
- * after it. Returns undefined when no safe region of at least two nodes (or one non-checkpoint
- * node) exists.
+ * lies inside, the region ends before it — unless the part before it holds less than `minTokens`
+ * (tokens) that is not already a checkpoint: then the region is the current turn's older steps,
+ * right after the input. Returns undefined when no safe region of at least two nodes (or one
+ * non-checkpoint node) exists.
  */
 export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, pinnedSeq?: number, minTokens = 0): Region | undefined {
   let cut = nodes.length
   let kept = 0
   while (cut > 0 && kept < retainedTokens) kept += nodes[--cut].tokens
   const pinned = pinnedSeq === undefined ? -1 : nodes.findIndex((n) => n.seq === pinnedSeq)
-  let start = 0
-  if (pinned >= 0 && pinned < cut) {
-    const before = nodes.slice(0, pinned).reduce((t, n) => t + n.tokens, 0)
-    if (pinned > 0 && before >= minTokens) cut = pinned
-    else start = pinned + 1
-  } else if (pinned === 0) start = 1
-  // Balance by id: where is each call, where is its result?
+  if (pinned < 0 || pinned >= cut) return balancedRegion(nodes, 0, cut)
+  // The pinned input splits the candidates: before it (merges an earlier checkpoint), or after it
+  // (the current turn's older steps). Before wins when it holds enough that is not yet a checkpoint.
+  const before = pinned > 0 ? balancedRegion(nodes, 0, pinned) : undefined
+  if (before) {
+    let fresh = 0
+    for (let i = before.start; i < before.end; i++) if (!isCheckpoint(nodes[i])) fresh += nodes[i].tokens
+    if (fresh >= minTokens) return before
+  }
+  return balancedRegion(nodes, pinned + 1, cut) ?? before
+}
+
+const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
+
+/**
+ * Shrinks `[start, cut)` until it is tool-balanced by id: the cut moves toward the head while a
+ * summarised call would lose its kept result; the start moves past a result whose call lies before
+ * it. Undefined when nothing, or only a lone checkpoint, is left.
+ */
+function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: number): Region | undefined {
   const callAt = new Map<string, number>()
-  nodes.forEach((n, i) => { if (n.message.role === 'assistant') for (const b of n.message.content) if (b.type === 'tool-call') callAt.set((b as ToolCallBlock).id, i) })
   const resultAt = new Map<string, number>()
-  nodes.forEach((n, i) => { if (n.message.role === 'tool') resultAt.set(n.message.toolCallId, i) })
+  nodes.forEach((n, i) => {
+    if (n.message.role === 'assistant') { for (const b of n.message.content) if (b.type === 'tool-call') callAt.set((b as ToolCallBlock).id, i) }
+    else if (n.message.role === 'tool') resultAt.set(n.message.toolCallId, i)
+  })
   for (let changed = true; changed && start < cut;) {
     changed = false
-    for (let i = start; i < cut; i++) {
+    for (let i = start; i < cut && !changed; i++) {
       const m = nodes[i].message
       if (m.role === 'tool') {
-        const c = callAt.get(m.toolCallId) ?? -1
-        if (c < start) { start = i + 1; changed = true; break } // its call is before the region: skip past it
+        if ((callAt.get(m.toolCallId) ?? -1) < start) { start = i + 1; changed = true }
       } else if (m.role === 'assistant') {
         for (const b of m.content) {
-          if (b.type !== 'tool-call') continue
-          const r = resultAt.get((b as ToolCallBlock).id) ?? Infinity
-          if (r >= cut) { cut = i; changed = true; break } // its result is kept: move the cut toward the head
+          if (b.type === 'tool-call' && (resultAt.get((b as ToolCallBlock).id) ?? Infinity) >= cut) { cut = i; changed = true; break }
         }
-        if (changed) break
       }
     }
   }
-  if (start >= cut) return undefined
-  const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
-  if (cut - start === 1 && isCheckpoint(nodes[start])) return undefined
+  if (start >= cut || (cut - start === 1 && isCheckpoint(nodes[start]))) return undefined
   let tokens = 0
   for (let i = start; i < cut; i++) tokens += nodes[i].tokens
   return { start, end: cut, tokens }
@@ -4441,17 +4451,29 @@ async function interactiveLoop(agent: Agent, p: NodeProcess, io: CliIO): Promise
   return exitCode
 }
 
-/** `dsh replay FILE`: reads the file (node:fs) and runs the offline replay; exit 2 for a file that is not a transcript. */
+/**
+ * `dsh replay FILE`: reads the file (node:fs) and runs {@link runReplay}; a file that is not a
+ * transcript, or a bad option, is a usage error (exit 2). With `--base-url`/`--model`/`--api-key-env`
+ * the summaries come from that model; otherwise they are simulated.
+ */
 async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO): Promise<number> {
   const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
   let text: string
   try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${options.file}: ${(err as Error).message}\n`); return 2 }
-  try { readTranscript(text, options.format === 'auto' ? {} : { format: options.format }) } catch (err) {
-    if (err instanceof TranscriptError) { io.stderr(`dsh: replay: ${options.file}: ${err.message}\n`); return 2 }
+  const s = options.summarizer
+  const summarizer = s ? openAICompatible({ baseURL: s.baseURL, model: s.model, apiKey: s.apiKey, contextWindow: options.contextWindow }) : undefined
+  try {
+    const { output } = await runReplay(text, {
+      format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
+      summaryTokens: options.summaryTokens, summarizer, json: options.json, name: options.file,
+    })
+    io.stdout(output.endsWith('\n') ? output : output + '\n')
+    return 0
+  } catch (err) {
+    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${options.file}: ${err.message}\n`); return 2 }
+    if (err instanceof ProviderError) { io.stderr(`dsh: replay: the summarizer failed: ${err.code}: ${err.message}\n`); return 1 }
     throw err
   }
-  io.stderr('dsh: replay: not wired yet\n')
-  return 1
 }
 
 // Runs the CLI when this file is the program (never on import; see isEntryPoint).
