@@ -1287,7 +1287,9 @@ function readUsage(u: unknown): Usage | undefined {
  * `status_code`), else the 200 the response had.
  */
 function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | undefined): ProviderError {
-  const code = classifyProviderError(200, payload)
+  const classified = classifyProviderError(200, payload)
+  // An explicit error event whose payload says nothing readable is still the server's failure.
+  const code = classified === 'MALFORMED_RESPONSE' || classified === 'EMPTY_RESPONSE' ? 'SERVER' : classified
   const info = inspectErrorBody(payload)
   return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}.`, { status: info.status ?? 200, body: payload, requestId })
 }
@@ -1363,14 +1365,20 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     }
     if (!response.body) throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} without a body (model ${cfg.model}).`, { status: response.status, requestId })
     let sawDone = false
+    let sawData = false
     for await (const event of parseSSE(bodyChunks(response.body, controller.signal), { maxBufferSize: SSE_MAX_BUFFER_UNITS })) {
-      if (event.event === 'error') { progress(); throw inStreamError(cfg, event.data, requestId) }
+      if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
       if (event.event !== 'message') continue
+      sawData = true
       const data = event.data.trim()
       if (data === '' || data[0] === ':') continue // a relay's keep-alive inside a data line: not progress
       progress()
       if (data === '[DONE]') { sawDone = true; break }
       for (const obj of parseChunkData(cfg, data, requestId)) acc.chunk(obj, requestId, data)
+    }
+    const type = response.headers.get('content-type')
+    if (!sawData && type && !/event-stream/i.test(type)) {
+      throw providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered 200 with ${type}, not an event stream (model ${cfg.model}).`, { status: response.status, requestId })
     }
     return acc.finish(sawDone, requestId)
   } catch (e) {
@@ -1381,7 +1389,11 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     else if (e instanceof ProviderError) error = e
     else if (timedOut) error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
     else if (e instanceof SSEParseError) error = providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint}: ${e.message}.`, { requestId, status: 200, cause: e })
-    else error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${e instanceof Error ? e.message : String(e)}.`, { requestId, cause: e })
+    else {
+      // undici says only "fetch failed"; the reason (ECONNREFUSED, ENOTFOUND, …) is in its cause.
+      const reason = e instanceof Error ? e.message + (e.cause instanceof Error ? ` (${e.cause.message})` : '') : String(e)
+      error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${reason}.`, { requestId, cause: e })
+    }
     if (partial && !error.partial) error.partial = partial
     if (acc.streamed) afterOutput.add(error)
     throw error

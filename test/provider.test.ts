@@ -826,6 +826,7 @@ test('connection refused is TRANSPORT, retried', async () => {
   const { provider, sleeps } = on(fake, { maxRetries: 2 })
   const err = await failure(provider.complete({ messages: HI }))
   assert.equal(err.code, 'TRANSPORT')
+  assert.match(err.message, /failed: fetch failed \(.*ECONNREFUSED/)
   assert.equal(sleeps.length, 2)
 })
 
@@ -921,4 +922,16 @@ test('openAICompatible: apiKeyEnv, no key for local servers, and clear errors fo
   assert.throws(() => openAICompatible({ baseURL: 'http://x', model: 'm', contextWindow: 0 }), /contextWindow must be a positive integer, got 0/)
   assert.throws(() => openAICompatible({ baseURL: 'http://x', model: 'm', thinking: 'maybe' as never }), /thinking must be true, false, 'enabled' or 'disabled'/)
   await assert.rejects(openAICompatible({ baseURL: 'http://x', model: 'm' }).complete({ messages: HI, maxTokens: -5 }), /request.maxTokens must be a positive integer, got -5/)
+})
+
+test('a 200 that is not an event stream is MALFORMED_RESPONSE; an `event: error` with unreadable data is SERVER', async () => {
+  await withFake([{ status: 200, body: '<html>please log in</html>', headers: { 'content-type': 'text/html' } }, { rawSSE: 'event: error\ndata: boom\n\n' }], async (fake) => {
+    const provider = on(fake, { maxRetries: 0 }).provider
+    const html = await failure(provider.complete({ messages: HI }))
+    assert.equal(html.code, 'MALFORMED_RESPONSE')
+    assert.match(html.message, /answered 200 with text\/html, not an event stream/)
+    const boom = await failure(provider.complete({ messages: HI }))
+    assert.equal(boom.code, 'SERVER')
+    assert.equal(boom.body, 'boom')
+  })
 })
