@@ -1,5 +1,341 @@
-import { test } from 'node:test'
+// Core tests: meter, pruner, session log and surface, stores (DESIGN.md §§1–4; issue 2).
+import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
-import { VERSION } from './dsh.ts'
+import { mkdtempSync, writeFileSync, readFileSync, appendFileSync, readdirSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import {
+  VERSION, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG, codePointLength, pruneText, pruneToolResult,
+  estimateTextTokens, estimateMessageTokens, estimateEnvelopeTokens, PruneConfigError,
+  Session, MemoryStore, FileStore, SessionError,
+  type ToolResultMessage, type Message, type Block,
+} from './dsh.ts'
+
+const toolResult = (text: string, id = 'call_1'): ToolResultMessage => ({ role: 'tool', toolCallId: id, content: [{ type: 'text', text }] })
+const textOf = (m: ToolResultMessage) => m.content.filter((b) => b.type === 'text').map((b) => (b as { text: string }).text).join('')
+const hasLoneSurrogate = (s: string) => /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/.test(s)
 
 test('version is semver', () => { assert.match(VERSION, /^\d+\.\d+\.\d+$/) })
+
+describe('meter (DESIGN.md §2)', () => {
+  test('worked check: a 200,000-char tool result is 50,008 tokens; pruned it is 5,159 code points and 1,298 tokens', () => {
+    const big = toolResult('x'.repeat(200_000))
+    assert.equal(estimateMessageTokens(big), 50_008)
+    const pruned = pruneToolResult(big)
+    assert.equal(codePointLength(textOf(pruned)), 5_159)
+    assert.equal(estimateMessageTokens(pruned), 1_298)
+  })
+  const cases: Array<[string, Message, number]> = [
+    ['empty user string', { role: 'user', content: '' }, 8],
+    ['user string of 5 units', { role: 'user', content: 'hello' }, 10],
+    ['assistant text + reasoning (3 + 6 units)', { role: 'assistant', content: [{ type: 'text', text: 'abc' }, { type: 'reasoning', text: 'defghi' }] }, 11],
+    ['tool-call name + arguments (4 + 13 units)', { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'read', arguments: '{"path":"a"}' + ' ' }] }, 13],
+    ['emoji counts UTF-16 units (2 each)', { role: 'user', content: '😀😀' }, 9],
+    ['non-text block priced by its JSON length', { role: 'user', content: [{ type: 'image', url: 'data:x' }] }, 8 + Math.ceil(JSON.stringify({ type: 'image', url: 'data:x' }).length / 4)],
+  ]
+  for (const [name, message, tokens] of cases) test(name, () => assert.equal(estimateMessageTokens(message), tokens))
+  test('estimateTextTokens is ceil(length/4)', () => {
+    assert.deepEqual(['', 'a', 'abcd', 'abcde'].map(estimateTextTokens), [0, 1, 1, 2])
+  })
+  test('envelope: system and tools each cost ceil(len/4)+8; absent parts cost 0', () => {
+    const tools = [{ name: 'read_file', description: 'Read a file', parameters: { type: 'object' } }]
+    assert.equal(estimateEnvelopeTokens({}), 0)
+    assert.equal(estimateEnvelopeTokens({ system: 'x'.repeat(100) }), 33)
+    assert.equal(estimateEnvelopeTokens({ system: 'x'.repeat(100), tools }), 33 + Math.ceil(JSON.stringify(tools).length / 4) + 8)
+  })
+})
+
+describe('pruner (DESIGN.md §3)', () => {
+  test('marker and defaults', () => {
+    assert.equal(codePointLength(PRUNE_MARKER), 39)
+    assert.deepEqual({ ...DEFAULT_PRUNE_CONFIG }, { thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
+  })
+
+  const emoji = '😀'
+  const cjk = '漢'
+  const shapes: Array<[string, string]> = [
+    ['9,000 emoji', emoji.repeat(9000)],
+    ['cut on surrogate boundaries (ASCII prefix shifts parity)', 'a' + emoji.repeat(9000) + 'b'],
+    ['odd offset before emoji', 'abc' + emoji.repeat(4200) + 'xy'.repeat(100) + emoji.repeat(4200)],
+    ['CJK text', cjk.repeat(9000)],
+    ['mixed CJK, emoji, ASCII', (cjk + emoji + 'a').repeat(3000)],
+  ]
+  for (const [name, text] of shapes) {
+    test(`code-point safe: ${name}`, () => {
+      const out = pruneText(text)
+      assert.equal(codePointLength(out), 4096 + 39 + 1024)
+      assert.equal(hasLoneSurrogate(out), false)
+      assert.equal(JSON.parse(JSON.stringify(out)), out)
+      assert.equal(new TextDecoder('utf-8', { fatal: true }).decode(new TextEncoder().encode(out)), out)
+      const cps = Array.from(text)
+      assert.equal(out, cps.slice(0, 4096).join('') + PRUNE_MARKER + cps.slice(-1024).join(''))
+    })
+  }
+
+  test('threshold is inclusive: 8,192 code points untouched, 8,193 pruned', () => {
+    const at = emoji.repeat(8192)
+    assert.equal(pruneText(at), at)
+    const msg = toolResult(at)
+    assert.equal(pruneToolResult(msg), msg)
+    const over = emoji.repeat(8193)
+    assert.equal(codePointLength(pruneText(over)), 5159)
+    assert.notEqual(pruneToolResult(toolResult(over)), toolResult(over))
+  })
+
+  test('idempotent: pruning a pruned result returns the same object', () => {
+    const once = pruneToolResult(toolResult('y'.repeat(50_000)))
+    assert.equal(pruneToolResult(once), once)
+    assert.equal(pruneText(textOf(once)), textOf(once))
+  })
+
+  test('non-text blocks keep their relative positions; other fields unchanged', () => {
+    const image = { type: 'image', data: 'AAAA', mimeType: 'image/png' }
+    const unknown = { type: 'thinking-trace', note: 'kept as is' }
+    const msg: ToolResultMessage = {
+      role: 'tool', toolCallId: 'call_9', isError: true, metadata: { exit: 2 },
+      content: [{ type: 'text', text: 'A'.repeat(3000) }, image, { type: 'text', text: 'B'.repeat(5000) }, unknown, { type: 'text', text: 'C'.repeat(3000) }],
+    }
+    const out = pruneToolResult(msg)
+    assert.deepEqual(out.content, [
+      { type: 'text', text: 'A'.repeat(3000) },
+      image,
+      { type: 'text', text: 'B'.repeat(1096) + PRUNE_MARKER },
+      unknown,
+      { type: 'text', text: 'C'.repeat(1024) },
+    ])
+    assert.equal(out.toolCallId, 'call_9'); assert.equal(out.isError, true); assert.deepEqual(out.metadata, { exit: 2 })
+    assert.equal(codePointLength(textOf(out)), 5159)
+  })
+
+  test('text blocks wholly inside the cut are dropped; head and tail in one block', () => {
+    const msg: ToolResultMessage = { role: 'tool', toolCallId: 'c', content: [{ type: 'text', text: 'h'.repeat(5000) }, { type: 'text', text: 'm'.repeat(5000) }, { type: 'text', text: 't'.repeat(2000) }] }
+    assert.deepEqual(pruneToolResult(msg).content, [{ type: 'text', text: 'h'.repeat(4096) + PRUNE_MARKER }, { type: 'text', text: 't'.repeat(1024) }])
+    const one = pruneToolResult(toolResult('a'.repeat(4096) + 'b'.repeat(5000) + 'c'.repeat(1024)))
+    assert.deepEqual(one.content, [{ type: 'text', text: 'a'.repeat(4096) + PRUNE_MARKER + 'c'.repeat(1024) }])
+  })
+
+  test('config validation names the numbers and unknown keys', () => {
+    assert.throws(() => pruneText('x', { headChars: 5000, tailChars: 4000 }), (e: Error) =>
+      e instanceof PruneConfigError && /5000/.test(e.message) && /4000/.test(e.message) && /8192/.test(e.message))
+    assert.throws(() => pruneText('x', { headChar: 10 } as never), /unknown key "headChar"/)
+    assert.throws(() => pruneText('x', { headChars: 1.5 }), /headChars must be a non-negative integer/)
+    assert.throws(() => pruneText('x', { tailChars: -1 }), /tailChars must be a non-negative integer/)
+    assert.equal(pruneText('x'.repeat(200), { thresholdChars: 100, headChars: 30, tailChars: 31 }), 'x'.repeat(30) + PRUNE_MARKER + 'x'.repeat(31))
+  })
+
+  test('grapheme-safe cuts keep a family emoji whole', () => {
+    const family = '👨‍👩‍👧' // 5 code points, one grapheme
+    const text = 'a'.repeat(4094) + family + 'z'.repeat(8000)
+    const plain = pruneText(text)
+    assert.ok(plain.startsWith('a'.repeat(4094) + '👨‍')) // code-point cut splits the cluster
+    const safe = pruneText(text, { graphemeSafe: true })
+    assert.ok(safe.startsWith('a'.repeat(4094) + PRUNE_MARKER))
+    assert.equal(hasLoneSurrogate(safe), false)
+  })
+})
+
+/** Builds a session with two assistant calls A and B answered as A-result, B-result (issue 2 case 6). */
+function interleaved(session: Session) {
+  session.append('user/message', { message: { role: 'user', content: 'do two things' }, surfaceOp: { op: 'append' } })
+  const a = session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'A', name: 't', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
+  const b = session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'B', name: 't', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
+  const ra = session.append('tool/result', { message: toolResult('a'.repeat(9000), 'A'), surfaceOp: { op: 'append' } })
+  const rb = session.append('tool/result', { message: toolResult('b', 'B'), surfaceOp: { op: 'append' } })
+  return { a: a.seq, b: b.seq, ra: ra.seq, rb: rb.seq }
+}
+
+/** Every call on the projection has a result and every result its call (by id). */
+function assertPaired(messages: Message[]) {
+  const calls = new Set<string>(), results = new Set<string>()
+  for (const m of messages) {
+    if (m.role === 'assistant') for (const b of m.content) if (b.type === 'tool-call') calls.add((b as { id: string }).id)
+    if (m.role === 'tool') results.add(m.toolCallId)
+  }
+  assert.deepEqual([...calls].sort(), [...results].sort())
+}
+
+describe('session log and surface (DESIGN.md §4)', () => {
+  test('seq is contiguous and prune follows the log protocol', async () => {
+    const session = await Session.open(new MemoryStore(), { id: 's1', now: () => 1000 })
+    const { ra } = interleaved(session)
+    assert.deepEqual(session.events.map((e) => e.seq), [0, 1, 2, 3, 4, 5])
+    const before = session.measure().totalTokens
+    const reclaimed = session.pruneToolResult(ra)
+    assert.equal(reclaimed, (8 + 9000 / 4) - (8 + Math.ceil(5159 / 4)))
+    const [prune, result] = session.events.slice(-2)
+    assert.deepEqual(prune.data, { shadowedSeqs: [ra], shadowedTokenCount: 8 + 9000 / 4 })
+    assert.deepEqual((result.data as any).surfaceOp, { op: 'replace', start: ra, end: ra })
+    assert.equal(session.replaceGeneration, 1)
+    assert.equal(session.measure().totalTokens, before - reclaimed)
+    assert.equal(session.pruneToolResult(result.seq), 0) // idempotent: no event
+    assert.equal(session.events.length, 8)
+    assert.equal((session.events[ra].data as any).message.content[0].text.length, 9000) // original kept
+  })
+
+  test('case 6: A-call, B-call, A-result, B-result — no replace may separate a call from its result', async () => {
+    const session = await Session.open()
+    const { a, b, ra, rb } = interleaved(session)
+    assertPaired(session.messages())
+    const summary = (text: string) => ({ message: { role: 'user' as const, content: text }, surfaceOp: { op: 'replace' as const, start: a, end: 0 } })
+    const bad: Array<[number, number]> = [[a, b], [a, ra], [b, ra], [ra, rb], [b, rb], [a, a]]
+    for (const [start, end] of bad) {
+      const gen = session.replaceGeneration, seq = session.seq
+      assert.throws(() => session.append('user/message', { ...summary('s'), surfaceOp: { op: 'replace', start, end } }), (e: SessionError) => e.code === 'PAIRING', `${start}..${end}`)
+      assert.equal(session.replaceGeneration, gen); assert.equal(session.seq, seq)
+    }
+    session.append('user/message', { ...summary('checkpoint'), surfaceOp: { op: 'replace', start: a, end: rb } })
+    assertPaired(session.messages())
+    assert.deepEqual(session.messages().map((m) => m.role), ['user', 'user'])
+  })
+
+  test('case 7: bad replace ranges throw and change nothing', async () => {
+    const session = await Session.open()
+    const { a, rb } = interleaved(session)
+    const snapshot = () => [session.seq, session.replaceGeneration, JSON.stringify(session.messages())]
+    const before = snapshot()
+    for (const [start, end] of [[rb, a], [a, 999], [-1, a], [0, a]]) {
+      assert.throws(() => session.append('user/message', { message: { role: 'user', content: 'x' }, surfaceOp: { op: 'replace', start, end } }), SessionError)
+      assert.deepEqual(snapshot(), before)
+    }
+  })
+
+  test('tool/result replace may change only content; results need a known, unanswered call', async () => {
+    const session = await Session.open()
+    const { ra } = interleaved(session)
+    assert.throws(() => session.append('tool/result', { message: { ...toolResult('x', 'A'), isError: true }, surfaceOp: { op: 'replace', start: ra, end: ra } }), /only content/)
+    assert.throws(() => session.append('tool/result', { message: toolResult('x', 'Z'), surfaceOp: { op: 'append' } }), /unknown tool call id "Z"/)
+    assert.throws(() => session.append('tool/result', { message: toolResult('x', 'A'), surfaceOp: { op: 'append' } }), /already has a result/)
+    assert.throws(() => session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'A', name: 't', arguments: '' }] }, finishReason: 'x', surfaceOp: { op: 'append' } }), /not unique/)
+    assert.throws(() => session.append('user/message', { message: { role: 'user', content: 42 } as never, surfaceOp: { op: 'append' } }), (e: SessionError) => e.code === 'INVALID_MESSAGE')
+  })
+
+  test('projection refuses a call without a result', async () => {
+    const session = await Session.open()
+    session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'X', name: 't', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
+    assert.throws(() => session.messages(), /X have no result/)
+  })
+
+  test('usage anchor: provider figure plus signed heuristic changes since; envelope change drops it', async () => {
+    const session = await Session.open()
+    session.setHeader({ model: 'm', baseURL: 'http://x', system: 'S'.repeat(40) }) // 10 + 8
+    session.append('user/message', { message: { role: 'user', content: 'u'.repeat(400) }, surfaceOp: { op: 'append' } }) // 108
+    assert.deepEqual([session.measure().totalTokens, session.measure().anchored], [126, false])
+    session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c', name: 'read', arguments: '{}' + 'x'.repeat(6) }] }, finishReason: 'tool_calls', usage: { promptTokens: 500, completionTokens: 20 }, surfaceOp: { op: 'append' } }) // 3 + 8
+    assert.deepEqual([session.measure().totalTokens, session.measure().anchored], [520, true])
+    const r = session.append('tool/result', { message: toolResult('r'.repeat(40_000), 'c'), surfaceOp: { op: 'append' } }) // 10,008
+    assert.equal(session.measure().totalTokens, 520 + 10_008)
+    session.pruneToolResult(r.seq) // −10,008 + 1,298
+    assert.equal(session.measure().totalTokens, 520 + 1_298)
+    // A low provider figure never undercounts: heuristic at anchor (137) beats 50.
+    session.append('user/message', { message: { role: 'user', content: 'next' }, surfaceOp: { op: 'append' } })
+    session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop', usage: { promptTokens: 40, completionTokens: 10 }, surfaceOp: { op: 'append' } })
+    const m = session.measure()
+    assert.equal(m.totalTokens, m.heuristicTokens)
+    session.setHeader({ model: 'm', baseURL: 'http://x', system: 'changed' })
+    assert.equal(session.measure().anchored, false)
+  })
+
+  test('case 9: a reloaded session derives the same messages and replaceGeneration', async () => {
+    const store = new MemoryStore()
+    const live = await Session.open(store)
+    const { ra, a, rb } = interleaved(live)
+    live.pruneToolResult(ra)
+    live.append('user/message', { message: { role: 'user', content: 'summary' }, surfaceOp: { op: 'replace', start: a, end: rb } })
+    await live.sync()
+    const again = await Session.load(store)
+    assert.deepEqual(again.messages(), live.messages())
+    assert.equal(again.replaceGeneration, live.replaceGeneration)
+    assert.equal(again.replaceGeneration, 2)
+    assert.deepEqual(again.measure().totalTokens, live.measure().totalTokens)
+  })
+})
+
+describe('FileStore', () => {
+  const tmp = () => mkdtempSync(join(tmpdir(), 'dsh-test-'))
+
+  test('round trip through JSONL, and resume', async () => {
+    const file = join(tmp(), 's.jsonl')
+    const live = await Session.open(new FileStore(file))
+    interleaved(live)
+    await live.sync()
+    const lines = readFileSync(file, 'utf8').trimEnd().split('\n')
+    assert.equal(lines.length, live.events.length)
+    const again = await Session.open(new FileStore(file))
+    assert.deepEqual(again.messages(), live.messages())
+    assert.equal(again.events[live.events.length].type, 'session/resume')
+  })
+
+  test('case 8: a torn last line is dropped, saved and reported; the file is repaired', async () => {
+    const dir = tmp(), file = join(dir, 's.jsonl')
+    const live = await Session.open(new FileStore(file))
+    live.append('user/message', { message: { role: 'user', content: 'hello' }, surfaceOp: { op: 'append' } })
+    await live.sync()
+    appendFileSync(file, '{"seq":2,"type":"user/mess')
+    const again = await Session.open(new FileStore(file))
+    assert.equal(again.torn?.line, 3)
+    assert.equal(again.torn?.bytes, 26)
+    assert.ok(readdirSync(dir).some((f) => f.startsWith('s.jsonl.torn-')))
+    assert.equal(again.events[2].type, 'session/resume')
+    assert.deepEqual((again.events[2].data as any).torn.line, 3)
+    await again.sync()
+    assert.equal((await Session.load(new FileStore(file))).events.length, 3) // file is whole again
+  })
+
+  test('case 8: a corrupt line in the middle is refused with its line number', async () => {
+    const file = join(tmp(), 's.jsonl')
+    const live = await Session.open(new FileStore(file))
+    live.append('user/message', { message: { role: 'user', content: 'a' }, surfaceOp: { op: 'append' } })
+    live.append('user/message', { message: { role: 'user', content: 'b' }, surfaceOp: { op: 'append' } })
+    await live.sync()
+    const lines = readFileSync(file, 'utf8').split('\n')
+    lines[1] = lines[1].slice(0, 20)
+    writeFileSync(file, lines.join('\n'))
+    await assert.rejects(Session.load(new FileStore(file)), (e: SessionError) => e.code === 'LOG_CORRUPT' && e.line === 2 && /line 2/.test(e.message))
+  })
+
+  test('a file of another format is refused at line 1 with a hint', async () => {
+    const file = join(tmp(), 'not-a-log.jsonl')
+    writeFileSync(file, '{"role":"user","content":"hi"}\n')
+    await assert.rejects(Session.load(new FileStore(file)), /line 1: not a dsh event.*replay/)
+  })
+
+  test('resume repairs an open turn: TOOL_OUTCOME_UNKNOWN vs TOOL_NOT_STARTED', async () => {
+    const file = join(tmp(), 's.jsonl')
+    const live = await Session.open(new FileStore(file))
+    live.append('turn/start', { turn: 1 })
+    live.append('step/start', { turn: 1, step: 1 })
+    live.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'ran', name: 't', arguments: '{}' }, { type: 'tool-call', id: 'queued', name: 't', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
+    live.append('tool/call', { callId: 'ran', name: 't', arguments: '{}' })
+    live.append('compaction/start', { id: 'k1', trigger: 'pressure' })
+    await live.sync()
+    const again = await Session.open(new FileStore(file))
+    const tail = again.events.slice(live.events.length)
+    assert.deepEqual(tail.map((e) => e.type), ['session/resume', 'compaction/end', 'tool/result', 'tool/result', 'step/end', 'turn/end'])
+    const codes = tail.filter((e) => e.type === 'tool/result').map((e) => [(e.data as any).message.toolCallId, (e.data as any).message.metadata.code])
+    assert.deepEqual(codes, [['ran', 'TOOL_OUTCOME_UNKNOWN'], ['queued', 'TOOL_NOT_STARTED']])
+    assertPaired(again.messages())
+    assert.equal(again.openCompaction, undefined)
+    assert.deepEqual(again.turn, { turn: 1, open: false, step: 1, stepOpen: false })
+  })
+})
+
+test('blocks of unknown type survive the log round trip', async () => {
+  const store = new MemoryStore()
+  const s = await Session.open(store)
+  const blocks: Block[] = [{ type: 'text', text: 'see' }, { type: 'image', url: 'u' }]
+  s.append('user/message', { message: { role: 'user', content: blocks }, surfaceOp: { op: 'append' } })
+  await s.sync()
+  assert.deepEqual((await Session.load(store)).messages(), [{ role: 'user', content: blocks }])
+})
+
+test('README library example (examples/library.ts) prints the documented numbers', async () => {
+  const { execFileSync } = await import('node:child_process')
+  const out = execFileSync(process.execPath, ['--import', 'tsx', 'examples/library.ts'], { encoding: 'utf8' })
+  assert.equal(out, [
+    'before: 45038 tokens',
+    'pruned: 43710 tokens reclaimed; now 1328 tokens',
+    'original kept in the log: 45008 tokens',
+    'replaceGeneration: 1 | events: session/start, user/message, assistant/message, tool/result, compaction/prune, tool/result',
+    '',
+  ].join('\n'))
+})

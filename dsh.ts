@@ -177,11 +177,284 @@ export interface Tool<Args = any> {
 // 2. Meter
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
+/** Tokens are estimated as one per four UTF-16 units (DESIGN.md §2). */
+export const CHARS_PER_TOKEN = 4
+/** Fixed per-message overhead in tokens (role, separators), DESIGN.md §2. */
+export const MESSAGE_OVERHEAD_TOKENS = 8
+
+/** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). DESIGN.md §2. */
+export function estimateTextTokens(text: string): number {
+  return Math.ceil(text.length / CHARS_PER_TOKEN)
+}
+
+/**
+ * Heuristic price of one message in tokens: `ceil(C / 4) + 8`, where C is the UTF-16 length of its
+ * text-bearing fields (text, reasoning, tool-call name + arguments, tool-result text); each
+ * non-text block (image, unknown) adds `ceil(JSON.stringify(block).length / 4)`. DESIGN.md §2.
+ * Worked check: a 200,000-char tool result costs 50,008.
+ */
+export function estimateMessageTokens(message: Message): number {
+  const content = message.content
+  if (typeof content === 'string') return estimateTextTokens(content) + MESSAGE_OVERHEAD_TOKENS
+  let chars = 0
+  let other = 0
+  for (const block of content) {
+    if (block.type === 'text' || block.type === 'reasoning') chars += (block as TextBlock).text.length
+    else if (block.type === 'tool-call') chars += (block as ToolCallBlock).name.length + (block as ToolCallBlock).arguments.length
+    else other += estimateTextTokens(JSON.stringify(block))
+  }
+  return Math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
+}
+
+/**
+ * Heuristic price of the request envelope in tokens: `ceil(system.length / 4) + 8` plus
+ * `ceil(JSON.stringify(tools).length / 4) + 8`. An absent (or empty) system prompt and an absent
+ * (or empty) tool list cost 0. DESIGN.md §2.
+ */
+export function estimateEnvelopeTokens(envelope: Envelope): number {
+  let tokens = 0
+  if (envelope.system) tokens += estimateTextTokens(envelope.system) + MESSAGE_OVERHEAD_TOKENS
+  if (envelope.tools && envelope.tools.length > 0) tokens += estimateTextTokens(JSON.stringify(envelope.tools)) + MESSAGE_OVERHEAD_TOKENS
+  return tokens
+}
+
+/** Heuristic price of a whole request (envelope + messages) in tokens. O(messages). */
+export function estimateRequestTokens(envelope: Envelope, messages: readonly Message[]): number {
+  let tokens = estimateEnvelopeTokens(envelope)
+  for (const m of messages) tokens += estimateMessageTokens(m)
+  return tokens
+}
+
+/**
+ * Where a measurement is anchored: the provider-reported size of the last call
+ * (`promptTokens + completionTokens`, tokens) and the heuristic size of the same content right
+ * after that call's assistant message was logged (tokens). DESIGN.md §2 "Usage anchor".
+ */
+export interface UsageAnchor { providerTokens: number; heuristicTokens: number; seq: number }
+
+/**
+ * The size of what the next request would carry, in tokens. DESIGN.md §2.
+ * `totalTokens` = `envelopeTokens + surfaceTokens` when not anchored; when anchored it is
+ * `max(provider, heuristic at anchor) + (heuristic now − heuristic at anchor)`: the provider's
+ * figure plus the signed heuristic price of every surface change since (a low provider figure
+ * never undercounts).
+ */
+export interface Measurement {
+  totalTokens: number
+  /** Heuristic tokens of system prompt + tool specs. */
+  envelopeTokens: number
+  /** Heuristic tokens of all surface messages (sum of `nodes[i].tokens`). */
+  surfaceTokens: number
+  /** `envelopeTokens + surfaceTokens`. */
+  heuristicTokens: number
+  /** True when `totalTokens` stands on provider-reported usage. */
+  anchored: boolean
+  anchor?: UsageAnchor
+  /** Per-node prices, oldest first (live view: do not keep across appends). */
+  nodes: readonly SurfaceNode[]
+}
+
+/** Applies the usage anchor rule of DESIGN.md §2 to a heuristic total (tokens). */
+export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | undefined): number {
+  if (!anchor) return heuristicTokens
+  return Math.max(anchor.providerTokens, anchor.heuristicTokens) + (heuristicTokens - anchor.heuristicTokens)
+}
+
 // (meter)
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 3. Pruner
 // ════════════════════════════════════════════════════════════════════════════════════════════
+
+/** The text put where the middle of a pruned tool result was (39 code points). DESIGN.md §3. */
+export const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
+const MARKER_CODE_POINTS = 39
+
+/**
+ * Pruner configuration, all lengths in Unicode code points (DESIGN.md §3).
+ * `graphemeSafe` (off by default) moves each cut to a grapheme-cluster boundary with
+ * `Intl.Segmenter` where the runtime has it, so a cut never splits an emoji sequence or a
+ * combining mark from its base; cuts only shrink the kept text, so the budget still holds.
+ */
+export interface PruneConfig {
+  thresholdChars: number
+  headChars: number
+  tailChars: number
+  graphemeSafe?: boolean
+}
+
+/** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. DESIGN.md §3. */
+export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
+
+/** Thrown for a prune configuration that cannot work; the message names the values and the fix. */
+export class PruneConfigError extends TypeError {
+  constructor(message: string) { super(message); this.name = 'PruneConfigError' }
+}
+
+const validatedConfigs = new WeakSet<object>()
+
+/**
+ * Checks a partial configuration and returns the full one (defaults filled in). Throws
+ * {@link PruneConfigError} for unknown keys, non-integer or negative lengths, and
+ * `headChars + 39 + tailChars > thresholdChars` (the pruned text would not be smaller).
+ */
+export function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
+  if (config === undefined || config === DEFAULT_PRUNE_CONFIG) return DEFAULT_PRUNE_CONFIG
+  if (validatedConfigs.has(config)) return config as PruneConfig
+  if (typeof config !== 'object' || config === null) throw new PruneConfigError(`prune config must be an object, got ${String(config)}`)
+  for (const key of Object.keys(config)) {
+    if (!['thresholdChars', 'headChars', 'tailChars', 'graphemeSafe'].includes(key)) {
+      throw new PruneConfigError(`prune config: unknown key "${key}" (known: thresholdChars, headChars, tailChars, graphemeSafe)`)
+    }
+  }
+  const full = { ...DEFAULT_PRUNE_CONFIG, ...config }
+  for (const key of ['thresholdChars', 'headChars', 'tailChars'] as const) {
+    const v = full[key]
+    if (!Number.isSafeInteger(v) || v < 0) throw new PruneConfigError(`prune config: ${key} must be a non-negative integer number of code points, got ${String(v)}`)
+  }
+  if (full.graphemeSafe !== undefined && typeof full.graphemeSafe !== 'boolean') throw new PruneConfigError(`prune config: graphemeSafe must be a boolean, got ${String(full.graphemeSafe)}`)
+  if (full.headChars + MARKER_CODE_POINTS + full.tailChars > full.thresholdChars) {
+    throw new PruneConfigError(`prune config: headChars (${full.headChars}) + marker (${MARKER_CODE_POINTS}) + tailChars (${full.tailChars}) = ${full.headChars + MARKER_CODE_POINTS + full.tailChars} exceeds thresholdChars (${full.thresholdChars}); lower headChars or tailChars, or raise thresholdChars`)
+  }
+  validatedConfigs.add(full)
+  return full
+}
+
+const isHigh = (c: number) => c >= 0xd800 && c <= 0xdbff
+const isLow = (c: number) => c >= 0xdc00 && c <= 0xdfff
+
+/** UTF-16 index just after the first `n` code points of `text` (or `text.length`). O(n). */
+function indexAfterCodePoints(text: string, n: number): number {
+  let i = 0
+  for (let k = 0; k < n && i < text.length; k++) i += isHigh(text.charCodeAt(i)) && isLow(text.charCodeAt(i + 1)) ? 2 : 1
+  return i
+}
+
+/** UTF-16 index where the last `n` code points of `text` start (or 0). O(n). */
+function indexBeforeLastCodePoints(text: string, n: number): number {
+  let i = text.length
+  for (let k = 0; k < n && i > 0; k++) i -= isLow(text.charCodeAt(i - 1)) && isHigh(text.charCodeAt(i - 2)) ? 2 : 1
+  return i
+}
+
+/**
+ * Number of Unicode code points in `text` (a surrogate pair counts once; a lone surrogate counts
+ * once). O(length). Stops early and returns `limit + 1` when `limit` is given and exceeded, so a
+ * "more than N?" question costs O(N) whatever the text's size.
+ */
+export function codePointLength(text: string, limit = Infinity): number {
+  if (text.length <= limit) {
+    // Fast path: no astral characters means one code point per UTF-16 unit.
+    let n = 0
+    for (let i = 0; i < text.length; i++, n++) if (isHigh(text.charCodeAt(i)) && isLow(text.charCodeAt(i + 1))) i++
+    return n
+  }
+  let n = 0
+  for (let i = 0; i < text.length; i++) {
+    if (isHigh(text.charCodeAt(i)) && isLow(text.charCodeAt(i + 1))) i++
+    if (++n > limit) return n
+  }
+  return n
+}
+
+let segmenter: { segment(s: string): { containing(i: number): { index: number; segment: string } | undefined } } | null | undefined
+function graphemeSegmenter() {
+  if (segmenter === undefined) segmenter = typeof Intl !== 'undefined' && 'Segmenter' in Intl ? new (Intl as any).Segmenter(undefined, { granularity: 'grapheme' }) : null
+  return segmenter
+}
+/** Grapheme clusters longer than this many UTF-16 units are cut anyway (bounded work). */
+const GRAPHEME_WINDOW = 64
+
+/** Moves a cut at UTF-16 index `at` to the start (`dir` -1) or end (+1) of its grapheme cluster. */
+function snapToGrapheme(text: string, at: number, dir: -1 | 1): number {
+  const seg = graphemeSegmenter()
+  if (!seg || at <= 0 || at >= text.length) return at
+  const from = Math.max(0, at - GRAPHEME_WINDOW)
+  const window = text.slice(from, Math.min(text.length, at + GRAPHEME_WINDOW))
+  const cluster = seg.segment(window).containing(at - from)
+  if (!cluster || cluster.index + from === at) return at
+  return dir < 0 ? cluster.index + from : cluster.index + from + cluster.segment.length
+}
+
+/** Head and tail UTF-16 cut points of a text known to exceed the threshold. */
+function cutPoints(text: string, cfg: PruneConfig): [headEnd: number, tailStart: number] {
+  let headEnd = indexAfterCodePoints(text, cfg.headChars)
+  let tailStart = indexBeforeLastCodePoints(text, cfg.tailChars)
+  if (cfg.graphemeSafe) { headEnd = snapToGrapheme(text, headEnd, -1); tailStart = snapToGrapheme(text, tailStart, 1) }
+  return [headEnd, tailStart]
+}
+
+/**
+ * Prunes one text: unchanged when it holds ≤ `thresholdChars` code points, else the first
+ * `headChars` code points + {@link PRUNE_MARKER} + the last `tailChars` code points. Never splits a
+ * surrogate pair. O(head + tail + threshold) whatever the text's length. Idempotent.
+ * Throws {@link PruneConfigError} for a bad config. DESIGN.md §3.
+ */
+export function pruneText(text: string, config?: Partial<PruneConfig>): string {
+  const cfg = resolvePruneConfig(config)
+  if (text.length <= cfg.thresholdChars || codePointLength(text, cfg.thresholdChars) <= cfg.thresholdChars) return text
+  const [headEnd, tailStart] = cutPoints(text, cfg)
+  return text.slice(0, headEnd) + PRUNE_MARKER + text.slice(tailStart)
+}
+
+/**
+ * Prunes a tool result (DESIGN.md §3). Its text blocks are treated as one joined text (no
+ * separator): when that holds ≤ `thresholdChars` code points the same object is returned.
+ * Otherwise the first `headChars` and last `tailChars` code points are kept, the marker goes into
+ * the first text block the cut touches, text blocks wholly inside the cut are dropped, non-text
+ * blocks keep their order among the kept blocks, and every other field (toolCallId, isError,
+ * metadata) is unchanged. Work is O(head + tail + threshold + blocks). Idempotent.
+ */
+export function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfig>): ToolResultMessage {
+  const cfg = resolvePruneConfig(config)
+  const blocks = message.content
+  // Count code points of the joined text, stopping past the threshold.
+  let budget = cfg.thresholdChars
+  for (const b of blocks) {
+    if (b.type !== 'text') continue
+    budget -= codePointLength((b as TextBlock).text, budget)
+    if (budget < 0) break
+  }
+  if (budget >= 0) return message
+
+  // The head cut: walk forward through text blocks until `headChars` code points are kept.
+  const texts = blocks.map((b, i) => (b.type === 'text' ? i : -1)).filter((i) => i >= 0)
+  let left = cfg.headChars
+  let headBlock = -1, headEnd = 0 // block index (into `blocks`) and UTF-16 index where the cut starts
+  for (const i of texts) {
+    const t = (blocks[i] as TextBlock).text
+    const end = indexAfterCodePoints(t, left)
+    if (end < t.length) { headBlock = i; headEnd = end; break }
+    left -= codePointLength(t, left) // the whole block is kept
+  }
+  // The tail cut: walk backward.
+  left = cfg.tailChars
+  let tailBlock = -1, tailStart = 0
+  for (let k = texts.length - 1; k >= 0; k--) {
+    const i = texts[k]
+    const t = (blocks[i] as TextBlock).text
+    const start = indexBeforeLastCodePoints(t, left)
+    if (start > 0) { tailBlock = i; tailStart = start; break }
+    left -= codePointLength(t, left)
+  }
+  if (cfg.graphemeSafe) {
+    headEnd = snapToGrapheme((blocks[headBlock] as TextBlock).text, headEnd, -1)
+    tailStart = snapToGrapheme((blocks[tailBlock] as TextBlock).text, tailStart, 1)
+  }
+  const out: Block[] = []
+  for (let i = 0; i < blocks.length; i++) {
+    const b = blocks[i]
+    if (b.type !== 'text' || i < headBlock || i > tailBlock) { out.push(b); continue }
+    const t = (b as TextBlock).text
+    if (i === headBlock) {
+      const rest = i === tailBlock ? t.slice(tailStart) : ''
+      out.push({ ...b, text: t.slice(0, headEnd) + PRUNE_MARKER + rest } as TextBlock)
+    } else if (i === tailBlock) {
+      out.push({ ...b, text: t.slice(tailStart) } as TextBlock)
+    } // else: wholly inside the cut, dropped
+  }
+  return { ...message, content: out }
+}
 
 // (pruner)
 
@@ -189,11 +462,999 @@ export interface Tool<Args = any> {
 // 4. Log & surface
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
+/** How a surface event changes the surface (DESIGN.md §4). `start`/`end` are seqs of surface nodes. */
+export type SurfaceOp = { op: 'append' } | { op: 'replace'; start: number; end: number }
+
+/** The request envelope and model as logged by `request/header` (written when it changes). */
+export interface RequestHeader {
+  model: string
+  baseURL: string
+  system?: string
+  tools?: readonly ToolSpec[]
+  /** Completion budget, tokens. */
+  maxTokens?: number
+  /** Context window, tokens. */
+  contextWindow?: number
+}
+
+/** The `data` of each event type dsh writes (DESIGN.md §4). Callers may log other types too. */
+export interface EventDataMap {
+  'session/start': { id: string; version: string }
+  'session/resume': { lastSeq: number; torn?: TornLine; repaired: number }
+  'turn/start': { turn: number }
+  'turn/end': { turn: number; reason: string }
+  'step/start': { turn: number; step: number }
+  'step/end': { turn: number; step: number }
+  'request/header': RequestHeader
+  'user/message': { message: UserMessage; surfaceOp: SurfaceOp; compactionId?: string }
+  'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string }
+  'tool/call': { callId: string; name: string; arguments: string }
+  'tool/result': { message: ToolResultMessage; surfaceOp: SurfaceOp; spilled?: { ref: string; bytes: number } }
+  'request/error': { code: string; status?: number; message: string; trigger?: string }
+  'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
+  'compaction/start': { id: string; trigger: string }
+  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage }
+  'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number }
+  'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
+  'recovery/retry': { generationBefore: number; generationAfter: number }
+}
+export type EventType = keyof EventDataMap
+
+/**
+ * One log entry. `seq` is contiguous from 0; `time` is ms since the epoch. Events are shared by
+ * reference with stores and listeners: treat them as immutable.
+ */
+export interface SessionEvent<T extends string = string> {
+  seq: number
+  type: T
+  time: number
+  data: T extends EventType ? EventDataMap[T] : Record<string, unknown>
+}
+
+/** A message on the surface, with its heuristic price in tokens and the seq of the event that put it there. */
+export interface SurfaceNode {
+  readonly seq: number
+  readonly message: Message
+  readonly tokens: number
+  /** Position key: strictly increasing along the surface (a replacement inherits its range's first key). */
+  readonly key: number
+}
+
+export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE'
+
+/** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
+export class SessionError extends Error {
+  readonly code: SessionErrorCode
+  /** 1-based line of a log file, for `LOG_CORRUPT`. */
+  readonly line?: number
+  constructor(code: SessionErrorCode, message: string, line?: number) {
+    super(message)
+    this.name = 'SessionError'
+    this.code = code
+    this.line = line
+  }
+}
+
+/** A last log line cut short by a crash: dropped on load and reported (DESIGN.md §4). */
+export interface TornLine { line: number; bytes: number; savedTo?: string }
+
+/** What a store returns on load. */
+export interface LoadedLog { events: SessionEvent[]; torn?: TornLine }
+
+/**
+ * Where a session's events live. `append` receives events in seq order; `sync` is the durability
+ * point (fsync for files), called at step boundaries. Artefacts hold spilled tool results.
+ */
+export interface LogStore {
+  load(): Promise<LoadedLog>
+  append(events: readonly SessionEvent[]): Promise<void>
+  sync?(): Promise<void>
+  /** Stores `text` (e.g. a spilled tool result) and returns a reference a human can follow. */
+  putArtefact?(name: string, text: string): Promise<string>
+  getArtefact?(ref: string): Promise<string>
+  close?(): Promise<void>
+}
+
+/** Keeps the log in memory (the default; edge-safe). Artefacts live in a Map. */
+export class MemoryStore implements LogStore {
+  readonly events: SessionEvent[] = []
+  readonly artefacts = new Map<string, string>()
+  async load(): Promise<LoadedLog> { return { events: this.events.slice() } }
+  async append(events: readonly SessionEvent[]): Promise<void> { for (const e of events) this.events.push(e) }
+  async putArtefact(name: string, text: string): Promise<string> { this.artefacts.set(name, text); return `memory:${name}` }
+  async getArtefact(ref: string): Promise<string> {
+    const text = this.artefacts.get(ref.replace(/^memory:/, ''))
+    if (text === undefined) throw new SessionError('STORE', `no artefact ${ref} in this MemoryStore`)
+    return text
+  }
+}
+
+/** Checks the shape of one decoded log line; returns an error message or undefined. */
+function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined {
+  if (typeof e !== 'object' || e === null || Array.isArray(e)) return 'not a JSON object'
+  const { seq, type, time, data } = e as Record<string, unknown>
+  if (typeof seq !== 'number' || typeof type !== 'string' || typeof time !== 'number' || typeof data !== 'object' || data === null) {
+    return 'not a dsh event {seq, type, time, data} (is this a transcript? use `dsh replay FILE`)'
+  }
+  if (seq !== expectedSeq) return `seq ${seq} where ${expectedSeq} was expected (events must be contiguous)`
+  return undefined
+}
+
+/**
+ * Parses JSONL log text. A last line without its newline that does not parse is torn (dropped and
+ * reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line.
+ */
+export function parseLogText(text: string): { events: SessionEvent[]; torn?: TornLine; goodLength: number } {
+  const events: SessionEvent[] = []
+  let pos = 0
+  let line = 0
+  while (pos < text.length) {
+    line++
+    const nl = text.indexOf('\n', pos)
+    const end = nl < 0 ? text.length : nl
+    const raw = text.slice(pos, end)
+    if (raw.trim() === '') {
+      if (nl < 0) break
+      throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
+    }
+    let value: unknown
+    try { value = JSON.parse(raw) } catch {
+      if (nl < 0) return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
+      throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
+    }
+    const problem = eventShapeProblem(value, events.length)
+    if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
+    events.push(value as SessionEvent)
+    pos = nl < 0 ? text.length : nl + 1
+  }
+  return { events, goodLength: text.length }
+}
+
+/**
+ * Loads a `node:` module lazily (file store, CLI). The specifier is computed, so that a user's
+ * bundler (esbuild, Vite, webpack) leaves it alone when it bundles dsh.ts for an edge or browser
+ * target, where these parts never run.
+ */
+export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
+  return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
+}
+
+/**
+ * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
+ * `sync()` fsyncs. Loading drops a torn last line — its bytes are saved beside the log as
+ * `FILE.torn-<time>` and the file is truncated to its last whole line — and refuses any other
+ * corruption with the line number. Spilled tool results go to `FILE.artefacts/`.
+ */
+export class FileStore implements LogStore {
+  readonly path: string
+  private handle: any
+  private needsNewline = false
+  constructor(path: string) { this.path = path }
+
+  private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
+
+  async load(): Promise<LoadedLog> {
+    const fs = await this.fs()
+    let text: string
+    try { text = await fs.readFile(this.path, 'utf8') } catch (err: any) {
+      if (err?.code === 'ENOENT') return { events: [] }
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
+    }
+    const parsed = parseLogText(text)
+    if (parsed.torn) {
+      const savedTo = `${this.path}.torn-${Date.now()}`
+      await fs.writeFile(savedTo, text.slice(parsed.goodLength))
+      await fs.truncate(this.path, new TextEncoder().encode(text.slice(0, parsed.goodLength)).length)
+      parsed.torn.savedTo = savedTo
+    } else if (text.length > 0 && !text.endsWith('\n')) this.needsNewline = true
+    return { events: parsed.events, torn: parsed.torn }
+  }
+
+  async append(events: readonly SessionEvent[]): Promise<void> {
+    if (events.length === 0) return
+    if (!this.handle) this.handle = await (await this.fs()).open(this.path, 'a')
+    let text = this.needsNewline ? '\n' : ''
+    for (const e of events) text += JSON.stringify(e) + '\n'
+    this.needsNewline = false
+    await this.handle.write(text)
+  }
+
+  async sync(): Promise<void> { if (this.handle) await this.handle.sync() }
+
+  async putArtefact(name: string, text: string): Promise<string> {
+    const fs = await this.fs()
+    const dir = `${this.path}.artefacts`
+    await fs.mkdir(dir, { recursive: true })
+    const file = `${dir}/${name.replace(/[^\w.-]/g, '_')}`
+    await fs.writeFile(file, text)
+    return file
+  }
+
+  async getArtefact(ref: string): Promise<string> { return await (await this.fs()).readFile(ref, 'utf8') }
+
+  async close(): Promise<void> { const h = this.handle; this.handle = undefined; if (h) await h.close() }
+}
+
+function validateBlocks(blocks: unknown, where: string): void {
+  if (!Array.isArray(blocks)) throw new SessionError('INVALID_MESSAGE', `${where}.content must be an array of blocks`)
+  blocks.forEach((b, i) => {
+    if (typeof b !== 'object' || b === null || typeof (b as Block).type !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] must be an object with a string "type"`)
+    const t = (b as Block).type
+    if ((t === 'text' || t === 'reasoning') && typeof (b as TextBlock).text !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}].text must be a string`)
+    if (t === 'tool-call') {
+      const c = b as ToolCallBlock
+      if (typeof c.id !== 'string' || c.id === '') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs a non-empty string id`)
+      if (typeof c.name !== 'string' || typeof c.arguments !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs string name and arguments (raw JSON text)`)
+    }
+  })
+}
+
+/** Throws `SessionError('INVALID_MESSAGE')` unless `m` is a well-formed message of `role`. */
+export function validateMessage(m: unknown, role?: Message['role']): asserts m is Message {
+  if (typeof m !== 'object' || m === null) throw new SessionError('INVALID_MESSAGE', 'message must be an object')
+  const msg = m as Message
+  if (role && msg.role !== role) throw new SessionError('INVALID_MESSAGE', `expected a ${role} message, got role ${JSON.stringify(msg.role)}`)
+  if (msg.role === 'user') { if (typeof msg.content !== 'string') validateBlocks(msg.content, 'user message') }
+  else if (msg.role === 'assistant') validateBlocks(msg.content, 'assistant message')
+  else if (msg.role === 'tool') {
+    if (typeof msg.toolCallId !== 'string' || msg.toolCallId === '') throw new SessionError('INVALID_MESSAGE', 'tool result needs a non-empty string toolCallId')
+    validateBlocks(msg.content, 'tool result')
+    if ((msg.content as Block[]).some((b) => b.type === 'tool-call')) throw new SessionError('INVALID_MESSAGE', 'a tool result cannot contain tool-call blocks')
+  } else throw new SessionError('INVALID_MESSAGE', `unknown role ${JSON.stringify((msg as { role: unknown }).role)} (user, assistant or tool)`)
+}
+
+const toolCalls = (m: Message): ToolCallBlock[] =>
+  m.role === 'assistant' ? (m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]) : []
+
+const SURFACE_TYPES: Record<string, Message['role']> = { 'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool' }
+
+/** Options for {@link Session}. */
+export interface SessionOptions {
+  store?: LogStore
+  /** Session id for `session/start` (default: a random UUID). */
+  id?: string
+  /** Clock for event `time` in ms (default `Date.now`). */
+  now?: () => number
+}
+
+/**
+ * The append-only session log and the model-visible surface projected from it (DESIGN.md §4).
+ * `append` is synchronous: it checks every invariant first (a violating append throws
+ * {@link SessionError} and changes nothing), then updates the surface, the per-node prices and the
+ * usage anchor incrementally (O(1) for an append, O(range) for a replace), and queues the event for
+ * the store; {@link Session.flush} writes the queue, {@link Session.sync} also fsyncs.
+ *
+ * Open or create with {@link Session.open}; inspect a log without writing with {@link Session.load}.
+ */
+export class Session {
+  readonly store: LogStore
+  /** The whole log, oldest first (treat as read-only). */
+  readonly events: SessionEvent[] = []
+  /** The torn last line dropped when this session was loaded, if any. */
+  torn?: TornLine
+  private readonly now: () => number
+  private nodes: SurfaceNode[] = []
+  private bySeq = new Map<number, SurfaceNode>()
+  /** callId → seq of the surface node holding the call, and of its result once logged. */
+  private calls = new Map<string, { callSeq: number; resultSeq?: number }>()
+  private openCalls = new Set<string>()
+  private dispatched = new Set<string>()
+  private surfaceTokensSum = 0
+  private envelopeTokensSum = 0
+  private anchorState?: UsageAnchor
+  private generation = 0
+  private pending: SessionEvent[] = []
+  private writing: Promise<void> = Promise.resolve()
+  private listeners = new Set<(e: SessionEvent) => void>()
+  /** The last `request/header` logged. */
+  header?: RequestHeader
+  /** Turn and step bookkeeping derived from the log. */
+  private turnState = { last: 0, open: false, step: 0, stepOpen: false }
+  private compactionOpen?: string
+  private sessionId = ''
+
+  constructor(options: SessionOptions = {}) {
+    this.store = options.store ?? new MemoryStore()
+    this.now = options.now ?? Date.now
+  }
+
+  /**
+   * Opens the session in `store`: a new one (writes `session/start`) when the store is empty,
+   * otherwise the loaded log, resumed (see {@link Session.resume}). Throws `SessionError` with
+   * `code 'LOG_CORRUPT'` and a line number for a corrupt log.
+   */
+  static async open(store: LogStore = new MemoryStore(), options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
+    const session = await Session.load(store, options)
+    if (session.events.length === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
+    else session.resume()
+    await session.sync()
+    return session
+  }
+
+  /** Loads the log in `store` and replays it (every invariant is re-checked), writing nothing. */
+  static async load(store: LogStore, options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
+    const session = new Session({ ...options, store })
+    const loaded = await store.load()
+    session.torn = loaded.torn
+    for (const e of loaded.events) {
+      if (e.seq !== session.events.length) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.events.length} was expected`, e.seq + 1)
+      try { session.check(e.type, e.data) } catch (err) {
+        throw new SessionError('LOG_CORRUPT', `session log line ${e.seq + 1}: ${(err as Error).message}`, e.seq + 1)
+      }
+      session.apply(e)
+    }
+    return session
+  }
+
+  /** The session id from `session/start`. */
+  get id(): string { return this.sessionId }
+  /** Number of events; also the seq of the next event. */
+  get seq(): number { return this.events.length }
+  /** Increases by exactly one on every committed replace (DESIGN.md §4). */
+  get replaceGeneration(): number { return this.generation }
+  /** The current surface, oldest first. A live view: do not keep it across appends. */
+  surface(): readonly SurfaceNode[] { return this.nodes }
+  /** The surface node put there by event `seq`, if it is still on the surface. */
+  node(seq: number): SurfaceNode | undefined { return this.bySeq.get(seq) }
+  /** Ids of tool calls on the surface that have no result yet. */
+  openToolCalls(): string[] { return [...this.openCalls] }
+  /** Whether a `tool/call` dispatch record was logged for `callId`. */
+  wasDispatched(callId: string): boolean { return this.dispatched.has(callId) }
+  /** The open turn's number, the last step number in it, and whether a step is open. */
+  get turn(): { turn: number; open: boolean; step: number; stepOpen: boolean } {
+    const t = this.turnState
+    return { turn: t.last, open: t.open, step: t.step, stepOpen: t.stepOpen }
+  }
+  /** Id of a `compaction/start` with no `compaction/end` yet (the compaction lock). */
+  get openCompaction(): string | undefined { return this.compactionOpen }
+
+  /** Calls `listener` with every event appended from now on; returns an unsubscribe function. */
+  subscribe(listener: (event: SessionEvent) => void): () => void {
+    this.listeners.add(listener)
+    return () => this.listeners.delete(listener)
+  }
+
+  /**
+   * Appends one event. Throws {@link SessionError} (and changes nothing) when the event would break
+   * an invariant: a malformed message; a replace whose start/end are not on the surface or are out
+   * of order; a `tool/result` replace that changes more than content; a replace that would separate
+   * a tool call from its result (matched by id); a result for an unknown or answered call.
+   */
+  append<T extends EventType>(type: T, data: EventDataMap[T]): SessionEvent<T>
+  append(type: string, data: Record<string, unknown>): SessionEvent
+  append(type: string, data: any): SessionEvent {
+    if (typeof type !== 'string' || type === '') throw new SessionError('INVALID_EVENT', 'event type must be a non-empty string')
+    if (typeof data !== 'object' || data === null || Array.isArray(data)) throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
+    this.check(type, data)
+    const event = { seq: this.events.length, type, time: this.now(), data } as SessionEvent
+    this.apply(event)
+    this.pending.push(event)
+    for (const l of this.listeners) l(event)
+    return event
+  }
+
+  /** Validates an event against the current state without changing anything. */
+  private check(type: string, data: any): void {
+    const role = SURFACE_TYPES[type]
+    if (!role) return
+    validateMessage(data.message, role)
+    const op = data.surfaceOp as SurfaceOp
+    const message = data.message as Message
+    if (!op || (op.op !== 'append' && op.op !== 'replace')) throw new SessionError('SURFACE_OP', `${type}: surfaceOp must be {op:'append'} or {op:'replace', start, end}`)
+    const newCalls = toolCalls(message)
+    const seen = new Set<string>()
+    for (const c of newCalls) {
+      if (seen.has(c.id) || this.calls.has(c.id)) throw new SessionError('PAIRING', `tool call id ${JSON.stringify(c.id)} is not unique on the surface`)
+      seen.add(c.id)
+    }
+    if (op.op === 'append') {
+      if (role === 'tool') {
+        const id = (message as ToolResultMessage).toolCallId
+        const call = this.calls.get(id)
+        if (!call) throw new SessionError('PAIRING', `tool result for unknown tool call id ${JSON.stringify(id)}`)
+        if (call.resultSeq !== undefined) throw new SessionError('PAIRING', `tool call ${JSON.stringify(id)} already has a result (seq ${call.resultSeq})`)
+      }
+      return
+    }
+    // Replace.
+    const { start, end } = op
+    const first = this.bySeq.get(start)
+    const last = this.bySeq.get(end)
+    if (!Number.isInteger(start) || !Number.isInteger(end) || !first || !last) {
+      throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the current surface`)
+    }
+    if (first.key > last.key) throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
+    if (newCalls.length > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
+    if (role === 'tool') {
+      const old = first.message
+      if (start !== end || old.role !== 'tool') throw new SessionError('SURFACE_OP', `tool/result: a replace must cover exactly one tool result (got ${start}..${end})`)
+      const { content: _a, ...restOld } = old
+      const { content: _b, ...restNew } = message as ToolResultMessage
+      if (JSON.stringify(restOld) !== JSON.stringify(restNew)) throw new SessionError('SURFACE_OP', `tool/result: a replacement may change only content (seq ${start})`)
+      return
+    }
+    // A range replace must keep calls and results together (DESIGN.md §4, matched by id).
+    const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
+    const inRange = new Set<number>()
+    for (let i = lo; i <= hi; i++) inRange.add(this.nodes[i].seq)
+    for (let i = lo; i <= hi; i++) {
+      const m = this.nodes[i].message
+      for (const c of toolCalls(m)) {
+        const entry = this.calls.get(c.id)!
+        if (entry.resultSeq === undefined) throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id}, which has no result yet`)
+        if (!inRange.has(entry.resultSeq)) throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id} but keep its result (seq ${entry.resultSeq})`)
+      }
+      if (m.role === 'tool') {
+        const entry = this.calls.get(m.toolCallId)!
+        if (!inRange.has(entry.callSeq)) throw new SessionError('PAIRING', `replace ${start}..${end} would remove the result of tool call ${m.toolCallId} but keep the call (seq ${entry.callSeq})`)
+      }
+    }
+  }
+
+  /** Binary search for the surface index of a position key. */
+  private indexOfKey(key: number): number {
+    let lo = 0, hi = this.nodes.length - 1
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1
+      const k = this.nodes[mid].key
+      if (k === key) return mid
+      if (k < key) lo = mid + 1
+      else hi = mid - 1
+    }
+    return -1
+  }
+
+  /** Applies a checked event to the derived state. The same code serves live appends and replay. */
+  private apply(event: SessionEvent): void {
+    this.events.push(event)
+    const data = event.data as any
+    switch (event.type) {
+      case 'session/start': this.sessionId = data.id; break
+      case 'request/header': {
+        this.header = data
+        this.envelopeTokensSum = estimateEnvelopeTokens(data)
+        this.anchorState = undefined // an envelope or model change voids the usage anchor (DESIGN.md §2)
+        break
+      }
+      case 'turn/start': this.turnState = { last: data.turn, open: true, step: 0, stepOpen: false }; break
+      case 'turn/end': this.turnState.open = false; this.turnState.stepOpen = false; break
+      case 'step/start': this.turnState.step = data.step; this.turnState.stepOpen = true; break
+      case 'step/end': this.turnState.stepOpen = false; break
+      case 'tool/call': this.dispatched.add(data.callId); break
+      case 'compaction/start': this.compactionOpen = data.id; break
+      case 'compaction/end': if (this.compactionOpen === data.id) this.compactionOpen = undefined; break
+    }
+    if (!SURFACE_TYPES[event.type]) return
+    const message = data.message as Message
+    const op = data.surfaceOp as SurfaceOp
+    const tokens = estimateMessageTokens(message)
+    if (op.op === 'append') {
+      const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
+      this.nodes.push(node)
+      this.bySeq.set(event.seq, node)
+      this.surfaceTokensSum += tokens
+      for (const c of toolCalls(message)) { this.calls.set(c.id, { callSeq: event.seq }); this.openCalls.add(c.id) }
+      if (message.role === 'tool') { this.calls.get(message.toolCallId)!.resultSeq = event.seq; this.openCalls.delete(message.toolCallId) }
+    } else {
+      const first = this.bySeq.get(op.start)!, last = this.bySeq.get(op.end)!
+      const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
+      const node: SurfaceNode = { seq: event.seq, message, tokens, key: first.key }
+      let shadowed = 0
+      for (let i = lo; i <= hi; i++) {
+        const old = this.nodes[i]
+        shadowed += old.tokens
+        this.bySeq.delete(old.seq)
+        if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
+        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id) }
+      }
+      if (message.role === 'tool') this.calls.get(message.toolCallId)!.resultSeq = event.seq
+      this.nodes.splice(lo, hi - lo + 1, node)
+      this.bySeq.set(event.seq, node)
+      this.surfaceTokensSum += tokens - shadowed
+      this.generation++
+    }
+    if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
+      const u = data.usage as Usage
+      this.anchorState = { providerTokens: u.promptTokens + u.completionTokens, heuristicTokens: this.envelopeTokensSum + this.surfaceTokensSum, seq: event.seq }
+    }
+  }
+
+  /** The size of the next request, in tokens, O(1) (DESIGN.md §2). */
+  measure(): Measurement {
+    const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+    return {
+      totalTokens: anchoredTotal(heuristicTokens, this.anchorState),
+      envelopeTokens: this.envelopeTokensSum,
+      surfaceTokens: this.surfaceTokensSum,
+      heuristicTokens,
+      anchored: this.anchorState !== undefined,
+      anchor: this.anchorState,
+      nodes: this.nodes,
+    }
+  }
+
+  /**
+   * The surface as provider messages, in surface order (DESIGN.md §4 "Projection"). Throws
+   * `SessionError('PAIRING')` while a tool call has no result: such a request must never be sent.
+   */
+  messages(): Message[] {
+    if (this.openCalls.size > 0) throw new SessionError('PAIRING', `cannot build a request: tool call(s) ${[...this.openCalls].join(', ')} have no result yet`)
+    return this.nodes.map((n) => n.message)
+  }
+
+  /** Logs `request/header` when model, base URL, envelope, budget or window changed; returns whether it did. */
+  setHeader(header: RequestHeader): boolean {
+    const clean = JSON.parse(JSON.stringify(header)) as RequestHeader
+    if (this.header && JSON.stringify(this.header) === JSON.stringify(clean)) return false
+    this.append('request/header', clean)
+    return true
+  }
+
+  /**
+   * Prunes the tool result at surface node `seq` (DESIGN.md §3 log protocol): appends
+   * `compaction/prune {shadowedSeqs:[seq], shadowedTokenCount}` then the pruned `tool/result` as a
+   * replace of `seq`. Returns the tokens reclaimed (0, and nothing appended, when the result is
+   * already within the threshold). The original stays in the log.
+   */
+  pruneToolResult(seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
+    const node = this.bySeq.get(seq)
+    if (!node || node.message.role !== 'tool') throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
+    const pruned = pruneToolResult(node.message, config)
+    if (pruned === node.message) return 0
+    const data = { message: pruned, surfaceOp: { op: 'replace' as const, start: seq, end: seq } }
+    this.check('tool/result', data) // both events or neither
+    this.append('compaction/prune', trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger } : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
+    const after = this.append('tool/result', data)
+    return node.tokens - this.bySeq.get(after.seq)!.tokens
+  }
+
+  /**
+   * Resumes a loaded session (DESIGN.md §4): writes `session/resume`, closes a stale compaction
+   * lock, gives every tool call without a result a synthetic error result (`TOOL_OUTCOME_UNKNOWN`
+   * when its `tool/call` was logged, else `TOOL_NOT_STARTED`), and closes an open step and turn.
+   */
+  resume(): void {
+    const open = [...this.openCalls]
+    this.append('session/resume', { lastSeq: this.events.length - 1, torn: this.torn, repaired: open.length })
+    if (this.compactionOpen) this.append('compaction/end', { id: this.compactionOpen, error: 'stale: the process stopped during this compaction' })
+    for (const id of open) {
+      const code = this.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
+      const text = code === 'TOOL_OUTCOME_UNKNOWN'
+        ? `${code}: the process stopped while this tool call was running; its effects are unknown. Check the current state before repeating it.`
+        : `${code}: the process stopped before this tool call was started; call it again if it is still needed.`
+      this.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text }], isError: true, metadata: { code } }, surfaceOp: { op: 'append' } })
+    }
+    const t = this.turnState
+    if (t.stepOpen) this.append('step/end', { turn: t.last, step: t.step })
+    if (t.open) this.append('turn/end', { turn: t.last, reason: 'interrupted' })
+  }
+
+  /** Writes queued events to the store (in order; concurrent calls are serialised). */
+  flush(): Promise<void> {
+    const run = async () => {
+      if (this.pending.length === 0) return
+      const batch = this.pending
+      this.pending = []
+      try { await this.store.append(batch) } catch (err) {
+        this.pending = batch.concat(this.pending) // keep them for the next attempt: nothing is lost
+        throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: ${(err as Error)?.message ?? err}`)
+      }
+    }
+    this.writing = this.writing.then(run, run)
+    return this.writing
+  }
+
+  /** Flushes, then makes the log durable (fsync for {@link FileStore}). Called at step boundaries. */
+  async sync(): Promise<void> {
+    await this.flush()
+    await this.store.sync?.()
+  }
+}
+
+function randomId(): string {
+  const c = (globalThis as any).crypto
+  if (c?.randomUUID) return c.randomUUID()
+  return `s-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`
+}
+
 // (log)
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 5. Ladder
 // ════════════════════════════════════════════════════════════════════════════════════════════
+
+/**
+ * Ladder settings (DESIGN.md §5). Ratios are of the context window; token counts are tokens.
+ * - `thresholdRatio` 0.8: pressure starts at `floor(window × 0.8)` tokens.
+ * - `retainedTailRatio` 0.16: a pressure compaction keeps the newest `floor(window × 0.16)` tokens verbatim.
+ * - `summaryMaxTokens` 8192: completion budget of a summary request (clamped to the room left).
+ * - `compactionRetries` 1: extra summary attempts under pressure.
+ * - `maxOverflowRetries` 1: consecutive overflow recoveries per step; 0 disables overflow recovery only.
+ * - `auto` true: the Agent runs the ladder itself; false disables pressure and overflow handling.
+ * - `minSavingsRatio` 0.05: a compaction that saves less than this share of the total counts as failed.
+ * - `spillBytes` 262,144 (256 KiB, UTF-8 bytes): larger tool results are spilled at write time.
+ */
+export interface CompactionConfig {
+  thresholdRatio: number
+  retainedTailRatio: number
+  summaryMaxTokens: number
+  compactionRetries: number
+  maxOverflowRetries: number
+  auto: boolean
+  minSavingsRatio: number
+  spillBytes: number
+}
+
+/** The defaults of DESIGN.md §5. */
+export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = Object.freeze({
+  thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
+  maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
+})
+
+/** The one-line preamble in front of a summary checkpoint (DESIGN.md §4 "Projection"). */
+export const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
+
+/** The instruction that ends every summary request (DESIGN.md §5 "Summary transaction"). */
+export const SUMMARY_INSTRUCTION = [
+  'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers will be removed.',
+  'Do not call any tool. Answer with the checkpoint only, under these headings:',
+  '1. Request — what the user asked for, in their words where it matters.',
+  '2. Key facts — decisions, constraints and findings.',
+  '3. Files — every path read, created or changed, and what changed.',
+  '4. Errors and fixes — what failed, the exact messages, and what fixed them.',
+  '5. Pending work — what was asked or promised and is not done.',
+  '6. Current work — what was being done right before this checkpoint.',
+  '7. Next step — the single next action.',
+  'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, merge it in; drop nothing from it that still matters.',
+].join('\n')
+
+/** Frames a summary as the checkpoint text of a `user/message` (DESIGN.md §4). */
+export function frameCheckpoint(summary: string): string {
+  return `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+}
+
+/** What the ladder needs from its host (the {@link Agent} implements it). */
+export interface CompactionHost {
+  readonly session: Session
+  /** The model that writes summaries. */
+  readonly summarizer: Provider
+  /** Context window of the conversation model, tokens; undefined when unknown. */
+  readonly contextWindow?: number
+  readonly envelope: Envelope
+  readonly compaction: CompactionConfig
+  readonly pruneConfig: PruneConfig
+  /** Seq of the current turn's user input, which is never summarised. */
+  readonly pinnedSeq?: number
+  /** Reports a ladder warning (also logged as `compaction/warning`). */
+  warn(message: string): void
+  /** Ladder memory across calls (failed-compaction guard, one-time warnings). */
+  ladderState: LadderState
+}
+
+/** Per-host memory of the ladder. */
+export interface LadderState {
+  /** Heuristic surface tokens when pressure compaction last failed; no retry until it grows. */
+  failedAtSurfaceTokens?: number
+  warnedNoWindow?: boolean
+}
+
+/** The result of one {@link compactIfNeeded} call. Token figures are measured totals, in tokens. */
+export interface CompactionOutcome {
+  trigger: 'pressure' | 'context-overflow' | 'manual'
+  action: 'none' | 'skipped' | 'pruned' | 'compacted' | 'failed'
+  tokensBefore: number
+  tokensAfter: number
+  /** Tokens reclaimed by pruning (no model call). */
+  prunedTokens: number
+  summaryRequests: number
+  generationBefore: number
+  generationAfter: number
+  reason?: string
+}
+
+/** Seqs of the tool results logged after the newest assistant message (not yet seen by the model). */
+function unseenResults(session: Session): Set<number> {
+  const nodes = session.surface()
+  const unseen = new Set<number>()
+  for (let i = nodes.length - 1; i >= 0 && nodes[i].message.role !== 'assistant'; i--) if (nodes[i].message.role === 'tool') unseen.add(nodes[i].seq)
+  return unseen
+}
+
+/**
+ * Prunes tool results over the threshold (DESIGN.md §3 recency rule): first those the model has
+ * seen; the newest step's results only when `includeNewest` or when pruning the older ones did not
+ * bring the total under `thresholdTokens`. Returns tokens reclaimed.
+ */
+export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean): number {
+  const unseen = unseenResults(session)
+  // A result over the threshold has at least that many UTF-16 units, so this filter loses none.
+  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN)).map((n) => n.seq)
+  let reclaimed = 0
+  for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
+  if (includeNewest || session.measure().totalTokens >= thresholdTokens) {
+    for (const seq of candidates) if (unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
+  }
+  return reclaimed
+}
+
+/** A contiguous run of surface nodes chosen for summary: indices `[start, end)` of the surface. */
+export interface Region { start: number; end: number; tokens: number }
+
+/**
+ * Selects the region to summarise (DESIGN.md §5 "Region selection"): from the surface head (or
+ * right after the pinned current-turn input when that is the head) up to a cut that keeps at least
+ * `retainedTokens` of the newest history verbatim, moved toward the head until no kept tool result
+ * loses its call (and no summarised call loses its result), matched by id. When the pinned input
+ * lies inside, the region ends before it — or, when that part is worth less than `minTokens`, starts
+ * after it. Returns undefined when no safe region of at least two nodes (or one non-checkpoint
+ * node) exists.
+ */
+export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, pinnedSeq?: number, minTokens = 0): Region | undefined {
+  let cut = nodes.length
+  let kept = 0
+  while (cut > 0 && kept < retainedTokens) kept += nodes[--cut].tokens
+  const pinned = pinnedSeq === undefined ? -1 : nodes.findIndex((n) => n.seq === pinnedSeq)
+  let start = 0
+  if (pinned >= 0 && pinned < cut) {
+    const before = nodes.slice(0, pinned).reduce((t, n) => t + n.tokens, 0)
+    if (pinned > 0 && before >= minTokens) cut = pinned
+    else start = pinned + 1
+  } else if (pinned === 0) start = 1
+  // Balance by id: where is each call, where is its result?
+  const callAt = new Map<string, number>()
+  nodes.forEach((n, i) => { if (n.message.role === 'assistant') for (const b of n.message.content) if (b.type === 'tool-call') callAt.set((b as ToolCallBlock).id, i) })
+  const resultAt = new Map<string, number>()
+  nodes.forEach((n, i) => { if (n.message.role === 'tool') resultAt.set(n.message.toolCallId, i) })
+  for (let changed = true; changed && start < cut;) {
+    changed = false
+    for (let i = start; i < cut; i++) {
+      const m = nodes[i].message
+      if (m.role === 'tool') {
+        const c = callAt.get(m.toolCallId) ?? -1
+        if (c < start) { start = i + 1; changed = true; break } // its call is before the region: skip past it
+      } else if (m.role === 'assistant') {
+        for (const b of m.content) {
+          if (b.type !== 'tool-call') continue
+          const r = resultAt.get((b as ToolCallBlock).id) ?? Infinity
+          if (r >= cut) { cut = i; changed = true; break } // its result is kept: move the cut toward the head
+        }
+        if (changed) break
+      }
+    }
+  }
+  if (start >= cut) return undefined
+  const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
+  if (cut - start === 1 && isCheckpoint(nodes[start])) return undefined
+  let tokens = 0
+  for (let i = start; i < cut; i++) tokens += nodes[i].tokens
+  return { start, end: cut, tokens }
+}
+
+/** Thrown inside a compaction transaction; logged as `compaction/end {error}`. */
+export class CompactionError extends Error {
+  constructor(message: string) { super(message); this.name = 'CompactionError' }
+}
+
+/** Groups messages so that an assistant message with calls stays with its results. */
+function balancedGroups(messages: readonly Message[]): Message[][] {
+  const groups: Message[][] = []
+  let open = new Set<string>()
+  for (const m of messages) {
+    if (open.size === 0) groups.push([])
+    groups[groups.length - 1].push(m)
+    if (m.role === 'assistant') for (const b of m.content) if (b.type === 'tool-call') open.add((b as ToolCallBlock).id)
+    if (m.role === 'tool') open.delete(m.toolCallId)
+  }
+  return groups
+}
+
+/** Shortens every text of a message (for a summary request only) so it costs at most `tokens`. */
+function shrinkMessage(m: Message, tokens: number): Message {
+  const chars = Math.max(256, (tokens - MESSAGE_OVERHEAD_TOKENS) * CHARS_PER_TOKEN)
+  const cfg: PruneConfig = { thresholdChars: chars, headChars: Math.floor(chars * 0.7) - 40, tailChars: Math.floor(chars * 0.3) - 40 }
+  const cut = (t: string) => pruneText(t, cfg)
+  if (typeof m.content === 'string') return { ...m, content: cut(m.content) } as Message
+  return { ...m, content: m.content.map((b) => (b.type === 'text' || b.type === 'reasoning' ? { ...b, text: cut((b as TextBlock).text) } : b)) } as Message
+}
+
+/**
+ * Summarises `messages` with the host's summarizer. Replays the envelope (system, tools) and the
+ * messages, then {@link SUMMARY_INSTRUCTION}, with header `x-dsh-purpose: compaction`. When the
+ * whole does not fit the summarizer's window (by the §2 estimate), summarises in tool-balanced
+ * chunks, each merged into the running summary; no request exceeds the window.
+ */
+export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal): Promise<{ summary: string; usage?: Usage; requests: number }> {
+  const provider = host.summarizer
+  const window = provider.contextWindow ?? host.contextWindow ?? Infinity
+  const envelopeTokens = estimateEnvelopeTokens(host.envelope)
+  const instruction: UserMessage = { role: 'user', content: SUMMARY_INSTRUCTION }
+  const fixed = envelopeTokens + estimateMessageTokens(instruction)
+  const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
+  const prior = (s: string): UserMessage => ({ role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` })
+  let summary = ''
+  let requests = 0
+  const usage: Usage = { promptTokens: 0, completionTokens: 0 }
+  const call = async (chunk: Message[]) => {
+    const msgs = summary ? [prior(summary), ...chunk, instruction] : [...chunk, instruction]
+    requests++
+    const res = await provider.complete({
+      system: host.envelope.system, tools: host.envelope.tools, messages: msgs, maxTokens: host.compaction.summaryMaxTokens,
+      inputTokens: estimateRequestTokens(host.envelope, msgs), signal, headers: { 'x-dsh-purpose': 'compaction' },
+    })
+    if (res.usage) { usage.promptTokens += res.usage.promptTokens; usage.completionTokens += res.usage.completionTokens }
+    const text = res.message.content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('').trim()
+    if (!text) throw new CompactionError(`the summarizer (${provider.model}) returned no text (finish reason ${res.finishReason})`)
+    summary = text
+  }
+  let chunk: Message[] = []
+  let chunkTokens = 0
+  const budget = () => window - fixed - reserve - (summary ? estimateMessageTokens(prior(summary)) + reserve : 0)
+  for (const group of balancedGroups(messages)) {
+    let groupTokens = group.reduce((t, m) => t + estimateMessageTokens(m), 0)
+    if (chunk.length > 0 && chunkTokens + groupTokens > budget()) { await call(chunk); chunk = []; chunkTokens = 0 }
+    if (groupTokens > budget()) {
+      // A single group larger than a whole request: shorten its texts for this request only.
+      const room = budget()
+      if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) throw new CompactionError(`the summarizer's window (${window} tokens) leaves no room for the region after the envelope (${envelopeTokens} tokens)`)
+      const each = Math.floor(room / group.length)
+      const shrunk = group.map((m) => (estimateMessageTokens(m) > each ? shrinkMessage(m, each) : m))
+      groupTokens = shrunk.reduce((t, m) => t + estimateMessageTokens(m), 0)
+      chunk.push(...shrunk)
+    } else chunk.push(...group)
+    chunkTokens += groupTokens
+  }
+  if (chunk.length > 0 || !summary) await call(chunk)
+  return { summary, usage, requests }
+}
+
+/**
+ * One summary transaction (DESIGN.md §5): `compaction/start` (the lock) → summarise → reject a
+ * framed summary not strictly smaller than the region → check the surface did not change → append
+ * `compaction/summary` and the replacing `user/message` with no await between → `compaction/end`.
+ * Any failure writes `compaction/end {error}` and leaves the surface as it was. Returns the number of
+ * summary requests made; throws the failure (a {@link CompactionError}, or the provider's error).
+ */
+export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal): Promise<number> {
+  const session = host.session
+  const nodes = session.surface().slice(region.start, region.end)
+  const first = nodes[0].seq, last = nodes[nodes.length - 1].seq
+  const generation = session.replaceGeneration
+  const id = `k${session.seq}`
+  const tokensBefore = session.measure().totalTokens
+  session.append('compaction/start', { id, trigger })
+  let requests = 0
+  try {
+    const result = await summarise(host, nodes.map((n) => n.message), signal)
+    requests = result.requests
+    if (signal?.aborted) throw new CompactionError('aborted')
+    const checkpoint: UserMessage = { role: 'user', content: frameCheckpoint(result.summary) }
+    const checkpointTokens = estimateMessageTokens(checkpoint)
+    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace`)
+    if (session.replaceGeneration !== generation || !session.node(first) || !session.node(last)) throw new CompactionError('the surface changed during compaction')
+    session.append('compaction/summary', { id, summary: result.summary, shadowedSeqs: nodes.map((n) => n.seq), shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage })
+    session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id })
+    session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens })
+    return requests
+  } catch (err) {
+    const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
+    session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err) })
+    throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
+  }
+}
+
+/**
+ * The escalation ladder (DESIGN.md §5).
+ * `'pressure'`: nothing below `floor(window × thresholdRatio)`; else prune (older results first),
+ * remeasure, and only then summarise the oldest tool-balanced region, up to `compactionRetries + 1`
+ * attempts; failures are warnings, remembered so that no retry happens before the surface grows by
+ * the retained tail. `'context-overflow'`: prune every result, then summarise everything before the
+ * current input with no retained tail, once. `'manual'` (e.g. `/compact`): like pressure, without the
+ * threshold check. Never throws for ladder failures; rethrows only cancellation.
+ */
+export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' | 'context-overflow' | 'manual', signal?: AbortSignal): Promise<CompactionOutcome> {
+  const { session, compaction: cfg } = host
+  const window = host.contextWindow
+  const m0 = session.measure()
+  const outcome: CompactionOutcome = {
+    trigger, action: 'none', tokensBefore: m0.totalTokens, tokensAfter: m0.totalTokens, prunedTokens: 0,
+    summaryRequests: 0, generationBefore: session.replaceGeneration, generationAfter: session.replaceGeneration,
+  }
+  const done = (action: CompactionOutcome['action'], reason?: string) => {
+    outcome.action = action
+    outcome.reason = reason
+    outcome.tokensAfter = session.measure().totalTokens
+    outcome.generationAfter = session.replaceGeneration
+    return outcome
+  }
+  if (trigger !== 'context-overflow' && window === undefined) {
+    if (!host.ladderState.warnedNoWindow) {
+      host.ladderState.warnedNoWindow = true
+      host.warn(`configuration error: the context window of model "${host.summarizer.model}" is unknown, so pressure compaction is off; set contextWindow (CLI: --context-window N)`)
+    }
+    return done('skipped', 'no context window')
+  }
+  if (session.openCompaction) return done('skipped', 'a compaction is already running')
+  const threshold = window === undefined ? 0 : Math.floor(window * cfg.thresholdRatio)
+  if (trigger === 'pressure' && m0.totalTokens < threshold) return done('none')
+  if (signal?.aborted) return done('skipped', 'aborted')
+
+  if (trigger === 'context-overflow') {
+    outcome.prunedTokens = pruneSurface(session, host.pruneConfig, trigger, 0, true)
+    const region = selectRegion(session.surface(), 0, host.pinnedSeq)
+    if (region) {
+      try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal) } catch (err) {
+        outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
+        if (signal?.aborted) throw err
+        host.warn(`overflow compaction failed: ${(err as Error).message}`)
+      }
+    }
+    return done(session.replaceGeneration > outcome.generationBefore ? 'compacted' : 'failed', region ? undefined : 'no region to summarise')
+  }
+
+  outcome.prunedTokens = pruneSurface(session, host.pruneConfig, trigger, threshold, false)
+  if (trigger === 'pressure' && session.measure().totalTokens < threshold) return done('pruned')
+
+  const state = host.ladderState
+  const retained = Math.floor((window ?? 0) * cfg.retainedTailRatio)
+  if (trigger === 'pressure' && state.failedAtSurfaceTokens !== undefined && session.measure().heuristicTokens < state.failedAtSurfaceTokens + retained) {
+    return done(outcome.prunedTokens > 0 ? 'pruned' : 'skipped', 'an earlier compaction failed and the surface has not grown enough since')
+  }
+  const minSaving = Math.ceil(m0.totalTokens * cfg.minSavingsRatio)
+  let lastError = ''
+  for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
+    const region = selectRegion(session.surface(), retained, host.pinnedSeq, minSaving)
+    if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or touching the current input'; break }
+    try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal) } catch (err) {
+      outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
+      if (signal?.aborted) throw err
+      lastError = (err as Error).message
+      continue
+    }
+    if (trigger === 'manual' || session.measure().totalTokens < threshold) break
+  }
+  const after = session.measure().totalTokens
+  const saved = m0.totalTokens - after
+  if (trigger === 'manual' && session.replaceGeneration > outcome.generationBefore) return done('compacted')
+  if (after < threshold && saved >= minSaving) { state.failedAtSurfaceTokens = undefined; return done('compacted') }
+  state.failedAtSurfaceTokens = session.measure().heuristicTokens
+  const why = lastError || (saved < minSaving ? `it saved only ${saved} tokens (< ${Math.round(cfg.minSavingsRatio * 100)}%)` : 'the retained tail and envelope alone are above it')
+  host.warn(`context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; not retrying until the surface grows by ${retained} tokens`)
+  session.append('compaction/warning', { trigger, message: why, totalTokens: after, thresholdTokens: threshold })
+  return done(session.replaceGeneration > outcome.generationBefore ? 'compacted' : 'failed', why)
+}
+
+/** UTF-8 byte length of `text`, counting only up to `limit + 1` (O(min(length, limit))). */
+export function utf8Length(text: string, limit = Infinity): number {
+  let bytes = 0
+  for (let i = 0; i < text.length && bytes <= limit; i++) {
+    const c = text.charCodeAt(i)
+    if (c < 0x80) bytes += 1
+    else if (c < 0x800) bytes += 2
+    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < text.length && (text.charCodeAt(i + 1) & 0xfc00) === 0xdc00) { bytes += 4; i++ }
+    else bytes += 3
+  }
+  return bytes
+}
+
+/**
+ * Spill (DESIGN.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
+ * to the store's artefact area and replaced by a head/tail preview plus the reference. Runs at write
+ * time, never under pressure. Returns the message unchanged when it is small or the store keeps no
+ * artefacts.
+ */
+export async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
+  if (!store.putArtefact) return { message }
+  const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
+  let bytes = 0
+  for (const t of texts) { bytes += utf8Length(t.text, spillBytes - bytes); if (bytes > spillBytes) break }
+  if (bytes <= spillBytes) return { message }
+  const whole = texts.map((t) => t.text).join('')
+  const ref = await store.putArtefact(name, whole)
+  const fullBytes = utf8Length(whole)
+  const preview = pruneText(whole).replace(PRUNE_MARKER, `\n\n[... tool result middle spilled: all ${fullBytes} bytes are stored at ${ref} ...]\n\n`)
+  const content: Block[] = [{ type: 'text', text: preview }, ...message.content.filter((b) => b.type !== 'text')]
+  return { message: { ...message, content }, spilled: { ref, bytes: fullBytes } }
+}
 
 // (ladder)
 
@@ -1407,6 +2668,311 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
 // 7. Loop
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
+/** Hook names, in the order they run in a step (DESIGN.md §7). */
+export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step'
+
+/** What a hook receives. `request` only for `agent/request` (mutable); `error` only for `agent/request-error`. */
+export interface HookContext {
+  agent: Agent
+  turn: number
+  step: number
+  signal: AbortSignal
+  request?: ChatRequest
+  error?: ProviderError
+}
+
+/** A hook. An `agent/request-error` hook returns `{retry: true}` to have the step retried. */
+export type Hook = (ctx: HookContext) => void | { retry?: boolean } | Promise<void | { retry?: boolean }>
+
+/** Everything a UI can follow: every log event, every streamed delta, every warning. */
+export type AgentEvent =
+  | { type: 'log'; event: SessionEvent }
+  | { type: 'stream'; event: StreamEvent }
+  | { type: 'warning'; message: string }
+
+/** Options of {@link Agent}. Token counts are tokens; `maxSteps` is provider calls per turn. */
+export interface AgentOptions {
+  session: Session
+  provider: Provider
+  tools?: readonly Tool[]
+  system?: string
+  /** Overrides the provider's context window (tokens). */
+  contextWindow?: number
+  /** Completion budget per step, tokens (default: the provider's); clamped to the room left. */
+  maxTokens?: number
+  /** Model for summaries (default: `provider`). */
+  summarizer?: Provider
+  compaction?: Partial<CompactionConfig>
+  prune?: Partial<PruneConfig>
+  /** Steps per turn before the turn ends with reason `max-steps` (default 200). */
+  maxSteps?: number
+  onEvent?: (event: AgentEvent) => void
+}
+
+/** How a turn ended. `text` is the final assistant text. */
+export interface TurnResult {
+  turn: number
+  steps: number
+  reason: 'stop' | 'length' | 'aborted' | 'max-steps' | string
+  text: string
+  message?: AssistantMessage
+}
+
+const textOfBlocks = (blocks: readonly Block[]) => blocks.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('')
+
+/** Turns whatever a tool returned into result content; anything else is an error for the model. */
+function toolOutputToResult(callId: string, name: string, out: unknown): ToolResultMessage {
+  if (typeof out === 'string') return { role: 'tool', toolCallId: callId, content: [{ type: 'text', text: out }] }
+  if (Array.isArray(out)) {
+    validateMessage({ role: 'tool', toolCallId: callId, content: out }, 'tool')
+    return { role: 'tool', toolCallId: callId, content: out as Block[] }
+  }
+  if (out && typeof out === 'object' && 'content' in out) {
+    const o = out as { content: unknown; isError?: unknown }
+    const r = toolOutputToResult(callId, name, o.content)
+    return o.isError ? { ...r, isError: true } : r
+  }
+  const kind = out === null ? 'null' : typeof out
+  return errorResult(callId, `tool ${name} returned ${kind}; a tool must return a string, an array of blocks or {content, isError}`, 'TOOL_BAD_OUTPUT')
+}
+
+/** Gives every tool call an id (some servers omit it), unique by the event seq it will get. */
+function withCallIds(message: AssistantMessage, seq: number): AssistantMessage {
+  let n = 0
+  if (!message.content.some((b) => b.type === 'tool-call' && !(b as ToolCallBlock).id)) return message
+  return { ...message, content: message.content.map((b) => (b.type === 'tool-call' && !(b as ToolCallBlock).id ? { ...b, id: `call_dsh_${seq}_${n++}` } : b)) }
+}
+
+function errorResult(callId: string, text: string, code: string): ToolResultMessage {
+  return { role: 'tool', toolCallId: callId, content: [{ type: 'text', text }], isError: true, metadata: { code } }
+}
+
+/**
+ * The agent loop (DESIGN.md §7). A turn is one user input until the model stops calling tools; a
+ * step is one provider call plus its tool calls. Every state change is a log event (see
+ * {@link Session}); {@link AgentOptions.onEvent} also gets streamed deltas and warnings.
+ * The ladder (§5) is wired in through the `agent/post-step` and `agent/request-error` hooks unless
+ * `compaction.auto` is false. Cancellation through `run(input, {signal})`: a running tool call
+ * finishes, undispatched calls get a synthetic `TOOL_ABORTED` result, partial assistant text is kept
+ * as an interrupted message.
+ */
+export class Agent implements CompactionHost {
+  readonly session: Session
+  readonly provider: Provider
+  readonly summarizer: Provider
+  readonly tools: readonly Tool[]
+  readonly compaction: CompactionConfig
+  readonly pruneConfig: PruneConfig
+  readonly maxSteps: number
+  readonly system?: string
+  ladderState: LadderState = {}
+  pinnedSeq?: number
+  private readonly window?: number
+  private readonly maxTokens: number
+  private readonly hooks = new Map<HookName, Hook[]>()
+  private readonly steering: string[] = []
+  private running = false
+  private overflowRetries = 0
+  private onEvent?: (e: AgentEvent) => void
+
+  constructor(options: AgentOptions) {
+    if (!options?.session || !options.provider) throw new TypeError('new Agent({session, provider, …}): session and provider are required')
+    this.session = options.session
+    this.provider = options.provider
+    this.summarizer = options.summarizer ?? options.provider
+    this.tools = options.tools ?? []
+    const names = new Set<string>()
+    for (const t of this.tools) {
+      if (!t || typeof t.name !== 'string' || typeof t.execute !== 'function') throw new TypeError('every tool needs a string name and an execute(args, ctx) function')
+      if (names.has(t.name)) throw new TypeError(`two tools are named ${JSON.stringify(t.name)}; tool names must be unique`)
+      names.add(t.name)
+    }
+    this.system = options.system
+    this.window = options.contextWindow ?? options.provider.contextWindow
+    if (this.window !== undefined && !(Number.isInteger(this.window) && this.window > 0)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
+    this.maxTokens = options.maxTokens ?? options.provider.maxTokens
+    this.compaction = { ...DEFAULT_COMPACTION_CONFIG, ...options.compaction }
+    this.pruneConfig = resolvePruneConfig(options.prune)
+    this.maxSteps = options.maxSteps ?? 200
+    this.onEvent = options.onEvent
+    if (this.onEvent) { const cb = this.onEvent; this.session.subscribe((event) => cb({ type: 'log', event })) }
+    if (this.compaction.auto) {
+      this.on('agent/post-step', async ({ signal }) => { await compactIfNeeded(this, 'pressure', signal) })
+      this.on('agent/request-error', async ({ error, signal }) => {
+        if (error?.code !== 'CONTEXT_WINDOW_EXCEEDED' || signal.aborted) return
+        if (this.overflowRetries >= this.compaction.maxOverflowRetries) return
+        const outcome = await compactIfNeeded(this, 'context-overflow', signal)
+        if (outcome.generationAfter > outcome.generationBefore) return { retry: true } // never retry an unchanged request
+      })
+    }
+  }
+
+  /** Context window in tokens, if known. */
+  get contextWindow(): number | undefined { return this.window }
+  /** The request envelope: system prompt and tool specs. */
+  get envelope(): Envelope {
+    return { system: this.system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
+  }
+
+  /** Registers a hook; returns a function that removes it. */
+  on(name: HookName, hook: Hook): () => void {
+    const list = this.hooks.get(name) ?? []
+    list.push(hook)
+    this.hooks.set(name, list)
+    return () => { const l = this.hooks.get(name)!; l.splice(l.indexOf(hook), 1) }
+  }
+
+  /** Queues a user message for the next step of the running turn (or the next turn). */
+  steer(text: string): void { this.steering.push(text) }
+
+  /** Reports a warning to `onEvent`. */
+  warn(message: string): void { this.onEvent?.({ type: 'warning', message }) }
+
+  private async runHooks(name: HookName, ctx: HookContext): Promise<boolean> {
+    let retry = false
+    for (const hook of this.hooks.get(name) ?? []) {
+      const r = await hook(ctx)
+      if (r && r.retry) retry = true
+    }
+    return retry
+  }
+
+  /** Runs `fn`; a failure caused by cancellation becomes `undefined` (the caller ends the turn). */
+  private async unlessAborted<T>(fn: () => Promise<T>, signal: AbortSignal): Promise<T | undefined> {
+    try { return await fn() } catch (err) {
+      if (signal.aborted) return undefined
+      throw err
+    }
+  }
+
+  private drainSteering(): boolean {
+    if (this.steering.length === 0) return false
+    for (const text of this.steering.splice(0)) this.session.append('user/message', { message: { role: 'user', content: text }, surfaceOp: { op: 'append' } })
+    return true
+  }
+
+  /**
+   * Runs one turn. Resolves with how it ended (an abort resolves with reason `aborted`); rejects
+   * with the provider's original {@link ProviderError} when a step fails and the ladder cannot
+   * recover, or with a {@link SessionError} if the store fails.
+   */
+  async run(input: string | UserMessage, options: { signal?: AbortSignal } = {}): Promise<TurnResult> {
+    if (this.running) throw new Error('a turn is already running on this agent; wait for it or use steer(text)')
+    this.running = true
+    const signal = options.signal ?? new AbortController().signal
+    const session = this.session
+    const turn = session.turn.turn + 1
+    let step = 0
+    let last: AssistantMessage | undefined
+    const end = async (reason: string): Promise<TurnResult> => {
+      session.append('turn/end', { turn, reason })
+      await session.sync()
+      return { turn, steps: step, reason, text: last ? textOfBlocks(last.content) : '', message: last }
+    }
+    try {
+      session.append('turn/start', { turn })
+      const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
+      this.pinnedSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
+      await session.sync()
+      if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
+      this.overflowRetries = 0
+      for (;;) {
+        if (signal.aborted) return await end('aborted')
+        if (step >= this.maxSteps) return await end('max-steps')
+        step++
+        session.append('step/start', { turn, step })
+        const ctx: HookContext = { agent: this, turn, step, signal }
+        await this.runHooks('agent/pre-step', ctx)
+        this.drainSteering()
+        const envelope = this.envelope
+        session.setHeader({ model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window })
+        const request: ChatRequest = {
+          system: envelope.system, tools: envelope.tools, messages: session.messages(), maxTokens: this.maxTokens,
+          inputTokens: session.measure().totalTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
+        }
+        await this.runHooks('agent/request', { ...ctx, request })
+        let response: ChatResponse
+        try {
+          response = await this.provider.complete(request)
+        } catch (raw) {
+          const error = raw instanceof ProviderError ? raw : new ProviderError('TRANSPORT', String((raw as Error)?.message ?? raw), { cause: raw })
+          const partial = error.partial && error.partial.content.some((b) => b.type === 'text' || b.type === 'reasoning')
+            ? { role: 'assistant' as const, content: error.partial.content.filter((b) => b.type === 'text' || b.type === 'reasoning'), interrupted: true } : undefined
+          if (signal.aborted || error.code === 'ABORTED') {
+            if (partial) session.append('assistant/message', { message: partial, finishReason: 'aborted', surfaceOp: { op: 'append' } })
+            session.append('step/end', { turn, step })
+            return await end('aborted')
+          }
+          session.append('request/error', { code: error.code, status: error.status, message: error.message, trigger: 'conversation' })
+          const generationBefore = session.replaceGeneration
+          const retry = await this.unlessAborted(() => this.runHooks('agent/request-error', { ...ctx, error }), signal)
+          if (signal.aborted) { session.append('step/end', { turn, step }); return await end('aborted') }
+          if (retry && session.replaceGeneration > generationBefore) {
+            this.overflowRetries++
+            session.append('step/end', { turn, step })
+            session.append('recovery/retry', { generationBefore, generationAfter: session.replaceGeneration })
+            await session.sync()
+            continue
+          }
+          if (partial) session.append('assistant/message', { message: partial, finishReason: 'error', surfaceOp: { op: 'append' } })
+          session.append('step/end', { turn, step })
+          await end('error')
+          throw raw instanceof ProviderError ? raw : error
+        }
+        this.overflowRetries = 0
+        last = withCallIds(response.message, session.seq)
+        session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' } })
+        const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+        await this.runTools(calls, signal)
+        const steered = this.drainSteering()
+        await session.sync()
+        if (!signal.aborted) await this.unlessAborted(() => this.runHooks('agent/post-step', ctx), signal)
+        session.append('step/end', { turn, step })
+        await session.sync()
+        if (signal.aborted) return await end('aborted')
+        if (calls.length === 0 && !steered) return await end(response.finishReason === 'length' ? 'length' : 'stop')
+      }
+    } finally {
+      this.running = false
+      this.pinnedSeq = undefined
+    }
+  }
+
+  /** Runs tool calls in order; after an abort the remaining ones get synthetic aborted results. */
+  private async runTools(calls: ToolCallBlock[], signal: AbortSignal): Promise<void> {
+    const session = this.session
+    for (const call of calls) {
+      if (signal.aborted) {
+        session.append('tool/result', { message: errorResult(call.id, 'TOOL_ABORTED: the turn was cancelled before this tool call started.', 'TOOL_ABORTED'), surfaceOp: { op: 'append' } })
+        continue
+      }
+      session.append('tool/call', { callId: call.id, name: call.name, arguments: call.arguments })
+      await session.flush() // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
+      let result: ToolResultMessage
+      const tool = this.tools.find((t) => t.name === call.name)
+      if (!tool) {
+        result = errorResult(call.id, `unknown tool ${JSON.stringify(call.name)}; available tools: ${this.tools.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
+      } else {
+        let args: unknown
+        try { args = call.arguments.trim() === '' ? {} : JSON.parse(call.arguments) } catch (err) {
+          args = undefined
+          result = errorResult(call.id, `the arguments of ${call.name} are not valid JSON (${(err as Error).message}); send one JSON object matching the tool's parameters`, 'TOOL_BAD_ARGUMENTS')
+        }
+        if (args !== undefined) {
+          try { result = toolOutputToResult(call.id, call.name, await tool.execute(args, { signal, callId: call.id })) } catch (err) {
+            result = errorResult(call.id, `tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`, 'TOOL_ERROR')
+          }
+        }
+      }
+      const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, `${call.id}.txt`)
+      session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
+    }
+  }
+
+  /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
+  compact(signal?: AbortSignal): Promise<CompactionOutcome> { return compactIfNeeded(this, 'manual', signal) }
+}
+
 // (loop)
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
@@ -1416,5 +2982,840 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
 // (cli-tools)
 
 // (cli-replay)
+
+// ── Transcript readers: the input side of `replay` ──
+// Web-standard code: the readers take the file's TEXT (never a path), so they run anywhere.
+// Formats as found in real files: ../shared/corpus/FORMATS.md.
+
+/** The transcript formats `replay` reads (the CLI's `--format` values). */
+export type TranscriptFormat = 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
+
+/** Every {@link TranscriptFormat}, in the order detection and error messages list them. */
+export const TRANSCRIPT_FORMATS: readonly TranscriptFormat[] = ['dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+
+const ACCEPTED_FORMATS = 'Accepted formats: dsh (session log, JSONL of {seq, type, time, data}), openai ([...messages] ' +
+  'or {"messages": [...]}), claude-code (Claude Code session .jsonl), swe-agent (SWE-agent .traj with "history"), ' +
+  'mini-swe-agent (.traj.json with "trajectory_format": "mini-swe-agent-1"); force one with the `format` option ' +
+  '(CLI: --format NAME).'
+
+/**
+ * A recorded session as provider-neutral messages.
+ * - `envelope`: the system prompt and tool specs when the file records them (`{}` when it does not).
+ * - `messages`: in request order; every tool call is paired with exactly one tool result by id
+ *   (the readers synthesise or drop results to make it so, and say so in `notes`).
+ * - `usage`: one entry per assistant message, in order: the provider-reported usage of the call
+ *   that produced it (tokens), or `undefined` when the file has none.
+ * - `notes`: human-readable lines on what was skipped, renamed or synthesised.
+ * - `sidechains`: Claude Code only, with `{sidechains: true}`: each Task-subagent run as its own
+ *   transcript (each had its own context window).
+ */
+export interface Transcript {
+  format: TranscriptFormat
+  envelope: Envelope
+  messages: Message[]
+  usage: (Usage | undefined)[]
+  notes: string[]
+  sidechains?: Transcript[]
+}
+
+/** Options of {@link readTranscript}. */
+export interface ReadTranscriptOptions {
+  /** Skip detection and read the text as this format (errors then describe that format's shape). */
+  format?: TranscriptFormat
+  /** Claude Code: also read each sidechain (Task-subagent run) into `Transcript.sidechains`. Default false. */
+  sidechains?: boolean
+}
+
+/**
+ * A file that is not a transcript, or a transcript that breaks its format. `line` is 1-based (JSONL
+ * files, or a JSON syntax error whose position the engine reports); `field` is a JSON path inside
+ * the document or the line (`messages[3].tool_calls[0].id`, `message.content`). The message says
+ * what is wrong and lists the accepted formats.
+ */
+export class TranscriptError extends Error {
+  readonly line?: number
+  readonly field?: string
+  constructor(problem: string, at: { line?: number; field?: string } = {}) {
+    const where = [at.line === undefined ? '' : `line ${at.line}`, at.field === undefined ? '' : `field ${at.field}`]
+      .filter(Boolean).join(', ')
+    super(`${where ? `${where}: ` : ''}${problem}. ${ACCEPTED_FORMATS}`)
+    this.name = 'TranscriptError'
+    this.line = at.line
+    this.field = at.field
+  }
+}
+
+/**
+ * Detects the format of a transcript's text: a JSON document (`[...]` → openai; an object with
+ * `trajectory_format: "mini-swe-agent…"` → mini-swe-agent, with `history` → swe-agent, with
+ * `messages` → openai) or JSONL (`{seq, type, time, data}` lines → dsh; lines with `type` and
+ * `uuid`/`sessionId` → claude-code). Parses the whole text, so a broken line is reported here.
+ * @throws {TranscriptError} when the text matches no format, with the line or field at fault.
+ */
+export function detectTranscriptFormat(text: string): TranscriptFormat {
+  return detectParsed(parseTranscriptText(text))
+}
+
+/**
+ * Reads a transcript's text into {@link Transcript}. Mapping per format:
+ * - **openai** — `[...]` or `{messages, tools?}`: leading `system`/`developer` messages → `envelope.system`
+ *   (a later one becomes a user message, noted); `tool_calls[].function{name, arguments}` → tool-call
+ *   blocks; `tool_call_id` → `toolCallId`; `reasoning_content` (or `reasoning`) → a reasoning block;
+ *   content as a string or parts (`text`, `image_url` → image; other parts kept as they are);
+ *   usage from a message's `usage` when present.
+ * - **mini-swe-agent** — no native tool calls: an assistant message with exactly one ```` ```bash ````
+ *   block (mini-swe-agent's own rule; 0 or ≥2 blocks are its format errors and ran nothing) becomes
+ *   its text without the block plus a tool call `bash` with arguments `{"command": …}` and the id
+ *   `mswea-call-<index in messages>`; the NEXT user message becomes that call's tool result (a
+ *   "timed out" observation is `isError`), so the pruner applies. Other messages stay as they are.
+ *   Usage from `extra.response.usage`. Gemini's `reasoning` is not read: mini-swe-agent never sent it back.
+ * - **swe-agent** — `history` only (`trajectory[i].messages` repeats it at every step); tool results
+ *   carry `tool_call_ids` (an array). No per-call usage in the file.
+ * - **claude-code** — the main chain only by default: the path from the last non-sidechain line back
+ *   through `parentUuid` (abandoned branches of a rewind are skipped; compaction boundaries are
+ *   crossed through `logicalParentUuid` and Claude Code's own summary dropped, so the raw history is
+ *   replayed). `isSidechain` lines are Task-subagent traffic with their own context windows: skipped
+ *   and counted in `notes`, or each run read into `sidechains` with `{sidechains: true}`. Assistant
+ *   lines are grouped by `message.id` (one API response is split over several lines); `tool_use` →
+ *   tool call (arguments = `JSON.stringify(input)`), `thinking` → reasoning; each `tool_result`
+ *   block → a tool result (`is_error` → `isError`), followed by one user message for the line's other
+ *   blocks; `isMeta` lines are kept (Claude Code sends them to the model, it only hides them from the
+ *   user); `toolUseResult` is ignored (it duplicates the result). Usage: prompt tokens =
+ *   `input_tokens + cache_creation_input_tokens + cache_read_input_tokens`.
+ * - **dsh** — (interim, until the Session class reads logs) the messages of `user/message`,
+ *   `assistant/message` and `tool/result` events whose `surfaceOp.op` is `append`, i.e. the
+ *   history before any prune or summary; the envelope from the first `request/header`.
+ *
+ * Every format then goes through one pairing pass: a tool call without a result gets a synthetic
+ * error result right after its step, a result without a call is dropped, and a call id reused
+ * by a later call (SWE-agent demonstrations do this) is renamed `<id>~<n>`; each is noted.
+ * @throws {TranscriptError} for text that is no transcript or breaks its format (line / field given).
+ */
+export function readTranscript(text: string, options: ReadTranscriptOptions = {}): Transcript {
+  if (options.format !== undefined && !TRANSCRIPT_FORMATS.includes(options.format)) {
+    throw new TranscriptError(`unknown format ${JSON.stringify(options.format)}`, { field: 'format' })
+  }
+  const parsed = parseTranscriptText(text)
+  const format = options.format ?? detectParsed(parsed)
+  const notes = [...parsed.notes]
+  let transcript: Transcript
+  switch (format) {
+    case 'openai': transcript = readOpenAITranscript(parsed); break
+    case 'mini-swe-agent': transcript = readMiniSweAgent(parsed); break
+    case 'swe-agent': transcript = readSweAgent(parsed); break
+    case 'claude-code': transcript = readClaudeCode(parsed, options.sidechains === true); break
+    case 'dsh': transcript = readDshLog(parsed); break
+  }
+  transcript.notes.unshift(...notes)
+  return transcript
+}
+
+// ── parsing and detection ──
+
+type TranscriptRecord = Record<string, unknown>
+interface JsonlLine { line: number; value: TranscriptRecord }
+type ParsedTranscript =
+  | { kind: 'json'; value: unknown; notes: string[] }
+  | { kind: 'jsonl'; lines: JsonlLine[]; notes: string[] }
+
+const isJsonRecord = (v: unknown): v is TranscriptRecord => typeof v === 'object' && v !== null && !Array.isArray(v)
+
+function parseTranscriptText(text: string): ParsedTranscript {
+  if (typeof text !== 'string') throw new TranscriptError(`expected the file's text (a string), got ${typeof text}`)
+  if (text.charCodeAt(0) === 0xfeff) text = text.slice(1)
+  const start = text.search(/\S/)
+  if (start < 0) throw new TranscriptError('the file is empty')
+  const firstLine = lineNumberAt(text, start)
+  const first = text[start]
+  if (first !== '{' && first !== '[') {
+    const head = text.slice(start, start + 40).split(/\r?\n/)[0]
+    throw new TranscriptError(`not JSON: the first non-blank line starts with ${JSON.stringify(head)}`, { line: firstLine })
+  }
+  try {
+    return { kind: 'json', value: JSON.parse(text), notes: [] }
+  } catch (err) {
+    // Not one JSON document: JSONL when its first line parses on its own (a pretty-printed
+    // document's first line, "{", does not).
+    const end = text.indexOf('\n', start)
+    let firstValue: unknown
+    try { firstValue = JSON.parse(text.slice(start, end < 0 ? undefined : end)) } catch { firstValue = undefined }
+    if (first === '{' && isJsonRecord(firstValue)) return parseJsonl(text)
+    throw new TranscriptError(`not valid JSON (${errorMessageOf(err)})`, { line: jsonErrorLine(text, err) })
+  }
+}
+
+function parseJsonl(text: string): ParsedTranscript {
+  const rows = text.split('\n')
+  const lines: JsonlLine[] = []
+  const notes: string[] = []
+  let last = rows.length - 1
+  while (last >= 0 && rows[last].trim() === '') last--
+  for (let i = 0; i <= last; i++) {
+    const row = rows[i].trim()
+    if (row === '') continue
+    let value: unknown
+    try {
+      value = JSON.parse(row)
+    } catch (err) {
+      // A torn last line (a writer stopped mid-line: no final newline) is dropped, as DESIGN.md §4
+      // tolerates it when a session log loads; a broken line anywhere else is corruption.
+      if (i === last && !/\n\s*$/.test(text)) {
+        notes.push(`dropped the torn last line ${i + 1} (${row.length} UTF-16 units, not valid JSON, no final newline)`)
+        break
+      }
+      throw new TranscriptError(`not valid JSON (${errorMessageOf(err)})`, { line: i + 1 })
+    }
+    if (!isJsonRecord(value)) {
+      throw new TranscriptError(`a JSONL line must be a JSON object, got ${jsonTypeName(value)}`, { line: i + 1 })
+    }
+    lines.push({ line: i + 1, value })
+  }
+  return { kind: 'jsonl', lines, notes }
+}
+
+function detectParsed(parsed: ParsedTranscript): TranscriptFormat {
+  if (parsed.kind === 'jsonl') {
+    const [head] = parsed.lines
+    if (isDshEvent(head.value)) return 'dsh'
+    if (parsed.lines.slice(0, 50).some(l => isClaudeCodeLine(l.value))) return 'claude-code'
+    throw new TranscriptError(`JSONL whose first line is neither a dsh event {seq, type, time, data} nor a Claude Code ` +
+      `entry {type, uuid, sessionId, message}; its keys are ${jsonKeyList(head.value)}`, { line: head.line })
+  }
+  const v = parsed.value
+  if (Array.isArray(v)) return 'openai'
+  if (!isJsonRecord(v)) throw new TranscriptError(`a JSON ${jsonTypeName(v)} is not a transcript`)
+  if (typeof v.trajectory_format === 'string' && v.trajectory_format.startsWith('mini-swe-agent')) return 'mini-swe-agent'
+  if (Array.isArray(v.messages) && isJsonRecord(v.info) && 'mini_version' in v.info) return 'mini-swe-agent'
+  if (Array.isArray(v.history)) return 'swe-agent'
+  if (Array.isArray(v.messages)) return 'openai'
+  if (isDshEvent(v)) return 'dsh'
+  if (isClaudeCodeLine(v)) return 'claude-code'
+  throw new TranscriptError(`a JSON object without "messages", "history" or "trajectory_format"; its keys are ${jsonKeyList(v)}`)
+}
+
+function isDshEvent(v: TranscriptRecord): boolean {
+  return typeof v.seq === 'number' && typeof v.type === 'string' && 'time' in v && isJsonRecord(v.data)
+}
+
+function isClaudeCodeLine(v: TranscriptRecord): boolean {
+  return typeof v.type === 'string' && (typeof v.sessionId === 'string' || typeof v.uuid === 'string' ||
+    (v.type === 'summary' && typeof v.leafUuid === 'string'))
+}
+
+function lineNumberAt(text: string, index: number): number {
+  let line = 1
+  for (let i = text.indexOf('\n'); i >= 0 && i < index; i = text.indexOf('\n', i + 1)) line++
+  return line
+}
+
+/** The line of a JSON.parse error, from V8's "position N" or a "line N column M" message; else undefined. */
+function jsonErrorLine(text: string, err: unknown): number | undefined {
+  const message = errorMessageOf(err)
+  const lc = /line (\d+) column \d+/.exec(message)
+  if (lc) return Number(lc[1])
+  const pos = /position (\d+)/.exec(message)
+  return pos ? lineNumberAt(text, Number(pos[1])) : undefined
+}
+
+const errorMessageOf = (err: unknown): string => (err instanceof Error ? err.message : String(err))
+const jsonTypeName = (v: unknown): string => (v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v)
+const jsonKeyList = (v: TranscriptRecord): string => {
+  const keys = Object.keys(v)
+  return keys.length === 0 ? '(none)' : keys.slice(0, 8).map(k => JSON.stringify(k)).join(', ') + (keys.length > 8 ? ', …' : '')
+}
+
+function expectJsonDocument(parsed: ParsedTranscript, format: TranscriptFormat): unknown {
+  if (parsed.kind === 'json') return parsed.value
+  throw new TranscriptError(`a ${format} transcript is one JSON document, but this file is JSONL`, { line: parsed.lines[0].line })
+}
+
+function expectJsonl(parsed: ParsedTranscript, format: TranscriptFormat): JsonlLine[] {
+  if (parsed.kind === 'jsonl') return parsed.lines
+  // One JSONL line is also one JSON document.
+  if (isJsonRecord(parsed.value)) return [{ line: 1, value: parsed.value }]
+  throw new TranscriptError(`a ${format} transcript is JSONL (one JSON object per line), but this file is a JSON ` +
+    jsonTypeName(parsed.value))
+}
+
+// ── shared building blocks ──
+
+/** Messages as read, before pairing; `where[i]` locates message i in the file for notes. */
+interface TranscriptDraft {
+  envelope: Envelope
+  messages: Message[]
+  where: string[]
+  usage: (Usage | undefined)[]
+  notes: string[]
+}
+
+const newTranscriptDraft = (): TranscriptDraft => ({ envelope: {}, messages: [], where: [], usage: [], notes: [] })
+
+function pushDraft(draft: TranscriptDraft, message: Message, where: string, usage?: Usage): void {
+  draft.messages.push(message)
+  draft.where.push(where)
+  if (message.role === 'assistant') draft.usage.push(usage)
+}
+
+/** Usage in the OpenAI chat-completions shape (`prompt_tokens`, …; DESIGN.md §6), else undefined. */
+function chatCompletionUsage(u: unknown): Usage | undefined {
+  if (!isJsonRecord(u) || typeof u.prompt_tokens !== 'number' || typeof u.completion_tokens !== 'number') return undefined
+  const usage: Usage = { promptTokens: u.prompt_tokens, completionTokens: u.completion_tokens }
+  const cached = isJsonRecord(u.prompt_tokens_details) ? u.prompt_tokens_details.cached_tokens : u.prompt_cache_hit_tokens
+  if (typeof cached === 'number') usage.cachedTokens = cached
+  const reasoning = isJsonRecord(u.completion_tokens_details) ? u.completion_tokens_details.reasoning_tokens : undefined
+  if (typeof reasoning === 'number') usage.reasoningTokens = reasoning
+  return usage
+}
+
+/** OpenAI message content (string, null or parts) → blocks; empty text is dropped. */
+function chatContentBlocks(content: unknown, field: string, at: { line?: number } = {}): Block[] {
+  if (content === null || content === undefined) return []
+  if (typeof content === 'string') return content === '' ? [] : [{ type: 'text', text: content }]
+  if (!Array.isArray(content)) {
+    throw new TranscriptError(`content must be a string or an array of parts, got ${jsonTypeName(content)}`, { ...at, field })
+  }
+  return content.map((part, i) => chatPartBlock(part, `${field}[${i}]`, at))
+}
+
+/** One content part: `text` → text block, `image_url` → image block, any other part kept as it is. */
+function chatPartBlock(part: unknown, field: string, at: { line?: number }): Block {
+  if (!isJsonRecord(part) || typeof part.type !== 'string') {
+    throw new TranscriptError('a content part must be an object with a string "type"', { ...at, field })
+  }
+  if (part.type === 'text') {
+    if (typeof part.text !== 'string') {
+      throw new TranscriptError('a text part needs a string "text"', { ...at, field: `${field}.text` })
+    }
+    return { type: 'text', text: part.text }
+  }
+  if (part.type === 'image_url') return { type: 'image', image_url: part.image_url }
+  return { ...part, type: part.type }
+}
+
+const blocksText = (blocks: Block[]): string =>
+  blocks.map(b => (b.type === 'text' && typeof b.text === 'string' ? b.text : '')).join('')
+
+/**
+ * OpenAI-style chat messages → draft. `path` names the array for field paths (`messages`, `history`).
+ * `usageOf` reads an assistant message's usage. SWE-agent's `tool_call_ids` (array) is accepted
+ * beside `tool_call_id`.
+ */
+function readChatMessages(
+  list: unknown[], path: string, draft: TranscriptDraft, usageOf: (m: TranscriptRecord) => Usage | undefined,
+): void {
+  const system: string[] = []
+  let lateSystem = 0
+  list.forEach((m, i) => {
+    const at = `${path}[${i}]`
+    if (!isJsonRecord(m)) throw new TranscriptError(`a message must be an object, got ${jsonTypeName(m)}`, { field: at })
+    const role = m.role
+    if (role === 'system' || role === 'developer') {
+      const text = blocksText(chatContentBlocks(m.content, `${at}.content`))
+      if (draft.messages.length === 0) system.push(text)
+      else { lateSystem++; pushDraft(draft, { role: 'user', content: text }, at) }
+    } else if (role === 'user') {
+      const content = typeof m.content === 'string' ? m.content : chatContentBlocks(m.content, `${at}.content`)
+      pushDraft(draft, { role: 'user', content }, at)
+    } else if (role === 'assistant') {
+      const content: Block[] = []
+      const reasoning = m.reasoning_content ?? m.reasoning
+      if (typeof reasoning === 'string' && reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
+      content.push(...chatContentBlocks(m.content, `${at}.content`))
+      if (m.tool_calls !== undefined && m.tool_calls !== null) {
+        if (!Array.isArray(m.tool_calls)) {
+          throw new TranscriptError('tool_calls must be an array', { field: `${at}.tool_calls` })
+        }
+        m.tool_calls.forEach((c, j) => {
+          const cf = `${at}.tool_calls[${j}]`
+          const fn = isJsonRecord(c) ? c.function : undefined
+          if (!isJsonRecord(c) || typeof c.id !== 'string') {
+            throw new TranscriptError('a tool call needs a string "id"', { field: `${cf}.id` })
+          }
+          if (!isJsonRecord(fn) || typeof fn.name !== 'string') {
+            throw new TranscriptError('a tool call needs "function": {"name", "arguments"}', { field: `${cf}.function.name` })
+          }
+          const args = typeof fn.arguments === 'string' ? fn.arguments : JSON.stringify(fn.arguments ?? {})
+          content.push({ type: 'tool-call', id: c.id, name: fn.name, arguments: args })
+        })
+      }
+      pushDraft(draft, { role: 'assistant', content }, at, usageOf(m))
+    } else if (role === 'tool') {
+      const ids = typeof m.tool_call_id === 'string' ? [m.tool_call_id]
+        : Array.isArray(m.tool_call_ids) && m.tool_call_ids.length > 0 && m.tool_call_ids.every(x => typeof x === 'string')
+          ? m.tool_call_ids as string[] : undefined
+      if (!ids) {
+        throw new TranscriptError('a tool message needs "tool_call_id" (a string)', { field: `${at}.tool_call_id` })
+      }
+      const content = chatContentBlocks(m.content, `${at}.content`)
+      if (content.length === 0) content.push({ type: 'text', text: '' })
+      // One observation answering several calls: the text goes to the first, so it is counted once.
+      ids.forEach((id, k) => pushDraft(draft, {
+        role: 'tool', toolCallId: id, content: k === 0 ? content : [{ type: 'text', text: `(see the result of ${ids[0]})` }],
+      }, at))
+      if (ids.length > 1) {
+        draft.notes.push(`${at} answers ${ids.length} tool calls; its text went to the first (${ids[0]})`)
+      }
+    } else {
+      throw new TranscriptError(`unknown role ${JSON.stringify(role)}; accepted roles: system, developer, user, assistant, tool`,
+        { field: `${at}.role` })
+    }
+  })
+  if (system.length > 0) draft.envelope.system = system.join('\n\n')
+  if (lateSystem > 0) {
+    draft.notes.push(`${lateSystem} system message(s) after the conversation began kept as user messages (in place)`)
+  }
+}
+
+/** The text of a synthesised result (the pairing pass), stated as what it is: not the tool's output. */
+const SYNTHETIC_RESULT_TEXT = 'No result was recorded for this tool call in the transcript (synthesised by dsh replay).'
+
+/**
+ * The pairing pass (DESIGN.md §4: never a tool call without its result or a result without its
+ * call, matched by id). Results are expected after their call and before the next user or
+ * assistant message; a call still open at that point gets a synthetic error result there.
+ */
+function pairToolCalls(draft: TranscriptDraft): Message[] {
+  const out: Message[] = []
+  const open: { id: string; original: string; name: string; where: string }[] = []
+  const uses = new Map<string, number>()
+  const synthesised: string[] = []
+  const dropped: string[] = []
+  const renamed: string[] = []
+  const closeOpen = () => {
+    for (const c of open.splice(0)) {
+      synthesised.push(`${c.name} ${c.id} (${c.where})`)
+      out.push({
+        role: 'tool', toolCallId: c.id, isError: true,
+        content: [{ type: 'text', text: SYNTHETIC_RESULT_TEXT }],
+      })
+    }
+  }
+  draft.messages.forEach((m, i) => {
+    const where = draft.where[i]
+    if (m.role === 'tool') {
+      const k = open.findIndex(c => c.original === m.toolCallId)
+      if (k < 0) { dropped.push(`${m.toolCallId} (${where})`); return }
+      const [call] = open.splice(k, 1)
+      out.push(call.id === m.toolCallId ? m : { ...m, toolCallId: call.id })
+      return
+    }
+    closeOpen()
+    if (m.role === 'assistant' && m.content.some(b => b.type === 'tool-call')) {
+      const content = m.content.map((b): Block => {
+        if (b.type !== 'tool-call') return b
+        const call = b as ToolCallBlock
+        const n = (uses.get(call.id) ?? 0) + 1
+        uses.set(call.id, n)
+        let id = call.id
+        if (n > 1) {
+          for (let k = n; uses.has(id); k++) id = `${call.id}~${k}`
+          uses.set(id, 1)
+          renamed.push(`${call.id} → ${id} (${where})`)
+        }
+        open.push({ id, original: call.id, name: call.name, where })
+        return id === call.id ? call : { ...call, id }
+      })
+      out.push({ ...m, content })
+      return
+    }
+    out.push(m)
+  })
+  closeOpen()
+  const list = (items: string[]) => items.slice(0, 5).join(', ') + (items.length > 5 ? `, … (${items.length - 5} more)` : '')
+  if (synthesised.length) {
+    draft.notes.push(`synthesised an error result for ${synthesised.length} tool call(s) the transcript never answered: ` +
+      list(synthesised))
+  }
+  if (dropped.length) {
+    draft.notes.push(`dropped ${dropped.length} tool result(s) with no open tool call of that id: ${list(dropped)}`)
+  }
+  if (renamed.length) {
+    draft.notes.push(`renamed ${renamed.length} reused tool-call id(s) so that ids are unique: ${list(renamed)}`)
+  }
+  if (!out.some(m => m.role === 'tool')) {
+    draft.notes.push('no tool calls: there are no tool results for the pruner to act on')
+  }
+  return out
+}
+
+function finishTranscript(format: TranscriptFormat, draft: TranscriptDraft): Transcript {
+  const messages = pairToolCalls(draft)
+  return { format, envelope: draft.envelope, messages, usage: draft.usage, notes: draft.notes }
+}
+
+// ── openai ──
+
+function readOpenAITranscript(parsed: ParsedTranscript): Transcript {
+  const doc = expectJsonDocument(parsed, 'openai')
+  const draft = newTranscriptDraft()
+  let list: unknown
+  let path = 'messages'
+  if (Array.isArray(doc)) { list = doc; path = '' } else if (isJsonRecord(doc)) list = doc.messages
+  if (!Array.isArray(list)) {
+    throw new TranscriptError('an openai transcript is a JSON array of messages or an object with a "messages" array',
+      { field: 'messages' })
+  }
+  if (list.length === 0) throw new TranscriptError('the message array is empty', { field: path || undefined })
+  const head = list[0]
+  if (isJsonRecord(head) && !('role' in head) && ('action' in head || 'observation' in head)) {
+    throw new TranscriptError('this looks like an OpenHands event list, which replay does not read', { field: `${path}[0].role` })
+  }
+  readChatMessages(list, path, draft, m => chatCompletionUsage(m.usage))
+  if (isJsonRecord(doc)) {
+    if (typeof doc.system === 'string' && draft.envelope.system === undefined) draft.envelope.system = doc.system
+    if (doc.tools !== undefined) draft.envelope.tools = readToolSpecs(doc.tools, 'tools')
+  }
+  return finishTranscript('openai', draft)
+}
+
+/** `tools` as OpenAI sends them (`{type: "function", function: {...}}`) or bare `{name, ...}` specs. */
+function readToolSpecs(tools: unknown, field: string, line?: number): ToolSpec[] {
+  if (!Array.isArray(tools)) throw new TranscriptError('"tools" must be an array of function specs', { line, field })
+  return tools.map((t, i) => {
+    const fn = isJsonRecord(t) && isJsonRecord(t.function) ? t.function : t
+    if (!isJsonRecord(fn) || typeof fn.name !== 'string') {
+      throw new TranscriptError('a tool spec needs a string "name"', { line, field: `${field}[${i}]` })
+    }
+    const spec: ToolSpec = { name: fn.name }
+    if (typeof fn.description === 'string') spec.description = fn.description
+    if (isJsonRecord(fn.parameters)) spec.parameters = fn.parameters
+    return spec
+  })
+}
+
+// ── mini-swe-agent ──
+
+/** mini-swe-agent 1.x's default `action_regex` (DOTALL): the command is the one ```bash block. */
+const MINI_SWE_AGENT_BASH = /```bash\s*\n([\s\S]*?)\n```/g
+
+function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
+  const doc = expectJsonDocument(parsed, 'mini-swe-agent')
+  if (!isJsonRecord(doc) || !Array.isArray(doc.messages)) {
+    throw new TranscriptError('a mini-swe-agent trajectory is a JSON object with a "messages" array', { field: 'messages' })
+  }
+  const list: unknown[] = doc.messages
+  const draft = newTranscriptDraft()
+  const usageOf = (m: TranscriptRecord) =>
+    (isJsonRecord(m.extra) && isJsonRecord(m.extra.response) ? chatCompletionUsage(m.extra.response.usage) : undefined)
+  if (list.some(m => isJsonRecord(m) && (m.role === 'tool' || Array.isArray(m.tool_calls)))) {
+    readChatMessages(list, 'messages', draft, usageOf)
+    draft.notes.push('mini-swe-agent trajectory with native tool calls: read as OpenAI messages')
+    return finishTranscript('mini-swe-agent', draft)
+  }
+  let calls = 0
+  let plain = 0
+  let pending: string | undefined
+  const system: string[] = []
+  list.forEach((m, i) => {
+    const at = `messages[${i}]`
+    if (!isJsonRecord(m)) throw new TranscriptError(`a message must be an object, got ${jsonTypeName(m)}`, { field: at })
+    if (typeof m.content !== 'string') {
+      throw new TranscriptError('mini-swe-agent message content must be a string', { field: `${at}.content` })
+    }
+    const content = m.content
+    const callId = pending
+    pending = undefined
+    if (m.role === 'system' && draft.messages.length === 0) system.push(content)
+    else if (m.role === 'user' && callId !== undefined) {
+      const isError = /^The last command <command>[\s\S]*?<\/command> timed out/.test(content)
+      const result: ToolResultMessage = { role: 'tool', toolCallId: callId, content: [{ type: 'text', text: content }] }
+      if (isError) result.isError = true
+      pushDraft(draft, result, at)
+    } else if (m.role === 'user' || m.role === 'system') {
+      pushDraft(draft, { role: 'user', content }, at)
+    } else if (m.role === 'assistant') {
+      const blocks = [...content.matchAll(MINI_SWE_AGENT_BASH)]
+      const out: Block[] = []
+      if (blocks.length === 1) {
+        const b = blocks[0]
+        const text = (content.slice(0, b.index) + content.slice(b.index + b[0].length)).trim()
+        if (text !== '') out.push({ type: 'text', text })
+        pending = `mswea-call-${i}`
+        out.push({ type: 'tool-call', id: pending, name: 'bash', arguments: JSON.stringify({ command: b[1] }) })
+        calls++
+      } else {
+        if (content !== '') out.push({ type: 'text', text: content })
+        plain++
+      }
+      pushDraft(draft, { role: 'assistant', content: out }, at, usageOf(m))
+    } else {
+      throw new TranscriptError(`unknown role ${JSON.stringify(m.role)}; mini-swe-agent has system, user, assistant`,
+        { field: `${at}.role` })
+    }
+  })
+  if (system.length > 0) draft.envelope.system = system.join('\n\n')
+  draft.notes.push(`mini-swe-agent has no native tool calls: ${calls} assistant message(s) with exactly one bash block read as ` +
+    'a `bash` tool call (block moved out of the text) and the next user message as its result' +
+    (plain > 0 ? `; ${plain} with 0 or several bash blocks (format errors, nothing ran) kept as text` : ''))
+  draft.notes.push('envelope.tools unknown: mini-swe-agent sends no tool specs')
+  return finishTranscript('mini-swe-agent', draft)
+}
+
+// ── swe-agent ──
+
+function readSweAgent(parsed: ParsedTranscript): Transcript {
+  const doc = expectJsonDocument(parsed, 'swe-agent')
+  if (!isJsonRecord(doc) || !Array.isArray(doc.history)) {
+    throw new TranscriptError('a SWE-agent trajectory is a JSON object with a "history" array', { field: 'history' })
+  }
+  if (doc.history.length === 0) throw new TranscriptError('the history is empty', { field: 'history' })
+  const draft = newTranscriptDraft()
+  readChatMessages(doc.history, 'history', draft, () => undefined)
+  draft.notes.push('read "history" only ("trajectory[].messages" repeats it at every step); no per-call usage in SWE-agent ' +
+    'trajectories; envelope.tools unknown (the file names tool bundles, not specs)')
+  return finishTranscript('swe-agent', draft)
+}
+
+// ── claude-code ──
+
+function readClaudeCode(parsed: ParsedTranscript, withSidechains: boolean): Transcript {
+  const lines = expectJsonl(parsed, 'claude-code')
+  const byUuid = new Map<string, JsonlLine>()
+  const entries: JsonlLine[] = []
+  const skippedTypes = new Map<string, number>()
+  for (const l of lines) {
+    const v = l.value
+    if (typeof v.type !== 'string') {
+      throw new TranscriptError('a Claude Code line needs a string "type"', { line: l.line, field: 'type' })
+    }
+    if (typeof v.uuid === 'string') byUuid.set(v.uuid, l)
+    if (v.type === 'user' || v.type === 'assistant') {
+      if (!isJsonRecord(v.message)) {
+        throw new TranscriptError(`a ${v.type} line needs a "message" object`, { line: l.line, field: 'message' })
+      }
+      entries.push(l)
+    } else skippedTypes.set(v.type, (skippedTypes.get(v.type) ?? 0) + 1)
+  }
+  const main = entries.filter(l => l.value.isSidechain !== true)
+  const side = entries.filter(l => l.value.isSidechain === true)
+  const notes: string[] = []
+  if (skippedTypes.size > 0) {
+    notes.push(`skipped non-message lines: ${[...skippedTypes].map(([t, n]) => `${n} ${t}`).join(', ')}`)
+  }
+  // Sidechain runs: each is rooted at a line without a parent; Task subagents write them.
+  const runs = new Map<string, JsonlLine[]>()
+  for (const l of side) {
+    const root = chainRoot(l, byUuid)
+    const run = runs.get(root) ?? []
+    run.push(l)
+    runs.set(root, run)
+  }
+  let chain = main
+  if (main.length === 0) {
+    chain = entries
+    notes.push('every line is a sidechain (a subagent file): read the run that ends the file')
+  } else if (side.length > 0) {
+    notes.push(`${side.length} sidechain line(s) (isSidechain: Task-subagent traffic, ${runs.size} run(s), each with its own ` +
+      'context window) ' + (withSidechains ? 'read into `sidechains`, one transcript per run'
+      : 'skipped; pass {sidechains: true} to read each run as its own transcript'))
+  }
+  const transcript = claudeChainTranscript(chain, byUuid)
+  transcript.notes.unshift(...notes)
+  if (withSidechains && main.length > 0) transcript.sidechains = [...runs.values()].map(run => claudeChainTranscript(run, byUuid))
+  return transcript
+}
+
+/** The root uuid of a line's chain (for grouping sidechain runs); cycles end the walk. */
+function chainRoot(l: JsonlLine, byUuid: Map<string, JsonlLine>): string {
+  const seen = new Set<unknown>()
+  let cur = l
+  for (;;) {
+    seen.add(cur.value.uuid)
+    const parent = cur.value.parentUuid
+    const next = typeof parent === 'string' ? byUuid.get(parent) : undefined
+    if (!next || seen.has(parent)) return String(cur.value.uuid ?? `line ${cur.line}`)
+    cur = next
+  }
+}
+
+/**
+ * One chain (main or one sidechain run) → transcript: the path from its last line back to its root
+ * through `parentUuid`, across compaction boundaries through `logicalParentUuid`.
+ */
+function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, JsonlLine>): Transcript {
+  const draft = newTranscriptDraft()
+  const leaf = candidates[candidates.length - 1]
+  let path: JsonlLine[]
+  if (candidates.every(l => typeof l.value.uuid === 'string')) {
+    path = []
+    const seen = new Set<string>()
+    let boundaries = 0
+    for (let cur: JsonlLine | undefined = leaf; cur;) {
+      const uuid = cur.value.uuid as string
+      if (seen.has(uuid)) {
+        throw new TranscriptError(`the parentUuid links form a cycle at ${uuid}`, { line: cur.line, field: 'parentUuid' })
+      }
+      seen.add(uuid)
+      path.push(cur)
+      let parent = cur.value.parentUuid
+      const boundary = cur.value.subtype === 'compact_boundary' && typeof cur.value.logicalParentUuid === 'string'
+      if ((parent === null || parent === undefined) && boundary) {
+        parent = cur.value.logicalParentUuid
+        boundaries++
+      }
+      if (typeof parent !== 'string') break
+      cur = byUuid.get(parent)
+      if (!cur) {
+        draft.notes.push(`the chain starts at a line whose parent ${parent} is not in this file (a continued session?)`)
+      }
+    }
+    path.reverse()
+    const onPath = new Set(path)
+    const off = candidates.filter(l => !onPath.has(l)).length
+    if (off > 0) {
+      draft.notes.push(`${off} line(s) off the path from the last line back to the root (abandoned branches) skipped`)
+    }
+    if (boundaries > 0) {
+      draft.notes.push(`crossed ${boundaries} Claude Code compaction boundary(ies); their summaries dropped so the raw ` +
+        'history is replayed')
+    }
+  } else {
+    path = candidates
+    draft.notes.push('lines without "uuid": read in file order')
+  }
+  const assistants = new Map<string, { message: AssistantMessage; usageIndex: number; outputTokens: number }>()
+  let compactSummaries = 0
+  for (const l of path) {
+    const v = l.value
+    const msg = v.message
+    if ((v.type !== 'user' && v.type !== 'assistant') || !isJsonRecord(msg)) continue // e.g. a compaction boundary
+    const at = { line: l.line }
+    const where = `line ${l.line}`
+    if (v.type === 'user') {
+      if (v.isCompactSummary === true) { compactSummaries++; continue }
+      const content = msg.content
+      if (typeof content === 'string') { pushDraft(draft, { role: 'user', content }, where); continue }
+      if (!Array.isArray(content)) {
+        throw new TranscriptError('user content must be a string or an array of blocks', { ...at, field: 'message.content' })
+      }
+      const other: Block[] = []
+      content.forEach((b, i) => {
+        const field = `message.content[${i}]`
+        if (!isJsonRecord(b) || typeof b.type !== 'string') {
+          throw new TranscriptError('a content block needs a string "type"', { ...at, field })
+        }
+        if (b.type === 'tool_result') {
+          if (typeof b.tool_use_id !== 'string') {
+            throw new TranscriptError('a tool_result needs a string "tool_use_id"', { ...at, field: `${field}.tool_use_id` })
+          }
+          const blocks = chatContentBlocks(b.content, `${field}.content`, at)
+          if (blocks.length === 0) blocks.push({ type: 'text', text: '' })
+          const result: ToolResultMessage = { role: 'tool', toolCallId: b.tool_use_id, content: blocks }
+          if (b.is_error === true) result.isError = true
+          pushDraft(draft, result, where)
+        } else other.push(chatPartBlock(b, field, at))
+      })
+      if (other.length > 0) pushDraft(draft, { role: 'user', content: other }, where)
+    } else {
+      const content = msg.content
+      if (!Array.isArray(content)) {
+        throw new TranscriptError('assistant content must be an array of blocks', { ...at, field: 'message.content' })
+      }
+      const blocks = content.map((b, i): Block => {
+        const field = `message.content[${i}]`
+        if (!isJsonRecord(b) || typeof b.type !== 'string') {
+          throw new TranscriptError('a content block needs a string "type"', { ...at, field })
+        }
+        if (b.type === 'tool_use') {
+          if (typeof b.id !== 'string' || typeof b.name !== 'string') {
+            throw new TranscriptError('a tool_use needs string "id" and "name"', { ...at, field: `${field}.id` })
+          }
+          return { type: 'tool-call', id: b.id, name: b.name, arguments: JSON.stringify(b.input ?? {}) }
+        }
+        if (b.type === 'thinking' && typeof b.thinking === 'string') return { type: 'reasoning', text: b.thinking }
+        return chatPartBlock(b, field, at)
+      })
+      const id = typeof msg.id === 'string' ? msg.id : String(v.uuid ?? `line ${l.line}`)
+      const usage = claudeUsage(msg.usage)
+      const group = assistants.get(id)
+      if (group) {
+        group.message.content.push(...blocks)
+        // Later lines of one response carry the running output count: keep the largest.
+        if (usage && usage.completionTokens >= group.outputTokens) {
+          draft.usage[group.usageIndex] = usage
+          group.outputTokens = usage.completionTokens
+        }
+      } else {
+        const message: AssistantMessage = { role: 'assistant', content: blocks }
+        assistants.set(id, { message, usageIndex: draft.usage.length, outputTokens: usage?.completionTokens ?? -1 })
+        pushDraft(draft, message, where, usage)
+      }
+    }
+  }
+  if (compactSummaries > 0) {
+    draft.notes.push(`dropped ${compactSummaries} compact-summary user message(s) written by Claude Code's own compaction`)
+  }
+  draft.notes.push('envelope unknown: Claude Code logs record neither the system prompt nor the tool specs')
+  return finishTranscript('claude-code', draft)
+}
+
+/** Anthropic usage: prompt = input + cache creation + cache read tokens (all three are billed input). */
+function claudeUsage(u: unknown): Usage | undefined {
+  if (!isJsonRecord(u) || typeof u.input_tokens !== 'number' || typeof u.output_tokens !== 'number') return undefined
+  const created = typeof u.cache_creation_input_tokens === 'number' ? u.cache_creation_input_tokens : 0
+  const read = typeof u.cache_read_input_tokens === 'number' ? u.cache_read_input_tokens : 0
+  return { promptTokens: u.input_tokens + created + read, completionTokens: u.output_tokens, cachedTokens: read }
+}
+
+// ── dsh ──
+
+const DSH_SURFACE_ROLE: Record<string, Message['role']> = {
+  'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool',
+}
+
+function readDshLog(parsed: ParsedTranscript): Transcript {
+  const lines = expectJsonl(parsed, 'dsh')
+  const draft = newTranscriptDraft()
+  let header: string | undefined
+  let headerChanges = 0
+  let replaced = 0
+  for (const l of lines) {
+    const v = l.value
+    if (!isDshEvent(v)) {
+      const field = typeof v.seq !== 'number' ? 'seq' : typeof v.type !== 'string' ? 'type' : !('time' in v) ? 'time' : 'data'
+      throw new TranscriptError('a dsh log line is an event {seq: number, type: string, time, data: object}',
+        { line: l.line, field })
+    }
+    const data = v.data as TranscriptRecord
+    const type = v.type as string
+    if (type === 'request/header') {
+      const envelope: Envelope = {}
+      if (typeof data.system === 'string') envelope.system = data.system
+      if (data.tools !== undefined && data.tools !== null) envelope.tools = readToolSpecs(data.tools, 'data.tools', l.line)
+      const key = JSON.stringify(envelope)
+      if (header === undefined) { header = key; draft.envelope = envelope } else if (key !== header) headerChanges++
+      continue
+    }
+    const role = DSH_SURFACE_ROLE[type]
+    if (role === undefined) continue
+    const op = isJsonRecord(data.surfaceOp) ? data.surfaceOp.op : isJsonRecord(v.surfaceOp) ? v.surfaceOp.op : undefined
+    if (op !== 'append') { replaced++; continue }
+    const m = data.message
+    if (!isJsonRecord(m) || m.role !== role) {
+      throw new TranscriptError(`a ${type} event needs data.message with role "${role}"`,
+        { line: l.line, field: 'data.message.role' })
+    }
+    const contentOk = Array.isArray(m.content) || (role === 'user' && typeof m.content === 'string')
+    if (!contentOk) {
+      throw new TranscriptError(`data.message.content must be ${role === 'user' ? 'a string or ' : ''}an array of blocks`,
+        { line: l.line, field: 'data.message.content' })
+    }
+    if (role === 'tool' && typeof m.toolCallId !== 'string') {
+      throw new TranscriptError('a tool result needs a string toolCallId', { line: l.line, field: 'data.message.toolCallId' })
+    }
+    const u = data.usage
+    const usage = isJsonRecord(u) && typeof u.promptTokens === 'number' && typeof u.completionTokens === 'number'
+      ? u as unknown as Usage : undefined
+    pushDraft(draft, m as unknown as Message, `line ${l.line}`, usage)
+  }
+  if (replaced > 0) {
+    draft.notes.push(`skipped ${replaced} replace event(s) (prunes and summaries of the recorded session): the history ` +
+      'is replayed as first written')
+  }
+  if (headerChanges > 0) {
+    draft.notes.push(`the request envelope changed ${headerChanges} time(s); the first one is used`)
+  }
+  return finishTranscript('dsh', draft)
+}
 
 // (cli-main)

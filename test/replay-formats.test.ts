@@ -1,0 +1,488 @@
+// Transcript readers behind `dsh.ts replay` (issue 5). Expected numbers for the corpus files were read
+// off the files with jq/python (see the comments by each row), never produced by these readers.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { readFileSync } from 'node:fs'
+import {
+  detectTranscriptFormat, readTranscript, TranscriptError, Session, MemoryStore, PRUNE_MARKER,
+  type Message, type ToolCallBlock, type Transcript, type TranscriptFormat,
+} from '../dsh.ts'
+import { sharedPath, skipWithoutShared } from './shared.ts'
+
+/** Unicode code points (a surrogate pair counts once), not UTF-16 units. */
+function codePoints(s: string): number { let n = 0; for (const _ of s) n++; return n }
+const textOf = (m: Message): string =>
+  typeof m.content === 'string' ? m.content : m.content.map(b => (b.type === 'text' ? (b as { text: string }).text : '')).join('')
+const calls = (t: { messages: Message[] }): ToolCallBlock[] =>
+  t.messages.flatMap(m => (m.role === 'assistant' ? m.content.filter((b): b is ToolCallBlock => b.type === 'tool-call') : []))
+const roles = (t: { messages: Message[] }) => {
+  const n = { user: 0, assistant: 0, tool: 0 }
+  for (const m of t.messages) n[m.role]++
+  return n
+}
+const overPruneThreshold = (t: Transcript) => t.messages.filter(m => m.role === 'tool' && codePoints(textOf(m)) > 8192).length
+
+/** Every tool call answered by exactly one result with its id, right after its step; ids unique. */
+function assertPaired(t: { messages: Message[] }): void {
+  const ids = calls(t).map(c => c.id)
+  assert.equal(new Set(ids).size, ids.length, 'tool-call ids are unique')
+  const results = t.messages.filter(m => m.role === 'tool').map(m => (m as { toolCallId: string }).toolCallId)
+  assert.deepEqual([...results].sort(), [...ids].sort())
+  let open = new Set<string>()
+  for (const m of t.messages) {
+    if (m.role === 'tool') { assert.ok(open.delete(m.toolCallId), `result ${m.toolCallId} follows its call`); continue }
+    assert.equal(open.size, 0, 'no open call before the next user/assistant message')
+    if (m.role === 'assistant') open = new Set(m.content.filter(b => b.type === 'tool-call').map(b => (b as ToolCallBlock).id))
+  }
+  assert.equal(open.size, 0)
+}
+
+// ── the corpus: one row per file ──
+
+interface CorpusRow {
+  file: string
+  format: TranscriptFormat
+  roles: { user: number; assistant: number; tool: number }
+  toolCalls: number
+  overPruneThreshold: number
+  largestResultCodePoints: number
+  usageReported: number
+  firstUsage?: { promptTokens: number; completionTokens: number; cachedTokens?: number }
+  lastUsage?: { promptTokens: number; completionTokens: number; cachedTokens?: number }
+  systemChars?: number
+  first: { role: string; startsWith: string }
+  last: { role: string; includes: string }
+}
+
+const CORPUS: CorpusRow[] = [
+  {
+    // jq: 144 messages = 1 system, 72 user, 71 assistant; 69 assistant messages hold exactly one ```bash
+    // block (messages[56] and [122] hold two: format errors), so 69 calls, 69 next-user results and
+    // 3 user messages left (the task and two format-error replies). Results > 8192 code points: 5
+    // (868,162 = final `git diff --cached`, then 10,613, 10,613, 10,612, 10,612).
+    // usage: messages[2] 1379/171 (cached 0), messages[142] 38122/36 (cached 37994).
+    file: 'psf__requests-1142.traj.json', format: 'mini-swe-agent',
+    roles: { user: 3, assistant: 71, tool: 69 }, toolCalls: 69, overPruneThreshold: 5, largestResultCodePoints: 868_162,
+    usageReported: 71,
+    firstUsage: { promptTokens: 1379, completionTokens: 171, cachedTokens: 0 },
+    lastUsage: { promptTokens: 38122, completionTokens: 36, cachedTokens: 37994 },
+    systemChars: 542,
+    first: { role: 'user', startsWith: '<pr_description>\nConsider the following PR description:\nrequests.get is ALWAYS sending content length' },
+    last: { role: 'tool', includes: 'diff --git a/build/lib/requests/__init__.py' },
+  },
+  {
+    // jq: 196 = 1 system, 98 user, 97 assistant; messages[54] and [158] hold two bash blocks → 95 calls.
+    // Results > 8192 code points: 10 (largest 41,623 and 25,425: timed-out pylint runs).
+    // usage: first 1976/134, last 95507/119 (cached 94459).
+    file: 'pylint-dev__pylint-6528.traj.json', format: 'mini-swe-agent',
+    roles: { user: 3, assistant: 97, tool: 95 }, toolCalls: 95, overPruneThreshold: 10, largestResultCodePoints: 41_623,
+    usageReported: 97,
+    firstUsage: { promptTokens: 1976, completionTokens: 134, cachedTokens: 0 },
+    lastUsage: { promptTokens: 95507, completionTokens: 119, cachedTokens: 94459 },
+    systemChars: 542,
+    first: { role: 'user', startsWith: '<pr_description>\nConsider the following PR description:\nPylint does not respect ignores' },
+    last: { role: 'tool', includes: 'diff --git a/.a/foo.py b/.a/foo.py' },
+  },
+  {
+    // jq: 438 lines = 1 summary + 32 main-chain + 405 isSidechain. Main chain: 18 assistant lines with 9
+    // distinct message.id; 14 user lines = 2 string + 1 text block (isMeta) + 11 tool_result blocks.
+    // 11 tool_use. Largest main-chain result 2,021 code points (line 294). Usage per message.id:
+    // first kdjvaD 3+1331+14874 = 16208 / 172 (line with the largest output_tokens), last wmHapR 21552 / 10.
+    file: 'fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl', format: 'claude-code',
+    roles: { user: 3, assistant: 9, tool: 11 }, toolCalls: 11, overPruneThreshold: 0, largestResultCodePoints: 2021,
+    usageReported: 9,
+    firstUsage: { promptTokens: 16208, completionTokens: 172, cachedTokens: 14874 },
+    lastUsage: { promptTokens: 21552, completionTokens: 10 },
+    first: { role: 'user', startsWith: '<command-message>orchestrator is running…</command-message>' },
+    last: { role: 'assistant', includes: 'CLAUDE.md has been created with comprehensive documentation' },
+  },
+  {
+    // jq: history 28 = system (1,786 chars), user, 13 × (assistant with one tool_call, tool with
+    // tool_call_ids). Largest observation 6,277. No usage in history.
+    file: 'marshmallow-code__marshmallow-1867.function_calling_replace_from_source.traj', format: 'swe-agent',
+    roles: { user: 1, assistant: 13, tool: 13 }, toolCalls: 13, overPruneThreshold: 0, largestResultCodePoints: 6277,
+    usageReported: 0, systemChars: 1786,
+    first: { role: 'user', startsWith: "We're currently solving the following issue within our repository." },
+    last: { role: 'tool', includes: 'diff --git a/src/marshmallow/fields.py b/src/marshmallow/fields.py' },
+  },
+]
+
+const corpusText = new Map<string, string>()
+const readCorpus = (file: string) => {
+  let text = corpusText.get(file)
+  if (text === undefined) corpusText.set(file, text = readFileSync(sharedPath('corpus', file), 'utf8'))
+  return text
+}
+
+for (const row of CORPUS) {
+  test(`corpus ${row.file}: detected as ${row.format}, counts as read off the file`, { skip: skipWithoutShared('corpus', row.file) }, () => {
+    const text = readCorpus(row.file)
+    assert.equal(detectTranscriptFormat(text), row.format)
+    const t = readTranscript(text)
+    assert.equal(t.format, row.format)
+    assert.deepEqual(roles(t), row.roles)
+    assert.equal(calls(t).length, row.toolCalls)
+    assertPaired(t)
+    assert.equal(overPruneThreshold(t), row.overPruneThreshold)
+    assert.equal(Math.max(...t.messages.filter(m => m.role === 'tool').map(m => codePoints(textOf(m)))), row.largestResultCodePoints)
+    assert.equal(t.usage.length, row.roles.assistant, 'one usage entry per assistant message')
+    assert.equal(t.usage.filter(u => u !== undefined).length, row.usageReported)
+    if (row.firstUsage) assert.deepEqual(pick(t.usage[0], row.firstUsage), row.firstUsage)
+    if (row.lastUsage) assert.deepEqual(pick(t.usage.at(-1), row.lastUsage), row.lastUsage)
+    assert.equal(t.envelope.system?.length, row.systemChars)
+    const first = t.messages[0]
+    const last = t.messages.at(-1)!
+    assert.equal(first.role, row.first.role)
+    assert.ok(textOf(first).startsWith(row.first.startsWith), textOf(first).slice(0, 120))
+    assert.equal(last.role, row.last.role)
+    assert.ok(textOf(last).includes(row.last.includes), textOf(last).slice(0, 120))
+  })
+}
+
+function pick(u: object | undefined, like: object): object | undefined {
+  if (!u) return u
+  return Object.fromEntries(Object.keys(like).map(k => [k, (u as Record<string, unknown>)[k]]))
+}
+
+test('corpus mini-swe-agent: bash block → tool call, next user message → result, format errors stay text',
+  { skip: skipWithoutShared('corpus', 'psf__requests-1142.traj.json') }, () => {
+    const t = readTranscript(readCorpus('psf__requests-1142.traj.json'))
+    // messages[2] (jq): "THOUGHT: I need to explore the codebase … overview … files in the repository.\n\n```bash\nls -R\n```"
+    const a = t.messages[1]
+    assert.equal(a.role, 'assistant')
+    assert.deepEqual(a.content.map(b => b.type), ['text', 'tool-call'])
+    assert.ok(textOf(a).startsWith('THOUGHT: I need to explore the codebase') && !textOf(a).includes('```'))
+    assert.deepEqual(a.content[1], { type: 'tool-call', id: 'mswea-call-2', name: 'bash', arguments: JSON.stringify({ command: 'ls -R' }) })
+    assert.equal(t.messages[2].role, 'tool')
+    assert.ok(textOf(t.messages[2]).startsWith('<returncode>0</returncode>\n<output>\n.:\nAUTHORS.rst'))
+    // messages[56] has two bash blocks; messages[57] is the format error reply (jq).
+    const twoBlocks = t.messages.find(m => m.role === 'assistant' && textOf(m).includes('Wait, I need to see how `collections` is imported.'))!
+    assert.equal(twoBlocks.content.length, 1)
+    const next = t.messages[t.messages.indexOf(twoBlocks) + 1]
+    assert.equal(next.role, 'user')
+    assert.ok(textOf(next).startsWith('Please always provide EXACTLY ONE action in triple backticks, found 2 actions.'))
+    assert.ok(t.envelope.system?.startsWith('You are a helpful assistant that can interact multiple times with a computer shell'))
+    assert.equal(t.envelope.tools, undefined)
+  })
+
+test('corpus mini-swe-agent: timed-out commands are error results (4 in pylint-6528, by grep)',
+  { skip: skipWithoutShared('corpus', 'pylint-dev__pylint-6528.traj.json') }, () => {
+    const t = readTranscript(readCorpus('pylint-dev__pylint-6528.traj.json'))
+    const errors = t.messages.filter(m => m.role === 'tool' && m.isError)
+    assert.equal(errors.length, 4)
+    for (const e of errors) assert.ok(textOf(e).startsWith('The last command <command>'))
+    assert.equal(Math.max(...t.usage.map(u => u!.promptTokens)), 95_507)
+  })
+
+test('corpus claude-code: grouping by message.id, parallel calls, astral text, sidechains as their own transcripts',
+  { skip: skipWithoutShared('corpus', 'fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl') }, () => {
+    const text = readCorpus('fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl')
+    const t = readTranscript(text)
+    // jq: main-chain tool_use names in order.
+    assert.deepEqual(calls(t).map(c => c.name),
+      ['Glob', 'Glob', 'TodoWrite', 'Task', 'Task', 'Task', 'TodoWrite', 'Task', 'Task', 'TodoWrite', 'Write'])
+    // Lines 4-6 share message.id …kdjvaD: one text then two tool_use → one assistant message.
+    assert.deepEqual(t.messages.find(m => m.role === 'assistant')!.content.map(b => b.type), ['text', 'tool-call', 'tool-call'])
+    assert.equal(calls(t)[0].id, 'toolu_019okXfjnUzJkV2VZbndx6ik')
+    // Line 436: Write input keys content, file_path → arguments is JSON of the input.
+    assert.deepEqual(Object.keys(JSON.parse(calls(t)[10].arguments)).sort(), ['content', 'file_path'])
+    // Line 294, tool_use_id …TkoP55: 2,021 code points, 2,024 UTF-16 units (🎯 🏗 📱 are astral).
+    const r = t.messages.find(m => m.role === 'tool' && m.toolCallId === 'toolu_017rjDpjVPeNFmAEXNTkoP55')!
+    assert.equal(codePoints(textOf(r)), 2021)
+    assert.equal(textOf(r).length, 2024)
+    assert.ok(t.notes.some(n => n.includes('405 sidechain line(s)') && n.includes('5 run(s)')), t.notes.join('\n'))
+    assert.equal(t.sidechains, undefined)
+
+    // With {sidechains: true}: 5 runs (one per Task call), counts per run from python over parentUuid roots.
+    const w = readTranscript(text, { sidechains: true })
+    assert.deepEqual(w.messages, t.messages)
+    const runs = w.sidechains!
+    assert.deepEqual(runs.map(roles), [
+      { user: 1, assistant: 9, tool: 8 }, { user: 1, assistant: 34, tool: 33 }, { user: 1, assistant: 40, tool: 39 },
+      { user: 1, assistant: 25, tool: 24 }, { user: 1, assistant: 53, tool: 52 },
+    ])
+    runs.forEach(assertPaired)
+    assert.deepEqual(runs.map(overPruneThreshold), [0, 1, 0, 0, 1]) // 26,746 (line 108) and 10,203 (line 357)
+    assert.equal(runs.flatMap(s => s.messages).filter(m => m.role === 'tool' && m.isError).length, 23) // is_error: true
+    assert.deepEqual(runs.map(s => Math.max(...s.usage.map(u => u!.promptTokens))), [14654, 41160, 29050, 26483, 42726])
+    assert.ok(textOf(runs[0].messages[0]).startsWith('Create React components for the TODO app in a components/ directory'))
+  })
+
+test('corpus swe-agent: history only; reused demonstration ids are renamed, results follow their calls',
+  { skip: skipWithoutShared('corpus', 'marshmallow-code__marshmallow-1867.function_calling_replace_from_source.traj') }, () => {
+    const t = readTranscript(readCorpus('marshmallow-code__marshmallow-1867.function_calling_replace_from_source.traj'))
+    // jq: tool_calls ids — call_5iDd… used 4 times, call_ahTo… twice → 4 renames.
+    const ids = calls(t).map(c => c.id)
+    assert.equal(ids.filter(id => id.startsWith('call_5iDdbOYybq7L19vqXmR0DPaU')).length, 4)
+    assert.deepEqual(ids.filter(id => id.includes('~')), [
+      'call_5iDdbOYybq7L19vqXmR0DPaU~2', 'call_ahToD2vM0aQWJPkRmy5cumru~2', 'call_5iDdbOYybq7L19vqXmR0DPaU~3', 'call_5iDdbOYybq7L19vqXmR0DPaU~4',
+    ])
+    assert.ok(t.notes.some(n => n.startsWith('renamed 4 reused tool-call id(s)')))
+    // jq: tool names bash ×6, open ×2, create, edit, find_file, insert, submit; the first is bash {"command":"ls -F"}.
+    assert.deepEqual(calls(t)[0], { type: 'tool-call', id: 'call_9diWc1DYm4RLmPfHgIaP2wd', name: 'bash', arguments: '{"command":"ls -F"}' })
+    assert.equal(calls(t).filter(c => c.name === 'bash').length, 6)
+    assert.equal(calls(t).at(-1)!.name, 'submit')
+    assert.ok(t.envelope.system?.startsWith('SETTING: You are an autonomous programmer'))
+  })
+
+test('corpus: --format forcing reads a mini-swe-agent file as plain OpenAI messages (no tool calls)',
+  { skip: skipWithoutShared('corpus', 'psf__requests-1142.traj.json') }, () => {
+    const t = readTranscript(readCorpus('psf__requests-1142.traj.json'), { format: 'openai' })
+    assert.equal(t.format, 'openai')
+    assert.deepEqual(roles(t), { user: 72, assistant: 71, tool: 0 }) // jq: 72 user, 71 assistant
+    assert.equal(t.usage.filter(u => u !== undefined).length, 0) // usage sits in extra.response, not read by the openai reader
+    assert.ok(t.notes.some(n => n.startsWith('no tool calls')))
+  })
+
+// ── small inline cases ──
+
+const jsonl = (...rows: object[]) => rows.map(r => JSON.stringify(r)).join('\n') + '\n'
+const cc = (uuid: string, parentUuid: string | null, type: 'user' | 'assistant', message: object, extra: object = {}) =>
+  ({ parentUuid, isSidechain: false, sessionId: 's', type, message, uuid, ...extra })
+const ev = (seq: number, type: string, data: object) => ({ seq, type, time: 1_700_000_000_000 + seq, data })
+
+const DETECT: [string, string, TranscriptFormat][] = [
+  ['openai array', JSON.stringify([{ role: 'user', content: 'hi' }]), 'openai'],
+  ['openai object', JSON.stringify({ messages: [{ role: 'user', content: 'hi' }] }), 'openai'],
+  ['mini-swe-agent', JSON.stringify({ trajectory_format: 'mini-swe-agent-1', messages: [{ role: 'user', content: 'hi' }] }, null, 2), 'mini-swe-agent'],
+  ['swe-agent', JSON.stringify({ history: [{ role: 'user', content: 'hi' }], trajectory: [] }, null, 2), 'swe-agent'],
+  ['claude-code', jsonl({ type: 'summary', summary: 'x', leafUuid: 'u1' }, cc('u1', null, 'user', { role: 'user', content: 'hi' })), 'claude-code'],
+  ['dsh', jsonl(ev(0, 'session/start', { id: 's', version: '0.1.0' }), ev(1, 'user/message', { message: { role: 'user', content: 'hi' }, surfaceOp: { op: 'append' } })), 'dsh'],
+  ['dsh, one line, no final newline', JSON.stringify(ev(0, 'session/start', { id: 's' })), 'dsh'],
+]
+for (const [name, text, format] of DETECT) {
+  test(`detect: ${name} → ${format}`, () => assert.equal(detectTranscriptFormat(text), format))
+}
+
+test('openai: envelope, reasoning, parallel tool calls, parts, usage', () => {
+  const t = readTranscript(JSON.stringify({
+    tools: [{ type: 'function', function: { name: 'read_file', description: 'Read', parameters: { type: 'object' } } }],
+    messages: [
+      { role: 'system', content: 'be brief' },
+      { role: 'user', content: [{ type: 'text', text: 'look' }, { type: 'image_url', image_url: { url: 'data:,x' } }] },
+      {
+        role: 'assistant', content: null, reasoning_content: 'think',
+        tool_calls: [
+          { id: 'a', type: 'function', function: { name: 'read_file', arguments: '{"path":"x"}' } },
+          { id: 'b', type: 'function', function: { name: 'read_file', arguments: '{"path":"y"}' } },
+        ],
+        usage: { prompt_tokens: 100, completion_tokens: 20, prompt_tokens_details: { cached_tokens: 64 }, completion_tokens_details: { reasoning_tokens: 5 } },
+      },
+      { role: 'tool', tool_call_id: 'b', content: 'Y' },
+      { role: 'tool', tool_call_id: 'a', content: [{ type: 'text', text: 'X' }] },
+      { role: 'assistant', content: 'done' },
+    ],
+  }))
+  assert.deepEqual(t.envelope, { system: 'be brief', tools: [{ name: 'read_file', description: 'Read', parameters: { type: 'object' } }] })
+  assert.deepEqual(t.messages, [
+    { role: 'user', content: [{ type: 'text', text: 'look' }, { type: 'image', image_url: { url: 'data:,x' } }] },
+    {
+      role: 'assistant', content: [
+        { type: 'reasoning', text: 'think' },
+        { type: 'tool-call', id: 'a', name: 'read_file', arguments: '{"path":"x"}' },
+        { type: 'tool-call', id: 'b', name: 'read_file', arguments: '{"path":"y"}' },
+      ],
+    },
+    { role: 'tool', toolCallId: 'b', content: [{ type: 'text', text: 'Y' }] },
+    { role: 'tool', toolCallId: 'a', content: [{ type: 'text', text: 'X' }] },
+    { role: 'assistant', content: [{ type: 'text', text: 'done' }] },
+  ])
+  assert.deepEqual(t.usage, [{ promptTokens: 100, completionTokens: 20, cachedTokens: 64, reasoningTokens: 5 }, undefined])
+})
+
+test('pairing: a missing result is synthesised as an error, an orphan result dropped, both noted', () => {
+  const t = readTranscript(JSON.stringify([
+    { role: 'user', content: 'go' },
+    { role: 'assistant', content: '', tool_calls: [{ id: 'c1', type: 'function', function: { name: 'sh', arguments: '{}' } }] },
+    { role: 'user', content: 'stop' },
+    { role: 'tool', tool_call_id: 'c1', content: 'late' },
+    { role: 'tool', tool_call_id: 'nope', content: 'orphan' },
+  ]))
+  assert.deepEqual(t.messages.map(m => m.role), ['user', 'assistant', 'tool', 'user'])
+  const synthetic = t.messages[2]
+  assert.ok(synthetic.role === 'tool' && synthetic.toolCallId === 'c1' && synthetic.isError === true)
+  assert.ok(t.notes.some(n => n.startsWith('synthesised an error result for 1 tool call(s)') && n.includes('c1')))
+  assert.ok(t.notes.some(n => n.startsWith('dropped 2 tool result(s)') && n.includes('nope') && n.includes('[4]')))
+})
+
+test('mini-swe-agent inline: no bash block stays text, a trailing call gets a synthetic result, usage from extra', () => {
+  const usage = (p: number, c: number) => ({ extra: { response: { usage: { prompt_tokens: p, completion_tokens: c } } } })
+  const t = readTranscript(JSON.stringify({
+    trajectory_format: 'mini-swe-agent-1',
+    messages: [
+      { role: 'system', content: 'sys' },
+      { role: 'user', content: 'task' },
+      { role: 'assistant', content: 'I think first.', ...usage(10, 1) },
+      { role: 'user', content: 'Please always provide EXACTLY ONE action' },
+      { role: 'assistant', content: 'THOUGHT: look\n\n```bash\nls -la\n```', ...usage(20, 2) },
+      { role: 'user', content: '<returncode>0</returncode>\n<output>\nfile\n</output>' },
+      { role: 'assistant', content: 'THOUGHT: again\n\n```bash\ncat file\n```' },
+    ],
+  }, null, 1))
+  assert.equal(t.envelope.system, 'sys')
+  assert.deepEqual(t.messages.map(m => m.role), ['user', 'assistant', 'user', 'assistant', 'tool', 'assistant', 'tool'])
+  assert.deepEqual(t.messages[3].content, [
+    { type: 'text', text: 'THOUGHT: look' },
+    { type: 'tool-call', id: 'mswea-call-4', name: 'bash', arguments: '{"command":"ls -la"}' },
+  ])
+  assert.deepEqual(t.messages[4], { role: 'tool', toolCallId: 'mswea-call-4', content: [{ type: 'text', text: '<returncode>0</returncode>\n<output>\nfile\n</output>' }] })
+  const last = t.messages[6]
+  assert.ok(last.role === 'tool' && last.toolCallId === 'mswea-call-6' && last.isError === true)
+  assert.deepEqual(t.usage, [{ promptTokens: 10, completionTokens: 1 }, { promptTokens: 20, completionTokens: 2 }, undefined])
+  assert.ok(t.notes.some(n => n.includes('mswea-call-6')))
+})
+
+test('claude-code inline: message.id groups, several tool_results plus text in one line, thinking, sidechain, branch, torn line', () => {
+  const usage = (out: number) => ({ input_tokens: 5, output_tokens: out, cache_creation_input_tokens: 100, cache_read_input_tokens: 1000 })
+  const text = jsonl(
+    cc('u1', null, 'user', { role: 'user', content: 'start' }),
+    cc('a1', 'u1', 'assistant', { id: 'm1', role: 'assistant', content: [{ type: 'thinking', thinking: 'hmm', signature: 'sig' }], usage: usage(1) }),
+    cc('a2', 'a1', 'assistant', { id: 'm1', role: 'assistant', content: [{ type: 'tool_use', id: 't1', name: 'Bash', input: { command: 'ls' } }], usage: usage(1) }),
+    cc('a3', 'a2', 'assistant', { id: 'm1', role: 'assistant', content: [{ type: 'tool_use', id: 't2', name: 'Read', input: { file_path: 'a' } }], usage: usage(42) }),
+    cc('s1', null, 'user', { role: 'user', content: 'subagent task' }, { isSidechain: true }),
+    cc('s2', 's1', 'assistant', { id: 'm9', role: 'assistant', content: [{ type: 'text', text: 'sub done' }], usage: usage(3) }, { isSidechain: true }),
+    cc('u2', 'a3', 'user', {
+      role: 'user', content: [
+        { type: 'tool_result', tool_use_id: 't2', content: [{ type: 'text', text: 'file a' }] },
+        { type: 'tool_result', tool_use_id: 't1', content: 'boom', is_error: true },
+        { type: 'text', text: 'and also this' },
+      ],
+    }, { toolUseResult: { stdout: 'not counted' } }),
+    cc('x1', 'u2', 'user', { role: 'user', content: 'abandoned branch' }),
+    cc('u3', 'u2', 'user', { role: 'user', content: 'rewritten question' }),
+    cc('a4', 'u3', 'assistant', { id: 'm2', role: 'assistant', content: [{ type: 'text', text: 'answer' }], usage: usage(7) }),
+  ) + '{"parentUuid":"a4","type":"user","mess'
+  const t = readTranscript(text, { sidechains: true })
+  assert.equal(t.format, 'claude-code')
+  assert.deepEqual(t.messages, [
+    { role: 'user', content: 'start' },
+    {
+      role: 'assistant', content: [
+        { type: 'reasoning', text: 'hmm' },
+        { type: 'tool-call', id: 't1', name: 'Bash', arguments: '{"command":"ls"}' },
+        { type: 'tool-call', id: 't2', name: 'Read', arguments: '{"file_path":"a"}' },
+      ],
+    },
+    { role: 'tool', toolCallId: 't2', content: [{ type: 'text', text: 'file a' }] },
+    { role: 'tool', toolCallId: 't1', content: [{ type: 'text', text: 'boom' }], isError: true },
+    { role: 'user', content: [{ type: 'text', text: 'and also this' }] },
+    { role: 'user', content: 'rewritten question' },
+    { role: 'assistant', content: [{ type: 'text', text: 'answer' }] },
+  ])
+  assert.deepEqual(t.usage, [
+    { promptTokens: 1105, completionTokens: 42, cachedTokens: 1000 },
+    { promptTokens: 1105, completionTokens: 7, cachedTokens: 1000 },
+  ])
+  assert.ok(t.notes.some(n => n.startsWith('dropped the torn last line 11')), t.notes.join('\n'))
+  assert.ok(t.notes.some(n => n.startsWith('1 line(s) off the path')), t.notes.join('\n'))
+  assert.equal(t.sidechains?.length, 1)
+  assert.deepEqual(t.sidechains![0].messages, [{ role: 'user', content: 'subagent task' }, { role: 'assistant', content: [{ type: 'text', text: 'sub done' }] }])
+})
+
+test('claude-code inline: a compaction boundary is crossed and its summary dropped', () => {
+  const t = readTranscript(jsonl(
+    cc('u1', null, 'user', { role: 'user', content: 'before' }),
+    cc('a1', 'u1', 'assistant', { id: 'm1', role: 'assistant', content: [{ type: 'text', text: 'old answer' }] }),
+    { type: 'system', subtype: 'compact_boundary', parentUuid: null, logicalParentUuid: 'a1', uuid: 'b1', sessionId: 's', content: 'Conversation compacted' },
+    cc('c1', 'b1', 'user', { role: 'user', content: 'This session is being continued… summary' }, { isCompactSummary: true }),
+    cc('u2', 'c1', 'user', { role: 'user', content: 'after' }),
+  ))
+  assert.deepEqual(t.messages.map(textOf), ['before', 'old answer', 'after'])
+  assert.ok(t.notes.some(n => n.startsWith('crossed 1 Claude Code compaction boundary')))
+  assert.ok(t.notes.some(n => n.startsWith('dropped 1 compact-summary')))
+})
+
+test('dsh inline: appended surface messages, envelope from request/header, replaces skipped', () => {
+  const t = readTranscript(jsonl(
+    ev(0, 'session/start', { id: 's', version: '0.1.0' }),
+    ev(1, 'request/header', { model: 'm', system: 'sys', tools: [{ name: 'read_file', parameters: { type: 'object' } }] }),
+    ev(2, 'user/message', { message: { role: 'user', content: 'read it' }, surfaceOp: { op: 'append' } }),
+    ev(3, 'assistant/message', {
+      message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'read_file', arguments: '{}' }] },
+      usage: { promptTokens: 50, completionTokens: 5 }, finishReason: 'tool_calls', surfaceOp: { op: 'append' },
+    }),
+    ev(4, 'tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: 'x'.repeat(9000) }] }, surfaceOp: { op: 'append' } }),
+    ev(5, 'compaction/prune', { shadowedSeqs: [4], shadowedTokenCount: 2258 }),
+    ev(6, 'tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: 'pruned' }] }, surfaceOp: { op: 'replace', start: 4, end: 4 } }),
+    ev(7, 'assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } }),
+  ))
+  assert.equal(t.format, 'dsh')
+  assert.deepEqual(t.envelope, { system: 'sys', tools: [{ name: 'read_file', parameters: { type: 'object' } }] })
+  assert.deepEqual(t.messages.map(m => m.role), ['user', 'assistant', 'tool', 'assistant'])
+  assert.equal(codePoints(textOf(t.messages[2])), 9000)
+  assert.deepEqual(t.usage, [{ promptTokens: 50, completionTokens: 5 }, undefined])
+  assert.ok(t.notes.some(n => n.startsWith('skipped 1 replace event(s)')))
+})
+
+test('dsh: a log written by Session (with a prune) reads back as the history before the prune', async () => {
+  const store = new MemoryStore()
+  const session = await Session.open(store, { id: 's1', now: () => 0 })
+  session.setHeader({ model: 'm', baseURL: 'http://127.0.0.1:1', system: 'sys', tools: [{ name: 'read_file', parameters: { type: 'object' } }] })
+  session.append('user/message', { message: { role: 'user', content: 'read big.txt' }, surfaceOp: { op: 'append' } })
+  session.append('assistant/message', {
+    message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'read_file', arguments: '{"path":"big.txt"}' }] },
+    usage: { promptTokens: 40, completionTokens: 9 }, finishReason: 'tool_calls', surfaceOp: { op: 'append' },
+  })
+  const big = '🎯'.repeat(10_000) // 10,000 code points, 20,000 UTF-16 units
+  const result = session.append('tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: big }] }, surfaceOp: { op: 'append' } })
+  assert.ok(session.pruneToolResult(result.seq) > 0)
+  session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+  await session.flush()
+  const text = store.events.map(e => JSON.stringify(e)).join('\n') + '\n'
+
+  assert.equal(detectTranscriptFormat(text), 'dsh')
+  const t = readTranscript(text)
+  assert.deepEqual(t.envelope, { system: 'sys', tools: [{ name: 'read_file', parameters: { type: 'object' } }] })
+  assert.deepEqual(t.messages.map(m => m.role), ['user', 'assistant', 'tool', 'assistant'])
+  assert.equal(textOf(t.messages[2]), big, 'the original result, not the pruned one')
+  assert.deepEqual(t.usage, [{ promptTokens: 40, completionTokens: 9 }, undefined])
+  assert.ok(t.notes.some(n => n.startsWith('skipped 1 replace event(s)')))
+  // The session's own surface holds the pruned result instead.
+  assert.ok(textOf(session.messages()[2]).includes(PRUNE_MARKER))
+})
+
+// ── errors: what is wrong, where, and the accepted formats; never a raw SyntaxError/TypeError ──
+
+const ERRORS: { name: string; text: string; format?: TranscriptFormat; line?: number; field?: string; says: RegExp }[] = [
+  { name: 'random text', text: '\n\nhello, this is not a transcript\n', line: 3, says: /not JSON: the first non-blank line starts with "hello/ },
+  { name: 'empty file', text: '  \n', says: /the file is empty/ },
+  { name: 'JSON object without messages', text: '{"foo": 1, "bar": [2]}', says: /without "messages", "history" or "trajectory_format"; its keys are "foo", "bar"/ },
+  { name: 'JSON number', text: '[1, 2]', field: '[0]', says: /a message must be an object, got number/ },
+  { name: 'JSONL with a broken line 3', text: '{"seq":0,"type":"session/start","time":0,"data":{}}\n{"seq":1,"type":"turn/start","time":1,"data":{}}\n{"seq":2,"type":\n{"seq":3,"type":"turn/end","time":3,"data":{}}\n', line: 3, says: /not valid JSON/ },
+  { name: 'JSONL line that is not an object', text: '{"type":"summary","leafUuid":"x","summary":"s"}\n[1]\n', line: 2, says: /must be a JSON object, got array/ },
+  { name: 'JSONL of unknown events', text: '{"event":"x"}\n{"event":"y"}\n', line: 1, says: /neither a dsh event .* nor a Claude Code entry .*"event"/ },
+  { name: 'pretty JSON broken on line 3', text: '{\n  "messages": [\n    {"role": "user",, }\n  ]\n}', line: 3, says: /not valid JSON/ },
+  { name: 'unknown role', text: JSON.stringify({ messages: [{ role: 'user', content: 'a' }, { role: 'function', content: 'b' }] }), field: 'messages[1].role', says: /unknown role "function"/ },
+  { name: 'tool call without id', text: JSON.stringify([{ role: 'assistant', tool_calls: [{ function: { name: 'x', arguments: '{}' } }] }]), field: '[0].tool_calls[0].id', says: /needs a string "id"/ },
+  { name: 'tool message without tool_call_id', text: JSON.stringify([{ role: 'tool', content: 'x' }]), field: '[0].tool_call_id', says: /tool_call_id/ },
+  { name: 'empty message array', text: '[]', says: /the message array is empty/ },
+  { name: 'empty "messages"', text: '{"messages": []}', field: 'messages', says: /the message array is empty/ },
+  { name: 'OpenHands event list', text: JSON.stringify([{ id: 0, source: 'user', action: 'message', args: {} }]), field: '[0].role', says: /OpenHands/ },
+  { name: 'claude-code forced on a JSON array', text: '[{"role":"user","content":"x"}]', format: 'claude-code', says: /is JSONL .* but this file is a JSON array/ },
+  { name: 'openai forced on JSONL', text: jsonl(ev(0, 'a', {}), ev(1, 'b', {})), format: 'openai', line: 1, says: /one JSON document, but this file is JSONL/ },
+  { name: 'dsh forced on Claude Code lines', text: jsonl(cc('u1', null, 'user', { role: 'user', content: 'x' })), format: 'dsh', line: 1, field: 'seq', says: /a dsh log line is an event/ },
+  { name: 'dsh request/header with bad tools', text: jsonl(ev(0, 'session/start', {}), ev(1, 'request/header', { tools: [{ description: 'no name' }] })), line: 2, field: 'data.tools[0]', says: /a tool spec needs a string "name"/ },
+  { name: 'claude-code user line without message', text: jsonl({ type: 'user', uuid: 'u', sessionId: 's', parentUuid: null }), line: 1, field: 'message', says: /needs a "message" object/ },
+  { name: 'claude-code tool_result without id', text: jsonl(cc('u', null, 'user', { role: 'user', content: [{ type: 'tool_result', content: 'x' }] })), line: 1, field: 'message.content[0].tool_use_id', says: /tool_use_id/ },
+  { name: 'mini-swe-agent content not a string', text: JSON.stringify({ trajectory_format: 'mini-swe-agent-1', messages: [{ role: 'user', content: 5 }] }), field: 'messages[0].content', says: /must be a string/ },
+  { name: 'swe-agent empty history', text: JSON.stringify({ history: [], trajectory: [] }), field: 'history', says: /history is empty/ },
+  { name: 'unknown format option', text: '[]', format: 'csv' as TranscriptFormat, field: 'format', says: /unknown format "csv"/ },
+]
+for (const c of ERRORS) {
+  test(`error: ${c.name}`, () => {
+    let caught: unknown
+    try { readTranscript(c.text, c.format ? { format: c.format } : {}) } catch (err) { caught = err }
+    assert.ok(caught instanceof TranscriptError, `expected a TranscriptError, got ${String(caught)}`)
+    assert.equal(caught.name, 'TranscriptError')
+    assert.equal(caught.line, c.line)
+    assert.equal(caught.field, c.field)
+    assert.match(caught.message, c.says)
+    assert.match(caught.message, /Accepted formats: dsh .*openai .*claude-code .*swe-agent .*mini-swe-agent/)
+    if (c.line !== undefined) assert.match(caught.message, new RegExp(`^line ${c.line}\\b`))
+  })
+}
+
+test('detectTranscriptFormat throws the same TranscriptError for a broken file', () => {
+  assert.throws(() => detectTranscriptFormat('{"seq":0,"type":"a","time":0,"data":{}}\n{oops}\n{"seq":2}\n'),
+    (err: unknown) => err instanceof TranscriptError && err.line === 2)
+})
