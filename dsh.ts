@@ -2131,28 +2131,6 @@ function toWireMessages(system: string | undefined, messages: readonly Message[]
   return out
 }
 
-/**
- * Heuristic prompt size in tokens (DESIGN.md §2): ceil(chars/4) + 8 per message and per envelope
- * part. Local copy of section 2's formula until estimateMessageTokens/estimateEnvelopeTokens land.
- */
-function estimatePromptTokens(request: ChatRequest): number {
-  const text = (s: string): number => Math.ceil(s.length / 4)
-  let tokens = 0
-  if (request.system) tokens += text(request.system) + 8
-  if (request.tools && request.tools.length > 0) tokens += text(JSON.stringify(request.tools)) + 8
-  for (const m of request.messages) {
-    if (typeof m.content === 'string') { tokens += text(m.content) + 8; continue }
-    let chars = 0
-    for (const b of m.content) {
-      if (b.type === 'text' || b.type === 'reasoning') chars += (b as TextBlock).text.length
-      else if (b.type === 'tool-call') chars += (b as ToolCallBlock).name.length + (b as ToolCallBlock).arguments.length
-      else tokens += text(JSON.stringify(b))
-    }
-    tokens += Math.ceil(chars / 4) + 8
-  }
-  return tokens
-}
-
 // ── 6.4 The adapter ───────────────────────────────────────────────────────────────────────────
 
 /** Options of {@link openAICompatible}. Times in ms, budgets in tokens. */
@@ -2369,7 +2347,7 @@ function maxTokensFor(cfg: AdapterConfig, request: ChatRequest): number {
   if (request.inputTokens !== undefined && !(typeof request.inputTokens === 'number' && Number.isFinite(request.inputTokens) && request.inputTokens >= 0)) {
     throw new TypeError(`complete: request.inputTokens must be a non-negative number of tokens, got ${JSON.stringify(request.inputTokens)}`)
   }
-  const prompt = request.inputTokens ?? estimatePromptTokens(request)
+  const prompt = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools }, request.messages)
   const room = cfg.contextWindow - prompt
   if (room < 1) {
     throw providerError(cfg, 'CONTEXT_WINDOW_EXCEEDED',

@@ -26,7 +26,9 @@
  *     Reasoning streams first (`reasoning_content`), then text (`content`), then each tool call
  *     (id + name, then its arguments in fragments), then a chunk with finish_reason and usage.
  *   Faults on a scripted turn (`fault` key, the deltas above are sent first):
- *     'disconnect'      the socket is destroyed after the deltas (no finish reason, no [DONE])
+ *     'disconnect'      the connection is dropped after the deltas (no finish reason, no [DONE]).
+ *                       Bun's fetch may discard bytes that arrived just before the drop: give the
+ *                       turn a delayMs when a Bun client must see the partial output.
  *     'no-done'         the response ends cleanly after the deltas, without finish reason or [DONE]
  *     'malformed-json'  after the deltas a `data:` line that is not JSON, then [DONE]
  *   Other faults:
@@ -94,9 +96,16 @@ export interface FakeProvider {
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
 
-/** Destroys the connection after everything written so far reached the kernel (so the client sees it). */
+/**
+ * Drops the connection mid-response once everything written so far reached the kernel: a FIN
+ * (half-close) first, so the client reads those bytes (a bare destroy can send a RST, and some
+ * runtimes then discard bytes already received), then the socket is destroyed.
+ */
 function disconnect(res: ServerResponse): Promise<void> {
-  return new Promise((resolve) => res.write('', () => { res.socket?.destroy(); resolve() }))
+  return new Promise((resolve) => res.write('', () => {
+    res.socket?.end()
+    setTimeout(() => { res.socket?.destroy(); resolve() }, 20)
+  }))
 }
 
 /** Turns a `.chunks.txt` recording (one chunk JSON per line) into the SSE body the server sent. */
