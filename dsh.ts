@@ -1514,10 +1514,10 @@ export interface KnownModel {
  * configuration error once (DESIGN.md §5).
  */
 export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = Object.freeze({
-  'deepseek-v4-flash': { contextWindow: 1_048_576, maxOutputTokens: 384_000 },
-  'deepseek-v4-pro': { contextWindow: 1_048_576, maxOutputTokens: 384_000 },
-  'deepseek-chat': { contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'disabled' },
-  'deepseek-reasoner': { contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'enabled' },
+  'deepseek-v4-flash': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
+  'deepseek-v4-pro': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
+  'deepseek-chat': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'disabled' as const }),
+  'deepseek-reasoner': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'enabled' as const }),
 })
 
 // ── 6.1 Server-sent events ────────────────────────────────────────────────────────────────────
@@ -2617,7 +2617,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     }
     const type = response.headers.get('content-type')
     if (!sawData && type && !/event-stream/i.test(type)) {
-      throw providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered 200 with ${type}, not an event stream (model ${cfg.model}).`, { status: response.status, requestId })
+      throw providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${response.status} with ${type}, not an event stream (model ${cfg.model}).`, { status: response.status, requestId })
     }
     return acc.finish(sawDone, requestId)
   } catch (e) {
