@@ -4751,7 +4751,7 @@ function resultCodePoints(m: ToolResultMessage, limit: number): number {
   return n
 }
 
-function positiveInteger(name: string, value: unknown, fix: string): number {
+function replayPositiveInteger(name: string, value: unknown, fix: string): number {
   if (!Number.isSafeInteger(value) || (value as number) <= 0) throw new RangeError(`replay: ${name} must be a positive integer number of tokens, got ${String(value)}; ${fix}`)
   return value as number
 }
@@ -4771,13 +4771,13 @@ function positiveInteger(name: string, value: unknown, fix: string): number {
  *   (the message names the value and the fix). Cancellation through `signal` rejects with its reason.
  */
 export async function replayTranscript(transcript: Transcript, options: ReplayOptions = {}): Promise<ReplayReport> {
-  const window = positiveInteger('contextWindow', options.contextWindow ?? transcript.contextWindow ?? options.summarizer?.contextWindow,
+  const window = replayPositiveInteger('contextWindow', options.contextWindow ?? transcript.contextWindow ?? options.summarizer?.contextWindow,
     'pass contextWindow (CLI: --context-window N)')
   const thresholdRatio = options.thresholdRatio ?? DEFAULT_COMPACTION_CONFIG.thresholdRatio
   if (typeof thresholdRatio !== 'number' || !(thresholdRatio > 0 && thresholdRatio <= 1)) {
     throw new RangeError(`replay: thresholdRatio must be a number in (0, 1], got ${String(thresholdRatio)}; e.g. 0.8 (CLI: --threshold 0.8)`)
   }
-  const summaryTokens = positiveInteger('summaryTokens', options.summaryTokens ?? DEFAULT_REPLAY_SUMMARY_TOKENS, 'e.g. 2000 (CLI: --summary-tokens N)')
+  const summaryTokens = replayPositiveInteger('summaryTokens', options.summaryTokens ?? DEFAULT_REPLAY_SUMMARY_TOKENS, 'e.g. 2000 (CLI: --summary-tokens N)')
   const signal = options.signal
   const compaction: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG, thresholdRatio }
   const pruneConfig = resolvePruneConfig()

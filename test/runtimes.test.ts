@@ -227,8 +227,7 @@ test('node-src: the reference observation holds the expected values', () => {
   assert.equal(seen?.[0].body, JSON.stringify({ model: 'smoke', messages: [{ role: 'user', content: 'héllo 😀' }] }))
 })
 
-// Turns green when the provider (6) and the loop (7) are merged; then the lead drops `todo`.
-test('every runtime exposes the DESIGN.md §9 exports', { todo: 'sections 6-7 not merged yet' }, () => {
+test('every runtime exposes the DESIGN.md §9 exports', () => {
   const missing = REQUIRED_EXPORTS.filter((name) => !(report('node-src').observation.exports as string[]).includes(name))
   assert.deepEqual(missing, [])
 })
