@@ -5577,9 +5577,16 @@ async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliIO, 
     if (result.reason !== 'stop') io.stderr(`dsh: the turn ended with reason "${result.reason}"\n`)
     return 0
   } catch (err) {
-    io.stderr(`dsh: ${err instanceof ProviderError ? `${err.code}${err.status ? ` (HTTP ${err.status})` : ''}: ` : ''}${(err as Error)?.message ?? err}\n`)
+    io.stderr(`dsh: ${failureText(err)}\n`)
     return 1
   } finally { p.off('SIGINT', onSigint) }
+}
+
+/** A failed turn in one line; the adapter's messages already start with the code (`AUTH: HTTP 401 from …`). */
+function failureText(err: unknown): string {
+  const message = String((err as Error)?.message ?? err)
+  if (!(err instanceof ProviderError) || message.startsWith(`${err.code}:`)) return message
+  return `${err.code}${err.status ? ` (HTTP ${err.status})` : ''}: ${message}`
 }
 
 async function readAll(stream: any): Promise<string> {
@@ -5650,7 +5657,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
         exitCode = 0
       } catch (err) {
         endLine()
-        io.stderr(`dsh: ${err instanceof ProviderError ? `${err.code}: ` : ''}${(err as Error)?.message ?? err}\n`)
+        io.stderr(`dsh: ${failureText(err)}\n`)
         exitCode = 1
       }
     }

@@ -160,6 +160,35 @@ describe('case 3: no key and no --base-url', () => {
   }
 })
 
+describe('exit codes and prompt sources of a one-shot run', () => {
+  test('a provider failure (HTTP 401) exits 1 with the provider\'s message on stderr, logged as request/error', async () => {
+    const cwd = await tempDir()
+    const f = await fake([{ status: 401, body: { error: { message: 'Authentication Fails, Your api key is invalid', type: 'authentication_error' } } }])
+    const run = await dsh(['-p', 'hi', ...runFlags(f), '--session', 'e.jsonl'], cwd)
+    assert.equal(run.code, 1)
+    assert.equal(run.stdout, '')
+    const last = lines(run.stderr).at(-1)!
+    assert.ok(last.startsWith(`dsh: AUTH: HTTP 401 from POST ${f.url}/chat/completions (model m): Authentication Fails, Your api key is invalid`), last)
+    assert.equal(f.requests.length, 1, 'a 401 is not retried')
+    const log = await readLog(join(cwd, 'e.jsonl'))
+    assert.deepEqual(log.filter((e) => e.type === 'request/error').map((e) => [e.data.code, e.data.status]), [['AUTH', 401]])
+    assert.deepEqual(log.at(-1).data, { turn: 1, reason: 'error' })
+  })
+
+  test('without -p and without a terminal, the prompt is read from stdin', async () => {
+    const cwd = await tempDir()
+    const f = await fake([{ text: 'read it' }])
+    const run = await runProcess(process.execPath, ['--import', TSX, DSH, ...runFlags(f)], cwd, CLEAN_ENV, 'task from stdin\n')
+    assert.equal(run.code, 0, run.stderr)
+    assert.equal(run.stdout, 'read it\n')
+    assert.deepEqual(f.requests[0].body.messages.at(-1), { role: 'user', content: 'task from stdin\n' })
+    const empty = await runProcess(process.execPath, ['--import', TSX, DSH, ...runFlags(f)], cwd, CLEAN_ENV, '  \n')
+    assert.equal(empty.code, 2)
+    assert.match(empty.stderr, /^dsh: no prompt: pass one as an argument or with -p/)
+    assert.equal(f.requests.length, 1)
+  })
+})
+
 describe('case 4: replay on a file that is not a transcript', () => {
   const cases: [string, string, RegExp][] = [
     ['notes.txt', 'hello world\nsecond line\n', /: line 1: not JSON/],
