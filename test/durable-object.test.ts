@@ -127,3 +127,46 @@ test('two concurrent requests to one session id run as two whole turns, one afte
   const [in1, out1, in2, out2] = messages as [string, Array<{ text: string }>, string, Array<{ text: string }>]
   assert.deepEqual([out1[0].text, out2[0].text], [answerTo(in1), answerTo(in2)])
 })
+
+/**
+ * The key-value part of the Durable Object storage API in memory, with its documented limits
+ * (128 keys per get/put, 128 KiB per value, values structured-cloned): for the store's artefact
+ * path, which the worker above does not reach (it has no tools to spill).
+ */
+class StorageStandIn {
+  readonly map = new Map<string, unknown>()
+  calls = 0
+  async get(keys: string | string[]) {
+    this.calls++
+    if (!Array.isArray(keys)) return structuredClone(this.map.get(keys))
+    assert.ok(keys.length <= 128, `get() of ${keys.length} keys`)
+    return new Map(keys.filter((k) => this.map.has(k)).map((k) => [k, structuredClone(this.map.get(k))]))
+  }
+  async put(entries: Record<string, unknown>) {
+    this.calls++
+    assert.ok(Object.keys(entries).length <= 128, `put() of ${Object.keys(entries).length} keys`)
+    for (const [k, v] of Object.entries(entries)) {
+      const bytes = typeof v === 'string' ? v.length * 2 : JSON.stringify(v).length
+      assert.ok(bytes <= 128 * 1024, `value of ${k} is ${bytes} bytes`)
+      this.map.set(k, structuredClone(v))
+    }
+  }
+  async list({ prefix }: { prefix: string }) {
+    return new Map([...this.map].filter(([k]) => k.startsWith(prefix)).sort(([a], [b]) => (a < b ? -1 : 1)))
+  }
+}
+
+test('store.mjs: an artefact of 1 MB with astral characters at slice edges round-trips; a missing one is an error naming it', async () => {
+  const { DurableObjectLogStore } = await import(join(EXAMPLE, 'store.mjs'))
+  const storage = new StorageStandIn()
+  const store = new DurableObjectLogStore(storage)
+  // 'a😀' is 3 UTF-16 units, so slice ends (every 32,768 units) fall inside surrogate pairs.
+  const text = 'a😀'.repeat(350_000)
+  const ref = await store.putArtefact('call_1.txt', text)
+  assert.equal(ref, 'durable-object:artefact:call_1.txt')
+  assert.equal(await store.getArtefact(ref), text)
+  const parts = [...storage.map].filter(([k]) => k.startsWith('part:artefact:call_1.txt:')).map(([, v]) => v as string)
+  assert.equal(storage.map.get('artefact:call_1.txt') && (storage.map.get('artefact:call_1.txt') as { parts: number }).parts, parts.length)
+  assert.ok(parts.length > 30 && parts.every((p) => p.length <= 32_768 && !/[\ud800-\udbff]$/.test(p)), 'slices of at most 32,768 units, none ending inside a pair')
+  await assert.rejects(store.getArtefact('durable-object:artefact:nope'), /no artefact durable-object:artefact:nope/)
+})
