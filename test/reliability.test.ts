@@ -1,0 +1,259 @@
+// Reliability under faults and bad input (issue 8): crash safety with SIGKILL, a fault-injecting
+// provider, bad input over HTTP, secrets, and property tests (fast-check). Seeded throughout.
+// `DSH_STRESS=1` (npm run test:stress) runs the long variants.
+import { test, describe, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { spawn } from 'node:child_process'
+import { mkdtempSync, readFileSync, writeFileSync, statSync, readdirSync, rmSync, existsSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join, dirname } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import {
+  Agent, FileStore, MemoryStore, Session, SessionError, ProviderError, openAICompatible,
+  type Tool, type SessionEvent, type Message, type ToolResultMessage,
+} from '../dsh.ts'
+import { startFakeProvider, type FakeReply, type FakeRequest, type FakeProvider } from './fake-provider.ts'
+
+const HERE = dirname(fileURLToPath(import.meta.url))
+const ROOT = join(HERE, '..')
+const STRESS = process.env.DSH_STRESS === '1'
+const WORK = mkdtempSync(join(tmpdir(), 'dsh-reliability-'))
+after(() => rmSync(WORK, { recursive: true, force: true }))
+
+/** mulberry32: a small seeded PRNG in [0, 1). */
+function rng(seed: number): () => number {
+  let a = seed >>> 0
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+
+/** Throws unless every tool call in a wire request has exactly one result, and every result its call (by id). */
+function assertWirePaired(body: any, where: string): void {
+  const open = new Set<string>(), seen = new Set<string>()
+  for (const m of body.messages ?? []) {
+    if (m.role === 'assistant') for (const c of m.tool_calls ?? []) {
+      assert.ok(typeof c.id === 'string' && c.id !== '', `${where}: a tool call without an id`)
+      assert.ok(!seen.has(c.id), `${where}: tool call id ${c.id} twice`)
+      seen.add(c.id); open.add(c.id)
+    }
+    if (m.role === 'tool') {
+      assert.ok(open.has(m.tool_call_id), `${where}: a result for ${m.tool_call_id} without its call`)
+      open.delete(m.tool_call_id)
+    }
+  }
+  assert.deepEqual([...open], [], `${where}: tool call(s) without a result`)
+}
+
+/** Guards a promise against a hang. */
+function within<T>(ms: number, p: Promise<T>, what: string): Promise<T> {
+  let timer: NodeJS.Timeout
+  return Promise.race([p, new Promise<T>((_, reject) => { timer = setTimeout(() => reject(new Error(`hang: ${what} did not end within ${ms} ms`)), ms) })]).finally(() => clearTimeout(timer))
+}
+
+// ── 1. Crash safety ────────────────────────────────────────────────────────────────────────────
+
+describe('crash safety (SIGKILL at seeded moments)', () => {
+  const LANES = 4
+  const KILLS = STRESS ? 400 : 100
+  test(`${KILLS} kills: the log loads, nothing synced is lost, resume repairs, the next turn is valid`, { timeout: STRESS ? 900_000 : 240_000 }, async () => {
+    let callId = 0
+    const pick = rng(8001)
+    const handler = (req: FakeRequest): FakeReply => {
+      const check = req.headers['x-lane'] === 'check'
+      if (req.headers['x-dsh-purpose'] === 'compaction') {
+        return { text: 'CHECKPOINT: the tasks ran the tools nap and dump; all results were fine; continue with the next task.', deltaSize: 4, delayMs: check ? 0 : 30 }
+      }
+      const last = req.body.messages.at(-1)
+      if (last?.role === 'tool' && (check || pick() < 0.4)) return { text: 'done with this task, moving on', deltaSize: 3, delayMs: check ? 0 : Math.floor(pick() * 25) }
+      const id = `c${++callId}`
+      if (check) return { toolCalls: [{ id, name: 'nap', arguments: { ms: 0 } }] }
+      const call = pick() < 0.4 ? { id, name: 'dump', arguments: { n: 3_000 + Math.floor(pick() * 9_000) } } : { id, name: 'nap', arguments: { ms: 20 + Math.floor(pick() * 300) } }
+      return { text: 'working on it, calling a tool now', deltaSize: 3, delayMs: Math.floor(pick() * 20), toolCalls: [call] }
+    }
+    const fake = await startFakeProvider({ handler })
+    const checkTools: Tool[] = [
+      { name: 'nap', parameters: { type: 'object' }, execute: () => 'slept 0 ms' },
+      { name: 'dump', parameters: { type: 'object' }, execute: () => 'dump' },
+    ]
+    const points = new Map<string, number>()
+    const seen = new Set<string>()
+    let survived = 0, torn = 0, repairedCalls = 0
+    try {
+      const lane = async (n: number): Promise<void> => {
+        const file = join(WORK, `crash-${n}.jsonl`)
+        const delay = rng(9000 + n)
+        for (let k = 0; k < KILLS / LANES; k++) {
+          const args = ['--import', 'tsx', join(HERE, 'crash-driver.ts'), '--session', file, '--url', fake.url, ...(n % 2 ? ['--chunky'] : [])]
+          const child = spawn(process.execPath, args, { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] })
+          let out = '', err = ''
+          child.stdout.on('data', (d) => { out += d })
+          child.stderr.on('data', (d) => { err += d })
+          const exited = new Promise<void>((resolve) => child.on('exit', () => resolve()))
+          const started = Date.now()
+          while (!/^ready /m.test(out)) {
+            if (child.exitCode !== null || Date.now() - started > 30_000) assert.fail(`lane ${n} kill ${k}: the driver did not start: ${err}`)
+            await sleep(10)
+          }
+          await sleep(Math.floor(delay() * 1_200))
+          child.kill('SIGKILL')
+          await exited
+          assert.doesNotMatch(out, /^error /m, `lane ${n} kill ${k}: a turn failed in the driver: ${out}`)
+          const synced = Math.max(0, ...[...out.matchAll(/^synced (\d+)$/gm)].map((m) => Number(m[1])))
+
+          // The log loads; a torn last line is dropped and reported.
+          const raw = readFileSync(file, 'utf8')
+          const lastLine = raw.slice(raw.lastIndexOf('\n') + 1)
+          let tornExpected = false
+          if (lastLine !== '') try { JSON.parse(lastLine) } catch { tornExpected = true }
+          const loaded = await Session.load(new FileStore(file))
+          if (tornExpected) {
+            torn++
+            assert.ok(loaded.torn, `lane ${n} kill ${k}: a torn last line must be reported`)
+            assert.equal(loaded.torn!.line, raw.split('\n').length)
+            assert.equal(readFileSync(loaded.torn!.savedTo!, 'utf8'), lastLine)
+          } else assert.equal(loaded.torn, undefined)
+          // Every event up to the last completed sync (a step boundary) is there.
+          assert.ok(loaded.events.length >= synced, `lane ${n} kill ${k}: ${synced} events were synced, ${loaded.events.length} loaded`)
+          const openCalls = loaded.openToolCalls()
+          const phase = [...out.matchAll(/^at (\w+)$/gm)].at(-1)?.[1] ?? 'idle'
+          const kind = tornExpected ? 'mid-append' : phase === 'idle' ? 'between' : `mid-${phase}`
+          points.set(kind, (points.get(kind) ?? 0) + 1)
+          const point = `${n}:${loaded.events.length}:${loaded.torn?.bytes ?? 0}`
+          assert.ok(!seen.has(point), `lane ${n} kill ${k}: the same point twice (${point})`)
+          seen.add(point)
+
+          // Resume repairs the open turn.
+          const store = new FileStore(file)
+          const session = await Session.open(store)
+          assert.equal(session.turn.open, false)
+          assert.deepEqual(session.openToolCalls(), [])
+          assert.equal(session.openCompaction, undefined)
+          const resumeAt = session.events.findLastIndex((e) => e.type === 'session/resume')
+          assert.ok(resumeAt >= loaded.events.length)
+          for (const id of openCalls) {
+            const r = session.events.slice(resumeAt).find((e) => e.type === 'tool/result' && (e.data as any).message.toolCallId === id)!
+            assert.equal((r.data as any).message.metadata.code, loaded.wasDispatched(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED')
+            repairedCalls++
+          }
+          // The next request is valid: a real turn with a tool call completes against the fake.
+          const before = fake.requests.length
+          const provider = openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-check', contextWindow: 4_000, headers: { 'x-lane': 'check' }, retryBaseMs: 1, retryMaxMs: 5 })
+          const agent = new Agent({ session, provider, tools: checkTools, prune: { thresholdChars: 2_000, headChars: 800, tailChars: 400 } })
+          const result = await within(20_000, agent.run('check turn'), 'the check turn')
+          assert.equal(result.reason, 'stop')
+          const mine = fake.requests.slice(before).filter((r) => r.headers['x-lane'] === 'check')
+          assert.ok(mine.length >= 2)
+          for (const r of mine) assertWirePaired(r.body, `lane ${n} kill ${k}`)
+          await store.close()
+          const again = await Session.load(new FileStore(file))
+          assert.deepEqual(again.messages(), session.messages())
+          survived++
+        }
+      }
+      await Promise.all(Array.from({ length: LANES }, (_, n) => lane(n)))
+      for (const [i, r] of fake.requests.entries()) assertWirePaired(r.body, `request ${i}`)
+    } finally { await fake.close() }
+    console.log(`crash safety: ${survived} kills survived (${[...points].map(([k, v]) => `${k} ${v}`).join(', ')}; ${torn} torn lines dropped, ${repairedCalls} open tool calls repaired)`)
+    assert.equal(survived, KILLS)
+  })
+})
+
+// ── 2. Fault-injecting provider ────────────────────────────────────────────────────────────────
+
+const OVERFLOW_TEXT = "This model's maximum context length is 8000 tokens. However, you requested 9100 tokens (8100 in the messages, 1000 in the completion). Please reduce the length of the messages or completion."
+const HTML_502 = '<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx/1.25.3</center>\r\n</body>\r\n</html>\r\n'
+type FaultKind = 'ok-text' | 'ok-tool' | '429' | '500' | '503' | 'disconnect' | 'in-band' | 'no-done' | 'html-502' | 'overflow'
+/** The code each fault must reach the caller with, and the provider text the error must carry. */
+const FAULTS: Record<FaultKind, { weight: number; code?: string; text?: (n: number) => string }> = {
+  'ok-text': { weight: 30 },
+  'ok-tool': { weight: 22 },
+  '429': { weight: 8, code: 'RATE_LIMIT', text: (n) => `Rate limit reached for requests per min (fault ${n})` },
+  '500': { weight: 5, code: 'SERVER', text: (n) => `The server had an error while processing your request (fault ${n})` },
+  '503': { weight: 5, code: 'SERVER', text: (n) => `Service is temporarily unavailable: overloaded (fault ${n})` },
+  'disconnect': { weight: 6, code: 'TRANSPORT' },
+  'in-band': { weight: 6, code: 'SERVER', text: (n) => `upstream model worker failed mid-generation (fault ${n})` },
+  'no-done': { weight: 6, code: 'TRANSPORT' },
+  'html-502': { weight: 6, code: 'SERVER', text: () => '502 Bad Gateway' },
+  'overflow': { weight: 6, code: 'CONTEXT_WINDOW_EXCEEDED', text: () => OVERFLOW_TEXT },
+}
+
+describe('fault-injecting provider', () => {
+  const TURNS = STRESS ? 5_000 : 500
+  test(`${TURNS} seeded turns over a random mix of faults: every turn ends, requests stay paired, errors stay original`, { timeout: STRESS ? 900_000 : 180_000 }, async () => {
+    const pick = rng(2026)
+    const kinds = Object.keys(FAULTS) as FaultKind[]
+    const total = kinds.reduce((s, k) => s + FAULTS[k].weight, 0)
+    const choose = (): FaultKind => { let r = pick() * total; for (const k of kinds) { r -= FAULTS[k].weight; if (r < 0) return k } return 'ok-text' }
+    let lastKind: FaultKind = 'ok-text', lastN = 0, n = 0, callId = 0
+    const handler = (req: FakeRequest): FakeReply => {
+      n++
+      if (req.headers['x-dsh-purpose'] === 'compaction') {
+        return pick() < 0.8 ? { text: `CHECKPOINT ${n}: echo calls ran; continue.` } : { status: 500, body: { error: { message: `summariser failed (fault ${n})` } } }
+      }
+      const kind = choose()
+      lastKind = kind; lastN = n
+      const text = FAULTS[kind].text?.(n) ?? ''
+      switch (kind) {
+        case 'ok-text': return { text: `answer ${n}` }
+        case 'ok-tool': return { text: 'calling', toolCalls: [{ id: `f${++callId}`, name: 'echo', arguments: { n } }] }
+        case '429': return { status: 429, body: { error: { message: text, type: 'rate_limit_error', code: 'rate_limit_exceeded' } }, headers: { 'retry-after': '1' } }
+        case '500': return { status: 500, body: { error: { message: text, type: 'server_error' } } }
+        case '503': return { status: 503, body: { error: { message: text, type: 'server_error' } } }
+        case 'disconnect': return { text: `partial ${n}`, fault: 'disconnect' }
+        case 'in-band': return { fault: 'in-band-error', error: { message: text, type: 'server_error' }, text: 'so far' }
+        case 'no-done': return { text: `cut ${n}`, fault: 'no-done' }
+        case 'html-502': return { status: 502, body: HTML_502, headers: { 'content-type': 'text/html' } }
+        case 'overflow': return { status: 400, body: { error: { message: text, type: 'invalid_request_error', code: 'context_length_exceeded' } } }
+      }
+    }
+    const fake = await startFakeProvider({ handler })
+    const tools: Tool[] = [{ name: 'echo', parameters: { type: 'object' }, execute: (a: { n: number }) => `echo ${a.n}: ` + 'result line\n'.repeat(150) }]
+    const provider = openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-faults', contextWindow: 8_000, maxTokens: 1_000, maxRetries: 2, retryBaseMs: 1, retryMaxMs: 5 })
+    const outcomes = new Map<string, number>()
+    let retries = 0
+    let session!: Session, agent!: Agent, file = ''
+    try {
+      for (let t = 0; t < TURNS; t++) {
+        if (t % 25 === 0) {
+          if (session) await session.store.close?.()
+          file = join(WORK, `faults-${t}.jsonl`)
+          session = await Session.open(new FileStore(file))
+          agent = new Agent({ session, provider, tools, maxSteps: 8, prune: { thresholdChars: 1_000, headChars: 300, tailChars: 200 } })
+        }
+        const before = fake.requests.length, seqBefore = session.seq
+        let outcome: string
+        try {
+          const r = await within(15_000, agent.run(`turn ${t}`), `turn ${t}`)
+          assert.ok(['stop', 'length', 'max-steps'].includes(r.reason), `turn ${t}: reason ${r.reason}`)
+          outcome = r.reason
+        } catch (err) {
+          assert.ok(err instanceof ProviderError, `turn ${t}: not a typed error: ${err}`)
+          const expected = FAULTS[lastKind]
+          assert.equal(err.code, expected.code, `turn ${t}: the last reply was ${lastKind}, the caller got ${err.code}: ${err.message}`)
+          const original = expected.text?.(lastN)
+          if (original) assert.ok(err.message.includes(original) || String(err.body ?? '').includes(original), `turn ${t}: ${lastKind}: the provider's text is lost: ${err.message}`)
+          if (lastKind === 'html-502') assert.equal(err.status, 502)
+          outcome = err.code
+        }
+        outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1)
+        for (const r of fake.requests.slice(before)) assertWirePaired(r.body, `turn ${t}`)
+        for (const e of session.events.slice(seqBefore)) if (e.type === 'recovery/retry') {
+          const d = e.data as { generationBefore: number; generationAfter: number }
+          assert.ok(d.generationAfter > d.generationBefore, `turn ${t}: an overflow retry without a generation change`)
+          retries++
+        }
+        assert.equal(session.turn.open, false)
+        assert.deepEqual((await Session.load(new FileStore(file))).messages(), session.messages(), `turn ${t}: the log does not reload to the same surface`)
+      }
+    } finally { await session?.store.close?.(); await fake.close() }
+    console.log(`fault-injecting provider: ${TURNS} turns survived over ${fake.requests.length} requests (${[...outcomes].map(([k, v]) => `${k} ${v}`).join(', ')}; ${retries} overflow recoveries)`)
+    assert.ok(retries > 0, 'no overflow recovery happened')
+    for (const code of ['stop', 'RATE_LIMIT', 'SERVER', 'TRANSPORT', 'CONTEXT_WINDOW_EXCEEDED']) assert.ok(outcomes.get(code), `no turn ended with ${code}`)
+  })
+})
