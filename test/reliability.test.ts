@@ -17,6 +17,8 @@ import { startFakeProvider, type FakeReply, type FakeRequest, type FakeProvider 
 const HERE = dirname(fileURLToPath(import.meta.url))
 const ROOT = join(HERE, '..')
 const STRESS = process.env.DSH_STRESS === '1'
+/** tsx by URL: a child started in another directory cannot resolve the bare name. */
+const TSX = import.meta.resolve('tsx')
 const WORK = mkdtempSync(join(tmpdir(), 'dsh-reliability-'))
 after(() => rmSync(WORK, { recursive: true, force: true }))
 
@@ -255,5 +257,170 @@ describe('fault-injecting provider', () => {
     console.log(`fault-injecting provider: ${TURNS} turns survived over ${fake.requests.length} requests (${[...outcomes].map(([k, v]) => `${k} ${v}`).join(', ')}; ${retries} overflow recoveries)`)
     assert.ok(retries > 0, 'no overflow recovery happened')
     for (const code of ['stop', 'RATE_LIMIT', 'SERVER', 'TRANSPORT', 'CONTEXT_WINDOW_EXCEEDED']) assert.ok(outcomes.get(code), `no turn ended with ${code}`)
+  })
+})
+
+// ── 4. Bad input, over HTTP ────────────────────────────────────────────────────────────────────
+
+/** Runs one turn on a FileStore session against a scripted fake; returns what happened. */
+async function turnOverHTTP(name: string, script: FakeReply[], tools: Tool[] = []) {
+  const fake = await startFakeProvider({ script })
+  const file = join(WORK, `bad-${name}.jsonl`)
+  const session = await Session.open(new FileStore(file))
+  const provider = openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-bad', contextWindow: 64_000, maxRetries: 0 })
+  const agent = new Agent({ session, provider, tools })
+  let error: unknown, reason: string | undefined
+  try { reason = (await within(60_000, agent.run(`bad input: ${name}`), name)).reason } catch (err) { error = err }
+  await session.store.close?.()
+  await fake.close()
+  const results = session.events.filter((e) => e.type === 'tool/result').map((e) => e.data as { message: ToolResultMessage; spilled?: { ref: string; bytes: number } })
+  for (const [i, r] of fake.requests.entries()) assertWirePaired(r.body, `${name} request ${i}`)
+  return { fake, session, file, error, reason, results }
+}
+const echo: Tool = { name: 'echo', parameters: { type: 'object' }, execute: (a) => JSON.stringify(a) }
+
+describe('bad input (over HTTP)', () => {
+  const toolCases: { name: string; call: { id?: string; name: string; arguments: string | Record<string, unknown> }; tool?: Tool; code: string; text: RegExp }[] = [
+    { name: 'arguments that are not JSON', call: { id: 'b1', name: 'echo', arguments: '{"path": "a.txt",,' }, code: 'TOOL_BAD_ARGUMENTS', text: /arguments of echo are not valid JSON/ },
+    { name: 'a tool that throws', call: { id: 'b2', name: 'boom', arguments: {} }, tool: { name: 'boom', execute: () => { throw new Error('disk on fire') } }, code: 'TOOL_ERROR', text: /tool boom failed: disk on fire/ },
+    { name: 'a tool that returns a non-string', call: { id: 'b3', name: 'num', arguments: {} }, tool: { name: 'num', execute: () => 42 as any }, code: 'TOOL_BAD_OUTPUT', text: /tool num returned number/ },
+    { name: 'an unknown tool', call: { id: 'b4', name: 'rm_rf', arguments: {} }, code: 'TOOL_UNKNOWN', text: /unknown tool "rm_rf"; available tools: echo/ },
+  ]
+  for (const c of toolCases) test(`${c.name} → an error result (${c.code}) for the model; the turn completes`, async () => {
+    const r = await turnOverHTTP(c.code, [{ toolCalls: [c.call] }, { text: 'understood' }], [echo, ...(c.tool ? [c.tool] : [])])
+    assert.equal(r.error, undefined)
+    assert.equal(r.reason, 'stop')
+    assert.equal(r.results.length, 1)
+    assert.equal(r.results[0].message.isError, true)
+    assert.equal((r.results[0].message.metadata as any).code, c.code)
+    const wire = r.fake.requests[1].body.messages.at(-1)
+    assert.equal(wire.role, 'tool')
+    assert.equal(wire.tool_call_id, c.call.id)
+    assert.match(wire.content, c.text)
+  })
+
+  test('a tool call without an id gets one; its result is sent with the same id', async () => {
+    const r = await turnOverHTTP('no-id', [{ toolCalls: [{ name: 'echo', arguments: { a: 1 } }] }, { text: 'ok' }], [echo])
+    assert.equal(r.reason, 'stop')
+    const sent = r.fake.requests[1].body.messages
+    const id = sent.at(-2).tool_calls[0].id
+    assert.ok(typeof id === 'string' && id.length > 0)
+    assert.equal(sent.at(-1).tool_call_id, id)
+    assert.equal(sent.at(-1).content, '{"a":1}')
+  })
+
+  test('lone surrogates in a tool output: U+FFFD on the wire, the original in the log', async () => {
+    const text = 'left \uD800 middle \uDC00 right \uD83D\uDE00'
+    const r = await turnOverHTTP('surrogates', [{ toolCalls: [{ id: 's1', name: 'raw', arguments: {} }] }, { text: 'ok' }], [{ name: 'raw', execute: () => text }])
+    assert.equal(r.reason, 'stop')
+    const wire = r.fake.requests[1]
+    assert.equal(wire.body.messages.at(-1).content, 'left \uFFFD middle \uFFFD right \uD83D\uDE00')
+    assert.doesNotMatch(wire.rawBody, /\\ud800|\\udc00/i)
+    const reloaded = await Session.load(new FileStore(r.file))
+    const logged = reloaded.events.find((e) => e.type === 'tool/result')!.data as { message: ToolResultMessage }
+    assert.equal((logged.message.content[0] as any).text, text)
+  })
+
+  test('a 100 MB tool output is spilled to the store\'s artefacts, not held in the request', { timeout: 120_000 }, async () => {
+    const SIZE = 100_000_000
+    const huge = () => 'HEAD-OF-OUTPUT ' + 'x'.repeat(SIZE - 30) + ' END-OF-OUTPUT'
+    const r = await turnOverHTTP('huge', [{ toolCalls: [{ id: 'h1', name: 'huge', arguments: {} }] }, { text: 'ok' }], [{ name: 'huge', execute: huge }])
+    assert.equal(r.reason, 'stop')
+    const spilled = r.results[0].spilled!
+    assert.equal(spilled.bytes, SIZE - 1)
+    assert.equal(statSync(spilled.ref).size, SIZE - 1)
+    const body = r.fake.requests[1].rawBody
+    assert.ok(body.length < 64_000, `the request body is ${body.length} chars`)
+    assert.match(body, /HEAD-OF-OUTPUT/)
+    assert.match(body, /END-OF-OUTPUT/)
+    assert.ok(body.includes(`all ${SIZE - 1} bytes are stored at`))
+    assert.ok(statSync(r.file).size < 64_000, 'the log holds the preview, not the output')
+  })
+
+  const bodyCases: { name: string; reply: FakeReply; code: string }[] = [
+    { name: 'an empty 200 body', reply: { status: 200, body: '' }, code: 'EMPTY_RESPONSE' },
+    { name: 'a 200 body that is not JSON', reply: { status: 200, body: 'Welcome to nginx! this is not JSON', headers: { 'content-type': 'application/json' } }, code: 'MALFORMED_RESPONSE' },
+  ]
+  for (const c of bodyCases) test(`${c.name} → ProviderError ${c.code}; the turn ends with reason error`, async () => {
+    const r = await turnOverHTTP(c.code, [c.reply])
+    assert.ok(r.error instanceof ProviderError, String(r.error))
+    assert.equal(r.error.code, c.code)
+    assert.equal(r.error.status, 200)
+    const end = r.session.events.at(-1)!
+    assert.deepEqual([end.type, (end.data as any).reason], ['turn/end', 'error'])
+    assert.equal((r.session.events.find((e) => e.type === 'request/error')!.data as any).code, c.code)
+  })
+
+  const formats: [string, string][] = [
+    ['an OpenAI message array', JSON.stringify([{ role: 'user', content: 'hi' }, { role: 'assistant', content: 'hello' }])],
+    ['a Claude Code transcript', JSON.stringify({ type: 'user', uuid: 'u1', sessionId: 's', message: { role: 'user', content: 'hi' } }) + '\n'],
+    ['a text file', 'just some notes\nnot a log\n'],
+  ]
+  for (const [name, text] of formats) test(`--session FILE holding ${name} → exit 2 with one clear line`, { timeout: 60_000 }, async () => {
+    const file = join(WORK, `other-${name.replace(/\W+/g, '-')}.jsonl`)
+    writeFileSync(file, text)
+    const r = await runCli(['-p', 'hi', '--session', file, '--base-url', 'http://127.0.0.1:9', '--model', 'fake-model', '--context-window', '8000'], {})
+    assert.equal(r.code, 2, r.stderr)
+    assert.equal(r.stdout, '')
+    const lines = r.stderr.trim().split('\n')
+    assert.equal(lines.length, 1, r.stderr)
+    assert.match(lines[0], new RegExp(`^dsh: --session ${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: session log line 1: (not valid JSON|not a dsh event|a JSON array, not a dsh event)`))
+    assert.equal(readFileSync(file, 'utf8'), text, 'the file is left as it was')
+  })
+})
+
+/** Runs the CLI (dsh.ts as the entry point) in a child process. */
+function runCli(args: string[], env: Record<string, string>, cwd = WORK): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, ['--import', TSX, join(ROOT, 'dsh.ts'), ...args], { cwd, env: { PATH: process.env.PATH ?? '', HOME: WORK, ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
+    let stdout = '', stderr = ''
+    child.stdout.on('data', (d) => { stdout += d })
+    child.stderr.on('data', (d) => { stderr += d })
+    child.on('exit', (code) => resolve({ code, stdout, stderr }))
+  })
+}
+
+// ── 5. Secrets ─────────────────────────────────────────────────────────────────────────────────
+
+describe('secrets', () => {
+  test('the API key never appears in the log, the events, --json output or error messages', { timeout: 90_000 }, async () => {
+    const KEY = 'sk-DSH-SECRET-7f3a9c2e41b8d6055e'
+    const dir = mkdtempSync(join(WORK, 'secrets-'))
+    writeFileSync(join(dir, 'notes.txt'), 'the build passes\n')
+    const fake = await startFakeProvider({
+      script: [
+        { toolCalls: [{ id: 'k1', name: 'read_file', arguments: { path: 'notes.txt' } }] },
+        { text: 'The notes say the build passes.' },
+        // An auth failure whose body echoes the key, as some providers do.
+        { status: 401, body: { error: { message: `Incorrect API key provided: ${KEY}. You can find your API key at https://example.invalid/keys.`, type: 'invalid_request_error', code: 'invalid_api_key' } } },
+        { status: 400, body: { error: { message: `Bad request (Authorization: Bearer ${KEY})`, type: 'invalid_request_error' } } },
+      ],
+    })
+    const file = join(dir, 'session.jsonl')
+    const env = { MY_FAKE_KEY: KEY }
+    const base = ['--session', file, '--base-url', fake.url, '--model', 'fake-model', '--api-key-env', 'MY_FAKE_KEY', '--context-window', '16000']
+    try {
+      const runs = [
+        await runCli(['-p', 'read notes.txt', '--json', ...base], env, dir),
+        await runCli(['-p', 'again', '--json', ...base], env, dir),
+        await runCli(['-p', 'and again', ...base], env, dir),
+      ]
+      assert.equal(runs[0].code, 0, runs[0].stderr)
+      assert.match(runs[0].stdout, /The notes say the build passes/)
+      assert.equal(runs[1].code, 1)
+      assert.equal(runs[2].code, 1)
+      assert.match(runs[1].stdout + runs[1].stderr, /AUTH/)
+      assert.match(runs[2].stdout + runs[2].stderr, /INVALID_REQUEST/)
+      // The key did reach the server (so the test is not vacuous) …
+      assert.equal(fake.requests[0].headers.authorization, `Bearer ${KEY}`)
+      // … and nowhere else.
+      const outputs = runs.flatMap((r) => [r.stdout, r.stderr])
+      const files = readdirSync(dir).map((f) => join(dir, f)).filter((f) => statSync(f).isFile()).map((f) => readFileSync(f, 'utf8'))
+      assert.ok(files.some((f) => f.includes('request/error')), 'the log recorded the errors')
+      for (const [i, text] of [...outputs, ...files].entries()) {
+        assert.ok(!text.includes(KEY), `the key leaked into output/file #${i}: ${text.slice(Math.max(0, text.indexOf(KEY) - 200), text.indexOf(KEY) + 60)}`)
+        assert.ok(!text.includes(KEY.slice(3, 20)), `part of the key leaked into output/file #${i}`)
+      }
+    } finally { await fake.close() }
   })
 })
