@@ -4,15 +4,17 @@
 import { test, describe, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
-import { mkdtempSync, readFileSync, writeFileSync, statSync, readdirSync, rmSync, existsSync } from 'node:fs'
+import { mkdtempSync, readFileSync, writeFileSync, statSync, readdirSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import fc from 'fast-check'
 import {
+  pruneText, codePointLength, parseSSE, classifyProviderError, PRUNE_MARKER,
   Agent, FileStore, MemoryStore, Session, SessionError, ProviderError, openAICompatible,
-  type Tool, type SessionEvent, type Message, type ToolResultMessage,
+  type Tool, type ToolResultMessage,
 } from '../dsh.ts'
-import { startFakeProvider, type FakeReply, type FakeRequest, type FakeProvider } from './fake-provider.ts'
+import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 
 const HERE = dirname(fileURLToPath(import.meta.url))
 const ROOT = join(HERE, '..')
@@ -52,6 +54,9 @@ function assertWirePaired(body: any, where: string): void {
   assert.deepEqual([...open], [], `${where}: tool call(s) without a result`)
 }
 
+/** A tool with a description and an open parameter schema. */
+const tool = (name: string, execute: Tool['execute']): Tool => ({ name, description: `test tool ${name}`, parameters: { type: 'object' }, execute })
+
 /** Guards a promise against a hang. */
 function within<T>(ms: number, p: Promise<T>, what: string): Promise<T> {
   let timer: NodeJS.Timeout
@@ -80,8 +85,8 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
     }
     const fake = await startFakeProvider({ handler })
     const checkTools: Tool[] = [
-      { name: 'nap', parameters: { type: 'object' }, execute: () => 'slept 0 ms' },
-      { name: 'dump', parameters: { type: 'object' }, execute: () => 'dump' },
+      tool('nap', () => 'slept 0 ms'),
+      tool('dump', () => 'dump'),
     ]
     const points = new Map<string, number>()
     const seen = new Set<string>()
@@ -163,6 +168,7 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
     } finally { await fake.close() }
     console.log(`crash safety: ${survived} kills survived (${[...points].map(([k, v]) => `${k} ${v}`).join(', ')}; ${torn} torn lines dropped, ${repairedCalls} open tool calls repaired)`)
     assert.equal(survived, KILLS)
+    for (const kind of ['mid-append', 'mid-stream', 'mid-tool']) assert.ok(points.get(kind), `no kill landed ${kind}`)
   })
 })
 
@@ -192,7 +198,7 @@ describe('fault-injecting provider', () => {
     const kinds = Object.keys(FAULTS) as FaultKind[]
     const total = kinds.reduce((s, k) => s + FAULTS[k].weight, 0)
     const choose = (): FaultKind => { let r = pick() * total; for (const k of kinds) { r -= FAULTS[k].weight; if (r < 0) return k } return 'ok-text' }
-    let lastKind: FaultKind = 'ok-text', lastN = 0, n = 0, callId = 0
+    let lastKind = 'ok-text' as FaultKind, lastN = 0, n = 0, callId = 0
     const handler = (req: FakeRequest): FakeReply => {
       n++
       if (req.headers['x-dsh-purpose'] === 'compaction') {
@@ -215,7 +221,7 @@ describe('fault-injecting provider', () => {
       }
     }
     const fake = await startFakeProvider({ handler })
-    const tools: Tool[] = [{ name: 'echo', parameters: { type: 'object' }, execute: (a: { n: number }) => `echo ${a.n}: ` + 'result line\n'.repeat(150) }]
+    const tools: Tool[] = [tool('echo', (a: { n: number }) => `echo ${a.n}: ` + 'result line\n'.repeat(150))]
     const provider = openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-faults', contextWindow: 8_000, maxTokens: 1_000, maxRetries: 2, retryBaseMs: 1, retryMaxMs: 5 })
     const outcomes = new Map<string, number>()
     let retries = 0
@@ -236,7 +242,7 @@ describe('fault-injecting provider', () => {
           outcome = r.reason
         } catch (err) {
           assert.ok(err instanceof ProviderError, `turn ${t}: not a typed error: ${err}`)
-          const expected = FAULTS[lastKind]
+          const expected: { code?: string; text?: (n: number) => string } = FAULTS[lastKind as FaultKind]
           assert.equal(err.code, expected.code, `turn ${t}: the last reply was ${lastKind}, the caller got ${err.code}: ${err.message}`)
           const original = expected.text?.(lastN)
           if (original) assert.ok(err.message.includes(original) || String(err.body ?? '').includes(original), `turn ${t}: ${lastKind}: the provider's text is lost: ${err.message}`)
@@ -277,13 +283,13 @@ async function turnOverHTTP(name: string, script: FakeReply[], tools: Tool[] = [
   for (const [i, r] of fake.requests.entries()) assertWirePaired(r.body, `${name} request ${i}`)
   return { fake, session, file, error, reason, results }
 }
-const echo: Tool = { name: 'echo', parameters: { type: 'object' }, execute: (a) => JSON.stringify(a) }
+const echo: Tool = tool('echo', (a: unknown) => JSON.stringify(a))
 
 describe('bad input (over HTTP)', () => {
   const toolCases: { name: string; call: { id?: string; name: string; arguments: string | Record<string, unknown> }; tool?: Tool; code: string; text: RegExp }[] = [
     { name: 'arguments that are not JSON', call: { id: 'b1', name: 'echo', arguments: '{"path": "a.txt",,' }, code: 'TOOL_BAD_ARGUMENTS', text: /arguments of echo are not valid JSON/ },
-    { name: 'a tool that throws', call: { id: 'b2', name: 'boom', arguments: {} }, tool: { name: 'boom', execute: () => { throw new Error('disk on fire') } }, code: 'TOOL_ERROR', text: /tool boom failed: disk on fire/ },
-    { name: 'a tool that returns a non-string', call: { id: 'b3', name: 'num', arguments: {} }, tool: { name: 'num', execute: () => 42 as any }, code: 'TOOL_BAD_OUTPUT', text: /tool num returned number/ },
+    { name: 'a tool that throws', call: { id: 'b2', name: 'boom', arguments: {} }, tool: tool('boom', () => { throw new Error('disk on fire') }), code: 'TOOL_ERROR', text: /tool boom failed: disk on fire/ },
+    { name: 'a tool that returns a non-string', call: { id: 'b3', name: 'num', arguments: {} }, tool: tool('num', () => 42 as any), code: 'TOOL_BAD_OUTPUT', text: /tool num returned number/ },
     { name: 'an unknown tool', call: { id: 'b4', name: 'rm_rf', arguments: {} }, code: 'TOOL_UNKNOWN', text: /unknown tool "rm_rf"; available tools: echo/ },
   ]
   for (const c of toolCases) test(`${c.name} → an error result (${c.code}) for the model; the turn completes`, async () => {
@@ -311,7 +317,7 @@ describe('bad input (over HTTP)', () => {
 
   test('lone surrogates in a tool output: U+FFFD on the wire, the original in the log', async () => {
     const text = 'left \uD800 middle \uDC00 right \uD83D\uDE00'
-    const r = await turnOverHTTP('surrogates', [{ toolCalls: [{ id: 's1', name: 'raw', arguments: {} }] }, { text: 'ok' }], [{ name: 'raw', execute: () => text }])
+    const r = await turnOverHTTP('surrogates', [{ toolCalls: [{ id: 's1', name: 'raw', arguments: {} }] }, { text: 'ok' }], [tool('raw', () => text)])
     assert.equal(r.reason, 'stop')
     const wire = r.fake.requests[1]
     assert.equal(wire.body.messages.at(-1).content, 'left \uFFFD middle \uFFFD right \uD83D\uDE00')
@@ -324,7 +330,7 @@ describe('bad input (over HTTP)', () => {
   test('a 100 MB tool output is spilled to the store\'s artefacts, not held in the request', { timeout: 120_000 }, async () => {
     const SIZE = 100_000_000
     const huge = () => 'HEAD-OF-OUTPUT ' + 'x'.repeat(SIZE - 30) + ' END-OF-OUTPUT'
-    const r = await turnOverHTTP('huge', [{ toolCalls: [{ id: 'h1', name: 'huge', arguments: {} }] }, { text: 'ok' }], [{ name: 'huge', execute: huge }])
+    const r = await turnOverHTTP('huge', [{ toolCalls: [{ id: 'h1', name: 'huge', arguments: {} }] }, { text: 'ok' }], [tool('huge', huge)])
     assert.equal(r.reason, 'stop')
     const spilled = r.results[0].spilled!
     assert.equal(spilled.bytes, SIZE - 1)
@@ -423,4 +429,123 @@ describe('secrets', () => {
       }
     } finally { await fake.close() }
   })
+})
+
+// ── 3. Property tests (fast-check, seeded) ─────────────────────────────────────────────────────
+
+const RUNS = STRESS ? 2_000 : 200
+const props: string[] = []
+const check = (name: string, property: fc.IAsyncProperty<any> | fc.IProperty<any>, runs = RUNS) => {
+  props.push(`${name} (${runs} runs)`)
+  return fc.assert(property as any, { seed: 42, numRuns: runs })
+}
+after(() => console.log(`property tests: ${props.length} properties: ${props.join('; ')}`))
+
+/** Any UTF-16 text: full Unicode incl. astral and combining marks, plus lone surrogates. */
+const anyText = fc.array(fc.oneof(
+  fc.string({ unit: 'grapheme', maxLength: 40 }),
+  fc.string({ unit: 'binary', maxLength: 40 }),
+  fc.constantFrom('\uD800', '\uDFFF', 'e\u0301', '👩‍👩‍👧', '\uD83D\uDE00', 'a'.repeat(500)),
+  fc.string({ unit: fc.constantFrom('\uD800', '\uDC00', 'x', '\u0301'), maxLength: 60 }),
+), { maxLength: 40 }).map((parts) => parts.join(''))
+const wellFormed = (s: string) => !/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(s)
+const pruneConfig = fc.record({ head: fc.integer({ min: 0, max: 300 }), tail: fc.integer({ min: 0, max: 300 }), slack: fc.integer({ min: 0, max: 300 }) })
+  .map(({ head, tail, slack }) => ({ headChars: head, tailChars: tail, thresholdChars: head + tail + codePointLength(PRUNE_MARKER) + slack }))
+
+describe('properties', () => {
+  test('pruner: well-formed where the input was, within budget (code points), head and tail kept, idempotent', () => check('pruner',
+    fc.property(anyText, pruneConfig, (text, config) => {
+      const out = pruneText(text, config)
+      const cps = [...text]
+      if (cps.length <= config.thresholdChars) { assert.equal(out, text); return }
+      assert.ok(codePointLength(out) <= config.thresholdChars)
+      assert.equal(codePointLength(out), config.headChars + codePointLength(PRUNE_MARKER) + config.tailChars)
+      assert.equal(out, cps.slice(0, config.headChars).join('') + PRUNE_MARKER + cps.slice(cps.length - config.tailChars).join(''))
+      if (wellFormed(text)) assert.ok(wellFormed(out))
+      assert.equal(pruneText(out, config), out)
+    })))
+
+  const sseEvent = fc.record({
+    event: fc.option(fc.stringMatching(/^[a-z]{1,8}$/), { nil: undefined }),
+    data: fc.array(fc.string({ unit: 'grapheme', maxLength: 20 }).map((s) => s.replace(/[\r\n]/g, ' ')), { minLength: 1, maxLength: 3 }),
+    id: fc.option(fc.stringMatching(/^[a-z0-9]{1,6}$/), { nil: undefined }),
+  })
+  test('parseSSE: the same events however a valid stream is split into chunks', () => check('parseSSE chunking',
+    fc.asyncProperty(fc.array(sseEvent, { minLength: 1, maxLength: 6 }), fc.constantFrom('\n', '\r\n', '\r'), fc.boolean(), fc.array(fc.nat(), { maxLength: 12 }), async (events, eol, bom, cuts) => {
+      const text = (bom ? '\uFEFF' : '') + events.map((e) => [': comment', e.event ? `event: ${e.event}` : '', e.id ? `id: ${e.id}` : '', ...e.data.map((d) => `data: ${d}`)].filter(Boolean).join(eol) + eol + eol).join('')
+      const bytes = new TextEncoder().encode(text)
+      const at = [...new Set(cuts.map((c) => c % (bytes.length + 1)))].sort((a, b) => a - b)
+      const chunks: Uint8Array[] = []
+      let prev = 0
+      for (const c of [...at, bytes.length]) { chunks.push(bytes.slice(prev, c)); prev = c }
+      const collect = async (parts: Uint8Array[]) => { const out = []; for await (const e of parseSSE((async function* () { yield* parts })())) out.push({ event: e.event, data: e.data }); return out }
+      const whole = await collect([bytes])
+      assert.deepEqual(whole, events.map((e) => ({ event: e.event ?? 'message', data: e.data.join('\n') })))
+      assert.deepEqual(await collect(chunks), whole)
+    })))
+
+  test('classifyProviderError never throws on random bytes and strings', () => check('classifier total',
+    fc.property(fc.option(fc.integer({ min: -1, max: 1000 }), { nil: undefined }), fc.oneof(fc.string({ unit: 'binary' }), fc.uint8Array().map((b) => new TextDecoder().decode(b)), fc.json()), (status, body) => {
+      const code = classifyProviderError(status, body)
+      assert.ok(['CONTEXT_WINDOW_EXCEEDED', 'RATE_LIMIT', 'QUOTA', 'AUTH', 'INVALID_REQUEST', 'SERVER', 'TRANSPORT', 'TIMEOUT', 'ABORTED', 'EMPTY_RESPONSE', 'MALFORMED_RESPONSE'].includes(code))
+    }), RUNS * 5))
+
+  // Random operations on a session: valid ones keep every invariant; invalid ones throw SessionError and change nothing.
+  const op = fc.oneof(
+    fc.record({ kind: fc.constant('user'), text: fc.string({ maxLength: 30 }) }),
+    fc.record({ kind: fc.constant('assistant'), calls: fc.nat({ max: 2 }), reuse: fc.boolean() }),
+    fc.record({ kind: fc.constant('result'), pick: fc.nat(), bogus: fc.boolean() }),
+    fc.record({ kind: fc.constant('replace'), a: fc.nat(), b: fc.nat(), stale: fc.boolean() }),
+    fc.record({ kind: fc.constant('prune'), pick: fc.nat() }),
+  )
+  test('log: random appends and replaces keep every invariant and reload identically', () => check('log operations',
+    fc.asyncProperty(fc.array(op, { maxLength: 30 }), async (ops) => {
+      const store = new MemoryStore()
+      const s = await Session.open(store)
+      let ids = 0, rejected = 0
+      for (const o of ops) {
+        const before = JSON.stringify([s.events.length, s.surface(), s.openToolCalls(), s.replaceGeneration])
+        try {
+          if (o.kind === 'user') s.append('user/message', { message: { role: 'user', content: o.text }, surfaceOp: { op: 'append' } })
+          else if (o.kind === 'assistant') {
+            const content = Array.from({ length: o.calls }, () => ({ type: 'tool-call', id: o.reuse && ids > 0 ? `t${ids}` : `t${++ids}`, name: 'f', arguments: '{}' }))
+            s.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'a' }, ...content] as any }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+          } else if (o.kind === 'result') {
+            const open = s.openToolCalls()
+            const id = o.bogus || open.length === 0 ? `nope${o.pick}` : open[o.pick % open.length]
+            s.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text: 'r'.repeat(o.pick % 50_000) }] }, surfaceOp: { op: 'append' } })
+          } else if (o.kind === 'replace') {
+            const nodes = s.surface()
+            const seqs = nodes.map((n) => n.seq)
+            const a = o.stale ? o.a % (s.seq + 1) : seqs[o.a % Math.max(1, seqs.length)] ?? 0
+            const b = o.stale ? o.b % (s.seq + 1) : seqs[o.b % Math.max(1, seqs.length)] ?? 0
+            s.append('user/message', { message: { role: 'user', content: 'checkpoint' }, surfaceOp: { op: 'replace', start: a, end: b } })
+          } else {
+            const results = s.surface().filter((n) => n.message.role === 'tool')
+            if (results.length) s.pruneToolResult(results[o.pick % results.length].seq)
+          }
+        } catch (err) {
+          assert.ok(err instanceof SessionError, `not a SessionError: ${err}`)
+          assert.equal(JSON.stringify([s.events.length, s.surface(), s.openToolCalls(), s.replaceGeneration]), before, 'a rejected append changed the session')
+          rejected++
+        }
+        // Invariants: contiguous seqs; a request never has a call without its result or a result without its call.
+        s.events.forEach((e, i) => assert.equal(e.seq, i))
+        if (s.openToolCalls().length === 0) {
+          const calls = new Set<string>(), results: string[] = []
+          for (const m of s.messages()) {
+            if (m.role === 'assistant') for (const b of m.content) if (b.type === 'tool-call') calls.add((b as any).id)
+            if (m.role === 'tool') results.push(m.toolCallId)
+          }
+          assert.deepEqual(results.slice().sort(), [...calls].sort())
+        } else assert.throws(() => s.messages(), (e: any) => e instanceof SessionError && e.code === 'PAIRING')
+      }
+      await s.flush()
+      const again = await Session.load(store)
+      assert.deepEqual(again.surface(), s.surface())
+      assert.equal(again.replaceGeneration, s.replaceGeneration)
+      assert.deepEqual(again.openToolCalls(), s.openToolCalls())
+      assert.deepEqual(again.measure().totalTokens, s.measure().totalTokens)
+      void rejected
+    })))
 })
