@@ -67,7 +67,7 @@ function within<T>(ms: number, p: Promise<T>, what: string): Promise<T> {
 
 describe('crash safety (SIGKILL at seeded moments)', () => {
   const LANES = 4
-  const KILLS = STRESS ? 400 : 100
+  const KILLS = STRESS ? 250 : 100
   test(`${KILLS} kills: the log loads, nothing synced is lost, resume repairs, the next turn is valid`, { timeout: STRESS ? 900_000 : 240_000 }, async () => {
     let callId = 0
     const pick = rng(8001)
@@ -192,7 +192,7 @@ const FAULTS: Record<FaultKind, { weight: number; code?: string; text?: (n: numb
 }
 
 describe('fault-injecting provider', () => {
-  const TURNS = STRESS ? 5_000 : 500
+  const TURNS = STRESS ? 2_500 : 500
   test(`${TURNS} seeded turns over a random mix of faults: every turn ends, requests stay paired, errors stay original`, { timeout: STRESS ? 900_000 : 180_000 }, async () => {
     const pick = rng(2026)
     const kinds = Object.keys(FAULTS) as FaultKind[]
