@@ -5478,7 +5478,7 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
       case 'compaction/prune': return say(`pruned tool result #${d.shadowedSeqs[0]} (${fmt(d.shadowedTokenCount)} tokens)`)
       case 'compaction/end': return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${fmt(d.tokensBefore)} → ${fmt(d.tokensAfter)} tokens`)
       case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
-      case 'request/error': return say(`provider error ${d.code}${d.status ? ` (${d.status})` : ''}: ${d.message}`)
+      case 'request/error': return say(`provider error${String(d.message).startsWith(d.code) ? '' : ` ${d.code}`}${d.status ? ` (${d.status})` : ''}: ${d.message}`)
       case 'step/end': {
         if (!tty || !a) return
         const m = a.session.measure(), w = a.contextWindow
@@ -5522,7 +5522,8 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   try {
     session = await Session.open(options.session ? new FileStore(options.session) : new MemoryStore())
   } catch (err) {
-    if (err instanceof SessionError && err.code === 'LOG_CORRUPT') { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
+    // A corrupt log, a file of another format, a directory or an unwritable path: say which, exit 2.
+    if (err instanceof SessionError) { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
     throw err
   }
   if (session.torn) io.stderr(`dsh: the session log's last line (line ${session.torn.line}, ${session.torn.bytes} bytes) was cut short by a crash; dropped and saved to ${session.torn.savedTo}\n`)
@@ -5573,7 +5574,8 @@ async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliIO, 
     if (result.reason !== 'stop') io.stderr(`dsh: the turn ended with reason "${result.reason}"\n`)
     return 0
   } catch (err) {
-    io.stderr(`dsh: ${err instanceof ProviderError ? `${err.code}${err.status ? ` (HTTP ${err.status})` : ''}: ` : ''}${(err as Error)?.message ?? err}\n`)
+    const m = String((err as Error)?.message ?? err)
+    io.stderr(`dsh: ${err instanceof ProviderError && !m.startsWith(err.code) ? `${err.code}${err.status ? ` (HTTP ${err.status})` : ''}: ` : ''}${m}\n`)
     return 1
   } finally { p.off('SIGINT', onSigint) }
 }
