@@ -252,7 +252,8 @@ export interface UsageAnchor { providerTokens: number; heuristicTokens: number; 
  * `totalTokens` = `envelopeTokens + surfaceTokens` when not anchored; when anchored it is
  * `max(provider, heuristic at anchor) + (heuristic now − heuristic at anchor)`: the provider's
  * figure plus the signed heuristic price of every surface change since (a low provider figure
- * never undercounts).
+ * never undercounts). A later call that reports no usage does not void the anchor: its assistant
+ * message is one more surface change, priced by the heuristic. An envelope or model change does.
  */
 export interface Measurement {
   totalTokens: number
@@ -495,6 +496,7 @@ export interface RequestHeader {
 /** The `data` of each event type dsh writes (DESIGN.md §4). Callers may log other types too. */
 export interface EventDataMap {
   'session/start': { id: string; version: string }
+  /** `lastSeq`: the last seq before the resume; `repaired`: how many synthetic tool results follow. */
   'session/resume': { lastSeq: number; torn?: TornLine; repaired: number }
   'turn/start': { turn: number }
   'turn/end': { turn: number; reason: string }
@@ -513,6 +515,7 @@ export interface EventDataMap {
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
   'recovery/retry': { generationBefore: number; generationAfter: number }
 }
+/** The event types dsh itself writes (see {@link EventDataMap}). */
 export type EventType = keyof EventDataMap
 
 /**
@@ -535,6 +538,10 @@ export interface SurfaceNode {
   readonly key: number
 }
 
+/**
+ * Why an append or a load failed: a malformed message or event, a bad surface op, a break of tool
+ * call/result pairing, a corrupt log file (with its line), or a store that could not be read or written.
+ */
 export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
@@ -550,7 +557,10 @@ export class SessionError extends Error {
   }
 }
 
-/** A last log line cut short by a crash: dropped on load and reported (DESIGN.md §4). */
+/**
+ * A last log line cut short by a crash: dropped on load and reported (DESIGN.md §4). `line` is
+ * 1-based, `bytes` its UTF-8 length, `savedTo` where FileStore kept its bytes.
+ */
 export interface TornLine { line: number; bytes: number; savedTo?: string }
 
 /** What a store returns on load. */
@@ -597,7 +607,7 @@ function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined 
 }
 
 /**
- * Parses JSONL log text. A last line without its newline that does not parse is torn (dropped and
+ * Parses JSONL log text. `goodLength` is the UTF-16 length of the whole lines. A last line without its newline that does not parse is torn (dropped and
  * reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line.
  */
 export function parseLogText(text: string): { events: SessionEvent[]; torn?: TornLine; goodLength: number } {
@@ -697,6 +707,9 @@ function validateBlocks(blocks: unknown, where: string): void {
     if (typeof b !== 'object' || b === null || typeof (b as Block).type !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] must be an object with a string "type"`)
     const t = (b as Block).type
     if ((t === 'text' || t === 'reasoning') && typeof (b as TextBlock).text !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}].text must be a string`)
+    if (t !== 'text' && t !== 'reasoning' && t !== 'tool-call') {
+      try { JSON.stringify(b) } catch (err) { throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (${t}) cannot be stored as JSON: ${(err as Error).message}`) }
+    }
     if (t === 'tool-call') {
       const c = b as ToolCallBlock
       if (typeof c.id !== 'string' || c.id === '') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs a non-empty string id`)
@@ -812,6 +825,8 @@ export class Session {
   surface(): readonly SurfaceNode[] { return this.nodes }
   /** The surface node put there by event `seq`, if it is still on the surface. */
   node(seq: number): SurfaceNode | undefined { return this.bySeq.get(seq) }
+  /** Whether a tool call with this id is on the surface (ids must be unique there). */
+  hasToolCall(callId: string): boolean { return this.calls.has(callId) }
   /** Ids of tool calls on the surface that have no result yet. */
   openToolCalls(): string[] { return [...this.openCalls] }
   /** Whether a `tool/call` dispatch record was logged for `callId`. */
@@ -1134,6 +1149,8 @@ export interface CompactionHost {
   readonly session: Session
   /** The model that writes summaries. */
   readonly summarizer: Provider
+  /** The conversation model's name, for messages (default: the summarizer's). */
+  readonly modelName?: string
   /** Context window of the conversation model, tokens; undefined when unknown. */
   readonly contextWindow?: number
   readonly envelope: Envelope
@@ -1149,7 +1166,7 @@ export interface CompactionHost {
 
 /** Per-host memory of the ladder. */
 export interface LadderState {
-  /** Heuristic surface tokens when pressure compaction last failed; no retry until it grows. */
+  /** Heuristic tokens (envelope + surface) when pressure compaction last failed; no retry until they grow by the retained tail. */
   failedAtSurfaceTokens?: number
   warnedNoWindow?: boolean
 }
@@ -1274,13 +1291,40 @@ function balancedGroups(messages: readonly Message[]): Message[][] {
   return groups
 }
 
-/** Shortens every text of a message (for a summary request only) so it costs at most `tokens`. */
+const SHRINK_MARKER = '\n[... cut for the summary request ...]\n'
+
+/** Keeps head (70%) and tail of `text` within `maxUnits` UTF-16 units, never splitting a surrogate pair. */
+function cutToUnits(text: string, maxUnits: number): string {
+  if (text.length <= maxUnits) return text
+  const room = Math.max(0, maxUnits - SHRINK_MARKER.length)
+  let head = Math.floor(room * 0.7), tail = text.length - (room - head)
+  if (head > 0 && isHigh(text.charCodeAt(head - 1))) head--
+  if (tail < text.length && isLow(text.charCodeAt(tail))) tail++
+  return text.slice(0, head) + SHRINK_MARKER + text.slice(tail)
+}
+
+/**
+ * Shortens a message for a summary request only (the log is untouched) so that it costs at most
+ * `tokens` by the §2 estimate: every text-bearing field (text, reasoning, tool-call arguments) is
+ * cut in proportion, in UTF-16 units; non-text blocks become a one-line placeholder.
+ */
 function shrinkMessage(m: Message, tokens: number): Message {
-  const chars = Math.max(256, (tokens - MESSAGE_OVERHEAD_TOKENS) * CHARS_PER_TOKEN)
-  const cfg: PruneConfig = { thresholdChars: chars, headChars: Math.floor(chars * 0.7) - 40, tailChars: Math.floor(chars * 0.3) - 40 }
-  const cut = (t: string) => pruneText(t, cfg)
-  if (typeof m.content === 'string') return { ...m, content: cut(m.content) } as Message
-  return { ...m, content: m.content.map((b) => (b.type === 'text' || b.type === 'reasoning' ? { ...b, text: cut((b as TextBlock).text) } : b)) } as Message
+  const blocks: Block[] = typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : m.content
+  let units = 0
+  for (const b of blocks) units += b.type === 'tool-call' ? (b as ToolCallBlock).arguments.length + (b as ToolCallBlock).name.length : b.type === 'text' || b.type === 'reasoning' ? (b as TextBlock).text.length : 0
+  const placeholders = blocks.filter((b) => b.type !== 'text' && b.type !== 'reasoning' && b.type !== 'tool-call').length * 8
+  const budget = Math.max(0, (tokens - MESSAGE_OVERHEAD_TOKENS - placeholders) * CHARS_PER_TOKEN)
+  const ratio = units > 0 ? Math.min(1, budget / units) : 1
+  const out = blocks.map((b): Block => {
+    if (b.type === 'text' || b.type === 'reasoning') return { ...b, text: cutToUnits((b as TextBlock).text, Math.floor((b as TextBlock).text.length * ratio)) } as Block
+    if (b.type === 'tool-call') {
+      const c = b as ToolCallBlock
+      const max = Math.floor(c.arguments.length * ratio)
+      return c.arguments.length <= max ? c : { ...c, arguments: JSON.stringify({ cut: cutToUnits(c.arguments, Math.max(0, max - 12)) }) }
+    }
+    return { type: 'text', text: `[${b.type} omitted]` }
+  })
+  return (typeof m.content === 'string' ? { ...m, content: (out[0] as TextBlock).text } : { ...m, content: out }) as Message
 }
 
 /**
@@ -1302,10 +1346,12 @@ export async function summarise(host: CompactionHost, messages: readonly Message
   const usage: Usage = { promptTokens: 0, completionTokens: 0 }
   const call = async (chunk: Message[]) => {
     const msgs = summary ? [prior(summary), ...chunk, instruction] : [...chunk, instruction]
+    const inputTokens = estimateRequestTokens(host.envelope, msgs)
+    if (inputTokens >= window) throw new CompactionError(`a summary request of ${inputTokens} tokens would not fit the summarizer's window (${window} tokens); nothing was sent`)
     requests++
     const res = await provider.complete({
       system: host.envelope.system, tools: host.envelope.tools, messages: msgs, maxTokens: host.compaction.summaryMaxTokens,
-      inputTokens: estimateRequestTokens(host.envelope, msgs), signal, headers: { 'x-dsh-purpose': 'compaction' },
+      inputTokens, signal, headers: { 'x-dsh-purpose': 'compaction' },
     })
     if (res.usage) { usage.promptTokens += res.usage.promptTokens; usage.completionTokens += res.usage.completionTokens }
     const text = res.message.content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('').trim()
@@ -1317,10 +1363,13 @@ export async function summarise(host: CompactionHost, messages: readonly Message
   const budget = () => window - fixed - reserve - (summary ? estimateMessageTokens(prior(summary)) + reserve : 0)
   for (const group of balancedGroups(messages)) {
     let groupTokens = group.reduce((t, m) => t + estimateMessageTokens(m), 0)
-    if (chunk.length > 0 && chunkTokens + groupTokens > budget()) { await call(chunk); chunk = []; chunkTokens = 0 }
-    if (groupTokens > budget()) {
-      // A single group larger than a whole request: shorten its texts for this request only.
-      const room = budget()
+    // A group larger than a whole request is shortened anyway; it shares the request with the
+    // current chunk when that leaves it at least a quarter of the room.
+    const oversized = groupTokens > budget()
+    if (chunk.length > 0 && chunkTokens + groupTokens > budget() && !(oversized && budget() - chunkTokens >= budget() / 4)) { await call(chunk); chunk = []; chunkTokens = 0 }
+    if (oversized) {
+      // Shorten its texts for this request only.
+      const room = budget() - chunkTokens
       if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) throw new CompactionError(`the summarizer's window (${window} tokens) leaves no room for the region after the envelope (${envelopeTokens} tokens)`)
       const each = Math.floor(room / group.length)
       const shrunk = group.map((m) => (estimateMessageTokens(m) > each ? shrinkMessage(m, each) : m))
@@ -1395,7 +1444,7 @@ export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' 
   if (trigger !== 'context-overflow' && window === undefined) {
     if (!host.ladderState.warnedNoWindow) {
       host.ladderState.warnedNoWindow = true
-      host.warn(`configuration error: the context window of model "${host.summarizer.model}" is unknown, so pressure compaction is off; set contextWindow (CLI: --context-window N)`)
+      host.warn(`configuration error: the context window of model "${host.modelName ?? host.summarizer.model}" is unknown, so pressure compaction is off; set contextWindow (CLI: --context-window N)`)
     }
     return done('skipped', 'no context window')
   }
@@ -2683,7 +2732,9 @@ export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error
 /** What a hook receives. `request` only for `agent/request` (mutable); `error` only for `agent/request-error`. */
 export interface HookContext {
   agent: Agent
+  /** Turn number, from 1 for the session's first turn. */
   turn: number
+  /** Step number within the turn, from 1. */
   step: number
   signal: AbortSignal
   request?: ChatRequest
@@ -2745,11 +2796,22 @@ function toolOutputToResult(callId: string, name: string, out: unknown): ToolRes
   return errorResult(callId, `tool ${name} returned ${kind}; a tool must return a string, an array of blocks or {content, isError}`, 'TOOL_BAD_OUTPUT')
 }
 
-/** Gives every tool call an id (some servers omit it), unique by the event seq it will get. */
-function withCallIds(message: AssistantMessage, seq: number): AssistantMessage {
+/**
+ * Gives every tool call a usable id: some servers omit it, some repeat one from an earlier step.
+ * Missing or repeated ids become `call_dsh_<seq>_<n>`, unique by the event seq the message will get.
+ */
+function withCallIds(message: AssistantMessage, seq: number, session: Session): AssistantMessage {
+  const seen = new Set<string>()
+  const usable = (b: Block) => {
+    const id = (b as ToolCallBlock).id
+    const ok = typeof id === 'string' && id !== '' && !seen.has(id) && !session.hasToolCall(id)
+    seen.add(id)
+    return ok
+  }
+  if (message.content.every((b) => b.type !== 'tool-call' || usable(b))) return message
+  seen.clear()
   let n = 0
-  if (!message.content.some((b) => b.type === 'tool-call' && !(b as ToolCallBlock).id)) return message
-  return { ...message, content: message.content.map((b) => (b.type === 'tool-call' && !(b as ToolCallBlock).id ? { ...b, id: `call_dsh_${seq}_${n++}` } : b)) }
+  return { ...message, content: message.content.map((b) => (b.type === 'tool-call' && !usable(b) ? { ...b, id: `call_dsh_${seq}_${n++}` } : b)) }
 }
 
 function errorResult(callId: string, text: string, code: string): ToolResultMessage {
@@ -2818,6 +2880,8 @@ export class Agent implements CompactionHost {
 
   /** Context window in tokens, if known. */
   get contextWindow(): number | undefined { return this.window }
+  /** The conversation model's name. */
+  get modelName(): string { return this.provider.model }
   /** The request envelope: system prompt and tool specs. */
   get envelope(): Envelope {
     return { system: this.system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
@@ -2874,14 +2938,17 @@ export class Agent implements CompactionHost {
     let step = 0
     let last: AssistantMessage | undefined
     const end = async (reason: string): Promise<TurnResult> => {
+      ended = true
       session.append('turn/end', { turn, reason })
       await session.sync()
       return { turn, steps: step, reason, text: last ? textOfBlocks(last.content) : '', message: last }
     }
+    let ended = false
     try {
       session.append('turn/start', { turn })
       const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
       this.pinnedSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
+      this.writeHeader() // so the turn-start pressure check prices this agent's envelope (DESIGN.md §2)
       await session.sync()
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
       this.overflowRetries = 0
@@ -2893,10 +2960,11 @@ export class Agent implements CompactionHost {
         const ctx: HookContext = { agent: this, turn, step, signal }
         await this.runHooks('agent/pre-step', ctx)
         this.drainSteering()
-        const envelope = this.envelope
-        session.setHeader({ model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window })
+        const envelope = this.writeHeader()
+        // Hooks may edit the request; they get copies, so the surface always matches the log.
+        const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
         const request: ChatRequest = {
-          system: envelope.system, tools: envelope.tools, messages: session.messages(), maxTokens: this.maxTokens,
+          system: envelope.system, tools: envelope.tools, messages: editable ? structuredClone(session.messages()) : session.messages(), maxTokens: this.maxTokens,
           inputTokens: session.measure().totalTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
         }
         await this.runHooks('agent/request', { ...ctx, request })
@@ -2929,7 +2997,7 @@ export class Agent implements CompactionHost {
           throw raw instanceof ProviderError ? raw : error
         }
         this.overflowRetries = 0
-        last = withCallIds(response.message, session.seq)
+        last = withCallIds(response.message, session.seq, session)
         session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' } })
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
         await this.runTools(calls, signal)
@@ -2941,10 +3009,27 @@ export class Agent implements CompactionHost {
         if (signal.aborted) return await end('aborted')
         if (calls.length === 0 && !steered) return await end(response.finishReason === 'length' ? 'length' : 'stop')
       }
+    } catch (err) {
+      // An unexpected failure (a store error, a bug): close what is open so the log stays balanced.
+      if (!ended && session.turn.open && session.turn.turn === turn) {
+        try {
+          if (session.turn.stepOpen) session.append('step/end', { turn, step })
+          session.append('turn/end', { turn, reason: 'error' })
+          await session.sync()
+        } catch { /* the original error matters more */ }
+      }
+      throw err
     } finally {
       this.running = false
       this.pinnedSeq = undefined
     }
+  }
+
+  /** Logs `request/header` when model, envelope, budget or window changed; returns the envelope. */
+  private writeHeader(): Envelope {
+    const envelope = this.envelope
+    this.session.setHeader({ model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window })
+    return envelope
   }
 
   /** Runs tool calls in order; after an abort the remaining ones get synthetic aborted results. */

@@ -89,7 +89,7 @@ test('two requests to one session id continue one log, in order, and storage hol
   // One log: the second reply's events extend the first's, seq by seq.
   assert.deepEqual(second.events.slice(0, first.events.length), first.events)
   assert.deepEqual(second.events.map(([seq]) => seq), second.events.map((_, i) => i))
-  assert.deepEqual(first.events.map(([, type]) => type), ['session/start', 'turn/start', 'user/message', 'step/start', 'request/header', 'assistant/message', 'step/end', 'turn/end'])
+  assert.deepEqual(first.events.map(([, type]) => type), ['session/start', 'turn/start', 'user/message', 'request/header', 'step/start', 'assistant/message', 'step/end', 'turn/end'])
   assert.deepEqual(second.events.slice(first.events.length).map(([, type]) => type), TURN)
   // Storage (read back through the LogStore) holds exactly that log, the long input intact.
   const log = await stored('alpha')
@@ -121,7 +121,7 @@ test('two concurrent requests to one session id run as two whole turns, one afte
   assert.deepEqual(replies.map((r) => r.turn).sort(), [1, 2])
   const log = await stored('gamma')
   const types = log.map((e) => e.type)
-  assert.deepEqual(types, ['session/start', ...TURN.slice(0, 3), 'request/header', ...TURN.slice(3), ...TURN])
+  assert.deepEqual(types, ['session/start', ...TURN.slice(0, 2), 'request/header', ...TURN.slice(2), ...TURN])
   // Each turn's answer follows its own input (no interleaving).
   const messages = log.filter((e) => e.type === 'user/message' || e.type === 'assistant/message').map((e) => (e.data as { message: { content: unknown } }).message.content)
   const [in1, out1, in2, out2] = messages as [string, Array<{ text: string }>, string, Array<{ text: string }>]

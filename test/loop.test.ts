@@ -3,7 +3,7 @@ import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, PRUNE_MARKER, CHECKPOINT_PREAMBLE, SUMMARY_INSTRUCTION, ProviderError,
-  estimateRequestTokens, selectRegion, type Tool, type Message, type SessionEvent, type AgentEvent,
+  estimateRequestTokens, selectRegion, summarise, DEFAULT_COMPACTION_CONFIG, DEFAULT_PRUNE_CONFIG, type Tool, type Message, type SessionEvent, type AgentEvent,
 } from '../dsh.ts'
 import { ScriptedProvider, say, call, overflow } from './scripted-provider.ts'
 
@@ -320,5 +320,66 @@ describe('loop', () => {
       nodes.push(node(3 + 2 * i, { role: 'tool', toolCallId: `c${i}`, content: [] }, 1_008))
     }
     assert.deepEqual(selectRegion(nodes, 5_120, 1, 1_287), { start: 2, end: 30, tokens: 14_238 })
+  })
+})
+
+describe('review fixes', () => {
+  const host = (provider: ScriptedProvider) => ({ session: new Session(), summarizer: provider, contextWindow: 4_000, envelope: {}, compaction: { ...DEFAULT_COMPACTION_CONFIG }, pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {}, ladderState: {} })
+
+  test('summary requests stay inside the window for emoji text and huge tool-call arguments', async () => {
+    const provider = new ScriptedProvider(4_000, [], [say('S')])
+    await summarise(host(provider), [{ role: 'user', content: '😀'.repeat(20_000) }])
+    await summarise(host(provider), [
+      { role: 'user', content: 'w' },
+      { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'write_file', arguments: JSON.stringify({ t: 'x'.repeat(40_000) }) }] },
+      { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: 'ok' }, { type: 'image', data: 'A'.repeat(50_000) }] },
+    ])
+    assert.equal(provider.requests.length, 2)
+    for (const r of provider.requests) assert.ok(r.estimate < 4_000, `summary request of ${r.estimate} tokens`)
+    const args = (provider.requests[1].request.messages[1].content as any[])[0].arguments
+    assert.doesNotThrow(() => JSON.parse(args)) // still JSON for servers that check history
+  })
+
+  test('a tool-call id repeated by the server is renamed; the turn completes', async () => {
+    const session = await Session.open()
+    const provider = new ScriptedProvider(16_000, [call('call_0', 't'), call('call_0', 't'), say('done')])
+    const r = await new Agent({ session, provider, tools: [textTool('t', () => 'r')] }).run('go')
+    assert.equal(r.text, 'done')
+    const ids = session.events.filter((e) => e.type === 'tool/call').map((e) => (e.data as any).callId)
+    assert.equal(ids[0], 'call_0')
+    assert.match(ids[1], /^call_dsh_\d+_0$/)
+    assertPaired(provider.conversation[2].request.messages)
+  })
+
+  test('an agent/request hook edits a copy: the live surface equals the reloaded log', async () => {
+    const store = new MemoryStore()
+    const session = await Session.open(store)
+    const agent = new Agent({ session, provider: new ScriptedProvider(16_000, [say('ok')]) })
+    agent.on('agent/request', ({ request }) => { (request!.messages[0] as any).content = 'REDACTED' })
+    await agent.run('secret question')
+    assert.equal(session.messages()[0].content, 'secret question')
+    assert.deepEqual((await Session.load(store)).messages(), session.messages())
+  })
+
+  test('the turn-start check prices the envelope; the missing-window warning names the conversation model', async () => {
+    const session = await Session.open()
+    const provider = new ScriptedProvider(16_000, [say('ok')])
+    await new Agent({ session, provider, system: 'S'.repeat(52_000) }).run('hi')
+    const types = session.events.map((e) => e.type)
+    assert.ok(types.indexOf('compaction/warning') > -1 && types.indexOf('compaction/warning') < types.indexOf('step/start'), types.join(','))
+    const warnings: string[] = []
+    const s2 = await Session.open()
+    await new Agent({ session: s2, provider: new ScriptedProvider(undefined, [say('ok')]), summarizer: new ScriptedProvider(undefined, []), onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } }).run('hi')
+    assert.equal(warnings.length, 1)
+    assert.match(warnings[0], /model "scripted"/)
+  })
+
+  test('a block that cannot be stored as JSON is refused before any state changes', async () => {
+    const session = await Session.open()
+    const block: any = { type: 'image' }
+    block.self = block
+    const seq = session.seq
+    assert.throws(() => session.append('user/message', { message: { role: 'user', content: [block] }, surfaceOp: { op: 'append' } }), /cannot be stored as JSON/)
+    assert.equal(session.seq, seq)
   })
 })
