@@ -51,7 +51,7 @@ function render(sections: Section[]): string {
     const state = s.status === 'failed' ? `failed: ${s.reason ?? ''}` : s.status === 'not-run' ? `not yet run: ${s.reason ?? ''}` : '—'
     if (s.targets.length === 0) targetRows.push([`${number(s)}. ${s.title}`, '—', state, '—'])
     for (const t of s.targets) {
-      const met = t.met === undefined ? '— not yet run' : t.met ? '✅ met' : '❌ not met'
+      const met = t.met !== undefined ? (t.met ? '✅ met' : '❌ not met') : s.status === 'ran' ? 'reported' : '— not yet run'
       targetRows.push([`${number(s)}. ${s.title}`, `${t.name}: ${t.target}`, t.measured, met])
     }
   })
