@@ -327,3 +327,15 @@ test('blocks of unknown type survive the log round trip', async () => {
   await s.sync()
   assert.deepEqual((await Session.load(store)).messages(), [{ role: 'user', content: blocks }])
 })
+
+test('README library example (examples/library.ts) prints the documented numbers', async () => {
+  const { execFileSync } = await import('node:child_process')
+  const out = execFileSync(process.execPath, ['--import', 'tsx', 'examples/library.ts'], { encoding: 'utf8' })
+  assert.equal(out, [
+    'before: 45038 tokens',
+    'pruned: 43710 tokens reclaimed; now 1328 tokens',
+    'original kept in the log: 45008 tokens',
+    'replaceGeneration: 1 | events: session/start, user/message, assistant/message, tool/result, compaction/prune, tool/result',
+    '',
+  ].join('\n'))
+})

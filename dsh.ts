@@ -611,6 +611,15 @@ export function parseLogText(text: string): { events: SessionEvent[]; torn?: Tor
 }
 
 /**
+ * Loads a `node:` module lazily (file store, CLI). The specifier is computed, so that a user's
+ * bundler (esbuild, Vite, webpack) leaves it alone when it bundles dsh.ts for an edge or browser
+ * target, where these parts never run.
+ */
+export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
+  return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
+}
+
+/**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
  * `sync()` fsyncs. Loading drops a torn last line — its bytes are saved beside the log as
  * `FILE.torn-<time>` and the file is truncated to its last whole line — and refuses any other
@@ -622,7 +631,7 @@ export class FileStore implements LogStore {
   private needsNewline = false
   constructor(path: string) { this.path = path }
 
-  private async fs() { return await import('node:fs/promises') }
+  private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
   async load(): Promise<LoadedLog> {
     const fs = await this.fs()
@@ -1176,46 +1185,56 @@ export interface Region { start: number; end: number; tokens: number }
  * right after the pinned current-turn input when that is the head) up to a cut that keeps at least
  * `retainedTokens` of the newest history verbatim, moved toward the head until no kept tool result
  * loses its call (and no summarised call loses its result), matched by id. When the pinned input
- * lies inside, the region ends before it — or, when that part is worth less than `minTokens`, starts
- * after it. Returns undefined when no safe region of at least two nodes (or one non-checkpoint
- * node) exists.
+ * lies inside, the region ends before it — unless the part before it holds less than `minTokens`
+ * (tokens) that is not already a checkpoint: then the region is the current turn's older steps,
+ * right after the input. Returns undefined when no safe region of at least two nodes (or one
+ * non-checkpoint node) exists.
  */
 export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, pinnedSeq?: number, minTokens = 0): Region | undefined {
   let cut = nodes.length
   let kept = 0
   while (cut > 0 && kept < retainedTokens) kept += nodes[--cut].tokens
   const pinned = pinnedSeq === undefined ? -1 : nodes.findIndex((n) => n.seq === pinnedSeq)
-  let start = 0
-  if (pinned >= 0 && pinned < cut) {
-    const before = nodes.slice(0, pinned).reduce((t, n) => t + n.tokens, 0)
-    if (pinned > 0 && before >= minTokens) cut = pinned
-    else start = pinned + 1
-  } else if (pinned === 0) start = 1
-  // Balance by id: where is each call, where is its result?
+  if (pinned < 0 || pinned >= cut) return balancedRegion(nodes, 0, cut)
+  // The pinned input splits the candidates: before it (merges an earlier checkpoint), or after it
+  // (the current turn's older steps). Before wins when it holds enough that is not yet a checkpoint.
+  const before = pinned > 0 ? balancedRegion(nodes, 0, pinned) : undefined
+  if (before) {
+    let fresh = 0
+    for (let i = before.start; i < before.end; i++) if (!isCheckpoint(nodes[i])) fresh += nodes[i].tokens
+    if (fresh >= minTokens) return before
+  }
+  return balancedRegion(nodes, pinned + 1, cut) ?? before
+}
+
+const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
+
+/**
+ * Shrinks `[start, cut)` until it is tool-balanced by id: the cut moves toward the head while a
+ * summarised call would lose its kept result; the start moves past a result whose call lies before
+ * it. Undefined when nothing, or only a lone checkpoint, is left.
+ */
+function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: number): Region | undefined {
   const callAt = new Map<string, number>()
-  nodes.forEach((n, i) => { if (n.message.role === 'assistant') for (const b of n.message.content) if (b.type === 'tool-call') callAt.set((b as ToolCallBlock).id, i) })
   const resultAt = new Map<string, number>()
-  nodes.forEach((n, i) => { if (n.message.role === 'tool') resultAt.set(n.message.toolCallId, i) })
+  nodes.forEach((n, i) => {
+    if (n.message.role === 'assistant') { for (const b of n.message.content) if (b.type === 'tool-call') callAt.set((b as ToolCallBlock).id, i) }
+    else if (n.message.role === 'tool') resultAt.set(n.message.toolCallId, i)
+  })
   for (let changed = true; changed && start < cut;) {
     changed = false
-    for (let i = start; i < cut; i++) {
+    for (let i = start; i < cut && !changed; i++) {
       const m = nodes[i].message
       if (m.role === 'tool') {
-        const c = callAt.get(m.toolCallId) ?? -1
-        if (c < start) { start = i + 1; changed = true; break } // its call is before the region: skip past it
+        if ((callAt.get(m.toolCallId) ?? -1) < start) { start = i + 1; changed = true }
       } else if (m.role === 'assistant') {
         for (const b of m.content) {
-          if (b.type !== 'tool-call') continue
-          const r = resultAt.get((b as ToolCallBlock).id) ?? Infinity
-          if (r >= cut) { cut = i; changed = true; break } // its result is kept: move the cut toward the head
+          if (b.type === 'tool-call' && (resultAt.get((b as ToolCallBlock).id) ?? Infinity) >= cut) { cut = i; changed = true; break }
         }
-        if (changed) break
       }
     }
   }
-  if (start >= cut) return undefined
-  const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
-  if (cut - start === 1 && isCheckpoint(nodes[start])) return undefined
+  if (start >= cut || (cut - start === 1 && isCheckpoint(nodes[start]))) return undefined
   let tokens = 0
   for (let i = start; i < cut; i++) tokens += nodes[i].tokens
   return { start, end: cut, tokens }
@@ -1454,6 +1473,1184 @@ export async function spillToolResult(message: ToolResultMessage, store: LogStor
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
 // (provider)
+
+// The only part of dsh.ts that talks to a model: POST {baseURL}/chat/completions with stream: true,
+// parse the server-sent events, assemble the assistant message, classify failures, retry the
+// transient ones. Web standards only (fetch, streams, TextDecoder, AbortController): it runs
+// unchanged in Node, Deno, Bun, workerd and edge runtimes.
+
+// ── 6.0 Configuration ─────────────────────────────────────────────────────────────────────────
+
+/** DeepSeek's OpenAI-compatible endpoint (DESIGN.md §6; api-docs.deepseek.com). */
+export const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
+/** The model {@link deepseek} uses when none is given (DESIGN.md §6). */
+export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-v4-flash'
+/** The environment variable {@link deepseek} reads the API key from when no `apiKey` is given. */
+export const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
+/** Completion budget in tokens when neither the request nor the options set one (DESIGN.md §6). */
+export const DEFAULT_MAX_TOKENS = 32_768
+/** No progress (response headers or a data event) for this long ends the attempt as TIMEOUT. */
+const DEFAULT_IDLE_TIMEOUT_MS = 300_000
+/** Retries after the first attempt, for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. */
+const DEFAULT_MAX_RETRIES = 5
+/** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (DESIGN.md §6). */
+const DEFAULT_RETRY_BASE_MS = 500
+/** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
+const DEFAULT_RETRY_MAX_MS = 10_000
+/** Backoff delays are multiplied by a random factor in [1 − r, 1 + r] so clients do not stampede. */
+const RETRY_JITTER_RATIO = 0.1
+/** Largest unterminated SSE line plus event data the adapter buffers, in UTF-16 units. */
+const SSE_MAX_BUFFER_UNITS = 16 * 1024 * 1024
+/** Error bodies are read for classification up to this many UTF-16 units. */
+const ERROR_BODY_MAX_UNITS = 64 * 1024
+/** String values longer than this (UTF-16 units) are elided when a non-text block is sent as JSON text. */
+const DESCRIBED_STRING_MAX_UNITS = 1024
+
+/** What dsh knows about a model by name: its context window and output cap, in tokens. */
+export interface KnownModel {
+  /** Context window in tokens (prompt + completion). */
+  contextWindow: number
+  /** Largest `max_tokens` the model accepts, in tokens; the adapter clamps to it. */
+  maxOutputTokens: number
+  /** For a retired alias: the model it stands for. The name is still sent as given. */
+  aliasOf?: string
+  /** For a retired alias: whether it meant thinking mode (informational; nothing extra is sent). */
+  thinking?: 'enabled' | 'disabled'
+}
+
+/**
+ * Known models, by the exact name sent as `model` (DESIGN.md §6, public DeepSeek model cards,
+ * 2026). Any other model needs `contextWindow` in the options, or the ladder reports a
+ * configuration error once (DESIGN.md §5).
+ */
+export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = Object.freeze({
+  'deepseek-v4-flash': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
+  'deepseek-v4-pro': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
+  'deepseek-chat': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'disabled' as const }),
+  'deepseek-reasoner': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'enabled' as const }),
+})
+
+// ── 6.1 Server-sent events ────────────────────────────────────────────────────────────────────
+// Spec: WHATWG HTML §9.2 "Server-sent events", https://html.spec.whatwg.org/multipage/server-sent-events.html
+// Checked against every case of the eventsource-parser test suite (test/sse.test.ts).
+
+/** One dispatched server-sent event. */
+export interface SSEEvent {
+  /** The `event` field, or `"message"` when the block had none (or an empty one). */
+  event: string
+  /** The `data` lines of the block joined with LF. */
+  data: string
+  /** The `id` field of this event's block, when it had one (as eventsource-parser reports it). */
+  id?: string
+}
+
+/** Kinds of {@link SSEParseError}. Only `max-buffer-size-exceeded` stops the parser. */
+export type SSEParseErrorType = 'unknown-field' | 'invalid-retry' | 'max-buffer-size-exceeded'
+
+/** A problem in an event stream. `line` is the offending line; `field`/`value` its parts. */
+export class SSEParseError extends Error {
+  readonly type: SSEParseErrorType
+  readonly field?: string
+  readonly value?: string
+  readonly line?: string
+  constructor(message: string, init: { type: SSEParseErrorType; field?: string; value?: string; line?: string }) {
+    super(message)
+    this.name = 'SSEParseError'
+    this.type = init.type
+    if (init.field !== undefined) this.field = init.field
+    if (init.value !== undefined) this.value = init.value
+    if (init.line !== undefined) this.line = init.line
+  }
+}
+
+/** Callbacks and limits of {@link createSSEParser}. */
+export interface SSEParserOptions {
+  onEvent?: (event: SSEEvent) => void
+  /** A comment line (`: text`), with the colon and one following space removed. */
+  onComment?: (comment: string) => void
+  /** A valid `retry` field: the reconnection time in ms. */
+  onRetry?: (ms: number) => void
+  /** A block that set `id` was dispatched (called before its event, also for a block with no data). */
+  onId?: (id: string) => void
+  /** Unknown fields and invalid `retry` values (the line is ignored), and buffer overflow. */
+  onError?: (error: SSEParseError) => void
+  /**
+   * Most UTF-16 units held at once (unterminated line + event data). Beyond it the parser reports
+   * `max-buffer-size-exceeded` and throws on every `feed` until `reset()`. Default: unbounded.
+   */
+  maxBufferSize?: number
+}
+
+/** A push parser: `feed` text in any slices; callbacks fire as lines complete. */
+export interface SSEParser {
+  /** Parses the next slice of the stream (decoded text; chunk boundaries may fall anywhere). */
+  feed(text: string): void
+  /** Forgets all state. `consume: true` first processes an unterminated last line as a line. */
+  reset(options?: { consume?: boolean }): void
+}
+
+const SSE_FIELD_PREFIXES = ['data:', 'event:', 'id:', 'retry:']
+
+/**
+ * Creates a WHATWG-conformant SSE line parser with eventsource-parser's callback semantics:
+ * LF, CRLF and lone CR (also split across chunks) end lines; one leading BOM (decoded U+FEFF or
+ * the raw bytes EF BB BF read as Latin-1) is skipped; an event whose blank line never arrives is
+ * never dispatched. An unterminated line that can no longer become a valid field (or a comment
+ * nobody listens to) is discarded as soon as that is known, without buffering or an error.
+ * @throws TypeError when `options` is a function; RangeError for a bad `maxBufferSize`.
+ */
+export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
+  if (typeof options === 'function') {
+    throw new TypeError('createSSEParser takes an options object, got a function. Did you mean createSSEParser({ onEvent: fn })?')
+  }
+  const { onEvent, onComment, onRetry, onId, onError, maxBufferSize } = options
+  if (maxBufferSize !== undefined && !(Number.isInteger(maxBufferSize) && maxBufferSize > 0)) {
+    throw new RangeError(`createSSEParser: maxBufferSize must be a positive integer (UTF-16 units), got ${String(maxBufferSize)}`)
+  }
+  // The unterminated line, as fragments joined once when its terminator arrives, because
+  // concatenating per chunk is quadratic when one long line arrives in many small chunks.
+  let pending: string[] = []
+  let pendingUnits = 0
+  let pendingKept = false // the pending line's first characters show it is worth keeping
+  let discarding = false // skipping the rest of a line that cannot be a valid field
+  let skipLF = false // the last chunk ended in CR: an LF starting the next chunk ends nothing new
+  let atStart = true
+  let terminated = false
+  let data = ''
+  let dataLines = 0
+  let eventType: string | undefined
+  let id: string | undefined
+
+  const clearEvent = (): void => { data = ''; dataLines = 0; eventType = undefined; id = undefined }
+
+  function dispatch(): void {
+    if (id !== undefined) onId?.(id)
+    if (dataLines > 0 && onEvent) {
+      const event: SSEEvent = { event: eventType ?? 'message', data }
+      if (id !== undefined) event.id = id
+      clearEvent()
+      onEvent(event)
+      return
+    }
+    clearEvent()
+  }
+
+  function processLine(line: string): void {
+    if (line.length === 0) return dispatch()
+    const colon = line.indexOf(':')
+    if (colon === 0) {
+      onComment?.(line.slice(line.charCodeAt(1) === 32 ? 2 : 1))
+      return
+    }
+    const field = colon < 0 ? line : line.slice(0, colon)
+    const value = colon < 0 ? '' : line.slice(line.charCodeAt(colon + 1) === 32 ? colon + 2 : colon + 1)
+    switch (field) {
+      case 'data': data = dataLines === 0 ? value : `${data}\n${value}`; dataLines++; break
+      case 'event': eventType = value || undefined; break
+      case 'id': if (!value.includes('\0')) id = value; break // WHATWG: an id with NUL is ignored
+      case 'retry':
+        if (/^[0-9]+$/.test(value)) onRetry?.(parseInt(value, 10))
+        else onError?.(new SSEParseError(`Invalid \`retry\` value: "${value}"`, { type: 'invalid-retry', value, line }))
+        break
+      default:
+        onError?.(new SSEParseError(`Unknown field "${field.length > 20 ? `${field.slice(0, 20)}…` : field}"`, { type: 'unknown-field', field, value, line }))
+    }
+  }
+
+  /** true: keep; false: discard; undefined: too short to tell (under 6 units, so cheap to re-check). */
+  function worthKeeping(head: string): boolean | undefined {
+    if (head.charCodeAt(0) === 58) return onComment !== undefined
+    for (const prefix of SSE_FIELD_PREFIXES) {
+      if (head.length >= prefix.length ? head.startsWith(prefix) : prefix.startsWith(head)) return head.length >= prefix.length ? true : undefined
+    }
+    return false
+  }
+
+  function checkBuffer(): void {
+    if (maxBufferSize === undefined || pendingUnits + data.length <= maxBufferSize) return
+    terminated = true
+    pending = []; pendingUnits = 0; pendingKept = false; discarding = false
+    clearEvent()
+    onError?.(new SSEParseError(`Buffered data exceeded max buffer size of ${maxBufferSize} characters`, { type: 'max-buffer-size-exceeded' }))
+  }
+
+  function feed(chunk: string): void {
+    if (terminated) throw new Error('Cannot feed parser: it was terminated after exceeding the configured max buffer size. Call `reset()` to resume parsing.')
+    if (typeof chunk !== 'string') throw new TypeError(`SSEParser.feed takes decoded text, got ${typeof chunk}; decode bytes with a streaming TextDecoder first (or use parseSSE)`)
+    const n = chunk.length
+    if (n === 0) return
+    let i = 0
+    if (atStart) {
+      atStart = false
+      if (chunk.charCodeAt(0) === 0xfeff) i = 1
+      else if (chunk.startsWith('\u00ef\u00bb\u00bf')) i = 3
+    }
+    if (skipLF) {
+      skipLF = false
+      if (chunk.charCodeAt(i) === 10) i++
+    }
+    // Positions of the next LF and CR, refreshed only when passed: one scan per chunk, not per line.
+    let lf = chunk.indexOf('\n', i)
+    let cr = chunk.indexOf('\r', i)
+    const afterTerminator = (t: number): number => {
+      if (chunk.charCodeAt(t) !== 13) return t + 1
+      if (t + 1 < n) return chunk.charCodeAt(t + 1) === 10 ? t + 2 : t + 1
+      skipLF = true
+      return t + 1
+    }
+    if (discarding) {
+      const t = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
+      if (t < 0) return
+      discarding = false
+      i = afterTerminator(t)
+    }
+    while (i < n) {
+      if (lf >= 0 && lf < i) lf = chunk.indexOf('\n', i)
+      if (cr >= 0 && cr < i) cr = chunk.indexOf('\r', i)
+      const t = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
+      if (t < 0) break
+      let line = chunk.slice(i, t)
+      if (pending.length > 0) {
+        pending.push(line)
+        line = pending.join('')
+        pending = []; pendingUnits = 0; pendingKept = false
+      }
+      i = afterTerminator(t)
+      processLine(line)
+    }
+    if (i < n) {
+      pending.push(i === 0 ? chunk : chunk.slice(i))
+      pendingUnits += n - i
+      if (!pendingKept) {
+        const keep = worthKeeping((pending.length === 1 ? pending[0] : pending.join('')).slice(0, 6))
+        if (keep === false) { pending = []; pendingUnits = 0; discarding = true }
+        else if (keep === true) pendingKept = true
+      }
+    }
+    checkBuffer()
+  }
+
+  function reset(resetOptions: { consume?: boolean } = {}): void {
+    if (resetOptions.consume && pending.length > 0 && !discarding) processLine(pending.join(''))
+    pending = []; pendingUnits = 0; pendingKept = false; discarding = false
+    skipLF = false; atStart = true; terminated = false
+    clearEvent()
+  }
+
+  return { feed, reset }
+}
+
+/**
+ * Parses a server-sent event stream into its events (WHATWG rules, via {@link createSSEParser}).
+ * Bytes are decoded as UTF-8 with a streaming decoder, so a character split across chunks is
+ * intact; strings are taken as already decoded. Comments, `retry` and malformed lines are
+ * skipped. Stopping the iteration early cancels a `ReadableStream` source.
+ * @param source a `ReadableStream<Uint8Array>` (e.g. `response.body`) or an async iterable of
+ *   `Uint8Array | string` chunks.
+ * @param options.maxBufferSize see {@link SSEParserOptions.maxBufferSize} (UTF-16 units).
+ * @throws SSEParseError (`max-buffer-size-exceeded`) when the limit is passed; TypeError for a bad source.
+ */
+export async function* parseSSE(
+  source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
+  options: { maxBufferSize?: number } = {},
+): AsyncGenerator<SSEEvent, void, undefined> {
+  const ready: SSEEvent[] = []
+  let overflow: SSEParseError | undefined
+  const parser = createSSEParser({
+    onEvent: (event) => { ready.push(event) },
+    onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error },
+    maxBufferSize: options.maxBufferSize,
+  })
+  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
+  // stripped one would eat a second, which is data.
+  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
+  for await (const chunk of sseChunks(source)) {
+    parser.feed(typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
+    if (overflow) throw overflow
+    for (let k = 0; k < ready.length; k++) yield ready[k]
+    ready.length = 0
+  }
+  parser.feed(decoder.decode())
+  if (overflow) throw overflow
+  yield* ready
+}
+
+async function* sseChunks(source: unknown): AsyncGenerator<Uint8Array | string, void, undefined> {
+  if (source !== null && typeof source === 'object' && typeof (source as ReadableStream).getReader === 'function') {
+    const reader = (source as ReadableStream<Uint8Array>).getReader()
+    let finished = false
+    try {
+      for (;;) {
+        const { done, value } = await reader.read()
+        if (done) { finished = true; return }
+        yield value
+      }
+    } finally {
+      // Stopped early (consumer broke out or an error): close the connection behind the stream.
+      if (!finished) reader.cancel().catch(() => {})
+    }
+  }
+  if (source !== null && typeof source === 'object' && (Symbol.asyncIterator in source || Symbol.iterator in source)) {
+    yield* source as AsyncIterable<Uint8Array | string>
+    return
+  }
+  throw new TypeError(`parseSSE needs a ReadableStream<Uint8Array> or an AsyncIterable of Uint8Array | string, got ${source === null ? 'null' : typeof source}`)
+}
+
+// ── 6.2 Error classification ──────────────────────────────────────────────────────────────────
+
+/** HTTP statuses and in-stream error codes are read from these keys of an error body. */
+const ERROR_STATUS_KEYS = new Set(['code', 'status', 'status_code', 'statusCode'])
+/** Keys whose values describe an error; everything else (e.g. Groq's `failed_generation`, model output) is not read. */
+const ERROR_TEXT_KEYS = new Set([
+  'error', 'errors', 'message', 'msg', 'detail', 'details', 'type', 'code', 'status', 'status_code', 'statusCode',
+  'reason', 'raw', 'metadata', 'title', 'description', 'error_description',
+])
+/** Keys whose string value is the human-readable message, in order of preference as met. */
+const ERROR_MESSAGE_KEYS = new Set(['message', 'msg', 'detail', 'error', 'raw', 'description', 'error_description'])
+
+/**
+ * Rate limits, checked BEFORE the overflow patterns: their messages talk about tokens and "reduce
+ * the prompt length" too (OpenAI/Groq TPM "Request too large", Anthropic input-TPM 429), and a
+ * rate limit is never an overflow (DESIGN.md §6).
+ */
+const RATE_LIMIT_RE = /rate[ _-]?limit|too many requests|tokens per min|requests per min|\b(?:TPM|RPM|TPD|RPD)\b|per[ -]minute|resource[_ ]exhausted/i
+
+/** Context-window overflow wordings, one per line with the servers known to use it. */
+const OVERFLOW_PATTERNS: readonly RegExp[] = [
+  /context[_ ]length[_ ]exceeded/i, // OpenAI, Groq, OpenRouter code `context_length_exceeded`
+  /exceed_context_size/i, // llama.cpp server `exceed_context_size_error`
+  /max(?:imum)? context length/i, // DeepSeek, OpenAI, vLLM, OpenRouter, Mistral, Ollama ("exceeded max context length")
+  /\bexceed(?:s|ed)?\b[^.]{0,60}?\bcontext (?:window|length|size|limit)/i, // llama.cpp, OpenAI (new), Anthropic, Ollama
+  /\bcontext (?:window|length|size|limit)\b[^.]{0,40}?\bexceed/i, // MiniMax, generic "context window exceeded"
+  /\b(?:prompt|input) (?:is )?too long\b/i, // Anthropic "prompt is too long", Bedrock "Input is too long", Fireworks
+  /input token count[^.]{0,60}?exceeds the maximum number of tokens/i, // Gemini
+  /maximum prompt length/i, // xAI
+  /\btokens? \+ `?max_new_tokens`? must be <=/i, // Hugging Face TGI (Together, Inference Endpoints)
+  /exceeded model token limit/i, // Moonshot / Kimi
+  /greater than the context length|context the overflows|context length of only/i, // LM Studio
+  /total number of tokens in the prompt cannot exceed/i, // Cohere
+  /range of input length should be/i, // Alibaba DashScope / Qwen
+  /prompt exceeds max length/i, // Zhipu GLM
+  /reduce the length of the messages/i, // OpenAI, Groq (the "no numbers" form)
+  /max_tokens must be at least 1, got -\d/i, // vLLM: a negative room means the prompt alone overflows
+]
+
+/** Out of balance or quota (not retried: only money helps). */
+const QUOTA_RE = /insufficient[_ ]?(?:balance|quota|credits?|funds)|exceeded your current quota|billing|credit balance|payment required|out of credits|not enough credits/i
+/** Authentication and permission wording, used when no HTTP status says so. */
+const AUTH_RE = /authenticat|unauthori[sz]ed|invalid[_ ]api[_ ]key|incorrect api key|permission[_ ]denied|permission_error|forbidden/i
+/** Server-side trouble, used when no HTTP status says so (errors inside a 200 stream). */
+const SERVER_RE = /overloaded|server[_ ]error|internal|unavailable|bad gateway|api_error|timed? ?out/i
+/** Request-side trouble, used when no HTTP status says so. */
+const INVALID_RE = /invalid|bad[_ ]request|not[_ ]found|unsupported|tool_use_failed|must be|missing|not allowed/i
+
+interface ErrorBodyInfo {
+  /** The error-describing strings of the body joined by LF (or the raw text when not JSON). */
+  haystack: string
+  /** The first human-readable message found. */
+  message?: string
+  /** A numeric HTTP-like status embedded in the body (`code: 400`, `status_code: 429`, …). */
+  status?: number
+  /** The body held JSON (or SSE data lines with JSON). */
+  parsed: boolean
+  /** The body was empty or whitespace only. */
+  blank: boolean
+}
+
+function isRecord(value: unknown): value is Record<string, any> {
+  return value !== null && typeof value === 'object' && !Array.isArray(value)
+}
+
+function parseJSONOrUndefined(text: string): unknown {
+  try { return JSON.parse(text) } catch { return undefined }
+}
+
+const isErrorStatus = (status: unknown): status is number => typeof status === 'number' && Number.isInteger(status) && status >= 400 && status <= 599
+
+/** Reads what an error body says, whatever its shape (DESIGN.md §6). Never throws on strings. */
+function inspectErrorBody(bodyText: string): ErrorBodyInfo {
+  const text = bodyText.length > ERROR_BODY_MAX_UNITS ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : bodyText
+  const trimmed = text.trim()
+  const info: ErrorBodyInfo = { haystack: '', parsed: false, blank: trimmed === '' }
+  const payloads: unknown[] = []
+  if (/^(?:data|event):/m.test(trimmed) && trimmed[0] !== '{' && trimmed[0] !== '[') {
+    // An SSE excerpt (e.g. `event: error` + `data: {...}`): read its data lines.
+    for (const match of trimmed.matchAll(/^data:[ ]?(.*)$/gm)) {
+      const value = parseJSONOrUndefined(match[1])
+      if (value !== undefined) payloads.push(value)
+    }
+  } else if (trimmed !== '') {
+    const value = parseJSONOrUndefined(trimmed)
+    if (value !== undefined) payloads.push(value)
+  }
+  if (payloads.length === 0) {
+    info.haystack = text
+    const firstLine = trimmed.split(/\r\n|\r|\n/, 1)[0]
+    if (firstLine) info.message = firstLine.length > 500 ? `${firstLine.slice(0, 500)}…` : firstLine
+    return info
+  }
+  info.parsed = true
+  const strings: string[] = []
+  const collect = (value: unknown, depth: number, key: string | undefined): void => {
+    if (depth > 8) return
+    if (typeof value === 'string') {
+      const start = value.trimStart()[0]
+      // Wrapped errors: a proxy that puts the upstream JSON body into its message (Gemini CLI,
+      // double-encoded bodies) — read the inner JSON as well.
+      const nested = start === '{' || start === '[' || start === '"' ? parseJSONOrUndefined(value) : undefined
+      if (nested !== undefined && typeof nested !== 'number' && typeof nested !== 'boolean') return collect(nested, depth + 1, key)
+      strings.push(value)
+      if (info.message === undefined && value.trim() !== '' && (key === undefined || ERROR_MESSAGE_KEYS.has(key))) info.message = value.trim()
+      return
+    }
+    if (typeof value === 'number') {
+      if (key !== undefined && ERROR_STATUS_KEYS.has(key) && info.status === undefined && isErrorStatus(value)) info.status = value
+      return
+    }
+    if (Array.isArray(value)) {
+      for (const item of value) collect(item, depth + 1, key)
+      return
+    }
+    if (isRecord(value)) {
+      for (const k of Object.keys(value)) if (ERROR_TEXT_KEYS.has(k)) collect(value[k], depth + 1, k)
+    }
+  }
+  for (const payload of payloads) collect(payload, 0, undefined)
+  info.haystack = strings.join('\n')
+  if (info.message && info.message.length > 500) info.message = `${info.message.slice(0, 500)}…`
+  return info
+}
+
+/**
+ * Maps a failed response to a {@link ProviderErrorCode} (DESIGN.md §6). Never throws, whatever
+ * it is given. The body may be JSON (`{"error":{...}}`, an array of such objects, `{"error":
+ * "text"}`, a top-level `{"object":"error", …}`, a body double-encoded as a JSON string, a proxy
+ * message wrapping the upstream JSON), an SSE excerpt, plain text, or empty.
+ *
+ * Order: 429 or rate-limit wording → RATE_LIMIT (a rate limit is never an overflow, whatever it
+ * says about tokens); overflow wording of DeepSeek, OpenAI, Anthropic, OpenRouter, Gemini,
+ * Mistral, Groq, vLLM, llama.cpp, LM Studio, Ollama, xAI, Cohere, Moonshot, Qwen, GLM, TGI →
+ * CONTEXT_WINDOW_EXCEEDED (also on a 5xx: proxies wrap overflows); 402 or balance wording → QUOTA;
+ * 401/403 → AUTH; 408 → TIMEOUT; a bare 413 → CONTEXT_WINDOW_EXCEEDED (the request is too big;
+ * shrinking it is the cure); other 4xx → INVALID_REQUEST (an output-cap error like "max_tokens:
+ * 300000 > 128000" lands here); 5xx → SERVER.
+ *
+ * Errors inside a 200 stream: pass `status` 200 (or undefined). Then a numeric `code`, `status`
+ * or `status_code` in the body stands in for the HTTP status; without one the wording decides
+ * (AUTH, SERVER, INVALID_REQUEST; SERVER when nothing matches), an empty body is EMPTY_RESPONSE
+ * and a non-JSON body MALFORMED_RESPONSE.
+ * @param status HTTP status, or 200/undefined for an in-stream error.
+ * @param bodyText the response body (or the in-stream `data:` payload) as text.
+ */
+export function classifyProviderError(status: number | undefined, bodyText: string): ProviderErrorCode {
+  try {
+    const info = inspectErrorBody(typeof bodyText === 'string' ? bodyText : bodyText == null ? '' : String(bodyText))
+    const s = isErrorStatus(status) ? status : info.status
+    const h = info.haystack
+    if (s === 429 || RATE_LIMIT_RE.test(h)) return 'RATE_LIMIT'
+    if (OVERFLOW_PATTERNS.some((re) => re.test(h))) return 'CONTEXT_WINDOW_EXCEEDED'
+    if (s === 402 || QUOTA_RE.test(h)) return 'QUOTA'
+    if (s === 401 || s === 403) return 'AUTH'
+    if (s === 408) return 'TIMEOUT'
+    if (s === 413) return 'CONTEXT_WINDOW_EXCEEDED'
+    if (s !== undefined) return s < 500 ? 'INVALID_REQUEST' : 'SERVER'
+    if (info.blank) return 'EMPTY_RESPONSE'
+    if (AUTH_RE.test(h)) return 'AUTH'
+    if (SERVER_RE.test(h)) return 'SERVER'
+    if (INVALID_RE.test(h)) return 'INVALID_REQUEST'
+    return info.parsed ? 'SERVER' : 'MALFORMED_RESPONSE'
+  } catch {
+    return isErrorStatus(status) && status < 500 ? 'INVALID_REQUEST' : 'SERVER'
+  }
+}
+
+/** What to do about each code, appended to error messages (DESIGN.md: name the fix). */
+const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
+  CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, or lower maxTokens.',
+  RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
+  QUOTA: 'The account has no balance or quota left: top it up or use another API key.',
+  AUTH: 'Check the API key (option apiKey, or the environment variable named by apiKeyEnv) and its permissions.',
+  INVALID_REQUEST: 'The server rejected the request; the body above names the field.',
+  SERVER: 'The server failed; try again later.',
+  TRANSPORT: 'Check the network and baseURL.',
+  TIMEOUT: 'Raise idleTimeoutMs if the model needs longer before its first token.',
+  ABORTED: 'The caller aborted the request.',
+  EMPTY_RESPONSE: 'The server answered with nothing; try again later.',
+  MALFORMED_RESPONSE: 'The server does not speak the OpenAI chat-completions stream format; check baseURL.',
+}
+
+/** Seconds, an HTTP date, or OpenAI's `retry-after-ms`, in ms (RFC 9110 §10.2.3). */
+function parseRetryAfterMs(headers: Headers, nowMs: number): number | undefined {
+  const ms = headers.get('retry-after-ms')?.trim()
+  if (ms && /^\d+(?:\.\d+)?$/.test(ms)) return Math.ceil(parseFloat(ms))
+  const value = headers.get('retry-after')?.trim()
+  if (!value) return undefined
+  if (/^\d+(?:\.\d+)?$/.test(value)) return Math.ceil(parseFloat(value) * 1000)
+  const date = Date.parse(value)
+  return Number.isNaN(date) ? undefined : Math.max(0, date - nowMs)
+}
+
+/** Response headers that carry a request id support can trace, in order of preference. */
+const REQUEST_ID_HEADERS = ['x-request-id', 'request-id', 'x-ds-trace-id', 'x-trace-id', 'x-amzn-requestid', 'cf-ray']
+
+function requestIdOf(headers: Headers): string | undefined {
+  for (const name of REQUEST_ID_HEADERS) {
+    const value = headers.get(name)
+    if (value) return value
+  }
+  return undefined
+}
+
+/**
+ * "Request too large … tokens per minute": one request bigger than the per-minute budget, sent
+ * as 413 (Groq) or 429 (OpenAI). Retrying can never succeed, so it is not retried.
+ */
+function requestExceedsRateLimit(body: string): boolean {
+  return /request too large/i.test(body) && RATE_LIMIT_RE.test(body)
+}
+
+// ── 6.3 Messages on the wire (OpenAI chat-completions shape) ──────────────────────────────────
+
+type WirePart = { type: 'text'; text: string } | { type: 'image_url'; image_url: { url: string } }
+type WireMessage =
+  | { role: 'system'; content: string }
+  | { role: 'user'; content: string | WirePart[] }
+  | { role: 'assistant'; content: string; reasoning_content?: string; tool_calls?: WireToolCall[] }
+  | { role: 'tool'; tool_call_id: string; content: string }
+interface WireToolCall { id: string; type: 'function'; function: { name: string; arguments: string } }
+
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
+const LONE_SURROGATES = new RegExp(LONE_SURROGATE.source, 'g')
+
+/** Lone surrogates become U+FFFD (servers reject or mangle them in UTF-8); the log keeps the original. */
+function wellFormed(text: string): string {
+  const s = text as string & { isWellFormed?: () => boolean; toWellFormed?: () => string }
+  if (typeof s.isWellFormed === 'function') return s.isWellFormed() ? text : s.toWellFormed!()
+  return LONE_SURROGATE.test(text) ? text.replace(LONE_SURROGATES, '\uFFFD') : text
+}
+
+/** JSON.stringify replacer: every outgoing string, object keys included, is sent well-formed. */
+function wireReplacer(_key: string, value: unknown): unknown {
+  if (typeof value === 'string') return wellFormed(value)
+  if (isRecord(value)) {
+    for (const k of Object.keys(value)) {
+      if (wellFormed(k) !== k) return Object.fromEntries(Object.entries(value).map(([key, v]) => [wellFormed(key), v]))
+    }
+  }
+  return value
+}
+
+/** A non-text block as JSON text; long strings (base64 images) are elided, not sent as text. */
+function describeBlock(block: Block): string {
+  return JSON.stringify(block, (_key, value: unknown) =>
+    typeof value === 'string' && value.length > DESCRIBED_STRING_MAX_UNITS ? `[${value.length} characters omitted]` : value)
+}
+
+/** An image block's URL: `url`, `image_url`, `source.url`, or base64 `data` + MIME type → data: URL. */
+function imageURLOf(block: Block): string | undefined {
+  const b = block as Record<string, any>
+  if (typeof b.url === 'string') return b.url
+  if (typeof b.image_url === 'string') return b.image_url
+  if (isRecord(b.image_url) && typeof b.image_url.url === 'string') return b.image_url.url
+  const source = isRecord(b.source) ? b.source : {}
+  if (typeof source.url === 'string') return source.url
+  const data = b.data ?? source.data
+  const mime = b.mimeType ?? b.mediaType ?? b.mime_type ?? b.media_type ?? source.media_type
+  return typeof data === 'string' && typeof mime === 'string' ? `data:${mime};base64,${data}` : undefined
+}
+
+/** Text blocks as they are, anything else as JSON text, in block order, joined by LF. */
+function blocksToText(blocks: readonly Block[]): string {
+  return blocks.map((b) => (b.type === 'text' ? (b as TextBlock).text : describeBlock(b))).join('\n')
+}
+
+function userToWire(message: UserMessage): WireMessage {
+  if (typeof message.content === 'string') return { role: 'user', content: message.content }
+  const blocks = message.content
+  if (!blocks.some((b) => b.type === 'image')) return { role: 'user', content: blocksToText(blocks) }
+  return {
+    role: 'user',
+    content: blocks.map((b): WirePart => {
+      if (b.type === 'text') return { type: 'text', text: (b as TextBlock).text }
+      const url = b.type === 'image' ? imageURLOf(b) : undefined
+      return url !== undefined ? { type: 'image_url', image_url: { url } } : { type: 'text', text: describeBlock(b) }
+    }),
+  }
+}
+
+/**
+ * DESIGN.md §6: `content` is never null ("" when there is no text); a message with tool calls
+ * carries `reasoning_content` (its reasoning, or "" — DeepSeek's thinking mode rejects it
+ * otherwise). Text and reasoning blocks are concatenated as streamed; other blocks follow the
+ * text as JSON.
+ */
+function assistantToWire(message: AssistantMessage): WireMessage {
+  let text = ''
+  let reasoning = ''
+  const toolCalls: WireToolCall[] = []
+  for (const b of message.content) {
+    if (b.type === 'text') text += (b as TextBlock).text
+    else if (b.type === 'reasoning') reasoning += (b as ReasoningBlock).text
+    else if (b.type === 'tool-call') {
+      const call = b as ToolCallBlock
+      // A call streamed with no arguments at all is sent as an empty object: servers JSON-parse it.
+      toolCalls.push({ id: call.id, type: 'function', function: { name: call.name, arguments: call.arguments.trim() === '' ? '{}' : call.arguments } })
+    } else text += (text ? '\n' : '') + describeBlock(b)
+  }
+  if (toolCalls.length === 0) return { role: 'assistant', content: text }
+  return { role: 'assistant', content: text, reasoning_content: reasoning, tool_calls: toolCalls }
+}
+
+function toWire(message: Message): WireMessage {
+  if (message.role === 'user') return userToWire(message)
+  if (message.role === 'assistant') return assistantToWire(message)
+  if (message.role === 'tool') return { role: 'tool', tool_call_id: message.toolCallId, content: blocksToText(message.content) }
+  throw new TypeError(`unknown message role ${JSON.stringify((message as { role?: unknown }).role)}; expected 'user', 'assistant' or 'tool'`)
+}
+
+/**
+ * The request's messages in wire shape. Order is kept, except that every tool result is moved
+ * right behind the nearest earlier assistant message that made its call (matched by id): the
+ * session may legally hold A-call, B-call, A-result, B-result, but chat-completions servers
+ * require each call's results to follow it directly. Results of the same call keep log order.
+ */
+function toWireMessages(system: string | undefined, messages: readonly Message[]): WireMessage[] {
+  const out: WireMessage[] = []
+  if (system) out.push({ role: 'system', content: system })
+  const callOwner = new Map<string, number>() // call id → index of the latest assistant message that made it
+  const resultsOf = new Map<number, number[]>() // assistant index → indices of its results
+  const moved = new Set<number>()
+  messages.forEach((m, i) => {
+    if (m.role === 'assistant') {
+      for (const b of m.content) if (b.type === 'tool-call') callOwner.set((b as ToolCallBlock).id, i)
+    } else if (m.role === 'tool') {
+      const owner = callOwner.get(m.toolCallId)
+      if (owner === undefined) return
+      moved.add(i)
+      const list = resultsOf.get(owner)
+      if (list) list.push(i)
+      else resultsOf.set(owner, [i])
+    }
+  })
+  messages.forEach((m, i) => {
+    if (moved.has(i)) return
+    out.push(toWire(m))
+    for (const j of resultsOf.get(i) ?? []) out.push(toWire(messages[j]))
+  })
+  return out
+}
+
+// ── 6.4 The adapter ───────────────────────────────────────────────────────────────────────────
+
+/** Options of {@link openAICompatible}. Times in ms, budgets in tokens. */
+export interface OpenAICompatibleOptions {
+  /** Server root; the adapter POSTs to `{baseURL}/chat/completions`. E.g. `https://api.openai.com/v1`. */
+  baseURL: string
+  /** Sent as `Authorization: Bearer …`. Takes precedence over `apiKeyEnv`. Never appears in errors. */
+  apiKey?: string
+  /** Name of an environment variable holding the key (read once, guarded: absent or denied env is an error naming it). */
+  apiKeyEnv?: string
+  /** Model name sent as `model`. */
+  model: string
+  /** Context window in tokens. Default: {@link KNOWN_MODELS}, else unknown (no clamping, no preflight). */
+  contextWindow?: number
+  /** Completion budget in tokens when a request sets none. Default {@link DEFAULT_MAX_TOKENS}; always clamped. */
+  maxTokens?: number
+  /** Body field for the budget: `max_tokens` (default) or `max_completion_tokens` (OpenAI reasoning models). */
+  maxTokensField?: 'max_tokens' | 'max_completion_tokens'
+  /** Extra HTTP headers on every request (a request's own `headers` win). */
+  headers?: Record<string, string>
+  /** Replacement for `globalThis.fetch` (proxies, tests). */
+  fetch?: (input: string, init: RequestInit) => Promise<Response>
+  /** An attempt with no progress (headers or a data event; keep-alive comments do not count) for this long fails as TIMEOUT. Default 300,000. */
+  idleTimeoutMs?: number
+  /** Retries after the first attempt for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. Default 5. */
+  maxRetries?: number
+  /** First backoff delay; doubles per retry. Default 500. */
+  retryBaseMs?: number
+  /** Longest backoff delay, and the cap on `Retry-After`. Default 10,000. */
+  retryMaxMs?: number
+  /** Sends `thinking: {type: "enabled" | "disabled"}` (DeepSeek V4). Default: not sent (server default). */
+  thinking?: boolean | 'enabled' | 'disabled'
+  /** Sends `reasoning_effort` (DeepSeek V4, OpenAI reasoning models). */
+  reasoningEffort?: string
+  /** Extra body fields (e.g. `temperature`); the adapter's own fields win. */
+  extraBody?: Record<string, unknown>
+  /** Waits between retries (tests pass a fake clock). Must reject when `signal` aborts. */
+  sleep?: (ms: number, signal?: AbortSignal) => Promise<void>
+}
+
+const OPTION_NAMES: readonly (keyof OpenAICompatibleOptions)[] = [
+  'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'maxTokensField', 'headers', 'fetch',
+  'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'thinking', 'reasoningEffort', 'extraBody', 'sleep',
+]
+
+interface AdapterConfig {
+  baseURL: string
+  endpoint: string
+  model: string
+  apiKey?: string
+  contextWindow?: number
+  maxOutputTokens?: number
+  maxTokens: number
+  maxTokensField: 'max_tokens' | 'max_completion_tokens'
+  headers: Record<string, string>
+  fetch: (input: string, init: RequestInit) => Promise<Response>
+  idleTimeoutMs: number
+  maxRetries: number
+  retryBaseMs: number
+  retryMaxMs: number
+  thinking?: 'enabled' | 'disabled'
+  reasoningEffort?: string
+  extraBody: Record<string, unknown>
+  sleep: (ms: number, signal?: AbortSignal) => Promise<void>
+}
+
+/** Reads an environment variable where one exists; edge runtimes have none, Deno may deny access. */
+function readEnv(name: string): string | undefined {
+  try {
+    const value = (globalThis as { process?: { env?: Record<string, string | undefined> } }).process?.env?.[name]
+    if (typeof value === 'string') return value
+  } catch { /* access denied */ }
+  try {
+    const value = (globalThis as { Deno?: { env?: { get(name: string): string | undefined } } }).Deno?.env?.get(name)
+    if (typeof value === 'string') return value
+  } catch { /* --allow-env not granted */ }
+  return undefined
+}
+
+function sleepMs(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason)
+    const onAbort = (): void => { clearTimeout(timer); reject(signal!.reason) }
+    const timer = setTimeout(() => { signal?.removeEventListener('abort', onAbort); resolve() }, ms)
+    signal?.addEventListener('abort', onAbort, { once: true })
+  })
+}
+
+function positiveInteger(fn: string, name: string, value: unknown, allowZero = false): number | undefined {
+  if (value === undefined) return undefined
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < (allowZero ? 0 : 1)) {
+    throw new TypeError(`${fn}: ${name} must be ${allowZero ? 'a non-negative' : 'a positive'} integer, got ${JSON.stringify(value)}`)
+  }
+  return value
+}
+
+function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string): AdapterConfig {
+  if (!isRecord(options)) throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null' : typeof options}`)
+  for (const key of Object.keys(options)) {
+    if (!(OPTION_NAMES as readonly string[]).includes(key)) throw new TypeError(`${fn}: unknown option "${key}"; known options: ${OPTION_NAMES.join(', ')}`)
+  }
+  const { baseURL, model } = options
+  let url: URL
+  try { url = new URL(String(baseURL)) } catch { throw new TypeError(`${fn}: baseURL must be an absolute http(s) URL such as https://api.deepseek.com, got ${JSON.stringify(baseURL)}`) }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new TypeError(`${fn}: baseURL must use http or https, got ${JSON.stringify(baseURL)}`)
+  if (typeof model !== 'string' || model.trim() === '') throw new TypeError(`${fn}: model must be a non-empty string, got ${JSON.stringify(model)}`)
+  let apiKey = options.apiKey === '' ? undefined : options.apiKey
+  if (apiKey !== undefined && typeof apiKey !== 'string') throw new TypeError(`${fn}: apiKey must be a string`)
+  const envName = apiKey === undefined ? (options.apiKeyEnv ?? requireKeyFrom) : undefined
+  if (envName !== undefined) {
+    apiKey = readEnv(envName) || undefined
+    if (apiKey === undefined) {
+      throw new TypeError(`${fn}: no API key: the environment variable ${envName} is not set or not readable in this runtime (Deno needs --allow-env=${envName}); set it or pass { apiKey }`)
+    }
+  }
+  const known = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model] : undefined
+  const thinking = options.thinking === undefined ? undefined : options.thinking === true || options.thinking === 'enabled' ? 'enabled' : options.thinking === false || options.thinking === 'disabled' ? 'disabled' : undefined
+  if (options.thinking !== undefined && thinking === undefined) throw new TypeError(`${fn}: thinking must be true, false, 'enabled' or 'disabled', got ${JSON.stringify(options.thinking)}`)
+  if (options.maxTokensField !== undefined && options.maxTokensField !== 'max_tokens' && options.maxTokensField !== 'max_completion_tokens') {
+    throw new TypeError(`${fn}: maxTokensField must be 'max_tokens' or 'max_completion_tokens', got ${JSON.stringify(options.maxTokensField)}`)
+  }
+  const baseURLText = String(baseURL).replace(/\/+$/, '')
+  const fetchImpl = options.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init)) // unbound fetch throws "Illegal invocation" in workerd
+  if (typeof fetchImpl !== 'function') throw new TypeError(`${fn}: fetch must be a function`)
+  return {
+    baseURL: baseURLText,
+    endpoint: `${baseURLText}/chat/completions`,
+    model,
+    apiKey,
+    contextWindow: positiveInteger(fn, 'contextWindow', options.contextWindow) ?? known?.contextWindow,
+    maxOutputTokens: known?.maxOutputTokens,
+    maxTokens: positiveInteger(fn, 'maxTokens', options.maxTokens) ?? DEFAULT_MAX_TOKENS,
+    maxTokensField: options.maxTokensField ?? 'max_tokens',
+    headers: { ...(options.headers ?? {}) },
+    fetch: fetchImpl,
+    idleTimeoutMs: positiveInteger(fn, 'idleTimeoutMs', options.idleTimeoutMs) ?? DEFAULT_IDLE_TIMEOUT_MS,
+    maxRetries: positiveInteger(fn, 'maxRetries', options.maxRetries, true) ?? DEFAULT_MAX_RETRIES,
+    retryBaseMs: positiveInteger(fn, 'retryBaseMs', options.retryBaseMs, true) ?? DEFAULT_RETRY_BASE_MS,
+    retryMaxMs: positiveInteger(fn, 'retryMaxMs', options.retryMaxMs, true) ?? DEFAULT_RETRY_MAX_MS,
+    thinking,
+    reasoningEffort: options.reasoningEffort,
+    extraBody: { ...(options.extraBody ?? {}) },
+    sleep: options.sleep ?? sleepMs,
+  }
+}
+
+/**
+ * A {@link Provider} for any server that speaks OpenAI chat completions with streaming (DESIGN.md
+ * §6): DeepSeek, OpenAI, OpenRouter, Ollama, vLLM, llama.cpp, LM Studio, …
+ *
+ * Each `complete()` streams one completion (`stream: true`, `stream_options.include_usage`),
+ * reports progress through `request.onEvent` (text, reasoning and tool-call deltas — tool-call
+ * `index` is the call's position in the final message — then usage, then finish) and returns the
+ * assembled assistant message with usage. `max_tokens` is the smaller of the request's (or the
+ * default) budget, the model's output cap, and the room the window leaves after the prompt
+ * estimate; with a known window and no room left it throws CONTEXT_WINDOW_EXCEEDED before sending.
+ *
+ * Failures are {@link ProviderError}s. RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT and EMPTY_RESPONSE
+ * are retried (`maxRetries`, exponential backoff with ±10% jitter, `Retry-After` honoured up to
+ * `retryMaxMs`, a `{type:'retry'}` event before each wait), but never once output was streamed —
+ * then the error carries `partial` (text and reasoning so far, `interrupted: true`; tool calls
+ * are dropped since their arguments may be cut). A "request too large for the per-minute
+ * budget" rate limit is not retried (it can never pass). ABORTED (the request's signal) ends at
+ * once, also during a backoff wait, and is never retried. The API key never appears in an error.
+ * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
+ */
+export function openAICompatible(options: OpenAICompatibleOptions): Provider {
+  return makeProvider(resolveConfig('openAICompatible', options))
+}
+
+/**
+ * {@link openAICompatible} with DeepSeek's defaults: base {@link DEEPSEEK_BASE_URL}, model
+ * {@link DEEPSEEK_DEFAULT_MODEL}, key from `apiKey` or else `$DEEPSEEK_API_KEY` (required).
+ * Undefined option values fall back to the defaults.
+ * @throws TypeError when no key can be found, or for bad options.
+ */
+export function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
+  if (!isRecord(options)) throw new TypeError(`deepseek takes an options object, got ${options === null ? 'null' : typeof options}`)
+  const merged: Record<string, unknown> = { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL }
+  for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
+  return makeProvider(resolveConfig('deepseek', merged as unknown as OpenAICompatibleOptions, DEEPSEEK_API_KEY_ENV))
+}
+
+function makeProvider(cfg: AdapterConfig): Provider {
+  return {
+    model: cfg.model,
+    baseURL: cfg.baseURL,
+    contextWindow: cfg.contextWindow,
+    maxTokens: cfg.maxTokens,
+    complete: (request) => completeWithRetries(cfg, request),
+  }
+}
+
+/** Errors raised after output was streamed: retrying them would show the caller a second answer. */
+const afterOutput = new WeakSet<ProviderError>()
+const RETRYABLE = new Set<ProviderErrorCode>(['RATE_LIMIT', 'SERVER', 'TRANSPORT', 'TIMEOUT', 'EMPTY_RESPONSE'])
+
+/** An exception thrown by the caller's onEvent: passed through unchanged, never retried. */
+class ListenerFailure { constructor(readonly error: unknown) {} }
+
+function redact(text: string, secret: string | undefined): string {
+  return secret && secret.length >= 4 && text.includes(secret) ? text.split(secret).join('[REDACTED]') : text
+}
+
+function providerError(cfg: AdapterConfig, code: ProviderErrorCode, message: string, init: ConstructorParameters<typeof ProviderError>[2] = {}): ProviderError {
+  const body = init.body === undefined ? undefined : redact(init.body, cfg.apiKey)
+  return new ProviderError(code, redact(`${code}: ${message} ${ERROR_HINTS[code]}`, cfg.apiKey), { ...init, body })
+}
+
+function maxTokensFor(cfg: AdapterConfig, request: ChatRequest): number {
+  const requested = positiveInteger('complete', 'request.maxTokens', request.maxTokens) ?? cfg.maxTokens
+  const capped = cfg.maxOutputTokens === undefined ? requested : Math.min(requested, cfg.maxOutputTokens)
+  if (cfg.contextWindow === undefined) return capped
+  if (request.inputTokens !== undefined && !(typeof request.inputTokens === 'number' && Number.isFinite(request.inputTokens) && request.inputTokens >= 0)) {
+    throw new TypeError(`complete: request.inputTokens must be a non-negative number of tokens, got ${JSON.stringify(request.inputTokens)}`)
+  }
+  const prompt = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools }, request.messages)
+  const room = cfg.contextWindow - prompt
+  if (room < 1) {
+    throw providerError(cfg, 'CONTEXT_WINDOW_EXCEEDED',
+      `preflight: nothing was sent. The prompt is estimated at ${prompt} tokens and the context window of ${cfg.model} is ${cfg.contextWindow} tokens, leaving ${room} for the completion (at least 1 is needed); pass contextWindow if ${cfg.contextWindow} is wrong.`)
+  }
+  return Math.min(capped, room)
+}
+
+function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number): string {
+  const body: Record<string, unknown> = {
+    ...cfg.extraBody,
+    model: cfg.model,
+    messages: toWireMessages(request.system, request.messages),
+    stream: true,
+    stream_options: { include_usage: true },
+    [cfg.maxTokensField]: maxTokens,
+  }
+  if (request.tools && request.tools.length > 0) {
+    body.tools = request.tools.map((t) => ({
+      type: 'function',
+      function: { name: t.name, ...(t.description !== undefined ? { description: t.description } : {}), parameters: t.parameters ?? { type: 'object', properties: {} } },
+    }))
+  }
+  if (cfg.thinking) body.thinking = { type: cfg.thinking }
+  if (cfg.reasoningEffort !== undefined) body.reasoning_effort = cfg.reasoningEffort
+  return JSON.stringify(body, wireReplacer)
+}
+
+async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Promise<ChatResponse> {
+  if (!isRecord(request) || !Array.isArray(request.messages)) throw new TypeError('complete(request): request.messages must be an array of messages')
+  const { signal } = request
+  const aborted = (): ProviderError => providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted before it completed.`)
+  if (signal?.aborted) throw aborted()
+  const body = requestBody(cfg, request, maxTokensFor(cfg, request))
+  const headers: Record<string, string> = { 'content-type': 'application/json', accept: 'text/event-stream' }
+  if (cfg.apiKey !== undefined) headers.authorization = `Bearer ${cfg.apiKey}`
+  // Lower-cased, so that a caller's `Authorization` replaces ours instead of being joined to it.
+  for (const extra of [cfg.headers, request.headers ?? {}]) for (const [name, value] of Object.entries(extra)) headers[name.toLowerCase()] = value
+  for (let retry = 0; ; retry++) {
+    let error: ProviderError
+    try {
+      return await attempt(cfg, request, body, headers)
+    } catch (e) {
+      if (e instanceof ListenerFailure) throw e.error
+      if (!(e instanceof ProviderError)) throw e
+      error = e
+    }
+    const retryable = RETRYABLE.has(error.code) && !afterOutput.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
+    if (!retryable || retry >= cfg.maxRetries) throw error
+    const delayMs = error.retryAfterMs !== undefined
+      ? Math.min(error.retryAfterMs, cfg.retryMaxMs)
+      : Math.round(Math.min(cfg.retryMaxMs, cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
+    request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error })
+    try { await cfg.sleep(delayMs, signal) } catch (e) { if (signal?.aborted) throw aborted(); throw e }
+    if (signal?.aborted) throw aborted()
+  }
+}
+
+/** Collects one streamed (or non-streamed) completion; emits deltas as they arrive. */
+function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void) {
+  let text = ''
+  let reasoning = ''
+  const calls: { id: string; name: string; arguments: string }[] = []
+  const slotOfIndex = new Map<number, number>()
+  let finishReason: string | undefined
+  let usage: Usage | undefined
+  let responseId: string | undefined
+  let streamed = false
+
+  function toolCallDelta(tc: unknown): void {
+    if (!isRecord(tc)) return
+    const fn = isRecord(tc.function) ? tc.function : {}
+    const id = typeof tc.id === 'string' && tc.id !== '' ? tc.id : undefined // Qwen sends "" after the first delta
+    const name = typeof fn.name === 'string' && fn.name !== '' ? fn.name : undefined // Mistral sends "" after the first delta
+    const args = typeof fn.arguments === 'string' ? fn.arguments : isRecord(fn.arguments) ? JSON.stringify(fn.arguments) : ''
+    const wireIndex = typeof tc.index === 'number' ? tc.index : undefined
+    let slot: number | undefined
+    if (wireIndex !== undefined) slot = slotOfIndex.get(wireIndex)
+    else if (id !== undefined) { const k = calls.findIndex((c) => c.id === id); slot = k >= 0 ? k : undefined }
+    else if (calls.length > 0) slot = calls.length - 1 // no index, no id: the continuation of the last call
+    // A different id on a known index starts a new call (servers that send every call as index 0).
+    if (slot !== undefined && id !== undefined && calls[slot].id !== '' && calls[slot].id !== id) slot = undefined
+    if (slot === undefined) {
+      slot = calls.length
+      calls.push({ id: '', name: '', arguments: '' })
+      if (wireIndex !== undefined) slotOfIndex.set(wireIndex, slot)
+    }
+    const call = calls[slot]
+    const newId = id !== undefined && call.id === '' ? id : undefined
+    const newName = name !== undefined && call.name === '' ? name : undefined
+    if (newId) call.id = newId
+    if (newName) call.name = newName
+    call.arguments += args
+    if (newId || newName || args) {
+      streamed = true
+      emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}), ...(newName ? { name: newName } : {}), argumentsDelta: args })
+    }
+  }
+
+  return {
+    get streamed() { return streamed },
+    /** One chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. */
+    chunk(obj: unknown, requestId: string | undefined, dataText: string): void {
+      if (!isRecord(obj)) throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not a JSON object: ${dataText.slice(0, 200)}`, { body: dataText, requestId, status: 200 })
+      if (obj.error !== undefined && obj.error !== null) throw inStreamError(cfg, dataText, requestId)
+      if (responseId === undefined && typeof obj.id === 'string' && obj.id !== '') responseId = obj.id
+      const u = readUsage(obj.usage)
+      if (u) usage = u // running totals (SiliconFlow) or a final chunk: the last one wins
+      const choices: unknown[] = Array.isArray(obj.choices) ? obj.choices : []
+      for (const choice of choices) {
+        if (!isRecord(choice) || (typeof choice.index === 'number' && choice.index !== 0)) continue // n = 1 is requested
+        const delta = isRecord(choice.delta) ? choice.delta : isRecord(choice.message) ? choice.message : undefined
+        if (delta) {
+          const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== '' ? delta.reasoning_content
+            : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
+          if (r !== '') { reasoning += r; streamed = true; emit({ type: 'reasoning-delta', text: r }) }
+          if (typeof delta.content === 'string' && delta.content !== '') { text += delta.content; streamed = true; emit({ type: 'text-delta', text: delta.content }) }
+          if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) toolCallDelta(tc)
+        }
+        if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
+          finishReason = choice.finish_reason
+          if (finishReason === 'error') throw providerError(cfg, 'SERVER', `stream from ${cfg.endpoint} ended with finish_reason "error".`, { body: dataText, requestId, status: 200 })
+        }
+      }
+    },
+    partial(): AssistantMessage | undefined {
+      if (text === '' && reasoning === '') return undefined
+      const content: Block[] = []
+      if (reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
+      if (text !== '') content.push({ type: 'text', text })
+      return { role: 'assistant', content, interrupted: true }
+    },
+    finish(sawDone: boolean, requestId: string | undefined): ChatResponse {
+      if (!sawDone && finishReason === undefined) {
+        throw providerError(cfg, 'TRANSPORT', `stream from ${cfg.endpoint} ended without [DONE] and without a finish reason (model ${cfg.model}).`, { requestId, status: 200 })
+      }
+      if (!streamed && finishReason !== 'content_filter') {
+        throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} (model ${cfg.model}) finished without any text, reasoning or tool call.`, { requestId, status: 200 })
+      }
+      const content: Block[] = []
+      if (reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
+      if (text !== '') content.push({ type: 'text', text })
+      calls.forEach((c, i) => {
+        const id = c.id || `call_${i}_${typeof crypto !== 'undefined' && typeof crypto.randomUUID === 'function' ? crypto.randomUUID() : Math.random().toString(36).slice(2)}`
+        content.push({ type: 'tool-call', id, name: c.name, arguments: c.arguments })
+      })
+      const reason = finishReason ?? (calls.length > 0 ? 'tool_calls' : 'stop')
+      if (usage) emit({ type: 'usage', usage })
+      emit({ type: 'finish', finishReason: reason })
+      const response: ChatResponse = { message: { role: 'assistant', content }, finishReason: reason }
+      if (usage) response.usage = usage
+      const id = requestId ?? responseId
+      if (id !== undefined) response.requestId = id
+      return response
+    },
+  }
+}
+
+function readUsage(u: unknown): Usage | undefined {
+  if (!isRecord(u)) return undefined
+  const n = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) ? v : undefined)
+  const prompt = n(u.prompt_tokens)
+  const completion = n(u.completion_tokens)
+  if (prompt === undefined && completion === undefined) return undefined
+  const usage: Usage = { promptTokens: prompt ?? 0, completionTokens: completion ?? 0 }
+  const cached = n(u.prompt_cache_hit_tokens) ?? (isRecord(u.prompt_tokens_details) ? n(u.prompt_tokens_details.cached_tokens) : undefined)
+  if (cached !== undefined) usage.cachedTokens = cached
+  const reasoning = (isRecord(u.completion_tokens_details) ? n(u.completion_tokens_details.reasoning_tokens) : undefined) ?? n(u.reasoning_tokens)
+  if (reasoning !== undefined) usage.reasoningTokens = reasoning
+  return usage
+}
+
+/**
+ * An error event inside a 200 stream (`data: {"error": …}` or `event: error`), classified like an
+ * HTTP error body. Its status is the numeric code the payload carries (`code`, `status`,
+ * `status_code`), else the 200 the response had.
+ */
+function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | undefined): ProviderError {
+  const classified = classifyProviderError(200, payload)
+  // An explicit error event whose payload says nothing readable is still the server's failure.
+  const code = classified === 'MALFORMED_RESPONSE' || classified === 'EMPTY_RESPONSE' ? 'SERVER' : classified
+  const info = inspectErrorBody(payload)
+  return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}.`, { status: info.status ?? 200, body: payload, requestId })
+}
+
+/** The response body, with every read racing the attempt's abort signal (fetch implementations differ in how fast they honour it). */
+async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<Uint8Array, void, undefined> {
+  const reader = body.getReader()
+  const abort = new Promise<never>((_, reject) => {
+    if (signal.aborted) reject(signal.reason)
+    else signal.addEventListener('abort', () => reject(signal.reason), { once: true })
+  })
+  abort.catch(() => {})
+  let finished = false
+  try {
+    for (;;) {
+      const { done, value } = await Promise.race([reader.read(), abort])
+      if (done) { finished = true; return }
+      yield value
+    }
+  } finally {
+    if (!finished) reader.cancel().catch(() => {})
+  }
+}
+
+/** Splits `data` into chunk objects; a relay that joined several `data:` lines into one event gets one object per line. */
+function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined): unknown[] {
+  try {
+    return [JSON.parse(data)]
+  } catch (error) {
+    if (data.includes('\n')) {
+      try { return data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch { /* fall through */ }
+    }
+    throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: ${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
+  }
+}
+
+async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>): Promise<ChatResponse> {
+  const { signal, onEvent } = request
+  const controller = new AbortController()
+  let timedOut = false
+  let timer: ReturnType<typeof setTimeout> | undefined
+  const progress = (): void => {
+    if (timer !== undefined) clearTimeout(timer)
+    timer = setTimeout(() => { timedOut = true; controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`)) }, cfg.idleTimeoutMs)
+  }
+  const forwardAbort = (): void => controller.abort(signal?.reason)
+  signal?.addEventListener('abort', forwardAbort, { once: true })
+  const emit = (event: StreamEvent): void => {
+    if (!onEvent) return
+    try { onEvent(event) } catch (error) { throw new ListenerFailure(error) }
+  }
+  const acc = createAssembler(cfg, emit)
+  let requestId: string | undefined
+  progress()
+  try {
+    const response = await cfg.fetch(cfg.endpoint, { method: 'POST', headers, body, signal: controller.signal })
+    progress()
+    requestId = requestIdOf(response.headers)
+    if (!response.ok) {
+      const text = await response.text()
+      const code = classifyProviderError(response.status, text)
+      const info = inspectErrorBody(text)
+      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}.`, {
+        status: response.status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
+      })
+    }
+    if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
+      // The server ignored stream: true and sent one completion (or an error) as JSON.
+      const text = await response.text()
+      if (text.trim() === '') throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model ${cfg.model}).`, { status: response.status, requestId })
+      acc.chunk(parseChunkData(cfg, text.trim(), requestId)[0], requestId, text)
+      return acc.finish(true, requestId)
+    }
+    if (!response.body) throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} without a body (model ${cfg.model}).`, { status: response.status, requestId })
+    let sawDone = false
+    let sawData = false
+    for await (const event of parseSSE(bodyChunks(response.body, controller.signal), { maxBufferSize: SSE_MAX_BUFFER_UNITS })) {
+      if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
+      if (event.event !== 'message') continue
+      sawData = true
+      const data = event.data.trim()
+      if (data === '' || data[0] === ':') continue // a relay's keep-alive inside a data line: not progress
+      progress()
+      if (data === '[DONE]') { sawDone = true; break }
+      for (const obj of parseChunkData(cfg, data, requestId)) acc.chunk(obj, requestId, data)
+    }
+    const type = response.headers.get('content-type')
+    if (!sawData && type && !/event-stream/i.test(type)) {
+      throw providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${response.status} with ${type}, not an event stream (model ${cfg.model}).`, { status: response.status, requestId })
+    }
+    return acc.finish(sawDone, requestId)
+  } catch (e) {
+    if (e instanceof ListenerFailure) throw e
+    const partial = acc.partial()
+    let error: ProviderError
+    if (signal?.aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`, { requestId })
+    else if (e instanceof ProviderError) error = e
+    else if (timedOut) error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
+    else if (e instanceof SSEParseError) error = providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint}: ${e.message}.`, { requestId, status: 200, cause: e })
+    else {
+      // undici says only "fetch failed"; the reason (ECONNREFUSED, ENOTFOUND, …) is in its cause.
+      const reason = e instanceof Error ? e.message + (e.cause instanceof Error ? ` (${e.cause.message})` : '') : String(e)
+      error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${reason}.`, { requestId, cause: e })
+    }
+    if (partial && !error.partial) error.partial = partial
+    if (acc.streamed) afterOutput.add(error)
+    throw error
+  } finally {
+    if (timer !== undefined) clearTimeout(timer)
+    signal?.removeEventListener('abort', forwardAbort)
+  }
+}
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 7. Loop
@@ -1772,6 +2969,778 @@ export class Agent implements CompactionHost {
 
 // (cli-tools)
 
+// ── 8.1 Built-in coding tools (DESIGN.md §8, issue 5) ─────────────────────────────────────────
+// The file system and process code of dsh.ts. `node:` modules are loaded here through dynamic
+// `import()` only, so that the core still bundles for edge runtimes (TOOLCHAIN.md).
+
+/** Defaults of {@link builtinTools} (units in the names). */
+export const BUILTIN_TOOL_DEFAULTS = Object.freeze({
+  /** Cap on one tool's output in UTF-16 units. 100,000 ≈ 25,000 tokens by §2, the size of a big
+   *  read in common coding agents; above it the pruner (§3) and the spill (§5) take over anyway. */
+  maxOutputChars: 100_000,
+  /** read_file: lines read when the model gives no `limit`. */
+  readLimitLines: 2_000,
+  /** list_files: entries listed at most (recursive listings stop there). */
+  listMaxEntries: 1_000,
+  /** grep: matches reported when the model gives no `max_matches`. */
+  grepDefaultMatches: 100,
+  /** grep: the most matches the model may ask for. */
+  grepMaxMatches: 1_000,
+  /** shell: timeout of a command when the model gives no `timeout_ms`, in ms. */
+  shellTimeoutMs: 120_000,
+  /** shell: the longest `timeout_ms` the model may ask for, in ms. */
+  shellMaxTimeoutMs: 600_000,
+})
+
+/** Directories that list_files and grep never descend into (they may still be named as `path`). */
+const TOOL_SKIP_DIRS: ReadonlySet<string> = new Set(['node_modules', '.git'])
+/** Bytes sniffed for a NUL byte to call a file binary (the heuristic of git and grep). */
+const TOOL_BINARY_SNIFF_BYTES = 8 * 1024
+/** grep: files larger than this many bytes are skipped (and counted in the summary). */
+const GREP_MAX_FILE_BYTES = 16 * 1024 * 1024
+/** grep: a matching line is shown up to this many UTF-16 units. */
+const GREP_LINE_CHARS = 500
+/** shell: ms between SIGTERM and SIGKILL of the process group, and again before giving up on its pipes. */
+const SHELL_KILL_GRACE_MS = 1_000
+
+/** Options of {@link builtinTools}. Every number is a positive integer in the unit its name says. */
+export interface BuiltinToolsOptions {
+  /** Working directory. Relative paths resolve against it, and every path must stay inside it
+   *  after symlinks are resolved (realpath). It must exist. */
+  cwd: string
+  /** Offer the `shell` tool (DESIGN.md §8: only with `--allow-shell` or an interactive yes). Default false. */
+  allowShell?: boolean
+  /** Cap on each tool's output in UTF-16 units; a one-line notice after the cut says what was left
+   *  out and how to get it. `shell` gives each of stdout and stderr half of it (its first and last
+   *  quarter), with a marker in the middle. Default {@link BUILTIN_TOOL_DEFAULTS}.maxOutputChars (100,000). */
+  maxOutputChars?: number
+  /** read_file: lines read when the model gives no `limit`. Default 2,000. */
+  readLimitLines?: number
+  /** list_files: entries listed at most. Default 1,000. */
+  listMaxEntries?: number
+  /** grep: the most matches the model may ask for with `max_matches`. Default 1,000. */
+  grepMaxMatches?: number
+  /** shell: timeout in ms when the model gives no `timeout_ms`. Default 120,000. */
+  shellTimeoutMs?: number
+  /** shell: the longest `timeout_ms` the model may ask for, in ms. Default 600,000. */
+  shellMaxTimeoutMs?: number
+}
+
+type NodeFs = typeof import('node:fs/promises')
+type NodePath = typeof import('node:path')
+interface ToolHost {
+  fs: NodeFs
+  path: NodePath
+  /** realpath of the working directory. */
+  root: string
+  maxOutputChars: number
+}
+
+/**
+ * The built-in coding tools of the CLI (DESIGN.md §8): `read_file`, `list_files`, `grep`,
+ * `write_file`, `edit_file`, and `shell` when `allowShell` is true. Plain {@link Tool} objects; any
+ * agent can use them.
+ *
+ * Confinement: a path argument resolves against `cwd`, then through every symlink (realpath, also
+ * for files that do not exist yet and for dangling links); a path that lands outside `cwd` is
+ * refused with an error that names the resolved path. The `shell` tool is not confined: a command
+ * can reach anything the user can, which is why it is opt-in. Checks and file operations are not
+ * atomic: a process that swaps a directory for a symlink between them is out of scope.
+ *
+ * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
+ * one notice line saying how much was left out and how to get more (offset, a narrower path…).
+ * Failures throw an `Error` whose message starts with the tool's name and says what to do
+ * instead; the loop turns it into an error result for the model (DESIGN.md §7). `shell` returns
+ * `{content, isError: true}` for a non-zero exit, a timeout or a cancellation, with the output so far.
+ *
+ * Needs a runtime with `node:fs/promises`, `node:path` (and `node:child_process` for `shell`):
+ * Node ≥ 20, Deno, Bun.
+ * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
+ */
+export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
+  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs']
+  for (const key of Object.keys(options)) {
+    if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
+  }
+  if (typeof options.cwd !== 'string' || options.cwd === '') throw new TypeError('builtinTools: options.cwd must be a non-empty directory path')
+  const num = (name: keyof typeof BUILTIN_TOOL_DEFAULTS): number => {
+    const value = (options as unknown as Record<string, unknown>)[name] ?? BUILTIN_TOOL_DEFAULTS[name]
+    if (!Number.isSafeInteger(value) || (value as number) < 1) {
+      throw new TypeError(`builtinTools: options.${name} must be a positive integer, got ${String(value)} (default ${BUILTIN_TOOL_DEFAULTS[name]})`)
+    }
+    return value as number
+  }
+  const maxOutputChars = num('maxOutputChars')
+  const readLimitLines = num('readLimitLines')
+  const listMaxEntries = num('listMaxEntries')
+  const grepMaxMatches = num('grepMaxMatches')
+  const shellTimeoutMs = num('shellTimeoutMs')
+  const shellMaxTimeoutMs = num('shellMaxTimeoutMs')
+  if (shellTimeoutMs > shellMaxTimeoutMs) {
+    throw new TypeError(`builtinTools: options.shellTimeoutMs (${shellTimeoutMs} ms) exceeds options.shellMaxTimeoutMs (${shellMaxTimeoutMs} ms)`)
+  }
+  const [fs, path] = await Promise.all([importNode<NodeFs>('node:fs/promises'), importNode<NodePath>('node:path')])
+  let root: string
+  try { root = await fs.realpath(path.resolve(options.cwd)) } catch (error) {
+    throw new Error(`builtinTools: working directory ${options.cwd} is not usable (${fsErrorReason(error)})`, { cause: error })
+  }
+  if (!(await fs.stat(root)).isDirectory()) throw new Error(`builtinTools: working directory ${options.cwd} is not a directory`)
+  const host: ToolHost = { fs, path, root, maxOutputChars }
+  const tools = [
+    readFileTool(host, readLimitLines),
+    listFilesTool(host, listMaxEntries),
+    grepTool(host, Math.min(BUILTIN_TOOL_DEFAULTS.grepDefaultMatches, grepMaxMatches), grepMaxMatches),
+    writeFileTool(host),
+    editFileTool(host),
+  ]
+  if (options.allowShell === true) tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs))
+  return tools
+}
+
+// ── argument checks: a wrong argument is an error the model can read and fix ──
+
+function toolArgs(tool: string, args: unknown, keys: readonly string[]): Record<string, unknown> {
+  if (args === null || typeof args !== 'object' || Array.isArray(args)) {
+    throw new Error(`${tool}: arguments must be a JSON object with the keys ${keys.join(', ')}`)
+  }
+  for (const key of Object.keys(args)) {
+    if (!keys.includes(key)) throw new Error(`${tool}: unknown argument "${key}"; the arguments are ${keys.join(', ')}`)
+  }
+  return args as Record<string, unknown>
+}
+
+function argString(tool: string, args: Record<string, unknown>, key: string, fallback?: string): string {
+  const value = args[key] ?? fallback
+  if (value === undefined) throw new Error(`${tool}: the argument "${key}" is required`)
+  if (typeof value !== 'string') throw new Error(`${tool}: "${key}" must be a string, got ${JSON.stringify(value)}`)
+  return value
+}
+
+/** An integer argument; a string of digits is accepted too (some models quote numbers). */
+function argInt(tool: string, args: Record<string, unknown>, key: string, fallback: number, min: number, max: number, unit: string): number {
+  let value = args[key]
+  if (value === undefined || value === null) return fallback
+  if (typeof value === 'string' && /^\d+$/.test(value.trim())) value = Number(value.trim())
+  if (!Number.isSafeInteger(value) || (value as number) < min || (value as number) > max) {
+    throw new Error(`${tool}: "${key}" must be an integer from ${min} to ${max} (${unit}), got ${JSON.stringify(value)}`)
+  }
+  return value as number
+}
+
+/** A boolean argument; the strings "true" and "false" are accepted too. */
+function argBool(tool: string, args: Record<string, unknown>, key: string): boolean {
+  const value = args[key]
+  if (value === undefined || value === null || value === false || value === 'false') return false
+  if (value === true || value === 'true') return true
+  throw new Error(`${tool}: "${key}" must be true or false, got ${JSON.stringify(value)}`)
+}
+
+// ── paths ──
+
+function fsErrorReason(error: unknown): string {
+  const code = (error as { code?: unknown } | null)?.code
+  switch (code) {
+    case 'ENOENT': return 'it does not exist'
+    case 'EACCES': case 'EPERM': return 'permission denied'
+    case 'ENOTDIR': return 'a part of the path is a file, not a directory'
+    case 'EISDIR': return 'it is a directory'
+    case 'ELOOP': return 'too many symbolic links (a symlink loop)'
+    default: return error instanceof Error ? error.message : String(error)
+  }
+}
+
+/** `error` rethrown as an Error naming the tool and the path; `hint` says what to do about it. */
+function fsError(tool: string, shown: string, error: unknown, hint = ''): Error {
+  const missing = (error as { code?: unknown } | null)?.code === 'ENOENT'
+  const fix = hint || (missing ? '; check the path with list_files' : '')
+  return new Error(`${tool}: cannot use ${shown}: ${fsErrorReason(error)}${fix}`, { cause: error })
+}
+
+/** realpath that also works for paths that do not exist yet: the missing tail is re-appended to
+ *  the realpath of the longest existing prefix, and a dangling symlink is followed by hand (so that
+ *  writing through it cannot land outside the working directory). */
+async function realpathLenient(host: ToolHost, target: string, hops = 0): Promise<string> {
+  const { fs, path } = host
+  try { return await fs.realpath(target) } catch (error) {
+    const code = (error as { code?: unknown }).code
+    if (code !== 'ENOENT' && code !== 'ENOTDIR') throw error
+  }
+  const parent = path.dirname(target)
+  if (parent === target) return target
+  const candidate = path.join(await realpathLenient(host, parent, hops), path.basename(target))
+  let link: string
+  try { link = await fs.readlink(candidate) } catch { return candidate }
+  if (hops >= 40) throw Object.assign(new Error(`too many symbolic links at ${candidate}`), { code: 'ELOOP' })
+  return realpathLenient(host, path.resolve(path.dirname(candidate), link), hops + 1)
+}
+
+function isInside(path: NodePath, root: string, target: string): boolean {
+  const rel = path.relative(root, target)
+  return rel === '' || !(rel === '..' || rel.startsWith('..' + path.sep) || path.isAbsolute(rel))
+}
+
+/** A path as the model sees it: relative to the working directory, `/`-separated, `.` for the root. */
+function shownPath(host: ToolHost, real: string): string {
+  const rel = host.path.relative(host.root, real)
+  return rel === '' ? '.' : rel.split(host.path.sep).join('/')
+}
+
+/** Resolves a path argument and refuses it when it leaves the working directory. */
+async function confine(host: ToolHost, tool: string, input: string): Promise<{ real: string; shown: string }> {
+  const { path, root } = host
+  if (input === '') throw new Error(`${tool}: "path" is empty; give a path relative to the working directory, e.g. "."`)
+  if (input.includes('\0')) throw new Error(`${tool}: "path" contains a NUL character`)
+  const lexical = path.resolve(root, input)
+  let real: string
+  try { real = await realpathLenient(host, lexical) } catch (error) { throw fsError(tool, JSON.stringify(input), error) }
+  if (!isInside(path, root, real)) {
+    const how = isInside(path, root, lexical) ? 'through a symlink to' : 'to'
+    throw new Error(`${tool}: ${JSON.stringify(input)} is outside the working directory ${root} ` +
+      `(it resolves ${how} ${real}); these tools can only reach files inside the working directory, so use a path inside it`)
+  }
+  return { real, shown: shownPath(host, real) }
+}
+
+// ── output caps ──
+
+function isHighSurrogate(unit: number): boolean { return unit >= 0xd800 && unit <= 0xdbff }
+function isLowSurrogate(unit: number): boolean { return unit >= 0xdc00 && unit <= 0xdfff }
+
+/** The first `maxUnits` UTF-16 units of `text`, one fewer when the cut would split a surrogate pair. */
+function headUnits(text: string, maxUnits: number): string {
+  if (text.length <= maxUnits) return text
+  const end = maxUnits > 0 && isHighSurrogate(text.charCodeAt(maxUnits - 1)) ? maxUnits - 1 : maxUnits
+  return text.slice(0, end)
+}
+
+/** Joins whole lines with `\n` while they fit in `maxUnits`; a first line longer than that is cut. */
+function joinLinesCapped(lines: readonly string[], maxUnits: number): { text: string; count: number; firstCut: boolean } {
+  let used = 0
+  let count = 0
+  for (const line of lines) {
+    const cost = (count > 0 ? 1 : 0) + line.length
+    if (used + cost > maxUnits) break
+    used += cost
+    count++
+  }
+  if (count === 0 && lines.length > 0) return { text: headUnits(lines[0], maxUnits), count: 1, firstCut: true }
+  return { text: lines.slice(0, count).join('\n'), count, firstCut: false }
+}
+
+function hasNulByte(bytes: Uint8Array): boolean {
+  return bytes.subarray(0, TOOL_BINARY_SNIFF_BYTES).includes(0)
+}
+
+function plural(n: number, word: string): string { return `${n} ${word}${n === 1 ? '' : 's'}` }
+
+// ── read_file ──
+
+function readFileTool(host: ToolHost, defaultLines: number): Tool {
+  const max = host.maxOutputChars
+  return {
+    name: 'read_file',
+    description: `Read a text file inside the working directory. Each line comes back as its 1-based line number, a tab, then the text ("     7\\tconst x = 1"); the number and tab are not part of the file. Reads up to "limit" lines (default ${defaultLines}) from line "offset" (default 1), and at most ${max} characters; a note at the end says when the file continues and which offset reads on.`,
+    parameters: {
+      type: 'object',
+      properties: {
+        path: { type: 'string', description: 'File path, relative to the working directory.' },
+        offset: { type: 'integer', minimum: 1, description: 'First line to read, 1-based. Default 1.' },
+        limit: { type: 'integer', minimum: 1, description: `Number of lines to read. Default ${defaultLines}.` },
+      },
+      required: ['path'],
+      additionalProperties: false,
+    },
+    async execute(rawArgs, ctx) {
+      const args = toolArgs('read_file', rawArgs, ['path', 'offset', 'limit'])
+      const offset = argInt('read_file', args, 'offset', 1, 1, Number.MAX_SAFE_INTEGER, 'a 1-based line number')
+      const limit = argInt('read_file', args, 'limit', defaultLines, 1, Number.MAX_SAFE_INTEGER, 'lines')
+      const { real, shown } = await confine(host, 'read_file', argString('read_file', args, 'path'))
+      let st
+      try { st = await host.fs.stat(real) } catch (error) { throw fsError('read_file', shown, error) }
+      if (st.isDirectory()) throw new Error(`read_file: ${shown} is a directory; use list_files to see what is in it`)
+      if (!st.isFile()) throw new Error(`read_file: ${shown} is not a regular file`)
+      const size = st.size
+      if (size === 0) return `(${shown} is empty: 0 bytes)`
+      const handle = await host.fs.open(real, 'r').catch((error: unknown) => { throw fsError('read_file', shown, error) })
+      // Streamed in chunks: reading lines 1-100 of a 1 GB log must not load the whole file.
+      const lines: string[] = []
+      let used = 0 // UTF-16 units in lines.join('\n')
+      let lineNo = 0
+      let stop: 'range' | 'cap' | 'long-line' | undefined
+      const take = (raw: string): boolean => { // true = stop reading
+        lineNo++
+        if (lineNo < offset) return false
+        if (lineNo >= offset + limit) { stop = 'range'; return true }
+        const text = `${String(lineNo).padStart(6)}\t${raw.endsWith('\r') ? raw.slice(0, -1) : raw}`
+        const cost = (lines.length > 0 ? 1 : 0) + text.length
+        if (used + cost <= max) { lines.push(text); used += cost; return false }
+        if (lines.length === 0) { lines.push(headUnits(text, max)); stop = 'long-line' } else stop = 'cap'
+        return true
+      }
+      try {
+        const decoder = new TextDecoder()
+        const buffer = new Uint8Array(64 * 1024)
+        let position = 0
+        let pending = ''
+        let skippingLongLine = false // the rest of a line longer than any output could show is dropped unread
+        reading: for (;;) {
+          if (ctx.signal.aborted) throw new Error('read_file: cancelled')
+          const { bytesRead } = await handle.read(buffer, 0, buffer.length, position)
+          if (bytesRead === 0) break
+          if (position === 0 && hasNulByte(buffer.subarray(0, bytesRead))) {
+            throw new Error(`read_file: ${shown} looks binary (a NUL byte in its first ${TOOL_BINARY_SNIFF_BYTES} bytes); read_file shows text files only`)
+          }
+          position += bytesRead
+          let chunk = decoder.decode(buffer.subarray(0, bytesRead), { stream: true })
+          if (skippingLongLine) {
+            const newline = chunk.indexOf('\n')
+            if (newline === -1) continue
+            chunk = chunk.slice(newline)
+            skippingLongLine = false
+          }
+          pending += chunk
+          let start = 0
+          for (let newline = pending.indexOf('\n'); newline !== -1; newline = pending.indexOf('\n', start)) {
+            if (take(pending.slice(start, newline))) break reading
+            start = newline + 1
+          }
+          pending = pending.slice(start)
+          if (pending.length > max + 16) { pending = pending.slice(0, max + 16); skippingLongLine = true }
+        }
+        if (stop === undefined) {
+          pending += decoder.decode()
+          if (pending.length > 0) take(pending)
+        }
+      } finally { await handle.close() }
+      if (lines.length === 0) {
+        throw new Error(`read_file: offset ${offset} is past the end of ${shown}, which has ${plural(lineNo, 'line')}; use an offset from 1 to ${lineNo}`)
+      }
+      const last = offset + lines.length - 1
+      const body = lines.join('\n')
+      switch (stop) {
+        case undefined: return body
+        case 'range': return `${body}\n[lines ${offset}-${last} of ${shown} shown; the file continues (${size} bytes in all); read more with offset=${last + 1}]`
+        case 'cap': return `${body}\n[output capped at ${max} characters: lines ${offset}-${last} of ${shown} shown; read more with offset=${last + 1}]`
+        case 'long-line': return `${body}\n[line ${last} of ${shown} is longer than the output cap of ${max} characters and was cut; the next line is at offset=${last + 1}; use grep to find text inside this line]`
+      }
+    },
+  }
+}
+
+// ── list_files ──
+
+function listFilesTool(host: ToolHost, maxEntries: number): Tool {
+  const { fs, path } = host
+  return {
+    name: 'list_files',
+    description: `List a directory inside the working directory. Paths come back relative to the working directory; directories end with "/", symlinks with "@". With recursive: true, lists subdirectories too (breadth-first, at most ${maxEntries} entries) but never descends into ${[...TOOL_SKIP_DIRS].join(' or ')} (list them by path to see inside).`,
+    parameters: {
+      type: 'object',
+      properties: {
+        path: { type: 'string', description: 'Directory, relative to the working directory. Default ".".' },
+        recursive: { type: 'boolean', description: 'Also list subdirectories. Default false.' },
+      },
+      additionalProperties: false,
+    },
+    async execute(rawArgs, ctx) {
+      const args = toolArgs('list_files', rawArgs, ['path', 'recursive'])
+      const recursive = argBool('list_files', args, 'recursive')
+      const { real, shown } = await confine(host, 'list_files', argString('list_files', args, 'path', '.'))
+      let st
+      try { st = await fs.stat(real) } catch (error) { throw fsError('list_files', shown, error) }
+      if (!st.isDirectory()) throw new Error(`list_files: ${shown} is a file, not a directory; use read_file to read it`)
+      const entries: string[] = []
+      const notDescended: string[] = []
+      const queue = [real]
+      let full = false
+      for (let next = 0; next < queue.length && !full; next++) {
+        if (ctx.signal.aborted) throw new Error('list_files: cancelled')
+        const dir = queue[next]
+        let dirents
+        try { dirents = await fs.readdir(dir, { withFileTypes: true }) } catch (error) {
+          if (dir === real) throw fsError('list_files', shown, error)
+          entries.push(`${shownPath(host, dir)}/ (not listed: ${fsErrorReason(error)})`)
+          continue
+        }
+        dirents.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+        for (const dirent of dirents) {
+          if (entries.length >= maxEntries) { full = true; break }
+          const child = path.join(dir, dirent.name)
+          const rel = shownPath(host, child)
+          if (dirent.isDirectory()) {
+            entries.push(`${rel}/`)
+            if (!recursive) continue
+            if (TOOL_SKIP_DIRS.has(dirent.name)) notDescended.push(`${rel}/`)
+            else queue.push(child)
+          } else entries.push(dirent.isSymbolicLink() ? `${rel}@` : rel)
+        }
+      }
+      if (entries.length === 0) return `(${shown} is an empty directory)`
+      entries.sort() // breadth-first keeps the shallow levels under the cap; sorted, they read as a tree
+      const { text, count } = joinLinesCapped(entries, host.maxOutputChars)
+      const notes: string[] = []
+      if (count < entries.length) notes.push(`[output capped at ${host.maxOutputChars} characters: ${entries.length - count} more entries not shown; list a subdirectory to see them]`)
+      if (full) notes.push(`[listing stopped at ${maxEntries} entries; list a subdirectory${recursive ? ', or list without recursive,' : ''} to see the rest]`)
+      if (notDescended.length > 0) notes.push(`[not descended into: ${notDescended.join(', ')}; list them by path to see inside]`)
+      return [text, ...notes].join('\n')
+    },
+  }
+}
+
+// ── grep ──
+
+/** A glob as a RegExp over `/`-separated paths: `*` and `?` stay within a segment, `**` crosses
+ *  segments (`**\/` also matches no directory), `[...]`/`[!...]` are classes, `{a,b}` alternatives. */
+function globToRegExp(glob: string): RegExp {
+  let out = ''
+  let braces = 0
+  for (let i = 0; i < glob.length; i++) {
+    const c = glob[i]
+    if (c === '*') {
+      if (glob[i + 1] === '*') {
+        const slash = glob[i + 2] === '/'
+        out += slash ? '(?:.*/)?' : '.*'
+        i += slash ? 2 : 1
+      } else out += '[^/]*'
+    } else if (c === '?') out += '[^/]'
+    else if (c === '[') {
+      const close = glob.indexOf(']', i + 2)
+      if (close === -1) { out += '\\['; continue }
+      const body = glob.slice(i + 1, close)
+      out += `[${body.startsWith('!') ? '^' + body.slice(1) : body}]`
+      i = close
+    } else if (c === '{') { out += '(?:'; braces++ }
+    else if (c === '}' && braces > 0) { out += ')'; braces-- }
+    else if (c === ',' && braces > 0) out += '|'
+    else out += c.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')
+  }
+  return new RegExp(`^${out}${')'.repeat(braces)}$`)
+}
+
+function escapeRegExp(text: string): string { return text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&') }
+
+function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): Tool {
+  const { fs, path } = host
+  return {
+    name: 'grep',
+    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_CHARS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB.`,
+    parameters: {
+      type: 'object',
+      properties: {
+        pattern: { type: 'string', description: 'JavaScript regular expression (no slashes or flags), or literal text with fixed_strings: true.' },
+        path: { type: 'string', description: 'File or directory to search, relative to the working directory. Default ".".' },
+        glob: { type: 'string', description: 'Only search files whose path matches this glob, e.g. "*.ts", "src/**/*.{js,mjs}". Without a "/" it matches the file name; with one, the path below "path".' },
+        fixed_strings: { type: 'boolean', description: 'Treat pattern as literal text. Default false.' },
+        ignore_case: { type: 'boolean', description: 'Case-insensitive search. Default false.' },
+        max_matches: { type: 'integer', minimum: 1, maximum: maxMatches, description: `Stop after this many matching lines. Default ${defaultMatches}.` },
+      },
+      required: ['pattern'],
+      additionalProperties: false,
+    },
+    async execute(rawArgs, ctx) {
+      const args = toolArgs('grep', rawArgs, ['pattern', 'path', 'glob', 'fixed_strings', 'ignore_case', 'max_matches'])
+      const pattern = argString('grep', args, 'pattern')
+      if (pattern === '') throw new Error('grep: "pattern" is empty; give the text or regular expression to search for')
+      const fixed = argBool('grep', args, 'fixed_strings')
+      const ignoreCase = argBool('grep', args, 'ignore_case')
+      const limit = argInt('grep', args, 'max_matches', defaultMatches, 1, maxMatches, 'matching lines')
+      const glob = args.glob === undefined ? undefined : argString('grep', args, 'glob')
+      let regex: RegExp
+      try { regex = new RegExp(fixed ? escapeRegExp(pattern) : pattern, ignoreCase ? 'i' : '') } catch (error) {
+        throw new Error(`grep: ${JSON.stringify(pattern)} is not a valid JavaScript regular expression (${(error as Error).message}); fix it, or pass fixed_strings: true to search for the text literally`)
+      }
+      const globRegex = glob === undefined || glob === '' ? undefined : globToRegExp(glob)
+      const globOnPath = glob !== undefined && glob.includes('/')
+      const { real, shown } = await confine(host, 'grep', argString('grep', args, 'path', '.'))
+      let st
+      try { st = await fs.stat(real) } catch (error) { throw fsError('grep', shown, error) }
+
+      const matches: string[] = []
+      let filesSearched = 0
+      let filesMatched = 0
+      let skippedBinary = 0
+      let skippedLarge = 0
+      let reachedLimit = false
+      const searchFile = async (file: string, size: number): Promise<void> => {
+        if (size > GREP_MAX_FILE_BYTES) { skippedLarge++; return }
+        let bytes: Uint8Array
+        try { bytes = await fs.readFile(file) } catch { return } // vanished or unreadable: not a match
+        if (hasNulByte(bytes)) { skippedBinary++; return }
+        filesSearched++
+        const text = new TextDecoder().decode(bytes)
+        const rel = shownPath(host, file)
+        let matchedHere = false
+        for (let start = 0, lineNo = 1; start <= text.length; lineNo++) {
+          let end = text.indexOf('\n', start)
+          if (end === -1) { if (start === text.length) break; end = text.length }
+          const line = text.charCodeAt(end - 1) === 13 ? text.slice(start, end - 1) : text.slice(start, end)
+          start = end + 1
+          if (!regex.test(line)) continue
+          const cut = headUnits(line, GREP_LINE_CHARS)
+          matches.push(`${rel}:${lineNo}:${cut}${cut.length < line.length ? ` [… ${line.length - cut.length} more characters]` : ''}`)
+          matchedHere = true
+          if (matches.length >= limit) { reachedLimit = true; break }
+        }
+        if (matchedHere) filesMatched++
+      }
+      const walk = async (dir: string): Promise<void> => {
+        let dirents
+        try { dirents = await fs.readdir(dir, { withFileTypes: true }) } catch (error) {
+          if (dir === real) throw fsError('grep', shown, error)
+          return
+        }
+        dirents.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+        for (const dirent of dirents) {
+          if (reachedLimit) return
+          if (ctx.signal.aborted) throw new Error('grep: cancelled')
+          const child = path.join(dir, dirent.name)
+          if (dirent.isDirectory()) { if (!TOOL_SKIP_DIRS.has(dirent.name)) await walk(child); continue }
+          if (!dirent.isFile()) continue // symlinks are not followed (they could lead outside)
+          if (globRegex) {
+            const rel = path.relative(real, child).split(path.sep).join('/')
+            if (!globRegex.test(globOnPath ? rel : dirent.name)) continue
+          }
+          let size: number
+          try { size = (await fs.stat(child)).size } catch { continue }
+          await searchFile(child, size)
+        }
+      }
+      if (st.isDirectory()) await walk(real)
+      else await searchFile(real, st.size)
+
+      const skipped = [
+        skippedBinary > 0 ? plural(skippedBinary, 'binary file') : '',
+        skippedLarge > 0 ? `${plural(skippedLarge, 'file')} over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB` : '',
+      ].filter(Boolean).join(' and ')
+      const searched = `${plural(filesSearched, 'file')} searched${skipped ? `; skipped ${skipped}` : ''}`
+      const what = `${fixed ? JSON.stringify(pattern) : `/${pattern}/`}${ignoreCase ? ' (ignoring case)' : ''}${glob ? ` in files matching ${glob}` : ''}`
+      if (matches.length === 0) return `no matches for ${what} in ${shown} (${searched})`
+      const { text, count } = joinLinesCapped(matches, host.maxOutputChars)
+      const notes: string[] = []
+      if (count < matches.length) notes.push(`[output capped at ${host.maxOutputChars} characters: ${matches.length - count} more matching lines not shown; narrow the path or glob]`)
+      notes.push(reachedLimit
+        ? `[stopped at max_matches=${limit}: ${plural(matches.length, 'matching line')} in ${plural(filesMatched, 'file')}; narrow the pattern, path or glob${limit < maxMatches ? `, or raise max_matches (up to ${maxMatches})` : ''}]`
+        : `[${plural(matches.length, 'matching line')} in ${plural(filesMatched, 'file')}; ${searched}]`)
+      return [text, ...notes].join('\n')
+    },
+  }
+}
+
+// ── write_file and edit_file ──
+
+function writeFileTool(host: ToolHost): Tool {
+  const { fs, path } = host
+  return {
+    name: 'write_file',
+    description: 'Create or overwrite a file inside the working directory with the given content (UTF-8). Parent directories are created as needed. To change part of an existing file, prefer edit_file.',
+    parameters: {
+      type: 'object',
+      properties: {
+        path: { type: 'string', description: 'File path, relative to the working directory.' },
+        content: { type: 'string', description: 'The complete new content of the file.' },
+      },
+      required: ['path', 'content'],
+      additionalProperties: false,
+    },
+    async execute(rawArgs) {
+      const args = toolArgs('write_file', rawArgs, ['path', 'content'])
+      const content = argString('write_file', args, 'content')
+      const { real, shown } = await confine(host, 'write_file', argString('write_file', args, 'path'))
+      const st = await fs.stat(real).catch((error: unknown) => {
+        if ((error as { code?: unknown }).code === 'ENOENT') return undefined
+        throw fsError('write_file', shown, error)
+      })
+      if (st?.isDirectory()) throw new Error(`write_file: ${shown} is a directory; give a file path`)
+      const previousBytes = st?.size
+      try {
+        await fs.mkdir(path.dirname(real), { recursive: true })
+        await fs.writeFile(real, content, 'utf8')
+      } catch (error) { throw fsError('write_file', shown, error) }
+      const bytes = new TextEncoder().encode(content).length
+      return `wrote ${plural(bytes, 'byte')} to ${shown} (${previousBytes === undefined ? 'new file' : `replaced ${plural(previousBytes, 'byte')}`})`
+    },
+  }
+}
+
+/** 1-based line numbers of the given offsets (UTF-16 units, ascending) in `text`. */
+function lineNumbersAt(text: string, offsets: readonly number[]): number[] {
+  const out: number[] = []
+  let line = 1
+  let from = 0
+  for (const offset of offsets) {
+    for (let nl = text.indexOf('\n', from); nl !== -1 && nl < offset; nl = text.indexOf('\n', nl + 1)) { line++; from = nl + 1 }
+    out.push(line)
+  }
+  return out
+}
+
+/** Non-overlapping occurrences of `needle` in `text`, as UTF-16 offsets. */
+function occurrences(text: string, needle: string): number[] {
+  const found: number[] = []
+  for (let at = text.indexOf(needle); at !== -1; at = text.indexOf(needle, at + needle.length)) found.push(at)
+  return found
+}
+
+function editFileTool(host: ToolHost): Tool {
+  const { fs } = host
+  return {
+    name: 'edit_file',
+    description: 'Edit a file inside the working directory by exact string replacement: old_string must appear in the file exactly once (include enough surrounding lines to make it unique), unless replace_all is true. Copy old_string from read_file output without the line-number prefix, keeping indentation and whitespace exactly.',
+    parameters: {
+      type: 'object',
+      properties: {
+        path: { type: 'string', description: 'File path, relative to the working directory.' },
+        old_string: { type: 'string', description: 'The exact text to replace.' },
+        new_string: { type: 'string', description: 'The text to put in its place.' },
+        replace_all: { type: 'boolean', description: 'Replace every occurrence. Default false.' },
+      },
+      required: ['path', 'old_string', 'new_string'],
+      additionalProperties: false,
+    },
+    async execute(rawArgs) {
+      const args = toolArgs('edit_file', rawArgs, ['path', 'old_string', 'new_string', 'replace_all'])
+      let oldString = argString('edit_file', args, 'old_string')
+      let newString = argString('edit_file', args, 'new_string')
+      const replaceAll = argBool('edit_file', args, 'replace_all')
+      if (oldString === '') throw new Error('edit_file: old_string is empty; to create a file or replace all of it use write_file')
+      if (oldString === newString) throw new Error('edit_file: old_string and new_string are the same; nothing would change')
+      const { real, shown } = await confine(host, 'edit_file', argString('edit_file', args, 'path'))
+      let bytes: Uint8Array
+      try { bytes = await fs.readFile(real) } catch (error) {
+        throw fsError('edit_file', shown, error, (error as { code?: unknown }).code === 'ENOENT' ? '; to create a new file use write_file' : '')
+      }
+      if (hasNulByte(bytes)) throw new Error(`edit_file: ${shown} looks binary (a NUL byte in its first ${TOOL_BINARY_SNIFF_BYTES} bytes); edit_file edits text files only`)
+      const text = new TextDecoder().decode(bytes)
+      let found = occurrences(text, oldString)
+      let crlf = false
+      if (found.length === 0 && text.includes('\r\n') && oldString.includes('\n') && !oldString.includes('\r')) {
+        // read_file shows CRLF lines without their \r; match the model's LF text against them.
+        const converted = occurrences(text, oldString.replace(/\n/g, '\r\n'))
+        if (converted.length > 0) {
+          found = converted
+          oldString = oldString.replace(/\n/g, '\r\n')
+          newString = newString.replace(/\r?\n/g, '\r\n')
+          crlf = true
+        }
+      }
+      if (found.length === 0) {
+        const prefixed = /^ *\d+\t/m.test(oldString) ? ' old_string seems to start lines with read_file line numbers ("    12\\t"); leave them out.' : ''
+        throw new Error(`edit_file: old_string was not found in ${shown} (0 occurrences).${prefixed} Read the file again and copy the exact text, including indentation and whitespace.`)
+      }
+      if (found.length > 1 && !replaceAll) {
+        const lines = lineNumbersAt(text, found.slice(0, 10))
+        throw new Error(`edit_file: old_string occurs ${found.length} times in ${shown} (at lines ${lines.join(', ')}${found.length > 10 ? ', …' : ''}); include more surrounding text to make it unique, or set replace_all: true to replace every occurrence`)
+      }
+      let edited = ''
+      let from = 0
+      for (const at of found) { edited += text.slice(from, at) + newString; from = at + oldString.length } // slices, not String.replace: "$&" in new_string stays literal
+      edited += text.slice(from)
+      try { await fs.writeFile(real, edited, 'utf8') } catch (error) { throw fsError('edit_file', shown, error) }
+      const lines = lineNumbersAt(text, found.slice(0, 10))
+      return `edited ${shown}: replaced ${plural(found.length, 'occurrence')} (at ${lines.length === 1 ? 'line' : 'lines'} ${lines.join(', ')}${found.length > 10 ? ', …' : ''})${crlf ? '; matched with CRLF line endings' : ''}`
+    },
+  }
+}
+
+// ── shell ──
+
+/** Keeps the first and last units of a stream that may be endless, in bounded memory. */
+class StreamText {
+  private head = ''
+  private tail = ''
+  total = 0 // UTF-16 units seen
+  constructor(private readonly headMax: number, private readonly tailMax: number) {}
+  push(chunk: string): void {
+    this.total += chunk.length
+    if (this.head.length < this.headMax) {
+      const room = this.headMax - this.head.length
+      this.head += chunk.slice(0, room)
+      chunk = chunk.slice(room)
+    }
+    if (chunk !== '' && this.tailMax > 0) this.tail = (this.tail + chunk).slice(-this.tailMax)
+  }
+  /** The kept text; when anything was dropped, a marker in the middle says how much. */
+  render(label: string): string {
+    if (this.total <= this.headMax + this.tailMax) return this.head + this.tail
+    // Drop half of a surrogate pair at either cut.
+    const head = isHighSurrogate(this.head.charCodeAt(this.head.length - 1)) ? this.head.slice(0, -1) : this.head
+    const tail = isLowSurrogate(this.tail.charCodeAt(0)) ? this.tail.slice(1) : this.tail
+    return `${head}\n[… ${this.total - head.length - tail.length} characters of ${label} cut here …]\n${tail}`
+  }
+}
+
+function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number): Tool {
+  const half = Math.floor(host.maxOutputChars / 2)
+  return {
+    name: 'shell',
+    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with its process group) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
+    parameters: {
+      type: 'object',
+      properties: {
+        command: { type: 'string', description: 'The command line to run.' },
+        timeout_ms: { type: 'integer', minimum: 1, maximum: maxTimeoutMs, description: `Timeout in milliseconds. Default ${defaultTimeoutMs}.` },
+      },
+      required: ['command'],
+      additionalProperties: false,
+    },
+    async execute(rawArgs, ctx) {
+      const args = toolArgs('shell', rawArgs, ['command', 'timeout_ms'])
+      const command = argString('shell', args, 'command')
+      if (command.trim() === '') throw new Error('shell: "command" is empty')
+      const timeoutMs = argInt('shell', args, 'timeout_ms', defaultTimeoutMs, 1, maxTimeoutMs, 'milliseconds')
+      if (ctx.signal.aborted) throw new Error('shell: not run, the turn was cancelled')
+      const [{ spawn }, proc] = await Promise.all([importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process')])
+      const posix = proc.platform !== 'win32'
+      // Own process group (detached) on POSIX, so that a timeout kills the command's children too.
+      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true })
+      const stdout = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
+      const stderr = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
+      child.stdout.setEncoding('utf8') // decodes UTF-8 split across chunks
+      child.stderr.setEncoding('utf8')
+      child.stdout.on('data', (chunk: string) => stdout.push(chunk))
+      child.stderr.on('data', (chunk: string) => stderr.push(chunk))
+      const outcome = await new Promise<{ code: number | null; signal: string | null; why: 'exit' | 'timeout' | 'aborted' | 'error'; error?: Error }>((resolve) => {
+        let why: 'exit' | 'timeout' | 'aborted' = 'exit'
+        const timers: ReturnType<typeof setTimeout>[] = []
+        const killGroup = (signal: 'SIGTERM' | 'SIGKILL'): void => {
+          try { if (posix && child.pid !== undefined) proc.kill(-child.pid, signal); else child.kill(signal) } catch { /* already gone */ }
+        }
+        const finish = (result: { code: number | null; signal: string | null; error?: Error }): void => {
+          for (const timer of timers) clearTimeout(timer)
+          ctx.signal.removeEventListener('abort', onAbort)
+          resolve({ ...result, why: result.error ? 'error' : why })
+        }
+        const stop = (reason: 'timeout' | 'aborted'): void => {
+          if (why !== 'exit') return
+          why = reason
+          killGroup('SIGTERM')
+          timers.push(setTimeout(() => {
+            killGroup('SIGKILL')
+            // A grandchild outside the group may hold the pipes open: stop waiting for them.
+            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
+          }, SHELL_KILL_GRACE_MS))
+        }
+        const onAbort = (): void => stop('aborted')
+        ctx.signal.addEventListener('abort', onAbort, { once: true })
+        timers.push(setTimeout(() => stop('timeout'), timeoutMs))
+        child.once('error', (error) => finish({ code: null, signal: null, error }))
+        child.once('close', (code, signal) => finish({ code, signal }))
+      })
+      if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${outcome.error?.message}`, { cause: outcome.error })
+      const status = outcome.why === 'timeout' ? `timed out after ${timeoutMs} ms; the command was killed (raise timeout_ms, up to ${maxTimeoutMs}, if it needs longer)`
+        : outcome.why === 'aborted' ? 'cancelled; the command was killed'
+        : outcome.code === null ? `killed by signal ${outcome.signal}`
+        : `exit code ${outcome.code}`
+      const parts = [status]
+      if (stdout.total > 0) parts.push(`stdout:\n${stdout.render('stdout')}`)
+      if (stderr.total > 0) parts.push(`stderr:\n${stderr.render('stderr')}`)
+      if (stdout.total === 0 && stderr.total === 0) parts.push('(no output)')
+      const content = parts.join('\n')
+      return outcome.why === 'exit' && outcome.code === 0 ? content : { content, isError: true }
+    },
+  }
+}
+
 // (cli-replay)
 
 // ── Transcript readers: the input side of `replay` ──
@@ -1799,6 +3768,10 @@ const ACCEPTED_FORMATS = 'Accepted formats: dsh (session log, JSONL of {seq, typ
  * - `notes`: human-readable lines on what was skipped, renamed or synthesised.
  * - `sidechains`: Claude Code only, with `{sidechains: true}`: each Task-subagent run as its own
  *   transcript (each had its own context window).
+ * - `turnStarts`: dsh logs only: indices into `messages` of the user messages that opened a turn
+ *   (after a `turn/start`); the others were steering. Without it, replay opens a turn at every user
+ *   message that does not follow another user message.
+ * - `contextWindow`: dsh logs only: the window (tokens) of the first `request/header` that names one.
  */
 export interface Transcript {
   format: TranscriptFormat
@@ -1807,6 +3780,8 @@ export interface Transcript {
   usage: (Usage | undefined)[]
   notes: string[]
   sidechains?: Transcript[]
+  turnStarts?: number[]
+  contextWindow?: number
 }
 
 /** Options of {@link readTranscript}. */
@@ -1873,9 +3848,11 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  *   blocks; `isMeta` lines are kept (Claude Code sends them to the model, it only hides them from the
  *   user); `toolUseResult` is ignored (it duplicates the result). Usage: prompt tokens =
  *   `input_tokens + cache_creation_input_tokens + cache_read_input_tokens`.
- * - **dsh** — (interim, until the Session class reads logs) the messages of `user/message`,
- *   `assistant/message` and `tool/result` events whose `surfaceOp.op` is `append`, i.e. the
- *   history before any prune or summary; the envelope from the first `request/header`.
+ * - **dsh** — the surface-forming events as first written: the messages of `user/message`,
+ *   `assistant/message` and `tool/result` events whose `surfaceOp.op` is `append` (the history before
+ *   any prune or summary), in log order; the envelope and context window from the first
+ *   `request/header`; `turnStarts` from `turn/start` (a user message after it opened a turn, any other
+ *   was steering).
  *
  * Every format then goes through one pairing pass: a tool call without a result gets a synthetic
  * error result right after its step, a result without a call is dropped, and a call id reused
@@ -2560,6 +4537,9 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   let header: string | undefined
   let headerChanges = 0
   let replaced = 0
+  let contextWindow: number | undefined
+  let turnOpen = false // a turn/start with no surface message after it yet
+  const opensTurn = new Set<Message>()
   for (const l of lines) {
     const v = l.value
     if (!isDshEvent(v)) {
@@ -2575,8 +4555,10 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
       if (data.tools !== undefined && data.tools !== null) envelope.tools = readToolSpecs(data.tools, 'data.tools', l.line)
       const key = JSON.stringify(envelope)
       if (header === undefined) { header = key; draft.envelope = envelope } else if (key !== header) headerChanges++
+      if (contextWindow === undefined && Number.isSafeInteger(data.contextWindow) && (data.contextWindow as number) > 0) contextWindow = data.contextWindow as number
       continue
     }
+    if (type === 'turn/start') { turnOpen = true; continue }
     const role = DSH_SURFACE_ROLE[type]
     if (role === undefined) continue
     const op = isJsonRecord(data.surfaceOp) ? data.surfaceOp.op : isJsonRecord(v.surfaceOp) ? v.surfaceOp.op : undefined
@@ -2597,6 +4579,8 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
     const u = data.usage
     const usage = isJsonRecord(u) && typeof u.promptTokens === 'number' && typeof u.completionTokens === 'number'
       ? u as unknown as Usage : undefined
+    if (role === 'user' && turnOpen) opensTurn.add(m as unknown as Message)
+    turnOpen = false
     pushDraft(draft, m as unknown as Message, `line ${l.line}`, usage)
   }
   if (replaced > 0) {
@@ -2606,7 +4590,1076 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   if (headerChanges > 0) {
     draft.notes.push(`the request envelope changed ${headerChanges} time(s); the first one is used`)
   }
-  return finishTranscript('dsh', draft)
+  const transcript = finishTranscript('dsh', draft)
+  // The pairing pass keeps user messages as the same objects, so identity finds them again.
+  transcript.turnStarts = transcript.messages.flatMap((m, i) => (opensTurn.has(m) ? [i] : []))
+  if (contextWindow !== undefined) transcript.contextWindow = contextWindow
+  return transcript
+}
+
+// ── Replay runner: a transcript through the meter and the ladder, offline (issue 5, DESIGN.md §8) ──
+// Web-standard like the readers: it takes a Transcript (or the file's text); the CLI reads files.
+
+/** What the ladder did at one check: the rung taken (DESIGN.md §5 prune → compact; `failed` = still over). */
+export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed'
+
+/**
+ * One thing the replay did to the surface. Token figures are dsh's heuristic (DESIGN.md §2):
+ * - `spill`: a tool result over the spill limit (UTF-8 `bytes`) replaced at write time by a preview;
+ * - `prune`: the tool result at `seq` cut to head + tail (its price before → after);
+ * - `compaction`: `messages` surface messages (seqs `firstSeq`..`lastSeq`, priced `tokensBefore`)
+ *   replaced by a checkpoint priced `tokensAfter`; `totalBefore`/`totalAfter` are the request totals;
+ * - `compaction-failed`: a summary transaction that committed nothing, with its error.
+ */
+export type ReplayEvent =
+  | { type: 'spill'; seq: number; bytes: number; tokensBefore: number; tokensAfter: number }
+  | { type: 'prune'; seq: number; tokensBefore: number; tokensAfter: number }
+  | { type: 'compaction'; id: string; messages: number; firstSeq: number; lastSeq: number; tokensBefore: number; tokensAfter: number; totalBefore: number; totalAfter: number }
+  | { type: 'compaction-failed'; id: string; error: string }
+
+/**
+ * One row of a replay: a pressure check, at a turn start (`kind: 'turn-start'`, after the user input
+ * is appended) or after a step (`kind: 'step'`, after its assistant message and tool results). All
+ * figures are tokens by dsh's own estimate, never anchored on the transcript's usage.
+ * - `step`: 1-based over the whole transcript (one per assistant message); on a turn-start row, the
+ *   number of the step that follows. `turn`: 1-based.
+ * - `requestTokens` (steps): the measured total of the projected request that produced this step's
+ *   assistant message — what dsh would have sent. `unmanagedTokens`: the same point with no
+ *   management (envelope + every message so far, as recorded). `recordedPromptTokens`: the prompt
+ *   tokens the original run reported for this call, when the file has them (comparison only).
+ * - `beforeTokens` → `afterTokens`: the measured total around the rung; `reclaimedTokens` = their
+ *   difference. `prunes`/`prunedTokens`: prune events and tokens they reclaimed; `summaryCalls`:
+ *   summary requests made; `events`: spills, prunes and compactions in order; `warnings`: ladder warnings.
+ */
+export interface ReplayStep {
+  kind: 'turn-start' | 'step'
+  step: number
+  turn: number
+  requestTokens?: number
+  unmanagedTokens: number
+  recordedPromptTokens?: number
+  beforeTokens: number
+  rung: ReplayRung
+  afterTokens: number
+  reclaimedTokens: number
+  prunes: number
+  prunedTokens: number
+  summaryCalls: number
+  events: ReplayEvent[]
+  warnings: string[]
+}
+
+/**
+ * Totals of a replay (tokens unless named otherwise).
+ * - `peakRequestTokens` / `peakPercent`: the largest step request, and its share of the window (%, one decimal).
+ * - `requestsOverWindow`: step requests larger than the window with dsh managing the context;
+ *   `unmanagedStepsOverWindow`: steps whose unmanaged request would have been larger than the window.
+ * - `summaryRequestsOverWindow`: summary requests larger than the summarizer's window (by §2).
+ * - `resultsOverPruneThreshold`: tool results of the transcript over the prune threshold (code points).
+ */
+export interface ReplayTotals {
+  steps: number
+  turns: number
+  peakRequestTokens: number
+  peakPercent: number
+  prunes: number
+  prunedTokens: number
+  spills: number
+  compactions: number
+  failedCompactions: number
+  summaryCalls: number
+  requestsOverWindow: number
+  unmanagedStepsOverWindow: number
+  peakUnmanagedTokens: number
+  peakRecordedPromptTokens?: number
+  peakSummaryRequestTokens: number
+  summaryRequestsOverWindow: number
+  resultsOverPruneThreshold: number
+  /** Ladder warnings (their texts are in {@link ReplayReport.warnings}). */
+  ladderWarnings: number
+}
+
+/** The outcome of {@link replayTranscript}: the settings used, one row per pressure check, totals. */
+export interface ReplayReport {
+  format: TranscriptFormat
+  messages: { user: number; assistant: number; tool: number }
+  /** Tokens. */
+  contextWindow: number
+  thresholdRatio: number
+  /** `floor(contextWindow × thresholdRatio)`, tokens. */
+  thresholdTokens: number
+  /** `{simulated: true, tokens}` (fixed-size summaries, no model) or the model that wrote them. */
+  summaries: { simulated: true; tokens: number } | { simulated: false; model: string }
+  rows: ReplayStep[]
+  totals: ReplayTotals
+  /** The reader's notes on the transcript (skipped, synthesised, renamed). */
+  notes: string[]
+  warnings: string[]
+}
+
+/** Options of {@link replayTranscript}. */
+export interface ReplayOptions {
+  /** Context window to replay at, tokens (positive integer). Default: the transcript's (dsh logs), else the summarizer's. */
+  contextWindow?: number
+  /** Pressure threshold as a share of the window, 0 < r ≤ 1. Default 0.8 (DESIGN.md §5). */
+  thresholdRatio?: number
+  /** Size of each simulated summary, tokens by the §2 estimate. Default 2,000. Ignored with `summarizer`. */
+  summaryTokens?: number
+  /** A real model to write the summaries (the CLI passes one with --base-url/--model or a key). */
+  summarizer?: Provider
+  signal?: AbortSignal
+  /** Called with each row as it is made, with the replay's session (read it, do not append). */
+  onStep?: (step: ReplayStep, session: Session) => void
+}
+
+/** Default size of a simulated summary, tokens (issue 5: `--summary-tokens`, default 2,000). */
+export const DEFAULT_REPLAY_SUMMARY_TOKENS = 2000
+
+/**
+ * A text of exactly `tokens` tokens by the §2 estimate (`4 × tokens` UTF-16 units, no outer
+ * whitespace, since `summarise` trims what the model returns).
+ */
+function simulatedSummaryText(tokens: number, messages: number): string {
+  const head = `[simulated checkpoint of ${messages} message(s): fixed size, no model was called] `
+  const chars = tokens * CHARS_PER_TOKEN
+  let text = head
+  while (text.length < chars) text += 'summary text '
+  text = text.slice(0, chars)
+  return text.replace(/\s/g, (c, i: number) => (i === 0 || i === chars - 1 ? '.' : c))
+}
+
+/** A Provider that answers every summary request with a fixed-size text (no network). */
+function simulatedSummarizer(tokens: number, contextWindow: number): Provider {
+  return {
+    model: 'simulated-summarizer', baseURL: 'replay://simulated', contextWindow, maxTokens: tokens,
+    async complete(request: ChatRequest): Promise<ChatResponse> {
+      return { message: { role: 'assistant', content: [{ type: 'text', text: simulatedSummaryText(tokens, request.messages.length) }] }, finishReason: 'stop' }
+    },
+  }
+}
+
+const countRoles = (messages: readonly Message[]) => {
+  const n = { user: 0, assistant: 0, tool: 0 }
+  for (const m of messages) n[m.role]++
+  return n
+}
+
+/** Code points of a tool result's text blocks, counted only up to `limit + 1`. */
+function resultCodePoints(m: ToolResultMessage, limit: number): number {
+  let n = 0
+  for (const b of m.content) if (b.type === 'text') { n += codePointLength((b as TextBlock).text, limit - n); if (n > limit) break }
+  return n
+}
+
+function replayPositiveInteger(name: string, value: unknown, fix: string): number {
+  if (!Number.isSafeInteger(value) || (value as number) <= 0) throw new RangeError(`replay: ${name} must be a positive integer number of tokens, got ${String(value)}; ${fix}`)
+  return value as number
+}
+
+/**
+ * Replays a transcript through the meter and the ladder, offline (DESIGN.md §8, issue 5), the way
+ * the {@link Agent} would have fed it: into a fresh {@link Session} ({@link MemoryStore}) with the
+ * transcript's envelope; a user message opens a turn (`turn/start`, the input appended and pinned
+ * as {@link CompactionHost.pinnedSeq}, then the pressure check), a user message right after another
+ * (or, in a dsh log, one not after `turn/start`) is steering; each assistant message is a step
+ * (`step/start`, the message, each result as `tool/call` + `tool/result` — spilled over the spill
+ * limit as the Agent does — then `compactIfNeeded(host, 'pressure')`, then `step/end`).
+ * Usage is never given to the session: the transcript's figures describe the original prompts,
+ * so the meter stays on its own estimate; they are kept per step as `recordedPromptTokens`.
+ * Without `summarizer`, summaries are simulated at exactly `summaryTokens` tokens each.
+ * @throws {RangeError} for a missing or bad `contextWindow`, `thresholdRatio` or `summaryTokens`
+ *   (the message names the value and the fix). Cancellation through `signal` rejects with its reason.
+ */
+export async function replayTranscript(transcript: Transcript, options: ReplayOptions = {}): Promise<ReplayReport> {
+  const window = replayPositiveInteger('contextWindow', options.contextWindow ?? transcript.contextWindow ?? options.summarizer?.contextWindow,
+    'pass contextWindow (CLI: --context-window N)')
+  const thresholdRatio = options.thresholdRatio ?? DEFAULT_COMPACTION_CONFIG.thresholdRatio
+  if (typeof thresholdRatio !== 'number' || !(thresholdRatio > 0 && thresholdRatio <= 1)) {
+    throw new RangeError(`replay: thresholdRatio must be a number in (0, 1], got ${String(thresholdRatio)}; e.g. 0.8 (CLI: --threshold 0.8)`)
+  }
+  const summaryTokens = replayPositiveInteger('summaryTokens', options.summaryTokens ?? DEFAULT_REPLAY_SUMMARY_TOKENS, 'e.g. 2000 (CLI: --summary-tokens N)')
+  const signal = options.signal
+  const compaction: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG, thresholdRatio }
+  const pruneConfig = resolvePruneConfig()
+  const base = options.summarizer ?? simulatedSummarizer(summaryTokens, window)
+  const summaryWindow = base.contextWindow ?? window
+  let peakSummaryRequestTokens = 0
+  let summaryRequestsOverWindow = 0
+  // Every summary request passes here, so its size (the estimate summarise() hands over) is recorded.
+  const summarizer: Provider = {
+    model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens,
+    complete(request) {
+      const tokens = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools }, request.messages)
+      peakSummaryRequestTokens = Math.max(peakSummaryRequestTokens, tokens)
+      if (tokens > summaryWindow) summaryRequestsOverWindow++
+      return base.complete(request)
+    },
+  }
+  const session = new Session({ store: new MemoryStore() })
+  session.append('session/start', { id: `replay-${transcript.format}`, version: VERSION })
+  const envelope = transcript.envelope
+  session.setHeader({ model: summarizer.model, baseURL: summarizer.baseURL, system: envelope.system, tools: envelope.tools, contextWindow: window })
+  const warnings: string[] = []
+  let rowWarnings: string[] = []
+  const host = {
+    session, summarizer, contextWindow: window, envelope, compaction, pruneConfig,
+    pinnedSeq: undefined as number | undefined,
+    warn(message: string) { warnings.push(message); rowWarnings.push(message) },
+    ladderState: {} as LadderState,
+  } satisfies CompactionHost
+
+  // Surface changes made by the ladder, read off the log as they are appended.
+  let rowEvents: ReplayEvent[] = []
+  let pendingPrune: { seq: number; tokens: number } | undefined
+  let pendingSummary: { id: string; seqs: number[]; tokens: number } | undefined
+  let pendingCheckpoint: { tokens: number } | undefined
+  session.subscribe((e) => {
+    const d = e.data as any
+    switch (e.type) {
+      case 'compaction/prune': pendingPrune = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; break
+      case 'tool/result':
+        if (pendingPrune && d.surfaceOp.op === 'replace') {
+          rowEvents.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message) })
+          pendingPrune = undefined
+        }
+        break
+      case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
+      case 'user/message': if (pendingSummary && d.compactionId === pendingSummary.id) pendingCheckpoint = { tokens: estimateMessageTokens(d.message) }; break
+      case 'compaction/end':
+        if (d.error !== undefined) rowEvents.push({ type: 'compaction-failed', id: d.id, error: d.error })
+        else if (pendingSummary && pendingCheckpoint && pendingSummary.id === d.id) {
+          const s = pendingSummary
+          rowEvents.push({
+            type: 'compaction', id: s.id, messages: s.seqs.length, firstSeq: s.seqs[0], lastSeq: s.seqs[s.seqs.length - 1],
+            tokensBefore: s.tokens, tokensAfter: pendingCheckpoint.tokens, totalBefore: d.tokensBefore, totalAfter: d.tokensAfter,
+          })
+        }
+        pendingSummary = undefined
+        pendingCheckpoint = undefined
+        break
+    }
+  })
+
+  const rows: ReplayStep[] = []
+  let unmanaged = estimateEnvelopeTokens(envelope)
+  let turn = 0
+  let stepInTurn = 0
+  let step = 0
+  let assistantIndex = 0
+  let lastHadCalls = false
+  let resultsOverPruneThreshold = 0
+
+  /** One pressure check; records a row. */
+  const check = async (row: Omit<ReplayStep, 'beforeTokens' | 'rung' | 'afterTokens' | 'reclaimedTokens' | 'prunes' | 'prunedTokens' | 'summaryCalls' | 'events' | 'warnings'>) => {
+    const outcome = await compactIfNeeded(host, 'pressure', signal)
+    const rung: ReplayRung = outcome.action === 'compacted' ? 'compact' : outcome.action === 'pruned' ? 'prune' : outcome.action === 'failed' ? 'failed' : 'none'
+    const events = rowEvents
+    const full: ReplayStep = {
+      ...row, beforeTokens: outcome.tokensBefore, rung, afterTokens: outcome.tokensAfter,
+      reclaimedTokens: outcome.tokensBefore - outcome.tokensAfter, prunes: events.filter((e) => e.type === 'prune').length,
+      prunedTokens: outcome.prunedTokens, summaryCalls: outcome.summaryRequests, events, warnings: rowWarnings,
+    }
+    rowEvents = []
+    rowWarnings = []
+    rows.push(full)
+    options.onStep?.(full, session)
+  }
+  const endTurn = (reason: string) => { if (turn > 0 && session.turn.open) session.append('turn/end', { turn, reason }) }
+
+  const messages = transcript.messages
+  const turnStarts = transcript.turnStarts ? new Set(transcript.turnStarts) : undefined
+  for (let i = 0; i < messages.length; i++) {
+    signal?.throwIfAborted()
+    const m = messages[i]
+    if (m.role === 'user') {
+      unmanaged += estimateMessageTokens(m)
+      const opens = turnStarts ? turnStarts.has(i) : i === 0 || messages[i - 1].role !== 'user'
+      if (!opens && turn > 0) { session.append('user/message', { message: m, surfaceOp: { op: 'append' } }); continue } // steering
+      endTurn(lastHadCalls ? 'next-input' : 'stop')
+      turn++
+      stepInTurn = 0
+      session.append('turn/start', { turn })
+      host.pinnedSeq = session.append('user/message', { message: m, surfaceOp: { op: 'append' } }).seq
+      await check({ kind: 'turn-start', step: step + 1, turn, unmanagedTokens: unmanaged })
+      continue
+    }
+    if (m.role === 'tool') continue // appended with its step below
+    // An assistant message: one step.
+    if (turn === 0) { turn = 1; session.append('turn/start', { turn }) } // a transcript that opens without user input
+    step++
+    stepInTurn++
+    const requestTokens = session.measure().totalTokens
+    const recorded = transcript.usage[assistantIndex++]
+    const row = { kind: 'step' as const, step, turn, requestTokens, unmanagedTokens: unmanaged, ...(recorded ? { recordedPromptTokens: recorded.promptTokens } : {}) }
+    unmanaged += estimateMessageTokens(m)
+    session.append('step/start', { turn, step: stepInTurn })
+    session.append('assistant/message', { message: m, finishReason: 'replay', surfaceOp: { op: 'append' } })
+    const calls = m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+    lastHadCalls = calls.length > 0
+    for (; i + 1 < messages.length && messages[i + 1].role === 'tool'; i++) {
+      const result = messages[i + 1] as ToolResultMessage
+      unmanaged += estimateMessageTokens(result)
+      if (resultCodePoints(result, pruneConfig.thresholdChars) > pruneConfig.thresholdChars) resultsOverPruneThreshold++
+      const call = calls.find((c) => c.id === result.toolCallId)
+      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '', arguments: call?.arguments ?? '' })
+      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, `${result.toolCallId}.txt`)
+      const event = session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
+      if (spilled.spilled) {
+        rowEvents.push({ type: 'spill', seq: event.seq, bytes: spilled.spilled.bytes, tokensBefore: estimateMessageTokens(result), tokensAfter: estimateMessageTokens(spilled.message) })
+      }
+    }
+    await check(row)
+    session.append('step/end', { turn, step: stepInTurn })
+  }
+  endTurn(lastHadCalls ? 'end-of-transcript' : 'stop')
+
+  const steps = rows.filter((r) => r.kind === 'step')
+  const peakRequestTokens = steps.reduce((p, r) => Math.max(p, r.requestTokens!), 0)
+  const recordedPeak = steps.reduce((p, r) => Math.max(p, r.recordedPromptTokens ?? -1), -1)
+  const all = rows.flatMap((r) => r.events)
+  const totals: ReplayTotals = {
+    steps: steps.length,
+    turns: turn,
+    peakRequestTokens,
+    peakPercent: Math.round((peakRequestTokens / window) * 1000) / 10,
+    prunes: all.filter((e) => e.type === 'prune').length,
+    prunedTokens: rows.reduce((t, r) => t + r.prunedTokens, 0),
+    spills: all.filter((e) => e.type === 'spill').length,
+    compactions: all.filter((e) => e.type === 'compaction').length,
+    failedCompactions: all.filter((e) => e.type === 'compaction-failed').length,
+    summaryCalls: rows.reduce((t, r) => t + r.summaryCalls, 0),
+    requestsOverWindow: steps.filter((r) => r.requestTokens! > window).length,
+    unmanagedStepsOverWindow: steps.filter((r) => r.unmanagedTokens > window).length,
+    peakUnmanagedTokens: steps.reduce((p, r) => Math.max(p, r.unmanagedTokens), 0),
+    ...(recordedPeak >= 0 ? { peakRecordedPromptTokens: recordedPeak } : {}),
+    peakSummaryRequestTokens,
+    summaryRequestsOverWindow,
+    resultsOverPruneThreshold,
+    ladderWarnings: warnings.length,
+  }
+  return {
+    format: transcript.format, messages: countRoles(messages), contextWindow: window, thresholdRatio,
+    thresholdTokens: Math.floor(window * thresholdRatio),
+    summaries: options.summarizer ? { simulated: false, model: options.summarizer.model } : { simulated: true, tokens: summaryTokens },
+    rows, totals, notes: transcript.notes, warnings,
+  }
+}
+
+/** Options of {@link formatReplay}. */
+export interface FormatReplayOptions {
+  /** JSONL instead of a table: one object per row (`kind` 'turn-start' | 'step'), then one `kind: 'totals'`. */
+  json?: boolean
+  /** A name for the header line (e.g. the file name). */
+  name?: string
+  /** Added to every JSON object as `chain` (e.g. 'main', 'sidechain 2'); a heading in the table. */
+  chain?: string
+}
+
+const groupDigits = (n: number): string => String(n).replace(/\B(?=(\d{3})+(?!\d))/g, ',')
+
+function describeReplayEvent(e: ReplayEvent): string {
+  switch (e.type) {
+    case 'spill': return `spill    tool result seq ${e.seq}: ${groupDigits(e.bytes)} bytes stored aside, ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
+    case 'prune': return `prune    tool result seq ${e.seq}: ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
+    case 'compaction': return `compact  ${e.id}: ${e.messages} messages (seq ${e.firstSeq}..${e.lastSeq}) ${groupDigits(e.tokensBefore)} → checkpoint ${groupDigits(e.tokensAfter)} tokens; total ${groupDigits(e.totalBefore)} → ${groupDigits(e.totalAfter)}`
+    case 'compaction-failed': return `failed   ${e.id}: ${e.error}`
+  }
+}
+
+/**
+ * Renders a {@link ReplayReport}: a header (settings, how summaries were made, what the token figures
+ * are), one aligned table row per pressure check with its events indented below, and a totals block —
+ * or, with `json`, JSONL (one object per row, then the totals with the settings). O(rows + events).
+ */
+export function formatReplay(report: ReplayReport, options: FormatReplayOptions = {}): string {
+  const chain = options.chain === undefined ? {} : { chain: options.chain }
+  if (options.json) {
+    const lines = report.rows.map((r) => JSON.stringify({ ...chain, ...r }))
+    const { rows: _rows, totals, ...settings } = report
+    lines.push(JSON.stringify({ ...chain, kind: 'totals', ...settings, ...totals }))
+    return lines.join('\n') + '\n'
+  }
+  const t = report.totals
+  const n = report.messages
+  const out: string[] = []
+  if (options.chain !== undefined) out.push(`── ${options.chain} ──`)
+  out.push(`dsh replay${options.name ? ` of ${options.name}` : ''}: ${report.format}, ${n.user + n.assistant + n.tool} messages (${n.user} user, ${n.assistant} assistant, ${n.tool} tool results), ${t.turns} turn(s), ${t.steps} step(s)`)
+  out.push(`context window ${groupDigits(report.contextWindow)} tokens; pressure threshold ${groupDigits(report.thresholdTokens)} (${report.thresholdRatio}); tool results pruned over ${groupDigits(DEFAULT_PRUNE_CONFIG.thresholdChars)} code points`)
+  out.push(report.summaries.simulated
+    ? `summaries simulated at ${groupDigits(report.summaries.tokens)} tokens each (no model was called)`
+    : `summaries written by the model ${report.summaries.model}`)
+  out.push(report.format === 'dsh'
+    ? 'tokens: dsh\'s own estimate (DESIGN.md §2), not anchored on the log\'s usage; "recorded" is the prompt size the recorded run reported, for comparison'
+    : 'tokens: dsh\'s own estimate (DESIGN.md §2), not anchored on the transcript\'s usage: the "recorded" prompt tokens describe the original, unmanaged prompts (another tokenizer, plus any system prompt and tools the file does not record) and are shown for comparison only')
+  for (const note of report.notes) out.push(`note: ${note}`)
+  out.push('request = what dsh would send for the step; unmanaged = the same with no management; before → after = around the rung at the pressure check')
+  out.push('')
+  const header = ['step', 'turn', 'request', 'unmanaged', 'recorded', 'before', 'rung', 'after', 'reclaimed']
+  const cells = report.rows.map((r) => [
+    r.kind === 'step' ? String(r.step) : 'input', String(r.turn), r.requestTokens === undefined ? '-' : groupDigits(r.requestTokens),
+    groupDigits(r.unmanagedTokens), r.recordedPromptTokens === undefined ? '-' : groupDigits(r.recordedPromptTokens),
+    groupDigits(r.beforeTokens), r.rung, groupDigits(r.afterTokens), groupDigits(r.reclaimedTokens),
+  ])
+  const widths = header.map((h, c) => cells.reduce((w, row) => Math.max(w, row[c].length), h.length))
+  const line = (row: string[]) => row.map((s, c) => (c === 6 ? s.padEnd(widths[c]) : s.padStart(widths[c]))).join('  ')
+  const indent = ' '.repeat(widths[0] + 2) + '↳ '
+  out.push(line(header))
+  report.rows.forEach((r, k) => {
+    out.push(line(cells[k]))
+    for (const e of r.events) out.push(indent + describeReplayEvent(e))
+    for (const w of r.warnings) out.push(indent + `warning  ${w}`)
+  })
+  out.push('')
+  const pct = (tokens: number) => `${((tokens / report.contextWindow) * 100).toFixed(1)}%`
+  const totals: [string, string][] = [
+    ['steps', `${groupDigits(t.steps)} in ${t.turns} turn(s)`],
+    ['peak request', `${groupDigits(t.peakRequestTokens)} tokens (${t.peakPercent.toFixed(1)}% of ${groupDigits(report.contextWindow)})`],
+    ['prunes', `${t.prunes} (${groupDigits(t.prunedTokens)} tokens reclaimed by pruning)`],
+    ['spills', String(t.spills)],
+    ['compactions', `${t.compactions}${t.failedCompactions ? ` (+${t.failedCompactions} failed)` : ''}, ${t.summaryCalls} summary call(s)`],
+    ['requests over the window, dsh', String(t.requestsOverWindow)],
+    ['steps over the window, unmanaged', `${t.unmanagedStepsOverWindow} (unmanaged peak ${groupDigits(t.peakUnmanagedTokens)} tokens, ${pct(t.peakUnmanagedTokens)})`],
+  ]
+  if (t.peakRecordedPromptTokens !== undefined) totals.push(['recorded peak prompt', `${groupDigits(t.peakRecordedPromptTokens)} tokens (as reported by the original run)`])
+  if (t.summaryCalls > 0) totals.push(['largest summary request', `${groupDigits(t.peakSummaryRequestTokens)} tokens (${t.summaryRequestsOverWindow} over the summarizer's window)`])
+  if (t.ladderWarnings > 0) totals.push(['ladder warnings', String(t.ladderWarnings)])
+  const labelWidth = totals.reduce((w, [l]) => Math.max(w, l.length), 0)
+  out.push('totals')
+  for (const [label, value] of totals) out.push(`  ${label.padEnd(labelWidth)}  ${value}`)
+  return out.join('\n') + '\n'
+}
+
+/** Options of {@link runReplay}: reading, replaying and rendering in one. */
+export interface RunReplayOptions extends ReplayOptions, ReadTranscriptOptions, Omit<FormatReplayOptions, 'chain'> {}
+
+/**
+ * The `replay` command without its file system: reads `text` ({@link readTranscript}), replays it
+ * ({@link replayTranscript}) and renders it ({@link formatReplay}). With `sidechains` (Claude Code),
+ * each Task-subagent run is replayed too, as its own session with the same settings, and rendered
+ * after the main chain (`sidechainReports`, in file order).
+ * @throws {TranscriptError} for a file that is no transcript; {@link RangeError} for bad options.
+ */
+export async function runReplay(text: string, options: RunReplayOptions = {}): Promise<{ report: ReplayReport; sidechainReports: ReplayReport[]; output: string }> {
+  const transcript = readTranscript(text, { format: options.format, sidechains: options.sidechains })
+  const report = await replayTranscript(transcript, options)
+  const sidechainReports: ReplayReport[] = []
+  for (const side of transcript.sidechains ?? []) {
+    sidechainReports.push(await replayTranscript(side, { ...options, contextWindow: report.contextWindow }))
+  }
+  const chains = sidechainReports.length > 0
+  let output = formatReplay(report, { json: options.json, name: options.name, chain: chains ? 'main chain' : undefined })
+  sidechainReports.forEach((r, k) => {
+    output += (options.json ? '' : '\n') + formatReplay(r, { json: options.json, name: options.name, chain: `sidechain ${k + 1} of ${sidechainReports.length}` })
+  })
+  return { report, sidechainReports, output }
 }
 
 // (cli-main)
+
+// ── 8.3 Command line: arguments, configuration, entry point (DESIGN.md §8, issue 5) ──────────
+
+/** DeepSeek defaults of the CLI (DESIGN.md §6). */
+export const CLI_DEFAULTS = Object.freeze({
+  baseURL: 'https://api.deepseek.com',
+  model: 'deepseek-v4-flash',
+  /** Environment variable read for the key when neither `--api-key-env` nor a non-DeepSeek base URL is given. */
+  apiKeyEnv: 'DEEPSEEK_API_KEY',
+  /** Compaction threshold as a ratio of the context window (DESIGN.md §5). */
+  threshold: 0.8,
+  /** replay: size of a simulated summary, in tokens (issue 5). */
+  summaryTokens: 2_000,
+})
+
+/** Transcript formats `replay --format` accepts (issue 5; ../shared/corpus/FORMATS.md). `auto` detects. */
+export type CliReplayFormat = 'auto' | 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
+const CLI_REPLAY_FORMATS: readonly CliReplayFormat[] = ['auto', 'dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+
+/** A bad command line or missing configuration. The CLI prints `message` (one line) and exits with `exitCode` 2. */
+export class UsageError extends Error {
+  readonly exitCode = 2
+  constructor(message: string) {
+    super(message)
+    this.name = 'UsageError'
+  }
+}
+
+/** Where to send model calls, resolved from flags, environment and {@link CLI_DEFAULTS}. */
+export interface CliModelOptions {
+  /** Model name: `--model`, else `$DSH_MODEL`, else `deepseek-v4-flash`. */
+  model: string
+  /** Base URL without a trailing slash: `--base-url`, else `$DSH_BASE_URL`, else `https://api.deepseek.com`. */
+  baseURL: string
+  /** The API key, absent for a server that needs none. Never printed. */
+  apiKey?: string
+  /** The environment variable `apiKey` came from, for messages. */
+  apiKeyEnv?: string
+}
+
+/** `dsh [prompt]` / `dsh -p PROMPT`: run the agent. */
+export interface CliRunOptions extends CliModelOptions {
+  command: 'run'
+  /** The prompt (`-p/--print PROMPT` or the positional argument). Absent: interactive on a TTY, else the caller decides (e.g. read stdin). */
+  prompt?: string
+  /** True when the prompt came with `-p/--print` (one-shot, answer on stdout). */
+  print: boolean
+  /** `--context-window N`, tokens. Absent: the provider's known window for the model (DESIGN.md §6). */
+  contextWindow?: number
+  /** `--max-tokens N`, completion budget per call in tokens. Absent: the provider's default. */
+  maxTokens?: number
+  /** `--session FILE`: JSONL session log, resumed when it exists (path as given). */
+  session?: string
+  /** `--threshold R`: compaction threshold, a ratio of the window in (0, 1]. Default 0.8. */
+  threshold: number
+  /** `--json`: every event as one JSON line on stdout. */
+  json: boolean
+  /** `--allow-shell`: offer the shell tool. */
+  allowShell: boolean
+}
+
+/** `dsh replay FILE`: run a recorded session through the meter and the ladder offline. */
+export interface CliReplayOptions {
+  command: 'replay'
+  /** The transcript to replay (path as given). */
+  file: string
+  /** `--context-window N`, tokens. Absent: the replay decides (e.g. from the log's `request/header`). */
+  contextWindow?: number
+  /** `--threshold R` in (0, 1]. Default 0.8. */
+  threshold: number
+  /** `--json`: machine-readable output. */
+  json: boolean
+  /** `--summary-tokens N`: size of a simulated summary in tokens. Default 2,000. */
+  summaryTokens: number
+  /** `--format F`. Default `auto`. */
+  format: CliReplayFormat
+  /** Present when `--base-url`, `--model` or `--api-key-env` asks for real summary calls; absent:
+   *  summaries are simulated at `summaryTokens` (a key in the environment alone never costs money). */
+  summarizer?: CliModelOptions
+}
+
+/** What {@link parseCliArgs} returns. */
+export type CliOptions = { command: 'help' } | { command: 'version' } | CliRunOptions | CliReplayOptions
+
+/** Flags: the value name (undefined = a switch) and the commands that accept it. */
+const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('run' | 'replay')[] }>> = {
+  '--print': { value: 'PROMPT', commands: ['run'] },
+  '--model': { value: 'NAME', commands: ['run', 'replay'] },
+  '--base-url': { value: 'URL', commands: ['run', 'replay'] },
+  '--api-key-env': { value: 'NAME', commands: ['run', 'replay'] },
+  '--context-window': { value: 'N', commands: ['run', 'replay'] },
+  '--max-tokens': { value: 'N', commands: ['run'] },
+  '--session': { value: 'FILE', commands: ['run'] },
+  '--threshold': { value: 'R', commands: ['run', 'replay'] },
+  '--json': { commands: ['run', 'replay'] },
+  '--allow-shell': { commands: ['run'] },
+  '--summary-tokens': { value: 'N', commands: ['replay'] },
+  '--format': { value: 'F', commands: ['replay'] },
+  '--help': { commands: ['run', 'replay'] },
+  '--version': { commands: ['run', 'replay'] },
+}
+const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help' }
+
+/** The `--help` text (DESIGN.md §8). */
+export const CLI_HELP = `dsh ${VERSION}: a coding agent that keeps long sessions inside the model's context window
+
+Usage
+  npx tsx dsh.ts                       interactive session (needs a terminal)
+  npx tsx dsh.ts "PROMPT"              run one prompt, print the answer, exit
+  npx tsx dsh.ts -p "PROMPT"           the same (--print)
+  npx tsx dsh.ts replay FILE [...]     replay a recorded session offline (see below)
+
+Options
+  -p, --print PROMPT     run PROMPT once; the answer goes to stdout
+  --model NAME           model name (default: $DSH_MODEL, else ${CLI_DEFAULTS.model})
+  --base-url URL         any OpenAI-compatible server; requests go to URL/chat/completions
+                         (default: $DSH_BASE_URL, else ${CLI_DEFAULTS.baseURL})
+  --api-key-env NAME     read the API key from the environment variable NAME (default:
+                         ${CLI_DEFAULTS.apiKeyEnv}, which is only sent to api.deepseek.com;
+                         a server that needs no key, e.g. a local one, needs no flag)
+  --context-window N     context window in tokens; required for models dsh does not know
+                         (it knows deepseek-v4-flash and deepseek-v4-pro: 1,048,576)
+  --max-tokens N         completion budget per model call, in tokens (default: the provider's;
+                         always clamped to the room left in the window)
+  --session FILE         keep the session in FILE (JSONL); resumes it when FILE exists
+  --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
+  --json                 print every event as one JSON object per line on stdout
+  --allow-shell          let the model run shell commands in the working directory
+  -h, --help             show this help
+  --version              print the version
+
+The model gets these tools: read_file, list_files, grep, write_file, edit_file (all limited to
+the working directory) and, with --allow-shell, shell. Interactive commands: /compact, /usage,
+/help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
+
+Replay: npx tsx dsh.ts replay FILE [options]
+  Runs a recorded session (a dsh log, an OpenAI-style message array, a Claude Code session
+  JSONL, a SWE-agent or mini-swe-agent trajectory) through the meter and the ladder and prints,
+  per step, tokens before and after, the rung taken and tokens reclaimed, then totals.
+  --context-window N     window to simulate, in tokens
+  --threshold R          as above (default ${CLI_DEFAULTS.threshold})
+  --summary-tokens N     size of a simulated summary, in tokens (default ${CLI_DEFAULTS.summaryTokens})
+  --format F             force a format: ${CLI_REPLAY_FORMATS.slice(1).join(', ')}
+                         (default auto: detected from the file)
+  --json                 machine-readable output
+  --base-url URL, --model NAME, --api-key-env NAME
+                         summarise with a real model instead of simulating summaries
+
+Environment
+  ${CLI_DEFAULTS.apiKeyEnv}       API key for DeepSeek (https://platform.deepseek.com)
+  DSH_BASE_URL           default for --base-url
+  DSH_MODEL              default for --model
+  NO_COLOR               plain status line
+
+Exit codes
+  0  done
+  1  the provider or a tool failed (the error is on stderr)
+  2  usage error: a bad flag or missing configuration (one line on stderr says what to set)
+
+Examples
+  export ${CLI_DEFAULTS.apiKeyEnv}=sk-...
+  npx tsx dsh.ts -p "list the TODO comments in src/, grouped by file"
+  npx tsx dsh.ts --session fix.jsonl "make the failing test in test/date.test.ts pass"
+  npx tsx dsh.ts --session fix.jsonl "now add a test for leap years"   # continues the session
+  npx tsx dsh.ts --base-url http://127.0.0.1:8080/v1 --model qwen3-coder --context-window 32768
+  npx tsx dsh.ts replay examples/session.jsonl --context-window 32000
+`
+
+/** Edit distance, for "did you mean" on a mistyped flag. */
+function editDistance(a: string, b: string): number {
+  let previous = Array.from({ length: b.length + 1 }, (_, j) => j)
+  for (let i = 1; i <= a.length; i++) {
+    const current = [i]
+    for (let j = 1; j <= b.length; j++) {
+      current[j] = Math.min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1))
+    }
+    previous = current
+  }
+  return previous[b.length]
+}
+
+function parsePositiveInt(flag: string, raw: string, unit: string, example: string): number {
+  const value = Number(raw)
+  if (!/^\d+$/.test(raw) || !Number.isSafeInteger(value) || value < 1) {
+    throw new UsageError(`${flag} must be a positive whole number of ${unit}, got ${JSON.stringify(raw)} (e.g. ${flag} ${example})`)
+  }
+  return value
+}
+
+function parseThreshold(raw: string): number {
+  const value = Number(raw)
+  if (!/^(?:\d+(?:\.\d*)?|\.\d+)$/.test(raw) || !(value > 0 && value <= 1)) {
+    throw new UsageError(`--threshold must be a ratio of the context window greater than 0 and at most 1, got ${JSON.stringify(raw)} (e.g. --threshold 0.8 for 80%)`)
+  }
+  return value
+}
+
+/** Base URL, model and key from flags, environment and defaults. The DeepSeek key is only ever
+ *  paired with a DeepSeek base URL, so that pointing dsh at another server cannot leak it. */
+function resolveModelOptions(flags: Map<string, string>, env: Record<string, string | undefined>): CliModelOptions {
+  const nonEmpty = (value: string | undefined): string | undefined => (value === undefined || value === '' ? undefined : value)
+  const urlSource = flags.has('--base-url') ? '--base-url' : nonEmpty(env.DSH_BASE_URL) ? 'DSH_BASE_URL' : undefined
+  const rawURL = flags.get('--base-url') ?? nonEmpty(env.DSH_BASE_URL) ?? CLI_DEFAULTS.baseURL
+  let url: URL
+  try { url = new URL(rawURL) } catch { url = new URL('invalid:') }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+    throw new UsageError(`${urlSource ?? 'the base URL'} must be an http(s) URL such as http://127.0.0.1:8080/v1, got ${JSON.stringify(rawURL)}`)
+  }
+  const baseURL = rawURL.replace(/\/+$/, '')
+  const model = flags.get('--model') ?? nonEmpty(env.DSH_MODEL) ?? CLI_DEFAULTS.model
+  if (model.trim() === '') throw new UsageError('--model is empty; give a model name, e.g. --model deepseek-v4-pro')
+
+  const keyEnv = flags.get('--api-key-env')
+  if (keyEnv !== undefined) {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(keyEnv)) {
+      // Not echoed: a common slip is to pass the key itself.
+      throw new UsageError('--api-key-env takes the NAME of an environment variable that holds the key (e.g. --api-key-env OPENROUTER_API_KEY), not the key itself')
+    }
+    const apiKey = nonEmpty(env[keyEnv])
+    if (apiKey === undefined) throw new UsageError(`no API key: --api-key-env names ${keyEnv}, but ${keyEnv} is not set; set it (export ${keyEnv}=...) or drop the flag`)
+    return { model, baseURL, apiKey, apiKeyEnv: keyEnv }
+  }
+  if (url.hostname !== new URL(CLI_DEFAULTS.baseURL).hostname) return { model, baseURL } // a server that needs no key, or a 401 the provider reports
+  const apiKey = nonEmpty(env[CLI_DEFAULTS.apiKeyEnv])
+  if (apiKey === undefined) {
+    throw new UsageError(`no API key: set ${CLI_DEFAULTS.apiKeyEnv} (or --api-key-env NAME), or point --base-url at a server that needs none`)
+  }
+  return { model, baseURL, apiKey, apiKeyEnv: CLI_DEFAULTS.apiKeyEnv }
+}
+
+/**
+ * Parses the command line (DESIGN.md §8, issue 5). Pure: reads only its arguments.
+ *
+ * `argv` is the arguments after the script (`process.argv.slice(2)`); `env` is the environment
+ * (`DEEPSEEK_API_KEY`, `DSH_BASE_URL`, `DSH_MODEL`, and the variable named by `--api-key-env`;
+ * empty values count as unset). Long flags take their value as the next argument or after `=`
+ * (`--model=x`); `--` ends the flags. The first argument `replay` selects the replay command.
+ * A flag given twice keeps the last value. `--help`/`-h` and `--version` win over everything else,
+ * so they work without any configuration.
+ *
+ * Key rules: `--api-key-env NAME` reads `env[NAME]`; otherwise `DEEPSEEK_API_KEY` is used, and
+ * required, only when the base URL is DeepSeek's; any other base URL (e.g. a local server) gets
+ * no key unless `--api-key-env` names one.
+ *
+ * @returns {@link CliOptions}; numbers are validated (`--context-window`, `--max-tokens`,
+ *   `--summary-tokens`: positive integers, tokens; `--threshold`: a ratio in (0, 1]).
+ * @throws UsageError (exit code 2) whose one-line message names the flag or variable and what to set.
+ */
+export function parseCliArgs(argv: readonly string[], env: Record<string, string | undefined>): CliOptions {
+  const endOfFlags = argv.indexOf('--')
+  const flagPart = endOfFlags === -1 ? argv : argv.slice(0, endOfFlags)
+  if (flagPart.some((arg) => arg === '--help' || arg === '-h')) return { command: 'help' }
+  if (flagPart.includes('--version')) return { command: 'version' }
+
+  const command = argv[0] === 'replay' ? 'replay' : 'run'
+  const flags = new Map<string, string>()
+  const positionals: string[] = []
+  for (let i = command === 'replay' ? 1 : 0; i < argv.length; i++) {
+    const arg = argv[i]
+    if (arg === '--') { positionals.push(...argv.slice(i + 1)); break }
+    if (!arg.startsWith('-') || arg === '-') { positionals.push(arg); continue }
+    const eq = arg.startsWith('--') ? arg.indexOf('=') : -1
+    const name = CLI_SHORT_FLAGS[arg] ?? (eq === -1 ? arg : arg.slice(0, eq))
+    const spec = CLI_FLAGS[name]
+    if (spec === undefined) {
+      const guess = Object.keys(CLI_FLAGS).find((known) => editDistance(name, known) <= 2)
+      throw new UsageError(`unknown option ${name}${guess ? ` (did you mean ${guess}?)` : ''}; run with --help for the list`)
+    }
+    if (!spec.commands.includes(command)) {
+      const replayFlags = Object.keys(CLI_FLAGS).filter((flag) => CLI_FLAGS[flag].commands.includes('replay') && flag !== '--help' && flag !== '--version')
+      throw new UsageError(command === 'replay'
+        ? `${name} does not apply to replay; replay takes ${replayFlags.join(', ')}`
+        : `${name} only applies to replay: npx tsx dsh.ts replay FILE ${name} ${spec.value}`)
+    }
+    if (spec.value === undefined) {
+      if (eq !== -1) throw new UsageError(`${name} takes no value (got ${JSON.stringify(arg)})`)
+      flags.set(name, '')
+      continue
+    }
+    let value: string | undefined
+    if (eq !== -1) value = arg.slice(eq + 1)
+    else {
+      value = argv[i + 1]
+      // A value that looks like a flag is taken as a missing value, except for a prompt.
+      if (value !== undefined && name !== '--print' && value.startsWith('--')) value = undefined
+      if (value !== undefined) i++
+    }
+    if (value === undefined) throw new UsageError(`${arg} needs a value: ${name} ${spec.value}`)
+    flags.set(name, value)
+  }
+
+  const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
+  const threshold = flags.has('--threshold') ? parseThreshold(flags.get('--threshold')!) : CLI_DEFAULTS.threshold
+  const json = flags.has('--json')
+
+  if (command === 'replay') {
+    if (positionals.length === 0) throw new UsageError('replay needs a FILE: npx tsx dsh.ts replay FILE [--context-window N]')
+    if (positionals.length > 1) throw new UsageError(`replay takes one FILE, got ${positionals.length} (${positionals.map((p) => JSON.stringify(p)).join(', ')})`)
+    const summaryTokens = flags.has('--summary-tokens') ? parsePositiveInt('--summary-tokens', flags.get('--summary-tokens')!, 'tokens', '2000') : CLI_DEFAULTS.summaryTokens
+    const format = (flags.get('--format') ?? 'auto') as CliReplayFormat
+    if (!CLI_REPLAY_FORMATS.includes(format)) throw new UsageError(`--format must be one of ${CLI_REPLAY_FORMATS.join(', ')}, got ${JSON.stringify(format)}`)
+    const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
+    return {
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format,
+      ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
+    }
+  }
+
+  const printed = flags.get('--print')
+  if (printed !== undefined && positionals.length > 0) {
+    throw new UsageError(`give the prompt once: either -p "PROMPT" or a positional "PROMPT", not both (extra: ${JSON.stringify(positionals[0])})`)
+  }
+  if (positionals.length > 1) {
+    throw new UsageError(`the prompt must be one argument; quote it: npx tsx dsh.ts ${JSON.stringify(positionals.join(' '))}`)
+  }
+  const prompt = printed ?? positionals[0]
+  if (prompt !== undefined && prompt.trim() === '') throw new UsageError('the prompt is empty; give a task, e.g. -p "explain src/main.ts"')
+  const maxTokens = flags.has('--max-tokens') ? parsePositiveInt('--max-tokens', flags.get('--max-tokens')!, 'tokens', '8192') : undefined
+  if (maxTokens !== undefined && contextWindow !== undefined && maxTokens >= contextWindow) {
+    throw new UsageError(`--max-tokens ${maxTokens} must be below --context-window ${contextWindow}: the prompt needs room too`)
+  }
+  const session = flags.get('--session')
+  if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
+  return {
+    command, ...resolveModelOptions(flags, env), prompt, print: printed !== undefined,
+    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'),
+  }
+}
+
+/** Where {@link runCliBasics} writes. */
+export interface CliIO {
+  stdout(text: string): void
+  stderr(text: string): void
+}
+
+/**
+ * The first part of the CLI's `main`: parses `argv`, answers `--help` and `--version` on stdout,
+ * and reports a {@link UsageError} as ONE line `dsh: …` on stderr.
+ * @returns `{exitCode}` when the process should exit now (0 after help/version, 2 after a usage
+ *   error), or `{options}` for the run or replay command to carry out.
+ * @throws only what is not a UsageError (a bug).
+ */
+export function runCliBasics(argv: readonly string[], env: Record<string, string | undefined>, io: CliIO): { exitCode: number } | { options: CliRunOptions | CliReplayOptions } {
+  let options: CliOptions
+  try { options = parseCliArgs(argv, env) } catch (error) {
+    if (!(error instanceof UsageError)) throw error
+    io.stderr(`dsh: ${error.message}\n`)
+    return { exitCode: error.exitCode }
+  }
+  if (options.command === 'help') { io.stdout(CLI_HELP); return { exitCode: 0 } }
+  if (options.command === 'version') { io.stdout(`dsh.ts ${VERSION}\n`); return { exitCode: 0 } }
+  return { options }
+}
+
+/**
+ * Whether dsh.ts (or its bundle) is the program being run, not a module being imported
+ * (DESIGN.md §0, TOOLCHAIN.md). Deno and Bun: `import.meta.main`. Node: the realpath of
+ * `import.meta.url` equals the realpath of `process.argv[1]` (so a symlinked bin works). A bundle
+ * without `import.meta.url` (the IIFE build for edge runtimes) is never the entry point.
+ *
+ * `probe` is for tests; by default it is read from this module and the process. Async because the
+ * realpath check loads `node:fs` lazily: call it as `isEntryPoint().then(…)`, not with a top-level
+ * `await`, which the IIFE bundle does not allow. Never throws.
+ */
+export async function isEntryPoint(probe: { url?: string; main?: unknown; argv1?: string } = entryProbe()): Promise<boolean> {
+  if (typeof probe.main === 'boolean') return probe.main
+  if (typeof probe.url !== 'string' || !probe.url.startsWith('file:') || typeof probe.argv1 !== 'string' || probe.argv1 === '') return false
+  try {
+    const [{ realpath }, { fileURLToPath }] = await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'), importNode<typeof import('node:url')>('node:url')])
+    const [self, script] = await Promise.all([realpath(fileURLToPath(probe.url)), realpath(probe.argv1)])
+    return self === script
+  } catch {
+    return false
+  }
+}
+
+function entryProbe(): { url?: string; main?: unknown; argv1?: string } {
+  const meta = import.meta as { url?: string; main?: unknown }
+  return { url: meta.url, main: meta.main, argv1: (globalThis as { process?: { argv?: string[] } }).process?.argv?.[1] }
+}
+/** The CLI agent's system prompt; `{cwd}` is filled in at start. */
+export const CLI_SYSTEM_PROMPT = [
+  'You are dsh, a careful coding agent working in the directory {cwd}.',
+  'Use the tools to read, search and change files there; paths are relative to that directory.',
+  'Read before you edit. Make the smallest change that does the job, and say what you changed.',
+  'When you are done, answer with a short summary for the user and stop calling tools.',
+].join('\n')
+
+type NodeProcess = {
+  argv: string[]; env: Record<string, string | undefined>; cwd(): string; exitCode?: number
+  stdin: any; stdout: { write(s: string): boolean; isTTY?: boolean }; stderr: { write(s: string): boolean; isTTY?: boolean }
+  on(event: string, fn: (...a: any[]) => void): unknown; off(event: string, fn: (...a: any[]) => void): unknown
+}
+
+const fmt = (n: number) => n.toLocaleString('en-US')
+
+/**
+ * Turns agent events into terminal output on stderr: one line for each prune, compaction, overflow
+ * recovery, provider retry and warning; after each step, on a TTY only, the context occupancy
+ * `tokens / window (pct)`. Colour (dim) only on a TTY and without `NO_COLOR`.
+ */
+export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean): (e: AgentEvent) => void {
+  const paint = (s: string) => (color ? `\x1b[2m${s}\x1b[0m` : s)
+  const say = (s: string) => write(paint(`[dsh] ${s}`) + '\n')
+  return (e) => {
+    const a = agent()
+    if (e.type === 'warning') return say(`warning: ${e.message}`)
+    if (e.type === 'stream') {
+      if (e.event.type === 'retry') say(`${e.event.error.code}${e.event.error.status ? ` (${e.event.error.status})` : ''}: retry ${e.event.attempt} in ${(e.event.delayMs / 1000).toFixed(1)} s`)
+      return
+    }
+    const ev = e.event
+    const d = ev.data as any
+    switch (ev.type) {
+      case 'compaction/prune': return say(`pruned tool result #${d.shadowedSeqs[0]} (${fmt(d.shadowedTokenCount)} tokens)`)
+      case 'compaction/end': return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${fmt(d.tokensBefore)} → ${fmt(d.tokensAfter)} tokens`)
+      case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
+      case 'request/error': return say(`provider error ${d.code}${d.status ? ` (${d.status})` : ''}: ${d.message}`)
+      case 'step/end': {
+        if (!tty || !a) return
+        const m = a.session.measure(), w = a.contextWindow
+        return say(`context ${fmt(m.totalTokens)}${w ? ` / ${fmt(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'}`)
+      }
+    }
+  }
+}
+
+/** `/usage`: occupancy, envelope and surface sizes, provider-reported usage so far. */
+function usageReport(agent: Agent): string {
+  const m = agent.session.measure(), w = agent.contextWindow
+  let prompt = 0, completion = 0, cached = 0, calls = 0
+  for (const e of agent.session.events) {
+    const u = e.type === 'assistant/message' ? (e.data as any).usage as Usage | undefined : undefined
+    if (u) { calls++; prompt += u.promptTokens; completion += u.completionTokens; cached += u.cachedTokens ?? 0 }
+  }
+  return [
+    `context: ${fmt(m.totalTokens)}${w ? ` / ${fmt(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens'} ${m.anchored ? '(anchored on provider usage)' : '(heuristic)'}`,
+    `envelope ${fmt(m.envelopeTokens)} + surface ${fmt(m.surfaceTokens)} tokens in ${m.nodes.length} messages; ${agent.session.seq} log events; replace generation ${agent.session.replaceGeneration}`,
+    `provider usage over ${calls} calls: prompt ${fmt(prompt)} (cached ${fmt(cached)}), completion ${fmt(completion)} tokens`,
+  ].join('\n') + '\n'
+}
+
+/**
+ * The CLI (DESIGN.md §8). Returns the exit code: 0 done, 1 provider or tool failure, 2 usage error.
+ * Node, Deno and Bun (node: modules loaded lazily). `argv` excludes the runtime and script.
+ */
+export async function main(argv: readonly string[], proc?: NodeProcess): Promise<number> {
+  const p: NodeProcess = proc ?? (await importNode<any>('node:process')).default
+  const io: CliIO = { stdout: (t) => void p.stdout.write(t), stderr: (t) => void p.stderr.write(t) }
+  const basics = runCliBasics(argv, p.env, io)
+  if ('exitCode' in basics) return basics.exitCode
+  const options = basics.options
+  if (options.command === 'replay') return await replayCommand(options, p, io)
+
+  const provider = options.baseURL === CLI_DEFAULTS.baseURL
+    ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
+    : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
+  let session: Session
+  try {
+    session = await Session.open(options.session ? new FileStore(options.session) : new MemoryStore())
+  } catch (err) {
+    if (err instanceof SessionError && err.code === 'LOG_CORRUPT') { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
+    throw err
+  }
+  if (session.torn) io.stderr(`dsh: the session log's last line (line ${session.torn.line}, ${session.torn.bytes} bytes) was cut short by a crash; dropped and saved to ${session.torn.savedTo}\n`)
+  const cwd = p.cwd()
+  const tty = !!p.stderr.isTTY
+  const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
+  let allowShell = options.allowShell
+  if (!allowShell && interactive) allowShell = await askYesNo(p, 'Allow the agent to run shell commands in this directory? [y/N] ')
+  const tools = await builtinTools({ cwd, allowShell })
+  let agent: Agent | undefined
+  const status = statusReporter(() => agent, io.stderr, tty, tty && !p.env.NO_COLOR)
+  const onEvent = (e: AgentEvent) => {
+    if (options.json) { if (e.type === 'log') io.stdout(JSON.stringify(e.event) + '\n'); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
+    if (interactive && e.type === 'stream' && e.event.type === 'text-delta') io.stdout(e.event.text)
+    status(e)
+  }
+  agent = new Agent({
+    session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), contextWindow: options.contextWindow,
+    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent,
+  })
+
+  let prompt = options.prompt
+  if (prompt === undefined && !interactive) {
+    prompt = await readAll(p.stdin)
+    if (!prompt.trim()) { io.stderr('dsh: no prompt: pass one as an argument or with -p "…", pipe it on stdin, or run in a terminal for interactive mode\n'); return 2 }
+  }
+  try {
+    if (!interactive) return await oneTurn(agent, prompt!, p, io, options.json)
+    return await interactiveLoop(agent, p, io)
+  } finally {
+    await session.sync().catch(() => {})
+    await session.store.close?.()
+  }
+}
+
+/** Runs one turn; the first Ctrl-C cancels it, a second exits (130). */
+async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliIO, json: boolean): Promise<number> {
+  const ctrl = new AbortController()
+  const onSigint = () => {
+    if (ctrl.signal.aborted) { p.stderr.write('\n[dsh] interrupted twice: exiting\n'); (p as any).exit(130) }
+    ctrl.abort(); p.stderr.write('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n')
+  }
+  p.on('SIGINT', onSigint)
+  try {
+    const result = await agent.run(prompt, { signal: ctrl.signal })
+    if (!json) io.stdout(result.text.endsWith('\n') || result.text === '' ? result.text : result.text + '\n')
+    if (result.reason === 'aborted') { io.stderr('dsh: turn cancelled\n'); return 130 }
+    if (result.reason !== 'stop') io.stderr(`dsh: the turn ended with reason "${result.reason}"\n`)
+    return 0
+  } catch (err) {
+    io.stderr(`dsh: ${err instanceof ProviderError ? `${err.code}${err.status ? ` (HTTP ${err.status})` : ''}: ` : ''}${(err as Error)?.message ?? err}\n`)
+    return 1
+  } finally { p.off('SIGINT', onSigint) }
+}
+
+async function readAll(stream: any): Promise<string> {
+  let text = ''
+  const decoder = new TextDecoder()
+  for await (const chunk of stream) text += typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true })
+  return text + decoder.decode()
+}
+
+async function askYesNo(p: NodeProcess, question: string): Promise<boolean> {
+  const readline = await importNode<typeof import('node:readline/promises')>('node:readline/promises')
+  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any })
+  try { return /^y(es)?$/i.test((await rl.question(question)).trim()) } finally { rl.close() }
+}
+
+const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact (compact now), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
+
+/** The interactive loop: a prompt per turn, slash commands, Ctrl-C cancels the running turn. */
+async function interactiveLoop(agent: Agent, p: NodeProcess, io: CliIO): Promise<number> {
+  const readline = await importNode<typeof import('node:readline')>('node:readline')
+  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: '› ' })
+  let running: AbortController | undefined
+  let exitCode = 0
+  io.stderr(`dsh ${VERSION} · ${agent.provider.model} · ${agent.contextWindow ? `${fmt(agent.contextWindow)}-token window` : 'window unknown'} · /help for commands\n`)
+  rl.on('SIGINT', () => {
+    if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n'); return }
+    rl.close()
+  })
+  rl.prompt()
+  for await (const raw of rl) {
+    const line = raw.trim()
+    if (line === '') { rl.prompt(); continue }
+    if (line === '/exit' || line === '/quit') break
+    if (line === '/help') io.stderr(INTERACTIVE_HELP)
+    else if (line === '/usage') io.stderr(usageReport(agent))
+    else if (line === '/compact') {
+      running = new AbortController()
+      const o = await agent.compact(running.signal).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))
+      io.stderr(`[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${fmt(o.tokensBefore)} → ${fmt(o.tokensAfter)} tokens\n`)
+    } else if (line.startsWith('/')) io.stderr(`unknown command ${line}; ${INTERACTIVE_HELP}`)
+    else {
+      running = new AbortController()
+      try {
+        const result = await agent.run(line, { signal: running.signal })
+        io.stdout(result.reason === 'aborted' ? '\n' : '\n')
+        if (result.reason !== 'stop') io.stderr(`[dsh] turn ended: ${result.reason}\n`)
+        exitCode = 0
+      } catch (err) {
+        io.stderr(`\ndsh: ${err instanceof ProviderError ? `${err.code}: ` : ''}${(err as Error)?.message ?? err}\n`)
+        exitCode = 1
+      }
+    }
+    running = undefined
+    rl.prompt()
+  }
+  rl.close()
+  return exitCode
+}
+
+/**
+ * `dsh replay FILE`: reads the file (node:fs) and runs {@link runReplay}; a file that is not a
+ * transcript, or a bad option, is a usage error (exit 2). With `--base-url`/`--model`/`--api-key-env`
+ * the summaries come from that model; otherwise they are simulated.
+ */
+async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO): Promise<number> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  let text: string
+  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${options.file}: ${(err as Error).message}\n`); return 2 }
+  const s = options.summarizer
+  const summarizer = s ? openAICompatible({ baseURL: s.baseURL, model: s.model, apiKey: s.apiKey, contextWindow: options.contextWindow }) : undefined
+  try {
+    const { output } = await runReplay(text, {
+      format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
+      summaryTokens: options.summaryTokens, summarizer, json: options.json, name: options.file,
+    })
+    io.stdout(output.endsWith('\n') ? output : output + '\n')
+    return 0
+  } catch (err) {
+    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${options.file}: ${err.message}\n`); return 2 }
+    if (err instanceof ProviderError) { io.stderr(`dsh: replay: the summarizer failed: ${err.code}: ${err.message}\n`); return 1 }
+    throw err
+  }
+}
+
+// Runs the CLI when this file is the program (never on import; see isEntryPoint).
+void isEntryPoint().then(async (isMain) => {
+  if (!isMain) return
+  const p = (await importNode<any>('node:process')).default
+  try { p.exitCode = await main(p.argv.slice(2), p) } catch (err) {
+    p.stderr.write(`dsh: internal error: ${(err as Error)?.stack ?? err}\n`)
+    p.exitCode = 1
+  }
+})

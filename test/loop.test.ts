@@ -311,4 +311,14 @@ describe('loop', () => {
     assert.deepEqual(selectRegion(nodes, 150), { start: 0, end: 1, tokens: 100 }) // keeping B's result keeps B, A's result and A
     assert.deepEqual(selectRegion(nodes, 250, 1), undefined)
   })
+
+  test('region selection: a checkpoint then the pinned input → the current turn\'s older steps', () => {
+    const node = (seq: number, message: Message, tokens: number) => ({ seq, message, tokens, key: seq })
+    const nodes = [node(0, { role: 'user', content: CHECKPOINT_PREAMBLE + '\n<compacted-summary>\nx\n</compacted-summary>' }, 2_043), node(1, { role: 'user', content: 'go on' }, 11)]
+    for (let i = 0; i < 20; i++) {
+      nodes.push(node(2 + 2 * i, { role: 'assistant', content: [{ type: 'tool-call', id: `c${i}`, name: 't', arguments: '' }] }, 9))
+      nodes.push(node(3 + 2 * i, { role: 'tool', toolCallId: `c${i}`, content: [] }, 1_008))
+    }
+    assert.deepEqual(selectRegion(nodes, 5_120, 1, 1_287), { start: 2, end: 30, tokens: 14_238 })
+  })
 })

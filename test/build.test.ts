@@ -1,0 +1,153 @@
+// build.mjs (issue 6): the three dist files, their exports, and the edge-safety check that a
+// static `node:` import in the core fails the platform-neutral build. Builds go to temp dirs, so
+// this file never races test/runtimes.test.ts or touches the checkout's dist/.
+import { after, before, test } from 'node:test'
+import assert from 'node:assert/strict'
+import { execFile } from 'node:child_process'
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { dirname, join } from 'node:path'
+import { fileURLToPath, pathToFileURL } from 'node:url'
+import { runInNewContext } from 'node:vm'
+import * as dshSource from '../dsh.ts'
+
+const ROOT = dirname(dirname(fileURLToPath(import.meta.url)))
+const SOURCE = readFileSync(join(ROOT, 'dsh.ts'), 'utf8')
+const VALUE_EXPORTS = Object.keys(dshSource).sort()
+const work = mkdtempSync(join(tmpdir(), 'dsh-build-'))
+after(() => rmSync(work, { recursive: true, force: true }))
+
+interface Run { code: number | null; stdout: string; stderr: string }
+function runBuild(...args: string[]): Promise<Run> {
+  return new Promise((resolve) => {
+    const env = { ...process.env, NO_COLOR: '1' }
+    execFile(process.execPath, [join(ROOT, 'build.mjs'), ...args], { cwd: ROOT, env }, (err, stdout, stderr) => {
+      resolve({ code: err ? (typeof err.code === 'number' ? err.code : null) : 0, stdout, stderr })
+    })
+  })
+}
+
+/** A copy of dsh.ts changed by `edit`, alone in a dir with a package.json like the repo's. */
+function copyOfSource(name: string, edit: (src: string) => string): { entry: string; outdir: string } {
+  const dir = join(work, name)
+  mkdirSync(dir)
+  writeFileSync(join(dir, 'package.json'), '{"type":"module"}')
+  writeFileSync(join(dir, 'dsh.ts'), edit(SOURCE))
+  return { entry: join(dir, 'dsh.ts'), outdir: join(dir, 'dist') }
+}
+
+// ── The real build ──────────────────────────────────────────────────────────────────────────────
+// Every build in this file starts at load and runs concurrently (each is a short child process);
+// the tests await the one they check.
+const dist = join(work, 'dist')
+const realBuild = runBuild('--outdir', dist)
+let built: Run
+before(async () => { built = await realBuild })
+
+test('node build.mjs writes the ESM bundle, the IIFE, their source maps and the declarations', () => {
+  assert.equal(built.code, 0, built.stderr)
+  for (const file of ['dsh.mjs', 'dsh.mjs.map', 'dsh.iife.js', 'dsh.iife.js.map', 'dsh.d.ts']) {
+    assert.ok(statSync(join(dist, file)).size > 0, `${file} is empty`)
+  }
+  assert.match(readFileSync(join(dist, 'dsh.mjs'), 'utf8'), /\n\/\/# sourceMappingURL=dsh\.mjs\.map\n$/)
+  assert.match(readFileSync(join(dist, 'dsh.iife.js'), 'utf8'), /^var DSH=\(\(\)=>\{/) // minified, global DSH
+  const map = JSON.parse(readFileSync(join(dist, 'dsh.mjs.map'), 'utf8'))
+  assert.deepEqual(map.sources.map((s: string) => s.split('/').pop()), ['dsh.ts'])
+})
+
+test('the printed size table gives each file its raw and gzip -9 size in bytes', () => {
+  const rows = new Map(built.stdout.trim().split('\n').slice(1).map((line) => {
+    const [file, raw, gz] = line.trim().split(/\s+/)
+    return [file.split('/').pop(), { raw: Number(raw), gz: Number(gz) }]
+  }))
+  assert.deepEqual([...rows.keys()], ['dsh.mjs', 'dsh.iife.js', 'dsh.d.ts'])
+  for (const [file, { raw, gz }] of rows) {
+    assert.equal(raw, statSync(join(dist, file!)).size, `${file} raw size`)
+    assert.ok(gz > 0 && gz < raw, `${file} gzip size ${gz} vs raw ${raw}`)
+  }
+})
+
+test('dist/dsh.mjs exposes the same value exports as dsh.ts, working', async () => {
+  const dsh = await import(pathToFileURL(join(dist, 'dsh.mjs')).href)
+  assert.deepEqual(Object.keys(dsh).sort(), VALUE_EXPORTS)
+  assert.equal(dsh.VERSION, dshSource.VERSION)
+  const e = new dsh.ProviderError('AUTH', 'bad key', { status: 401 })
+  assert.deepEqual([e.name, e.code, e.status, e.body, e instanceof Error], ['ProviderError', 'AUTH', 401, '', true])
+})
+
+test('dist/dsh.iife.js, run as a script in a bare context, defines the global DSH with the same exports', () => {
+  const context: Record<string, unknown> = {}
+  runInNewContext(readFileSync(join(dist, 'dsh.iife.js'), 'utf8'), context)
+  const DSH = context.DSH as Record<string, unknown>
+  assert.deepEqual(Object.keys(DSH).sort(), VALUE_EXPORTS)
+  assert.equal(DSH.VERSION, dshSource.VERSION)
+})
+
+test('dist/dsh.d.ts declares every value export', () => {
+  const dts = readFileSync(join(dist, 'dsh.d.ts'), 'utf8')
+  const declared = [...dts.matchAll(/^export declare (?:abstract )?(?:const|let|class|function) (\w+)/gm)].map((m) => m[1])
+  assert.deepEqual([...new Set(declared)].sort(), VALUE_EXPORTS)
+})
+
+// ── The edge-safety check on temporary copies of dsh.ts (never the real file) ──────────────────
+const STATIC_NODE_IMPORTS: Array<[label: string, line: string, module: string]> = [
+  ['named import (issue 6, case 3)', "import { readFile } from 'node:fs'", 'node:fs'],
+  ['side-effect import', "import 'node:process'", 'node:process'],
+  ['namespace import', "import * as path from 'node:path'", 'node:path'],
+  ['re-export', "export { createHash } from 'node:crypto'", 'node:crypto'],
+]
+for (const [label, line, module] of STATIC_NODE_IMPORTS) {
+  const { entry, outdir } = copyOfSource(`static-${module.slice(5)}`, (src) => `${line}\n${src}`)
+  const pending = runBuild('--entry', entry, '--outdir', outdir)
+  test(`a static node: ${label} at the top of dsh.ts fails the build, naming ${module}`, async () => {
+    const r = await pending
+    assert.equal(r.code, 1, `build exited ${r.code}:\n${r.stdout}${r.stderr}`)
+    assert.match(r.stderr, new RegExp(`static import of "${module}" in the platform-neutral core`))
+    assert.match(r.stderr, /dsh\.ts:1:/) // points at the line
+    assert.equal(existsSync(join(outdir, 'dsh.mjs')), false, 'no bundle is left behind')
+  })
+}
+
+const dynamic = copyOfSource('dynamic', (src) => `${src}
+export async function sizeOfPackageJson(dir: string): Promise<number> {
+  const { statSync } = await import('node:fs')
+  return statSync(dir + '/package.json').size
+}
+`)
+const dynamicBuild = runBuild('--entry', dynamic.entry, '--outdir', dynamic.outdir)
+test("a dynamic import('node:fs') stays external in both bundles and loads when called (Node)", async () => {
+  const { entry, outdir } = dynamic
+  const r = await dynamicBuild
+  assert.equal(r.code, 0, r.stderr)
+  for (const file of ['dsh.mjs', 'dsh.iife.js']) assert.match(readFileSync(join(outdir, file), 'utf8'), /import\("node:fs"\)/)
+  const mod = await import(pathToFileURL(join(outdir, 'dsh.mjs')).href)
+  assert.equal(await mod.sizeOfPackageJson(dirname(entry)), '{"type":"module"}'.length)
+  assert.match(readFileSync(join(outdir, 'dsh.d.ts'), 'utf8'), /export declare function sizeOfPackageJson\(dir: string\): Promise<number>;/)
+})
+
+const typeOnly = copyOfSource('type-only', (src) => `import type { Stats } from 'node:fs'\n${src}
+export function isBig(stats: Pick<Stats, 'size'>): boolean { return stats.size > 1 }
+`)
+const typeOnlyBuild = runBuild('--entry', typeOnly.entry, '--outdir', typeOnly.outdir, '--no-dts')
+test('a type-only node: import is erased and builds', async () => {
+  const { outdir } = typeOnly
+  const r = await typeOnlyBuild
+  assert.equal(r.code, 0, r.stderr)
+  // Static forms in esbuild's minified output; the core's own dynamic import("node:…") may remain.
+  assert.doesNotMatch(readFileSync(join(outdir, 'dsh.mjs'), 'utf8'), /(?:from|import)\s*["']node:/)
+  assert.equal(existsSync(join(outdir, 'dsh.d.ts')), false, '--no-dts skips tsc')
+})
+
+
+// Users bundle dsh again for the browser or the edge (wrangler, Vercel and Vite use esbuild). esbuild
+// resolves a string-literal dynamic import, so the file store's import("node:fs/promises") stops such
+// a build ("Could not resolve"); a non-literal specifier (plus webpackIgnore / @vite-ignore) passes.
+test('a browser-platform bundler (esbuild, as wrangler and Vercel use) can bundle dist/dsh.mjs', async () => {
+  await realBuild
+  const esbuild = await import('esbuild')
+  const result = await esbuild.build({
+    stdin: { contents: "export * from './dsh.mjs'", resolveDir: dist, loader: 'js' },
+    bundle: true, format: 'esm', platform: 'browser', write: false, logLevel: 'silent',
+  }).catch((err: { errors?: Array<{ text: string }> }) => err)
+  assert.deepEqual('errors' in result ? result.errors?.map((e) => e.text) : 'threw', [])
+})

@@ -1,0 +1,117 @@
+// The loop and the ladder over real HTTP against the fake provider (issue 4 cases 1, 2, 3, 10).
+import { test, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { Agent, Session, MemoryStore, openAICompatible, PRUNE_MARKER, SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE, ProviderError, type Tool } from '../dsh.ts'
+import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+
+const servers: Array<{ close(): Promise<void> }> = []
+after(async () => { for (const s of servers) await s.close() })
+
+/** A fake whose conversation replies come from `script` and whose summary replies come from `summaries`. */
+async function fake(script: FakeReply[], summaries: FakeReply[] = [{ text: 'CHECKPOINT: work so far.' }]) {
+  let c = 0, s = 0
+  const server = await startFakeProvider({
+    handler: (req: FakeRequest) => req.headers['x-dsh-purpose'] === 'compaction' ? summaries[Math.min(s++, summaries.length - 1)] : script[Math.min(c++, script.length - 1)],
+  })
+  servers.push(server)
+  const provider = openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'sk-test', contextWindow: 16_000, maxRetries: 0 })
+  const conversation = () => server.requests.filter((r) => r.headers['x-dsh-purpose'] !== 'compaction')
+  const summary = () => server.requests.filter((r) => r.headers['x-dsh-purpose'] === 'compaction')
+  return { server, provider, conversation, summary }
+}
+
+const tool = (name: string, out: () => string): Tool => ({ name, description: 'test tool', parameters: { type: 'object', properties: {} }, execute: out })
+const count = (s: Session, type: string) => s.events.filter((e) => e.type === type).length
+const DEEPSEEK_OVERFLOW = { error: { message: "This model's maximum context length is 65536 tokens. However, you requested 70411 tokens (62219 in the messages, 8192 in the completion). Please reduce the length of the messages or completion.", type: 'invalid_request_error', param: null, code: 'invalid_request_error' } }
+
+test('case 1 over HTTP: the pruner alone brings a 60 KB result under the threshold', async () => {
+  const f = await fake([{ toolCalls: [{ id: 'c1', name: 'read_log', arguments: {} }] }, { text: 'three errors' }])
+  const session = await Session.open(new MemoryStore())
+  const r = await new Agent({ session, provider: f.provider, tools: [tool('read_log', () => 'ERROR x\n'.repeat(7_500))] }).run('read the log')
+  assert.equal(r.text, 'three errors')
+  assert.equal(f.summary().length, 0)
+  assert.equal(count(session, 'compaction/prune'), 1)
+  assert.equal(count(session, 'compaction/summary'), 0)
+  const second = f.conversation()[1].body
+  const toolMsg = second.messages.find((m: any) => m.role === 'tool')
+  assert.ok(toolMsg.content.includes(PRUNE_MARKER))
+  assert.equal([...toolMsg.content].length, 5_159)
+})
+
+test('case 2 over HTTP: one summary request with x-dsh-purpose, instruction last; checkpoint leads the next request', async () => {
+  let n = 0
+  const calls = (k: number, p: string) => Array.from({ length: k }, (_, i) => ({ toolCalls: [{ id: `${p}${i}`, name: 'fetch', arguments: { i } }] }))
+  const f = await fake([...calls(5, 'a'), { text: 'turn 1 done' }, ...calls(4, 'b'), { text: 'turn 2 done' }])
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: f.provider, tools: [tool('fetch', () => `result ${n++} `.padEnd(7_000, '.'))] })
+  await agent.run('fetch five')
+  await agent.run('fetch four more')
+  assert.equal(f.summary().length, 1)
+  const s = f.summary()[0].body
+  assert.deepEqual(s.messages.at(-1), { role: 'user', content: SUMMARY_INSTRUCTION })
+  const after = f.server.requests.slice(f.server.requests.indexOf(f.summary()[0]) + 1)[0].body
+  assert.equal(after.messages[0].role, 'user')
+  assert.ok(after.messages[0].content.startsWith(CHECKPOINT_PREAMBLE))
+  for (const req of f.server.requests) {
+    const ids = req.body.messages.flatMap((m: any) => (m.tool_calls ?? []).map((c: any) => c.id)).sort()
+    const results = req.body.messages.filter((m: any) => m.role === 'tool').map((m: any) => m.tool_call_id).sort()
+    assert.deepEqual(ids, results)
+  }
+})
+
+for (const [name, overflowReply] of [
+  ['HTTP 400 with DeepSeek wording', { status: 400, body: DEEPSEEK_OVERFLOW }],
+  ['an error inside a 200 stream', { fault: 'in-band-error', error: { message: "This model's maximum context length is 65536 tokens. However, you requested 70411 tokens." } }],
+] as Array<[string, FakeReply]>) {
+  test(`case 3 over HTTP: overflow as ${name} → compaction → retry as step 2 → done`, async () => {
+    let n = 0
+    const f = await fake([...Array.from({ length: 4 }, (_, i) => ({ toolCalls: [{ id: `h${i}`, name: 'fetch', arguments: {} }] })), { text: 'first done' }, overflowReply, { text: 'recovered' }])
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider, tools: [tool('fetch', () => `r${n++}`.padEnd(6_000, '.'))] })
+    await agent.run('fetch four')
+    const r = await agent.run('answer now')
+    assert.equal(r.text, 'recovered')
+    const [failed, retried] = f.conversation().slice(-2)
+    assert.ok(retried.rawBody.length < failed.rawBody.length)
+    assert.ok(retried.rawBody.includes('CHECKPOINT: work so far.'))
+    const retry = session.events.find((e) => e.type === 'recovery/retry')!
+    assert.equal((retry.data as any).generationAfter, (retry.data as any).generationBefore + 1)
+    const steps = session.events.filter((e) => e.type === 'step/start' && (e.data as any).turn === 2).map((e) => (e.data as any).step)
+    assert.deepEqual(steps, [1, 2])
+    const err = session.events.find((e) => e.type === 'request/error')!
+    assert.equal((err.data as any).code, 'CONTEXT_WINDOW_EXCEEDED')
+  })
+}
+
+test('case 4 over HTTP: nothing to reclaim → the provider error object with its text', async () => {
+  const f = await fake([{ status: 400, body: DEEPSEEK_OVERFLOW }])
+  const session = await Session.open(new MemoryStore())
+  await assert.rejects(new Agent({ session, provider: f.provider }).run('x'.repeat(40_000)),
+    (e) => e instanceof ProviderError && e.code === 'CONTEXT_WINDOW_EXCEEDED' && e.status === 400 && e.message.includes('maximum context length is 65536'))
+  assert.equal(f.server.requests.length, 1)
+})
+
+test('case 10: thinking mode keeps reasoning_content on every assistant message through prune and compaction', async () => {
+  let n = 0
+  const steps = Array.from({ length: 9 }, (_, i) => ({ reasoning: `think ${i}`, toolCalls: [{ id: `t${i}`, name: 'fetch', arguments: { i } }] }))
+  const f = await fake([{ reasoning: 'big', toolCalls: [{ id: 'big', name: 'big', arguments: {} }] }, ...steps, { reasoning: 'final', text: 'done' }, { text: 'turn 2' }])
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: f.provider, tools: [tool('fetch', () => `r${n++}`.padEnd(6_500, '.')), tool('big', () => 'B'.repeat(40_000))] })
+  await agent.run('think and fetch')
+  await agent.run('again')
+  assert.ok(count(session, 'compaction/prune') >= 1)
+  assert.ok(count(session, 'compaction/summary') >= 1)
+  let checked = 0
+  for (const req of f.server.requests) {
+    for (const m of req.body.messages) {
+      if (m.role !== 'assistant') continue
+      assert.equal(typeof m.content, 'string')
+      if (m.tool_calls) {
+        checked++
+        const id = m.tool_calls[0].id
+        assert.equal(m.reasoning_content, id === 'big' ? 'big' : `think ${id.slice(1)}`)
+      }
+    }
+  }
+  assert.ok(checked > 20, `checked ${checked} assistant messages`)
+})

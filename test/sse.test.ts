@@ -1,0 +1,138 @@
+// SSE parser conformance: every case of the eventsource-parser test suite (recorded as data in
+// ../shared/fixtures/sse/eventsource-parser-cases.json) through createSSEParser (all callbacks,
+// exact), and the same streams through parseSSE as strings, as UTF-8 bytes, and byte by byte.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { readFileSync } from 'node:fs'
+import { createSSEParser, parseSSE, SSEParseError, type SSEEvent } from '../dsh.ts'
+import { sharedPath, skipWithoutShared } from './shared.ts'
+
+type Op = string | { reset: { consume?: boolean } }
+interface Case { name: string; config: { maxBufferSize?: number; onComment?: false }; ops: Op[]; expected: Record<string, unknown>[] }
+
+const skip = skipWithoutShared('fixtures', 'sse', 'eventsource-parser-cases.json')
+const cases: Case[] = skip ? [] : JSON.parse(readFileSync(sharedPath('fixtures', 'sse', 'eventsource-parser-cases.json'), 'utf8')).cases
+
+/** Runs one case through createSSEParser and records callbacks in the fixture's shape. */
+function record(c: Case): Record<string, unknown>[] {
+  const out: Record<string, unknown>[] = []
+  const parser = createSSEParser({
+    onEvent: (e) => out.push({ type: 'event', ...(e.id !== undefined ? { id: e.id } : {}), ...(e.event !== 'message' ? { event: e.event } : {}), data: e.data }),
+    onRetry: (value) => out.push({ type: 'retry', value }),
+    onId: (value) => out.push({ type: 'id', value }),
+    onError: (e) => out.push({ type: 'error', errorType: e.type, message: e.message, ...(e.field !== undefined ? { field: e.field } : {}), ...(e.value !== undefined ? { value: e.value } : {}), ...(e.line !== undefined ? { line: e.line } : {}) }),
+    ...(c.config.onComment === false ? {} : { onComment: (comment: string) => out.push({ type: 'comment', comment }) }),
+    maxBufferSize: c.config.maxBufferSize,
+  })
+  for (const op of c.ops) {
+    if (typeof op === 'string') {
+      try { parser.feed(op) } catch (e) { out.push({ type: 'throw', message: (e as Error).message }) }
+    } else parser.reset(op.reset)
+  }
+  return out
+}
+
+test('SSE fixture file holds the 49 recorded cases', { skip }, () => {
+  assert.equal(cases.length, 49)
+})
+
+for (const c of cases) {
+  test(`createSSEParser: ${c.name}`, () => {
+    assert.deepEqual(record(c), c.expected)
+  })
+}
+
+/** The events a case expects, in parseSSE's shape, up to the first overflow/throw. */
+function expectedEvents(c: Case): { events: SSEEvent[]; overflow: boolean } {
+  const events: SSEEvent[] = []
+  for (const e of c.expected) {
+    if (e.type === 'error' && e.errorType === 'max-buffer-size-exceeded') return { events, overflow: true }
+    if (e.type === 'event') events.push({ event: (e.event as string | undefined) ?? 'message', data: e.data as string, ...(e.id !== undefined ? { id: e.id as string } : {}) })
+  }
+  return { events, overflow: false }
+}
+
+async function collect(source: AsyncIterable<Uint8Array | string>, maxBufferSize?: number): Promise<{ events: SSEEvent[]; error?: unknown }> {
+  const events: SSEEvent[] = []
+  try {
+    for await (const e of parseSSE(source, { maxBufferSize })) events.push(e)
+  } catch (error) {
+    return { events, error }
+  }
+  return { events }
+}
+
+/** Latin-1 "ï»¿" in the fixture stands for the raw bytes EF BB BF; everything else is UTF-8 text. */
+function toBytes(op: string): Uint8Array {
+  const raw = '\u00ef\u00bb\u00bf'
+  if (!op.includes(raw)) return new TextEncoder().encode(op)
+  const parts = op.split(raw).map((p) => new TextEncoder().encode(p))
+  const out: number[] = []
+  parts.forEach((p, i) => { if (i > 0) out.push(0xef, 0xbb, 0xbf); out.push(...p) })
+  return Uint8Array.from(out)
+}
+
+async function* iterate<T>(items: T[]): AsyncGenerator<T> { for (const item of items) yield item }
+
+for (const c of cases) {
+  if (c.ops.some((op) => typeof op !== 'string')) continue // reset() is an API of the push parser only
+  const ops = c.ops as string[]
+  test(`parseSSE (strings, UTF-8 chunks, single bytes): ${c.name}`, async () => {
+    const want = expectedEvents(c)
+    const bytes = ops.map(toBytes)
+    const single = bytes.flatMap((b) => Array.from(b, (x) => Uint8Array.of(x)))
+    for (const source of [iterate(ops), iterate(bytes), iterate(single)]) {
+      const got = await collect(source, c.config.maxBufferSize)
+      if (want.overflow) {
+        assert.ok(got.error instanceof SSEParseError && got.error.type === 'max-buffer-size-exceeded', `expected an overflow, got ${String(got.error)}`)
+        assert.deepEqual(got.events, want.events)
+      } else {
+        assert.equal(got.error, undefined)
+        // A byte-at-a-time feed sees no chunk boundary inside the decoded text where the string feed
+        // did; the events must be the same all the same.
+        assert.deepEqual(got.events, want.events)
+      }
+    }
+  })
+}
+
+test('parseSSE reads a ReadableStream, joins a UTF-8 character split across chunks, and cancels on early exit', async () => {
+  const text = 'data: 北京😊\n\ndata: second\n\ndata: third\n\n'
+  const bytes = new TextEncoder().encode(text)
+  // Split inside the 3-byte 北 and inside the 4-byte emoji; the third event stays unread.
+  const cuts = [7, 13, 16, 32, bytes.length]
+  let cancelled = false
+  let start = 0
+  const stream = new ReadableStream<Uint8Array>({
+    pull(controller) {
+      const end = cuts.shift()
+      if (end === undefined) return controller.close()
+      controller.enqueue(bytes.slice(start, end)); start = end
+    },
+    cancel() { cancelled = true },
+  })
+  const seen: string[] = []
+  for await (const e of parseSSE(stream)) {
+    seen.push(e.data)
+    if (seen.length === 2) break
+  }
+  assert.deepEqual(seen, ['北京😊', 'second'])
+  assert.equal(cancelled, true)
+})
+
+test('parseSSE: an event without its blank line at EOF is not dispatched; BOM only skipped once', async () => {
+  const got = await collect(iterate([Uint8Array.of(0xef, 0xbb, 0xbf, 0xef, 0xbb, 0xbf), new TextEncoder().encode('data: x\n\ndata: y\n')]))
+  // The second BOM is data: "\uFEFFdata" is an unknown field, so only the tail event remains — and it never ends.
+  assert.deepEqual(got, { events: [] })
+  const ok = await collect(iterate([Uint8Array.of(0xef, 0xbb, 0xbf), new TextEncoder().encode('data: x\n\ndata: y\n')]))
+  assert.deepEqual(ok, { events: [{ event: 'message', data: 'x' }] })
+})
+
+test('parseSSE rejects a source that is not a stream', async () => {
+  await assert.rejects(async () => { for await (const _ of parseSSE(42 as never)) { /* nothing */ } }, /ReadableStream<Uint8Array> or an AsyncIterable/)
+})
+
+test('createSSEParser refuses a function and a bad maxBufferSize', () => {
+  assert.throws(() => createSSEParser((() => {}) as never), /Did you mean createSSEParser\(\{ onEvent: fn \}\)/)
+  assert.throws(() => createSSEParser({ maxBufferSize: 0 }), /maxBufferSize must be a positive integer/)
+})
