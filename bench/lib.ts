@@ -1,6 +1,6 @@
 // Shared helpers of the benchmarks (bench/*.bench.ts): timing, statistics, tables, inputs.
 // Benchmarks only measure; nothing here is asserted in unit tests (timings never are).
-import { cpus, totalmem, release, platform, arch } from 'node:os'
+import { cpus, loadavg, totalmem, release, platform, arch } from 'node:os'
 import { execFileSync } from 'node:child_process'
 import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { dirname, join, resolve } from 'node:path'
@@ -173,6 +173,7 @@ export function machineFacts(): [string, string][] {
     ['node', process.version],
     ['CPU', `${cpu[0]?.model ?? '?'} × ${cpu.length}`],
     ['memory', fmtBytes(totalmem())],
+    ['load average at the start (1, 5, 15 min)', loadavg().map((x) => x.toFixed(2)).join(', ')],
     ['OS', `${platform()} ${release()} ${arch()}`],
     ['dsh.ts at', `${git(['rev-parse', '--short', 'HEAD'])}${dirty}`],
     ['measuring', `tinybench ${version('tinybench')}, process.hrtime, --expose-gc`],

@@ -100,7 +100,8 @@ export default async function pruner(): Promise<Section> {
     const big = rows.find((r) => r.kind === kind && r.label === '100 MiB')!
     const mid = rows.find((r) => r.kind === kind && r.label === '1 MiB')!
     const flat = big.dsh.median / small.dsh.median
-    targets.push({ name: `flat in size (${kind})`, target: '100 MiB within 2× of 10 KiB', measured: `${fmtRatio(flat)} (${fmtStats(big.dsh)} vs ${fmtStats(small.dsh)})`, met: flat <= 2 })
+    const why = small.pruned ? '' : `; the 10 KiB text is under the threshold, so that call only counts; 100 MiB vs 1 MiB: ${fmtRatio(big.dsh.median / mid.dsh.median)}`
+    targets.push({ name: `flat in size (${kind})`, target: '100 MiB within 2× of 10 KiB', measured: `${fmtRatio(flat)} (${fmtStats(big.dsh)} vs ${fmtStats(small.dsh)}${why})`, met: flat <= 2 })
     const speedup = mid.base!.median / mid.dsh.median
     targets.push({ name: `vs Array.from at 1 MiB (${kind})`, target: '≥ 100× faster', measured: fmtRatio(speedup), met: speedup >= 100 })
   }

@@ -14,6 +14,9 @@ import { ROOT, machineFacts, table, fmtTime, type Section } from './lib.ts'
 
 /** In RESULTS.md order (issue 7 numbering). */
 export const BENCHMARKS = ['pruner', 'meter', 'sse', 'bundle', 'accuracy', 'ladder'] as const
+const TITLES: Record<string, string> = {
+  pruner: 'Pruner', meter: 'Meter', sse: 'SSE parser', bundle: 'Bundle and start-up', accuracy: 'Estimate accuracy', ladder: 'The ladder on real sessions',
+}
 /** Each benchmark is designed to finish within this (issue 7); a longer run is flagged. */
 const BUDGET_MS = 60_000
 /** A benchmark process still running after this is killed and reported as failed. */
@@ -31,7 +34,7 @@ function runOne(name: string, dir: string): Section {
     section = JSON.parse(readFileSync(out, 'utf8')) as Section
   } catch {
     const why = child.error ? String(child.error.message) : child.signal ? `killed by ${child.signal}` : `exit code ${child.status}`
-    section = { id: name, title: name, status: 'failed', reason: `the benchmark process ended without a result (${why}); see its stderr`, method: '', tables: [], targets: [] }
+    section = { id: name, title: TITLES[name] ?? name, status: 'failed', reason: `the benchmark process ended without a result (${why}); see its stderr`, method: '', tables: [], targets: [] }
   }
   section.wallMs = wallMs
   return section
