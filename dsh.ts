@@ -571,7 +571,8 @@ export class MemoryStore implements LogStore {
 
 /** Checks the shape of one decoded log line; returns an error message or undefined. */
 function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined {
-  if (typeof e !== 'object' || e === null || Array.isArray(e)) return 'not a JSON object'
+  if (Array.isArray(e)) return 'a JSON array, not a dsh event {seq, type, time, data} (is this a transcript? use `dsh replay FILE`)'
+  if (typeof e !== 'object' || e === null) return 'not a JSON object'
   const { seq, type, time, data } = e as Record<string, unknown>
   if (typeof seq !== 'number' || typeof type !== 'string' || typeof time !== 'number' || typeof data !== 'object' || data === null) {
     return 'not a dsh event {seq, type, time, data} (is this a transcript? use `dsh replay FILE`)'
@@ -2615,7 +2616,9 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     if (!response.body) throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} without a body (model ${cfg.model}).`, { status: response.status, requestId })
     let sawDone = false
     let sawData = false
-    for await (const event of parseSSE(bodyChunks(response.body, controller.signal), { maxBufferSize: SSE_MAX_BUFFER_UNITS })) {
+    let bytes = 0
+    const counted = async function* (chunks: AsyncIterable<Uint8Array>) { for await (const c of chunks) { bytes += c.byteLength; yield c } }
+    for await (const event of parseSSE(counted(bodyChunks(response.body, controller.signal)), { maxBufferSize: SSE_MAX_BUFFER_UNITS })) {
       if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
       if (event.event !== 'message') continue
       sawData = true
@@ -2626,6 +2629,9 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
       for (const obj of parseChunkData(cfg, data, requestId)) acc.chunk(obj, requestId, data)
     }
     const type = response.headers.get('content-type')
+    if (!sawData && bytes === 0 && type && !/event-stream/i.test(type)) {
+      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} with an empty ${type} body (model ${cfg.model}).`, { status: response.status, requestId })
+    }
     if (!sawData && type && !/event-stream/i.test(type)) {
       throw providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${response.status} with ${type}, not an event stream (model ${cfg.model}).`, { status: response.status, requestId })
     }

@@ -1,8 +1,11 @@
 // Cross-runtime smoke test (issue 6): the one scenario of test/runtimes/scenario.mjs runs in
 // Node (dsh.ts through tsx, and dist/dsh.mjs), Deno (both), Bun (both), workerd (dist/dsh.mjs in a
 // worker) and Vercel's edge-runtime (dist/dsh.iife.js as a script), each a child process against
-// one HTTP server on 127.0.0.1. Every runtime must run every step and report the identical
-// observation, and the server must receive the identical requests from each.
+// two HTTP servers on 127.0.0.1: a small test server (echo, stream, cancellation) and the fake
+// OpenAI-compatible provider of test/fake-provider.ts, which the Agent reaches through
+// openAICompatible. Every runtime must run every step and report the identical observation, and
+// both servers must receive the identical requests from each. Also here: `dsh.ts --help` as the
+// entry point on Node, Deno and Bun (issue 6, case 4).
 // The runtimes are the exact devDependencies in package.json (TOOLCHAIN.md lists the versions).
 import { after, before, test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -14,6 +17,7 @@ import { availableParallelism, tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
 import * as dshSource from '../dsh.ts'
+import { startFakeProvider, type FakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 
 const ROOT = dirname(dirname(fileURLToPath(import.meta.url)))
 const HERE = join(ROOT, 'test', 'runtimes')
@@ -29,7 +33,7 @@ const REQUIRED_EXPORTS = [
 /** The body of GET /stream: an SSE stream, sent 7 bytes per write so UTF-8 characters split. */
 const STREAM_BODY = ': keep-alive\n\ndata: {"delta":"héllo"}\n\ndata: a😀b\n\ndata: [DONE]\n\n'
 
-interface Runner { id: string; runtime: RegExp; command: (baseURL: string) => [file: string, args: string[]] }
+interface Runner { id: string; runtime: RegExp; command: (baseURL: string, providerURL: string) => [file: string, args: string[]] }
 interface Outcome { code: number | null; stdout: string; stderr: string; ms: number }
 interface Received { method: string; path: string; contentType: string | null; body: string }
 
@@ -39,15 +43,22 @@ const dist = () => join(work, 'dist')
 const distURL = () => pathToFileURL(join(dist(), 'dsh.mjs')).href
 
 const RUNNERS: Runner[] = [
-  { id: 'node-src', runtime: /^node v/, command: (base) => [process.execPath, ['--import', 'tsx', join(HERE, 'run.mjs'), srcURL, base]] },
-  { id: 'node-dist', runtime: /^node v/, command: (base) => [process.execPath, [join(HERE, 'run.mjs'), distURL(), base]] },
+  { id: 'node-src', runtime: /^node v/, command: (base, provider) => [process.execPath, ['--import', 'tsx', join(HERE, 'run.mjs'), srcURL, base, provider]] },
+  { id: 'node-dist', runtime: /^node v/, command: (base, provider) => [process.execPath, [join(HERE, 'run.mjs'), distURL(), base, provider]] },
   // Deno: network to loopback only, and read access to the one module it imports dynamically.
-  { id: 'deno-src', runtime: /^deno 2\./, command: (base) => [join(BIN, 'deno'), ['run', '--no-prompt', '--allow-net=127.0.0.1', `--allow-read=${join(ROOT, 'dsh.ts')}`, join(HERE, 'run.mjs'), srcURL, base]] },
-  { id: 'deno-dist', runtime: /^deno 2\./, command: (base) => [join(BIN, 'deno'), ['run', '--no-prompt', '--allow-net=127.0.0.1', `--allow-read=${join(dist(), 'dsh.mjs')}`, join(HERE, 'run.mjs'), distURL(), base]] },
-  { id: 'bun-src', runtime: /^bun 1\./, command: (base) => [join(BIN, 'bun'), [join(HERE, 'run.mjs'), srcURL, base]] },
-  { id: 'bun-dist', runtime: /^bun 1\./, command: (base) => [join(BIN, 'bun'), [join(HERE, 'run.mjs'), distURL(), base]] },
-  { id: 'workerd', runtime: /^workerd$/, command: (base) => [join(BIN, 'workerd'), ['test', writeWorkerdConfig(base)]] },
-  { id: 'edge-runtime', runtime: /^edge-runtime 4\./, command: (base) => [process.execPath, [join(HERE, 'run-edge.mjs'), join(dist(), 'dsh.iife.js'), base]] },
+  { id: 'deno-src', runtime: /^deno 2\./, command: (base, provider) => [join(BIN, 'deno'), ['run', '--no-prompt', '--allow-net=127.0.0.1', `--allow-read=${join(ROOT, 'dsh.ts')}`, join(HERE, 'run.mjs'), srcURL, base, provider]] },
+  { id: 'deno-dist', runtime: /^deno 2\./, command: (base, provider) => [join(BIN, 'deno'), ['run', '--no-prompt', '--allow-net=127.0.0.1', `--allow-read=${join(dist(), 'dsh.mjs')}`, join(HERE, 'run.mjs'), distURL(), base, provider]] },
+  { id: 'bun-src', runtime: /^bun 1\./, command: (base, provider) => [join(BIN, 'bun'), [join(HERE, 'run.mjs'), srcURL, base, provider]] },
+  { id: 'bun-dist', runtime: /^bun 1\./, command: (base, provider) => [join(BIN, 'bun'), [join(HERE, 'run.mjs'), distURL(), base, provider]] },
+  { id: 'workerd', runtime: /^workerd$/, command: (base, provider) => [join(BIN, 'workerd'), ['test', writeWorkerdConfig(base, provider)]] },
+  { id: 'edge-runtime', runtime: /^edge-runtime 4\./, command: (base, provider) => [process.execPath, [join(HERE, 'run-edge.mjs'), join(dist(), 'dsh.iife.js'), base, provider]] },
+]
+
+/** Issue 6 case 4: `dsh.ts` as the entry point starts the CLI (no permissions at all on Deno). */
+const CLI_HELP_RUNS: Array<[label: string, file: string, args: string[]]> = [
+  ['Node: npx tsx dsh.ts --help', join(BIN, 'tsx'), [join(ROOT, 'dsh.ts'), '--help']],
+  ['Deno: deno run dsh.ts --help (no permissions)', join(BIN, 'deno'), ['run', '--no-prompt', join(ROOT, 'dsh.ts'), '--help']],
+  ['Bun: bun dsh.ts --help', join(BIN, 'bun'), [join(ROOT, 'dsh.ts'), '--help']],
 ]
 
 // ── Test server ─────────────────────────────────────────────────────────────────────────────────
@@ -86,7 +97,7 @@ async function handle(req: IncomingMessage, res: ServerResponse) {
 }
 
 /** workerd runs no files from disk: a config embeds the modules, copied beside it. */
-function writeWorkerdConfig(baseURL: string): string {
+function writeWorkerdConfig(baseURL: string, providerURL: string): string {
   const dir = join(work, 'workerd')
   mkdirSync(dir, { recursive: true })
   copyFileSync(join(dist(), 'dsh.mjs'), join(dir, 'dsh.mjs'))
@@ -108,7 +119,10 @@ const smoke :Workerd.Worker = (
     (name = "dsh.mjs", esModule = embed "dsh.mjs"),
     (name = "scenario.mjs", esModule = embed "scenario.mjs"),
   ],
-  bindings = [(name = "BASE_URL", text = ${JSON.stringify(baseURL)})],
+  bindings = [
+    (name = "BASE_URL", text = ${JSON.stringify(baseURL)}),
+    (name = "PROVIDER_URL", text = ${JSON.stringify(providerURL)}),
+  ],
   compatibilityDate = "2025-09-01",
   globalOutbound = "loopback",
 );
@@ -130,13 +144,19 @@ function runChild(file: string, args: string[]): Promise<Outcome> {
 
 // ── Run every runtime once (a pool as wide as the machine), then assert per runtime ─────────────
 const outcomes = new Map<string, Outcome>()
+const helpOutcomes = new Map<string, Outcome>()
 let STEP_NAMES: string[] = []
+let PROVIDER_SCRIPT: FakeReply[] = []
+let TURN_INPUTS: string[] = []
+let fake: FakeProvider
 
 before(async () => {
   work = mkdtempSync(join(tmpdir(), 'dsh-runtimes-'))
   // The scenario is plain JS without declarations: import it by URL (typed any) for its step list.
   const scenario = await import(pathToFileURL(join(HERE, 'scenario.mjs')).href)
   STEP_NAMES = scenario.STEPS.map(([name]: [string]) => name)
+  PROVIDER_SCRIPT = scenario.PROVIDER_SCRIPT
+  TURN_INPUTS = scenario.TURN_INPUTS
 
   const built = await runChild(process.execPath, [join(ROOT, 'build.mjs'), '--outdir', dist(), '--no-dts'])
   assert.equal(built.code, 0, `node build.mjs failed:\n${built.stdout}${built.stderr}`)
@@ -147,12 +167,28 @@ before(async () => {
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
   origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
 
-  const queue = [...RUNNERS]
-  const worker = async () => {
-    for (let r = queue.shift(); r; r = queue.shift()) {
-      const [file, args] = r.command(`${origin}/${r.id}`)
+  // One fake provider for all runners: each sends to its own path prefix and gets its own copy of
+  // the script, answered in order.
+  const served = new Map<string, number>()
+  fake = await startFakeProvider({
+    handler: (request: FakeRequest): FakeReply => {
+      const id = request.path.split('/')[1]
+      const index = served.get(id) ?? 0
+      served.set(id, index + 1)
+      return PROVIDER_SCRIPT[index] // undefined past the end: the fake answers 400 "script exhausted"
+    },
+  })
+
+  // The smoke runners first (the slow ones), then the CLI runs, one per free core.
+  const queue: Array<() => Promise<void>> = [
+    ...RUNNERS.map((r) => async () => {
+      const [file, args] = r.command(`${origin}/${r.id}`, `${fake.url}/${r.id}`)
       outcomes.set(r.id, await runChild(file, args))
-    }
+    }),
+    ...CLI_HELP_RUNS.map(([label, file, args]) => async () => { helpOutcomes.set(label, await runChild(file, args)) }),
+  ]
+  const worker = async () => {
+    for (let job = queue.shift(); job; job = queue.shift()) await job()
   }
   // One runtime per core; DSH_RUNTIMES_JOBS=1 runs them one after another (for timing one alone).
   const jobs = Number(process.env.DSH_RUNTIMES_JOBS) || availableParallelism()
@@ -161,7 +197,8 @@ before(async () => {
   if (process.env.DSH_RUNTIMES_VERBOSE) for (const [id, o] of outcomes) console.log(`${id}: exit ${o.code} in ${o.ms} ms`)
 })
 
-after(() => {
+after(async () => {
+  await fake?.close()
   server?.closeAllConnections()
   server?.close()
   if (work) rmSync(work, { recursive: true, force: true })
@@ -187,6 +224,25 @@ for (const r of RUNNERS) {
     assert.deepEqual(got.steps, STEP_NAMES, `${r.id} ran ${got.steps.length} of ${STEP_NAMES.length} steps`)
     assert.deepEqual(got.observation, report('node-src').observation)
     assert.deepEqual(received.get(r.id), received.get('node-src'), `requests the server received from ${r.id}`)
+    assert.deepEqual(providerRequests(r.id), providerRequests('node-src'), `requests the fake provider received from ${r.id}`)
+  })
+}
+
+/** What the fake provider received from one runner: path (prefix removed), the headers dsh sets, body. */
+function providerRequests(id: string) {
+  return fake.requests.filter((q) => q.path.startsWith(`/${id}/`)).map((q) => ({
+    path: q.path.slice(id.length + 1),
+    headers: Object.fromEntries(['content-type', 'accept', 'authorization', 'x-dsh-purpose'].map((h) => [h, q.headers[h] ?? null])),
+    body: q.body,
+  }))
+}
+
+for (const [label] of CLI_HELP_RUNS) {
+  test(`${label} prints the usage (dsh.ts as the entry point starts the CLI)`, () => {
+    const o = helpOutcomes.get(label)
+    assert.ok(o, `${label} did not run`)
+    assert.equal(o.code, 0, `${label} exited ${o.code}:\n${o.stderr}`)
+    assert.equal(o.stdout.trimEnd(), dshSource.CLI_HELP.trimEnd())
   })
 }
 
@@ -208,12 +264,7 @@ test('node-src: the reference observation holds the expected values', () => {
   // 'read it' = ⌈7/4⌉ + 8 = 10; the call: name + arguments 'read{}' = ⌈6/4⌉ + 8 = 10;
   // 'x😀' × 5000 = ⌈15000/4⌉ + 8 = 3758.
   assert.deepEqual((observation['session-memory'] as Record<string, unknown>).reloadedSurface, [[1, 'user', 10], [2, 'assistant', 10], [3, 'tool', 3758]])
-  // Two steps, one tool call; the 60,006-char result is over the prune threshold (8192 code points).
-  const agent = observation['agent-scripted'] as { result: unknown; log: string[]; requests: Array<{ purpose: string }>; prunedInSecondRequest: boolean }
-  assert.deepEqual(agent.result, { text: 'the log shows 3 errors', steps: 2, reason: 'stop' })
-  assert.deepEqual(agent.requests.map((r) => r.purpose), ['conversation', 'conversation'])
-  assert.equal(agent.prunedInSecondRequest, true)
-  assert.deepEqual(agent.log.filter((t) => t.startsWith('compaction/')), ['compaction/prune'])
+  checkAgentHTTP(observation['agent-http'] as AgentHTTP, providerRequests('node-src'))
   assert.deepEqual(observation['fetch-echo'], {
     method: 'POST', path: '/echo', contentType: 'application/json',
     body: { model: 'smoke', messages: [{ role: 'user', content: 'héllo 😀' }] },
@@ -231,3 +282,57 @@ test('every runtime exposes the DESIGN.md §9 exports', () => {
   const missing = REQUIRED_EXPORTS.filter((name) => !(report('node-src').observation.exports as string[]).includes(name))
   assert.deepEqual(missing, [])
 })
+
+interface AgentHTTP {
+  turns: Array<{ text: string; steps: number; reason: string }>
+  events: string[]
+  log: string[]
+  compactionEnds: Array<{ id: string; tokensBefore?: number; tokensAfter?: number; error?: string }>
+}
+
+/** Events of `log` from the n-th (1-based) `turn/start` up to the next one. */
+function turnEvents(log: string[], n: number): string[] {
+  const starts = log.flatMap((t, i) => (t === 'turn/start' ? [i] : []))
+  return log.slice(starts[n - 1], starts[n])
+}
+
+/**
+ * The reference values of step `agent-http` (scenario.mjs), worked from DESIGN.md §§3, 5 and the
+ * script: window 8000 tokens, pressure threshold floor(8000 × 0.8) = 6400 tokens.
+ */
+function checkAgentHTTP(agent: AgentHTTP, requests: ReturnType<typeof providerRequests>) {
+  const texts = PROVIDER_SCRIPT.map((r) => ('text' in r ? r.text : undefined))
+  assert.deepEqual(agent.turns, [
+    { text: texts[1], steps: 2, reason: 'stop' },
+    { text: texts[6], steps: 4, reason: 'stop' },
+    { text: texts[9], steps: 2, reason: 'stop' }, // step 1 overflowed, step 2 is the retry
+  ])
+  // Ten requests, in script order; summaries carry x-dsh-purpose: compaction.
+  assert.deepEqual(requests.map((q) => q.headers['x-dsh-purpose']), [null, null, null, null, null, 'compaction', null, null, 'compaction', null])
+  assert.ok(requests.every((q) => q.path === '/chat/completions' && q.headers.authorization === 'Bearer sk-test' && q.body.model === 'fake-model' && q.body.stream === true))
+  const contents = (i: number) => requests[i].body.messages.map((m: { content: unknown }) => String(m.content ?? ''))
+  const toolText = (i: number, id: string) => requests[i].body.messages.find((m: { tool_call_id?: string }) => m.tool_call_id === id)?.content as string
+  // Turn 1: the 60,006-char result (over 8192 code points) is pruned before the second request, to
+  // 4096 head + 39 marker + 1024 tail code points (all ASCII here) = 5159.
+  assert.equal(toolText(1, 'c1').length, 5159)
+  assert.ok(toolText(1, 'c1').includes(dshSource.PRUNE_MARKER))
+  assert.deepEqual(turnEvents(agent.log, 1).filter((t) => t.startsWith('compaction/')), ['compaction/prune'])
+  // Turn 2: after the third 6,008-char result the surface passes 6400 tokens; turn 1 (before the
+  // pinned input) is summarised once, and the next request starts with the checkpoint.
+  assert.deepEqual(turnEvents(agent.log, 2).filter((t) => t.startsWith('compaction/')), ['compaction/start', 'compaction/summary', 'compaction/end'])
+  assert.equal(contents(5).at(-1), dshSource.SUMMARY_INSTRUCTION)
+  assert.equal(contents(6)[0], dshSource.frameCheckpoint(texts[5]!))
+  const [pressure, overflow] = agent.compactionEnds
+  assert.ok(pressure.tokensBefore! >= 6400 && pressure.tokensAfter! < 6400, `pressure compaction ${pressure.tokensBefore} → ${pressure.tokensAfter} tokens`)
+  // Turn 3: the 400 is classified as an overflow, everything before the input is summarised, and the
+  // retried request is smaller and starts with the new checkpoint.
+  assert.deepEqual(turnEvents(agent.log, 3).filter((t) => /^(request|compaction|recovery|step)\//.test(t)), [
+    'step/start', 'request/error', 'compaction/start', 'compaction/summary', 'compaction/end', 'step/end', 'recovery/retry',
+    'step/start', 'step/end',
+  ])
+  assert.equal(contents(9)[0], dshSource.frameCheckpoint(texts[8]!))
+  assert.ok(JSON.stringify(requests[9].body).length < JSON.stringify(requests[7].body).length / 4)
+  assert.deepEqual(requests[9].body.messages.at(-1), { role: 'user', content: TURN_INPUTS[2] })
+  assert.ok(overflow.tokensAfter! < overflow.tokensBefore!)
+  assert.equal(agent.events.filter((t) => t === 'warning').length, 0)
+}

@@ -1,9 +1,16 @@
-import { VERSION, estimateTextTokens, pruneText } from './dsh.mjs'
+import { Agent, Session, openAICompatible } from './dsh.mjs'
+
+const add = {
+  name: 'add', description: 'adds two numbers',
+  parameters: { type: 'object', properties: { a: { type: 'number' }, b: { type: 'number' } }, required: ['a', 'b'] },
+  execute: ({ a, b }) => String(a + b),
+}
 
 export default {
-  async fetch(request) {
-    const output = 'line\n'.repeat(5000)
-    const kept = pruneText(output)
-    return Response.json({ version: VERSION, before: estimateTextTokens(output), after: estimateTextTokens(kept) })
+  async fetch(request, env) {
+    const provider = openAICompatible({ baseURL: env.MODEL_URL, model: 'local-model', contextWindow: 32_768 })
+    const agent = new Agent({ session: await Session.open(), provider, tools: [add] })
+    const { text, steps } = await agent.run('What is 2 + 3? Use the add tool.')
+    return Response.json({ text, steps })
   },
 }

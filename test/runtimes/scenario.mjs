@@ -1,21 +1,45 @@
 // The cross-runtime smoke scenario (issue 6). Plain ESM with no imports, so it runs unchanged in
 // Node, Deno, Bun, workerd and — bundled to a script by run-edge.mjs — Vercel's edge-runtime.
 //
-// Each runtime's runner calls `run(dsh, baseURL)` with the dsh namespace (dsh.ts, dist/dsh.mjs or
-// the IIFE global `DSH`) and the base URL of the test server on 127.0.0.1 (a path prefix naming the
-// runner, so the server can tell the runs apart). `run` returns `{ steps, observation }`: the names
+// Each runtime's runner calls `run(dsh, baseURL, providerURL)` with the dsh namespace (dsh.ts,
+// dist/dsh.mjs or the IIFE global `DSH`), the base URL of the test server and that of the fake
+// OpenAI-compatible server (test/fake-provider.ts), both on 127.0.0.1 and ending in a path prefix
+// naming the runner, so the servers can tell the runs apart. `run` returns `{ steps, observation }`: the names
 // of the steps it ran and one JSON value per step. test/runtimes.test.ts asserts that every runtime
 // ran exactly the steps of STEPS and produced the identical observation.
 //
 // To grow the scenario, add one entry to STEPS. A step receives (dsh, ctx) and returns a JSON value
 // that is the same on every runtime (no timings, no runtime names, no chunk counts); it throws to
-// fail the run. ctx: { baseURL, post(path, json) → parsed JSON reply }.
+// fail the run. ctx: { baseURL, providerURL, post(path, json) → parsed JSON reply }.
 //
 // The test server (test/runtimes.test.ts) answers, under the base URL:
 //   POST /echo    → { method, path, contentType, body } of the request it received (JSON)
 //   GET  /stream  → text/event-stream in several writes, one UTF-8 character split across two
 //   GET  /hang    → never answers, not even headers (for cancellation)
 //   GET  /stall   → headers and one chunk `data: partial\n\n`, then nothing (for cancellation)
+
+/** The user inputs of the three turns of step `agent-http`. */
+export const TURN_INPUTS = ['summarise the log', 'read parts 1 to 3', 'answer now']
+
+/** DeepSeek's answer to a request over the context window (HTTP 400), as recorded in issue 3. */
+const DEEPSEEK_OVERFLOW = { error: { message: "This model's maximum context length is 65536 tokens. However, you requested 70411 tokens (62219 in the messages, 8192 in the completion). Please reduce the length of the messages or completion.", type: 'invalid_request_error', param: null, code: 'invalid_request_error' } }
+
+/**
+ * What test/fake-provider.ts answers to step `agent-http`, in order (reply shapes: the fake's
+ * header). Summary requests (`x-dsh-purpose: compaction`) take their turn in the same list.
+ */
+export const PROVIDER_SCRIPT = [
+  { toolCalls: [{ id: 'c1', name: 'read_log', arguments: { part: 0 } }] }, // turn 1, step 1
+  { text: 'the log shows 3 errors' }, //                                       turn 1, step 2 (result pruned)
+  { toolCalls: [{ id: 'c2', name: 'read_log', arguments: { part: 1 } }] }, // turn 2
+  { toolCalls: [{ id: 'c3', name: 'read_log', arguments: { part: 2 } }] },
+  { toolCalls: [{ id: 'c4', name: 'read_log', arguments: { part: 3 } }] },
+  { text: 'CHECKPOINT one: the log shows 3 errors.' }, //                      pressure summary of turn 1
+  { text: 'parts 1 to 3 are clean' },
+  { status: 400, body: DEEPSEEK_OVERFLOW }, //                                 turn 3, step 1: overflow
+  { text: 'CHECKPOINT two: 3 errors; parts 1 to 3 clean.' }, //               overflow summary
+  { text: 'recovered: 3 errors in part 0' }, //                                turn 3, step 2 (the retry)
+]
 
 /** @type {Array<[name: string, step: (dsh: any, ctx: any) => unknown]>} */
 export const STEPS = [
@@ -85,34 +109,32 @@ export const STEPS = [
     }
   }],
 
-  // The Agent loop and the ladder's prune rung (DESIGN.md §§5, 7) with an in-process scripted
-  // provider: a two-step turn whose 60 KB tool result is pruned before the second request.
-  // (The HTTP provider against test/fake-provider.ts replaces this provider when it lands.)
-  ['agent-scripted', async (dsh) => {
-    const replies = [
-      { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'read_log', arguments: '{}' }] }, finishReason: 'tool_calls' },
-      { message: { role: 'assistant', content: [{ type: 'text', text: 'the log shows 3 errors' }] }, finishReason: 'stop' },
-    ]
-    const requests = []
-    const provider = {
-      model: 'scripted', baseURL: 'memory://scripted', contextWindow: 16_000, maxTokens: 1000,
-      async complete(req) {
-        requests.push({ purpose: req.headers?.['x-dsh-purpose'] ?? 'conversation', messages: JSON.parse(JSON.stringify(req.messages)) })
-        return JSON.parse(JSON.stringify(replies[requests.length - 1]))
-      },
+  // The Agent loop and the whole ladder (DESIGN.md §§5–7) over real HTTP to test/fake-provider.ts,
+  // through openAICompatible at a context window of 8000 tokens (pressure threshold 6400):
+  //   turn 1  a two-step turn whose 60 KB tool result is pruned before the second request;
+  //   turn 2  three more tool results push the surface over the threshold: turn 1 is summarised;
+  //   turn 3  the server answers 400 with DeepSeek's overflow wording once: the ladder summarises
+  //           what precedes the input and the step is retried.
+  // The fake answers PROVIDER_SCRIPT in order (one list per runner); the test compares the request
+  // bodies it received from every runtime.
+  ['agent-http', async (dsh, ctx) => {
+    const provider = dsh.openAICompatible({ baseURL: ctx.providerURL, model: 'fake-model', apiKey: 'sk-test', contextWindow: 8000, maxRetries: 0 })
+    const readLog = {
+      name: 'read_log', description: 'returns one part of the log',
+      parameters: { type: 'object', properties: { part: { type: 'integer' } }, required: ['part'] },
+      execute: ({ part }) => (part === 0 ? 'log line\n'.repeat(6_667) + 'end' : `part ${part}: ` + 'ok\n'.repeat(2_000)),
     }
-    const readLog = { name: 'read_log', description: 'returns the log', parameters: { type: 'object' }, execute: () => 'log line\n'.repeat(6_667) + 'end' }
     const session = await dsh.Session.open(new dsh.MemoryStore(), { id: 'smoke', now: () => 1000 })
     const events = []
-    const agent = new dsh.Agent({ session, provider, tools: [readLog], onEvent: (e) => events.push(e.type === 'log' ? e.event.type : e.type) })
-    const result = await agent.run('summarise the log')
-    return {
-      result: { text: result.text, steps: result.steps, reason: result.reason },
-      events,
-      log: session.events.map((e) => e.type),
-      requests: requests.map((r) => ({ purpose: r.purpose, messages: r.messages.map((m) => [m.role, JSON.stringify(m.content).length]) })),
-      prunedInSecondRequest: JSON.stringify(requests[1]?.messages ?? []).includes(JSON.stringify(dsh.PRUNE_MARKER).slice(1, -1)),
+    const onEvent = (e) => events.push(e.type === 'log' ? e.event.type : e.type === 'stream' ? `stream:${e.event.type}` : e.type)
+    const agent = new dsh.Agent({ session, provider, tools: [readLog], onEvent })
+    const turns = []
+    for (const input of TURN_INPUTS) {
+      const r = await agent.run(input)
+      turns.push({ text: r.text, steps: r.steps, reason: r.reason })
     }
+    const compactionEnds = session.events.filter((e) => e.type === 'compaction/end').map((e) => e.data)
+    return { turns, events, log: session.events.map((e) => e.type), compactionEnds, surfaceTokens: session.measure().totalTokens }
   }],
 
   // Loopback networking: a JSON POST reaches the test server and its reply comes back.
@@ -145,9 +167,10 @@ export const STEPS = [
 ]
 
 /** Runs every step in order; rejects naming the step that threw. */
-export async function run(dsh, baseURL) {
+export async function run(dsh, baseURL, providerURL) {
   const ctx = {
     baseURL,
+    providerURL,
     async post(path, json) {
       const res = await fetch(baseURL + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(json) })
       if (!res.ok) throw new Error(`POST ${path}: HTTP ${res.status}`)

@@ -1,0 +1,77 @@
+/**
+ * test/crash-driver.ts — a child process for the crash-safety test (test/reliability.test.ts).
+ *
+ *   node --import tsx test/crash-driver.ts --session FILE --url URL [--chunky]
+ *
+ * Opens (and so resumes) the session in FILE on a FileStore, then runs turns forever against the
+ * fake provider at URL, until the parent kills it with SIGKILL. Tools that sleep and tools with
+ * large outputs, a small context window and a small prune config make every kind of moment likely:
+ * mid-append, mid-stream, mid-tool, mid-compaction.
+ *
+ * Stdout (written synchronously, so a line is out before any kill):
+ *   `ready N`   the session is open; N events are in the log
+ *   `synced N`  a sync (fsync) completed with N events in the file
+ *   `at PHASE`  the driver entered PHASE: stream, tool, compaction, idle (on each change)
+ * `--chunky` writes each append in three pieces with pauses between them (a slow disk), so that a
+ * kill can leave a torn last line.
+ */
+import { writeSync } from 'node:fs'
+import { open } from 'node:fs/promises'
+import { Agent, FileStore, Session, openAICompatible, type LoadedLog, type SessionEvent, type Tool } from '../dsh.ts'
+
+const args = process.argv.slice(2)
+const flag = (name: string): string | undefined => { const i = args.indexOf(name); return i >= 0 ? args[i + 1] : undefined }
+const file = flag('--session')!
+const url = flag('--url')!
+const chunky = args.includes('--chunky')
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+const say = (line: string): void => { writeSync(1, line + '\n') }
+
+/** A FileStore that reports every completed sync with the number of events in the file. */
+class ReportingStore extends FileStore {
+  count = 0
+  async load(): Promise<LoadedLog> { const l = await super.load(); this.count = l.events.length; return l }
+  async append(events: readonly SessionEvent[]): Promise<void> { await super.append(events); this.count += events.length }
+  async sync(): Promise<void> { await super.sync(); say(`synced ${this.count}`) }
+}
+
+/** Writes each batch in three pieces with pauses: a kill between them tears the last line. */
+class ChunkyStore extends ReportingStore {
+  private fh?: Awaited<ReturnType<typeof open>>
+  async append(events: readonly SessionEvent[]): Promise<void> {
+    if (events.length === 0) return
+    this.fh ??= await open(this.path, 'a')
+    const text = events.map((e) => JSON.stringify(e) + '\n').join('')
+    const a = Math.floor(text.length / 3), b = Math.floor((2 * text.length) / 3)
+    for (const piece of [text.slice(0, a), text.slice(a, b), text.slice(b)]) { await this.fh.write(piece); await sleep(3) }
+    this.count += events.length
+  }
+  async sync(): Promise<void> { await this.fh?.sync(); say(`synced ${this.count}`) }
+}
+
+const store = chunky ? new ChunkyStore(file) : new ReportingStore(file)
+const session = await Session.open(store)
+say(`ready ${session.events.length}`)
+
+const tools: Tool[] = [
+  { name: 'nap', description: 'sleeps ms milliseconds', parameters: { type: 'object' }, execute: async (a: { ms: number }) => { await sleep(a.ms); return `slept ${a.ms} ms` } },
+  { name: 'dump', description: 'returns n characters', parameters: { type: 'object' }, execute: (a: { n: number }) => `dump ${a.n}\n` + 'abcdefghij\n'.repeat(Math.ceil(a.n / 11)) },
+]
+const provider = openAICompatible({ baseURL: url, model: 'fake-model', apiKey: 'sk-crash-driver', contextWindow: 4_000, headers: { 'x-lane': 'child' }, retryBaseMs: 1, retryMaxMs: 5 })
+let phase = ''
+const enter = (p: string): void => { if (p !== phase) { phase = p; say(`at ${p}`) } }
+const agent = new Agent({
+  session, provider, tools, prune: { thresholdChars: 2_000, headChars: 800, tailChars: 400 },
+  onEvent: (e) => {
+    if (e.type === 'stream') enter(phase === 'compaction' ? 'compaction' : 'stream')
+    else if (e.type === 'log') {
+      const t = e.event.type
+      if (t === 'tool/call') enter('tool')
+      else if (t === 'compaction/start') enter('compaction')
+      else if (t === 'tool/result' || t === 'compaction/end' || t === 'assistant/message' || t === 'step/end') enter('idle')
+    }
+  },
+})
+for (let i = 0; ; i++) {
+  try { await agent.run(`task ${i}: use the tools`) } catch (err) { say(`error ${(err as Error).message.slice(0, 200)}`) }
+}

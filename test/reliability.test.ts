@@ -1,0 +1,551 @@
+// Reliability under faults and bad input (issue 8): crash safety with SIGKILL, a fault-injecting
+// provider, bad input over HTTP, secrets, and property tests (fast-check). Seeded throughout.
+// `DSH_STRESS=1` (npm run test:stress) runs the long variants.
+import { test, describe, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { spawn } from 'node:child_process'
+import { mkdtempSync, readFileSync, writeFileSync, statSync, readdirSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join, dirname } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import fc from 'fast-check'
+import {
+  pruneText, codePointLength, parseSSE, classifyProviderError, PRUNE_MARKER,
+  Agent, FileStore, MemoryStore, Session, SessionError, ProviderError, openAICompatible,
+  type Tool, type ToolResultMessage,
+} from '../dsh.ts'
+import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+
+const HERE = dirname(fileURLToPath(import.meta.url))
+const ROOT = join(HERE, '..')
+const STRESS = process.env.DSH_STRESS === '1'
+/** tsx by URL: a child started in another directory cannot resolve the bare name. */
+const TSX = import.meta.resolve('tsx')
+const WORK = mkdtempSync(join(tmpdir(), 'dsh-reliability-'))
+after(() => rmSync(WORK, { recursive: true, force: true }))
+
+/** mulberry32: a small seeded PRNG in [0, 1). */
+function rng(seed: number): () => number {
+  let a = seed >>> 0
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+
+/** Throws unless every tool call in a wire request has exactly one result, and every result its call (by id). */
+function assertWirePaired(body: any, where: string): void {
+  const open = new Set<string>(), seen = new Set<string>()
+  for (const m of body.messages ?? []) {
+    if (m.role === 'assistant') for (const c of m.tool_calls ?? []) {
+      assert.ok(typeof c.id === 'string' && c.id !== '', `${where}: a tool call without an id`)
+      assert.ok(!seen.has(c.id), `${where}: tool call id ${c.id} twice`)
+      seen.add(c.id); open.add(c.id)
+    }
+    if (m.role === 'tool') {
+      assert.ok(open.has(m.tool_call_id), `${where}: a result for ${m.tool_call_id} without its call`)
+      open.delete(m.tool_call_id)
+    }
+  }
+  assert.deepEqual([...open], [], `${where}: tool call(s) without a result`)
+}
+
+/** A tool with a description and an open parameter schema. */
+const tool = (name: string, execute: Tool['execute']): Tool => ({ name, description: `test tool ${name}`, parameters: { type: 'object' }, execute })
+
+/** Guards a promise against a hang. */
+function within<T>(ms: number, p: Promise<T>, what: string): Promise<T> {
+  let timer: NodeJS.Timeout
+  return Promise.race([p, new Promise<T>((_, reject) => { timer = setTimeout(() => reject(new Error(`hang: ${what} did not end within ${ms} ms`)), ms) })]).finally(() => clearTimeout(timer))
+}
+
+// ── 1. Crash safety ────────────────────────────────────────────────────────────────────────────
+
+describe('crash safety (SIGKILL at seeded moments)', () => {
+  const LANES = 4
+  const KILLS = STRESS ? 250 : 100
+  test(`${KILLS} kills: the log loads, nothing synced is lost, resume repairs, the next turn is valid`, { timeout: STRESS ? 900_000 : 240_000 }, async () => {
+    let callId = 0
+    const pick = rng(8001)
+    const handler = (req: FakeRequest): FakeReply => {
+      const check = req.headers['x-lane'] === 'check'
+      if (req.headers['x-dsh-purpose'] === 'compaction') {
+        return { text: 'CHECKPOINT: the tasks ran the tools nap and dump; all results were fine; continue with the next task.', deltaSize: 4, delayMs: check ? 0 : 30 }
+      }
+      const last = req.body.messages.at(-1)
+      if (last?.role === 'tool' && (check || pick() < 0.4)) return { text: 'done with this task, moving on', deltaSize: 3, delayMs: check ? 0 : Math.floor(pick() * 25) }
+      const id = `c${++callId}`
+      if (check) return { toolCalls: [{ id, name: 'nap', arguments: { ms: 0 } }] }
+      const call = pick() < 0.4 ? { id, name: 'dump', arguments: { n: 3_000 + Math.floor(pick() * 9_000) } } : { id, name: 'nap', arguments: { ms: 20 + Math.floor(pick() * 300) } }
+      return { text: 'working on it, calling a tool now', deltaSize: 3, delayMs: Math.floor(pick() * 20), toolCalls: [call] }
+    }
+    const fake = await startFakeProvider({ handler })
+    const checkTools: Tool[] = [
+      tool('nap', () => 'slept 0 ms'),
+      tool('dump', () => 'dump'),
+    ]
+    const points = new Map<string, number>()
+    const seen = new Set<string>()
+    let survived = 0, torn = 0, repairedCalls = 0
+    try {
+      const lane = async (n: number): Promise<void> => {
+        const file = join(WORK, `crash-${n}.jsonl`)
+        const delay = rng(9000 + n)
+        for (let k = 0; k < KILLS / LANES; k++) {
+          const args = ['--import', 'tsx', join(HERE, 'crash-driver.ts'), '--session', file, '--url', fake.url, ...(n % 2 ? ['--chunky'] : [])]
+          const child = spawn(process.execPath, args, { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] })
+          let out = '', err = ''
+          child.stdout.on('data', (d) => { out += d })
+          child.stderr.on('data', (d) => { err += d })
+          const exited = new Promise<void>((resolve) => child.on('exit', () => resolve()))
+          const started = Date.now()
+          while (!/^ready /m.test(out)) {
+            if (child.exitCode !== null || Date.now() - started > 30_000) assert.fail(`lane ${n} kill ${k}: the driver did not start: ${err}`)
+            await sleep(10)
+          }
+          await sleep(Math.floor(delay() * 1_200))
+          child.kill('SIGKILL')
+          await exited
+          assert.doesNotMatch(out, /^error /m, `lane ${n} kill ${k}: a turn failed in the driver: ${out}`)
+          const synced = Math.max(0, ...[...out.matchAll(/^synced (\d+)$/gm)].map((m) => Number(m[1])))
+
+          // The log loads; a torn last line is dropped and reported.
+          const raw = readFileSync(file, 'utf8')
+          const lastLine = raw.slice(raw.lastIndexOf('\n') + 1)
+          let tornExpected = false
+          if (lastLine !== '') try { JSON.parse(lastLine) } catch { tornExpected = true }
+          const loaded = await Session.load(new FileStore(file))
+          if (tornExpected) {
+            torn++
+            assert.ok(loaded.torn, `lane ${n} kill ${k}: a torn last line must be reported`)
+            assert.equal(loaded.torn!.line, raw.split('\n').length)
+            assert.equal(readFileSync(loaded.torn!.savedTo!, 'utf8'), lastLine)
+          } else assert.equal(loaded.torn, undefined)
+          // Every event up to the last completed sync (a step boundary) is there.
+          assert.ok(loaded.events.length >= synced, `lane ${n} kill ${k}: ${synced} events were synced, ${loaded.events.length} loaded`)
+          const openCalls = loaded.openToolCalls()
+          const phase = [...out.matchAll(/^at (\w+)$/gm)].at(-1)?.[1] ?? 'idle'
+          const kind = tornExpected ? 'mid-append' : phase === 'idle' ? 'between' : `mid-${phase}`
+          points.set(kind, (points.get(kind) ?? 0) + 1)
+          const point = `${n}:${loaded.events.length}:${loaded.torn?.bytes ?? 0}`
+          assert.ok(!seen.has(point), `lane ${n} kill ${k}: the same point twice (${point})`)
+          seen.add(point)
+
+          // Resume repairs the open turn.
+          const store = new FileStore(file)
+          const session = await Session.open(store)
+          assert.equal(session.turn.open, false)
+          assert.deepEqual(session.openToolCalls(), [])
+          assert.equal(session.openCompaction, undefined)
+          const resumeAt = session.events.findLastIndex((e) => e.type === 'session/resume')
+          assert.ok(resumeAt >= loaded.events.length)
+          for (const id of openCalls) {
+            const r = session.events.slice(resumeAt).find((e) => e.type === 'tool/result' && (e.data as any).message.toolCallId === id)!
+            assert.equal((r.data as any).message.metadata.code, loaded.wasDispatched(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED')
+            repairedCalls++
+          }
+          // The next request is valid: a real turn with a tool call completes against the fake.
+          const before = fake.requests.length
+          const provider = openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-check', contextWindow: 4_000, headers: { 'x-lane': 'check' }, retryBaseMs: 1, retryMaxMs: 5 })
+          const agent = new Agent({ session, provider, tools: checkTools, prune: { thresholdChars: 2_000, headChars: 800, tailChars: 400 } })
+          const result = await within(20_000, agent.run('check turn'), 'the check turn')
+          assert.equal(result.reason, 'stop')
+          const mine = fake.requests.slice(before).filter((r) => r.headers['x-lane'] === 'check')
+          assert.ok(mine.length >= 2)
+          for (const r of mine) assertWirePaired(r.body, `lane ${n} kill ${k}`)
+          await store.close()
+          const again = await Session.load(new FileStore(file))
+          assert.deepEqual(again.messages(), session.messages())
+          survived++
+        }
+      }
+      await Promise.all(Array.from({ length: LANES }, (_, n) => lane(n)))
+      for (const [i, r] of fake.requests.entries()) assertWirePaired(r.body, `request ${i}`)
+    } finally { await fake.close() }
+    console.log(`crash safety: ${survived} kills survived (${[...points].map(([k, v]) => `${k} ${v}`).join(', ')}; ${torn} torn lines dropped, ${repairedCalls} open tool calls repaired)`)
+    assert.equal(survived, KILLS)
+    for (const kind of ['mid-append', 'mid-stream', 'mid-tool']) assert.ok(points.get(kind), `no kill landed ${kind}`)
+  })
+})
+
+// ── 2. Fault-injecting provider ────────────────────────────────────────────────────────────────
+
+const OVERFLOW_TEXT = "This model's maximum context length is 8000 tokens. However, you requested 9100 tokens (8100 in the messages, 1000 in the completion). Please reduce the length of the messages or completion."
+const HTML_502 = '<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx/1.25.3</center>\r\n</body>\r\n</html>\r\n'
+type FaultKind = 'ok-text' | 'ok-tool' | '429' | '500' | '503' | 'disconnect' | 'in-band' | 'no-done' | 'html-502' | 'overflow'
+/** The code each fault must reach the caller with, and the provider text the error must carry. */
+const FAULTS: Record<FaultKind, { weight: number; code?: string; text?: (n: number) => string }> = {
+  'ok-text': { weight: 30 },
+  'ok-tool': { weight: 22 },
+  '429': { weight: 8, code: 'RATE_LIMIT', text: (n) => `Rate limit reached for requests per min (fault ${n})` },
+  '500': { weight: 5, code: 'SERVER', text: (n) => `The server had an error while processing your request (fault ${n})` },
+  '503': { weight: 5, code: 'SERVER', text: (n) => `Service is temporarily unavailable: overloaded (fault ${n})` },
+  'disconnect': { weight: 6, code: 'TRANSPORT' },
+  'in-band': { weight: 6, code: 'SERVER', text: (n) => `upstream model worker failed mid-generation (fault ${n})` },
+  'no-done': { weight: 6, code: 'TRANSPORT' },
+  'html-502': { weight: 6, code: 'SERVER', text: () => '502 Bad Gateway' },
+  'overflow': { weight: 6, code: 'CONTEXT_WINDOW_EXCEEDED', text: () => OVERFLOW_TEXT },
+}
+
+describe('fault-injecting provider', () => {
+  const TURNS = STRESS ? 2_500 : 500
+  test(`${TURNS} seeded turns over a random mix of faults: every turn ends, requests stay paired, errors stay original`, { timeout: STRESS ? 900_000 : 180_000 }, async () => {
+    const pick = rng(2026)
+    const kinds = Object.keys(FAULTS) as FaultKind[]
+    const total = kinds.reduce((s, k) => s + FAULTS[k].weight, 0)
+    const choose = (): FaultKind => { let r = pick() * total; for (const k of kinds) { r -= FAULTS[k].weight; if (r < 0) return k } return 'ok-text' }
+    let lastKind = 'ok-text' as FaultKind, lastN = 0, n = 0, callId = 0
+    const handler = (req: FakeRequest): FakeReply => {
+      n++
+      if (req.headers['x-dsh-purpose'] === 'compaction') {
+        return pick() < 0.8 ? { text: `CHECKPOINT ${n}: echo calls ran; continue.` } : { status: 500, body: { error: { message: `summariser failed (fault ${n})` } } }
+      }
+      const kind = choose()
+      lastKind = kind; lastN = n
+      const text = FAULTS[kind].text?.(n) ?? ''
+      switch (kind) {
+        case 'ok-text': return { text: `answer ${n}` }
+        case 'ok-tool': return { text: 'calling', toolCalls: [{ id: `f${++callId}`, name: 'echo', arguments: { n } }] }
+        case '429': return { status: 429, body: { error: { message: text, type: 'rate_limit_error', code: 'rate_limit_exceeded' } }, headers: { 'retry-after': '1' } }
+        case '500': return { status: 500, body: { error: { message: text, type: 'server_error' } } }
+        case '503': return { status: 503, body: { error: { message: text, type: 'server_error' } } }
+        case 'disconnect': return { text: `partial ${n}`, fault: 'disconnect' }
+        case 'in-band': return { fault: 'in-band-error', error: { message: text, type: 'server_error' }, text: 'so far' }
+        case 'no-done': return { text: `cut ${n}`, fault: 'no-done' }
+        case 'html-502': return { status: 502, body: HTML_502, headers: { 'content-type': 'text/html' } }
+        case 'overflow': return { status: 400, body: { error: { message: text, type: 'invalid_request_error', code: 'context_length_exceeded' } } }
+      }
+    }
+    const fake = await startFakeProvider({ handler })
+    const tools: Tool[] = [tool('echo', (a: { n: number }) => `echo ${a.n}: ` + 'result line\n'.repeat(150))]
+    const provider = openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-faults', contextWindow: 8_000, maxTokens: 1_000, maxRetries: 2, retryBaseMs: 1, retryMaxMs: 5 })
+    const outcomes = new Map<string, number>()
+    let retries = 0
+    let session!: Session, agent!: Agent, file = ''
+    try {
+      for (let t = 0; t < TURNS; t++) {
+        if (t % 25 === 0) {
+          if (session) await session.store.close?.()
+          file = join(WORK, `faults-${t}.jsonl`)
+          session = await Session.open(new FileStore(file))
+          agent = new Agent({ session, provider, tools, maxSteps: 8, prune: { thresholdChars: 1_000, headChars: 300, tailChars: 200 } })
+        }
+        const before = fake.requests.length, seqBefore = session.seq
+        let outcome: string
+        try {
+          const r = await within(15_000, agent.run(`turn ${t}`), `turn ${t}`)
+          assert.ok(['stop', 'length', 'max-steps'].includes(r.reason), `turn ${t}: reason ${r.reason}`)
+          outcome = r.reason
+        } catch (err) {
+          assert.ok(err instanceof ProviderError, `turn ${t}: not a typed error: ${err}`)
+          const expected: { code?: string; text?: (n: number) => string } = FAULTS[lastKind as FaultKind]
+          assert.equal(err.code, expected.code, `turn ${t}: the last reply was ${lastKind}, the caller got ${err.code}: ${err.message}`)
+          const original = expected.text?.(lastN)
+          if (original) assert.ok(err.message.includes(original) || String(err.body ?? '').includes(original), `turn ${t}: ${lastKind}: the provider's text is lost: ${err.message}`)
+          if (lastKind === 'html-502') assert.equal(err.status, 502)
+          outcome = err.code
+        }
+        outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1)
+        for (const r of fake.requests.slice(before)) assertWirePaired(r.body, `turn ${t}`)
+        for (const e of session.events.slice(seqBefore)) if (e.type === 'recovery/retry') {
+          const d = e.data as { generationBefore: number; generationAfter: number }
+          assert.ok(d.generationAfter > d.generationBefore, `turn ${t}: an overflow retry without a generation change`)
+          retries++
+        }
+        assert.equal(session.turn.open, false)
+        assert.deepEqual((await Session.load(new FileStore(file))).messages(), session.messages(), `turn ${t}: the log does not reload to the same surface`)
+      }
+    } finally { await session?.store.close?.(); await fake.close() }
+    console.log(`fault-injecting provider: ${TURNS} turns survived over ${fake.requests.length} requests (${[...outcomes].map(([k, v]) => `${k} ${v}`).join(', ')}; ${retries} overflow recoveries)`)
+    assert.ok(retries > 0, 'no overflow recovery happened')
+    for (const code of ['stop', 'RATE_LIMIT', 'SERVER', 'TRANSPORT', 'CONTEXT_WINDOW_EXCEEDED']) assert.ok(outcomes.get(code), `no turn ended with ${code}`)
+  })
+})
+
+// ── 4. Bad input, over HTTP ────────────────────────────────────────────────────────────────────
+
+/** Runs one turn on a FileStore session against a scripted fake; returns what happened. */
+async function turnOverHTTP(name: string, script: FakeReply[], tools: Tool[] = []) {
+  const fake = await startFakeProvider({ script })
+  const file = join(WORK, `bad-${name}.jsonl`)
+  const session = await Session.open(new FileStore(file))
+  const provider = openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-bad', contextWindow: 64_000, maxRetries: 0 })
+  const agent = new Agent({ session, provider, tools })
+  let error: unknown, reason: string | undefined
+  try { reason = (await within(60_000, agent.run(`bad input: ${name}`), name)).reason } catch (err) { error = err }
+  await session.store.close?.()
+  await fake.close()
+  const results = session.events.filter((e) => e.type === 'tool/result').map((e) => e.data as { message: ToolResultMessage; spilled?: { ref: string; bytes: number } })
+  for (const [i, r] of fake.requests.entries()) assertWirePaired(r.body, `${name} request ${i}`)
+  return { fake, session, file, error, reason, results }
+}
+const echo: Tool = tool('echo', (a: unknown) => JSON.stringify(a))
+
+describe('bad input (over HTTP)', () => {
+  const toolCases: { name: string; call: { id?: string; name: string; arguments: string | Record<string, unknown> }; tool?: Tool; code: string; text: RegExp }[] = [
+    { name: 'arguments that are not JSON', call: { id: 'b1', name: 'echo', arguments: '{"path": "a.txt",,' }, code: 'TOOL_BAD_ARGUMENTS', text: /arguments of echo are not valid JSON/ },
+    { name: 'a tool that throws', call: { id: 'b2', name: 'boom', arguments: {} }, tool: tool('boom', () => { throw new Error('disk on fire') }), code: 'TOOL_ERROR', text: /tool boom failed: disk on fire/ },
+    { name: 'a tool that returns a non-string', call: { id: 'b3', name: 'num', arguments: {} }, tool: tool('num', () => 42 as any), code: 'TOOL_BAD_OUTPUT', text: /tool num returned number/ },
+    { name: 'an unknown tool', call: { id: 'b4', name: 'rm_rf', arguments: {} }, code: 'TOOL_UNKNOWN', text: /unknown tool "rm_rf"; available tools: echo/ },
+  ]
+  for (const c of toolCases) test(`${c.name} → an error result (${c.code}) for the model; the turn completes`, async () => {
+    const r = await turnOverHTTP(c.code, [{ toolCalls: [c.call] }, { text: 'understood' }], [echo, ...(c.tool ? [c.tool] : [])])
+    assert.equal(r.error, undefined)
+    assert.equal(r.reason, 'stop')
+    assert.equal(r.results.length, 1)
+    assert.equal(r.results[0].message.isError, true)
+    assert.equal((r.results[0].message.metadata as any).code, c.code)
+    const wire = r.fake.requests[1].body.messages.at(-1)
+    assert.equal(wire.role, 'tool')
+    assert.equal(wire.tool_call_id, c.call.id)
+    assert.match(wire.content, c.text)
+  })
+
+  test('a tool call without an id gets one; its result is sent with the same id', async () => {
+    const r = await turnOverHTTP('no-id', [{ toolCalls: [{ name: 'echo', arguments: { a: 1 } }] }, { text: 'ok' }], [echo])
+    assert.equal(r.reason, 'stop')
+    const sent = r.fake.requests[1].body.messages
+    const id = sent.at(-2).tool_calls[0].id
+    assert.ok(typeof id === 'string' && id.length > 0)
+    assert.equal(sent.at(-1).tool_call_id, id)
+    assert.equal(sent.at(-1).content, '{"a":1}')
+  })
+
+  test('lone surrogates in a tool output: U+FFFD on the wire, the original in the log', async () => {
+    const text = 'left \uD800 middle \uDC00 right \uD83D\uDE00'
+    const r = await turnOverHTTP('surrogates', [{ toolCalls: [{ id: 's1', name: 'raw', arguments: {} }] }, { text: 'ok' }], [tool('raw', () => text)])
+    assert.equal(r.reason, 'stop')
+    const wire = r.fake.requests[1]
+    assert.equal(wire.body.messages.at(-1).content, 'left \uFFFD middle \uFFFD right \uD83D\uDE00')
+    assert.doesNotMatch(wire.rawBody, /\\ud800|\\udc00/i)
+    const reloaded = await Session.load(new FileStore(r.file))
+    const logged = reloaded.events.find((e) => e.type === 'tool/result')!.data as { message: ToolResultMessage }
+    assert.equal((logged.message.content[0] as any).text, text)
+  })
+
+  test('a 100 MB tool output is spilled to the store\'s artefacts, not held in the request', { timeout: 120_000 }, async () => {
+    const SIZE = 100_000_000
+    const huge = () => 'HEAD-OF-OUTPUT ' + 'x'.repeat(SIZE - 30) + ' END-OF-OUTPUT'
+    const r = await turnOverHTTP('huge', [{ toolCalls: [{ id: 'h1', name: 'huge', arguments: {} }] }, { text: 'ok' }], [tool('huge', huge)])
+    assert.equal(r.reason, 'stop')
+    const spilled = r.results[0].spilled!
+    assert.equal(spilled.bytes, SIZE - 1)
+    assert.equal(statSync(spilled.ref).size, SIZE - 1)
+    const body = r.fake.requests[1].rawBody
+    assert.ok(body.length < 64_000, `the request body is ${body.length} chars`)
+    assert.match(body, /HEAD-OF-OUTPUT/)
+    assert.match(body, /END-OF-OUTPUT/)
+    assert.ok(body.includes(`all ${SIZE - 1} bytes are stored at`))
+    assert.ok(statSync(r.file).size < 64_000, 'the log holds the preview, not the output')
+  })
+
+  const bodyCases: { name: string; reply: FakeReply; code: string }[] = [
+    { name: 'an empty 200 body', reply: { status: 200, body: '' }, code: 'EMPTY_RESPONSE' },
+    { name: 'a 200 body that is not JSON', reply: { status: 200, body: 'Welcome to nginx! this is not JSON', headers: { 'content-type': 'application/json' } }, code: 'MALFORMED_RESPONSE' },
+  ]
+  for (const c of bodyCases) test(`${c.name} → ProviderError ${c.code}; the turn ends with reason error`, async () => {
+    const r = await turnOverHTTP(c.code, [c.reply])
+    assert.ok(r.error instanceof ProviderError, String(r.error))
+    assert.equal(r.error.code, c.code)
+    assert.equal(r.error.status, 200)
+    const end = r.session.events.at(-1)!
+    assert.deepEqual([end.type, (end.data as any).reason], ['turn/end', 'error'])
+    assert.equal((r.session.events.find((e) => e.type === 'request/error')!.data as any).code, c.code)
+  })
+
+  const formats: [string, string][] = [
+    ['an OpenAI message array', JSON.stringify([{ role: 'user', content: 'hi' }, { role: 'assistant', content: 'hello' }])],
+    ['a Claude Code transcript', JSON.stringify({ type: 'user', uuid: 'u1', sessionId: 's', message: { role: 'user', content: 'hi' } }) + '\n'],
+    ['a text file', 'just some notes\nnot a log\n'],
+  ]
+  for (const [name, text] of formats) test(`--session FILE holding ${name} → exit 2 with one clear line`, { timeout: 60_000 }, async () => {
+    const file = join(WORK, `other-${name.replace(/\W+/g, '-')}.jsonl`)
+    writeFileSync(file, text)
+    const r = await runCli(['-p', 'hi', '--session', file, '--base-url', 'http://127.0.0.1:9', '--model', 'fake-model', '--context-window', '8000'], {})
+    assert.equal(r.code, 2, r.stderr)
+    assert.equal(r.stdout, '')
+    const lines = r.stderr.trim().split('\n')
+    assert.equal(lines.length, 1, r.stderr)
+    assert.match(lines[0], new RegExp(`^dsh: --session ${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: session log line 1: (not valid JSON|not a dsh event|a JSON array, not a dsh event)`))
+    assert.equal(readFileSync(file, 'utf8'), text, 'the file is left as it was')
+  })
+})
+
+/** Runs the CLI (dsh.ts as the entry point) in a child process. */
+function runCli(args: string[], env: Record<string, string>, cwd = WORK): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, ['--import', TSX, join(ROOT, 'dsh.ts'), ...args], { cwd, env: { PATH: process.env.PATH ?? '', HOME: WORK, ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
+    let stdout = '', stderr = ''
+    child.stdout.on('data', (d) => { stdout += d })
+    child.stderr.on('data', (d) => { stderr += d })
+    child.on('exit', (code) => resolve({ code, stdout, stderr }))
+  })
+}
+
+// ── 5. Secrets ─────────────────────────────────────────────────────────────────────────────────
+
+describe('secrets', () => {
+  test('the API key never appears in the log, the events, --json output or error messages', { timeout: 90_000 }, async () => {
+    const KEY = 'sk-DSH-SECRET-7f3a9c2e41b8d6055e'
+    const dir = mkdtempSync(join(WORK, 'secrets-'))
+    writeFileSync(join(dir, 'notes.txt'), 'the build passes\n')
+    const fake = await startFakeProvider({
+      script: [
+        { toolCalls: [{ id: 'k1', name: 'read_file', arguments: { path: 'notes.txt' } }] },
+        { text: 'The notes say the build passes.' },
+        // An auth failure whose body echoes the key, as some providers do.
+        { status: 401, body: { error: { message: `Incorrect API key provided: ${KEY}. You can find your API key at https://example.invalid/keys.`, type: 'invalid_request_error', code: 'invalid_api_key' } } },
+        { status: 400, body: { error: { message: `Bad request (Authorization: Bearer ${KEY})`, type: 'invalid_request_error' } } },
+      ],
+    })
+    const file = join(dir, 'session.jsonl')
+    const env = { MY_FAKE_KEY: KEY }
+    const base = ['--session', file, '--base-url', fake.url, '--model', 'fake-model', '--api-key-env', 'MY_FAKE_KEY', '--context-window', '16000']
+    try {
+      const runs = [
+        await runCli(['-p', 'read notes.txt', '--json', ...base], env, dir),
+        await runCli(['-p', 'again', '--json', ...base], env, dir),
+        await runCli(['-p', 'and again', ...base], env, dir),
+      ]
+      assert.equal(runs[0].code, 0, runs[0].stderr)
+      assert.match(runs[0].stdout, /The notes say the build passes/)
+      assert.equal(runs[1].code, 1)
+      assert.equal(runs[2].code, 1)
+      assert.match(runs[1].stdout + runs[1].stderr, /AUTH/)
+      assert.match(runs[2].stdout + runs[2].stderr, /INVALID_REQUEST/)
+      // The key did reach the server (so the test is not vacuous) …
+      assert.equal(fake.requests[0].headers.authorization, `Bearer ${KEY}`)
+      // … and nowhere else.
+      const outputs = runs.flatMap((r) => [r.stdout, r.stderr])
+      const files = readdirSync(dir).map((f) => join(dir, f)).filter((f) => statSync(f).isFile()).map((f) => readFileSync(f, 'utf8'))
+      assert.ok(files.some((f) => f.includes('request/error')), 'the log recorded the errors')
+      for (const [i, text] of [...outputs, ...files].entries()) {
+        assert.ok(!text.includes(KEY), `the key leaked into output/file #${i}: ${text.slice(Math.max(0, text.indexOf(KEY) - 200), text.indexOf(KEY) + 60)}`)
+        assert.ok(!text.includes(KEY.slice(3, 20)), `part of the key leaked into output/file #${i}`)
+      }
+    } finally { await fake.close() }
+  })
+})
+
+// ── 3. Property tests (fast-check, seeded) ─────────────────────────────────────────────────────
+
+const RUNS = STRESS ? 2_000 : 200
+const props: string[] = []
+const check = (name: string, property: fc.IAsyncProperty<any> | fc.IProperty<any>, runs = RUNS) => {
+  props.push(`${name} (${runs} runs)`)
+  return fc.assert(property as any, { seed: 42, numRuns: runs })
+}
+after(() => console.log(`property tests: ${props.length} properties: ${props.join('; ')}`))
+
+/** Any UTF-16 text: full Unicode incl. astral and combining marks, plus lone surrogates. */
+const anyText = fc.array(fc.oneof(
+  fc.string({ unit: 'grapheme', maxLength: 40 }),
+  fc.string({ unit: 'binary', maxLength: 40 }),
+  fc.constantFrom('\uD800', '\uDFFF', 'e\u0301', '👩‍👩‍👧', '\uD83D\uDE00', 'a'.repeat(500)),
+  fc.string({ unit: fc.constantFrom('\uD800', '\uDC00', 'x', '\u0301'), maxLength: 60 }),
+), { maxLength: 40 }).map((parts) => parts.join(''))
+const wellFormed = (s: string) => !/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(s)
+const pruneConfig = fc.record({ head: fc.integer({ min: 0, max: 300 }), tail: fc.integer({ min: 0, max: 300 }), slack: fc.integer({ min: 0, max: 300 }) })
+  .map(({ head, tail, slack }) => ({ headChars: head, tailChars: tail, thresholdChars: head + tail + codePointLength(PRUNE_MARKER) + slack }))
+
+describe('properties', () => {
+  test('pruner: well-formed where the input was, within budget (code points), head and tail kept, idempotent', () => check('pruner',
+    fc.property(anyText, pruneConfig, (text, config) => {
+      const out = pruneText(text, config)
+      const cps = [...text]
+      if (cps.length <= config.thresholdChars) { assert.equal(out, text); return }
+      assert.ok(codePointLength(out) <= config.thresholdChars)
+      assert.equal(codePointLength(out), config.headChars + codePointLength(PRUNE_MARKER) + config.tailChars)
+      assert.equal(out, cps.slice(0, config.headChars).join('') + PRUNE_MARKER + cps.slice(cps.length - config.tailChars).join(''))
+      if (wellFormed(text)) assert.ok(wellFormed(out))
+      assert.equal(pruneText(out, config), out)
+    })))
+
+  const sseEvent = fc.record({
+    event: fc.option(fc.stringMatching(/^[a-z]{1,8}$/), { nil: undefined }),
+    data: fc.array(fc.string({ unit: 'grapheme', maxLength: 20 }).map((s) => s.replace(/[\r\n]/g, ' ')), { minLength: 1, maxLength: 3 }),
+    id: fc.option(fc.stringMatching(/^[a-z0-9]{1,6}$/), { nil: undefined }),
+  })
+  test('parseSSE: the same events however a valid stream is split into chunks', () => check('parseSSE chunking',
+    fc.asyncProperty(fc.array(sseEvent, { minLength: 1, maxLength: 6 }), fc.constantFrom('\n', '\r\n', '\r'), fc.boolean(), fc.array(fc.nat(), { maxLength: 12 }), async (events, eol, bom, cuts) => {
+      const text = (bom ? '\uFEFF' : '') + events.map((e) => [': comment', e.event ? `event: ${e.event}` : '', e.id ? `id: ${e.id}` : '', ...e.data.map((d) => `data: ${d}`)].filter(Boolean).join(eol) + eol + eol).join('')
+      const bytes = new TextEncoder().encode(text)
+      const at = [...new Set(cuts.map((c) => c % (bytes.length + 1)))].sort((a, b) => a - b)
+      const chunks: Uint8Array[] = []
+      let prev = 0
+      for (const c of [...at, bytes.length]) { chunks.push(bytes.slice(prev, c)); prev = c }
+      const collect = async (parts: Uint8Array[]) => { const out = []; for await (const e of parseSSE((async function* () { yield* parts })())) out.push({ event: e.event, data: e.data }); return out }
+      const whole = await collect([bytes])
+      assert.deepEqual(whole, events.map((e) => ({ event: e.event ?? 'message', data: e.data.join('\n') })))
+      assert.deepEqual(await collect(chunks), whole)
+    })))
+
+  test('classifyProviderError never throws on random bytes and strings', () => check('classifier total',
+    fc.property(fc.option(fc.integer({ min: -1, max: 1000 }), { nil: undefined }), fc.oneof(fc.string({ unit: 'binary' }), fc.uint8Array().map((b) => new TextDecoder().decode(b)), fc.json()), (status, body) => {
+      const code = classifyProviderError(status, body)
+      assert.ok(['CONTEXT_WINDOW_EXCEEDED', 'RATE_LIMIT', 'QUOTA', 'AUTH', 'INVALID_REQUEST', 'SERVER', 'TRANSPORT', 'TIMEOUT', 'ABORTED', 'EMPTY_RESPONSE', 'MALFORMED_RESPONSE'].includes(code))
+    }), RUNS * 5))
+
+  // Random operations on a session: valid ones keep every invariant; invalid ones throw SessionError and change nothing.
+  const op = fc.oneof(
+    fc.record({ kind: fc.constant('user'), text: fc.string({ maxLength: 30 }) }),
+    fc.record({ kind: fc.constant('assistant'), calls: fc.nat({ max: 2 }), reuse: fc.boolean() }),
+    fc.record({ kind: fc.constant('result'), pick: fc.nat(), bogus: fc.boolean() }),
+    fc.record({ kind: fc.constant('replace'), a: fc.nat(), b: fc.nat(), stale: fc.boolean() }),
+    fc.record({ kind: fc.constant('prune'), pick: fc.nat() }),
+  )
+  test('log: random appends and replaces keep every invariant and reload identically', () => check('log operations',
+    fc.asyncProperty(fc.array(op, { maxLength: 30 }), async (ops) => {
+      const store = new MemoryStore()
+      const s = await Session.open(store)
+      let ids = 0, rejected = 0
+      for (const o of ops) {
+        const before = JSON.stringify([s.events.length, s.surface(), s.openToolCalls(), s.replaceGeneration])
+        try {
+          if (o.kind === 'user') s.append('user/message', { message: { role: 'user', content: o.text }, surfaceOp: { op: 'append' } })
+          else if (o.kind === 'assistant') {
+            const content = Array.from({ length: o.calls }, () => ({ type: 'tool-call', id: o.reuse && ids > 0 ? `t${ids}` : `t${++ids}`, name: 'f', arguments: '{}' }))
+            s.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'a' }, ...content] as any }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+          } else if (o.kind === 'result') {
+            const open = s.openToolCalls()
+            const id = o.bogus || open.length === 0 ? `nope${o.pick}` : open[o.pick % open.length]
+            s.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text: 'r'.repeat(o.pick % 50_000) }] }, surfaceOp: { op: 'append' } })
+          } else if (o.kind === 'replace') {
+            const nodes = s.surface()
+            const seqs = nodes.map((n) => n.seq)
+            const a = o.stale ? o.a % (s.seq + 1) : seqs[o.a % Math.max(1, seqs.length)] ?? 0
+            const b = o.stale ? o.b % (s.seq + 1) : seqs[o.b % Math.max(1, seqs.length)] ?? 0
+            s.append('user/message', { message: { role: 'user', content: 'checkpoint' }, surfaceOp: { op: 'replace', start: a, end: b } })
+          } else {
+            const results = s.surface().filter((n) => n.message.role === 'tool')
+            if (results.length) s.pruneToolResult(results[o.pick % results.length].seq)
+          }
+        } catch (err) {
+          assert.ok(err instanceof SessionError, `not a SessionError: ${err}`)
+          assert.equal(JSON.stringify([s.events.length, s.surface(), s.openToolCalls(), s.replaceGeneration]), before, 'a rejected append changed the session')
+          rejected++
+        }
+        // Invariants: contiguous seqs; a request never has a call without its result or a result without its call.
+        s.events.forEach((e, i) => assert.equal(e.seq, i))
+        if (s.openToolCalls().length === 0) {
+          const calls = new Set<string>(), results: string[] = []
+          for (const m of s.messages()) {
+            if (m.role === 'assistant') for (const b of m.content) if (b.type === 'tool-call') calls.add((b as any).id)
+            if (m.role === 'tool') results.push(m.toolCallId)
+          }
+          assert.deepEqual(results.slice().sort(), [...calls].sort())
+        } else assert.throws(() => s.messages(), (e: any) => e instanceof SessionError && e.code === 'PAIRING')
+      }
+      await s.flush()
+      const again = await Session.load(store)
+      assert.deepEqual(again.surface(), s.surface())
+      assert.equal(again.replaceGeneration, s.replaceGeneration)
+      assert.deepEqual(again.openToolCalls(), s.openToolCalls())
+      assert.deepEqual(again.measure().totalTokens, s.measure().totalTokens)
+      void rejected
+    })))
+})
