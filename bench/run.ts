@@ -40,16 +40,12 @@ function runOne(name: string, dir: string): Section {
   return section
 }
 
-function render(sections: Section[]): string {
-  const lines: string[] = []
-  lines.push('# dsh.ts benchmarks', '')
-  lines.push('Written by `npm run bench` (bench/run.ts) in one run on the machine below. Each benchmark ran in its own')
-  lines.push('Node process. Times are the **median** of several runs with the **min–max** in brackets; every ratio compares')
-  lines.push('two figures measured in the same process, minutes apart at most. Methods: [docs/bench.md](../docs/bench.md).', '')
-  lines.push(table(['fact', 'value'], machineFacts().map(([k, v]) => [k, v])), '')
-  lines.push('## Targets (issue 7)', '')
+/** A section's number in issue 7. */
+const number = (s: Section) => (BENCHMARKS as readonly string[]).indexOf(s.id) + 1
+
+/** The targets table: RESULTS.md's summary, also copied into docs/bench.md between its markers. */
+function targetsTable(sections: Section[]): string {
   const targetRows: string[][] = []
-  const number = (s: Section) => (BENCHMARKS as readonly string[]).indexOf(s.id) + 1
   sections.forEach((s) => {
     const state = s.status === 'failed' ? `failed: ${s.reason ?? ''}` : s.status === 'not-run' ? `not yet run: ${s.reason ?? ''}` : '—'
     if (s.targets.length === 0) targetRows.push([`${number(s)}. ${s.title}`, '—', state, '—'])
@@ -58,7 +54,35 @@ function render(sections: Section[]): string {
       targetRows.push([`${number(s)}. ${s.title}`, `${t.name}: ${t.target}`, t.measured, met])
     }
   })
-  lines.push(table(['benchmark', 'target', 'measured', 'status'], targetRows), '')
+  return table(['benchmark', 'target', 'measured', 'status'], targetRows)
+}
+
+const HEADLINE_START = '<!-- bench:headline:start (written by npm run bench) -->'
+const HEADLINE_END = '<!-- bench:headline:end -->'
+
+/** Replaces the block between the markers of docs/bench.md with this run's targets table. */
+function updateDocs(sections: Section[]): void {
+  const path = join(ROOT, 'docs', 'bench.md')
+  let doc: string
+  try { doc = readFileSync(path, 'utf8') } catch { return }
+  const a = doc.indexOf(HEADLINE_START), b = doc.indexOf(HEADLINE_END)
+  if (a < 0 || b < a) return
+  const date = new Date().toISOString().slice(0, 10)
+  const block = `${HEADLINE_START}\nFrom the run of ${date} in [bench/RESULTS.md](../bench/RESULTS.md):\n\n${targetsTable(sections)}\n`
+  writeFileSync(path, doc.slice(0, a) + block + doc.slice(b))
+}
+
+function render(sections: Section[]): string {
+  const lines: string[] = []
+  lines.push('# dsh.ts benchmarks', '')
+  lines.push('Written by `npm run bench` (bench/run.ts) in one run on the machine below. Each benchmark ran in its own')
+  lines.push('Node process. Times are the **median** of several runs with the **min–max** in brackets; every ratio compares')
+  lines.push('figures measured in the same benchmark run, interleaved where the runs are long. The machine is shared with other')
+  lines.push('work (see the load average): read the min–max spreads before trusting small differences.')
+  lines.push('Methods and findings: [docs/bench.md](../docs/bench.md).', '')
+  lines.push(table(['fact', 'value'], machineFacts().map(([k, v]) => [k, v])), '')
+  lines.push('## Targets (issue 7)', '')
+  lines.push(targetsTable(sections), '')
   sections.forEach((s) => {
     lines.push(`## ${number(s)}. ${s.title}`, '')
     const wall = s.wallMs === undefined ? '' : ` Wall time ${fmtTime(s.wallMs)}${s.wallMs > BUDGET_MS ? ' — **over the one-minute budget**' : ''}.`
@@ -94,7 +118,8 @@ try {
 const md = render(sections)
 if (asked.length === 0) {
   writeFileSync(join(ROOT, 'bench', 'RESULTS.md'), md)
-  console.error('wrote bench/RESULTS.md')
+  updateDocs(sections)
+  console.error('wrote bench/RESULTS.md and the headline of docs/bench.md')
 } else {
   process.stdout.write(md)
 }
