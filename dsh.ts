@@ -5478,7 +5478,7 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
       case 'compaction/prune': return say(`pruned tool result #${d.shadowedSeqs[0]} (${fmt(d.shadowedTokenCount)} tokens)`)
       case 'compaction/end': return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${fmt(d.tokensBefore)} → ${fmt(d.tokensAfter)} tokens`)
       case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
-      case 'request/error': return say(`provider error ${d.code}${d.status ? ` (${d.status})` : ''}: ${d.message}`)
+      case 'request/error': return say(`provider error${String(d.message).startsWith(d.code) ? '' : ` ${d.code}`}${d.status ? ` (${d.status})` : ''}: ${d.message}`)
       case 'step/end': {
         if (!tty || !a) return
         const m = a.session.measure(), w = a.contextWindow
@@ -5522,21 +5522,32 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   try {
     session = await Session.open(options.session ? new FileStore(options.session) : new MemoryStore())
   } catch (err) {
-    if (err instanceof SessionError && err.code === 'LOG_CORRUPT') { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
+    // A corrupt log, a file of another format, a directory or an unwritable path: say which, exit 2.
+    if (err instanceof SessionError) { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
     throw err
   }
   if (session.torn) io.stderr(`dsh: the session log's last line (line ${session.torn.line}, ${session.torn.bytes} bytes) was cut short by a crash; dropped and saved to ${session.torn.savedTo}\n`)
   const cwd = p.cwd()
   const tty = !!p.stderr.isTTY
   const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
+  if (options.json) {
+    // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
+    const opened = session.events.findLastIndex((e) => e.type === 'session/start' || e.type === 'session/resume')
+    for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(JSON.stringify(e) + '\n')
+  }
+  // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
+  const terminal = interactive ? await openTerminal(p) : undefined
   let allowShell = options.allowShell
-  if (!allowShell && interactive) allowShell = await askYesNo(p, 'Allow the agent to run shell commands in this directory? [y/N] ')
+  if (!allowShell && terminal) allowShell = await terminal.askYesNo('Allow the agent to run shell commands in this directory? [y/N] ')
   const tools = await builtinTools({ cwd, allowShell })
   let agent: Agent | undefined
-  const status = statusReporter(() => agent, io.stderr, tty, tty && !p.env.NO_COLOR)
+  // Interactive: the streamed answer has no final newline; end its line before a status line or the next prompt (which clears its line).
+  let midLine = false
+  const endLine = () => { if (midLine) { io.stdout('\n'); midLine = false } }
+  const status = statusReporter(() => agent, (t) => { endLine(); io.stderr(t) }, tty, tty && !p.env.NO_COLOR)
   const onEvent = (e: AgentEvent) => {
     if (options.json) { if (e.type === 'log') io.stdout(JSON.stringify(e.event) + '\n'); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
-    if (interactive && e.type === 'stream' && e.event.type === 'text-delta') io.stdout(e.event.text)
+    if (interactive && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
     status(e)
   }
   agent = new Agent({
@@ -5551,7 +5562,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   }
   try {
     if (!interactive) return await oneTurn(agent, prompt!, p, io, options.json)
-    return await interactiveLoop(agent, p, io)
+    return await interactiveLoop(agent, terminal!, io, endLine)
   } finally {
     await session.sync().catch(() => {})
     await session.store.close?.()
@@ -5573,9 +5584,16 @@ async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliIO, 
     if (result.reason !== 'stop') io.stderr(`dsh: the turn ended with reason "${result.reason}"\n`)
     return 0
   } catch (err) {
-    io.stderr(`dsh: ${err instanceof ProviderError ? `${err.code}${err.status ? ` (HTTP ${err.status})` : ''}: ` : ''}${(err as Error)?.message ?? err}\n`)
+    io.stderr(`dsh: ${failureText(err)}\n`)
     return 1
   } finally { p.off('SIGINT', onSigint) }
+}
+
+/** A failed turn in one line; the adapter's messages already start with the code (`AUTH: HTTP 401 from …`). */
+function failureText(err: unknown): string {
+  const message = String((err as Error)?.message ?? err)
+  if (!(err instanceof ProviderError) || message.startsWith(`${err.code}:`)) return message
+  return `${err.code}${err.status ? ` (HTTP ${err.status})` : ''}: ${message}`
 }
 
 async function readAll(stream: any): Promise<string> {
@@ -5585,18 +5603,38 @@ async function readAll(stream: any): Promise<string> {
   return text + decoder.decode()
 }
 
-async function askYesNo(p: NodeProcess, question: string): Promise<boolean> {
-  const readline = await importNode<typeof import('node:readline/promises')>('node:readline/promises')
-  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any })
-  try { return /^y(es)?$/i.test((await rl.question(question)).trim()) } finally { rl.close() }
+interface Terminal {
+  rl: import('node:readline').Interface
+  /** Every input line, buffered from the start (lines typed ahead are kept). */
+  lines: AsyncIterator<string>
+  /** Shows the prompt, unless the input has ended: `rl.prompt()` resumes a closed input, which keeps the process alive. */
+  prompt(): void
+  askYesNo(question: string): Promise<boolean>
+}
+
+async function openTerminal(p: NodeProcess): Promise<Terminal> {
+  const readline = await importNode<typeof import('node:readline')>('node:readline')
+  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: '› ' })
+  const lines = rl[Symbol.asyncIterator]()
+  let closed = false
+  rl.once('close', () => { closed = true })
+  const prompt = () => { if (!closed) rl.prompt() }
+  return {
+    rl, lines, prompt,
+    async askYesNo(question) {
+      rl.setPrompt(question); prompt()
+      const answer = await lines.next()
+      rl.setPrompt('› ')
+      return !answer.done && /^y(es)?$/i.test(answer.value.trim())
+    },
+  }
 }
 
 const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact (compact now), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
 
 /** The interactive loop: a prompt per turn, slash commands, Ctrl-C cancels the running turn. */
-async function interactiveLoop(agent: Agent, p: NodeProcess, io: CliIO): Promise<number> {
-  const readline = await importNode<typeof import('node:readline')>('node:readline')
-  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: '› ' })
+async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endLine: () => void): Promise<number> {
+  const rl = terminal.rl
   let running: AbortController | undefined
   let exitCode = 0
   io.stderr(`dsh ${VERSION} · ${agent.provider.model} · ${agent.contextWindow ? `${fmt(agent.contextWindow)}-token window` : 'window unknown'} · /help for commands\n`)
@@ -5604,10 +5642,11 @@ async function interactiveLoop(agent: Agent, p: NodeProcess, io: CliIO): Promise
     if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n'); return }
     rl.close()
   })
-  rl.prompt()
-  for await (const raw of rl) {
+  terminal.prompt()
+  for (let next = await terminal.lines.next(); !next.done; next = await terminal.lines.next()) {
+    const raw = next.value
     const line = raw.trim()
-    if (line === '') { rl.prompt(); continue }
+    if (line === '') { terminal.prompt(); continue }
     if (line === '/exit' || line === '/quit') break
     if (line === '/help') io.stderr(INTERACTIVE_HELP)
     else if (line === '/usage') io.stderr(usageReport(agent))
@@ -5620,16 +5659,17 @@ async function interactiveLoop(agent: Agent, p: NodeProcess, io: CliIO): Promise
       running = new AbortController()
       try {
         const result = await agent.run(line, { signal: running.signal })
-        io.stdout(result.reason === 'aborted' ? '\n' : '\n')
+        endLine()
         if (result.reason !== 'stop') io.stderr(`[dsh] turn ended: ${result.reason}\n`)
         exitCode = 0
       } catch (err) {
-        io.stderr(`\ndsh: ${err instanceof ProviderError ? `${err.code}: ` : ''}${(err as Error)?.message ?? err}\n`)
+        endLine()
+        io.stderr(`dsh: ${failureText(err)}\n`)
         exitCode = 1
       }
     }
     running = undefined
-    rl.prompt()
+    terminal.prompt()
   }
   rl.close()
   return exitCode

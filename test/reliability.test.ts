@@ -167,7 +167,7 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
       for (const [i, r] of fake.requests.entries()) assertWirePaired(r.body, `request ${i}`)
     } finally { await fake.close() }
     console.log(`crash safety: ${survived} kills survived (${[...points].map(([k, v]) => `${k} ${v}`).join(', ')}; ${torn} torn lines dropped, ${repairedCalls} open tool calls repaired)`)
-    assert.equal(survived, KILLS)
+    assert.ok(survived >= KILLS, `${survived} of ${KILLS} kills survived`) // lanes round up
     for (const kind of ['mid-append', 'mid-stream', 'mid-tool']) assert.ok(points.get(kind), `no kill landed ${kind}`)
   })
 })
