@@ -88,6 +88,34 @@ export async function tinybench(name: string, fn: Fn, opts: { timeMs: number; it
   return { median: l.p50, min: l.min, max: l.max, runs: l.samplesCount }
 }
 
+/** One thing to time: `sample()` does one timed sample and returns its figure (e.g. ms per call). */
+export interface Task { name: string; sample: () => number }
+
+/**
+ * Times tasks in interleaved rounds: each round takes one sample of every task, in an order that
+ * rotates from round to round, after `warmup` untimed rounds, collecting garbage before each sample.
+ * On a machine shared with other work, load then hits every task alike, and a ratio taken within a
+ * round ({@link paired}) is fair even when the load changes between rounds. Returns the samples of
+ * each task, by round.
+ */
+export function interleaved(tasks: readonly Task[], rounds: number, warmup = 1): number[][] {
+  const out = tasks.map(() => [] as number[])
+  for (let r = 0; r < warmup + rounds; r++) {
+    for (let i = 0; i < tasks.length; i++) {
+      const k = (i + r) % tasks.length
+      gc()
+      const v = tasks[k].sample()
+      if (r >= warmup) out[k].push(v)
+    }
+  }
+  return out
+}
+
+/** Statistics of `a[r] / b[r]` over the rounds r of {@link interleaved}. */
+export function paired(a: readonly number[], b: readonly number[]): Stats {
+  return stats(a.map((x, r) => x / b[r]))
+}
+
 /** Milliseconds from a monotonic clock with sub-microsecond resolution. */
 export function nowMs(): number {
   return Number(process.hrtime.bigint()) / 1e6

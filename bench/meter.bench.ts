@@ -2,7 +2,7 @@
 // against a baseline that re-estimates every surface message on each call. Target: dsh's per-call
 // cost at 100,000 events within 2× of its cost at 100 events.
 import { MemoryStore, Session, estimateRequestTokens, type Envelope, type Message } from '../dsh.ts'
-import { fmtRatio, fmtStats, gc, nowMs, rng, table, tinybench, type Section, type Stats, type Target } from './lib.ts'
+import { fmtRatio, fmtStats, fmtTime, gc, interleaved, nowMs, paired, rng, stats, table, tinybench, type Section, type Stats, type Target, type Task } from './lib.ts'
 
 const SIZES = [100, 10_000, 100_000] as const
 const ENVELOPE: Envelope = {
@@ -63,40 +63,49 @@ function remeasure(session: Session): number {
 const WARM = 5
 
 /**
- * One sample: a fresh session of `size − calls/2` events, then `calls` appends each followed by a
- * measurement, timed together; the session is `size` events on average while timed. Returns ms per
- * append + measurement.
+ * One sample: `sessions` times, a fresh session of `size − calls/2` events, then `calls` appends
+ * each followed by a measurement, timed together (the session is `size` events on average while
+ * timed). Returns ms per append + measurement.
  */
-function sample(size: number, calls: number, measure: (s: Session) => number): () => { overriddenDuration: number } {
+function sample(size: number, calls: number, sessions: number, measure: (s: Session) => number): () => number {
   return () => {
-    const { session, rest } = sessionOf(size - calls / 2 - WARM)
-    gc()
-    // A few untimed appends after the collection, so the timed ones do not pay for cold caches.
-    for (let i = 0; i < WARM; i++) { const [type, data] = rest.next().value as Append; session.append(type, data); measure(session) }
-    const batch = Array.from({ length: calls }, () => rest.next().value as Append)
-    let sink = 0
-    const t0 = nowMs()
-    for (const [type, data] of batch) {
-      session.append(type, data)
-      sink += measure(session)
+    let ms = 0, sink = 0
+    for (let k = 0; k < sessions; k++) {
+      const { session, rest } = sessionOf(size - calls / 2 - WARM)
+      // A few untimed appends first, so the timed ones do not pay for cold caches.
+      for (let i = 0; i < WARM; i++) { const [type, data] = rest.next().value as Append; session.append(type, data); measure(session) }
+      const batch = Array.from({ length: calls }, () => rest.next().value as Append)
+      const t0 = nowMs()
+      for (const [type, data] of batch) {
+        session.append(type, data)
+        sink += measure(session)
+      }
+      ms += nowMs() - t0
     }
-    const per = (nowMs() - t0) / calls
     if (sink <= 0) throw new Error('measured nothing')
-    return { overriddenDuration: per }
+    return ms / (calls * sessions)
   }
 }
 
+const ROUNDS = 11
+/** Per size: appends timed per session, and sessions per sample (so that a sample times ≥ 500 calls). */
+const PLAN = { 100: { calls: 20, sessions: 50 }, 10_000: { calls: 500, sessions: 1 }, 100_000: { calls: 500, sessions: 1 } } as const
+
 export default async function meter(): Promise<Section> {
-  // Warm up both paths on a mid-size session so the JIT state is the same for every size.
-  for (let i = 0; i < 3; i++) { sample(2000, 200, (s) => s.measure().totalTokens)(); sample(2000, 200, remeasure)() }
+  const dshMeasure = (s: Session) => s.measure().totalTokens
+  // Every size, dsh and baseline, in interleaved rounds: the ratio between sizes is taken within a round.
+  const tasks: Task[] = []
+  for (const size of SIZES) {
+    const { calls, sessions } = PLAN[size]
+    tasks.push({ name: `dsh ${size}`, sample: sample(size, calls, sessions, dshMeasure) })
+    tasks.push({ name: `baseline ${size}`, sample: sample(size, Math.min(calls, 100), sessions, remeasure) })
+  }
+  const samples = interleaved(tasks, ROUNDS)
+  const of = (name: string) => samples[tasks.findIndex((t) => t.name === name)]
 
   const rows: { size: number; calls: number; dsh: Stats; base: Stats; alone: Stats; agree: boolean }[] = []
   for (const size of SIZES) {
-    const calls = Math.min(500, size / 5)
-    const samples = size >= 100_000 ? 9 : 31
-    const dsh = await tinybench(`dsh ${size}`, sample(size, calls, (s) => s.measure().totalTokens), { timeMs: 0, iterations: samples })
-    const base = await tinybench(`baseline ${size}`, sample(size, Math.min(calls, 100), remeasure), { timeMs: 0, iterations: samples })
-    // measure() alone, 10,000 calls on a session of this size.
+    // measure() alone, 10,000 calls on a session of this size (tinybench).
     const { session } = sessionOf(size)
     const alone = await tinybench(`measure() ${size}`, () => {
       let sink = 0
@@ -108,25 +117,27 @@ export default async function meter(): Promise<Section> {
     }, { timeMs: 0, iterations: 31 })
     // Same figure both ways (unanchored heuristic total = re-estimate of envelope + surface).
     const agree = session.measure().heuristicTokens === remeasure(session)
-    rows.push({ size, calls, dsh, base, alone, agree })
+    rows.push({ size, calls: PLAN[size].calls * PLAN[size].sessions, dsh: stats(of(`dsh ${size}`)), base: stats(of(`baseline ${size}`)), alone, agree })
     gc()
   }
+  const growthPaired = paired(of(`dsh ${SIZES[SIZES.length - 1]}`), of(`dsh ${SIZES[0]}`))
 
   const first = rows[0], last = rows[rows.length - 1]
-  const growth = last.dsh.median / first.dsh.median
+  const growth = growthPaired.median
   const targets: Target[] = [{
     name: 'per-call cost flat in session size', target: '100,000 events within 2× of 100 events',
-    measured: `${fmtRatio(growth)} (${fmtStats(last.dsh)} vs ${fmtStats(first.dsh)})`, met: growth <= 2,
+    measured: `${fmtRatio(growth)} (paired, ${fmtRatio(growthPaired.min)}–${fmtRatio(growthPaired.max)}; ${fmtTime(last.dsh.median)} vs ${fmtTime(first.dsh.median)} per call)`, met: growth <= 2,
   }]
   return {
     id: 'meter', title: 'Meter', status: 'ran', targets,
     method: [
       'A session is built from a realistic event stream (bench/meter.bench.ts: turns of 25 steps; each step = step/start, an',
       'assistant message with a tool call and provider usage, tool/call, tool result, step/end; ≈ 2 surface messages per 5',
-      'events). One sample builds a fresh session of *size − calls/2* events, then times *calls* appends, each followed by a',
-      'measurement: **dsh** = `session.measure().totalTokens` (incremental, anchored on the usage); **baseline** = the obvious',
-      'meter, `estimateRequestTokens(envelope, every surface message)` again after each append. Times are per append +',
-      'measurement: tinybench p50 and min–max over the samples. "measure() alone" times 10,000 calls with no append.',
+      'events). One sample builds fresh sessions of *size − calls/2* events and times *calls* appends on each, every append',
+      'followed by a measurement: **dsh** = `session.measure().totalTokens` (incremental, anchored on the usage); **baseline** =',
+      'the obvious meter, `estimateRequestTokens(envelope, every surface message)` again after each append. Times are per',
+      `append + measurement, median (min–max) of ${ROUNDS} interleaved rounds (every size, dsh and baseline, once per round); the`,
+      'target ratio is paired within each round. "measure() alone": tinybench, 10,000 calls per sample, no append.',
       '"same total" checks dsh\'s heuristic total equals the baseline\'s figure on the final session.',
     ].join('\n'),
     tables: [table(
