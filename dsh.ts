@@ -3,11 +3,26 @@
  * context window of long sessions. Spec: DESIGN.md (shared with the project).
  *
  * MANUAL (five lines)
- *   import { Agent, Session, deepseek } from './dsh.ts'
- *   const session = await Session.open(new MemoryStore())
+ *   import { Agent, Session, FileStore, deepseek } from './dsh.ts'
+ *   const session = await Session.open(new FileStore('s.jsonl'))  // or new MemoryStore(); resumes
  *   const agent = new Agent({ session, provider: deepseek({ apiKey }), tools: [myTool] })
- *   const answer = await agent.run('Fix the failing test')
- *   console.log(answer.text, session.measure())
+ *   const answer = await agent.run('Fix the failing test', { signal })
+ *   console.log(answer.text, session.measure().totalTokens)
+ * CLI: `npx tsx dsh.ts --help` (one-shot, interactive, `replay FILE`).
+ *
+ * OPTIONS AND DEFAULTS (DESIGN.md; all overridable per Agent / provider)
+ *   pruner     DEFAULT_PRUNE_CONFIG        prune tool results over 8,192 code points to
+ *                                          head 4,096 + marker (39) + tail 1,024 code points
+ *   ladder     DEFAULT_COMPACTION_CONFIG   threshold 0.8 × window, retained tail 0.16 × window,
+ *                                          summary max 8,192 tokens, 1 compaction retry,
+ *                                          1 overflow retry, spill over 256 KiB, auto on
+ *   provider   openAICompatible / deepseek max_tokens 32,768 (clamped to the window), 5 retries
+ *                                          500 ms → 10 s, idle timeout 300 s
+ *   loop       Agent                       200 steps per turn; tools run one at a time
+ *
+ * LIMITS: token counts are a heuristic (chars/4 + 8 per message) until a provider reports usage;
+ * chat-completions tool results cannot carry images (sent as JSON text); the CLI's file tools stay
+ * inside the working directory; FileStore needs node:fs (Node, Deno, Bun), MemoryStore runs anywhere.
  *
  * CONTENTS (sections follow the data)
  *   1. Types          messages, blocks, events, provider contract, errors
