@@ -1,0 +1,213 @@
+// Benchmark 6 (issue 7): every transcript of the corpus replayed at windows of 32,000, 64,000 and
+// 128,000 tokens under three policies — dsh's ladder (`replayTranscript`), no management, and
+// observation masking (tool outputs of the newest 10 steps kept, older ones replaced by a one-line
+// placeholder). Per policy: summary calls, tokens reclaimed without a model call, peak occupancy,
+// and requests over the window.
+import { readFileSync } from 'node:fs'
+import { basename } from 'node:path'
+import * as dshModule from '../dsh.ts'
+import { estimateEnvelopeTokens, estimateMessageTokens, readTranscript, type Message, type Session, type ToolResultMessage, type Transcript } from '../dsh.ts'
+import { trueCounter, type TrueCounter } from './tokens.ts'
+import { CORPUS_DIR, corpusFiles, fmtPct, int, nowMs, table, type Section, type Target } from './lib.ts'
+
+const WINDOWS = [32_000, 64_000, 128_000]
+/** Observation masking keeps the tool outputs of this many newest steps (issue 7). */
+const MASK_KEEP_STEPS = 10
+const MASK_PLACEHOLDER = '[older tool output omitted to save context]'
+
+/** The documented replay API (DESIGN.md §8, issue 5), the part this benchmark reads. */
+interface ReplayTotalsLike {
+  steps: number; peakRequestTokens: number; prunedTokens: number; summaryCalls: number; requestsOverWindow: number
+  unmanagedStepsOverWindow: number; peakUnmanagedTokens: number; compactions: number; failedCompactions: number; spills: number
+}
+interface ReplayReportLike { totals: ReplayTotalsLike; rows: { events: { type: string; tokensBefore?: number; tokensAfter?: number }[] }[] }
+type ReplayTranscript = (t: Transcript, options: { contextWindow: number; onStep?: (row: { kind: string; step: number }, session: Session) => void }) => Promise<ReplayReportLike>
+
+/** One policy's figures on one transcript at one window (tokens by the §2 estimate). */
+interface Outcome {
+  requests: number; summaryCalls: number; reclaimed: number; spilled: number; peak: number; over: number; compactions: number; failed: number
+  /** The same requests counted by the DeepSeek V3 tokenizer (bench/tokens.ts): largest, and how many exceed the window. */
+  truePeak: number; trueOver: number
+}
+
+const empty = (): Outcome => ({ requests: 0, summaryCalls: 0, reclaimed: 0, spilled: 0, peak: 0, over: 0, compactions: 0, failed: 0, truePeak: 0, trueOver: 0 })
+
+function request(out: Outcome, window: number, tokens: number, trueTokens: number): void {
+  out.requests++
+  out.peak = Math.max(out.peak, tokens)
+  if (tokens > window) out.over++
+  out.truePeak = Math.max(out.truePeak, trueTokens)
+  if (trueTokens > window) out.trueOver++
+}
+
+/**
+ * No management: each step's request is the envelope plus every message before the step's
+ * assistant message, as recorded.
+ */
+function unmanaged(t: Transcript, window: number, truth: TrueCounter): Outcome {
+  let total = estimateEnvelopeTokens(t.envelope)
+  let trueTotal = truth.envelope(t.envelope)
+  const out = empty()
+  for (const m of t.messages) {
+    if (m.role === 'assistant') request(out, window, total, trueTotal)
+    total += estimateMessageTokens(m)
+    trueTotal += truth.framed(m)
+  }
+  return out
+}
+
+/**
+ * Observation masking: before each step's request, the tool results of steps older than the newest
+ * `MASK_KEEP_STEPS` are replaced by a one-line placeholder (only where that is smaller). Nothing
+ * else changes; no model is called. `reclaimed` counts each masked result once.
+ */
+function masking(t: Transcript, window: number, truth: TrueCounter): Outcome {
+  let total = estimateEnvelopeTokens(t.envelope)
+  let trueTotal = truth.envelope(t.envelope)
+  const out = empty()
+  const steps: ToolResultMessage[][] = []
+  for (const m of t.messages) {
+    if (m.role === 'assistant') {
+      const old = steps.length - MASK_KEEP_STEPS - 1 // the step that just left the newest MASK_KEEP_STEPS
+      if (old >= 0) {
+        for (const r of steps[old]) {
+          const placeholder: Message = { ...r, content: [{ type: 'text', text: MASK_PLACEHOLDER }] }
+          const saved = estimateMessageTokens(r) - estimateMessageTokens(placeholder)
+          if (saved > 0) { total -= saved; out.reclaimed += saved; trueTotal += truth.framed(placeholder) - truth.framed(r) }
+        }
+      }
+      request(out, window, total, trueTotal)
+      steps.push([])
+    } else if (m.role === 'tool' && steps.length > 0) steps[steps.length - 1].push(m)
+    total += estimateMessageTokens(m)
+    trueTotal += truth.framed(m)
+  }
+  return out
+}
+
+/**
+ * dsh's ladder through `replayTranscript`. The true count of each request is taken from the session
+ * after each pressure check (`onStep`): that surface is what the next request carries.
+ */
+async function ladder(replay: ReplayTranscript, t: Transcript, window: number, truth: TrueCounter): Promise<Outcome> {
+  let truePeak = 0, trueOver = 0
+  const steps = t.messages.filter((m) => m.role === 'assistant').length
+  const report = await replay(t, {
+    contextWindow: window,
+    onStep(row, session) {
+      // A row after the last step has no request after it.
+      if (row.kind === 'step' && row.step >= steps) return
+      let n = truth.envelope(t.envelope)
+      for (const node of session.surface()) n += truth.framed(node.message)
+      truePeak = Math.max(truePeak, n)
+      if (n > window) trueOver++
+    },
+  })
+  const x = report.totals
+  let spilled = 0
+  for (const row of report.rows) for (const e of row.events) if (e.type === 'spill') spilled += (e.tokensBefore ?? 0) - (e.tokensAfter ?? 0)
+  return {
+    requests: x.steps, summaryCalls: x.summaryCalls, reclaimed: x.prunedTokens, spilled, peak: x.peakRequestTokens, over: x.requestsOverWindow,
+    compactions: x.compactions, failed: x.failedCompactions, truePeak, trueOver,
+  }
+}
+
+const POLICIES = ['dsh ladder', 'no management', `observation masking (newest ${MASK_KEEP_STEPS} steps)`] as const
+
+export default async function ladderBench(): Promise<Section> {
+  const replay = (dshModule as unknown as { replayTranscript?: ReplayTranscript }).replayTranscript
+  const base = { id: 'ladder', title: 'The ladder on real sessions', method: '', tables: [] as string[] }
+  if (typeof replay !== 'function') {
+    return { ...base, status: 'not-run', reason: '`replayTranscript` (dsh.ts section 8) has not landed on this branch yet; bench/ladder.bench.ts is written against its documented API and runs once it does', targets: [] }
+  }
+  const files = corpusFiles()
+  if (files.length === 0) return { ...base, status: 'not-run', reason: `no transcripts in ${CORPUS_DIR} (set DSH_CORPUS)`, targets: [] }
+
+  // Each file's transcripts: the main chain, and Claude Code's Task-subagent runs (each had its own window).
+  const groups: { file: string; transcripts: Transcript[] }[] = files.map((f) => {
+    const t = readTranscript(readFileSync(f, 'utf8'), { sidechains: true })
+    return { file: basename(f), transcripts: [t, ...(t.sidechains ?? [])] }
+  })
+  const truth = trueCounter()
+  const t0 = nowMs()
+  // results[window][policy][file] = Outcome summed over the file's transcripts (peak = max).
+  const results = new Map<number, Map<string, Map<string, Outcome>>>()
+  for (const w of WINDOWS) {
+    const byPolicy = new Map<string, Map<string, Outcome>>()
+    for (const p of POLICIES) byPolicy.set(p, new Map())
+    for (const g of groups) {
+      const sum = (xs: Outcome[]): Outcome => {
+        const out = empty()
+        for (const x of xs) {
+          for (const k of ['requests', 'summaryCalls', 'reclaimed', 'spilled', 'over', 'compactions', 'failed', 'trueOver'] as const) out[k] += x[k]
+          out.peak = Math.max(out.peak, x.peak)
+          out.truePeak = Math.max(out.truePeak, x.truePeak)
+        }
+        return out
+      }
+      const ls: Outcome[] = []
+      for (const t of g.transcripts) ls.push(await ladder(replay, t, w, truth))
+      byPolicy.get(POLICIES[0])!.set(g.file, sum(ls))
+      byPolicy.get(POLICIES[1])!.set(g.file, sum(g.transcripts.map((t) => unmanaged(t, w, truth))))
+      byPolicy.get(POLICIES[2])!.set(g.file, sum(g.transcripts.map((t) => masking(t, w, truth))))
+    }
+    results.set(w, byPolicy)
+  }
+  const replayMs = nowMs() - t0
+
+  const summaryRows: string[][] = []
+  const targets: Target[] = []
+  for (const w of WINDOWS) {
+    for (const p of POLICIES) {
+      const xs = [...results.get(w)!.get(p)!.values()]
+      const total = (k: keyof Outcome) => xs.reduce((a, x) => a + x[k], 0)
+      const requests = total('requests'), over = total('over')
+      const peak = Math.max(...xs.map((x) => x.peak))
+      const truePeak = Math.max(...xs.map((x) => x.truePeak))
+      summaryRows.push([
+        int(w), p, int(total('summaryCalls')), int(total('reclaimed')), p === POLICIES[0] ? int(total('spilled')) : '—',
+        `${int(peak)} (${fmtPct(peak / w, 0)})`, `${int(over)} of ${int(requests)}`,
+        `${int(truePeak)} (${fmtPct(truePeak / w, 0)})`, `${int(total('trueOver'))}`,
+      ])
+      if (p === POLICIES[0]) targets.push({ name: `dsh ladder at ${int(w)}`, target: 'report: requests over the window', measured: `${int(over)} of ${int(requests)} over by dsh's estimate (peak ${fmtPct(peak / w, 0)}); ${int(total('trueOver'))} over in DeepSeek V3 tokens (peak ${fmtPct(truePeak / w, 0)})`, met: undefined })
+    }
+  }
+  const detailRows: string[][] = []
+  for (const g of groups) {
+    for (const w of WINDOWS) {
+      const cell = (p: string) => {
+        const x = results.get(w)!.get(p)!.get(g.file)!
+        const parts = [`peak ${int(x.peak)} (true ${int(x.truePeak)})`, `over ${x.over}/${x.requests}${x.trueOver ? ` (true ${x.trueOver})` : ''}`]
+        if (x.summaryCalls) parts.push(`${x.summaryCalls} summary call${x.summaryCalls > 1 ? 's' : ''} (${x.compactions} compaction${x.compactions === 1 ? '' : 's'}${x.failed ? `, ${x.failed} failed` : ''})`)
+        if (x.reclaimed) parts.push(`${p === POLICIES[0] ? 'pruned' : 'masked'} ${int(x.reclaimed)}`)
+        if (x.spilled) parts.push(`spilled ${int(x.spilled)}`)
+        return parts.join(', ')
+      }
+      detailRows.push([`${g.file}${g.transcripts.length > 1 ? ` (main + ${g.transcripts.length - 1} subagent runs)` : ''}`, int(w), ...POLICIES.map(cell)])
+    }
+  }
+  return {
+    ...base, status: 'ran', targets,
+    method: [
+      `Every transcript of the corpus (${files.length} files read with \`readTranscript\`; Claude Code's Task-subagent runs replayed as`,
+      'transcripts of their own, each with its own window, and summed into their file\'s row). All figures are tokens by the',
+      '§2 estimate (what dsh measures), per step request (one per assistant message). **dsh ladder** = `replayTranscript(t,',
+      '{contextWindow})`: the Agent\'s event order, spill at write time, `compactIfNeeded(pressure)` at each turn start and',
+      'after each step, summaries simulated at a fixed 2,000 tokens (replay\'s default; no model is called). **No management**',
+      '= every message as recorded. **Observation masking** = before each request, the tool results of steps older than the',
+      `newest ${MASK_KEEP_STEPS} are replaced by the one-line "${MASK_PLACEHOLDER}" (where that is smaller); nothing else.`,
+      '"Reclaimed" = tokens taken off the surface by a rung that calls no model (dsh: prunes; masking: each masked result once);',
+      'dsh\'s write-time spills of results over 256 KiB are listed apart (they happen at every window, and the one in this',
+      'corpus is the final `git diff` of psf__requests-1142, which no later request carries).',
+      'Peak = the largest step request (share of the window). The last two columns count the same requests with the DeepSeek V3',
+      'tokenizer and chat-template framing (bench/tokens.ts, as in benchmark 5): replay gives the meter no provider usage,',
+      'so this is where the §2 estimate\'s own error shows. For the ladder the true figure is taken from the surface after each',
+      'pressure check (what the next request carries); a simulated checkpoint counts at its true size (its filler text is',
+      `not exactly 2,000 real tokens). Replays and counting took ${(replayMs / 1000).toFixed(1)} s (tokenizer load ${(truth.loadMs / 1000).toFixed(1)} s).`,
+    ].join('\n'),
+    tables: [
+      table(['window', 'policy', 'summary calls', 'reclaimed without a model call', 'spilled at write time', 'peak occupancy', 'requests over the window', 'true peak (DeepSeek V3)', 'truly over the window'], summaryRows),
+      table(['transcript', 'window', ...POLICIES], detailRows),
+    ],
+  }
+}
