@@ -408,9 +408,27 @@ function cutPoints(text: string, cfg: PruneConfig): [headEnd: number, tailStart:
  */
 export function pruneText(text: string, config?: Partial<PruneConfig>): string {
   const cfg = resolvePruneConfig(config)
-  if (text.length <= cfg.thresholdChars || codePointLength(text, cfg.thresholdChars) <= cfg.thresholdChars) return text
+  if (!overThreshold(text, cfg.thresholdChars)) return text
   const [headEnd, tailStart] = cutPoints(text, cfg)
-  return text.slice(0, headEnd) + PRUNE_MARKER + text.slice(tailStart)
+  return detach(text.slice(0, headEnd) + PRUNE_MARKER + text.slice(tailStart), text)
+}
+
+/**
+ * Whether `text` holds more than `threshold` code points. No count is needed outside
+ * (threshold, 2 × threshold] UTF-16 units: a code point is one or two units.
+ */
+function overThreshold(text: string, threshold: number): boolean {
+  if (text.length <= threshold) return false
+  if (text.length > 2 * threshold) return true
+  return codePointLength(text, threshold) > threshold
+}
+
+/**
+ * Copies a short result cut from a long `source`: V8 keeps a slice as a view of its parent, so
+ * without the copy a 5 KB result would keep a 100 MB input alive. O(result).
+ */
+function detach(result: string, source: string): string {
+  return source.length > 65_536 ? result.split('').join('') : result
 }
 
 /**
@@ -428,7 +446,8 @@ export function pruneToolResult(message: ToolResultMessage, config?: Partial<Pru
   let budget = cfg.thresholdChars
   for (const b of blocks) {
     if (b.type !== 'text') continue
-    budget -= codePointLength((b as TextBlock).text, budget)
+    const t = (b as TextBlock).text
+    budget -= overThreshold(t, budget) ? budget + 1 : codePointLength(t, budget)
     if (budget < 0) break
   }
   if (budget >= 0) return message
@@ -464,9 +483,9 @@ export function pruneToolResult(message: ToolResultMessage, config?: Partial<Pru
     const t = (b as TextBlock).text
     if (i === headBlock) {
       const rest = i === tailBlock ? t.slice(tailStart) : ''
-      out.push({ ...b, text: t.slice(0, headEnd) + PRUNE_MARKER + rest } as TextBlock)
+      out.push({ ...b, text: detach(t.slice(0, headEnd) + PRUNE_MARKER + rest, t) } as TextBlock)
     } else if (i === tailBlock) {
-      out.push({ ...b, text: t.slice(tailStart) } as TextBlock)
+      out.push({ ...b, text: detach(t.slice(tailStart), t) } as TextBlock)
     } // else: wholly inside the cut, dropped
   }
   return { ...message, content: out }
