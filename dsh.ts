@@ -276,8 +276,6 @@ export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | und
   return Math.max(anchor.providerTokens, anchor.heuristicTokens) + (heuristicTokens - anchor.heuristicTokens)
 }
 
-// (meter)
-
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 3. Pruner
 // ════════════════════════════════════════════════════════════════════════════════════════════
@@ -490,8 +488,6 @@ export function pruneToolResult(message: ToolResultMessage, config?: Partial<Pru
   }
   return { ...message, content: out }
 }
-
-// (pruner)
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 4. Log & surface
@@ -1107,8 +1103,6 @@ function randomId(): string {
   return `s-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`
 }
 
-// (log)
-
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 5. Ladder
 // ════════════════════════════════════════════════════════════════════════════════════════════
@@ -1550,13 +1544,9 @@ export async function spillToolResult(message: ToolResultMessage, store: LogStor
   return { message: { ...message, content }, spilled: { ref, bytes: fullBytes } }
 }
 
-// (ladder)
-
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 6. Provider
 // ════════════════════════════════════════════════════════════════════════════════════════════
-
-// (provider)
 
 // The only part of dsh.ts that talks to a model: POST {baseURL}/chat/completions with stream: true,
 // parse the server-sent events, assemble the assistant message, classify failures, retry the
@@ -3086,13 +3076,9 @@ export class Agent implements CompactionHost {
   compact(signal?: AbortSignal): Promise<CompactionOutcome> { return compactIfNeeded(this, 'manual', signal) }
 }
 
-// (loop)
-
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 8. CLI
 // ════════════════════════════════════════════════════════════════════════════════════════════
-
-// (cli-tools)
 
 // ── 8.1 Built-in coding tools (DESIGN.md §8, issue 5) ─────────────────────────────────────────
 // The file system and process code of dsh.ts. `node:` modules are loaded here through dynamic
@@ -3865,8 +3851,6 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
     },
   }
 }
-
-// (cli-replay)
 
 // ── Transcript readers: the input side of `replay` ──
 // Web-standard code: the readers take the file's TEXT (never a path), so they run anywhere.
@@ -5178,8 +5162,6 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
   })
   return { report, sidechainReports, output }
 }
-
-// (cli-main)
 
 // ── 8.3 Command line: arguments, configuration, entry point (DESIGN.md §8, issue 5) ──────────
 
