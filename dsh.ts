@@ -5580,7 +5580,8 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
       case 'compaction/prune': return say(`pruned tool result #${d.shadowedSeqs[0]} (${fmt(d.shadowedTokenCount)} tokens)`)
       case 'compaction/end': return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${fmt(d.tokensBefore)} → ${fmt(d.tokensAfter)} tokens`)
       case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
-      case 'request/error': return say(`provider error${String(d.message).startsWith(d.code) ? '' : ` ${d.code}`}${d.status ? ` (${d.status})` : ''}: ${d.message}`)
+      // Other provider errors end the turn and are reported once, by the caller's last line.
+      case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
       case 'step/end': {
         if (!tty || !a) return
         const m = a.session.measure(), w = a.contextWindow
