@@ -164,17 +164,7 @@ export const int = (n: number) => Math.round(n).toLocaleString('en-US')
 
 // ── Inputs ───────────────────────────────────────────────────────────────────────────────────
 
-/** Seeded PRNG (mulberry32): the same seed gives the same inputs on every run and machine. Returns [0, 1). */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
+export { rng } from '../test/rng.ts'
 
 /** The corpus transcript files (those readTranscript reads), sorted by name. */
 export function corpusFiles(): string[] {

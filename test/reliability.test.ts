@@ -15,6 +15,7 @@ import {
   type Tool, type ToolResultMessage,
 } from '../dsh.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+import { rng } from './rng.ts'
 
 const HERE = dirname(fileURLToPath(import.meta.url))
 const ROOT = join(HERE, '..')
@@ -24,17 +25,6 @@ const TSX = import.meta.resolve('tsx')
 const WORK = mkdtempSync(join(tmpdir(), 'dsh-reliability-'))
 after(() => rmSync(WORK, { recursive: true, force: true }))
 
-/** mulberry32: a small seeded PRNG in [0, 1). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
 
 /** Throws unless every tool call in a wire request has exactly one result, and every result its call (by id). */
