@@ -1825,12 +1825,18 @@ export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
  * @param options.maxBufferSize see {@link SSEParserOptions.maxBufferSize} (UTF-16 units).
  * @throws SSEParseError (`max-buffer-size-exceeded`) when the limit is passed; TypeError for a bad source.
  */
-export async function* parseSSE(
+export function parseSSE(
   source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
   options: { maxBufferSize?: number } = {},
-): AsyncGenerator<SSEEvent, void, undefined> {
+): AsyncIterableIterator<SSEEvent> {
+  // A hand-written iterator, not an async generator: the events of one network chunk are handed
+  // out from an array, one already-settled promise each, which costs less than resuming a
+  // generator per event (the hot path of every streamed reply).
+  const pull = chunkPuller(source)
   const ready: SSEEvent[] = []
+  let head = 0
   let overflow: SSEParseError | undefined
+  let ended = false
   const parser = createSSEParser({
     onEvent: (event) => { ready.push(event) },
     onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error },
@@ -1839,35 +1845,63 @@ export async function* parseSSE(
   // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
   // stripped one would eat a second, which is data.
   const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
-  for await (const chunk of sseChunks(source)) {
-    parser.feed(typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
-    if (overflow) throw overflow
-    for (let k = 0; k < ready.length; k++) yield ready[k]
-    ready.length = 0
+  const done: IteratorResult<SSEEvent> = { value: undefined, done: true }
+  async function fill(): Promise<IteratorResult<SSEEvent>> {
+    while (head >= ready.length) {
+      ready.length = 0; head = 0
+      if (ended) return done
+      const chunk = await pull.next()
+      if (chunk === undefined) { ended = true; parser.feed(decoder.decode()) }
+      else parser.feed(typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
+      if (overflow) { ended = true; await pull.close(); throw overflow }
+    }
+    return { value: ready[head++], done: false }
   }
-  parser.feed(decoder.decode())
-  if (overflow) throw overflow
-  yield* ready
+  return {
+    next(): Promise<IteratorResult<SSEEvent>> {
+      return head < ready.length ? Promise.resolve({ value: ready[head++], done: false }) : fill()
+    },
+    async return(): Promise<IteratorResult<SSEEvent>> {
+      ended = true; ready.length = 0; head = 0
+      await pull.close()
+      return done
+    },
+    [Symbol.asyncIterator]() { return this },
+  }
 }
 
-async function* sseChunks(source: unknown): AsyncGenerator<Uint8Array | string, void, undefined> {
+/**
+ * Reads chunks from a `ReadableStream` or an (async) iterable: `next()` gives a chunk or undefined
+ * at the end; `close()` stops early and cancels the stream behind it (closing the connection).
+ */
+function chunkPuller(source: unknown): { next(): Promise<Uint8Array | string | undefined>; close(): Promise<void> } {
   if (source !== null && typeof source === 'object' && typeof (source as ReadableStream).getReader === 'function') {
     const reader = (source as ReadableStream<Uint8Array>).getReader()
     let finished = false
-    try {
-      for (;;) {
-        const { done, value } = await reader.read()
-        if (done) { finished = true; return }
-        yield value
-      }
-    } finally {
-      // Stopped early (consumer broke out or an error): close the connection behind the stream.
-      if (!finished) reader.cancel().catch(() => {})
+    return {
+      async next() {
+        try {
+          const { done, value } = await reader.read()
+          if (done) finished = true
+          return done ? undefined : value
+        } catch (err) { finished = true; throw err }
+      },
+      async close() { if (!finished) { finished = true; await reader.cancel().catch(() => {}) } },
     }
   }
   if (source !== null && typeof source === 'object' && (Symbol.asyncIterator in source || Symbol.iterator in source)) {
-    yield* source as AsyncIterable<Uint8Array | string>
-    return
+    const it: AsyncIterator<Uint8Array | string> | Iterator<Uint8Array | string> = Symbol.asyncIterator in source
+      ? (source as AsyncIterable<Uint8Array | string>)[Symbol.asyncIterator]()
+      : (source as Iterable<Uint8Array | string>)[Symbol.iterator]()
+    let finished = false
+    return {
+      async next() {
+        const r = await it.next()
+        if (r.done) finished = true
+        return r.done ? undefined : r.value
+      },
+      async close() { if (!finished) { finished = true; await it.return?.() } },
+    }
   }
   throw new TypeError(`parseSSE needs a ReadableStream<Uint8Array> or an AsyncIterable of Uint8Array | string, got ${source === null ? 'null' : typeof source}`)
 }
