@@ -4915,8 +4915,9 @@ function replayPositiveInteger(name: string, value: unknown, fix: string): numbe
  *   (the message names the value and the fix). Cancellation through `signal` rejects with its reason.
  */
 export async function replayTranscript(transcript: Transcript, options: ReplayOptions = {}): Promise<ReplayReport> {
-  const window = replayPositiveInteger('contextWindow', options.contextWindow ?? transcript.contextWindow ?? options.summarizer?.contextWindow,
-    'pass contextWindow (CLI: --context-window N)')
+  const windowGiven = options.contextWindow ?? transcript.contextWindow ?? options.summarizer?.contextWindow
+  if (windowGiven === undefined) throw new RangeError(`replay: this ${transcript.format} file does not say its context window; pass contextWindow (CLI: --context-window N, e.g. 128000)`)
+  const window = replayPositiveInteger('contextWindow', windowGiven, 'pass contextWindow (CLI: --context-window N)')
   const thresholdRatio = options.thresholdRatio ?? DEFAULT_COMPACTION_CONFIG.thresholdRatio
   if (typeof thresholdRatio !== 'number' || !(thresholdRatio > 0 && thresholdRatio <= 1)) {
     throw new RangeError(`replay: thresholdRatio must be a number in (0, 1], got ${String(thresholdRatio)}; e.g. 0.8 (CLI: --threshold 0.8)`)
@@ -5831,7 +5832,7 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0
   } catch (err) {
-    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${options.file}: ${err.message}\n`); return 2 }
+    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${options.file}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
     if (err instanceof ProviderError) { io.stderr(`dsh: replay: the summarizer failed: ${err.code}: ${err.message}\n`); return 1 }
     throw err
   }

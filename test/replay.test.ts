@@ -321,7 +321,7 @@ test('formatReplay: aligned text table with events and totals; JSONL with one ob
 test('bad input: a non-transcript is a TranscriptError with its line; bad options are RangeErrors naming the fix', async () => {
   await assert.rejects(runReplay('hello\n', { contextWindow: 100 }), (e: unknown) => e instanceof TranscriptError && e.line === 1)
   const t = readTranscript(JSON.stringify([{ role: 'user', content: 'a' }]))
-  await assert.rejects(replayTranscript(t), /contextWindow must be a positive integer number of tokens, got undefined; pass contextWindow \(CLI: --context-window N\)/)
+  await assert.rejects(replayTranscript(t), /does not say its context window; pass contextWindow \(CLI: --context-window N, e.g. 128000\)/)
   await assert.rejects(replayTranscript(t, { contextWindow: 1.5 }), RangeError)
   await assert.rejects(replayTranscript(t, { contextWindow: 100, thresholdRatio: 1.5 }), /thresholdRatio must be a number in \(0, 1\]/)
   await assert.rejects(replayTranscript(t, { contextWindow: 100, summaryTokens: 0 }), /summaryTokens must be a positive integer/)
