@@ -405,6 +405,7 @@ function cutPoints(text: string, cfg: PruneConfig): [headEnd: number, tailStart:
  * Throws {@link PruneConfigError} for a bad config. DESIGN.md §3.
  */
 export function pruneText(text: string, config?: Partial<PruneConfig>): string {
+  if (typeof text !== 'string') throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
   const cfg = resolvePruneConfig(config)
   if (!overThreshold(text, cfg.thresholdChars)) return text
   const [headEnd, tailStart] = cutPoints(text, cfg)
@@ -3012,6 +3013,7 @@ export class Agent implements CompactionHost {
           inputTokens: session.measure().totalTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
         }
         await this.runHooks('agent/request', { ...ctx, request })
+        await session.flush() // written, not fsynced: a crash mid-request still shows the step it was in
         let response: ChatResponse
         try {
           response = await this.provider.complete(request)
@@ -3098,7 +3100,8 @@ export class Agent implements CompactionHost {
         }
         if (args !== undefined) {
           try { result = toolOutputToResult(call.id, call.name, await tool.execute(args, { signal, callId: call.id })) } catch (err) {
-            result = errorResult(call.id, `tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`, 'TOOL_ERROR')
+            const text = String((err as Error)?.message ?? err)
+            result = errorResult(call.id, text.startsWith(`${call.name}:`) ? text : `tool ${call.name} failed: ${text}`, 'TOOL_ERROR')
           }
         }
       }
@@ -5129,7 +5132,7 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
   const out: string[] = []
   if (options.chain !== undefined) out.push(`── ${options.chain} ──`)
   out.push(`dsh replay${options.name ? ` of ${options.name}` : ''}: ${report.format}, ${n.user + n.assistant + n.tool} messages (${n.user} user, ${n.assistant} assistant, ${n.tool} tool results), ${t.turns} turn(s), ${t.steps} step(s)`)
-  out.push(`context window ${groupDigits(report.contextWindow)} tokens; pressure threshold ${groupDigits(report.thresholdTokens)} (${report.thresholdRatio}); tool results pruned over ${groupDigits(DEFAULT_PRUNE_CONFIG.thresholdChars)} code points`)
+  out.push(`context window ${groupDigits(report.contextWindow)} tokens; pressure threshold ${groupDigits(report.thresholdTokens)} (${report.thresholdRatio}); above the threshold, tool results over ${groupDigits(DEFAULT_PRUNE_CONFIG.thresholdChars)} code points are pruned first`)
   out.push(report.summaries.simulated
     ? `summaries simulated at ${groupDigits(report.summaries.tokens)} tokens each (no model was called)`
     : `summaries written by the model ${report.summaries.model}`)
