@@ -55,6 +55,7 @@ export interface ToolCallBlock { type: 'tool-call'; id: string; name: string; ar
 export interface ImageBlock { type: 'image'; [key: string]: unknown }
 /** Any block a caller hands in that dsh does not interpret. Kept in position, never edited. */
 export interface OtherBlock { type: string; [key: string]: unknown }
+/** Any block of message content (DESIGN.md §1); non-text blocks keep their positions. */
 export type Block = TextBlock | ReasoningBlock | ToolCallBlock | ImageBlock | OtherBlock
 
 /** DESIGN.md §1. `content` may be a plain string (the common case) or blocks. */
@@ -70,6 +71,7 @@ export interface ToolResultMessage {
   /** Free-form data for the caller (never sent to the provider, never edited by dsh). */
   metadata?: Record<string, unknown>
 }
+/** A provider-neutral message (DESIGN.md §1); the envelope (system, tools) is not a message. */
 export type Message = UserMessage | AssistantMessage | ToolResultMessage
 
 /** A function tool as the provider sees it (JSON-schema `parameters`), part of the envelope. */
@@ -1032,9 +1034,9 @@ export class Session {
 
   /** Logs `request/header` when model, base URL, envelope, budget or window changed; returns whether it did. */
   setHeader(header: RequestHeader): boolean {
-    const clean = JSON.parse(JSON.stringify(header)) as RequestHeader
-    if (this.header && JSON.stringify(this.header) === JSON.stringify(clean)) return false
-    this.append('request/header', clean)
+    const text = JSON.stringify(header) // also drops undefined fields, so equal headers compare equal
+    if (this.header && JSON.stringify(this.header) === text) return false
+    this.append('request/header', JSON.parse(text) as RequestHeader)
     return true
   }
 
@@ -1520,7 +1522,7 @@ export function utf8Length(text: string, limit = Infinity): number {
     const c = text.charCodeAt(i)
     if (c < 0x80) bytes += 1
     else if (c < 0x800) bytes += 2
-    else if (c >= 0xd800 && c <= 0xdbff && i + 1 < text.length && (text.charCodeAt(i + 1) & 0xfc00) === 0xdc00) { bytes += 4; i++ }
+    else if (isHigh(c) && isLow(text.charCodeAt(i + 1))) { bytes += 4; i++ }
     else bytes += 3
   }
   return bytes
@@ -3352,13 +3354,10 @@ async function confine(host: ToolHost, tool: string, input: string): Promise<{ r
 
 // ── output caps ──
 
-function isHighSurrogate(unit: number): boolean { return unit >= 0xd800 && unit <= 0xdbff }
-function isLowSurrogate(unit: number): boolean { return unit >= 0xdc00 && unit <= 0xdfff }
-
 /** The first `maxUnits` UTF-16 units of `text`, one fewer when the cut would split a surrogate pair. */
 function headUnits(text: string, maxUnits: number): string {
   if (text.length <= maxUnits) return text
-  const end = maxUnits > 0 && isHighSurrogate(text.charCodeAt(maxUnits - 1)) ? maxUnits - 1 : maxUnits
+  const end = maxUnits > 0 && isHigh(text.charCodeAt(maxUnits - 1)) ? maxUnits - 1 : maxUnits
   return text.slice(0, end)
 }
 
@@ -3812,8 +3811,8 @@ class StreamText {
   render(label: string): string {
     if (this.total <= this.headMax + this.tailMax) return this.head + this.tail
     // Drop half of a surrogate pair at either cut.
-    const head = isHighSurrogate(this.head.charCodeAt(this.head.length - 1)) ? this.head.slice(0, -1) : this.head
-    const tail = isLowSurrogate(this.tail.charCodeAt(0)) ? this.tail.slice(1) : this.tail
+    const head = isHigh(this.head.charCodeAt(this.head.length - 1)) ? this.head.slice(0, -1) : this.head
+    const tail = isLow(this.tail.charCodeAt(0)) ? this.tail.slice(1) : this.tail
     return `${head}\n[… ${this.total - head.length - tail.length} characters of ${label} cut here …]\n${tail}`
   }
 }
@@ -5595,7 +5594,6 @@ type NodeProcess = {
   on(event: string, fn: (...a: any[]) => void): unknown; off(event: string, fn: (...a: any[]) => void): unknown
 }
 
-const fmt = (n: number) => n.toLocaleString('en-US')
 
 /**
  * Turns agent events into terminal output on stderr: one line for each prune, compaction, overflow
@@ -5615,15 +5613,15 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     const ev = e.event
     const d = ev.data as any
     switch (ev.type) {
-      case 'compaction/prune': return say(`pruned tool result #${d.shadowedSeqs[0]} (${fmt(d.shadowedTokenCount)} tokens)`)
-      case 'compaction/end': return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${fmt(d.tokensBefore)} → ${fmt(d.tokensAfter)} tokens`)
+      case 'compaction/prune': return say(`pruned tool result #${d.shadowedSeqs[0]} (${groupDigits(d.shadowedTokenCount)} tokens)`)
+      case 'compaction/end': return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${groupDigits(d.tokensBefore)} → ${groupDigits(d.tokensAfter)} tokens`)
       case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
       // Other provider errors end the turn and are reported once, by the caller's last line.
       case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
       case 'step/end': {
         if (!tty || !a) return
         const m = a.session.measure(), w = a.contextWindow
-        return say(`context ${fmt(m.totalTokens)}${w ? ` / ${fmt(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'}`)
+        return say(`context ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'}`)
       }
     }
   }
@@ -5638,9 +5636,9 @@ function usageReport(agent: Agent): string {
     if (u) { calls++; prompt += u.promptTokens; completion += u.completionTokens; cached += u.cachedTokens ?? 0 }
   }
   return [
-    `context: ${fmt(m.totalTokens)}${w ? ` / ${fmt(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens'} ${m.anchored ? '(anchored on provider usage)' : '(heuristic)'}`,
-    `envelope ${fmt(m.envelopeTokens)} + surface ${fmt(m.surfaceTokens)} tokens in ${m.nodes.length} messages; ${agent.session.seq} log events; replace generation ${agent.session.replaceGeneration}`,
-    `provider usage over ${calls} calls: prompt ${fmt(prompt)} (cached ${fmt(cached)}), completion ${fmt(completion)} tokens`,
+    `context: ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens'} ${m.anchored ? '(anchored on provider usage)' : '(heuristic)'}`,
+    `envelope ${groupDigits(m.envelopeTokens)} + surface ${groupDigits(m.surfaceTokens)} tokens in ${m.nodes.length} messages; ${agent.session.seq} log events; replace generation ${agent.session.replaceGeneration}`,
+    `provider usage over ${calls} calls: prompt ${groupDigits(prompt)} (cached ${groupDigits(cached)}), completion ${groupDigits(completion)} tokens`,
   ].join('\n') + '\n'
 }
 
@@ -5778,7 +5776,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
   const rl = terminal.rl
   let running: AbortController | undefined
   let exitCode = 0
-  io.stderr(`dsh ${VERSION} · ${agent.provider.model} · ${agent.contextWindow ? `${fmt(agent.contextWindow)}-token window` : 'window unknown'} · /help for commands\n`)
+  io.stderr(`dsh ${VERSION} · ${agent.provider.model} · ${agent.contextWindow ? `${groupDigits(agent.contextWindow)}-token window` : 'window unknown'} · /help for commands\n`)
   rl.on('SIGINT', () => {
     if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n'); return }
     rl.close()
@@ -5794,7 +5792,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     else if (line === '/compact') {
       running = new AbortController()
       const o = await agent.compact(running.signal).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))
-      io.stderr(`[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${fmt(o.tokensBefore)} → ${fmt(o.tokensAfter)} tokens\n`)
+      io.stderr(`[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${groupDigits(o.tokensBefore)} → ${groupDigits(o.tokensAfter)} tokens\n`)
     } else if (line.startsWith('/')) io.stderr(`unknown command ${line}; ${INTERACTIVE_HELP}`)
     else {
       running = new AbortController()

@@ -2,12 +2,11 @@
 // off the files with jq/python (see the comments by each row), never produced by these readers.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { readFileSync } from 'node:fs'
 import {
   detectTranscriptFormat, readTranscript, TranscriptError, Session, MemoryStore, PRUNE_MARKER,
   type Message, type ToolCallBlock, type Transcript, type TranscriptFormat,
 } from '../dsh.ts'
-import { sharedPath, skipWithoutShared } from './shared.ts'
+import { skipWithoutShared, readCorpus } from './shared.ts'
 
 /** Unicode code points (a surrogate pair counts once), not UTF-16 units. */
 function codePoints(s: string): number { let n = 0; for (const _ of s) n++; return n }
@@ -107,12 +106,6 @@ const CORPUS: CorpusRow[] = [
   },
 ]
 
-const corpusText = new Map<string, string>()
-const readCorpus = (file: string) => {
-  let text = corpusText.get(file)
-  if (text === undefined) corpusText.set(file, text = readFileSync(sharedPath('corpus', file), 'utf8'))
-  return text
-}
 
 for (const row of CORPUS) {
   test(`corpus ${row.file}: detected as ${row.format}, counts as read off the file`, { skip: skipWithoutShared('corpus', row.file) }, () => {

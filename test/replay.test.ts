@@ -3,13 +3,12 @@
 // sit) were read off the files with python/jq — see the comment by each row — not produced by dsh.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { readFileSync } from 'node:fs'
 import {
   replayTranscript, runReplay, formatReplay, readTranscript, estimateRequestTokens, Session, MemoryStore,
   TranscriptError, PRUNE_MARKER, DEFAULT_REPLAY_SUMMARY_TOKENS,
   type Message, type ReplayStep, type Transcript, type Provider, type ChatRequest,
 } from '../dsh.ts'
-import { sharedPath, skipWithoutShared } from './shared.ts'
+import { skipWithoutShared, readCorpus } from './shared.ts'
 
 const codePoints = (s: string): number => { let n = 0; for (const _ of s) n++; return n }
 const textOf = (m: Message): string =>
@@ -89,12 +88,6 @@ const CORPUS: CorpusCase[] = [
   { file: 'marshmallow-code__marshmallow-1867.function_calling_replace_from_source.traj', roles: { user: 1, assistant: 13, tool: 13 }, overThreshold: 0, prunes: 0, spills: 0 },
 ]
 
-const corpusText = new Map<string, string>()
-const readCorpus = (file: string) => {
-  let text = corpusText.get(file)
-  if (text === undefined) corpusText.set(file, text = readFileSync(sharedPath('corpus', file), 'utf8'))
-  return text
-}
 
 for (const c of CORPUS) {
   test(`corpus ${c.file} at 32,000: counts, prunes where results exceed 8,192 code points, no request over the window`,

@@ -1,7 +1,7 @@
 // Locates ../shared (fixtures and corpus from other public projects; never copied into this repo).
 // Tests that need it call sharedPath(...) and skip with a visible message when it is absent;
 // under CI (.ci/run sets DSH_REQUIRE_SHARED=1) absence is a failure instead.
-import { existsSync } from 'node:fs'
+import { existsSync, readFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import { dirname, join, resolve } from 'node:path'
 
@@ -23,4 +23,12 @@ export function skipWithoutShared(...parts: string[]): false | string {
   if (process.env.DSH_REQUIRE_SHARED === '1') throw new Error(msg.replace('SKIPPED', 'MISSING'))
   console.log(`# ${msg}`)
   return msg
+}
+
+const corpusText = new Map<string, string>()
+/** The text of a corpus transcript (`shared/corpus/FILE`), read once per process. */
+export function readCorpus(file: string): string {
+  let text = corpusText.get(file)
+  if (text === undefined) corpusText.set(file, text = readFileSync(sharedPath('corpus', file), 'utf8'))
+  return text
 }
