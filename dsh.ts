@@ -524,7 +524,9 @@ export interface EventDataMap {
   'request/header': RequestHeader
   'user/message': { message: UserMessage; surfaceOp: SurfaceOp; compactionId?: string }
   'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string }
-  'tool/call': { callId: string; name: string; arguments: string }
+  /** The dispatch record of a tool call. Its arguments are logged once, in the `tool-call` block of
+   *  the assistant message that holds `callId` (logs written by dsh 0.1 repeat them here). */
+  'tool/call': { callId: string; name: string; arguments?: string }
   'tool/result': { message: ToolResultMessage; surfaceOp: SurfaceOp; spilled?: { ref: string; bytes: number } }
   'request/error': { code: string; status?: number; message: string; trigger?: string }
   'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
@@ -1527,6 +1529,12 @@ export function utf8Length(text: string, limit = Infinity): number {
   }
   return bytes
 }
+
+/**
+ * The artefact name of a spilled tool result: from the seq of the `tool/result` event that will
+ * refer to it (unique in a log, across resumes), never from a server-chosen call id (DESIGN.md §13).
+ */
+export function spillName(seq: number): string { return `tool-result-${seq}.txt` }
 
 /**
  * Spill (DESIGN.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
@@ -3088,7 +3096,7 @@ export class Agent implements CompactionHost {
         session.append('tool/result', { message: errorResult(call.id, 'TOOL_ABORTED: the turn was cancelled before this tool call started.', 'TOOL_ABORTED'), surfaceOp: { op: 'append' } })
         continue
       }
-      session.append('tool/call', { callId: call.id, name: call.name, arguments: call.arguments })
+      session.append('tool/call', { callId: call.id, name: call.name })
       await session.flush() // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
       let result: ToolResultMessage
       const tool = this.tools.find((t) => t.name === call.name)
@@ -3107,7 +3115,7 @@ export class Agent implements CompactionHost {
           }
         }
       }
-      const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, `${call.id}.txt`)
+      const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, spillName(session.seq))
       session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
     }
   }
@@ -5048,8 +5056,8 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
       unmanaged += estimateMessageTokens(result)
       if (resultCodePoints(result, pruneConfig.thresholdChars) > pruneConfig.thresholdChars) resultsOverPruneThreshold++
       const call = calls.find((c) => c.id === result.toolCallId)
-      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '', arguments: call?.arguments ?? '' })
-      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, `${result.toolCallId}.txt`)
+      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '' })
+      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, spillName(session.seq))
       const event = session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
       if (spilled.spilled) {
         rowEvents.push({ type: 'spill', seq: event.seq, bytes: spilled.spilled.bytes, tokensBefore: estimateMessageTokens(result), tokensAfter: estimateMessageTokens(spilled.message) })
