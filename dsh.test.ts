@@ -339,3 +339,15 @@ test('README library example (examples/library.ts) prints the documented numbers
     '',
   ].join('\n'))
 })
+
+test('Session.readEvent / readEvents read back logged events, including shadowed originals', async () => {
+  const session = await Session.open(new MemoryStore())
+  session.append('user/message', { message: { role: 'user', content: 'hello' }, surfaceOp: { op: 'append' } })
+  const replaced = session.append('user/message', { message: { role: 'user', content: 'hi' }, surfaceOp: { op: 'replace', start: 1, end: 1 } })
+  assert.equal(((await session.readEvent(1)).data as any).message.content, 'hello')
+  assert.equal((await session.readEvent(replaced.seq)).seq, 2)
+  await assert.rejects(session.readEvent(99), /no event with seq 99/)
+  const seqs: number[] = []
+  for await (const e of session.readEvents(1)) seqs.push(e.seq)
+  assert.deepEqual(seqs, [1, 2])
+})

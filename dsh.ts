@@ -844,6 +844,26 @@ export class Session {
   get replaceGeneration(): number { return this.generation }
   /** The current surface, oldest first. A live view: do not keep it across appends. */
   surface(): readonly SurfaceNode[] { return this.nodes }
+  /**
+   * Reads back the logged event `seq` (e.g. the original of a pruned, cleared or summarised
+   * message). Use this, not `events[seq]`, in code that must also work on sessions that keep only
+   * the surface in memory (a {@link FileStore} reads it back from the file).
+   * Throws `SessionError('STORE')` for a seq that is not in the log.
+   */
+  async readEvent(seq: number): Promise<SessionEvent> {
+    const e = Number.isInteger(seq) ? this.events[seq] : undefined
+    if (!e) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.events.length - 1})`)
+    return e
+  }
+
+  /**
+   * The logged events with `fromSeq <= seq < toSeq`, oldest first (defaults: the whole log), read
+   * back like {@link Session.readEvent}. For scans such as a recall search or `dsh show`.
+   */
+  async *readEvents(fromSeq = 0, toSeq = this.seq): AsyncGenerator<SessionEvent> {
+    for (let seq = Math.max(0, fromSeq); seq < Math.min(toSeq, this.seq); seq++) yield this.events[seq]
+  }
+
   /** The surface node put there by event `seq`, if it is still on the surface. */
   node(seq: number): SurfaceNode | undefined { return this.bySeq.get(seq) }
   /** Whether a tool call with this id is on the surface (ids must be unique there). */
