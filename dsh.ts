@@ -93,7 +93,7 @@ export interface Usage {
 /** Error codes of {@link ProviderError} (DESIGN.md §6). */
 export type ProviderErrorCode =
   | 'CONTEXT_WINDOW_EXCEEDED' | 'RATE_LIMIT' | 'QUOTA' | 'AUTH' | 'INVALID_REQUEST' | 'SERVER'
-  | 'TRANSPORT' | 'TIMEOUT' | 'ABORTED' | 'EMPTY_RESPONSE' | 'MALFORMED_RESPONSE'
+  | 'TRANSPORT' | 'TIMEOUT' | 'ABORTED' | 'EMPTY_RESPONSE' | 'MALFORMED_RESPONSE' | 'RESPONSE_TOO_LARGE'
 
 /**
  * The one error type a provider throws. `body` is the raw response text (or the in-stream error
@@ -1609,6 +1609,13 @@ const RETRY_JITTER_RATIO = 0.1
 const SSE_MAX_BUFFER_UNITS = 16 * 1024 * 1024
 /** Error bodies are read for classification up to this many UTF-16 units. */
 const ERROR_BODY_MAX_UNITS = 64 * 1024
+/** An error body, or a non-streamed body, is read up to this many bytes (after content decoding),
+ *  then the rest is cancelled unread: a gzip bomb is never inflated (docs/design.md §13). */
+export const RESPONSE_BODY_MAX_BYTES = 64 * 1024
+/** Default cap on one assistant message: text + reasoning + tool-call arguments, UTF-8 bytes (§13). */
+export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+/** Same-origin 307/308 redirects followed per attempt, at most. */
+const MAX_REDIRECTS = 5
 /** String values longer than this (UTF-16 units) are elided when a non-text block is sent as JSON text. */
 const DESCRIBED_STRING_MAX_UNITS = 1024
 
@@ -2118,6 +2125,7 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   ABORTED: 'The caller aborted the request.',
   EMPTY_RESPONSE: 'The server answered with nothing; try again later.',
   MALFORMED_RESPONSE: 'The server does not speak the OpenAI chat-completions stream format; check baseURL.',
+  RESPONSE_TOO_LARGE: 'The server sent more than dsh reads; raise maxMessageBytes if a message really needs more, or lower maxTokens.',
 }
 
 /** Seconds, an HTTP date, or OpenAI's `retry-after-ms`, in ms (RFC 9110 §10.2.3). */
@@ -2319,11 +2327,17 @@ export interface OpenAICompatibleOptions {
   extraBody?: Record<string, unknown>
   /** Waits between retries (tests pass a fake clock). Must reject when `signal` aborts. */
   sleep?: (ms: number, signal?: AbortSignal) => Promise<void>
+  /** Cap on one assistant message in UTF-8 bytes (text + reasoning + tool-call arguments); past it
+   *  the stream is cancelled and RESPONSE_TOO_LARGE thrown with the partial text. Default {@link DEFAULT_MAX_MESSAGE_BYTES}. */
+  maxMessageBytes?: number
+  /** Deadline of one `complete()` call, retries and backoff included, in ms; past it: TIMEOUT, not retried. Default: none. */
+  requestTimeoutMs?: number
 }
 
 const OPTION_NAMES: readonly (keyof OpenAICompatibleOptions)[] = [
   'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'maxTokensField', 'headers', 'fetch',
   'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'thinking', 'reasoningEffort', 'extraBody', 'sleep',
+  'maxMessageBytes', 'requestTimeoutMs',
 ]
 
 interface AdapterConfig {
@@ -2345,6 +2359,8 @@ interface AdapterConfig {
   reasoningEffort?: string
   extraBody: Record<string, unknown>
   sleep: (ms: number, signal?: AbortSignal) => Promise<void>
+  maxMessageBytes: number
+  requestTimeoutMs?: number
 }
 
 /** Reads an environment variable where one exists; edge runtimes have none, Deno may deny access. */
@@ -2424,6 +2440,8 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
     reasoningEffort: options.reasoningEffort,
     extraBody: { ...(options.extraBody ?? {}) },
     sleep: options.sleep ?? sleepMs,
+    maxMessageBytes: positiveInteger(fn, 'maxMessageBytes', options.maxMessageBytes) ?? DEFAULT_MAX_MESSAGE_BYTES,
+    requestTimeoutMs: positiveInteger(fn, 'requestTimeoutMs', options.requestTimeoutMs),
   }
 }
 
@@ -2445,6 +2463,12 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * are dropped since their arguments may be cut). A "request too large for the per-minute
  * budget" rate limit is not retried (it can never pass). ABORTED (the request's signal) ends at
  * once, also during a backoff wait, and is never retried. The API key never appears in an error.
+ *
+ * Limits on what a server can make the adapter read (docs/design.md §13): an error body or a
+ * non-streamed body is read up to {@link RESPONSE_BODY_MAX_BYTES} (64 KiB, after gzip decoding)
+ * and the rest cancelled unread; one assistant message up to `maxMessageBytes` (8 MiB of text,
+ * reasoning and arguments), past which RESPONSE_TOO_LARGE carries the partial; `requestTimeoutMs`
+ * bounds the whole call. Redirects are not followed across origins (only a same-origin 307/308).
  * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
  */
 export function openAICompatible(options: OpenAICompatibleOptions): Provider {
@@ -2486,8 +2510,9 @@ function makeProvider(cfg: AdapterConfig): Provider {
   }
 }
 
-/** Errors raised after output was streamed: retrying them would show the caller a second answer. */
-const afterOutput = new WeakSet<ProviderError>()
+/** Errors never retried: raised after output was streamed (a retry would show the caller a second
+ *  answer), or past the request deadline. */
+const notRetried = new WeakSet<ProviderError>()
 const RETRYABLE = new Set<ProviderErrorCode>(['RATE_LIMIT', 'SERVER', 'TRANSPORT', 'TIMEOUT', 'EMPTY_RESPONSE'])
 
 /** An exception thrown by the caller's onEvent: passed through unchanged, never retried. */
@@ -2548,20 +2573,22 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
   if (cfg.apiKey !== undefined) headers.authorization = `Bearer ${cfg.apiKey}`
   // Lower-cased, so that a caller's `Authorization` replaces ours instead of being joined to it.
   for (const extra of [cfg.headers, request.headers ?? {}]) for (const [name, value] of Object.entries(extra)) headers[name.toLowerCase()] = value
+  const deadlineAt = cfg.requestTimeoutMs === undefined ? undefined : Date.now() + cfg.requestTimeoutMs
   for (let retry = 0; ; retry++) {
     let error: ProviderError
     try {
-      return await attempt(cfg, request, body, headers)
+      return await attempt(cfg, request, body, headers, deadlineAt)
     } catch (e) {
       if (e instanceof ListenerFailure) throw e.error
       if (!(e instanceof ProviderError)) throw e
       error = e
     }
-    const retryable = RETRYABLE.has(error.code) && !afterOutput.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
+    const retryable = RETRYABLE.has(error.code) && !notRetried.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
     if (!retryable || retry >= cfg.maxRetries) throw error
     const delayMs = error.retryAfterMs !== undefined
       ? Math.min(error.retryAfterMs, cfg.retryMaxMs)
       : Math.round(Math.min(cfg.retryMaxMs, cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
+    if (deadlineAt !== undefined && Date.now() + delayMs >= deadlineAt) throw error // no retry could start before the deadline
     request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error })
     try { await cfg.sleep(delayMs, signal) } catch (e) { if (signal?.aborted) throw aborted(); throw e }
     if (signal?.aborted) throw aborted()
@@ -2578,6 +2605,15 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
   let usage: Usage | undefined
   let responseId: string | undefined
   let streamed = false
+  let messageBytes = 0 // text + reasoning + tool-call arguments so far, UTF-8 bytes
+
+  /** Counts a delta against maxMessageBytes; past it the stream ends as RESPONSE_TOO_LARGE (the partial is kept). */
+  function admit(delta: string): void {
+    messageBytes += utf8Length(delta, cfg.maxMessageBytes)
+    if (messageBytes > cfg.maxMessageBytes) {
+      throw providerError(cfg, 'RESPONSE_TOO_LARGE', `the assistant message from ${cfg.endpoint} (model ${cfg.model}) passed maxMessageBytes, ${cfg.maxMessageBytes} bytes of text, reasoning and tool-call arguments; the stream was cancelled and the text so far kept as an interrupted message.`, { status: 200 })
+    }
+  }
 
   function toolCallDelta(tc: unknown): void {
     if (!isRecord(tc)) return
@@ -2602,6 +2638,7 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
     const newName = name !== undefined && call.name === '' ? name : undefined
     if (newId) call.id = newId
     if (newName) call.name = newName
+    if (args) admit(args)
     call.arguments += args
     if (newId || newName || args) {
       streamed = true
@@ -2625,8 +2662,8 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
         if (delta) {
           const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== '' ? delta.reasoning_content
             : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
-          if (r !== '') { reasoning += r; streamed = true; emit({ type: 'reasoning-delta', text: r }) }
-          if (typeof delta.content === 'string' && delta.content !== '') { text += delta.content; streamed = true; emit({ type: 'text-delta', text: delta.content }) }
+          if (r !== '') { admit(r); reasoning += r; streamed = true; emit({ type: 'reasoning-delta', text: r }) }
+          if (typeof delta.content === 'string' && delta.content !== '') { admit(delta.content); text += delta.content; streamed = true; emit({ type: 'text-delta', text: delta.content }) }
           if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) toolCallDelta(tc)
         }
         if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
@@ -2727,10 +2764,59 @@ function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | un
   }
 }
 
-async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>): Promise<ChatResponse> {
+/**
+ * Reads at most `maxBytes` of a response body (bytes after content decoding: fetch inflates gzip
+ * as it is read), then cancels the rest unread. `cut` says whether anything was left.
+ */
+async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string; cut: boolean }> {
+  if (!response.body) return { text: '', cut: false }
+  const decoder = new TextDecoder()
+  let text = ''
+  let bytes = 0
+  for await (const chunk of bodyChunks(response.body, signal)) { // leaving the loop cancels the body
+    if (bytes + chunk.byteLength > maxBytes) return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
+    bytes += chunk.byteLength
+    text += decoder.decode(chunk, { stream: true })
+  }
+  return { text: text + decoder.decode(), cut: false }
+}
+
+const REDIRECT_STATUSES: ReadonlySet<number> = new Set([301, 302, 303, 307, 308])
+
+/**
+ * POSTs with `redirect: 'manual'` (docs/design.md §13): a 307/308 to the same origin is followed
+ * (up to {@link MAX_REDIRECTS} times, the body re-sent); any other redirect — another origin, or
+ * one that would turn the POST into a GET — is refused, so the conversation and the key never go
+ * to a host the caller did not name.
+ */
+async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit): Promise<Response> {
+  const origin = new URL(cfg.endpoint).origin
+  let url = cfg.endpoint
+  for (let hops = 0; ; hops++) {
+    const response = await cfg.fetch(url, { ...init, redirect: 'manual' })
+    if (response.type !== 'opaqueredirect' && !REDIRECT_STATUSES.has(response.status)) return response
+    response.body?.cancel().catch(() => {})
+    let target: URL | undefined
+    try { target = new URL(response.headers.get('location') ?? '', url) } catch { target = undefined }
+    const where = target && response.headers.get('location') ? target.href : 'an address the runtime does not show'
+    const why = !target || response.type === 'opaqueredirect' ? 'a redirect without a usable Location'
+      : target.origin !== origin ? `another origin than ${origin}; the conversation and the key are not re-sent there`
+      : response.status !== 307 && response.status !== 308 ? `HTTP ${response.status} would turn the POST into a GET`
+      : hops >= MAX_REDIRECTS ? `more than ${MAX_REDIRECTS} redirects` : undefined
+    if (why === undefined) { url = target!.href; continue }
+    throw providerError(cfg, 'INVALID_REQUEST', `HTTP ${response.status} from POST ${url} redirects to ${where}: ${why}. Set baseURL to the server's real address if you trust it.`, {
+      status: response.status || undefined, requestId: requestIdOf(response.headers),
+    })
+  }
+}
+
+async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>, deadlineAt?: number): Promise<ChatResponse> {
   const { signal, onEvent } = request
   const controller = new AbortController()
   let timedOut = false
+  let pastDeadline = false
+  const deadline = deadlineAt === undefined ? undefined
+    : setTimeout(() => { pastDeadline = true; controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`)) }, Math.max(0, deadlineAt - Date.now()))
   let timer: ReturnType<typeof setTimeout> | undefined
   const progress = (): void => {
     if (timer !== undefined) clearTimeout(timer)
@@ -2746,20 +2832,21 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   let requestId: string | undefined
   progress()
   try {
-    const response = await cfg.fetch(cfg.endpoint, { method: 'POST', headers, body, signal: controller.signal })
+    const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
     requestId = requestIdOf(response.headers)
     if (!response.ok) {
-      const text = await response.text()
+      const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
       const code = classifyProviderError(response.status, text)
       const info = inspectErrorBody(text)
-      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}.`, {
+      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}${cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''}.`, {
         status: response.status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
       })
     }
     if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
       // The server ignored stream: true and sent one completion (or an error) as JSON.
-      const text = await response.text()
+      const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
+      if (cut) throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for stream: true).`, { status: response.status, requestId })
       if (text.trim() === '') throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model ${cfg.model}).`, { status: response.status, requestId })
       acc.chunk(parseChunkData(cfg, text.trim(), requestId)[0], requestId, text)
       return acc.finish(true, requestId)
@@ -2792,7 +2879,10 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     const partial = acc.partial()
     let error: ProviderError
     if (signal?.aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`, { requestId })
-    else if (e instanceof ProviderError) error = e
+    else if (pastDeadline) {
+      error = providerError(cfg, 'TIMEOUT', `the request deadline of ${cfg.requestTimeoutMs} ms (requestTimeoutMs) passed before ${cfg.endpoint} (model ${cfg.model}) finished; not retried.`, { requestId })
+      notRetried.add(error)
+    } else if (e instanceof ProviderError) error = e
     else if (timedOut) error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
     else if (e instanceof SSEParseError) error = providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint}: ${e.message}.`, { requestId, status: 200, cause: e })
     else {
@@ -2801,10 +2891,11 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
       error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${reason}.`, { requestId, cause: e })
     }
     if (partial && !error.partial) error.partial = partial
-    if (acc.streamed) afterOutput.add(error)
+    if (acc.streamed) notRetried.add(error)
     throw error
   } finally {
     if (timer !== undefined) clearTimeout(timer)
+    if (deadline !== undefined) clearTimeout(deadline)
     signal?.removeEventListener('abort', forwardAbort)
   }
 }
