@@ -1557,9 +1557,15 @@ export function utf8Length(text: string, limit = Infinity): number {
 export async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
   if (!store.putArtefact) return { message }
   const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
-  let bytes = 0
-  for (const t of texts) { bytes += utf8Length(t.text, spillBytes - bytes); if (bytes > spillBytes) break }
-  if (bytes <= spillBytes) return { message }
+  // Length first: a UTF-16 unit is 1 to 3 UTF-8 bytes, so most results are decided without a walk.
+  let units = 0
+  for (const t of texts) units += t.text.length
+  if (units * 3 <= spillBytes) return { message }
+  if (units <= spillBytes) {
+    let bytes = 0
+    for (const t of texts) { bytes += utf8Length(t.text, spillBytes - bytes); if (bytes > spillBytes) break }
+    if (bytes <= spillBytes) return { message }
+  }
   const whole = texts.map((t) => t.text).join('')
   const ref = await store.putArtefact(name, whole)
   const fullBytes = utf8Length(whole)
@@ -3016,7 +3022,7 @@ export class Agent implements CompactionHost {
       const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
       this.pinnedSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
       this.writeHeader() // so the turn-start pressure check prices this agent's envelope (DESIGN.md §2)
-      await session.sync()
+      await session.flush() // the input is written at once and fsynced with the first step's boundary
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
       this.overflowRetries = 0
       for (;;) {
@@ -3070,12 +3076,13 @@ export class Agent implements CompactionHost {
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
         await this.runTools(calls, signal)
         const steered = this.drainSteering()
-        await session.sync()
+        await session.flush() // written before the post-step ladder may call a model; fsynced once, below
         if (!signal.aborted) await this.unlessAborted(() => this.runHooks('agent/post-step', ctx), signal)
         session.append('step/end', { turn, step })
-        await session.sync()
+        // One fsync per step: at its boundary, together with the turn's end when this step ends it.
         if (signal.aborted) return await end('aborted')
         if (calls.length === 0 && !steered) return await end(response.finishReason === 'length' ? 'length' : 'stop')
+        await session.sync()
       }
     } catch (err) {
       // An unexpected failure (a store error, a bug): close what is open so the log stays balanced.
