@@ -542,7 +542,9 @@ export interface EventDataMap {
   'request/header': RequestHeader
   'user/message': { message: UserMessage; surfaceOp: SurfaceOp; compactionId?: string }
   'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string }
-  'tool/call': { callId: string; name: string; arguments: string }
+  /** The dispatch record of a tool call. Its arguments are logged once, in the `tool-call` block of
+   *  the assistant message that holds `callId` (logs written by dsh 0.1 repeat them here). */
+  'tool/call': { callId: string; name: string; arguments?: string }
   'tool/result': { message: ToolResultMessage; surfaceOp: SurfaceOp; spilled?: { ref: string; bytes: number } }
   'request/error': { code: string; status?: number; message: string; trigger?: string }
   'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
@@ -860,6 +862,26 @@ export class Session {
   get replaceGeneration(): number { return this.generation }
   /** The current surface, oldest first. A live view: do not keep it across appends. */
   surface(): readonly SurfaceNode[] { return this.nodes }
+  /**
+   * Reads back the logged event `seq` (e.g. the original of a pruned, cleared or summarised
+   * message). Use this, not `events[seq]`, in code that must also work on sessions that keep only
+   * the surface in memory (a {@link FileStore} reads it back from the file).
+   * Throws `SessionError('STORE')` for a seq that is not in the log.
+   */
+  async readEvent(seq: number): Promise<SessionEvent> {
+    const e = Number.isInteger(seq) ? this.events[seq] : undefined
+    if (!e) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.events.length - 1})`)
+    return e
+  }
+
+  /**
+   * The logged events with `fromSeq <= seq < toSeq`, oldest first (defaults: the whole log), read
+   * back like {@link Session.readEvent}. For scans such as a recall search or `dsh show`.
+   */
+  async *readEvents(fromSeq = 0, toSeq = this.seq): AsyncGenerator<SessionEvent> {
+    for (let seq = Math.max(0, fromSeq); seq < Math.min(toSeq, this.seq); seq++) yield this.events[seq]
+  }
+
   /** The surface node put there by event `seq`, if it is still on the surface. */
   node(seq: number): SurfaceNode | undefined { return this.bySeq.get(seq) }
   /** Whether a tool call with this id is on the surface (ids must be unique there). */
@@ -1547,6 +1569,12 @@ export function utf8Length(text: string, limit = Infinity): number {
 }
 
 /**
+ * The artefact name of a spilled tool result: from the seq of the `tool/result` event that will
+ * refer to it (unique in a log, across resumes), never from a server-chosen call id (docs/design.md §13).
+ */
+export function spillName(seq: number): string { return `tool-result-${seq}.txt` }
+
+/**
  * Spill (docs/design.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
  * to the store's artefact area and replaced by a head/tail preview plus the reference. Runs at write
  * time, never under pressure. Returns the message unchanged when it is small or the store keeps no
@@ -1555,9 +1583,15 @@ export function utf8Length(text: string, limit = Infinity): number {
 export async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
   if (!store.putArtefact) return { message }
   const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
-  let bytes = 0
-  for (const t of texts) { bytes += utf8Length(t.text, spillBytes - bytes); if (bytes > spillBytes) break }
-  if (bytes <= spillBytes) return { message }
+  // Length first: a UTF-16 unit is 1 to 3 UTF-8 bytes, so most results are decided without a walk.
+  let units = 0
+  for (const t of texts) units += t.text.length
+  if (units * 3 <= spillBytes) return { message }
+  if (units <= spillBytes) {
+    let bytes = 0
+    for (const t of texts) { bytes += utf8Length(t.text, spillBytes - bytes); if (bytes > spillBytes) break }
+    if (bytes <= spillBytes) return { message }
+  }
   const whole = texts.map((t) => t.text).join('')
   const ref = await store.putArtefact(name, whole)
   const fullBytes = utf8Length(whole)
@@ -2444,14 +2478,26 @@ export function openAICompatible(options: OpenAICompatibleOptions): Provider {
 /**
  * {@link openAICompatible} with DeepSeek's defaults: base {@link DEEPSEEK_BASE_URL}, model
  * {@link DEEPSEEK_DEFAULT_MODEL}, key from `apiKey` or else `$DEEPSEEK_API_KEY` (required).
- * Undefined option values fall back to the defaults.
- * @throws TypeError when no key can be found, or for bad options.
+ * Undefined option values fall back to the defaults. The key is sent only over `https:`, and
+ * `$DEEPSEEK_API_KEY` only to DeepSeek's host (docs/design.md §13).
+ * @throws TypeError when no key can be found, for a non-https `baseURL`, for another host without
+ *   an explicit `apiKey`/`apiKeyEnv`, or for bad options.
  */
 export function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
   if (!isRecord(options)) throw new TypeError(`deepseek takes an options object, got ${options === null ? 'null' : typeof options}`)
   const merged: Record<string, unknown> = { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL }
   for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
-  return makeProvider(resolveConfig('deepseek', merged as unknown as OpenAICompatibleOptions, DEEPSEEK_API_KEY_ENV))
+  const cfg = resolveConfig('deepseek', merged as unknown as OpenAICompatibleOptions, DEEPSEEK_API_KEY_ENV)
+  // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
+  const url = new URL(cfg.baseURL)
+  if (url.protocol !== 'https:') {
+    throw new TypeError(`deepseek: baseURL ${JSON.stringify(cfg.baseURL)} would send the API key unencrypted; use https:// (or openAICompatible for a local server)`)
+  }
+  const explicitKey = (options.apiKey !== undefined && options.apiKey !== '') || options.apiKeyEnv !== undefined
+  if (!explicitKey && url.hostname !== new URL(DEEPSEEK_BASE_URL).hostname) {
+    throw new TypeError(`deepseek: $${DEEPSEEK_API_KEY_ENV} is only sent to ${new URL(DEEPSEEK_BASE_URL).hostname}, not to ${url.hostname}; pass apiKey or apiKeyEnv for that server`)
+  }
+  return makeProvider(cfg)
 }
 
 function makeProvider(cfg: AdapterConfig): Provider {
@@ -3014,7 +3060,7 @@ export class Agent implements CompactionHost {
       const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
       this.pinnedSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
       this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
-      await session.sync()
+      await session.flush() // the input is written at once and fsynced with the first step's boundary
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
       this.overflowRetries = 0
       for (;;) {
@@ -3068,12 +3114,13 @@ export class Agent implements CompactionHost {
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
         await this.runTools(calls, signal)
         const steered = this.drainSteering()
-        await session.sync()
+        await session.flush() // written before the post-step ladder may call a model; fsynced once, below
         if (!signal.aborted) await this.unlessAborted(() => this.runHooks('agent/post-step', ctx), signal)
         session.append('step/end', { turn, step })
-        await session.sync()
+        // One fsync per step: at its boundary, together with the turn's end when this step ends it.
         if (signal.aborted) return await end('aborted')
         if (calls.length === 0 && !steered) return await end(response.finishReason === 'length' ? 'length' : 'stop')
+        await session.sync()
       }
     } catch (err) {
       // An unexpected failure (a store error, a bug): close what is open so the log stays balanced.
@@ -3106,7 +3153,7 @@ export class Agent implements CompactionHost {
         session.append('tool/result', { message: errorResult(call.id, 'TOOL_ABORTED: the turn was cancelled before this tool call started.', 'TOOL_ABORTED'), surfaceOp: { op: 'append' } })
         continue
       }
-      session.append('tool/call', { callId: call.id, name: call.name, arguments: call.arguments })
+      session.append('tool/call', { callId: call.id, name: call.name })
       await session.flush() // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
       let result: ToolResultMessage
       const tool = this.tools.find((t) => t.name === call.name)
@@ -3125,7 +3172,7 @@ export class Agent implements CompactionHost {
           }
         }
       }
-      const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, `${call.id}.txt`)
+      const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, spillName(session.seq))
       session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
     }
   }
@@ -5079,8 +5126,8 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
       unmanaged += estimateMessageTokens(result)
       if (resultCodePoints(result, pruneConfig.thresholdChars) > pruneConfig.thresholdChars) resultsOverPruneThreshold++
       const call = calls.find((c) => c.id === result.toolCallId)
-      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '', arguments: call?.arguments ?? '' })
-      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, `${result.toolCallId}.txt`)
+      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '' })
+      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, spillName(session.seq))
       const event = session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
       if (spilled.spilled) {
         rowEvents.push({ type: 'spill', seq: event.seq, bytes: spilled.spilled.bytes, tokensBefore: estimateMessageTokens(result), tokensAfter: estimateMessageTokens(spilled.message) })
@@ -5447,6 +5494,10 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
   const model = flags.get('--model') ?? nonEmpty(env.DSH_MODEL) ?? CLI_DEFAULTS.model
   if (model.trim() === '') throw new UsageError('--model is empty; give a model name, e.g. --model deepseek-v4-pro')
 
+  const deepseekHost = url.hostname === new URL(CLI_DEFAULTS.baseURL).hostname
+  if (deepseekHost && url.protocol !== 'https:') {
+    throw new UsageError(`${urlSource ?? 'the base URL'} ${JSON.stringify(rawURL)} would send the DeepSeek API key unencrypted; use https://${url.host}`)
+  }
   const keyEnv = flags.get('--api-key-env')
   if (keyEnv !== undefined) {
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(keyEnv)) {
@@ -5457,7 +5508,7 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
     if (apiKey === undefined) throw new UsageError(`no API key: --api-key-env names ${keyEnv}, but ${keyEnv} is not set; set it (export ${keyEnv}=...) or drop the flag`)
     return { model, baseURL, apiKey, apiKeyEnv: keyEnv }
   }
-  if (url.hostname !== new URL(CLI_DEFAULTS.baseURL).hostname) return { model, baseURL } // a server that needs no key, or a 401 the provider reports
+  if (!deepseekHost) return { model, baseURL } // a server that needs no key, or a 401 the provider reports
   const apiKey = nonEmpty(env[CLI_DEFAULTS.apiKeyEnv])
   if (apiKey === undefined) {
     throw new UsageError(`no API key: set ${CLI_DEFAULTS.apiKeyEnv} (or --api-key-env NAME), or point --base-url at a server that needs none`)
@@ -5633,13 +5684,38 @@ type NodeProcess = {
 
 
 /**
+ * Terminal control sequences and control characters, as text from a model or a server may carry
+ * them (ECMA-48): ESC sequences — CSI `ESC [ … final`, OSC `ESC ] … BEL|ST` (clipboard OSC 52,
+ * window title), DCS/SOS/PM/APC `ESC P|X|^|_ … ST`, and two-character escapes — their 8-bit C1
+ * forms (U+0080–U+009F), every other C0 control but tab and line feed (a CR not before LF
+ * included), and DEL. An unterminated string sequence is removed to the end of its line.
+ */
+const TERMINAL_CONTROL = /\x1b\[[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?|\x1b[\]PX^_][^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?|\x1b[\x20-\x2f]*[\x30-\x7e]?|\x9b[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?|[\x90\x98\x9d\x9e\x9f][^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?|\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f-\x9f]/g
+
+/**
+ * `text` without terminal control sequences (see above), for printing text a model or a server
+ * chose (docs/design.md §13): what is left can neither move the cursor, set the title, write the
+ * clipboard nor reprogram the terminal. Tab, line feed and CRLF stay. Works on any split of a
+ * stream: every sequence needs an ESC or a C1 character, and each of those is removed.
+ */
+export function stripControls(text: string): string {
+  return text.replace(TERMINAL_CONTROL, '')
+}
+
+/** One JSON line whose DEL and C1 characters are escaped as `\u00XX` (JSON.stringify escapes only
+ *  C0), so that printing it cannot control a terminal; it parses to the same value. */
+function jsonLine(value: unknown): string {
+  return JSON.stringify(value).replace(/[\x7f-\x9f]/g, (c) => `\\u00${c.charCodeAt(0).toString(16)}`) + '\n'
+}
+
+/**
  * Turns agent events into terminal output on stderr: one line for each prune, compaction, overflow
  * recovery, provider retry and warning; after each step, on a TTY only, the context occupancy
  * `tokens / window (pct)`. Colour (dim) only on a TTY and without `NO_COLOR`.
  */
 export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean): (e: AgentEvent) => void {
   const paint = (s: string) => (color ? `\x1b[2m${s}\x1b[0m` : s)
-  const say = (s: string) => write(paint(`[dsh] ${s}`) + '\n')
+  const say = (s: string) => write(paint(`[dsh] ${stripControls(s)}`) + '\n') // server text inside, our colour around
   return (e) => {
     const a = agent()
     if (e.type === 'warning') return say(`warning: ${e.message}`)
@@ -5685,7 +5761,9 @@ function usageReport(agent: Agent): string {
  */
 export async function main(argv: readonly string[], proc?: NodeProcess): Promise<number> {
   const p: NodeProcess = proc ?? (await importNode<any>('node:process')).default
-  const io: CliIO = { stdout: (t) => void p.stdout.write(t), stderr: (t) => void p.stderr.write(t) }
+  // Everything printed through `io` may hold model or server text: stripped of terminal controls
+  // (docs/design.md §13). dsh's own colour goes straight to p.stderr (see `status` below).
+  const io: CliIO = { stdout: (t) => void p.stdout.write(stripControls(t)), stderr: (t) => void p.stderr.write(stripControls(t)) }
   const basics = runCliBasics(argv, p.env, io)
   if ('exitCode' in basics) return basics.exitCode
   const options = basics.options
@@ -5709,7 +5787,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
     const opened = session.events.findLastIndex((e) => e.type === 'session/start' || e.type === 'session/resume')
-    for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(JSON.stringify(e) + '\n')
+    for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(jsonLine(e))
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
   const terminal = interactive ? await openTerminal(p) : undefined
@@ -5720,9 +5798,9 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   // Interactive: the streamed answer has no final newline; end its line before a status line or the next prompt (which clears its line).
   let midLine = false
   const endLine = () => { if (midLine) { io.stdout('\n'); midLine = false } }
-  const status = statusReporter(() => agent, (t) => { endLine(); io.stderr(t) }, tty, tty && !p.env.NO_COLOR)
+  const status = statusReporter(() => agent, (t) => { endLine(); p.stderr.write(t) }, tty, tty && !p.env.NO_COLOR)
   const onEvent = (e: AgentEvent) => {
-    if (options.json) { if (e.type === 'log') io.stdout(JSON.stringify(e.event) + '\n'); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
+    if (options.json) { if (e.type === 'log') io.stdout(jsonLine(e.event)); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
     if (interactive && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
     status(e)
   }

@@ -383,3 +383,20 @@ describe('review fixes', () => {
     assert.equal(session.seq, seq)
   })
 })
+
+test('one fsync per step: a turn of N steps syncs the store N times (plus none for the input)', async () => {
+  class CountingStore extends MemoryStore {
+    syncs = 0
+    async sync() { this.syncs++ }
+  }
+  const store = new CountingStore()
+  const session = await Session.open(store)
+  const opened = store.syncs
+  const provider = new ScriptedProvider(100_000, [call('c1', 'echo'), call('c2', 'echo'), call('c3', 'echo'), say('done')])
+  const agent = new Agent({ session, provider, tools: [textTool('echo', () => 'ok')] })
+  const result = await agent.run('go')
+  assert.equal(result.steps, 4)
+  assert.equal(store.syncs - opened, 4)
+  assert.equal(store.events.length, session.seq) // everything reached the store
+  assert.equal(store.events.at(-1)!.type, 'turn/end')
+})
