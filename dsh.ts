@@ -1,6 +1,7 @@
 /**
  * dsh.ts — a single-file, zero-dependency TypeScript runtime for LLM agents that manages the
- * context window of long sessions. Spec: DESIGN.md (shared with the project).
+ * context window of long sessions. Spec: docs/design.md (the behaviour this file implements; the
+ * `§N` citations below and in the tests point into it).
  *
  * MANUAL (five lines)
  *   import { Agent, Session, FileStore, deepseek } from './dsh.ts'
@@ -8,9 +9,9 @@
  *   const agent = new Agent({ session, provider: deepseek({ apiKey }), tools: [myTool] })
  *   const answer = await agent.run('Fix the failing test', { signal })
  *   console.log(answer.text, session.measure().totalTokens)
- * CLI: `npx tsx dsh.ts --help` (one-shot, interactive, `replay FILE`).
+ * CLI: `npx tsx dsh.ts --help` (one-shot, interactive, `replay FILE`); installed: `dsh --help`.
  *
- * OPTIONS AND DEFAULTS (DESIGN.md; all overridable per Agent / provider)
+ * OPTIONS AND DEFAULTS (docs/design.md; all overridable per Agent / provider)
  *   pruner     DEFAULT_PRUNE_CONFIG        prune tool results over 8,192 code points to
  *                                          head 4,096 + marker (39) + tail 1,024 code points
  *   ladder     DEFAULT_COMPACTION_CONFIG   threshold 0.8 × window, retained tail 0.16 × window,
@@ -20,24 +21,41 @@
  *                                          500 ms → 10 s, idle timeout 300 s
  *   loop       Agent                       200 steps per turn; tools run one at a time
  *
- * LIMITS: token counts are a heuristic (chars/4 + 8 per message) until a provider reports usage;
- * chat-completions tool results cannot carry images (sent as JSON text); the CLI's file tools stay
- * inside the working directory; FileStore needs node:fs (Node, Deno, Bun), MemoryStore runs anywhere.
+ * LIMITS: token counts are a heuristic (UTF-16 units / 4 + 8 per message) until a provider reports
+ * usage; chat-completions tool results cannot carry images (sent as JSON text); the CLI's file tools
+ * stay inside the working directory (the shell tool is not confined); FileStore needs node:fs (Node,
+ * Deno, Bun), MemoryStore runs anywhere.
  *
- * CONTENTS (sections follow the data)
+ * CONTENTS (sections follow the data; docs/design.md has the same numbers where a topic matches)
+ *   PART I — THE RUNTIME (web standards only; `dist/dsh.mjs` is exactly this part)
  *   1. Types          messages, blocks, events, provider contract, errors
  *   2. Meter          token estimates (tokens), usage anchor
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
  *   4. Log & surface  append-only session log, surface projection, stores, resume
- *   5. Ladder         prune → compact → spill → fail
- *   6. Provider       SSE parser, error classifier, OpenAI-compatible / DeepSeek adapter
+ *   5. Ladder         prune → clear → compact → spill → fail. A LADDER RUNG goes into the rung
+ *                     sequence of this section (the pressure and overflow paths), logged as a
+ *                     `compaction/*` event (docs/design.md §5, §10)
+ *   6. Provider       6.0 configuration (DeepSeek defaults), 6.1 SSE parser, 6.2 error classifier —
+ *                     a PROVIDER'S ERROR WORDING goes into OVERFLOW_PATTERNS (context overflow) or
+ *                     the classifier's other tables there — 6.3 messages on the wire, 6.4 adapter
  *   7. Loop           Agent: turns, steps, tools, hooks, cancellation
- *   8. CLI            `npx tsx dsh.ts`, `replay`
+ *   ── fence: nothing in Part I names anything in Part II ──
+ *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
+ *   8. Tools          built-in coding tools of the CLI (read_file, list_files, grep, write/edit, shell)
+ *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of the readers
+ *                     table there (detect + read); 9.2 the replay runner
+ *   10. CLI           arguments, configuration, terminal output, entry point
  *
- * UNITS: "tokens" are heuristic or provider-reported tokens; "code points" are Unicode scalar
- * values (a surrogate pair is one); "UTF-16 units" are JS string length; "bytes" are UTF-8 bytes;
- * times are milliseconds unless a name says otherwise.
+ * UNITS (one word, one unit, everywhere in this file):
+ *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
+ *   code points  Unicode scalar values (a surrogate pair is one); "chars" in a name means code points
+ *   UTF-16 units JS string `.length` (the meter's `/ 4` counts these)
+ *   bytes        UTF-8 bytes unless a name says otherwise
+ *   ms           milliseconds; every time is in ms unless a name says otherwise (`…S` = seconds)
  */
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// PART I — THE RUNTIME: sections 1–7, web standards only (the fence before section 8 says more)
+// ════════════════════════════════════════════════════════════════════════════════════════════
 
 export const VERSION = '0.1.0'
 
@@ -55,14 +73,14 @@ export interface ToolCallBlock { type: 'tool-call'; id: string; name: string; ar
 export interface ImageBlock { type: 'image'; [key: string]: unknown }
 /** Any block a caller hands in that dsh does not interpret. Kept in position, never edited. */
 export interface OtherBlock { type: string; [key: string]: unknown }
-/** Any block of message content (DESIGN.md §1); non-text blocks keep their positions. */
+/** Any block of message content (docs/design.md §1); non-text blocks keep their positions. */
 export type Block = TextBlock | ReasoningBlock | ToolCallBlock | ImageBlock | OtherBlock
 
-/** DESIGN.md §1. `content` may be a plain string (the common case) or blocks. */
+/** docs/design.md §1. `content` may be a plain string (the common case) or blocks. */
 export interface UserMessage { role: 'user'; content: string | Block[] }
-/** DESIGN.md §1. `interrupted` marks partial output kept after a cancellation or a cut stream. */
+/** docs/design.md §1. `interrupted` marks partial output kept after a cancellation or a cut stream. */
 export interface AssistantMessage { role: 'assistant'; content: Block[]; interrupted?: boolean }
-/** DESIGN.md §1. The result of the tool call whose id is `toolCallId`. */
+/** docs/design.md §1. The result of the tool call whose id is `toolCallId`. */
 export interface ToolResultMessage {
   role: 'tool'
   toolCallId: string
@@ -71,16 +89,16 @@ export interface ToolResultMessage {
   /** Free-form data for the caller (never sent to the provider, never edited by dsh). */
   metadata?: Record<string, unknown>
 }
-/** A provider-neutral message (DESIGN.md §1); the envelope (system, tools) is not a message. */
+/** A provider-neutral message (docs/design.md §1); the envelope (system, tools) is not a message. */
 export type Message = UserMessage | AssistantMessage | ToolResultMessage
 
 /** A function tool as the provider sees it (JSON-schema `parameters`), part of the envelope. */
 export interface ToolSpec { name: string; description?: string; parameters?: Record<string, unknown> }
 
-/** The request envelope (DESIGN.md §1): not messages, but priced like them (§2). */
+/** The request envelope (docs/design.md §1): not messages, but priced like them (§2). */
 export interface Envelope { system?: string; tools?: readonly ToolSpec[] }
 
-/** Provider-reported usage of one call, in tokens (DESIGN.md §6). */
+/** Provider-reported usage of one call, in tokens (docs/design.md §6). */
 export interface Usage {
   promptTokens: number
   completionTokens: number
@@ -90,7 +108,7 @@ export interface Usage {
   reasoningTokens?: number
 }
 
-/** Error codes of {@link ProviderError} (DESIGN.md §6). */
+/** Error codes of {@link ProviderError} (docs/design.md §6). */
 export type ProviderErrorCode =
   | 'CONTEXT_WINDOW_EXCEEDED' | 'RATE_LIMIT' | 'QUOTA' | 'AUTH' | 'INVALID_REQUEST' | 'SERVER'
   | 'TRANSPORT' | 'TIMEOUT' | 'ABORTED' | 'EMPTY_RESPONSE' | 'MALFORMED_RESPONSE' | 'RESPONSE_TOO_LARGE'
@@ -142,7 +160,7 @@ export interface ChatRequest {
    */
   inputTokens?: number
   signal?: AbortSignal
-  /** Extra HTTP headers, e.g. `x-dsh-purpose: compaction` on summary requests (DESIGN.md §5). */
+  /** Extra HTTP headers, e.g. `x-dsh-purpose: compaction` on summary requests (docs/design.md §5). */
   headers?: Record<string, string>
   onEvent?: (event: StreamEvent) => void
 }
@@ -160,7 +178,7 @@ export interface ChatResponse {
 export interface Provider {
   readonly model: string
   readonly baseURL: string
-  /** Context window in tokens, when known (DESIGN.md §6 table, or configured). */
+  /** Context window in tokens, when known (docs/design.md §6 table, or configured). */
   readonly contextWindow?: number
   /** Default completion budget in tokens (before clamping). */
   readonly maxTokens: number
@@ -178,11 +196,11 @@ export interface ToolContext {
 
 /**
  * What a tool returns: a string (one text block), blocks, or an explicit result. Throwing is fine:
- * the loop turns it into an error result for the model (DESIGN.md §7).
+ * the loop turns it into an error result for the model (docs/design.md §7).
  */
 export type ToolOutput = string | Block[] | { content: string | Block[]; isError?: boolean }
 
-/** A tool: a plain object (DESIGN.md §7). `parameters` is a JSON schema for the arguments object. */
+/** A tool: a plain object (docs/design.md §7). `parameters` is a JSON schema for the arguments object. */
 export interface Tool<Args = any> {
   name: string
   description: string
@@ -194,12 +212,12 @@ export interface Tool<Args = any> {
 // 2. Meter
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** Tokens are estimated as one per four UTF-16 units (DESIGN.md §2). */
+/** Tokens are estimated as one per four UTF-16 units (docs/design.md §2). */
 export const CHARS_PER_TOKEN = 4
-/** Fixed per-message overhead in tokens (role, separators), DESIGN.md §2. */
+/** Fixed per-message overhead in tokens (role, separators), docs/design.md §2. */
 export const MESSAGE_OVERHEAD_TOKENS = 8
 
-/** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). DESIGN.md §2. */
+/** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). docs/design.md §2. */
 export function estimateTextTokens(text: string): number {
   return Math.ceil(text.length / CHARS_PER_TOKEN)
 }
@@ -207,7 +225,7 @@ export function estimateTextTokens(text: string): number {
 /**
  * Heuristic price of one message in tokens: `ceil(C / 4) + 8`, where C is the UTF-16 length of its
  * text-bearing fields (text, reasoning, tool-call name + arguments, tool-result text); each
- * non-text block (image, unknown) adds `ceil(JSON.stringify(block).length / 4)`. DESIGN.md §2.
+ * non-text block (image, unknown) adds `ceil(JSON.stringify(block).length / 4)`. docs/design.md §2.
  * Worked check: a 200,000-char tool result costs 50,008.
  */
 export function estimateMessageTokens(message: Message): number {
@@ -226,7 +244,7 @@ export function estimateMessageTokens(message: Message): number {
 /**
  * Heuristic price of the request envelope in tokens: `ceil(system.length / 4) + 8` plus
  * `ceil(JSON.stringify(tools).length / 4) + 8`. An absent (or empty) system prompt and an absent
- * (or empty) tool list cost 0. DESIGN.md §2.
+ * (or empty) tool list cost 0. docs/design.md §2.
  */
 export function estimateEnvelopeTokens(envelope: Envelope): number {
   let tokens = 0
@@ -245,12 +263,12 @@ export function estimateRequestTokens(envelope: Envelope, messages: readonly Mes
 /**
  * Where a measurement is anchored: the provider-reported size of the last call
  * (`promptTokens + completionTokens`, tokens) and the heuristic size of the same content right
- * after that call's assistant message was logged (tokens). DESIGN.md §2 "Usage anchor".
+ * after that call's assistant message was logged (tokens). docs/design.md §2 "Usage anchor".
  */
 export interface UsageAnchor { providerTokens: number; heuristicTokens: number; seq: number }
 
 /**
- * The size of what the next request would carry, in tokens. DESIGN.md §2.
+ * The size of what the next request would carry, in tokens. docs/design.md §2.
  * `totalTokens` = `envelopeTokens + surfaceTokens` when not anchored; when anchored it is
  * `max(provider, heuristic at anchor) + (heuristic now − heuristic at anchor)`: the provider's
  * figure plus the signed heuristic price of every surface change since (a low provider figure
@@ -272,7 +290,7 @@ export interface Measurement {
   nodes: readonly SurfaceNode[]
 }
 
-/** Applies the usage anchor rule of DESIGN.md §2 to a heuristic total (tokens). */
+/** Applies the usage anchor rule of docs/design.md §2 to a heuristic total (tokens). */
 export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | undefined): number {
   if (!anchor) return heuristicTokens
   return Math.max(anchor.providerTokens, anchor.heuristicTokens) + (heuristicTokens - anchor.heuristicTokens)
@@ -282,12 +300,12 @@ export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | und
 // 3. Pruner
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** The text put where the middle of a pruned tool result was (39 code points). DESIGN.md §3. */
+/** The text put where the middle of a pruned tool result was (39 code points). docs/design.md §3. */
 export const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
 const MARKER_CODE_POINTS = 39
 
 /**
- * Pruner configuration, all lengths in Unicode code points (DESIGN.md §3).
+ * Pruner configuration, all lengths in Unicode code points (docs/design.md §3).
  * `graphemeSafe` (off by default) moves each cut to a grapheme-cluster boundary with
  * `Intl.Segmenter` where the runtime has it, so a cut never splits an emoji sequence or a
  * combining mark from its base; cuts only shrink the kept text, so the budget still holds.
@@ -299,7 +317,7 @@ export interface PruneConfig {
   graphemeSafe?: boolean
 }
 
-/** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. DESIGN.md §3. */
+/** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
 export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
 
 /** Thrown for a prune configuration that cannot work; the message names the values and the fix. */
@@ -404,7 +422,7 @@ function cutPoints(text: string, cfg: PruneConfig): [headEnd: number, tailStart:
  * Prunes one text: unchanged when it holds ≤ `thresholdChars` code points, else the first
  * `headChars` code points + {@link PRUNE_MARKER} + the last `tailChars` code points. Never splits a
  * surrogate pair. O(head + tail + threshold) whatever the text's length. Idempotent.
- * Throws {@link PruneConfigError} for a bad config. DESIGN.md §3.
+ * Throws {@link PruneConfigError} for a bad config. docs/design.md §3.
  */
 export function pruneText(text: string, config?: Partial<PruneConfig>): string {
   if (typeof text !== 'string') throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
@@ -434,7 +452,7 @@ function detach(result: string, source: string): string {
 }
 
 /**
- * Prunes a tool result (DESIGN.md §3). Its text blocks are treated as one joined text (no
+ * Prunes a tool result (docs/design.md §3). Its text blocks are treated as one joined text (no
  * separator): when that holds ≤ `thresholdChars` code points the same object is returned.
  * Otherwise the first `headChars` and last `tailChars` code points are kept, the marker goes into
  * the first text block the cut touches, text blocks wholly inside the cut are dropped, non-text
@@ -497,7 +515,7 @@ export function pruneToolResult(message: ToolResultMessage, config?: Partial<Pru
 // 4. Log & surface
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** How a surface event changes the surface (DESIGN.md §4). `start`/`end` are seqs of surface nodes. */
+/** How a surface event changes the surface (docs/design.md §4). `start`/`end` are seqs of surface nodes. */
 export type SurfaceOp = { op: 'append' } | { op: 'replace'; start: number; end: number }
 
 /** The request envelope and model as logged by `request/header` (written when it changes). */
@@ -512,7 +530,7 @@ export interface RequestHeader {
   contextWindow?: number
 }
 
-/** The `data` of each event type dsh writes (DESIGN.md §4). Callers may log other types too. */
+/** The `data` of each event type dsh writes (docs/design.md §4). Callers may log other types too. */
 export interface EventDataMap {
   'session/start': { id: string; version: string }
   /** `lastSeq`: the last seq before the resume; `repaired`: how many synthetic tool results follow. */
@@ -579,7 +597,7 @@ export class SessionError extends Error {
 }
 
 /**
- * A last log line cut short by a crash: dropped on load and reported (DESIGN.md §4). `line` is
+ * A last log line cut short by a crash: dropped on load and reported (docs/design.md §4). `line` is
  * 1-based, `bytes` its UTF-8 length, `savedTo` where FileStore kept its bytes.
  */
 export interface TornLine { line: number; bytes: number; savedTo?: string }
@@ -768,7 +786,7 @@ export interface SessionOptions {
 }
 
 /**
- * The append-only session log and the model-visible surface projected from it (DESIGN.md §4).
+ * The append-only session log and the model-visible surface projected from it (docs/design.md §4).
  * `append` is synchronous: it checks every invariant first (a violating append throws
  * {@link SessionError} and changes nothing), then updates the surface, the per-node prices and the
  * usage anchor incrementally (O(1) for an append, O(range) for a replace), and queues the event for
@@ -840,7 +858,7 @@ export class Session {
   get id(): string { return this.sessionId }
   /** Number of events; also the seq of the next event. */
   get seq(): number { return this.events.length }
-  /** Increases by exactly one on every committed replace (DESIGN.md §4). */
+  /** Increases by exactly one on every committed replace (docs/design.md §4). */
   get replaceGeneration(): number { return this.generation }
   /** The current surface, oldest first. A live view: do not keep it across appends. */
   surface(): readonly SurfaceNode[] { return this.nodes }
@@ -945,7 +963,7 @@ export class Session {
       if (JSON.stringify(restOld) !== JSON.stringify(restNew)) throw new SessionError('SURFACE_OP', `tool/result: a replacement may change only content (seq ${start})`)
       return
     }
-    // A range replace must keep calls and results together (DESIGN.md §4, matched by id).
+    // A range replace must keep calls and results together (docs/design.md §4, matched by id).
     const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
     const inRange = new Set<number>()
     for (let i = lo; i <= hi; i++) inRange.add(this.nodes[i].seq)
@@ -985,7 +1003,7 @@ export class Session {
       case 'request/header': {
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
-        this.anchorState = undefined // an envelope or model change voids the usage anchor (DESIGN.md §2)
+        this.anchorState = undefined // an envelope or model change voids the usage anchor (docs/design.md §2)
         break
       }
       case 'turn/start': this.turnState = { last: data.turn, open: true, step: 0, stepOpen: false }; break
@@ -1031,7 +1049,7 @@ export class Session {
     }
   }
 
-  /** The size of the next request, in tokens, O(1) (DESIGN.md §2). */
+  /** The size of the next request, in tokens, O(1) (docs/design.md §2). */
   measure(): Measurement {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
     return {
@@ -1046,7 +1064,7 @@ export class Session {
   }
 
   /**
-   * The surface as provider messages, in surface order (DESIGN.md §4 "Projection"). Throws
+   * The surface as provider messages, in surface order (docs/design.md §4 "Projection"). Throws
    * `SessionError('PAIRING')` while a tool call has no result: such a request must never be sent.
    */
   messages(): Message[] {
@@ -1063,7 +1081,7 @@ export class Session {
   }
 
   /**
-   * Prunes the tool result at surface node `seq` (DESIGN.md §3 log protocol): appends
+   * Prunes the tool result at surface node `seq` (docs/design.md §3 log protocol): appends
    * `compaction/prune {shadowedSeqs:[seq], shadowedTokenCount}` then the pruned `tool/result` as a
    * replace of `seq`. Returns the tokens reclaimed (0, and nothing appended, when the result is
    * already within the threshold). The original stays in the log.
@@ -1081,7 +1099,7 @@ export class Session {
   }
 
   /**
-   * Resumes a loaded session (DESIGN.md §4): writes `session/resume`, closes a stale compaction
+   * Resumes a loaded session (docs/design.md §4): writes `session/resume`, closes a stale compaction
    * lock, gives every tool call without a result a synthetic error result (`TOOL_OUTCOME_UNKNOWN`
    * when its `tool/call` was logged, else `TOOL_NOT_STARTED`), and closes an open step and turn.
    */
@@ -1134,7 +1152,7 @@ function randomId(): string {
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
 /**
- * Ladder settings (DESIGN.md §5). Ratios are of the context window; token counts are tokens.
+ * Ladder settings (docs/design.md §5). Ratios are of the context window; token counts are tokens.
  * - `thresholdRatio` 0.8: pressure starts at `floor(window × 0.8)` tokens.
  * - `retainedTailRatio` 0.16: a pressure compaction keeps the newest `floor(window × 0.16)` tokens verbatim.
  * - `summaryMaxTokens` 8192: completion budget of a summary request (clamped to the room left).
@@ -1155,16 +1173,16 @@ export interface CompactionConfig {
   spillBytes: number
 }
 
-/** The defaults of DESIGN.md §5. */
+/** The defaults of docs/design.md §5. */
 export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = Object.freeze({
   thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
   maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
 })
 
-/** The one-line preamble in front of a summary checkpoint (DESIGN.md §4 "Projection"). */
+/** The one-line preamble in front of a summary checkpoint (docs/design.md §4 "Projection"). */
 export const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
 
-/** The instruction that ends every summary request (DESIGN.md §5 "Summary transaction"). */
+/** The instruction that ends every summary request (docs/design.md §5 "Summary transaction"). */
 export const SUMMARY_INSTRUCTION = [
   'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers will be removed.',
   'Do not call any tool. Answer with the checkpoint only, under these headings:',
@@ -1178,7 +1196,7 @@ export const SUMMARY_INSTRUCTION = [
   'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, merge it in; drop nothing from it that still matters.',
 ].join('\n')
 
-/** Frames a summary as the checkpoint text of a `user/message` (DESIGN.md §4). */
+/** Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4). */
 export function frameCheckpoint(summary: string): string {
   return `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
 }
@@ -1233,7 +1251,7 @@ function unseenResults(session: Session): Set<number> {
 }
 
 /**
- * Prunes tool results over the threshold (DESIGN.md §3 recency rule): first those the model has
+ * Prunes tool results over the threshold (docs/design.md §3 recency rule): first those the model has
  * seen; the newest step's results only when `includeNewest` or when pruning the older ones did not
  * bring the total under `thresholdTokens`. Returns tokens reclaimed.
  */
@@ -1253,7 +1271,7 @@ export function pruneSurface(session: Session, config: PruneConfig, trigger: str
 export interface Region { start: number; end: number; tokens: number }
 
 /**
- * Selects the region to summarise (DESIGN.md §5 "Region selection"): from the surface head (or
+ * Selects the region to summarise (docs/design.md §5 "Region selection"): from the surface head (or
  * right after the pinned current-turn input when that is the head) up to a cut that keeps at least
  * `retainedTokens` of the newest history verbatim, moved toward the head until no kept tool result
  * loses its call (and no summarised call loses its result), matched by id. When the pinned input
@@ -1422,7 +1440,7 @@ export async function summarise(host: CompactionHost, messages: readonly Message
 }
 
 /**
- * One summary transaction (DESIGN.md §5): `compaction/start` (the lock) → summarise → reject a
+ * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → summarise → reject a
  * framed summary not strictly smaller than the region → check the surface did not change → append
  * `compaction/summary` and the replacing `user/message` with no await between → `compaction/end`.
  * Any failure writes `compaction/end {error}` and leaves the surface as it was. Returns the number of
@@ -1457,7 +1475,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
 }
 
 /**
- * The escalation ladder (DESIGN.md §5).
+ * The escalation ladder (docs/design.md §5).
  * `'pressure'`: nothing below `floor(window × thresholdRatio)`; else prune (older results first),
  * remeasure, and only then summarise the oldest tool-balanced region, up to `compactionRetries + 1`
  * attempts; failures are warnings, remembered so that no retry happens before the surface grows by
@@ -1552,12 +1570,12 @@ export function utf8Length(text: string, limit = Infinity): number {
 
 /**
  * The artefact name of a spilled tool result: from the seq of the `tool/result` event that will
- * refer to it (unique in a log, across resumes), never from a server-chosen call id (DESIGN.md §13).
+ * refer to it (unique in a log, across resumes), never from a server-chosen call id (docs/design.md §13).
  */
 export function spillName(seq: number): string { return `tool-result-${seq}.txt` }
 
 /**
- * Spill (DESIGN.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
+ * Spill (docs/design.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
  * to the store's artefact area and replaced by a head/tail preview plus the reference. Runs at write
  * time, never under pressure. Returns the message unchanged when it is small or the store keeps no
  * artefacts.
@@ -1565,9 +1583,15 @@ export function spillName(seq: number): string { return `tool-result-${seq}.txt`
 export async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
   if (!store.putArtefact) return { message }
   const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
-  let bytes = 0
-  for (const t of texts) { bytes += utf8Length(t.text, spillBytes - bytes); if (bytes > spillBytes) break }
-  if (bytes <= spillBytes) return { message }
+  // Length first: a UTF-16 unit is 1 to 3 UTF-8 bytes, so most results are decided without a walk.
+  let units = 0
+  for (const t of texts) units += t.text.length
+  if (units * 3 <= spillBytes) return { message }
+  if (units <= spillBytes) {
+    let bytes = 0
+    for (const t of texts) { bytes += utf8Length(t.text, spillBytes - bytes); if (bytes > spillBytes) break }
+    if (bytes <= spillBytes) return { message }
+  }
   const whole = texts.map((t) => t.text).join('')
   const ref = await store.putArtefact(name, whole)
   const fullBytes = utf8Length(whole)
@@ -1587,19 +1611,19 @@ export async function spillToolResult(message: ToolResultMessage, store: LogStor
 
 // ── 6.0 Configuration ─────────────────────────────────────────────────────────────────────────
 
-/** DeepSeek's OpenAI-compatible endpoint (DESIGN.md §6; api-docs.deepseek.com). */
+/** DeepSeek's OpenAI-compatible endpoint (docs/design.md §6; api-docs.deepseek.com). */
 export const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
-/** The model {@link deepseek} uses when none is given (DESIGN.md §6). */
+/** The model {@link deepseek} uses when none is given (docs/design.md §6). */
 export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-v4-flash'
 /** The environment variable {@link deepseek} reads the API key from when no `apiKey` is given. */
 export const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
-/** Completion budget in tokens when neither the request nor the options set one (DESIGN.md §6). */
+/** Completion budget in tokens when neither the request nor the options set one (docs/design.md §6). */
 export const DEFAULT_MAX_TOKENS = 32_768
 /** No progress (response headers or a data event) for this long ends the attempt as TIMEOUT. */
 const DEFAULT_IDLE_TIMEOUT_MS = 300_000
 /** Retries after the first attempt, for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. */
 const DEFAULT_MAX_RETRIES = 5
-/** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (DESIGN.md §6). */
+/** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (docs/design.md §6). */
 const DEFAULT_RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
 const DEFAULT_RETRY_MAX_MS = 10_000
@@ -1632,9 +1656,9 @@ export interface KnownModel {
 }
 
 /**
- * Known models, by the exact name sent as `model` (DESIGN.md §6, public DeepSeek model cards,
+ * Known models, by the exact name sent as `model` (docs/design.md §6, public DeepSeek model cards,
  * 2026). Any other model needs `contextWindow` in the options, or the ladder reports a
- * configuration error once (DESIGN.md §5).
+ * configuration error once (docs/design.md §5).
  */
 export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = Object.freeze({
   'deepseek-v4-flash': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
@@ -1959,7 +1983,7 @@ const ERROR_MESSAGE_KEYS = new Set(['message', 'msg', 'detail', 'error', 'raw', 
 /**
  * Rate limits, checked BEFORE the overflow patterns: their messages talk about tokens and "reduce
  * the prompt length" too (OpenAI/Groq TPM "Request too large", Anthropic input-TPM 429), and a
- * rate limit is never an overflow (DESIGN.md §6).
+ * rate limit is never an overflow (docs/design.md §6).
  */
 const RATE_LIMIT_RE = /rate[ _-]?limit|too many requests|tokens per min|requests per min|\b(?:TPM|RPM|TPD|RPD)\b|per[ -]minute|resource[_ ]exhausted/i
 
@@ -2015,7 +2039,7 @@ function parseJSONOrUndefined(text: string): unknown {
 
 const isErrorStatus = (status: unknown): status is number => typeof status === 'number' && Number.isInteger(status) && status >= 400 && status <= 599
 
-/** Reads what an error body says, whatever its shape (DESIGN.md §6). Never throws on strings. */
+/** Reads what an error body says, whatever its shape (docs/design.md §6). Never throws on strings. */
 function inspectErrorBody(bodyText: string): ErrorBodyInfo {
   const text = bodyText.length > ERROR_BODY_MAX_UNITS ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : bodyText
   const trimmed = text.trim()
@@ -2070,7 +2094,7 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
 }
 
 /**
- * Maps a failed response to a {@link ProviderErrorCode} (DESIGN.md §6). Never throws, whatever
+ * Maps a failed response to a {@link ProviderErrorCode} (docs/design.md §6). Never throws, whatever
  * it is given. The body may be JSON (`{"error":{...}}`, an array of such objects, `{"error":
  * "text"}`, a top-level `{"object":"error", …}`, a body double-encoded as a JSON string, a proxy
  * message wrapping the upstream JSON), an SSE excerpt, plain text, or empty.
@@ -2112,7 +2136,7 @@ export function classifyProviderError(status: number | undefined, bodyText: stri
   }
 }
 
-/** What to do about each code, appended to error messages (DESIGN.md: name the fix). */
+/** What to do about each code, appended to error messages (docs/design.md §0: an error names the fix). */
 const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, or lower maxTokens.',
   RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
@@ -2228,7 +2252,7 @@ function userToWire(message: UserMessage): WireMessage {
 }
 
 /**
- * DESIGN.md §6: `content` is never null ("" when there is no text); a message with tool calls
+ * docs/design.md §6: `content` is never null ("" when there is no text); a message with tool calls
  * carries `reasoning_content` (its reasoning, or "" — DeepSeek's thinking mode rejects it
  * otherwise). Text and reasoning blocks are concatenated as streamed; other blocks follow the
  * text as JSON.
@@ -2446,7 +2470,7 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
 }
 
 /**
- * A {@link Provider} for any server that speaks OpenAI chat completions with streaming (DESIGN.md
+ * A {@link Provider} for any server that speaks OpenAI chat completions with streaming (docs/design.md
  * §6): DeepSeek, OpenAI, OpenRouter, Ollama, vLLM, llama.cpp, LM Studio, …
  *
  * Each `complete()` streams one completion (`stream: true`, `stream_options.include_usage`),
@@ -2904,7 +2928,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
 // 7. Loop
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** Hook names, in the order they run in a step (DESIGN.md §7). */
+/** Hook names, in the order they run in a step (docs/design.md §7). */
 export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step'
 
 /** What a hook receives. `request` only for `agent/request` (mutable); `error` only for `agent/request-error`. */
@@ -2997,7 +3021,7 @@ function errorResult(callId: string, text: string, code: string): ToolResultMess
 }
 
 /**
- * The agent loop (DESIGN.md §7). A turn is one user input until the model stops calling tools; a
+ * The agent loop (docs/design.md §7). A turn is one user input until the model stops calling tools; a
  * step is one provider call plus its tool calls. Every state change is a log event (see
  * {@link Session}); {@link AgentOptions.onEvent} also gets streamed deltas and warnings.
  * The ladder (§5) is wired in through the `agent/post-step` and `agent/request-error` hooks unless
@@ -3126,8 +3150,8 @@ export class Agent implements CompactionHost {
       session.append('turn/start', { turn })
       const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
       this.pinnedSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
-      this.writeHeader() // so the turn-start pressure check prices this agent's envelope (DESIGN.md §2)
-      await session.sync()
+      this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
+      await session.flush() // the input is written at once and fsynced with the first step's boundary
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
       this.overflowRetries = 0
       for (;;) {
@@ -3181,12 +3205,13 @@ export class Agent implements CompactionHost {
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
         await this.runTools(calls, signal)
         const steered = this.drainSteering()
-        await session.sync()
+        await session.flush() // written before the post-step ladder may call a model; fsynced once, below
         if (!signal.aborted) await this.unlessAborted(() => this.runHooks('agent/post-step', ctx), signal)
         session.append('step/end', { turn, step })
-        await session.sync()
+        // One fsync per step: at its boundary, together with the turn's end when this step ends it.
         if (signal.aborted) return await end('aborted')
         if (calls.length === 0 && !steered) return await end(response.finishReason === 'length' ? 'length' : 'stop')
+        await session.sync()
       }
     } catch (err) {
       // An unexpected failure (a store error, a bug): close what is open so the log stays balanced.
@@ -3248,15 +3273,24 @@ export class Agent implements CompactionHost {
 }
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
-// 8. CLI
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// FENCE. Above: Part I, the runtime (web standards only). Below: Part II, the extras (tools,
+// replay, CLI). Nothing in Part I names anything in Part II: the build cuts the file here to make
+// `dist/dsh.mjs` and type-checks that part alone, so a reference across the fence fails the build.
+// Part II may name Part I freely. Its top level holds only declarations and literals (no calls),
+// so a bundler importing the runtime from this file drops Part II entirely.
+// ════════════════════════════════════════════════════════════════════════════════════════════
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-// ── 8.1 Built-in coding tools (DESIGN.md §8, issue 5) ─────────────────────────────────────────
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 8. Tools — the CLI's built-in coding tools (docs/design.md §8, §13)
+// ════════════════════════════════════════════════════════════════════════════════════════════
+
 // The file system and process code of dsh.ts. `node:` modules are loaded here through dynamic
-// `import()` only, so that the core still bundles for edge runtimes (TOOLCHAIN.md).
+// `import()` only, so that the core still bundles for edge runtimes (docs/runtimes.md).
 
 /** Defaults of {@link builtinTools} (units in the names). */
-export const BUILTIN_TOOL_DEFAULTS = Object.freeze({
+export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
   /** Cap on one tool's output in UTF-16 units. 100,000 ≈ 25,000 tokens by §2, the size of a big
    *  read in common coding agents; above it the pruner (§3) and the spill (§5) take over anyway. */
   maxOutputChars: 100_000,
@@ -3290,7 +3324,7 @@ export interface BuiltinToolsOptions {
   /** Working directory. Relative paths resolve against it, and every path must stay inside it
    *  after symlinks are resolved (realpath). It must exist. */
   cwd: string
-  /** Offer the `shell` tool (DESIGN.md §8: only with `--allow-shell` or an interactive yes). Default false. */
+  /** Offer the `shell` tool (docs/design.md §8: only with `--allow-shell` or an interactive yes). Default false. */
   allowShell?: boolean
   /** Cap on each tool's output in UTF-16 units; a one-line notice after the cut says what was left
    *  out and how to get it. `shell` gives each of stdout and stderr half of it (its first and last
@@ -3319,7 +3353,7 @@ interface ToolHost {
 }
 
 /**
- * The built-in coding tools of the CLI (DESIGN.md §8): `read_file`, `list_files`, `grep`,
+ * The built-in coding tools of the CLI (docs/design.md §8): `read_file`, `list_files`, `grep`,
  * `write_file`, `edit_file`, and `shell` when `allowShell` is true. Plain {@link Tool} objects; any
  * agent can use them.
  *
@@ -3332,7 +3366,7 @@ interface ToolHost {
  * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
  * one notice line saying how much was left out and how to get more (offset, a narrower path…).
  * Failures throw an `Error` whose message starts with the tool's name and says what to do
- * instead; the loop turns it into an error result for the model (DESIGN.md §7). `shell` returns
+ * instead; the loop turns it into an error result for the model (docs/design.md §7). `shell` returns
  * `{content, isError: true}` for a non-zero exit, a timeout or a cancellation, with the output so far.
  *
  * Needs a runtime with `node:fs/promises`, `node:path` (and `node:child_process` for `shell`):
@@ -4020,9 +4054,13 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
   }
 }
 
-// ── Transcript readers: the input side of `replay` ──
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 9. Replay — a recorded transcript through the meter and the ladder (docs/design.md §8)
+// ════════════════════════════════════════════════════════════════════════════════════════════
+
+// ── 9.1 Transcript readers: the input side of `replay` ─────────────────────────────────────────
 // Web-standard code: the readers take the file's TEXT (never a path), so they run anywhere.
-// Formats as found in real files: ../shared/corpus/FORMATS.md.
+// Formats as found in real files: docs/replay.md.
 
 /** The transcript formats `replay` reads (the CLI's `--format` values). */
 export type TranscriptFormat = 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
@@ -4202,7 +4240,7 @@ function parseJsonl(text: string): ParsedTranscript {
     try {
       value = JSON.parse(row)
     } catch (err) {
-      // A torn last line (a writer stopped mid-line: no final newline) is dropped, as DESIGN.md §4
+      // A torn last line (a writer stopped mid-line: no final newline) is dropped, as docs/design.md §4
       // tolerates it when a session log loads; a broken line anywhere else is corruption.
       if (i === last && !/\n\s*$/.test(text)) {
         notes.push(`dropped the torn last line ${i + 1} (${row.length} UTF-16 units, not valid JSON, no final newline)`)
@@ -4301,7 +4339,7 @@ function pushDraft(draft: TranscriptDraft, message: Message, where: string, usag
   if (message.role === 'assistant') draft.usage.push(usage)
 }
 
-/** Usage in the OpenAI chat-completions shape (`prompt_tokens`, …; DESIGN.md §6), else undefined. */
+/** Usage in the OpenAI chat-completions shape (`prompt_tokens`, …; docs/design.md §6), else undefined. */
 function chatCompletionUsage(u: unknown): Usage | undefined {
   if (!isJsonRecord(u) || typeof u.prompt_tokens !== 'number' || typeof u.completion_tokens !== 'number') return undefined
   const usage: Usage = { promptTokens: u.prompt_tokens, completionTokens: u.completion_tokens }
@@ -4415,7 +4453,7 @@ function readChatMessages(
 const SYNTHETIC_RESULT_TEXT = 'No result was recorded for this tool call in the transcript (synthesised by dsh replay).'
 
 /**
- * The pairing pass (DESIGN.md §4: never a tool call without its result or a result without its
+ * The pairing pass (docs/design.md §4: never a tool call without its result or a result without its
  * call, matched by id). Results are expected after their call and before the next user or
  * assistant message; a call still open at that point gets a synthetic error result there.
  */
@@ -4874,14 +4912,14 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   return transcript
 }
 
-// ── Replay runner: a transcript through the meter and the ladder, offline (issue 5, DESIGN.md §8) ──
+// ── 9.2 Replay runner: a transcript through the meter and the ladder, offline (docs/design.md §8) ──
 // Web-standard like the readers: it takes a Transcript (or the file's text); the CLI reads files.
 
-/** What the ladder did at one check: the rung taken (DESIGN.md §5 prune → compact; `failed` = still over). */
+/** What the ladder did at one check: the rung taken (docs/design.md §5 prune → compact; `failed` = still over). */
 export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed'
 
 /**
- * One thing the replay did to the surface. Token figures are dsh's heuristic (DESIGN.md §2):
+ * One thing the replay did to the surface. Token figures are dsh's heuristic (docs/design.md §2):
  * - `spill`: a tool result over the spill limit (UTF-8 `bytes`) replaced at write time by a preview;
  * - `prune`: the tool result at `seq` cut to head + tail (its price before → after);
  * - `compaction`: `messages` surface messages (seqs `firstSeq`..`lastSeq`, priced `tokensBefore`)
@@ -4978,7 +5016,7 @@ export interface ReplayReport {
 export interface ReplayOptions {
   /** Context window to replay at, tokens (positive integer). Default: the transcript's (dsh logs), else the summarizer's. */
   contextWindow?: number
-  /** Pressure threshold as a share of the window, 0 < r ≤ 1. Default 0.8 (DESIGN.md §5). */
+  /** Pressure threshold as a share of the window, 0 < r ≤ 1. Default 0.8 (docs/design.md §5). */
   thresholdRatio?: number
   /** Size of each simulated summary, tokens by the §2 estimate. Default 2,000. Ignored with `summarizer`. */
   summaryTokens?: number
@@ -4989,7 +5027,7 @@ export interface ReplayOptions {
   onStep?: (step: ReplayStep, session: Session) => void
 }
 
-/** Default size of a simulated summary, tokens (issue 5: `--summary-tokens`, default 2,000). */
+/** Default size of a simulated summary, tokens (the CLI's `--summary-tokens`, default 2,000). */
 export const DEFAULT_REPLAY_SUMMARY_TOKENS = 2000
 
 /**
@@ -5034,7 +5072,7 @@ function replayPositiveInteger(name: string, value: unknown, fix: string): numbe
 }
 
 /**
- * Replays a transcript through the meter and the ladder, offline (DESIGN.md §8, issue 5), the way
+ * Replays a transcript through the meter and the ladder, offline (docs/design.md §8), the way
  * the {@link Agent} would have fed it: into a fresh {@link Session} ({@link MemoryStore}) with the
  * transcript's envelope; a user message opens a turn (`turn/start`, the input appended and pinned
  * as {@link CompactionHost.pinnedSeq}, then the pressure check), a user message right after another
@@ -5267,8 +5305,8 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     ? `summaries simulated at ${groupDigits(report.summaries.tokens)} tokens each (no model was called)`
     : `summaries written by the model ${report.summaries.model}`)
   out.push(report.format === 'dsh'
-    ? 'tokens: dsh\'s own estimate (DESIGN.md §2), not anchored on the log\'s usage; "recorded" is the prompt size the recorded run reported, for comparison'
-    : 'tokens: dsh\'s own estimate (DESIGN.md §2), not anchored on the transcript\'s usage: the "recorded" prompt tokens describe the original, unmanaged prompts (another tokenizer, plus any system prompt and tools the file does not record) and are shown for comparison only')
+    ? 'tokens: dsh\'s own estimate (docs/design.md §2), not anchored on the log\'s usage; "recorded" is the prompt size the recorded run reported, for comparison'
+    : 'tokens: dsh\'s own estimate (docs/design.md §2), not anchored on the transcript\'s usage: the "recorded" prompt tokens describe the original, unmanaged prompts (another tokenizer, plus any system prompt and tools the file does not record) and are shown for comparison only')
   for (const note of report.notes) out.push(`note: ${note}`)
   out.push('request = what dsh would send for the step; unmanaged = the same with no management; before → after = around the rung at the pressure check')
   out.push('')
@@ -5332,21 +5370,23 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
   return { report, sidechainReports, output }
 }
 
-// ── 8.3 Command line: arguments, configuration, entry point (DESIGN.md §8, issue 5) ──────────
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 10. CLI — arguments, configuration, terminal output, entry point (docs/design.md §8)
+// ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** DeepSeek defaults of the CLI (DESIGN.md §6). */
-export const CLI_DEFAULTS = Object.freeze({
+/** DeepSeek defaults of the CLI (docs/design.md §6). */
+export const CLI_DEFAULTS = /* @__PURE__ */ Object.freeze({
   baseURL: 'https://api.deepseek.com',
   model: 'deepseek-v4-flash',
   /** Environment variable read for the key when neither `--api-key-env` nor a non-DeepSeek base URL is given. */
   apiKeyEnv: 'DEEPSEEK_API_KEY',
-  /** Compaction threshold as a ratio of the context window (DESIGN.md §5). */
+  /** Compaction threshold as a ratio of the context window (docs/design.md §5). */
   threshold: 0.8,
-  /** replay: size of a simulated summary, in tokens (issue 5). */
+  /** replay: size of a simulated summary, in tokens. */
   summaryTokens: 2_000,
 })
 
-/** Transcript formats `replay --format` accepts (issue 5; ../shared/corpus/FORMATS.md). `auto` detects. */
+/** Transcript formats `replay --format` accepts (docs/replay.md). `auto` detects. */
 export type CliReplayFormat = 'auto' | 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
 const CLI_REPLAY_FORMATS: readonly CliReplayFormat[] = ['auto', 'dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
 
@@ -5378,7 +5418,7 @@ export interface CliRunOptions extends CliModelOptions {
   prompt?: string
   /** True when the prompt came with `-p/--print` (one-shot, answer on stdout). */
   print: boolean
-  /** `--context-window N`, tokens. Absent: the provider's known window for the model (DESIGN.md §6). */
+  /** `--context-window N`, tokens. Absent: the provider's known window for the model (docs/design.md §6). */
   contextWindow?: number
   /** `--max-tokens N`, completion budget per call in tokens. Absent: the provider's default. */
   maxTokens?: number
@@ -5434,8 +5474,9 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
 }
 const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help' }
 
-/** The `--help` text (DESIGN.md §8). */
-export const CLI_HELP = `dsh ${VERSION}: a coding agent that keeps long sessions inside the model's context window
+/** The `--help` text (docs/design.md §8). A function, so that nothing is computed at load time. */
+export function cliHelp(): string {
+  return `dsh ${VERSION}: a coding agent that keeps long sessions inside the model's context window
 
 Usage
   npx tsx dsh.ts                       interactive session (needs a terminal)
@@ -5498,6 +5539,7 @@ Examples
   npx tsx dsh.ts --base-url http://127.0.0.1:8080/v1 --model qwen3-coder --context-window 32768
   npx tsx dsh.ts replay examples/session.jsonl --context-window 32000
 `
+}
 
 /** Edit distance, for "did you mean" on a mistyped flag. */
 function editDistance(a: string, b: string): number {
@@ -5566,7 +5608,7 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
 }
 
 /**
- * Parses the command line (DESIGN.md §8, issue 5). Pure: reads only its arguments.
+ * Parses the command line (docs/design.md §8). Pure: reads only its arguments.
  *
  * `argv` is the arguments after the script (`process.argv.slice(2)`); `env` is the environment
  * (`DEEPSEEK_API_KEY`, `DSH_BASE_URL`, `DSH_MODEL`, and the variable named by `--api-key-env`;
@@ -5684,39 +5726,41 @@ export function runCliBasics(argv: readonly string[], env: Record<string, string
     io.stderr(`dsh: ${error.message}\n`)
     return { exitCode: error.exitCode }
   }
-  if (options.command === 'help') { io.stdout(CLI_HELP); return { exitCode: 0 } }
+  if (options.command === 'help') { io.stdout(cliHelp()); return { exitCode: 0 } }
   if (options.command === 'version') { io.stdout(`dsh.ts ${VERSION}\n`); return { exitCode: 0 } }
   return { options }
 }
 
 /**
  * Whether dsh.ts (or its bundle) is the program being run, not a module being imported
- * (DESIGN.md §0, TOOLCHAIN.md). Deno and Bun: `import.meta.main`. Node: the realpath of
+ * (docs/design.md §0, docs/runtimes.md). Deno and Bun: `import.meta.main`. Node: the realpath of
  * `import.meta.url` equals the realpath of `process.argv[1]` (so a symlinked bin works). A bundle
  * without `import.meta.url` (the IIFE build for edge runtimes) is never the entry point.
  *
- * `probe` is for tests; by default it is read from this module and the process. Async because the
- * realpath check loads `node:fs` lazily: call it as `isEntryPoint().then(…)`, not with a top-level
- * `await`, which the IIFE bundle does not allow. Never throws.
+ * `probe` is for tests; by default it is read from this module, and `process.argv` is read only
+ * when `import.meta.main` does not answer (Deno builds its Node `process` on first access, ~40 ms).
+ * Async because the realpath check loads `node:fs` lazily: call it as `isEntryPoint().then(…)`,
+ * not with a top-level `await`, which the IIFE bundle does not allow. Never throws.
  */
-export async function isEntryPoint(probe: { url?: string; main?: unknown; argv1?: string } = entryProbe()): Promise<boolean> {
-  if (typeof probe.main === 'boolean') return probe.main
-  if (typeof probe.url !== 'string' || !probe.url.startsWith('file:') || typeof probe.argv1 !== 'string' || probe.argv1 === '') return false
+export async function isEntryPoint(probe?: { url?: string; main?: unknown; argv1?: string }): Promise<boolean> {
+  const meta = import.meta as { url?: string; main?: unknown }
+  const main = probe ? probe.main : meta.main
+  if (typeof main === 'boolean') return main
+  const url = probe ? probe.url : meta.url
+  if (typeof url !== 'string' || !url.startsWith('file:')) return false
+  const argv1 = probe ? probe.argv1 : (globalThis as { process?: { argv?: string[] } }).process?.argv?.[1]
+  if (typeof argv1 !== 'string' || argv1 === '') return false
   try {
     const [{ realpath }, { fileURLToPath }] = await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'), importNode<typeof import('node:url')>('node:url')])
-    const [self, script] = await Promise.all([realpath(fileURLToPath(probe.url)), realpath(probe.argv1)])
+    const [self, script] = await Promise.all([realpath(fileURLToPath(url)), realpath(argv1)])
     return self === script
   } catch {
     return false
   }
 }
 
-function entryProbe(): { url?: string; main?: unknown; argv1?: string } {
-  const meta = import.meta as { url?: string; main?: unknown }
-  return { url: meta.url, main: meta.main, argv1: (globalThis as { process?: { argv?: string[] } }).process?.argv?.[1] }
-}
 /** The CLI agent's system prompt; `{cwd}` is filled in at start. */
-export const CLI_SYSTEM_PROMPT = [
+export const CLI_SYSTEM_PROMPT = /* @__PURE__ */ [
   'You are dsh, a careful coding agent working in the directory {cwd}.',
   'Use the tools to read, search and change files there; paths are relative to that directory.',
   'Read before you edit. Make the smallest change that does the job, and say what you changed.',
@@ -5803,7 +5847,7 @@ function usageReport(agent: Agent): string {
 }
 
 /**
- * The CLI (DESIGN.md §8). Returns the exit code: 0 done, 1 provider or tool failure, 2 usage error.
+ * The CLI (docs/design.md §8). Returns the exit code: 0 done, 1 provider or tool failure, 2 usage error.
  * Node, Deno and Bun (node: modules loaded lazily). `argv` excludes the runtime and script.
  */
 export async function main(argv: readonly string[], proc?: NodeProcess): Promise<number> {
@@ -6001,12 +6045,25 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
   }
 }
 
-// Runs the CLI when this file is the program (never on import; see isEntryPoint).
-void isEntryPoint().then(async (isMain) => {
-  if (!isMain) return
+/**
+ * Runs the CLI as this process's program: {@link main} on `process.argv`, its result as the exit
+ * code; an unexpected throw is printed as `dsh: internal error: …` with exit code 1. The entry
+ * check below calls it; call it yourself from a wrapper script that should behave like `dsh`.
+ */
+export async function runAsProgram(): Promise<void> {
   const p = (await importNode<any>('node:process')).default
   try { p.exitCode = await main(p.argv.slice(2), p) } catch (err) {
     p.stderr.write(`dsh: internal error: ${(err as Error)?.stack ?? err}\n`)
     p.exitCode = 1
   }
+}
+
+// The entry check: runs the CLI when this file (or dist/cli.mjs) is the program, never on import.
+// It reaches the CLI through a dynamic import of this module itself, so the statement names no
+// CLI code and a bundler that takes only the runtime from this file drops Part II; the identity
+// test makes sure the module imported is this one (an app bundling dsh.ts has its own URL).
+void isEntryPoint().then(async (isMain) => {
+  if (!isMain) return
+  const self = await import(import.meta.url)
+  if (self.isEntryPoint === isEntryPoint) await self.runAsProgram()
 })
