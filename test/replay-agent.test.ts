@@ -6,7 +6,7 @@ import assert from 'node:assert/strict'
 import { spawnSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import {
-  Agent, Session, MemoryStore, readTranscript, replayTranscript, runReplay, formatReplay, CLI_HELP,
+  Agent, Session, MemoryStore, readTranscript, replayTranscript, runReplay, formatReplay, cliHelp,
   type AgentEvent, type Message, type Provider, type ReplayFigure, type SessionEvent, type Tool,
 } from '../dsh.ts'
 import { ScriptedProvider, call, say } from './scripted-provider.ts'
@@ -158,5 +158,5 @@ test('CLI: replay --sidechains replays each Claude Code Task run after the main 
     assert.equal(side.status, 0, side.stderr)
     const totals = side.stdout.trimEnd().split('\n').map((l) => JSON.parse(l)).filter((o) => o.kind === 'totals')
     assert.deepEqual(totals.map((o) => [o.chain, o.steps]), [['main chain', 9], ['sidechain 1 of 5', 9], ['sidechain 2 of 5', 34], ['sidechain 3 of 5', 40], ['sidechain 4 of 5', 25], ['sidechain 5 of 5', 53]])
-    assert.match(CLI_HELP, /--sidechains +Claude Code: also replay each Task-subagent run/)
+    assert.match(cliHelp(), /--sidechains +Claude Code: also replay each Task-subagent run/)
   })
