@@ -533,6 +533,8 @@ export interface EventDataMap {
   'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number }
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
   'recovery/retry': { generationBefore: number; generationAfter: number }
+  /** A stream that broke after output (`code`, e.g. SERVER or TRANSPORT) is retried once as step `step + 1`; its partial output precedes this event as an interrupted message. */
+  'step/retry': { turn: number; step: number; code: ProviderErrorCode }
 }
 /** The event types dsh itself writes (see {@link EventDataMap}). */
 export type EventType = keyof EventDataMap
@@ -2825,6 +2827,9 @@ export interface TurnResult {
   message?: AssistantMessage
 }
 
+/** Consecutive retries of a step whose stream broke after output (see {@link Agent}). */
+const MAX_STREAM_RETRIES = 1
+
 const textOfBlocks = (blocks: readonly Block[]) => blocks.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('')
 
 /** Turns whatever a tool returned into result content; anything else is an error for the model. */
@@ -2872,7 +2877,10 @@ function errorResult(callId: string, text: string, code: string): ToolResultMess
  * The ladder (§5) is wired in through the `agent/post-step` and `agent/request-error` hooks unless
  * `compaction.auto` is false. Cancellation through `run(input, {signal})`: a running tool call
  * finishes, undispatched calls get a synthetic `TOOL_ABORTED` result, partial assistant text is kept
- * as an interrupted message.
+ * as an interrupted message. A stream that breaks after output with a retryable error (SERVER,
+ * TRANSPORT, TIMEOUT, RATE_LIMIT; the adapter itself never retries once output was streamed) keeps
+ * its partial text as an interrupted message and is retried once as a new step (`step/retry`); a
+ * second break in a row ends the turn with the error.
  */
 export class Agent implements CompactionHost {
   readonly session: Session
@@ -2891,6 +2899,7 @@ export class Agent implements CompactionHost {
   private readonly steering: string[] = []
   private running = false
   private overflowRetries = 0
+  private streamRetries = 0
   private onEvent?: (e: AgentEvent) => void
 
   constructor(options: AgentOptions) {
@@ -2999,6 +3008,7 @@ export class Agent implements CompactionHost {
       await session.sync()
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
       this.overflowRetries = 0
+      this.streamRetries = 0
       for (;;) {
         if (signal.aborted) return await end('aborted')
         if (step >= this.maxSteps) return await end('max-steps')
@@ -3041,10 +3051,19 @@ export class Agent implements CompactionHost {
           }
           if (partial) session.append('assistant/message', { message: partial, finishReason: 'error', surfaceOp: { op: 'append' } })
           session.append('step/end', { turn, step })
+          // The adapter never retries once output was streamed (the caller saw it): the loop does,
+          // once, as a new step whose request carries the partial output as an interrupted message.
+          if (afterOutput.has(error) && RETRYABLE.has(error.code) && this.streamRetries < MAX_STREAM_RETRIES) {
+            this.streamRetries++
+            session.append('step/retry', { turn, step, code: error.code })
+            await session.sync()
+            continue
+          }
           await end('error')
           throw raw instanceof ProviderError ? raw : error
         }
         this.overflowRetries = 0
+        this.streamRetries = 0
         last = withCallIds(response.message, session.seq, session)
         session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' } })
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
@@ -5616,6 +5635,7 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
       case 'compaction/prune': return say(`pruned tool result #${d.shadowedSeqs[0]} (${groupDigits(d.shadowedTokenCount)} tokens)`)
       case 'compaction/end': return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${groupDigits(d.tokensBefore)} → ${groupDigits(d.tokensAfter)} tokens`)
       case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
+      case 'step/retry': return say(`the stream broke after output (${d.code}); the partial answer is kept, retrying the step once`)
       // Other provider errors end the turn and are reported once, by the caller's last line.
       case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
       case 'step/end': {
