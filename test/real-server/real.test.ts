@@ -17,7 +17,7 @@ import {
   parseLogText, CHECKPOINT_PREAMBLE, type StreamEvent, type SessionEvent, type Message, type Usage,
 } from '../../dsh.ts'
 import { rng } from '../rng.ts'
-import { skipWithoutServer, startServer, recordingFetch, serverPromptTokens, type RunningServer, type Exchange } from './server.ts'
+import { skipWithoutServer, startServer, recordingFetch, serverPromptTokens, settled, type RunningServer, type Exchange } from './server.ts'
 
 const skip = skipWithoutServer()
 const MODEL = 'stories260K'
@@ -79,6 +79,7 @@ describe('1. a streamed turn against llama-server', { skip }, () => {
     const stream: StreamEvent[] = []
     const agent = new Agent({ session, provider, onEvent: (e) => { if (e.type === 'stream') stream.push(e.event) } })
     const r = await agent.run('Once upon a time, there was a little dog named Max.')
+    await settled(exchanges)
 
     // The request as the server received it.
     assert.equal(exchanges.length, 1)
@@ -117,6 +118,7 @@ describe('1. a streamed turn against llama-server', { skip }, () => {
 
     // A second turn: the server reuses the cached prefix and says so.
     await agent.run('The next day, Max went to the park.')
+    await settled(exchanges)
     const second = ofType(session, 'assistant/message')[1].data.usage!
     assert.equal(exchanges[1].status, 200)
     assert.ok(second.cachedTokens! > 0 && second.cachedTokens! < second.promptTokens, `cached ${second.cachedTokens} of ${second.promptTokens}`)
@@ -144,6 +146,7 @@ describe('2–3. the ladder against a real 2,048-token window', { skip }, () => 
       await agent.run(filler(500, 100 + turns))
       turns++
     }
+    await settled(exchanges)
     const rungs = types(session.events).filter((t) => t === 'compaction/prune' || t === 'compaction/clear' || t === 'compaction/summary')
     assert.ok(rungs.length > 0, `no rung after ${turns} turns: ${session.measure().totalTokens} tokens`)
     // It acted because the measured total passed the threshold.
@@ -157,6 +160,7 @@ describe('2–3. the ladder against a real 2,048-token window', { skip }, () => 
     assert.equal(ofType(session, 'request/error').length, 0)
     // After the ladder the next turn still goes through, smaller than the window.
     const r = await agent.run('Then the sun went down.')
+    await settled(exchanges)
     assert.ok(['stop', 'length'].includes(r.reason))
     assert.equal(exchanges.at(-1)!.status, 200)
   })
@@ -173,6 +177,7 @@ describe('2–3. the ladder against a real 2,048-token window', { skip }, () => 
     assert.ok(estimate + 48 < 2048 * 0.8, `the heuristic must think it fits (${estimate})`)
 
     const r = await agent.run(input)
+    await settled(exchanges)
     assert.ok(['stop', 'length'].includes(r.reason))
     // The rejection: HTTP 400 with llama.cpp's body, classified CONTEXT_WINDOW_EXCEEDED.
     const rejected = exchanges[0]
@@ -238,6 +243,7 @@ describe('6. an in-stream error after content', { skip }, () => {
     const session = await Session.open(new MemoryStore())
     const stream: StreamEvent[] = []
     const r = await new Agent({ session, provider, onEvent: (e) => { if (e.type === 'stream') stream.push(e.event) } }).run('Once upon a time, there was a big tree.')
+    await settled(exchanges)
     assert.ok(['stop', 'length'].includes(r.reason))
     assert.equal(r.steps, 2)
     assert.equal(exchanges.length, 2)
@@ -282,6 +288,7 @@ describe('4. a summary request that overflows the real window', { skip }, () => 
     const agent = new Agent({ session, provider, compaction: { summaryMaxTokens: 128 } })
     assert.ok(session.measure().totalTokens >= Math.floor(2048 * 0.8), `pressure expected: ${session.measure().totalTokens}`)
     const r = await agent.run('And then?')
+    await settled(exchanges)
     assert.ok(['stop', 'length'].includes(r.reason))
 
     const summaries = summaryExchanges(exchanges)
@@ -322,6 +329,7 @@ describe('5. calibration against the real tokenizer', { skip }, () => {
     agent.on('agent/request', ({ request }) => { measured.push(request!.inputTokens!) })
     const inputs = Array.from({ length: 6 }, (_, i) => filler(1_500, 60 + i))
     for (const input of inputs) await agent.run(input)
+    await settled(exchanges)
     assert.equal(exchanges.length, inputs.length)
     for (const x of exchanges) assert.equal(x.status, 200)
     const report: string[] = []
@@ -380,6 +388,7 @@ describe('7. a library Agent, the CLI and replay against llama-server', { skip }
     assert.equal(types(session.events).filter((t) => t === 'session/resume').length, 1)
     agent = new Agent({ session, provider, tools, system: 'You tell stories.' })
     const r = await agent.run('One day the ball was gone.')
+    await settled(exchanges)
     assert.equal(r.turn, 3)
     assert.equal(exchanges.length, 3)
     for (const x of exchanges) assert.equal(x.status, 200, x.responseText.slice(0, 300))

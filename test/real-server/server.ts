@@ -118,6 +118,14 @@ export interface Exchange {
   responseText: string
   /** From the final usage chunk of a 200 stream: the server's own count of the prompt, tokens. */
   promptTokens?: number
+  /** Resolves when the whole response has been recorded (see {@link settled}). */
+  done: Promise<void>
+}
+
+/** Waits until every exchange's response is fully recorded; returns them. */
+export async function settled(exchanges: Exchange[]): Promise<Exchange[]> {
+  await Promise.all(exchanges.map((x) => x.done))
+  return exchanges
 }
 
 /**
@@ -129,13 +137,13 @@ export function recordingFetch(transform?: (sse: ReadableStream<Uint8Array>, exc
   const exchanges: Exchange[] = []
   const doFetch = async (input: string, init: RequestInit): Promise<Response> => {
     const headers = Object.fromEntries(new Headers(init.headers).entries())
-    const exchange: Exchange = { url: input, headers, body: JSON.parse(String(init.body)), status: 0, responseText: '' }
+    const exchange: Exchange = { url: input, headers, body: JSON.parse(String(init.body)), status: 0, responseText: '', done: Promise.resolve() }
     exchanges.push(exchange)
     const res = await fetch(input, init)
     exchange.status = res.status
     if (!res.body) return res
     const [mine, theirs] = res.body.tee()
-    void (async () => {
+    exchange.done = (async () => {
       const decoder = new TextDecoder()
       const reader = mine.getReader()
       for (;;) {
