@@ -2539,6 +2539,8 @@ function makeProvider(cfg: AdapterConfig): Provider {
 /** Errors never retried: raised after output was streamed (a retry would show the caller a second
  *  answer), or past the request deadline. */
 const notRetried = new WeakSet<ProviderError>()
+/** Errors of a stream that broke after output (not past the deadline): the loop retries those once as a new step. */
+const afterOutput = new WeakSet<ProviderError>()
 const RETRYABLE = new Set<ProviderErrorCode>(['RATE_LIMIT', 'SERVER', 'TRANSPORT', 'TIMEOUT', 'EMPTY_RESPONSE'])
 
 /** An exception thrown by the caller's onEvent: passed through unchanged, never retried. */
@@ -2918,6 +2920,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     }
     if (partial && !error.partial) error.partial = partial
     if (acc.streamed) notRetried.add(error)
+    if (acc.streamed && !pastDeadline) afterOutput.add(error)
     throw error
   } finally {
     if (timer !== undefined) clearTimeout(timer)
