@@ -25,7 +25,7 @@ const shape = (events: readonly SessionEvent[]) => events.filter((e) => e.type !
 
 test('the replay log is the live loop\'s log: same events in the same order for the same conversation', async () => {
   // Turn 1: a call, its result, steering typed while the tool ran, the answer. Turn 2: a plain answer.
-  const t = readTranscript(JSON.stringify([
+  const t = readTranscript(JSON.stringify({ tools: [{ type: 'function', function: { name: 'sh', description: 'run', parameters: {} } }], messages: [
     { role: 'user', content: 'task' },
     { role: 'assistant', content: null, tool_calls: [fn('c1', 'sh', '{"cmd":"ls"}')] },
     { role: 'tool', tool_call_id: 'c1', content: 'a.txt\nb.txt' },
@@ -33,7 +33,7 @@ test('the replay log is the live loop\'s log: same events in the same order for 
     { role: 'assistant', content: 'done' },
     { role: 'user', content: 'next' },
     { role: 'assistant', content: 'ok' },
-  ]))
+  ] }))
   let replayed!: Session
   const report = await replayTranscript(t, { contextWindow: 10_000, onStep: (_row, s) => { replayed = s } })
   assert.deepEqual(report.rows.map((r) => [r.kind, r.turn, r.step]), [['turn-start', 1, 1], ['step', 1, 1], ['step', 1, 2], ['turn-start', 2, 3], ['step', 2, 3]])
@@ -44,13 +44,11 @@ test('the replay log is the live loop\'s log: same events in the same order for 
   const live = await Session.open(new MemoryStore(), { id: 'live' })
   const provider = new ScriptedProvider(10_000, [call('c1', 'sh', { cmd: 'ls' }), say('done'), say('ok')])
   let agent!: Agent
-  const sh: Tool = { name: 'sh', description: '', parameters: {}, execute: () => { agent.steer('also check c'); return 'a.txt\nb.txt' } }
+  const sh: Tool = { name: 'sh', description: 'run', parameters: {}, execute: () => { agent.steer('also check c'); return 'a.txt\nb.txt' } }
   agent = new Agent({ session: live, provider, tools: [sh], contextWindow: 10_000 })
-  // The transcript records no tool specs; the live agent sends sh's, so compare the envelopes apart.
   await agent.run('task')
   await agent.run('next')
-  const strip = (s: ReturnType<typeof shape>) => s.map((e) => (e.type === 'request/header' ? { type: e.type } : e))
-  assert.deepEqual(strip(shape(replayed.events)), strip(shape(live.events)))
+  assert.deepEqual(shape(replayed.events), shape(live.events))
   assert.deepEqual(replayed.messages(), live.messages())
 })
 
