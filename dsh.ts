@@ -594,6 +594,17 @@ export interface LoadedLog { events: SessionEvent[]; torn?: TornLine }
 export interface LogStore {
   load(): Promise<LoadedLog>
   append(events: readonly SessionEvent[]): Promise<void>
+  /**
+   * Optional streaming load: calls `onEvent` with each event in seq order (only checked for its
+   * shape and seq), and returns the torn last line if one was dropped. A store that implements
+   * `scan` and `readEvent` is *readable*: a {@link Session} on it keeps only the surface and small
+   * metadata in memory and reads old events back on demand (docs/design.md §4).
+   */
+  scan?(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }>
+  /** Reads back event `seq` (loaded or appended earlier). */
+  readEvent?(seq: number): Promise<SessionEvent>
+  /** Reads back the events with `fromSeq <= seq < toSeq`, oldest first. */
+  readEvents?(fromSeq: number, toSeq: number): AsyncIterable<SessionEvent>
   sync?(): Promise<void>
   /** Stores `text` (e.g. a spilled tool result) and returns a reference a human can follow. */
   putArtefact?(name: string, text: string): Promise<string>
@@ -638,23 +649,34 @@ export function parseLogText(text: string): { events: SessionEvent[]; torn?: Tor
   while (pos < text.length) {
     line++
     const nl = text.indexOf('\n', pos)
-    const end = nl < 0 ? text.length : nl
-    const raw = text.slice(pos, end)
-    if (raw.trim() === '') {
-      if (nl < 0) break
-      throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
-    }
-    let value: unknown
-    try { value = JSON.parse(raw) } catch {
-      if (nl < 0) return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
-      throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
-    }
-    const problem = eventShapeProblem(value, events.length)
-    if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
-    events.push(value as SessionEvent)
+    const raw = text.slice(pos, nl < 0 ? text.length : nl)
+    const parsed = parseLogLine(raw, line, events.length, nl >= 0)
+    if (parsed === 'blank') break
+    if (parsed === 'torn') return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
+    events.push(parsed)
     pos = nl < 0 ? text.length : nl + 1
   }
   return { events, goodLength: text.length }
+}
+
+/**
+ * One log line (without its newline) → its event. `'torn'`: the last line, unterminated, does not
+ * parse (a crash cut it); `'blank'`: trailing white space at the end of the file. Anything else
+ * that is wrong throws `SessionError('LOG_CORRUPT')` naming the 1-based `line`.
+ */
+function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent | 'torn' | 'blank' {
+  if (raw.trim() === '') {
+    if (!terminated) return 'blank'
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
+  }
+  let value: unknown
+  try { value = JSON.parse(raw) } catch {
+    if (!terminated) return 'torn'
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
+  }
+  const problem = eventShapeProblem(value, expectedSeq)
+  if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
+  return value as SessionEvent
 }
 
 /**
@@ -666,44 +688,135 @@ export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
   return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
 }
 
+/** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
+const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
+
 /**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
- * `sync()` fsyncs. Loading drops a torn last line — its bytes are saved beside the log as
- * `FILE.torn-<time>` and the file is truncated to its last whole line — and refuses any other
- * corruption with the line number. Spilled tool results go to `FILE.artefacts/`.
+ * `sync()` fsyncs. Loading streams the file line by line (no whole-file string, no size ceiling),
+ * drops a torn last line — its bytes are saved beside the log as `FILE.torn-<time>` and the file is
+ * truncated to its last whole line — and refuses any other corruption with the line number.
+ * The store is *readable* (see {@link LogStore.scan}): it keeps the byte offset of every event's
+ * line (8 bytes per event) and reads events back from the file on demand, so a {@link Session} on
+ * it holds only its surface in memory. Spilled tool results go to `FILE.artefacts/`.
  */
 export class FileStore implements LogStore {
   readonly path: string
   private handle: any
+  private reader: any
   private needsNewline = false
+  /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
+  private lineStarts?: number[]
   constructor(path: string) { this.path = path }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
   async load(): Promise<LoadedLog> {
+    const events: SessionEvent[] = []
+    const { torn } = await this.scan((e) => { events.push(e) })
+    return { events, torn }
+  }
+
+  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
     const fs = await this.fs()
-    let text: string
-    try { text = await fs.readFile(this.path, 'utf8') } catch (err: any) {
-      if (err?.code === 'ENOENT') return { events: [] }
+    let fh: any
+    try { fh = await fs.open(this.path, 'r') } catch (err: any) {
+      if (err?.code === 'ENOENT') { this.lineStarts = [0]; return {} }
       throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
     }
-    const parsed = parseLogText(text)
-    if (parsed.torn) {
-      const savedTo = `${this.path}.torn-${Date.now()}`
-      await fs.writeFile(savedTo, text.slice(parsed.goodLength))
-      await fs.truncate(this.path, new TextEncoder().encode(text.slice(0, parsed.goodLength)).length)
-      parsed.torn.savedTo = savedTo
-    } else if (text.length > 0 && !text.endsWith('\n')) this.needsNewline = true
-    return { events: parsed.events, torn: parsed.torn }
+    const starts: number[] = [0]
+    const decoder = new TextDecoder()
+    let torn: TornLine | undefined
+    let tornAt = -1
+    try {
+      const size: number = (await fh.stat()).size
+      for await (const lines of lineChunks(fh, 0, size)) {
+        for (const { bytes, at, terminated } of lines) {
+          const line = starts.length
+          const parsed = parseLogLine(decoder.decode(bytes), line, starts.length - 1, terminated)
+          if (parsed === 'blank') continue
+          if (parsed === 'torn') { torn = { line, bytes: bytes.length }; tornAt = at; continue }
+          onEvent(parsed)
+          starts.push(at + bytes.length + (terminated ? 1 : 0))
+          if (!terminated) this.needsNewline = true
+        }
+      }
+      if (torn) {
+        const savedTo = `${this.path}.torn-${Date.now()}`
+        const tail = new Uint8Array(size - tornAt)
+        await fh.read(tail, 0, tail.length, tornAt)
+        await fs.writeFile(savedTo, tail)
+        await fs.truncate(this.path, tornAt)
+        torn.savedTo = savedTo
+      }
+    } catch (err) {
+      if (err instanceof SessionError) throw err
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${(err as Error)?.message ?? err}`)
+    } finally { await fh.close() }
+    this.lineStarts = starts
+    return { torn }
   }
 
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
-    if (!this.handle) this.handle = await (await this.fs()).open(this.path, 'a')
-    let text = this.needsNewline ? '\n' : ''
-    for (const e of events) text += JSON.stringify(e) + '\n'
+    if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
+    const starts = this.lineStarts!
+    const encoder = new TextEncoder()
+    const parts: Uint8Array[] = []
+    let at = starts[starts.length - 1], bytes = 0
+    if (this.needsNewline) { parts.push(encoder.encode('\n')); bytes++; at++; starts[starts.length - 1] = at }
+    const added: number[] = []
+    for (const e of events) {
+      const line = encoder.encode(JSON.stringify(e) + '\n')
+      parts.push(line); bytes += line.length; at += line.length; added.push(at)
+    }
+    const buffer = new Uint8Array(bytes)
+    let pos = 0
+    for (const part of parts) { buffer.set(part, pos); pos += part.length }
+    await this.write(buffer)
     this.needsNewline = false
-    await this.handle.write(text)
+    for (const a of added) starts.push(a)
+  }
+
+  /** Appends whole lines to the file (one call per batch; a subclass may split it, e.g. to test torn lines). */
+  protected async write(bytes: Uint8Array): Promise<void> {
+    this.handle ??= await (await this.fs()).open(this.path, 'a')
+    await this.handle.write(bytes)
+  }
+
+  async readEvent(seq: number): Promise<SessionEvent> {
+    const starts = await this.index()
+    if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1) throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
+    const bytes = new Uint8Array(starts[seq + 1] - starts[seq])
+    this.reader ??= await (await this.fs()).open(this.path, 'r')
+    await this.reader.read(bytes, 0, bytes.length, starts[seq])
+    return this.decodeEvent(bytes, seq)
+  }
+
+  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
+    const starts = await this.index()
+    const from = Math.max(0, fromSeq), to = Math.min(toSeq, starts.length - 1)
+    if (from >= to) return
+    const fh = await (await this.fs()).open(this.path, 'r')
+    try {
+      let seq = from
+      for await (const lines of lineChunks(fh, starts[from], starts[to])) {
+        for (const { bytes } of lines) yield this.decodeEvent(bytes, seq++)
+      }
+    } finally { await fh.close() }
+  }
+
+  private decodeEvent(bytes: Uint8Array, seq: number): SessionEvent {
+    let text = new TextDecoder().decode(bytes)
+    if (text.endsWith('\n')) text = text.slice(0, -1)
+    const parsed = parseLogLine(text, seq + 1, seq, true)
+    if (typeof parsed === 'string') throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: empty or cut short when read back`, seq + 1)
+    return parsed
+  }
+
+  private async index(): Promise<number[]> {
+    if (!this.lineStarts) await this.scan(() => {})
+    return this.lineStarts!
   }
 
   async sync(): Promise<void> { if (this.handle) await this.handle.sync() }
@@ -719,7 +832,56 @@ export class FileStore implements LogStore {
 
   async getArtefact(ref: string): Promise<string> { return await (await this.fs()).readFile(ref, 'utf8') }
 
-  async close(): Promise<void> { const h = this.handle; this.handle = undefined; if (h) await h.close() }
+  async close(): Promise<void> {
+    const h = this.handle, r = this.reader
+    this.handle = undefined; this.reader = undefined
+    if (h) await h.close()
+    if (r) await r.close()
+  }
+}
+
+/** One line of a log file: its bytes without the newline, its byte offset, whether a newline ended it. */
+interface LogLine { bytes: Uint8Array; at: number; terminated: boolean }
+
+/**
+ * The lines of the open file `fh` between byte offsets `start` and `end`, one array per read of
+ * {@link LOG_READ_CHUNK_BYTES} (one promise per chunk, not per line). Only a last line with no
+ * newline has `terminated: false`. A line that spans reads is joined once, not per read. The
+ * arrays' `bytes` are views of a buffer reused by the next read: decode them before asking for more.
+ */
+async function* lineChunks(fh: any, start: number, end: number): AsyncGenerator<LogLine[]> {
+  const chunk = new Uint8Array(Math.min(LOG_READ_CHUNK_BYTES, Math.max(1, end - start)))
+  let carry: Uint8Array[] = []
+  let carryAt = start
+  let pos = start
+  while (pos < end) {
+    const { bytesRead } = await fh.read(chunk, 0, Math.min(chunk.length, end - pos), pos)
+    if (bytesRead === 0) break
+    const view = chunk.subarray(0, bytesRead)
+    const lines: LogLine[] = []
+    let from = 0
+    for (let nl = view.indexOf(10); nl >= 0; nl = view.indexOf(10, from)) {
+      let bytes: Uint8Array = view.subarray(from, nl)
+      if (carry.length > 0) { carry.push(bytes); bytes = concatBytes(carry); carry = [] }
+      lines.push({ bytes, at: carryAt, terminated: true })
+      from = nl + 1
+      carryAt = pos + from
+    }
+    if (from < bytesRead) carry.push(view.slice(from))
+    pos += bytesRead
+    if (lines.length > 0) yield lines
+  }
+  if (carry.length > 0) yield [{ bytes: concatBytes(carry), at: carryAt, terminated: false }]
+}
+
+function concatBytes(parts: Uint8Array[]): Uint8Array {
+  if (parts.length === 1) return parts[0]
+  let n = 0
+  for (const p of parts) n += p.length
+  const out = new Uint8Array(n)
+  let at = 0
+  for (const p of parts) { out.set(p, at); at += p.length }
+  return out
 }
 
 function validateBlocks(blocks: unknown, where: string): void {
@@ -778,8 +940,11 @@ export interface SessionOptions {
  */
 export class Session {
   readonly store: LogStore
-  /** The whole log, oldest first (treat as read-only). */
-  readonly events: SessionEvent[] = []
+  /** The whole log when the store cannot read events back (see {@link Session.events}). */
+  private retained?: SessionEvent[]
+  private nextSeq = 0
+  /** Seq of the last `session/start` or `session/resume`. */
+  private openSeq = 0
   /** The torn last line dropped when this session was loaded, if any. */
   torn?: TornLine
   private readonly now: () => number
@@ -806,7 +971,24 @@ export class Session {
   constructor(options: SessionOptions = {}) {
     this.store = options.store ?? new MemoryStore()
     this.now = options.now ?? Date.now
+    const s = this.store
+    if (!(typeof s.scan === 'function' && typeof s.readEvent === 'function' && typeof s.readEvents === 'function')) this.retained = []
   }
+
+  /**
+   * The whole log, oldest first (treat as read-only), for a session whose store cannot read events
+   * back (e.g. {@link MemoryStore}, which keeps everything anyway). A session on a readable store
+   * (e.g. {@link FileStore}) keeps only its surface in memory: there this throws
+   * `SessionError('STORE')`; use {@link Session.readEvent} / {@link Session.readEvents}.
+   */
+  get events(): SessionEvent[] {
+    if (!this.retained) throw new SessionError('STORE', 'this session keeps only its surface in memory (its store reads events back); use await session.readEvent(seq) or session.readEvents(fromSeq, toSeq)')
+    return this.retained
+  }
+  /** Whether this session keeps every event in memory ({@link Session.events} works). */
+  get keepsAllEvents(): boolean { return this.retained !== undefined }
+  /** Seq of the `session/start` or `session/resume` written when this session was last opened. */
+  get openedAtSeq(): number { return this.openSeq }
 
   /**
    * Opens the session in `store`: a new one (writes `session/start`) when the store is empty,
@@ -815,7 +997,7 @@ export class Session {
    */
   static async open(store: LogStore = new MemoryStore(), options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = await Session.load(store, options)
-    if (session.events.length === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
+    if (session.seq === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
     else session.resume()
     await session.sync()
     return session
@@ -824,14 +1006,20 @@ export class Session {
   /** Loads the log in `store` and replays it (every invariant is re-checked), writing nothing. */
   static async load(store: LogStore, options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = new Session({ ...options, store })
-    const loaded = await store.load()
-    session.torn = loaded.torn
-    for (const e of loaded.events) {
-      if (e.seq !== session.events.length) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.events.length} was expected`, e.seq + 1)
+    const replay = (e: SessionEvent) => {
+      if (e.seq !== session.nextSeq) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.nextSeq} was expected`, e.seq + 1)
       try { session.check(e.type, e.data) } catch (err) {
         throw new SessionError('LOG_CORRUPT', `session log line ${e.seq + 1}: ${(err as Error).message}`, e.seq + 1)
       }
       session.apply(e)
+    }
+    if (session.retained) {
+      const loaded = await store.load()
+      session.torn = loaded.torn
+      for (const e of loaded.events) replay(e)
+    } else {
+      // Streamed: each line is checked and applied as it is read; only the surface stays in memory.
+      session.torn = (await store.scan!(replay)).torn
     }
     return session
   }
@@ -839,7 +1027,7 @@ export class Session {
   /** The session id from `session/start`. */
   get id(): string { return this.sessionId }
   /** Number of events; also the seq of the next event. */
-  get seq(): number { return this.events.length }
+  get seq(): number { return this.nextSeq }
   /** Increases by exactly one on every committed replace (DESIGN.md §4). */
   get replaceGeneration(): number { return this.generation }
   /** The current surface, oldest first. A live view: do not keep it across appends. */
@@ -851,9 +1039,10 @@ export class Session {
    * Throws `SessionError('STORE')` for a seq that is not in the log.
    */
   async readEvent(seq: number): Promise<SessionEvent> {
-    const e = Number.isInteger(seq) ? this.events[seq] : undefined
-    if (!e) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.events.length - 1})`)
-    return e
+    if (!Number.isInteger(seq) || seq < 0 || seq >= this.nextSeq) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.nextSeq - 1})`)
+    if (this.retained) return this.retained[seq]
+    await this.flush() // the store reads back only what it has been given
+    return await this.store.readEvent!(seq)
   }
 
   /**
@@ -861,7 +1050,13 @@ export class Session {
    * back like {@link Session.readEvent}. For scans such as a recall search or `dsh show`.
    */
   async *readEvents(fromSeq = 0, toSeq = this.seq): AsyncGenerator<SessionEvent> {
-    for (let seq = Math.max(0, fromSeq); seq < Math.min(toSeq, this.seq); seq++) yield this.events[seq]
+    const to = Math.min(toSeq, this.nextSeq)
+    if (this.retained) {
+      for (let seq = Math.max(0, fromSeq); seq < to; seq++) yield this.retained[seq]
+      return
+    }
+    await this.flush()
+    yield* this.store.readEvents!(Math.max(0, fromSeq), to)
   }
 
   /** The surface node put there by event `seq`, if it is still on the surface. */
@@ -870,7 +1065,7 @@ export class Session {
   hasToolCall(callId: string): boolean { return this.calls.has(callId) }
   /** Ids of tool calls on the surface that have no result yet. */
   openToolCalls(): string[] { return [...this.openCalls] }
-  /** Whether a `tool/call` dispatch record was logged for `callId`. */
+  /** Whether a `tool/call` dispatch record was logged for `callId`, a tool call still on the surface. */
   wasDispatched(callId: string): boolean { return this.dispatched.has(callId) }
   /** The open turn's number, the last step number in it, and whether a step is open. */
   get turn(): { turn: number; open: boolean; step: number; stepOpen: boolean } {
@@ -898,7 +1093,7 @@ export class Session {
     if (typeof type !== 'string' || type === '') throw new SessionError('INVALID_EVENT', 'event type must be a non-empty string')
     if (typeof data !== 'object' || data === null || Array.isArray(data)) throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
     this.check(type, data)
-    const event = { seq: this.events.length, type, time: this.now(), data } as SessionEvent
+    const event = { seq: this.nextSeq, type, time: this.now(), data } as SessionEvent
     this.apply(event)
     this.pending.push(event)
     for (const l of this.listeners) l(event)
@@ -978,10 +1173,12 @@ export class Session {
 
   /** Applies a checked event to the derived state. The same code serves live appends and replay. */
   private apply(event: SessionEvent): void {
-    this.events.push(event)
+    this.retained?.push(event)
+    this.nextSeq = event.seq + 1
     const data = event.data as any
     switch (event.type) {
-      case 'session/start': this.sessionId = data.id; break
+      case 'session/start': this.sessionId = data.id; this.openSeq = event.seq; break
+      case 'session/resume': this.openSeq = event.seq; break
       case 'request/header': {
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
@@ -1017,7 +1214,7 @@ export class Session {
         shadowed += old.tokens
         this.bySeq.delete(old.seq)
         if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
-        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id) }
+        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id); this.dispatched.delete(c.id) }
       }
       if (message.role === 'tool') this.calls.get(message.toolCallId)!.resultSeq = event.seq
       this.nodes.splice(lo, hi - lo + 1, node)
@@ -1087,7 +1284,7 @@ export class Session {
    */
   resume(): void {
     const open = [...this.openCalls]
-    this.append('session/resume', { lastSeq: this.events.length - 1, torn: this.torn, repaired: open.length })
+    this.append('session/resume', { lastSeq: this.nextSeq - 1, torn: this.torn, repaired: open.length })
     if (this.compactionOpen) this.append('compaction/end', { id: this.compactionOpen, error: 'stale: the process stopped during this compaction' })
     for (const id of open) {
       const code = this.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
@@ -5704,10 +5901,10 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
 }
 
 /** `/usage`: occupancy, envelope and surface sizes, provider-reported usage so far. */
-function usageReport(agent: Agent): string {
+async function usageReport(agent: Agent): Promise<string> {
   const m = agent.session.measure(), w = agent.contextWindow
   let prompt = 0, completion = 0, cached = 0, calls = 0
-  for (const e of agent.session.events) {
+  for await (const e of agent.session.readEvents()) {
     const u = e.type === 'assistant/message' ? (e.data as any).usage as Usage | undefined : undefined
     if (u) { calls++; prompt += u.promptTokens; completion += u.completionTokens; cached += u.cachedTokens ?? 0 }
   }
@@ -5749,8 +5946,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
-    const opened = session.events.findLastIndex((e) => e.type === 'session/start' || e.type === 'session/resume')
-    for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(jsonLine(e))
+    for await (const e of session.readEvents(session.openedAtSeq)) io.stdout(jsonLine(e))
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
   const terminal = interactive ? await openTerminal(p) : undefined
@@ -5866,7 +6062,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     if (line === '') { terminal.prompt(); continue }
     if (line === '/exit' || line === '/quit') break
     if (line === '/help') io.stderr(INTERACTIVE_HELP)
-    else if (line === '/usage') io.stderr(usageReport(agent))
+    else if (line === '/usage') io.stderr(await usageReport(agent))
     else if (line === '/compact') {
       running = new AbortController()
       const o = await agent.compact(running.signal).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))
