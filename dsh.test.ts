@@ -1,4 +1,4 @@
-// Core tests: meter, pruner, session log and surface, stores (DESIGN.md §§1–4; issue 2).
+// Core tests: meter, pruner, session log and surface, stores (docs/design.md §§1–4; issue 2).
 import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import { mkdtempSync, writeFileSync, readFileSync, appendFileSync, readdirSync } from 'node:fs'
@@ -18,7 +18,7 @@ const hasLoneSurrogate = (s: string) => /[\ud800-\udbff](?![\udc00-\udfff])|(?<!
 
 test('version is semver', () => { assert.match(VERSION, /^\d+\.\d+\.\d+$/) })
 
-describe('meter (DESIGN.md §2)', () => {
+describe('meter (docs/design.md §2)', () => {
   test('worked check: a 200,000-char tool result is 50,008 tokens; pruned it is 5,159 code points and 1,298 tokens', () => {
     const big = toolResult('x'.repeat(200_000))
     assert.equal(estimateMessageTokens(big), 50_008)
@@ -46,7 +46,7 @@ describe('meter (DESIGN.md §2)', () => {
   })
 })
 
-describe('pruner (DESIGN.md §3)', () => {
+describe('pruner (docs/design.md §3)', () => {
   test('marker and defaults', () => {
     assert.equal(codePointLength(PRUNE_MARKER), 39)
     assert.deepEqual({ ...DEFAULT_PRUNE_CONFIG }, { thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
@@ -155,7 +155,7 @@ function assertPaired(messages: Message[]) {
   assert.deepEqual([...calls].sort(), [...results].sort())
 }
 
-describe('session log and surface (DESIGN.md §4)', () => {
+describe('session log and surface (docs/design.md §4)', () => {
   test('seq is contiguous and prune follows the log protocol', async () => {
     const session = await Session.open(new MemoryStore(), { id: 's1', now: () => 1000 })
     const { ra } = interleaved(session)

@@ -1,4 +1,4 @@
-// Agent loop and escalation ladder (DESIGN.md §§5, 7; issue 4), against an in-process scripted provider.
+// Agent loop and escalation ladder (docs/design.md §§5, 7; issue 4), against an in-process scripted provider.
 import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import {

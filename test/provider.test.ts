@@ -1,4 +1,4 @@
-// The provider adapter (DESIGN.md §6, issue 3) against test/fake-provider.ts over real HTTP:
+// The provider adapter (docs/design.md §6, issue 3) against test/fake-provider.ts over real HTTP:
 // recorded streams from ../shared/fixtures/wire, the error bodies of ../shared/fixtures/errors,
 // the ten cases of issue 3, wire conversion, clamping, retries, cancellation.
 // Expected values were read off the recordings with jq (text and reasoning longer than 160 code
@@ -756,7 +756,7 @@ test('max_tokens = min(request or default budget, model output cap, window − p
     assert.equal(sent(), 1_000)
     await windowed.complete({ messages: HI, inputTokens: 9_999 })
     assert.equal(sent(), 1)
-    // Heuristic (DESIGN.md §2): system 40 chars → 10 + 8, user 100 chars → 25 + 8: 51 tokens of a 100-token window.
+    // Heuristic (docs/design.md §2): system 40 chars → 10 + 8, user 100 chars → 25 + 8: 51 tokens of a 100-token window.
     await on(fake, { contextWindow: 100 }).provider.complete({ system: 'x'.repeat(40), messages: [{ role: 'user', content: 'y'.repeat(100) }] })
     assert.equal(sent(), 49)
     const pro = on(fake, { model: 'deepseek-v4-pro' }).provider
