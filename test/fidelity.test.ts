@@ -210,7 +210,7 @@ describe('case 2: the facts ledger', () => {
     assert.match(String(ckpt.message.content), /\ncommands run:\n- npm test → exit 0\n/)
   })
 
-  test('paths and commands come from argument keys, whatever the tool is called', () => {
+  test('paths and commands come from argument keys, whatever the tool is called', async () => {
     const session = new Session()
     session.append('session/start', { id: 's', version: 'x' })
     session.append('user/message', { message: { role: 'user', content: [{ type: 'text', text: 'look\naround' }] }, surfaceOp: { op: 'append' } })
@@ -229,7 +229,7 @@ describe('case 2: the facts ledger', () => {
     step('9', 'run', { cmd: ['git', 'status'] }, '<returncode>0</returncode>\nclean')
     step('10', 'Glob', { pattern: '**/*.ts' }, 'src/m.ts')
     step('11', 'think', 'not an object', 'ok')
-    const ledger = regionLedger(session, session.surface())
+    const ledger = await regionLedger(session, session.surface())
     const seqOf = (id: string) => session.events.find((e) => e.type === 'tool/result' && (e.data as any).message.toolCallId === id)!.seq
     assert.deepEqual(ledger.read, [{ path: '/repo/x.py', count: 1, seq: seqOf('1') }, { path: 'a.md', count: 1, seq: seqOf('8') }, { path: 'b.md', count: 1, seq: seqOf('8') }])
     assert.deepEqual(ledger.edited, [{ path: '/repo/x.py', count: 1, seq: seqOf('2') }, { path: 'src/m.ts', count: 1, seq: seqOf('5') }])
