@@ -4225,6 +4225,14 @@ export interface BuiltinToolsOptions {
   shellTimeoutMs?: number
   /** shell: the longest `timeout_ms` the model may ask for, in ms. Default 600,000. */
   shellMaxTimeoutMs?: number
+  /** shell: the environment commands start from. Default: this process's environment. Either way
+   *  it is scrubbed by {@link shellEnvironment} with `shellEnvKeep` and `shellEnvDrop`. */
+  shellEnv?: Record<string, string | undefined>
+  /** shell: names of variables kept although they look secret (`--shell-env NAME`). */
+  shellEnvKeep?: readonly string[]
+  /** shell: names of variables always dropped, e.g. the API key variables; a variable holding the
+   *  same value as one of them is dropped too. */
+  shellEnvDrop?: readonly string[]
 }
 
 type NodeFs = typeof import('node:fs/promises')
@@ -4245,7 +4253,10 @@ interface ToolHost {
  * Confinement: a path argument resolves against `cwd`, then through every symlink (realpath, also
  * for files that do not exist yet and for dangling links); a path that lands outside `cwd` is
  * refused with an error that names the resolved path. The `shell` tool is not confined: a command
- * can reach anything the user can, which is why it is opt-in. Checks and file operations are not
+ * can reach anything the user can, which is why it is opt-in. Its environment is scrubbed
+ * ({@link shellEnvironment}); it runs in its own process group, and when it exits, times out or is
+ * cancelled — and when this process exits — the group and every process carrying its job mark
+ * (also those that left the group with setsid) are killed (docs/design.md §13). Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
  * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
@@ -4259,7 +4270,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs']
+  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -4294,7 +4305,15 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     writeFileTool(host),
     editFileTool(host),
   ]
-  if (options.allowShell === true) tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs))
+  if (options.allowShell === true) {
+    for (const key of ['shellEnvKeep', 'shellEnvDrop'] as const) {
+      const list = options[key]
+      if (list !== undefined && !(Array.isArray(list) && list.every((n) => typeof n === 'string'))) throw new TypeError(`builtinTools: options.${key} must be an array of variable names`)
+    }
+    const base = options.shellEnv ?? (await importNode<any>('node:process')).default.env
+    const env = shellEnvironment(base, { keep: options.shellEnvKeep, drop: options.shellEnvDrop })
+    tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs, env))
+  }
   return tools
 }
 
@@ -4867,11 +4886,80 @@ class StreamText {
   }
 }
 
-function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number): Tool {
+/** Variable names that look like they hold a secret: dropped from a shell command's environment. */
+export const SECRET_ENV_NAME = /KEY|TOKEN|SECRET|PASSWORD/i
+
+/**
+ * The environment a shell command gets (docs/design.md §13): `env` without the names in `drop`
+ * (the API key variables), without any variable whose value equals one of theirs, and without
+ * names matching {@link SECRET_ENV_NAME} unless listed in `keep`. `drop` wins over `keep`.
+ */
+export function shellEnvironment(env: Record<string, string | undefined>, lists: { keep?: readonly string[]; drop?: readonly string[] } = {}): Record<string, string> {
+  const keep = new Set(lists.keep ?? [])
+  const drop = new Set(lists.drop ?? [])
+  const secretValues = new Set([...drop].map((name) => env[name]).filter((v): v is string => typeof v === 'string' && v.length >= 4))
+  const out: Record<string, string> = {}
+  for (const [name, value] of Object.entries(env)) {
+    if (value === undefined || drop.has(name) || secretValues.has(value)) continue
+    if (SECRET_ENV_NAME.test(name) && !keep.has(name)) continue
+    out[name] = value
+  }
+  return out
+}
+
+/** The variable that marks every process a shell command starts (inherited through setsid, nohup, double forks). */
+const SHELL_JOB_ENV = 'DSH_SHELL_JOB'
+
+/** A running shell command: its process group and the mark its descendants inherit. */
+interface ShellJob { pid: number; mark: string }
+/** Jobs not yet reaped, killed whole when the process exits (also on SIGTERM and SIGHUP). */
+const liveShellJobs = new Set<ShellJob>()
+let shellExitHooked = false
+
+/**
+ * Processes that belong to `job` although they may have left its process group (`setsid`): those
+ * whose environment carries the job's mark (Linux /proc; elsewhere none are found). A process that
+ * clears its environment and leaves the group escapes this; only a container fences that.
+ */
+function markedProcesses(fsSync: typeof import('node:fs'), job: ShellJob): number[] {
+  let names: string[]
+  try { names = fsSync.readdirSync('/proc') } catch { return [] }
+  const needle = `${SHELL_JOB_ENV}=${job.mark}`
+  const found: number[] = []
+  for (const name of names) {
+    if (!/^\d+$/.test(name)) continue
+    try { if (fsSync.readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').includes(needle)) found.push(Number(name)) } catch { /* gone, or not ours */ }
+  }
+  return found
+}
+
+/** Sends `signal` to the job's process group and to every marked process; returns whether any was there. */
+function signalShellJob(proc: any, fsSync: typeof import('node:fs'), job: ShellJob, signal: 'SIGTERM' | 'SIGKILL' | 0): boolean {
+  let any = false
+  try { proc.kill(-job.pid, signal); any = true } catch { /* the group is empty */ }
+  for (const pid of markedProcesses(fsSync, job)) { try { proc.kill(pid, signal); any = true } catch { /* already gone */ } }
+  return any
+}
+
+/** Kills every live job at exit: 'exit' listeners run on `process.exit` and a normal end; SIGTERM
+ *  and SIGHUP (which end Node without 'exit') are caught only when nobody else handles them, and re-raised. */
+function hookShellExit(proc: any, fsSync: typeof import('node:fs')): void {
+  if (shellExitHooked) return
+  shellExitHooked = true
+  const killAll = (): void => { for (const job of liveShellJobs) signalShellJob(proc, fsSync, job, 'SIGKILL') }
+  proc.on('exit', killAll)
+  for (const signal of ['SIGTERM', 'SIGHUP']) {
+    if (proc.listenerCount(signal) > 0) continue
+    const onSignal = (): void => { killAll(); proc.off(signal, onSignal); proc.kill(proc.pid, signal) }
+    proc.on(signal, onSignal)
+  }
+}
+
+function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number, env: Record<string, string>): Tool {
   const half = Math.floor(host.maxOutputChars / 2)
   return {
     name: 'shell',
-    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with its process group) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
+    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with everything it started) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled; background jobs do not outlive the call. Variables that look secret (names with KEY, TOKEN, SECRET, PASSWORD) are not in its environment. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
     parameters: {
       type: 'object',
       properties: {
@@ -4887,41 +4975,59 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       if (command.trim() === '') throw new Error('shell: "command" is empty')
       const timeoutMs = argInt('shell', args, 'timeout_ms', defaultTimeoutMs, 1, maxTimeoutMs, 'milliseconds')
       if (ctx.signal.aborted) throw new Error('shell: not run, the turn was cancelled')
-      const [{ spawn }, proc] = await Promise.all([importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process')])
+      const [{ spawn }, { default: proc }, fsSync] = await Promise.all([
+        importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process'), importNode<typeof import('node:fs')>('node:fs'),
+      ])
       const posix = proc.platform !== 'win32'
-      // Own process group (detached) on POSIX, so that a timeout kills the command's children too.
-      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true })
+      const mark = `${proc.pid}-${randomId()}`
+      // Own process group (detached) on POSIX, so that the whole group can be killed; the mark in
+      // the environment finds the processes that left the group (setsid).
+      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true, env: { ...env, [SHELL_JOB_ENV]: mark } })
+      const job: ShellJob | undefined = posix && child.pid !== undefined ? { pid: child.pid, mark } : undefined
+      if (job) { liveShellJobs.add(job); hookShellExit(proc, fsSync) }
       const stdout = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
       const stderr = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
       child.stdout.setEncoding('utf8') // decodes UTF-8 split across chunks
       child.stderr.setEncoding('utf8')
       child.stdout.on('data', (chunk: string) => stdout.push(chunk))
       child.stderr.on('data', (chunk: string) => stderr.push(chunk))
+      let strays = false // the command left processes running when it exited
       const outcome = await new Promise<{ code: number | null; signal: string | null; why: 'exit' | 'timeout' | 'aborted' | 'error'; error?: Error }>((resolve) => {
         let why: 'exit' | 'timeout' | 'aborted' = 'exit'
         const timers: ReturnType<typeof setTimeout>[] = []
-        const killGroup = (signal: 'SIGTERM' | 'SIGKILL'): void => {
-          try { if (posix && child.pid !== undefined) proc.kill(-child.pid, signal); else child.kill(signal) } catch { /* already gone */ }
+        let killing = false
+        const signalAll = (signal: 'SIGTERM' | 'SIGKILL' | 0): boolean => {
+          if (job) return signalShellJob(proc, fsSync, job, signal)
+          try { child.kill(signal || undefined) } catch { /* already gone */ }
+          return child.exitCode === null
         }
         const finish = (result: { code: number | null; signal: string | null; error?: Error }): void => {
           for (const timer of timers) clearTimeout(timer)
           ctx.signal.removeEventListener('abort', onAbort)
+          if (job) { signalAll('SIGKILL'); liveShellJobs.delete(job) } // nothing it started outlives the call
           resolve({ ...result, why: result.error ? 'error' : why })
+        }
+        /** SIGTERM to everything the command started, SIGKILL after a grace period; then stop waiting for pipes a stray process may hold. */
+        const killAll = (): void => {
+          if (killing) return
+          killing = true
+          if (!signalAll('SIGTERM')) return
+          timers.push(setTimeout(() => {
+            signalAll('SIGKILL')
+            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
+          }, SHELL_KILL_GRACE_MS))
         }
         const stop = (reason: 'timeout' | 'aborted'): void => {
           if (why !== 'exit') return
           why = reason
-          killGroup('SIGTERM')
-          timers.push(setTimeout(() => {
-            killGroup('SIGKILL')
-            // A grandchild outside the group may hold the pipes open: stop waiting for them.
-            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
-          }, SHELL_KILL_GRACE_MS))
+          killAll()
         }
         const onAbort = (): void => stop('aborted')
         ctx.signal.addEventListener('abort', onAbort, { once: true })
         timers.push(setTimeout(() => stop('timeout'), timeoutMs))
         child.once('error', (error) => finish({ code: null, signal: null, error }))
+        // The shell is done: background jobs (`&`, nohup, setsid) must not outlive the call.
+        child.once('exit', () => { if (job && signalAll(0)) { strays = true; killAll() } })
         child.once('close', (code, signal) => finish({ code, signal }))
       })
       if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${outcome.error?.message}`, { cause: outcome.error })
@@ -4929,7 +5035,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         : outcome.why === 'aborted' ? 'cancelled; the command was killed'
         : outcome.code === null ? `killed by signal ${outcome.signal}`
         : `exit code ${outcome.code}`
-      const parts = [status]
+      const parts = [strays && outcome.why === 'exit' ? `${status} (processes it left running in the background were killed)` : status]
       if (stdout.total > 0) parts.push(`stdout:\n${stdout.render('stdout')}`)
       if (stderr.total > 0) parts.push(`stderr:\n${stderr.render('stderr')}`)
       if (stdout.total === 0 && stderr.total === 0) parts.push('(no output)')
@@ -6315,6 +6421,8 @@ export interface CliRunOptions extends CliModelOptions {
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
+  /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
+  shellEnv?: string[]
 }
 
 /** `dsh replay FILE`: run a recorded session through the meter and the ladder offline. */
@@ -6352,6 +6460,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--threshold': { value: 'R', commands: ['run', 'replay'] },
   '--json': { commands: ['run', 'replay'] },
   '--allow-shell': { commands: ['run'] },
+  '--shell-env': { value: 'NAME', commands: ['run'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
   '--help': { commands: ['run', 'replay'] },
@@ -6385,6 +6494,8 @@ Options
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
   --json                 print every event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
+  --shell-env NAME       give shell commands this variable although its name looks secret
+                         (KEY, TOKEN, SECRET, PASSWORD); repeatable. The API key never is.
   -h, --help             show this help
   --version              print the version
 
@@ -6550,7 +6661,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
       if (value !== undefined) i++
     }
     if (value === undefined) throw new UsageError(`${arg} needs a value: ${name} ${spec.value}`)
-    flags.set(name, value)
+    flags.set(name, name === '--shell-env' && flags.has(name) ? `${flags.get(name)},${value}` : value) // --shell-env adds up
   }
 
   const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
@@ -6585,9 +6696,15 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
   const session = flags.get('--session')
   if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
+  const model = resolveModelOptions(flags, env)
+  const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
+  for (const name of shellEnv ?? []) {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw new UsageError(`--shell-env takes variable names (e.g. --shell-env GITHUB_TOKEN), got ${JSON.stringify(name)}`)
+    if (name === model.apiKeyEnv || name === CLI_DEFAULTS.apiKeyEnv) throw new UsageError(`--shell-env ${name}: the API key variable is never given to shell commands`)
+  }
   return {
-    command, ...resolveModelOptions(flags, env), prompt, print: printed !== undefined,
-    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'),
+    command, ...model, prompt, print: printed !== undefined,
+    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), ...(shellEnv ? { shellEnv } : {}),
   }
 }
 
@@ -6819,7 +6936,10 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   const terminal = interactive ? await openTerminal(p) : undefined
   let allowShell = options.allowShell
   if (!allowShell && terminal) allowShell = await terminal.askYesNo('Allow the agent to run shell commands in this directory? [y/N] ')
-  const tools = await builtinTools({ cwd, allowShell })
+  const tools = await builtinTools({
+    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
+    shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
+  })
   let agent: Agent | undefined
   // Interactive: the streamed answer has no final newline; end its line before a status line or the next prompt (which clears its line).
   let midLine = false
