@@ -707,12 +707,16 @@ export interface EventDataMap {
   'request/error': { code: string; status?: number; message: string; trigger?: string }
   'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
   'compaction/start': { id: string; trigger: string }
-  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage }
+  /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md §12); `focus`: the focus the summary was asked for. */
+  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
   'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number; requests?: SummaryRequestRecord[] }
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
   'recovery/retry': { generationBefore: number; generationAfter: number }
   /** A stream that broke after output (`code`, e.g. SERVER or TRANSPORT) is retried once as step `step + 1`; its partial output precedes this event as an interrupted message. */
   'step/retry': { turn: number; step: number; code: ProviderErrorCode }
+  /** A surface message pinned: never pruned, cleared or summarised (docs/design.md §12). */
+  'surface/pin': { seq: number }
+  'surface/unpin': { seq: number }
 }
 /** The event types dsh itself writes (see {@link EventDataMap}). */
 export type EventType = keyof EventDataMap
@@ -739,9 +743,10 @@ export interface SurfaceNode {
 
 /**
  * Why an append or a load failed: a malformed message or event, a bad surface op, a break of tool
- * call/result pairing, a corrupt log file (with its line), or a store that could not be read or written.
+ * call/result pairing, a corrupt log file (with its line), a store that could not be read or written,
+ * or a pin that is refused (it would not fit, or an edit would touch a pinned message).
  */
-export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE'
+export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'PIN'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
 export class SessionError extends Error {
@@ -1145,6 +1150,8 @@ export class Session {
   private turnState = { last: 0, open: false, step: 0, stepOpen: false }
   private compactionOpen?: string
   private sessionId = ''
+  /** Seqs of pinned surface nodes (docs/design.md §12), in the order they were pinned. */
+  private pins = new Set<number>()
   // The prompt-cache model (docs/design.md §11), kept as events arrive (O(1) per append, O(edit
   // span) per replace) so that it survives resume: `cacheNodes` leading surface nodes were sent by
   // the last conversation request and are unchanged since (-1: no request since the envelope or
@@ -1289,6 +1296,12 @@ export class Session {
 
   /** Validates an event against the current state without changing anything. */
   private check(type: string, data: any): void {
+    if (type === 'surface/pin' || type === 'surface/unpin') {
+      const seq = data.seq
+      if (!Number.isInteger(seq) || !this.bySeq.has(seq)) throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
+      if ((type === 'surface/pin') === this.pins.has(seq)) throw new SessionError('PIN', `${type}: seq ${seq} is ${this.pins.has(seq) ? 'already' : 'not'} pinned`)
+      return
+    }
     const role = SURFACE_TYPES[type]
     if (!role) return
     validateMessage(data.message, role)
@@ -1318,6 +1331,11 @@ export class Session {
       throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the current surface`)
     }
     if (first.key > last.key) throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
+    if (this.pins.size > 0) {
+      for (let i = this.indexOfKey(first.key), hi = this.indexOfKey(last.key); i <= hi; i++) {
+        if (this.pins.has(this.nodes[i].seq)) throw new SessionError('PIN', `${type}: replace ${start}..${end} would change pinned message seq ${this.nodes[i].seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
+      }
+    }
     if (newCalls.length > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
     if (role === 'tool') {
       const old = first.message
@@ -1380,6 +1398,8 @@ export class Session {
       case 'step/end': this.turnState.stepOpen = false; break
       case 'tool/call': this.dispatched.add(data.callId); break
       case 'compaction/start': this.compactionOpen = data.id; break
+      case 'surface/pin': this.pins.add(data.seq); break
+      case 'surface/unpin': this.pins.delete(data.seq); break
       case 'compaction/end': {
         if (this.compactionOpen === data.id) this.compactionOpen = undefined
         if (Array.isArray(data.requests)) {
@@ -1587,6 +1607,47 @@ export class Session {
     return node.tokens - this.bySeq.get(after.seq)!.tokens
   }
 
+  /** Whether the surface node `seq` is pinned (docs/design.md §12). */
+  isPinned(seq: number): boolean { return this.pins.has(seq) }
+  /** Seqs of the pinned surface nodes, in the order they were pinned. */
+  pinnedSeqs(): number[] { return [...this.pins] }
+  /** What the pinned messages cost, in tokens (§2 heuristic); they count against the window like any message. */
+  pinnedTokens(): number {
+    let tokens = 0
+    for (const seq of this.pins) tokens += this.bySeq.get(seq)!.tokens
+    return tokens
+  }
+
+  /**
+   * Throws `SessionError('PIN')` unless `extraTokens` more pinned tokens still fit: envelope +
+   * pinned messages + `extraTokens` must stay within `limitTokens` (default: the compaction
+   * threshold, `floor(contextWindow × 0.8)`, of the window in the last `request/header`; no limit
+   * while the window is unknown). Pins are never compacted, so they must leave the ladder room.
+   */
+  checkPinFits(extraTokens: number, what: string, limitTokens?: number): void {
+    const window = this.header?.contextWindow
+    const limit = limitTokens ?? (window === undefined ? Infinity : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
+    const pinned = this.pinnedTokens() + extraTokens
+    if (this.envelopeTokensSum + pinned <= limit) return
+    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} tokens, which with the ${this.envelopeTokensSum}-token envelope exceeds the ${limit}-token limit for pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}; pinned messages are never compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message`)
+  }
+
+  /**
+   * Pins surface node `seq` (logs `surface/pin {seq}`): from now on it is never pruned, cleared or
+   * summarised and stays verbatim in its position; region selection treats it like the current
+   * input (docs/design.md §12). Pins survive resume (they are read back from the log).
+   * @param options.limitTokens see {@link Session.checkPinFits}.
+   * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit (with the numbers).
+   */
+  pin(seq: number, options: { limitTokens?: number } = {}): void {
+    const node = this.bySeq.get(seq)
+    if (node && !this.pins.has(seq)) this.checkPinFits(node.tokens, `seq ${seq}`, options.limitTokens)
+    this.append('surface/pin', { seq })
+  }
+
+  /** Removes a pin (logs `surface/unpin {seq}`). Throws `SessionError('PIN')` when `seq` is not pinned. */
+  unpin(seq: number): void { this.append('surface/unpin', { seq }) }
+
   /**
    * Resumes a loaded session (docs/design.md §4): writes `session/resume`, closes a stale compaction
    * lock, gives every tool call without a result a synthetic error result (`TOOL_OUTCOME_UNKNOWN`
@@ -1714,9 +1775,262 @@ export const SUMMARY_INSTRUCTION = [
   'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, merge it in; drop nothing from it that still matters.',
 ].join('\n')
 
-/** Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4). */
-export function frameCheckpoint(summary: string): string {
-  return `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+/**
+ * Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4): the preamble, the
+ * model's text in `<compacted-summary>`, then the facts `ledger` (when it holds anything) in
+ * `<ledger>` (docs/design.md §12).
+ */
+export function frameCheckpoint(summary: string, ledger?: Ledger): string {
+  const framed = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+  return ledger && ledgerEntries(ledger) > 0 ? `${framed}\n${renderLedger(ledger)}` : framed
+}
+
+// ── Facts ledger and fidelity figures (docs/design.md §12) ──
+// What summarisers keep worst (paths, commands, error texts, the user's own words) is carried into
+// every checkpoint by dsh itself, read from the log with no model, so it survives every compaction.
+
+/** A path in a {@link Ledger}: how many tool calls touched it, and the newest log seq that did. */
+export interface LedgerPath { path: string; count: number; seq: number }
+/** A command a tool ran: `exitCode` when its result states one; `failed` when the result was an error. */
+export interface LedgerCommand { command: string; exitCode?: number; failed: boolean; count: number; seq: number }
+/** A tool error's first line, or a user message, verbatim; `seq` is the newest log seq it came from. */
+export interface LedgerText { text: string; count: number; seq: number }
+
+/**
+ * The facts of a compacted region (docs/design.md §12), lists oldest first. Paths and commands are
+ * read from tool-call arguments by key (`path`, `file`, `file_path`, `filename`, `paths`, `files`;
+ * `command`, `cmd`, `script`), whatever the tool; a tool whose name (or one-word `command`
+ * sub-command, as in `str_replace_based_edit_tool`) says edit/patch/replace/insert edits its paths,
+ * write/create/save/append writes them, anything else reads them. A call whose result is an error
+ * touches no path (its error is listed instead).
+ */
+export interface Ledger {
+  read: LedgerPath[]
+  written: LedgerPath[]
+  edited: LedgerPath[]
+  commands: LedgerCommand[]
+  errors: LedgerText[]
+  userMessages: LedgerText[]
+  /** Entries left out (here and in merged earlier ledgers) to stay within the ledger budget. */
+  trimmed: number
+}
+
+/** The ledger budget: `min(LEDGER_MAX_TOKENS, floor(window × LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). */
+export const LEDGER_MAX_TOKENS = 2000
+/** See {@link LEDGER_MAX_TOKENS}. */
+export const LEDGER_WINDOW_RATIO = 0.05
+/** Longest tool-error line a ledger keeps, in code points (a longer one is cut and marked with `…`). */
+export const LEDGER_ERROR_LINE_CODE_POINTS = 300
+
+/** The ledger budget in tokens for a context window in tokens ({@link LEDGER_MAX_TOKENS} when unknown). */
+export function ledgerBudget(contextWindow?: number): number {
+  return contextWindow === undefined ? LEDGER_MAX_TOKENS : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
+}
+
+const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [], trimmed: 0 })
+const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length + l.errors.length + l.userMessages.length
+
+const PATH_KEY = /^(path|file|file_?path|file_?name|target_?file|notebook_?path)$/i
+const PATHS_KEY = /^(paths|files)$/i
+const COMMAND_KEY = /^(command|cmd|script)$/i
+const EDIT_WORD = /edit|patch|replace|insert|modify/i
+const WRITE_WORD = /write|create|save|append/i
+const EXIT_CODE = /\bexit(?:ed with)?(?:[ _]?(?:code|status))?[:= ]\s*(-?\d+)\b|<returncode>\s*(-?\d+)\s*<\/returncode>/i
+const ERROR_WORD = /error|fail|fatal|exception|denied|not found|no such|cannot|can't|invalid|refused|panic|traceback/i
+
+const messageText = (m: Message): string => typeof m.content === 'string' ? m.content : m.content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('\n')
+
+/** What one tool call says about files and commands, read from its arguments (see {@link Ledger}). */
+function callFacts(call: ToolCallBlock): { kind: 'read' | 'written' | 'edited'; paths: string[]; command?: string } {
+  let args: unknown
+  try { args = JSON.parse(call.arguments) } catch { args = undefined }
+  const paths: string[] = []
+  let command: string | undefined
+  if (typeof args === 'object' && args !== null && !Array.isArray(args)) {
+    for (const [key, value] of Object.entries(args)) {
+      if (PATH_KEY.test(key) && typeof value === 'string' && value !== '') paths.push(value)
+      else if (PATHS_KEY.test(key) && Array.isArray(value)) for (const v of value) { if (typeof v === 'string' && v !== '') paths.push(v) }
+      else if (COMMAND_KEY.test(key)) {
+        const text = typeof value === 'string' ? value : Array.isArray(value) && value.every((v) => typeof v === 'string') ? value.join(' ') : undefined
+        if (text && text.trim() !== '') command = text
+      }
+    }
+  }
+  // A one-word `command` beside a path is a sub-command of a file tool (view, create, str_replace), not a shell command.
+  const sub = command !== undefined && paths.length > 0 && /^\w+$/.test(command) ? command : undefined
+  if (sub !== undefined) command = undefined
+  const verb = sub ?? call.name
+  return { kind: EDIT_WORD.test(verb) ? 'edited' : WRITE_WORD.test(verb) ? 'written' : 'read', paths, command }
+}
+
+/** The first line of an error text that reads as an error (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
+function errorLine(text: string): string | undefined {
+  const lines = text.split(/\r\n|\r|\n/).map((l) => l.trim()).filter((l) => l !== '')
+  const line = lines.find((l) => ERROR_WORD.test(l)) ?? lines[0]
+  if (line === undefined) return undefined
+  const end = indexAfterCodePoints(line, LEDGER_ERROR_LINE_CODE_POINTS)
+  return end < line.length ? line.slice(0, end) + '…' : line
+}
+
+/** The original of surface node `seq`: follows single-node replaces (prune, clear, cut) back through the log. */
+async function originalEvent(session: Session, seq: number): Promise<{ seq: number; message: Message }> {
+  let event = await session.readEvent(seq)
+  for (;;) {
+    const op = (event.data as any).surfaceOp as SurfaceOp
+    if (op?.op !== 'replace' || op.start !== op.end || (event.data as any).compactionId !== undefined) break
+    const before = await session.readEvent(op.start)
+    if (before.type !== event.type) break
+    event = before
+  }
+  return { seq: event.seq, message: (event.data as any).message as Message }
+}
+
+/** The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right before it), if any. */
+async function checkpointLedger(session: Session, seq: number): Promise<Ledger | undefined> {
+  const id = ((await session.readEvent(seq)).data as any).compactionId
+  if (id === undefined || seq === 0) return undefined
+  const summary = await session.readEvent(seq - 1)
+  return summary.type === 'compaction/summary' && (summary.data as any).id === id ? (summary.data as any).ledger as Ledger | undefined : undefined
+}
+
+function addPath(list: LedgerPath[], path: string, seq: number, count = 1): void {
+  const entry = list.find((e) => e.path === path)
+  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ path, count, seq })
+}
+function addText(list: LedgerText[], text: string, seq: number, count = 1): void {
+  const entry = list.find((e) => e.text === text)
+  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ text, count, seq })
+}
+function addCommand(list: LedgerCommand[], c: Omit<LedgerCommand, 'count'> & { count?: number }): void {
+  const entry = list.find((e) => e.command === c.command && e.exitCode === c.exitCode && e.failed === c.failed)
+  if (entry) { entry.count += c.count ?? 1; entry.seq = Math.max(entry.seq, c.seq) } else list.push({ command: c.command, exitCode: c.exitCode, failed: c.failed, count: c.count ?? 1, seq: c.seq })
+}
+
+/** Merges `from` (an earlier ledger) into `into`: entries deduplicated, counts added. */
+function mergeLedger(into: Ledger, from: Ledger): void {
+  for (const k of ['read', 'written', 'edited'] as const) for (const e of from[k] ?? []) addPath(into[k], e.path, e.seq, e.count)
+  for (const e of from.commands ?? []) addCommand(into.commands, e)
+  for (const e of from.errors ?? []) addText(into.errors, e.text, e.seq, e.count)
+  for (const e of from.userMessages ?? []) addText(into.userMessages, e.text, e.seq, e.count)
+  into.trimmed += from.trimmed ?? 0
+}
+
+/**
+ * The full ledger of a region (docs/design.md §12), from the originals read back from the log (a
+ * pruned or cleared result counts as it was), with the ledgers of earlier checkpoints inside it
+ * merged in.
+ * No budget applied (see {@link trimLedger}).
+ */
+export async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Promise<Ledger> {
+  const ledger = emptyLedger()
+  const results = new Map<string, { seq: number; message: ToolResultMessage }>()
+  const originals: Array<{ seq: number; message: Message } | Ledger | undefined> = []
+  for (const n of nodes) originals.push(isCheckpoint(n) ? await checkpointLedger(session, n.seq) : await originalEvent(session, n.seq))
+  for (const o of originals) if (o && 'message' in o && o.message.role === 'tool') results.set(o.message.toolCallId, o as { seq: number; message: ToolResultMessage })
+  for (const o of originals) {
+    if (!o) continue
+    if (!('message' in o)) { mergeLedger(ledger, o); continue }
+    const m = o.message
+    if (m.role === 'user') { const text = messageText(m); if (text.trim() !== '') addText(ledger.userMessages, text, o.seq) }
+    else if (m.role === 'tool') { if (m.isError) { const line = errorLine(messageText(m)); if (line) addText(ledger.errors, line, o.seq) } }
+    else for (const call of toolCalls(m)) {
+      const result = results.get(call.id)
+      const facts = callFacts(call)
+      const failed = result?.message.isError === true
+      const seq = result?.seq ?? o.seq
+      if (!failed) for (const p of facts.paths) addPath(ledger[facts.kind], p, seq)
+      if (facts.command !== undefined) {
+        const meta = (result?.message.metadata ?? {}) as Record<string, unknown>
+        const stated = typeof meta.exitCode === 'number' ? meta.exitCode : typeof meta.exit_code === 'number' ? meta.exit_code : undefined
+        const match = stated === undefined && result ? EXIT_CODE.exec(messageText(result.message).slice(0, 500)) : null
+        const exitCode = stated ?? (match ? Number(match[1] ?? match[2]) : undefined)
+        addCommand(ledger.commands, { command: facts.command, exitCode, failed, seq })
+      }
+    }
+  }
+  return ledger
+}
+
+const LEDGER_OPEN = '<ledger>\nRecorded by dsh from the session log, verbatim (not summarised):'
+const LEDGER_CLOSE = '</ledger>'
+const LEDGER_HEADINGS = {
+  read: 'files read:', written: 'files written:', edited: 'files edited:', commands: 'commands run:',
+  errors: 'tool errors (first line):', userMessages: 'user messages (newest first):',
+} as const
+type LedgerList = keyof typeof LEDGER_HEADINGS
+const LEDGER_ORDER: readonly LedgerList[] = ['read', 'written', 'edited', 'commands', 'errors', 'userMessages']
+const trimmedLine = (n: number) => `(${n} older ledger entries left out to fit the ledger budget; the session log keeps them)`
+const times = (n: number) => (n > 1 ? ` (${n}×)` : '')
+
+/** One entry as the ledger prints it (`- ` lines; user messages between `<user-message>` tags, so multi-line text stays verbatim). */
+function ledgerLine(list: LedgerList, e: LedgerPath | LedgerCommand | LedgerText): string {
+  if (list === 'userMessages') return `<user-message>\n${(e as LedgerText).text}\n</user-message>`
+  if (list === 'errors') return `- ${(e as LedgerText).text}${times(e.count)}`
+  if (list === 'commands') {
+    const c = e as LedgerCommand
+    return `- ${c.command} → ${c.exitCode !== undefined ? `exit ${c.exitCode}` : c.failed ? 'failed' : 'ok'}${times(c.count)}`
+  }
+  return `- ${(e as LedgerPath).path}${times(e.count)}`
+}
+
+/** The `<ledger>` block of a checkpoint: lists oldest first, user messages newest first. */
+export function renderLedger(ledger: Ledger): string {
+  const lines = [LEDGER_OPEN]
+  for (const list of LEDGER_ORDER) {
+    const entries = [...(ledger[list] as Array<LedgerPath | LedgerText>)].sort((a, b) => (list === 'userMessages' ? b.seq - a.seq : a.seq - b.seq))
+    if (entries.length === 0) continue
+    lines.push(LEDGER_HEADINGS[list])
+    for (const e of entries) lines.push(ledgerLine(list, e))
+  }
+  if (ledger.trimmed > 0) lines.push(trimmedLine(ledger.trimmed))
+  lines.push(LEDGER_CLOSE)
+  return lines.join('\n')
+}
+
+/**
+ * Cuts `ledger` to `budgetTokens` (§2 text estimate of the rendered block): entries are kept newest
+ * first, across all lists, while they fit; the oldest (and any too large to fit at all) are left
+ * out and counted in `trimmed`. Entries are whole: nothing is kept half.
+ */
+export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
+  const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>).map((entry) => ({ list, entry })))
+  const budgetUnits = budgetTokens * CHARS_PER_TOKEN
+  const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
+  if (estimateTextTokens(renderLedger(ledger)) <= budgetTokens) return ledger
+  const out = emptyLedger()
+  let units = fixed
+  for (const { list, entry } of all.sort((a, b) => b.entry.seq - a.entry.seq)) {
+    const cost = ledgerLine(list, entry).length + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
+    if (units + cost > budgetUnits) { out.trimmed++; continue }
+    units += cost
+    ;(out[list] as Array<typeof entry>).push(entry)
+  }
+  for (const list of LEDGER_ORDER) (out[list] as Array<{ seq: number }>).sort((a, b) => a.seq - b.seq)
+  out.trimmed += ledger.trimmed
+  return out
+}
+
+/** How many of a region's facts of one kind appear verbatim in the checkpoint, and in the model's summary alone. */
+export interface FidelityShare { total: number; inCheckpoint: number; inSummary: number }
+/**
+ * Fidelity figures of one compaction (docs/design.md §12): of the region's paths, commands, tool
+ * error first lines and user messages (its full ledger, before the budget), how many appear verbatim
+ * in the framed checkpoint (summary + ledger), and in the model's summary alone.
+ */
+export interface Fidelity { paths: FidelityShare; commands: FidelityShare; errors: FidelityShare; userMessages: FidelityShare }
+
+/** Measures {@link Fidelity}: `ledger` is the region's full ledger, `checkpoint` the framed text, `summary` the model's text. */
+export function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): Fidelity {
+  const share = (items: readonly string[]): FidelityShare => {
+    const unique = [...new Set(items)]
+    return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length, inSummary: unique.filter((t) => summary.includes(t)).length }
+  }
+  return {
+    paths: share([...ledger.read, ...ledger.written, ...ledger.edited].map((e) => e.path)),
+    commands: share(ledger.commands.map((e) => e.command)),
+    errors: share(ledger.errors.map((e) => e.text)),
+    userMessages: share(ledger.userMessages.map((e) => e.text)),
+  }
 }
 
 /** What the ladder needs from its host (the {@link Agent} implements it). */
@@ -1733,11 +2047,27 @@ export interface CompactionHost {
   readonly pruneConfig: PruneConfig
   /** Seq of the current turn's user input, which is never summarised. */
   readonly pinnedSeq?: number
+  /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests (a non-empty string). */
+  readonly summaryInstruction?: string
+  /**
+   * Called before each summary transaction starts (the Agent runs its `compaction/before` hooks):
+   * may add a focus (joined to the one asked for) or cancel this compaction.
+   */
+  beforeCompaction?(info: CompactionInfo, signal?: AbortSignal): CompactionVerdict | void | Promise<CompactionVerdict | void>
+  /** Called after a checkpoint was committed (the Agent runs its `compaction/after` hooks). */
+  afterCompaction?(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): void | Promise<void>
   /** Reports a ladder warning (also logged as `compaction/warning`). */
   warn(message: string): void
   /** Ladder memory across calls (failed-compaction guard, one-time warnings). */
   ladderState: LadderState
 }
+
+/** A summary transaction about to start: its id, trigger, focus so far and region (seqs, tokens). */
+export interface CompactionInfo { id: string; trigger: string; focus?: string; shadowedSeqs: number[]; regionTokens: number }
+/** What a `compaction/before` hook may answer: a focus to add, or `cancel` (true or a reason). */
+export interface CompactionVerdict { focus?: string; cancel?: boolean | string }
+/** A committed checkpoint: the seq of its `user/message`, its framed text and price (tokens), the model's summary, ledger and fidelity. */
+export interface CheckpointInfo { seq: number; text: string; tokens: number; summary: string; ledger: Ledger; fidelity: Fidelity }
 
 /** Per-host memory of the ladder. */
 export interface LadderState {
@@ -1776,7 +2106,7 @@ function unseenResults(session: Session): Set<number> {
 export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean): number {
   const unseen = unseenResults(session)
   // A result over the threshold has at least that many UTF-16 units, so this filter loses none.
-  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN)).map((n) => n.seq)
+  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN) && !session.isPinned(n.seq)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
   if (includeNewest || session.measure().totalTokens >= thresholdTokens) {
@@ -1789,30 +2119,29 @@ export function pruneSurface(session: Session, config: PruneConfig, trigger: str
 export interface Region { start: number; end: number; tokens: number }
 
 /**
- * Selects the region to summarise (docs/design.md §5 "Region selection"): from the surface head (or
- * right after the pinned current-turn input when that is the head) up to a cut that keeps at least
- * `retainedTokens` of the newest history verbatim, moved toward the head until no kept tool result
- * loses its call (and no summarised call loses its result), matched by id. When the pinned input
- * lies inside, the region ends before it — unless the part before it holds less than `minTokens`
- * (tokens) that is not already a checkpoint: then the region is the current turn's older steps,
- * right after the input. Returns undefined when no safe region of at least two nodes (or one
- * non-checkpoint node) exists.
+ * Selects the region to summarise (docs/design.md §5 "Region selection"): from the surface head up to a
+ * cut that keeps at least `retainedTokens` of the newest history verbatim, moved toward the head
+ * until no kept tool result loses its call (and no summarised call loses its result), matched by id.
+ * `keep` holds the seqs that are never summarised: the current turn's input and the pinned messages
+ * (docs/design.md §12). They split the candidates into runs; the region is the first run holding at
+ * least `minTokens` (tokens) that is not already a checkpoint (so a checkpoint right after a pinned
+ * head is merged into the next), else the last run (the current turn's older steps). Returns
+ * undefined when no safe region of at least two nodes (or one non-checkpoint node) exists.
  */
-export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, pinnedSeq?: number, minTokens = 0): Region | undefined {
+export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>, minTokens = 0): Region | undefined {
   let cut = nodes.length
   let kept = 0
   while (cut > 0 && kept < retainedTokens) kept += nodes[--cut].tokens
-  const pinned = pinnedSeq === undefined ? -1 : nodes.findIndex((n) => n.seq === pinnedSeq)
-  if (pinned < 0 || pinned >= cut) return balancedRegion(nodes, 0, cut)
-  // The pinned input splits the candidates: before it (merges an earlier checkpoint), or after it
-  // (the current turn's older steps). Before wins when it holds enough that is not yet a checkpoint.
-  const before = pinned > 0 ? balancedRegion(nodes, 0, pinned) : undefined
-  if (before) {
-    let fresh = 0
-    for (let i = before.start; i < before.end; i++) if (!isCheckpoint(nodes[i])) fresh += nodes[i].tokens
-    if (fresh >= minTokens) return before
+  const keepSet = new Set(typeof keep === 'number' ? [keep] : keep ?? [])
+  const runs: Region[] = []
+  for (let i = 0, start = 0; i <= cut; i++) {
+    if (i < cut && !keepSet.has(nodes[i].seq)) continue
+    const run = i > start ? balancedRegion(nodes, start, i) : undefined
+    if (run) runs.push(run)
+    start = i + 1
   }
-  return balancedRegion(nodes, pinned + 1, cut) ?? before
+  const fresh = (r: Region) => { let t = 0; for (let i = r.start; i < r.end; i++) if (!isCheckpoint(nodes[i])) t += nodes[i].tokens; return t }
+  return runs.find((r) => fresh(r) >= minTokens) ?? runs.at(-1)
 }
 
 const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
@@ -1846,6 +2175,13 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
   let tokens = 0
   for (let i = start; i < cut; i++) tokens += nodes[i].tokens
   return { start, end: cut, tokens }
+}
+
+/** Seqs region selection keeps out of every summary: the session's pins and the current turn's input. */
+function keptOutOfSummary(host: CompactionHost): number[] {
+  const seqs = host.session.pinnedSeqs()
+  if (host.pinnedSeq !== undefined) seqs.push(host.pinnedSeq)
+  return seqs
 }
 
 /** Thrown inside a compaction transaction; logged as `compaction/end {error}`. */
@@ -1903,16 +2239,25 @@ function shrinkMessage(m: Message, tokens: number): Message {
 }
 
 /**
+ * The instruction that ends a summary request: `instruction` (default {@link SUMMARY_INSTRUCTION}),
+ * then, when a focus is given, a paragraph asking to give it the most detail.
+ */
+export function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: string): string {
+  return focus === undefined || focus.trim() === '' ? instruction
+    : `${instruction}\n\nFocus of this checkpoint, as asked for: ${focus.trim()}\nGive it the most detail; keep everything else that still matters.`
+}
+
+/**
  * Summarises `messages` with the host's summarizer. Replays the envelope (system, tools) and the
  * messages, then {@link SUMMARY_INSTRUCTION}, with header `x-dsh-purpose: compaction`. When the
  * whole does not fit the summarizer's window (by the §2 estimate), summarises in tool-balanced
  * chunks, each merged into the running summary; no request exceeds the window.
  */
-export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal): Promise<{ summary: string; usage?: Usage; requests: number }> {
+export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal, focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
   const provider = host.summarizer
   const window = provider.contextWindow ?? host.contextWindow ?? Infinity
   const envelopeTokens = estimateEnvelopeTokens(host.envelope)
-  const instruction: UserMessage = { role: 'user', content: SUMMARY_INSTRUCTION }
+  const instruction: UserMessage = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
   const fixed = envelopeTokens + estimateMessageTokens(instruction)
   const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
   const prior = (s: string): UserMessage => ({ role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` })
@@ -1982,13 +2327,17 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
 }
 
 /**
- * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → summarise → reject a
- * framed summary not strictly smaller than the region → check the surface did not change → append
- * `compaction/summary` and the replacing `user/message` with no await between → `compaction/end`.
+ * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → the host's
+ * `beforeCompaction` (may add a focus, or cancel) → summarise → frame the checkpoint with the
+ * region's facts ledger (docs/design.md §12, trimmed to {@link ledgerBudget}) → reject a framed
+ * checkpoint not strictly smaller than the region → check the surface did not change → append
+ * `compaction/summary` (with the ledger, the fidelity figures and the focus) and the replacing
+ * `user/message` with no await between → `compaction/end` → the host's `afterCompaction`.
  * Any failure writes `compaction/end {error}` and leaves the surface as it was. Returns the number of
- * summary requests made; throws the failure (a {@link CompactionError}, or the provider's error).
+ * summary requests made; throws the failure (a {@link CompactionError}, `cancelled` set when a hook
+ * cancelled; or the provider's error).
  */
-export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal): Promise<number> {
+export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal, focus?: string): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
   host = withRecordingSummarizer(host, records)
@@ -1997,21 +2346,36 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
   const generation = session.replaceGeneration
   const id = `k${session.seq}`
   const tokensBefore = session.measure().totalTokens
+  const info: CompactionInfo = { id, trigger, focus, shadowedSeqs: nodes.map((n) => n.seq), regionTokens: region.tokens }
   session.append('compaction/start', { id, trigger })
   let requests = 0
   try {
-    const result = await summarise(host, nodes.map((n) => n.message), signal)
+    const verdict = await host.beforeCompaction?.(info, signal)
+    if (verdict?.cancel) throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
+    if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}` : verdict.focus.trim()
+    const fullLedger = await regionLedger(session, nodes)
+    const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
-    const checkpoint: UserMessage = { role: 'user', content: frameCheckpoint(result.summary) }
+    const ledger = trimLedger(fullLedger, ledgerBudget(host.contextWindow))
+    const text = frameCheckpoint(result.summary, ledger)
+    const checkpoint: UserMessage = { role: 'user', content: text }
     const checkpointTokens = estimateMessageTokens(checkpoint)
-    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace`)
+    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace (the checkpoint counts its summary and its ledger)`)
     if (session.replaceGeneration !== generation || !session.node(first) || !session.node(last)) throw new CompactionError('the surface changed during compaction')
-    session.append('compaction/summary', { id, summary: result.summary, shadowedSeqs: nodes.map((n) => n.seq), shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage })
-    session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id })
+    const fidelity = measureFidelity(fullLedger, text, result.summary)
+    session.append('compaction/summary', {
+      id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage,
+      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}),
+    })
+    const seq = session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
     session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens, requests: records })
+    try { await host.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
+      host.warn(`a compaction/after hook failed: ${(err as Error)?.message ?? err}`)
+    }
     return requests
   } catch (err) {
+    if (session.openCompaction !== id) throw err // committed: only the after hook can get here, and it is caught
     const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
     session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err), requests: records })
     throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
@@ -2027,7 +2391,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
  * current input with no retained tail, once. `'manual'` (e.g. `/compact`): like pressure, without the
  * threshold check. Never throws for ladder failures; rethrows only cancellation.
  */
-export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' | 'context-overflow' | 'manual', signal?: AbortSignal): Promise<CompactionOutcome> {
+export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' | 'context-overflow' | 'manual', signal?: AbortSignal, options: { focus?: string } = {}): Promise<CompactionOutcome> {
   const { session, compaction: cfg } = host
   const window = host.contextWindow
   const m0 = session.measure()
@@ -2056,9 +2420,9 @@ export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' 
 
   if (trigger === 'context-overflow') {
     outcome.prunedTokens = pruneSurface(session, host.pruneConfig, trigger, 0, true)
-    const region = selectRegion(session.surface(), 0, host.pinnedSeq)
+    const region = selectRegion(session.surface(), 0, keptOutOfSummary(host))
     if (region) {
-      try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal) } catch (err) {
+      try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal, options.focus) } catch (err) {
         outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
         if (signal?.aborted) throw err
         host.warn(`overflow compaction failed: ${(err as Error).message}`)
@@ -2078,12 +2442,13 @@ export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' 
   const minSaving = Math.ceil(m0.totalTokens * cfg.minSavingsRatio)
   let lastError = ''
   for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
-    const region = selectRegion(session.surface(), retained, host.pinnedSeq, minSaving)
+    const region = selectRegion(session.surface(), retained, keptOutOfSummary(host), minSaving)
     if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or touching the current input'; break }
-    try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal) } catch (err) {
+    try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal, options.focus) } catch (err) {
       outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
       if (signal?.aborted) throw err
       lastError = (err as Error).message
+      if ((err as any)?.cancelled) break // a hook said no: asking again would only repeat the question
       continue
     }
     if (trigger === 'manual' || session.measure().totalTokens < threshold) break
@@ -3535,8 +3900,13 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
 // 7. Loop
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** Hook names, in the order they run in a step (docs/design.md §7). */
-export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step'
+/**
+ * Hook names: the step hooks in the order they run in a step (docs/design.md §7), and the compaction
+ * hooks around each summary transaction (docs/design.md §12): `compaction/before` may return
+ * `{focus}` (added to the summary instruction) or `{cancel: true | reason}`; `compaction/after`
+ * sees the committed checkpoint.
+ */
+export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step' | 'compaction/before' | 'compaction/after'
 
 /** What a hook receives. `request` only for `agent/request` (mutable); `error` only for `agent/request-error`. */
 export interface HookContext {
@@ -3548,10 +3918,16 @@ export interface HookContext {
   signal: AbortSignal
   request?: ChatRequest
   error?: ProviderError
+  /** `compaction/before` and `compaction/after`: the summary transaction. */
+  compaction?: CompactionInfo
+  /** `compaction/after` only: the committed checkpoint. */
+  checkpoint?: CheckpointInfo
 }
 
+/** What a hook may return: `retry` (`agent/request-error`), `focus` and `cancel` (`compaction/before`). */
+export interface HookResult { retry?: boolean; focus?: string; cancel?: boolean | string }
 /** A hook. An `agent/request-error` hook returns `{retry: true}` to have the step retried. */
-export type Hook = (ctx: HookContext) => void | { retry?: boolean } | Promise<void | { retry?: boolean }>
+export type Hook = (ctx: HookContext) => void | HookResult | Promise<void | HookResult>
 
 /** Everything a UI can follow: every log event, every streamed delta, every warning. */
 export type AgentEvent =
@@ -3565,6 +3941,13 @@ export interface AgentOptions {
   provider: Provider
   tools?: readonly Tool[]
   system?: string
+  /**
+   * Project instructions (e.g. the text of AGENTS.md), part of the envelope: appended to `system`
+   * in every request, which compaction never touches (docs/design.md §12).
+   */
+  instructions?: string
+  /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests; a non-empty string. */
+  summaryInstruction?: string
   /** Overrides the provider's context window (tokens). */
   contextWindow?: number
   /** Completion budget per step, tokens (default: the provider's); clamped to the room left. */
@@ -3651,6 +4034,8 @@ export class Agent implements CompactionHost {
   readonly pruneConfig: PruneConfig
   readonly maxSteps: number
   readonly system?: string
+  readonly instructions?: string
+  readonly summaryInstruction?: string
   ladderState: LadderState = {}
   pinnedSeq?: number
   private readonly window?: number
@@ -3676,6 +4061,12 @@ export class Agent implements CompactionHost {
       names.add(t.name)
     }
     this.system = options.system
+    if (options.instructions !== undefined && typeof options.instructions !== 'string') throw new TypeError(`instructions must be a string (e.g. the text of AGENTS.md), got ${typeof options.instructions}`)
+    this.instructions = options.instructions?.trim() ? options.instructions : undefined
+    if (options.summaryInstruction !== undefined && (typeof options.summaryInstruction !== 'string' || options.summaryInstruction.trim() === '')) {
+      throw new TypeError(`summaryInstruction must be a non-empty string, got ${JSON.stringify(options.summaryInstruction)}; leave it out to use SUMMARY_INSTRUCTION`)
+    }
+    this.summaryInstruction = options.summaryInstruction
     this.window = options.contextWindow ?? options.provider.contextWindow
     if (this.window !== undefined && !(Number.isInteger(this.window) && this.window > 0)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
     this.maxTokens = options.maxTokens ?? options.provider.maxTokens
@@ -3699,10 +4090,11 @@ export class Agent implements CompactionHost {
   get contextWindow(): number | undefined { return this.window }
   /** The conversation model's name. */
   get modelName(): string { return this.provider.model }
-  /** The request envelope: system prompt and tool specs. */
+  /** The request envelope: system prompt (then the project instructions) and tool specs. */
   get envelope(): Envelope {
     // One object per agent: the adapter serialises its tools once (docs/design.md §11 byte stability).
-    this.envelopeMemo ??= { system: this.system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
+    const system = this.instructions === undefined ? this.system : this.system ? `${this.system}\n\n${this.instructions}` : this.instructions
+    this.envelopeMemo ??= { system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
     return this.envelopeMemo
   }
 
@@ -3721,12 +4113,35 @@ export class Agent implements CompactionHost {
   warn(message: string): void { this.onEvent?.({ type: 'warning', message }) }
 
   private async runHooks(name: HookName, ctx: HookContext): Promise<boolean> {
-    let retry = false
+    return (await this.collectHooks(name, ctx)).retry === true
+  }
+
+  /** Runs the hooks of `name` in order; `retry` and `cancel` if any asked, focuses joined with "; ". */
+  private async collectHooks(name: HookName, ctx: HookContext): Promise<HookResult> {
+    const out: HookResult = {}
     for (const hook of this.hooks.get(name) ?? []) {
       const r = await hook(ctx)
-      if (r && r.retry) retry = true
+      if (!r) continue
+      if (r.retry) out.retry = true
+      if (r.cancel) out.cancel = r.cancel
+      if (typeof r.focus === 'string' && r.focus.trim()) out.focus = out.focus ? `${out.focus}; ${r.focus.trim()}` : r.focus.trim()
     }
-    return retry
+    return out
+  }
+
+  private hookContext(signal: AbortSignal | undefined, extra: Partial<HookContext>): HookContext {
+    const t = this.session.turn
+    return { agent: this, turn: t.turn, step: t.step, signal: signal ?? new AbortController().signal, ...extra }
+  }
+
+  /** {@link CompactionHost.beforeCompaction}: runs the `compaction/before` hooks. */
+  async beforeCompaction(info: CompactionInfo, signal?: AbortSignal): Promise<CompactionVerdict> {
+    return this.collectHooks('compaction/before', this.hookContext(signal, { compaction: info }))
+  }
+
+  /** {@link CompactionHost.afterCompaction}: runs the `compaction/after` hooks. */
+  async afterCompaction(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): Promise<void> {
+    await this.collectHooks('compaction/after', this.hookContext(signal, { compaction: info, checkpoint }))
   }
 
   /** Runs `fn`; a failure caused by cancellation becomes `undefined` (the caller ends the turn). */
@@ -3744,12 +4159,36 @@ export class Agent implements CompactionHost {
   }
 
   /**
+   * The most pinned tokens (envelope included) this agent accepts: its compaction threshold,
+   * `floor(window × thresholdRatio)` (no limit while the window is unknown).
+   */
+  get pinLimitTokens(): number | undefined {
+    return this.window === undefined ? undefined : Math.floor(this.window * this.compaction.thresholdRatio)
+  }
+
+  /**
+   * Pins surface message `seq` (see {@link Session.pin}) within {@link Agent.pinLimitTokens}.
+   * @throws SessionError `PIN` with the numbers when it would not fit, or `seq` is not on the surface.
+   */
+  pin(seq: number): void {
+    this.writeHeader() // the envelope the limit is checked with
+    this.session.pin(seq, { limitTokens: this.pinLimitTokens })
+  }
+
+  /**
    * Runs one turn. Resolves with how it ended (an abort resolves with reason `aborted`); rejects
    * with the provider's original {@link ProviderError} when a step fails and the ladder cannot
-   * recover, or with a {@link SessionError} if the store fails.
+   * recover, or with a {@link SessionError} if the store fails. `pin: true` pins the input (see
+   * {@link Agent.pin}); a pin that would not fit is refused (`SessionError('PIN')`) before anything is logged.
    */
-  async run(input: string | UserMessage, options: { signal?: AbortSignal } = {}): Promise<TurnResult> {
+  async run(input: string | UserMessage, options: { signal?: AbortSignal; pin?: boolean } = {}): Promise<TurnResult> {
     if (this.running) throw new Error('a turn is already running on this agent; wait for it or use steer(text)')
+    const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
+    if (options.pin) {
+      validateMessage(message, 'user')
+      this.writeHeader()
+      this.session.checkPinFits(estimateMessageTokens(message), 'the input', this.pinLimitTokens)
+    }
     this.running = true
     const signal = options.signal ?? new AbortController().signal
     const session = this.session
@@ -3765,8 +4204,8 @@ export class Agent implements CompactionHost {
     let ended = false
     try {
       session.append('turn/start', { turn })
-      const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
       this.pinnedSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
+      if (options.pin) session.pin(this.pinnedSeq, { limitTokens: this.pinLimitTokens })
       this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
       await session.flush() // the input is written at once and fsynced with the first step's boundary
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
@@ -3904,6 +4343,15 @@ export class Agent implements CompactionHost {
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
   compact(signal?: AbortSignal): Promise<CompactionOutcome> { return compactIfNeeded(this, 'manual', signal) }
+
+  /**
+   * Runs the ladder now with trigger `manual`; `focus` (e.g. "the parser bug") is passed into the
+   * summary instruction (the CLI's `/compact FOCUS`). Throws TypeError for a focus that is not a string.
+   */
+  compactNow(options: { focus?: string; signal?: AbortSignal } = {}): Promise<CompactionOutcome> {
+    if (options.focus !== undefined && typeof options.focus !== 'string') throw new TypeError(`focus must be a string, got ${typeof options.focus}`)
+    return compactIfNeeded(this, 'manual', options.signal, { focus: options.focus })
+  }
 }
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
