@@ -2784,14 +2784,27 @@ export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
       if (cr >= 0 && cr < i) cr = chunk.indexOf('\r', i)
       const t = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
       if (t < 0) break
-      let line = chunk.slice(i, t)
       if (pending.length > 0) {
-        pending.push(line)
-        line = pending.join('')
+        pending.push(chunk.slice(i, t))
+        const line = pending.join('')
         pending = []; pendingUnits = 0; pendingKept = false
+        i = afterTerminator(t)
+        processLine(line)
+        continue
       }
-      i = afterTerminator(t)
-      processLine(line)
+      const start = i
+      i = t === lf ? t + 1 : afterTerminator(t)
+      // The hot path, a whole line inside this chunk: an empty line, `data:` or `event:` is read
+      // in place (only the value is sliced); anything else goes through processLine.
+      if (start === t) { dispatch(); continue }
+      const c0 = chunk.charCodeAt(start)
+      if (c0 === 100 && chunk.charCodeAt(start + 4) === 58 && chunk.charCodeAt(start + 1) === 97 && chunk.charCodeAt(start + 2) === 116 && chunk.charCodeAt(start + 3) === 97) {
+        const value = chunk.slice(chunk.charCodeAt(start + 5) === 32 ? start + 6 : start + 5, t)
+        data = dataLines === 0 ? value : `${data}\n${value}`
+        dataLines++
+      } else if (c0 === 101 && chunk.charCodeAt(start + 5) === 58 && chunk.startsWith('event', start)) {
+        eventType = chunk.slice(chunk.charCodeAt(start + 6) === 32 ? start + 7 : start + 6, t) || undefined
+      } else processLine(chunk.slice(start, t))
     }
     if (i < n) {
       pending.push(i === 0 ? chunk : chunk.slice(i))
@@ -2835,25 +2848,16 @@ export function parseSSE(
   const pull = chunkPuller(source)
   const ready: SSEEvent[] = []
   let head = 0
-  let overflow: SSEParseError | undefined
   let ended = false
-  const parser = createSSEParser({
-    onEvent: (event) => { ready.push(event) },
-    onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error },
-    maxBufferSize: options.maxBufferSize,
-  })
-  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
-  // stripped one would eat a second, which is data.
-  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
+  const feeder = sseFeeder((event) => { ready.push(event) }, options.maxBufferSize)
   const done: IteratorResult<SSEEvent> = { value: undefined, done: true }
   async function fill(): Promise<IteratorResult<SSEEvent>> {
     while (head >= ready.length) {
       ready.length = 0; head = 0
       if (ended) return done
       const chunk = await pull.next()
-      if (chunk === undefined) { ended = true; parser.feed(decoder.decode()) }
-      else parser.feed(typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
-      if (overflow) { ended = true; await pull.close(); throw overflow }
+      if (chunk === undefined) ended = true
+      try { feeder.feed(chunk) } catch (err) { ended = true; await pull.close(); throw err }
     }
     return { value: ready[head++], done: false }
   }
@@ -2867,6 +2871,51 @@ export function parseSSE(
       return done
     },
     [Symbol.asyncIterator]() { return this },
+  }
+}
+
+/**
+ * The callback form of {@link parseSSE}, for hot paths such as the provider adapter: reads
+ * `source` chunk by chunk and calls `onEvent` synchronously for every event of each chunk (no
+ * promise per event). `onEvent` returning `false` stops: later events are not delivered and the
+ * source is cancelled. `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings).
+ * Resolves when the source ends or is stopped; rejects with what `onEvent` or the source threw,
+ * or with `SSEParseError` (`max-buffer-size-exceeded`, limit in UTF-16 units).
+ */
+export async function pumpSSE(
+  source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
+  onEvent: (event: SSEEvent) => boolean | void,
+  options: { maxBufferSize?: number; onChunk?: (size: number) => void } = {},
+): Promise<void> {
+  const pull = chunkPuller(source)
+  let stopped = false
+  const feeder = sseFeeder((event) => { if (!stopped && onEvent(event) === false) stopped = true }, options.maxBufferSize)
+  try {
+    while (!stopped) {
+      const chunk = await pull.next()
+      if (chunk !== undefined) options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
+      feeder.feed(chunk)
+      if (chunk === undefined) return
+    }
+  } finally { await pull.close() }
+}
+
+/**
+ * The decoding glue shared by {@link parseSSE} and {@link pumpSSE}: `feed(chunk)` decodes bytes
+ * with one streaming UTF-8 decoder (strings are taken as decoded) and parses; `feed(undefined)`
+ * ends the stream. Throws the parser's `max-buffer-size-exceeded` error from `feed`.
+ */
+function sseFeeder(onEvent: (event: SSEEvent) => void, maxBufferSize: number | undefined): { feed(chunk: Uint8Array | string | undefined): void } {
+  let overflow: SSEParseError | undefined
+  const parser = createSSEParser({ onEvent, onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error }, maxBufferSize })
+  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
+  // stripped one would eat a second, which is data.
+  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
+  return {
+    feed(chunk) {
+      parser.feed(chunk === undefined ? decoder.decode() : typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
+      if (overflow) throw overflow
+    },
   }
 }
 
@@ -3812,10 +3861,16 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   let pastDeadline = false
   const deadline = deadlineAt === undefined ? undefined
     : setTimeout(() => { pastDeadline = true; controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`)) }, Math.max(0, deadlineAt - Date.now()))
+  // One idle timer per request: progress only records the time; the timer, when it fires, aborts
+  // if nothing came for idleTimeoutMs, else sleeps for the rest (re-arming per event cost ~12%).
   let timer: ReturnType<typeof setTimeout> | undefined
-  const progress = (): void => {
-    if (timer !== undefined) clearTimeout(timer)
-    timer = setTimeout(() => { timedOut = true; controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`)) }, cfg.idleTimeoutMs)
+  let lastProgressAt = Date.now()
+  const progress = (): void => { lastProgressAt = Date.now() }
+  const idleCheck = (): void => {
+    const idleMs = Date.now() - lastProgressAt
+    if (idleMs < cfg.idleTimeoutMs) { timer = setTimeout(idleCheck, cfg.idleTimeoutMs - idleMs); return }
+    timedOut = true
+    controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`))
   }
   const forwardAbort = (): void => controller.abort(signal?.reason)
   signal?.addEventListener('abort', forwardAbort, { once: true })
@@ -3825,7 +3880,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   }
   const acc = createAssembler(cfg, emit)
   let requestId: string | undefined
-  progress()
+  timer = setTimeout(idleCheck, cfg.idleTimeoutMs)
   try {
     const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
@@ -3850,17 +3905,16 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     let sawDone = false
     let sawData = false
     let bytes = 0
-    const counted = async function* (chunks: AsyncIterable<Uint8Array>) { for await (const c of chunks) { bytes += c.byteLength; yield c } }
-    for await (const event of parseSSE(counted(bodyChunks(response.body, controller.signal)), { maxBufferSize: SSE_MAX_BUFFER_UNITS })) {
+    await pumpSSE(bodyChunks(response.body, controller.signal), (event) => {
       if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
-      if (event.event !== 'message') continue
+      if (event.event !== 'message') return
       sawData = true
       const data = event.data.trim()
-      if (data === '' || data[0] === ':') continue // a relay's keep-alive inside a data line: not progress
+      if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
       progress()
-      if (data === '[DONE]') { sawDone = true; break }
+      if (data === '[DONE]') { sawDone = true; return false }
       for (const obj of parseChunkData(cfg, data, requestId)) acc.chunk(obj, requestId, data)
-    }
+    }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
     const type = response.headers.get('content-type')
     if (!sawData && bytes === 0 && type && !/event-stream/i.test(type)) {
       throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} with an empty ${type} body (model ${cfg.model}).`, { status: response.status, requestId })
