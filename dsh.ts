@@ -128,7 +128,8 @@ export type StreamEvent =
   | { type: 'tool-call-delta'; index: number; id?: string; name?: string; argumentsDelta: string }
   | { type: 'usage'; usage: Usage }
   | { type: 'finish'; finishReason: string }
-  | { type: 'retry'; attempt: number; delayMs: number; error: ProviderError }
+  /** Before each backoff wait: `attempt` counts retries from 1, `maxRetries` is how many this error gets, `error` is why. */
+  | { type: 'retry'; attempt: number; delayMs: number; error: ProviderError; maxRetries?: number }
 
 /** One provider call. `maxTokens` (tokens) is clamped by the provider to the room left. */
 export interface ChatRequest {
@@ -1571,6 +1572,12 @@ export const DEFAULT_MAX_TOKENS = 32_768
 const DEFAULT_IDLE_TIMEOUT_MS = 300_000
 /** Retries after the first attempt, for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. */
 const DEFAULT_MAX_RETRIES = 5
+/** Retries of a refused connection or a failed DNS lookup (at most; `maxRetries` may be lower):
+ *  no server is listening there, so five backoffs (~16 s) only make the user wait. */
+const CONNECT_FAILURE_RETRIES = 1
+/** Error codes and wordings of a refused connection or a failed DNS lookup (Node's undici, Deno, Bun). */
+const CONNECT_FAILURE_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL', 'ConnectionRefused'])
+const CONNECT_FAILURE_RE = /ECONNREFUSED|ENOTFOUND|EAI_AGAIN|connection refused|failed to lookup address|dns error|name or service not known|unable to connect/i
 /** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (DESIGN.md §6). */
 const DEFAULT_RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
@@ -2277,7 +2284,8 @@ export interface OpenAICompatibleOptions {
   fetch?: (input: string, init: RequestInit) => Promise<Response>
   /** An attempt with no progress (headers or a data event; keep-alive comments do not count) for this long fails as TIMEOUT. Default 300,000. */
   idleTimeoutMs?: number
-  /** Retries after the first attempt for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. Default 5. */
+  /** Retries after the first attempt for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. Default 5;
+   *  a refused connection or a failed DNS lookup gets at most 1. */
   maxRetries?: number
   /** First backoff delay; doubles per retry. Default 500. */
   retryBaseMs?: number
@@ -2411,7 +2419,7 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * estimate; with a known window and no room left it throws CONTEXT_WINDOW_EXCEEDED before sending.
  *
  * Failures are {@link ProviderError}s. RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT and EMPTY_RESPONSE
- * are retried (`maxRetries`, exponential backoff with ±10% jitter, `Retry-After` honoured up to
+ * are retried (`maxRetries`; a refused connection or failed DNS lookup at most once; exponential backoff with ±10% jitter, `Retry-After` honoured up to
  * `retryMaxMs`, a `{type:'retry'}` event before each wait), but never once output was streamed —
  * then the error carries `partial` (text and reasoning so far, `interrupted: true`; tool calls
  * are dropped since their arguments may be cut). A "request too large for the per-minute
@@ -2444,6 +2452,17 @@ function makeProvider(cfg: AdapterConfig): Provider {
     maxTokens: cfg.maxTokens,
     complete: (request) => completeWithRetries(cfg, request),
   }
+}
+
+/** A TRANSPORT error that is a refused connection or a failed DNS lookup (by the cause's code or wording). */
+function isConnectFailure(error: ProviderError): boolean {
+  if (error.code !== 'TRANSPORT') return false
+  let e: unknown = error.cause
+  for (let depth = 0; e !== null && typeof e === 'object' && depth < 4; depth++, e = (e as { cause?: unknown }).cause) {
+    const { code, message } = e as { code?: unknown; message?: unknown }
+    if ((typeof code === 'string' && CONNECT_FAILURE_CODES.has(code)) || CONNECT_FAILURE_RE.test(String(message ?? ''))) return true
+  }
+  return false
 }
 
 /** Errors raised after output was streamed: retrying them would show the caller a second answer. */
@@ -2518,11 +2537,12 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
       error = e
     }
     const retryable = RETRYABLE.has(error.code) && !afterOutput.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
-    if (!retryable || retry >= cfg.maxRetries) throw error
+    const maxRetries = isConnectFailure(error) ? Math.min(cfg.maxRetries, CONNECT_FAILURE_RETRIES) : cfg.maxRetries
+    if (!retryable || retry >= maxRetries) throw error
     const delayMs = error.retryAfterMs !== undefined
       ? Math.min(error.retryAfterMs, cfg.retryMaxMs)
       : Math.round(Math.min(cfg.retryMaxMs, cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
-    request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error })
+    request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error, maxRetries })
     try { await cfg.sleep(delayMs, signal) } catch (e) { if (signal?.aborted) throw aborted(); throw e }
     if (signal?.aborted) throw aborted()
   }
@@ -5259,6 +5279,12 @@ export interface CliRunOptions extends CliModelOptions {
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
+  /** `--no-shell`: never offer the shell tool and do not ask (wins over a remembered answer). */
+  noShell: boolean
+  /** `--max-steps N`: provider calls per turn before the turn ends with reason `max-steps` (default 200). */
+  maxSteps?: number
+  /** `-C DIR` / `--cwd DIR`: the project to work on, as if dsh were started there (path as given). */
+  cwd?: string
 }
 
 /** `dsh replay FILE`: run a recorded session through the meter and the ladder offline. */
@@ -5276,6 +5302,8 @@ export interface CliReplayOptions {
   summaryTokens: number
   /** `--format F`. Default `auto`. */
   format: CliReplayFormat
+  /** `-C DIR` / `--cwd DIR`: resolve FILE from DIR, as if dsh were started there. */
+  cwd?: string
   /** Present when `--base-url`, `--model` or `--api-key-env` asks for real summary calls; absent:
    *  summaries are simulated at `summaryTokens` (a key in the environment alone never costs money). */
   summarizer?: CliModelOptions
@@ -5296,12 +5324,15 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--threshold': { value: 'R', commands: ['run', 'replay'] },
   '--json': { commands: ['run', 'replay'] },
   '--allow-shell': { commands: ['run'] },
+  '--no-shell': { commands: ['run'] },
+  '--max-steps': { value: 'N', commands: ['run'] },
+  '--cwd': { value: 'DIR', commands: ['run', 'replay'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
   '--help': { commands: ['run', 'replay'] },
   '--version': { commands: ['run', 'replay'] },
 }
-const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help' }
+const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help', '-C': '--cwd' }
 
 /** The `--help` text (DESIGN.md §8). */
 export const CLI_HELP = `dsh ${VERSION}: a coding agent that keeps long sessions inside the model's context window
@@ -5326,14 +5357,32 @@ Options
                          always clamped to the room left in the window)
   --session FILE         keep the session in FILE (JSONL); resumes it when FILE exists
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
-  --json                 print every event as one JSON object per line on stdout
+  --max-steps N          provider calls per turn before the turn stops (default 200); a turn
+                         that stops there without an answer exits 1
+  -C, --cwd DIR          work on the project in DIR, as if dsh were started there (the tools,
+                         a relative --session FILE and replay FILE are in DIR)
+  --json                 print every log event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
+  --no-shell             never offer shell commands, and do not ask (interactive mode asks once
+                         per directory and remembers the answer in $XDG_CONFIG_HOME/dsh/shell.json,
+                         else ~/.config/dsh/shell.json)
   -h, --help             show this help
   --version              print the version
 
-The model gets these tools: read_file, list_files, grep, write_file, edit_file (all limited to
-the working directory) and, with --allow-shell, shell. Interactive commands: /compact, /usage,
-/help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
+The model gets these tools: read_file, list_files, grep, write_file, edit_file (their paths are
+limited to the working directory) and, with --allow-shell or an interactive yes, shell (which is
+not: a command can reach anything you can). Interactive commands: /compact, /usage, /help, /exit;
+Ctrl-C cancels the running turn, a second Ctrl-C exits.
+
+Status lines (stderr)
+  ▸ read_file src/a.ts (2,340 tokens)    a tool ran; its result takes 2,340 tokens of context
+  ▸ shell npm test → exit 1              a command and its exit code (errors: their first line)
+  [dsh] pruned read_file big.log: 16,549 → 1,298 tokens (15,251 saved)
+                                         a context edit: what was cut and the tokens it saved
+  [dsh] context 12,034 / 128,000 tokens (9.4%) ~
+                                         occupancy after each step (on a terminal); a trailing ~
+                                         means the figure is dsh's estimate (chars/4), not yet
+                                         anchored on the token count the provider reported
 
 Replay: npx tsx dsh.ts replay FILE [options]
   Runs a recorded session (a dsh log, an OpenAI-style message array, a Claude Code session
@@ -5492,6 +5541,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
 
   const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
+  const cwd = flags.get('--cwd')
+  if (cwd === '') throw new UsageError('-C/--cwd needs a directory, e.g. -C ../my-project')
   const threshold = flags.has('--threshold') ? parseThreshold(flags.get('--threshold')!) : CLI_DEFAULTS.threshold
   const json = flags.has('--json')
 
@@ -5503,7 +5554,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (!CLI_REPLAY_FORMATS.includes(format)) throw new UsageError(`--format must be one of ${CLI_REPLAY_FORMATS.join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
-      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format,
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, ...(cwd !== undefined ? { cwd } : {}),
       ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
     }
   }
@@ -5523,9 +5574,12 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
   const session = flags.get('--session')
   if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
+  if (flags.has('--allow-shell') && flags.has('--no-shell')) throw new UsageError('--allow-shell and --no-shell contradict each other; give one')
+  const maxSteps = flags.has('--max-steps') ? parsePositiveInt('--max-steps', flags.get('--max-steps')!, 'provider calls per turn', '50') : undefined
   return {
     command, ...resolveModelOptions(flags, env), prompt, print: printed !== undefined,
-    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'),
+    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'),
+    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}),
   }
 }
 
@@ -5588,43 +5642,215 @@ export const CLI_SYSTEM_PROMPT = [
   'When you are done, answer with a short summary for the user and stop calling tools.',
 ].join('\n')
 
+type NodeStream = { write(s: string): boolean; isTTY?: boolean; on?(event: string, fn: (...a: any[]) => void): unknown }
 type NodeProcess = {
   argv: string[]; env: Record<string, string | undefined>; cwd(): string; exitCode?: number
-  stdin: any; stdout: { write(s: string): boolean; isTTY?: boolean }; stderr: { write(s: string): boolean; isTTY?: boolean }
+  stdin: any; stdout: NodeStream; stderr: NodeStream
   on(event: string, fn: (...a: any[]) => void): unknown; off(event: string, fn: (...a: any[]) => void): unknown
 }
 
+// ── terminal output: a closed reader, status and activity lines ──
+
+/** The CLI's output streams, safe against a reader that went away (`dsh … | head -1`, `| true`). */
+interface CliOutput extends CliIO {
+  /** True once stdout's reader closed (EPIPE): nothing more is written there. */
+  readonly stdoutClosed: boolean
+  /** Called once when stdout's reader closes (the CLI cancels the running turn: nobody reads its output). */
+  onStdoutClosed?: () => void
+}
 
 /**
- * Turns agent events into terminal output on stderr: one line for each prune, compaction, overflow
- * recovery, provider retry and warning; after each step, on a TTY only, the context occupancy
- * `tokens / window (pct)`. Colour (dim) only on a TTY and without `NO_COLOR`.
+ * Wraps the process's stdout and stderr: an error on either (EPIPE when the reader closed, or
+ * any other write error) is not thrown as an unhandled `error` event; writes to a closed stream
+ * are dropped. A closed stdout calls `onStdoutClosed` once.
  */
-export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean): (e: AgentEvent) => void {
+function cliOutput(p: NodeProcess): CliOutput {
+  let stdoutClosed = false, stderrClosed = false
+  const out: CliOutput = {
+    get stdoutClosed() { return stdoutClosed },
+    stdout: (text) => { if (!stdoutClosed) p.stdout.write(text) },
+    stderr: (text) => { if (!stderrClosed) p.stderr.write(text) },
+  }
+  p.stdout.on?.('error', () => {
+    if (stdoutClosed) return
+    stdoutClosed = true
+    out.onStdoutClosed?.()
+  })
+  p.stderr.on?.('error', () => { stderrClosed = true })
+  return out
+}
+
+/** A context edit as the status line reports it: one prune, clear or compaction, with its tokens. */
+export interface ContextEdit {
+  /** The event that shadowed the content: `compaction/prune`, `compaction/clear`, `compaction/summary`, … */
+  event: SessionEvent
+  /** What the edit did, as a past-tense verb: `pruned`, `cleared`, `compacted`. */
+  verb: string
+  /** What was edited, e.g. `read_file big.txt` or `3 tool results (read_file a.ts, grep TODO, …)`. */
+  subject: string
+  /** Tokens of the shadowed content, and of what replaced it. */
+  tokensBefore: number
+  tokensAfter: number
+}
+
+/** Options of {@link statusReporter}. */
+export interface StatusReporterOptions {
+  /** Text appended to the line of each context edit (e.g. the cache cost of the edit,
+   *  docs/design.md §11); `undefined` or `''` for none. */
+  editNote?: (edit: ContextEdit, agent: Agent | undefined) => string | undefined
+  /** ms between redraws of the live "compacting…" indicator on a TTY. Default 250. */
+  indicatorIntervalMs?: number
+}
+
+/** Verbs of the shadowing events, by event type (`compaction/<rung>`); other rungs use the rung's name. */
+const EDIT_VERBS: Readonly<Record<string, string>> = { 'compaction/prune': 'pruned', 'compaction/clear': 'cleared', 'compaction/summary': 'compacted' }
+/** Arguments that name what a tool call works on, in the order the activity line shows them. */
+const ACTIVITY_ARGS = ['command', 'pattern', 'path', 'query', 'url', 'key']
+/** Code points of a tool call's subject shown in an activity line. */
+const ACTIVITY_SUBJECT_CODE_POINTS = 80
+/** Code points of an error's first line shown in an activity line. */
+const ACTIVITY_ERROR_CODE_POINTS = 160
+
+/** `read_file src/a.ts`: the tool's name and the arguments that say what it works on, on one line. */
+function toolSubject(name: string, rawArguments: string): string {
+  let args: unknown
+  try { args = JSON.parse(rawArguments) } catch { args = undefined }
+  let parts: string[] = []
+  if (args && typeof args === 'object' && !Array.isArray(args)) {
+    const record = args as Record<string, unknown>
+    parts = ACTIVITY_ARGS.filter((key) => typeof record[key] === 'string').map((key) => record[key] as string)
+    if (parts.length === 0) {
+      const first = Object.values(record).find((v) => typeof v === 'string' || typeof v === 'number')
+      if (first !== undefined) parts = [String(first)]
+    }
+  }
+  const text = parts.join(' ').replace(/\r?\n/g, '⏎').replace(/[\x00-\x1f\x7f-\x9f]/g, '')
+  const points = Array.from(text)
+  return points.length === 0 ? name : `${name} ${points.length > ACTIVITY_SUBJECT_CODE_POINTS ? points.slice(0, ACTIVITY_SUBJECT_CODE_POINTS - 1).join('') + '…' : text}`
+}
+
+/** What a tool result says about its outcome in a few words, for the activity line: `exit 1`,
+ *  or the first line of an error. `undefined` for a plain success. */
+function toolOutcome(result: ToolResultMessage): string | undefined {
+  const text = textOfBlocks(result.content)
+  const first = text.slice(0, 2 * ACTIVITY_ERROR_CODE_POINTS).split('\n')[0].replace(/[\x00-\x1f\x7f-\x9f]/g, '')
+  const exit = /^exit code (\d+)$/.exec(first) // the shell tool's status line
+  if (exit) return `exit ${exit[1]}`
+  if (!result.isError) return undefined
+  const points = Array.from(first)
+  return points.length > ACTIVITY_ERROR_CODE_POINTS ? points.slice(0, ACTIVITY_ERROR_CODE_POINTS - 1).join('') + '…' : first
+}
+
+/**
+ * Turns agent events into terminal output on stderr, each line starting `[dsh]` or `▸`:
+ * - `▸ read_file src/a.ts (2,340 tokens)` for each tool result (its size in the context), or
+ *   `▸ shell npm test → exit 1` / `▸ NAME ARGS → first line of the error`;
+ * - one line per context edit, derived from any `compaction/*` event that carries `shadowedSeqs`
+ *   and the replaces that follow it: `pruned read_file big.txt: 16,549 → 1,298 tokens (15,251
+ *   saved)` (plus {@link StatusReporterOptions.editNote});
+ * - failed compactions, overflow recoveries, provider retries (what is retried and why) and warnings;
+ * - on a TTY only: a live `compacting… 2.1 s` indicator while a summary runs, and after each step
+ *   the context occupancy `context 12,034 / 128,000 tokens (9.4%)`, with a trailing ` ~` while the
+ *   figure is the chars/4 estimate rather than anchored on provider-reported usage.
+ * Colour (dim) only on a TTY and without `NO_COLOR`.
+ */
+export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean, options: StatusReporterOptions = {}): (e: AgentEvent) => void {
   const paint = (s: string) => (color ? `\x1b[2m${s}\x1b[0m` : s)
-  const say = (s: string) => write(paint(`[dsh] ${s}`) + '\n')
+  let live: { timer: ReturnType<typeof setInterval>; startedMs: number } | undefined
+  const clearLive = () => { if (live) write('\r\x1b[K') }
+  const say = (s: string) => { clearLive(); write(paint(s) + '\n') }
+  const stopLive = () => { if (live) { clearInterval(live.timer); clearLive(); live = undefined } }
+  const drawLive = () => { if (live) write('\r\x1b[K' + paint(`[dsh] compacting… ${((Date.now() - live.startedMs) / 1000).toFixed(1)} s`)) }
+  /** callId → the tool call, from `tool/call` events and, for calls logged before this process, the surface. */
+  const calls = new Map<string, { name: string; arguments: string }>()
+  const callOf = (callId: string): { name: string; arguments: string } | undefined => {
+    const known = calls.get(callId)
+    if (known) return known
+    for (const node of agent()?.session.surface() ?? []) {
+      if (node.message.role !== 'assistant') continue
+      const block = node.message.content.find((b) => b.type === 'tool-call' && b.id === callId) as ToolCallBlock | undefined
+      if (block) return { name: block.name, arguments: block.arguments }
+    }
+    return undefined
+  }
+  let pending: { event: SessionEvent; seqs: number; subjects: string[]; replaced: number; tokensAfter: number } | undefined
+  const finishEdit = () => {
+    const p = pending!
+    pending = undefined
+    const d = p.event.data as { shadowedSeqs: number[]; shadowedTokenCount: number }
+    const rung = p.event.type.slice('compaction/'.length)
+    const verb = EDIT_VERBS[p.event.type] ?? rung
+    const n = d.shadowedSeqs.length
+    const subject = p.event.type === 'compaction/summary' ? `${n} message${n === 1 ? '' : 's'} into a checkpoint`
+      : n === 1 ? p.subjects[0]
+      : `${n} tool results (${p.subjects.slice(0, 3).join(', ')}${n > 3 ? ', …' : ''})`
+    const edit: ContextEdit = { event: p.event, verb, subject, tokensBefore: d.shadowedTokenCount, tokensAfter: p.tokensAfter }
+    const note = options.editNote?.(edit, agent())
+    say(`[dsh] ${verb} ${subject}: ${groupDigits(edit.tokensBefore)} → ${groupDigits(edit.tokensAfter)} tokens (${groupDigits(edit.tokensBefore - edit.tokensAfter)} saved)${note ? `; ${note}` : ''}`)
+  }
   return (e) => {
     const a = agent()
-    if (e.type === 'warning') return say(`warning: ${e.message}`)
+    if (e.type === 'warning') return say(`[dsh] warning: ${e.message}`)
     if (e.type === 'stream') {
-      if (e.event.type === 'retry') say(`${e.event.error.code}${e.event.error.status ? ` (${e.event.error.status})` : ''}: retry ${e.event.attempt} in ${(e.event.delayMs / 1000).toFixed(1)} s`)
+      if (e.event.type === 'retry') {
+        const { attempt, delayMs, error, maxRetries } = e.event
+        say(`[dsh] retry ${attempt}${maxRetries ? ` of ${maxRetries}` : ''} in ${(delayMs / 1000).toFixed(1)} s: ${error.message.split('\n')[0]}`)
+      }
       return
     }
     const ev = e.event
     const d = ev.data as any
+    // A context edit: the shadowing event, then the replace(s) that cover its seqs.
+    if (ev.type.startsWith('compaction/') && Array.isArray(d.shadowedSeqs) && d.shadowedSeqs.length > 0) {
+      if (pending) finishEdit()
+      const subjects = (d.shadowedSeqs as number[]).map((seq) => {
+        const message = a?.session.node(seq)?.message
+        const call = message?.role === 'tool' ? callOf(message.toolCallId) : undefined
+        return call ? toolSubject(call.name, call.arguments) : `seq ${seq}`
+      })
+      pending = { event: ev, seqs: d.shadowedSeqs.length, subjects, replaced: 0, tokensAfter: 0 }
+      return
+    }
+    if (pending && d?.surfaceOp?.op === 'replace') {
+      pending.replaced += d.surfaceOp.end - d.surfaceOp.start + 1
+      pending.tokensAfter += a?.session.node(ev.seq)?.tokens ?? 0
+      if (pending.replaced >= pending.seqs) finishEdit()
+      return
+    }
+    if (pending) finishEdit()
     switch (ev.type) {
-      case 'compaction/prune': return say(`pruned tool result #${d.shadowedSeqs[0]} (${groupDigits(d.shadowedTokenCount)} tokens)`)
-      case 'compaction/end': return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${groupDigits(d.tokensBefore)} → ${groupDigits(d.tokensAfter)} tokens`)
-      case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
+      case 'tool/call': calls.set(d.callId, { name: d.name, arguments: d.arguments }); return
+      case 'tool/result': {
+        const message = d.message as ToolResultMessage
+        const call = callOf(message.toolCallId)
+        const outcome = toolOutcome(message)
+        const tokens = a?.session.node(ev.seq)?.tokens
+        const size = tokens === undefined ? '' : ` (${groupDigits(tokens)} tokens)`
+        calls.delete(message.toolCallId)
+        return say(`▸ ${call ? toolSubject(call.name, call.arguments) : `tool call ${message.toolCallId}`}${outcome ? ` → ${outcome}` : ''}${outcome && message.isError ? '' : size}`)
+      }
+      case 'compaction/start':
+        if (tty && !live) { live = { timer: setInterval(drawLive, options.indicatorIntervalMs ?? 250), startedMs: Date.now() }; (live.timer as any).unref?.(); drawLive() }
+        return
+      case 'compaction/end':
+        stopLive()
+        return d.error ? say(`[dsh] compaction failed: ${d.error}`) : undefined // a success was reported with its compaction/summary
+      case 'recovery/retry': return say(`[dsh] context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
       // Other provider errors end the turn and are reported once, by the caller's last line.
-      case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
+      case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`[dsh] context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
+      case 'turn/end': stopLive(); return
       case 'step/end': {
         if (!tty || !a) return
-        const m = a.session.measure(), w = a.contextWindow
-        return say(`context ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'}`)
+        return say(`[dsh] ${occupancy(a)}`)
       }
     }
   }
+}
+
+/** `context 12,034 / 128,000 tokens (9.4%)`, ` ~` appended while the figure is an estimate (not anchored on provider usage). */
+function occupancy(agent: Agent): string {
+  const m = agent.session.measure(), w = agent.contextWindow
+  return `context ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'}`
 }
 
 /** `/usage`: occupancy, envelope and surface sizes, provider-reported usage so far. */
@@ -5642,56 +5868,141 @@ function usageReport(agent: Agent): string {
   ].join('\n') + '\n'
 }
 
+/** `resumed s.jsonl: 3 turns, 12,034 tokens in context; last active 5 min ago: "fix the test"`, or `undefined` for a new session. */
+function resumeLine(session: Session, name: string, nowMs: number): string | undefined {
+  const events = session.events
+  const at = events.findLastIndex((e) => e.type === 'session/resume')
+  if (at === -1 || events.slice(at + 1).some((e) => e.type === 'turn/start')) return undefined
+  const before = events.slice(0, at).filter((e) => e.type !== 'session/resume')
+  const lastInput = before.findLast((e) => e.type === 'user/message')
+  const input = lastInput ? textOf((lastInput.data as any).message).replace(/\s+/g, ' ').trim() : ''
+  const ago = before.length ? agoText(nowMs - before.at(-1)!.time) : 'never'
+  const quoted = input === '' ? '' : `: "${Array.from(input).length > 60 ? Array.from(input).slice(0, 59).join('') + '…' : input}"`
+  return `[dsh] resumed ${name}: ${session.turn.turn} turn${session.turn.turn === 1 ? '' : 's'}, ${groupDigits(session.measure().totalTokens)} tokens in context; last active ${ago}${quoted}`
+}
+
+function textOf(message: Message): string {
+  return typeof message.content === 'string' ? message.content : textOfBlocks(message.content)
+}
+
+function agoText(ms: number): string {
+  const s = Math.max(0, Math.round(ms / 1000))
+  if (s < 60) return `${s} s ago`
+  if (s < 3600) return `${Math.round(s / 60)} min ago`
+  if (s < 86_400) return `${Math.round(s / 3600)} h ago`
+  return `${Math.round(s / 86_400)} days ago`
+}
+
+// ── the shell answer, remembered per working directory ──
+
+/** Where the CLI keeps its remembered answers: `$XDG_CONFIG_HOME/dsh/shell.json`, else `~/.config/dsh/shell.json`. */
+function cliConfigFile(env: Record<string, string | undefined>, name: string): string | undefined {
+  const base = env.XDG_CONFIG_HOME || (env.HOME ? `${env.HOME}/.config` : env.APPDATA)
+  return base ? `${base}/dsh/${name}` : undefined
+}
+
 /**
- * The CLI (DESIGN.md §8). Returns the exit code: 0 done, 1 provider or tool failure, 2 usage error.
- * Node, Deno and Bun (node: modules loaded lazily). `argv` excludes the runtime and script.
+ * Whether the shell tool is offered. `--allow-shell` / `--no-shell` decide for this run; otherwise,
+ * interactively, the answer remembered for this directory, else the question (whose answer is
+ * remembered, outside the project, in {@link cliConfigFile}). One-shot runs without a flag: no shell.
+ */
+async function shellPermission(options: CliRunOptions, cwd: string, env: Record<string, string | undefined>, terminal: Terminal | undefined, io: CliIO): Promise<boolean> {
+  if (options.allowShell) return true
+  if (options.noShell || !terminal) return false
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  const file = cliConfigFile(env, 'shell.json')
+  let answers: Record<string, boolean> = {}
+  if (file) {
+    try {
+      const parsed = JSON.parse(await fs.readFile(file, 'utf8'))
+      if (parsed && typeof parsed === 'object' && !Array.isArray(parsed)) answers = parsed
+    } catch { /* none yet, or unreadable: ask */ }
+  }
+  const remembered = answers[cwd]
+  if (typeof remembered === 'boolean') {
+    io.stderr(`[dsh] shell commands ${remembered ? 'allowed' : 'not allowed'} in this directory (remembered in ${file}; --allow-shell or --no-shell decide for one run)\n`)
+    return remembered
+  }
+  const allowed = await terminal.askYesNo(`Allow the agent to run shell commands in ${cwd}? (remembered for this directory) [y/N] `)
+  if (file) {
+    try {
+      await fs.mkdir(file.slice(0, file.lastIndexOf('/')), { recursive: true })
+      const temp = `${file}.${Date.now()}.tmp`
+      await fs.writeFile(temp, JSON.stringify({ ...answers, [cwd]: allowed }, null, 2) + '\n')
+      await fs.rename(temp, file)
+    } catch (err) { io.stderr(`[dsh] could not remember the answer in ${file}: ${(err as Error).message}\n`) }
+  }
+  return allowed
+}
+
+// ── main ──
+
+/**
+ * The CLI (DESIGN.md §8). Returns the exit code: 0 done, 1 provider or tool failure (or a turn
+ * that ended without an answer), 2 usage error. Node, Deno and Bun (node: modules loaded lazily).
+ * `argv` excludes the runtime and script. A closed stdout (`| head`) ends quietly with 0.
  */
 export async function main(argv: readonly string[], proc?: NodeProcess): Promise<number> {
   const p: NodeProcess = proc ?? (await importNode<any>('node:process')).default
-  const io: CliIO = { stdout: (t) => void p.stdout.write(t), stderr: (t) => void p.stderr.write(t) }
+  const io = cliOutput(p)
   const basics = runCliBasics(argv, p.env, io)
   if ('exitCode' in basics) return basics.exitCode
   const options = basics.options
-  if (options.command === 'replay') return await replayCommand(options, p, io)
+  const path = await importNode<typeof import('node:path')>('node:path')
+  const cwd = path.resolve(p.cwd(), options.cwd ?? '.')
+  if (options.cwd !== undefined) {
+    const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+    const stat = await fs.stat(cwd).catch((err: Error) => err)
+    if (stat instanceof Error || !stat.isDirectory()) {
+      io.stderr(`dsh: -C ${options.cwd}: ${stat instanceof Error ? `cannot use ${cwd} (${(stat as { code?: string }).code ?? stat.message})` : `${cwd} is not a directory`}; give the project's directory\n`)
+      return 2
+    }
+  }
+  if (options.command === 'replay') return await replayCommand({ ...options, file: path.resolve(cwd, options.file) }, p, io, options.file)
 
   const provider = options.baseURL === CLI_DEFAULTS.baseURL
     ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
     : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
   let session: Session
   try {
-    session = await Session.open(options.session ? new FileStore(options.session) : new MemoryStore())
+    session = await Session.open(options.session ? new FileStore(path.resolve(cwd, options.session)) : new MemoryStore())
   } catch (err) {
     // A corrupt log, a file of another format, a directory or an unwritable path: say which, exit 2.
     if (err instanceof SessionError) { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
     throw err
   }
   if (session.torn) io.stderr(`dsh: the session log's last line (line ${session.torn.line}, ${session.torn.bytes} bytes) was cut short by a crash; dropped and saved to ${session.torn.savedTo}\n`)
-  const cwd = p.cwd()
   const tty = !!p.stderr.isTTY
   const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
     const opened = session.events.findLastIndex((e) => e.type === 'session/start' || e.type === 'session/resume')
     for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(JSON.stringify(e) + '\n')
+  } else {
+    const resumed = resumeLine(session, options.session!, Date.now())
+    if (resumed) io.stderr(resumed + '\n')
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
   const terminal = interactive ? await openTerminal(p) : undefined
-  let allowShell = options.allowShell
-  if (!allowShell && terminal) allowShell = await terminal.askYesNo('Allow the agent to run shell commands in this directory? [y/N] ')
+  const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
   const tools = await builtinTools({ cwd, allowShell })
   let agent: Agent | undefined
-  // Interactive: the streamed answer has no final newline; end its line before a status line or the next prompt (which clears its line).
+  // The answer streams to stdout on a terminal (interactive, or -p on a TTY); it has no final newline:
+  // end its line before a status line or the next prompt (which clears its line).
+  const streamAnswer = interactive || (!!p.stdout.isTTY && !options.json)
   let midLine = false
   const endLine = () => { if (midLine) { io.stdout('\n'); midLine = false } }
-  const status = statusReporter(() => agent, (t) => { endLine(); io.stderr(t) }, tty, tty && !p.env.NO_COLOR)
+  const status = statusReporter(() => agent, (t) => { endLine(); io.stderr(t) }, tty, tty && !p.env.NO_COLOR, {
+    editNote: () => undefined, // cost: the cache cost of the edit goes here (docs/design.md §11)
+  })
   const onEvent = (e: AgentEvent) => {
     if (options.json) { if (e.type === 'log') io.stdout(JSON.stringify(e.event) + '\n'); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
-    if (interactive && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
+    if (streamAnswer && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
     status(e)
   }
   agent = new Agent({
     session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), contextWindow: options.contextWindow,
-    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent,
+    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent, maxSteps: options.maxSteps,
   })
 
   let prompt = options.prompt
@@ -5700,7 +6011,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     if (!prompt.trim()) { io.stderr('dsh: no prompt: pass one as an argument or with -p "…", pipe it on stdin, or run in a terminal for interactive mode\n'); return 2 }
   }
   try {
-    if (!interactive) return await oneTurn(agent, prompt!, p, io, options.json)
+    if (!interactive) return await oneTurn(agent, prompt!, p, io, { json: options.json, streamed: streamAnswer, endLine })
     return await interactiveLoop(agent, terminal!, io, endLine)
   } finally {
     await session.sync().catch(() => {})
@@ -5708,24 +6019,38 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   }
 }
 
-/** Runs one turn; the first Ctrl-C cancels it, a second exits (130). */
-async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliIO, json: boolean): Promise<number> {
+/** Why a turn gave no usable answer, in one line, or `undefined` when it did (DESIGN.md §8 exit codes). */
+function turnProblem(agent: Agent, result: TurnResult): string | undefined {
+  if (result.reason === 'max-steps') return `the turn stopped at the step limit (${agent.maxSteps} steps, --max-steps) without a final answer; raise --max-steps, or continue with --session FILE`
+  if (result.reason === 'length') return `the answer was cut at the completion budget (finish reason "length"); raise --max-tokens`
+  if (result.reason === 'stop' && result.text.trim() === '') return 'the model ended the turn without an answer (its last message has no text)'
+  if (result.reason !== 'stop' && result.reason !== 'aborted') return `the turn ended with reason "${result.reason}"`
+  return undefined
+}
+
+/** Runs one turn; the first Ctrl-C cancels it, a second exits (130). A closed stdout cancels it too and exits 0. */
+async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliOutput, how: { json: boolean; streamed: boolean; endLine: () => void }): Promise<number> {
   const ctrl = new AbortController()
   const onSigint = () => {
-    if (ctrl.signal.aborted) { p.stderr.write('\n[dsh] interrupted twice: exiting\n'); (p as any).exit(130) }
-    ctrl.abort(); p.stderr.write('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n')
+    if (ctrl.signal.aborted) { io.stderr('\n[dsh] interrupted twice: exiting\n'); (p as any).exit(130) }
+    ctrl.abort(); io.stderr('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n')
   }
   p.on('SIGINT', onSigint)
+  io.onStdoutClosed = () => ctrl.abort() // nobody reads the answer: stop spending on it
   try {
     const result = await agent.run(prompt, { signal: ctrl.signal })
-    if (!json) io.stdout(result.text.endsWith('\n') || result.text === '' ? result.text : result.text + '\n')
+    if (io.stdoutClosed) return 0
+    const problem = turnProblem(agent, result)
+    if (how.streamed) how.endLine()
+    else if (!how.json && result.reason !== 'max-steps') io.stdout(result.text.endsWith('\n') || result.text === '' ? result.text : result.text + '\n')
     if (result.reason === 'aborted') { io.stderr('dsh: turn cancelled\n'); return 130 }
-    if (result.reason !== 'stop') io.stderr(`dsh: the turn ended with reason "${result.reason}"\n`)
+    if (problem) { io.stderr(`dsh: ${problem}\n`); return 1 }
     return 0
   } catch (err) {
+    how.endLine()
     io.stderr(`dsh: ${failureText(err)}\n`)
     return 1
-  } finally { p.off('SIGINT', onSigint) }
+  } finally { p.off('SIGINT', onSigint); io.onStdoutClosed = undefined }
 }
 
 /** A failed turn in one line; the adapter's messages already start with the code (`AUTH: HTTP 401 from …`). */
@@ -5771,6 +6096,19 @@ async function openTerminal(p: NodeProcess): Promise<Terminal> {
 
 const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact (compact now), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
 
+/** `/compact`: runs the ladder now; one line says what happened (or that it was cancelled). */
+async function compactCommand(agent: Agent, signal: AbortSignal): Promise<string> {
+  try {
+    const o = await agent.compact(signal)
+    if (signal.aborted) return '[dsh] /compact cancelled; the context is unchanged'
+    const tokens = o.tokensBefore === o.tokensAfter ? `${groupDigits(o.tokensAfter)} tokens` : `${groupDigits(o.tokensBefore)} → ${groupDigits(o.tokensAfter)} tokens`
+    return `[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${tokens}`
+  } catch (err) {
+    if (signal.aborted) return '[dsh] /compact cancelled; the context is unchanged'
+    return `[dsh] /compact failed: ${failureText(err)}`
+  }
+}
+
 /** The interactive loop: a prompt per turn, slash commands, Ctrl-C cancels the running turn. */
 async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endLine: () => void): Promise<number> {
   const rl = terminal.rl
@@ -5778,7 +6116,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
   let exitCode = 0
   io.stderr(`dsh ${VERSION} · ${agent.provider.model} · ${agent.contextWindow ? `${groupDigits(agent.contextWindow)}-token window` : 'window unknown'} · /help for commands\n`)
   rl.on('SIGINT', () => {
-    if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n'); return }
+    if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling (Ctrl-C again to exit)\n'); return }
     rl.close()
   })
   terminal.prompt()
@@ -5791,15 +6129,16 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     else if (line === '/usage') io.stderr(usageReport(agent))
     else if (line === '/compact') {
       running = new AbortController()
-      const o = await agent.compact(running.signal).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))
-      io.stderr(`[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${groupDigits(o.tokensBefore)} → ${groupDigits(o.tokensAfter)} tokens\n`)
+      io.stderr(await compactCommand(agent, running.signal) + '\n')
     } else if (line.startsWith('/')) io.stderr(`unknown command ${line}; ${INTERACTIVE_HELP}`)
     else {
       running = new AbortController()
       try {
         const result = await agent.run(line, { signal: running.signal })
         endLine()
-        if (result.reason !== 'stop') io.stderr(`[dsh] turn ended: ${result.reason}\n`)
+        const problem = turnProblem(agent, result)
+        if (result.reason === 'aborted') io.stderr('[dsh] turn cancelled\n')
+        else if (problem) io.stderr(`[dsh] ${problem}\n`)
         exitCode = 0
       } catch (err) {
         endLine()
@@ -5817,23 +6156,23 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
 /**
  * `dsh replay FILE`: reads the file (node:fs) and runs {@link runReplay}; a file that is not a
  * transcript, or a bad option, is a usage error (exit 2). With `--base-url`/`--model`/`--api-key-env`
- * the summaries come from that model; otherwise they are simulated.
+ * the summaries come from that model; otherwise they are simulated. `name` is FILE as given.
  */
-async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO): Promise<number> {
+async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO, name = options.file): Promise<number> {
   const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
   let text: string
-  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${options.file}: ${(err as Error).message}\n`); return 2 }
+  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
   const s = options.summarizer
   const summarizer = s ? openAICompatible({ baseURL: s.baseURL, model: s.model, apiKey: s.apiKey, contextWindow: options.contextWindow }) : undefined
   try {
     const { output } = await runReplay(text, {
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
-      summaryTokens: options.summaryTokens, summarizer, json: options.json, name: options.file,
+      summaryTokens: options.summaryTokens, summarizer, json: options.json, name,
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0
   } catch (err) {
-    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${options.file}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
+    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${name}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
     if (err instanceof ProviderError) { io.stderr(`dsh: replay: the summarizer failed: ${err.code}: ${err.message}\n`); return 1 }
     throw err
   }
