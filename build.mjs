@@ -1,4 +1,4 @@
-// Builds dsh.ts into dist/ (DESIGN.md §0, issue 6):
+// Builds dsh.ts into dist/ (docs/design.md §0, issue 6):
 //   dsh.mjs      ESM, platform-neutral, minified, with a source map (Node, Deno, Bun, workerd, bundlers)
 //   dsh.iife.js  the same as a classic script defining the global `DSH` (script-only runtimes such
 //                as Vercel's edge-runtime), minified, with a source map

@@ -1,6 +1,7 @@
 /**
  * dsh.ts — a single-file, zero-dependency TypeScript runtime for LLM agents that manages the
- * context window of long sessions. Spec: DESIGN.md (shared with the project).
+ * context window of long sessions. Spec: docs/design.md (the behaviour this file implements; the
+ * `§N` citations below and in the tests point into it).
  *
  * MANUAL (five lines)
  *   import { Agent, Session, FileStore, deepseek } from './dsh.ts'
@@ -8,9 +9,9 @@
  *   const agent = new Agent({ session, provider: deepseek({ apiKey }), tools: [myTool] })
  *   const answer = await agent.run('Fix the failing test', { signal })
  *   console.log(answer.text, session.measure().totalTokens)
- * CLI: `npx tsx dsh.ts --help` (one-shot, interactive, `replay FILE`).
+ * CLI: `npx tsx dsh.ts --help` (one-shot, interactive, `replay FILE`); installed: `dsh --help`.
  *
- * OPTIONS AND DEFAULTS (DESIGN.md; all overridable per Agent / provider)
+ * OPTIONS AND DEFAULTS (docs/design.md; all overridable per Agent / provider)
  *   pruner     DEFAULT_PRUNE_CONFIG        prune tool results over 8,192 code points to
  *                                          head 4,096 + marker (39) + tail 1,024 code points
  *   ladder     DEFAULT_COMPACTION_CONFIG   threshold 0.8 × window, retained tail 0.16 × window,
@@ -20,24 +21,41 @@
  *                                          500 ms → 10 s, idle timeout 300 s
  *   loop       Agent                       200 steps per turn; tools run one at a time
  *
- * LIMITS: token counts are a heuristic (chars/4 + 8 per message) until a provider reports usage;
- * chat-completions tool results cannot carry images (sent as JSON text); the CLI's file tools stay
- * inside the working directory; FileStore needs node:fs (Node, Deno, Bun), MemoryStore runs anywhere.
+ * LIMITS: token counts are a heuristic (UTF-16 units / 4 + 8 per message) until a provider reports
+ * usage; chat-completions tool results cannot carry images (sent as JSON text); the CLI's file tools
+ * stay inside the working directory (the shell tool is not confined); FileStore needs node:fs (Node,
+ * Deno, Bun), MemoryStore runs anywhere.
  *
- * CONTENTS (sections follow the data)
+ * CONTENTS (sections follow the data; docs/design.md has the same numbers where a topic matches)
+ *   PART I — THE RUNTIME (web standards only; `dist/dsh.mjs` is exactly this part)
  *   1. Types          messages, blocks, events, provider contract, errors
  *   2. Meter          token estimates (tokens), usage anchor
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
  *   4. Log & surface  append-only session log, surface projection, stores, resume
- *   5. Ladder         prune → compact → spill → fail
- *   6. Provider       SSE parser, error classifier, OpenAI-compatible / DeepSeek adapter
+ *   5. Ladder         prune → clear → compact → spill → fail. A LADDER RUNG goes into the rung
+ *                     sequence of this section (the pressure and overflow paths), logged as a
+ *                     `compaction/*` event (docs/design.md §5, §10)
+ *   6. Provider       6.0 configuration (DeepSeek defaults), 6.1 SSE parser, 6.2 error classifier —
+ *                     a PROVIDER'S ERROR WORDING goes into OVERFLOW_PATTERNS (context overflow) or
+ *                     the classifier's other tables there — 6.3 messages on the wire, 6.4 adapter
  *   7. Loop           Agent: turns, steps, tools, hooks, cancellation
- *   8. CLI            `npx tsx dsh.ts`, `replay`
+ *   ── fence: nothing in Part I names anything in Part II ──
+ *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
+ *   8. Tools          built-in coding tools of the CLI (read_file, list_files, grep, write/edit, shell)
+ *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of the readers
+ *                     table there (detect + read); 9.2 the replay runner
+ *   10. CLI           arguments, configuration, terminal output, entry point
  *
- * UNITS: "tokens" are heuristic or provider-reported tokens; "code points" are Unicode scalar
- * values (a surrogate pair is one); "UTF-16 units" are JS string length; "bytes" are UTF-8 bytes;
- * times are milliseconds unless a name says otherwise.
+ * UNITS (one word, one unit, everywhere in this file):
+ *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
+ *   code points  Unicode scalar values (a surrogate pair is one); "chars" in a name means code points
+ *   UTF-16 units JS string `.length` (the meter's `/ 4` counts these)
+ *   bytes        UTF-8 bytes unless a name says otherwise
+ *   ms           milliseconds; every time is in ms unless a name says otherwise (`…S` = seconds)
  */
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// PART I — THE RUNTIME: sections 1–7, web standards only (the fence before section 8 says more)
+// ════════════════════════════════════════════════════════════════════════════════════════════
 
 export const VERSION = '0.1.0'
 
@@ -55,14 +73,14 @@ export interface ToolCallBlock { type: 'tool-call'; id: string; name: string; ar
 export interface ImageBlock { type: 'image'; [key: string]: unknown }
 /** Any block a caller hands in that dsh does not interpret. Kept in position, never edited. */
 export interface OtherBlock { type: string; [key: string]: unknown }
-/** Any block of message content (DESIGN.md §1); non-text blocks keep their positions. */
+/** Any block of message content (docs/design.md §1); non-text blocks keep their positions. */
 export type Block = TextBlock | ReasoningBlock | ToolCallBlock | ImageBlock | OtherBlock
 
-/** DESIGN.md §1. `content` may be a plain string (the common case) or blocks. */
+/** docs/design.md §1. `content` may be a plain string (the common case) or blocks. */
 export interface UserMessage { role: 'user'; content: string | Block[] }
-/** DESIGN.md §1. `interrupted` marks partial output kept after a cancellation or a cut stream. */
+/** docs/design.md §1. `interrupted` marks partial output kept after a cancellation or a cut stream. */
 export interface AssistantMessage { role: 'assistant'; content: Block[]; interrupted?: boolean }
-/** DESIGN.md §1. The result of the tool call whose id is `toolCallId`. */
+/** docs/design.md §1. The result of the tool call whose id is `toolCallId`. */
 export interface ToolResultMessage {
   role: 'tool'
   toolCallId: string
@@ -71,16 +89,16 @@ export interface ToolResultMessage {
   /** Free-form data for the caller (never sent to the provider, never edited by dsh). */
   metadata?: Record<string, unknown>
 }
-/** A provider-neutral message (DESIGN.md §1); the envelope (system, tools) is not a message. */
+/** A provider-neutral message (docs/design.md §1); the envelope (system, tools) is not a message. */
 export type Message = UserMessage | AssistantMessage | ToolResultMessage
 
 /** A function tool as the provider sees it (JSON-schema `parameters`), part of the envelope. */
 export interface ToolSpec { name: string; description?: string; parameters?: Record<string, unknown> }
 
-/** The request envelope (DESIGN.md §1): not messages, but priced like them (§2). */
+/** The request envelope (docs/design.md §1): not messages, but priced like them (§2). */
 export interface Envelope { system?: string; tools?: readonly ToolSpec[] }
 
-/** Provider-reported usage of one call, in tokens (DESIGN.md §6). */
+/** Provider-reported usage of one call, in tokens (docs/design.md §6). */
 export interface Usage {
   promptTokens: number
   completionTokens: number
@@ -90,10 +108,10 @@ export interface Usage {
   reasoningTokens?: number
 }
 
-/** Error codes of {@link ProviderError} (DESIGN.md §6). */
+/** Error codes of {@link ProviderError} (docs/design.md §6). */
 export type ProviderErrorCode =
   | 'CONTEXT_WINDOW_EXCEEDED' | 'RATE_LIMIT' | 'QUOTA' | 'AUTH' | 'INVALID_REQUEST' | 'SERVER'
-  | 'TRANSPORT' | 'TIMEOUT' | 'ABORTED' | 'EMPTY_RESPONSE' | 'MALFORMED_RESPONSE'
+  | 'TRANSPORT' | 'TIMEOUT' | 'ABORTED' | 'EMPTY_RESPONSE' | 'MALFORMED_RESPONSE' | 'RESPONSE_TOO_LARGE'
 
 /**
  * The one error type a provider throws. `body` is the raw response text (or the in-stream error
@@ -143,7 +161,7 @@ export interface ChatRequest {
    */
   inputTokens?: number
   signal?: AbortSignal
-  /** Extra HTTP headers, e.g. `x-dsh-purpose: compaction` on summary requests (DESIGN.md §5). */
+  /** Extra HTTP headers, e.g. `x-dsh-purpose: compaction` on summary requests (docs/design.md §5). */
   headers?: Record<string, string>
   onEvent?: (event: StreamEvent) => void
 }
@@ -161,7 +179,7 @@ export interface ChatResponse {
 export interface Provider {
   readonly model: string
   readonly baseURL: string
-  /** Context window in tokens, when known (DESIGN.md §6 table, or configured). */
+  /** Context window in tokens, when known (docs/design.md §6 table, or configured). */
   readonly contextWindow?: number
   /** Default completion budget in tokens (before clamping). */
   readonly maxTokens: number
@@ -179,11 +197,11 @@ export interface ToolContext {
 
 /**
  * What a tool returns: a string (one text block), blocks, or an explicit result. Throwing is fine:
- * the loop turns it into an error result for the model (DESIGN.md §7).
+ * the loop turns it into an error result for the model (docs/design.md §7).
  */
 export type ToolOutput = string | Block[] | { content: string | Block[]; isError?: boolean }
 
-/** A tool: a plain object (DESIGN.md §7). `parameters` is a JSON schema for the arguments object. */
+/** A tool: a plain object (docs/design.md §7). `parameters` is a JSON schema for the arguments object. */
 export interface Tool<Args = any> {
   name: string
   description: string
@@ -195,12 +213,12 @@ export interface Tool<Args = any> {
 // 2. Meter
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** Tokens are estimated as one per four UTF-16 units (DESIGN.md §2). */
+/** Tokens are estimated as one per four UTF-16 units (docs/design.md §2). */
 export const CHARS_PER_TOKEN = 4
-/** Fixed per-message overhead in tokens (role, separators), DESIGN.md §2. */
+/** Fixed per-message overhead in tokens (role, separators), docs/design.md §2. */
 export const MESSAGE_OVERHEAD_TOKENS = 8
 
-/** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). DESIGN.md §2. */
+/** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). docs/design.md §2. */
 export function estimateTextTokens(text: string): number {
   return Math.ceil(text.length / CHARS_PER_TOKEN)
 }
@@ -208,7 +226,7 @@ export function estimateTextTokens(text: string): number {
 /**
  * Heuristic price of one message in tokens: `ceil(C / 4) + 8`, where C is the UTF-16 length of its
  * text-bearing fields (text, reasoning, tool-call name + arguments, tool-result text); each
- * non-text block (image, unknown) adds `ceil(JSON.stringify(block).length / 4)`. DESIGN.md §2.
+ * non-text block (image, unknown) adds `ceil(JSON.stringify(block).length / 4)`. docs/design.md §2.
  * Worked check: a 200,000-char tool result costs 50,008.
  */
 export function estimateMessageTokens(message: Message): number {
@@ -227,7 +245,7 @@ export function estimateMessageTokens(message: Message): number {
 /**
  * Heuristic price of the request envelope in tokens: `ceil(system.length / 4) + 8` plus
  * `ceil(JSON.stringify(tools).length / 4) + 8`. An absent (or empty) system prompt and an absent
- * (or empty) tool list cost 0. DESIGN.md §2.
+ * (or empty) tool list cost 0. docs/design.md §2.
  */
 export function estimateEnvelopeTokens(envelope: Envelope): number {
   let tokens = 0
@@ -246,12 +264,12 @@ export function estimateRequestTokens(envelope: Envelope, messages: readonly Mes
 /**
  * Where a measurement is anchored: the provider-reported size of the last call
  * (`promptTokens + completionTokens`, tokens) and the heuristic size of the same content right
- * after that call's assistant message was logged (tokens). DESIGN.md §2 "Usage anchor".
+ * after that call's assistant message was logged (tokens). docs/design.md §2 "Usage anchor".
  */
 export interface UsageAnchor { providerTokens: number; heuristicTokens: number; seq: number }
 
 /**
- * The size of what the next request would carry, in tokens. DESIGN.md §2.
+ * The size of what the next request would carry, in tokens. docs/design.md §2.
  * `totalTokens` = `envelopeTokens + surfaceTokens` when not anchored; when anchored it is
  * `max(provider, heuristic at anchor) + (heuristic now − heuristic at anchor)`: the provider's
  * figure plus the signed heuristic price of every surface change since (a low provider figure
@@ -273,7 +291,7 @@ export interface Measurement {
   nodes: readonly SurfaceNode[]
 }
 
-/** Applies the usage anchor rule of DESIGN.md §2 to a heuristic total (tokens). */
+/** Applies the usage anchor rule of docs/design.md §2 to a heuristic total (tokens). */
 export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | undefined): number {
   if (!anchor) return heuristicTokens
   return Math.max(anchor.providerTokens, anchor.heuristicTokens) + (heuristicTokens - anchor.heuristicTokens)
@@ -283,12 +301,12 @@ export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | und
 // 3. Pruner
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** The text put where the middle of a pruned tool result was (39 code points). DESIGN.md §3. */
+/** The text put where the middle of a pruned tool result was (39 code points). docs/design.md §3. */
 export const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
 const MARKER_CODE_POINTS = 39
 
 /**
- * Pruner configuration, all lengths in Unicode code points (DESIGN.md §3).
+ * Pruner configuration, all lengths in Unicode code points (docs/design.md §3).
  * `graphemeSafe` (off by default) moves each cut to a grapheme-cluster boundary with
  * `Intl.Segmenter` where the runtime has it, so a cut never splits an emoji sequence or a
  * combining mark from its base; cuts only shrink the kept text, so the budget still holds.
@@ -300,7 +318,7 @@ export interface PruneConfig {
   graphemeSafe?: boolean
 }
 
-/** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. DESIGN.md §3. */
+/** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
 export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
 
 /** Thrown for a prune configuration that cannot work; the message names the values and the fix. */
@@ -405,7 +423,7 @@ function cutPoints(text: string, cfg: PruneConfig): [headEnd: number, tailStart:
  * Prunes one text: unchanged when it holds ≤ `thresholdChars` code points, else the first
  * `headChars` code points + {@link PRUNE_MARKER} + the last `tailChars` code points. Never splits a
  * surrogate pair. O(head + tail + threshold) whatever the text's length. Idempotent.
- * Throws {@link PruneConfigError} for a bad config. DESIGN.md §3.
+ * Throws {@link PruneConfigError} for a bad config. docs/design.md §3.
  */
 export function pruneText(text: string, config?: Partial<PruneConfig>): string {
   if (typeof text !== 'string') throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
@@ -435,7 +453,7 @@ function detach(result: string, source: string): string {
 }
 
 /**
- * Prunes a tool result (DESIGN.md §3). Its text blocks are treated as one joined text (no
+ * Prunes a tool result (docs/design.md §3). Its text blocks are treated as one joined text (no
  * separator): when that holds ≤ `thresholdChars` code points the same object is returned.
  * Otherwise the first `headChars` and last `tailChars` code points are kept, the marker goes into
  * the first text block the cut touches, text blocks wholly inside the cut are dropped, non-text
@@ -498,7 +516,7 @@ export function pruneToolResult(message: ToolResultMessage, config?: Partial<Pru
 // 4. Log & surface
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** How a surface event changes the surface (DESIGN.md §4). `start`/`end` are seqs of surface nodes. */
+/** How a surface event changes the surface (docs/design.md §4). `start`/`end` are seqs of surface nodes. */
 export type SurfaceOp = { op: 'append' } | { op: 'replace'; start: number; end: number }
 
 /** The request envelope and model as logged by `request/header` (written when it changes). */
@@ -513,7 +531,7 @@ export interface RequestHeader {
   contextWindow?: number
 }
 
-/** The `data` of each event type dsh writes (DESIGN.md §4). Callers may log other types too. */
+/** The `data` of each event type dsh writes (docs/design.md §4). Callers may log other types too. */
 export interface EventDataMap {
   'session/start': { id: string; version: string }
   /** `lastSeq`: the last seq before the resume; `repaired`: how many synthetic tool results follow. */
@@ -525,7 +543,9 @@ export interface EventDataMap {
   'request/header': RequestHeader
   'user/message': { message: UserMessage; surfaceOp: SurfaceOp; compactionId?: string }
   'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string }
-  'tool/call': { callId: string; name: string; arguments: string }
+  /** The dispatch record of a tool call. Its arguments are logged once, in the `tool-call` block of
+   *  the assistant message that holds `callId` (logs written by dsh 0.1 repeat them here). */
+  'tool/call': { callId: string; name: string; arguments?: string }
   'tool/result': { message: ToolResultMessage; surfaceOp: SurfaceOp; spilled?: { ref: string; bytes: number } }
   'request/error': { code: string; status?: number; message: string; trigger?: string }
   'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
@@ -578,7 +598,7 @@ export class SessionError extends Error {
 }
 
 /**
- * A last log line cut short by a crash: dropped on load and reported (DESIGN.md §4). `line` is
+ * A last log line cut short by a crash: dropped on load and reported (docs/design.md §4). `line` is
  * 1-based, `bytes` its UTF-8 length, `savedTo` where FileStore kept its bytes.
  */
 export interface TornLine { line: number; bytes: number; savedTo?: string }
@@ -767,7 +787,7 @@ export interface SessionOptions {
 }
 
 /**
- * The append-only session log and the model-visible surface projected from it (DESIGN.md §4).
+ * The append-only session log and the model-visible surface projected from it (docs/design.md §4).
  * `append` is synchronous: it checks every invariant first (a violating append throws
  * {@link SessionError} and changes nothing), then updates the surface, the per-node prices and the
  * usage anchor incrementally (O(1) for an append, O(range) for a replace), and queues the event for
@@ -839,10 +859,30 @@ export class Session {
   get id(): string { return this.sessionId }
   /** Number of events; also the seq of the next event. */
   get seq(): number { return this.events.length }
-  /** Increases by exactly one on every committed replace (DESIGN.md §4). */
+  /** Increases by exactly one on every committed replace (docs/design.md §4). */
   get replaceGeneration(): number { return this.generation }
   /** The current surface, oldest first. A live view: do not keep it across appends. */
   surface(): readonly SurfaceNode[] { return this.nodes }
+  /**
+   * Reads back the logged event `seq` (e.g. the original of a pruned, cleared or summarised
+   * message). Use this, not `events[seq]`, in code that must also work on sessions that keep only
+   * the surface in memory (a {@link FileStore} reads it back from the file).
+   * Throws `SessionError('STORE')` for a seq that is not in the log.
+   */
+  async readEvent(seq: number): Promise<SessionEvent> {
+    const e = Number.isInteger(seq) ? this.events[seq] : undefined
+    if (!e) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.events.length - 1})`)
+    return e
+  }
+
+  /**
+   * The logged events with `fromSeq <= seq < toSeq`, oldest first (defaults: the whole log), read
+   * back like {@link Session.readEvent}. For scans such as a recall search or `dsh show`.
+   */
+  async *readEvents(fromSeq = 0, toSeq = this.seq): AsyncGenerator<SessionEvent> {
+    for (let seq = Math.max(0, fromSeq); seq < Math.min(toSeq, this.seq); seq++) yield this.events[seq]
+  }
+
   /** The surface node put there by event `seq`, if it is still on the surface. */
   node(seq: number): SurfaceNode | undefined { return this.bySeq.get(seq) }
   /** Whether a tool call with this id is on the surface (ids must be unique there). */
@@ -924,7 +964,7 @@ export class Session {
       if (JSON.stringify(restOld) !== JSON.stringify(restNew)) throw new SessionError('SURFACE_OP', `tool/result: a replacement may change only content (seq ${start})`)
       return
     }
-    // A range replace must keep calls and results together (DESIGN.md §4, matched by id).
+    // A range replace must keep calls and results together (docs/design.md §4, matched by id).
     const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
     const inRange = new Set<number>()
     for (let i = lo; i <= hi; i++) inRange.add(this.nodes[i].seq)
@@ -964,7 +1004,7 @@ export class Session {
       case 'request/header': {
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
-        this.anchorState = undefined // an envelope or model change voids the usage anchor (DESIGN.md §2)
+        this.anchorState = undefined // an envelope or model change voids the usage anchor (docs/design.md §2)
         break
       }
       case 'turn/start': this.turnState = { last: data.turn, open: true, step: 0, stepOpen: false }; break
@@ -1010,7 +1050,7 @@ export class Session {
     }
   }
 
-  /** The size of the next request, in tokens, O(1) (DESIGN.md §2). */
+  /** The size of the next request, in tokens, O(1) (docs/design.md §2). */
   measure(): Measurement {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
     return {
@@ -1025,7 +1065,7 @@ export class Session {
   }
 
   /**
-   * The surface as provider messages, in surface order (DESIGN.md §4 "Projection"). Throws
+   * The surface as provider messages, in surface order (docs/design.md §4 "Projection"). Throws
    * `SessionError('PAIRING')` while a tool call has no result: such a request must never be sent.
    */
   messages(): Message[] {
@@ -1042,7 +1082,7 @@ export class Session {
   }
 
   /**
-   * Prunes the tool result at surface node `seq` (DESIGN.md §3 log protocol): appends
+   * Prunes the tool result at surface node `seq` (docs/design.md §3 log protocol): appends
    * `compaction/prune {shadowedSeqs:[seq], shadowedTokenCount}` then the pruned `tool/result` as a
    * replace of `seq`. Returns the tokens reclaimed (0, and nothing appended, when the result is
    * already within the threshold). The original stays in the log.
@@ -1060,7 +1100,7 @@ export class Session {
   }
 
   /**
-   * Resumes a loaded session (DESIGN.md §4): writes `session/resume`, closes a stale compaction
+   * Resumes a loaded session (docs/design.md §4): writes `session/resume`, closes a stale compaction
    * lock, gives every tool call without a result a synthetic error result (`TOOL_OUTCOME_UNKNOWN`
    * when its `tool/call` was logged, else `TOOL_NOT_STARTED`), and closes an open step and turn.
    */
@@ -1113,7 +1153,7 @@ function randomId(): string {
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
 /**
- * Ladder settings (DESIGN.md §5). Ratios are of the context window; token counts are tokens.
+ * Ladder settings (docs/design.md §5). Ratios are of the context window; token counts are tokens.
  * - `thresholdRatio` 0.8: pressure starts at `floor(window × 0.8)` tokens.
  * - `retainedTailRatio` 0.16: a pressure compaction keeps the newest `floor(window × 0.16)` tokens verbatim.
  * - `summaryMaxTokens` 8192: completion budget of a summary request (clamped to the room left).
@@ -1134,16 +1174,16 @@ export interface CompactionConfig {
   spillBytes: number
 }
 
-/** The defaults of DESIGN.md §5. */
+/** The defaults of docs/design.md §5. */
 export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = Object.freeze({
   thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
   maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
 })
 
-/** The one-line preamble in front of a summary checkpoint (DESIGN.md §4 "Projection"). */
+/** The one-line preamble in front of a summary checkpoint (docs/design.md §4 "Projection"). */
 export const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
 
-/** The instruction that ends every summary request (DESIGN.md §5 "Summary transaction"). */
+/** The instruction that ends every summary request (docs/design.md §5 "Summary transaction"). */
 export const SUMMARY_INSTRUCTION = [
   'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers will be removed.',
   'Do not call any tool. Answer with the checkpoint only, under these headings:',
@@ -1157,7 +1197,7 @@ export const SUMMARY_INSTRUCTION = [
   'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, merge it in; drop nothing from it that still matters.',
 ].join('\n')
 
-/** Frames a summary as the checkpoint text of a `user/message` (DESIGN.md §4). */
+/** Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4). */
 export function frameCheckpoint(summary: string): string {
   return `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
 }
@@ -1212,7 +1252,7 @@ function unseenResults(session: Session): Set<number> {
 }
 
 /**
- * Prunes tool results over the threshold (DESIGN.md §3 recency rule): first those the model has
+ * Prunes tool results over the threshold (docs/design.md §3 recency rule): first those the model has
  * seen; the newest step's results only when `includeNewest` or when pruning the older ones did not
  * bring the total under `thresholdTokens`. Returns tokens reclaimed.
  */
@@ -1232,7 +1272,7 @@ export function pruneSurface(session: Session, config: PruneConfig, trigger: str
 export interface Region { start: number; end: number; tokens: number }
 
 /**
- * Selects the region to summarise (DESIGN.md §5 "Region selection"): from the surface head (or
+ * Selects the region to summarise (docs/design.md §5 "Region selection"): from the surface head (or
  * right after the pinned current-turn input when that is the head) up to a cut that keeps at least
  * `retainedTokens` of the newest history verbatim, moved toward the head until no kept tool result
  * loses its call (and no summarised call loses its result), matched by id. When the pinned input
@@ -1401,7 +1441,7 @@ export async function summarise(host: CompactionHost, messages: readonly Message
 }
 
 /**
- * One summary transaction (DESIGN.md §5): `compaction/start` (the lock) → summarise → reject a
+ * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → summarise → reject a
  * framed summary not strictly smaller than the region → check the surface did not change → append
  * `compaction/summary` and the replacing `user/message` with no await between → `compaction/end`.
  * Any failure writes `compaction/end {error}` and leaves the surface as it was. Returns the number of
@@ -1436,7 +1476,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
 }
 
 /**
- * The escalation ladder (DESIGN.md §5).
+ * The escalation ladder (docs/design.md §5).
  * `'pressure'`: nothing below `floor(window × thresholdRatio)`; else prune (older results first),
  * remeasure, and only then summarise the oldest tool-balanced region, up to `compactionRetries + 1`
  * attempts; failures are warnings, remembered so that no retry happens before the surface grows by
@@ -1530,7 +1570,13 @@ export function utf8Length(text: string, limit = Infinity): number {
 }
 
 /**
- * Spill (DESIGN.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
+ * The artefact name of a spilled tool result: from the seq of the `tool/result` event that will
+ * refer to it (unique in a log, across resumes), never from a server-chosen call id (docs/design.md §13).
+ */
+export function spillName(seq: number): string { return `tool-result-${seq}.txt` }
+
+/**
+ * Spill (docs/design.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
  * to the store's artefact area and replaced by a head/tail preview plus the reference. Runs at write
  * time, never under pressure. Returns the message unchanged when it is small or the store keeps no
  * artefacts.
@@ -1538,9 +1584,15 @@ export function utf8Length(text: string, limit = Infinity): number {
 export async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
   if (!store.putArtefact) return { message }
   const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
-  let bytes = 0
-  for (const t of texts) { bytes += utf8Length(t.text, spillBytes - bytes); if (bytes > spillBytes) break }
-  if (bytes <= spillBytes) return { message }
+  // Length first: a UTF-16 unit is 1 to 3 UTF-8 bytes, so most results are decided without a walk.
+  let units = 0
+  for (const t of texts) units += t.text.length
+  if (units * 3 <= spillBytes) return { message }
+  if (units <= spillBytes) {
+    let bytes = 0
+    for (const t of texts) { bytes += utf8Length(t.text, spillBytes - bytes); if (bytes > spillBytes) break }
+    if (bytes <= spillBytes) return { message }
+  }
   const whole = texts.map((t) => t.text).join('')
   const ref = await store.putArtefact(name, whole)
   const fullBytes = utf8Length(whole)
@@ -1560,13 +1612,13 @@ export async function spillToolResult(message: ToolResultMessage, store: LogStor
 
 // ── 6.0 Configuration ─────────────────────────────────────────────────────────────────────────
 
-/** DeepSeek's OpenAI-compatible endpoint (DESIGN.md §6; api-docs.deepseek.com). */
+/** DeepSeek's OpenAI-compatible endpoint (docs/design.md §6; api-docs.deepseek.com). */
 export const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
-/** The model {@link deepseek} uses when none is given (DESIGN.md §6). */
+/** The model {@link deepseek} uses when none is given (docs/design.md §6). */
 export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-v4-flash'
 /** The environment variable {@link deepseek} reads the API key from when no `apiKey` is given. */
 export const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
-/** Completion budget in tokens when neither the request nor the options set one (DESIGN.md §6). */
+/** Completion budget in tokens when neither the request nor the options set one (docs/design.md §6). */
 export const DEFAULT_MAX_TOKENS = 32_768
 /** No progress (response headers or a data event) for this long ends the attempt as TIMEOUT. */
 const DEFAULT_IDLE_TIMEOUT_MS = 300_000
@@ -1578,7 +1630,7 @@ const CONNECT_FAILURE_RETRIES = 1
 /** Error codes and wordings of a refused connection or a failed DNS lookup (Node's undici, Deno, Bun). */
 const CONNECT_FAILURE_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL', 'ConnectionRefused'])
 const CONNECT_FAILURE_RE = /ECONNREFUSED|ENOTFOUND|EAI_AGAIN|connection refused|failed to lookup address|dns error|name or service not known|unable to connect/i
-/** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (DESIGN.md §6). */
+/** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (docs/design.md §6). */
 const DEFAULT_RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
 const DEFAULT_RETRY_MAX_MS = 10_000
@@ -1588,6 +1640,13 @@ const RETRY_JITTER_RATIO = 0.1
 const SSE_MAX_BUFFER_UNITS = 16 * 1024 * 1024
 /** Error bodies are read for classification up to this many UTF-16 units. */
 const ERROR_BODY_MAX_UNITS = 64 * 1024
+/** An error body, or a non-streamed body, is read up to this many bytes (after content decoding),
+ *  then the rest is cancelled unread: a gzip bomb is never inflated (docs/design.md §13). */
+export const RESPONSE_BODY_MAX_BYTES = 64 * 1024
+/** Default cap on one assistant message: text + reasoning + tool-call arguments, UTF-8 bytes (§13). */
+export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+/** Same-origin 307/308 redirects followed per attempt, at most. */
+const MAX_REDIRECTS = 5
 /** String values longer than this (UTF-16 units) are elided when a non-text block is sent as JSON text. */
 const DESCRIBED_STRING_MAX_UNITS = 1024
 
@@ -1604,9 +1663,9 @@ export interface KnownModel {
 }
 
 /**
- * Known models, by the exact name sent as `model` (DESIGN.md §6, public DeepSeek model cards,
+ * Known models, by the exact name sent as `model` (docs/design.md §6, public DeepSeek model cards,
  * 2026). Any other model needs `contextWindow` in the options, or the ladder reports a
- * configuration error once (DESIGN.md §5).
+ * configuration error once (docs/design.md §5).
  */
 export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = Object.freeze({
   'deepseek-v4-flash': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
@@ -1931,7 +1990,7 @@ const ERROR_MESSAGE_KEYS = new Set(['message', 'msg', 'detail', 'error', 'raw', 
 /**
  * Rate limits, checked BEFORE the overflow patterns: their messages talk about tokens and "reduce
  * the prompt length" too (OpenAI/Groq TPM "Request too large", Anthropic input-TPM 429), and a
- * rate limit is never an overflow (DESIGN.md §6).
+ * rate limit is never an overflow (docs/design.md §6).
  */
 const RATE_LIMIT_RE = /rate[ _-]?limit|too many requests|tokens per min|requests per min|\b(?:TPM|RPM|TPD|RPD)\b|per[ -]minute|resource[_ ]exhausted/i
 
@@ -1987,7 +2046,7 @@ function parseJSONOrUndefined(text: string): unknown {
 
 const isErrorStatus = (status: unknown): status is number => typeof status === 'number' && Number.isInteger(status) && status >= 400 && status <= 599
 
-/** Reads what an error body says, whatever its shape (DESIGN.md §6). Never throws on strings. */
+/** Reads what an error body says, whatever its shape (docs/design.md §6). Never throws on strings. */
 function inspectErrorBody(bodyText: string): ErrorBodyInfo {
   const text = bodyText.length > ERROR_BODY_MAX_UNITS ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : bodyText
   const trimmed = text.trim()
@@ -2042,7 +2101,7 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
 }
 
 /**
- * Maps a failed response to a {@link ProviderErrorCode} (DESIGN.md §6). Never throws, whatever
+ * Maps a failed response to a {@link ProviderErrorCode} (docs/design.md §6). Never throws, whatever
  * it is given. The body may be JSON (`{"error":{...}}`, an array of such objects, `{"error":
  * "text"}`, a top-level `{"object":"error", …}`, a body double-encoded as a JSON string, a proxy
  * message wrapping the upstream JSON), an SSE excerpt, plain text, or empty.
@@ -2084,7 +2143,7 @@ export function classifyProviderError(status: number | undefined, bodyText: stri
   }
 }
 
-/** What to do about each code, appended to error messages (DESIGN.md: name the fix). */
+/** What to do about each code, appended to error messages (docs/design.md §0: an error names the fix). */
 const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, or lower maxTokens.',
   RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
@@ -2097,6 +2156,7 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   ABORTED: 'The caller aborted the request.',
   EMPTY_RESPONSE: 'The server answered with nothing; try again later.',
   MALFORMED_RESPONSE: 'The server does not speak the OpenAI chat-completions stream format; check baseURL.',
+  RESPONSE_TOO_LARGE: 'The server sent more than dsh reads; raise maxMessageBytes if a message really needs more, or lower maxTokens.',
 }
 
 /** Seconds, an HTTP date, or OpenAI's `retry-after-ms`, in ms (RFC 9110 §10.2.3). */
@@ -2199,7 +2259,7 @@ function userToWire(message: UserMessage): WireMessage {
 }
 
 /**
- * DESIGN.md §6: `content` is never null ("" when there is no text); a message with tool calls
+ * docs/design.md §6: `content` is never null ("" when there is no text); a message with tool calls
  * carries `reasoning_content` (its reasoning, or "" — DeepSeek's thinking mode rejects it
  * otherwise). Text and reasoning blocks are concatenated as streamed; other blocks follow the
  * text as JSON.
@@ -2299,11 +2359,17 @@ export interface OpenAICompatibleOptions {
   extraBody?: Record<string, unknown>
   /** Waits between retries (tests pass a fake clock). Must reject when `signal` aborts. */
   sleep?: (ms: number, signal?: AbortSignal) => Promise<void>
+  /** Cap on one assistant message in UTF-8 bytes (text + reasoning + tool-call arguments); past it
+   *  the stream is cancelled and RESPONSE_TOO_LARGE thrown with the partial text. Default {@link DEFAULT_MAX_MESSAGE_BYTES}. */
+  maxMessageBytes?: number
+  /** Deadline of one `complete()` call, retries and backoff included, in ms; past it: TIMEOUT, not retried. Default: none. */
+  requestTimeoutMs?: number
 }
 
 const OPTION_NAMES: readonly (keyof OpenAICompatibleOptions)[] = [
   'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'maxTokensField', 'headers', 'fetch',
   'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'thinking', 'reasoningEffort', 'extraBody', 'sleep',
+  'maxMessageBytes', 'requestTimeoutMs',
 ]
 
 interface AdapterConfig {
@@ -2325,6 +2391,8 @@ interface AdapterConfig {
   reasoningEffort?: string
   extraBody: Record<string, unknown>
   sleep: (ms: number, signal?: AbortSignal) => Promise<void>
+  maxMessageBytes: number
+  requestTimeoutMs?: number
 }
 
 /** Reads an environment variable where one exists; edge runtimes have none, Deno may deny access. */
@@ -2404,11 +2472,13 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
     reasoningEffort: options.reasoningEffort,
     extraBody: { ...(options.extraBody ?? {}) },
     sleep: options.sleep ?? sleepMs,
+    maxMessageBytes: positiveInteger(fn, 'maxMessageBytes', options.maxMessageBytes) ?? DEFAULT_MAX_MESSAGE_BYTES,
+    requestTimeoutMs: positiveInteger(fn, 'requestTimeoutMs', options.requestTimeoutMs),
   }
 }
 
 /**
- * A {@link Provider} for any server that speaks OpenAI chat completions with streaming (DESIGN.md
+ * A {@link Provider} for any server that speaks OpenAI chat completions with streaming (docs/design.md
  * §6): DeepSeek, OpenAI, OpenRouter, Ollama, vLLM, llama.cpp, LM Studio, …
  *
  * Each `complete()` streams one completion (`stream: true`, `stream_options.include_usage`),
@@ -2425,6 +2495,12 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * are dropped since their arguments may be cut). A "request too large for the per-minute
  * budget" rate limit is not retried (it can never pass). ABORTED (the request's signal) ends at
  * once, also during a backoff wait, and is never retried. The API key never appears in an error.
+ *
+ * Limits on what a server can make the adapter read (docs/design.md §13): an error body or a
+ * non-streamed body is read up to {@link RESPONSE_BODY_MAX_BYTES} (64 KiB, after gzip decoding)
+ * and the rest cancelled unread; one assistant message up to `maxMessageBytes` (8 MiB of text,
+ * reasoning and arguments), past which RESPONSE_TOO_LARGE carries the partial; `requestTimeoutMs`
+ * bounds the whole call. Redirects are not followed across origins (only a same-origin 307/308).
  * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
  */
 export function openAICompatible(options: OpenAICompatibleOptions): Provider {
@@ -2434,14 +2510,26 @@ export function openAICompatible(options: OpenAICompatibleOptions): Provider {
 /**
  * {@link openAICompatible} with DeepSeek's defaults: base {@link DEEPSEEK_BASE_URL}, model
  * {@link DEEPSEEK_DEFAULT_MODEL}, key from `apiKey` or else `$DEEPSEEK_API_KEY` (required).
- * Undefined option values fall back to the defaults.
- * @throws TypeError when no key can be found, or for bad options.
+ * Undefined option values fall back to the defaults. The key is sent only over `https:`, and
+ * `$DEEPSEEK_API_KEY` only to DeepSeek's host (docs/design.md §13).
+ * @throws TypeError when no key can be found, for a non-https `baseURL`, for another host without
+ *   an explicit `apiKey`/`apiKeyEnv`, or for bad options.
  */
 export function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
   if (!isRecord(options)) throw new TypeError(`deepseek takes an options object, got ${options === null ? 'null' : typeof options}`)
   const merged: Record<string, unknown> = { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL }
   for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
-  return makeProvider(resolveConfig('deepseek', merged as unknown as OpenAICompatibleOptions, DEEPSEEK_API_KEY_ENV))
+  const cfg = resolveConfig('deepseek', merged as unknown as OpenAICompatibleOptions, DEEPSEEK_API_KEY_ENV)
+  // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
+  const url = new URL(cfg.baseURL)
+  if (url.protocol !== 'https:') {
+    throw new TypeError(`deepseek: baseURL ${JSON.stringify(cfg.baseURL)} would send the API key unencrypted; use https:// (or openAICompatible for a local server)`)
+  }
+  const explicitKey = (options.apiKey !== undefined && options.apiKey !== '') || options.apiKeyEnv !== undefined
+  if (!explicitKey && url.hostname !== new URL(DEEPSEEK_BASE_URL).hostname) {
+    throw new TypeError(`deepseek: $${DEEPSEEK_API_KEY_ENV} is only sent to ${new URL(DEEPSEEK_BASE_URL).hostname}, not to ${url.hostname}; pass apiKey or apiKeyEnv for that server`)
+  }
+  return makeProvider(cfg)
 }
 
 function makeProvider(cfg: AdapterConfig): Provider {
@@ -2465,8 +2553,9 @@ function isConnectFailure(error: ProviderError): boolean {
   return false
 }
 
-/** Errors raised after output was streamed: retrying them would show the caller a second answer. */
-const afterOutput = new WeakSet<ProviderError>()
+/** Errors never retried: raised after output was streamed (a retry would show the caller a second
+ *  answer), or past the request deadline. */
+const notRetried = new WeakSet<ProviderError>()
 const RETRYABLE = new Set<ProviderErrorCode>(['RATE_LIMIT', 'SERVER', 'TRANSPORT', 'TIMEOUT', 'EMPTY_RESPONSE'])
 
 /** An exception thrown by the caller's onEvent: passed through unchanged, never retried. */
@@ -2527,21 +2616,23 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
   if (cfg.apiKey !== undefined) headers.authorization = `Bearer ${cfg.apiKey}`
   // Lower-cased, so that a caller's `Authorization` replaces ours instead of being joined to it.
   for (const extra of [cfg.headers, request.headers ?? {}]) for (const [name, value] of Object.entries(extra)) headers[name.toLowerCase()] = value
+  const deadlineAt = cfg.requestTimeoutMs === undefined ? undefined : Date.now() + cfg.requestTimeoutMs
   for (let retry = 0; ; retry++) {
     let error: ProviderError
     try {
-      return await attempt(cfg, request, body, headers)
+      return await attempt(cfg, request, body, headers, deadlineAt)
     } catch (e) {
       if (e instanceof ListenerFailure) throw e.error
       if (!(e instanceof ProviderError)) throw e
       error = e
     }
-    const retryable = RETRYABLE.has(error.code) && !afterOutput.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
+    const retryable = RETRYABLE.has(error.code) && !notRetried.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
     const maxRetries = isConnectFailure(error) ? Math.min(cfg.maxRetries, CONNECT_FAILURE_RETRIES) : cfg.maxRetries
     if (!retryable || retry >= maxRetries) throw error
     const delayMs = error.retryAfterMs !== undefined
       ? Math.min(error.retryAfterMs, cfg.retryMaxMs)
       : Math.round(Math.min(cfg.retryMaxMs, cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
+    if (deadlineAt !== undefined && Date.now() + delayMs >= deadlineAt) throw error // no retry could start before the deadline
     request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error, maxRetries })
     try { await cfg.sleep(delayMs, signal) } catch (e) { if (signal?.aborted) throw aborted(); throw e }
     if (signal?.aborted) throw aborted()
@@ -2558,6 +2649,15 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
   let usage: Usage | undefined
   let responseId: string | undefined
   let streamed = false
+  let messageBytes = 0 // text + reasoning + tool-call arguments so far, UTF-8 bytes
+
+  /** Counts a delta against maxMessageBytes; past it the stream ends as RESPONSE_TOO_LARGE (the partial is kept). */
+  function admit(delta: string): void {
+    messageBytes += utf8Length(delta, cfg.maxMessageBytes)
+    if (messageBytes > cfg.maxMessageBytes) {
+      throw providerError(cfg, 'RESPONSE_TOO_LARGE', `the assistant message from ${cfg.endpoint} (model ${cfg.model}) passed maxMessageBytes, ${cfg.maxMessageBytes} bytes of text, reasoning and tool-call arguments; the stream was cancelled and the text so far kept as an interrupted message.`, { status: 200 })
+    }
+  }
 
   function toolCallDelta(tc: unknown): void {
     if (!isRecord(tc)) return
@@ -2582,6 +2682,7 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
     const newName = name !== undefined && call.name === '' ? name : undefined
     if (newId) call.id = newId
     if (newName) call.name = newName
+    if (args) admit(args)
     call.arguments += args
     if (newId || newName || args) {
       streamed = true
@@ -2605,8 +2706,8 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
         if (delta) {
           const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== '' ? delta.reasoning_content
             : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
-          if (r !== '') { reasoning += r; streamed = true; emit({ type: 'reasoning-delta', text: r }) }
-          if (typeof delta.content === 'string' && delta.content !== '') { text += delta.content; streamed = true; emit({ type: 'text-delta', text: delta.content }) }
+          if (r !== '') { admit(r); reasoning += r; streamed = true; emit({ type: 'reasoning-delta', text: r }) }
+          if (typeof delta.content === 'string' && delta.content !== '') { admit(delta.content); text += delta.content; streamed = true; emit({ type: 'text-delta', text: delta.content }) }
           if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) toolCallDelta(tc)
         }
         if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
@@ -2707,10 +2808,59 @@ function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | un
   }
 }
 
-async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>): Promise<ChatResponse> {
+/**
+ * Reads at most `maxBytes` of a response body (bytes after content decoding: fetch inflates gzip
+ * as it is read), then cancels the rest unread. `cut` says whether anything was left.
+ */
+async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string; cut: boolean }> {
+  if (!response.body) return { text: '', cut: false }
+  const decoder = new TextDecoder()
+  let text = ''
+  let bytes = 0
+  for await (const chunk of bodyChunks(response.body, signal)) { // leaving the loop cancels the body
+    if (bytes + chunk.byteLength > maxBytes) return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
+    bytes += chunk.byteLength
+    text += decoder.decode(chunk, { stream: true })
+  }
+  return { text: text + decoder.decode(), cut: false }
+}
+
+const REDIRECT_STATUSES: ReadonlySet<number> = new Set([301, 302, 303, 307, 308])
+
+/**
+ * POSTs with `redirect: 'manual'` (docs/design.md §13): a 307/308 to the same origin is followed
+ * (up to {@link MAX_REDIRECTS} times, the body re-sent); any other redirect — another origin, or
+ * one that would turn the POST into a GET — is refused, so the conversation and the key never go
+ * to a host the caller did not name.
+ */
+async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit): Promise<Response> {
+  const origin = new URL(cfg.endpoint).origin
+  let url = cfg.endpoint
+  for (let hops = 0; ; hops++) {
+    const response = await cfg.fetch(url, { ...init, redirect: 'manual' })
+    if (response.type !== 'opaqueredirect' && !REDIRECT_STATUSES.has(response.status)) return response
+    response.body?.cancel().catch(() => {})
+    let target: URL | undefined
+    try { target = new URL(response.headers.get('location') ?? '', url) } catch { target = undefined }
+    const where = target && response.headers.get('location') ? target.href : 'an address the runtime does not show'
+    const why = !target || response.type === 'opaqueredirect' ? 'a redirect without a usable Location'
+      : target.origin !== origin ? `another origin than ${origin}; the conversation and the key are not re-sent there`
+      : response.status !== 307 && response.status !== 308 ? `HTTP ${response.status} would turn the POST into a GET`
+      : hops >= MAX_REDIRECTS ? `more than ${MAX_REDIRECTS} redirects` : undefined
+    if (why === undefined) { url = target!.href; continue }
+    throw providerError(cfg, 'INVALID_REQUEST', `HTTP ${response.status} from POST ${url} redirects to ${where}: ${why}. Set baseURL to the server's real address if you trust it.`, {
+      status: response.status || undefined, requestId: requestIdOf(response.headers),
+    })
+  }
+}
+
+async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>, deadlineAt?: number): Promise<ChatResponse> {
   const { signal, onEvent } = request
   const controller = new AbortController()
   let timedOut = false
+  let pastDeadline = false
+  const deadline = deadlineAt === undefined ? undefined
+    : setTimeout(() => { pastDeadline = true; controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`)) }, Math.max(0, deadlineAt - Date.now()))
   let timer: ReturnType<typeof setTimeout> | undefined
   const progress = (): void => {
     if (timer !== undefined) clearTimeout(timer)
@@ -2726,20 +2876,21 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   let requestId: string | undefined
   progress()
   try {
-    const response = await cfg.fetch(cfg.endpoint, { method: 'POST', headers, body, signal: controller.signal })
+    const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
     requestId = requestIdOf(response.headers)
     if (!response.ok) {
-      const text = await response.text()
+      const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
       const code = classifyProviderError(response.status, text)
       const info = inspectErrorBody(text)
-      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}.`, {
+      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}${cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''}.`, {
         status: response.status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
       })
     }
     if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
       // The server ignored stream: true and sent one completion (or an error) as JSON.
-      const text = await response.text()
+      const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
+      if (cut) throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for stream: true).`, { status: response.status, requestId })
       if (text.trim() === '') throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model ${cfg.model}).`, { status: response.status, requestId })
       acc.chunk(parseChunkData(cfg, text.trim(), requestId)[0], requestId, text)
       return acc.finish(true, requestId)
@@ -2772,7 +2923,10 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     const partial = acc.partial()
     let error: ProviderError
     if (signal?.aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`, { requestId })
-    else if (e instanceof ProviderError) error = e
+    else if (pastDeadline) {
+      error = providerError(cfg, 'TIMEOUT', `the request deadline of ${cfg.requestTimeoutMs} ms (requestTimeoutMs) passed before ${cfg.endpoint} (model ${cfg.model}) finished; not retried.`, { requestId })
+      notRetried.add(error)
+    } else if (e instanceof ProviderError) error = e
     else if (timedOut) error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
     else if (e instanceof SSEParseError) error = providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint}: ${e.message}.`, { requestId, status: 200, cause: e })
     else {
@@ -2781,10 +2935,11 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
       error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${reason}.`, { requestId, cause: e })
     }
     if (partial && !error.partial) error.partial = partial
-    if (acc.streamed) afterOutput.add(error)
+    if (acc.streamed) notRetried.add(error)
     throw error
   } finally {
     if (timer !== undefined) clearTimeout(timer)
+    if (deadline !== undefined) clearTimeout(deadline)
     signal?.removeEventListener('abort', forwardAbort)
   }
 }
@@ -2793,7 +2948,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
 // 7. Loop
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** Hook names, in the order they run in a step (DESIGN.md §7). */
+/** Hook names, in the order they run in a step (docs/design.md §7). */
 export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step'
 
 /** What a hook receives. `request` only for `agent/request` (mutable); `error` only for `agent/request-error`. */
@@ -2886,7 +3041,7 @@ function errorResult(callId: string, text: string, code: string): ToolResultMess
 }
 
 /**
- * The agent loop (DESIGN.md §7). A turn is one user input until the model stops calling tools; a
+ * The agent loop (docs/design.md §7). A turn is one user input until the model stops calling tools; a
  * step is one provider call plus its tool calls. Every state change is a log event (see
  * {@link Session}); {@link AgentOptions.onEvent} also gets streamed deltas and warnings.
  * The ladder (§5) is wired in through the `agent/post-step` and `agent/request-error` hooks unless
@@ -3015,8 +3170,8 @@ export class Agent implements CompactionHost {
       session.append('turn/start', { turn })
       const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
       this.pinnedSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
-      this.writeHeader() // so the turn-start pressure check prices this agent's envelope (DESIGN.md §2)
-      await session.sync()
+      this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
+      await session.flush() // the input is written at once and fsynced with the first step's boundary
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
       this.overflowRetries = 0
       for (;;) {
@@ -3070,12 +3225,13 @@ export class Agent implements CompactionHost {
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
         await this.runTools(calls, signal)
         const steered = this.drainSteering()
-        await session.sync()
+        await session.flush() // written before the post-step ladder may call a model; fsynced once, below
         if (!signal.aborted) await this.unlessAborted(() => this.runHooks('agent/post-step', ctx), signal)
         session.append('step/end', { turn, step })
-        await session.sync()
+        // One fsync per step: at its boundary, together with the turn's end when this step ends it.
         if (signal.aborted) return await end('aborted')
         if (calls.length === 0 && !steered) return await end(response.finishReason === 'length' ? 'length' : 'stop')
+        await session.sync()
       }
     } catch (err) {
       // An unexpected failure (a store error, a bug): close what is open so the log stays balanced.
@@ -3108,7 +3264,7 @@ export class Agent implements CompactionHost {
         session.append('tool/result', { message: errorResult(call.id, 'TOOL_ABORTED: the turn was cancelled before this tool call started.', 'TOOL_ABORTED'), surfaceOp: { op: 'append' } })
         continue
       }
-      session.append('tool/call', { callId: call.id, name: call.name, arguments: call.arguments })
+      session.append('tool/call', { callId: call.id, name: call.name })
       await session.flush() // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
       let result: ToolResultMessage
       const tool = this.tools.find((t) => t.name === call.name)
@@ -3127,7 +3283,7 @@ export class Agent implements CompactionHost {
           }
         }
       }
-      const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, `${call.id}.txt`)
+      const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, spillName(session.seq))
       session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
     }
   }
@@ -3137,15 +3293,24 @@ export class Agent implements CompactionHost {
 }
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
-// 8. CLI
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// FENCE. Above: Part I, the runtime (web standards only). Below: Part II, the extras (tools,
+// replay, CLI). Nothing in Part I names anything in Part II: the build cuts the file here to make
+// `dist/dsh.mjs` and type-checks that part alone, so a reference across the fence fails the build.
+// Part II may name Part I freely. Its top level holds only declarations and literals (no calls),
+// so a bundler importing the runtime from this file drops Part II entirely.
+// ════════════════════════════════════════════════════════════════════════════════════════════
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-// ── 8.1 Built-in coding tools (DESIGN.md §8, issue 5) ─────────────────────────────────────────
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 8. Tools — the CLI's built-in coding tools (docs/design.md §8, §13)
+// ════════════════════════════════════════════════════════════════════════════════════════════
+
 // The file system and process code of dsh.ts. `node:` modules are loaded here through dynamic
-// `import()` only, so that the core still bundles for edge runtimes (TOOLCHAIN.md).
+// `import()` only, so that the core still bundles for edge runtimes (docs/runtimes.md).
 
 /** Defaults of {@link builtinTools} (units in the names). */
-export const BUILTIN_TOOL_DEFAULTS = Object.freeze({
+export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
   /** Cap on one tool's output in UTF-16 units. 100,000 ≈ 25,000 tokens by §2, the size of a big
    *  read in common coding agents; above it the pruner (§3) and the spill (§5) take over anyway. */
   maxOutputChars: 100_000,
@@ -3179,7 +3344,7 @@ export interface BuiltinToolsOptions {
   /** Working directory. Relative paths resolve against it, and every path must stay inside it
    *  after symlinks are resolved (realpath). It must exist. */
   cwd: string
-  /** Offer the `shell` tool (DESIGN.md §8: only with `--allow-shell` or an interactive yes). Default false. */
+  /** Offer the `shell` tool (docs/design.md §8: only with `--allow-shell` or an interactive yes). Default false. */
   allowShell?: boolean
   /** Cap on each tool's output in UTF-16 units; a one-line notice after the cut says what was left
    *  out and how to get it. `shell` gives each of stdout and stderr half of it (its first and last
@@ -3208,7 +3373,7 @@ interface ToolHost {
 }
 
 /**
- * The built-in coding tools of the CLI (DESIGN.md §8): `read_file`, `list_files`, `grep`,
+ * The built-in coding tools of the CLI (docs/design.md §8): `read_file`, `list_files`, `grep`,
  * `write_file`, `edit_file`, and `shell` when `allowShell` is true. Plain {@link Tool} objects; any
  * agent can use them.
  *
@@ -3221,7 +3386,7 @@ interface ToolHost {
  * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
  * one notice line saying how much was left out and how to get more (offset, a narrower path…).
  * Failures throw an `Error` whose message starts with the tool's name and says what to do
- * instead; the loop turns it into an error result for the model (DESIGN.md §7). `shell` returns
+ * instead; the loop turns it into an error result for the model (docs/design.md §7). `shell` returns
  * `{content, isError: true}` for a non-zero exit, a timeout or a cancellation, with the output so far.
  *
  * Needs a runtime with `node:fs/promises`, `node:path` (and `node:child_process` for `shell`):
@@ -3909,9 +4074,13 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
   }
 }
 
-// ── Transcript readers: the input side of `replay` ──
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 9. Replay — a recorded transcript through the meter and the ladder (docs/design.md §8)
+// ════════════════════════════════════════════════════════════════════════════════════════════
+
+// ── 9.1 Transcript readers: the input side of `replay` ─────────────────────────────────────────
 // Web-standard code: the readers take the file's TEXT (never a path), so they run anywhere.
-// Formats as found in real files: ../shared/corpus/FORMATS.md.
+// Formats as found in real files: docs/replay.md.
 
 /** The transcript formats `replay` reads (the CLI's `--format` values). */
 export type TranscriptFormat = 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
@@ -4091,7 +4260,7 @@ function parseJsonl(text: string): ParsedTranscript {
     try {
       value = JSON.parse(row)
     } catch (err) {
-      // A torn last line (a writer stopped mid-line: no final newline) is dropped, as DESIGN.md §4
+      // A torn last line (a writer stopped mid-line: no final newline) is dropped, as docs/design.md §4
       // tolerates it when a session log loads; a broken line anywhere else is corruption.
       if (i === last && !/\n\s*$/.test(text)) {
         notes.push(`dropped the torn last line ${i + 1} (${row.length} UTF-16 units, not valid JSON, no final newline)`)
@@ -4190,7 +4359,7 @@ function pushDraft(draft: TranscriptDraft, message: Message, where: string, usag
   if (message.role === 'assistant') draft.usage.push(usage)
 }
 
-/** Usage in the OpenAI chat-completions shape (`prompt_tokens`, …; DESIGN.md §6), else undefined. */
+/** Usage in the OpenAI chat-completions shape (`prompt_tokens`, …; docs/design.md §6), else undefined. */
 function chatCompletionUsage(u: unknown): Usage | undefined {
   if (!isJsonRecord(u) || typeof u.prompt_tokens !== 'number' || typeof u.completion_tokens !== 'number') return undefined
   const usage: Usage = { promptTokens: u.prompt_tokens, completionTokens: u.completion_tokens }
@@ -4304,7 +4473,7 @@ function readChatMessages(
 const SYNTHETIC_RESULT_TEXT = 'No result was recorded for this tool call in the transcript (synthesised by dsh replay).'
 
 /**
- * The pairing pass (DESIGN.md §4: never a tool call without its result or a result without its
+ * The pairing pass (docs/design.md §4: never a tool call without its result or a result without its
  * call, matched by id). Results are expected after their call and before the next user or
  * assistant message; a call still open at that point gets a synthetic error result there.
  */
@@ -4763,14 +4932,14 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   return transcript
 }
 
-// ── Replay runner: a transcript through the meter and the ladder, offline (issue 5, DESIGN.md §8) ──
+// ── 9.2 Replay runner: a transcript through the meter and the ladder, offline (docs/design.md §8) ──
 // Web-standard like the readers: it takes a Transcript (or the file's text); the CLI reads files.
 
-/** What the ladder did at one check: the rung taken (DESIGN.md §5 prune → compact; `failed` = still over). */
+/** What the ladder did at one check: the rung taken (docs/design.md §5 prune → compact; `failed` = still over). */
 export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed'
 
 /**
- * One thing the replay did to the surface. Token figures are dsh's heuristic (DESIGN.md §2):
+ * One thing the replay did to the surface. Token figures are dsh's heuristic (docs/design.md §2):
  * - `spill`: a tool result over the spill limit (UTF-8 `bytes`) replaced at write time by a preview;
  * - `prune`: the tool result at `seq` cut to head + tail (its price before → after);
  * - `compaction`: `messages` surface messages (seqs `firstSeq`..`lastSeq`, priced `tokensBefore`)
@@ -4867,7 +5036,7 @@ export interface ReplayReport {
 export interface ReplayOptions {
   /** Context window to replay at, tokens (positive integer). Default: the transcript's (dsh logs), else the summarizer's. */
   contextWindow?: number
-  /** Pressure threshold as a share of the window, 0 < r ≤ 1. Default 0.8 (DESIGN.md §5). */
+  /** Pressure threshold as a share of the window, 0 < r ≤ 1. Default 0.8 (docs/design.md §5). */
   thresholdRatio?: number
   /** Size of each simulated summary, tokens by the §2 estimate. Default 2,000. Ignored with `summarizer`. */
   summaryTokens?: number
@@ -4878,7 +5047,7 @@ export interface ReplayOptions {
   onStep?: (step: ReplayStep, session: Session) => void
 }
 
-/** Default size of a simulated summary, tokens (issue 5: `--summary-tokens`, default 2,000). */
+/** Default size of a simulated summary, tokens (the CLI's `--summary-tokens`, default 2,000). */
 export const DEFAULT_REPLAY_SUMMARY_TOKENS = 2000
 
 /**
@@ -4923,7 +5092,7 @@ function replayPositiveInteger(name: string, value: unknown, fix: string): numbe
 }
 
 /**
- * Replays a transcript through the meter and the ladder, offline (DESIGN.md §8, issue 5), the way
+ * Replays a transcript through the meter and the ladder, offline (docs/design.md §8), the way
  * the {@link Agent} would have fed it: into a fresh {@link Session} ({@link MemoryStore}) with the
  * transcript's envelope; a user message opens a turn (`turn/start`, the input appended and pinned
  * as {@link CompactionHost.pinnedSeq}, then the pressure check), a user message right after another
@@ -5068,8 +5237,8 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
       unmanaged += estimateMessageTokens(result)
       if (resultCodePoints(result, pruneConfig.thresholdChars) > pruneConfig.thresholdChars) resultsOverPruneThreshold++
       const call = calls.find((c) => c.id === result.toolCallId)
-      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '', arguments: call?.arguments ?? '' })
-      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, `${result.toolCallId}.txt`)
+      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '' })
+      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, spillName(session.seq))
       const event = session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
       if (spilled.spilled) {
         rowEvents.push({ type: 'spill', seq: event.seq, bytes: spilled.spilled.bytes, tokensBefore: estimateMessageTokens(result), tokensAfter: estimateMessageTokens(spilled.message) })
@@ -5156,8 +5325,8 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     ? `summaries simulated at ${groupDigits(report.summaries.tokens)} tokens each (no model was called)`
     : `summaries written by the model ${report.summaries.model}`)
   out.push(report.format === 'dsh'
-    ? 'tokens: dsh\'s own estimate (DESIGN.md §2), not anchored on the log\'s usage; "recorded" is the prompt size the recorded run reported, for comparison'
-    : 'tokens: dsh\'s own estimate (DESIGN.md §2), not anchored on the transcript\'s usage: the "recorded" prompt tokens describe the original, unmanaged prompts (another tokenizer, plus any system prompt and tools the file does not record) and are shown for comparison only')
+    ? 'tokens: dsh\'s own estimate (docs/design.md §2), not anchored on the log\'s usage; "recorded" is the prompt size the recorded run reported, for comparison'
+    : 'tokens: dsh\'s own estimate (docs/design.md §2), not anchored on the transcript\'s usage: the "recorded" prompt tokens describe the original, unmanaged prompts (another tokenizer, plus any system prompt and tools the file does not record) and are shown for comparison only')
   for (const note of report.notes) out.push(`note: ${note}`)
   out.push('request = what dsh would send for the step; unmanaged = the same with no management; before → after = around the rung at the pressure check')
   out.push('')
@@ -5221,21 +5390,23 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
   return { report, sidechainReports, output }
 }
 
-// ── 8.3 Command line: arguments, configuration, entry point (DESIGN.md §8, issue 5) ──────────
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 10. CLI — arguments, configuration, terminal output, entry point (docs/design.md §8)
+// ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** DeepSeek defaults of the CLI (DESIGN.md §6). */
-export const CLI_DEFAULTS = Object.freeze({
+/** DeepSeek defaults of the CLI (docs/design.md §6). */
+export const CLI_DEFAULTS = /* @__PURE__ */ Object.freeze({
   baseURL: 'https://api.deepseek.com',
   model: 'deepseek-v4-flash',
   /** Environment variable read for the key when neither `--api-key-env` nor a non-DeepSeek base URL is given. */
   apiKeyEnv: 'DEEPSEEK_API_KEY',
-  /** Compaction threshold as a ratio of the context window (DESIGN.md §5). */
+  /** Compaction threshold as a ratio of the context window (docs/design.md §5). */
   threshold: 0.8,
-  /** replay: size of a simulated summary, in tokens (issue 5). */
+  /** replay: size of a simulated summary, in tokens. */
   summaryTokens: 2_000,
 })
 
-/** Transcript formats `replay --format` accepts (issue 5; ../shared/corpus/FORMATS.md). `auto` detects. */
+/** Transcript formats `replay --format` accepts (docs/replay.md). `auto` detects. */
 export type CliReplayFormat = 'auto' | 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
 const CLI_REPLAY_FORMATS: readonly CliReplayFormat[] = ['auto', 'dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
 
@@ -5267,7 +5438,7 @@ export interface CliRunOptions extends CliModelOptions {
   prompt?: string
   /** True when the prompt came with `-p/--print` (one-shot, answer on stdout). */
   print: boolean
-  /** `--context-window N`, tokens. Absent: the provider's known window for the model (DESIGN.md §6). */
+  /** `--context-window N`, tokens. Absent: the provider's known window for the model (docs/design.md §6). */
   contextWindow?: number
   /** `--max-tokens N`, completion budget per call in tokens. Absent: the provider's default. */
   maxTokens?: number
@@ -5334,8 +5505,9 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
 }
 const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help', '-C': '--cwd' }
 
-/** The `--help` text (DESIGN.md §8). */
-export const CLI_HELP = `dsh ${VERSION}: a coding agent that keeps long sessions inside the model's context window
+/** The `--help` text (docs/design.md §8). A function, so that nothing is computed at load time. */
+export function cliHelp(): string {
+  return `dsh ${VERSION}: a coding agent that keeps long sessions inside the model's context window
 
 Usage
   npx tsx dsh.ts                       interactive session (needs a terminal)
@@ -5416,6 +5588,7 @@ Examples
   npx tsx dsh.ts --base-url http://127.0.0.1:8080/v1 --model qwen3-coder --context-window 32768
   npx tsx dsh.ts replay examples/session.jsonl --context-window 32000
 `
+}
 
 /** Edit distance, for "did you mean" on a mistyped flag. */
 function editDistance(a: string, b: string): number {
@@ -5461,6 +5634,10 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
   const model = flags.get('--model') ?? nonEmpty(env.DSH_MODEL) ?? CLI_DEFAULTS.model
   if (model.trim() === '') throw new UsageError('--model is empty; give a model name, e.g. --model deepseek-v4-pro')
 
+  const deepseekHost = url.hostname === new URL(CLI_DEFAULTS.baseURL).hostname
+  if (deepseekHost && url.protocol !== 'https:') {
+    throw new UsageError(`${urlSource ?? 'the base URL'} ${JSON.stringify(rawURL)} would send the DeepSeek API key unencrypted; use https://${url.host}`)
+  }
   const keyEnv = flags.get('--api-key-env')
   if (keyEnv !== undefined) {
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(keyEnv)) {
@@ -5471,7 +5648,7 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
     if (apiKey === undefined) throw new UsageError(`no API key: --api-key-env names ${keyEnv}, but ${keyEnv} is not set; set it (export ${keyEnv}=...) or drop the flag`)
     return { model, baseURL, apiKey, apiKeyEnv: keyEnv }
   }
-  if (url.hostname !== new URL(CLI_DEFAULTS.baseURL).hostname) return { model, baseURL } // a server that needs no key, or a 401 the provider reports
+  if (!deepseekHost) return { model, baseURL } // a server that needs no key, or a 401 the provider reports
   const apiKey = nonEmpty(env[CLI_DEFAULTS.apiKeyEnv])
   if (apiKey === undefined) {
     throw new UsageError(`no API key: set ${CLI_DEFAULTS.apiKeyEnv} (or --api-key-env NAME), or point --base-url at a server that needs none`)
@@ -5480,7 +5657,7 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
 }
 
 /**
- * Parses the command line (DESIGN.md §8, issue 5). Pure: reads only its arguments.
+ * Parses the command line (docs/design.md §8). Pure: reads only its arguments.
  *
  * `argv` is the arguments after the script (`process.argv.slice(2)`); `env` is the environment
  * (`DEEPSEEK_API_KEY`, `DSH_BASE_URL`, `DSH_MODEL`, and the variable named by `--api-key-env`;
@@ -5603,39 +5780,41 @@ export function runCliBasics(argv: readonly string[], env: Record<string, string
     io.stderr(`dsh: ${error.message}\n`)
     return { exitCode: error.exitCode }
   }
-  if (options.command === 'help') { io.stdout(CLI_HELP); return { exitCode: 0 } }
+  if (options.command === 'help') { io.stdout(cliHelp()); return { exitCode: 0 } }
   if (options.command === 'version') { io.stdout(`dsh.ts ${VERSION}\n`); return { exitCode: 0 } }
   return { options }
 }
 
 /**
  * Whether dsh.ts (or its bundle) is the program being run, not a module being imported
- * (DESIGN.md §0, TOOLCHAIN.md). Deno and Bun: `import.meta.main`. Node: the realpath of
+ * (docs/design.md §0, docs/runtimes.md). Deno and Bun: `import.meta.main`. Node: the realpath of
  * `import.meta.url` equals the realpath of `process.argv[1]` (so a symlinked bin works). A bundle
  * without `import.meta.url` (the IIFE build for edge runtimes) is never the entry point.
  *
- * `probe` is for tests; by default it is read from this module and the process. Async because the
- * realpath check loads `node:fs` lazily: call it as `isEntryPoint().then(…)`, not with a top-level
- * `await`, which the IIFE bundle does not allow. Never throws.
+ * `probe` is for tests; by default it is read from this module, and `process.argv` is read only
+ * when `import.meta.main` does not answer (Deno builds its Node `process` on first access, ~40 ms).
+ * Async because the realpath check loads `node:fs` lazily: call it as `isEntryPoint().then(…)`,
+ * not with a top-level `await`, which the IIFE bundle does not allow. Never throws.
  */
-export async function isEntryPoint(probe: { url?: string; main?: unknown; argv1?: string } = entryProbe()): Promise<boolean> {
-  if (typeof probe.main === 'boolean') return probe.main
-  if (typeof probe.url !== 'string' || !probe.url.startsWith('file:') || typeof probe.argv1 !== 'string' || probe.argv1 === '') return false
+export async function isEntryPoint(probe?: { url?: string; main?: unknown; argv1?: string }): Promise<boolean> {
+  const meta = import.meta as { url?: string; main?: unknown }
+  const main = probe ? probe.main : meta.main
+  if (typeof main === 'boolean') return main
+  const url = probe ? probe.url : meta.url
+  if (typeof url !== 'string' || !url.startsWith('file:')) return false
+  const argv1 = probe ? probe.argv1 : (globalThis as { process?: { argv?: string[] } }).process?.argv?.[1]
+  if (typeof argv1 !== 'string' || argv1 === '') return false
   try {
     const [{ realpath }, { fileURLToPath }] = await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'), importNode<typeof import('node:url')>('node:url')])
-    const [self, script] = await Promise.all([realpath(fileURLToPath(probe.url)), realpath(probe.argv1)])
+    const [self, script] = await Promise.all([realpath(fileURLToPath(url)), realpath(argv1)])
     return self === script
   } catch {
     return false
   }
 }
 
-function entryProbe(): { url?: string; main?: unknown; argv1?: string } {
-  const meta = import.meta as { url?: string; main?: unknown }
-  return { url: meta.url, main: meta.main, argv1: (globalThis as { process?: { argv?: string[] } }).process?.argv?.[1] }
-}
 /** The CLI agent's system prompt; `{cwd}` is filled in at start. */
-export const CLI_SYSTEM_PROMPT = [
+export const CLI_SYSTEM_PROMPT = /* @__PURE__ */ [
   'You are dsh, a careful coding agent working in the directory {cwd}.',
   'Use the tools to read, search and change files there; paths are relative to that directory.',
   'Read before you edit. Make the smallest change that does the job, and say what you changed.',
@@ -5657,19 +5836,50 @@ interface CliOutput extends CliIO {
   readonly stdoutClosed: boolean
   /** Called once when stdout's reader closes (the CLI cancels the running turn: nobody reads its output). */
   onStdoutClosed?: () => void
+  /** Writes dsh's own terminal escapes (colour, line clearing) to stderr as they are: the caller
+   *  strips whatever model or server text it puts inside. */
+  stderrRaw(text: string): void
 }
 
 /**
- * Wraps the process's stdout and stderr: an error on either (EPIPE when the reader closed, or
- * any other write error) is not thrown as an unhandled `error` event; writes to a closed stream
- * are dropped. A closed stdout calls `onStdoutClosed` once.
+ * Terminal control sequences and control characters, as text from a model or a server may carry
+ * them (ECMA-48): ESC sequences — CSI `ESC [ … final`, OSC `ESC ] … BEL|ST` (clipboard OSC 52,
+ * window title), DCS/SOS/PM/APC `ESC P|X|^|_ … ST`, and two-character escapes — their 8-bit C1
+ * forms (U+0080–U+009F), every other C0 control but tab and line feed (a CR not before LF
+ * included), and DEL. An unterminated string sequence is removed to the end of its line.
+ */
+const TERMINAL_CONTROL = /\x1b\[[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?|\x1b[\]PX^_][^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?|\x1b[\x20-\x2f]*[\x30-\x7e]?|\x9b[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?|[\x90\x98\x9d\x9e\x9f][^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?|\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f-\x9f]/g
+
+/**
+ * `text` without terminal control sequences (see above), for printing text a model or a server
+ * chose (docs/design.md §13): what is left can neither move the cursor, set the title, write the
+ * clipboard nor reprogram the terminal. Tab, line feed and CRLF stay. Works on any split of a
+ * stream: every sequence needs an ESC or a C1 character, and each of those is removed.
+ */
+export function stripControls(text: string): string {
+  return text.replace(TERMINAL_CONTROL, '')
+}
+
+/** One JSON line whose DEL and C1 characters are escaped as `\u00XX` (JSON.stringify escapes only
+ *  C0), so that printing it cannot control a terminal; it parses to the same value. */
+function jsonLine(value: unknown): string {
+  return JSON.stringify(value).replace(/[\x7f-\x9f]/g, (c) => `\\u00${c.charCodeAt(0).toString(16)}`) + '\n'
+}
+
+/**
+ * Wraps the process's stdout and stderr. Everything printed through `stdout` and `stderr` may hold
+ * model or server text, so it is stripped of terminal controls (docs/design.md §13); `stderrRaw`
+ * is for dsh's own escapes. An error on either stream (EPIPE when the reader closed, or any other
+ * write error) is not thrown as an unhandled `error` event; writes to a closed stream are dropped.
+ * A closed stdout calls `onStdoutClosed` once.
  */
 function cliOutput(p: NodeProcess): CliOutput {
   let stdoutClosed = false, stderrClosed = false
   const out: CliOutput = {
     get stdoutClosed() { return stdoutClosed },
-    stdout: (text) => { if (!stdoutClosed) p.stdout.write(text) },
-    stderr: (text) => { if (!stderrClosed) p.stderr.write(text) },
+    stdout: (text) => { if (!stdoutClosed) p.stdout.write(stripControls(text)) },
+    stderr: (text) => { if (!stderrClosed) p.stderr.write(stripControls(text)) },
+    stderrRaw: (text) => { if (!stderrClosed) p.stderr.write(text) },
   }
   p.stdout.on?.('error', () => {
     if (stdoutClosed) return
@@ -5758,18 +5968,16 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
   const paint = (s: string) => (color ? `\x1b[2m${s}\x1b[0m` : s)
   let live: { timer: ReturnType<typeof setInterval>; startedMs: number } | undefined
   const clearLive = () => { if (live) write('\r\x1b[K') }
-  const say = (s: string) => { clearLive(); write(paint(s) + '\n') }
+  const say = (s: string) => { clearLive(); write(paint(stripControls(s)) + '\n') } // model or server text inside, our colour around
   const stopLive = () => { if (live) { clearInterval(live.timer); clearLive(); live = undefined } }
   const drawLive = () => { if (live) write('\r\x1b[K' + paint(`[dsh] compacting… ${((Date.now() - live.startedMs) / 1000).toFixed(1)} s`)) }
-  /** callId → the tool call, from `tool/call` events and, for calls logged before this process, the surface. */
-  const calls = new Map<string, { name: string; arguments: string }>()
-  const callOf = (callId: string): { name: string; arguments: string } | undefined => {
-    const known = calls.get(callId)
-    if (known) return known
-    for (const node of agent()?.session.surface() ?? []) {
-      if (node.message.role !== 'assistant') continue
-      const block = node.message.content.find((b) => b.type === 'tool-call' && b.id === callId) as ToolCallBlock | undefined
-      if (block) return { name: block.name, arguments: block.arguments }
+  /** The tool call `callId` answers, from the assistant message on the surface (newest first: usually the last one). */
+  const callOf = (callId: string): ToolCallBlock | undefined => {
+    const nodes = agent()?.session.surface() ?? []
+    for (let i = nodes.length - 1; i >= 0; i--) {
+      const m = nodes[i].message
+      const block = m.role === 'assistant' ? m.content.find((b) => b.type === 'tool-call' && b.id === callId) as ToolCallBlock | undefined : undefined
+      if (block) return block
     }
     return undefined
   }
@@ -5819,14 +6027,12 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     }
     if (pending) finishEdit()
     switch (ev.type) {
-      case 'tool/call': calls.set(d.callId, { name: d.name, arguments: d.arguments }); return
       case 'tool/result': {
         const message = d.message as ToolResultMessage
         const call = callOf(message.toolCallId)
         const outcome = toolOutcome(message)
         const tokens = a?.session.node(ev.seq)?.tokens
         const size = tokens === undefined ? '' : ` (${groupDigits(tokens)} tokens)`
-        calls.delete(message.toolCallId)
         return say(`▸ ${call ? toolSubject(call.name, call.arguments) : `tool call ${message.toolCallId}`}${outcome ? ` → ${outcome}` : ''}${outcome && message.isError ? '' : size}`)
       }
       case 'compaction/start':
@@ -5868,17 +6074,24 @@ function usageReport(agent: Agent): string {
   ].join('\n') + '\n'
 }
 
-/** `resumed s.jsonl: 3 turns, 12,034 tokens in context; last active 5 min ago: "fix the test"`, or `undefined` for a new session. */
-function resumeLine(session: Session, name: string, nowMs: number): string | undefined {
-  const events = session.events
-  const at = events.findLastIndex((e) => e.type === 'session/resume')
-  if (at === -1 || events.slice(at + 1).some((e) => e.type === 'turn/start')) return undefined
-  const before = events.slice(0, at).filter((e) => e.type !== 'session/resume')
-  const lastInput = before.findLast((e) => e.type === 'user/message')
-  const input = lastInput ? textOf((lastInput.data as any).message).replace(/\s+/g, ' ').trim() : ''
-  const ago = before.length ? agoText(nowMs - before.at(-1)!.time) : 'never'
-  const quoted = input === '' ? '' : `: "${Array.from(input).length > 60 ? Array.from(input).slice(0, 59).join('') + '…' : input}"`
-  return `[dsh] resumed ${name}: ${session.turn.turn} turn${session.turn.turn === 1 ? '' : 's'}, ${groupDigits(session.measure().totalTokens)} tokens in context; last active ${ago}${quoted}`
+/** `resumed s.jsonl: 3 turns, 12,034 tokens in context; last active 5 min ago: "fix the test"`, or
+ *  `undefined` when this open did not resume a session (a new one, or a turn already ran). */
+async function resumeLine(session: Session, name: string, nowMs: number): Promise<string | undefined> {
+  // Session.open appends session/resume and its repairs last: walk back to it (a few events).
+  let at = session.seq - 1
+  for (; at >= 0; at--) {
+    const e = await session.readEvent(at)
+    if (e.type === 'session/resume') break
+    if (e.type === 'turn/start' || e.type === 'session/start') return undefined
+  }
+  if (at <= 0) return undefined
+  const last = await session.readEvent(at - 1)
+  const input = session.surface().findLast((n) => n.message.role === 'user')
+  const text = input ? textOf(input.message).replace(/\s+/g, ' ').trim() : ''
+  const points = Array.from(text)
+  const quoted = text === '' ? '' : `: "${points.length > 60 ? points.slice(0, 59).join('') + '…' : text}"`
+  const turns = session.turn.turn
+  return `[dsh] resumed ${name}: ${turns} turn${turns === 1 ? '' : 's'}, ${groupDigits(session.measure().totalTokens)} tokens in context; last active ${agoText(nowMs - last.time)}${quoted}`
 }
 
 function textOf(message: Message): string {
@@ -5938,7 +6151,7 @@ async function shellPermission(options: CliRunOptions, cwd: string, env: Record<
 // ── main ──
 
 /**
- * The CLI (DESIGN.md §8). Returns the exit code: 0 done, 1 provider or tool failure (or a turn
+ * The CLI (docs/design.md §8). Returns the exit code: 0 done, 1 provider or tool failure (or a turn
  * that ended without an answer), 2 usage error. Node, Deno and Bun (node: modules loaded lazily).
  * `argv` excludes the runtime and script. A closed stdout (`| head`) ends quietly with 0.
  */
@@ -5977,9 +6190,9 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
     const opened = session.events.findLastIndex((e) => e.type === 'session/start' || e.type === 'session/resume')
-    for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(JSON.stringify(e) + '\n')
+    for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(jsonLine(e))
   } else {
-    const resumed = resumeLine(session, options.session!, Date.now())
+    const resumed = await resumeLine(session, options.session!, Date.now())
     if (resumed) io.stderr(resumed + '\n')
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
@@ -5992,11 +6205,11 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   const streamAnswer = interactive || (!!p.stdout.isTTY && !options.json)
   let midLine = false
   const endLine = () => { if (midLine) { io.stdout('\n'); midLine = false } }
-  const status = statusReporter(() => agent, (t) => { endLine(); io.stderr(t) }, tty, tty && !p.env.NO_COLOR, {
+  const status = statusReporter(() => agent, (t) => { endLine(); io.stderrRaw(t) }, tty, tty && !p.env.NO_COLOR, {
     editNote: () => undefined, // cost: the cache cost of the edit goes here (docs/design.md §11)
   })
   const onEvent = (e: AgentEvent) => {
-    if (options.json) { if (e.type === 'log') io.stdout(JSON.stringify(e.event) + '\n'); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
+    if (options.json) { if (e.type === 'log') io.stdout(jsonLine(e.event)); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
     if (streamAnswer && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
     status(e)
   }
@@ -6178,12 +6391,25 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
   }
 }
 
-// Runs the CLI when this file is the program (never on import; see isEntryPoint).
-void isEntryPoint().then(async (isMain) => {
-  if (!isMain) return
+/**
+ * Runs the CLI as this process's program: {@link main} on `process.argv`, its result as the exit
+ * code; an unexpected throw is printed as `dsh: internal error: …` with exit code 1. The entry
+ * check below calls it; call it yourself from a wrapper script that should behave like `dsh`.
+ */
+export async function runAsProgram(): Promise<void> {
   const p = (await importNode<any>('node:process')).default
   try { p.exitCode = await main(p.argv.slice(2), p) } catch (err) {
     p.stderr.write(`dsh: internal error: ${(err as Error)?.stack ?? err}\n`)
     p.exitCode = 1
   }
+}
+
+// The entry check: runs the CLI when this file (or dist/cli.mjs) is the program, never on import.
+// It reaches the CLI through a dynamic import of this module itself, so the statement names no
+// CLI code and a bundler that takes only the runtime from this file drops Part II; the identity
+// test makes sure the module imported is this one (an app bundling dsh.ts has its own URL).
+void isEntryPoint().then(async (isMain) => {
+  if (!isMain) return
+  const self = await import(import.meta.url)
+  if (self.isEntryPoint === isEntryPoint) await self.runAsProgram()
 })

@@ -1,4 +1,4 @@
-// The replay runner behind `dsh.ts replay FILE` (issue 5, DESIGN.md §8): transcripts through the meter
+// The replay runner behind `dsh.ts replay FILE` (issue 5, docs/design.md §8): transcripts through the meter
 // and the ladder, offline. Corpus numbers (message counts, results over 8,192 code points, where they
 // sit) were read off the files with python/jq — see the comment by each row — not produced by dsh.
 import { test } from 'node:test'
@@ -19,7 +19,7 @@ const textOf = (m: Message): string =>
  * - the measured total after the rung equals a full recount of the projected request (§2 heuristic),
  *   so the incremental meter and the table agree with what would be sent;
  * - after a check that started at or over the threshold, no tool result the model has seen is still
- *   over 8,192 code points (DESIGN.md §3: under pressure every seen result is pruned first);
+ *   over 8,192 code points (docs/design.md §3: under pressure every seen result is pruned first);
  * - only tool results over the threshold are ever pruned, and a pruned one carries the marker.
  */
 async function replayChecked(t: Transcript, contextWindow: number, options: { summaryTokens?: number } = {}) {

@@ -24,7 +24,7 @@ const HERE = join(ROOT, 'test', 'runtimes')
 const BIN = join(ROOT, 'node_modules', '.bin')
 /** Per child process, in ms: generous, since a hung runtime should fail, not stall CI. */
 const RUNNER_TIMEOUT_MS = 30_000
-/** DESIGN.md §9: the exports tests outside the repo call. */
+/** docs/design.md §9: the exports tests outside the repo call. */
 const REQUIRED_EXPORTS = [
   'PRUNE_MARKER', 'DEFAULT_PRUNE_CONFIG', 'codePointLength', 'pruneText', 'pruneToolResult',
   'estimateTextTokens', 'estimateMessageTokens', 'parseSSE', 'classifyProviderError', 'ProviderError',
@@ -211,7 +211,7 @@ function report(id: string): { runtime: string; steps: string[]; observation: Re
   const lines = o.stdout.split('\n').filter((l) => l.startsWith('DSH-SMOKE '))
   assert.equal(o.code, 0, `${id} exited ${o.code}:\n${o.stderr}\n${o.stdout}`)
   assert.equal(lines.length, 1, `${id} printed ${lines.length} DSH-SMOKE lines:\n${o.stdout}\n${o.stderr}`)
-  // Importing dsh must print nothing (DESIGN.md §0: the CLI never runs on import).
+  // Importing dsh must print nothing (docs/design.md §0: the CLI never runs on import).
   const other = o.stdout.split('\n').filter((l) => l.trim() !== '' && !l.startsWith('DSH-SMOKE '))
   assert.deepEqual(other, [], `${id} printed more than its report on stdout`)
   return JSON.parse(lines[0].slice('DSH-SMOKE '.length))
@@ -242,7 +242,7 @@ for (const [label] of CLI_HELP_RUNS) {
     const o = helpOutcomes.get(label)
     assert.ok(o, `${label} did not run`)
     assert.equal(o.code, 0, `${label} exited ${o.code}:\n${o.stderr}`)
-    assert.equal(o.stdout.trimEnd(), dshSource.CLI_HELP.trimEnd())
+    assert.equal(o.stdout.trimEnd(), dshSource.cliHelp().trimEnd())
   })
 }
 
@@ -251,7 +251,7 @@ test('node-src: the reference observation holds the expected values', () => {
   const seen = received.get('node-src')
   assert.equal(observation.version, dshSource.VERSION)
   assert.deepEqual(observation.exports, Object.keys(dshSource).sort())
-  // Worked by hand from DESIGN.md §2–3: input = 4094 'a' + 1000 × family (8 units, 5 code points)
+  // Worked by hand from docs/design.md §2–3: input = 4094 'a' + 1000 × family (8 units, 5 code points)
   // + 600 × 'é😀' (3 units, 2 code points) = 13,894 units, 10,294 code points, ⌈13894/4⌉ = 3474 tokens.
   // Pruned: 4096 head code points (4094 'a' + 👨 + ZWJ = 4097 units) + 39-unit marker + 1024 tail
   // code points (512 × 'é😀' = 1536 units) = 5672 units, 5159 code points; grapheme-safe moves the
@@ -278,7 +278,7 @@ test('node-src: the reference observation holds the expected values', () => {
   assert.equal(seen?.[0].body, JSON.stringify({ model: 'smoke', messages: [{ role: 'user', content: 'héllo 😀' }] }))
 })
 
-test('every runtime exposes the DESIGN.md §9 exports', () => {
+test('every runtime exposes the docs/design.md §9 exports', () => {
   const missing = REQUIRED_EXPORTS.filter((name) => !(report('node-src').observation.exports as string[]).includes(name))
   assert.deepEqual(missing, [])
 })
@@ -297,7 +297,7 @@ function turnEvents(log: string[], n: number): string[] {
 }
 
 /**
- * The reference values of step `agent-http` (scenario.mjs), worked from DESIGN.md §§3, 5 and the
+ * The reference values of step `agent-http` (scenario.mjs), worked from docs/design.md §§3, 5 and the
  * script: window 8000 tokens, pressure threshold floor(8000 × 0.8) = 6400 tokens.
  */
 function checkAgentHTTP(agent: AgentHTTP, requests: ReturnType<typeof providerRequests>) {
