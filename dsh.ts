@@ -108,6 +108,35 @@ export interface Usage {
   reasoningTokens?: number
 }
 
+/**
+ * Prices of one model in USD per million tokens (docs/design.md §11): input served from the
+ * provider's prompt cache, input not in the cache, and completion tokens (reasoning included).
+ * `peak`, when given, multiplies all three inside its UTC windows. Give it to a provider as the
+ * `prices` option; {@link DEEPSEEK_PRICES} holds DeepSeek's. A model without prices has cost
+ * "unknown": dsh never invents one.
+ */
+export interface Prices {
+  /** USD per million input tokens that hit the prompt cache. */
+  cacheHitInput: number
+  /** USD per million input tokens that miss the prompt cache. */
+  cacheMissInput: number
+  /** USD per million completion tokens. */
+  output: number
+  /** Peak hours, when every price above is multiplied by `multiplier`. */
+  peak?: PeakHours
+}
+
+/**
+ * Peak hours of a price table: on the UTC `days` (0 = Sunday … 6 = Saturday, as
+ * `Date#getUTCDay`), inside each `[startHour, endHour)` of `hoursUTC` (UTC hours, 0–24), prices are
+ * multiplied by `multiplier` (e.g. 2 for double).
+ */
+export interface PeakHours {
+  multiplier: number
+  days: readonly number[]
+  hoursUTC: readonly (readonly [number, number])[]
+}
+
 /** Error codes of {@link ProviderError} (docs/design.md §6). */
 export type ProviderErrorCode =
   | 'CONTEXT_WINDOW_EXCEEDED' | 'RATE_LIMIT' | 'QUOTA' | 'AUTH' | 'INVALID_REQUEST' | 'SERVER'
@@ -183,6 +212,8 @@ export interface Provider {
   readonly contextWindow?: number
   /** Default completion budget in tokens (before clamping). */
   readonly maxTokens: number
+  /** The model's price table, USD per million tokens, when known (docs/design.md §11); else cost is "unknown". */
+  readonly prices?: Prices
   /** Streams one chat completion; throws {@link ProviderError} on any failure. */
   complete(request: ChatRequest): Promise<ChatResponse>
 }
@@ -295,6 +326,62 @@ export interface Measurement {
 export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | undefined): number {
   if (!anchor) return heuristicTokens
   return Math.max(anchor.providerTokens, anchor.heuristicTokens) + (heuristicTokens - anchor.heuristicTokens)
+}
+
+// ── 2.1 Cost: prices applied to tokens (docs/design.md §11) ──
+
+/** Throws a TypeError naming the field unless `prices` is a well-formed {@link Prices}; returns it. */
+export function validatePrices(prices: unknown, where = 'prices'): Prices {
+  const fail = (what: string): never => { throw new TypeError(`${where}${what}; e.g. { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 } (USD per million tokens)`) }
+  if (typeof prices !== 'object' || prices === null || Array.isArray(prices)) fail(` must be an object, got ${prices === null ? 'null' : typeof prices}`)
+  const p = prices as Record<string, unknown>
+  for (const key of Object.keys(p)) if (!['cacheHitInput', 'cacheMissInput', 'output', 'peak'].includes(key)) fail(`: unknown key "${key}" (cacheHitInput, cacheMissInput, output, peak)`)
+  for (const key of ['cacheHitInput', 'cacheMissInput', 'output']) {
+    const v = p[key]
+    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) fail(`.${key} must be a non-negative number of USD per million tokens, got ${JSON.stringify(v)}`)
+  }
+  if (p.peak !== undefined) {
+    const peak = p.peak as Record<string, unknown>
+    if (typeof peak !== 'object' || peak === null) fail('.peak must be an object {multiplier, days, hoursUTC}')
+    if (typeof peak.multiplier !== 'number' || !Number.isFinite(peak.multiplier) || peak.multiplier < 0) fail(`.peak.multiplier must be a non-negative number, got ${JSON.stringify(peak.multiplier)}`)
+    if (!Array.isArray(peak.days) || !peak.days.every((d) => Number.isInteger(d) && d >= 0 && d <= 6)) fail(`.peak.days must be UTC weekdays 0 (Sunday) … 6 (Saturday), got ${JSON.stringify(peak.days)}`)
+    if (!Array.isArray(peak.hoursUTC) || !peak.hoursUTC.every((h) => Array.isArray(h) && h.length === 2 && h.every((x) => typeof x === 'number' && x >= 0 && x <= 24) && h[0] < h[1])) {
+      fail(`.peak.hoursUTC must be [startHour, endHour) pairs with 0 ≤ start < end ≤ 24, got ${JSON.stringify(peak.hoursUTC)}`)
+    }
+  }
+  return prices as Prices
+}
+
+/** Whether `timeMs` (ms since the epoch) lies in a peak window of `prices`. */
+export function isPeakTime(prices: Prices, timeMs: number): boolean {
+  const peak = prices.peak
+  if (!peak) return false
+  const d = new Date(timeMs)
+  if (!peak.days.includes(d.getUTCDay())) return false
+  const hour = d.getUTCHours() + d.getUTCMinutes() / 60 + d.getUTCSeconds() / 3600
+  return peak.hoursUTC.some(([start, end]) => hour >= start && hour < end)
+}
+
+/** The tokens of one request as billed: input split by the prompt cache, and output. */
+export interface BilledTokens { cachedInputTokens: number; uncachedInputTokens: number; outputTokens: number }
+
+/**
+ * USD of one request (docs/design.md §11): `cached × cacheHitInput + uncached × cacheMissInput +
+ * output × output`, per million tokens, times the peak multiplier when `timeMs` is in a peak window.
+ */
+export function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): number {
+  const usd = (tokens.cachedInputTokens * prices.cacheHitInput + tokens.uncachedInputTokens * prices.cacheMissInput + tokens.outputTokens * prices.output) / 1_000_000
+  return isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
+}
+
+/**
+ * USD that an edit of the surface adds to the next request (docs/design.md §11): the tokens after
+ * the edit point that move from cache hit to cache miss × (miss − hit price), off-peak (times the
+ * peak multiplier when `timeMs` is given and in a peak window).
+ */
+export function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: number): number {
+  const usd = (movedTokens * (prices.cacheMissInput - prices.cacheHitInput)) / 1_000_000
+  return timeMs !== undefined && isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
 }
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
@@ -529,7 +616,78 @@ export interface RequestHeader {
   maxTokens?: number
   /** Context window, tokens. */
   contextWindow?: number
+  /** The conversation model's price table (USD per million tokens), when it has one (docs/design.md §11). */
+  prices?: Prices
 }
+
+/**
+ * The prompt-cache figures of one conversation request, logged on its `assistant/message` as
+ * `cache` (docs/design.md §11). Tokens by the meter (§2): `inputTokens` is the heuristic size of
+ * what was sent (envelope + messages); `modelledHitTokens` the leading part identical to the
+ * previous conversation request (envelope first). The provider's own figure, when reported, is
+ * `usage.cachedTokens` on the same event and wins for billing.
+ */
+export interface RequestCache { inputTokens: number; modelledHitTokens: number }
+
+/**
+ * One summary request, logged in `compaction/end {requests}` (docs/design.md §11). `inputTokens`
+ * and `modelledHitTokens` as in {@link RequestCache} (a summary request is compared with the
+ * conversation request before it); `outputTokens` is the meter's price of the answer, used when the
+ * provider reported no usage; `prices` the summarizer's table when its model is not the
+ * conversation model.
+ */
+export interface SummaryRequestRecord extends RequestCache {
+  model: string
+  outputTokens: number
+  usage?: Usage
+  prices?: Prices
+}
+
+/**
+ * Tokens and cost of a set of requests (units in the names). Input is the provider-reported prompt
+ * size when given, else the meter's estimate; `cachedInputTokens` is the reported `cachedTokens`
+ * when given, else the modelled hit (scaled to the reported prompt size when only that is known).
+ * `costUSD` is undefined ("unknown") when any request has no price; `unpricedRequests` says how many.
+ */
+export interface TokenTally {
+  requests: number
+  inputTokens: number
+  cachedInputTokens: number
+  uncachedInputTokens: number
+  outputTokens: number
+  costUSD?: number
+  unpricedRequests: number
+}
+
+/**
+ * What a session has used so far ({@link Session.usage}): conversation and summary requests apart
+ * and together. `cacheHitShare` = cached ÷ input tokens over all requests (0 … 1; 0 with no input);
+ * `modelledHitTokens` the meter's modelled cache hits summed (tokens); `reportedCacheRequests` how
+ * many requests carried a provider-reported `cachedTokens`.
+ */
+export interface SessionUsage extends TokenTally {
+  conversation: TokenTally
+  summary: TokenTally
+  cacheHitShare: number
+  modelledHitTokens: number
+  reportedCacheRequests: number
+}
+
+/**
+ * The prompt-cache effect of one surface edit (a prune, clear or compaction replace), tokens by
+ * the meter: `movedTokens` — tokens at and after the edit point that the previous conversation
+ * request sent and that the next one sends as cache misses instead of hits (0 when the cache was
+ * already broken before that point); `savedTokens` — tokens removed from every later request.
+ */
+export interface EditCache { seq: number; movedTokens: number; savedTokens: number }
+
+/**
+ * {@link EditCache} priced (docs/design.md §11), USD at the prices of the edit's time (peak hours
+ * included): `cacheCostUSD` = moved tokens × (miss − hit price), paid once on the next request;
+ * `savedUSDPerRequest` = saved tokens × hit price, saved on every later request (they were cached).
+ * Both undefined when the model has no price.
+ */
+export interface EditCost extends EditCache { cacheCostUSD?: number; savedUSDPerRequest?: number }
 
 /** The `data` of each event type dsh writes (docs/design.md §4). Callers may log other types too. */
 export interface EventDataMap {
@@ -542,7 +700,7 @@ export interface EventDataMap {
   'step/end': { turn: number; step: number }
   'request/header': RequestHeader
   'user/message': { message: UserMessage; surfaceOp: SurfaceOp; compactionId?: string }
-  'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string }
+  'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string; cache?: RequestCache }
   /** The dispatch record of a tool call. Its arguments are logged once, in the `tool-call` block of
    *  the assistant message that holds `callId` (logs written by dsh 0.1 repeat them here). */
   'tool/call': { callId: string; name: string; arguments?: string }
@@ -551,9 +709,11 @@ export interface EventDataMap {
   'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
   'compaction/start': { id: string; trigger: string }
   'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage }
-  'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number }
+  'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number; requests?: SummaryRequestRecord[] }
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
   'recovery/retry': { generationBefore: number; generationAfter: number }
+  /** A stream that broke after output (`code`, e.g. SERVER or TRANSPORT) is retried once as step `step + 1`; its partial output precedes this event as an interrupted message. */
+  'step/retry': { turn: number; step: number; code: ProviderErrorCode }
 }
 /** The event types dsh itself writes (see {@link EventDataMap}). */
 export type EventType = keyof EventDataMap
@@ -821,6 +981,15 @@ export class Session {
   private turnState = { last: 0, open: false, step: 0, stepOpen: false }
   private compactionOpen?: string
   private sessionId = ''
+  // The prompt-cache model (docs/design.md §11), kept as events arrive (O(1) per append, O(edit
+  // span) per replace) so that it survives resume: `cacheNodes` leading surface nodes were sent by
+  // the last conversation request and are unchanged since (-1: no request since the envelope or
+  // model changed); `cachePrefixTokens` is their heuristic price.
+  private cacheNodes = -1
+  private cachePrefixTokens = 0
+  private envelopeKey = ''
+  private edits = new Map<number, EditCache & { time: number }>()
+  private requestLog: RequestEntry[] = []
 
   constructor(options: SessionOptions = {}) {
     this.store = options.store ?? new MemoryStore()
@@ -1005,6 +1174,8 @@ export class Session {
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
         this.anchorState = undefined // an envelope or model change voids the usage anchor (docs/design.md §2)
+        const key = cacheKey(data.model, data)
+        if (key !== this.envelopeKey) { this.envelopeKey = key; this.cacheNodes = -1; this.cachePrefixTokens = 0 } // a new envelope or model: nothing is cached
         break
       }
       case 'turn/start': this.turnState = { last: data.turn, open: true, step: 0, stepOpen: false }; break
@@ -1013,13 +1184,22 @@ export class Session {
       case 'step/end': this.turnState.stepOpen = false; break
       case 'tool/call': this.dispatched.add(data.callId); break
       case 'compaction/start': this.compactionOpen = data.id; break
-      case 'compaction/end': if (this.compactionOpen === data.id) this.compactionOpen = undefined; break
+      case 'compaction/end': {
+        if (this.compactionOpen === data.id) this.compactionOpen = undefined
+        if (Array.isArray(data.requests)) {
+          for (const r of data.requests as SummaryRequestRecord[]) {
+            this.requestLog.push({ time: event.time, summary: true, model: r.model, inputTokens: r.inputTokens, modelledHitTokens: r.modelledHitTokens, outputTokens: r.outputTokens, usage: r.usage, prices: r.prices ?? (r.model === this.header?.model ? this.header?.prices : undefined) })
+          }
+        }
+        break
+      }
     }
     if (!SURFACE_TYPES[event.type]) return
     const message = data.message as Message
     const op = data.surfaceOp as SurfaceOp
     const tokens = estimateMessageTokens(message)
     if (op.op === 'append') {
+      if (event.type === 'assistant/message') this.recordRequest(event.time, tokens, data.usage)
       const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
       this.nodes.push(node)
       this.bySeq.set(event.seq, node)
@@ -1030,6 +1210,17 @@ export class Session {
       const first = this.bySeq.get(op.start)!, last = this.bySeq.get(op.end)!
       const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
       const node: SurfaceNode = { seq: event.seq, message, tokens, key: first.key }
+      // Prompt cache: everything from the edit point to the end of the cached prefix now misses.
+      let movedTokens = 0
+      if (lo < this.cacheNodes) {
+        let after = 0 // old tokens in [lo, cacheNodes)
+        for (let i = lo; i < this.cacheNodes; i++) after += this.nodes[i].tokens
+        let kept = 0 // old tokens in (hi, cacheNodes): unchanged, but no longer in the prefix
+        for (let i = hi + 1; i < this.cacheNodes; i++) kept += this.nodes[i].tokens
+        movedTokens = tokens + kept
+        this.cachePrefixTokens -= after
+        this.cacheNodes = lo
+      }
       let shadowed = 0
       for (let i = lo; i <= hi; i++) {
         const old = this.nodes[i]
@@ -1043,6 +1234,7 @@ export class Session {
       this.bySeq.set(event.seq, node)
       this.surfaceTokensSum += tokens - shadowed
       this.generation++
+      this.edits.set(event.seq, { seq: event.seq, movedTokens, savedTokens: shadowed - tokens, time: event.time })
     }
     if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
       const u = data.usage as Usage
@@ -1062,6 +1254,106 @@ export class Session {
       anchor: this.anchorState,
       nodes: this.nodes,
     }
+  }
+
+  /** Logs one conversation request (an appended assistant message answers it) in the cache model. */
+  private recordRequest(time: number, outputTokens: number, usage: Usage | undefined): void {
+    const { inputTokens, modelledHitTokens } = this.nextRequestCache()
+    this.requestLog.push({ time, summary: false, model: this.header?.model ?? '', inputTokens, modelledHitTokens, outputTokens, usage, prices: this.header?.prices })
+    this.cacheNodes = this.nodes.length // the request sent the whole surface before this message
+    this.cachePrefixTokens = this.surfaceTokensSum
+  }
+
+  /**
+   * The prompt-cache figures the next conversation request would have if it were sent now
+   * (docs/design.md §11), tokens by the meter: its heuristic input (envelope + surface) and the
+   * modelled hit — the envelope plus the leading surface messages the previous conversation
+   * request sent that no edit has touched since (0 after an envelope or model change, or before
+   * the first request). O(1). Derived from the log, so it survives resume.
+   */
+  nextRequestCache(): RequestCache {
+    return {
+      inputTokens: this.envelopeTokensSum + this.surfaceTokensSum,
+      modelledHitTokens: this.cacheNodes < 0 ? 0 : this.envelopeTokensSum + this.cachePrefixTokens,
+    }
+  }
+
+  /**
+   * The modelled cache hit of a summary request (docs/design.md §11), tokens by the meter: compared
+   * with the conversation request before it, the envelope (same model and envelope only) plus the
+   * leading `messages` that are the very surface messages that request sent, unedited since. 0 for
+   * another model or envelope. O(messages compared).
+   */
+  summaryRequestHit(model: string, envelope: Envelope, messages: readonly Message[]): number {
+    if (this.cacheNodes < 0 || cacheKey(model, { ...envelope, baseURL: this.header?.baseURL }) !== this.envelopeKey) return 0
+    let tokens = this.envelopeTokensSum
+    const n = Math.min(this.cacheNodes, messages.length)
+    for (let i = 0; i < n && messages[i] === this.nodes[i].message; i++) tokens += this.nodes[i].tokens
+    return tokens
+  }
+
+  /** The prompt-cache effect of the surface edit logged as event `seq` (a replace), if it was one. */
+  editCache(seq: number): EditCache | undefined {
+    const e = this.edits.get(seq)
+    return e && { seq: e.seq, movedTokens: e.movedTokens, savedTokens: e.savedTokens }
+  }
+
+  /**
+   * {@link Session.editCache} priced with `prices` (default: the table of the current
+   * `request/header`) at the edit's time; undefined when `seq` was no surface edit.
+   */
+  editCost(seq: number, prices: Prices | undefined = this.header?.prices): EditCost | undefined {
+    const e = this.edits.get(seq)
+    if (!e) return undefined
+    const cost: EditCost = { seq: e.seq, movedTokens: e.movedTokens, savedTokens: e.savedTokens }
+    if (prices) {
+      cost.cacheCostUSD = cacheCostUSD(prices, e.movedTokens, e.time)
+      cost.savedUSDPerRequest = (e.savedTokens * prices.cacheHitInput * (isPeakTime(prices, e.time) ? prices.peak!.multiplier : 1)) / 1_000_000
+    }
+    return cost
+  }
+
+  /**
+   * Tokens and cost so far (docs/design.md §11), conversation and summary requests apart and
+   * together; O(requests), from state kept as events arrive (so it survives resume). Per request:
+   * input = the reported prompt tokens, else the meter's estimate; cached = the reported
+   * `cachedTokens` (the report wins), else the modelled hit (scaled by reported ÷ estimated input
+   * when only the prompt size was reported); output = the reported completion tokens, else the
+   * meter's price of the answer. Cost uses the price table logged with the request's
+   * `request/header` (the provider's `prices`), peak hours by the event's time; `options.prices`
+   * re-prices every request instead (a table, or a function of the model name). A request with no
+   * price makes `costUSD` undefined ("unknown"); tokens are still reported.
+   */
+  usage(options: { prices?: Prices | ((model: string) => Prices | undefined) } = {}): SessionUsage {
+    const tally = (): TokenTally => ({ requests: 0, inputTokens: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, costUSD: 0, unpricedRequests: 0 })
+    const conversation = tally(), summary = tally()
+    let modelledHitTokens = 0, reportedCacheRequests = 0
+    const override = options.prices
+    for (const r of this.requestLog) {
+      const t = r.summary ? summary : conversation
+      const billed = billedTokens(r)
+      if (r.usage?.cachedTokens !== undefined) reportedCacheRequests++
+      modelledHitTokens += r.modelledHitTokens
+      t.requests++
+      t.inputTokens += billed.cachedInputTokens + billed.uncachedInputTokens
+      t.cachedInputTokens += billed.cachedInputTokens
+      t.uncachedInputTokens += billed.uncachedInputTokens
+      t.outputTokens += billed.outputTokens
+      const prices = override === undefined ? r.prices : typeof override === 'function' ? override(r.model) : override
+      if (prices) t.costUSD! += requestCostUSD(prices, billed, r.time)
+      else t.unpricedRequests++
+    }
+    for (const t of [conversation, summary]) if (t.unpricedRequests > 0) t.costUSD = undefined
+    const total: TokenTally = {
+      requests: conversation.requests + summary.requests,
+      inputTokens: conversation.inputTokens + summary.inputTokens,
+      cachedInputTokens: conversation.cachedInputTokens + summary.cachedInputTokens,
+      uncachedInputTokens: conversation.uncachedInputTokens + summary.uncachedInputTokens,
+      outputTokens: conversation.outputTokens + summary.outputTokens,
+      costUSD: conversation.costUSD === undefined || summary.costUSD === undefined ? undefined : conversation.costUSD + summary.costUSD,
+      unpricedRequests: conversation.unpricedRequests + summary.unpricedRequests,
+    }
+    return { ...total, conversation, summary, cacheHitShare: total.inputTokens > 0 ? total.cachedInputTokens / total.inputTokens : 0, modelledHitTokens, reportedCacheRequests }
   }
 
   /**
@@ -1140,6 +1432,35 @@ export class Session {
     await this.flush()
     await this.store.sync?.()
   }
+}
+
+/** One request in the cache model of {@link Session} (conversation or summary). Tokens. */
+interface RequestEntry {
+  time: number
+  summary: boolean
+  model: string
+  inputTokens: number
+  modelledHitTokens: number
+  outputTokens: number
+  usage?: Usage
+  prices?: Prices
+}
+
+/** What the prompt cache is keyed on besides the messages: model, base URL, system prompt, tools. */
+function cacheKey(model: string, h: { baseURL?: string; system?: string; tools?: readonly ToolSpec[] }): string {
+  return JSON.stringify([model, h.baseURL ?? '', h.system ?? '', h.tools ?? []])
+}
+
+/**
+ * The billed split of one request (docs/design.md §11): the provider's figures when reported, else
+ * the meter's; a reported prompt size without `cachedTokens` takes the modelled hit's share of it.
+ */
+function billedTokens(r: { inputTokens: number; modelledHitTokens: number; outputTokens: number; usage?: Usage }): BilledTokens {
+  const u = r.usage && r.usage.promptTokens > 0 ? r.usage : undefined // a prompt is never 0 tokens: 0 means "not reported"
+  const input = u ? u.promptTokens : r.inputTokens
+  const share = r.inputTokens > 0 ? Math.min(1, r.modelledHitTokens / r.inputTokens) : 0
+  const cached = Math.min(input, Math.max(0, u?.cachedTokens ?? (u ? Math.round(input * share) : r.modelledHitTokens)))
+  return { cachedInputTokens: cached, uncachedInputTokens: input - cached, outputTokens: r.usage ? r.usage.completionTokens : r.outputTokens }
 }
 
 function randomId(): string {
@@ -1441,6 +1762,30 @@ export async function summarise(host: CompactionHost, messages: readonly Message
 }
 
 /**
+ * `host` with a summarizer that records every answered summary request in `records` (its meter
+ * size, modelled cache hit against the conversation request before it, output and usage) for
+ * `compaction/end {requests}` (docs/design.md §11). Getters of `host` (an Agent) are kept.
+ */
+function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRecord[]): CompactionHost {
+  const base = host.summarizer, session = host.session
+  const summarizer: Provider = {
+    model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens, prices: base.prices,
+    async complete(request) {
+      const envelope: Envelope = { system: request.system, tools: request.tools }
+      const inputTokens = estimateRequestTokens(envelope, request.messages)
+      const modelledHitTokens = session.summaryRequestHit(base.model, envelope, request.messages)
+      const response = await base.complete(request)
+      const record: SummaryRequestRecord = { model: base.model, inputTokens, modelledHitTokens, outputTokens: estimateMessageTokens(response.message) }
+      if (response.usage) record.usage = response.usage
+      if (base.prices && base.model !== session.header?.model) record.prices = base.prices
+      records.push(record)
+      return response
+    },
+  }
+  return Object.create(host, { summarizer: { value: summarizer } }) as CompactionHost
+}
+
+/**
  * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → summarise → reject a
  * framed summary not strictly smaller than the region → check the surface did not change → append
  * `compaction/summary` and the replacing `user/message` with no await between → `compaction/end`.
@@ -1449,6 +1794,8 @@ export async function summarise(host: CompactionHost, messages: readonly Message
  */
 export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal): Promise<number> {
   const session = host.session
+  const records: SummaryRequestRecord[] = []
+  host = withRecordingSummarizer(host, records)
   const nodes = session.surface().slice(region.start, region.end)
   const first = nodes[0].seq, last = nodes[nodes.length - 1].seq
   const generation = session.replaceGeneration
@@ -1466,11 +1813,11 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
     if (session.replaceGeneration !== generation || !session.node(first) || !session.node(last)) throw new CompactionError('the surface changed during compaction')
     session.append('compaction/summary', { id, summary: result.summary, shadowedSeqs: nodes.map((n) => n.seq), shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage })
     session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id })
-    session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens })
+    session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens, requests: records })
     return requests
   } catch (err) {
     const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
-    session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err) })
+    session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err), requests: records })
     throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
   }
 }
@@ -1673,6 +2020,35 @@ export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = Obje
   'deepseek-chat': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'disabled' as const }),
   'deepseek-reasoner': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'enabled' as const }),
 })
+
+/**
+ * DeepSeek's peak hours: Monday to Friday, UTC 01:00–04:00 and 06:00–10:00, every price doubled
+ * (DeepSeek, "Models & Pricing", api-docs.deepseek.com/quick_start/pricing, autumn 2026).
+ */
+export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = Object.freeze({
+  multiplier: 2, days: Object.freeze([1, 2, 3, 4, 5]), hoursUTC: Object.freeze([Object.freeze([1, 4] as const), Object.freeze([6, 10] as const)]),
+})
+
+/**
+ * DeepSeek's prices in USD per million tokens, off-peak, with {@link DEEPSEEK_PEAK_HOURS}
+ * (DeepSeek, "Models & Pricing", api-docs.deepseek.com/quick_start/pricing, autumn 2026; docs/design.md §11):
+ * `deepseek-flash` (and its older name `deepseek-v4-flash`) cache hit 0.003, cache miss 0.15,
+ * output 0.60; `deepseek-v4-pro` 0.022 / 0.66 / 1.98. {@link deepseek} uses them by default;
+ * {@link pricesOf} also resolves the retired aliases of {@link KNOWN_MODELS}. Every other model
+ * has no price unless one is given.
+ */
+export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = Object.freeze({
+  'deepseek-flash': Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-flash': Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-pro': Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: DEEPSEEK_PEAK_HOURS }),
+})
+
+/** DeepSeek's price table for `model` (a retired alias resolves to the model it stands for); undefined for any other model. */
+export function pricesOf(model: string): Readonly<Prices> | undefined {
+  const own = Object.prototype.hasOwnProperty.call(DEEPSEEK_PRICES, model) ? DEEPSEEK_PRICES[model] : undefined
+  const alias = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model].aliasOf : undefined
+  return own ?? (alias !== undefined ? pricesOf(alias) : undefined)
+}
 
 // ── 6.1 Server-sent events ────────────────────────────────────────────────────────────────────
 // Spec: WHATWG HTML §9.2 "Server-sent events", https://html.spec.whatwg.org/multipage/server-sent-events.html
@@ -2359,6 +2735,12 @@ export interface OpenAICompatibleOptions {
   extraBody?: Record<string, unknown>
   /** Waits between retries (tests pass a fake clock). Must reject when `signal` aborts. */
   sleep?: (ms: number, signal?: AbortSignal) => Promise<void>
+  /**
+   * The model's price table, USD per million tokens (docs/design.md §11). Default: none for
+   * {@link openAICompatible} (cost "unknown"); {@link deepseek} uses {@link pricesOf} the model.
+   * @throws TypeError at construction for a malformed table (the message names the field).
+   */
+  prices?: Prices
   /** Cap on one assistant message in UTF-8 bytes (text + reasoning + tool-call arguments); past it
    *  the stream is cancelled and RESPONSE_TOO_LARGE thrown with the partial text. Default {@link DEFAULT_MAX_MESSAGE_BYTES}. */
   maxMessageBytes?: number
@@ -2369,7 +2751,7 @@ export interface OpenAICompatibleOptions {
 const OPTION_NAMES: readonly (keyof OpenAICompatibleOptions)[] = [
   'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'maxTokensField', 'headers', 'fetch',
   'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'thinking', 'reasoningEffort', 'extraBody', 'sleep',
-  'maxMessageBytes', 'requestTimeoutMs',
+  'maxMessageBytes', 'requestTimeoutMs', 'prices',
 ]
 
 interface AdapterConfig {
@@ -2391,6 +2773,7 @@ interface AdapterConfig {
   reasoningEffort?: string
   extraBody: Record<string, unknown>
   sleep: (ms: number, signal?: AbortSignal) => Promise<void>
+  prices?: Prices
   maxMessageBytes: number
   requestTimeoutMs?: number
 }
@@ -2472,6 +2855,7 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
     reasoningEffort: options.reasoningEffort,
     extraBody: { ...(options.extraBody ?? {}) },
     sleep: options.sleep ?? sleepMs,
+    prices: options.prices === undefined ? undefined : validatePrices(options.prices, `${fn}: prices`),
     maxMessageBytes: positiveInteger(fn, 'maxMessageBytes', options.maxMessageBytes) ?? DEFAULT_MAX_MESSAGE_BYTES,
     requestTimeoutMs: positiveInteger(fn, 'requestTimeoutMs', options.requestTimeoutMs),
   }
@@ -2519,6 +2903,7 @@ export function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provid
   if (!isRecord(options)) throw new TypeError(`deepseek takes an options object, got ${options === null ? 'null' : typeof options}`)
   const merged: Record<string, unknown> = { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL }
   for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
+  if (merged.prices === undefined && typeof merged.model === 'string') merged.prices = pricesOf(merged.model)
   const cfg = resolveConfig('deepseek', merged as unknown as OpenAICompatibleOptions, DEEPSEEK_API_KEY_ENV)
   // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
   const url = new URL(cfg.baseURL)
@@ -2538,6 +2923,7 @@ function makeProvider(cfg: AdapterConfig): Provider {
     baseURL: cfg.baseURL,
     contextWindow: cfg.contextWindow,
     maxTokens: cfg.maxTokens,
+    ...(cfg.prices ? { prices: cfg.prices } : {}),
     complete: (request) => completeWithRetries(cfg, request),
   }
 }
@@ -2556,6 +2942,8 @@ function isConnectFailure(error: ProviderError): boolean {
 /** Errors never retried: raised after output was streamed (a retry would show the caller a second
  *  answer), or past the request deadline. */
 const notRetried = new WeakSet<ProviderError>()
+/** Errors of a stream that broke after output (not past the deadline): the loop retries those once as a new step. */
+const afterOutput = new WeakSet<ProviderError>()
 const RETRYABLE = new Set<ProviderErrorCode>(['RATE_LIMIT', 'SERVER', 'TRANSPORT', 'TIMEOUT', 'EMPTY_RESPONSE'])
 
 /** An exception thrown by the caller's onEvent: passed through unchanged, never retried. */
@@ -2586,24 +2974,45 @@ function maxTokensFor(cfg: AdapterConfig, request: ChatRequest): number {
   return Math.min(capped, room)
 }
 
+/** The tool specs of an envelope as wire JSON, serialised once per tools array (the Agent keeps one per envelope). */
+const toolsJSON = new WeakMap<readonly ToolSpec[], string>()
+
+/**
+ * The request body (docs/design.md §11 "byte stability"). Keys in a fixed order — extra body fields,
+ * model, thinking, reasoning_effort, tools, messages, then the per-request fields (stream,
+ * stream_options, the budget) — and nothing per-request inside a message, so for unchanged
+ * history the body of one request is a byte prefix of the next one's up to the end of its last
+ * message. The tools are serialised once per tools array: do not mutate one after sending it.
+ */
 function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number): string {
-  const body: Record<string, unknown> = {
-    ...cfg.extraBody,
-    model: cfg.model,
-    messages: toWireMessages(request.system, request.messages),
-    stream: true,
-    stream_options: { include_usage: true },
-    [cfg.maxTokensField]: maxTokens,
+  const json = (value: unknown) => JSON.stringify(value, wireReplacer)
+  const own = new Set(['model', 'messages', 'stream', 'stream_options', cfg.maxTokensField])
+  if (cfg.thinking) own.add('thinking')
+  if (cfg.reasoningEffort !== undefined) own.add('reasoning_effort')
+  const tools = request.tools && request.tools.length > 0 ? request.tools : undefined
+  if (tools) own.add('tools')
+  const fields: string[] = []
+  const field = (key: string, valueJSON: string | undefined) => { if (valueJSON !== undefined) fields.push(`${json(key)}:${valueJSON}`) }
+  for (const [key, value] of Object.entries(cfg.extraBody)) if (!own.has(key)) field(key, json(value))
+  field('model', json(cfg.model))
+  if (cfg.thinking) field('thinking', json({ type: cfg.thinking }))
+  if (cfg.reasoningEffort !== undefined) field('reasoning_effort', json(cfg.reasoningEffort))
+  if (tools) {
+    let text = toolsJSON.get(tools)
+    if (text === undefined) {
+      text = json(tools.map((t) => ({
+        type: 'function',
+        function: { name: t.name, ...(t.description !== undefined ? { description: t.description } : {}), parameters: t.parameters ?? { type: 'object', properties: {} } },
+      })))
+      toolsJSON.set(tools, text)
+    }
+    field('tools', text)
   }
-  if (request.tools && request.tools.length > 0) {
-    body.tools = request.tools.map((t) => ({
-      type: 'function',
-      function: { name: t.name, ...(t.description !== undefined ? { description: t.description } : {}), parameters: t.parameters ?? { type: 'object', properties: {} } },
-    }))
-  }
-  if (cfg.thinking) body.thinking = { type: cfg.thinking }
-  if (cfg.reasoningEffort !== undefined) body.reasoning_effort = cfg.reasoningEffort
-  return JSON.stringify(body, wireReplacer)
+  field('messages', `[${toWireMessages(request.system, request.messages).map((m) => json(m)).join(',')}]`)
+  field('stream', 'true')
+  field('stream_options', '{"include_usage":true}')
+  field(cfg.maxTokensField, String(maxTokens))
+  return `{${fields.join(',')}}`
 }
 
 async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Promise<ChatResponse> {
@@ -2936,6 +3345,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     }
     if (partial && !error.partial) error.partial = partial
     if (acc.streamed) notRetried.add(error)
+    if (acc.streamed && !pastDeadline) afterOutput.add(error)
     throw error
   } finally {
     if (timer !== undefined) clearTimeout(timer)
@@ -3000,6 +3410,9 @@ export interface TurnResult {
   message?: AssistantMessage
 }
 
+/** Consecutive retries of a step whose stream broke after output (see {@link Agent}). */
+const MAX_STREAM_RETRIES = 1
+
 const textOfBlocks = (blocks: readonly Block[]) => blocks.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('')
 
 /** Turns whatever a tool returned into result content; anything else is an error for the model. */
@@ -3047,7 +3460,10 @@ function errorResult(callId: string, text: string, code: string): ToolResultMess
  * The ladder (§5) is wired in through the `agent/post-step` and `agent/request-error` hooks unless
  * `compaction.auto` is false. Cancellation through `run(input, {signal})`: a running tool call
  * finishes, undispatched calls get a synthetic `TOOL_ABORTED` result, partial assistant text is kept
- * as an interrupted message.
+ * as an interrupted message. A stream that breaks after output with a retryable error (SERVER,
+ * TRANSPORT, TIMEOUT, RATE_LIMIT; the adapter itself never retries once output was streamed) keeps
+ * its partial text as an interrupted message and is retried once as a new step (`step/retry`); a
+ * second break in a row ends the turn with the error.
  */
 export class Agent implements CompactionHost {
   readonly session: Session
@@ -3066,7 +3482,9 @@ export class Agent implements CompactionHost {
   private readonly steering: string[] = []
   private running = false
   private overflowRetries = 0
+  private streamRetries = 0
   private onEvent?: (e: AgentEvent) => void
+  private envelopeMemo?: Envelope
 
   constructor(options: AgentOptions) {
     if (!options?.session || !options.provider) throw new TypeError('new Agent({session, provider, …}): session and provider are required')
@@ -3106,7 +3524,9 @@ export class Agent implements CompactionHost {
   get modelName(): string { return this.provider.model }
   /** The request envelope: system prompt and tool specs. */
   get envelope(): Envelope {
-    return { system: this.system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
+    // One object per agent: the adapter serialises its tools once (docs/design.md §11 byte stability).
+    this.envelopeMemo ??= { system: this.system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
+    return this.envelopeMemo
   }
 
   /** Registers a hook; returns a function that removes it. */
@@ -3174,6 +3594,7 @@ export class Agent implements CompactionHost {
       await session.flush() // the input is written at once and fsynced with the first step's boundary
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
       this.overflowRetries = 0
+      this.streamRetries = 0
       for (;;) {
         if (signal.aborted) return await end('aborted')
         if (step >= this.maxSteps) return await end('max-steps')
@@ -3191,6 +3612,7 @@ export class Agent implements CompactionHost {
         }
         await this.runHooks('agent/request', { ...ctx, request })
         await session.flush() // written, not fsynced: a crash mid-request still shows the step it was in
+        const cache = session.nextRequestCache()
         let response: ChatResponse
         try {
           response = await this.provider.complete(request)
@@ -3216,12 +3638,21 @@ export class Agent implements CompactionHost {
           }
           if (partial) session.append('assistant/message', { message: partial, finishReason: 'error', surfaceOp: { op: 'append' } })
           session.append('step/end', { turn, step })
+          // The adapter never retries once output was streamed (the caller saw it): the loop does,
+          // once, as a new step whose request carries the partial output as an interrupted message.
+          if (afterOutput.has(error) && RETRYABLE.has(error.code) && this.streamRetries < MAX_STREAM_RETRIES) {
+            this.streamRetries++
+            session.append('step/retry', { turn, step, code: error.code })
+            await session.sync()
+            continue
+          }
           await end('error')
           throw raw instanceof ProviderError ? raw : error
         }
         this.overflowRetries = 0
+        this.streamRetries = 0
         last = withCallIds(response.message, session.seq, session)
-        session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' } })
+        session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
         await this.runTools(calls, signal)
         const steered = this.drainSteering()
@@ -3252,7 +3683,7 @@ export class Agent implements CompactionHost {
   /** Logs `request/header` when model, envelope, budget or window changed; returns the envelope. */
   private writeHeader(): Envelope {
     const envelope = this.envelope
-    this.session.setHeader({ model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window })
+    this.session.setHeader({ model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window, prices: this.provider.prices })
     return envelope
   }
 
@@ -3287,6 +3718,12 @@ export class Agent implements CompactionHost {
       session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
     }
   }
+
+  /** Tokens and cost of the session so far ({@link Session.usage}), priced with the provider's table as logged. */
+  usage(): SessionUsage { return this.session.usage() }
+
+  /** The prompt-cache cost of the surface edit logged as event `seq`, at the provider's prices ({@link Session.editCost}). */
+  editCost(seq: number): EditCost | undefined { return this.session.editCost(seq, this.provider.prices) }
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
   compact(signal?: AbortSignal): Promise<CompactionOutcome> { return compactIfNeeded(this, 'manual', signal) }
@@ -3360,6 +3797,14 @@ export interface BuiltinToolsOptions {
   shellTimeoutMs?: number
   /** shell: the longest `timeout_ms` the model may ask for, in ms. Default 600,000. */
   shellMaxTimeoutMs?: number
+  /** shell: the environment commands start from. Default: this process's environment. Either way
+   *  it is scrubbed by {@link shellEnvironment} with `shellEnvKeep` and `shellEnvDrop`. */
+  shellEnv?: Record<string, string | undefined>
+  /** shell: names of variables kept although they look secret (`--shell-env NAME`). */
+  shellEnvKeep?: readonly string[]
+  /** shell: names of variables always dropped, e.g. the API key variables; a variable holding the
+   *  same value as one of them is dropped too. */
+  shellEnvDrop?: readonly string[]
 }
 
 type NodeFs = typeof import('node:fs/promises')
@@ -3380,7 +3825,10 @@ interface ToolHost {
  * Confinement: a path argument resolves against `cwd`, then through every symlink (realpath, also
  * for files that do not exist yet and for dangling links); a path that lands outside `cwd` is
  * refused with an error that names the resolved path. The `shell` tool is not confined: a command
- * can reach anything the user can, which is why it is opt-in. Checks and file operations are not
+ * can reach anything the user can, which is why it is opt-in. Its environment is scrubbed
+ * ({@link shellEnvironment}); it runs in its own process group, and when it exits, times out or is
+ * cancelled — and when this process exits — the group and every process carrying its job mark
+ * (also those that left the group with setsid) are killed (docs/design.md §13). Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
  * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
@@ -3394,7 +3842,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs']
+  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -3429,7 +3877,15 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     writeFileTool(host),
     editFileTool(host),
   ]
-  if (options.allowShell === true) tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs))
+  if (options.allowShell === true) {
+    for (const key of ['shellEnvKeep', 'shellEnvDrop'] as const) {
+      const list = options[key]
+      if (list !== undefined && !(Array.isArray(list) && list.every((n) => typeof n === 'string'))) throw new TypeError(`builtinTools: options.${key} must be an array of variable names`)
+    }
+    const base = options.shellEnv ?? (await importNode<any>('node:process')).default.env
+    const env = shellEnvironment(base, { keep: options.shellEnvKeep, drop: options.shellEnvDrop })
+    tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs, env))
+  }
   return tools
 }
 
@@ -4002,11 +4458,80 @@ class StreamText {
   }
 }
 
-function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number): Tool {
+/** Variable names that look like they hold a secret: dropped from a shell command's environment. */
+export const SECRET_ENV_NAME = /KEY|TOKEN|SECRET|PASSWORD/i
+
+/**
+ * The environment a shell command gets (docs/design.md §13): `env` without the names in `drop`
+ * (the API key variables), without any variable whose value equals one of theirs, and without
+ * names matching {@link SECRET_ENV_NAME} unless listed in `keep`. `drop` wins over `keep`.
+ */
+export function shellEnvironment(env: Record<string, string | undefined>, lists: { keep?: readonly string[]; drop?: readonly string[] } = {}): Record<string, string> {
+  const keep = new Set(lists.keep ?? [])
+  const drop = new Set(lists.drop ?? [])
+  const secretValues = new Set([...drop].map((name) => env[name]).filter((v): v is string => typeof v === 'string' && v.length >= 4))
+  const out: Record<string, string> = {}
+  for (const [name, value] of Object.entries(env)) {
+    if (value === undefined || drop.has(name) || secretValues.has(value)) continue
+    if (SECRET_ENV_NAME.test(name) && !keep.has(name)) continue
+    out[name] = value
+  }
+  return out
+}
+
+/** The variable that marks every process a shell command starts (inherited through setsid, nohup, double forks). */
+const SHELL_JOB_ENV = 'DSH_SHELL_JOB'
+
+/** A running shell command: its process group and the mark its descendants inherit. */
+interface ShellJob { pid: number; mark: string }
+/** Jobs not yet reaped, killed whole when the process exits (also on SIGTERM and SIGHUP). */
+const liveShellJobs = new Set<ShellJob>()
+let shellExitHooked = false
+
+/**
+ * Processes that belong to `job` although they may have left its process group (`setsid`): those
+ * whose environment carries the job's mark (Linux /proc; elsewhere none are found). A process that
+ * clears its environment and leaves the group escapes this; only a container fences that.
+ */
+function markedProcesses(fsSync: typeof import('node:fs'), job: ShellJob): number[] {
+  let names: string[]
+  try { names = fsSync.readdirSync('/proc') } catch { return [] }
+  const needle = `${SHELL_JOB_ENV}=${job.mark}`
+  const found: number[] = []
+  for (const name of names) {
+    if (!/^\d+$/.test(name)) continue
+    try { if (fsSync.readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').includes(needle)) found.push(Number(name)) } catch { /* gone, or not ours */ }
+  }
+  return found
+}
+
+/** Sends `signal` to the job's process group and to every marked process; returns whether any was there. */
+function signalShellJob(proc: any, fsSync: typeof import('node:fs'), job: ShellJob, signal: 'SIGTERM' | 'SIGKILL' | 0): boolean {
+  let any = false
+  try { proc.kill(-job.pid, signal); any = true } catch { /* the group is empty */ }
+  for (const pid of markedProcesses(fsSync, job)) { try { proc.kill(pid, signal); any = true } catch { /* already gone */ } }
+  return any
+}
+
+/** Kills every live job at exit: 'exit' listeners run on `process.exit` and a normal end; SIGTERM
+ *  and SIGHUP (which end Node without 'exit') are caught only when nobody else handles them, and re-raised. */
+function hookShellExit(proc: any, fsSync: typeof import('node:fs')): void {
+  if (shellExitHooked) return
+  shellExitHooked = true
+  const killAll = (): void => { for (const job of liveShellJobs) signalShellJob(proc, fsSync, job, 'SIGKILL') }
+  proc.on('exit', killAll)
+  for (const signal of ['SIGTERM', 'SIGHUP']) {
+    if (proc.listenerCount(signal) > 0) continue
+    const onSignal = (): void => { killAll(); proc.off(signal, onSignal); proc.kill(proc.pid, signal) }
+    proc.on(signal, onSignal)
+  }
+}
+
+function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number, env: Record<string, string>): Tool {
   const half = Math.floor(host.maxOutputChars / 2)
   return {
     name: 'shell',
-    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with its process group) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
+    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with everything it started) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled; background jobs do not outlive the call. Variables that look secret (names with KEY, TOKEN, SECRET, PASSWORD) are not in its environment. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
     parameters: {
       type: 'object',
       properties: {
@@ -4022,41 +4547,59 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       if (command.trim() === '') throw new Error('shell: "command" is empty')
       const timeoutMs = argInt('shell', args, 'timeout_ms', defaultTimeoutMs, 1, maxTimeoutMs, 'milliseconds')
       if (ctx.signal.aborted) throw new Error('shell: not run, the turn was cancelled')
-      const [{ spawn }, proc] = await Promise.all([importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process')])
+      const [{ spawn }, { default: proc }, fsSync] = await Promise.all([
+        importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process'), importNode<typeof import('node:fs')>('node:fs'),
+      ])
       const posix = proc.platform !== 'win32'
-      // Own process group (detached) on POSIX, so that a timeout kills the command's children too.
-      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true })
+      const mark = `${proc.pid}-${randomId()}`
+      // Own process group (detached) on POSIX, so that the whole group can be killed; the mark in
+      // the environment finds the processes that left the group (setsid).
+      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true, env: { ...env, [SHELL_JOB_ENV]: mark } })
+      const job: ShellJob | undefined = posix && child.pid !== undefined ? { pid: child.pid, mark } : undefined
+      if (job) { liveShellJobs.add(job); hookShellExit(proc, fsSync) }
       const stdout = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
       const stderr = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
       child.stdout.setEncoding('utf8') // decodes UTF-8 split across chunks
       child.stderr.setEncoding('utf8')
       child.stdout.on('data', (chunk: string) => stdout.push(chunk))
       child.stderr.on('data', (chunk: string) => stderr.push(chunk))
+      let strays = false // the command left processes running when it exited
       const outcome = await new Promise<{ code: number | null; signal: string | null; why: 'exit' | 'timeout' | 'aborted' | 'error'; error?: Error }>((resolve) => {
         let why: 'exit' | 'timeout' | 'aborted' = 'exit'
         const timers: ReturnType<typeof setTimeout>[] = []
-        const killGroup = (signal: 'SIGTERM' | 'SIGKILL'): void => {
-          try { if (posix && child.pid !== undefined) proc.kill(-child.pid, signal); else child.kill(signal) } catch { /* already gone */ }
+        let killing = false
+        const signalAll = (signal: 'SIGTERM' | 'SIGKILL' | 0): boolean => {
+          if (job) return signalShellJob(proc, fsSync, job, signal)
+          try { child.kill(signal || undefined) } catch { /* already gone */ }
+          return child.exitCode === null
         }
         const finish = (result: { code: number | null; signal: string | null; error?: Error }): void => {
           for (const timer of timers) clearTimeout(timer)
           ctx.signal.removeEventListener('abort', onAbort)
+          if (job) { signalAll('SIGKILL'); liveShellJobs.delete(job) } // nothing it started outlives the call
           resolve({ ...result, why: result.error ? 'error' : why })
+        }
+        /** SIGTERM to everything the command started, SIGKILL after a grace period; then stop waiting for pipes a stray process may hold. */
+        const killAll = (): void => {
+          if (killing) return
+          killing = true
+          if (!signalAll('SIGTERM')) return
+          timers.push(setTimeout(() => {
+            signalAll('SIGKILL')
+            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
+          }, SHELL_KILL_GRACE_MS))
         }
         const stop = (reason: 'timeout' | 'aborted'): void => {
           if (why !== 'exit') return
           why = reason
-          killGroup('SIGTERM')
-          timers.push(setTimeout(() => {
-            killGroup('SIGKILL')
-            // A grandchild outside the group may hold the pipes open: stop waiting for them.
-            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
-          }, SHELL_KILL_GRACE_MS))
+          killAll()
         }
         const onAbort = (): void => stop('aborted')
         ctx.signal.addEventListener('abort', onAbort, { once: true })
         timers.push(setTimeout(() => stop('timeout'), timeoutMs))
         child.once('error', (error) => finish({ code: null, signal: null, error }))
+        // The shell is done: background jobs (`&`, nohup, setsid) must not outlive the call.
+        child.once('exit', () => { if (job && signalAll(0)) { strays = true; killAll() } })
         child.once('close', (code, signal) => finish({ code, signal }))
       })
       if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${outcome.error?.message}`, { cause: outcome.error })
@@ -4064,7 +4607,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         : outcome.why === 'aborted' ? 'cancelled; the command was killed'
         : outcome.code === null ? `killed by signal ${outcome.signal}`
         : `exit code ${outcome.code}`
-      const parts = [status]
+      const parts = [strays && outcome.why === 'exit' ? `${status} (processes it left running in the background were killed)` : status]
       if (stdout.total > 0) parts.push(`stdout:\n${stdout.render('stdout')}`)
       if (stderr.total > 0) parts.push(`stderr:\n${stderr.render('stderr')}`)
       if (stdout.total === 0 && stderr.total === 0) parts.push('(no output)')
@@ -5450,6 +5993,8 @@ export interface CliRunOptions extends CliModelOptions {
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
+  /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
+  shellEnv?: string[]
   /** `--no-shell`: never offer the shell tool and do not ask (wins over a remembered answer). */
   noShell: boolean
   /** `--max-steps N`: provider calls per turn before the turn ends with reason `max-steps` (default 200). */
@@ -5495,6 +6040,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--threshold': { value: 'R', commands: ['run', 'replay'] },
   '--json': { commands: ['run', 'replay'] },
   '--allow-shell': { commands: ['run'] },
+  '--shell-env': { value: 'NAME', commands: ['run'] },
   '--no-shell': { commands: ['run'] },
   '--max-steps': { value: 'N', commands: ['run'] },
   '--cwd': { value: 'DIR', commands: ['run', 'replay'] },
@@ -5538,6 +6084,8 @@ Options
   --no-shell             never offer shell commands, and do not ask (interactive mode asks once
                          per directory and remembers the answer in $XDG_CONFIG_HOME/dsh/shell.json,
                          else ~/.config/dsh/shell.json)
+  --shell-env NAME       give shell commands this variable although its name looks secret
+                         (KEY, TOKEN, SECRET, PASSWORD); repeatable. The API key never is.
   -h, --help             show this help
   --version              print the version
 
@@ -5714,7 +6262,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
       if (value !== undefined) i++
     }
     if (value === undefined) throw new UsageError(`${arg} needs a value: ${name} ${spec.value}`)
-    flags.set(name, value)
+    flags.set(name, name === '--shell-env' && flags.has(name) ? `${flags.get(name)},${value}` : value) // --shell-env adds up
   }
 
   const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
@@ -5753,9 +6301,15 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
   if (flags.has('--allow-shell') && flags.has('--no-shell')) throw new UsageError('--allow-shell and --no-shell contradict each other; give one')
   const maxSteps = flags.has('--max-steps') ? parsePositiveInt('--max-steps', flags.get('--max-steps')!, 'provider calls per turn', '50') : undefined
+  const model = resolveModelOptions(flags, env)
+  const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
+  for (const name of shellEnv ?? []) {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw new UsageError(`--shell-env takes variable names (e.g. --shell-env GITHUB_TOKEN), got ${JSON.stringify(name)}`)
+    if (name === model.apiKeyEnv || name === CLI_DEFAULTS.apiKeyEnv) throw new UsageError(`--shell-env ${name}: the API key variable is never given to shell commands`)
+  }
   return {
-    command, ...resolveModelOptions(flags, env), prompt, print: printed !== undefined,
-    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'),
+    command, ...model, prompt, print: printed !== undefined,
+    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
     ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}),
   }
 }
@@ -5901,12 +6455,14 @@ export interface ContextEdit {
   /** Tokens of the shadowed content, and of what replaced it. */
   tokensBefore: number
   tokensAfter: number
+  /** Seq of the (last) event that replaced the content: the pruned or cleared `tool/result`, the checkpoint. */
+  replaceSeq: number
 }
 
 /** Options of {@link statusReporter}. */
 export interface StatusReporterOptions {
-  /** Text appended to the line of each context edit (e.g. the cache cost of the edit,
-   *  docs/design.md §11); `undefined` or `''` for none. */
+  /** Text appended to the line of each context edit after ` · `; `undefined` or `''` for none.
+   *  Default: the edit's cache cost ({@link Agent.editCost}, docs/design.md §11). */
   editNote?: (edit: ContextEdit, agent: Agent | undefined) => string | undefined
   /** ms between redraws of the live "compacting…" indicator on a TTY. Default 250. */
   indicatorIntervalMs?: number
@@ -5981,7 +6537,11 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     }
     return undefined
   }
-  let pending: { event: SessionEvent; seqs: number; subjects: string[]; replaced: number; tokensAfter: number } | undefined
+  const editNote = options.editNote ?? ((edit: ContextEdit, a: Agent | undefined) => {
+    const cost = a?.editCost(edit.replaceSeq)
+    return cost ? describeEditCost(cost) : undefined
+  })
+  let pending: { event: SessionEvent; seqs: number; subjects: string[]; replaced: number; tokensAfter: number; replaceSeq: number } | undefined
   const finishEdit = () => {
     const p = pending!
     pending = undefined
@@ -5992,9 +6552,9 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     const subject = p.event.type === 'compaction/summary' ? `${n} message${n === 1 ? '' : 's'} into a checkpoint`
       : n === 1 ? p.subjects[0]
       : `${n} tool results (${p.subjects.slice(0, 3).join(', ')}${n > 3 ? ', …' : ''})`
-    const edit: ContextEdit = { event: p.event, verb, subject, tokensBefore: d.shadowedTokenCount, tokensAfter: p.tokensAfter }
-    const note = options.editNote?.(edit, agent())
-    say(`[dsh] ${verb} ${subject}: ${groupDigits(edit.tokensBefore)} → ${groupDigits(edit.tokensAfter)} tokens (${groupDigits(edit.tokensBefore - edit.tokensAfter)} saved)${note ? `; ${note}` : ''}`)
+    const edit: ContextEdit = { event: p.event, verb, subject, tokensBefore: d.shadowedTokenCount, tokensAfter: p.tokensAfter, replaceSeq: p.replaceSeq }
+    const note = editNote(edit, agent())
+    say(`[dsh] ${verb} ${subject}: ${groupDigits(edit.tokensBefore)} → ${groupDigits(edit.tokensAfter)} tokens (${groupDigits(edit.tokensBefore - edit.tokensAfter)} saved)${note ? ` · ${note}` : ''}`)
   }
   return (e) => {
     const a = agent()
@@ -6016,12 +6576,13 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
         const call = message?.role === 'tool' ? callOf(message.toolCallId) : undefined
         return call ? toolSubject(call.name, call.arguments) : `seq ${seq}`
       })
-      pending = { event: ev, seqs: d.shadowedSeqs.length, subjects, replaced: 0, tokensAfter: 0 }
+      pending = { event: ev, seqs: d.shadowedSeqs.length, subjects, replaced: 0, tokensAfter: 0, replaceSeq: ev.seq }
       return
     }
     if (pending && d?.surfaceOp?.op === 'replace') {
       pending.replaced += d.surfaceOp.end - d.surfaceOp.start + 1
       pending.tokensAfter += a?.session.node(ev.seq)?.tokens ?? 0
+      pending.replaceSeq = ev.seq
       if (pending.replaced >= pending.seqs) finishEdit()
       return
     }
@@ -6040,14 +6601,16 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
         return
       case 'compaction/end':
         stopLive()
-        return d.error ? say(`[dsh] compaction failed: ${d.error}`) : undefined // a success was reported with its compaction/summary
+        // A success was reported with its compaction/summary; a cancellation by whoever cancelled (one line).
+        return d.error && d.error !== 'aborted' ? say(`[dsh] compaction failed: ${d.error}`) : undefined
       case 'recovery/retry': return say(`[dsh] context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
+      case 'step/retry': return say(`[dsh] the stream broke after output (${d.code}); the partial answer is kept, retrying the step once`)
       // Other provider errors end the turn and are reported once, by the caller's last line.
       case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`[dsh] context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
       case 'turn/end': stopLive(); return
       case 'step/end': {
         if (!tty || !a) return
-        return say(`[dsh] ${occupancy(a)}`)
+        return say(`[dsh] ${occupancy(a)} · ${describeSessionCost(a.usage())}`)
       }
     }
   }
@@ -6057,6 +6620,25 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
 function occupancy(agent: Agent): string {
   const m = agent.session.measure(), w = agent.contextWindow
   return `context ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'}`
+}
+
+/** USD with the digits that matter for per-request amounts: `$1.23`, `$0.0123`, `$0.000123`. */
+export function formatUSD(usd: number): string {
+  return `$${usd.toFixed(usd >= 1 ? 2 : usd >= 0.01 ? 4 : 6)}`
+}
+
+/** The status line's cost part: `$0.0123 so far, cache hits 87%` (or `cost unknown, …` for a model without a price). */
+export function describeSessionCost(u: SessionUsage): string {
+  const cost = u.costUSD === undefined ? 'cost unknown (no price for this model; --prices sets one)' : `${formatUSD(u.costUSD)} so far`
+  return `${cost}, cache hits ${(u.cacheHitShare * 100).toFixed(0)}%`
+}
+
+/** The cache part of a prune / clear / compaction line: what the edit costs once and saves per request. */
+export function describeEditCost(c: EditCost): string {
+  const once = c.cacheCostUSD === undefined ? '' : ` (+${formatUSD(c.cacheCostUSD)} once)`
+  const each = c.savedUSDPerRequest === undefined ? '' : ` (${formatUSD(c.savedUSDPerRequest)} per request)`
+  const moved = c.movedTokens > 0 ? `cache: ${groupDigits(c.movedTokens)} tokens move from hit to miss${once}` : 'cache: no hit lost'
+  return `${moved}; saves ${groupDigits(c.savedTokens)} tokens${each}`
 }
 
 /** `/usage`: occupancy, envelope and surface sizes, provider-reported usage so far. */
@@ -6071,7 +6653,20 @@ function usageReport(agent: Agent): string {
     `context: ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens'} ${m.anchored ? '(anchored on provider usage)' : '(heuristic)'}`,
     `envelope ${groupDigits(m.envelopeTokens)} + surface ${groupDigits(m.surfaceTokens)} tokens in ${m.nodes.length} messages; ${agent.session.seq} log events; replace generation ${agent.session.replaceGeneration}`,
     `provider usage over ${calls} calls: prompt ${groupDigits(prompt)} (cached ${groupDigits(cached)}), completion ${groupDigits(completion)} tokens`,
+    ...costReport(agent.usage()),
   ].join('\n') + '\n'
+}
+
+/** The cost lines of `/usage` (docs/design.md §11). */
+function costReport(u: SessionUsage): string[] {
+  const usd = (t: TokenTally) => (t.costUSD === undefined ? 'cost unknown' : formatUSD(t.costUSD))
+  const line = (name: string, t: TokenTally) =>
+    `${name}: ${t.requests} request(s), input ${groupDigits(t.inputTokens)} tokens (${groupDigits(t.cachedInputTokens)} cache hits, ${groupDigits(t.uncachedInputTokens)} misses), output ${groupDigits(t.outputTokens)} tokens, ${usd(t)}`
+  return [
+    `cost: ${describeSessionCost(u)}${u.reportedCacheRequests < u.requests ? ` (cache hits: provider-reported for ${u.reportedCacheRequests} of ${u.requests} requests, modelled for the rest)` : ' (cache hits as reported by the provider)'}`,
+    line('  conversation', u.conversation),
+    line('  summaries', u.summary),
+  ]
 }
 
 /** `resumed s.jsonl: 3 turns, 12,034 tokens in context; last active 5 min ago: "fix the test"`, or
@@ -6198,16 +6793,17 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
   const terminal = interactive ? await openTerminal(p) : undefined
   const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
-  const tools = await builtinTools({ cwd, allowShell })
+  const tools = await builtinTools({
+    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
+    shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
+  })
   let agent: Agent | undefined
   // The answer streams to stdout on a terminal (interactive, or -p on a TTY); it has no final newline:
   // end its line before a status line or the next prompt (which clears its line).
   const streamAnswer = interactive || (!!p.stdout.isTTY && !options.json)
   let midLine = false
   const endLine = () => { if (midLine) { io.stdout('\n'); midLine = false } }
-  const status = statusReporter(() => agent, (t) => { endLine(); io.stderrRaw(t) }, tty, tty && !p.env.NO_COLOR, {
-    editNote: () => undefined, // cost: the cache cost of the edit goes here (docs/design.md §11)
-  })
+  const status = statusReporter(() => agent, (t) => { endLine(); io.stderrRaw(t) }, tty, tty && !p.env.NO_COLOR)
   const onEvent = (e: AgentEvent) => {
     if (options.json) { if (e.type === 'log') io.stdout(jsonLine(e.event)); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
     if (streamAnswer && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }

@@ -64,7 +64,9 @@ describe('cases 1 and 2: one-shot run with a prune, then a resumed session', () 
     assert.equal(tokens, prune.data.shadowedTokenCount)
     const after = Math.ceil((4096 + 39 + 1024) / 4) + 8 // the pruned result by the meter: ceil(chars / 4) + 8
     const group = (n: number) => n.toLocaleString('en-US')
-    assert.equal(pruned, `[dsh] pruned read_file big.txt: ${group(tokens)} → ${group(after)} tokens (${group(tokens - after)} saved)`)
+    // …then the edit's cache cost (docs/design.md §11; test/cost.test.ts checks those figures).
+    assert.equal(pruned.split(' · ')[0], `[dsh] pruned read_file big.txt: ${group(tokens)} → ${group(after)} tokens (${group(tokens - after)} saved)`)
+    assert.match(pruned.split(' · ')[1], /^cache: /)
 
     // What the model saw next: head 4,096 + marker + tail 1,024 code points (docs/design.md §3).
     const toolMessage = f.requests[1].body.messages.find((m: any) => m.role === 'tool')
