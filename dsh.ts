@@ -707,12 +707,16 @@ export interface EventDataMap {
   'request/error': { code: string; status?: number; message: string; trigger?: string }
   'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
   'compaction/start': { id: string; trigger: string }
-  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage }
+  /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md §12); `focus`: the focus the summary was asked for. */
+  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
   'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number; requests?: SummaryRequestRecord[] }
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
   'recovery/retry': { generationBefore: number; generationAfter: number }
   /** A stream that broke after output (`code`, e.g. SERVER or TRANSPORT) is retried once as step `step + 1`; its partial output precedes this event as an interrupted message. */
   'step/retry': { turn: number; step: number; code: ProviderErrorCode }
+  /** A surface message pinned: never pruned, cleared or summarised (docs/design.md §12). */
+  'surface/pin': { seq: number }
+  'surface/unpin': { seq: number }
 }
 /** The event types dsh itself writes (see {@link EventDataMap}). */
 export type EventType = keyof EventDataMap
@@ -739,9 +743,10 @@ export interface SurfaceNode {
 
 /**
  * Why an append or a load failed: a malformed message or event, a bad surface op, a break of tool
- * call/result pairing, a corrupt log file (with its line), or a store that could not be read or written.
+ * call/result pairing, a corrupt log file (with its line), a store that could not be read or written,
+ * or a pin that is refused (it would not fit, or an edit would touch a pinned message).
  */
-export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE'
+export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'PIN'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
 export class SessionError extends Error {
@@ -772,6 +777,17 @@ export interface LoadedLog { events: SessionEvent[]; torn?: TornLine }
 export interface LogStore {
   load(): Promise<LoadedLog>
   append(events: readonly SessionEvent[]): Promise<void>
+  /**
+   * Optional streaming load: calls `onEvent` with each event in seq order (only checked for its
+   * shape and seq), and returns the torn last line if one was dropped. A store that implements
+   * `scan` and `readEvent` is *readable*: a {@link Session} on it keeps only the surface and small
+   * metadata in memory and reads old events back on demand (docs/design.md §4).
+   */
+  scan?(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }>
+  /** Reads back event `seq` (loaded or appended earlier). */
+  readEvent?(seq: number): Promise<SessionEvent>
+  /** Reads back the events with `fromSeq <= seq < toSeq`, oldest first. */
+  readEvents?(fromSeq: number, toSeq: number): AsyncIterable<SessionEvent>
   sync?(): Promise<void>
   /** Stores `text` (e.g. a spilled tool result) and returns a reference a human can follow. */
   putArtefact?(name: string, text: string): Promise<string>
@@ -816,23 +832,34 @@ export function parseLogText(text: string): { events: SessionEvent[]; torn?: Tor
   while (pos < text.length) {
     line++
     const nl = text.indexOf('\n', pos)
-    const end = nl < 0 ? text.length : nl
-    const raw = text.slice(pos, end)
-    if (raw.trim() === '') {
-      if (nl < 0) break
-      throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
-    }
-    let value: unknown
-    try { value = JSON.parse(raw) } catch {
-      if (nl < 0) return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
-      throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
-    }
-    const problem = eventShapeProblem(value, events.length)
-    if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
-    events.push(value as SessionEvent)
+    const raw = text.slice(pos, nl < 0 ? text.length : nl)
+    const parsed = parseLogLine(raw, line, events.length, nl >= 0)
+    if (parsed === 'blank') break
+    if (parsed === 'torn') return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
+    events.push(parsed)
     pos = nl < 0 ? text.length : nl + 1
   }
   return { events, goodLength: text.length }
+}
+
+/**
+ * One log line (without its newline) → its event. `'torn'`: the last line, unterminated, does not
+ * parse (a crash cut it); `'blank'`: trailing white space at the end of the file. Anything else
+ * that is wrong throws `SessionError('LOG_CORRUPT')` naming the 1-based `line`.
+ */
+function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent | 'torn' | 'blank' {
+  if (raw.trim() === '') {
+    if (!terminated) return 'blank'
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
+  }
+  let value: unknown
+  try { value = JSON.parse(raw) } catch {
+    if (!terminated) return 'torn'
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
+  }
+  const problem = eventShapeProblem(value, expectedSeq)
+  if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
+  return value as SessionEvent
 }
 
 /**
@@ -844,44 +871,135 @@ export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
   return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
 }
 
+/** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
+const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
+
 /**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
- * `sync()` fsyncs. Loading drops a torn last line — its bytes are saved beside the log as
- * `FILE.torn-<time>` and the file is truncated to its last whole line — and refuses any other
- * corruption with the line number. Spilled tool results go to `FILE.artefacts/`.
+ * `sync()` fsyncs. Loading streams the file line by line (no whole-file string, no size ceiling),
+ * drops a torn last line — its bytes are saved beside the log as `FILE.torn-<time>` and the file is
+ * truncated to its last whole line — and refuses any other corruption with the line number.
+ * The store is *readable* (see {@link LogStore.scan}): it keeps the byte offset of every event's
+ * line (8 bytes per event) and reads events back from the file on demand, so a {@link Session} on
+ * it holds only its surface in memory. Spilled tool results go to `FILE.artefacts/`.
  */
 export class FileStore implements LogStore {
   readonly path: string
   private handle: any
+  private reader: any
   private needsNewline = false
+  /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
+  private lineStarts?: number[]
   constructor(path: string) { this.path = path }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
   async load(): Promise<LoadedLog> {
+    const events: SessionEvent[] = []
+    const { torn } = await this.scan((e) => { events.push(e) })
+    return { events, torn }
+  }
+
+  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
     const fs = await this.fs()
-    let text: string
-    try { text = await fs.readFile(this.path, 'utf8') } catch (err: any) {
-      if (err?.code === 'ENOENT') return { events: [] }
+    let fh: any
+    try { fh = await fs.open(this.path, 'r') } catch (err: any) {
+      if (err?.code === 'ENOENT') { this.lineStarts = [0]; return {} }
       throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
     }
-    const parsed = parseLogText(text)
-    if (parsed.torn) {
-      const savedTo = `${this.path}.torn-${Date.now()}`
-      await fs.writeFile(savedTo, text.slice(parsed.goodLength))
-      await fs.truncate(this.path, new TextEncoder().encode(text.slice(0, parsed.goodLength)).length)
-      parsed.torn.savedTo = savedTo
-    } else if (text.length > 0 && !text.endsWith('\n')) this.needsNewline = true
-    return { events: parsed.events, torn: parsed.torn }
+    const starts: number[] = [0]
+    const decoder = new TextDecoder()
+    let torn: TornLine | undefined
+    let tornAt = -1
+    try {
+      const size: number = (await fh.stat()).size
+      for await (const lines of lineChunks(fh, 0, size)) {
+        for (const { bytes, at, terminated } of lines) {
+          const line = starts.length
+          const parsed = parseLogLine(decoder.decode(bytes), line, starts.length - 1, terminated)
+          if (parsed === 'blank') continue
+          if (parsed === 'torn') { torn = { line, bytes: bytes.length }; tornAt = at; continue }
+          onEvent(parsed)
+          starts.push(at + bytes.length + (terminated ? 1 : 0))
+          if (!terminated) this.needsNewline = true
+        }
+      }
+      if (torn) {
+        const savedTo = `${this.path}.torn-${Date.now()}`
+        const tail = new Uint8Array(size - tornAt)
+        await fh.read(tail, 0, tail.length, tornAt)
+        await fs.writeFile(savedTo, tail)
+        await fs.truncate(this.path, tornAt)
+        torn.savedTo = savedTo
+      }
+    } catch (err) {
+      if (err instanceof SessionError) throw err
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${(err as Error)?.message ?? err}`)
+    } finally { await fh.close() }
+    this.lineStarts = starts
+    return { torn }
   }
 
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
-    if (!this.handle) this.handle = await (await this.fs()).open(this.path, 'a')
-    let text = this.needsNewline ? '\n' : ''
-    for (const e of events) text += JSON.stringify(e) + '\n'
+    if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
+    const starts = this.lineStarts!
+    const encoder = new TextEncoder()
+    const parts: Uint8Array[] = []
+    let at = starts[starts.length - 1], bytes = 0
+    if (this.needsNewline) { parts.push(encoder.encode('\n')); bytes++; at++; starts[starts.length - 1] = at }
+    const added: number[] = []
+    for (const e of events) {
+      const line = encoder.encode(JSON.stringify(e) + '\n')
+      parts.push(line); bytes += line.length; at += line.length; added.push(at)
+    }
+    const buffer = new Uint8Array(bytes)
+    let pos = 0
+    for (const part of parts) { buffer.set(part, pos); pos += part.length }
+    await this.write(buffer)
     this.needsNewline = false
-    await this.handle.write(text)
+    for (const a of added) starts.push(a)
+  }
+
+  /** Appends whole lines to the file (one call per batch; a subclass may split it, e.g. to test torn lines). */
+  protected async write(bytes: Uint8Array): Promise<void> {
+    this.handle ??= await (await this.fs()).open(this.path, 'a')
+    await this.handle.write(bytes)
+  }
+
+  async readEvent(seq: number): Promise<SessionEvent> {
+    const starts = await this.index()
+    if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1) throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
+    const bytes = new Uint8Array(starts[seq + 1] - starts[seq])
+    this.reader ??= await (await this.fs()).open(this.path, 'r')
+    await this.reader.read(bytes, 0, bytes.length, starts[seq])
+    return this.decodeEvent(bytes, seq)
+  }
+
+  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
+    const starts = await this.index()
+    const from = Math.max(0, fromSeq), to = Math.min(toSeq, starts.length - 1)
+    if (from >= to) return
+    const fh = await (await this.fs()).open(this.path, 'r')
+    try {
+      let seq = from
+      for await (const lines of lineChunks(fh, starts[from], starts[to])) {
+        for (const { bytes } of lines) yield this.decodeEvent(bytes, seq++)
+      }
+    } finally { await fh.close() }
+  }
+
+  private decodeEvent(bytes: Uint8Array, seq: number): SessionEvent {
+    let text = new TextDecoder().decode(bytes)
+    if (text.endsWith('\n')) text = text.slice(0, -1)
+    const parsed = parseLogLine(text, seq + 1, seq, true)
+    if (typeof parsed === 'string') throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: empty or cut short when read back`, seq + 1)
+    return parsed
+  }
+
+  private async index(): Promise<number[]> {
+    if (!this.lineStarts) await this.scan(() => {})
+    return this.lineStarts!
   }
 
   async sync(): Promise<void> { if (this.handle) await this.handle.sync() }
@@ -897,7 +1015,56 @@ export class FileStore implements LogStore {
 
   async getArtefact(ref: string): Promise<string> { return await (await this.fs()).readFile(ref, 'utf8') }
 
-  async close(): Promise<void> { const h = this.handle; this.handle = undefined; if (h) await h.close() }
+  async close(): Promise<void> {
+    const h = this.handle, r = this.reader
+    this.handle = undefined; this.reader = undefined
+    if (h) await h.close()
+    if (r) await r.close()
+  }
+}
+
+/** One line of a log file: its bytes without the newline, its byte offset, whether a newline ended it. */
+interface LogLine { bytes: Uint8Array; at: number; terminated: boolean }
+
+/**
+ * The lines of the open file `fh` between byte offsets `start` and `end`, one array per read of
+ * {@link LOG_READ_CHUNK_BYTES} (one promise per chunk, not per line). Only a last line with no
+ * newline has `terminated: false`. A line that spans reads is joined once, not per read. The
+ * arrays' `bytes` are views of a buffer reused by the next read: decode them before asking for more.
+ */
+async function* lineChunks(fh: any, start: number, end: number): AsyncGenerator<LogLine[]> {
+  const chunk = new Uint8Array(Math.min(LOG_READ_CHUNK_BYTES, Math.max(1, end - start)))
+  let carry: Uint8Array[] = []
+  let carryAt = start
+  let pos = start
+  while (pos < end) {
+    const { bytesRead } = await fh.read(chunk, 0, Math.min(chunk.length, end - pos), pos)
+    if (bytesRead === 0) break
+    const view = chunk.subarray(0, bytesRead)
+    const lines: LogLine[] = []
+    let from = 0
+    for (let nl = view.indexOf(10); nl >= 0; nl = view.indexOf(10, from)) {
+      let bytes: Uint8Array = view.subarray(from, nl)
+      if (carry.length > 0) { carry.push(bytes); bytes = concatBytes(carry); carry = [] }
+      lines.push({ bytes, at: carryAt, terminated: true })
+      from = nl + 1
+      carryAt = pos + from
+    }
+    if (from < bytesRead) carry.push(view.slice(from))
+    pos += bytesRead
+    if (lines.length > 0) yield lines
+  }
+  if (carry.length > 0) yield [{ bytes: concatBytes(carry), at: carryAt, terminated: false }]
+}
+
+function concatBytes(parts: Uint8Array[]): Uint8Array {
+  if (parts.length === 1) return parts[0]
+  let n = 0
+  for (const p of parts) n += p.length
+  const out = new Uint8Array(n)
+  let at = 0
+  for (const p of parts) { out.set(p, at); at += p.length }
+  return out
 }
 
 function validateBlocks(blocks: unknown, where: string): void {
@@ -956,8 +1123,11 @@ export interface SessionOptions {
  */
 export class Session {
   readonly store: LogStore
-  /** The whole log, oldest first (treat as read-only). */
-  readonly events: SessionEvent[] = []
+  /** The whole log when the store cannot read events back (see {@link Session.events}). */
+  private retained?: SessionEvent[]
+  private nextSeq = 0
+  /** Seq of the last `session/start` or `session/resume`. */
+  private openSeq = 0
   /** The torn last line dropped when this session was loaded, if any. */
   torn?: TornLine
   private readonly now: () => number
@@ -980,6 +1150,8 @@ export class Session {
   private turnState = { last: 0, open: false, step: 0, stepOpen: false }
   private compactionOpen?: string
   private sessionId = ''
+  /** Seqs of pinned surface nodes (docs/design.md §12), in the order they were pinned. */
+  private pins = new Set<number>()
   // The prompt-cache model (docs/design.md §11), kept as events arrive (O(1) per append, O(edit
   // span) per replace) so that it survives resume: `cacheNodes` leading surface nodes were sent by
   // the last conversation request and are unchanged since (-1: no request since the envelope or
@@ -993,7 +1165,24 @@ export class Session {
   constructor(options: SessionOptions = {}) {
     this.store = options.store ?? new MemoryStore()
     this.now = options.now ?? Date.now
+    const s = this.store
+    if (!(typeof s.scan === 'function' && typeof s.readEvent === 'function' && typeof s.readEvents === 'function')) this.retained = []
   }
+
+  /**
+   * The whole log, oldest first (treat as read-only), for a session whose store cannot read events
+   * back (e.g. {@link MemoryStore}, which keeps everything anyway). A session on a readable store
+   * (e.g. {@link FileStore}) keeps only its surface in memory: there this throws
+   * `SessionError('STORE')`; use {@link Session.readEvent} / {@link Session.readEvents}.
+   */
+  get events(): SessionEvent[] {
+    if (!this.retained) throw new SessionError('STORE', 'this session keeps only its surface in memory (its store reads events back); use await session.readEvent(seq) or session.readEvents(fromSeq, toSeq)')
+    return this.retained
+  }
+  /** Whether this session keeps every event in memory ({@link Session.events} works). */
+  get keepsAllEvents(): boolean { return this.retained !== undefined }
+  /** Seq of the `session/start` or `session/resume` written when this session was last opened. */
+  get openedAtSeq(): number { return this.openSeq }
 
   /**
    * Opens the session in `store`: a new one (writes `session/start`) when the store is empty,
@@ -1002,7 +1191,7 @@ export class Session {
    */
   static async open(store: LogStore = new MemoryStore(), options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = await Session.load(store, options)
-    if (session.events.length === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
+    if (session.seq === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
     else session.resume()
     await session.sync()
     return session
@@ -1011,14 +1200,20 @@ export class Session {
   /** Loads the log in `store` and replays it (every invariant is re-checked), writing nothing. */
   static async load(store: LogStore, options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = new Session({ ...options, store })
-    const loaded = await store.load()
-    session.torn = loaded.torn
-    for (const e of loaded.events) {
-      if (e.seq !== session.events.length) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.events.length} was expected`, e.seq + 1)
+    const replay = (e: SessionEvent) => {
+      if (e.seq !== session.nextSeq) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.nextSeq} was expected`, e.seq + 1)
       try { session.check(e.type, e.data) } catch (err) {
         throw new SessionError('LOG_CORRUPT', `session log line ${e.seq + 1}: ${(err as Error).message}`, e.seq + 1)
       }
       session.apply(e)
+    }
+    if (session.retained) {
+      const loaded = await store.load()
+      session.torn = loaded.torn
+      for (const e of loaded.events) replay(e)
+    } else {
+      // Streamed: each line is checked and applied as it is read; only the surface stays in memory.
+      session.torn = (await store.scan!(replay)).torn
     }
     return session
   }
@@ -1026,7 +1221,7 @@ export class Session {
   /** The session id from `session/start`. */
   get id(): string { return this.sessionId }
   /** Number of events; also the seq of the next event. */
-  get seq(): number { return this.events.length }
+  get seq(): number { return this.nextSeq }
   /** Increases by exactly one on every committed replace (docs/design.md §4). */
   get replaceGeneration(): number { return this.generation }
   /** The current surface, oldest first. A live view: do not keep it across appends. */
@@ -1038,9 +1233,10 @@ export class Session {
    * Throws `SessionError('STORE')` for a seq that is not in the log.
    */
   async readEvent(seq: number): Promise<SessionEvent> {
-    const e = Number.isInteger(seq) ? this.events[seq] : undefined
-    if (!e) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.events.length - 1})`)
-    return e
+    if (!Number.isInteger(seq) || seq < 0 || seq >= this.nextSeq) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.nextSeq - 1})`)
+    if (this.retained) return this.retained[seq]
+    await this.flush() // the store reads back only what it has been given
+    return await this.store.readEvent!(seq)
   }
 
   /**
@@ -1048,7 +1244,13 @@ export class Session {
    * back like {@link Session.readEvent}. For scans such as a recall search or `dsh show`.
    */
   async *readEvents(fromSeq = 0, toSeq = this.seq): AsyncGenerator<SessionEvent> {
-    for (let seq = Math.max(0, fromSeq); seq < Math.min(toSeq, this.seq); seq++) yield this.events[seq]
+    const to = Math.min(toSeq, this.nextSeq)
+    if (this.retained) {
+      for (let seq = Math.max(0, fromSeq); seq < to; seq++) yield this.retained[seq]
+      return
+    }
+    await this.flush()
+    yield* this.store.readEvents!(Math.max(0, fromSeq), to)
   }
 
   /** The surface node put there by event `seq`, if it is still on the surface. */
@@ -1057,7 +1259,7 @@ export class Session {
   hasToolCall(callId: string): boolean { return this.calls.has(callId) }
   /** Ids of tool calls on the surface that have no result yet. */
   openToolCalls(): string[] { return [...this.openCalls] }
-  /** Whether a `tool/call` dispatch record was logged for `callId`. */
+  /** Whether a `tool/call` dispatch record was logged for `callId`, a tool call still on the surface. */
   wasDispatched(callId: string): boolean { return this.dispatched.has(callId) }
   /** The open turn's number, the last step number in it, and whether a step is open. */
   get turn(): { turn: number; open: boolean; step: number; stepOpen: boolean } {
@@ -1085,7 +1287,7 @@ export class Session {
     if (typeof type !== 'string' || type === '') throw new SessionError('INVALID_EVENT', 'event type must be a non-empty string')
     if (typeof data !== 'object' || data === null || Array.isArray(data)) throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
     this.check(type, data)
-    const event = { seq: this.events.length, type, time: this.now(), data } as SessionEvent
+    const event = { seq: this.nextSeq, type, time: this.now(), data } as SessionEvent
     this.apply(event)
     this.pending.push(event)
     for (const l of this.listeners) l(event)
@@ -1094,6 +1296,12 @@ export class Session {
 
   /** Validates an event against the current state without changing anything. */
   private check(type: string, data: any): void {
+    if (type === 'surface/pin' || type === 'surface/unpin') {
+      const seq = data.seq
+      if (!Number.isInteger(seq) || !this.bySeq.has(seq)) throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
+      if ((type === 'surface/pin') === this.pins.has(seq)) throw new SessionError('PIN', `${type}: seq ${seq} is ${this.pins.has(seq) ? 'already' : 'not'} pinned`)
+      return
+    }
     const role = SURFACE_TYPES[type]
     if (!role) return
     validateMessage(data.message, role)
@@ -1123,6 +1331,11 @@ export class Session {
       throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the current surface`)
     }
     if (first.key > last.key) throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
+    if (this.pins.size > 0) {
+      for (let i = this.indexOfKey(first.key), hi = this.indexOfKey(last.key); i <= hi; i++) {
+        if (this.pins.has(this.nodes[i].seq)) throw new SessionError('PIN', `${type}: replace ${start}..${end} would change pinned message seq ${this.nodes[i].seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
+      }
+    }
     if (newCalls.length > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
     if (role === 'tool') {
       const old = first.message
@@ -1165,10 +1378,12 @@ export class Session {
 
   /** Applies a checked event to the derived state. The same code serves live appends and replay. */
   private apply(event: SessionEvent): void {
-    this.events.push(event)
+    this.retained?.push(event)
+    this.nextSeq = event.seq + 1
     const data = event.data as any
     switch (event.type) {
-      case 'session/start': this.sessionId = data.id; break
+      case 'session/start': this.sessionId = data.id; this.openSeq = event.seq; break
+      case 'session/resume': this.openSeq = event.seq; break
       case 'request/header': {
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
@@ -1183,6 +1398,8 @@ export class Session {
       case 'step/end': this.turnState.stepOpen = false; break
       case 'tool/call': this.dispatched.add(data.callId); break
       case 'compaction/start': this.compactionOpen = data.id; break
+      case 'surface/pin': this.pins.add(data.seq); break
+      case 'surface/unpin': this.pins.delete(data.seq); break
       case 'compaction/end': {
         if (this.compactionOpen === data.id) this.compactionOpen = undefined
         if (Array.isArray(data.requests)) {
@@ -1226,7 +1443,7 @@ export class Session {
         shadowed += old.tokens
         this.bySeq.delete(old.seq)
         if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
-        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id) }
+        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id); this.dispatched.delete(c.id) }
       }
       if (message.role === 'tool') this.calls.get(message.toolCallId)!.resultSeq = event.seq
       this.nodes.splice(lo, hi - lo + 1, node)
@@ -1390,6 +1607,47 @@ export class Session {
     return node.tokens - this.bySeq.get(after.seq)!.tokens
   }
 
+  /** Whether the surface node `seq` is pinned (docs/design.md §12). */
+  isPinned(seq: number): boolean { return this.pins.has(seq) }
+  /** Seqs of the pinned surface nodes, in the order they were pinned. */
+  pinnedSeqs(): number[] { return [...this.pins] }
+  /** What the pinned messages cost, in tokens (§2 heuristic); they count against the window like any message. */
+  pinnedTokens(): number {
+    let tokens = 0
+    for (const seq of this.pins) tokens += this.bySeq.get(seq)!.tokens
+    return tokens
+  }
+
+  /**
+   * Throws `SessionError('PIN')` unless `extraTokens` more pinned tokens still fit: envelope +
+   * pinned messages + `extraTokens` must stay within `limitTokens` (default: the compaction
+   * threshold, `floor(contextWindow × 0.8)`, of the window in the last `request/header`; no limit
+   * while the window is unknown). Pins are never compacted, so they must leave the ladder room.
+   */
+  checkPinFits(extraTokens: number, what: string, limitTokens?: number): void {
+    const window = this.header?.contextWindow
+    const limit = limitTokens ?? (window === undefined ? Infinity : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
+    const pinned = this.pinnedTokens() + extraTokens
+    if (this.envelopeTokensSum + pinned <= limit) return
+    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} tokens, which with the ${this.envelopeTokensSum}-token envelope exceeds the ${limit}-token limit for pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}; pinned messages are never compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message`)
+  }
+
+  /**
+   * Pins surface node `seq` (logs `surface/pin {seq}`): from now on it is never pruned, cleared or
+   * summarised and stays verbatim in its position; region selection treats it like the current
+   * input (docs/design.md §12). Pins survive resume (they are read back from the log).
+   * @param options.limitTokens see {@link Session.checkPinFits}.
+   * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit (with the numbers).
+   */
+  pin(seq: number, options: { limitTokens?: number } = {}): void {
+    const node = this.bySeq.get(seq)
+    if (node && !this.pins.has(seq)) this.checkPinFits(node.tokens, `seq ${seq}`, options.limitTokens)
+    this.append('surface/pin', { seq })
+  }
+
+  /** Removes a pin (logs `surface/unpin {seq}`). Throws `SessionError('PIN')` when `seq` is not pinned. */
+  unpin(seq: number): void { this.append('surface/unpin', { seq }) }
+
   /**
    * Resumes a loaded session (docs/design.md §4): writes `session/resume`, closes a stale compaction
    * lock, gives every tool call without a result a synthetic error result (`TOOL_OUTCOME_UNKNOWN`
@@ -1397,7 +1655,7 @@ export class Session {
    */
   resume(): void {
     const open = [...this.openCalls]
-    this.append('session/resume', { lastSeq: this.events.length - 1, torn: this.torn, repaired: open.length })
+    this.append('session/resume', { lastSeq: this.nextSeq - 1, torn: this.torn, repaired: open.length })
     if (this.compactionOpen) this.append('compaction/end', { id: this.compactionOpen, error: 'stale: the process stopped during this compaction' })
     for (const id of open) {
       const code = this.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
@@ -1517,9 +1775,262 @@ export const SUMMARY_INSTRUCTION = [
   'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, merge it in; drop nothing from it that still matters.',
 ].join('\n')
 
-/** Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4). */
-export function frameCheckpoint(summary: string): string {
-  return `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+/**
+ * Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4): the preamble, the
+ * model's text in `<compacted-summary>`, then the facts `ledger` (when it holds anything) in
+ * `<ledger>` (docs/design.md §12).
+ */
+export function frameCheckpoint(summary: string, ledger?: Ledger): string {
+  const framed = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+  return ledger && ledgerEntries(ledger) > 0 ? `${framed}\n${renderLedger(ledger)}` : framed
+}
+
+// ── Facts ledger and fidelity figures (docs/design.md §12) ──
+// What summarisers keep worst (paths, commands, error texts, the user's own words) is carried into
+// every checkpoint by dsh itself, read from the log with no model, so it survives every compaction.
+
+/** A path in a {@link Ledger}: how many tool calls touched it, and the newest log seq that did. */
+export interface LedgerPath { path: string; count: number; seq: number }
+/** A command a tool ran: `exitCode` when its result states one; `failed` when the result was an error. */
+export interface LedgerCommand { command: string; exitCode?: number; failed: boolean; count: number; seq: number }
+/** A tool error's first line, or a user message, verbatim; `seq` is the newest log seq it came from. */
+export interface LedgerText { text: string; count: number; seq: number }
+
+/**
+ * The facts of a compacted region (docs/design.md §12), lists oldest first. Paths and commands are
+ * read from tool-call arguments by key (`path`, `file`, `file_path`, `filename`, `paths`, `files`;
+ * `command`, `cmd`, `script`), whatever the tool; a tool whose name (or one-word `command`
+ * sub-command, as in `str_replace_based_edit_tool`) says edit/patch/replace/insert edits its paths,
+ * write/create/save/append writes them, anything else reads them. A call whose result is an error
+ * touches no path (its error is listed instead).
+ */
+export interface Ledger {
+  read: LedgerPath[]
+  written: LedgerPath[]
+  edited: LedgerPath[]
+  commands: LedgerCommand[]
+  errors: LedgerText[]
+  userMessages: LedgerText[]
+  /** Entries left out (here and in merged earlier ledgers) to stay within the ledger budget. */
+  trimmed: number
+}
+
+/** The ledger budget: `min(LEDGER_MAX_TOKENS, floor(window × LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). */
+export const LEDGER_MAX_TOKENS = 2000
+/** See {@link LEDGER_MAX_TOKENS}. */
+export const LEDGER_WINDOW_RATIO = 0.05
+/** Longest tool-error line a ledger keeps, in code points (a longer one is cut and marked with `…`). */
+export const LEDGER_ERROR_LINE_CODE_POINTS = 300
+
+/** The ledger budget in tokens for a context window in tokens ({@link LEDGER_MAX_TOKENS} when unknown). */
+export function ledgerBudget(contextWindow?: number): number {
+  return contextWindow === undefined ? LEDGER_MAX_TOKENS : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
+}
+
+const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [], trimmed: 0 })
+const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length + l.errors.length + l.userMessages.length
+
+const PATH_KEY = /^(path|file|file_?path|file_?name|target_?file|notebook_?path)$/i
+const PATHS_KEY = /^(paths|files)$/i
+const COMMAND_KEY = /^(command|cmd|script)$/i
+const EDIT_WORD = /edit|patch|replace|insert|modify/i
+const WRITE_WORD = /write|create|save|append/i
+const EXIT_CODE = /\bexit(?:ed with)?(?:[ _]?(?:code|status))?[:= ]\s*(-?\d+)\b|<returncode>\s*(-?\d+)\s*<\/returncode>/i
+const ERROR_WORD = /error|fail|fatal|exception|denied|not found|no such|cannot|can't|invalid|refused|panic|traceback/i
+
+const messageText = (m: Message): string => typeof m.content === 'string' ? m.content : m.content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('\n')
+
+/** What one tool call says about files and commands, read from its arguments (see {@link Ledger}). */
+function callFacts(call: ToolCallBlock): { kind: 'read' | 'written' | 'edited'; paths: string[]; command?: string } {
+  let args: unknown
+  try { args = JSON.parse(call.arguments) } catch { args = undefined }
+  const paths: string[] = []
+  let command: string | undefined
+  if (typeof args === 'object' && args !== null && !Array.isArray(args)) {
+    for (const [key, value] of Object.entries(args)) {
+      if (PATH_KEY.test(key) && typeof value === 'string' && value !== '') paths.push(value)
+      else if (PATHS_KEY.test(key) && Array.isArray(value)) for (const v of value) { if (typeof v === 'string' && v !== '') paths.push(v) }
+      else if (COMMAND_KEY.test(key)) {
+        const text = typeof value === 'string' ? value : Array.isArray(value) && value.every((v) => typeof v === 'string') ? value.join(' ') : undefined
+        if (text && text.trim() !== '') command = text
+      }
+    }
+  }
+  // A one-word `command` beside a path is a sub-command of a file tool (view, create, str_replace), not a shell command.
+  const sub = command !== undefined && paths.length > 0 && /^\w+$/.test(command) ? command : undefined
+  if (sub !== undefined) command = undefined
+  const verb = sub ?? call.name
+  return { kind: EDIT_WORD.test(verb) ? 'edited' : WRITE_WORD.test(verb) ? 'written' : 'read', paths, command }
+}
+
+/** The first line of an error text that reads as an error (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
+function errorLine(text: string): string | undefined {
+  const lines = text.split(/\r\n|\r|\n/).map((l) => l.trim()).filter((l) => l !== '')
+  const line = lines.find((l) => ERROR_WORD.test(l)) ?? lines[0]
+  if (line === undefined) return undefined
+  const end = indexAfterCodePoints(line, LEDGER_ERROR_LINE_CODE_POINTS)
+  return end < line.length ? line.slice(0, end) + '…' : line
+}
+
+/** The original of surface node `seq`: follows single-node replaces (prune, clear, cut) back through the log. */
+async function originalEvent(session: Session, seq: number): Promise<{ seq: number; message: Message }> {
+  let event = await session.readEvent(seq)
+  for (;;) {
+    const op = (event.data as any).surfaceOp as SurfaceOp
+    if (op?.op !== 'replace' || op.start !== op.end || (event.data as any).compactionId !== undefined) break
+    const before = await session.readEvent(op.start)
+    if (before.type !== event.type) break
+    event = before
+  }
+  return { seq: event.seq, message: (event.data as any).message as Message }
+}
+
+/** The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right before it), if any. */
+async function checkpointLedger(session: Session, seq: number): Promise<Ledger | undefined> {
+  const id = ((await session.readEvent(seq)).data as any).compactionId
+  if (id === undefined || seq === 0) return undefined
+  const summary = await session.readEvent(seq - 1)
+  return summary.type === 'compaction/summary' && (summary.data as any).id === id ? (summary.data as any).ledger as Ledger | undefined : undefined
+}
+
+function addPath(list: LedgerPath[], path: string, seq: number, count = 1): void {
+  const entry = list.find((e) => e.path === path)
+  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ path, count, seq })
+}
+function addText(list: LedgerText[], text: string, seq: number, count = 1): void {
+  const entry = list.find((e) => e.text === text)
+  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ text, count, seq })
+}
+function addCommand(list: LedgerCommand[], c: Omit<LedgerCommand, 'count'> & { count?: number }): void {
+  const entry = list.find((e) => e.command === c.command && e.exitCode === c.exitCode && e.failed === c.failed)
+  if (entry) { entry.count += c.count ?? 1; entry.seq = Math.max(entry.seq, c.seq) } else list.push({ command: c.command, exitCode: c.exitCode, failed: c.failed, count: c.count ?? 1, seq: c.seq })
+}
+
+/** Merges `from` (an earlier ledger) into `into`: entries deduplicated, counts added. */
+function mergeLedger(into: Ledger, from: Ledger): void {
+  for (const k of ['read', 'written', 'edited'] as const) for (const e of from[k] ?? []) addPath(into[k], e.path, e.seq, e.count)
+  for (const e of from.commands ?? []) addCommand(into.commands, e)
+  for (const e of from.errors ?? []) addText(into.errors, e.text, e.seq, e.count)
+  for (const e of from.userMessages ?? []) addText(into.userMessages, e.text, e.seq, e.count)
+  into.trimmed += from.trimmed ?? 0
+}
+
+/**
+ * The full ledger of a region (docs/design.md §12), from the originals read back from the log (a
+ * pruned or cleared result counts as it was), with the ledgers of earlier checkpoints inside it
+ * merged in.
+ * No budget applied (see {@link trimLedger}).
+ */
+export async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Promise<Ledger> {
+  const ledger = emptyLedger()
+  const results = new Map<string, { seq: number; message: ToolResultMessage }>()
+  const originals: Array<{ seq: number; message: Message } | Ledger | undefined> = []
+  for (const n of nodes) originals.push(isCheckpoint(n) ? await checkpointLedger(session, n.seq) : await originalEvent(session, n.seq))
+  for (const o of originals) if (o && 'message' in o && o.message.role === 'tool') results.set(o.message.toolCallId, o as { seq: number; message: ToolResultMessage })
+  for (const o of originals) {
+    if (!o) continue
+    if (!('message' in o)) { mergeLedger(ledger, o); continue }
+    const m = o.message
+    if (m.role === 'user') { const text = messageText(m); if (text.trim() !== '') addText(ledger.userMessages, text, o.seq) }
+    else if (m.role === 'tool') { if (m.isError) { const line = errorLine(messageText(m)); if (line) addText(ledger.errors, line, o.seq) } }
+    else for (const call of toolCalls(m)) {
+      const result = results.get(call.id)
+      const facts = callFacts(call)
+      const failed = result?.message.isError === true
+      const seq = result?.seq ?? o.seq
+      if (!failed) for (const p of facts.paths) addPath(ledger[facts.kind], p, seq)
+      if (facts.command !== undefined) {
+        const meta = (result?.message.metadata ?? {}) as Record<string, unknown>
+        const stated = typeof meta.exitCode === 'number' ? meta.exitCode : typeof meta.exit_code === 'number' ? meta.exit_code : undefined
+        const match = stated === undefined && result ? EXIT_CODE.exec(messageText(result.message).slice(0, 500)) : null
+        const exitCode = stated ?? (match ? Number(match[1] ?? match[2]) : undefined)
+        addCommand(ledger.commands, { command: facts.command, exitCode, failed, seq })
+      }
+    }
+  }
+  return ledger
+}
+
+const LEDGER_OPEN = '<ledger>\nRecorded by dsh from the session log, verbatim (not summarised):'
+const LEDGER_CLOSE = '</ledger>'
+const LEDGER_HEADINGS = {
+  read: 'files read:', written: 'files written:', edited: 'files edited:', commands: 'commands run:',
+  errors: 'tool errors (first line):', userMessages: 'user messages (newest first):',
+} as const
+type LedgerList = keyof typeof LEDGER_HEADINGS
+const LEDGER_ORDER: readonly LedgerList[] = ['read', 'written', 'edited', 'commands', 'errors', 'userMessages']
+const trimmedLine = (n: number) => `(${n} older ledger entries left out to fit the ledger budget; the session log keeps them)`
+const times = (n: number) => (n > 1 ? ` (${n}×)` : '')
+
+/** One entry as the ledger prints it (`- ` lines; user messages between `<user-message>` tags, so multi-line text stays verbatim). */
+function ledgerLine(list: LedgerList, e: LedgerPath | LedgerCommand | LedgerText): string {
+  if (list === 'userMessages') return `<user-message>\n${(e as LedgerText).text}\n</user-message>`
+  if (list === 'errors') return `- ${(e as LedgerText).text}${times(e.count)}`
+  if (list === 'commands') {
+    const c = e as LedgerCommand
+    return `- ${c.command} → ${c.exitCode !== undefined ? `exit ${c.exitCode}` : c.failed ? 'failed' : 'ok'}${times(c.count)}`
+  }
+  return `- ${(e as LedgerPath).path}${times(e.count)}`
+}
+
+/** The `<ledger>` block of a checkpoint: lists oldest first, user messages newest first. */
+export function renderLedger(ledger: Ledger): string {
+  const lines = [LEDGER_OPEN]
+  for (const list of LEDGER_ORDER) {
+    const entries = [...(ledger[list] as Array<LedgerPath | LedgerText>)].sort((a, b) => (list === 'userMessages' ? b.seq - a.seq : a.seq - b.seq))
+    if (entries.length === 0) continue
+    lines.push(LEDGER_HEADINGS[list])
+    for (const e of entries) lines.push(ledgerLine(list, e))
+  }
+  if (ledger.trimmed > 0) lines.push(trimmedLine(ledger.trimmed))
+  lines.push(LEDGER_CLOSE)
+  return lines.join('\n')
+}
+
+/**
+ * Cuts `ledger` to `budgetTokens` (§2 text estimate of the rendered block): entries are kept newest
+ * first, across all lists, while they fit; the oldest (and any too large to fit at all) are left
+ * out and counted in `trimmed`. Entries are whole: nothing is kept half.
+ */
+export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
+  const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>).map((entry) => ({ list, entry })))
+  const budgetUnits = budgetTokens * CHARS_PER_TOKEN
+  const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
+  if (estimateTextTokens(renderLedger(ledger)) <= budgetTokens) return ledger
+  const out = emptyLedger()
+  let units = fixed
+  for (const { list, entry } of all.sort((a, b) => b.entry.seq - a.entry.seq)) {
+    const cost = ledgerLine(list, entry).length + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
+    if (units + cost > budgetUnits) { out.trimmed++; continue }
+    units += cost
+    ;(out[list] as Array<typeof entry>).push(entry)
+  }
+  for (const list of LEDGER_ORDER) (out[list] as Array<{ seq: number }>).sort((a, b) => a.seq - b.seq)
+  out.trimmed += ledger.trimmed
+  return out
+}
+
+/** How many of a region's facts of one kind appear verbatim in the checkpoint, and in the model's summary alone. */
+export interface FidelityShare { total: number; inCheckpoint: number; inSummary: number }
+/**
+ * Fidelity figures of one compaction (docs/design.md §12): of the region's paths, commands, tool
+ * error first lines and user messages (its full ledger, before the budget), how many appear verbatim
+ * in the framed checkpoint (summary + ledger), and in the model's summary alone.
+ */
+export interface Fidelity { paths: FidelityShare; commands: FidelityShare; errors: FidelityShare; userMessages: FidelityShare }
+
+/** Measures {@link Fidelity}: `ledger` is the region's full ledger, `checkpoint` the framed text, `summary` the model's text. */
+export function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): Fidelity {
+  const share = (items: readonly string[]): FidelityShare => {
+    const unique = [...new Set(items)]
+    return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length, inSummary: unique.filter((t) => summary.includes(t)).length }
+  }
+  return {
+    paths: share([...ledger.read, ...ledger.written, ...ledger.edited].map((e) => e.path)),
+    commands: share(ledger.commands.map((e) => e.command)),
+    errors: share(ledger.errors.map((e) => e.text)),
+    userMessages: share(ledger.userMessages.map((e) => e.text)),
+  }
 }
 
 /** What the ladder needs from its host (the {@link Agent} implements it). */
@@ -1536,11 +2047,27 @@ export interface CompactionHost {
   readonly pruneConfig: PruneConfig
   /** Seq of the current turn's user input, which is never summarised. */
   readonly pinnedSeq?: number
+  /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests (a non-empty string). */
+  readonly summaryInstruction?: string
+  /**
+   * Called before each summary transaction starts (the Agent runs its `compaction/before` hooks):
+   * may add a focus (joined to the one asked for) or cancel this compaction.
+   */
+  beforeCompaction?(info: CompactionInfo, signal?: AbortSignal): CompactionVerdict | void | Promise<CompactionVerdict | void>
+  /** Called after a checkpoint was committed (the Agent runs its `compaction/after` hooks). */
+  afterCompaction?(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): void | Promise<void>
   /** Reports a ladder warning (also logged as `compaction/warning`). */
   warn(message: string): void
   /** Ladder memory across calls (failed-compaction guard, one-time warnings). */
   ladderState: LadderState
 }
+
+/** A summary transaction about to start: its id, trigger, focus so far and region (seqs, tokens). */
+export interface CompactionInfo { id: string; trigger: string; focus?: string; shadowedSeqs: number[]; regionTokens: number }
+/** What a `compaction/before` hook may answer: a focus to add, or `cancel` (true or a reason). */
+export interface CompactionVerdict { focus?: string; cancel?: boolean | string }
+/** A committed checkpoint: the seq of its `user/message`, its framed text and price (tokens), the model's summary, ledger and fidelity. */
+export interface CheckpointInfo { seq: number; text: string; tokens: number; summary: string; ledger: Ledger; fidelity: Fidelity }
 
 /** Per-host memory of the ladder. */
 export interface LadderState {
@@ -1579,7 +2106,7 @@ function unseenResults(session: Session): Set<number> {
 export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean): number {
   const unseen = unseenResults(session)
   // A result over the threshold has at least that many UTF-16 units, so this filter loses none.
-  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN)).map((n) => n.seq)
+  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN) && !session.isPinned(n.seq)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
   if (includeNewest || session.measure().totalTokens >= thresholdTokens) {
@@ -1592,30 +2119,29 @@ export function pruneSurface(session: Session, config: PruneConfig, trigger: str
 export interface Region { start: number; end: number; tokens: number }
 
 /**
- * Selects the region to summarise (docs/design.md §5 "Region selection"): from the surface head (or
- * right after the pinned current-turn input when that is the head) up to a cut that keeps at least
- * `retainedTokens` of the newest history verbatim, moved toward the head until no kept tool result
- * loses its call (and no summarised call loses its result), matched by id. When the pinned input
- * lies inside, the region ends before it — unless the part before it holds less than `minTokens`
- * (tokens) that is not already a checkpoint: then the region is the current turn's older steps,
- * right after the input. Returns undefined when no safe region of at least two nodes (or one
- * non-checkpoint node) exists.
+ * Selects the region to summarise (docs/design.md §5 "Region selection"): from the surface head up to a
+ * cut that keeps at least `retainedTokens` of the newest history verbatim, moved toward the head
+ * until no kept tool result loses its call (and no summarised call loses its result), matched by id.
+ * `keep` holds the seqs that are never summarised: the current turn's input and the pinned messages
+ * (docs/design.md §12). They split the candidates into runs; the region is the first run holding at
+ * least `minTokens` (tokens) that is not already a checkpoint (so a checkpoint right after a pinned
+ * head is merged into the next), else the last run (the current turn's older steps). Returns
+ * undefined when no safe region of at least two nodes (or one non-checkpoint node) exists.
  */
-export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, pinnedSeq?: number, minTokens = 0): Region | undefined {
+export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>, minTokens = 0): Region | undefined {
   let cut = nodes.length
   let kept = 0
   while (cut > 0 && kept < retainedTokens) kept += nodes[--cut].tokens
-  const pinned = pinnedSeq === undefined ? -1 : nodes.findIndex((n) => n.seq === pinnedSeq)
-  if (pinned < 0 || pinned >= cut) return balancedRegion(nodes, 0, cut)
-  // The pinned input splits the candidates: before it (merges an earlier checkpoint), or after it
-  // (the current turn's older steps). Before wins when it holds enough that is not yet a checkpoint.
-  const before = pinned > 0 ? balancedRegion(nodes, 0, pinned) : undefined
-  if (before) {
-    let fresh = 0
-    for (let i = before.start; i < before.end; i++) if (!isCheckpoint(nodes[i])) fresh += nodes[i].tokens
-    if (fresh >= minTokens) return before
+  const keepSet = new Set(typeof keep === 'number' ? [keep] : keep ?? [])
+  const runs: Region[] = []
+  for (let i = 0, start = 0; i <= cut; i++) {
+    if (i < cut && !keepSet.has(nodes[i].seq)) continue
+    const run = i > start ? balancedRegion(nodes, start, i) : undefined
+    if (run) runs.push(run)
+    start = i + 1
   }
-  return balancedRegion(nodes, pinned + 1, cut) ?? before
+  const fresh = (r: Region) => { let t = 0; for (let i = r.start; i < r.end; i++) if (!isCheckpoint(nodes[i])) t += nodes[i].tokens; return t }
+  return runs.find((r) => fresh(r) >= minTokens) ?? runs.at(-1)
 }
 
 const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
@@ -1649,6 +2175,13 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
   let tokens = 0
   for (let i = start; i < cut; i++) tokens += nodes[i].tokens
   return { start, end: cut, tokens }
+}
+
+/** Seqs region selection keeps out of every summary: the session's pins and the current turn's input. */
+function keptOutOfSummary(host: CompactionHost): number[] {
+  const seqs = host.session.pinnedSeqs()
+  if (host.pinnedSeq !== undefined) seqs.push(host.pinnedSeq)
+  return seqs
 }
 
 /** Thrown inside a compaction transaction; logged as `compaction/end {error}`. */
@@ -1706,16 +2239,25 @@ function shrinkMessage(m: Message, tokens: number): Message {
 }
 
 /**
+ * The instruction that ends a summary request: `instruction` (default {@link SUMMARY_INSTRUCTION}),
+ * then, when a focus is given, a paragraph asking to give it the most detail.
+ */
+export function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: string): string {
+  return focus === undefined || focus.trim() === '' ? instruction
+    : `${instruction}\n\nFocus of this checkpoint, as asked for: ${focus.trim()}\nGive it the most detail; keep everything else that still matters.`
+}
+
+/**
  * Summarises `messages` with the host's summarizer. Replays the envelope (system, tools) and the
  * messages, then {@link SUMMARY_INSTRUCTION}, with header `x-dsh-purpose: compaction`. When the
  * whole does not fit the summarizer's window (by the §2 estimate), summarises in tool-balanced
  * chunks, each merged into the running summary; no request exceeds the window.
  */
-export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal): Promise<{ summary: string; usage?: Usage; requests: number }> {
+export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal, focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
   const provider = host.summarizer
   const window = provider.contextWindow ?? host.contextWindow ?? Infinity
   const envelopeTokens = estimateEnvelopeTokens(host.envelope)
-  const instruction: UserMessage = { role: 'user', content: SUMMARY_INSTRUCTION }
+  const instruction: UserMessage = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
   const fixed = envelopeTokens + estimateMessageTokens(instruction)
   const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
   const prior = (s: string): UserMessage => ({ role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` })
@@ -1785,13 +2327,17 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
 }
 
 /**
- * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → summarise → reject a
- * framed summary not strictly smaller than the region → check the surface did not change → append
- * `compaction/summary` and the replacing `user/message` with no await between → `compaction/end`.
+ * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → the host's
+ * `beforeCompaction` (may add a focus, or cancel) → summarise → frame the checkpoint with the
+ * region's facts ledger (docs/design.md §12, trimmed to {@link ledgerBudget}) → reject a framed
+ * checkpoint not strictly smaller than the region → check the surface did not change → append
+ * `compaction/summary` (with the ledger, the fidelity figures and the focus) and the replacing
+ * `user/message` with no await between → `compaction/end` → the host's `afterCompaction`.
  * Any failure writes `compaction/end {error}` and leaves the surface as it was. Returns the number of
- * summary requests made; throws the failure (a {@link CompactionError}, or the provider's error).
+ * summary requests made; throws the failure (a {@link CompactionError}, `cancelled` set when a hook
+ * cancelled; or the provider's error).
  */
-export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal): Promise<number> {
+export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal, focus?: string): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
   host = withRecordingSummarizer(host, records)
@@ -1800,21 +2346,36 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
   const generation = session.replaceGeneration
   const id = `k${session.seq}`
   const tokensBefore = session.measure().totalTokens
+  const info: CompactionInfo = { id, trigger, focus, shadowedSeqs: nodes.map((n) => n.seq), regionTokens: region.tokens }
   session.append('compaction/start', { id, trigger })
   let requests = 0
   try {
-    const result = await summarise(host, nodes.map((n) => n.message), signal)
+    const verdict = await host.beforeCompaction?.(info, signal)
+    if (verdict?.cancel) throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
+    if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}` : verdict.focus.trim()
+    const fullLedger = await regionLedger(session, nodes)
+    const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
-    const checkpoint: UserMessage = { role: 'user', content: frameCheckpoint(result.summary) }
+    const ledger = trimLedger(fullLedger, ledgerBudget(host.contextWindow))
+    const text = frameCheckpoint(result.summary, ledger)
+    const checkpoint: UserMessage = { role: 'user', content: text }
     const checkpointTokens = estimateMessageTokens(checkpoint)
-    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace`)
+    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace (the checkpoint counts its summary and its ledger)`)
     if (session.replaceGeneration !== generation || !session.node(first) || !session.node(last)) throw new CompactionError('the surface changed during compaction')
-    session.append('compaction/summary', { id, summary: result.summary, shadowedSeqs: nodes.map((n) => n.seq), shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage })
-    session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id })
+    const fidelity = measureFidelity(fullLedger, text, result.summary)
+    session.append('compaction/summary', {
+      id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage,
+      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}),
+    })
+    const seq = session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
     session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens, requests: records })
+    try { await host.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
+      host.warn(`a compaction/after hook failed: ${(err as Error)?.message ?? err}`)
+    }
     return requests
   } catch (err) {
+    if (session.openCompaction !== id) throw err // committed: only the after hook can get here, and it is caught
     const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
     session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err), requests: records })
     throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
@@ -1830,7 +2391,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
  * current input with no retained tail, once. `'manual'` (e.g. `/compact`): like pressure, without the
  * threshold check. Never throws for ladder failures; rethrows only cancellation.
  */
-export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' | 'context-overflow' | 'manual', signal?: AbortSignal): Promise<CompactionOutcome> {
+export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' | 'context-overflow' | 'manual', signal?: AbortSignal, options: { focus?: string } = {}): Promise<CompactionOutcome> {
   const { session, compaction: cfg } = host
   const window = host.contextWindow
   const m0 = session.measure()
@@ -1859,9 +2420,9 @@ export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' 
 
   if (trigger === 'context-overflow') {
     outcome.prunedTokens = pruneSurface(session, host.pruneConfig, trigger, 0, true)
-    const region = selectRegion(session.surface(), 0, host.pinnedSeq)
+    const region = selectRegion(session.surface(), 0, keptOutOfSummary(host))
     if (region) {
-      try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal) } catch (err) {
+      try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal, options.focus) } catch (err) {
         outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
         if (signal?.aborted) throw err
         host.warn(`overflow compaction failed: ${(err as Error).message}`)
@@ -1881,12 +2442,13 @@ export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' 
   const minSaving = Math.ceil(m0.totalTokens * cfg.minSavingsRatio)
   let lastError = ''
   for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
-    const region = selectRegion(session.surface(), retained, host.pinnedSeq, minSaving)
+    const region = selectRegion(session.surface(), retained, keptOutOfSummary(host), minSaving)
     if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or touching the current input'; break }
-    try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal) } catch (err) {
+    try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal, options.focus) } catch (err) {
       outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
       if (signal?.aborted) throw err
       lastError = (err as Error).message
+      if ((err as any)?.cancelled) break // a hook said no: asking again would only repeat the question
       continue
     }
     if (trigger === 'manual' || session.measure().totalTokens < threshold) break
@@ -3338,8 +3900,13 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
 // 7. Loop
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** Hook names, in the order they run in a step (docs/design.md §7). */
-export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step'
+/**
+ * Hook names: the step hooks in the order they run in a step (docs/design.md §7), and the compaction
+ * hooks around each summary transaction (docs/design.md §12): `compaction/before` may return
+ * `{focus}` (added to the summary instruction) or `{cancel: true | reason}`; `compaction/after`
+ * sees the committed checkpoint.
+ */
+export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step' | 'compaction/before' | 'compaction/after'
 
 /** What a hook receives. `request` only for `agent/request` (mutable); `error` only for `agent/request-error`. */
 export interface HookContext {
@@ -3351,10 +3918,16 @@ export interface HookContext {
   signal: AbortSignal
   request?: ChatRequest
   error?: ProviderError
+  /** `compaction/before` and `compaction/after`: the summary transaction. */
+  compaction?: CompactionInfo
+  /** `compaction/after` only: the committed checkpoint. */
+  checkpoint?: CheckpointInfo
 }
 
+/** What a hook may return: `retry` (`agent/request-error`), `focus` and `cancel` (`compaction/before`). */
+export interface HookResult { retry?: boolean; focus?: string; cancel?: boolean | string }
 /** A hook. An `agent/request-error` hook returns `{retry: true}` to have the step retried. */
-export type Hook = (ctx: HookContext) => void | { retry?: boolean } | Promise<void | { retry?: boolean }>
+export type Hook = (ctx: HookContext) => void | HookResult | Promise<void | HookResult>
 
 /** Everything a UI can follow: every log event, every streamed delta, every warning. */
 export type AgentEvent =
@@ -3368,6 +3941,13 @@ export interface AgentOptions {
   provider: Provider
   tools?: readonly Tool[]
   system?: string
+  /**
+   * Project instructions (e.g. the text of AGENTS.md), part of the envelope: appended to `system`
+   * in every request, which compaction never touches (docs/design.md §12).
+   */
+  instructions?: string
+  /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests; a non-empty string. */
+  summaryInstruction?: string
   /** Overrides the provider's context window (tokens). */
   contextWindow?: number
   /** Completion budget per step, tokens (default: the provider's); clamped to the room left. */
@@ -3454,12 +4034,14 @@ export class Agent implements CompactionHost {
   readonly pruneConfig: PruneConfig
   readonly maxSteps: number
   readonly system?: string
+  readonly instructions?: string
+  readonly summaryInstruction?: string
   ladderState: LadderState = {}
   pinnedSeq?: number
   private readonly window?: number
   private readonly maxTokens: number
   private readonly hooks = new Map<HookName, Hook[]>()
-  private readonly steering: string[] = []
+  private readonly steering: (string | UserMessage)[] = []
   private running = false
   private overflowRetries = 0
   private streamRetries = 0
@@ -3479,6 +4061,12 @@ export class Agent implements CompactionHost {
       names.add(t.name)
     }
     this.system = options.system
+    if (options.instructions !== undefined && typeof options.instructions !== 'string') throw new TypeError(`instructions must be a string (e.g. the text of AGENTS.md), got ${typeof options.instructions}`)
+    this.instructions = options.instructions?.trim() ? options.instructions : undefined
+    if (options.summaryInstruction !== undefined && (typeof options.summaryInstruction !== 'string' || options.summaryInstruction.trim() === '')) {
+      throw new TypeError(`summaryInstruction must be a non-empty string, got ${JSON.stringify(options.summaryInstruction)}; leave it out to use SUMMARY_INSTRUCTION`)
+    }
+    this.summaryInstruction = options.summaryInstruction
     this.window = options.contextWindow ?? options.provider.contextWindow
     if (this.window !== undefined && !(Number.isInteger(this.window) && this.window > 0)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
     this.maxTokens = options.maxTokens ?? options.provider.maxTokens
@@ -3502,10 +4090,11 @@ export class Agent implements CompactionHost {
   get contextWindow(): number | undefined { return this.window }
   /** The conversation model's name. */
   get modelName(): string { return this.provider.model }
-  /** The request envelope: system prompt and tool specs. */
+  /** The request envelope: system prompt (then the project instructions) and tool specs. */
   get envelope(): Envelope {
     // One object per agent: the adapter serialises its tools once (docs/design.md §11 byte stability).
-    this.envelopeMemo ??= { system: this.system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
+    const system = this.instructions === undefined ? this.system : this.system ? `${this.system}\n\n${this.instructions}` : this.instructions
+    this.envelopeMemo ??= { system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
     return this.envelopeMemo
   }
 
@@ -3517,19 +4106,49 @@ export class Agent implements CompactionHost {
     return () => { const l = this.hooks.get(name)!; l.splice(l.indexOf(hook), 1) }
   }
 
-  /** Queues a user message for the next step of the running turn (or the next turn). */
-  steer(text: string): void { this.steering.push(text) }
+  /**
+   * Queues a user message (text, or a whole message with blocks) for the running turn: it is
+   * appended after the current step's tool results (or before the next request), and a step
+   * that made no tool call then does not end the turn. Queued between turns, it follows the next input.
+   */
+  steer(input: string | UserMessage): void {
+    if (typeof input !== 'string') validateMessage(input, 'user')
+    this.steering.push(input)
+  }
 
   /** Reports a warning to `onEvent`. */
   warn(message: string): void { this.onEvent?.({ type: 'warning', message }) }
 
   private async runHooks(name: HookName, ctx: HookContext): Promise<boolean> {
-    let retry = false
+    return (await this.collectHooks(name, ctx)).retry === true
+  }
+
+  /** Runs the hooks of `name` in order; `retry` and `cancel` if any asked, focuses joined with "; ". */
+  private async collectHooks(name: HookName, ctx: HookContext): Promise<HookResult> {
+    const out: HookResult = {}
     for (const hook of this.hooks.get(name) ?? []) {
       const r = await hook(ctx)
-      if (r && r.retry) retry = true
+      if (!r) continue
+      if (r.retry) out.retry = true
+      if (r.cancel) out.cancel = r.cancel
+      if (typeof r.focus === 'string' && r.focus.trim()) out.focus = out.focus ? `${out.focus}; ${r.focus.trim()}` : r.focus.trim()
     }
-    return retry
+    return out
+  }
+
+  private hookContext(signal: AbortSignal | undefined, extra: Partial<HookContext>): HookContext {
+    const t = this.session.turn
+    return { agent: this, turn: t.turn, step: t.step, signal: signal ?? new AbortController().signal, ...extra }
+  }
+
+  /** {@link CompactionHost.beforeCompaction}: runs the `compaction/before` hooks. */
+  async beforeCompaction(info: CompactionInfo, signal?: AbortSignal): Promise<CompactionVerdict> {
+    return this.collectHooks('compaction/before', this.hookContext(signal, { compaction: info }))
+  }
+
+  /** {@link CompactionHost.afterCompaction}: runs the `compaction/after` hooks. */
+  async afterCompaction(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): Promise<void> {
+    await this.collectHooks('compaction/after', this.hookContext(signal, { compaction: info, checkpoint }))
   }
 
   /** Runs `fn`; a failure caused by cancellation becomes `undefined` (the caller ends the turn). */
@@ -3542,17 +4161,44 @@ export class Agent implements CompactionHost {
 
   private drainSteering(): boolean {
     if (this.steering.length === 0) return false
-    for (const text of this.steering.splice(0)) this.session.append('user/message', { message: { role: 'user', content: text }, surfaceOp: { op: 'append' } })
+    for (const input of this.steering.splice(0)) {
+      const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
+      this.session.append('user/message', { message, surfaceOp: { op: 'append' } })
+    }
     return true
+  }
+
+  /**
+   * The most pinned tokens (envelope included) this agent accepts: its compaction threshold,
+   * `floor(window × thresholdRatio)` (no limit while the window is unknown).
+   */
+  get pinLimitTokens(): number | undefined {
+    return this.window === undefined ? undefined : Math.floor(this.window * this.compaction.thresholdRatio)
+  }
+
+  /**
+   * Pins surface message `seq` (see {@link Session.pin}) within {@link Agent.pinLimitTokens}.
+   * @throws SessionError `PIN` with the numbers when it would not fit, or `seq` is not on the surface.
+   */
+  pin(seq: number): void {
+    this.writeHeader() // the envelope the limit is checked with
+    this.session.pin(seq, { limitTokens: this.pinLimitTokens })
   }
 
   /**
    * Runs one turn. Resolves with how it ended (an abort resolves with reason `aborted`); rejects
    * with the provider's original {@link ProviderError} when a step fails and the ladder cannot
-   * recover, or with a {@link SessionError} if the store fails.
+   * recover, or with a {@link SessionError} if the store fails. `pin: true` pins the input (see
+   * {@link Agent.pin}); a pin that would not fit is refused (`SessionError('PIN')`) before anything is logged.
    */
-  async run(input: string | UserMessage, options: { signal?: AbortSignal } = {}): Promise<TurnResult> {
+  async run(input: string | UserMessage, options: { signal?: AbortSignal; pin?: boolean } = {}): Promise<TurnResult> {
     if (this.running) throw new Error('a turn is already running on this agent; wait for it or use steer(text)')
+    const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
+    if (options.pin) {
+      validateMessage(message, 'user')
+      this.writeHeader()
+      this.session.checkPinFits(estimateMessageTokens(message), 'the input', this.pinLimitTokens)
+    }
     this.running = true
     const signal = options.signal ?? new AbortController().signal
     const session = this.session
@@ -3568,8 +4214,8 @@ export class Agent implements CompactionHost {
     let ended = false
     try {
       session.append('turn/start', { turn })
-      const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
       this.pinnedSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
+      if (options.pin) session.pin(this.pinnedSeq, { limitTokens: this.pinLimitTokens })
       this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
       await session.flush() // the input is written at once and fsynced with the first step's boundary
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
@@ -3707,6 +4353,15 @@ export class Agent implements CompactionHost {
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
   compact(signal?: AbortSignal): Promise<CompactionOutcome> { return compactIfNeeded(this, 'manual', signal) }
+
+  /**
+   * Runs the ladder now with trigger `manual`; `focus` (e.g. "the parser bug") is passed into the
+   * summary instruction (the CLI's `/compact FOCUS`). Throws TypeError for a focus that is not a string.
+   */
+  compactNow(options: { focus?: string; signal?: AbortSignal } = {}): Promise<CompactionOutcome> {
+    if (options.focus !== undefined && typeof options.focus !== 'string') throw new TypeError(`focus must be a string, got ${typeof options.focus}`)
+    return compactIfNeeded(this, 'manual', options.signal, { focus: options.focus })
+  }
 }
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
@@ -3777,6 +4432,14 @@ export interface BuiltinToolsOptions {
   shellTimeoutMs?: number
   /** shell: the longest `timeout_ms` the model may ask for, in ms. Default 600,000. */
   shellMaxTimeoutMs?: number
+  /** shell: the environment commands start from. Default: this process's environment. Either way
+   *  it is scrubbed by {@link shellEnvironment} with `shellEnvKeep` and `shellEnvDrop`. */
+  shellEnv?: Record<string, string | undefined>
+  /** shell: names of variables kept although they look secret (`--shell-env NAME`). */
+  shellEnvKeep?: readonly string[]
+  /** shell: names of variables always dropped, e.g. the API key variables; a variable holding the
+   *  same value as one of them is dropped too. */
+  shellEnvDrop?: readonly string[]
 }
 
 type NodeFs = typeof import('node:fs/promises')
@@ -3797,7 +4460,10 @@ interface ToolHost {
  * Confinement: a path argument resolves against `cwd`, then through every symlink (realpath, also
  * for files that do not exist yet and for dangling links); a path that lands outside `cwd` is
  * refused with an error that names the resolved path. The `shell` tool is not confined: a command
- * can reach anything the user can, which is why it is opt-in. Checks and file operations are not
+ * can reach anything the user can, which is why it is opt-in. Its environment is scrubbed
+ * ({@link shellEnvironment}); it runs in its own process group, and when it exits, times out or is
+ * cancelled — and when this process exits — the group and every process carrying its job mark
+ * (also those that left the group with setsid) are killed (docs/design.md §13). Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
  * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
@@ -3811,7 +4477,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs']
+  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -3846,7 +4512,15 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     writeFileTool(host),
     editFileTool(host),
   ]
-  if (options.allowShell === true) tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs))
+  if (options.allowShell === true) {
+    for (const key of ['shellEnvKeep', 'shellEnvDrop'] as const) {
+      const list = options[key]
+      if (list !== undefined && !(Array.isArray(list) && list.every((n) => typeof n === 'string'))) throw new TypeError(`builtinTools: options.${key} must be an array of variable names`)
+    }
+    const base = options.shellEnv ?? (await importNode<any>('node:process')).default.env
+    const env = shellEnvironment(base, { keep: options.shellEnvKeep, drop: options.shellEnvDrop })
+    tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs, env))
+  }
   return tools
 }
 
@@ -4419,11 +5093,80 @@ class StreamText {
   }
 }
 
-function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number): Tool {
+/** Variable names that look like they hold a secret: dropped from a shell command's environment. */
+export const SECRET_ENV_NAME = /KEY|TOKEN|SECRET|PASSWORD/i
+
+/**
+ * The environment a shell command gets (docs/design.md §13): `env` without the names in `drop`
+ * (the API key variables), without any variable whose value equals one of theirs, and without
+ * names matching {@link SECRET_ENV_NAME} unless listed in `keep`. `drop` wins over `keep`.
+ */
+export function shellEnvironment(env: Record<string, string | undefined>, lists: { keep?: readonly string[]; drop?: readonly string[] } = {}): Record<string, string> {
+  const keep = new Set(lists.keep ?? [])
+  const drop = new Set(lists.drop ?? [])
+  const secretValues = new Set([...drop].map((name) => env[name]).filter((v): v is string => typeof v === 'string' && v.length >= 4))
+  const out: Record<string, string> = {}
+  for (const [name, value] of Object.entries(env)) {
+    if (value === undefined || drop.has(name) || secretValues.has(value)) continue
+    if (SECRET_ENV_NAME.test(name) && !keep.has(name)) continue
+    out[name] = value
+  }
+  return out
+}
+
+/** The variable that marks every process a shell command starts (inherited through setsid, nohup, double forks). */
+const SHELL_JOB_ENV = 'DSH_SHELL_JOB'
+
+/** A running shell command: its process group and the mark its descendants inherit. */
+interface ShellJob { pid: number; mark: string }
+/** Jobs not yet reaped, killed whole when the process exits (also on SIGTERM and SIGHUP). */
+const liveShellJobs = new Set<ShellJob>()
+let shellExitHooked = false
+
+/**
+ * Processes that belong to `job` although they may have left its process group (`setsid`): those
+ * whose environment carries the job's mark (Linux /proc; elsewhere none are found). A process that
+ * clears its environment and leaves the group escapes this; only a container fences that.
+ */
+function markedProcesses(fsSync: typeof import('node:fs'), job: ShellJob): number[] {
+  let names: string[]
+  try { names = fsSync.readdirSync('/proc') } catch { return [] }
+  const needle = `${SHELL_JOB_ENV}=${job.mark}`
+  const found: number[] = []
+  for (const name of names) {
+    if (!/^\d+$/.test(name)) continue
+    try { if (fsSync.readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').includes(needle)) found.push(Number(name)) } catch { /* gone, or not ours */ }
+  }
+  return found
+}
+
+/** Sends `signal` to the job's process group and to every marked process; returns whether any was there. */
+function signalShellJob(proc: any, fsSync: typeof import('node:fs'), job: ShellJob, signal: 'SIGTERM' | 'SIGKILL' | 0): boolean {
+  let any = false
+  try { proc.kill(-job.pid, signal); any = true } catch { /* the group is empty */ }
+  for (const pid of markedProcesses(fsSync, job)) { try { proc.kill(pid, signal); any = true } catch { /* already gone */ } }
+  return any
+}
+
+/** Kills every live job at exit: 'exit' listeners run on `process.exit` and a normal end; SIGTERM
+ *  and SIGHUP (which end Node without 'exit') are caught only when nobody else handles them, and re-raised. */
+function hookShellExit(proc: any, fsSync: typeof import('node:fs')): void {
+  if (shellExitHooked) return
+  shellExitHooked = true
+  const killAll = (): void => { for (const job of liveShellJobs) signalShellJob(proc, fsSync, job, 'SIGKILL') }
+  proc.on('exit', killAll)
+  for (const signal of ['SIGTERM', 'SIGHUP']) {
+    if (proc.listenerCount(signal) > 0) continue
+    const onSignal = (): void => { killAll(); proc.off(signal, onSignal); proc.kill(proc.pid, signal) }
+    proc.on(signal, onSignal)
+  }
+}
+
+function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number, env: Record<string, string>): Tool {
   const half = Math.floor(host.maxOutputChars / 2)
   return {
     name: 'shell',
-    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with its process group) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
+    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with everything it started) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled; background jobs do not outlive the call. Variables that look secret (names with KEY, TOKEN, SECRET, PASSWORD) are not in its environment. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
     parameters: {
       type: 'object',
       properties: {
@@ -4439,41 +5182,59 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       if (command.trim() === '') throw new Error('shell: "command" is empty')
       const timeoutMs = argInt('shell', args, 'timeout_ms', defaultTimeoutMs, 1, maxTimeoutMs, 'milliseconds')
       if (ctx.signal.aborted) throw new Error('shell: not run, the turn was cancelled')
-      const [{ spawn }, proc] = await Promise.all([importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process')])
+      const [{ spawn }, { default: proc }, fsSync] = await Promise.all([
+        importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process'), importNode<typeof import('node:fs')>('node:fs'),
+      ])
       const posix = proc.platform !== 'win32'
-      // Own process group (detached) on POSIX, so that a timeout kills the command's children too.
-      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true })
+      const mark = `${proc.pid}-${randomId()}`
+      // Own process group (detached) on POSIX, so that the whole group can be killed; the mark in
+      // the environment finds the processes that left the group (setsid).
+      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true, env: { ...env, [SHELL_JOB_ENV]: mark } })
+      const job: ShellJob | undefined = posix && child.pid !== undefined ? { pid: child.pid, mark } : undefined
+      if (job) { liveShellJobs.add(job); hookShellExit(proc, fsSync) }
       const stdout = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
       const stderr = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
       child.stdout.setEncoding('utf8') // decodes UTF-8 split across chunks
       child.stderr.setEncoding('utf8')
       child.stdout.on('data', (chunk: string) => stdout.push(chunk))
       child.stderr.on('data', (chunk: string) => stderr.push(chunk))
+      let strays = false // the command left processes running when it exited
       const outcome = await new Promise<{ code: number | null; signal: string | null; why: 'exit' | 'timeout' | 'aborted' | 'error'; error?: Error }>((resolve) => {
         let why: 'exit' | 'timeout' | 'aborted' = 'exit'
         const timers: ReturnType<typeof setTimeout>[] = []
-        const killGroup = (signal: 'SIGTERM' | 'SIGKILL'): void => {
-          try { if (posix && child.pid !== undefined) proc.kill(-child.pid, signal); else child.kill(signal) } catch { /* already gone */ }
+        let killing = false
+        const signalAll = (signal: 'SIGTERM' | 'SIGKILL' | 0): boolean => {
+          if (job) return signalShellJob(proc, fsSync, job, signal)
+          try { child.kill(signal || undefined) } catch { /* already gone */ }
+          return child.exitCode === null
         }
         const finish = (result: { code: number | null; signal: string | null; error?: Error }): void => {
           for (const timer of timers) clearTimeout(timer)
           ctx.signal.removeEventListener('abort', onAbort)
+          if (job) { signalAll('SIGKILL'); liveShellJobs.delete(job) } // nothing it started outlives the call
           resolve({ ...result, why: result.error ? 'error' : why })
+        }
+        /** SIGTERM to everything the command started, SIGKILL after a grace period; then stop waiting for pipes a stray process may hold. */
+        const killAll = (): void => {
+          if (killing) return
+          killing = true
+          if (!signalAll('SIGTERM')) return
+          timers.push(setTimeout(() => {
+            signalAll('SIGKILL')
+            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
+          }, SHELL_KILL_GRACE_MS))
         }
         const stop = (reason: 'timeout' | 'aborted'): void => {
           if (why !== 'exit') return
           why = reason
-          killGroup('SIGTERM')
-          timers.push(setTimeout(() => {
-            killGroup('SIGKILL')
-            // A grandchild outside the group may hold the pipes open: stop waiting for them.
-            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
-          }, SHELL_KILL_GRACE_MS))
+          killAll()
         }
         const onAbort = (): void => stop('aborted')
         ctx.signal.addEventListener('abort', onAbort, { once: true })
         timers.push(setTimeout(() => stop('timeout'), timeoutMs))
         child.once('error', (error) => finish({ code: null, signal: null, error }))
+        // The shell is done: background jobs (`&`, nohup, setsid) must not outlive the call.
+        child.once('exit', () => { if (job && signalAll(0)) { strays = true; killAll() } })
         child.once('close', (code, signal) => finish({ code, signal }))
       })
       if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${outcome.error?.message}`, { cause: outcome.error })
@@ -4481,7 +5242,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         : outcome.why === 'aborted' ? 'cancelled; the command was killed'
         : outcome.code === null ? `killed by signal ${outcome.signal}`
         : `exit code ${outcome.code}`
-      const parts = [status]
+      const parts = [strays && outcome.why === 'exit' ? `${status} (processes it left running in the background were killed)` : status]
       if (stdout.total > 0) parts.push(`stdout:\n${stdout.render('stdout')}`)
       if (stderr.total > 0) parts.push(`stderr:\n${stderr.render('stderr')}`)
       if (stdout.total === 0 && stderr.total === 0) parts.push('(no output)')
@@ -4648,6 +5409,9 @@ function parseTranscriptText(text: string): ParsedTranscript {
   const firstLine = lineNumberAt(text, start)
   const first = text[start]
   if (first !== '{' && first !== '[') {
+    let scalar: unknown
+    try { scalar = JSON.parse(text) } catch { scalar = undefined }
+    if (scalar !== undefined) throw new TranscriptError(`a JSON ${jsonTypeName(scalar)} is not a transcript (a transcript is a JSON object or array, or JSONL)`)
     const head = text.slice(start, start + 40).split(/\r?\n/)[0]
     throw new TranscriptError(`not JSON: the first non-blank line starts with ${JSON.stringify(head)}`, { line: firstLine })
   }
@@ -5349,39 +6113,54 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   return transcript
 }
 
-// ── 9.2 Replay runner: a transcript through the meter and the ladder, offline (docs/design.md §8) ──
+// ── 9.2 Replay runner: a transcript through the real Agent, offline (docs/design.md §8) ──
 // Web-standard like the readers: it takes a Transcript (or the file's text); the CLI reads files.
-
-/** What the ladder did at one check: the rung taken (docs/design.md §5 prune → compact; `failed` = still over). */
-export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed'
+// Replay IS an Agent: a recorded provider answers each step with the transcript's assistant message,
+// recorded tools answer each call with the transcript's result, and the report is read off the
+// Agent's events. Turns, steps, steering, spill and the ladder are the loop's own; nothing here
+// re-implements them. To add a figure (a column), see REPLAY_FIGURES; a new `compaction/*` event
+// type is a rung of its own without any change here.
 
 /**
- * One thing the replay did to the surface. Token figures are dsh's heuristic (docs/design.md §2):
+ * What the ladder did at one check: the name of the last rung taken (`prune`, `compact` — the
+ * `compaction/summary` rung —, or the suffix of any other `compaction/*` event type, e.g. `clear`),
+ * `none`, or `failed` (the ladder logged `compaction/warning`, still over the threshold, and changed nothing).
+ */
+export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed' | (string & {})
+
+/**
+ * One thing the replay did to the surface, read off the log. Token figures are dsh's heuristic (docs/design.md §2):
  * - `spill`: a tool result over the spill limit (UTF-8 `bytes`) replaced at write time by a preview;
  * - `prune`: the tool result at `seq` cut to head + tail (its price before → after);
  * - `compaction`: `messages` surface messages (seqs `firstSeq`..`lastSeq`, priced `tokensBefore`)
  *   replaced by a checkpoint priced `tokensAfter`; `totalBefore`/`totalAfter` are the request totals;
- * - `compaction-failed`: a summary transaction that committed nothing, with its error.
+ * - `compaction-failed`: a summary transaction that committed nothing, with its error;
+ * - `rung`: any other ladder event (`compaction/<rung>`, e.g. `compaction/clear`): the event's
+ *   `seq` and `data` as logged.
  */
 export type ReplayEvent =
   | { type: 'spill'; seq: number; bytes: number; tokensBefore: number; tokensAfter: number }
   | { type: 'prune'; seq: number; tokensBefore: number; tokensAfter: number }
   | { type: 'compaction'; id: string; messages: number; firstSeq: number; lastSeq: number; tokensBefore: number; tokensAfter: number; totalBefore: number; totalAfter: number }
   | { type: 'compaction-failed'; id: string; error: string }
+  | { type: 'rung'; rung: string; seq: number; data: Record<string, unknown> }
 
 /**
  * One row of a replay: a pressure check, at a turn start (`kind: 'turn-start'`, after the user input
- * is appended) or after a step (`kind: 'step'`, after its assistant message and tool results). All
- * figures are tokens by dsh's own estimate, never anchored on the transcript's usage.
+ * is appended) or after a step (`kind: 'step'`, after its assistant message, tool results and any
+ * steering). All figures are tokens by dsh's own estimate, never anchored on the transcript's usage.
  * - `step`: 1-based over the whole transcript (one per assistant message); on a turn-start row, the
  *   number of the step that follows. `turn`: 1-based.
- * - `requestTokens` (steps): the measured total of the projected request that produced this step's
- *   assistant message — what dsh would have sent. `unmanagedTokens`: the same point with no
+ * - `requestTokens` (steps): the measured total of the request the loop sent for this step (its
+ *   `inputTokens`) — what dsh would have sent. `unmanagedTokens`: the same point with no
  *   management (envelope + every message so far, as recorded). `recordedPromptTokens`: the prompt
  *   tokens the original run reported for this call, when the file has them (comparison only).
  * - `beforeTokens` → `afterTokens`: the measured total around the rung; `reclaimedTokens` = their
  *   difference. `prunes`/`prunedTokens`: prune events and tokens they reclaimed; `summaryCalls`:
- *   summary requests made; `events`: spills, prunes and compactions in order; `warnings`: ladder warnings.
+ *   summary requests made; `events`: spills, prunes, compactions and other rungs in order;
+ *   `warnings`: ladder warnings.
+ * - `figures`: the values of the extra figures ({@link REPLAY_FIGURES}, {@link ReplayOptions.figures}),
+ *   by name; present only when there are any.
  */
 export interface ReplayStep {
   kind: 'turn-start' | 'step'
@@ -5399,6 +6178,7 @@ export interface ReplayStep {
   summaryCalls: number
   events: ReplayEvent[]
   warnings: string[]
+  figures?: Record<string, number>
 }
 
 /**
@@ -5408,6 +6188,8 @@ export interface ReplayStep {
  *   `unmanagedStepsOverWindow`: steps whose unmanaged request would have been larger than the window.
  * - `summaryRequestsOverWindow`: summary requests larger than the summarizer's window (by §2).
  * - `resultsOverPruneThreshold`: tool results of the transcript over the prune threshold (code points).
+ * - `rungs`: how many times each rung acted (rung name → events), e.g. `{prune: 4, compact: 1}`.
+ * - `figures`: each extra figure totalled as it says (`sum` or `max`); present only when there are any.
  */
 export interface ReplayTotals {
   steps: number
@@ -5429,6 +6211,8 @@ export interface ReplayTotals {
   resultsOverPruneThreshold: number
   /** Ladder warnings (their texts are in {@link ReplayReport.warnings}). */
   ladderWarnings: number
+  rungs: Record<string, number>
+  figures?: Record<string, number>
 }
 
 /** The outcome of {@link replayTranscript}: the settings used, one row per pressure check, totals. */
@@ -5444,10 +6228,41 @@ export interface ReplayReport {
   summaries: { simulated: true; tokens: number } | { simulated: false; model: string }
   rows: ReplayStep[]
   totals: ReplayTotals
-  /** The reader's notes on the transcript (skipped, synthesised, renamed). */
+  /** The reader's notes on the transcript (skipped, synthesised, renamed), then the replay's own. */
   notes: string[]
   warnings: string[]
 }
+
+/** What a {@link ReplayFigure} sees besides the event: the replay's session and the step's request. */
+export interface ReplayFigureContext {
+  /** The replay's session (read it, do not append). */
+  session: Session
+  /** Context window of the replay, tokens. */
+  contextWindow: number
+  /** The request the loop sent for the current step (absent on a turn-start row). */
+  request?: ChatRequest
+  /** The usage the transcript records for the current step, when it has one (tokens). */
+  recordedUsage?: Usage
+}
+
+/**
+ * An extra figure of the replay report, computed from the Agent's events of each row: `add` is
+ * called with every event of the row in order (log events, the recorded usage as a `stream` `usage`
+ * event, warnings), starting from 0, and returns the new value. Rows carry it in `figures[name]`,
+ * the totals combine rows by `total`, and with `cell` it is a column of the text table (header `name`).
+ */
+export interface ReplayFigure {
+  name: string
+  add(event: AgentEvent, value: number, context: ReplayFigureContext): number
+  total: 'sum' | 'max'
+  cell?: (value: number) => string
+}
+
+/**
+ * Figures every replay computes besides the built-in ones (see {@link ReplayFigure}); add an entry
+ * here to give the report a column. Empty in this version.
+ */
+export const REPLAY_FIGURES: readonly ReplayFigure[] = []
 
 /** Options of {@link replayTranscript}. */
 export interface ReplayOptions {
@@ -5462,6 +6277,10 @@ export interface ReplayOptions {
   signal?: AbortSignal
   /** Called with each row as it is made, with the replay's session (read it, do not append). */
   onStep?: (step: ReplayStep, session: Session) => void
+  /** Called with every event of the replay's Agent (log events, stream events, warnings). */
+  onEvent?: (event: AgentEvent) => void
+  /** Extra figures, after {@link REPLAY_FIGURES}. Names must be unique. */
+  figures?: readonly ReplayFigure[]
 }
 
 /** Default size of a simulated summary, tokens (the CLI's `--summary-tokens`, default 2,000). */
@@ -5508,19 +6327,103 @@ function replayPositiveInteger(name: string, value: unknown, fix: string): numbe
   return value as number
 }
 
+/** One step of a transcript as the recorded provider and tools answer it. */
+interface ReplayScriptStep {
+  message: AssistantMessage
+  usage?: Usage
+  /** The recorded results of the message's tool calls, in call order. */
+  results: ToolResultMessage[]
+  /** User messages after this step's results: steering, queued while the step is answered. */
+  steerAfter: UserMessage[]
+}
+
+/** One turn: the input `Agent.run` gets, steering queued before it, and the steps the transcript records. */
+interface ReplayScriptTurn { input: UserMessage; steerBefore: UserMessage[]; steps: ReplayScriptStep[] }
+
 /**
- * Replays a transcript through the meter and the ladder, offline (docs/design.md §8), the way
- * the {@link Agent} would have fed it: into a fresh {@link Session} ({@link MemoryStore}) with the
- * transcript's envelope; a user message opens a turn (`turn/start`, the input appended and pinned
- * as {@link CompactionHost.pinnedSeq}, then the pressure check), a user message right after another
- * (or, in a dsh log, one not after `turn/start`) is steering; each assistant message is a step
- * (`step/start`, the message, each result as `tool/call` + `tool/result` — spilled over the spill
- * limit as the Agent does — then `compactIfNeeded(host, 'pressure')`, then `step/end`).
- * Usage is never given to the session: the transcript's figures describe the original prompts,
- * so the meter stays on its own estimate; they are kept per step as `recordedPromptTokens`.
+ * Cuts a transcript into the turns the loop would run. A user message opens a turn where the loop
+ * would be idle: at the start, and after a step that called no tool and was not steered — or,
+ * when the transcript records turn starts (dsh logs), exactly there. Any other user message is
+ * steering: before the turn's first step, or after the results of the step it follows.
+ */
+function replayScript(transcript: Transcript, notes: string[]): ReplayScriptTurn[] {
+  const turns: ReplayScriptTurn[] = []
+  const starts = transcript.turnStarts ? new Set(transcript.turnStarts) : undefined
+  let assistants = 0
+  transcript.messages.forEach((m, i) => {
+    const turn = turns.at(-1)
+    const step = turn?.steps.at(-1)
+    if (m.role === 'user') {
+      const idle = !turn || (starts ? starts.has(i) : step !== undefined && !step.message.content.some((b) => b.type === 'tool-call') && step.steerAfter.length === 0)
+      if (idle) turns.push({ input: m, steerBefore: [], steps: [] })
+      else if (step) step.steerAfter.push(m)
+      else turn!.steerBefore.push(m)
+    } else if (m.role === 'assistant') {
+      if (!turn) {
+        turns.push({ input: { role: 'user', content: '' }, steerBefore: [], steps: [] })
+        notes.push('the transcript opens with an assistant message: replay opened the first turn with an empty user input')
+      }
+      turns.at(-1)!.steps.push({ message: m, usage: transcript.usage[assistants++], results: [], steerAfter: [] })
+    } else step?.results.push(m) // the pairing pass put every result right after its step
+  })
+  return turns
+}
+
+/**
+ * An Agent whose envelope is the transcript's (system prompt and tool specs as recorded, even where
+ * the file records no specs for the tools it calls).
+ */
+class ReplayAgent extends Agent {
+  readonly recordedEnvelope: Envelope
+  constructor(options: AgentOptions, envelope: Envelope) {
+    super(options)
+    this.recordedEnvelope = envelope
+  }
+  override get envelope(): Envelope { return this.recordedEnvelope }
+}
+
+/** A row while its events arrive. */
+interface OpenReplayRow {
+  kind: ReplayStep['kind']
+  step: number
+  turn: number
+  requestTokens?: number
+  unmanagedTokens?: number
+  recordedPromptTokens?: number
+  beforeTokens?: number
+  hasMessage: boolean
+  rung?: string
+  ladderWarned: boolean
+  summaryCalls: number
+  events: ReplayEvent[]
+  warnings: string[]
+  figures: number[]
+  context: ReplayFigureContext
+}
+
+/** The rung a `compaction/*` event type names; undefined for the ladder's bookkeeping events. */
+function rungOfEvent(type: string): string | undefined {
+  if (!type.startsWith('compaction/')) return undefined
+  const name = type.slice('compaction/'.length)
+  if (name === 'start' || name === 'end' || name === 'warning') return undefined
+  return name === 'summary' ? 'compact' : name
+}
+
+/**
+ * Replays a transcript offline through the real {@link Agent} (docs/design.md §8): a fresh
+ * {@link Session} ({@link MemoryStore}), the transcript's envelope, a recorded provider that answers
+ * each step with the transcript's assistant message (and streams its recorded usage as a `usage`
+ * event, never as the response's usage: the transcript's figures describe the original prompts, so
+ * the meter stays on its own estimate), and recorded tools that answer each call with the
+ * transcript's result. The loop does the rest as in a live session: turn starts and the pinned
+ * input, steering, spill at write time, the ladder's pressure checks at the turn start and after
+ * every step. Turns are cut where the loop would be idle (see the readers' `turnStarts` for dsh
+ * logs); a turn the transcript ends while the loop would go on (its last step called tools) ends
+ * as cancelled. The rows are read off the Agent's events.
  * Without `summarizer`, summaries are simulated at exactly `summaryTokens` tokens each.
- * @throws {RangeError} for a missing or bad `contextWindow`, `thresholdRatio` or `summaryTokens`
- *   (the message names the value and the fix). Cancellation through `signal` rejects with its reason.
+ * @throws {RangeError} for a missing or bad `contextWindow`, `thresholdRatio`, `summaryTokens` or
+ *   figure names (the message names the value and the fix). Cancellation through `signal` rejects
+ *   with its reason.
  */
 export async function replayTranscript(transcript: Transcript, options: ReplayOptions = {}): Promise<ReplayReport> {
   const windowGiven = options.contextWindow ?? transcript.contextWindow ?? options.summarizer?.contextWindow
@@ -5531,170 +6434,239 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     throw new RangeError(`replay: thresholdRatio must be a number in (0, 1], got ${String(thresholdRatio)}; e.g. 0.8 (CLI: --threshold 0.8)`)
   }
   const summaryTokens = replayPositiveInteger('summaryTokens', options.summaryTokens ?? DEFAULT_REPLAY_SUMMARY_TOKENS, 'e.g. 2000 (CLI: --summary-tokens N)')
+  const figures = [...REPLAY_FIGURES, ...(options.figures ?? [])]
+  const figureNames = new Set<string>()
+  for (const f of figures) {
+    if (typeof f?.name !== 'string' || f.name === '' || figureNames.has(f.name)) throw new RangeError(`replay: every figure needs a unique non-empty name, got ${JSON.stringify(f?.name)}`)
+    figureNames.add(f.name)
+  }
   const signal = options.signal
-  const compaction: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG, thresholdRatio }
+  signal?.throwIfAborted()
+  const notes = [...transcript.notes]
+  const script = replayScript(transcript, notes)
   const pruneConfig = resolvePruneConfig()
+  const session = new Session({ store: new MemoryStore() })
+  session.append('session/start', { id: `replay-${transcript.format}`, version: VERSION })
+
+  let open: OpenReplayRow | undefined
+  const rows: ReplayStep[] = []
+  const warnings: string[] = []
+
+  // Every summary request passes here, so its size (the estimate summarise() hands over) is recorded.
   const base = options.summarizer ?? simulatedSummarizer(summaryTokens, window)
   const summaryWindow = base.contextWindow ?? window
   let peakSummaryRequestTokens = 0
   let summaryRequestsOverWindow = 0
-  // Every summary request passes here, so its size (the estimate summarise() hands over) is recorded.
   const summarizer: Provider = {
     model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens,
     complete(request) {
       const tokens = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools }, request.messages)
       peakSummaryRequestTokens = Math.max(peakSummaryRequestTokens, tokens)
       if (tokens > summaryWindow) summaryRequestsOverWindow++
+      if (open) open.summaryCalls++
       return base.complete(request)
     },
   }
-  const session = new Session({ store: new MemoryStore() })
-  session.append('session/start', { id: `replay-${transcript.format}`, version: VERSION })
-  const envelope = transcript.envelope
-  session.setHeader({ model: summarizer.model, baseURL: summarizer.baseURL, system: envelope.system, tools: envelope.tools, contextWindow: window })
-  const warnings: string[] = []
-  let rowWarnings: string[] = []
-  const host = {
-    session, summarizer, contextWindow: window, envelope, compaction, pruneConfig,
-    pinnedSeq: undefined as number | undefined,
-    warn(message: string) { warnings.push(message); rowWarnings.push(message) },
-    ladderState: {} as LadderState,
-  } satisfies CompactionHost
 
-  // Surface changes made by the ladder, read off the log as they are appended.
-  let rowEvents: ReplayEvent[] = []
-  let pendingPrune: { seq: number; tokens: number } | undefined
-  let pendingSummary: { id: string; seqs: number[]; tokens: number } | undefined
-  let pendingCheckpoint: { tokens: number } | undefined
-  session.subscribe((e) => {
-    const d = e.data as any
-    switch (e.type) {
-      case 'compaction/prune': pendingPrune = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; break
-      case 'tool/result':
-        if (pendingPrune && d.surfaceOp.op === 'replace') {
-          rowEvents.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message) })
-          pendingPrune = undefined
-        }
-        break
-      case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
-      case 'user/message': if (pendingSummary && d.compactionId === pendingSummary.id) pendingCheckpoint = { tokens: estimateMessageTokens(d.message) }; break
-      case 'compaction/end':
-        if (d.error !== undefined) rowEvents.push({ type: 'compaction-failed', id: d.id, error: d.error })
-        else if (pendingSummary && pendingCheckpoint && pendingSummary.id === d.id) {
-          const s = pendingSummary
-          rowEvents.push({
-            type: 'compaction', id: s.id, messages: s.seqs.length, firstSeq: s.seqs[0], lastSeq: s.seqs[s.seqs.length - 1],
-            tokensBefore: s.tokens, tokensAfter: pendingCheckpoint.tokens, totalBefore: d.tokensBefore, totalAfter: d.tokensAfter,
-          })
-        }
-        pendingSummary = undefined
-        pendingCheckpoint = undefined
-        break
-    }
-  })
-
-  const rows: ReplayStep[] = []
-  let unmanaged = estimateEnvelopeTokens(envelope)
-  let turn = 0
-  let stepInTurn = 0
-  let step = 0
-  let assistantIndex = 0
-  let lastHadCalls = false
-  let resultsOverPruneThreshold = 0
-
-  /** One pressure check; records a row. */
-  const check = async (row: Omit<ReplayStep, 'beforeTokens' | 'rung' | 'afterTokens' | 'reclaimedTokens' | 'prunes' | 'prunedTokens' | 'summaryCalls' | 'events' | 'warnings'>) => {
-    const outcome = await compactIfNeeded(host, 'pressure', signal)
-    const rung: ReplayRung = outcome.action === 'compacted' ? 'compact' : outcome.action === 'pruned' ? 'prune' : outcome.action === 'failed' ? 'failed' : 'none'
-    const events = rowEvents
-    const full: ReplayStep = {
-      ...row, beforeTokens: outcome.tokensBefore, rung, afterTokens: outcome.tokensAfter,
-      reclaimedTokens: outcome.tokensBefore - outcome.tokensAfter, prunes: events.filter((e) => e.type === 'prune').length,
-      prunedTokens: outcome.prunedTokens, summaryCalls: outcome.summaryRequests, events, warnings: rowWarnings,
-    }
-    rowEvents = []
-    rowWarnings = []
-    rows.push(full)
-    options.onStep?.(full, session)
+  // The recorded provider: the turn's next recorded step, or — when the transcript records none
+  // while the loop would go on — the turn ends as cancelled.
+  let turn: ReplayScriptTurn | undefined
+  let stepIndex = 0
+  let current: ReplayScriptStep | undefined
+  let stop: AbortController | undefined
+  const provider: Provider = {
+    model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', contextWindow: window, maxTokens: window,
+    async complete(request) {
+      current = turn?.steps[stepIndex++]
+      if (!current) {
+        stop?.abort(new Error('the transcript records no further step in this turn'))
+        throw new ProviderError('ABORTED', 'the transcript records no further step in this turn')
+      }
+      if (open) { open.requestTokens = request.inputTokens; open.context.request = request; open.context.recordedUsage = current.usage }
+      if (current.usage) request.onEvent?.({ type: 'usage', usage: current.usage })
+      for (const m of current.steerAfter) agent.steer(m)
+      return { message: current.message, finishReason: 'replay' }
+    },
   }
-  const endTurn = (reason: string) => { if (turn > 0 && session.turn.open) session.append('turn/end', { turn, reason }) }
 
-  const messages = transcript.messages
-  const turnStarts = transcript.turnStarts ? new Set(transcript.turnStarts) : undefined
-  for (let i = 0; i < messages.length; i++) {
-    signal?.throwIfAborted()
-    const m = messages[i]
-    if (m.role === 'user') {
-      unmanaged += estimateMessageTokens(m)
-      const opens = turnStarts ? turnStarts.has(i) : i === 0 || messages[i - 1].role !== 'user'
-      if (!opens && turn > 0) { session.append('user/message', { message: m, surfaceOp: { op: 'append' } }); continue } // steering
-      endTurn(lastHadCalls ? 'next-input' : 'stop')
-      turn++
-      stepInTurn = 0
-      session.append('turn/start', { turn })
-      host.pinnedSeq = session.append('user/message', { message: m, surfaceOp: { op: 'append' } }).seq
-      await check({ kind: 'turn-start', step: step + 1, turn, unmanagedTokens: unmanaged })
-      continue
+  // The recorded tools: each call's result from the transcript, found by the id the loop logged.
+  const recordedResults = new Map<string, ToolResultMessage>()
+  const answered = new Set<string>()
+  const toolNames = new Set<string>()
+  for (const m of transcript.messages) for (const b of m.role === 'assistant' ? m.content : []) if (b.type === 'tool-call') toolNames.add((b as ToolCallBlock).name)
+  const tools: Tool[] = [...toolNames].map((name) => ({
+    name, description: '', parameters: {},
+    execute(_args: unknown, ctx: ToolContext): ToolOutput {
+      const result = recordedResults.get(ctx.callId)
+      if (!result) throw new Error(`the transcript records no result for tool call ${ctx.callId}`)
+      answered.add(ctx.callId)
+      return { content: result.content, isError: result.isError }
+    },
+  }))
+
+  // Rows, read off the Agent's events.
+  let unmanaged = estimateEnvelopeTokens(transcript.envelope)
+  let steps = 0
+  let turns = 0
+  let answeredByLoop = 0
+  let pendingPrune: { seq: number; tokens: number } | undefined
+  let pendingSummary: { id: string; seqs: number[]; tokens: number; checkpointTokens?: number } | undefined
+  const openRow = (kind: ReplayStep['kind'], turnNumber: number) => {
+    open = {
+      kind, step: steps + 1, turn: turnNumber, hasMessage: false, ladderWarned: false, summaryCalls: 0, events: [], warnings: [],
+      figures: figures.map(() => 0), context: { session, contextWindow: window },
     }
-    if (m.role === 'tool') continue // appended with its step below
-    // An assistant message: one step.
-    if (turn === 0) { turn = 1; session.append('turn/start', { turn }) } // a transcript that opens without user input
-    step++
-    stepInTurn++
-    const requestTokens = session.measure().totalTokens
-    const recorded = transcript.usage[assistantIndex++]
-    const row = { kind: 'step' as const, step, turn, requestTokens, unmanagedTokens: unmanaged, ...(recorded ? { recordedPromptTokens: recorded.promptTokens } : {}) }
-    unmanaged += estimateMessageTokens(m)
-    session.append('step/start', { turn, step: stepInTurn })
-    session.append('assistant/message', { message: m, finishReason: 'replay', surfaceOp: { op: 'append' } })
-    const calls = m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
-    lastHadCalls = calls.length > 0
-    for (; i + 1 < messages.length && messages[i + 1].role === 'tool'; i++) {
-      const result = messages[i + 1] as ToolResultMessage
-      unmanaged += estimateMessageTokens(result)
-      if (resultCodePoints(result, pruneConfig.thresholdChars) > pruneConfig.thresholdChars) resultsOverPruneThreshold++
-      const call = calls.find((c) => c.id === result.toolCallId)
-      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '' })
-      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, spillName(session.seq))
-      const event = session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
-      if (spilled.spilled) {
-        rowEvents.push({ type: 'spill', seq: event.seq, bytes: spilled.spilled.bytes, tokensBefore: estimateMessageTokens(result), tokensAfter: estimateMessageTokens(spilled.message) })
+  }
+  const closeRow = () => {
+    const r = open
+    open = undefined
+    if (!r || (r.kind === 'step' && !r.hasMessage)) return // a step the transcript does not record (the turn ended there)
+    const afterTokens = session.measure().totalTokens
+    const beforeTokens = r.beforeTokens ?? afterTokens
+    const prunes = r.events.filter((e) => e.type === 'prune') as Extract<ReplayEvent, { type: 'prune' }>[]
+    const row: ReplayStep = {
+      kind: r.kind, step: r.step, turn: r.turn,
+      ...(r.requestTokens !== undefined ? { requestTokens: r.requestTokens } : {}),
+      unmanagedTokens: r.unmanagedTokens ?? unmanaged,
+      ...(r.recordedPromptTokens !== undefined ? { recordedPromptTokens: r.recordedPromptTokens } : {}),
+      beforeTokens, rung: r.rung ?? (r.ladderWarned ? 'failed' : 'none'), afterTokens, reclaimedTokens: beforeTokens - afterTokens,
+      prunes: prunes.length, prunedTokens: prunes.reduce((t, e) => t + e.tokensBefore - e.tokensAfter, 0),
+      summaryCalls: r.summaryCalls, events: r.events, warnings: r.warnings,
+      ...(figures.length > 0 ? { figures: Object.fromEntries(figures.map((f, k) => [f.name, r.figures[k]])) } : {}),
+    }
+    rows.push(row)
+    options.onStep?.(row, session)
+  }
+  const observe = (ae: AgentEvent) => {
+    options.onEvent?.(ae)
+    if (ae.type === 'warning') { warnings.push(ae.message); open?.warnings.push(ae.message) }
+    if (ae.type === 'stream' && ae.event.type === 'usage' && open) open.recordedPromptTokens = ae.event.usage.promptTokens
+    if (ae.type === 'log') {
+      const e = ae.event
+      const d = e.data as any
+      const appended = d?.surfaceOp?.op === 'append'
+      const rung = rungOfEvent(e.type)
+      if (e.type.startsWith('compaction/') && open && open.beforeTokens === undefined) open.beforeTokens = session.measure().totalTokens
+      if (rung && open) open.rung = rung
+      switch (e.type) {
+        case 'turn/start': closeRow(); turns = d.turn; openRow('turn-start', d.turn); break
+        case 'step/start': closeRow(); openRow('step', turns); break
+        case 'step/end': case 'turn/end': closeRow(); break
+        case 'user/message':
+          if (appended) unmanaged += estimateMessageTokens(d.message)
+          else if (pendingSummary && d.compactionId === pendingSummary.id) pendingSummary.checkpointTokens = estimateMessageTokens(d.message)
+          break
+        case 'assistant/message': {
+          if (!appended || !open || !current) break
+          open.hasMessage = true
+          open.step = ++steps
+          open.unmanagedTokens = unmanaged
+          unmanaged += estimateMessageTokens(current.message)
+          // The logged calls (ids as the loop kept or repaired them) in order, matched to the recorded results.
+          const logged = (d.message as AssistantMessage).content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+          const recorded = current.message.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+          logged.forEach((c, k) => {
+            const result = current!.results.find((r) => r.toolCallId === recorded[k]?.id)
+            if (result) recordedResults.set(c.id, result)
+          })
+          break
+        }
+        case 'tool/result': {
+          if (appended) {
+            const original = recordedResults.get(d.message.toolCallId) ?? d.message
+            if (!answered.has(d.message.toolCallId)) answeredByLoop++
+            unmanaged += estimateMessageTokens(original)
+            if (d.spilled && open) open.events.push({ type: 'spill', seq: e.seq, bytes: d.spilled.bytes, tokensBefore: estimateMessageTokens(original), tokensAfter: estimateMessageTokens(d.message) })
+          } else if (pendingPrune && open) {
+            open.events.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message) })
+            pendingPrune = undefined
+          }
+          break
+        }
+        case 'compaction/prune': pendingPrune = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; break
+        case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
+        case 'compaction/warning': if (open) open.ladderWarned = true; break
+        case 'compaction/end':
+          if (!open) break
+          if (d.error !== undefined) open.events.push({ type: 'compaction-failed', id: d.id, error: d.error })
+          else {
+            const s = pendingSummary
+            if (s !== undefined && s.id === d.id && s.checkpointTokens !== undefined) open.events.push({
+              type: 'compaction', id: s.id, messages: s.seqs.length, firstSeq: s.seqs[0], lastSeq: s.seqs[s.seqs.length - 1],
+              tokensBefore: s.tokens, tokensAfter: s.checkpointTokens, totalBefore: d.tokensBefore, totalAfter: d.tokensAfter,
+            })
+          }
+          pendingSummary = undefined
+          break
+        default:
+          if (rung && open) open.events.push({ type: 'rung', rung, seq: e.seq, data: d })
       }
     }
-    await check(row)
-    session.append('step/end', { turn, step: stepInTurn })
+    if (open) figures.forEach((f, k) => { open!.figures[k] = f.add(ae, open!.figures[k], open!.context) })
   }
-  endTurn(lastHadCalls ? 'end-of-transcript' : 'stop')
 
-  const steps = rows.filter((r) => r.kind === 'step')
-  const peakRequestTokens = steps.reduce((p, r) => Math.max(p, r.requestTokens!), 0)
-  const recordedPeak = steps.reduce((p, r) => Math.max(p, r.recordedPromptTokens ?? -1), -1)
+  const maxSteps = script.reduce((m, t) => Math.max(m, t.steps.length), 0) + 1
+  const agent: Agent = new ReplayAgent({
+    session, provider, tools, summarizer, contextWindow: window, system: transcript.envelope.system,
+    compaction: { thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe,
+  }, transcript.envelope)
+  for (const t of script) {
+    turn = t
+    stepIndex = 0
+    stop = new AbortController()
+    const onAbort = () => stop!.abort(signal!.reason)
+    signal?.addEventListener('abort', onAbort, { once: true })
+    try {
+      for (const m of t.steerBefore) agent.steer(m)
+      await agent.run(t.input, { signal: stop.signal })
+    } finally { signal?.removeEventListener('abort', onAbort) }
+    signal?.throwIfAborted()
+  }
+  closeRow()
+  if (answeredByLoop > 0) notes.push(`${answeredByLoop} tool call(s) answered by the loop itself, not with the recorded result (e.g. arguments that are not JSON), as a live run would`)
+
+  const stepRows = rows.filter((r) => r.kind === 'step')
+  const peakRequestTokens = stepRows.reduce((p, r) => Math.max(p, r.requestTokens!), 0)
+  const recordedPeak = stepRows.reduce((p, r) => Math.max(p, r.recordedPromptTokens ?? -1), -1)
   const all = rows.flatMap((r) => r.events)
+  const rungs: Record<string, number> = {}
+  for (const e of all) {
+    const name = e.type === 'prune' ? 'prune' : e.type === 'compaction' ? 'compact' : e.type === 'rung' ? e.rung : undefined
+    if (name) rungs[name] = (rungs[name] ?? 0) + 1
+  }
+  const pruneThreshold = pruneConfig.thresholdChars
   const totals: ReplayTotals = {
-    steps: steps.length,
-    turns: turn,
+    steps: stepRows.length,
+    turns,
     peakRequestTokens,
     peakPercent: Math.round((peakRequestTokens / window) * 1000) / 10,
-    prunes: all.filter((e) => e.type === 'prune').length,
+    prunes: rungs.prune ?? 0,
     prunedTokens: rows.reduce((t, r) => t + r.prunedTokens, 0),
     spills: all.filter((e) => e.type === 'spill').length,
-    compactions: all.filter((e) => e.type === 'compaction').length,
+    compactions: rungs.compact ?? 0,
     failedCompactions: all.filter((e) => e.type === 'compaction-failed').length,
     summaryCalls: rows.reduce((t, r) => t + r.summaryCalls, 0),
-    requestsOverWindow: steps.filter((r) => r.requestTokens! > window).length,
-    unmanagedStepsOverWindow: steps.filter((r) => r.unmanagedTokens > window).length,
-    peakUnmanagedTokens: steps.reduce((p, r) => Math.max(p, r.unmanagedTokens), 0),
+    requestsOverWindow: stepRows.filter((r) => r.requestTokens! > window).length,
+    unmanagedStepsOverWindow: stepRows.filter((r) => r.unmanagedTokens > window).length,
+    peakUnmanagedTokens: stepRows.reduce((p, r) => Math.max(p, r.unmanagedTokens), 0),
     ...(recordedPeak >= 0 ? { peakRecordedPromptTokens: recordedPeak } : {}),
     peakSummaryRequestTokens,
     summaryRequestsOverWindow,
-    resultsOverPruneThreshold,
+    resultsOverPruneThreshold: transcript.messages.filter((m) => m.role === 'tool' && resultCodePoints(m, pruneThreshold) > pruneThreshold).length,
     ladderWarnings: warnings.length,
+    rungs,
+    ...(figures.length > 0 ? {
+      figures: Object.fromEntries(figures.map((f) => {
+        const values = rows.map((r) => r.figures![f.name])
+        return [f.name, f.total === 'max' ? values.reduce((a, b) => Math.max(a, b), 0) : values.reduce((a, b) => a + b, 0)]
+      })),
+    } : {}),
   }
   return {
-    format: transcript.format, messages: countRoles(messages), contextWindow: window, thresholdRatio,
+    format: transcript.format, messages: countRoles(transcript.messages), contextWindow: window, thresholdRatio,
     thresholdTokens: Math.floor(window * thresholdRatio),
     summaries: options.summarizer ? { simulated: false, model: options.summarizer.model } : { simulated: true, tokens: summaryTokens },
-    rows, totals, notes: transcript.notes, warnings,
+    rows, totals, notes, warnings,
   }
 }
 
@@ -5706,9 +6678,19 @@ export interface FormatReplayOptions {
   name?: string
   /** Added to every JSON object as `chain` (e.g. 'main', 'sidechain 2'); a heading in the table. */
   chain?: string
+  /** Extra figures passed to the replay besides {@link REPLAY_FIGURES}, for their cells (a figure the report has but neither names is shown with digit grouping). */
+  figures?: readonly ReplayFigure[]
 }
 
 const groupDigits = (n: number): string => String(n).replace(/\B(?=(\d{3})+(?!\d))/g, ',')
+
+/** One line for an event a rung logged: its seq and the event's scalar fields (numbers grouped). */
+function describeRungData(data: Record<string, unknown>): string {
+  const show = (v: unknown): string | undefined =>
+    typeof v === 'number' ? groupDigits(v) : typeof v === 'string' ? (v.length > 40 ? JSON.stringify(v.slice(0, 40) + '…') : JSON.stringify(v))
+      : Array.isArray(v) && v.every((x) => typeof x === 'number') ? (v.length > 2 ? `${v[0]}..${v[v.length - 1]} (${v.length})` : v.join(', ')) : undefined
+  return Object.entries(data).flatMap(([k, v]) => { const s = show(v); return s === undefined ? [] : [`${k} ${s}`] }).join(', ')
+}
 
 function describeReplayEvent(e: ReplayEvent): string {
   switch (e.type) {
@@ -5716,8 +6698,27 @@ function describeReplayEvent(e: ReplayEvent): string {
     case 'prune': return `prune    tool result seq ${e.seq}: ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
     case 'compaction': return `compact  ${e.id}: ${e.messages} messages (seq ${e.firstSeq}..${e.lastSeq}) ${groupDigits(e.tokensBefore)} → checkpoint ${groupDigits(e.tokensAfter)} tokens; total ${groupDigits(e.totalBefore)} → ${groupDigits(e.totalAfter)}`
     case 'compaction-failed': return `failed   ${e.id}: ${e.error}`
+    case 'rung': return `${e.rung.padEnd(8)} seq ${e.seq}: ${describeRungData(e.data)}`
   }
 }
+
+/** A column of the replay table: header, cell, and whether it is left-aligned (else right). */
+interface ReplayColumn { header: string; cell: (r: ReplayStep) => string; left?: boolean }
+
+const tokensCell = (n: number | undefined): string => (n === undefined ? '-' : groupDigits(n))
+
+/** The built-in columns of the text table, in order; extra figures with a `cell` follow. */
+const REPLAY_COLUMNS: readonly ReplayColumn[] = [
+  { header: 'step', cell: (r) => (r.kind === 'step' ? String(r.step) : 'input') },
+  { header: 'turn', cell: (r) => String(r.turn) },
+  { header: 'request', cell: (r) => tokensCell(r.requestTokens) },
+  { header: 'unmanaged', cell: (r) => tokensCell(r.unmanagedTokens) },
+  { header: 'recorded', cell: (r) => tokensCell(r.recordedPromptTokens) },
+  { header: 'before', cell: (r) => tokensCell(r.beforeTokens) },
+  { header: 'rung', cell: (r) => r.rung, left: true },
+  { header: 'after', cell: (r) => tokensCell(r.afterTokens) },
+  { header: 'reclaimed', cell: (r) => tokensCell(r.reclaimedTokens) },
+]
 
 /**
  * Renders a {@link ReplayReport}: a header (settings, how summaries were made, what the token figures
@@ -5747,16 +6748,18 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
   for (const note of report.notes) out.push(`note: ${note}`)
   out.push('request = what dsh would send for the step; unmanaged = the same with no management; before → after = around the rung at the pressure check')
   out.push('')
-  const header = ['step', 'turn', 'request', 'unmanaged', 'recorded', 'before', 'rung', 'after', 'reclaimed']
-  const cells = report.rows.map((r) => [
-    r.kind === 'step' ? String(r.step) : 'input', String(r.turn), r.requestTokens === undefined ? '-' : groupDigits(r.requestTokens),
-    groupDigits(r.unmanagedTokens), r.recordedPromptTokens === undefined ? '-' : groupDigits(r.recordedPromptTokens),
-    groupDigits(r.beforeTokens), r.rung, groupDigits(r.afterTokens), groupDigits(r.reclaimedTokens),
-  ])
-  const widths = header.map((h, c) => cells.reduce((w, row) => Math.max(w, row[c].length), h.length))
-  const line = (row: string[]) => row.map((s, c) => (c === 6 ? s.padEnd(widths[c]) : s.padStart(widths[c]))).join('  ')
+  // Extra figures: a column each, rendered by the figure's `cell` (a figure without one is JSON only).
+  const known = new Map([...REPLAY_FIGURES, ...(options.figures ?? [])].map((f) => [f.name, f]))
+  const figureCell = (name: string, v: number) => { const f = known.get(name); return f ? f.cell?.(v) : groupDigits(v) }
+  const figureNames = Object.keys(t.figures ?? {}).filter((name) => figureCell(name, 0) !== undefined)
+  const columns: ReplayColumn[] = [...REPLAY_COLUMNS, ...figureNames.map((name) => ({
+    header: name, cell: (r: ReplayStep) => (r.figures?.[name] === undefined ? '-' : figureCell(name, r.figures[name])!),
+  }))]
+  const cells = report.rows.map((r) => columns.map((c) => c.cell(r)))
+  const widths = columns.map((c, k) => cells.reduce((w, row) => Math.max(w, row[k].length), c.header.length))
+  const line = (row: string[]) => row.map((s, k) => (columns[k].left ? s.padEnd(widths[k]) : s.padStart(widths[k]))).join('  ').trimEnd()
   const indent = ' '.repeat(widths[0] + 2) + '↳ '
-  out.push(line(header))
+  out.push(line(columns.map((c) => c.header)))
   report.rows.forEach((r, k) => {
     out.push(line(cells[k]))
     for (const e of r.events) out.push(indent + describeReplayEvent(e))
@@ -5770,12 +6773,16 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     ['prunes', `${t.prunes} (${groupDigits(t.prunedTokens)} tokens reclaimed by pruning)`],
     ['spills', String(t.spills)],
     ['compactions', `${t.compactions}${t.failedCompactions ? ` (+${t.failedCompactions} failed)` : ''}, ${t.summaryCalls} summary call(s)`],
+  ]
+  for (const [rung, count] of Object.entries(t.rungs ?? {})) if (rung !== 'prune' && rung !== 'compact') totals.push([`rung ${rung}`, String(count)])
+  totals.push(
     ['requests over the window, dsh', String(t.requestsOverWindow)],
     ['steps over the window, unmanaged', `${t.unmanagedStepsOverWindow} (unmanaged peak ${groupDigits(t.peakUnmanagedTokens)} tokens, ${pct(t.peakUnmanagedTokens)})`],
-  ]
+  )
   if (t.peakRecordedPromptTokens !== undefined) totals.push(['recorded peak prompt', `${groupDigits(t.peakRecordedPromptTokens)} tokens (as reported by the original run)`])
   if (t.summaryCalls > 0) totals.push(['largest summary request', `${groupDigits(t.peakSummaryRequestTokens)} tokens (${t.summaryRequestsOverWindow} over the summarizer's window)`])
   if (t.ladderWarnings > 0) totals.push(['ladder warnings', String(t.ladderWarnings)])
+  for (const [name, v] of Object.entries(t.figures ?? {})) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
   const labelWidth = totals.reduce((w, [l]) => Math.max(w, l.length), 0)
   out.push('totals')
   for (const [label, value] of totals) out.push(`  ${label.padEnd(labelWidth)}  ${value}`)
@@ -5800,9 +6807,10 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
     sidechainReports.push(await replayTranscript(side, { ...options, contextWindow: report.contextWindow }))
   }
   const chains = sidechainReports.length > 0
-  let output = formatReplay(report, { json: options.json, name: options.name, chain: chains ? 'main chain' : undefined })
+  const figures = options.figures
+  let output = formatReplay(report, { json: options.json, name: options.name, chain: chains ? 'main chain' : undefined, figures })
   sidechainReports.forEach((r, k) => {
-    output += (options.json ? '' : '\n') + formatReplay(r, { json: options.json, name: options.name, chain: `sidechain ${k + 1} of ${sidechainReports.length}` })
+    output += (options.json ? '' : '\n') + formatReplay(r, { json: options.json, name: options.name, chain: `sidechain ${k + 1} of ${sidechainReports.length}`, figures })
   })
   return { report, sidechainReports, output }
 }
@@ -5867,6 +6875,8 @@ export interface CliRunOptions extends CliModelOptions {
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
+  /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
+  shellEnv?: string[]
 }
 
 /** `dsh replay FILE`: run a recorded session through the meter and the ladder offline. */
@@ -5884,6 +6894,8 @@ export interface CliReplayOptions {
   summaryTokens: number
   /** `--format F`. Default `auto`. */
   format: CliReplayFormat
+  /** `--sidechains`: Claude Code, also replay each Task-subagent run (its own window) after the main chain. */
+  sidechains: boolean
   /** Present when `--base-url`, `--model` or `--api-key-env` asks for real summary calls; absent:
    *  summaries are simulated at `summaryTokens` (a key in the environment alone never costs money). */
   summarizer?: CliModelOptions
@@ -5904,8 +6916,10 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--threshold': { value: 'R', commands: ['run', 'replay'] },
   '--json': { commands: ['run', 'replay'] },
   '--allow-shell': { commands: ['run'] },
+  '--shell-env': { value: 'NAME', commands: ['run'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
+  '--sidechains': { commands: ['replay'] },
   '--help': { commands: ['run', 'replay'] },
   '--version': { commands: ['run', 'replay'] },
 }
@@ -5937,6 +6951,8 @@ Options
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
   --json                 print every event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
+  --shell-env NAME       give shell commands this variable although its name looks secret
+                         (KEY, TOKEN, SECRET, PASSWORD); repeatable. The API key never is.
   -h, --help             show this help
   --version              print the version
 
@@ -5953,6 +6969,8 @@ Replay: npx tsx dsh.ts replay FILE [options]
   --summary-tokens N     size of a simulated summary, in tokens (default ${CLI_DEFAULTS.summaryTokens})
   --format F             force a format: ${CLI_REPLAY_FORMATS.slice(1).join(', ')}
                          (default auto: detected from the file)
+  --sidechains           Claude Code: also replay each Task-subagent run (sidechain), each in
+                         its own window, after the main chain (default: skipped, counted in a note)
   --json                 machine-readable output
   --base-url URL, --model NAME, --api-key-env NAME
                          summarise with a real model instead of simulating summaries
@@ -6102,7 +7120,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
       if (value !== undefined) i++
     }
     if (value === undefined) throw new UsageError(`${arg} needs a value: ${name} ${spec.value}`)
-    flags.set(name, value)
+    flags.set(name, name === '--shell-env' && flags.has(name) ? `${flags.get(name)},${value}` : value) // --shell-env adds up
   }
 
   const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
@@ -6117,7 +7135,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (!CLI_REPLAY_FORMATS.includes(format)) throw new UsageError(`--format must be one of ${CLI_REPLAY_FORMATS.join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
-      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format,
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'),
       ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
     }
   }
@@ -6137,9 +7155,15 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
   const session = flags.get('--session')
   if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
+  const model = resolveModelOptions(flags, env)
+  const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
+  for (const name of shellEnv ?? []) {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw new UsageError(`--shell-env takes variable names (e.g. --shell-env GITHUB_TOKEN), got ${JSON.stringify(name)}`)
+    if (name === model.apiKeyEnv || name === CLI_DEFAULTS.apiKeyEnv) throw new UsageError(`--shell-env ${name}: the API key variable is never given to shell commands`)
+  }
   return {
-    command, ...resolveModelOptions(flags, env), prompt, print: printed !== undefined,
-    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'),
+    command, ...model, prompt, print: printed !== undefined,
+    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), ...(shellEnv ? { shellEnv } : {}),
   }
 }
 
@@ -6306,10 +7330,10 @@ export function describeEditCost(c: EditCost): string {
 }
 
 /** `/usage`: occupancy, envelope and surface sizes, provider-reported usage so far. */
-function usageReport(agent: Agent): string {
+async function usageReport(agent: Agent): Promise<string> {
   const m = agent.session.measure(), w = agent.contextWindow
   let prompt = 0, completion = 0, cached = 0, calls = 0
-  for (const e of agent.session.events) {
+  for await (const e of agent.session.readEvents()) {
     const u = e.type === 'assistant/message' ? (e.data as any).usage as Usage | undefined : undefined
     if (u) { calls++; prompt += u.promptTokens; completion += u.completionTokens; cached += u.cachedTokens ?? 0 }
   }
@@ -6364,14 +7388,16 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
-    const opened = session.events.findLastIndex((e) => e.type === 'session/start' || e.type === 'session/resume')
-    for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(jsonLine(e))
+    for await (const e of session.readEvents(session.openedAtSeq)) io.stdout(jsonLine(e))
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
   const terminal = interactive ? await openTerminal(p) : undefined
   let allowShell = options.allowShell
   if (!allowShell && terminal) allowShell = await terminal.askYesNo('Allow the agent to run shell commands in this directory? [y/N] ')
-  const tools = await builtinTools({ cwd, allowShell })
+  const tools = await builtinTools({
+    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
+    shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
+  })
   let agent: Agent | undefined
   // Interactive: the streamed answer has no final newline; end its line before a status line or the next prompt (which clears its line).
   let midLine = false
@@ -6481,7 +7507,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     if (line === '') { terminal.prompt(); continue }
     if (line === '/exit' || line === '/quit') break
     if (line === '/help') io.stderr(INTERACTIVE_HELP)
-    else if (line === '/usage') io.stderr(usageReport(agent))
+    else if (line === '/usage') io.stderr(await usageReport(agent))
     else if (line === '/compact') {
       running = new AbortController()
       const o = await agent.compact(running.signal).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))
@@ -6521,7 +7547,7 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
   try {
     const { output } = await runReplay(text, {
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
-      summaryTokens: options.summaryTokens, summarizer, json: options.json, name: options.file,
+      summaryTokens: options.summaryTokens, summarizer, json: options.json, name: options.file, sidechains: options.sidechains,
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0

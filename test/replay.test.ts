@@ -78,10 +78,11 @@ const CORPUS: CorpusCase[] = [
   // unmanaged session (no spill) reaches the 25,600-token threshold after the four mid-session ones.
   { file: 'psf__requests-1142.traj.json', roles: { user: 3, assistant: 71, tool: 69 }, overThreshold: 5, prunes: 4, spills: 1 },
   // python: 97 assistant, 95 with one bash block; results over 8,192 at messages[3], [11], [95], [99],
-  // [105], [119], [123], [133], [137] and [195]. [195] (9,735 code points, the submitted diff) is the
-  // last message: it is logged in the last step, after a compaction left the surface far below the
-  // threshold, so no pressure check ever sees it; the other nine are pruned.
-  { file: 'pylint-dev__pylint-6528.traj.json', roles: { user: 3, assistant: 97, tool: 95 }, overThreshold: 10, prunes: 9, spills: 0 },
+  // [105], [119], [123], [133], [137] and [195]; all ten are pruned. [195] (9,735 code points, the
+  // submitted diff) is the last message: the checkpoints carry their facts ledger (docs/design.md §12,
+  // up to floor(32,000 × 0.05) = 1,600 tokens), so the last step is above the threshold again and its
+  // pressure check prunes [195] before a third compaction.
+  { file: 'pylint-dev__pylint-6528.traj.json', roles: { user: 3, assistant: 97, tool: 95 }, overThreshold: 10, prunes: 10, spills: 0 },
   // jq: main chain 9 message.ids, 11 tool_result blocks, 3 user messages; largest result 2,021 code points.
   { file: 'fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl', roles: { user: 3, assistant: 9, tool: 11 }, overThreshold: 0, prunes: 0, spills: 0 },
   // jq: history = system, user, 13 × (assistant + tool); largest observation 6,277 code points.
@@ -174,6 +175,7 @@ test('a 60,000-char tool result at window 16,000: one prune, exact tokens per ro
     steps: 2, turns: 1, peakRequestTokens: 1_324, peakPercent: 8.3, prunes: 1, prunedTokens: 13_710, spills: 0,
     compactions: 0, failedCompactions: 0, summaryCalls: 0, requestsOverWindow: 0, unmanagedStepsOverWindow: 0,
     peakUnmanagedTokens: 15_034, peakSummaryRequestTokens: 0, summaryRequestsOverWindow: 0, resultsOverPruneThreshold: 1, ladderWarnings: 0,
+    rungs: { prune: 1 },
   })
   assert.deepEqual(rest.summaries, { simulated: true, tokens: DEFAULT_REPLAY_SUMMARY_TOKENS })
 })
@@ -272,8 +274,11 @@ test('a dsh log: surface events as written, turns from turn/start (steering open
   // sys: 1 + 8 = 9; 'go' 9; call 'sh'+'{}' 9; result 2,250 + 8 = 2,258 → 1,298 pruned; 'steer' 2 + 8 = 10; 'done' 9; 'again' 10.
   assert.deepEqual(report.rows.map(r => [r.kind, r.turn, r.requestTokens ?? null, r.beforeTokens, r.rung, r.afterTokens]), [
     ['turn-start', 1, null, 18, 'none', 18],
-    ['step', 1, 18, 2_285, 'prune', 1_325], // the result is the newest step's, pruned since nothing older helps
-    ['step', 1, 1_335, 1_344, 'none', 1_344], // the steering message (10) joined before the request
+    // The steering message (10) is appended after the step's results and before its pressure check,
+    // as the loop drains steering: 18 + 9 + 2,258 + 10 = 2,295. The result is the newest step's,
+    // pruned since nothing older helps: 2,295 − 960 = 1,335.
+    ['step', 1, 18, 2_295, 'prune', 1_335],
+    ['step', 1, 1_335, 1_344, 'none', 1_344],
     ['turn-start', 2, null, 1_354, 'none', 1_354],
   ])
 })
