@@ -443,7 +443,7 @@ describe('parseCliArgs', () => {
     command: 'run', model: 'deepseek-v4-flash', baseURL: 'https://api.deepseek.com', apiKey: 'sk-test', apiKeyEnv: 'DEEPSEEK_API_KEY',
     prompt: undefined, print: false, contextWindow: undefined, maxTokens: undefined, session: undefined, threshold: 0.8, json: false, allowShell: false,
   }
-  const replayDefaults = { command: 'replay', file: 's.jsonl', contextWindow: undefined, threshold: 0.8, json: false, summaryTokens: 2000, format: 'auto' }
+  const replayDefaults = { command: 'replay', file: 's.jsonl', contextWindow: undefined, threshold: 0.8, json: false, summaryTokens: 2000, format: 'auto', sidechains: false }
   const noKey = 'no API key: set DEEPSEEK_API_KEY (or --api-key-env NAME), or point --base-url at a server that needs none'
 
   const rows: { argv: string[]; env?: Record<string, string | undefined>; expect: CliOptions | Record<string, unknown> | string }[] = [
@@ -505,6 +505,7 @@ describe('parseCliArgs', () => {
     { argv: ['replay', 's.jsonl'], env: key, expect: replayDefaults },
     { argv: ['replay', '--context-window', '32000', 's.jsonl', '--threshold', '0.9', '--json', '--summary-tokens', '500', '--format', 'claude-code'], env: {},
       expect: { ...replayDefaults, contextWindow: 32000, threshold: 0.9, json: true, summaryTokens: 500, format: 'claude-code' } },
+    { argv: ['replay', 's.jsonl', '--sidechains'], env: {}, expect: { ...replayDefaults, sidechains: true } },
     { argv: ['replay', 's.jsonl', '--model', 'deepseek-v4-pro'], env: key,
       expect: { ...replayDefaults, summarizer: { model: 'deepseek-v4-pro', baseURL: 'https://api.deepseek.com', apiKey: 'sk-test', apiKeyEnv: 'DEEPSEEK_API_KEY' } } },
     { argv: ['replay', 's.jsonl', '--base-url', 'http://127.0.0.1:8080'], env: key,
@@ -514,7 +515,7 @@ describe('parseCliArgs', () => {
     { argv: ['replay', 'a', 'b'], env: {}, expect: 'replay takes one FILE, got 2 ("a", "b")' },
     { argv: ['replay', 's.jsonl', '--format', 'xml'], env: {}, expect: '--format must be one of auto, dsh, openai, claude-code, swe-agent, mini-swe-agent, got "xml"' },
     { argv: ['replay', 's.jsonl', '--allow-shell'], env: {},
-      expect: '--allow-shell does not apply to replay; replay takes --model, --base-url, --api-key-env, --context-window, --threshold, --json, --summary-tokens, --format' },
+      expect: '--allow-shell does not apply to replay; replay takes --model, --base-url, --api-key-env, --context-window, --threshold, --json, --summary-tokens, --format, --sidechains' },
     { argv: ['replay', 's.jsonl', '--summary-tokens', '0'], env: {}, expect: '--summary-tokens must be a positive whole number of tokens, got "0" (e.g. --summary-tokens 2000)' },
   ]
   for (const row of rows) {
