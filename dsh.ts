@@ -49,7 +49,8 @@
  * UNITS (one word, one unit, everywhere in this file):
  *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
  *   code points  Unicode scalar values (a surrogate pair is one); "chars" in a name means code points
- *   UTF-16 units JS string `.length` (the meter's `/ 4` counts these)
+ *   UTF-16 units JS string `.length`; "units" in a name (`maxOutputUnits`, UNITS_PER_TOKEN: the
+ *                meter's `/ 4` counts these)
  *   bytes        UTF-8 bytes unless a name says otherwise
  *   ms           milliseconds; every time is in ms unless a name says otherwise (`…S` = seconds)
  */
@@ -245,13 +246,13 @@ export interface Tool<Args = any> {
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
 /** Tokens are estimated as one per four UTF-16 units (docs/design.md §2). */
-export const CHARS_PER_TOKEN = 4
+export const UNITS_PER_TOKEN = 4
 /** Fixed per-message overhead in tokens (role, separators), docs/design.md §2. */
 export const MESSAGE_OVERHEAD_TOKENS = 8
 
 /** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). docs/design.md §2. */
 export function estimateTextTokens(text: string): number {
-  return Math.ceil(text.length / CHARS_PER_TOKEN)
+  return Math.ceil(text.length / UNITS_PER_TOKEN)
 }
 
 /**
@@ -263,14 +264,14 @@ export function estimateTextTokens(text: string): number {
 export function estimateMessageTokens(message: Message): number {
   const content = message.content
   if (typeof content === 'string') return estimateTextTokens(content) + MESSAGE_OVERHEAD_TOKENS
-  let chars = 0
+  let units = 0
   let other = 0
   for (const block of content) {
-    if (block.type === 'text' || block.type === 'reasoning') chars += (block as TextBlock).text.length
-    else if (block.type === 'tool-call') chars += (block as ToolCallBlock).name.length + (block as ToolCallBlock).arguments.length
+    if (block.type === 'text' || block.type === 'reasoning') units += (block as TextBlock).text.length
+    else if (block.type === 'tool-call') units += (block as ToolCallBlock).name.length + (block as ToolCallBlock).arguments.length
     else other += estimateTextTokens(JSON.stringify(block))
   }
-  return Math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
+  return Math.ceil(units / UNITS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
 }
 
 /**
@@ -396,7 +397,7 @@ const MARKER_CODE_POINTS = 39
  * Pruner configuration, all lengths in Unicode code points (docs/design.md §3).
  * `graphemeSafe` (off by default) moves each cut to a grapheme-cluster boundary with
  * `Intl.Segmenter` where the runtime has it, so a cut never splits an emoji sequence or a
- * combining mark from its base; cuts only shrink the kept text, so the budget still holds.
+ * combining mark from its base; cuts only shrink the kept text, so the code-point limits still hold.
  */
 export interface PruneConfig {
   thresholdChars: number
@@ -551,14 +552,14 @@ export function pruneToolResult(message: ToolResultMessage, config?: Partial<Pru
   const cfg = resolvePruneConfig(config)
   const blocks = message.content
   // Count code points of the joined text, stopping past the threshold.
-  let budget = cfg.thresholdChars
+  let leftChars = cfg.thresholdChars
   for (const b of blocks) {
     if (b.type !== 'text') continue
     const t = (b as TextBlock).text
-    budget -= overThreshold(t, budget) ? budget + 1 : codePointLength(t, budget)
-    if (budget < 0) break
+    leftChars -= overThreshold(t, leftChars) ? leftChars + 1 : codePointLength(t, leftChars)
+    if (leftChars < 0) break
   }
-  if (budget >= 0) return message
+  if (leftChars >= 0) return message
 
   // The head cut: walk forward through text blocks until `headChars` code points are kept.
   const texts = blocks.map((b, i) => (b.type === 'text' ? i : -1)).filter((i) => i >= 0)
@@ -1995,14 +1996,14 @@ export function renderLedger(ledger: Ledger): string {
  */
 export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
   const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>).map((entry) => ({ list, entry })))
-  const budgetUnits = budgetTokens * CHARS_PER_TOKEN
+  const maxUnits = budgetTokens * UNITS_PER_TOKEN
   const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
   if (estimateTextTokens(renderLedger(ledger)) <= budgetTokens) return ledger
   const out = emptyLedger()
   let units = fixed
   for (const { list, entry } of all.sort((a, b) => b.entry.seq - a.entry.seq)) {
     const cost = ledgerLine(list, entry).length + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
-    if (units + cost > budgetUnits) { out.trimmed++; continue }
+    if (units + cost > maxUnits) { out.trimmed++; continue }
     units += cost
     ;(out[list] as Array<typeof entry>).push(entry)
   }
@@ -2107,7 +2108,7 @@ function unseenResults(session: Session): Set<number> {
 export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean): number {
   const unseen = unseenResults(session)
   // A result over the threshold has at least that many UTF-16 units, so this filter loses none.
-  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN) && !session.isPinned(n.seq)).map((n) => n.seq)
+  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / UNITS_PER_TOKEN) && !session.isPinned(n.seq)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
   if (includeNewest || session.measure().totalTokens >= thresholdTokens) {
@@ -2208,8 +2209,8 @@ const SHRINK_MARKER = '\n[... cut for the summary request ...]\n'
 /** Keeps head (70%) and tail of `text` within `maxUnits` UTF-16 units, never splitting a surrogate pair. */
 function cutToUnits(text: string, maxUnits: number): string {
   if (text.length <= maxUnits) return text
-  const room = Math.max(0, maxUnits - SHRINK_MARKER.length)
-  let head = Math.floor(room * 0.7), tail = text.length - (room - head)
+  const spareUnits = Math.max(0, maxUnits - SHRINK_MARKER.length)
+  let head = Math.floor(spareUnits * 0.7), tail = text.length - (spareUnits - head)
   if (head > 0 && isHigh(text.charCodeAt(head - 1))) head--
   if (tail < text.length && isLow(text.charCodeAt(tail))) tail++
   return text.slice(0, head) + SHRINK_MARKER + text.slice(tail)
@@ -2225,8 +2226,8 @@ function shrinkMessage(m: Message, tokens: number): Message {
   let units = 0
   for (const b of blocks) units += b.type === 'tool-call' ? (b as ToolCallBlock).arguments.length + (b as ToolCallBlock).name.length : b.type === 'text' || b.type === 'reasoning' ? (b as TextBlock).text.length : 0
   const placeholders = blocks.filter((b) => b.type !== 'text' && b.type !== 'reasoning' && b.type !== 'tool-call').length * 8
-  const budget = Math.max(0, (tokens - MESSAGE_OVERHEAD_TOKENS - placeholders) * CHARS_PER_TOKEN)
-  const ratio = units > 0 ? Math.min(1, budget / units) : 1
+  const keepUnits = Math.max(0, (tokens - MESSAGE_OVERHEAD_TOKENS - placeholders) * UNITS_PER_TOKEN)
+  const ratio = units > 0 ? Math.min(1, keepUnits / units) : 1
   const out = blocks.map((b): Block => {
     if (b.type === 'text' || b.type === 'reasoning') return { ...b, text: cutToUnits((b as TextBlock).text, Math.floor((b as TextBlock).text.length * ratio)) } as Block
     if (b.type === 'tool-call') {
@@ -4405,7 +4406,7 @@ export class Agent implements CompactionHost {
 export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
   /** Cap on one tool's output in UTF-16 units. 100,000 ≈ 25,000 tokens by §2, the size of a big
    *  read in common coding agents; above it the pruner (§3) and the spill (§5) take over anyway. */
-  maxOutputChars: 100_000,
+  maxOutputUnits: 100_000,
   /** read_file: lines read when the model gives no `limit`. */
   readLimitLines: 2_000,
   /** list_files: entries listed at most (recursive listings stop there). */
@@ -4427,7 +4428,7 @@ const TOOL_BINARY_SNIFF_BYTES = 8 * 1024
 /** grep: files larger than this many bytes are skipped (and counted in the summary). */
 const GREP_MAX_FILE_BYTES = 16 * 1024 * 1024
 /** grep: a matching line is shown up to this many UTF-16 units. */
-const GREP_LINE_CHARS = 500
+const GREP_LINE_UNITS = 500
 /** shell: ms between SIGTERM and SIGKILL of the process group, and again before giving up on its pipes. */
 const SHELL_KILL_GRACE_MS = 1_000
 
@@ -4440,8 +4441,8 @@ export interface BuiltinToolsOptions {
   allowShell?: boolean
   /** Cap on each tool's output in UTF-16 units; a one-line notice after the cut says what was left
    *  out and how to get it. `shell` gives each of stdout and stderr half of it (its first and last
-   *  quarter), with a marker in the middle. Default {@link BUILTIN_TOOL_DEFAULTS}.maxOutputChars (100,000). */
-  maxOutputChars?: number
+   *  quarter), with a marker in the middle. Default {@link BUILTIN_TOOL_DEFAULTS}.maxOutputUnits (100,000). */
+  maxOutputUnits?: number
   /** read_file: lines read when the model gives no `limit`. Default 2,000. */
   readLimitLines?: number
   /** list_files: entries listed at most. Default 1,000. */
@@ -4469,7 +4470,7 @@ interface ToolHost {
   path: NodePath
   /** realpath of the working directory. */
   root: string
-  maxOutputChars: number
+  maxOutputUnits: number
 }
 
 /**
@@ -4486,7 +4487,7 @@ interface ToolHost {
  * (also those that left the group with setsid) are killed (docs/design.md §13). Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
- * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
+ * Output: each tool keeps at most `maxOutputUnits` UTF-16 units of its own output and then adds
  * one notice line saying how much was left out and how to get more (offset, a narrower path…).
  * Failures throw an `Error` whose message starts with the tool's name and says what to do
  * instead; the loop turns it into an error result for the model (docs/design.md §7). `shell` returns
@@ -4497,7 +4498,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
+  const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -4509,7 +4510,7 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     }
     return value as number
   }
-  const maxOutputChars = num('maxOutputChars')
+  const maxOutputUnits = num('maxOutputUnits')
   const readLimitLines = num('readLimitLines')
   const listMaxEntries = num('listMaxEntries')
   const grepMaxMatches = num('grepMaxMatches')
@@ -4524,7 +4525,7 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     throw new Error(`builtinTools: working directory ${options.cwd} is not usable (${fsErrorReason(error)})`, { cause: error })
   }
   if (!(await fs.stat(root)).isDirectory()) throw new Error(`builtinTools: working directory ${options.cwd} is not a directory`)
-  const host: ToolHost = { fs, path, root, maxOutputChars }
+  const host: ToolHost = { fs, path, root, maxOutputUnits }
   const tools = [
     readFileTool(host, readLimitLines),
     listFilesTool(host, listMaxEntries),
@@ -4680,7 +4681,7 @@ function plural(n: number, word: string): string { return `${n} ${word}${n === 1
 // ── read_file ──
 
 function readFileTool(host: ToolHost, defaultLines: number): Tool {
-  const max = host.maxOutputChars
+  const max = host.maxOutputUnits
   return {
     name: 'read_file',
     description: `Read a text file inside the working directory. Each line comes back as its 1-based line number, a tab, then the text ("     7\\tconst x = 1"); the number and tab are not part of the file. Reads up to "limit" lines (default ${defaultLines}) from line "offset" (default 1), and at most ${max} characters; a note at the end says when the file continues and which offset reads on.`,
@@ -4821,9 +4822,9 @@ function listFilesTool(host: ToolHost, maxEntries: number): Tool {
       }
       if (entries.length === 0) return `(${shown} is an empty directory)`
       entries.sort() // breadth-first keeps the shallow levels under the cap; sorted, they read as a tree
-      const { text, count } = joinLinesCapped(entries, host.maxOutputChars)
+      const { text, count } = joinLinesCapped(entries, host.maxOutputUnits)
       const notes: string[] = []
-      if (count < entries.length) notes.push(`[output capped at ${host.maxOutputChars} characters: ${entries.length - count} more entries not shown; list a subdirectory to see them]`)
+      if (count < entries.length) notes.push(`[output capped at ${host.maxOutputUnits} characters: ${entries.length - count} more entries not shown; list a subdirectory to see them]`)
       if (full) notes.push(`[listing stopped at ${maxEntries} entries; list a subdirectory${recursive ? ', or list without recursive,' : ''} to see the rest]`)
       if (notDescended.length > 0) notes.push(`[not descended into: ${notDescended.join(', ')}; list them by path to see inside]`)
       return [text, ...notes].join('\n')
@@ -4867,7 +4868,7 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
   const { fs, path } = host
   return {
     name: 'grep',
-    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_CHARS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB.`,
+    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_UNITS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB.`,
     parameters: {
       type: 'object',
       properties: {
@@ -4920,7 +4921,7 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
           const line = text.charCodeAt(end - 1) === 13 ? text.slice(start, end - 1) : text.slice(start, end)
           start = end + 1
           if (!regex.test(line)) continue
-          const cut = headUnits(line, GREP_LINE_CHARS)
+          const cut = headUnits(line, GREP_LINE_UNITS)
           matches.push(`${rel}:${lineNo}:${cut}${cut.length < line.length ? ` [… ${line.length - cut.length} more characters]` : ''}`)
           matchedHere = true
           if (matches.length >= limit) { reachedLimit = true; break }
@@ -4959,9 +4960,9 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
       const searched = `${plural(filesSearched, 'file')} searched${skipped ? `; skipped ${skipped}` : ''}`
       const what = `${fixed ? JSON.stringify(pattern) : `/${pattern}/`}${ignoreCase ? ' (ignoring case)' : ''}${glob ? ` in files matching ${glob}` : ''}`
       if (matches.length === 0) return `no matches for ${what} in ${shown} (${searched})`
-      const { text, count } = joinLinesCapped(matches, host.maxOutputChars)
+      const { text, count } = joinLinesCapped(matches, host.maxOutputUnits)
       const notes: string[] = []
-      if (count < matches.length) notes.push(`[output capped at ${host.maxOutputChars} characters: ${matches.length - count} more matching lines not shown; narrow the path or glob]`)
+      if (count < matches.length) notes.push(`[output capped at ${host.maxOutputUnits} characters: ${matches.length - count} more matching lines not shown; narrow the path or glob]`)
       notes.push(reachedLimit
         ? `[stopped at max_matches=${limit}: ${plural(matches.length, 'matching line')} in ${plural(filesMatched, 'file')}; narrow the pattern, path or glob${limit < maxMatches ? `, or raise max_matches (up to ${maxMatches})` : ''}]`
         : `[${plural(matches.length, 'matching line')} in ${plural(filesMatched, 'file')}; ${searched}]`)
@@ -5097,9 +5098,9 @@ class StreamText {
   push(chunk: string): void {
     this.total += chunk.length
     if (this.head.length < this.headMax) {
-      const room = this.headMax - this.head.length
-      this.head += chunk.slice(0, room)
-      chunk = chunk.slice(room)
+      const spaceUnits = this.headMax - this.head.length
+      this.head += chunk.slice(0, spaceUnits)
+      chunk = chunk.slice(spaceUnits)
     }
     if (chunk !== '' && this.tailMax > 0) this.tail = (this.tail + chunk).slice(-this.tailMax)
   }
@@ -5183,7 +5184,7 @@ function hookShellExit(proc: any, fsSync: typeof import('node:fs')): void {
 }
 
 function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number, env: Record<string, string>): Tool {
-  const half = Math.floor(host.maxOutputChars / 2)
+  const half = Math.floor(host.maxOutputUnits / 2)
   return {
     name: 'shell',
     description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with everything it started) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled; background jobs do not outlive the call. Variables that look secret (names with KEY, TOKEN, SECRET, PASSWORD) are not in its environment. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
@@ -6312,7 +6313,7 @@ export const DEFAULT_REPLAY_SUMMARY_TOKENS = 2000
  */
 function simulatedSummaryText(tokens: number, messages: number): string {
   const head = `[simulated checkpoint of ${messages} message(s): fixed size, no model was called] `
-  const chars = tokens * CHARS_PER_TOKEN
+  const chars = tokens * UNITS_PER_TOKEN
   let text = head
   while (text.length < chars) text += 'summary text '
   text = text.slice(0, chars)
