@@ -6421,6 +6421,8 @@ export interface CliRunOptions extends CliModelOptions {
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
+  /** False with `--no-project-instructions`: AGENTS.md / CLAUDE.md of the working directory stay out of the system prompt. */
+  projectInstructions: boolean
   /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
   shellEnv?: string[]
 }
@@ -6446,7 +6448,7 @@ export interface CliReplayOptions {
 }
 
 /** What {@link parseCliArgs} returns. */
-export type CliOptions = { command: 'help' } | { command: 'version' } | CliRunOptions | CliReplayOptions
+export type CliOptions = { command: 'help' } | { command: 'version' } | CliRunOptions | CliReplayOptions | CliShowOptions
 
 /** Flags: the value name (undefined = a switch) and the commands that accept it. */
 const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('run' | 'replay')[] }>> = {
@@ -6460,6 +6462,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--threshold': { value: 'R', commands: ['run', 'replay'] },
   '--json': { commands: ['run', 'replay'] },
   '--allow-shell': { commands: ['run'] },
+  '--no-project-instructions': { commands: ['run'] },
   '--shell-env': { value: 'NAME', commands: ['run'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
@@ -6477,6 +6480,9 @@ Usage
   npx tsx dsh.ts "PROMPT"              run one prompt, print the answer, exit
   npx tsx dsh.ts -p "PROMPT"           the same (--print)
   npx tsx dsh.ts replay FILE [...]     replay a recorded session offline (see below)
+  npx tsx dsh.ts show FILE [--checkpoints]
+                                       print a session log as a transcript, every prune, clear
+                                       and compaction marked; --checkpoints: each in full
 
 Options
   -p, --print PROMPT     run PROMPT once; the answer goes to stdout
@@ -6494,14 +6500,18 @@ Options
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
   --json                 print every event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
+  --no-project-instructions
+                         leave AGENTS.md (else CLAUDE.md) of the working directory out of
+                         the system prompt (by default it is in every request)
   --shell-env NAME       give shell commands this variable although its name looks secret
                          (KEY, TOKEN, SECRET, PASSWORD); repeatable. The API key never is.
   -h, --help             show this help
   --version              print the version
 
 The model gets these tools: read_file, list_files, grep, write_file, edit_file (all limited to
-the working directory) and, with --allow-shell, shell. Interactive commands: /compact, /usage,
-/help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
+the working directory) and, with --allow-shell, shell. Interactive commands: /compact [FOCUS],
+/context, /pin, /unpin, /usage, /help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C
+exits.
 
 Replay: npx tsx dsh.ts replay FILE [options]
   Runs a recorded session (a dsh log, an OpenAI-style message array, a Claude Code session
@@ -6626,6 +6636,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   const flagPart = endOfFlags === -1 ? argv : argv.slice(0, endOfFlags)
   if (flagPart.some((arg) => arg === '--help' || arg === '-h')) return { command: 'help' }
   if (flagPart.includes('--version')) return { command: 'version' }
+  if (argv[0] === 'show') return parseShowArgs(argv.slice(1))
 
   const command = argv[0] === 'replay' ? 'replay' : 'run'
   const flags = new Map<string, string>()
@@ -6705,6 +6716,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   return {
     command, ...model, prompt, print: printed !== undefined,
     contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), ...(shellEnv ? { shellEnv } : {}),
+    projectInstructions: !flags.has('--no-project-instructions'),
   }
 }
 
@@ -6721,7 +6733,7 @@ export interface CliIO {
  *   error), or `{options}` for the run or replay command to carry out.
  * @throws only what is not a UsageError (a bug).
  */
-export function runCliBasics(argv: readonly string[], env: Record<string, string | undefined>, io: CliIO): { exitCode: number } | { options: CliRunOptions | CliReplayOptions } {
+export function runCliBasics(argv: readonly string[], env: Record<string, string | undefined>, io: CliIO): { exitCode: number } | { options: CliRunOptions | CliReplayOptions | CliShowOptions } {
   let options: CliOptions
   try { options = parseCliArgs(argv, env) } catch (error) {
     if (!(error instanceof UsageError)) throw error
@@ -6911,6 +6923,13 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   if ('exitCode' in basics) return basics.exitCode
   const options = basics.options
   if (options.command === 'replay') return await replayCommand(options, p, io)
+  if (options.command === 'show') return await showCommand(options, io)
+  let instructions: ProjectInstructions | undefined
+  try { instructions = options.projectInstructions ? await readProjectInstructions(p.cwd()) : undefined } catch (err) {
+    if (err instanceof UsageError) { io.stderr(`dsh: ${err.message}\n`); return err.exitCode }
+    throw err
+  }
+  if (instructions) io.stderr(`[dsh] project instructions: ${instructions.file} (${groupDigits(instructions.bytes)} bytes) is in the system prompt of every request; --no-project-instructions leaves it out\n`)
 
   const provider = options.baseURL === CLI_DEFAULTS.baseURL
     ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
@@ -6951,7 +6970,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     status(e)
   }
   agent = new Agent({
-    session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), contextWindow: options.contextWindow,
+    session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions: instructions?.text, contextWindow: options.contextWindow,
     maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent,
   })
 
@@ -7030,7 +7049,7 @@ async function openTerminal(p: NodeProcess): Promise<Terminal> {
   }
 }
 
-const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact (compact now), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
+const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact [FOCUS] (compact now), /context (what the next request holds, the newest checkpoint), /pin (pin your last input), /unpin, /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
 
 /** The interactive loop: a prompt per turn, slash commands, Ctrl-C cancels the running turn. */
 async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endLine: () => void): Promise<number> {
@@ -7050,10 +7069,9 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     if (line === '/exit' || line === '/quit') break
     if (line === '/help') io.stderr(INTERACTIVE_HELP)
     else if (line === '/usage') io.stderr(usageReport(agent))
-    else if (line === '/compact') {
+    else if (isFidelityCommand(line)) {
       running = new AbortController()
-      const o = await agent.compact(running.signal).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))
-      io.stderr(`[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${groupDigits(o.tokensBefore)} → ${groupDigits(o.tokensAfter)} tokens\n`)
+      io.stderr(await fidelityCommand(agent, line, running.signal))
     } else if (line.startsWith('/')) io.stderr(`unknown command ${line}; ${INTERACTIVE_HELP}`)
     else {
       running = new AbortController()
@@ -7073,6 +7091,293 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
   }
   rl.close()
   return exitCode
+}
+
+// ── 10.x Fidelity views: project instructions, /pin, /compact FOCUS, /context, `dsh show` (docs/design.md §12) ──
+
+/** Files the CLI reads project instructions from, in order: the first that exists in the working directory wins. */
+export const PROJECT_INSTRUCTION_FILES: readonly string[] = ['AGENTS.md', 'CLAUDE.md']
+/** Largest project-instructions file the CLI accepts, in UTF-8 bytes (64 KiB ≈ 16,000 tokens, all of it in every request). */
+export const PROJECT_INSTRUCTIONS_MAX_BYTES = 64 * 1024
+
+/** Project instructions read by {@link readProjectInstructions}: the file name, its size in bytes, and the text for the envelope. */
+export interface ProjectInstructions { file: string; bytes: number; text: string }
+
+/**
+ * Reads `AGENTS.md`, else `CLAUDE.md`, from `cwd` (node:fs) and frames it for the system prompt
+ * (the envelope, which compaction never touches). Undefined when neither exists (or is not a
+ * file). Throws {@link UsageError} for a file it cannot read or one over
+ * {@link PROJECT_INSTRUCTIONS_MAX_BYTES}, naming the fix.
+ */
+export async function readProjectInstructions(cwd: string): Promise<ProjectInstructions | undefined> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  for (const file of PROJECT_INSTRUCTION_FILES) {
+    const path = `${cwd.replace(/[\\/]+$/, '')}/${file}`
+    let bytes: Uint8Array
+    try {
+      const stat = await fs.stat(path)
+      if (!stat.isFile()) continue
+      if (stat.size > PROJECT_INSTRUCTIONS_MAX_BYTES) throw new UsageError(`${file} is ${groupDigits(stat.size)} bytes, over the ${groupDigits(PROJECT_INSTRUCTIONS_MAX_BYTES)}-byte limit for project instructions (they go into every request); shorten it or pass --no-project-instructions`)
+      bytes = await fs.readFile(path)
+    } catch (err: any) {
+      if (err instanceof UsageError) throw err
+      if (err?.code === 'ENOENT' || err?.code === 'ENOTDIR') continue
+      throw new UsageError(`cannot read ${file} in ${cwd}: ${err?.message ?? err}; fix its permissions or pass --no-project-instructions`)
+    }
+    const body = new TextDecoder().decode(bytes).trim()
+    if (body === '') continue
+    return { file, bytes: bytes.length, text: `Project instructions from ${file} in the working directory; follow them throughout the session:\n\n${body}` }
+  }
+  return undefined
+}
+
+/** The seq of the user's last input still on the surface (not a checkpoint), if any: what `/pin` pins. */
+function lastInputSeq(session: Session): number | undefined {
+  const nodes = session.surface()
+  for (let i = nodes.length - 1; i >= 0; i--) if (nodes[i].message.role === 'user' && !isCheckpoint(nodes[i])) return nodes[i].seq
+  return undefined
+}
+
+/** Token and message counts of one part of a request. */
+export interface ContextPart { tokens: number; messages: number }
+
+/**
+ * What the next request holds, by the §2 estimate, in tokens (the CLI's `/context`): the envelope,
+ * pinned messages, checkpoints, other messages and tool results (with how many are pruned or
+ * cleared placeholders), and the originals kept out of it (pruned, cleared, summarised), read from
+ * the log; plus the newest checkpoint with its fidelity figures.
+ */
+export interface ContextBreakdown {
+  /** The measured total (anchored on provider usage when `anchored`), tokens. */
+  totalTokens: number
+  anchored: boolean
+  contextWindow?: number
+  envelopeTokens: number
+  pinned: ContextPart
+  checkpoints: ContextPart
+  messages: ContextPart
+  toolResults: ContextPart & { pruned: number; cleared: number }
+  /** Originals out of the request, kept in the log: pruned and cleared tool results, messages folded into checkpoints (tokens = their price when they were shadowed). */
+  shadowed: { pruned: ContextPart; cleared: ContextPart; summarised: ContextPart & { compactions: number } }
+  newestCheckpoint?: { seq: number; tokens: number; text: string; fidelity?: Fidelity }
+}
+
+/** Computes the {@link ContextBreakdown} of `session` (reads the log back: O(log) — a command, not a hot path). */
+export async function contextBreakdown(session: Session, contextWindow?: number): Promise<ContextBreakdown> {
+  const m = session.measure()
+  const part = (): ContextPart => ({ tokens: 0, messages: 0 })
+  const out: ContextBreakdown = {
+    totalTokens: m.totalTokens, anchored: m.anchored, contextWindow, envelopeTokens: m.envelopeTokens,
+    pinned: part(), checkpoints: part(), messages: part(), toolResults: { ...part(), pruned: 0, cleared: 0 },
+    shadowed: { pruned: part(), cleared: part(), summarised: { ...part(), compactions: 0 } },
+  }
+  const add = (p: ContextPart, tokens: number) => { p.tokens += tokens; p.messages++ }
+  for (const n of session.surface()) {
+    if (session.isPinned(n.seq)) add(out.pinned, n.tokens)
+    else if (isCheckpoint(n)) { add(out.checkpoints, n.tokens); out.newestCheckpoint = { seq: n.seq, tokens: n.tokens, text: messageText(n.message) } }
+    else if (n.message.role === 'tool') {
+      add(out.toolResults, n.tokens)
+      const op = ((await session.readEvent(n.seq)).data as any).surfaceOp as SurfaceOp
+      if (op.op === 'replace' && n.seq > 0) {
+        const before = (await session.readEvent(n.seq - 1)).type
+        if (before === 'compaction/prune') out.toolResults.pruned++
+        else if (before === 'compaction/clear') out.toolResults.cleared++
+      }
+    } else add(out.messages, n.tokens)
+  }
+  for await (const e of session.readEvents()) {
+    const d = e.data as any
+    if (e.type === 'compaction/prune') { out.shadowed.pruned.tokens += d.shadowedTokenCount; out.shadowed.pruned.messages += d.shadowedSeqs.length }
+    else if (e.type === 'compaction/clear') { out.shadowed.cleared.tokens += d.shadowedTokenCount; out.shadowed.cleared.messages += d.shadowedSeqs.length }
+    else if (e.type === 'compaction/summary') {
+      const s = out.shadowed.summarised
+      s.tokens += d.shadowedTokenCount; s.messages += d.shadowedSeqs.length; s.compactions++
+      if (out.newestCheckpoint && e.seq === out.newestCheckpoint.seq - 1) out.newestCheckpoint.fidelity = d.fidelity
+    }
+  }
+  return out
+}
+
+/** "kept/total" per kind, for the checkpoint and for the model's summary alone. */
+function fidelityText(f: Fidelity): string {
+  const kinds: Array<[keyof Fidelity, string]> = [['paths', 'paths'], ['commands', 'commands'], ['errors', 'error lines'], ['userMessages', 'user messages']]
+  return `verbatim in it: ${kinds.map(([k, name]) => `${name} ${f[k].inCheckpoint}/${f[k].total}`).join(', ')} (in the model's summary alone: ${kinds.map(([k]) => `${f[k].inSummary}/${f[k].total}`).join(', ')})`
+}
+
+/** The `/context` report: the breakdown of the next request, then the newest checkpoint in full. */
+export function formatContext(b: ContextBreakdown, options: { recall?: boolean } = {}): string {
+  const w = b.contextWindow
+  const row = (name: string, tokens: number, what: string) => `  ${name.padEnd(14)}${groupDigits(tokens).padStart(9)} tokens  ${what}`
+  const n = (k: number, word: string) => `${groupDigits(k)} ${word}${k === 1 ? '' : 's'}`
+  const t = b.toolResults
+  const lines = [
+    `next request: ${groupDigits(b.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((b.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}, ${b.anchored ? 'anchored on provider usage' : 'heuristic estimate'}`,
+    row('envelope', b.envelopeTokens, 'system prompt (with project instructions, if any) and tool specs'),
+    row('pinned', b.pinned.tokens, n(b.pinned.messages, 'message')),
+    row('checkpoints', b.checkpoints.tokens, n(b.checkpoints.messages, 'checkpoint')),
+    row('messages', b.messages.tokens, n(b.messages.messages, 'message')),
+    row('tool results', t.tokens, `${n(t.messages, 'result')}${t.pruned || t.cleared ? ` (${t.pruned} pruned, ${t.cleared} cleared)` : ''}`),
+    `originals kept in the log, out of the request${options.recall ? ' (the recall tool returns them)' : ''}:`,
+    row('pruned', b.shadowed.pruned.tokens, n(b.shadowed.pruned.messages, 'tool result')),
+    row('cleared', b.shadowed.cleared.tokens, n(b.shadowed.cleared.messages, 'tool result')),
+    row('summarised', b.shadowed.summarised.tokens, `${n(b.shadowed.summarised.messages, 'message')} in ${n(b.shadowed.summarised.compactions, 'compaction')}`),
+  ]
+  const c = b.newestCheckpoint
+  if (!c) lines.push('no checkpoint yet')
+  else lines.push(`newest checkpoint: seq ${c.seq}, ${groupDigits(c.tokens)} tokens${c.fidelity ? `; ${fidelityText(c.fidelity)}` : ''}`, c.text)
+  return lines.join('\n') + '\n'
+}
+
+/** True for the interactive commands of this section: `/pin`, `/unpin`, `/context`, `/compact [FOCUS]`. */
+export function isFidelityCommand(line: string): boolean { return /^\/(pin|unpin|context|compact)(\s|$)/.test(line) }
+
+/**
+ * Runs `/pin` (pins the last input), `/unpin` (removes the newest pin), `/context`, or
+ * `/compact [FOCUS]` (compacts now, FOCUS into the summary instruction) on `agent`; returns what to print.
+ */
+export async function fidelityCommand(agent: Agent, line: string, signal?: AbortSignal): Promise<string> {
+  const [command, ...rest] = line.trim().split(/\s+/)
+  const session = agent.session
+  if (command === '/pin') {
+    const seq = lastInputSeq(session)
+    if (seq === undefined) return '[dsh] /pin: nothing to pin yet: type an input first; /pin pins the last one\n'
+    if (session.isPinned(seq)) return `[dsh] /pin: your last input (seq ${seq}) is already pinned\n`
+    try { agent.pin(seq) } catch (err) { return `[dsh] /pin: ${(err as Error).message}\n` }
+    return `[dsh] pinned your last input (seq ${seq}, ${groupDigits(session.node(seq)!.tokens)} tokens): it is never pruned, cleared or summarised; pinned messages hold ${groupDigits(session.pinnedTokens())} tokens\n`
+  }
+  if (command === '/unpin') {
+    const seq = session.pinnedSeqs().at(-1)
+    if (seq === undefined) return '[dsh] /unpin: nothing is pinned\n'
+    session.unpin(seq)
+    return `[dsh] unpinned seq ${seq}; ${session.pinnedSeqs().length} pinned message(s) left\n`
+  }
+  if (command === '/context') return formatContext(await contextBreakdown(session, agent.contextWindow), { recall: agent.tools.some((t) => t.name === 'recall') })
+  const focus = line.trim().slice(command.length).trim() || undefined
+  void rest
+  const o = await agent.compactNow({ focus, signal }).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))
+  return `[dsh] /compact${focus ? ` (focus: ${focus})` : ''}: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${groupDigits(o.tokensBefore)} → ${groupDigits(o.tokensAfter)} tokens\n`
+}
+
+/** `dsh show FILE`: print a session log as a readable transcript. */
+export interface CliShowOptions {
+  command: 'show'
+  /** The session log (path as given). */
+  file: string
+  /** `--checkpoints`: print every checkpoint in full. */
+  checkpoints: boolean
+}
+
+/** One line of text for a transcript: newlines shown as `⏎`, cut to `max` code points with `…`. */
+function oneLine(text: string, max = 120): string {
+  const flat = text.replace(/\r\n|\r|\n/g, ' ⏎ ')
+  const end = indexAfterCodePoints(flat, max)
+  return end < flat.length ? flat.slice(0, end) + '…' : flat
+}
+
+/**
+ * A session log as a readable transcript (`dsh show`): turns, user inputs, assistant text and
+ * tool calls, tool results with their price, and every prune, clear and compaction marked with its
+ * token figures (original → replacement; context before → after); `checkpoints` prints each
+ * checkpoint in full. Pins, resumes, overflow errors, retries and warnings are marked too.
+ */
+export async function showSession(session: Session, options: { checkpoints?: boolean; name?: string } = {}): Promise<string> {
+  const out: string[] = []
+  const names = new Map<string, string>()
+  const t = (n: number) => `${groupDigits(n)} tokens`
+  let turns = 0, steps = 0, prunes = 0, clears = 0, compactions = 0
+  let pending: { id: string; summary?: any } | undefined
+  for await (const e of session.readEvents()) {
+    const d = e.data as any
+    const at = `#${e.seq}`
+    switch (e.type) {
+      case 'session/start': out.push(`session ${d.id} (dsh ${d.version})`); break
+      case 'session/resume': out.push(`— resumed after seq ${d.lastSeq}${d.repaired ? `; ${d.repaired} tool call(s) without a result closed` : ''}`); break
+      case 'request/header': out.push(`— model ${d.model} at ${d.baseURL}${d.contextWindow ? `, ${groupDigits(d.contextWindow)}-token window` : ''}; envelope ${t(estimateEnvelopeTokens(d))}`); break
+      case 'turn/start': turns++; out.push('', `turn ${d.turn}`); break
+      case 'turn/end': out.push(`  (turn ${d.turn} ended: ${d.reason})`); break
+      case 'step/start': steps++; break
+      case 'user/message': {
+        if (d.compactionId !== undefined) {
+          const tokens = estimateMessageTokens(d.message)
+          const s = pending && pending.id === d.compactionId ? pending.summary : undefined
+          out.push(`  ${at} checkpoint ${d.compactionId}: ${s ? `${s.shadowedSeqs.length} messages (seq ${s.shadowedSeqs[0]}..${s.shadowedSeqs.at(-1)}), ${t(s.shadowedTokenCount)} → ${t(tokens)}` : t(tokens)}`)
+          if (s?.fidelity) out.push(`      ${fidelityText(s.fidelity)}`)
+          if (options.checkpoints) out.push(...messageText(d.message).split('\n').map((l: string) => `      | ${l}`))
+        } else if (d.surfaceOp.op === 'replace') out.push(`  ${at} user message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(d.message))}`)
+        else out.push(`  ${at} user: ${oneLine(messageText(d.message))}`)
+        break
+      }
+      case 'assistant/message': {
+        const m = d.message as AssistantMessage
+        if (d.surfaceOp.op === 'replace') { out.push(`  ${at} assistant message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(m))}`); break }
+        const text = textOfBlocks(m.content)
+        if (text.trim()) out.push(`  ${at} assistant${m.interrupted ? ' (interrupted)' : ''}: ${oneLine(text)}`)
+        for (const c of toolCalls(m)) { names.set(c.id, c.name); out.push(`  ${at} → ${c.name} ${oneLine(c.arguments, 100)}`) }
+        break
+      }
+      case 'tool/result': {
+        if (d.surfaceOp.op === 'replace') break // the prune or clear line above says it
+        const r = d.message as ToolResultMessage
+        out.push(`  ${at} ${names.get(r.toolCallId) ?? 'tool'} result${r.isError ? ' (error)' : ''}, ${t(estimateMessageTokens(r))}${d.spilled ? `, spilled ${groupDigits(d.spilled.bytes)} bytes to ${d.spilled.ref}` : ''}: ${oneLine(messageText(r), 80)}`)
+        break
+      }
+      case 'compaction/prune':
+      case 'compaction/clear': {
+        e.type === 'compaction/prune' ? prunes++ : clears++
+        const next = e.seq + 1 < session.seq ? await session.readEvent(e.seq + 1) : undefined
+        const after = next?.type === 'tool/result' ? estimateMessageTokens((next.data as any).message) : undefined
+        out.push(`  [${e.type === 'compaction/prune' ? 'prune' : 'clear'}] ${at} tool result #${d.shadowedSeqs.join(', #')}: ${t(d.shadowedTokenCount)}${after === undefined ? '' : ` → ${t(after)} (${t(d.shadowedTokenCount - after)} reclaimed)`}${d.trigger ? `, ${d.trigger}` : ''}`)
+        break
+      }
+      case 'compaction/start': pending = { id: d.id }; out.push(`  [compaction ${d.id}] ${at} started (${d.trigger})`); break
+      case 'compaction/summary': if (pending && pending.id === d.id) pending.summary = d; compactions++; break
+      case 'compaction/end': out.push(`  [compaction ${d.id}] ${d.error ? `failed: ${d.error}` : `context ${t(d.tokensBefore)} → ${t(d.tokensAfter)}`}`); pending = undefined; break
+      case 'compaction/warning': out.push(`  [warning] ${d.message} (context ${t(d.totalTokens)}, threshold ${t(d.thresholdTokens)})`); break
+      case 'request/error': out.push(`  ${at} request failed: ${d.code}${d.status ? ` (HTTP ${d.status})` : ''}: ${oneLine(d.message)}`); break
+      case 'recovery/retry': out.push(`  ${at} overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); step retried`); break
+      case 'surface/pin': out.push(`  [pin] ${at} message #${d.seq} pinned`); break
+      case 'surface/unpin': out.push(`  [unpin] ${at} message #${d.seq}`); break
+    }
+  }
+  const m = session.measure()
+  const head = `dsh show ${options.name ?? 'session'}: ${session.seq} events, ${turns} turn(s), ${steps} step(s), ${prunes} prune(s), ${clears} clear(s), ${compactions} compaction(s); surface now ${m.nodes.length} messages, ${t(m.heuristicTokens)}`
+  return [head, ...out].join('\n') + '\n'
+}
+
+/** Parses `dsh show FILE [--checkpoints]`. Throws {@link UsageError}. */
+function parseShowArgs(args: readonly string[]): CliShowOptions {
+  const files: string[] = []
+  let checkpoints = false
+  for (const a of args) {
+    if (a === '--checkpoints') checkpoints = true
+    else if (a.startsWith('-')) throw new UsageError(`show takes FILE and --checkpoints, got ${JSON.stringify(a)}: npx tsx dsh.ts show FILE [--checkpoints]`)
+    else files.push(a)
+  }
+  if (files.length !== 1) throw new UsageError(`show needs one session log FILE, got ${files.length}: npx tsx dsh.ts show FILE [--checkpoints]`)
+  return { command: 'show', file: files[0], checkpoints }
+}
+
+/**
+ * `dsh show FILE`: reads the log (never writes to it: a torn last line is reported, not cut) and
+ * prints {@link showSession}. A file that is not a dsh log is a usage error (exit 2).
+ */
+async function showCommand(options: CliShowOptions, io: CliIO): Promise<number> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  let text: string
+  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: show: cannot read ${options.file}: ${(err as Error).message}\n`); return 2 }
+  let session: Session
+  try {
+    const parsed = parseLogText(text)
+    const store = new MemoryStore()
+    store.events.push(...parsed.events)
+    session = await Session.load(store)
+    if (parsed.torn) io.stderr(`dsh: show: ${options.file}: the last line (line ${parsed.torn.line}, ${parsed.torn.bytes} bytes) is incomplete (a crash, or a writer still running); shown without it\n`)
+  } catch (err) {
+    if (err instanceof SessionError) { io.stderr(`dsh: show: ${options.file}: ${err.message}\n`); return 2 }
+    throw err
+  }
+  io.stdout(await showSession(session, { checkpoints: options.checkpoints, name: options.file }))
+  return 0
 }
 
 /**
