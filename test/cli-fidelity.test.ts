@@ -197,7 +197,7 @@ describe('case 5: dsh show', () => {
     const cases: Array<[string[], number, string]> = [
       [['show'], 2, 'dsh: show needs one session log FILE, got 0: npx tsx dsh.ts show FILE [--checkpoints]\n'],
       [['show', 'a', 'b'], 2, 'dsh: show needs one session log FILE, got 2: npx tsx dsh.ts show FILE [--checkpoints]\n'],
-      [['show', 'a', '--full'], 2, 'dsh: show takes FILE and --checkpoints, got "--full": npx tsx dsh.ts show FILE [--checkpoints]\n'],
+      [['show', 'a', '--full'], 2, 'dsh: show takes FILE, --checkpoints and -C DIR, got "--full": npx tsx dsh.ts show FILE [--checkpoints]\n'],
       [['show', 'x.json'], 2, 'dsh: show: x.json: session log line 1: a JSON array, not a dsh event {seq, type, time, data} (is this a transcript? use `dsh replay FILE`)\n'],
     ]
     for (const [args, code, stderr] of cases) {
