@@ -406,7 +406,7 @@ export interface PruneConfig {
 }
 
 /** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
-export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
+export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = /* @__PURE__ */ Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
 
 /** Thrown for a prune configuration that cannot work; the message names the values and the fix. */
 export class PruneConfigError extends TypeError {
@@ -1754,7 +1754,7 @@ export interface CompactionConfig {
 }
 
 /** The defaults of docs/design.md §5. */
-export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = Object.freeze({
+export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
   thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
   maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
 })
@@ -1763,7 +1763,7 @@ export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = Object.free
 export const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
 
 /** The instruction that ends every summary request (docs/design.md §5 "Summary transaction"). */
-export const SUMMARY_INSTRUCTION = [
+export const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
   'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers will be removed.',
   'Do not call any tool. Answer with the checkpoint only, under these headings:',
   '1. Request — what the user asked for, in their words where it matters.',
@@ -2524,7 +2524,7 @@ export async function spillToolResult(message: ToolResultMessage, store: LogStor
 /** DeepSeek's OpenAI-compatible endpoint (docs/design.md §6; api-docs.deepseek.com). */
 export const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
 /** The model {@link deepseek} uses when none is given (docs/design.md §6). */
-export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-v4-flash'
+export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-flash'
 /** The environment variable {@link deepseek} reads the API key from when no `apiKey` is given. */
 export const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
 /** Completion budget in tokens when neither the request nor the options set one (docs/design.md §6). */
@@ -2559,7 +2559,7 @@ export interface KnownModel {
   contextWindow: number
   /** Largest `max_tokens` the model accepts, in tokens; the adapter clamps to it. */
   maxOutputTokens: number
-  /** For a retired alias: the model it stands for. The name is still sent as given. */
+  /** For an older name or a retired alias: the model it stands for. The name is still sent as given. */
   aliasOf?: string
   /** For a retired alias: whether it meant thinking mode (informational; nothing extra is sent). */
   thinking?: 'enabled' | 'disabled'
@@ -2570,19 +2570,21 @@ export interface KnownModel {
  * 2026). Any other model needs `contextWindow` in the options, or the ladder reports a
  * configuration error once (docs/design.md §5).
  */
-export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = Object.freeze({
-  'deepseek-v4-flash': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
-  'deepseek-v4-pro': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
-  'deepseek-chat': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'disabled' as const }),
-  'deepseek-reasoner': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'enabled' as const }),
+export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = /* @__PURE__ */ Object.freeze({
+  // DeepSeek-V4.1-Flash (accepts image input); its older name deepseek-v4-flash is served by it.
+  'deepseek-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
+  'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
+  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash' }),
+  'deepseek-chat': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash', thinking: 'disabled' as const }),
+  'deepseek-reasoner': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash', thinking: 'enabled' as const }),
 })
 
 /**
  * DeepSeek's peak hours: Monday to Friday, UTC 01:00–04:00 and 06:00–10:00, every price doubled
  * (DeepSeek, "Models & Pricing", api-docs.deepseek.com/quick_start/pricing, autumn 2026).
  */
-export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = Object.freeze({
-  multiplier: 2, days: Object.freeze([1, 2, 3, 4, 5]), hoursUTC: Object.freeze([Object.freeze([1, 4] as const), Object.freeze([6, 10] as const)]),
+export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = /* @__PURE__ */ Object.freeze({
+  multiplier: 2, days: /* @__PURE__ */ Object.freeze([1, 2, 3, 4, 5]), hoursUTC: /* @__PURE__ */ Object.freeze([/* @__PURE__ */ Object.freeze([1, 4] as const), /* @__PURE__ */ Object.freeze([6, 10] as const)]),
 })
 
 /**
@@ -2593,10 +2595,10 @@ export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = Object.freeze({
  * {@link pricesOf} also resolves the retired aliases of {@link KNOWN_MODELS}. Every other model
  * has no price unless one is given.
  */
-export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = Object.freeze({
-  'deepseek-flash': Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
-  'deepseek-v4-flash': Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
-  'deepseek-v4-pro': Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: DEEPSEEK_PEAK_HOURS }),
+export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = /* @__PURE__ */ Object.freeze({
+  'deepseek-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: DEEPSEEK_PEAK_HOURS }),
 })
 
 /** DeepSeek's price table for `model` (a retired alias resolves to the model it stands for); undefined for any other model. */
@@ -3132,7 +3134,7 @@ type WireMessage =
 interface WireToolCall { id: string; type: 'function'; function: { name: string; arguments: string } }
 
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
-const LONE_SURROGATES = new RegExp(LONE_SURROGATE.source, 'g')
+const LONE_SURROGATES = /* @__PURE__ */ new RegExp(LONE_SURROGATE.source, 'g')
 
 /** Lone surrogates become U+FFFD (servers reject or mangle them in UTF-8); the log keeps the original. */
 function wellFormed(text: string): string {
@@ -6822,14 +6824,14 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
 
 /** DeepSeek defaults of the CLI (docs/design.md §6). */
 export const CLI_DEFAULTS = /* @__PURE__ */ Object.freeze({
-  baseURL: 'https://api.deepseek.com',
-  model: 'deepseek-v4-flash',
+  baseURL: DEEPSEEK_BASE_URL,
+  model: DEEPSEEK_DEFAULT_MODEL,
   /** Environment variable read for the key when neither `--api-key-env` nor a non-DeepSeek base URL is given. */
-  apiKeyEnv: 'DEEPSEEK_API_KEY',
-  /** Compaction threshold as a ratio of the context window (docs/design.md §5). */
-  threshold: 0.8,
-  /** replay: size of a simulated summary, in tokens. */
-  summaryTokens: 2_000,
+  apiKeyEnv: DEEPSEEK_API_KEY_ENV,
+  /** Compaction threshold as a ratio of the context window (docs/design.md §5); the ladder's own default. */
+  get threshold(): number { return DEFAULT_COMPACTION_CONFIG.thresholdRatio },
+  /** replay: size of a simulated summary, in tokens; the replay runner's own default. */
+  get summaryTokens(): number { return DEFAULT_REPLAY_SUMMARY_TOKENS },
 })
 
 /** Transcript formats `replay --format` accepts (docs/replay.md). `auto` detects. */
@@ -6847,7 +6849,7 @@ export class UsageError extends Error {
 
 /** Where to send model calls, resolved from flags, environment and {@link CLI_DEFAULTS}. */
 export interface CliModelOptions {
-  /** Model name: `--model`, else `$DSH_MODEL`, else `deepseek-v4-flash`. */
+  /** Model name: `--model`, else `$DSH_MODEL`, else {@link DEEPSEEK_DEFAULT_MODEL}. */
   model: string
   /** Base URL without a trailing slash: `--base-url`, else `$DSH_BASE_URL`, else `https://api.deepseek.com`. */
   baseURL: string
@@ -6945,7 +6947,7 @@ Options
                          ${CLI_DEFAULTS.apiKeyEnv}, which is only sent to api.deepseek.com;
                          a server that needs no key, e.g. a local one, needs no flag)
   --context-window N     context window in tokens; required for models dsh does not know
-                         (it knows deepseek-v4-flash and deepseek-v4-pro: 1,048,576)
+                         (it knows deepseek-flash and deepseek-v4-pro: 1,048,576)
   --max-tokens N         completion budget per model call, in tokens (default: the provider's;
                          always clamped to the room left in the window)
   --session FILE         keep the session in FILE (JSONL); resumes it when FILE exists
