@@ -367,7 +367,7 @@ describe('5. calibration against the real tokenizer', { skip }, () => {
       assert.ok(Math.abs(uncalibrated - real) / real > 0.05, `the test cannot tell: the uncalibrated estimate is already within 5% (${report.at(-1)})`)
       assert.ok(error <= 0.05, `measured total off by more than 5%: ${report.join('; ')}`)
     }
-    console.log(`# calibration: ${report.join('; ')}`)
+    console.log(`calibration: ${report.join('; ')}`)
   })
 })
 
@@ -458,6 +458,6 @@ describe('7. a library Agent, the CLI and replay against llama-server', { skip }
     assert.ok(totals.summaryCalls >= totals.compactions)
     assert.equal(totals.failedCompactions, 0, JSON.stringify(totals))
     assert.equal(totals.requestsOverWindow, 0)
-    console.log(`# replay --base-url: ${totals.compactions} compaction(s), ${totals.summaryCalls} real summary request(s), peak ${totals.peakRequestTokens} of ${totals.contextWindow} tokens`)
+    console.log(`replay --base-url: ${totals.compactions} compaction(s), ${totals.summaryCalls} real summary request(s), peak ${totals.peakRequestTokens} of ${totals.contextWindow} tokens`)
   })
 })
