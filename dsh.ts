@@ -42,8 +42,9 @@
  *   ── fence: nothing in Part I names anything in Part II ──
  *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
  *   8. Tools          built-in coding tools of the CLI (read_file, list_files, grep, write/edit, shell)
- *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of the readers
- *                     table there (detect + read); 9.2 the replay runner
+ *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of
+ *                     TRANSCRIPT_READERS (detect + read); 9.2 the replay runner: an Agent with a
+ *                     recorded provider and tools — a REPORT COLUMN is one entry of REPLAY_FIGURES
  *   10. CLI           arguments, configuration, terminal output, entry point
  *
  * UNITS (one word, one unit, everywhere in this file):
@@ -2796,14 +2797,27 @@ export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
       if (cr >= 0 && cr < i) cr = chunk.indexOf('\r', i)
       const t = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
       if (t < 0) break
-      let line = chunk.slice(i, t)
       if (pending.length > 0) {
-        pending.push(line)
-        line = pending.join('')
+        pending.push(chunk.slice(i, t))
+        const line = pending.join('')
         pending = []; pendingUnits = 0; pendingKept = false
+        i = afterTerminator(t)
+        processLine(line)
+        continue
       }
-      i = afterTerminator(t)
-      processLine(line)
+      const start = i
+      i = t === lf ? t + 1 : afterTerminator(t)
+      // The hot path, a whole line inside this chunk: an empty line, `data:` or `event:` is read
+      // in place (only the value is sliced); anything else goes through processLine.
+      if (start === t) { dispatch(); continue }
+      const c0 = chunk.charCodeAt(start)
+      if (c0 === 100 && chunk.charCodeAt(start + 4) === 58 && chunk.charCodeAt(start + 1) === 97 && chunk.charCodeAt(start + 2) === 116 && chunk.charCodeAt(start + 3) === 97) {
+        const value = chunk.slice(chunk.charCodeAt(start + 5) === 32 ? start + 6 : start + 5, t)
+        data = dataLines === 0 ? value : `${data}\n${value}`
+        dataLines++
+      } else if (c0 === 101 && chunk.charCodeAt(start + 5) === 58 && chunk.startsWith('event', start)) {
+        eventType = chunk.slice(chunk.charCodeAt(start + 6) === 32 ? start + 7 : start + 6, t) || undefined
+      } else processLine(chunk.slice(start, t))
     }
     if (i < n) {
       pending.push(i === 0 ? chunk : chunk.slice(i))
@@ -2847,25 +2861,16 @@ export function parseSSE(
   const pull = chunkPuller(source)
   const ready: SSEEvent[] = []
   let head = 0
-  let overflow: SSEParseError | undefined
   let ended = false
-  const parser = createSSEParser({
-    onEvent: (event) => { ready.push(event) },
-    onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error },
-    maxBufferSize: options.maxBufferSize,
-  })
-  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
-  // stripped one would eat a second, which is data.
-  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
+  const feeder = sseFeeder((event) => { ready.push(event) }, options.maxBufferSize)
   const done: IteratorResult<SSEEvent> = { value: undefined, done: true }
   async function fill(): Promise<IteratorResult<SSEEvent>> {
     while (head >= ready.length) {
       ready.length = 0; head = 0
       if (ended) return done
       const chunk = await pull.next()
-      if (chunk === undefined) { ended = true; parser.feed(decoder.decode()) }
-      else parser.feed(typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
-      if (overflow) { ended = true; await pull.close(); throw overflow }
+      if (chunk === undefined) ended = true
+      try { feeder.feed(chunk) } catch (err) { ended = true; await pull.close(); throw err }
     }
     return { value: ready[head++], done: false }
   }
@@ -2879,6 +2884,51 @@ export function parseSSE(
       return done
     },
     [Symbol.asyncIterator]() { return this },
+  }
+}
+
+/**
+ * The callback form of {@link parseSSE}, for hot paths such as the provider adapter: reads
+ * `source` chunk by chunk and calls `onEvent` synchronously for every event of each chunk (no
+ * promise per event). `onEvent` returning `false` stops: later events are not delivered and the
+ * source is cancelled. `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings).
+ * Resolves when the source ends or is stopped; rejects with what `onEvent` or the source threw,
+ * or with `SSEParseError` (`max-buffer-size-exceeded`, limit in UTF-16 units).
+ */
+export async function pumpSSE(
+  source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
+  onEvent: (event: SSEEvent) => boolean | void,
+  options: { maxBufferSize?: number; onChunk?: (size: number) => void } = {},
+): Promise<void> {
+  const pull = chunkPuller(source)
+  let stopped = false
+  const feeder = sseFeeder((event) => { if (!stopped && onEvent(event) === false) stopped = true }, options.maxBufferSize)
+  try {
+    while (!stopped) {
+      const chunk = await pull.next()
+      if (chunk !== undefined) options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
+      feeder.feed(chunk)
+      if (chunk === undefined) return
+    }
+  } finally { await pull.close() }
+}
+
+/**
+ * The decoding glue shared by {@link parseSSE} and {@link pumpSSE}: `feed(chunk)` decodes bytes
+ * with one streaming UTF-8 decoder (strings are taken as decoded) and parses; `feed(undefined)`
+ * ends the stream. Throws the parser's `max-buffer-size-exceeded` error from `feed`.
+ */
+function sseFeeder(onEvent: (event: SSEEvent) => void, maxBufferSize: number | undefined): { feed(chunk: Uint8Array | string | undefined): void } {
+  let overflow: SSEParseError | undefined
+  const parser = createSSEParser({ onEvent, onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error }, maxBufferSize })
+  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
+  // stripped one would eat a second, which is data.
+  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
+  return {
+    feed(chunk) {
+      parser.feed(chunk === undefined ? decoder.decode() : typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
+      if (overflow) throw overflow
+    },
   }
 }
 
@@ -3837,10 +3887,16 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   let pastDeadline = false
   const deadline = deadlineAt === undefined ? undefined
     : setTimeout(() => { pastDeadline = true; controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`)) }, Math.max(0, deadlineAt - Date.now()))
+  // One idle timer per request: progress only records the time; the timer, when it fires, aborts
+  // if nothing came for idleTimeoutMs, else sleeps for the rest (re-arming per event cost ~12%).
   let timer: ReturnType<typeof setTimeout> | undefined
-  const progress = (): void => {
-    if (timer !== undefined) clearTimeout(timer)
-    timer = setTimeout(() => { timedOut = true; controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`)) }, cfg.idleTimeoutMs)
+  let lastProgressAt = Date.now()
+  const progress = (): void => { lastProgressAt = Date.now() }
+  const idleCheck = (): void => {
+    const idleMs = Date.now() - lastProgressAt
+    if (idleMs < cfg.idleTimeoutMs) { timer = setTimeout(idleCheck, cfg.idleTimeoutMs - idleMs); return }
+    timedOut = true
+    controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`))
   }
   const forwardAbort = (): void => controller.abort(signal?.reason)
   signal?.addEventListener('abort', forwardAbort, { once: true })
@@ -3850,7 +3906,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   }
   const acc = createAssembler(cfg, emit)
   let requestId: string | undefined
-  progress()
+  timer = setTimeout(idleCheck, cfg.idleTimeoutMs)
   try {
     const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
@@ -3875,17 +3931,16 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     let sawDone = false
     let sawData = false
     let bytes = 0
-    const counted = async function* (chunks: AsyncIterable<Uint8Array>) { for await (const c of chunks) { bytes += c.byteLength; yield c } }
-    for await (const event of parseSSE(counted(bodyChunks(response.body, controller.signal)), { maxBufferSize: SSE_MAX_BUFFER_UNITS })) {
+    await pumpSSE(bodyChunks(response.body, controller.signal), (event) => {
       if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
-      if (event.event !== 'message') continue
+      if (event.event !== 'message') return
       sawData = true
       const data = event.data.trim()
-      if (data === '' || data[0] === ':') continue // a relay's keep-alive inside a data line: not progress
+      if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
       progress()
-      if (data === '[DONE]') { sawDone = true; break }
+      if (data === '[DONE]') { sawDone = true; return false }
       for (const obj of parseChunkData(cfg, data, requestId)) acc.chunk(obj, requestId, data)
-    }
+    }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
     const type = response.headers.get('content-type')
     if (!sawData && bytes === 0 && type && !/event-stream/i.test(type)) {
       throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} with an empty ${type} body (model ${cfg.model}).`, { status: response.status, requestId })
@@ -5294,16 +5349,76 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
 // Web-standard code: the readers take the file's TEXT (never a path), so they run anywhere.
 // Formats as found in real files: docs/replay.md.
 
-/** The transcript formats `replay` reads (the CLI's `--format` values). */
-export type TranscriptFormat = 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
+/**
+ * One transcript format. Adding a format is one entry of {@link TRANSCRIPT_READERS}: the key is its
+ * name (the `format` option, the CLI's `--format NAME`); the format type, the accepted list in
+ * errors, detection and the CLI help all derive from the table.
+ */
+interface TranscriptReader {
+  /** What such a file is, for the help text and the accepted list. */
+  describe: string
+  /** What detection looks for in a JSON document / in JSONL, for the error when no format matches. */
+  looksFor: { json?: string; jsonl?: string }
+  /** Whether the parsed text is this format. */
+  detect(parsed: ParsedTranscript): boolean
+  /** Reads it; throws {@link TranscriptError} (line / field) for a file that breaks the format. */
+  read(parsed: ParsedTranscript, options: ReadTranscriptOptions): Transcript
+}
 
-/** Every {@link TranscriptFormat}, in the order detection and error messages list them. */
-export const TRANSCRIPT_FORMATS: readonly TranscriptFormat[] = ['dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+/**
+ * The transcript readers, in DETECTION order: the first entry whose `detect` says yes reads the
+ * file, so more specific shapes come first (mini-swe-agent's `messages` before openai's).
+ */
+const TRANSCRIPT_READERS = {
+  'mini-swe-agent': {
+    describe: 'mini-swe-agent trajectory (.traj.json, "trajectory_format": "mini-swe-agent-1")',
+    looksFor: { json: 'an object with "trajectory_format": "mini-swe-agent…", or with "messages" and "info.mini_version"' },
+    detect: (p) => p.kind === 'json' && isJsonRecord(p.value) && ((typeof p.value.trajectory_format === 'string' && p.value.trajectory_format.startsWith('mini-swe-agent')) ||
+      (Array.isArray(p.value.messages) && isJsonRecord(p.value.info) && 'mini_version' in p.value.info)),
+    read: (p) => readMiniSweAgent(p),
+  },
+  'swe-agent': {
+    describe: 'SWE-agent trajectory (.traj with "history")',
+    looksFor: { json: 'an object with "history"' },
+    detect: (p) => p.kind === 'json' && isJsonRecord(p.value) && Array.isArray(p.value.history),
+    read: (p) => readSweAgent(p),
+  },
+  openai: {
+    describe: 'OpenAI-style chat messages ([...messages] or {"messages": [...]})',
+    looksFor: { json: 'an array of messages, or an object with "messages"' },
+    detect: (p) => p.kind === 'json' && (Array.isArray(p.value) || (isJsonRecord(p.value) && Array.isArray(p.value.messages))),
+    read: (p) => readOpenAITranscript(p),
+  },
+  dsh: {
+    describe: 'dsh session log (JSONL of {seq, type, time, data})',
+    looksFor: { json: 'one dsh event {seq, type, time, data}', jsonl: 'a first line that is a dsh event {seq, type, time, data}' },
+    detect: (p) => (p.kind === 'jsonl' ? isDshEvent(p.lines[0].value) : isJsonRecord(p.value) && isDshEvent(p.value)),
+    read: (p) => readDshLog(p),
+  },
+  'claude-code': {
+    describe: 'Claude Code session (.jsonl)',
+    looksFor: { json: 'one Claude Code entry {type, uuid or sessionId, message}', jsonl: 'Claude Code entries {type, uuid or sessionId, message} among the first 50 lines' },
+    detect: (p) => (p.kind === 'jsonl' ? p.lines.slice(0, 50).some((l) => isClaudeCodeLine(l.value)) : isJsonRecord(p.value) && isClaudeCodeLine(p.value)),
+    read: (p, options) => readClaudeCode(p, options.sidechains === true),
+  },
+} satisfies Record<string, TranscriptReader>
 
-const ACCEPTED_FORMATS = 'Accepted formats: dsh (session log, JSONL of {seq, type, time, data}), openai ([...messages] ' +
-  'or {"messages": [...]}), claude-code (Claude Code session .jsonl), swe-agent (SWE-agent .traj with "history"), ' +
-  'mini-swe-agent (.traj.json with "trajectory_format": "mini-swe-agent-1"); force one with the `format` option ' +
-  '(CLI: --format NAME).'
+/** The transcript formats `replay` reads (the CLI's `--format` values): the names of {@link TRANSCRIPT_READERS}. */
+export type TranscriptFormat = keyof typeof TRANSCRIPT_READERS
+
+/** Every {@link TranscriptFormat}, in the order detection tries them and messages list them. */
+export const TRANSCRIPT_FORMATS: readonly TranscriptFormat[] = /* @__PURE__ */ Object.keys(TRANSCRIPT_READERS) as TranscriptFormat[]
+
+const isTranscriptFormat = (name: unknown): name is TranscriptFormat => typeof name === 'string' && Object.hasOwn(TRANSCRIPT_READERS, name)
+
+/** One line per format (`name  description`), for the CLI help. */
+function describeTranscriptFormats(indent = ''): string {
+  const width = TRANSCRIPT_FORMATS.reduce((w, f) => Math.max(w, f.length), 0)
+  return TRANSCRIPT_FORMATS.map((f) => `${indent}${f.padEnd(width)}  ${TRANSCRIPT_READERS[f].describe}`).join('\n')
+}
+
+const acceptedFormats = (): string =>
+  `Accepted formats: ${TRANSCRIPT_FORMATS.map((f) => `${f} (${TRANSCRIPT_READERS[f].describe})`).join(', ')}; force one with the \`format\` option (CLI: --format NAME).`
 
 /**
  * A recorded session as provider-neutral messages.
@@ -5351,7 +5466,7 @@ export class TranscriptError extends Error {
   constructor(problem: string, at: { line?: number; field?: string } = {}) {
     const where = [at.line === undefined ? '' : `line ${at.line}`, at.field === undefined ? '' : `field ${at.field}`]
       .filter(Boolean).join(', ')
-    super(`${where ? `${where}: ` : ''}${problem}. ${ACCEPTED_FORMATS}`)
+    super(`${where ? `${where}: ` : ''}${problem}. ${acceptedFormats()}`)
     this.name = 'TranscriptError'
     this.line = at.line
     this.field = at.field
@@ -5407,21 +5522,13 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  * @throws {TranscriptError} for text that is no transcript or breaks its format (line / field given).
  */
 export function readTranscript(text: string, options: ReadTranscriptOptions = {}): Transcript {
-  if (options.format !== undefined && !TRANSCRIPT_FORMATS.includes(options.format)) {
+  if (options.format !== undefined && !isTranscriptFormat(options.format)) {
     throw new TranscriptError(`unknown format ${JSON.stringify(options.format)}`, { field: 'format' })
   }
   const parsed = parseTranscriptText(text)
   const format = options.format ?? detectParsed(parsed)
-  const notes = [...parsed.notes]
-  let transcript: Transcript
-  switch (format) {
-    case 'openai': transcript = readOpenAITranscript(parsed); break
-    case 'mini-swe-agent': transcript = readMiniSweAgent(parsed); break
-    case 'swe-agent': transcript = readSweAgent(parsed); break
-    case 'claude-code': transcript = readClaudeCode(parsed, options.sidechains === true); break
-    case 'dsh': transcript = readDshLog(parsed); break
-  }
-  transcript.notes.unshift(...notes)
+  const transcript = TRANSCRIPT_READERS[format].read(parsed, options)
+  transcript.notes.unshift(...parsed.notes)
   return transcript
 }
 
@@ -5491,24 +5598,22 @@ function parseJsonl(text: string): ParsedTranscript {
   return { kind: 'jsonl', lines, notes }
 }
 
+/** The first format of {@link TRANSCRIPT_READERS} that detects the text; else an error listing what each looks for. */
 function detectParsed(parsed: ParsedTranscript): TranscriptFormat {
+  const format = TRANSCRIPT_FORMATS.find((f) => TRANSCRIPT_READERS[f].detect(parsed))
+  if (format !== undefined) return format
+  const container = parsed.kind
+  const wanted = TRANSCRIPT_FORMATS.flatMap((f) => {
+    const looksFor = (TRANSCRIPT_READERS[f].looksFor as TranscriptReader['looksFor'])[container]
+    return looksFor === undefined ? [] : [`${f}: ${looksFor}`]
+  }).join('; ')
   if (parsed.kind === 'jsonl') {
     const [head] = parsed.lines
-    if (isDshEvent(head.value)) return 'dsh'
-    if (parsed.lines.slice(0, 50).some(l => isClaudeCodeLine(l.value))) return 'claude-code'
-    throw new TranscriptError(`JSONL whose first line is neither a dsh event {seq, type, time, data} nor a Claude Code ` +
-      `entry {type, uuid, sessionId, message}; its keys are ${jsonKeyList(head.value)}`, { line: head.line })
+    throw new TranscriptError(`JSONL that matches no format (${wanted}); its first line's keys are ${jsonKeyList(head.value)}`, { line: head.line })
   }
   const v = parsed.value
-  if (Array.isArray(v)) return 'openai'
   if (!isJsonRecord(v)) throw new TranscriptError(`a JSON ${jsonTypeName(v)} is not a transcript`)
-  if (typeof v.trajectory_format === 'string' && v.trajectory_format.startsWith('mini-swe-agent')) return 'mini-swe-agent'
-  if (Array.isArray(v.messages) && isJsonRecord(v.info) && 'mini_version' in v.info) return 'mini-swe-agent'
-  if (Array.isArray(v.history)) return 'swe-agent'
-  if (Array.isArray(v.messages)) return 'openai'
-  if (isDshEvent(v)) return 'dsh'
-  if (isClaudeCodeLine(v)) return 'claude-code'
-  throw new TranscriptError(`a JSON object without "messages", "history" or "trajectory_format"; its keys are ${jsonKeyList(v)}`)
+  throw new TranscriptError(`a JSON object that matches no format (${wanted}); its keys are ${jsonKeyList(v)}`)
 }
 
 function isDshEvent(v: TranscriptRecord): boolean {
@@ -6866,8 +6971,8 @@ export const CLI_DEFAULTS = /* @__PURE__ */ Object.freeze({
 })
 
 /** Transcript formats `replay --format` accepts (docs/replay.md). `auto` detects. */
-export type CliReplayFormat = 'auto' | 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
-const CLI_REPLAY_FORMATS: readonly CliReplayFormat[] = ['auto', 'dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+export type CliReplayFormat = 'auto' | TranscriptFormat
+const cliReplayFormats = (): readonly CliReplayFormat[] => ['auto', ...TRANSCRIPT_FORMATS]
 
 /** A bad command line or missing configuration. The CLI prints `message` (one line) and exits with `exitCode` 2. */
 export class UsageError extends Error {
@@ -7024,13 +7129,14 @@ Status lines (stderr)
                                          anchored on the token count the provider reported
 
 Replay: npx tsx dsh.ts replay FILE [options]
-  Runs a recorded session (a dsh log, an OpenAI-style message array, a Claude Code session
-  JSONL, a SWE-agent or mini-swe-agent trajectory) through the meter and the ladder and prints,
-  per step, tokens before and after, the rung taken and tokens reclaimed, then totals.
+  Runs a recorded session through the real agent loop (recorded answers and tool results, the
+  meter and the ladder live) and prints, per step, tokens before and after, the rung taken and
+  tokens reclaimed, then totals. Formats (detected in this order):
+${describeTranscriptFormats('    ')}
   --context-window N     window to simulate, in tokens
   --threshold R          as above (default ${CLI_DEFAULTS.threshold})
   --summary-tokens N     size of a simulated summary, in tokens (default ${CLI_DEFAULTS.summaryTokens})
-  --format F             force a format: ${CLI_REPLAY_FORMATS.slice(1).join(', ')}
+  --format F             force a format: ${TRANSCRIPT_FORMATS.join(', ')}
                          (default auto: detected from the file)
   --sidechains           Claude Code: also replay each Task-subagent run (sidechain), each in
                          its own window, after the main chain (default: skipped, counted in a note)
@@ -7201,7 +7307,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (positionals.length > 1) throw new UsageError(`replay takes one FILE, got ${positionals.length} (${positionals.map((p) => JSON.stringify(p)).join(', ')})`)
     const summaryTokens = flags.has('--summary-tokens') ? parsePositiveInt('--summary-tokens', flags.get('--summary-tokens')!, 'tokens', '2000') : CLI_DEFAULTS.summaryTokens
     const format = (flags.get('--format') ?? 'auto') as CliReplayFormat
-    if (!CLI_REPLAY_FORMATS.includes(format)) throw new UsageError(`--format must be one of ${CLI_REPLAY_FORMATS.join(', ')}, got ${JSON.stringify(format)}`)
+    if (!cliReplayFormats().includes(format)) throw new UsageError(`--format must be one of ${cliReplayFormats().join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
       command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(cwd !== undefined ? { cwd } : {}),
