@@ -310,6 +310,10 @@ export interface UsageAnchor { providerTokens: number; heuristicTokens: number; 
  * message is one more surface change, priced by the heuristic. An envelope or model change does.
  */
 export interface Measurement {
+  /** The size of the next request: `heuristicTokens` until a provider reports usage; once
+   *  anchored, the provider's count for the last request plus the heuristic price of what changed
+   *  since (docs/design.md §2). So when anchored it differs from `envelopeTokens + surfaceTokens`,
+   *  which are always the chars/4 heuristic. */
   totalTokens: number
   /** Heuristic tokens of system prompt + tool specs. */
   envelopeTokens: number
@@ -3139,7 +3143,7 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, or lower maxTokens.',
   RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
   QUOTA: 'The account has no balance or quota left: top it up or use another API key.',
-  AUTH: 'Check the API key (option apiKey, or the environment variable named by apiKeyEnv) and its permissions.',
+  AUTH: 'Check the API key and its permissions (option apiKey, or the environment variable named by apiKeyEnv; CLI: --api-key-env NAME).',
   INVALID_REQUEST: 'The server rejected the request; the body above names the field.',
   SERVER: 'The server failed; try again later.',
   TRANSPORT: 'Check the network and baseURL.',
@@ -4299,6 +4303,9 @@ export class Agent implements CompactionHost {
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
       this.overflowRetries = 0
       this.streamRetries = 0
+      // The smallest request (tokens, by the meter) that overflowed and was recovered from in this
+      // turn: a later overflow at that size or above means recovery makes no progress.
+      let recoveredOverflowTokens: number | undefined
       for (;;) {
         if (signal.aborted) return await end('aborted')
         if (step >= this.maxSteps) return await end('max-steps')
@@ -4310,9 +4317,10 @@ export class Agent implements CompactionHost {
         const envelope = this.writeHeader()
         // Hooks may edit the request; they get copies, so the surface always matches the log.
         const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
+        const inputTokens = session.measure().totalTokens
         const request: ChatRequest = {
           system: envelope.system, tools: envelope.tools, messages: editable ? structuredClone(session.messages()) : session.messages(), maxTokens: this.maxTokens,
-          inputTokens: session.measure().totalTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
+          inputTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
         }
         await this.runHooks('agent/request', { ...ctx, request })
         await session.flush() // written, not fsynced: a crash mid-request still shows the step it was in
@@ -4331,9 +4339,14 @@ export class Agent implements CompactionHost {
           }
           session.append('request/error', { code: error.code, status: error.status, message: error.message, trigger: 'conversation' })
           const generationBefore = session.replaceGeneration
-          const retry = await this.unlessAborted(() => this.runHooks('agent/request-error', { ...ctx, error }), signal)
+          const noProgress = error.code === 'CONTEXT_WINDOW_EXCEEDED' && recoveredOverflowTokens !== undefined && inputTokens >= recoveredOverflowTokens
+          if (noProgress) {
+            this.warn(`context overflow again at ${inputTokens} tokens (dsh's estimate) after recovering from one at ${recoveredOverflowTokens} tokens in this turn: recovery makes no progress, so the turn stops. The provider counts more tokens than dsh estimates: lower the compaction threshold or the context window (CLI: --threshold, --context-window)`)
+          }
+          const retry = !noProgress && await this.unlessAborted(() => this.runHooks('agent/request-error', { ...ctx, error }), signal)
           if (signal.aborted) { session.append('step/end', { turn, step }); return await end('aborted') }
           if (retry && session.replaceGeneration > generationBefore) {
+            if (error.code === 'CONTEXT_WINDOW_EXCEEDED') recoveredOverflowTokens = Math.min(recoveredOverflowTokens ?? Infinity, inputTokens)
             this.overflowRetries++
             session.append('step/end', { turn, step })
             session.append('recovery/retry', { generationBefore, generationAfter: session.replaceGeneration })
@@ -6999,7 +7012,7 @@ export interface CliRunOptions extends CliModelOptions {
   session?: string
   /** `--threshold R`: compaction threshold, a ratio of the window in (0, 1]. Default 0.8. */
   threshold: number
-  /** `--json`: every event as one JSON line on stdout. */
+  /** `--json`: every log event as one JSON line on stdout (the session log's lines; stream deltas are not log events). */
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
@@ -7226,7 +7239,7 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
  * `argv` is the arguments after the script (`process.argv.slice(2)`); `env` is the environment
  * (`DEEPSEEK_API_KEY`, `DSH_BASE_URL`, `DSH_MODEL`, and the variable named by `--api-key-env`;
  * empty values count as unset). Long flags take their value as the next argument or after `=`
- * (`--model=x`); `--` ends the flags. The first argument `replay` selects the replay command.
+ * (`--model=x`); `--` ends the flags. The first argument `replay` (after a leading `-C DIR`) selects the replay command.
  * A flag given twice keeps the last value. `--help`/`-h` and `--version` win over everything else,
  * so they work without any configuration.
  *
@@ -7244,10 +7257,14 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   if (flagPart.some((arg) => arg === '--help' || arg === '-h')) return { command: 'help' }
   if (flagPart.includes('--version')) return { command: 'version' }
 
-  const command = argv[0] === 'replay' ? 'replay' : 'run'
+  // `replay` is the first argument, or follows a leading `-C DIR` (as in `git -C DIR cmd`).
+  let lead = 0
+  while (lead < argv.length && (argv[lead] === '-C' || argv[lead] === '--cwd' || argv[lead].startsWith('--cwd='))) lead += argv[lead].startsWith('--cwd=') ? 1 : 2
+  const command = argv[lead] === 'replay' ? 'replay' : 'run'
   const flags = new Map<string, string>()
   const positionals: string[] = []
-  for (let i = command === 'replay' ? 1 : 0; i < argv.length; i++) {
+  for (let i = 0; i < argv.length; i++) {
+    if (command === 'replay' && i === lead) continue
     const arg = argv[i]
     if (arg === '--') { positionals.push(...argv.slice(i + 1)); break }
     if (!arg.startsWith('-') || arg === '-') { positionals.push(arg); continue }
@@ -7806,7 +7823,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     if (resumed) io.stderr(resumed + '\n')
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
-  const terminal = interactive ? await openTerminal(p) : undefined
+  const terminal = interactive ? await openTerminal(p, io) : undefined
   const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
   const tools = await builtinTools({
     cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
@@ -7893,28 +7910,71 @@ async function readAll(stream: any): Promise<string> {
 
 interface Terminal {
   rl: import('node:readline').Interface
-  /** Every input line, buffered from the start (lines typed ahead are kept). */
+  /** Every input, buffered from the start (inputs typed ahead are kept): one line, or a pasted
+   *  block (bracketed paste) or `\`-continued lines joined with `\n`. */
   lines: AsyncIterator<string>
   /** Shows the prompt, unless the input has ended: `rl.prompt()` resumes a closed input, which keeps the process alive. */
   prompt(): void
   askYesNo(question: string): Promise<boolean>
+  /** Ends bracketed paste mode and closes the input. */
+  close(): void
 }
 
-async function openTerminal(p: NodeProcess): Promise<Terminal> {
+/** Terminal modes (xterm, and every terminal that supports them): a paste arrives between
+ *  `ESC [200~` and `ESC [201~`, which Node's readline reports as `paste-start` / `paste-end` keys. */
+const BRACKETED_PASTE_ON = '\x1b[?2004h'
+const BRACKETED_PASTE_OFF = '\x1b[?2004l'
+const PROMPT = '› '
+const CONTINUATION_PROMPT = '… '
+
+/**
+ * The interactive input: readline on the TTY, with bracketed paste switched on, so that a pasted
+ * multi-line block is one input (its lines are held until Enter after the paste), and a line
+ * ending in a single `\` continues on the next line (the `\` is dropped).
+ */
+async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
   const readline = await importNode<typeof import('node:readline')>('node:readline')
-  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: '› ' })
-  const lines = rl[Symbol.asyncIterator]()
+  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: PROMPT })
+  io.stderrRaw(BRACKETED_PASTE_ON)
+  const queue: string[] = []
+  const waiting: ((r: IteratorResult<string>) => void)[] = []
   let closed = false
-  rl.once('close', () => { closed = true })
+  let pasting = false
+  let held: string[] = []
+  const deliver = (input: string) => { const w = waiting.shift(); if (w) w({ value: input, done: false }); else queue.push(input) }
+  p.stdin.on('keypress', (_s: unknown, key: { name?: string } | undefined) => {
+    if (key?.name === 'paste-start') pasting = true
+    else if (key?.name === 'paste-end') pasting = false
+  })
+  rl.on('line', (line: string) => {
+    if (pasting) { held.push(line); return }
+    if (/(?<!\\)\\$/.test(line)) { held.push(line.slice(0, -1)); rl.setPrompt(CONTINUATION_PROMPT); if (!closed) rl.prompt(); return }
+    const input = [...held, line].join('\n')
+    held = []
+    rl.setPrompt(PROMPT)
+    deliver(input)
+  })
+  rl.once('close', () => {
+    closed = true
+    io.stderrRaw(BRACKETED_PASTE_OFF)
+    if (held.length) { deliver(held.join('\n')); held = [] }
+    for (const w of waiting.splice(0)) w({ value: undefined, done: true })
+  })
+  const lines: AsyncIterator<string> = {
+    next: () => queue.length ? Promise.resolve({ value: queue.shift()!, done: false })
+      : closed ? Promise.resolve({ value: undefined, done: true })
+      : new Promise((resolve) => waiting.push(resolve)),
+  }
   const prompt = () => { if (!closed) rl.prompt() }
   return {
     rl, lines, prompt,
     async askYesNo(question) {
       rl.setPrompt(question); prompt()
       const answer = await lines.next()
-      rl.setPrompt('› ')
+      rl.setPrompt(PROMPT)
       return !answer.done && /^y(es)?$/i.test(answer.value.trim())
     },
+    close: () => rl.close(),
   }
 }
 
