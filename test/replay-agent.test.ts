@@ -11,6 +11,10 @@ import {
 } from '../dsh.ts'
 import { ScriptedProvider, call, say } from './scripted-provider.ts'
 import { skipWithoutShared, sharedPath } from './shared.ts'
+import { startFakeProvider } from './fake-provider.ts'
+import { dsh as dshChild, tempDir } from './cli-helpers.ts'
+import { writeFile } from 'node:fs/promises'
+import { join } from 'node:path'
 
 const fn = (id: string, name: string, args: string) => ({ id, type: 'function', function: { name, arguments: args } })
 
@@ -229,4 +233,23 @@ test('a rung that replaces one node (compaction/<rung> {shadowedSeqs: [seq]} the
   const out = formatReplay(report)
   assert.match(out, /↳ mask +seq 39: 508 → 10 tokens; shadowedSeqs 7, shadowedTokenCount 508$/m)
   assert.match(out, /^ {2}rung mask +1 \(498 tokens reclaimed\)$/m)
+})
+
+test('CLI: replay --base-url summarises with that server\'s model (x-dsh-purpose: compaction), and says so', async () => {
+  const fake = await startFakeProvider({ script: [{ text: 'S'.repeat(40) }] })
+  try {
+    const cwd = await tempDir()
+    // Eight turns of a 2,000-char user message (508 tokens) and a short answer: no tool results, so
+    // only a summary brings the total under the 3,200-token threshold.
+    const messages: object[] = []
+    for (let i = 1; i <= 8; i++) messages.push({ role: 'user', content: String(i).repeat(2000) }, { role: 'assistant', content: 'ok' })
+    await writeFile(join(cwd, 't.json'), JSON.stringify(messages))
+    const run = await dshChild(['replay', 't.json', '--context-window', '4000', '--base-url', fake.url, '--model', 'local-model'], cwd)
+    assert.equal(run.code, 0, run.stderr)
+    assert.match(run.stdout, /^summaries written by the model local-model$/m)
+    assert.ok(fake.requests.length >= 1)
+    assert.equal(fake.requests[0].headers['x-dsh-purpose'], 'compaction')
+    assert.equal((fake.requests[0].body as { model: string }).model, 'local-model')
+    assert.match(run.stdout, /↳ compact +k\d+: \d+ messages/)
+  } finally { await fake.close() }
 })
