@@ -253,3 +253,10 @@ test('CLI: replay --base-url summarises with that server\'s model (x-dsh-purpose
     assert.match(run.stdout, /↳ compact +k\d+: \d+ messages/)
   } finally { await fake.close() }
 })
+
+test('a transcript that opens with an assistant message: the loop gets an empty input, which is noted and not counted as recorded', async () => {
+  const report = await replayTranscript(readTranscript(JSON.stringify([{ role: 'assistant', content: 'hi' }])), { contextWindow: 1_000 })
+  // '' costs 8 tokens on the surface; 'hi' 1 + 8 = 9.
+  assert.deepEqual(report.rows.map((r) => [r.kind, r.requestTokens ?? null, r.unmanagedTokens, r.afterTokens]), [['turn-start', null, 0, 8], ['step', 8, 0, 17]])
+  assert.ok(report.notes.includes('the transcript opens with an assistant message: replay opened the first turn with an empty user input'))
+})
