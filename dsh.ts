@@ -42,8 +42,9 @@
  *   ── fence: nothing in Part I names anything in Part II ──
  *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
  *   8. Tools          built-in coding tools of the CLI (read_file, list_files, grep, write/edit, shell)
- *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of the readers
- *                     table there (detect + read); 9.2 the replay runner
+ *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of
+ *                     TRANSCRIPT_READERS (detect + read); 9.2 the replay runner: an Agent with a
+ *                     recorded provider and tools — a REPORT COLUMN is one entry of REPLAY_FIGURES
  *   10. CLI           arguments, configuration, terminal output, entry point
  *
  * UNITS (one word, one unit, everywhere in this file):
@@ -5343,16 +5344,76 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
 // Web-standard code: the readers take the file's TEXT (never a path), so they run anywhere.
 // Formats as found in real files: docs/replay.md.
 
-/** The transcript formats `replay` reads (the CLI's `--format` values). */
-export type TranscriptFormat = 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
+/**
+ * One transcript format. Adding a format is one entry of {@link TRANSCRIPT_READERS}: the key is its
+ * name (the `format` option, the CLI's `--format NAME`); the format type, the accepted list in
+ * errors, detection and the CLI help all derive from the table.
+ */
+interface TranscriptReader {
+  /** What such a file is, for the help text and the accepted list. */
+  describe: string
+  /** What detection looks for in a JSON document / in JSONL, for the error when no format matches. */
+  looksFor: { json?: string; jsonl?: string }
+  /** Whether the parsed text is this format. */
+  detect(parsed: ParsedTranscript): boolean
+  /** Reads it; throws {@link TranscriptError} (line / field) for a file that breaks the format. */
+  read(parsed: ParsedTranscript, options: ReadTranscriptOptions): Transcript
+}
 
-/** Every {@link TranscriptFormat}, in the order detection and error messages list them. */
-export const TRANSCRIPT_FORMATS: readonly TranscriptFormat[] = ['dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+/**
+ * The transcript readers, in DETECTION order: the first entry whose `detect` says yes reads the
+ * file, so more specific shapes come first (mini-swe-agent's `messages` before openai's).
+ */
+const TRANSCRIPT_READERS = {
+  'mini-swe-agent': {
+    describe: 'mini-swe-agent trajectory (.traj.json, "trajectory_format": "mini-swe-agent-1")',
+    looksFor: { json: 'an object with "trajectory_format": "mini-swe-agent…", or with "messages" and "info.mini_version"' },
+    detect: (p) => p.kind === 'json' && isJsonRecord(p.value) && ((typeof p.value.trajectory_format === 'string' && p.value.trajectory_format.startsWith('mini-swe-agent')) ||
+      (Array.isArray(p.value.messages) && isJsonRecord(p.value.info) && 'mini_version' in p.value.info)),
+    read: (p) => readMiniSweAgent(p),
+  },
+  'swe-agent': {
+    describe: 'SWE-agent trajectory (.traj with "history")',
+    looksFor: { json: 'an object with "history"' },
+    detect: (p) => p.kind === 'json' && isJsonRecord(p.value) && Array.isArray(p.value.history),
+    read: (p) => readSweAgent(p),
+  },
+  openai: {
+    describe: 'OpenAI-style chat messages ([...messages] or {"messages": [...]})',
+    looksFor: { json: 'an array of messages, or an object with "messages"' },
+    detect: (p) => p.kind === 'json' && (Array.isArray(p.value) || (isJsonRecord(p.value) && Array.isArray(p.value.messages))),
+    read: (p) => readOpenAITranscript(p),
+  },
+  dsh: {
+    describe: 'dsh session log (JSONL of {seq, type, time, data})',
+    looksFor: { json: 'one dsh event {seq, type, time, data}', jsonl: 'a first line that is a dsh event {seq, type, time, data}' },
+    detect: (p) => (p.kind === 'jsonl' ? isDshEvent(p.lines[0].value) : isJsonRecord(p.value) && isDshEvent(p.value)),
+    read: (p) => readDshLog(p),
+  },
+  'claude-code': {
+    describe: 'Claude Code session (.jsonl)',
+    looksFor: { json: 'one Claude Code entry {type, uuid or sessionId, message}', jsonl: 'Claude Code entries {type, uuid or sessionId, message} among the first 50 lines' },
+    detect: (p) => (p.kind === 'jsonl' ? p.lines.slice(0, 50).some((l) => isClaudeCodeLine(l.value)) : isJsonRecord(p.value) && isClaudeCodeLine(p.value)),
+    read: (p, options) => readClaudeCode(p, options.sidechains === true),
+  },
+} satisfies Record<string, TranscriptReader>
 
-const ACCEPTED_FORMATS = 'Accepted formats: dsh (session log, JSONL of {seq, type, time, data}), openai ([...messages] ' +
-  'or {"messages": [...]}), claude-code (Claude Code session .jsonl), swe-agent (SWE-agent .traj with "history"), ' +
-  'mini-swe-agent (.traj.json with "trajectory_format": "mini-swe-agent-1"); force one with the `format` option ' +
-  '(CLI: --format NAME).'
+/** The transcript formats `replay` reads (the CLI's `--format` values): the names of {@link TRANSCRIPT_READERS}. */
+export type TranscriptFormat = keyof typeof TRANSCRIPT_READERS
+
+/** Every {@link TranscriptFormat}, in the order detection tries them and messages list them. */
+export const TRANSCRIPT_FORMATS: readonly TranscriptFormat[] = /* @__PURE__ */ Object.keys(TRANSCRIPT_READERS) as TranscriptFormat[]
+
+const isTranscriptFormat = (name: unknown): name is TranscriptFormat => typeof name === 'string' && Object.hasOwn(TRANSCRIPT_READERS, name)
+
+/** One line per format (`name  description`), for the CLI help. */
+function describeTranscriptFormats(indent = ''): string {
+  const width = TRANSCRIPT_FORMATS.reduce((w, f) => Math.max(w, f.length), 0)
+  return TRANSCRIPT_FORMATS.map((f) => `${indent}${f.padEnd(width)}  ${TRANSCRIPT_READERS[f].describe}`).join('\n')
+}
+
+const acceptedFormats = (): string =>
+  `Accepted formats: ${TRANSCRIPT_FORMATS.map((f) => `${f} (${TRANSCRIPT_READERS[f].describe})`).join(', ')}; force one with the \`format\` option (CLI: --format NAME).`
 
 /**
  * A recorded session as provider-neutral messages.
@@ -5400,7 +5461,7 @@ export class TranscriptError extends Error {
   constructor(problem: string, at: { line?: number; field?: string } = {}) {
     const where = [at.line === undefined ? '' : `line ${at.line}`, at.field === undefined ? '' : `field ${at.field}`]
       .filter(Boolean).join(', ')
-    super(`${where ? `${where}: ` : ''}${problem}. ${ACCEPTED_FORMATS}`)
+    super(`${where ? `${where}: ` : ''}${problem}. ${acceptedFormats()}`)
     this.name = 'TranscriptError'
     this.line = at.line
     this.field = at.field
@@ -5456,21 +5517,13 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  * @throws {TranscriptError} for text that is no transcript or breaks its format (line / field given).
  */
 export function readTranscript(text: string, options: ReadTranscriptOptions = {}): Transcript {
-  if (options.format !== undefined && !TRANSCRIPT_FORMATS.includes(options.format)) {
+  if (options.format !== undefined && !isTranscriptFormat(options.format)) {
     throw new TranscriptError(`unknown format ${JSON.stringify(options.format)}`, { field: 'format' })
   }
   const parsed = parseTranscriptText(text)
   const format = options.format ?? detectParsed(parsed)
-  const notes = [...parsed.notes]
-  let transcript: Transcript
-  switch (format) {
-    case 'openai': transcript = readOpenAITranscript(parsed); break
-    case 'mini-swe-agent': transcript = readMiniSweAgent(parsed); break
-    case 'swe-agent': transcript = readSweAgent(parsed); break
-    case 'claude-code': transcript = readClaudeCode(parsed, options.sidechains === true); break
-    case 'dsh': transcript = readDshLog(parsed); break
-  }
-  transcript.notes.unshift(...notes)
+  const transcript = TRANSCRIPT_READERS[format].read(parsed, options)
+  transcript.notes.unshift(...parsed.notes)
   return transcript
 }
 
@@ -5540,24 +5593,22 @@ function parseJsonl(text: string): ParsedTranscript {
   return { kind: 'jsonl', lines, notes }
 }
 
+/** The first format of {@link TRANSCRIPT_READERS} that detects the text; else an error listing what each looks for. */
 function detectParsed(parsed: ParsedTranscript): TranscriptFormat {
+  const format = TRANSCRIPT_FORMATS.find((f) => TRANSCRIPT_READERS[f].detect(parsed))
+  if (format !== undefined) return format
+  const container = parsed.kind
+  const wanted = TRANSCRIPT_FORMATS.flatMap((f) => {
+    const looksFor = (TRANSCRIPT_READERS[f].looksFor as TranscriptReader['looksFor'])[container]
+    return looksFor === undefined ? [] : [`${f}: ${looksFor}`]
+  }).join('; ')
   if (parsed.kind === 'jsonl') {
     const [head] = parsed.lines
-    if (isDshEvent(head.value)) return 'dsh'
-    if (parsed.lines.slice(0, 50).some(l => isClaudeCodeLine(l.value))) return 'claude-code'
-    throw new TranscriptError(`JSONL whose first line is neither a dsh event {seq, type, time, data} nor a Claude Code ` +
-      `entry {type, uuid, sessionId, message}; its keys are ${jsonKeyList(head.value)}`, { line: head.line })
+    throw new TranscriptError(`JSONL that matches no format (${wanted}); its first line's keys are ${jsonKeyList(head.value)}`, { line: head.line })
   }
   const v = parsed.value
-  if (Array.isArray(v)) return 'openai'
   if (!isJsonRecord(v)) throw new TranscriptError(`a JSON ${jsonTypeName(v)} is not a transcript`)
-  if (typeof v.trajectory_format === 'string' && v.trajectory_format.startsWith('mini-swe-agent')) return 'mini-swe-agent'
-  if (Array.isArray(v.messages) && isJsonRecord(v.info) && 'mini_version' in v.info) return 'mini-swe-agent'
-  if (Array.isArray(v.history)) return 'swe-agent'
-  if (Array.isArray(v.messages)) return 'openai'
-  if (isDshEvent(v)) return 'dsh'
-  if (isClaudeCodeLine(v)) return 'claude-code'
-  throw new TranscriptError(`a JSON object without "messages", "history" or "trajectory_format"; its keys are ${jsonKeyList(v)}`)
+  throw new TranscriptError(`a JSON object that matches no format (${wanted}); its keys are ${jsonKeyList(v)}`)
 }
 
 function isDshEvent(v: TranscriptRecord): boolean {
@@ -6915,8 +6966,8 @@ export const CLI_DEFAULTS = /* @__PURE__ */ Object.freeze({
 })
 
 /** Transcript formats `replay --format` accepts (docs/replay.md). `auto` detects. */
-export type CliReplayFormat = 'auto' | 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
-const CLI_REPLAY_FORMATS: readonly CliReplayFormat[] = ['auto', 'dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+export type CliReplayFormat = 'auto' | TranscriptFormat
+const cliReplayFormats = (): readonly CliReplayFormat[] => ['auto', ...TRANSCRIPT_FORMATS]
 
 /** A bad command line or missing configuration. The CLI prints `message` (one line) and exits with `exitCode` 2. */
 export class UsageError extends Error {
@@ -7073,13 +7124,14 @@ Status lines (stderr)
                                          anchored on the token count the provider reported
 
 Replay: npx tsx dsh.ts replay FILE [options]
-  Runs a recorded session (a dsh log, an OpenAI-style message array, a Claude Code session
-  JSONL, a SWE-agent or mini-swe-agent trajectory) through the meter and the ladder and prints,
-  per step, tokens before and after, the rung taken and tokens reclaimed, then totals.
+  Runs a recorded session through the real agent loop (recorded answers and tool results, the
+  meter and the ladder live) and prints, per step, tokens before and after, the rung taken and
+  tokens reclaimed, then totals. Formats (detected in this order):
+${describeTranscriptFormats('    ')}
   --context-window N     window to simulate, in tokens
   --threshold R          as above (default ${CLI_DEFAULTS.threshold})
   --summary-tokens N     size of a simulated summary, in tokens (default ${CLI_DEFAULTS.summaryTokens})
-  --format F             force a format: ${CLI_REPLAY_FORMATS.slice(1).join(', ')}
+  --format F             force a format: ${TRANSCRIPT_FORMATS.join(', ')}
                          (default auto: detected from the file)
   --sidechains           Claude Code: also replay each Task-subagent run (sidechain), each in
                          its own window, after the main chain (default: skipped, counted in a note)
@@ -7246,7 +7298,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (positionals.length > 1) throw new UsageError(`replay takes one FILE, got ${positionals.length} (${positionals.map((p) => JSON.stringify(p)).join(', ')})`)
     const summaryTokens = flags.has('--summary-tokens') ? parsePositiveInt('--summary-tokens', flags.get('--summary-tokens')!, 'tokens', '2000') : CLI_DEFAULTS.summaryTokens
     const format = (flags.get('--format') ?? 'auto') as CliReplayFormat
-    if (!CLI_REPLAY_FORMATS.includes(format)) throw new UsageError(`--format must be one of ${CLI_REPLAY_FORMATS.join(', ')}, got ${JSON.stringify(format)}`)
+    if (!cliReplayFormats().includes(format)) throw new UsageError(`--format must be one of ${cliReplayFormats().join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
       command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(cwd !== undefined ? { cwd } : {}),

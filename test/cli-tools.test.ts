@@ -513,7 +513,7 @@ describe('parseCliArgs', () => {
     { argv: ['replay', 's.jsonl', '--model', 'deepseek-v4-pro'], env: {}, expect: noKey },
     { argv: ['replay'], env: {}, expect: 'replay needs a FILE: npx tsx dsh.ts replay FILE [--context-window N]' },
     { argv: ['replay', 'a', 'b'], env: {}, expect: 'replay takes one FILE, got 2 ("a", "b")' },
-    { argv: ['replay', 's.jsonl', '--format', 'xml'], env: {}, expect: '--format must be one of auto, dsh, openai, claude-code, swe-agent, mini-swe-agent, got "xml"' },
+    { argv: ['replay', 's.jsonl', '--format', 'xml'], env: {}, expect: '--format must be one of auto, mini-swe-agent, swe-agent, openai, dsh, claude-code, got "xml"' },
     { argv: ['replay', 's.jsonl', '--allow-shell'], env: {},
       expect: '--allow-shell does not apply to replay; replay takes --model, --base-url, --api-key-env, --context-window, --threshold, --json, --cwd, --summary-tokens, --format, --sidechains' },
     // -C/--cwd, --max-steps, --no-shell
