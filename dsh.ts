@@ -3804,36 +3804,44 @@ function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | 
   return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}.`, { status: info.status ?? 200, body: payload, requestId })
 }
 
-/** The response body, with every read racing the attempt's abort signal (fetch implementations differ in how fast they honour it). */
+/**
+ * The response body, ended at once by the attempt's abort signal (fetch implementations differ in
+ * how fast they honour it): an abort cancels the reader, which settles a pending read at once
+ * (WHATWG streams), and the signal's reason is thrown. One listener per body, not one per read.
+ */
 async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<Uint8Array, void, undefined> {
   const reader = body.getReader()
-  const abort = new Promise<never>((_, reject) => {
-    if (signal.aborted) reject(signal.reason)
-    else signal.addEventListener('abort', () => reject(signal.reason), { once: true })
-  })
-  abort.catch(() => {})
+  const onAbort = (): void => { reader.cancel(signal.reason).catch(() => {}) }
+  if (signal.aborted) onAbort()
+  else signal.addEventListener('abort', onAbort, { once: true })
   let finished = false
   try {
     for (;;) {
-      const { done, value } = await Promise.race([reader.read(), abort])
+      const { done, value } = await reader.read()
+      if (signal.aborted) throw signal.reason
       if (done) { finished = true; return }
       yield value
     }
   } finally {
+    signal.removeEventListener('abort', onAbort)
     if (!finished) reader.cancel().catch(() => {})
   }
 }
 
 /** Splits `data` into chunk objects; a relay that joined several `data:` lines into one event gets one object per line. */
-function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined): unknown[] {
+function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined, onChunk: (obj: unknown) => void): void {
+  let obj: unknown
   try {
-    return [JSON.parse(data)]
+    obj = JSON.parse(data)
   } catch (error) {
     if (data.includes('\n')) {
-      try { return data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch { /* fall through */ }
+      let objs: unknown[] | undefined
+      try { objs = data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch { /* fall through */ }
+      if (objs) { for (const o of objs) onChunk(o); return }
     }
     throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: ${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
   }
+  onChunk(obj) // outside the try: what the assembler throws is not a JSON error
 }
 
 /**
@@ -3926,7 +3934,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
       const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
       if (cut) throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for stream: true).`, { status: response.status, requestId })
       if (text.trim() === '') throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model ${cfg.model}).`, { status: response.status, requestId })
-      acc.chunk(parseChunkData(cfg, text.trim(), requestId)[0], requestId, text)
+      parseChunkData(cfg, text.trim(), requestId, (obj) => acc.chunk(obj, requestId, text))
       return acc.finish(true, requestId)
     }
     if (!response.body) throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} without a body (model ${cfg.model}).`, { status: response.status, requestId })
@@ -3941,7 +3949,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
       if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
       progress()
       if (data === '[DONE]') { sawDone = true; return false }
-      for (const obj of parseChunkData(cfg, data, requestId)) acc.chunk(obj, requestId, data)
+      parseChunkData(cfg, data, requestId, (obj) => acc.chunk(obj, requestId, data))
     }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
     const type = response.headers.get('content-type')
     if (!sawData && bytes === 0 && type && !/event-stream/i.test(type)) {
