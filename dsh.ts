@@ -6528,15 +6528,22 @@ function replayScript(transcript: Transcript, notes: string[]): ReplayScriptTurn
 
 /**
  * An Agent whose envelope is the transcript's (system prompt and tool specs as recorded, even where
- * the file records no specs for the tools it calls).
+ * the file records no specs for the tools it calls), plus any tool the Agent offers of itself beyond
+ * the recorded ones (as a live run would send it).
  */
 class ReplayAgent extends Agent {
   readonly recordedEnvelope: Envelope
+  private readonly recordedToolNames: ReadonlySet<string>
   constructor(options: AgentOptions, envelope: Envelope) {
     super(options)
     this.recordedEnvelope = envelope
+    this.recordedToolNames = new Set((options.tools ?? []).map((t) => t.name))
   }
-  override get envelope(): Envelope { return this.recordedEnvelope }
+  override get envelope(): Envelope {
+    const own = (super.envelope.tools ?? []).filter((t) => !this.recordedToolNames.has(t.name))
+    if (own.length === 0) return this.recordedEnvelope
+    return { system: this.recordedEnvelope.system, tools: [...(this.recordedEnvelope.tools ?? []), ...own] }
+  }
 }
 
 /** A row while its events arrive. */
