@@ -741,7 +741,7 @@ export interface SurfaceNode {
  * Why an append or a load failed: a malformed message or event, a bad surface op, a break of tool
  * call/result pairing, a corrupt log file (with its line), or a store that could not be read or written.
  */
-export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE'
+export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'LOCKED'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
 export class SessionError extends Error {
@@ -761,6 +761,9 @@ export class SessionError extends Error {
  * 1-based, `bytes` its UTF-8 length, `savedTo` where FileStore kept its bytes.
  */
 export interface TornLine { line: number; bytes: number; savedTo?: string }
+
+/** Who holds a session log's lock file (`FILE.lock`): process id, host name, and when it took the lock (ms since the epoch). */
+export interface LogLockHolder { pid: number; host: string; time: number }
 
 /** What a store returns on load. */
 export interface LoadedLog { events: SessionEvent[]; torn?: TornLine }
@@ -806,8 +809,10 @@ function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined 
 }
 
 /**
- * Parses JSONL log text. `goodLength` is the UTF-16 length of the whole lines. A last line without its newline that does not parse is torn (dropped and
- * reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line.
+ * Parses JSONL log text. `goodLength` is the UTF-16 length of the whole lines. A last line without
+ * its newline that starts like an event (`{"seq":`) but does not parse is torn (dropped and
+ * reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line, so a
+ * file that is not a dsh log (a one-line `.env`) is refused, never repaired.
  */
 export function parseLogText(text: string): { events: SessionEvent[]; torn?: TornLine; goodLength: number } {
   const events: SessionEvent[] = []
@@ -824,7 +829,8 @@ export function parseLogText(text: string): { events: SessionEvent[]; torn?: Tor
     }
     let value: unknown
     try { value = JSON.parse(raw) } catch {
-      if (nl < 0) return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
+      // Torn: the start of an event dsh wrote ({"seq":…), cut short. Anything else is not a dsh log.
+      if (nl < 0 && raw.startsWith('{"seq":')) return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
       throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
     }
     const problem = eventShapeProblem(value, events.length)
@@ -846,37 +852,93 @@ export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
 
 /**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
- * `sync()` fsyncs. Loading drops a torn last line — its bytes are saved beside the log as
+ * One writer per log (docs/design.md §13): the first write takes `FILE.lock` (see
+ * {@link acquireLogLock}) and `close()` gives it back; reading takes no lock. `sync()` fsyncs. Loading drops a torn last line — its bytes are saved beside the log as
  * `FILE.torn-<time>` and the file is truncated to its last whole line — and refuses any other
  * corruption with the line number. Spilled tool results go to `FILE.artefacts/`.
  */
 export class FileStore implements LogStore {
   readonly path: string
+  /** The lock file, `FILE.lock`. */
+  readonly lockPath: string
   private handle: any
   private needsNewline = false
-  constructor(path: string) { this.path = path }
+  private locked = false
+  /** The file's size in bytes as this store last saw it (-1: absent); a first write refuses a log that changed since. */
+  private seenBytes?: number
+  /** The lock of a dead process this store took over, if any: for the caller to report (docs/design.md §13). */
+  staleLock?: LogLockHolder
+  constructor(path: string) { this.path = path; this.lockPath = `${path}.lock` }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
+  /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('LOCKED')`. */
+  private async lock(): Promise<void> {
+    if (this.locked) return
+    const stale = await acquireLogLock(this.path, this.lockPath)
+    this.locked = true
+    if (stale) this.staleLock = stale
+  }
+
+  private async unlock(): Promise<void> {
+    if (!this.locked) return
+    this.locked = false
+    await releaseLogLock(this.lockPath)
+  }
+
+  private async sizeNow(): Promise<number> {
+    try { return (await (await this.fs()).stat(this.path)).size } catch (err: any) {
+      if (err?.code === 'ENOENT') return -1
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
+    }
+  }
+
+  /**
+   * Reads the log. Reading takes no lock; repairing a torn last line does (for the repair only), and
+   * when another live process holds the log the torn line is reported but not repaired (it may be
+   * that process's append in flight).
+   */
   async load(): Promise<LoadedLog> {
     const fs = await this.fs()
     let text: string
     try { text = await fs.readFile(this.path, 'utf8') } catch (err: any) {
-      if (err?.code === 'ENOENT') return { events: [] }
+      if (err?.code === 'ENOENT') { this.seenBytes = -1; return { events: [] } }
       throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
     }
     const parsed = parseLogText(text)
+    this.seenBytes = new TextEncoder().encode(text).length
     if (parsed.torn) {
-      const savedTo = `${this.path}.torn-${Date.now()}`
-      await fs.writeFile(savedTo, text.slice(parsed.goodLength))
-      await fs.truncate(this.path, new TextEncoder().encode(text.slice(0, parsed.goodLength)).length)
-      parsed.torn.savedTo = savedTo
+      const held = this.locked
+      try { await this.lock() } catch (err) {
+        if (err instanceof SessionError && err.code === 'LOCKED') return { events: parsed.events, torn: parsed.torn }
+        throw err
+      }
+      try {
+        if ((await this.sizeNow()) !== this.seenBytes) throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another process writes to it); open it again`)
+        const savedTo = `${this.path}.torn-${Date.now()}`
+        await fs.writeFile(savedTo, text.slice(parsed.goodLength))
+        this.seenBytes = new TextEncoder().encode(text.slice(0, parsed.goodLength)).length
+        await fs.truncate(this.path, this.seenBytes)
+        parsed.torn.savedTo = savedTo
+      } finally { if (!held) await this.unlock() }
     } else if (text.length > 0 && !text.endsWith('\n')) this.needsNewline = true
     return { events: parsed.events, torn: parsed.torn }
   }
 
+  /**
+   * Appends events. The first write takes the lock, and refuses (`SessionError('LOCKED')`) when
+   * another live process holds it or when the file changed since this store loaded it.
+   */
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
+    if (!this.locked) {
+      await this.lock()
+      const size = await this.sizeNow()
+      if (this.seenBytes !== undefined && size !== this.seenBytes) {
+        await this.unlock()
+        throw new SessionError('LOCKED', `session log ${this.path} changed since it was loaded (${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): another process wrote to it; open it again`)
+      }
+    }
     if (!this.handle) this.handle = await (await this.fs()).open(this.path, 'a')
     let text = this.needsNewline ? '\n' : ''
     for (const e of events) text += JSON.stringify(e) + '\n'
@@ -897,7 +959,89 @@ export class FileStore implements LogStore {
 
   async getArtefact(ref: string): Promise<string> { return await (await this.fs()).readFile(ref, 'utf8') }
 
-  async close(): Promise<void> { const h = this.handle; this.handle = undefined; if (h) await h.close() }
+  /** Closes the file and gives the lock back. */
+  async close(): Promise<void> {
+    const h = this.handle
+    this.handle = undefined
+    try { if (h) await h.close() } finally { await this.unlock() }
+  }
+}
+
+/** Locks this process holds: lock path → how many FileStores share it (one process, one holder). */
+const heldLogLocks = new Map<string, number>()
+let logLockExitHooked = false
+
+/** The holder recorded in a lock file, or undefined when the file does not say. */
+function parseLockHolder(text: string): LogLockHolder | undefined {
+  const v = parseJSONOrUndefined(text)
+  if (!isRecord(v) || !Number.isSafeInteger(v.pid) || typeof v.host !== 'string' || typeof v.time !== 'number') return undefined
+  return { pid: v.pid, host: v.host, time: v.time }
+}
+
+const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.host} (since ${new Date(h.time).toISOString()})`
+
+/**
+ * One writer per session log (docs/design.md §13). Creates `lockPath` exclusively (O_EXCL) holding
+ * `{pid, host, time}`. When it exists: a holder that is this process shares it; a live holder, a
+ * holder on another host (whose pid cannot be checked) or an unreadable lock file is refused with
+ * `SessionError('LOCKED')` naming the holder and the lock file; the lock of a dead process on this
+ * host is stale: taken over (by rename, so two processes cannot both take it) and returned, for the
+ * caller to report. The lock is removed by {@link releaseLogLock}, and at process exit.
+ * @returns the stale holder taken over, if any.
+ */
+export async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLockHolder | undefined> {
+  const [fs, os, { default: proc }] = await Promise.all([importNode<NodeFs>('node:fs/promises'), importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
+  const host = os.hostname()
+  const me: LogLockHolder = { pid: proc.pid, host, time: Date.now() }
+  const held = heldLogLocks.get(lockPath)
+  if (held !== undefined) { heldLogLocks.set(lockPath, held + 1); return undefined }
+  const refuse = (why: string): never => { throw new SessionError('LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`) }
+  let stale: LogLockHolder | undefined
+  for (let round = 0; ; round++) {
+    try {
+      const handle = await fs.open(lockPath, 'wx')
+      try { await handle.writeFile(JSON.stringify(me) + '\n') } finally { await handle.close() }
+      break
+    } catch (err: any) {
+      if (err?.code !== 'EEXIST') throw new SessionError('STORE', `cannot create the lock file ${lockPath}: ${err?.message ?? err}`)
+    }
+    let text: string
+    try { text = await fs.readFile(lockPath, 'utf8') } catch (err: any) {
+      if (err?.code === 'ENOENT' && round < 3) continue // released meanwhile: try again
+      throw new SessionError('STORE', `cannot read the lock file ${lockPath}: ${err?.message ?? err}`)
+    }
+    const holder = parseLockHolder(text)
+    if (!holder) refuse(`has a lock file that does not name its holder (${JSON.stringify(text.slice(0, 80))}); if no dsh is using this log, delete the lock file`)
+    if (holder!.pid === proc.pid && holder!.host === host) { heldLogLocks.set(lockPath, 1); return undefined } // ours, from before a close we skipped
+    if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, delete the lock file`)
+    let alive = true
+    try { proc.kill(holder!.pid, 0) } catch (err: any) { alive = err?.code !== 'ESRCH' }
+    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file`)
+    if (round >= 3) refuse(`is being taken over by another process (the lock of ${describeHolder(holder!)} was stale)`)
+    // Stale: move it aside, check that what moved is what we judged stale, then create ours.
+    const aside = `${lockPath}.stale-${proc.pid}-${Date.now()}`
+    try { await fs.rename(lockPath, aside) } catch { continue }
+    const moved = await fs.readFile(aside, 'utf8').catch(() => '')
+    if (moved !== text) { await fs.link(aside, lockPath).catch(() => {}); await fs.unlink(aside).catch(() => {}); continue } // a live lock: put it back
+    await fs.unlink(aside).catch(() => {})
+    stale = holder
+  }
+  heldLogLocks.set(lockPath, 1)
+  if (!logLockExitHooked) {
+    logLockExitHooked = true
+    const fsSync = await importNode<typeof import('node:fs')>('node:fs')
+    proc.on('exit', () => { for (const path of heldLogLocks.keys()) { try { fsSync.unlinkSync(path) } catch { /* gone */ } } })
+  }
+  return stale
+}
+
+/** Gives back one hold of a lock taken by {@link acquireLogLock}; the last one removes the file. */
+export async function releaseLogLock(lockPath: string): Promise<void> {
+  const held = heldLogLocks.get(lockPath)
+  if (held === undefined) return
+  if (held > 1) { heldLogLocks.set(lockPath, held - 1); return }
+  heldLogLocks.delete(lockPath)
+  await (await importNode<NodeFs>('node:fs/promises')).unlink(lockPath).catch(() => {})
 }
 
 function validateBlocks(blocks: unknown, where: string): void {
@@ -1419,6 +1563,7 @@ export class Session {
       this.pending = []
       try { await this.store.append(batch) } catch (err) {
         this.pending = batch.concat(this.pending) // keep them for the next attempt: nothing is lost
+        if (err instanceof SessionError && err.code === 'LOCKED') throw err // another writer: say who
         throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: ${(err as Error)?.message ?? err}`)
       }
     }
@@ -3739,6 +3884,11 @@ export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
   grepDefaultMatches: 100,
   /** grep: the most matches the model may ask for. */
   grepMaxMatches: 1_000,
+  /** grep: time limit of one search (walk, glob and regex matching, in a worker), in ms. */
+  grepTimeoutMs: 30_000,
+  /** grep: lines longer than this (UTF-16 units) are not matched against a regular expression
+   *  (a quadratic pattern on a minified line never ends); they are counted, and fixed_strings searches them. */
+  grepMaxLineChars: 10_000,
   /** shell: timeout of a command when the model gives no `timeout_ms`, in ms. */
   shellTimeoutMs: 120_000,
   /** shell: the longest `timeout_ms` the model may ask for, in ms. */
@@ -3773,6 +3923,10 @@ export interface BuiltinToolsOptions {
   listMaxEntries?: number
   /** grep: the most matches the model may ask for with `max_matches`. Default 1,000. */
   grepMaxMatches?: number
+  /** grep: time limit of one search in ms; past it the worker is stopped and the tool fails naming the limit. Default 30,000. */
+  grepTimeoutMs?: number
+  /** grep: longest line (UTF-16 units) matched against a regular expression. Default 10,000. */
+  grepMaxLineChars?: number
   /** shell: timeout in ms when the model gives no `timeout_ms`. Default 120,000. */
   shellTimeoutMs?: number
   /** shell: the longest `timeout_ms` the model may ask for, in ms. Default 600,000. */
@@ -3822,7 +3976,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
+  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineChars', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -3838,6 +3992,7 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
   const readLimitLines = num('readLimitLines')
   const listMaxEntries = num('listMaxEntries')
   const grepMaxMatches = num('grepMaxMatches')
+  const grepLimits = { timeoutMs: num('grepTimeoutMs'), maxLineChars: num('grepMaxLineChars') }
   const shellTimeoutMs = num('shellTimeoutMs')
   const shellMaxTimeoutMs = num('shellMaxTimeoutMs')
   if (shellTimeoutMs > shellMaxTimeoutMs) {
@@ -3853,7 +4008,7 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
   const tools = [
     readFileTool(host, readLimitLines),
     listFilesTool(host, listMaxEntries),
-    grepTool(host, Math.min(BUILTIN_TOOL_DEFAULTS.grepDefaultMatches, grepMaxMatches), grepMaxMatches),
+    grepTool(host, Math.min(BUILTIN_TOOL_DEFAULTS.grepDefaultMatches, grepMaxMatches), grepMaxMatches, grepLimits),
     writeFileTool(host),
     editFileTool(host),
   ]
@@ -4188,11 +4343,99 @@ function globToRegExp(glob: string): RegExp {
 
 function escapeRegExp(text: string): string { return text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&') }
 
-function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): Tool {
-  const { fs, path } = host
+/**
+ * The search itself, as plain JavaScript for a worker thread (docs/design.md §13): walks `real`
+ * (symlinks not followed, `skipDirs` not entered), filters files by the glob, matches each line,
+ * and posts the result. A pattern that backtracks forever blocks only the worker, which the main
+ * thread terminates at the deadline or on abort.
+ */
+const GREP_WORKER_SOURCE = `
+const { parentPort, workerData: w } = require('node:worker_threads')
+const fs = require('node:fs'), path = require('node:path')
+const regex = new RegExp(w.source, w.flags)
+const globRegex = w.glob === null ? undefined : new RegExp(w.glob)
+const skip = new Set(w.skipDirs)
+const out = { matches: [], filesSearched: 0, filesMatched: 0, skippedBinary: 0, skippedLarge: 0, longLines: 0, firstLongLine: undefined, reachedLimit: false }
+const shown = (p) => { const rel = path.relative(w.root, p); return rel === '' ? '.' : rel.split(path.sep).join('/') }
+const head = (t, n) => t.length <= n ? t : t.slice(0, n > 0 && (t.charCodeAt(n - 1) & 0xfc00) === 0xd800 ? n - 1 : n)
+function searchFile(file, size) {
+  if (size > w.maxFileBytes) { out.skippedLarge++; return }
+  let bytes
+  try { bytes = fs.readFileSync(file) } catch { return }
+  if (bytes.subarray(0, w.sniffBytes).includes(0)) { out.skippedBinary++; return }
+  out.filesSearched++
+  const text = new TextDecoder().decode(bytes)
+  const rel = shown(file)
+  let matched = false
+  for (let start = 0, lineNo = 1; start <= text.length; lineNo++) {
+    let end = text.indexOf('\\n', start)
+    if (end === -1) { if (start === text.length) break; end = text.length }
+    const line = text.charCodeAt(end - 1) === 13 ? text.slice(start, end - 1) : text.slice(start, end)
+    start = end + 1
+    if (line.length > w.maxLineChars) { out.longLines++; out.firstLongLine ??= rel + ':' + lineNo; continue }
+    if (!regex.test(line)) continue
+    const cut = head(line, w.lineChars)
+    out.matches.push(rel + ':' + lineNo + ':' + cut + (cut.length < line.length ? ' [… ' + (line.length - cut.length) + ' more characters]' : ''))
+    matched = true
+    if (out.matches.length >= w.limit) { out.reachedLimit = true; break }
+  }
+  if (matched) out.filesMatched++
+}
+function walk(dir) {
+  let dirents
+  try { dirents = fs.readdirSync(dir, { withFileTypes: true }) } catch (error) { if (dir === w.real) throw error; return }
+  dirents.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+  for (const dirent of dirents) {
+    if (out.reachedLimit) return
+    const child = path.join(dir, dirent.name)
+    if (dirent.isDirectory()) { if (!skip.has(dirent.name)) walk(child); continue }
+    if (!dirent.isFile()) continue
+    if (globRegex && !globRegex.test(w.globOnPath ? path.relative(w.real, child).split(path.sep).join('/') : dirent.name)) continue
+    let size
+    try { size = fs.statSync(child).size } catch { continue }
+    searchFile(child, size)
+  }
+}
+if (w.isDir) walk(w.real)
+else searchFile(w.real, w.size)
+parentPort.postMessage(out)
+`
+
+interface GrepWorkerResult {
+  matches: string[]; filesSearched: number; filesMatched: number; skippedBinary: number; skippedLarge: number
+  longLines: number; firstLongLine?: string; reachedLimit: boolean
+}
+
+/** Runs {@link GREP_WORKER_SOURCE}; rejects naming the limit at `timeoutMs`, and at once on abort (the worker is terminated either way). */
+async function runGrepWorker(data: Record<string, unknown>, timeoutMs: number, signal: AbortSignal): Promise<GrepWorkerResult> {
+  if (signal.aborted) throw new Error('grep: cancelled')
+  const { Worker } = await importNode<typeof import('node:worker_threads')>('node:worker_threads')
+  const worker = new Worker(GREP_WORKER_SOURCE, { eval: true, workerData: data })
+  return await new Promise<GrepWorkerResult>((resolve, reject) => {
+    let settled = false
+    const settle = (fn: () => void): void => {
+      if (settled) return
+      settled = true
+      clearTimeout(timer)
+      signal.removeEventListener('abort', onAbort)
+      void worker.terminate()
+      fn()
+    }
+    const onAbort = (): void => settle(() => reject(new Error('grep: cancelled')))
+    const timer = setTimeout(() => settle(() => reject(new Error(
+      `grep: stopped at the time limit of ${timeoutMs} ms (grepTimeoutMs); the pattern may backtrack without end (nested quantifiers such as (a+)+) or the search is too wide: simplify the pattern, use fixed_strings: true, or narrow path or glob`))), timeoutMs)
+    signal.addEventListener('abort', onAbort, { once: true })
+    worker.once('message', (result: GrepWorkerResult) => settle(() => resolve(result)))
+    worker.once('error', (error: Error) => settle(() => reject(new Error(`grep: the search failed: ${fsErrorReason(error)}`, { cause: error }))))
+    worker.once('exit', (code: number) => settle(() => reject(new Error(`grep: the search worker stopped (exit code ${code}) before it answered`))))
+  })
+}
+
+function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, limits: { timeoutMs: number; maxLineChars: number }): Tool {
+  const { fs } = host
   return {
     name: 'grep',
-    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_CHARS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB.`,
+    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_CHARS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB; a regular expression is not tried on lines over ${limits.maxLineChars} characters (they are counted; fixed_strings searches them), and a search stops after ${limits.timeoutMs} ms.`,
     parameters: {
       type: 'object',
       properties: {
@@ -4224,62 +4467,16 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
       let st
       try { st = await fs.stat(real) } catch (error) { throw fsError('grep', shown, error) }
 
-      const matches: string[] = []
-      let filesSearched = 0
-      let filesMatched = 0
-      let skippedBinary = 0
-      let skippedLarge = 0
-      let reachedLimit = false
-      const searchFile = async (file: string, size: number): Promise<void> => {
-        if (size > GREP_MAX_FILE_BYTES) { skippedLarge++; return }
-        let bytes: Uint8Array
-        try { bytes = await fs.readFile(file) } catch { return } // vanished or unreadable: not a match
-        if (hasNulByte(bytes)) { skippedBinary++; return }
-        filesSearched++
-        const text = new TextDecoder().decode(bytes)
-        const rel = shownPath(host, file)
-        let matchedHere = false
-        for (let start = 0, lineNo = 1; start <= text.length; lineNo++) {
-          let end = text.indexOf('\n', start)
-          if (end === -1) { if (start === text.length) break; end = text.length }
-          const line = text.charCodeAt(end - 1) === 13 ? text.slice(start, end - 1) : text.slice(start, end)
-          start = end + 1
-          if (!regex.test(line)) continue
-          const cut = headUnits(line, GREP_LINE_CHARS)
-          matches.push(`${rel}:${lineNo}:${cut}${cut.length < line.length ? ` [… ${line.length - cut.length} more characters]` : ''}`)
-          matchedHere = true
-          if (matches.length >= limit) { reachedLimit = true; break }
-        }
-        if (matchedHere) filesMatched++
-      }
-      const walk = async (dir: string): Promise<void> => {
-        let dirents
-        try { dirents = await fs.readdir(dir, { withFileTypes: true }) } catch (error) {
-          if (dir === real) throw fsError('grep', shown, error)
-          return
-        }
-        dirents.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
-        for (const dirent of dirents) {
-          if (reachedLimit) return
-          if (ctx.signal.aborted) throw new Error('grep: cancelled')
-          const child = path.join(dir, dirent.name)
-          if (dirent.isDirectory()) { if (!TOOL_SKIP_DIRS.has(dirent.name)) await walk(child); continue }
-          if (!dirent.isFile()) continue // symlinks are not followed (they could lead outside)
-          if (globRegex) {
-            const rel = path.relative(real, child).split(path.sep).join('/')
-            if (!globRegex.test(globOnPath ? rel : dirent.name)) continue
-          }
-          let size: number
-          try { size = (await fs.stat(child)).size } catch { continue }
-          await searchFile(child, size)
-        }
-      }
-      if (st.isDirectory()) await walk(real)
-      else await searchFile(real, st.size)
+      const { matches, filesSearched, filesMatched, skippedBinary, skippedLarge, longLines, firstLongLine, reachedLimit } = await runGrepWorker({
+        root: host.root, real, isDir: st.isDirectory(), size: st.size, source: regex.source, flags: regex.flags, fixed,
+        glob: globRegex?.source ?? null, globOnPath, limit, maxFileBytes: GREP_MAX_FILE_BYTES, maxLineChars: fixed ? Infinity : limits.maxLineChars,
+        lineChars: GREP_LINE_CHARS, skipDirs: [...TOOL_SKIP_DIRS], sniffBytes: TOOL_BINARY_SNIFF_BYTES,
+      }, limits.timeoutMs, ctx.signal)
 
       const skipped = [
         skippedBinary > 0 ? plural(skippedBinary, 'binary file') : '',
         skippedLarge > 0 ? `${plural(skippedLarge, 'file')} over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB` : '',
+        longLines > 0 ? `${plural(longLines, 'line')} over ${limits.maxLineChars} characters (first at ${firstLongLine}; search them with fixed_strings: true)` : '',
       ].filter(Boolean).join(' and ')
       const searched = `${plural(filesSearched, 'file')} searched${skipped ? `; skipped ${skipped}` : ''}`
       const what = `${fixed ? JSON.stringify(pattern) : `/${pattern}/`}${ignoreCase ? ' (ignoring case)' : ''}${glob ? ` in files matching ${glob}` : ''}`
@@ -6474,6 +6671,11 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     // A corrupt log, a file of another format, a directory or an unwritable path: say which, exit 2.
     if (err instanceof SessionError) { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
     throw err
+  }
+  const staleLock = session.store instanceof FileStore ? session.store.staleLock : undefined
+  if (staleLock) {
+    const h = staleLock
+    io.stderr(`dsh: --session ${options.session}: took over the stale lock of pid ${h.pid} on host ${h.host} (since ${new Date(h.time).toISOString()}), which is no longer running\n`)
   }
   if (session.torn) io.stderr(`dsh: the session log's last line (line ${session.torn.line}, ${session.torn.bytes} bytes) was cut short by a crash; dropped and saved to ${session.torn.savedTo}\n`)
   const cwd = p.cwd()
