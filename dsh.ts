@@ -707,12 +707,16 @@ export interface EventDataMap {
   'request/error': { code: string; status?: number; message: string; trigger?: string }
   'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
   'compaction/start': { id: string; trigger: string }
-  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage }
+  /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md §12); `focus`: the focus the summary was asked for. */
+  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
   'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number; requests?: SummaryRequestRecord[] }
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
   'recovery/retry': { generationBefore: number; generationAfter: number }
   /** A stream that broke after output (`code`, e.g. SERVER or TRANSPORT) is retried once as step `step + 1`; its partial output precedes this event as an interrupted message. */
   'step/retry': { turn: number; step: number; code: ProviderErrorCode }
+  /** A surface message pinned: never pruned, cleared or summarised (docs/design.md §12). */
+  'surface/pin': { seq: number }
+  'surface/unpin': { seq: number }
 }
 /** The event types dsh itself writes (see {@link EventDataMap}). */
 export type EventType = keyof EventDataMap
@@ -739,9 +743,10 @@ export interface SurfaceNode {
 
 /**
  * Why an append or a load failed: a malformed message or event, a bad surface op, a break of tool
- * call/result pairing, a corrupt log file (with its line), or a store that could not be read or written.
+ * call/result pairing, a corrupt log file (with its line), a store that could not be read or written,
+ * or a pin that is refused (it would not fit, or an edit would touch a pinned message).
  */
-export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'LOCKED'
+export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'PIN' | 'LOCKED'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
 export class SessionError extends Error {
@@ -775,6 +780,17 @@ export interface LoadedLog { events: SessionEvent[]; torn?: TornLine }
 export interface LogStore {
   load(): Promise<LoadedLog>
   append(events: readonly SessionEvent[]): Promise<void>
+  /**
+   * Optional streaming load: calls `onEvent` with each event in seq order (only checked for its
+   * shape and seq), and returns the torn last line if one was dropped. A store that implements
+   * `scan` and `readEvent` is *readable*: a {@link Session} on it keeps only the surface and small
+   * metadata in memory and reads old events back on demand (docs/design.md §4).
+   */
+  scan?(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }>
+  /** Reads back event `seq` (loaded or appended earlier). */
+  readEvent?(seq: number): Promise<SessionEvent>
+  /** Reads back the events with `fromSeq <= seq < toSeq`, oldest first. */
+  readEvents?(fromSeq: number, toSeq: number): AsyncIterable<SessionEvent>
   sync?(): Promise<void>
   /** Stores `text` (e.g. a spilled tool result) and returns a reference a human can follow. */
   putArtefact?(name: string, text: string): Promise<string>
@@ -821,24 +837,35 @@ export function parseLogText(text: string): { events: SessionEvent[]; torn?: Tor
   while (pos < text.length) {
     line++
     const nl = text.indexOf('\n', pos)
-    const end = nl < 0 ? text.length : nl
-    const raw = text.slice(pos, end)
-    if (raw.trim() === '') {
-      if (nl < 0) break
-      throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
-    }
-    let value: unknown
-    try { value = JSON.parse(raw) } catch {
-      // Torn: the start of an event dsh wrote ({"seq":…), cut short. Anything else is not a dsh log.
-      if (nl < 0 && raw.startsWith('{"seq":')) return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
-      throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
-    }
-    const problem = eventShapeProblem(value, events.length)
-    if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
-    events.push(value as SessionEvent)
+    const raw = text.slice(pos, nl < 0 ? text.length : nl)
+    const parsed = parseLogLine(raw, line, events.length, nl >= 0)
+    if (parsed === 'blank') break
+    if (parsed === 'torn') return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
+    events.push(parsed)
     pos = nl < 0 ? text.length : nl + 1
   }
   return { events, goodLength: text.length }
+}
+
+/**
+ * One log line (without its newline) → its event. `'torn'`: the last line, unterminated, starts
+ * like an event (`{"seq":`) but does not parse (a crash cut it; a one-line `.env` is refused); `'blank'`: trailing white space at the end of the file. Anything else
+ * that is wrong throws `SessionError('LOG_CORRUPT')` naming the 1-based `line`.
+ */
+function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent | 'torn' | 'blank' {
+  if (raw.trim() === '') {
+    if (!terminated) return 'blank'
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
+  }
+  let value: unknown
+  try { value = JSON.parse(raw) } catch {
+    // Torn: the start of an event dsh wrote ({"seq":…), cut short. Anything else is not a dsh log.
+    if (!terminated && raw.startsWith('{"seq":')) return 'torn'
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
+  }
+  const problem = eventShapeProblem(value, expectedSeq)
+  if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
+  return value as SessionEvent
 }
 
 /**
@@ -850,24 +877,35 @@ export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
   return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
 }
 
+/** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
+const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
+
 /**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
  * One writer per log (docs/design.md §13): the first write takes `FILE.lock` (see
- * {@link acquireLogLock}) and `close()` gives it back; reading takes no lock. `sync()` fsyncs. Loading drops a torn last line — its bytes are saved beside the log as
- * `FILE.torn-<time>` and the file is truncated to its last whole line — and refuses any other
- * corruption with the line number. Spilled tool results go to `FILE.artefacts/`.
+ * {@link acquireLogLock}) and `close()` gives it back; reading takes no lock.
+ * `sync()` fsyncs. Loading streams the file line by line (no whole-file string, no size ceiling),
+ * drops a torn last line — its bytes are saved beside the log as `FILE.torn-<time>` and the file is
+ * truncated to its last whole line — and refuses any other corruption with the line number.
+ * The store is *readable* (see {@link LogStore.scan}): it keeps the byte offset of every event's
+ * line (8 bytes per event) and reads events back from the file on demand, so a {@link Session} on
+ * it holds only its surface in memory. Spilled tool results go to `FILE.artefacts/`.
  */
 export class FileStore implements LogStore {
   readonly path: string
   /** The lock file, `FILE.lock`. */
   readonly lockPath: string
   private handle: any
+  private reader: any
   private needsNewline = false
   private locked = false
+  private repairOnly = false
   /** The file's size in bytes as this store last saw it (-1: absent); a first write refuses a log that changed since. */
   private seenBytes?: number
   /** The lock of a dead process this store took over, if any: for the caller to report (docs/design.md §13). */
   staleLock?: LogLockHolder
+  /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
+  private lineStarts?: number[]
   constructor(path: string) { this.path = path; this.lockPath = `${path}.lock` }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
@@ -893,36 +931,73 @@ export class FileStore implements LogStore {
     }
   }
 
+  /** Takes the lock for a torn-line repair; false when another live process holds it. */
+  private async lockForRepair(): Promise<boolean> {
+    if (this.locked) return true
+    try { await this.lock() } catch (err) {
+      if (err instanceof SessionError && err.code === 'LOCKED') return false
+      throw err
+    }
+    this.repairOnly = true
+    return true
+  }
+
   /**
-   * Reads the log. Reading takes no lock; repairing a torn last line does (for the repair only), and
-   * when another live process holds the log the torn line is reported but not repaired (it may be
-   * that process's append in flight).
+   * Reads the log (see {@link FileStore.scan}). Reading takes no lock; repairing a torn last line
+   * does (for the repair only).
    */
   async load(): Promise<LoadedLog> {
+    const events: SessionEvent[] = []
+    const { torn } = await this.scan((e) => { events.push(e) })
+    return { events, torn }
+  }
+
+  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
     const fs = await this.fs()
-    let text: string
-    try { text = await fs.readFile(this.path, 'utf8') } catch (err: any) {
-      if (err?.code === 'ENOENT') { this.seenBytes = -1; return { events: [] } }
+    let fh: any
+    try { fh = await fs.open(this.path, 'r') } catch (err: any) {
+      if (err?.code === 'ENOENT') { this.lineStarts = [0]; this.seenBytes = -1; return {} }
       throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
     }
-    const parsed = parseLogText(text)
-    this.seenBytes = new TextEncoder().encode(text).length
-    if (parsed.torn) {
-      const held = this.locked
-      try { await this.lock() } catch (err) {
-        if (err instanceof SessionError && err.code === 'LOCKED') return { events: parsed.events, torn: parsed.torn }
-        throw err
+    const starts: number[] = [0]
+    const decoder = new TextDecoder()
+    let torn: TornLine | undefined
+    let tornAt = -1
+    try {
+      const size: number = (await fh.stat()).size
+      this.seenBytes = size
+      for await (const lines of lineChunks(fh, 0, size)) {
+        for (const { bytes, at, terminated } of lines) {
+          const line = starts.length
+          const parsed = parseLogLine(decoder.decode(bytes), line, starts.length - 1, terminated)
+          if (parsed === 'blank') continue
+          if (parsed === 'torn') { torn = { line, bytes: bytes.length }; tornAt = at; continue }
+          onEvent(parsed)
+          starts.push(at + bytes.length + (terminated ? 1 : 0))
+          if (!terminated) this.needsNewline = true
+        }
       }
-      try {
-        if ((await this.sizeNow()) !== this.seenBytes) throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another process writes to it); open it again`)
-        const savedTo = `${this.path}.torn-${Date.now()}`
-        await fs.writeFile(savedTo, text.slice(parsed.goodLength))
-        this.seenBytes = new TextEncoder().encode(text.slice(0, parsed.goodLength)).length
-        await fs.truncate(this.path, this.seenBytes)
-        parsed.torn.savedTo = savedTo
-      } finally { if (!held) await this.unlock() }
-    } else if (text.length > 0 && !text.endsWith('\n')) this.needsNewline = true
-    return { events: parsed.events, torn: parsed.torn }
+      // The repair is a write: it takes the lock for its duration. A live holder's torn-looking
+      // last line may be its append in flight: reported, not repaired (and this store cannot write).
+      if (torn && !(await this.lockForRepair())) this.seenBytes = undefined // not repaired: this store must not append
+      else if (torn) {
+        try {
+          if ((await this.sizeNow()) !== size) throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another process writes to it); open it again`)
+          const savedTo = `${this.path}.torn-${Date.now()}`
+          const tail = new Uint8Array(size - tornAt)
+          await fh.read(tail, 0, tail.length, tornAt)
+          await fs.writeFile(savedTo, tail)
+          await fs.truncate(this.path, tornAt)
+          this.seenBytes = tornAt
+          torn.savedTo = savedTo
+        } finally { if (this.repairOnly) { this.repairOnly = false; await this.unlock() } }
+      }
+    } catch (err) {
+      if (err instanceof SessionError) throw err
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${(err as Error)?.message ?? err}`)
+    } finally { await fh.close() }
+    this.lineStarts = starts
+    return { torn }
   }
 
   /**
@@ -931,19 +1006,75 @@ export class FileStore implements LogStore {
    */
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
+    if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
     if (!this.locked) {
       await this.lock()
       const size = await this.sizeNow()
-      if (this.seenBytes !== undefined && size !== this.seenBytes) {
+      if (size !== this.seenBytes) {
         await this.unlock()
-        throw new SessionError('LOCKED', `session log ${this.path} changed since it was loaded (${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): another process wrote to it; open it again`)
+        throw new SessionError('LOCKED', this.seenBytes === undefined
+          ? `session log ${this.path} ends with a torn line that another process held it during; open it again`
+          : `session log ${this.path} changed since it was loaded (${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): another process wrote to it; open it again`)
       }
     }
-    if (!this.handle) this.handle = await (await this.fs()).open(this.path, 'a')
-    let text = this.needsNewline ? '\n' : ''
-    for (const e of events) text += JSON.stringify(e) + '\n'
+    const starts = this.lineStarts!
+    const encoder = new TextEncoder()
+    const parts: Uint8Array[] = []
+    let at = starts[starts.length - 1], bytes = 0
+    if (this.needsNewline) { parts.push(encoder.encode('\n')); bytes++; at++; starts[starts.length - 1] = at }
+    const added: number[] = []
+    for (const e of events) {
+      const line = encoder.encode(JSON.stringify(e) + '\n')
+      parts.push(line); bytes += line.length; at += line.length; added.push(at)
+    }
+    const buffer = new Uint8Array(bytes)
+    let pos = 0
+    for (const part of parts) { buffer.set(part, pos); pos += part.length }
+    await this.write(buffer)
+    this.seenBytes! += buffer.length
     this.needsNewline = false
-    await this.handle.write(text)
+    for (const a of added) starts.push(a)
+  }
+
+  /** Appends whole lines to the file (one call per batch; a subclass may split it, e.g. to test torn lines). */
+  protected async write(bytes: Uint8Array): Promise<void> {
+    this.handle ??= await (await this.fs()).open(this.path, 'a')
+    await this.handle.write(bytes)
+  }
+
+  async readEvent(seq: number): Promise<SessionEvent> {
+    const starts = await this.index()
+    if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1) throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
+    const bytes = new Uint8Array(starts[seq + 1] - starts[seq])
+    this.reader ??= await (await this.fs()).open(this.path, 'r')
+    await this.reader.read(bytes, 0, bytes.length, starts[seq])
+    return this.decodeEvent(bytes, seq)
+  }
+
+  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
+    const starts = await this.index()
+    const from = Math.max(0, fromSeq), to = Math.min(toSeq, starts.length - 1)
+    if (from >= to) return
+    const fh = await (await this.fs()).open(this.path, 'r')
+    try {
+      let seq = from
+      for await (const lines of lineChunks(fh, starts[from], starts[to])) {
+        for (const { bytes } of lines) yield this.decodeEvent(bytes, seq++)
+      }
+    } finally { await fh.close() }
+  }
+
+  private decodeEvent(bytes: Uint8Array, seq: number): SessionEvent {
+    let text = new TextDecoder().decode(bytes)
+    if (text.endsWith('\n')) text = text.slice(0, -1)
+    const parsed = parseLogLine(text, seq + 1, seq, true)
+    if (typeof parsed === 'string') throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: empty or cut short when read back`, seq + 1)
+    return parsed
+  }
+
+  private async index(): Promise<number[]> {
+    if (!this.lineStarts) await this.scan(() => {})
+    return this.lineStarts!
   }
 
   async sync(): Promise<void> { if (this.handle) await this.handle.sync() }
@@ -961,10 +1092,57 @@ export class FileStore implements LogStore {
 
   /** Closes the file and gives the lock back. */
   async close(): Promise<void> {
-    const h = this.handle
-    this.handle = undefined
-    try { if (h) await h.close() } finally { await this.unlock() }
+    const h = this.handle, r = this.reader
+    this.handle = undefined; this.reader = undefined
+    try {
+      if (h) await h.close()
+      if (r) await r.close()
+    } finally { await this.unlock() }
   }
+}
+
+/** One line of a log file: its bytes without the newline, its byte offset, whether a newline ended it. */
+interface LogLine { bytes: Uint8Array; at: number; terminated: boolean }
+
+/**
+ * The lines of the open file `fh` between byte offsets `start` and `end`, one array per read of
+ * {@link LOG_READ_CHUNK_BYTES} (one promise per chunk, not per line). Only a last line with no
+ * newline has `terminated: false`. A line that spans reads is joined once, not per read. The
+ * arrays' `bytes` are views of a buffer reused by the next read: decode them before asking for more.
+ */
+async function* lineChunks(fh: any, start: number, end: number): AsyncGenerator<LogLine[]> {
+  const chunk = new Uint8Array(Math.min(LOG_READ_CHUNK_BYTES, Math.max(1, end - start)))
+  let carry: Uint8Array[] = []
+  let carryAt = start
+  let pos = start
+  while (pos < end) {
+    const { bytesRead } = await fh.read(chunk, 0, Math.min(chunk.length, end - pos), pos)
+    if (bytesRead === 0) break
+    const view = chunk.subarray(0, bytesRead)
+    const lines: LogLine[] = []
+    let from = 0
+    for (let nl = view.indexOf(10); nl >= 0; nl = view.indexOf(10, from)) {
+      let bytes: Uint8Array = view.subarray(from, nl)
+      if (carry.length > 0) { carry.push(bytes); bytes = concatBytes(carry); carry = [] }
+      lines.push({ bytes, at: carryAt, terminated: true })
+      from = nl + 1
+      carryAt = pos + from
+    }
+    if (from < bytesRead) carry.push(view.slice(from))
+    pos += bytesRead
+    if (lines.length > 0) yield lines
+  }
+  if (carry.length > 0) yield [{ bytes: concatBytes(carry), at: carryAt, terminated: false }]
+}
+
+function concatBytes(parts: Uint8Array[]): Uint8Array {
+  if (parts.length === 1) return parts[0]
+  let n = 0
+  for (const p of parts) n += p.length
+  const out = new Uint8Array(n)
+  let at = 0
+  for (const p of parts) { out.set(p, at); at += p.length }
+  return out
 }
 
 /** Locks this process holds: lock path → how many FileStores share it (one process, one holder). */
@@ -1100,8 +1278,11 @@ export interface SessionOptions {
  */
 export class Session {
   readonly store: LogStore
-  /** The whole log, oldest first (treat as read-only). */
-  readonly events: SessionEvent[] = []
+  /** The whole log when the store cannot read events back (see {@link Session.events}). */
+  private retained?: SessionEvent[]
+  private nextSeq = 0
+  /** Seq of the last `session/start` or `session/resume`. */
+  private openSeq = 0
   /** The torn last line dropped when this session was loaded, if any. */
   torn?: TornLine
   private readonly now: () => number
@@ -1124,6 +1305,8 @@ export class Session {
   private turnState = { last: 0, open: false, step: 0, stepOpen: false }
   private compactionOpen?: string
   private sessionId = ''
+  /** Seqs of pinned surface nodes (docs/design.md §12), in the order they were pinned. */
+  private pins = new Set<number>()
   // The prompt-cache model (docs/design.md §11), kept as events arrive (O(1) per append, O(edit
   // span) per replace) so that it survives resume: `cacheNodes` leading surface nodes were sent by
   // the last conversation request and are unchanged since (-1: no request since the envelope or
@@ -1137,7 +1320,24 @@ export class Session {
   constructor(options: SessionOptions = {}) {
     this.store = options.store ?? new MemoryStore()
     this.now = options.now ?? Date.now
+    const s = this.store
+    if (!(typeof s.scan === 'function' && typeof s.readEvent === 'function' && typeof s.readEvents === 'function')) this.retained = []
   }
+
+  /**
+   * The whole log, oldest first (treat as read-only), for a session whose store cannot read events
+   * back (e.g. {@link MemoryStore}, which keeps everything anyway). A session on a readable store
+   * (e.g. {@link FileStore}) keeps only its surface in memory: there this throws
+   * `SessionError('STORE')`; use {@link Session.readEvent} / {@link Session.readEvents}.
+   */
+  get events(): SessionEvent[] {
+    if (!this.retained) throw new SessionError('STORE', 'this session keeps only its surface in memory (its store reads events back); use await session.readEvent(seq) or session.readEvents(fromSeq, toSeq)')
+    return this.retained
+  }
+  /** Whether this session keeps every event in memory ({@link Session.events} works). */
+  get keepsAllEvents(): boolean { return this.retained !== undefined }
+  /** Seq of the `session/start` or `session/resume` written when this session was last opened. */
+  get openedAtSeq(): number { return this.openSeq }
 
   /**
    * Opens the session in `store`: a new one (writes `session/start`) when the store is empty,
@@ -1146,7 +1346,7 @@ export class Session {
    */
   static async open(store: LogStore = new MemoryStore(), options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = await Session.load(store, options)
-    if (session.events.length === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
+    if (session.seq === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
     else session.resume()
     await session.sync()
     return session
@@ -1155,14 +1355,20 @@ export class Session {
   /** Loads the log in `store` and replays it (every invariant is re-checked), writing nothing. */
   static async load(store: LogStore, options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = new Session({ ...options, store })
-    const loaded = await store.load()
-    session.torn = loaded.torn
-    for (const e of loaded.events) {
-      if (e.seq !== session.events.length) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.events.length} was expected`, e.seq + 1)
+    const replay = (e: SessionEvent) => {
+      if (e.seq !== session.nextSeq) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.nextSeq} was expected`, e.seq + 1)
       try { session.check(e.type, e.data) } catch (err) {
         throw new SessionError('LOG_CORRUPT', `session log line ${e.seq + 1}: ${(err as Error).message}`, e.seq + 1)
       }
       session.apply(e)
+    }
+    if (session.retained) {
+      const loaded = await store.load()
+      session.torn = loaded.torn
+      for (const e of loaded.events) replay(e)
+    } else {
+      // Streamed: each line is checked and applied as it is read; only the surface stays in memory.
+      session.torn = (await store.scan!(replay)).torn
     }
     return session
   }
@@ -1170,7 +1376,7 @@ export class Session {
   /** The session id from `session/start`. */
   get id(): string { return this.sessionId }
   /** Number of events; also the seq of the next event. */
-  get seq(): number { return this.events.length }
+  get seq(): number { return this.nextSeq }
   /** Increases by exactly one on every committed replace (docs/design.md §4). */
   get replaceGeneration(): number { return this.generation }
   /** The current surface, oldest first. A live view: do not keep it across appends. */
@@ -1182,9 +1388,10 @@ export class Session {
    * Throws `SessionError('STORE')` for a seq that is not in the log.
    */
   async readEvent(seq: number): Promise<SessionEvent> {
-    const e = Number.isInteger(seq) ? this.events[seq] : undefined
-    if (!e) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.events.length - 1})`)
-    return e
+    if (!Number.isInteger(seq) || seq < 0 || seq >= this.nextSeq) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.nextSeq - 1})`)
+    if (this.retained) return this.retained[seq]
+    await this.flush() // the store reads back only what it has been given
+    return await this.store.readEvent!(seq)
   }
 
   /**
@@ -1192,7 +1399,13 @@ export class Session {
    * back like {@link Session.readEvent}. For scans such as a recall search or `dsh show`.
    */
   async *readEvents(fromSeq = 0, toSeq = this.seq): AsyncGenerator<SessionEvent> {
-    for (let seq = Math.max(0, fromSeq); seq < Math.min(toSeq, this.seq); seq++) yield this.events[seq]
+    const to = Math.min(toSeq, this.nextSeq)
+    if (this.retained) {
+      for (let seq = Math.max(0, fromSeq); seq < to; seq++) yield this.retained[seq]
+      return
+    }
+    await this.flush()
+    yield* this.store.readEvents!(Math.max(0, fromSeq), to)
   }
 
   /** The surface node put there by event `seq`, if it is still on the surface. */
@@ -1201,7 +1414,7 @@ export class Session {
   hasToolCall(callId: string): boolean { return this.calls.has(callId) }
   /** Ids of tool calls on the surface that have no result yet. */
   openToolCalls(): string[] { return [...this.openCalls] }
-  /** Whether a `tool/call` dispatch record was logged for `callId`. */
+  /** Whether a `tool/call` dispatch record was logged for `callId`, a tool call still on the surface. */
   wasDispatched(callId: string): boolean { return this.dispatched.has(callId) }
   /** The open turn's number, the last step number in it, and whether a step is open. */
   get turn(): { turn: number; open: boolean; step: number; stepOpen: boolean } {
@@ -1229,7 +1442,7 @@ export class Session {
     if (typeof type !== 'string' || type === '') throw new SessionError('INVALID_EVENT', 'event type must be a non-empty string')
     if (typeof data !== 'object' || data === null || Array.isArray(data)) throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
     this.check(type, data)
-    const event = { seq: this.events.length, type, time: this.now(), data } as SessionEvent
+    const event = { seq: this.nextSeq, type, time: this.now(), data } as SessionEvent
     this.apply(event)
     this.pending.push(event)
     for (const l of this.listeners) l(event)
@@ -1238,6 +1451,12 @@ export class Session {
 
   /** Validates an event against the current state without changing anything. */
   private check(type: string, data: any): void {
+    if (type === 'surface/pin' || type === 'surface/unpin') {
+      const seq = data.seq
+      if (!Number.isInteger(seq) || !this.bySeq.has(seq)) throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
+      if ((type === 'surface/pin') === this.pins.has(seq)) throw new SessionError('PIN', `${type}: seq ${seq} is ${this.pins.has(seq) ? 'already' : 'not'} pinned`)
+      return
+    }
     const role = SURFACE_TYPES[type]
     if (!role) return
     validateMessage(data.message, role)
@@ -1267,6 +1486,11 @@ export class Session {
       throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the current surface`)
     }
     if (first.key > last.key) throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
+    if (this.pins.size > 0) {
+      for (let i = this.indexOfKey(first.key), hi = this.indexOfKey(last.key); i <= hi; i++) {
+        if (this.pins.has(this.nodes[i].seq)) throw new SessionError('PIN', `${type}: replace ${start}..${end} would change pinned message seq ${this.nodes[i].seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
+      }
+    }
     if (newCalls.length > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
     if (role === 'tool') {
       const old = first.message
@@ -1309,10 +1533,12 @@ export class Session {
 
   /** Applies a checked event to the derived state. The same code serves live appends and replay. */
   private apply(event: SessionEvent): void {
-    this.events.push(event)
+    this.retained?.push(event)
+    this.nextSeq = event.seq + 1
     const data = event.data as any
     switch (event.type) {
-      case 'session/start': this.sessionId = data.id; break
+      case 'session/start': this.sessionId = data.id; this.openSeq = event.seq; break
+      case 'session/resume': this.openSeq = event.seq; break
       case 'request/header': {
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
@@ -1327,6 +1553,8 @@ export class Session {
       case 'step/end': this.turnState.stepOpen = false; break
       case 'tool/call': this.dispatched.add(data.callId); break
       case 'compaction/start': this.compactionOpen = data.id; break
+      case 'surface/pin': this.pins.add(data.seq); break
+      case 'surface/unpin': this.pins.delete(data.seq); break
       case 'compaction/end': {
         if (this.compactionOpen === data.id) this.compactionOpen = undefined
         if (Array.isArray(data.requests)) {
@@ -1370,7 +1598,7 @@ export class Session {
         shadowed += old.tokens
         this.bySeq.delete(old.seq)
         if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
-        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id) }
+        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id); this.dispatched.delete(c.id) }
       }
       if (message.role === 'tool') this.calls.get(message.toolCallId)!.resultSeq = event.seq
       this.nodes.splice(lo, hi - lo + 1, node)
@@ -1534,6 +1762,47 @@ export class Session {
     return node.tokens - this.bySeq.get(after.seq)!.tokens
   }
 
+  /** Whether the surface node `seq` is pinned (docs/design.md §12). */
+  isPinned(seq: number): boolean { return this.pins.has(seq) }
+  /** Seqs of the pinned surface nodes, in the order they were pinned. */
+  pinnedSeqs(): number[] { return [...this.pins] }
+  /** What the pinned messages cost, in tokens (§2 heuristic); they count against the window like any message. */
+  pinnedTokens(): number {
+    let tokens = 0
+    for (const seq of this.pins) tokens += this.bySeq.get(seq)!.tokens
+    return tokens
+  }
+
+  /**
+   * Throws `SessionError('PIN')` unless `extraTokens` more pinned tokens still fit: envelope +
+   * pinned messages + `extraTokens` must stay within `limitTokens` (default: the compaction
+   * threshold, `floor(contextWindow × 0.8)`, of the window in the last `request/header`; no limit
+   * while the window is unknown). Pins are never compacted, so they must leave the ladder room.
+   */
+  checkPinFits(extraTokens: number, what: string, limitTokens?: number): void {
+    const window = this.header?.contextWindow
+    const limit = limitTokens ?? (window === undefined ? Infinity : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
+    const pinned = this.pinnedTokens() + extraTokens
+    if (this.envelopeTokensSum + pinned <= limit) return
+    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} tokens, which with the ${this.envelopeTokensSum}-token envelope exceeds the ${limit}-token limit for pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}; pinned messages are never compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message`)
+  }
+
+  /**
+   * Pins surface node `seq` (logs `surface/pin {seq}`): from now on it is never pruned, cleared or
+   * summarised and stays verbatim in its position; region selection treats it like the current
+   * input (docs/design.md §12). Pins survive resume (they are read back from the log).
+   * @param options.limitTokens see {@link Session.checkPinFits}.
+   * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit (with the numbers).
+   */
+  pin(seq: number, options: { limitTokens?: number } = {}): void {
+    const node = this.bySeq.get(seq)
+    if (node && !this.pins.has(seq)) this.checkPinFits(node.tokens, `seq ${seq}`, options.limitTokens)
+    this.append('surface/pin', { seq })
+  }
+
+  /** Removes a pin (logs `surface/unpin {seq}`). Throws `SessionError('PIN')` when `seq` is not pinned. */
+  unpin(seq: number): void { this.append('surface/unpin', { seq }) }
+
   /**
    * Resumes a loaded session (docs/design.md §4): writes `session/resume`, closes a stale compaction
    * lock, gives every tool call without a result a synthetic error result (`TOOL_OUTCOME_UNKNOWN`
@@ -1541,7 +1810,7 @@ export class Session {
    */
   resume(): void {
     const open = [...this.openCalls]
-    this.append('session/resume', { lastSeq: this.events.length - 1, torn: this.torn, repaired: open.length })
+    this.append('session/resume', { lastSeq: this.nextSeq - 1, torn: this.torn, repaired: open.length })
     if (this.compactionOpen) this.append('compaction/end', { id: this.compactionOpen, error: 'stale: the process stopped during this compaction' })
     for (const id of open) {
       const code = this.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
@@ -1662,9 +1931,262 @@ export const SUMMARY_INSTRUCTION = [
   'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, merge it in; drop nothing from it that still matters.',
 ].join('\n')
 
-/** Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4). */
-export function frameCheckpoint(summary: string): string {
-  return `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+/**
+ * Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4): the preamble, the
+ * model's text in `<compacted-summary>`, then the facts `ledger` (when it holds anything) in
+ * `<ledger>` (docs/design.md §12).
+ */
+export function frameCheckpoint(summary: string, ledger?: Ledger): string {
+  const framed = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+  return ledger && ledgerEntries(ledger) > 0 ? `${framed}\n${renderLedger(ledger)}` : framed
+}
+
+// ── Facts ledger and fidelity figures (docs/design.md §12) ──
+// What summarisers keep worst (paths, commands, error texts, the user's own words) is carried into
+// every checkpoint by dsh itself, read from the log with no model, so it survives every compaction.
+
+/** A path in a {@link Ledger}: how many tool calls touched it, and the newest log seq that did. */
+export interface LedgerPath { path: string; count: number; seq: number }
+/** A command a tool ran: `exitCode` when its result states one; `failed` when the result was an error. */
+export interface LedgerCommand { command: string; exitCode?: number; failed: boolean; count: number; seq: number }
+/** A tool error's first line, or a user message, verbatim; `seq` is the newest log seq it came from. */
+export interface LedgerText { text: string; count: number; seq: number }
+
+/**
+ * The facts of a compacted region (docs/design.md §12), lists oldest first. Paths and commands are
+ * read from tool-call arguments by key (`path`, `file`, `file_path`, `filename`, `paths`, `files`;
+ * `command`, `cmd`, `script`), whatever the tool; a tool whose name (or one-word `command`
+ * sub-command, as in `str_replace_based_edit_tool`) says edit/patch/replace/insert edits its paths,
+ * write/create/save/append writes them, anything else reads them. A call whose result is an error
+ * touches no path (its error is listed instead).
+ */
+export interface Ledger {
+  read: LedgerPath[]
+  written: LedgerPath[]
+  edited: LedgerPath[]
+  commands: LedgerCommand[]
+  errors: LedgerText[]
+  userMessages: LedgerText[]
+  /** Entries left out (here and in merged earlier ledgers) to stay within the ledger budget. */
+  trimmed: number
+}
+
+/** The ledger budget: `min(LEDGER_MAX_TOKENS, floor(window × LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). */
+export const LEDGER_MAX_TOKENS = 2000
+/** See {@link LEDGER_MAX_TOKENS}. */
+export const LEDGER_WINDOW_RATIO = 0.05
+/** Longest tool-error line a ledger keeps, in code points (a longer one is cut and marked with `…`). */
+export const LEDGER_ERROR_LINE_CODE_POINTS = 300
+
+/** The ledger budget in tokens for a context window in tokens ({@link LEDGER_MAX_TOKENS} when unknown). */
+export function ledgerBudget(contextWindow?: number): number {
+  return contextWindow === undefined ? LEDGER_MAX_TOKENS : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
+}
+
+const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [], trimmed: 0 })
+const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length + l.errors.length + l.userMessages.length
+
+const PATH_KEY = /^(path|file|file_?path|file_?name|target_?file|notebook_?path)$/i
+const PATHS_KEY = /^(paths|files)$/i
+const COMMAND_KEY = /^(command|cmd|script)$/i
+const EDIT_WORD = /edit|patch|replace|insert|modify/i
+const WRITE_WORD = /write|create|save|append/i
+const EXIT_CODE = /\bexit(?:ed with)?(?:[ _]?(?:code|status))?[:= ]\s*(-?\d+)\b|<returncode>\s*(-?\d+)\s*<\/returncode>/i
+const ERROR_WORD = /error|fail|fatal|exception|denied|not found|no such|cannot|can't|invalid|refused|panic|traceback/i
+
+const messageText = (m: Message): string => typeof m.content === 'string' ? m.content : m.content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('\n')
+
+/** What one tool call says about files and commands, read from its arguments (see {@link Ledger}). */
+function callFacts(call: ToolCallBlock): { kind: 'read' | 'written' | 'edited'; paths: string[]; command?: string } {
+  let args: unknown
+  try { args = JSON.parse(call.arguments) } catch { args = undefined }
+  const paths: string[] = []
+  let command: string | undefined
+  if (typeof args === 'object' && args !== null && !Array.isArray(args)) {
+    for (const [key, value] of Object.entries(args)) {
+      if (PATH_KEY.test(key) && typeof value === 'string' && value !== '') paths.push(value)
+      else if (PATHS_KEY.test(key) && Array.isArray(value)) for (const v of value) { if (typeof v === 'string' && v !== '') paths.push(v) }
+      else if (COMMAND_KEY.test(key)) {
+        const text = typeof value === 'string' ? value : Array.isArray(value) && value.every((v) => typeof v === 'string') ? value.join(' ') : undefined
+        if (text && text.trim() !== '') command = text
+      }
+    }
+  }
+  // A one-word `command` beside a path is a sub-command of a file tool (view, create, str_replace), not a shell command.
+  const sub = command !== undefined && paths.length > 0 && /^\w+$/.test(command) ? command : undefined
+  if (sub !== undefined) command = undefined
+  const verb = sub ?? call.name
+  return { kind: EDIT_WORD.test(verb) ? 'edited' : WRITE_WORD.test(verb) ? 'written' : 'read', paths, command }
+}
+
+/** The first line of an error text that reads as an error (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
+function errorLine(text: string): string | undefined {
+  const lines = text.split(/\r\n|\r|\n/).map((l) => l.trim()).filter((l) => l !== '')
+  const line = lines.find((l) => ERROR_WORD.test(l)) ?? lines[0]
+  if (line === undefined) return undefined
+  const end = indexAfterCodePoints(line, LEDGER_ERROR_LINE_CODE_POINTS)
+  return end < line.length ? line.slice(0, end) + '…' : line
+}
+
+/** The original of surface node `seq`: follows single-node replaces (prune, clear, cut) back through the log. */
+async function originalEvent(session: Session, seq: number): Promise<{ seq: number; message: Message }> {
+  let event = await session.readEvent(seq)
+  for (;;) {
+    const op = (event.data as any).surfaceOp as SurfaceOp
+    if (op?.op !== 'replace' || op.start !== op.end || (event.data as any).compactionId !== undefined) break
+    const before = await session.readEvent(op.start)
+    if (before.type !== event.type) break
+    event = before
+  }
+  return { seq: event.seq, message: (event.data as any).message as Message }
+}
+
+/** The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right before it), if any. */
+async function checkpointLedger(session: Session, seq: number): Promise<Ledger | undefined> {
+  const id = ((await session.readEvent(seq)).data as any).compactionId
+  if (id === undefined || seq === 0) return undefined
+  const summary = await session.readEvent(seq - 1)
+  return summary.type === 'compaction/summary' && (summary.data as any).id === id ? (summary.data as any).ledger as Ledger | undefined : undefined
+}
+
+function addPath(list: LedgerPath[], path: string, seq: number, count = 1): void {
+  const entry = list.find((e) => e.path === path)
+  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ path, count, seq })
+}
+function addText(list: LedgerText[], text: string, seq: number, count = 1): void {
+  const entry = list.find((e) => e.text === text)
+  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ text, count, seq })
+}
+function addCommand(list: LedgerCommand[], c: Omit<LedgerCommand, 'count'> & { count?: number }): void {
+  const entry = list.find((e) => e.command === c.command && e.exitCode === c.exitCode && e.failed === c.failed)
+  if (entry) { entry.count += c.count ?? 1; entry.seq = Math.max(entry.seq, c.seq) } else list.push({ command: c.command, exitCode: c.exitCode, failed: c.failed, count: c.count ?? 1, seq: c.seq })
+}
+
+/** Merges `from` (an earlier ledger) into `into`: entries deduplicated, counts added. */
+function mergeLedger(into: Ledger, from: Ledger): void {
+  for (const k of ['read', 'written', 'edited'] as const) for (const e of from[k] ?? []) addPath(into[k], e.path, e.seq, e.count)
+  for (const e of from.commands ?? []) addCommand(into.commands, e)
+  for (const e of from.errors ?? []) addText(into.errors, e.text, e.seq, e.count)
+  for (const e of from.userMessages ?? []) addText(into.userMessages, e.text, e.seq, e.count)
+  into.trimmed += from.trimmed ?? 0
+}
+
+/**
+ * The full ledger of a region (docs/design.md §12), from the originals read back from the log (a
+ * pruned or cleared result counts as it was), with the ledgers of earlier checkpoints inside it
+ * merged in.
+ * No budget applied (see {@link trimLedger}).
+ */
+export async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Promise<Ledger> {
+  const ledger = emptyLedger()
+  const results = new Map<string, { seq: number; message: ToolResultMessage }>()
+  const originals: Array<{ seq: number; message: Message } | Ledger | undefined> = []
+  for (const n of nodes) originals.push(isCheckpoint(n) ? await checkpointLedger(session, n.seq) : await originalEvent(session, n.seq))
+  for (const o of originals) if (o && 'message' in o && o.message.role === 'tool') results.set(o.message.toolCallId, o as { seq: number; message: ToolResultMessage })
+  for (const o of originals) {
+    if (!o) continue
+    if (!('message' in o)) { mergeLedger(ledger, o); continue }
+    const m = o.message
+    if (m.role === 'user') { const text = messageText(m); if (text.trim() !== '') addText(ledger.userMessages, text, o.seq) }
+    else if (m.role === 'tool') { if (m.isError) { const line = errorLine(messageText(m)); if (line) addText(ledger.errors, line, o.seq) } }
+    else for (const call of toolCalls(m)) {
+      const result = results.get(call.id)
+      const facts = callFacts(call)
+      const failed = result?.message.isError === true
+      const seq = result?.seq ?? o.seq
+      if (!failed) for (const p of facts.paths) addPath(ledger[facts.kind], p, seq)
+      if (facts.command !== undefined) {
+        const meta = (result?.message.metadata ?? {}) as Record<string, unknown>
+        const stated = typeof meta.exitCode === 'number' ? meta.exitCode : typeof meta.exit_code === 'number' ? meta.exit_code : undefined
+        const match = stated === undefined && result ? EXIT_CODE.exec(messageText(result.message).slice(0, 500)) : null
+        const exitCode = stated ?? (match ? Number(match[1] ?? match[2]) : undefined)
+        addCommand(ledger.commands, { command: facts.command, exitCode, failed, seq })
+      }
+    }
+  }
+  return ledger
+}
+
+const LEDGER_OPEN = '<ledger>\nRecorded by dsh from the session log, verbatim (not summarised):'
+const LEDGER_CLOSE = '</ledger>'
+const LEDGER_HEADINGS = {
+  read: 'files read:', written: 'files written:', edited: 'files edited:', commands: 'commands run:',
+  errors: 'tool errors (first line):', userMessages: 'user messages (newest first):',
+} as const
+type LedgerList = keyof typeof LEDGER_HEADINGS
+const LEDGER_ORDER: readonly LedgerList[] = ['read', 'written', 'edited', 'commands', 'errors', 'userMessages']
+const trimmedLine = (n: number) => `(${n} older ledger entries left out to fit the ledger budget; the session log keeps them)`
+const times = (n: number) => (n > 1 ? ` (${n}×)` : '')
+
+/** One entry as the ledger prints it (`- ` lines; user messages between `<user-message>` tags, so multi-line text stays verbatim). */
+function ledgerLine(list: LedgerList, e: LedgerPath | LedgerCommand | LedgerText): string {
+  if (list === 'userMessages') return `<user-message>\n${(e as LedgerText).text}\n</user-message>`
+  if (list === 'errors') return `- ${(e as LedgerText).text}${times(e.count)}`
+  if (list === 'commands') {
+    const c = e as LedgerCommand
+    return `- ${c.command} → ${c.exitCode !== undefined ? `exit ${c.exitCode}` : c.failed ? 'failed' : 'ok'}${times(c.count)}`
+  }
+  return `- ${(e as LedgerPath).path}${times(e.count)}`
+}
+
+/** The `<ledger>` block of a checkpoint: lists oldest first, user messages newest first. */
+export function renderLedger(ledger: Ledger): string {
+  const lines = [LEDGER_OPEN]
+  for (const list of LEDGER_ORDER) {
+    const entries = [...(ledger[list] as Array<LedgerPath | LedgerText>)].sort((a, b) => (list === 'userMessages' ? b.seq - a.seq : a.seq - b.seq))
+    if (entries.length === 0) continue
+    lines.push(LEDGER_HEADINGS[list])
+    for (const e of entries) lines.push(ledgerLine(list, e))
+  }
+  if (ledger.trimmed > 0) lines.push(trimmedLine(ledger.trimmed))
+  lines.push(LEDGER_CLOSE)
+  return lines.join('\n')
+}
+
+/**
+ * Cuts `ledger` to `budgetTokens` (§2 text estimate of the rendered block): entries are kept newest
+ * first, across all lists, while they fit; the oldest (and any too large to fit at all) are left
+ * out and counted in `trimmed`. Entries are whole: nothing is kept half.
+ */
+export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
+  const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>).map((entry) => ({ list, entry })))
+  const budgetUnits = budgetTokens * CHARS_PER_TOKEN
+  const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
+  if (estimateTextTokens(renderLedger(ledger)) <= budgetTokens) return ledger
+  const out = emptyLedger()
+  let units = fixed
+  for (const { list, entry } of all.sort((a, b) => b.entry.seq - a.entry.seq)) {
+    const cost = ledgerLine(list, entry).length + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
+    if (units + cost > budgetUnits) { out.trimmed++; continue }
+    units += cost
+    ;(out[list] as Array<typeof entry>).push(entry)
+  }
+  for (const list of LEDGER_ORDER) (out[list] as Array<{ seq: number }>).sort((a, b) => a.seq - b.seq)
+  out.trimmed += ledger.trimmed
+  return out
+}
+
+/** How many of a region's facts of one kind appear verbatim in the checkpoint, and in the model's summary alone. */
+export interface FidelityShare { total: number; inCheckpoint: number; inSummary: number }
+/**
+ * Fidelity figures of one compaction (docs/design.md §12): of the region's paths, commands, tool
+ * error first lines and user messages (its full ledger, before the budget), how many appear verbatim
+ * in the framed checkpoint (summary + ledger), and in the model's summary alone.
+ */
+export interface Fidelity { paths: FidelityShare; commands: FidelityShare; errors: FidelityShare; userMessages: FidelityShare }
+
+/** Measures {@link Fidelity}: `ledger` is the region's full ledger, `checkpoint` the framed text, `summary` the model's text. */
+export function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): Fidelity {
+  const share = (items: readonly string[]): FidelityShare => {
+    const unique = [...new Set(items)]
+    return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length, inSummary: unique.filter((t) => summary.includes(t)).length }
+  }
+  return {
+    paths: share([...ledger.read, ...ledger.written, ...ledger.edited].map((e) => e.path)),
+    commands: share(ledger.commands.map((e) => e.command)),
+    errors: share(ledger.errors.map((e) => e.text)),
+    userMessages: share(ledger.userMessages.map((e) => e.text)),
+  }
 }
 
 /** What the ladder needs from its host (the {@link Agent} implements it). */
@@ -1681,11 +2203,27 @@ export interface CompactionHost {
   readonly pruneConfig: PruneConfig
   /** Seq of the current turn's user input, which is never summarised. */
   readonly pinnedSeq?: number
+  /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests (a non-empty string). */
+  readonly summaryInstruction?: string
+  /**
+   * Called before each summary transaction starts (the Agent runs its `compaction/before` hooks):
+   * may add a focus (joined to the one asked for) or cancel this compaction.
+   */
+  beforeCompaction?(info: CompactionInfo, signal?: AbortSignal): CompactionVerdict | void | Promise<CompactionVerdict | void>
+  /** Called after a checkpoint was committed (the Agent runs its `compaction/after` hooks). */
+  afterCompaction?(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): void | Promise<void>
   /** Reports a ladder warning (also logged as `compaction/warning`). */
   warn(message: string): void
   /** Ladder memory across calls (failed-compaction guard, one-time warnings). */
   ladderState: LadderState
 }
+
+/** A summary transaction about to start: its id, trigger, focus so far and region (seqs, tokens). */
+export interface CompactionInfo { id: string; trigger: string; focus?: string; shadowedSeqs: number[]; regionTokens: number }
+/** What a `compaction/before` hook may answer: a focus to add, or `cancel` (true or a reason). */
+export interface CompactionVerdict { focus?: string; cancel?: boolean | string }
+/** A committed checkpoint: the seq of its `user/message`, its framed text and price (tokens), the model's summary, ledger and fidelity. */
+export interface CheckpointInfo { seq: number; text: string; tokens: number; summary: string; ledger: Ledger; fidelity: Fidelity }
 
 /** Per-host memory of the ladder. */
 export interface LadderState {
@@ -1724,7 +2262,7 @@ function unseenResults(session: Session): Set<number> {
 export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean): number {
   const unseen = unseenResults(session)
   // A result over the threshold has at least that many UTF-16 units, so this filter loses none.
-  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN)).map((n) => n.seq)
+  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN) && !session.isPinned(n.seq)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
   if (includeNewest || session.measure().totalTokens >= thresholdTokens) {
@@ -1737,30 +2275,29 @@ export function pruneSurface(session: Session, config: PruneConfig, trigger: str
 export interface Region { start: number; end: number; tokens: number }
 
 /**
- * Selects the region to summarise (docs/design.md §5 "Region selection"): from the surface head (or
- * right after the pinned current-turn input when that is the head) up to a cut that keeps at least
- * `retainedTokens` of the newest history verbatim, moved toward the head until no kept tool result
- * loses its call (and no summarised call loses its result), matched by id. When the pinned input
- * lies inside, the region ends before it — unless the part before it holds less than `minTokens`
- * (tokens) that is not already a checkpoint: then the region is the current turn's older steps,
- * right after the input. Returns undefined when no safe region of at least two nodes (or one
- * non-checkpoint node) exists.
+ * Selects the region to summarise (docs/design.md §5 "Region selection"): from the surface head up to a
+ * cut that keeps at least `retainedTokens` of the newest history verbatim, moved toward the head
+ * until no kept tool result loses its call (and no summarised call loses its result), matched by id.
+ * `keep` holds the seqs that are never summarised: the current turn's input and the pinned messages
+ * (docs/design.md §12). They split the candidates into runs; the region is the first run holding at
+ * least `minTokens` (tokens) that is not already a checkpoint (so a checkpoint right after a pinned
+ * head is merged into the next), else the last run (the current turn's older steps). Returns
+ * undefined when no safe region of at least two nodes (or one non-checkpoint node) exists.
  */
-export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, pinnedSeq?: number, minTokens = 0): Region | undefined {
+export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>, minTokens = 0): Region | undefined {
   let cut = nodes.length
   let kept = 0
   while (cut > 0 && kept < retainedTokens) kept += nodes[--cut].tokens
-  const pinned = pinnedSeq === undefined ? -1 : nodes.findIndex((n) => n.seq === pinnedSeq)
-  if (pinned < 0 || pinned >= cut) return balancedRegion(nodes, 0, cut)
-  // The pinned input splits the candidates: before it (merges an earlier checkpoint), or after it
-  // (the current turn's older steps). Before wins when it holds enough that is not yet a checkpoint.
-  const before = pinned > 0 ? balancedRegion(nodes, 0, pinned) : undefined
-  if (before) {
-    let fresh = 0
-    for (let i = before.start; i < before.end; i++) if (!isCheckpoint(nodes[i])) fresh += nodes[i].tokens
-    if (fresh >= minTokens) return before
+  const keepSet = new Set(typeof keep === 'number' ? [keep] : keep ?? [])
+  const runs: Region[] = []
+  for (let i = 0, start = 0; i <= cut; i++) {
+    if (i < cut && !keepSet.has(nodes[i].seq)) continue
+    const run = i > start ? balancedRegion(nodes, start, i) : undefined
+    if (run) runs.push(run)
+    start = i + 1
   }
-  return balancedRegion(nodes, pinned + 1, cut) ?? before
+  const fresh = (r: Region) => { let t = 0; for (let i = r.start; i < r.end; i++) if (!isCheckpoint(nodes[i])) t += nodes[i].tokens; return t }
+  return runs.find((r) => fresh(r) >= minTokens) ?? runs.at(-1)
 }
 
 const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
@@ -1794,6 +2331,13 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
   let tokens = 0
   for (let i = start; i < cut; i++) tokens += nodes[i].tokens
   return { start, end: cut, tokens }
+}
+
+/** Seqs region selection keeps out of every summary: the session's pins and the current turn's input. */
+function keptOutOfSummary(host: CompactionHost): number[] {
+  const seqs = host.session.pinnedSeqs()
+  if (host.pinnedSeq !== undefined) seqs.push(host.pinnedSeq)
+  return seqs
 }
 
 /** Thrown inside a compaction transaction; logged as `compaction/end {error}`. */
@@ -1851,16 +2395,25 @@ function shrinkMessage(m: Message, tokens: number): Message {
 }
 
 /**
+ * The instruction that ends a summary request: `instruction` (default {@link SUMMARY_INSTRUCTION}),
+ * then, when a focus is given, a paragraph asking to give it the most detail.
+ */
+export function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: string): string {
+  return focus === undefined || focus.trim() === '' ? instruction
+    : `${instruction}\n\nFocus of this checkpoint, as asked for: ${focus.trim()}\nGive it the most detail; keep everything else that still matters.`
+}
+
+/**
  * Summarises `messages` with the host's summarizer. Replays the envelope (system, tools) and the
  * messages, then {@link SUMMARY_INSTRUCTION}, with header `x-dsh-purpose: compaction`. When the
  * whole does not fit the summarizer's window (by the §2 estimate), summarises in tool-balanced
  * chunks, each merged into the running summary; no request exceeds the window.
  */
-export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal): Promise<{ summary: string; usage?: Usage; requests: number }> {
+export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal, focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
   const provider = host.summarizer
   const window = provider.contextWindow ?? host.contextWindow ?? Infinity
   const envelopeTokens = estimateEnvelopeTokens(host.envelope)
-  const instruction: UserMessage = { role: 'user', content: SUMMARY_INSTRUCTION }
+  const instruction: UserMessage = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
   const fixed = envelopeTokens + estimateMessageTokens(instruction)
   const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
   const prior = (s: string): UserMessage => ({ role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` })
@@ -1930,13 +2483,17 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
 }
 
 /**
- * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → summarise → reject a
- * framed summary not strictly smaller than the region → check the surface did not change → append
- * `compaction/summary` and the replacing `user/message` with no await between → `compaction/end`.
+ * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → the host's
+ * `beforeCompaction` (may add a focus, or cancel) → summarise → frame the checkpoint with the
+ * region's facts ledger (docs/design.md §12, trimmed to {@link ledgerBudget}) → reject a framed
+ * checkpoint not strictly smaller than the region → check the surface did not change → append
+ * `compaction/summary` (with the ledger, the fidelity figures and the focus) and the replacing
+ * `user/message` with no await between → `compaction/end` → the host's `afterCompaction`.
  * Any failure writes `compaction/end {error}` and leaves the surface as it was. Returns the number of
- * summary requests made; throws the failure (a {@link CompactionError}, or the provider's error).
+ * summary requests made; throws the failure (a {@link CompactionError}, `cancelled` set when a hook
+ * cancelled; or the provider's error).
  */
-export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal): Promise<number> {
+export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal, focus?: string): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
   host = withRecordingSummarizer(host, records)
@@ -1945,21 +2502,36 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
   const generation = session.replaceGeneration
   const id = `k${session.seq}`
   const tokensBefore = session.measure().totalTokens
+  const info: CompactionInfo = { id, trigger, focus, shadowedSeqs: nodes.map((n) => n.seq), regionTokens: region.tokens }
   session.append('compaction/start', { id, trigger })
   let requests = 0
   try {
-    const result = await summarise(host, nodes.map((n) => n.message), signal)
+    const verdict = await host.beforeCompaction?.(info, signal)
+    if (verdict?.cancel) throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
+    if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}` : verdict.focus.trim()
+    const fullLedger = await regionLedger(session, nodes)
+    const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
-    const checkpoint: UserMessage = { role: 'user', content: frameCheckpoint(result.summary) }
+    const ledger = trimLedger(fullLedger, ledgerBudget(host.contextWindow))
+    const text = frameCheckpoint(result.summary, ledger)
+    const checkpoint: UserMessage = { role: 'user', content: text }
     const checkpointTokens = estimateMessageTokens(checkpoint)
-    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace`)
+    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace (the checkpoint counts its summary and its ledger)`)
     if (session.replaceGeneration !== generation || !session.node(first) || !session.node(last)) throw new CompactionError('the surface changed during compaction')
-    session.append('compaction/summary', { id, summary: result.summary, shadowedSeqs: nodes.map((n) => n.seq), shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage })
-    session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id })
+    const fidelity = measureFidelity(fullLedger, text, result.summary)
+    session.append('compaction/summary', {
+      id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage,
+      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}),
+    })
+    const seq = session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
     session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens, requests: records })
+    try { await host.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
+      host.warn(`a compaction/after hook failed: ${(err as Error)?.message ?? err}`)
+    }
     return requests
   } catch (err) {
+    if (session.openCompaction !== id) throw err // committed: only the after hook can get here, and it is caught
     const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
     session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err), requests: records })
     throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
@@ -1975,7 +2547,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
  * current input with no retained tail, once. `'manual'` (e.g. `/compact`): like pressure, without the
  * threshold check. Never throws for ladder failures; rethrows only cancellation.
  */
-export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' | 'context-overflow' | 'manual', signal?: AbortSignal): Promise<CompactionOutcome> {
+export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' | 'context-overflow' | 'manual', signal?: AbortSignal, options: { focus?: string } = {}): Promise<CompactionOutcome> {
   const { session, compaction: cfg } = host
   const window = host.contextWindow
   const m0 = session.measure()
@@ -2004,9 +2576,9 @@ export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' 
 
   if (trigger === 'context-overflow') {
     outcome.prunedTokens = pruneSurface(session, host.pruneConfig, trigger, 0, true)
-    const region = selectRegion(session.surface(), 0, host.pinnedSeq)
+    const region = selectRegion(session.surface(), 0, keptOutOfSummary(host))
     if (region) {
-      try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal) } catch (err) {
+      try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal, options.focus) } catch (err) {
         outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
         if (signal?.aborted) throw err
         host.warn(`overflow compaction failed: ${(err as Error).message}`)
@@ -2026,12 +2598,13 @@ export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' 
   const minSaving = Math.ceil(m0.totalTokens * cfg.minSavingsRatio)
   let lastError = ''
   for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
-    const region = selectRegion(session.surface(), retained, host.pinnedSeq, minSaving)
+    const region = selectRegion(session.surface(), retained, keptOutOfSummary(host), minSaving)
     if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or touching the current input'; break }
-    try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal) } catch (err) {
+    try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal, options.focus) } catch (err) {
       outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
       if (signal?.aborted) throw err
       lastError = (err as Error).message
+      if ((err as any)?.cancelled) break // a hook said no: asking again would only repeat the question
       continue
     }
     if (trigger === 'manual' || session.measure().totalTokens < threshold) break
@@ -3483,8 +4056,13 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
 // 7. Loop
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** Hook names, in the order they run in a step (docs/design.md §7). */
-export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step'
+/**
+ * Hook names: the step hooks in the order they run in a step (docs/design.md §7), and the compaction
+ * hooks around each summary transaction (docs/design.md §12): `compaction/before` may return
+ * `{focus}` (added to the summary instruction) or `{cancel: true | reason}`; `compaction/after`
+ * sees the committed checkpoint.
+ */
+export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step' | 'compaction/before' | 'compaction/after'
 
 /** What a hook receives. `request` only for `agent/request` (mutable); `error` only for `agent/request-error`. */
 export interface HookContext {
@@ -3496,10 +4074,16 @@ export interface HookContext {
   signal: AbortSignal
   request?: ChatRequest
   error?: ProviderError
+  /** `compaction/before` and `compaction/after`: the summary transaction. */
+  compaction?: CompactionInfo
+  /** `compaction/after` only: the committed checkpoint. */
+  checkpoint?: CheckpointInfo
 }
 
+/** What a hook may return: `retry` (`agent/request-error`), `focus` and `cancel` (`compaction/before`). */
+export interface HookResult { retry?: boolean; focus?: string; cancel?: boolean | string }
 /** A hook. An `agent/request-error` hook returns `{retry: true}` to have the step retried. */
-export type Hook = (ctx: HookContext) => void | { retry?: boolean } | Promise<void | { retry?: boolean }>
+export type Hook = (ctx: HookContext) => void | HookResult | Promise<void | HookResult>
 
 /** Everything a UI can follow: every log event, every streamed delta, every warning. */
 export type AgentEvent =
@@ -3513,6 +4097,13 @@ export interface AgentOptions {
   provider: Provider
   tools?: readonly Tool[]
   system?: string
+  /**
+   * Project instructions (e.g. the text of AGENTS.md), part of the envelope: appended to `system`
+   * in every request, which compaction never touches (docs/design.md §12).
+   */
+  instructions?: string
+  /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests; a non-empty string. */
+  summaryInstruction?: string
   /** Overrides the provider's context window (tokens). */
   contextWindow?: number
   /** Completion budget per step, tokens (default: the provider's); clamped to the room left. */
@@ -3599,6 +4190,8 @@ export class Agent implements CompactionHost {
   readonly pruneConfig: PruneConfig
   readonly maxSteps: number
   readonly system?: string
+  readonly instructions?: string
+  readonly summaryInstruction?: string
   ladderState: LadderState = {}
   pinnedSeq?: number
   private readonly window?: number
@@ -3624,6 +4217,12 @@ export class Agent implements CompactionHost {
       names.add(t.name)
     }
     this.system = options.system
+    if (options.instructions !== undefined && typeof options.instructions !== 'string') throw new TypeError(`instructions must be a string (e.g. the text of AGENTS.md), got ${typeof options.instructions}`)
+    this.instructions = options.instructions?.trim() ? options.instructions : undefined
+    if (options.summaryInstruction !== undefined && (typeof options.summaryInstruction !== 'string' || options.summaryInstruction.trim() === '')) {
+      throw new TypeError(`summaryInstruction must be a non-empty string, got ${JSON.stringify(options.summaryInstruction)}; leave it out to use SUMMARY_INSTRUCTION`)
+    }
+    this.summaryInstruction = options.summaryInstruction
     this.window = options.contextWindow ?? options.provider.contextWindow
     if (this.window !== undefined && !(Number.isInteger(this.window) && this.window > 0)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
     this.maxTokens = options.maxTokens ?? options.provider.maxTokens
@@ -3647,10 +4246,11 @@ export class Agent implements CompactionHost {
   get contextWindow(): number | undefined { return this.window }
   /** The conversation model's name. */
   get modelName(): string { return this.provider.model }
-  /** The request envelope: system prompt and tool specs. */
+  /** The request envelope: system prompt (then the project instructions) and tool specs. */
   get envelope(): Envelope {
     // One object per agent: the adapter serialises its tools once (docs/design.md §11 byte stability).
-    this.envelopeMemo ??= { system: this.system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
+    const system = this.instructions === undefined ? this.system : this.system ? `${this.system}\n\n${this.instructions}` : this.instructions
+    this.envelopeMemo ??= { system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
     return this.envelopeMemo
   }
 
@@ -3669,12 +4269,35 @@ export class Agent implements CompactionHost {
   warn(message: string): void { this.onEvent?.({ type: 'warning', message }) }
 
   private async runHooks(name: HookName, ctx: HookContext): Promise<boolean> {
-    let retry = false
+    return (await this.collectHooks(name, ctx)).retry === true
+  }
+
+  /** Runs the hooks of `name` in order; `retry` and `cancel` if any asked, focuses joined with "; ". */
+  private async collectHooks(name: HookName, ctx: HookContext): Promise<HookResult> {
+    const out: HookResult = {}
     for (const hook of this.hooks.get(name) ?? []) {
       const r = await hook(ctx)
-      if (r && r.retry) retry = true
+      if (!r) continue
+      if (r.retry) out.retry = true
+      if (r.cancel) out.cancel = r.cancel
+      if (typeof r.focus === 'string' && r.focus.trim()) out.focus = out.focus ? `${out.focus}; ${r.focus.trim()}` : r.focus.trim()
     }
-    return retry
+    return out
+  }
+
+  private hookContext(signal: AbortSignal | undefined, extra: Partial<HookContext>): HookContext {
+    const t = this.session.turn
+    return { agent: this, turn: t.turn, step: t.step, signal: signal ?? new AbortController().signal, ...extra }
+  }
+
+  /** {@link CompactionHost.beforeCompaction}: runs the `compaction/before` hooks. */
+  async beforeCompaction(info: CompactionInfo, signal?: AbortSignal): Promise<CompactionVerdict> {
+    return this.collectHooks('compaction/before', this.hookContext(signal, { compaction: info }))
+  }
+
+  /** {@link CompactionHost.afterCompaction}: runs the `compaction/after` hooks. */
+  async afterCompaction(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): Promise<void> {
+    await this.collectHooks('compaction/after', this.hookContext(signal, { compaction: info, checkpoint }))
   }
 
   /** Runs `fn`; a failure caused by cancellation becomes `undefined` (the caller ends the turn). */
@@ -3692,12 +4315,36 @@ export class Agent implements CompactionHost {
   }
 
   /**
+   * The most pinned tokens (envelope included) this agent accepts: its compaction threshold,
+   * `floor(window × thresholdRatio)` (no limit while the window is unknown).
+   */
+  get pinLimitTokens(): number | undefined {
+    return this.window === undefined ? undefined : Math.floor(this.window * this.compaction.thresholdRatio)
+  }
+
+  /**
+   * Pins surface message `seq` (see {@link Session.pin}) within {@link Agent.pinLimitTokens}.
+   * @throws SessionError `PIN` with the numbers when it would not fit, or `seq` is not on the surface.
+   */
+  pin(seq: number): void {
+    this.writeHeader() // the envelope the limit is checked with
+    this.session.pin(seq, { limitTokens: this.pinLimitTokens })
+  }
+
+  /**
    * Runs one turn. Resolves with how it ended (an abort resolves with reason `aborted`); rejects
    * with the provider's original {@link ProviderError} when a step fails and the ladder cannot
-   * recover, or with a {@link SessionError} if the store fails.
+   * recover, or with a {@link SessionError} if the store fails. `pin: true` pins the input (see
+   * {@link Agent.pin}); a pin that would not fit is refused (`SessionError('PIN')`) before anything is logged.
    */
-  async run(input: string | UserMessage, options: { signal?: AbortSignal } = {}): Promise<TurnResult> {
+  async run(input: string | UserMessage, options: { signal?: AbortSignal; pin?: boolean } = {}): Promise<TurnResult> {
     if (this.running) throw new Error('a turn is already running on this agent; wait for it or use steer(text)')
+    const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
+    if (options.pin) {
+      validateMessage(message, 'user')
+      this.writeHeader()
+      this.session.checkPinFits(estimateMessageTokens(message), 'the input', this.pinLimitTokens)
+    }
     this.running = true
     const signal = options.signal ?? new AbortController().signal
     const session = this.session
@@ -3713,8 +4360,8 @@ export class Agent implements CompactionHost {
     let ended = false
     try {
       session.append('turn/start', { turn })
-      const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
       this.pinnedSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
+      if (options.pin) session.pin(this.pinnedSeq, { limitTokens: this.pinLimitTokens })
       this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
       await session.flush() // the input is written at once and fsynced with the first step's boundary
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
@@ -3852,6 +4499,15 @@ export class Agent implements CompactionHost {
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
   compact(signal?: AbortSignal): Promise<CompactionOutcome> { return compactIfNeeded(this, 'manual', signal) }
+
+  /**
+   * Runs the ladder now with trigger `manual`; `focus` (e.g. "the parser bug") is passed into the
+   * summary instruction (the CLI's `/compact FOCUS`). Throws TypeError for a focus that is not a string.
+   */
+  compactNow(options: { focus?: string; signal?: AbortSignal } = {}): Promise<CompactionOutcome> {
+    if (options.focus !== undefined && typeof options.focus !== 'string') throw new TypeError(`focus must be a string, got ${typeof options.focus}`)
+    return compactIfNeeded(this, 'manual', options.signal, { focus: options.focus })
+  }
 }
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
@@ -3889,6 +4545,8 @@ export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
   /** grep: lines longer than this (UTF-16 units) are not matched against a regular expression
    *  (a quadratic pattern on a minified line never ends); they are counted, and fixed_strings searches them. */
   grepMaxLineChars: 10_000,
+  /** write_file and edit_file: the largest file they write, and the largest file edit_file reads, in bytes. */
+  maxWriteBytes: 16 * 1024 * 1024,
   /** shell: timeout of a command when the model gives no `timeout_ms`, in ms. */
   shellTimeoutMs: 120_000,
   /** shell: the longest `timeout_ms` the model may ask for, in ms. */
@@ -3934,6 +4592,11 @@ export interface BuiltinToolsOptions {
   /** shell: the environment commands start from. Default: this process's environment. Either way
    *  it is scrubbed by {@link shellEnvironment} with `shellEnvKeep` and `shellEnvDrop`. */
   shellEnv?: Record<string, string | undefined>
+  /** write_file and edit_file: the largest file they write (and edit_file reads), in bytes. Default 16 MiB. */
+  maxWriteBytes?: number
+  /** The session log's path (the CLI's `--session`): the write tools refuse it, its lock file, its
+   *  artefacts and its torn-line copies (every `FILE.*`), wherever it lies. */
+  sessionLog?: string
   /** shell: names of variables kept although they look secret (`--shell-env NAME`). */
   shellEnvKeep?: readonly string[]
   /** shell: names of variables always dropped, e.g. the API key variables; a variable holding the
@@ -3949,6 +4612,9 @@ interface ToolHost {
   /** realpath of the working directory. */
   root: string
   maxOutputChars: number
+  maxWriteBytes: number
+  /** Real paths the write tools refuse, with everything named `P.*` beside them (the session log). */
+  protectedPaths: string[]
 }
 
 /**
@@ -3976,7 +4642,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineChars', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
+  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineChars', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop', 'maxWriteBytes', 'sessionLog']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -4004,7 +4670,9 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     throw new Error(`builtinTools: working directory ${options.cwd} is not usable (${fsErrorReason(error)})`, { cause: error })
   }
   if (!(await fs.stat(root)).isDirectory()) throw new Error(`builtinTools: working directory ${options.cwd} is not a directory`)
-  const host: ToolHost = { fs, path, root, maxOutputChars }
+  if (options.sessionLog !== undefined && (typeof options.sessionLog !== 'string' || options.sessionLog === '')) throw new TypeError('builtinTools: options.sessionLog must be a file path')
+  const host: ToolHost = { fs, path, root, maxOutputChars, maxWriteBytes: num('maxWriteBytes'), protectedPaths: [] }
+  if (options.sessionLog !== undefined) host.protectedPaths.push(await realpathLenient(host, path.resolve(root, options.sessionLog)))
   const tools = [
     readFileTool(host, readLimitLines),
     listFilesTool(host, listMaxEntries),
@@ -4083,22 +4751,47 @@ function fsError(tool: string, shown: string, error: unknown, hint = ''): Error 
   return new Error(`${tool}: cannot use ${shown}: ${fsErrorReason(error)}${fix}`, { cause: error })
 }
 
-/** realpath that also works for paths that do not exist yet: the missing tail is re-appended to
- *  the realpath of the longest existing prefix, and a dangling symlink is followed by hand (so that
- *  writing through it cannot land outside the working directory). */
-async function realpathLenient(host: ToolHost, target: string, hops = 0): Promise<string> {
+/** Longest path argument accepted, in UTF-16 units (Linux PATH_MAX is 4,096 bytes). */
+const TOOL_MAX_PATH_UNITS = 4096
+/** Symlinks followed while resolving one path before it counts as a loop (as Linux's 40). */
+const TOOL_MAX_SYMLINK_HOPS = 40
+
+/**
+ * realpath that also works for paths that do not exist yet (a new file's path is checked too): one `realpath` when the path exists; otherwise a walk from the file-system root, one
+ * `lstat` per component, following symlinks by hand (also dangling ones, so that writing through
+ * one cannot land outside) and keeping the missing tail as written. Cost linear in the number of
+ * components (plus the links followed, at most {@link TOOL_MAX_SYMLINK_HOPS}); checks `signal`
+ * between steps.
+ */
+async function realpathLenient(host: ToolHost, target: string, signal?: AbortSignal): Promise<string> {
   const { fs, path } = host
   try { return await fs.realpath(target) } catch (error) {
     const code = (error as { code?: unknown }).code
     if (code !== 'ENOENT' && code !== 'ENOTDIR') throw error
   }
-  const parent = path.dirname(target)
-  if (parent === target) return target
-  const candidate = path.join(await realpathLenient(host, parent, hops), path.basename(target))
-  let link: string
-  try { link = await fs.readlink(candidate) } catch { return candidate }
-  if (hops >= 40) throw Object.assign(new Error(`too many symbolic links at ${candidate}`), { code: 'ELOOP' })
-  return realpathLenient(host, path.resolve(path.dirname(candidate), link), hops + 1)
+  const { root } = path.parse(target)
+  const rest = target.slice(root.length).split(path.sep).filter((c) => c !== '' && c !== '.')
+  let real = root
+  let hops = 0
+  while (rest.length > 0) {
+    if (signal?.aborted) throw Object.assign(new Error('cancelled'), { code: 'ABORT_ERR' })
+    const part = rest.shift()!
+    if (part === '..') { real = path.dirname(real); continue }
+    const next = path.join(real, part)
+    let st
+    try { st = await fs.lstat(next) } catch (error) {
+      const code = (error as { code?: unknown }).code
+      if (code === 'ENOENT' || code === 'ENOTDIR') return path.resolve(next, ...rest) // missing from here on: the rest as written
+      throw error
+    }
+    if (!st.isSymbolicLink()) { real = next; continue }
+    if (++hops > TOOL_MAX_SYMLINK_HOPS) throw Object.assign(new Error(`too many symbolic links at ${next}`), { code: 'ELOOP' })
+    const link = await fs.readlink(next)
+    const linkRoot = path.parse(link).root
+    if (linkRoot !== '') real = linkRoot
+    rest.unshift(...link.slice(linkRoot.length).split(path.sep).filter((c) => c !== '' && c !== '.'))
+  }
+  return real
 }
 
 function isInside(path: NodePath, root: string, target: string): boolean {
@@ -4113,19 +4806,114 @@ function shownPath(host: ToolHost, real: string): string {
 }
 
 /** Resolves a path argument and refuses it when it leaves the working directory. */
-async function confine(host: ToolHost, tool: string, input: string): Promise<{ real: string; shown: string }> {
+async function confine(host: ToolHost, tool: string, input: string, signal?: AbortSignal): Promise<{ real: string; shown: string }> {
   const { path, root } = host
   if (input === '') throw new Error(`${tool}: "path" is empty; give a path relative to the working directory, e.g. "."`)
   if (input.includes('\0')) throw new Error(`${tool}: "path" contains a NUL character`)
+  if (input.length > TOOL_MAX_PATH_UNITS) throw new Error(`${tool}: "path" is ${input.length} characters long; the limit is ${TOOL_MAX_PATH_UNITS}`)
   const lexical = path.resolve(root, input)
   let real: string
-  try { real = await realpathLenient(host, lexical) } catch (error) { throw fsError(tool, JSON.stringify(input), error) }
+  try { real = await realpathLenient(host, lexical, signal) } catch (error) {
+    if (signal?.aborted) throw new Error(`${tool}: cancelled`)
+    throw fsError(tool, JSON.stringify(input), error)
+  }
   if (!isInside(path, root, real)) {
     const how = isInside(path, root, lexical) ? 'through a symlink to' : 'to'
     throw new Error(`${tool}: ${JSON.stringify(input)} is outside the working directory ${root} ` +
       `(it resolves ${how} ${real}); these tools can only reach files inside the working directory, so use a path inside it`)
   }
   return { real, shown: shownPath(host, real) }
+}
+
+// ── opening without a check-then-use gap (docs/design.md §13) ──
+
+/** The path the kernel gives for an open handle (Linux /proc/self/fd), or undefined where there is none. */
+async function handlePath(host: ToolHost, handle: { fd: number }): Promise<string | undefined> {
+  try { return await host.fs.readlink(`/proc/self/fd/${handle.fd}`) } catch { return undefined }
+}
+
+/**
+ * Opens `real` for reading without following a symlink at its end (O_NOFOLLOW) and without
+ * blocking on a FIFO (O_NONBLOCK), then checks the handle: a regular file, and — where the kernel
+ * tells (Linux) — at `real` itself, so a directory swapped for a symlink after {@link confine}
+ * is caught. The caller closes the handle.
+ */
+async function openVerified(host: ToolHost, tool: string, real: string, shown: string, missingHint = ''): Promise<{ handle: import('node:fs/promises').FileHandle; size: number; nlink: number }> {
+  const { O_RDONLY, O_NOFOLLOW = 0, O_NONBLOCK = 0 } = host.fs.constants
+  let handle: import('node:fs/promises').FileHandle
+  try { handle = await host.fs.open(real, O_RDONLY | O_NOFOLLOW | O_NONBLOCK) } catch (error) {
+    const code = (error as { code?: unknown }).code
+    if (code === 'ELOOP') throw new Error(`${tool}: ${shown} became a symbolic link after it was checked; not opened`)
+    throw fsError(tool, shown, error, code === 'ENOENT' ? missingHint : '')
+  }
+  try {
+    const st = await handle.stat()
+    if (st.isDirectory()) throw new Error(`${tool}: ${shown} is a directory; use list_files to see what is in it`)
+    if (!st.isFile()) throw new Error(`${tool}: ${shown} is not a regular file (a FIFO, socket or device); these tools read and write regular files only`)
+    const opened = await handlePath(host, handle)
+    if (opened !== undefined && opened !== real) throw new Error(`${tool}: ${shown} resolved to ${opened} when opened, not ${real} (a path changed after it was checked); not used`)
+    return { handle, size: st.size, nlink: st.nlink }
+  } catch (error) { await handle.close(); throw error }
+}
+
+/**
+ * Refuses a write the tools must never make (docs/design.md §13): into `.git` (any component, any
+ * case: hooks and config run commands), to the session log or anything beside it named `LOG.*`
+ * (lock, artefacts, torn lines), to a file with more than one hard link (its other names may lie
+ * outside), or to anything but a regular file.
+ */
+async function refuseWrite(host: ToolHost, tool: string, real: string, shown: string): Promise<{ mode?: number; bytes?: number }> {
+  const { path } = host
+  if (path.relative(host.root, real).split(path.sep).some((c) => c.toLowerCase() === '.git')) {
+    throw new Error(`${tool}: ${shown} is inside .git; the tools never write git's own files (its config and hooks can run commands); change the working tree instead`)
+  }
+  for (const p of host.protectedPaths) {
+    if (real === p || real.startsWith(p + '.')) throw new Error(`${tool}: ${shown} is the session log or one of its files (${shownPath(host, p)}.*); the tools never write the log of the session they run in`)
+  }
+  let st
+  try { st = await host.fs.lstat(real) } catch (error) {
+    if ((error as { code?: unknown }).code === 'ENOENT') return {}
+    throw fsError(tool, shown, error)
+  }
+  if (st.isDirectory()) throw new Error(`${tool}: ${shown} is a directory; give a file path`)
+  if (st.isSymbolicLink()) throw new Error(`${tool}: ${shown} became a symbolic link after it was checked; not written`)
+  if (!st.isFile()) throw new Error(`${tool}: ${shown} is not a regular file (a FIFO, socket or device); these tools write regular files only`)
+  if (st.nlink > 1) throw new Error(`${tool}: ${shown} has ${st.nlink} hard links; writing it would change its other names too, which may lie outside the working directory; not written`)
+  return { mode: st.mode & 0o7777, bytes: st.size }
+}
+
+/**
+ * Writes `content` to `real` as a new file beside it (created exclusively, so no symlink is
+ * followed; its directory checked through the open handle, Linux), then renamed over `real`: the
+ * write lands whole or not at all, and never outside. A directory swapped for a symlink in between
+ * can make the empty temp file appear outside for a moment; it is found through its handle and
+ * removed. Keeps the old file's mode.
+ */
+async function writeReplacing(host: ToolHost, tool: string, real: string, shown: string, content: string, mode: number | undefined): Promise<void> {
+  const { fs, path } = host
+  const dir = path.dirname(real)
+  try { await fs.mkdir(dir, { recursive: true }) } catch (error) { throw fsError(tool, shown, error) }
+  const temp = path.join(dir, `.${path.basename(real)}.dsh-${randomId()}.tmp`)
+  let handle
+  try { handle = await fs.open(temp, 'wx', mode ?? 0o666) } catch (error) { throw fsError(tool, shown, error) }
+  let renamed = false
+  let tempReal = temp // where the temp file really is: its cleanup must not follow a swapped path
+  try {
+    const opened = await handlePath(host, handle)
+    if (opened !== undefined) tempReal = opened
+    if (opened !== undefined && path.dirname(opened) !== dir) throw new Error(`${tool}: the directory of ${shown} resolved to ${path.dirname(opened)} when written, not ${dir} (a path changed after it was checked); not written`)
+    await handle.writeFile(content, 'utf8')
+    if (mode !== undefined) await handle.chmod(mode)
+    await handle.close()
+    handle = undefined
+    await fs.rename(temp, real)
+    renamed = true
+  } catch (error) {
+    throw error instanceof Error && error.message.startsWith(`${tool}:`) ? error : fsError(tool, shown, error)
+  } finally {
+    await handle?.close().catch(() => {})
+    if (!renamed) await fs.unlink(tempReal).catch(() => {})
+  }
 }
 
 // ── output caps ──
@@ -4178,14 +4966,9 @@ function readFileTool(host: ToolHost, defaultLines: number): Tool {
       const args = toolArgs('read_file', rawArgs, ['path', 'offset', 'limit'])
       const offset = argInt('read_file', args, 'offset', 1, 1, Number.MAX_SAFE_INTEGER, 'a 1-based line number')
       const limit = argInt('read_file', args, 'limit', defaultLines, 1, Number.MAX_SAFE_INTEGER, 'lines')
-      const { real, shown } = await confine(host, 'read_file', argString('read_file', args, 'path'))
-      let st
-      try { st = await host.fs.stat(real) } catch (error) { throw fsError('read_file', shown, error) }
-      if (st.isDirectory()) throw new Error(`read_file: ${shown} is a directory; use list_files to see what is in it`)
-      if (!st.isFile()) throw new Error(`read_file: ${shown} is not a regular file`)
-      const size = st.size
-      if (size === 0) return `(${shown} is empty: 0 bytes)`
-      const handle = await host.fs.open(real, 'r').catch((error: unknown) => { throw fsError('read_file', shown, error) })
+      const { real, shown } = await confine(host, 'read_file', argString('read_file', args, 'path'), ctx.signal)
+      const { handle, size } = await openVerified(host, 'read_file', real, shown)
+      if (size === 0) { await handle.close(); return `(${shown} is empty: 0 bytes)` }
       // Streamed in chunks: reading lines 1-100 of a 1 GB log must not load the whole file.
       const lines: string[] = []
       let used = 0 // UTF-16 units in lines.join('\n')
@@ -4269,7 +5052,7 @@ function listFilesTool(host: ToolHost, maxEntries: number): Tool {
     async execute(rawArgs, ctx) {
       const args = toolArgs('list_files', rawArgs, ['path', 'recursive'])
       const recursive = argBool('list_files', args, 'recursive')
-      const { real, shown } = await confine(host, 'list_files', argString('list_files', args, 'path', '.'))
+      const { real, shown } = await confine(host, 'list_files', argString('list_files', args, 'path', '.'), ctx.signal)
       let st
       try { st = await fs.stat(real) } catch (error) { throw fsError('list_files', shown, error) }
       if (!st.isDirectory()) throw new Error(`list_files: ${shown} is a file, not a directory; use read_file to read it`)
@@ -4358,10 +5141,25 @@ const skip = new Set(w.skipDirs)
 const out = { matches: [], filesSearched: 0, filesMatched: 0, skippedBinary: 0, skippedLarge: 0, longLines: 0, firstLongLine: undefined, reachedLimit: false }
 const shown = (p) => { const rel = path.relative(w.root, p); return rel === '' ? '.' : rel.split(path.sep).join('/') }
 const head = (t, n) => t.length <= n ? t : t.slice(0, n > 0 && (t.charCodeAt(n - 1) & 0xfc00) === 0xd800 ? n - 1 : n)
-function searchFile(file, size) {
-  if (size > w.maxFileBytes) { out.skippedLarge++; return }
-  let bytes
-  try { bytes = fs.readFileSync(file) } catch { return }
+const { O_RDONLY, O_NOFOLLOW = 0, O_NONBLOCK = 0 } = fs.constants
+/** The file's bytes, opened without following a symlink or blocking on a FIFO, and only if the
+ *  handle is a regular file at this very path (Linux tells through /proc/self/fd). */
+function readChecked(file) {
+  let fd
+  try { fd = fs.openSync(file, O_RDONLY | O_NOFOLLOW | O_NONBLOCK) } catch { return undefined }
+  try {
+    const st = fs.fstatSync(fd)
+    if (!st.isFile()) return undefined
+    let opened
+    try { opened = fs.readlinkSync('/proc/self/fd/' + fd) } catch { opened = undefined }
+    if (opened !== undefined && opened !== file) return undefined
+    if (st.size > w.maxFileBytes) { out.skippedLarge++; return undefined }
+    return fs.readFileSync(fd)
+  } catch { return undefined } finally { fs.closeSync(fd) }
+}
+function searchFile(file) {
+  const bytes = readChecked(file)
+  if (bytes === undefined) return
   if (bytes.subarray(0, w.sniffBytes).includes(0)) { out.skippedBinary++; return }
   out.filesSearched++
   const text = new TextDecoder().decode(bytes)
@@ -4391,13 +5189,11 @@ function walk(dir) {
     if (dirent.isDirectory()) { if (!skip.has(dirent.name)) walk(child); continue }
     if (!dirent.isFile()) continue
     if (globRegex && !globRegex.test(w.globOnPath ? path.relative(w.real, child).split(path.sep).join('/') : dirent.name)) continue
-    let size
-    try { size = fs.statSync(child).size } catch { continue }
-    searchFile(child, size)
+    searchFile(child)
   }
 }
 if (w.isDir) walk(w.real)
-else searchFile(w.real, w.size)
+else searchFile(w.real)
 parentPort.postMessage(out)
 `
 
@@ -4463,12 +5259,12 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, li
       }
       const globRegex = glob === undefined || glob === '' ? undefined : globToRegExp(glob)
       const globOnPath = glob !== undefined && glob.includes('/')
-      const { real, shown } = await confine(host, 'grep', argString('grep', args, 'path', '.'))
+      const { real, shown } = await confine(host, 'grep', argString('grep', args, 'path', '.'), ctx.signal)
       let st
       try { st = await fs.stat(real) } catch (error) { throw fsError('grep', shown, error) }
 
       const { matches, filesSearched, filesMatched, skippedBinary, skippedLarge, longLines, firstLongLine, reachedLimit } = await runGrepWorker({
-        root: host.root, real, isDir: st.isDirectory(), size: st.size, source: regex.source, flags: regex.flags, fixed,
+        root: host.root, real, isDir: st.isDirectory(), source: regex.source, flags: regex.flags, fixed,
         glob: globRegex?.source ?? null, globOnPath, limit, maxFileBytes: GREP_MAX_FILE_BYTES, maxLineChars: fixed ? Infinity : limits.maxLineChars,
         lineChars: GREP_LINE_CHARS, skipDirs: [...TOOL_SKIP_DIRS], sniffBytes: TOOL_BINARY_SNIFF_BYTES,
       }, limits.timeoutMs, ctx.signal)
@@ -4495,10 +5291,9 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, li
 // ── write_file and edit_file ──
 
 function writeFileTool(host: ToolHost): Tool {
-  const { fs, path } = host
   return {
     name: 'write_file',
-    description: 'Create or overwrite a file inside the working directory with the given content (UTF-8). Parent directories are created as needed. To change part of an existing file, prefer edit_file.',
+    description: `Create or overwrite a file inside the working directory with the given content (UTF-8, at most ${host.maxWriteBytes} bytes). Parent directories are created as needed. Never writes inside .git, the session log, or a file with several hard links. To change part of an existing file, prefer edit_file.`,
     parameters: {
       type: 'object',
       properties: {
@@ -4508,21 +5303,14 @@ function writeFileTool(host: ToolHost): Tool {
       required: ['path', 'content'],
       additionalProperties: false,
     },
-    async execute(rawArgs) {
+    async execute(rawArgs, ctx) {
       const args = toolArgs('write_file', rawArgs, ['path', 'content'])
       const content = argString('write_file', args, 'content')
-      const { real, shown } = await confine(host, 'write_file', argString('write_file', args, 'path'))
-      const st = await fs.stat(real).catch((error: unknown) => {
-        if ((error as { code?: unknown }).code === 'ENOENT') return undefined
-        throw fsError('write_file', shown, error)
-      })
-      if (st?.isDirectory()) throw new Error(`write_file: ${shown} is a directory; give a file path`)
-      const previousBytes = st?.size
-      try {
-        await fs.mkdir(path.dirname(real), { recursive: true })
-        await fs.writeFile(real, content, 'utf8')
-      } catch (error) { throw fsError('write_file', shown, error) }
-      const bytes = new TextEncoder().encode(content).length
+      const bytes = utf8Length(content, host.maxWriteBytes)
+      if (bytes > host.maxWriteBytes) throw new Error(`write_file: content is over ${host.maxWriteBytes} bytes, the most write_file writes; write the file in parts (write_file, then edit_file to add)`)
+      const { real, shown } = await confine(host, 'write_file', argString('write_file', args, 'path'), ctx.signal)
+      const { mode, bytes: previousBytes } = await refuseWrite(host, 'write_file', real, shown)
+      await writeReplacing(host, 'write_file', real, shown, content, mode)
       return `wrote ${plural(bytes, 'byte')} to ${shown} (${previousBytes === undefined ? 'new file' : `replaced ${plural(previousBytes, 'byte')}`})`
     },
   }
@@ -4548,10 +5336,9 @@ function occurrences(text: string, needle: string): number[] {
 }
 
 function editFileTool(host: ToolHost): Tool {
-  const { fs } = host
   return {
     name: 'edit_file',
-    description: 'Edit a file inside the working directory by exact string replacement: old_string must appear in the file exactly once (include enough surrounding lines to make it unique), unless replace_all is true. Copy old_string from read_file output without the line-number prefix, keeping indentation and whitespace exactly.',
+    description: `Edit a file inside the working directory (at most ${host.maxWriteBytes} bytes before and after) by exact string replacement: old_string must appear in the file exactly once (include enough surrounding lines to make it unique), unless replace_all is true. Copy old_string from read_file output without the line-number prefix, keeping indentation and whitespace exactly.`,
     parameters: {
       type: 'object',
       properties: {
@@ -4563,18 +5350,21 @@ function editFileTool(host: ToolHost): Tool {
       required: ['path', 'old_string', 'new_string'],
       additionalProperties: false,
     },
-    async execute(rawArgs) {
+    async execute(rawArgs, ctx) {
       const args = toolArgs('edit_file', rawArgs, ['path', 'old_string', 'new_string', 'replace_all'])
       let oldString = argString('edit_file', args, 'old_string')
       let newString = argString('edit_file', args, 'new_string')
       const replaceAll = argBool('edit_file', args, 'replace_all')
       if (oldString === '') throw new Error('edit_file: old_string is empty; to create a file or replace all of it use write_file')
       if (oldString === newString) throw new Error('edit_file: old_string and new_string are the same; nothing would change')
-      const { real, shown } = await confine(host, 'edit_file', argString('edit_file', args, 'path'))
+      const { real, shown } = await confine(host, 'edit_file', argString('edit_file', args, 'path'), ctx.signal)
+      const { mode } = await refuseWrite(host, 'edit_file', real, shown)
+      const { handle, size } = await openVerified(host, 'edit_file', real, shown, '; to create a new file use write_file')
       let bytes: Uint8Array
-      try { bytes = await fs.readFile(real) } catch (error) {
-        throw fsError('edit_file', shown, error, (error as { code?: unknown }).code === 'ENOENT' ? '; to create a new file use write_file' : '')
-      }
+      try {
+        if (size > host.maxWriteBytes) throw new Error(`edit_file: ${shown} is ${size} bytes, over the ${host.maxWriteBytes} bytes edit_file edits; change it with the shell, or split it`)
+        bytes = await handle.readFile()
+      } catch (error) { throw error instanceof Error && error.message.startsWith('edit_file:') ? error : fsError('edit_file', shown, error) } finally { await handle.close() }
       if (hasNulByte(bytes)) throw new Error(`edit_file: ${shown} looks binary (a NUL byte in its first ${TOOL_BINARY_SNIFF_BYTES} bytes); edit_file edits text files only`)
       const text = new TextDecoder().decode(bytes)
       let found = occurrences(text, oldString)
@@ -4597,11 +5387,14 @@ function editFileTool(host: ToolHost): Tool {
         const lines = lineNumbersAt(text, found.slice(0, 10))
         throw new Error(`edit_file: old_string occurs ${found.length} times in ${shown} (at lines ${lines.join(', ')}${found.length > 10 ? ', …' : ''}); include more surrounding text to make it unique, or set replace_all: true to replace every occurrence`)
       }
+      if (bytes.length + found.length * (utf8Length(newString) - utf8Length(oldString)) > host.maxWriteBytes) {
+        throw new Error(`edit_file: the edited ${shown} would be over ${host.maxWriteBytes} bytes, the most edit_file writes; replace fewer occurrences or shorten new_string`)
+      }
       let edited = ''
       let from = 0
       for (const at of found) { edited += text.slice(from, at) + newString; from = at + oldString.length } // slices, not String.replace: "$&" in new_string stays literal
       edited += text.slice(from)
-      try { await fs.writeFile(real, edited, 'utf8') } catch (error) { throw fsError('edit_file', shown, error) }
+      await writeReplacing(host, 'edit_file', real, shown, edited, mode)
       const lines = lineNumbersAt(text, found.slice(0, 10))
       return `edited ${shown}: replaced ${plural(found.length, 'occurrence')} (at ${lines.length === 1 ? 'line' : 'lines'} ${lines.join(', ')}${found.length > 10 ? ', …' : ''})${crlf ? '; matched with CRLF line endings' : ''}`
     },
@@ -4753,8 +5546,14 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         const finish = (result: { code: number | null; signal: string | null; error?: Error }): void => {
           for (const timer of timers) clearTimeout(timer)
           ctx.signal.removeEventListener('abort', onAbort)
-          if (job) { signalAll('SIGKILL'); liveShellJobs.delete(job) } // nothing it started outlives the call
-          resolve({ ...result, why: result.error ? 'error' : why })
+          // Nothing it started outlives the call: SIGKILL until a scan finds none (a process forking
+          // while we look appears in the next scan), at most 50 rounds 20 ms apart.
+          const reap = async (): Promise<void> => {
+            if (!job) return
+            for (let round = 0; round < 50 && signalAll('SIGKILL'); round++) await new Promise((r) => setTimeout(r, 20))
+            liveShellJobs.delete(job)
+          }
+          void reap().then(() => resolve({ ...result, why: result.error ? 'error' : why }))
         }
         /** SIGTERM to everything the command started, SIGKILL after a grace period; then stop waiting for pipes a stray process may hold. */
         const killAll = (): void => {
@@ -6620,10 +7419,10 @@ export function describeEditCost(c: EditCost): string {
 }
 
 /** `/usage`: occupancy, envelope and surface sizes, provider-reported usage so far. */
-function usageReport(agent: Agent): string {
+async function usageReport(agent: Agent): Promise<string> {
   const m = agent.session.measure(), w = agent.contextWindow
   let prompt = 0, completion = 0, cached = 0, calls = 0
-  for (const e of agent.session.events) {
+  for await (const e of agent.session.readEvents()) {
     const u = e.type === 'assistant/message' ? (e.data as any).usage as Usage | undefined : undefined
     if (u) { calls++; prompt += u.promptTokens; completion += u.completionTokens; cached += u.cachedTokens ?? 0 }
   }
@@ -6683,15 +7482,14 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
-    const opened = session.events.findLastIndex((e) => e.type === 'session/start' || e.type === 'session/resume')
-    for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(jsonLine(e))
+    for await (const e of session.readEvents(session.openedAtSeq)) io.stdout(jsonLine(e))
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
   const terminal = interactive ? await openTerminal(p) : undefined
   let allowShell = options.allowShell
   if (!allowShell && terminal) allowShell = await terminal.askYesNo('Allow the agent to run shell commands in this directory? [y/N] ')
   const tools = await builtinTools({
-    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
+    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv, ...(options.session ? { sessionLog: options.session } : {}),
     shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
   })
   let agent: Agent | undefined
@@ -6803,7 +7601,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     if (line === '') { terminal.prompt(); continue }
     if (line === '/exit' || line === '/quit') break
     if (line === '/help') io.stderr(INTERACTIVE_HELP)
-    else if (line === '/usage') io.stderr(usageReport(agent))
+    else if (line === '/usage') io.stderr(await usageReport(agent))
     else if (line === '/compact') {
       running = new AbortController()
       const o = await agent.compact(running.signal).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))
