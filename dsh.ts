@@ -42,14 +42,16 @@
  *   ── fence: nothing in Part I names anything in Part II ──
  *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
  *   8. Tools          built-in coding tools of the CLI (read_file, list_files, grep, write/edit, shell)
- *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of the readers
- *                     table there (detect + read); 9.2 the replay runner
+ *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of
+ *                     TRANSCRIPT_READERS (detect + read); 9.2 the replay runner: an Agent with a
+ *                     recorded provider and tools — a REPORT COLUMN is one entry of REPLAY_FIGURES
  *   10. CLI           arguments, configuration, terminal output, entry point
  *
  * UNITS (one word, one unit, everywhere in this file):
  *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
  *   code points  Unicode scalar values (a surrogate pair is one); "chars" in a name means code points
- *   UTF-16 units JS string `.length` (the meter's `/ 4` counts these)
+ *   UTF-16 units JS string `.length`; "units" in a name (`maxOutputUnits`, UNITS_PER_TOKEN: the
+ *                meter's `/ 4` counts these)
  *   bytes        UTF-8 bytes unless a name says otherwise
  *   ms           milliseconds; every time is in ms unless a name says otherwise (`…S` = seconds)
  */
@@ -175,7 +177,8 @@ export type StreamEvent =
   | { type: 'tool-call-delta'; index: number; id?: string; name?: string; argumentsDelta: string }
   | { type: 'usage'; usage: Usage }
   | { type: 'finish'; finishReason: string }
-  | { type: 'retry'; attempt: number; delayMs: number; error: ProviderError }
+  /** Before each backoff wait: `attempt` counts retries from 1, `maxRetries` is how many this error gets, `error` is why. */
+  | { type: 'retry'; attempt: number; delayMs: number; error: ProviderError; maxRetries?: number }
 
 /** One provider call. `maxTokens` (tokens) is clamped by the provider to the room left. */
 export interface ChatRequest {
@@ -244,13 +247,13 @@ export interface Tool<Args = any> {
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
 /** Tokens are estimated as one per four UTF-16 units (docs/design.md §2). */
-export const CHARS_PER_TOKEN = 4
+export const UNITS_PER_TOKEN = 4
 /** Fixed per-message overhead in tokens (role, separators), docs/design.md §2. */
 export const MESSAGE_OVERHEAD_TOKENS = 8
 
 /** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). docs/design.md §2. */
 export function estimateTextTokens(text: string): number {
-  return Math.ceil(text.length / CHARS_PER_TOKEN)
+  return Math.ceil(text.length / UNITS_PER_TOKEN)
 }
 
 /**
@@ -262,14 +265,14 @@ export function estimateTextTokens(text: string): number {
 export function estimateMessageTokens(message: Message): number {
   const content = message.content
   if (typeof content === 'string') return estimateTextTokens(content) + MESSAGE_OVERHEAD_TOKENS
-  let chars = 0
+  let units = 0
   let other = 0
   for (const block of content) {
-    if (block.type === 'text' || block.type === 'reasoning') chars += (block as TextBlock).text.length
-    else if (block.type === 'tool-call') chars += (block as ToolCallBlock).name.length + (block as ToolCallBlock).arguments.length
+    if (block.type === 'text' || block.type === 'reasoning') units += (block as TextBlock).text.length
+    else if (block.type === 'tool-call') units += (block as ToolCallBlock).name.length + (block as ToolCallBlock).arguments.length
     else other += estimateTextTokens(JSON.stringify(block))
   }
-  return Math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
+  return Math.ceil(units / UNITS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
 }
 
 /**
@@ -307,6 +310,10 @@ export interface UsageAnchor { providerTokens: number; heuristicTokens: number; 
  * message is one more surface change, priced by the heuristic. An envelope or model change does.
  */
 export interface Measurement {
+  /** The size of the next request: `heuristicTokens` until a provider reports usage; once
+   *  anchored, the provider's count for the last request plus the heuristic price of what changed
+   *  since (docs/design.md §2). So when anchored it differs from `envelopeTokens + surfaceTokens`,
+   *  which are always the chars/4 heuristic. */
   totalTokens: number
   /** Heuristic tokens of system prompt + tool specs. */
   envelopeTokens: number
@@ -395,7 +402,7 @@ const MARKER_CODE_POINTS = 39
  * Pruner configuration, all lengths in Unicode code points (docs/design.md §3).
  * `graphemeSafe` (off by default) moves each cut to a grapheme-cluster boundary with
  * `Intl.Segmenter` where the runtime has it, so a cut never splits an emoji sequence or a
- * combining mark from its base; cuts only shrink the kept text, so the budget still holds.
+ * combining mark from its base; cuts only shrink the kept text, so the code-point limits still hold.
  */
 export interface PruneConfig {
   thresholdChars: number
@@ -405,7 +412,7 @@ export interface PruneConfig {
 }
 
 /** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
-export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
+export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = /* @__PURE__ */ Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
 
 /** Thrown for a prune configuration that cannot work; the message names the values and the fix. */
 export class PruneConfigError extends TypeError {
@@ -550,14 +557,14 @@ export function pruneToolResult(message: ToolResultMessage, config?: Partial<Pru
   const cfg = resolvePruneConfig(config)
   const blocks = message.content
   // Count code points of the joined text, stopping past the threshold.
-  let budget = cfg.thresholdChars
+  let leftChars = cfg.thresholdChars
   for (const b of blocks) {
     if (b.type !== 'text') continue
     const t = (b as TextBlock).text
-    budget -= overThreshold(t, budget) ? budget + 1 : codePointLength(t, budget)
-    if (budget < 0) break
+    leftChars -= overThreshold(t, leftChars) ? leftChars + 1 : codePointLength(t, leftChars)
+    if (leftChars < 0) break
   }
-  if (budget >= 0) return message
+  if (leftChars >= 0) return message
 
   // The head cut: walk forward through text blocks until `headChars` code points are kept.
   const texts = blocks.map((b, i) => (b.type === 'text' ? i : -1)).filter((i) => i >= 0)
@@ -1909,7 +1916,7 @@ export interface CompactionConfig {
 }
 
 /** The defaults of docs/design.md §5. */
-export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = Object.freeze({
+export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
   thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
   maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
 })
@@ -1918,7 +1925,7 @@ export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = Object.free
 export const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
 
 /** The instruction that ends every summary request (docs/design.md §5 "Summary transaction"). */
-export const SUMMARY_INSTRUCTION = [
+export const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
   'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers will be removed.',
   'Do not call any tool. Answer with the checkpoint only, under these headings:',
   '1. Request — what the user asked for, in their words where it matters.',
@@ -2150,14 +2157,14 @@ export function renderLedger(ledger: Ledger): string {
  */
 export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
   const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>).map((entry) => ({ list, entry })))
-  const budgetUnits = budgetTokens * CHARS_PER_TOKEN
+  const maxUnits = budgetTokens * UNITS_PER_TOKEN
   const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
   if (estimateTextTokens(renderLedger(ledger)) <= budgetTokens) return ledger
   const out = emptyLedger()
   let units = fixed
   for (const { list, entry } of all.sort((a, b) => b.entry.seq - a.entry.seq)) {
     const cost = ledgerLine(list, entry).length + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
-    if (units + cost > budgetUnits) { out.trimmed++; continue }
+    if (units + cost > maxUnits) { out.trimmed++; continue }
     units += cost
     ;(out[list] as Array<typeof entry>).push(entry)
   }
@@ -2262,7 +2269,7 @@ function unseenResults(session: Session): Set<number> {
 export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean): number {
   const unseen = unseenResults(session)
   // A result over the threshold has at least that many UTF-16 units, so this filter loses none.
-  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN) && !session.isPinned(n.seq)).map((n) => n.seq)
+  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / UNITS_PER_TOKEN) && !session.isPinned(n.seq)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
   if (includeNewest || session.measure().totalTokens >= thresholdTokens) {
@@ -2363,8 +2370,8 @@ const SHRINK_MARKER = '\n[... cut for the summary request ...]\n'
 /** Keeps head (70%) and tail of `text` within `maxUnits` UTF-16 units, never splitting a surrogate pair. */
 function cutToUnits(text: string, maxUnits: number): string {
   if (text.length <= maxUnits) return text
-  const room = Math.max(0, maxUnits - SHRINK_MARKER.length)
-  let head = Math.floor(room * 0.7), tail = text.length - (room - head)
+  const spareUnits = Math.max(0, maxUnits - SHRINK_MARKER.length)
+  let head = Math.floor(spareUnits * 0.7), tail = text.length - (spareUnits - head)
   if (head > 0 && isHigh(text.charCodeAt(head - 1))) head--
   if (tail < text.length && isLow(text.charCodeAt(tail))) tail++
   return text.slice(0, head) + SHRINK_MARKER + text.slice(tail)
@@ -2380,8 +2387,8 @@ function shrinkMessage(m: Message, tokens: number): Message {
   let units = 0
   for (const b of blocks) units += b.type === 'tool-call' ? (b as ToolCallBlock).arguments.length + (b as ToolCallBlock).name.length : b.type === 'text' || b.type === 'reasoning' ? (b as TextBlock).text.length : 0
   const placeholders = blocks.filter((b) => b.type !== 'text' && b.type !== 'reasoning' && b.type !== 'tool-call').length * 8
-  const budget = Math.max(0, (tokens - MESSAGE_OVERHEAD_TOKENS - placeholders) * CHARS_PER_TOKEN)
-  const ratio = units > 0 ? Math.min(1, budget / units) : 1
+  const keepUnits = Math.max(0, (tokens - MESSAGE_OVERHEAD_TOKENS - placeholders) * UNITS_PER_TOKEN)
+  const ratio = units > 0 ? Math.min(1, keepUnits / units) : 1
   const out = blocks.map((b): Block => {
     if (b.type === 'text' || b.type === 'reasoning') return { ...b, text: cutToUnits((b as TextBlock).text, Math.floor((b as TextBlock).text.length * ratio)) } as Block
     if (b.type === 'tool-call') {
@@ -2679,7 +2686,7 @@ export async function spillToolResult(message: ToolResultMessage, store: LogStor
 /** DeepSeek's OpenAI-compatible endpoint (docs/design.md §6; api-docs.deepseek.com). */
 export const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
 /** The model {@link deepseek} uses when none is given (docs/design.md §6). */
-export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-v4-flash'
+export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-flash'
 /** The environment variable {@link deepseek} reads the API key from when no `apiKey` is given. */
 export const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
 /** Completion budget in tokens when neither the request nor the options set one (docs/design.md §6). */
@@ -2688,6 +2695,12 @@ export const DEFAULT_MAX_TOKENS = 32_768
 const DEFAULT_IDLE_TIMEOUT_MS = 300_000
 /** Retries after the first attempt, for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. */
 const DEFAULT_MAX_RETRIES = 5
+/** Retries of a refused connection or a failed DNS lookup (at most; `maxRetries` may be lower):
+ *  no server is listening there, so five backoffs (~16 s) only make the user wait. */
+const CONNECT_FAILURE_RETRIES = 1
+/** Error codes and wordings of a refused connection or a failed DNS lookup (Node's undici, Deno, Bun). */
+const CONNECT_FAILURE_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL', 'ConnectionRefused'])
+const CONNECT_FAILURE_RE = /ECONNREFUSED|ENOTFOUND|EAI_AGAIN|connection refused|failed to lookup address|dns error|name or service not known|unable to connect/i
 /** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (docs/design.md §6). */
 const DEFAULT_RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
@@ -2714,7 +2727,7 @@ export interface KnownModel {
   contextWindow: number
   /** Largest `max_tokens` the model accepts, in tokens; the adapter clamps to it. */
   maxOutputTokens: number
-  /** For a retired alias: the model it stands for. The name is still sent as given. */
+  /** For an older name or a retired alias: the model it stands for. The name is still sent as given. */
   aliasOf?: string
   /** For a retired alias: whether it meant thinking mode (informational; nothing extra is sent). */
   thinking?: 'enabled' | 'disabled'
@@ -2725,19 +2738,21 @@ export interface KnownModel {
  * 2026). Any other model needs `contextWindow` in the options, or the ladder reports a
  * configuration error once (docs/design.md §5).
  */
-export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = Object.freeze({
-  'deepseek-v4-flash': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
-  'deepseek-v4-pro': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
-  'deepseek-chat': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'disabled' as const }),
-  'deepseek-reasoner': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'enabled' as const }),
+export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = /* @__PURE__ */ Object.freeze({
+  // DeepSeek-V4.1-Flash (accepts image input); its older name deepseek-v4-flash is served by it.
+  'deepseek-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
+  'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
+  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash' }),
+  'deepseek-chat': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash', thinking: 'disabled' as const }),
+  'deepseek-reasoner': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash', thinking: 'enabled' as const }),
 })
 
 /**
  * DeepSeek's peak hours: Monday to Friday, UTC 01:00–04:00 and 06:00–10:00, every price doubled
  * (DeepSeek, "Models & Pricing", api-docs.deepseek.com/quick_start/pricing, autumn 2026).
  */
-export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = Object.freeze({
-  multiplier: 2, days: Object.freeze([1, 2, 3, 4, 5]), hoursUTC: Object.freeze([Object.freeze([1, 4] as const), Object.freeze([6, 10] as const)]),
+export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = /* @__PURE__ */ Object.freeze({
+  multiplier: 2, days: /* @__PURE__ */ Object.freeze([1, 2, 3, 4, 5]), hoursUTC: /* @__PURE__ */ Object.freeze([/* @__PURE__ */ Object.freeze([1, 4] as const), /* @__PURE__ */ Object.freeze([6, 10] as const)]),
 })
 
 /**
@@ -2748,10 +2763,10 @@ export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = Object.freeze({
  * {@link pricesOf} also resolves the retired aliases of {@link KNOWN_MODELS}. Every other model
  * has no price unless one is given.
  */
-export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = Object.freeze({
-  'deepseek-flash': Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
-  'deepseek-v4-flash': Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
-  'deepseek-v4-pro': Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: DEEPSEEK_PEAK_HOURS }),
+export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = /* @__PURE__ */ Object.freeze({
+  'deepseek-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: DEEPSEEK_PEAK_HOURS }),
 })
 
 /** DeepSeek's price table for `model` (a retired alias resolves to the model it stands for); undefined for any other model. */
@@ -2940,14 +2955,27 @@ export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
       if (cr >= 0 && cr < i) cr = chunk.indexOf('\r', i)
       const t = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
       if (t < 0) break
-      let line = chunk.slice(i, t)
       if (pending.length > 0) {
-        pending.push(line)
-        line = pending.join('')
+        pending.push(chunk.slice(i, t))
+        const line = pending.join('')
         pending = []; pendingUnits = 0; pendingKept = false
+        i = afterTerminator(t)
+        processLine(line)
+        continue
       }
-      i = afterTerminator(t)
-      processLine(line)
+      const start = i
+      i = t === lf ? t + 1 : afterTerminator(t)
+      // The hot path, a whole line inside this chunk: an empty line, `data:` or `event:` is read
+      // in place (only the value is sliced); anything else goes through processLine.
+      if (start === t) { dispatch(); continue }
+      const c0 = chunk.charCodeAt(start)
+      if (c0 === 100 && chunk.charCodeAt(start + 4) === 58 && chunk.charCodeAt(start + 1) === 97 && chunk.charCodeAt(start + 2) === 116 && chunk.charCodeAt(start + 3) === 97) {
+        const value = chunk.slice(chunk.charCodeAt(start + 5) === 32 ? start + 6 : start + 5, t)
+        data = dataLines === 0 ? value : `${data}\n${value}`
+        dataLines++
+      } else if (c0 === 101 && chunk.charCodeAt(start + 5) === 58 && chunk.startsWith('event', start)) {
+        eventType = chunk.slice(chunk.charCodeAt(start + 6) === 32 ? start + 7 : start + 6, t) || undefined
+      } else processLine(chunk.slice(start, t))
     }
     if (i < n) {
       pending.push(i === 0 ? chunk : chunk.slice(i))
@@ -2991,25 +3019,16 @@ export function parseSSE(
   const pull = chunkPuller(source)
   const ready: SSEEvent[] = []
   let head = 0
-  let overflow: SSEParseError | undefined
   let ended = false
-  const parser = createSSEParser({
-    onEvent: (event) => { ready.push(event) },
-    onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error },
-    maxBufferSize: options.maxBufferSize,
-  })
-  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
-  // stripped one would eat a second, which is data.
-  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
+  const feeder = sseFeeder((event) => { ready.push(event) }, options.maxBufferSize)
   const done: IteratorResult<SSEEvent> = { value: undefined, done: true }
   async function fill(): Promise<IteratorResult<SSEEvent>> {
     while (head >= ready.length) {
       ready.length = 0; head = 0
       if (ended) return done
       const chunk = await pull.next()
-      if (chunk === undefined) { ended = true; parser.feed(decoder.decode()) }
-      else parser.feed(typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
-      if (overflow) { ended = true; await pull.close(); throw overflow }
+      if (chunk === undefined) ended = true
+      try { feeder.feed(chunk) } catch (err) { ended = true; await pull.close(); throw err }
     }
     return { value: ready[head++], done: false }
   }
@@ -3023,6 +3042,51 @@ export function parseSSE(
       return done
     },
     [Symbol.asyncIterator]() { return this },
+  }
+}
+
+/**
+ * The callback form of {@link parseSSE}, for hot paths such as the provider adapter: reads
+ * `source` chunk by chunk and calls `onEvent` synchronously for every event of each chunk (no
+ * promise per event). `onEvent` returning `false` stops: later events are not delivered and the
+ * source is cancelled. `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings).
+ * Resolves when the source ends or is stopped; rejects with what `onEvent` or the source threw,
+ * or with `SSEParseError` (`max-buffer-size-exceeded`, limit in UTF-16 units).
+ */
+export async function pumpSSE(
+  source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
+  onEvent: (event: SSEEvent) => boolean | void,
+  options: { maxBufferSize?: number; onChunk?: (size: number) => void } = {},
+): Promise<void> {
+  const pull = chunkPuller(source)
+  let stopped = false
+  const feeder = sseFeeder((event) => { if (!stopped && onEvent(event) === false) stopped = true }, options.maxBufferSize)
+  try {
+    while (!stopped) {
+      const chunk = await pull.next()
+      if (chunk !== undefined) options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
+      feeder.feed(chunk)
+      if (chunk === undefined) return
+    }
+  } finally { await pull.close() }
+}
+
+/**
+ * The decoding glue shared by {@link parseSSE} and {@link pumpSSE}: `feed(chunk)` decodes bytes
+ * with one streaming UTF-8 decoder (strings are taken as decoded) and parses; `feed(undefined)`
+ * ends the stream. Throws the parser's `max-buffer-size-exceeded` error from `feed`.
+ */
+function sseFeeder(onEvent: (event: SSEEvent) => void, maxBufferSize: number | undefined): { feed(chunk: Uint8Array | string | undefined): void } {
+  let overflow: SSEParseError | undefined
+  const parser = createSSEParser({ onEvent, onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error }, maxBufferSize })
+  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
+  // stripped one would eat a second, which is data.
+  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
+  return {
+    feed(chunk) {
+      parser.feed(chunk === undefined ? decoder.decode() : typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
+      if (overflow) throw overflow
+    },
   }
 }
 
@@ -3235,7 +3299,7 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, or lower maxTokens.',
   RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
   QUOTA: 'The account has no balance or quota left: top it up or use another API key.',
-  AUTH: 'Check the API key (option apiKey, or the environment variable named by apiKeyEnv) and its permissions.',
+  AUTH: 'Check the API key and its permissions (option apiKey, or the environment variable named by apiKeyEnv; CLI: --api-key-env NAME).',
   INVALID_REQUEST: 'The server rejected the request; the body above names the field.',
   SERVER: 'The server failed; try again later.',
   TRANSPORT: 'Check the network and baseURL.',
@@ -3287,7 +3351,7 @@ type WireMessage =
 interface WireToolCall { id: string; type: 'function'; function: { name: string; arguments: string } }
 
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
-const LONE_SURROGATES = new RegExp(LONE_SURROGATE.source, 'g')
+const LONE_SURROGATES = /* @__PURE__ */ new RegExp(LONE_SURROGATE.source, 'g')
 
 /** Lone surrogates become U+FFFD (servers reject or mangle them in UTF-8); the log keeps the original. */
 function wellFormed(text: string): string {
@@ -3431,7 +3495,8 @@ export interface OpenAICompatibleOptions {
   fetch?: (input: string, init: RequestInit) => Promise<Response>
   /** An attempt with no progress (headers or a data event; keep-alive comments do not count) for this long fails as TIMEOUT. Default 300,000. */
   idleTimeoutMs?: number
-  /** Retries after the first attempt for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. Default 5. */
+  /** Retries after the first attempt for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. Default 5;
+   *  a refused connection or a failed DNS lookup gets at most 1. */
   maxRetries?: number
   /** First backoff delay; doubles per retry. Default 500. */
   retryBaseMs?: number
@@ -3583,7 +3648,7 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * estimate; with a known window and no room left it throws CONTEXT_WINDOW_EXCEEDED before sending.
  *
  * Failures are {@link ProviderError}s. RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT and EMPTY_RESPONSE
- * are retried (`maxRetries`, exponential backoff with ±10% jitter, `Retry-After` honoured up to
+ * are retried (`maxRetries`; a refused connection or failed DNS lookup at most once; exponential backoff with ±10% jitter, `Retry-After` honoured up to
  * `retryMaxMs`, a `{type:'retry'}` event before each wait), but never once output was streamed —
  * then the error carries `partial` (text and reasoning so far, `interrupted: true`; tool calls
  * are dropped since their arguments may be cut). A "request too large for the per-minute
@@ -3636,6 +3701,17 @@ function makeProvider(cfg: AdapterConfig): Provider {
     ...(cfg.prices ? { prices: cfg.prices } : {}),
     complete: (request) => completeWithRetries(cfg, request),
   }
+}
+
+/** A TRANSPORT error that is a refused connection or a failed DNS lookup (by the cause's code or wording). */
+function isConnectFailure(error: ProviderError): boolean {
+  if (error.code !== 'TRANSPORT') return false
+  let e: unknown = error.cause
+  for (let depth = 0; e !== null && typeof e === 'object' && depth < 4; depth++, e = (e as { cause?: unknown }).cause) {
+    const { code, message } = e as { code?: unknown; message?: unknown }
+    if ((typeof code === 'string' && CONNECT_FAILURE_CODES.has(code)) || CONNECT_FAILURE_RE.test(String(message ?? ''))) return true
+  }
+  return false
 }
 
 /** Errors never retried: raised after output was streamed (a retry would show the caller a second
@@ -3735,12 +3811,13 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
       error = e
     }
     const retryable = RETRYABLE.has(error.code) && !notRetried.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
-    if (!retryable || retry >= cfg.maxRetries) throw error
+    const maxRetries = isConnectFailure(error) ? Math.min(cfg.maxRetries, CONNECT_FAILURE_RETRIES) : cfg.maxRetries
+    if (!retryable || retry >= maxRetries) throw error
     const delayMs = error.retryAfterMs !== undefined
       ? Math.min(error.retryAfterMs, cfg.retryMaxMs)
       : Math.round(Math.min(cfg.retryMaxMs, cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
     if (deadlineAt !== undefined && Date.now() + delayMs >= deadlineAt) throw error // no retry could start before the deadline
-    request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error })
+    request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error, maxRetries })
     try { await cfg.sleep(delayMs, signal) } catch (e) { if (signal?.aborted) throw aborted(); throw e }
     if (signal?.aborted) throw aborted()
   }
@@ -3968,10 +4045,16 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   let pastDeadline = false
   const deadline = deadlineAt === undefined ? undefined
     : setTimeout(() => { pastDeadline = true; controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`)) }, Math.max(0, deadlineAt - Date.now()))
+  // One idle timer per request: progress only records the time; the timer, when it fires, aborts
+  // if nothing came for idleTimeoutMs, else sleeps for the rest (re-arming per event cost ~12%).
   let timer: ReturnType<typeof setTimeout> | undefined
-  const progress = (): void => {
-    if (timer !== undefined) clearTimeout(timer)
-    timer = setTimeout(() => { timedOut = true; controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`)) }, cfg.idleTimeoutMs)
+  let lastProgressAt = Date.now()
+  const progress = (): void => { lastProgressAt = Date.now() }
+  const idleCheck = (): void => {
+    const idleMs = Date.now() - lastProgressAt
+    if (idleMs < cfg.idleTimeoutMs) { timer = setTimeout(idleCheck, cfg.idleTimeoutMs - idleMs); return }
+    timedOut = true
+    controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`))
   }
   const forwardAbort = (): void => controller.abort(signal?.reason)
   signal?.addEventListener('abort', forwardAbort, { once: true })
@@ -3981,7 +4064,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   }
   const acc = createAssembler(cfg, emit)
   let requestId: string | undefined
-  progress()
+  timer = setTimeout(idleCheck, cfg.idleTimeoutMs)
   try {
     const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
@@ -4006,17 +4089,16 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     let sawDone = false
     let sawData = false
     let bytes = 0
-    const counted = async function* (chunks: AsyncIterable<Uint8Array>) { for await (const c of chunks) { bytes += c.byteLength; yield c } }
-    for await (const event of parseSSE(counted(bodyChunks(response.body, controller.signal)), { maxBufferSize: SSE_MAX_BUFFER_UNITS })) {
+    await pumpSSE(bodyChunks(response.body, controller.signal), (event) => {
       if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
-      if (event.event !== 'message') continue
+      if (event.event !== 'message') return
       sawData = true
       const data = event.data.trim()
-      if (data === '' || data[0] === ':') continue // a relay's keep-alive inside a data line: not progress
+      if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
       progress()
-      if (data === '[DONE]') { sawDone = true; break }
+      if (data === '[DONE]') { sawDone = true; return false }
       for (const obj of parseChunkData(cfg, data, requestId)) acc.chunk(obj, requestId, data)
-    }
+    }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
     const type = response.headers.get('content-type')
     if (!sawData && bytes === 0 && type && !/event-stream/i.test(type)) {
       throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} with an empty ${type} body (model ${cfg.model}).`, { status: response.status, requestId })
@@ -4197,7 +4279,7 @@ export class Agent implements CompactionHost {
   private readonly window?: number
   private readonly maxTokens: number
   private readonly hooks = new Map<HookName, Hook[]>()
-  private readonly steering: string[] = []
+  private readonly steering: (string | UserMessage)[] = []
   private running = false
   private overflowRetries = 0
   private streamRetries = 0
@@ -4262,8 +4344,15 @@ export class Agent implements CompactionHost {
     return () => { const l = this.hooks.get(name)!; l.splice(l.indexOf(hook), 1) }
   }
 
-  /** Queues a user message for the next step of the running turn (or the next turn). */
-  steer(text: string): void { this.steering.push(text) }
+  /**
+   * Queues a user message (text, or a whole message with blocks) for the running turn: it is
+   * appended after the current step's tool results (or before the next request), and a step
+   * that made no tool call then does not end the turn. Queued between turns, it follows the next input.
+   */
+  steer(input: string | UserMessage): void {
+    if (typeof input !== 'string') validateMessage(input, 'user')
+    this.steering.push(input)
+  }
 
   /** Reports a warning to `onEvent`. */
   warn(message: string): void { this.onEvent?.({ type: 'warning', message }) }
@@ -4310,7 +4399,10 @@ export class Agent implements CompactionHost {
 
   private drainSteering(): boolean {
     if (this.steering.length === 0) return false
-    for (const text of this.steering.splice(0)) this.session.append('user/message', { message: { role: 'user', content: text }, surfaceOp: { op: 'append' } })
+    for (const input of this.steering.splice(0)) {
+      const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
+      this.session.append('user/message', { message, surfaceOp: { op: 'append' } })
+    }
     return true
   }
 
@@ -4367,6 +4459,9 @@ export class Agent implements CompactionHost {
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
       this.overflowRetries = 0
       this.streamRetries = 0
+      // The smallest request (tokens, by the meter) that overflowed and was recovered from in this
+      // turn: a later overflow at that size or above means recovery makes no progress.
+      let recoveredOverflowTokens: number | undefined
       for (;;) {
         if (signal.aborted) return await end('aborted')
         if (step >= this.maxSteps) return await end('max-steps')
@@ -4378,9 +4473,10 @@ export class Agent implements CompactionHost {
         const envelope = this.writeHeader()
         // Hooks may edit the request; they get copies, so the surface always matches the log.
         const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
+        const inputTokens = session.measure().totalTokens
         const request: ChatRequest = {
           system: envelope.system, tools: envelope.tools, messages: editable ? structuredClone(session.messages()) : session.messages(), maxTokens: this.maxTokens,
-          inputTokens: session.measure().totalTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
+          inputTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
         }
         await this.runHooks('agent/request', { ...ctx, request })
         await session.flush() // written, not fsynced: a crash mid-request still shows the step it was in
@@ -4399,9 +4495,14 @@ export class Agent implements CompactionHost {
           }
           session.append('request/error', { code: error.code, status: error.status, message: error.message, trigger: 'conversation' })
           const generationBefore = session.replaceGeneration
-          const retry = await this.unlessAborted(() => this.runHooks('agent/request-error', { ...ctx, error }), signal)
+          const noProgress = error.code === 'CONTEXT_WINDOW_EXCEEDED' && recoveredOverflowTokens !== undefined && inputTokens >= recoveredOverflowTokens
+          if (noProgress) {
+            this.warn(`context overflow again at ${inputTokens} tokens (dsh's estimate) after recovering from one at ${recoveredOverflowTokens} tokens in this turn: recovery makes no progress, so the turn stops. The provider counts more tokens than dsh estimates: lower the compaction threshold or the context window (CLI: --threshold, --context-window)`)
+          }
+          const retry = !noProgress && await this.unlessAborted(() => this.runHooks('agent/request-error', { ...ctx, error }), signal)
           if (signal.aborted) { session.append('step/end', { turn, step }); return await end('aborted') }
           if (retry && session.replaceGeneration > generationBefore) {
+            if (error.code === 'CONTEXT_WINDOW_EXCEEDED') recoveredOverflowTokens = Math.min(recoveredOverflowTokens ?? Infinity, inputTokens)
             this.overflowRetries++
             session.append('step/end', { turn, step })
             session.append('recovery/retry', { generationBefore, generationAfter: session.replaceGeneration })
@@ -4531,7 +4632,7 @@ export class Agent implements CompactionHost {
 export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
   /** Cap on one tool's output in UTF-16 units. 100,000 ≈ 25,000 tokens by §2, the size of a big
    *  read in common coding agents; above it the pruner (§3) and the spill (§5) take over anyway. */
-  maxOutputChars: 100_000,
+  maxOutputUnits: 100_000,
   /** read_file: lines read when the model gives no `limit`. */
   readLimitLines: 2_000,
   /** list_files: entries listed at most (recursive listings stop there). */
@@ -4544,7 +4645,7 @@ export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
   grepTimeoutMs: 30_000,
   /** grep: lines longer than this (UTF-16 units) are not matched against a regular expression
    *  (a quadratic pattern on a minified line never ends); they are counted, and fixed_strings searches them. */
-  grepMaxLineChars: 10_000,
+  grepMaxLineUnits: 10_000,
   /** write_file and edit_file: the largest file they write, and the largest file edit_file reads, in bytes. */
   maxWriteBytes: 16 * 1024 * 1024,
   /** shell: timeout of a command when the model gives no `timeout_ms`, in ms. */
@@ -4560,7 +4661,7 @@ const TOOL_BINARY_SNIFF_BYTES = 8 * 1024
 /** grep: files larger than this many bytes are skipped (and counted in the summary). */
 const GREP_MAX_FILE_BYTES = 16 * 1024 * 1024
 /** grep: a matching line is shown up to this many UTF-16 units. */
-const GREP_LINE_CHARS = 500
+const GREP_LINE_UNITS = 500
 /** shell: ms between SIGTERM and SIGKILL of the process group, and again before giving up on its pipes. */
 const SHELL_KILL_GRACE_MS = 1_000
 
@@ -4573,8 +4674,8 @@ export interface BuiltinToolsOptions {
   allowShell?: boolean
   /** Cap on each tool's output in UTF-16 units; a one-line notice after the cut says what was left
    *  out and how to get it. `shell` gives each of stdout and stderr half of it (its first and last
-   *  quarter), with a marker in the middle. Default {@link BUILTIN_TOOL_DEFAULTS}.maxOutputChars (100,000). */
-  maxOutputChars?: number
+   *  quarter), with a marker in the middle. Default {@link BUILTIN_TOOL_DEFAULTS}.maxOutputUnits (100,000). */
+  maxOutputUnits?: number
   /** read_file: lines read when the model gives no `limit`. Default 2,000. */
   readLimitLines?: number
   /** list_files: entries listed at most. Default 1,000. */
@@ -4584,7 +4685,7 @@ export interface BuiltinToolsOptions {
   /** grep: time limit of one search in ms; past it the worker is stopped and the tool fails naming the limit. Default 30,000. */
   grepTimeoutMs?: number
   /** grep: longest line (UTF-16 units) matched against a regular expression. Default 10,000. */
-  grepMaxLineChars?: number
+  grepMaxLineUnits?: number
   /** shell: timeout in ms when the model gives no `timeout_ms`. Default 120,000. */
   shellTimeoutMs?: number
   /** shell: the longest `timeout_ms` the model may ask for, in ms. Default 600,000. */
@@ -4611,7 +4712,7 @@ interface ToolHost {
   path: NodePath
   /** realpath of the working directory. */
   root: string
-  maxOutputChars: number
+  maxOutputUnits: number
   maxWriteBytes: number
   /** Real paths the write tools refuse, with everything named `P.*` beside them (the session log). */
   protectedPaths: string[]
@@ -4631,7 +4732,7 @@ interface ToolHost {
  * (also those that left the group with setsid) are killed (docs/design.md §13). Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
- * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
+ * Output: each tool keeps at most `maxOutputUnits` UTF-16 units of its own output and then adds
  * one notice line saying how much was left out and how to get more (offset, a narrower path…).
  * Failures throw an `Error` whose message starts with the tool's name and says what to do
  * instead; the loop turns it into an error result for the model (docs/design.md §7). `shell` returns
@@ -4642,7 +4743,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineChars', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop', 'maxWriteBytes', 'sessionLog']
+  const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineUnits', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop', 'maxWriteBytes', 'sessionLog']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -4654,11 +4755,11 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     }
     return value as number
   }
-  const maxOutputChars = num('maxOutputChars')
+  const maxOutputUnits = num('maxOutputUnits')
   const readLimitLines = num('readLimitLines')
   const listMaxEntries = num('listMaxEntries')
   const grepMaxMatches = num('grepMaxMatches')
-  const grepLimits = { timeoutMs: num('grepTimeoutMs'), maxLineChars: num('grepMaxLineChars') }
+  const grepLimits = { timeoutMs: num('grepTimeoutMs'), maxLineUnits: num('grepMaxLineUnits') }
   const shellTimeoutMs = num('shellTimeoutMs')
   const shellMaxTimeoutMs = num('shellMaxTimeoutMs')
   if (shellTimeoutMs > shellMaxTimeoutMs) {
@@ -4671,7 +4772,7 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
   }
   if (!(await fs.stat(root)).isDirectory()) throw new Error(`builtinTools: working directory ${options.cwd} is not a directory`)
   if (options.sessionLog !== undefined && (typeof options.sessionLog !== 'string' || options.sessionLog === '')) throw new TypeError('builtinTools: options.sessionLog must be a file path')
-  const host: ToolHost = { fs, path, root, maxOutputChars, maxWriteBytes: num('maxWriteBytes'), protectedPaths: [] }
+  const host: ToolHost = { fs, path, root, maxOutputUnits, maxWriteBytes: num('maxWriteBytes'), protectedPaths: [] }
   if (options.sessionLog !== undefined) host.protectedPaths.push(await realpathLenient(host, path.resolve(root, options.sessionLog)))
   const tools = [
     readFileTool(host, readLimitLines),
@@ -4948,7 +5049,7 @@ function plural(n: number, word: string): string { return `${n} ${word}${n === 1
 // ── read_file ──
 
 function readFileTool(host: ToolHost, defaultLines: number): Tool {
-  const max = host.maxOutputChars
+  const max = host.maxOutputUnits
   return {
     name: 'read_file',
     description: `Read a text file inside the working directory. Each line comes back as its 1-based line number, a tab, then the text ("     7\\tconst x = 1"); the number and tab are not part of the file. Reads up to "limit" lines (default ${defaultLines}) from line "offset" (default 1), and at most ${max} characters; a note at the end says when the file continues and which offset reads on.`,
@@ -5084,9 +5185,9 @@ function listFilesTool(host: ToolHost, maxEntries: number): Tool {
       }
       if (entries.length === 0) return `(${shown} is an empty directory)`
       entries.sort() // breadth-first keeps the shallow levels under the cap; sorted, they read as a tree
-      const { text, count } = joinLinesCapped(entries, host.maxOutputChars)
+      const { text, count } = joinLinesCapped(entries, host.maxOutputUnits)
       const notes: string[] = []
-      if (count < entries.length) notes.push(`[output capped at ${host.maxOutputChars} characters: ${entries.length - count} more entries not shown; list a subdirectory to see them]`)
+      if (count < entries.length) notes.push(`[output capped at ${host.maxOutputUnits} characters: ${entries.length - count} more entries not shown; list a subdirectory to see them]`)
       if (full) notes.push(`[listing stopped at ${maxEntries} entries; list a subdirectory${recursive ? ', or list without recursive,' : ''} to see the rest]`)
       if (notDescended.length > 0) notes.push(`[not descended into: ${notDescended.join(', ')}; list them by path to see inside]`)
       return [text, ...notes].join('\n')
@@ -5170,9 +5271,9 @@ function searchFile(file) {
     if (end === -1) { if (start === text.length) break; end = text.length }
     const line = text.charCodeAt(end - 1) === 13 ? text.slice(start, end - 1) : text.slice(start, end)
     start = end + 1
-    if (line.length > w.maxLineChars) { out.longLines++; out.firstLongLine ??= rel + ':' + lineNo; continue }
+    if (line.length > w.maxLineUnits) { out.longLines++; out.firstLongLine ??= rel + ':' + lineNo; continue }
     if (!regex.test(line)) continue
-    const cut = head(line, w.lineChars)
+    const cut = head(line, w.lineUnits)
     out.matches.push(rel + ':' + lineNo + ':' + cut + (cut.length < line.length ? ' [… ' + (line.length - cut.length) + ' more characters]' : ''))
     matched = true
     if (out.matches.length >= w.limit) { out.reachedLimit = true; break }
@@ -5227,11 +5328,11 @@ async function runGrepWorker(data: Record<string, unknown>, timeoutMs: number, s
   })
 }
 
-function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, limits: { timeoutMs: number; maxLineChars: number }): Tool {
+function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, limits: { timeoutMs: number; maxLineUnits: number }): Tool {
   const { fs } = host
   return {
     name: 'grep',
-    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_CHARS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB; a regular expression is not tried on lines over ${limits.maxLineChars} characters (they are counted; fixed_strings searches them), and a search stops after ${limits.timeoutMs} ms.`,
+    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_UNITS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB; a regular expression is not tried on lines over ${limits.maxLineUnits} characters (they are counted; fixed_strings searches them), and a search stops after ${limits.timeoutMs} ms.`,
     parameters: {
       type: 'object',
       properties: {
@@ -5265,21 +5366,21 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, li
 
       const { matches, filesSearched, filesMatched, skippedBinary, skippedLarge, longLines, firstLongLine, reachedLimit } = await runGrepWorker({
         root: host.root, real, isDir: st.isDirectory(), source: regex.source, flags: regex.flags, fixed,
-        glob: globRegex?.source ?? null, globOnPath, limit, maxFileBytes: GREP_MAX_FILE_BYTES, maxLineChars: fixed ? Infinity : limits.maxLineChars,
-        lineChars: GREP_LINE_CHARS, skipDirs: [...TOOL_SKIP_DIRS], sniffBytes: TOOL_BINARY_SNIFF_BYTES,
+        glob: globRegex?.source ?? null, globOnPath, limit, maxFileBytes: GREP_MAX_FILE_BYTES, maxLineUnits: fixed ? Infinity : limits.maxLineUnits,
+        lineUnits: GREP_LINE_UNITS, skipDirs: [...TOOL_SKIP_DIRS], sniffBytes: TOOL_BINARY_SNIFF_BYTES,
       }, limits.timeoutMs, ctx.signal)
 
       const skipped = [
         skippedBinary > 0 ? plural(skippedBinary, 'binary file') : '',
         skippedLarge > 0 ? `${plural(skippedLarge, 'file')} over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB` : '',
-        longLines > 0 ? `${plural(longLines, 'line')} over ${limits.maxLineChars} characters (first at ${firstLongLine}; search them with fixed_strings: true)` : '',
+        longLines > 0 ? `${plural(longLines, 'line')} over ${limits.maxLineUnits} characters (first at ${firstLongLine}; search them with fixed_strings: true)` : '',
       ].filter(Boolean).join(' and ')
       const searched = `${plural(filesSearched, 'file')} searched${skipped ? `; skipped ${skipped}` : ''}`
       const what = `${fixed ? JSON.stringify(pattern) : `/${pattern}/`}${ignoreCase ? ' (ignoring case)' : ''}${glob ? ` in files matching ${glob}` : ''}`
       if (matches.length === 0) return `no matches for ${what} in ${shown} (${searched})`
-      const { text, count } = joinLinesCapped(matches, host.maxOutputChars)
+      const { text, count } = joinLinesCapped(matches, host.maxOutputUnits)
       const notes: string[] = []
-      if (count < matches.length) notes.push(`[output capped at ${host.maxOutputChars} characters: ${matches.length - count} more matching lines not shown; narrow the path or glob]`)
+      if (count < matches.length) notes.push(`[output capped at ${host.maxOutputUnits} characters: ${matches.length - count} more matching lines not shown; narrow the path or glob]`)
       notes.push(reachedLimit
         ? `[stopped at max_matches=${limit}: ${plural(matches.length, 'matching line')} in ${plural(filesMatched, 'file')}; narrow the pattern, path or glob${limit < maxMatches ? `, or raise max_matches (up to ${maxMatches})` : ''}]`
         : `[${plural(matches.length, 'matching line')} in ${plural(filesMatched, 'file')}; ${searched}]`)
@@ -5412,9 +5513,9 @@ class StreamText {
   push(chunk: string): void {
     this.total += chunk.length
     if (this.head.length < this.headMax) {
-      const room = this.headMax - this.head.length
-      this.head += chunk.slice(0, room)
-      chunk = chunk.slice(room)
+      const spaceUnits = this.headMax - this.head.length
+      this.head += chunk.slice(0, spaceUnits)
+      chunk = chunk.slice(spaceUnits)
     }
     if (chunk !== '' && this.tailMax > 0) this.tail = (this.tail + chunk).slice(-this.tailMax)
   }
@@ -5498,7 +5599,7 @@ function hookShellExit(proc: any, fsSync: typeof import('node:fs')): void {
 }
 
 function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number, env: Record<string, string>): Tool {
-  const half = Math.floor(host.maxOutputChars / 2)
+  const half = Math.floor(host.maxOutputUnits / 2)
   return {
     name: 'shell',
     description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with everything it started) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled; background jobs do not outlive the call. Variables that look secret (names with KEY, TOKEN, SECRET, PASSWORD) are not in its environment. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
@@ -5601,16 +5702,76 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
 // Web-standard code: the readers take the file's TEXT (never a path), so they run anywhere.
 // Formats as found in real files: docs/replay.md.
 
-/** The transcript formats `replay` reads (the CLI's `--format` values). */
-export type TranscriptFormat = 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
+/**
+ * One transcript format. Adding a format is one entry of {@link TRANSCRIPT_READERS}: the key is its
+ * name (the `format` option, the CLI's `--format NAME`); the format type, the accepted list in
+ * errors, detection and the CLI help all derive from the table.
+ */
+interface TranscriptReader {
+  /** What such a file is, for the help text and the accepted list. */
+  describe: string
+  /** What detection looks for in a JSON document / in JSONL, for the error when no format matches. */
+  looksFor: { json?: string; jsonl?: string }
+  /** Whether the parsed text is this format. */
+  detect(parsed: ParsedTranscript): boolean
+  /** Reads it; throws {@link TranscriptError} (line / field) for a file that breaks the format. */
+  read(parsed: ParsedTranscript, options: ReadTranscriptOptions): Transcript
+}
 
-/** Every {@link TranscriptFormat}, in the order detection and error messages list them. */
-export const TRANSCRIPT_FORMATS: readonly TranscriptFormat[] = ['dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+/**
+ * The transcript readers, in DETECTION order: the first entry whose `detect` says yes reads the
+ * file, so more specific shapes come first (mini-swe-agent's `messages` before openai's).
+ */
+const TRANSCRIPT_READERS = {
+  'mini-swe-agent': {
+    describe: 'mini-swe-agent trajectory (.traj.json, "trajectory_format": "mini-swe-agent-1")',
+    looksFor: { json: 'an object with "trajectory_format": "mini-swe-agent…", or with "messages" and "info.mini_version"' },
+    detect: (p) => p.kind === 'json' && isJsonRecord(p.value) && ((typeof p.value.trajectory_format === 'string' && p.value.trajectory_format.startsWith('mini-swe-agent')) ||
+      (Array.isArray(p.value.messages) && isJsonRecord(p.value.info) && 'mini_version' in p.value.info)),
+    read: (p) => readMiniSweAgent(p),
+  },
+  'swe-agent': {
+    describe: 'SWE-agent trajectory (.traj with "history")',
+    looksFor: { json: 'an object with "history"' },
+    detect: (p) => p.kind === 'json' && isJsonRecord(p.value) && Array.isArray(p.value.history),
+    read: (p) => readSweAgent(p),
+  },
+  openai: {
+    describe: 'OpenAI-style chat messages ([...messages] or {"messages": [...]})',
+    looksFor: { json: 'an array of messages, or an object with "messages"' },
+    detect: (p) => p.kind === 'json' && (Array.isArray(p.value) || (isJsonRecord(p.value) && Array.isArray(p.value.messages))),
+    read: (p) => readOpenAITranscript(p),
+  },
+  dsh: {
+    describe: 'dsh session log (JSONL of {seq, type, time, data})',
+    looksFor: { json: 'one dsh event {seq, type, time, data}', jsonl: 'a first line that is a dsh event {seq, type, time, data}' },
+    detect: (p) => (p.kind === 'jsonl' ? isDshEvent(p.lines[0].value) : isJsonRecord(p.value) && isDshEvent(p.value)),
+    read: (p) => readDshLog(p),
+  },
+  'claude-code': {
+    describe: 'Claude Code session (.jsonl)',
+    looksFor: { json: 'one Claude Code entry {type, uuid or sessionId, message}', jsonl: 'Claude Code entries {type, uuid or sessionId, message} among the first 50 lines' },
+    detect: (p) => (p.kind === 'jsonl' ? p.lines.slice(0, 50).some((l) => isClaudeCodeLine(l.value)) : isJsonRecord(p.value) && isClaudeCodeLine(p.value)),
+    read: (p, options) => readClaudeCode(p, options.sidechains === true),
+  },
+} satisfies Record<string, TranscriptReader>
 
-const ACCEPTED_FORMATS = 'Accepted formats: dsh (session log, JSONL of {seq, type, time, data}), openai ([...messages] ' +
-  'or {"messages": [...]}), claude-code (Claude Code session .jsonl), swe-agent (SWE-agent .traj with "history"), ' +
-  'mini-swe-agent (.traj.json with "trajectory_format": "mini-swe-agent-1"); force one with the `format` option ' +
-  '(CLI: --format NAME).'
+/** The transcript formats `replay` reads (the CLI's `--format` values): the names of {@link TRANSCRIPT_READERS}. */
+export type TranscriptFormat = keyof typeof TRANSCRIPT_READERS
+
+/** Every {@link TranscriptFormat}, in the order detection tries them and messages list them. */
+export const TRANSCRIPT_FORMATS: readonly TranscriptFormat[] = /* @__PURE__ */ Object.keys(TRANSCRIPT_READERS) as TranscriptFormat[]
+
+const isTranscriptFormat = (name: unknown): name is TranscriptFormat => typeof name === 'string' && Object.hasOwn(TRANSCRIPT_READERS, name)
+
+/** One line per format (`name  description`), for the CLI help. */
+function describeTranscriptFormats(indent = ''): string {
+  const width = TRANSCRIPT_FORMATS.reduce((w, f) => Math.max(w, f.length), 0)
+  return TRANSCRIPT_FORMATS.map((f) => `${indent}${f.padEnd(width)}  ${TRANSCRIPT_READERS[f].describe}`).join('\n')
+}
+
+const acceptedFormats = (): string =>
+  `Accepted formats: ${TRANSCRIPT_FORMATS.map((f) => `${f} (${TRANSCRIPT_READERS[f].describe})`).join(', ')}; force one with the \`format\` option (CLI: --format NAME).`
 
 /**
  * A recorded session as provider-neutral messages.
@@ -5658,7 +5819,7 @@ export class TranscriptError extends Error {
   constructor(problem: string, at: { line?: number; field?: string } = {}) {
     const where = [at.line === undefined ? '' : `line ${at.line}`, at.field === undefined ? '' : `field ${at.field}`]
       .filter(Boolean).join(', ')
-    super(`${where ? `${where}: ` : ''}${problem}. ${ACCEPTED_FORMATS}`)
+    super(`${where ? `${where}: ` : ''}${problem}. ${acceptedFormats()}`)
     this.name = 'TranscriptError'
     this.line = at.line
     this.field = at.field
@@ -5714,21 +5875,13 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  * @throws {TranscriptError} for text that is no transcript or breaks its format (line / field given).
  */
 export function readTranscript(text: string, options: ReadTranscriptOptions = {}): Transcript {
-  if (options.format !== undefined && !TRANSCRIPT_FORMATS.includes(options.format)) {
+  if (options.format !== undefined && !isTranscriptFormat(options.format)) {
     throw new TranscriptError(`unknown format ${JSON.stringify(options.format)}`, { field: 'format' })
   }
   const parsed = parseTranscriptText(text)
   const format = options.format ?? detectParsed(parsed)
-  const notes = [...parsed.notes]
-  let transcript: Transcript
-  switch (format) {
-    case 'openai': transcript = readOpenAITranscript(parsed); break
-    case 'mini-swe-agent': transcript = readMiniSweAgent(parsed); break
-    case 'swe-agent': transcript = readSweAgent(parsed); break
-    case 'claude-code': transcript = readClaudeCode(parsed, options.sidechains === true); break
-    case 'dsh': transcript = readDshLog(parsed); break
-  }
-  transcript.notes.unshift(...notes)
+  const transcript = TRANSCRIPT_READERS[format].read(parsed, options)
+  transcript.notes.unshift(...parsed.notes)
   return transcript
 }
 
@@ -5750,6 +5903,9 @@ function parseTranscriptText(text: string): ParsedTranscript {
   const firstLine = lineNumberAt(text, start)
   const first = text[start]
   if (first !== '{' && first !== '[') {
+    let scalar: unknown
+    try { scalar = JSON.parse(text) } catch { scalar = undefined }
+    if (scalar !== undefined) throw new TranscriptError(`a JSON ${jsonTypeName(scalar)} is not a transcript (a transcript is a JSON object or array, or JSONL)`)
     const head = text.slice(start, start + 40).split(/\r?\n/)[0]
     throw new TranscriptError(`not JSON: the first non-blank line starts with ${JSON.stringify(head)}`, { line: firstLine })
   }
@@ -5795,24 +5951,22 @@ function parseJsonl(text: string): ParsedTranscript {
   return { kind: 'jsonl', lines, notes }
 }
 
+/** The first format of {@link TRANSCRIPT_READERS} that detects the text; else an error listing what each looks for. */
 function detectParsed(parsed: ParsedTranscript): TranscriptFormat {
+  const format = TRANSCRIPT_FORMATS.find((f) => TRANSCRIPT_READERS[f].detect(parsed))
+  if (format !== undefined) return format
+  const container = parsed.kind
+  const wanted = TRANSCRIPT_FORMATS.flatMap((f) => {
+    const looksFor = (TRANSCRIPT_READERS[f].looksFor as TranscriptReader['looksFor'])[container]
+    return looksFor === undefined ? [] : [`${f}: ${looksFor}`]
+  }).join('; ')
   if (parsed.kind === 'jsonl') {
     const [head] = parsed.lines
-    if (isDshEvent(head.value)) return 'dsh'
-    if (parsed.lines.slice(0, 50).some(l => isClaudeCodeLine(l.value))) return 'claude-code'
-    throw new TranscriptError(`JSONL whose first line is neither a dsh event {seq, type, time, data} nor a Claude Code ` +
-      `entry {type, uuid, sessionId, message}; its keys are ${jsonKeyList(head.value)}`, { line: head.line })
+    throw new TranscriptError(`JSONL that matches no format (${wanted}); its first line's keys are ${jsonKeyList(head.value)}`, { line: head.line })
   }
   const v = parsed.value
-  if (Array.isArray(v)) return 'openai'
   if (!isJsonRecord(v)) throw new TranscriptError(`a JSON ${jsonTypeName(v)} is not a transcript`)
-  if (typeof v.trajectory_format === 'string' && v.trajectory_format.startsWith('mini-swe-agent')) return 'mini-swe-agent'
-  if (Array.isArray(v.messages) && isJsonRecord(v.info) && 'mini_version' in v.info) return 'mini-swe-agent'
-  if (Array.isArray(v.history)) return 'swe-agent'
-  if (Array.isArray(v.messages)) return 'openai'
-  if (isDshEvent(v)) return 'dsh'
-  if (isClaudeCodeLine(v)) return 'claude-code'
-  throw new TranscriptError(`a JSON object without "messages", "history" or "trajectory_format"; its keys are ${jsonKeyList(v)}`)
+  throw new TranscriptError(`a JSON object that matches no format (${wanted}); its keys are ${jsonKeyList(v)}`)
 }
 
 function isDshEvent(v: TranscriptRecord): boolean {
@@ -6451,39 +6605,54 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   return transcript
 }
 
-// ── 9.2 Replay runner: a transcript through the meter and the ladder, offline (docs/design.md §8) ──
+// ── 9.2 Replay runner: a transcript through the real Agent, offline (docs/design.md §8) ──
 // Web-standard like the readers: it takes a Transcript (or the file's text); the CLI reads files.
-
-/** What the ladder did at one check: the rung taken (docs/design.md §5 prune → compact; `failed` = still over). */
-export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed'
+// Replay IS an Agent: a recorded provider answers each step with the transcript's assistant message,
+// recorded tools answer each call with the transcript's result, and the report is read off the
+// Agent's events. Turns, steps, steering, spill and the ladder are the loop's own; nothing here
+// re-implements them. To add a figure (a column), see REPLAY_FIGURES; a new `compaction/*` event
+// type is a rung of its own without any change here.
 
 /**
- * One thing the replay did to the surface. Token figures are dsh's heuristic (docs/design.md §2):
+ * What the ladder did at one check: the name of the last rung taken (`prune`, `compact` — the
+ * `compaction/summary` rung —, or the suffix of any other `compaction/*` event type, e.g. `clear`),
+ * `none`, or `failed` (the ladder logged `compaction/warning`, still over the threshold, and changed nothing).
+ */
+export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed' | (string & {})
+
+/**
+ * One thing the replay did to the surface, read off the log. Token figures are dsh's heuristic (docs/design.md §2):
  * - `spill`: a tool result over the spill limit (UTF-8 `bytes`) replaced at write time by a preview;
  * - `prune`: the tool result at `seq` cut to head + tail (its price before → after);
  * - `compaction`: `messages` surface messages (seqs `firstSeq`..`lastSeq`, priced `tokensBefore`)
  *   replaced by a checkpoint priced `tokensAfter`; `totalBefore`/`totalAfter` are the request totals;
- * - `compaction-failed`: a summary transaction that committed nothing, with its error.
+ * - `compaction-failed`: a summary transaction that committed nothing, with its error;
+ * - `rung`: any other ladder event (`compaction/<rung>`, e.g. `compaction/clear`): the event's
+ *   `seq` and `data` as logged.
  */
 export type ReplayEvent =
   | { type: 'spill'; seq: number; bytes: number; tokensBefore: number; tokensAfter: number }
   | { type: 'prune'; seq: number; tokensBefore: number; tokensAfter: number }
   | { type: 'compaction'; id: string; messages: number; firstSeq: number; lastSeq: number; tokensBefore: number; tokensAfter: number; totalBefore: number; totalAfter: number }
   | { type: 'compaction-failed'; id: string; error: string }
+  | { type: 'rung'; rung: string; seq: number; data: Record<string, unknown> }
 
 /**
  * One row of a replay: a pressure check, at a turn start (`kind: 'turn-start'`, after the user input
- * is appended) or after a step (`kind: 'step'`, after its assistant message and tool results). All
- * figures are tokens by dsh's own estimate, never anchored on the transcript's usage.
+ * is appended) or after a step (`kind: 'step'`, after its assistant message, tool results and any
+ * steering). All figures are tokens by dsh's own estimate, never anchored on the transcript's usage.
  * - `step`: 1-based over the whole transcript (one per assistant message); on a turn-start row, the
  *   number of the step that follows. `turn`: 1-based.
- * - `requestTokens` (steps): the measured total of the projected request that produced this step's
- *   assistant message — what dsh would have sent. `unmanagedTokens`: the same point with no
+ * - `requestTokens` (steps): the measured total of the request the loop sent for this step (its
+ *   `inputTokens`) — what dsh would have sent. `unmanagedTokens`: the same point with no
  *   management (envelope + every message so far, as recorded). `recordedPromptTokens`: the prompt
  *   tokens the original run reported for this call, when the file has them (comparison only).
  * - `beforeTokens` → `afterTokens`: the measured total around the rung; `reclaimedTokens` = their
  *   difference. `prunes`/`prunedTokens`: prune events and tokens they reclaimed; `summaryCalls`:
- *   summary requests made; `events`: spills, prunes and compactions in order; `warnings`: ladder warnings.
+ *   summary requests made; `events`: spills, prunes, compactions and other rungs in order;
+ *   `warnings`: ladder warnings.
+ * - `figures`: the values of the extra figures ({@link REPLAY_FIGURES}, {@link ReplayOptions.figures}),
+ *   by name; present only when there are any.
  */
 export interface ReplayStep {
   kind: 'turn-start' | 'step'
@@ -6501,6 +6670,7 @@ export interface ReplayStep {
   summaryCalls: number
   events: ReplayEvent[]
   warnings: string[]
+  figures?: Record<string, number>
 }
 
 /**
@@ -6510,6 +6680,8 @@ export interface ReplayStep {
  *   `unmanagedStepsOverWindow`: steps whose unmanaged request would have been larger than the window.
  * - `summaryRequestsOverWindow`: summary requests larger than the summarizer's window (by §2).
  * - `resultsOverPruneThreshold`: tool results of the transcript over the prune threshold (code points).
+ * - `rungs`: how many times each rung acted (rung name → events), e.g. `{prune: 4, compact: 1}`.
+ * - `figures`: each extra figure totalled as it says (`sum` or `max`); present only when there are any.
  */
 export interface ReplayTotals {
   steps: number
@@ -6531,6 +6703,8 @@ export interface ReplayTotals {
   resultsOverPruneThreshold: number
   /** Ladder warnings (their texts are in {@link ReplayReport.warnings}). */
   ladderWarnings: number
+  rungs: Record<string, number>
+  figures?: Record<string, number>
 }
 
 /** The outcome of {@link replayTranscript}: the settings used, one row per pressure check, totals. */
@@ -6546,10 +6720,41 @@ export interface ReplayReport {
   summaries: { simulated: true; tokens: number } | { simulated: false; model: string }
   rows: ReplayStep[]
   totals: ReplayTotals
-  /** The reader's notes on the transcript (skipped, synthesised, renamed). */
+  /** The reader's notes on the transcript (skipped, synthesised, renamed), then the replay's own. */
   notes: string[]
   warnings: string[]
 }
+
+/** What a {@link ReplayFigure} sees besides the event: the replay's session and the step's request. */
+export interface ReplayFigureContext {
+  /** The replay's session (read it, do not append). */
+  session: Session
+  /** Context window of the replay, tokens. */
+  contextWindow: number
+  /** The request the loop sent for the current step (absent on a turn-start row). */
+  request?: ChatRequest
+  /** The usage the transcript records for the current step, when it has one (tokens). */
+  recordedUsage?: Usage
+}
+
+/**
+ * An extra figure of the replay report, computed from the Agent's events of each row: `add` is
+ * called with every event of the row in order (log events, the recorded usage as a `stream` `usage`
+ * event, warnings), starting from 0, and returns the new value. Rows carry it in `figures[name]`,
+ * the totals combine rows by `total`, and with `cell` it is a column of the text table (header `name`).
+ */
+export interface ReplayFigure {
+  name: string
+  add(event: AgentEvent, value: number, context: ReplayFigureContext): number
+  total: 'sum' | 'max'
+  cell?: (value: number) => string
+}
+
+/**
+ * Figures every replay computes besides the built-in ones (see {@link ReplayFigure}); add an entry
+ * here to give the report a column. Empty in this version.
+ */
+export const REPLAY_FIGURES: readonly ReplayFigure[] = []
 
 /** Options of {@link replayTranscript}. */
 export interface ReplayOptions {
@@ -6564,6 +6769,10 @@ export interface ReplayOptions {
   signal?: AbortSignal
   /** Called with each row as it is made, with the replay's session (read it, do not append). */
   onStep?: (step: ReplayStep, session: Session) => void
+  /** Called with every event of the replay's Agent (log events, stream events, warnings). */
+  onEvent?: (event: AgentEvent) => void
+  /** Extra figures, after {@link REPLAY_FIGURES}. Names must be unique. */
+  figures?: readonly ReplayFigure[]
 }
 
 /** Default size of a simulated summary, tokens (the CLI's `--summary-tokens`, default 2,000). */
@@ -6575,7 +6784,7 @@ export const DEFAULT_REPLAY_SUMMARY_TOKENS = 2000
  */
 function simulatedSummaryText(tokens: number, messages: number): string {
   const head = `[simulated checkpoint of ${messages} message(s): fixed size, no model was called] `
-  const chars = tokens * CHARS_PER_TOKEN
+  const chars = tokens * UNITS_PER_TOKEN
   let text = head
   while (text.length < chars) text += 'summary text '
   text = text.slice(0, chars)
@@ -6610,19 +6819,103 @@ function replayPositiveInteger(name: string, value: unknown, fix: string): numbe
   return value as number
 }
 
+/** One step of a transcript as the recorded provider and tools answer it. */
+interface ReplayScriptStep {
+  message: AssistantMessage
+  usage?: Usage
+  /** The recorded results of the message's tool calls, in call order. */
+  results: ToolResultMessage[]
+  /** User messages after this step's results: steering, queued while the step is answered. */
+  steerAfter: UserMessage[]
+}
+
+/** One turn: the input `Agent.run` gets, steering queued before it, and the steps the transcript records. */
+interface ReplayScriptTurn { input: UserMessage; steerBefore: UserMessage[]; steps: ReplayScriptStep[] }
+
 /**
- * Replays a transcript through the meter and the ladder, offline (docs/design.md §8), the way
- * the {@link Agent} would have fed it: into a fresh {@link Session} ({@link MemoryStore}) with the
- * transcript's envelope; a user message opens a turn (`turn/start`, the input appended and pinned
- * as {@link CompactionHost.pinnedSeq}, then the pressure check), a user message right after another
- * (or, in a dsh log, one not after `turn/start`) is steering; each assistant message is a step
- * (`step/start`, the message, each result as `tool/call` + `tool/result` — spilled over the spill
- * limit as the Agent does — then `compactIfNeeded(host, 'pressure')`, then `step/end`).
- * Usage is never given to the session: the transcript's figures describe the original prompts,
- * so the meter stays on its own estimate; they are kept per step as `recordedPromptTokens`.
+ * Cuts a transcript into the turns the loop would run. A user message opens a turn where the loop
+ * would be idle: at the start, and after a step that called no tool and was not steered — or,
+ * when the transcript records turn starts (dsh logs), exactly there. Any other user message is
+ * steering: before the turn's first step, or after the results of the step it follows.
+ */
+function replayScript(transcript: Transcript, notes: string[]): ReplayScriptTurn[] {
+  const turns: ReplayScriptTurn[] = []
+  const starts = transcript.turnStarts ? new Set(transcript.turnStarts) : undefined
+  let assistants = 0
+  transcript.messages.forEach((m, i) => {
+    const turn = turns.at(-1)
+    const step = turn?.steps.at(-1)
+    if (m.role === 'user') {
+      const idle = !turn || (starts ? starts.has(i) : step !== undefined && !step.message.content.some((b) => b.type === 'tool-call') && step.steerAfter.length === 0)
+      if (idle) turns.push({ input: m, steerBefore: [], steps: [] })
+      else if (step) step.steerAfter.push(m)
+      else turn!.steerBefore.push(m)
+    } else if (m.role === 'assistant') {
+      if (!turn) {
+        turns.push({ input: { role: 'user', content: '' }, steerBefore: [], steps: [] })
+        notes.push('the transcript opens with an assistant message: replay opened the first turn with an empty user input')
+      }
+      turns.at(-1)!.steps.push({ message: m, usage: transcript.usage[assistants++], results: [], steerAfter: [] })
+    } else step?.results.push(m) // the pairing pass put every result right after its step
+  })
+  return turns
+}
+
+/**
+ * An Agent whose envelope is the transcript's (system prompt and tool specs as recorded, even where
+ * the file records no specs for the tools it calls).
+ */
+class ReplayAgent extends Agent {
+  readonly recordedEnvelope: Envelope
+  constructor(options: AgentOptions, envelope: Envelope) {
+    super(options)
+    this.recordedEnvelope = envelope
+  }
+  override get envelope(): Envelope { return this.recordedEnvelope }
+}
+
+/** A row while its events arrive. */
+interface OpenReplayRow {
+  kind: ReplayStep['kind']
+  step: number
+  turn: number
+  requestTokens?: number
+  unmanagedTokens?: number
+  recordedPromptTokens?: number
+  beforeTokens?: number
+  hasMessage: boolean
+  rung?: string
+  ladderWarned: boolean
+  summaryCalls: number
+  events: ReplayEvent[]
+  warnings: string[]
+  figures: number[]
+  context: ReplayFigureContext
+}
+
+/** The rung a `compaction/*` event type names; undefined for the ladder's bookkeeping events. */
+function rungOfEvent(type: string): string | undefined {
+  if (!type.startsWith('compaction/')) return undefined
+  const name = type.slice('compaction/'.length)
+  if (name === 'start' || name === 'end' || name === 'warning') return undefined
+  return name === 'summary' ? 'compact' : name
+}
+
+/**
+ * Replays a transcript offline through the real {@link Agent} (docs/design.md §8): a fresh
+ * {@link Session} ({@link MemoryStore}), the transcript's envelope, a recorded provider that answers
+ * each step with the transcript's assistant message (and streams its recorded usage as a `usage`
+ * event, never as the response's usage: the transcript's figures describe the original prompts, so
+ * the meter stays on its own estimate), and recorded tools that answer each call with the
+ * transcript's result. The loop does the rest as in a live session: turn starts and the pinned
+ * input, steering, spill at write time, the ladder's pressure checks at the turn start and after
+ * every step. Turns are cut where the loop would be idle (see the readers' `turnStarts` for dsh
+ * logs); a turn the transcript ends while the loop would go on (its last step called tools) ends
+ * as cancelled. The rows are read off the Agent's events.
  * Without `summarizer`, summaries are simulated at exactly `summaryTokens` tokens each.
- * @throws {RangeError} for a missing or bad `contextWindow`, `thresholdRatio` or `summaryTokens`
- *   (the message names the value and the fix). Cancellation through `signal` rejects with its reason.
+ * @throws {RangeError} for a missing or bad `contextWindow`, `thresholdRatio`, `summaryTokens` or
+ *   figure names (the message names the value and the fix). Cancellation through `signal` rejects
+ *   with its reason.
  */
 export async function replayTranscript(transcript: Transcript, options: ReplayOptions = {}): Promise<ReplayReport> {
   const windowGiven = options.contextWindow ?? transcript.contextWindow ?? options.summarizer?.contextWindow
@@ -6633,170 +6926,239 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     throw new RangeError(`replay: thresholdRatio must be a number in (0, 1], got ${String(thresholdRatio)}; e.g. 0.8 (CLI: --threshold 0.8)`)
   }
   const summaryTokens = replayPositiveInteger('summaryTokens', options.summaryTokens ?? DEFAULT_REPLAY_SUMMARY_TOKENS, 'e.g. 2000 (CLI: --summary-tokens N)')
+  const figures = [...REPLAY_FIGURES, ...(options.figures ?? [])]
+  const figureNames = new Set<string>()
+  for (const f of figures) {
+    if (typeof f?.name !== 'string' || f.name === '' || figureNames.has(f.name)) throw new RangeError(`replay: every figure needs a unique non-empty name, got ${JSON.stringify(f?.name)}`)
+    figureNames.add(f.name)
+  }
   const signal = options.signal
-  const compaction: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG, thresholdRatio }
+  signal?.throwIfAborted()
+  const notes = [...transcript.notes]
+  const script = replayScript(transcript, notes)
   const pruneConfig = resolvePruneConfig()
+  const session = new Session({ store: new MemoryStore() })
+  session.append('session/start', { id: `replay-${transcript.format}`, version: VERSION })
+
+  let open: OpenReplayRow | undefined
+  const rows: ReplayStep[] = []
+  const warnings: string[] = []
+
+  // Every summary request passes here, so its size (the estimate summarise() hands over) is recorded.
   const base = options.summarizer ?? simulatedSummarizer(summaryTokens, window)
   const summaryWindow = base.contextWindow ?? window
   let peakSummaryRequestTokens = 0
   let summaryRequestsOverWindow = 0
-  // Every summary request passes here, so its size (the estimate summarise() hands over) is recorded.
   const summarizer: Provider = {
     model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens,
     complete(request) {
       const tokens = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools }, request.messages)
       peakSummaryRequestTokens = Math.max(peakSummaryRequestTokens, tokens)
       if (tokens > summaryWindow) summaryRequestsOverWindow++
+      if (open) open.summaryCalls++
       return base.complete(request)
     },
   }
-  const session = new Session({ store: new MemoryStore() })
-  session.append('session/start', { id: `replay-${transcript.format}`, version: VERSION })
-  const envelope = transcript.envelope
-  session.setHeader({ model: summarizer.model, baseURL: summarizer.baseURL, system: envelope.system, tools: envelope.tools, contextWindow: window })
-  const warnings: string[] = []
-  let rowWarnings: string[] = []
-  const host = {
-    session, summarizer, contextWindow: window, envelope, compaction, pruneConfig,
-    pinnedSeq: undefined as number | undefined,
-    warn(message: string) { warnings.push(message); rowWarnings.push(message) },
-    ladderState: {} as LadderState,
-  } satisfies CompactionHost
 
-  // Surface changes made by the ladder, read off the log as they are appended.
-  let rowEvents: ReplayEvent[] = []
-  let pendingPrune: { seq: number; tokens: number } | undefined
-  let pendingSummary: { id: string; seqs: number[]; tokens: number } | undefined
-  let pendingCheckpoint: { tokens: number } | undefined
-  session.subscribe((e) => {
-    const d = e.data as any
-    switch (e.type) {
-      case 'compaction/prune': pendingPrune = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; break
-      case 'tool/result':
-        if (pendingPrune && d.surfaceOp.op === 'replace') {
-          rowEvents.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message) })
-          pendingPrune = undefined
-        }
-        break
-      case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
-      case 'user/message': if (pendingSummary && d.compactionId === pendingSummary.id) pendingCheckpoint = { tokens: estimateMessageTokens(d.message) }; break
-      case 'compaction/end':
-        if (d.error !== undefined) rowEvents.push({ type: 'compaction-failed', id: d.id, error: d.error })
-        else if (pendingSummary && pendingCheckpoint && pendingSummary.id === d.id) {
-          const s = pendingSummary
-          rowEvents.push({
-            type: 'compaction', id: s.id, messages: s.seqs.length, firstSeq: s.seqs[0], lastSeq: s.seqs[s.seqs.length - 1],
-            tokensBefore: s.tokens, tokensAfter: pendingCheckpoint.tokens, totalBefore: d.tokensBefore, totalAfter: d.tokensAfter,
-          })
-        }
-        pendingSummary = undefined
-        pendingCheckpoint = undefined
-        break
-    }
-  })
-
-  const rows: ReplayStep[] = []
-  let unmanaged = estimateEnvelopeTokens(envelope)
-  let turn = 0
-  let stepInTurn = 0
-  let step = 0
-  let assistantIndex = 0
-  let lastHadCalls = false
-  let resultsOverPruneThreshold = 0
-
-  /** One pressure check; records a row. */
-  const check = async (row: Omit<ReplayStep, 'beforeTokens' | 'rung' | 'afterTokens' | 'reclaimedTokens' | 'prunes' | 'prunedTokens' | 'summaryCalls' | 'events' | 'warnings'>) => {
-    const outcome = await compactIfNeeded(host, 'pressure', signal)
-    const rung: ReplayRung = outcome.action === 'compacted' ? 'compact' : outcome.action === 'pruned' ? 'prune' : outcome.action === 'failed' ? 'failed' : 'none'
-    const events = rowEvents
-    const full: ReplayStep = {
-      ...row, beforeTokens: outcome.tokensBefore, rung, afterTokens: outcome.tokensAfter,
-      reclaimedTokens: outcome.tokensBefore - outcome.tokensAfter, prunes: events.filter((e) => e.type === 'prune').length,
-      prunedTokens: outcome.prunedTokens, summaryCalls: outcome.summaryRequests, events, warnings: rowWarnings,
-    }
-    rowEvents = []
-    rowWarnings = []
-    rows.push(full)
-    options.onStep?.(full, session)
+  // The recorded provider: the turn's next recorded step, or — when the transcript records none
+  // while the loop would go on — the turn ends as cancelled.
+  let turn: ReplayScriptTurn | undefined
+  let stepIndex = 0
+  let current: ReplayScriptStep | undefined
+  let stop: AbortController | undefined
+  const provider: Provider = {
+    model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', contextWindow: window, maxTokens: window,
+    async complete(request) {
+      current = turn?.steps[stepIndex++]
+      if (!current) {
+        stop?.abort(new Error('the transcript records no further step in this turn'))
+        throw new ProviderError('ABORTED', 'the transcript records no further step in this turn')
+      }
+      if (open) { open.requestTokens = request.inputTokens; open.context.request = request; open.context.recordedUsage = current.usage }
+      if (current.usage) request.onEvent?.({ type: 'usage', usage: current.usage })
+      for (const m of current.steerAfter) agent.steer(m)
+      return { message: current.message, finishReason: 'replay' }
+    },
   }
-  const endTurn = (reason: string) => { if (turn > 0 && session.turn.open) session.append('turn/end', { turn, reason }) }
 
-  const messages = transcript.messages
-  const turnStarts = transcript.turnStarts ? new Set(transcript.turnStarts) : undefined
-  for (let i = 0; i < messages.length; i++) {
-    signal?.throwIfAborted()
-    const m = messages[i]
-    if (m.role === 'user') {
-      unmanaged += estimateMessageTokens(m)
-      const opens = turnStarts ? turnStarts.has(i) : i === 0 || messages[i - 1].role !== 'user'
-      if (!opens && turn > 0) { session.append('user/message', { message: m, surfaceOp: { op: 'append' } }); continue } // steering
-      endTurn(lastHadCalls ? 'next-input' : 'stop')
-      turn++
-      stepInTurn = 0
-      session.append('turn/start', { turn })
-      host.pinnedSeq = session.append('user/message', { message: m, surfaceOp: { op: 'append' } }).seq
-      await check({ kind: 'turn-start', step: step + 1, turn, unmanagedTokens: unmanaged })
-      continue
+  // The recorded tools: each call's result from the transcript, found by the id the loop logged.
+  const recordedResults = new Map<string, ToolResultMessage>()
+  const answered = new Set<string>()
+  const toolNames = new Set<string>()
+  for (const m of transcript.messages) for (const b of m.role === 'assistant' ? m.content : []) if (b.type === 'tool-call') toolNames.add((b as ToolCallBlock).name)
+  const tools: Tool[] = [...toolNames].map((name) => ({
+    name, description: '', parameters: {},
+    execute(_args: unknown, ctx: ToolContext): ToolOutput {
+      const result = recordedResults.get(ctx.callId)
+      if (!result) throw new Error(`the transcript records no result for tool call ${ctx.callId}`)
+      answered.add(ctx.callId)
+      return { content: result.content, isError: result.isError }
+    },
+  }))
+
+  // Rows, read off the Agent's events.
+  let unmanaged = estimateEnvelopeTokens(transcript.envelope)
+  let steps = 0
+  let turns = 0
+  let answeredByLoop = 0
+  let pendingPrune: { seq: number; tokens: number } | undefined
+  let pendingSummary: { id: string; seqs: number[]; tokens: number; checkpointTokens?: number } | undefined
+  const openRow = (kind: ReplayStep['kind'], turnNumber: number) => {
+    open = {
+      kind, step: steps + 1, turn: turnNumber, hasMessage: false, ladderWarned: false, summaryCalls: 0, events: [], warnings: [],
+      figures: figures.map(() => 0), context: { session, contextWindow: window },
     }
-    if (m.role === 'tool') continue // appended with its step below
-    // An assistant message: one step.
-    if (turn === 0) { turn = 1; session.append('turn/start', { turn }) } // a transcript that opens without user input
-    step++
-    stepInTurn++
-    const requestTokens = session.measure().totalTokens
-    const recorded = transcript.usage[assistantIndex++]
-    const row = { kind: 'step' as const, step, turn, requestTokens, unmanagedTokens: unmanaged, ...(recorded ? { recordedPromptTokens: recorded.promptTokens } : {}) }
-    unmanaged += estimateMessageTokens(m)
-    session.append('step/start', { turn, step: stepInTurn })
-    session.append('assistant/message', { message: m, finishReason: 'replay', surfaceOp: { op: 'append' } })
-    const calls = m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
-    lastHadCalls = calls.length > 0
-    for (; i + 1 < messages.length && messages[i + 1].role === 'tool'; i++) {
-      const result = messages[i + 1] as ToolResultMessage
-      unmanaged += estimateMessageTokens(result)
-      if (resultCodePoints(result, pruneConfig.thresholdChars) > pruneConfig.thresholdChars) resultsOverPruneThreshold++
-      const call = calls.find((c) => c.id === result.toolCallId)
-      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '' })
-      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, spillName(session.seq))
-      const event = session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
-      if (spilled.spilled) {
-        rowEvents.push({ type: 'spill', seq: event.seq, bytes: spilled.spilled.bytes, tokensBefore: estimateMessageTokens(result), tokensAfter: estimateMessageTokens(spilled.message) })
+  }
+  const closeRow = () => {
+    const r = open
+    open = undefined
+    if (!r || (r.kind === 'step' && !r.hasMessage)) return // a step the transcript does not record (the turn ended there)
+    const afterTokens = session.measure().totalTokens
+    const beforeTokens = r.beforeTokens ?? afterTokens
+    const prunes = r.events.filter((e) => e.type === 'prune') as Extract<ReplayEvent, { type: 'prune' }>[]
+    const row: ReplayStep = {
+      kind: r.kind, step: r.step, turn: r.turn,
+      ...(r.requestTokens !== undefined ? { requestTokens: r.requestTokens } : {}),
+      unmanagedTokens: r.unmanagedTokens ?? unmanaged,
+      ...(r.recordedPromptTokens !== undefined ? { recordedPromptTokens: r.recordedPromptTokens } : {}),
+      beforeTokens, rung: r.rung ?? (r.ladderWarned ? 'failed' : 'none'), afterTokens, reclaimedTokens: beforeTokens - afterTokens,
+      prunes: prunes.length, prunedTokens: prunes.reduce((t, e) => t + e.tokensBefore - e.tokensAfter, 0),
+      summaryCalls: r.summaryCalls, events: r.events, warnings: r.warnings,
+      ...(figures.length > 0 ? { figures: Object.fromEntries(figures.map((f, k) => [f.name, r.figures[k]])) } : {}),
+    }
+    rows.push(row)
+    options.onStep?.(row, session)
+  }
+  const observe = (ae: AgentEvent) => {
+    options.onEvent?.(ae)
+    if (ae.type === 'warning') { warnings.push(ae.message); open?.warnings.push(ae.message) }
+    if (ae.type === 'stream' && ae.event.type === 'usage' && open) open.recordedPromptTokens = ae.event.usage.promptTokens
+    if (ae.type === 'log') {
+      const e = ae.event
+      const d = e.data as any
+      const appended = d?.surfaceOp?.op === 'append'
+      const rung = rungOfEvent(e.type)
+      if (e.type.startsWith('compaction/') && open && open.beforeTokens === undefined) open.beforeTokens = session.measure().totalTokens
+      if (rung && open) open.rung = rung
+      switch (e.type) {
+        case 'turn/start': closeRow(); turns = d.turn; openRow('turn-start', d.turn); break
+        case 'step/start': closeRow(); openRow('step', turns); break
+        case 'step/end': case 'turn/end': closeRow(); break
+        case 'user/message':
+          if (appended) unmanaged += estimateMessageTokens(d.message)
+          else if (pendingSummary && d.compactionId === pendingSummary.id) pendingSummary.checkpointTokens = estimateMessageTokens(d.message)
+          break
+        case 'assistant/message': {
+          if (!appended || !open || !current) break
+          open.hasMessage = true
+          open.step = ++steps
+          open.unmanagedTokens = unmanaged
+          unmanaged += estimateMessageTokens(current.message)
+          // The logged calls (ids as the loop kept or repaired them) in order, matched to the recorded results.
+          const logged = (d.message as AssistantMessage).content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+          const recorded = current.message.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+          logged.forEach((c, k) => {
+            const result = current!.results.find((r) => r.toolCallId === recorded[k]?.id)
+            if (result) recordedResults.set(c.id, result)
+          })
+          break
+        }
+        case 'tool/result': {
+          if (appended) {
+            const original = recordedResults.get(d.message.toolCallId) ?? d.message
+            if (!answered.has(d.message.toolCallId)) answeredByLoop++
+            unmanaged += estimateMessageTokens(original)
+            if (d.spilled && open) open.events.push({ type: 'spill', seq: e.seq, bytes: d.spilled.bytes, tokensBefore: estimateMessageTokens(original), tokensAfter: estimateMessageTokens(d.message) })
+          } else if (pendingPrune && open) {
+            open.events.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message) })
+            pendingPrune = undefined
+          }
+          break
+        }
+        case 'compaction/prune': pendingPrune = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; break
+        case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
+        case 'compaction/warning': if (open) open.ladderWarned = true; break
+        case 'compaction/end':
+          if (!open) break
+          if (d.error !== undefined) open.events.push({ type: 'compaction-failed', id: d.id, error: d.error })
+          else {
+            const s = pendingSummary
+            if (s !== undefined && s.id === d.id && s.checkpointTokens !== undefined) open.events.push({
+              type: 'compaction', id: s.id, messages: s.seqs.length, firstSeq: s.seqs[0], lastSeq: s.seqs[s.seqs.length - 1],
+              tokensBefore: s.tokens, tokensAfter: s.checkpointTokens, totalBefore: d.tokensBefore, totalAfter: d.tokensAfter,
+            })
+          }
+          pendingSummary = undefined
+          break
+        default:
+          if (rung && open) open.events.push({ type: 'rung', rung, seq: e.seq, data: d })
       }
     }
-    await check(row)
-    session.append('step/end', { turn, step: stepInTurn })
+    if (open) figures.forEach((f, k) => { open!.figures[k] = f.add(ae, open!.figures[k], open!.context) })
   }
-  endTurn(lastHadCalls ? 'end-of-transcript' : 'stop')
 
-  const steps = rows.filter((r) => r.kind === 'step')
-  const peakRequestTokens = steps.reduce((p, r) => Math.max(p, r.requestTokens!), 0)
-  const recordedPeak = steps.reduce((p, r) => Math.max(p, r.recordedPromptTokens ?? -1), -1)
+  const maxSteps = script.reduce((m, t) => Math.max(m, t.steps.length), 0) + 1
+  const agent: Agent = new ReplayAgent({
+    session, provider, tools, summarizer, contextWindow: window, system: transcript.envelope.system,
+    compaction: { thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe,
+  }, transcript.envelope)
+  for (const t of script) {
+    turn = t
+    stepIndex = 0
+    stop = new AbortController()
+    const onAbort = () => stop!.abort(signal!.reason)
+    signal?.addEventListener('abort', onAbort, { once: true })
+    try {
+      for (const m of t.steerBefore) agent.steer(m)
+      await agent.run(t.input, { signal: stop.signal })
+    } finally { signal?.removeEventListener('abort', onAbort) }
+    signal?.throwIfAborted()
+  }
+  closeRow()
+  if (answeredByLoop > 0) notes.push(`${answeredByLoop} tool call(s) answered by the loop itself, not with the recorded result (e.g. arguments that are not JSON), as a live run would`)
+
+  const stepRows = rows.filter((r) => r.kind === 'step')
+  const peakRequestTokens = stepRows.reduce((p, r) => Math.max(p, r.requestTokens!), 0)
+  const recordedPeak = stepRows.reduce((p, r) => Math.max(p, r.recordedPromptTokens ?? -1), -1)
   const all = rows.flatMap((r) => r.events)
+  const rungs: Record<string, number> = {}
+  for (const e of all) {
+    const name = e.type === 'prune' ? 'prune' : e.type === 'compaction' ? 'compact' : e.type === 'rung' ? e.rung : undefined
+    if (name) rungs[name] = (rungs[name] ?? 0) + 1
+  }
+  const pruneThreshold = pruneConfig.thresholdChars
   const totals: ReplayTotals = {
-    steps: steps.length,
-    turns: turn,
+    steps: stepRows.length,
+    turns,
     peakRequestTokens,
     peakPercent: Math.round((peakRequestTokens / window) * 1000) / 10,
-    prunes: all.filter((e) => e.type === 'prune').length,
+    prunes: rungs.prune ?? 0,
     prunedTokens: rows.reduce((t, r) => t + r.prunedTokens, 0),
     spills: all.filter((e) => e.type === 'spill').length,
-    compactions: all.filter((e) => e.type === 'compaction').length,
+    compactions: rungs.compact ?? 0,
     failedCompactions: all.filter((e) => e.type === 'compaction-failed').length,
     summaryCalls: rows.reduce((t, r) => t + r.summaryCalls, 0),
-    requestsOverWindow: steps.filter((r) => r.requestTokens! > window).length,
-    unmanagedStepsOverWindow: steps.filter((r) => r.unmanagedTokens > window).length,
-    peakUnmanagedTokens: steps.reduce((p, r) => Math.max(p, r.unmanagedTokens), 0),
+    requestsOverWindow: stepRows.filter((r) => r.requestTokens! > window).length,
+    unmanagedStepsOverWindow: stepRows.filter((r) => r.unmanagedTokens > window).length,
+    peakUnmanagedTokens: stepRows.reduce((p, r) => Math.max(p, r.unmanagedTokens), 0),
     ...(recordedPeak >= 0 ? { peakRecordedPromptTokens: recordedPeak } : {}),
     peakSummaryRequestTokens,
     summaryRequestsOverWindow,
-    resultsOverPruneThreshold,
+    resultsOverPruneThreshold: transcript.messages.filter((m) => m.role === 'tool' && resultCodePoints(m, pruneThreshold) > pruneThreshold).length,
     ladderWarnings: warnings.length,
+    rungs,
+    ...(figures.length > 0 ? {
+      figures: Object.fromEntries(figures.map((f) => {
+        const values = rows.map((r) => r.figures![f.name])
+        return [f.name, f.total === 'max' ? values.reduce((a, b) => Math.max(a, b), 0) : values.reduce((a, b) => a + b, 0)]
+      })),
+    } : {}),
   }
   return {
-    format: transcript.format, messages: countRoles(messages), contextWindow: window, thresholdRatio,
+    format: transcript.format, messages: countRoles(transcript.messages), contextWindow: window, thresholdRatio,
     thresholdTokens: Math.floor(window * thresholdRatio),
     summaries: options.summarizer ? { simulated: false, model: options.summarizer.model } : { simulated: true, tokens: summaryTokens },
-    rows, totals, notes: transcript.notes, warnings,
+    rows, totals, notes, warnings,
   }
 }
 
@@ -6808,9 +7170,19 @@ export interface FormatReplayOptions {
   name?: string
   /** Added to every JSON object as `chain` (e.g. 'main', 'sidechain 2'); a heading in the table. */
   chain?: string
+  /** Extra figures passed to the replay besides {@link REPLAY_FIGURES}, for their cells (a figure the report has but neither names is shown with digit grouping). */
+  figures?: readonly ReplayFigure[]
 }
 
 const groupDigits = (n: number): string => String(n).replace(/\B(?=(\d{3})+(?!\d))/g, ',')
+
+/** One line for an event a rung logged: its seq and the event's scalar fields (numbers grouped). */
+function describeRungData(data: Record<string, unknown>): string {
+  const show = (v: unknown): string | undefined =>
+    typeof v === 'number' ? groupDigits(v) : typeof v === 'string' ? (v.length > 40 ? JSON.stringify(v.slice(0, 40) + '…') : JSON.stringify(v))
+      : Array.isArray(v) && v.every((x) => typeof x === 'number') ? (v.length > 2 ? `${v[0]}..${v[v.length - 1]} (${v.length})` : v.join(', ')) : undefined
+  return Object.entries(data).flatMap(([k, v]) => { const s = show(v); return s === undefined ? [] : [`${k} ${s}`] }).join(', ')
+}
 
 function describeReplayEvent(e: ReplayEvent): string {
   switch (e.type) {
@@ -6818,8 +7190,27 @@ function describeReplayEvent(e: ReplayEvent): string {
     case 'prune': return `prune    tool result seq ${e.seq}: ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
     case 'compaction': return `compact  ${e.id}: ${e.messages} messages (seq ${e.firstSeq}..${e.lastSeq}) ${groupDigits(e.tokensBefore)} → checkpoint ${groupDigits(e.tokensAfter)} tokens; total ${groupDigits(e.totalBefore)} → ${groupDigits(e.totalAfter)}`
     case 'compaction-failed': return `failed   ${e.id}: ${e.error}`
+    case 'rung': return `${e.rung.padEnd(8)} seq ${e.seq}: ${describeRungData(e.data)}`
   }
 }
+
+/** A column of the replay table: header, cell, and whether it is left-aligned (else right). */
+interface ReplayColumn { header: string; cell: (r: ReplayStep) => string; left?: boolean }
+
+const tokensCell = (n: number | undefined): string => (n === undefined ? '-' : groupDigits(n))
+
+/** The built-in columns of the text table, in order; extra figures with a `cell` follow. */
+const REPLAY_COLUMNS: readonly ReplayColumn[] = [
+  { header: 'step', cell: (r) => (r.kind === 'step' ? String(r.step) : 'input') },
+  { header: 'turn', cell: (r) => String(r.turn) },
+  { header: 'request', cell: (r) => tokensCell(r.requestTokens) },
+  { header: 'unmanaged', cell: (r) => tokensCell(r.unmanagedTokens) },
+  { header: 'recorded', cell: (r) => tokensCell(r.recordedPromptTokens) },
+  { header: 'before', cell: (r) => tokensCell(r.beforeTokens) },
+  { header: 'rung', cell: (r) => r.rung, left: true },
+  { header: 'after', cell: (r) => tokensCell(r.afterTokens) },
+  { header: 'reclaimed', cell: (r) => tokensCell(r.reclaimedTokens) },
+]
 
 /**
  * Renders a {@link ReplayReport}: a header (settings, how summaries were made, what the token figures
@@ -6849,16 +7240,18 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
   for (const note of report.notes) out.push(`note: ${note}`)
   out.push('request = what dsh would send for the step; unmanaged = the same with no management; before → after = around the rung at the pressure check')
   out.push('')
-  const header = ['step', 'turn', 'request', 'unmanaged', 'recorded', 'before', 'rung', 'after', 'reclaimed']
-  const cells = report.rows.map((r) => [
-    r.kind === 'step' ? String(r.step) : 'input', String(r.turn), r.requestTokens === undefined ? '-' : groupDigits(r.requestTokens),
-    groupDigits(r.unmanagedTokens), r.recordedPromptTokens === undefined ? '-' : groupDigits(r.recordedPromptTokens),
-    groupDigits(r.beforeTokens), r.rung, groupDigits(r.afterTokens), groupDigits(r.reclaimedTokens),
-  ])
-  const widths = header.map((h, c) => cells.reduce((w, row) => Math.max(w, row[c].length), h.length))
-  const line = (row: string[]) => row.map((s, c) => (c === 6 ? s.padEnd(widths[c]) : s.padStart(widths[c]))).join('  ')
+  // Extra figures: a column each, rendered by the figure's `cell` (a figure without one is JSON only).
+  const known = new Map([...REPLAY_FIGURES, ...(options.figures ?? [])].map((f) => [f.name, f]))
+  const figureCell = (name: string, v: number) => { const f = known.get(name); return f ? f.cell?.(v) : groupDigits(v) }
+  const figureNames = Object.keys(t.figures ?? {}).filter((name) => figureCell(name, 0) !== undefined)
+  const columns: ReplayColumn[] = [...REPLAY_COLUMNS, ...figureNames.map((name) => ({
+    header: name, cell: (r: ReplayStep) => (r.figures?.[name] === undefined ? '-' : figureCell(name, r.figures[name])!),
+  }))]
+  const cells = report.rows.map((r) => columns.map((c) => c.cell(r)))
+  const widths = columns.map((c, k) => cells.reduce((w, row) => Math.max(w, row[k].length), c.header.length))
+  const line = (row: string[]) => row.map((s, k) => (columns[k].left ? s.padEnd(widths[k]) : s.padStart(widths[k]))).join('  ').trimEnd()
   const indent = ' '.repeat(widths[0] + 2) + '↳ '
-  out.push(line(header))
+  out.push(line(columns.map((c) => c.header)))
   report.rows.forEach((r, k) => {
     out.push(line(cells[k]))
     for (const e of r.events) out.push(indent + describeReplayEvent(e))
@@ -6872,12 +7265,16 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     ['prunes', `${t.prunes} (${groupDigits(t.prunedTokens)} tokens reclaimed by pruning)`],
     ['spills', String(t.spills)],
     ['compactions', `${t.compactions}${t.failedCompactions ? ` (+${t.failedCompactions} failed)` : ''}, ${t.summaryCalls} summary call(s)`],
+  ]
+  for (const [rung, count] of Object.entries(t.rungs ?? {})) if (rung !== 'prune' && rung !== 'compact') totals.push([`rung ${rung}`, String(count)])
+  totals.push(
     ['requests over the window, dsh', String(t.requestsOverWindow)],
     ['steps over the window, unmanaged', `${t.unmanagedStepsOverWindow} (unmanaged peak ${groupDigits(t.peakUnmanagedTokens)} tokens, ${pct(t.peakUnmanagedTokens)})`],
-  ]
+  )
   if (t.peakRecordedPromptTokens !== undefined) totals.push(['recorded peak prompt', `${groupDigits(t.peakRecordedPromptTokens)} tokens (as reported by the original run)`])
   if (t.summaryCalls > 0) totals.push(['largest summary request', `${groupDigits(t.peakSummaryRequestTokens)} tokens (${t.summaryRequestsOverWindow} over the summarizer's window)`])
   if (t.ladderWarnings > 0) totals.push(['ladder warnings', String(t.ladderWarnings)])
+  for (const [name, v] of Object.entries(t.figures ?? {})) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
   const labelWidth = totals.reduce((w, [l]) => Math.max(w, l.length), 0)
   out.push('totals')
   for (const [label, value] of totals) out.push(`  ${label.padEnd(labelWidth)}  ${value}`)
@@ -6902,9 +7299,10 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
     sidechainReports.push(await replayTranscript(side, { ...options, contextWindow: report.contextWindow }))
   }
   const chains = sidechainReports.length > 0
-  let output = formatReplay(report, { json: options.json, name: options.name, chain: chains ? 'main chain' : undefined })
+  const figures = options.figures
+  let output = formatReplay(report, { json: options.json, name: options.name, chain: chains ? 'main chain' : undefined, figures })
   sidechainReports.forEach((r, k) => {
-    output += (options.json ? '' : '\n') + formatReplay(r, { json: options.json, name: options.name, chain: `sidechain ${k + 1} of ${sidechainReports.length}` })
+    output += (options.json ? '' : '\n') + formatReplay(r, { json: options.json, name: options.name, chain: `sidechain ${k + 1} of ${sidechainReports.length}`, figures })
   })
   return { report, sidechainReports, output }
 }
@@ -6915,19 +7313,19 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
 
 /** DeepSeek defaults of the CLI (docs/design.md §6). */
 export const CLI_DEFAULTS = /* @__PURE__ */ Object.freeze({
-  baseURL: 'https://api.deepseek.com',
-  model: 'deepseek-v4-flash',
+  baseURL: DEEPSEEK_BASE_URL,
+  model: DEEPSEEK_DEFAULT_MODEL,
   /** Environment variable read for the key when neither `--api-key-env` nor a non-DeepSeek base URL is given. */
-  apiKeyEnv: 'DEEPSEEK_API_KEY',
-  /** Compaction threshold as a ratio of the context window (docs/design.md §5). */
-  threshold: 0.8,
-  /** replay: size of a simulated summary, in tokens. */
-  summaryTokens: 2_000,
+  apiKeyEnv: DEEPSEEK_API_KEY_ENV,
+  /** Compaction threshold as a ratio of the context window (docs/design.md §5); the ladder's own default. */
+  get threshold(): number { return DEFAULT_COMPACTION_CONFIG.thresholdRatio },
+  /** replay: size of a simulated summary, in tokens; the replay runner's own default. */
+  get summaryTokens(): number { return DEFAULT_REPLAY_SUMMARY_TOKENS },
 })
 
 /** Transcript formats `replay --format` accepts (docs/replay.md). `auto` detects. */
-export type CliReplayFormat = 'auto' | 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
-const CLI_REPLAY_FORMATS: readonly CliReplayFormat[] = ['auto', 'dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+export type CliReplayFormat = 'auto' | TranscriptFormat
+const cliReplayFormats = (): readonly CliReplayFormat[] => ['auto', ...TRANSCRIPT_FORMATS]
 
 /** A bad command line or missing configuration. The CLI prints `message` (one line) and exits with `exitCode` 2. */
 export class UsageError extends Error {
@@ -6940,7 +7338,7 @@ export class UsageError extends Error {
 
 /** Where to send model calls, resolved from flags, environment and {@link CLI_DEFAULTS}. */
 export interface CliModelOptions {
-  /** Model name: `--model`, else `$DSH_MODEL`, else `deepseek-v4-flash`. */
+  /** Model name: `--model`, else `$DSH_MODEL`, else {@link DEEPSEEK_DEFAULT_MODEL}. */
   model: string
   /** Base URL without a trailing slash: `--base-url`, else `$DSH_BASE_URL`, else `https://api.deepseek.com`. */
   baseURL: string
@@ -6965,12 +7363,20 @@ export interface CliRunOptions extends CliModelOptions {
   session?: string
   /** `--threshold R`: compaction threshold, a ratio of the window in (0, 1]. Default 0.8. */
   threshold: number
-  /** `--json`: every event as one JSON line on stdout. */
+  /** `--json`: every log event as one JSON line on stdout (the session log's lines; stream deltas are not log events). */
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
+  /** False with `--no-project-instructions`: AGENTS.md / CLAUDE.md of the working directory stay out of the system prompt. */
+  projectInstructions: boolean
   /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
   shellEnv?: string[]
+  /** `--no-shell`: never offer the shell tool and do not ask (wins over a remembered answer). */
+  noShell: boolean
+  /** `--max-steps N`: provider calls per turn before the turn ends with reason `max-steps` (default 200). */
+  maxSteps?: number
+  /** `-C DIR` / `--cwd DIR`: the project to work on, as if dsh were started there (path as given). */
+  cwd?: string
 }
 
 /** `dsh replay FILE`: run a recorded session through the meter and the ladder offline. */
@@ -6988,13 +7394,17 @@ export interface CliReplayOptions {
   summaryTokens: number
   /** `--format F`. Default `auto`. */
   format: CliReplayFormat
+  /** `--sidechains`: Claude Code, also replay each Task-subagent run (its own window) after the main chain. */
+  sidechains: boolean
+  /** `-C DIR` / `--cwd DIR`: resolve FILE from DIR, as if dsh were started there. */
+  cwd?: string
   /** Present when `--base-url`, `--model` or `--api-key-env` asks for real summary calls; absent:
    *  summaries are simulated at `summaryTokens` (a key in the environment alone never costs money). */
   summarizer?: CliModelOptions
 }
 
 /** What {@link parseCliArgs} returns. */
-export type CliOptions = { command: 'help' } | { command: 'version' } | CliRunOptions | CliReplayOptions
+export type CliOptions = { command: 'help' } | { command: 'version' } | CliRunOptions | CliReplayOptions | CliShowOptions
 
 /** Flags: the value name (undefined = a switch) and the commands that accept it. */
 const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('run' | 'replay')[] }>> = {
@@ -7008,13 +7418,18 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--threshold': { value: 'R', commands: ['run', 'replay'] },
   '--json': { commands: ['run', 'replay'] },
   '--allow-shell': { commands: ['run'] },
+  '--no-project-instructions': { commands: ['run'] },
   '--shell-env': { value: 'NAME', commands: ['run'] },
+  '--no-shell': { commands: ['run'] },
+  '--max-steps': { value: 'N', commands: ['run'] },
+  '--cwd': { value: 'DIR', commands: ['run', 'replay'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
+  '--sidechains': { commands: ['replay'] },
   '--help': { commands: ['run', 'replay'] },
   '--version': { commands: ['run', 'replay'] },
 }
-const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help' }
+const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help', '-C': '--cwd' }
 
 /** The `--help` text (docs/design.md §8). A function, so that nothing is computed at load time. */
 export function cliHelp(): string {
@@ -7025,6 +7440,9 @@ Usage
   npx tsx dsh.ts "PROMPT"              run one prompt, print the answer, exit
   npx tsx dsh.ts -p "PROMPT"           the same (--print)
   npx tsx dsh.ts replay FILE [...]     replay a recorded session offline (see below)
+  npx tsx dsh.ts show FILE [--checkpoints]
+                                       print a session log as a transcript, every prune, clear
+                                       and compaction marked; --checkpoints: each in full
 
 Options
   -p, --print PROMPT     run PROMPT once; the answer goes to stdout
@@ -7035,31 +7453,55 @@ Options
                          ${CLI_DEFAULTS.apiKeyEnv}, which is only sent to api.deepseek.com;
                          a server that needs no key, e.g. a local one, needs no flag)
   --context-window N     context window in tokens; required for models dsh does not know
-                         (it knows deepseek-v4-flash and deepseek-v4-pro: 1,048,576)
+                         (it knows deepseek-flash and deepseek-v4-pro: 1,048,576)
   --max-tokens N         completion budget per model call, in tokens (default: the provider's;
                          always clamped to the room left in the window)
   --session FILE         keep the session in FILE (JSONL); resumes it when FILE exists
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
-  --json                 print every event as one JSON object per line on stdout
+  --max-steps N          provider calls per turn before the turn stops (default 200); a turn
+                         that stops there without an answer exits 1
+  -C, --cwd DIR          work on the project in DIR, as if dsh were started there (the tools,
+                         a relative --session FILE and replay FILE are in DIR)
+  --json                 print every log event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
+  --no-shell             never offer shell commands, and do not ask (interactive mode asks once
+                         per directory and remembers the answer in $XDG_CONFIG_HOME/dsh/shell.json,
+                         else ~/.config/dsh/shell.json)
+  --no-project-instructions
+                         leave AGENTS.md (else CLAUDE.md) of the working directory out of
+                         the system prompt (by default it is in every request)
   --shell-env NAME       give shell commands this variable although its name looks secret
                          (KEY, TOKEN, SECRET, PASSWORD); repeatable. The API key never is.
   -h, --help             show this help
   --version              print the version
 
-The model gets these tools: read_file, list_files, grep, write_file, edit_file (all limited to
-the working directory) and, with --allow-shell, shell. Interactive commands: /compact, /usage,
-/help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
+The model gets these tools: read_file, list_files, grep, write_file, edit_file (their paths are
+limited to the working directory) and, with --allow-shell or an interactive yes, shell (which is
+not: a command can reach anything you can). Interactive commands: /compact [FOCUS], /context,
+/pin, /unpin, /usage, /help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
+
+Status lines (stderr)
+  ▸ read_file src/a.ts (2,340 tokens)    a tool ran; its result takes 2,340 tokens of context
+  ▸ shell npm test → exit 1              a command and its exit code (errors: their first line)
+  [dsh] pruned read_file big.log: 16,549 → 1,298 tokens (15,251 saved)
+                                         a context edit: what was cut and the tokens it saved
+  [dsh] context 12,034 / 128,000 tokens (9.4%) ~
+                                         occupancy after each step (on a terminal); a trailing ~
+                                         means the figure is dsh's estimate (chars/4), not yet
+                                         anchored on the token count the provider reported
 
 Replay: npx tsx dsh.ts replay FILE [options]
-  Runs a recorded session (a dsh log, an OpenAI-style message array, a Claude Code session
-  JSONL, a SWE-agent or mini-swe-agent trajectory) through the meter and the ladder and prints,
-  per step, tokens before and after, the rung taken and tokens reclaimed, then totals.
+  Runs a recorded session through the real agent loop (recorded answers and tool results, the
+  meter and the ladder live) and prints, per step, tokens before and after, the rung taken and
+  tokens reclaimed, then totals. Formats (detected in this order):
+${describeTranscriptFormats('    ')}
   --context-window N     window to simulate, in tokens
   --threshold R          as above (default ${CLI_DEFAULTS.threshold})
   --summary-tokens N     size of a simulated summary, in tokens (default ${CLI_DEFAULTS.summaryTokens})
-  --format F             force a format: ${CLI_REPLAY_FORMATS.slice(1).join(', ')}
+  --format F             force a format: ${TRANSCRIPT_FORMATS.join(', ')}
                          (default auto: detected from the file)
+  --sidechains           Claude Code: also replay each Task-subagent run (sidechain), each in
+                         its own window, after the main chain (default: skipped, counted in a note)
   --json                 machine-readable output
   --base-url URL, --model NAME, --api-key-env NAME
                          summarise with a real model instead of simulating summaries
@@ -7157,7 +7599,7 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
  * `argv` is the arguments after the script (`process.argv.slice(2)`); `env` is the environment
  * (`DEEPSEEK_API_KEY`, `DSH_BASE_URL`, `DSH_MODEL`, and the variable named by `--api-key-env`;
  * empty values count as unset). Long flags take their value as the next argument or after `=`
- * (`--model=x`); `--` ends the flags. The first argument `replay` selects the replay command.
+ * (`--model=x`); `--` ends the flags. The first argument `replay` (after a leading `-C DIR`) selects the replay command.
  * A flag given twice keeps the last value. `--help`/`-h` and `--version` win over everything else,
  * so they work without any configuration.
  *
@@ -7174,11 +7616,16 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   const flagPart = endOfFlags === -1 ? argv : argv.slice(0, endOfFlags)
   if (flagPart.some((arg) => arg === '--help' || arg === '-h')) return { command: 'help' }
   if (flagPart.includes('--version')) return { command: 'version' }
+  if (argv[0] === 'show') return parseShowArgs(argv.slice(1))
 
-  const command = argv[0] === 'replay' ? 'replay' : 'run'
+  // `replay` is the first argument, or follows a leading `-C DIR` (as in `git -C DIR cmd`).
+  let lead = 0
+  while (lead < argv.length && (argv[lead] === '-C' || argv[lead] === '--cwd' || argv[lead].startsWith('--cwd='))) lead += argv[lead].startsWith('--cwd=') ? 1 : 2
+  const command = argv[lead] === 'replay' ? 'replay' : 'run'
   const flags = new Map<string, string>()
   const positionals: string[] = []
-  for (let i = command === 'replay' ? 1 : 0; i < argv.length; i++) {
+  for (let i = 0; i < argv.length; i++) {
+    if (command === 'replay' && i === lead) continue
     const arg = argv[i]
     if (arg === '--') { positionals.push(...argv.slice(i + 1)); break }
     if (!arg.startsWith('-') || arg === '-') { positionals.push(arg); continue }
@@ -7213,6 +7660,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
 
   const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
+  const cwd = flags.get('--cwd')
+  if (cwd === '') throw new UsageError('-C/--cwd needs a directory, e.g. -C ../my-project')
   const threshold = flags.has('--threshold') ? parseThreshold(flags.get('--threshold')!) : CLI_DEFAULTS.threshold
   const json = flags.has('--json')
 
@@ -7221,10 +7670,10 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (positionals.length > 1) throw new UsageError(`replay takes one FILE, got ${positionals.length} (${positionals.map((p) => JSON.stringify(p)).join(', ')})`)
     const summaryTokens = flags.has('--summary-tokens') ? parsePositiveInt('--summary-tokens', flags.get('--summary-tokens')!, 'tokens', '2000') : CLI_DEFAULTS.summaryTokens
     const format = (flags.get('--format') ?? 'auto') as CliReplayFormat
-    if (!CLI_REPLAY_FORMATS.includes(format)) throw new UsageError(`--format must be one of ${CLI_REPLAY_FORMATS.join(', ')}, got ${JSON.stringify(format)}`)
+    if (!cliReplayFormats().includes(format)) throw new UsageError(`--format must be one of ${cliReplayFormats().join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
-      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format,
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(cwd !== undefined ? { cwd } : {}),
       ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
     }
   }
@@ -7244,6 +7693,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
   const session = flags.get('--session')
   if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
+  if (flags.has('--allow-shell') && flags.has('--no-shell')) throw new UsageError('--allow-shell and --no-shell contradict each other; give one')
+  const maxSteps = flags.has('--max-steps') ? parsePositiveInt('--max-steps', flags.get('--max-steps')!, 'provider calls per turn', '50') : undefined
   const model = resolveModelOptions(flags, env)
   const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
   for (const name of shellEnv ?? []) {
@@ -7252,7 +7703,9 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
   return {
     command, ...model, prompt, print: printed !== undefined,
-    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), ...(shellEnv ? { shellEnv } : {}),
+    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
+    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}),
+    projectInstructions: !flags.has('--no-project-instructions'),
   }
 }
 
@@ -7269,7 +7722,7 @@ export interface CliIO {
  *   error), or `{options}` for the run or replay command to carry out.
  * @throws only what is not a UsageError (a bug).
  */
-export function runCliBasics(argv: readonly string[], env: Record<string, string | undefined>, io: CliIO): { exitCode: number } | { options: CliRunOptions | CliReplayOptions } {
+export function runCliBasics(argv: readonly string[], env: Record<string, string | undefined>, io: CliIO): { exitCode: number } | { options: CliRunOptions | CliReplayOptions | CliShowOptions } {
   let options: CliOptions
   try { options = parseCliArgs(argv, env) } catch (error) {
     if (!(error instanceof UsageError)) throw error
@@ -7317,12 +7770,25 @@ export const CLI_SYSTEM_PROMPT = /* @__PURE__ */ [
   'When you are done, answer with a short summary for the user and stop calling tools.',
 ].join('\n')
 
+type NodeStream = { write(s: string): boolean; isTTY?: boolean; on?(event: string, fn: (...a: any[]) => void): unknown }
 type NodeProcess = {
   argv: string[]; env: Record<string, string | undefined>; cwd(): string; exitCode?: number
-  stdin: any; stdout: { write(s: string): boolean; isTTY?: boolean }; stderr: { write(s: string): boolean; isTTY?: boolean }
+  stdin: any; stdout: NodeStream; stderr: NodeStream
   on(event: string, fn: (...a: any[]) => void): unknown; off(event: string, fn: (...a: any[]) => void): unknown
 }
 
+// ── terminal output: a closed reader, status and activity lines ──
+
+/** The CLI's output streams, safe against a reader that went away (`dsh … | head -1`, `| true`). */
+interface CliOutput extends CliIO {
+  /** True once stdout's reader closed (EPIPE): nothing more is written there. */
+  readonly stdoutClosed: boolean
+  /** Called once when stdout's reader closes (the CLI cancels the running turn: nobody reads its output). */
+  onStdoutClosed?: () => void
+  /** Writes dsh's own terminal escapes (colour, line clearing) to stderr as they are: the caller
+   *  strips whatever model or server text it puts inside. */
+  stderrRaw(text: string): void
+}
 
 /**
  * Terminal control sequences and control characters, as text from a model or a server may carry
@@ -7350,53 +7816,205 @@ function jsonLine(value: unknown): string {
 }
 
 /**
- * Turns agent events into terminal output on stderr: one line for each prune, compaction, overflow
- * recovery, provider retry and warning; after each step, on a TTY only, the context occupancy
- * `tokens / window (pct)`. Colour (dim) only on a TTY and without `NO_COLOR`.
+ * Wraps the process's stdout and stderr. Everything printed through `stdout` and `stderr` may hold
+ * model or server text, so it is stripped of terminal controls (docs/design.md §13); `stderrRaw`
+ * is for dsh's own escapes. An error on either stream (EPIPE when the reader closed, or any other
+ * write error) is not thrown as an unhandled `error` event; writes to a closed stream are dropped.
+ * A closed stdout calls `onStdoutClosed` once.
  */
-export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean): (e: AgentEvent) => void {
+function cliOutput(p: NodeProcess): CliOutput {
+  let stdoutClosed = false, stderrClosed = false
+  const out: CliOutput = {
+    get stdoutClosed() { return stdoutClosed },
+    stdout: (text) => { if (!stdoutClosed) p.stdout.write(stripControls(text)) },
+    stderr: (text) => { if (!stderrClosed) p.stderr.write(stripControls(text)) },
+    stderrRaw: (text) => { if (!stderrClosed) p.stderr.write(text) },
+  }
+  p.stdout.on?.('error', () => {
+    if (stdoutClosed) return
+    stdoutClosed = true
+    out.onStdoutClosed?.()
+  })
+  p.stderr.on?.('error', () => { stderrClosed = true })
+  return out
+}
+
+/** A context edit as the status line reports it: one prune, clear or compaction, with its tokens. */
+export interface ContextEdit {
+  /** The event that shadowed the content: `compaction/prune`, `compaction/clear`, `compaction/summary`, … */
+  event: SessionEvent
+  /** What the edit did, as a past-tense verb: `pruned`, `cleared`, `compacted`. */
+  verb: string
+  /** What was edited, e.g. `read_file big.txt` or `3 tool results (read_file a.ts, grep TODO, …)`. */
+  subject: string
+  /** Tokens of the shadowed content, and of what replaced it. */
+  tokensBefore: number
+  tokensAfter: number
+  /** Seq of the (last) event that replaced the content: the pruned or cleared `tool/result`, the checkpoint. */
+  replaceSeq: number
+}
+
+/** Options of {@link statusReporter}. */
+export interface StatusReporterOptions {
+  /** Text appended to the line of each context edit after ` · `; `undefined` or `''` for none.
+   *  Default: the edit's cache cost ({@link Agent.editCost}, docs/design.md §11). */
+  editNote?: (edit: ContextEdit, agent: Agent | undefined) => string | undefined
+  /** ms between redraws of the live "compacting…" indicator on a TTY. Default 250. */
+  indicatorIntervalMs?: number
+}
+
+/** Verbs of the shadowing events, by event type (`compaction/<rung>`); other rungs use the rung's name. */
+const EDIT_VERBS: Readonly<Record<string, string>> = { 'compaction/prune': 'pruned', 'compaction/clear': 'cleared', 'compaction/summary': 'compacted' }
+/** Arguments that name what a tool call works on, in the order the activity line shows them. */
+const ACTIVITY_ARGS = ['command', 'pattern', 'path', 'query', 'url', 'key']
+/** Code points of a tool call's subject shown in an activity line. */
+const ACTIVITY_SUBJECT_CODE_POINTS = 80
+/** Code points of an error's first line shown in an activity line. */
+const ACTIVITY_ERROR_CODE_POINTS = 160
+
+/** `read_file src/a.ts`: the tool's name and the arguments that say what it works on, on one line. */
+function toolSubject(name: string, rawArguments: string): string {
+  let args: unknown
+  try { args = JSON.parse(rawArguments) } catch { args = undefined }
+  let parts: string[] = []
+  if (args && typeof args === 'object' && !Array.isArray(args)) {
+    const record = args as Record<string, unknown>
+    parts = ACTIVITY_ARGS.filter((key) => typeof record[key] === 'string').map((key) => record[key] as string)
+    if (parts.length === 0) {
+      const first = Object.values(record).find((v) => typeof v === 'string' || typeof v === 'number')
+      if (first !== undefined) parts = [String(first)]
+    }
+  }
+  const text = parts.join(' ').replace(/\r?\n/g, '⏎').replace(/[\x00-\x1f\x7f-\x9f]/g, '')
+  const points = Array.from(text)
+  return points.length === 0 ? name : `${name} ${points.length > ACTIVITY_SUBJECT_CODE_POINTS ? points.slice(0, ACTIVITY_SUBJECT_CODE_POINTS - 1).join('') + '…' : text}`
+}
+
+/** What a tool result says about its outcome in a few words, for the activity line: `exit 1`,
+ *  or the first line of an error. `undefined` for a plain success. */
+function toolOutcome(result: ToolResultMessage): string | undefined {
+  const text = textOfBlocks(result.content)
+  const first = text.slice(0, 2 * ACTIVITY_ERROR_CODE_POINTS).split('\n')[0].replace(/[\x00-\x1f\x7f-\x9f]/g, '')
+  const exit = /^exit code (\d+)$/.exec(first) // the shell tool's status line
+  if (exit) return `exit ${exit[1]}`
+  if (!result.isError) return undefined
+  const points = Array.from(first)
+  return points.length > ACTIVITY_ERROR_CODE_POINTS ? points.slice(0, ACTIVITY_ERROR_CODE_POINTS - 1).join('') + '…' : first
+}
+
+/**
+ * Turns agent events into terminal output on stderr, each line starting `[dsh]` or `▸`:
+ * - `▸ read_file src/a.ts (2,340 tokens)` for each tool result (its size in the context), or
+ *   `▸ shell npm test → exit 1` / `▸ NAME ARGS → first line of the error`;
+ * - one line per context edit, derived from any `compaction/*` event that carries `shadowedSeqs`
+ *   and the replaces that follow it: `pruned read_file big.txt: 16,549 → 1,298 tokens (15,251
+ *   saved)` (plus {@link StatusReporterOptions.editNote});
+ * - failed compactions, overflow recoveries, provider retries (what is retried and why) and warnings;
+ * - on a TTY only: a live `compacting… 2.1 s` indicator while a summary runs, and after each step
+ *   the context occupancy `context 12,034 / 128,000 tokens (9.4%)`, with a trailing ` ~` while the
+ *   figure is the chars/4 estimate rather than anchored on provider-reported usage.
+ * Colour (dim) only on a TTY and without `NO_COLOR`.
+ */
+export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean, options: StatusReporterOptions = {}): (e: AgentEvent) => void {
   const paint = (s: string) => (color ? `\x1b[2m${s}\x1b[0m` : s)
-  const say = (s: string) => write(paint(`[dsh] ${stripControls(s)}`) + '\n') // server text inside, our colour around
-  let pruned: { seq: number; tokens: number } | undefined // a prune is reported with its replace, which carries the cache cost
-  let checkpointSeq: number | undefined
-  const editCost = (seq: number | undefined) => {
-    const c = seq === undefined ? undefined : agent()?.editCost(seq)
-    return c ? ` · ${describeEditCost(c)}` : ''
+  let live: { timer: ReturnType<typeof setInterval>; startedMs: number } | undefined
+  const clearLive = () => { if (live) write('\r\x1b[K') }
+  const say = (s: string) => { clearLive(); write(paint(stripControls(s)) + '\n') } // model or server text inside, our colour around
+  const stopLive = () => { if (live) { clearInterval(live.timer); clearLive(); live = undefined } }
+  const drawLive = () => { if (live) write('\r\x1b[K' + paint(`[dsh] compacting… ${((Date.now() - live.startedMs) / 1000).toFixed(1)} s`)) }
+  /** The tool call `callId` answers, from the assistant message on the surface (newest first: usually the last one). */
+  const callOf = (callId: string): ToolCallBlock | undefined => {
+    const nodes = agent()?.session.surface() ?? []
+    for (let i = nodes.length - 1; i >= 0; i--) {
+      const m = nodes[i].message
+      const block = m.role === 'assistant' ? m.content.find((b) => b.type === 'tool-call' && b.id === callId) as ToolCallBlock | undefined : undefined
+      if (block) return block
+    }
+    return undefined
+  }
+  const editNote = options.editNote ?? ((edit: ContextEdit, a: Agent | undefined) => {
+    const cost = a?.editCost(edit.replaceSeq)
+    return cost ? describeEditCost(cost) : undefined
+  })
+  let pending: { event: SessionEvent; seqs: number; subjects: string[]; replaced: number; tokensAfter: number; replaceSeq: number } | undefined
+  const finishEdit = () => {
+    const p = pending!
+    pending = undefined
+    const d = p.event.data as { shadowedSeqs: number[]; shadowedTokenCount: number }
+    const rung = p.event.type.slice('compaction/'.length)
+    const verb = EDIT_VERBS[p.event.type] ?? rung
+    const n = d.shadowedSeqs.length
+    const subject = p.event.type === 'compaction/summary' ? `${n} message${n === 1 ? '' : 's'} into a checkpoint`
+      : n === 1 ? p.subjects[0]
+      : `${n} tool results (${p.subjects.slice(0, 3).join(', ')}${n > 3 ? ', …' : ''})`
+    const edit: ContextEdit = { event: p.event, verb, subject, tokensBefore: d.shadowedTokenCount, tokensAfter: p.tokensAfter, replaceSeq: p.replaceSeq }
+    const note = editNote(edit, agent())
+    say(`[dsh] ${verb} ${subject}: ${groupDigits(edit.tokensBefore)} → ${groupDigits(edit.tokensAfter)} tokens (${groupDigits(edit.tokensBefore - edit.tokensAfter)} saved)${note ? ` · ${note}` : ''}`)
   }
   return (e) => {
     const a = agent()
-    if (e.type === 'warning') return say(`warning: ${e.message}`)
+    if (e.type === 'warning') return say(`[dsh] warning: ${e.message}`)
     if (e.type === 'stream') {
-      if (e.event.type === 'retry') say(`${e.event.error.code}${e.event.error.status ? ` (${e.event.error.status})` : ''}: retry ${e.event.attempt} in ${(e.event.delayMs / 1000).toFixed(1)} s`)
+      if (e.event.type === 'retry') {
+        const { attempt, delayMs, error, maxRetries } = e.event
+        say(`[dsh] retry ${attempt}${maxRetries ? ` of ${maxRetries}` : ''} in ${(delayMs / 1000).toFixed(1)} s: ${error.message.split('\n')[0]}`)
+      }
       return
     }
     const ev = e.event
     const d = ev.data as any
+    // A context edit: the shadowing event, then the replace(s) that cover its seqs.
+    if (ev.type.startsWith('compaction/') && Array.isArray(d.shadowedSeqs) && d.shadowedSeqs.length > 0) {
+      if (pending) finishEdit()
+      const subjects = (d.shadowedSeqs as number[]).map((seq) => {
+        const message = a?.session.node(seq)?.message
+        const call = message?.role === 'tool' ? callOf(message.toolCallId) : undefined
+        return call ? toolSubject(call.name, call.arguments) : `seq ${seq}`
+      })
+      pending = { event: ev, seqs: d.shadowedSeqs.length, subjects, replaced: 0, tokensAfter: 0, replaceSeq: ev.seq }
+      return
+    }
+    if (pending && d?.surfaceOp?.op === 'replace') {
+      pending.replaced += d.surfaceOp.end - d.surfaceOp.start + 1
+      pending.tokensAfter += a?.session.node(ev.seq)?.tokens ?? 0
+      pending.replaceSeq = ev.seq
+      if (pending.replaced >= pending.seqs) finishEdit()
+      return
+    }
+    if (pending) finishEdit()
     switch (ev.type) {
-      case 'compaction/prune': pruned = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; return
       case 'tool/result': {
-        const p = pruned
-        pruned = undefined
-        if (p && d.surfaceOp?.op === 'replace') say(`pruned tool result #${p.seq} (${groupDigits(p.tokens)} tokens)${editCost(ev.seq)}`)
+        const message = d.message as ToolResultMessage
+        const call = callOf(message.toolCallId)
+        const outcome = toolOutcome(message)
+        const tokens = a?.session.node(ev.seq)?.tokens
+        const size = tokens === undefined ? '' : ` (${groupDigits(tokens)} tokens)`
+        return say(`▸ ${call ? toolSubject(call.name, call.arguments) : `tool call ${message.toolCallId}`}${outcome ? ` → ${outcome}` : ''}${outcome && message.isError ? '' : size}`)
+      }
+      case 'compaction/start':
+        if (tty && !live) { live = { timer: setInterval(drawLive, options.indicatorIntervalMs ?? 250), startedMs: Date.now() }; (live.timer as any).unref?.(); drawLive() }
         return
-      }
-      case 'user/message': if (d.compactionId !== undefined) checkpointSeq = ev.seq; return
-      case 'compaction/end': {
-        const seq = checkpointSeq
-        checkpointSeq = undefined
-        return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${groupDigits(d.tokensBefore)} → ${groupDigits(d.tokensAfter)} tokens${editCost(seq)}`)
-      }
-      case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
-      case 'step/retry': return say(`the stream broke after output (${d.code}); the partial answer is kept, retrying the step once`)
+      case 'compaction/end':
+        stopLive()
+        // A success was reported with its compaction/summary; a cancellation by whoever cancelled (one line).
+        return d.error && d.error !== 'aborted' ? say(`[dsh] compaction failed: ${d.error}`) : undefined
+      case 'recovery/retry': return say(`[dsh] context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
+      case 'step/retry': return say(`[dsh] the stream broke after output (${d.code}); the partial answer is kept, retrying the step once`)
       // Other provider errors end the turn and are reported once, by the caller's last line.
-      case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
+      case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`[dsh] context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
+      case 'turn/end': stopLive(); return
       case 'step/end': {
         if (!tty || !a) return
-        const m = a.session.measure(), w = a.contextWindow
-        return say(`context ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'} · ${describeSessionCost(a.usage())}`)
+        return say(`[dsh] ${occupancy(a)} · ${describeSessionCost(a.usage())}`)
       }
     }
   }
+}
+
+/** `context 12,034 / 128,000 tokens (9.4%)`, ` ~` appended while the figure is an estimate (not anchored on provider usage). */
+function occupancy(agent: Agent): string {
+  const m = agent.session.measure(), w = agent.contextWindow
+  return `context ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'}`
 }
 
 /** USD with the digits that matter for per-request amounts: `$1.23`, `$0.0123`, `$0.000123`. */
@@ -7446,26 +8064,118 @@ function costReport(u: SessionUsage): string[] {
   ]
 }
 
+/** `resumed s.jsonl: 3 turns, 12,034 tokens in context; last active 5 min ago: "fix the test"`, or
+ *  `undefined` when this open did not resume a session (a new one, or a turn already ran). */
+async function resumeLine(session: Session, name: string, nowMs: number): Promise<string | undefined> {
+  // Session.open appends session/resume and its repairs last: walk back to it (a few events).
+  let at = session.seq - 1
+  for (; at >= 0; at--) {
+    const e = await session.readEvent(at)
+    if (e.type === 'session/resume') break
+    if (e.type === 'turn/start' || e.type === 'session/start') return undefined
+  }
+  if (at <= 0) return undefined
+  const last = await session.readEvent(at - 1)
+  const input = session.surface().findLast((n) => n.message.role === 'user')
+  const text = input ? textOf(input.message).replace(/\s+/g, ' ').trim() : ''
+  const points = Array.from(text)
+  const quoted = text === '' ? '' : `: "${points.length > 60 ? points.slice(0, 59).join('') + '…' : text}"`
+  const turns = session.turn.turn
+  return `[dsh] resumed ${name}: ${turns} turn${turns === 1 ? '' : 's'}, ${groupDigits(session.measure().totalTokens)} tokens in context; last active ${agoText(nowMs - last.time)}${quoted}`
+}
+
+function textOf(message: Message): string {
+  return typeof message.content === 'string' ? message.content : textOfBlocks(message.content)
+}
+
+function agoText(ms: number): string {
+  const s = Math.max(0, Math.round(ms / 1000))
+  if (s < 60) return `${s} s ago`
+  if (s < 3600) return `${Math.round(s / 60)} min ago`
+  if (s < 86_400) return `${Math.round(s / 3600)} h ago`
+  return `${Math.round(s / 86_400)} days ago`
+}
+
+// ── the shell answer, remembered per working directory ──
+
+/** Where the CLI keeps its remembered answers: `$XDG_CONFIG_HOME/dsh/shell.json`, else `~/.config/dsh/shell.json`. */
+function cliConfigFile(env: Record<string, string | undefined>, name: string): string | undefined {
+  const base = env.XDG_CONFIG_HOME || (env.HOME ? `${env.HOME}/.config` : env.APPDATA)
+  return base ? `${base}/dsh/${name}` : undefined
+}
+
 /**
- * The CLI (docs/design.md §8). Returns the exit code: 0 done, 1 provider or tool failure, 2 usage error.
- * Node, Deno and Bun (node: modules loaded lazily). `argv` excludes the runtime and script.
+ * Whether the shell tool is offered. `--allow-shell` / `--no-shell` decide for this run; otherwise,
+ * interactively, the answer remembered for this directory, else the question (whose answer is
+ * remembered, outside the project, in {@link cliConfigFile}). One-shot runs without a flag: no shell.
+ */
+async function shellPermission(options: CliRunOptions, cwd: string, env: Record<string, string | undefined>, terminal: Terminal | undefined, io: CliIO): Promise<boolean> {
+  if (options.allowShell) return true
+  if (options.noShell || !terminal) return false
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  const file = cliConfigFile(env, 'shell.json')
+  let answers: Record<string, boolean> = {}
+  if (file) {
+    try {
+      const parsed = JSON.parse(await fs.readFile(file, 'utf8'))
+      if (parsed && typeof parsed === 'object' && !Array.isArray(parsed)) answers = parsed
+    } catch { /* none yet, or unreadable: ask */ }
+  }
+  const remembered = answers[cwd]
+  if (typeof remembered === 'boolean') {
+    io.stderr(`[dsh] shell commands ${remembered ? 'allowed' : 'not allowed'} in this directory (remembered in ${file}; --allow-shell or --no-shell decide for one run)\n`)
+    return remembered
+  }
+  const allowed = await terminal.askYesNo(`Allow the agent to run shell commands in ${cwd}? (remembered for this directory) [y/N] `)
+  if (file) {
+    try {
+      await fs.mkdir(file.slice(0, file.lastIndexOf('/')), { recursive: true })
+      const temp = `${file}.${Date.now()}.tmp`
+      await fs.writeFile(temp, JSON.stringify({ ...answers, [cwd]: allowed }, null, 2) + '\n')
+      await fs.rename(temp, file)
+    } catch (err) { io.stderr(`[dsh] could not remember the answer in ${file}: ${(err as Error).message}\n`) }
+  }
+  return allowed
+}
+
+// ── main ──
+
+/**
+ * The CLI (docs/design.md §8). Returns the exit code: 0 done, 1 provider or tool failure (or a turn
+ * that ended without an answer), 2 usage error. Node, Deno and Bun (node: modules loaded lazily).
+ * `argv` excludes the runtime and script. A closed stdout (`| head`) ends quietly with 0.
  */
 export async function main(argv: readonly string[], proc?: NodeProcess): Promise<number> {
   const p: NodeProcess = proc ?? (await importNode<any>('node:process')).default
-  // Everything printed through `io` may hold model or server text: stripped of terminal controls
-  // (docs/design.md §13). dsh's own colour goes straight to p.stderr (see `status` below).
-  const io: CliIO = { stdout: (t) => void p.stdout.write(stripControls(t)), stderr: (t) => void p.stderr.write(stripControls(t)) }
+  const io = cliOutput(p)
   const basics = runCliBasics(argv, p.env, io)
   if ('exitCode' in basics) return basics.exitCode
   const options = basics.options
-  if (options.command === 'replay') return await replayCommand(options, p, io)
+  const path = await importNode<typeof import('node:path')>('node:path')
+  const cwd = path.resolve(p.cwd(), options.cwd ?? '.')
+  if (options.cwd !== undefined) {
+    const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+    const stat = await fs.stat(cwd).catch((err: Error) => err)
+    if (stat instanceof Error || !stat.isDirectory()) {
+      io.stderr(`dsh: -C ${options.cwd}: ${stat instanceof Error ? `cannot use ${cwd} (${(stat as { code?: string }).code ?? stat.message})` : `${cwd} is not a directory`}; give the project's directory\n`)
+      return 2
+    }
+  }
+  if (options.command === 'replay') return await replayCommand({ ...options, file: path.resolve(cwd, options.file) }, p, io, options.file)
+  if (options.command === 'show') return await showCommand({ ...options, file: path.resolve(cwd, options.file) }, io, options.file)
+  let instructions: ProjectInstructions | undefined
+  try { instructions = options.projectInstructions ? await readProjectInstructions(cwd) : undefined } catch (err) {
+    if (err instanceof UsageError) { io.stderr(`dsh: ${err.message}\n`); return err.exitCode }
+    throw err
+  }
+  if (instructions) io.stderr(`[dsh] project instructions: ${instructions.file} (${groupDigits(instructions.bytes)} bytes) is in the system prompt of every request; --no-project-instructions leaves it out\n`)
 
   const provider = options.baseURL === CLI_DEFAULTS.baseURL
     ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
     : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
   let session: Session
   try {
-    session = await Session.open(options.session ? new FileStore(options.session) : new MemoryStore())
+    session = await Session.open(options.session ? new FileStore(path.resolve(cwd, options.session)) : new MemoryStore())
   } catch (err) {
     // A corrupt log, a file of another format, a directory or an unwritable path: say which, exit 2.
     if (err instanceof SessionError) { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
@@ -7477,34 +8187,37 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     io.stderr(`dsh: --session ${options.session}: took over the stale lock of pid ${h.pid} on host ${h.host} (since ${new Date(h.time).toISOString()}), which is no longer running\n`)
   }
   if (session.torn) io.stderr(`dsh: the session log's last line (line ${session.torn.line}, ${session.torn.bytes} bytes) was cut short by a crash; dropped and saved to ${session.torn.savedTo}\n`)
-  const cwd = p.cwd()
   const tty = !!p.stderr.isTTY
   const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
     for await (const e of session.readEvents(session.openedAtSeq)) io.stdout(jsonLine(e))
+  } else {
+    const resumed = await resumeLine(session, options.session!, Date.now())
+    if (resumed) io.stderr(resumed + '\n')
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
-  const terminal = interactive ? await openTerminal(p) : undefined
-  let allowShell = options.allowShell
-  if (!allowShell && terminal) allowShell = await terminal.askYesNo('Allow the agent to run shell commands in this directory? [y/N] ')
+  const terminal = interactive ? await openTerminal(p, io) : undefined
+  const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
   const tools = await builtinTools({
-    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv, ...(options.session ? { sessionLog: options.session } : {}),
+    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv, ...(options.session ? { sessionLog: path.resolve(cwd, options.session) } : {}),
     shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
   })
   let agent: Agent | undefined
-  // Interactive: the streamed answer has no final newline; end its line before a status line or the next prompt (which clears its line).
+  // The answer streams to stdout on a terminal (interactive, or -p on a TTY); it has no final newline:
+  // end its line before a status line or the next prompt (which clears its line).
+  const streamAnswer = interactive || (!!p.stdout.isTTY && !options.json)
   let midLine = false
   const endLine = () => { if (midLine) { io.stdout('\n'); midLine = false } }
-  const status = statusReporter(() => agent, (t) => { endLine(); p.stderr.write(t) }, tty, tty && !p.env.NO_COLOR)
+  const status = statusReporter(() => agent, (t) => { endLine(); io.stderrRaw(t) }, tty, tty && !p.env.NO_COLOR)
   const onEvent = (e: AgentEvent) => {
     if (options.json) { if (e.type === 'log') io.stdout(jsonLine(e.event)); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
-    if (interactive && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
+    if (streamAnswer && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
     status(e)
   }
   agent = new Agent({
-    session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), contextWindow: options.contextWindow,
-    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent,
+    session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions: instructions?.text, contextWindow: options.contextWindow,
+    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent, maxSteps: options.maxSteps,
   })
 
   let prompt = options.prompt
@@ -7513,7 +8226,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     if (!prompt.trim()) { io.stderr('dsh: no prompt: pass one as an argument or with -p "…", pipe it on stdin, or run in a terminal for interactive mode\n'); return 2 }
   }
   try {
-    if (!interactive) return await oneTurn(agent, prompt!, p, io, options.json)
+    if (!interactive) return await oneTurn(agent, prompt!, p, io, { json: options.json, streamed: streamAnswer, endLine })
     return await interactiveLoop(agent, terminal!, io, endLine)
   } finally {
     await session.sync().catch(() => {})
@@ -7521,24 +8234,38 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   }
 }
 
-/** Runs one turn; the first Ctrl-C cancels it, a second exits (130). */
-async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliIO, json: boolean): Promise<number> {
+/** Why a turn gave no usable answer, in one line, or `undefined` when it did (docs/design.md §8 exit codes). */
+function turnProblem(agent: Agent, result: TurnResult): string | undefined {
+  if (result.reason === 'max-steps') return `the turn stopped at the step limit (${agent.maxSteps} steps, --max-steps) without a final answer; raise --max-steps, or continue with --session FILE`
+  if (result.reason === 'length') return `the answer was cut at the completion budget (finish reason "length"); raise --max-tokens`
+  if (result.reason === 'stop' && result.text.trim() === '') return 'the model ended the turn without an answer (its last message has no text)'
+  if (result.reason !== 'stop' && result.reason !== 'aborted') return `the turn ended with reason "${result.reason}"`
+  return undefined
+}
+
+/** Runs one turn; the first Ctrl-C cancels it, a second exits (130). A closed stdout cancels it too and exits 0. */
+async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliOutput, how: { json: boolean; streamed: boolean; endLine: () => void }): Promise<number> {
   const ctrl = new AbortController()
   const onSigint = () => {
-    if (ctrl.signal.aborted) { p.stderr.write('\n[dsh] interrupted twice: exiting\n'); (p as any).exit(130) }
-    ctrl.abort(); p.stderr.write('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n')
+    if (ctrl.signal.aborted) { io.stderr('\n[dsh] interrupted twice: exiting\n'); (p as any).exit(130) }
+    ctrl.abort(); io.stderr('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n')
   }
   p.on('SIGINT', onSigint)
+  io.onStdoutClosed = () => ctrl.abort() // nobody reads the answer: stop spending on it
   try {
     const result = await agent.run(prompt, { signal: ctrl.signal })
-    if (!json) io.stdout(result.text.endsWith('\n') || result.text === '' ? result.text : result.text + '\n')
+    if (io.stdoutClosed) return 0
+    const problem = turnProblem(agent, result)
+    if (how.streamed) how.endLine()
+    else if (!how.json && result.reason !== 'max-steps') io.stdout(result.text.endsWith('\n') || result.text === '' ? result.text : result.text + '\n')
     if (result.reason === 'aborted') { io.stderr('dsh: turn cancelled\n'); return 130 }
-    if (result.reason !== 'stop') io.stderr(`dsh: the turn ended with reason "${result.reason}"\n`)
+    if (problem) { io.stderr(`dsh: ${problem}\n`); return 1 }
     return 0
   } catch (err) {
+    how.endLine()
     io.stderr(`dsh: ${failureText(err)}\n`)
     return 1
-  } finally { p.off('SIGINT', onSigint) }
+  } finally { p.off('SIGINT', onSigint); io.onStdoutClosed = undefined }
 }
 
 /** A failed turn in one line; the adapter's messages already start with the code (`AUTH: HTTP 401 from …`). */
@@ -7557,32 +8284,88 @@ async function readAll(stream: any): Promise<string> {
 
 interface Terminal {
   rl: import('node:readline').Interface
-  /** Every input line, buffered from the start (lines typed ahead are kept). */
+  /** Every input, buffered from the start (inputs typed ahead are kept): one line, or a pasted
+   *  block (bracketed paste) or `\`-continued lines joined with `\n`. */
   lines: AsyncIterator<string>
   /** Shows the prompt, unless the input has ended: `rl.prompt()` resumes a closed input, which keeps the process alive. */
   prompt(): void
   askYesNo(question: string): Promise<boolean>
+  /** Ends bracketed paste mode and closes the input. */
+  close(): void
 }
 
-async function openTerminal(p: NodeProcess): Promise<Terminal> {
+/** Terminal modes (xterm, and every terminal that supports them): a paste arrives between
+ *  `ESC [200~` and `ESC [201~`, which Node's readline reports as `paste-start` / `paste-end` keys. */
+const BRACKETED_PASTE_ON = '\x1b[?2004h'
+const BRACKETED_PASTE_OFF = '\x1b[?2004l'
+const PROMPT = '› '
+const CONTINUATION_PROMPT = '… '
+
+/**
+ * The interactive input: readline on the TTY, with bracketed paste switched on, so that a pasted
+ * multi-line block is one input (its lines are held until Enter after the paste), and a line
+ * ending in a single `\` continues on the next line (the `\` is dropped).
+ */
+async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
   const readline = await importNode<typeof import('node:readline')>('node:readline')
-  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: '› ' })
-  const lines = rl[Symbol.asyncIterator]()
+  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: PROMPT })
+  io.stderrRaw(BRACKETED_PASTE_ON)
+  const queue: string[] = []
+  const waiting: ((r: IteratorResult<string>) => void)[] = []
   let closed = false
-  rl.once('close', () => { closed = true })
+  let pasting = false
+  let held: string[] = []
+  const deliver = (input: string) => { const w = waiting.shift(); if (w) w({ value: input, done: false }); else queue.push(input) }
+  p.stdin.on('keypress', (_s: unknown, key: { name?: string } | undefined) => {
+    if (key?.name === 'paste-start') pasting = true
+    else if (key?.name === 'paste-end') pasting = false
+  })
+  rl.on('line', (line: string) => {
+    if (pasting) { held.push(line); return }
+    if (/(?<!\\)\\$/.test(line)) { held.push(line.slice(0, -1)); rl.setPrompt(CONTINUATION_PROMPT); if (!closed) rl.prompt(); return }
+    const input = [...held, line].join('\n')
+    held = []
+    rl.setPrompt(PROMPT)
+    deliver(input)
+  })
+  rl.once('close', () => {
+    closed = true
+    io.stderrRaw(BRACKETED_PASTE_OFF)
+    if (held.length) { deliver(held.join('\n')); held = [] }
+    for (const w of waiting.splice(0)) w({ value: undefined, done: true })
+  })
+  const lines: AsyncIterator<string> = {
+    next: () => queue.length ? Promise.resolve({ value: queue.shift()!, done: false })
+      : closed ? Promise.resolve({ value: undefined, done: true })
+      : new Promise((resolve) => waiting.push(resolve)),
+  }
   const prompt = () => { if (!closed) rl.prompt() }
   return {
     rl, lines, prompt,
     async askYesNo(question) {
       rl.setPrompt(question); prompt()
       const answer = await lines.next()
-      rl.setPrompt('› ')
+      rl.setPrompt(PROMPT)
       return !answer.done && /^y(es)?$/i.test(answer.value.trim())
     },
+    close: () => rl.close(),
   }
 }
 
-const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact (compact now), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
+const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact [FOCUS] (compact now), /context (what the next request holds, the newest checkpoint), /pin (pin your last input), /unpin, /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
+
+/** `/compact`: runs the ladder now; one line says what happened (or that it was cancelled). */
+async function compactCommand(agent: Agent, signal: AbortSignal, focus?: string): Promise<string> {
+  try {
+    const o = await agent.compactNow({ signal, focus })
+    if (signal.aborted) return '[dsh] /compact cancelled; the context is unchanged'
+    const tokens = o.tokensBefore === o.tokensAfter ? `${groupDigits(o.tokensAfter)} tokens` : `${groupDigits(o.tokensBefore)} → ${groupDigits(o.tokensAfter)} tokens`
+    return `[dsh] /compact${focus ? ` (focus: ${focus})` : ''}: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${tokens}`
+  } catch (err) {
+    if (signal.aborted) return '[dsh] /compact cancelled; the context is unchanged'
+    return `[dsh] /compact failed: ${failureText(err)}`
+  }
+}
 
 /** The interactive loop: a prompt per turn, slash commands, Ctrl-C cancels the running turn. */
 async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endLine: () => void): Promise<number> {
@@ -7591,7 +8374,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
   let exitCode = 0
   io.stderr(`dsh ${VERSION} · ${agent.provider.model} · ${agent.contextWindow ? `${groupDigits(agent.contextWindow)}-token window` : 'window unknown'} · /help for commands\n`)
   rl.on('SIGINT', () => {
-    if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n'); return }
+    if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling (Ctrl-C again to exit)\n'); return }
     rl.close()
   })
   terminal.prompt()
@@ -7602,17 +8385,18 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     if (line === '/exit' || line === '/quit') break
     if (line === '/help') io.stderr(INTERACTIVE_HELP)
     else if (line === '/usage') io.stderr(await usageReport(agent))
-    else if (line === '/compact') {
+    else if (isFidelityCommand(line)) {
       running = new AbortController()
-      const o = await agent.compact(running.signal).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))
-      io.stderr(`[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${groupDigits(o.tokensBefore)} → ${groupDigits(o.tokensAfter)} tokens\n`)
+      io.stderr(await fidelityCommand(agent, line, running.signal))
     } else if (line.startsWith('/')) io.stderr(`unknown command ${line}; ${INTERACTIVE_HELP}`)
     else {
       running = new AbortController()
       try {
         const result = await agent.run(line, { signal: running.signal })
         endLine()
-        if (result.reason !== 'stop') io.stderr(`[dsh] turn ended: ${result.reason}\n`)
+        const problem = turnProblem(agent, result)
+        if (result.reason === 'aborted') io.stderr('[dsh] turn cancelled\n')
+        else if (problem) io.stderr(`[dsh] ${problem}\n`)
         exitCode = 0
       } catch (err) {
         endLine()
@@ -7627,26 +8411,317 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
   return exitCode
 }
 
+// ── 10.x Fidelity views: project instructions, /pin, /compact FOCUS, /context, `dsh show` (docs/design.md §12) ──
+
+/** Files the CLI reads project instructions from, in order: the first that exists in the working directory wins. */
+export const PROJECT_INSTRUCTION_FILES: readonly string[] = ['AGENTS.md', 'CLAUDE.md']
+/** Largest project-instructions file the CLI accepts, in UTF-8 bytes (64 KiB ≈ 16,000 tokens, all of it in every request). */
+export const PROJECT_INSTRUCTIONS_MAX_BYTES = 64 * 1024
+
+/** Project instructions read by {@link readProjectInstructions}: the file name, its size in bytes, and the text for the envelope. */
+export interface ProjectInstructions { file: string; bytes: number; text: string }
+
+/**
+ * Reads `AGENTS.md`, else `CLAUDE.md`, from `cwd` (node:fs) and frames it for the system prompt
+ * (the envelope, which compaction never touches). Undefined when neither exists (or is not a
+ * file). Throws {@link UsageError} for a file it cannot read or one over
+ * {@link PROJECT_INSTRUCTIONS_MAX_BYTES}, naming the fix.
+ */
+export async function readProjectInstructions(cwd: string): Promise<ProjectInstructions | undefined> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  for (const file of PROJECT_INSTRUCTION_FILES) {
+    const path = `${cwd.replace(/[\\/]+$/, '')}/${file}`
+    let bytes: Uint8Array
+    try {
+      const stat = await fs.stat(path)
+      if (!stat.isFile()) continue
+      if (stat.size > PROJECT_INSTRUCTIONS_MAX_BYTES) throw new UsageError(`${file} is ${groupDigits(stat.size)} bytes, over the ${groupDigits(PROJECT_INSTRUCTIONS_MAX_BYTES)}-byte limit for project instructions (they go into every request); shorten it or pass --no-project-instructions`)
+      bytes = await fs.readFile(path)
+    } catch (err: any) {
+      if (err instanceof UsageError) throw err
+      if (err?.code === 'ENOENT' || err?.code === 'ENOTDIR') continue
+      throw new UsageError(`cannot read ${file} in ${cwd}: ${err?.message ?? err}; fix its permissions or pass --no-project-instructions`)
+    }
+    const body = new TextDecoder().decode(bytes).trim()
+    if (body === '') continue
+    return { file, bytes: bytes.length, text: `Project instructions from ${file} in the working directory; follow them throughout the session:\n\n${body}` }
+  }
+  return undefined
+}
+
+/** The seq of the user's last input still on the surface (not a checkpoint), if any: what `/pin` pins. */
+function lastInputSeq(session: Session): number | undefined {
+  const nodes = session.surface()
+  for (let i = nodes.length - 1; i >= 0; i--) if (nodes[i].message.role === 'user' && !isCheckpoint(nodes[i])) return nodes[i].seq
+  return undefined
+}
+
+/** Token and message counts of one part of a request. */
+export interface ContextPart { tokens: number; messages: number }
+
+/**
+ * What the next request holds, by the §2 estimate, in tokens (the CLI's `/context`): the envelope,
+ * pinned messages, checkpoints, other messages and tool results (with how many are pruned or
+ * cleared placeholders), and the originals kept out of it (pruned, cleared, summarised), read from
+ * the log; plus the newest checkpoint with its fidelity figures.
+ */
+export interface ContextBreakdown {
+  /** The measured total (anchored on provider usage when `anchored`), tokens. */
+  totalTokens: number
+  anchored: boolean
+  contextWindow?: number
+  envelopeTokens: number
+  pinned: ContextPart
+  checkpoints: ContextPart
+  messages: ContextPart
+  toolResults: ContextPart & { pruned: number; cleared: number }
+  /** Originals out of the request, kept in the log: pruned and cleared tool results, messages folded into checkpoints (tokens = their price when they were shadowed). */
+  shadowed: { pruned: ContextPart; cleared: ContextPart; summarised: ContextPart & { compactions: number } }
+  newestCheckpoint?: { seq: number; tokens: number; text: string; fidelity?: Fidelity }
+}
+
+/** Computes the {@link ContextBreakdown} of `session` (reads the log back: O(log) — a command, not a hot path). */
+export async function contextBreakdown(session: Session, contextWindow?: number): Promise<ContextBreakdown> {
+  const m = session.measure()
+  const part = (): ContextPart => ({ tokens: 0, messages: 0 })
+  const out: ContextBreakdown = {
+    totalTokens: m.totalTokens, anchored: m.anchored, contextWindow, envelopeTokens: m.envelopeTokens,
+    pinned: part(), checkpoints: part(), messages: part(), toolResults: { ...part(), pruned: 0, cleared: 0 },
+    shadowed: { pruned: part(), cleared: part(), summarised: { ...part(), compactions: 0 } },
+  }
+  const add = (p: ContextPart, tokens: number) => { p.tokens += tokens; p.messages++ }
+  for (const n of session.surface()) {
+    if (session.isPinned(n.seq)) add(out.pinned, n.tokens)
+    else if (isCheckpoint(n)) { add(out.checkpoints, n.tokens); out.newestCheckpoint = { seq: n.seq, tokens: n.tokens, text: messageText(n.message) } }
+    else if (n.message.role === 'tool') {
+      add(out.toolResults, n.tokens)
+      const op = ((await session.readEvent(n.seq)).data as any).surfaceOp as SurfaceOp
+      if (op.op === 'replace' && n.seq > 0) {
+        const before = (await session.readEvent(n.seq - 1)).type
+        if (before === 'compaction/prune') out.toolResults.pruned++
+        else if (before === 'compaction/clear') out.toolResults.cleared++
+      }
+    } else add(out.messages, n.tokens)
+  }
+  for await (const e of session.readEvents()) {
+    const d = e.data as any
+    if (e.type === 'compaction/prune') { out.shadowed.pruned.tokens += d.shadowedTokenCount; out.shadowed.pruned.messages += d.shadowedSeqs.length }
+    else if (e.type === 'compaction/clear') { out.shadowed.cleared.tokens += d.shadowedTokenCount; out.shadowed.cleared.messages += d.shadowedSeqs.length }
+    else if (e.type === 'compaction/summary') {
+      const s = out.shadowed.summarised
+      s.tokens += d.shadowedTokenCount; s.messages += d.shadowedSeqs.length; s.compactions++
+      if (out.newestCheckpoint && e.seq === out.newestCheckpoint.seq - 1) out.newestCheckpoint.fidelity = d.fidelity
+    }
+  }
+  return out
+}
+
+/** "kept/total" per kind, for the checkpoint and for the model's summary alone. */
+function fidelityText(f: Fidelity): string {
+  const kinds: Array<[keyof Fidelity, string]> = [['paths', 'paths'], ['commands', 'commands'], ['errors', 'error lines'], ['userMessages', 'user messages']]
+  return `verbatim in it: ${kinds.map(([k, name]) => `${name} ${f[k].inCheckpoint}/${f[k].total}`).join(', ')} (in the model's summary alone: ${kinds.map(([k]) => `${f[k].inSummary}/${f[k].total}`).join(', ')})`
+}
+
+/** The `/context` report: the breakdown of the next request, then the newest checkpoint in full. */
+export function formatContext(b: ContextBreakdown, options: { recall?: boolean } = {}): string {
+  const w = b.contextWindow
+  const row = (name: string, tokens: number, what: string) => `  ${name.padEnd(14)}${groupDigits(tokens).padStart(9)} tokens  ${what}`
+  const n = (k: number, word: string) => `${groupDigits(k)} ${word}${k === 1 ? '' : 's'}`
+  const t = b.toolResults
+  const lines = [
+    `next request: ${groupDigits(b.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((b.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}, ${b.anchored ? 'anchored on provider usage' : 'heuristic estimate'}`,
+    row('envelope', b.envelopeTokens, 'system prompt (with project instructions, if any) and tool specs'),
+    row('pinned', b.pinned.tokens, n(b.pinned.messages, 'message')),
+    row('checkpoints', b.checkpoints.tokens, n(b.checkpoints.messages, 'checkpoint')),
+    row('messages', b.messages.tokens, n(b.messages.messages, 'message')),
+    row('tool results', t.tokens, `${n(t.messages, 'result')}${t.pruned || t.cleared ? ` (${t.pruned} pruned, ${t.cleared} cleared)` : ''}`),
+    `originals kept in the log, out of the request${options.recall ? ' (the recall tool returns them)' : ''}:`,
+    row('pruned', b.shadowed.pruned.tokens, n(b.shadowed.pruned.messages, 'tool result')),
+    row('cleared', b.shadowed.cleared.tokens, n(b.shadowed.cleared.messages, 'tool result')),
+    row('summarised', b.shadowed.summarised.tokens, `${n(b.shadowed.summarised.messages, 'message')} in ${n(b.shadowed.summarised.compactions, 'compaction')}`),
+  ]
+  const c = b.newestCheckpoint
+  if (!c) lines.push('no checkpoint yet')
+  else lines.push(`newest checkpoint: seq ${c.seq}, ${groupDigits(c.tokens)} tokens${c.fidelity ? `; ${fidelityText(c.fidelity)}` : ''}`, c.text)
+  return lines.join('\n') + '\n'
+}
+
+/** True for the interactive commands of this section: `/pin`, `/unpin`, `/context`, `/compact [FOCUS]`. */
+export function isFidelityCommand(line: string): boolean { return /^\/(pin|unpin|context|compact)(\s|$)/.test(line) }
+
+/**
+ * Runs `/pin` (pins the last input), `/unpin` (removes the newest pin), `/context`, or
+ * `/compact [FOCUS]` (compacts now, FOCUS into the summary instruction) on `agent`; returns what to print.
+ */
+export async function fidelityCommand(agent: Agent, line: string, signal?: AbortSignal): Promise<string> {
+  const command = line.trim().split(/\s+/)[0]
+  const session = agent.session
+  if (command === '/pin') {
+    const seq = lastInputSeq(session)
+    if (seq === undefined) return '[dsh] /pin: nothing to pin yet: type an input first; /pin pins the last one\n'
+    if (session.isPinned(seq)) return `[dsh] /pin: your last input (seq ${seq}) is already pinned\n`
+    try { agent.pin(seq) } catch (err) { return `[dsh] /pin: ${(err as Error).message}\n` }
+    return `[dsh] pinned your last input (seq ${seq}, ${groupDigits(session.node(seq)!.tokens)} tokens): it is never pruned, cleared or summarised; pinned messages hold ${groupDigits(session.pinnedTokens())} tokens\n`
+  }
+  if (command === '/unpin') {
+    const seq = session.pinnedSeqs().at(-1)
+    if (seq === undefined) return '[dsh] /unpin: nothing is pinned\n'
+    session.unpin(seq)
+    return `[dsh] unpinned seq ${seq}; ${session.pinnedSeqs().length} pinned message(s) left\n`
+  }
+  if (command === '/context') return formatContext(await contextBreakdown(session, agent.contextWindow), { recall: agent.tools.some((t) => t.name === 'recall') })
+  return await compactCommand(agent, signal ?? new AbortController().signal, line.trim().slice(command.length).trim() || undefined) + '\n'
+}
+
+/** `dsh show FILE`: print a session log as a readable transcript. */
+export interface CliShowOptions {
+  command: 'show'
+  /** The session log (path as given). */
+  file: string
+  /** `--checkpoints`: print every checkpoint in full. */
+  checkpoints: boolean
+  /** `-C DIR` / `--cwd DIR`: resolve FILE from DIR. */
+  cwd?: string
+}
+
+/** One line of text for a transcript: newlines shown as `⏎`, cut to `max` code points with `…`. */
+function oneLine(text: string, max = 120): string {
+  const flat = text.replace(/\r\n|\r|\n/g, ' ⏎ ')
+  const end = indexAfterCodePoints(flat, max)
+  return end < flat.length ? flat.slice(0, end) + '…' : flat
+}
+
+/**
+ * A session log as a readable transcript (`dsh show`): turns, user inputs, assistant text and
+ * tool calls, tool results with their price, and every prune, clear and compaction marked with its
+ * token figures (original → replacement; context before → after); `checkpoints` prints each
+ * checkpoint in full. Pins, resumes, overflow errors, retries and warnings are marked too.
+ */
+export async function showSession(session: Session, options: { checkpoints?: boolean; name?: string } = {}): Promise<string> {
+  const out: string[] = []
+  const names = new Map<string, string>()
+  const t = (n: number) => `${groupDigits(n)} tokens`
+  let turns = 0, steps = 0, prunes = 0, clears = 0, compactions = 0
+  let pending: { id: string; summary?: any } | undefined
+  for await (const e of session.readEvents()) {
+    const d = e.data as any
+    const at = `#${e.seq}`
+    switch (e.type) {
+      case 'session/start': out.push(`session ${d.id} (dsh ${d.version})`); break
+      case 'session/resume': out.push(`— resumed after seq ${d.lastSeq}${d.repaired ? `; ${d.repaired} tool call(s) without a result closed` : ''}`); break
+      case 'request/header': out.push(`— model ${d.model} at ${d.baseURL}${d.contextWindow ? `, ${groupDigits(d.contextWindow)}-token window` : ''}; envelope ${t(estimateEnvelopeTokens(d))}`); break
+      case 'turn/start': turns++; out.push('', `turn ${d.turn}`); break
+      case 'turn/end': out.push(`  (turn ${d.turn} ended: ${d.reason})`); break
+      case 'step/start': steps++; break
+      case 'user/message': {
+        if (d.compactionId !== undefined) {
+          const tokens = estimateMessageTokens(d.message)
+          const s = pending && pending.id === d.compactionId ? pending.summary : undefined
+          out.push(`  ${at} checkpoint ${d.compactionId}: ${s ? `${s.shadowedSeqs.length} messages (seq ${s.shadowedSeqs[0]}..${s.shadowedSeqs.at(-1)}), ${t(s.shadowedTokenCount)} → ${t(tokens)}` : t(tokens)}`)
+          if (s?.fidelity) out.push(`      ${fidelityText(s.fidelity)}`)
+          if (options.checkpoints) out.push(...messageText(d.message).split('\n').map((l: string) => `      | ${l}`))
+        } else if (d.surfaceOp.op === 'replace') out.push(`  ${at} user message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(d.message))}`)
+        else out.push(`  ${at} user: ${oneLine(messageText(d.message))}`)
+        break
+      }
+      case 'assistant/message': {
+        const m = d.message as AssistantMessage
+        if (d.surfaceOp.op === 'replace') { out.push(`  ${at} assistant message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(m))}`); break }
+        const text = textOfBlocks(m.content)
+        if (text.trim()) out.push(`  ${at} assistant${m.interrupted ? ' (interrupted)' : ''}: ${oneLine(text)}`)
+        for (const c of toolCalls(m)) { names.set(c.id, c.name); out.push(`  ${at} → ${c.name} ${oneLine(c.arguments, 100)}`) }
+        break
+      }
+      case 'tool/result': {
+        if (d.surfaceOp.op === 'replace') break // the prune or clear line above says it
+        const r = d.message as ToolResultMessage
+        out.push(`  ${at} ${names.get(r.toolCallId) ?? 'tool'} result${r.isError ? ' (error)' : ''}, ${t(estimateMessageTokens(r))}${d.spilled ? `, spilled ${groupDigits(d.spilled.bytes)} bytes to ${d.spilled.ref}` : ''}: ${oneLine(messageText(r), 80)}`)
+        break
+      }
+      case 'compaction/prune':
+      case 'compaction/clear': {
+        e.type === 'compaction/prune' ? prunes++ : clears++
+        const next = e.seq + 1 < session.seq ? await session.readEvent(e.seq + 1) : undefined
+        const after = next?.type === 'tool/result' ? estimateMessageTokens((next.data as any).message) : undefined
+        out.push(`  [${e.type === 'compaction/prune' ? 'prune' : 'clear'}] ${at} tool result #${d.shadowedSeqs.join(', #')}: ${t(d.shadowedTokenCount)}${after === undefined ? '' : ` → ${t(after)} (${t(d.shadowedTokenCount - after)} reclaimed)`}${d.trigger ? `, ${d.trigger}` : ''}`)
+        break
+      }
+      case 'compaction/start': pending = { id: d.id }; out.push(`  [compaction ${d.id}] ${at} started (${d.trigger})`); break
+      case 'compaction/summary': if (pending && pending.id === d.id) pending.summary = d; compactions++; break
+      case 'compaction/end': out.push(`  [compaction ${d.id}] ${d.error ? `failed: ${d.error}` : `context ${t(d.tokensBefore)} → ${t(d.tokensAfter)}`}`); pending = undefined; break
+      case 'compaction/warning': out.push(`  [warning] ${d.message} (context ${t(d.totalTokens)}, threshold ${t(d.thresholdTokens)})`); break
+      case 'request/error': out.push(`  ${at} request failed: ${d.code}${d.status ? ` (HTTP ${d.status})` : ''}: ${oneLine(d.message)}`); break
+      case 'recovery/retry': out.push(`  ${at} overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); step retried`); break
+      case 'surface/pin': out.push(`  [pin] ${at} message #${d.seq} pinned`); break
+      case 'surface/unpin': out.push(`  [unpin] ${at} message #${d.seq}`); break
+    }
+  }
+  const m = session.measure()
+  const head = `dsh show ${options.name ?? 'session'}: ${session.seq} events, ${turns} turn(s), ${steps} step(s), ${prunes} prune(s), ${clears} clear(s), ${compactions} compaction(s); surface now ${m.nodes.length} messages, ${t(m.heuristicTokens)}`
+  return [head, ...out].join('\n') + '\n'
+}
+
+/** Parses `dsh show FILE [--checkpoints]`. Throws {@link UsageError}. */
+function parseShowArgs(args: readonly string[]): CliShowOptions {
+  const files: string[] = []
+  let checkpoints = false
+  let cwd: string | undefined
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i]
+    if (a === '--checkpoints') checkpoints = true
+    else if (a === '-C' || a === '--cwd' || a.startsWith('--cwd=')) {
+      cwd = a.startsWith('--cwd=') ? a.slice(6) : args[++i]
+      if (!cwd) throw new UsageError('-C/--cwd needs a directory, e.g. -C ../my-project')
+    } else if (a.startsWith('-')) throw new UsageError(`show takes FILE, --checkpoints and -C DIR, got ${JSON.stringify(a)}: npx tsx dsh.ts show FILE [--checkpoints]`)
+    else files.push(a)
+  }
+  if (files.length !== 1) throw new UsageError(`show needs one session log FILE, got ${files.length}: npx tsx dsh.ts show FILE [--checkpoints]`)
+  return { command: 'show', file: files[0], checkpoints, ...(cwd !== undefined ? { cwd } : {}) }
+}
+
+/**
+ * `dsh show FILE`: reads the log (never writes to it: a torn last line is reported, not cut) and
+ * prints {@link showSession}. A file that is not a dsh log is a usage error (exit 2).
+ */
+async function showCommand(options: CliShowOptions, io: CliIO, name = options.file): Promise<number> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  let text: string
+  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: show: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
+  let session: Session
+  try {
+    const parsed = parseLogText(text)
+    const store = new MemoryStore()
+    store.events.push(...parsed.events)
+    session = await Session.load(store)
+    if (parsed.torn) io.stderr(`dsh: show: ${name}: the last line (line ${parsed.torn.line}, ${parsed.torn.bytes} bytes) is incomplete (a crash, or a writer still running); shown without it\n`)
+  } catch (err) {
+    if (err instanceof SessionError) { io.stderr(`dsh: show: ${name}: ${err.message}\n`); return 2 }
+    throw err
+  }
+  io.stdout(await showSession(session, { checkpoints: options.checkpoints, name }))
+  return 0
+}
+
 /**
  * `dsh replay FILE`: reads the file (node:fs) and runs {@link runReplay}; a file that is not a
  * transcript, or a bad option, is a usage error (exit 2). With `--base-url`/`--model`/`--api-key-env`
- * the summaries come from that model; otherwise they are simulated.
+ * the summaries come from that model; otherwise they are simulated. `name` is FILE as given.
  */
-async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO): Promise<number> {
+async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO, name = options.file): Promise<number> {
   const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
   let text: string
-  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${options.file}: ${(err as Error).message}\n`); return 2 }
+  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
   const s = options.summarizer
   const summarizer = s ? openAICompatible({ baseURL: s.baseURL, model: s.model, apiKey: s.apiKey, contextWindow: options.contextWindow }) : undefined
   try {
     const { output } = await runReplay(text, {
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
-      summaryTokens: options.summaryTokens, summarizer, json: options.json, name: options.file,
+      summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains,
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0
   } catch (err) {
-    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${options.file}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
+    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${name}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
     if (err instanceof ProviderError) { io.stderr(`dsh: replay: the summarizer failed: ${err.code}: ${err.message}\n`); return 1 }
     throw err
   }

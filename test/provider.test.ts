@@ -820,14 +820,19 @@ test('a request larger than the per-minute budget is RATE_LIMIT but not retried 
   })
 })
 
-test('connection refused is TRANSPORT, retried', async () => {
+test('connection refused is TRANSPORT, retried once only (no server is listening), with a retry event saying so', async () => {
   const fake = await startFakeProvider()
   await fake.close()
-  const { provider, sleeps } = on(fake, { maxRetries: 2 })
-  const err = await failure(provider.complete({ messages: HI }))
+  const { provider, sleeps } = on(fake, { maxRetries: 5 })
+  const retries: any[] = []
+  const err = await failure(provider.complete({ messages: HI, onEvent: (e) => { if (e.type === 'retry') retries.push(e) } }))
   assert.equal(err.code, 'TRANSPORT')
   assert.match(err.message, /failed: fetch failed \(.*ECONNREFUSED/)
-  assert.equal(sleeps.length, 2)
+  assert.equal(sleeps.length, 1)
+  assert.deepEqual(retries.map((e) => [e.attempt, e.maxRetries, e.error.code]), [[1, 1, 'TRANSPORT']])
+  const none = on(fake, { maxRetries: 0 })
+  await failure(none.provider.complete({ messages: HI }))
+  assert.equal(none.sleeps.length, 0, 'maxRetries 0 still means none')
 })
 
 test('the API key never appears in an error message or body', async () => {
@@ -874,10 +879,11 @@ test('tool calls without index, with one id per call on index 0, and with empty 
 
 // ── Options ───────────────────────────────────────────────────────────────────────────────────
 
-test('KNOWN_MODELS: DeepSeek V4 windows and the retired aliases', () => {
-  assert.deepEqual(KNOWN_MODELS['deepseek-v4-flash'], { contextWindow: 1_048_576, maxOutputTokens: 384_000 })
+test('KNOWN_MODELS: DeepSeek V4 windows, the older name deepseek-v4-flash and the retired aliases', () => {
+  assert.deepEqual(KNOWN_MODELS['deepseek-flash'], { contextWindow: 1_048_576, maxOutputTokens: 384_000 })
+  assert.deepEqual(KNOWN_MODELS['deepseek-v4-flash'], { contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash' })
   assert.equal(KNOWN_MODELS['deepseek-v4-pro'].contextWindow, 1_048_576)
-  assert.equal(KNOWN_MODELS['deepseek-reasoner'].aliasOf, 'deepseek-v4-flash')
+  assert.equal(KNOWN_MODELS['deepseek-reasoner'].aliasOf, 'deepseek-flash')
   assert.equal(KNOWN_MODELS['deepseek-reasoner'].thinking, 'enabled')
   assert.equal(KNOWN_MODELS['deepseek-chat'].thinking, 'disabled')
   assert.equal(openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'mystery' }).contextWindow, undefined)
@@ -890,7 +896,7 @@ test('deepseek(): DeepSeek defaults, key from the option or $DEEPSEEK_API_KEY, u
     assert.throws(() => deepseek(), /environment variable DEEPSEEK_API_KEY is not set .* pass \{ apiKey \}/)
     const p = deepseek({ apiKey: KEY, model: undefined })
     assert.equal(p.baseURL, 'https://api.deepseek.com')
-    assert.equal(p.model, 'deepseek-v4-flash')
+    assert.equal(p.model, 'deepseek-flash')
     assert.equal(p.contextWindow, 1_048_576)
     assert.equal(p.maxTokens, 32_768)
     process.env.DEEPSEEK_API_KEY = 'sk-from-env-123456'

@@ -26,7 +26,7 @@ const MINIFIED = 'var a=1;'.repeat(300_000 / 8) // one 300 KB line, no TODO in i
 describe('grep runs where it can be stopped', () => {
   test('defaults', () => {
     assert.equal(BUILTIN_TOOL_DEFAULTS.grepTimeoutMs, 30_000)
-    assert.equal(BUILTIN_TOOL_DEFAULTS.grepMaxLineChars, 10_000)
+    assert.equal(BUILTIN_TOOL_DEFAULTS.grepMaxLineUnits, 10_000)
   })
 
   test('(a+)+$ on a 40-character line: a clear error at the time limit, promptly', async () => {

@@ -40,7 +40,7 @@ describe('one writer per session log', () => {
       assert.equal(first.code, 0, first.stderr)
       assert.equal(first.stdout, 'slow answer\n')
       assert.equal(second.code, 2)
-      assert.match(second.stderr, new RegExp(`^dsh: --session s\\.jsonl: session log s\\.jsonl is in use by pid \\d+ on host ${hostname().replace(/\./g, '\\.')} \\(since \\d{4}-\\d\\d-\\d\\dT[^)]+\\); wait for it to finish or use another session file; lock file s\\.jsonl\\.lock\\n$`))
+      assert.match(second.stderr, new RegExp(`^dsh: --session s\\.jsonl: session log \\S*s\\.jsonl is in use by pid \\d+ on host ${hostname().replace(/\./g, '\\.')} \\(since \\d{4}-\\d\\d-\\d\\dT[^)]+\\); wait for it to finish or use another session file; lock file \\S*s\\.jsonl\\.lock\\n$`))
       assert.equal(f.requests.length, 1, 'the second sent nothing')
       const log = (await readFile(join(cwd, 's.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l))
       assert.deepEqual(log.map((e) => e.seq), log.map((_, i) => i))
@@ -65,7 +65,7 @@ describe('one writer per session log', () => {
     await writeFile(join(cwd, 's.jsonl.lock'), JSON.stringify({ pid: 1, host: 'elsewhere.example', time: 1_700_000_000_000 }))
     const run = await runDsh(['-p', 'hi', '--base-url', 'http://127.0.0.1:9', '--model', 'm', '--session', 's.jsonl'], cwd)
     assert.equal(run.code, 2)
-    assert.match(run.stderr, /is in use by pid 1 on host elsewhere\.example \(since 2023-11-14T22:13:20\.000Z\), another host; if that process is gone, delete the lock file; lock file s\.jsonl\.lock\n$/)
+    assert.match(run.stderr, /is in use by pid 1 on host elsewhere\.example \(since 2023-11-14T22:13:20\.000Z\), another host; if that process is gone, delete the lock file; lock file \S*s\.jsonl\.lock\n$/)
   })
 
   test('in one process: a FileStore on a log another process holds is refused with LOCKED; close releases', async () => {
