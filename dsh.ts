@@ -1175,7 +1175,7 @@ const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.h
  * @returns the stale holder taken over, if any.
  */
 export async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLockHolder | undefined> {
-  const [fs, os, { default: proc }] = await Promise.all([importNode<NodeFs>('node:fs/promises'), importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
+  const [fs, os, { default: proc }] = await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'), importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
   const host = os.hostname()
   const me: LogLockHolder = { pid: proc.pid, host, time: Date.now() }
   const held = heldLogLocks.get(lockPath)
@@ -1226,7 +1226,7 @@ export async function releaseLogLock(lockPath: string): Promise<void> {
   if (held === undefined) return
   if (held > 1) { heldLogLocks.set(lockPath, held - 1); return }
   heldLogLocks.delete(lockPath)
-  await (await importNode<NodeFs>('node:fs/promises')).unlink(lockPath).catch(() => {})
+  await (await importNode<typeof import('node:fs/promises')>('node:fs/promises')).unlink(lockPath).catch(() => {})
 }
 
 function validateBlocks(blocks: unknown, where: string): void {

@@ -1,22 +1,16 @@
 // One writer per session log, and a --session path that is not a dsh log is refused untouched
 // (docs/design.md §13). The CLI runs as child processes against the fake provider.
-import { test, describe, after } from 'node:test'
+import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
-import { mkdtemp, realpath, rm, readFile, writeFile, readdir } from 'node:fs/promises'
+import { rm, readFile, writeFile, readdir } from 'node:fs/promises'
 import { spawnSync } from 'node:child_process'
-import { hostname, tmpdir } from 'node:os'
+import { hostname } from 'node:os'
 import { join } from 'node:path'
 import { FileStore, Session, SessionError } from '../dsh.ts'
 import { startFakeProvider, type FakeReply } from './fake-provider.ts'
-import { runDsh } from './cli-child.ts'
+import { runDsh, tempDirs } from './cli-child.ts'
 
-const temps: string[] = []
-after(async () => { for (const dir of temps) await rm(dir, { recursive: true, force: true }) })
-async function tempDir(): Promise<string> {
-  const dir = await realpath(await mkdtemp(join(tmpdir(), 'dsh-lock-')))
-  temps.push(dir)
-  return dir
-}
+const tempDir = tempDirs('dsh-lock-')
 async function withFake<T>(script: FakeReply[], fn: (flags: string[]) => Promise<T>): Promise<T> {
   const f = await startFakeProvider({ script })
   try { return await fn(['--base-url', f.url, '--model', 'm', '--context-window', '16000']) } finally { await f.close() }
