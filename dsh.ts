@@ -5437,6 +5437,8 @@ export interface ReplayOptions {
   summaryTokens?: number
   /** A real model to write the summaries (the CLI passes one with --base-url/--model or a key). */
   summarizer?: Provider
+  /** Ladder settings to replay with (default {@link DEFAULT_COMPACTION_CONFIG}; `thresholdRatio` above wins). */
+  compaction?: Partial<CompactionConfig>
   signal?: AbortSignal
   /** Called with each row as it is made, with the replay's session (read it, do not append). */
   onStep?: (step: ReplayStep, session: Session) => void
@@ -5510,7 +5512,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   }
   const summaryTokens = replayPositiveInteger('summaryTokens', options.summaryTokens ?? DEFAULT_REPLAY_SUMMARY_TOKENS, 'e.g. 2000 (CLI: --summary-tokens N)')
   const signal = options.signal
-  const compaction: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG, thresholdRatio }
+  const compaction: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG, ...options.compaction, thresholdRatio }
   const pruneConfig = resolvePruneConfig()
   const base = options.summarizer ?? simulatedSummarizer(summaryTokens, window)
   const summaryWindow = base.contextWindow ?? window
