@@ -5847,6 +5847,8 @@ export interface CliRunOptions extends CliModelOptions {
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
+  /** `--prices P`: the model's price table (default: DeepSeek's for its models, else none: cost unknown). */
+  prices?: Prices
 }
 
 /** `dsh replay FILE`: run a recorded session through the meter and the ladder offline. */
@@ -5867,6 +5869,8 @@ export interface CliReplayOptions {
   /** Present when `--base-url`, `--model` or `--api-key-env` asks for real summary calls; absent:
    *  summaries are simulated at `summaryTokens` (a key in the environment alone never costs money). */
   summarizer?: CliModelOptions
+  /** `--prices P`: prices for the replay's cost totals (default: deepseek-flash, off-peak). */
+  prices?: Prices
 }
 
 /** What {@link parseCliArgs} returns. */
@@ -5886,6 +5890,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--allow-shell': { commands: ['run'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
+  '--prices': { value: 'P', commands: ['run', 'replay'] },
   '--help': { commands: ['run', 'replay'] },
   '--version': { commands: ['run', 'replay'] },
 }
@@ -5915,6 +5920,9 @@ Options
                          always clamped to the room left in the window)
   --session FILE         keep the session in FILE (JSONL); resumes it when FILE exists
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
+  --prices P             prices for the cost shown: a DeepSeek model (e.g. deepseek-v4-pro) or
+                         HIT,MISS,OUTPUT in USD per million tokens (e.g. 0.003,0.15,0.6);
+                         default: DeepSeek's for its models, else none (cost shown as unknown)
   --json                 print every event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
   -h, --help             show this help
@@ -5931,6 +5939,7 @@ Replay: npx tsx dsh.ts replay FILE [options]
   --context-window N     window to simulate, in tokens
   --threshold R          as above (default ${CLI_DEFAULTS.threshold})
   --summary-tokens N     size of a simulated summary, in tokens (default ${CLI_DEFAULTS.summaryTokens})
+  --prices P             price the totals with P (as above, off-peak; default deepseek-flash)
   --format F             force a format: ${CLI_REPLAY_FORMATS.slice(1).join(', ')}
                          (default auto: detected from the file)
   --json                 machine-readable output
@@ -5977,6 +5986,21 @@ function parsePositiveInt(flag: string, raw: string, unit: string, example: stri
     throw new UsageError(`${flag} must be a positive whole number of ${unit}, got ${JSON.stringify(raw)} (e.g. ${flag} ${example})`)
   }
   return value
+}
+
+/**
+ * `--prices P`: a DeepSeek model name (its table, peak hours included) or `HIT,MISS,OUTPUT` in USD
+ * per million tokens (no peak hours). @throws UsageError naming the value and the forms accepted.
+ */
+function parsePrices(raw: string): Prices {
+  const named = pricesOf(raw)
+  if (named) return named
+  const parts = raw.split(',')
+  const numbers = parts.map((x) => (/^\s*(?:\d+(?:\.\d*)?|\.\d+)\s*$/.test(x) ? Number(x) : NaN))
+  if (parts.length !== 3 || numbers.some((n) => !Number.isFinite(n))) {
+    throw new UsageError(`--prices must be a DeepSeek model name (${Object.keys(DEEPSEEK_PRICES).join(', ')}) or HIT,MISS,OUTPUT in USD per million tokens (e.g. --prices 0.003,0.15,0.6), got ${JSON.stringify(raw)}`)
+  }
+  return { cacheHitInput: numbers[0], cacheMissInput: numbers[1], output: numbers[2] }
 }
 
 function parseThreshold(raw: string): number {
@@ -6088,6 +6112,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
   const threshold = flags.has('--threshold') ? parseThreshold(flags.get('--threshold')!) : CLI_DEFAULTS.threshold
   const json = flags.has('--json')
+  const prices = flags.has('--prices') ? parsePrices(flags.get('--prices')!) : undefined
 
   if (command === 'replay') {
     if (positionals.length === 0) throw new UsageError('replay needs a FILE: npx tsx dsh.ts replay FILE [--context-window N]')
@@ -6097,7 +6122,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (!CLI_REPLAY_FORMATS.includes(format)) throw new UsageError(`--format must be one of ${CLI_REPLAY_FORMATS.join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
-      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format,
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, ...(prices ? { prices } : {}),
       ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
     }
   }
@@ -6119,7 +6144,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
   return {
     command, ...resolveModelOptions(flags, env), prompt, print: printed !== undefined,
-    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'),
+    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), ...(prices ? { prices } : {}),
   }
 }
 
@@ -6327,8 +6352,8 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   if (options.command === 'replay') return await replayCommand(options, p, io)
 
   const provider = options.baseURL === CLI_DEFAULTS.baseURL
-    ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
-    : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
+    ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
+    : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
   let session: Session
   try {
     session = await Session.open(options.session ? new FileStore(options.session) : new MemoryStore())
