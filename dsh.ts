@@ -707,10 +707,16 @@ export interface EventDataMap {
   'request/error': { code: string; status?: number; message: string; trigger?: string }
   'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
   'compaction/start': { id: string; trigger: string }
-  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage }
+  /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md §12); `focus`: the focus the summary was asked for. */
+  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
   'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number; requests?: SummaryRequestRecord[] }
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
   'recovery/retry': { generationBefore: number; generationAfter: number }
+  /** A stream that broke after output (`code`, e.g. SERVER or TRANSPORT) is retried once as step `step + 1`; its partial output precedes this event as an interrupted message. */
+  'step/retry': { turn: number; step: number; code: ProviderErrorCode }
+  /** A surface message pinned: never pruned, cleared or summarised (docs/design.md §12). */
+  'surface/pin': { seq: number }
+  'surface/unpin': { seq: number }
 }
 /** The event types dsh itself writes (see {@link EventDataMap}). */
 export type EventType = keyof EventDataMap
@@ -737,9 +743,10 @@ export interface SurfaceNode {
 
 /**
  * Why an append or a load failed: a malformed message or event, a bad surface op, a break of tool
- * call/result pairing, a corrupt log file (with its line), or a store that could not be read or written.
+ * call/result pairing, a corrupt log file (with its line), a store that could not be read or written,
+ * or a pin that is refused (it would not fit, or an edit would touch a pinned message).
  */
-export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE'
+export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'PIN'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
 export class SessionError extends Error {
@@ -770,6 +777,17 @@ export interface LoadedLog { events: SessionEvent[]; torn?: TornLine }
 export interface LogStore {
   load(): Promise<LoadedLog>
   append(events: readonly SessionEvent[]): Promise<void>
+  /**
+   * Optional streaming load: calls `onEvent` with each event in seq order (only checked for its
+   * shape and seq), and returns the torn last line if one was dropped. A store that implements
+   * `scan` and `readEvent` is *readable*: a {@link Session} on it keeps only the surface and small
+   * metadata in memory and reads old events back on demand (docs/design.md §4).
+   */
+  scan?(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }>
+  /** Reads back event `seq` (loaded or appended earlier). */
+  readEvent?(seq: number): Promise<SessionEvent>
+  /** Reads back the events with `fromSeq <= seq < toSeq`, oldest first. */
+  readEvents?(fromSeq: number, toSeq: number): AsyncIterable<SessionEvent>
   sync?(): Promise<void>
   /** Stores `text` (e.g. a spilled tool result) and returns a reference a human can follow. */
   putArtefact?(name: string, text: string): Promise<string>
@@ -814,23 +832,34 @@ export function parseLogText(text: string): { events: SessionEvent[]; torn?: Tor
   while (pos < text.length) {
     line++
     const nl = text.indexOf('\n', pos)
-    const end = nl < 0 ? text.length : nl
-    const raw = text.slice(pos, end)
-    if (raw.trim() === '') {
-      if (nl < 0) break
-      throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
-    }
-    let value: unknown
-    try { value = JSON.parse(raw) } catch {
-      if (nl < 0) return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
-      throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
-    }
-    const problem = eventShapeProblem(value, events.length)
-    if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
-    events.push(value as SessionEvent)
+    const raw = text.slice(pos, nl < 0 ? text.length : nl)
+    const parsed = parseLogLine(raw, line, events.length, nl >= 0)
+    if (parsed === 'blank') break
+    if (parsed === 'torn') return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
+    events.push(parsed)
     pos = nl < 0 ? text.length : nl + 1
   }
   return { events, goodLength: text.length }
+}
+
+/**
+ * One log line (without its newline) → its event. `'torn'`: the last line, unterminated, does not
+ * parse (a crash cut it); `'blank'`: trailing white space at the end of the file. Anything else
+ * that is wrong throws `SessionError('LOG_CORRUPT')` naming the 1-based `line`.
+ */
+function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent | 'torn' | 'blank' {
+  if (raw.trim() === '') {
+    if (!terminated) return 'blank'
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
+  }
+  let value: unknown
+  try { value = JSON.parse(raw) } catch {
+    if (!terminated) return 'torn'
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
+  }
+  const problem = eventShapeProblem(value, expectedSeq)
+  if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
+  return value as SessionEvent
 }
 
 /**
@@ -842,44 +871,135 @@ export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
   return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
 }
 
+/** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
+const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
+
 /**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
- * `sync()` fsyncs. Loading drops a torn last line — its bytes are saved beside the log as
- * `FILE.torn-<time>` and the file is truncated to its last whole line — and refuses any other
- * corruption with the line number. Spilled tool results go to `FILE.artefacts/`.
+ * `sync()` fsyncs. Loading streams the file line by line (no whole-file string, no size ceiling),
+ * drops a torn last line — its bytes are saved beside the log as `FILE.torn-<time>` and the file is
+ * truncated to its last whole line — and refuses any other corruption with the line number.
+ * The store is *readable* (see {@link LogStore.scan}): it keeps the byte offset of every event's
+ * line (8 bytes per event) and reads events back from the file on demand, so a {@link Session} on
+ * it holds only its surface in memory. Spilled tool results go to `FILE.artefacts/`.
  */
 export class FileStore implements LogStore {
   readonly path: string
   private handle: any
+  private reader: any
   private needsNewline = false
+  /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
+  private lineStarts?: number[]
   constructor(path: string) { this.path = path }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
   async load(): Promise<LoadedLog> {
+    const events: SessionEvent[] = []
+    const { torn } = await this.scan((e) => { events.push(e) })
+    return { events, torn }
+  }
+
+  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
     const fs = await this.fs()
-    let text: string
-    try { text = await fs.readFile(this.path, 'utf8') } catch (err: any) {
-      if (err?.code === 'ENOENT') return { events: [] }
+    let fh: any
+    try { fh = await fs.open(this.path, 'r') } catch (err: any) {
+      if (err?.code === 'ENOENT') { this.lineStarts = [0]; return {} }
       throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
     }
-    const parsed = parseLogText(text)
-    if (parsed.torn) {
-      const savedTo = `${this.path}.torn-${Date.now()}`
-      await fs.writeFile(savedTo, text.slice(parsed.goodLength))
-      await fs.truncate(this.path, new TextEncoder().encode(text.slice(0, parsed.goodLength)).length)
-      parsed.torn.savedTo = savedTo
-    } else if (text.length > 0 && !text.endsWith('\n')) this.needsNewline = true
-    return { events: parsed.events, torn: parsed.torn }
+    const starts: number[] = [0]
+    const decoder = new TextDecoder()
+    let torn: TornLine | undefined
+    let tornAt = -1
+    try {
+      const size: number = (await fh.stat()).size
+      for await (const lines of lineChunks(fh, 0, size)) {
+        for (const { bytes, at, terminated } of lines) {
+          const line = starts.length
+          const parsed = parseLogLine(decoder.decode(bytes), line, starts.length - 1, terminated)
+          if (parsed === 'blank') continue
+          if (parsed === 'torn') { torn = { line, bytes: bytes.length }; tornAt = at; continue }
+          onEvent(parsed)
+          starts.push(at + bytes.length + (terminated ? 1 : 0))
+          if (!terminated) this.needsNewline = true
+        }
+      }
+      if (torn) {
+        const savedTo = `${this.path}.torn-${Date.now()}`
+        const tail = new Uint8Array(size - tornAt)
+        await fh.read(tail, 0, tail.length, tornAt)
+        await fs.writeFile(savedTo, tail)
+        await fs.truncate(this.path, tornAt)
+        torn.savedTo = savedTo
+      }
+    } catch (err) {
+      if (err instanceof SessionError) throw err
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${(err as Error)?.message ?? err}`)
+    } finally { await fh.close() }
+    this.lineStarts = starts
+    return { torn }
   }
 
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
-    if (!this.handle) this.handle = await (await this.fs()).open(this.path, 'a')
-    let text = this.needsNewline ? '\n' : ''
-    for (const e of events) text += JSON.stringify(e) + '\n'
+    if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
+    const starts = this.lineStarts!
+    const encoder = new TextEncoder()
+    const parts: Uint8Array[] = []
+    let at = starts[starts.length - 1], bytes = 0
+    if (this.needsNewline) { parts.push(encoder.encode('\n')); bytes++; at++; starts[starts.length - 1] = at }
+    const added: number[] = []
+    for (const e of events) {
+      const line = encoder.encode(JSON.stringify(e) + '\n')
+      parts.push(line); bytes += line.length; at += line.length; added.push(at)
+    }
+    const buffer = new Uint8Array(bytes)
+    let pos = 0
+    for (const part of parts) { buffer.set(part, pos); pos += part.length }
+    await this.write(buffer)
     this.needsNewline = false
-    await this.handle.write(text)
+    for (const a of added) starts.push(a)
+  }
+
+  /** Appends whole lines to the file (one call per batch; a subclass may split it, e.g. to test torn lines). */
+  protected async write(bytes: Uint8Array): Promise<void> {
+    this.handle ??= await (await this.fs()).open(this.path, 'a')
+    await this.handle.write(bytes)
+  }
+
+  async readEvent(seq: number): Promise<SessionEvent> {
+    const starts = await this.index()
+    if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1) throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
+    const bytes = new Uint8Array(starts[seq + 1] - starts[seq])
+    this.reader ??= await (await this.fs()).open(this.path, 'r')
+    await this.reader.read(bytes, 0, bytes.length, starts[seq])
+    return this.decodeEvent(bytes, seq)
+  }
+
+  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
+    const starts = await this.index()
+    const from = Math.max(0, fromSeq), to = Math.min(toSeq, starts.length - 1)
+    if (from >= to) return
+    const fh = await (await this.fs()).open(this.path, 'r')
+    try {
+      let seq = from
+      for await (const lines of lineChunks(fh, starts[from], starts[to])) {
+        for (const { bytes } of lines) yield this.decodeEvent(bytes, seq++)
+      }
+    } finally { await fh.close() }
+  }
+
+  private decodeEvent(bytes: Uint8Array, seq: number): SessionEvent {
+    let text = new TextDecoder().decode(bytes)
+    if (text.endsWith('\n')) text = text.slice(0, -1)
+    const parsed = parseLogLine(text, seq + 1, seq, true)
+    if (typeof parsed === 'string') throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: empty or cut short when read back`, seq + 1)
+    return parsed
+  }
+
+  private async index(): Promise<number[]> {
+    if (!this.lineStarts) await this.scan(() => {})
+    return this.lineStarts!
   }
 
   async sync(): Promise<void> { if (this.handle) await this.handle.sync() }
@@ -895,7 +1015,56 @@ export class FileStore implements LogStore {
 
   async getArtefact(ref: string): Promise<string> { return await (await this.fs()).readFile(ref, 'utf8') }
 
-  async close(): Promise<void> { const h = this.handle; this.handle = undefined; if (h) await h.close() }
+  async close(): Promise<void> {
+    const h = this.handle, r = this.reader
+    this.handle = undefined; this.reader = undefined
+    if (h) await h.close()
+    if (r) await r.close()
+  }
+}
+
+/** One line of a log file: its bytes without the newline, its byte offset, whether a newline ended it. */
+interface LogLine { bytes: Uint8Array; at: number; terminated: boolean }
+
+/**
+ * The lines of the open file `fh` between byte offsets `start` and `end`, one array per read of
+ * {@link LOG_READ_CHUNK_BYTES} (one promise per chunk, not per line). Only a last line with no
+ * newline has `terminated: false`. A line that spans reads is joined once, not per read. The
+ * arrays' `bytes` are views of a buffer reused by the next read: decode them before asking for more.
+ */
+async function* lineChunks(fh: any, start: number, end: number): AsyncGenerator<LogLine[]> {
+  const chunk = new Uint8Array(Math.min(LOG_READ_CHUNK_BYTES, Math.max(1, end - start)))
+  let carry: Uint8Array[] = []
+  let carryAt = start
+  let pos = start
+  while (pos < end) {
+    const { bytesRead } = await fh.read(chunk, 0, Math.min(chunk.length, end - pos), pos)
+    if (bytesRead === 0) break
+    const view = chunk.subarray(0, bytesRead)
+    const lines: LogLine[] = []
+    let from = 0
+    for (let nl = view.indexOf(10); nl >= 0; nl = view.indexOf(10, from)) {
+      let bytes: Uint8Array = view.subarray(from, nl)
+      if (carry.length > 0) { carry.push(bytes); bytes = concatBytes(carry); carry = [] }
+      lines.push({ bytes, at: carryAt, terminated: true })
+      from = nl + 1
+      carryAt = pos + from
+    }
+    if (from < bytesRead) carry.push(view.slice(from))
+    pos += bytesRead
+    if (lines.length > 0) yield lines
+  }
+  if (carry.length > 0) yield [{ bytes: concatBytes(carry), at: carryAt, terminated: false }]
+}
+
+function concatBytes(parts: Uint8Array[]): Uint8Array {
+  if (parts.length === 1) return parts[0]
+  let n = 0
+  for (const p of parts) n += p.length
+  const out = new Uint8Array(n)
+  let at = 0
+  for (const p of parts) { out.set(p, at); at += p.length }
+  return out
 }
 
 function validateBlocks(blocks: unknown, where: string): void {
@@ -954,8 +1123,11 @@ export interface SessionOptions {
  */
 export class Session {
   readonly store: LogStore
-  /** The whole log, oldest first (treat as read-only). */
-  readonly events: SessionEvent[] = []
+  /** The whole log when the store cannot read events back (see {@link Session.events}). */
+  private retained?: SessionEvent[]
+  private nextSeq = 0
+  /** Seq of the last `session/start` or `session/resume`. */
+  private openSeq = 0
   /** The torn last line dropped when this session was loaded, if any. */
   torn?: TornLine
   private readonly now: () => number
@@ -978,6 +1150,8 @@ export class Session {
   private turnState = { last: 0, open: false, step: 0, stepOpen: false }
   private compactionOpen?: string
   private sessionId = ''
+  /** Seqs of pinned surface nodes (docs/design.md §12), in the order they were pinned. */
+  private pins = new Set<number>()
   // The prompt-cache model (docs/design.md §11), kept as events arrive (O(1) per append, O(edit
   // span) per replace) so that it survives resume: `cacheNodes` leading surface nodes were sent by
   // the last conversation request and are unchanged since (-1: no request since the envelope or
@@ -991,7 +1165,24 @@ export class Session {
   constructor(options: SessionOptions = {}) {
     this.store = options.store ?? new MemoryStore()
     this.now = options.now ?? Date.now
+    const s = this.store
+    if (!(typeof s.scan === 'function' && typeof s.readEvent === 'function' && typeof s.readEvents === 'function')) this.retained = []
   }
+
+  /**
+   * The whole log, oldest first (treat as read-only), for a session whose store cannot read events
+   * back (e.g. {@link MemoryStore}, which keeps everything anyway). A session on a readable store
+   * (e.g. {@link FileStore}) keeps only its surface in memory: there this throws
+   * `SessionError('STORE')`; use {@link Session.readEvent} / {@link Session.readEvents}.
+   */
+  get events(): SessionEvent[] {
+    if (!this.retained) throw new SessionError('STORE', 'this session keeps only its surface in memory (its store reads events back); use await session.readEvent(seq) or session.readEvents(fromSeq, toSeq)')
+    return this.retained
+  }
+  /** Whether this session keeps every event in memory ({@link Session.events} works). */
+  get keepsAllEvents(): boolean { return this.retained !== undefined }
+  /** Seq of the `session/start` or `session/resume` written when this session was last opened. */
+  get openedAtSeq(): number { return this.openSeq }
 
   /**
    * Opens the session in `store`: a new one (writes `session/start`) when the store is empty,
@@ -1000,7 +1191,7 @@ export class Session {
    */
   static async open(store: LogStore = new MemoryStore(), options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = await Session.load(store, options)
-    if (session.events.length === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
+    if (session.seq === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
     else session.resume()
     await session.sync()
     return session
@@ -1009,14 +1200,20 @@ export class Session {
   /** Loads the log in `store` and replays it (every invariant is re-checked), writing nothing. */
   static async load(store: LogStore, options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = new Session({ ...options, store })
-    const loaded = await store.load()
-    session.torn = loaded.torn
-    for (const e of loaded.events) {
-      if (e.seq !== session.events.length) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.events.length} was expected`, e.seq + 1)
+    const replay = (e: SessionEvent) => {
+      if (e.seq !== session.nextSeq) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.nextSeq} was expected`, e.seq + 1)
       try { session.check(e.type, e.data) } catch (err) {
         throw new SessionError('LOG_CORRUPT', `session log line ${e.seq + 1}: ${(err as Error).message}`, e.seq + 1)
       }
       session.apply(e)
+    }
+    if (session.retained) {
+      const loaded = await store.load()
+      session.torn = loaded.torn
+      for (const e of loaded.events) replay(e)
+    } else {
+      // Streamed: each line is checked and applied as it is read; only the surface stays in memory.
+      session.torn = (await store.scan!(replay)).torn
     }
     return session
   }
@@ -1024,7 +1221,7 @@ export class Session {
   /** The session id from `session/start`. */
   get id(): string { return this.sessionId }
   /** Number of events; also the seq of the next event. */
-  get seq(): number { return this.events.length }
+  get seq(): number { return this.nextSeq }
   /** Increases by exactly one on every committed replace (docs/design.md §4). */
   get replaceGeneration(): number { return this.generation }
   /** The current surface, oldest first. A live view: do not keep it across appends. */
@@ -1036,9 +1233,10 @@ export class Session {
    * Throws `SessionError('STORE')` for a seq that is not in the log.
    */
   async readEvent(seq: number): Promise<SessionEvent> {
-    const e = Number.isInteger(seq) ? this.events[seq] : undefined
-    if (!e) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.events.length - 1})`)
-    return e
+    if (!Number.isInteger(seq) || seq < 0 || seq >= this.nextSeq) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.nextSeq - 1})`)
+    if (this.retained) return this.retained[seq]
+    await this.flush() // the store reads back only what it has been given
+    return await this.store.readEvent!(seq)
   }
 
   /**
@@ -1046,7 +1244,13 @@ export class Session {
    * back like {@link Session.readEvent}. For scans such as a recall search or `dsh show`.
    */
   async *readEvents(fromSeq = 0, toSeq = this.seq): AsyncGenerator<SessionEvent> {
-    for (let seq = Math.max(0, fromSeq); seq < Math.min(toSeq, this.seq); seq++) yield this.events[seq]
+    const to = Math.min(toSeq, this.nextSeq)
+    if (this.retained) {
+      for (let seq = Math.max(0, fromSeq); seq < to; seq++) yield this.retained[seq]
+      return
+    }
+    await this.flush()
+    yield* this.store.readEvents!(Math.max(0, fromSeq), to)
   }
 
   /** The surface node put there by event `seq`, if it is still on the surface. */
@@ -1055,7 +1259,7 @@ export class Session {
   hasToolCall(callId: string): boolean { return this.calls.has(callId) }
   /** Ids of tool calls on the surface that have no result yet. */
   openToolCalls(): string[] { return [...this.openCalls] }
-  /** Whether a `tool/call` dispatch record was logged for `callId`. */
+  /** Whether a `tool/call` dispatch record was logged for `callId`, a tool call still on the surface. */
   wasDispatched(callId: string): boolean { return this.dispatched.has(callId) }
   /** The open turn's number, the last step number in it, and whether a step is open. */
   get turn(): { turn: number; open: boolean; step: number; stepOpen: boolean } {
@@ -1083,7 +1287,7 @@ export class Session {
     if (typeof type !== 'string' || type === '') throw new SessionError('INVALID_EVENT', 'event type must be a non-empty string')
     if (typeof data !== 'object' || data === null || Array.isArray(data)) throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
     this.check(type, data)
-    const event = { seq: this.events.length, type, time: this.now(), data } as SessionEvent
+    const event = { seq: this.nextSeq, type, time: this.now(), data } as SessionEvent
     this.apply(event)
     this.pending.push(event)
     for (const l of this.listeners) l(event)
@@ -1092,6 +1296,12 @@ export class Session {
 
   /** Validates an event against the current state without changing anything. */
   private check(type: string, data: any): void {
+    if (type === 'surface/pin' || type === 'surface/unpin') {
+      const seq = data.seq
+      if (!Number.isInteger(seq) || !this.bySeq.has(seq)) throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
+      if ((type === 'surface/pin') === this.pins.has(seq)) throw new SessionError('PIN', `${type}: seq ${seq} is ${this.pins.has(seq) ? 'already' : 'not'} pinned`)
+      return
+    }
     const role = SURFACE_TYPES[type]
     if (!role) return
     validateMessage(data.message, role)
@@ -1121,6 +1331,11 @@ export class Session {
       throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the current surface`)
     }
     if (first.key > last.key) throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
+    if (this.pins.size > 0) {
+      for (let i = this.indexOfKey(first.key), hi = this.indexOfKey(last.key); i <= hi; i++) {
+        if (this.pins.has(this.nodes[i].seq)) throw new SessionError('PIN', `${type}: replace ${start}..${end} would change pinned message seq ${this.nodes[i].seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
+      }
+    }
     if (newCalls.length > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
     if (role === 'tool') {
       const old = first.message
@@ -1163,10 +1378,12 @@ export class Session {
 
   /** Applies a checked event to the derived state. The same code serves live appends and replay. */
   private apply(event: SessionEvent): void {
-    this.events.push(event)
+    this.retained?.push(event)
+    this.nextSeq = event.seq + 1
     const data = event.data as any
     switch (event.type) {
-      case 'session/start': this.sessionId = data.id; break
+      case 'session/start': this.sessionId = data.id; this.openSeq = event.seq; break
+      case 'session/resume': this.openSeq = event.seq; break
       case 'request/header': {
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
@@ -1181,6 +1398,8 @@ export class Session {
       case 'step/end': this.turnState.stepOpen = false; break
       case 'tool/call': this.dispatched.add(data.callId); break
       case 'compaction/start': this.compactionOpen = data.id; break
+      case 'surface/pin': this.pins.add(data.seq); break
+      case 'surface/unpin': this.pins.delete(data.seq); break
       case 'compaction/end': {
         if (this.compactionOpen === data.id) this.compactionOpen = undefined
         if (Array.isArray(data.requests)) {
@@ -1224,7 +1443,7 @@ export class Session {
         shadowed += old.tokens
         this.bySeq.delete(old.seq)
         if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
-        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id) }
+        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id); this.dispatched.delete(c.id) }
       }
       if (message.role === 'tool') this.calls.get(message.toolCallId)!.resultSeq = event.seq
       this.nodes.splice(lo, hi - lo + 1, node)
@@ -1388,6 +1607,47 @@ export class Session {
     return node.tokens - this.bySeq.get(after.seq)!.tokens
   }
 
+  /** Whether the surface node `seq` is pinned (docs/design.md §12). */
+  isPinned(seq: number): boolean { return this.pins.has(seq) }
+  /** Seqs of the pinned surface nodes, in the order they were pinned. */
+  pinnedSeqs(): number[] { return [...this.pins] }
+  /** What the pinned messages cost, in tokens (§2 heuristic); they count against the window like any message. */
+  pinnedTokens(): number {
+    let tokens = 0
+    for (const seq of this.pins) tokens += this.bySeq.get(seq)!.tokens
+    return tokens
+  }
+
+  /**
+   * Throws `SessionError('PIN')` unless `extraTokens` more pinned tokens still fit: envelope +
+   * pinned messages + `extraTokens` must stay within `limitTokens` (default: the compaction
+   * threshold, `floor(contextWindow × 0.8)`, of the window in the last `request/header`; no limit
+   * while the window is unknown). Pins are never compacted, so they must leave the ladder room.
+   */
+  checkPinFits(extraTokens: number, what: string, limitTokens?: number): void {
+    const window = this.header?.contextWindow
+    const limit = limitTokens ?? (window === undefined ? Infinity : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
+    const pinned = this.pinnedTokens() + extraTokens
+    if (this.envelopeTokensSum + pinned <= limit) return
+    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} tokens, which with the ${this.envelopeTokensSum}-token envelope exceeds the ${limit}-token limit for pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}; pinned messages are never compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message`)
+  }
+
+  /**
+   * Pins surface node `seq` (logs `surface/pin {seq}`): from now on it is never pruned, cleared or
+   * summarised and stays verbatim in its position; region selection treats it like the current
+   * input (docs/design.md §12). Pins survive resume (they are read back from the log).
+   * @param options.limitTokens see {@link Session.checkPinFits}.
+   * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit (with the numbers).
+   */
+  pin(seq: number, options: { limitTokens?: number } = {}): void {
+    const node = this.bySeq.get(seq)
+    if (node && !this.pins.has(seq)) this.checkPinFits(node.tokens, `seq ${seq}`, options.limitTokens)
+    this.append('surface/pin', { seq })
+  }
+
+  /** Removes a pin (logs `surface/unpin {seq}`). Throws `SessionError('PIN')` when `seq` is not pinned. */
+  unpin(seq: number): void { this.append('surface/unpin', { seq }) }
+
   /**
    * Resumes a loaded session (docs/design.md §4): writes `session/resume`, closes a stale compaction
    * lock, gives every tool call without a result a synthetic error result (`TOOL_OUTCOME_UNKNOWN`
@@ -1395,7 +1655,7 @@ export class Session {
    */
   resume(): void {
     const open = [...this.openCalls]
-    this.append('session/resume', { lastSeq: this.events.length - 1, torn: this.torn, repaired: open.length })
+    this.append('session/resume', { lastSeq: this.nextSeq - 1, torn: this.torn, repaired: open.length })
     if (this.compactionOpen) this.append('compaction/end', { id: this.compactionOpen, error: 'stale: the process stopped during this compaction' })
     for (const id of open) {
       const code = this.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
@@ -1515,9 +1775,262 @@ export const SUMMARY_INSTRUCTION = [
   'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, merge it in; drop nothing from it that still matters.',
 ].join('\n')
 
-/** Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4). */
-export function frameCheckpoint(summary: string): string {
-  return `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+/**
+ * Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4): the preamble, the
+ * model's text in `<compacted-summary>`, then the facts `ledger` (when it holds anything) in
+ * `<ledger>` (docs/design.md §12).
+ */
+export function frameCheckpoint(summary: string, ledger?: Ledger): string {
+  const framed = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+  return ledger && ledgerEntries(ledger) > 0 ? `${framed}\n${renderLedger(ledger)}` : framed
+}
+
+// ── Facts ledger and fidelity figures (docs/design.md §12) ──
+// What summarisers keep worst (paths, commands, error texts, the user's own words) is carried into
+// every checkpoint by dsh itself, read from the log with no model, so it survives every compaction.
+
+/** A path in a {@link Ledger}: how many tool calls touched it, and the newest log seq that did. */
+export interface LedgerPath { path: string; count: number; seq: number }
+/** A command a tool ran: `exitCode` when its result states one; `failed` when the result was an error. */
+export interface LedgerCommand { command: string; exitCode?: number; failed: boolean; count: number; seq: number }
+/** A tool error's first line, or a user message, verbatim; `seq` is the newest log seq it came from. */
+export interface LedgerText { text: string; count: number; seq: number }
+
+/**
+ * The facts of a compacted region (docs/design.md §12), lists oldest first. Paths and commands are
+ * read from tool-call arguments by key (`path`, `file`, `file_path`, `filename`, `paths`, `files`;
+ * `command`, `cmd`, `script`), whatever the tool; a tool whose name (or one-word `command`
+ * sub-command, as in `str_replace_based_edit_tool`) says edit/patch/replace/insert edits its paths,
+ * write/create/save/append writes them, anything else reads them. A call whose result is an error
+ * touches no path (its error is listed instead).
+ */
+export interface Ledger {
+  read: LedgerPath[]
+  written: LedgerPath[]
+  edited: LedgerPath[]
+  commands: LedgerCommand[]
+  errors: LedgerText[]
+  userMessages: LedgerText[]
+  /** Entries left out (here and in merged earlier ledgers) to stay within the ledger budget. */
+  trimmed: number
+}
+
+/** The ledger budget: `min(LEDGER_MAX_TOKENS, floor(window × LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). */
+export const LEDGER_MAX_TOKENS = 2000
+/** See {@link LEDGER_MAX_TOKENS}. */
+export const LEDGER_WINDOW_RATIO = 0.05
+/** Longest tool-error line a ledger keeps, in code points (a longer one is cut and marked with `…`). */
+export const LEDGER_ERROR_LINE_CODE_POINTS = 300
+
+/** The ledger budget in tokens for a context window in tokens ({@link LEDGER_MAX_TOKENS} when unknown). */
+export function ledgerBudget(contextWindow?: number): number {
+  return contextWindow === undefined ? LEDGER_MAX_TOKENS : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
+}
+
+const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [], trimmed: 0 })
+const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length + l.errors.length + l.userMessages.length
+
+const PATH_KEY = /^(path|file|file_?path|file_?name|target_?file|notebook_?path)$/i
+const PATHS_KEY = /^(paths|files)$/i
+const COMMAND_KEY = /^(command|cmd|script)$/i
+const EDIT_WORD = /edit|patch|replace|insert|modify/i
+const WRITE_WORD = /write|create|save|append/i
+const EXIT_CODE = /\bexit(?:ed with)?(?:[ _]?(?:code|status))?[:= ]\s*(-?\d+)\b|<returncode>\s*(-?\d+)\s*<\/returncode>/i
+const ERROR_WORD = /error|fail|fatal|exception|denied|not found|no such|cannot|can't|invalid|refused|panic|traceback/i
+
+const messageText = (m: Message): string => typeof m.content === 'string' ? m.content : m.content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('\n')
+
+/** What one tool call says about files and commands, read from its arguments (see {@link Ledger}). */
+function callFacts(call: ToolCallBlock): { kind: 'read' | 'written' | 'edited'; paths: string[]; command?: string } {
+  let args: unknown
+  try { args = JSON.parse(call.arguments) } catch { args = undefined }
+  const paths: string[] = []
+  let command: string | undefined
+  if (typeof args === 'object' && args !== null && !Array.isArray(args)) {
+    for (const [key, value] of Object.entries(args)) {
+      if (PATH_KEY.test(key) && typeof value === 'string' && value !== '') paths.push(value)
+      else if (PATHS_KEY.test(key) && Array.isArray(value)) for (const v of value) { if (typeof v === 'string' && v !== '') paths.push(v) }
+      else if (COMMAND_KEY.test(key)) {
+        const text = typeof value === 'string' ? value : Array.isArray(value) && value.every((v) => typeof v === 'string') ? value.join(' ') : undefined
+        if (text && text.trim() !== '') command = text
+      }
+    }
+  }
+  // A one-word `command` beside a path is a sub-command of a file tool (view, create, str_replace), not a shell command.
+  const sub = command !== undefined && paths.length > 0 && /^\w+$/.test(command) ? command : undefined
+  if (sub !== undefined) command = undefined
+  const verb = sub ?? call.name
+  return { kind: EDIT_WORD.test(verb) ? 'edited' : WRITE_WORD.test(verb) ? 'written' : 'read', paths, command }
+}
+
+/** The first line of an error text that reads as an error (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
+function errorLine(text: string): string | undefined {
+  const lines = text.split(/\r\n|\r|\n/).map((l) => l.trim()).filter((l) => l !== '')
+  const line = lines.find((l) => ERROR_WORD.test(l)) ?? lines[0]
+  if (line === undefined) return undefined
+  const end = indexAfterCodePoints(line, LEDGER_ERROR_LINE_CODE_POINTS)
+  return end < line.length ? line.slice(0, end) + '…' : line
+}
+
+/** The original of surface node `seq`: follows single-node replaces (prune, clear, cut) back through the log. */
+async function originalEvent(session: Session, seq: number): Promise<{ seq: number; message: Message }> {
+  let event = await session.readEvent(seq)
+  for (;;) {
+    const op = (event.data as any).surfaceOp as SurfaceOp
+    if (op?.op !== 'replace' || op.start !== op.end || (event.data as any).compactionId !== undefined) break
+    const before = await session.readEvent(op.start)
+    if (before.type !== event.type) break
+    event = before
+  }
+  return { seq: event.seq, message: (event.data as any).message as Message }
+}
+
+/** The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right before it), if any. */
+async function checkpointLedger(session: Session, seq: number): Promise<Ledger | undefined> {
+  const id = ((await session.readEvent(seq)).data as any).compactionId
+  if (id === undefined || seq === 0) return undefined
+  const summary = await session.readEvent(seq - 1)
+  return summary.type === 'compaction/summary' && (summary.data as any).id === id ? (summary.data as any).ledger as Ledger | undefined : undefined
+}
+
+function addPath(list: LedgerPath[], path: string, seq: number, count = 1): void {
+  const entry = list.find((e) => e.path === path)
+  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ path, count, seq })
+}
+function addText(list: LedgerText[], text: string, seq: number, count = 1): void {
+  const entry = list.find((e) => e.text === text)
+  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ text, count, seq })
+}
+function addCommand(list: LedgerCommand[], c: Omit<LedgerCommand, 'count'> & { count?: number }): void {
+  const entry = list.find((e) => e.command === c.command && e.exitCode === c.exitCode && e.failed === c.failed)
+  if (entry) { entry.count += c.count ?? 1; entry.seq = Math.max(entry.seq, c.seq) } else list.push({ command: c.command, exitCode: c.exitCode, failed: c.failed, count: c.count ?? 1, seq: c.seq })
+}
+
+/** Merges `from` (an earlier ledger) into `into`: entries deduplicated, counts added. */
+function mergeLedger(into: Ledger, from: Ledger): void {
+  for (const k of ['read', 'written', 'edited'] as const) for (const e of from[k] ?? []) addPath(into[k], e.path, e.seq, e.count)
+  for (const e of from.commands ?? []) addCommand(into.commands, e)
+  for (const e of from.errors ?? []) addText(into.errors, e.text, e.seq, e.count)
+  for (const e of from.userMessages ?? []) addText(into.userMessages, e.text, e.seq, e.count)
+  into.trimmed += from.trimmed ?? 0
+}
+
+/**
+ * The full ledger of a region (docs/design.md §12), from the originals read back from the log (a
+ * pruned or cleared result counts as it was), with the ledgers of earlier checkpoints inside it
+ * merged in.
+ * No budget applied (see {@link trimLedger}).
+ */
+export async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Promise<Ledger> {
+  const ledger = emptyLedger()
+  const results = new Map<string, { seq: number; message: ToolResultMessage }>()
+  const originals: Array<{ seq: number; message: Message } | Ledger | undefined> = []
+  for (const n of nodes) originals.push(isCheckpoint(n) ? await checkpointLedger(session, n.seq) : await originalEvent(session, n.seq))
+  for (const o of originals) if (o && 'message' in o && o.message.role === 'tool') results.set(o.message.toolCallId, o as { seq: number; message: ToolResultMessage })
+  for (const o of originals) {
+    if (!o) continue
+    if (!('message' in o)) { mergeLedger(ledger, o); continue }
+    const m = o.message
+    if (m.role === 'user') { const text = messageText(m); if (text.trim() !== '') addText(ledger.userMessages, text, o.seq) }
+    else if (m.role === 'tool') { if (m.isError) { const line = errorLine(messageText(m)); if (line) addText(ledger.errors, line, o.seq) } }
+    else for (const call of toolCalls(m)) {
+      const result = results.get(call.id)
+      const facts = callFacts(call)
+      const failed = result?.message.isError === true
+      const seq = result?.seq ?? o.seq
+      if (!failed) for (const p of facts.paths) addPath(ledger[facts.kind], p, seq)
+      if (facts.command !== undefined) {
+        const meta = (result?.message.metadata ?? {}) as Record<string, unknown>
+        const stated = typeof meta.exitCode === 'number' ? meta.exitCode : typeof meta.exit_code === 'number' ? meta.exit_code : undefined
+        const match = stated === undefined && result ? EXIT_CODE.exec(messageText(result.message).slice(0, 500)) : null
+        const exitCode = stated ?? (match ? Number(match[1] ?? match[2]) : undefined)
+        addCommand(ledger.commands, { command: facts.command, exitCode, failed, seq })
+      }
+    }
+  }
+  return ledger
+}
+
+const LEDGER_OPEN = '<ledger>\nRecorded by dsh from the session log, verbatim (not summarised):'
+const LEDGER_CLOSE = '</ledger>'
+const LEDGER_HEADINGS = {
+  read: 'files read:', written: 'files written:', edited: 'files edited:', commands: 'commands run:',
+  errors: 'tool errors (first line):', userMessages: 'user messages (newest first):',
+} as const
+type LedgerList = keyof typeof LEDGER_HEADINGS
+const LEDGER_ORDER: readonly LedgerList[] = ['read', 'written', 'edited', 'commands', 'errors', 'userMessages']
+const trimmedLine = (n: number) => `(${n} older ledger entries left out to fit the ledger budget; the session log keeps them)`
+const times = (n: number) => (n > 1 ? ` (${n}×)` : '')
+
+/** One entry as the ledger prints it (`- ` lines; user messages between `<user-message>` tags, so multi-line text stays verbatim). */
+function ledgerLine(list: LedgerList, e: LedgerPath | LedgerCommand | LedgerText): string {
+  if (list === 'userMessages') return `<user-message>\n${(e as LedgerText).text}\n</user-message>`
+  if (list === 'errors') return `- ${(e as LedgerText).text}${times(e.count)}`
+  if (list === 'commands') {
+    const c = e as LedgerCommand
+    return `- ${c.command} → ${c.exitCode !== undefined ? `exit ${c.exitCode}` : c.failed ? 'failed' : 'ok'}${times(c.count)}`
+  }
+  return `- ${(e as LedgerPath).path}${times(e.count)}`
+}
+
+/** The `<ledger>` block of a checkpoint: lists oldest first, user messages newest first. */
+export function renderLedger(ledger: Ledger): string {
+  const lines = [LEDGER_OPEN]
+  for (const list of LEDGER_ORDER) {
+    const entries = [...(ledger[list] as Array<LedgerPath | LedgerText>)].sort((a, b) => (list === 'userMessages' ? b.seq - a.seq : a.seq - b.seq))
+    if (entries.length === 0) continue
+    lines.push(LEDGER_HEADINGS[list])
+    for (const e of entries) lines.push(ledgerLine(list, e))
+  }
+  if (ledger.trimmed > 0) lines.push(trimmedLine(ledger.trimmed))
+  lines.push(LEDGER_CLOSE)
+  return lines.join('\n')
+}
+
+/**
+ * Cuts `ledger` to `budgetTokens` (§2 text estimate of the rendered block): entries are kept newest
+ * first, across all lists, while they fit; the oldest (and any too large to fit at all) are left
+ * out and counted in `trimmed`. Entries are whole: nothing is kept half.
+ */
+export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
+  const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>).map((entry) => ({ list, entry })))
+  const budgetUnits = budgetTokens * CHARS_PER_TOKEN
+  const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
+  if (estimateTextTokens(renderLedger(ledger)) <= budgetTokens) return ledger
+  const out = emptyLedger()
+  let units = fixed
+  for (const { list, entry } of all.sort((a, b) => b.entry.seq - a.entry.seq)) {
+    const cost = ledgerLine(list, entry).length + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
+    if (units + cost > budgetUnits) { out.trimmed++; continue }
+    units += cost
+    ;(out[list] as Array<typeof entry>).push(entry)
+  }
+  for (const list of LEDGER_ORDER) (out[list] as Array<{ seq: number }>).sort((a, b) => a.seq - b.seq)
+  out.trimmed += ledger.trimmed
+  return out
+}
+
+/** How many of a region's facts of one kind appear verbatim in the checkpoint, and in the model's summary alone. */
+export interface FidelityShare { total: number; inCheckpoint: number; inSummary: number }
+/**
+ * Fidelity figures of one compaction (docs/design.md §12): of the region's paths, commands, tool
+ * error first lines and user messages (its full ledger, before the budget), how many appear verbatim
+ * in the framed checkpoint (summary + ledger), and in the model's summary alone.
+ */
+export interface Fidelity { paths: FidelityShare; commands: FidelityShare; errors: FidelityShare; userMessages: FidelityShare }
+
+/** Measures {@link Fidelity}: `ledger` is the region's full ledger, `checkpoint` the framed text, `summary` the model's text. */
+export function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): Fidelity {
+  const share = (items: readonly string[]): FidelityShare => {
+    const unique = [...new Set(items)]
+    return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length, inSummary: unique.filter((t) => summary.includes(t)).length }
+  }
+  return {
+    paths: share([...ledger.read, ...ledger.written, ...ledger.edited].map((e) => e.path)),
+    commands: share(ledger.commands.map((e) => e.command)),
+    errors: share(ledger.errors.map((e) => e.text)),
+    userMessages: share(ledger.userMessages.map((e) => e.text)),
+  }
 }
 
 /** What the ladder needs from its host (the {@link Agent} implements it). */
@@ -1534,11 +2047,27 @@ export interface CompactionHost {
   readonly pruneConfig: PruneConfig
   /** Seq of the current turn's user input, which is never summarised. */
   readonly pinnedSeq?: number
+  /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests (a non-empty string). */
+  readonly summaryInstruction?: string
+  /**
+   * Called before each summary transaction starts (the Agent runs its `compaction/before` hooks):
+   * may add a focus (joined to the one asked for) or cancel this compaction.
+   */
+  beforeCompaction?(info: CompactionInfo, signal?: AbortSignal): CompactionVerdict | void | Promise<CompactionVerdict | void>
+  /** Called after a checkpoint was committed (the Agent runs its `compaction/after` hooks). */
+  afterCompaction?(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): void | Promise<void>
   /** Reports a ladder warning (also logged as `compaction/warning`). */
   warn(message: string): void
   /** Ladder memory across calls (failed-compaction guard, one-time warnings). */
   ladderState: LadderState
 }
+
+/** A summary transaction about to start: its id, trigger, focus so far and region (seqs, tokens). */
+export interface CompactionInfo { id: string; trigger: string; focus?: string; shadowedSeqs: number[]; regionTokens: number }
+/** What a `compaction/before` hook may answer: a focus to add, or `cancel` (true or a reason). */
+export interface CompactionVerdict { focus?: string; cancel?: boolean | string }
+/** A committed checkpoint: the seq of its `user/message`, its framed text and price (tokens), the model's summary, ledger and fidelity. */
+export interface CheckpointInfo { seq: number; text: string; tokens: number; summary: string; ledger: Ledger; fidelity: Fidelity }
 
 /** Per-host memory of the ladder. */
 export interface LadderState {
@@ -1577,7 +2106,7 @@ function unseenResults(session: Session): Set<number> {
 export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean): number {
   const unseen = unseenResults(session)
   // A result over the threshold has at least that many UTF-16 units, so this filter loses none.
-  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN)).map((n) => n.seq)
+  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN) && !session.isPinned(n.seq)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
   if (includeNewest || session.measure().totalTokens >= thresholdTokens) {
@@ -1590,30 +2119,29 @@ export function pruneSurface(session: Session, config: PruneConfig, trigger: str
 export interface Region { start: number; end: number; tokens: number }
 
 /**
- * Selects the region to summarise (docs/design.md §5 "Region selection"): from the surface head (or
- * right after the pinned current-turn input when that is the head) up to a cut that keeps at least
- * `retainedTokens` of the newest history verbatim, moved toward the head until no kept tool result
- * loses its call (and no summarised call loses its result), matched by id. When the pinned input
- * lies inside, the region ends before it — unless the part before it holds less than `minTokens`
- * (tokens) that is not already a checkpoint: then the region is the current turn's older steps,
- * right after the input. Returns undefined when no safe region of at least two nodes (or one
- * non-checkpoint node) exists.
+ * Selects the region to summarise (docs/design.md §5 "Region selection"): from the surface head up to a
+ * cut that keeps at least `retainedTokens` of the newest history verbatim, moved toward the head
+ * until no kept tool result loses its call (and no summarised call loses its result), matched by id.
+ * `keep` holds the seqs that are never summarised: the current turn's input and the pinned messages
+ * (docs/design.md §12). They split the candidates into runs; the region is the first run holding at
+ * least `minTokens` (tokens) that is not already a checkpoint (so a checkpoint right after a pinned
+ * head is merged into the next), else the last run (the current turn's older steps). Returns
+ * undefined when no safe region of at least two nodes (or one non-checkpoint node) exists.
  */
-export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, pinnedSeq?: number, minTokens = 0): Region | undefined {
+export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>, minTokens = 0): Region | undefined {
   let cut = nodes.length
   let kept = 0
   while (cut > 0 && kept < retainedTokens) kept += nodes[--cut].tokens
-  const pinned = pinnedSeq === undefined ? -1 : nodes.findIndex((n) => n.seq === pinnedSeq)
-  if (pinned < 0 || pinned >= cut) return balancedRegion(nodes, 0, cut)
-  // The pinned input splits the candidates: before it (merges an earlier checkpoint), or after it
-  // (the current turn's older steps). Before wins when it holds enough that is not yet a checkpoint.
-  const before = pinned > 0 ? balancedRegion(nodes, 0, pinned) : undefined
-  if (before) {
-    let fresh = 0
-    for (let i = before.start; i < before.end; i++) if (!isCheckpoint(nodes[i])) fresh += nodes[i].tokens
-    if (fresh >= minTokens) return before
+  const keepSet = new Set(typeof keep === 'number' ? [keep] : keep ?? [])
+  const runs: Region[] = []
+  for (let i = 0, start = 0; i <= cut; i++) {
+    if (i < cut && !keepSet.has(nodes[i].seq)) continue
+    const run = i > start ? balancedRegion(nodes, start, i) : undefined
+    if (run) runs.push(run)
+    start = i + 1
   }
-  return balancedRegion(nodes, pinned + 1, cut) ?? before
+  const fresh = (r: Region) => { let t = 0; for (let i = r.start; i < r.end; i++) if (!isCheckpoint(nodes[i])) t += nodes[i].tokens; return t }
+  return runs.find((r) => fresh(r) >= minTokens) ?? runs.at(-1)
 }
 
 const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
@@ -1647,6 +2175,13 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
   let tokens = 0
   for (let i = start; i < cut; i++) tokens += nodes[i].tokens
   return { start, end: cut, tokens }
+}
+
+/** Seqs region selection keeps out of every summary: the session's pins and the current turn's input. */
+function keptOutOfSummary(host: CompactionHost): number[] {
+  const seqs = host.session.pinnedSeqs()
+  if (host.pinnedSeq !== undefined) seqs.push(host.pinnedSeq)
+  return seqs
 }
 
 /** Thrown inside a compaction transaction; logged as `compaction/end {error}`. */
@@ -1704,16 +2239,25 @@ function shrinkMessage(m: Message, tokens: number): Message {
 }
 
 /**
+ * The instruction that ends a summary request: `instruction` (default {@link SUMMARY_INSTRUCTION}),
+ * then, when a focus is given, a paragraph asking to give it the most detail.
+ */
+export function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: string): string {
+  return focus === undefined || focus.trim() === '' ? instruction
+    : `${instruction}\n\nFocus of this checkpoint, as asked for: ${focus.trim()}\nGive it the most detail; keep everything else that still matters.`
+}
+
+/**
  * Summarises `messages` with the host's summarizer. Replays the envelope (system, tools) and the
  * messages, then {@link SUMMARY_INSTRUCTION}, with header `x-dsh-purpose: compaction`. When the
  * whole does not fit the summarizer's window (by the §2 estimate), summarises in tool-balanced
  * chunks, each merged into the running summary; no request exceeds the window.
  */
-export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal): Promise<{ summary: string; usage?: Usage; requests: number }> {
+export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal, focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
   const provider = host.summarizer
   const window = provider.contextWindow ?? host.contextWindow ?? Infinity
   const envelopeTokens = estimateEnvelopeTokens(host.envelope)
-  const instruction: UserMessage = { role: 'user', content: SUMMARY_INSTRUCTION }
+  const instruction: UserMessage = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
   const fixed = envelopeTokens + estimateMessageTokens(instruction)
   const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
   const prior = (s: string): UserMessage => ({ role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` })
@@ -1783,13 +2327,17 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
 }
 
 /**
- * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → summarise → reject a
- * framed summary not strictly smaller than the region → check the surface did not change → append
- * `compaction/summary` and the replacing `user/message` with no await between → `compaction/end`.
+ * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → the host's
+ * `beforeCompaction` (may add a focus, or cancel) → summarise → frame the checkpoint with the
+ * region's facts ledger (docs/design.md §12, trimmed to {@link ledgerBudget}) → reject a framed
+ * checkpoint not strictly smaller than the region → check the surface did not change → append
+ * `compaction/summary` (with the ledger, the fidelity figures and the focus) and the replacing
+ * `user/message` with no await between → `compaction/end` → the host's `afterCompaction`.
  * Any failure writes `compaction/end {error}` and leaves the surface as it was. Returns the number of
- * summary requests made; throws the failure (a {@link CompactionError}, or the provider's error).
+ * summary requests made; throws the failure (a {@link CompactionError}, `cancelled` set when a hook
+ * cancelled; or the provider's error).
  */
-export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal): Promise<number> {
+export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal, focus?: string): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
   host = withRecordingSummarizer(host, records)
@@ -1798,21 +2346,36 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
   const generation = session.replaceGeneration
   const id = `k${session.seq}`
   const tokensBefore = session.measure().totalTokens
+  const info: CompactionInfo = { id, trigger, focus, shadowedSeqs: nodes.map((n) => n.seq), regionTokens: region.tokens }
   session.append('compaction/start', { id, trigger })
   let requests = 0
   try {
-    const result = await summarise(host, nodes.map((n) => n.message), signal)
+    const verdict = await host.beforeCompaction?.(info, signal)
+    if (verdict?.cancel) throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
+    if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}` : verdict.focus.trim()
+    const fullLedger = await regionLedger(session, nodes)
+    const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
-    const checkpoint: UserMessage = { role: 'user', content: frameCheckpoint(result.summary) }
+    const ledger = trimLedger(fullLedger, ledgerBudget(host.contextWindow))
+    const text = frameCheckpoint(result.summary, ledger)
+    const checkpoint: UserMessage = { role: 'user', content: text }
     const checkpointTokens = estimateMessageTokens(checkpoint)
-    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace`)
+    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace (the checkpoint counts its summary and its ledger)`)
     if (session.replaceGeneration !== generation || !session.node(first) || !session.node(last)) throw new CompactionError('the surface changed during compaction')
-    session.append('compaction/summary', { id, summary: result.summary, shadowedSeqs: nodes.map((n) => n.seq), shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage })
-    session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id })
+    const fidelity = measureFidelity(fullLedger, text, result.summary)
+    session.append('compaction/summary', {
+      id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage,
+      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}),
+    })
+    const seq = session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
     session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens, requests: records })
+    try { await host.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
+      host.warn(`a compaction/after hook failed: ${(err as Error)?.message ?? err}`)
+    }
     return requests
   } catch (err) {
+    if (session.openCompaction !== id) throw err // committed: only the after hook can get here, and it is caught
     const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
     session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err), requests: records })
     throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
@@ -1828,7 +2391,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
  * current input with no retained tail, once. `'manual'` (e.g. `/compact`): like pressure, without the
  * threshold check. Never throws for ladder failures; rethrows only cancellation.
  */
-export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' | 'context-overflow' | 'manual', signal?: AbortSignal): Promise<CompactionOutcome> {
+export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' | 'context-overflow' | 'manual', signal?: AbortSignal, options: { focus?: string } = {}): Promise<CompactionOutcome> {
   const { session, compaction: cfg } = host
   const window = host.contextWindow
   const m0 = session.measure()
@@ -1857,9 +2420,9 @@ export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' 
 
   if (trigger === 'context-overflow') {
     outcome.prunedTokens = pruneSurface(session, host.pruneConfig, trigger, 0, true)
-    const region = selectRegion(session.surface(), 0, host.pinnedSeq)
+    const region = selectRegion(session.surface(), 0, keptOutOfSummary(host))
     if (region) {
-      try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal) } catch (err) {
+      try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal, options.focus) } catch (err) {
         outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
         if (signal?.aborted) throw err
         host.warn(`overflow compaction failed: ${(err as Error).message}`)
@@ -1879,12 +2442,13 @@ export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' 
   const minSaving = Math.ceil(m0.totalTokens * cfg.minSavingsRatio)
   let lastError = ''
   for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
-    const region = selectRegion(session.surface(), retained, host.pinnedSeq, minSaving)
+    const region = selectRegion(session.surface(), retained, keptOutOfSummary(host), minSaving)
     if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or touching the current input'; break }
-    try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal) } catch (err) {
+    try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal, options.focus) } catch (err) {
       outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
       if (signal?.aborted) throw err
       lastError = (err as Error).message
+      if ((err as any)?.cancelled) break // a hook said no: asking again would only repeat the question
       continue
     }
     if (trigger === 'manual' || session.measure().totalTokens < threshold) break
@@ -2921,6 +3485,8 @@ function makeProvider(cfg: AdapterConfig): Provider {
 /** Errors never retried: raised after output was streamed (a retry would show the caller a second
  *  answer), or past the request deadline. */
 const notRetried = new WeakSet<ProviderError>()
+/** Errors of a stream that broke after output (not past the deadline): the loop retries those once as a new step. */
+const afterOutput = new WeakSet<ProviderError>()
 const RETRYABLE = new Set<ProviderErrorCode>(['RATE_LIMIT', 'SERVER', 'TRANSPORT', 'TIMEOUT', 'EMPTY_RESPONSE'])
 
 /** An exception thrown by the caller's onEvent: passed through unchanged, never retried. */
@@ -3321,6 +3887,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     }
     if (partial && !error.partial) error.partial = partial
     if (acc.streamed) notRetried.add(error)
+    if (acc.streamed && !pastDeadline) afterOutput.add(error)
     throw error
   } finally {
     if (timer !== undefined) clearTimeout(timer)
@@ -3333,8 +3900,13 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
 // 7. Loop
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** Hook names, in the order they run in a step (docs/design.md §7). */
-export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step'
+/**
+ * Hook names: the step hooks in the order they run in a step (docs/design.md §7), and the compaction
+ * hooks around each summary transaction (docs/design.md §12): `compaction/before` may return
+ * `{focus}` (added to the summary instruction) or `{cancel: true | reason}`; `compaction/after`
+ * sees the committed checkpoint.
+ */
+export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step' | 'compaction/before' | 'compaction/after'
 
 /** What a hook receives. `request` only for `agent/request` (mutable); `error` only for `agent/request-error`. */
 export interface HookContext {
@@ -3346,10 +3918,16 @@ export interface HookContext {
   signal: AbortSignal
   request?: ChatRequest
   error?: ProviderError
+  /** `compaction/before` and `compaction/after`: the summary transaction. */
+  compaction?: CompactionInfo
+  /** `compaction/after` only: the committed checkpoint. */
+  checkpoint?: CheckpointInfo
 }
 
+/** What a hook may return: `retry` (`agent/request-error`), `focus` and `cancel` (`compaction/before`). */
+export interface HookResult { retry?: boolean; focus?: string; cancel?: boolean | string }
 /** A hook. An `agent/request-error` hook returns `{retry: true}` to have the step retried. */
-export type Hook = (ctx: HookContext) => void | { retry?: boolean } | Promise<void | { retry?: boolean }>
+export type Hook = (ctx: HookContext) => void | HookResult | Promise<void | HookResult>
 
 /** Everything a UI can follow: every log event, every streamed delta, every warning. */
 export type AgentEvent =
@@ -3363,6 +3941,13 @@ export interface AgentOptions {
   provider: Provider
   tools?: readonly Tool[]
   system?: string
+  /**
+   * Project instructions (e.g. the text of AGENTS.md), part of the envelope: appended to `system`
+   * in every request, which compaction never touches (docs/design.md §12).
+   */
+  instructions?: string
+  /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests; a non-empty string. */
+  summaryInstruction?: string
   /** Overrides the provider's context window (tokens). */
   contextWindow?: number
   /** Completion budget per step, tokens (default: the provider's); clamped to the room left. */
@@ -3384,6 +3969,9 @@ export interface TurnResult {
   text: string
   message?: AssistantMessage
 }
+
+/** Consecutive retries of a step whose stream broke after output (see {@link Agent}). */
+const MAX_STREAM_RETRIES = 1
 
 const textOfBlocks = (blocks: readonly Block[]) => blocks.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('')
 
@@ -3432,7 +4020,10 @@ function errorResult(callId: string, text: string, code: string): ToolResultMess
  * The ladder (§5) is wired in through the `agent/post-step` and `agent/request-error` hooks unless
  * `compaction.auto` is false. Cancellation through `run(input, {signal})`: a running tool call
  * finishes, undispatched calls get a synthetic `TOOL_ABORTED` result, partial assistant text is kept
- * as an interrupted message.
+ * as an interrupted message. A stream that breaks after output with a retryable error (SERVER,
+ * TRANSPORT, TIMEOUT, RATE_LIMIT; the adapter itself never retries once output was streamed) keeps
+ * its partial text as an interrupted message and is retried once as a new step (`step/retry`); a
+ * second break in a row ends the turn with the error.
  */
 export class Agent implements CompactionHost {
   readonly session: Session
@@ -3443,6 +4034,8 @@ export class Agent implements CompactionHost {
   readonly pruneConfig: PruneConfig
   readonly maxSteps: number
   readonly system?: string
+  readonly instructions?: string
+  readonly summaryInstruction?: string
   ladderState: LadderState = {}
   pinnedSeq?: number
   private readonly window?: number
@@ -3451,6 +4044,7 @@ export class Agent implements CompactionHost {
   private readonly steering: string[] = []
   private running = false
   private overflowRetries = 0
+  private streamRetries = 0
   private onEvent?: (e: AgentEvent) => void
   private envelopeMemo?: Envelope
 
@@ -3467,6 +4061,12 @@ export class Agent implements CompactionHost {
       names.add(t.name)
     }
     this.system = options.system
+    if (options.instructions !== undefined && typeof options.instructions !== 'string') throw new TypeError(`instructions must be a string (e.g. the text of AGENTS.md), got ${typeof options.instructions}`)
+    this.instructions = options.instructions?.trim() ? options.instructions : undefined
+    if (options.summaryInstruction !== undefined && (typeof options.summaryInstruction !== 'string' || options.summaryInstruction.trim() === '')) {
+      throw new TypeError(`summaryInstruction must be a non-empty string, got ${JSON.stringify(options.summaryInstruction)}; leave it out to use SUMMARY_INSTRUCTION`)
+    }
+    this.summaryInstruction = options.summaryInstruction
     this.window = options.contextWindow ?? options.provider.contextWindow
     if (this.window !== undefined && !(Number.isInteger(this.window) && this.window > 0)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
     this.maxTokens = options.maxTokens ?? options.provider.maxTokens
@@ -3490,10 +4090,11 @@ export class Agent implements CompactionHost {
   get contextWindow(): number | undefined { return this.window }
   /** The conversation model's name. */
   get modelName(): string { return this.provider.model }
-  /** The request envelope: system prompt and tool specs. */
+  /** The request envelope: system prompt (then the project instructions) and tool specs. */
   get envelope(): Envelope {
     // One object per agent: the adapter serialises its tools once (docs/design.md §11 byte stability).
-    this.envelopeMemo ??= { system: this.system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
+    const system = this.instructions === undefined ? this.system : this.system ? `${this.system}\n\n${this.instructions}` : this.instructions
+    this.envelopeMemo ??= { system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
     return this.envelopeMemo
   }
 
@@ -3512,12 +4113,35 @@ export class Agent implements CompactionHost {
   warn(message: string): void { this.onEvent?.({ type: 'warning', message }) }
 
   private async runHooks(name: HookName, ctx: HookContext): Promise<boolean> {
-    let retry = false
+    return (await this.collectHooks(name, ctx)).retry === true
+  }
+
+  /** Runs the hooks of `name` in order; `retry` and `cancel` if any asked, focuses joined with "; ". */
+  private async collectHooks(name: HookName, ctx: HookContext): Promise<HookResult> {
+    const out: HookResult = {}
     for (const hook of this.hooks.get(name) ?? []) {
       const r = await hook(ctx)
-      if (r && r.retry) retry = true
+      if (!r) continue
+      if (r.retry) out.retry = true
+      if (r.cancel) out.cancel = r.cancel
+      if (typeof r.focus === 'string' && r.focus.trim()) out.focus = out.focus ? `${out.focus}; ${r.focus.trim()}` : r.focus.trim()
     }
-    return retry
+    return out
+  }
+
+  private hookContext(signal: AbortSignal | undefined, extra: Partial<HookContext>): HookContext {
+    const t = this.session.turn
+    return { agent: this, turn: t.turn, step: t.step, signal: signal ?? new AbortController().signal, ...extra }
+  }
+
+  /** {@link CompactionHost.beforeCompaction}: runs the `compaction/before` hooks. */
+  async beforeCompaction(info: CompactionInfo, signal?: AbortSignal): Promise<CompactionVerdict> {
+    return this.collectHooks('compaction/before', this.hookContext(signal, { compaction: info }))
+  }
+
+  /** {@link CompactionHost.afterCompaction}: runs the `compaction/after` hooks. */
+  async afterCompaction(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): Promise<void> {
+    await this.collectHooks('compaction/after', this.hookContext(signal, { compaction: info, checkpoint }))
   }
 
   /** Runs `fn`; a failure caused by cancellation becomes `undefined` (the caller ends the turn). */
@@ -3535,12 +4159,36 @@ export class Agent implements CompactionHost {
   }
 
   /**
+   * The most pinned tokens (envelope included) this agent accepts: its compaction threshold,
+   * `floor(window × thresholdRatio)` (no limit while the window is unknown).
+   */
+  get pinLimitTokens(): number | undefined {
+    return this.window === undefined ? undefined : Math.floor(this.window * this.compaction.thresholdRatio)
+  }
+
+  /**
+   * Pins surface message `seq` (see {@link Session.pin}) within {@link Agent.pinLimitTokens}.
+   * @throws SessionError `PIN` with the numbers when it would not fit, or `seq` is not on the surface.
+   */
+  pin(seq: number): void {
+    this.writeHeader() // the envelope the limit is checked with
+    this.session.pin(seq, { limitTokens: this.pinLimitTokens })
+  }
+
+  /**
    * Runs one turn. Resolves with how it ended (an abort resolves with reason `aborted`); rejects
    * with the provider's original {@link ProviderError} when a step fails and the ladder cannot
-   * recover, or with a {@link SessionError} if the store fails.
+   * recover, or with a {@link SessionError} if the store fails. `pin: true` pins the input (see
+   * {@link Agent.pin}); a pin that would not fit is refused (`SessionError('PIN')`) before anything is logged.
    */
-  async run(input: string | UserMessage, options: { signal?: AbortSignal } = {}): Promise<TurnResult> {
+  async run(input: string | UserMessage, options: { signal?: AbortSignal; pin?: boolean } = {}): Promise<TurnResult> {
     if (this.running) throw new Error('a turn is already running on this agent; wait for it or use steer(text)')
+    const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
+    if (options.pin) {
+      validateMessage(message, 'user')
+      this.writeHeader()
+      this.session.checkPinFits(estimateMessageTokens(message), 'the input', this.pinLimitTokens)
+    }
     this.running = true
     const signal = options.signal ?? new AbortController().signal
     const session = this.session
@@ -3556,12 +4204,13 @@ export class Agent implements CompactionHost {
     let ended = false
     try {
       session.append('turn/start', { turn })
-      const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
       this.pinnedSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
+      if (options.pin) session.pin(this.pinnedSeq, { limitTokens: this.pinLimitTokens })
       this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
       await session.flush() // the input is written at once and fsynced with the first step's boundary
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
       this.overflowRetries = 0
+      this.streamRetries = 0
       for (;;) {
         if (signal.aborted) return await end('aborted')
         if (step >= this.maxSteps) return await end('max-steps')
@@ -3605,10 +4254,19 @@ export class Agent implements CompactionHost {
           }
           if (partial) session.append('assistant/message', { message: partial, finishReason: 'error', surfaceOp: { op: 'append' } })
           session.append('step/end', { turn, step })
+          // The adapter never retries once output was streamed (the caller saw it): the loop does,
+          // once, as a new step whose request carries the partial output as an interrupted message.
+          if (afterOutput.has(error) && RETRYABLE.has(error.code) && this.streamRetries < MAX_STREAM_RETRIES) {
+            this.streamRetries++
+            session.append('step/retry', { turn, step, code: error.code })
+            await session.sync()
+            continue
+          }
           await end('error')
           throw raw instanceof ProviderError ? raw : error
         }
         this.overflowRetries = 0
+        this.streamRetries = 0
         last = withCallIds(response.message, session.seq, session)
         session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
@@ -3685,6 +4343,15 @@ export class Agent implements CompactionHost {
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
   compact(signal?: AbortSignal): Promise<CompactionOutcome> { return compactIfNeeded(this, 'manual', signal) }
+
+  /**
+   * Runs the ladder now with trigger `manual`; `focus` (e.g. "the parser bug") is passed into the
+   * summary instruction (the CLI's `/compact FOCUS`). Throws TypeError for a focus that is not a string.
+   */
+  compactNow(options: { focus?: string; signal?: AbortSignal } = {}): Promise<CompactionOutcome> {
+    if (options.focus !== undefined && typeof options.focus !== 'string') throw new TypeError(`focus must be a string, got ${typeof options.focus}`)
+    return compactIfNeeded(this, 'manual', options.signal, { focus: options.focus })
+  }
 }
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
@@ -3755,6 +4422,14 @@ export interface BuiltinToolsOptions {
   shellTimeoutMs?: number
   /** shell: the longest `timeout_ms` the model may ask for, in ms. Default 600,000. */
   shellMaxTimeoutMs?: number
+  /** shell: the environment commands start from. Default: this process's environment. Either way
+   *  it is scrubbed by {@link shellEnvironment} with `shellEnvKeep` and `shellEnvDrop`. */
+  shellEnv?: Record<string, string | undefined>
+  /** shell: names of variables kept although they look secret (`--shell-env NAME`). */
+  shellEnvKeep?: readonly string[]
+  /** shell: names of variables always dropped, e.g. the API key variables; a variable holding the
+   *  same value as one of them is dropped too. */
+  shellEnvDrop?: readonly string[]
 }
 
 type NodeFs = typeof import('node:fs/promises')
@@ -3775,7 +4450,10 @@ interface ToolHost {
  * Confinement: a path argument resolves against `cwd`, then through every symlink (realpath, also
  * for files that do not exist yet and for dangling links); a path that lands outside `cwd` is
  * refused with an error that names the resolved path. The `shell` tool is not confined: a command
- * can reach anything the user can, which is why it is opt-in. Checks and file operations are not
+ * can reach anything the user can, which is why it is opt-in. Its environment is scrubbed
+ * ({@link shellEnvironment}); it runs in its own process group, and when it exits, times out or is
+ * cancelled — and when this process exits — the group and every process carrying its job mark
+ * (also those that left the group with setsid) are killed (docs/design.md §13). Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
  * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
@@ -3789,7 +4467,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs']
+  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -3824,7 +4502,15 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     writeFileTool(host),
     editFileTool(host),
   ]
-  if (options.allowShell === true) tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs))
+  if (options.allowShell === true) {
+    for (const key of ['shellEnvKeep', 'shellEnvDrop'] as const) {
+      const list = options[key]
+      if (list !== undefined && !(Array.isArray(list) && list.every((n) => typeof n === 'string'))) throw new TypeError(`builtinTools: options.${key} must be an array of variable names`)
+    }
+    const base = options.shellEnv ?? (await importNode<any>('node:process')).default.env
+    const env = shellEnvironment(base, { keep: options.shellEnvKeep, drop: options.shellEnvDrop })
+    tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs, env))
+  }
   return tools
 }
 
@@ -4397,11 +5083,80 @@ class StreamText {
   }
 }
 
-function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number): Tool {
+/** Variable names that look like they hold a secret: dropped from a shell command's environment. */
+export const SECRET_ENV_NAME = /KEY|TOKEN|SECRET|PASSWORD/i
+
+/**
+ * The environment a shell command gets (docs/design.md §13): `env` without the names in `drop`
+ * (the API key variables), without any variable whose value equals one of theirs, and without
+ * names matching {@link SECRET_ENV_NAME} unless listed in `keep`. `drop` wins over `keep`.
+ */
+export function shellEnvironment(env: Record<string, string | undefined>, lists: { keep?: readonly string[]; drop?: readonly string[] } = {}): Record<string, string> {
+  const keep = new Set(lists.keep ?? [])
+  const drop = new Set(lists.drop ?? [])
+  const secretValues = new Set([...drop].map((name) => env[name]).filter((v): v is string => typeof v === 'string' && v.length >= 4))
+  const out: Record<string, string> = {}
+  for (const [name, value] of Object.entries(env)) {
+    if (value === undefined || drop.has(name) || secretValues.has(value)) continue
+    if (SECRET_ENV_NAME.test(name) && !keep.has(name)) continue
+    out[name] = value
+  }
+  return out
+}
+
+/** The variable that marks every process a shell command starts (inherited through setsid, nohup, double forks). */
+const SHELL_JOB_ENV = 'DSH_SHELL_JOB'
+
+/** A running shell command: its process group and the mark its descendants inherit. */
+interface ShellJob { pid: number; mark: string }
+/** Jobs not yet reaped, killed whole when the process exits (also on SIGTERM and SIGHUP). */
+const liveShellJobs = new Set<ShellJob>()
+let shellExitHooked = false
+
+/**
+ * Processes that belong to `job` although they may have left its process group (`setsid`): those
+ * whose environment carries the job's mark (Linux /proc; elsewhere none are found). A process that
+ * clears its environment and leaves the group escapes this; only a container fences that.
+ */
+function markedProcesses(fsSync: typeof import('node:fs'), job: ShellJob): number[] {
+  let names: string[]
+  try { names = fsSync.readdirSync('/proc') } catch { return [] }
+  const needle = `${SHELL_JOB_ENV}=${job.mark}`
+  const found: number[] = []
+  for (const name of names) {
+    if (!/^\d+$/.test(name)) continue
+    try { if (fsSync.readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').includes(needle)) found.push(Number(name)) } catch { /* gone, or not ours */ }
+  }
+  return found
+}
+
+/** Sends `signal` to the job's process group and to every marked process; returns whether any was there. */
+function signalShellJob(proc: any, fsSync: typeof import('node:fs'), job: ShellJob, signal: 'SIGTERM' | 'SIGKILL' | 0): boolean {
+  let any = false
+  try { proc.kill(-job.pid, signal); any = true } catch { /* the group is empty */ }
+  for (const pid of markedProcesses(fsSync, job)) { try { proc.kill(pid, signal); any = true } catch { /* already gone */ } }
+  return any
+}
+
+/** Kills every live job at exit: 'exit' listeners run on `process.exit` and a normal end; SIGTERM
+ *  and SIGHUP (which end Node without 'exit') are caught only when nobody else handles them, and re-raised. */
+function hookShellExit(proc: any, fsSync: typeof import('node:fs')): void {
+  if (shellExitHooked) return
+  shellExitHooked = true
+  const killAll = (): void => { for (const job of liveShellJobs) signalShellJob(proc, fsSync, job, 'SIGKILL') }
+  proc.on('exit', killAll)
+  for (const signal of ['SIGTERM', 'SIGHUP']) {
+    if (proc.listenerCount(signal) > 0) continue
+    const onSignal = (): void => { killAll(); proc.off(signal, onSignal); proc.kill(proc.pid, signal) }
+    proc.on(signal, onSignal)
+  }
+}
+
+function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number, env: Record<string, string>): Tool {
   const half = Math.floor(host.maxOutputChars / 2)
   return {
     name: 'shell',
-    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with its process group) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
+    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with everything it started) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled; background jobs do not outlive the call. Variables that look secret (names with KEY, TOKEN, SECRET, PASSWORD) are not in its environment. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
     parameters: {
       type: 'object',
       properties: {
@@ -4417,41 +5172,59 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       if (command.trim() === '') throw new Error('shell: "command" is empty')
       const timeoutMs = argInt('shell', args, 'timeout_ms', defaultTimeoutMs, 1, maxTimeoutMs, 'milliseconds')
       if (ctx.signal.aborted) throw new Error('shell: not run, the turn was cancelled')
-      const [{ spawn }, proc] = await Promise.all([importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process')])
+      const [{ spawn }, { default: proc }, fsSync] = await Promise.all([
+        importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process'), importNode<typeof import('node:fs')>('node:fs'),
+      ])
       const posix = proc.platform !== 'win32'
-      // Own process group (detached) on POSIX, so that a timeout kills the command's children too.
-      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true })
+      const mark = `${proc.pid}-${randomId()}`
+      // Own process group (detached) on POSIX, so that the whole group can be killed; the mark in
+      // the environment finds the processes that left the group (setsid).
+      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true, env: { ...env, [SHELL_JOB_ENV]: mark } })
+      const job: ShellJob | undefined = posix && child.pid !== undefined ? { pid: child.pid, mark } : undefined
+      if (job) { liveShellJobs.add(job); hookShellExit(proc, fsSync) }
       const stdout = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
       const stderr = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
       child.stdout.setEncoding('utf8') // decodes UTF-8 split across chunks
       child.stderr.setEncoding('utf8')
       child.stdout.on('data', (chunk: string) => stdout.push(chunk))
       child.stderr.on('data', (chunk: string) => stderr.push(chunk))
+      let strays = false // the command left processes running when it exited
       const outcome = await new Promise<{ code: number | null; signal: string | null; why: 'exit' | 'timeout' | 'aborted' | 'error'; error?: Error }>((resolve) => {
         let why: 'exit' | 'timeout' | 'aborted' = 'exit'
         const timers: ReturnType<typeof setTimeout>[] = []
-        const killGroup = (signal: 'SIGTERM' | 'SIGKILL'): void => {
-          try { if (posix && child.pid !== undefined) proc.kill(-child.pid, signal); else child.kill(signal) } catch { /* already gone */ }
+        let killing = false
+        const signalAll = (signal: 'SIGTERM' | 'SIGKILL' | 0): boolean => {
+          if (job) return signalShellJob(proc, fsSync, job, signal)
+          try { child.kill(signal || undefined) } catch { /* already gone */ }
+          return child.exitCode === null
         }
         const finish = (result: { code: number | null; signal: string | null; error?: Error }): void => {
           for (const timer of timers) clearTimeout(timer)
           ctx.signal.removeEventListener('abort', onAbort)
+          if (job) { signalAll('SIGKILL'); liveShellJobs.delete(job) } // nothing it started outlives the call
           resolve({ ...result, why: result.error ? 'error' : why })
+        }
+        /** SIGTERM to everything the command started, SIGKILL after a grace period; then stop waiting for pipes a stray process may hold. */
+        const killAll = (): void => {
+          if (killing) return
+          killing = true
+          if (!signalAll('SIGTERM')) return
+          timers.push(setTimeout(() => {
+            signalAll('SIGKILL')
+            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
+          }, SHELL_KILL_GRACE_MS))
         }
         const stop = (reason: 'timeout' | 'aborted'): void => {
           if (why !== 'exit') return
           why = reason
-          killGroup('SIGTERM')
-          timers.push(setTimeout(() => {
-            killGroup('SIGKILL')
-            // A grandchild outside the group may hold the pipes open: stop waiting for them.
-            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
-          }, SHELL_KILL_GRACE_MS))
+          killAll()
         }
         const onAbort = (): void => stop('aborted')
         ctx.signal.addEventListener('abort', onAbort, { once: true })
         timers.push(setTimeout(() => stop('timeout'), timeoutMs))
         child.once('error', (error) => finish({ code: null, signal: null, error }))
+        // The shell is done: background jobs (`&`, nohup, setsid) must not outlive the call.
+        child.once('exit', () => { if (job && signalAll(0)) { strays = true; killAll() } })
         child.once('close', (code, signal) => finish({ code, signal }))
       })
       if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${outcome.error?.message}`, { cause: outcome.error })
@@ -4459,7 +5232,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         : outcome.why === 'aborted' ? 'cancelled; the command was killed'
         : outcome.code === null ? `killed by signal ${outcome.signal}`
         : `exit code ${outcome.code}`
-      const parts = [status]
+      const parts = [strays && outcome.why === 'exit' ? `${status} (processes it left running in the background were killed)` : status]
       if (stdout.total > 0) parts.push(`stdout:\n${stdout.render('stdout')}`)
       if (stderr.total > 0) parts.push(`stderr:\n${stderr.render('stderr')}`)
       if (stdout.total === 0 && stderr.total === 0) parts.push('(no output)')
@@ -5849,6 +6622,8 @@ export interface CliRunOptions extends CliModelOptions {
   allowShell: boolean
   /** `--prices P`: the model's price table (default: DeepSeek's for its models, else none: cost unknown). */
   prices?: Prices
+  /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
+  shellEnv?: string[]
 }
 
 /** `dsh replay FILE`: run a recorded session through the meter and the ladder offline. */
@@ -5888,6 +6663,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--threshold': { value: 'R', commands: ['run', 'replay'] },
   '--json': { commands: ['run', 'replay'] },
   '--allow-shell': { commands: ['run'] },
+  '--shell-env': { value: 'NAME', commands: ['run'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
   '--prices': { value: 'P', commands: ['run', 'replay'] },
@@ -5925,6 +6701,8 @@ Options
                          default: DeepSeek's for its models, else none (cost shown as unknown)
   --json                 print every event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
+  --shell-env NAME       give shell commands this variable although its name looks secret
+                         (KEY, TOKEN, SECRET, PASSWORD); repeatable. The API key never is.
   -h, --help             show this help
   --version              print the version
 
@@ -6106,7 +6884,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
       if (value !== undefined) i++
     }
     if (value === undefined) throw new UsageError(`${arg} needs a value: ${name} ${spec.value}`)
-    flags.set(name, value)
+    flags.set(name, name === '--shell-env' && flags.has(name) ? `${flags.get(name)},${value}` : value) // --shell-env adds up
   }
 
   const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
@@ -6142,9 +6920,15 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
   const session = flags.get('--session')
   if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
+  const model = resolveModelOptions(flags, env)
+  const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
+  for (const name of shellEnv ?? []) {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw new UsageError(`--shell-env takes variable names (e.g. --shell-env GITHUB_TOKEN), got ${JSON.stringify(name)}`)
+    if (name === model.apiKeyEnv || name === CLI_DEFAULTS.apiKeyEnv) throw new UsageError(`--shell-env ${name}: the API key variable is never given to shell commands`)
+  }
   return {
-    command, ...resolveModelOptions(flags, env), prompt, print: printed !== undefined,
-    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), ...(prices ? { prices } : {}),
+    command, ...model, prompt, print: printed !== undefined,
+    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), ...(shellEnv ? { shellEnv } : {}), ...(prices ? { prices } : {}),
   }
 }
 
@@ -6279,6 +7063,7 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
         return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${groupDigits(d.tokensBefore)} → ${groupDigits(d.tokensAfter)} tokens${editCost(seq)}`)
       }
       case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
+      case 'step/retry': return say(`the stream broke after output (${d.code}); the partial answer is kept, retrying the step once`)
       // Other provider errors end the turn and are reported once, by the caller's last line.
       case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
       case 'step/end': {
@@ -6310,10 +7095,10 @@ export function describeEditCost(c: EditCost): string {
 }
 
 /** `/usage`: occupancy, envelope and surface sizes, provider-reported usage so far. */
-function usageReport(agent: Agent): string {
+async function usageReport(agent: Agent): Promise<string> {
   const m = agent.session.measure(), w = agent.contextWindow
   let prompt = 0, completion = 0, cached = 0, calls = 0
-  for (const e of agent.session.events) {
+  for await (const e of agent.session.readEvents()) {
     const u = e.type === 'assistant/message' ? (e.data as any).usage as Usage | undefined : undefined
     if (u) { calls++; prompt += u.promptTokens; completion += u.completionTokens; cached += u.cachedTokens ?? 0 }
   }
@@ -6368,14 +7153,16 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
-    const opened = session.events.findLastIndex((e) => e.type === 'session/start' || e.type === 'session/resume')
-    for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(jsonLine(e))
+    for await (const e of session.readEvents(session.openedAtSeq)) io.stdout(jsonLine(e))
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
   const terminal = interactive ? await openTerminal(p) : undefined
   let allowShell = options.allowShell
   if (!allowShell && terminal) allowShell = await terminal.askYesNo('Allow the agent to run shell commands in this directory? [y/N] ')
-  const tools = await builtinTools({ cwd, allowShell })
+  const tools = await builtinTools({
+    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
+    shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
+  })
   let agent: Agent | undefined
   // Interactive: the streamed answer has no final newline; end its line before a status line or the next prompt (which clears its line).
   let midLine = false
@@ -6485,7 +7272,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     if (line === '') { terminal.prompt(); continue }
     if (line === '/exit' || line === '/quit') break
     if (line === '/help') io.stderr(INTERACTIVE_HELP)
-    else if (line === '/usage') io.stderr(usageReport(agent))
+    else if (line === '/usage') io.stderr(await usageReport(agent))
     else if (line === '/compact') {
       running = new AbortController()
       const o = await agent.compact(running.signal).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))

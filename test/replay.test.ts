@@ -78,10 +78,11 @@ const CORPUS: CorpusCase[] = [
   // unmanaged session (no spill) reaches the 25,600-token threshold after the four mid-session ones.
   { file: 'psf__requests-1142.traj.json', roles: { user: 3, assistant: 71, tool: 69 }, overThreshold: 5, prunes: 4, spills: 1 },
   // python: 97 assistant, 95 with one bash block; results over 8,192 at messages[3], [11], [95], [99],
-  // [105], [119], [123], [133], [137] and [195]. [195] (9,735 code points, the submitted diff) is the
-  // last message: it is logged in the last step, after a compaction left the surface far below the
-  // threshold, so no pressure check ever sees it; the other nine are pruned.
-  { file: 'pylint-dev__pylint-6528.traj.json', roles: { user: 3, assistant: 97, tool: 95 }, overThreshold: 10, prunes: 9, spills: 0 },
+  // [105], [119], [123], [133], [137] and [195]; all ten are pruned. [195] (9,735 code points, the
+  // submitted diff) is the last message: the checkpoints carry their facts ledger (docs/design.md §12,
+  // up to floor(32,000 × 0.05) = 1,600 tokens), so the last step is above the threshold again and its
+  // pressure check prunes [195] before a third compaction.
+  { file: 'pylint-dev__pylint-6528.traj.json', roles: { user: 3, assistant: 97, tool: 95 }, overThreshold: 10, prunes: 10, spills: 0 },
   // jq: main chain 9 message.ids, 11 tool_result blocks, 3 user messages; largest result 2,021 code points.
   { file: 'fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl', roles: { user: 3, assistant: 9, tool: 11 }, overThreshold: 0, prunes: 0, spills: 0 },
   // jq: history = system, user, 13 × (assistant + tool); largest observation 6,277 code points.
