@@ -49,7 +49,8 @@
  * UNITS (one word, one unit, everywhere in this file):
  *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
  *   code points  Unicode scalar values (a surrogate pair is one); "chars" in a name means code points
- *   UTF-16 units JS string `.length` (the meter's `/ 4` counts these)
+ *   UTF-16 units JS string `.length`; "units" in a name (`maxOutputUnits`, UNITS_PER_TOKEN: the
+ *                meter's `/ 4` counts these)
  *   bytes        UTF-8 bytes unless a name says otherwise
  *   ms           milliseconds; every time is in ms unless a name says otherwise (`…S` = seconds)
  */
@@ -244,13 +245,13 @@ export interface Tool<Args = any> {
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
 /** Tokens are estimated as one per four UTF-16 units (docs/design.md §2). */
-export const CHARS_PER_TOKEN = 4
+export const UNITS_PER_TOKEN = 4
 /** Fixed per-message overhead in tokens (role, separators), docs/design.md §2. */
 export const MESSAGE_OVERHEAD_TOKENS = 8
 
 /** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). docs/design.md §2. */
 export function estimateTextTokens(text: string): number {
-  return Math.ceil(text.length / CHARS_PER_TOKEN)
+  return Math.ceil(text.length / UNITS_PER_TOKEN)
 }
 
 /**
@@ -262,14 +263,14 @@ export function estimateTextTokens(text: string): number {
 export function estimateMessageTokens(message: Message): number {
   const content = message.content
   if (typeof content === 'string') return estimateTextTokens(content) + MESSAGE_OVERHEAD_TOKENS
-  let chars = 0
+  let units = 0
   let other = 0
   for (const block of content) {
-    if (block.type === 'text' || block.type === 'reasoning') chars += (block as TextBlock).text.length
-    else if (block.type === 'tool-call') chars += (block as ToolCallBlock).name.length + (block as ToolCallBlock).arguments.length
+    if (block.type === 'text' || block.type === 'reasoning') units += (block as TextBlock).text.length
+    else if (block.type === 'tool-call') units += (block as ToolCallBlock).name.length + (block as ToolCallBlock).arguments.length
     else other += estimateTextTokens(JSON.stringify(block))
   }
-  return Math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
+  return Math.ceil(units / UNITS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
 }
 
 /**
@@ -395,7 +396,7 @@ const MARKER_CODE_POINTS = 39
  * Pruner configuration, all lengths in Unicode code points (docs/design.md §3).
  * `graphemeSafe` (off by default) moves each cut to a grapheme-cluster boundary with
  * `Intl.Segmenter` where the runtime has it, so a cut never splits an emoji sequence or a
- * combining mark from its base; cuts only shrink the kept text, so the budget still holds.
+ * combining mark from its base; cuts only shrink the kept text, so the code-point limits still hold.
  */
 export interface PruneConfig {
   thresholdChars: number
@@ -550,14 +551,14 @@ export function pruneToolResult(message: ToolResultMessage, config?: Partial<Pru
   const cfg = resolvePruneConfig(config)
   const blocks = message.content
   // Count code points of the joined text, stopping past the threshold.
-  let budget = cfg.thresholdChars
+  let leftChars = cfg.thresholdChars
   for (const b of blocks) {
     if (b.type !== 'text') continue
     const t = (b as TextBlock).text
-    budget -= overThreshold(t, budget) ? budget + 1 : codePointLength(t, budget)
-    if (budget < 0) break
+    leftChars -= overThreshold(t, leftChars) ? leftChars + 1 : codePointLength(t, leftChars)
+    if (leftChars < 0) break
   }
-  if (budget >= 0) return message
+  if (leftChars >= 0) return message
 
   // The head cut: walk forward through text blocks until `headChars` code points are kept.
   const texts = blocks.map((b, i) => (b.type === 'text' ? i : -1)).filter((i) => i >= 0)
@@ -1994,14 +1995,14 @@ export function renderLedger(ledger: Ledger): string {
  */
 export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
   const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>).map((entry) => ({ list, entry })))
-  const budgetUnits = budgetTokens * CHARS_PER_TOKEN
+  const maxUnits = budgetTokens * UNITS_PER_TOKEN
   const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
   if (estimateTextTokens(renderLedger(ledger)) <= budgetTokens) return ledger
   const out = emptyLedger()
   let units = fixed
   for (const { list, entry } of all.sort((a, b) => b.entry.seq - a.entry.seq)) {
     const cost = ledgerLine(list, entry).length + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
-    if (units + cost > budgetUnits) { out.trimmed++; continue }
+    if (units + cost > maxUnits) { out.trimmed++; continue }
     units += cost
     ;(out[list] as Array<typeof entry>).push(entry)
   }
@@ -2106,7 +2107,7 @@ function unseenResults(session: Session): Set<number> {
 export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean): number {
   const unseen = unseenResults(session)
   // A result over the threshold has at least that many UTF-16 units, so this filter loses none.
-  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / CHARS_PER_TOKEN) && !session.isPinned(n.seq)).map((n) => n.seq)
+  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / UNITS_PER_TOKEN) && !session.isPinned(n.seq)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
   if (includeNewest || session.measure().totalTokens >= thresholdTokens) {
@@ -2207,8 +2208,8 @@ const SHRINK_MARKER = '\n[... cut for the summary request ...]\n'
 /** Keeps head (70%) and tail of `text` within `maxUnits` UTF-16 units, never splitting a surrogate pair. */
 function cutToUnits(text: string, maxUnits: number): string {
   if (text.length <= maxUnits) return text
-  const room = Math.max(0, maxUnits - SHRINK_MARKER.length)
-  let head = Math.floor(room * 0.7), tail = text.length - (room - head)
+  const spareUnits = Math.max(0, maxUnits - SHRINK_MARKER.length)
+  let head = Math.floor(spareUnits * 0.7), tail = text.length - (spareUnits - head)
   if (head > 0 && isHigh(text.charCodeAt(head - 1))) head--
   if (tail < text.length && isLow(text.charCodeAt(tail))) tail++
   return text.slice(0, head) + SHRINK_MARKER + text.slice(tail)
@@ -2224,8 +2225,8 @@ function shrinkMessage(m: Message, tokens: number): Message {
   let units = 0
   for (const b of blocks) units += b.type === 'tool-call' ? (b as ToolCallBlock).arguments.length + (b as ToolCallBlock).name.length : b.type === 'text' || b.type === 'reasoning' ? (b as TextBlock).text.length : 0
   const placeholders = blocks.filter((b) => b.type !== 'text' && b.type !== 'reasoning' && b.type !== 'tool-call').length * 8
-  const budget = Math.max(0, (tokens - MESSAGE_OVERHEAD_TOKENS - placeholders) * CHARS_PER_TOKEN)
-  const ratio = units > 0 ? Math.min(1, budget / units) : 1
+  const keepUnits = Math.max(0, (tokens - MESSAGE_OVERHEAD_TOKENS - placeholders) * UNITS_PER_TOKEN)
+  const ratio = units > 0 ? Math.min(1, keepUnits / units) : 1
   const out = blocks.map((b): Block => {
     if (b.type === 'text' || b.type === 'reasoning') return { ...b, text: cutToUnits((b as TextBlock).text, Math.floor((b as TextBlock).text.length * ratio)) } as Block
     if (b.type === 'tool-call') {
@@ -4041,7 +4042,7 @@ export class Agent implements CompactionHost {
   private readonly window?: number
   private readonly maxTokens: number
   private readonly hooks = new Map<HookName, Hook[]>()
-  private readonly steering: string[] = []
+  private readonly steering: (string | UserMessage)[] = []
   private running = false
   private overflowRetries = 0
   private streamRetries = 0
@@ -4106,8 +4107,15 @@ export class Agent implements CompactionHost {
     return () => { const l = this.hooks.get(name)!; l.splice(l.indexOf(hook), 1) }
   }
 
-  /** Queues a user message for the next step of the running turn (or the next turn). */
-  steer(text: string): void { this.steering.push(text) }
+  /**
+   * Queues a user message (text, or a whole message with blocks) for the running turn: it is
+   * appended after the current step's tool results (or before the next request), and a step
+   * that made no tool call then does not end the turn. Queued between turns, it follows the next input.
+   */
+  steer(input: string | UserMessage): void {
+    if (typeof input !== 'string') validateMessage(input, 'user')
+    this.steering.push(input)
+  }
 
   /** Reports a warning to `onEvent`. */
   warn(message: string): void { this.onEvent?.({ type: 'warning', message }) }
@@ -4154,7 +4162,10 @@ export class Agent implements CompactionHost {
 
   private drainSteering(): boolean {
     if (this.steering.length === 0) return false
-    for (const text of this.steering.splice(0)) this.session.append('user/message', { message: { role: 'user', content: text }, surfaceOp: { op: 'append' } })
+    for (const input of this.steering.splice(0)) {
+      const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
+      this.session.append('user/message', { message, surfaceOp: { op: 'append' } })
+    }
     return true
   }
 
@@ -4375,7 +4386,7 @@ export class Agent implements CompactionHost {
 export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
   /** Cap on one tool's output in UTF-16 units. 100,000 ≈ 25,000 tokens by §2, the size of a big
    *  read in common coding agents; above it the pruner (§3) and the spill (§5) take over anyway. */
-  maxOutputChars: 100_000,
+  maxOutputUnits: 100_000,
   /** read_file: lines read when the model gives no `limit`. */
   readLimitLines: 2_000,
   /** list_files: entries listed at most (recursive listings stop there). */
@@ -4397,7 +4408,7 @@ const TOOL_BINARY_SNIFF_BYTES = 8 * 1024
 /** grep: files larger than this many bytes are skipped (and counted in the summary). */
 const GREP_MAX_FILE_BYTES = 16 * 1024 * 1024
 /** grep: a matching line is shown up to this many UTF-16 units. */
-const GREP_LINE_CHARS = 500
+const GREP_LINE_UNITS = 500
 /** shell: ms between SIGTERM and SIGKILL of the process group, and again before giving up on its pipes. */
 const SHELL_KILL_GRACE_MS = 1_000
 
@@ -4410,8 +4421,8 @@ export interface BuiltinToolsOptions {
   allowShell?: boolean
   /** Cap on each tool's output in UTF-16 units; a one-line notice after the cut says what was left
    *  out and how to get it. `shell` gives each of stdout and stderr half of it (its first and last
-   *  quarter), with a marker in the middle. Default {@link BUILTIN_TOOL_DEFAULTS}.maxOutputChars (100,000). */
-  maxOutputChars?: number
+   *  quarter), with a marker in the middle. Default {@link BUILTIN_TOOL_DEFAULTS}.maxOutputUnits (100,000). */
+  maxOutputUnits?: number
   /** read_file: lines read when the model gives no `limit`. Default 2,000. */
   readLimitLines?: number
   /** list_files: entries listed at most. Default 1,000. */
@@ -4439,7 +4450,7 @@ interface ToolHost {
   path: NodePath
   /** realpath of the working directory. */
   root: string
-  maxOutputChars: number
+  maxOutputUnits: number
 }
 
 /**
@@ -4456,7 +4467,7 @@ interface ToolHost {
  * (also those that left the group with setsid) are killed (docs/design.md §13). Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
- * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
+ * Output: each tool keeps at most `maxOutputUnits` UTF-16 units of its own output and then adds
  * one notice line saying how much was left out and how to get more (offset, a narrower path…).
  * Failures throw an `Error` whose message starts with the tool's name and says what to do
  * instead; the loop turns it into an error result for the model (docs/design.md §7). `shell` returns
@@ -4467,7 +4478,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
+  const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -4479,7 +4490,7 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     }
     return value as number
   }
-  const maxOutputChars = num('maxOutputChars')
+  const maxOutputUnits = num('maxOutputUnits')
   const readLimitLines = num('readLimitLines')
   const listMaxEntries = num('listMaxEntries')
   const grepMaxMatches = num('grepMaxMatches')
@@ -4494,7 +4505,7 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     throw new Error(`builtinTools: working directory ${options.cwd} is not usable (${fsErrorReason(error)})`, { cause: error })
   }
   if (!(await fs.stat(root)).isDirectory()) throw new Error(`builtinTools: working directory ${options.cwd} is not a directory`)
-  const host: ToolHost = { fs, path, root, maxOutputChars }
+  const host: ToolHost = { fs, path, root, maxOutputUnits }
   const tools = [
     readFileTool(host, readLimitLines),
     listFilesTool(host, listMaxEntries),
@@ -4650,7 +4661,7 @@ function plural(n: number, word: string): string { return `${n} ${word}${n === 1
 // ── read_file ──
 
 function readFileTool(host: ToolHost, defaultLines: number): Tool {
-  const max = host.maxOutputChars
+  const max = host.maxOutputUnits
   return {
     name: 'read_file',
     description: `Read a text file inside the working directory. Each line comes back as its 1-based line number, a tab, then the text ("     7\\tconst x = 1"); the number and tab are not part of the file. Reads up to "limit" lines (default ${defaultLines}) from line "offset" (default 1), and at most ${max} characters; a note at the end says when the file continues and which offset reads on.`,
@@ -4791,9 +4802,9 @@ function listFilesTool(host: ToolHost, maxEntries: number): Tool {
       }
       if (entries.length === 0) return `(${shown} is an empty directory)`
       entries.sort() // breadth-first keeps the shallow levels under the cap; sorted, they read as a tree
-      const { text, count } = joinLinesCapped(entries, host.maxOutputChars)
+      const { text, count } = joinLinesCapped(entries, host.maxOutputUnits)
       const notes: string[] = []
-      if (count < entries.length) notes.push(`[output capped at ${host.maxOutputChars} characters: ${entries.length - count} more entries not shown; list a subdirectory to see them]`)
+      if (count < entries.length) notes.push(`[output capped at ${host.maxOutputUnits} characters: ${entries.length - count} more entries not shown; list a subdirectory to see them]`)
       if (full) notes.push(`[listing stopped at ${maxEntries} entries; list a subdirectory${recursive ? ', or list without recursive,' : ''} to see the rest]`)
       if (notDescended.length > 0) notes.push(`[not descended into: ${notDescended.join(', ')}; list them by path to see inside]`)
       return [text, ...notes].join('\n')
@@ -4837,7 +4848,7 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
   const { fs, path } = host
   return {
     name: 'grep',
-    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_CHARS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB.`,
+    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_UNITS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB.`,
     parameters: {
       type: 'object',
       properties: {
@@ -4890,7 +4901,7 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
           const line = text.charCodeAt(end - 1) === 13 ? text.slice(start, end - 1) : text.slice(start, end)
           start = end + 1
           if (!regex.test(line)) continue
-          const cut = headUnits(line, GREP_LINE_CHARS)
+          const cut = headUnits(line, GREP_LINE_UNITS)
           matches.push(`${rel}:${lineNo}:${cut}${cut.length < line.length ? ` [… ${line.length - cut.length} more characters]` : ''}`)
           matchedHere = true
           if (matches.length >= limit) { reachedLimit = true; break }
@@ -4929,9 +4940,9 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
       const searched = `${plural(filesSearched, 'file')} searched${skipped ? `; skipped ${skipped}` : ''}`
       const what = `${fixed ? JSON.stringify(pattern) : `/${pattern}/`}${ignoreCase ? ' (ignoring case)' : ''}${glob ? ` in files matching ${glob}` : ''}`
       if (matches.length === 0) return `no matches for ${what} in ${shown} (${searched})`
-      const { text, count } = joinLinesCapped(matches, host.maxOutputChars)
+      const { text, count } = joinLinesCapped(matches, host.maxOutputUnits)
       const notes: string[] = []
-      if (count < matches.length) notes.push(`[output capped at ${host.maxOutputChars} characters: ${matches.length - count} more matching lines not shown; narrow the path or glob]`)
+      if (count < matches.length) notes.push(`[output capped at ${host.maxOutputUnits} characters: ${matches.length - count} more matching lines not shown; narrow the path or glob]`)
       notes.push(reachedLimit
         ? `[stopped at max_matches=${limit}: ${plural(matches.length, 'matching line')} in ${plural(filesMatched, 'file')}; narrow the pattern, path or glob${limit < maxMatches ? `, or raise max_matches (up to ${maxMatches})` : ''}]`
         : `[${plural(matches.length, 'matching line')} in ${plural(filesMatched, 'file')}; ${searched}]`)
@@ -5067,9 +5078,9 @@ class StreamText {
   push(chunk: string): void {
     this.total += chunk.length
     if (this.head.length < this.headMax) {
-      const room = this.headMax - this.head.length
-      this.head += chunk.slice(0, room)
-      chunk = chunk.slice(room)
+      const spaceUnits = this.headMax - this.head.length
+      this.head += chunk.slice(0, spaceUnits)
+      chunk = chunk.slice(spaceUnits)
     }
     if (chunk !== '' && this.tailMax > 0) this.tail = (this.tail + chunk).slice(-this.tailMax)
   }
@@ -5153,7 +5164,7 @@ function hookShellExit(proc: any, fsSync: typeof import('node:fs')): void {
 }
 
 function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number, env: Record<string, string>): Tool {
-  const half = Math.floor(host.maxOutputChars / 2)
+  const half = Math.floor(host.maxOutputUnits / 2)
   return {
     name: 'shell',
     description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with everything it started) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled; background jobs do not outlive the call. Variables that look secret (names with KEY, TOKEN, SECRET, PASSWORD) are not in its environment. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
@@ -5399,6 +5410,9 @@ function parseTranscriptText(text: string): ParsedTranscript {
   const firstLine = lineNumberAt(text, start)
   const first = text[start]
   if (first !== '{' && first !== '[') {
+    let scalar: unknown
+    try { scalar = JSON.parse(text) } catch { scalar = undefined }
+    if (scalar !== undefined) throw new TranscriptError(`a JSON ${jsonTypeName(scalar)} is not a transcript (a transcript is a JSON object or array, or JSONL)`)
     const head = text.slice(start, start + 40).split(/\r?\n/)[0]
     throw new TranscriptError(`not JSON: the first non-blank line starts with ${JSON.stringify(head)}`, { line: firstLine })
   }
@@ -6100,39 +6114,54 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   return transcript
 }
 
-// ── 9.2 Replay runner: a transcript through the meter and the ladder, offline (docs/design.md §8) ──
+// ── 9.2 Replay runner: a transcript through the real Agent, offline (docs/design.md §8) ──
 // Web-standard like the readers: it takes a Transcript (or the file's text); the CLI reads files.
-
-/** What the ladder did at one check: the rung taken (docs/design.md §5 prune → compact; `failed` = still over). */
-export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed'
+// Replay IS an Agent: a recorded provider answers each step with the transcript's assistant message,
+// recorded tools answer each call with the transcript's result, and the report is read off the
+// Agent's events. Turns, steps, steering, spill and the ladder are the loop's own; nothing here
+// re-implements them. To add a figure (a column), see REPLAY_FIGURES; a new `compaction/*` event
+// type is a rung of its own without any change here.
 
 /**
- * One thing the replay did to the surface. Token figures are dsh's heuristic (docs/design.md §2):
+ * What the ladder did at one check: the name of the last rung taken (`prune`, `compact` — the
+ * `compaction/summary` rung —, or the suffix of any other `compaction/*` event type, e.g. `clear`),
+ * `none`, or `failed` (the ladder logged `compaction/warning`, still over the threshold, and changed nothing).
+ */
+export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed' | (string & {})
+
+/**
+ * One thing the replay did to the surface, read off the log. Token figures are dsh's heuristic (docs/design.md §2):
  * - `spill`: a tool result over the spill limit (UTF-8 `bytes`) replaced at write time by a preview;
  * - `prune`: the tool result at `seq` cut to head + tail (its price before → after);
  * - `compaction`: `messages` surface messages (seqs `firstSeq`..`lastSeq`, priced `tokensBefore`)
  *   replaced by a checkpoint priced `tokensAfter`; `totalBefore`/`totalAfter` are the request totals;
- * - `compaction-failed`: a summary transaction that committed nothing, with its error.
+ * - `compaction-failed`: a summary transaction that committed nothing, with its error;
+ * - `rung`: any other ladder event (`compaction/<rung>`, e.g. `compaction/clear`): the event's
+ *   `seq` and `data` as logged.
  */
 export type ReplayEvent =
   | { type: 'spill'; seq: number; bytes: number; tokensBefore: number; tokensAfter: number }
   | { type: 'prune'; seq: number; tokensBefore: number; tokensAfter: number }
   | { type: 'compaction'; id: string; messages: number; firstSeq: number; lastSeq: number; tokensBefore: number; tokensAfter: number; totalBefore: number; totalAfter: number }
   | { type: 'compaction-failed'; id: string; error: string }
+  | { type: 'rung'; rung: string; seq: number; data: Record<string, unknown> }
 
 /**
  * One row of a replay: a pressure check, at a turn start (`kind: 'turn-start'`, after the user input
- * is appended) or after a step (`kind: 'step'`, after its assistant message and tool results). All
- * figures are tokens by dsh's own estimate, never anchored on the transcript's usage.
+ * is appended) or after a step (`kind: 'step'`, after its assistant message, tool results and any
+ * steering). All figures are tokens by dsh's own estimate, never anchored on the transcript's usage.
  * - `step`: 1-based over the whole transcript (one per assistant message); on a turn-start row, the
  *   number of the step that follows. `turn`: 1-based.
- * - `requestTokens` (steps): the measured total of the projected request that produced this step's
- *   assistant message — what dsh would have sent. `unmanagedTokens`: the same point with no
+ * - `requestTokens` (steps): the measured total of the request the loop sent for this step (its
+ *   `inputTokens`) — what dsh would have sent. `unmanagedTokens`: the same point with no
  *   management (envelope + every message so far, as recorded). `recordedPromptTokens`: the prompt
  *   tokens the original run reported for this call, when the file has them (comparison only).
  * - `beforeTokens` → `afterTokens`: the measured total around the rung; `reclaimedTokens` = their
  *   difference. `prunes`/`prunedTokens`: prune events and tokens they reclaimed; `summaryCalls`:
- *   summary requests made; `events`: spills, prunes and compactions in order; `warnings`: ladder warnings.
+ *   summary requests made; `events`: spills, prunes, compactions and other rungs in order;
+ *   `warnings`: ladder warnings.
+ * - `figures`: the values of the extra figures ({@link REPLAY_FIGURES}, {@link ReplayOptions.figures}),
+ *   by name; present only when there are any.
  */
 export interface ReplayStep {
   kind: 'turn-start' | 'step'
@@ -6150,6 +6179,7 @@ export interface ReplayStep {
   summaryCalls: number
   events: ReplayEvent[]
   warnings: string[]
+  figures?: Record<string, number>
 }
 
 /**
@@ -6159,6 +6189,8 @@ export interface ReplayStep {
  *   `unmanagedStepsOverWindow`: steps whose unmanaged request would have been larger than the window.
  * - `summaryRequestsOverWindow`: summary requests larger than the summarizer's window (by §2).
  * - `resultsOverPruneThreshold`: tool results of the transcript over the prune threshold (code points).
+ * - `rungs`: how many times each rung acted (rung name → events), e.g. `{prune: 4, compact: 1}`.
+ * - `figures`: each extra figure totalled as it says (`sum` or `max`); present only when there are any.
  */
 export interface ReplayTotals {
   steps: number
@@ -6180,6 +6212,59 @@ export interface ReplayTotals {
   resultsOverPruneThreshold: number
   /** Ladder warnings (their texts are in {@link ReplayReport.warnings}). */
   ladderWarnings: number
+  /**
+   * What the session would cost (docs/design.md §11), priced by {@link ReplayReport.prices} with
+   * modelled cache hits and no model called: under dsh's policy (every request the replay made,
+   * summaries included) and with no management in an infinite window (appends only: the floor).
+   */
+  cost: { dsh: ReplayCost; unmanaged: ReplayCost }
+  rungs: Record<string, number>
+  figures?: Record<string, number>
+}
+
+/**
+ * One policy's cost in a replay: requests (conversation and summary), input tokens and the share
+ * served from the prompt cache (modelled, tokens by the meter), output tokens, and USD.
+ */
+export interface ReplayCost {
+  requests: number
+  summaryRequests: number
+  inputTokens: number
+  cachedInputTokens: number
+  /** cached ÷ input, 0 … 1. */
+  cacheHitShare: number
+  outputTokens: number
+  /** USD; undefined when the prices are unknown. */
+  costUSD?: number
+}
+
+const replayCost = (u: SessionUsage): ReplayCost => ({
+  requests: u.requests, summaryRequests: u.summary.requests, inputTokens: u.inputTokens, cachedInputTokens: u.cachedInputTokens,
+  cacheHitShare: u.cacheHitShare, outputTokens: u.outputTokens, ...(u.costUSD !== undefined ? { costUSD: u.costUSD } : {}),
+})
+
+/** The prices replay totals use unless told otherwise: deepseek-flash without peak hours (a replay has no time of day). */
+export const REPLAY_PRICES: Readonly<Prices> = /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 })
+
+/**
+ * A transcript fed into a fresh {@link Session} as a client without any context management sends
+ * it (the floor of docs/design.md §11: appends only, an infinite window): one request per
+ * assistant message, carrying the surface before it. `beforeRequest(session, step)` (0-based
+ * step) may edit the surface first, e.g. to model another policy. Price it with `usage({prices})`.
+ */
+export function unmanagedSession(transcript: Transcript, beforeRequest?: (session: Session, step: number) => void): Session {
+  const s = new Session()
+  s.append('session/start', { id: `unmanaged-${transcript.format}`, version: VERSION })
+  s.setHeader({ model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', system: transcript.envelope.system, tools: transcript.envelope.tools })
+  let step = 0
+  for (const m of transcript.messages) {
+    if (m.role === 'assistant') {
+      beforeRequest?.(s, step++)
+      s.append('assistant/message', { message: m, finishReason: 'replay', surfaceOp: { op: 'append' } })
+    } else if (m.role === 'tool') s.append('tool/result', { message: m, surfaceOp: { op: 'append' } })
+    else s.append('user/message', { message: m, surfaceOp: { op: 'append' } })
+  }
+  return s
 }
 
 /** The outcome of {@link replayTranscript}: the settings used, one row per pressure check, totals. */
@@ -6193,12 +6278,45 @@ export interface ReplayReport {
   thresholdTokens: number
   /** `{simulated: true, tokens}` (fixed-size summaries, no model) or the model that wrote them. */
   summaries: { simulated: true; tokens: number } | { simulated: false; model: string }
+  /** The prices of `totals.cost` (USD per million tokens). */
+  prices: Prices
   rows: ReplayStep[]
   totals: ReplayTotals
-  /** The reader's notes on the transcript (skipped, synthesised, renamed). */
+  /** The reader's notes on the transcript (skipped, synthesised, renamed), then the replay's own. */
   notes: string[]
   warnings: string[]
 }
+
+/** What a {@link ReplayFigure} sees besides the event: the replay's session and the step's request. */
+export interface ReplayFigureContext {
+  /** The replay's session (read it, do not append). */
+  session: Session
+  /** Context window of the replay, tokens. */
+  contextWindow: number
+  /** The request the loop sent for the current step (absent on a turn-start row). */
+  request?: ChatRequest
+  /** The usage the transcript records for the current step, when it has one (tokens). */
+  recordedUsage?: Usage
+}
+
+/**
+ * An extra figure of the replay report, computed from the Agent's events of each row: `add` is
+ * called with every event of the row in order (log events, the recorded usage as a `stream` `usage`
+ * event, warnings), starting from 0, and returns the new value. Rows carry it in `figures[name]`,
+ * the totals combine rows by `total`, and with `cell` it is a column of the text table (header `name`).
+ */
+export interface ReplayFigure {
+  name: string
+  add(event: AgentEvent, value: number, context: ReplayFigureContext): number
+  total: 'sum' | 'max'
+  cell?: (value: number) => string
+}
+
+/**
+ * Figures every replay computes besides the built-in ones (see {@link ReplayFigure}); add an entry
+ * here to give the report a column. Empty in this version.
+ */
+export const REPLAY_FIGURES: readonly ReplayFigure[] = []
 
 /** Options of {@link replayTranscript}. */
 export interface ReplayOptions {
@@ -6212,9 +6330,15 @@ export interface ReplayOptions {
   summarizer?: Provider
   /** Ladder settings to replay with (default {@link DEFAULT_COMPACTION_CONFIG}; `thresholdRatio` above wins). */
   compaction?: Partial<CompactionConfig>
+  /** Prices for the cost totals (default {@link REPLAY_PRICES}: deepseek-flash, off-peak). */
+  prices?: Prices
   signal?: AbortSignal
   /** Called with each row as it is made, with the replay's session (read it, do not append). */
   onStep?: (step: ReplayStep, session: Session) => void
+  /** Called with every event of the replay's Agent (log events, stream events, warnings). */
+  onEvent?: (event: AgentEvent) => void
+  /** Extra figures, after {@link REPLAY_FIGURES}. Names must be unique. */
+  figures?: readonly ReplayFigure[]
 }
 
 /** Default size of a simulated summary, tokens (the CLI's `--summary-tokens`, default 2,000). */
@@ -6226,7 +6350,7 @@ export const DEFAULT_REPLAY_SUMMARY_TOKENS = 2000
  */
 function simulatedSummaryText(tokens: number, messages: number): string {
   const head = `[simulated checkpoint of ${messages} message(s): fixed size, no model was called] `
-  const chars = tokens * CHARS_PER_TOKEN
+  const chars = tokens * UNITS_PER_TOKEN
   let text = head
   while (text.length < chars) text += 'summary text '
   text = text.slice(0, chars)
@@ -6261,19 +6385,103 @@ function replayPositiveInteger(name: string, value: unknown, fix: string): numbe
   return value as number
 }
 
+/** One step of a transcript as the recorded provider and tools answer it. */
+interface ReplayScriptStep {
+  message: AssistantMessage
+  usage?: Usage
+  /** The recorded results of the message's tool calls, in call order. */
+  results: ToolResultMessage[]
+  /** User messages after this step's results: steering, queued while the step is answered. */
+  steerAfter: UserMessage[]
+}
+
+/** One turn: the input `Agent.run` gets, steering queued before it, and the steps the transcript records. */
+interface ReplayScriptTurn { input: UserMessage; steerBefore: UserMessage[]; steps: ReplayScriptStep[] }
+
 /**
- * Replays a transcript through the meter and the ladder, offline (docs/design.md §8), the way
- * the {@link Agent} would have fed it: into a fresh {@link Session} ({@link MemoryStore}) with the
- * transcript's envelope; a user message opens a turn (`turn/start`, the input appended and pinned
- * as {@link CompactionHost.pinnedSeq}, then the pressure check), a user message right after another
- * (or, in a dsh log, one not after `turn/start`) is steering; each assistant message is a step
- * (`step/start`, the message, each result as `tool/call` + `tool/result` — spilled over the spill
- * limit as the Agent does — then `compactIfNeeded(host, 'pressure')`, then `step/end`).
- * Usage is never given to the session: the transcript's figures describe the original prompts,
- * so the meter stays on its own estimate; they are kept per step as `recordedPromptTokens`.
+ * Cuts a transcript into the turns the loop would run. A user message opens a turn where the loop
+ * would be idle: at the start, and after a step that called no tool and was not steered — or,
+ * when the transcript records turn starts (dsh logs), exactly there. Any other user message is
+ * steering: before the turn's first step, or after the results of the step it follows.
+ */
+function replayScript(transcript: Transcript, notes: string[]): ReplayScriptTurn[] {
+  const turns: ReplayScriptTurn[] = []
+  const starts = transcript.turnStarts ? new Set(transcript.turnStarts) : undefined
+  let assistants = 0
+  transcript.messages.forEach((m, i) => {
+    const turn = turns.at(-1)
+    const step = turn?.steps.at(-1)
+    if (m.role === 'user') {
+      const idle = !turn || (starts ? starts.has(i) : step !== undefined && !step.message.content.some((b) => b.type === 'tool-call') && step.steerAfter.length === 0)
+      if (idle) turns.push({ input: m, steerBefore: [], steps: [] })
+      else if (step) step.steerAfter.push(m)
+      else turn!.steerBefore.push(m)
+    } else if (m.role === 'assistant') {
+      if (!turn) {
+        turns.push({ input: { role: 'user', content: '' }, steerBefore: [], steps: [] })
+        notes.push('the transcript opens with an assistant message: replay opened the first turn with an empty user input')
+      }
+      turns.at(-1)!.steps.push({ message: m, usage: transcript.usage[assistants++], results: [], steerAfter: [] })
+    } else step?.results.push(m) // the pairing pass put every result right after its step
+  })
+  return turns
+}
+
+/**
+ * An Agent whose envelope is the transcript's (system prompt and tool specs as recorded, even where
+ * the file records no specs for the tools it calls).
+ */
+class ReplayAgent extends Agent {
+  readonly recordedEnvelope: Envelope
+  constructor(options: AgentOptions, envelope: Envelope) {
+    super(options)
+    this.recordedEnvelope = envelope
+  }
+  override get envelope(): Envelope { return this.recordedEnvelope }
+}
+
+/** A row while its events arrive. */
+interface OpenReplayRow {
+  kind: ReplayStep['kind']
+  step: number
+  turn: number
+  requestTokens?: number
+  unmanagedTokens?: number
+  recordedPromptTokens?: number
+  beforeTokens?: number
+  hasMessage: boolean
+  rung?: string
+  ladderWarned: boolean
+  summaryCalls: number
+  events: ReplayEvent[]
+  warnings: string[]
+  figures: number[]
+  context: ReplayFigureContext
+}
+
+/** The rung a `compaction/*` event type names; undefined for the ladder's bookkeeping events. */
+function rungOfEvent(type: string): string | undefined {
+  if (!type.startsWith('compaction/')) return undefined
+  const name = type.slice('compaction/'.length)
+  if (name === 'start' || name === 'end' || name === 'warning') return undefined
+  return name === 'summary' ? 'compact' : name
+}
+
+/**
+ * Replays a transcript offline through the real {@link Agent} (docs/design.md §8): a fresh
+ * {@link Session} ({@link MemoryStore}), the transcript's envelope, a recorded provider that answers
+ * each step with the transcript's assistant message (and streams its recorded usage as a `usage`
+ * event, never as the response's usage: the transcript's figures describe the original prompts, so
+ * the meter stays on its own estimate), and recorded tools that answer each call with the
+ * transcript's result. The loop does the rest as in a live session: turn starts and the pinned
+ * input, steering, spill at write time, the ladder's pressure checks at the turn start and after
+ * every step. Turns are cut where the loop would be idle (see the readers' `turnStarts` for dsh
+ * logs); a turn the transcript ends while the loop would go on (its last step called tools) ends
+ * as cancelled. The rows are read off the Agent's events.
  * Without `summarizer`, summaries are simulated at exactly `summaryTokens` tokens each.
- * @throws {RangeError} for a missing or bad `contextWindow`, `thresholdRatio` or `summaryTokens`
- *   (the message names the value and the fix). Cancellation through `signal` rejects with its reason.
+ * @throws {RangeError} for a missing or bad `contextWindow`, `thresholdRatio`, `summaryTokens` or
+ *   figure names (the message names the value and the fix). Cancellation through `signal` rejects
+ *   with its reason.
  */
 export async function replayTranscript(transcript: Transcript, options: ReplayOptions = {}): Promise<ReplayReport> {
   const windowGiven = options.contextWindow ?? transcript.contextWindow ?? options.summarizer?.contextWindow
@@ -6284,170 +6492,246 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     throw new RangeError(`replay: thresholdRatio must be a number in (0, 1], got ${String(thresholdRatio)}; e.g. 0.8 (CLI: --threshold 0.8)`)
   }
   const summaryTokens = replayPositiveInteger('summaryTokens', options.summaryTokens ?? DEFAULT_REPLAY_SUMMARY_TOKENS, 'e.g. 2000 (CLI: --summary-tokens N)')
+  const figures = [...REPLAY_FIGURES, ...(options.figures ?? [])]
+  const figureNames = new Set<string>()
+  for (const f of figures) {
+    if (typeof f?.name !== 'string' || f.name === '' || figureNames.has(f.name)) throw new RangeError(`replay: every figure needs a unique non-empty name, got ${JSON.stringify(f?.name)}`)
+    figureNames.add(f.name)
+  }
   const signal = options.signal
-  const compaction: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG, ...options.compaction, thresholdRatio }
+  signal?.throwIfAborted()
+  const notes = [...transcript.notes]
+  const script = replayScript(transcript, notes)
   const pruneConfig = resolvePruneConfig()
-  const base = options.summarizer ?? simulatedSummarizer(summaryTokens, window)
+  const session = new Session({ store: new MemoryStore() })
+  session.append('session/start', { id: `replay-${transcript.format}`, version: VERSION })
+
+  let open: OpenReplayRow | undefined
+  const rows: ReplayStep[] = []
+  const warnings: string[] = []
+
+  // Every summary request passes here, so its size (the estimate summarise() hands over) is recorded.
+  // A simulated summary stands for the conversation model (as in a live session, where the summarizer
+  // defaults to the provider): the prompt-cache model compares its requests with the conversation's.
+  const base = options.summarizer ?? { ...simulatedSummarizer(summaryTokens, window), model: `recorded-${transcript.format}` }
   const summaryWindow = base.contextWindow ?? window
   let peakSummaryRequestTokens = 0
   let summaryRequestsOverWindow = 0
-  // Every summary request passes here, so its size (the estimate summarise() hands over) is recorded.
   const summarizer: Provider = {
     model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens,
     complete(request) {
       const tokens = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools }, request.messages)
       peakSummaryRequestTokens = Math.max(peakSummaryRequestTokens, tokens)
       if (tokens > summaryWindow) summaryRequestsOverWindow++
+      if (open) open.summaryCalls++
       return base.complete(request)
     },
   }
-  const session = new Session({ store: new MemoryStore() })
-  session.append('session/start', { id: `replay-${transcript.format}`, version: VERSION })
-  const envelope = transcript.envelope
-  session.setHeader({ model: summarizer.model, baseURL: summarizer.baseURL, system: envelope.system, tools: envelope.tools, contextWindow: window })
-  const warnings: string[] = []
-  let rowWarnings: string[] = []
-  const host = {
-    session, summarizer, contextWindow: window, envelope, compaction, pruneConfig,
-    pinnedSeq: undefined as number | undefined,
-    warn(message: string) { warnings.push(message); rowWarnings.push(message) },
-    ladderState: {} as LadderState,
-  } satisfies CompactionHost
 
-  // Surface changes made by the ladder, read off the log as they are appended.
-  let rowEvents: ReplayEvent[] = []
-  let pendingPrune: { seq: number; tokens: number } | undefined
-  let pendingSummary: { id: string; seqs: number[]; tokens: number } | undefined
-  let pendingCheckpoint: { tokens: number } | undefined
-  session.subscribe((e) => {
-    const d = e.data as any
-    switch (e.type) {
-      case 'compaction/prune': pendingPrune = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; break
-      case 'tool/result':
-        if (pendingPrune && d.surfaceOp.op === 'replace') {
-          rowEvents.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message) })
-          pendingPrune = undefined
-        }
-        break
-      case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
-      case 'user/message': if (pendingSummary && d.compactionId === pendingSummary.id) pendingCheckpoint = { tokens: estimateMessageTokens(d.message) }; break
-      case 'compaction/end':
-        if (d.error !== undefined) rowEvents.push({ type: 'compaction-failed', id: d.id, error: d.error })
-        else if (pendingSummary && pendingCheckpoint && pendingSummary.id === d.id) {
-          const s = pendingSummary
-          rowEvents.push({
-            type: 'compaction', id: s.id, messages: s.seqs.length, firstSeq: s.seqs[0], lastSeq: s.seqs[s.seqs.length - 1],
-            tokensBefore: s.tokens, tokensAfter: pendingCheckpoint.tokens, totalBefore: d.tokensBefore, totalAfter: d.tokensAfter,
-          })
-        }
-        pendingSummary = undefined
-        pendingCheckpoint = undefined
-        break
-    }
-  })
-
-  const rows: ReplayStep[] = []
-  let unmanaged = estimateEnvelopeTokens(envelope)
-  let turn = 0
-  let stepInTurn = 0
-  let step = 0
-  let assistantIndex = 0
-  let lastHadCalls = false
-  let resultsOverPruneThreshold = 0
-
-  /** One pressure check; records a row. */
-  const check = async (row: Omit<ReplayStep, 'beforeTokens' | 'rung' | 'afterTokens' | 'reclaimedTokens' | 'prunes' | 'prunedTokens' | 'summaryCalls' | 'events' | 'warnings'>) => {
-    const outcome = await compactIfNeeded(host, 'pressure', signal)
-    const rung: ReplayRung = outcome.action === 'compacted' ? 'compact' : outcome.action === 'pruned' ? 'prune' : outcome.action === 'failed' ? 'failed' : 'none'
-    const events = rowEvents
-    const full: ReplayStep = {
-      ...row, beforeTokens: outcome.tokensBefore, rung, afterTokens: outcome.tokensAfter,
-      reclaimedTokens: outcome.tokensBefore - outcome.tokensAfter, prunes: events.filter((e) => e.type === 'prune').length,
-      prunedTokens: outcome.prunedTokens, summaryCalls: outcome.summaryRequests, events, warnings: rowWarnings,
-    }
-    rowEvents = []
-    rowWarnings = []
-    rows.push(full)
-    options.onStep?.(full, session)
+  // The recorded provider: the turn's next recorded step, or — when the transcript records none
+  // while the loop would go on — the turn ends as cancelled.
+  let turn: ReplayScriptTurn | undefined
+  let stepIndex = 0
+  let current: ReplayScriptStep | undefined
+  let stop: AbortController | undefined
+  const provider: Provider = {
+    model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', contextWindow: window, maxTokens: window,
+    async complete(request) {
+      current = turn?.steps[stepIndex++]
+      if (!current) {
+        stop?.abort(new Error('the transcript records no further step in this turn'))
+        throw new ProviderError('ABORTED', 'the transcript records no further step in this turn')
+      }
+      if (open) { open.requestTokens = request.inputTokens; open.context.request = request; open.context.recordedUsage = current.usage }
+      if (current.usage) request.onEvent?.({ type: 'usage', usage: current.usage })
+      for (const m of current.steerAfter) agent.steer(m)
+      return { message: current.message, finishReason: 'replay' }
+    },
   }
-  const endTurn = (reason: string) => { if (turn > 0 && session.turn.open) session.append('turn/end', { turn, reason }) }
 
-  const messages = transcript.messages
-  const turnStarts = transcript.turnStarts ? new Set(transcript.turnStarts) : undefined
-  for (let i = 0; i < messages.length; i++) {
-    signal?.throwIfAborted()
-    const m = messages[i]
-    if (m.role === 'user') {
-      unmanaged += estimateMessageTokens(m)
-      const opens = turnStarts ? turnStarts.has(i) : i === 0 || messages[i - 1].role !== 'user'
-      if (!opens && turn > 0) { session.append('user/message', { message: m, surfaceOp: { op: 'append' } }); continue } // steering
-      endTurn(lastHadCalls ? 'next-input' : 'stop')
-      turn++
-      stepInTurn = 0
-      session.append('turn/start', { turn })
-      host.pinnedSeq = session.append('user/message', { message: m, surfaceOp: { op: 'append' } }).seq
-      await check({ kind: 'turn-start', step: step + 1, turn, unmanagedTokens: unmanaged })
-      continue
+  // The recorded tools: each call's result from the transcript, found by the id the loop logged.
+  const recordedResults = new Map<string, ToolResultMessage>()
+  const answered = new Set<string>()
+  const toolNames = new Set<string>()
+  for (const m of transcript.messages) for (const b of m.role === 'assistant' ? m.content : []) if (b.type === 'tool-call') toolNames.add((b as ToolCallBlock).name)
+  const tools: Tool[] = [...toolNames].map((name) => ({
+    name, description: '', parameters: {},
+    execute(_args: unknown, ctx: ToolContext): ToolOutput {
+      const result = recordedResults.get(ctx.callId)
+      if (!result) throw new Error(`the transcript records no result for tool call ${ctx.callId}`)
+      answered.add(ctx.callId)
+      return { content: result.content, isError: result.isError }
+    },
+  }))
+
+  // Rows, read off the Agent's events.
+  let unmanaged = estimateEnvelopeTokens(transcript.envelope)
+  let steps = 0
+  let turns = 0
+  let answeredByLoop = 0
+  let pendingPrune: { seq: number; tokens: number } | undefined
+  let pendingSummary: { id: string; seqs: number[]; tokens: number; checkpointTokens?: number } | undefined
+  const openRow = (kind: ReplayStep['kind'], turnNumber: number) => {
+    open = {
+      kind, step: steps + 1, turn: turnNumber, hasMessage: false, ladderWarned: false, summaryCalls: 0, events: [], warnings: [],
+      figures: figures.map(() => 0), context: { session, contextWindow: window },
     }
-    if (m.role === 'tool') continue // appended with its step below
-    // An assistant message: one step.
-    if (turn === 0) { turn = 1; session.append('turn/start', { turn }) } // a transcript that opens without user input
-    step++
-    stepInTurn++
-    const requestTokens = session.measure().totalTokens
-    const recorded = transcript.usage[assistantIndex++]
-    const row = { kind: 'step' as const, step, turn, requestTokens, unmanagedTokens: unmanaged, ...(recorded ? { recordedPromptTokens: recorded.promptTokens } : {}) }
-    unmanaged += estimateMessageTokens(m)
-    session.append('step/start', { turn, step: stepInTurn })
-    session.append('assistant/message', { message: m, finishReason: 'replay', surfaceOp: { op: 'append' } })
-    const calls = m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
-    lastHadCalls = calls.length > 0
-    for (; i + 1 < messages.length && messages[i + 1].role === 'tool'; i++) {
-      const result = messages[i + 1] as ToolResultMessage
-      unmanaged += estimateMessageTokens(result)
-      if (resultCodePoints(result, pruneConfig.thresholdChars) > pruneConfig.thresholdChars) resultsOverPruneThreshold++
-      const call = calls.find((c) => c.id === result.toolCallId)
-      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '' })
-      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, spillName(session.seq))
-      const event = session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
-      if (spilled.spilled) {
-        rowEvents.push({ type: 'spill', seq: event.seq, bytes: spilled.spilled.bytes, tokensBefore: estimateMessageTokens(result), tokensAfter: estimateMessageTokens(spilled.message) })
+  }
+  const closeRow = () => {
+    const r = open
+    open = undefined
+    if (!r || (r.kind === 'step' && !r.hasMessage)) return // a step the transcript does not record (the turn ended there)
+    const afterTokens = session.measure().totalTokens
+    const beforeTokens = r.beforeTokens ?? afterTokens
+    const prunes = r.events.filter((e) => e.type === 'prune') as Extract<ReplayEvent, { type: 'prune' }>[]
+    const row: ReplayStep = {
+      kind: r.kind, step: r.step, turn: r.turn,
+      ...(r.requestTokens !== undefined ? { requestTokens: r.requestTokens } : {}),
+      unmanagedTokens: r.unmanagedTokens ?? unmanaged,
+      ...(r.recordedPromptTokens !== undefined ? { recordedPromptTokens: r.recordedPromptTokens } : {}),
+      beforeTokens, rung: r.rung ?? (r.ladderWarned ? 'failed' : 'none'), afterTokens, reclaimedTokens: beforeTokens - afterTokens,
+      prunes: prunes.length, prunedTokens: prunes.reduce((t, e) => t + e.tokensBefore - e.tokensAfter, 0),
+      summaryCalls: r.summaryCalls, events: r.events, warnings: r.warnings,
+      ...(figures.length > 0 ? { figures: Object.fromEntries(figures.map((f, k) => [f.name, r.figures[k]])) } : {}),
+    }
+    rows.push(row)
+    options.onStep?.(row, session)
+  }
+  const observe = (ae: AgentEvent) => {
+    options.onEvent?.(ae)
+    if (ae.type === 'warning') { warnings.push(ae.message); open?.warnings.push(ae.message) }
+    if (ae.type === 'stream' && ae.event.type === 'usage' && open) open.recordedPromptTokens = ae.event.usage.promptTokens
+    if (ae.type === 'log') {
+      const e = ae.event
+      const d = e.data as any
+      const appended = d?.surfaceOp?.op === 'append'
+      const rung = rungOfEvent(e.type)
+      if (e.type.startsWith('compaction/') && open && open.beforeTokens === undefined) open.beforeTokens = session.measure().totalTokens
+      if (rung && open) open.rung = rung
+      switch (e.type) {
+        case 'turn/start': closeRow(); turns = d.turn; openRow('turn-start', d.turn); break
+        case 'step/start': closeRow(); openRow('step', turns); break
+        case 'step/end': case 'turn/end': closeRow(); break
+        case 'user/message':
+          if (appended) unmanaged += estimateMessageTokens(d.message)
+          else if (pendingSummary && d.compactionId === pendingSummary.id) pendingSummary.checkpointTokens = estimateMessageTokens(d.message)
+          break
+        case 'assistant/message': {
+          if (!appended || !open || !current) break
+          open.hasMessage = true
+          open.step = ++steps
+          open.unmanagedTokens = unmanaged
+          unmanaged += estimateMessageTokens(current.message)
+          // The logged calls (ids as the loop kept or repaired them) in order, matched to the recorded results.
+          const logged = (d.message as AssistantMessage).content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+          const recorded = current.message.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+          logged.forEach((c, k) => {
+            const result = current!.results.find((r) => r.toolCallId === recorded[k]?.id)
+            if (result) recordedResults.set(c.id, result)
+          })
+          break
+        }
+        case 'tool/result': {
+          if (appended) {
+            const original = recordedResults.get(d.message.toolCallId) ?? d.message
+            if (!answered.has(d.message.toolCallId)) answeredByLoop++
+            unmanaged += estimateMessageTokens(original)
+            if (d.spilled && open) open.events.push({ type: 'spill', seq: e.seq, bytes: d.spilled.bytes, tokensBefore: estimateMessageTokens(original), tokensAfter: estimateMessageTokens(d.message) })
+          } else if (pendingPrune && open) {
+            open.events.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message) })
+            pendingPrune = undefined
+          }
+          break
+        }
+        case 'compaction/prune': pendingPrune = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; break
+        case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
+        case 'compaction/warning': if (open) open.ladderWarned = true; break
+        case 'compaction/end':
+          if (!open) break
+          if (d.error !== undefined) open.events.push({ type: 'compaction-failed', id: d.id, error: d.error })
+          else {
+            const s = pendingSummary
+            if (s !== undefined && s.id === d.id && s.checkpointTokens !== undefined) open.events.push({
+              type: 'compaction', id: s.id, messages: s.seqs.length, firstSeq: s.seqs[0], lastSeq: s.seqs[s.seqs.length - 1],
+              tokensBefore: s.tokens, tokensAfter: s.checkpointTokens, totalBefore: d.tokensBefore, totalAfter: d.tokensAfter,
+            })
+          }
+          pendingSummary = undefined
+          break
+        default:
+          if (rung && open) open.events.push({ type: 'rung', rung, seq: e.seq, data: d })
       }
     }
-    await check(row)
-    session.append('step/end', { turn, step: stepInTurn })
+    if (open) figures.forEach((f, k) => { open!.figures[k] = f.add(ae, open!.figures[k], open!.context) })
   }
-  endTurn(lastHadCalls ? 'end-of-transcript' : 'stop')
 
-  const steps = rows.filter((r) => r.kind === 'step')
-  const peakRequestTokens = steps.reduce((p, r) => Math.max(p, r.requestTokens!), 0)
-  const recordedPeak = steps.reduce((p, r) => Math.max(p, r.recordedPromptTokens ?? -1), -1)
+  const maxSteps = script.reduce((m, t) => Math.max(m, t.steps.length), 0) + 1
+  const agent: Agent = new ReplayAgent({
+    session, provider, tools, summarizer, contextWindow: window, system: transcript.envelope.system,
+    compaction: { ...options.compaction, thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe,
+  }, transcript.envelope)
+  for (const t of script) {
+    turn = t
+    stepIndex = 0
+    stop = new AbortController()
+    const onAbort = () => stop!.abort(signal!.reason)
+    signal?.addEventListener('abort', onAbort, { once: true })
+    try {
+      for (const m of t.steerBefore) agent.steer(m)
+      await agent.run(t.input, { signal: stop.signal })
+    } finally { signal?.removeEventListener('abort', onAbort) }
+    signal?.throwIfAborted()
+  }
+  closeRow()
+  if (answeredByLoop > 0) notes.push(`${answeredByLoop} tool call(s) answered by the loop itself, not with the recorded result (e.g. arguments that are not JSON), as a live run would`)
+
+  const stepRows = rows.filter((r) => r.kind === 'step')
+  const peakRequestTokens = stepRows.reduce((p, r) => Math.max(p, r.requestTokens!), 0)
+  const recordedPeak = stepRows.reduce((p, r) => Math.max(p, r.recordedPromptTokens ?? -1), -1)
   const all = rows.flatMap((r) => r.events)
+  const rungs: Record<string, number> = {}
+  for (const e of all) {
+    const name = e.type === 'prune' ? 'prune' : e.type === 'compaction' ? 'compact' : e.type === 'rung' ? e.rung : undefined
+    if (name) rungs[name] = (rungs[name] ?? 0) + 1
+  }
+  const pruneThreshold = pruneConfig.thresholdChars
+  const prices = options.prices ?? REPLAY_PRICES
   const totals: ReplayTotals = {
-    steps: steps.length,
-    turns: turn,
+    steps: stepRows.length,
+    turns,
     peakRequestTokens,
     peakPercent: Math.round((peakRequestTokens / window) * 1000) / 10,
-    prunes: all.filter((e) => e.type === 'prune').length,
+    prunes: rungs.prune ?? 0,
     prunedTokens: rows.reduce((t, r) => t + r.prunedTokens, 0),
     spills: all.filter((e) => e.type === 'spill').length,
-    compactions: all.filter((e) => e.type === 'compaction').length,
+    compactions: rungs.compact ?? 0,
     failedCompactions: all.filter((e) => e.type === 'compaction-failed').length,
     summaryCalls: rows.reduce((t, r) => t + r.summaryCalls, 0),
-    requestsOverWindow: steps.filter((r) => r.requestTokens! > window).length,
-    unmanagedStepsOverWindow: steps.filter((r) => r.unmanagedTokens > window).length,
-    peakUnmanagedTokens: steps.reduce((p, r) => Math.max(p, r.unmanagedTokens), 0),
+    requestsOverWindow: stepRows.filter((r) => r.requestTokens! > window).length,
+    unmanagedStepsOverWindow: stepRows.filter((r) => r.unmanagedTokens > window).length,
+    peakUnmanagedTokens: stepRows.reduce((p, r) => Math.max(p, r.unmanagedTokens), 0),
     ...(recordedPeak >= 0 ? { peakRecordedPromptTokens: recordedPeak } : {}),
     peakSummaryRequestTokens,
     summaryRequestsOverWindow,
-    resultsOverPruneThreshold,
+    resultsOverPruneThreshold: transcript.messages.filter((m) => m.role === 'tool' && resultCodePoints(m, pruneThreshold) > pruneThreshold).length,
     ladderWarnings: warnings.length,
+    cost: {
+      dsh: replayCost(session.usage({ prices })),
+      unmanaged: replayCost(unmanagedSession(transcript).usage({ prices })),
+    },
+    rungs,
+    ...(figures.length > 0 ? {
+      figures: Object.fromEntries(figures.map((f) => {
+        const values = rows.map((r) => r.figures![f.name])
+        return [f.name, f.total === 'max' ? values.reduce((a, b) => Math.max(a, b), 0) : values.reduce((a, b) => a + b, 0)]
+      })),
+    } : {}),
   }
   return {
-    format: transcript.format, messages: countRoles(messages), contextWindow: window, thresholdRatio,
+    format: transcript.format, messages: countRoles(transcript.messages), contextWindow: window, thresholdRatio,
     thresholdTokens: Math.floor(window * thresholdRatio),
     summaries: options.summarizer ? { simulated: false, model: options.summarizer.model } : { simulated: true, tokens: summaryTokens },
-    rows, totals, notes: transcript.notes, warnings,
+    prices, rows, totals, notes, warnings,
   }
 }
 
@@ -6459,9 +6743,19 @@ export interface FormatReplayOptions {
   name?: string
   /** Added to every JSON object as `chain` (e.g. 'main', 'sidechain 2'); a heading in the table. */
   chain?: string
+  /** Extra figures passed to the replay besides {@link REPLAY_FIGURES}, for their cells (a figure the report has but neither names is shown with digit grouping). */
+  figures?: readonly ReplayFigure[]
 }
 
 const groupDigits = (n: number): string => String(n).replace(/\B(?=(\d{3})+(?!\d))/g, ',')
+
+/** One line for an event a rung logged: its seq and the event's scalar fields (numbers grouped). */
+function describeRungData(data: Record<string, unknown>): string {
+  const show = (v: unknown): string | undefined =>
+    typeof v === 'number' ? groupDigits(v) : typeof v === 'string' ? (v.length > 40 ? JSON.stringify(v.slice(0, 40) + '…') : JSON.stringify(v))
+      : Array.isArray(v) && v.every((x) => typeof x === 'number') ? (v.length > 2 ? `${v[0]}..${v[v.length - 1]} (${v.length})` : v.join(', ')) : undefined
+  return Object.entries(data).flatMap(([k, v]) => { const s = show(v); return s === undefined ? [] : [`${k} ${s}`] }).join(', ')
+}
 
 function describeReplayEvent(e: ReplayEvent): string {
   switch (e.type) {
@@ -6469,8 +6763,27 @@ function describeReplayEvent(e: ReplayEvent): string {
     case 'prune': return `prune    tool result seq ${e.seq}: ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
     case 'compaction': return `compact  ${e.id}: ${e.messages} messages (seq ${e.firstSeq}..${e.lastSeq}) ${groupDigits(e.tokensBefore)} → checkpoint ${groupDigits(e.tokensAfter)} tokens; total ${groupDigits(e.totalBefore)} → ${groupDigits(e.totalAfter)}`
     case 'compaction-failed': return `failed   ${e.id}: ${e.error}`
+    case 'rung': return `${e.rung.padEnd(8)} seq ${e.seq}: ${describeRungData(e.data)}`
   }
 }
+
+/** A column of the replay table: header, cell, and whether it is left-aligned (else right). */
+interface ReplayColumn { header: string; cell: (r: ReplayStep) => string; left?: boolean }
+
+const tokensCell = (n: number | undefined): string => (n === undefined ? '-' : groupDigits(n))
+
+/** The built-in columns of the text table, in order; extra figures with a `cell` follow. */
+const REPLAY_COLUMNS: readonly ReplayColumn[] = [
+  { header: 'step', cell: (r) => (r.kind === 'step' ? String(r.step) : 'input') },
+  { header: 'turn', cell: (r) => String(r.turn) },
+  { header: 'request', cell: (r) => tokensCell(r.requestTokens) },
+  { header: 'unmanaged', cell: (r) => tokensCell(r.unmanagedTokens) },
+  { header: 'recorded', cell: (r) => tokensCell(r.recordedPromptTokens) },
+  { header: 'before', cell: (r) => tokensCell(r.beforeTokens) },
+  { header: 'rung', cell: (r) => r.rung, left: true },
+  { header: 'after', cell: (r) => tokensCell(r.afterTokens) },
+  { header: 'reclaimed', cell: (r) => tokensCell(r.reclaimedTokens) },
+]
 
 /**
  * Renders a {@link ReplayReport}: a header (settings, how summaries were made, what the token figures
@@ -6500,16 +6813,18 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
   for (const note of report.notes) out.push(`note: ${note}`)
   out.push('request = what dsh would send for the step; unmanaged = the same with no management; before → after = around the rung at the pressure check')
   out.push('')
-  const header = ['step', 'turn', 'request', 'unmanaged', 'recorded', 'before', 'rung', 'after', 'reclaimed']
-  const cells = report.rows.map((r) => [
-    r.kind === 'step' ? String(r.step) : 'input', String(r.turn), r.requestTokens === undefined ? '-' : groupDigits(r.requestTokens),
-    groupDigits(r.unmanagedTokens), r.recordedPromptTokens === undefined ? '-' : groupDigits(r.recordedPromptTokens),
-    groupDigits(r.beforeTokens), r.rung, groupDigits(r.afterTokens), groupDigits(r.reclaimedTokens),
-  ])
-  const widths = header.map((h, c) => cells.reduce((w, row) => Math.max(w, row[c].length), h.length))
-  const line = (row: string[]) => row.map((s, c) => (c === 6 ? s.padEnd(widths[c]) : s.padStart(widths[c]))).join('  ')
+  // Extra figures: a column each, rendered by the figure's `cell` (a figure without one is JSON only).
+  const known = new Map([...REPLAY_FIGURES, ...(options.figures ?? [])].map((f) => [f.name, f]))
+  const figureCell = (name: string, v: number) => { const f = known.get(name); return f ? f.cell?.(v) : groupDigits(v) }
+  const figureNames = Object.keys(t.figures ?? {}).filter((name) => figureCell(name, 0) !== undefined)
+  const columns: ReplayColumn[] = [...REPLAY_COLUMNS, ...figureNames.map((name) => ({
+    header: name, cell: (r: ReplayStep) => (r.figures?.[name] === undefined ? '-' : figureCell(name, r.figures[name])!),
+  }))]
+  const cells = report.rows.map((r) => columns.map((c) => c.cell(r)))
+  const widths = columns.map((c, k) => cells.reduce((w, row) => Math.max(w, row[k].length), c.header.length))
+  const line = (row: string[]) => row.map((s, k) => (columns[k].left ? s.padEnd(widths[k]) : s.padStart(widths[k]))).join('  ').trimEnd()
   const indent = ' '.repeat(widths[0] + 2) + '↳ '
-  out.push(line(header))
+  out.push(line(columns.map((c) => c.header)))
   report.rows.forEach((r, k) => {
     out.push(line(cells[k]))
     for (const e of r.events) out.push(indent + describeReplayEvent(e))
@@ -6523,12 +6838,23 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     ['prunes', `${t.prunes} (${groupDigits(t.prunedTokens)} tokens reclaimed by pruning)`],
     ['spills', String(t.spills)],
     ['compactions', `${t.compactions}${t.failedCompactions ? ` (+${t.failedCompactions} failed)` : ''}, ${t.summaryCalls} summary call(s)`],
+  ]
+  for (const [rung, count] of Object.entries(t.rungs ?? {})) if (rung !== 'prune' && rung !== 'compact') totals.push([`rung ${rung}`, String(count)])
+  totals.push(
     ['requests over the window, dsh', String(t.requestsOverWindow)],
     ['steps over the window, unmanaged', `${t.unmanagedStepsOverWindow} (unmanaged peak ${groupDigits(t.peakUnmanagedTokens)} tokens, ${pct(t.peakUnmanagedTokens)})`],
-  ]
+  )
   if (t.peakRecordedPromptTokens !== undefined) totals.push(['recorded peak prompt', `${groupDigits(t.peakRecordedPromptTokens)} tokens (as reported by the original run)`])
   if (t.summaryCalls > 0) totals.push(['largest summary request', `${groupDigits(t.peakSummaryRequestTokens)} tokens (${t.summaryRequestsOverWindow} over the summarizer's window)`])
   if (t.ladderWarnings > 0) totals.push(['ladder warnings', String(t.ladderWarnings)])
+  const p = report.prices
+  const costCell = (c: ReplayCost) => `${c.costUSD === undefined ? 'cost unknown' : formatUSD(c.costUSD)}, cache hits ${(c.cacheHitShare * 100).toFixed(1)}% of ${groupDigits(c.inputTokens)} input tokens, ${c.requests} request(s)${c.summaryRequests ? ` (${c.summaryRequests} summary)` : ''}`
+  totals.push(
+    ['cost, dsh', `${costCell(t.cost.dsh)}${t.cost.dsh.costUSD !== undefined && t.cost.unmanaged.costUSD ? ` = ${(t.cost.dsh.costUSD / t.cost.unmanaged.costUSD).toFixed(2)}× the floor` : ''}`],
+    ['cost, unmanaged (infinite window)', costCell(t.cost.unmanaged)],
+    ['prices (USD per million tokens)', `cache hit ${p.cacheHitInput}, miss ${p.cacheMissInput}, output ${p.output}${p.peak ? ', with peak hours' : ''}; modelled cache hits, no model called`],
+  )
+  for (const [name, v] of Object.entries(t.figures ?? {})) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
   const labelWidth = totals.reduce((w, [l]) => Math.max(w, l.length), 0)
   out.push('totals')
   for (const [label, value] of totals) out.push(`  ${label.padEnd(labelWidth)}  ${value}`)
@@ -6553,9 +6879,10 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
     sidechainReports.push(await replayTranscript(side, { ...options, contextWindow: report.contextWindow }))
   }
   const chains = sidechainReports.length > 0
-  let output = formatReplay(report, { json: options.json, name: options.name, chain: chains ? 'main chain' : undefined })
+  const figures = options.figures
+  let output = formatReplay(report, { json: options.json, name: options.name, chain: chains ? 'main chain' : undefined, figures })
   sidechainReports.forEach((r, k) => {
-    output += (options.json ? '' : '\n') + formatReplay(r, { json: options.json, name: options.name, chain: `sidechain ${k + 1} of ${sidechainReports.length}` })
+    output += (options.json ? '' : '\n') + formatReplay(r, { json: options.json, name: options.name, chain: `sidechain ${k + 1} of ${sidechainReports.length}`, figures })
   })
   return { report, sidechainReports, output }
 }
@@ -6641,6 +6968,8 @@ export interface CliReplayOptions {
   summaryTokens: number
   /** `--format F`. Default `auto`. */
   format: CliReplayFormat
+  /** `--sidechains`: Claude Code, also replay each Task-subagent run (its own window) after the main chain. */
+  sidechains: boolean
   /** Present when `--base-url`, `--model` or `--api-key-env` asks for real summary calls; absent:
    *  summaries are simulated at `summaryTokens` (a key in the environment alone never costs money). */
   summarizer?: CliModelOptions
@@ -6666,6 +6995,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--shell-env': { value: 'NAME', commands: ['run'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
+  '--sidechains': { commands: ['replay'] },
   '--prices': { value: 'P', commands: ['run', 'replay'] },
   '--help': { commands: ['run', 'replay'] },
   '--version': { commands: ['run', 'replay'] },
@@ -6720,6 +7050,8 @@ Replay: npx tsx dsh.ts replay FILE [options]
   --prices P             price the totals with P (as above, off-peak; default deepseek-flash)
   --format F             force a format: ${CLI_REPLAY_FORMATS.slice(1).join(', ')}
                          (default auto: detected from the file)
+  --sidechains           Claude Code: also replay each Task-subagent run (sidechain), each in
+                         its own window, after the main chain (default: skipped, counted in a note)
   --json                 machine-readable output
   --base-url URL, --model NAME, --api-key-env NAME
                          summarise with a real model instead of simulating summaries
@@ -6900,7 +7232,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (!CLI_REPLAY_FORMATS.includes(format)) throw new UsageError(`--format must be one of ${CLI_REPLAY_FORMATS.join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
-      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, ...(prices ? { prices } : {}),
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(prices ? { prices } : {}),
       ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
     }
   }
@@ -7312,7 +7644,8 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
   try {
     const { output } = await runReplay(text, {
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
-      summaryTokens: options.summaryTokens, summarizer, json: options.json, name: options.file,
+      summaryTokens: options.summaryTokens, summarizer, json: options.json, name: options.file, sidechains: options.sidechains,
+      ...(options.prices ? { prices: { ...options.prices, peak: undefined } } : {}),
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0

@@ -11,7 +11,7 @@
 import { readFileSync } from 'node:fs'
 import { basename } from 'node:path'
 import {
-  DEFAULT_COMPACTION_CONFIG, DEEPSEEK_PRICES, Session, readTranscript, replayTranscript, estimateMessageTokens, VERSION,
+  DEFAULT_COMPACTION_CONFIG, DEEPSEEK_PRICES, readTranscript, replayTranscript, unmanagedSession, estimateMessageTokens, type Session,
   type CompactionConfig, type Prices, type SessionUsage, type ToolResultMessage, type Transcript,
 } from '../dsh.ts'
 import { CORPUS_DIR, corpusFiles, fmtPct, int, nowMs, table, type Section, type Target } from './lib.ts'
@@ -28,28 +28,16 @@ const FLOOR_TARGET = 1.5
 /** One policy on one transcript: the session's usage priced, and requests over the window. */
 interface Run { usage: SessionUsage; requests: number; over: number; summaryHitTokens: number; summaryInputTokens: number }
 
-/**
- * Feeds a transcript into a fresh Session the way a client without a ladder sends it: one request
- * per assistant message (the surface before it), `beforeRequest` may edit the surface first.
- */
-function feed(t: Transcript, window: number, beforeRequest?: (session: Session, step: number) => void): Run {
-  const s = new Session()
-  s.append('session/start', { id: 'bench', version: VERSION })
-  s.setHeader({ model: 'deepseek-flash', baseURL: 'bench://', system: t.envelope.system, tools: t.envelope.tools, prices: PRICES })
-  let step = 0, over = 0
-  for (const m of t.messages) {
-    if (m.role === 'assistant') {
-      beforeRequest?.(s, step++)
-      if (s.measure().totalTokens > window) over++
-      s.append('assistant/message', { message: m, finishReason: 'bench', surfaceOp: { op: 'append' } })
-    } else if (m.role === 'tool') s.append('tool/result', { message: m, surfaceOp: { op: 'append' } })
-    else s.append('user/message', { message: m, surfaceOp: { op: 'append' } })
-  }
-  return { usage: s.usage({ prices: PRICES }), requests: step, over, summaryHitTokens: 0, summaryInputTokens: 0 }
+/** A policy without a ladder: the transcript through `unmanagedSession`, `edit` before each request. */
+function feed(t: Transcript, window: number, edit?: (session: Session, step: number) => void): Run {
+  let over = 0, requests = 0
+  const s = unmanagedSession(t, (session, step) => {
+    edit?.(session, step)
+    requests++
+    if (session.measure().totalTokens > window) over++
+  })
+  return { usage: s.usage({ prices: PRICES }), requests, over, summaryHitTokens: 0, summaryInputTokens: 0 }
 }
-
-/** The floor: every message as recorded, never edited (an infinite window). */
-const floor = (t: Transcript, window: number) => feed(t, window)
 
 /** Observation masking: before each request, the results of the step that left the newest 10 become a placeholder. */
 function masking(t: Transcript, window: number): Run {
@@ -139,7 +127,7 @@ export default async function costBench(): Promise<Section> {
   })
   const t0 = nowMs()
   const policies: { name: string; run: (t: Transcript, w: number) => Run | Promise<Run>; ran: boolean }[] = [
-    { name: 'floor (no management, infinite window)', run: floor, ran: true },
+    { name: 'floor (no management, infinite window)', run: (t, w) => feed(t, w), ran: true },
     { name: `observation masking (newest ${MASK_KEEP_STEPS} steps)`, run: masking, ran: true },
     { name: 'dsh v1 (prune + summarise, clear off)', run: (t, w) => dsh(t, w, V1), ran: true },
     { name: 'dsh v2 (prune + clear + summarise)', run: (t, w) => dsh(t, w, V2), ran: HAS_CLEAR },

@@ -439,6 +439,10 @@ test('dsh: a log written by Session (with a prune) reads back as the history bef
 const ERRORS: { name: string; text: string; format?: TranscriptFormat; line?: number; field?: string; says: RegExp }[] = [
   { name: 'random text', text: '\n\nhello, this is not a transcript\n', line: 3, says: /not JSON: the first non-blank line starts with "hello/ },
   { name: 'empty file', text: '  \n', says: /the file is empty/ },
+  // JSON, but not an object or array: named as the JSON value it is, not "not JSON".
+  { name: 'JSON null', text: 'null\n', says: /^a JSON null is not a transcript \(a transcript is a JSON object or array, or JSONL\)/ },
+  { name: 'JSON string', text: '"hello"', says: /^a JSON string is not a transcript/ },
+  { name: 'JSON number 42', text: ' 42 ', says: /^a JSON number is not a transcript/ },
   { name: 'JSON object without messages', text: '{"foo": 1, "bar": [2]}', says: /without "messages", "history" or "trajectory_format"; its keys are "foo", "bar"/ },
   { name: 'JSON number', text: '[1, 2]', field: '[0]', says: /a message must be an object, got number/ },
   { name: 'JSONL with a broken line 3', text: '{"seq":0,"type":"session/start","time":0,"data":{}}\n{"seq":1,"type":"turn/start","time":1,"data":{}}\n{"seq":2,"type":\n{"seq":3,"type":"turn/end","time":3,"data":{}}\n', line: 3, says: /not valid JSON/ },
