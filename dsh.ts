@@ -42,8 +42,9 @@
  *   ── fence: nothing in Part I names anything in Part II ──
  *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
  *   8. Tools          built-in coding tools of the CLI (read_file, list_files, grep, write/edit, shell)
- *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of the readers
- *                     table there (detect + read); 9.2 the replay runner
+ *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of
+ *                     TRANSCRIPT_READERS (detect + read); 9.2 the replay runner: an Agent with a
+ *                     recorded provider and tools — a REPORT COLUMN is one entry of REPLAY_FIGURES
  *   10. CLI           arguments, configuration, terminal output, entry point
  *
  * UNITS (one word, one unit, everywhere in this file):
@@ -176,7 +177,8 @@ export type StreamEvent =
   | { type: 'tool-call-delta'; index: number; id?: string; name?: string; argumentsDelta: string }
   | { type: 'usage'; usage: Usage }
   | { type: 'finish'; finishReason: string }
-  | { type: 'retry'; attempt: number; delayMs: number; error: ProviderError }
+  /** Before each backoff wait: `attempt` counts retries from 1, `maxRetries` is how many this error gets, `error` is why. */
+  | { type: 'retry'; attempt: number; delayMs: number; error: ProviderError; maxRetries?: number }
 
 /** One provider call. `maxTokens` (tokens) is clamped by the provider to the room left. */
 export interface ChatRequest {
@@ -2533,6 +2535,12 @@ export const DEFAULT_MAX_TOKENS = 32_768
 const DEFAULT_IDLE_TIMEOUT_MS = 300_000
 /** Retries after the first attempt, for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. */
 const DEFAULT_MAX_RETRIES = 5
+/** Retries of a refused connection or a failed DNS lookup (at most; `maxRetries` may be lower):
+ *  no server is listening there, so five backoffs (~16 s) only make the user wait. */
+const CONNECT_FAILURE_RETRIES = 1
+/** Error codes and wordings of a refused connection or a failed DNS lookup (Node's undici, Deno, Bun). */
+const CONNECT_FAILURE_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL', 'ConnectionRefused'])
+const CONNECT_FAILURE_RE = /ECONNREFUSED|ENOTFOUND|EAI_AGAIN|connection refused|failed to lookup address|dns error|name or service not known|unable to connect/i
 /** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (docs/design.md §6). */
 const DEFAULT_RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
@@ -2785,14 +2793,27 @@ export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
       if (cr >= 0 && cr < i) cr = chunk.indexOf('\r', i)
       const t = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
       if (t < 0) break
-      let line = chunk.slice(i, t)
       if (pending.length > 0) {
-        pending.push(line)
-        line = pending.join('')
+        pending.push(chunk.slice(i, t))
+        const line = pending.join('')
         pending = []; pendingUnits = 0; pendingKept = false
+        i = afterTerminator(t)
+        processLine(line)
+        continue
       }
-      i = afterTerminator(t)
-      processLine(line)
+      const start = i
+      i = t === lf ? t + 1 : afterTerminator(t)
+      // The hot path, a whole line inside this chunk: an empty line, `data:` or `event:` is read
+      // in place (only the value is sliced); anything else goes through processLine.
+      if (start === t) { dispatch(); continue }
+      const c0 = chunk.charCodeAt(start)
+      if (c0 === 100 && chunk.charCodeAt(start + 4) === 58 && chunk.charCodeAt(start + 1) === 97 && chunk.charCodeAt(start + 2) === 116 && chunk.charCodeAt(start + 3) === 97) {
+        const value = chunk.slice(chunk.charCodeAt(start + 5) === 32 ? start + 6 : start + 5, t)
+        data = dataLines === 0 ? value : `${data}\n${value}`
+        dataLines++
+      } else if (c0 === 101 && chunk.charCodeAt(start + 5) === 58 && chunk.startsWith('event', start)) {
+        eventType = chunk.slice(chunk.charCodeAt(start + 6) === 32 ? start + 7 : start + 6, t) || undefined
+      } else processLine(chunk.slice(start, t))
     }
     if (i < n) {
       pending.push(i === 0 ? chunk : chunk.slice(i))
@@ -2836,25 +2857,16 @@ export function parseSSE(
   const pull = chunkPuller(source)
   const ready: SSEEvent[] = []
   let head = 0
-  let overflow: SSEParseError | undefined
   let ended = false
-  const parser = createSSEParser({
-    onEvent: (event) => { ready.push(event) },
-    onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error },
-    maxBufferSize: options.maxBufferSize,
-  })
-  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
-  // stripped one would eat a second, which is data.
-  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
+  const feeder = sseFeeder((event) => { ready.push(event) }, options.maxBufferSize)
   const done: IteratorResult<SSEEvent> = { value: undefined, done: true }
   async function fill(): Promise<IteratorResult<SSEEvent>> {
     while (head >= ready.length) {
       ready.length = 0; head = 0
       if (ended) return done
       const chunk = await pull.next()
-      if (chunk === undefined) { ended = true; parser.feed(decoder.decode()) }
-      else parser.feed(typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
-      if (overflow) { ended = true; await pull.close(); throw overflow }
+      if (chunk === undefined) ended = true
+      try { feeder.feed(chunk) } catch (err) { ended = true; await pull.close(); throw err }
     }
     return { value: ready[head++], done: false }
   }
@@ -2868,6 +2880,51 @@ export function parseSSE(
       return done
     },
     [Symbol.asyncIterator]() { return this },
+  }
+}
+
+/**
+ * The callback form of {@link parseSSE}, for hot paths such as the provider adapter: reads
+ * `source` chunk by chunk and calls `onEvent` synchronously for every event of each chunk (no
+ * promise per event). `onEvent` returning `false` stops: later events are not delivered and the
+ * source is cancelled. `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings).
+ * Resolves when the source ends or is stopped; rejects with what `onEvent` or the source threw,
+ * or with `SSEParseError` (`max-buffer-size-exceeded`, limit in UTF-16 units).
+ */
+export async function pumpSSE(
+  source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
+  onEvent: (event: SSEEvent) => boolean | void,
+  options: { maxBufferSize?: number; onChunk?: (size: number) => void } = {},
+): Promise<void> {
+  const pull = chunkPuller(source)
+  let stopped = false
+  const feeder = sseFeeder((event) => { if (!stopped && onEvent(event) === false) stopped = true }, options.maxBufferSize)
+  try {
+    while (!stopped) {
+      const chunk = await pull.next()
+      if (chunk !== undefined) options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
+      feeder.feed(chunk)
+      if (chunk === undefined) return
+    }
+  } finally { await pull.close() }
+}
+
+/**
+ * The decoding glue shared by {@link parseSSE} and {@link pumpSSE}: `feed(chunk)` decodes bytes
+ * with one streaming UTF-8 decoder (strings are taken as decoded) and parses; `feed(undefined)`
+ * ends the stream. Throws the parser's `max-buffer-size-exceeded` error from `feed`.
+ */
+function sseFeeder(onEvent: (event: SSEEvent) => void, maxBufferSize: number | undefined): { feed(chunk: Uint8Array | string | undefined): void } {
+  let overflow: SSEParseError | undefined
+  const parser = createSSEParser({ onEvent, onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error }, maxBufferSize })
+  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
+  // stripped one would eat a second, which is data.
+  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
+  return {
+    feed(chunk) {
+      parser.feed(chunk === undefined ? decoder.decode() : typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
+      if (overflow) throw overflow
+    },
   }
 }
 
@@ -3276,7 +3333,8 @@ export interface OpenAICompatibleOptions {
   fetch?: (input: string, init: RequestInit) => Promise<Response>
   /** An attempt with no progress (headers or a data event; keep-alive comments do not count) for this long fails as TIMEOUT. Default 300,000. */
   idleTimeoutMs?: number
-  /** Retries after the first attempt for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. Default 5. */
+  /** Retries after the first attempt for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. Default 5;
+   *  a refused connection or a failed DNS lookup gets at most 1. */
   maxRetries?: number
   /** First backoff delay; doubles per retry. Default 500. */
   retryBaseMs?: number
@@ -3428,7 +3486,7 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * estimate; with a known window and no room left it throws CONTEXT_WINDOW_EXCEEDED before sending.
  *
  * Failures are {@link ProviderError}s. RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT and EMPTY_RESPONSE
- * are retried (`maxRetries`, exponential backoff with ±10% jitter, `Retry-After` honoured up to
+ * are retried (`maxRetries`; a refused connection or failed DNS lookup at most once; exponential backoff with ±10% jitter, `Retry-After` honoured up to
  * `retryMaxMs`, a `{type:'retry'}` event before each wait), but never once output was streamed —
  * then the error carries `partial` (text and reasoning so far, `interrupted: true`; tool calls
  * are dropped since their arguments may be cut). A "request too large for the per-minute
@@ -3481,6 +3539,17 @@ function makeProvider(cfg: AdapterConfig): Provider {
     ...(cfg.prices ? { prices: cfg.prices } : {}),
     complete: (request) => completeWithRetries(cfg, request),
   }
+}
+
+/** A TRANSPORT error that is a refused connection or a failed DNS lookup (by the cause's code or wording). */
+function isConnectFailure(error: ProviderError): boolean {
+  if (error.code !== 'TRANSPORT') return false
+  let e: unknown = error.cause
+  for (let depth = 0; e !== null && typeof e === 'object' && depth < 4; depth++, e = (e as { cause?: unknown }).cause) {
+    const { code, message } = e as { code?: unknown; message?: unknown }
+    if ((typeof code === 'string' && CONNECT_FAILURE_CODES.has(code)) || CONNECT_FAILURE_RE.test(String(message ?? ''))) return true
+  }
+  return false
 }
 
 /** Errors never retried: raised after output was streamed (a retry would show the caller a second
@@ -3580,12 +3649,13 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
       error = e
     }
     const retryable = RETRYABLE.has(error.code) && !notRetried.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
-    if (!retryable || retry >= cfg.maxRetries) throw error
+    const maxRetries = isConnectFailure(error) ? Math.min(cfg.maxRetries, CONNECT_FAILURE_RETRIES) : cfg.maxRetries
+    if (!retryable || retry >= maxRetries) throw error
     const delayMs = error.retryAfterMs !== undefined
       ? Math.min(error.retryAfterMs, cfg.retryMaxMs)
       : Math.round(Math.min(cfg.retryMaxMs, cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
     if (deadlineAt !== undefined && Date.now() + delayMs >= deadlineAt) throw error // no retry could start before the deadline
-    request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error })
+    request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error, maxRetries })
     try { await cfg.sleep(delayMs, signal) } catch (e) { if (signal?.aborted) throw aborted(); throw e }
     if (signal?.aborted) throw aborted()
   }
@@ -3813,10 +3883,16 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   let pastDeadline = false
   const deadline = deadlineAt === undefined ? undefined
     : setTimeout(() => { pastDeadline = true; controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`)) }, Math.max(0, deadlineAt - Date.now()))
+  // One idle timer per request: progress only records the time; the timer, when it fires, aborts
+  // if nothing came for idleTimeoutMs, else sleeps for the rest (re-arming per event cost ~12%).
   let timer: ReturnType<typeof setTimeout> | undefined
-  const progress = (): void => {
-    if (timer !== undefined) clearTimeout(timer)
-    timer = setTimeout(() => { timedOut = true; controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`)) }, cfg.idleTimeoutMs)
+  let lastProgressAt = Date.now()
+  const progress = (): void => { lastProgressAt = Date.now() }
+  const idleCheck = (): void => {
+    const idleMs = Date.now() - lastProgressAt
+    if (idleMs < cfg.idleTimeoutMs) { timer = setTimeout(idleCheck, cfg.idleTimeoutMs - idleMs); return }
+    timedOut = true
+    controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`))
   }
   const forwardAbort = (): void => controller.abort(signal?.reason)
   signal?.addEventListener('abort', forwardAbort, { once: true })
@@ -3826,7 +3902,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   }
   const acc = createAssembler(cfg, emit)
   let requestId: string | undefined
-  progress()
+  timer = setTimeout(idleCheck, cfg.idleTimeoutMs)
   try {
     const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
@@ -3851,17 +3927,16 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     let sawDone = false
     let sawData = false
     let bytes = 0
-    const counted = async function* (chunks: AsyncIterable<Uint8Array>) { for await (const c of chunks) { bytes += c.byteLength; yield c } }
-    for await (const event of parseSSE(counted(bodyChunks(response.body, controller.signal)), { maxBufferSize: SSE_MAX_BUFFER_UNITS })) {
+    await pumpSSE(bodyChunks(response.body, controller.signal), (event) => {
       if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
-      if (event.event !== 'message') continue
+      if (event.event !== 'message') return
       sawData = true
       const data = event.data.trim()
-      if (data === '' || data[0] === ':') continue // a relay's keep-alive inside a data line: not progress
+      if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
       progress()
-      if (data === '[DONE]') { sawDone = true; break }
+      if (data === '[DONE]') { sawDone = true; return false }
       for (const obj of parseChunkData(cfg, data, requestId)) acc.chunk(obj, requestId, data)
-    }
+    }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
     const type = response.headers.get('content-type')
     if (!sawData && bytes === 0 && type && !/event-stream/i.test(type)) {
       throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} with an empty ${type} body (model ${cfg.model}).`, { status: response.status, requestId })
@@ -5261,16 +5336,76 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
 // Web-standard code: the readers take the file's TEXT (never a path), so they run anywhere.
 // Formats as found in real files: docs/replay.md.
 
-/** The transcript formats `replay` reads (the CLI's `--format` values). */
-export type TranscriptFormat = 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
+/**
+ * One transcript format. Adding a format is one entry of {@link TRANSCRIPT_READERS}: the key is its
+ * name (the `format` option, the CLI's `--format NAME`); the format type, the accepted list in
+ * errors, detection and the CLI help all derive from the table.
+ */
+interface TranscriptReader {
+  /** What such a file is, for the help text and the accepted list. */
+  describe: string
+  /** What detection looks for in a JSON document / in JSONL, for the error when no format matches. */
+  looksFor: { json?: string; jsonl?: string }
+  /** Whether the parsed text is this format. */
+  detect(parsed: ParsedTranscript): boolean
+  /** Reads it; throws {@link TranscriptError} (line / field) for a file that breaks the format. */
+  read(parsed: ParsedTranscript, options: ReadTranscriptOptions): Transcript
+}
 
-/** Every {@link TranscriptFormat}, in the order detection and error messages list them. */
-export const TRANSCRIPT_FORMATS: readonly TranscriptFormat[] = ['dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+/**
+ * The transcript readers, in DETECTION order: the first entry whose `detect` says yes reads the
+ * file, so more specific shapes come first (mini-swe-agent's `messages` before openai's).
+ */
+const TRANSCRIPT_READERS = {
+  'mini-swe-agent': {
+    describe: 'mini-swe-agent trajectory (.traj.json, "trajectory_format": "mini-swe-agent-1")',
+    looksFor: { json: 'an object with "trajectory_format": "mini-swe-agent…", or with "messages" and "info.mini_version"' },
+    detect: (p) => p.kind === 'json' && isJsonRecord(p.value) && ((typeof p.value.trajectory_format === 'string' && p.value.trajectory_format.startsWith('mini-swe-agent')) ||
+      (Array.isArray(p.value.messages) && isJsonRecord(p.value.info) && 'mini_version' in p.value.info)),
+    read: (p) => readMiniSweAgent(p),
+  },
+  'swe-agent': {
+    describe: 'SWE-agent trajectory (.traj with "history")',
+    looksFor: { json: 'an object with "history"' },
+    detect: (p) => p.kind === 'json' && isJsonRecord(p.value) && Array.isArray(p.value.history),
+    read: (p) => readSweAgent(p),
+  },
+  openai: {
+    describe: 'OpenAI-style chat messages ([...messages] or {"messages": [...]})',
+    looksFor: { json: 'an array of messages, or an object with "messages"' },
+    detect: (p) => p.kind === 'json' && (Array.isArray(p.value) || (isJsonRecord(p.value) && Array.isArray(p.value.messages))),
+    read: (p) => readOpenAITranscript(p),
+  },
+  dsh: {
+    describe: 'dsh session log (JSONL of {seq, type, time, data})',
+    looksFor: { json: 'one dsh event {seq, type, time, data}', jsonl: 'a first line that is a dsh event {seq, type, time, data}' },
+    detect: (p) => (p.kind === 'jsonl' ? isDshEvent(p.lines[0].value) : isJsonRecord(p.value) && isDshEvent(p.value)),
+    read: (p) => readDshLog(p),
+  },
+  'claude-code': {
+    describe: 'Claude Code session (.jsonl)',
+    looksFor: { json: 'one Claude Code entry {type, uuid or sessionId, message}', jsonl: 'Claude Code entries {type, uuid or sessionId, message} among the first 50 lines' },
+    detect: (p) => (p.kind === 'jsonl' ? p.lines.slice(0, 50).some((l) => isClaudeCodeLine(l.value)) : isJsonRecord(p.value) && isClaudeCodeLine(p.value)),
+    read: (p, options) => readClaudeCode(p, options.sidechains === true),
+  },
+} satisfies Record<string, TranscriptReader>
 
-const ACCEPTED_FORMATS = 'Accepted formats: dsh (session log, JSONL of {seq, type, time, data}), openai ([...messages] ' +
-  'or {"messages": [...]}), claude-code (Claude Code session .jsonl), swe-agent (SWE-agent .traj with "history"), ' +
-  'mini-swe-agent (.traj.json with "trajectory_format": "mini-swe-agent-1"); force one with the `format` option ' +
-  '(CLI: --format NAME).'
+/** The transcript formats `replay` reads (the CLI's `--format` values): the names of {@link TRANSCRIPT_READERS}. */
+export type TranscriptFormat = keyof typeof TRANSCRIPT_READERS
+
+/** Every {@link TranscriptFormat}, in the order detection tries them and messages list them. */
+export const TRANSCRIPT_FORMATS: readonly TranscriptFormat[] = /* @__PURE__ */ Object.keys(TRANSCRIPT_READERS) as TranscriptFormat[]
+
+const isTranscriptFormat = (name: unknown): name is TranscriptFormat => typeof name === 'string' && Object.hasOwn(TRANSCRIPT_READERS, name)
+
+/** One line per format (`name  description`), for the CLI help. */
+function describeTranscriptFormats(indent = ''): string {
+  const width = TRANSCRIPT_FORMATS.reduce((w, f) => Math.max(w, f.length), 0)
+  return TRANSCRIPT_FORMATS.map((f) => `${indent}${f.padEnd(width)}  ${TRANSCRIPT_READERS[f].describe}`).join('\n')
+}
+
+const acceptedFormats = (): string =>
+  `Accepted formats: ${TRANSCRIPT_FORMATS.map((f) => `${f} (${TRANSCRIPT_READERS[f].describe})`).join(', ')}; force one with the \`format\` option (CLI: --format NAME).`
 
 /**
  * A recorded session as provider-neutral messages.
@@ -5318,7 +5453,7 @@ export class TranscriptError extends Error {
   constructor(problem: string, at: { line?: number; field?: string } = {}) {
     const where = [at.line === undefined ? '' : `line ${at.line}`, at.field === undefined ? '' : `field ${at.field}`]
       .filter(Boolean).join(', ')
-    super(`${where ? `${where}: ` : ''}${problem}. ${ACCEPTED_FORMATS}`)
+    super(`${where ? `${where}: ` : ''}${problem}. ${acceptedFormats()}`)
     this.name = 'TranscriptError'
     this.line = at.line
     this.field = at.field
@@ -5374,21 +5509,13 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  * @throws {TranscriptError} for text that is no transcript or breaks its format (line / field given).
  */
 export function readTranscript(text: string, options: ReadTranscriptOptions = {}): Transcript {
-  if (options.format !== undefined && !TRANSCRIPT_FORMATS.includes(options.format)) {
+  if (options.format !== undefined && !isTranscriptFormat(options.format)) {
     throw new TranscriptError(`unknown format ${JSON.stringify(options.format)}`, { field: 'format' })
   }
   const parsed = parseTranscriptText(text)
   const format = options.format ?? detectParsed(parsed)
-  const notes = [...parsed.notes]
-  let transcript: Transcript
-  switch (format) {
-    case 'openai': transcript = readOpenAITranscript(parsed); break
-    case 'mini-swe-agent': transcript = readMiniSweAgent(parsed); break
-    case 'swe-agent': transcript = readSweAgent(parsed); break
-    case 'claude-code': transcript = readClaudeCode(parsed, options.sidechains === true); break
-    case 'dsh': transcript = readDshLog(parsed); break
-  }
-  transcript.notes.unshift(...notes)
+  const transcript = TRANSCRIPT_READERS[format].read(parsed, options)
+  transcript.notes.unshift(...parsed.notes)
   return transcript
 }
 
@@ -5458,24 +5585,22 @@ function parseJsonl(text: string): ParsedTranscript {
   return { kind: 'jsonl', lines, notes }
 }
 
+/** The first format of {@link TRANSCRIPT_READERS} that detects the text; else an error listing what each looks for. */
 function detectParsed(parsed: ParsedTranscript): TranscriptFormat {
+  const format = TRANSCRIPT_FORMATS.find((f) => TRANSCRIPT_READERS[f].detect(parsed))
+  if (format !== undefined) return format
+  const container = parsed.kind
+  const wanted = TRANSCRIPT_FORMATS.flatMap((f) => {
+    const looksFor = (TRANSCRIPT_READERS[f].looksFor as TranscriptReader['looksFor'])[container]
+    return looksFor === undefined ? [] : [`${f}: ${looksFor}`]
+  }).join('; ')
   if (parsed.kind === 'jsonl') {
     const [head] = parsed.lines
-    if (isDshEvent(head.value)) return 'dsh'
-    if (parsed.lines.slice(0, 50).some(l => isClaudeCodeLine(l.value))) return 'claude-code'
-    throw new TranscriptError(`JSONL whose first line is neither a dsh event {seq, type, time, data} nor a Claude Code ` +
-      `entry {type, uuid, sessionId, message}; its keys are ${jsonKeyList(head.value)}`, { line: head.line })
+    throw new TranscriptError(`JSONL that matches no format (${wanted}); its first line's keys are ${jsonKeyList(head.value)}`, { line: head.line })
   }
   const v = parsed.value
-  if (Array.isArray(v)) return 'openai'
   if (!isJsonRecord(v)) throw new TranscriptError(`a JSON ${jsonTypeName(v)} is not a transcript`)
-  if (typeof v.trajectory_format === 'string' && v.trajectory_format.startsWith('mini-swe-agent')) return 'mini-swe-agent'
-  if (Array.isArray(v.messages) && isJsonRecord(v.info) && 'mini_version' in v.info) return 'mini-swe-agent'
-  if (Array.isArray(v.history)) return 'swe-agent'
-  if (Array.isArray(v.messages)) return 'openai'
-  if (isDshEvent(v)) return 'dsh'
-  if (isClaudeCodeLine(v)) return 'claude-code'
-  throw new TranscriptError(`a JSON object without "messages", "history" or "trajectory_format"; its keys are ${jsonKeyList(v)}`)
+  throw new TranscriptError(`a JSON object that matches no format (${wanted}); its keys are ${jsonKeyList(v)}`)
 }
 
 function isDshEvent(v: TranscriptRecord): boolean {
@@ -6904,8 +7029,8 @@ export const CLI_DEFAULTS = /* @__PURE__ */ Object.freeze({
 })
 
 /** Transcript formats `replay --format` accepts (docs/replay.md). `auto` detects. */
-export type CliReplayFormat = 'auto' | 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
-const CLI_REPLAY_FORMATS: readonly CliReplayFormat[] = ['auto', 'dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+export type CliReplayFormat = 'auto' | TranscriptFormat
+const cliReplayFormats = (): readonly CliReplayFormat[] => ['auto', ...TRANSCRIPT_FORMATS]
 
 /** A bad command line or missing configuration. The CLI prints `message` (one line) and exits with `exitCode` 2. */
 export class UsageError extends Error {
@@ -6951,6 +7076,12 @@ export interface CliRunOptions extends CliModelOptions {
   prices?: Prices
   /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
   shellEnv?: string[]
+  /** `--no-shell`: never offer the shell tool and do not ask (wins over a remembered answer). */
+  noShell: boolean
+  /** `--max-steps N`: provider calls per turn before the turn ends with reason `max-steps` (default 200). */
+  maxSteps?: number
+  /** `-C DIR` / `--cwd DIR`: the project to work on, as if dsh were started there (path as given). */
+  cwd?: string
 }
 
 /** `dsh replay FILE`: run a recorded session through the meter and the ladder offline. */
@@ -6970,6 +7101,8 @@ export interface CliReplayOptions {
   format: CliReplayFormat
   /** `--sidechains`: Claude Code, also replay each Task-subagent run (its own window) after the main chain. */
   sidechains: boolean
+  /** `-C DIR` / `--cwd DIR`: resolve FILE from DIR, as if dsh were started there. */
+  cwd?: string
   /** Present when `--base-url`, `--model` or `--api-key-env` asks for real summary calls; absent:
    *  summaries are simulated at `summaryTokens` (a key in the environment alone never costs money). */
   summarizer?: CliModelOptions
@@ -6993,6 +7126,9 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--json': { commands: ['run', 'replay'] },
   '--allow-shell': { commands: ['run'] },
   '--shell-env': { value: 'NAME', commands: ['run'] },
+  '--no-shell': { commands: ['run'] },
+  '--max-steps': { value: 'N', commands: ['run'] },
+  '--cwd': { value: 'DIR', commands: ['run', 'replay'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
   '--sidechains': { commands: ['replay'] },
@@ -7000,7 +7136,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--help': { commands: ['run', 'replay'] },
   '--version': { commands: ['run', 'replay'] },
 }
-const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help' }
+const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help', '-C': '--cwd' }
 
 /** The `--help` text (docs/design.md §8). A function, so that nothing is computed at load time. */
 export function cliHelp(): string {
@@ -7026,29 +7162,48 @@ Options
                          always clamped to the room left in the window)
   --session FILE         keep the session in FILE (JSONL); resumes it when FILE exists
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
+  --max-steps N          provider calls per turn before the turn stops (default 200); a turn
+                         that stops there without an answer exits 1
+  -C, --cwd DIR          work on the project in DIR, as if dsh were started there (the tools,
+                         a relative --session FILE and replay FILE are in DIR)
   --prices P             prices for the cost shown: a DeepSeek model (e.g. deepseek-v4-pro) or
                          HIT,MISS,OUTPUT in USD per million tokens (e.g. 0.003,0.15,0.6);
                          default: DeepSeek's for its models, else none (cost shown as unknown)
-  --json                 print every event as one JSON object per line on stdout
+  --json                 print every log event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
+  --no-shell             never offer shell commands, and do not ask (interactive mode asks once
+                         per directory and remembers the answer in $XDG_CONFIG_HOME/dsh/shell.json,
+                         else ~/.config/dsh/shell.json)
   --shell-env NAME       give shell commands this variable although its name looks secret
                          (KEY, TOKEN, SECRET, PASSWORD); repeatable. The API key never is.
   -h, --help             show this help
   --version              print the version
 
-The model gets these tools: read_file, list_files, grep, write_file, edit_file (all limited to
-the working directory) and, with --allow-shell, shell. Interactive commands: /compact, /usage,
-/help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
+The model gets these tools: read_file, list_files, grep, write_file, edit_file (their paths are
+limited to the working directory) and, with --allow-shell or an interactive yes, shell (which is
+not: a command can reach anything you can). Interactive commands: /compact, /usage, /help, /exit;
+Ctrl-C cancels the running turn, a second Ctrl-C exits.
+
+Status lines (stderr)
+  ▸ read_file src/a.ts (2,340 tokens)    a tool ran; its result takes 2,340 tokens of context
+  ▸ shell npm test → exit 1              a command and its exit code (errors: their first line)
+  [dsh] pruned read_file big.log: 16,549 → 1,298 tokens (15,251 saved)
+                                         a context edit: what was cut and the tokens it saved
+  [dsh] context 12,034 / 128,000 tokens (9.4%) ~
+                                         occupancy after each step (on a terminal); a trailing ~
+                                         means the figure is dsh's estimate (chars/4), not yet
+                                         anchored on the token count the provider reported
 
 Replay: npx tsx dsh.ts replay FILE [options]
-  Runs a recorded session (a dsh log, an OpenAI-style message array, a Claude Code session
-  JSONL, a SWE-agent or mini-swe-agent trajectory) through the meter and the ladder and prints,
-  per step, tokens before and after, the rung taken and tokens reclaimed, then totals.
+  Runs a recorded session through the real agent loop (recorded answers and tool results, the
+  meter and the ladder live) and prints, per step, tokens before and after, the rung taken and
+  tokens reclaimed, then totals. Formats (detected in this order):
+${describeTranscriptFormats('    ')}
   --context-window N     window to simulate, in tokens
   --threshold R          as above (default ${CLI_DEFAULTS.threshold})
   --summary-tokens N     size of a simulated summary, in tokens (default ${CLI_DEFAULTS.summaryTokens})
   --prices P             price the totals with P (as above, off-peak; default deepseek-flash)
-  --format F             force a format: ${CLI_REPLAY_FORMATS.slice(1).join(', ')}
+  --format F             force a format: ${TRANSCRIPT_FORMATS.join(', ')}
                          (default auto: detected from the file)
   --sidechains           Claude Code: also replay each Task-subagent run (sidechain), each in
                          its own window, after the main chain (default: skipped, counted in a note)
@@ -7220,6 +7375,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
 
   const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
+  const cwd = flags.get('--cwd')
+  if (cwd === '') throw new UsageError('-C/--cwd needs a directory, e.g. -C ../my-project')
   const threshold = flags.has('--threshold') ? parseThreshold(flags.get('--threshold')!) : CLI_DEFAULTS.threshold
   const json = flags.has('--json')
   const prices = flags.has('--prices') ? parsePrices(flags.get('--prices')!) : undefined
@@ -7229,10 +7386,10 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (positionals.length > 1) throw new UsageError(`replay takes one FILE, got ${positionals.length} (${positionals.map((p) => JSON.stringify(p)).join(', ')})`)
     const summaryTokens = flags.has('--summary-tokens') ? parsePositiveInt('--summary-tokens', flags.get('--summary-tokens')!, 'tokens', '2000') : CLI_DEFAULTS.summaryTokens
     const format = (flags.get('--format') ?? 'auto') as CliReplayFormat
-    if (!CLI_REPLAY_FORMATS.includes(format)) throw new UsageError(`--format must be one of ${CLI_REPLAY_FORMATS.join(', ')}, got ${JSON.stringify(format)}`)
+    if (!cliReplayFormats().includes(format)) throw new UsageError(`--format must be one of ${cliReplayFormats().join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
-      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(prices ? { prices } : {}),
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
       ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
     }
   }
@@ -7252,6 +7409,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
   const session = flags.get('--session')
   if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
+  if (flags.has('--allow-shell') && flags.has('--no-shell')) throw new UsageError('--allow-shell and --no-shell contradict each other; give one')
+  const maxSteps = flags.has('--max-steps') ? parsePositiveInt('--max-steps', flags.get('--max-steps')!, 'provider calls per turn', '50') : undefined
   const model = resolveModelOptions(flags, env)
   const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
   for (const name of shellEnv ?? []) {
@@ -7260,7 +7419,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
   return {
     command, ...model, prompt, print: printed !== undefined,
-    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), ...(shellEnv ? { shellEnv } : {}), ...(prices ? { prices } : {}),
+    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
+    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
   }
 }
 
@@ -7325,12 +7485,25 @@ export const CLI_SYSTEM_PROMPT = /* @__PURE__ */ [
   'When you are done, answer with a short summary for the user and stop calling tools.',
 ].join('\n')
 
+type NodeStream = { write(s: string): boolean; isTTY?: boolean; on?(event: string, fn: (...a: any[]) => void): unknown }
 type NodeProcess = {
   argv: string[]; env: Record<string, string | undefined>; cwd(): string; exitCode?: number
-  stdin: any; stdout: { write(s: string): boolean; isTTY?: boolean }; stderr: { write(s: string): boolean; isTTY?: boolean }
+  stdin: any; stdout: NodeStream; stderr: NodeStream
   on(event: string, fn: (...a: any[]) => void): unknown; off(event: string, fn: (...a: any[]) => void): unknown
 }
 
+// ── terminal output: a closed reader, status and activity lines ──
+
+/** The CLI's output streams, safe against a reader that went away (`dsh … | head -1`, `| true`). */
+interface CliOutput extends CliIO {
+  /** True once stdout's reader closed (EPIPE): nothing more is written there. */
+  readonly stdoutClosed: boolean
+  /** Called once when stdout's reader closes (the CLI cancels the running turn: nobody reads its output). */
+  onStdoutClosed?: () => void
+  /** Writes dsh's own terminal escapes (colour, line clearing) to stderr as they are: the caller
+   *  strips whatever model or server text it puts inside. */
+  stderrRaw(text: string): void
+}
 
 /**
  * Terminal control sequences and control characters, as text from a model or a server may carry
@@ -7358,53 +7531,205 @@ function jsonLine(value: unknown): string {
 }
 
 /**
- * Turns agent events into terminal output on stderr: one line for each prune, compaction, overflow
- * recovery, provider retry and warning; after each step, on a TTY only, the context occupancy
- * `tokens / window (pct)`. Colour (dim) only on a TTY and without `NO_COLOR`.
+ * Wraps the process's stdout and stderr. Everything printed through `stdout` and `stderr` may hold
+ * model or server text, so it is stripped of terminal controls (docs/design.md §13); `stderrRaw`
+ * is for dsh's own escapes. An error on either stream (EPIPE when the reader closed, or any other
+ * write error) is not thrown as an unhandled `error` event; writes to a closed stream are dropped.
+ * A closed stdout calls `onStdoutClosed` once.
  */
-export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean): (e: AgentEvent) => void {
+function cliOutput(p: NodeProcess): CliOutput {
+  let stdoutClosed = false, stderrClosed = false
+  const out: CliOutput = {
+    get stdoutClosed() { return stdoutClosed },
+    stdout: (text) => { if (!stdoutClosed) p.stdout.write(stripControls(text)) },
+    stderr: (text) => { if (!stderrClosed) p.stderr.write(stripControls(text)) },
+    stderrRaw: (text) => { if (!stderrClosed) p.stderr.write(text) },
+  }
+  p.stdout.on?.('error', () => {
+    if (stdoutClosed) return
+    stdoutClosed = true
+    out.onStdoutClosed?.()
+  })
+  p.stderr.on?.('error', () => { stderrClosed = true })
+  return out
+}
+
+/** A context edit as the status line reports it: one prune, clear or compaction, with its tokens. */
+export interface ContextEdit {
+  /** The event that shadowed the content: `compaction/prune`, `compaction/clear`, `compaction/summary`, … */
+  event: SessionEvent
+  /** What the edit did, as a past-tense verb: `pruned`, `cleared`, `compacted`. */
+  verb: string
+  /** What was edited, e.g. `read_file big.txt` or `3 tool results (read_file a.ts, grep TODO, …)`. */
+  subject: string
+  /** Tokens of the shadowed content, and of what replaced it. */
+  tokensBefore: number
+  tokensAfter: number
+  /** Seq of the (last) event that replaced the content: the pruned or cleared `tool/result`, the checkpoint. */
+  replaceSeq: number
+}
+
+/** Options of {@link statusReporter}. */
+export interface StatusReporterOptions {
+  /** Text appended to the line of each context edit after ` · `; `undefined` or `''` for none.
+   *  Default: the edit's cache cost ({@link Agent.editCost}, docs/design.md §11). */
+  editNote?: (edit: ContextEdit, agent: Agent | undefined) => string | undefined
+  /** ms between redraws of the live "compacting…" indicator on a TTY. Default 250. */
+  indicatorIntervalMs?: number
+}
+
+/** Verbs of the shadowing events, by event type (`compaction/<rung>`); other rungs use the rung's name. */
+const EDIT_VERBS: Readonly<Record<string, string>> = { 'compaction/prune': 'pruned', 'compaction/clear': 'cleared', 'compaction/summary': 'compacted' }
+/** Arguments that name what a tool call works on, in the order the activity line shows them. */
+const ACTIVITY_ARGS = ['command', 'pattern', 'path', 'query', 'url', 'key']
+/** Code points of a tool call's subject shown in an activity line. */
+const ACTIVITY_SUBJECT_CODE_POINTS = 80
+/** Code points of an error's first line shown in an activity line. */
+const ACTIVITY_ERROR_CODE_POINTS = 160
+
+/** `read_file src/a.ts`: the tool's name and the arguments that say what it works on, on one line. */
+function toolSubject(name: string, rawArguments: string): string {
+  let args: unknown
+  try { args = JSON.parse(rawArguments) } catch { args = undefined }
+  let parts: string[] = []
+  if (args && typeof args === 'object' && !Array.isArray(args)) {
+    const record = args as Record<string, unknown>
+    parts = ACTIVITY_ARGS.filter((key) => typeof record[key] === 'string').map((key) => record[key] as string)
+    if (parts.length === 0) {
+      const first = Object.values(record).find((v) => typeof v === 'string' || typeof v === 'number')
+      if (first !== undefined) parts = [String(first)]
+    }
+  }
+  const text = parts.join(' ').replace(/\r?\n/g, '⏎').replace(/[\x00-\x1f\x7f-\x9f]/g, '')
+  const points = Array.from(text)
+  return points.length === 0 ? name : `${name} ${points.length > ACTIVITY_SUBJECT_CODE_POINTS ? points.slice(0, ACTIVITY_SUBJECT_CODE_POINTS - 1).join('') + '…' : text}`
+}
+
+/** What a tool result says about its outcome in a few words, for the activity line: `exit 1`,
+ *  or the first line of an error. `undefined` for a plain success. */
+function toolOutcome(result: ToolResultMessage): string | undefined {
+  const text = textOfBlocks(result.content)
+  const first = text.slice(0, 2 * ACTIVITY_ERROR_CODE_POINTS).split('\n')[0].replace(/[\x00-\x1f\x7f-\x9f]/g, '')
+  const exit = /^exit code (\d+)$/.exec(first) // the shell tool's status line
+  if (exit) return `exit ${exit[1]}`
+  if (!result.isError) return undefined
+  const points = Array.from(first)
+  return points.length > ACTIVITY_ERROR_CODE_POINTS ? points.slice(0, ACTIVITY_ERROR_CODE_POINTS - 1).join('') + '…' : first
+}
+
+/**
+ * Turns agent events into terminal output on stderr, each line starting `[dsh]` or `▸`:
+ * - `▸ read_file src/a.ts (2,340 tokens)` for each tool result (its size in the context), or
+ *   `▸ shell npm test → exit 1` / `▸ NAME ARGS → first line of the error`;
+ * - one line per context edit, derived from any `compaction/*` event that carries `shadowedSeqs`
+ *   and the replaces that follow it: `pruned read_file big.txt: 16,549 → 1,298 tokens (15,251
+ *   saved)` (plus {@link StatusReporterOptions.editNote});
+ * - failed compactions, overflow recoveries, provider retries (what is retried and why) and warnings;
+ * - on a TTY only: a live `compacting… 2.1 s` indicator while a summary runs, and after each step
+ *   the context occupancy `context 12,034 / 128,000 tokens (9.4%)`, with a trailing ` ~` while the
+ *   figure is the chars/4 estimate rather than anchored on provider-reported usage.
+ * Colour (dim) only on a TTY and without `NO_COLOR`.
+ */
+export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean, options: StatusReporterOptions = {}): (e: AgentEvent) => void {
   const paint = (s: string) => (color ? `\x1b[2m${s}\x1b[0m` : s)
-  const say = (s: string) => write(paint(`[dsh] ${stripControls(s)}`) + '\n') // server text inside, our colour around
-  let pruned: { seq: number; tokens: number } | undefined // a prune is reported with its replace, which carries the cache cost
-  let checkpointSeq: number | undefined
-  const editCost = (seq: number | undefined) => {
-    const c = seq === undefined ? undefined : agent()?.editCost(seq)
-    return c ? ` · ${describeEditCost(c)}` : ''
+  let live: { timer: ReturnType<typeof setInterval>; startedMs: number } | undefined
+  const clearLive = () => { if (live) write('\r\x1b[K') }
+  const say = (s: string) => { clearLive(); write(paint(stripControls(s)) + '\n') } // model or server text inside, our colour around
+  const stopLive = () => { if (live) { clearInterval(live.timer); clearLive(); live = undefined } }
+  const drawLive = () => { if (live) write('\r\x1b[K' + paint(`[dsh] compacting… ${((Date.now() - live.startedMs) / 1000).toFixed(1)} s`)) }
+  /** The tool call `callId` answers, from the assistant message on the surface (newest first: usually the last one). */
+  const callOf = (callId: string): ToolCallBlock | undefined => {
+    const nodes = agent()?.session.surface() ?? []
+    for (let i = nodes.length - 1; i >= 0; i--) {
+      const m = nodes[i].message
+      const block = m.role === 'assistant' ? m.content.find((b) => b.type === 'tool-call' && b.id === callId) as ToolCallBlock | undefined : undefined
+      if (block) return block
+    }
+    return undefined
+  }
+  const editNote = options.editNote ?? ((edit: ContextEdit, a: Agent | undefined) => {
+    const cost = a?.editCost(edit.replaceSeq)
+    return cost ? describeEditCost(cost) : undefined
+  })
+  let pending: { event: SessionEvent; seqs: number; subjects: string[]; replaced: number; tokensAfter: number; replaceSeq: number } | undefined
+  const finishEdit = () => {
+    const p = pending!
+    pending = undefined
+    const d = p.event.data as { shadowedSeqs: number[]; shadowedTokenCount: number }
+    const rung = p.event.type.slice('compaction/'.length)
+    const verb = EDIT_VERBS[p.event.type] ?? rung
+    const n = d.shadowedSeqs.length
+    const subject = p.event.type === 'compaction/summary' ? `${n} message${n === 1 ? '' : 's'} into a checkpoint`
+      : n === 1 ? p.subjects[0]
+      : `${n} tool results (${p.subjects.slice(0, 3).join(', ')}${n > 3 ? ', …' : ''})`
+    const edit: ContextEdit = { event: p.event, verb, subject, tokensBefore: d.shadowedTokenCount, tokensAfter: p.tokensAfter, replaceSeq: p.replaceSeq }
+    const note = editNote(edit, agent())
+    say(`[dsh] ${verb} ${subject}: ${groupDigits(edit.tokensBefore)} → ${groupDigits(edit.tokensAfter)} tokens (${groupDigits(edit.tokensBefore - edit.tokensAfter)} saved)${note ? ` · ${note}` : ''}`)
   }
   return (e) => {
     const a = agent()
-    if (e.type === 'warning') return say(`warning: ${e.message}`)
+    if (e.type === 'warning') return say(`[dsh] warning: ${e.message}`)
     if (e.type === 'stream') {
-      if (e.event.type === 'retry') say(`${e.event.error.code}${e.event.error.status ? ` (${e.event.error.status})` : ''}: retry ${e.event.attempt} in ${(e.event.delayMs / 1000).toFixed(1)} s`)
+      if (e.event.type === 'retry') {
+        const { attempt, delayMs, error, maxRetries } = e.event
+        say(`[dsh] retry ${attempt}${maxRetries ? ` of ${maxRetries}` : ''} in ${(delayMs / 1000).toFixed(1)} s: ${error.message.split('\n')[0]}`)
+      }
       return
     }
     const ev = e.event
     const d = ev.data as any
+    // A context edit: the shadowing event, then the replace(s) that cover its seqs.
+    if (ev.type.startsWith('compaction/') && Array.isArray(d.shadowedSeqs) && d.shadowedSeqs.length > 0) {
+      if (pending) finishEdit()
+      const subjects = (d.shadowedSeqs as number[]).map((seq) => {
+        const message = a?.session.node(seq)?.message
+        const call = message?.role === 'tool' ? callOf(message.toolCallId) : undefined
+        return call ? toolSubject(call.name, call.arguments) : `seq ${seq}`
+      })
+      pending = { event: ev, seqs: d.shadowedSeqs.length, subjects, replaced: 0, tokensAfter: 0, replaceSeq: ev.seq }
+      return
+    }
+    if (pending && d?.surfaceOp?.op === 'replace') {
+      pending.replaced += d.surfaceOp.end - d.surfaceOp.start + 1
+      pending.tokensAfter += a?.session.node(ev.seq)?.tokens ?? 0
+      pending.replaceSeq = ev.seq
+      if (pending.replaced >= pending.seqs) finishEdit()
+      return
+    }
+    if (pending) finishEdit()
     switch (ev.type) {
-      case 'compaction/prune': pruned = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; return
       case 'tool/result': {
-        const p = pruned
-        pruned = undefined
-        if (p && d.surfaceOp?.op === 'replace') say(`pruned tool result #${p.seq} (${groupDigits(p.tokens)} tokens)${editCost(ev.seq)}`)
+        const message = d.message as ToolResultMessage
+        const call = callOf(message.toolCallId)
+        const outcome = toolOutcome(message)
+        const tokens = a?.session.node(ev.seq)?.tokens
+        const size = tokens === undefined ? '' : ` (${groupDigits(tokens)} tokens)`
+        return say(`▸ ${call ? toolSubject(call.name, call.arguments) : `tool call ${message.toolCallId}`}${outcome ? ` → ${outcome}` : ''}${outcome && message.isError ? '' : size}`)
+      }
+      case 'compaction/start':
+        if (tty && !live) { live = { timer: setInterval(drawLive, options.indicatorIntervalMs ?? 250), startedMs: Date.now() }; (live.timer as any).unref?.(); drawLive() }
         return
-      }
-      case 'user/message': if (d.compactionId !== undefined) checkpointSeq = ev.seq; return
-      case 'compaction/end': {
-        const seq = checkpointSeq
-        checkpointSeq = undefined
-        return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${groupDigits(d.tokensBefore)} → ${groupDigits(d.tokensAfter)} tokens${editCost(seq)}`)
-      }
-      case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
-      case 'step/retry': return say(`the stream broke after output (${d.code}); the partial answer is kept, retrying the step once`)
+      case 'compaction/end':
+        stopLive()
+        // A success was reported with its compaction/summary; a cancellation by whoever cancelled (one line).
+        return d.error && d.error !== 'aborted' ? say(`[dsh] compaction failed: ${d.error}`) : undefined
+      case 'recovery/retry': return say(`[dsh] context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
+      case 'step/retry': return say(`[dsh] the stream broke after output (${d.code}); the partial answer is kept, retrying the step once`)
       // Other provider errors end the turn and are reported once, by the caller's last line.
-      case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
+      case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`[dsh] context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
+      case 'turn/end': stopLive(); return
       case 'step/end': {
         if (!tty || !a) return
-        const m = a.session.measure(), w = a.contextWindow
-        return say(`context ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'} · ${describeSessionCost(a.usage())}`)
+        return say(`[dsh] ${occupancy(a)} · ${describeSessionCost(a.usage())}`)
       }
     }
   }
+}
+
+/** `context 12,034 / 128,000 tokens (9.4%)`, ` ~` appended while the figure is an estimate (not anchored on provider usage). */
+function occupancy(agent: Agent): string {
+  const m = agent.session.measure(), w = agent.contextWindow
+  return `context ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'}`
 }
 
 /** USD with the digits that matter for per-request amounts: `$1.23`, `$0.0123`, `$0.000123`. */
@@ -7454,60 +7779,148 @@ function costReport(u: SessionUsage): string[] {
   ]
 }
 
+/** `resumed s.jsonl: 3 turns, 12,034 tokens in context; last active 5 min ago: "fix the test"`, or
+ *  `undefined` when this open did not resume a session (a new one, or a turn already ran). */
+async function resumeLine(session: Session, name: string, nowMs: number): Promise<string | undefined> {
+  // Session.open appends session/resume and its repairs last: walk back to it (a few events).
+  let at = session.seq - 1
+  for (; at >= 0; at--) {
+    const e = await session.readEvent(at)
+    if (e.type === 'session/resume') break
+    if (e.type === 'turn/start' || e.type === 'session/start') return undefined
+  }
+  if (at <= 0) return undefined
+  const last = await session.readEvent(at - 1)
+  const input = session.surface().findLast((n) => n.message.role === 'user')
+  const text = input ? textOf(input.message).replace(/\s+/g, ' ').trim() : ''
+  const points = Array.from(text)
+  const quoted = text === '' ? '' : `: "${points.length > 60 ? points.slice(0, 59).join('') + '…' : text}"`
+  const turns = session.turn.turn
+  return `[dsh] resumed ${name}: ${turns} turn${turns === 1 ? '' : 's'}, ${groupDigits(session.measure().totalTokens)} tokens in context; last active ${agoText(nowMs - last.time)}${quoted}`
+}
+
+function textOf(message: Message): string {
+  return typeof message.content === 'string' ? message.content : textOfBlocks(message.content)
+}
+
+function agoText(ms: number): string {
+  const s = Math.max(0, Math.round(ms / 1000))
+  if (s < 60) return `${s} s ago`
+  if (s < 3600) return `${Math.round(s / 60)} min ago`
+  if (s < 86_400) return `${Math.round(s / 3600)} h ago`
+  return `${Math.round(s / 86_400)} days ago`
+}
+
+// ── the shell answer, remembered per working directory ──
+
+/** Where the CLI keeps its remembered answers: `$XDG_CONFIG_HOME/dsh/shell.json`, else `~/.config/dsh/shell.json`. */
+function cliConfigFile(env: Record<string, string | undefined>, name: string): string | undefined {
+  const base = env.XDG_CONFIG_HOME || (env.HOME ? `${env.HOME}/.config` : env.APPDATA)
+  return base ? `${base}/dsh/${name}` : undefined
+}
+
 /**
- * The CLI (docs/design.md §8). Returns the exit code: 0 done, 1 provider or tool failure, 2 usage error.
- * Node, Deno and Bun (node: modules loaded lazily). `argv` excludes the runtime and script.
+ * Whether the shell tool is offered. `--allow-shell` / `--no-shell` decide for this run; otherwise,
+ * interactively, the answer remembered for this directory, else the question (whose answer is
+ * remembered, outside the project, in {@link cliConfigFile}). One-shot runs without a flag: no shell.
+ */
+async function shellPermission(options: CliRunOptions, cwd: string, env: Record<string, string | undefined>, terminal: Terminal | undefined, io: CliIO): Promise<boolean> {
+  if (options.allowShell) return true
+  if (options.noShell || !terminal) return false
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  const file = cliConfigFile(env, 'shell.json')
+  let answers: Record<string, boolean> = {}
+  if (file) {
+    try {
+      const parsed = JSON.parse(await fs.readFile(file, 'utf8'))
+      if (parsed && typeof parsed === 'object' && !Array.isArray(parsed)) answers = parsed
+    } catch { /* none yet, or unreadable: ask */ }
+  }
+  const remembered = answers[cwd]
+  if (typeof remembered === 'boolean') {
+    io.stderr(`[dsh] shell commands ${remembered ? 'allowed' : 'not allowed'} in this directory (remembered in ${file}; --allow-shell or --no-shell decide for one run)\n`)
+    return remembered
+  }
+  const allowed = await terminal.askYesNo(`Allow the agent to run shell commands in ${cwd}? (remembered for this directory) [y/N] `)
+  if (file) {
+    try {
+      await fs.mkdir(file.slice(0, file.lastIndexOf('/')), { recursive: true })
+      const temp = `${file}.${Date.now()}.tmp`
+      await fs.writeFile(temp, JSON.stringify({ ...answers, [cwd]: allowed }, null, 2) + '\n')
+      await fs.rename(temp, file)
+    } catch (err) { io.stderr(`[dsh] could not remember the answer in ${file}: ${(err as Error).message}\n`) }
+  }
+  return allowed
+}
+
+// ── main ──
+
+/**
+ * The CLI (docs/design.md §8). Returns the exit code: 0 done, 1 provider or tool failure (or a turn
+ * that ended without an answer), 2 usage error. Node, Deno and Bun (node: modules loaded lazily).
+ * `argv` excludes the runtime and script. A closed stdout (`| head`) ends quietly with 0.
  */
 export async function main(argv: readonly string[], proc?: NodeProcess): Promise<number> {
   const p: NodeProcess = proc ?? (await importNode<any>('node:process')).default
-  // Everything printed through `io` may hold model or server text: stripped of terminal controls
-  // (docs/design.md §13). dsh's own colour goes straight to p.stderr (see `status` below).
-  const io: CliIO = { stdout: (t) => void p.stdout.write(stripControls(t)), stderr: (t) => void p.stderr.write(stripControls(t)) }
+  const io = cliOutput(p)
   const basics = runCliBasics(argv, p.env, io)
   if ('exitCode' in basics) return basics.exitCode
   const options = basics.options
-  if (options.command === 'replay') return await replayCommand(options, p, io)
+  const path = await importNode<typeof import('node:path')>('node:path')
+  const cwd = path.resolve(p.cwd(), options.cwd ?? '.')
+  if (options.cwd !== undefined) {
+    const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+    const stat = await fs.stat(cwd).catch((err: Error) => err)
+    if (stat instanceof Error || !stat.isDirectory()) {
+      io.stderr(`dsh: -C ${options.cwd}: ${stat instanceof Error ? `cannot use ${cwd} (${(stat as { code?: string }).code ?? stat.message})` : `${cwd} is not a directory`}; give the project's directory\n`)
+      return 2
+    }
+  }
+  if (options.command === 'replay') return await replayCommand({ ...options, file: path.resolve(cwd, options.file) }, p, io, options.file)
 
   const provider = options.baseURL === CLI_DEFAULTS.baseURL
     ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
     : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
   let session: Session
   try {
-    session = await Session.open(options.session ? new FileStore(options.session) : new MemoryStore())
+    session = await Session.open(options.session ? new FileStore(path.resolve(cwd, options.session)) : new MemoryStore())
   } catch (err) {
     // A corrupt log, a file of another format, a directory or an unwritable path: say which, exit 2.
     if (err instanceof SessionError) { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
     throw err
   }
   if (session.torn) io.stderr(`dsh: the session log's last line (line ${session.torn.line}, ${session.torn.bytes} bytes) was cut short by a crash; dropped and saved to ${session.torn.savedTo}\n`)
-  const cwd = p.cwd()
   const tty = !!p.stderr.isTTY
   const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
     for await (const e of session.readEvents(session.openedAtSeq)) io.stdout(jsonLine(e))
+  } else {
+    const resumed = await resumeLine(session, options.session!, Date.now())
+    if (resumed) io.stderr(resumed + '\n')
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
   const terminal = interactive ? await openTerminal(p) : undefined
-  let allowShell = options.allowShell
-  if (!allowShell && terminal) allowShell = await terminal.askYesNo('Allow the agent to run shell commands in this directory? [y/N] ')
+  const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
   const tools = await builtinTools({
     cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
     shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
   })
   let agent: Agent | undefined
-  // Interactive: the streamed answer has no final newline; end its line before a status line or the next prompt (which clears its line).
+  // The answer streams to stdout on a terminal (interactive, or -p on a TTY); it has no final newline:
+  // end its line before a status line or the next prompt (which clears its line).
+  const streamAnswer = interactive || (!!p.stdout.isTTY && !options.json)
   let midLine = false
   const endLine = () => { if (midLine) { io.stdout('\n'); midLine = false } }
-  const status = statusReporter(() => agent, (t) => { endLine(); p.stderr.write(t) }, tty, tty && !p.env.NO_COLOR)
+  const status = statusReporter(() => agent, (t) => { endLine(); io.stderrRaw(t) }, tty, tty && !p.env.NO_COLOR)
   const onEvent = (e: AgentEvent) => {
     if (options.json) { if (e.type === 'log') io.stdout(jsonLine(e.event)); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
-    if (interactive && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
+    if (streamAnswer && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
     status(e)
   }
   agent = new Agent({
     session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), contextWindow: options.contextWindow,
-    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent,
+    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent, maxSteps: options.maxSteps,
   })
 
   let prompt = options.prompt
@@ -7516,7 +7929,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     if (!prompt.trim()) { io.stderr('dsh: no prompt: pass one as an argument or with -p "…", pipe it on stdin, or run in a terminal for interactive mode\n'); return 2 }
   }
   try {
-    if (!interactive) return await oneTurn(agent, prompt!, p, io, options.json)
+    if (!interactive) return await oneTurn(agent, prompt!, p, io, { json: options.json, streamed: streamAnswer, endLine })
     return await interactiveLoop(agent, terminal!, io, endLine)
   } finally {
     await session.sync().catch(() => {})
@@ -7524,24 +7937,38 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   }
 }
 
-/** Runs one turn; the first Ctrl-C cancels it, a second exits (130). */
-async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliIO, json: boolean): Promise<number> {
+/** Why a turn gave no usable answer, in one line, or `undefined` when it did (DESIGN.md §8 exit codes). */
+function turnProblem(agent: Agent, result: TurnResult): string | undefined {
+  if (result.reason === 'max-steps') return `the turn stopped at the step limit (${agent.maxSteps} steps, --max-steps) without a final answer; raise --max-steps, or continue with --session FILE`
+  if (result.reason === 'length') return `the answer was cut at the completion budget (finish reason "length"); raise --max-tokens`
+  if (result.reason === 'stop' && result.text.trim() === '') return 'the model ended the turn without an answer (its last message has no text)'
+  if (result.reason !== 'stop' && result.reason !== 'aborted') return `the turn ended with reason "${result.reason}"`
+  return undefined
+}
+
+/** Runs one turn; the first Ctrl-C cancels it, a second exits (130). A closed stdout cancels it too and exits 0. */
+async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliOutput, how: { json: boolean; streamed: boolean; endLine: () => void }): Promise<number> {
   const ctrl = new AbortController()
   const onSigint = () => {
-    if (ctrl.signal.aborted) { p.stderr.write('\n[dsh] interrupted twice: exiting\n'); (p as any).exit(130) }
-    ctrl.abort(); p.stderr.write('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n')
+    if (ctrl.signal.aborted) { io.stderr('\n[dsh] interrupted twice: exiting\n'); (p as any).exit(130) }
+    ctrl.abort(); io.stderr('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n')
   }
   p.on('SIGINT', onSigint)
+  io.onStdoutClosed = () => ctrl.abort() // nobody reads the answer: stop spending on it
   try {
     const result = await agent.run(prompt, { signal: ctrl.signal })
-    if (!json) io.stdout(result.text.endsWith('\n') || result.text === '' ? result.text : result.text + '\n')
+    if (io.stdoutClosed) return 0
+    const problem = turnProblem(agent, result)
+    if (how.streamed) how.endLine()
+    else if (!how.json && result.reason !== 'max-steps') io.stdout(result.text.endsWith('\n') || result.text === '' ? result.text : result.text + '\n')
     if (result.reason === 'aborted') { io.stderr('dsh: turn cancelled\n'); return 130 }
-    if (result.reason !== 'stop') io.stderr(`dsh: the turn ended with reason "${result.reason}"\n`)
+    if (problem) { io.stderr(`dsh: ${problem}\n`); return 1 }
     return 0
   } catch (err) {
+    how.endLine()
     io.stderr(`dsh: ${failureText(err)}\n`)
     return 1
-  } finally { p.off('SIGINT', onSigint) }
+  } finally { p.off('SIGINT', onSigint); io.onStdoutClosed = undefined }
 }
 
 /** A failed turn in one line; the adapter's messages already start with the code (`AUTH: HTTP 401 from …`). */
@@ -7587,6 +8014,19 @@ async function openTerminal(p: NodeProcess): Promise<Terminal> {
 
 const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact (compact now), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
 
+/** `/compact`: runs the ladder now; one line says what happened (or that it was cancelled). */
+async function compactCommand(agent: Agent, signal: AbortSignal): Promise<string> {
+  try {
+    const o = await agent.compact(signal)
+    if (signal.aborted) return '[dsh] /compact cancelled; the context is unchanged'
+    const tokens = o.tokensBefore === o.tokensAfter ? `${groupDigits(o.tokensAfter)} tokens` : `${groupDigits(o.tokensBefore)} → ${groupDigits(o.tokensAfter)} tokens`
+    return `[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${tokens}`
+  } catch (err) {
+    if (signal.aborted) return '[dsh] /compact cancelled; the context is unchanged'
+    return `[dsh] /compact failed: ${failureText(err)}`
+  }
+}
+
 /** The interactive loop: a prompt per turn, slash commands, Ctrl-C cancels the running turn. */
 async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endLine: () => void): Promise<number> {
   const rl = terminal.rl
@@ -7594,7 +8034,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
   let exitCode = 0
   io.stderr(`dsh ${VERSION} · ${agent.provider.model} · ${agent.contextWindow ? `${groupDigits(agent.contextWindow)}-token window` : 'window unknown'} · /help for commands\n`)
   rl.on('SIGINT', () => {
-    if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n'); return }
+    if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling (Ctrl-C again to exit)\n'); return }
     rl.close()
   })
   terminal.prompt()
@@ -7607,15 +8047,16 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     else if (line === '/usage') io.stderr(await usageReport(agent))
     else if (line === '/compact') {
       running = new AbortController()
-      const o = await agent.compact(running.signal).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))
-      io.stderr(`[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${groupDigits(o.tokensBefore)} → ${groupDigits(o.tokensAfter)} tokens\n`)
+      io.stderr(await compactCommand(agent, running.signal) + '\n')
     } else if (line.startsWith('/')) io.stderr(`unknown command ${line}; ${INTERACTIVE_HELP}`)
     else {
       running = new AbortController()
       try {
         const result = await agent.run(line, { signal: running.signal })
         endLine()
-        if (result.reason !== 'stop') io.stderr(`[dsh] turn ended: ${result.reason}\n`)
+        const problem = turnProblem(agent, result)
+        if (result.reason === 'aborted') io.stderr('[dsh] turn cancelled\n')
+        else if (problem) io.stderr(`[dsh] ${problem}\n`)
         exitCode = 0
       } catch (err) {
         endLine()
@@ -7633,24 +8074,24 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
 /**
  * `dsh replay FILE`: reads the file (node:fs) and runs {@link runReplay}; a file that is not a
  * transcript, or a bad option, is a usage error (exit 2). With `--base-url`/`--model`/`--api-key-env`
- * the summaries come from that model; otherwise they are simulated.
+ * the summaries come from that model; otherwise they are simulated. `name` is FILE as given.
  */
-async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO): Promise<number> {
+async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO, name = options.file): Promise<number> {
   const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
   let text: string
-  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${options.file}: ${(err as Error).message}\n`); return 2 }
+  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
   const s = options.summarizer
   const summarizer = s ? openAICompatible({ baseURL: s.baseURL, model: s.model, apiKey: s.apiKey, contextWindow: options.contextWindow }) : undefined
   try {
     const { output } = await runReplay(text, {
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
-      summaryTokens: options.summaryTokens, summarizer, json: options.json, name: options.file, sidechains: options.sidechains,
+      summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains,
       ...(options.prices ? { prices: { ...options.prices, peak: undefined } } : {}),
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0
   } catch (err) {
-    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${options.file}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
+    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${name}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
     if (err instanceof ProviderError) { io.stderr(`dsh: replay: the summarizer failed: ${err.code}: ${err.message}\n`); return 1 }
     throw err
   }

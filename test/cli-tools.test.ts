@@ -441,7 +441,7 @@ describe('parseCliArgs', () => {
   const key = { DEEPSEEK_API_KEY: 'sk-test' }
   const runDefaults = {
     command: 'run', model: 'deepseek-v4-flash', baseURL: 'https://api.deepseek.com', apiKey: 'sk-test', apiKeyEnv: 'DEEPSEEK_API_KEY',
-    prompt: undefined, print: false, contextWindow: undefined, maxTokens: undefined, session: undefined, threshold: 0.8, json: false, allowShell: false,
+    prompt: undefined, print: false, contextWindow: undefined, maxTokens: undefined, session: undefined, threshold: 0.8, json: false, allowShell: false, noShell: false,
   }
   const replayDefaults = { command: 'replay', file: 's.jsonl', contextWindow: undefined, threshold: 0.8, json: false, summaryTokens: 2000, format: 'auto', sidechains: false }
   const noKey = 'no API key: set DEEPSEEK_API_KEY (or --api-key-env NAME), or point --base-url at a server that needs none'
@@ -513,9 +513,17 @@ describe('parseCliArgs', () => {
     { argv: ['replay', 's.jsonl', '--model', 'deepseek-v4-pro'], env: {}, expect: noKey },
     { argv: ['replay'], env: {}, expect: 'replay needs a FILE: npx tsx dsh.ts replay FILE [--context-window N]' },
     { argv: ['replay', 'a', 'b'], env: {}, expect: 'replay takes one FILE, got 2 ("a", "b")' },
-    { argv: ['replay', 's.jsonl', '--format', 'xml'], env: {}, expect: '--format must be one of auto, dsh, openai, claude-code, swe-agent, mini-swe-agent, got "xml"' },
+    { argv: ['replay', 's.jsonl', '--format', 'xml'], env: {}, expect: '--format must be one of auto, mini-swe-agent, swe-agent, openai, dsh, claude-code, got "xml"' },
     { argv: ['replay', 's.jsonl', '--allow-shell'], env: {},
-      expect: '--allow-shell does not apply to replay; replay takes --model, --base-url, --api-key-env, --context-window, --threshold, --json, --summary-tokens, --format, --sidechains, --prices' },
+      expect: '--allow-shell does not apply to replay; replay takes --model, --base-url, --api-key-env, --context-window, --threshold, --json, --cwd, --summary-tokens, --format, --sidechains, --prices' },
+    // -C/--cwd, --max-steps, --no-shell
+    { argv: ['-C', '../proj', '--max-steps', '7', '--no-shell'], env: key, expect: { ...runDefaults, cwd: '../proj', maxSteps: 7, noShell: true } },
+    { argv: ['--cwd=/abs'], env: key, expect: { ...runDefaults, cwd: '/abs' } },
+    { argv: ['replay', 's.jsonl', '-C', 'proj'], env: {}, expect: { ...replayDefaults, cwd: 'proj' } },
+    { argv: ['-C'], env: key, expect: '-C needs a value: --cwd DIR' },
+    { argv: ['--cwd='], env: key, expect: '-C/--cwd needs a directory, e.g. -C ../my-project' },
+    { argv: ['--max-steps', '0'], env: key, expect: '--max-steps must be a positive whole number of provider calls per turn, got "0" (e.g. --max-steps 50)' },
+    { argv: ['--allow-shell', '--no-shell'], env: key, expect: '--allow-shell and --no-shell contradict each other; give one' },
     { argv: ['replay', 's.jsonl', '--summary-tokens', '0'], env: {}, expect: '--summary-tokens must be a positive whole number of tokens, got "0" (e.g. --summary-tokens 2000)' },
   ]
   for (const row of rows) {

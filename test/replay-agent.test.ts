@@ -158,3 +158,41 @@ test('CLI: replay --sidechains replays each Claude Code Task run after the main 
     assert.deepEqual(totals.map((o) => [o.chain, o.steps]), [['main chain', 9], ['sidechain 1 of 5', 9], ['sidechain 2 of 5', 34], ['sidechain 3 of 5', 40], ['sidechain 4 of 5', 25], ['sidechain 5 of 5', 53]])
     assert.match(cliHelp(), /--sidechains +Claude Code: also replay each Task-subagent run/)
   })
+
+test('hostile transcripts: an empty call id is repaired by the loop and still gets its recorded result; arguments that are not JSON are answered by the loop, and noted', async () => {
+  const t = readTranscript(JSON.stringify([
+    { role: 'user', content: 'go' },
+    { role: 'assistant', content: null, tool_calls: [fn('', 'sh', '{}')] },
+    { role: 'tool', tool_call_id: '', content: 'recorded output' },
+    { role: 'assistant', content: null, tool_calls: [fn('b', 'sh', '{"cmd": ')] },
+    { role: 'tool', tool_call_id: 'b', content: 'the original agent ran something' },
+    { role: 'assistant', content: 'done' },
+  ]))
+  let s!: Session
+  const report = await replayTranscript(t, { contextWindow: 1_000, onStep: (_r, x) => { s = x } })
+  const results = s.messages().filter((m) => m.role === 'tool')
+  assert.match(results[0].toolCallId, /^call_dsh_\d+_0$/)
+  assert.deepEqual(results[0].content, [{ type: 'text', text: 'recorded output' }])
+  assert.equal(results[1].isError, true)
+  assert.match(JSON.stringify(results[1].content), /arguments of sh are not valid JSON/)
+  assert.ok(report.notes.includes('1 tool call(s) answered by the loop itself, not with the recorded result (e.g. arguments that are not JSON), as a live run would'))
+  // The unmanaged figure counts what the transcript recorded: 'go' 9 + call 9 + 'recorded output' 12
+  // + call 11 + 'the original agent ran something' (32 chars) 16 = 57 before the last step.
+  assert.equal(report.totals.steps, 3)
+  assert.equal(report.rows.at(-1)!.unmanagedTokens, 57)
+})
+
+test('cancellation mid-replay: the signal stops the Agent at the next step boundary and rejects with its reason', async () => {
+  const messages: object[] = [{ role: 'user', content: 'task' }]
+  for (let i = 1; i <= 20; i++) {
+    messages.push({ role: 'assistant', content: null, tool_calls: [fn(`c${i}`, 'sh', '{}')] })
+    messages.push({ role: 'tool', tool_call_id: `c${i}`, content: 'x' })
+  }
+  const ac = new AbortController()
+  let rows = 0
+  await assert.rejects(replayTranscript(readTranscript(JSON.stringify(messages)), {
+    contextWindow: 10_000, signal: ac.signal,
+    onStep: () => { if (++rows === 3) ac.abort(new Error('enough')) },
+  }), /enough/)
+  assert.equal(rows, 3)
+})
