@@ -310,6 +310,10 @@ export interface UsageAnchor { providerTokens: number; heuristicTokens: number; 
  * message is one more surface change, priced by the heuristic. An envelope or model change does.
  */
 export interface Measurement {
+  /** The size of the next request: `heuristicTokens` until a provider reports usage; once
+   *  anchored, the provider's count for the last request plus the heuristic price of what changed
+   *  since (docs/design.md §2). So when anchored it differs from `envelopeTokens + surfaceTokens`,
+   *  which are always the chars/4 heuristic. */
   totalTokens: number
   /** Heuristic tokens of system prompt + tool specs. */
   envelopeTokens: number
@@ -408,7 +412,7 @@ export interface PruneConfig {
 }
 
 /** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
-export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
+export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = /* @__PURE__ */ Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
 
 /** Thrown for a prune configuration that cannot work; the message names the values and the fix. */
 export class PruneConfigError extends TypeError {
@@ -1756,7 +1760,7 @@ export interface CompactionConfig {
 }
 
 /** The defaults of docs/design.md §5. */
-export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = Object.freeze({
+export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
   thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
   maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
 })
@@ -1765,7 +1769,7 @@ export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = Object.free
 export const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
 
 /** The instruction that ends every summary request (docs/design.md §5 "Summary transaction"). */
-export const SUMMARY_INSTRUCTION = [
+export const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
   'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers will be removed.',
   'Do not call any tool. Answer with the checkpoint only, under these headings:',
   '1. Request — what the user asked for, in their words where it matters.',
@@ -2526,7 +2530,7 @@ export async function spillToolResult(message: ToolResultMessage, store: LogStor
 /** DeepSeek's OpenAI-compatible endpoint (docs/design.md §6; api-docs.deepseek.com). */
 export const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
 /** The model {@link deepseek} uses when none is given (docs/design.md §6). */
-export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-v4-flash'
+export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-flash'
 /** The environment variable {@link deepseek} reads the API key from when no `apiKey` is given. */
 export const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
 /** Completion budget in tokens when neither the request nor the options set one (docs/design.md §6). */
@@ -2567,7 +2571,7 @@ export interface KnownModel {
   contextWindow: number
   /** Largest `max_tokens` the model accepts, in tokens; the adapter clamps to it. */
   maxOutputTokens: number
-  /** For a retired alias: the model it stands for. The name is still sent as given. */
+  /** For an older name or a retired alias: the model it stands for. The name is still sent as given. */
   aliasOf?: string
   /** For a retired alias: whether it meant thinking mode (informational; nothing extra is sent). */
   thinking?: 'enabled' | 'disabled'
@@ -2578,19 +2582,21 @@ export interface KnownModel {
  * 2026). Any other model needs `contextWindow` in the options, or the ladder reports a
  * configuration error once (docs/design.md §5).
  */
-export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = Object.freeze({
-  'deepseek-v4-flash': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
-  'deepseek-v4-pro': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
-  'deepseek-chat': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'disabled' as const }),
-  'deepseek-reasoner': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'enabled' as const }),
+export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = /* @__PURE__ */ Object.freeze({
+  // DeepSeek-V4.1-Flash (accepts image input); its older name deepseek-v4-flash is served by it.
+  'deepseek-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
+  'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
+  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash' }),
+  'deepseek-chat': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash', thinking: 'disabled' as const }),
+  'deepseek-reasoner': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash', thinking: 'enabled' as const }),
 })
 
 /**
  * DeepSeek's peak hours: Monday to Friday, UTC 01:00–04:00 and 06:00–10:00, every price doubled
  * (DeepSeek, "Models & Pricing", api-docs.deepseek.com/quick_start/pricing, autumn 2026).
  */
-export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = Object.freeze({
-  multiplier: 2, days: Object.freeze([1, 2, 3, 4, 5]), hoursUTC: Object.freeze([Object.freeze([1, 4] as const), Object.freeze([6, 10] as const)]),
+export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = /* @__PURE__ */ Object.freeze({
+  multiplier: 2, days: /* @__PURE__ */ Object.freeze([1, 2, 3, 4, 5]), hoursUTC: /* @__PURE__ */ Object.freeze([/* @__PURE__ */ Object.freeze([1, 4] as const), /* @__PURE__ */ Object.freeze([6, 10] as const)]),
 })
 
 /**
@@ -2601,10 +2607,10 @@ export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = Object.freeze({
  * {@link pricesOf} also resolves the retired aliases of {@link KNOWN_MODELS}. Every other model
  * has no price unless one is given.
  */
-export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = Object.freeze({
-  'deepseek-flash': Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
-  'deepseek-v4-flash': Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
-  'deepseek-v4-pro': Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: DEEPSEEK_PEAK_HOURS }),
+export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = /* @__PURE__ */ Object.freeze({
+  'deepseek-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: DEEPSEEK_PEAK_HOURS }),
 })
 
 /** DeepSeek's price table for `model` (a retired alias resolves to the model it stands for); undefined for any other model. */
@@ -3137,7 +3143,7 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, or lower maxTokens.',
   RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
   QUOTA: 'The account has no balance or quota left: top it up or use another API key.',
-  AUTH: 'Check the API key (option apiKey, or the environment variable named by apiKeyEnv) and its permissions.',
+  AUTH: 'Check the API key and its permissions (option apiKey, or the environment variable named by apiKeyEnv; CLI: --api-key-env NAME).',
   INVALID_REQUEST: 'The server rejected the request; the body above names the field.',
   SERVER: 'The server failed; try again later.',
   TRANSPORT: 'Check the network and baseURL.',
@@ -3189,7 +3195,7 @@ type WireMessage =
 interface WireToolCall { id: string; type: 'function'; function: { name: string; arguments: string } }
 
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
-const LONE_SURROGATES = new RegExp(LONE_SURROGATE.source, 'g')
+const LONE_SURROGATES = /* @__PURE__ */ new RegExp(LONE_SURROGATE.source, 'g')
 
 /** Lone surrogates become U+FFFD (servers reject or mangle them in UTF-8); the log keeps the original. */
 function wellFormed(text: string): string {
@@ -4297,6 +4303,9 @@ export class Agent implements CompactionHost {
       if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
       this.overflowRetries = 0
       this.streamRetries = 0
+      // The smallest request (tokens, by the meter) that overflowed and was recovered from in this
+      // turn: a later overflow at that size or above means recovery makes no progress.
+      let recoveredOverflowTokens: number | undefined
       for (;;) {
         if (signal.aborted) return await end('aborted')
         if (step >= this.maxSteps) return await end('max-steps')
@@ -4308,9 +4317,10 @@ export class Agent implements CompactionHost {
         const envelope = this.writeHeader()
         // Hooks may edit the request; they get copies, so the surface always matches the log.
         const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
+        const inputTokens = session.measure().totalTokens
         const request: ChatRequest = {
           system: envelope.system, tools: envelope.tools, messages: editable ? structuredClone(session.messages()) : session.messages(), maxTokens: this.maxTokens,
-          inputTokens: session.measure().totalTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
+          inputTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
         }
         await this.runHooks('agent/request', { ...ctx, request })
         await session.flush() // written, not fsynced: a crash mid-request still shows the step it was in
@@ -4329,9 +4339,14 @@ export class Agent implements CompactionHost {
           }
           session.append('request/error', { code: error.code, status: error.status, message: error.message, trigger: 'conversation' })
           const generationBefore = session.replaceGeneration
-          const retry = await this.unlessAborted(() => this.runHooks('agent/request-error', { ...ctx, error }), signal)
+          const noProgress = error.code === 'CONTEXT_WINDOW_EXCEEDED' && recoveredOverflowTokens !== undefined && inputTokens >= recoveredOverflowTokens
+          if (noProgress) {
+            this.warn(`context overflow again at ${inputTokens} tokens (dsh's estimate) after recovering from one at ${recoveredOverflowTokens} tokens in this turn: recovery makes no progress, so the turn stops. The provider counts more tokens than dsh estimates: lower the compaction threshold or the context window (CLI: --threshold, --context-window)`)
+          }
+          const retry = !noProgress && await this.unlessAborted(() => this.runHooks('agent/request-error', { ...ctx, error }), signal)
           if (signal.aborted) { session.append('step/end', { turn, step }); return await end('aborted') }
           if (retry && session.replaceGeneration > generationBefore) {
+            if (error.code === 'CONTEXT_WINDOW_EXCEEDED') recoveredOverflowTokens = Math.min(recoveredOverflowTokens ?? Infinity, inputTokens)
             this.overflowRetries++
             session.append('step/end', { turn, step })
             session.append('recovery/retry', { generationBefore, generationAfter: session.replaceGeneration })
@@ -7018,14 +7033,14 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
 
 /** DeepSeek defaults of the CLI (docs/design.md §6). */
 export const CLI_DEFAULTS = /* @__PURE__ */ Object.freeze({
-  baseURL: 'https://api.deepseek.com',
-  model: 'deepseek-v4-flash',
+  baseURL: DEEPSEEK_BASE_URL,
+  model: DEEPSEEK_DEFAULT_MODEL,
   /** Environment variable read for the key when neither `--api-key-env` nor a non-DeepSeek base URL is given. */
-  apiKeyEnv: 'DEEPSEEK_API_KEY',
-  /** Compaction threshold as a ratio of the context window (docs/design.md §5). */
-  threshold: 0.8,
-  /** replay: size of a simulated summary, in tokens. */
-  summaryTokens: 2_000,
+  apiKeyEnv: DEEPSEEK_API_KEY_ENV,
+  /** Compaction threshold as a ratio of the context window (docs/design.md §5); the ladder's own default. */
+  get threshold(): number { return DEFAULT_COMPACTION_CONFIG.thresholdRatio },
+  /** replay: size of a simulated summary, in tokens; the replay runner's own default. */
+  get summaryTokens(): number { return DEFAULT_REPLAY_SUMMARY_TOKENS },
 })
 
 /** Transcript formats `replay --format` accepts (docs/replay.md). `auto` detects. */
@@ -7043,7 +7058,7 @@ export class UsageError extends Error {
 
 /** Where to send model calls, resolved from flags, environment and {@link CLI_DEFAULTS}. */
 export interface CliModelOptions {
-  /** Model name: `--model`, else `$DSH_MODEL`, else `deepseek-v4-flash`. */
+  /** Model name: `--model`, else `$DSH_MODEL`, else {@link DEEPSEEK_DEFAULT_MODEL}. */
   model: string
   /** Base URL without a trailing slash: `--base-url`, else `$DSH_BASE_URL`, else `https://api.deepseek.com`. */
   baseURL: string
@@ -7068,7 +7083,7 @@ export interface CliRunOptions extends CliModelOptions {
   session?: string
   /** `--threshold R`: compaction threshold, a ratio of the window in (0, 1]. Default 0.8. */
   threshold: number
-  /** `--json`: every event as one JSON line on stdout. */
+  /** `--json`: every log event as one JSON line on stdout (the session log's lines; stream deltas are not log events). */
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
@@ -7157,7 +7172,7 @@ Options
                          ${CLI_DEFAULTS.apiKeyEnv}, which is only sent to api.deepseek.com;
                          a server that needs no key, e.g. a local one, needs no flag)
   --context-window N     context window in tokens; required for models dsh does not know
-                         (it knows deepseek-v4-flash and deepseek-v4-pro: 1,048,576)
+                         (it knows deepseek-flash and deepseek-v4-pro: 1,048,576)
   --max-tokens N         completion budget per model call, in tokens (default: the provider's;
                          always clamped to the room left in the window)
   --session FILE         keep the session in FILE (JSONL); resumes it when FILE exists
@@ -7319,7 +7334,7 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
  * `argv` is the arguments after the script (`process.argv.slice(2)`); `env` is the environment
  * (`DEEPSEEK_API_KEY`, `DSH_BASE_URL`, `DSH_MODEL`, and the variable named by `--api-key-env`;
  * empty values count as unset). Long flags take their value as the next argument or after `=`
- * (`--model=x`); `--` ends the flags. The first argument `replay` selects the replay command.
+ * (`--model=x`); `--` ends the flags. The first argument `replay` (after a leading `-C DIR`) selects the replay command.
  * A flag given twice keeps the last value. `--help`/`-h` and `--version` win over everything else,
  * so they work without any configuration.
  *
@@ -7337,10 +7352,14 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   if (flagPart.some((arg) => arg === '--help' || arg === '-h')) return { command: 'help' }
   if (flagPart.includes('--version')) return { command: 'version' }
 
-  const command = argv[0] === 'replay' ? 'replay' : 'run'
+  // `replay` is the first argument, or follows a leading `-C DIR` (as in `git -C DIR cmd`).
+  let lead = 0
+  while (lead < argv.length && (argv[lead] === '-C' || argv[lead] === '--cwd' || argv[lead].startsWith('--cwd='))) lead += argv[lead].startsWith('--cwd=') ? 1 : 2
+  const command = argv[lead] === 'replay' ? 'replay' : 'run'
   const flags = new Map<string, string>()
   const positionals: string[] = []
-  for (let i = command === 'replay' ? 1 : 0; i < argv.length; i++) {
+  for (let i = 0; i < argv.length; i++) {
+    if (command === 'replay' && i === lead) continue
     const arg = argv[i]
     if (arg === '--') { positionals.push(...argv.slice(i + 1)); break }
     if (!arg.startsWith('-') || arg === '-') { positionals.push(arg); continue }
@@ -7900,7 +7919,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     if (resumed) io.stderr(resumed + '\n')
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
-  const terminal = interactive ? await openTerminal(p) : undefined
+  const terminal = interactive ? await openTerminal(p, io) : undefined
   const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
   const tools = await builtinTools({
     cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
@@ -7937,7 +7956,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   }
 }
 
-/** Why a turn gave no usable answer, in one line, or `undefined` when it did (DESIGN.md §8 exit codes). */
+/** Why a turn gave no usable answer, in one line, or `undefined` when it did (docs/design.md §8 exit codes). */
 function turnProblem(agent: Agent, result: TurnResult): string | undefined {
   if (result.reason === 'max-steps') return `the turn stopped at the step limit (${agent.maxSteps} steps, --max-steps) without a final answer; raise --max-steps, or continue with --session FILE`
   if (result.reason === 'length') return `the answer was cut at the completion budget (finish reason "length"); raise --max-tokens`
@@ -7987,28 +8006,71 @@ async function readAll(stream: any): Promise<string> {
 
 interface Terminal {
   rl: import('node:readline').Interface
-  /** Every input line, buffered from the start (lines typed ahead are kept). */
+  /** Every input, buffered from the start (inputs typed ahead are kept): one line, or a pasted
+   *  block (bracketed paste) or `\`-continued lines joined with `\n`. */
   lines: AsyncIterator<string>
   /** Shows the prompt, unless the input has ended: `rl.prompt()` resumes a closed input, which keeps the process alive. */
   prompt(): void
   askYesNo(question: string): Promise<boolean>
+  /** Ends bracketed paste mode and closes the input. */
+  close(): void
 }
 
-async function openTerminal(p: NodeProcess): Promise<Terminal> {
+/** Terminal modes (xterm, and every terminal that supports them): a paste arrives between
+ *  `ESC [200~` and `ESC [201~`, which Node's readline reports as `paste-start` / `paste-end` keys. */
+const BRACKETED_PASTE_ON = '\x1b[?2004h'
+const BRACKETED_PASTE_OFF = '\x1b[?2004l'
+const PROMPT = '› '
+const CONTINUATION_PROMPT = '… '
+
+/**
+ * The interactive input: readline on the TTY, with bracketed paste switched on, so that a pasted
+ * multi-line block is one input (its lines are held until Enter after the paste), and a line
+ * ending in a single `\` continues on the next line (the `\` is dropped).
+ */
+async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
   const readline = await importNode<typeof import('node:readline')>('node:readline')
-  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: '› ' })
-  const lines = rl[Symbol.asyncIterator]()
+  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: PROMPT })
+  io.stderrRaw(BRACKETED_PASTE_ON)
+  const queue: string[] = []
+  const waiting: ((r: IteratorResult<string>) => void)[] = []
   let closed = false
-  rl.once('close', () => { closed = true })
+  let pasting = false
+  let held: string[] = []
+  const deliver = (input: string) => { const w = waiting.shift(); if (w) w({ value: input, done: false }); else queue.push(input) }
+  p.stdin.on('keypress', (_s: unknown, key: { name?: string } | undefined) => {
+    if (key?.name === 'paste-start') pasting = true
+    else if (key?.name === 'paste-end') pasting = false
+  })
+  rl.on('line', (line: string) => {
+    if (pasting) { held.push(line); return }
+    if (/(?<!\\)\\$/.test(line)) { held.push(line.slice(0, -1)); rl.setPrompt(CONTINUATION_PROMPT); if (!closed) rl.prompt(); return }
+    const input = [...held, line].join('\n')
+    held = []
+    rl.setPrompt(PROMPT)
+    deliver(input)
+  })
+  rl.once('close', () => {
+    closed = true
+    io.stderrRaw(BRACKETED_PASTE_OFF)
+    if (held.length) { deliver(held.join('\n')); held = [] }
+    for (const w of waiting.splice(0)) w({ value: undefined, done: true })
+  })
+  const lines: AsyncIterator<string> = {
+    next: () => queue.length ? Promise.resolve({ value: queue.shift()!, done: false })
+      : closed ? Promise.resolve({ value: undefined, done: true })
+      : new Promise((resolve) => waiting.push(resolve)),
+  }
   const prompt = () => { if (!closed) rl.prompt() }
   return {
     rl, lines, prompt,
     async askYesNo(question) {
       rl.setPrompt(question); prompt()
       const answer = await lines.next()
-      rl.setPrompt('› ')
+      rl.setPrompt(PROMPT)
       return !answer.done && /^y(es)?$/i.test(answer.value.trim())
     },
+    close: () => rl.close(),
   }
 }
 
