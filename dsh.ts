@@ -6397,12 +6397,22 @@ export function unmanagedSession(transcript: Transcript, beforeRequest?: (sessio
   s.append('session/start', { id: `unmanaged-${transcript.format}`, version: VERSION })
   s.setHeader({ model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', system: transcript.envelope.system, tools: transcript.envelope.tools })
   let step = 0
+  // Call ids as the loop repairs them (missing or repeated ids renamed), results matched to the
+  // recorded calls by position, as replayTranscript does.
+  let idOf = new Map<string, string[]>()
   for (const m of transcript.messages) {
     if (m.role === 'assistant') {
       beforeRequest?.(s, step++)
-      s.append('assistant/message', { message: m, finishReason: 'replay', surfaceOp: { op: 'append' } })
-    } else if (m.role === 'tool') s.append('tool/result', { message: m, surfaceOp: { op: 'append' } })
-    else s.append('user/message', { message: m, surfaceOp: { op: 'append' } })
+      const sent = withCallIds(m, s.seq, s)
+      const recorded = m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+      const logged = sent.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+      idOf = new Map()
+      recorded.forEach((c, k) => idOf.set(c.id, [...(idOf.get(c.id) ?? []), logged[k].id]))
+      s.append('assistant/message', { message: sent, finishReason: 'replay', surfaceOp: { op: 'append' } })
+    } else if (m.role === 'tool') {
+      const id = idOf.get(m.toolCallId)?.shift() ?? m.toolCallId
+      if (s.hasToolCall(id) && s.openToolCalls().includes(id)) s.append('tool/result', { message: id === m.toolCallId ? m : { ...m, toolCallId: id }, surfaceOp: { op: 'append' } })
+    } else s.append('user/message', { message: m, surfaceOp: { op: 'append' } })
   }
   return s
 }
