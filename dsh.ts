@@ -2714,10 +2714,16 @@ export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
   const clearEvent = (): void => { data = ''; dataLines = 0; eventType = undefined; id = undefined }
 
   function dispatch(): void {
+    if (id === undefined && dataLines > 0 && onEvent) {
+      // The common case (no id): one object of a fixed shape.
+      const event: SSEEvent = { event: eventType ?? 'message', data }
+      data = ''; dataLines = 0; eventType = undefined
+      onEvent(event)
+      return
+    }
     if (id !== undefined) onId?.(id)
     if (dataLines > 0 && onEvent) {
-      const event: SSEEvent = { event: eventType ?? 'message', data }
-      if (id !== undefined) event.id = id
+      const event: SSEEvent = { event: eventType ?? 'message', data, id }
       clearEvent()
       onEvent(event)
       return
