@@ -8322,7 +8322,7 @@ export async function showSession(session: Session, options: { checkpoints?: boo
       case 'assistant/message': {
         const m = d.message as AssistantMessage
         if (d.surfaceOp.op === 'replace') { out.push(`  ${at} assistant message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(m))}`); break }
-        const text = textOfBlocks(m.content)
+        const text = contentText(m.content)
         if (text.trim()) out.push(`  ${at} assistant${m.interrupted ? ' (interrupted)' : ''}: ${oneLine(text)}`)
         for (const c of toolCalls(m)) { names.set(c.id, c.name); out.push(`  ${at} → ${c.name} ${oneLine(c.arguments, 100)}`) }
         break
