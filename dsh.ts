@@ -6515,8 +6515,11 @@ interface ReplayScriptStep {
   steerAfter: UserMessage[]
 }
 
-/** One turn: the input `Agent.run` gets, steering queued before it, and the steps the transcript records. */
-interface ReplayScriptTurn { input: UserMessage; steerBefore: UserMessage[]; steps: ReplayScriptStep[] }
+/**
+ * One turn: the input `Agent.run` gets, steering queued before it, and the steps the transcript
+ * records. `synthetic`: the input is not the transcript's (it opens with an assistant message).
+ */
+interface ReplayScriptTurn { input: UserMessage; synthetic?: boolean; steerBefore: UserMessage[]; steps: ReplayScriptStep[] }
 
 /**
  * Cuts a transcript into the turns the loop would run. A user message opens a turn where the loop
@@ -6538,7 +6541,7 @@ function replayScript(transcript: Transcript, notes: string[]): ReplayScriptTurn
       else turn!.steerBefore.push(m)
     } else if (m.role === 'assistant') {
       if (!turn) {
-        turns.push({ input: { role: 'user', content: '' }, steerBefore: [], steps: [] })
+        turns.push({ input: { role: 'user', content: '' }, synthetic: true, steerBefore: [], steps: [] })
         notes.push('the transcript opens with an assistant message: replay opened the first turn with an empty user input')
       }
       turns.at(-1)!.steps.push({ message: m, usage: transcript.usage[assistants++], results: [], steerAfter: [] })
@@ -6746,7 +6749,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
         case 'step/start': closeRow(); openRow('step', turns); break
         case 'step/end': case 'turn/end': closeRow(); break
         case 'user/message':
-          if (appended) unmanaged += estimateMessageTokens(d.message)
+          if (appended && !(turn?.synthetic && d.message === turn.input)) unmanaged += estimateMessageTokens(d.message) // the transcript's messages only
           else if (pendingSummary && d.compactionId === pendingSummary.id) pendingSummary.checkpointTokens = estimateMessageTokens(d.message)
           break
         case 'assistant/message': {
