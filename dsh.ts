@@ -1216,7 +1216,7 @@ export async function acquireLogLock(logPath: string, lockPath: string): Promise
     if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, delete the lock file`)
     let alive = true
     try { proc.kill(holder!.pid, 0) } catch (err: any) { alive = err?.code !== 'ESRCH' }
-    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file`)
+    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file (if pid ${holder!.pid} is no dsh, its number was reused: delete the lock file)`)
     if (round >= 3) refuse(`is being taken over by another process (the lock of ${describeHolder(holder!)} was stale)`)
     // Stale: move it aside, check that what moved is what we judged stale, then create ours.
     const aside = `${lockPath}.stale-${proc.pid}-${Date.now()}`
