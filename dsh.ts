@@ -6397,13 +6397,36 @@ export interface ReplayFigure {
   add(event: AgentEvent, value: number, context: ReplayFigureContext): number
   total: 'sum' | 'max'
   cell?: (value: number) => string
+  /** True: no totals line of its own (a combined line shows it, e.g. the fidelity line). */
+  hideTotal?: boolean
+}
+
+const FIDELITY_KINDS: ReadonlyArray<[keyof Fidelity, string]> = [['paths', 'paths'], ['commands', 'commands'], ['errors', 'error lines'], ['userMessages', 'user messages']]
+const FIDELITY_COUNTS: ReadonlyArray<[keyof FidelityShare, string]> = [['total', 'total'], ['inCheckpoint', 'in checkpoint'], ['inSummary', 'in summary']]
+
+/**
+ * The fidelity figures of the compactions (docs/design.md §12), summed over the rows: for each kind
+ * (paths, commands, error lines, user messages) how many the compacted regions held, how many
+ * appear verbatim in the checkpoints, and how many in the model's summaries alone. Named
+ * `fidelity <kind> <count>`; JSON per row, one combined totals line in the text report.
+ */
+const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]): ReplayFigure => ({
+  name: `fidelity ${label} ${countLabel}`, total: 'sum', hideTotal: true,
+  add: (e, v) => (e.type === 'log' && e.event.type === 'compaction/summary' ? v + (((e.event.data as any).fidelity as Fidelity | undefined)?.[kind]?.[count] ?? 0) : v),
+})))
+
+/** The totals line of {@link FIDELITY_FIGURES}: `paths 12/12, …; the model's summaries alone: 1/12, …`, or undefined without compactions. */
+function fidelityTotalsLine(figures: Readonly<Record<string, number>>): string | undefined {
+  const get = (label: string, count: string) => figures[`fidelity ${label} ${count}`] ?? 0
+  if (FIDELITY_KINDS.every(([, label]) => get(label, 'total') === 0)) return undefined
+  return `verbatim in checkpoints: ${FIDELITY_KINDS.map(([, l]) => `${l} ${get(l, 'in checkpoint')}/${get(l, 'total')}`).join(', ')}; in the summaries alone: ${FIDELITY_KINDS.map(([, l]) => `${get(l, 'in summary')}/${get(l, 'total')}`).join(', ')}`
 }
 
 /**
  * Figures every replay computes besides the built-in ones (see {@link ReplayFigure}); add an entry
- * here to give the report a column. Empty in this version.
+ * here to give the report a column or a totals line. This version: the fidelity figures.
  */
-export const REPLAY_FIGURES: readonly ReplayFigure[] = []
+export const REPLAY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ [...FIDELITY_FIGURES]
 
 /** Options of {@link replayTranscript}. */
 export interface ReplayOptions {
@@ -6923,7 +6946,9 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
   if (t.peakRecordedPromptTokens !== undefined) totals.push(['recorded peak prompt', `${groupDigits(t.peakRecordedPromptTokens)} tokens (as reported by the original run)`])
   if (t.summaryCalls > 0) totals.push(['largest summary request', `${groupDigits(t.peakSummaryRequestTokens)} tokens (${t.summaryRequestsOverWindow} over the summarizer's window)`])
   if (t.ladderWarnings > 0) totals.push(['ladder warnings', String(t.ladderWarnings)])
-  for (const [name, v] of Object.entries(t.figures ?? {})) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
+  for (const [name, v] of Object.entries(t.figures ?? {})) if (!known.get(name)?.hideTotal) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
+  const fidelity = fidelityTotalsLine(t.figures ?? {})
+  if (fidelity) totals.push(['fidelity', fidelity])
   const labelWidth = totals.reduce((w, [l]) => Math.max(w, l.length), 0)
   out.push('totals')
   for (const [label, value] of totals) out.push(`  ${label.padEnd(labelWidth)}  ${value}`)
