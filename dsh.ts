@@ -1870,10 +1870,11 @@ function callFacts(call: ToolCallBlock): { kind: 'read' | 'written' | 'edited'; 
   return { kind: EDIT_WORD.test(verb) ? 'edited' : WRITE_WORD.test(verb) ? 'written' : 'read', paths, command }
 }
 
-/** The first line of an error text that reads as an error (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
+/** The first line of an error text that reads as an error and is not an echoed command (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
 function errorLine(text: string): string | undefined {
   const lines = text.split(/\r\n|\r|\n/).map((l) => l.trim()).filter((l) => l !== '')
-  const line = lines.find((l) => ERROR_WORD.test(l)) ?? lines[0]
+  // An echoed command (`> node -e …` from npm, `$ cmd`, `+ cmd` from sh -x) quotes the error it prints: skip it.
+  const line = lines.find((l) => ERROR_WORD.test(l) && !/^(> |\$ |\+ )/.test(l)) ?? lines[0]
   if (line === undefined) return undefined
   const end = indexAfterCodePoints(line, LEDGER_ERROR_LINE_CODE_POINTS)
   return end < line.length ? line.slice(0, end) + '…' : line
@@ -8255,7 +8256,7 @@ export interface CliShowOptions {
 
 /** One line of text for a transcript: newlines shown as `⏎`, cut to `max` code points with `…`. */
 function oneLine(text: string, max = 120): string {
-  const flat = text.replace(/\r\n|\r|\n/g, ' ⏎ ')
+  const flat = text.replace(/\r\n|\r|\n/g, ' ⏎ ').replace(/\t/g, ' ')
   const end = indexAfterCodePoints(flat, max)
   return end < flat.length ? flat.slice(0, end) + '…' : flat
 }

@@ -121,7 +121,7 @@ describe('case 2: the facts ledger', () => {
   const tools = [
     tool('read_file', () => A_TS),
     tool('edit_file', () => 'edited src/b.ts: 1 replacement at line 3'),
-    tool('shell', () => ({ content: `exit code 1\nstdout:\n> tsc --noEmit\n${TSC}\n`, isError: true })),
+    tool('shell', () => ({ content: `exit code 1\nstdout:\n> demo@1.0.0 test\n> tsc --noEmit || echo "error: see above"\n\n${TSC}\n`, isError: true })),
     tool('fetch', () => 'F'.repeat(12_000)),
   ]
   const script: FakeReply[] = [
