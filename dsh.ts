@@ -3805,36 +3805,44 @@ function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | 
   return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}.`, { status: info.status ?? 200, body: payload, requestId })
 }
 
-/** The response body, with every read racing the attempt's abort signal (fetch implementations differ in how fast they honour it). */
+/**
+ * The response body, ended at once by the attempt's abort signal (fetch implementations differ in
+ * how fast they honour it): an abort cancels the reader, which settles a pending read at once
+ * (WHATWG streams), and the signal's reason is thrown. One listener per body, not one per read.
+ */
 async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<Uint8Array, void, undefined> {
   const reader = body.getReader()
-  const abort = new Promise<never>((_, reject) => {
-    if (signal.aborted) reject(signal.reason)
-    else signal.addEventListener('abort', () => reject(signal.reason), { once: true })
-  })
-  abort.catch(() => {})
+  const onAbort = (): void => { reader.cancel(signal.reason).catch(() => {}) }
+  if (signal.aborted) onAbort()
+  else signal.addEventListener('abort', onAbort, { once: true })
   let finished = false
   try {
     for (;;) {
-      const { done, value } = await Promise.race([reader.read(), abort])
+      const { done, value } = await reader.read()
+      if (signal.aborted) throw signal.reason
       if (done) { finished = true; return }
       yield value
     }
   } finally {
+    signal.removeEventListener('abort', onAbort)
     if (!finished) reader.cancel().catch(() => {})
   }
 }
 
 /** Splits `data` into chunk objects; a relay that joined several `data:` lines into one event gets one object per line. */
-function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined): unknown[] {
+function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined, onChunk: (obj: unknown) => void): void {
+  let obj: unknown
   try {
-    return [JSON.parse(data)]
+    obj = JSON.parse(data)
   } catch (error) {
     if (data.includes('\n')) {
-      try { return data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch { /* fall through */ }
+      let objs: unknown[] | undefined
+      try { objs = data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch { /* fall through */ }
+      if (objs) { for (const o of objs) onChunk(o); return }
     }
     throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: ${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
   }
+  onChunk(obj) // outside the try: what the assembler throws is not a JSON error
 }
 
 /**
@@ -3927,7 +3935,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
       const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
       if (cut) throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for stream: true).`, { status: response.status, requestId })
       if (text.trim() === '') throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model ${cfg.model}).`, { status: response.status, requestId })
-      acc.chunk(parseChunkData(cfg, text.trim(), requestId)[0], requestId, text)
+      parseChunkData(cfg, text.trim(), requestId, (obj) => acc.chunk(obj, requestId, text))
       return acc.finish(true, requestId)
     }
     if (!response.body) throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} without a body (model ${cfg.model}).`, { status: response.status, requestId })
@@ -3942,7 +3950,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
       if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
       progress()
       if (data === '[DONE]') { sawDone = true; return false }
-      for (const obj of parseChunkData(cfg, data, requestId)) acc.chunk(obj, requestId, data)
+      parseChunkData(cfg, data, requestId, (obj) => acc.chunk(obj, requestId, data))
     }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
     const type = response.headers.get('content-type')
     if (!sawData && bytes === 0 && type && !/event-stream/i.test(type)) {
@@ -6273,19 +6281,22 @@ export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed' | (string & {})
 /**
  * One thing the replay did to the surface, read off the log. Token figures are dsh's heuristic (docs/design.md §2):
  * - `spill`: a tool result over the spill limit (UTF-8 `bytes`) replaced at write time by a preview;
- * - `prune`: the tool result at `seq` cut to head + tail (its price before → after);
+ * - `prune` / `clear`: the surface node at `seq` (a tool result; `role` names an assistant or user
+ *   message) replaced by that rung — cut to head + tail, or a placeholder — priced before → after;
  * - `compaction`: `messages` surface messages (seqs `firstSeq`..`lastSeq`, priced `tokensBefore`)
  *   replaced by a checkpoint priced `tokensAfter`; `totalBefore`/`totalAfter` are the request totals;
  * - `compaction-failed`: a summary transaction that committed nothing, with its error;
- * - `rung`: any other ladder event (`compaction/<rung>`, e.g. `compaction/clear`): the event's
- *   `seq` and `data` as logged.
+ * - `rung`: any other ladder event (`compaction/<rung>`): its `seq` and `data` as logged, and, for a
+ *   rung that replaces one node (`shadowedSeqs: [seq]` then the replace), that node's price before → after.
+ * Any rung logged as `compaction/<rung> {shadowedSeqs: [seq], shadowedTokenCount}` followed by the
+ * replace of `seq` is paired the same way, whatever its name.
  */
 export type ReplayEvent =
   | { type: 'spill'; seq: number; bytes: number; tokensBefore: number; tokensAfter: number }
-  | { type: 'prune'; seq: number; tokensBefore: number; tokensAfter: number }
+  | { type: 'prune' | 'clear'; seq: number; tokensBefore: number; tokensAfter: number; role?: 'assistant' | 'user' }
   | { type: 'compaction'; id: string; messages: number; firstSeq: number; lastSeq: number; tokensBefore: number; tokensAfter: number; totalBefore: number; totalAfter: number }
   | { type: 'compaction-failed'; id: string; error: string }
-  | { type: 'rung'; rung: string; seq: number; data: Record<string, unknown> }
+  | { type: 'rung'; rung: string; seq: number; data: Record<string, unknown>; tokensBefore?: number; tokensAfter?: number }
 
 /**
  * One row of a replay: a pressure check, at a turn start (`kind: 'turn-start'`, after the user input
@@ -6330,7 +6341,8 @@ export interface ReplayStep {
  *   `unmanagedStepsOverWindow`: steps whose unmanaged request would have been larger than the window.
  * - `summaryRequestsOverWindow`: summary requests larger than the summarizer's window (by §2).
  * - `resultsOverPruneThreshold`: tool results of the transcript over the prune threshold (code points).
- * - `rungs`: how many times each rung acted (rung name → events), e.g. `{prune: 4, compact: 1}`.
+ * - `rungs`: how many times each rung acted (rung name → events), e.g. `{prune: 4, compact: 1}`;
+ *   `rungReclaimedTokens`: tokens each rung that replaces single nodes took off (e.g. `{prune: 5454}`).
  * - `figures`: each extra figure totalled as it says (`sum` or `max`); present only when there are any.
  */
 export interface ReplayTotals {
@@ -6354,6 +6366,7 @@ export interface ReplayTotals {
   /** Ladder warnings (their texts are in {@link ReplayReport.warnings}). */
   ladderWarnings: number
   rungs: Record<string, number>
+  rungReclaimedTokens: Record<string, number>
   figures?: Record<string, number>
 }
 
@@ -6674,7 +6687,8 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   let steps = 0
   let turns = 0
   let answeredByLoop = 0
-  let pendingPrune: { seq: number; tokens: number } | undefined
+  // A rung that replaces one node logs `compaction/<rung> {shadowedSeqs: [seq], shadowedTokenCount}`, then the replace.
+  let pendingShadow: { rung: string; logSeq: number; seq: number; tokens: number; data: Record<string, unknown> } | undefined
   let pendingSummary: { id: string; seqs: number[]; tokens: number; checkpointTokens?: number } | undefined
   const openRow = (kind: ReplayStep['kind'], turnNumber: number) => {
     open = {
@@ -6688,7 +6702,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     if (!r || (r.kind === 'step' && !r.hasMessage)) return // a step the transcript does not record (the turn ended there)
     const afterTokens = session.measure().totalTokens
     const beforeTokens = r.beforeTokens ?? afterTokens
-    const prunes = r.events.filter((e) => e.type === 'prune') as Extract<ReplayEvent, { type: 'prune' }>[]
+    const prunes = r.events.filter((e): e is Extract<ReplayEvent, { type: 'prune' | 'clear' }> => e.type === 'prune')
     const row: ReplayStep = {
       kind: r.kind, step: r.step, turn: r.turn,
       ...(r.requestTokens !== undefined ? { requestTokens: r.requestTokens } : {}),
@@ -6713,6 +6727,20 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
       const rung = rungOfEvent(e.type)
       if (e.type.startsWith('compaction/') && open && open.beforeTokens === undefined) open.beforeTokens = session.measure().totalTokens
       if (rung && open) open.rung = rung
+      const op = d?.surfaceOp
+      if (op?.op === 'replace' && pendingShadow && op.start === pendingShadow.seq && op.end === pendingShadow.seq && open) {
+        const p = pendingShadow
+        const role = (d.message as Message).role
+        const priced = { seq: p.seq, tokensBefore: p.tokens, tokensAfter: estimateMessageTokens(d.message) }
+        open.events.push(p.rung === 'prune' || p.rung === 'clear' ? { type: p.rung, ...priced, ...(role === 'tool' ? {} : { role }) }
+          : { type: 'rung', rung: p.rung, ...priced, seq: p.logSeq, data: p.data })
+        pendingShadow = undefined
+      }
+      if (rung && rung !== 'compact') {
+        if (Array.isArray(d?.shadowedSeqs) && d.shadowedSeqs.length === 1 && typeof d.shadowedTokenCount === 'number') {
+          pendingShadow = { rung, logSeq: e.seq, seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount, data: d }
+        } else if (open) open.events.push({ type: 'rung', rung, seq: e.seq, data: d })
+      }
       switch (e.type) {
         case 'turn/start': closeRow(); turns = d.turn; openRow('turn-start', d.turn); break
         case 'step/start': closeRow(); openRow('step', turns); break
@@ -6742,13 +6770,9 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
             if (!answered.has(d.message.toolCallId)) answeredByLoop++
             unmanaged += estimateMessageTokens(original)
             if (d.spilled && open) open.events.push({ type: 'spill', seq: e.seq, bytes: d.spilled.bytes, tokensBefore: estimateMessageTokens(original), tokensAfter: estimateMessageTokens(d.message) })
-          } else if (pendingPrune && open) {
-            open.events.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message) })
-            pendingPrune = undefined
           }
           break
         }
-        case 'compaction/prune': pendingPrune = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; break
         case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
         case 'compaction/warning': if (open) open.ladderWarned = true; break
         case 'compaction/end':
@@ -6763,8 +6787,6 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
           }
           pendingSummary = undefined
           break
-        default:
-          if (rung && open) open.events.push({ type: 'rung', rung, seq: e.seq, data: d })
       }
     }
     if (open) figures.forEach((f, k) => { open!.figures[k] = f.add(ae, open!.figures[k], open!.context) })
@@ -6795,9 +6817,14 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   const recordedPeak = stepRows.reduce((p, r) => Math.max(p, r.recordedPromptTokens ?? -1), -1)
   const all = rows.flatMap((r) => r.events)
   const rungs: Record<string, number> = {}
+  const rungReclaimedTokens: Record<string, number> = {}
   for (const e of all) {
-    const name = e.type === 'prune' ? 'prune' : e.type === 'compaction' ? 'compact' : e.type === 'rung' ? e.rung : undefined
-    if (name) rungs[name] = (rungs[name] ?? 0) + 1
+    const name = e.type === 'prune' || e.type === 'clear' ? e.type : e.type === 'compaction' ? 'compact' : e.type === 'rung' ? e.rung : undefined
+    if (!name) continue
+    rungs[name] = (rungs[name] ?? 0) + 1
+    const before = 'tokensBefore' in e ? e.tokensBefore : undefined
+    const after = 'tokensAfter' in e ? e.tokensAfter : undefined
+    if (name !== 'compact' && before !== undefined && after !== undefined) rungReclaimedTokens[name] = (rungReclaimedTokens[name] ?? 0) + before - after
   }
   const pruneThreshold = pruneConfig.thresholdChars
   const totals: ReplayTotals = {
@@ -6820,6 +6847,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     resultsOverPruneThreshold: transcript.messages.filter((m) => m.role === 'tool' && resultCodePoints(m, pruneThreshold) > pruneThreshold).length,
     ladderWarnings: warnings.length,
     rungs,
+    rungReclaimedTokens,
     ...(figures.length > 0 ? {
       figures: Object.fromEntries(figures.map((f) => {
         const values = rows.map((r) => r.figures![f.name])
@@ -6860,10 +6888,10 @@ function describeRungData(data: Record<string, unknown>): string {
 function describeReplayEvent(e: ReplayEvent): string {
   switch (e.type) {
     case 'spill': return `spill    tool result seq ${e.seq}: ${groupDigits(e.bytes)} bytes stored aside, ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
-    case 'prune': return `prune    tool result seq ${e.seq}: ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
+    case 'prune': case 'clear': return `${e.type.padEnd(8)} ${e.role ? `${e.role} message` : 'tool result'} seq ${e.seq}: ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
     case 'compaction': return `compact  ${e.id}: ${e.messages} messages (seq ${e.firstSeq}..${e.lastSeq}) ${groupDigits(e.tokensBefore)} → checkpoint ${groupDigits(e.tokensAfter)} tokens; total ${groupDigits(e.totalBefore)} → ${groupDigits(e.totalAfter)}`
     case 'compaction-failed': return `failed   ${e.id}: ${e.error}`
-    case 'rung': return `${e.rung.padEnd(8)} seq ${e.seq}: ${describeRungData(e.data)}`
+    case 'rung': return `${e.rung.padEnd(8)} seq ${e.seq}: ${e.tokensBefore !== undefined && e.tokensAfter !== undefined ? `${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens; ` : ''}${describeRungData(e.data)}`
   }
 }
 
@@ -6939,7 +6967,10 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     ['spills', String(t.spills)],
     ['compactions', `${t.compactions}${t.failedCompactions ? ` (+${t.failedCompactions} failed)` : ''}, ${t.summaryCalls} summary call(s)`],
   ]
-  for (const [rung, count] of Object.entries(t.rungs ?? {})) if (rung !== 'prune' && rung !== 'compact') totals.push([`rung ${rung}`, String(count)])
+  for (const [rung, count] of Object.entries(t.rungs ?? {})) {
+    const reclaimed = t.rungReclaimedTokens?.[rung]
+    if (rung !== 'prune' && rung !== 'compact') totals.push([`rung ${rung}`, `${count}${reclaimed === undefined ? '' : ` (${groupDigits(reclaimed)} tokens reclaimed)`}`])
+  }
   totals.push(
     ['requests over the window, dsh', String(t.requestsOverWindow)],
     ['steps over the window, unmanaged', `${t.unmanagedStepsOverWindow} (unmanaged peak ${groupDigits(t.peakUnmanagedTokens)} tokens, ${pct(t.peakUnmanagedTokens)})`],
