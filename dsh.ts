@@ -2348,6 +2348,7 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
 export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal, focus?: string): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
+  const hooks = host // the hooks see the host itself (ctx.agent is the Agent), not the recording wrapper
   host = withRecordingSummarizer(host, records)
   const nodes = session.surface().slice(region.start, region.end)
   const first = nodes[0].seq, last = nodes[nodes.length - 1].seq
@@ -2358,7 +2359,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
   session.append('compaction/start', { id, trigger })
   let requests = 0
   try {
-    const verdict = await host.beforeCompaction?.(info, signal)
+    const verdict = await hooks.beforeCompaction?.(info, signal)
     if (verdict?.cancel) throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
     if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}` : verdict.focus.trim()
     const fullLedger = await regionLedger(session, nodes)
@@ -2378,7 +2379,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
     })
     const seq = session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
     session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens, requests: records })
-    try { await host.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
+    try { await hooks.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
       host.warn(`a compaction/after hook failed: ${(err as Error)?.message ?? err}`)
     }
     return requests
@@ -6422,9 +6423,10 @@ const FIDELITY_COUNTS: ReadonlyArray<[keyof FidelityShare, string]> = [['total',
  * The fidelity figures of the compactions (docs/design.md §12), summed over the rows: for each kind
  * (paths, commands, error lines, user messages) how many the compacted regions held, how many
  * appear verbatim in the checkpoints, and how many in the model's summaries alone. Named
- * `fidelity <kind> <count>`; JSON per row, one combined totals line in the text report.
+ * `fidelity <kind> <count>`; JSON per row, one combined totals line in the text report. The CLI's
+ * `replay` passes them ({@link ReplayOptions.figures}); a library replay adds them when asked.
  */
-const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]): ReplayFigure => ({
+export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]): ReplayFigure => ({
   name: `fidelity ${label} ${countLabel}`, total: 'sum', hideTotal: true,
   add: (e, v) => (e.type === 'log' && e.event.type === 'compaction/summary' ? v + (((e.event.data as any).fidelity as Fidelity | undefined)?.[kind]?.[count] ?? 0) : v),
 })))
@@ -6438,9 +6440,10 @@ function fidelityTotalsLine(figures: Readonly<Record<string, number>>): string |
 
 /**
  * Figures every replay computes besides the built-in ones (see {@link ReplayFigure}); add an entry
- * here to give the report a column or a totals line. This version: the fidelity figures.
+ * here to give the report a column or a totals line. Empty in this version (the CLI adds
+ * {@link FIDELITY_FIGURES}).
  */
-export const REPLAY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ [...FIDELITY_FIGURES]
+export const REPLAY_FIGURES: readonly ReplayFigure[] = []
 
 /** Options of {@link replayTranscript}. */
 export interface ReplayOptions {
@@ -8136,8 +8139,10 @@ export async function readProjectInstructions(cwd: string): Promise<ProjectInstr
     try {
       const stat = await fs.stat(path)
       if (!stat.isFile()) continue
-      if (stat.size > PROJECT_INSTRUCTIONS_MAX_BYTES) throw new UsageError(`${file} is ${groupDigits(stat.size)} bytes, over the ${groupDigits(PROJECT_INSTRUCTIONS_MAX_BYTES)}-byte limit for project instructions (they go into every request); shorten it or pass --no-project-instructions`)
+      const tooLarge = (size: number) => new UsageError(`${file} is ${groupDigits(size)} bytes, over the ${groupDigits(PROJECT_INSTRUCTIONS_MAX_BYTES)}-byte limit for project instructions (they go into every request); shorten it or pass --no-project-instructions`)
+      if (stat.size > PROJECT_INSTRUCTIONS_MAX_BYTES) throw tooLarge(stat.size)
       bytes = await fs.readFile(path)
+      if (bytes.length > PROJECT_INSTRUCTIONS_MAX_BYTES) throw tooLarge(bytes.length) // it grew after the stat
     } catch (err: any) {
       if (err instanceof UsageError) throw err
       if (err?.code === 'ENOENT' || err?.code === 'ENOTDIR') continue
@@ -8417,7 +8422,7 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
   try {
     const { output } = await runReplay(text, {
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
-      summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains,
+      summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains, figures: FIDELITY_FIGURES,
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0

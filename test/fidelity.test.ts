@@ -7,7 +7,7 @@ import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, openAICompatible, SessionError, SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE, PRUNE_MARKER,
   frameCheckpoint, renderLedger, regionLedger, trimLedger, ledgerBudget, summaryInstructionText, estimateEnvelopeTokens,
-  estimateMessageTokens, estimateTextTokens, runReplay, type Tool, type Ledger, type SessionEvent,
+  estimateMessageTokens, estimateTextTokens, runReplay, FIDELITY_FIGURES, type Tool, type Ledger, type SessionEvent,
 } from '../dsh.ts'
 import { readCorpus, skipWithoutShared } from './shared.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
@@ -308,7 +308,7 @@ describe('case 4 (library): focus, summaryInstruction, compaction hooks', () => 
     const session = await Session.open(new MemoryStore())
     const agent = new Agent({ session, provider: f.provider, summaryInstruction: 'Summarise as a bullet list.', tools: [tool('fetch', () => `r${n++}`.padEnd(12_000, '.'))] })
     const seen: any[] = []
-    agent.on('compaction/before', ({ compaction }) => { seen.push({ ...compaction }); return { focus: 'keep the API names' } })
+    agent.on('compaction/before', (ctx) => { assert.equal(ctx.agent, agent); seen.push({ ...ctx.compaction }); return { focus: 'keep the API names' } })
     agent.on('compaction/after', ({ checkpoint }) => { seen.push(checkpoint) })
     await agent.run('one'); await agent.run('two')
     await agent.compactNow({ focus: 'the parser' })
@@ -368,7 +368,7 @@ describe('case 5 figures: replay reports the fidelity of its compactions', () =>
   ])
 
   test('a synthetic transcript: every compacted path is in a checkpoint (the ledger), none in the simulated summary', async () => {
-    const { report, output } = await runReplay(openai(8), { contextWindow: 8_000 })
+    const { report, output } = await runReplay(openai(8), { contextWindow: 8_000, figures: FIDELITY_FIGURES })
     const f = report.totals.figures!
     assert.ok(report.totals.compactions >= 1)
     const total = f['fidelity paths total']
@@ -381,7 +381,7 @@ describe('case 5 figures: replay reports the fidelity of its compactions', () =>
     assert.equal(compactions.length, report.totals.compactions)
     assert.ok(output.includes(`\n  fidelity `) && output.includes(`verbatim in checkpoints: paths ${total}/${total}, commands 0/0, error lines 0/0, user messages 0/0; in the summaries alone: 0/${total}, 0/0, 0/0, 0/0\n`), output.slice(-600))
     // No compaction, no fidelity line.
-    const small = await runReplay(openai(1), { contextWindow: 8_000 })
+    const small = await runReplay(openai(1), { contextWindow: 8_000, figures: FIDELITY_FIGURES })
     assert.ok(!small.output.includes('\n  fidelity '))
   })
 
@@ -393,7 +393,7 @@ describe('case 5 figures: replay reports the fidelity of its compactions', () =>
       // SWE-agent trajectories run everything through one bash tool: commands, no path arguments.
       // Over 1,600 tokens (floor(32,000 × 0.05)) the ledger drops its oldest entries: pylint's 109
       // commands do not all fit; the long task statement (a user message) never fits whole.
-      const { output } = await runReplay(readCorpus(file), { contextWindow: 32_000 })
+      const { output } = await runReplay(readCorpus(file), { contextWindow: 32_000, figures: FIDELITY_FIGURES })
       assert.ok(output.includes(`\n  fidelity                          ${line}\n`), output.slice(-900))
     })
   }
