@@ -7014,10 +7014,15 @@ class ReplayAgent extends Agent {
     this.recordedEnvelope = envelope
     this.recordedToolNames = new Set((options.tools ?? []).map((t) => t.name))
   }
+  private extended?: { own: readonly ToolSpec[]; envelope: Envelope }
   override get envelope(): Envelope {
     const own = (super.envelope.tools ?? []).filter((t) => !this.recordedToolNames.has(t.name))
     if (own.length === 0) return this.recordedEnvelope
-    return { system: this.recordedEnvelope.system, tools: [...(this.recordedEnvelope.tools ?? []), ...own] }
+    // One object per tool set, as the Agent keeps its own (the adapter serialises the tools once per object).
+    if (this.extended?.own.length !== own.length || this.extended.own.some((t, i) => t.name !== own[i].name)) {
+      this.extended = { own, envelope: { system: this.recordedEnvelope.system, tools: [...(this.recordedEnvelope.tools ?? []), ...own] } }
+    }
+    return this.extended.envelope
   }
 }
 
