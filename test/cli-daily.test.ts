@@ -6,7 +6,7 @@ import assert from 'node:assert/strict'
 import { createServer } from 'node:net'
 import { mkdir, readFile, writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
-import { CLEAN_ENV, ROOT, dsh, dshCommand, dshPty, fake, lines, readLog, runFlags, runProcess, skipWithoutPty, tempDir } from './cli-helpers.ts'
+import { CLEAN_ENV, ROOT, dsh, dshCommand, dshPty, dshPtyDriven, fake, lines, readLog, runFlags, runProcess, skipWithoutPty, tempDir } from './cli-helpers.ts'
 
 const group = (n: number) => n.toLocaleString('en-US')
 /** A stack trace line, as Node prints one. */
@@ -266,6 +266,8 @@ describe('an overflow-recovery loop stops at the first repeat', () => {
 
 describe('the terminal (under a pseudo-terminal)', () => {
   const skip = skipWithoutPty
+  /** The interactive prompt: dsh waits for input. */
+  const PROMPT = '› '
   test('-p on a terminal streams the answer as it arrives (before the step\'s status line), printed once', { skip }, async () => {
     const cwd = await tempDir()
     const ANSWER = 'This answer arrives in small pieces.'
@@ -280,10 +282,10 @@ describe('the terminal (under a pseudo-terminal)', () => {
   test('a pasted block is one input; a trailing \\ continues the line', { skip }, async () => {
     const cwd = await tempDir()
     const f = await fake(() => ({ text: 'ok' }))
-    const run = await dshPty([...runFlags(f), '--no-shell'], cwd, CLEAN_ENV, [
-      [2500, '\x1b[200~line one\rline two\rline three\x1b[201~'], [300, '\r'],
-      [1500, 'first \\\r'], [300, 'second\r'],
-      [1500, '/exit\r'],
+    const run = await dshPtyDriven([...runFlags(f), '--no-shell'], cwd, CLEAN_ENV, [
+      { waitFor: PROMPT, send: '\x1b[200~line one\rline two\rline three\x1b[201~' }, { waitFor: 'three', send: '\r' },
+      { waitFor: PROMPT, send: 'first \\\r' }, { waitFor: '… ', send: 'second\r' },
+      { waitFor: PROMPT, send: '/exit\r' },
     ])
     assert.equal(run.code, 0, run.stdout)
     assert.ok(run.stdout.includes('\x1b[?2004h'), 'bracketed paste mode is switched on')
@@ -299,9 +301,13 @@ describe('the terminal (under a pseudo-terminal)', () => {
       return ++summaries === 1 ? { text: 'Summary: two long notes were given.', delayMs: 500 } : { fault: 'hang' }
     })
     const long = (tag: string) => `${tag} ${'note '.repeat(1600)}\r`
-    const run = await dshPty([...runFlags(f), '--no-shell'], cwd, { ...CLEAN_ENV, TERM: 'xterm' }, [
-      [2500, long('first')], [1000, long('second')], [1000, long('third')], [1000, '/compact\r'],
-      [3000, long('fourth')], [1000, long('fifth')], [1000, '/compact\r'], [1500, '\x03'], [1000, '/exit\r'],
+    const run = await dshPtyDriven([...runFlags(f), '--no-shell'], cwd, { ...CLEAN_ENV, TERM: 'xterm' }, [
+      ...['first', 'second', 'third'].map((tag) => ({ waitFor: PROMPT, send: long(tag) })),
+      { waitFor: PROMPT, send: '/compact\r' },
+      // After the first compaction's line, so that the indicator awaited below is the second one's.
+      { waitFor: '[dsh] compacted', send: long('fourth') }, { waitFor: PROMPT, send: long('fifth') },
+      { waitFor: PROMPT, send: '/compact\r' }, { waitFor: 'compacting…', send: '\x03' },
+      { waitFor: PROMPT, send: '/exit\r' },
     ])
     assert.equal(run.code, 0, run.stdout)
     assert.equal(summaries, 2, run.stdout)
