@@ -7565,7 +7565,8 @@ function toolSubject(name: string, rawArguments: string): string {
       if (first !== undefined) parts = [String(first)]
     }
   }
-  const text = parts.join(' ').replace(/\r?\n/g, '⏎').replace(/[\x00-\x1f\x7f-\x9f]/g, '')
+  // At most 4 UTF-16 units per shown code point are looked at: a model's argument may be megabytes.
+  const text = parts.join(' ').slice(0, 4 * ACTIVITY_SUBJECT_CODE_POINTS).replace(/\r?\n/g, '⏎').replace(/[\x00-\x1f\x7f-\x9f]/g, '')
   const points = Array.from(text)
   return points.length === 0 ? name : `${name} ${points.length > ACTIVITY_SUBJECT_CODE_POINTS ? points.slice(0, ACTIVITY_SUBJECT_CODE_POINTS - 1).join('') + '…' : text}`
 }
@@ -7637,7 +7638,8 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     if (e.type === 'stream') {
       if (e.event.type === 'retry') {
         const { attempt, delayMs, error, maxRetries } = e.event
-        say(`[dsh] retry ${attempt}${maxRetries ? ` of ${maxRetries}` : ''} in ${(delayMs / 1000).toFixed(1)} s: ${error.message.split('\n')[0]}`)
+        const why = Array.from(error.message.slice(0, 2 * ACTIVITY_ERROR_CODE_POINTS).split('\n')[0])
+        say(`[dsh] retry ${attempt}${maxRetries ? ` of ${maxRetries}` : ''} in ${(delayMs / 1000).toFixed(1)} s: ${why.length > ACTIVITY_ERROR_CODE_POINTS ? why.slice(0, ACTIVITY_ERROR_CODE_POINTS - 1).join('') + '…' : why.join('')}`)
       }
       return
     }
@@ -7757,7 +7759,7 @@ async function resumeLine(session: Session, name: string, nowMs: number): Promis
   if (at <= 0) return undefined
   const last = await session.readEvent(at - 1)
   const input = session.surface().findLast((n) => n.message.role === 'user')
-  const text = input ? textOf(input.message).replace(/\s+/g, ' ').trim() : ''
+  const text = input ? textOf(input.message).slice(0, 1000).replace(/\s+/g, ' ').trim() : ''
   const points = Array.from(text)
   const quoted = text === '' ? '' : `: "${points.length > 60 ? points.slice(0, 59).join('') + '…' : text}"`
   const turns = session.turn.turn

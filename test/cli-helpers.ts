@@ -63,15 +63,17 @@ export async function dshPty(args: string[], cwd: string, env: Record<string, st
  * where the previous step's wait matched) contains `waitFor`, then types `send`. Resolves when dsh
  * exits (killed after 30 s); the output has `\r` removed.
  */
-export function dshPtyDriven(args: string[], cwd: string, env: Record<string, string>, steps: { waitFor: string; send: string }[]): Promise<Run> {
+export function dshPtyDriven(args: string[], cwd: string, env: Record<string, string>, steps: { waitFor: string | RegExp; send: string }[]): Promise<Run> {
   return new Promise((resolve, reject) => {
     const child = spawn('script', ['-qec', dshCommand(args), '/dev/null'], { cwd, env: { NO_COLOR: '1', TERM: 'dumb', ...env }, stdio: ['pipe', 'pipe', 'pipe'] })
     let stdout = '', stderr = '', from = 0, next = 0
     const advance = () => {
       while (next < steps.length) {
-        const at = stdout.indexOf(steps[next].waitFor, from)
-        if (at === -1) return
-        from = at + steps[next].waitFor.length
+        const { waitFor } = steps[next]
+        const found = typeof waitFor === 'string' ? { at: stdout.indexOf(waitFor, from), length: waitFor.length }
+          : ((m) => ({ at: m ? from + m.index : -1, length: m ? m[0].length : 0 }))(waitFor.exec(stdout.slice(from)))
+        if (found.at === -1) return
+        from = found.at + found.length
         child.stdin!.write(steps[next++].send)
       }
     }
