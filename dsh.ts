@@ -94,6 +94,20 @@ export interface ToolResultMessage {
 /** A provider-neutral message (docs/design.md §1); the envelope (system, tools) is not a message. */
 export type Message = UserMessage | AssistantMessage | ToolResultMessage
 
+/**
+ * The text of a message's content: a string as it is, blocks as their text blocks joined by
+ * `separator` (none by default), other blocks left out. The one block-text join of the file.
+ */
+function contentText(content: string | readonly Block[], separator = ''): string {
+  if (typeof content === 'string') return content
+  return content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join(separator)
+}
+
+/** Whether `value` is a safe integer ≥ `min`: the one check behind every count, size and limit option. */
+function isIntegerAtLeast(value: unknown, min: number): value is number {
+  return Number.isSafeInteger(value) && (value as number) >= min
+}
+
 /** A function tool as the provider sees it (JSON-schema `parameters`), part of the envelope. */
 export interface ToolSpec { name: string; description?: string; parameters?: Record<string, unknown> }
 
@@ -199,6 +213,7 @@ export interface ChatRequest {
 
 /** The assembled answer of one provider call. */
 export interface ChatResponse {
+  /** Tool-call ids are the server's; '' where it sent none (the {@link Agent} gives those an id). */
   message: AssistantMessage
   usage?: Usage
   /** `stop`, `tool_calls`, `length`, `content_filter`, … as the provider sent it. */
@@ -438,7 +453,7 @@ export function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
   const full = { ...DEFAULT_PRUNE_CONFIG, ...config }
   for (const key of ['thresholdChars', 'headChars', 'tailChars'] as const) {
     const v = full[key]
-    if (!Number.isSafeInteger(v) || v < 0) throw new PruneConfigError(`prune config: ${key} must be a non-negative integer number of code points, got ${String(v)}`)
+    if (!isIntegerAtLeast(v, 0)) throw new PruneConfigError(`prune config: ${key} must be a non-negative integer number of code points, got ${String(v)}`)
   }
   if (full.graphemeSafe !== undefined && typeof full.graphemeSafe !== 'boolean') throw new PruneConfigError(`prune config: graphemeSafe must be a boolean, got ${String(full.graphemeSafe)}`)
   if (full.headChars + MARKER_CODE_POINTS + full.tailChars > full.thresholdChars) {
@@ -1845,7 +1860,7 @@ const WRITE_WORD = /write|create|save|append/i
 const EXIT_CODE = /\bexit(?:ed with)?(?:[ _]?(?:code|status))?[:= ]\s*(-?\d+)\b|<returncode>\s*(-?\d+)\s*<\/returncode>/i
 const ERROR_WORD = /error|fail|fatal|exception|denied|not found|no such|cannot|can't|invalid|refused|panic|traceback/i
 
-const messageText = (m: Message): string => typeof m.content === 'string' ? m.content : m.content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('\n')
+const messageText = (m: Message): string => contentText(m.content, '\n')
 
 /** What one tool call says about files and commands, read from its arguments (see {@link Ledger}). */
 function callFacts(call: ToolCallBlock): { kind: 'read' | 'written' | 'edited'; paths: string[]; command?: string } {
@@ -2281,7 +2296,7 @@ export async function summarise(host: CompactionHost, messages: readonly Message
       inputTokens, signal, headers: { 'x-dsh-purpose': 'compaction' },
     })
     if (res.usage) { usage.promptTokens += res.usage.promptTokens; usage.completionTokens += res.usage.completionTokens }
-    const text = res.message.content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('').trim()
+    const text = contentText(res.message.content).trim()
     if (!text) throw new CompactionError(`the summarizer (${provider.model}) returned no text (finish reason ${res.finishReason})`)
     summary = text
   }
@@ -2694,7 +2709,7 @@ export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
     throw new TypeError('createSSEParser takes an options object, got a function. Did you mean createSSEParser({ onEvent: fn })?')
   }
   const { onEvent, onComment, onRetry, onId, onError, maxBufferSize } = options
-  if (maxBufferSize !== undefined && !(Number.isInteger(maxBufferSize) && maxBufferSize > 0)) {
+  if (maxBufferSize !== undefined && !isIntegerAtLeast(maxBufferSize, 1)) {
     throw new RangeError(`createSSEParser: maxBufferSize must be a positive integer (UTF-16 units), got ${String(maxBufferSize)}`)
   }
   // The unterminated line, as fragments joined once when its terminator arrives, because
@@ -2714,10 +2729,16 @@ export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
   const clearEvent = (): void => { data = ''; dataLines = 0; eventType = undefined; id = undefined }
 
   function dispatch(): void {
+    if (id === undefined && dataLines > 0 && onEvent) {
+      // The common case (no id): one object of a fixed shape.
+      const event: SSEEvent = { event: eventType ?? 'message', data }
+      data = ''; dataLines = 0; eventType = undefined
+      onEvent(event)
+      return
+    }
     if (id !== undefined) onId?.(id)
     if (dataLines > 0 && onEvent) {
-      const event: SSEEvent = { event: eventType ?? 'message', data }
-      if (id !== undefined) event.id = id
+      const event: SSEEvent = { event: eventType ?? 'message', data, id }
       clearEvent()
       onEvent(event)
       return
@@ -3117,25 +3138,38 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
  * @param bodyText the response body (or the in-stream `data:` payload) as text.
  */
 export function classifyProviderError(status: number | undefined, bodyText: string): ProviderErrorCode {
+  return readErrorBody(status, bodyText).code
+}
+
+/**
+ * An error body read once: its code (the rules of {@link classifyProviderError}) and what it says
+ * (`info`, for the error's message and in-stream status). Never throws.
+ */
+function readErrorBody(status: number | undefined, bodyText: unknown): { code: ProviderErrorCode; info?: ErrorBodyInfo } {
+  let info: ErrorBodyInfo | undefined
   try {
-    const info = inspectErrorBody(typeof bodyText === 'string' ? bodyText : bodyText == null ? '' : String(bodyText))
-    const s = isErrorStatus(status) ? status : info.status
-    const h = info.haystack
-    if (s === 429 || RATE_LIMIT_RE.test(h)) return 'RATE_LIMIT'
-    if (OVERFLOW_PATTERNS.some((re) => re.test(h))) return 'CONTEXT_WINDOW_EXCEEDED'
-    if (s === 402 || QUOTA_RE.test(h)) return 'QUOTA'
-    if (s === 401 || s === 403) return 'AUTH'
-    if (s === 408) return 'TIMEOUT'
-    if (s === 413) return 'CONTEXT_WINDOW_EXCEEDED'
-    if (s !== undefined) return s < 500 ? 'INVALID_REQUEST' : 'SERVER'
-    if (info.blank) return 'EMPTY_RESPONSE'
-    if (AUTH_RE.test(h)) return 'AUTH'
-    if (SERVER_RE.test(h)) return 'SERVER'
-    if (INVALID_RE.test(h)) return 'INVALID_REQUEST'
-    return info.parsed ? 'SERVER' : 'MALFORMED_RESPONSE'
+    info = inspectErrorBody(typeof bodyText === 'string' ? bodyText : bodyText == null ? '' : String(bodyText))
+    return { code: codeOfErrorBody(status, info), info }
   } catch {
-    return isErrorStatus(status) && status < 500 ? 'INVALID_REQUEST' : 'SERVER'
+    return { code: isErrorStatus(status) && status < 500 ? 'INVALID_REQUEST' : 'SERVER', info }
   }
+}
+
+function codeOfErrorBody(status: number | undefined, info: ErrorBodyInfo): ProviderErrorCode {
+  const s = isErrorStatus(status) ? status : info.status
+  const h = info.haystack
+  if (s === 429 || RATE_LIMIT_RE.test(h)) return 'RATE_LIMIT'
+  if (OVERFLOW_PATTERNS.some((re) => re.test(h))) return 'CONTEXT_WINDOW_EXCEEDED'
+  if (s === 402 || QUOTA_RE.test(h)) return 'QUOTA'
+  if (s === 401 || s === 403) return 'AUTH'
+  if (s === 408) return 'TIMEOUT'
+  if (s === 413) return 'CONTEXT_WINDOW_EXCEEDED'
+  if (s !== undefined) return s < 500 ? 'INVALID_REQUEST' : 'SERVER'
+  if (info.blank) return 'EMPTY_RESPONSE'
+  if (AUTH_RE.test(h)) return 'AUTH'
+  if (SERVER_RE.test(h)) return 'SERVER'
+  if (INVALID_RE.test(h)) return 'INVALID_REQUEST'
+  return info.parsed ? 'SERVER' : 'MALFORMED_RESPONSE'
 }
 
 /** What to do about each code, appended to error messages (docs/design.md §0: an error names the fix). */
@@ -3421,7 +3455,7 @@ function sleepMs(ms: number, signal?: AbortSignal): Promise<void> {
 
 function positiveInteger(fn: string, name: string, value: unknown, allowZero = false): number | undefined {
   if (value === undefined) return undefined
-  if (typeof value !== 'number' || !Number.isInteger(value) || value < (allowZero ? 0 : 1)) {
+  if (!isIntegerAtLeast(value, allowZero ? 0 : 1)) {
     throw new TypeError(`${fn}: ${name} must be ${allowZero ? 'a non-negative' : 'a positive'} integer, got ${JSON.stringify(value)}`)
   }
   return value
@@ -3761,10 +3795,9 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
       const content: Block[] = []
       if (reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
       if (text !== '') content.push({ type: 'text', text })
-      calls.forEach((c, i) => {
-        const id = c.id || `call_${i}_${typeof crypto !== 'undefined' && typeof crypto.randomUUID === 'function' ? crypto.randomUUID() : Math.random().toString(36).slice(2)}`
-        content.push({ type: 'tool-call', id, name: c.name, arguments: c.arguments })
-      })
+      // The id as the server sent it ('' when it sent none): the Agent repairs missing and repeated
+      // ids in one place (withCallIds), where it knows the log's seq and the ids already used.
+      for (const c of calls) content.push({ type: 'tool-call', id: c.id, name: c.name, arguments: c.arguments })
       const reason = finishReason ?? (calls.length > 0 ? 'tool_calls' : 'stop')
       if (usage) emit({ type: 'usage', usage })
       emit({ type: 'finish', finishReason: reason })
@@ -3797,11 +3830,10 @@ function readUsage(u: unknown): Usage | undefined {
  * `status_code`), else the 200 the response had.
  */
 function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | undefined): ProviderError {
-  const classified = classifyProviderError(200, payload)
+  const { code: classified, info } = readErrorBody(200, payload)
   // An explicit error event whose payload says nothing readable is still the server's failure.
   const code = classified === 'MALFORMED_RESPONSE' || classified === 'EMPTY_RESPONSE' ? 'SERVER' : classified
-  const info = inspectErrorBody(payload)
-  return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}.`, { status: info.status ?? 200, body: payload, requestId })
+  return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model ${cfg.model})${info?.message ? `: ${info.message}` : ''}.`, { status: info?.status ?? 200, body: payload, requestId })
 }
 
 /**
@@ -3923,9 +3955,8 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     requestId = requestIdOf(response.headers)
     if (!response.ok) {
       const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
-      const code = classifyProviderError(response.status, text)
-      const info = inspectErrorBody(text)
-      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}${cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''}.`, {
+      const { code, info } = readErrorBody(response.status, text)
+      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info?.message ? `: ${info.message}` : ''}${cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''}.`, {
         status: response.status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
       })
     }
@@ -4063,7 +4094,6 @@ export interface TurnResult {
 /** Consecutive retries of a step whose stream broke after output (see {@link Agent}). */
 const MAX_STREAM_RETRIES = 1
 
-const textOfBlocks = (blocks: readonly Block[]) => blocks.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('')
 
 /** Turns whatever a tool returned into result content; anything else is an error for the model. */
 function toolOutputToResult(callId: string, name: string, out: unknown): ToolResultMessage {
@@ -4158,7 +4188,7 @@ export class Agent implements CompactionHost {
     }
     this.summaryInstruction = options.summaryInstruction
     this.window = options.contextWindow ?? options.provider.contextWindow
-    if (this.window !== undefined && !(Number.isInteger(this.window) && this.window > 0)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
+    if (this.window !== undefined && !isIntegerAtLeast(this.window, 1)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
     this.maxTokens = options.maxTokens ?? options.provider.maxTokens
     this.compaction = { ...DEFAULT_COMPACTION_CONFIG, ...options.compaction }
     this.pruneConfig = resolvePruneConfig(options.prune)
@@ -4299,7 +4329,7 @@ export class Agent implements CompactionHost {
       ended = true
       session.append('turn/end', { turn, reason })
       await session.sync()
-      return { turn, steps: step, reason, text: last ? textOfBlocks(last.content) : '', message: last }
+      return { turn, steps: step, reason, text: last ? contentText(last.content) : '', message: last }
     }
     let ended = false
     try {
@@ -4583,10 +4613,10 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
   if (typeof options.cwd !== 'string' || options.cwd === '') throw new TypeError('builtinTools: options.cwd must be a non-empty directory path')
   const num = (name: keyof typeof BUILTIN_TOOL_DEFAULTS): number => {
     const value = (options as unknown as Record<string, unknown>)[name] ?? BUILTIN_TOOL_DEFAULTS[name]
-    if (!Number.isSafeInteger(value) || (value as number) < 1) {
+    if (!isIntegerAtLeast(value, 1)) {
       throw new TypeError(`builtinTools: options.${name} must be a positive integer, got ${String(value)} (default ${BUILTIN_TOOL_DEFAULTS[name]})`)
     }
-    return value as number
+    return value
   }
   const maxOutputUnits = num('maxOutputUnits')
   const readLimitLines = num('readLimitLines')
@@ -4647,7 +4677,7 @@ function argInt(tool: string, args: Record<string, unknown>, key: string, fallba
   let value = args[key]
   if (value === undefined || value === null) return fallback
   if (typeof value === 'string' && /^\d+$/.test(value.trim())) value = Number(value.trim())
-  if (!Number.isSafeInteger(value) || (value as number) < min || (value as number) > max) {
+  if (!isIntegerAtLeast(value, min) || value > max) {
     throw new Error(`${tool}: "${key}" must be an integer from ${min} to ${max} (${unit}), got ${JSON.stringify(value)}`)
   }
   return value as number
@@ -6491,8 +6521,11 @@ interface ReplayScriptStep {
   steerAfter: UserMessage[]
 }
 
-/** One turn: the input `Agent.run` gets, steering queued before it, and the steps the transcript records. */
-interface ReplayScriptTurn { input: UserMessage; steerBefore: UserMessage[]; steps: ReplayScriptStep[] }
+/**
+ * One turn: the input `Agent.run` gets, steering queued before it, and the steps the transcript
+ * records. `synthetic`: the input is not the transcript's (it opens with an assistant message).
+ */
+interface ReplayScriptTurn { input: UserMessage; synthetic?: boolean; steerBefore: UserMessage[]; steps: ReplayScriptStep[] }
 
 /**
  * Cuts a transcript into the turns the loop would run. A user message opens a turn where the loop
@@ -6514,7 +6547,7 @@ function replayScript(transcript: Transcript, notes: string[]): ReplayScriptTurn
       else turn!.steerBefore.push(m)
     } else if (m.role === 'assistant') {
       if (!turn) {
-        turns.push({ input: { role: 'user', content: '' }, steerBefore: [], steps: [] })
+        turns.push({ input: { role: 'user', content: '' }, synthetic: true, steerBefore: [], steps: [] })
         notes.push('the transcript opens with an assistant message: replay opened the first turn with an empty user input')
       }
       turns.at(-1)!.steps.push({ message: m, usage: transcript.usage[assistants++], results: [], steerAfter: [] })
@@ -6722,7 +6755,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
         case 'step/start': closeRow(); openRow('step', turns); break
         case 'step/end': case 'turn/end': closeRow(); break
         case 'user/message':
-          if (appended) unmanaged += estimateMessageTokens(d.message)
+          if (appended && !(turn?.synthetic && d.message === turn.input)) unmanaged += estimateMessageTokens(d.message) // the transcript's messages only
           else if (pendingSummary && d.compactionId === pendingSummary.id) pendingSummary.checkpointTokens = estimateMessageTokens(d.message)
           break
         case 'assistant/message': {
@@ -7159,6 +7192,7 @@ The model gets these tools: read_file, list_files, grep, write_file, edit_file (
 limited to the working directory) and, with --allow-shell or an interactive yes, shell (which is
 not: a command can reach anything you can). Interactive commands: /compact [FOCUS], /context,
 /pin, /unpin, /usage, /help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
+A pasted block is one input; a line that ends in \\ continues on the next.
 
 Status lines (stderr)
   ▸ read_file src/a.ts (2,340 tokens)    a tool ran; its result takes 2,340 tokens of context
@@ -7191,6 +7225,7 @@ Environment
   DSH_BASE_URL           default for --base-url
   DSH_MODEL              default for --model
   NO_COLOR               plain status line
+  XDG_CONFIG_HOME        where the remembered shell answers are kept (default ~/.config)
 
 Exit codes
   0  done
@@ -7222,7 +7257,7 @@ function editDistance(a: string, b: string): number {
 
 function parsePositiveInt(flag: string, raw: string, unit: string, example: string): number {
   const value = Number(raw)
-  if (!/^\d+$/.test(raw) || !Number.isSafeInteger(value) || value < 1) {
+  if (!/^\d+$/.test(raw) || !isIntegerAtLeast(value, 1)) {
     throw new UsageError(`${flag} must be a positive whole number of ${unit}, got ${JSON.stringify(raw)} (e.g. ${flag} ${example})`)
   }
   return value
@@ -7574,7 +7609,7 @@ function toolSubject(name: string, rawArguments: string): string {
 /** What a tool result says about its outcome in a few words, for the activity line: `exit 1`,
  *  or the first line of an error. `undefined` for a plain success. */
 function toolOutcome(result: ToolResultMessage): string | undefined {
-  const text = textOfBlocks(result.content)
+  const text = contentText(result.content)
   const first = text.slice(0, 2 * ACTIVITY_ERROR_CODE_POINTS).split('\n')[0].replace(/[\x00-\x1f\x7f-\x9f]/g, '')
   const exit = /^exit code (\d+)$/.exec(first) // the shell tool's status line
   if (exit) return `exit ${exit[1]}`
@@ -7759,15 +7794,11 @@ async function resumeLine(session: Session, name: string, nowMs: number): Promis
   if (at <= 0) return undefined
   const last = await session.readEvent(at - 1)
   const input = session.surface().findLast((n) => n.message.role === 'user')
-  const text = input ? textOf(input.message).slice(0, 1000).replace(/\s+/g, ' ').trim() : ''
+  const text = input ? contentText(input.message.content).slice(0, 1000).replace(/\s+/g, ' ').trim() : ''
   const points = Array.from(text)
   const quoted = text === '' ? '' : `: "${points.length > 60 ? points.slice(0, 59).join('') + '…' : text}"`
   const turns = session.turn.turn
   return `[dsh] resumed ${name}: ${turns} turn${turns === 1 ? '' : 's'}, ${groupDigits(session.measure().totalTokens)} tokens in context; last active ${agoText(nowMs - last.time)}${quoted}`
-}
-
-function textOf(message: Message): string {
-  return typeof message.content === 'string' ? message.content : textOfBlocks(message.content)
 }
 
 function agoText(ms: number): string {
@@ -8304,7 +8335,7 @@ export async function showSession(session: Session, options: { checkpoints?: boo
       case 'assistant/message': {
         const m = d.message as AssistantMessage
         if (d.surfaceOp.op === 'replace') { out.push(`  ${at} assistant message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(m))}`); break }
-        const text = textOfBlocks(m.content)
+        const text = contentText(m.content)
         if (text.trim()) out.push(`  ${at} assistant${m.interrupted ? ' (interrupted)' : ''}: ${oneLine(text)}`)
         for (const c of toolCalls(m)) { names.set(c.id, c.name); out.push(`  ${at} → ${c.name} ${oneLine(c.arguments, 100)}`) }
         break
