@@ -768,7 +768,7 @@ export interface SurfaceNode {
  * call/result pairing, a corrupt log file (with its line), a store that could not be read or written,
  * or a pin that is refused (it would not fit, or an edit would touch a pinned message).
  */
-export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'PIN'
+export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'PIN' | 'LOCKED'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
 export class SessionError extends Error {
@@ -788,6 +788,9 @@ export class SessionError extends Error {
  * 1-based, `bytes` its UTF-8 length, `savedTo` where FileStore kept its bytes.
  */
 export interface TornLine { line: number; bytes: number; savedTo?: string }
+
+/** Who holds a session log's lock file (`FILE.lock`): process id, host name, and when it took the lock (ms since the epoch). */
+export interface LogLockHolder { pid: number; host: string; time: number }
 
 /** What a store returns on load. */
 export interface LoadedLog { events: SessionEvent[]; torn?: TornLine }
@@ -844,8 +847,10 @@ function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined 
 }
 
 /**
- * Parses JSONL log text. `goodLength` is the UTF-16 length of the whole lines. A last line without its newline that does not parse is torn (dropped and
- * reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line.
+ * Parses JSONL log text. `goodLength` is the UTF-16 length of the whole lines. A last line without
+ * its newline that starts like an event (`{"seq":`) but does not parse is torn (dropped and
+ * reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line, so a
+ * file that is not a dsh log (a one-line `.env`) is refused, never repaired.
  */
 export function parseLogText(text: string): { events: SessionEvent[]; torn?: TornLine; goodLength: number } {
   const events: SessionEvent[] = []
@@ -865,8 +870,8 @@ export function parseLogText(text: string): { events: SessionEvent[]; torn?: Tor
 }
 
 /**
- * One log line (without its newline) → its event. `'torn'`: the last line, unterminated, does not
- * parse (a crash cut it); `'blank'`: trailing white space at the end of the file. Anything else
+ * One log line (without its newline) → its event. `'torn'`: the last line, unterminated, starts
+ * like an event (`{"seq":`) but does not parse (a crash cut it; a one-line `.env` is refused); `'blank'`: trailing white space at the end of the file. Anything else
  * that is wrong throws `SessionError('LOG_CORRUPT')` naming the 1-based `line`.
  */
 function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent | 'torn' | 'blank' {
@@ -876,7 +881,8 @@ function parseLogLine(raw: string, line: number, expectedSeq: number, terminated
   }
   let value: unknown
   try { value = JSON.parse(raw) } catch {
-    if (!terminated) return 'torn'
+    // Torn: the start of an event dsh wrote ({"seq":…), cut short. Anything else is not a dsh log.
+    if (!terminated && raw.startsWith('{"seq":')) return 'torn'
     throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
   }
   const problem = eventShapeProblem(value, expectedSeq)
@@ -898,6 +904,8 @@ const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
 
 /**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
+ * One writer per log (docs/design.md §13): the first write takes `FILE.lock` (see
+ * {@link acquireLogLock}) and `close()` gives it back; reading takes no lock.
  * `sync()` fsyncs. Loading streams the file line by line (no whole-file string, no size ceiling),
  * drops a torn last line — its bytes are saved beside the log as `FILE.torn-<time>` and the file is
  * truncated to its last whole line — and refuses any other corruption with the line number.
@@ -907,15 +915,59 @@ const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
  */
 export class FileStore implements LogStore {
   readonly path: string
+  /** The lock file, `FILE.lock`. */
+  readonly lockPath: string
   private handle: any
   private reader: any
   private needsNewline = false
+  private locked = false
+  private repairOnly = false
+  /** The file's size in bytes as this store last saw it (-1: absent); a first write refuses a log that changed since. */
+  private seenBytes?: number
+  /** The lock of a dead process this store took over, if any: for the caller to report (docs/design.md §13). */
+  staleLock?: LogLockHolder
   /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
   private lineStarts?: number[]
-  constructor(path: string) { this.path = path }
+  constructor(path: string) { this.path = path; this.lockPath = `${path}.lock` }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
+  /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('LOCKED')`. */
+  private async lock(): Promise<void> {
+    if (this.locked) return
+    const stale = await acquireLogLock(this.path, this.lockPath)
+    this.locked = true
+    if (stale) this.staleLock = stale
+  }
+
+  private async unlock(): Promise<void> {
+    if (!this.locked) return
+    this.locked = false
+    await releaseLogLock(this.lockPath)
+  }
+
+  private async sizeNow(): Promise<number> {
+    try { return (await (await this.fs()).stat(this.path)).size } catch (err: any) {
+      if (err?.code === 'ENOENT') return -1
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
+    }
+  }
+
+  /** Takes the lock for a torn-line repair; false when another live process holds it. */
+  private async lockForRepair(): Promise<boolean> {
+    if (this.locked) return true
+    try { await this.lock() } catch (err) {
+      if (err instanceof SessionError && err.code === 'LOCKED') return false
+      throw err
+    }
+    this.repairOnly = true
+    return true
+  }
+
+  /**
+   * Reads the log (see {@link FileStore.scan}). Reading takes no lock; repairing a torn last line
+   * does (for the repair only).
+   */
   async load(): Promise<LoadedLog> {
     const events: SessionEvent[] = []
     const { torn } = await this.scan((e) => { events.push(e) })
@@ -926,7 +978,7 @@ export class FileStore implements LogStore {
     const fs = await this.fs()
     let fh: any
     try { fh = await fs.open(this.path, 'r') } catch (err: any) {
-      if (err?.code === 'ENOENT') { this.lineStarts = [0]; return {} }
+      if (err?.code === 'ENOENT') { this.lineStarts = [0]; this.seenBytes = -1; return {} }
       throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
     }
     const starts: number[] = [0]
@@ -935,6 +987,7 @@ export class FileStore implements LogStore {
     let tornAt = -1
     try {
       const size: number = (await fh.stat()).size
+      this.seenBytes = size
       for await (const lines of lineChunks(fh, 0, size)) {
         for (const { bytes, at, terminated } of lines) {
           const line = starts.length
@@ -946,13 +999,20 @@ export class FileStore implements LogStore {
           if (!terminated) this.needsNewline = true
         }
       }
-      if (torn) {
-        const savedTo = `${this.path}.torn-${Date.now()}`
-        const tail = new Uint8Array(size - tornAt)
-        await fh.read(tail, 0, tail.length, tornAt)
-        await fs.writeFile(savedTo, tail)
-        await fs.truncate(this.path, tornAt)
-        torn.savedTo = savedTo
+      // The repair is a write: it takes the lock for its duration. A live holder's torn-looking
+      // last line may be its append in flight: reported, not repaired (and this store cannot write).
+      if (torn && !(await this.lockForRepair())) this.seenBytes = undefined // not repaired: this store must not append
+      else if (torn) {
+        try {
+          if ((await this.sizeNow()) !== size) throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another process writes to it); open it again`)
+          const savedTo = `${this.path}.torn-${Date.now()}`
+          const tail = new Uint8Array(size - tornAt)
+          await fh.read(tail, 0, tail.length, tornAt)
+          await fs.writeFile(savedTo, tail)
+          await fs.truncate(this.path, tornAt)
+          this.seenBytes = tornAt
+          torn.savedTo = savedTo
+        } finally { if (this.repairOnly) { this.repairOnly = false; await this.unlock() } }
       }
     } catch (err) {
       if (err instanceof SessionError) throw err
@@ -962,9 +1022,23 @@ export class FileStore implements LogStore {
     return { torn }
   }
 
+  /**
+   * Appends events. The first write takes the lock, and refuses (`SessionError('LOCKED')`) when
+   * another live process holds it or when the file changed since this store loaded it.
+   */
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
     if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
+    if (!this.locked) {
+      await this.lock()
+      const size = await this.sizeNow()
+      if (size !== this.seenBytes) {
+        await this.unlock()
+        throw new SessionError('LOCKED', this.seenBytes === undefined
+          ? `session log ${this.path} ends with a torn line that another process held it during; open it again`
+          : `session log ${this.path} changed since it was loaded (${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): another process wrote to it; open it again`)
+      }
+    }
     const starts = this.lineStarts!
     const encoder = new TextEncoder()
     const parts: Uint8Array[] = []
@@ -979,6 +1053,7 @@ export class FileStore implements LogStore {
     let pos = 0
     for (const part of parts) { buffer.set(part, pos); pos += part.length }
     await this.write(buffer)
+    this.seenBytes! += buffer.length
     this.needsNewline = false
     for (const a of added) starts.push(a)
   }
@@ -1037,11 +1112,14 @@ export class FileStore implements LogStore {
 
   async getArtefact(ref: string): Promise<string> { return await (await this.fs()).readFile(ref, 'utf8') }
 
+  /** Closes the file and gives the lock back. */
   async close(): Promise<void> {
     const h = this.handle, r = this.reader
     this.handle = undefined; this.reader = undefined
-    if (h) await h.close()
-    if (r) await r.close()
+    try {
+      if (h) await h.close()
+      if (r) await r.close()
+    } finally { await this.unlock() }
   }
 }
 
@@ -1087,6 +1165,83 @@ function concatBytes(parts: Uint8Array[]): Uint8Array {
   let at = 0
   for (const p of parts) { out.set(p, at); at += p.length }
   return out
+}
+
+/** Locks this process holds: lock path → how many FileStores share it (one process, one holder). */
+const heldLogLocks = new Map<string, number>()
+let logLockExitHooked = false
+
+/** The holder recorded in a lock file, or undefined when the file does not say. */
+function parseLockHolder(text: string): LogLockHolder | undefined {
+  const v = parseJSONOrUndefined(text)
+  if (!isRecord(v) || !Number.isSafeInteger(v.pid) || typeof v.host !== 'string' || typeof v.time !== 'number') return undefined
+  return { pid: v.pid, host: v.host, time: v.time }
+}
+
+const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.host} (since ${new Date(h.time).toISOString()})`
+
+/**
+ * One writer per session log (docs/design.md §13). Creates `lockPath` exclusively (O_EXCL) holding
+ * `{pid, host, time}`. When it exists: a holder that is this process shares it; a live holder, a
+ * holder on another host (whose pid cannot be checked) or an unreadable lock file is refused with
+ * `SessionError('LOCKED')` naming the holder and the lock file; the lock of a dead process on this
+ * host is stale: taken over (by rename, so two processes cannot both take it) and returned, for the
+ * caller to report. The lock is removed by {@link releaseLogLock}, and at process exit.
+ * @returns the stale holder taken over, if any.
+ */
+export async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLockHolder | undefined> {
+  const [fs, os, { default: proc }] = await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'), importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
+  const host = os.hostname()
+  const me: LogLockHolder = { pid: proc.pid, host, time: Date.now() }
+  const held = heldLogLocks.get(lockPath)
+  if (held !== undefined) { heldLogLocks.set(lockPath, held + 1); return undefined }
+  const refuse = (why: string): never => { throw new SessionError('LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`) }
+  let stale: LogLockHolder | undefined
+  for (let round = 0; ; round++) {
+    try {
+      const handle = await fs.open(lockPath, 'wx')
+      try { await handle.writeFile(JSON.stringify(me) + '\n') } finally { await handle.close() }
+      break
+    } catch (err: any) {
+      if (err?.code !== 'EEXIST') throw new SessionError('STORE', `cannot create the lock file ${lockPath}: ${err?.message ?? err}`)
+    }
+    let text: string
+    try { text = await fs.readFile(lockPath, 'utf8') } catch (err: any) {
+      if (err?.code === 'ENOENT' && round < 3) continue // released meanwhile: try again
+      throw new SessionError('STORE', `cannot read the lock file ${lockPath}: ${err?.message ?? err}`)
+    }
+    const holder = parseLockHolder(text)
+    if (!holder) refuse(`has a lock file that does not name its holder (${JSON.stringify(text.slice(0, 80))}); if no dsh is using this log, delete the lock file`)
+    if (holder!.pid === proc.pid && holder!.host === host) { heldLogLocks.set(lockPath, 1); return undefined } // ours, from before a close we skipped
+    if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, delete the lock file`)
+    let alive = true
+    try { proc.kill(holder!.pid, 0) } catch (err: any) { alive = err?.code !== 'ESRCH' }
+    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file`)
+    if (round >= 3) refuse(`is being taken over by another process (the lock of ${describeHolder(holder!)} was stale)`)
+    // Stale: move it aside, check that what moved is what we judged stale, then create ours.
+    const aside = `${lockPath}.stale-${proc.pid}-${Date.now()}`
+    try { await fs.rename(lockPath, aside) } catch { continue }
+    const moved = await fs.readFile(aside, 'utf8').catch(() => '')
+    if (moved !== text) { await fs.link(aside, lockPath).catch(() => {}); await fs.unlink(aside).catch(() => {}); continue } // a live lock: put it back
+    await fs.unlink(aside).catch(() => {})
+    stale = holder
+  }
+  heldLogLocks.set(lockPath, 1)
+  if (!logLockExitHooked) {
+    logLockExitHooked = true
+    const fsSync = await importNode<typeof import('node:fs')>('node:fs')
+    proc.on('exit', () => { for (const path of heldLogLocks.keys()) { try { fsSync.unlinkSync(path) } catch { /* gone */ } } })
+  }
+  return stale
+}
+
+/** Gives back one hold of a lock taken by {@link acquireLogLock}; the last one removes the file. */
+export async function releaseLogLock(lockPath: string): Promise<void> {
+  const held = heldLogLocks.get(lockPath)
+  if (held === undefined) return
+  if (held > 1) { heldLogLocks.set(lockPath, held - 1); return }
+  heldLogLocks.delete(lockPath)
+  await (await importNode<typeof import('node:fs/promises')>('node:fs/promises')).unlink(lockPath).catch(() => {})
 }
 
 function validateBlocks(blocks: unknown, where: string): void {
@@ -1699,6 +1854,7 @@ export class Session {
       this.pending = []
       try { await this.store.append(batch) } catch (err) {
         this.pending = batch.concat(this.pending) // keep them for the next attempt: nothing is lost
+        if (err instanceof SessionError && err.code === 'LOCKED') throw err // another writer: say who
         throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: ${(err as Error)?.message ?? err}`)
       }
     }
@@ -4523,6 +4679,13 @@ export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
   grepDefaultMatches: 100,
   /** grep: the most matches the model may ask for. */
   grepMaxMatches: 1_000,
+  /** grep: time limit of one search (walk, glob and regex matching, in a worker), in ms. */
+  grepTimeoutMs: 30_000,
+  /** grep: lines longer than this (UTF-16 units) are not matched against a regular expression
+   *  (a quadratic pattern on a minified line never ends); they are counted, and fixed_strings searches them. */
+  grepMaxLineUnits: 10_000,
+  /** write_file and edit_file: the largest file they write, and the largest file edit_file reads, in bytes. */
+  maxWriteBytes: 16 * 1024 * 1024,
   /** shell: timeout of a command when the model gives no `timeout_ms`, in ms. */
   shellTimeoutMs: 120_000,
   /** shell: the longest `timeout_ms` the model may ask for, in ms. */
@@ -4557,6 +4720,10 @@ export interface BuiltinToolsOptions {
   listMaxEntries?: number
   /** grep: the most matches the model may ask for with `max_matches`. Default 1,000. */
   grepMaxMatches?: number
+  /** grep: time limit of one search in ms; past it the worker is stopped and the tool fails naming the limit. Default 30,000. */
+  grepTimeoutMs?: number
+  /** grep: longest line (UTF-16 units) matched against a regular expression. Default 10,000. */
+  grepMaxLineUnits?: number
   /** shell: timeout in ms when the model gives no `timeout_ms`. Default 120,000. */
   shellTimeoutMs?: number
   /** shell: the longest `timeout_ms` the model may ask for, in ms. Default 600,000. */
@@ -4564,6 +4731,11 @@ export interface BuiltinToolsOptions {
   /** shell: the environment commands start from. Default: this process's environment. Either way
    *  it is scrubbed by {@link shellEnvironment} with `shellEnvKeep` and `shellEnvDrop`. */
   shellEnv?: Record<string, string | undefined>
+  /** write_file and edit_file: the largest file they write (and edit_file reads), in bytes. Default 16 MiB. */
+  maxWriteBytes?: number
+  /** The session log's path (the CLI's `--session`): the write tools refuse it, its lock file, its
+   *  artefacts and its torn-line copies (every `FILE.*`), wherever it lies. */
+  sessionLog?: string
   /** shell: names of variables kept although they look secret (`--shell-env NAME`). */
   shellEnvKeep?: readonly string[]
   /** shell: names of variables always dropped, e.g. the API key variables; a variable holding the
@@ -4579,6 +4751,9 @@ interface ToolHost {
   /** realpath of the working directory. */
   root: string
   maxOutputUnits: number
+  maxWriteBytes: number
+  /** Real paths the write tools refuse, with everything named `P.*` beside them (the session log). */
+  protectedPaths: string[]
 }
 
 /**
@@ -4606,7 +4781,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
+  const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineUnits', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop', 'maxWriteBytes', 'sessionLog']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -4622,6 +4797,7 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
   const readLimitLines = num('readLimitLines')
   const listMaxEntries = num('listMaxEntries')
   const grepMaxMatches = num('grepMaxMatches')
+  const grepLimits = { timeoutMs: num('grepTimeoutMs'), maxLineUnits: num('grepMaxLineUnits') }
   const shellTimeoutMs = num('shellTimeoutMs')
   const shellMaxTimeoutMs = num('shellMaxTimeoutMs')
   if (shellTimeoutMs > shellMaxTimeoutMs) {
@@ -4633,11 +4809,13 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     throw new Error(`builtinTools: working directory ${options.cwd} is not usable (${fsErrorReason(error)})`, { cause: error })
   }
   if (!(await fs.stat(root)).isDirectory()) throw new Error(`builtinTools: working directory ${options.cwd} is not a directory`)
-  const host: ToolHost = { fs, path, root, maxOutputUnits }
+  if (options.sessionLog !== undefined && (typeof options.sessionLog !== 'string' || options.sessionLog === '')) throw new TypeError('builtinTools: options.sessionLog must be a file path')
+  const host: ToolHost = { fs, path, root, maxOutputUnits, maxWriteBytes: num('maxWriteBytes'), protectedPaths: [] }
+  if (options.sessionLog !== undefined) host.protectedPaths.push(await realpathLenient(host, path.resolve(root, options.sessionLog)))
   const tools = [
     readFileTool(host, readLimitLines),
     listFilesTool(host, listMaxEntries),
-    grepTool(host, Math.min(BUILTIN_TOOL_DEFAULTS.grepDefaultMatches, grepMaxMatches), grepMaxMatches),
+    grepTool(host, Math.min(BUILTIN_TOOL_DEFAULTS.grepDefaultMatches, grepMaxMatches), grepMaxMatches, grepLimits),
     writeFileTool(host),
     editFileTool(host),
   ]
@@ -4712,22 +4890,47 @@ function fsError(tool: string, shown: string, error: unknown, hint = ''): Error 
   return new Error(`${tool}: cannot use ${shown}: ${fsErrorReason(error)}${fix}`, { cause: error })
 }
 
-/** realpath that also works for paths that do not exist yet: the missing tail is re-appended to
- *  the realpath of the longest existing prefix, and a dangling symlink is followed by hand (so that
- *  writing through it cannot land outside the working directory). */
-async function realpathLenient(host: ToolHost, target: string, hops = 0): Promise<string> {
+/** Longest path argument accepted, in UTF-16 units (Linux PATH_MAX is 4,096 bytes). */
+const TOOL_MAX_PATH_UNITS = 4096
+/** Symlinks followed while resolving one path before it counts as a loop (as Linux's 40). */
+const TOOL_MAX_SYMLINK_HOPS = 40
+
+/**
+ * realpath that also works for paths that do not exist yet (a new file's path is checked too): one `realpath` when the path exists; otherwise a walk from the file-system root, one
+ * `lstat` per component, following symlinks by hand (also dangling ones, so that writing through
+ * one cannot land outside) and keeping the missing tail as written. Cost linear in the number of
+ * components (plus the links followed, at most {@link TOOL_MAX_SYMLINK_HOPS}); checks `signal`
+ * between steps.
+ */
+async function realpathLenient(host: ToolHost, target: string, signal?: AbortSignal): Promise<string> {
   const { fs, path } = host
   try { return await fs.realpath(target) } catch (error) {
     const code = (error as { code?: unknown }).code
     if (code !== 'ENOENT' && code !== 'ENOTDIR') throw error
   }
-  const parent = path.dirname(target)
-  if (parent === target) return target
-  const candidate = path.join(await realpathLenient(host, parent, hops), path.basename(target))
-  let link: string
-  try { link = await fs.readlink(candidate) } catch { return candidate }
-  if (hops >= 40) throw Object.assign(new Error(`too many symbolic links at ${candidate}`), { code: 'ELOOP' })
-  return realpathLenient(host, path.resolve(path.dirname(candidate), link), hops + 1)
+  const { root } = path.parse(target)
+  const rest = target.slice(root.length).split(path.sep).filter((c) => c !== '' && c !== '.')
+  let real = root
+  let hops = 0
+  while (rest.length > 0) {
+    if (signal?.aborted) throw Object.assign(new Error('cancelled'), { code: 'ABORT_ERR' })
+    const part = rest.shift()!
+    if (part === '..') { real = path.dirname(real); continue }
+    const next = path.join(real, part)
+    let st
+    try { st = await fs.lstat(next) } catch (error) {
+      const code = (error as { code?: unknown }).code
+      if (code === 'ENOENT' || code === 'ENOTDIR') return path.resolve(next, ...rest) // missing from here on: the rest as written
+      throw error
+    }
+    if (!st.isSymbolicLink()) { real = next; continue }
+    if (++hops > TOOL_MAX_SYMLINK_HOPS) throw Object.assign(new Error(`too many symbolic links at ${next}`), { code: 'ELOOP' })
+    const link = await fs.readlink(next)
+    const linkRoot = path.parse(link).root
+    if (linkRoot !== '') real = linkRoot
+    rest.unshift(...link.slice(linkRoot.length).split(path.sep).filter((c) => c !== '' && c !== '.'))
+  }
+  return real
 }
 
 function isInside(path: NodePath, root: string, target: string): boolean {
@@ -4742,19 +4945,114 @@ function shownPath(host: ToolHost, real: string): string {
 }
 
 /** Resolves a path argument and refuses it when it leaves the working directory. */
-async function confine(host: ToolHost, tool: string, input: string): Promise<{ real: string; shown: string }> {
+async function confine(host: ToolHost, tool: string, input: string, signal?: AbortSignal): Promise<{ real: string; shown: string }> {
   const { path, root } = host
   if (input === '') throw new Error(`${tool}: "path" is empty; give a path relative to the working directory, e.g. "."`)
   if (input.includes('\0')) throw new Error(`${tool}: "path" contains a NUL character`)
+  if (input.length > TOOL_MAX_PATH_UNITS) throw new Error(`${tool}: "path" is ${input.length} characters long; the limit is ${TOOL_MAX_PATH_UNITS}`)
   const lexical = path.resolve(root, input)
   let real: string
-  try { real = await realpathLenient(host, lexical) } catch (error) { throw fsError(tool, JSON.stringify(input), error) }
+  try { real = await realpathLenient(host, lexical, signal) } catch (error) {
+    if (signal?.aborted) throw new Error(`${tool}: cancelled`)
+    throw fsError(tool, JSON.stringify(input), error)
+  }
   if (!isInside(path, root, real)) {
     const how = isInside(path, root, lexical) ? 'through a symlink to' : 'to'
     throw new Error(`${tool}: ${JSON.stringify(input)} is outside the working directory ${root} ` +
       `(it resolves ${how} ${real}); these tools can only reach files inside the working directory, so use a path inside it`)
   }
   return { real, shown: shownPath(host, real) }
+}
+
+// ── opening without a check-then-use gap (docs/design.md §13) ──
+
+/** The path the kernel gives for an open handle (Linux /proc/self/fd), or undefined where there is none. */
+async function handlePath(host: ToolHost, handle: { fd: number }): Promise<string | undefined> {
+  try { return await host.fs.readlink(`/proc/self/fd/${handle.fd}`) } catch { return undefined }
+}
+
+/**
+ * Opens `real` for reading without following a symlink at its end (O_NOFOLLOW) and without
+ * blocking on a FIFO (O_NONBLOCK), then checks the handle: a regular file, and — where the kernel
+ * tells (Linux) — at `real` itself, so a directory swapped for a symlink after {@link confine}
+ * is caught. The caller closes the handle.
+ */
+async function openVerified(host: ToolHost, tool: string, real: string, shown: string, missingHint = ''): Promise<{ handle: import('node:fs/promises').FileHandle; size: number; nlink: number }> {
+  const { O_RDONLY, O_NOFOLLOW = 0, O_NONBLOCK = 0 } = host.fs.constants
+  let handle: import('node:fs/promises').FileHandle
+  try { handle = await host.fs.open(real, O_RDONLY | O_NOFOLLOW | O_NONBLOCK) } catch (error) {
+    const code = (error as { code?: unknown }).code
+    if (code === 'ELOOP') throw new Error(`${tool}: ${shown} became a symbolic link after it was checked; not opened`)
+    throw fsError(tool, shown, error, code === 'ENOENT' ? missingHint : '')
+  }
+  try {
+    const st = await handle.stat()
+    if (st.isDirectory()) throw new Error(`${tool}: ${shown} is a directory; use list_files to see what is in it`)
+    if (!st.isFile()) throw new Error(`${tool}: ${shown} is not a regular file (a FIFO, socket or device); these tools read and write regular files only`)
+    const opened = await handlePath(host, handle)
+    if (opened !== undefined && opened !== real) throw new Error(`${tool}: ${shown} resolved to ${opened} when opened, not ${real} (a path changed after it was checked); not used`)
+    return { handle, size: st.size, nlink: st.nlink }
+  } catch (error) { await handle.close(); throw error }
+}
+
+/**
+ * Refuses a write the tools must never make (docs/design.md §13): into `.git` (any component, any
+ * case: hooks and config run commands), to the session log or anything beside it named `LOG.*`
+ * (lock, artefacts, torn lines), to a file with more than one hard link (its other names may lie
+ * outside), or to anything but a regular file.
+ */
+async function refuseWrite(host: ToolHost, tool: string, real: string, shown: string): Promise<{ mode?: number; bytes?: number }> {
+  const { path } = host
+  if (path.relative(host.root, real).split(path.sep).some((c) => c.toLowerCase() === '.git')) {
+    throw new Error(`${tool}: ${shown} is inside .git; the tools never write git's own files (its config and hooks can run commands); change the working tree instead`)
+  }
+  for (const p of host.protectedPaths) {
+    if (real === p || real.startsWith(p + '.')) throw new Error(`${tool}: ${shown} is the session log or one of its files (${shownPath(host, p)}.*); the tools never write the log of the session they run in`)
+  }
+  let st
+  try { st = await host.fs.lstat(real) } catch (error) {
+    if ((error as { code?: unknown }).code === 'ENOENT') return {}
+    throw fsError(tool, shown, error)
+  }
+  if (st.isDirectory()) throw new Error(`${tool}: ${shown} is a directory; give a file path`)
+  if (st.isSymbolicLink()) throw new Error(`${tool}: ${shown} became a symbolic link after it was checked; not written`)
+  if (!st.isFile()) throw new Error(`${tool}: ${shown} is not a regular file (a FIFO, socket or device); these tools write regular files only`)
+  if (st.nlink > 1) throw new Error(`${tool}: ${shown} has ${st.nlink} hard links; writing it would change its other names too, which may lie outside the working directory; not written`)
+  return { mode: st.mode & 0o7777, bytes: st.size }
+}
+
+/**
+ * Writes `content` to `real` as a new file beside it (created exclusively, so no symlink is
+ * followed; its directory checked through the open handle, Linux), then renamed over `real`: the
+ * write lands whole or not at all, and never outside. A directory swapped for a symlink in between
+ * can make the empty temp file appear outside for a moment; it is found through its handle and
+ * removed. Keeps the old file's mode.
+ */
+async function writeReplacing(host: ToolHost, tool: string, real: string, shown: string, content: string, mode: number | undefined): Promise<void> {
+  const { fs, path } = host
+  const dir = path.dirname(real)
+  try { await fs.mkdir(dir, { recursive: true }) } catch (error) { throw fsError(tool, shown, error) }
+  const temp = path.join(dir, `.${path.basename(real)}.dsh-${randomId()}.tmp`)
+  let handle
+  try { handle = await fs.open(temp, 'wx', mode ?? 0o666) } catch (error) { throw fsError(tool, shown, error) }
+  let renamed = false
+  let tempReal = temp // where the temp file really is: its cleanup must not follow a swapped path
+  try {
+    const opened = await handlePath(host, handle)
+    if (opened !== undefined) tempReal = opened
+    if (opened !== undefined && path.dirname(opened) !== dir) throw new Error(`${tool}: the directory of ${shown} resolved to ${path.dirname(opened)} when written, not ${dir} (a path changed after it was checked); not written`)
+    await handle.writeFile(content, 'utf8')
+    if (mode !== undefined) await handle.chmod(mode)
+    await handle.close()
+    handle = undefined
+    await fs.rename(temp, real)
+    renamed = true
+  } catch (error) {
+    throw error instanceof Error && error.message.startsWith(`${tool}:`) ? error : fsError(tool, shown, error)
+  } finally {
+    await handle?.close().catch(() => {})
+    if (!renamed) await fs.unlink(tempReal).catch(() => {})
+  }
 }
 
 // ── output caps ──
@@ -4807,14 +5105,9 @@ function readFileTool(host: ToolHost, defaultLines: number): Tool {
       const args = toolArgs('read_file', rawArgs, ['path', 'offset', 'limit'])
       const offset = argInt('read_file', args, 'offset', 1, 1, Number.MAX_SAFE_INTEGER, 'a 1-based line number')
       const limit = argInt('read_file', args, 'limit', defaultLines, 1, Number.MAX_SAFE_INTEGER, 'lines')
-      const { real, shown } = await confine(host, 'read_file', argString('read_file', args, 'path'))
-      let st
-      try { st = await host.fs.stat(real) } catch (error) { throw fsError('read_file', shown, error) }
-      if (st.isDirectory()) throw new Error(`read_file: ${shown} is a directory; use list_files to see what is in it`)
-      if (!st.isFile()) throw new Error(`read_file: ${shown} is not a regular file`)
-      const size = st.size
-      if (size === 0) return `(${shown} is empty: 0 bytes)`
-      const handle = await host.fs.open(real, 'r').catch((error: unknown) => { throw fsError('read_file', shown, error) })
+      const { real, shown } = await confine(host, 'read_file', argString('read_file', args, 'path'), ctx.signal)
+      const { handle, size } = await openVerified(host, 'read_file', real, shown)
+      if (size === 0) { await handle.close(); return `(${shown} is empty: 0 bytes)` }
       // Streamed in chunks: reading lines 1-100 of a 1 GB log must not load the whole file.
       const lines: string[] = []
       let used = 0 // UTF-16 units in lines.join('\n')
@@ -4898,7 +5191,7 @@ function listFilesTool(host: ToolHost, maxEntries: number): Tool {
     async execute(rawArgs, ctx) {
       const args = toolArgs('list_files', rawArgs, ['path', 'recursive'])
       const recursive = argBool('list_files', args, 'recursive')
-      const { real, shown } = await confine(host, 'list_files', argString('list_files', args, 'path', '.'))
+      const { real, shown } = await confine(host, 'list_files', argString('list_files', args, 'path', '.'), ctx.signal)
       let st
       try { st = await fs.stat(real) } catch (error) { throw fsError('list_files', shown, error) }
       if (!st.isDirectory()) throw new Error(`list_files: ${shown} is a file, not a directory; use read_file to read it`)
@@ -4972,11 +5265,112 @@ function globToRegExp(glob: string): RegExp {
 
 function escapeRegExp(text: string): string { return text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&') }
 
-function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): Tool {
-  const { fs, path } = host
+/**
+ * The search itself, as plain JavaScript for a worker thread (docs/design.md §13): walks `real`
+ * (symlinks not followed, `skipDirs` not entered), filters files by the glob, matches each line,
+ * and posts the result. A pattern that backtracks forever blocks only the worker, which the main
+ * thread terminates at the deadline or on abort.
+ */
+const GREP_WORKER_SOURCE = `
+const { parentPort, workerData: w } = require('node:worker_threads')
+const fs = require('node:fs'), path = require('node:path')
+const regex = new RegExp(w.source, w.flags)
+const globRegex = w.glob === null ? undefined : new RegExp(w.glob)
+const skip = new Set(w.skipDirs)
+const out = { matches: [], filesSearched: 0, filesMatched: 0, skippedBinary: 0, skippedLarge: 0, longLines: 0, firstLongLine: undefined, reachedLimit: false }
+const shown = (p) => { const rel = path.relative(w.root, p); return rel === '' ? '.' : rel.split(path.sep).join('/') }
+const head = (t, n) => t.length <= n ? t : t.slice(0, n > 0 && (t.charCodeAt(n - 1) & 0xfc00) === 0xd800 ? n - 1 : n)
+const { O_RDONLY, O_NOFOLLOW = 0, O_NONBLOCK = 0 } = fs.constants
+/** The file's bytes, opened without following a symlink or blocking on a FIFO, and only if the
+ *  handle is a regular file at this very path (Linux tells through /proc/self/fd). */
+function readChecked(file) {
+  let fd
+  try { fd = fs.openSync(file, O_RDONLY | O_NOFOLLOW | O_NONBLOCK) } catch { return undefined }
+  try {
+    const st = fs.fstatSync(fd)
+    if (!st.isFile()) return undefined
+    let opened
+    try { opened = fs.readlinkSync('/proc/self/fd/' + fd) } catch { opened = undefined }
+    if (opened !== undefined && opened !== file) return undefined
+    if (st.size > w.maxFileBytes) { out.skippedLarge++; return undefined }
+    return fs.readFileSync(fd)
+  } catch { return undefined } finally { fs.closeSync(fd) }
+}
+function searchFile(file) {
+  const bytes = readChecked(file)
+  if (bytes === undefined) return
+  if (bytes.subarray(0, w.sniffBytes).includes(0)) { out.skippedBinary++; return }
+  out.filesSearched++
+  const text = new TextDecoder().decode(bytes)
+  const rel = shown(file)
+  let matched = false
+  for (let start = 0, lineNo = 1; start <= text.length; lineNo++) {
+    let end = text.indexOf('\\n', start)
+    if (end === -1) { if (start === text.length) break; end = text.length }
+    const line = text.charCodeAt(end - 1) === 13 ? text.slice(start, end - 1) : text.slice(start, end)
+    start = end + 1
+    if (line.length > w.maxLineUnits) { out.longLines++; out.firstLongLine ??= rel + ':' + lineNo; continue }
+    if (!regex.test(line)) continue
+    const cut = head(line, w.lineUnits)
+    out.matches.push(rel + ':' + lineNo + ':' + cut + (cut.length < line.length ? ' [… ' + (line.length - cut.length) + ' more characters]' : ''))
+    matched = true
+    if (out.matches.length >= w.limit) { out.reachedLimit = true; break }
+  }
+  if (matched) out.filesMatched++
+}
+function walk(dir) {
+  let dirents
+  try { dirents = fs.readdirSync(dir, { withFileTypes: true }) } catch (error) { if (dir === w.real) throw error; return }
+  dirents.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+  for (const dirent of dirents) {
+    if (out.reachedLimit) return
+    const child = path.join(dir, dirent.name)
+    if (dirent.isDirectory()) { if (!skip.has(dirent.name)) walk(child); continue }
+    if (!dirent.isFile()) continue
+    if (globRegex && !globRegex.test(w.globOnPath ? path.relative(w.real, child).split(path.sep).join('/') : dirent.name)) continue
+    searchFile(child)
+  }
+}
+if (w.isDir) walk(w.real)
+else searchFile(w.real)
+parentPort.postMessage(out)
+`
+
+interface GrepWorkerResult {
+  matches: string[]; filesSearched: number; filesMatched: number; skippedBinary: number; skippedLarge: number
+  longLines: number; firstLongLine?: string; reachedLimit: boolean
+}
+
+/** Runs {@link GREP_WORKER_SOURCE}; rejects naming the limit at `timeoutMs`, and at once on abort (the worker is terminated either way). */
+async function runGrepWorker(data: Record<string, unknown>, timeoutMs: number, signal: AbortSignal): Promise<GrepWorkerResult> {
+  if (signal.aborted) throw new Error('grep: cancelled')
+  const { Worker } = await importNode<typeof import('node:worker_threads')>('node:worker_threads')
+  const worker = new Worker(GREP_WORKER_SOURCE, { eval: true, workerData: data })
+  return await new Promise<GrepWorkerResult>((resolve, reject) => {
+    let settled = false
+    const settle = (fn: () => void): void => {
+      if (settled) return
+      settled = true
+      clearTimeout(timer)
+      signal.removeEventListener('abort', onAbort)
+      void worker.terminate()
+      fn()
+    }
+    const onAbort = (): void => settle(() => reject(new Error('grep: cancelled')))
+    const timer = setTimeout(() => settle(() => reject(new Error(
+      `grep: stopped at the time limit of ${timeoutMs} ms (grepTimeoutMs); the pattern may backtrack without end (nested quantifiers such as (a+)+) or the search is too wide: simplify the pattern, use fixed_strings: true, or narrow path or glob`))), timeoutMs)
+    signal.addEventListener('abort', onAbort, { once: true })
+    worker.once('message', (result: GrepWorkerResult) => settle(() => resolve(result)))
+    worker.once('error', (error: Error) => settle(() => reject(new Error(`grep: the search failed: ${fsErrorReason(error)}`, { cause: error }))))
+    worker.once('exit', (code: number) => settle(() => reject(new Error(`grep: the search worker stopped (exit code ${code}) before it answered`))))
+  })
+}
+
+function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, limits: { timeoutMs: number; maxLineUnits: number }): Tool {
+  const { fs } = host
   return {
     name: 'grep',
-    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_UNITS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB.`,
+    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_UNITS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB; a regular expression is not tried on lines over ${limits.maxLineUnits} characters (they are counted; fixed_strings searches them), and a search stops after ${limits.timeoutMs} ms.`,
     parameters: {
       type: 'object',
       properties: {
@@ -5004,66 +5398,20 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
       }
       const globRegex = glob === undefined || glob === '' ? undefined : globToRegExp(glob)
       const globOnPath = glob !== undefined && glob.includes('/')
-      const { real, shown } = await confine(host, 'grep', argString('grep', args, 'path', '.'))
+      const { real, shown } = await confine(host, 'grep', argString('grep', args, 'path', '.'), ctx.signal)
       let st
       try { st = await fs.stat(real) } catch (error) { throw fsError('grep', shown, error) }
 
-      const matches: string[] = []
-      let filesSearched = 0
-      let filesMatched = 0
-      let skippedBinary = 0
-      let skippedLarge = 0
-      let reachedLimit = false
-      const searchFile = async (file: string, size: number): Promise<void> => {
-        if (size > GREP_MAX_FILE_BYTES) { skippedLarge++; return }
-        let bytes: Uint8Array
-        try { bytes = await fs.readFile(file) } catch { return } // vanished or unreadable: not a match
-        if (hasNulByte(bytes)) { skippedBinary++; return }
-        filesSearched++
-        const text = new TextDecoder().decode(bytes)
-        const rel = shownPath(host, file)
-        let matchedHere = false
-        for (let start = 0, lineNo = 1; start <= text.length; lineNo++) {
-          let end = text.indexOf('\n', start)
-          if (end === -1) { if (start === text.length) break; end = text.length }
-          const line = text.charCodeAt(end - 1) === 13 ? text.slice(start, end - 1) : text.slice(start, end)
-          start = end + 1
-          if (!regex.test(line)) continue
-          const cut = headUnits(line, GREP_LINE_UNITS)
-          matches.push(`${rel}:${lineNo}:${cut}${cut.length < line.length ? ` [… ${line.length - cut.length} more characters]` : ''}`)
-          matchedHere = true
-          if (matches.length >= limit) { reachedLimit = true; break }
-        }
-        if (matchedHere) filesMatched++
-      }
-      const walk = async (dir: string): Promise<void> => {
-        let dirents
-        try { dirents = await fs.readdir(dir, { withFileTypes: true }) } catch (error) {
-          if (dir === real) throw fsError('grep', shown, error)
-          return
-        }
-        dirents.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
-        for (const dirent of dirents) {
-          if (reachedLimit) return
-          if (ctx.signal.aborted) throw new Error('grep: cancelled')
-          const child = path.join(dir, dirent.name)
-          if (dirent.isDirectory()) { if (!TOOL_SKIP_DIRS.has(dirent.name)) await walk(child); continue }
-          if (!dirent.isFile()) continue // symlinks are not followed (they could lead outside)
-          if (globRegex) {
-            const rel = path.relative(real, child).split(path.sep).join('/')
-            if (!globRegex.test(globOnPath ? rel : dirent.name)) continue
-          }
-          let size: number
-          try { size = (await fs.stat(child)).size } catch { continue }
-          await searchFile(child, size)
-        }
-      }
-      if (st.isDirectory()) await walk(real)
-      else await searchFile(real, st.size)
+      const { matches, filesSearched, filesMatched, skippedBinary, skippedLarge, longLines, firstLongLine, reachedLimit } = await runGrepWorker({
+        root: host.root, real, isDir: st.isDirectory(), source: regex.source, flags: regex.flags, fixed,
+        glob: globRegex?.source ?? null, globOnPath, limit, maxFileBytes: GREP_MAX_FILE_BYTES, maxLineUnits: fixed ? Infinity : limits.maxLineUnits,
+        lineUnits: GREP_LINE_UNITS, skipDirs: [...TOOL_SKIP_DIRS], sniffBytes: TOOL_BINARY_SNIFF_BYTES,
+      }, limits.timeoutMs, ctx.signal)
 
       const skipped = [
         skippedBinary > 0 ? plural(skippedBinary, 'binary file') : '',
         skippedLarge > 0 ? `${plural(skippedLarge, 'file')} over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB` : '',
+        longLines > 0 ? `${plural(longLines, 'line')} over ${limits.maxLineUnits} characters (first at ${firstLongLine}; search them with fixed_strings: true)` : '',
       ].filter(Boolean).join(' and ')
       const searched = `${plural(filesSearched, 'file')} searched${skipped ? `; skipped ${skipped}` : ''}`
       const what = `${fixed ? JSON.stringify(pattern) : `/${pattern}/`}${ignoreCase ? ' (ignoring case)' : ''}${glob ? ` in files matching ${glob}` : ''}`
@@ -5082,10 +5430,9 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
 // ── write_file and edit_file ──
 
 function writeFileTool(host: ToolHost): Tool {
-  const { fs, path } = host
   return {
     name: 'write_file',
-    description: 'Create or overwrite a file inside the working directory with the given content (UTF-8). Parent directories are created as needed. To change part of an existing file, prefer edit_file.',
+    description: `Create or overwrite a file inside the working directory with the given content (UTF-8, at most ${host.maxWriteBytes} bytes). Parent directories are created as needed. Never writes inside .git, the session log, or a file with several hard links. To change part of an existing file, prefer edit_file.`,
     parameters: {
       type: 'object',
       properties: {
@@ -5095,21 +5442,14 @@ function writeFileTool(host: ToolHost): Tool {
       required: ['path', 'content'],
       additionalProperties: false,
     },
-    async execute(rawArgs) {
+    async execute(rawArgs, ctx) {
       const args = toolArgs('write_file', rawArgs, ['path', 'content'])
       const content = argString('write_file', args, 'content')
-      const { real, shown } = await confine(host, 'write_file', argString('write_file', args, 'path'))
-      const st = await fs.stat(real).catch((error: unknown) => {
-        if ((error as { code?: unknown }).code === 'ENOENT') return undefined
-        throw fsError('write_file', shown, error)
-      })
-      if (st?.isDirectory()) throw new Error(`write_file: ${shown} is a directory; give a file path`)
-      const previousBytes = st?.size
-      try {
-        await fs.mkdir(path.dirname(real), { recursive: true })
-        await fs.writeFile(real, content, 'utf8')
-      } catch (error) { throw fsError('write_file', shown, error) }
-      const bytes = new TextEncoder().encode(content).length
+      const bytes = utf8Length(content, host.maxWriteBytes)
+      if (bytes > host.maxWriteBytes) throw new Error(`write_file: content is over ${host.maxWriteBytes} bytes, the most write_file writes; write the file in parts (write_file, then edit_file to add)`)
+      const { real, shown } = await confine(host, 'write_file', argString('write_file', args, 'path'), ctx.signal)
+      const { mode, bytes: previousBytes } = await refuseWrite(host, 'write_file', real, shown)
+      await writeReplacing(host, 'write_file', real, shown, content, mode)
       return `wrote ${plural(bytes, 'byte')} to ${shown} (${previousBytes === undefined ? 'new file' : `replaced ${plural(previousBytes, 'byte')}`})`
     },
   }
@@ -5135,10 +5475,9 @@ function occurrences(text: string, needle: string): number[] {
 }
 
 function editFileTool(host: ToolHost): Tool {
-  const { fs } = host
   return {
     name: 'edit_file',
-    description: 'Edit a file inside the working directory by exact string replacement: old_string must appear in the file exactly once (include enough surrounding lines to make it unique), unless replace_all is true. Copy old_string from read_file output without the line-number prefix, keeping indentation and whitespace exactly.',
+    description: `Edit a file inside the working directory (at most ${host.maxWriteBytes} bytes before and after) by exact string replacement: old_string must appear in the file exactly once (include enough surrounding lines to make it unique), unless replace_all is true. Copy old_string from read_file output without the line-number prefix, keeping indentation and whitespace exactly.`,
     parameters: {
       type: 'object',
       properties: {
@@ -5150,18 +5489,21 @@ function editFileTool(host: ToolHost): Tool {
       required: ['path', 'old_string', 'new_string'],
       additionalProperties: false,
     },
-    async execute(rawArgs) {
+    async execute(rawArgs, ctx) {
       const args = toolArgs('edit_file', rawArgs, ['path', 'old_string', 'new_string', 'replace_all'])
       let oldString = argString('edit_file', args, 'old_string')
       let newString = argString('edit_file', args, 'new_string')
       const replaceAll = argBool('edit_file', args, 'replace_all')
       if (oldString === '') throw new Error('edit_file: old_string is empty; to create a file or replace all of it use write_file')
       if (oldString === newString) throw new Error('edit_file: old_string and new_string are the same; nothing would change')
-      const { real, shown } = await confine(host, 'edit_file', argString('edit_file', args, 'path'))
+      const { real, shown } = await confine(host, 'edit_file', argString('edit_file', args, 'path'), ctx.signal)
+      const { mode } = await refuseWrite(host, 'edit_file', real, shown)
+      const { handle, size } = await openVerified(host, 'edit_file', real, shown, '; to create a new file use write_file')
       let bytes: Uint8Array
-      try { bytes = await fs.readFile(real) } catch (error) {
-        throw fsError('edit_file', shown, error, (error as { code?: unknown }).code === 'ENOENT' ? '; to create a new file use write_file' : '')
-      }
+      try {
+        if (size > host.maxWriteBytes) throw new Error(`edit_file: ${shown} is ${size} bytes, over the ${host.maxWriteBytes} bytes edit_file edits; change it with the shell, or split it`)
+        bytes = await handle.readFile()
+      } catch (error) { throw error instanceof Error && error.message.startsWith('edit_file:') ? error : fsError('edit_file', shown, error) } finally { await handle.close() }
       if (hasNulByte(bytes)) throw new Error(`edit_file: ${shown} looks binary (a NUL byte in its first ${TOOL_BINARY_SNIFF_BYTES} bytes); edit_file edits text files only`)
       const text = new TextDecoder().decode(bytes)
       let found = occurrences(text, oldString)
@@ -5184,11 +5526,14 @@ function editFileTool(host: ToolHost): Tool {
         const lines = lineNumbersAt(text, found.slice(0, 10))
         throw new Error(`edit_file: old_string occurs ${found.length} times in ${shown} (at lines ${lines.join(', ')}${found.length > 10 ? ', …' : ''}); include more surrounding text to make it unique, or set replace_all: true to replace every occurrence`)
       }
+      if (bytes.length + found.length * (utf8Length(newString) - utf8Length(oldString)) > host.maxWriteBytes) {
+        throw new Error(`edit_file: the edited ${shown} would be over ${host.maxWriteBytes} bytes, the most edit_file writes; replace fewer occurrences or shorten new_string`)
+      }
       let edited = ''
       let from = 0
       for (const at of found) { edited += text.slice(from, at) + newString; from = at + oldString.length } // slices, not String.replace: "$&" in new_string stays literal
       edited += text.slice(from)
-      try { await fs.writeFile(real, edited, 'utf8') } catch (error) { throw fsError('edit_file', shown, error) }
+      await writeReplacing(host, 'edit_file', real, shown, edited, mode)
       const lines = lineNumbersAt(text, found.slice(0, 10))
       return `edited ${shown}: replaced ${plural(found.length, 'occurrence')} (at ${lines.length === 1 ? 'line' : 'lines'} ${lines.join(', ')}${found.length > 10 ? ', …' : ''})${crlf ? '; matched with CRLF line endings' : ''}`
     },
@@ -5340,8 +5685,14 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         const finish = (result: { code: number | null; signal: string | null; error?: Error }): void => {
           for (const timer of timers) clearTimeout(timer)
           ctx.signal.removeEventListener('abort', onAbort)
-          if (job) { signalAll('SIGKILL'); liveShellJobs.delete(job) } // nothing it started outlives the call
-          resolve({ ...result, why: result.error ? 'error' : why })
+          // Nothing it started outlives the call: SIGKILL until a scan finds none (a process forking
+          // while we look appears in the next scan), at most 50 rounds 20 ms apart.
+          const reap = async (): Promise<void> => {
+            if (!job) return
+            for (let round = 0; round < 50 && signalAll('SIGKILL'); round++) await new Promise((r) => setTimeout(r, 20))
+            liveShellJobs.delete(job)
+          }
+          void reap().then(() => resolve({ ...result, why: result.error ? 'error' : why }))
         }
         /** SIGTERM to everything the command started, SIGKILL after a grace period; then stop waiting for pipes a stray process may hold. */
         const killAll = (): void => {
@@ -6394,9 +6745,70 @@ export interface ReplayTotals {
   resultsOverPruneThreshold: number
   /** Ladder warnings (their texts are in {@link ReplayReport.warnings}). */
   ladderWarnings: number
+  /**
+   * What the session would cost (docs/design.md §11), priced by {@link ReplayReport.prices} with
+   * modelled cache hits and no model called: under dsh's policy (every request the replay made,
+   * summaries included) and with no management in an infinite window (appends only: the floor).
+   */
+  cost: { dsh: ReplayCost; unmanaged: ReplayCost }
   rungs: Record<string, number>
   rungReclaimedTokens: Record<string, number>
   figures?: Record<string, number>
+}
+
+/**
+ * One policy's cost in a replay: requests (conversation and summary), input tokens and the share
+ * served from the prompt cache (modelled, tokens by the meter), output tokens, and USD.
+ */
+export interface ReplayCost {
+  requests: number
+  summaryRequests: number
+  inputTokens: number
+  cachedInputTokens: number
+  /** cached ÷ input, 0 … 1. */
+  cacheHitShare: number
+  outputTokens: number
+  /** USD; undefined when the prices are unknown. */
+  costUSD?: number
+}
+
+const replayCost = (u: SessionUsage): ReplayCost => ({
+  requests: u.requests, summaryRequests: u.summary.requests, inputTokens: u.inputTokens, cachedInputTokens: u.cachedInputTokens,
+  cacheHitShare: u.cacheHitShare, outputTokens: u.outputTokens, ...(u.costUSD !== undefined ? { costUSD: u.costUSD } : {}),
+})
+
+/** The prices replay totals use unless told otherwise: deepseek-flash without peak hours (a replay has no time of day). */
+export const REPLAY_PRICES: Readonly<Prices> = /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 })
+
+/**
+ * A transcript fed into a fresh {@link Session} as a client without any context management sends
+ * it (the floor of docs/design.md §11: appends only, an infinite window): one request per
+ * assistant message, carrying the surface before it. `beforeRequest(session, step)` (0-based
+ * step) may edit the surface first, e.g. to model another policy. Price it with `usage({prices})`.
+ */
+export function unmanagedSession(transcript: Transcript, beforeRequest?: (session: Session, step: number) => void): Session {
+  const s = new Session()
+  s.append('session/start', { id: `unmanaged-${transcript.format}`, version: VERSION })
+  s.setHeader({ model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', system: transcript.envelope.system, tools: transcript.envelope.tools })
+  let step = 0
+  // Call ids as the loop repairs them (missing or repeated ids renamed), results matched to the
+  // recorded calls by position, as replayTranscript does.
+  let idOf = new Map<string, string[]>()
+  for (const m of transcript.messages) {
+    if (m.role === 'assistant') {
+      beforeRequest?.(s, step++)
+      const sent = withCallIds(m, s.seq, s)
+      const recorded = m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+      const logged = sent.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+      idOf = new Map()
+      recorded.forEach((c, k) => idOf.set(c.id, [...(idOf.get(c.id) ?? []), logged[k].id]))
+      s.append('assistant/message', { message: sent, finishReason: 'replay', surfaceOp: { op: 'append' } })
+    } else if (m.role === 'tool') {
+      const id = idOf.get(m.toolCallId)?.shift() ?? m.toolCallId
+      if (s.hasToolCall(id) && s.openToolCalls().includes(id)) s.append('tool/result', { message: id === m.toolCallId ? m : { ...m, toolCallId: id }, surfaceOp: { op: 'append' } })
+    } else s.append('user/message', { message: m, surfaceOp: { op: 'append' } })
+  }
+  return s
 }
 
 /** The outcome of {@link replayTranscript}: the settings used, one row per pressure check, totals. */
@@ -6410,6 +6822,8 @@ export interface ReplayReport {
   thresholdTokens: number
   /** `{simulated: true, tokens}` (fixed-size summaries, no model) or the model that wrote them. */
   summaries: { simulated: true; tokens: number } | { simulated: false; model: string }
+  /** The prices of `totals.cost` (USD per million tokens). */
+  prices: Prices
   rows: ReplayStep[]
   totals: ReplayTotals
   /** The reader's notes on the transcript (skipped, synthesised, renamed), then the replay's own. */
@@ -6458,6 +6872,10 @@ export interface ReplayOptions {
   summaryTokens?: number
   /** A real model to write the summaries (the CLI passes one with --base-url/--model or a key). */
   summarizer?: Provider
+  /** Ladder settings to replay with (default {@link DEFAULT_COMPACTION_CONFIG}; `thresholdRatio` above wins). */
+  compaction?: Partial<CompactionConfig>
+  /** Prices for the cost totals (default {@link REPLAY_PRICES}: deepseek-flash, off-peak). */
+  prices?: Prices
   signal?: AbortSignal
   /** Called with each row as it is made, with the replay's session (read it, do not append). */
   onStep?: (step: ReplayStep, session: Session) => void
@@ -6640,7 +7058,9 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   const warnings: string[] = []
 
   // Every summary request passes here, so its size (the estimate summarise() hands over) is recorded.
-  const base = options.summarizer ?? simulatedSummarizer(summaryTokens, window)
+  // A simulated summary stands for the conversation model (as in a live session, where the summarizer
+  // defaults to the provider): the prompt-cache model compares its requests with the conversation's.
+  const base = options.summarizer ?? { ...simulatedSummarizer(summaryTokens, window), model: `recorded-${transcript.format}` }
   const summaryWindow = base.contextWindow ?? window
   let peakSummaryRequestTokens = 0
   let summaryRequestsOverWindow = 0
@@ -6804,7 +7224,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   const maxSteps = script.reduce((m, t) => Math.max(m, t.steps.length), 0) + 1
   const agent: Agent = new ReplayAgent({
     session, provider, tools, summarizer, contextWindow: window, system: transcript.envelope.system,
-    compaction: { thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe,
+    compaction: { ...options.compaction, thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe,
   }, transcript.envelope)
   for (const t of script) {
     turn = t
@@ -6836,6 +7256,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     if (name !== 'compact' && before !== undefined && after !== undefined) rungReclaimedTokens[name] = (rungReclaimedTokens[name] ?? 0) + before - after
   }
   const pruneThreshold = pruneConfig.thresholdChars
+  const prices = options.prices ?? REPLAY_PRICES
   const totals: ReplayTotals = {
     steps: stepRows.length,
     turns,
@@ -6855,6 +7276,10 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     summaryRequestsOverWindow,
     resultsOverPruneThreshold: transcript.messages.filter((m) => m.role === 'tool' && resultCodePoints(m, pruneThreshold) > pruneThreshold).length,
     ladderWarnings: warnings.length,
+    cost: {
+      dsh: replayCost(session.usage({ prices })),
+      unmanaged: replayCost(unmanagedSession(transcript).usage({ prices })),
+    },
     rungs,
     rungReclaimedTokens,
     ...(figures.length > 0 ? {
@@ -6868,7 +7293,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     format: transcript.format, messages: countRoles(transcript.messages), contextWindow: window, thresholdRatio,
     thresholdTokens: Math.floor(window * thresholdRatio),
     summaries: options.summarizer ? { simulated: false, model: options.summarizer.model } : { simulated: true, tokens: summaryTokens },
-    rows, totals, notes, warnings,
+    prices, rows, totals, notes, warnings,
   }
 }
 
@@ -6987,6 +7412,13 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
   if (t.peakRecordedPromptTokens !== undefined) totals.push(['recorded peak prompt', `${groupDigits(t.peakRecordedPromptTokens)} tokens (as reported by the original run)`])
   if (t.summaryCalls > 0) totals.push(['largest summary request', `${groupDigits(t.peakSummaryRequestTokens)} tokens (${t.summaryRequestsOverWindow} over the summarizer's window)`])
   if (t.ladderWarnings > 0) totals.push(['ladder warnings', String(t.ladderWarnings)])
+  const p = report.prices
+  const costCell = (c: ReplayCost) => `${c.costUSD === undefined ? 'cost unknown' : formatUSD(c.costUSD)}, cache hits ${(c.cacheHitShare * 100).toFixed(1)}% of ${groupDigits(c.inputTokens)} input tokens, ${c.requests} request(s)${c.summaryRequests ? ` (${c.summaryRequests} summary)` : ''}`
+  totals.push(
+    ['cost, dsh', `${costCell(t.cost.dsh)}${t.cost.dsh.costUSD !== undefined && t.cost.unmanaged.costUSD ? ` = ${(t.cost.dsh.costUSD / t.cost.unmanaged.costUSD).toFixed(2)}× the floor` : ''}`],
+    ['cost, unmanaged (infinite window)', costCell(t.cost.unmanaged)],
+    ['prices (USD per million tokens)', `cache hit ${p.cacheHitInput}, miss ${p.cacheMissInput}, output ${p.output}${p.peak ? ', with peak hours' : ''}; modelled cache hits, no model called`],
+  )
   for (const [name, v] of Object.entries(t.figures ?? {})) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
   const labelWidth = totals.reduce((w, [l]) => Math.max(w, l.length), 0)
   out.push('totals')
@@ -7080,6 +7512,8 @@ export interface CliRunOptions extends CliModelOptions {
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
+  /** `--prices P`: the model's price table (default: DeepSeek's for its models, else none: cost unknown). */
+  prices?: Prices
   /** False with `--no-project-instructions`: AGENTS.md / CLAUDE.md of the working directory stay out of the system prompt. */
   projectInstructions: boolean
   /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
@@ -7114,6 +7548,8 @@ export interface CliReplayOptions {
   /** Present when `--base-url`, `--model` or `--api-key-env` asks for real summary calls; absent:
    *  summaries are simulated at `summaryTokens` (a key in the environment alone never costs money). */
   summarizer?: CliModelOptions
+  /** `--prices P`: prices for the replay's cost totals (default: deepseek-flash, off-peak). */
+  prices?: Prices
 }
 
 /** What {@link parseCliArgs} returns. */
@@ -7139,6 +7575,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
   '--sidechains': { commands: ['replay'] },
+  '--prices': { value: 'P', commands: ['run', 'replay'] },
   '--help': { commands: ['run', 'replay'] },
   '--version': { commands: ['run', 'replay'] },
 }
@@ -7175,6 +7612,9 @@ Options
                          that stops there without an answer exits 1
   -C, --cwd DIR          work on the project in DIR, as if dsh were started there (the tools,
                          a relative --session FILE and replay FILE are in DIR)
+  --prices P             prices for the cost shown: a DeepSeek model (e.g. deepseek-v4-pro) or
+                         HIT,MISS,OUTPUT in USD per million tokens (e.g. 0.003,0.15,0.6);
+                         default: DeepSeek's for its models, else none (cost shown as unknown)
   --json                 print every log event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
   --no-shell             never offer shell commands, and do not ask (interactive mode asks once
@@ -7211,6 +7651,7 @@ ${describeTranscriptFormats('    ')}
   --context-window N     window to simulate, in tokens
   --threshold R          as above (default ${CLI_DEFAULTS.threshold})
   --summary-tokens N     size of a simulated summary, in tokens (default ${CLI_DEFAULTS.summaryTokens})
+  --prices P             price the totals with P (as above, off-peak; default deepseek-flash)
   --format F             force a format: ${TRANSCRIPT_FORMATS.join(', ')}
                          (default auto: detected from the file)
   --sidechains           Claude Code: also replay each Task-subagent run (sidechain), each in
@@ -7259,6 +7700,21 @@ function parsePositiveInt(flag: string, raw: string, unit: string, example: stri
     throw new UsageError(`${flag} must be a positive whole number of ${unit}, got ${JSON.stringify(raw)} (e.g. ${flag} ${example})`)
   }
   return value
+}
+
+/**
+ * `--prices P`: a DeepSeek model name (its table, peak hours included) or `HIT,MISS,OUTPUT` in USD
+ * per million tokens (no peak hours). @throws UsageError naming the value and the forms accepted.
+ */
+function parsePrices(raw: string): Prices {
+  const named = pricesOf(raw)
+  if (named) return named
+  const parts = raw.split(',')
+  const numbers = parts.map((x) => (/^\s*(?:\d+(?:\.\d*)?|\.\d+)\s*$/.test(x) ? Number(x) : NaN))
+  if (parts.length !== 3 || numbers.some((n) => !Number.isFinite(n))) {
+    throw new UsageError(`--prices must be a DeepSeek model name (${Object.keys(DEEPSEEK_PRICES).join(', ')}) or HIT,MISS,OUTPUT in USD per million tokens (e.g. --prices 0.003,0.15,0.6), got ${JSON.stringify(raw)}`)
+  }
+  return { cacheHitInput: numbers[0], cacheMissInput: numbers[1], output: numbers[2] }
 }
 
 function parseThreshold(raw: string): number {
@@ -7377,6 +7833,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   if (cwd === '') throw new UsageError('-C/--cwd needs a directory, e.g. -C ../my-project')
   const threshold = flags.has('--threshold') ? parseThreshold(flags.get('--threshold')!) : CLI_DEFAULTS.threshold
   const json = flags.has('--json')
+  const prices = flags.has('--prices') ? parsePrices(flags.get('--prices')!) : undefined
 
   if (command === 'replay') {
     if (positionals.length === 0) throw new UsageError('replay needs a FILE: npx tsx dsh.ts replay FILE [--context-window N]')
@@ -7386,7 +7843,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (!cliReplayFormats().includes(format)) throw new UsageError(`--format must be one of ${cliReplayFormats().join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
-      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(cwd !== undefined ? { cwd } : {}),
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
       ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
     }
   }
@@ -7417,7 +7874,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   return {
     command, ...model, prompt, print: printed !== undefined,
     contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
-    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}),
+    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
     projectInstructions: !flags.has('--no-project-instructions'),
   }
 }
@@ -7880,8 +8337,8 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   if (instructions) io.stderr(`[dsh] project instructions: ${instructions.file} (${groupDigits(instructions.bytes)} bytes) is in the system prompt of every request; --no-project-instructions leaves it out\n`)
 
   const provider = options.baseURL === CLI_DEFAULTS.baseURL
-    ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
-    : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
+    ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
+    : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
   let session: Session
   try {
     session = await Session.open(options.session ? new FileStore(path.resolve(cwd, options.session)) : new MemoryStore())
@@ -7889,6 +8346,11 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     // A corrupt log, a file of another format, a directory or an unwritable path: say which, exit 2.
     if (err instanceof SessionError) { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
     throw err
+  }
+  const staleLock = session.store instanceof FileStore ? session.store.staleLock : undefined
+  if (staleLock) {
+    const h = staleLock
+    io.stderr(`dsh: --session ${options.session}: took over the stale lock of pid ${h.pid} on host ${h.host} (since ${new Date(h.time).toISOString()}), which is no longer running\n`)
   }
   if (session.torn) io.stderr(`dsh: the session log's last line (line ${session.torn.line}, ${session.torn.bytes} bytes) was cut short by a crash; dropped and saved to ${session.torn.savedTo}\n`)
   const tty = !!p.stderr.isTTY
@@ -7904,7 +8366,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   const terminal = interactive ? await openTerminal(p, io) : undefined
   const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
   const tools = await builtinTools({
-    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
+    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv, ...(options.session ? { sessionLog: path.resolve(cwd, options.session) } : {}),
     shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
   })
   let agent: Agent | undefined
@@ -8421,6 +8883,7 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
     const { output } = await runReplay(text, {
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
       summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains,
+      ...(options.prices ? { prices: { ...options.prices, peak: undefined } } : {}),
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0
