@@ -2041,10 +2041,11 @@ function callFacts(call: ToolCallBlock): { kind: 'read' | 'written' | 'edited'; 
   return { kind: EDIT_WORD.test(verb) ? 'edited' : WRITE_WORD.test(verb) ? 'written' : 'read', paths, command }
 }
 
-/** The first line of an error text that reads as an error (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
+/** The first line of an error text that reads as an error and is not an echoed command (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
 function errorLine(text: string): string | undefined {
   const lines = text.split(/\r\n|\r|\n/).map((l) => l.trim()).filter((l) => l !== '')
-  const line = lines.find((l) => ERROR_WORD.test(l)) ?? lines[0]
+  // An echoed command (`> node -e …` from npm, `$ cmd`, `+ cmd` from sh -x) quotes the error it prints: skip it.
+  const line = lines.find((l) => ERROR_WORD.test(l) && !/^(> |\$ |\+ )/.test(l)) ?? lines[0]
   if (line === undefined) return undefined
   const end = indexAfterCodePoints(line, LEDGER_ERROR_LINE_CODE_POINTS)
   return end < line.length ? line.slice(0, end) + '…' : line
@@ -2518,6 +2519,7 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
 export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal, focus?: string): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
+  const hooks = host // the hooks see the host itself (ctx.agent is the Agent), not the recording wrapper
   host = withRecordingSummarizer(host, records)
   const nodes = session.surface().slice(region.start, region.end)
   const first = nodes[0].seq, last = nodes[nodes.length - 1].seq
@@ -2528,7 +2530,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
   session.append('compaction/start', { id, trigger })
   let requests = 0
   try {
-    const verdict = await host.beforeCompaction?.(info, signal)
+    const verdict = await hooks.beforeCompaction?.(info, signal)
     if (verdict?.cancel) throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
     if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}` : verdict.focus.trim()
     const fullLedger = await regionLedger(session, nodes)
@@ -2548,7 +2550,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
     })
     const seq = session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
     session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens, requests: records })
-    try { await host.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
+    try { await hooks.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
       host.warn(`a compaction/after hook failed: ${(err as Error)?.message ?? err}`)
     }
     return requests
@@ -6854,11 +6856,36 @@ export interface ReplayFigure {
   add(event: AgentEvent, value: number, context: ReplayFigureContext): number
   total: 'sum' | 'max'
   cell?: (value: number) => string
+  /** True: no totals line of its own (a combined line shows it, e.g. the fidelity line). */
+  hideTotal?: boolean
+}
+
+const FIDELITY_KINDS: ReadonlyArray<[keyof Fidelity, string]> = [['paths', 'paths'], ['commands', 'commands'], ['errors', 'error lines'], ['userMessages', 'user messages']]
+const FIDELITY_COUNTS: ReadonlyArray<[keyof FidelityShare, string]> = [['total', 'total'], ['inCheckpoint', 'in checkpoint'], ['inSummary', 'in summary']]
+
+/**
+ * The fidelity figures of the compactions (docs/design.md §12), summed over the rows: for each kind
+ * (paths, commands, error lines, user messages) how many the compacted regions held, how many
+ * appear verbatim in the checkpoints, and how many in the model's summaries alone. Named
+ * `fidelity <kind> <count>`; JSON per row, one combined totals line in the text report. The CLI's
+ * `replay` passes them ({@link ReplayOptions.figures}); a library replay adds them when asked.
+ */
+export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]): ReplayFigure => ({
+  name: `fidelity ${label} ${countLabel}`, total: 'sum', hideTotal: true,
+  add: (e, v) => (e.type === 'log' && e.event.type === 'compaction/summary' ? v + (((e.event.data as any).fidelity as Fidelity | undefined)?.[kind]?.[count] ?? 0) : v),
+})))
+
+/** The totals line of {@link FIDELITY_FIGURES}: `paths 12/12, …; the model's summaries alone: 1/12, …`, or undefined without compactions. */
+function fidelityTotalsLine(figures: Readonly<Record<string, number>>): string | undefined {
+  const get = (label: string, count: string) => figures[`fidelity ${label} ${count}`] ?? 0
+  if (FIDELITY_KINDS.every(([, label]) => get(label, 'total') === 0)) return undefined
+  return `verbatim in checkpoints: ${FIDELITY_KINDS.map(([, l]) => `${l} ${get(l, 'in checkpoint')}/${get(l, 'total')}`).join(', ')}; in the summaries alone: ${FIDELITY_KINDS.map(([, l]) => `${get(l, 'in summary')}/${get(l, 'total')}`).join(', ')}`
 }
 
 /**
  * Figures every replay computes besides the built-in ones (see {@link ReplayFigure}); add an entry
- * here to give the report a column. Empty in this version.
+ * here to give the report a column or a totals line. Empty in this version (the CLI adds
+ * {@link FIDELITY_FIGURES}).
  */
 export const REPLAY_FIGURES: readonly ReplayFigure[] = []
 
@@ -6976,15 +7003,22 @@ function replayScript(transcript: Transcript, notes: string[]): ReplayScriptTurn
 
 /**
  * An Agent whose envelope is the transcript's (system prompt and tool specs as recorded, even where
- * the file records no specs for the tools it calls).
+ * the file records no specs for the tools it calls), plus any tool the Agent offers of itself beyond
+ * the recorded ones (as a live run would send it).
  */
 class ReplayAgent extends Agent {
   readonly recordedEnvelope: Envelope
+  private readonly recordedToolNames: ReadonlySet<string>
   constructor(options: AgentOptions, envelope: Envelope) {
     super(options)
     this.recordedEnvelope = envelope
+    this.recordedToolNames = new Set((options.tools ?? []).map((t) => t.name))
   }
-  override get envelope(): Envelope { return this.recordedEnvelope }
+  override get envelope(): Envelope {
+    const own = (super.envelope.tools ?? []).filter((t) => !this.recordedToolNames.has(t.name))
+    if (own.length === 0) return this.recordedEnvelope
+    return { system: this.recordedEnvelope.system, tools: [...(this.recordedEnvelope.tools ?? []), ...own] }
+  }
 }
 
 /** A row while its events arrive. */
@@ -7419,7 +7453,9 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     ['cost, unmanaged (infinite window)', costCell(t.cost.unmanaged)],
     ['prices (USD per million tokens)', `cache hit ${p.cacheHitInput}, miss ${p.cacheMissInput}, output ${p.output}${p.peak ? ', with peak hours' : ''}; modelled cache hits, no model called`],
   )
-  for (const [name, v] of Object.entries(t.figures ?? {})) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
+  for (const [name, v] of Object.entries(t.figures ?? {})) if (!known.get(name)?.hideTotal) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
+  const fidelity = fidelityTotalsLine(t.figures ?? {})
+  if (fidelity) totals.push(['fidelity', fidelity])
   const labelWidth = totals.reduce((w, [l]) => Math.max(w, l.length), 0)
   out.push('totals')
   for (const [label, value] of totals) out.push(`  ${label.padEnd(labelWidth)}  ${value}`)
@@ -8601,8 +8637,10 @@ export async function readProjectInstructions(cwd: string): Promise<ProjectInstr
     try {
       const stat = await fs.stat(path)
       if (!stat.isFile()) continue
-      if (stat.size > PROJECT_INSTRUCTIONS_MAX_BYTES) throw new UsageError(`${file} is ${groupDigits(stat.size)} bytes, over the ${groupDigits(PROJECT_INSTRUCTIONS_MAX_BYTES)}-byte limit for project instructions (they go into every request); shorten it or pass --no-project-instructions`)
+      const tooLarge = (size: number) => new UsageError(`${file} is ${groupDigits(size)} bytes, over the ${groupDigits(PROJECT_INSTRUCTIONS_MAX_BYTES)}-byte limit for project instructions (they go into every request); shorten it or pass --no-project-instructions`)
+      if (stat.size > PROJECT_INSTRUCTIONS_MAX_BYTES) throw tooLarge(stat.size)
       bytes = await fs.readFile(path)
+      if (bytes.length > PROJECT_INSTRUCTIONS_MAX_BYTES) throw tooLarge(bytes.length) // it grew after the stat
     } catch (err: any) {
       if (err instanceof UsageError) throw err
       if (err?.code === 'ENOENT' || err?.code === 'ENOTDIR') continue
@@ -8752,7 +8790,7 @@ export interface CliShowOptions {
 
 /** One line of text for a transcript: newlines shown as `⏎`, cut to `max` code points with `…`. */
 function oneLine(text: string, max = 120): string {
-  const flat = text.replace(/\r\n|\r|\n/g, ' ⏎ ')
+  const flat = text.replace(/\r\n|\r|\n/g, ' ⏎ ').replace(/\t/g, ' ')
   const end = indexAfterCodePoints(flat, max)
   return end < flat.length ? flat.slice(0, end) + '…' : flat
 }
@@ -8882,7 +8920,7 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
   try {
     const { output } = await runReplay(text, {
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
-      summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains,
+      summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains, figures: FIDELITY_FIGURES,
       ...(options.prices ? { prices: { ...options.prices, peak: undefined } } : {}),
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')
