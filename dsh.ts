@@ -32,12 +32,13 @@
  *   2. Meter          token estimates (tokens), usage anchor
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
  *   4. Log & surface  append-only session log, surface projection, stores, resume
- *   5. Ladder         prune → clear → compact → spill → fail. A LADDER RUNG goes into the rung
- *                     sequence of this section (the pressure and overflow paths), logged as a
- *                     `compaction/*` event (docs/design.md §5, §10)
- *   6. Provider       6.0 configuration (DeepSeek defaults), 6.1 SSE parser, 6.2 error classifier —
- *                     a PROVIDER'S ERROR WORDING goes into OVERFLOW_PATTERNS (context overflow) or
- *                     the classifier's other tables there — 6.3 messages on the wire, 6.4 adapter
+ *   5. Ladder         prune → clear → compact → spill → fail. A LADDER RUNG goes into
+ *                     compactIfNeeded, the rung sequence of the pressure and overflow paths,
+ *                     logged as a `compaction/*` event (docs/design.md §5, §10)
+ *   6. Provider       6.0 configuration (DeepSeek defaults, KNOWN_MODELS), 6.1 SSE parser, 6.2 error
+ *                     classifier — a PROVIDER'S ERROR WORDING goes into OVERFLOW_PATTERNS (context
+ *                     overflow; RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for the rest)
+ *                     — 6.3 messages on the wire, 6.4 adapter
  *   7. Loop           Agent: turns, steps, tools, hooks, cancellation
  *   ── fence: nothing in Part I names anything in Part II ──
  *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
@@ -1216,7 +1217,7 @@ export async function acquireLogLock(logPath: string, lockPath: string): Promise
     if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, delete the lock file`)
     let alive = true
     try { proc.kill(holder!.pid, 0) } catch (err: any) { alive = err?.code !== 'ESRCH' }
-    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file`)
+    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file (if pid ${holder!.pid} is no dsh, its number was reused: delete the lock file)`)
     if (round >= 3) refuse(`is being taken over by another process (the lock of ${describeHolder(holder!)} was stale)`)
     // Stale: move it aside, check that what moved is what we judged stale, then create ours.
     const aside = `${lockPath}.stale-${proc.pid}-${Date.now()}`
