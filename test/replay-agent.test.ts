@@ -260,3 +260,17 @@ test('a transcript that opens with an assistant message: the loop gets an empty 
   assert.deepEqual(report.rows.map((r) => [r.kind, r.requestTokens ?? null, r.unmanagedTokens, r.afterTokens]), [['turn-start', null, 0, 8], ['step', 8, 0, 17]])
   assert.ok(report.notes.includes('the transcript opens with an assistant message: replay opened the first turn with an empty user input'))
 })
+
+test('a transcript with a tool of its own named "recall" replays (the Agent then offers no recall of its own), noted', async () => {
+  const t = readTranscript(JSON.stringify([
+    { role: 'user', content: 'what did we decide?' },
+    { role: 'assistant', content: null, tool_calls: [fn('m1', 'recall', '{"topic":"db"}')] },
+    { role: 'tool', tool_call_id: 'm1', content: 'use sqlite' },
+    { role: 'assistant', content: 'sqlite' },
+  ]))
+  let s!: Session
+  const report = await replayTranscript(t, { contextWindow: 1_000, onStep: (_r, x) => { s = x } })
+  assert.equal(report.totals.steps, 2)
+  assert.deepEqual(s.messages()[2].content, [{ type: 'text', text: 'use sqlite' }])
+  assert.ok(report.notes.includes('the transcript has a tool of its own named "recall": replayed without dsh\'s recall tool'))
+})
