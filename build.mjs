@@ -1,19 +1,26 @@
-// Builds dsh.ts into dist/ (DESIGN.md §0, issue 6):
-//   dsh.mjs      ESM, platform-neutral, minified, with a source map (Node, Deno, Bun, workerd, bundlers)
+// Builds dsh.ts into dist/ (docs/design.md §0):
+//   dsh.mjs      Part I of dsh.ts (the runtime, everything above the fence): ESM, platform-neutral,
+//                minified, with a source map (Node, Deno, Bun, workerd, browsers, bundlers)
 //   dsh.iife.js  the same as a classic script defining the global `DSH` (script-only runtimes such
 //                as Vercel's edge-runtime), minified, with a source map
-//   dsh.d.ts     declarations from TypeScript's `tsc -p tsconfig.dts.json` (emitDeclarationOnly)
+//   cli.mjs      the whole file (runtime, tools, replay, CLI) with a `#!/usr/bin/env node` line: the
+//                package's `bin`; not minified, so that a stack trace reads
+//   dsh.d.mts    declarations of Part I, beside dsh.mjs (a copied dsh.mjs finds its types)
+//   cli.d.mts    declarations of the whole file, beside cli.mjs
 // Then prints each file's size: raw bytes and gzip -9 bytes.
 //
-// The neutral build is the edge-safety check: a static `import … from 'node:…'` in the core fails
-// the build with a message naming the module; a dynamic `await import('node:…')` (the CLI and the
-// file store load node modules lazily) is left external and runs where `node:` exists.
+// Two checks make the build fail with a message:
+// - the fence: Part I is cut at the `// FENCE.` line and type-checked alone (for dsh.d.mts), so a
+//   name in Part I that only Part II declares fails ("Part I names Part II");
+// - edge safety: a static `import … from 'node:…'` fails the platform-neutral build, naming the
+//   module; a dynamic `await import('node:…')` (the CLI and the file store load node modules
+//   lazily) is left external and runs where `node:` exists.
 //
 // Usage: node build.mjs [--entry FILE] [--outdir DIR] [--no-dts]   (defaults: dsh.ts, dist)
-// Exit code 1 on any build error. Importable too: `import { build } from './build.mjs'`.
+// Exit code 1 on any build error. Importable too: `import { build, partOne } from './build.mjs'`.
 import * as esbuild from 'esbuild'
 import { spawnSync } from 'node:child_process'
-import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
+import { chmodSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { basename, dirname, join, relative, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
@@ -44,17 +51,51 @@ const nodeImportsDynamicOnly = {
   },
 }
 
+/** The line of dsh.ts that ends Part I (the runtime); see the fence comment there. */
+const FENCE = /^\/\/ FENCE\. /m
+
+/**
+ * Part I of a dsh.ts source text: everything before the fence line. A prefix of the file, so its
+ * line numbers (source maps, tsc errors) are those of dsh.ts. Throws when there is no fence.
+ * @param {string} source @param {string} [file] for the message
+ */
+export function partOne(source, file = 'dsh.ts') {
+  const m = FENCE.exec(source)
+  if (!m) throw new Error(`${file}: no fence line (a line starting "// FENCE. ") ends Part I; the build cuts the runtime bundle there. Restore the fence comment before section 8.`)
+  return source.slice(0, m.index)
+}
+
+/** esbuild plugin: the entry module is read as its Part I only. */
+const partOneOnly = (entry) => ({
+  name: 'part-one-only',
+  setup(b) {
+    b.onLoad({ filter: /\.ts$/ }, (args) => args.path === entry
+      ? { contents: partOne(readFileSync(entry, 'utf8'), entry), loader: 'ts' }
+      : undefined)
+  },
+})
+
 /**
  * Builds the bundles and declarations. Returns the written files with their sizes (bytes).
- * Throws on an esbuild error (already printed by esbuild) or a tsc error.
+ * Throws on an esbuild error (already printed by esbuild), a missing fence or a tsc error.
  * @param {{ entry?: string, outdir?: string, dts?: boolean, log?: (line: string) => void }} [options]
  */
 export async function build({ entry = join(ROOT, 'dsh.ts'), outdir = join(ROOT, 'dist'), dts = true, log = console.log } = {}) {
   entry = resolve(entry)
   outdir = resolve(outdir)
+  const source = readFileSync(entry, 'utf8')
+  partOne(source, entry) // fail before touching outdir
   rmSync(outdir, { recursive: true, force: true })
   mkdirSync(outdir, { recursive: true })
+  try {
+    return await buildInto(entry, source, outdir, dts, log)
+  } catch (err) {
+    rmSync(outdir, { recursive: true, force: true }) // no half-built dist/ is left behind
+    throw err
+  }
+}
 
+async function buildInto(entry, source, outdir, dts, log) {
   const common = {
     entryPoints: [entry],
     bundle: true,
@@ -63,7 +104,7 @@ export async function build({ entry = join(ROOT, 'dsh.ts'), outdir = join(ROOT, 
     minify: true,
     sourcemap: true,
     legalComments: 'none',
-    plugins: [nodeImportsDynamicOnly],
+    plugins: [nodeImportsDynamicOnly, partOneOnly(entry)],
     // Keep every import as written: TypeScript semantics would drop an unused
     // `import { readFile } from 'node:fs'` as possibly type-only, hiding it from the check above,
     // while Deno, Bun and tsx running dsh.ts itself would still load it. (dsh.ts has no imports.)
@@ -71,20 +112,24 @@ export async function build({ entry = join(ROOT, 'dsh.ts'), outdir = join(ROOT, 
     logLevel: 'warning',
   }
   await esbuild.build({ ...common, format: 'esm', outfile: join(outdir, 'dsh.mjs') })
+  await esbuild.build({ ...common, format: 'iife', globalName: 'DSH', outfile: join(outdir, 'dsh.iife.js') })
+  // The whole file for the command line; `import(import.meta.url)` in its entry check stays as is.
   await esbuild.build({
     ...common,
-    format: 'iife',
-    globalName: 'DSH',
-    outfile: join(outdir, 'dsh.iife.js'),
-    // A script has no import.meta; esbuild turns it into `{}`, and the CLI's entry-point check
-    // treats a missing import.meta.url as "not the entry point" (TOOLCHAIN.md, edge-runtime).
-    logOverride: { 'empty-import-meta': 'silent' },
+    plugins: [nodeImportsDynamicOnly],
+    format: 'esm',
+    minify: false,
+    sourcemap: false, // not minified: its stack traces read as they are
+    banner: { js: '#!/usr/bin/env node' },
+    outfile: join(outdir, 'cli.mjs'),
   })
+  chmodSync(join(outdir, 'cli.mjs'), 0o755)
 
-  const files = ['dsh.mjs', 'dsh.iife.js']
+  const files = ['dsh.mjs', 'dsh.iife.js', 'cli.mjs']
   if (dts) {
-    files.push('dsh.d.ts')
-    runTsc(entry, outdir)
+    files.push('dsh.d.mts', 'cli.d.mts')
+    runTsc(entry, partOne(source, entry), join(outdir, 'dsh.d.mts'), true)
+    runTsc(entry, source, join(outdir, 'cli.d.mts'), false)
   }
 
   const sizes = files.map((name) => {
@@ -99,27 +144,45 @@ export async function build({ entry = join(ROOT, 'dsh.ts'), outdir = join(ROOT, 
 }
 
 /**
- * Declarations through the native TypeScript 7 `tsc`. A file argument beside tsconfig.json fails
- * (TS5112), so it always runs `-p` on a config: tsconfig.dts.json for dsh.ts, or for another entry
- * (tests build temporary copies) a throwaway config in outdir that extends it.
+ * Declarations through the native TypeScript 7 `tsc`, of `text` (all of `entry`, or its Part I),
+ * written to `outFile` (`NAME.d.mts`) with a declaration map that points at `entry` (the text is a
+ * prefix of it, so the lines agree). tsc runs `-p` on a throwaway config in a scratch dir beside
+ * `outFile` (a file argument beside tsconfig.json fails, TS5112) that extends tsconfig.dts.json.
+ * For Part I, a name declared only in Part II is an error: "Part I names Part II".
  */
-function runTsc(entry, outdir) {
-  let project = join(ROOT, 'tsconfig.dts.json')
-  if (entry !== join(ROOT, 'dsh.ts')) {
-    project = join(outdir, 'tsconfig.dts.json')
-    writeFileSync(project, JSON.stringify({
-      extends: join(ROOT, 'tsconfig.dts.json'),
-      compilerOptions: { rootDir: dirname(entry), typeRoots: [join(ROOT, 'node_modules', '@types')] },
-      files: [entry],
-    }))
-  }
+function runTsc(entry, text, outFile, isPartOne) {
+  const outdir = dirname(outFile)
+  const name = basename(outFile, '.d.mts')
+  const scratch = join(outdir, `.tsc-${name}`)
+  mkdirSync(scratch, { recursive: true })
+  writeFileSync(join(scratch, `${name}.mts`), text)
+  const project = join(scratch, 'tsconfig.json')
+  writeFileSync(project, JSON.stringify({
+    extends: join(ROOT, 'tsconfig.dts.json'),
+    // Part I alone may leave helpers unused that Part II uses; the full type-check still sees them.
+    compilerOptions: { rootDir: scratch, outDir: scratch, typeRoots: [join(ROOT, 'node_modules', '@types')], noUnusedLocals: !isPartOne },
+    files: [join(scratch, `${name}.mts`)],
+  }))
   const tsc = join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc')
-  const r = spawnSync(process.execPath, [tsc, '-p', project, '--outDir', outdir], { encoding: 'utf8' })
-  if (project.startsWith(outdir)) rmSync(project)
-  if (r.status !== 0) throw new Error(`tsc -p ${project} failed (exit ${r.status}):\n${r.stdout}${r.stderr}`)
-  const produced = join(outdir, basename(entry).replace(/\.ts$/, '.d.ts'))
-  if (produced !== join(outdir, 'dsh.d.ts')) throw new Error(`tsc wrote ${produced}; expected an entry named dsh.ts`)
-  statSync(produced) // throws ENOENT if tsc emitted nothing
+  const r = spawnSync(process.execPath, [tsc, '-p', project], { encoding: 'utf8' })
+  try {
+    if (r.status !== 0) {
+      const output = `${r.stdout}${r.stderr}`.replace(new RegExp(`\\S*\\.tsc-${name}[\\\\/]${name}\\.mts`, 'g'), relative(process.cwd(), entry) || entry)
+      const why = isPartOne && /error TS2304|error TS2552|error TS2749|error TS2693/.test(output)
+        ? 'Part I names Part II: something above the fence in dsh.ts uses a name only Part II declares. Move that name into Part I or the use into Part II.\n'
+        : ''
+      throw new Error(`${why}tsc on ${isPartOne ? 'Part I of ' : ''}${entry} failed (exit ${r.status}):\n${output}`)
+    }
+    const dts = join(scratch, `${name}.d.mts`)
+    statSync(dts) // throws ENOENT if tsc emitted nothing
+    renameSync(dts, outFile)
+    const map = JSON.parse(readFileSync(`${dts}.map`, 'utf8'))
+    map.file = basename(outFile)
+    map.sources = [relative(outdir, entry)]
+    writeFileSync(`${outFile}.map`, JSON.stringify(map))
+  } finally {
+    rmSync(scratch, { recursive: true, force: true })
+  }
 }
 
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {

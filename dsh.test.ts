@@ -1,4 +1,4 @@
-// Core tests: meter, pruner, session log and surface, stores (DESIGN.md §§1–4; issue 2).
+// Core tests: meter, pruner, session log and surface, stores (docs/design.md §§1–4; issue 2).
 import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import { mkdtempSync, writeFileSync, readFileSync, appendFileSync, readdirSync } from 'node:fs'
@@ -7,7 +7,7 @@ import { join } from 'node:path'
 import {
   VERSION, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG, codePointLength, pruneText, pruneToolResult,
   estimateTextTokens, estimateMessageTokens, estimateEnvelopeTokens, PruneConfigError,
-  Session, MemoryStore, FileStore, SessionError,
+  Session, MemoryStore, FileStore, SessionError, spillToolResult,
   type ToolResultMessage, type Message, type Block,
 } from './dsh.ts'
 
@@ -17,7 +17,7 @@ const hasLoneSurrogate = (s: string) => /[\ud800-\udbff](?![\udc00-\udfff])|(?<!
 
 test('version is semver', () => { assert.match(VERSION, /^\d+\.\d+\.\d+$/) })
 
-describe('meter (DESIGN.md §2)', () => {
+describe('meter (docs/design.md §2)', () => {
   test('worked check: a 200,000-char tool result is 50,008 tokens; pruned it is 5,159 code points and 1,298 tokens', () => {
     const big = toolResult('x'.repeat(200_000))
     assert.equal(estimateMessageTokens(big), 50_008)
@@ -45,7 +45,7 @@ describe('meter (DESIGN.md §2)', () => {
   })
 })
 
-describe('pruner (DESIGN.md §3)', () => {
+describe('pruner (docs/design.md §3)', () => {
   test('marker and defaults', () => {
     assert.equal(codePointLength(PRUNE_MARKER), 39)
     assert.deepEqual({ ...DEFAULT_PRUNE_CONFIG }, { thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
@@ -154,7 +154,7 @@ function assertPaired(messages: Message[]) {
   assert.deepEqual([...calls].sort(), [...results].sort())
 }
 
-describe('session log and surface (DESIGN.md §4)', () => {
+describe('session log and surface (docs/design.md §4)', () => {
   test('seq is contiguous and prune follows the log protocol', async () => {
     const session = await Session.open(new MemoryStore(), { id: 's1', now: () => 1000 })
     const { ra } = interleaved(session)
@@ -338,4 +338,35 @@ test('README library example (examples/library.ts) prints the documented numbers
     'replaceGeneration: 1 | events: session/start, user/message, assistant/message, tool/result, compaction/prune, tool/result',
     '',
   ].join('\n'))
+})
+
+test('Session.readEvent / readEvents read back logged events, including shadowed originals', async () => {
+  const session = await Session.open(new MemoryStore())
+  session.append('user/message', { message: { role: 'user', content: 'hello' }, surfaceOp: { op: 'append' } })
+  const replaced = session.append('user/message', { message: { role: 'user', content: 'hi' }, surfaceOp: { op: 'replace', start: 1, end: 1 } })
+  assert.equal(((await session.readEvent(1)).data as any).message.content, 'hello')
+  assert.equal((await session.readEvent(replaced.seq)).seq, 2)
+  await assert.rejects(session.readEvent(99), /no event with seq 99/)
+  const seqs: number[] = []
+  for await (const e of session.readEvents(1)) seqs.push(e.seq)
+  assert.deepEqual(seqs, [1, 2])
+})
+
+test('spill decides by UTF-8 bytes at the limit, whatever the mix of 1-, 2-, 3- and 4-byte characters', async () => {
+  const limit = 1200
+  const cases: [string, boolean][] = [
+    ['a'.repeat(400), false], // 400 units: decided by length (3 × 400 ≤ 1200)
+    ['\u20ac'.repeat(400), false], // 1,200 bytes exactly
+    ['\u20ac'.repeat(400) + 'a', true], // 1,201 bytes, 401 units: walked
+    ['\u00e9'.repeat(600), false], // 1,200 bytes
+    ['\u{1F600}'.repeat(300), false], // 600 units, 1,200 bytes
+    ['\u{1F600}'.repeat(300) + 'a', true],
+    ['a'.repeat(1201), true], // decided by length
+  ]
+  for (const [text, spills] of cases) {
+    const store = new MemoryStore()
+    const out = await spillToolResult(toolResult(text), store, limit, 'x.txt')
+    assert.equal(out.spilled !== undefined, spills, `${text.length} units`)
+    if (spills) assert.equal(out.spilled!.bytes, new TextEncoder().encode(text).length)
+  }
 })

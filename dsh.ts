@@ -1,6 +1,7 @@
 /**
  * dsh.ts — a single-file, zero-dependency TypeScript runtime for LLM agents that manages the
- * context window of long sessions. Spec: DESIGN.md (shared with the project).
+ * context window of long sessions. Spec: docs/design.md (the behaviour this file implements; the
+ * `§N` citations below and in the tests point into it).
  *
  * MANUAL (five lines)
  *   import { Agent, Session, FileStore, deepseek } from './dsh.ts'
@@ -8,9 +9,9 @@
  *   const agent = new Agent({ session, provider: deepseek({ apiKey }), tools: [myTool] })
  *   const answer = await agent.run('Fix the failing test', { signal })
  *   console.log(answer.text, session.measure().totalTokens)
- * CLI: `npx tsx dsh.ts --help` (one-shot, interactive, `replay FILE`).
+ * CLI: `npx tsx dsh.ts --help` (one-shot, interactive, `replay FILE`); installed: `dsh --help`.
  *
- * OPTIONS AND DEFAULTS (DESIGN.md; all overridable per Agent / provider)
+ * OPTIONS AND DEFAULTS (docs/design.md; all overridable per Agent / provider)
  *   pruner     DEFAULT_PRUNE_CONFIG        prune tool results over 8,192 code points to
  *                                          head 4,096 + marker (39) + tail 1,024 code points
  *   ladder     DEFAULT_COMPACTION_CONFIG   threshold 0.8 × window, retained tail 0.16 × window,
@@ -20,24 +21,41 @@
  *                                          500 ms → 10 s, idle timeout 300 s
  *   loop       Agent                       200 steps per turn; tools run one at a time
  *
- * LIMITS: token counts are a heuristic (chars/4 + 8 per message) until a provider reports usage;
- * chat-completions tool results cannot carry images (sent as JSON text); the CLI's file tools stay
- * inside the working directory; FileStore needs node:fs (Node, Deno, Bun), MemoryStore runs anywhere.
+ * LIMITS: token counts are a heuristic (UTF-16 units / 4 + 8 per message) until a provider reports
+ * usage; chat-completions tool results cannot carry images (sent as JSON text); the CLI's file tools
+ * stay inside the working directory (the shell tool is not confined); FileStore needs node:fs (Node,
+ * Deno, Bun), MemoryStore runs anywhere.
  *
- * CONTENTS (sections follow the data)
+ * CONTENTS (sections follow the data; docs/design.md has the same numbers where a topic matches)
+ *   PART I — THE RUNTIME (web standards only; `dist/dsh.mjs` is exactly this part)
  *   1. Types          messages, blocks, events, provider contract, errors
  *   2. Meter          token estimates (tokens), usage anchor
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
  *   4. Log & surface  append-only session log, surface projection, stores, resume
- *   5. Ladder         prune → compact → spill → fail
- *   6. Provider       SSE parser, error classifier, OpenAI-compatible / DeepSeek adapter
+ *   5. Ladder         prune → clear → compact → spill → fail. A LADDER RUNG goes into the rung
+ *                     sequence of this section (the pressure and overflow paths), logged as a
+ *                     `compaction/*` event (docs/design.md §5, §10)
+ *   6. Provider       6.0 configuration (DeepSeek defaults), 6.1 SSE parser, 6.2 error classifier —
+ *                     a PROVIDER'S ERROR WORDING goes into OVERFLOW_PATTERNS (context overflow) or
+ *                     the classifier's other tables there — 6.3 messages on the wire, 6.4 adapter
  *   7. Loop           Agent: turns, steps, tools, hooks, cancellation
- *   8. CLI            `npx tsx dsh.ts`, `replay`
+ *   ── fence: nothing in Part I names anything in Part II ──
+ *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
+ *   8. Tools          built-in coding tools of the CLI (read_file, list_files, grep, write/edit, shell)
+ *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of the readers
+ *                     table there (detect + read); 9.2 the replay runner
+ *   10. CLI           arguments, configuration, terminal output, entry point
  *
- * UNITS: "tokens" are heuristic or provider-reported tokens; "code points" are Unicode scalar
- * values (a surrogate pair is one); "UTF-16 units" are JS string length; "bytes" are UTF-8 bytes;
- * times are milliseconds unless a name says otherwise.
+ * UNITS (one word, one unit, everywhere in this file):
+ *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
+ *   code points  Unicode scalar values (a surrogate pair is one); "chars" in a name means code points
+ *   UTF-16 units JS string `.length` (the meter's `/ 4` counts these)
+ *   bytes        UTF-8 bytes unless a name says otherwise
+ *   ms           milliseconds; every time is in ms unless a name says otherwise (`…S` = seconds)
  */
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// PART I — THE RUNTIME: sections 1–7, web standards only (the fence before section 8 says more)
+// ════════════════════════════════════════════════════════════════════════════════════════════
 
 export const VERSION = '0.1.0'
 
@@ -55,14 +73,14 @@ export interface ToolCallBlock { type: 'tool-call'; id: string; name: string; ar
 export interface ImageBlock { type: 'image'; [key: string]: unknown }
 /** Any block a caller hands in that dsh does not interpret. Kept in position, never edited. */
 export interface OtherBlock { type: string; [key: string]: unknown }
-/** Any block of message content (DESIGN.md §1); non-text blocks keep their positions. */
+/** Any block of message content (docs/design.md §1); non-text blocks keep their positions. */
 export type Block = TextBlock | ReasoningBlock | ToolCallBlock | ImageBlock | OtherBlock
 
-/** DESIGN.md §1. `content` may be a plain string (the common case) or blocks. */
+/** docs/design.md §1. `content` may be a plain string (the common case) or blocks. */
 export interface UserMessage { role: 'user'; content: string | Block[] }
-/** DESIGN.md §1. `interrupted` marks partial output kept after a cancellation or a cut stream. */
+/** docs/design.md §1. `interrupted` marks partial output kept after a cancellation or a cut stream. */
 export interface AssistantMessage { role: 'assistant'; content: Block[]; interrupted?: boolean }
-/** DESIGN.md §1. The result of the tool call whose id is `toolCallId`. */
+/** docs/design.md §1. The result of the tool call whose id is `toolCallId`. */
 export interface ToolResultMessage {
   role: 'tool'
   toolCallId: string
@@ -71,16 +89,16 @@ export interface ToolResultMessage {
   /** Free-form data for the caller (never sent to the provider, never edited by dsh). */
   metadata?: Record<string, unknown>
 }
-/** A provider-neutral message (DESIGN.md §1); the envelope (system, tools) is not a message. */
+/** A provider-neutral message (docs/design.md §1); the envelope (system, tools) is not a message. */
 export type Message = UserMessage | AssistantMessage | ToolResultMessage
 
 /** A function tool as the provider sees it (JSON-schema `parameters`), part of the envelope. */
 export interface ToolSpec { name: string; description?: string; parameters?: Record<string, unknown> }
 
-/** The request envelope (DESIGN.md §1): not messages, but priced like them (§2). */
+/** The request envelope (docs/design.md §1): not messages, but priced like them (§2). */
 export interface Envelope { system?: string; tools?: readonly ToolSpec[] }
 
-/** Provider-reported usage of one call, in tokens (DESIGN.md §6). */
+/** Provider-reported usage of one call, in tokens (docs/design.md §6). */
 export interface Usage {
   promptTokens: number
   completionTokens: number
@@ -90,10 +108,39 @@ export interface Usage {
   reasoningTokens?: number
 }
 
-/** Error codes of {@link ProviderError} (DESIGN.md §6). */
+/**
+ * Prices of one model in USD per million tokens (docs/design.md §11): input served from the
+ * provider's prompt cache, input not in the cache, and completion tokens (reasoning included).
+ * `peak`, when given, multiplies all three inside its UTC windows. Give it to a provider as the
+ * `prices` option; {@link DEEPSEEK_PRICES} holds DeepSeek's. A model without prices has cost
+ * "unknown": dsh never invents one.
+ */
+export interface Prices {
+  /** USD per million input tokens that hit the prompt cache. */
+  cacheHitInput: number
+  /** USD per million input tokens that miss the prompt cache. */
+  cacheMissInput: number
+  /** USD per million completion tokens. */
+  output: number
+  /** Peak hours, when every price above is multiplied by `multiplier`. */
+  peak?: PeakHours
+}
+
+/**
+ * Peak hours of a price table: on the UTC `days` (0 = Sunday … 6 = Saturday, as
+ * `Date#getUTCDay`), inside each `[startHour, endHour)` of `hoursUTC` (UTC hours, 0–24), prices are
+ * multiplied by `multiplier` (e.g. 2 for double).
+ */
+export interface PeakHours {
+  multiplier: number
+  days: readonly number[]
+  hoursUTC: readonly (readonly [number, number])[]
+}
+
+/** Error codes of {@link ProviderError} (docs/design.md §6). */
 export type ProviderErrorCode =
   | 'CONTEXT_WINDOW_EXCEEDED' | 'RATE_LIMIT' | 'QUOTA' | 'AUTH' | 'INVALID_REQUEST' | 'SERVER'
-  | 'TRANSPORT' | 'TIMEOUT' | 'ABORTED' | 'EMPTY_RESPONSE' | 'MALFORMED_RESPONSE'
+  | 'TRANSPORT' | 'TIMEOUT' | 'ABORTED' | 'EMPTY_RESPONSE' | 'MALFORMED_RESPONSE' | 'RESPONSE_TOO_LARGE'
 
 /**
  * The one error type a provider throws. `body` is the raw response text (or the in-stream error
@@ -142,7 +189,7 @@ export interface ChatRequest {
    */
   inputTokens?: number
   signal?: AbortSignal
-  /** Extra HTTP headers, e.g. `x-dsh-purpose: compaction` on summary requests (DESIGN.md §5). */
+  /** Extra HTTP headers, e.g. `x-dsh-purpose: compaction` on summary requests (docs/design.md §5). */
   headers?: Record<string, string>
   onEvent?: (event: StreamEvent) => void
 }
@@ -160,10 +207,12 @@ export interface ChatResponse {
 export interface Provider {
   readonly model: string
   readonly baseURL: string
-  /** Context window in tokens, when known (DESIGN.md §6 table, or configured). */
+  /** Context window in tokens, when known (docs/design.md §6 table, or configured). */
   readonly contextWindow?: number
   /** Default completion budget in tokens (before clamping). */
   readonly maxTokens: number
+  /** The model's price table, USD per million tokens, when known (docs/design.md §11); else cost is "unknown". */
+  readonly prices?: Prices
   /** Streams one chat completion; throws {@link ProviderError} on any failure. */
   complete(request: ChatRequest): Promise<ChatResponse>
 }
@@ -178,11 +227,11 @@ export interface ToolContext {
 
 /**
  * What a tool returns: a string (one text block), blocks, or an explicit result. Throwing is fine:
- * the loop turns it into an error result for the model (DESIGN.md §7).
+ * the loop turns it into an error result for the model (docs/design.md §7).
  */
 export type ToolOutput = string | Block[] | { content: string | Block[]; isError?: boolean }
 
-/** A tool: a plain object (DESIGN.md §7). `parameters` is a JSON schema for the arguments object. */
+/** A tool: a plain object (docs/design.md §7). `parameters` is a JSON schema for the arguments object. */
 export interface Tool<Args = any> {
   name: string
   description: string
@@ -199,12 +248,12 @@ export interface Tool<Args = any> {
 // 2. Meter
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** Tokens are estimated as one per four UTF-16 units (DESIGN.md §2). */
+/** Tokens are estimated as one per four UTF-16 units (docs/design.md §2). */
 export const CHARS_PER_TOKEN = 4
-/** Fixed per-message overhead in tokens (role, separators), DESIGN.md §2. */
+/** Fixed per-message overhead in tokens (role, separators), docs/design.md §2. */
 export const MESSAGE_OVERHEAD_TOKENS = 8
 
-/** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). DESIGN.md §2. */
+/** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). docs/design.md §2. */
 export function estimateTextTokens(text: string): number {
   return Math.ceil(text.length / CHARS_PER_TOKEN)
 }
@@ -212,7 +261,7 @@ export function estimateTextTokens(text: string): number {
 /**
  * Heuristic price of one message in tokens: `ceil(C / 4) + 8`, where C is the UTF-16 length of its
  * text-bearing fields (text, reasoning, tool-call name + arguments, tool-result text); each
- * non-text block (image, unknown) adds `ceil(JSON.stringify(block).length / 4)`. DESIGN.md §2.
+ * non-text block (image, unknown) adds `ceil(JSON.stringify(block).length / 4)`. docs/design.md §2.
  * Worked check: a 200,000-char tool result costs 50,008.
  */
 export function estimateMessageTokens(message: Message): number {
@@ -231,7 +280,7 @@ export function estimateMessageTokens(message: Message): number {
 /**
  * Heuristic price of the request envelope in tokens: `ceil(system.length / 4) + 8` plus
  * `ceil(JSON.stringify(tools).length / 4) + 8`. An absent (or empty) system prompt and an absent
- * (or empty) tool list cost 0. DESIGN.md §2.
+ * (or empty) tool list cost 0. docs/design.md §2.
  */
 export function estimateEnvelopeTokens(envelope: Envelope): number {
   let tokens = 0
@@ -250,12 +299,12 @@ export function estimateRequestTokens(envelope: Envelope, messages: readonly Mes
 /**
  * Where a measurement is anchored: the provider-reported size of the last call
  * (`promptTokens + completionTokens`, tokens) and the heuristic size of the same content right
- * after that call's assistant message was logged (tokens). DESIGN.md §2 "Usage anchor".
+ * after that call's assistant message was logged (tokens). docs/design.md §2 "Usage anchor".
  */
 export interface UsageAnchor { providerTokens: number; heuristicTokens: number; seq: number }
 
 /**
- * The size of what the next request would carry, in tokens. DESIGN.md §2.
+ * The size of what the next request would carry, in tokens. docs/design.md §2.
  * `totalTokens` = `envelopeTokens + surfaceTokens` when not anchored; when anchored it is
  * `max(provider, heuristic at anchor) + (heuristic now − heuristic at anchor)`: the provider's
  * figure plus the signed heuristic price of every surface change since (a low provider figure
@@ -296,7 +345,7 @@ const CALIBRATION_SAMPLES = 8
 export const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
 
 /**
- * Applies the usage anchor rule of DESIGN.md §2 to a heuristic total (tokens), with content added
+ * Applies the usage anchor rule of docs/design.md §2 to a heuristic total (tokens), with content added
  * since the anchor priced at `calibration` provider tokens per heuristic token (docs/design.md §10)
  * and content removed since priced at the anchor's own rate (provider ÷ heuristic at the anchor,
  * at most 4); unanchored, the whole heuristic total is priced at `calibration`. `calibration` 1
@@ -313,16 +362,72 @@ export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | und
   return base + Math.ceil(delta * rate)
 }
 
+// ── 2.1 Cost: prices applied to tokens (docs/design.md §11) ──
+
+/** Throws a TypeError naming the field unless `prices` is a well-formed {@link Prices}; returns it. */
+export function validatePrices(prices: unknown, where = 'prices'): Prices {
+  const fail = (what: string): never => { throw new TypeError(`${where}${what}; e.g. { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 } (USD per million tokens)`) }
+  if (typeof prices !== 'object' || prices === null || Array.isArray(prices)) fail(` must be an object, got ${prices === null ? 'null' : typeof prices}`)
+  const p = prices as Record<string, unknown>
+  for (const key of Object.keys(p)) if (!['cacheHitInput', 'cacheMissInput', 'output', 'peak'].includes(key)) fail(`: unknown key "${key}" (cacheHitInput, cacheMissInput, output, peak)`)
+  for (const key of ['cacheHitInput', 'cacheMissInput', 'output']) {
+    const v = p[key]
+    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) fail(`.${key} must be a non-negative number of USD per million tokens, got ${JSON.stringify(v)}`)
+  }
+  if (p.peak !== undefined) {
+    const peak = p.peak as Record<string, unknown>
+    if (typeof peak !== 'object' || peak === null) fail('.peak must be an object {multiplier, days, hoursUTC}')
+    if (typeof peak.multiplier !== 'number' || !Number.isFinite(peak.multiplier) || peak.multiplier < 0) fail(`.peak.multiplier must be a non-negative number, got ${JSON.stringify(peak.multiplier)}`)
+    if (!Array.isArray(peak.days) || !peak.days.every((d) => Number.isInteger(d) && d >= 0 && d <= 6)) fail(`.peak.days must be UTC weekdays 0 (Sunday) … 6 (Saturday), got ${JSON.stringify(peak.days)}`)
+    if (!Array.isArray(peak.hoursUTC) || !peak.hoursUTC.every((h) => Array.isArray(h) && h.length === 2 && h.every((x) => typeof x === 'number' && x >= 0 && x <= 24) && h[0] < h[1])) {
+      fail(`.peak.hoursUTC must be [startHour, endHour) pairs with 0 ≤ start < end ≤ 24, got ${JSON.stringify(peak.hoursUTC)}`)
+    }
+  }
+  return prices as Prices
+}
+
+/** Whether `timeMs` (ms since the epoch) lies in a peak window of `prices`. */
+export function isPeakTime(prices: Prices, timeMs: number): boolean {
+  const peak = prices.peak
+  if (!peak) return false
+  const d = new Date(timeMs)
+  if (!peak.days.includes(d.getUTCDay())) return false
+  const hour = d.getUTCHours() + d.getUTCMinutes() / 60 + d.getUTCSeconds() / 3600
+  return peak.hoursUTC.some(([start, end]) => hour >= start && hour < end)
+}
+
+/** The tokens of one request as billed: input split by the prompt cache, and output. */
+export interface BilledTokens { cachedInputTokens: number; uncachedInputTokens: number; outputTokens: number }
+
+/**
+ * USD of one request (docs/design.md §11): `cached × cacheHitInput + uncached × cacheMissInput +
+ * output × output`, per million tokens, times the peak multiplier when `timeMs` is in a peak window.
+ */
+export function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): number {
+  const usd = (tokens.cachedInputTokens * prices.cacheHitInput + tokens.uncachedInputTokens * prices.cacheMissInput + tokens.outputTokens * prices.output) / 1_000_000
+  return isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
+}
+
+/**
+ * USD that an edit of the surface adds to the next request (docs/design.md §11): the tokens after
+ * the edit point that move from cache hit to cache miss × (miss − hit price), off-peak (times the
+ * peak multiplier when `timeMs` is given and in a peak window).
+ */
+export function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: number): number {
+  const usd = (movedTokens * (prices.cacheMissInput - prices.cacheHitInput)) / 1_000_000
+  return timeMs !== undefined && isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
+}
+
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 3. Pruner
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** The text put where the middle of a pruned tool result was (39 code points). DESIGN.md §3. */
+/** The text put where the middle of a pruned tool result was (39 code points). docs/design.md §3. */
 export const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
 const MARKER_CODE_POINTS = 39
 
 /**
- * Pruner configuration, all lengths in Unicode code points (DESIGN.md §3).
+ * Pruner configuration, all lengths in Unicode code points (docs/design.md §3).
  * `graphemeSafe` (off by default) moves each cut to a grapheme-cluster boundary with
  * `Intl.Segmenter` where the runtime has it, so a cut never splits an emoji sequence or a
  * combining mark from its base; cuts only shrink the kept text, so the budget still holds.
@@ -334,7 +439,7 @@ export interface PruneConfig {
   graphemeSafe?: boolean
 }
 
-/** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. DESIGN.md §3. */
+/** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
 export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
 
 /** Thrown for a prune configuration that cannot work; the message names the values and the fix. */
@@ -439,7 +544,7 @@ function cutPoints(text: string, cfg: PruneConfig): [headEnd: number, tailStart:
  * Prunes one text: unchanged when it holds ≤ `thresholdChars` code points, else the first
  * `headChars` code points + {@link PRUNE_MARKER} + the last `tailChars` code points. Never splits a
  * surrogate pair. O(head + tail + threshold) whatever the text's length. Idempotent.
- * Throws {@link PruneConfigError} for a bad config. DESIGN.md §3.
+ * Throws {@link PruneConfigError} for a bad config. docs/design.md §3.
  */
 export function pruneText(text: string, config?: Partial<PruneConfig>): string {
   if (typeof text !== 'string') throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
@@ -469,7 +574,7 @@ function detach(result: string, source: string): string {
 }
 
 /**
- * Prunes a tool result (DESIGN.md §3). Its text blocks are treated as one joined text (no
+ * Prunes a tool result (docs/design.md §3). Its text blocks are treated as one joined text (no
  * separator): when that holds ≤ `thresholdChars` code points the same object is returned.
  * Otherwise the first `headChars` and last `tailChars` code points are kept, the marker goes into
  * the first text block the cut touches, text blocks wholly inside the cut are dropped, non-text
@@ -588,7 +693,7 @@ export function pruneMessage<M extends Message>(message: M, config?: Partial<Pru
 // 4. Log & surface
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** How a surface event changes the surface (DESIGN.md §4). `start`/`end` are seqs of surface nodes. */
+/** How a surface event changes the surface (docs/design.md §4). `start`/`end` are seqs of surface nodes. */
 export type SurfaceOp = { op: 'append' } | { op: 'replace'; start: number; end: number }
 
 /** The request envelope and model as logged by `request/header` (written when it changes). */
@@ -601,9 +706,80 @@ export interface RequestHeader {
   maxTokens?: number
   /** Context window, tokens. */
   contextWindow?: number
+  /** The conversation model's price table (USD per million tokens), when it has one (docs/design.md §11). */
+  prices?: Prices
 }
 
-/** The `data` of each event type dsh writes (DESIGN.md §4). Callers may log other types too. */
+/**
+ * The prompt-cache figures of one conversation request, logged on its `assistant/message` as
+ * `cache` (docs/design.md §11). Tokens by the meter (§2): `inputTokens` is the heuristic size of
+ * what was sent (envelope + messages); `modelledHitTokens` the leading part identical to the
+ * previous conversation request (envelope first). The provider's own figure, when reported, is
+ * `usage.cachedTokens` on the same event and wins for billing.
+ */
+export interface RequestCache { inputTokens: number; modelledHitTokens: number }
+
+/**
+ * One summary request, logged in `compaction/end {requests}` (docs/design.md §11). `inputTokens`
+ * and `modelledHitTokens` as in {@link RequestCache} (a summary request is compared with the
+ * conversation request before it); `outputTokens` is the meter's price of the answer, used when the
+ * provider reported no usage; `prices` the summarizer's table when its model is not the
+ * conversation model.
+ */
+export interface SummaryRequestRecord extends RequestCache {
+  model: string
+  outputTokens: number
+  usage?: Usage
+  prices?: Prices
+}
+
+/**
+ * Tokens and cost of a set of requests (units in the names). Input is the provider-reported prompt
+ * size when given, else the meter's estimate; `cachedInputTokens` is the reported `cachedTokens`
+ * when given, else the modelled hit (scaled to the reported prompt size when only that is known).
+ * `costUSD` is undefined ("unknown") when any request has no price; `unpricedRequests` says how many.
+ */
+export interface TokenTally {
+  requests: number
+  inputTokens: number
+  cachedInputTokens: number
+  uncachedInputTokens: number
+  outputTokens: number
+  costUSD?: number
+  unpricedRequests: number
+}
+
+/**
+ * What a session has used so far ({@link Session.usage}): conversation and summary requests apart
+ * and together. `cacheHitShare` = cached ÷ input tokens over all requests (0 … 1; 0 with no input);
+ * `modelledHitTokens` the meter's modelled cache hits summed (tokens); `reportedCacheRequests` how
+ * many requests carried a provider-reported `cachedTokens`.
+ */
+export interface SessionUsage extends TokenTally {
+  conversation: TokenTally
+  summary: TokenTally
+  cacheHitShare: number
+  modelledHitTokens: number
+  reportedCacheRequests: number
+}
+
+/**
+ * The prompt-cache effect of one surface edit (a prune, clear or compaction replace), tokens by
+ * the meter: `movedTokens` — tokens at and after the edit point that the previous conversation
+ * request sent and that the next one sends as cache misses instead of hits (0 when the cache was
+ * already broken before that point); `savedTokens` — tokens removed from every later request.
+ */
+export interface EditCache { seq: number; movedTokens: number; savedTokens: number }
+
+/**
+ * {@link EditCache} priced (docs/design.md §11), USD at the prices of the edit's time (peak hours
+ * included): `cacheCostUSD` = moved tokens × (miss − hit price), paid once on the next request;
+ * `savedUSDPerRequest` = saved tokens × hit price, saved on every later request (they were cached).
+ * Both undefined when the model has no price.
+ */
+export interface EditCost extends EditCache { cacheCostUSD?: number; savedUSDPerRequest?: number }
+
+/** The `data` of each event type dsh writes (docs/design.md §4). Callers may log other types too. */
 export interface EventDataMap {
   'session/start': { id: string; version: string }
   /** `lastSeq`: the last seq before the resume; `repaired`: how many synthetic tool results follow. */
@@ -614,8 +790,10 @@ export interface EventDataMap {
   'step/end': { turn: number; step: number }
   'request/header': RequestHeader
   'user/message': { message: UserMessage; surfaceOp: SurfaceOp; compactionId?: string }
-  'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string }
-  'tool/call': { callId: string; name: string; arguments: string }
+  'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string; cache?: RequestCache }
+  /** The dispatch record of a tool call. Its arguments are logged once, in the `tool-call` block of
+   *  the assistant message that holds `callId` (logs written by dsh 0.1 repeat them here). */
+  'tool/call': { callId: string; name: string; arguments?: string }
   'tool/result': { message: ToolResultMessage; surfaceOp: SurfaceOp; spilled?: { ref: string; bytes: number } }
   'request/error': { code: string; status?: number; message: string; trigger?: string }
   'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
@@ -623,10 +801,16 @@ export interface EventDataMap {
   'compaction/clear': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
   'ladder/state': LadderStateData
   'compaction/start': { id: string; trigger: string }
-  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage }
-  'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number }
+  /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md §12); `focus`: the focus the summary was asked for. */
+  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
+  'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number; requests?: SummaryRequestRecord[] }
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
   'recovery/retry': { generationBefore: number; generationAfter: number }
+  /** A stream that broke after output (`code`, e.g. SERVER or TRANSPORT) is retried once as step `step + 1`; its partial output precedes this event as an interrupted message. */
+  'step/retry': { turn: number; step: number; code: ProviderErrorCode }
+  /** A surface message pinned: never pruned, cleared or summarised (docs/design.md §12). */
+  'surface/pin': { seq: number }
+  'surface/unpin': { seq: number }
 }
 /**
  * The ladder's durable memory (docs/design.md §10 "Durable ladder state"), one `ladder/state` event
@@ -671,9 +855,10 @@ export interface SurfaceNode {
 
 /**
  * Why an append or a load failed: a malformed message or event, a bad surface op, a break of tool
- * call/result pairing, a corrupt log file (with its line), or a store that could not be read or written.
+ * call/result pairing, a corrupt log file (with its line), a store that could not be read or written,
+ * or a pin that is refused (it would not fit, or an edit would touch a pinned message).
  */
-export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE'
+export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'PIN'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
 export class SessionError extends Error {
@@ -689,7 +874,7 @@ export class SessionError extends Error {
 }
 
 /**
- * A last log line cut short by a crash: dropped on load and reported (DESIGN.md §4). `line` is
+ * A last log line cut short by a crash: dropped on load and reported (docs/design.md §4). `line` is
  * 1-based, `bytes` its UTF-8 length, `savedTo` where FileStore kept its bytes.
  */
 export interface TornLine { line: number; bytes: number; savedTo?: string }
@@ -878,7 +1063,7 @@ export interface SessionOptions {
 }
 
 /**
- * The append-only session log and the model-visible surface projected from it (DESIGN.md §4).
+ * The append-only session log and the model-visible surface projected from it (docs/design.md §4).
  * `append` is synchronous: it checks every invariant first (a violating append throws
  * {@link SessionError} and changes nothing), then updates the surface, the per-node prices and the
  * usage anchor incrementally (O(1) for an append, O(range) for a replace), and queues the event for
@@ -923,6 +1108,17 @@ export class Session {
   private originalResultTokens = new Map<string, number>()
   /** The failed-compaction guard as last logged in `ladder/state` (heuristic tokens). */
   private failedAt?: number
+  /** Seqs of pinned surface nodes (docs/design.md §12), in the order they were pinned. */
+  private pins = new Set<number>()
+  // The prompt-cache model (docs/design.md §11), kept as events arrive (O(1) per append, O(edit
+  // span) per replace) so that it survives resume: `cacheNodes` leading surface nodes were sent by
+  // the last conversation request and are unchanged since (-1: no request since the envelope or
+  // model changed); `cachePrefixTokens` is their heuristic price.
+  private cacheNodes = -1
+  private cachePrefixTokens = 0
+  private envelopeKey = ''
+  private edits = new Map<number, EditCache & { time: number }>()
+  private requestLog: RequestEntry[] = []
 
   constructor(options: SessionOptions = {}) {
     this.store = options.store ?? new MemoryStore()
@@ -961,10 +1157,30 @@ export class Session {
   get id(): string { return this.sessionId }
   /** Number of events; also the seq of the next event. */
   get seq(): number { return this.events.length }
-  /** Increases by exactly one on every committed replace (DESIGN.md §4). */
+  /** Increases by exactly one on every committed replace (docs/design.md §4). */
   get replaceGeneration(): number { return this.generation }
   /** The current surface, oldest first. A live view: do not keep it across appends. */
   surface(): readonly SurfaceNode[] { return this.nodes }
+  /**
+   * Reads back the logged event `seq` (e.g. the original of a pruned, cleared or summarised
+   * message). Use this, not `events[seq]`, in code that must also work on sessions that keep only
+   * the surface in memory (a {@link FileStore} reads it back from the file).
+   * Throws `SessionError('STORE')` for a seq that is not in the log.
+   */
+  async readEvent(seq: number): Promise<SessionEvent> {
+    const e = Number.isInteger(seq) ? this.events[seq] : undefined
+    if (!e) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.events.length - 1})`)
+    return e
+  }
+
+  /**
+   * The logged events with `fromSeq <= seq < toSeq`, oldest first (defaults: the whole log), read
+   * back like {@link Session.readEvent}. For scans such as a recall search or `dsh show`.
+   */
+  async *readEvents(fromSeq = 0, toSeq = this.seq): AsyncGenerator<SessionEvent> {
+    for (let seq = Math.max(0, fromSeq); seq < Math.min(toSeq, this.seq); seq++) yield this.events[seq]
+  }
+
   /** The surface node put there by event `seq`, if it is still on the surface. */
   node(seq: number): SurfaceNode | undefined { return this.bySeq.get(seq) }
   /** Whether a tool call with this id is on the surface (ids must be unique there). */
@@ -1035,6 +1251,12 @@ export class Session {
 
   /** Validates an event against the current state without changing anything. */
   private check(type: string, data: any): void {
+    if (type === 'surface/pin' || type === 'surface/unpin') {
+      const seq = data.seq
+      if (!Number.isInteger(seq) || !this.bySeq.has(seq)) throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
+      if ((type === 'surface/pin') === this.pins.has(seq)) throw new SessionError('PIN', `${type}: seq ${seq} is ${this.pins.has(seq) ? 'already' : 'not'} pinned`)
+      return
+    }
     const role = SURFACE_TYPES[type]
     if (!role) return
     validateMessage(data.message, role)
@@ -1073,6 +1295,11 @@ export class Session {
       throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the current surface`)
     }
     if (first.key > last.key) throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
+    if (this.pins.size > 0) {
+      for (let i = this.indexOfKey(first.key), hi = this.indexOfKey(last.key); i <= hi; i++) {
+        if (this.pins.has(this.nodes[i].seq)) throw new SessionError('PIN', `${type}: replace ${start}..${end} would change pinned message seq ${this.nodes[i].seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
+      }
+    }
     if (newCalls.length > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
     if (role === 'tool') {
       const old = first.message
@@ -1082,7 +1309,7 @@ export class Session {
       if (JSON.stringify(restOld) !== JSON.stringify(restNew)) throw new SessionError('SURFACE_OP', `tool/result: a replacement may change only content (seq ${start})`)
       return
     }
-    // A range replace must keep calls and results together (DESIGN.md §4, matched by id).
+    // A range replace must keep calls and results together (docs/design.md §4, matched by id).
     const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
     const inRange = new Set<number>()
     for (let i = lo; i <= hi; i++) inRange.add(this.nodes[i].seq)
@@ -1122,7 +1349,9 @@ export class Session {
       case 'request/header': {
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
-        this.anchorState = undefined // an envelope or model change voids the usage anchor (DESIGN.md §2)
+        this.anchorState = undefined // an envelope or model change voids the usage anchor (docs/design.md §2)
+        const key = cacheKey(data.model, data)
+        if (key !== this.envelopeKey) { this.envelopeKey = key; this.cacheNodes = -1; this.cachePrefixTokens = 0 } // a new envelope or model: nothing is cached
         if (data.model !== this.calibrationModel) { this.calibrationModel = data.model; this.calibrationSamples = [] } // calibration is per model
         break
       }
@@ -1142,7 +1371,17 @@ export class Session {
       case 'step/end': this.turnState.stepOpen = false; break
       case 'tool/call': this.dispatched.add(data.callId); break
       case 'compaction/start': this.compactionOpen = data.id; break
-      case 'compaction/end': if (this.compactionOpen === data.id) this.compactionOpen = undefined; break
+      case 'surface/pin': this.pins.add(data.seq); break
+      case 'surface/unpin': this.pins.delete(data.seq); break
+      case 'compaction/end': {
+        if (this.compactionOpen === data.id) this.compactionOpen = undefined
+        if (Array.isArray(data.requests)) {
+          for (const r of data.requests as SummaryRequestRecord[]) {
+            this.requestLog.push({ time: event.time, summary: true, model: r.model, inputTokens: r.inputTokens, modelledHitTokens: r.modelledHitTokens, outputTokens: r.outputTokens, usage: r.usage, prices: r.prices ?? (r.model === this.header?.model ? this.header?.prices : undefined) })
+          }
+        }
+        break
+      }
     }
     if (!SURFACE_TYPES[event.type]) return
     const message = data.message as Message
@@ -1156,6 +1395,7 @@ export class Session {
     if (event.type === 'tool/result' && data.spilled) this.spills++
     if (op.op === 'append') {
       if (message.role === 'user' && this.awaitingInput) { this.inputSeq = event.seq; this.awaitingInput = false }
+      if (event.type === 'assistant/message') this.recordRequest(event.time, tokens, data.usage)
       const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
       this.nodes.push(node)
       this.bySeq.set(event.seq, node)
@@ -1166,6 +1406,17 @@ export class Session {
       const first = this.bySeq.get(op.start)!, last = this.bySeq.get(op.end)!
       const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
       const node: SurfaceNode = { seq: event.seq, message, tokens, key: first.key }
+      // Prompt cache: everything from the edit point to the end of the cached prefix now misses.
+      let movedTokens = 0
+      if (lo < this.cacheNodes) {
+        let after = 0 // old tokens in [lo, cacheNodes)
+        for (let i = lo; i < this.cacheNodes; i++) after += this.nodes[i].tokens
+        let kept = 0 // old tokens in (hi, cacheNodes): unchanged, but no longer in the prefix
+        for (let i = hi + 1; i < this.cacheNodes; i++) kept += this.nodes[i].tokens
+        movedTokens = tokens + kept
+        this.cachePrefixTokens -= after
+        this.cacheNodes = lo
+      }
       let shadowed = 0
       for (let i = lo; i <= hi; i++) {
         const old = this.nodes[i]
@@ -1181,6 +1432,7 @@ export class Session {
       this.bySeq.set(event.seq, node)
       this.surfaceTokensSum += tokens - shadowed
       this.generation++
+      this.edits.set(event.seq, { seq: event.seq, movedTokens, savedTokens: shadowed - tokens, time: event.time })
     }
     if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
       const u = data.usage as Usage
@@ -1210,7 +1462,7 @@ export class Session {
     return Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], p / h))
   }
 
-  /** The size of the next request, in tokens, O(1) (DESIGN.md §2; calibrated as in docs/design.md §10). */
+  /** The size of the next request, in tokens, O(1) (docs/design.md §2; calibrated as in docs/design.md §10). */
   measure(): Measurement {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
     const calibration = this.calibrationRatio()
@@ -1227,8 +1479,108 @@ export class Session {
     }
   }
 
+  /** Logs one conversation request (an appended assistant message answers it) in the cache model. */
+  private recordRequest(time: number, outputTokens: number, usage: Usage | undefined): void {
+    const { inputTokens, modelledHitTokens } = this.nextRequestCache()
+    this.requestLog.push({ time, summary: false, model: this.header?.model ?? '', inputTokens, modelledHitTokens, outputTokens, usage, prices: this.header?.prices })
+    this.cacheNodes = this.nodes.length // the request sent the whole surface before this message
+    this.cachePrefixTokens = this.surfaceTokensSum
+  }
+
   /**
-   * The surface as provider messages, in surface order (DESIGN.md §4 "Projection"). Throws
+   * The prompt-cache figures the next conversation request would have if it were sent now
+   * (docs/design.md §11), tokens by the meter: its heuristic input (envelope + surface) and the
+   * modelled hit — the envelope plus the leading surface messages the previous conversation
+   * request sent that no edit has touched since (0 after an envelope or model change, or before
+   * the first request). O(1). Derived from the log, so it survives resume.
+   */
+  nextRequestCache(): RequestCache {
+    return {
+      inputTokens: this.envelopeTokensSum + this.surfaceTokensSum,
+      modelledHitTokens: this.cacheNodes < 0 ? 0 : this.envelopeTokensSum + this.cachePrefixTokens,
+    }
+  }
+
+  /**
+   * The modelled cache hit of a summary request (docs/design.md §11), tokens by the meter: compared
+   * with the conversation request before it, the envelope (same model and envelope only) plus the
+   * leading `messages` that are the very surface messages that request sent, unedited since. 0 for
+   * another model or envelope. O(messages compared).
+   */
+  summaryRequestHit(model: string, envelope: Envelope, messages: readonly Message[]): number {
+    if (this.cacheNodes < 0 || cacheKey(model, { ...envelope, baseURL: this.header?.baseURL }) !== this.envelopeKey) return 0
+    let tokens = this.envelopeTokensSum
+    const n = Math.min(this.cacheNodes, messages.length)
+    for (let i = 0; i < n && messages[i] === this.nodes[i].message; i++) tokens += this.nodes[i].tokens
+    return tokens
+  }
+
+  /** The prompt-cache effect of the surface edit logged as event `seq` (a replace), if it was one. */
+  editCache(seq: number): EditCache | undefined {
+    const e = this.edits.get(seq)
+    return e && { seq: e.seq, movedTokens: e.movedTokens, savedTokens: e.savedTokens }
+  }
+
+  /**
+   * {@link Session.editCache} priced with `prices` (default: the table of the current
+   * `request/header`) at the edit's time; undefined when `seq` was no surface edit.
+   */
+  editCost(seq: number, prices: Prices | undefined = this.header?.prices): EditCost | undefined {
+    const e = this.edits.get(seq)
+    if (!e) return undefined
+    const cost: EditCost = { seq: e.seq, movedTokens: e.movedTokens, savedTokens: e.savedTokens }
+    if (prices) {
+      cost.cacheCostUSD = cacheCostUSD(prices, e.movedTokens, e.time)
+      cost.savedUSDPerRequest = (e.savedTokens * prices.cacheHitInput * (isPeakTime(prices, e.time) ? prices.peak!.multiplier : 1)) / 1_000_000
+    }
+    return cost
+  }
+
+  /**
+   * Tokens and cost so far (docs/design.md §11), conversation and summary requests apart and
+   * together; O(requests), from state kept as events arrive (so it survives resume). Per request:
+   * input = the reported prompt tokens, else the meter's estimate; cached = the reported
+   * `cachedTokens` (the report wins), else the modelled hit (scaled by reported ÷ estimated input
+   * when only the prompt size was reported); output = the reported completion tokens, else the
+   * meter's price of the answer. Cost uses the price table logged with the request's
+   * `request/header` (the provider's `prices`), peak hours by the event's time; `options.prices`
+   * re-prices every request instead (a table, or a function of the model name). A request with no
+   * price makes `costUSD` undefined ("unknown"); tokens are still reported.
+   */
+  usage(options: { prices?: Prices | ((model: string) => Prices | undefined) } = {}): SessionUsage {
+    const tally = (): TokenTally => ({ requests: 0, inputTokens: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, costUSD: 0, unpricedRequests: 0 })
+    const conversation = tally(), summary = tally()
+    let modelledHitTokens = 0, reportedCacheRequests = 0
+    const override = options.prices
+    for (const r of this.requestLog) {
+      const t = r.summary ? summary : conversation
+      const billed = billedTokens(r)
+      if (r.usage?.cachedTokens !== undefined) reportedCacheRequests++
+      modelledHitTokens += r.modelledHitTokens
+      t.requests++
+      t.inputTokens += billed.cachedInputTokens + billed.uncachedInputTokens
+      t.cachedInputTokens += billed.cachedInputTokens
+      t.uncachedInputTokens += billed.uncachedInputTokens
+      t.outputTokens += billed.outputTokens
+      const prices = override === undefined ? r.prices : typeof override === 'function' ? override(r.model) : override
+      if (prices) t.costUSD! += requestCostUSD(prices, billed, r.time)
+      else t.unpricedRequests++
+    }
+    for (const t of [conversation, summary]) if (t.unpricedRequests > 0) t.costUSD = undefined
+    const total: TokenTally = {
+      requests: conversation.requests + summary.requests,
+      inputTokens: conversation.inputTokens + summary.inputTokens,
+      cachedInputTokens: conversation.cachedInputTokens + summary.cachedInputTokens,
+      uncachedInputTokens: conversation.uncachedInputTokens + summary.uncachedInputTokens,
+      outputTokens: conversation.outputTokens + summary.outputTokens,
+      costUSD: conversation.costUSD === undefined || summary.costUSD === undefined ? undefined : conversation.costUSD + summary.costUSD,
+      unpricedRequests: conversation.unpricedRequests + summary.unpricedRequests,
+    }
+    return { ...total, conversation, summary, cacheHitShare: total.inputTokens > 0 ? total.cachedInputTokens / total.inputTokens : 0, modelledHitTokens, reportedCacheRequests }
+  }
+
+  /**
+   * The surface as provider messages, in surface order (docs/design.md §4 "Projection"). Throws
    * `SessionError('PAIRING')` while a tool call has no result: such a request must never be sent.
    */
   messages(): Message[] {
@@ -1245,7 +1597,7 @@ export class Session {
   }
 
   /**
-   * Prunes the tool result at surface node `seq` (DESIGN.md §3 log protocol): appends
+   * Prunes the tool result at surface node `seq` (docs/design.md §3 log protocol): appends
    * `compaction/prune {shadowedSeqs:[seq], shadowedTokenCount}` then the pruned `tool/result` as a
    * replace of `seq`. Returns the tokens reclaimed (0, and nothing appended, when the result is
    * already within the threshold). The original stays in the log.
@@ -1296,8 +1648,49 @@ export class Session {
     return node.tokens - this.bySeq.get(after.seq)!.tokens
   }
 
+  /** Whether the surface node `seq` is pinned (docs/design.md §12). */
+  isPinned(seq: number): boolean { return this.pins.has(seq) }
+  /** Seqs of the pinned surface nodes, in the order they were pinned. */
+  pinnedSeqs(): number[] { return [...this.pins] }
+  /** What the pinned messages cost, in tokens (§2 heuristic); they count against the window like any message. */
+  pinnedTokens(): number {
+    let tokens = 0
+    for (const seq of this.pins) tokens += this.bySeq.get(seq)!.tokens
+    return tokens
+  }
+
   /**
-   * Resumes a loaded session (DESIGN.md §4): writes `session/resume`, closes a stale compaction
+   * Throws `SessionError('PIN')` unless `extraTokens` more pinned tokens still fit: envelope +
+   * pinned messages + `extraTokens` must stay within `limitTokens` (default: the compaction
+   * threshold, `floor(contextWindow × 0.8)`, of the window in the last `request/header`; no limit
+   * while the window is unknown). Pins are never compacted, so they must leave the ladder room.
+   */
+  checkPinFits(extraTokens: number, what: string, limitTokens?: number): void {
+    const window = this.header?.contextWindow
+    const limit = limitTokens ?? (window === undefined ? Infinity : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
+    const pinned = this.pinnedTokens() + extraTokens
+    if (this.envelopeTokensSum + pinned <= limit) return
+    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} tokens, which with the ${this.envelopeTokensSum}-token envelope exceeds the ${limit}-token limit for pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}; pinned messages are never compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message`)
+  }
+
+  /**
+   * Pins surface node `seq` (logs `surface/pin {seq}`): from now on it is never pruned, cleared or
+   * summarised and stays verbatim in its position; region selection treats it like the current
+   * input (docs/design.md §12). Pins survive resume (they are read back from the log).
+   * @param options.limitTokens see {@link Session.checkPinFits}.
+   * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit (with the numbers).
+   */
+  pin(seq: number, options: { limitTokens?: number } = {}): void {
+    const node = this.bySeq.get(seq)
+    if (node && !this.pins.has(seq)) this.checkPinFits(node.tokens, `seq ${seq}`, options.limitTokens)
+    this.append('surface/pin', { seq })
+  }
+
+  /** Removes a pin (logs `surface/unpin {seq}`). Throws `SessionError('PIN')` when `seq` is not pinned. */
+  unpin(seq: number): void { this.append('surface/unpin', { seq }) }
+
+  /**
+   * Resumes a loaded session (docs/design.md §4): writes `session/resume`, closes a stale compaction
    * lock, gives every tool call without a result a synthetic error result (`TOOL_OUTCOME_UNKNOWN`
    * when its `tool/call` was logged, else `TOOL_NOT_STARTED`), and closes an open step and turn.
    */
@@ -1337,6 +1730,35 @@ export class Session {
     await this.flush()
     await this.store.sync?.()
   }
+}
+
+/** One request in the cache model of {@link Session} (conversation or summary). Tokens. */
+interface RequestEntry {
+  time: number
+  summary: boolean
+  model: string
+  inputTokens: number
+  modelledHitTokens: number
+  outputTokens: number
+  usage?: Usage
+  prices?: Prices
+}
+
+/** What the prompt cache is keyed on besides the messages: model, base URL, system prompt, tools. */
+function cacheKey(model: string, h: { baseURL?: string; system?: string; tools?: readonly ToolSpec[] }): string {
+  return JSON.stringify([model, h.baseURL ?? '', h.system ?? '', h.tools ?? []])
+}
+
+/**
+ * The billed split of one request (docs/design.md §11): the provider's figures when reported, else
+ * the meter's; a reported prompt size without `cachedTokens` takes the modelled hit's share of it.
+ */
+function billedTokens(r: { inputTokens: number; modelledHitTokens: number; outputTokens: number; usage?: Usage }): BilledTokens {
+  const u = r.usage && r.usage.promptTokens > 0 ? r.usage : undefined // a prompt is never 0 tokens: 0 means "not reported"
+  const input = u ? u.promptTokens : r.inputTokens
+  const share = r.inputTokens > 0 ? Math.min(1, r.modelledHitTokens / r.inputTokens) : 0
+  const cached = Math.min(input, Math.max(0, u?.cachedTokens ?? (u ? Math.round(input * share) : r.modelledHitTokens)))
+  return { cachedInputTokens: cached, uncachedInputTokens: input - cached, outputTokens: r.usage ? r.usage.completionTokens : r.outputTokens }
 }
 
 function randomId(): string {
@@ -1451,10 +1873,10 @@ export function resolveCompactionConfig(config?: Partial<CompactionConfig>): Com
   return full
 }
 
-/** The one-line preamble in front of a summary checkpoint (DESIGN.md §4 "Projection"). */
+/** The one-line preamble in front of a summary checkpoint (docs/design.md §4 "Projection"). */
 export const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
 
-/** The instruction that ends every summary request (DESIGN.md §5 "Summary transaction"). */
+/** The instruction that ends every summary request (docs/design.md §5 "Summary transaction"). */
 export const SUMMARY_INSTRUCTION = [
   'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers will be removed.',
   'Do not call any tool. Answer with the checkpoint only, under these headings:',
@@ -1468,9 +1890,262 @@ export const SUMMARY_INSTRUCTION = [
   'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, merge it in; drop nothing from it that still matters.',
 ].join('\n')
 
-/** Frames a summary as the checkpoint text of a `user/message` (DESIGN.md §4). */
-export function frameCheckpoint(summary: string): string {
-  return `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+/**
+ * Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4): the preamble, the
+ * model's text in `<compacted-summary>`, then the facts `ledger` (when it holds anything) in
+ * `<ledger>` (docs/design.md §12).
+ */
+export function frameCheckpoint(summary: string, ledger?: Ledger): string {
+  const framed = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+  return ledger && ledgerEntries(ledger) > 0 ? `${framed}\n${renderLedger(ledger)}` : framed
+}
+
+// ── Facts ledger and fidelity figures (docs/design.md §12) ──
+// What summarisers keep worst (paths, commands, error texts, the user's own words) is carried into
+// every checkpoint by dsh itself, read from the log with no model, so it survives every compaction.
+
+/** A path in a {@link Ledger}: how many tool calls touched it, and the newest log seq that did. */
+export interface LedgerPath { path: string; count: number; seq: number }
+/** A command a tool ran: `exitCode` when its result states one; `failed` when the result was an error. */
+export interface LedgerCommand { command: string; exitCode?: number; failed: boolean; count: number; seq: number }
+/** A tool error's first line, or a user message, verbatim; `seq` is the newest log seq it came from. */
+export interface LedgerText { text: string; count: number; seq: number }
+
+/**
+ * The facts of a compacted region (docs/design.md §12), lists oldest first. Paths and commands are
+ * read from tool-call arguments by key (`path`, `file`, `file_path`, `filename`, `paths`, `files`;
+ * `command`, `cmd`, `script`), whatever the tool; a tool whose name (or one-word `command`
+ * sub-command, as in `str_replace_based_edit_tool`) says edit/patch/replace/insert edits its paths,
+ * write/create/save/append writes them, anything else reads them. A call whose result is an error
+ * touches no path (its error is listed instead).
+ */
+export interface Ledger {
+  read: LedgerPath[]
+  written: LedgerPath[]
+  edited: LedgerPath[]
+  commands: LedgerCommand[]
+  errors: LedgerText[]
+  userMessages: LedgerText[]
+  /** Entries left out (here and in merged earlier ledgers) to stay within the ledger budget. */
+  trimmed: number
+}
+
+/** The ledger budget: `min(LEDGER_MAX_TOKENS, floor(window × LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). */
+export const LEDGER_MAX_TOKENS = 2000
+/** See {@link LEDGER_MAX_TOKENS}. */
+export const LEDGER_WINDOW_RATIO = 0.05
+/** Longest tool-error line a ledger keeps, in code points (a longer one is cut and marked with `…`). */
+export const LEDGER_ERROR_LINE_CODE_POINTS = 300
+
+/** The ledger budget in tokens for a context window in tokens ({@link LEDGER_MAX_TOKENS} when unknown). */
+export function ledgerBudget(contextWindow?: number): number {
+  return contextWindow === undefined ? LEDGER_MAX_TOKENS : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
+}
+
+const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [], trimmed: 0 })
+const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length + l.errors.length + l.userMessages.length
+
+const PATH_KEY = /^(path|file|file_?path|file_?name|target_?file|notebook_?path)$/i
+const PATHS_KEY = /^(paths|files)$/i
+const COMMAND_KEY = /^(command|cmd|script)$/i
+const EDIT_WORD = /edit|patch|replace|insert|modify/i
+const WRITE_WORD = /write|create|save|append/i
+const EXIT_CODE = /\bexit(?:ed with)?(?:[ _]?(?:code|status))?[:= ]\s*(-?\d+)\b|<returncode>\s*(-?\d+)\s*<\/returncode>/i
+const ERROR_WORD = /error|fail|fatal|exception|denied|not found|no such|cannot|can't|invalid|refused|panic|traceback/i
+
+const messageText = (m: Message): string => typeof m.content === 'string' ? m.content : m.content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('\n')
+
+/** What one tool call says about files and commands, read from its arguments (see {@link Ledger}). */
+function callFacts(call: ToolCallBlock): { kind: 'read' | 'written' | 'edited'; paths: string[]; command?: string } {
+  let args: unknown
+  try { args = JSON.parse(call.arguments) } catch { args = undefined }
+  const paths: string[] = []
+  let command: string | undefined
+  if (typeof args === 'object' && args !== null && !Array.isArray(args)) {
+    for (const [key, value] of Object.entries(args)) {
+      if (PATH_KEY.test(key) && typeof value === 'string' && value !== '') paths.push(value)
+      else if (PATHS_KEY.test(key) && Array.isArray(value)) for (const v of value) { if (typeof v === 'string' && v !== '') paths.push(v) }
+      else if (COMMAND_KEY.test(key)) {
+        const text = typeof value === 'string' ? value : Array.isArray(value) && value.every((v) => typeof v === 'string') ? value.join(' ') : undefined
+        if (text && text.trim() !== '') command = text
+      }
+    }
+  }
+  // A one-word `command` beside a path is a sub-command of a file tool (view, create, str_replace), not a shell command.
+  const sub = command !== undefined && paths.length > 0 && /^\w+$/.test(command) ? command : undefined
+  if (sub !== undefined) command = undefined
+  const verb = sub ?? call.name
+  return { kind: EDIT_WORD.test(verb) ? 'edited' : WRITE_WORD.test(verb) ? 'written' : 'read', paths, command }
+}
+
+/** The first line of an error text that reads as an error (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
+function errorLine(text: string): string | undefined {
+  const lines = text.split(/\r\n|\r|\n/).map((l) => l.trim()).filter((l) => l !== '')
+  const line = lines.find((l) => ERROR_WORD.test(l)) ?? lines[0]
+  if (line === undefined) return undefined
+  const end = indexAfterCodePoints(line, LEDGER_ERROR_LINE_CODE_POINTS)
+  return end < line.length ? line.slice(0, end) + '…' : line
+}
+
+/** The original of surface node `seq`: follows single-node replaces (prune, clear, cut) back through the log. */
+async function originalEvent(session: Session, seq: number): Promise<{ seq: number; message: Message }> {
+  let event = await session.readEvent(seq)
+  for (;;) {
+    const op = (event.data as any).surfaceOp as SurfaceOp
+    if (op?.op !== 'replace' || op.start !== op.end || (event.data as any).compactionId !== undefined) break
+    const before = await session.readEvent(op.start)
+    if (before.type !== event.type) break
+    event = before
+  }
+  return { seq: event.seq, message: (event.data as any).message as Message }
+}
+
+/** The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right before it), if any. */
+async function checkpointLedger(session: Session, seq: number): Promise<Ledger | undefined> {
+  const id = ((await session.readEvent(seq)).data as any).compactionId
+  if (id === undefined || seq === 0) return undefined
+  const summary = await session.readEvent(seq - 1)
+  return summary.type === 'compaction/summary' && (summary.data as any).id === id ? (summary.data as any).ledger as Ledger | undefined : undefined
+}
+
+function addPath(list: LedgerPath[], path: string, seq: number, count = 1): void {
+  const entry = list.find((e) => e.path === path)
+  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ path, count, seq })
+}
+function addText(list: LedgerText[], text: string, seq: number, count = 1): void {
+  const entry = list.find((e) => e.text === text)
+  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ text, count, seq })
+}
+function addCommand(list: LedgerCommand[], c: Omit<LedgerCommand, 'count'> & { count?: number }): void {
+  const entry = list.find((e) => e.command === c.command && e.exitCode === c.exitCode && e.failed === c.failed)
+  if (entry) { entry.count += c.count ?? 1; entry.seq = Math.max(entry.seq, c.seq) } else list.push({ command: c.command, exitCode: c.exitCode, failed: c.failed, count: c.count ?? 1, seq: c.seq })
+}
+
+/** Merges `from` (an earlier ledger) into `into`: entries deduplicated, counts added. */
+function mergeLedger(into: Ledger, from: Ledger): void {
+  for (const k of ['read', 'written', 'edited'] as const) for (const e of from[k] ?? []) addPath(into[k], e.path, e.seq, e.count)
+  for (const e of from.commands ?? []) addCommand(into.commands, e)
+  for (const e of from.errors ?? []) addText(into.errors, e.text, e.seq, e.count)
+  for (const e of from.userMessages ?? []) addText(into.userMessages, e.text, e.seq, e.count)
+  into.trimmed += from.trimmed ?? 0
+}
+
+/**
+ * The full ledger of a region (docs/design.md §12), from the originals read back from the log (a
+ * pruned or cleared result counts as it was), with the ledgers of earlier checkpoints inside it
+ * merged in.
+ * No budget applied (see {@link trimLedger}).
+ */
+export async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Promise<Ledger> {
+  const ledger = emptyLedger()
+  const results = new Map<string, { seq: number; message: ToolResultMessage }>()
+  const originals: Array<{ seq: number; message: Message } | Ledger | undefined> = []
+  for (const n of nodes) originals.push(isCheckpoint(n) ? await checkpointLedger(session, n.seq) : await originalEvent(session, n.seq))
+  for (const o of originals) if (o && 'message' in o && o.message.role === 'tool') results.set(o.message.toolCallId, o as { seq: number; message: ToolResultMessage })
+  for (const o of originals) {
+    if (!o) continue
+    if (!('message' in o)) { mergeLedger(ledger, o); continue }
+    const m = o.message
+    if (m.role === 'user') { const text = messageText(m); if (text.trim() !== '') addText(ledger.userMessages, text, o.seq) }
+    else if (m.role === 'tool') { if (m.isError) { const line = errorLine(messageText(m)); if (line) addText(ledger.errors, line, o.seq) } }
+    else for (const call of toolCalls(m)) {
+      const result = results.get(call.id)
+      const facts = callFacts(call)
+      const failed = result?.message.isError === true
+      const seq = result?.seq ?? o.seq
+      if (!failed) for (const p of facts.paths) addPath(ledger[facts.kind], p, seq)
+      if (facts.command !== undefined) {
+        const meta = (result?.message.metadata ?? {}) as Record<string, unknown>
+        const stated = typeof meta.exitCode === 'number' ? meta.exitCode : typeof meta.exit_code === 'number' ? meta.exit_code : undefined
+        const match = stated === undefined && result ? EXIT_CODE.exec(messageText(result.message).slice(0, 500)) : null
+        const exitCode = stated ?? (match ? Number(match[1] ?? match[2]) : undefined)
+        addCommand(ledger.commands, { command: facts.command, exitCode, failed, seq })
+      }
+    }
+  }
+  return ledger
+}
+
+const LEDGER_OPEN = '<ledger>\nRecorded by dsh from the session log, verbatim (not summarised):'
+const LEDGER_CLOSE = '</ledger>'
+const LEDGER_HEADINGS = {
+  read: 'files read:', written: 'files written:', edited: 'files edited:', commands: 'commands run:',
+  errors: 'tool errors (first line):', userMessages: 'user messages (newest first):',
+} as const
+type LedgerList = keyof typeof LEDGER_HEADINGS
+const LEDGER_ORDER: readonly LedgerList[] = ['read', 'written', 'edited', 'commands', 'errors', 'userMessages']
+const trimmedLine = (n: number) => `(${n} older ledger entries left out to fit the ledger budget; the session log keeps them)`
+const times = (n: number) => (n > 1 ? ` (${n}×)` : '')
+
+/** One entry as the ledger prints it (`- ` lines; user messages between `<user-message>` tags, so multi-line text stays verbatim). */
+function ledgerLine(list: LedgerList, e: LedgerPath | LedgerCommand | LedgerText): string {
+  if (list === 'userMessages') return `<user-message>\n${(e as LedgerText).text}\n</user-message>`
+  if (list === 'errors') return `- ${(e as LedgerText).text}${times(e.count)}`
+  if (list === 'commands') {
+    const c = e as LedgerCommand
+    return `- ${c.command} → ${c.exitCode !== undefined ? `exit ${c.exitCode}` : c.failed ? 'failed' : 'ok'}${times(c.count)}`
+  }
+  return `- ${(e as LedgerPath).path}${times(e.count)}`
+}
+
+/** The `<ledger>` block of a checkpoint: lists oldest first, user messages newest first. */
+export function renderLedger(ledger: Ledger): string {
+  const lines = [LEDGER_OPEN]
+  for (const list of LEDGER_ORDER) {
+    const entries = [...(ledger[list] as Array<LedgerPath | LedgerText>)].sort((a, b) => (list === 'userMessages' ? b.seq - a.seq : a.seq - b.seq))
+    if (entries.length === 0) continue
+    lines.push(LEDGER_HEADINGS[list])
+    for (const e of entries) lines.push(ledgerLine(list, e))
+  }
+  if (ledger.trimmed > 0) lines.push(trimmedLine(ledger.trimmed))
+  lines.push(LEDGER_CLOSE)
+  return lines.join('\n')
+}
+
+/**
+ * Cuts `ledger` to `budgetTokens` (§2 text estimate of the rendered block): entries are kept newest
+ * first, across all lists, while they fit; the oldest (and any too large to fit at all) are left
+ * out and counted in `trimmed`. Entries are whole: nothing is kept half.
+ */
+export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
+  const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>).map((entry) => ({ list, entry })))
+  const budgetUnits = budgetTokens * CHARS_PER_TOKEN
+  const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
+  if (estimateTextTokens(renderLedger(ledger)) <= budgetTokens) return ledger
+  const out = emptyLedger()
+  let units = fixed
+  for (const { list, entry } of all.sort((a, b) => b.entry.seq - a.entry.seq)) {
+    const cost = ledgerLine(list, entry).length + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
+    if (units + cost > budgetUnits) { out.trimmed++; continue }
+    units += cost
+    ;(out[list] as Array<typeof entry>).push(entry)
+  }
+  for (const list of LEDGER_ORDER) (out[list] as Array<{ seq: number }>).sort((a, b) => a.seq - b.seq)
+  out.trimmed += ledger.trimmed
+  return out
+}
+
+/** How many of a region's facts of one kind appear verbatim in the checkpoint, and in the model's summary alone. */
+export interface FidelityShare { total: number; inCheckpoint: number; inSummary: number }
+/**
+ * Fidelity figures of one compaction (docs/design.md §12): of the region's paths, commands, tool
+ * error first lines and user messages (its full ledger, before the budget), how many appear verbatim
+ * in the framed checkpoint (summary + ledger), and in the model's summary alone.
+ */
+export interface Fidelity { paths: FidelityShare; commands: FidelityShare; errors: FidelityShare; userMessages: FidelityShare }
+
+/** Measures {@link Fidelity}: `ledger` is the region's full ledger, `checkpoint` the framed text, `summary` the model's text. */
+export function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): Fidelity {
+  const share = (items: readonly string[]): FidelityShare => {
+    const unique = [...new Set(items)]
+    return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length, inSummary: unique.filter((t) => summary.includes(t)).length }
+  }
+  return {
+    paths: share([...ledger.read, ...ledger.written, ...ledger.edited].map((e) => e.path)),
+    commands: share(ledger.commands.map((e) => e.command)),
+    errors: share(ledger.errors.map((e) => e.text)),
+    userMessages: share(ledger.userMessages.map((e) => e.text)),
+  }
 }
 
 /**
@@ -1489,11 +2164,27 @@ export interface CompactionHost {
   /** A resolved configuration (see {@link resolveCompactionConfig}). */
   readonly compaction: CompactionConfig
   readonly pruneConfig: PruneConfig
+  /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests (a non-empty string). */
+  readonly summaryInstruction?: string
+  /**
+   * Called before each summary transaction starts (the Agent runs its `compaction/before` hooks):
+   * may add a focus (joined to the one asked for) or cancel this compaction.
+   */
+  beforeCompaction?(info: CompactionInfo, signal?: AbortSignal): CompactionVerdict | void | Promise<CompactionVerdict | void>
+  /** Called after a checkpoint was committed (the Agent runs its `compaction/after` hooks). */
+  afterCompaction?(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): void | Promise<void>
   /** Reports a ladder warning (also logged as `compaction/warning`). */
   warn(message: string): void
   /** Whether results of the tool `name` may be cleared (default: yes); the Agent answers `tool.clearable !== false`. */
   clearable?(name: string): boolean
 }
+
+/** A summary transaction about to start: its id, trigger, focus so far and region (seqs, tokens). */
+export interface CompactionInfo { id: string; trigger: string; focus?: string; shadowedSeqs: number[]; regionTokens: number }
+/** What a `compaction/before` hook may answer: a focus to add, or `cancel` (true or a reason). */
+export interface CompactionVerdict { focus?: string; cancel?: boolean | string }
+/** A committed checkpoint: the seq of its `user/message`, its framed text and price (tokens), the model's summary, ledger and fidelity. */
+export interface CheckpointInfo { seq: number; text: string; tokens: number; summary: string; ledger: Ledger; fidelity: Fidelity }
 
 /** The result of one ladder run. Token figures are measured totals, in tokens. */
 export interface CompactionOutcome {
@@ -1524,13 +2215,13 @@ function unseenResults(session: Session): Set<number> {
 const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdChars / CHARS_PER_TOKEN)
 
 /**
- * Prunes tool results over the threshold (DESIGN.md §3 recency rule): first those the model has
+ * Prunes tool results over the threshold (docs/design.md §3 recency rule): first those the model has
  * seen; the newest step's results only when `includeNewest` or when pruning the older ones did not
  * bring the total under `thresholdTokens`. Returns tokens reclaimed.
  */
 export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean): number {
   const unseen = unseenResults(session)
-  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= minPrunableTokens(config)).map((n) => n.seq)
+  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= minPrunableTokens(config) && !session.isPinned(n.seq)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
   if (includeNewest || session.measure().totalTokens >= thresholdTokens) {
@@ -1541,12 +2232,12 @@ export function pruneSurface(session: Session, config: PruneConfig, trigger: str
 
 /**
  * Prunes oversized non-tool messages (docs/design.md §10): every assistant message and every user
- * message except the current turn's input and summary checkpoints whose text, reasoning or
+ * message except the current turn's input, pinned messages and summary checkpoints whose text, reasoning or
  * tool-call arguments exceed the prune threshold (code points). Returns tokens reclaimed.
  */
 export function pruneMessages(session: Session, config: PruneConfig, trigger: string): number {
   const input = session.currentInput
-  const candidates = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && !isCheckpoint(n) && n.tokens >= minPrunableTokens(config)).map((n) => n.seq)
+  const candidates = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && !isCheckpoint(n) && !session.isPinned(n.seq) && n.tokens >= minPrunableTokens(config)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) reclaimed += session.pruneMessage(seq, config, trigger)
   return reclaimed
@@ -1581,7 +2272,7 @@ interface ClearCandidate { seq: number; placeholder: string; savedTokens: number
 /**
  * The clear rung's candidates (docs/design.md §10): tool results outside the protected recent
  * budget (the newest results until they hold `protectedTokens`, and always the newest step's),
- * oldest first, skipping tools that are not clearable, results already cleared and results whose
+ * oldest first, skipping tools that are not clearable, pinned results, results already cleared and results whose
  * placeholder would not be smaller.
  */
 function clearCandidates(session: Session, protectedTokens: number, clearable: (name: string) => boolean): ClearCandidate[] {
@@ -1592,7 +2283,7 @@ function clearCandidates(session: Session, protectedTokens: number, clearable: (
   const out: ClearCandidate[] = []
   for (const n of nodes) {
     const m = n.message
-    if (m.role !== 'tool' || keep.has(n.seq) || isCleared(m)) continue
+    if (m.role !== 'tool' || keep.has(n.seq) || isCleared(m) || session.isPinned(n.seq)) continue
     const call = session.toolCall(m.toolCallId)
     const name = call?.name ?? 'tool'
     if (!clearable(name)) continue
@@ -1607,30 +2298,29 @@ function clearCandidates(session: Session, protectedTokens: number, clearable: (
 export interface Region { start: number; end: number; tokens: number }
 
 /**
- * Selects the region to summarise (DESIGN.md §5 "Region selection"): from the surface head (or
- * right after the pinned current-turn input when that is the head) up to a cut that keeps at least
- * `retainedTokens` of the newest history verbatim, moved toward the head until no kept tool result
- * loses its call (and no summarised call loses its result), matched by id. When the pinned input
- * lies inside, the region ends before it — unless the part before it holds less than `minTokens`
- * (tokens) that is not already a checkpoint: then the region is the current turn's older steps,
- * right after the input. Returns undefined when no safe region of at least two nodes (or one
- * non-checkpoint node) exists.
+ * Selects the region to summarise (docs/design.md §5 "Region selection"): from the surface head up to a
+ * cut that keeps at least `retainedTokens` of the newest history verbatim, moved toward the head
+ * until no kept tool result loses its call (and no summarised call loses its result), matched by id.
+ * `keep` holds the seqs that are never summarised: the current turn's input and the pinned messages
+ * (docs/design.md §12). They split the candidates into runs; the region is the first run holding at
+ * least `minTokens` (tokens) that is not already a checkpoint (so a checkpoint right after a pinned
+ * head is merged into the next), else the last run (the current turn's older steps). Returns
+ * undefined when no safe region of at least two nodes (or one non-checkpoint node) exists.
  */
-export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, pinnedSeq?: number, minTokens = 0): Region | undefined {
+export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>, minTokens = 0): Region | undefined {
   let cut = nodes.length
   let kept = 0
   while (cut > 0 && kept < retainedTokens) kept += nodes[--cut].tokens
-  const pinned = pinnedSeq === undefined ? -1 : nodes.findIndex((n) => n.seq === pinnedSeq)
-  if (pinned < 0 || pinned >= cut) return balancedRegion(nodes, 0, cut)
-  // The pinned input splits the candidates: before it (merges an earlier checkpoint), or after it
-  // (the current turn's older steps). Before wins when it holds enough that is not yet a checkpoint.
-  const before = pinned > 0 ? balancedRegion(nodes, 0, pinned) : undefined
-  if (before) {
-    let fresh = 0
-    for (let i = before.start; i < before.end; i++) if (!isCheckpoint(nodes[i])) fresh += nodes[i].tokens
-    if (fresh >= minTokens) return before
+  const keepSet = new Set(typeof keep === 'number' ? [keep] : keep ?? [])
+  const runs: Region[] = []
+  for (let i = 0, start = 0; i <= cut; i++) {
+    if (i < cut && !keepSet.has(nodes[i].seq)) continue
+    const run = i > start ? balancedRegion(nodes, start, i) : undefined
+    if (run) runs.push(run)
+    start = i + 1
   }
-  return balancedRegion(nodes, pinned + 1, cut) ?? before
+  const fresh = (r: Region) => { let t = 0; for (let i = r.start; i < r.end; i++) if (!isCheckpoint(nodes[i])) t += nodes[i].tokens; return t }
+  return runs.find((r) => fresh(r) >= minTokens) ?? runs.at(-1)
 }
 
 const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
@@ -1664,6 +2354,13 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
   let tokens = 0
   for (let i = start; i < cut; i++) tokens += nodes[i].tokens
   return { start, end: cut, tokens }
+}
+
+/** Seqs region selection keeps out of every summary: the session's pins and the current turn's input. */
+function keptOutOfSummary(session: Session): number[] {
+  const seqs = session.pinnedSeqs()
+  if (session.currentInput !== undefined) seqs.push(session.currentInput)
+  return seqs
 }
 
 /** Thrown inside a compaction transaction; logged as `compaction/end {error}`. */
@@ -1736,6 +2433,15 @@ export function summaryMaxTokens(regionTokens: number, config: Pick<CompactionCo
 }
 
 /**
+ * The instruction that ends a summary request: `instruction` (default {@link SUMMARY_INSTRUCTION}),
+ * then, when a focus is given, a paragraph asking to give it the most detail.
+ */
+export function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: string): string {
+  return focus === undefined || focus.trim() === '' ? instruction
+    : `${instruction}\n\nFocus of this checkpoint, as asked for: ${focus.trim()}\nGive it the most detail; keep everything else that still matters.`
+}
+
+/**
  * Summarises `messages` with the host's summarizer. Replays the envelope (system, tools) and the
  * messages, then {@link SUMMARY_INSTRUCTION}, with header `x-dsh-purpose: compaction`. When the
  * whole does not fit the summarizer's window (by the §2 estimate times the session's calibration,
@@ -1749,14 +2455,14 @@ export function summaryMaxTokens(regionTokens: number, config: Pick<CompactionCo
  * are logged as calibration samples (`ladder/state`).
  * @throws {CompactionError} when nothing fits; the provider's error when it is not an overflow.
  */
-export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal): Promise<{ summary: string; usage?: Usage; requests: number }> {
+export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal, focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
   const provider = host.summarizer
   const session = host.session
   let window = provider.contextWindow ?? host.contextWindow ?? Infinity
   const sameModel = provider.model === (session.header?.model ?? provider.model)
   let rate = sameModel ? session.measure().calibration : 1
   const envelopeTokens = estimateEnvelopeTokens(host.envelope)
-  const instruction: UserMessage = { role: 'user', content: SUMMARY_INSTRUCTION }
+  const instruction: UserMessage = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
   const fixed = envelopeTokens + estimateMessageTokens(instruction)
   const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
   // What a request's input may cost by the §2 estimate (heuristic tokens).
@@ -1848,36 +2554,81 @@ export async function summarise(host: CompactionHost, messages: readonly Message
 }
 
 /**
- * One summary transaction (DESIGN.md §5): `compaction/start` (the lock) → summarise → reject a
- * framed summary not strictly smaller than the region → check the surface did not change → append
- * `compaction/summary` and the replacing `user/message` with no await between → `compaction/end`.
- * Any failure writes `compaction/end {error}` and leaves the surface as it was. Returns the number of
- * summary requests made; throws the failure (a {@link CompactionError}, or the provider's error).
+ * `host` with a summarizer that records every answered summary request in `records` (its meter
+ * size, modelled cache hit against the conversation request before it, output and usage) for
+ * `compaction/end {requests}` (docs/design.md §11). Getters of `host` (an Agent) are kept.
  */
-export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal): Promise<number> {
+function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRecord[]): CompactionHost {
+  const base = host.summarizer, session = host.session
+  const summarizer: Provider = {
+    model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens, prices: base.prices,
+    async complete(request) {
+      const envelope: Envelope = { system: request.system, tools: request.tools }
+      const inputTokens = estimateRequestTokens(envelope, request.messages)
+      const modelledHitTokens = session.summaryRequestHit(base.model, envelope, request.messages)
+      const response = await base.complete(request)
+      const record: SummaryRequestRecord = { model: base.model, inputTokens, modelledHitTokens, outputTokens: estimateMessageTokens(response.message) }
+      if (response.usage) record.usage = response.usage
+      if (base.prices && base.model !== session.header?.model) record.prices = base.prices
+      records.push(record)
+      return response
+    },
+  }
+  return Object.create(host, { summarizer: { value: summarizer } }) as CompactionHost
+}
+
+/**
+ * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → the host's
+ * `beforeCompaction` (may add a focus, or cancel) → summarise → frame the checkpoint with the
+ * region's facts ledger (docs/design.md §12, trimmed to {@link ledgerBudget}) → reject a framed
+ * checkpoint not strictly smaller than the region → check the surface did not change → append
+ * `compaction/summary` (with the ledger, the fidelity figures and the focus) and the replacing
+ * `user/message` with no await between → `compaction/end` → the host's `afterCompaction`.
+ * Any failure writes `compaction/end {error}` and leaves the surface as it was. Returns the number of
+ * summary requests made; throws the failure (a {@link CompactionError}, `cancelled` set when a hook
+ * cancelled; or the provider's error).
+ */
+export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal, focus?: string): Promise<number> {
   const session = host.session
+  const records: SummaryRequestRecord[] = []
+  host = withRecordingSummarizer(host, records)
   const nodes = session.surface().slice(region.start, region.end)
   const first = nodes[0].seq, last = nodes[nodes.length - 1].seq
   const generation = session.replaceGeneration
   const id = `k${session.seq}`
   const tokensBefore = session.measure().totalTokens
+  const info: CompactionInfo = { id, trigger, focus, shadowedSeqs: nodes.map((n) => n.seq), regionTokens: region.tokens }
   session.append('compaction/start', { id, trigger })
   let requests = 0
   try {
-    const result = await summarise(host, nodes.map((n) => n.message), signal)
+    const verdict = await host.beforeCompaction?.(info, signal)
+    if (verdict?.cancel) throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
+    if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}` : verdict.focus.trim()
+    const fullLedger = await regionLedger(session, nodes)
+    const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
-    const checkpoint: UserMessage = { role: 'user', content: frameCheckpoint(result.summary) }
+    const ledger = trimLedger(fullLedger, ledgerBudget(host.contextWindow))
+    const text = frameCheckpoint(result.summary, ledger)
+    const checkpoint: UserMessage = { role: 'user', content: text }
     const checkpointTokens = estimateMessageTokens(checkpoint)
-    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace`)
+    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace (the checkpoint counts its summary and its ledger)`)
     if (session.replaceGeneration !== generation || !session.node(first) || !session.node(last)) throw new CompactionError('the surface changed during compaction')
-    session.append('compaction/summary', { id, summary: result.summary, shadowedSeqs: nodes.map((n) => n.seq), shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage })
-    session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id })
-    session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens })
+    const fidelity = measureFidelity(fullLedger, text, result.summary)
+    session.append('compaction/summary', {
+      id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage,
+      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}),
+    })
+    const seq = session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
+    session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens, requests: records })
+    try { await host.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
+      host.warn(`a compaction/after hook failed: ${(err as Error)?.message ?? err}`)
+    }
     return requests
   } catch (err) {
+    if (session.openCompaction !== id) throw err // committed: only the after hook can get here, and it is caught
     const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
-    session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err) })
+    session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err), requests: records })
     throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
   }
 }
@@ -1993,19 +2744,20 @@ export class Ladder {
   }
 
   /** Rung 3 under pressure or by hand: summary attempts, then success, or a remembered failure. */
-  private async summariseUnder(trigger: 'pressure' | 'manual', threshold: number, outcome: CompactionOutcome, done: (a: CompactionOutcome['action'], r?: string) => CompactionOutcome, signal?: AbortSignal): Promise<CompactionOutcome> {
+  private async summariseUnder(trigger: 'pressure' | 'manual', threshold: number, outcome: CompactionOutcome, done: (a: CompactionOutcome['action'], r?: string) => CompactionOutcome, signal?: AbortSignal, focus?: string): Promise<CompactionOutcome> {
     const { session, compaction: cfg } = this.host
     const window = this.host.contextWindow ?? 0
     const retained = Math.floor(window * cfg.retainedTailRatio)
     const minSaving = Math.ceil(outcome.tokensBefore * cfg.minSavingsRatio)
     let lastError = ''
     for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
-      const region = selectRegion(session.surface(), retained, session.currentInput, minSaving)
+      const region = selectRegion(session.surface(), retained, keptOutOfSummary(session), minSaving)
       if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or touching the current input'; break }
-      try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal) } catch (err) {
+      try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus) } catch (err) {
         outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
         if (signal?.aborted) throw err
         lastError = (err as Error).message
+        if ((err as { cancelled?: boolean })?.cancelled) break // a hook said no: asking again would only repeat the question
         continue
       }
       if (trigger === 'manual' || session.measure().totalTokens < threshold) break
@@ -2044,7 +2796,7 @@ export class Ladder {
     if (window !== undefined) outcome.clearedTokens = this.clear('context-overflow', threshold)
     const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'failed'
     if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore && session.measure().totalTokens < threshold) return done(modelFree)
-    const region = selectRegion(session.surface(), 0, session.currentInput)
+    const region = selectRegion(session.surface(), 0, keptOutOfSummary(session))
     let compacted = false
     if (region) {
       try { outcome.summaryRequests += await compactRegion(this.host, region, 'context-overflow', signal); compacted = true } catch (err) {
@@ -2057,8 +2809,11 @@ export class Ladder {
     return done(modelFree, modelFree === 'failed' && !region ? 'no region to summarise' : undefined)
   }
 
-  /** Manual compaction (`/compact`): prune, then summarise whatever the threshold says. */
-  async compact(signal?: AbortSignal): Promise<CompactionOutcome> {
+  /**
+   * Manual compaction (`/compact [FOCUS]`): prune, then summarise whatever the threshold says;
+   * `focus` is passed into the summary instruction.
+   */
+  async compact(signal?: AbortSignal, options: { focus?: string } = {}): Promise<CompactionOutcome> {
     const { session } = this.host
     const { outcome, done } = this.outcome('manual')
     const threshold = this.threshold()
@@ -2067,7 +2822,7 @@ export class Ladder {
     if (signal?.aborted) return done('skipped', 'aborted')
     outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'manual', threshold, false)
     outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'manual')
-    return this.summariseUnder('manual', threshold, outcome, done, signal)
+    return this.summariseUnder('manual', threshold, outcome, done, signal, options.focus)
   }
 }
 
@@ -2112,19 +2867,17 @@ function recallText(m: Message): string {
  * Every original the ladder shadowed, newest first: each `user/message`, `assistant/message` and
  * `tool/result` logged with `{op:'append'}` that is no longer on the surface (pruned, cleared,
  * folded into a checkpoint), and each spilled result (its original is in the artefact area).
- * Read from the session's log.
+ * Read back from the session's log ({@link Session.readEvents}).
  */
-function shadowedOriginals(session: Session): ShadowedOriginal[] {
-  const calls = new Map<string, { name: string; arguments: string }>()
-  for (const e of session.events) if (e.type === 'tool/call') calls.set((e.data as { callId: string }).callId, e.data as { name: string; arguments: string })
+async function shadowedOriginals(session: Session): Promise<ShadowedOriginal[]> {
+  const calls = new Map<string, ToolCallBlock>() // as the model first sent them (arguments uncut)
   const out: ShadowedOriginal[] = []
-  for (let i = session.events.length - 1; i >= 0; i--) {
-    const e = session.events[i]
+  for await (const e of session.readEvents()) {
     const d = e.data as { message?: Message; surfaceOp?: SurfaceOp; spilled?: { ref: string; bytes: number } }
     if (!SURFACE_TYPES[e.type] || d.surfaceOp?.op !== 'append' || !d.message) continue
-    const onSurface = session.node(e.seq) !== undefined
-    if (onSurface && !d.spilled) continue
     const m = d.message
+    for (const c of toolCalls(m)) if (!calls.has(c.id)) calls.set(c.id, c)
+    if (session.node(e.seq) !== undefined && !d.spilled) continue // still on the surface as logged
     if (m.role === 'tool') {
       const call = calls.get(m.toolCallId)
       const spilled = d.spilled
@@ -2139,7 +2892,7 @@ function shadowedOriginals(session: Session): ShadowedOriginal[] {
       })
     } else out.push({ key: `seq:${e.seq}`, seq: e.seq, label: `${m.role} message`, text: async () => recallText(m) })
   }
-  return out
+  return out.reverse()
 }
 
 /** The text split into lines for paging; lines over 1,000 code points become pieces of 1,000. */
@@ -2225,7 +2978,7 @@ export function recallTool(session: Session): Tool {
       for (const k of ['key', 'tool', 'arguments', 'pattern']) if (args[k] !== undefined && typeof args[k] !== 'string') throw new Error(`${RECALL_TOOL_NAME}: ${k} must be a string`)
       const offset = recallInt(args, 'offset', 1)
       const limit = recallInt(args, 'limit', RECALL_DEFAULT_LINES)
-      const originals = shadowedOriginals(session)
+      const originals = await shadowedOriginals(session)
       if (typeof args.pattern === 'string') {
         const needle = args.pattern.toLowerCase()
         if (needle === '') throw new Error(`${RECALL_TOOL_NAME}: pattern must not be empty`)
@@ -2278,7 +3031,13 @@ export function utf8Length(text: string, limit = Infinity): number {
 }
 
 /**
- * Spill (DESIGN.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
+ * The artefact name of a spilled tool result: from the seq of the `tool/result` event that will
+ * refer to it (unique in a log, across resumes), never from a server-chosen call id (docs/design.md §13).
+ */
+export function spillName(seq: number): string { return `tool-result-${seq}.txt` }
+
+/**
+ * Spill (docs/design.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
  * to the store's artefact area and replaced by a head/tail preview plus the reference. Runs at write
  * time, never under pressure. Returns the message unchanged when it is small or the store keeps no
  * artefacts.
@@ -2286,9 +3045,15 @@ export function utf8Length(text: string, limit = Infinity): number {
 export async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
   if (!store.putArtefact) return { message }
   const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
-  let bytes = 0
-  for (const t of texts) { bytes += utf8Length(t.text, spillBytes - bytes); if (bytes > spillBytes) break }
-  if (bytes <= spillBytes) return { message }
+  // Length first: a UTF-16 unit is 1 to 3 UTF-8 bytes, so most results are decided without a walk.
+  let units = 0
+  for (const t of texts) units += t.text.length
+  if (units * 3 <= spillBytes) return { message }
+  if (units <= spillBytes) {
+    let bytes = 0
+    for (const t of texts) { bytes += utf8Length(t.text, spillBytes - bytes); if (bytes > spillBytes) break }
+    if (bytes <= spillBytes) return { message }
+  }
   const whole = texts.map((t) => t.text).join('')
   const ref = await store.putArtefact(name, whole)
   const fullBytes = utf8Length(whole)
@@ -2308,19 +3073,19 @@ export async function spillToolResult(message: ToolResultMessage, store: LogStor
 
 // ── 6.0 Configuration ─────────────────────────────────────────────────────────────────────────
 
-/** DeepSeek's OpenAI-compatible endpoint (DESIGN.md §6; api-docs.deepseek.com). */
+/** DeepSeek's OpenAI-compatible endpoint (docs/design.md §6; api-docs.deepseek.com). */
 export const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
-/** The model {@link deepseek} uses when none is given (DESIGN.md §6). */
+/** The model {@link deepseek} uses when none is given (docs/design.md §6). */
 export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-v4-flash'
 /** The environment variable {@link deepseek} reads the API key from when no `apiKey` is given. */
 export const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
-/** Completion budget in tokens when neither the request nor the options set one (DESIGN.md §6). */
+/** Completion budget in tokens when neither the request nor the options set one (docs/design.md §6). */
 export const DEFAULT_MAX_TOKENS = 32_768
 /** No progress (response headers or a data event) for this long ends the attempt as TIMEOUT. */
 const DEFAULT_IDLE_TIMEOUT_MS = 300_000
 /** Retries after the first attempt, for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. */
 const DEFAULT_MAX_RETRIES = 5
-/** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (DESIGN.md §6). */
+/** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (docs/design.md §6). */
 const DEFAULT_RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
 const DEFAULT_RETRY_MAX_MS = 10_000
@@ -2330,6 +3095,13 @@ const RETRY_JITTER_RATIO = 0.1
 const SSE_MAX_BUFFER_UNITS = 16 * 1024 * 1024
 /** Error bodies are read for classification up to this many UTF-16 units. */
 const ERROR_BODY_MAX_UNITS = 64 * 1024
+/** An error body, or a non-streamed body, is read up to this many bytes (after content decoding),
+ *  then the rest is cancelled unread: a gzip bomb is never inflated (docs/design.md §13). */
+export const RESPONSE_BODY_MAX_BYTES = 64 * 1024
+/** Default cap on one assistant message: text + reasoning + tool-call arguments, UTF-8 bytes (§13). */
+export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+/** Same-origin 307/308 redirects followed per attempt, at most. */
+const MAX_REDIRECTS = 5
 /** String values longer than this (UTF-16 units) are elided when a non-text block is sent as JSON text. */
 const DESCRIBED_STRING_MAX_UNITS = 1024
 
@@ -2346,9 +3118,9 @@ export interface KnownModel {
 }
 
 /**
- * Known models, by the exact name sent as `model` (DESIGN.md §6, public DeepSeek model cards,
+ * Known models, by the exact name sent as `model` (docs/design.md §6, public DeepSeek model cards,
  * 2026). Any other model needs `contextWindow` in the options, or the ladder reports a
- * configuration error once (DESIGN.md §5).
+ * configuration error once (docs/design.md §5).
  */
 export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = Object.freeze({
   'deepseek-v4-flash': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
@@ -2356,6 +3128,35 @@ export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = Obje
   'deepseek-chat': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'disabled' as const }),
   'deepseek-reasoner': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'enabled' as const }),
 })
+
+/**
+ * DeepSeek's peak hours: Monday to Friday, UTC 01:00–04:00 and 06:00–10:00, every price doubled
+ * (DeepSeek, "Models & Pricing", api-docs.deepseek.com/quick_start/pricing, autumn 2026).
+ */
+export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = Object.freeze({
+  multiplier: 2, days: Object.freeze([1, 2, 3, 4, 5]), hoursUTC: Object.freeze([Object.freeze([1, 4] as const), Object.freeze([6, 10] as const)]),
+})
+
+/**
+ * DeepSeek's prices in USD per million tokens, off-peak, with {@link DEEPSEEK_PEAK_HOURS}
+ * (DeepSeek, "Models & Pricing", api-docs.deepseek.com/quick_start/pricing, autumn 2026; docs/design.md §11):
+ * `deepseek-flash` (and its older name `deepseek-v4-flash`) cache hit 0.003, cache miss 0.15,
+ * output 0.60; `deepseek-v4-pro` 0.022 / 0.66 / 1.98. {@link deepseek} uses them by default;
+ * {@link pricesOf} also resolves the retired aliases of {@link KNOWN_MODELS}. Every other model
+ * has no price unless one is given.
+ */
+export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = Object.freeze({
+  'deepseek-flash': Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-flash': Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-pro': Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: DEEPSEEK_PEAK_HOURS }),
+})
+
+/** DeepSeek's price table for `model` (a retired alias resolves to the model it stands for); undefined for any other model. */
+export function pricesOf(model: string): Readonly<Prices> | undefined {
+  const own = Object.prototype.hasOwnProperty.call(DEEPSEEK_PRICES, model) ? DEEPSEEK_PRICES[model] : undefined
+  const alias = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model].aliasOf : undefined
+  return own ?? (alias !== undefined ? pricesOf(alias) : undefined)
+}
 
 // ── 6.1 Server-sent events ────────────────────────────────────────────────────────────────────
 // Spec: WHATWG HTML §9.2 "Server-sent events", https://html.spec.whatwg.org/multipage/server-sent-events.html
@@ -2673,7 +3474,7 @@ const ERROR_MESSAGE_KEYS = new Set(['message', 'msg', 'detail', 'error', 'raw', 
 /**
  * Rate limits, checked BEFORE the overflow patterns: their messages talk about tokens and "reduce
  * the prompt length" too (OpenAI/Groq TPM "Request too large", Anthropic input-TPM 429), and a
- * rate limit is never an overflow (DESIGN.md §6).
+ * rate limit is never an overflow (docs/design.md §6).
  */
 const RATE_LIMIT_RE = /rate[ _-]?limit|too many requests|tokens per min|requests per min|\b(?:TPM|RPM|TPD|RPD)\b|per[ -]minute|resource[_ ]exhausted/i
 
@@ -2729,7 +3530,7 @@ function parseJSONOrUndefined(text: string): unknown {
 
 const isErrorStatus = (status: unknown): status is number => typeof status === 'number' && Number.isInteger(status) && status >= 400 && status <= 599
 
-/** Reads what an error body says, whatever its shape (DESIGN.md §6). Never throws on strings. */
+/** Reads what an error body says, whatever its shape (docs/design.md §6). Never throws on strings. */
 function inspectErrorBody(bodyText: string): ErrorBodyInfo {
   const text = bodyText.length > ERROR_BODY_MAX_UNITS ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : bodyText
   const trimmed = text.trim()
@@ -2784,7 +3585,7 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
 }
 
 /**
- * Maps a failed response to a {@link ProviderErrorCode} (DESIGN.md §6). Never throws, whatever
+ * Maps a failed response to a {@link ProviderErrorCode} (docs/design.md §6). Never throws, whatever
  * it is given. The body may be JSON (`{"error":{...}}`, an array of such objects, `{"error":
  * "text"}`, a top-level `{"object":"error", …}`, a body double-encoded as a JSON string, a proxy
  * message wrapping the upstream JSON), an SSE excerpt, plain text, or empty.
@@ -2859,7 +3660,7 @@ export function overflowCounts(bodyText: string): { promptTokens?: number; conte
   return out
 }
 
-/** What to do about each code, appended to error messages (DESIGN.md: name the fix). */
+/** What to do about each code, appended to error messages (docs/design.md §0: an error names the fix). */
 const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, or lower maxTokens.',
   RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
@@ -2872,6 +3673,7 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   ABORTED: 'The caller aborted the request.',
   EMPTY_RESPONSE: 'The server answered with nothing; try again later.',
   MALFORMED_RESPONSE: 'The server does not speak the OpenAI chat-completions stream format; check baseURL.',
+  RESPONSE_TOO_LARGE: 'The server sent more than dsh reads; raise maxMessageBytes if a message really needs more, or lower maxTokens.',
 }
 
 /** Seconds, an HTTP date, or OpenAI's `retry-after-ms`, in ms (RFC 9110 §10.2.3). */
@@ -2974,7 +3776,7 @@ function userToWire(message: UserMessage): WireMessage {
 }
 
 /**
- * DESIGN.md §6: `content` is never null ("" when there is no text); a message with tool calls
+ * docs/design.md §6: `content` is never null ("" when there is no text); a message with tool calls
  * carries `reasoning_content` (its reasoning, or "" — DeepSeek's thinking mode rejects it
  * otherwise). Text and reasoning blocks are concatenated as streamed; other blocks follow the
  * text as JSON.
@@ -3073,11 +3875,23 @@ export interface OpenAICompatibleOptions {
   extraBody?: Record<string, unknown>
   /** Waits between retries (tests pass a fake clock). Must reject when `signal` aborts. */
   sleep?: (ms: number, signal?: AbortSignal) => Promise<void>
+  /**
+   * The model's price table, USD per million tokens (docs/design.md §11). Default: none for
+   * {@link openAICompatible} (cost "unknown"); {@link deepseek} uses {@link pricesOf} the model.
+   * @throws TypeError at construction for a malformed table (the message names the field).
+   */
+  prices?: Prices
+  /** Cap on one assistant message in UTF-8 bytes (text + reasoning + tool-call arguments); past it
+   *  the stream is cancelled and RESPONSE_TOO_LARGE thrown with the partial text. Default {@link DEFAULT_MAX_MESSAGE_BYTES}. */
+  maxMessageBytes?: number
+  /** Deadline of one `complete()` call, retries and backoff included, in ms; past it: TIMEOUT, not retried. Default: none. */
+  requestTimeoutMs?: number
 }
 
 const OPTION_NAMES: readonly (keyof OpenAICompatibleOptions)[] = [
   'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'maxTokensField', 'headers', 'fetch',
   'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'thinking', 'reasoningEffort', 'extraBody', 'sleep',
+  'maxMessageBytes', 'requestTimeoutMs', 'prices',
 ]
 
 interface AdapterConfig {
@@ -3099,6 +3913,9 @@ interface AdapterConfig {
   reasoningEffort?: string
   extraBody: Record<string, unknown>
   sleep: (ms: number, signal?: AbortSignal) => Promise<void>
+  prices?: Prices
+  maxMessageBytes: number
+  requestTimeoutMs?: number
 }
 
 /** Reads an environment variable where one exists; edge runtimes have none, Deno may deny access. */
@@ -3178,11 +3995,14 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
     reasoningEffort: options.reasoningEffort,
     extraBody: { ...(options.extraBody ?? {}) },
     sleep: options.sleep ?? sleepMs,
+    prices: options.prices === undefined ? undefined : validatePrices(options.prices, `${fn}: prices`),
+    maxMessageBytes: positiveInteger(fn, 'maxMessageBytes', options.maxMessageBytes) ?? DEFAULT_MAX_MESSAGE_BYTES,
+    requestTimeoutMs: positiveInteger(fn, 'requestTimeoutMs', options.requestTimeoutMs),
   }
 }
 
 /**
- * A {@link Provider} for any server that speaks OpenAI chat completions with streaming (DESIGN.md
+ * A {@link Provider} for any server that speaks OpenAI chat completions with streaming (docs/design.md
  * §6): DeepSeek, OpenAI, OpenRouter, Ollama, vLLM, llama.cpp, LM Studio, …
  *
  * Each `complete()` streams one completion (`stream: true`, `stream_options.include_usage`),
@@ -3199,6 +4019,12 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * are dropped since their arguments may be cut). A "request too large for the per-minute
  * budget" rate limit is not retried (it can never pass). ABORTED (the request's signal) ends at
  * once, also during a backoff wait, and is never retried. The API key never appears in an error.
+ *
+ * Limits on what a server can make the adapter read (docs/design.md §13): an error body or a
+ * non-streamed body is read up to {@link RESPONSE_BODY_MAX_BYTES} (64 KiB, after gzip decoding)
+ * and the rest cancelled unread; one assistant message up to `maxMessageBytes` (8 MiB of text,
+ * reasoning and arguments), past which RESPONSE_TOO_LARGE carries the partial; `requestTimeoutMs`
+ * bounds the whole call. Redirects are not followed across origins (only a same-origin 307/308).
  * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
  */
 export function openAICompatible(options: OpenAICompatibleOptions): Provider {
@@ -3208,14 +4034,27 @@ export function openAICompatible(options: OpenAICompatibleOptions): Provider {
 /**
  * {@link openAICompatible} with DeepSeek's defaults: base {@link DEEPSEEK_BASE_URL}, model
  * {@link DEEPSEEK_DEFAULT_MODEL}, key from `apiKey` or else `$DEEPSEEK_API_KEY` (required).
- * Undefined option values fall back to the defaults.
- * @throws TypeError when no key can be found, or for bad options.
+ * Undefined option values fall back to the defaults. The key is sent only over `https:`, and
+ * `$DEEPSEEK_API_KEY` only to DeepSeek's host (docs/design.md §13).
+ * @throws TypeError when no key can be found, for a non-https `baseURL`, for another host without
+ *   an explicit `apiKey`/`apiKeyEnv`, or for bad options.
  */
 export function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
   if (!isRecord(options)) throw new TypeError(`deepseek takes an options object, got ${options === null ? 'null' : typeof options}`)
   const merged: Record<string, unknown> = { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL }
   for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
-  return makeProvider(resolveConfig('deepseek', merged as unknown as OpenAICompatibleOptions, DEEPSEEK_API_KEY_ENV))
+  if (merged.prices === undefined && typeof merged.model === 'string') merged.prices = pricesOf(merged.model)
+  const cfg = resolveConfig('deepseek', merged as unknown as OpenAICompatibleOptions, DEEPSEEK_API_KEY_ENV)
+  // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
+  const url = new URL(cfg.baseURL)
+  if (url.protocol !== 'https:') {
+    throw new TypeError(`deepseek: baseURL ${JSON.stringify(cfg.baseURL)} would send the API key unencrypted; use https:// (or openAICompatible for a local server)`)
+  }
+  const explicitKey = (options.apiKey !== undefined && options.apiKey !== '') || options.apiKeyEnv !== undefined
+  if (!explicitKey && url.hostname !== new URL(DEEPSEEK_BASE_URL).hostname) {
+    throw new TypeError(`deepseek: $${DEEPSEEK_API_KEY_ENV} is only sent to ${new URL(DEEPSEEK_BASE_URL).hostname}, not to ${url.hostname}; pass apiKey or apiKeyEnv for that server`)
+  }
+  return makeProvider(cfg)
 }
 
 function makeProvider(cfg: AdapterConfig): Provider {
@@ -3224,11 +4063,15 @@ function makeProvider(cfg: AdapterConfig): Provider {
     baseURL: cfg.baseURL,
     contextWindow: cfg.contextWindow,
     maxTokens: cfg.maxTokens,
+    ...(cfg.prices ? { prices: cfg.prices } : {}),
     complete: (request) => completeWithRetries(cfg, request),
   }
 }
 
-/** Errors raised after output was streamed: retrying them would show the caller a second answer. */
+/** Errors never retried: raised after output was streamed (a retry would show the caller a second
+ *  answer), or past the request deadline. */
+const notRetried = new WeakSet<ProviderError>()
+/** Errors of a stream that broke after output (not past the deadline): the loop retries those once as a new step. */
 const afterOutput = new WeakSet<ProviderError>()
 const RETRYABLE = new Set<ProviderErrorCode>(['RATE_LIMIT', 'SERVER', 'TRANSPORT', 'TIMEOUT', 'EMPTY_RESPONSE'])
 
@@ -3260,24 +4103,45 @@ function maxTokensFor(cfg: AdapterConfig, request: ChatRequest): number {
   return Math.min(capped, room)
 }
 
+/** The tool specs of an envelope as wire JSON, serialised once per tools array (the Agent keeps one per envelope). */
+const toolsJSON = new WeakMap<readonly ToolSpec[], string>()
+
+/**
+ * The request body (docs/design.md §11 "byte stability"). Keys in a fixed order — extra body fields,
+ * model, thinking, reasoning_effort, tools, messages, then the per-request fields (stream,
+ * stream_options, the budget) — and nothing per-request inside a message, so for unchanged
+ * history the body of one request is a byte prefix of the next one's up to the end of its last
+ * message. The tools are serialised once per tools array: do not mutate one after sending it.
+ */
 function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number): string {
-  const body: Record<string, unknown> = {
-    ...cfg.extraBody,
-    model: cfg.model,
-    messages: toWireMessages(request.system, request.messages),
-    stream: true,
-    stream_options: { include_usage: true },
-    [cfg.maxTokensField]: maxTokens,
+  const json = (value: unknown) => JSON.stringify(value, wireReplacer)
+  const own = new Set(['model', 'messages', 'stream', 'stream_options', cfg.maxTokensField])
+  if (cfg.thinking) own.add('thinking')
+  if (cfg.reasoningEffort !== undefined) own.add('reasoning_effort')
+  const tools = request.tools && request.tools.length > 0 ? request.tools : undefined
+  if (tools) own.add('tools')
+  const fields: string[] = []
+  const field = (key: string, valueJSON: string | undefined) => { if (valueJSON !== undefined) fields.push(`${json(key)}:${valueJSON}`) }
+  for (const [key, value] of Object.entries(cfg.extraBody)) if (!own.has(key)) field(key, json(value))
+  field('model', json(cfg.model))
+  if (cfg.thinking) field('thinking', json({ type: cfg.thinking }))
+  if (cfg.reasoningEffort !== undefined) field('reasoning_effort', json(cfg.reasoningEffort))
+  if (tools) {
+    let text = toolsJSON.get(tools)
+    if (text === undefined) {
+      text = json(tools.map((t) => ({
+        type: 'function',
+        function: { name: t.name, ...(t.description !== undefined ? { description: t.description } : {}), parameters: t.parameters ?? { type: 'object', properties: {} } },
+      })))
+      toolsJSON.set(tools, text)
+    }
+    field('tools', text)
   }
-  if (request.tools && request.tools.length > 0) {
-    body.tools = request.tools.map((t) => ({
-      type: 'function',
-      function: { name: t.name, ...(t.description !== undefined ? { description: t.description } : {}), parameters: t.parameters ?? { type: 'object', properties: {} } },
-    }))
-  }
-  if (cfg.thinking) body.thinking = { type: cfg.thinking }
-  if (cfg.reasoningEffort !== undefined) body.reasoning_effort = cfg.reasoningEffort
-  return JSON.stringify(body, wireReplacer)
+  field('messages', `[${toWireMessages(request.system, request.messages).map((m) => json(m)).join(',')}]`)
+  field('stream', 'true')
+  field('stream_options', '{"include_usage":true}')
+  field(cfg.maxTokensField, String(maxTokens))
+  return `{${fields.join(',')}}`
 }
 
 async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Promise<ChatResponse> {
@@ -3290,20 +4154,22 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
   if (cfg.apiKey !== undefined) headers.authorization = `Bearer ${cfg.apiKey}`
   // Lower-cased, so that a caller's `Authorization` replaces ours instead of being joined to it.
   for (const extra of [cfg.headers, request.headers ?? {}]) for (const [name, value] of Object.entries(extra)) headers[name.toLowerCase()] = value
+  const deadlineAt = cfg.requestTimeoutMs === undefined ? undefined : Date.now() + cfg.requestTimeoutMs
   for (let retry = 0; ; retry++) {
     let error: ProviderError
     try {
-      return await attempt(cfg, request, body, headers)
+      return await attempt(cfg, request, body, headers, deadlineAt)
     } catch (e) {
       if (e instanceof ListenerFailure) throw e.error
       if (!(e instanceof ProviderError)) throw e
       error = e
     }
-    const retryable = RETRYABLE.has(error.code) && !afterOutput.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
+    const retryable = RETRYABLE.has(error.code) && !notRetried.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
     if (!retryable || retry >= cfg.maxRetries) throw error
     const delayMs = error.retryAfterMs !== undefined
       ? Math.min(error.retryAfterMs, cfg.retryMaxMs)
       : Math.round(Math.min(cfg.retryMaxMs, cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
+    if (deadlineAt !== undefined && Date.now() + delayMs >= deadlineAt) throw error // no retry could start before the deadline
     request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error })
     try { await cfg.sleep(delayMs, signal) } catch (e) { if (signal?.aborted) throw aborted(); throw e }
     if (signal?.aborted) throw aborted()
@@ -3320,6 +4186,15 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
   let usage: Usage | undefined
   let responseId: string | undefined
   let streamed = false
+  let messageBytes = 0 // text + reasoning + tool-call arguments so far, UTF-8 bytes
+
+  /** Counts a delta against maxMessageBytes; past it the stream ends as RESPONSE_TOO_LARGE (the partial is kept). */
+  function admit(delta: string): void {
+    messageBytes += utf8Length(delta, cfg.maxMessageBytes)
+    if (messageBytes > cfg.maxMessageBytes) {
+      throw providerError(cfg, 'RESPONSE_TOO_LARGE', `the assistant message from ${cfg.endpoint} (model ${cfg.model}) passed maxMessageBytes, ${cfg.maxMessageBytes} bytes of text, reasoning and tool-call arguments; the stream was cancelled and the text so far kept as an interrupted message.`, { status: 200 })
+    }
+  }
 
   function toolCallDelta(tc: unknown): void {
     if (!isRecord(tc)) return
@@ -3344,6 +4219,7 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
     const newName = name !== undefined && call.name === '' ? name : undefined
     if (newId) call.id = newId
     if (newName) call.name = newName
+    if (args) admit(args)
     call.arguments += args
     if (newId || newName || args) {
       streamed = true
@@ -3367,8 +4243,8 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
         if (delta) {
           const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== '' ? delta.reasoning_content
             : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
-          if (r !== '') { reasoning += r; streamed = true; emit({ type: 'reasoning-delta', text: r }) }
-          if (typeof delta.content === 'string' && delta.content !== '') { text += delta.content; streamed = true; emit({ type: 'text-delta', text: delta.content }) }
+          if (r !== '') { admit(r); reasoning += r; streamed = true; emit({ type: 'reasoning-delta', text: r }) }
+          if (typeof delta.content === 'string' && delta.content !== '') { admit(delta.content); text += delta.content; streamed = true; emit({ type: 'text-delta', text: delta.content }) }
           if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) toolCallDelta(tc)
         }
         if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
@@ -3469,10 +4345,59 @@ function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | un
   }
 }
 
-async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>): Promise<ChatResponse> {
+/**
+ * Reads at most `maxBytes` of a response body (bytes after content decoding: fetch inflates gzip
+ * as it is read), then cancels the rest unread. `cut` says whether anything was left.
+ */
+async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string; cut: boolean }> {
+  if (!response.body) return { text: '', cut: false }
+  const decoder = new TextDecoder()
+  let text = ''
+  let bytes = 0
+  for await (const chunk of bodyChunks(response.body, signal)) { // leaving the loop cancels the body
+    if (bytes + chunk.byteLength > maxBytes) return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
+    bytes += chunk.byteLength
+    text += decoder.decode(chunk, { stream: true })
+  }
+  return { text: text + decoder.decode(), cut: false }
+}
+
+const REDIRECT_STATUSES: ReadonlySet<number> = new Set([301, 302, 303, 307, 308])
+
+/**
+ * POSTs with `redirect: 'manual'` (docs/design.md §13): a 307/308 to the same origin is followed
+ * (up to {@link MAX_REDIRECTS} times, the body re-sent); any other redirect — another origin, or
+ * one that would turn the POST into a GET — is refused, so the conversation and the key never go
+ * to a host the caller did not name.
+ */
+async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit): Promise<Response> {
+  const origin = new URL(cfg.endpoint).origin
+  let url = cfg.endpoint
+  for (let hops = 0; ; hops++) {
+    const response = await cfg.fetch(url, { ...init, redirect: 'manual' })
+    if (response.type !== 'opaqueredirect' && !REDIRECT_STATUSES.has(response.status)) return response
+    response.body?.cancel().catch(() => {})
+    let target: URL | undefined
+    try { target = new URL(response.headers.get('location') ?? '', url) } catch { target = undefined }
+    const where = target && response.headers.get('location') ? target.href : 'an address the runtime does not show'
+    const why = !target || response.type === 'opaqueredirect' ? 'a redirect without a usable Location'
+      : target.origin !== origin ? `another origin than ${origin}; the conversation and the key are not re-sent there`
+      : response.status !== 307 && response.status !== 308 ? `HTTP ${response.status} would turn the POST into a GET`
+      : hops >= MAX_REDIRECTS ? `more than ${MAX_REDIRECTS} redirects` : undefined
+    if (why === undefined) { url = target!.href; continue }
+    throw providerError(cfg, 'INVALID_REQUEST', `HTTP ${response.status} from POST ${url} redirects to ${where}: ${why}. Set baseURL to the server's real address if you trust it.`, {
+      status: response.status || undefined, requestId: requestIdOf(response.headers),
+    })
+  }
+}
+
+async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>, deadlineAt?: number): Promise<ChatResponse> {
   const { signal, onEvent } = request
   const controller = new AbortController()
   let timedOut = false
+  let pastDeadline = false
+  const deadline = deadlineAt === undefined ? undefined
+    : setTimeout(() => { pastDeadline = true; controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`)) }, Math.max(0, deadlineAt - Date.now()))
   let timer: ReturnType<typeof setTimeout> | undefined
   const progress = (): void => {
     if (timer !== undefined) clearTimeout(timer)
@@ -3488,20 +4413,21 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   let requestId: string | undefined
   progress()
   try {
-    const response = await cfg.fetch(cfg.endpoint, { method: 'POST', headers, body, signal: controller.signal })
+    const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
     requestId = requestIdOf(response.headers)
     if (!response.ok) {
-      const text = await response.text()
+      const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
       const code = classifyProviderError(response.status, text)
       const info = inspectErrorBody(text)
-      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}.`, {
+      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}${cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''}.`, {
         status: response.status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
       })
     }
     if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
       // The server ignored stream: true and sent one completion (or an error) as JSON.
-      const text = await response.text()
+      const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
+      if (cut) throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for stream: true).`, { status: response.status, requestId })
       if (text.trim() === '') throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model ${cfg.model}).`, { status: response.status, requestId })
       acc.chunk(parseChunkData(cfg, text.trim(), requestId)[0], requestId, text)
       return acc.finish(true, requestId)
@@ -3534,7 +4460,10 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     const partial = acc.partial()
     let error: ProviderError
     if (signal?.aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`, { requestId })
-    else if (e instanceof ProviderError) error = e
+    else if (pastDeadline) {
+      error = providerError(cfg, 'TIMEOUT', `the request deadline of ${cfg.requestTimeoutMs} ms (requestTimeoutMs) passed before ${cfg.endpoint} (model ${cfg.model}) finished; not retried.`, { requestId })
+      notRetried.add(error)
+    } else if (e instanceof ProviderError) error = e
     else if (timedOut) error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
     else if (e instanceof SSEParseError) error = providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint}: ${e.message}.`, { requestId, status: 200, cause: e })
     else {
@@ -3543,10 +4472,12 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
       error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${reason}.`, { requestId, cause: e })
     }
     if (partial && !error.partial) error.partial = partial
-    if (acc.streamed) afterOutput.add(error)
+    if (acc.streamed) notRetried.add(error)
+    if (acc.streamed && !pastDeadline) afterOutput.add(error)
     throw error
   } finally {
     if (timer !== undefined) clearTimeout(timer)
+    if (deadline !== undefined) clearTimeout(deadline)
     signal?.removeEventListener('abort', forwardAbort)
   }
 }
@@ -3555,8 +4486,13 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
 // 7. Loop
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** Hook names, in the order they run in a step (DESIGN.md §7). */
-export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step'
+/**
+ * Hook names: the step hooks in the order they run in a step (docs/design.md §7), and the compaction
+ * hooks around each summary transaction (docs/design.md §12): `compaction/before` may return
+ * `{focus}` (added to the summary instruction) or `{cancel: true | reason}`; `compaction/after`
+ * sees the committed checkpoint.
+ */
+export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step' | 'compaction/before' | 'compaction/after'
 
 /** What a hook receives. `request` only for `agent/request` (mutable); `error` only for `agent/request-error`. */
 export interface HookContext {
@@ -3568,10 +4504,16 @@ export interface HookContext {
   signal: AbortSignal
   request?: ChatRequest
   error?: ProviderError
+  /** `compaction/before` and `compaction/after`: the summary transaction. */
+  compaction?: CompactionInfo
+  /** `compaction/after` only: the committed checkpoint. */
+  checkpoint?: CheckpointInfo
 }
 
+/** What a hook may return: `retry` (`agent/request-error`), `focus` and `cancel` (`compaction/before`). */
+export interface HookResult { retry?: boolean; focus?: string; cancel?: boolean | string }
 /** A hook. An `agent/request-error` hook returns `{retry: true}` to have the step retried. */
-export type Hook = (ctx: HookContext) => void | { retry?: boolean } | Promise<void | { retry?: boolean }>
+export type Hook = (ctx: HookContext) => void | HookResult | Promise<void | HookResult>
 
 /** Everything a UI can follow: every log event, every streamed delta, every warning. */
 export type AgentEvent =
@@ -3585,6 +4527,13 @@ export interface AgentOptions {
   provider: Provider
   tools?: readonly Tool[]
   system?: string
+  /**
+   * Project instructions (e.g. the text of AGENTS.md), part of the envelope: appended to `system`
+   * in every request, which compaction never touches (docs/design.md §12).
+   */
+  instructions?: string
+  /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests; a non-empty string. */
+  summaryInstruction?: string
   /** Overrides the provider's context window (tokens). */
   contextWindow?: number
   /** Completion budget per step, tokens (default: the provider's); clamped to the room left. */
@@ -3611,6 +4560,9 @@ export interface TurnResult {
   text: string
   message?: AssistantMessage
 }
+
+/** Consecutive retries of a step whose stream broke after output (see {@link Agent}). */
+const MAX_STREAM_RETRIES = 1
 
 const textOfBlocks = (blocks: readonly Block[]) => blocks.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('')
 
@@ -3653,13 +4605,16 @@ function errorResult(callId: string, text: string, code: string): ToolResultMess
 }
 
 /**
- * The agent loop (DESIGN.md §7). A turn is one user input until the model stops calling tools; a
+ * The agent loop (docs/design.md §7). A turn is one user input until the model stops calling tools; a
  * step is one provider call plus its tool calls. Every state change is a log event (see
  * {@link Session}); {@link AgentOptions.onEvent} also gets streamed deltas and warnings.
  * The ladder (§5) is wired in through the `agent/post-step` and `agent/request-error` hooks unless
  * `compaction.auto` is false. Cancellation through `run(input, {signal})`: a running tool call
  * finishes, undispatched calls get a synthetic `TOOL_ABORTED` result, partial assistant text is kept
- * as an interrupted message.
+ * as an interrupted message. A stream that breaks after output with a retryable error (SERVER,
+ * TRANSPORT, TIMEOUT, RATE_LIMIT; the adapter itself never retries once output was streamed) keeps
+ * its partial text as an interrupted message and is retried once as a new step (`step/retry`); a
+ * second break in a row ends the turn with the error.
  */
 export class Agent implements CompactionHost {
   readonly session: Session
@@ -3670,6 +4625,8 @@ export class Agent implements CompactionHost {
   readonly pruneConfig: PruneConfig
   readonly maxSteps: number
   readonly system?: string
+  readonly instructions?: string
+  readonly summaryInstruction?: string
   /** This agent's ladder (prune → clear → compact); its memory is in the session log. */
   readonly ladder: Ladder
   /** The `recall` tool, offered once the session holds shadowed content; undefined with `recall: false`. */
@@ -3680,7 +4637,10 @@ export class Agent implements CompactionHost {
   private readonly steering: string[] = []
   private running = false
   private overflowRetries = 0
+  private streamRetries = 0
   private onEvent?: (e: AgentEvent) => void
+  private envelopeMemo?: Envelope
+  private envelopeMemoTools = 0
 
   constructor(options: AgentOptions) {
     if (!options?.session || !options.provider) throw new TypeError('new Agent({session, provider, …}): session and provider are required')
@@ -3695,6 +4655,12 @@ export class Agent implements CompactionHost {
       names.add(t.name)
     }
     this.system = options.system
+    if (options.instructions !== undefined && typeof options.instructions !== 'string') throw new TypeError(`instructions must be a string (e.g. the text of AGENTS.md), got ${typeof options.instructions}`)
+    this.instructions = options.instructions?.trim() ? options.instructions : undefined
+    if (options.summaryInstruction !== undefined && (typeof options.summaryInstruction !== 'string' || options.summaryInstruction.trim() === '')) {
+      throw new TypeError(`summaryInstruction must be a non-empty string, got ${JSON.stringify(options.summaryInstruction)}; leave it out to use SUMMARY_INSTRUCTION`)
+    }
+    this.summaryInstruction = options.summaryInstruction
     this.window = options.contextWindow ?? options.provider.contextWindow
     if (this.window !== undefined && !(Number.isInteger(this.window) && this.window > 0)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
     this.maxTokens = options.maxTokens ?? options.provider.maxTokens
@@ -3734,10 +4700,16 @@ export class Agent implements CompactionHost {
   get contextWindow(): number | undefined { return this.window }
   /** The conversation model's name. */
   get modelName(): string { return this.provider.model }
-  /** The request envelope: system prompt and tool specs. */
+  /** The request envelope: system prompt (then the project instructions) and tool specs. */
   get envelope(): Envelope {
+    // One object per agent and tool set: the adapter serialises its tools once (docs/design.md §11
+    // byte stability); the set changes once, when `recall` is first offered.
     const tools = this.offeredTools()
-    return { system: this.system, tools: tools.length ? tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
+    if (this.envelopeMemo && this.envelopeMemoTools === tools.length) return this.envelopeMemo
+    const system = this.instructions === undefined ? this.system : this.system ? `${this.system}\n\n${this.instructions}` : this.instructions
+    this.envelopeMemoTools = tools.length
+    this.envelopeMemo = { system, tools: tools.length ? tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
+    return this.envelopeMemo
   }
 
   /** Registers a hook; returns a function that removes it. */
@@ -3755,12 +4727,35 @@ export class Agent implements CompactionHost {
   warn(message: string): void { this.onEvent?.({ type: 'warning', message }) }
 
   private async runHooks(name: HookName, ctx: HookContext): Promise<boolean> {
-    let retry = false
+    return (await this.collectHooks(name, ctx)).retry === true
+  }
+
+  /** Runs the hooks of `name` in order; `retry` and `cancel` if any asked, focuses joined with "; ". */
+  private async collectHooks(name: HookName, ctx: HookContext): Promise<HookResult> {
+    const out: HookResult = {}
     for (const hook of this.hooks.get(name) ?? []) {
       const r = await hook(ctx)
-      if (r && r.retry) retry = true
+      if (!r) continue
+      if (r.retry) out.retry = true
+      if (r.cancel) out.cancel = r.cancel
+      if (typeof r.focus === 'string' && r.focus.trim()) out.focus = out.focus ? `${out.focus}; ${r.focus.trim()}` : r.focus.trim()
     }
-    return retry
+    return out
+  }
+
+  private hookContext(signal: AbortSignal | undefined, extra: Partial<HookContext>): HookContext {
+    const t = this.session.turn
+    return { agent: this, turn: t.turn, step: t.step, signal: signal ?? new AbortController().signal, ...extra }
+  }
+
+  /** {@link CompactionHost.beforeCompaction}: runs the `compaction/before` hooks. */
+  async beforeCompaction(info: CompactionInfo, signal?: AbortSignal): Promise<CompactionVerdict> {
+    return this.collectHooks('compaction/before', this.hookContext(signal, { compaction: info }))
+  }
+
+  /** {@link CompactionHost.afterCompaction}: runs the `compaction/after` hooks. */
+  async afterCompaction(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): Promise<void> {
+    await this.collectHooks('compaction/after', this.hookContext(signal, { compaction: info, checkpoint }))
   }
 
   /** Runs `fn`; a failure caused by cancellation becomes `undefined` (the caller ends the turn). */
@@ -3778,12 +4773,36 @@ export class Agent implements CompactionHost {
   }
 
   /**
+   * The most pinned tokens (envelope included) this agent accepts: its compaction threshold,
+   * `floor(window × thresholdRatio)` (no limit while the window is unknown).
+   */
+  get pinLimitTokens(): number | undefined {
+    return this.window === undefined ? undefined : Math.floor(this.window * this.compaction.thresholdRatio)
+  }
+
+  /**
+   * Pins surface message `seq` (see {@link Session.pin}) within {@link Agent.pinLimitTokens}.
+   * @throws SessionError `PIN` with the numbers when it would not fit, or `seq` is not on the surface.
+   */
+  pin(seq: number): void {
+    this.writeHeader() // the envelope the limit is checked with
+    this.session.pin(seq, { limitTokens: this.pinLimitTokens })
+  }
+
+  /**
    * Runs one turn. Resolves with how it ended (an abort resolves with reason `aborted`); rejects
    * with the provider's original {@link ProviderError} when a step fails and the ladder cannot
-   * recover, or with a {@link SessionError} if the store fails.
+   * recover, or with a {@link SessionError} if the store fails. `pin: true` pins the input (see
+   * {@link Agent.pin}); a pin that would not fit is refused (`SessionError('PIN')`) before anything is logged.
    */
-  async run(input: string | UserMessage, options: { signal?: AbortSignal } = {}): Promise<TurnResult> {
+  async run(input: string | UserMessage, options: { signal?: AbortSignal; pin?: boolean } = {}): Promise<TurnResult> {
     if (this.running) throw new Error('a turn is already running on this agent; wait for it or use steer(text)')
+    const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
+    if (options.pin) {
+      validateMessage(message, 'user')
+      this.writeHeader()
+      this.session.checkPinFits(estimateMessageTokens(message), 'the input', this.pinLimitTokens)
+    }
     this.running = true
     const signal = options.signal ?? new AbortController().signal
     const session = this.session
@@ -3799,10 +4818,10 @@ export class Agent implements CompactionHost {
     let ended = false
     try {
       session.append('turn/start', { turn })
-      const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
-      session.append('user/message', { message, surfaceOp: { op: 'append' } })
-      this.writeHeader() // so the turn-start pressure check prices this agent's envelope (DESIGN.md §2)
-      await session.sync()
+      const inputSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
+      if (options.pin) session.pin(inputSeq, { limitTokens: this.pinLimitTokens })
+      this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
+      await session.flush() // the input is written at once and fsynced with the first step's boundary
       if (this.compaction.auto && !(await this.unlessAborted(() => this.ladder.relievePressure(signal), signal))) return await end('aborted')
       const tooBig = this.inputTooBig(message)
       if (tooBig) {
@@ -3811,6 +4830,7 @@ export class Agent implements CompactionHost {
         throw tooBig
       }
       this.overflowRetries = 0
+      this.streamRetries = 0
       for (;;) {
         if (signal.aborted) return await end('aborted')
         if (step >= this.maxSteps) return await end('max-steps')
@@ -3828,6 +4848,7 @@ export class Agent implements CompactionHost {
         }
         await this.runHooks('agent/request', { ...ctx, request })
         await session.flush() // written, not fsynced: a crash mid-request still shows the step it was in
+        const cache = session.nextRequestCache()
         let response: ChatResponse
         try {
           response = await this.provider.complete(request)
@@ -3853,21 +4874,31 @@ export class Agent implements CompactionHost {
           }
           if (partial) session.append('assistant/message', { message: partial, finishReason: 'error', surfaceOp: { op: 'append' } })
           session.append('step/end', { turn, step })
+          // The adapter never retries once output was streamed (the caller saw it): the loop does,
+          // once, as a new step whose request carries the partial output as an interrupted message.
+          if (afterOutput.has(error) && RETRYABLE.has(error.code) && this.streamRetries < MAX_STREAM_RETRIES) {
+            this.streamRetries++
+            session.append('step/retry', { turn, step, code: error.code })
+            await session.sync()
+            continue
+          }
           await end('error')
           throw raw instanceof ProviderError ? raw : error
         }
         this.overflowRetries = 0
+        this.streamRetries = 0
         last = withCallIds(response.message, session.seq, session)
-        session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' } })
+        session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
         await this.runTools(calls, signal)
         const steered = this.drainSteering()
-        await session.sync()
+        await session.flush() // written before the post-step ladder may call a model; fsynced once, below
         if (!signal.aborted) await this.unlessAborted(() => this.runHooks('agent/post-step', ctx), signal)
         session.append('step/end', { turn, step })
-        await session.sync()
+        // One fsync per step: at its boundary, together with the turn's end when this step ends it.
         if (signal.aborted) return await end('aborted')
         if (calls.length === 0 && !steered) return await end(response.finishReason === 'length' ? 'length' : 'stop')
+        await session.sync()
       }
     } catch (err) {
       // An unexpected failure (a store error, a bug): close what is open so the log stays balanced.
@@ -3904,7 +4935,7 @@ export class Agent implements CompactionHost {
   /** Logs `request/header` when model, envelope, budget or window changed; returns the envelope. */
   private writeHeader(): Envelope {
     const envelope = this.envelope
-    this.session.setHeader({ model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window })
+    this.session.setHeader({ model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window, prices: this.provider.prices })
     return envelope
   }
 
@@ -3916,7 +4947,7 @@ export class Agent implements CompactionHost {
         session.append('tool/result', { message: errorResult(call.id, 'TOOL_ABORTED: the turn was cancelled before this tool call started.', 'TOOL_ABORTED'), surfaceOp: { op: 'append' } })
         continue
       }
-      session.append('tool/call', { callId: call.id, name: call.name, arguments: call.arguments })
+      session.append('tool/call', { callId: call.id, name: call.name })
       await session.flush() // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
       let result: ToolResultMessage
       const offered = this.offeredTools()
@@ -3936,25 +4967,49 @@ export class Agent implements CompactionHost {
           }
         }
       }
-      const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, `${call.id}.txt`)
+      const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, spillName(session.seq))
       session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
     }
   }
 
+  /** Tokens and cost of the session so far ({@link Session.usage}), priced with the provider's table as logged. */
+  usage(): SessionUsage { return this.session.usage() }
+
+  /** The prompt-cache cost of the surface edit logged as event `seq`, at the provider's prices ({@link Session.editCost}). */
+  editCost(seq: number): EditCost | undefined { return this.session.editCost(seq, this.provider.prices) }
+
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
   compact(signal?: AbortSignal): Promise<CompactionOutcome> { return this.ladder.compact(signal) }
+
+  /**
+   * Runs the ladder now with trigger `manual`; `focus` (e.g. "the parser bug") is passed into the
+   * summary instruction (the CLI's `/compact FOCUS`). Throws TypeError for a focus that is not a string.
+   */
+  compactNow(options: { focus?: string; signal?: AbortSignal } = {}): Promise<CompactionOutcome> {
+    if (options.focus !== undefined && typeof options.focus !== 'string') throw new TypeError(`focus must be a string, got ${typeof options.focus}`)
+    return this.ladder.compact(options.signal, { focus: options.focus })
+  }
 }
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
-// 8. CLI
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// FENCE. Above: Part I, the runtime (web standards only). Below: Part II, the extras (tools,
+// replay, CLI). Nothing in Part I names anything in Part II: the build cuts the file here to make
+// `dist/dsh.mjs` and type-checks that part alone, so a reference across the fence fails the build.
+// Part II may name Part I freely. Its top level holds only declarations and literals (no calls),
+// so a bundler importing the runtime from this file drops Part II entirely.
+// ════════════════════════════════════════════════════════════════════════════════════════════
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-// ── 8.1 Built-in coding tools (DESIGN.md §8, issue 5) ─────────────────────────────────────────
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 8. Tools — the CLI's built-in coding tools (docs/design.md §8, §13)
+// ════════════════════════════════════════════════════════════════════════════════════════════
+
 // The file system and process code of dsh.ts. `node:` modules are loaded here through dynamic
-// `import()` only, so that the core still bundles for edge runtimes (TOOLCHAIN.md).
+// `import()` only, so that the core still bundles for edge runtimes (docs/runtimes.md).
 
 /** Defaults of {@link builtinTools} (units in the names). */
-export const BUILTIN_TOOL_DEFAULTS = Object.freeze({
+export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
   /** Cap on one tool's output in UTF-16 units. 100,000 ≈ 25,000 tokens by §2, the size of a big
    *  read in common coding agents; above it the pruner (§3) and the spill (§5) take over anyway. */
   maxOutputChars: 100_000,
@@ -3988,7 +5043,7 @@ export interface BuiltinToolsOptions {
   /** Working directory. Relative paths resolve against it, and every path must stay inside it
    *  after symlinks are resolved (realpath). It must exist. */
   cwd: string
-  /** Offer the `shell` tool (DESIGN.md §8: only with `--allow-shell` or an interactive yes). Default false. */
+  /** Offer the `shell` tool (docs/design.md §8: only with `--allow-shell` or an interactive yes). Default false. */
   allowShell?: boolean
   /** Cap on each tool's output in UTF-16 units; a one-line notice after the cut says what was left
    *  out and how to get it. `shell` gives each of stdout and stderr half of it (its first and last
@@ -4004,6 +5059,14 @@ export interface BuiltinToolsOptions {
   shellTimeoutMs?: number
   /** shell: the longest `timeout_ms` the model may ask for, in ms. Default 600,000. */
   shellMaxTimeoutMs?: number
+  /** shell: the environment commands start from. Default: this process's environment. Either way
+   *  it is scrubbed by {@link shellEnvironment} with `shellEnvKeep` and `shellEnvDrop`. */
+  shellEnv?: Record<string, string | undefined>
+  /** shell: names of variables kept although they look secret (`--shell-env NAME`). */
+  shellEnvKeep?: readonly string[]
+  /** shell: names of variables always dropped, e.g. the API key variables; a variable holding the
+   *  same value as one of them is dropped too. */
+  shellEnvDrop?: readonly string[]
 }
 
 type NodeFs = typeof import('node:fs/promises')
@@ -4017,20 +5080,23 @@ interface ToolHost {
 }
 
 /**
- * The built-in coding tools of the CLI (DESIGN.md §8): `read_file`, `list_files`, `grep`,
+ * The built-in coding tools of the CLI (docs/design.md §8): `read_file`, `list_files`, `grep`,
  * `write_file`, `edit_file`, and `shell` when `allowShell` is true. Plain {@link Tool} objects; any
  * agent can use them.
  *
  * Confinement: a path argument resolves against `cwd`, then through every symlink (realpath, also
  * for files that do not exist yet and for dangling links); a path that lands outside `cwd` is
  * refused with an error that names the resolved path. The `shell` tool is not confined: a command
- * can reach anything the user can, which is why it is opt-in. Checks and file operations are not
+ * can reach anything the user can, which is why it is opt-in. Its environment is scrubbed
+ * ({@link shellEnvironment}); it runs in its own process group, and when it exits, times out or is
+ * cancelled — and when this process exits — the group and every process carrying its job mark
+ * (also those that left the group with setsid) are killed (docs/design.md §13). Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
  * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
  * one notice line saying how much was left out and how to get more (offset, a narrower path…).
  * Failures throw an `Error` whose message starts with the tool's name and says what to do
- * instead; the loop turns it into an error result for the model (DESIGN.md §7). `shell` returns
+ * instead; the loop turns it into an error result for the model (docs/design.md §7). `shell` returns
  * `{content, isError: true}` for a non-zero exit, a timeout or a cancellation, with the output so far.
  *
  * Needs a runtime with `node:fs/promises`, `node:path` (and `node:child_process` for `shell`):
@@ -4038,7 +5104,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs']
+  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -4073,7 +5139,15 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     writeFileTool(host),
     editFileTool(host),
   ]
-  if (options.allowShell === true) tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs))
+  if (options.allowShell === true) {
+    for (const key of ['shellEnvKeep', 'shellEnvDrop'] as const) {
+      const list = options[key]
+      if (list !== undefined && !(Array.isArray(list) && list.every((n) => typeof n === 'string'))) throw new TypeError(`builtinTools: options.${key} must be an array of variable names`)
+    }
+    const base = options.shellEnv ?? (await importNode<any>('node:process')).default.env
+    const env = shellEnvironment(base, { keep: options.shellEnvKeep, drop: options.shellEnvDrop })
+    tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs, env))
+  }
   return tools
 }
 
@@ -4646,11 +5720,80 @@ class StreamText {
   }
 }
 
-function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number): Tool {
+/** Variable names that look like they hold a secret: dropped from a shell command's environment. */
+export const SECRET_ENV_NAME = /KEY|TOKEN|SECRET|PASSWORD/i
+
+/**
+ * The environment a shell command gets (docs/design.md §13): `env` without the names in `drop`
+ * (the API key variables), without any variable whose value equals one of theirs, and without
+ * names matching {@link SECRET_ENV_NAME} unless listed in `keep`. `drop` wins over `keep`.
+ */
+export function shellEnvironment(env: Record<string, string | undefined>, lists: { keep?: readonly string[]; drop?: readonly string[] } = {}): Record<string, string> {
+  const keep = new Set(lists.keep ?? [])
+  const drop = new Set(lists.drop ?? [])
+  const secretValues = new Set([...drop].map((name) => env[name]).filter((v): v is string => typeof v === 'string' && v.length >= 4))
+  const out: Record<string, string> = {}
+  for (const [name, value] of Object.entries(env)) {
+    if (value === undefined || drop.has(name) || secretValues.has(value)) continue
+    if (SECRET_ENV_NAME.test(name) && !keep.has(name)) continue
+    out[name] = value
+  }
+  return out
+}
+
+/** The variable that marks every process a shell command starts (inherited through setsid, nohup, double forks). */
+const SHELL_JOB_ENV = 'DSH_SHELL_JOB'
+
+/** A running shell command: its process group and the mark its descendants inherit. */
+interface ShellJob { pid: number; mark: string }
+/** Jobs not yet reaped, killed whole when the process exits (also on SIGTERM and SIGHUP). */
+const liveShellJobs = new Set<ShellJob>()
+let shellExitHooked = false
+
+/**
+ * Processes that belong to `job` although they may have left its process group (`setsid`): those
+ * whose environment carries the job's mark (Linux /proc; elsewhere none are found). A process that
+ * clears its environment and leaves the group escapes this; only a container fences that.
+ */
+function markedProcesses(fsSync: typeof import('node:fs'), job: ShellJob): number[] {
+  let names: string[]
+  try { names = fsSync.readdirSync('/proc') } catch { return [] }
+  const needle = `${SHELL_JOB_ENV}=${job.mark}`
+  const found: number[] = []
+  for (const name of names) {
+    if (!/^\d+$/.test(name)) continue
+    try { if (fsSync.readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').includes(needle)) found.push(Number(name)) } catch { /* gone, or not ours */ }
+  }
+  return found
+}
+
+/** Sends `signal` to the job's process group and to every marked process; returns whether any was there. */
+function signalShellJob(proc: any, fsSync: typeof import('node:fs'), job: ShellJob, signal: 'SIGTERM' | 'SIGKILL' | 0): boolean {
+  let any = false
+  try { proc.kill(-job.pid, signal); any = true } catch { /* the group is empty */ }
+  for (const pid of markedProcesses(fsSync, job)) { try { proc.kill(pid, signal); any = true } catch { /* already gone */ } }
+  return any
+}
+
+/** Kills every live job at exit: 'exit' listeners run on `process.exit` and a normal end; SIGTERM
+ *  and SIGHUP (which end Node without 'exit') are caught only when nobody else handles them, and re-raised. */
+function hookShellExit(proc: any, fsSync: typeof import('node:fs')): void {
+  if (shellExitHooked) return
+  shellExitHooked = true
+  const killAll = (): void => { for (const job of liveShellJobs) signalShellJob(proc, fsSync, job, 'SIGKILL') }
+  proc.on('exit', killAll)
+  for (const signal of ['SIGTERM', 'SIGHUP']) {
+    if (proc.listenerCount(signal) > 0) continue
+    const onSignal = (): void => { killAll(); proc.off(signal, onSignal); proc.kill(proc.pid, signal) }
+    proc.on(signal, onSignal)
+  }
+}
+
+function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number, env: Record<string, string>): Tool {
   const half = Math.floor(host.maxOutputChars / 2)
   return {
     name: 'shell',
-    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with its process group) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
+    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with everything it started) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled; background jobs do not outlive the call. Variables that look secret (names with KEY, TOKEN, SECRET, PASSWORD) are not in its environment. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
     parameters: {
       type: 'object',
       properties: {
@@ -4666,41 +5809,59 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       if (command.trim() === '') throw new Error('shell: "command" is empty')
       const timeoutMs = argInt('shell', args, 'timeout_ms', defaultTimeoutMs, 1, maxTimeoutMs, 'milliseconds')
       if (ctx.signal.aborted) throw new Error('shell: not run, the turn was cancelled')
-      const [{ spawn }, proc] = await Promise.all([importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process')])
+      const [{ spawn }, { default: proc }, fsSync] = await Promise.all([
+        importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process'), importNode<typeof import('node:fs')>('node:fs'),
+      ])
       const posix = proc.platform !== 'win32'
-      // Own process group (detached) on POSIX, so that a timeout kills the command's children too.
-      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true })
+      const mark = `${proc.pid}-${randomId()}`
+      // Own process group (detached) on POSIX, so that the whole group can be killed; the mark in
+      // the environment finds the processes that left the group (setsid).
+      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true, env: { ...env, [SHELL_JOB_ENV]: mark } })
+      const job: ShellJob | undefined = posix && child.pid !== undefined ? { pid: child.pid, mark } : undefined
+      if (job) { liveShellJobs.add(job); hookShellExit(proc, fsSync) }
       const stdout = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
       const stderr = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
       child.stdout.setEncoding('utf8') // decodes UTF-8 split across chunks
       child.stderr.setEncoding('utf8')
       child.stdout.on('data', (chunk: string) => stdout.push(chunk))
       child.stderr.on('data', (chunk: string) => stderr.push(chunk))
+      let strays = false // the command left processes running when it exited
       const outcome = await new Promise<{ code: number | null; signal: string | null; why: 'exit' | 'timeout' | 'aborted' | 'error'; error?: Error }>((resolve) => {
         let why: 'exit' | 'timeout' | 'aborted' = 'exit'
         const timers: ReturnType<typeof setTimeout>[] = []
-        const killGroup = (signal: 'SIGTERM' | 'SIGKILL'): void => {
-          try { if (posix && child.pid !== undefined) proc.kill(-child.pid, signal); else child.kill(signal) } catch { /* already gone */ }
+        let killing = false
+        const signalAll = (signal: 'SIGTERM' | 'SIGKILL' | 0): boolean => {
+          if (job) return signalShellJob(proc, fsSync, job, signal)
+          try { child.kill(signal || undefined) } catch { /* already gone */ }
+          return child.exitCode === null
         }
         const finish = (result: { code: number | null; signal: string | null; error?: Error }): void => {
           for (const timer of timers) clearTimeout(timer)
           ctx.signal.removeEventListener('abort', onAbort)
+          if (job) { signalAll('SIGKILL'); liveShellJobs.delete(job) } // nothing it started outlives the call
           resolve({ ...result, why: result.error ? 'error' : why })
+        }
+        /** SIGTERM to everything the command started, SIGKILL after a grace period; then stop waiting for pipes a stray process may hold. */
+        const killAll = (): void => {
+          if (killing) return
+          killing = true
+          if (!signalAll('SIGTERM')) return
+          timers.push(setTimeout(() => {
+            signalAll('SIGKILL')
+            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
+          }, SHELL_KILL_GRACE_MS))
         }
         const stop = (reason: 'timeout' | 'aborted'): void => {
           if (why !== 'exit') return
           why = reason
-          killGroup('SIGTERM')
-          timers.push(setTimeout(() => {
-            killGroup('SIGKILL')
-            // A grandchild outside the group may hold the pipes open: stop waiting for them.
-            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
-          }, SHELL_KILL_GRACE_MS))
+          killAll()
         }
         const onAbort = (): void => stop('aborted')
         ctx.signal.addEventListener('abort', onAbort, { once: true })
         timers.push(setTimeout(() => stop('timeout'), timeoutMs))
         child.once('error', (error) => finish({ code: null, signal: null, error }))
+        // The shell is done: background jobs (`&`, nohup, setsid) must not outlive the call.
+        child.once('exit', () => { if (job && signalAll(0)) { strays = true; killAll() } })
         child.once('close', (code, signal) => finish({ code, signal }))
       })
       if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${outcome.error?.message}`, { cause: outcome.error })
@@ -4708,7 +5869,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         : outcome.why === 'aborted' ? 'cancelled; the command was killed'
         : outcome.code === null ? `killed by signal ${outcome.signal}`
         : `exit code ${outcome.code}`
-      const parts = [status]
+      const parts = [strays && outcome.why === 'exit' ? `${status} (processes it left running in the background were killed)` : status]
       if (stdout.total > 0) parts.push(`stdout:\n${stdout.render('stdout')}`)
       if (stderr.total > 0) parts.push(`stderr:\n${stderr.render('stderr')}`)
       if (stdout.total === 0 && stderr.total === 0) parts.push('(no output)')
@@ -4718,9 +5879,13 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
   }
 }
 
-// ── Transcript readers: the input side of `replay` ──
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 9. Replay — a recorded transcript through the meter and the ladder (docs/design.md §8)
+// ════════════════════════════════════════════════════════════════════════════════════════════
+
+// ── 9.1 Transcript readers: the input side of `replay` ─────────────────────────────────────────
 // Web-standard code: the readers take the file's TEXT (never a path), so they run anywhere.
-// Formats as found in real files: ../shared/corpus/FORMATS.md.
+// Formats as found in real files: docs/replay.md.
 
 /** The transcript formats `replay` reads (the CLI's `--format` values). */
 export type TranscriptFormat = 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
@@ -4900,7 +6065,7 @@ function parseJsonl(text: string): ParsedTranscript {
     try {
       value = JSON.parse(row)
     } catch (err) {
-      // A torn last line (a writer stopped mid-line: no final newline) is dropped, as DESIGN.md §4
+      // A torn last line (a writer stopped mid-line: no final newline) is dropped, as docs/design.md §4
       // tolerates it when a session log loads; a broken line anywhere else is corruption.
       if (i === last && !/\n\s*$/.test(text)) {
         notes.push(`dropped the torn last line ${i + 1} (${row.length} UTF-16 units, not valid JSON, no final newline)`)
@@ -4999,7 +6164,7 @@ function pushDraft(draft: TranscriptDraft, message: Message, where: string, usag
   if (message.role === 'assistant') draft.usage.push(usage)
 }
 
-/** Usage in the OpenAI chat-completions shape (`prompt_tokens`, …; DESIGN.md §6), else undefined. */
+/** Usage in the OpenAI chat-completions shape (`prompt_tokens`, …; docs/design.md §6), else undefined. */
 function chatCompletionUsage(u: unknown): Usage | undefined {
   if (!isJsonRecord(u) || typeof u.prompt_tokens !== 'number' || typeof u.completion_tokens !== 'number') return undefined
   const usage: Usage = { promptTokens: u.prompt_tokens, completionTokens: u.completion_tokens }
@@ -5113,7 +6278,7 @@ function readChatMessages(
 const SYNTHETIC_RESULT_TEXT = 'No result was recorded for this tool call in the transcript (synthesised by dsh replay).'
 
 /**
- * The pairing pass (DESIGN.md §4: never a tool call without its result or a result without its
+ * The pairing pass (docs/design.md §4: never a tool call without its result or a result without its
  * call, matched by id). Results are expected after their call and before the next user or
  * assistant message; a call still open at that point gets a synthetic error result there.
  */
@@ -5572,14 +6737,14 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   return transcript
 }
 
-// ── Replay runner: a transcript through the meter and the ladder, offline (issue 5, DESIGN.md §8) ──
+// ── 9.2 Replay runner: a transcript through the meter and the ladder, offline (docs/design.md §8) ──
 // Web-standard like the readers: it takes a Transcript (or the file's text); the CLI reads files.
 
-/** What the ladder did at one check: the rung taken (DESIGN.md §5 prune → compact; `failed` = still over). */
+/** What the ladder did at one check: the rung taken (docs/design.md §§5, 10 prune → clear → compact; `failed` = still over). */
 export type ReplayRung = 'none' | 'prune' | 'clear' | 'compact' | 'failed'
 
 /**
- * One thing the replay did to the surface. Token figures are dsh's heuristic (DESIGN.md §2):
+ * One thing the replay did to the surface. Token figures are dsh's heuristic (docs/design.md §2):
  * - `spill`: a tool result over the spill limit (UTF-8 `bytes`) replaced at write time by a preview;
  * - `prune`: the tool result (or oversized assistant/user message) at `seq` cut to head + tail (its price before → after);
  * - `clear`: the tool result at `seq` replaced by a one-line placeholder (no model call);
@@ -5678,7 +6843,7 @@ export interface ReplayReport {
 export interface ReplayOptions {
   /** Context window to replay at, tokens (positive integer). Default: the transcript's (dsh logs), else the summarizer's. */
   contextWindow?: number
-  /** Pressure threshold as a share of the window, 0 < r ≤ 1. Default 0.8 (DESIGN.md §5). */
+  /** Pressure threshold as a share of the window, 0 < r ≤ 1. Default 0.8 (docs/design.md §5). */
   thresholdRatio?: number
   /** Size of each simulated summary, tokens by the §2 estimate. Default 2,000. Ignored with `summarizer`. */
   summaryTokens?: number
@@ -5691,7 +6856,7 @@ export interface ReplayOptions {
   compaction?: Partial<CompactionConfig>
 }
 
-/** Default size of a simulated summary, tokens (issue 5: `--summary-tokens`, default 2,000). */
+/** Default size of a simulated summary, tokens (the CLI's `--summary-tokens`, default 2,000). */
 export const DEFAULT_REPLAY_SUMMARY_TOKENS = 2000
 
 /**
@@ -5736,13 +6901,13 @@ function replayPositiveInteger(name: string, value: unknown, fix: string): numbe
 }
 
 /**
- * Replays a transcript through the meter and the ladder, offline (DESIGN.md §8, issue 5), the way
+ * Replays a transcript through the meter and the ladder, offline (docs/design.md §8), the way
  * the {@link Agent} would have fed it: into a fresh {@link Session} ({@link MemoryStore}) with the
  * transcript's envelope; a user message opens a turn (`turn/start`, the input appended and pinned
- * as {@link CompactionHost.pinnedSeq}, then the pressure check), a user message right after another
+ * as {@link Session.currentInput}, then the pressure check), a user message right after another
  * (or, in a dsh log, one not after `turn/start`) is steering; each assistant message is a step
  * (`step/start`, the message, each result as `tool/call` + `tool/result` — spilled over the spill
- * limit as the Agent does — then `compactIfNeeded(host, 'pressure')`, then `step/end`).
+ * limit as the Agent does — then {@link Ladder.relievePressure}, then `step/end`).
  * Usage is never given to the session: the transcript's figures describe the original prompts,
  * so the meter stays on its own estimate; they are kept per step as `recordedPromptTokens`.
  * Without `summarizer`, summaries are simulated at exactly `summaryTokens` tokens each.
@@ -5887,8 +7052,8 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
       unmanaged += estimateMessageTokens(result)
       if (resultCodePoints(result, pruneConfig.thresholdChars) > pruneConfig.thresholdChars) resultsOverPruneThreshold++
       const call = calls.find((c) => c.id === result.toolCallId)
-      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '', arguments: call?.arguments ?? '' })
-      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, `${result.toolCallId}.txt`)
+      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '' })
+      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, spillName(session.seq))
       const event = session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
       if (spilled.spilled) {
         rowEvents.push({ type: 'spill', seq: event.seq, bytes: spilled.spilled.bytes, tokensBefore: estimateMessageTokens(result), tokensAfter: estimateMessageTokens(spilled.message) })
@@ -5976,8 +7141,8 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     ? `summaries simulated at ${groupDigits(report.summaries.tokens)} tokens each (no model was called)`
     : `summaries written by the model ${report.summaries.model}`)
   out.push(report.format === 'dsh'
-    ? 'tokens: dsh\'s own estimate (DESIGN.md §2), not anchored on the log\'s usage; "recorded" is the prompt size the recorded run reported, for comparison'
-    : 'tokens: dsh\'s own estimate (DESIGN.md §2), not anchored on the transcript\'s usage: the "recorded" prompt tokens describe the original, unmanaged prompts (another tokenizer, plus any system prompt and tools the file does not record) and are shown for comparison only')
+    ? 'tokens: dsh\'s own estimate (docs/design.md §2), not anchored on the log\'s usage; "recorded" is the prompt size the recorded run reported, for comparison'
+    : 'tokens: dsh\'s own estimate (docs/design.md §2), not anchored on the transcript\'s usage: the "recorded" prompt tokens describe the original, unmanaged prompts (another tokenizer, plus any system prompt and tools the file does not record) and are shown for comparison only')
   for (const note of report.notes) out.push(`note: ${note}`)
   out.push('request = what dsh would send for the step; unmanaged = the same with no management; before → after = around the rung at the pressure check')
   out.push('')
@@ -6041,21 +7206,23 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
   return { report, sidechainReports, output }
 }
 
-// ── 8.3 Command line: arguments, configuration, entry point (DESIGN.md §8, issue 5) ──────────
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 10. CLI — arguments, configuration, terminal output, entry point (docs/design.md §8)
+// ════════════════════════════════════════════════════════════════════════════════════════════
 
-/** DeepSeek defaults of the CLI (DESIGN.md §6). */
-export const CLI_DEFAULTS = Object.freeze({
+/** DeepSeek defaults of the CLI (docs/design.md §6). */
+export const CLI_DEFAULTS = /* @__PURE__ */ Object.freeze({
   baseURL: 'https://api.deepseek.com',
   model: 'deepseek-v4-flash',
   /** Environment variable read for the key when neither `--api-key-env` nor a non-DeepSeek base URL is given. */
   apiKeyEnv: 'DEEPSEEK_API_KEY',
-  /** Compaction threshold as a ratio of the context window (DESIGN.md §5). */
+  /** Compaction threshold as a ratio of the context window (docs/design.md §5). */
   threshold: 0.8,
-  /** replay: size of a simulated summary, in tokens (issue 5). */
+  /** replay: size of a simulated summary, in tokens. */
   summaryTokens: 2_000,
 })
 
-/** Transcript formats `replay --format` accepts (issue 5; ../shared/corpus/FORMATS.md). `auto` detects. */
+/** Transcript formats `replay --format` accepts (docs/replay.md). `auto` detects. */
 export type CliReplayFormat = 'auto' | 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
 const CLI_REPLAY_FORMATS: readonly CliReplayFormat[] = ['auto', 'dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
 
@@ -6087,7 +7254,7 @@ export interface CliRunOptions extends CliModelOptions {
   prompt?: string
   /** True when the prompt came with `-p/--print` (one-shot, answer on stdout). */
   print: boolean
-  /** `--context-window N`, tokens. Absent: the provider's known window for the model (DESIGN.md §6). */
+  /** `--context-window N`, tokens. Absent: the provider's known window for the model (docs/design.md §6). */
   contextWindow?: number
   /** `--max-tokens N`, completion budget per call in tokens. Absent: the provider's default. */
   maxTokens?: number
@@ -6099,6 +7266,8 @@ export interface CliRunOptions extends CliModelOptions {
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
+  /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
+  shellEnv?: string[]
 }
 
 /** `dsh replay FILE`: run a recorded session through the meter and the ladder offline. */
@@ -6136,6 +7305,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--threshold': { value: 'R', commands: ['run', 'replay'] },
   '--json': { commands: ['run', 'replay'] },
   '--allow-shell': { commands: ['run'] },
+  '--shell-env': { value: 'NAME', commands: ['run'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
   '--help': { commands: ['run', 'replay'] },
@@ -6143,8 +7313,9 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
 }
 const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help' }
 
-/** The `--help` text (DESIGN.md §8). */
-export const CLI_HELP = `dsh ${VERSION}: a coding agent that keeps long sessions inside the model's context window
+/** The `--help` text (docs/design.md §8). A function, so that nothing is computed at load time. */
+export function cliHelp(): string {
+  return `dsh ${VERSION}: a coding agent that keeps long sessions inside the model's context window
 
 Usage
   npx tsx dsh.ts                       interactive session (needs a terminal)
@@ -6168,6 +7339,8 @@ Options
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
   --json                 print every event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
+  --shell-env NAME       give shell commands this variable although its name looks secret
+                         (KEY, TOKEN, SECRET, PASSWORD); repeatable. The API key never is.
   -h, --help             show this help
   --version              print the version
 
@@ -6207,6 +7380,7 @@ Examples
   npx tsx dsh.ts --base-url http://127.0.0.1:8080/v1 --model qwen3-coder --context-window 32768
   npx tsx dsh.ts replay examples/session.jsonl --context-window 32000
 `
+}
 
 /** Edit distance, for "did you mean" on a mistyped flag. */
 function editDistance(a: string, b: string): number {
@@ -6252,6 +7426,10 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
   const model = flags.get('--model') ?? nonEmpty(env.DSH_MODEL) ?? CLI_DEFAULTS.model
   if (model.trim() === '') throw new UsageError('--model is empty; give a model name, e.g. --model deepseek-v4-pro')
 
+  const deepseekHost = url.hostname === new URL(CLI_DEFAULTS.baseURL).hostname
+  if (deepseekHost && url.protocol !== 'https:') {
+    throw new UsageError(`${urlSource ?? 'the base URL'} ${JSON.stringify(rawURL)} would send the DeepSeek API key unencrypted; use https://${url.host}`)
+  }
   const keyEnv = flags.get('--api-key-env')
   if (keyEnv !== undefined) {
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(keyEnv)) {
@@ -6262,7 +7440,7 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
     if (apiKey === undefined) throw new UsageError(`no API key: --api-key-env names ${keyEnv}, but ${keyEnv} is not set; set it (export ${keyEnv}=...) or drop the flag`)
     return { model, baseURL, apiKey, apiKeyEnv: keyEnv }
   }
-  if (url.hostname !== new URL(CLI_DEFAULTS.baseURL).hostname) return { model, baseURL } // a server that needs no key, or a 401 the provider reports
+  if (!deepseekHost) return { model, baseURL } // a server that needs no key, or a 401 the provider reports
   const apiKey = nonEmpty(env[CLI_DEFAULTS.apiKeyEnv])
   if (apiKey === undefined) {
     throw new UsageError(`no API key: set ${CLI_DEFAULTS.apiKeyEnv} (or --api-key-env NAME), or point --base-url at a server that needs none`)
@@ -6271,7 +7449,7 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
 }
 
 /**
- * Parses the command line (DESIGN.md §8, issue 5). Pure: reads only its arguments.
+ * Parses the command line (docs/design.md §8). Pure: reads only its arguments.
  *
  * `argv` is the arguments after the script (`process.argv.slice(2)`); `env` is the environment
  * (`DEEPSEEK_API_KEY`, `DSH_BASE_URL`, `DSH_MODEL`, and the variable named by `--api-key-env`;
@@ -6328,7 +7506,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
       if (value !== undefined) i++
     }
     if (value === undefined) throw new UsageError(`${arg} needs a value: ${name} ${spec.value}`)
-    flags.set(name, value)
+    flags.set(name, name === '--shell-env' && flags.has(name) ? `${flags.get(name)},${value}` : value) // --shell-env adds up
   }
 
   const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
@@ -6363,9 +7541,15 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
   const session = flags.get('--session')
   if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
+  const model = resolveModelOptions(flags, env)
+  const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
+  for (const name of shellEnv ?? []) {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw new UsageError(`--shell-env takes variable names (e.g. --shell-env GITHUB_TOKEN), got ${JSON.stringify(name)}`)
+    if (name === model.apiKeyEnv || name === CLI_DEFAULTS.apiKeyEnv) throw new UsageError(`--shell-env ${name}: the API key variable is never given to shell commands`)
+  }
   return {
-    command, ...resolveModelOptions(flags, env), prompt, print: printed !== undefined,
-    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'),
+    command, ...model, prompt, print: printed !== undefined,
+    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), ...(shellEnv ? { shellEnv } : {}),
   }
 }
 
@@ -6389,39 +7573,41 @@ export function runCliBasics(argv: readonly string[], env: Record<string, string
     io.stderr(`dsh: ${error.message}\n`)
     return { exitCode: error.exitCode }
   }
-  if (options.command === 'help') { io.stdout(CLI_HELP); return { exitCode: 0 } }
+  if (options.command === 'help') { io.stdout(cliHelp()); return { exitCode: 0 } }
   if (options.command === 'version') { io.stdout(`dsh.ts ${VERSION}\n`); return { exitCode: 0 } }
   return { options }
 }
 
 /**
  * Whether dsh.ts (or its bundle) is the program being run, not a module being imported
- * (DESIGN.md §0, TOOLCHAIN.md). Deno and Bun: `import.meta.main`. Node: the realpath of
+ * (docs/design.md §0, docs/runtimes.md). Deno and Bun: `import.meta.main`. Node: the realpath of
  * `import.meta.url` equals the realpath of `process.argv[1]` (so a symlinked bin works). A bundle
  * without `import.meta.url` (the IIFE build for edge runtimes) is never the entry point.
  *
- * `probe` is for tests; by default it is read from this module and the process. Async because the
- * realpath check loads `node:fs` lazily: call it as `isEntryPoint().then(…)`, not with a top-level
- * `await`, which the IIFE bundle does not allow. Never throws.
+ * `probe` is for tests; by default it is read from this module, and `process.argv` is read only
+ * when `import.meta.main` does not answer (Deno builds its Node `process` on first access, ~40 ms).
+ * Async because the realpath check loads `node:fs` lazily: call it as `isEntryPoint().then(…)`,
+ * not with a top-level `await`, which the IIFE bundle does not allow. Never throws.
  */
-export async function isEntryPoint(probe: { url?: string; main?: unknown; argv1?: string } = entryProbe()): Promise<boolean> {
-  if (typeof probe.main === 'boolean') return probe.main
-  if (typeof probe.url !== 'string' || !probe.url.startsWith('file:') || typeof probe.argv1 !== 'string' || probe.argv1 === '') return false
+export async function isEntryPoint(probe?: { url?: string; main?: unknown; argv1?: string }): Promise<boolean> {
+  const meta = import.meta as { url?: string; main?: unknown }
+  const main = probe ? probe.main : meta.main
+  if (typeof main === 'boolean') return main
+  const url = probe ? probe.url : meta.url
+  if (typeof url !== 'string' || !url.startsWith('file:')) return false
+  const argv1 = probe ? probe.argv1 : (globalThis as { process?: { argv?: string[] } }).process?.argv?.[1]
+  if (typeof argv1 !== 'string' || argv1 === '') return false
   try {
     const [{ realpath }, { fileURLToPath }] = await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'), importNode<typeof import('node:url')>('node:url')])
-    const [self, script] = await Promise.all([realpath(fileURLToPath(probe.url)), realpath(probe.argv1)])
+    const [self, script] = await Promise.all([realpath(fileURLToPath(url)), realpath(argv1)])
     return self === script
   } catch {
     return false
   }
 }
 
-function entryProbe(): { url?: string; main?: unknown; argv1?: string } {
-  const meta = import.meta as { url?: string; main?: unknown }
-  return { url: meta.url, main: meta.main, argv1: (globalThis as { process?: { argv?: string[] } }).process?.argv?.[1] }
-}
 /** The CLI agent's system prompt; `{cwd}` is filled in at start. */
-export const CLI_SYSTEM_PROMPT = [
+export const CLI_SYSTEM_PROMPT = /* @__PURE__ */ [
   'You are dsh, a careful coding agent working in the directory {cwd}.',
   'Use the tools to read, search and change files there; paths are relative to that directory.',
   'Read before you edit. Make the smallest change that does the job, and say what you changed.',
@@ -6436,13 +7622,44 @@ type NodeProcess = {
 
 
 /**
+ * Terminal control sequences and control characters, as text from a model or a server may carry
+ * them (ECMA-48): ESC sequences — CSI `ESC [ … final`, OSC `ESC ] … BEL|ST` (clipboard OSC 52,
+ * window title), DCS/SOS/PM/APC `ESC P|X|^|_ … ST`, and two-character escapes — their 8-bit C1
+ * forms (U+0080–U+009F), every other C0 control but tab and line feed (a CR not before LF
+ * included), and DEL. An unterminated string sequence is removed to the end of its line.
+ */
+const TERMINAL_CONTROL = /\x1b\[[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?|\x1b[\]PX^_][^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?|\x1b[\x20-\x2f]*[\x30-\x7e]?|\x9b[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?|[\x90\x98\x9d\x9e\x9f][^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?|\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f-\x9f]/g
+
+/**
+ * `text` without terminal control sequences (see above), for printing text a model or a server
+ * chose (docs/design.md §13): what is left can neither move the cursor, set the title, write the
+ * clipboard nor reprogram the terminal. Tab, line feed and CRLF stay. Works on any split of a
+ * stream: every sequence needs an ESC or a C1 character, and each of those is removed.
+ */
+export function stripControls(text: string): string {
+  return text.replace(TERMINAL_CONTROL, '')
+}
+
+/** One JSON line whose DEL and C1 characters are escaped as `\u00XX` (JSON.stringify escapes only
+ *  C0), so that printing it cannot control a terminal; it parses to the same value. */
+function jsonLine(value: unknown): string {
+  return JSON.stringify(value).replace(/[\x7f-\x9f]/g, (c) => `\\u00${c.charCodeAt(0).toString(16)}`) + '\n'
+}
+
+/**
  * Turns agent events into terminal output on stderr: one line for each prune, compaction, overflow
  * recovery, provider retry and warning; after each step, on a TTY only, the context occupancy
  * `tokens / window (pct)`. Colour (dim) only on a TTY and without `NO_COLOR`.
  */
 export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean): (e: AgentEvent) => void {
   const paint = (s: string) => (color ? `\x1b[2m${s}\x1b[0m` : s)
-  const say = (s: string) => write(paint(`[dsh] ${s}`) + '\n')
+  const say = (s: string) => write(paint(`[dsh] ${stripControls(s)}`) + '\n') // server text inside, our colour around
+  let pruned: { seq: number; tokens: number } | undefined // a prune is reported with its replace, which carries the cache cost
+  let checkpointSeq: number | undefined
+  const editCost = (seq: number | undefined) => {
+    const c = seq === undefined ? undefined : agent()?.editCost(seq)
+    return c ? ` · ${describeEditCost(c)}` : ''
+  }
   return (e) => {
     const a = agent()
     if (e.type === 'warning') return say(`warning: ${e.message}`)
@@ -6453,18 +7670,49 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     const ev = e.event
     const d = ev.data as any
     switch (ev.type) {
-      case 'compaction/prune': return say(`pruned tool result #${d.shadowedSeqs[0]} (${groupDigits(d.shadowedTokenCount)} tokens)`)
-      case 'compaction/end': return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${groupDigits(d.tokensBefore)} → ${groupDigits(d.tokensAfter)} tokens`)
+      case 'compaction/prune': pruned = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; return
+      case 'tool/result': {
+        const p = pruned
+        pruned = undefined
+        if (p && d.surfaceOp?.op === 'replace') say(`pruned tool result #${p.seq} (${groupDigits(p.tokens)} tokens)${editCost(ev.seq)}`)
+        return
+      }
+      case 'user/message': if (d.compactionId !== undefined) checkpointSeq = ev.seq; return
+      case 'compaction/end': {
+        const seq = checkpointSeq
+        checkpointSeq = undefined
+        return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${groupDigits(d.tokensBefore)} → ${groupDigits(d.tokensAfter)} tokens${editCost(seq)}`)
+      }
       case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
+      case 'step/retry': return say(`the stream broke after output (${d.code}); the partial answer is kept, retrying the step once`)
       // Other provider errors end the turn and are reported once, by the caller's last line.
       case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
       case 'step/end': {
         if (!tty || !a) return
         const m = a.session.measure(), w = a.contextWindow
-        return say(`context ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'}`)
+        return say(`context ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'} · ${describeSessionCost(a.usage())}`)
       }
     }
   }
+}
+
+/** USD with the digits that matter for per-request amounts: `$1.23`, `$0.0123`, `$0.000123`. */
+export function formatUSD(usd: number): string {
+  return `$${usd.toFixed(usd >= 1 ? 2 : usd >= 0.01 ? 4 : 6)}`
+}
+
+/** The status line's cost part: `$0.0123 so far, cache hits 87%` (or `cost unknown, …` for a model without a price). */
+export function describeSessionCost(u: SessionUsage): string {
+  const cost = u.costUSD === undefined ? 'cost unknown (no price for this model; --prices sets one)' : `${formatUSD(u.costUSD)} so far`
+  return `${cost}, cache hits ${(u.cacheHitShare * 100).toFixed(0)}%`
+}
+
+/** The cache part of a prune / clear / compaction line: what the edit costs once and saves per request. */
+export function describeEditCost(c: EditCost): string {
+  const once = c.cacheCostUSD === undefined ? '' : ` (+${formatUSD(c.cacheCostUSD)} once)`
+  const each = c.savedUSDPerRequest === undefined ? '' : ` (${formatUSD(c.savedUSDPerRequest)} per request)`
+  const moved = c.movedTokens > 0 ? `cache: ${groupDigits(c.movedTokens)} tokens move from hit to miss${once}` : 'cache: no hit lost'
+  return `${moved}; saves ${groupDigits(c.savedTokens)} tokens${each}`
 }
 
 /** `/usage`: occupancy, envelope and surface sizes, provider-reported usage so far. */
@@ -6479,16 +7727,31 @@ function usageReport(agent: Agent): string {
     `context: ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens'} ${m.anchored ? '(anchored on provider usage)' : '(heuristic)'}`,
     `envelope ${groupDigits(m.envelopeTokens)} + surface ${groupDigits(m.surfaceTokens)} tokens in ${m.nodes.length} messages; ${agent.session.seq} log events; replace generation ${agent.session.replaceGeneration}`,
     `provider usage over ${calls} calls: prompt ${groupDigits(prompt)} (cached ${groupDigits(cached)}), completion ${groupDigits(completion)} tokens`,
+    ...costReport(agent.usage()),
   ].join('\n') + '\n'
 }
 
+/** The cost lines of `/usage` (docs/design.md §11). */
+function costReport(u: SessionUsage): string[] {
+  const usd = (t: TokenTally) => (t.costUSD === undefined ? 'cost unknown' : formatUSD(t.costUSD))
+  const line = (name: string, t: TokenTally) =>
+    `${name}: ${t.requests} request(s), input ${groupDigits(t.inputTokens)} tokens (${groupDigits(t.cachedInputTokens)} cache hits, ${groupDigits(t.uncachedInputTokens)} misses), output ${groupDigits(t.outputTokens)} tokens, ${usd(t)}`
+  return [
+    `cost: ${describeSessionCost(u)}${u.reportedCacheRequests < u.requests ? ` (cache hits: provider-reported for ${u.reportedCacheRequests} of ${u.requests} requests, modelled for the rest)` : ' (cache hits as reported by the provider)'}`,
+    line('  conversation', u.conversation),
+    line('  summaries', u.summary),
+  ]
+}
+
 /**
- * The CLI (DESIGN.md §8). Returns the exit code: 0 done, 1 provider or tool failure, 2 usage error.
+ * The CLI (docs/design.md §8). Returns the exit code: 0 done, 1 provider or tool failure, 2 usage error.
  * Node, Deno and Bun (node: modules loaded lazily). `argv` excludes the runtime and script.
  */
 export async function main(argv: readonly string[], proc?: NodeProcess): Promise<number> {
   const p: NodeProcess = proc ?? (await importNode<any>('node:process')).default
-  const io: CliIO = { stdout: (t) => void p.stdout.write(t), stderr: (t) => void p.stderr.write(t) }
+  // Everything printed through `io` may hold model or server text: stripped of terminal controls
+  // (docs/design.md §13). dsh's own colour goes straight to p.stderr (see `status` below).
+  const io: CliIO = { stdout: (t) => void p.stdout.write(stripControls(t)), stderr: (t) => void p.stderr.write(stripControls(t)) }
   const basics = runCliBasics(argv, p.env, io)
   if ('exitCode' in basics) return basics.exitCode
   const options = basics.options
@@ -6512,20 +7775,23 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
     const opened = session.events.findLastIndex((e) => e.type === 'session/start' || e.type === 'session/resume')
-    for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(JSON.stringify(e) + '\n')
+    for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(jsonLine(e))
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
   const terminal = interactive ? await openTerminal(p) : undefined
   let allowShell = options.allowShell
   if (!allowShell && terminal) allowShell = await terminal.askYesNo('Allow the agent to run shell commands in this directory? [y/N] ')
-  const tools = await builtinTools({ cwd, allowShell })
+  const tools = await builtinTools({
+    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
+    shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
+  })
   let agent: Agent | undefined
   // Interactive: the streamed answer has no final newline; end its line before a status line or the next prompt (which clears its line).
   let midLine = false
   const endLine = () => { if (midLine) { io.stdout('\n'); midLine = false } }
-  const status = statusReporter(() => agent, (t) => { endLine(); io.stderr(t) }, tty, tty && !p.env.NO_COLOR)
+  const status = statusReporter(() => agent, (t) => { endLine(); p.stderr.write(t) }, tty, tty && !p.env.NO_COLOR)
   const onEvent = (e: AgentEvent) => {
-    if (options.json) { if (e.type === 'log') io.stdout(JSON.stringify(e.event) + '\n'); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
+    if (options.json) { if (e.type === 'log') io.stdout(jsonLine(e.event)); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
     if (interactive && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
     status(e)
   }
@@ -6679,12 +7945,25 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
   }
 }
 
-// Runs the CLI when this file is the program (never on import; see isEntryPoint).
-void isEntryPoint().then(async (isMain) => {
-  if (!isMain) return
+/**
+ * Runs the CLI as this process's program: {@link main} on `process.argv`, its result as the exit
+ * code; an unexpected throw is printed as `dsh: internal error: …` with exit code 1. The entry
+ * check below calls it; call it yourself from a wrapper script that should behave like `dsh`.
+ */
+export async function runAsProgram(): Promise<void> {
   const p = (await importNode<any>('node:process')).default
   try { p.exitCode = await main(p.argv.slice(2), p) } catch (err) {
     p.stderr.write(`dsh: internal error: ${(err as Error)?.stack ?? err}\n`)
     p.exitCode = 1
   }
+}
+
+// The entry check: runs the CLI when this file (or dist/cli.mjs) is the program, never on import.
+// It reaches the CLI through a dynamic import of this module itself, so the statement names no
+// CLI code and a bundler that takes only the runtime from this file drops Part II; the identity
+// test makes sure the module imported is this one (an app bundling dsh.ts has its own URL).
+void isEntryPoint().then(async (isMain) => {
+  if (!isMain) return
+  const self = await import(import.meta.url)
+  if (self.isEntryPoint === isEntryPoint) await self.runAsProgram()
 })

@@ -165,7 +165,7 @@ export default async function accuracy(): Promise<Section> {
         'the tool-call and tool-output markers), plus system prompt and `JSON.stringify(tools)`. Each assistant message is',
         'logged with `usage = {promptTokens: true count of its request, completionTokens: true count of the message}`, so',
         '**anchored** = `session.measure().totalTokens` = the provider figure of the previous request + the §2 price of',
-        'what came after it (DESIGN.md §2; the larger of provider and heuristic is kept). **Heuristic** = the same session',
+        'what came after it (docs/design.md §2; the larger of provider and heuristic is kept). **Heuristic** = the same session',
         'priced by §2 alone. The first decision of a transcript has no anchor yet and is left out of the anchored columns.',
       ].join('\n'),
       table(['transcript', 'decisions', 'anchored', 'anchored bias', 'anchored mean |err|', 'anchored p95 |err|', 'anchored max |err|', 'heuristic bias', 'heuristic mean |err|', 'heuristic p95 |err|'], decisionRows),

@@ -57,7 +57,7 @@ export default async function bundle(): Promise<Section> {
   try {
     const bundles: Bundle[] = []
     const notes: string[] = []
-    // dist/dsh.mjs exactly as build.mjs makes it (DESIGN.md §0), when build.mjs has landed.
+    // dist/dsh.mjs exactly as build.mjs makes it (docs/design.md §0), when build.mjs has landed.
     if (existsSync(join(ROOT, 'build.mjs'))) {
       const out = join(dir, 'dist')
       const r = spawnSync(process.execPath, [join(ROOT, 'build.mjs'), '--outdir', out, '--no-dts'], { cwd: ROOT, encoding: 'utf8', timeout: 120_000 })

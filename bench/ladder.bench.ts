@@ -15,7 +15,7 @@ const WINDOWS = [32_000, 64_000, 128_000]
 const MASK_KEEP_STEPS = 10
 const MASK_PLACEHOLDER = '[older tool output omitted to save context]'
 
-/** The documented replay API (DESIGN.md §8, issue 5), the part this benchmark reads. */
+/** The documented replay API (docs/design.md §8, issue 5), the part this benchmark reads. */
 interface ReplayTotalsLike {
   steps: number; peakRequestTokens: number; prunedTokens: number; summaryCalls: number; requestsOverWindow: number
   unmanagedStepsOverWindow: number; peakUnmanagedTokens: number; compactions: number; failedCompactions: number; spills: number

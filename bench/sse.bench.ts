@@ -9,7 +9,7 @@ import { EventSourceParserStream } from 'eventsource-parser/stream'
 import * as dshModule from '../dsh.ts'
 import { FIXTURES_DIR, fmtRatio, fmtStats, gc, nowMs, rng, stats, table, type Section, type Stats } from './lib.ts'
 
-/** The documented API (DESIGN.md §9): an async iterable of `{event, data, id?}`; `event` defaults to "message". */
+/** The documented API (docs/design.md §9): an async iterable of `{event, data, id?}`; `event` defaults to "message". */
 interface SSEEvent { event: string; data: string; id?: string }
 type ParseSSE = (source: AsyncIterable<Uint8Array | string> | ReadableStream<Uint8Array>) => AsyncIterable<SSEEvent>
 type CreateSSEParser = (options: { onEvent?: (e: SSEEvent) => void }) => { feed(text: string): void }
@@ -125,7 +125,7 @@ export default async function sse(): Promise<Section> {
   const base = { id: 'sse', title: 'SSE parser', method: '', tables: [] as string[] }
   if (typeof mod.parseSSE !== 'function') {
     return {
-      ...base, status: 'not-run', reason: '`parseSSE` (dsh.ts section 6, provider) has not landed on this branch yet; bench/sse.bench.ts is written against its documented API (DESIGN.md §9) and runs once it does',
+      ...base, status: 'not-run', reason: '`parseSSE` (dsh.ts section 6, provider) has not landed on this branch yet; bench/sse.bench.ts is written against its documented API (docs/design.md §9) and runs once it does',
       targets: [{ name: 'throughput', target: '≥ 1.0× eventsource-parser, byte-identical events', measured: 'not yet run' }],
     }
   }

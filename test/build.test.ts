@@ -1,5 +1,6 @@
-// build.mjs (issue 6): the three dist files, their exports, and the edge-safety check that a
-// static `node:` import in the core fails the platform-neutral build. Builds go to temp dirs, so
+// build.mjs: the dist files (Part I as dsh.mjs / dsh.iife.js / dsh.d.mts, the whole file as
+// cli.mjs / cli.d.mts), their exports, the fence check (Part I must not name Part II) and the
+// edge-safety check that a static `node:` import in the core fails the platform-neutral build. Builds go to temp dirs, so
 // this file never races test/runtimes.test.ts or touches the checkout's dist/.
 import { after, before, test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -10,10 +11,14 @@ import { dirname, join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
 import { runInNewContext } from 'node:vm'
 import * as dshSource from '../dsh.ts'
+import { PART_ONE_EXPORTS, PART_TWO_EXPORTS } from './parts.ts'
 
 const ROOT = dirname(dirname(fileURLToPath(import.meta.url)))
 const SOURCE = readFileSync(join(ROOT, 'dsh.ts'), 'utf8')
 const VALUE_EXPORTS = Object.keys(dshSource).sort()
+const FENCE_RE = /^\/\/ FENCE\. /m
+/** `code` inserted into a copy of dsh.ts just above the fence, i.e. at the end of Part I. */
+const inPartOne = (src: string, code: string) => src.replace(FENCE_RE, (fence) => `${code}\n${fence}`)
 const work = mkdtempSync(join(tmpdir(), 'dsh-build-'))
 after(() => rmSync(work, { recursive: true, force: true }))
 
@@ -44,15 +49,23 @@ const realBuild = runBuild('--outdir', dist)
 let built: Run
 before(async () => { built = await realBuild })
 
-test('node build.mjs writes the ESM bundle, the IIFE, their source maps and the declarations', () => {
+test('node build.mjs writes the ESM bundle, the IIFE, the CLI bundle, source maps and the declarations', () => {
   assert.equal(built.code, 0, built.stderr)
-  for (const file of ['dsh.mjs', 'dsh.mjs.map', 'dsh.iife.js', 'dsh.iife.js.map', 'dsh.d.ts']) {
+  for (const file of ['dsh.mjs', 'dsh.mjs.map', 'dsh.iife.js', 'dsh.iife.js.map', 'cli.mjs', 'dsh.d.mts', 'dsh.d.mts.map', 'cli.d.mts', 'cli.d.mts.map']) {
     assert.ok(statSync(join(dist, file)).size > 0, `${file} is empty`)
   }
   assert.match(readFileSync(join(dist, 'dsh.mjs'), 'utf8'), /\n\/\/# sourceMappingURL=dsh\.mjs\.map\n$/)
   assert.match(readFileSync(join(dist, 'dsh.iife.js'), 'utf8'), /^var DSH=\(\(\)=>\{/) // minified, global DSH
   const map = JSON.parse(readFileSync(join(dist, 'dsh.mjs.map'), 'utf8'))
   assert.deepEqual(map.sources.map((s: string) => s.split('/').pop()), ['dsh.ts'])
+  // The declaration maps point at the real dsh.ts (Part I is a prefix of it, so the lines agree).
+  for (const file of ['dsh.d.mts.map', 'cli.d.mts.map']) {
+    const dmap = JSON.parse(readFileSync(join(dist, file), 'utf8'))
+    assert.equal(join(dist, dmap.sources[0]), join(ROOT, 'dsh.ts'), file)
+  }
+  const cli = readFileSync(join(dist, 'cli.mjs'), 'utf8')
+  assert.ok(cli.startsWith('#!/usr/bin/env node\n'), 'cli.mjs starts with a shebang')
+  assert.ok((statSync(join(dist, 'cli.mjs')).mode & 0o111) !== 0, 'cli.mjs is executable')
 })
 
 test('the printed size table gives each file its raw and gzip -9 size in bytes', () => {
@@ -60,33 +73,65 @@ test('the printed size table gives each file its raw and gzip -9 size in bytes',
     const [file, raw, gz] = line.trim().split(/\s+/)
     return [file.split('/').pop(), { raw: Number(raw), gz: Number(gz) }]
   }))
-  assert.deepEqual([...rows.keys()], ['dsh.mjs', 'dsh.iife.js', 'dsh.d.ts'])
+  assert.deepEqual([...rows.keys()], ['dsh.mjs', 'dsh.iife.js', 'cli.mjs', 'dsh.d.mts', 'cli.d.mts'])
   for (const [file, { raw, gz }] of rows) {
     assert.equal(raw, statSync(join(dist, file!)).size, `${file} raw size`)
     assert.ok(gz > 0 && gz < raw, `${file} gzip size ${gz} vs raw ${raw}`)
   }
 })
 
-test('dist/dsh.mjs exposes the same value exports as dsh.ts, working', async () => {
+test('dist/dsh.mjs exposes exactly the value exports of Part I (the runtime), working', async () => {
   const dsh = await import(pathToFileURL(join(dist, 'dsh.mjs')).href)
-  assert.deepEqual(Object.keys(dsh).sort(), VALUE_EXPORTS)
+  assert.deepEqual(Object.keys(dsh).sort(), PART_ONE_EXPORTS)
+  assert.ok(PART_TWO_EXPORTS.includes('runAsProgram') && PART_TWO_EXPORTS.includes('builtinTools'), 'the CLI is in Part II')
+  // No Part II code is left in the runtime bundle, not even its texts.
+  const bundle = readFileSync(join(dist, 'dsh.mjs'), 'utf8')
+  const partTwoTexts = ['read_file', 'list_files', 'TranscriptError', 'mini-swe-agent', '--allow-shell', 'You are dsh']
+  assert.deepEqual(partTwoTexts.filter((t) => bundle.includes(t)), [])
   assert.equal(dsh.VERSION, dshSource.VERSION)
   const e = new dsh.ProviderError('AUTH', 'bad key', { status: 401 })
   assert.deepEqual([e.name, e.code, e.status, e.body, e instanceof Error], ['ProviderError', 'AUTH', 401, '', true])
 })
 
-test('dist/dsh.iife.js, run as a script in a bare context, defines the global DSH with the same exports', () => {
+test('dist/dsh.iife.js, run as a script in a bare context, defines the global DSH with the Part I exports', () => {
   const context: Record<string, unknown> = {}
   runInNewContext(readFileSync(join(dist, 'dsh.iife.js'), 'utf8'), context)
   const DSH = context.DSH as Record<string, unknown>
-  assert.deepEqual(Object.keys(DSH).sort(), VALUE_EXPORTS)
+  assert.deepEqual(Object.keys(DSH).sort(), PART_ONE_EXPORTS)
   assert.equal(DSH.VERSION, dshSource.VERSION)
 })
 
-test('dist/dsh.d.ts declares every value export', () => {
-  const dts = readFileSync(join(dist, 'dsh.d.ts'), 'utf8')
-  const declared = [...dts.matchAll(/^export declare (?:abstract )?(?:const|let|class|function) (\w+)/gm)].map((m) => m[1])
-  assert.deepEqual([...new Set(declared)].sort(), VALUE_EXPORTS)
+test('dist/cli.mjs is the whole file: every value export of dsh.ts, and importing it starts nothing', async () => {
+  const cli = await import(pathToFileURL(join(dist, 'cli.mjs')).href)
+  assert.deepEqual(Object.keys(cli).sort(), VALUE_EXPORTS)
+  assert.equal(cli.cliHelp(), dshSource.cliHelp())
+  assert.equal(await cli.isEntryPoint(), false)
+})
+
+test('dist/dsh.d.mts declares every Part I value export, dist/cli.d.mts every value export', () => {
+  const declared = (file: string) => {
+    const dts = readFileSync(join(dist, file), 'utf8')
+    return [...new Set([...dts.matchAll(/^export declare (?:abstract )?(?:const|let|class|function) (\w+)/gm)].map((m) => m[1]))].sort()
+  }
+  assert.deepEqual(declared('dsh.d.mts'), PART_ONE_EXPORTS)
+  assert.deepEqual(declared('cli.d.mts'), VALUE_EXPORTS)
+})
+
+// ── The fence: Part I must not name Part II ──────────────────────────────────────────────────────
+const crossing = copyOfSource('fence-crossed', (src) => inPartOne(src, 'export const helpLength = (): number => cliHelp().length'))
+const crossingBuild = runBuild('--entry', crossing.entry, '--outdir', crossing.outdir)
+const noFence = copyOfSource('no-fence', (src) => src.replace(FENCE_RE, '// (fence removed) '))
+const noFenceBuild = runBuild('--entry', noFence.entry, '--outdir', noFence.outdir)
+test('a name in Part I that only Part II declares fails the build, with the line and what to do', async () => {
+  const r = await crossingBuild
+  assert.equal(r.code, 1, `build exited ${r.code}:\n${r.stdout}${r.stderr}`)
+  assert.match(r.stderr, /Part I names Part II/)
+  const line = readFileSync(crossing.entry, 'utf8').split('\n').findIndex((l) => l.includes('helpLength')) + 1
+  assert.match(r.stderr, new RegExp(`dsh\\.ts\\(${line},\\d+\\): error TS2304: Cannot find name 'cliHelp'`))
+  assert.equal(existsSync(crossing.outdir), false, 'no half-built dist is left behind')
+  const r2 = await noFenceBuild
+  assert.equal(r2.code, 1)
+  assert.match(r2.stderr, /no fence line/)
 })
 
 // ── The edge-safety check on temporary copies of dsh.ts (never the real file) ──────────────────
@@ -108,21 +153,21 @@ for (const [label, line, module] of STATIC_NODE_IMPORTS) {
   })
 }
 
-const dynamic = copyOfSource('dynamic', (src) => `${src}
+const dynamic = copyOfSource('dynamic', (src) => inPartOne(src, `
 export async function sizeOfPackageJson(dir: string): Promise<number> {
   const { statSync } = await import('node:fs')
   return statSync(dir + '/package.json').size
 }
-`)
+`))
 const dynamicBuild = runBuild('--entry', dynamic.entry, '--outdir', dynamic.outdir)
 test("a dynamic import('node:fs') stays external in both bundles and loads when called (Node)", async () => {
   const { entry, outdir } = dynamic
   const r = await dynamicBuild
   assert.equal(r.code, 0, r.stderr)
-  for (const file of ['dsh.mjs', 'dsh.iife.js']) assert.match(readFileSync(join(outdir, file), 'utf8'), /import\("node:fs"\)/)
+  for (const file of ['dsh.mjs', 'dsh.iife.js', 'cli.mjs']) assert.match(readFileSync(join(outdir, file), 'utf8'), /import\("node:fs"\)/)
   const mod = await import(pathToFileURL(join(outdir, 'dsh.mjs')).href)
   assert.equal(await mod.sizeOfPackageJson(dirname(entry)), '{"type":"module"}'.length)
-  assert.match(readFileSync(join(outdir, 'dsh.d.ts'), 'utf8'), /export declare function sizeOfPackageJson\(dir: string\): Promise<number>;/)
+  assert.match(readFileSync(join(outdir, 'dsh.d.mts'), 'utf8'), /export declare function sizeOfPackageJson\(dir: string\): Promise<number>;/)
 })
 
 const typeOnly = copyOfSource('type-only', (src) => `import type { Stats } from 'node:fs'\n${src}
@@ -135,7 +180,7 @@ test('a type-only node: import is erased and builds', async () => {
   assert.equal(r.code, 0, r.stderr)
   // Static forms in esbuild's minified output; the core's own dynamic import("node:…") may remain.
   assert.doesNotMatch(readFileSync(join(outdir, 'dsh.mjs'), 'utf8'), /(?:from|import)\s*["']node:/)
-  assert.equal(existsSync(join(outdir, 'dsh.d.ts')), false, '--no-dts skips tsc')
+  assert.equal(existsSync(join(outdir, 'dsh.d.mts')), false, '--no-dts skips tsc')
 })
 
 

@@ -1,4 +1,4 @@
-// Built-in coding tools (DESIGN.md §8, issue 5) on real temp directories, and the CLI's argument
+// Built-in coding tools (docs/design.md §8, issue 5) on real temp directories, and the CLI's argument
 // parsing, help/version handling and entry-point check.
 import { test, describe, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { pathToFileURL, fileURLToPath } from 'node:url'
 import {
-  builtinTools, parseCliArgs, runCliBasics, isEntryPoint, UsageError, CLI_HELP, VERSION,
+  builtinTools, parseCliArgs, runCliBasics, isEntryPoint, UsageError, cliHelp, VERSION,
   type Tool, type ToolOutput, type BuiltinToolsOptions, type CliOptions,
 } from '../dsh.ts'
 
@@ -539,7 +539,7 @@ describe('parseCliArgs', () => {
   })
 })
 
-describe('runCliBasics, CLI_HELP, isEntryPoint', () => {
+describe('runCliBasics, cliHelp(), isEntryPoint', () => {
   function capture() {
     const io = { out: '', err: '', stdout(s: string) { io.out += s }, stderr(s: string) { io.err += s } }
     return io
@@ -548,7 +548,7 @@ describe('runCliBasics, CLI_HELP, isEntryPoint', () => {
   test('--help, --version, a usage error, and options to run', () => {
     let io = capture()
     assert.deepEqual(runCliBasics(['--help'], {}, io), { exitCode: 0 })
-    assert.equal(io.out, CLI_HELP); assert.equal(io.err, '')
+    assert.equal(io.out, cliHelp()); assert.equal(io.err, '')
     io = capture()
     assert.deepEqual(runCliBasics(['--version'], {}, io), { exitCode: 0 })
     assert.equal(io.out, `dsh.ts ${VERSION}\n`)
@@ -567,9 +567,9 @@ describe('runCliBasics, CLI_HELP, isEntryPoint', () => {
       '--session FILE', '--threshold R', '--json', '--allow-shell', '-h, --help', '--version', '--summary-tokens N', '--format F',
       'DEEPSEEK_API_KEY', 'DSH_BASE_URL', 'DSH_MODEL', '0  done', '1  the provider or a tool failed', '2  usage error',
       'npx tsx dsh.ts replay examples/', 'deepseek-v4-flash', 'https://api.deepseek.com', '(default 0.8)', '(default 2000)']) {
-      assert.ok(CLI_HELP.includes(word), `help lacks ${JSON.stringify(word)}`)
+      assert.ok(cliHelp().includes(word), `help lacks ${JSON.stringify(word)}`)
     }
-    assert.ok(CLI_HELP.split('\n').every((line) => line.length <= 100), 'help lines fit a terminal')
+    assert.ok(cliHelp().split('\n').every((line) => line.length <= 100), 'help lines fit a terminal')
   })
 
   test('isEntryPoint: import.meta.main wins; else realpaths are compared; never true without a file URL', async () => {

@@ -1,4 +1,4 @@
-// End-to-end tests of the CLI (DESIGN.md §8, issue 5): `node --import tsx dsh.ts …` as a child
+// End-to-end tests of the CLI (docs/design.md §8, issue 5): `node --import tsx dsh.ts …` as a child
 // process against test/fake-provider.ts (real HTTP on 127.0.0.1), in temp working directories.
 // The numbered describe blocks are the issue's "cases that must hold".
 import { test, describe, before, after } from 'node:test'
@@ -15,7 +15,7 @@ const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const DSH = join(ROOT, 'dsh.ts')
 /** tsx by absolute URL: the children run in temp folders, where a bare `--import tsx` resolves nothing. */
 const TSX = import.meta.resolve('tsx')
-/** DESIGN.md §3: the text put in place of a pruned tool result's middle (39 code points). */
+/** docs/design.md §3: the text put in place of a pruned tool result's middle (39 code points). */
 const MARKER = '\n\n[... tool result middle pruned ...]\n\n'
 const TOOLS = ['read_file', 'list_files', 'grep', 'write_file', 'edit_file']
 
@@ -101,12 +101,12 @@ describe('cases 1 and 2: one-shot run with a prune, then a resumed session', () 
     const prune = log[pruneAt]
     assert.deepEqual(prune.data.shadowedSeqs, [original.seq])
     assert.equal(prune.data.trigger, 'pressure')
-    const replacement = log[pruneAt + 1] // DESIGN.md §3: the prune event, then the pruned tool/result replacing the original
+    const replacement = log[pruneAt + 1] // docs/design.md §3: the prune event, then the pruned tool/result replacing the original
     assert.equal(replacement.type, 'tool/result')
     assert.deepEqual(replacement.data.surfaceOp, { op: 'replace', start: original.seq, end: original.seq })
     assert.match(run.stderr, new RegExp(`\\[dsh\\] pruned tool result #${original.seq} \\(`))
 
-    // What the model saw next: head 4,096 + marker + tail 1,024 code points (DESIGN.md §3).
+    // What the model saw next: head 4,096 + marker + tail 1,024 code points (docs/design.md §3).
     const toolMessage = f.requests[1].body.messages.find((m: any) => m.role === 'tool')
     assert.equal(toolMessage.tool_call_id, 'call_big')
     const sent: string = toolMessage.content

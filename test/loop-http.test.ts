@@ -118,3 +118,44 @@ test('case 10: thinking mode keeps reasoning_content on every assistant message 
   }
   assert.ok(checked > 20, `checked ${checked} assistant messages`)
 })
+
+// A stream that breaks after output: the adapter does not retry it (the caller saw the text), the loop does, once.
+test('an in-stream error after content: the partial is kept as an interrupted message and the step is retried once as a new step', async () => {
+  const f = await fake([{ fault: 'in-band-error', text: 'Once upon', error: { code: 500, message: 'slot failed', type: 'server_error' } }, { text: 'a time.' }])
+  const session = await Session.open(new MemoryStore())
+  const r = await new Agent({ session, provider: f.provider }).run('tell a story')
+  assert.equal(r.reason, 'stop')
+  assert.equal(r.text, 'a time.')
+  assert.equal(r.steps, 2)
+  const turn = session.events.filter((e) => e.type !== 'request/header')
+  assert.deepEqual(turn.map((e) => e.type), ['session/start', 'turn/start', 'user/message', 'step/start', 'request/error', 'assistant/message', 'step/end', 'step/retry', 'step/start', 'assistant/message', 'step/end', 'turn/end'])
+  assert.deepEqual(turn[4].data, { code: 'SERVER', status: 500, message: (turn[4].data as { message: string }).message, trigger: 'conversation' })
+  assert.deepEqual(turn[5].data, { message: { role: 'assistant', content: [{ type: 'text', text: 'Once upon' }], interrupted: true }, finishReason: 'error', surfaceOp: { op: 'append' } })
+  assert.deepEqual(turn[7].data, { turn: 1, step: 1, code: 'SERVER' })
+  // The retried request carries the partial output as the last (assistant) message.
+  const [first, second] = f.conversation().map((q) => q.body.messages)
+  assert.deepEqual(second, [...first, { role: 'assistant', content: 'Once upon' }])
+})
+
+test('two stream breaks in a row end the turn with the second error; both partials are kept', async () => {
+  const broken = (text: string) => ({ fault: 'in-band-error' as const, text, error: { message: 'overloaded', type: 'server_error' } })
+  const f = await fake([broken('one'), broken('two'), { text: 'unused' }])
+  const session = await Session.open(new MemoryStore())
+  await assert.rejects(new Agent({ session, provider: f.provider }).run('go'), (err: ProviderError) => err.code === 'SERVER' && err.partial?.content[0]?.type === 'text')
+  assert.equal(f.conversation().length, 2)
+  assert.equal(count(session, 'step/retry'), 1)
+  assert.deepEqual(session.messages().slice(1), [
+    { role: 'assistant', content: [{ type: 'text', text: 'one' }], interrupted: true },
+    { role: 'assistant', content: [{ type: 'text', text: 'two' }], interrupted: true },
+  ])
+  assert.equal(session.events.at(-1)!.type, 'turn/end')
+  assert.deepEqual(session.events.at(-1)!.data, { turn: 1, reason: 'error' })
+})
+
+test('a stream error before any output is not retried by the loop (the adapter retries those itself)', async () => {
+  const f = await fake([{ fault: 'in-band-error', error: { message: 'overloaded', type: 'server_error' } }, { text: 'unused' }])
+  const session = await Session.open(new MemoryStore())
+  await assert.rejects(new Agent({ session, provider: f.provider }).run('go'), (err: ProviderError) => err.code === 'SERVER')
+  assert.equal(f.conversation().length, 1)
+  assert.equal(count(session, 'step/retry'), 0)
+})

@@ -1,4 +1,4 @@
-// Agent loop and escalation ladder (DESIGN.md §§5, 7; issue 4), against an in-process scripted provider.
+// Agent loop and escalation ladder (docs/design.md §§5, 7; issue 4), against an in-process scripted provider.
 import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import {
@@ -382,4 +382,21 @@ describe('review fixes', () => {
     assert.throws(() => session.append('user/message', { message: { role: 'user', content: [block] }, surfaceOp: { op: 'append' } }), /cannot be stored as JSON/)
     assert.equal(session.seq, seq)
   })
+})
+
+test('one fsync per step: a turn of N steps syncs the store N times (plus none for the input)', async () => {
+  class CountingStore extends MemoryStore {
+    syncs = 0
+    async sync() { this.syncs++ }
+  }
+  const store = new CountingStore()
+  const session = await Session.open(store)
+  const opened = store.syncs
+  const provider = new ScriptedProvider(100_000, [call('c1', 'echo'), call('c2', 'echo'), call('c3', 'echo'), say('done')])
+  const agent = new Agent({ session, provider, tools: [textTool('echo', () => 'ok')] })
+  const result = await agent.run('go')
+  assert.equal(result.steps, 4)
+  assert.equal(store.syncs - opened, 4)
+  assert.equal(store.events.length, session.seq) // everything reached the store
+  assert.equal(store.events.at(-1)!.type, 'turn/end')
 })

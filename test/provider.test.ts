@@ -1,4 +1,4 @@
-// The provider adapter (DESIGN.md §6, issue 3) against test/fake-provider.ts over real HTTP:
+// The provider adapter (docs/design.md §6, issue 3) against test/fake-provider.ts over real HTTP:
 // recorded streams from ../shared/fixtures/wire, the error bodies of ../shared/fixtures/errors,
 // the ten cases of issue 3, wire conversion, clamping, retries, cancellation.
 // Expected values were read off the recordings with jq (text and reasoning longer than 160 code
@@ -756,7 +756,7 @@ test('max_tokens = min(request or default budget, model output cap, window − p
     assert.equal(sent(), 1_000)
     await windowed.complete({ messages: HI, inputTokens: 9_999 })
     assert.equal(sent(), 1)
-    // Heuristic (DESIGN.md §2): system 40 chars → 10 + 8, user 100 chars → 25 + 8: 51 tokens of a 100-token window.
+    // Heuristic (docs/design.md §2): system 40 chars → 10 + 8, user 100 chars → 25 + 8: 51 tokens of a 100-token window.
     await on(fake, { contextWindow: 100 }).provider.complete({ system: 'x'.repeat(40), messages: [{ role: 'user', content: 'y'.repeat(100) }] })
     assert.equal(sent(), 49)
     const pro = on(fake, { model: 'deepseek-v4-pro' }).provider
@@ -894,10 +894,14 @@ test('deepseek(): DeepSeek defaults, key from the option or $DEEPSEEK_API_KEY, u
     assert.equal(p.contextWindow, 1_048_576)
     assert.equal(p.maxTokens, 32_768)
     process.env.DEEPSEEK_API_KEY = 'sk-from-env-123456'
+    assert.equal(deepseek().baseURL, 'https://api.deepseek.com')
+    // The key goes only over https: (docs/design.md §13), and $DEEPSEEK_API_KEY only to DeepSeek's host.
     await withFake([{ text: 'ok' }], async (fake) => {
-      await deepseek({ baseURL: fake.url }).complete({ messages: HI })
-      assert.equal(fake.requests[0].headers.authorization, 'Bearer sk-from-env-123456')
-      assert.equal(fake.requests[0].body.model, 'deepseek-v4-flash')
+      assert.throws(() => deepseek({ baseURL: fake.url }), /deepseek: baseURL "http:\/\/127\.0\.0\.1:\d+" would send the API key unencrypted; use https:\/\//)
+      assert.throws(() => deepseek({ apiKey: KEY, baseURL: 'http://api.deepseek.com:8080' }), /would send the API key unencrypted/)
+      assert.throws(() => deepseek({ baseURL: 'https://proxy.example' }), /\$DEEPSEEK_API_KEY is only sent to api\.deepseek\.com, not to proxy\.example; pass apiKey or apiKeyEnv/)
+      assert.equal(deepseek({ apiKey: KEY, baseURL: 'https://proxy.example/v1' }).baseURL, 'https://proxy.example/v1')
+      assert.equal(fake.requests.length, 0)
     })
   } finally {
     if (saved === undefined) delete process.env.DEEPSEEK_API_KEY

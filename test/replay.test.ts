@@ -1,4 +1,4 @@
-// The replay runner behind `dsh.ts replay FILE` (issue 5, DESIGN.md §8): transcripts through the meter
+// The replay runner behind `dsh.ts replay FILE` (issue 5, docs/design.md §8): transcripts through the meter
 // and the ladder, offline. Corpus numbers (message counts, results over 8,192 code points, where they
 // sit) were read off the files with python/jq — see the comment by each row — not produced by dsh.
 import { test } from 'node:test'
@@ -19,7 +19,7 @@ const textOf = (m: Message): string =>
  * - the measured total after the rung equals a full recount of the projected request (§2 heuristic),
  *   so the incremental meter and the table agree with what would be sent;
  * - after a check that started at or over the threshold, no tool result the model has seen is still
- *   over 8,192 code points (DESIGN.md §3: under pressure every seen result is pruned first);
+ *   over 8,192 code points (docs/design.md §3: under pressure every seen result is pruned first);
  * - only tool results over the threshold are ever pruned, and a pruned one carries the marker.
  */
 async function replayChecked(t: Transcript, contextWindow: number, options: { summaryTokens?: number; compaction?: { clear?: boolean } } = {}) {
@@ -86,9 +86,10 @@ const CORPUS: CorpusCase[] = [
   { file: 'psf__requests-1142.traj.json', roles: { user: 3, assistant: 71, tool: 69 }, overThreshold: 5, prunes: 4, messagePrunes: 0, spills: 1 },
   // python: 97 assistant, 95 with one bash block; results over 8,192 at messages[3], [11], [95], [99],
   // [105], [119], [123], [133], [137] and [195]. [195] (9,735 code points, the submitted diff) is the
-  // last message: it is logged in the last step, after a compaction left the surface far below the
-  // threshold, so no pressure check ever sees it; the other nine are pruned. One assistant message
-  // (seq 85, 3,339 tokens: a tool call whose arguments hold a whole file) is pruned as well.
+  // last message: the clear rung (docs/design.md §10) keeps the surface at or below 0.6 × window, so
+  // the last step (14,408 tokens) meets no pressure and [195] stays whole; the other nine are pruned.
+  // One assistant message (seq 85, 3,339 tokens: a tool call whose arguments hold a whole file) is
+  // pruned as well.
   { file: 'pylint-dev__pylint-6528.traj.json', roles: { user: 3, assistant: 97, tool: 95 }, overThreshold: 10, prunes: 9, messagePrunes: 1, spills: 0 },
   // jq: main chain 9 message.ids, 11 tool_result blocks, 3 user messages; largest result 2,021 code points.
   { file: 'fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl', roles: { user: 3, assistant: 9, tool: 11 }, overThreshold: 0, prunes: 0, messagePrunes: 0, spills: 0 },

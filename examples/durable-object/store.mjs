@@ -6,7 +6,7 @@
 //
 // Layout (keys sort in seq order because the seq is zero-padded):
 //   event:<seq, 12 digits>   one SessionEvent as JSON text
-//   artefact:<name>          a spilled tool result (DESIGN.md §5)
+//   artefact:<name>          a spilled tool result (docs/design.md §5)
 //   part:<key>:<i>           slices of a value longer than PART_UNITS; <key> then holds { parts: n }
 // Limits of the storage API this respects (developers.cloudflare.com/durable-objects/api/storage-api):
 // a value is at most 128 KiB on the key-value backend (2 MiB on SQLite), and one put()/get() takes

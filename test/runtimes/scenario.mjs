@@ -66,7 +66,7 @@ export const STEPS = [
     }
   }],
 
-  // Meter and pruner (DESIGN.md §2–3) on astral and ZWJ text: string handling and Intl.Segmenter
+  // Meter and pruner (docs/design.md §2–3) on astral and ZWJ text: string handling and Intl.Segmenter
   // (the grapheme-safe cut) must agree everywhere.
   ['meter-pruner', (dsh) => {
     const family = '👨‍👩‍👧' // 8 UTF-16 units, 5 code points, 1 grapheme
@@ -86,7 +86,7 @@ export const STEPS = [
     }
   }],
 
-  // The session log in a MemoryStore (DESIGN.md §4): append, surface, reload from the store.
+  // The session log in a MemoryStore (docs/design.md §4): append, surface, reload from the store.
   ['session-memory', async (dsh) => {
     const store = new dsh.MemoryStore()
     const session = await dsh.Session.open(store, { id: 'smoke', now: () => 1000 })
@@ -109,7 +109,7 @@ export const STEPS = [
     }
   }],
 
-  // The Agent loop and the whole ladder (DESIGN.md §§5–7) over real HTTP to test/fake-provider.ts,
+  // The Agent loop and the whole ladder (docs/design.md §§5–7) over real HTTP to test/fake-provider.ts,
   // through openAICompatible at a context window of 8000 tokens (pressure threshold 6400):
   //   turn 1  a two-step turn whose 60 KB tool result is pruned before the second request;
   //   turn 2  three more tool results push the surface over the threshold: turn 1 is summarised;

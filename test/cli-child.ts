@@ -1,0 +1,31 @@
+// Runs the CLI as a child process (`node --import tsx dsh.ts …`) for tests that drive it end to
+// end against test/fake-provider.ts.
+import { spawn, type ChildProcess } from 'node:child_process'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+
+export const ROOT = fileURLToPath(new URL('..', import.meta.url))
+export const DSH = join(ROOT, 'dsh.ts')
+/** tsx by absolute URL: the children run in temp folders, where a bare `--import tsx` resolves nothing. */
+export const TSX = import.meta.resolve('tsx')
+
+/** The parent's environment without the variables dsh reads, so the host's settings cannot leak in. */
+export const CLEAN_ENV: Record<string, string> = Object.fromEntries(Object.entries(process.env).filter(
+  (entry): entry is [string, string] => entry[1] !== undefined && !['DEEPSEEK_API_KEY', 'DSH_BASE_URL', 'DSH_MODEL', 'NO_COLOR', 'NODE_TEST_CONTEXT', 'NODE_OPTIONS'].includes(entry[0])))
+
+export interface Run { code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string; ms: number }
+
+/** Starts dsh with `args` in `cwd`; `onStart` sees the child (to send it signals). */
+export function runDsh(args: string[], cwd: string, env: Record<string, string> = CLEAN_ENV, onStart?: (child: ChildProcess) => void, guardMs = 30_000): Promise<Run> {
+  return new Promise((resolve, reject) => {
+    const started = Date.now()
+    const child = spawn(process.execPath, ['--import', TSX, DSH, ...args], { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] })
+    let stdout = '', stderr = ''
+    child.stdout!.setEncoding('utf8').on('data', (t: string) => { stdout += t })
+    child.stderr!.setEncoding('utf8').on('data', (t: string) => { stderr += t })
+    const guard = setTimeout(() => child.kill('SIGKILL'), guardMs) // a hung child fails the test instead of the suite
+    child.on('error', reject)
+    child.on('close', (code, signal) => { clearTimeout(guard); resolve({ code, signal, stdout, stderr, ms: Date.now() - started }) })
+    onStart?.(child)
+  })
+}

@@ -1,0 +1,211 @@
+// Cost and the prompt cache (docs/design.md §11): byte-stable requests, the modelled cache hit,
+// reported cached tokens, the price table, the cost of an edit. Over real HTTP against the fake
+// provider where a request is involved.
+import { test, after } from 'node:test'
+import assert from 'node:assert/strict'
+import {
+  Agent, Session, MemoryStore, openAICompatible, deepseek, DEEPSEEK_PRICES, pricesOf, validatePrices, isPeakTime, requestCostUSD,
+  cacheCostUSD, estimateEnvelopeTokens, estimateMessageTokens, SUMMARY_INSTRUCTION, statusReporter, formatUSD, type Prices, type Tool, type SessionEvent,
+  type AgentEvent,
+} from '../dsh.ts'
+import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+
+const servers: Array<{ close(): Promise<void> }> = []
+after(async () => { for (const s of servers) await s.close() })
+
+/** deepseek-flash without its peak hours: results do not depend on the clock. */
+const FLASH: Prices = { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 }
+/** A Saturday, 12:00 UTC (off-peak) and a Monday, 02:30 UTC (peak), in ms. */
+const SATURDAY_NOON = Date.UTC(2026, 10, 28, 12, 0, 0)
+const MONDAY_PEAK = Date.UTC(2026, 10, 30, 2, 30, 0)
+
+async function fake(script: FakeReply[], summaries: FakeReply[] = [{ text: 'CHECKPOINT: work so far.', usage: null }]) {
+  let c = 0, s = 0
+  const server = await startFakeProvider({
+    handler: (req: FakeRequest) => req.headers['x-dsh-purpose'] === 'compaction' ? summaries[Math.min(s++, summaries.length - 1)] : script[Math.min(c++, script.length - 1)],
+  })
+  servers.push(server)
+  return server
+}
+const provider = (url: string, extra: Record<string, unknown> = {}) => openAICompatible({ baseURL: url, model: 'fake-model', apiKey: 'sk-test', contextWindow: 16_000, maxRetries: 0, ...extra })
+const tool = (name: string, out: (args: any) => string): Tool => ({ name, description: 'test tool', parameters: { type: 'object', properties: {} }, execute: out })
+const assistants = (s: Session) => s.events.filter((e) => e.type === 'assistant/message') as SessionEvent<'assistant/message'>[]
+/** Where the messages array of a raw body ends (the per-request fields follow it). */
+const messagesEnd = (raw: string) => raw.lastIndexOf('],"stream":true')
+
+test('prices: validation names the field; DeepSeek table and aliases; peak hours; exact request cost', () => {
+  assert.throws(() => validatePrices({ cacheHitInput: 0.1, cacheMissInput: -1, output: 1 }), /prices\.cacheMissInput must be a non-negative number of USD per million tokens, got -1/)
+  assert.throws(() => validatePrices({ cacheHitInput: 0.1, cacheMissInput: 1, output: 1, currency: 'EUR' }), /unknown key "currency"/)
+  assert.throws(() => validatePrices({ cacheHitInput: 0.1, cacheMissInput: 1, output: 1, peak: { multiplier: 2, days: [7], hoursUTC: [[1, 4]] } }), /peak\.days/)
+  assert.throws(() => validatePrices({ cacheHitInput: 0.1, cacheMissInput: 1, output: 1, peak: { multiplier: 2, days: [1], hoursUTC: [[4, 1]] } }), /peak\.hoursUTC/)
+  assert.throws(() => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', prices: { output: 1 } as any }), /openAICompatible: prices\.cacheHitInput/)
+  assert.deepEqual({ ...DEEPSEEK_PRICES['deepseek-flash'], peak: undefined }, { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: undefined })
+  assert.deepEqual({ ...DEEPSEEK_PRICES['deepseek-v4-pro'], peak: undefined }, { cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: undefined })
+  assert.equal(pricesOf('deepseek-chat'), DEEPSEEK_PRICES['deepseek-v4-flash'])
+  assert.equal(pricesOf('gpt-4o'), undefined)
+  assert.equal(deepseek({ apiKey: 'sk-test', model: 'deepseek-v4-pro' }).prices, DEEPSEEK_PRICES['deepseek-v4-pro'])
+  assert.equal(openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'deepseek-flash' }).prices, undefined) // another server: no price unless given
+  const flash = DEEPSEEK_PRICES['deepseek-flash']
+  // Weekdays 01:00–04:00 and 06:00–10:00 UTC are peak; the edges are [start, end).
+  assert.equal(isPeakTime(flash, Date.UTC(2026, 10, 30, 0, 59, 59)), false)
+  assert.equal(isPeakTime(flash, Date.UTC(2026, 10, 30, 1, 0, 0)), true)
+  assert.equal(isPeakTime(flash, Date.UTC(2026, 10, 30, 4, 0, 0)), false)
+  assert.equal(isPeakTime(flash, Date.UTC(2026, 10, 30, 9, 59, 0)), true)
+  assert.equal(isPeakTime(flash, Date.UTC(2026, 10, 28, 2, 0, 0)), false) // Saturday
+  const tokens = { cachedInputTokens: 1_000_000, uncachedInputTokens: 2_000_000, outputTokens: 500_000 }
+  assert.equal(requestCostUSD(flash, tokens, SATURDAY_NOON), 0.003 + 0.3 + 0.3)
+  assert.equal(requestCostUSD(flash, tokens, MONDAY_PEAK), 2 * (0.003 + 0.3 + 0.3))
+  assert.equal(cacheCostUSD(flash, 1_000_000), 0.147)
+})
+
+test('case 1: two requests of one turn: the first body is a byte prefix of the second up to its last message; hit = first input', async () => {
+  const server = await fake([{ toolCalls: [{ id: 'c1', name: 'look', arguments: { path: 'a.txt' } }], usage: null }, { text: 'done', usage: null }])
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: provider(server.url, { prices: FLASH, extraBody: { temperature: 0 } }), system: 'You are a test.', tools: [tool('look', () => 'file contents here')] })
+  await agent.run('look at a.txt')
+  const [first, second] = server.requests.map((r) => r.rawBody)
+  const end = messagesEnd(first)
+  assert.ok(end > 0)
+  assert.equal(second.slice(0, end), first.slice(0, end), 'byte prefix up to the end of the first request\'s last message')
+  assert.equal(second[end], ',', 'the second request continues the same messages array')
+  // Key order: extra fields, model, tools, messages, then the per-request fields.
+  assert.deepEqual(Object.keys(JSON.parse(first)), ['temperature', 'model', 'tools', 'messages', 'stream', 'stream_options', 'max_tokens'])
+  const [a1, a2] = assistants(session)
+  const input1 = estimateEnvelopeTokens(agent.envelope) + estimateMessageTokens({ role: 'user', content: 'look at a.txt' })
+  assert.equal(input1, 12 + 31 + 12) // system "You are a test." 4 + 8; tools JSON 92 chars → 23 + 8; the input 4 + 8
+  assert.deepEqual(a1.data.cache, { inputTokens: input1, modelledHitTokens: 0 })
+  assert.equal(a2.data.cache!.modelledHitTokens, input1)
+  const input2 = input1 + estimateMessageTokens(a1.data.message) + estimateMessageTokens(session.surface()[2].message)
+  assert.equal(a2.data.cache!.inputTokens, input2)
+  const u = session.usage()
+  assert.deepEqual(u.conversation, {
+    requests: 2, inputTokens: input1 + input2, cachedInputTokens: input1, uncachedInputTokens: input2, unpricedRequests: 0,
+    outputTokens: estimateMessageTokens(a1.data.message) + estimateMessageTokens(a2.data.message),
+    costUSD: (input1 * 0.003 + input2 * 0.15 + (estimateMessageTokens(a1.data.message) + estimateMessageTokens(a2.data.message)) * 0.6) / 1e6,
+  })
+  assert.equal(u.cacheHitShare, input1 / (input1 + input2))
+})
+
+test('case 2: a prune at position k: the next hit is the prefix before k; the prune costs (tokens from k) × (miss − hit)', async () => {
+  const script: FakeReply[] = [
+    { toolCalls: [{ id: 'c1', name: 'read', arguments: { n: 1 } }], usage: null },
+    { toolCalls: [{ id: 'c2', name: 'read', arguments: { n: 2 } }], usage: null },
+    { toolCalls: [{ id: 'c3', name: 'read', arguments: { n: 3 } }], usage: null },
+    { text: 'done', usage: null },
+  ]
+  const server = await fake(script)
+  const sizes: Record<number, number> = { 1: 40_000, 2: 4_000, 3: 8_000 }
+  const session = await Session.open(new MemoryStore())
+  const lines: string[] = []
+  let agent: Agent | undefined
+  const status = statusReporter(() => agent, (line) => lines.push(line), true, false)
+  // recall: false — offering recall after the first prune changes the envelope (one full miss); this case is the prune's own cost.
+  agent = new Agent({ session, provider: provider(server.url, { prices: FLASH }), tools: [tool('read', (a) => 'x'.repeat(sizes[a.n]))], onEvent: (e: AgentEvent) => status(e), recall: false })
+  await agent.run('read three')
+  const prunes = session.events.filter((e) => e.type === 'compaction/prune')
+  assert.equal(prunes.length, 1, 'the 40,000-char result, seen by the model, is pruned after step 3')
+  const replace = session.events[prunes[0].seq + 1] as SessionEvent<'tool/result'>
+  const surface = session.surface()
+  const k = surface.findIndex((n) => n.seq === replace.seq)
+  assert.equal(k, 2) // user, assistant (call 1), the pruned result
+  assert.equal(surface[k].tokens, 1_298)
+  // The request before the prune sent: user, A1, result 1, A2, result 2. From k on: result 1 (pruned), A2, result 2.
+  const movedTokens = surface[k].tokens + surface[k + 1].tokens + surface[k + 2].tokens
+  assert.deepEqual(session.editCache(replace.seq), { seq: replace.seq, movedTokens, savedTokens: 10_008 - 1_298 })
+  assert.equal(movedTokens, 1_298 + surface[3].tokens + 1_008)
+  assert.equal(agent.editCost(replace.seq)!.cacheCostUSD, movedTokens * (0.15 - 0.003) / 1e6)
+  // The CLI's prune line carries the same figures.
+  const cost = movedTokens * (0.15 - 0.003) / 1e6, saved = (10_008 - 1_298) * 0.003 / 1e6
+  assert.ok(lines.includes(`[dsh] pruned tool result #${(prunes[0].data as { shadowedSeqs: number[] }).shadowedSeqs[0]} (10,008 tokens) · cache: ${movedTokens.toLocaleString('en-US')} tokens move from hit to miss (+${formatUSD(cost)} once); saves 8,710 tokens (${formatUSD(saved)} per request)\n`), lines.join(''))
+  assert.equal(formatUSD(cost), '$0.000341')
+  const u = session.usage()
+  assert.match(lines.at(-1)!, new RegExp(`· \\${formatUSD(u.costUSD!)} so far, cache hits ${Math.round(u.cacheHitShare * 100)}%\n$`))
+  const last = assistants(session).at(-1)!
+  assert.equal(last.data.cache!.modelledHitTokens, estimateEnvelopeTokens(agent.envelope) + surface[0].tokens + surface[1].tokens, 'the next request hits only the envelope and the prefix before k')
+})
+
+test('case 3: reported cached tokens win; the split and the cost are the price table applied to them; usage survives resume', async () => {
+  const server = await fake([
+    { toolCalls: [{ id: 'c1', name: 'look', arguments: {} }], usage: { prompt_tokens: 1000, completion_tokens: 50, prompt_cache_hit_tokens: 0, prompt_cache_miss_tokens: 1000 } },
+    { text: 'done', usage: { prompt_tokens: 1500, completion_tokens: 20, prompt_tokens_details: { cached_tokens: 1000 } } },
+  ])
+  const store = new MemoryStore()
+  let clock = SATURDAY_NOON
+  const session = await Session.open(store, { now: () => clock })
+  await new Agent({ session, provider: provider(server.url, { prices: DEEPSEEK_PRICES['deepseek-flash'] }), tools: [tool('look', () => 'ok')] }).run('go')
+  const u = session.usage()
+  assert.deepEqual(
+    [u.inputTokens, u.cachedInputTokens, u.uncachedInputTokens, u.outputTokens, u.requests, u.reportedCacheRequests],
+    [2500, 1000, 1500, 70, 2, 2])
+  assert.equal(u.costUSD, (1000 * 0.003 + 1500 * 0.15 + 70 * 0.6) / 1e6) // $0.00027 off-peak
+  assert.equal(u.cacheHitShare, 0.4)
+  // Re-priced as if at a peak hour: double.
+  const reloaded = await Session.open(store, { now: () => clock })
+  assert.deepEqual(reloaded.usage(), u, 'derived from the log: the same after resume')
+  clock = MONDAY_PEAK
+  const peak = new Session({ now: () => clock })
+  for (const e of session.events) peak.append(e.type, e.data as any)
+  assert.equal(peak.usage().costUSD, 2 * (1000 * 0.003 + 1500 * 0.15 + 70 * 0.6) / 1e6)
+})
+
+test('case 4: a summary request shares its bytes with the conversation request before it up to the region\'s end', async () => {
+  const calls = (k: number, p: string) => Array.from({ length: k }, (_, i) => ({ toolCalls: [{ id: `${p}${i}`, name: 'fetch', arguments: { i } }], usage: null }))
+  const server = await fake([...calls(5, 'a'), { text: 'turn 1 done', usage: null }, ...calls(4, 'b'), { text: 'turn 2 done', usage: null }])
+  let n = 0
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: provider(server.url, { prices: FLASH }), system: 'sys', tools: [tool('fetch', () => `result ${n++} `.padEnd(7_000, '.'))], compaction: { clear: false }, recall: false })
+  await agent.run('fetch five')
+  await agent.run('fetch four more')
+  const at = server.requests.findIndex((r) => r.headers['x-dsh-purpose'] === 'compaction')
+  assert.ok(at > 0, 'one summary request was made')
+  const summary = server.requests[at].rawBody, before = server.requests[at - 1].rawBody
+  const instruction = summary.lastIndexOf(`,{"role":"user","content":${JSON.stringify(SUMMARY_INSTRUCTION)}}`)
+  assert.ok(instruction > 0, 'instruction last')
+  assert.equal(summary.slice(0, instruction), before.slice(0, instruction), 'byte prefix up to the end of the region')
+  assert.equal(before[instruction], ',', 'the conversation request goes on past the region')
+  const end = session.events.find((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>
+  const record = end.data.requests![0]
+  const summarised = (session.events.find((e) => e.type === 'compaction/summary') as SessionEvent<'compaction/summary'>).data
+  assert.equal(record.modelledHitTokens, estimateEnvelopeTokens(agent.envelope) + summarised.shadowedTokenCount, 'the whole region hits the cache')
+  assert.equal(record.inputTokens, record.modelledHitTokens + estimateMessageTokens({ role: 'user', content: SUMMARY_INSTRUCTION }))
+  const u = session.usage()
+  assert.equal(u.summary.requests, 1)
+  assert.equal(u.summary.cachedInputTokens, record.modelledHitTokens)
+  assert.ok(typeof u.summary.costUSD === 'number' && u.summary.costUSD > 0)
+})
+
+test('case 5: a model without a price: cost unknown, tokens still reported', async () => {
+  const server = await fake([{ text: 'hello', usage: { prompt_tokens: 300, completion_tokens: 5, prompt_cache_hit_tokens: 100 } }])
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: provider(server.url) })
+  await agent.run('hi')
+  const u = agent.usage()
+  assert.equal(u.costUSD, undefined)
+  assert.equal(u.unpricedRequests, 1)
+  const lines: string[] = []
+  statusReporter(() => agent, (line) => lines.push(line), true, false)({ type: 'log', event: session.events.at(-2)! })
+  assert.match(lines[0], /· cost unknown \(no price for this model; --prices sets one\), cache hits 33%\n$/)
+  assert.deepEqual([u.inputTokens, u.cachedInputTokens, u.uncachedInputTokens, u.outputTokens], [300, 100, 200, 5])
+  assert.equal(session.usage({ prices: FLASH }).costUSD, (100 * 0.003 + 200 * 0.15 + 5 * 0.6) / 1e6, 're-priced on request')
+})
+
+test('modelled hit: an envelope change caches nothing; a reported prompt size without cached tokens takes the modelled share', () => {
+  const s = new Session()
+  s.append('session/start', { id: 't', version: 'x' })
+  s.setHeader({ model: 'm', baseURL: 'u', system: 'x'.repeat(40), prices: FLASH })
+  const user = (text: string) => s.append('user/message', { message: { role: 'user', content: text }, surfaceOp: { op: 'append' } })
+  const answer = (usage?: { promptTokens: number; completionTokens: number }) => s.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop', surfaceOp: { op: 'append' }, usage })
+  user('a'.repeat(400)) // 108 tokens; envelope 18
+  assert.deepEqual(s.nextRequestCache(), { inputTokens: 126, modelledHitTokens: 0 })
+  answer()
+  user('b'.repeat(40)) // 18
+  assert.deepEqual(s.nextRequestCache(), { inputTokens: 126 + 9 + 18, modelledHitTokens: 126 })
+  answer({ promptTokens: 306, completionTokens: 3 }) // reported 2× the estimate, no cached figure: 126/153 of 306 = 252
+  assert.equal(s.usage().conversation.cachedInputTokens, 0 + 252)
+  s.setHeader({ model: 'm', baseURL: 'u', system: 'y'.repeat(40), prices: FLASH })
+  assert.equal(s.nextRequestCache().modelledHitTokens, 0, 'a new system prompt: nothing cached')
+  s.setHeader({ model: 'm', baseURL: 'u', system: 'y'.repeat(40), maxTokens: 10, prices: FLASH })
+  answer()
+  s.setHeader({ model: 'm', baseURL: 'u', system: 'y'.repeat(40), maxTokens: 20, prices: FLASH })
+  assert.equal(s.nextRequestCache().modelledHitTokens, 18 + 108 + 9 + 18 + 9, 'a new budget does not touch the cache')
+})

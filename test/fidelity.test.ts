@@ -1,0 +1,358 @@
+// Fidelity across compaction (docs/design.md §12, issue 15): pins, project instructions, the facts
+// ledger, focus and summary-instruction override, compaction hooks, fidelity figures. Over real
+// HTTP against test/fake-provider.ts where a model is involved; the ledger's extraction rules on
+// hand-built logs.
+import { test, describe, after } from 'node:test'
+import assert from 'node:assert/strict'
+import {
+  Agent, Session, MemoryStore, openAICompatible, SessionError, SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE, PRUNE_MARKER,
+  frameCheckpoint, renderLedger, regionLedger, trimLedger, ledgerBudget, summaryInstructionText, estimateEnvelopeTokens,
+  estimateMessageTokens, estimateTextTokens, type Tool, type Ledger, type SessionEvent,
+} from '../dsh.ts'
+import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+
+const servers: Array<{ close(): Promise<void> }> = []
+after(async () => { for (const s of servers) await s.close() })
+
+/** Conversation replies from `script`, summary replies (x-dsh-purpose: compaction) from `summaries`. */
+async function fake(script: FakeReply[], summaries: FakeReply[] = [{ text: 'ok' }], contextWindow = 16_000) {
+  let c = 0, s = 0
+  const server = await startFakeProvider({
+    handler: (req: FakeRequest) => req.headers['x-dsh-purpose'] === 'compaction' ? summaries[Math.min(s++, summaries.length - 1)] : script[Math.min(c++, script.length - 1)],
+  })
+  servers.push(server)
+  const provider = openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'sk-test', contextWindow, maxRetries: 0 })
+  const conversation = () => server.requests.filter((r) => r.headers['x-dsh-purpose'] !== 'compaction')
+  const summary = () => server.requests.filter((r) => r.headers['x-dsh-purpose'] === 'compaction')
+  return { server, provider, conversation, summary }
+}
+
+const tool = (name: string, out: (args: any) => any): Tool => ({ name, description: `${name} (test double)`, parameters: { type: 'object', properties: {} }, execute: out })
+const eventsOf = (s: Session, type: string) => s.events.filter((e) => e.type === type)
+const calls = (k: number, p: string) => Array.from({ length: k }, (_, i) => ({ toolCalls: [{ id: `${p}${i}`, name: 'fetch', arguments: { i } }] }))
+
+describe('case 1: pins', () => {
+  const PIN = 'Constraint for the whole session: never touch the vendor/ directory; answer in British English.'
+
+  test('a pinned first message survives three compactions verbatim and in position; no summary request carries it', async () => {
+    let n = 0
+    const script: FakeReply[] = []
+    for (let t = 0; t < 7; t++) script.push(...calls(3, `t${t}c`), { text: `turn ${t + 1} done` })
+    const f = await fake(script, [{ text: 'CHECKPOINT one' }, { text: 'CHECKPOINT two' }, { text: 'CHECKPOINT three' }, { text: 'CHECKPOINT four' }])
+    const store = new MemoryStore()
+    const session = await Session.open(store)
+    // Clear rung off (docs/design.md §10): this test is about pins across summaries.
+    const agent = new Agent({ session, provider: f.provider, tools: [tool('fetch', () => `result ${n++} `.padEnd(7_000, '.'))], compaction: { clear: false } })
+    const first = await agent.run(PIN, { pin: true })
+    assert.equal(first.text, 'turn 1 done')
+    const pinSeq = (eventsOf(session, 'surface/pin')[0].data as any).seq
+    assert.equal(pinSeq, eventsOf(session, 'user/message')[0].seq)
+    for (let t = 2; t <= 7; t++) await agent.run(`go on with part ${t}`)
+    const summaries = eventsOf(session, 'compaction/summary')
+    assert.ok(summaries.length >= 3, `${summaries.length} compactions`)
+    for (const s of summaries) assert.ok(!(s.data as any).shadowedSeqs.includes(pinSeq))
+    // Every conversation request starts with the pin, verbatim; after a compaction the checkpoint follows it.
+    const firstSummaryAt = f.server.requests.indexOf(f.summary()[0])
+    for (const [i, req] of f.server.requests.entries()) {
+      if (req.headers['x-dsh-purpose'] === 'compaction') {
+        assert.ok(!req.rawBody.includes(PIN), `summary request ${i} carries the pinned text`)
+        continue
+      }
+      assert.deepEqual(req.body.messages[0], { role: 'user', content: PIN })
+      if (i > firstSummaryAt) assert.ok(req.body.messages[1].content.startsWith(CHECKPOINT_PREAMBLE), `request ${i}`)
+    }
+    // Only one checkpoint at a time: each later one merged the one before (the region starts right after the pin).
+    const surface = session.surface()
+    assert.equal(surface[0].seq, pinSeq)
+    assert.equal(surface.filter((n) => typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)).length, 1)
+    // Pins survive resume.
+    const resumed = await Session.open(store)
+    assert.deepEqual(resumed.pinnedSeqs(), [pinSeq])
+    assert.equal(resumed.pinnedTokens(), estimateMessageTokens({ role: 'user', content: PIN }))
+  })
+
+  test('a pinned tool result is never pruned; a replace over a pinned message is refused', async () => {
+    const f = await fake([{ toolCalls: [{ id: 'b', name: 'big', arguments: {} }] }, { text: 'read it' }])
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider, tools: [tool('big', () => 'B'.repeat(20_000))] })
+    agent.on('agent/post-step', () => { for (const n of session.surface()) if (n.message.role === 'tool' && !session.isPinned(n.seq)) agent.pin(n.seq) })
+    await agent.run('read the big one')
+    const resultSeq = eventsOf(session, 'tool/result')[0].seq
+    assert.ok(session.isPinned(resultSeq))
+    assert.equal(eventsOf(session, 'compaction/prune').length, 0)
+    assert.equal(f.conversation()[1].body.messages.find((m: any) => m.role === 'tool').content, 'B'.repeat(20_000))
+    const before = session.seq
+    assert.throws(() => session.pruneToolResult(resultSeq), (e: any) => e instanceof SessionError && e.code === 'PIN'
+      && e.message === `tool/result: replace ${resultSeq}..${resultSeq} would change pinned message seq ${resultSeq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
+    assert.equal(session.seq, before, 'nothing appended')
+    assert.throws(() => session.pin(resultSeq), /surface\/pin: seq \d+ is already pinned/)
+    session.unpin(resultSeq)
+    assert.equal(session.isPinned(resultSeq), false)
+    assert.ok(session.pruneToolResult(resultSeq) > 0)
+    assert.throws(() => session.pin(9_999), /surface\/pin: seq 9999 is not a message on the current surface/)
+  })
+
+  test('a pin that cannot fit is refused with the numbers, before anything is logged', async () => {
+    const f = await fake([{ text: 'never' }])
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider, tools: [tool('fetch', () => 'x')] })
+    const big = 'p'.repeat(52_000) // 13,008 tokens by §2
+    const envelope = estimateEnvelopeTokens(agent.envelope)
+    const events = session.seq
+    await assert.rejects(agent.run(big, { pin: true }), (e: any) => e instanceof SessionError && e.code === 'PIN' && e.message ===
+      `cannot pin the input (13008 tokens): pinned messages would hold 13008 tokens, which with the ${envelope}-token envelope exceeds the 12800-token limit for pins (the compaction threshold of the 16000-token window); pinned messages are never compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message`)
+    assert.deepEqual(session.events.slice(events).map((e) => e.type), ['request/header'])
+    assert.equal(f.server.requests.length, 0)
+    // A pin that fits is accepted; a second that would pass the limit is refused with the sum.
+    const r = await agent.run('p'.repeat(40_000), { pin: true }) // 10,008 tokens
+    assert.equal(r.text, 'never')
+    const userSeq = eventsOf(session, 'user/message')[0].seq
+    assert.deepEqual(session.pinnedSeqs(), [userSeq])
+    await agent.run('q'.repeat(12_000)) // 3,008 tokens
+    const second = eventsOf(session, 'user/message')[1].seq
+    assert.throws(() => agent.pin(second), (e: any) => e.code === 'PIN' && e.message.startsWith(`cannot pin seq ${second} (3008 tokens): pinned messages would hold 13016 tokens, which with the ${envelope}-token envelope exceeds the 12800-token limit`))
+    assert.equal(session.isPinned(second), false)
+  })
+})
+
+describe('case 2: the facts ledger', () => {
+  const A_TS = 'export const a = 1\n'.repeat(300) // 5,700 characters
+  const TSC = "src/b.ts(3,1): error TS2304: Cannot find name 'x'."
+  const tools = [
+    tool('read_file', () => A_TS),
+    tool('edit_file', () => 'edited src/b.ts: 1 replacement at line 3'),
+    tool('shell', () => ({ content: `exit code 1\nstdout:\n> tsc --noEmit\n${TSC}\n`, isError: true })),
+    tool('fetch', () => 'F'.repeat(12_000)),
+  ]
+  const script: FakeReply[] = [
+    { toolCalls: [{ id: 'r1', name: 'read_file', arguments: { path: 'src/a.ts' } }] },
+    { toolCalls: [{ id: 'e1', name: 'edit_file', arguments: { path: 'src/b.ts', old_string: 'y', new_string: 'x' } }] },
+    { toolCalls: [{ id: 's1', name: 'shell', arguments: { command: 'npm test' } }] },
+    { text: 'The build fails on a missing name.' },
+    { toolCalls: [{ id: 'f1', name: 'fetch', arguments: {} }] },
+    { text: 'fetched' },
+  ]
+  const EXPECTED: Omit<Ledger, 'read' | 'edited' | 'commands' | 'errors' | 'userMessages'> & Record<string, unknown> = {
+    written: [], trimmed: 0,
+  }
+
+  test('read src/a.ts, edited src/b.ts, ran npm test (exit 1, TS2304): the ledger lists exactly those though the summary is "ok"', async () => {
+    const f = await fake(script, [{ text: 'ok' }])
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider, tools, compaction: { retainedTailRatio: 0.05 } })
+    await agent.run('fix the build')
+    await agent.run('now fetch the rest')
+    const outcome = await agent.compactNow()
+    assert.equal(outcome.action, 'compacted')
+    const summary = eventsOf(session, 'compaction/summary')[0].data as any
+    const seqOf = (type: string, pred: (e: SessionEvent) => boolean) => session.events.find((e) => e.type === type && pred(e))!.seq
+    const resultSeq = (id: string) => seqOf('tool/result', (e) => (e.data as any).message.toolCallId === id)
+    const ledger: Ledger = summary.ledger
+    assert.deepEqual(ledger, {
+      ...EXPECTED,
+      read: [{ path: 'src/a.ts', count: 1, seq: resultSeq('r1') }],
+      edited: [{ path: 'src/b.ts', count: 1, seq: resultSeq('e1') }],
+      commands: [{ command: 'npm test', exitCode: 1, failed: true, count: 1, seq: resultSeq('s1') }],
+      errors: [{ text: TSC, count: 1, seq: resultSeq('s1') }],
+      userMessages: [
+        { text: 'fix the build', count: 1, seq: seqOf('user/message', (e) => (e.data as any).message.content === 'fix the build') },
+        { text: 'now fetch the rest', count: 1, seq: seqOf('user/message', (e) => (e.data as any).message.content === 'now fetch the rest') },
+      ],
+    })
+    const text = [
+      CHECKPOINT_PREAMBLE,
+      '<compacted-summary>', 'ok', '</compacted-summary>',
+      '<ledger>', 'Recorded by dsh from the session log, verbatim (not summarised):',
+      'files read:', '- src/a.ts',
+      'files edited:', '- src/b.ts',
+      'commands run:', '- npm test → exit 1',
+      'tool errors (first line):', `- ${TSC}`,
+      'user messages (newest first):', '<user-message>', 'now fetch the rest', '</user-message>', '<user-message>', 'fix the build', '</user-message>',
+      '</ledger>',
+    ].join('\n')
+    assert.equal(frameCheckpoint('ok', ledger), text)
+    // The summary was asked with the default instruction; the next request carries the checkpoint.
+    assert.deepEqual(f.summary()[0].body.messages.at(-1), { role: 'user', content: SUMMARY_INSTRUCTION })
+    const checkpoint = session.surface().find((n) => n.message.role === 'user' && n.message.content === text)
+    assert.ok(checkpoint, 'the checkpoint on the surface is exactly the framed text')
+    // Fidelity: the ledger carries every fact; the model's "ok" carries none.
+    assert.deepEqual(summary.fidelity, {
+      paths: { total: 2, inCheckpoint: 2, inSummary: 0 },
+      commands: { total: 1, inCheckpoint: 1, inSummary: 0 },
+      errors: { total: 1, inCheckpoint: 1, inSummary: 0 },
+      userMessages: { total: 2, inCheckpoint: 2, inSummary: 0 },
+    })
+    // The ledger is priced: the checkpoint node costs the whole framed text.
+    assert.equal(checkpoint!.tokens, Math.ceil(text.length / 4) + 8)
+  })
+
+  test('a second compaction merges the first ledger: deduplicated, counts added, nothing lost', async () => {
+    let k = 0
+    const f = await fake([
+      { toolCalls: [{ id: 'r1', name: 'read_file', arguments: { path: 'src/a.ts' } }] }, { text: 'one' },
+      { toolCalls: [{ id: 'r2', name: 'read_file', arguments: { path: 'src/a.ts' } }] },
+      { toolCalls: [{ id: 's2', name: 'shell', arguments: { command: 'npm test' } }] }, { text: 'two' },
+      { toolCalls: [{ id: 'f1', name: 'fetch', arguments: {} }] }, { text: 'three' },
+    ], [{ text: 'first summary' }, { text: 'second summary' }])
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider, tools: tools.map((t) => t.name === 'shell' ? tool('shell', () => `exit code ${k++}\nstdout:\nall good`) : t), compaction: { retainedTailRatio: 0.05 } })
+    await agent.run('step one')
+    await agent.run('step two')
+    assert.equal((await agent.compactNow()).action, 'compacted')
+    await agent.run('step three')
+    assert.equal((await agent.compactNow()).action, 'compacted')
+    const [first, second] = eventsOf(session, 'compaction/summary').map((e) => (e.data as any).ledger as Ledger)
+    assert.deepEqual(first.read.map((e) => [e.path, e.count]), [['src/a.ts', 1]])
+    assert.deepEqual(second.read.map((e) => [e.path, e.count]), [['src/a.ts', 2]])
+    assert.deepEqual(second.commands.map((e) => [e.command, e.exitCode, e.failed]), [['npm test', 0, false]])
+    assert.deepEqual(second.userMessages.map((e) => e.text), ['step one', 'step two', 'step three'])
+    const ckpt = session.surface().find((n) => n.message.role === 'user' && String(n.message.content).startsWith(CHECKPOINT_PREAMBLE))!
+    assert.match(String(ckpt.message.content), /\nfiles read:\n- src\/a\.ts \(2×\)\n/)
+    assert.match(String(ckpt.message.content), /\ncommands run:\n- npm test → exit 0\n/)
+  })
+
+  test('paths and commands come from argument keys, whatever the tool is called', async () => {
+    const session = new Session()
+    session.append('session/start', { id: 's', version: 'x' })
+    session.append('user/message', { message: { role: 'user', content: [{ type: 'text', text: 'look\naround' }] }, surfaceOp: { op: 'append' } })
+    const step = (id: string, name: string, args: unknown, result: string, isError = false) => {
+      session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id, name, arguments: JSON.stringify(args) }] }, surfaceOp: { op: 'append' }, finishReason: 'tool_calls' })
+      session.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text: result }], ...(isError ? { isError } : {}) }, surfaceOp: { op: 'append' } })
+    }
+    step('1', 'str_replace_based_edit_tool', { command: 'view', path: '/repo/x.py' }, 'contents')
+    step('2', 'str_replace_based_edit_tool', { command: 'str_replace', path: '/repo/x.py', old_str: 'a', new_str: 'b' }, 'done')
+    step('3', 'str_replace_based_edit_tool', { command: 'create', path: '/repo/new.py', file_text: '' }, 'created')
+    step('4', 'Bash', { command: 'pytest -q', description: 'tests' }, 'Exit code 2\nFAILED tests/test_x.py::test_a - AssertionError', true)
+    step('5', 'MultiEdit', { file_path: 'src/m.ts', edits: [] }, 'ok')
+    step('6', 'Write', { file_path: 'src/w.ts', content: '' }, 'ok')
+    step('7', 'Read', { file_path: 'missing.ts' }, 'File does not exist.', true)
+    step('8', 'mcp__fs__read_multiple_files', { paths: ['a.md', 'b.md'] }, 'two files')
+    step('9', 'run', { cmd: ['git', 'status'] }, '<returncode>0</returncode>\nclean')
+    step('10', 'Glob', { pattern: '**/*.ts' }, 'src/m.ts')
+    step('11', 'think', 'not an object', 'ok')
+    const ledger = await regionLedger(session, session.surface())
+    const seqOf = (id: string) => session.events.find((e) => e.type === 'tool/result' && (e.data as any).message.toolCallId === id)!.seq
+    assert.deepEqual(ledger.read, [{ path: '/repo/x.py', count: 1, seq: seqOf('1') }, { path: 'a.md', count: 1, seq: seqOf('8') }, { path: 'b.md', count: 1, seq: seqOf('8') }])
+    assert.deepEqual(ledger.edited, [{ path: '/repo/x.py', count: 1, seq: seqOf('2') }, { path: 'src/m.ts', count: 1, seq: seqOf('5') }])
+    assert.deepEqual(ledger.written, [{ path: '/repo/new.py', count: 1, seq: seqOf('3') }, { path: 'src/w.ts', count: 1, seq: seqOf('6') }])
+    assert.deepEqual(ledger.commands, [
+      { command: 'pytest -q', exitCode: 2, failed: true, count: 1, seq: seqOf('4') },
+      { command: 'git status', exitCode: 0, failed: false, count: 1, seq: seqOf('9') },
+    ])
+    assert.deepEqual(ledger.errors.map((e) => e.text), ['FAILED tests/test_x.py::test_a - AssertionError', 'File does not exist.'])
+    assert.deepEqual(ledger.userMessages.map((e) => e.text), ['look\naround'])
+    // A pruned result counts as it was: the ledger reads the original from the log.
+    assert.match(renderLedger(ledger), /<user-message>\nlook\naround\n<\/user-message>/)
+  })
+
+  test('the budget: min(2,000, floor(window × 0.05)) tokens; the oldest entries go first, and are counted', () => {
+    assert.equal(ledgerBudget(16_000), 800)
+    assert.equal(ledgerBudget(1_048_576), 2000)
+    assert.equal(ledgerBudget(undefined), 2000)
+    const ledger: Ledger = {
+      read: Array.from({ length: 40 }, (_, i) => ({ path: `src/file-${String(i).padStart(2, '0')}.ts`, count: 1, seq: i * 2 })),
+      written: [], edited: [], commands: [], errors: [],
+      userMessages: [{ text: 'U'.repeat(600), count: 1, seq: 1 }, { text: 'the newest ask', count: 1, seq: 100 }],
+      trimmed: 3,
+    }
+    const cut = trimLedger(ledger, 150) // 600 UTF-16 units
+    const text = renderLedger(cut)
+    assert.ok(estimateTextTokens(text) <= 150, `${estimateTextTokens(text)} tokens`)
+    // Newest first: the newest ask and the newest paths stay; the 600-unit old message cannot fit at all.
+    assert.deepEqual(cut.userMessages.map((e) => e.text), ['the newest ask'])
+    const kept = cut.read.map((e) => e.seq)
+    assert.equal(kept.at(-1), 78)
+    assert.deepEqual(kept, Array.from({ length: kept.length }, (_, i) => 78 - 2 * (kept.length - 1 - i)), 'a contiguous newest run')
+    assert.equal(cut.trimmed, 3 + (40 - kept.length) + 1)
+    assert.match(text, new RegExp(`\\n\\(${cut.trimmed} older ledger entries left out to fit the ledger budget; the session log keeps them\\)\\n</ledger>$`))
+    assert.equal(trimLedger(ledger, 10_000), ledger, 'within budget: unchanged')
+  })
+})
+
+describe('case 3 (library): instructions are part of the envelope', () => {
+  test('every request, before and after a compaction and in summary requests, carries the instructions in the system prompt', async () => {
+    let n = 0
+    const f = await fake([...calls(8, 'a'), { text: 'done' }, { text: 'after' }])
+    const session = await Session.open(new MemoryStore())
+    const INSTR = 'Project instructions (AGENTS.md):\nRun `npm test` before you say you are done.'
+    const agent = new Agent({ session, provider: f.provider, system: 'You are a test agent.', instructions: INSTR, tools: [tool('fetch', () => `r${n++}`.padEnd(7_000, '.'))], compaction: { clear: false } })
+    await agent.run('fetch five')
+    await agent.run('and now?')
+    assert.ok(f.summary().length >= 1)
+    for (const req of f.server.requests) assert.deepEqual(req.body.messages[0], { role: 'system', content: `You are a test agent.\n\n${INSTR}` })
+    assert.throws(() => new Agent({ session, provider: f.provider, instructions: 42 as any }), /instructions must be a string \(e\.g\. the text of AGENTS\.md\), got number/)
+  })
+})
+
+describe('case 4 (library): focus, summaryInstruction, compaction hooks', () => {
+  const work = () => [...calls(2, 'w'), { text: 'step done' }, ...calls(1, 'z'), { text: 'more done' }] as FakeReply[]
+
+  test('compactNow({focus}) puts the focus into the summary instruction; the focus is logged', async () => {
+    let n = 0
+    const f = await fake(work())
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider, tools: [tool('fetch', () => `r${n++}`.padEnd(12_000, '.'))] })
+    await agent.run('one'); await agent.run('two')
+    assert.equal((await agent.compactNow({ focus: 'fix the parser first' })).action, 'compacted')
+    assert.deepEqual(f.summary()[0].body.messages.at(-1), {
+      role: 'user',
+      content: `${SUMMARY_INSTRUCTION}\n\nFocus of this checkpoint, as asked for: fix the parser first\nGive it the most detail; keep everything else that still matters.`,
+    })
+    assert.equal((eventsOf(session, 'compaction/summary')[0].data as any).focus, 'fix the parser first')
+    assert.throws(() => agent.compactNow({ focus: 7 as any }), /focus must be a string, got number/)
+  })
+
+  test('summaryInstruction replaces the default; a hook adds focus; compaction/after sees the checkpoint', async () => {
+    let n = 0
+    const f = await fake(work(), [{ text: 'custom summary' }])
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider, summaryInstruction: 'Summarise as a bullet list.', tools: [tool('fetch', () => `r${n++}`.padEnd(12_000, '.'))] })
+    const seen: any[] = []
+    agent.on('compaction/before', ({ compaction }) => { seen.push({ ...compaction }); return { focus: 'keep the API names' } })
+    agent.on('compaction/after', ({ checkpoint }) => { seen.push(checkpoint) })
+    await agent.run('one'); await agent.run('two')
+    await agent.compactNow({ focus: 'the parser' })
+    assert.equal(f.summary()[0].body.messages.at(-1).content, summaryInstructionText('Summarise as a bullet list.', 'the parser; keep the API names'))
+    assert.ok(f.summary()[0].body.messages.at(-1).content.startsWith('Summarise as a bullet list.\n\nFocus of this checkpoint, as asked for: the parser; keep the API names\n'))
+    const summary = eventsOf(session, 'compaction/summary')[0]
+    assert.equal(seen[0].trigger, 'manual')
+    assert.equal(seen[0].focus, 'the parser')
+    assert.deepEqual(seen[0].shadowedSeqs, (summary.data as any).shadowedSeqs)
+    const node = session.surface().find((x) => x.seq === seen[1].seq)!
+    assert.equal(seen[1].text, node.message.content)
+    assert.equal(seen[1].tokens, node.tokens)
+    assert.equal(seen[1].summary, 'custom summary')
+    assert.deepEqual(seen[1].fidelity, (summary.data as any).fidelity)
+    for (const bad of ['', '   ', 3]) {
+      assert.throws(() => new Agent({ session, provider: f.provider, summaryInstruction: bad as any }), /summaryInstruction must be a non-empty string, got .*; leave it out to use SUMMARY_INSTRUCTION/)
+    }
+  })
+
+  test('compaction/before may cancel: no summary request, the surface unchanged, the reason logged', async () => {
+    let n = 0
+    const f = await fake(work())
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider, tools: [tool('fetch', () => `r${n++}`.padEnd(12_000, '.'))] })
+    await agent.run('one'); await agent.run('two')
+    agent.on('compaction/before', () => ({ cancel: 'the user is reading it' }))
+    await agent.compactNow()
+    assert.equal(f.summary().length, 0)
+    assert.equal(eventsOf(session, 'compaction/summary').length, 0)
+    assert.deepEqual(eventsOf(session, 'compaction/end').map((e) => (e.data as any).error), ['cancelled by a compaction/before hook: the user is reading it'])
+    assert.equal(eventsOf(session, 'compaction/start').length, 1, 'asked once, not retried')
+  })
+})
+
+test('a pruned tool result enters the ledger as it was (the original is read from the log)', async () => {
+  const f = await fake([{ toolCalls: [{ id: 'g', name: 'grep', arguments: { pattern: 'x', path: 'lib' } }] }, { text: 'found' }, ...calls(1, 'q'), { text: 'q' }])
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: f.provider, tools: [tool('grep', () => ({ content: 'grep: lib: No such file or directory\n' + 'x'.repeat(60_000), isError: true })), tool('fetch', () => 'F'.repeat(12_000))], compaction: { retainedTailRatio: 0.05 } })
+  await agent.run('search')
+  assert.equal(eventsOf(session, 'compaction/prune').length, 1)
+  assert.ok(f.conversation()[1].rawBody.includes(PRUNE_MARKER.trim()))
+  await agent.run('again')
+  await agent.compactNow()
+  const ledger = (eventsOf(session, 'compaction/summary')[0].data as any).ledger as Ledger
+  assert.deepEqual(ledger.errors.map((e) => e.text), ['grep: lib: No such file or directory'])
+  assert.deepEqual(ledger.read, [], 'a failed call touches no path')
+})

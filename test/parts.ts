@@ -1,0 +1,20 @@
+// The two parts of dsh.ts as the tests see them, read from the source text independently of
+// build.mjs (which cuts Part I for dist/dsh.mjs at the same fence line): the tests' own oracle.
+import { readFileSync } from 'node:fs'
+import { dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+
+const ROOT = dirname(dirname(fileURLToPath(import.meta.url)))
+const SOURCE = readFileSync(join(ROOT, 'dsh.ts'), 'utf8')
+const FENCE_AT = SOURCE.search(/^\/\/ FENCE\. /m)
+if (FENCE_AT < 0) throw new Error('dsh.ts has no fence line ("// FENCE. …") between Part I and Part II')
+
+const valueExports = (text: string): string[] =>
+  [...text.matchAll(/^export (?:declare )?(?:async )?(?:abstract )?(?:function\*?|const|let|var|class) (\w+)/gm)].map((m) => m[1]).sort()
+
+/** Value exports declared above the fence (Part I, the runtime), sorted. */
+export const PART_ONE_EXPORTS: readonly string[] = valueExports(SOURCE.slice(0, FENCE_AT))
+/** Value exports declared below the fence (Part II: tools, replay, CLI), sorted. */
+export const PART_TWO_EXPORTS: readonly string[] = valueExports(SOURCE.slice(FENCE_AT))
+/** The 1-based line of the fence in dsh.ts. */
+export const FENCE_LINE = SOURCE.slice(0, FENCE_AT).split('\n').length

@@ -1,0 +1,184 @@
+// What a hostile or broken server can make the provider adapter read (docs/design.md §13): byte
+// caps on error, non-stream and streamed bodies, an overall deadline, no cross-origin redirects.
+import { test, describe, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { createServer, type Server, type IncomingMessage, type ServerResponse } from 'node:http'
+import { gzipSync } from 'node:zlib'
+import { openAICompatible, ProviderError, RESPONSE_BODY_MAX_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Agent, Session, type Message } from '../dsh.ts'
+import { startFakeProvider } from './fake-provider.ts'
+
+const HI: Message[] = [{ role: 'user', content: 'hi' }]
+const servers: Server[] = []
+after(async () => { for (const s of servers) { s.closeAllConnections(); await new Promise((r) => s.close(r)) } })
+
+/** A raw HTTP server; `handler` gets every request. Returns its base URL. */
+async function serve(handler: (req: IncomingMessage, res: ServerResponse) => void): Promise<string> {
+  const server = createServer(handler)
+  servers.push(server)
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
+  return `http://127.0.0.1:${(server.address() as { port: number }).port}`
+}
+
+/** Writes `chunk` `times` times with backpressure; resolves with the bytes written before the client went away. */
+function pump(res: ServerResponse, chunk: Uint8Array | string, times: number): Promise<number> {
+  return new Promise((resolve) => {
+    let written = 0, i = 0
+    res.on('close', () => resolve(written))
+    const more = (): void => {
+      while (i < times) {
+        i++
+        written += typeof chunk === 'string' ? Buffer.byteLength(chunk) : chunk.byteLength
+        if (!res.write(chunk)) { res.once('drain', more); return }
+      }
+      res.end()
+    }
+    more()
+  })
+}
+
+const rejectsWith = async (p: Promise<unknown>, check: (e: ProviderError) => void): Promise<void> => {
+  let error: unknown
+  try { await p } catch (e) { error = e }
+  assert.ok(error instanceof ProviderError, `expected a ProviderError, got ${error}`)
+  check(error)
+}
+
+describe('error and non-stream bodies are read up to 64 KiB, then cancelled', () => {
+  test('a 3 MB gzip body (3 GB inflated) is not inflated: 64 KiB read, the rest cancelled', async () => {
+    const member = gzipSync(Buffer.alloc(1024 * 1024, 0x61), { level: 9 }) // 1 MiB of "a" → ~1 KB
+    const members = Math.ceil((3 * 1024 * 1024) / member.byteLength) // ≈ 3 MB of gzip, ≈ 3 GB of text
+    let sent: Promise<number> | undefined
+    const url = await serve((req, res) => {
+      req.resume()
+      res.writeHead(400, { 'content-type': 'text/plain', 'content-encoding': 'gzip' })
+      sent = pump(res, member, members)
+    })
+    const started = Date.now()
+    await rejectsWith(openAICompatible({ baseURL: url, model: 'm' }).complete({ messages: HI }), (e) => {
+      assert.equal(e.code, 'INVALID_REQUEST')
+      assert.equal(e.status, 400)
+      assert.equal(e.body.length, RESPONSE_BODY_MAX_BYTES)
+      assert.match(e.message, /error body cut at 65536 bytes, the rest not read/)
+    })
+    assert.ok(Date.now() - started < 5_000) // inflating 3 GB takes longer, and then fails on V8's string limit
+    await sent! // the client closed the connection (the server's write loop ended)
+  })
+
+  test('a huge plain 500 body is read only 64 KiB per attempt, on each of the retries', async () => {
+    const sent: Promise<number>[] = []
+    const url = await serve((req, res) => {
+      req.resume()
+      res.writeHead(500, { 'content-type': 'text/plain' })
+      sent.push(pump(res, 'x'.repeat(64 * 1024), 16 * 1024)) // 1 GiB offered per attempt
+    })
+    await rejectsWith(openAICompatible({ baseURL: url, model: 'm', maxRetries: 2, retryBaseMs: 1, retryMaxMs: 1 }).complete({ messages: HI }), (e) => {
+      assert.equal(e.code, 'SERVER')
+      assert.equal(e.body, 'x'.repeat(RESPONSE_BODY_MAX_BYTES))
+    })
+    assert.equal(sent.length, 3)
+    for (const n of await Promise.all(sent)) assert.ok(n < 64 * 1024 * 1024, `one attempt took ${n} bytes`)
+  })
+
+  test('a non-streamed JSON body over 64 KiB is RESPONSE_TOO_LARGE', async () => {
+    const f = await startFakeProvider({ script: [{ json: { choices: [{ index: 0, message: { role: 'assistant', content: 'y'.repeat(RESPONSE_BODY_MAX_BYTES) }, finish_reason: 'stop' }] } }] })
+    try {
+      await rejectsWith(openAICompatible({ baseURL: f.url, model: 'm', maxRetries: 0 }).complete({ messages: HI }), (e) => {
+        assert.equal(e.code, 'RESPONSE_TOO_LARGE')
+        assert.match(e.message, /non-streamed body over 65536 bytes/)
+      })
+    } finally { await f.close() }
+  })
+})
+
+describe('one assistant message is capped (default 8 MiB of text + arguments)', () => {
+  test('the default is 8 MiB', () => assert.equal(DEFAULT_MAX_MESSAGE_BYTES, 8 * 1024 * 1024))
+
+  test('an endless stream ends with RESPONSE_TOO_LARGE and the partial text kept; the loop logs it as interrupted', async () => {
+    let sent: Promise<number> | undefined
+    const delta = `data: ${JSON.stringify({ choices: [{ index: 0, delta: { content: 'z'.repeat(1000) } }] })}\n\n`
+    const url = await serve((req, res) => {
+      req.resume()
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      sent = pump(res, delta, 1_000_000) // ≈ 1 GB, endless for the client
+    })
+    const provider = openAICompatible({ baseURL: url, model: 'm', maxMessageBytes: 64 * 1024 })
+    await rejectsWith(provider.complete({ messages: HI }), (e) => {
+      assert.equal(e.code, 'RESPONSE_TOO_LARGE')
+      assert.match(e.message, /passed maxMessageBytes, 65536 bytes of text, reasoning and tool-call arguments/)
+      const text = (e.partial!.content[0] as { text: string }).text
+      assert.equal(text, 'z'.repeat(65_000))
+      assert.equal(e.partial!.interrupted, true)
+    })
+    assert.ok((await sent!) < 64 * 1024 * 1024)
+
+    const session = await Session.open()
+    const agent = new Agent({ session, provider, contextWindow: 1_000_000, maxTokens: 1000 })
+    await assert.rejects(agent.run('go'), (e: ProviderError) => e.code === 'RESPONSE_TOO_LARGE')
+    const logged = session.events.find((e) => e.type === 'assistant/message')!.data as any
+    assert.equal(logged.finishReason, 'error')
+    assert.equal(logged.message.interrupted, true)
+    assert.equal(logged.message.content[0].text.length, 65_000)
+  })
+
+  test('tool-call arguments count too', async () => {
+    const f = await startFakeProvider({ script: [{ toolCalls: [{ id: 'c', name: 't', arguments: 'a'.repeat(3000) }], deltaSize: 500 }] })
+    try {
+      await rejectsWith(openAICompatible({ baseURL: f.url, model: 'm', maxMessageBytes: 2000 }).complete({ messages: HI }), (e) => assert.equal(e.code, 'RESPONSE_TOO_LARGE'))
+    } finally { await f.close() }
+  })
+
+  test('maxMessageBytes and requestTimeoutMs are checked', () => {
+    assert.throws(() => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', maxMessageBytes: 0 }), /maxMessageBytes must be a positive integer, got 0/)
+    assert.throws(() => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', requestTimeoutMs: 1.5 }), /requestTimeoutMs must be a positive integer, got 1\.5/)
+  })
+})
+
+describe('an overall request deadline', () => {
+  test('keep-alive comments forever: TIMEOUT at requestTimeoutMs, not retried', async () => {
+    const f = await startFakeProvider({ script: [{ fault: 'keep-alive', intervalMs: 20 }, { text: 'never' }] })
+    try {
+      const started = Date.now()
+      await rejectsWith(openAICompatible({ baseURL: f.url, model: 'm', requestTimeoutMs: 300 }).complete({ messages: HI }), (e) => {
+        assert.equal(e.code, 'TIMEOUT')
+        assert.match(e.message, /the request deadline of 300 ms \(requestTimeoutMs\) passed/)
+      })
+      const ms = Date.now() - started
+      assert.ok(ms >= 290 && ms < 3_000, `${ms} ms`)
+      assert.equal(f.requests.length, 1)
+    } finally { await f.close() }
+  })
+})
+
+describe('POST redirects are not followed across origins', () => {
+  test('307 to another origin: refused, nothing reaches it', async () => {
+    const other = await startFakeProvider({ script: [{ text: 'stolen' }] })
+    try {
+      const url = await serve((req, res) => { req.resume(); res.writeHead(307, { location: `${other.url}/chat/completions` }).end() })
+      await rejectsWith(openAICompatible({ baseURL: url, model: 'm', apiKey: 'sk-secret-key' }).complete({ messages: HI }), (e) => {
+        assert.equal(e.code, 'INVALID_REQUEST')
+        assert.equal(e.status, 307)
+        assert.ok(e.message.includes(`redirects to ${other.url}/chat/completions: another origin than ${url}; the conversation and the key are not re-sent there`), e.message)
+      })
+      assert.equal(other.requests.length, 0)
+    } finally { await other.close() }
+  })
+
+  test('308 to the same origin is followed with the body; 302 is refused', async () => {
+    const seen: string[] = []
+    const url = await serve((req, res) => {
+      let body = ''
+      req.on('data', (c) => { body += c })
+      req.on('end', () => {
+        seen.push(`${req.url} ${JSON.parse(body).messages[0].content}`)
+        if (req.url === '/v1/chat/completions') return void res.writeHead(308, { location: '/v2/chat/completions' }).end()
+        if (req.url === '/old/chat/completions') return void res.writeHead(302, { location: '/v2/chat/completions' }).end()
+        res.writeHead(200, { 'content-type': 'text/event-stream' })
+        res.end(`data: ${JSON.stringify({ choices: [{ index: 0, delta: { content: 'moved' }, finish_reason: 'stop' }] })}\n\ndata: [DONE]\n\n`)
+      })
+    })
+    const answer = await openAICompatible({ baseURL: `${url}/v1`, model: 'm' }).complete({ messages: HI })
+    assert.deepEqual(answer.message.content, [{ type: 'text', text: 'moved' }])
+    assert.deepEqual(seen, ['/v1/chat/completions hi', '/v2/chat/completions hi'])
+    await rejectsWith(openAICompatible({ baseURL: `${url}/old`, model: 'm' }).complete({ messages: HI }), (e) => assert.match(e.message, /HTTP 302 would turn the POST into a GET/))
+  })
+})

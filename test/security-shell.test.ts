@@ -1,0 +1,110 @@
+// The shell tool under a hostile model (docs/design.md §13): no secrets in its environment, and
+// nothing it starts — `&`, nohup, setsid — outlives the call, a timeout, a cancellation or the CLI.
+import { test, describe, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { mkdtemp, realpath, rm, readdir, readFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { builtinTools, shellEnvironment, parseCliArgs, type Tool } from '../dsh.ts'
+import { startFakeProvider } from './fake-provider.ts'
+import { runDsh, CLEAN_ENV } from './cli-child.ts'
+
+const temps: string[] = []
+after(async () => { for (const dir of temps) await rm(dir, { recursive: true, force: true }) })
+async function tempDir(): Promise<string> {
+  const dir = await realpath(await mkdtemp(join(tmpdir(), 'dsh-shell-')))
+  temps.push(dir)
+  return dir
+}
+const linux = process.platform === 'linux' ? false : 'SKIPPED: needs /proc (Linux) to look for surviving processes'
+
+/** A `sleep` duration no other process uses, to find our sleepers in /proc. */
+const uniqueSeconds = (): number => 7000 + Math.floor(Math.random() * 2000) + Math.floor(Math.random() * 1000) / 1000
+/** Pids of live processes whose command line is `sleep <seconds>`. */
+async function sleepers(seconds: number): Promise<number[]> {
+  const found: number[] = []
+  for (const name of await readdir('/proc')) {
+    if (!/^\d+$/.test(name)) continue
+    try {
+      const args = (await readFile(`/proc/${name}/cmdline`, 'utf8')).split('\0')
+      const state = (await readFile(`/proc/${name}/stat`, 'utf8')).split(') ')[1]?.[0]
+      if (args[0].endsWith('sleep') && args[1] === String(seconds) && state !== 'Z') found.push(Number(name))
+    } catch { /* gone */ }
+  }
+  return found
+}
+const BACKGROUND = (s: number) => `sleep ${s} & nohup sleep ${s} >/dev/null 2>&1 & setsid sleep ${s} >/dev/null 2>&1 & (setsid sh -c 'sleep ${s} & sleep ${s}' >/dev/null 2>&1 &)`
+const live = () => ({ signal: new AbortController().signal, callId: 'c' })
+
+describe('the shell environment has no secrets', () => {
+  test('shellEnvironment drops key variables, look-alikes and copies of the key unless kept', () => {
+    const env = { PATH: '/bin', HOME: '/h', DEEPSEEK_API_KEY: 'sk-ds-1234', MY_CRED: 'sk-or-5678', COPY: 'sk-or-5678', GITHUB_TOKEN: 'ghp', DB_PASSWORD: 'pw', aws_secret_access_key: 'a', npm_config__authToken: 't', KEYBOARD: 'us' }
+    assert.deepEqual(shellEnvironment(env, { drop: ['DEEPSEEK_API_KEY', 'MY_CRED'], keep: ['GITHUB_TOKEN', 'MY_CRED'] }), { PATH: '/bin', HOME: '/h', GITHUB_TOKEN: 'ghp' })
+  })
+
+  test('--shell-env NAME (repeatable) is parsed; the key variable cannot be listed', () => {
+    const o = parseCliArgs(['--base-url', 'http://127.0.0.1:1', '--shell-env', 'A_TOKEN', '--shell-env', 'B_KEY,C'], {}) as { shellEnv?: string[] }
+    assert.deepEqual(o.shellEnv, ['A_TOKEN', 'B_KEY', 'C'])
+    assert.throws(() => parseCliArgs(['--base-url', 'http://127.0.0.1:1', '--api-key-env', 'K', '--shell-env', 'K'], { K: 'x' }), /--shell-env K: the API key variable is never given to shell commands/)
+    assert.throws(() => parseCliArgs(['--base-url', 'http://127.0.0.1:1', '--shell-env', 'no good'], {}), /--shell-env takes variable names/)
+  })
+
+  test('CLI: `env` run by the model shows neither key nor secrets, only what --shell-env lists', async () => {
+    const cwd = await tempDir()
+    const f = await startFakeProvider({ script: [{ toolCalls: [{ id: 'c1', name: 'shell', arguments: { command: 'env' } }] }, { text: 'done' }] })
+    try {
+      const env = { ...CLEAN_ENV, DEEPSEEK_API_KEY: 'sk-deepseek-AAAA', ROUTER_CRED: 'sk-router-BBBB', MY_TOKEN: 'tok-CCCC', SERVICE_PASSWORD: 'pw-DDDD', GH_TOKEN: 'gh-EEEE', PLAIN: 'plain-FFFF' }
+      const run = await runDsh(['-p', 'show env', '--base-url', f.url, '--model', 'm', '--context-window', '16000', '--allow-shell', '--api-key-env', 'ROUTER_CRED', '--shell-env', 'GH_TOKEN'], cwd, env)
+      assert.equal(run.code, 0, run.stderr)
+      const seen: string = f.requests[1].body.messages.at(-1).content
+      assert.match(seen, /^exit code 0\n/)
+      for (const secret of ['sk-deepseek-AAAA', 'sk-router-BBBB', 'tok-CCCC', 'pw-DDDD', 'DEEPSEEK_API_KEY', 'ROUTER_CRED']) assert.ok(!seen.includes(secret), secret)
+      assert.ok(seen.includes('GH_TOKEN=gh-EEEE') && seen.includes('PLAIN=plain-FFFF'))
+      assert.equal(f.requests[0].headers.authorization, 'Bearer sk-router-BBBB')
+    } finally { await f.close() }
+  })
+})
+
+describe('nothing the command starts outlives the call', { skip: linux }, () => {
+  let t: Record<string, Tool>
+  const tools = async () => (t ??= Object.fromEntries((await builtinTools({ cwd: await tempDir(), allowShell: true })).map((x) => [x.name, x])))
+
+  test('after a normal exit: &, nohup, setsid and a setsid double fork are killed', async () => {
+    const s = uniqueSeconds()
+    const out = await (await tools()).shell.execute({ command: `${BACKGROUND(s)}; echo started` }, live())
+    assert.match(out as string, /^exit code 0 \(processes it left running in the background were killed\)\nstdout:\nstarted\n/)
+    assert.deepEqual(await sleepers(s), [])
+  })
+
+  test('on timeout, promptly', async () => {
+    const s = uniqueSeconds()
+    const started = Date.now()
+    const out = await (await tools()).shell.execute({ command: `${BACKGROUND(s)}; sleep ${s}`, timeout_ms: 200 }, live()) as { content: string }
+    assert.match(out.content, /^timed out after 200 ms/)
+    assert.ok(Date.now() - started < 2_500, `${Date.now() - started} ms`)
+    assert.deepEqual(await sleepers(s), [])
+  })
+
+  test('on abort', async () => {
+    const s = uniqueSeconds()
+    const controller = new AbortController()
+    setTimeout(() => controller.abort(), 200)
+    const out = await (await tools()).shell.execute({ command: `${BACKGROUND(s)}; sleep ${s}` }, { signal: controller.signal, callId: 'c' }) as { content: string }
+    assert.match(out.content, /^cancelled; the command was killed/)
+    assert.deepEqual(await sleepers(s), [])
+  })
+
+  test('on CLI exit: SIGTERM to dsh while the command runs', async () => {
+    const cwd = await tempDir()
+    const s = uniqueSeconds()
+    const f = await startFakeProvider({ script: [{ toolCalls: [{ id: 'c1', name: 'shell', arguments: { command: `${BACKGROUND(s)}; sleep ${s}` } }] }, { text: 'never' }] })
+    try {
+      const run = await runDsh(['-p', 'go', '--base-url', f.url, '--model', 'm', '--context-window', '16000', '--allow-shell'], cwd, CLEAN_ENV, (child) => {
+        const poll = setInterval(async () => { if ((await sleepers(s)).length >= 6) { clearInterval(poll); child.kill('SIGTERM') } }, 50)
+      })
+      assert.equal(run.signal, 'SIGTERM')
+      await new Promise((r) => setTimeout(r, 100))
+      assert.deepEqual(await sleepers(s), [])
+    } finally { await f.close() }
+  })
+})

@@ -1,0 +1,109 @@
+// Security rules (docs/design.md §13) under hostile input: a prompt-injected model choosing tool
+// arguments, a hostile or broken server, a second process. Each test fails without its fix.
+import { test, describe, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { mkdtemp, readFile, readdir, realpath, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { Agent, Session, FileStore, spillName, stripControls, type Tool } from '../dsh.ts'
+import { ScriptedProvider, say } from './scripted-provider.ts'
+import { startFakeProvider } from './fake-provider.ts'
+import { runDsh, CLEAN_ENV } from './cli-child.ts'
+
+const temps: string[] = []
+after(async () => { for (const dir of temps) await rm(dir, { recursive: true, force: true }) })
+async function tempDir(): Promise<string> {
+  const dir = await realpath(await mkdtemp(join(tmpdir(), 'dsh-sec-')))
+  temps.push(dir)
+  return dir
+}
+
+describe('the session log: tool-call arguments once, spill names from the seq', () => {
+  test('ids "c:1", "c_1" and a 300-character id spill to three distinct artefacts; arguments are logged once', async () => {
+    const dir = await tempDir()
+    const longId = 'x'.repeat(300)
+    const ids = ['c:1', 'c_1', longId]
+    const big: Tool = { name: 'big', description: 'big output', parameters: { type: 'object' }, execute: (args: { n: string }) => `${args.n}:` + 'y'.repeat(5000) }
+    const provider = new ScriptedProvider(100_000, [
+      { message: { role: 'assistant', content: ids.map((id, i) => ({ type: 'tool-call', id, name: 'big', arguments: JSON.stringify({ n: `out${i}` }) })) }, finishReason: 'tool_calls' },
+      say('done'),
+    ])
+    const session = await Session.open(new FileStore(join(dir, 's.jsonl')))
+    const agent = new Agent({ session, provider, tools: [big], compaction: { spillBytes: 1000 } })
+    const result = await agent.run('go')
+    assert.equal(result.reason, 'stop')
+    await session.store.close?.()
+    const log = (await readFile(join(dir, 's.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l))
+    const results = log.filter((e) => e.type === 'tool/result')
+    assert.equal(results.length, 3)
+    const files = (await readdir(join(dir, 's.jsonl.artefacts'))).sort()
+    assert.deepEqual(files, results.map((e) => spillName(e.seq)).sort())
+    for (const [i, e] of results.entries()) {
+      assert.equal(e.data.message.toolCallId, ids[i])
+      assert.ok((await readFile(e.data.spilled.ref, 'utf8')).startsWith(`out${i}:`), 'each original kept whole in its own artefact')
+    }
+    const calls = log.filter((e) => e.type === 'tool/call')
+    assert.deepEqual(calls.map((e) => Object.keys(e.data).sort()), [['callId', 'name'], ['callId', 'name'], ['callId', 'name']])
+    const text = await readFile(join(dir, 's.jsonl'), 'utf8')
+    assert.equal(text.split('{\\"n\\":\\"out1\\"}').length - 1, 1, 'the arguments appear once in the log')
+    // Resume still knows which calls were dispatched.
+    const again = await Session.load(new FileStore(join(dir, 's.jsonl')))
+    assert.ok(ids.every((id) => again.wasDispatched(id)))
+  })
+})
+
+describe('the DeepSeek key only over https: to its host', () => {
+  for (const url of ['http://api.deepseek.com:8080', 'http://api.deepseek.com']) {
+    test(`--base-url ${url} is refused (exit 2) before anything is sent`, async () => {
+      const cwd = await tempDir()
+      for (const extra of [[], ['--api-key-env', 'MY_KEY']]) {
+        const run = await runDsh(['-p', 'hi', '--base-url', url, ...extra], cwd, { ...CLEAN_ENV, DEEPSEEK_API_KEY: 'sk-secret-1234', MY_KEY: 'sk-mine-5678' })
+        assert.equal(run.code, 2, run.stderr)
+        assert.equal(run.stderr, `dsh: --base-url "${url}" would send the DeepSeek API key unencrypted; use https://${new URL(url).host}\n`)
+      }
+    })
+  }
+})
+
+describe('terminal control sequences from the model and the server are not printed', () => {
+  const HOSTILE = 'Done.\x1b]52;c;cm0gLXJmIH4=\x07 \x1b]0;pwned\x1b\\ \x1b[2J\x1b[1;1H\x9b31m\x9d8;;http://x\x9c \x07\x08\rfine\n\ttab'
+  test('stripControls keeps text, tabs and newlines, drops every sequence', () => {
+    assert.equal(stripControls(HOSTILE), 'Done.   fine\n\ttab')
+    assert.equal(stripControls('a\r\nb\x1b'), 'a\r\nb')
+    assert.equal(stripControls('\x1b]0;title no terminator\nnext'), '\nnext')
+    // Split anywhere, the pieces are still harmless: no ESC or C1 survives.
+    for (let i = 0; i < HOSTILE.length; i++) {
+      const joined = stripControls(HOSTILE.slice(0, i)) + stripControls(HOSTILE.slice(i))
+      assert.ok(!/[\x00-\x08\x0b-\x1f\x7f-\x9f]/.test(joined.replace(/\r\n/g, '\n')), `split at ${i}`)
+    }
+  })
+
+  test('the answer on stdout and a server error on stderr carry no escape', async () => {
+    const cwd = await tempDir()
+    const f = await startFakeProvider({ script: [{ text: HOSTILE }, { status: 400, body: { error: { message: 'bad \x1b]52;c;ZXZpbA==\x07 request \x1b[31mred' } } }] })
+    try {
+      const flags = ['--base-url', f.url, '--model', 'm', '--context-window', '16000']
+      const ok = await runDsh(['-p', 'hi', ...flags], cwd)
+      assert.equal(ok.code, 0, ok.stderr)
+      assert.equal(ok.stdout, 'Done.   fine\n\ttab\n')
+      const bad = await runDsh(['-p', 'hi', ...flags], cwd)
+      assert.equal(bad.code, 1)
+      assert.match(bad.stderr, /bad  request red/)
+      assert.ok(!/[\x1b\x07\x9b\x9d]/.test(bad.stderr), JSON.stringify(bad.stderr))
+    } finally { await f.close() }
+  })
+
+  test('--json output escapes C1 characters and still parses to the logged value', async () => {
+    const cwd = await tempDir()
+    const f = await startFakeProvider({ script: [{ text: 'x\x9b2Jy\x1b[2J' }] })
+    try {
+      const run = await runDsh(['-p', 'hi', '--base-url', f.url, '--model', 'm', '--context-window', '16000', '--json', '--session', 's.jsonl'], cwd)
+      assert.equal(run.code, 0, run.stderr)
+      assert.ok(!/[\x1b\x7f-\x9f]/.test(run.stdout))
+      const printed = run.stdout.trim().split('\n').map((l) => JSON.parse(l))
+      const logged = (await readFile(join(cwd, 's.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l))
+      assert.deepEqual(printed, logged)
+      assert.equal(printed.find((e) => e.type === 'assistant/message').data.message.content[0].text, 'x\x9b2Jy\x1b[2J')
+    } finally { await f.close() }
+  })
+})
