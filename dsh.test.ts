@@ -10,6 +10,7 @@ import {
   Session, MemoryStore, FileStore, SessionError, spillToolResult,
   type ToolResultMessage, type Message, type Block,
 } from './dsh.ts'
+import { logEvents } from './test/shared.ts'
 
 const toolResult = (text: string, id = 'call_1'): ToolResultMessage => ({ role: 'tool', toolCallId: id, content: [{ type: 'text', text }] })
 const textOf = (m: ToolResultMessage) => m.content.filter((b) => b.type === 'text').map((b) => (b as { text: string }).text).join('')
@@ -259,10 +260,10 @@ describe('FileStore', () => {
     interleaved(live)
     await live.sync()
     const lines = readFileSync(file, 'utf8').trimEnd().split('\n')
-    assert.equal(lines.length, live.events.length)
+    assert.equal(lines.length, live.seq)
     const again = await Session.open(new FileStore(file))
     assert.deepEqual(again.messages(), live.messages())
-    assert.equal(again.events[live.events.length].type, 'session/resume')
+    assert.equal((await again.readEvent(live.seq)).type, 'session/resume')
   })
 
   test('case 8: a torn last line is dropped, saved and reported; the file is repaired', async () => {
@@ -275,10 +276,10 @@ describe('FileStore', () => {
     assert.equal(again.torn?.line, 3)
     assert.equal(again.torn?.bytes, 26)
     assert.ok(readdirSync(dir).some((f) => f.startsWith('s.jsonl.torn-')))
-    assert.equal(again.events[2].type, 'session/resume')
-    assert.deepEqual((again.events[2].data as any).torn.line, 3)
+    assert.equal((await again.readEvent(2)).type, 'session/resume')
+    assert.deepEqual(((await again.readEvent(2)).data as any).torn.line, 3)
     await again.sync()
-    assert.equal((await Session.load(new FileStore(file))).events.length, 3) // file is whole again
+    assert.equal((await Session.load(new FileStore(file))).seq, 3) // file is whole again
   })
 
   test('case 8: a corrupt line in the middle is refused with its line number', async () => {
@@ -309,7 +310,7 @@ describe('FileStore', () => {
     live.append('compaction/start', { id: 'k1', trigger: 'pressure' })
     await live.sync()
     const again = await Session.open(new FileStore(file))
-    const tail = again.events.slice(live.events.length)
+    const tail = await logEvents(again, live.seq)
     assert.deepEqual(tail.map((e) => e.type), ['session/resume', 'compaction/end', 'tool/result', 'tool/result', 'step/end', 'turn/end'])
     const codes = tail.filter((e) => e.type === 'tool/result').map((e) => [(e.data as any).message.toolCallId, (e.data as any).message.metadata.code])
     assert.deepEqual(codes, [['ran', 'TOOL_OUTCOME_UNKNOWN'], ['queued', 'TOOL_NOT_STARTED']])
@@ -369,4 +370,62 @@ test('spill decides by UTF-8 bytes at the limit, whatever the mix of 1-, 2-, 3- 
     assert.equal(out.spilled !== undefined, spills, `${text.length} units`)
     if (spills) assert.equal(out.spilled!.bytes, new TextEncoder().encode(text).length)
   }
+})
+
+describe('FileStore streaming load and read-back (memory O(surface))', () => {
+  const tmp = () => mkdtempSync(join(tmpdir(), 'dsh-stream-'))
+
+  test('a FileStore session keeps only its surface; originals are read back from the file', async () => {
+    const file = join(tmp(), 's.jsonl')
+    const live = await Session.open(new FileStore(file))
+    assert.equal(live.keepsAllEvents, false)
+    assert.throws(() => live.events, /keeps only its surface.*readEvent/)
+    live.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'cat', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
+    // 5 MB of mixed 1-, 2-, 3- and 4-byte characters: the line spans two 4 MiB reads, a character sits on the cut.
+    const big = ('a\u00e9\u20ac\u{1F600}'.repeat(500_000)) + 'END'
+    const original = live.append('tool/result', { message: toolResult(big, 'c1'), surfaceOp: { op: 'append' } })
+    live.pruneToolResult(original.seq)
+    await live.sync()
+    assert.equal(((await live.readEvent(original.seq)).data as any).message.content[0].text, big)
+    await live.store.close?.()
+    const again = await Session.open(new FileStore(file))
+    assert.deepEqual(again.messages(), live.messages())
+    assert.equal(((await again.readEvent(original.seq)).data as any).message.content[0].text, big)
+    const types = (await logEvents(again)).map((e) => e.type)
+    assert.deepEqual(types, ['session/start', 'assistant/message', 'tool/result', 'compaction/prune', 'tool/result', 'session/resume'])
+    assert.deepEqual((await logEvents(again, 4)).map((e) => e.seq), [4, 5])
+    // Events appended after the reload are read back too (also before any explicit flush).
+    const late = again.append('user/message', { message: { role: 'user', content: 'later \u{1F600}' }, surfaceOp: { op: 'append' } })
+    assert.equal(((await again.readEvent(late.seq)).data as any).message.content, 'later \u{1F600}')
+    await again.store.close?.()
+  })
+
+  test('a last line without its newline that parses is kept; the next append starts a new line', async () => {
+    const file = join(tmp(), 's.jsonl')
+    const live = await Session.open(new FileStore(file))
+    live.append('user/message', { message: { role: 'user', content: 'h\u00e9llo' }, surfaceOp: { op: 'append' } })
+    await live.sync(); await live.store.close?.()
+    writeFileSync(file, readFileSync(file, 'utf8').trimEnd())
+    const again = await Session.open(new FileStore(file))
+    assert.equal(again.torn, undefined)
+    await again.sync()
+    assert.equal(((await again.readEvent(1)).data as any).message.content, 'h\u00e9llo')
+    assert.equal((await again.readEvent(2)).type, 'session/resume')
+    assert.equal(readFileSync(file, 'utf8').split('\n').filter(Boolean).length, 3)
+    await again.store.close?.()
+  })
+
+  test('a torn multi-byte last line is saved byte for byte and the file truncated to the last whole line', async () => {
+    const dir = tmp(), file = join(dir, 's.jsonl')
+    const live = await Session.open(new FileStore(file))
+    await live.sync(); await live.store.close?.()
+    const whole = readFileSync(file)
+    const tail = Buffer.from('{"seq":1,"type":"user/message","data":{"message":{"role":"user","content":"\u20ac\u20ac')
+    writeFileSync(file, Buffer.concat([whole, tail.subarray(0, tail.length - 1)])) // cut inside the last €
+    const again = await Session.load(new FileStore(file))
+    assert.equal(again.torn?.line, 2)
+    assert.equal(again.torn?.bytes, tail.length - 1)
+    assert.deepEqual(readFileSync(again.torn!.savedTo!), tail.subarray(0, tail.length - 1))
+    assert.deepEqual(readFileSync(file), whole)
+  })
 })

@@ -42,14 +42,16 @@
  *   ── fence: nothing in Part I names anything in Part II ──
  *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
  *   8. Tools          built-in coding tools of the CLI (read_file, list_files, grep, write/edit, shell)
- *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of the readers
- *                     table there (detect + read); 9.2 the replay runner
+ *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of
+ *                     TRANSCRIPT_READERS (detect + read); 9.2 the replay runner: an Agent with a
+ *                     recorded provider and tools — a REPORT COLUMN is one entry of REPLAY_FIGURES
  *   10. CLI           arguments, configuration, terminal output, entry point
  *
  * UNITS (one word, one unit, everywhere in this file):
  *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
  *   code points  Unicode scalar values (a surrogate pair is one); "chars" in a name means code points
- *   UTF-16 units JS string `.length` (the meter's `/ 4` counts these)
+ *   UTF-16 units JS string `.length`; "units" in a name (`maxOutputUnits`, UNITS_PER_TOKEN: the
+ *                meter's `/ 4` counts these)
  *   bytes        UTF-8 bytes unless a name says otherwise
  *   ms           milliseconds; every time is in ms unless a name says otherwise (`…S` = seconds)
  */
@@ -175,7 +177,8 @@ export type StreamEvent =
   | { type: 'tool-call-delta'; index: number; id?: string; name?: string; argumentsDelta: string }
   | { type: 'usage'; usage: Usage }
   | { type: 'finish'; finishReason: string }
-  | { type: 'retry'; attempt: number; delayMs: number; error: ProviderError }
+  /** Before each backoff wait: `attempt` counts retries from 1, `maxRetries` is how many this error gets, `error` is why. */
+  | { type: 'retry'; attempt: number; delayMs: number; error: ProviderError; maxRetries?: number }
 
 /** One provider call. `maxTokens` (tokens) is clamped by the provider to the room left. */
 export interface ChatRequest {
@@ -249,13 +252,13 @@ export interface Tool<Args = any> {
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
 /** Tokens are estimated as one per four UTF-16 units (docs/design.md §2). */
-export const CHARS_PER_TOKEN = 4
+export const UNITS_PER_TOKEN = 4
 /** Fixed per-message overhead in tokens (role, separators), docs/design.md §2. */
 export const MESSAGE_OVERHEAD_TOKENS = 8
 
 /** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). docs/design.md §2. */
 export function estimateTextTokens(text: string): number {
-  return Math.ceil(text.length / CHARS_PER_TOKEN)
+  return Math.ceil(text.length / UNITS_PER_TOKEN)
 }
 
 /**
@@ -267,14 +270,14 @@ export function estimateTextTokens(text: string): number {
 export function estimateMessageTokens(message: Message): number {
   const content = message.content
   if (typeof content === 'string') return estimateTextTokens(content) + MESSAGE_OVERHEAD_TOKENS
-  let chars = 0
+  let units = 0
   let other = 0
   for (const block of content) {
-    if (block.type === 'text' || block.type === 'reasoning') chars += (block as TextBlock).text.length
-    else if (block.type === 'tool-call') chars += (block as ToolCallBlock).name.length + (block as ToolCallBlock).arguments.length
+    if (block.type === 'text' || block.type === 'reasoning') units += (block as TextBlock).text.length
+    else if (block.type === 'tool-call') units += (block as ToolCallBlock).name.length + (block as ToolCallBlock).arguments.length
     else other += estimateTextTokens(JSON.stringify(block))
   }
-  return Math.ceil(chars / CHARS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
+  return Math.ceil(units / UNITS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
 }
 
 /**
@@ -430,7 +433,7 @@ const MARKER_CODE_POINTS = 39
  * Pruner configuration, all lengths in Unicode code points (docs/design.md §3).
  * `graphemeSafe` (off by default) moves each cut to a grapheme-cluster boundary with
  * `Intl.Segmenter` where the runtime has it, so a cut never splits an emoji sequence or a
- * combining mark from its base; cuts only shrink the kept text, so the budget still holds.
+ * combining mark from its base; cuts only shrink the kept text, so the code-point limits still hold.
  */
 export interface PruneConfig {
   thresholdChars: number
@@ -585,14 +588,14 @@ export function pruneToolResult(message: ToolResultMessage, config?: Partial<Pru
   const cfg = resolvePruneConfig(config)
   const blocks = message.content
   // Count code points of the joined text, stopping past the threshold.
-  let budget = cfg.thresholdChars
+  let leftChars = cfg.thresholdChars
   for (const b of blocks) {
     if (b.type !== 'text') continue
     const t = (b as TextBlock).text
-    budget -= overThreshold(t, budget) ? budget + 1 : codePointLength(t, budget)
-    if (budget < 0) break
+    leftChars -= overThreshold(t, leftChars) ? leftChars + 1 : codePointLength(t, leftChars)
+    if (leftChars < 0) break
   }
-  if (budget >= 0) return message
+  if (leftChars >= 0) return message
 
   // The head cut: walk forward through text blocks until `headChars` code points are kept.
   const texts = blocks.map((b, i) => (b.type === 'text' ? i : -1)).filter((i) => i >= 0)
@@ -889,6 +892,17 @@ export interface LoadedLog { events: SessionEvent[]; torn?: TornLine }
 export interface LogStore {
   load(): Promise<LoadedLog>
   append(events: readonly SessionEvent[]): Promise<void>
+  /**
+   * Optional streaming load: calls `onEvent` with each event in seq order (only checked for its
+   * shape and seq), and returns the torn last line if one was dropped. A store that implements
+   * `scan` and `readEvent` is *readable*: a {@link Session} on it keeps only the surface and small
+   * metadata in memory and reads old events back on demand (docs/design.md §4).
+   */
+  scan?(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }>
+  /** Reads back event `seq` (loaded or appended earlier). */
+  readEvent?(seq: number): Promise<SessionEvent>
+  /** Reads back the events with `fromSeq <= seq < toSeq`, oldest first. */
+  readEvents?(fromSeq: number, toSeq: number): AsyncIterable<SessionEvent>
   sync?(): Promise<void>
   /** Stores `text` (e.g. a spilled tool result) and returns a reference a human can follow. */
   putArtefact?(name: string, text: string): Promise<string>
@@ -933,23 +947,34 @@ export function parseLogText(text: string): { events: SessionEvent[]; torn?: Tor
   while (pos < text.length) {
     line++
     const nl = text.indexOf('\n', pos)
-    const end = nl < 0 ? text.length : nl
-    const raw = text.slice(pos, end)
-    if (raw.trim() === '') {
-      if (nl < 0) break
-      throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
-    }
-    let value: unknown
-    try { value = JSON.parse(raw) } catch {
-      if (nl < 0) return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
-      throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
-    }
-    const problem = eventShapeProblem(value, events.length)
-    if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
-    events.push(value as SessionEvent)
+    const raw = text.slice(pos, nl < 0 ? text.length : nl)
+    const parsed = parseLogLine(raw, line, events.length, nl >= 0)
+    if (parsed === 'blank') break
+    if (parsed === 'torn') return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
+    events.push(parsed)
     pos = nl < 0 ? text.length : nl + 1
   }
   return { events, goodLength: text.length }
+}
+
+/**
+ * One log line (without its newline) → its event. `'torn'`: the last line, unterminated, does not
+ * parse (a crash cut it); `'blank'`: trailing white space at the end of the file. Anything else
+ * that is wrong throws `SessionError('LOG_CORRUPT')` naming the 1-based `line`.
+ */
+function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent | 'torn' | 'blank' {
+  if (raw.trim() === '') {
+    if (!terminated) return 'blank'
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
+  }
+  let value: unknown
+  try { value = JSON.parse(raw) } catch {
+    if (!terminated) return 'torn'
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
+  }
+  const problem = eventShapeProblem(value, expectedSeq)
+  if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
+  return value as SessionEvent
 }
 
 /**
@@ -961,44 +986,135 @@ export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
   return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
 }
 
+/** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
+const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
+
 /**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
- * `sync()` fsyncs. Loading drops a torn last line — its bytes are saved beside the log as
- * `FILE.torn-<time>` and the file is truncated to its last whole line — and refuses any other
- * corruption with the line number. Spilled tool results go to `FILE.artefacts/`.
+ * `sync()` fsyncs. Loading streams the file line by line (no whole-file string, no size ceiling),
+ * drops a torn last line — its bytes are saved beside the log as `FILE.torn-<time>` and the file is
+ * truncated to its last whole line — and refuses any other corruption with the line number.
+ * The store is *readable* (see {@link LogStore.scan}): it keeps the byte offset of every event's
+ * line (8 bytes per event) and reads events back from the file on demand, so a {@link Session} on
+ * it holds only its surface in memory. Spilled tool results go to `FILE.artefacts/`.
  */
 export class FileStore implements LogStore {
   readonly path: string
   private handle: any
+  private reader: any
   private needsNewline = false
+  /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
+  private lineStarts?: number[]
   constructor(path: string) { this.path = path }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
   async load(): Promise<LoadedLog> {
+    const events: SessionEvent[] = []
+    const { torn } = await this.scan((e) => { events.push(e) })
+    return { events, torn }
+  }
+
+  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
     const fs = await this.fs()
-    let text: string
-    try { text = await fs.readFile(this.path, 'utf8') } catch (err: any) {
-      if (err?.code === 'ENOENT') return { events: [] }
+    let fh: any
+    try { fh = await fs.open(this.path, 'r') } catch (err: any) {
+      if (err?.code === 'ENOENT') { this.lineStarts = [0]; return {} }
       throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
     }
-    const parsed = parseLogText(text)
-    if (parsed.torn) {
-      const savedTo = `${this.path}.torn-${Date.now()}`
-      await fs.writeFile(savedTo, text.slice(parsed.goodLength))
-      await fs.truncate(this.path, new TextEncoder().encode(text.slice(0, parsed.goodLength)).length)
-      parsed.torn.savedTo = savedTo
-    } else if (text.length > 0 && !text.endsWith('\n')) this.needsNewline = true
-    return { events: parsed.events, torn: parsed.torn }
+    const starts: number[] = [0]
+    const decoder = new TextDecoder()
+    let torn: TornLine | undefined
+    let tornAt = -1
+    try {
+      const size: number = (await fh.stat()).size
+      for await (const lines of lineChunks(fh, 0, size)) {
+        for (const { bytes, at, terminated } of lines) {
+          const line = starts.length
+          const parsed = parseLogLine(decoder.decode(bytes), line, starts.length - 1, terminated)
+          if (parsed === 'blank') continue
+          if (parsed === 'torn') { torn = { line, bytes: bytes.length }; tornAt = at; continue }
+          onEvent(parsed)
+          starts.push(at + bytes.length + (terminated ? 1 : 0))
+          if (!terminated) this.needsNewline = true
+        }
+      }
+      if (torn) {
+        const savedTo = `${this.path}.torn-${Date.now()}`
+        const tail = new Uint8Array(size - tornAt)
+        await fh.read(tail, 0, tail.length, tornAt)
+        await fs.writeFile(savedTo, tail)
+        await fs.truncate(this.path, tornAt)
+        torn.savedTo = savedTo
+      }
+    } catch (err) {
+      if (err instanceof SessionError) throw err
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${(err as Error)?.message ?? err}`)
+    } finally { await fh.close() }
+    this.lineStarts = starts
+    return { torn }
   }
 
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
-    if (!this.handle) this.handle = await (await this.fs()).open(this.path, 'a')
-    let text = this.needsNewline ? '\n' : ''
-    for (const e of events) text += JSON.stringify(e) + '\n'
+    if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
+    const starts = this.lineStarts!
+    const encoder = new TextEncoder()
+    const parts: Uint8Array[] = []
+    let at = starts[starts.length - 1], bytes = 0
+    if (this.needsNewline) { parts.push(encoder.encode('\n')); bytes++; at++; starts[starts.length - 1] = at }
+    const added: number[] = []
+    for (const e of events) {
+      const line = encoder.encode(JSON.stringify(e) + '\n')
+      parts.push(line); bytes += line.length; at += line.length; added.push(at)
+    }
+    const buffer = new Uint8Array(bytes)
+    let pos = 0
+    for (const part of parts) { buffer.set(part, pos); pos += part.length }
+    await this.write(buffer)
     this.needsNewline = false
-    await this.handle.write(text)
+    for (const a of added) starts.push(a)
+  }
+
+  /** Appends whole lines to the file (one call per batch; a subclass may split it, e.g. to test torn lines). */
+  protected async write(bytes: Uint8Array): Promise<void> {
+    this.handle ??= await (await this.fs()).open(this.path, 'a')
+    await this.handle.write(bytes)
+  }
+
+  async readEvent(seq: number): Promise<SessionEvent> {
+    const starts = await this.index()
+    if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1) throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
+    const bytes = new Uint8Array(starts[seq + 1] - starts[seq])
+    this.reader ??= await (await this.fs()).open(this.path, 'r')
+    await this.reader.read(bytes, 0, bytes.length, starts[seq])
+    return this.decodeEvent(bytes, seq)
+  }
+
+  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
+    const starts = await this.index()
+    const from = Math.max(0, fromSeq), to = Math.min(toSeq, starts.length - 1)
+    if (from >= to) return
+    const fh = await (await this.fs()).open(this.path, 'r')
+    try {
+      let seq = from
+      for await (const lines of lineChunks(fh, starts[from], starts[to])) {
+        for (const { bytes } of lines) yield this.decodeEvent(bytes, seq++)
+      }
+    } finally { await fh.close() }
+  }
+
+  private decodeEvent(bytes: Uint8Array, seq: number): SessionEvent {
+    let text = new TextDecoder().decode(bytes)
+    if (text.endsWith('\n')) text = text.slice(0, -1)
+    const parsed = parseLogLine(text, seq + 1, seq, true)
+    if (typeof parsed === 'string') throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: empty or cut short when read back`, seq + 1)
+    return parsed
+  }
+
+  private async index(): Promise<number[]> {
+    if (!this.lineStarts) await this.scan(() => {})
+    return this.lineStarts!
   }
 
   async sync(): Promise<void> { if (this.handle) await this.handle.sync() }
@@ -1014,7 +1130,56 @@ export class FileStore implements LogStore {
 
   async getArtefact(ref: string): Promise<string> { return await (await this.fs()).readFile(ref, 'utf8') }
 
-  async close(): Promise<void> { const h = this.handle; this.handle = undefined; if (h) await h.close() }
+  async close(): Promise<void> {
+    const h = this.handle, r = this.reader
+    this.handle = undefined; this.reader = undefined
+    if (h) await h.close()
+    if (r) await r.close()
+  }
+}
+
+/** One line of a log file: its bytes without the newline, its byte offset, whether a newline ended it. */
+interface LogLine { bytes: Uint8Array; at: number; terminated: boolean }
+
+/**
+ * The lines of the open file `fh` between byte offsets `start` and `end`, one array per read of
+ * {@link LOG_READ_CHUNK_BYTES} (one promise per chunk, not per line). Only a last line with no
+ * newline has `terminated: false`. A line that spans reads is joined once, not per read. The
+ * arrays' `bytes` are views of a buffer reused by the next read: decode them before asking for more.
+ */
+async function* lineChunks(fh: any, start: number, end: number): AsyncGenerator<LogLine[]> {
+  const chunk = new Uint8Array(Math.min(LOG_READ_CHUNK_BYTES, Math.max(1, end - start)))
+  let carry: Uint8Array[] = []
+  let carryAt = start
+  let pos = start
+  while (pos < end) {
+    const { bytesRead } = await fh.read(chunk, 0, Math.min(chunk.length, end - pos), pos)
+    if (bytesRead === 0) break
+    const view = chunk.subarray(0, bytesRead)
+    const lines: LogLine[] = []
+    let from = 0
+    for (let nl = view.indexOf(10); nl >= 0; nl = view.indexOf(10, from)) {
+      let bytes: Uint8Array = view.subarray(from, nl)
+      if (carry.length > 0) { carry.push(bytes); bytes = concatBytes(carry); carry = [] }
+      lines.push({ bytes, at: carryAt, terminated: true })
+      from = nl + 1
+      carryAt = pos + from
+    }
+    if (from < bytesRead) carry.push(view.slice(from))
+    pos += bytesRead
+    if (lines.length > 0) yield lines
+  }
+  if (carry.length > 0) yield [{ bytes: concatBytes(carry), at: carryAt, terminated: false }]
+}
+
+function concatBytes(parts: Uint8Array[]): Uint8Array {
+  if (parts.length === 1) return parts[0]
+  let n = 0
+  for (const p of parts) n += p.length
+  const out = new Uint8Array(n)
+  let at = 0
+  for (const p of parts) { out.set(p, at); at += p.length }
+  return out
 }
 
 function validateBlocks(blocks: unknown, where: string): void {
@@ -1073,8 +1238,11 @@ export interface SessionOptions {
  */
 export class Session {
   readonly store: LogStore
-  /** The whole log, oldest first (treat as read-only). */
-  readonly events: SessionEvent[] = []
+  /** The whole log when the store cannot read events back (see {@link Session.events}). */
+  private retained?: SessionEvent[]
+  private nextSeq = 0
+  /** Seq of the last `session/start` or `session/resume`. */
+  private openSeq = 0
   /** The torn last line dropped when this session was loaded, if any. */
   torn?: TornLine
   private readonly now: () => number
@@ -1123,7 +1291,24 @@ export class Session {
   constructor(options: SessionOptions = {}) {
     this.store = options.store ?? new MemoryStore()
     this.now = options.now ?? Date.now
+    const s = this.store
+    if (!(typeof s.scan === 'function' && typeof s.readEvent === 'function' && typeof s.readEvents === 'function')) this.retained = []
   }
+
+  /**
+   * The whole log, oldest first (treat as read-only), for a session whose store cannot read events
+   * back (e.g. {@link MemoryStore}, which keeps everything anyway). A session on a readable store
+   * (e.g. {@link FileStore}) keeps only its surface in memory: there this throws
+   * `SessionError('STORE')`; use {@link Session.readEvent} / {@link Session.readEvents}.
+   */
+  get events(): SessionEvent[] {
+    if (!this.retained) throw new SessionError('STORE', 'this session keeps only its surface in memory (its store reads events back); use await session.readEvent(seq) or session.readEvents(fromSeq, toSeq)')
+    return this.retained
+  }
+  /** Whether this session keeps every event in memory ({@link Session.events} works). */
+  get keepsAllEvents(): boolean { return this.retained !== undefined }
+  /** Seq of the `session/start` or `session/resume` written when this session was last opened. */
+  get openedAtSeq(): number { return this.openSeq }
 
   /**
    * Opens the session in `store`: a new one (writes `session/start`) when the store is empty,
@@ -1132,7 +1317,7 @@ export class Session {
    */
   static async open(store: LogStore = new MemoryStore(), options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = await Session.load(store, options)
-    if (session.events.length === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
+    if (session.seq === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
     else session.resume()
     await session.sync()
     return session
@@ -1141,14 +1326,20 @@ export class Session {
   /** Loads the log in `store` and replays it (every invariant is re-checked), writing nothing. */
   static async load(store: LogStore, options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = new Session({ ...options, store })
-    const loaded = await store.load()
-    session.torn = loaded.torn
-    for (const e of loaded.events) {
-      if (e.seq !== session.events.length) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.events.length} was expected`, e.seq + 1)
+    const replay = (e: SessionEvent) => {
+      if (e.seq !== session.nextSeq) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.nextSeq} was expected`, e.seq + 1)
       try { session.check(e.type, e.data) } catch (err) {
         throw new SessionError('LOG_CORRUPT', `session log line ${e.seq + 1}: ${(err as Error).message}`, e.seq + 1)
       }
       session.apply(e)
+    }
+    if (session.retained) {
+      const loaded = await store.load()
+      session.torn = loaded.torn
+      for (const e of loaded.events) replay(e)
+    } else {
+      // Streamed: each line is checked and applied as it is read; only the surface stays in memory.
+      session.torn = (await store.scan!(replay)).torn
     }
     return session
   }
@@ -1156,7 +1347,7 @@ export class Session {
   /** The session id from `session/start`. */
   get id(): string { return this.sessionId }
   /** Number of events; also the seq of the next event. */
-  get seq(): number { return this.events.length }
+  get seq(): number { return this.nextSeq }
   /** Increases by exactly one on every committed replace (docs/design.md §4). */
   get replaceGeneration(): number { return this.generation }
   /** The current surface, oldest first. A live view: do not keep it across appends. */
@@ -1168,9 +1359,10 @@ export class Session {
    * Throws `SessionError('STORE')` for a seq that is not in the log.
    */
   async readEvent(seq: number): Promise<SessionEvent> {
-    const e = Number.isInteger(seq) ? this.events[seq] : undefined
-    if (!e) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.events.length - 1})`)
-    return e
+    if (!Number.isInteger(seq) || seq < 0 || seq >= this.nextSeq) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.nextSeq - 1})`)
+    if (this.retained) return this.retained[seq]
+    await this.flush() // the store reads back only what it has been given
+    return await this.store.readEvent!(seq)
   }
 
   /**
@@ -1178,7 +1370,13 @@ export class Session {
    * back like {@link Session.readEvent}. For scans such as a recall search or `dsh show`.
    */
   async *readEvents(fromSeq = 0, toSeq = this.seq): AsyncGenerator<SessionEvent> {
-    for (let seq = Math.max(0, fromSeq); seq < Math.min(toSeq, this.seq); seq++) yield this.events[seq]
+    const to = Math.min(toSeq, this.nextSeq)
+    if (this.retained) {
+      for (let seq = Math.max(0, fromSeq); seq < to; seq++) yield this.retained[seq]
+      return
+    }
+    await this.flush()
+    yield* this.store.readEvents!(Math.max(0, fromSeq), to)
   }
 
   /** The surface node put there by event `seq`, if it is still on the surface. */
@@ -1187,7 +1385,7 @@ export class Session {
   hasToolCall(callId: string): boolean { return this.calls.has(callId) }
   /** Ids of tool calls on the surface that have no result yet. */
   openToolCalls(): string[] { return [...this.openCalls] }
-  /** Whether a `tool/call` dispatch record was logged for `callId`. */
+  /** Whether a `tool/call` dispatch record was logged for `callId`, a tool call still on the surface. */
   wasDispatched(callId: string): boolean { return this.dispatched.has(callId) }
   /** The open turn's number, the last step number in it, and whether a step is open. */
   get turn(): { turn: number; open: boolean; step: number; stepOpen: boolean } {
@@ -1242,7 +1440,7 @@ export class Session {
     if (typeof type !== 'string' || type === '') throw new SessionError('INVALID_EVENT', 'event type must be a non-empty string')
     if (typeof data !== 'object' || data === null || Array.isArray(data)) throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
     this.check(type, data)
-    const event = { seq: this.events.length, type, time: this.now(), data } as SessionEvent
+    const event = { seq: this.nextSeq, type, time: this.now(), data } as SessionEvent
     this.apply(event)
     this.pending.push(event)
     for (const l of this.listeners) l(event)
@@ -1342,10 +1540,12 @@ export class Session {
 
   /** Applies a checked event to the derived state. The same code serves live appends and replay. */
   private apply(event: SessionEvent): void {
-    this.events.push(event)
+    this.retained?.push(event)
+    this.nextSeq = event.seq + 1
     const data = event.data as any
     switch (event.type) {
-      case 'session/start': this.sessionId = data.id; break
+      case 'session/start': this.sessionId = data.id; this.openSeq = event.seq; break
+      case 'session/resume': this.openSeq = event.seq; break
       case 'request/header': {
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
@@ -1424,7 +1624,7 @@ export class Session {
         this.bySeq.delete(old.seq)
         if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
         if (message.role === 'assistant' && toolCalls(message).length > 0) continue // a pruned assistant message keeps its calls (checked)
-        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id) }
+        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id); this.dispatched.delete(c.id) }
       }
       if (message.role === 'tool') this.calls.get(message.toolCallId)!.resultSeq = event.seq
       for (const c of toolCalls(message)) this.calls.get(c.id)!.callSeq = event.seq
@@ -1696,7 +1896,7 @@ export class Session {
    */
   resume(): void {
     const open = [...this.openCalls]
-    this.append('session/resume', { lastSeq: this.events.length - 1, torn: this.torn, repaired: open.length })
+    this.append('session/resume', { lastSeq: this.nextSeq - 1, torn: this.torn, repaired: open.length })
     if (this.compactionOpen) this.append('compaction/end', { id: this.compactionOpen, error: 'stale: the process stopped during this compaction' })
     for (const id of open) {
       const code = this.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
@@ -2109,14 +2309,14 @@ export function renderLedger(ledger: Ledger): string {
  */
 export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
   const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>).map((entry) => ({ list, entry })))
-  const budgetUnits = budgetTokens * CHARS_PER_TOKEN
+  const maxUnits = budgetTokens * UNITS_PER_TOKEN
   const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
   if (estimateTextTokens(renderLedger(ledger)) <= budgetTokens) return ledger
   const out = emptyLedger()
   let units = fixed
   for (const { list, entry } of all.sort((a, b) => b.entry.seq - a.entry.seq)) {
     const cost = ledgerLine(list, entry).length + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
-    if (units + cost > budgetUnits) { out.trimmed++; continue }
+    if (units + cost > maxUnits) { out.trimmed++; continue }
     units += cost
     ;(out[list] as Array<typeof entry>).push(entry)
   }
@@ -2212,7 +2412,7 @@ function unseenResults(session: Session): Set<number> {
 }
 
 /** Smallest heuristic price of a message holding more than `thresholdChars` code points (≥ that many UTF-16 units). */
-const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdChars / CHARS_PER_TOKEN)
+const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdChars / UNITS_PER_TOKEN)
 
 /**
  * Prunes tool results over the threshold (docs/design.md §3 recency rule): first those the model has
@@ -2386,8 +2586,8 @@ const SHRINK_MARKER = '\n[... cut for the summary request ...]\n'
 /** Keeps head (70%) and tail of `text` within `maxUnits` UTF-16 units, never splitting a surrogate pair. */
 function cutToUnits(text: string, maxUnits: number): string {
   if (text.length <= maxUnits) return text
-  const room = Math.max(0, maxUnits - SHRINK_MARKER.length)
-  let head = Math.floor(room * 0.7), tail = text.length - (room - head)
+  const spareUnits = Math.max(0, maxUnits - SHRINK_MARKER.length)
+  let head = Math.floor(spareUnits * 0.7), tail = text.length - (spareUnits - head)
   if (head > 0 && isHigh(text.charCodeAt(head - 1))) head--
   if (tail < text.length && isLow(text.charCodeAt(tail))) tail++
   return text.slice(0, head) + SHRINK_MARKER + text.slice(tail)
@@ -2403,8 +2603,8 @@ function shrinkMessage(m: Message, tokens: number): Message {
   let units = 0
   for (const b of blocks) units += b.type === 'tool-call' ? (b as ToolCallBlock).arguments.length + (b as ToolCallBlock).name.length : b.type === 'text' || b.type === 'reasoning' ? (b as TextBlock).text.length : 0
   const placeholders = blocks.filter((b) => b.type !== 'text' && b.type !== 'reasoning' && b.type !== 'tool-call').length * 8
-  const budget = Math.max(0, (tokens - MESSAGE_OVERHEAD_TOKENS - placeholders) * CHARS_PER_TOKEN)
-  const ratio = units > 0 ? Math.min(1, budget / units) : 1
+  const keepUnits = Math.max(0, (tokens - MESSAGE_OVERHEAD_TOKENS - placeholders) * UNITS_PER_TOKEN)
+  const ratio = units > 0 ? Math.min(1, keepUnits / units) : 1
   const out = blocks.map((b): Block => {
     if (b.type === 'text' || b.type === 'reasoning') return { ...b, text: cutToUnits((b as TextBlock).text, Math.floor((b as TextBlock).text.length * ratio)) } as Block
     if (b.type === 'tool-call') {
@@ -3085,6 +3285,12 @@ export const DEFAULT_MAX_TOKENS = 32_768
 const DEFAULT_IDLE_TIMEOUT_MS = 300_000
 /** Retries after the first attempt, for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. */
 const DEFAULT_MAX_RETRIES = 5
+/** Retries of a refused connection or a failed DNS lookup (at most; `maxRetries` may be lower):
+ *  no server is listening there, so five backoffs (~16 s) only make the user wait. */
+const CONNECT_FAILURE_RETRIES = 1
+/** Error codes and wordings of a refused connection or a failed DNS lookup (Node's undici, Deno, Bun). */
+const CONNECT_FAILURE_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL', 'ConnectionRefused'])
+const CONNECT_FAILURE_RE = /ECONNREFUSED|ENOTFOUND|EAI_AGAIN|connection refused|failed to lookup address|dns error|name or service not known|unable to connect/i
 /** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (docs/design.md §6). */
 const DEFAULT_RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
@@ -3337,14 +3543,27 @@ export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
       if (cr >= 0 && cr < i) cr = chunk.indexOf('\r', i)
       const t = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
       if (t < 0) break
-      let line = chunk.slice(i, t)
       if (pending.length > 0) {
-        pending.push(line)
-        line = pending.join('')
+        pending.push(chunk.slice(i, t))
+        const line = pending.join('')
         pending = []; pendingUnits = 0; pendingKept = false
+        i = afterTerminator(t)
+        processLine(line)
+        continue
       }
-      i = afterTerminator(t)
-      processLine(line)
+      const start = i
+      i = t === lf ? t + 1 : afterTerminator(t)
+      // The hot path, a whole line inside this chunk: an empty line, `data:` or `event:` is read
+      // in place (only the value is sliced); anything else goes through processLine.
+      if (start === t) { dispatch(); continue }
+      const c0 = chunk.charCodeAt(start)
+      if (c0 === 100 && chunk.charCodeAt(start + 4) === 58 && chunk.charCodeAt(start + 1) === 97 && chunk.charCodeAt(start + 2) === 116 && chunk.charCodeAt(start + 3) === 97) {
+        const value = chunk.slice(chunk.charCodeAt(start + 5) === 32 ? start + 6 : start + 5, t)
+        data = dataLines === 0 ? value : `${data}\n${value}`
+        dataLines++
+      } else if (c0 === 101 && chunk.charCodeAt(start + 5) === 58 && chunk.startsWith('event', start)) {
+        eventType = chunk.slice(chunk.charCodeAt(start + 6) === 32 ? start + 7 : start + 6, t) || undefined
+      } else processLine(chunk.slice(start, t))
     }
     if (i < n) {
       pending.push(i === 0 ? chunk : chunk.slice(i))
@@ -3388,25 +3607,16 @@ export function parseSSE(
   const pull = chunkPuller(source)
   const ready: SSEEvent[] = []
   let head = 0
-  let overflow: SSEParseError | undefined
   let ended = false
-  const parser = createSSEParser({
-    onEvent: (event) => { ready.push(event) },
-    onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error },
-    maxBufferSize: options.maxBufferSize,
-  })
-  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
-  // stripped one would eat a second, which is data.
-  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
+  const feeder = sseFeeder((event) => { ready.push(event) }, options.maxBufferSize)
   const done: IteratorResult<SSEEvent> = { value: undefined, done: true }
   async function fill(): Promise<IteratorResult<SSEEvent>> {
     while (head >= ready.length) {
       ready.length = 0; head = 0
       if (ended) return done
       const chunk = await pull.next()
-      if (chunk === undefined) { ended = true; parser.feed(decoder.decode()) }
-      else parser.feed(typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
-      if (overflow) { ended = true; await pull.close(); throw overflow }
+      if (chunk === undefined) ended = true
+      try { feeder.feed(chunk) } catch (err) { ended = true; await pull.close(); throw err }
     }
     return { value: ready[head++], done: false }
   }
@@ -3420,6 +3630,51 @@ export function parseSSE(
       return done
     },
     [Symbol.asyncIterator]() { return this },
+  }
+}
+
+/**
+ * The callback form of {@link parseSSE}, for hot paths such as the provider adapter: reads
+ * `source` chunk by chunk and calls `onEvent` synchronously for every event of each chunk (no
+ * promise per event). `onEvent` returning `false` stops: later events are not delivered and the
+ * source is cancelled. `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings).
+ * Resolves when the source ends or is stopped; rejects with what `onEvent` or the source threw,
+ * or with `SSEParseError` (`max-buffer-size-exceeded`, limit in UTF-16 units).
+ */
+export async function pumpSSE(
+  source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
+  onEvent: (event: SSEEvent) => boolean | void,
+  options: { maxBufferSize?: number; onChunk?: (size: number) => void } = {},
+): Promise<void> {
+  const pull = chunkPuller(source)
+  let stopped = false
+  const feeder = sseFeeder((event) => { if (!stopped && onEvent(event) === false) stopped = true }, options.maxBufferSize)
+  try {
+    while (!stopped) {
+      const chunk = await pull.next()
+      if (chunk !== undefined) options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
+      feeder.feed(chunk)
+      if (chunk === undefined) return
+    }
+  } finally { await pull.close() }
+}
+
+/**
+ * The decoding glue shared by {@link parseSSE} and {@link pumpSSE}: `feed(chunk)` decodes bytes
+ * with one streaming UTF-8 decoder (strings are taken as decoded) and parses; `feed(undefined)`
+ * ends the stream. Throws the parser's `max-buffer-size-exceeded` error from `feed`.
+ */
+function sseFeeder(onEvent: (event: SSEEvent) => void, maxBufferSize: number | undefined): { feed(chunk: Uint8Array | string | undefined): void } {
+  let overflow: SSEParseError | undefined
+  const parser = createSSEParser({ onEvent, onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error }, maxBufferSize })
+  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
+  // stripped one would eat a second, which is data.
+  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
+  return {
+    feed(chunk) {
+      parser.feed(chunk === undefined ? decoder.decode() : typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
+      if (overflow) throw overflow
+    },
   }
 }
 
@@ -3861,7 +4116,8 @@ export interface OpenAICompatibleOptions {
   fetch?: (input: string, init: RequestInit) => Promise<Response>
   /** An attempt with no progress (headers or a data event; keep-alive comments do not count) for this long fails as TIMEOUT. Default 300,000. */
   idleTimeoutMs?: number
-  /** Retries after the first attempt for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. Default 5. */
+  /** Retries after the first attempt for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. Default 5;
+   *  a refused connection or a failed DNS lookup gets at most 1. */
   maxRetries?: number
   /** First backoff delay; doubles per retry. Default 500. */
   retryBaseMs?: number
@@ -4013,7 +4269,7 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * estimate; with a known window and no room left it throws CONTEXT_WINDOW_EXCEEDED before sending.
  *
  * Failures are {@link ProviderError}s. RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT and EMPTY_RESPONSE
- * are retried (`maxRetries`, exponential backoff with ±10% jitter, `Retry-After` honoured up to
+ * are retried (`maxRetries`; a refused connection or failed DNS lookup at most once; exponential backoff with ±10% jitter, `Retry-After` honoured up to
  * `retryMaxMs`, a `{type:'retry'}` event before each wait), but never once output was streamed —
  * then the error carries `partial` (text and reasoning so far, `interrupted: true`; tool calls
  * are dropped since their arguments may be cut). A "request too large for the per-minute
@@ -4066,6 +4322,17 @@ function makeProvider(cfg: AdapterConfig): Provider {
     ...(cfg.prices ? { prices: cfg.prices } : {}),
     complete: (request) => completeWithRetries(cfg, request),
   }
+}
+
+/** A TRANSPORT error that is a refused connection or a failed DNS lookup (by the cause's code or wording). */
+function isConnectFailure(error: ProviderError): boolean {
+  if (error.code !== 'TRANSPORT') return false
+  let e: unknown = error.cause
+  for (let depth = 0; e !== null && typeof e === 'object' && depth < 4; depth++, e = (e as { cause?: unknown }).cause) {
+    const { code, message } = e as { code?: unknown; message?: unknown }
+    if ((typeof code === 'string' && CONNECT_FAILURE_CODES.has(code)) || CONNECT_FAILURE_RE.test(String(message ?? ''))) return true
+  }
+  return false
 }
 
 /** Errors never retried: raised after output was streamed (a retry would show the caller a second
@@ -4165,12 +4432,13 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
       error = e
     }
     const retryable = RETRYABLE.has(error.code) && !notRetried.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
-    if (!retryable || retry >= cfg.maxRetries) throw error
+    const maxRetries = isConnectFailure(error) ? Math.min(cfg.maxRetries, CONNECT_FAILURE_RETRIES) : cfg.maxRetries
+    if (!retryable || retry >= maxRetries) throw error
     const delayMs = error.retryAfterMs !== undefined
       ? Math.min(error.retryAfterMs, cfg.retryMaxMs)
       : Math.round(Math.min(cfg.retryMaxMs, cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
     if (deadlineAt !== undefined && Date.now() + delayMs >= deadlineAt) throw error // no retry could start before the deadline
-    request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error })
+    request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error, maxRetries })
     try { await cfg.sleep(delayMs, signal) } catch (e) { if (signal?.aborted) throw aborted(); throw e }
     if (signal?.aborted) throw aborted()
   }
@@ -4398,10 +4666,16 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   let pastDeadline = false
   const deadline = deadlineAt === undefined ? undefined
     : setTimeout(() => { pastDeadline = true; controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`)) }, Math.max(0, deadlineAt - Date.now()))
+  // One idle timer per request: progress only records the time; the timer, when it fires, aborts
+  // if nothing came for idleTimeoutMs, else sleeps for the rest (re-arming per event cost ~12%).
   let timer: ReturnType<typeof setTimeout> | undefined
-  const progress = (): void => {
-    if (timer !== undefined) clearTimeout(timer)
-    timer = setTimeout(() => { timedOut = true; controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`)) }, cfg.idleTimeoutMs)
+  let lastProgressAt = Date.now()
+  const progress = (): void => { lastProgressAt = Date.now() }
+  const idleCheck = (): void => {
+    const idleMs = Date.now() - lastProgressAt
+    if (idleMs < cfg.idleTimeoutMs) { timer = setTimeout(idleCheck, cfg.idleTimeoutMs - idleMs); return }
+    timedOut = true
+    controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`))
   }
   const forwardAbort = (): void => controller.abort(signal?.reason)
   signal?.addEventListener('abort', forwardAbort, { once: true })
@@ -4411,7 +4685,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   }
   const acc = createAssembler(cfg, emit)
   let requestId: string | undefined
-  progress()
+  timer = setTimeout(idleCheck, cfg.idleTimeoutMs)
   try {
     const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
@@ -4436,17 +4710,16 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     let sawDone = false
     let sawData = false
     let bytes = 0
-    const counted = async function* (chunks: AsyncIterable<Uint8Array>) { for await (const c of chunks) { bytes += c.byteLength; yield c } }
-    for await (const event of parseSSE(counted(bodyChunks(response.body, controller.signal)), { maxBufferSize: SSE_MAX_BUFFER_UNITS })) {
+    await pumpSSE(bodyChunks(response.body, controller.signal), (event) => {
       if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
-      if (event.event !== 'message') continue
+      if (event.event !== 'message') return
       sawData = true
       const data = event.data.trim()
-      if (data === '' || data[0] === ':') continue // a relay's keep-alive inside a data line: not progress
+      if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
       progress()
-      if (data === '[DONE]') { sawDone = true; break }
+      if (data === '[DONE]') { sawDone = true; return false }
       for (const obj of parseChunkData(cfg, data, requestId)) acc.chunk(obj, requestId, data)
-    }
+    }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
     const type = response.headers.get('content-type')
     if (!sawData && bytes === 0 && type && !/event-stream/i.test(type)) {
       throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} with an empty ${type} body (model ${cfg.model}).`, { status: response.status, requestId })
@@ -4634,7 +4907,7 @@ export class Agent implements CompactionHost {
   private readonly window?: number
   private readonly maxTokens: number
   private readonly hooks = new Map<HookName, Hook[]>()
-  private readonly steering: string[] = []
+  private readonly steering: (string | UserMessage)[] = []
   private running = false
   private overflowRetries = 0
   private streamRetries = 0
@@ -4720,8 +4993,15 @@ export class Agent implements CompactionHost {
     return () => { const l = this.hooks.get(name)!; l.splice(l.indexOf(hook), 1) }
   }
 
-  /** Queues a user message for the next step of the running turn (or the next turn). */
-  steer(text: string): void { this.steering.push(text) }
+  /**
+   * Queues a user message (text, or a whole message with blocks) for the running turn: it is
+   * appended after the current step's tool results (or before the next request), and a step
+   * that made no tool call then does not end the turn. Queued between turns, it follows the next input.
+   */
+  steer(input: string | UserMessage): void {
+    if (typeof input !== 'string') validateMessage(input, 'user')
+    this.steering.push(input)
+  }
 
   /** Reports a warning to `onEvent`. */
   warn(message: string): void { this.onEvent?.({ type: 'warning', message }) }
@@ -4768,7 +5048,10 @@ export class Agent implements CompactionHost {
 
   private drainSteering(): boolean {
     if (this.steering.length === 0) return false
-    for (const text of this.steering.splice(0)) this.session.append('user/message', { message: { role: 'user', content: text }, surfaceOp: { op: 'append' } })
+    for (const input of this.steering.splice(0)) {
+      const message: UserMessage = typeof input === 'string' ? { role: 'user', content: input } : input
+      this.session.append('user/message', { message, surfaceOp: { op: 'append' } })
+    }
     return true
   }
 
@@ -5012,7 +5295,7 @@ export class Agent implements CompactionHost {
 export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
   /** Cap on one tool's output in UTF-16 units. 100,000 ≈ 25,000 tokens by §2, the size of a big
    *  read in common coding agents; above it the pruner (§3) and the spill (§5) take over anyway. */
-  maxOutputChars: 100_000,
+  maxOutputUnits: 100_000,
   /** read_file: lines read when the model gives no `limit`. */
   readLimitLines: 2_000,
   /** list_files: entries listed at most (recursive listings stop there). */
@@ -5034,7 +5317,7 @@ const TOOL_BINARY_SNIFF_BYTES = 8 * 1024
 /** grep: files larger than this many bytes are skipped (and counted in the summary). */
 const GREP_MAX_FILE_BYTES = 16 * 1024 * 1024
 /** grep: a matching line is shown up to this many UTF-16 units. */
-const GREP_LINE_CHARS = 500
+const GREP_LINE_UNITS = 500
 /** shell: ms between SIGTERM and SIGKILL of the process group, and again before giving up on its pipes. */
 const SHELL_KILL_GRACE_MS = 1_000
 
@@ -5047,8 +5330,8 @@ export interface BuiltinToolsOptions {
   allowShell?: boolean
   /** Cap on each tool's output in UTF-16 units; a one-line notice after the cut says what was left
    *  out and how to get it. `shell` gives each of stdout and stderr half of it (its first and last
-   *  quarter), with a marker in the middle. Default {@link BUILTIN_TOOL_DEFAULTS}.maxOutputChars (100,000). */
-  maxOutputChars?: number
+   *  quarter), with a marker in the middle. Default {@link BUILTIN_TOOL_DEFAULTS}.maxOutputUnits (100,000). */
+  maxOutputUnits?: number
   /** read_file: lines read when the model gives no `limit`. Default 2,000. */
   readLimitLines?: number
   /** list_files: entries listed at most. Default 1,000. */
@@ -5076,7 +5359,7 @@ interface ToolHost {
   path: NodePath
   /** realpath of the working directory. */
   root: string
-  maxOutputChars: number
+  maxOutputUnits: number
 }
 
 /**
@@ -5093,7 +5376,7 @@ interface ToolHost {
  * (also those that left the group with setsid) are killed (docs/design.md §13). Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
- * Output: each tool keeps at most `maxOutputChars` UTF-16 units of its own output and then adds
+ * Output: each tool keeps at most `maxOutputUnits` UTF-16 units of its own output and then adds
  * one notice line saying how much was left out and how to get more (offset, a narrower path…).
  * Failures throw an `Error` whose message starts with the tool's name and says what to do
  * instead; the loop turns it into an error result for the model (docs/design.md §7). `shell` returns
@@ -5104,7 +5387,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputChars', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
+  const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -5116,7 +5399,7 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     }
     return value as number
   }
-  const maxOutputChars = num('maxOutputChars')
+  const maxOutputUnits = num('maxOutputUnits')
   const readLimitLines = num('readLimitLines')
   const listMaxEntries = num('listMaxEntries')
   const grepMaxMatches = num('grepMaxMatches')
@@ -5131,7 +5414,7 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     throw new Error(`builtinTools: working directory ${options.cwd} is not usable (${fsErrorReason(error)})`, { cause: error })
   }
   if (!(await fs.stat(root)).isDirectory()) throw new Error(`builtinTools: working directory ${options.cwd} is not a directory`)
-  const host: ToolHost = { fs, path, root, maxOutputChars }
+  const host: ToolHost = { fs, path, root, maxOutputUnits }
   const tools = [
     readFileTool(host, readLimitLines),
     listFilesTool(host, listMaxEntries),
@@ -5287,7 +5570,7 @@ function plural(n: number, word: string): string { return `${n} ${word}${n === 1
 // ── read_file ──
 
 function readFileTool(host: ToolHost, defaultLines: number): Tool {
-  const max = host.maxOutputChars
+  const max = host.maxOutputUnits
   return {
     name: 'read_file',
     description: `Read a text file inside the working directory. Each line comes back as its 1-based line number, a tab, then the text ("     7\\tconst x = 1"); the number and tab are not part of the file. Reads up to "limit" lines (default ${defaultLines}) from line "offset" (default 1), and at most ${max} characters; a note at the end says when the file continues and which offset reads on.`,
@@ -5428,9 +5711,9 @@ function listFilesTool(host: ToolHost, maxEntries: number): Tool {
       }
       if (entries.length === 0) return `(${shown} is an empty directory)`
       entries.sort() // breadth-first keeps the shallow levels under the cap; sorted, they read as a tree
-      const { text, count } = joinLinesCapped(entries, host.maxOutputChars)
+      const { text, count } = joinLinesCapped(entries, host.maxOutputUnits)
       const notes: string[] = []
-      if (count < entries.length) notes.push(`[output capped at ${host.maxOutputChars} characters: ${entries.length - count} more entries not shown; list a subdirectory to see them]`)
+      if (count < entries.length) notes.push(`[output capped at ${host.maxOutputUnits} characters: ${entries.length - count} more entries not shown; list a subdirectory to see them]`)
       if (full) notes.push(`[listing stopped at ${maxEntries} entries; list a subdirectory${recursive ? ', or list without recursive,' : ''} to see the rest]`)
       if (notDescended.length > 0) notes.push(`[not descended into: ${notDescended.join(', ')}; list them by path to see inside]`)
       return [text, ...notes].join('\n')
@@ -5474,7 +5757,7 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
   const { fs, path } = host
   return {
     name: 'grep',
-    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_CHARS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB.`,
+    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_UNITS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB.`,
     parameters: {
       type: 'object',
       properties: {
@@ -5527,7 +5810,7 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
           const line = text.charCodeAt(end - 1) === 13 ? text.slice(start, end - 1) : text.slice(start, end)
           start = end + 1
           if (!regex.test(line)) continue
-          const cut = headUnits(line, GREP_LINE_CHARS)
+          const cut = headUnits(line, GREP_LINE_UNITS)
           matches.push(`${rel}:${lineNo}:${cut}${cut.length < line.length ? ` [… ${line.length - cut.length} more characters]` : ''}`)
           matchedHere = true
           if (matches.length >= limit) { reachedLimit = true; break }
@@ -5566,9 +5849,9 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
       const searched = `${plural(filesSearched, 'file')} searched${skipped ? `; skipped ${skipped}` : ''}`
       const what = `${fixed ? JSON.stringify(pattern) : `/${pattern}/`}${ignoreCase ? ' (ignoring case)' : ''}${glob ? ` in files matching ${glob}` : ''}`
       if (matches.length === 0) return `no matches for ${what} in ${shown} (${searched})`
-      const { text, count } = joinLinesCapped(matches, host.maxOutputChars)
+      const { text, count } = joinLinesCapped(matches, host.maxOutputUnits)
       const notes: string[] = []
-      if (count < matches.length) notes.push(`[output capped at ${host.maxOutputChars} characters: ${matches.length - count} more matching lines not shown; narrow the path or glob]`)
+      if (count < matches.length) notes.push(`[output capped at ${host.maxOutputUnits} characters: ${matches.length - count} more matching lines not shown; narrow the path or glob]`)
       notes.push(reachedLimit
         ? `[stopped at max_matches=${limit}: ${plural(matches.length, 'matching line')} in ${plural(filesMatched, 'file')}; narrow the pattern, path or glob${limit < maxMatches ? `, or raise max_matches (up to ${maxMatches})` : ''}]`
         : `[${plural(matches.length, 'matching line')} in ${plural(filesMatched, 'file')}; ${searched}]`)
@@ -5704,9 +5987,9 @@ class StreamText {
   push(chunk: string): void {
     this.total += chunk.length
     if (this.head.length < this.headMax) {
-      const room = this.headMax - this.head.length
-      this.head += chunk.slice(0, room)
-      chunk = chunk.slice(room)
+      const spaceUnits = this.headMax - this.head.length
+      this.head += chunk.slice(0, spaceUnits)
+      chunk = chunk.slice(spaceUnits)
     }
     if (chunk !== '' && this.tailMax > 0) this.tail = (this.tail + chunk).slice(-this.tailMax)
   }
@@ -5790,7 +6073,7 @@ function hookShellExit(proc: any, fsSync: typeof import('node:fs')): void {
 }
 
 function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number, env: Record<string, string>): Tool {
-  const half = Math.floor(host.maxOutputChars / 2)
+  const half = Math.floor(host.maxOutputUnits / 2)
   return {
     name: 'shell',
     description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with everything it started) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled; background jobs do not outlive the call. Variables that look secret (names with KEY, TOKEN, SECRET, PASSWORD) are not in its environment. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
@@ -5887,16 +6170,76 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
 // Web-standard code: the readers take the file's TEXT (never a path), so they run anywhere.
 // Formats as found in real files: docs/replay.md.
 
-/** The transcript formats `replay` reads (the CLI's `--format` values). */
-export type TranscriptFormat = 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
+/**
+ * One transcript format. Adding a format is one entry of {@link TRANSCRIPT_READERS}: the key is its
+ * name (the `format` option, the CLI's `--format NAME`); the format type, the accepted list in
+ * errors, detection and the CLI help all derive from the table.
+ */
+interface TranscriptReader {
+  /** What such a file is, for the help text and the accepted list. */
+  describe: string
+  /** What detection looks for in a JSON document / in JSONL, for the error when no format matches. */
+  looksFor: { json?: string; jsonl?: string }
+  /** Whether the parsed text is this format. */
+  detect(parsed: ParsedTranscript): boolean
+  /** Reads it; throws {@link TranscriptError} (line / field) for a file that breaks the format. */
+  read(parsed: ParsedTranscript, options: ReadTranscriptOptions): Transcript
+}
 
-/** Every {@link TranscriptFormat}, in the order detection and error messages list them. */
-export const TRANSCRIPT_FORMATS: readonly TranscriptFormat[] = ['dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+/**
+ * The transcript readers, in DETECTION order: the first entry whose `detect` says yes reads the
+ * file, so more specific shapes come first (mini-swe-agent's `messages` before openai's).
+ */
+const TRANSCRIPT_READERS = {
+  'mini-swe-agent': {
+    describe: 'mini-swe-agent trajectory (.traj.json, "trajectory_format": "mini-swe-agent-1")',
+    looksFor: { json: 'an object with "trajectory_format": "mini-swe-agent…", or with "messages" and "info.mini_version"' },
+    detect: (p) => p.kind === 'json' && isJsonRecord(p.value) && ((typeof p.value.trajectory_format === 'string' && p.value.trajectory_format.startsWith('mini-swe-agent')) ||
+      (Array.isArray(p.value.messages) && isJsonRecord(p.value.info) && 'mini_version' in p.value.info)),
+    read: (p) => readMiniSweAgent(p),
+  },
+  'swe-agent': {
+    describe: 'SWE-agent trajectory (.traj with "history")',
+    looksFor: { json: 'an object with "history"' },
+    detect: (p) => p.kind === 'json' && isJsonRecord(p.value) && Array.isArray(p.value.history),
+    read: (p) => readSweAgent(p),
+  },
+  openai: {
+    describe: 'OpenAI-style chat messages ([...messages] or {"messages": [...]})',
+    looksFor: { json: 'an array of messages, or an object with "messages"' },
+    detect: (p) => p.kind === 'json' && (Array.isArray(p.value) || (isJsonRecord(p.value) && Array.isArray(p.value.messages))),
+    read: (p) => readOpenAITranscript(p),
+  },
+  dsh: {
+    describe: 'dsh session log (JSONL of {seq, type, time, data})',
+    looksFor: { json: 'one dsh event {seq, type, time, data}', jsonl: 'a first line that is a dsh event {seq, type, time, data}' },
+    detect: (p) => (p.kind === 'jsonl' ? isDshEvent(p.lines[0].value) : isJsonRecord(p.value) && isDshEvent(p.value)),
+    read: (p) => readDshLog(p),
+  },
+  'claude-code': {
+    describe: 'Claude Code session (.jsonl)',
+    looksFor: { json: 'one Claude Code entry {type, uuid or sessionId, message}', jsonl: 'Claude Code entries {type, uuid or sessionId, message} among the first 50 lines' },
+    detect: (p) => (p.kind === 'jsonl' ? p.lines.slice(0, 50).some((l) => isClaudeCodeLine(l.value)) : isJsonRecord(p.value) && isClaudeCodeLine(p.value)),
+    read: (p, options) => readClaudeCode(p, options.sidechains === true),
+  },
+} satisfies Record<string, TranscriptReader>
 
-const ACCEPTED_FORMATS = 'Accepted formats: dsh (session log, JSONL of {seq, type, time, data}), openai ([...messages] ' +
-  'or {"messages": [...]}), claude-code (Claude Code session .jsonl), swe-agent (SWE-agent .traj with "history"), ' +
-  'mini-swe-agent (.traj.json with "trajectory_format": "mini-swe-agent-1"); force one with the `format` option ' +
-  '(CLI: --format NAME).'
+/** The transcript formats `replay` reads (the CLI's `--format` values): the names of {@link TRANSCRIPT_READERS}. */
+export type TranscriptFormat = keyof typeof TRANSCRIPT_READERS
+
+/** Every {@link TranscriptFormat}, in the order detection tries them and messages list them. */
+export const TRANSCRIPT_FORMATS: readonly TranscriptFormat[] = /* @__PURE__ */ Object.keys(TRANSCRIPT_READERS) as TranscriptFormat[]
+
+const isTranscriptFormat = (name: unknown): name is TranscriptFormat => typeof name === 'string' && Object.hasOwn(TRANSCRIPT_READERS, name)
+
+/** One line per format (`name  description`), for the CLI help. */
+function describeTranscriptFormats(indent = ''): string {
+  const width = TRANSCRIPT_FORMATS.reduce((w, f) => Math.max(w, f.length), 0)
+  return TRANSCRIPT_FORMATS.map((f) => `${indent}${f.padEnd(width)}  ${TRANSCRIPT_READERS[f].describe}`).join('\n')
+}
+
+const acceptedFormats = (): string =>
+  `Accepted formats: ${TRANSCRIPT_FORMATS.map((f) => `${f} (${TRANSCRIPT_READERS[f].describe})`).join(', ')}; force one with the \`format\` option (CLI: --format NAME).`
 
 /**
  * A recorded session as provider-neutral messages.
@@ -5944,7 +6287,7 @@ export class TranscriptError extends Error {
   constructor(problem: string, at: { line?: number; field?: string } = {}) {
     const where = [at.line === undefined ? '' : `line ${at.line}`, at.field === undefined ? '' : `field ${at.field}`]
       .filter(Boolean).join(', ')
-    super(`${where ? `${where}: ` : ''}${problem}. ${ACCEPTED_FORMATS}`)
+    super(`${where ? `${where}: ` : ''}${problem}. ${acceptedFormats()}`)
     this.name = 'TranscriptError'
     this.line = at.line
     this.field = at.field
@@ -6000,21 +6343,13 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  * @throws {TranscriptError} for text that is no transcript or breaks its format (line / field given).
  */
 export function readTranscript(text: string, options: ReadTranscriptOptions = {}): Transcript {
-  if (options.format !== undefined && !TRANSCRIPT_FORMATS.includes(options.format)) {
+  if (options.format !== undefined && !isTranscriptFormat(options.format)) {
     throw new TranscriptError(`unknown format ${JSON.stringify(options.format)}`, { field: 'format' })
   }
   const parsed = parseTranscriptText(text)
   const format = options.format ?? detectParsed(parsed)
-  const notes = [...parsed.notes]
-  let transcript: Transcript
-  switch (format) {
-    case 'openai': transcript = readOpenAITranscript(parsed); break
-    case 'mini-swe-agent': transcript = readMiniSweAgent(parsed); break
-    case 'swe-agent': transcript = readSweAgent(parsed); break
-    case 'claude-code': transcript = readClaudeCode(parsed, options.sidechains === true); break
-    case 'dsh': transcript = readDshLog(parsed); break
-  }
-  transcript.notes.unshift(...notes)
+  const transcript = TRANSCRIPT_READERS[format].read(parsed, options)
+  transcript.notes.unshift(...parsed.notes)
   return transcript
 }
 
@@ -6036,6 +6371,9 @@ function parseTranscriptText(text: string): ParsedTranscript {
   const firstLine = lineNumberAt(text, start)
   const first = text[start]
   if (first !== '{' && first !== '[') {
+    let scalar: unknown
+    try { scalar = JSON.parse(text) } catch { scalar = undefined }
+    if (scalar !== undefined) throw new TranscriptError(`a JSON ${jsonTypeName(scalar)} is not a transcript (a transcript is a JSON object or array, or JSONL)`)
     const head = text.slice(start, start + 40).split(/\r?\n/)[0]
     throw new TranscriptError(`not JSON: the first non-blank line starts with ${JSON.stringify(head)}`, { line: firstLine })
   }
@@ -6081,24 +6419,22 @@ function parseJsonl(text: string): ParsedTranscript {
   return { kind: 'jsonl', lines, notes }
 }
 
+/** The first format of {@link TRANSCRIPT_READERS} that detects the text; else an error listing what each looks for. */
 function detectParsed(parsed: ParsedTranscript): TranscriptFormat {
+  const format = TRANSCRIPT_FORMATS.find((f) => TRANSCRIPT_READERS[f].detect(parsed))
+  if (format !== undefined) return format
+  const container = parsed.kind
+  const wanted = TRANSCRIPT_FORMATS.flatMap((f) => {
+    const looksFor = (TRANSCRIPT_READERS[f].looksFor as TranscriptReader['looksFor'])[container]
+    return looksFor === undefined ? [] : [`${f}: ${looksFor}`]
+  }).join('; ')
   if (parsed.kind === 'jsonl') {
     const [head] = parsed.lines
-    if (isDshEvent(head.value)) return 'dsh'
-    if (parsed.lines.slice(0, 50).some(l => isClaudeCodeLine(l.value))) return 'claude-code'
-    throw new TranscriptError(`JSONL whose first line is neither a dsh event {seq, type, time, data} nor a Claude Code ` +
-      `entry {type, uuid, sessionId, message}; its keys are ${jsonKeyList(head.value)}`, { line: head.line })
+    throw new TranscriptError(`JSONL that matches no format (${wanted}); its first line's keys are ${jsonKeyList(head.value)}`, { line: head.line })
   }
   const v = parsed.value
-  if (Array.isArray(v)) return 'openai'
   if (!isJsonRecord(v)) throw new TranscriptError(`a JSON ${jsonTypeName(v)} is not a transcript`)
-  if (typeof v.trajectory_format === 'string' && v.trajectory_format.startsWith('mini-swe-agent')) return 'mini-swe-agent'
-  if (Array.isArray(v.messages) && isJsonRecord(v.info) && 'mini_version' in v.info) return 'mini-swe-agent'
-  if (Array.isArray(v.history)) return 'swe-agent'
-  if (Array.isArray(v.messages)) return 'openai'
-  if (isDshEvent(v)) return 'dsh'
-  if (isClaudeCodeLine(v)) return 'claude-code'
-  throw new TranscriptError(`a JSON object without "messages", "history" or "trajectory_format"; its keys are ${jsonKeyList(v)}`)
+  throw new TranscriptError(`a JSON object that matches no format (${wanted}); its keys are ${jsonKeyList(v)}`)
 }
 
 function isDshEvent(v: TranscriptRecord): boolean {
@@ -6737,20 +7073,31 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   return transcript
 }
 
-// ── 9.2 Replay runner: a transcript through the meter and the ladder, offline (docs/design.md §8) ──
+// ── 9.2 Replay runner: a transcript through the real Agent, offline (docs/design.md §8) ──
 // Web-standard like the readers: it takes a Transcript (or the file's text); the CLI reads files.
-
-/** What the ladder did at one check: the rung taken (docs/design.md §§5, 10 prune → clear → compact; `failed` = still over). */
-export type ReplayRung = 'none' | 'prune' | 'clear' | 'compact' | 'failed'
+// Replay IS an Agent: a recorded provider answers each step with the transcript's assistant message,
+// recorded tools answer each call with the transcript's result, and the report is read off the
+// Agent's events. Turns, steps, steering, spill and the ladder are the loop's own; nothing here
+// re-implements them. To add a figure (a column), see REPLAY_FIGURES; a new `compaction/*` event
+// type is a rung of its own without any change here.
 
 /**
- * One thing the replay did to the surface. Token figures are dsh's heuristic (docs/design.md §2):
+ * What the ladder did at one check: the name of the last rung taken (`prune`, `compact` — the
+ * `compaction/summary` rung —, or the suffix of any other `compaction/*` event type, e.g. `clear`),
+ * `none`, or `failed` (the ladder logged `compaction/warning`, still over the threshold, and changed nothing).
+ */
+export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed' | (string & {})
+
+/**
+ * One thing the replay did to the surface, read off the log. Token figures are dsh's heuristic (docs/design.md §2):
  * - `spill`: a tool result over the spill limit (UTF-8 `bytes`) replaced at write time by a preview;
  * - `prune`: the tool result (or oversized assistant/user message) at `seq` cut to head + tail (its price before → after);
  * - `clear`: the tool result at `seq` replaced by a one-line placeholder (no model call);
  * - `compaction`: `messages` surface messages (seqs `firstSeq`..`lastSeq`, priced `tokensBefore`)
  *   replaced by a checkpoint priced `tokensAfter`; `totalBefore`/`totalAfter` are the request totals;
- * - `compaction-failed`: a summary transaction that committed nothing, with its error.
+ * - `compaction-failed`: a summary transaction that committed nothing, with its error;
+ * - `rung`: any other ladder event (`compaction/<rung>`, e.g. `compaction/clear`): the event's
+ *   `seq` and `data` as logged.
  */
 export type ReplayEvent =
   | { type: 'spill'; seq: number; bytes: number; tokensBefore: number; tokensAfter: number }
@@ -6758,20 +7105,24 @@ export type ReplayEvent =
   | { type: 'clear'; seq: number; tokensBefore: number; tokensAfter: number }
   | { type: 'compaction'; id: string; messages: number; firstSeq: number; lastSeq: number; tokensBefore: number; tokensAfter: number; totalBefore: number; totalAfter: number }
   | { type: 'compaction-failed'; id: string; error: string }
+  | { type: 'rung'; rung: string; seq: number; data: Record<string, unknown> }
 
 /**
  * One row of a replay: a pressure check, at a turn start (`kind: 'turn-start'`, after the user input
- * is appended) or after a step (`kind: 'step'`, after its assistant message and tool results). All
- * figures are tokens by dsh's own estimate, never anchored on the transcript's usage.
+ * is appended) or after a step (`kind: 'step'`, after its assistant message, tool results and any
+ * steering). All figures are tokens by dsh's own estimate, never anchored on the transcript's usage.
  * - `step`: 1-based over the whole transcript (one per assistant message); on a turn-start row, the
  *   number of the step that follows. `turn`: 1-based.
- * - `requestTokens` (steps): the measured total of the projected request that produced this step's
- *   assistant message — what dsh would have sent. `unmanagedTokens`: the same point with no
+ * - `requestTokens` (steps): the measured total of the request the loop sent for this step (its
+ *   `inputTokens`) — what dsh would have sent. `unmanagedTokens`: the same point with no
  *   management (envelope + every message so far, as recorded). `recordedPromptTokens`: the prompt
  *   tokens the original run reported for this call, when the file has them (comparison only).
  * - `beforeTokens` → `afterTokens`: the measured total around the rung; `reclaimedTokens` = their
  *   difference. `prunes`/`prunedTokens`: prune events and tokens they reclaimed; `summaryCalls`:
- *   summary requests made; `events`: spills, prunes and compactions in order; `warnings`: ladder warnings.
+ *   summary requests made; `events`: spills, prunes, compactions and other rungs in order;
+ *   `warnings`: ladder warnings.
+ * - `figures`: the values of the extra figures ({@link REPLAY_FIGURES}, {@link ReplayOptions.figures}),
+ *   by name; present only when there are any.
  */
 export interface ReplayStep {
   kind: 'turn-start' | 'step'
@@ -6789,6 +7140,7 @@ export interface ReplayStep {
   summaryCalls: number
   events: ReplayEvent[]
   warnings: string[]
+  figures?: Record<string, number>
 }
 
 /**
@@ -6798,6 +7150,8 @@ export interface ReplayStep {
  *   `unmanagedStepsOverWindow`: steps whose unmanaged request would have been larger than the window.
  * - `summaryRequestsOverWindow`: summary requests larger than the summarizer's window (by §2).
  * - `resultsOverPruneThreshold`: tool results of the transcript over the prune threshold (code points).
+ * - `rungs`: how many times each rung acted (rung name → events), e.g. `{prune: 4, compact: 1}`.
+ * - `figures`: each extra figure totalled as it says (`sum` or `max`); present only when there are any.
  */
 export interface ReplayTotals {
   steps: number
@@ -6819,6 +7173,8 @@ export interface ReplayTotals {
   resultsOverPruneThreshold: number
   /** Ladder warnings (their texts are in {@link ReplayReport.warnings}). */
   ladderWarnings: number
+  rungs: Record<string, number>
+  figures?: Record<string, number>
 }
 
 /** The outcome of {@link replayTranscript}: the settings used, one row per pressure check, totals. */
@@ -6834,10 +7190,41 @@ export interface ReplayReport {
   summaries: { simulated: true; tokens: number } | { simulated: false; model: string }
   rows: ReplayStep[]
   totals: ReplayTotals
-  /** The reader's notes on the transcript (skipped, synthesised, renamed). */
+  /** The reader's notes on the transcript (skipped, synthesised, renamed), then the replay's own. */
   notes: string[]
   warnings: string[]
 }
+
+/** What a {@link ReplayFigure} sees besides the event: the replay's session and the step's request. */
+export interface ReplayFigureContext {
+  /** The replay's session (read it, do not append). */
+  session: Session
+  /** Context window of the replay, tokens. */
+  contextWindow: number
+  /** The request the loop sent for the current step (absent on a turn-start row). */
+  request?: ChatRequest
+  /** The usage the transcript records for the current step, when it has one (tokens). */
+  recordedUsage?: Usage
+}
+
+/**
+ * An extra figure of the replay report, computed from the Agent's events of each row: `add` is
+ * called with every event of the row in order (log events, the recorded usage as a `stream` `usage`
+ * event, warnings), starting from 0, and returns the new value. Rows carry it in `figures[name]`,
+ * the totals combine rows by `total`, and with `cell` it is a column of the text table (header `name`).
+ */
+export interface ReplayFigure {
+  name: string
+  add(event: AgentEvent, value: number, context: ReplayFigureContext): number
+  total: 'sum' | 'max'
+  cell?: (value: number) => string
+}
+
+/**
+ * Figures every replay computes besides the built-in ones (see {@link ReplayFigure}); add an entry
+ * here to give the report a column. Empty in this version.
+ */
+export const REPLAY_FIGURES: readonly ReplayFigure[] = []
 
 /** Options of {@link replayTranscript}. */
 export interface ReplayOptions {
@@ -6852,7 +7239,14 @@ export interface ReplayOptions {
   signal?: AbortSignal
   /** Called with each row as it is made, with the replay's session (read it, do not append). */
   onStep?: (step: ReplayStep, session: Session) => void
-  /** Ladder settings to replay with (e.g. `{clear: false}` for the ladder without the clear rung); `thresholdRatio` wins over its namesake here. */
+  /** Called with every event of the replay's Agent (log events, stream events, warnings). */
+  onEvent?: (event: AgentEvent) => void
+  /** Extra figures, after {@link REPLAY_FIGURES}. Names must be unique. */
+  figures?: readonly ReplayFigure[]
+  /**
+   * Ladder settings for the replay's Agent (e.g. `{clear: false}`: the ladder without the clear
+   * rung); `thresholdRatio` above wins over its namesake here. Validated like the Agent's.
+   */
   compaction?: Partial<CompactionConfig>
 }
 
@@ -6865,7 +7259,7 @@ export const DEFAULT_REPLAY_SUMMARY_TOKENS = 2000
  */
 function simulatedSummaryText(tokens: number, messages: number): string {
   const head = `[simulated checkpoint of ${messages} message(s): fixed size, no model was called] `
-  const chars = tokens * CHARS_PER_TOKEN
+  const chars = tokens * UNITS_PER_TOKEN
   let text = head
   while (text.length < chars) text += 'summary text '
   text = text.slice(0, chars)
@@ -6900,19 +7294,103 @@ function replayPositiveInteger(name: string, value: unknown, fix: string): numbe
   return value as number
 }
 
+/** One step of a transcript as the recorded provider and tools answer it. */
+interface ReplayScriptStep {
+  message: AssistantMessage
+  usage?: Usage
+  /** The recorded results of the message's tool calls, in call order. */
+  results: ToolResultMessage[]
+  /** User messages after this step's results: steering, queued while the step is answered. */
+  steerAfter: UserMessage[]
+}
+
+/** One turn: the input `Agent.run` gets, steering queued before it, and the steps the transcript records. */
+interface ReplayScriptTurn { input: UserMessage; steerBefore: UserMessage[]; steps: ReplayScriptStep[] }
+
 /**
- * Replays a transcript through the meter and the ladder, offline (docs/design.md §8), the way
- * the {@link Agent} would have fed it: into a fresh {@link Session} ({@link MemoryStore}) with the
- * transcript's envelope; a user message opens a turn (`turn/start`, the input appended and pinned
- * as {@link Session.currentInput}, then the pressure check), a user message right after another
- * (or, in a dsh log, one not after `turn/start`) is steering; each assistant message is a step
- * (`step/start`, the message, each result as `tool/call` + `tool/result` — spilled over the spill
- * limit as the Agent does — then {@link Ladder.relievePressure}, then `step/end`).
- * Usage is never given to the session: the transcript's figures describe the original prompts,
- * so the meter stays on its own estimate; they are kept per step as `recordedPromptTokens`.
+ * Cuts a transcript into the turns the loop would run. A user message opens a turn where the loop
+ * would be idle: at the start, and after a step that called no tool and was not steered — or,
+ * when the transcript records turn starts (dsh logs), exactly there. Any other user message is
+ * steering: before the turn's first step, or after the results of the step it follows.
+ */
+function replayScript(transcript: Transcript, notes: string[]): ReplayScriptTurn[] {
+  const turns: ReplayScriptTurn[] = []
+  const starts = transcript.turnStarts ? new Set(transcript.turnStarts) : undefined
+  let assistants = 0
+  transcript.messages.forEach((m, i) => {
+    const turn = turns.at(-1)
+    const step = turn?.steps.at(-1)
+    if (m.role === 'user') {
+      const idle = !turn || (starts ? starts.has(i) : step !== undefined && !step.message.content.some((b) => b.type === 'tool-call') && step.steerAfter.length === 0)
+      if (idle) turns.push({ input: m, steerBefore: [], steps: [] })
+      else if (step) step.steerAfter.push(m)
+      else turn!.steerBefore.push(m)
+    } else if (m.role === 'assistant') {
+      if (!turn) {
+        turns.push({ input: { role: 'user', content: '' }, steerBefore: [], steps: [] })
+        notes.push('the transcript opens with an assistant message: replay opened the first turn with an empty user input')
+      }
+      turns.at(-1)!.steps.push({ message: m, usage: transcript.usage[assistants++], results: [], steerAfter: [] })
+    } else step?.results.push(m) // the pairing pass put every result right after its step
+  })
+  return turns
+}
+
+/**
+ * An Agent whose envelope is the transcript's (system prompt and tool specs as recorded, even where
+ * the file records no specs for the tools it calls).
+ */
+class ReplayAgent extends Agent {
+  readonly recordedEnvelope: Envelope
+  constructor(options: AgentOptions, envelope: Envelope) {
+    super(options)
+    this.recordedEnvelope = envelope
+  }
+  override get envelope(): Envelope { return this.recordedEnvelope }
+}
+
+/** A row while its events arrive. */
+interface OpenReplayRow {
+  kind: ReplayStep['kind']
+  step: number
+  turn: number
+  requestTokens?: number
+  unmanagedTokens?: number
+  recordedPromptTokens?: number
+  beforeTokens?: number
+  hasMessage: boolean
+  rung?: string
+  ladderWarned: boolean
+  summaryCalls: number
+  events: ReplayEvent[]
+  warnings: string[]
+  figures: number[]
+  context: ReplayFigureContext
+}
+
+/** The rung a `compaction/*` event type names; undefined for the ladder's bookkeeping events. */
+function rungOfEvent(type: string): string | undefined {
+  if (!type.startsWith('compaction/')) return undefined
+  const name = type.slice('compaction/'.length)
+  if (name === 'start' || name === 'end' || name === 'warning') return undefined
+  return name === 'summary' ? 'compact' : name
+}
+
+/**
+ * Replays a transcript offline through the real {@link Agent} (docs/design.md §8): a fresh
+ * {@link Session} ({@link MemoryStore}), the transcript's envelope, a recorded provider that answers
+ * each step with the transcript's assistant message (and streams its recorded usage as a `usage`
+ * event, never as the response's usage: the transcript's figures describe the original prompts, so
+ * the meter stays on its own estimate), and recorded tools that answer each call with the
+ * transcript's result. The loop does the rest as in a live session: turn starts and the pinned
+ * input, steering, spill at write time, the ladder's pressure checks at the turn start and after
+ * every step. Turns are cut where the loop would be idle (see the readers' `turnStarts` for dsh
+ * logs); a turn the transcript ends while the loop would go on (its last step called tools) ends
+ * as cancelled. The rows are read off the Agent's events.
  * Without `summarizer`, summaries are simulated at exactly `summaryTokens` tokens each.
- * @throws {RangeError} for a missing or bad `contextWindow`, `thresholdRatio` or `summaryTokens`
- *   (the message names the value and the fix). Cancellation through `signal` rejects with its reason.
+ * @throws {RangeError} for a missing or bad `contextWindow`, `thresholdRatio`, `summaryTokens` or
+ *   figure names (the message names the value and the fix). Cancellation through `signal` rejects
+ *   with its reason.
  */
 export async function replayTranscript(transcript: Transcript, options: ReplayOptions = {}): Promise<ReplayReport> {
   const windowGiven = options.contextWindow ?? transcript.contextWindow ?? options.summarizer?.contextWindow
@@ -6923,176 +7401,241 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     throw new RangeError(`replay: thresholdRatio must be a number in (0, 1], got ${String(thresholdRatio)}; e.g. 0.8 (CLI: --threshold 0.8)`)
   }
   const summaryTokens = replayPositiveInteger('summaryTokens', options.summaryTokens ?? DEFAULT_REPLAY_SUMMARY_TOKENS, 'e.g. 2000 (CLI: --summary-tokens N)')
+  const figures = [...REPLAY_FIGURES, ...(options.figures ?? [])]
+  const figureNames = new Set<string>()
+  for (const f of figures) {
+    if (typeof f?.name !== 'string' || f.name === '' || figureNames.has(f.name)) throw new RangeError(`replay: every figure needs a unique non-empty name, got ${JSON.stringify(f?.name)}`)
+    figureNames.add(f.name)
+  }
   const signal = options.signal
-  const compaction: CompactionConfig = resolveCompactionConfig({ ...options.compaction, thresholdRatio })
+  signal?.throwIfAborted()
+  const notes = [...transcript.notes]
+  const script = replayScript(transcript, notes)
   const pruneConfig = resolvePruneConfig()
+  const session = new Session({ store: new MemoryStore() })
+  session.append('session/start', { id: `replay-${transcript.format}`, version: VERSION })
+
+  let open: OpenReplayRow | undefined
+  const rows: ReplayStep[] = []
+  const warnings: string[] = []
+
+  // Every summary request passes here, so its size (the estimate summarise() hands over) is recorded.
   const base = options.summarizer ?? simulatedSummarizer(summaryTokens, window)
   const summaryWindow = base.contextWindow ?? window
   let peakSummaryRequestTokens = 0
   let summaryRequestsOverWindow = 0
-  // Every summary request passes here, so its size (the estimate summarise() hands over) is recorded.
   const summarizer: Provider = {
     model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens,
     complete(request) {
       const tokens = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools }, request.messages)
       peakSummaryRequestTokens = Math.max(peakSummaryRequestTokens, tokens)
       if (tokens > summaryWindow) summaryRequestsOverWindow++
+      if (open) open.summaryCalls++
       return base.complete(request)
     },
   }
-  const session = new Session({ store: new MemoryStore() })
-  session.append('session/start', { id: `replay-${transcript.format}`, version: VERSION })
-  const envelope = transcript.envelope
-  session.setHeader({ model: summarizer.model, baseURL: summarizer.baseURL, system: envelope.system, tools: envelope.tools, contextWindow: window })
-  const warnings: string[] = []
-  let rowWarnings: string[] = []
-  const host = {
-    session, summarizer, contextWindow: window, envelope, compaction, pruneConfig,
-    warn(message: string) { warnings.push(message); rowWarnings.push(message) },
-  } satisfies CompactionHost
-  const ladder = new Ladder(host)
 
-  // Surface changes made by the ladder, read off the log as they are appended.
-  let rowEvents: ReplayEvent[] = []
-  let pendingPrune: { type: 'prune' | 'clear'; seq: number; tokens: number } | undefined
-  let pendingSummary: { id: string; seqs: number[]; tokens: number } | undefined
-  let pendingCheckpoint: { tokens: number } | undefined
-  session.subscribe((e) => {
-    const d = e.data as any
-    switch (e.type) {
-      case 'compaction/prune': case 'compaction/clear': pendingPrune = { type: e.type === 'compaction/prune' ? 'prune' : 'clear', seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; break
-      case 'tool/result': case 'assistant/message':
-        if (pendingPrune && d.surfaceOp.op === 'replace') {
-          const role = e.type === 'assistant/message' ? { role: 'assistant' as const } : {}
-          rowEvents.push(pendingPrune.type === 'prune' ? { type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message), ...role } : { type: 'clear', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message) })
-          pendingPrune = undefined
-        }
-        break
-      case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
-      case 'user/message':
-        if (pendingSummary && d.compactionId === pendingSummary.id) pendingCheckpoint = { tokens: estimateMessageTokens(d.message) }
-        else if (pendingPrune && d.surfaceOp.op === 'replace') {
-          rowEvents.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message), role: 'user' })
-          pendingPrune = undefined
-        }
-        break
-      case 'compaction/end':
-        if (d.error !== undefined) rowEvents.push({ type: 'compaction-failed', id: d.id, error: d.error })
-        else if (pendingSummary && pendingCheckpoint && pendingSummary.id === d.id) {
-          const s = pendingSummary
-          rowEvents.push({
-            type: 'compaction', id: s.id, messages: s.seqs.length, firstSeq: s.seqs[0], lastSeq: s.seqs[s.seqs.length - 1],
-            tokensBefore: s.tokens, tokensAfter: pendingCheckpoint.tokens, totalBefore: d.tokensBefore, totalAfter: d.tokensAfter,
-          })
-        }
-        pendingSummary = undefined
-        pendingCheckpoint = undefined
-        break
-    }
-  })
-
-  const rows: ReplayStep[] = []
-  let unmanaged = estimateEnvelopeTokens(envelope)
-  let turn = 0
-  let stepInTurn = 0
-  let step = 0
-  let assistantIndex = 0
-  let lastHadCalls = false
-  let resultsOverPruneThreshold = 0
-
-  /** One pressure check; records a row. */
-  const check = async (row: Omit<ReplayStep, 'beforeTokens' | 'rung' | 'afterTokens' | 'reclaimedTokens' | 'prunes' | 'prunedTokens' | 'summaryCalls' | 'events' | 'warnings'>) => {
-    const outcome = await ladder.relievePressure(signal)
-    const rung: ReplayRung = outcome.action === 'compacted' ? 'compact' : outcome.action === 'cleared' ? 'clear' : outcome.action === 'pruned' ? 'prune' : outcome.action === 'failed' ? 'failed' : 'none'
-    const events = rowEvents
-    const full: ReplayStep = {
-      ...row, beforeTokens: outcome.tokensBefore, rung, afterTokens: outcome.tokensAfter,
-      reclaimedTokens: outcome.tokensBefore - outcome.tokensAfter, prunes: events.filter((e) => e.type === 'prune').length,
-      prunedTokens: outcome.prunedTokens, summaryCalls: outcome.summaryRequests, events, warnings: rowWarnings,
-    }
-    rowEvents = []
-    rowWarnings = []
-    rows.push(full)
-    options.onStep?.(full, session)
+  // The recorded provider: the turn's next recorded step, or — when the transcript records none
+  // while the loop would go on — the turn ends as cancelled.
+  let turn: ReplayScriptTurn | undefined
+  let stepIndex = 0
+  let current: ReplayScriptStep | undefined
+  let stop: AbortController | undefined
+  const provider: Provider = {
+    model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', contextWindow: window, maxTokens: window,
+    async complete(request) {
+      current = turn?.steps[stepIndex++]
+      if (!current) {
+        stop?.abort(new Error('the transcript records no further step in this turn'))
+        throw new ProviderError('ABORTED', 'the transcript records no further step in this turn')
+      }
+      if (open) { open.requestTokens = request.inputTokens; open.context.request = request; open.context.recordedUsage = current.usage }
+      if (current.usage) request.onEvent?.({ type: 'usage', usage: current.usage })
+      for (const m of current.steerAfter) agent.steer(m)
+      return { message: current.message, finishReason: 'replay' }
+    },
   }
-  const endTurn = (reason: string) => { if (turn > 0 && session.turn.open) session.append('turn/end', { turn, reason }) }
 
-  const messages = transcript.messages
-  const turnStarts = transcript.turnStarts ? new Set(transcript.turnStarts) : undefined
-  for (let i = 0; i < messages.length; i++) {
-    signal?.throwIfAborted()
-    const m = messages[i]
-    if (m.role === 'user') {
-      unmanaged += estimateMessageTokens(m)
-      const opens = turnStarts ? turnStarts.has(i) : i === 0 || messages[i - 1].role !== 'user'
-      if (!opens && turn > 0) { session.append('user/message', { message: m, surfaceOp: { op: 'append' } }); continue } // steering
-      endTurn(lastHadCalls ? 'next-input' : 'stop')
-      turn++
-      stepInTurn = 0
-      session.append('turn/start', { turn })
-      session.append('user/message', { message: m, surfaceOp: { op: 'append' } })
-      await check({ kind: 'turn-start', step: step + 1, turn, unmanagedTokens: unmanaged })
-      continue
+  // The recorded tools: each call's result from the transcript, found by the id the loop logged.
+  const recordedResults = new Map<string, ToolResultMessage>()
+  const answered = new Set<string>()
+  const toolNames = new Set<string>()
+  for (const m of transcript.messages) for (const b of m.role === 'assistant' ? m.content : []) if (b.type === 'tool-call') toolNames.add((b as ToolCallBlock).name)
+  const tools: Tool[] = [...toolNames].map((name) => ({
+    name, description: '', parameters: {},
+    execute(_args: unknown, ctx: ToolContext): ToolOutput {
+      const result = recordedResults.get(ctx.callId)
+      if (!result) throw new Error(`the transcript records no result for tool call ${ctx.callId}`)
+      answered.add(ctx.callId)
+      return { content: result.content, isError: result.isError }
+    },
+  }))
+
+  // Rows, read off the Agent's events.
+  let unmanaged = estimateEnvelopeTokens(transcript.envelope)
+  let steps = 0
+  let turns = 0
+  let answeredByLoop = 0
+  let pendingPrune: { seq: number; tokens: number } | undefined
+  let pendingSummary: { id: string; seqs: number[]; tokens: number; checkpointTokens?: number } | undefined
+  const openRow = (kind: ReplayStep['kind'], turnNumber: number) => {
+    open = {
+      kind, step: steps + 1, turn: turnNumber, hasMessage: false, ladderWarned: false, summaryCalls: 0, events: [], warnings: [],
+      figures: figures.map(() => 0), context: { session, contextWindow: window },
     }
-    if (m.role === 'tool') continue // appended with its step below
-    // An assistant message: one step.
-    if (turn === 0) { turn = 1; session.append('turn/start', { turn }) } // a transcript that opens without user input
-    step++
-    stepInTurn++
-    const requestTokens = session.measure().totalTokens
-    const recorded = transcript.usage[assistantIndex++]
-    const row = { kind: 'step' as const, step, turn, requestTokens, unmanagedTokens: unmanaged, ...(recorded ? { recordedPromptTokens: recorded.promptTokens } : {}) }
-    unmanaged += estimateMessageTokens(m)
-    session.append('step/start', { turn, step: stepInTurn })
-    session.append('assistant/message', { message: m, finishReason: 'replay', surfaceOp: { op: 'append' } })
-    const calls = m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
-    lastHadCalls = calls.length > 0
-    for (; i + 1 < messages.length && messages[i + 1].role === 'tool'; i++) {
-      const result = messages[i + 1] as ToolResultMessage
-      unmanaged += estimateMessageTokens(result)
-      if (resultCodePoints(result, pruneConfig.thresholdChars) > pruneConfig.thresholdChars) resultsOverPruneThreshold++
-      const call = calls.find((c) => c.id === result.toolCallId)
-      session.append('tool/call', { callId: result.toolCallId, name: call?.name ?? '' })
-      const spilled = await spillToolResult(result, session.store, compaction.spillBytes, spillName(session.seq))
-      const event = session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
-      if (spilled.spilled) {
-        rowEvents.push({ type: 'spill', seq: event.seq, bytes: spilled.spilled.bytes, tokensBefore: estimateMessageTokens(result), tokensAfter: estimateMessageTokens(spilled.message) })
+  }
+  const closeRow = () => {
+    const r = open
+    open = undefined
+    if (!r || (r.kind === 'step' && !r.hasMessage)) return // a step the transcript does not record (the turn ended there)
+    const afterTokens = session.measure().totalTokens
+    const beforeTokens = r.beforeTokens ?? afterTokens
+    const prunes = r.events.filter((e) => e.type === 'prune') as Extract<ReplayEvent, { type: 'prune' }>[]
+    const row: ReplayStep = {
+      kind: r.kind, step: r.step, turn: r.turn,
+      ...(r.requestTokens !== undefined ? { requestTokens: r.requestTokens } : {}),
+      unmanagedTokens: r.unmanagedTokens ?? unmanaged,
+      ...(r.recordedPromptTokens !== undefined ? { recordedPromptTokens: r.recordedPromptTokens } : {}),
+      beforeTokens, rung: r.rung ?? (r.ladderWarned ? 'failed' : 'none'), afterTokens, reclaimedTokens: beforeTokens - afterTokens,
+      prunes: prunes.length, prunedTokens: prunes.reduce((t, e) => t + e.tokensBefore - e.tokensAfter, 0),
+      summaryCalls: r.summaryCalls, events: r.events, warnings: r.warnings,
+      ...(figures.length > 0 ? { figures: Object.fromEntries(figures.map((f, k) => [f.name, r.figures[k]])) } : {}),
+    }
+    rows.push(row)
+    options.onStep?.(row, session)
+  }
+  const observe = (ae: AgentEvent) => {
+    options.onEvent?.(ae)
+    if (ae.type === 'warning') { warnings.push(ae.message); open?.warnings.push(ae.message) }
+    if (ae.type === 'stream' && ae.event.type === 'usage' && open) open.recordedPromptTokens = ae.event.usage.promptTokens
+    if (ae.type === 'log') {
+      const e = ae.event
+      const d = e.data as any
+      const appended = d?.surfaceOp?.op === 'append'
+      const rung = rungOfEvent(e.type)
+      if (e.type.startsWith('compaction/') && open && open.beforeTokens === undefined) open.beforeTokens = session.measure().totalTokens
+      if (rung && open) open.rung = rung
+      switch (e.type) {
+        case 'turn/start': closeRow(); turns = d.turn; openRow('turn-start', d.turn); break
+        case 'step/start': closeRow(); openRow('step', turns); break
+        case 'step/end': case 'turn/end': closeRow(); break
+        case 'user/message':
+          if (appended) unmanaged += estimateMessageTokens(d.message)
+          else if (pendingSummary && d.compactionId === pendingSummary.id) pendingSummary.checkpointTokens = estimateMessageTokens(d.message)
+          else if (pendingPrune && open) { open.events.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message), role: 'user' }); pendingPrune = undefined }
+          break
+        case 'assistant/message': {
+          if (!appended && pendingPrune && open) { open.events.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message), role: 'assistant' }); pendingPrune = undefined }
+          if (!appended || !open || !current) break
+          open.hasMessage = true
+          open.step = ++steps
+          open.unmanagedTokens = unmanaged
+          unmanaged += estimateMessageTokens(current.message)
+          // The logged calls (ids as the loop kept or repaired them) in order, matched to the recorded results.
+          const logged = (d.message as AssistantMessage).content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+          const recorded = current.message.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+          logged.forEach((c, k) => {
+            const result = current!.results.find((r) => r.toolCallId === recorded[k]?.id)
+            if (result) recordedResults.set(c.id, result)
+          })
+          break
+        }
+        case 'tool/result': {
+          if (appended) {
+            const original = recordedResults.get(d.message.toolCallId) ?? d.message
+            if (!answered.has(d.message.toolCallId)) answeredByLoop++
+            unmanaged += estimateMessageTokens(original)
+            if (d.spilled && open) open.events.push({ type: 'spill', seq: e.seq, bytes: d.spilled.bytes, tokensBefore: estimateMessageTokens(original), tokensAfter: estimateMessageTokens(d.message) })
+          } else if (pendingPrune && open) {
+            open.events.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message) })
+            pendingPrune = undefined
+          }
+          break
+        }
+        case 'compaction/prune': pendingPrune = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; break
+        case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
+        case 'compaction/warning': if (open) open.ladderWarned = true; break
+        case 'compaction/end':
+          if (!open) break
+          if (d.error !== undefined) open.events.push({ type: 'compaction-failed', id: d.id, error: d.error })
+          else {
+            const s = pendingSummary
+            if (s !== undefined && s.id === d.id && s.checkpointTokens !== undefined) open.events.push({
+              type: 'compaction', id: s.id, messages: s.seqs.length, firstSeq: s.seqs[0], lastSeq: s.seqs[s.seqs.length - 1],
+              tokensBefore: s.tokens, tokensAfter: s.checkpointTokens, totalBefore: d.tokensBefore, totalAfter: d.tokensAfter,
+            })
+          }
+          pendingSummary = undefined
+          break
+        default:
+          if (rung && open) open.events.push({ type: 'rung', rung, seq: e.seq, data: d })
       }
     }
-    await check(row)
-    session.append('step/end', { turn, step: stepInTurn })
+    if (open) figures.forEach((f, k) => { open!.figures[k] = f.add(ae, open!.figures[k], open!.context) })
   }
-  endTurn(lastHadCalls ? 'end-of-transcript' : 'stop')
 
-  const steps = rows.filter((r) => r.kind === 'step')
-  const peakRequestTokens = steps.reduce((p, r) => Math.max(p, r.requestTokens!), 0)
-  const recordedPeak = steps.reduce((p, r) => Math.max(p, r.recordedPromptTokens ?? -1), -1)
+  const maxSteps = script.reduce((m, t) => Math.max(m, t.steps.length), 0) + 1
+  const agent: Agent = new ReplayAgent({
+    session, provider, tools, summarizer, contextWindow: window, system: transcript.envelope.system,
+    compaction: { ...options.compaction, thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe,
+  }, transcript.envelope)
+  for (const t of script) {
+    turn = t
+    stepIndex = 0
+    stop = new AbortController()
+    const onAbort = () => stop!.abort(signal!.reason)
+    signal?.addEventListener('abort', onAbort, { once: true })
+    try {
+      for (const m of t.steerBefore) agent.steer(m)
+      await agent.run(t.input, { signal: stop.signal })
+    } finally { signal?.removeEventListener('abort', onAbort) }
+    signal?.throwIfAborted()
+  }
+  closeRow()
+  if (answeredByLoop > 0) notes.push(`${answeredByLoop} tool call(s) answered by the loop itself, not with the recorded result (e.g. arguments that are not JSON), as a live run would`)
+
+  const stepRows = rows.filter((r) => r.kind === 'step')
+  const peakRequestTokens = stepRows.reduce((p, r) => Math.max(p, r.requestTokens!), 0)
+  const recordedPeak = stepRows.reduce((p, r) => Math.max(p, r.recordedPromptTokens ?? -1), -1)
   const all = rows.flatMap((r) => r.events)
+  const rungs: Record<string, number> = {}
+  for (const e of all) {
+    const name = e.type === 'prune' ? 'prune' : e.type === 'compaction' ? 'compact' : e.type === 'rung' ? e.rung : undefined
+    if (name) rungs[name] = (rungs[name] ?? 0) + 1
+  }
+  const pruneThreshold = pruneConfig.thresholdChars
   const totals: ReplayTotals = {
-    steps: steps.length,
-    turns: turn,
+    steps: stepRows.length,
+    turns,
     peakRequestTokens,
     peakPercent: Math.round((peakRequestTokens / window) * 1000) / 10,
-    prunes: all.filter((e) => e.type === 'prune').length,
+    prunes: rungs.prune ?? 0,
     prunedTokens: rows.reduce((t, r) => t + r.prunedTokens, 0),
     spills: all.filter((e) => e.type === 'spill').length,
-    compactions: all.filter((e) => e.type === 'compaction').length,
+    compactions: rungs.compact ?? 0,
     failedCompactions: all.filter((e) => e.type === 'compaction-failed').length,
     summaryCalls: rows.reduce((t, r) => t + r.summaryCalls, 0),
-    requestsOverWindow: steps.filter((r) => r.requestTokens! > window).length,
-    unmanagedStepsOverWindow: steps.filter((r) => r.unmanagedTokens > window).length,
-    peakUnmanagedTokens: steps.reduce((p, r) => Math.max(p, r.unmanagedTokens), 0),
+    requestsOverWindow: stepRows.filter((r) => r.requestTokens! > window).length,
+    unmanagedStepsOverWindow: stepRows.filter((r) => r.unmanagedTokens > window).length,
+    peakUnmanagedTokens: stepRows.reduce((p, r) => Math.max(p, r.unmanagedTokens), 0),
     ...(recordedPeak >= 0 ? { peakRecordedPromptTokens: recordedPeak } : {}),
     peakSummaryRequestTokens,
     summaryRequestsOverWindow,
-    resultsOverPruneThreshold,
+    resultsOverPruneThreshold: transcript.messages.filter((m) => m.role === 'tool' && resultCodePoints(m, pruneThreshold) > pruneThreshold).length,
     ladderWarnings: warnings.length,
+    rungs,
+    ...(figures.length > 0 ? {
+      figures: Object.fromEntries(figures.map((f) => {
+        const values = rows.map((r) => r.figures![f.name])
+        return [f.name, f.total === 'max' ? values.reduce((a, b) => Math.max(a, b), 0) : values.reduce((a, b) => a + b, 0)]
+      })),
+    } : {}),
   }
   return {
-    format: transcript.format, messages: countRoles(messages), contextWindow: window, thresholdRatio,
+    format: transcript.format, messages: countRoles(transcript.messages), contextWindow: window, thresholdRatio,
     thresholdTokens: Math.floor(window * thresholdRatio),
     summaries: options.summarizer ? { simulated: false, model: options.summarizer.model } : { simulated: true, tokens: summaryTokens },
-    rows, totals, notes: transcript.notes, warnings,
+    rows, totals, notes, warnings,
   }
 }
 
@@ -7104,9 +7647,19 @@ export interface FormatReplayOptions {
   name?: string
   /** Added to every JSON object as `chain` (e.g. 'main', 'sidechain 2'); a heading in the table. */
   chain?: string
+  /** Extra figures passed to the replay besides {@link REPLAY_FIGURES}, for their cells (a figure the report has but neither names is shown with digit grouping). */
+  figures?: readonly ReplayFigure[]
 }
 
 const groupDigits = (n: number): string => String(n).replace(/\B(?=(\d{3})+(?!\d))/g, ',')
+
+/** One line for an event a rung logged: its seq and the event's scalar fields (numbers grouped). */
+function describeRungData(data: Record<string, unknown>): string {
+  const show = (v: unknown): string | undefined =>
+    typeof v === 'number' ? groupDigits(v) : typeof v === 'string' ? (v.length > 40 ? JSON.stringify(v.slice(0, 40) + '…') : JSON.stringify(v))
+      : Array.isArray(v) && v.every((x) => typeof x === 'number') ? (v.length > 2 ? `${v[0]}..${v[v.length - 1]} (${v.length})` : v.join(', ')) : undefined
+  return Object.entries(data).flatMap(([k, v]) => { const s = show(v); return s === undefined ? [] : [`${k} ${s}`] }).join(', ')
+}
 
 function describeReplayEvent(e: ReplayEvent): string {
   switch (e.type) {
@@ -7115,8 +7668,27 @@ function describeReplayEvent(e: ReplayEvent): string {
     case 'clear': return `clear    tool result seq ${e.seq}: ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens (placeholder; recallable)`
     case 'compaction': return `compact  ${e.id}: ${e.messages} messages (seq ${e.firstSeq}..${e.lastSeq}) ${groupDigits(e.tokensBefore)} → checkpoint ${groupDigits(e.tokensAfter)} tokens; total ${groupDigits(e.totalBefore)} → ${groupDigits(e.totalAfter)}`
     case 'compaction-failed': return `failed   ${e.id}: ${e.error}`
+    case 'rung': return `${e.rung.padEnd(8)} seq ${e.seq}: ${describeRungData(e.data)}`
   }
 }
+
+/** A column of the replay table: header, cell, and whether it is left-aligned (else right). */
+interface ReplayColumn { header: string; cell: (r: ReplayStep) => string; left?: boolean }
+
+const tokensCell = (n: number | undefined): string => (n === undefined ? '-' : groupDigits(n))
+
+/** The built-in columns of the text table, in order; extra figures with a `cell` follow. */
+const REPLAY_COLUMNS: readonly ReplayColumn[] = [
+  { header: 'step', cell: (r) => (r.kind === 'step' ? String(r.step) : 'input') },
+  { header: 'turn', cell: (r) => String(r.turn) },
+  { header: 'request', cell: (r) => tokensCell(r.requestTokens) },
+  { header: 'unmanaged', cell: (r) => tokensCell(r.unmanagedTokens) },
+  { header: 'recorded', cell: (r) => tokensCell(r.recordedPromptTokens) },
+  { header: 'before', cell: (r) => tokensCell(r.beforeTokens) },
+  { header: 'rung', cell: (r) => r.rung, left: true },
+  { header: 'after', cell: (r) => tokensCell(r.afterTokens) },
+  { header: 'reclaimed', cell: (r) => tokensCell(r.reclaimedTokens) },
+]
 
 /**
  * Renders a {@link ReplayReport}: a header (settings, how summaries were made, what the token figures
@@ -7146,16 +7718,18 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
   for (const note of report.notes) out.push(`note: ${note}`)
   out.push('request = what dsh would send for the step; unmanaged = the same with no management; before → after = around the rung at the pressure check')
   out.push('')
-  const header = ['step', 'turn', 'request', 'unmanaged', 'recorded', 'before', 'rung', 'after', 'reclaimed']
-  const cells = report.rows.map((r) => [
-    r.kind === 'step' ? String(r.step) : 'input', String(r.turn), r.requestTokens === undefined ? '-' : groupDigits(r.requestTokens),
-    groupDigits(r.unmanagedTokens), r.recordedPromptTokens === undefined ? '-' : groupDigits(r.recordedPromptTokens),
-    groupDigits(r.beforeTokens), r.rung, groupDigits(r.afterTokens), groupDigits(r.reclaimedTokens),
-  ])
-  const widths = header.map((h, c) => cells.reduce((w, row) => Math.max(w, row[c].length), h.length))
-  const line = (row: string[]) => row.map((s, c) => (c === 6 ? s.padEnd(widths[c]) : s.padStart(widths[c]))).join('  ')
+  // Extra figures: a column each, rendered by the figure's `cell` (a figure without one is JSON only).
+  const known = new Map([...REPLAY_FIGURES, ...(options.figures ?? [])].map((f) => [f.name, f]))
+  const figureCell = (name: string, v: number) => { const f = known.get(name); return f ? f.cell?.(v) : groupDigits(v) }
+  const figureNames = Object.keys(t.figures ?? {}).filter((name) => figureCell(name, 0) !== undefined)
+  const columns: ReplayColumn[] = [...REPLAY_COLUMNS, ...figureNames.map((name) => ({
+    header: name, cell: (r: ReplayStep) => (r.figures?.[name] === undefined ? '-' : figureCell(name, r.figures[name])!),
+  }))]
+  const cells = report.rows.map((r) => columns.map((c) => c.cell(r)))
+  const widths = columns.map((c, k) => cells.reduce((w, row) => Math.max(w, row[k].length), c.header.length))
+  const line = (row: string[]) => row.map((s, k) => (columns[k].left ? s.padEnd(widths[k]) : s.padStart(widths[k]))).join('  ').trimEnd()
   const indent = ' '.repeat(widths[0] + 2) + '↳ '
-  out.push(line(header))
+  out.push(line(columns.map((c) => c.header)))
   report.rows.forEach((r, k) => {
     out.push(line(cells[k]))
     for (const e of r.events) out.push(indent + describeReplayEvent(e))
@@ -7169,12 +7743,16 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     ['prunes', `${t.prunes} (${groupDigits(t.prunedTokens)} tokens reclaimed by pruning)`],
     ['spills', String(t.spills)],
     ['compactions', `${t.compactions}${t.failedCompactions ? ` (+${t.failedCompactions} failed)` : ''}, ${t.summaryCalls} summary call(s)`],
+  ]
+  for (const [rung, count] of Object.entries(t.rungs ?? {})) if (rung !== 'prune' && rung !== 'compact') totals.push([`rung ${rung}`, String(count)])
+  totals.push(
     ['requests over the window, dsh', String(t.requestsOverWindow)],
     ['steps over the window, unmanaged', `${t.unmanagedStepsOverWindow} (unmanaged peak ${groupDigits(t.peakUnmanagedTokens)} tokens, ${pct(t.peakUnmanagedTokens)})`],
-  ]
+  )
   if (t.peakRecordedPromptTokens !== undefined) totals.push(['recorded peak prompt', `${groupDigits(t.peakRecordedPromptTokens)} tokens (as reported by the original run)`])
   if (t.summaryCalls > 0) totals.push(['largest summary request', `${groupDigits(t.peakSummaryRequestTokens)} tokens (${t.summaryRequestsOverWindow} over the summarizer's window)`])
   if (t.ladderWarnings > 0) totals.push(['ladder warnings', String(t.ladderWarnings)])
+  for (const [name, v] of Object.entries(t.figures ?? {})) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
   const labelWidth = totals.reduce((w, [l]) => Math.max(w, l.length), 0)
   out.push('totals')
   for (const [label, value] of totals) out.push(`  ${label.padEnd(labelWidth)}  ${value}`)
@@ -7199,9 +7777,10 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
     sidechainReports.push(await replayTranscript(side, { ...options, contextWindow: report.contextWindow }))
   }
   const chains = sidechainReports.length > 0
-  let output = formatReplay(report, { json: options.json, name: options.name, chain: chains ? 'main chain' : undefined })
+  const figures = options.figures
+  let output = formatReplay(report, { json: options.json, name: options.name, chain: chains ? 'main chain' : undefined, figures })
   sidechainReports.forEach((r, k) => {
-    output += (options.json ? '' : '\n') + formatReplay(r, { json: options.json, name: options.name, chain: `sidechain ${k + 1} of ${sidechainReports.length}` })
+    output += (options.json ? '' : '\n') + formatReplay(r, { json: options.json, name: options.name, chain: `sidechain ${k + 1} of ${sidechainReports.length}`, figures })
   })
   return { report, sidechainReports, output }
 }
@@ -7223,8 +7802,8 @@ export const CLI_DEFAULTS = /* @__PURE__ */ Object.freeze({
 })
 
 /** Transcript formats `replay --format` accepts (docs/replay.md). `auto` detects. */
-export type CliReplayFormat = 'auto' | 'dsh' | 'openai' | 'claude-code' | 'swe-agent' | 'mini-swe-agent'
-const CLI_REPLAY_FORMATS: readonly CliReplayFormat[] = ['auto', 'dsh', 'openai', 'claude-code', 'swe-agent', 'mini-swe-agent']
+export type CliReplayFormat = 'auto' | TranscriptFormat
+const cliReplayFormats = (): readonly CliReplayFormat[] => ['auto', ...TRANSCRIPT_FORMATS]
 
 /** A bad command line or missing configuration. The CLI prints `message` (one line) and exits with `exitCode` 2. */
 export class UsageError extends Error {
@@ -7268,6 +7847,12 @@ export interface CliRunOptions extends CliModelOptions {
   allowShell: boolean
   /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
   shellEnv?: string[]
+  /** `--no-shell`: never offer the shell tool and do not ask (wins over a remembered answer). */
+  noShell: boolean
+  /** `--max-steps N`: provider calls per turn before the turn ends with reason `max-steps` (default 200). */
+  maxSteps?: number
+  /** `-C DIR` / `--cwd DIR`: the project to work on, as if dsh were started there (path as given). */
+  cwd?: string
 }
 
 /** `dsh replay FILE`: run a recorded session through the meter and the ladder offline. */
@@ -7285,6 +7870,10 @@ export interface CliReplayOptions {
   summaryTokens: number
   /** `--format F`. Default `auto`. */
   format: CliReplayFormat
+  /** `--sidechains`: Claude Code, also replay each Task-subagent run (its own window) after the main chain. */
+  sidechains: boolean
+  /** `-C DIR` / `--cwd DIR`: resolve FILE from DIR, as if dsh were started there. */
+  cwd?: string
   /** Present when `--base-url`, `--model` or `--api-key-env` asks for real summary calls; absent:
    *  summaries are simulated at `summaryTokens` (a key in the environment alone never costs money). */
   summarizer?: CliModelOptions
@@ -7306,12 +7895,16 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--json': { commands: ['run', 'replay'] },
   '--allow-shell': { commands: ['run'] },
   '--shell-env': { value: 'NAME', commands: ['run'] },
+  '--no-shell': { commands: ['run'] },
+  '--max-steps': { value: 'N', commands: ['run'] },
+  '--cwd': { value: 'DIR', commands: ['run', 'replay'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
+  '--sidechains': { commands: ['replay'] },
   '--help': { commands: ['run', 'replay'] },
   '--version': { commands: ['run', 'replay'] },
 }
-const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help' }
+const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help', '-C': '--cwd' }
 
 /** The `--help` text (docs/design.md §8). A function, so that nothing is computed at load time. */
 export function cliHelp(): string {
@@ -7337,26 +7930,47 @@ Options
                          always clamped to the room left in the window)
   --session FILE         keep the session in FILE (JSONL); resumes it when FILE exists
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
-  --json                 print every event as one JSON object per line on stdout
+  --max-steps N          provider calls per turn before the turn stops (default 200); a turn
+                         that stops there without an answer exits 1
+  -C, --cwd DIR          work on the project in DIR, as if dsh were started there (the tools,
+                         a relative --session FILE and replay FILE are in DIR)
+  --json                 print every log event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
+  --no-shell             never offer shell commands, and do not ask (interactive mode asks once
+                         per directory and remembers the answer in $XDG_CONFIG_HOME/dsh/shell.json,
+                         else ~/.config/dsh/shell.json)
   --shell-env NAME       give shell commands this variable although its name looks secret
                          (KEY, TOKEN, SECRET, PASSWORD); repeatable. The API key never is.
   -h, --help             show this help
   --version              print the version
 
-The model gets these tools: read_file, list_files, grep, write_file, edit_file (all limited to
-the working directory) and, with --allow-shell, shell. Interactive commands: /compact, /usage,
-/help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
+The model gets these tools: read_file, list_files, grep, write_file, edit_file (their paths are
+limited to the working directory) and, with --allow-shell or an interactive yes, shell (which is
+not: a command can reach anything you can). Interactive commands: /compact, /usage, /help, /exit;
+Ctrl-C cancels the running turn, a second Ctrl-C exits.
+
+Status lines (stderr)
+  ▸ read_file src/a.ts (2,340 tokens)    a tool ran; its result takes 2,340 tokens of context
+  ▸ shell npm test → exit 1              a command and its exit code (errors: their first line)
+  [dsh] pruned read_file big.log: 16,549 → 1,298 tokens (15,251 saved)
+                                         a context edit: what was cut and the tokens it saved
+  [dsh] context 12,034 / 128,000 tokens (9.4%) ~
+                                         occupancy after each step (on a terminal); a trailing ~
+                                         means the figure is dsh's estimate (chars/4), not yet
+                                         anchored on the token count the provider reported
 
 Replay: npx tsx dsh.ts replay FILE [options]
-  Runs a recorded session (a dsh log, an OpenAI-style message array, a Claude Code session
-  JSONL, a SWE-agent or mini-swe-agent trajectory) through the meter and the ladder and prints,
-  per step, tokens before and after, the rung taken and tokens reclaimed, then totals.
+  Runs a recorded session through the real agent loop (recorded answers and tool results, the
+  meter and the ladder live) and prints, per step, tokens before and after, the rung taken and
+  tokens reclaimed, then totals. Formats (detected in this order):
+${describeTranscriptFormats('    ')}
   --context-window N     window to simulate, in tokens
   --threshold R          as above (default ${CLI_DEFAULTS.threshold})
   --summary-tokens N     size of a simulated summary, in tokens (default ${CLI_DEFAULTS.summaryTokens})
-  --format F             force a format: ${CLI_REPLAY_FORMATS.slice(1).join(', ')}
+  --format F             force a format: ${TRANSCRIPT_FORMATS.join(', ')}
                          (default auto: detected from the file)
+  --sidechains           Claude Code: also replay each Task-subagent run (sidechain), each in
+                         its own window, after the main chain (default: skipped, counted in a note)
   --json                 machine-readable output
   --base-url URL, --model NAME, --api-key-env NAME
                          summarise with a real model instead of simulating summaries
@@ -7510,6 +8124,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
 
   const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
+  const cwd = flags.get('--cwd')
+  if (cwd === '') throw new UsageError('-C/--cwd needs a directory, e.g. -C ../my-project')
   const threshold = flags.has('--threshold') ? parseThreshold(flags.get('--threshold')!) : CLI_DEFAULTS.threshold
   const json = flags.has('--json')
 
@@ -7518,10 +8134,10 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (positionals.length > 1) throw new UsageError(`replay takes one FILE, got ${positionals.length} (${positionals.map((p) => JSON.stringify(p)).join(', ')})`)
     const summaryTokens = flags.has('--summary-tokens') ? parsePositiveInt('--summary-tokens', flags.get('--summary-tokens')!, 'tokens', '2000') : CLI_DEFAULTS.summaryTokens
     const format = (flags.get('--format') ?? 'auto') as CliReplayFormat
-    if (!CLI_REPLAY_FORMATS.includes(format)) throw new UsageError(`--format must be one of ${CLI_REPLAY_FORMATS.join(', ')}, got ${JSON.stringify(format)}`)
+    if (!cliReplayFormats().includes(format)) throw new UsageError(`--format must be one of ${cliReplayFormats().join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
-      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format,
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(cwd !== undefined ? { cwd } : {}),
       ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
     }
   }
@@ -7541,6 +8157,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
   const session = flags.get('--session')
   if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
+  if (flags.has('--allow-shell') && flags.has('--no-shell')) throw new UsageError('--allow-shell and --no-shell contradict each other; give one')
+  const maxSteps = flags.has('--max-steps') ? parsePositiveInt('--max-steps', flags.get('--max-steps')!, 'provider calls per turn', '50') : undefined
   const model = resolveModelOptions(flags, env)
   const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
   for (const name of shellEnv ?? []) {
@@ -7549,7 +8167,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   }
   return {
     command, ...model, prompt, print: printed !== undefined,
-    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), ...(shellEnv ? { shellEnv } : {}),
+    contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
+    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}),
   }
 }
 
@@ -7614,12 +8233,25 @@ export const CLI_SYSTEM_PROMPT = /* @__PURE__ */ [
   'When you are done, answer with a short summary for the user and stop calling tools.',
 ].join('\n')
 
+type NodeStream = { write(s: string): boolean; isTTY?: boolean; on?(event: string, fn: (...a: any[]) => void): unknown }
 type NodeProcess = {
   argv: string[]; env: Record<string, string | undefined>; cwd(): string; exitCode?: number
-  stdin: any; stdout: { write(s: string): boolean; isTTY?: boolean }; stderr: { write(s: string): boolean; isTTY?: boolean }
+  stdin: any; stdout: NodeStream; stderr: NodeStream
   on(event: string, fn: (...a: any[]) => void): unknown; off(event: string, fn: (...a: any[]) => void): unknown
 }
 
+// ── terminal output: a closed reader, status and activity lines ──
+
+/** The CLI's output streams, safe against a reader that went away (`dsh … | head -1`, `| true`). */
+interface CliOutput extends CliIO {
+  /** True once stdout's reader closed (EPIPE): nothing more is written there. */
+  readonly stdoutClosed: boolean
+  /** Called once when stdout's reader closes (the CLI cancels the running turn: nobody reads its output). */
+  onStdoutClosed?: () => void
+  /** Writes dsh's own terminal escapes (colour, line clearing) to stderr as they are: the caller
+   *  strips whatever model or server text it puts inside. */
+  stderrRaw(text: string): void
+}
 
 /**
  * Terminal control sequences and control characters, as text from a model or a server may carry
@@ -7647,53 +8279,205 @@ function jsonLine(value: unknown): string {
 }
 
 /**
- * Turns agent events into terminal output on stderr: one line for each prune, compaction, overflow
- * recovery, provider retry and warning; after each step, on a TTY only, the context occupancy
- * `tokens / window (pct)`. Colour (dim) only on a TTY and without `NO_COLOR`.
+ * Wraps the process's stdout and stderr. Everything printed through `stdout` and `stderr` may hold
+ * model or server text, so it is stripped of terminal controls (docs/design.md §13); `stderrRaw`
+ * is for dsh's own escapes. An error on either stream (EPIPE when the reader closed, or any other
+ * write error) is not thrown as an unhandled `error` event; writes to a closed stream are dropped.
+ * A closed stdout calls `onStdoutClosed` once.
  */
-export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean): (e: AgentEvent) => void {
+function cliOutput(p: NodeProcess): CliOutput {
+  let stdoutClosed = false, stderrClosed = false
+  const out: CliOutput = {
+    get stdoutClosed() { return stdoutClosed },
+    stdout: (text) => { if (!stdoutClosed) p.stdout.write(stripControls(text)) },
+    stderr: (text) => { if (!stderrClosed) p.stderr.write(stripControls(text)) },
+    stderrRaw: (text) => { if (!stderrClosed) p.stderr.write(text) },
+  }
+  p.stdout.on?.('error', () => {
+    if (stdoutClosed) return
+    stdoutClosed = true
+    out.onStdoutClosed?.()
+  })
+  p.stderr.on?.('error', () => { stderrClosed = true })
+  return out
+}
+
+/** A context edit as the status line reports it: one prune, clear or compaction, with its tokens. */
+export interface ContextEdit {
+  /** The event that shadowed the content: `compaction/prune`, `compaction/clear`, `compaction/summary`, … */
+  event: SessionEvent
+  /** What the edit did, as a past-tense verb: `pruned`, `cleared`, `compacted`. */
+  verb: string
+  /** What was edited, e.g. `read_file big.txt` or `3 tool results (read_file a.ts, grep TODO, …)`. */
+  subject: string
+  /** Tokens of the shadowed content, and of what replaced it. */
+  tokensBefore: number
+  tokensAfter: number
+  /** Seq of the (last) event that replaced the content: the pruned or cleared `tool/result`, the checkpoint. */
+  replaceSeq: number
+}
+
+/** Options of {@link statusReporter}. */
+export interface StatusReporterOptions {
+  /** Text appended to the line of each context edit after ` · `; `undefined` or `''` for none.
+   *  Default: the edit's cache cost ({@link Agent.editCost}, docs/design.md §11). */
+  editNote?: (edit: ContextEdit, agent: Agent | undefined) => string | undefined
+  /** ms between redraws of the live "compacting…" indicator on a TTY. Default 250. */
+  indicatorIntervalMs?: number
+}
+
+/** Verbs of the shadowing events, by event type (`compaction/<rung>`); other rungs use the rung's name. */
+const EDIT_VERBS: Readonly<Record<string, string>> = { 'compaction/prune': 'pruned', 'compaction/clear': 'cleared', 'compaction/summary': 'compacted' }
+/** Arguments that name what a tool call works on, in the order the activity line shows them. */
+const ACTIVITY_ARGS = ['command', 'pattern', 'path', 'query', 'url', 'key']
+/** Code points of a tool call's subject shown in an activity line. */
+const ACTIVITY_SUBJECT_CODE_POINTS = 80
+/** Code points of an error's first line shown in an activity line. */
+const ACTIVITY_ERROR_CODE_POINTS = 160
+
+/** `read_file src/a.ts`: the tool's name and the arguments that say what it works on, on one line. */
+function toolSubject(name: string, rawArguments: string): string {
+  let args: unknown
+  try { args = JSON.parse(rawArguments) } catch { args = undefined }
+  let parts: string[] = []
+  if (args && typeof args === 'object' && !Array.isArray(args)) {
+    const record = args as Record<string, unknown>
+    parts = ACTIVITY_ARGS.filter((key) => typeof record[key] === 'string').map((key) => record[key] as string)
+    if (parts.length === 0) {
+      const first = Object.values(record).find((v) => typeof v === 'string' || typeof v === 'number')
+      if (first !== undefined) parts = [String(first)]
+    }
+  }
+  const text = parts.join(' ').replace(/\r?\n/g, '⏎').replace(/[\x00-\x1f\x7f-\x9f]/g, '')
+  const points = Array.from(text)
+  return points.length === 0 ? name : `${name} ${points.length > ACTIVITY_SUBJECT_CODE_POINTS ? points.slice(0, ACTIVITY_SUBJECT_CODE_POINTS - 1).join('') + '…' : text}`
+}
+
+/** What a tool result says about its outcome in a few words, for the activity line: `exit 1`,
+ *  or the first line of an error. `undefined` for a plain success. */
+function toolOutcome(result: ToolResultMessage): string | undefined {
+  const text = textOfBlocks(result.content)
+  const first = text.slice(0, 2 * ACTIVITY_ERROR_CODE_POINTS).split('\n')[0].replace(/[\x00-\x1f\x7f-\x9f]/g, '')
+  const exit = /^exit code (\d+)$/.exec(first) // the shell tool's status line
+  if (exit) return `exit ${exit[1]}`
+  if (!result.isError) return undefined
+  const points = Array.from(first)
+  return points.length > ACTIVITY_ERROR_CODE_POINTS ? points.slice(0, ACTIVITY_ERROR_CODE_POINTS - 1).join('') + '…' : first
+}
+
+/**
+ * Turns agent events into terminal output on stderr, each line starting `[dsh]` or `▸`:
+ * - `▸ read_file src/a.ts (2,340 tokens)` for each tool result (its size in the context), or
+ *   `▸ shell npm test → exit 1` / `▸ NAME ARGS → first line of the error`;
+ * - one line per context edit, derived from any `compaction/*` event that carries `shadowedSeqs`
+ *   and the replaces that follow it: `pruned read_file big.txt: 16,549 → 1,298 tokens (15,251
+ *   saved)` (plus {@link StatusReporterOptions.editNote});
+ * - failed compactions, overflow recoveries, provider retries (what is retried and why) and warnings;
+ * - on a TTY only: a live `compacting… 2.1 s` indicator while a summary runs, and after each step
+ *   the context occupancy `context 12,034 / 128,000 tokens (9.4%)`, with a trailing ` ~` while the
+ *   figure is the chars/4 estimate rather than anchored on provider-reported usage.
+ * Colour (dim) only on a TTY and without `NO_COLOR`.
+ */
+export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean, options: StatusReporterOptions = {}): (e: AgentEvent) => void {
   const paint = (s: string) => (color ? `\x1b[2m${s}\x1b[0m` : s)
-  const say = (s: string) => write(paint(`[dsh] ${stripControls(s)}`) + '\n') // server text inside, our colour around
-  let pruned: { seq: number; tokens: number } | undefined // a prune is reported with its replace, which carries the cache cost
-  let checkpointSeq: number | undefined
-  const editCost = (seq: number | undefined) => {
-    const c = seq === undefined ? undefined : agent()?.editCost(seq)
-    return c ? ` · ${describeEditCost(c)}` : ''
+  let live: { timer: ReturnType<typeof setInterval>; startedMs: number } | undefined
+  const clearLive = () => { if (live) write('\r\x1b[K') }
+  const say = (s: string) => { clearLive(); write(paint(stripControls(s)) + '\n') } // model or server text inside, our colour around
+  const stopLive = () => { if (live) { clearInterval(live.timer); clearLive(); live = undefined } }
+  const drawLive = () => { if (live) write('\r\x1b[K' + paint(`[dsh] compacting… ${((Date.now() - live.startedMs) / 1000).toFixed(1)} s`)) }
+  /** The tool call `callId` answers, from the assistant message on the surface (newest first: usually the last one). */
+  const callOf = (callId: string): ToolCallBlock | undefined => {
+    const nodes = agent()?.session.surface() ?? []
+    for (let i = nodes.length - 1; i >= 0; i--) {
+      const m = nodes[i].message
+      const block = m.role === 'assistant' ? m.content.find((b) => b.type === 'tool-call' && b.id === callId) as ToolCallBlock | undefined : undefined
+      if (block) return block
+    }
+    return undefined
+  }
+  const editNote = options.editNote ?? ((edit: ContextEdit, a: Agent | undefined) => {
+    const cost = a?.editCost(edit.replaceSeq)
+    return cost ? describeEditCost(cost) : undefined
+  })
+  let pending: { event: SessionEvent; seqs: number; subjects: string[]; replaced: number; tokensAfter: number; replaceSeq: number } | undefined
+  const finishEdit = () => {
+    const p = pending!
+    pending = undefined
+    const d = p.event.data as { shadowedSeqs: number[]; shadowedTokenCount: number }
+    const rung = p.event.type.slice('compaction/'.length)
+    const verb = EDIT_VERBS[p.event.type] ?? rung
+    const n = d.shadowedSeqs.length
+    const subject = p.event.type === 'compaction/summary' ? `${n} message${n === 1 ? '' : 's'} into a checkpoint`
+      : n === 1 ? p.subjects[0]
+      : `${n} tool results (${p.subjects.slice(0, 3).join(', ')}${n > 3 ? ', …' : ''})`
+    const edit: ContextEdit = { event: p.event, verb, subject, tokensBefore: d.shadowedTokenCount, tokensAfter: p.tokensAfter, replaceSeq: p.replaceSeq }
+    const note = editNote(edit, agent())
+    say(`[dsh] ${verb} ${subject}: ${groupDigits(edit.tokensBefore)} → ${groupDigits(edit.tokensAfter)} tokens (${groupDigits(edit.tokensBefore - edit.tokensAfter)} saved)${note ? ` · ${note}` : ''}`)
   }
   return (e) => {
     const a = agent()
-    if (e.type === 'warning') return say(`warning: ${e.message}`)
+    if (e.type === 'warning') return say(`[dsh] warning: ${e.message}`)
     if (e.type === 'stream') {
-      if (e.event.type === 'retry') say(`${e.event.error.code}${e.event.error.status ? ` (${e.event.error.status})` : ''}: retry ${e.event.attempt} in ${(e.event.delayMs / 1000).toFixed(1)} s`)
+      if (e.event.type === 'retry') {
+        const { attempt, delayMs, error, maxRetries } = e.event
+        say(`[dsh] retry ${attempt}${maxRetries ? ` of ${maxRetries}` : ''} in ${(delayMs / 1000).toFixed(1)} s: ${error.message.split('\n')[0]}`)
+      }
       return
     }
     const ev = e.event
     const d = ev.data as any
+    // A context edit: the shadowing event, then the replace(s) that cover its seqs.
+    if (ev.type.startsWith('compaction/') && Array.isArray(d.shadowedSeqs) && d.shadowedSeqs.length > 0) {
+      if (pending) finishEdit()
+      const subjects = (d.shadowedSeqs as number[]).map((seq) => {
+        const message = a?.session.node(seq)?.message
+        const call = message?.role === 'tool' ? callOf(message.toolCallId) : undefined
+        return call ? toolSubject(call.name, call.arguments) : `seq ${seq}`
+      })
+      pending = { event: ev, seqs: d.shadowedSeqs.length, subjects, replaced: 0, tokensAfter: 0, replaceSeq: ev.seq }
+      return
+    }
+    if (pending && d?.surfaceOp?.op === 'replace') {
+      pending.replaced += d.surfaceOp.end - d.surfaceOp.start + 1
+      pending.tokensAfter += a?.session.node(ev.seq)?.tokens ?? 0
+      pending.replaceSeq = ev.seq
+      if (pending.replaced >= pending.seqs) finishEdit()
+      return
+    }
+    if (pending) finishEdit()
     switch (ev.type) {
-      case 'compaction/prune': pruned = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; return
       case 'tool/result': {
-        const p = pruned
-        pruned = undefined
-        if (p && d.surfaceOp?.op === 'replace') say(`pruned tool result #${p.seq} (${groupDigits(p.tokens)} tokens)${editCost(ev.seq)}`)
+        const message = d.message as ToolResultMessage
+        const call = callOf(message.toolCallId)
+        const outcome = toolOutcome(message)
+        const tokens = a?.session.node(ev.seq)?.tokens
+        const size = tokens === undefined ? '' : ` (${groupDigits(tokens)} tokens)`
+        return say(`▸ ${call ? toolSubject(call.name, call.arguments) : `tool call ${message.toolCallId}`}${outcome ? ` → ${outcome}` : ''}${outcome && message.isError ? '' : size}`)
+      }
+      case 'compaction/start':
+        if (tty && !live) { live = { timer: setInterval(drawLive, options.indicatorIntervalMs ?? 250), startedMs: Date.now() }; (live.timer as any).unref?.(); drawLive() }
         return
-      }
-      case 'user/message': if (d.compactionId !== undefined) checkpointSeq = ev.seq; return
-      case 'compaction/end': {
-        const seq = checkpointSeq
-        checkpointSeq = undefined
-        return say(d.error ? `compaction ${d.id} failed: ${d.error}` : `compacted: ${groupDigits(d.tokensBefore)} → ${groupDigits(d.tokensAfter)} tokens${editCost(seq)}`)
-      }
-      case 'recovery/retry': return say(`context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
-      case 'step/retry': return say(`the stream broke after output (${d.code}); the partial answer is kept, retrying the step once`)
+      case 'compaction/end':
+        stopLive()
+        // A success was reported with its compaction/summary; a cancellation by whoever cancelled (one line).
+        return d.error && d.error !== 'aborted' ? say(`[dsh] compaction failed: ${d.error}`) : undefined
+      case 'recovery/retry': return say(`[dsh] context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
+      case 'step/retry': return say(`[dsh] the stream broke after output (${d.code}); the partial answer is kept, retrying the step once`)
       // Other provider errors end the turn and are reported once, by the caller's last line.
-      case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
+      case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`[dsh] context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
+      case 'turn/end': stopLive(); return
       case 'step/end': {
         if (!tty || !a) return
-        const m = a.session.measure(), w = a.contextWindow
-        return say(`context ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'} · ${describeSessionCost(a.usage())}`)
+        return say(`[dsh] ${occupancy(a)} · ${describeSessionCost(a.usage())}`)
       }
     }
   }
+}
+
+/** `context 12,034 / 128,000 tokens (9.4%)`, ` ~` appended while the figure is an estimate (not anchored on provider usage). */
+function occupancy(agent: Agent): string {
+  const m = agent.session.measure(), w = agent.contextWindow
+  return `context ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}${m.anchored ? '' : ' ~'}`
 }
 
 /** USD with the digits that matter for per-request amounts: `$1.23`, `$0.0123`, `$0.000123`. */
@@ -7716,10 +8500,10 @@ export function describeEditCost(c: EditCost): string {
 }
 
 /** `/usage`: occupancy, envelope and surface sizes, provider-reported usage so far. */
-function usageReport(agent: Agent): string {
+async function usageReport(agent: Agent): Promise<string> {
   const m = agent.session.measure(), w = agent.contextWindow
   let prompt = 0, completion = 0, cached = 0, calls = 0
-  for (const e of agent.session.events) {
+  for await (const e of agent.session.readEvents()) {
     const u = e.type === 'assistant/message' ? (e.data as any).usage as Usage | undefined : undefined
     if (u) { calls++; prompt += u.promptTokens; completion += u.completionTokens; cached += u.cachedTokens ?? 0 }
   }
@@ -7743,61 +8527,148 @@ function costReport(u: SessionUsage): string[] {
   ]
 }
 
+/** `resumed s.jsonl: 3 turns, 12,034 tokens in context; last active 5 min ago: "fix the test"`, or
+ *  `undefined` when this open did not resume a session (a new one, or a turn already ran). */
+async function resumeLine(session: Session, name: string, nowMs: number): Promise<string | undefined> {
+  // Session.open appends session/resume and its repairs last: walk back to it (a few events).
+  let at = session.seq - 1
+  for (; at >= 0; at--) {
+    const e = await session.readEvent(at)
+    if (e.type === 'session/resume') break
+    if (e.type === 'turn/start' || e.type === 'session/start') return undefined
+  }
+  if (at <= 0) return undefined
+  const last = await session.readEvent(at - 1)
+  const input = session.surface().findLast((n) => n.message.role === 'user')
+  const text = input ? textOf(input.message).replace(/\s+/g, ' ').trim() : ''
+  const points = Array.from(text)
+  const quoted = text === '' ? '' : `: "${points.length > 60 ? points.slice(0, 59).join('') + '…' : text}"`
+  const turns = session.turn.turn
+  return `[dsh] resumed ${name}: ${turns} turn${turns === 1 ? '' : 's'}, ${groupDigits(session.measure().totalTokens)} tokens in context; last active ${agoText(nowMs - last.time)}${quoted}`
+}
+
+function textOf(message: Message): string {
+  return typeof message.content === 'string' ? message.content : textOfBlocks(message.content)
+}
+
+function agoText(ms: number): string {
+  const s = Math.max(0, Math.round(ms / 1000))
+  if (s < 60) return `${s} s ago`
+  if (s < 3600) return `${Math.round(s / 60)} min ago`
+  if (s < 86_400) return `${Math.round(s / 3600)} h ago`
+  return `${Math.round(s / 86_400)} days ago`
+}
+
+// ── the shell answer, remembered per working directory ──
+
+/** Where the CLI keeps its remembered answers: `$XDG_CONFIG_HOME/dsh/shell.json`, else `~/.config/dsh/shell.json`. */
+function cliConfigFile(env: Record<string, string | undefined>, name: string): string | undefined {
+  const base = env.XDG_CONFIG_HOME || (env.HOME ? `${env.HOME}/.config` : env.APPDATA)
+  return base ? `${base}/dsh/${name}` : undefined
+}
+
 /**
- * The CLI (docs/design.md §8). Returns the exit code: 0 done, 1 provider or tool failure, 2 usage error.
- * Node, Deno and Bun (node: modules loaded lazily). `argv` excludes the runtime and script.
+ * Whether the shell tool is offered. `--allow-shell` / `--no-shell` decide for this run; otherwise,
+ * interactively, the answer remembered for this directory, else the question (whose answer is
+ * remembered, outside the project, in {@link cliConfigFile}). One-shot runs without a flag: no shell.
+ */
+async function shellPermission(options: CliRunOptions, cwd: string, env: Record<string, string | undefined>, terminal: Terminal | undefined, io: CliIO): Promise<boolean> {
+  if (options.allowShell) return true
+  if (options.noShell || !terminal) return false
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  const file = cliConfigFile(env, 'shell.json')
+  let answers: Record<string, boolean> = {}
+  if (file) {
+    try {
+      const parsed = JSON.parse(await fs.readFile(file, 'utf8'))
+      if (parsed && typeof parsed === 'object' && !Array.isArray(parsed)) answers = parsed
+    } catch { /* none yet, or unreadable: ask */ }
+  }
+  const remembered = answers[cwd]
+  if (typeof remembered === 'boolean') {
+    io.stderr(`[dsh] shell commands ${remembered ? 'allowed' : 'not allowed'} in this directory (remembered in ${file}; --allow-shell or --no-shell decide for one run)\n`)
+    return remembered
+  }
+  const allowed = await terminal.askYesNo(`Allow the agent to run shell commands in ${cwd}? (remembered for this directory) [y/N] `)
+  if (file) {
+    try {
+      await fs.mkdir(file.slice(0, file.lastIndexOf('/')), { recursive: true })
+      const temp = `${file}.${Date.now()}.tmp`
+      await fs.writeFile(temp, JSON.stringify({ ...answers, [cwd]: allowed }, null, 2) + '\n')
+      await fs.rename(temp, file)
+    } catch (err) { io.stderr(`[dsh] could not remember the answer in ${file}: ${(err as Error).message}\n`) }
+  }
+  return allowed
+}
+
+// ── main ──
+
+/**
+ * The CLI (docs/design.md §8). Returns the exit code: 0 done, 1 provider or tool failure (or a turn
+ * that ended without an answer), 2 usage error. Node, Deno and Bun (node: modules loaded lazily).
+ * `argv` excludes the runtime and script. A closed stdout (`| head`) ends quietly with 0.
  */
 export async function main(argv: readonly string[], proc?: NodeProcess): Promise<number> {
   const p: NodeProcess = proc ?? (await importNode<any>('node:process')).default
-  // Everything printed through `io` may hold model or server text: stripped of terminal controls
-  // (docs/design.md §13). dsh's own colour goes straight to p.stderr (see `status` below).
-  const io: CliIO = { stdout: (t) => void p.stdout.write(stripControls(t)), stderr: (t) => void p.stderr.write(stripControls(t)) }
+  const io = cliOutput(p)
   const basics = runCliBasics(argv, p.env, io)
   if ('exitCode' in basics) return basics.exitCode
   const options = basics.options
-  if (options.command === 'replay') return await replayCommand(options, p, io)
+  const path = await importNode<typeof import('node:path')>('node:path')
+  const cwd = path.resolve(p.cwd(), options.cwd ?? '.')
+  if (options.cwd !== undefined) {
+    const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+    const stat = await fs.stat(cwd).catch((err: Error) => err)
+    if (stat instanceof Error || !stat.isDirectory()) {
+      io.stderr(`dsh: -C ${options.cwd}: ${stat instanceof Error ? `cannot use ${cwd} (${(stat as { code?: string }).code ?? stat.message})` : `${cwd} is not a directory`}; give the project's directory\n`)
+      return 2
+    }
+  }
+  if (options.command === 'replay') return await replayCommand({ ...options, file: path.resolve(cwd, options.file) }, p, io, options.file)
 
   const provider = options.baseURL === CLI_DEFAULTS.baseURL
     ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
     : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
   let session: Session
   try {
-    session = await Session.open(options.session ? new FileStore(options.session) : new MemoryStore())
+    session = await Session.open(options.session ? new FileStore(path.resolve(cwd, options.session)) : new MemoryStore())
   } catch (err) {
     // A corrupt log, a file of another format, a directory or an unwritable path: say which, exit 2.
     if (err instanceof SessionError) { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
     throw err
   }
   if (session.torn) io.stderr(`dsh: the session log's last line (line ${session.torn.line}, ${session.torn.bytes} bytes) was cut short by a crash; dropped and saved to ${session.torn.savedTo}\n`)
-  const cwd = p.cwd()
   const tty = !!p.stderr.isTTY
   const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
-    const opened = session.events.findLastIndex((e) => e.type === 'session/start' || e.type === 'session/resume')
-    for (const e of session.events.slice(Math.max(opened, 0))) io.stdout(jsonLine(e))
+    for await (const e of session.readEvents(session.openedAtSeq)) io.stdout(jsonLine(e))
+  } else {
+    const resumed = await resumeLine(session, options.session!, Date.now())
+    if (resumed) io.stderr(resumed + '\n')
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
   const terminal = interactive ? await openTerminal(p) : undefined
-  let allowShell = options.allowShell
-  if (!allowShell && terminal) allowShell = await terminal.askYesNo('Allow the agent to run shell commands in this directory? [y/N] ')
+  const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
   const tools = await builtinTools({
     cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
     shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
   })
   let agent: Agent | undefined
-  // Interactive: the streamed answer has no final newline; end its line before a status line or the next prompt (which clears its line).
+  // The answer streams to stdout on a terminal (interactive, or -p on a TTY); it has no final newline:
+  // end its line before a status line or the next prompt (which clears its line).
+  const streamAnswer = interactive || (!!p.stdout.isTTY && !options.json)
   let midLine = false
   const endLine = () => { if (midLine) { io.stdout('\n'); midLine = false } }
-  const status = statusReporter(() => agent, (t) => { endLine(); p.stderr.write(t) }, tty, tty && !p.env.NO_COLOR)
+  const status = statusReporter(() => agent, (t) => { endLine(); io.stderrRaw(t) }, tty, tty && !p.env.NO_COLOR)
   const onEvent = (e: AgentEvent) => {
     if (options.json) { if (e.type === 'log') io.stdout(jsonLine(e.event)); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
-    if (interactive && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
+    if (streamAnswer && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
     status(e)
   }
   agent = new Agent({
     session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), contextWindow: options.contextWindow,
-    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent,
+    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent, maxSteps: options.maxSteps,
   })
 
   let prompt = options.prompt
@@ -7806,7 +8677,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     if (!prompt.trim()) { io.stderr('dsh: no prompt: pass one as an argument or with -p "…", pipe it on stdin, or run in a terminal for interactive mode\n'); return 2 }
   }
   try {
-    if (!interactive) return await oneTurn(agent, prompt!, p, io, options.json)
+    if (!interactive) return await oneTurn(agent, prompt!, p, io, { json: options.json, streamed: streamAnswer, endLine })
     return await interactiveLoop(agent, terminal!, io, endLine)
   } finally {
     await session.sync().catch(() => {})
@@ -7814,24 +8685,38 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   }
 }
 
-/** Runs one turn; the first Ctrl-C cancels it, a second exits (130). */
-async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliIO, json: boolean): Promise<number> {
+/** Why a turn gave no usable answer, in one line, or `undefined` when it did (DESIGN.md §8 exit codes). */
+function turnProblem(agent: Agent, result: TurnResult): string | undefined {
+  if (result.reason === 'max-steps') return `the turn stopped at the step limit (${agent.maxSteps} steps, --max-steps) without a final answer; raise --max-steps, or continue with --session FILE`
+  if (result.reason === 'length') return `the answer was cut at the completion budget (finish reason "length"); raise --max-tokens`
+  if (result.reason === 'stop' && result.text.trim() === '') return 'the model ended the turn without an answer (its last message has no text)'
+  if (result.reason !== 'stop' && result.reason !== 'aborted') return `the turn ended with reason "${result.reason}"`
+  return undefined
+}
+
+/** Runs one turn; the first Ctrl-C cancels it, a second exits (130). A closed stdout cancels it too and exits 0. */
+async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliOutput, how: { json: boolean; streamed: boolean; endLine: () => void }): Promise<number> {
   const ctrl = new AbortController()
   const onSigint = () => {
-    if (ctrl.signal.aborted) { p.stderr.write('\n[dsh] interrupted twice: exiting\n'); (p as any).exit(130) }
-    ctrl.abort(); p.stderr.write('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n')
+    if (ctrl.signal.aborted) { io.stderr('\n[dsh] interrupted twice: exiting\n'); (p as any).exit(130) }
+    ctrl.abort(); io.stderr('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n')
   }
   p.on('SIGINT', onSigint)
+  io.onStdoutClosed = () => ctrl.abort() // nobody reads the answer: stop spending on it
   try {
     const result = await agent.run(prompt, { signal: ctrl.signal })
-    if (!json) io.stdout(result.text.endsWith('\n') || result.text === '' ? result.text : result.text + '\n')
+    if (io.stdoutClosed) return 0
+    const problem = turnProblem(agent, result)
+    if (how.streamed) how.endLine()
+    else if (!how.json && result.reason !== 'max-steps') io.stdout(result.text.endsWith('\n') || result.text === '' ? result.text : result.text + '\n')
     if (result.reason === 'aborted') { io.stderr('dsh: turn cancelled\n'); return 130 }
-    if (result.reason !== 'stop') io.stderr(`dsh: the turn ended with reason "${result.reason}"\n`)
+    if (problem) { io.stderr(`dsh: ${problem}\n`); return 1 }
     return 0
   } catch (err) {
+    how.endLine()
     io.stderr(`dsh: ${failureText(err)}\n`)
     return 1
-  } finally { p.off('SIGINT', onSigint) }
+  } finally { p.off('SIGINT', onSigint); io.onStdoutClosed = undefined }
 }
 
 /** A failed turn in one line; the adapter's messages already start with the code (`AUTH: HTTP 401 from …`). */
@@ -7877,6 +8762,19 @@ async function openTerminal(p: NodeProcess): Promise<Terminal> {
 
 const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact (compact now), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
 
+/** `/compact`: runs the ladder now; one line says what happened (or that it was cancelled). */
+async function compactCommand(agent: Agent, signal: AbortSignal): Promise<string> {
+  try {
+    const o = await agent.compact(signal)
+    if (signal.aborted) return '[dsh] /compact cancelled; the context is unchanged'
+    const tokens = o.tokensBefore === o.tokensAfter ? `${groupDigits(o.tokensAfter)} tokens` : `${groupDigits(o.tokensBefore)} → ${groupDigits(o.tokensAfter)} tokens`
+    return `[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${tokens}`
+  } catch (err) {
+    if (signal.aborted) return '[dsh] /compact cancelled; the context is unchanged'
+    return `[dsh] /compact failed: ${failureText(err)}`
+  }
+}
+
 /** The interactive loop: a prompt per turn, slash commands, Ctrl-C cancels the running turn. */
 async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endLine: () => void): Promise<number> {
   const rl = terminal.rl
@@ -7884,7 +8782,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
   let exitCode = 0
   io.stderr(`dsh ${VERSION} · ${agent.provider.model} · ${agent.contextWindow ? `${groupDigits(agent.contextWindow)}-token window` : 'window unknown'} · /help for commands\n`)
   rl.on('SIGINT', () => {
-    if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling the turn (Ctrl-C again to exit)\n'); return }
+    if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling (Ctrl-C again to exit)\n'); return }
     rl.close()
   })
   terminal.prompt()
@@ -7894,18 +8792,19 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     if (line === '') { terminal.prompt(); continue }
     if (line === '/exit' || line === '/quit') break
     if (line === '/help') io.stderr(INTERACTIVE_HELP)
-    else if (line === '/usage') io.stderr(usageReport(agent))
+    else if (line === '/usage') io.stderr(await usageReport(agent))
     else if (line === '/compact') {
       running = new AbortController()
-      const o = await agent.compact(running.signal).catch((err) => ({ action: 'failed', reason: (err as Error).message, tokensBefore: 0, tokensAfter: 0 }))
-      io.stderr(`[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${groupDigits(o.tokensBefore)} → ${groupDigits(o.tokensAfter)} tokens\n`)
+      io.stderr(await compactCommand(agent, running.signal) + '\n')
     } else if (line.startsWith('/')) io.stderr(`unknown command ${line}; ${INTERACTIVE_HELP}`)
     else {
       running = new AbortController()
       try {
         const result = await agent.run(line, { signal: running.signal })
         endLine()
-        if (result.reason !== 'stop') io.stderr(`[dsh] turn ended: ${result.reason}\n`)
+        const problem = turnProblem(agent, result)
+        if (result.reason === 'aborted') io.stderr('[dsh] turn cancelled\n')
+        else if (problem) io.stderr(`[dsh] ${problem}\n`)
         exitCode = 0
       } catch (err) {
         endLine()
@@ -7923,23 +8822,23 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
 /**
  * `dsh replay FILE`: reads the file (node:fs) and runs {@link runReplay}; a file that is not a
  * transcript, or a bad option, is a usage error (exit 2). With `--base-url`/`--model`/`--api-key-env`
- * the summaries come from that model; otherwise they are simulated.
+ * the summaries come from that model; otherwise they are simulated. `name` is FILE as given.
  */
-async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO): Promise<number> {
+async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO, name = options.file): Promise<number> {
   const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
   let text: string
-  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${options.file}: ${(err as Error).message}\n`); return 2 }
+  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
   const s = options.summarizer
   const summarizer = s ? openAICompatible({ baseURL: s.baseURL, model: s.model, apiKey: s.apiKey, contextWindow: options.contextWindow }) : undefined
   try {
     const { output } = await runReplay(text, {
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
-      summaryTokens: options.summaryTokens, summarizer, json: options.json, name: options.file,
+      summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains,
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0
   } catch (err) {
-    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${options.file}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
+    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${name}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
     if (err instanceof ProviderError) { io.stderr(`dsh: replay: the summarizer failed: ${err.code}: ${err.message}\n`); return 1 }
     throw err
   }

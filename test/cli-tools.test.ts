@@ -56,7 +56,7 @@ describe('builtinTools: the tool set and its options', () => {
 
   const badOptions: [Record<string, unknown>, RegExp][] = [
     [{ cwd: '' }, /options\.cwd must be a non-empty directory path/],
-    [{ cwd: '.', maxOutputChars: 0 }, /options\.maxOutputChars must be a positive integer, got 0 \(default 100000\)/],
+    [{ cwd: '.', maxOutputUnits: 0 }, /options\.maxOutputUnits must be a positive integer, got 0 \(default 100000\)/],
     [{ cwd: '.', readLimitLines: 2.5 }, /options\.readLimitLines must be a positive integer, got 2\.5/],
     [{ cwd: '.', shellTimeoutMs: 700_000 }, /options\.shellTimeoutMs \(700000 ms\) exceeds options\.shellMaxTimeoutMs \(600000 ms\)/],
     [{ cwd: '.', maxOutputChar: 5 }, /unknown option "maxOutputChar"/],
@@ -197,9 +197,9 @@ describe('read_file', () => {
     assert.equal(tail, ' 19999\trow 19999 üñï€😀\n 20000\trow 20000 üñï€😀')
   })
 
-  test('output cap: whole lines up to maxOutputChars, then a note with the next offset', async () => {
+  test('output cap: whole lines up to maxOutputUnits, then a note with the next offset', async () => {
     const { root } = await ws({ 'big.txt': ('x'.repeat(99) + '\n').repeat(100) })
-    const t = await toolsFor(root, { maxOutputChars: 1000 })
+    const t = await toolsFor(root, { maxOutputUnits: 1000 })
     const out = text(await t.read_file.execute({ path: 'big.txt' }, live()))
     const [body, note] = [out.slice(0, out.lastIndexOf('\n')), out.slice(out.lastIndexOf('\n') + 1)]
     // each line is 6 digits + tab + 99 units = 106; 9 lines and 8 newlines = 962 <= 1000 < 1069
@@ -212,7 +212,7 @@ describe('read_file', () => {
 
   test('a single line longer than the cap is cut without splitting a surrogate pair', async () => {
     const { root } = await ws({ 'long.txt': 'a'.repeat(5000) + '\nnext\n', 'emoji.txt': '😀'.repeat(600) })
-    const t = await toolsFor(root, { maxOutputChars: 1000 })
+    const t = await toolsFor(root, { maxOutputUnits: 1000 })
     const out = text(await t.read_file.execute({ path: 'long.txt' }, live()))
     assert.equal(out, `     1\t${'a'.repeat(993)}\n[line 1 of long.txt is longer than the output cap of 1000 characters and was cut; the next line is at offset=2; use grep to find text inside this line]`)
     assert.equal(text(await t.read_file.execute({ path: 'long.txt', offset: 2 }, live())), '     2\tnext')
@@ -253,7 +253,7 @@ describe('list_files', () => {
       '[listing stopped at 7 entries; list a subdirectory, or list without recursive, to see the rest]',
       '[not descended into: .git/, node_modules/; list them by path to see inside]',
     ].join('\n'))
-    const narrow = await toolsFor(root, { maxOutputChars: 20 })
+    const narrow = await toolsFor(root, { maxOutputUnits: 20 })
     // '.git/\na.txt\ndocs/' is 17 units; adding '\nnode_modules/' would make 31
     assert.equal(text(await narrow.list_files.execute({}, live())),
       '.git/\na.txt\ndocs/\n[output capped at 20 characters: 2 more entries not shown; list a subdirectory to see them]')
@@ -318,7 +318,7 @@ describe('grep', () => {
   })
 
   test('output cap keeps whole match lines', async () => {
-    const capped = await toolsFor((await ws(files)).root, { maxOutputChars: 60 })
+    const capped = await toolsFor((await ws(files)).root, { maxOutputUnits: 60 })
     // 'src/a.ts:1:const foo = 1' (24) + '\n' + 'src/a.ts:2:let bar = foo + 1' (28) = 53; the next line would pass 60
     assert.equal(text(await capped.grep.execute({ pattern: 'foo' }, live())), [
       'src/a.ts:1:const foo = 1', 'src/a.ts:2:let bar = foo + 1',
@@ -421,8 +421,8 @@ describe('shell', () => {
     await assert.rejects(async () => t.shell.execute({ command: 'echo no' }, { signal: aborted.signal, callId: 'd' }), { message: 'shell: not run, the turn was cancelled' })
   })
 
-  test('each stream keeps its head and tail within half of maxOutputChars', async () => {
-    const small = await toolsFor(root, { allowShell: true, maxOutputChars: 100 })
+  test('each stream keeps its head and tail within half of maxOutputUnits', async () => {
+    const small = await toolsFor(root, { allowShell: true, maxOutputUnits: 100 })
     const script = `process.stdout.write('a'.repeat(500) + 'b'.repeat(500)); process.stderr.write('😀'.repeat(40))`
     const out = text(await small.shell.execute({ command: `${node} -e ${JSON.stringify(script)}` }, live()))
     // half = 50 units per stream: first 25 and last 25; stderr's 80 units lose a pair at each cut
@@ -441,9 +441,9 @@ describe('parseCliArgs', () => {
   const key = { DEEPSEEK_API_KEY: 'sk-test' }
   const runDefaults = {
     command: 'run', model: 'deepseek-v4-flash', baseURL: 'https://api.deepseek.com', apiKey: 'sk-test', apiKeyEnv: 'DEEPSEEK_API_KEY',
-    prompt: undefined, print: false, contextWindow: undefined, maxTokens: undefined, session: undefined, threshold: 0.8, json: false, allowShell: false,
+    prompt: undefined, print: false, contextWindow: undefined, maxTokens: undefined, session: undefined, threshold: 0.8, json: false, allowShell: false, noShell: false,
   }
-  const replayDefaults = { command: 'replay', file: 's.jsonl', contextWindow: undefined, threshold: 0.8, json: false, summaryTokens: 2000, format: 'auto' }
+  const replayDefaults = { command: 'replay', file: 's.jsonl', contextWindow: undefined, threshold: 0.8, json: false, summaryTokens: 2000, format: 'auto', sidechains: false }
   const noKey = 'no API key: set DEEPSEEK_API_KEY (or --api-key-env NAME), or point --base-url at a server that needs none'
 
   const rows: { argv: string[]; env?: Record<string, string | undefined>; expect: CliOptions | Record<string, unknown> | string }[] = [
@@ -505,6 +505,7 @@ describe('parseCliArgs', () => {
     { argv: ['replay', 's.jsonl'], env: key, expect: replayDefaults },
     { argv: ['replay', '--context-window', '32000', 's.jsonl', '--threshold', '0.9', '--json', '--summary-tokens', '500', '--format', 'claude-code'], env: {},
       expect: { ...replayDefaults, contextWindow: 32000, threshold: 0.9, json: true, summaryTokens: 500, format: 'claude-code' } },
+    { argv: ['replay', 's.jsonl', '--sidechains'], env: {}, expect: { ...replayDefaults, sidechains: true } },
     { argv: ['replay', 's.jsonl', '--model', 'deepseek-v4-pro'], env: key,
       expect: { ...replayDefaults, summarizer: { model: 'deepseek-v4-pro', baseURL: 'https://api.deepseek.com', apiKey: 'sk-test', apiKeyEnv: 'DEEPSEEK_API_KEY' } } },
     { argv: ['replay', 's.jsonl', '--base-url', 'http://127.0.0.1:8080'], env: key,
@@ -512,9 +513,17 @@ describe('parseCliArgs', () => {
     { argv: ['replay', 's.jsonl', '--model', 'deepseek-v4-pro'], env: {}, expect: noKey },
     { argv: ['replay'], env: {}, expect: 'replay needs a FILE: npx tsx dsh.ts replay FILE [--context-window N]' },
     { argv: ['replay', 'a', 'b'], env: {}, expect: 'replay takes one FILE, got 2 ("a", "b")' },
-    { argv: ['replay', 's.jsonl', '--format', 'xml'], env: {}, expect: '--format must be one of auto, dsh, openai, claude-code, swe-agent, mini-swe-agent, got "xml"' },
+    { argv: ['replay', 's.jsonl', '--format', 'xml'], env: {}, expect: '--format must be one of auto, mini-swe-agent, swe-agent, openai, dsh, claude-code, got "xml"' },
     { argv: ['replay', 's.jsonl', '--allow-shell'], env: {},
-      expect: '--allow-shell does not apply to replay; replay takes --model, --base-url, --api-key-env, --context-window, --threshold, --json, --summary-tokens, --format' },
+      expect: '--allow-shell does not apply to replay; replay takes --model, --base-url, --api-key-env, --context-window, --threshold, --json, --cwd, --summary-tokens, --format, --sidechains' },
+    // -C/--cwd, --max-steps, --no-shell
+    { argv: ['-C', '../proj', '--max-steps', '7', '--no-shell'], env: key, expect: { ...runDefaults, cwd: '../proj', maxSteps: 7, noShell: true } },
+    { argv: ['--cwd=/abs'], env: key, expect: { ...runDefaults, cwd: '/abs' } },
+    { argv: ['replay', 's.jsonl', '-C', 'proj'], env: {}, expect: { ...replayDefaults, cwd: 'proj' } },
+    { argv: ['-C'], env: key, expect: '-C needs a value: --cwd DIR' },
+    { argv: ['--cwd='], env: key, expect: '-C/--cwd needs a directory, e.g. -C ../my-project' },
+    { argv: ['--max-steps', '0'], env: key, expect: '--max-steps must be a positive whole number of provider calls per turn, got "0" (e.g. --max-steps 50)' },
+    { argv: ['--allow-shell', '--no-shell'], env: key, expect: '--allow-shell and --no-shell contradict each other; give one' },
     { argv: ['replay', 's.jsonl', '--summary-tokens', '0'], env: {}, expect: '--summary-tokens must be a positive whole number of tokens, got "0" (e.g. --summary-tokens 2000)' },
   ]
   for (const row of rows) {

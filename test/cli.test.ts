@@ -1,67 +1,19 @@
 // End-to-end tests of the CLI (docs/design.md §8, issue 5): `node --import tsx dsh.ts …` as a child
 // process against test/fake-provider.ts (real HTTP on 127.0.0.1), in temp working directories.
 // The numbered describe blocks are the issue's "cases that must hold".
-import { test, describe, before, after } from 'node:test'
+import { test, describe, before } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn, spawnSync } from 'node:child_process'
-import { mkdtemp, mkdir, writeFile, readFile, readdir, realpath, rm } from 'node:fs/promises'
-import { tmpdir } from 'node:os'
+import { spawnSync } from 'node:child_process'
+import { mkdir, writeFile, readFile, readdir } from 'node:fs/promises'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
-import { startFakeProvider, type FakeProvider, type FakeReply } from './fake-provider.ts'
+import { type FakeProvider } from './fake-provider.ts'
 import { sharedPath, skipWithoutShared } from './shared.ts'
+import { CLEAN_ENV, DSH, ROOT, TSX, dsh, dshPty, fake, lines, readLog, runFlags, runProcess, skipWithoutPty, tempDir, type Run } from './cli-helpers.ts'
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url))
-const DSH = join(ROOT, 'dsh.ts')
-/** tsx by absolute URL: the children run in temp folders, where a bare `--import tsx` resolves nothing. */
-const TSX = import.meta.resolve('tsx')
 /** docs/design.md §3: the text put in place of a pruned tool result's middle (39 code points). */
 const MARKER = '\n\n[... tool result middle pruned ...]\n\n'
 const TOOLS = ['read_file', 'list_files', 'grep', 'write_file', 'edit_file']
-
-/** The parent's environment without the variables dsh reads, so the host's settings cannot leak in. */
-const CLEAN_ENV: Record<string, string> = Object.fromEntries(Object.entries(process.env).filter(
-  (entry): entry is [string, string] => entry[1] !== undefined && !['DEEPSEEK_API_KEY', 'DSH_BASE_URL', 'DSH_MODEL', 'NO_COLOR', 'NODE_TEST_CONTEXT', 'NODE_OPTIONS'].includes(entry[0])))
-
-interface Run { code: number | null; stdout: string; stderr: string }
-
-/** Runs `node --import tsx <command> …args` in `cwd` (stdin: `input`, else /dev/null). */
-function runProcess(command: string, args: string[], cwd: string, env: Record<string, string>, input?: string): Promise<Run> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(command, args, { cwd, env, stdio: [input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'] })
-    let stdout = '', stderr = ''
-    child.stdout!.setEncoding('utf8').on('data', (t: string) => { stdout += t })
-    child.stderr!.setEncoding('utf8').on('data', (t: string) => { stderr += t })
-    if (input !== undefined) child.stdin!.end(input)
-    const guard = setTimeout(() => child.kill('SIGKILL'), 30_000) // a hung child fails the test instead of the suite
-    child.on('error', reject)
-    child.on('close', (code) => { clearTimeout(guard); resolve({ code, stdout, stderr }) })
-  })
-}
-const dsh = (args: string[], cwd: string, env: Record<string, string> = CLEAN_ENV): Promise<Run> =>
-  runProcess(process.execPath, ['--import', TSX, DSH, ...args], cwd, env)
-
-const lines = (text: string): string[] => text.split('\n').filter((l) => l !== '')
-const readLog = async (file: string): Promise<any[]> => lines(await readFile(file, 'utf8')).map((l) => JSON.parse(l))
 const codePoints = (s: string): number => Array.from(s).length
-
-const temps: string[] = []
-const fakes: FakeProvider[] = []
-after(async () => {
-  for (const f of fakes) await f.close()
-  for (const dir of temps) await rm(dir, { recursive: true, force: true })
-})
-async function tempDir(): Promise<string> {
-  const dir = await realpath(await mkdtemp(join(tmpdir(), 'dsh-cli-')))
-  temps.push(dir)
-  return dir
-}
-async function fake(script: FakeReply[]): Promise<FakeProvider> {
-  const f = await startFakeProvider({ script })
-  fakes.push(f)
-  return f
-}
-const runFlags = (f: FakeProvider) => ['--base-url', f.url, '--model', 'm', '--context-window', '16000']
 
 // 1,000 lines of 60 bytes: a 60,000-byte file, the issue's "60 KB file".
 const BIG_LINES = Array.from({ length: 1000 }, (_, i) => `L${String(i).padStart(4, '0')}:${'abcdefghij'.repeat(6).slice(0, 53)}`)
@@ -104,7 +56,17 @@ describe('cases 1 and 2: one-shot run with a prune, then a resumed session', () 
     const replacement = log[pruneAt + 1] // docs/design.md §3: the prune event, then the pruned tool/result replacing the original
     assert.equal(replacement.type, 'tool/result')
     assert.deepEqual(replacement.data.surfaceOp, { op: 'replace', start: original.seq, end: original.seq })
-    assert.match(run.stderr, new RegExp(`\\[dsh\\] pruned tool result #${original.seq} \\(`))
+    // The activity lines name the tool, its path and the tokens (the meter's price of the result before and after).
+    const [activity, pruned] = lines(run.stderr)
+    const m = /^▸ read_file big\.txt \(([\d,]+) tokens\)$/.exec(activity)
+    assert.ok(m, run.stderr)
+    const tokens = Number(m[1].replaceAll(',', ''))
+    assert.equal(tokens, prune.data.shadowedTokenCount)
+    const after = Math.ceil((4096 + 39 + 1024) / 4) + 8 // the pruned result by the meter: ceil(chars / 4) + 8
+    const group = (n: number) => n.toLocaleString('en-US')
+    // …then the edit's cache cost (docs/design.md §11; test/cost.test.ts checks those figures).
+    assert.equal(pruned.split(' · ')[0], `[dsh] pruned read_file big.txt: ${group(tokens)} → ${group(after)} tokens (${group(tokens - after)} saved)`)
+    assert.match(pruned.split(' · ')[1], /^cache: /)
 
     // What the model saw next: head 4,096 + marker + tail 1,024 code points (docs/design.md §3).
     const toolMessage = f.requests[1].body.messages.find((m: any) => m.role === 'tool')
@@ -193,7 +155,7 @@ describe('case 4: replay on a file that is not a transcript', () => {
   const cases: [string, string, RegExp][] = [
     ['notes.txt', 'hello world\nsecond line\n', /: line 1: not JSON/],
     ['broken.jsonl', '{"a": 1}\n{"b": \n{"c": 3}\n', /: line 2: not valid JSON/],
-    ['object.json', '{"x": 1}\n', /a JSON object without "messages", "history" or "trajectory_format"; its keys are "x"/],
+    ['object.json', '{"x": 1}\n', /a JSON object that matches no format \(mini-swe-agent: .*; swe-agent: an object with "history"; openai: .*\); its keys are "x"/],
     ['empty.jsonl', '', /the file is empty/],
   ]
   for (const [file, content, problem] of cases) {
@@ -206,7 +168,7 @@ describe('case 4: replay on a file that is not a transcript', () => {
       assert.equal(lines(run.stderr).length, 1, run.stderr)
       assert.ok(run.stderr.startsWith(`dsh: replay: ${file}: `), run.stderr)
       assert.match(run.stderr, problem)
-      assert.match(run.stderr, /Accepted formats: dsh .*--format NAME/)
+      assert.match(run.stderr, /Accepted formats: mini-swe-agent .*--format NAME/)
       assert.doesNotMatch(run.stderr, /\n\s+at /)
     })
   }
@@ -282,19 +244,15 @@ describe('cases 5 and 6: tools stay in the working directory; shell only with --
 })
 
 describe('interactive mode under a pseudo-terminal', () => {
-  const probe = spawnSync('script', ['--version'], { encoding: 'utf8' })
-  const skip = probe.status === 0 && /util-linux/.test(probe.stdout) ? false : 'SKIPPED: `script` from util-linux is not available to give dsh a pseudo-terminal'
-  if (skip) console.log(`# ${skip}`)
-  test('shell question, a turn, /usage, /help, /exit', { skip }, async () => {
+  test('shell question, a turn, /usage, /help, /exit', { skip: skipWithoutPty }, async () => {
     const cwd = await tempDir()
     const f = await fake([{ text: 'Hi from the fake.' }])
-    const quote = (s: string) => `'${s.replaceAll("'", `'\\''`)}'`
-    const command = [process.execPath, '--import', TSX, DSH, ...runFlags(f)].map(quote).join(' ')
     // All input at once, as a paste: lines typed ahead must survive the shell question.
-    const run = await runProcess('script', ['-qec', command, '/dev/null'], cwd, { ...CLEAN_ENV, NO_COLOR: '1', TERM: 'dumb' }, 'n\nhello\n/usage\n/help\n/exit\n')
-    const out = run.stdout.replaceAll('\r', '')
+    const config = await tempDir() // XDG_CONFIG_HOME: the remembered shell answer stays out of the user's config
+    const run = await dshPty(runFlags(f), cwd, { ...CLEAN_ENV, XDG_CONFIG_HOME: config }, 'n\nhello\n/usage\n/help\n/exit\n')
+    const out = run.stdout
     assert.equal(run.code, 0, out)
-    assert.match(out, /Allow the agent to run shell commands in this directory\? \[y\/N\]/)
+    assert.ok(out.includes(`Allow the agent to run shell commands in ${cwd}? (remembered for this directory) [y/N]`), out)
     assert.match(out, /dsh \S+ · m · 16,000-token window · \/help for commands/)
     assert.match(out, /Hi from the fake\.\n/)
     assert.match(out, /\[dsh\] context [\d,]+ \/ 16,000 tokens \(\d+\.\d%\)/, 'the status line on a TTY')

@@ -116,7 +116,7 @@ test('case 2: a prune at position k: the next hit is the prefix before k; the pr
   assert.equal(agent.editCost(replace.seq)!.cacheCostUSD, movedTokens * (0.15 - 0.003) / 1e6)
   // The CLI's prune line carries the same figures.
   const cost = movedTokens * (0.15 - 0.003) / 1e6, saved = (10_008 - 1_298) * 0.003 / 1e6
-  assert.ok(lines.includes(`[dsh] pruned tool result #${(prunes[0].data as { shadowedSeqs: number[] }).shadowedSeqs[0]} (10,008 tokens) · cache: ${movedTokens.toLocaleString('en-US')} tokens move from hit to miss (+${formatUSD(cost)} once); saves 8,710 tokens (${formatUSD(saved)} per request)\n`), lines.join(''))
+  assert.ok(lines.includes(`[dsh] pruned read 1: 10,008 → 1,298 tokens (8,710 saved) · cache: ${movedTokens.toLocaleString('en-US')} tokens move from hit to miss (+${formatUSD(cost)} once); saves 8,710 tokens (${formatUSD(saved)} per request)\n`), lines.join(''))
   assert.equal(formatUSD(cost), '$0.000341')
   const u = session.usage()
   assert.match(lines.at(-1)!, new RegExp(`· \\${formatUSD(u.costUSD!)} so far, cache hits ${Math.round(u.cacheHitShare * 100)}%\n$`))

@@ -16,8 +16,7 @@
  * kill can leave a torn last line.
  */
 import { writeSync } from 'node:fs'
-import { open } from 'node:fs/promises'
-import { Agent, FileStore, Session, openAICompatible, type LoadedLog, type SessionEvent, type Tool } from '../dsh.ts'
+import { Agent, FileStore, Session, openAICompatible, type SessionEvent, type Tool, type TornLine } from '../dsh.ts'
 
 const args = process.argv.slice(2)
 const flag = (name: string): string | undefined => { const i = args.indexOf(name); return i >= 0 ? args[i + 1] : undefined }
@@ -30,28 +29,22 @@ const say = (line: string): void => { writeSync(1, line + '\n') }
 /** A FileStore that reports every completed sync with the number of events in the file. */
 class ReportingStore extends FileStore {
   count = 0
-  async load(): Promise<LoadedLog> { const l = await super.load(); this.count = l.events.length; return l }
+  async scan(onEvent: (e: SessionEvent) => void): Promise<{ torn?: TornLine }> { this.count = 0; return await super.scan((e) => { this.count++; onEvent(e) }) }
   async append(events: readonly SessionEvent[]): Promise<void> { await super.append(events); this.count += events.length }
   async sync(): Promise<void> { await super.sync(); say(`synced ${this.count}`) }
 }
 
 /** Writes each batch in three pieces with pauses: a kill between them tears the last line. */
 class ChunkyStore extends ReportingStore {
-  private fh?: Awaited<ReturnType<typeof open>>
-  async append(events: readonly SessionEvent[]): Promise<void> {
-    if (events.length === 0) return
-    this.fh ??= await open(this.path, 'a')
-    const text = events.map((e) => JSON.stringify(e) + '\n').join('')
-    const a = Math.floor(text.length / 3), b = Math.floor((2 * text.length) / 3)
-    for (const piece of [text.slice(0, a), text.slice(a, b), text.slice(b)]) { await this.fh.write(piece); await sleep(3) }
-    this.count += events.length
+  protected async write(bytes: Uint8Array): Promise<void> {
+    const a = Math.floor(bytes.length / 3), b = Math.floor((2 * bytes.length) / 3)
+    for (const piece of [bytes.subarray(0, a), bytes.subarray(a, b), bytes.subarray(b)]) { await super.write(piece); await sleep(3) }
   }
-  async sync(): Promise<void> { await this.fh?.sync(); say(`synced ${this.count}`) }
 }
 
 const store = chunky ? new ChunkyStore(file) : new ReportingStore(file)
 const session = await Session.open(store)
-say(`ready ${session.events.length}`)
+say(`ready ${session.seq}`)
 
 const tools: Tool[] = [
   { name: 'nap', description: 'sleeps ms milliseconds', parameters: { type: 'object' }, execute: async (a: { ms: number }) => { await sleep(a.ms); return `slept ${a.ms} ms` } },

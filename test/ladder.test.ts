@@ -8,7 +8,7 @@ import { join } from 'node:path'
 import {
   Agent, Session, MemoryStore, FileStore, Ladder, openAICompatible, CLEARED_RESULT_PREFIX, clearedPlaceholder, PRUNE_MARKER,
   CompactionConfigError, resolveCompactionConfig, DEFAULT_COMPACTION_CONFIG, RECALL_TOOL_NAME, RECALL_MAX_CODE_POINTS, codePointLength,
-  estimateMessageTokens, type Tool,
+  estimateMessageTokens, type Tool, type SessionEvent,
 } from '../dsh.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 
@@ -33,6 +33,8 @@ async function fake(script: FakeReply[] | ((req: FakeRequest, i: number) => Fake
 }
 
 const of = (s: Session, type: string) => s.events.filter((e) => e.type === type)
+/** The whole log, read back (a FileStore session keeps only its surface in memory). */
+const logOf = async (s: Session) => { const out: SessionEvent[] = []; for await (const e of s.readEvents()) out.push(e); return out }
 const toolMessages = (req: FakeRequest) => req.body.messages.filter((m: any) => m.role === 'tool')
 /** A 3,000-code-point result made of numbered lines (`r<i> line <k>`), so that recall pages have real lines. */
 const result3000 = (i: number) => {
@@ -235,11 +237,12 @@ describe('recall', () => {
       const f = await fake(replies, [{ text: 'CHECKPOINT: fetched results.' }], 16_000)
       const fetch: Tool = { name: 'fetch', description: '', parameters: {}, execute: (a: { i: number }) => needle(a.i) + `r${a.i} `.padEnd(6_000, '.') }
       await new Agent({ session, provider: f.provider, tools: [fetch], compaction: { clear: false } }).run('fetch')
-      assert.ok(of(session, 'compaction/summary').length >= 1)
-      const folded = of(session, 'compaction/summary').flatMap((e) => (e.data as any).shadowedSeqs as number[])
-      const c3 = of(session, 'tool/result').find((e) => (e.data as any).message.toolCallId === 'c3')!
+      const log = await logOf(session)
+      assert.ok(log.filter((e) => e.type === 'compaction/summary').length >= 1)
+      const folded = log.filter((e) => e.type === 'compaction/summary').flatMap((e) => (e.data as any).shadowedSeqs as number[])
+      const c3 = log.filter((e) => e.type === 'tool/result').find((e) => (e.data as any).message.toolCallId === 'c3')!
       assert.ok(folded.includes(c3.seq), 'c3 was folded into a checkpoint')
-      const hit = of(session, 'tool/result').find((e) => (e.data as any).message.toolCallId === 'p1')!
+      const hit = log.filter((e) => e.type === 'tool/result').find((e) => (e.data as any).message.toolCallId === 'p1')!
       assert.equal((hit.data as any).message.content[0].text, '1 hit(s) for "needle-42", newest first; read one with {"key":…,"offset":line}:\nc3 line 1 (tool result of fetch {"i":3}): ERROR: NEEDLE-42 in src/parser.ts:118')
       const live = await new Agent({ session, provider: f.provider, tools: [fetch] }).tools.length
       assert.equal(live, 1)

@@ -820,14 +820,19 @@ test('a request larger than the per-minute budget is RATE_LIMIT but not retried 
   })
 })
 
-test('connection refused is TRANSPORT, retried', async () => {
+test('connection refused is TRANSPORT, retried once only (no server is listening), with a retry event saying so', async () => {
   const fake = await startFakeProvider()
   await fake.close()
-  const { provider, sleeps } = on(fake, { maxRetries: 2 })
-  const err = await failure(provider.complete({ messages: HI }))
+  const { provider, sleeps } = on(fake, { maxRetries: 5 })
+  const retries: any[] = []
+  const err = await failure(provider.complete({ messages: HI, onEvent: (e) => { if (e.type === 'retry') retries.push(e) } }))
   assert.equal(err.code, 'TRANSPORT')
   assert.match(err.message, /failed: fetch failed \(.*ECONNREFUSED/)
-  assert.equal(sleeps.length, 2)
+  assert.equal(sleeps.length, 1)
+  assert.deepEqual(retries.map((e) => [e.attempt, e.maxRetries, e.error.code]), [[1, 1, 'TRANSPORT']])
+  const none = on(fake, { maxRetries: 0 })
+  await failure(none.provider.complete({ messages: HI }))
+  assert.equal(none.sleeps.length, 0, 'maxRetries 0 still means none')
 })
 
 test('the API key never appears in an error message or body', async () => {

@@ -14,6 +14,7 @@ import {
   Agent, FileStore, MemoryStore, Session, SessionError, ProviderError, openAICompatible,
   type Tool, type ToolResultMessage,
 } from '../dsh.ts'
+import { logEvents } from './shared.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 import { rng } from './rng.ts'
 
@@ -116,12 +117,12 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
             assert.equal(readFileSync(loaded.torn!.savedTo!, 'utf8'), lastLine)
           } else assert.equal(loaded.torn, undefined)
           // Every event up to the last completed sync (a step boundary) is there.
-          assert.ok(loaded.events.length >= synced, `lane ${n} kill ${k}: ${synced} events were synced, ${loaded.events.length} loaded`)
+          assert.ok(loaded.seq >= synced, `lane ${n} kill ${k}: ${synced} events were synced, ${loaded.seq} loaded`)
           const openCalls = loaded.openToolCalls()
           const phase = [...out.matchAll(/^at (\w+)$/gm)].at(-1)?.[1] ?? 'idle'
           const kind = tornExpected ? 'mid-append' : phase === 'idle' ? 'between' : `mid-${phase}`
           points.set(kind, (points.get(kind) ?? 0) + 1)
-          const point = `${n}:${loaded.events.length}:${loaded.torn?.bytes ?? 0}`
+          const point = `${n}:${loaded.seq}:${loaded.torn?.bytes ?? 0}`
           assert.ok(!seen.has(point), `lane ${n} kill ${k}: the same point twice (${point})`)
           seen.add(point)
 
@@ -131,10 +132,12 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
           assert.equal(session.turn.open, false)
           assert.deepEqual(session.openToolCalls(), [])
           assert.equal(session.openCompaction, undefined)
-          const resumeAt = session.events.findLastIndex((e) => e.type === 'session/resume')
-          assert.ok(resumeAt >= loaded.events.length)
+          const resumeAt = session.openedAtSeq
+          assert.equal((await session.readEvent(resumeAt)).type, 'session/resume')
+          assert.ok(resumeAt >= loaded.seq)
+          const repairs = await logEvents(session, resumeAt)
           for (const id of openCalls) {
-            const r = session.events.slice(resumeAt).find((e) => e.type === 'tool/result' && (e.data as any).message.toolCallId === id)!
+            const r = repairs.find((e) => e.type === 'tool/result' && (e.data as any).message.toolCallId === id)!
             assert.equal((r.data as any).message.metadata.code, loaded.wasDispatched(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED')
             repairedCalls++
           }
@@ -241,7 +244,7 @@ describe('fault-injecting provider', () => {
         }
         outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1)
         for (const r of fake.requests.slice(before)) assertWirePaired(r.body, `turn ${t}`)
-        for (const e of session.events.slice(seqBefore)) if (e.type === 'recovery/retry') {
+        for (const e of await logEvents(session, seqBefore)) if (e.type === 'recovery/retry') {
           const d = e.data as { generationBefore: number; generationAfter: number }
           assert.ok(d.generationAfter > d.generationBefore, `turn ${t}: an overflow retry without a generation change`)
           retries++
@@ -269,9 +272,10 @@ async function turnOverHTTP(name: string, script: FakeReply[], tools: Tool[] = [
   try { reason = (await within(60_000, agent.run(`bad input: ${name}`), name)).reason } catch (err) { error = err }
   await session.store.close?.()
   await fake.close()
-  const results = session.events.filter((e) => e.type === 'tool/result').map((e) => e.data as { message: ToolResultMessage; spilled?: { ref: string; bytes: number } })
+  const log = await logEvents(session)
+  const results = log.filter((e) => e.type === 'tool/result').map((e) => e.data as { message: ToolResultMessage; spilled?: { ref: string; bytes: number } })
   for (const [i, r] of fake.requests.entries()) assertWirePaired(r.body, `${name} request ${i}`)
-  return { fake, session, file, error, reason, results }
+  return { fake, session, file, error, reason, results, log }
 }
 const echo: Tool = tool('echo', (a: unknown) => JSON.stringify(a))
 
@@ -313,7 +317,7 @@ describe('bad input (over HTTP)', () => {
     assert.equal(wire.body.messages.at(-1).content, 'left \uFFFD middle \uFFFD right \uD83D\uDE00')
     assert.doesNotMatch(wire.rawBody, /\\ud800|\\udc00/i)
     const reloaded = await Session.load(new FileStore(r.file))
-    const logged = reloaded.events.find((e) => e.type === 'tool/result')!.data as { message: ToolResultMessage }
+    const logged = (await logEvents(reloaded)).find((e) => e.type === 'tool/result')!.data as { message: ToolResultMessage }
     assert.equal((logged.message.content[0] as any).text, text)
   })
 
@@ -342,9 +346,9 @@ describe('bad input (over HTTP)', () => {
     assert.ok(r.error instanceof ProviderError, String(r.error))
     assert.equal(r.error.code, c.code)
     assert.equal(r.error.status, 200)
-    const end = r.session.events.at(-1)!
+    const end = r.log.at(-1)!
     assert.deepEqual([end.type, (end.data as any).reason], ['turn/end', 'error'])
-    assert.equal((r.session.events.find((e) => e.type === 'request/error')!.data as any).code, c.code)
+    assert.equal((r.log.find((e) => e.type === 'request/error')!.data as any).code, c.code)
   })
 
   const formats: [string, string][] = [

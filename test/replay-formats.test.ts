@@ -3,7 +3,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  detectTranscriptFormat, readTranscript, TranscriptError, Session, MemoryStore, PRUNE_MARKER,
+  detectTranscriptFormat, readTranscript, TranscriptError, TRANSCRIPT_FORMATS, cliHelp, parseCliArgs, Session, MemoryStore, PRUNE_MARKER,
   type Message, type ToolCallBlock, type Transcript, type TranscriptFormat,
 } from '../dsh.ts'
 import { skipWithoutShared, readCorpus } from './shared.ts'
@@ -439,11 +439,15 @@ test('dsh: a log written by Session (with a prune) reads back as the history bef
 const ERRORS: { name: string; text: string; format?: TranscriptFormat; line?: number; field?: string; says: RegExp }[] = [
   { name: 'random text', text: '\n\nhello, this is not a transcript\n', line: 3, says: /not JSON: the first non-blank line starts with "hello/ },
   { name: 'empty file', text: '  \n', says: /the file is empty/ },
-  { name: 'JSON object without messages', text: '{"foo": 1, "bar": [2]}', says: /without "messages", "history" or "trajectory_format"; its keys are "foo", "bar"/ },
+  // JSON, but not an object or array: named as the JSON value it is, not "not JSON".
+  { name: 'JSON null', text: 'null\n', says: /^a JSON null is not a transcript \(a transcript is a JSON object or array, or JSONL\)/ },
+  { name: 'JSON string', text: '"hello"', says: /^a JSON string is not a transcript/ },
+  { name: 'JSON number 42', text: ' 42 ', says: /^a JSON number is not a transcript/ },
+  { name: 'JSON object without messages', text: '{"foo": 1, "bar": [2]}', says: /^a JSON object that matches no format \(mini-swe-agent: an object with "trajectory_format": "mini-swe-agent…", or with "messages" and "info.mini_version"; swe-agent: an object with "history"; openai: an array of messages, or an object with "messages"; dsh: one dsh event \{seq, type, time, data\}; claude-code: one Claude Code entry \{type, uuid or sessionId, message\}\); its keys are "foo", "bar"/ },
   { name: 'JSON number', text: '[1, 2]', field: '[0]', says: /a message must be an object, got number/ },
   { name: 'JSONL with a broken line 3', text: '{"seq":0,"type":"session/start","time":0,"data":{}}\n{"seq":1,"type":"turn/start","time":1,"data":{}}\n{"seq":2,"type":\n{"seq":3,"type":"turn/end","time":3,"data":{}}\n', line: 3, says: /not valid JSON/ },
   { name: 'JSONL line that is not an object', text: '{"type":"summary","leafUuid":"x","summary":"s"}\n[1]\n', line: 2, says: /must be a JSON object, got array/ },
-  { name: 'JSONL of unknown events', text: '{"event":"x"}\n{"event":"y"}\n', line: 1, says: /neither a dsh event .* nor a Claude Code entry .*"event"/ },
+  { name: 'JSONL of unknown events', text: '{"event":"x"}\n{"event":"y"}\n', line: 1, says: /JSONL that matches no format \(dsh: a first line that is a dsh event \{seq, type, time, data\}; claude-code: Claude Code entries \{type, uuid or sessionId, message\} among the first 50 lines\); its first line's keys are "event"/ },
   { name: 'pretty JSON broken on line 3', text: '{\n  "messages": [\n    {"role": "user",, }\n  ]\n}', line: 3, says: /not valid JSON/ },
   { name: 'unknown role', text: JSON.stringify({ messages: [{ role: 'user', content: 'a' }, { role: 'function', content: 'b' }] }), field: 'messages[1].role', says: /unknown role "function"/ },
   { name: 'tool call without id', text: JSON.stringify([{ role: 'assistant', tool_calls: [{ function: { name: 'x', arguments: '{}' } }] }]), field: '[0].tool_calls[0].id', says: /needs a string "id"/ },
@@ -470,7 +474,8 @@ for (const c of ERRORS) {
     assert.equal(caught.line, c.line)
     assert.equal(caught.field, c.field)
     assert.match(caught.message, c.says)
-    assert.match(caught.message, /Accepted formats: dsh .*openai .*claude-code .*swe-agent .*mini-swe-agent/)
+    // Every format of the readers' table, in its order, with what its files look like.
+    assert.match(caught.message, new RegExp(`Accepted formats: ${TRANSCRIPT_FORMATS.map((f) => `${f} \\(`).join('.*')}`))
     if (c.line !== undefined) assert.match(caught.message, new RegExp(`^line ${c.line}\\b`))
   })
 }
@@ -478,4 +483,16 @@ for (const c of ERRORS) {
 test('detectTranscriptFormat throws the same TranscriptError for a broken file', () => {
   assert.throws(() => detectTranscriptFormat('{"seq":0,"type":"a","time":0,"data":{}}\n{oops}\n{"seq":2}\n'),
     (err: unknown) => err instanceof TranscriptError && err.line === 2)
+})
+
+test('the readers table drives the format list, the help and the --format check', () => {
+  // Detection order: the specific JSON shapes before openai's generic one.
+  assert.deepEqual(TRANSCRIPT_FORMATS, ['mini-swe-agent', 'swe-agent', 'openai', 'dsh', 'claude-code'])
+  const help = cliHelp()
+  for (const f of TRANSCRIPT_FORMATS) assert.match(help, new RegExp(`^ {4}${f} +\\S`, 'm'), `help lists ${f}`)
+  assert.match(help, new RegExp(`--format F +force a format: ${TRANSCRIPT_FORMATS.join(', ')}`))
+  assert.throws(() => parseCliArgs(['replay', 'x', '--format', 'csv'], {}), { message: `--format must be one of auto, ${TRANSCRIPT_FORMATS.join(', ')}, got "csv"` })
+  for (const f of TRANSCRIPT_FORMATS) assert.equal((parseCliArgs(['replay', 'x', '--format', f], {}) as { format: string }).format, f)
+  // An inherited property name is no format.
+  assert.throws(() => readTranscript('[]', { format: 'toString' as TranscriptFormat }), /unknown format "toString"/)
 })

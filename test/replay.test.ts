@@ -189,6 +189,7 @@ test('a 60,000-char tool result at window 16,000: one prune, exact tokens per ro
     steps: 2, turns: 1, peakRequestTokens: 1_324, peakPercent: 8.3, prunes: 1, prunedTokens: 13_710, spills: 0,
     compactions: 0, failedCompactions: 0, summaryCalls: 0, requestsOverWindow: 0, unmanagedStepsOverWindow: 0,
     peakUnmanagedTokens: 15_034, peakSummaryRequestTokens: 0, summaryRequestsOverWindow: 0, resultsOverPruneThreshold: 1, ladderWarnings: 0,
+    rungs: { prune: 1 },
   })
   assert.deepEqual(rest.summaries, { simulated: true, tokens: DEFAULT_REPLAY_SUMMARY_TOKENS })
 })
@@ -287,8 +288,11 @@ test('a dsh log: surface events as written, turns from turn/start (steering open
   // sys: 1 + 8 = 9; 'go' 9; call 'sh'+'{}' 9; result 2,250 + 8 = 2,258 → 1,298 pruned; 'steer' 2 + 8 = 10; 'done' 9; 'again' 10.
   assert.deepEqual(report.rows.map(r => [r.kind, r.turn, r.requestTokens ?? null, r.beforeTokens, r.rung, r.afterTokens]), [
     ['turn-start', 1, null, 18, 'none', 18],
-    ['step', 1, 18, 2_285, 'prune', 1_325], // the result is the newest step's, pruned since nothing older helps
-    ['step', 1, 1_335, 1_344, 'none', 1_344], // the steering message (10) joined before the request
+    // The steering message (10) is appended after the step's results and before its pressure check,
+    // as the loop drains steering: 18 + 9 + 2,258 + 10 = 2,295. The result is the newest step's,
+    // pruned since nothing older helps: 2,295 − 960 = 1,335.
+    ['step', 1, 18, 2_295, 'prune', 1_335],
+    ['step', 1, 1_335, 1_344, 'none', 1_344],
     ['turn-start', 2, null, 1_354, 'none', 1_354],
   ])
 })

@@ -32,3 +32,10 @@ export function readCorpus(file: string): string {
   if (text === undefined) corpusText.set(file, text = readFileSync(sharedPath('corpus', file), 'utf8'))
   return text
 }
+
+/** The session's log from `fromSeq` on, read back (works on sessions that keep only their surface, e.g. FileStore). */
+export async function logEvents(session: { readEvents(fromSeq?: number): AsyncIterable<import('../dsh.ts').SessionEvent> }, fromSeq = 0): Promise<import('../dsh.ts').SessionEvent[]> {
+  const out: import('../dsh.ts').SessionEvent[] = []
+  for await (const e of session.readEvents(fromSeq)) out.push(e)
+  return out
+}

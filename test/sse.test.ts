@@ -4,7 +4,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { readFileSync } from 'node:fs'
-import { createSSEParser, parseSSE, SSEParseError, type SSEEvent } from '../dsh.ts'
+import { createSSEParser, parseSSE, pumpSSE, SSEParseError, type SSEEvent } from '../dsh.ts'
 import { sharedPath, skipWithoutShared } from './shared.ts'
 
 type Op = string | { reset: { consume?: boolean } }
@@ -52,10 +52,11 @@ function expectedEvents(c: Case): { events: SSEEvent[]; overflow: boolean } {
   return { events, overflow: false }
 }
 
-async function collect(source: AsyncIterable<Uint8Array | string>, maxBufferSize?: number): Promise<{ events: SSEEvent[]; error?: unknown }> {
+async function collect(source: AsyncIterable<Uint8Array | string>, maxBufferSize?: number, form: 'iterable' | 'callback' = 'iterable'): Promise<{ events: SSEEvent[]; error?: unknown }> {
   const events: SSEEvent[] = []
   try {
-    for await (const e of parseSSE(source, { maxBufferSize })) events.push(e)
+    if (form === 'callback') await pumpSSE(source, (e) => { events.push(e) }, { maxBufferSize })
+    else for await (const e of parseSSE(source, { maxBufferSize })) events.push(e)
   } catch (error) {
     return { events, error }
   }
@@ -77,12 +78,12 @@ async function* iterate<T>(items: T[]): AsyncGenerator<T> { for (const item of i
 for (const c of cases) {
   if (c.ops.some((op) => typeof op !== 'string')) continue // reset() is an API of the push parser only
   const ops = c.ops as string[]
-  test(`parseSSE (strings, UTF-8 chunks, single bytes): ${c.name}`, async () => {
+  test(`parseSSE and pumpSSE (strings, UTF-8 chunks, single bytes): ${c.name}`, async () => {
     const want = expectedEvents(c)
     const bytes = ops.map(toBytes)
     const single = bytes.flatMap((b) => Array.from(b, (x) => Uint8Array.of(x)))
-    for (const source of [iterate(ops), iterate(bytes), iterate(single)]) {
-      const got = await collect(source, c.config.maxBufferSize)
+    for (const [form, source] of (['iterable', 'callback'] as const).flatMap((f) => [iterate(ops), iterate(bytes), iterate(single)].map((src) => [f, src] as const))) {
+      const got = await collect(source, c.config.maxBufferSize, form)
       if (want.overflow) {
         assert.ok(got.error instanceof SSEParseError && got.error.type === 'max-buffer-size-exceeded', `expected an overflow, got ${String(got.error)}`)
         assert.deepEqual(got.events, want.events)
@@ -135,4 +136,20 @@ test('parseSSE rejects a source that is not a stream', async () => {
 test('createSSEParser refuses a function and a bad maxBufferSize', () => {
   assert.throws(() => createSSEParser((() => {}) as never), /Did you mean createSSEParser\(\{ onEvent: fn \}\)/)
   assert.throws(() => createSSEParser({ maxBufferSize: 0 }), /maxBufferSize must be a positive integer/)
+})
+
+test('pumpSSE: events arrive synchronously per chunk; false stops and cancels the source; a throw from onEvent rejects and cancels', async () => {
+  let cancelled = 0
+  const stream = () => new ReadableStream<Uint8Array>({
+    start(c) { c.enqueue(new TextEncoder().encode('data: a\n\ndata: b\n\ndata: [DONE]\n\ndata: after\n\n')) },
+    cancel() { cancelled++ },
+  })
+  const seen: string[] = []
+  const sizes: number[] = []
+  await pumpSSE(stream(), (e) => { seen.push(e.data); return e.data !== '[DONE]' }, { onChunk: (n) => sizes.push(n) })
+  assert.deepEqual(seen, ['a', 'b', '[DONE]'])
+  assert.deepEqual(sizes, [45])
+  assert.equal(cancelled, 1)
+  await assert.rejects(pumpSSE(stream(), () => { throw new Error('listener failed') }), /listener failed/)
+  assert.equal(cancelled, 2)
 })

@@ -20,6 +20,9 @@ export const PIN: Readonly<Record<string, string>> = Object.freeze(Object.fromEn
 export const SERVER_BINARY = process.env.DSH_LLAMA_SERVER
   ?? join(process.env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'dsh', 'llama-server', PIN.LLAMA_SERVER_VERSION, 'bin', 'llama-server')
 
+/** The tool-capable chat template setup.sh installs beside the binary, or $DSH_LLAMA_CHAT_TEMPLATE. */
+export const CHAT_TEMPLATE = process.env.DSH_LLAMA_CHAT_TEMPLATE ?? join(dirname(dirname(SERVER_BINARY)), 'templates', PIN.LLAMA_CHAT_TEMPLATE)
+
 /** The 2,048-token model and its copy whose metadata allows 8,192 (PROVENANCE.md in the shared folder). */
 export const MODEL_2K = sharedPath('models', 'stories260K.gguf')
 export const MODEL_8K = sharedPath('models', 'stories260K-ctx8k.gguf')
@@ -31,6 +34,7 @@ export const MODEL_8K = sharedPath('models', 'stories260K-ctx8k.gguf')
 export function skipWithoutServer(): false | string {
   const missing: string[] = []
   if (!existsSync(SERVER_BINARY)) missing.push(`${SERVER_BINARY} (run test/real-server/setup.sh, or set DSH_LLAMA_SERVER)`)
+  else if (!existsSync(CHAT_TEMPLATE)) missing.push(`${CHAT_TEMPLATE} (run test/real-server/setup.sh, or set DSH_LLAMA_CHAT_TEMPLATE)`)
   for (const m of [MODEL_2K, MODEL_8K]) if (!existsSync(m)) missing.push(`${m} (set DSH_SHARED to the shared folder)`)
   if (missing.length === 0) return false
   const msg = `real-server tests: missing ${missing.join('; ')}`
@@ -72,12 +76,13 @@ process.once('exit', () => { for (const child of running) try { child.kill('SIGK
  * waits until `GET /health` answers 200 (the model is loaded). Rejects, with the server's output,
  * when it exits or is not healthy within `timeoutMs`.
  */
-export async function startServer(options: { ctxSize: number; model?: string; jinja?: boolean; timeoutMs?: number }): Promise<RunningServer> {
+export async function startServer(options: { ctxSize: number; model?: string; timeoutMs?: number }): Promise<RunningServer> {
   const { ctxSize, timeoutMs = 60_000 } = options
   const model = options.model ?? (ctxSize > 2048 ? MODEL_8K : MODEL_2K)
   const port = await freePort()
   const args = ['-m', model, '--host', '127.0.0.1', '--port', String(port), '-t', '1', '-tb', '1', '--ctx-size', String(ctxSize), '-np', '1', '--seed', '1', '--no-webui']
-  if (options.jinja !== false) args.push('--jinja')
+  // The model's GGUF has no chat template; this one renders tool definitions, calls and results.
+  args.push('--jinja', '--chat-template-file', CHAT_TEMPLATE)
   const child = spawn(SERVER_BINARY, args, { stdio: ['ignore', 'pipe', 'pipe'] })
   running.add(child)
   let output = ''

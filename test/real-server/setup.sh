@@ -11,6 +11,8 @@
 # answers `--version`: an interrupted run leaves no half-finished cache entry. Concurrent runs wait
 # on a lock. Nothing is written into the repository.
 #
+# Beside the binary: templates/$LLAMA_CHAT_TEMPLATE, a tool-capable chat template from the same tree.
+#
 # Usage: test/real-server/setup.sh        prints progress on stderr, the binary's path on stdout
 # Env:   DSH_LLAMA_BUILD_JOBS  parallel compile jobs (default: number of cores)
 set -euo pipefail
@@ -22,9 +24,41 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/dsh/llama-server"
 final="$cache_root/$LLAMA_SERVER_VERSION"
 bin="$final/bin/llama-server"
+
+template="$final/templates/$LLAMA_CHAT_TEMPLATE"
 log() { printf '[setup %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
+# The source: node-llama-cpp's tarball (npm pack: the tarball only, no install) → its git bundle →
+# a clone at the pinned commit, in $1/src (checked out unless $2 is "--no-checkout").
+fetch_source() {
+  log "fetching node-llama-cpp@$NODE_LLAMA_CPP_VERSION (npm pack: the tarball only, no install)"
+  (cd "$1" && npm pack --silent "node-llama-cpp@$NODE_LLAMA_CPP_VERSION" >/dev/null)
+  local tarball="$1/node-llama-cpp-$NODE_LLAMA_CPP_VERSION.tgz"
+  [ -f "$tarball" ] || { log "npm pack produced no $tarball"; exit 1; }
+  tar -xzf "$tarball" -C "$1" package/llama/gitRelease.bundle
+  log "cloning llama.cpp $LLAMA_TAG from the bundled git bundle"
+  git -c advice.detachedHead=false clone --quiet ${2:-} "$1/package/llama/gitRelease.bundle" "$1/src" >&2
+  commit="$(git -C "$1/src" rev-parse HEAD)"
+  [ "$commit" = "$LLAMA_COMMIT" ] || { log "the bundle's HEAD is $commit, expected $LLAMA_COMMIT (pin.env): refusing to use it"; exit 1; }
+  log "source commit $commit (as pinned)"
+  rm -rf "$1/package" "$tarball"
+}
+
+# $1: a clone of the source; writes the chat template into $2 (a directory).
+install_template() {
+  mkdir -p "$2"
+  git -C "$1" show "HEAD:models/templates/$LLAMA_CHAT_TEMPLATE" >"$2/$LLAMA_CHAT_TEMPLATE.tmp"
+  mv "$2/$LLAMA_CHAT_TEMPLATE.tmp" "$2/$LLAMA_CHAT_TEMPLATE"
+}
+
 if [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1; then
+  if [ ! -s "$template" ]; then # an entry made before the template was pinned: fetch only that (seconds)
+    tmp="$(mktemp -d "$cache_root/.template-XXXXXX")"
+    trap 'rm -rf "$tmp"' EXIT
+    fetch_source "$tmp" --no-checkout
+    install_template "$tmp/src" "$final/templates"
+    log "installed $template"
+  fi
   log "cached: $bin"
   echo "$bin"
   exit 0
@@ -53,7 +87,7 @@ mkdir -p "$cache_root"
 exec 9>"$cache_root/.lock"
 if command -v flock >/dev/null; then
   log "waiting for the build lock" ; flock 9
-  if [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1; then log "cached (built meanwhile): $bin"; echo "$bin"; exit 0; fi
+  if [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1 && [ -s "$template" ]; then log "cached (built meanwhile): $bin"; echo "$bin"; exit 0; fi
 fi
 
 rm -rf "$final"   # a broken entry (no binary, or one that does not run) is rebuilt
@@ -61,17 +95,7 @@ work="$(mktemp -d "$cache_root/.build-XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 start=$(date +%s)
 
-log "fetching node-llama-cpp@$NODE_LLAMA_CPP_VERSION (npm pack: the tarball only, no install)"
-(cd "$work" && npm pack --silent "node-llama-cpp@$NODE_LLAMA_CPP_VERSION" >/dev/null)
-tarball="$work/node-llama-cpp-$NODE_LLAMA_CPP_VERSION.tgz"
-[ -f "$tarball" ] || { log "npm pack produced no $tarball"; exit 1; }
-tar -xzf "$tarball" -C "$work" package/llama/gitRelease.bundle
-log "cloning llama.cpp $LLAMA_TAG from the bundled git bundle"
-git -c advice.detachedHead=false clone --quiet "$work/package/llama/gitRelease.bundle" "$work/src" >&2
-commit="$(git -C "$work/src" rev-parse HEAD)"
-[ "$commit" = "$LLAMA_COMMIT" ] || { log "the bundle's HEAD is $commit, expected $LLAMA_COMMIT (pin.env): refusing to build"; exit 1; }
-log "source commit $commit (as pinned)"
-rm -rf "$work/package" "$tarball"
+fetch_source "$work"
 
 log "configuring (CMake + Ninja, Release, static, GGML_NATIVE=OFF)"
 cmake -S "$work/src" -B "$work/build" -G Ninja \
@@ -92,6 +116,7 @@ version="$("$built" --version 2>&1 | tr '\n' ' ')"
 log "built: $version"
 mkdir -p "$work/out/bin"
 cp "$built" "$work/out/bin/llama-server"
+install_template "$work/src" "$work/out/templates"
 strip "$work/out/bin/llama-server" 2>/dev/null || true
 "$work/out/bin/llama-server" --version >/dev/null 2>&1 || { log "the installed binary does not run"; exit 1; }
 printf 'node-llama-cpp %s, llama.cpp %s, commit %s\nbuilt %s in %ss\n%s\n' \

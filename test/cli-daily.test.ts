@@ -1,0 +1,236 @@
+// The CLI as a daily driver (issue 16): a closed stdout, activity lines, exit codes of turns that
+// give no answer, -C, the remembered shell answer, fail-fast connection errors. Each test runs dsh
+// as a child process against test/fake-provider.ts; the interactive ones under a pseudo-terminal.
+import { test, describe } from 'node:test'
+import assert from 'node:assert/strict'
+import { createServer } from 'node:net'
+import { mkdir, readFile, writeFile } from 'node:fs/promises'
+import { join } from 'node:path'
+import { CLEAN_ENV, ROOT, dsh, dshCommand, dshPty, fake, lines, readLog, runFlags, runProcess, skipWithoutPty, tempDir } from './cli-helpers.ts'
+
+const group = (n: number) => n.toLocaleString('en-US')
+/** A stack trace line, as Node prints one. */
+const STACK = /\n\s+at /
+
+/** Runs `dsh args | consumer` under bash; returns dsh's exit status (PIPESTATUS), stdout of the pipe, and stderr. */
+async function piped(args: string[], consumer: string, cwd: string) {
+  const run = await runProcess('bash', ['-c', `${dshCommand(args)} | ${consumer}; echo "dsh-exit=\${PIPESTATUS[0]}" >&2`], cwd, CLEAN_ENV)
+  const status = /dsh-exit=(\d+)/.exec(run.stderr)
+  assert.ok(status, run.stderr)
+  return { status: Number(status[1]), stdout: run.stdout, stderr: run.stderr.replace(/dsh-exit=\d+\n/, '') }
+}
+
+describe('a closed stdout ends quietly with exit 0', () => {
+  // 6,000 lines of 50 bytes: far more than a pipe buffer (64 KiB), so `head -1` closes the pipe mid-write.
+  const ANSWER = Array.from({ length: 6000 }, (_, i) => `answer line ${String(i).padStart(5, '0')} ${'x'.repeat(31)}`).join('\n')
+
+  for (const consumer of ['head -1', 'true']) {
+    test(`dsh -p go | ${consumer}`, async () => {
+      const cwd = await tempDir()
+      const f = await fake([{ text: ANSWER, deltaSize: 100_000 }])
+      const run = await piped(['-p', 'go', ...runFlags(f)], consumer, cwd)
+      assert.equal(run.status, 0, run.stderr)
+      assert.equal(run.stdout, consumer === 'true' ? '' : ANSWER.split('\n')[0] + '\n')
+      assert.doesNotMatch(run.stderr, STACK)
+      assert.doesNotMatch(run.stderr, /EPIPE|Error/)
+    })
+  }
+
+  test('dsh replay FILE | true, dsh --help | true', async () => {
+    for (const args of [['replay', 'examples/session.jsonl'], ['--help']]) {
+      const run = await piped(args, 'true', ROOT)
+      assert.equal(run.status, 0, run.stderr)
+      assert.equal(run.stderr, '')
+    }
+  })
+
+  test('dsh --json | head -1: the turn is cancelled (nobody reads it), the log stays balanced, exit 0', async () => {
+    const cwd = await tempDir()
+    await writeFile(join(cwd, 'a.txt'), 'alpha\n')
+    // Slow replies: the reader is gone long before the turn could end by itself.
+    const f = await fake(() => ({ toolCalls: [{ name: 'read_file', arguments: { path: 'a.txt' } }], delayMs: 50 }))
+    const run = await piped(['-p', 'go', ...runFlags(f), '--json', '--session', 's.jsonl', '--max-steps', '40'], 'head -1', cwd)
+    assert.equal(run.status, 0, run.stderr)
+    assert.equal(JSON.parse(run.stdout).type, 'session/start')
+    assert.doesNotMatch(run.stderr, STACK)
+    const log = await readLog(join(cwd, 's.jsonl'))
+    assert.deepEqual(log.at(-1).data, { turn: 1, reason: 'aborted' })
+    assert.ok(f.requests.length < 40, `${f.requests.length} requests: the turn stopped early`)
+  })
+})
+
+describe('turns without an answer exit 1 with a line saying so', () => {
+  test('--max-steps 3 with a model that keeps calling tools', async () => {
+    const cwd = await tempDir()
+    await writeFile(join(cwd, 'a.txt'), 'alpha\n')
+    const f = await fake(() => ({ text: 'let me look again', toolCalls: [{ name: 'read_file', arguments: { path: 'a.txt' } }] }))
+    const run = await dsh(['-p', 'go', ...runFlags(f), '--max-steps', '3', '--session', 's.jsonl'], cwd)
+    assert.equal(run.code, 1)
+    assert.equal(f.requests.length, 3)
+    assert.equal(run.stdout, '', 'no answer is printed as if it were one')
+    assert.equal(lines(run.stderr).at(-1), 'dsh: the turn stopped at the step limit (3 steps, --max-steps) without a final answer; raise --max-steps, or continue with --session FILE')
+    assert.deepEqual((await readLog(join(cwd, 's.jsonl'))).at(-1).data, { turn: 1, reason: 'max-steps' })
+  })
+
+  test('an empty final message', async () => {
+    const cwd = await tempDir()
+    const f = await fake([{ reasoning: 'Nothing to say.' }])
+    const run = await dsh(['-p', 'go', ...runFlags(f)], cwd)
+    assert.equal(run.code, 1)
+    assert.equal(lines(run.stderr).at(-1), 'dsh: the model ended the turn without an answer (its last message has no text)')
+  })
+
+  test('an answer cut at the completion budget is printed, and exits 1', async () => {
+    const cwd = await tempDir()
+    const f = await fake([{ text: 'The first half of', finishReason: 'length' }])
+    const run = await dsh(['-p', 'go', ...runFlags(f)], cwd)
+    assert.equal(run.code, 1)
+    assert.equal(run.stdout, 'The first half of\n')
+    assert.match(lines(run.stderr).at(-1)!, /^dsh: the answer was cut at the completion budget .*raise --max-tokens$/)
+  })
+
+  test('bad --max-steps values are usage errors', async () => {
+    for (const value of ['0', '-1', '2.5', 'ten']) {
+      const run = await dsh(['-p', 'go', '--base-url', 'http://127.0.0.1:9/v1', '--max-steps', value], ROOT)
+      assert.equal(run.code, 2, value)
+      assert.match(run.stderr, /^dsh: (--max-steps must be a positive whole number of provider calls per turn|--max-steps needs a value)/, value)
+    }
+  })
+})
+
+describe('activity lines on stderr', () => {
+  test('each tool call: name, what it worked on, tokens or outcome; the shell with its exit code', async () => {
+    const cwd = await tempDir()
+    await mkdir(join(cwd, 'src'))
+    await writeFile(join(cwd, 'src', 'a.ts'), 'export const a = 1\n'.repeat(100))
+    const f = await fake([
+      { toolCalls: [
+        { name: 'read_file', arguments: { path: 'src/a.ts' } },
+        { name: 'shell', arguments: { command: 'echo failing; exit 1' } },
+        { name: 'read_file', arguments: { path: 'missing.ts' } },
+        { name: 'grep', arguments: { pattern: 'const a', path: 'src' } },
+      ] },
+      { text: 'done' },
+    ])
+    const run = await dsh(['-p', 'go', ...runFlags(f), '--allow-shell', '--session', 's.jsonl'], cwd)
+    assert.equal(run.code, 0, run.stderr)
+    const log = await readLog(join(cwd, 's.jsonl'))
+    const tokens = log.filter((e) => e.type === 'tool/result').map((e) => Math.ceil(e.data.message.content[0].text.length / 4) + 8)
+    assert.deepEqual(lines(run.stderr), [
+      `▸ read_file src/a.ts (${group(tokens[0])} tokens)`,
+      '▸ shell echo failing; exit 1 → exit 1',
+      `▸ read_file missing.ts → ${log.filter((e) => e.type === 'tool/result')[2].data.message.content[0].text.split('\n')[0]}`,
+      `▸ grep const a src (${group(tokens[3])} tokens)`,
+    ])
+    assert.match(lines(run.stderr)[2], /^▸ read_file missing\.ts → read_file: /)
+  })
+
+  test('a resumed session says so: turns, tokens, last activity', async () => {
+    const cwd = await tempDir()
+    const f = await fake([{ text: 'one' }, { text: 'two' }])
+    const first = await dsh(['-p', 'the first question', ...runFlags(f), '--session', 's.jsonl'], cwd)
+    assert.equal(first.code, 0, first.stderr)
+    assert.equal(first.stderr, '', 'a new session: no resume line')
+    const second = await dsh(['-p', 'next', ...runFlags(f), '--session', 's.jsonl'], cwd)
+    assert.equal(second.code, 0, second.stderr)
+    assert.match(second.stderr, /^\[dsh\] resumed s\.jsonl: 1 turn, [\d,]+ tokens in context; last active \d+ s ago: "the first question"\n$/)
+  })
+
+  test('--help explains the status lines and the ~ of an estimated occupancy', async () => {
+    const run = await dsh(['--help'], ROOT)
+    assert.equal(run.code, 0)
+    assert.match(run.stdout, /▸ read_file src\/a\.ts \(2,340 tokens\)/)
+    assert.match(run.stdout, /a trailing ~\s+means the figure is dsh's estimate/)
+    for (const flag of ['--max-steps N', '--no-shell', '-C, --cwd DIR']) assert.ok(run.stdout.includes(flag), flag)
+  })
+})
+
+describe('-C DIR / --cwd DIR: work on another project', () => {
+  test('tools, the system prompt and a relative --session are in DIR', async () => {
+    const here = await tempDir()
+    const project = join(here, 'project')
+    await mkdir(project)
+    await writeFile(join(project, 'notes.txt'), 'the project notes\n')
+    const f = await fake([{ toolCalls: [{ name: 'read_file', arguments: { path: 'notes.txt' } }] }, { text: 'read' }])
+    const run = await dsh(['-C', 'project', '-p', 'go', ...runFlags(f), '--session', 's.jsonl'], here)
+    assert.equal(run.code, 0, run.stderr)
+    assert.match(f.requests[1].body.messages.at(-1).content, /the project notes/)
+    assert.ok(f.requests[0].body.messages[0].content.includes(`working in the directory ${project}`))
+    assert.equal((await readLog(join(project, 's.jsonl')))[0].type, 'session/start')
+    const again = await dsh(['--cwd=project', 'replay', 's.jsonl'], here)
+    assert.equal(again.code, 2, 'replay comes first') // `replay` must be the first argument
+    const replay = await dsh(['replay', 's.jsonl', '-C', 'project'], here)
+    assert.equal(replay.code, 0, replay.stderr)
+    assert.match(replay.stdout, /^dsh replay of s\.jsonl: dsh, /)
+  })
+
+  test('a DIR that is missing or not a directory: exit 2, one line', async () => {
+    const here = await tempDir()
+    await writeFile(join(here, 'file.txt'), 'x')
+    for (const [dir, problem] of [['nope', /cannot use .*nope \(ENOENT\)/], ['file.txt', /file\.txt is not a directory/]] as const) {
+      const run = await dsh(['-C', dir, '-p', 'go', '--base-url', 'http://127.0.0.1:9/v1'], here)
+      assert.equal(run.code, 2)
+      assert.equal(lines(run.stderr).length, 1, run.stderr)
+      assert.match(run.stderr, problem)
+    }
+  })
+})
+
+describe('connection refused and DNS failures fail fast', () => {
+  async function closedPort(): Promise<number> {
+    const server = createServer()
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+    const port = (server.address() as { port: number }).port
+    await new Promise((resolve) => server.close(resolve))
+    return port
+  }
+  const cases: [string, () => Promise<string>, RegExp][] = [
+    ['connection refused', async () => `http://127.0.0.1:${await closedPort()}/v1`, /ECONNREFUSED/],
+    ['DNS lookup failure', async () => 'http://dsh-test-host.invalid/v1', /ENOTFOUND|EAI_AGAIN/],
+  ]
+  for (const [name, url, cause] of cases) {
+    test(`${name}: one retry, announced with what and why, then exit 1`, async () => {
+      const baseURL = await url()
+      const run = await dsh(['-p', 'go', '--base-url', baseURL, '--model', 'm', '--context-window', '16000'], ROOT)
+      assert.equal(run.code, 1)
+      const out = lines(run.stderr)
+      assert.equal(out.length, 2, run.stderr)
+      assert.match(out[0], new RegExp(`^\\[dsh\\] retry 1 of 1 in 0\\.\\d s: TRANSPORT: request to ${baseURL.replaceAll('.', '\\.')}/chat/completions failed: fetch failed \\(`))
+      assert.match(out[0], cause)
+      assert.match(out[1], /^dsh: TRANSPORT: /)
+    })
+  }
+})
+
+describe('the shell answer is remembered per directory (under a pseudo-terminal)', () => {
+  test('asked once, remembered in XDG_CONFIG_HOME; --no-shell and another directory are not affected', { skip: skipWithoutPty }, async () => {
+    const cwd = await tempDir()
+    const other = await tempDir()
+    const config = await tempDir()
+    const f = await fake(() => ({ text: 'ok' }))
+    const env = { ...CLEAN_ENV, XDG_CONFIG_HOME: config }
+    const tools = (i: number) => f.requests[i].body.tools.map((t: any) => t.function.name)
+    const first = await dshPty(runFlags(f), cwd, env, 'y\nhello\n/exit\n')
+    assert.equal(first.code, 0, first.stdout)
+    assert.ok(first.stdout.includes(`Allow the agent to run shell commands in ${cwd}? (remembered for this directory) [y/N]`), first.stdout)
+    assert.ok(tools(0).includes('shell'))
+    assert.deepEqual(JSON.parse(await readFile(join(config, 'dsh', 'shell.json'), 'utf8')), { [cwd]: true })
+
+    const second = await dshPty(runFlags(f), cwd, env, 'hello\n/exit\n')
+    assert.equal(second.code, 0, second.stdout)
+    assert.doesNotMatch(second.stdout, /Allow the agent/)
+    assert.ok(second.stdout.includes(`[dsh] shell commands allowed in this directory (remembered in ${join(config, 'dsh', 'shell.json')}`), second.stdout)
+    assert.ok(tools(1).includes('shell'))
+    assert.equal(f.requests[1].body.messages.at(-1).content, 'hello', 'the first line is the prompt, not an answer to a question')
+
+    const refused = await dshPty([...runFlags(f), '--no-shell'], cwd, env, 'hello\n/exit\n')
+    assert.equal(refused.code, 0, refused.stdout)
+    assert.doesNotMatch(refused.stdout, /Allow the agent|remembered/)
+    assert.ok(!tools(2).includes('shell'))
+
+    const elsewhere = await dshPty(runFlags(f), other, env, 'n\nhello\n/exit\n')
+    assert.ok(elsewhere.stdout.includes(`Allow the agent to run shell commands in ${other}?`), elsewhere.stdout)
+    assert.ok(!tools(3).includes('shell'))
+    assert.deepEqual(JSON.parse(await readFile(join(config, 'dsh', 'shell.json'), 'utf8')), { [cwd]: true, [other]: false })
+  })
+})

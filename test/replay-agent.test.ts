@@ -1,0 +1,199 @@
+// Replay runs the real Agent (docs/design.md §8): a recorded provider and recorded tools drive the
+// loop, and the report is read off the Agent's events. These tests hold replay to the live loop's
+// log, and show that a new ladder rung or an extra figure reaches the report with no replay change.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { spawnSync } from 'node:child_process'
+import { fileURLToPath } from 'node:url'
+import {
+  Agent, Session, MemoryStore, readTranscript, replayTranscript, runReplay, formatReplay, cliHelp,
+  type AgentEvent, type Message, type Provider, type ReplayFigure, type SessionEvent, type Tool,
+} from '../dsh.ts'
+import { ScriptedProvider, call, say } from './scripted-provider.ts'
+import { skipWithoutShared, sharedPath } from './shared.ts'
+
+const fn = (id: string, name: string, args: string) => ({ id, type: 'function', function: { name, arguments: args } })
+
+/** The log of a session without what differs by construction (time, the model's name in the header). */
+const shape = (events: readonly SessionEvent[]) => events.filter((e) => e.type !== 'session/start').map((e) => {
+  const d = { ...(e.data as Record<string, unknown>) }
+  if (e.type === 'request/header') return { type: e.type, system: d.system, tools: d.tools, contextWindow: d.contextWindow }
+  delete d.finishReason
+  delete d.usage
+  return { type: e.type, ...d }
+})
+
+test('the replay log is the live loop\'s log: same events in the same order for the same conversation', async () => {
+  // Turn 1: a call, its result, steering typed while the tool ran, the answer. Turn 2: a plain answer.
+  const t = readTranscript(JSON.stringify({ tools: [{ type: 'function', function: { name: 'sh', description: 'run', parameters: {} } }], messages: [
+    { role: 'user', content: 'task' },
+    { role: 'assistant', content: null, tool_calls: [fn('c1', 'sh', '{"cmd":"ls"}')] },
+    { role: 'tool', tool_call_id: 'c1', content: 'a.txt\nb.txt' },
+    { role: 'user', content: 'also check c' },
+    { role: 'assistant', content: 'done' },
+    { role: 'user', content: 'next' },
+    { role: 'assistant', content: 'ok' },
+  ] }))
+  let replayed!: Session
+  const report = await replayTranscript(t, { contextWindow: 10_000, onStep: (_row, s) => { replayed = s } })
+  assert.deepEqual(report.rows.map((r) => [r.kind, r.turn, r.step]), [['turn-start', 1, 1], ['step', 1, 1], ['step', 1, 2], ['turn-start', 2, 3], ['step', 2, 3]])
+  assert.equal(report.totals.turns, 2)
+
+  // The same conversation, live: a scripted model, a tool that returns the recorded output and
+  // during which the user steers.
+  const live = await Session.open(new MemoryStore(), { id: 'live' })
+  const provider = new ScriptedProvider(10_000, [call('c1', 'sh', { cmd: 'ls' }), say('done'), say('ok')])
+  let agent!: Agent
+  const sh: Tool = { name: 'sh', description: 'run', parameters: {}, execute: () => { agent.steer('also check c'); return 'a.txt\nb.txt' } }
+  agent = new Agent({ session: live, provider, tools: [sh], contextWindow: 10_000 })
+  await agent.run('task')
+  await agent.run('next')
+  assert.deepEqual(shape(replayed.events), shape(live.events))
+  assert.deepEqual(replayed.messages(), live.messages())
+})
+
+test('a turn the transcript ends while the loop would go on ends as cancelled; no step is invented', async () => {
+  const t = readTranscript(JSON.stringify([
+    { role: 'user', content: 'go' },
+    { role: 'assistant', content: null, tool_calls: [fn('c1', 'sh', '{}')] },
+    { role: 'tool', tool_call_id: 'c1', content: 'out' },
+  ]))
+  const ends: unknown[] = []
+  const report = await replayTranscript(t, {
+    contextWindow: 1_000,
+    onEvent: (e: AgentEvent) => { if (e.type === 'log' && e.event.type === 'turn/end') ends.push(e.event.data) },
+  })
+  assert.deepEqual(report.rows.map((r) => r.kind), ['turn-start', 'step'])
+  assert.equal(report.totals.steps, 1)
+  assert.deepEqual(ends, [{ turn: 1, reason: 'aborted' }])
+})
+
+test('a dsh log whose next turn starts after a step with tool calls: the loop ends the turn there, as the log did', async () => {
+  const session = await Session.open(new MemoryStore(), { id: 'log' })
+  session.setHeader({ model: 'm', baseURL: 'b', contextWindow: 1_000 })
+  const add = (type: string, data: object) => session.append(type, data as Record<string, unknown>)
+  add('turn/start', { turn: 1 })
+  add('user/message', { message: { role: 'user', content: 'go' }, surfaceOp: { op: 'append' } })
+  add('step/start', { turn: 1, step: 1 })
+  add('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'a', name: 'sh', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
+  add('tool/result', { message: { role: 'tool', toolCallId: 'a', content: [{ type: 'text', text: 'x' }] }, surfaceOp: { op: 'append' } })
+  add('step/end', { turn: 1, step: 1 })
+  add('turn/end', { turn: 1, reason: 'aborted' }) // Ctrl-C
+  add('turn/start', { turn: 2 })
+  add('user/message', { message: { role: 'user', content: 'instead do y' }, surfaceOp: { op: 'append' } })
+  add('step/start', { turn: 2, step: 1 })
+  add('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'y' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+  const t = readTranscript(session.events.map((e) => JSON.stringify(e)).join('\n') + '\n')
+  const report = await replayTranscript(t)
+  assert.deepEqual(report.rows.map((r) => [r.kind, r.turn]), [['turn-start', 1], ['step', 1], ['turn-start', 2], ['step', 2]])
+})
+
+test('a new compaction/* event type is a rung of its own, and an extra figure is a column, with no change to replay', async () => {
+  // 7 steps of 2,000-char results at window 4,000 compact once (see replay.test.ts); the summarizer
+  // here also logs a `compaction/clear` event (seq 39, right after compaction/start k38), as a rung
+  // that clears results would.
+  const messages: object[] = [{ role: 'user', content: 'task' }]
+  for (let i = 1; i <= 7; i++) {
+    messages.push({ role: 'assistant', content: null, tool_calls: [fn(`c${i}`, 'sh', '{}')], usage: { prompt_tokens: 100 * i, completion_tokens: 10 + i } })
+    messages.push({ role: 'tool', tool_call_id: `c${i}`, content: String(i).repeat(2000) })
+  }
+  let session: Session | undefined
+  const summarizer: Provider = {
+    model: 'test-summarizer', baseURL: 'memory://s', contextWindow: 4_000, maxTokens: 100,
+    async complete() {
+      session!.append('compaction/clear', { shadowedSeqs: [7, 11, 15], shadowedTokenCount: 1_524 })
+      return { message: { role: 'assistant', content: [{ type: 'text', text: 'S'.repeat(40) }] }, finishReason: 'stop' }
+    },
+  }
+  // The completion tokens the transcript records, summed: read off the recorded usage stream event.
+  const completion: ReplayFigure = {
+    name: 'completion', total: 'sum', cell: (v) => String(v),
+    add: (e, v) => (e.type === 'stream' && e.event.type === 'usage' ? v + e.event.usage.completionTokens : v),
+  }
+  const t = readTranscript(JSON.stringify(messages))
+  // Clear rung off (docs/design.md §10): the window-4,000 case must reach the summary.
+  const report = await replayTranscript(t, { summarizer, figures: [completion], onEvent: () => {}, onStep: (_r, s) => { session = s }, compaction: { clear: false } })
+  const compacted = report.rows.find((r) => r.rung === 'compact')!
+  assert.deepEqual(compacted.events.map((e) => e.type), ['rung', 'compaction'])
+  assert.deepEqual(compacted.events[0], { type: 'rung', rung: 'clear', seq: 39, data: { shadowedSeqs: [7, 11, 15], shadowedTokenCount: 1_524 } })
+  assert.deepEqual(report.totals.rungs, { clear: 1, compact: 1 })
+  assert.deepEqual(report.rows.filter((r) => r.kind === 'step').map((r) => r.figures!.completion), [11, 12, 13, 14, 15, 16, 17])
+  assert.equal(report.totals.figures!.completion, 98)
+  const out = formatReplay(report, { figures: [completion] })
+  assert.match(out, /^ *step +turn +request +unmanaged +recorded +before +rung +after +reclaimed +completion$/m)
+  assert.match(out, /↳ clear +seq 39: shadowedSeqs 7\.\.15 \(3\), shadowedTokenCount 1,524$/m)
+  assert.match(out, /^ {2}rung clear +1$/m)
+  assert.match(out, /^ {2}completion +98$/m)
+  const json = (await runReplay(JSON.stringify(messages.slice(0, 3)), { contextWindow: 4_000, json: true, figures: [completion] })).output
+  const objects = json.trimEnd().split('\n').map((l) => JSON.parse(l))
+  assert.deepEqual(objects.map((o) => o.figures), [{ completion: 0 }, { completion: 11 }, { completion: 11 }])
+  await assert.rejects(replayTranscript(t, { contextWindow: 4_000, figures: [completion, completion] }), /unique non-empty name, got "completion"/)
+})
+
+test('user messages with blocks steer as whole messages (Agent.steer takes a UserMessage)', async () => {
+  const image = { type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } }
+  const t = readTranscript(JSON.stringify([
+    { role: 'user', content: 'look' },
+    { role: 'assistant', content: null, tool_calls: [fn('c1', 'shot', '{}')] },
+    { role: 'tool', tool_call_id: 'c1', content: 'taken' },
+    { role: 'user', content: [{ type: 'text', text: 'this one' }, image] },
+    { role: 'assistant', content: 'I see it' },
+  ]))
+  let s!: Session
+  await replayTranscript(t, { contextWindow: 1_000, onStep: (_r, x) => { s = x } })
+  assert.deepEqual(s.messages().map((m: Message) => m.role), ['user', 'assistant', 'tool', 'user', 'assistant'])
+  assert.deepEqual(s.messages()[3].content, t.messages[3].content)
+})
+
+test('CLI: replay --sidechains replays each Claude Code Task run after the main chain; --help documents it',
+  { skip: skipWithoutShared('corpus', 'fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl') }, () => {
+    const dsh = fileURLToPath(new URL('../dsh.ts', import.meta.url))
+    const file = sharedPath('corpus', 'fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl')
+    const run = (flags: string[]) => spawnSync(process.execPath, ['--import', 'tsx', dsh, 'replay', file, '--context-window', '32000', ...flags], { encoding: 'utf8' })
+    const plain = run([])
+    assert.equal(plain.status, 0, plain.stderr)
+    assert.doesNotMatch(plain.stdout, /sidechain 1 of/)
+    const side = run(['--sidechains', '--json'])
+    assert.equal(side.status, 0, side.stderr)
+    const totals = side.stdout.trimEnd().split('\n').map((l) => JSON.parse(l)).filter((o) => o.kind === 'totals')
+    assert.deepEqual(totals.map((o) => [o.chain, o.steps]), [['main chain', 9], ['sidechain 1 of 5', 9], ['sidechain 2 of 5', 34], ['sidechain 3 of 5', 40], ['sidechain 4 of 5', 25], ['sidechain 5 of 5', 53]])
+    assert.match(cliHelp(), /--sidechains +Claude Code: also replay each Task-subagent run/)
+  })
+
+test('hostile transcripts: an empty call id is repaired by the loop and still gets its recorded result; arguments that are not JSON are answered by the loop, and noted', async () => {
+  const t = readTranscript(JSON.stringify([
+    { role: 'user', content: 'go' },
+    { role: 'assistant', content: null, tool_calls: [fn('', 'sh', '{}')] },
+    { role: 'tool', tool_call_id: '', content: 'recorded output' },
+    { role: 'assistant', content: null, tool_calls: [fn('b', 'sh', '{"cmd": ')] },
+    { role: 'tool', tool_call_id: 'b', content: 'the original agent ran something' },
+    { role: 'assistant', content: 'done' },
+  ]))
+  let s!: Session
+  const report = await replayTranscript(t, { contextWindow: 1_000, onStep: (_r, x) => { s = x } })
+  const results = s.messages().filter((m) => m.role === 'tool')
+  assert.match(results[0].toolCallId, /^call_dsh_\d+_0$/)
+  assert.deepEqual(results[0].content, [{ type: 'text', text: 'recorded output' }])
+  assert.equal(results[1].isError, true)
+  assert.match(JSON.stringify(results[1].content), /arguments of sh are not valid JSON/)
+  assert.ok(report.notes.includes('1 tool call(s) answered by the loop itself, not with the recorded result (e.g. arguments that are not JSON), as a live run would'))
+  // The unmanaged figure counts what the transcript recorded: 'go' 9 + call 9 + 'recorded output' 12
+  // + call 11 + 'the original agent ran something' (32 chars) 16 = 57 before the last step.
+  assert.equal(report.totals.steps, 3)
+  assert.equal(report.rows.at(-1)!.unmanagedTokens, 57)
+})
+
+test('cancellation mid-replay: the signal stops the Agent at the next step boundary and rejects with its reason', async () => {
+  const messages: object[] = [{ role: 'user', content: 'task' }]
+  for (let i = 1; i <= 20; i++) {
+    messages.push({ role: 'assistant', content: null, tool_calls: [fn(`c${i}`, 'sh', '{}')] })
+    messages.push({ role: 'tool', tool_call_id: `c${i}`, content: 'x' })
+  }
+  const ac = new AbortController()
+  let rows = 0
+  await assert.rejects(replayTranscript(readTranscript(JSON.stringify(messages)), {
+    contextWindow: 10_000, signal: ac.signal,
+    onStep: () => { if (++rows === 3) ac.abort(new Error('enough')) },
+  }), /enough/)
+  assert.equal(rows, 3)
+})
