@@ -315,6 +315,10 @@ export interface UsageAnchor { providerTokens: number; heuristicTokens: number; 
  * message is one more surface change, priced by the heuristic. An envelope or model change does.
  */
 export interface Measurement {
+  /** The size of the next request: `heuristicTokens` until a provider reports usage; once
+   *  anchored, the provider's count for the last request plus the heuristic price of what changed
+   *  since (docs/design.md §2). So when anchored it differs from `envelopeTokens + surfaceTokens`,
+   *  which are always the chars/4 heuristic. */
   totalTokens: number
   /** Heuristic tokens of system prompt + tool specs. */
   envelopeTokens: number
@@ -443,7 +447,7 @@ export interface PruneConfig {
 }
 
 /** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
-export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
+export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = /* @__PURE__ */ Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
 
 /** Thrown for a prune configuration that cannot work; the message names the values and the fix. */
 export class PruneConfigError extends TypeError {
@@ -2010,7 +2014,7 @@ export interface CompactionConfig {
 }
 
 /** The defaults of docs/design.md §§5, 10. */
-export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = Object.freeze({
+export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
   thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
   maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
   clear: true, reliefRatio: 0.6, protectedRatio: 0.2, clearBeforeSummary: true,
@@ -2077,7 +2081,7 @@ export function resolveCompactionConfig(config?: Partial<CompactionConfig>): Com
 export const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
 
 /** The instruction that ends every summary request (docs/design.md §5 "Summary transaction"). */
-export const SUMMARY_INSTRUCTION = [
+export const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
   'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers will be removed.',
   'Do not call any tool. Answer with the checkpoint only, under these headings:',
   '1. Request — what the user asked for, in their words where it matters.',
@@ -3276,7 +3280,7 @@ export async function spillToolResult(message: ToolResultMessage, store: LogStor
 /** DeepSeek's OpenAI-compatible endpoint (docs/design.md §6; api-docs.deepseek.com). */
 export const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
 /** The model {@link deepseek} uses when none is given (docs/design.md §6). */
-export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-v4-flash'
+export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-flash'
 /** The environment variable {@link deepseek} reads the API key from when no `apiKey` is given. */
 export const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
 /** Completion budget in tokens when neither the request nor the options set one (docs/design.md §6). */
@@ -3317,7 +3321,7 @@ export interface KnownModel {
   contextWindow: number
   /** Largest `max_tokens` the model accepts, in tokens; the adapter clamps to it. */
   maxOutputTokens: number
-  /** For a retired alias: the model it stands for. The name is still sent as given. */
+  /** For an older name or a retired alias: the model it stands for. The name is still sent as given. */
   aliasOf?: string
   /** For a retired alias: whether it meant thinking mode (informational; nothing extra is sent). */
   thinking?: 'enabled' | 'disabled'
@@ -3328,19 +3332,21 @@ export interface KnownModel {
  * 2026). Any other model needs `contextWindow` in the options, or the ladder reports a
  * configuration error once (docs/design.md §5).
  */
-export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = Object.freeze({
-  'deepseek-v4-flash': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
-  'deepseek-v4-pro': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
-  'deepseek-chat': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'disabled' as const }),
-  'deepseek-reasoner': Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-v4-flash', thinking: 'enabled' as const }),
+export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = /* @__PURE__ */ Object.freeze({
+  // DeepSeek-V4.1-Flash (accepts image input); its older name deepseek-v4-flash is served by it.
+  'deepseek-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
+  'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
+  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash' }),
+  'deepseek-chat': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash', thinking: 'disabled' as const }),
+  'deepseek-reasoner': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash', thinking: 'enabled' as const }),
 })
 
 /**
  * DeepSeek's peak hours: Monday to Friday, UTC 01:00–04:00 and 06:00–10:00, every price doubled
  * (DeepSeek, "Models & Pricing", api-docs.deepseek.com/quick_start/pricing, autumn 2026).
  */
-export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = Object.freeze({
-  multiplier: 2, days: Object.freeze([1, 2, 3, 4, 5]), hoursUTC: Object.freeze([Object.freeze([1, 4] as const), Object.freeze([6, 10] as const)]),
+export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = /* @__PURE__ */ Object.freeze({
+  multiplier: 2, days: /* @__PURE__ */ Object.freeze([1, 2, 3, 4, 5]), hoursUTC: /* @__PURE__ */ Object.freeze([/* @__PURE__ */ Object.freeze([1, 4] as const), /* @__PURE__ */ Object.freeze([6, 10] as const)]),
 })
 
 /**
@@ -3351,10 +3357,10 @@ export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = Object.freeze({
  * {@link pricesOf} also resolves the retired aliases of {@link KNOWN_MODELS}. Every other model
  * has no price unless one is given.
  */
-export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = Object.freeze({
-  'deepseek-flash': Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
-  'deepseek-v4-flash': Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
-  'deepseek-v4-pro': Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: DEEPSEEK_PEAK_HOURS }),
+export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = /* @__PURE__ */ Object.freeze({
+  'deepseek-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: DEEPSEEK_PEAK_HOURS }),
 })
 
 /** DeepSeek's price table for `model` (a retired alias resolves to the model it stands for); undefined for any other model. */
@@ -3920,7 +3926,7 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, or lower maxTokens.',
   RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
   QUOTA: 'The account has no balance or quota left: top it up or use another API key.',
-  AUTH: 'Check the API key (option apiKey, or the environment variable named by apiKeyEnv) and its permissions.',
+  AUTH: 'Check the API key and its permissions (option apiKey, or the environment variable named by apiKeyEnv; CLI: --api-key-env NAME).',
   INVALID_REQUEST: 'The server rejected the request; the body above names the field.',
   SERVER: 'The server failed; try again later.',
   TRANSPORT: 'Check the network and baseURL.',
@@ -3972,7 +3978,7 @@ type WireMessage =
 interface WireToolCall { id: string; type: 'function'; function: { name: string; arguments: string } }
 
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
-const LONE_SURROGATES = new RegExp(LONE_SURROGATE.source, 'g')
+const LONE_SURROGATES = /* @__PURE__ */ new RegExp(LONE_SURROGATE.source, 'g')
 
 /** Lone surrogates become U+FFFD (servers reject or mangle them in UTF-8); the log keeps the original. */
 function wellFormed(text: string): string {
@@ -4581,36 +4587,44 @@ function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | 
   return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}.`, { status: info.status ?? 200, body: payload, requestId })
 }
 
-/** The response body, with every read racing the attempt's abort signal (fetch implementations differ in how fast they honour it). */
+/**
+ * The response body, ended at once by the attempt's abort signal (fetch implementations differ in
+ * how fast they honour it): an abort cancels the reader, which settles a pending read at once
+ * (WHATWG streams), and the signal's reason is thrown. One listener per body, not one per read.
+ */
 async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<Uint8Array, void, undefined> {
   const reader = body.getReader()
-  const abort = new Promise<never>((_, reject) => {
-    if (signal.aborted) reject(signal.reason)
-    else signal.addEventListener('abort', () => reject(signal.reason), { once: true })
-  })
-  abort.catch(() => {})
+  const onAbort = (): void => { reader.cancel(signal.reason).catch(() => {}) }
+  if (signal.aborted) onAbort()
+  else signal.addEventListener('abort', onAbort, { once: true })
   let finished = false
   try {
     for (;;) {
-      const { done, value } = await Promise.race([reader.read(), abort])
+      const { done, value } = await reader.read()
+      if (signal.aborted) throw signal.reason
       if (done) { finished = true; return }
       yield value
     }
   } finally {
+    signal.removeEventListener('abort', onAbort)
     if (!finished) reader.cancel().catch(() => {})
   }
 }
 
 /** Splits `data` into chunk objects; a relay that joined several `data:` lines into one event gets one object per line. */
-function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined): unknown[] {
+function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined, onChunk: (obj: unknown) => void): void {
+  let obj: unknown
   try {
-    return [JSON.parse(data)]
+    obj = JSON.parse(data)
   } catch (error) {
     if (data.includes('\n')) {
-      try { return data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch { /* fall through */ }
+      let objs: unknown[] | undefined
+      try { objs = data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch { /* fall through */ }
+      if (objs) { for (const o of objs) onChunk(o); return }
     }
     throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: ${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
   }
+  onChunk(obj) // outside the try: what the assembler throws is not a JSON error
 }
 
 /**
@@ -4703,7 +4717,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
       const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
       if (cut) throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for stream: true).`, { status: response.status, requestId })
       if (text.trim() === '') throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model ${cfg.model}).`, { status: response.status, requestId })
-      acc.chunk(parseChunkData(cfg, text.trim(), requestId)[0], requestId, text)
+      parseChunkData(cfg, text.trim(), requestId, (obj) => acc.chunk(obj, requestId, text))
       return acc.finish(true, requestId)
     }
     if (!response.body) throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} without a body (model ${cfg.model}).`, { status: response.status, requestId })
@@ -4718,7 +4732,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
       if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
       progress()
       if (data === '[DONE]') { sawDone = true; return false }
-      for (const obj of parseChunkData(cfg, data, requestId)) acc.chunk(obj, requestId, data)
+      parseChunkData(cfg, data, requestId, (obj) => acc.chunk(obj, requestId, data))
     }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
     const type = response.headers.get('content-type')
     if (!sawData && bytes === 0 && type && !/event-stream/i.test(type)) {
@@ -5114,6 +5128,9 @@ export class Agent implements CompactionHost {
       }
       this.overflowRetries = 0
       this.streamRetries = 0
+      // The smallest request (tokens, by the meter) that overflowed and was recovered from in this
+      // turn: a later overflow at that size or above means recovery makes no progress.
+      let recoveredOverflowTokens: number | undefined
       for (;;) {
         if (signal.aborted) return await end('aborted')
         if (step >= this.maxSteps) return await end('max-steps')
@@ -5125,9 +5142,10 @@ export class Agent implements CompactionHost {
         const envelope = this.writeHeader()
         // Hooks may edit the request; they get copies, so the surface always matches the log.
         const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
+        const inputTokens = session.measure().totalTokens
         const request: ChatRequest = {
           system: envelope.system, tools: envelope.tools, messages: editable ? structuredClone(session.messages()) : session.messages(), maxTokens: this.maxTokens,
-          inputTokens: session.measure().totalTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
+          inputTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
         }
         await this.runHooks('agent/request', { ...ctx, request })
         await session.flush() // written, not fsynced: a crash mid-request still shows the step it was in
@@ -5146,9 +5164,14 @@ export class Agent implements CompactionHost {
           }
           session.append('request/error', { code: error.code, status: error.status, message: error.message, trigger: 'conversation' })
           const generationBefore = session.replaceGeneration
-          const retry = await this.unlessAborted(() => this.runHooks('agent/request-error', { ...ctx, error }), signal)
+          const noProgress = error.code === 'CONTEXT_WINDOW_EXCEEDED' && recoveredOverflowTokens !== undefined && inputTokens >= recoveredOverflowTokens
+          if (noProgress) {
+            this.warn(`context overflow again at ${inputTokens} tokens (dsh's estimate) after recovering from one at ${recoveredOverflowTokens} tokens in this turn: recovery makes no progress, so the turn stops. The provider counts more tokens than dsh estimates: lower the compaction threshold or the context window (CLI: --threshold, --context-window)`)
+          }
+          const retry = !noProgress && await this.unlessAborted(() => this.runHooks('agent/request-error', { ...ctx, error }), signal)
           if (signal.aborted) { session.append('step/end', { turn, step }); return await end('aborted') }
           if (retry && session.replaceGeneration > generationBefore) {
+            if (error.code === 'CONTEXT_WINDOW_EXCEEDED') recoveredOverflowTokens = Math.min(recoveredOverflowTokens ?? Infinity, inputTokens)
             this.overflowRetries++
             session.append('step/end', { turn, step })
             session.append('recovery/retry', { generationBefore, generationAfter: session.replaceGeneration })
@@ -7091,21 +7114,22 @@ export type ReplayRung = 'none' | 'prune' | 'compact' | 'failed' | (string & {})
 /**
  * One thing the replay did to the surface, read off the log. Token figures are dsh's heuristic (docs/design.md §2):
  * - `spill`: a tool result over the spill limit (UTF-8 `bytes`) replaced at write time by a preview;
- * - `prune`: the tool result (or oversized assistant/user message) at `seq` cut to head + tail (its price before → after);
- * - `clear`: the tool result at `seq` replaced by a one-line placeholder (no model call);
+ * - `prune` / `clear`: the surface node at `seq` (a tool result; `role` names an assistant or user
+ *   message) replaced by that rung — cut to head + tail, or a placeholder — priced before → after;
  * - `compaction`: `messages` surface messages (seqs `firstSeq`..`lastSeq`, priced `tokensBefore`)
  *   replaced by a checkpoint priced `tokensAfter`; `totalBefore`/`totalAfter` are the request totals;
  * - `compaction-failed`: a summary transaction that committed nothing, with its error;
- * - `rung`: any other ladder event (`compaction/<rung>`, e.g. `compaction/clear`): the event's
- *   `seq` and `data` as logged.
+ * - `rung`: any other ladder event (`compaction/<rung>`): its `seq` and `data` as logged, and, for a
+ *   rung that replaces one node (`shadowedSeqs: [seq]` then the replace), that node's price before → after.
+ * Any rung logged as `compaction/<rung> {shadowedSeqs: [seq], shadowedTokenCount}` followed by the
+ * replace of `seq` is paired the same way, whatever its name.
  */
 export type ReplayEvent =
   | { type: 'spill'; seq: number; bytes: number; tokensBefore: number; tokensAfter: number }
-  | { type: 'prune'; seq: number; tokensBefore: number; tokensAfter: number; role?: 'assistant' | 'user' }
-  | { type: 'clear'; seq: number; tokensBefore: number; tokensAfter: number }
+  | { type: 'prune' | 'clear'; seq: number; tokensBefore: number; tokensAfter: number; role?: 'assistant' | 'user' }
   | { type: 'compaction'; id: string; messages: number; firstSeq: number; lastSeq: number; tokensBefore: number; tokensAfter: number; totalBefore: number; totalAfter: number }
   | { type: 'compaction-failed'; id: string; error: string }
-  | { type: 'rung'; rung: string; seq: number; data: Record<string, unknown> }
+  | { type: 'rung'; rung: string; seq: number; data: Record<string, unknown>; tokensBefore?: number; tokensAfter?: number }
 
 /**
  * One row of a replay: a pressure check, at a turn start (`kind: 'turn-start'`, after the user input
@@ -7150,7 +7174,8 @@ export interface ReplayStep {
  *   `unmanagedStepsOverWindow`: steps whose unmanaged request would have been larger than the window.
  * - `summaryRequestsOverWindow`: summary requests larger than the summarizer's window (by §2).
  * - `resultsOverPruneThreshold`: tool results of the transcript over the prune threshold (code points).
- * - `rungs`: how many times each rung acted (rung name → events), e.g. `{prune: 4, compact: 1}`.
+ * - `rungs`: how many times each rung acted (rung name → events), e.g. `{prune: 4, compact: 1}`;
+ *   `rungReclaimedTokens`: tokens each rung that replaces single nodes took off (e.g. `{prune: 5454}`).
  * - `figures`: each extra figure totalled as it says (`sum` or `max`); present only when there are any.
  */
 export interface ReplayTotals {
@@ -7174,6 +7199,7 @@ export interface ReplayTotals {
   /** Ladder warnings (their texts are in {@link ReplayReport.warnings}). */
   ladderWarnings: number
   rungs: Record<string, number>
+  rungReclaimedTokens: Record<string, number>
   figures?: Record<string, number>
 }
 
@@ -7476,7 +7502,8 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   let steps = 0
   let turns = 0
   let answeredByLoop = 0
-  let pendingPrune: { seq: number; tokens: number } | undefined
+  // A rung that replaces one node logs `compaction/<rung> {shadowedSeqs: [seq], shadowedTokenCount}`, then the replace.
+  let pendingShadow: { rung: string; logSeq: number; seq: number; tokens: number; data: Record<string, unknown> } | undefined
   let pendingSummary: { id: string; seqs: number[]; tokens: number; checkpointTokens?: number } | undefined
   const openRow = (kind: ReplayStep['kind'], turnNumber: number) => {
     open = {
@@ -7490,7 +7517,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     if (!r || (r.kind === 'step' && !r.hasMessage)) return // a step the transcript does not record (the turn ended there)
     const afterTokens = session.measure().totalTokens
     const beforeTokens = r.beforeTokens ?? afterTokens
-    const prunes = r.events.filter((e) => e.type === 'prune') as Extract<ReplayEvent, { type: 'prune' }>[]
+    const prunes = r.events.filter((e): e is Extract<ReplayEvent, { type: 'prune' | 'clear' }> => e.type === 'prune')
     const row: ReplayStep = {
       kind: r.kind, step: r.step, turn: r.turn,
       ...(r.requestTokens !== undefined ? { requestTokens: r.requestTokens } : {}),
@@ -7515,6 +7542,20 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
       const rung = rungOfEvent(e.type)
       if (e.type.startsWith('compaction/') && open && open.beforeTokens === undefined) open.beforeTokens = session.measure().totalTokens
       if (rung && open) open.rung = rung
+      const op = d?.surfaceOp
+      if (op?.op === 'replace' && pendingShadow && op.start === pendingShadow.seq && op.end === pendingShadow.seq && open) {
+        const p = pendingShadow
+        const role = (d.message as Message).role
+        const priced = { seq: p.seq, tokensBefore: p.tokens, tokensAfter: estimateMessageTokens(d.message) }
+        open.events.push(p.rung === 'prune' || p.rung === 'clear' ? { type: p.rung, ...priced, ...(role === 'tool' ? {} : { role }) }
+          : { type: 'rung', rung: p.rung, ...priced, seq: p.logSeq, data: p.data })
+        pendingShadow = undefined
+      }
+      if (rung && rung !== 'compact') {
+        if (Array.isArray(d?.shadowedSeqs) && d.shadowedSeqs.length === 1 && typeof d.shadowedTokenCount === 'number') {
+          pendingShadow = { rung, logSeq: e.seq, seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount, data: d }
+        } else if (open) open.events.push({ type: 'rung', rung, seq: e.seq, data: d })
+      }
       switch (e.type) {
         case 'turn/start': closeRow(); turns = d.turn; openRow('turn-start', d.turn); break
         case 'step/start': closeRow(); openRow('step', turns); break
@@ -7522,10 +7563,8 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
         case 'user/message':
           if (appended) unmanaged += estimateMessageTokens(d.message)
           else if (pendingSummary && d.compactionId === pendingSummary.id) pendingSummary.checkpointTokens = estimateMessageTokens(d.message)
-          else if (pendingPrune && open) { open.events.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message), role: 'user' }); pendingPrune = undefined }
           break
         case 'assistant/message': {
-          if (!appended && pendingPrune && open) { open.events.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message), role: 'assistant' }); pendingPrune = undefined }
           if (!appended || !open || !current) break
           open.hasMessage = true
           open.step = ++steps
@@ -7546,13 +7585,9 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
             if (!answered.has(d.message.toolCallId)) answeredByLoop++
             unmanaged += estimateMessageTokens(original)
             if (d.spilled && open) open.events.push({ type: 'spill', seq: e.seq, bytes: d.spilled.bytes, tokensBefore: estimateMessageTokens(original), tokensAfter: estimateMessageTokens(d.message) })
-          } else if (pendingPrune && open) {
-            open.events.push({ type: 'prune', seq: pendingPrune.seq, tokensBefore: pendingPrune.tokens, tokensAfter: estimateMessageTokens(d.message) })
-            pendingPrune = undefined
           }
           break
         }
-        case 'compaction/prune': pendingPrune = { seq: d.shadowedSeqs[0], tokens: d.shadowedTokenCount }; break
         case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
         case 'compaction/warning': if (open) open.ladderWarned = true; break
         case 'compaction/end':
@@ -7567,8 +7602,6 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
           }
           pendingSummary = undefined
           break
-        default:
-          if (rung && open) open.events.push({ type: 'rung', rung, seq: e.seq, data: d })
       }
     }
     if (open) figures.forEach((f, k) => { open!.figures[k] = f.add(ae, open!.figures[k], open!.context) })
@@ -7599,9 +7632,14 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   const recordedPeak = stepRows.reduce((p, r) => Math.max(p, r.recordedPromptTokens ?? -1), -1)
   const all = rows.flatMap((r) => r.events)
   const rungs: Record<string, number> = {}
+  const rungReclaimedTokens: Record<string, number> = {}
   for (const e of all) {
-    const name = e.type === 'prune' ? 'prune' : e.type === 'compaction' ? 'compact' : e.type === 'rung' ? e.rung : undefined
-    if (name) rungs[name] = (rungs[name] ?? 0) + 1
+    const name = e.type === 'prune' || e.type === 'clear' ? e.type : e.type === 'compaction' ? 'compact' : e.type === 'rung' ? e.rung : undefined
+    if (!name) continue
+    rungs[name] = (rungs[name] ?? 0) + 1
+    const before = 'tokensBefore' in e ? e.tokensBefore : undefined
+    const after = 'tokensAfter' in e ? e.tokensAfter : undefined
+    if (name !== 'compact' && before !== undefined && after !== undefined) rungReclaimedTokens[name] = (rungReclaimedTokens[name] ?? 0) + before - after
   }
   const pruneThreshold = pruneConfig.thresholdChars
   const totals: ReplayTotals = {
@@ -7624,6 +7662,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     resultsOverPruneThreshold: transcript.messages.filter((m) => m.role === 'tool' && resultCodePoints(m, pruneThreshold) > pruneThreshold).length,
     ladderWarnings: warnings.length,
     rungs,
+    rungReclaimedTokens,
     ...(figures.length > 0 ? {
       figures: Object.fromEntries(figures.map((f) => {
         const values = rows.map((r) => r.figures![f.name])
@@ -7664,11 +7703,10 @@ function describeRungData(data: Record<string, unknown>): string {
 function describeReplayEvent(e: ReplayEvent): string {
   switch (e.type) {
     case 'spill': return `spill    tool result seq ${e.seq}: ${groupDigits(e.bytes)} bytes stored aside, ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
-    case 'prune': return `prune    ${e.role ? `${e.role} message` : 'tool result'} seq ${e.seq}: ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
-    case 'clear': return `clear    tool result seq ${e.seq}: ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens (placeholder; recallable)`
+    case 'prune': case 'clear': return `${e.type.padEnd(8)} ${e.role ? `${e.role} message` : 'tool result'} seq ${e.seq}: ${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens`
     case 'compaction': return `compact  ${e.id}: ${e.messages} messages (seq ${e.firstSeq}..${e.lastSeq}) ${groupDigits(e.tokensBefore)} → checkpoint ${groupDigits(e.tokensAfter)} tokens; total ${groupDigits(e.totalBefore)} → ${groupDigits(e.totalAfter)}`
     case 'compaction-failed': return `failed   ${e.id}: ${e.error}`
-    case 'rung': return `${e.rung.padEnd(8)} seq ${e.seq}: ${describeRungData(e.data)}`
+    case 'rung': return `${e.rung.padEnd(8)} seq ${e.seq}: ${e.tokensBefore !== undefined && e.tokensAfter !== undefined ? `${groupDigits(e.tokensBefore)} → ${groupDigits(e.tokensAfter)} tokens; ` : ''}${describeRungData(e.data)}`
   }
 }
 
@@ -7744,7 +7782,10 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     ['spills', String(t.spills)],
     ['compactions', `${t.compactions}${t.failedCompactions ? ` (+${t.failedCompactions} failed)` : ''}, ${t.summaryCalls} summary call(s)`],
   ]
-  for (const [rung, count] of Object.entries(t.rungs ?? {})) if (rung !== 'prune' && rung !== 'compact') totals.push([`rung ${rung}`, String(count)])
+  for (const [rung, count] of Object.entries(t.rungs ?? {})) {
+    const reclaimed = t.rungReclaimedTokens?.[rung]
+    if (rung !== 'prune' && rung !== 'compact') totals.push([`rung ${rung}`, `${count}${reclaimed === undefined ? '' : ` (${groupDigits(reclaimed)} tokens reclaimed)`}`])
+  }
   totals.push(
     ['requests over the window, dsh', String(t.requestsOverWindow)],
     ['steps over the window, unmanaged', `${t.unmanagedStepsOverWindow} (unmanaged peak ${groupDigits(t.peakUnmanagedTokens)} tokens, ${pct(t.peakUnmanagedTokens)})`],
@@ -7791,14 +7832,14 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
 
 /** DeepSeek defaults of the CLI (docs/design.md §6). */
 export const CLI_DEFAULTS = /* @__PURE__ */ Object.freeze({
-  baseURL: 'https://api.deepseek.com',
-  model: 'deepseek-v4-flash',
+  baseURL: DEEPSEEK_BASE_URL,
+  model: DEEPSEEK_DEFAULT_MODEL,
   /** Environment variable read for the key when neither `--api-key-env` nor a non-DeepSeek base URL is given. */
-  apiKeyEnv: 'DEEPSEEK_API_KEY',
-  /** Compaction threshold as a ratio of the context window (docs/design.md §5). */
-  threshold: 0.8,
-  /** replay: size of a simulated summary, in tokens. */
-  summaryTokens: 2_000,
+  apiKeyEnv: DEEPSEEK_API_KEY_ENV,
+  /** Compaction threshold as a ratio of the context window (docs/design.md §5); the ladder's own default. */
+  get threshold(): number { return DEFAULT_COMPACTION_CONFIG.thresholdRatio },
+  /** replay: size of a simulated summary, in tokens; the replay runner's own default. */
+  get summaryTokens(): number { return DEFAULT_REPLAY_SUMMARY_TOKENS },
 })
 
 /** Transcript formats `replay --format` accepts (docs/replay.md). `auto` detects. */
@@ -7816,7 +7857,7 @@ export class UsageError extends Error {
 
 /** Where to send model calls, resolved from flags, environment and {@link CLI_DEFAULTS}. */
 export interface CliModelOptions {
-  /** Model name: `--model`, else `$DSH_MODEL`, else `deepseek-v4-flash`. */
+  /** Model name: `--model`, else `$DSH_MODEL`, else {@link DEEPSEEK_DEFAULT_MODEL}. */
   model: string
   /** Base URL without a trailing slash: `--base-url`, else `$DSH_BASE_URL`, else `https://api.deepseek.com`. */
   baseURL: string
@@ -7841,10 +7882,14 @@ export interface CliRunOptions extends CliModelOptions {
   session?: string
   /** `--threshold R`: compaction threshold, a ratio of the window in (0, 1]. Default 0.8. */
   threshold: number
-  /** `--json`: every event as one JSON line on stdout. */
+  /** `false` with `--no-clear` (absent otherwise): the ladder never clears old tool results (prune, then summarise; docs/design.md §10). */
+  clear?: false
+  /** `--json`: every log event as one JSON line on stdout (the session log's lines; stream deltas are not log events). */
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
+  /** False with `--no-project-instructions`: AGENTS.md / CLAUDE.md of the working directory stay out of the system prompt. */
+  projectInstructions: boolean
   /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
   shellEnv?: string[]
   /** `--no-shell`: never offer the shell tool and do not ask (wins over a remembered answer). */
@@ -7864,6 +7909,8 @@ export interface CliReplayOptions {
   contextWindow?: number
   /** `--threshold R` in (0, 1]. Default 0.8. */
   threshold: number
+  /** `false` with `--no-clear` (absent otherwise): replay the ladder without the clear rung. */
+  clear?: false
   /** `--json`: machine-readable output. */
   json: boolean
   /** `--summary-tokens N`: size of a simulated summary in tokens. Default 2,000. */
@@ -7880,7 +7927,7 @@ export interface CliReplayOptions {
 }
 
 /** What {@link parseCliArgs} returns. */
-export type CliOptions = { command: 'help' } | { command: 'version' } | CliRunOptions | CliReplayOptions
+export type CliOptions = { command: 'help' } | { command: 'version' } | CliRunOptions | CliReplayOptions | CliShowOptions
 
 /** Flags: the value name (undefined = a switch) and the commands that accept it. */
 const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('run' | 'replay')[] }>> = {
@@ -7894,8 +7941,10 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--threshold': { value: 'R', commands: ['run', 'replay'] },
   '--json': { commands: ['run', 'replay'] },
   '--allow-shell': { commands: ['run'] },
+  '--no-project-instructions': { commands: ['run'] },
   '--shell-env': { value: 'NAME', commands: ['run'] },
   '--no-shell': { commands: ['run'] },
+  '--no-clear': { commands: ['run', 'replay'] },
   '--max-steps': { value: 'N', commands: ['run'] },
   '--cwd': { value: 'DIR', commands: ['run', 'replay'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
@@ -7915,6 +7964,9 @@ Usage
   npx tsx dsh.ts "PROMPT"              run one prompt, print the answer, exit
   npx tsx dsh.ts -p "PROMPT"           the same (--print)
   npx tsx dsh.ts replay FILE [...]     replay a recorded session offline (see below)
+  npx tsx dsh.ts show FILE [--checkpoints]
+                                       print a session log as a transcript, every prune, clear
+                                       and compaction marked; --checkpoints: each in full
 
 Options
   -p, --print PROMPT     run PROMPT once; the answer goes to stdout
@@ -7925,7 +7977,7 @@ Options
                          ${CLI_DEFAULTS.apiKeyEnv}, which is only sent to api.deepseek.com;
                          a server that needs no key, e.g. a local one, needs no flag)
   --context-window N     context window in tokens; required for models dsh does not know
-                         (it knows deepseek-v4-flash and deepseek-v4-pro: 1,048,576)
+                         (it knows deepseek-flash and deepseek-v4-pro: 1,048,576)
   --max-tokens N         completion budget per model call, in tokens (default: the provider's;
                          always clamped to the room left in the window)
   --session FILE         keep the session in FILE (JSONL); resumes it when FILE exists
@@ -7939,6 +7991,11 @@ Options
   --no-shell             never offer shell commands, and do not ask (interactive mode asks once
                          per directory and remembers the answer in $XDG_CONFIG_HOME/dsh/shell.json,
                          else ~/.config/dsh/shell.json)
+  --no-project-instructions
+                         leave AGENTS.md (else CLAUDE.md) of the working directory out of
+                         the system prompt (by default it is in every request)
+  --no-clear             never replace old tool results by recallable placeholders (the clear
+                         rung): prune, then summarise
   --shell-env NAME       give shell commands this variable although its name looks secret
                          (KEY, TOKEN, SECRET, PASSWORD); repeatable. The API key never is.
   -h, --help             show this help
@@ -7946,8 +8003,8 @@ Options
 
 The model gets these tools: read_file, list_files, grep, write_file, edit_file (their paths are
 limited to the working directory) and, with --allow-shell or an interactive yes, shell (which is
-not: a command can reach anything you can). Interactive commands: /compact, /usage, /help, /exit;
-Ctrl-C cancels the running turn, a second Ctrl-C exits.
+not: a command can reach anything you can). Interactive commands: /compact [FOCUS], /context,
+/pin, /unpin, /usage, /help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
 
 Status lines (stderr)
   ▸ read_file src/a.ts (2,340 tokens)    a tool ran; its result takes 2,340 tokens of context
@@ -8068,7 +8125,7 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
  * `argv` is the arguments after the script (`process.argv.slice(2)`); `env` is the environment
  * (`DEEPSEEK_API_KEY`, `DSH_BASE_URL`, `DSH_MODEL`, and the variable named by `--api-key-env`;
  * empty values count as unset). Long flags take their value as the next argument or after `=`
- * (`--model=x`); `--` ends the flags. The first argument `replay` selects the replay command.
+ * (`--model=x`); `--` ends the flags. The first argument `replay` (after a leading `-C DIR`) selects the replay command.
  * A flag given twice keeps the last value. `--help`/`-h` and `--version` win over everything else,
  * so they work without any configuration.
  *
@@ -8085,11 +8142,16 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   const flagPart = endOfFlags === -1 ? argv : argv.slice(0, endOfFlags)
   if (flagPart.some((arg) => arg === '--help' || arg === '-h')) return { command: 'help' }
   if (flagPart.includes('--version')) return { command: 'version' }
+  if (argv[0] === 'show') return parseShowArgs(argv.slice(1))
 
-  const command = argv[0] === 'replay' ? 'replay' : 'run'
+  // `replay` is the first argument, or follows a leading `-C DIR` (as in `git -C DIR cmd`).
+  let lead = 0
+  while (lead < argv.length && (argv[lead] === '-C' || argv[lead] === '--cwd' || argv[lead].startsWith('--cwd='))) lead += argv[lead].startsWith('--cwd=') ? 1 : 2
+  const command = argv[lead] === 'replay' ? 'replay' : 'run'
   const flags = new Map<string, string>()
   const positionals: string[] = []
-  for (let i = command === 'replay' ? 1 : 0; i < argv.length; i++) {
+  for (let i = 0; i < argv.length; i++) {
+    if (command === 'replay' && i === lead) continue
     const arg = argv[i]
     if (arg === '--') { positionals.push(...argv.slice(i + 1)); break }
     if (!arg.startsWith('-') || arg === '-') { positionals.push(arg); continue }
@@ -8137,7 +8199,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (!cliReplayFormats().includes(format)) throw new UsageError(`--format must be one of ${cliReplayFormats().join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
-      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(cwd !== undefined ? { cwd } : {}),
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(flags.has('--no-clear') ? { clear: false as const } : {}), ...(cwd !== undefined ? { cwd } : {}),
       ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
     }
   }
@@ -8169,6 +8231,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     command, ...model, prompt, print: printed !== undefined,
     contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
     ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}),
+    projectInstructions: !flags.has('--no-project-instructions'), ...(flags.has('--no-clear') ? { clear: false as const } : {}),
   }
 }
 
@@ -8185,7 +8248,7 @@ export interface CliIO {
  *   error), or `{options}` for the run or replay command to carry out.
  * @throws only what is not a UsageError (a bug).
  */
-export function runCliBasics(argv: readonly string[], env: Record<string, string | undefined>, io: CliIO): { exitCode: number } | { options: CliRunOptions | CliReplayOptions } {
+export function runCliBasics(argv: readonly string[], env: Record<string, string | undefined>, io: CliIO): { exitCode: number } | { options: CliRunOptions | CliReplayOptions | CliShowOptions } {
   let options: CliOptions
   try { options = parseCliArgs(argv, env) } catch (error) {
     if (!(error instanceof UsageError)) throw error
@@ -8625,6 +8688,13 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     }
   }
   if (options.command === 'replay') return await replayCommand({ ...options, file: path.resolve(cwd, options.file) }, p, io, options.file)
+  if (options.command === 'show') return await showCommand({ ...options, file: path.resolve(cwd, options.file) }, io, options.file)
+  let instructions: ProjectInstructions | undefined
+  try { instructions = options.projectInstructions ? await readProjectInstructions(cwd) : undefined } catch (err) {
+    if (err instanceof UsageError) { io.stderr(`dsh: ${err.message}\n`); return err.exitCode }
+    throw err
+  }
+  if (instructions) io.stderr(`[dsh] project instructions: ${instructions.file} (${groupDigits(instructions.bytes)} bytes) is in the system prompt of every request; --no-project-instructions leaves it out\n`)
 
   const provider = options.baseURL === CLI_DEFAULTS.baseURL
     ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
@@ -8648,7 +8718,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     if (resumed) io.stderr(resumed + '\n')
   }
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
-  const terminal = interactive ? await openTerminal(p) : undefined
+  const terminal = interactive ? await openTerminal(p, io) : undefined
   const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
   const tools = await builtinTools({
     cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
@@ -8667,8 +8737,8 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     status(e)
   }
   agent = new Agent({
-    session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), contextWindow: options.contextWindow,
-    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent, maxSteps: options.maxSteps,
+    session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions: instructions?.text, contextWindow: options.contextWindow,
+    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold, ...(options.clear === false ? { clear: false } : {}) }, onEvent, maxSteps: options.maxSteps,
   })
 
   let prompt = options.prompt
@@ -8685,7 +8755,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   }
 }
 
-/** Why a turn gave no usable answer, in one line, or `undefined` when it did (DESIGN.md §8 exit codes). */
+/** Why a turn gave no usable answer, in one line, or `undefined` when it did (docs/design.md §8 exit codes). */
 function turnProblem(agent: Agent, result: TurnResult): string | undefined {
   if (result.reason === 'max-steps') return `the turn stopped at the step limit (${agent.maxSteps} steps, --max-steps) without a final answer; raise --max-steps, or continue with --session FILE`
   if (result.reason === 'length') return `the answer was cut at the completion budget (finish reason "length"); raise --max-tokens`
@@ -8735,40 +8805,83 @@ async function readAll(stream: any): Promise<string> {
 
 interface Terminal {
   rl: import('node:readline').Interface
-  /** Every input line, buffered from the start (lines typed ahead are kept). */
+  /** Every input, buffered from the start (inputs typed ahead are kept): one line, or a pasted
+   *  block (bracketed paste) or `\`-continued lines joined with `\n`. */
   lines: AsyncIterator<string>
   /** Shows the prompt, unless the input has ended: `rl.prompt()` resumes a closed input, which keeps the process alive. */
   prompt(): void
   askYesNo(question: string): Promise<boolean>
+  /** Ends bracketed paste mode and closes the input. */
+  close(): void
 }
 
-async function openTerminal(p: NodeProcess): Promise<Terminal> {
+/** Terminal modes (xterm, and every terminal that supports them): a paste arrives between
+ *  `ESC [200~` and `ESC [201~`, which Node's readline reports as `paste-start` / `paste-end` keys. */
+const BRACKETED_PASTE_ON = '\x1b[?2004h'
+const BRACKETED_PASTE_OFF = '\x1b[?2004l'
+const PROMPT = '› '
+const CONTINUATION_PROMPT = '… '
+
+/**
+ * The interactive input: readline on the TTY, with bracketed paste switched on, so that a pasted
+ * multi-line block is one input (its lines are held until Enter after the paste), and a line
+ * ending in a single `\` continues on the next line (the `\` is dropped).
+ */
+async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
   const readline = await importNode<typeof import('node:readline')>('node:readline')
-  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: '› ' })
-  const lines = rl[Symbol.asyncIterator]()
+  const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: PROMPT })
+  io.stderrRaw(BRACKETED_PASTE_ON)
+  const queue: string[] = []
+  const waiting: ((r: IteratorResult<string>) => void)[] = []
   let closed = false
-  rl.once('close', () => { closed = true })
+  let pasting = false
+  let held: string[] = []
+  const deliver = (input: string) => { const w = waiting.shift(); if (w) w({ value: input, done: false }); else queue.push(input) }
+  p.stdin.on('keypress', (_s: unknown, key: { name?: string } | undefined) => {
+    if (key?.name === 'paste-start') pasting = true
+    else if (key?.name === 'paste-end') pasting = false
+  })
+  rl.on('line', (line: string) => {
+    if (pasting) { held.push(line); return }
+    if (/(?<!\\)\\$/.test(line)) { held.push(line.slice(0, -1)); rl.setPrompt(CONTINUATION_PROMPT); if (!closed) rl.prompt(); return }
+    const input = [...held, line].join('\n')
+    held = []
+    rl.setPrompt(PROMPT)
+    deliver(input)
+  })
+  rl.once('close', () => {
+    closed = true
+    io.stderrRaw(BRACKETED_PASTE_OFF)
+    if (held.length) { deliver(held.join('\n')); held = [] }
+    for (const w of waiting.splice(0)) w({ value: undefined, done: true })
+  })
+  const lines: AsyncIterator<string> = {
+    next: () => queue.length ? Promise.resolve({ value: queue.shift()!, done: false })
+      : closed ? Promise.resolve({ value: undefined, done: true })
+      : new Promise((resolve) => waiting.push(resolve)),
+  }
   const prompt = () => { if (!closed) rl.prompt() }
   return {
     rl, lines, prompt,
     async askYesNo(question) {
       rl.setPrompt(question); prompt()
       const answer = await lines.next()
-      rl.setPrompt('› ')
+      rl.setPrompt(PROMPT)
       return !answer.done && /^y(es)?$/i.test(answer.value.trim())
     },
+    close: () => rl.close(),
   }
 }
 
-const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact (compact now), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
+const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact [FOCUS] (compact now), /context (what the next request holds, the newest checkpoint), /pin (pin your last input), /unpin, /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
 
 /** `/compact`: runs the ladder now; one line says what happened (or that it was cancelled). */
-async function compactCommand(agent: Agent, signal: AbortSignal): Promise<string> {
+async function compactCommand(agent: Agent, signal: AbortSignal, focus?: string): Promise<string> {
   try {
-    const o = await agent.compact(signal)
+    const o = await agent.compactNow({ signal, focus })
     if (signal.aborted) return '[dsh] /compact cancelled; the context is unchanged'
     const tokens = o.tokensBefore === o.tokensAfter ? `${groupDigits(o.tokensAfter)} tokens` : `${groupDigits(o.tokensBefore)} → ${groupDigits(o.tokensAfter)} tokens`
-    return `[dsh] /compact: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${tokens}`
+    return `[dsh] /compact${focus ? ` (focus: ${focus})` : ''}: ${o.action}${o.reason ? ` (${o.reason})` : ''}; ${tokens}`
   } catch (err) {
     if (signal.aborted) return '[dsh] /compact cancelled; the context is unchanged'
     return `[dsh] /compact failed: ${failureText(err)}`
@@ -8793,9 +8906,9 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     if (line === '/exit' || line === '/quit') break
     if (line === '/help') io.stderr(INTERACTIVE_HELP)
     else if (line === '/usage') io.stderr(await usageReport(agent))
-    else if (line === '/compact') {
+    else if (isFidelityCommand(line)) {
       running = new AbortController()
-      io.stderr(await compactCommand(agent, running.signal) + '\n')
+      io.stderr(await fidelityCommand(agent, line, running.signal))
     } else if (line.startsWith('/')) io.stderr(`unknown command ${line}; ${INTERACTIVE_HELP}`)
     else {
       running = new AbortController()
@@ -8819,6 +8932,297 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
   return exitCode
 }
 
+// ── 10.x Fidelity views: project instructions, /pin, /compact FOCUS, /context, `dsh show` (docs/design.md §12) ──
+
+/** Files the CLI reads project instructions from, in order: the first that exists in the working directory wins. */
+export const PROJECT_INSTRUCTION_FILES: readonly string[] = ['AGENTS.md', 'CLAUDE.md']
+/** Largest project-instructions file the CLI accepts, in UTF-8 bytes (64 KiB ≈ 16,000 tokens, all of it in every request). */
+export const PROJECT_INSTRUCTIONS_MAX_BYTES = 64 * 1024
+
+/** Project instructions read by {@link readProjectInstructions}: the file name, its size in bytes, and the text for the envelope. */
+export interface ProjectInstructions { file: string; bytes: number; text: string }
+
+/**
+ * Reads `AGENTS.md`, else `CLAUDE.md`, from `cwd` (node:fs) and frames it for the system prompt
+ * (the envelope, which compaction never touches). Undefined when neither exists (or is not a
+ * file). Throws {@link UsageError} for a file it cannot read or one over
+ * {@link PROJECT_INSTRUCTIONS_MAX_BYTES}, naming the fix.
+ */
+export async function readProjectInstructions(cwd: string): Promise<ProjectInstructions | undefined> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  for (const file of PROJECT_INSTRUCTION_FILES) {
+    const path = `${cwd.replace(/[\\/]+$/, '')}/${file}`
+    let bytes: Uint8Array
+    try {
+      const stat = await fs.stat(path)
+      if (!stat.isFile()) continue
+      if (stat.size > PROJECT_INSTRUCTIONS_MAX_BYTES) throw new UsageError(`${file} is ${groupDigits(stat.size)} bytes, over the ${groupDigits(PROJECT_INSTRUCTIONS_MAX_BYTES)}-byte limit for project instructions (they go into every request); shorten it or pass --no-project-instructions`)
+      bytes = await fs.readFile(path)
+    } catch (err: any) {
+      if (err instanceof UsageError) throw err
+      if (err?.code === 'ENOENT' || err?.code === 'ENOTDIR') continue
+      throw new UsageError(`cannot read ${file} in ${cwd}: ${err?.message ?? err}; fix its permissions or pass --no-project-instructions`)
+    }
+    const body = new TextDecoder().decode(bytes).trim()
+    if (body === '') continue
+    return { file, bytes: bytes.length, text: `Project instructions from ${file} in the working directory; follow them throughout the session:\n\n${body}` }
+  }
+  return undefined
+}
+
+/** The seq of the user's last input still on the surface (not a checkpoint), if any: what `/pin` pins. */
+function lastInputSeq(session: Session): number | undefined {
+  const nodes = session.surface()
+  for (let i = nodes.length - 1; i >= 0; i--) if (nodes[i].message.role === 'user' && !isCheckpoint(nodes[i])) return nodes[i].seq
+  return undefined
+}
+
+/** Token and message counts of one part of a request. */
+export interface ContextPart { tokens: number; messages: number }
+
+/**
+ * What the next request holds, by the §2 estimate, in tokens (the CLI's `/context`): the envelope,
+ * pinned messages, checkpoints, other messages and tool results (with how many are pruned or
+ * cleared placeholders), and the originals kept out of it (pruned, cleared, summarised), read from
+ * the log; plus the newest checkpoint with its fidelity figures.
+ */
+export interface ContextBreakdown {
+  /** The measured total (anchored on provider usage when `anchored`), tokens. */
+  totalTokens: number
+  anchored: boolean
+  contextWindow?: number
+  envelopeTokens: number
+  pinned: ContextPart
+  checkpoints: ContextPart
+  messages: ContextPart
+  toolResults: ContextPart & { pruned: number; cleared: number }
+  /** Originals out of the request, kept in the log: pruned and cleared tool results, messages folded into checkpoints (tokens = their price when they were shadowed). */
+  shadowed: { pruned: ContextPart; cleared: ContextPart; summarised: ContextPart & { compactions: number } }
+  newestCheckpoint?: { seq: number; tokens: number; text: string; fidelity?: Fidelity }
+}
+
+/** Computes the {@link ContextBreakdown} of `session` (reads the log back: O(log) — a command, not a hot path). */
+export async function contextBreakdown(session: Session, contextWindow?: number): Promise<ContextBreakdown> {
+  const m = session.measure()
+  const part = (): ContextPart => ({ tokens: 0, messages: 0 })
+  const out: ContextBreakdown = {
+    totalTokens: m.totalTokens, anchored: m.anchored, contextWindow, envelopeTokens: m.envelopeTokens,
+    pinned: part(), checkpoints: part(), messages: part(), toolResults: { ...part(), pruned: 0, cleared: 0 },
+    shadowed: { pruned: part(), cleared: part(), summarised: { ...part(), compactions: 0 } },
+  }
+  const add = (p: ContextPart, tokens: number) => { p.tokens += tokens; p.messages++ }
+  for (const n of session.surface()) {
+    if (session.isPinned(n.seq)) add(out.pinned, n.tokens)
+    else if (isCheckpoint(n)) { add(out.checkpoints, n.tokens); out.newestCheckpoint = { seq: n.seq, tokens: n.tokens, text: messageText(n.message) } }
+    else if (n.message.role === 'tool') {
+      add(out.toolResults, n.tokens)
+      const op = ((await session.readEvent(n.seq)).data as any).surfaceOp as SurfaceOp
+      if (op.op === 'replace' && n.seq > 0) {
+        const before = (await session.readEvent(n.seq - 1)).type
+        if (before === 'compaction/prune') out.toolResults.pruned++
+        else if (before === 'compaction/clear') out.toolResults.cleared++
+      }
+    } else add(out.messages, n.tokens)
+  }
+  for await (const e of session.readEvents()) {
+    const d = e.data as any
+    if (e.type === 'compaction/prune') { out.shadowed.pruned.tokens += d.shadowedTokenCount; out.shadowed.pruned.messages += d.shadowedSeqs.length }
+    else if (e.type === 'compaction/clear') { out.shadowed.cleared.tokens += d.shadowedTokenCount; out.shadowed.cleared.messages += d.shadowedSeqs.length }
+    else if (e.type === 'compaction/summary') {
+      const s = out.shadowed.summarised
+      s.tokens += d.shadowedTokenCount; s.messages += d.shadowedSeqs.length; s.compactions++
+      if (out.newestCheckpoint && e.seq === out.newestCheckpoint.seq - 1) out.newestCheckpoint.fidelity = d.fidelity
+    }
+  }
+  return out
+}
+
+/** "kept/total" per kind, for the checkpoint and for the model's summary alone. */
+function fidelityText(f: Fidelity): string {
+  const kinds: Array<[keyof Fidelity, string]> = [['paths', 'paths'], ['commands', 'commands'], ['errors', 'error lines'], ['userMessages', 'user messages']]
+  return `verbatim in it: ${kinds.map(([k, name]) => `${name} ${f[k].inCheckpoint}/${f[k].total}`).join(', ')} (in the model's summary alone: ${kinds.map(([k]) => `${f[k].inSummary}/${f[k].total}`).join(', ')})`
+}
+
+/** The `/context` report: the breakdown of the next request, then the newest checkpoint in full. */
+export function formatContext(b: ContextBreakdown, options: { recall?: boolean } = {}): string {
+  const w = b.contextWindow
+  const row = (name: string, tokens: number, what: string) => `  ${name.padEnd(14)}${groupDigits(tokens).padStart(9)} tokens  ${what}`
+  const n = (k: number, word: string) => `${groupDigits(k)} ${word}${k === 1 ? '' : 's'}`
+  const t = b.toolResults
+  const lines = [
+    `next request: ${groupDigits(b.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((b.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}, ${b.anchored ? 'anchored on provider usage' : 'heuristic estimate'}`,
+    row('envelope', b.envelopeTokens, 'system prompt (with project instructions, if any) and tool specs'),
+    row('pinned', b.pinned.tokens, n(b.pinned.messages, 'message')),
+    row('checkpoints', b.checkpoints.tokens, n(b.checkpoints.messages, 'checkpoint')),
+    row('messages', b.messages.tokens, n(b.messages.messages, 'message')),
+    row('tool results', t.tokens, `${n(t.messages, 'result')}${t.pruned || t.cleared ? ` (${t.pruned} pruned, ${t.cleared} cleared)` : ''}`),
+    `originals kept in the log, out of the request${options.recall ? ' (the recall tool returns them)' : ''}:`,
+    row('pruned', b.shadowed.pruned.tokens, n(b.shadowed.pruned.messages, 'tool result')),
+    row('cleared', b.shadowed.cleared.tokens, n(b.shadowed.cleared.messages, 'tool result')),
+    row('summarised', b.shadowed.summarised.tokens, `${n(b.shadowed.summarised.messages, 'message')} in ${n(b.shadowed.summarised.compactions, 'compaction')}`),
+  ]
+  const c = b.newestCheckpoint
+  if (!c) lines.push('no checkpoint yet')
+  else lines.push(`newest checkpoint: seq ${c.seq}, ${groupDigits(c.tokens)} tokens${c.fidelity ? `; ${fidelityText(c.fidelity)}` : ''}`, c.text)
+  return lines.join('\n') + '\n'
+}
+
+/** True for the interactive commands of this section: `/pin`, `/unpin`, `/context`, `/compact [FOCUS]`. */
+export function isFidelityCommand(line: string): boolean { return /^\/(pin|unpin|context|compact)(\s|$)/.test(line) }
+
+/**
+ * Runs `/pin` (pins the last input), `/unpin` (removes the newest pin), `/context`, or
+ * `/compact [FOCUS]` (compacts now, FOCUS into the summary instruction) on `agent`; returns what to print.
+ */
+export async function fidelityCommand(agent: Agent, line: string, signal?: AbortSignal): Promise<string> {
+  const command = line.trim().split(/\s+/)[0]
+  const session = agent.session
+  if (command === '/pin') {
+    const seq = lastInputSeq(session)
+    if (seq === undefined) return '[dsh] /pin: nothing to pin yet: type an input first; /pin pins the last one\n'
+    if (session.isPinned(seq)) return `[dsh] /pin: your last input (seq ${seq}) is already pinned\n`
+    try { agent.pin(seq) } catch (err) { return `[dsh] /pin: ${(err as Error).message}\n` }
+    return `[dsh] pinned your last input (seq ${seq}, ${groupDigits(session.node(seq)!.tokens)} tokens): it is never pruned, cleared or summarised; pinned messages hold ${groupDigits(session.pinnedTokens())} tokens\n`
+  }
+  if (command === '/unpin') {
+    const seq = session.pinnedSeqs().at(-1)
+    if (seq === undefined) return '[dsh] /unpin: nothing is pinned\n'
+    session.unpin(seq)
+    return `[dsh] unpinned seq ${seq}; ${session.pinnedSeqs().length} pinned message(s) left\n`
+  }
+  if (command === '/context') return formatContext(await contextBreakdown(session, agent.contextWindow), { recall: agent.tools.some((t) => t.name === 'recall') })
+  return await compactCommand(agent, signal ?? new AbortController().signal, line.trim().slice(command.length).trim() || undefined) + '\n'
+}
+
+/** `dsh show FILE`: print a session log as a readable transcript. */
+export interface CliShowOptions {
+  command: 'show'
+  /** The session log (path as given). */
+  file: string
+  /** `--checkpoints`: print every checkpoint in full. */
+  checkpoints: boolean
+  /** `-C DIR` / `--cwd DIR`: resolve FILE from DIR. */
+  cwd?: string
+}
+
+/** One line of text for a transcript: newlines shown as `⏎`, cut to `max` code points with `…`. */
+function oneLine(text: string, max = 120): string {
+  const flat = text.replace(/\r\n|\r|\n/g, ' ⏎ ')
+  const end = indexAfterCodePoints(flat, max)
+  return end < flat.length ? flat.slice(0, end) + '…' : flat
+}
+
+/**
+ * A session log as a readable transcript (`dsh show`): turns, user inputs, assistant text and
+ * tool calls, tool results with their price, and every prune, clear and compaction marked with its
+ * token figures (original → replacement; context before → after); `checkpoints` prints each
+ * checkpoint in full. Pins, resumes, overflow errors, retries and warnings are marked too.
+ */
+export async function showSession(session: Session, options: { checkpoints?: boolean; name?: string } = {}): Promise<string> {
+  const out: string[] = []
+  const names = new Map<string, string>()
+  const t = (n: number) => `${groupDigits(n)} tokens`
+  let turns = 0, steps = 0, prunes = 0, clears = 0, compactions = 0
+  let pending: { id: string; summary?: any } | undefined
+  for await (const e of session.readEvents()) {
+    const d = e.data as any
+    const at = `#${e.seq}`
+    switch (e.type) {
+      case 'session/start': out.push(`session ${d.id} (dsh ${d.version})`); break
+      case 'session/resume': out.push(`— resumed after seq ${d.lastSeq}${d.repaired ? `; ${d.repaired} tool call(s) without a result closed` : ''}`); break
+      case 'request/header': out.push(`— model ${d.model} at ${d.baseURL}${d.contextWindow ? `, ${groupDigits(d.contextWindow)}-token window` : ''}; envelope ${t(estimateEnvelopeTokens(d))}`); break
+      case 'turn/start': turns++; out.push('', `turn ${d.turn}`); break
+      case 'turn/end': out.push(`  (turn ${d.turn} ended: ${d.reason})`); break
+      case 'step/start': steps++; break
+      case 'user/message': {
+        if (d.compactionId !== undefined) {
+          const tokens = estimateMessageTokens(d.message)
+          const s = pending && pending.id === d.compactionId ? pending.summary : undefined
+          out.push(`  ${at} checkpoint ${d.compactionId}: ${s ? `${s.shadowedSeqs.length} messages (seq ${s.shadowedSeqs[0]}..${s.shadowedSeqs.at(-1)}), ${t(s.shadowedTokenCount)} → ${t(tokens)}` : t(tokens)}`)
+          if (s?.fidelity) out.push(`      ${fidelityText(s.fidelity)}`)
+          if (options.checkpoints) out.push(...messageText(d.message).split('\n').map((l: string) => `      | ${l}`))
+        } else if (d.surfaceOp.op === 'replace') out.push(`  ${at} user message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(d.message))}`)
+        else out.push(`  ${at} user: ${oneLine(messageText(d.message))}`)
+        break
+      }
+      case 'assistant/message': {
+        const m = d.message as AssistantMessage
+        if (d.surfaceOp.op === 'replace') { out.push(`  ${at} assistant message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(m))}`); break }
+        const text = textOfBlocks(m.content)
+        if (text.trim()) out.push(`  ${at} assistant${m.interrupted ? ' (interrupted)' : ''}: ${oneLine(text)}`)
+        for (const c of toolCalls(m)) { names.set(c.id, c.name); out.push(`  ${at} → ${c.name} ${oneLine(c.arguments, 100)}`) }
+        break
+      }
+      case 'tool/result': {
+        if (d.surfaceOp.op === 'replace') break // the prune or clear line above says it
+        const r = d.message as ToolResultMessage
+        out.push(`  ${at} ${names.get(r.toolCallId) ?? 'tool'} result${r.isError ? ' (error)' : ''}, ${t(estimateMessageTokens(r))}${d.spilled ? `, spilled ${groupDigits(d.spilled.bytes)} bytes to ${d.spilled.ref}` : ''}: ${oneLine(messageText(r), 80)}`)
+        break
+      }
+      case 'compaction/prune':
+      case 'compaction/clear': {
+        e.type === 'compaction/prune' ? prunes++ : clears++
+        const next = e.seq + 1 < session.seq ? await session.readEvent(e.seq + 1) : undefined
+        const after = next?.type === 'tool/result' ? estimateMessageTokens((next.data as any).message) : undefined
+        out.push(`  [${e.type === 'compaction/prune' ? 'prune' : 'clear'}] ${at} tool result #${d.shadowedSeqs.join(', #')}: ${t(d.shadowedTokenCount)}${after === undefined ? '' : ` → ${t(after)} (${t(d.shadowedTokenCount - after)} reclaimed)`}${d.trigger ? `, ${d.trigger}` : ''}`)
+        break
+      }
+      case 'compaction/start': pending = { id: d.id }; out.push(`  [compaction ${d.id}] ${at} started (${d.trigger})`); break
+      case 'compaction/summary': if (pending && pending.id === d.id) pending.summary = d; compactions++; break
+      case 'compaction/end': out.push(`  [compaction ${d.id}] ${d.error ? `failed: ${d.error}` : `context ${t(d.tokensBefore)} → ${t(d.tokensAfter)}`}`); pending = undefined; break
+      case 'compaction/warning': out.push(`  [warning] ${d.message} (context ${t(d.totalTokens)}, threshold ${t(d.thresholdTokens)})`); break
+      case 'request/error': out.push(`  ${at} request failed: ${d.code}${d.status ? ` (HTTP ${d.status})` : ''}: ${oneLine(d.message)}`); break
+      case 'recovery/retry': out.push(`  ${at} overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); step retried`); break
+      case 'surface/pin': out.push(`  [pin] ${at} message #${d.seq} pinned`); break
+      case 'surface/unpin': out.push(`  [unpin] ${at} message #${d.seq}`); break
+    }
+  }
+  const m = session.measure()
+  const head = `dsh show ${options.name ?? 'session'}: ${session.seq} events, ${turns} turn(s), ${steps} step(s), ${prunes} prune(s), ${clears} clear(s), ${compactions} compaction(s); surface now ${m.nodes.length} messages, ${t(m.heuristicTokens)}`
+  return [head, ...out].join('\n') + '\n'
+}
+
+/** Parses `dsh show FILE [--checkpoints]`. Throws {@link UsageError}. */
+function parseShowArgs(args: readonly string[]): CliShowOptions {
+  const files: string[] = []
+  let checkpoints = false
+  let cwd: string | undefined
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i]
+    if (a === '--checkpoints') checkpoints = true
+    else if (a === '-C' || a === '--cwd' || a.startsWith('--cwd=')) {
+      cwd = a.startsWith('--cwd=') ? a.slice(6) : args[++i]
+      if (!cwd) throw new UsageError('-C/--cwd needs a directory, e.g. -C ../my-project')
+    } else if (a.startsWith('-')) throw new UsageError(`show takes FILE, --checkpoints and -C DIR, got ${JSON.stringify(a)}: npx tsx dsh.ts show FILE [--checkpoints]`)
+    else files.push(a)
+  }
+  if (files.length !== 1) throw new UsageError(`show needs one session log FILE, got ${files.length}: npx tsx dsh.ts show FILE [--checkpoints]`)
+  return { command: 'show', file: files[0], checkpoints, ...(cwd !== undefined ? { cwd } : {}) }
+}
+
+/**
+ * `dsh show FILE`: reads the log (never writes to it: a torn last line is reported, not cut) and
+ * prints {@link showSession}. A file that is not a dsh log is a usage error (exit 2).
+ */
+async function showCommand(options: CliShowOptions, io: CliIO, name = options.file): Promise<number> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  let text: string
+  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: show: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
+  let session: Session
+  try {
+    const parsed = parseLogText(text)
+    const store = new MemoryStore()
+    store.events.push(...parsed.events)
+    session = await Session.load(store)
+    if (parsed.torn) io.stderr(`dsh: show: ${name}: the last line (line ${parsed.torn.line}, ${parsed.torn.bytes} bytes) is incomplete (a crash, or a writer still running); shown without it\n`)
+  } catch (err) {
+    if (err instanceof SessionError) { io.stderr(`dsh: show: ${name}: ${err.message}\n`); return 2 }
+    throw err
+  }
+  io.stdout(await showSession(session, { checkpoints: options.checkpoints, name }))
+  return 0
+}
+
 /**
  * `dsh replay FILE`: reads the file (node:fs) and runs {@link runReplay}; a file that is not a
  * transcript, or a bad option, is a usage error (exit 2). With `--base-url`/`--model`/`--api-key-env`
@@ -8834,6 +9238,7 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
     const { output } = await runReplay(text, {
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
       summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains,
+      ...(options.clear === false ? { compaction: { clear: false } } : {}),
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0

@@ -13,9 +13,9 @@ import { join } from 'node:path'
 import { ROOT, machineFacts, table, fmtTime, type Section } from './lib.ts'
 
 /** In RESULTS.md order (issue 7 numbering). */
-export const BENCHMARKS = ['pruner', 'meter', 'sse', 'bundle', 'accuracy', 'ladder'] as const
+export const BENCHMARKS = ['pruner', 'meter', 'sse', 'bundle', 'accuracy', 'ladder', 'scale'] as const
 const TITLES: Record<string, string> = {
-  pruner: 'Pruner', meter: 'Meter', sse: 'SSE parser', bundle: 'Bundle and start-up', accuracy: 'Estimate accuracy', ladder: 'The ladder on real sessions',
+  pruner: 'Pruner', meter: 'Meter', sse: 'SSE parser', bundle: 'Bundle and start-up', accuracy: 'Estimate accuracy', ladder: 'The ladder on real sessions', scale: 'Long sessions at scale',
 }
 /** Each benchmark is designed to finish within this (issue 7); a longer run is flagged. */
 const BUDGET_MS = 60_000

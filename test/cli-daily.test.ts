@@ -157,11 +157,11 @@ describe('-C DIR / --cwd DIR: work on another project', () => {
     assert.match(f.requests[1].body.messages.at(-1).content, /the project notes/)
     assert.ok(f.requests[0].body.messages[0].content.includes(`working in the directory ${project}`))
     assert.equal((await readLog(join(project, 's.jsonl')))[0].type, 'session/start')
-    const again = await dsh(['--cwd=project', 'replay', 's.jsonl'], here)
-    assert.equal(again.code, 2, 'replay comes first') // `replay` must be the first argument
-    const replay = await dsh(['replay', 's.jsonl', '-C', 'project'], here)
-    assert.equal(replay.code, 0, replay.stderr)
-    assert.match(replay.stdout, /^dsh replay of s\.jsonl: dsh, /)
+    for (const args of [['replay', 's.jsonl', '-C', 'project'], ['--cwd=project', 'replay', 's.jsonl'], ['-C', 'project', 'replay', 's.jsonl']]) {
+      const replay = await dsh(args, here)
+      assert.equal(replay.code, 0, replay.stderr)
+      assert.match(replay.stdout, /^dsh replay of s\.jsonl: dsh, /)
+    }
   })
 
   test('a DIR that is missing or not a directory: exit 2, one line', async () => {
@@ -233,4 +233,104 @@ describe('the shell answer is remembered per directory (under a pseudo-terminal)
     assert.ok(!tools(3).includes('shell'))
     assert.deepEqual(JSON.parse(await readFile(join(config, 'dsh', 'shell.json'), 'utf8')), { [cwd]: true, [other]: false })
   })
+})
+
+describe('an overflow-recovery loop stops at the first repeat', () => {
+  test('recover, then overflow again at no smaller a request: the turn stops with a clear error (exit 1)', async () => {
+    const cwd = await tempDir()
+    await writeFile(join(cwd, 'a.txt'), 'a line of the file\n'.repeat(100))
+    // A server whose window is smaller than dsh believes: any request with two tool results overflows.
+    const f = await fake((request) => {
+      if (request.headers['x-dsh-purpose'] === 'compaction') return { text: 'Summary: read a.txt twice; it holds 100 identical lines.' }
+      if (request.body.messages.filter((m: any) => m.role === 'tool').length >= 2) {
+        return { status: 400, body: { error: { message: "This model's maximum context length is 4096 tokens. However, you requested 4500 tokens. Please reduce the length of the messages.", type: 'invalid_request_error', code: 'context_length_exceeded' } } }
+      }
+      return { toolCalls: [{ name: 'read_file', arguments: { path: 'a.txt' } }] }
+    })
+    const run = await dsh(['-p', 'go', ...runFlags(f), '--max-steps', '30', '--session', 's.jsonl'], cwd)
+    assert.equal(run.code, 1, run.stderr)
+    const purposes = f.requests.map((r) => r.headers['x-dsh-purpose'] === 'compaction' ? 'summary' : 'conversation')
+    // c1, c2, c3 overflows, one summary, c4 (the retry), c5, c6 overflows again at a larger request: stop.
+    assert.deepEqual(purposes, ['conversation', 'conversation', 'conversation', 'summary', 'conversation', 'conversation', 'conversation'])
+    const out = lines(run.stderr)
+    const warning = out.find((l) => l.startsWith('[dsh] warning: context overflow again'))
+    assert.match(warning ?? '', /^\[dsh\] warning: context overflow again at (\d+) tokens \(dsh's estimate\) after recovering from one at (\d+) tokens in this turn: recovery makes no progress, so the turn stops\./)
+    const [, again, first] = /at (\d+) tokens .* at (\d+) tokens/.exec(warning!)!
+    assert.ok(Number(again) >= Number(first))
+    assert.match(out.at(-1)!, /^dsh: CONTEXT_WINDOW_EXCEEDED: HTTP 400 .*maximum context length is 4096 tokens/)
+    const log = await readLog(join(cwd, 's.jsonl'))
+    assert.equal(log.filter((e) => e.type === 'recovery/retry').length, 1)
+    assert.deepEqual(log.at(-1).data, { turn: 1, reason: 'error' })
+  })
+})
+
+describe('the terminal (under a pseudo-terminal)', () => {
+  const skip = skipWithoutPty
+  test('-p on a terminal streams the answer as it arrives (before the step\'s status line), printed once', { skip }, async () => {
+    const cwd = await tempDir()
+    const ANSWER = 'This answer arrives in small pieces.'
+    const f = await fake([{ text: ANSWER, deltaSize: 3, delayMs: 10 }])
+    const run = await dshPty(['-p', 'go', ...runFlags(f)], cwd, CLEAN_ENV, '')
+    assert.equal(run.code, 0, run.stdout)
+    assert.equal(run.stdout.split(ANSWER).length, 2, 'printed once')
+    const answerAt = run.stdout.indexOf(ANSWER + '\n'), statusAt = run.stdout.indexOf('[dsh] context ')
+    assert.ok(answerAt >= 0 && statusAt > answerAt, run.stdout)
+  })
+
+  test('a pasted block is one input; a trailing \\ continues the line', { skip }, async () => {
+    const cwd = await tempDir()
+    const f = await fake(() => ({ text: 'ok' }))
+    const run = await dshPty([...runFlags(f), '--no-shell'], cwd, CLEAN_ENV, [
+      [2500, '\x1b[200~line one\rline two\rline three\x1b[201~'], [300, '\r'],
+      [1500, 'first \\\r'], [300, 'second\r'],
+      [1500, '/exit\r'],
+    ])
+    assert.equal(run.code, 0, run.stdout)
+    assert.ok(run.stdout.includes('\x1b[?2004h'), 'bracketed paste mode is switched on')
+    assert.ok(run.stdout.includes('\x1b[?2004l'), 'and off at the end')
+    assert.deepEqual(f.requests.map((r) => r.body.messages.at(-1).content), ['line one\nline two\nline three', 'first \nsecond'])
+  })
+
+  test('/compact shows "compacting…" while the summary runs; a cancelled /compact prints one clean line', { skip }, async () => {
+    const cwd = await tempDir()
+    let summaries = 0
+    const f = await fake((request) => {
+      if (request.headers['x-dsh-purpose'] !== 'compaction') return { text: 'ok' }
+      return ++summaries === 1 ? { text: 'Summary: two long notes were given.', delayMs: 500 } : { fault: 'hang' }
+    })
+    const long = (tag: string) => `${tag} ${'note '.repeat(1600)}\r`
+    const run = await dshPty([...runFlags(f), '--no-shell'], cwd, { ...CLEAN_ENV, TERM: 'xterm' }, [
+      [2500, long('first')], [1000, long('second')], [1000, long('third')], [1000, '/compact\r'],
+      [3000, long('fourth')], [1000, long('fifth')], [1000, '/compact\r'], [1500, '\x03'], [1000, '/exit\r'],
+    ])
+    assert.equal(run.code, 0, run.stdout)
+    assert.equal(summaries, 2, run.stdout)
+    assert.match(run.stdout, /\[dsh\] compacting… \d+\.\d s/)
+    assert.match(run.stdout, /\[dsh\] compacted \d+ messages? into a checkpoint: [\d,]+ → [\d,]+ tokens \([\d,]+ saved\)/)
+    assert.equal(run.stdout.split('[dsh] /compact cancelled; the context is unchanged').length, 2, run.stdout)
+    assert.doesNotMatch(run.stdout, /aborted|0 → 0 tokens|compaction failed/)
+  })
+})
+
+describe('dsh from anywhere: one checkout, another project, three runtimes', () => {
+  const BIN = join(ROOT, 'node_modules', '.bin')
+  const runtimes: [string, string, string[]][] = [
+    ['tsx', join(BIN, 'tsx'), []],
+    ['Deno', join(BIN, 'deno'), ['run', '-A']],
+    ['Bun', join(BIN, 'bun'), []],
+  ]
+  for (const [name, file, pre] of runtimes) {
+    test(`${name}: ${[name === 'tsx' ? 'npx tsx' : name.toLowerCase(), ...pre].join(' ')} dsh.ts -C ../my-project -p …`, async () => {
+      const base = await tempDir()
+      await mkdir(join(base, 'my-project'))
+      await writeFile(join(base, 'my-project', 'notes.txt'), `notes read under ${name}\n`)
+      const f = await fake([{ toolCalls: [{ name: 'read_file', arguments: { path: 'notes.txt' } }] }, { text: 'read' }])
+      const run = await runProcess(file, [...pre, join(ROOT, 'dsh.ts'), '-C', join(base, 'my-project'), '-p', 'go', ...runFlags(f)], ROOT,
+        { ...CLEAN_ENV, DENO_NO_UPDATE_CHECK: '1' })
+      assert.equal(run.code, 0, run.stderr)
+      assert.equal(run.stdout, 'read\n')
+      assert.match(f.requests[1].body.messages.at(-1).content, new RegExp(`notes read under ${name}`))
+      assert.match(run.stderr, /^▸ read_file notes\.txt \(\d+ tokens\)$/m)
+    })
+  }
 })

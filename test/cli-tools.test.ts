@@ -440,14 +440,18 @@ describe('shell', () => {
 describe('parseCliArgs', () => {
   const key = { DEEPSEEK_API_KEY: 'sk-test' }
   const runDefaults = {
-    command: 'run', model: 'deepseek-v4-flash', baseURL: 'https://api.deepseek.com', apiKey: 'sk-test', apiKeyEnv: 'DEEPSEEK_API_KEY',
+    command: 'run', model: 'deepseek-flash', baseURL: 'https://api.deepseek.com', apiKey: 'sk-test', apiKeyEnv: 'DEEPSEEK_API_KEY',
     prompt: undefined, print: false, contextWindow: undefined, maxTokens: undefined, session: undefined, threshold: 0.8, json: false, allowShell: false, noShell: false,
+    projectInstructions: true,
   }
   const replayDefaults = { command: 'replay', file: 's.jsonl', contextWindow: undefined, threshold: 0.8, json: false, summaryTokens: 2000, format: 'auto', sidechains: false }
   const noKey = 'no API key: set DEEPSEEK_API_KEY (or --api-key-env NAME), or point --base-url at a server that needs none'
 
   const rows: { argv: string[]; env?: Record<string, string | undefined>; expect: CliOptions | Record<string, unknown> | string }[] = [
     { argv: [], env: key, expect: runDefaults },
+    { argv: ['--no-project-instructions', 'go'], env: key, expect: { ...runDefaults, prompt: 'go', projectInstructions: false } },
+    { argv: ['show', 's.jsonl', '--checkpoints'], env: {}, expect: { command: 'show', file: 's.jsonl', checkpoints: true } },
+    { argv: ['show', 's.jsonl'], env: {}, expect: { command: 'show', file: 's.jsonl', checkpoints: false } },
     { argv: ['fix the test'], env: key, expect: { ...runDefaults, prompt: 'fix the test' } },
     { argv: ['-p', 'fix the test'], env: key, expect: { ...runDefaults, prompt: 'fix the test', print: true } },
     { argv: ['--print=a=b'], env: key, expect: { ...runDefaults, prompt: 'a=b', print: true } },
@@ -509,13 +513,13 @@ describe('parseCliArgs', () => {
     { argv: ['replay', 's.jsonl', '--model', 'deepseek-v4-pro'], env: key,
       expect: { ...replayDefaults, summarizer: { model: 'deepseek-v4-pro', baseURL: 'https://api.deepseek.com', apiKey: 'sk-test', apiKeyEnv: 'DEEPSEEK_API_KEY' } } },
     { argv: ['replay', 's.jsonl', '--base-url', 'http://127.0.0.1:8080'], env: key,
-      expect: { ...replayDefaults, summarizer: { model: 'deepseek-v4-flash', baseURL: 'http://127.0.0.1:8080' } } },
+      expect: { ...replayDefaults, summarizer: { model: 'deepseek-flash', baseURL: 'http://127.0.0.1:8080' } } },
     { argv: ['replay', 's.jsonl', '--model', 'deepseek-v4-pro'], env: {}, expect: noKey },
     { argv: ['replay'], env: {}, expect: 'replay needs a FILE: npx tsx dsh.ts replay FILE [--context-window N]' },
     { argv: ['replay', 'a', 'b'], env: {}, expect: 'replay takes one FILE, got 2 ("a", "b")' },
     { argv: ['replay', 's.jsonl', '--format', 'xml'], env: {}, expect: '--format must be one of auto, mini-swe-agent, swe-agent, openai, dsh, claude-code, got "xml"' },
     { argv: ['replay', 's.jsonl', '--allow-shell'], env: {},
-      expect: '--allow-shell does not apply to replay; replay takes --model, --base-url, --api-key-env, --context-window, --threshold, --json, --cwd, --summary-tokens, --format, --sidechains' },
+      expect: '--allow-shell does not apply to replay; replay takes --model, --base-url, --api-key-env, --context-window, --threshold, --json, --no-clear, --cwd, --summary-tokens, --format, --sidechains' },
     // -C/--cwd, --max-steps, --no-shell
     { argv: ['-C', '../proj', '--max-steps', '7', '--no-shell'], env: key, expect: { ...runDefaults, cwd: '../proj', maxSteps: 7, noShell: true } },
     { argv: ['--cwd=/abs'], env: key, expect: { ...runDefaults, cwd: '/abs' } },
@@ -573,9 +577,9 @@ describe('runCliBasics, cliHelp(), isEntryPoint', () => {
 
   test('the help names every flag, the environment, the exit codes and a replay example', () => {
     for (const word of ['-p, --print PROMPT', '--model NAME', '--base-url URL', '--api-key-env NAME', '--context-window N', '--max-tokens N',
-      '--session FILE', '--threshold R', '--json', '--allow-shell', '-h, --help', '--version', '--summary-tokens N', '--format F',
+      '--session FILE', '--threshold R', '--json', '--allow-shell', '--no-project-instructions', '-h, --help', '--version', '--summary-tokens N', '--format F',
       'DEEPSEEK_API_KEY', 'DSH_BASE_URL', 'DSH_MODEL', '0  done', '1  the provider or a tool failed', '2  usage error',
-      'npx tsx dsh.ts replay examples/', 'deepseek-v4-flash', 'https://api.deepseek.com', '(default 0.8)', '(default 2000)']) {
+      'npx tsx dsh.ts replay examples/', 'deepseek-flash', 'https://api.deepseek.com', '(default 0.8)', '(default 2000)']) {
       assert.ok(cliHelp().includes(word), `help lacks ${JSON.stringify(word)}`)
     }
     assert.ok(cliHelp().split('\n').every((line) => line.length <= 100), 'help lines fit a terminal')

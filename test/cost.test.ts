@@ -41,7 +41,7 @@ test('prices: validation names the field; DeepSeek table and aliases; peak hours
   assert.throws(() => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', prices: { output: 1 } as any }), /openAICompatible: prices\.cacheHitInput/)
   assert.deepEqual({ ...DEEPSEEK_PRICES['deepseek-flash'], peak: undefined }, { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: undefined })
   assert.deepEqual({ ...DEEPSEEK_PRICES['deepseek-v4-pro'], peak: undefined }, { cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: undefined })
-  assert.equal(pricesOf('deepseek-chat'), DEEPSEEK_PRICES['deepseek-v4-flash'])
+  assert.equal(pricesOf('deepseek-chat'), DEEPSEEK_PRICES['deepseek-flash'])
   assert.equal(pricesOf('gpt-4o'), undefined)
   assert.equal(deepseek({ apiKey: 'sk-test', model: 'deepseek-v4-pro' }).prices, DEEPSEEK_PRICES['deepseek-v4-pro'])
   assert.equal(openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'deepseek-flash' }).prices, undefined) // another server: no price unless given

@@ -5,8 +5,8 @@
 // fake OpenAI-compatible server of test/fake-provider.ts stands in for the model.
 import { after, before, test } from 'node:test'
 import assert from 'node:assert/strict'
-import { execFile, spawn } from 'node:child_process'
-import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { execFile, execFileSync, spawn } from 'node:child_process'
+import { copyFileSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -49,7 +49,6 @@ before(async () => {
   for (const name of EXAMPLE_FILES) writeFileSync(join(work, name), readFileSync(join(EXAMPLES, name), 'utf8').replaceAll(MODEL_HOST, modelHost))
   copyFileSync(join(ROOT, 'dsh.ts'), join(work, 'dsh.ts'))
   for (const name of ['dsh.mjs', 'dsh.iife.js']) copyFileSync(join(work, 'dist', name), join(work, name))
-  writeFileSync(join(work, 'package.json'), '{"type":"module"}')
 })
 
 const env = { ...process.env, DENO_NO_UPDATE_CHECK: '1', DO_NOT_TRACK: '1', NO_COLOR: '1' }
@@ -97,7 +96,12 @@ function serveAndGet(file: string, args: string[], fd: 1 | 3, ready: (text: stri
 }
 
 const EXAMPLE_RUNS: Array<[label: string, go: () => Promise<string>]> = [
-  ['Node: npx tsx main.ts', () => run(join(BIN, 'tsx'), ['main.ts'])],
+  // The doc's own first line makes the folder an ES module package (top-level await needs it).
+  ['Node: echo \'{"type": "module"}\' > package.json; npx tsx main.ts', () => {
+    const line = `echo '{"type": "module"}' > package.json`
+    assert.ok(readFileSync(DOC, 'utf8').includes(`\n${line} `), `docs/runtimes.md gives the line ${line}`)
+    return run('bash', ['-c', `${line} && ${JSON.stringify(join(BIN, 'tsx'))} main.ts`])
+  }],
   ['Deno: deno run --allow-net=127.0.0.1:8000 main.ts', () => run(join(BIN, 'deno'), ['run', '--no-prompt', `--allow-net=${new URL(fake.url).host}`, 'main.ts'])],
   ['Bun: bun main.ts', () => run(join(BIN, 'bun'), ['main.ts'])],
   ['Cloudflare Worker: workerd serve config.capnp', () => serveAndGet(join(BIN, 'workerd'),
@@ -131,3 +135,93 @@ test('docs/runtimes.md quotes every example file verbatim', () => {
     assert.ok(doc.includes(readFileSync(join(EXAMPLES, name), 'utf8')), `docs/runtimes.md does not quote docs/examples/${name} verbatim`)
   }
 })
+
+// ── Every snippet of README.md and docs/*.md, as written (issue 16) ─────────────────────────────
+// Fenced blocks are run in a fresh copy of the repository (its tracked files, with this checkout's
+// node_modules linked in: `npm ci` counts as done), beside a small project `../my-project`:
+// - ```ts / ```js: written to a file in the copy's root and run with `node --import tsx`;
+// - ```sh: run as one bash script (set -e) with node_modules/.bin on PATH and the prompt
+//   "Say hello." on stdin; `npm ci` steps are dropped.
+// Every model request a snippet makes goes to a fake server (test/redirect-fetch.mjs), so
+// `DEEPSEEK_API_KEY=sk-...` works as written. Blocks without a language (output, usage text) and
+// ```capnp are not programs. A block that equals a docs/examples file is run by the tests above;
+// a block after `<!-- docs-test: skip: REASON -->` is skipped and listed.
+interface Snippet { file: string; line: number; lang: string; code: string; skip?: string }
+
+function snippetsOf(file: string): Snippet[] {
+  const out: Snippet[] = []
+  const lines = readFileSync(join(ROOT, file), 'utf8').split('\n')
+  let open: Snippet | undefined
+  let skip: string | undefined
+  lines.forEach((text, i) => {
+    if (open) {
+      if (text.startsWith('```')) { out.push(open); open = undefined } else open.code += text + '\n'
+      return
+    }
+    const fence = /^```(\w*)\s*$/.exec(text)
+    if (fence) { open = { file, line: i + 1, lang: fence[1], code: '', skip }; skip = undefined; return }
+    const marker = /^<!-- docs-test: skip: (.+) -->$/.exec(text)
+    if (marker) skip = marker[1]
+    else if (text.trim() !== '') skip = undefined
+  })
+  return out
+}
+
+const DOC_FILES = ['README.md', ...readdirSync(join(ROOT, 'docs')).filter((n) => n.endsWith('.md')).sort().map((n) => `docs/${n}`)]
+const RUNNABLE = new Set(['ts', 'js', 'sh'])
+const exampleTexts = EXAMPLE_FILES.map((name) => readFileSync(join(EXAMPLES, name), 'utf8'))
+const snippets = DOC_FILES.flatMap(snippetsOf).filter((s) => RUNNABLE.has(s.lang))
+const skipped = snippets.filter((s) => s.skip)
+if (skipped.length) console.log(`docs snippets not run: ${skipped.map((s) => `${s.file}:${s.line} (${s.skip})`).join('; ')}`)
+
+const copyRoot = mkdtempSync(join(tmpdir(), 'dsh-snippets-'))
+const copy = join(copyRoot, 'dsh.ts')
+let snippetModel: FakeProvider
+after(async () => {
+  await snippetModel?.close()
+  rmSync(copyRoot, { recursive: true, force: true })
+})
+before(async () => {
+  const files = execFileSync('git', ['ls-files', '--cached', '--others', '--exclude-standard'], { cwd: ROOT, encoding: 'utf8' }).split('\n').filter((f) => f !== '' && existsSync(join(ROOT, f)) && lstatSync(join(ROOT, f)).isFile())
+  for (const f of files) { mkdirSync(dirname(join(copy, f)), { recursive: true }); copyFileSync(join(ROOT, f), join(copy, f)) }
+  symlinkSync(join(ROOT, 'node_modules'), join(copy, 'node_modules'))
+  mkdirSync(join(copyRoot, 'my-project'))
+  writeFileSync(join(copyRoot, 'my-project', 'README.md'), '# my-project\n\nA small project for the docs snippets.\n')
+  snippetModel = await startFakeProvider({ handler: () => ({ text: 'Hello from the fake model.' }) })
+})
+
+for (const [i, s] of snippets.entries()) {
+  const covered = exampleTexts.includes(s.code)
+  test(`docs snippet ${s.file}:${s.line} (${s.lang}) runs as written`, { skip: s.skip ? `not run: ${s.skip}` : covered ? 'run above as a docs/examples file' : false }, async () => {
+    const env = {
+      ...process.env, NO_COLOR: '1', DSH_TEST_MODEL_URL: snippetModel.url, NODE_OPTIONS: `--import ${join(ROOT, 'test', 'redirect-fetch.mjs')}`,
+      PATH: `${join(copy, 'node_modules', '.bin')}:${process.env.PATH}`, DENO_NO_UPDATE_CHECK: '1',
+      // The variables the snippets name for keys: any value, the fake server takes all.
+      DEEPSEEK_API_KEY: 'sk-docs-test', OPENAI_API_KEY: 'sk-docs-test', OPENROUTER_API_KEY: 'sk-docs-test',
+    }
+    delete (env as Record<string, string | undefined>).NODE_TEST_CONTEXT
+    let file: string, args: string[]
+    if (s.lang === 'sh') {
+      file = 'bash'
+      const script = s.code.split('\n').map((line) => line.replace(/^npm ci( && |$)/, '')).join('\n')
+      args = ['-c', `set -euo pipefail\n${script}`]
+    } else {
+      const name = `snippet-${i}.${s.lang === 'ts' ? 'ts' : 'mjs'}`
+      writeFileSync(join(copy, name), s.code)
+      file = process.execPath
+      args = ['--import', 'tsx', name]
+    }
+    // Asynchronously: the fake model server runs in this process.
+    const run = await new Promise<{ status: number | null; output: string }>((resolve, reject) => {
+      const child = spawn(file, args, { cwd: copy, env, stdio: ['pipe', 'pipe', 'pipe'] })
+      let output = ''
+      child.stdout!.on('data', (d) => { output += d })
+      child.stderr!.on('data', (d) => { output += d })
+      child.stdin!.end('Say hello.\n')
+      const timer = setTimeout(() => child.kill('SIGKILL'), TIMEOUT_MS)
+      child.on('error', reject)
+      child.on('close', (status) => { clearTimeout(timer); resolve({ status, output }) })
+    })
+    assert.equal(run.status, 0, `${s.file}:${s.line} exited ${run.status}\n${run.output}`)
+  })
+}

@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import {
   Agent, Session, MemoryStore, FileStore, Ladder, openAICompatible, CLEARED_RESULT_PREFIX, clearedPlaceholder, PRUNE_MARKER,
-  CompactionConfigError, resolveCompactionConfig, DEFAULT_COMPACTION_CONFIG, RECALL_TOOL_NAME, RECALL_MAX_CODE_POINTS, codePointLength,
+  CompactionConfigError, resolveCompactionConfig, DEFAULT_COMPACTION_CONFIG, RECALL_TOOL_NAME, RECALL_MAX_CODE_POINTS, codePointLength, ProviderError,
   estimateMessageTokens, type Tool, type SessionEvent,
 } from '../dsh.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
@@ -268,5 +268,61 @@ describe('recall', () => {
     const mine: Tool = { name: 'recall', description: '', parameters: {}, execute: () => 'mine' }
     assert.throws(() => new Agent({ session, provider: f.provider, tools: [mine] }), /a tool is named "recall".*pass recall: false/)
     assert.doesNotThrow(() => new Agent({ session, provider: f.provider, tools: [mine], recall: false }))
+  })
+})
+
+describe('oversized non-tool messages', () => {
+  test('case 3: a 200,000-character assistant reply at window 32,000 is pruned after its step; the original stays in the log; the next request fits', async () => {
+    const huge = Array.from({ length: 20_000 }, (_, k) => `line ${k} `.padEnd(9, '.')).join('\n').slice(0, 200_000)
+    assert.equal(huge.length, 200_000)
+    const session = await Session.open(new MemoryStore())
+    const atRequest: number[] = []
+    const replies: FakeReply[] = [{ text: huge, toolCalls: [{ id: 'c0', name: 'fetch', arguments: { path: 'x'.repeat(12_000) } }] }, { text: 'done' }]
+    const f = await fake((_req, i) => { atRequest.push(session.measure().totalTokens); return replies[Math.min(i, 1)] })
+    let after = 0
+    const fetch: Tool = { name: 'fetch', description: '', parameters: {}, execute: () => 'ok' }
+    const agent = new Agent({ session, provider: f.provider, tools: [fetch] })
+    session.subscribe((e) => { if (e.type === 'step/end' && !after) after = session.measure().totalTokens })
+    const r = await agent.run('write it all')
+    assert.equal(r.text, 'done')
+    assert.ok(after > 0 && after < 25_600, `after the step: ${after}`)
+    const log = await logOf(session)
+    const original = log.find((e) => e.type === 'assistant/message' && (e.data as any).surfaceOp.op === 'append')!
+    assert.equal((original.data as any).message.content[0].text, huge)
+    const prune = log.find((e) => e.type === 'compaction/prune')!
+    assert.deepEqual((prune.data as any).shadowedSeqs, [original.seq])
+    const replaced = log[prune.seq + 1]
+    assert.equal(replaced.type, 'assistant/message')
+    assert.deepEqual((replaced.data as any).surfaceOp, { op: 'replace', start: original.seq, end: original.seq })
+    // The next request: the reply cut to 4,096 + 39 + 1,024 code points; the call kept, its arguments still JSON; under the window.
+    const sent = f.conversation()[1].body.messages.find((m: any) => m.role === 'assistant')
+    assert.equal(sent.content, huge.slice(0, 4_096) + PRUNE_MARKER + huge.slice(-1_024))
+    assert.equal(sent.tool_calls[0].id, 'c0')
+    const args = JSON.parse(sent.tool_calls[0].function.arguments)
+    assert.equal(args.path, 'x'.repeat(4_096) + PRUNE_MARKER + 'x'.repeat(1_024))
+    assert.ok(atRequest[1] < 32_000, `next request: ${atRequest[1]}`)
+    assert.equal(sent.tool_calls.length, 1)
+    for (const req of f.server.requests) assertPaired(req)
+  })
+
+  test('the current input is never edited: an input that cannot fit is refused before sending, with the numbers; earlier user messages may be cut', async () => {
+    const f = await fake([{ text: 'first' }, { text: 'second' }], undefined, 16_000)
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider })
+    await assert.rejects(agent.run('y'.repeat(70_000)), (e) => e instanceof ProviderError && e.code === 'CONTEXT_WINDOW_EXCEEDED' && e.status === undefined
+      && /the current input alone is 17508 tokens \(plus 0 of system prompt and tools = 17508\) and the context window of fake-model is 16000 tokens; nothing was sent/.test(e.message))
+    assert.equal(f.server.requests.length, 0)
+    const last = of(session, 'turn/end').at(-1)!
+    assert.equal((last.data as any).reason, 'error')
+    assert.equal((of(session, 'request/error').at(-1)!.data as any).trigger, 'input')
+    // A big earlier input is pruned once it is no longer the current one; the current one is sent whole.
+    const s2 = await Session.open(new MemoryStore())
+    const a2 = new Agent({ session: s2, provider: f.provider })
+    await a2.run('z'.repeat(40_000) + 'END')
+    const current = 'w'.repeat(12_000)
+    await a2.run(current)
+    const req = f.conversation().at(-1)!.body.messages
+    assert.equal(req.at(-1).content, current)
+    assert.equal(req[0].content, 'z'.repeat(4_096) + PRUNE_MARKER + 'z'.repeat(1_021) + 'END')
   })
 })

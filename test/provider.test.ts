@@ -879,10 +879,11 @@ test('tool calls without index, with one id per call on index 0, and with empty 
 
 // ── Options ───────────────────────────────────────────────────────────────────────────────────
 
-test('KNOWN_MODELS: DeepSeek V4 windows and the retired aliases', () => {
-  assert.deepEqual(KNOWN_MODELS['deepseek-v4-flash'], { contextWindow: 1_048_576, maxOutputTokens: 384_000 })
+test('KNOWN_MODELS: DeepSeek V4 windows, the older name deepseek-v4-flash and the retired aliases', () => {
+  assert.deepEqual(KNOWN_MODELS['deepseek-flash'], { contextWindow: 1_048_576, maxOutputTokens: 384_000 })
+  assert.deepEqual(KNOWN_MODELS['deepseek-v4-flash'], { contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash' })
   assert.equal(KNOWN_MODELS['deepseek-v4-pro'].contextWindow, 1_048_576)
-  assert.equal(KNOWN_MODELS['deepseek-reasoner'].aliasOf, 'deepseek-v4-flash')
+  assert.equal(KNOWN_MODELS['deepseek-reasoner'].aliasOf, 'deepseek-flash')
   assert.equal(KNOWN_MODELS['deepseek-reasoner'].thinking, 'enabled')
   assert.equal(KNOWN_MODELS['deepseek-chat'].thinking, 'disabled')
   assert.equal(openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'mystery' }).contextWindow, undefined)
@@ -895,7 +896,7 @@ test('deepseek(): DeepSeek defaults, key from the option or $DEEPSEEK_API_KEY, u
     assert.throws(() => deepseek(), /environment variable DEEPSEEK_API_KEY is not set .* pass \{ apiKey \}/)
     const p = deepseek({ apiKey: KEY, model: undefined })
     assert.equal(p.baseURL, 'https://api.deepseek.com')
-    assert.equal(p.model, 'deepseek-v4-flash')
+    assert.equal(p.model, 'deepseek-flash')
     assert.equal(p.contextWindow, 1_048_576)
     assert.equal(p.maxTokens, 32_768)
     process.env.DEEPSEEK_API_KEY = 'sk-from-env-123456'

@@ -90,8 +90,8 @@ test('a dsh log whose next turn starts after a step with tool calls: the loop en
 
 test('a new compaction/* event type is a rung of its own, and an extra figure is a column, with no change to replay', async () => {
   // 7 steps of 2,000-char results at window 4,000 compact once (see replay.test.ts); the summarizer
-  // here also logs a `compaction/clear` event (seq 39, right after compaction/start k38), as a rung
-  // that clears results would.
+  // here also logs a `compaction/evict` event (seq 39, right after compaction/start k38), as a rung
+  // not yet written would; the real clear rung is off so that only the fake one acts.
   const messages: object[] = [{ role: 'user', content: 'task' }]
   for (let i = 1; i <= 7; i++) {
     messages.push({ role: 'assistant', content: null, tool_calls: [fn(`c${i}`, 'sh', '{}')], usage: { prompt_tokens: 100 * i, completion_tokens: 10 + i } })
@@ -101,7 +101,7 @@ test('a new compaction/* event type is a rung of its own, and an extra figure is
   const summarizer: Provider = {
     model: 'test-summarizer', baseURL: 'memory://s', contextWindow: 4_000, maxTokens: 100,
     async complete() {
-      session!.append('compaction/clear', { shadowedSeqs: [7, 11, 15], shadowedTokenCount: 1_524 })
+      session!.append('compaction/evict', { shadowedSeqs: [7, 11, 15], shadowedTokenCount: 1_524 })
       return { message: { role: 'assistant', content: [{ type: 'text', text: 'S'.repeat(40) }] }, finishReason: 'stop' }
     },
   }
@@ -111,18 +111,17 @@ test('a new compaction/* event type is a rung of its own, and an extra figure is
     add: (e, v) => (e.type === 'stream' && e.event.type === 'usage' ? v + e.event.usage.completionTokens : v),
   }
   const t = readTranscript(JSON.stringify(messages))
-  // Clear rung off (docs/design.md §10): the window-4,000 case must reach the summary.
-  const report = await replayTranscript(t, { summarizer, figures: [completion], onEvent: () => {}, onStep: (_r, s) => { session = s }, compaction: { clear: false } })
+  const report = await replayTranscript(t, { summarizer, figures: [completion], compaction: { clear: false }, onEvent: () => {}, onStep: (_r, s) => { session = s } } as Parameters<typeof replayTranscript>[1])
   const compacted = report.rows.find((r) => r.rung === 'compact')!
   assert.deepEqual(compacted.events.map((e) => e.type), ['rung', 'compaction'])
-  assert.deepEqual(compacted.events[0], { type: 'rung', rung: 'clear', seq: 39, data: { shadowedSeqs: [7, 11, 15], shadowedTokenCount: 1_524 } })
-  assert.deepEqual(report.totals.rungs, { clear: 1, compact: 1 })
+  assert.deepEqual(compacted.events[0], { type: 'rung', rung: 'evict', seq: 39, data: { shadowedSeqs: [7, 11, 15], shadowedTokenCount: 1_524 } })
+  assert.deepEqual(report.totals.rungs, { evict: 1, compact: 1 })
   assert.deepEqual(report.rows.filter((r) => r.kind === 'step').map((r) => r.figures!.completion), [11, 12, 13, 14, 15, 16, 17])
   assert.equal(report.totals.figures!.completion, 98)
   const out = formatReplay(report, { figures: [completion] })
   assert.match(out, /^ *step +turn +request +unmanaged +recorded +before +rung +after +reclaimed +completion$/m)
-  assert.match(out, /↳ clear +seq 39: shadowedSeqs 7\.\.15 \(3\), shadowedTokenCount 1,524$/m)
-  assert.match(out, /^ {2}rung clear +1$/m)
+  assert.match(out, /↳ evict +seq 39: shadowedSeqs 7\.\.15 \(3\), shadowedTokenCount 1,524$/m)
+  assert.match(out, /^ {2}rung evict +1$/m)
   assert.match(out, /^ {2}completion +98$/m)
   const json = (await runReplay(JSON.stringify(messages.slice(0, 3)), { contextWindow: 4_000, json: true, figures: [completion] })).output
   const objects = json.trimEnd().split('\n').map((l) => JSON.parse(l))
@@ -196,4 +195,38 @@ test('cancellation mid-replay: the signal stops the Agent at the next step bound
     onStep: () => { if (++rows === 3) ac.abort(new Error('enough')) },
   }), /enough/)
   assert.equal(rows, 3)
+})
+
+test('a rung that replaces one node (compaction/<rung> {shadowedSeqs: [seq]} then the replace) is priced before → after, whatever its name', async () => {
+  // The summarizer stands in for a new rung: on its first call it masks the first tool result
+  // (seq 7, 508 tokens) the way a rung logs it, which also makes that summary attempt fail (the
+  // surface changed); the ladder's retry then compacts.
+  const messages: object[] = [{ role: 'user', content: 'task' }]
+  for (let i = 1; i <= 7; i++) {
+    messages.push({ role: 'assistant', content: null, tool_calls: [fn(`c${i}`, 'sh', '{}')] })
+    messages.push({ role: 'tool', tool_call_id: `c${i}`, content: String(i).repeat(2000) })
+  }
+  let session: Session | undefined
+  let masked = false
+  const summarizer: Provider = {
+    model: 'test-summarizer', baseURL: 'memory://s', contextWindow: 4_000, maxTokens: 100,
+    async complete() {
+      if (!masked) {
+        masked = true
+        session!.append('compaction/mask', { shadowedSeqs: [7], shadowedTokenCount: 508 })
+        session!.append('tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: '[masked]' }] }, surfaceOp: { op: 'replace', start: 7, end: 7 } })
+      }
+      return { message: { role: 'assistant', content: [{ type: 'text', text: 'S'.repeat(40) }] }, finishReason: 'stop' }
+    },
+  }
+  const report = await replayTranscript(readTranscript(JSON.stringify(messages)), { summarizer, compaction: { clear: false }, onStep: (_r, s) => { session = s } } as Parameters<typeof replayTranscript>[1])
+  const row = report.rows.find((r) => r.events.some((e) => e.type === 'rung'))!
+  const mask = row.events.find((e) => e.type === 'rung')!
+  // '[masked]' is 8 UTF-16 units → 2 + 8 = 10 tokens.
+  assert.deepEqual(mask, { type: 'rung', rung: 'mask', seq: 39, tokensBefore: 508, tokensAfter: 10, data: { shadowedSeqs: [7], shadowedTokenCount: 508 } })
+  assert.equal(report.totals.rungs.mask, 1)
+  assert.equal(report.totals.rungReclaimedTokens.mask, 498)
+  const out = formatReplay(report)
+  assert.match(out, /↳ mask +seq 39: 508 → 10 tokens; shadowedSeqs 7, shadowedTokenCount 508$/m)
+  assert.match(out, /^ {2}rung mask +1 \(498 tokens reclaimed\)$/m)
 })

@@ -189,7 +189,7 @@ test('a 60,000-char tool result at window 16,000: one prune, exact tokens per ro
     steps: 2, turns: 1, peakRequestTokens: 1_324, peakPercent: 8.3, prunes: 1, prunedTokens: 13_710, spills: 0,
     compactions: 0, failedCompactions: 0, summaryCalls: 0, requestsOverWindow: 0, unmanagedStepsOverWindow: 0,
     peakUnmanagedTokens: 15_034, peakSummaryRequestTokens: 0, summaryRequestsOverWindow: 0, resultsOverPruneThreshold: 1, ladderWarnings: 0,
-    rungs: { prune: 1 },
+    rungs: { prune: 1 }, rungReclaimedTokens: { prune: 13_710 },
   })
   assert.deepEqual(rest.summaries, { simulated: true, tokens: DEFAULT_REPLAY_SUMMARY_TOKENS })
 })

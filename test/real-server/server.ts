@@ -68,8 +68,11 @@ export interface RunningServer {
 }
 
 const running = new Set<ChildProcess>()
-// A test runner that dies mid-suite must not leave servers behind.
-process.once('exit', () => { for (const child of running) try { child.kill('SIGKILL') } catch { /* gone */ } })
+// A test runner that exits or is interrupted mid-suite must not leave servers behind (by pid; a
+// SIGKILL of the runner itself cannot be caught).
+const killAll = () => { for (const child of running) try { child.kill('SIGKILL') } catch { /* gone */ } }
+process.once('exit', killAll)
+for (const signal of ['SIGINT', 'SIGTERM'] as const) process.once(signal, () => { killAll(); process.kill(process.pid, signal) })
 
 /**
  * Starts `llama-server` on a random loopback port with one generation thread and one slot, and
@@ -77,6 +80,16 @@ process.once('exit', () => { for (const child of running) try { child.kill('SIGK
  * when it exits or is not healthy within `timeoutMs`.
  */
 export async function startServer(options: { ctxSize: number; model?: string; timeoutMs?: number }): Promise<RunningServer> {
+  // The free port is released before the server binds it: if another process takes it meanwhile,
+  // the server exits at once, and a new port is tried.
+  for (let attempt = 1; ; attempt++) {
+    try { return await startOnce(options) } catch (err) {
+      if (attempt >= 3 || !/exited with/.test((err as Error).message)) throw err
+    }
+  }
+}
+
+async function startOnce(options: { ctxSize: number; model?: string; timeoutMs?: number }): Promise<RunningServer> {
   const { ctxSize, timeoutMs = 60_000 } = options
   const model = options.model ?? (ctxSize > 2048 ? MODEL_8K : MODEL_2K)
   const port = await freePort()

@@ -91,6 +91,7 @@ if command -v flock >/dev/null; then
 fi
 
 rm -rf "$final"   # a broken entry (no binary, or one that does not run) is rebuilt
+rm -rf "$cache_root"/.build-*   # left by a killed run (we hold the lock: no other build is running)
 work="$(mktemp -d "$cache_root/.build-XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 start=$(date +%s)
