@@ -94,6 +94,20 @@ export interface ToolResultMessage {
 /** A provider-neutral message (docs/design.md §1); the envelope (system, tools) is not a message. */
 export type Message = UserMessage | AssistantMessage | ToolResultMessage
 
+/**
+ * The text of a message's content: a string as it is, blocks as their text blocks joined by
+ * `separator` (none by default), other blocks left out. The one block-text join of the file.
+ */
+function contentText(content: string | readonly Block[], separator = ''): string {
+  if (typeof content === 'string') return content
+  return content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join(separator)
+}
+
+/** Whether `value` is a safe integer ≥ `min`: the one check behind every count, size and limit option. */
+function isIntegerAtLeast(value: unknown, min: number): value is number {
+  return Number.isSafeInteger(value) && (value as number) >= min
+}
+
 /** A function tool as the provider sees it (JSON-schema `parameters`), part of the envelope. */
 export interface ToolSpec { name: string; description?: string; parameters?: Record<string, unknown> }
 
@@ -199,6 +213,7 @@ export interface ChatRequest {
 
 /** The assembled answer of one provider call. */
 export interface ChatResponse {
+  /** Tool-call ids are the server's; '' where it sent none (the {@link Agent} gives those an id). */
   message: AssistantMessage
   usage?: Usage
   /** `stop`, `tool_calls`, `length`, `content_filter`, … as the provider sent it. */
@@ -473,7 +488,7 @@ export function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
   const full = { ...DEFAULT_PRUNE_CONFIG, ...config }
   for (const key of ['thresholdChars', 'headChars', 'tailChars'] as const) {
     const v = full[key]
-    if (!Number.isSafeInteger(v) || v < 0) throw new PruneConfigError(`prune config: ${key} must be a non-negative integer number of code points, got ${String(v)}`)
+    if (!isIntegerAtLeast(v, 0)) throw new PruneConfigError(`prune config: ${key} must be a non-negative integer number of code points, got ${String(v)}`)
   }
   if (full.graphemeSafe !== undefined && typeof full.graphemeSafe !== 'boolean') throw new PruneConfigError(`prune config: graphemeSafe must be a boolean, got ${String(full.graphemeSafe)}`)
   if (full.headChars + MARKER_CODE_POINTS + full.tailChars > full.thresholdChars) {
@@ -2157,7 +2172,7 @@ const WRITE_WORD = /write|create|save|append/i
 const EXIT_CODE = /\bexit(?:ed with)?(?:[ _]?(?:code|status))?[:= ]\s*(-?\d+)\b|<returncode>\s*(-?\d+)\s*<\/returncode>/i
 const ERROR_WORD = /error|fail|fatal|exception|denied|not found|no such|cannot|can't|invalid|refused|panic|traceback/i
 
-const messageText = (m: Message): string => typeof m.content === 'string' ? m.content : m.content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('\n')
+const messageText = (m: Message): string => contentText(m.content, '\n')
 
 /** What one tool call says about files and commands, read from its arguments (see {@link Ledger}). */
 function callFacts(call: ToolCallBlock): { kind: 'read' | 'written' | 'edited'; paths: string[]; command?: string } {
@@ -2748,7 +2763,7 @@ export async function summarise(host: CompactionHost, messages: readonly Message
       usage.completionTokens += res.usage.completionTokens
       if (res.usage.promptTokens > 0) sample(res.usage.promptTokens, inputTokens)
     }
-    const text = res.message.content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('').trim()
+    const text = contentText(res.message.content).trim()
     if (!text) throw Object.assign(new CompactionError(`the summarizer (${provider.model}) returned no text (finish reason ${res.finishReason})`), { summaryRequests: requests })
     summary = text
     next = to
@@ -3444,7 +3459,7 @@ export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
     throw new TypeError('createSSEParser takes an options object, got a function. Did you mean createSSEParser({ onEvent: fn })?')
   }
   const { onEvent, onComment, onRetry, onId, onError, maxBufferSize } = options
-  if (maxBufferSize !== undefined && !(Number.isInteger(maxBufferSize) && maxBufferSize > 0)) {
+  if (maxBufferSize !== undefined && !isIntegerAtLeast(maxBufferSize, 1)) {
     throw new RangeError(`createSSEParser: maxBufferSize must be a positive integer (UTF-16 units), got ${String(maxBufferSize)}`)
   }
   // The unterminated line, as fragments joined once when its terminator arrives, because
@@ -3464,10 +3479,16 @@ export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
   const clearEvent = (): void => { data = ''; dataLines = 0; eventType = undefined; id = undefined }
 
   function dispatch(): void {
+    if (id === undefined && dataLines > 0 && onEvent) {
+      // The common case (no id): one object of a fixed shape.
+      const event: SSEEvent = { event: eventType ?? 'message', data }
+      data = ''; dataLines = 0; eventType = undefined
+      onEvent(event)
+      return
+    }
     if (id !== undefined) onId?.(id)
     if (dataLines > 0 && onEvent) {
-      const event: SSEEvent = { event: eventType ?? 'message', data }
-      if (id !== undefined) event.id = id
+      const event: SSEEvent = { event: eventType ?? 'message', data, id }
       clearEvent()
       onEvent(event)
       return
@@ -3867,24 +3888,20 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
  * @param bodyText the response body (or the in-stream `data:` payload) as text.
  */
 export function classifyProviderError(status: number | undefined, bodyText: string): ProviderErrorCode {
+  return readErrorBody(status, bodyText).code
+}
+
+/**
+ * An error body read once: its code (the rules of {@link classifyProviderError}) and what it says
+ * (`info`, for the error's message and in-stream status). Never throws.
+ */
+function readErrorBody(status: number | undefined, bodyText: unknown): { code: ProviderErrorCode; info?: ErrorBodyInfo } {
+  let info: ErrorBodyInfo | undefined
   try {
-    const info = inspectErrorBody(typeof bodyText === 'string' ? bodyText : bodyText == null ? '' : String(bodyText))
-    const s = isErrorStatus(status) ? status : info.status
-    const h = info.haystack
-    if (s === 429 || RATE_LIMIT_RE.test(h)) return 'RATE_LIMIT'
-    if (OVERFLOW_PATTERNS.some((re) => re.test(h))) return 'CONTEXT_WINDOW_EXCEEDED'
-    if (s === 402 || QUOTA_RE.test(h)) return 'QUOTA'
-    if (s === 401 || s === 403) return 'AUTH'
-    if (s === 408) return 'TIMEOUT'
-    if (s === 413) return 'CONTEXT_WINDOW_EXCEEDED'
-    if (s !== undefined) return s < 500 ? 'INVALID_REQUEST' : 'SERVER'
-    if (info.blank) return 'EMPTY_RESPONSE'
-    if (AUTH_RE.test(h)) return 'AUTH'
-    if (SERVER_RE.test(h)) return 'SERVER'
-    if (INVALID_RE.test(h)) return 'INVALID_REQUEST'
-    return info.parsed ? 'SERVER' : 'MALFORMED_RESPONSE'
+    info = inspectErrorBody(typeof bodyText === 'string' ? bodyText : bodyText == null ? '' : String(bodyText))
+    return { code: codeOfErrorBody(status, info), info }
   } catch {
-    return isErrorStatus(status) && status < 500 ? 'INVALID_REQUEST' : 'SERVER'
+    return { code: isErrorStatus(status) && status < 500 ? 'INVALID_REQUEST' : 'SERVER', info }
   }
 }
 
@@ -3919,6 +3936,23 @@ export function overflowCounts(bodyText: string): { promptTokens?: number; conte
   if (context !== undefined) out.contextTokens = context
   if (requested !== undefined) out.requestedTokens = requested
   return out
+}
+
+function codeOfErrorBody(status: number | undefined, info: ErrorBodyInfo): ProviderErrorCode {
+  const s = isErrorStatus(status) ? status : info.status
+  const h = info.haystack
+  if (s === 429 || RATE_LIMIT_RE.test(h)) return 'RATE_LIMIT'
+  if (OVERFLOW_PATTERNS.some((re) => re.test(h))) return 'CONTEXT_WINDOW_EXCEEDED'
+  if (s === 402 || QUOTA_RE.test(h)) return 'QUOTA'
+  if (s === 401 || s === 403) return 'AUTH'
+  if (s === 408) return 'TIMEOUT'
+  if (s === 413) return 'CONTEXT_WINDOW_EXCEEDED'
+  if (s !== undefined) return s < 500 ? 'INVALID_REQUEST' : 'SERVER'
+  if (info.blank) return 'EMPTY_RESPONSE'
+  if (AUTH_RE.test(h)) return 'AUTH'
+  if (SERVER_RE.test(h)) return 'SERVER'
+  if (INVALID_RE.test(h)) return 'INVALID_REQUEST'
+  return info.parsed ? 'SERVER' : 'MALFORMED_RESPONSE'
 }
 
 /** What to do about each code, appended to error messages (docs/design.md §0: an error names the fix). */
@@ -4204,7 +4238,7 @@ function sleepMs(ms: number, signal?: AbortSignal): Promise<void> {
 
 function positiveInteger(fn: string, name: string, value: unknown, allowZero = false): number | undefined {
   if (value === undefined) return undefined
-  if (typeof value !== 'number' || !Number.isInteger(value) || value < (allowZero ? 0 : 1)) {
+  if (!isIntegerAtLeast(value, allowZero ? 0 : 1)) {
     throw new TypeError(`${fn}: ${name} must be ${allowZero ? 'a non-negative' : 'a positive'} integer, got ${JSON.stringify(value)}`)
   }
   return value
@@ -4544,10 +4578,9 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
       const content: Block[] = []
       if (reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
       if (text !== '') content.push({ type: 'text', text })
-      calls.forEach((c, i) => {
-        const id = c.id || `call_${i}_${typeof crypto !== 'undefined' && typeof crypto.randomUUID === 'function' ? crypto.randomUUID() : Math.random().toString(36).slice(2)}`
-        content.push({ type: 'tool-call', id, name: c.name, arguments: c.arguments })
-      })
+      // The id as the server sent it ('' when it sent none): the Agent repairs missing and repeated
+      // ids in one place (withCallIds), where it knows the log's seq and the ids already used.
+      for (const c of calls) content.push({ type: 'tool-call', id: c.id, name: c.name, arguments: c.arguments })
       const reason = finishReason ?? (calls.length > 0 ? 'tool_calls' : 'stop')
       if (usage) emit({ type: 'usage', usage })
       emit({ type: 'finish', finishReason: reason })
@@ -4580,11 +4613,10 @@ function readUsage(u: unknown): Usage | undefined {
  * `status_code`), else the 200 the response had.
  */
 function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | undefined): ProviderError {
-  const classified = classifyProviderError(200, payload)
+  const { code: classified, info } = readErrorBody(200, payload)
   // An explicit error event whose payload says nothing readable is still the server's failure.
   const code = classified === 'MALFORMED_RESPONSE' || classified === 'EMPTY_RESPONSE' ? 'SERVER' : classified
-  const info = inspectErrorBody(payload)
-  return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}.`, { status: info.status ?? 200, body: payload, requestId })
+  return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model ${cfg.model})${info?.message ? `: ${info.message}` : ''}.`, { status: info?.status ?? 200, body: payload, requestId })
 }
 
 /**
@@ -4706,9 +4738,8 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     requestId = requestIdOf(response.headers)
     if (!response.ok) {
       const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
-      const code = classifyProviderError(response.status, text)
-      const info = inspectErrorBody(text)
-      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info.message ? `: ${info.message}` : ''}${cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''}.`, {
+      const { code, info } = readErrorBody(response.status, text)
+      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info?.message ? `: ${info.message}` : ''}${cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''}.`, {
         status: response.status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
       })
     }
@@ -4851,7 +4882,6 @@ export interface TurnResult {
 /** Consecutive retries of a step whose stream broke after output (see {@link Agent}). */
 const MAX_STREAM_RETRIES = 1
 
-const textOfBlocks = (blocks: readonly Block[]) => blocks.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join('')
 
 /** Turns whatever a tool returned into result content; anything else is an error for the model. */
 function toolOutputToResult(callId: string, name: string, out: unknown): ToolResultMessage {
@@ -4949,7 +4979,7 @@ export class Agent implements CompactionHost {
     }
     this.summaryInstruction = options.summaryInstruction
     this.window = options.contextWindow ?? options.provider.contextWindow
-    if (this.window !== undefined && !(Number.isInteger(this.window) && this.window > 0)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
+    if (this.window !== undefined && !isIntegerAtLeast(this.window, 1)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
     this.maxTokens = options.maxTokens ?? options.provider.maxTokens
     this.compaction = resolveCompactionConfig(options.compaction)
     this.pruneConfig = resolvePruneConfig(options.prune)
@@ -5110,7 +5140,7 @@ export class Agent implements CompactionHost {
       ended = true
       session.append('turn/end', { turn, reason })
       await session.sync()
-      return { turn, steps: step, reason, text: last ? textOfBlocks(last.content) : '', message: last }
+      return { turn, steps: step, reason, text: last ? contentText(last.content) : '', message: last }
     }
     let ended = false
     try {
@@ -5417,10 +5447,10 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
   if (typeof options.cwd !== 'string' || options.cwd === '') throw new TypeError('builtinTools: options.cwd must be a non-empty directory path')
   const num = (name: keyof typeof BUILTIN_TOOL_DEFAULTS): number => {
     const value = (options as unknown as Record<string, unknown>)[name] ?? BUILTIN_TOOL_DEFAULTS[name]
-    if (!Number.isSafeInteger(value) || (value as number) < 1) {
+    if (!isIntegerAtLeast(value, 1)) {
       throw new TypeError(`builtinTools: options.${name} must be a positive integer, got ${String(value)} (default ${BUILTIN_TOOL_DEFAULTS[name]})`)
     }
-    return value as number
+    return value
   }
   const maxOutputUnits = num('maxOutputUnits')
   const readLimitLines = num('readLimitLines')
@@ -5481,7 +5511,7 @@ function argInt(tool: string, args: Record<string, unknown>, key: string, fallba
   let value = args[key]
   if (value === undefined || value === null) return fallback
   if (typeof value === 'string' && /^\d+$/.test(value.trim())) value = Number(value.trim())
-  if (!Number.isSafeInteger(value) || (value as number) < min || (value as number) > max) {
+  if (!isIntegerAtLeast(value, min) || value > max) {
     throw new Error(`${tool}: "${key}" must be an integer from ${min} to ${max} (${unit}), got ${JSON.stringify(value)}`)
   }
   return value as number
@@ -7198,9 +7228,70 @@ export interface ReplayTotals {
   resultsOverPruneThreshold: number
   /** Ladder warnings (their texts are in {@link ReplayReport.warnings}). */
   ladderWarnings: number
+  /**
+   * What the session would cost (docs/design.md §11), priced by {@link ReplayReport.prices} with
+   * modelled cache hits and no model called: under dsh's policy (every request the replay made,
+   * summaries included) and with no management in an infinite window (appends only: the floor).
+   */
+  cost: { dsh: ReplayCost; unmanaged: ReplayCost }
   rungs: Record<string, number>
   rungReclaimedTokens: Record<string, number>
   figures?: Record<string, number>
+}
+
+/**
+ * One policy's cost in a replay: requests (conversation and summary), input tokens and the share
+ * served from the prompt cache (modelled, tokens by the meter), output tokens, and USD.
+ */
+export interface ReplayCost {
+  requests: number
+  summaryRequests: number
+  inputTokens: number
+  cachedInputTokens: number
+  /** cached ÷ input, 0 … 1. */
+  cacheHitShare: number
+  outputTokens: number
+  /** USD; undefined when the prices are unknown. */
+  costUSD?: number
+}
+
+const replayCost = (u: SessionUsage): ReplayCost => ({
+  requests: u.requests, summaryRequests: u.summary.requests, inputTokens: u.inputTokens, cachedInputTokens: u.cachedInputTokens,
+  cacheHitShare: u.cacheHitShare, outputTokens: u.outputTokens, ...(u.costUSD !== undefined ? { costUSD: u.costUSD } : {}),
+})
+
+/** The prices replay totals use unless told otherwise: deepseek-flash without peak hours (a replay has no time of day). */
+export const REPLAY_PRICES: Readonly<Prices> = /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 })
+
+/**
+ * A transcript fed into a fresh {@link Session} as a client without any context management sends
+ * it (the floor of docs/design.md §11: appends only, an infinite window): one request per
+ * assistant message, carrying the surface before it. `beforeRequest(session, step)` (0-based
+ * step) may edit the surface first, e.g. to model another policy. Price it with `usage({prices})`.
+ */
+export function unmanagedSession(transcript: Transcript, beforeRequest?: (session: Session, step: number) => void): Session {
+  const s = new Session()
+  s.append('session/start', { id: `unmanaged-${transcript.format}`, version: VERSION })
+  s.setHeader({ model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', system: transcript.envelope.system, tools: transcript.envelope.tools })
+  let step = 0
+  // Call ids as the loop repairs them (missing or repeated ids renamed), results matched to the
+  // recorded calls by position, as replayTranscript does.
+  let idOf = new Map<string, string[]>()
+  for (const m of transcript.messages) {
+    if (m.role === 'assistant') {
+      beforeRequest?.(s, step++)
+      const sent = withCallIds(m, s.seq, s)
+      const recorded = m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+      const logged = sent.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+      idOf = new Map()
+      recorded.forEach((c, k) => idOf.set(c.id, [...(idOf.get(c.id) ?? []), logged[k].id]))
+      s.append('assistant/message', { message: sent, finishReason: 'replay', surfaceOp: { op: 'append' } })
+    } else if (m.role === 'tool') {
+      const id = idOf.get(m.toolCallId)?.shift() ?? m.toolCallId
+      if (s.hasToolCall(id) && s.openToolCalls().includes(id)) s.append('tool/result', { message: id === m.toolCallId ? m : { ...m, toolCallId: id }, surfaceOp: { op: 'append' } })
+    } else s.append('user/message', { message: m, surfaceOp: { op: 'append' } })
+  }
+  return s
 }
 
 /** The outcome of {@link replayTranscript}: the settings used, one row per pressure check, totals. */
@@ -7214,6 +7305,8 @@ export interface ReplayReport {
   thresholdTokens: number
   /** `{simulated: true, tokens}` (fixed-size summaries, no model) or the model that wrote them. */
   summaries: { simulated: true; tokens: number } | { simulated: false; model: string }
+  /** The prices of `totals.cost` (USD per million tokens). */
+  prices: Prices
   rows: ReplayStep[]
   totals: ReplayTotals
   /** The reader's notes on the transcript (skipped, synthesised, renamed), then the replay's own. */
@@ -7262,6 +7355,10 @@ export interface ReplayOptions {
   summaryTokens?: number
   /** A real model to write the summaries (the CLI passes one with --base-url/--model or a key). */
   summarizer?: Provider
+  /** Ladder settings to replay with (default {@link DEFAULT_COMPACTION_CONFIG}; `thresholdRatio` above wins). */
+  compaction?: Partial<CompactionConfig>
+  /** Prices for the cost totals (default {@link REPLAY_PRICES}: deepseek-flash, off-peak). */
+  prices?: Prices
   signal?: AbortSignal
   /** Called with each row as it is made, with the replay's session (read it, do not append). */
   onStep?: (step: ReplayStep, session: Session) => void
@@ -7269,11 +7366,6 @@ export interface ReplayOptions {
   onEvent?: (event: AgentEvent) => void
   /** Extra figures, after {@link REPLAY_FIGURES}. Names must be unique. */
   figures?: readonly ReplayFigure[]
-  /**
-   * Ladder settings for the replay's Agent (e.g. `{clear: false}`: the ladder without the clear
-   * rung); `thresholdRatio` above wins over its namesake here. Validated like the Agent's.
-   */
-  compaction?: Partial<CompactionConfig>
 }
 
 /** Default size of a simulated summary, tokens (the CLI's `--summary-tokens`, default 2,000). */
@@ -7330,8 +7422,11 @@ interface ReplayScriptStep {
   steerAfter: UserMessage[]
 }
 
-/** One turn: the input `Agent.run` gets, steering queued before it, and the steps the transcript records. */
-interface ReplayScriptTurn { input: UserMessage; steerBefore: UserMessage[]; steps: ReplayScriptStep[] }
+/**
+ * One turn: the input `Agent.run` gets, steering queued before it, and the steps the transcript
+ * records. `synthetic`: the input is not the transcript's (it opens with an assistant message).
+ */
+interface ReplayScriptTurn { input: UserMessage; synthetic?: boolean; steerBefore: UserMessage[]; steps: ReplayScriptStep[] }
 
 /**
  * Cuts a transcript into the turns the loop would run. A user message opens a turn where the loop
@@ -7353,7 +7448,7 @@ function replayScript(transcript: Transcript, notes: string[]): ReplayScriptTurn
       else turn!.steerBefore.push(m)
     } else if (m.role === 'assistant') {
       if (!turn) {
-        turns.push({ input: { role: 'user', content: '' }, steerBefore: [], steps: [] })
+        turns.push({ input: { role: 'user', content: '' }, synthetic: true, steerBefore: [], steps: [] })
         notes.push('the transcript opens with an assistant message: replay opened the first turn with an empty user input')
       }
       turns.at(-1)!.steps.push({ message: m, usage: transcript.usage[assistants++], results: [], steerAfter: [] })
@@ -7446,7 +7541,9 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   const warnings: string[] = []
 
   // Every summary request passes here, so its size (the estimate summarise() hands over) is recorded.
-  const base = options.summarizer ?? simulatedSummarizer(summaryTokens, window)
+  // A simulated summary stands for the conversation model (as in a live session, where the summarizer
+  // defaults to the provider): the prompt-cache model compares its requests with the conversation's.
+  const base = options.summarizer ?? { ...simulatedSummarizer(summaryTokens, window), model: `recorded-${transcript.format}` }
   const summaryWindow = base.contextWindow ?? window
   let peakSummaryRequestTokens = 0
   let summaryRequestsOverWindow = 0
@@ -7561,7 +7658,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
         case 'step/start': closeRow(); openRow('step', turns); break
         case 'step/end': case 'turn/end': closeRow(); break
         case 'user/message':
-          if (appended) unmanaged += estimateMessageTokens(d.message)
+          if (appended && !(turn?.synthetic && d.message === turn.input)) unmanaged += estimateMessageTokens(d.message) // the transcript's messages only
           else if (pendingSummary && d.compactionId === pendingSummary.id) pendingSummary.checkpointTokens = estimateMessageTokens(d.message)
           break
         case 'assistant/message': {
@@ -7642,6 +7739,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     if (name !== 'compact' && before !== undefined && after !== undefined) rungReclaimedTokens[name] = (rungReclaimedTokens[name] ?? 0) + before - after
   }
   const pruneThreshold = pruneConfig.thresholdChars
+  const prices = options.prices ?? REPLAY_PRICES
   const totals: ReplayTotals = {
     steps: stepRows.length,
     turns,
@@ -7661,6 +7759,10 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     summaryRequestsOverWindow,
     resultsOverPruneThreshold: transcript.messages.filter((m) => m.role === 'tool' && resultCodePoints(m, pruneThreshold) > pruneThreshold).length,
     ladderWarnings: warnings.length,
+    cost: {
+      dsh: replayCost(session.usage({ prices })),
+      unmanaged: replayCost(unmanagedSession(transcript).usage({ prices })),
+    },
     rungs,
     rungReclaimedTokens,
     ...(figures.length > 0 ? {
@@ -7674,7 +7776,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     format: transcript.format, messages: countRoles(transcript.messages), contextWindow: window, thresholdRatio,
     thresholdTokens: Math.floor(window * thresholdRatio),
     summaries: options.summarizer ? { simulated: false, model: options.summarizer.model } : { simulated: true, tokens: summaryTokens },
-    rows, totals, notes, warnings,
+    prices, rows, totals, notes, warnings,
   }
 }
 
@@ -7793,6 +7895,13 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
   if (t.peakRecordedPromptTokens !== undefined) totals.push(['recorded peak prompt', `${groupDigits(t.peakRecordedPromptTokens)} tokens (as reported by the original run)`])
   if (t.summaryCalls > 0) totals.push(['largest summary request', `${groupDigits(t.peakSummaryRequestTokens)} tokens (${t.summaryRequestsOverWindow} over the summarizer's window)`])
   if (t.ladderWarnings > 0) totals.push(['ladder warnings', String(t.ladderWarnings)])
+  const p = report.prices
+  const costCell = (c: ReplayCost) => `${c.costUSD === undefined ? 'cost unknown' : formatUSD(c.costUSD)}, cache hits ${(c.cacheHitShare * 100).toFixed(1)}% of ${groupDigits(c.inputTokens)} input tokens, ${c.requests} request(s)${c.summaryRequests ? ` (${c.summaryRequests} summary)` : ''}`
+  totals.push(
+    ['cost, dsh', `${costCell(t.cost.dsh)}${t.cost.dsh.costUSD !== undefined && t.cost.unmanaged.costUSD ? ` = ${(t.cost.dsh.costUSD / t.cost.unmanaged.costUSD).toFixed(2)}× the floor` : ''}`],
+    ['cost, unmanaged (infinite window)', costCell(t.cost.unmanaged)],
+    ['prices (USD per million tokens)', `cache hit ${p.cacheHitInput}, miss ${p.cacheMissInput}, output ${p.output}${p.peak ? ', with peak hours' : ''}; modelled cache hits, no model called`],
+  )
   for (const [name, v] of Object.entries(t.figures ?? {})) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
   const labelWidth = totals.reduce((w, [l]) => Math.max(w, l.length), 0)
   out.push('totals')
@@ -7888,6 +7997,8 @@ export interface CliRunOptions extends CliModelOptions {
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
   allowShell: boolean
+  /** `--prices P`: the model's price table (default: DeepSeek's for its models, else none: cost unknown). */
+  prices?: Prices
   /** False with `--no-project-instructions`: AGENTS.md / CLAUDE.md of the working directory stay out of the system prompt. */
   projectInstructions: boolean
   /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
@@ -7924,6 +8035,8 @@ export interface CliReplayOptions {
   /** Present when `--base-url`, `--model` or `--api-key-env` asks for real summary calls; absent:
    *  summaries are simulated at `summaryTokens` (a key in the environment alone never costs money). */
   summarizer?: CliModelOptions
+  /** `--prices P`: prices for the replay's cost totals (default: deepseek-flash, off-peak). */
+  prices?: Prices
 }
 
 /** What {@link parseCliArgs} returns. */
@@ -7950,6 +8063,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
   '--sidechains': { commands: ['replay'] },
+  '--prices': { value: 'P', commands: ['run', 'replay'] },
   '--help': { commands: ['run', 'replay'] },
   '--version': { commands: ['run', 'replay'] },
 }
@@ -7986,6 +8100,9 @@ Options
                          that stops there without an answer exits 1
   -C, --cwd DIR          work on the project in DIR, as if dsh were started there (the tools,
                          a relative --session FILE and replay FILE are in DIR)
+  --prices P             prices for the cost shown: a DeepSeek model (e.g. deepseek-v4-pro) or
+                         HIT,MISS,OUTPUT in USD per million tokens (e.g. 0.003,0.15,0.6);
+                         default: DeepSeek's for its models, else none (cost shown as unknown)
   --json                 print every log event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
   --no-shell             never offer shell commands, and do not ask (interactive mode asks once
@@ -8024,6 +8141,7 @@ ${describeTranscriptFormats('    ')}
   --context-window N     window to simulate, in tokens
   --threshold R          as above (default ${CLI_DEFAULTS.threshold})
   --summary-tokens N     size of a simulated summary, in tokens (default ${CLI_DEFAULTS.summaryTokens})
+  --prices P             price the totals with P (as above, off-peak; default deepseek-flash)
   --format F             force a format: ${TRANSCRIPT_FORMATS.join(', ')}
                          (default auto: detected from the file)
   --sidechains           Claude Code: also replay each Task-subagent run (sidechain), each in
@@ -8068,10 +8186,25 @@ function editDistance(a: string, b: string): number {
 
 function parsePositiveInt(flag: string, raw: string, unit: string, example: string): number {
   const value = Number(raw)
-  if (!/^\d+$/.test(raw) || !Number.isSafeInteger(value) || value < 1) {
+  if (!/^\d+$/.test(raw) || !isIntegerAtLeast(value, 1)) {
     throw new UsageError(`${flag} must be a positive whole number of ${unit}, got ${JSON.stringify(raw)} (e.g. ${flag} ${example})`)
   }
   return value
+}
+
+/**
+ * `--prices P`: a DeepSeek model name (its table, peak hours included) or `HIT,MISS,OUTPUT` in USD
+ * per million tokens (no peak hours). @throws UsageError naming the value and the forms accepted.
+ */
+function parsePrices(raw: string): Prices {
+  const named = pricesOf(raw)
+  if (named) return named
+  const parts = raw.split(',')
+  const numbers = parts.map((x) => (/^\s*(?:\d+(?:\.\d*)?|\.\d+)\s*$/.test(x) ? Number(x) : NaN))
+  if (parts.length !== 3 || numbers.some((n) => !Number.isFinite(n))) {
+    throw new UsageError(`--prices must be a DeepSeek model name (${Object.keys(DEEPSEEK_PRICES).join(', ')}) or HIT,MISS,OUTPUT in USD per million tokens (e.g. --prices 0.003,0.15,0.6), got ${JSON.stringify(raw)}`)
+  }
+  return { cacheHitInput: numbers[0], cacheMissInput: numbers[1], output: numbers[2] }
 }
 
 function parseThreshold(raw: string): number {
@@ -8190,6 +8323,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   if (cwd === '') throw new UsageError('-C/--cwd needs a directory, e.g. -C ../my-project')
   const threshold = flags.has('--threshold') ? parseThreshold(flags.get('--threshold')!) : CLI_DEFAULTS.threshold
   const json = flags.has('--json')
+  const prices = flags.has('--prices') ? parsePrices(flags.get('--prices')!) : undefined
 
   if (command === 'replay') {
     if (positionals.length === 0) throw new UsageError('replay needs a FILE: npx tsx dsh.ts replay FILE [--context-window N]')
@@ -8199,7 +8333,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (!cliReplayFormats().includes(format)) throw new UsageError(`--format must be one of ${cliReplayFormats().join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
-      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(flags.has('--no-clear') ? { clear: false as const } : {}), ...(cwd !== undefined ? { cwd } : {}),
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(flags.has('--no-clear') ? { clear: false as const } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
       ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
     }
   }
@@ -8230,7 +8364,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   return {
     command, ...model, prompt, print: printed !== undefined,
     contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
-    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}),
+    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
     projectInstructions: !flags.has('--no-project-instructions'), ...(flags.has('--no-clear') ? { clear: false as const } : {}),
   }
 }
@@ -8419,7 +8553,7 @@ function toolSubject(name: string, rawArguments: string): string {
 /** What a tool result says about its outcome in a few words, for the activity line: `exit 1`,
  *  or the first line of an error. `undefined` for a plain success. */
 function toolOutcome(result: ToolResultMessage): string | undefined {
-  const text = textOfBlocks(result.content)
+  const text = contentText(result.content)
   const first = text.slice(0, 2 * ACTIVITY_ERROR_CODE_POINTS).split('\n')[0].replace(/[\x00-\x1f\x7f-\x9f]/g, '')
   const exit = /^exit code (\d+)$/.exec(first) // the shell tool's status line
   if (exit) return `exit ${exit[1]}`
@@ -8603,15 +8737,11 @@ async function resumeLine(session: Session, name: string, nowMs: number): Promis
   if (at <= 0) return undefined
   const last = await session.readEvent(at - 1)
   const input = session.surface().findLast((n) => n.message.role === 'user')
-  const text = input ? textOf(input.message).replace(/\s+/g, ' ').trim() : ''
+  const text = input ? contentText(input.message.content).replace(/\s+/g, ' ').trim() : ''
   const points = Array.from(text)
   const quoted = text === '' ? '' : `: "${points.length > 60 ? points.slice(0, 59).join('') + '…' : text}"`
   const turns = session.turn.turn
   return `[dsh] resumed ${name}: ${turns} turn${turns === 1 ? '' : 's'}, ${groupDigits(session.measure().totalTokens)} tokens in context; last active ${agoText(nowMs - last.time)}${quoted}`
-}
-
-function textOf(message: Message): string {
-  return typeof message.content === 'string' ? message.content : textOfBlocks(message.content)
 }
 
 function agoText(ms: number): string {
@@ -8697,8 +8827,8 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   if (instructions) io.stderr(`[dsh] project instructions: ${instructions.file} (${groupDigits(instructions.bytes)} bytes) is in the system prompt of every request; --no-project-instructions leaves it out\n`)
 
   const provider = options.baseURL === CLI_DEFAULTS.baseURL
-    ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
-    : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens })
+    ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
+    : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
   let session: Session
   try {
     session = await Session.open(options.session ? new FileStore(path.resolve(cwd, options.session)) : new MemoryStore())
@@ -9148,7 +9278,7 @@ export async function showSession(session: Session, options: { checkpoints?: boo
       case 'assistant/message': {
         const m = d.message as AssistantMessage
         if (d.surfaceOp.op === 'replace') { out.push(`  ${at} assistant message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(m))}`); break }
-        const text = textOfBlocks(m.content)
+        const text = contentText(m.content)
         if (text.trim()) out.push(`  ${at} assistant${m.interrupted ? ' (interrupted)' : ''}: ${oneLine(text)}`)
         for (const c of toolCalls(m)) { names.set(c.id, c.name); out.push(`  ${at} → ${c.name} ${oneLine(c.arguments, 100)}`) }
         break
@@ -9239,6 +9369,7 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
       summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains,
       ...(options.clear === false ? { compaction: { clear: false } } : {}),
+      ...(options.prices ? { prices: { ...options.prices, peak: undefined } } : {}),
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0

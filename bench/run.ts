@@ -4,6 +4,8 @@
 //
 //   npm run bench                 all six, writes bench/RESULTS.md
 //   npm run bench -- pruner sse   only these; prints their sections, leaves RESULTS.md alone
+//   npm run bench -- --update cost   only these, and splices their sections and target rows into
+//                                 the existing RESULTS.md (the other benchmarks' figures stay as they were run)
 //
 // A benchmark whose piece of dsh.ts has not landed yet reports itself "not yet run" with the reason.
 import { spawnSync } from 'node:child_process'
@@ -13,9 +15,10 @@ import { join } from 'node:path'
 import { ROOT, machineFacts, table, fmtTime, type Section } from './lib.ts'
 
 /** In RESULTS.md order (issue 7 numbering). */
-export const BENCHMARKS = ['pruner', 'meter', 'sse', 'bundle', 'accuracy', 'ladder', 'scale'] as const
+export const BENCHMARKS = ['pruner', 'meter', 'sse', 'bundle', 'accuracy', 'ladder', 'scale', 'cost'] as const
 const TITLES: Record<string, string> = {
   pruner: 'Pruner', meter: 'Meter', sse: 'SSE parser', bundle: 'Bundle and start-up', accuracy: 'Estimate accuracy', ladder: 'The ladder on real sessions', scale: 'Long sessions at scale',
+  cost: 'Cost and the prompt cache',
 }
 /** Each benchmark is designed to finish within this (issue 7); a longer run is flagged. */
 const BUDGET_MS = 60_000
@@ -115,8 +118,41 @@ try {
 } finally {
   rmSync(dir, { recursive: true, force: true })
 }
+/**
+ * `--update`: the named sections (`## N. Title` up to the next `## `) and their rows of the targets
+ * table replace the old ones in RESULTS.md, or are added; everything else is left as it was.
+ */
+function splice(old: string, fresh: Section[]): string {
+  let out = old
+  for (const s of fresh) {
+    const heading = `## ${number(s)}. ${s.title}`
+    const one = render([s])
+    const body = one.slice(one.indexOf(heading))
+    const at = out.indexOf(`\n${heading}\n`)
+    if (at >= 0) {
+      const next = out.indexOf('\n## ', at + 1)
+      out = out.slice(0, at + 1) + body.trimEnd() + '\n' + (next >= 0 ? out.slice(next) : '')
+    } else out = out.trimEnd() + '\n\n' + body
+    // Target rows: drop this benchmark's, add the fresh ones at the end of the targets table.
+    const rowPrefix = `| ${number(s)}. ${s.title} |`
+    const lines = out.split('\n').filter((l) => !l.startsWith(rowPrefix))
+    const start = lines.indexOf('## Targets (issue 7)')
+    let end = start + 1
+    while (end < lines.length && !lines[end].startsWith('|')) end++
+    while (end < lines.length && lines[end].startsWith('|')) end++
+    const rows = targetsTable([s]).split('\n').slice(2)
+    lines.splice(end, 0, ...rows)
+    out = lines.join('\n')
+  }
+  return out
+}
+
 const md = render(sections)
-if (asked.length === 0) {
+if (process.argv.includes('--update') && asked.length > 0) {
+  const path = join(ROOT, 'bench', 'RESULTS.md')
+  writeFileSync(path, splice(readFileSync(path, 'utf8'), sections))
+  console.error(`updated ${asked.join(', ')} in bench/RESULTS.md`)
+} else if (asked.length === 0) {
   writeFileSync(join(ROOT, 'bench', 'RESULTS.md'), md)
   updateDocs(sections)
   console.error('wrote bench/RESULTS.md and the headline of docs/bench.md')

@@ -50,12 +50,16 @@ async function steps(store: FileStore, total: number, onThousand?: (step: number
 }
 
 if (mode === 'resume') {
+  gc()
+  const startMB = process.memoryUsage().rss / 1024 / 1024 // the runtime and the code, before the log
   const t0 = performance.now()
   const session = await Session.load(new FileStore(arg))
   session.resume()
   const ms = performance.now() - t0
-  out({ ms, rssMB: rssMB(), events: session.seq, surfaceNodes: session.surface().length, surfaceBytes: JSON.stringify(session.messages()).length })
+  out({ ms, rssMB: rssMB(), startMB, heapLimitMB: (await import('node:v8')).getHeapStatistics().heap_size_limit / 1024 / 1024, events: session.seq, surfaceNodes: session.surface().length, surfaceBytes: JSON.stringify(session.messages()).length })
 } else if (mode === 'baseline') {
+  gc()
+  const startMB = process.memoryUsage().rss / 1024 / 1024
   const t0 = performance.now()
   const fd = openSync(arg, 'r')
   const chunk = Buffer.allocUnsafe(4 * 1024 * 1024)
@@ -71,7 +75,7 @@ if (mode === 'resume') {
     if (from < buf.length) carry = Buffer.from(buf.subarray(from))
   }
   closeSync(fd)
-  out({ ms: performance.now() - t0, rssMB: rssMB(), lines })
+  out({ ms: performance.now() - t0, rssMB: rssMB(), startMB, lines })
 } else if (mode === 'heap') {
   const total = Number(arg)
   const heapMB: number[] = []

@@ -42,10 +42,28 @@ function recordedResponses(): string[][] {
  * `: keep-alive` comment (as DeepSeek sends while a request waits) before ~2% of the blocks, and
  * `data: [DONE]` at the end. Then cut into chunks of seeded random sizes (views, no copies).
  */
-function makeStream(): { bytes: Uint8Array; chunks: Uint8Array[]; blocks: number } {
+/** CJK and emoji code points that stand in for each character of the recorded text (CJK-heavy stream). */
+const CJK_POOL = [...'北京上海广州深圳天气今天很好我们一起去公园散步吧数据解析器性能测试中文字符模型上下文窗口令牌😊🎉🚀🔥✨📦']
+
+/** The recorded responses with every character of `content` / `reasoning_content` replaced by one from CJK_POOL. */
+function cjkResponses(): string[][] {
+  let k = 0
+  const swap = (text: string) => [...text].map((c) => (c === '\n' || c === ' ' ? c : CJK_POOL[k++ % CJK_POOL.length])).join('')
+  return recordedResponses().map((r) => r.map((line) => {
+    const obj = JSON.parse(line.slice(6))
+    for (const choice of obj.choices ?? []) {
+      const d = choice.delta ?? {}
+      if (typeof d.content === 'string') d.content = swap(d.content)
+      if (typeof d.reasoning_content === 'string') d.reasoning_content = swap(d.reasoning_content)
+    }
+    return `data: ${JSON.stringify(obj)}`
+  }))
+}
+
+function makeStream(kind: 'recorded' | 'cjk'): { bytes: Uint8Array; chunks: Uint8Array[]; blocks: number } {
   const next = rng(3)
   const enc = new TextEncoder()
-  const responses = recordedResponses().map((r) => r.map((l) => enc.encode(`${l}\n\n`)))
+  const responses = (kind === 'cjk' ? cjkResponses() : recordedResponses()).map((r) => r.map((l) => enc.encode(`${l}\n\n`)))
   const keepAlive = enc.encode(': keep-alive\n\n')
   const done = enc.encode('data: [DONE]\n\n')
   const bytes = new Uint8Array(STREAM_BYTES)
@@ -120,21 +138,26 @@ async function digest(run: (onEvent: Consumer) => Promise<void>): Promise<{ even
   return { events, sha256: hash.digest('hex') }
 }
 
-export default async function sse(): Promise<Section> {
-  const mod = dshModule as unknown as { parseSSE?: ParseSSE; createSSEParser?: CreateSSEParser }
-  const base = { id: 'sse', title: 'SSE parser', method: '', tables: [] as string[] }
-  if (typeof mod.parseSSE !== 'function') {
-    return {
-      ...base, status: 'not-run', reason: '`parseSSE` (dsh.ts section 6, provider) has not landed on this branch yet; bench/sse.bench.ts is written against its documented API (docs/design.md §9) and runs once it does',
-      targets: [{ name: 'throughput', target: '≥ 1.0× eventsource-parser, byte-identical events', measured: 'not yet run' }],
-    }
-  }
+/** dsh's callback form, as the adapter uses it: `pumpSSE(body, onEvent)`. */
+async function runDshPump(pumpSSE: PumpSSE, chunks: readonly Uint8Array[], onEvent: Consumer): Promise<void> {
+  await pumpSSE(network(chunks), onEvent)
+}
+
+type PumpSSE = (source: AsyncIterable<Uint8Array | string>, onEvent: (e: SSEEvent) => void) => Promise<void>
+
+interface StreamResult { table: string; targets: Section['targets']; blocks: number; mib: number; chunks: number }
+
+async function measureStream(kind: 'recorded' | 'cjk', mod: { parseSSE: ParseSSE; createSSEParser?: CreateSSEParser; pumpSSE?: PumpSSE }): Promise<StreamResult> {
   const parseSSE = mod.parseSSE
-  const { bytes, chunks, blocks } = makeStream()
+  const { bytes, chunks, blocks } = makeStream(kind)
   const impls: { name: string; run: (onEvent: Consumer) => Promise<void> }[] = [
     { name: 'dsh `parseSSE` (async iterable)', run: (f) => runDsh(parseSSE, chunks, f) },
     { name: 'eventsource-parser `createParser` + TextDecoder', run: (f) => runEventsourceParser(chunks, f) },
   ]
+  if (typeof mod.pumpSSE === 'function') {
+    const pump = mod.pumpSSE
+    impls.push({ name: 'dsh `pumpSSE` (callback form, used by the adapter)', run: (f) => runDshPump(pump, chunks, f) })
+  }
   if (typeof mod.createSSEParser === 'function') {
     const create = mod.createSSEParser
     impls.push({ name: 'dsh `createSSEParser` + TextDecoder (same harness as the baseline)', run: (f) => runDshPush(create, chunks, f) })
@@ -165,27 +188,48 @@ export default async function sse(): Promise<Section> {
   const paired: Stats[] = times.map((t) => stats(t.map((ms, r) => times[1][r] / ms)))
   const mbps = (ms: number) => bytes.length / 1024 / 1024 / (ms / 1000)
   const fmtMbps = (x: Stats) => `${mbps(x.median).toFixed(0)} MiB/s (${mbps(x.max).toFixed(0)}–${mbps(x.min).toFixed(0)})`
-  const ratio = paired[0].median
+  const label = kind === 'cjk' ? 'CJK/emoji-heavy stream' : 'recorded (ASCII-heavy) stream'
+  const pumpAt = impls.findIndex((i) => i.name.includes('pumpSSE'))
+  const targets: Section['targets'] = [
+    { name: `throughput of \`parseSSE\`, ${label}`, target: '≥ 1.0× eventsource-parser (`createParser`)', measured: `${fmtRatio(paired[0].median)} paired median (${fmtMbps(s[0])} vs ${fmtMbps(s[1])})`, met: paired[0].median >= 1 },
+  ]
+  if (pumpAt >= 0) targets.push({ name: `throughput of \`pumpSSE\` (the adapter's form), ${label}`, target: '≥ 1.0× eventsource-parser (`createParser`)', measured: `${fmtRatio(paired[pumpAt].median)} paired median (${fmtMbps(s[pumpAt])})`, met: paired[pumpAt].median >= 1 })
+  targets.push({ name: `same events, ${label}`, target: 'byte-identical to eventsource-parser', measured: identical ? `identical (${digests[0].events.toLocaleString('en-US')} events)` : `DIFFERENT (${digests.map((d) => `${d.events} events ${d.sha256.slice(0, 8)}`).join(' vs ')})`, met: identical })
+  return {
+    blocks, mib: bytes.length / 1024 / 1024, chunks: chunks.length, targets,
+    table: `**${label}** (${(bytes.length / 1024 / 1024).toFixed(1)} MiB, ${blocks.toLocaleString('en-US')} blocks, ${chunks.length.toLocaleString('en-US')} network chunks)\n\n` + table(
+      ['parser', 'time for the stream', 'throughput', 'vs eventsource-parser', 'events', 'SHA-256 of events'],
+      impls.map((impl, i) => [impl.name, fmtStats(s[i]), fmtMbps(s[i]), `${fmtRatio(paired[i].median)} (${fmtRatio(paired[i].min)}–${fmtRatio(paired[i].max)})`, digests[i].events.toLocaleString('en-US'), `\`${digests[i].sha256.slice(0, 16)}…\``]),
+    ),
+  }
+}
+
+export default async function sse(): Promise<Section> {
+  const mod = dshModule as unknown as { parseSSE?: ParseSSE; createSSEParser?: CreateSSEParser; pumpSSE?: PumpSSE }
+  const base = { id: 'sse', title: 'SSE parser', method: '', tables: [] as string[] }
+  if (typeof mod.parseSSE !== 'function') {
+    return {
+      ...base, status: 'not-run', reason: '`parseSSE` (dsh.ts section 6, provider) has not landed on this branch yet; bench/sse.bench.ts is written against its documented API (docs/design.md §9) and runs once it does',
+      targets: [{ name: 'throughput', target: '≥ 1.0× eventsource-parser, byte-identical events', measured: 'not yet run' }],
+    }
+  }
+  const results = [await measureStream('recorded', mod as never), await measureStream('cjk', mod as never)]
   return {
     ...base, status: 'ran',
     method: [
-      `Stream: ${(bytes.length / 1024 / 1024).toFixed(1)} MiB, ${blocks.toLocaleString('en-US')} SSE blocks — the recorded chat-completion chunks of`,
+      `Two streams of ${(STREAM_BYTES / 1024 / 1024).toFixed(0)} MiB each. **Recorded**: the recorded chat-completion chunks of`,
       'shared/fixtures/wire (DeepSeek text, reasoning, tool-call and parallel-tool-call responses, with English, Chinese and emoji',
-      'content) repeated in order, `: keep-alive` comments before ~2% of the blocks, `data: [DONE]` last. Split into',
-      `${chunks.length.toLocaleString('en-US')} network chunks of ${CHUNK_MIN}–${CHUNK_MAX.toLocaleString('en-US')} bytes (log-uniform, seeded; UTF-8 characters are split too), fed as an async`,
-      'iterable of `Uint8Array` to each parser; each event is handed to a consumer that adds up `data.length`.',
+      'content) repeated in order. **CJK/emoji-heavy**: the same chunks with every character of `content` and `reasoning_content`',
+      'replaced by a CJK character or an emoji (so most of the bytes are 3- and 4-byte UTF-8). Both: `: keep-alive` comments before',
+      `~2% of the blocks, \`data: [DONE]\` last, split into network chunks of ${CHUNK_MIN}–${CHUNK_MAX.toLocaleString('en-US')} bytes (log-uniform, seeded; UTF-8`,
+      'characters are split too), fed as an async iterable of `Uint8Array` to each parser; each event is handed to a consumer that',
+      'adds up `data.length`.',
       `Time: ${RUNS} rounds after one warm-up round; a round runs each parser once, in rotating order. Times: median (min–max).`,
       '"vs eventsource-parser" = its time ÷ this parser\'s time in the same round (paired, > 1 = faster), median (min–max) over',
       'the rounds. Identity: SHA-256 over every',
       'event\'s (event, id, data) in order; eventsource-parser\'s absent `event` counts as "message" (the WHATWG default dsh applies).',
     ].join('\n'),
-    tables: [table(
-      ['parser', 'time for the stream', 'throughput', 'vs eventsource-parser', 'events', 'SHA-256 of events'],
-      impls.map((impl, i) => [impl.name, fmtStats(s[i]), fmtMbps(s[i]), `${fmtRatio(paired[i].median)} (${fmtRatio(paired[i].min)}–${fmtRatio(paired[i].max)})`, digests[i].events.toLocaleString('en-US'), `\`${digests[i].sha256.slice(0, 16)}…\``]),
-    )],
-    targets: [
-      { name: 'throughput of `parseSSE`', target: '≥ 1.0× eventsource-parser (`createParser`)', measured: `${fmtRatio(ratio)} paired median (${fmtMbps(s[0])} vs ${fmtMbps(s[1])})`, met: ratio >= 1 },
-      { name: 'same events', target: 'byte-identical to eventsource-parser', measured: identical ? `identical (${digests[0].events.toLocaleString('en-US')} events)` : `DIFFERENT (${digests.map((d) => `${d.events} events ${d.sha256.slice(0, 8)}`).join(' vs ')})`, met: identical },
-    ],
+    tables: results.map((r) => r.table),
+    targets: results.flatMap((r) => r.targets),
   }
 }

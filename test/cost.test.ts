@@ -209,3 +209,13 @@ test('modelled hit: an envelope change caches nothing; a reported prompt size wi
   s.setHeader({ model: 'm', baseURL: 'u', system: 'y'.repeat(40), maxTokens: 20, prices: FLASH })
   assert.equal(s.nextRequestCache().modelledHitTokens, 18 + 108 + 9 + 18 + 9, 'a new budget does not touch the cache')
 })
+
+test('--prices: a DeepSeek model name or HIT,MISS,OUTPUT; a bad value is a usage error naming both forms', async () => {
+  const { parseCliArgs, UsageError } = await import('../dsh.ts')
+  const run = parseCliArgs(['--prices', '0.01,0.5,2', '-p', 'hi'], { DEEPSEEK_API_KEY: 'sk-test' })
+  assert.deepEqual((run as { prices?: Prices }).prices, { cacheHitInput: 0.01, cacheMissInput: 0.5, output: 2 })
+  const replay = parseCliArgs(['replay', 'f.jsonl', '--prices', 'deepseek-v4-pro'], {})
+  assert.equal((replay as { prices?: Prices }).prices, DEEPSEEK_PRICES['deepseek-v4-pro'])
+  assert.throws(() => parseCliArgs(['--prices', '0.01,x,2', '-p', 'hi'], { DEEPSEEK_API_KEY: 'sk-test' }),
+    (e: unknown) => e instanceof UsageError && /--prices must be a DeepSeek model name \(deepseek-flash, deepseek-v4-flash, deepseek-v4-pro\) or HIT,MISS,OUTPUT .* got "0.01,x,2"/.test(e.message))
+})

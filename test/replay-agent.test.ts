@@ -11,6 +11,10 @@ import {
 } from '../dsh.ts'
 import { ScriptedProvider, call, say } from './scripted-provider.ts'
 import { skipWithoutShared, sharedPath } from './shared.ts'
+import { startFakeProvider } from './fake-provider.ts'
+import { dsh as dshChild, tempDir } from './cli-helpers.ts'
+import { writeFile } from 'node:fs/promises'
+import { join } from 'node:path'
 
 const fn = (id: string, name: string, args: string) => ({ id, type: 'function', function: { name, arguments: args } })
 
@@ -229,4 +233,30 @@ test('a rung that replaces one node (compaction/<rung> {shadowedSeqs: [seq]} the
   const out = formatReplay(report)
   assert.match(out, /↳ mask +seq 39: 508 → 10 tokens; shadowedSeqs 7, shadowedTokenCount 508$/m)
   assert.match(out, /^ {2}rung mask +1 \(498 tokens reclaimed\)$/m)
+})
+
+test('CLI: replay --base-url summarises with that server\'s model (x-dsh-purpose: compaction), and says so', async () => {
+  const fake = await startFakeProvider({ script: [{ text: 'S'.repeat(40) }] })
+  try {
+    const cwd = await tempDir()
+    // Eight turns of a 2,000-char user message (508 tokens) and a short answer: no tool results, so
+    // only a summary brings the total under the 3,200-token threshold.
+    const messages: object[] = []
+    for (let i = 1; i <= 8; i++) messages.push({ role: 'user', content: String(i).repeat(2000) }, { role: 'assistant', content: 'ok' })
+    await writeFile(join(cwd, 't.json'), JSON.stringify(messages))
+    const run = await dshChild(['replay', 't.json', '--context-window', '4000', '--base-url', fake.url, '--model', 'local-model'], cwd)
+    assert.equal(run.code, 0, run.stderr)
+    assert.match(run.stdout, /^summaries written by the model local-model$/m)
+    assert.ok(fake.requests.length >= 1)
+    assert.equal(fake.requests[0].headers['x-dsh-purpose'], 'compaction')
+    assert.equal((fake.requests[0].body as { model: string }).model, 'local-model')
+    assert.match(run.stdout, /↳ compact +k\d+: \d+ messages/)
+  } finally { await fake.close() }
+})
+
+test('a transcript that opens with an assistant message: the loop gets an empty input, which is noted and not counted as recorded', async () => {
+  const report = await replayTranscript(readTranscript(JSON.stringify([{ role: 'assistant', content: 'hi' }])), { contextWindow: 1_000 })
+  // '' costs 8 tokens on the surface; 'hi' 1 + 8 = 9.
+  assert.deepEqual(report.rows.map((r) => [r.kind, r.requestTokens ?? null, r.unmanagedTokens, r.afterTokens]), [['turn-start', null, 0, 8], ['step', 8, 0, 17]])
+  assert.ok(report.notes.includes('the transcript opens with an assistant message: replay opened the first turn with an empty user input'))
 })

@@ -190,6 +190,11 @@ test('a 60,000-char tool result at window 16,000: one prune, exact tokens per ro
     compactions: 0, failedCompactions: 0, summaryCalls: 0, requestsOverWindow: 0, unmanagedStepsOverWindow: 0,
     peakUnmanagedTokens: 15_034, peakSummaryRequestTokens: 0, summaryRequestsOverWindow: 0, resultsOverPruneThreshold: 1, ladderWarnings: 0,
     rungs: { prune: 1 }, rungReclaimedTokens: { prune: 13_710 },
+    // deepseek-flash off-peak, modelled hits: request 2 hits the input (11) its predecessor sent; outputs 15 + 9.
+    cost: {
+      dsh: { requests: 2, summaryRequests: 0, inputTokens: 11 + 1_324, cachedInputTokens: 11, cacheHitShare: 11 / 1_335, outputTokens: 24, costUSD: (11 * 0.003 + 1_324 * 0.15 + 24 * 0.6) / 1e6 },
+      unmanaged: { requests: 2, summaryRequests: 0, inputTokens: 11 + 15_034, cachedInputTokens: 11, cacheHitShare: 11 / 15_045, outputTokens: 24, costUSD: (11 * 0.003 + 15_034 * 0.15 + 24 * 0.6) / 1e6 },
+    },
   })
   assert.deepEqual(rest.summaries, { simulated: true, tokens: DEFAULT_REPLAY_SUMMARY_TOKENS })
 })
