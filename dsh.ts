@@ -32,9 +32,9 @@
  *   2. Meter          token estimates (tokens), usage anchor
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
  *   4. Log & surface  append-only session log, surface projection, stores, resume
- *   5. Ladder         prune → clear → compact → spill → fail. A LADDER RUNG goes into
- *                     compactIfNeeded, the rung sequence of the pressure and overflow paths,
- *                     logged as a `compaction/*` event (docs/design.md §5, §10)
+ *   5. Ladder         prune → clear → compact → fail, spill at write time; recall. A LADDER RUNG
+ *                     is a function like pruneMessages plus one line in Ladder.relievePressure
+ *                     (and recoverOverflow), logged as a `compaction/*` event (docs/design.md §5, §10)
  *   6. Provider       6.0 configuration (DeepSeek defaults, KNOWN_MODELS), 6.1 SSE parser, 6.2 error
  *                     classifier — a PROVIDER'S ERROR WORDING goes into OVERFLOW_PATTERNS (context
  *                     overflow; RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for the rest)
