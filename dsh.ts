@@ -18,7 +18,8 @@
  *                                          summary max 8,192 tokens, 1 compaction retry,
  *                                          1 overflow retry, spill over 256 KiB, auto on
  *   provider   openAICompatible / deepseek max_tokens 32,768 (clamped to the window), 5 retries
- *                                          500 ms → 10 s, idle timeout 300 s
+ *                                          500 ms → 10 s, idle timeout 300 s; prices: DEEPSEEK_PRICES
+ *                                          for deepseek(), none for openAICompatible (cost unknown)
  *   loop       Agent                       200 steps per turn; tools run one at a time
  *
  * LIMITS: token counts are a heuristic (UTF-16 units / 4 + 8 per message) until a provider reports
@@ -29,7 +30,7 @@
  * CONTENTS (sections follow the data; docs/design.md has the same numbers where a topic matches)
  *   PART I — THE RUNTIME (web standards only; `dist/dsh.mjs` is exactly this part)
  *   1. Types          messages, blocks, events, provider contract, errors
- *   2. Meter          token estimates (tokens), usage anchor
+ *   2. Meter          token estimates (tokens), usage anchor; 2.1 cost: prices applied to tokens (USD)
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
  *   4. Log & surface  append-only session log, surface projection, stores, resume
  *   5. Ladder         prune → clear → compact → spill → fail. A LADDER RUNG goes into the rung
