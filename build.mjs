@@ -111,7 +111,9 @@ async function buildInto(entry, source, outdir, dts, log) {
     tsconfigRaw: { compilerOptions: { verbatimModuleSyntax: true } },
     logLevel: 'warning',
   }
-  await esbuild.build({ ...common, format: 'esm', outfile: join(outdir, 'dsh.mjs') })
+  // Whitespace is kept: esbuild drops comments with it, and the `/* @__PURE__ */` marks on the
+  // runtime's load-time constants are what lets an app's bundler drop the ones it does not use.
+  await esbuild.build({ ...common, minify: false, minifySyntax: true, minifyIdentifiers: true, format: 'esm', outfile: join(outdir, 'dsh.mjs') })
   await esbuild.build({ ...common, format: 'iife', globalName: 'DSH', outfile: join(outdir, 'dsh.iife.js') })
   // The whole file for the command line; `import(import.meta.url)` in its entry check stays as is.
   await esbuild.build({

@@ -769,7 +769,7 @@ export interface SurfaceNode {
  * call/result pairing, a corrupt log file (with its line), a store that could not be read or written,
  * or a pin that is refused (it would not fit, or an edit would touch a pinned message).
  */
-export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'PIN'
+export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'PIN' | 'LOCKED'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
 export class SessionError extends Error {
@@ -789,6 +789,9 @@ export class SessionError extends Error {
  * 1-based, `bytes` its UTF-8 length, `savedTo` where FileStore kept its bytes.
  */
 export interface TornLine { line: number; bytes: number; savedTo?: string }
+
+/** Who holds a session log's lock file (`FILE.lock`): process id, host name, and when it took the lock (ms since the epoch). */
+export interface LogLockHolder { pid: number; host: string; time: number }
 
 /** What a store returns on load. */
 export interface LoadedLog { events: SessionEvent[]; torn?: TornLine }
@@ -845,8 +848,10 @@ function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined 
 }
 
 /**
- * Parses JSONL log text. `goodLength` is the UTF-16 length of the whole lines. A last line without its newline that does not parse is torn (dropped and
- * reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line.
+ * Parses JSONL log text. `goodLength` is the UTF-16 length of the whole lines. A last line without
+ * its newline that starts like an event (`{"seq":`) but does not parse is torn (dropped and
+ * reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line, so a
+ * file that is not a dsh log (a one-line `.env`) is refused, never repaired.
  */
 export function parseLogText(text: string): { events: SessionEvent[]; torn?: TornLine; goodLength: number } {
   const events: SessionEvent[] = []
@@ -866,8 +871,8 @@ export function parseLogText(text: string): { events: SessionEvent[]; torn?: Tor
 }
 
 /**
- * One log line (without its newline) → its event. `'torn'`: the last line, unterminated, does not
- * parse (a crash cut it); `'blank'`: trailing white space at the end of the file. Anything else
+ * One log line (without its newline) → its event. `'torn'`: the last line, unterminated, starts
+ * like an event (`{"seq":`) but does not parse (a crash cut it; a one-line `.env` is refused); `'blank'`: trailing white space at the end of the file. Anything else
  * that is wrong throws `SessionError('LOG_CORRUPT')` naming the 1-based `line`.
  */
 function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent | 'torn' | 'blank' {
@@ -877,7 +882,8 @@ function parseLogLine(raw: string, line: number, expectedSeq: number, terminated
   }
   let value: unknown
   try { value = JSON.parse(raw) } catch {
-    if (!terminated) return 'torn'
+    // Torn: the start of an event dsh wrote ({"seq":…), cut short. Anything else is not a dsh log.
+    if (!terminated && raw.startsWith('{"seq":')) return 'torn'
     throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
   }
   const problem = eventShapeProblem(value, expectedSeq)
@@ -899,6 +905,8 @@ const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
 
 /**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
+ * One writer per log (docs/design.md §13): the first write takes `FILE.lock` (see
+ * {@link acquireLogLock}) and `close()` gives it back; reading takes no lock.
  * `sync()` fsyncs. Loading streams the file line by line (no whole-file string, no size ceiling),
  * drops a torn last line — its bytes are saved beside the log as `FILE.torn-<time>` and the file is
  * truncated to its last whole line — and refuses any other corruption with the line number.
@@ -908,15 +916,59 @@ const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
  */
 export class FileStore implements LogStore {
   readonly path: string
+  /** The lock file, `FILE.lock`. */
+  readonly lockPath: string
   private handle: any
   private reader: any
   private needsNewline = false
+  private locked = false
+  private repairOnly = false
+  /** The file's size in bytes as this store last saw it (-1: absent); a first write refuses a log that changed since. */
+  private seenBytes?: number
+  /** The lock of a dead process this store took over, if any: for the caller to report (docs/design.md §13). */
+  staleLock?: LogLockHolder
   /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
   private lineStarts?: number[]
-  constructor(path: string) { this.path = path }
+  constructor(path: string) { this.path = path; this.lockPath = `${path}.lock` }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
+  /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('LOCKED')`. */
+  private async lock(): Promise<void> {
+    if (this.locked) return
+    const stale = await acquireLogLock(this.path, this.lockPath)
+    this.locked = true
+    if (stale) this.staleLock = stale
+  }
+
+  private async unlock(): Promise<void> {
+    if (!this.locked) return
+    this.locked = false
+    await releaseLogLock(this.lockPath)
+  }
+
+  private async sizeNow(): Promise<number> {
+    try { return (await (await this.fs()).stat(this.path)).size } catch (err: any) {
+      if (err?.code === 'ENOENT') return -1
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
+    }
+  }
+
+  /** Takes the lock for a torn-line repair; false when another live process holds it. */
+  private async lockForRepair(): Promise<boolean> {
+    if (this.locked) return true
+    try { await this.lock() } catch (err) {
+      if (err instanceof SessionError && err.code === 'LOCKED') return false
+      throw err
+    }
+    this.repairOnly = true
+    return true
+  }
+
+  /**
+   * Reads the log (see {@link FileStore.scan}). Reading takes no lock; repairing a torn last line
+   * does (for the repair only).
+   */
   async load(): Promise<LoadedLog> {
     const events: SessionEvent[] = []
     const { torn } = await this.scan((e) => { events.push(e) })
@@ -927,7 +979,7 @@ export class FileStore implements LogStore {
     const fs = await this.fs()
     let fh: any
     try { fh = await fs.open(this.path, 'r') } catch (err: any) {
-      if (err?.code === 'ENOENT') { this.lineStarts = [0]; return {} }
+      if (err?.code === 'ENOENT') { this.lineStarts = [0]; this.seenBytes = -1; return {} }
       throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
     }
     const starts: number[] = [0]
@@ -936,6 +988,7 @@ export class FileStore implements LogStore {
     let tornAt = -1
     try {
       const size: number = (await fh.stat()).size
+      this.seenBytes = size
       for await (const lines of lineChunks(fh, 0, size)) {
         for (const { bytes, at, terminated } of lines) {
           const line = starts.length
@@ -947,13 +1000,20 @@ export class FileStore implements LogStore {
           if (!terminated) this.needsNewline = true
         }
       }
-      if (torn) {
-        const savedTo = `${this.path}.torn-${Date.now()}`
-        const tail = new Uint8Array(size - tornAt)
-        await fh.read(tail, 0, tail.length, tornAt)
-        await fs.writeFile(savedTo, tail)
-        await fs.truncate(this.path, tornAt)
-        torn.savedTo = savedTo
+      // The repair is a write: it takes the lock for its duration. A live holder's torn-looking
+      // last line may be its append in flight: reported, not repaired (and this store cannot write).
+      if (torn && !(await this.lockForRepair())) this.seenBytes = undefined // not repaired: this store must not append
+      else if (torn) {
+        try {
+          if ((await this.sizeNow()) !== size) throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another process writes to it); open it again`)
+          const savedTo = `${this.path}.torn-${Date.now()}`
+          const tail = new Uint8Array(size - tornAt)
+          await fh.read(tail, 0, tail.length, tornAt)
+          await fs.writeFile(savedTo, tail)
+          await fs.truncate(this.path, tornAt)
+          this.seenBytes = tornAt
+          torn.savedTo = savedTo
+        } finally { if (this.repairOnly) { this.repairOnly = false; await this.unlock() } }
       }
     } catch (err) {
       if (err instanceof SessionError) throw err
@@ -963,9 +1023,23 @@ export class FileStore implements LogStore {
     return { torn }
   }
 
+  /**
+   * Appends events. The first write takes the lock, and refuses (`SessionError('LOCKED')`) when
+   * another live process holds it or when the file changed since this store loaded it.
+   */
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
     if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
+    if (!this.locked) {
+      await this.lock()
+      const size = await this.sizeNow()
+      if (size !== this.seenBytes) {
+        await this.unlock()
+        throw new SessionError('LOCKED', this.seenBytes === undefined
+          ? `session log ${this.path} ends with a torn line that another process held it during; open it again`
+          : `session log ${this.path} changed since it was loaded (${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): another process wrote to it; open it again`)
+      }
+    }
     const starts = this.lineStarts!
     const encoder = new TextEncoder()
     const parts: Uint8Array[] = []
@@ -980,6 +1054,7 @@ export class FileStore implements LogStore {
     let pos = 0
     for (const part of parts) { buffer.set(part, pos); pos += part.length }
     await this.write(buffer)
+    this.seenBytes! += buffer.length
     this.needsNewline = false
     for (const a of added) starts.push(a)
   }
@@ -1038,11 +1113,14 @@ export class FileStore implements LogStore {
 
   async getArtefact(ref: string): Promise<string> { return await (await this.fs()).readFile(ref, 'utf8') }
 
+  /** Closes the file and gives the lock back. */
   async close(): Promise<void> {
     const h = this.handle, r = this.reader
     this.handle = undefined; this.reader = undefined
-    if (h) await h.close()
-    if (r) await r.close()
+    try {
+      if (h) await h.close()
+      if (r) await r.close()
+    } finally { await this.unlock() }
   }
 }
 
@@ -1088,6 +1166,83 @@ function concatBytes(parts: Uint8Array[]): Uint8Array {
   let at = 0
   for (const p of parts) { out.set(p, at); at += p.length }
   return out
+}
+
+/** Locks this process holds: lock path → how many FileStores share it (one process, one holder). */
+const heldLogLocks = new Map<string, number>()
+let logLockExitHooked = false
+
+/** The holder recorded in a lock file, or undefined when the file does not say. */
+function parseLockHolder(text: string): LogLockHolder | undefined {
+  const v = parseJSONOrUndefined(text)
+  if (!isRecord(v) || !Number.isSafeInteger(v.pid) || typeof v.host !== 'string' || typeof v.time !== 'number') return undefined
+  return { pid: v.pid, host: v.host, time: v.time }
+}
+
+const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.host} (since ${new Date(h.time).toISOString()})`
+
+/**
+ * One writer per session log (docs/design.md §13). Creates `lockPath` exclusively (O_EXCL) holding
+ * `{pid, host, time}`. When it exists: a holder that is this process shares it; a live holder, a
+ * holder on another host (whose pid cannot be checked) or an unreadable lock file is refused with
+ * `SessionError('LOCKED')` naming the holder and the lock file; the lock of a dead process on this
+ * host is stale: taken over (by rename, so two processes cannot both take it) and returned, for the
+ * caller to report. The lock is removed by {@link releaseLogLock}, and at process exit.
+ * @returns the stale holder taken over, if any.
+ */
+export async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLockHolder | undefined> {
+  const [fs, os, { default: proc }] = await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'), importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
+  const host = os.hostname()
+  const me: LogLockHolder = { pid: proc.pid, host, time: Date.now() }
+  const held = heldLogLocks.get(lockPath)
+  if (held !== undefined) { heldLogLocks.set(lockPath, held + 1); return undefined }
+  const refuse = (why: string): never => { throw new SessionError('LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`) }
+  let stale: LogLockHolder | undefined
+  for (let round = 0; ; round++) {
+    try {
+      const handle = await fs.open(lockPath, 'wx')
+      try { await handle.writeFile(JSON.stringify(me) + '\n') } finally { await handle.close() }
+      break
+    } catch (err: any) {
+      if (err?.code !== 'EEXIST') throw new SessionError('STORE', `cannot create the lock file ${lockPath}: ${err?.message ?? err}`)
+    }
+    let text: string
+    try { text = await fs.readFile(lockPath, 'utf8') } catch (err: any) {
+      if (err?.code === 'ENOENT' && round < 3) continue // released meanwhile: try again
+      throw new SessionError('STORE', `cannot read the lock file ${lockPath}: ${err?.message ?? err}`)
+    }
+    const holder = parseLockHolder(text)
+    if (!holder) refuse(`has a lock file that does not name its holder (${JSON.stringify(text.slice(0, 80))}); if no dsh is using this log, delete the lock file`)
+    if (holder!.pid === proc.pid && holder!.host === host) { heldLogLocks.set(lockPath, 1); return undefined } // ours, from before a close we skipped
+    if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, delete the lock file`)
+    let alive = true
+    try { proc.kill(holder!.pid, 0) } catch (err: any) { alive = err?.code !== 'ESRCH' }
+    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file`)
+    if (round >= 3) refuse(`is being taken over by another process (the lock of ${describeHolder(holder!)} was stale)`)
+    // Stale: move it aside, check that what moved is what we judged stale, then create ours.
+    const aside = `${lockPath}.stale-${proc.pid}-${Date.now()}`
+    try { await fs.rename(lockPath, aside) } catch { continue }
+    const moved = await fs.readFile(aside, 'utf8').catch(() => '')
+    if (moved !== text) { await fs.link(aside, lockPath).catch(() => {}); await fs.unlink(aside).catch(() => {}); continue } // a live lock: put it back
+    await fs.unlink(aside).catch(() => {})
+    stale = holder
+  }
+  heldLogLocks.set(lockPath, 1)
+  if (!logLockExitHooked) {
+    logLockExitHooked = true
+    const fsSync = await importNode<typeof import('node:fs')>('node:fs')
+    proc.on('exit', () => { for (const path of heldLogLocks.keys()) { try { fsSync.unlinkSync(path) } catch { /* gone */ } } })
+  }
+  return stale
+}
+
+/** Gives back one hold of a lock taken by {@link acquireLogLock}; the last one removes the file. */
+export async function releaseLogLock(lockPath: string): Promise<void> {
+  const held = heldLogLocks.get(lockPath)
+  if (held === undefined) return
+  if (held > 1) { heldLogLocks.set(lockPath, held - 1); return }
+  heldLogLocks.delete(lockPath)
+  await (await importNode<typeof import('node:fs/promises')>('node:fs/promises')).unlink(lockPath).catch(() => {})
 }
 
 function validateBlocks(blocks: unknown, where: string): void {
@@ -1319,6 +1474,10 @@ export class Session {
 
   /** Validates an event against the current state without changing anything. */
   private check(type: string, data: any): void {
+    if (type === 'request/header' && data.prices !== undefined) {
+      try { validatePrices(data.prices, 'request/header: prices') } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
+    }
+    if (type === 'compaction/end' && data.requests !== undefined) checkSummaryRequests(data.requests)
     if (type === 'surface/pin' || type === 'surface/unpin') {
       const seq = data.seq
       if (!Number.isInteger(seq) || !this.bySeq.has(seq)) throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
@@ -1700,6 +1859,7 @@ export class Session {
       this.pending = []
       try { await this.store.append(batch) } catch (err) {
         this.pending = batch.concat(this.pending) // keep them for the next attempt: nothing is lost
+        if (err instanceof SessionError && err.code === 'LOCKED') throw err // another writer: say who
         throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: ${(err as Error)?.message ?? err}`)
       }
     }
@@ -1724,6 +1884,20 @@ interface RequestEntry {
   outputTokens: number
   usage?: Usage
   prices?: Prices
+}
+
+/** Throws `SessionError('INVALID_EVENT')` unless `requests` is a list of {@link SummaryRequestRecord}s (cost figures stay numbers). */
+function checkSummaryRequests(requests: unknown): void {
+  const count = (v: unknown) => typeof v === 'number' && Number.isFinite(v) && v >= 0
+  if (!Array.isArray(requests)) throw new SessionError('INVALID_EVENT', 'compaction/end: requests must be an array of summary request records')
+  requests.forEach((r, i) => {
+    const ok = typeof r === 'object' && r !== null && typeof r.model === 'string' && count(r.inputTokens) && count(r.modelledHitTokens) && count(r.outputTokens)
+      && (r.usage === undefined || (typeof r.usage === 'object' && r.usage !== null && count(r.usage.promptTokens) && count(r.usage.completionTokens)))
+    if (!ok) throw new SessionError('INVALID_EVENT', `compaction/end: requests[${i}] must be {model, inputTokens, modelledHitTokens, outputTokens, usage?} with token counts as non-negative numbers, got ${JSON.stringify(r)?.slice(0, 120)}`)
+    if (r.prices !== undefined) {
+      try { validatePrices(r.prices, `compaction/end: requests[${i}].prices`) } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
+    }
+  })
 }
 
 /** What the prompt cache is keyed on besides the messages: model, base URL, system prompt, tools. */
@@ -1886,10 +2060,11 @@ function callFacts(call: ToolCallBlock): { kind: 'read' | 'written' | 'edited'; 
   return { kind: EDIT_WORD.test(verb) ? 'edited' : WRITE_WORD.test(verb) ? 'written' : 'read', paths, command }
 }
 
-/** The first line of an error text that reads as an error (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
+/** The first line of an error text that reads as an error and is not an echoed command (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
 function errorLine(text: string): string | undefined {
   const lines = text.split(/\r\n|\r|\n/).map((l) => l.trim()).filter((l) => l !== '')
-  const line = lines.find((l) => ERROR_WORD.test(l)) ?? lines[0]
+  // An echoed command (`> node -e …` from npm, `$ cmd`, `+ cmd` from sh -x) quotes the error it prints: skip it.
+  const line = lines.find((l) => ERROR_WORD.test(l) && !/^(> |\$ |\+ )/.test(l)) ?? lines[0]
   if (line === undefined) return undefined
   const end = indexAfterCodePoints(line, LEDGER_ERROR_LINE_CODE_POINTS)
   return end < line.length ? line.slice(0, end) + '…' : line
@@ -2363,6 +2538,7 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
 export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal, focus?: string): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
+  const hooks = host // the hooks see the host itself (ctx.agent is the Agent), not the recording wrapper
   host = withRecordingSummarizer(host, records)
   const nodes = session.surface().slice(region.start, region.end)
   const first = nodes[0].seq, last = nodes[nodes.length - 1].seq
@@ -2373,7 +2549,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
   session.append('compaction/start', { id, trigger })
   let requests = 0
   try {
-    const verdict = await host.beforeCompaction?.(info, signal)
+    const verdict = await hooks.beforeCompaction?.(info, signal)
     if (verdict?.cancel) throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
     if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}` : verdict.focus.trim()
     const fullLedger = await regionLedger(session, nodes)
@@ -2393,7 +2569,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
     })
     const seq = session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
     session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens, requests: records })
-    try { await host.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
+    try { await hooks.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
       host.warn(`a compaction/after hook failed: ${(err as Error)?.message ?? err}`)
     }
     return requests
@@ -4524,6 +4700,13 @@ export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
   grepDefaultMatches: 100,
   /** grep: the most matches the model may ask for. */
   grepMaxMatches: 1_000,
+  /** grep: time limit of one search (walk, glob and regex matching, in a worker), in ms. */
+  grepTimeoutMs: 30_000,
+  /** grep: lines longer than this (UTF-16 units) are not matched against a regular expression
+   *  (a quadratic pattern on a minified line never ends); they are counted, and fixed_strings searches them. */
+  grepMaxLineUnits: 10_000,
+  /** write_file and edit_file: the largest file they write, and the largest file edit_file reads, in bytes. */
+  maxWriteBytes: 16 * 1024 * 1024,
   /** shell: timeout of a command when the model gives no `timeout_ms`, in ms. */
   shellTimeoutMs: 120_000,
   /** shell: the longest `timeout_ms` the model may ask for, in ms. */
@@ -4558,6 +4741,10 @@ export interface BuiltinToolsOptions {
   listMaxEntries?: number
   /** grep: the most matches the model may ask for with `max_matches`. Default 1,000. */
   grepMaxMatches?: number
+  /** grep: time limit of one search in ms; past it the worker is stopped and the tool fails naming the limit. Default 30,000. */
+  grepTimeoutMs?: number
+  /** grep: longest line (UTF-16 units) matched against a regular expression. Default 10,000. */
+  grepMaxLineUnits?: number
   /** shell: timeout in ms when the model gives no `timeout_ms`. Default 120,000. */
   shellTimeoutMs?: number
   /** shell: the longest `timeout_ms` the model may ask for, in ms. Default 600,000. */
@@ -4565,6 +4752,11 @@ export interface BuiltinToolsOptions {
   /** shell: the environment commands start from. Default: this process's environment. Either way
    *  it is scrubbed by {@link shellEnvironment} with `shellEnvKeep` and `shellEnvDrop`. */
   shellEnv?: Record<string, string | undefined>
+  /** write_file and edit_file: the largest file they write (and edit_file reads), in bytes. Default 16 MiB. */
+  maxWriteBytes?: number
+  /** The session log's path (the CLI's `--session`): the write tools refuse it, its lock file, its
+   *  artefacts and its torn-line copies (every `FILE.*`), wherever it lies. */
+  sessionLog?: string
   /** shell: names of variables kept although they look secret (`--shell-env NAME`). */
   shellEnvKeep?: readonly string[]
   /** shell: names of variables always dropped, e.g. the API key variables; a variable holding the
@@ -4580,6 +4772,9 @@ interface ToolHost {
   /** realpath of the working directory. */
   root: string
   maxOutputUnits: number
+  maxWriteBytes: number
+  /** Real paths the write tools refuse, with everything named `P.*` beside them (the session log). */
+  protectedPaths: string[]
 }
 
 /**
@@ -4607,7 +4802,7 @@ interface ToolHost {
  * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop']
+  const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineUnits', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop', 'maxWriteBytes', 'sessionLog']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -4623,6 +4818,7 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
   const readLimitLines = num('readLimitLines')
   const listMaxEntries = num('listMaxEntries')
   const grepMaxMatches = num('grepMaxMatches')
+  const grepLimits = { timeoutMs: num('grepTimeoutMs'), maxLineUnits: num('grepMaxLineUnits') }
   const shellTimeoutMs = num('shellTimeoutMs')
   const shellMaxTimeoutMs = num('shellMaxTimeoutMs')
   if (shellTimeoutMs > shellMaxTimeoutMs) {
@@ -4634,11 +4830,13 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
     throw new Error(`builtinTools: working directory ${options.cwd} is not usable (${fsErrorReason(error)})`, { cause: error })
   }
   if (!(await fs.stat(root)).isDirectory()) throw new Error(`builtinTools: working directory ${options.cwd} is not a directory`)
-  const host: ToolHost = { fs, path, root, maxOutputUnits }
+  if (options.sessionLog !== undefined && (typeof options.sessionLog !== 'string' || options.sessionLog === '')) throw new TypeError('builtinTools: options.sessionLog must be a file path')
+  const host: ToolHost = { fs, path, root, maxOutputUnits, maxWriteBytes: num('maxWriteBytes'), protectedPaths: [] }
+  if (options.sessionLog !== undefined) host.protectedPaths.push(await realpathLenient(host, path.resolve(root, options.sessionLog)))
   const tools = [
     readFileTool(host, readLimitLines),
     listFilesTool(host, listMaxEntries),
-    grepTool(host, Math.min(BUILTIN_TOOL_DEFAULTS.grepDefaultMatches, grepMaxMatches), grepMaxMatches),
+    grepTool(host, Math.min(BUILTIN_TOOL_DEFAULTS.grepDefaultMatches, grepMaxMatches), grepMaxMatches, grepLimits),
     writeFileTool(host),
     editFileTool(host),
   ]
@@ -4713,22 +4911,47 @@ function fsError(tool: string, shown: string, error: unknown, hint = ''): Error 
   return new Error(`${tool}: cannot use ${shown}: ${fsErrorReason(error)}${fix}`, { cause: error })
 }
 
-/** realpath that also works for paths that do not exist yet: the missing tail is re-appended to
- *  the realpath of the longest existing prefix, and a dangling symlink is followed by hand (so that
- *  writing through it cannot land outside the working directory). */
-async function realpathLenient(host: ToolHost, target: string, hops = 0): Promise<string> {
+/** Longest path argument accepted, in UTF-16 units (Linux PATH_MAX is 4,096 bytes). */
+const TOOL_MAX_PATH_UNITS = 4096
+/** Symlinks followed while resolving one path before it counts as a loop (as Linux's 40). */
+const TOOL_MAX_SYMLINK_HOPS = 40
+
+/**
+ * realpath that also works for paths that do not exist yet (a new file's path is checked too): one `realpath` when the path exists; otherwise a walk from the file-system root, one
+ * `lstat` per component, following symlinks by hand (also dangling ones, so that writing through
+ * one cannot land outside) and keeping the missing tail as written. Cost linear in the number of
+ * components (plus the links followed, at most {@link TOOL_MAX_SYMLINK_HOPS}); checks `signal`
+ * between steps.
+ */
+async function realpathLenient(host: ToolHost, target: string, signal?: AbortSignal): Promise<string> {
   const { fs, path } = host
   try { return await fs.realpath(target) } catch (error) {
     const code = (error as { code?: unknown }).code
     if (code !== 'ENOENT' && code !== 'ENOTDIR') throw error
   }
-  const parent = path.dirname(target)
-  if (parent === target) return target
-  const candidate = path.join(await realpathLenient(host, parent, hops), path.basename(target))
-  let link: string
-  try { link = await fs.readlink(candidate) } catch { return candidate }
-  if (hops >= 40) throw Object.assign(new Error(`too many symbolic links at ${candidate}`), { code: 'ELOOP' })
-  return realpathLenient(host, path.resolve(path.dirname(candidate), link), hops + 1)
+  const { root } = path.parse(target)
+  const rest = target.slice(root.length).split(path.sep).filter((c) => c !== '' && c !== '.')
+  let real = root
+  let hops = 0
+  while (rest.length > 0) {
+    if (signal?.aborted) throw Object.assign(new Error('cancelled'), { code: 'ABORT_ERR' })
+    const part = rest.shift()!
+    if (part === '..') { real = path.dirname(real); continue }
+    const next = path.join(real, part)
+    let st
+    try { st = await fs.lstat(next) } catch (error) {
+      const code = (error as { code?: unknown }).code
+      if (code === 'ENOENT' || code === 'ENOTDIR') return path.resolve(next, ...rest) // missing from here on: the rest as written
+      throw error
+    }
+    if (!st.isSymbolicLink()) { real = next; continue }
+    if (++hops > TOOL_MAX_SYMLINK_HOPS) throw Object.assign(new Error(`too many symbolic links at ${next}`), { code: 'ELOOP' })
+    const link = await fs.readlink(next)
+    const linkRoot = path.parse(link).root
+    if (linkRoot !== '') real = linkRoot
+    rest.unshift(...link.slice(linkRoot.length).split(path.sep).filter((c) => c !== '' && c !== '.'))
+  }
+  return real
 }
 
 function isInside(path: NodePath, root: string, target: string): boolean {
@@ -4743,19 +4966,114 @@ function shownPath(host: ToolHost, real: string): string {
 }
 
 /** Resolves a path argument and refuses it when it leaves the working directory. */
-async function confine(host: ToolHost, tool: string, input: string): Promise<{ real: string; shown: string }> {
+async function confine(host: ToolHost, tool: string, input: string, signal?: AbortSignal): Promise<{ real: string; shown: string }> {
   const { path, root } = host
   if (input === '') throw new Error(`${tool}: "path" is empty; give a path relative to the working directory, e.g. "."`)
   if (input.includes('\0')) throw new Error(`${tool}: "path" contains a NUL character`)
+  if (input.length > TOOL_MAX_PATH_UNITS) throw new Error(`${tool}: "path" is ${input.length} characters long; the limit is ${TOOL_MAX_PATH_UNITS}`)
   const lexical = path.resolve(root, input)
   let real: string
-  try { real = await realpathLenient(host, lexical) } catch (error) { throw fsError(tool, JSON.stringify(input), error) }
+  try { real = await realpathLenient(host, lexical, signal) } catch (error) {
+    if (signal?.aborted) throw new Error(`${tool}: cancelled`)
+    throw fsError(tool, JSON.stringify(input), error)
+  }
   if (!isInside(path, root, real)) {
     const how = isInside(path, root, lexical) ? 'through a symlink to' : 'to'
     throw new Error(`${tool}: ${JSON.stringify(input)} is outside the working directory ${root} ` +
       `(it resolves ${how} ${real}); these tools can only reach files inside the working directory, so use a path inside it`)
   }
   return { real, shown: shownPath(host, real) }
+}
+
+// ── opening without a check-then-use gap (docs/design.md §13) ──
+
+/** The path the kernel gives for an open handle (Linux /proc/self/fd), or undefined where there is none. */
+async function handlePath(host: ToolHost, handle: { fd: number }): Promise<string | undefined> {
+  try { return await host.fs.readlink(`/proc/self/fd/${handle.fd}`) } catch { return undefined }
+}
+
+/**
+ * Opens `real` for reading without following a symlink at its end (O_NOFOLLOW) and without
+ * blocking on a FIFO (O_NONBLOCK), then checks the handle: a regular file, and — where the kernel
+ * tells (Linux) — at `real` itself, so a directory swapped for a symlink after {@link confine}
+ * is caught. The caller closes the handle.
+ */
+async function openVerified(host: ToolHost, tool: string, real: string, shown: string, missingHint = ''): Promise<{ handle: import('node:fs/promises').FileHandle; size: number; nlink: number }> {
+  const { O_RDONLY, O_NOFOLLOW = 0, O_NONBLOCK = 0 } = host.fs.constants
+  let handle: import('node:fs/promises').FileHandle
+  try { handle = await host.fs.open(real, O_RDONLY | O_NOFOLLOW | O_NONBLOCK) } catch (error) {
+    const code = (error as { code?: unknown }).code
+    if (code === 'ELOOP') throw new Error(`${tool}: ${shown} became a symbolic link after it was checked; not opened`)
+    throw fsError(tool, shown, error, code === 'ENOENT' ? missingHint : '')
+  }
+  try {
+    const st = await handle.stat()
+    if (st.isDirectory()) throw new Error(`${tool}: ${shown} is a directory; use list_files to see what is in it`)
+    if (!st.isFile()) throw new Error(`${tool}: ${shown} is not a regular file (a FIFO, socket or device); these tools read and write regular files only`)
+    const opened = await handlePath(host, handle)
+    if (opened !== undefined && opened !== real) throw new Error(`${tool}: ${shown} resolved to ${opened} when opened, not ${real} (a path changed after it was checked); not used`)
+    return { handle, size: st.size, nlink: st.nlink }
+  } catch (error) { await handle.close(); throw error }
+}
+
+/**
+ * Refuses a write the tools must never make (docs/design.md §13): into `.git` (any component, any
+ * case: hooks and config run commands), to the session log or anything beside it named `LOG.*`
+ * (lock, artefacts, torn lines), to a file with more than one hard link (its other names may lie
+ * outside), or to anything but a regular file.
+ */
+async function refuseWrite(host: ToolHost, tool: string, real: string, shown: string): Promise<{ mode?: number; bytes?: number }> {
+  const { path } = host
+  if (path.relative(host.root, real).split(path.sep).some((c) => c.toLowerCase() === '.git')) {
+    throw new Error(`${tool}: ${shown} is inside .git; the tools never write git's own files (its config and hooks can run commands); change the working tree instead`)
+  }
+  for (const p of host.protectedPaths) {
+    if (real === p || real.startsWith(p + '.')) throw new Error(`${tool}: ${shown} is the session log or one of its files (${shownPath(host, p)}.*); the tools never write the log of the session they run in`)
+  }
+  let st
+  try { st = await host.fs.lstat(real) } catch (error) {
+    if ((error as { code?: unknown }).code === 'ENOENT') return {}
+    throw fsError(tool, shown, error)
+  }
+  if (st.isDirectory()) throw new Error(`${tool}: ${shown} is a directory; give a file path`)
+  if (st.isSymbolicLink()) throw new Error(`${tool}: ${shown} became a symbolic link after it was checked; not written`)
+  if (!st.isFile()) throw new Error(`${tool}: ${shown} is not a regular file (a FIFO, socket or device); these tools write regular files only`)
+  if (st.nlink > 1) throw new Error(`${tool}: ${shown} has ${st.nlink} hard links; writing it would change its other names too, which may lie outside the working directory; not written`)
+  return { mode: st.mode & 0o7777, bytes: st.size }
+}
+
+/**
+ * Writes `content` to `real` as a new file beside it (created exclusively, so no symlink is
+ * followed; its directory checked through the open handle, Linux), then renamed over `real`: the
+ * write lands whole or not at all, and never outside. A directory swapped for a symlink in between
+ * can make the empty temp file appear outside for a moment; it is found through its handle and
+ * removed. Keeps the old file's mode.
+ */
+async function writeReplacing(host: ToolHost, tool: string, real: string, shown: string, content: string, mode: number | undefined): Promise<void> {
+  const { fs, path } = host
+  const dir = path.dirname(real)
+  try { await fs.mkdir(dir, { recursive: true }) } catch (error) { throw fsError(tool, shown, error) }
+  const temp = path.join(dir, `.${path.basename(real)}.dsh-${randomId()}.tmp`)
+  let handle
+  try { handle = await fs.open(temp, 'wx', mode ?? 0o666) } catch (error) { throw fsError(tool, shown, error) }
+  let renamed = false
+  let tempReal = temp // where the temp file really is: its cleanup must not follow a swapped path
+  try {
+    const opened = await handlePath(host, handle)
+    if (opened !== undefined) tempReal = opened
+    if (opened !== undefined && path.dirname(opened) !== dir) throw new Error(`${tool}: the directory of ${shown} resolved to ${path.dirname(opened)} when written, not ${dir} (a path changed after it was checked); not written`)
+    await handle.writeFile(content, 'utf8')
+    if (mode !== undefined) await handle.chmod(mode)
+    await handle.close()
+    handle = undefined
+    await fs.rename(temp, real)
+    renamed = true
+  } catch (error) {
+    throw error instanceof Error && error.message.startsWith(`${tool}:`) ? error : fsError(tool, shown, error)
+  } finally {
+    await handle?.close().catch(() => {})
+    if (!renamed) await fs.unlink(tempReal).catch(() => {})
+  }
 }
 
 // ── output caps ──
@@ -4808,14 +5126,9 @@ function readFileTool(host: ToolHost, defaultLines: number): Tool {
       const args = toolArgs('read_file', rawArgs, ['path', 'offset', 'limit'])
       const offset = argInt('read_file', args, 'offset', 1, 1, Number.MAX_SAFE_INTEGER, 'a 1-based line number')
       const limit = argInt('read_file', args, 'limit', defaultLines, 1, Number.MAX_SAFE_INTEGER, 'lines')
-      const { real, shown } = await confine(host, 'read_file', argString('read_file', args, 'path'))
-      let st
-      try { st = await host.fs.stat(real) } catch (error) { throw fsError('read_file', shown, error) }
-      if (st.isDirectory()) throw new Error(`read_file: ${shown} is a directory; use list_files to see what is in it`)
-      if (!st.isFile()) throw new Error(`read_file: ${shown} is not a regular file`)
-      const size = st.size
-      if (size === 0) return `(${shown} is empty: 0 bytes)`
-      const handle = await host.fs.open(real, 'r').catch((error: unknown) => { throw fsError('read_file', shown, error) })
+      const { real, shown } = await confine(host, 'read_file', argString('read_file', args, 'path'), ctx.signal)
+      const { handle, size } = await openVerified(host, 'read_file', real, shown)
+      if (size === 0) { await handle.close(); return `(${shown} is empty: 0 bytes)` }
       // Streamed in chunks: reading lines 1-100 of a 1 GB log must not load the whole file.
       const lines: string[] = []
       let used = 0 // UTF-16 units in lines.join('\n')
@@ -4899,7 +5212,7 @@ function listFilesTool(host: ToolHost, maxEntries: number): Tool {
     async execute(rawArgs, ctx) {
       const args = toolArgs('list_files', rawArgs, ['path', 'recursive'])
       const recursive = argBool('list_files', args, 'recursive')
-      const { real, shown } = await confine(host, 'list_files', argString('list_files', args, 'path', '.'))
+      const { real, shown } = await confine(host, 'list_files', argString('list_files', args, 'path', '.'), ctx.signal)
       let st
       try { st = await fs.stat(real) } catch (error) { throw fsError('list_files', shown, error) }
       if (!st.isDirectory()) throw new Error(`list_files: ${shown} is a file, not a directory; use read_file to read it`)
@@ -4973,11 +5286,112 @@ function globToRegExp(glob: string): RegExp {
 
 function escapeRegExp(text: string): string { return text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&') }
 
-function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): Tool {
-  const { fs, path } = host
+/**
+ * The search itself, as plain JavaScript for a worker thread (docs/design.md §13): walks `real`
+ * (symlinks not followed, `skipDirs` not entered), filters files by the glob, matches each line,
+ * and posts the result. A pattern that backtracks forever blocks only the worker, which the main
+ * thread terminates at the deadline or on abort.
+ */
+const GREP_WORKER_SOURCE = `
+const { parentPort, workerData: w } = require('node:worker_threads')
+const fs = require('node:fs'), path = require('node:path')
+const regex = new RegExp(w.source, w.flags)
+const globRegex = w.glob === null ? undefined : new RegExp(w.glob)
+const skip = new Set(w.skipDirs)
+const out = { matches: [], filesSearched: 0, filesMatched: 0, skippedBinary: 0, skippedLarge: 0, longLines: 0, firstLongLine: undefined, reachedLimit: false }
+const shown = (p) => { const rel = path.relative(w.root, p); return rel === '' ? '.' : rel.split(path.sep).join('/') }
+const head = (t, n) => t.length <= n ? t : t.slice(0, n > 0 && (t.charCodeAt(n - 1) & 0xfc00) === 0xd800 ? n - 1 : n)
+const { O_RDONLY, O_NOFOLLOW = 0, O_NONBLOCK = 0 } = fs.constants
+/** The file's bytes, opened without following a symlink or blocking on a FIFO, and only if the
+ *  handle is a regular file at this very path (Linux tells through /proc/self/fd). */
+function readChecked(file) {
+  let fd
+  try { fd = fs.openSync(file, O_RDONLY | O_NOFOLLOW | O_NONBLOCK) } catch { return undefined }
+  try {
+    const st = fs.fstatSync(fd)
+    if (!st.isFile()) return undefined
+    let opened
+    try { opened = fs.readlinkSync('/proc/self/fd/' + fd) } catch { opened = undefined }
+    if (opened !== undefined && opened !== file) return undefined
+    if (st.size > w.maxFileBytes) { out.skippedLarge++; return undefined }
+    return fs.readFileSync(fd)
+  } catch { return undefined } finally { fs.closeSync(fd) }
+}
+function searchFile(file) {
+  const bytes = readChecked(file)
+  if (bytes === undefined) return
+  if (bytes.subarray(0, w.sniffBytes).includes(0)) { out.skippedBinary++; return }
+  out.filesSearched++
+  const text = new TextDecoder().decode(bytes)
+  const rel = shown(file)
+  let matched = false
+  for (let start = 0, lineNo = 1; start <= text.length; lineNo++) {
+    let end = text.indexOf('\\n', start)
+    if (end === -1) { if (start === text.length) break; end = text.length }
+    const line = text.charCodeAt(end - 1) === 13 ? text.slice(start, end - 1) : text.slice(start, end)
+    start = end + 1
+    if (line.length > w.maxLineUnits) { out.longLines++; out.firstLongLine ??= rel + ':' + lineNo; continue }
+    if (!regex.test(line)) continue
+    const cut = head(line, w.lineUnits)
+    out.matches.push(rel + ':' + lineNo + ':' + cut + (cut.length < line.length ? ' [… ' + (line.length - cut.length) + ' more characters]' : ''))
+    matched = true
+    if (out.matches.length >= w.limit) { out.reachedLimit = true; break }
+  }
+  if (matched) out.filesMatched++
+}
+function walk(dir) {
+  let dirents
+  try { dirents = fs.readdirSync(dir, { withFileTypes: true }) } catch (error) { if (dir === w.real) throw error; return }
+  dirents.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+  for (const dirent of dirents) {
+    if (out.reachedLimit) return
+    const child = path.join(dir, dirent.name)
+    if (dirent.isDirectory()) { if (!skip.has(dirent.name)) walk(child); continue }
+    if (!dirent.isFile()) continue
+    if (globRegex && !globRegex.test(w.globOnPath ? path.relative(w.real, child).split(path.sep).join('/') : dirent.name)) continue
+    searchFile(child)
+  }
+}
+if (w.isDir) walk(w.real)
+else searchFile(w.real)
+parentPort.postMessage(out)
+`
+
+interface GrepWorkerResult {
+  matches: string[]; filesSearched: number; filesMatched: number; skippedBinary: number; skippedLarge: number
+  longLines: number; firstLongLine?: string; reachedLimit: boolean
+}
+
+/** Runs {@link GREP_WORKER_SOURCE}; rejects naming the limit at `timeoutMs`, and at once on abort (the worker is terminated either way). */
+async function runGrepWorker(data: Record<string, unknown>, timeoutMs: number, signal: AbortSignal): Promise<GrepWorkerResult> {
+  if (signal.aborted) throw new Error('grep: cancelled')
+  const { Worker } = await importNode<typeof import('node:worker_threads')>('node:worker_threads')
+  const worker = new Worker(GREP_WORKER_SOURCE, { eval: true, workerData: data })
+  return await new Promise<GrepWorkerResult>((resolve, reject) => {
+    let settled = false
+    const settle = (fn: () => void): void => {
+      if (settled) return
+      settled = true
+      clearTimeout(timer)
+      signal.removeEventListener('abort', onAbort)
+      void worker.terminate()
+      fn()
+    }
+    const onAbort = (): void => settle(() => reject(new Error('grep: cancelled')))
+    const timer = setTimeout(() => settle(() => reject(new Error(
+      `grep: stopped at the time limit of ${timeoutMs} ms (grepTimeoutMs); the pattern may backtrack without end (nested quantifiers such as (a+)+) or the search is too wide: simplify the pattern, use fixed_strings: true, or narrow path or glob`))), timeoutMs)
+    signal.addEventListener('abort', onAbort, { once: true })
+    worker.once('message', (result: GrepWorkerResult) => settle(() => resolve(result)))
+    worker.once('error', (error: Error) => settle(() => reject(new Error(`grep: the search failed: ${fsErrorReason(error)}`, { cause: error }))))
+    worker.once('exit', (code: number) => settle(() => reject(new Error(`grep: the search worker stopped (exit code ${code}) before it answered`))))
+  })
+}
+
+function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, limits: { timeoutMs: number; maxLineUnits: number }): Tool {
+  const { fs } = host
   return {
     name: 'grep',
-    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_UNITS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB.`,
+    description: `Search file contents inside the working directory, line by line, with a JavaScript regular expression (or a literal string with fixed_strings: true). Returns "path:line:text" for each matching line (text cut at ${GREP_LINE_UNITS} characters), then a summary. Skips ${[...TOOL_SKIP_DIRS].join(', ')}, symlinks, binary files and files over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB; a regular expression is not tried on lines over ${limits.maxLineUnits} characters (they are counted; fixed_strings searches them), and a search stops after ${limits.timeoutMs} ms.`,
     parameters: {
       type: 'object',
       properties: {
@@ -5005,66 +5419,20 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
       }
       const globRegex = glob === undefined || glob === '' ? undefined : globToRegExp(glob)
       const globOnPath = glob !== undefined && glob.includes('/')
-      const { real, shown } = await confine(host, 'grep', argString('grep', args, 'path', '.'))
+      const { real, shown } = await confine(host, 'grep', argString('grep', args, 'path', '.'), ctx.signal)
       let st
       try { st = await fs.stat(real) } catch (error) { throw fsError('grep', shown, error) }
 
-      const matches: string[] = []
-      let filesSearched = 0
-      let filesMatched = 0
-      let skippedBinary = 0
-      let skippedLarge = 0
-      let reachedLimit = false
-      const searchFile = async (file: string, size: number): Promise<void> => {
-        if (size > GREP_MAX_FILE_BYTES) { skippedLarge++; return }
-        let bytes: Uint8Array
-        try { bytes = await fs.readFile(file) } catch { return } // vanished or unreadable: not a match
-        if (hasNulByte(bytes)) { skippedBinary++; return }
-        filesSearched++
-        const text = new TextDecoder().decode(bytes)
-        const rel = shownPath(host, file)
-        let matchedHere = false
-        for (let start = 0, lineNo = 1; start <= text.length; lineNo++) {
-          let end = text.indexOf('\n', start)
-          if (end === -1) { if (start === text.length) break; end = text.length }
-          const line = text.charCodeAt(end - 1) === 13 ? text.slice(start, end - 1) : text.slice(start, end)
-          start = end + 1
-          if (!regex.test(line)) continue
-          const cut = headUnits(line, GREP_LINE_UNITS)
-          matches.push(`${rel}:${lineNo}:${cut}${cut.length < line.length ? ` [… ${line.length - cut.length} more characters]` : ''}`)
-          matchedHere = true
-          if (matches.length >= limit) { reachedLimit = true; break }
-        }
-        if (matchedHere) filesMatched++
-      }
-      const walk = async (dir: string): Promise<void> => {
-        let dirents
-        try { dirents = await fs.readdir(dir, { withFileTypes: true }) } catch (error) {
-          if (dir === real) throw fsError('grep', shown, error)
-          return
-        }
-        dirents.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
-        for (const dirent of dirents) {
-          if (reachedLimit) return
-          if (ctx.signal.aborted) throw new Error('grep: cancelled')
-          const child = path.join(dir, dirent.name)
-          if (dirent.isDirectory()) { if (!TOOL_SKIP_DIRS.has(dirent.name)) await walk(child); continue }
-          if (!dirent.isFile()) continue // symlinks are not followed (they could lead outside)
-          if (globRegex) {
-            const rel = path.relative(real, child).split(path.sep).join('/')
-            if (!globRegex.test(globOnPath ? rel : dirent.name)) continue
-          }
-          let size: number
-          try { size = (await fs.stat(child)).size } catch { continue }
-          await searchFile(child, size)
-        }
-      }
-      if (st.isDirectory()) await walk(real)
-      else await searchFile(real, st.size)
+      const { matches, filesSearched, filesMatched, skippedBinary, skippedLarge, longLines, firstLongLine, reachedLimit } = await runGrepWorker({
+        root: host.root, real, isDir: st.isDirectory(), source: regex.source, flags: regex.flags, fixed,
+        glob: globRegex?.source ?? null, globOnPath, limit, maxFileBytes: GREP_MAX_FILE_BYTES, maxLineUnits: fixed ? Infinity : limits.maxLineUnits,
+        lineUnits: GREP_LINE_UNITS, skipDirs: [...TOOL_SKIP_DIRS], sniffBytes: TOOL_BINARY_SNIFF_BYTES,
+      }, limits.timeoutMs, ctx.signal)
 
       const skipped = [
         skippedBinary > 0 ? plural(skippedBinary, 'binary file') : '',
         skippedLarge > 0 ? `${plural(skippedLarge, 'file')} over ${GREP_MAX_FILE_BYTES / 1024 / 1024} MiB` : '',
+        longLines > 0 ? `${plural(longLines, 'line')} over ${limits.maxLineUnits} characters (first at ${firstLongLine}; search them with fixed_strings: true)` : '',
       ].filter(Boolean).join(' and ')
       const searched = `${plural(filesSearched, 'file')} searched${skipped ? `; skipped ${skipped}` : ''}`
       const what = `${fixed ? JSON.stringify(pattern) : `/${pattern}/`}${ignoreCase ? ' (ignoring case)' : ''}${glob ? ` in files matching ${glob}` : ''}`
@@ -5083,10 +5451,9 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number): T
 // ── write_file and edit_file ──
 
 function writeFileTool(host: ToolHost): Tool {
-  const { fs, path } = host
   return {
     name: 'write_file',
-    description: 'Create or overwrite a file inside the working directory with the given content (UTF-8). Parent directories are created as needed. To change part of an existing file, prefer edit_file.',
+    description: `Create or overwrite a file inside the working directory with the given content (UTF-8, at most ${host.maxWriteBytes} bytes). Parent directories are created as needed. Never writes inside .git, the session log, or a file with several hard links. To change part of an existing file, prefer edit_file.`,
     parameters: {
       type: 'object',
       properties: {
@@ -5096,21 +5463,14 @@ function writeFileTool(host: ToolHost): Tool {
       required: ['path', 'content'],
       additionalProperties: false,
     },
-    async execute(rawArgs) {
+    async execute(rawArgs, ctx) {
       const args = toolArgs('write_file', rawArgs, ['path', 'content'])
       const content = argString('write_file', args, 'content')
-      const { real, shown } = await confine(host, 'write_file', argString('write_file', args, 'path'))
-      const st = await fs.stat(real).catch((error: unknown) => {
-        if ((error as { code?: unknown }).code === 'ENOENT') return undefined
-        throw fsError('write_file', shown, error)
-      })
-      if (st?.isDirectory()) throw new Error(`write_file: ${shown} is a directory; give a file path`)
-      const previousBytes = st?.size
-      try {
-        await fs.mkdir(path.dirname(real), { recursive: true })
-        await fs.writeFile(real, content, 'utf8')
-      } catch (error) { throw fsError('write_file', shown, error) }
-      const bytes = new TextEncoder().encode(content).length
+      const bytes = utf8Length(content, host.maxWriteBytes)
+      if (bytes > host.maxWriteBytes) throw new Error(`write_file: content is over ${host.maxWriteBytes} bytes, the most write_file writes; write the file in parts (write_file, then edit_file to add)`)
+      const { real, shown } = await confine(host, 'write_file', argString('write_file', args, 'path'), ctx.signal)
+      const { mode, bytes: previousBytes } = await refuseWrite(host, 'write_file', real, shown)
+      await writeReplacing(host, 'write_file', real, shown, content, mode)
       return `wrote ${plural(bytes, 'byte')} to ${shown} (${previousBytes === undefined ? 'new file' : `replaced ${plural(previousBytes, 'byte')}`})`
     },
   }
@@ -5136,10 +5496,9 @@ function occurrences(text: string, needle: string): number[] {
 }
 
 function editFileTool(host: ToolHost): Tool {
-  const { fs } = host
   return {
     name: 'edit_file',
-    description: 'Edit a file inside the working directory by exact string replacement: old_string must appear in the file exactly once (include enough surrounding lines to make it unique), unless replace_all is true. Copy old_string from read_file output without the line-number prefix, keeping indentation and whitespace exactly.',
+    description: `Edit a file inside the working directory (at most ${host.maxWriteBytes} bytes before and after) by exact string replacement: old_string must appear in the file exactly once (include enough surrounding lines to make it unique), unless replace_all is true. Copy old_string from read_file output without the line-number prefix, keeping indentation and whitespace exactly.`,
     parameters: {
       type: 'object',
       properties: {
@@ -5151,18 +5510,21 @@ function editFileTool(host: ToolHost): Tool {
       required: ['path', 'old_string', 'new_string'],
       additionalProperties: false,
     },
-    async execute(rawArgs) {
+    async execute(rawArgs, ctx) {
       const args = toolArgs('edit_file', rawArgs, ['path', 'old_string', 'new_string', 'replace_all'])
       let oldString = argString('edit_file', args, 'old_string')
       let newString = argString('edit_file', args, 'new_string')
       const replaceAll = argBool('edit_file', args, 'replace_all')
       if (oldString === '') throw new Error('edit_file: old_string is empty; to create a file or replace all of it use write_file')
       if (oldString === newString) throw new Error('edit_file: old_string and new_string are the same; nothing would change')
-      const { real, shown } = await confine(host, 'edit_file', argString('edit_file', args, 'path'))
+      const { real, shown } = await confine(host, 'edit_file', argString('edit_file', args, 'path'), ctx.signal)
+      const { mode } = await refuseWrite(host, 'edit_file', real, shown)
+      const { handle, size } = await openVerified(host, 'edit_file', real, shown, '; to create a new file use write_file')
       let bytes: Uint8Array
-      try { bytes = await fs.readFile(real) } catch (error) {
-        throw fsError('edit_file', shown, error, (error as { code?: unknown }).code === 'ENOENT' ? '; to create a new file use write_file' : '')
-      }
+      try {
+        if (size > host.maxWriteBytes) throw new Error(`edit_file: ${shown} is ${size} bytes, over the ${host.maxWriteBytes} bytes edit_file edits; change it with the shell, or split it`)
+        bytes = await handle.readFile()
+      } catch (error) { throw error instanceof Error && error.message.startsWith('edit_file:') ? error : fsError('edit_file', shown, error) } finally { await handle.close() }
       if (hasNulByte(bytes)) throw new Error(`edit_file: ${shown} looks binary (a NUL byte in its first ${TOOL_BINARY_SNIFF_BYTES} bytes); edit_file edits text files only`)
       const text = new TextDecoder().decode(bytes)
       let found = occurrences(text, oldString)
@@ -5185,11 +5547,14 @@ function editFileTool(host: ToolHost): Tool {
         const lines = lineNumbersAt(text, found.slice(0, 10))
         throw new Error(`edit_file: old_string occurs ${found.length} times in ${shown} (at lines ${lines.join(', ')}${found.length > 10 ? ', …' : ''}); include more surrounding text to make it unique, or set replace_all: true to replace every occurrence`)
       }
+      if (bytes.length + found.length * (utf8Length(newString) - utf8Length(oldString)) > host.maxWriteBytes) {
+        throw new Error(`edit_file: the edited ${shown} would be over ${host.maxWriteBytes} bytes, the most edit_file writes; replace fewer occurrences or shorten new_string`)
+      }
       let edited = ''
       let from = 0
       for (const at of found) { edited += text.slice(from, at) + newString; from = at + oldString.length } // slices, not String.replace: "$&" in new_string stays literal
       edited += text.slice(from)
-      try { await fs.writeFile(real, edited, 'utf8') } catch (error) { throw fsError('edit_file', shown, error) }
+      await writeReplacing(host, 'edit_file', real, shown, edited, mode)
       const lines = lineNumbersAt(text, found.slice(0, 10))
       return `edited ${shown}: replaced ${plural(found.length, 'occurrence')} (at ${lines.length === 1 ? 'line' : 'lines'} ${lines.join(', ')}${found.length > 10 ? ', …' : ''})${crlf ? '; matched with CRLF line endings' : ''}`
     },
@@ -5341,8 +5706,14 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         const finish = (result: { code: number | null; signal: string | null; error?: Error }): void => {
           for (const timer of timers) clearTimeout(timer)
           ctx.signal.removeEventListener('abort', onAbort)
-          if (job) { signalAll('SIGKILL'); liveShellJobs.delete(job) } // nothing it started outlives the call
-          resolve({ ...result, why: result.error ? 'error' : why })
+          // Nothing it started outlives the call: SIGKILL until a scan finds none (a process forking
+          // while we look appears in the next scan), at most 50 rounds 20 ms apart.
+          const reap = async (): Promise<void> => {
+            if (!job) return
+            for (let round = 0; round < 50 && signalAll('SIGKILL'); round++) await new Promise((r) => setTimeout(r, 20))
+            liveShellJobs.delete(job)
+          }
+          void reap().then(() => resolve({ ...result, why: result.error ? 'error' : why }))
         }
         /** SIGTERM to everything the command started, SIGKILL after a grace period; then stop waiting for pipes a stray process may hold. */
         const killAll = (): void => {
@@ -6504,11 +6875,36 @@ export interface ReplayFigure {
   add(event: AgentEvent, value: number, context: ReplayFigureContext): number
   total: 'sum' | 'max'
   cell?: (value: number) => string
+  /** True: no totals line of its own (a combined line shows it, e.g. the fidelity line). */
+  hideTotal?: boolean
+}
+
+const FIDELITY_KINDS: ReadonlyArray<[keyof Fidelity, string]> = [['paths', 'paths'], ['commands', 'commands'], ['errors', 'error lines'], ['userMessages', 'user messages']]
+const FIDELITY_COUNTS: ReadonlyArray<[keyof FidelityShare, string]> = [['total', 'total'], ['inCheckpoint', 'in checkpoint'], ['inSummary', 'in summary']]
+
+/**
+ * The fidelity figures of the compactions (docs/design.md §12), summed over the rows: for each kind
+ * (paths, commands, error lines, user messages) how many the compacted regions held, how many
+ * appear verbatim in the checkpoints, and how many in the model's summaries alone. Named
+ * `fidelity <kind> <count>`; JSON per row, one combined totals line in the text report. The CLI's
+ * `replay` passes them ({@link ReplayOptions.figures}); a library replay adds them when asked.
+ */
+export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]): ReplayFigure => ({
+  name: `fidelity ${label} ${countLabel}`, total: 'sum', hideTotal: true,
+  add: (e, v) => (e.type === 'log' && e.event.type === 'compaction/summary' ? v + (((e.event.data as any).fidelity as Fidelity | undefined)?.[kind]?.[count] ?? 0) : v),
+})))
+
+/** The totals line of {@link FIDELITY_FIGURES}: `paths 12/12, …; the model's summaries alone: 1/12, …`, or undefined without compactions. */
+function fidelityTotalsLine(figures: Readonly<Record<string, number>>): string | undefined {
+  const get = (label: string, count: string) => figures[`fidelity ${label} ${count}`] ?? 0
+  if (FIDELITY_KINDS.every(([, label]) => get(label, 'total') === 0)) return undefined
+  return `verbatim in checkpoints: ${FIDELITY_KINDS.map(([, l]) => `${l} ${get(l, 'in checkpoint')}/${get(l, 'total')}`).join(', ')}; in the summaries alone: ${FIDELITY_KINDS.map(([, l]) => `${get(l, 'in summary')}/${get(l, 'total')}`).join(', ')}`
 }
 
 /**
  * Figures every replay computes besides the built-in ones (see {@link ReplayFigure}); add an entry
- * here to give the report a column. Empty in this version.
+ * here to give the report a column or a totals line. Empty in this version (the CLI adds
+ * {@link FIDELITY_FIGURES}).
  */
 export const REPLAY_FIGURES: readonly ReplayFigure[] = []
 
@@ -6626,15 +7022,22 @@ function replayScript(transcript: Transcript, notes: string[]): ReplayScriptTurn
 
 /**
  * An Agent whose envelope is the transcript's (system prompt and tool specs as recorded, even where
- * the file records no specs for the tools it calls).
+ * the file records no specs for the tools it calls), plus any tool the Agent offers of itself beyond
+ * the recorded ones (as a live run would send it).
  */
 class ReplayAgent extends Agent {
   readonly recordedEnvelope: Envelope
+  private readonly recordedToolNames: ReadonlySet<string>
   constructor(options: AgentOptions, envelope: Envelope) {
     super(options)
     this.recordedEnvelope = envelope
+    this.recordedToolNames = new Set((options.tools ?? []).map((t) => t.name))
   }
-  override get envelope(): Envelope { return this.recordedEnvelope }
+  override get envelope(): Envelope {
+    const own = (super.envelope.tools ?? []).filter((t) => !this.recordedToolNames.has(t.name))
+    if (own.length === 0) return this.recordedEnvelope
+    return { system: this.recordedEnvelope.system, tools: [...(this.recordedEnvelope.tools ?? []), ...own] }
+  }
 }
 
 /** A row while its events arrive. */
@@ -7069,7 +7472,9 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     ['cost, unmanaged (infinite window)', costCell(t.cost.unmanaged)],
     ['prices (USD per million tokens)', `cache hit ${p.cacheHitInput}, miss ${p.cacheMissInput}, output ${p.output}${p.peak ? ', with peak hours' : ''}; modelled cache hits, no model called`],
   )
-  for (const [name, v] of Object.entries(t.figures ?? {})) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
+  for (const [name, v] of Object.entries(t.figures ?? {})) if (!known.get(name)?.hideTotal) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
+  const fidelity = fidelityTotalsLine(t.figures ?? {})
+  if (fidelity) totals.push(['fidelity', fidelity])
   const labelWidth = totals.reduce((w, [l]) => Math.max(w, l.length), 0)
   out.push('totals')
   for (const [label, value] of totals) out.push(`  ${label.padEnd(labelWidth)}  ${value}`)
@@ -7997,6 +8402,11 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     if (err instanceof SessionError) { io.stderr(`dsh: --session ${options.session}: ${err.message}\n`); return 2 }
     throw err
   }
+  const staleLock = session.store instanceof FileStore ? session.store.staleLock : undefined
+  if (staleLock) {
+    const h = staleLock
+    io.stderr(`dsh: --session ${options.session}: took over the stale lock of pid ${h.pid} on host ${h.host} (since ${new Date(h.time).toISOString()}), which is no longer running\n`)
+  }
   if (session.torn) io.stderr(`dsh: the session log's last line (line ${session.torn.line}, ${session.torn.bytes} bytes) was cut short by a crash; dropped and saved to ${session.torn.savedTo}\n`)
   const tty = !!p.stderr.isTTY
   const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
@@ -8011,7 +8421,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   const terminal = interactive ? await openTerminal(p, io) : undefined
   const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
   const tools = await builtinTools({
-    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv,
+    cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv, ...(options.session ? { sessionLog: path.resolve(cwd, options.session) } : {}),
     shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
   })
   let agent: Agent | undefined
@@ -8246,8 +8656,10 @@ export async function readProjectInstructions(cwd: string): Promise<ProjectInstr
     try {
       const stat = await fs.stat(path)
       if (!stat.isFile()) continue
-      if (stat.size > PROJECT_INSTRUCTIONS_MAX_BYTES) throw new UsageError(`${file} is ${groupDigits(stat.size)} bytes, over the ${groupDigits(PROJECT_INSTRUCTIONS_MAX_BYTES)}-byte limit for project instructions (they go into every request); shorten it or pass --no-project-instructions`)
+      const tooLarge = (size: number) => new UsageError(`${file} is ${groupDigits(size)} bytes, over the ${groupDigits(PROJECT_INSTRUCTIONS_MAX_BYTES)}-byte limit for project instructions (they go into every request); shorten it or pass --no-project-instructions`)
+      if (stat.size > PROJECT_INSTRUCTIONS_MAX_BYTES) throw tooLarge(stat.size)
       bytes = await fs.readFile(path)
+      if (bytes.length > PROJECT_INSTRUCTIONS_MAX_BYTES) throw tooLarge(bytes.length) // it grew after the stat
     } catch (err: any) {
       if (err instanceof UsageError) throw err
       if (err?.code === 'ENOENT' || err?.code === 'ENOTDIR') continue
@@ -8397,7 +8809,7 @@ export interface CliShowOptions {
 
 /** One line of text for a transcript: newlines shown as `⏎`, cut to `max` code points with `…`. */
 function oneLine(text: string, max = 120): string {
-  const flat = text.replace(/\r\n|\r|\n/g, ' ⏎ ')
+  const flat = text.replace(/\r\n|\r|\n/g, ' ⏎ ').replace(/\t/g, ' ')
   const end = indexAfterCodePoints(flat, max)
   return end < flat.length ? flat.slice(0, end) + '…' : flat
 }
@@ -8527,7 +8939,7 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
   try {
     const { output } = await runReplay(text, {
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
-      summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains,
+      summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains, figures: FIDELITY_FIGURES,
       ...(options.prices ? { prices: { ...options.prices, peak: undefined } } : {}),
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')

@@ -1,6 +1,10 @@
-// Benchmark 4 (issue 7): the size of `dist/dsh.mjs` minified and gzipped, and the time to import it
-// in Node, Deno and Bun (whole process, several runs), beside `openai` (the npm SDK) and `ai`
-// (Vercel AI SDK core) bundled the same way.
+// Benchmark 4: what an app pays for dsh. The bundle of three small apps — importing
+// `{Session, MemoryStore}`, `{pruneText}`, `{Agent, Session, MemoryStore, deepseek}` — from
+// dist/dsh.mjs (the runtime, Part I) and from dsh.ts (the whole file, which the bundler must
+// tree-shake down), minified and gzipped, beside `openai` (the npm SDK) and `ai` (Vercel AI SDK
+// core) bundled the same way; then the cold import of dist/dsh.mjs and dist/cli.mjs in Node, Deno
+// and Bun (whole process, several runs). Targets: the Agent app ≤ 23 KB gzipped from dist/dsh.mjs;
+// Deno's import within 2× of Node's.
 import { spawnSync } from 'node:child_process'
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -52,30 +56,61 @@ function startOnce(rt: Runtime, entry: string): { wallMs: number; importMs: numb
 
 const signed = (ms: number) => (ms < 0 ? `−${fmtTime(-ms)}` : `+${fmtTime(ms)}`)
 
+/** The apps: what they import from dsh. Each uses every name it imports, so nothing is dropped. */
+const APPS: Array<[label: string, names: string]> = [
+  ['{Session, MemoryStore}', 'Session, MemoryStore'],
+  ['{pruneText}', 'pruneText'],
+  ['{Agent, Session, MemoryStore, deepseek}', 'Agent, Session, MemoryStore, deepseek'],
+]
+/** Target of the Agent app from dist/dsh.mjs, gzip -9 bytes (23 KB, read as 23,000 bytes: the stricter reading). */
+const AGENT_APP_TARGET_BYTES = 23_000
+/** Target: Deno's `import()` of dist/dsh.mjs at most this many times Node's. */
+const DENO_VS_NODE_TARGET = 2
+
 export default async function bundle(): Promise<Section> {
   const dir = mkdtempSync(join(tmpdir(), 'dsh-bench-bundle-'))
   try {
-    const bundles: Bundle[] = []
     const notes: string[] = []
-    // dist/dsh.mjs exactly as build.mjs makes it (docs/design.md §0), when build.mjs has landed.
-    if (existsSync(join(ROOT, 'build.mjs'))) {
-      const out = join(dir, 'dist')
-      const r = spawnSync(process.execPath, [join(ROOT, 'build.mjs'), '--outdir', out, '--no-dts'], { cwd: ROOT, encoding: 'utf8', timeout: 120_000 })
-      if (r.status === 0 && existsSync(join(out, 'dsh.mjs'))) bundles.push({ name: 'dsh — dist/dsh.mjs (build.mjs)', file: join(out, 'dsh.mjs'), ...sizes(join(out, 'dsh.mjs')), note: 'platform neutral' })
-      else notes.push(`build.mjs failed: ${(r.stderr || r.stdout).trim().split('\n').slice(-3).join(' ')}`)
-    } else notes.push('build.mjs (issue 6) has not landed on this branch yet: the dist/dsh.mjs row is missing; dsh.ts is bundled here with the same settings instead.')
-    const sources = [['openai', "export * from 'openai'"], ['ai', "export * from 'ai'"]]
-    if (bundles.length === 0) sources.unshift(['dsh — dsh.ts', `export * from ${JSON.stringify(join(ROOT, 'dsh.ts'))}`])
-    for (const [name, entry] of sources) {
-      const file = join(dir, `${name.split(' ')[0]}.mjs`)
-      await esbuild.build({ ...SAME_WAY, stdin: { contents: entry, resolveDir: ROOT, loader: 'js' }, outfile: file })
-      bundles.push({ name: name === 'dsh — dsh.ts' ? 'dsh — dsh.ts, same settings as the others' : `${name} ${JSON.parse(readFileSync(join(ROOT, 'node_modules', name, 'package.json'), 'utf8')).version}`, file, ...sizes(file), note: 'platform browser' })
+    // dist/ exactly as build.mjs makes it (docs/design.md §0).
+    const out = join(dir, 'dist')
+    const r = spawnSync(process.execPath, [join(ROOT, 'build.mjs'), '--outdir', out, '--no-dts'], { cwd: ROOT, encoding: 'utf8', timeout: 120_000 })
+    if (r.status !== 0) throw new Error(`build.mjs failed: ${(r.stderr || r.stdout).trim().split('\n').slice(-3).join(' ')}`)
+    const whole: Bundle[] = [
+      { name: 'dist/dsh.mjs (the runtime, all of it)', file: join(out, 'dsh.mjs'), ...sizes(join(out, 'dsh.mjs')), note: 'build.mjs, platform neutral; identifiers and syntax minified, whitespace kept (its `/* @__PURE__ */` marks survive)' },
+      { name: 'dist/cli.mjs (the whole file, not minified)', file: join(out, 'cli.mjs'), ...sizes(join(out, 'cli.mjs')), note: 'build.mjs; the `dsh` bin' },
+    ]
+    const build = async (name: string, contents: string, note: string): Promise<Bundle> => {
+      const file = join(dir, `b${whole.length + apps.length + others.length}.mjs`)
+      await esbuild.build({ ...SAME_WAY, stdin: { contents, resolveDir: ROOT, loader: 'js' }, outfile: file })
+      return { name, file, ...sizes(file), note }
+    }
+    const apps: Bundle[] = []
+    const others: Bundle[] = []
+    const appRows: string[][] = []
+    for (const [label, names] of APPS) {
+      const row = [label]
+      for (const from of [join(out, 'dsh.mjs'), join(ROOT, 'dsh.ts')]) {
+        const b = await build(`${label} from ${from.endsWith('.ts') ? 'dsh.ts' : 'dist/dsh.mjs'}`, `import { ${names} } from ${JSON.stringify(from)}\nconsole.log(${names})\n`, 'app')
+        apps.push(b)
+        row.push(`${fmtBytes(b.bytes)} / ${fmtBytes(b.gzip)} (${b.gzip.toLocaleString('en-US')} B)`)
+      }
+      appRows.push(row)
+    }
+    for (const [pkg, contents, what] of [
+      ['openai', "import OpenAI from 'openai'\nconsole.log(OpenAI)\n", 'an app importing `OpenAI`'],
+      ['openai', "export * from 'openai'", 'everything (`export *`)'],
+      ['ai', "import { streamText, generateText } from 'ai'\nconsole.log(streamText, generateText)\n", 'an app importing `{streamText, generateText}`'],
+      ['ai', "export * from 'ai'", 'everything (`export *`)'],
+    ]) {
+      const version = JSON.parse(readFileSync(join(ROOT, 'node_modules', pkg, 'package.json'), 'utf8')).version
+      others.push(await build(`${pkg} ${version}: ${what}`, contents, 'platform browser'))
     }
 
     // Start-up: a process whose entry imports one bundle (and times its own import()), against one that imports nothing.
+    const timed = [whole[0], whole[1], ...others.filter((b) => b.name.includes('everything'))]
     const empty = join(dir, 'entry-empty.mjs')
     writeFileSync(empty, 'console.log(0)\n')
-    const entries = bundles.map((b, i) => {
+    const entries = timed.map((b, i) => {
       const e = join(dir, `entry-${i}.mjs`)
       writeFileSync(e, [
         'const t0 = performance.now()',
@@ -89,23 +124,24 @@ export default async function bundle(): Promise<Section> {
     const runtimes: Runtime[] = [{ name: `Node ${process.version}`, command: process.execPath, args: (e) => [e] }]
     const deno = binary('deno')
     if (deno) runtimes.push({ name: 'Deno', command: deno, args: (e) => ['run', '--quiet', '--no-prompt', `--allow-read=${dir}`, e], env: { DENO_NO_UPDATE_CHECK: '1', DENO_DIR: join(dir, 'deno-cache') } })
-    else notes.push('Deno is not installed here (it comes with the issue-6 dev dependencies): no Deno row.')
+    else notes.push('Deno is not installed here: no Deno row.')
     const bun = binary('bun')
     if (bun) runtimes.push({ name: 'Bun', command: bun, args: (e) => [e] })
-    else notes.push('Bun is not installed here (it comes with the issue-6 dev dependencies): no Bun row.')
+    else notes.push('Bun is not installed here: no Bun row.')
     for (const rt of runtimes.slice(1)) {
       const v = spawnSync(rt.command, ['--version'], { encoding: 'utf8' })
       rt.name = `${rt.name} ${(v.stdout || '').trim().split('\n')[0].replace(/^(deno|bun)\s*/i, '').split(' ')[0]}`
     }
 
     const startRows: string[][] = []
+    const importMedian = new Map<string, number>() // runtime name → median import() of dist/dsh.mjs, ms
     for (const rt of runtimes) {
       const all = [empty, ...entries]
       const wall: number[][] = all.map(() => [])
       const imp: number[][] = all.map(() => [])
       const failed: (string | undefined)[] = all.map(() => undefined)
       for (const e of all) startOnce(rt, e) // warm the file-system cache and any runtime cache once
-      for (let r = 0; r < RUNS; r++) {
+      for (let run = 0; run < RUNS; run++) {
         all.forEach((e, i) => {
           if (failed[i]) return
           const t = startOnce(rt, e)
@@ -116,34 +152,50 @@ export default async function bundle(): Promise<Section> {
       if (failed[0]) { startRows.push([rt.name, 'nothing (empty entry)', `failed: ${failed[0]}`, '', '']); continue }
       const base = stats(wall[0])
       startRows.push([rt.name, 'nothing (empty entry)', fmtStats(base), '—', '—'])
-      bundles.forEach((b, i) => {
+      timed.forEach((b, i) => {
         if (failed[i + 1]) { startRows.push([rt.name, b.name, `failed: ${failed[i + 1]!.slice(0, 160)}`, '', '']); return }
         const w = stats(wall[i + 1])
-        startRows.push([rt.name, b.name, fmtStats(w), signed(w.median - base.median), fmtStats(stats(imp[i + 1]))])
+        const im = stats(imp[i + 1])
+        if (i === 0) importMedian.set(rt.name, im.median)
+        startRows.push([rt.name, b.name, fmtStats(w), signed(w.median - base.median), fmtStats(im)])
       })
     }
 
-    const dsh = bundles.find((b) => b.name.startsWith('dsh — dist')) ?? bundles.find((b) => b.name.startsWith('dsh'))!
-    const openai = bundles.find((b) => b.name.startsWith('openai'))!
-    const ai = bundles.find((b) => b.name.startsWith('ai'))!
-    const targets: Target[] = [{
-      name: 'bundle size', target: 'report (no numeric target)', met: undefined,
-      measured: `${fmtBytes(dsh.gzip)} gzipped (${fmtBytes(dsh.bytes)} minified); openai ${fmtRatio(openai.gzip / dsh.gzip)}, ai ${fmtRatio(ai.gzip / dsh.gzip)} larger`,
-    }]
+    const agentApp = apps.find((b) => b.name.startsWith('{Agent') && b.name.endsWith('dist/dsh.mjs'))!
+    const node = importMedian.get(runtimes[0].name)
+    const denoName = runtimes.find((rt) => rt.name.startsWith('Deno'))?.name
+    const denoMs = denoName ? importMedian.get(denoName) : undefined
+    const openaiApp = others[0]
+    const aiApp = others[2]
+    const targets: Target[] = [
+      {
+        name: 'app {Agent, Session, MemoryStore, deepseek} from dist/dsh.mjs', target: `≤ ${AGENT_APP_TARGET_BYTES.toLocaleString('en-US')} bytes (23 KB) gzipped`,
+        met: agentApp.gzip <= AGENT_APP_TARGET_BYTES,
+        measured: `${agentApp.gzip.toLocaleString('en-US')} bytes gzipped (${fmtBytes(agentApp.bytes)} minified); the openai app is ${fmtRatio(openaiApp.gzip / agentApp.gzip)}, the ai app ${fmtRatio(aiApp.gzip / agentApp.gzip)} of it`,
+      },
+      {
+        name: 'Deno import of dist/dsh.mjs', target: `≤ ${DENO_VS_NODE_TARGET}× Node's (the \`import()\` inside the process, medians)`,
+        met: node !== undefined && denoMs !== undefined ? denoMs <= DENO_VS_NODE_TARGET * node : undefined,
+        measured: node !== undefined && denoMs !== undefined ? `Deno ${fmtTime(denoMs)}, Node ${fmtTime(node)}: ${fmtRatio(denoMs / node)}` : 'not measured (no Deno)',
+      },
+    ]
     return {
       id: 'bundle', title: 'Bundle and start-up', status: 'ran', targets,
       reason: notes.length ? notes.join(' ') : undefined,
       method: [
-        'Sizes: each bundle built with esbuild as build.mjs builds dist/dsh.mjs (ESM, es2022, minified, no legal comments;',
-        'for the comparison bundles `export * from \'<package>\'` on platform `browser`, which `ai` needs) and gzipped',
-        'at level 9. Start-up: a fresh process per run whose entry file imports one bundle with `import()`; the wall time from',
-        `spawn to exit, and the time the process measured around its own \`import()\` (performance.now); ${RUNS} runs each,`,
-        'interleaved, after one untimed run of each. "vs empty entry" = median minus the median of the same runtime running an',
-        'entry that imports nothing. On a busy 2-core machine the whole-process figures are noisy; the `import()` column is not.',
+        'Sizes: dist/dsh.mjs and dist/cli.mjs as `node build.mjs` writes them; every other bundle built by esbuild with the settings',
+        'of build.mjs (ESM, es2022, minified, no legal comments; platform `browser`, which `ai` needs; `node:` imports external).',
+        'An app is `import { names } from X; console.log(names)`, from dist/dsh.mjs (the runtime, Part I) or from dsh.ts (the',
+        'whole file: the bundler has to drop Part II itself). Sizes are minified bytes / gzip -9 bytes.',
+        'Start-up: a fresh process per run whose entry file imports one bundle with `import()`; the wall time from spawn to',
+        `exit, and the time the process measured around its own \`import()\` (performance.now); ${RUNS} runs each, interleaved,`,
+        'after one untimed run of each. "vs empty entry" = median minus the median of the same runtime running an entry that',
+        'imports nothing. On a busy 2-core machine the whole-process figures are noisy; the `import()` column much less so.',
         ...notes.map((n) => `*${n}*`),
       ].join('\n'),
       tables: [
-        table(['bundle', 'minified', 'gzip -9', 'gzip vs dsh', 'note'], bundles.map((b) => [b.name, fmtBytes(b.bytes), fmtBytes(b.gzip), fmtRatio(b.gzip / dsh.gzip), b.note])),
+        table(['app imports', 'from dist/dsh.mjs (minified / gzip)', 'from dsh.ts (minified / gzip)'], appRows),
+        table(['bundle', 'minified', 'gzip -9', 'note'], [...whole, ...others].map((b) => [b.name, fmtBytes(b.bytes), fmtBytes(b.gzip), b.note])),
         table(['runtime', 'imports', 'whole process', 'vs empty entry', '`import()` inside the process'], startRows),
       ],
     }

@@ -196,3 +196,20 @@ test('a browser-platform bundler (esbuild, as wrangler and Vercel use) can bundl
   }).catch((err: { errors?: Array<{ text: string }> }) => err)
   assert.deepEqual('errors' in result ? result.errors?.map((e) => e.text) : 'threw', [])
 })
+
+// ── README's layout section describes the file as it is ─────────────────────────────────────────
+test("README's layout names every section of dsh.ts, and its Part I / Part II line counts hold within a quarter", () => {
+  const readme = readFileSync(join(ROOT, 'README.md'), 'utf8')
+  const layout = readme.slice(readme.indexOf('## Layout'))
+  const sections = [...SOURCE.matchAll(/^\/\/ (\d+)\. ([^—\n(]+?)\s*(?:—|\(|$)/gm)].map((m) => `${m[1]}. ${m[2].trim()}`)
+  assert.ok(sections.length >= 10, `found ${sections.length} section headings`)
+  assert.deepEqual(sections.filter((s) => !layout.includes(`| ${s} |`)), [], 'sections missing from the README layout table')
+  const fenceLine = SOURCE.slice(0, SOURCE.search(FENCE_RE)).split('\n').length
+  const total = SOURCE.split('\n').length
+  const m = /Part I is about ([\d,]+) lines, Part II about ([\d,]+)/.exec(layout)
+  assert.ok(m, 'the layout section gives both line counts')
+  const [one, two] = [Number(m[1].replace(/,/g, '')), Number(m[2].replace(/,/g, ''))]
+  for (const [claimed, real, part] of [[one, fenceLine, 'Part I'], [two, total - fenceLine, 'Part II']] as const) {
+    assert.ok(Math.abs(claimed - real) <= real / 4, `${part}: README says about ${claimed} lines, the file has ${real}; update README's layout section`)
+  }
+})

@@ -1,6 +1,9 @@
 // Runs the CLI as a child process (`node --import tsx dsh.ts …`) for tests that drive it end to
 // end against test/fake-provider.ts.
+import { after } from 'node:test'
 import { spawn, type ChildProcess } from 'node:child_process'
+import { mkdtemp, realpath, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
@@ -28,4 +31,15 @@ export function runDsh(args: string[], cwd: string, env: Record<string, string> 
     child.on('close', (code, signal) => { clearTimeout(guard); resolve({ code, signal, stdout, stderr, ms: Date.now() - started }) })
     onStart?.(child)
   })
+}
+
+/** A maker of fresh temp directories (realpath'd, named `prefix…`), all removed after the file's tests. */
+export function tempDirs(prefix: string): () => Promise<string> {
+  const made: string[] = []
+  after(async () => { for (const dir of made) await rm(dir, { recursive: true, force: true }) })
+  return async () => {
+    const dir = await realpath(await mkdtemp(join(tmpdir(), prefix)))
+    made.push(dir)
+    return dir
+  }
 }

@@ -8,7 +8,8 @@ import { mkdtemp, writeFile, readFile, realpath, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { startFakeProvider, type FakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
-import { runDsh, CLEAN_ENV, DSH, TSX } from './cli-child.ts'
+import { runDsh, CLEAN_ENV, DSH, TSX, ROOT } from './cli-child.ts'
+import { sharedPath, skipWithoutShared } from './shared.ts'
 import { Agent, Session, FileStore, openAICompatible, estimateMessageTokens, CHECKPOINT_PREAMBLE, type Tool } from '../dsh.ts'
 
 const temps: string[] = []
@@ -225,4 +226,11 @@ test('a torn last line is reported and shown without it; the file is not changed
   assert.equal(run.stderr, `dsh: show: ${file}: the last line (line 4, 23 bytes) is incomplete (a crash, or a writer still running); shown without it\n`)
   assert.match(run.stdout, /\n  #2 user: hello\n/)
   assert.equal(await readFile(file, 'utf8'), text)
+})
+
+test('dsh replay prints the fidelity line of its compactions', { skip: skipWithoutShared('corpus', 'psf__requests-1142.traj.json') }, async () => {
+  const run = await runDsh(['replay', sharedPath('corpus', 'psf__requests-1142.traj.json'), '--context-window', '32000'], ROOT)
+  assert.equal(run.code, 0, run.stderr)
+  assert.match(run.stdout, /\n  fidelity +verbatim in checkpoints: paths 0\/0, commands 35\/35, error lines 0\/0, user messages 1\/2; in the summaries alone: 0\/0, 0\/35, 0\/0, 0\/2\n/)
+  assert.ok(!run.stdout.includes('fidelity paths total'), 'one combined line, not one per figure')
 })

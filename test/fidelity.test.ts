@@ -7,8 +7,9 @@ import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, openAICompatible, SessionError, SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE, PRUNE_MARKER,
   frameCheckpoint, renderLedger, regionLedger, trimLedger, ledgerBudget, summaryInstructionText, estimateEnvelopeTokens,
-  estimateMessageTokens, estimateTextTokens, type Tool, type Ledger, type SessionEvent,
+  estimateMessageTokens, estimateTextTokens, runReplay, FIDELITY_FIGURES, type Tool, type Ledger, type SessionEvent,
 } from '../dsh.ts'
+import { readCorpus, skipWithoutShared } from './shared.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
@@ -120,7 +121,7 @@ describe('case 2: the facts ledger', () => {
   const tools = [
     tool('read_file', () => A_TS),
     tool('edit_file', () => 'edited src/b.ts: 1 replacement at line 3'),
-    tool('shell', () => ({ content: `exit code 1\nstdout:\n> tsc --noEmit\n${TSC}\n`, isError: true })),
+    tool('shell', () => ({ content: `exit code 1\nstdout:\n> demo@1.0.0 test\n> tsc --noEmit || echo "error: see above"\n\n${TSC}\n`, isError: true })),
     tool('fetch', () => 'F'.repeat(12_000)),
   ]
   const script: FakeReply[] = [
@@ -307,7 +308,7 @@ describe('case 4 (library): focus, summaryInstruction, compaction hooks', () => 
     const session = await Session.open(new MemoryStore())
     const agent = new Agent({ session, provider: f.provider, summaryInstruction: 'Summarise as a bullet list.', tools: [tool('fetch', () => `r${n++}`.padEnd(12_000, '.'))] })
     const seen: any[] = []
-    agent.on('compaction/before', ({ compaction }) => { seen.push({ ...compaction }); return { focus: 'keep the API names' } })
+    agent.on('compaction/before', (ctx) => { assert.equal(ctx.agent, agent); seen.push({ ...ctx.compaction }); return { focus: 'keep the API names' } })
     agent.on('compaction/after', ({ checkpoint }) => { seen.push(checkpoint) })
     await agent.run('one'); await agent.run('two')
     await agent.compactNow({ focus: 'the parser' })
@@ -354,4 +355,46 @@ test('a pruned tool result enters the ledger as it was (the original is read fro
   const ledger = (eventsOf(session, 'compaction/summary')[0].data as any).ledger as Ledger
   assert.deepEqual(ledger.errors.map((e) => e.text), ['grep: lib: No such file or directory'])
   assert.deepEqual(ledger.read, [], 'a failed call touches no path')
+})
+
+describe('case 5 figures: replay reports the fidelity of its compactions', () => {
+  const openai = (n: number) => JSON.stringify([
+    { role: 'user', content: 'fix the build' },
+    ...Array.from({ length: n }, (_, i) => [
+      { role: 'assistant', content: null, tool_calls: [{ id: `c${i}`, type: 'function', function: { name: 'read_file', arguments: JSON.stringify({ path: `src/f${i}.ts` }) } }] },
+      { role: 'tool', tool_call_id: `c${i}`, content: `// f${i}\n`.padEnd(6_000, 'x') },
+    ]).flat(),
+    { role: 'assistant', content: 'done' },
+  ])
+
+  test('a synthetic transcript: every compacted path is in a checkpoint (the ledger), none in the simulated summary', async () => {
+    const { report, output } = await runReplay(openai(8), { contextWindow: 8_000, figures: FIDELITY_FIGURES })
+    const f = report.totals.figures!
+    assert.ok(report.totals.compactions >= 1)
+    const total = f['fidelity paths total']
+    const compactions = report.rows.flatMap((r) => r.events).filter((e) => e.type === 'compaction')
+    // Summed over compactions: a later one counts again the paths it merged from the earlier ledger.
+    assert.ok(total >= compactions.length, `paths total ${total}`)
+    assert.equal(f['fidelity paths in checkpoint'], total)
+    assert.equal(f['fidelity paths in summary'], 0)
+    assert.equal(f['fidelity commands total'], 0)
+    assert.equal(compactions.length, report.totals.compactions)
+    assert.ok(output.includes(`\n  fidelity `) && output.includes(`verbatim in checkpoints: paths ${total}/${total}, commands 0/0, error lines 0/0, user messages 0/0; in the summaries alone: 0/${total}, 0/0, 0/0, 0/0\n`), output.slice(-600))
+    // No compaction, no fidelity line.
+    const small = await runReplay(openai(1), { contextWindow: 8_000, figures: FIDELITY_FIGURES })
+    assert.ok(!small.output.includes('\n  fidelity '))
+  })
+
+  for (const [file, line] of [
+    ['psf__requests-1142.traj.json', 'verbatim in checkpoints: paths 0/0, commands 35/35, error lines 0/0, user messages 1/2; in the summaries alone: 0/0, 0/35, 0/0, 0/2'],
+    ['pylint-dev__pylint-6528.traj.json', 'verbatim in checkpoints: paths 0/0, commands 98/109, error lines 6/7, user messages 1/2; in the summaries alone: 0/0, 0/109, 0/7, 0/2'],
+  ]) {
+    test(`corpus ${file} at 32,000: the fidelity totals line`, { skip: skipWithoutShared('corpus', file) }, async () => {
+      // SWE-agent trajectories run everything through one bash tool: commands, no path arguments.
+      // Over 1,600 tokens (floor(32,000 × 0.05)) the ledger drops its oldest entries: pylint's 109
+      // commands do not all fit; the long task statement (a user message) never fits whole.
+      const { output } = await runReplay(readCorpus(file), { contextWindow: 32_000, figures: FIDELITY_FIGURES })
+      assert.match(output, new RegExp(`\\n  fidelity +${line.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}\\n`), output.slice(-900))
+    })
+  }
 })

@@ -1,21 +1,13 @@
 // The shell tool under a hostile model (docs/design.md §13): no secrets in its environment, and
 // nothing it starts — `&`, nohup, setsid — outlives the call, a timeout, a cancellation or the CLI.
-import { test, describe, after } from 'node:test'
+import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
-import { mkdtemp, realpath, rm, readdir, readFile } from 'node:fs/promises'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { readdir, readFile } from 'node:fs/promises'
 import { builtinTools, shellEnvironment, parseCliArgs, type Tool } from '../dsh.ts'
 import { startFakeProvider } from './fake-provider.ts'
-import { runDsh, CLEAN_ENV } from './cli-child.ts'
+import { runDsh, CLEAN_ENV, tempDirs } from './cli-child.ts'
 
-const temps: string[] = []
-after(async () => { for (const dir of temps) await rm(dir, { recursive: true, force: true }) })
-async function tempDir(): Promise<string> {
-  const dir = await realpath(await mkdtemp(join(tmpdir(), 'dsh-shell-')))
-  temps.push(dir)
-  return dir
-}
+const tempDir = tempDirs('dsh-shell-')
 const linux = process.platform === 'linux' ? false : 'SKIPPED: needs /proc (Linux) to look for surviving processes'
 
 /** A `sleep` duration no other process uses, to find our sleepers in /proc. */

@@ -1,22 +1,15 @@
 // Security rules (docs/design.md §13) under hostile input: a prompt-injected model choosing tool
 // arguments, a hostile or broken server, a second process. Each test fails without its fix.
-import { test, describe, after } from 'node:test'
+import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
-import { mkdtemp, readFile, readdir, realpath, rm } from 'node:fs/promises'
-import { tmpdir } from 'node:os'
+import { readFile, readdir } from 'node:fs/promises'
 import { join } from 'node:path'
 import { Agent, Session, FileStore, spillName, stripControls, type Tool } from '../dsh.ts'
 import { ScriptedProvider, say } from './scripted-provider.ts'
 import { startFakeProvider } from './fake-provider.ts'
-import { runDsh, CLEAN_ENV } from './cli-child.ts'
+import { runDsh, CLEAN_ENV, tempDirs } from './cli-child.ts'
 
-const temps: string[] = []
-after(async () => { for (const dir of temps) await rm(dir, { recursive: true, force: true }) })
-async function tempDir(): Promise<string> {
-  const dir = await realpath(await mkdtemp(join(tmpdir(), 'dsh-sec-')))
-  temps.push(dir)
-  return dir
-}
+const tempDir = tempDirs('dsh-sec-')
 
 describe('the session log: tool-call arguments once, spill names from the seq', () => {
   test('ids "c:1", "c_1" and a 300-character id spill to three distinct artefacts; arguments are logged once', async () => {

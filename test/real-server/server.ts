@@ -84,7 +84,7 @@ export async function startServer(options: { ctxSize: number; model?: string; ti
   // the server exits at once, and a new port is tried.
   for (let attempt = 1; ; attempt++) {
     try { return await startOnce(options) } catch (err) {
-      if (attempt >= 3 || !/exited with/.test((err as Error).message)) throw err
+      if (attempt >= 3 || !/exited with|another server/.test((err as Error).message)) throw err
     }
   }
 }
@@ -93,7 +93,10 @@ async function startOnce(options: { ctxSize: number; model?: string; timeoutMs?:
   const { ctxSize, timeoutMs = 60_000 } = options
   const model = options.model ?? (ctxSize > 2048 ? MODEL_8K : MODEL_2K)
   const port = await freePort()
-  const args = ['-m', model, '--host', '127.0.0.1', '--port', String(port), '-t', '1', '-tb', '1', '--ctx-size', String(ctxSize), '-np', '1', '--seed', '1', '--no-webui']
+  // A name only this server answers to: /health alone cannot tell it from another server that
+  // holds the port (another test run on the same machine).
+  const alias = `dsh-test-${process.pid}-${port}-${Math.random().toString(36).slice(2, 10)}`
+  const args = ['-m', model, '--alias', alias, '--host', '127.0.0.1', '--port', String(port), '-t', '1', '-tb', '1', '--ctx-size', String(ctxSize), '-np', '1', '--seed', '1', '--no-webui']
   // The model's GGUF has no chat template; this one renders tool definitions, calls and results.
   args.push('--jinja', '--chat-template-file', CHAT_TEMPLATE)
   const child = spawn(SERVER_BINARY, args, { stdio: ['ignore', 'pipe', 'pipe'] })
@@ -118,8 +121,13 @@ async function startOnce(options: { ctxSize: number; model?: string; timeoutMs?:
     try {
       const res = await fetch(`http://127.0.0.1:${port}/health`)
       await res.text()
-      if (res.status === 200) break
-    } catch { /* not listening yet */ }
+      if (res.status === 200) {
+        const models = await (await fetch(`http://127.0.0.1:${port}/v1/models`)).json() as { data?: { id?: string }[] }
+        if (models.data?.some((m) => m.id === alias)) break
+        await stop()
+        throw new Error(`port ${port} is held by another server (it does not answer to ${alias})`)
+      }
+    } catch (err) { if (/another server/.test((err as Error).message)) throw err /* else: not listening yet */ }
     if (Date.now() > deadline) { await stop(); throw new Error(`llama-server not healthy after ${timeoutMs} ms:\n${output}`) }
     await new Promise((r) => setTimeout(r, 100))
   }

@@ -1,0 +1,138 @@
+// The file tools under a prompt-injected model (docs/design.md §13): no writes into .git, the
+// session log or hard-linked files; no FIFO hangs; size caps; no check-then-use gap for symlinks.
+import { test, describe, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { spawn, spawnSync } from 'node:child_process'
+import { mkdtemp, mkdir, realpath, rm, writeFile, readFile, readdir, symlink, link } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { builtinTools, BUILTIN_TOOL_DEFAULTS, type Tool } from '../dsh.ts'
+import { startFakeProvider } from './fake-provider.ts'
+import { runDsh } from './cli-child.ts'
+
+const temps: string[] = []
+after(async () => { for (const dir of temps) await rm(dir, { recursive: true, force: true }) })
+/** `base/work` (the working directory) with `files`, and `base/outside/secret.txt`. */
+async function workspace(files: Record<string, string> = {}): Promise<{ root: string; outside: string }> {
+  const base = await realpath(await mkdtemp(join(tmpdir(), 'dsh-files-')))
+  temps.push(base)
+  const root = join(base, 'work'), outside = join(base, 'outside')
+  await mkdir(root); await mkdir(outside)
+  await writeFile(join(outside, 'secret.txt'), 'SECRET\n')
+  for (const [name, text] of Object.entries(files)) { await mkdir(join(root, name, '..'), { recursive: true }); await writeFile(join(root, name), text) }
+  return { root, outside }
+}
+async function tools(root: string, options: Record<string, unknown> = {}): Promise<Record<string, Tool>> {
+  return Object.fromEntries((await builtinTools({ cwd: root, ...options })).map((t) => [t.name, t]))
+}
+const live = () => ({ signal: new AbortController().signal, callId: 'c' })
+const FSMONITOR = '[core]\n\tfsmonitor = "sh -c \'touch /tmp/pwned\'"\n'
+
+describe('write tools refuse .git, the session log and hard links (CLI, the model calling the tools)', () => {
+  test('.git/config, .GIT/hooks, sub/.git, a symlink into .git; the session log, its lock and artefacts', async () => {
+    const { root } = await workspace({ '.git/config': '[core]\n', 'sub/.git/HEAD': 'ref\n' })
+    await symlink('.git', join(root, 'g'))
+    const attempts: [string, Record<string, unknown>][] = [
+      ['write_file', { path: '.git/config', content: FSMONITOR }],
+      ['edit_file', { path: '.git/config', old_string: '[core]', new_string: FSMONITOR }],
+      ['write_file', { path: '.GIT/hooks/pre-commit', content: '#!/bin/sh\n' }],
+      ['write_file', { path: 'sub/.git/HEAD', content: 'x' }],
+      ['write_file', { path: 'g/config', content: FSMONITOR }],
+      ['write_file', { path: 's.jsonl', content: '{"seq":0}\n' }],
+      ['edit_file', { path: 's.jsonl', old_string: 'session/start', new_string: 'x' }],
+      ['write_file', { path: 's.jsonl.lock', content: '{}' }],
+      ['write_file', { path: 's.jsonl.artefacts/tool-result-9.txt', content: 'forged' }],
+    ]
+    const f = await startFakeProvider({ script: [{ toolCalls: attempts.map(([name, args], i) => ({ id: `w${i}`, name, arguments: args })) }, { text: 'done' }] })
+    try {
+      const run = await runDsh(['-p', 'go', '--base-url', f.url, '--model', 'm', '--context-window', '64000', '--session', 's.jsonl'], root)
+      assert.equal(run.code, 0, run.stderr)
+      const results = f.requests[1].body.messages.filter((m: any) => m.role === 'tool').map((m: any) => m.content)
+      assert.equal(results.length, attempts.length)
+      for (const [i, text] of results.entries()) {
+        const why = i < 5 ? /is inside \.git; the tools never write git's own files/ : /is the session log or one of its files \(s\.jsonl\.\*\); the tools never write the log/
+        assert.match(text, why, `${attempts[i][0]} ${JSON.stringify(attempts[i][1])}: ${text}`)
+      }
+      assert.equal(await readFile(join(root, '.git/config'), 'utf8'), '[core]\n')
+      assert.deepEqual((await readdir(root)).sort(), ['.git', 'g', 's.jsonl', 'sub'])
+      const log = (await readFile(join(root, 's.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l))
+      assert.deepEqual(log.map((e) => e.seq), log.map((_, i) => i))
+    } finally { await f.close() }
+  })
+
+  test('a file with a second hard link (to a file outside) is not written', async () => {
+    const { root, outside } = await workspace()
+    await link(join(outside, 'secret.txt'), join(root, 'linked.txt'))
+    const t = await tools(root)
+    for (const [name, args] of [['write_file', { path: 'linked.txt', content: 'owned' }], ['edit_file', { path: 'linked.txt', old_string: 'SECRET', new_string: 'owned' }]] as const) {
+      await assert.rejects(async () => t[name].execute(args, live()), { message: `${name}: linked.txt has 2 hard links; writing it would change its other names too, which may lie outside the working directory; not written` })
+    }
+    assert.equal(await readFile(join(outside, 'secret.txt'), 'utf8'), 'SECRET\n')
+  })
+})
+
+describe('FIFOs, size caps, long and deep paths', () => {
+  const mkfifo = spawnSync('mkfifo', ['--version']).status === 0 ? false : 'SKIPPED: mkfifo is not available'
+  test('edit_file and read_file on a FIFO refuse at once instead of hanging', { skip: mkfifo }, async () => {
+    const { root } = await workspace()
+    spawnSync('mkfifo', [join(root, 'pipe')])
+    const t = await tools(root)
+    await assert.rejects(async () => t.edit_file.execute({ path: 'pipe', old_string: 'a', new_string: 'b' }, live()), /edit_file: pipe is not a regular file \(a FIFO, socket or device\)/)
+    await assert.rejects(async () => t.read_file.execute({ path: 'pipe' }, live()), /read_file: pipe is not a regular file/)
+    await assert.rejects(async () => t.write_file.execute({ path: 'pipe', content: 'x' }, live()), /write_file: pipe is not a regular file/)
+  })
+
+  test('write_file and edit_file stop at maxWriteBytes (default 16 MiB), leaving the file as it was', async () => {
+    assert.equal(BUILTIN_TOOL_DEFAULTS.maxWriteBytes, 16 * 1024 * 1024)
+    const { root } = await workspace({ 'a.txt': 'x'.repeat(100) })
+    const t = await tools(root, { maxWriteBytes: 1000 })
+    await assert.rejects(async () => t.write_file.execute({ path: 'b.txt', content: 'é'.repeat(501) }, live()), /write_file: content is over 1000 bytes, the most write_file writes/)
+    await assert.rejects(async () => t.edit_file.execute({ path: 'a.txt', old_string: 'x', new_string: 'yyyyyyyyyyy', replace_all: true }, live()), /edit_file: the edited a\.txt would be over 1000 bytes/)
+    assert.equal(await readFile(join(root, 'a.txt'), 'utf8'), 'x'.repeat(100))
+    await writeFile(join(root, 'big.txt'), 'z'.repeat(1001))
+    await assert.rejects(async () => t.edit_file.execute({ path: 'big.txt', old_string: 'z', new_string: 'y' }, live()), /edit_file: big\.txt is 1001 bytes, over the 1000 bytes edit_file edits/)
+    assert.deepEqual((await readdir(root)).sort(), ['a.txt', 'big.txt'], 'no temp file left')
+  })
+
+  test('a path over 4,096 characters is refused; a 2,000-deep missing path resolves at once; abort is honoured', async () => {
+    const { root } = await workspace()
+    const t = await tools(root)
+    await assert.rejects(async () => t.read_file.execute({ path: 'a'.repeat(4097) }, live()), { message: 'read_file: "path" is 4097 characters long; the limit is 4096' })
+    const started = Date.now()
+    await assert.rejects(async () => t.read_file.execute({ path: 'd/'.repeat(2000) + 'f' }, live()), /read_file: cannot use .*: it does not exist/)
+    assert.ok(Date.now() - started < 1_000)
+    const aborted = new AbortController(); aborted.abort()
+    await assert.rejects(async () => t.write_file.execute({ path: 'n/'.repeat(50) + 'f', content: 'x' }, { signal: aborted.signal, callId: 'c' }), /write_file: cancelled/)
+  })
+
+  test('write_file keeps the mode of the file it replaces and leaves no temp file', async () => {
+    const { root } = await workspace({ 'run.sh': 'echo 1\n' })
+    spawnSync('chmod', ['755', join(root, 'run.sh')])
+    await (await tools(root)).write_file.execute({ path: 'run.sh', content: 'echo 2\n' }, live())
+    assert.equal(spawnSync('stat', ['-c', '%a', join(root, 'run.sh')], { encoding: 'utf8' }).stdout.trim(), '755')
+    assert.deepEqual(await readdir(root), ['run.sh'])
+  })
+})
+
+describe('no check-then-use gap: a directory swapped for a symlink while the tools run', { skip: process.platform === 'linux' ? false : 'SKIPPED: needs /proc/self/fd' }, () => {
+  test('reads never return, and writes never land in, a file outside', async () => {
+    const { root, outside } = await workspace({ 'd/secret.txt': 'inside\n' })
+    // A second process swaps work/d between a real directory and a symlink to ../outside as fast as it can.
+    const swapper = spawn(process.execPath, ['-e', `
+      const fs = require('node:fs'); const d = ${JSON.stringify(join(root, 'd'))}, real = d + '.real', out = ${JSON.stringify(outside)}
+      fs.renameSync(d, real)
+      const end = Date.now() + 1500
+      while (Date.now() < end) { try { fs.symlinkSync(out, d) } catch {} ; try { fs.unlinkSync(d) } catch {} ; try { fs.renameSync(real, d); fs.renameSync(d, real) } catch {} }
+      try { fs.unlinkSync(d) } catch {} ; fs.renameSync(real, d)`], { stdio: 'ignore' })
+    const done = new Promise((r) => swapper.on('exit', r))
+    const t = await tools(root)
+    let reads = 0, leaked = 0, writes = 0
+    while (swapper.exitCode === null) {
+      try { const out = await t.read_file.execute({ path: 'd/secret.txt' }, live()) as string; reads++; if (out.includes('SECRET')) leaked++ } catch { /* refused: fine */ }
+      try { await t.write_file.execute({ path: `d/w${writes}.txt`, content: 'x' }, live()); writes++ } catch { /* refused: fine */ }
+    }
+    await done
+    assert.equal(leaked, 0, `${leaked} of ${reads} reads returned the outside file`)
+    assert.deepEqual(await readdir(outside), ['secret.txt'], 'nothing was written outside')
+  })
+})
