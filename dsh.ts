@@ -33,12 +33,13 @@
  *   2. Meter          token estimates (tokens), usage anchor; 2.1 cost: prices applied to tokens (USD)
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
  *   4. Log & surface  append-only session log, surface projection, stores, resume
- *   5. Ladder         prune → clear → compact → spill → fail. A LADDER RUNG goes into the rung
- *                     sequence of this section (the pressure and overflow paths), logged as a
- *                     `compaction/*` event (docs/design.md §5, §10)
- *   6. Provider       6.0 configuration (DeepSeek defaults), 6.1 SSE parser, 6.2 error classifier —
- *                     a PROVIDER'S ERROR WORDING goes into OVERFLOW_PATTERNS (context overflow) or
- *                     the classifier's other tables there — 6.3 messages on the wire, 6.4 adapter
+ *   5. Ladder         prune → clear → compact → spill → fail. A LADDER RUNG goes into
+ *                     compactIfNeeded, the rung sequence of the pressure and overflow paths,
+ *                     logged as a `compaction/*` event (docs/design.md §5, §10)
+ *   6. Provider       6.0 configuration (DeepSeek defaults, KNOWN_MODELS), 6.1 SSE parser, 6.2 error
+ *                     classifier — a PROVIDER'S ERROR WORDING goes into OVERFLOW_PATTERNS (context
+ *                     overflow; RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for the rest)
+ *                     — 6.3 messages on the wire, 6.4 adapter
  *   7. Loop           Agent: turns, steps, tools, hooks, cancellation
  *   ── fence: nothing in Part I names anything in Part II ──
  *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
@@ -1217,7 +1218,7 @@ export async function acquireLogLock(logPath: string, lockPath: string): Promise
     if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, delete the lock file`)
     let alive = true
     try { proc.kill(holder!.pid, 0) } catch (err: any) { alive = err?.code !== 'ESRCH' }
-    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file`)
+    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file (if pid ${holder!.pid} is no dsh, its number was reused: delete the lock file)`)
     if (round >= 3) refuse(`is being taken over by another process (the lock of ${describeHolder(holder!)} was stale)`)
     // Stale: move it aside, check that what moved is what we judged stale, then create ours.
     const aside = `${lockPath}.stale-${proc.pid}-${Date.now()}`
@@ -7687,6 +7688,7 @@ The model gets these tools: read_file, list_files, grep, write_file, edit_file (
 limited to the working directory) and, with --allow-shell or an interactive yes, shell (which is
 not: a command can reach anything you can). Interactive commands: /compact [FOCUS], /context,
 /pin, /unpin, /usage, /help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
+A pasted block is one input; a line that ends in \\ continues on the next.
 
 Status lines (stderr)
   ▸ read_file src/a.ts (2,340 tokens)    a tool ran; its result takes 2,340 tokens of context
@@ -7720,6 +7722,7 @@ Environment
   DSH_BASE_URL           default for --base-url
   DSH_MODEL              default for --model
   NO_COLOR               plain status line
+  XDG_CONFIG_HOME        where the remembered shell answers are kept (default ~/.config)
 
 Exit codes
   0  done
@@ -8110,7 +8113,8 @@ function toolSubject(name: string, rawArguments: string): string {
       if (first !== undefined) parts = [String(first)]
     }
   }
-  const text = parts.join(' ').replace(/\r?\n/g, '⏎').replace(/[\x00-\x1f\x7f-\x9f]/g, '')
+  // At most 4 UTF-16 units per shown code point are looked at: a model's argument may be megabytes.
+  const text = parts.join(' ').slice(0, 4 * ACTIVITY_SUBJECT_CODE_POINTS).replace(/\r?\n/g, '⏎').replace(/[\x00-\x1f\x7f-\x9f]/g, '')
   const points = Array.from(text)
   return points.length === 0 ? name : `${name} ${points.length > ACTIVITY_SUBJECT_CODE_POINTS ? points.slice(0, ACTIVITY_SUBJECT_CODE_POINTS - 1).join('') + '…' : text}`
 }
@@ -8182,7 +8186,8 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     if (e.type === 'stream') {
       if (e.event.type === 'retry') {
         const { attempt, delayMs, error, maxRetries } = e.event
-        say(`[dsh] retry ${attempt}${maxRetries ? ` of ${maxRetries}` : ''} in ${(delayMs / 1000).toFixed(1)} s: ${error.message.split('\n')[0]}`)
+        const why = Array.from(error.message.slice(0, 2 * ACTIVITY_ERROR_CODE_POINTS).split('\n')[0])
+        say(`[dsh] retry ${attempt}${maxRetries ? ` of ${maxRetries}` : ''} in ${(delayMs / 1000).toFixed(1)} s: ${why.length > ACTIVITY_ERROR_CODE_POINTS ? why.slice(0, ACTIVITY_ERROR_CODE_POINTS - 1).join('') + '…' : why.join('')}`)
       }
       return
     }
@@ -8302,7 +8307,7 @@ async function resumeLine(session: Session, name: string, nowMs: number): Promis
   if (at <= 0) return undefined
   const last = await session.readEvent(at - 1)
   const input = session.surface().findLast((n) => n.message.role === 'user')
-  const text = input ? contentText(input.message.content).replace(/\s+/g, ' ').trim() : ''
+  const text = input ? contentText(input.message.content).slice(0, 1000).replace(/\s+/g, ' ').trim() : ''
   const points = Array.from(text)
   const quoted = text === '' ? '' : `: "${points.length > 60 ? points.slice(0, 59).join('') + '…' : text}"`
   const turns = session.turn.turn

@@ -213,3 +213,24 @@ test("README's layout names every section of dsh.ts, and its Part I / Part II li
     assert.ok(Math.abs(claimed - real) <= real / 4, `${part}: README says about ${claimed} lines, the file has ${real}; update README's layout section`)
   }
 })
+
+// ── The header's table of contents leads a newcomer to the right place ─────────────────────────
+test("the header's contents name where a provider's error wording, a transcript format and a ladder rung go, and those names are declared in the sections named", () => {
+  const header = SOURCE.slice(0, SOURCE.indexOf('*/'))
+  const toc = header.slice(header.indexOf('CONTENTS'), header.indexOf('UNITS'))
+  /** Line ranges of the `// N. Name` sections of dsh.ts. */
+  const starts = [...SOURCE.matchAll(/^\/\/ (\d+)\. /gm)].map((m) => ({ n: Number(m[1]), at: m.index! }))
+  const sectionOf = (at: number) => starts.filter((s) => s.at <= at).at(-1)?.n
+  for (const phrase of ["PROVIDER'S ERROR WORDING", 'TRANSCRIPT FORMAT', 'LADDER RUNG']) {
+    const i = toc.indexOf(phrase)
+    assert.ok(i >= 0, `the contents do not name where ${phrase.toLowerCase()} goes`)
+    const before = toc.slice(0, i)
+    const section = Number([...before.matchAll(/^ \*\s+(\d+)\. /gm)].at(-1)?.[1])
+    // The first identifier after the phrase: an UPPER_CASE constant or a camelCase function.
+    const name = /\b([A-Z][A-Z0-9]*_[A-Z0-9_]+|[a-z]+[A-Z]\w*)\b/.exec(toc.slice(i + phrase.length))?.[1]
+    assert.ok(name, `no identifier named after ${phrase}`)
+    const decl = new RegExp(`^(?:export )?(?:async )?(?:const|function|class) ${name}\\b`, 'm').exec(SOURCE)
+    assert.ok(decl, `${name} (named for ${phrase}) is not declared in dsh.ts`)
+    assert.equal(sectionOf(decl.index), section, `${name} is declared in section ${sectionOf(decl.index)}, the contents say ${section}`)
+  }
+})

@@ -286,13 +286,18 @@ describe('case 3 (library): instructions are part of the envelope', () => {
 
 describe('case 4 (library): focus, summaryInstruction, compaction hooks', () => {
   const work = () => [...calls(2, 'w'), { text: 'step done' }, ...calls(1, 'z'), { text: 'more done' }] as FakeReply[]
-
-  test('compactNow({focus}) puts the focus into the summary instruction; the focus is logged', async () => {
+  /** Two turns of 12,000-char results (three in all), ready for a manual compaction. */
+  async function twoTurns() {
     let n = 0
     const f = await fake(work())
     const session = await Session.open(new MemoryStore())
     const agent = new Agent({ session, provider: f.provider, tools: [tool('fetch', () => `r${n++}`.padEnd(12_000, '.'))] })
     await agent.run('one'); await agent.run('two')
+    return { f, session, agent }
+  }
+
+  test('compactNow({focus}) puts the focus into the summary instruction; the focus is logged', async () => {
+    const { f, session, agent } = await twoTurns()
     assert.equal((await agent.compactNow({ focus: 'fix the parser first' })).action, 'compacted')
     assert.deepEqual(f.summary()[0].body.messages.at(-1), {
       role: 'user',
@@ -329,11 +334,7 @@ describe('case 4 (library): focus, summaryInstruction, compaction hooks', () => 
   })
 
   test('compaction/before may cancel: no summary request, the surface unchanged, the reason logged', async () => {
-    let n = 0
-    const f = await fake(work())
-    const session = await Session.open(new MemoryStore())
-    const agent = new Agent({ session, provider: f.provider, tools: [tool('fetch', () => `r${n++}`.padEnd(12_000, '.'))] })
-    await agent.run('one'); await agent.run('two')
+    const { f, session, agent } = await twoTurns()
     agent.on('compaction/before', () => ({ cancel: 'the user is reading it' }))
     await agent.compactNow()
     assert.equal(f.summary().length, 0)

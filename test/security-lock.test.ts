@@ -34,7 +34,7 @@ describe('one writer per session log', () => {
       assert.equal(first.code, 0, first.stderr)
       assert.equal(first.stdout, 'slow answer\n')
       assert.equal(second.code, 2)
-      assert.match(second.stderr, new RegExp(`^dsh: --session s\\.jsonl: session log \\S*s\\.jsonl is in use by pid \\d+ on host ${hostname().replace(/\./g, '\\.')} \\(since \\d{4}-\\d\\d-\\d\\dT[^)]+\\); wait for it to finish or use another session file; lock file \\S*s\\.jsonl\\.lock\\n$`))
+      assert.match(second.stderr, new RegExp(`^dsh: --session s\\.jsonl: session log \\S*s\\.jsonl is in use by pid \\d+ on host ${hostname().replace(/\./g, '\\.')} \\(since \\d{4}-\\d\\d-\\d\\dT[^)]+\\); wait for it to finish or use another session file \\(if pid \\d+ is no dsh, its number was reused: delete the lock file\\); lock file \\S*s\\.jsonl\\.lock\\n$`))
       assert.equal(f.requests.length, 1, 'the second sent nothing')
       const log = (await readFile(join(cwd, 's.jsonl'), 'utf8')).trim().split('\n').map((l) => JSON.parse(l))
       assert.deepEqual(log.map((e) => e.seq), log.map((_, i) => i))
