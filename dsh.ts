@@ -7018,10 +7018,15 @@ class ReplayAgent extends Agent {
     this.recordedEnvelope = envelope
     this.recordedToolNames = new Set((options.tools ?? []).map((t) => t.name))
   }
+  private extended?: { own: readonly ToolSpec[]; envelope: Envelope }
   override get envelope(): Envelope {
     const own = (super.envelope.tools ?? []).filter((t) => !this.recordedToolNames.has(t.name))
     if (own.length === 0) return this.recordedEnvelope
-    return { system: this.recordedEnvelope.system, tools: [...(this.recordedEnvelope.tools ?? []), ...own] }
+    // One object per tool set, as the Agent keeps its own (the adapter serialises the tools once per object).
+    if (this.extended?.own.length !== own.length || this.extended.own.some((t, i) => t.name !== own[i].name)) {
+      this.extended = { own, envelope: { system: this.recordedEnvelope.system, tools: [...(this.recordedEnvelope.tools ?? []), ...own] } }
+    }
+    return this.extended.envelope
   }
 }
 
@@ -7672,6 +7677,7 @@ The model gets these tools: read_file, list_files, grep, write_file, edit_file (
 limited to the working directory) and, with --allow-shell or an interactive yes, shell (which is
 not: a command can reach anything you can). Interactive commands: /compact [FOCUS], /context,
 /pin, /unpin, /usage, /help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
+A pasted block is one input; a line that ends in \\ continues on the next.
 
 Status lines (stderr)
   ▸ read_file src/a.ts (2,340 tokens)    a tool ran; its result takes 2,340 tokens of context
@@ -7705,6 +7711,7 @@ Environment
   DSH_BASE_URL           default for --base-url
   DSH_MODEL              default for --model
   NO_COLOR               plain status line
+  XDG_CONFIG_HOME        where the remembered shell answers are kept (default ~/.config)
 
 Exit codes
   0  done
@@ -8095,7 +8102,8 @@ function toolSubject(name: string, rawArguments: string): string {
       if (first !== undefined) parts = [String(first)]
     }
   }
-  const text = parts.join(' ').replace(/\r?\n/g, '⏎').replace(/[\x00-\x1f\x7f-\x9f]/g, '')
+  // At most 4 UTF-16 units per shown code point are looked at: a model's argument may be megabytes.
+  const text = parts.join(' ').slice(0, 4 * ACTIVITY_SUBJECT_CODE_POINTS).replace(/\r?\n/g, '⏎').replace(/[\x00-\x1f\x7f-\x9f]/g, '')
   const points = Array.from(text)
   return points.length === 0 ? name : `${name} ${points.length > ACTIVITY_SUBJECT_CODE_POINTS ? points.slice(0, ACTIVITY_SUBJECT_CODE_POINTS - 1).join('') + '…' : text}`
 }
@@ -8167,7 +8175,8 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     if (e.type === 'stream') {
       if (e.event.type === 'retry') {
         const { attempt, delayMs, error, maxRetries } = e.event
-        say(`[dsh] retry ${attempt}${maxRetries ? ` of ${maxRetries}` : ''} in ${(delayMs / 1000).toFixed(1)} s: ${error.message.split('\n')[0]}`)
+        const why = Array.from(error.message.slice(0, 2 * ACTIVITY_ERROR_CODE_POINTS).split('\n')[0])
+        say(`[dsh] retry ${attempt}${maxRetries ? ` of ${maxRetries}` : ''} in ${(delayMs / 1000).toFixed(1)} s: ${why.length > ACTIVITY_ERROR_CODE_POINTS ? why.slice(0, ACTIVITY_ERROR_CODE_POINTS - 1).join('') + '…' : why.join('')}`)
       }
       return
     }
@@ -8287,7 +8296,7 @@ async function resumeLine(session: Session, name: string, nowMs: number): Promis
   if (at <= 0) return undefined
   const last = await session.readEvent(at - 1)
   const input = session.surface().findLast((n) => n.message.role === 'user')
-  const text = input ? contentText(input.message.content).replace(/\s+/g, ' ').trim() : ''
+  const text = input ? contentText(input.message.content).slice(0, 1000).replace(/\s+/g, ' ').trim() : ''
   const points = Array.from(text)
   const quoted = text === '' ? '' : `: "${points.length > 60 ? points.slice(0, 59).join('') + '…' : text}"`
   const turns = session.turn.turn

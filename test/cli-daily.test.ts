@@ -6,7 +6,7 @@ import assert from 'node:assert/strict'
 import { createServer } from 'node:net'
 import { mkdir, readFile, writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
-import { CLEAN_ENV, ROOT, dsh, dshCommand, dshPty, fake, lines, readLog, runFlags, runProcess, skipWithoutPty, tempDir } from './cli-helpers.ts'
+import { CLEAN_ENV, ROOT, dsh, dshCommand, dshPty, dshPtyDriven, fake, lines, readLog, runFlags, runProcess, skipWithoutPty, tempDir } from './cli-helpers.ts'
 
 const group = (n: number) => n.toLocaleString('en-US')
 /** A stack trace line, as Node prints one. */
@@ -266,6 +266,8 @@ describe('an overflow-recovery loop stops at the first repeat', () => {
 
 describe('the terminal (under a pseudo-terminal)', () => {
   const skip = skipWithoutPty
+  /** The interactive prompt: dsh waits for input. */
+  const PROMPT = '› '
   test('-p on a terminal streams the answer as it arrives (before the step\'s status line), printed once', { skip }, async () => {
     const cwd = await tempDir()
     const ANSWER = 'This answer arrives in small pieces.'
@@ -280,10 +282,10 @@ describe('the terminal (under a pseudo-terminal)', () => {
   test('a pasted block is one input; a trailing \\ continues the line', { skip }, async () => {
     const cwd = await tempDir()
     const f = await fake(() => ({ text: 'ok' }))
-    const run = await dshPty([...runFlags(f), '--no-shell'], cwd, CLEAN_ENV, [
-      [2500, '\x1b[200~line one\rline two\rline three\x1b[201~'], [300, '\r'],
-      [1500, 'first \\\r'], [300, 'second\r'],
-      [1500, '/exit\r'],
+    const run = await dshPtyDriven([...runFlags(f), '--no-shell'], cwd, CLEAN_ENV, [
+      { waitFor: PROMPT, send: '\x1b[200~line one\rline two\rline three\x1b[201~' }, { waitFor: 'three', send: '\r' },
+      { waitFor: PROMPT, send: 'first \\\r' }, { waitFor: '… ', send: 'second\r' },
+      { waitFor: PROMPT, send: '/exit\r' },
     ])
     assert.equal(run.code, 0, run.stdout)
     assert.ok(run.stdout.includes('\x1b[?2004h'), 'bracketed paste mode is switched on')
@@ -299,9 +301,13 @@ describe('the terminal (under a pseudo-terminal)', () => {
       return ++summaries === 1 ? { text: 'Summary: two long notes were given.', delayMs: 500 } : { fault: 'hang' }
     })
     const long = (tag: string) => `${tag} ${'note '.repeat(1600)}\r`
-    const run = await dshPty([...runFlags(f), '--no-shell'], cwd, { ...CLEAN_ENV, TERM: 'xterm' }, [
-      [2500, long('first')], [1000, long('second')], [1000, long('third')], [1000, '/compact\r'],
-      [3000, long('fourth')], [1000, long('fifth')], [1000, '/compact\r'], [1500, '\x03'], [1000, '/exit\r'],
+    const run = await dshPtyDriven([...runFlags(f), '--no-shell'], cwd, { ...CLEAN_ENV, TERM: 'xterm' }, [
+      ...['first', 'second', 'third'].map((tag) => ({ waitFor: PROMPT, send: long(tag) })),
+      { waitFor: PROMPT, send: '/compact\r' },
+      // After the first compaction's line, so that the indicator awaited below is the second one's.
+      { waitFor: '[dsh] compacted', send: long('fourth') }, { waitFor: PROMPT, send: long('fifth') },
+      { waitFor: PROMPT, send: '/compact\r' }, { waitFor: /compacting… [1-9]\.\d s/, send: '\x03' }, // a second in: the summary request is out
+      { waitFor: PROMPT, send: '/exit\r' },
     ])
     assert.equal(run.code, 0, run.stdout)
     assert.equal(summaries, 2, run.stdout)
@@ -333,4 +339,41 @@ describe('dsh from anywhere: one checkout, another project, three runtimes', () 
       assert.match(run.stderr, /^▸ read_file notes\.txt \(\d+ tokens\)$/m)
     })
   }
+})
+
+describe('context-edit lines come from the log events, whatever the rung', () => {
+  test('a compaction/clear of two tool results, then its replaces: one line naming both tools and the tokens saved', async () => {
+    const { Agent, MemoryStore, Session, statusReporter } = await import('../dsh.ts')
+    const session = await Session.open(new MemoryStore())
+    const out: string[] = []
+    let agent: InstanceType<typeof Agent> | undefined
+    const status = statusReporter(() => agent, (line) => out.push(line), false, false, { editNote: (edit) => `note for seq ${edit.replaceSeq}` })
+    agent = new Agent({ session, provider: { model: 'm', complete: async () => { throw new Error('not called') } } as any, onEvent: status })
+    const op = { op: 'append' } as const
+    session.append('user/message', { message: { role: 'user', content: 'look around' }, surfaceOp: op })
+    session.append('assistant/message', { message: { role: 'assistant', content: [
+      { type: 'tool-call', id: 'c1', name: 'read_file', arguments: '{"path":"src/a.ts"}' },
+      { type: 'tool-call', id: 'c2', name: 'grep', arguments: '{"pattern":"TODO","path":"src"}' },
+    ] }, finishReason: 'tool_calls', surfaceOp: op })
+    const r1 = session.append('tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: 'a'.repeat(4000) }] }, surfaceOp: op })
+    const r2 = session.append('tool/result', { message: { role: 'tool', toolCallId: 'c2', content: [{ type: 'text', text: 'b'.repeat(2000) }] }, surfaceOp: op })
+    out.length = 0
+    const before = session.node(r1.seq)!.tokens + session.node(r2.seq)!.tokens
+    session.append('compaction/clear', { shadowedSeqs: [r1.seq, r2.seq], shadowedTokenCount: before })
+    const placeholder = (id: string) => ({ message: { role: 'tool' as const, toolCallId: id, content: [{ type: 'text' as const, text: `[cleared ${id}]` }] } })
+    session.append('tool/result', { ...placeholder('c1'), surfaceOp: { op: 'replace', start: r1.seq, end: r1.seq } })
+    assert.deepEqual(out, [], 'the line waits for every replace of the edit')
+    const last = session.append('tool/result', { ...placeholder('c2'), surfaceOp: { op: 'replace', start: r2.seq, end: r2.seq } })
+    const after = session.node(last.seq)!.tokens + session.node(last.seq - 1)!.tokens
+    assert.equal(before, 1008 + 508)
+    assert.deepEqual(out, [`[dsh] cleared 2 tool results (read_file src/a.ts, grep TODO src): ${group(before)} → ${group(after)} tokens (${group(before - after)} saved) · note for seq ${last.seq}\n`])
+  })
+})
+
+test('an AUTH failure tells the CLI user which flag names the key variable', async () => {
+  const cwd = await tempDir()
+  const f = await fake([{ status: 401, body: { error: { message: 'Authentication Fails', type: 'authentication_error' } } }])
+  const run = await dsh(['-p', 'hi', ...runFlags(f)], cwd)
+  assert.equal(run.code, 1)
+  assert.match(lines(run.stderr).at(-1)!, /^dsh: AUTH: HTTP 401 .*CLI: --api-key-env NAME\)\.$/)
 })

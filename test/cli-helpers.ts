@@ -58,6 +58,33 @@ export async function dshPty(args: string[], cwd: string, env: Record<string, st
   return { ...run, stdout: run.stdout.replaceAll('\r', '') }
 }
 
+/**
+ * Drives dsh under a pseudo-terminal like a user: for each step, waits until the output (after
+ * where the previous step's wait matched) contains `waitFor`, then types `send`. Resolves when dsh
+ * exits (killed after 30 s); the output has `\r` removed.
+ */
+export function dshPtyDriven(args: string[], cwd: string, env: Record<string, string>, steps: { waitFor: string | RegExp; send: string }[]): Promise<Run> {
+  return new Promise((resolve, reject) => {
+    const child = spawn('script', ['-qec', dshCommand(args), '/dev/null'], { cwd, env: { NO_COLOR: '1', TERM: 'dumb', ...env }, stdio: ['pipe', 'pipe', 'pipe'] })
+    let stdout = '', stderr = '', from = 0, next = 0
+    const advance = () => {
+      while (next < steps.length) {
+        const { waitFor } = steps[next]
+        const found = typeof waitFor === 'string' ? { at: stdout.indexOf(waitFor, from), length: waitFor.length }
+          : ((m) => ({ at: m ? from + m.index : -1, length: m ? m[0].length : 0 }))(waitFor.exec(stdout.slice(from)))
+        if (found.at === -1) return
+        from = found.at + found.length
+        child.stdin!.write(steps[next++].send)
+      }
+    }
+    child.stdout!.setEncoding('utf8').on('data', (t: string) => { stdout += t.replaceAll('\r', ''); advance() })
+    child.stderr!.setEncoding('utf8').on('data', (t: string) => { stderr += t })
+    const guard = setTimeout(() => child.kill('SIGKILL'), 30_000)
+    child.on('error', reject)
+    child.on('close', (code) => { clearTimeout(guard); child.stdin?.destroy(); resolve({ code, stdout, stderr }) })
+  })
+}
+
 export const lines = (text: string): string[] => text.split('\n').filter((l) => l !== '')
 export const readLog = async (file: string): Promise<any[]> => lines(await readFile(file, 'utf8')).map((l) => JSON.parse(l))
 

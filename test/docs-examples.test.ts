@@ -8,6 +8,7 @@ import assert from 'node:assert/strict'
 import { execFile, execFileSync, spawn } from 'node:child_process'
 import { copyFileSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
+import { gzipSync } from 'node:zlib'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { startFakeProvider, type FakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
@@ -225,3 +226,22 @@ for (const [i, s] of snippets.entries()) {
     assert.equal(run.status, 0, `${s.file}:${s.line} exited ${run.status}\n${run.output}`)
   })
 }
+
+// ── The bundle sizes docs/runtimes.md quotes match a build of this tree (±10%) ──────────────────
+test('docs/runtimes.md: the bundle size table matches `node build.mjs` within 10%', () => {
+  const rows = [...readFileSync(DOC, 'utf8').matchAll(/^\| `dist\/([\w.]+)` \| ([\d,]+) \| ([\d,]+) \|$/gm)]
+  assert.ok(rows.length >= 2, 'docs/runtimes.md has a bundle size table with `dist/…` rows')
+  let checked = 0
+  for (const [, name, raw, gz] of rows) {
+    const file = join(work, 'dist', name)
+    if (!existsSync(file)) { assert.match(name, /\.d\.m?ts$/, `the build writes dist/${name}`); continue } // declarations: the test builds with --no-dts
+    const bytes = readFileSync(file)
+    const actual = { raw: bytes.length, gzip: gzipSync(bytes, { level: 9 }).length }
+    const quoted = { raw: Number(raw.replaceAll(',', '')), gzip: Number(gz.replaceAll(',', '')) }
+    for (const k of ['raw', 'gzip'] as const) {
+      assert.ok(Math.abs(actual[k] - quoted[k]) <= quoted[k] * 0.1, `dist/${name} ${k}: the doc says ${quoted[k]} bytes, the build gives ${actual[k]}; update the table (npm run build prints it)`)
+    }
+    checked++
+  }
+  assert.ok(checked >= 2)
+})
