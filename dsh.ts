@@ -930,7 +930,9 @@ export class FileStore implements LogStore {
   staleLock?: LogLockHolder
   /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
   private lineStarts?: number[]
-  constructor(path: string) { this.path = path; this.lockPath = `${path}.lock` }
+  /** `readOnly`: never writes — a torn last line is reported, not cut; appends throw `SessionError('STORE')`. */
+  readonly readOnly: boolean
+  constructor(path: string, options: { readOnly?: boolean } = {}) { this.path = path; this.lockPath = `${path}.lock`; this.readOnly = options.readOnly === true }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
@@ -1003,7 +1005,7 @@ export class FileStore implements LogStore {
       }
       // The repair is a write: it takes the lock for its duration. A live holder's torn-looking
       // last line may be its append in flight: reported, not repaired (and this store cannot write).
-      if (torn && !(await this.lockForRepair())) this.seenBytes = undefined // not repaired: this store must not append
+      if (torn && (this.readOnly || !(await this.lockForRepair()))) this.seenBytes = undefined // not repaired: this store must not append
       else if (torn) {
         try {
           if ((await this.sizeNow()) !== size) throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another process writes to it); open it again`)
@@ -1030,6 +1032,7 @@ export class FileStore implements LogStore {
    */
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
+    if (this.readOnly) throw new SessionError('STORE', `session log ${this.path} was opened read-only; nothing is written to it`)
     if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
     if (!this.locked) {
       await this.lock()
@@ -7034,10 +7037,15 @@ class ReplayAgent extends Agent {
     this.recordedEnvelope = envelope
     this.recordedToolNames = new Set((options.tools ?? []).map((t) => t.name))
   }
+  private extended?: { own: readonly ToolSpec[]; envelope: Envelope }
   override get envelope(): Envelope {
     const own = (super.envelope.tools ?? []).filter((t) => !this.recordedToolNames.has(t.name))
     if (own.length === 0) return this.recordedEnvelope
-    return { system: this.recordedEnvelope.system, tools: [...(this.recordedEnvelope.tools ?? []), ...own] }
+    // One object per tool set, as the Agent keeps its own (the adapter serialises the tools once per object).
+    if (this.extended?.own.length !== own.length || this.extended.own.some((t, i) => t.name !== own[i].name)) {
+      this.extended = { own, envelope: { system: this.recordedEnvelope.system, tools: [...(this.recordedEnvelope.tools ?? []), ...own] } }
+    }
+    return this.extended.envelope
   }
 }
 
@@ -8912,15 +8920,13 @@ function parseShowArgs(args: readonly string[]): CliShowOptions {
  * prints {@link showSession}. A file that is not a dsh log is a usage error (exit 2).
  */
 async function showCommand(options: CliShowOptions, io: CliIO, name = options.file): Promise<number> {
-  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
-  let text: string
-  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: show: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
   let session: Session
   try {
-    const parsed = parseLogText(text)
-    const store = new MemoryStore()
-    store.events.push(...parsed.events)
-    session = await Session.load(store)
+    // Streamed and read-only: only the surface is kept in memory; old events are read back as shown.
+    const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+    try { await fs.access(options.file) } catch (err) { io.stderr(`dsh: show: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
+    session = await Session.load(new FileStore(options.file, { readOnly: true }))
+    const parsed = session
     if (parsed.torn) io.stderr(`dsh: show: ${name}: the last line (line ${parsed.torn.line}, ${parsed.torn.bytes} bytes) is incomplete (a crash, or a writer still running); shown without it\n`)
   } catch (err) {
     if (err instanceof SessionError) { io.stderr(`dsh: show: ${name}: ${err.message}\n`); return 2 }
