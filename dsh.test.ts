@@ -429,3 +429,14 @@ describe('FileStore streaming load and read-back (memory O(surface))', () => {
     assert.deepEqual(readFileSync(file), whole)
   })
 })
+
+test('event types named like Object.prototype members (toString, constructor) are plain events, not surface events', async () => {
+  const store = new MemoryStore()
+  const s = await Session.open(store)
+  for (const type of ['toString', 'constructor', '__proto__', 'hasOwnProperty']) s.append(type, { note: type })
+  await s.sync()
+  assert.equal(s.surface().length, 0)
+  const again = await Session.load(store)
+  assert.deepEqual((await store.load()).events.slice(-4).map((e) => e.type), ['toString', 'constructor', '__proto__', 'hasOwnProperty'])
+  assert.equal(again.surface().length, 0)
+})

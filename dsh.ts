@@ -1279,7 +1279,10 @@ export function validateMessage(m: unknown, role?: Message['role']): asserts m i
 const toolCalls = (m: Message): ToolCallBlock[] =>
   m.role === 'assistant' ? (m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]) : []
 
-const SURFACE_TYPES: Record<string, Message['role']> = { 'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool' }
+/** The surface event types and the role of their message; null prototype, so `toString` is not one. */
+const SURFACE_TYPES: Readonly<Record<string, Message['role'] | undefined>> = /* @__PURE__ */ Object.freeze(Object.assign(Object.create(null), {
+  'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool',
+}))
 
 /** Options for {@link Session}. */
 export interface SessionOptions {
@@ -6576,10 +6579,6 @@ function claudeUsage(u: unknown): Usage | undefined {
 
 // ── dsh ──
 
-const DSH_SURFACE_ROLE: Record<string, Message['role']> = {
-  'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool',
-}
-
 function readDshLog(parsed: ParsedTranscript): Transcript {
   const lines = expectJsonl(parsed, 'dsh')
   const draft = newTranscriptDraft()
@@ -6608,7 +6607,7 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
       continue
     }
     if (type === 'turn/start') { turnOpen = true; continue }
-    const role = DSH_SURFACE_ROLE[type]
+    const role = SURFACE_TYPES[type]
     if (role === undefined) continue
     const op = isJsonRecord(data.surfaceOp) ? data.surfaceOp.op : isJsonRecord(v.surfaceOp) ? v.surfaceOp.op : undefined
     if (op !== 'append') { replaced++; continue }
