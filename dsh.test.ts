@@ -430,6 +430,22 @@ describe('FileStore streaming load and read-back (memory O(surface))', () => {
   })
 })
 
+test('FileStore readOnly: a torn last line is reported, the file is left byte for byte; appends are refused', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'dsh-ro-')), file = join(dir, 's.jsonl')
+  const live = await Session.open(new FileStore(file))
+  live.append('user/message', { message: { role: 'user', content: 'hi' }, surfaceOp: { op: 'append' } })
+  await live.sync(); await live.store.close?.()
+  appendFileSync(file, '{"seq":3,"type":"user/mes')
+  const before = readFileSync(file)
+  const ro = await Session.load(new FileStore(file, { readOnly: true }))
+  assert.equal(ro.torn?.line, 3)
+  assert.equal(ro.torn?.savedTo, undefined)
+  assert.equal(((await ro.readEvent(1)).data as any).message.content, 'hi')
+  assert.deepEqual(readFileSync(file), before)
+  assert.deepEqual(readdirSync(dir).sort(), ['s.jsonl'])
+  await assert.rejects(new FileStore(file, { readOnly: true }).append([{ seq: 2, type: 'x', time: 0, data: {} }]), /read-only/)
+})
+
 test('event types named like Object.prototype members (toString, constructor) are plain events, not surface events', async () => {
   const store = new MemoryStore()
   const s = await Session.open(store)

@@ -18,7 +18,8 @@
  *                                          summary max 8,192 tokens, 1 compaction retry,
  *                                          1 overflow retry, spill over 256 KiB, auto on
  *   provider   openAICompatible / deepseek max_tokens 32,768 (clamped to the window), 5 retries
- *                                          500 ms → 10 s, idle timeout 300 s
+ *                                          500 ms → 10 s, idle timeout 300 s; prices: DEEPSEEK_PRICES
+ *                                          for deepseek(), none for openAICompatible (cost unknown)
  *   loop       Agent                       200 steps per turn; tools run one at a time
  *
  * LIMITS: token counts are a heuristic (UTF-16 units / 4 + 8 per message) until a provider reports
@@ -29,7 +30,7 @@
  * CONTENTS (sections follow the data; docs/design.md has the same numbers where a topic matches)
  *   PART I — THE RUNTIME (web standards only; `dist/dsh.mjs` is exactly this part)
  *   1. Types          messages, blocks, events, provider contract, errors
- *   2. Meter          token estimates (tokens), usage anchor
+ *   2. Meter          token estimates (tokens), usage anchor; 2.1 cost: prices applied to tokens (USD)
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
  *   4. Log & surface  append-only session log, surface projection, stores, resume
  *   5. Ladder         prune → clear → compact → spill → fail. A LADDER RUNG goes into
@@ -929,7 +930,9 @@ export class FileStore implements LogStore {
   staleLock?: LogLockHolder
   /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
   private lineStarts?: number[]
-  constructor(path: string) { this.path = path; this.lockPath = `${path}.lock` }
+  /** `readOnly`: never writes — a torn last line is reported, not cut; appends throw `SessionError('STORE')`. */
+  readonly readOnly: boolean
+  constructor(path: string, options: { readOnly?: boolean } = {}) { this.path = path; this.lockPath = `${path}.lock`; this.readOnly = options.readOnly === true }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
@@ -1002,7 +1005,7 @@ export class FileStore implements LogStore {
       }
       // The repair is a write: it takes the lock for its duration. A live holder's torn-looking
       // last line may be its append in flight: reported, not repaired (and this store cannot write).
-      if (torn && !(await this.lockForRepair())) this.seenBytes = undefined // not repaired: this store must not append
+      if (torn && (this.readOnly || !(await this.lockForRepair()))) this.seenBytes = undefined // not repaired: this store must not append
       else if (torn) {
         try {
           if ((await this.sizeNow()) !== size) throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another process writes to it); open it again`)
@@ -1029,6 +1032,7 @@ export class FileStore implements LogStore {
    */
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
+    if (this.readOnly) throw new SessionError('STORE', `session log ${this.path} was opened read-only; nothing is written to it`)
     if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
     if (!this.locked) {
       await this.lock()
@@ -1477,6 +1481,10 @@ export class Session {
 
   /** Validates an event against the current state without changing anything. */
   private check(type: string, data: any): void {
+    if (type === 'request/header' && data.prices !== undefined) {
+      try { validatePrices(data.prices, 'request/header: prices') } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
+    }
+    if (type === 'compaction/end' && data.requests !== undefined) checkSummaryRequests(data.requests)
     if (type === 'surface/pin' || type === 'surface/unpin') {
       const seq = data.seq
       if (!Number.isInteger(seq) || !this.bySeq.has(seq)) throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
@@ -1883,6 +1891,20 @@ interface RequestEntry {
   outputTokens: number
   usage?: Usage
   prices?: Prices
+}
+
+/** Throws `SessionError('INVALID_EVENT')` unless `requests` is a list of {@link SummaryRequestRecord}s (cost figures stay numbers). */
+function checkSummaryRequests(requests: unknown): void {
+  const count = (v: unknown) => typeof v === 'number' && Number.isFinite(v) && v >= 0
+  if (!Array.isArray(requests)) throw new SessionError('INVALID_EVENT', 'compaction/end: requests must be an array of summary request records')
+  requests.forEach((r, i) => {
+    const ok = typeof r === 'object' && r !== null && typeof r.model === 'string' && count(r.inputTokens) && count(r.modelledHitTokens) && count(r.outputTokens)
+      && (r.usage === undefined || (typeof r.usage === 'object' && r.usage !== null && count(r.usage.promptTokens) && count(r.usage.completionTokens)))
+    if (!ok) throw new SessionError('INVALID_EVENT', `compaction/end: requests[${i}] must be {model, inputTokens, modelledHitTokens, outputTokens, usage?} with token counts as non-negative numbers, got ${JSON.stringify(r)?.slice(0, 120)}`)
+    if (r.prices !== undefined) {
+      try { validatePrices(r.prices, `compaction/end: requests[${i}].prices`) } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
+    }
+  })
 }
 
 /** What the prompt cache is keyed on besides the messages: model, base URL, system prompt, tools. */
@@ -7014,10 +7036,15 @@ class ReplayAgent extends Agent {
     this.recordedEnvelope = envelope
     this.recordedToolNames = new Set((options.tools ?? []).map((t) => t.name))
   }
+  private extended?: { own: readonly ToolSpec[]; envelope: Envelope }
   override get envelope(): Envelope {
     const own = (super.envelope.tools ?? []).filter((t) => !this.recordedToolNames.has(t.name))
     if (own.length === 0) return this.recordedEnvelope
-    return { system: this.recordedEnvelope.system, tools: [...(this.recordedEnvelope.tools ?? []), ...own] }
+    // One object per tool set, as the Agent keeps its own (the adapter serialises the tools once per object).
+    if (this.extended?.own.length !== own.length || this.extended.own.some((t, i) => t.name !== own[i].name)) {
+      this.extended = { own, envelope: { system: this.recordedEnvelope.system, tools: [...(this.recordedEnvelope.tools ?? []), ...own] } }
+    }
+    return this.extended.envelope
   }
 }
 
@@ -8892,15 +8919,13 @@ function parseShowArgs(args: readonly string[]): CliShowOptions {
  * prints {@link showSession}. A file that is not a dsh log is a usage error (exit 2).
  */
 async function showCommand(options: CliShowOptions, io: CliIO, name = options.file): Promise<number> {
-  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
-  let text: string
-  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: show: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
   let session: Session
   try {
-    const parsed = parseLogText(text)
-    const store = new MemoryStore()
-    store.events.push(...parsed.events)
-    session = await Session.load(store)
+    // Streamed and read-only: only the surface is kept in memory; old events are read back as shown.
+    const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+    try { await fs.access(options.file) } catch (err) { io.stderr(`dsh: show: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
+    session = await Session.load(new FileStore(options.file, { readOnly: true }))
+    const parsed = session
     if (parsed.torn) io.stderr(`dsh: show: ${name}: the last line (line ${parsed.torn.line}, ${parsed.torn.bytes} bytes) is incomplete (a crash, or a writer still running); shown without it\n`)
   } catch (err) {
     if (err instanceof SessionError) { io.stderr(`dsh: show: ${name}: ${err.message}\n`); return 2 }

@@ -218,3 +218,15 @@ test('--prices: a DeepSeek model name or HIT,MISS,OUTPUT; a bad value is a usage
   assert.throws(() => parseCliArgs(['--prices', '0.01,x,2', '-p', 'hi'], { DEEPSEEK_API_KEY: 'sk-test' }),
     (e: unknown) => e instanceof UsageError && /--prices must be a DeepSeek model name \(deepseek-flash, deepseek-v4-flash, deepseek-v4-pro\) or HIT,MISS,OUTPUT .* got "0.01,x,2"/.test(e.message))
 })
+
+test('a hostile log: malformed prices or summary request records are refused with the field named; nothing changes', async () => {
+  const { SessionError } = await import('../dsh.ts')
+  const s = new Session()
+  s.append('session/start', { id: 't', version: 'x' })
+  assert.throws(() => s.setHeader({ model: 'm', baseURL: 'u', prices: { cacheHitInput: 'free' } as any }),
+    (e: unknown) => e instanceof SessionError && e.code === 'INVALID_EVENT' && /request\/header: prices\.cacheHitInput must be a non-negative number/.test(e.message))
+  assert.throws(() => s.append('compaction/end', { id: 'k1', requests: [{ model: 'm', inputTokens: -1, modelledHitTokens: 0, outputTokens: 0 }] }),
+    (e: unknown) => e instanceof SessionError && e.code === 'INVALID_EVENT' && /requests\[0\] must be/.test(e.message))
+  assert.equal(s.seq, 1)
+  assert.deepEqual([s.usage().requests, s.usage().costUSD], [0, 0])
+})
