@@ -33,9 +33,9 @@
  *   2. Meter          token estimates (tokens), usage anchor; 2.1 cost: prices applied to tokens (USD)
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
  *   4. Log & surface  append-only session log, surface projection, stores, resume
- *   5. Ladder         prune → clear → compact → spill → fail. A LADDER RUNG goes into
- *                     compactIfNeeded, the rung sequence of the pressure and overflow paths,
- *                     logged as a `compaction/*` event (docs/design.md §5, §10)
+ *   5. Ladder         prune → clear → compact → fail, spill at write time; recall. A LADDER RUNG
+ *                     is a function like pruneMessages plus one line in Ladder.relievePressure
+ *                     (and recoverOverflow), logged as a `compaction/*` event (docs/design.md §5, §10)
  *   6. Provider       6.0 configuration (DeepSeek defaults, KNOWN_MODELS), 6.1 SSE parser, 6.2 error
  *                     classifier — a PROVIDER'S ERROR WORDING goes into OVERFLOW_PATTERNS (context
  *                     overflow; RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for the rest)
@@ -257,6 +257,11 @@ export interface Tool<Args = any> {
   description: string
   parameters: Record<string, unknown>
   execute(args: Args, ctx: ToolContext): ToolOutput | Promise<ToolOutput>
+  /**
+   * `false`: the ladder's clear rung never replaces this tool's results by a placeholder (e.g. a
+   * tool whose output is the deliverable); they may still be pruned (docs/design.md §10).
+   */
+  clearable?: boolean
 }
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
@@ -343,12 +348,42 @@ export interface Measurement {
   anchor?: UsageAnchor
   /** Per-node prices, oldest first (live view: do not keep across appends). */
   nodes: readonly SurfaceNode[]
+  /**
+   * Provider tokens per heuristic token learned from reported usage and overflow errors that carry
+   * a count (docs/design.md §10 "Calibration"), clamped to [0.5, 4]; exactly 1 before any sample.
+   * `totalTokens` prices what changed since the anchor (or, unanchored, everything) at this rate.
+   */
+  calibration: number
+  /** How many samples `calibration` stands on (0: none; the total is then the §2 heuristic). */
+  calibrationSamples: number
 }
 
-/** Applies the usage anchor rule of docs/design.md §2 to a heuristic total (tokens). */
-export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | undefined): number {
-  if (!anchor) return heuristicTokens
-  return Math.max(anchor.providerTokens, anchor.heuristicTokens) + (heuristicTokens - anchor.heuristicTokens)
+/** Bounds of the calibration ratio (provider tokens per heuristic token), docs/design.md §10. */
+export const CALIBRATION_RANGE: readonly [min: number, max: number] = Object.freeze([0.5, 4]) as readonly [number, number]
+/** How many recent calibration samples the ratio averages (Σ provider ÷ Σ heuristic). */
+const CALIBRATION_SAMPLES = 8
+/**
+ * Requests smaller than this (heuristic tokens) give no calibration sample: in a tiny request the
+ * per-message framing, not the tokenizer, decides the ratio.
+ */
+export const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
+
+/**
+ * Applies the usage anchor rule of docs/design.md §2 to a heuristic total (tokens), with content added
+ * since the anchor priced at `calibration` provider tokens per heuristic token (docs/design.md §10)
+ * and content removed since priced at the anchor's own rate (provider ÷ heuristic at the anchor,
+ * at most 4); unanchored, the whole heuristic total is priced at `calibration`. `calibration` 1
+ * (the default: no sample yet) is the seed's rule exactly.
+ */
+export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | undefined, calibration = 1): number {
+  if (!anchor) return calibration === 1 ? heuristicTokens : Math.ceil(heuristicTokens * calibration)
+  const base = Math.max(anchor.providerTokens, anchor.heuristicTokens)
+  const delta = heuristicTokens - anchor.heuristicTokens
+  if (calibration === 1) return base + delta
+  // Added content is priced at the calibration; removed content at the anchor's own rate (what it
+  // was counted at), so that removing everything can never take the total below zero.
+  const rate = delta >= 0 || anchor.heuristicTokens <= 0 ? calibration : Math.min(CALIBRATION_RANGE[1], base / anchor.heuristicTokens)
+  return base + Math.ceil(delta * rate)
 }
 
 // ── 2.1 Cost: prices applied to tokens (docs/design.md §11) ──
@@ -622,6 +657,62 @@ export function pruneToolResult(message: ToolResultMessage, config?: Partial<Pru
   return { ...message, content: out }
 }
 
+/** The smaller cut for the string values of tool-call arguments still over the threshold. */
+const ARGUMENT_VALUE_CUT: Readonly<PruneConfig> = Object.freeze({ thresholdChars: 1024, headChars: 512, tailChars: 256 })
+
+/**
+ * Cuts tool-call arguments (raw JSON text) over `thresholdChars` code points while keeping them
+ * valid JSON (docs/design.md §10): long string values are pruned inside the JSON (first with
+ * `config`, then, if the whole is still over, every string over 1,024 code points to 512 + 256).
+ * Arguments that are not JSON are pruned as text. Returns the same string when nothing is cut.
+ */
+export function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string {
+  const cfg = resolvePruneConfig(config)
+  if (!overThreshold(args, cfg.thresholdChars)) return args
+  let value: unknown
+  try { value = JSON.parse(args) } catch { return pruneText(args, cfg) }
+  const cut = (v: unknown, c: PruneConfig): unknown =>
+    typeof v === 'string' ? pruneText(v, c)
+      : Array.isArray(v) ? v.map((x) => cut(x, c))
+        : v !== null && typeof v === 'object' ? Object.fromEntries(Object.entries(v).map(([k, x]) => [k, cut(x, c)])) : v
+  let out = JSON.stringify(cut(value, cfg))
+  if (overThreshold(out, cfg.thresholdChars)) out = JSON.stringify(cut(JSON.parse(out), resolvePruneConfig(ARGUMENT_VALUE_CUT)))
+  return out.length < args.length ? out : args
+}
+
+/**
+ * Prunes an assistant or user message (docs/design.md §10 "Oversized non-tool messages"): each
+ * text or reasoning block over `thresholdChars` code points is cut like a tool result (head,
+ * {@link PRUNE_MARKER}, tail); tool-call blocks keep their id and name, their arguments are cut
+ * with {@link pruneToolArguments}; other blocks are unchanged. A tool result goes to
+ * {@link pruneToolResult}. Returns the same object when nothing is over the threshold. Idempotent.
+ */
+export function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>): M {
+  const cfg = resolvePruneConfig(config)
+  if (message.role === 'tool') return pruneToolResult(message, cfg) as M
+  if (typeof message.content === 'string') {
+    const text = pruneText(message.content, cfg)
+    return (text === message.content ? message : { ...message, content: text })
+  }
+  let changed = false
+  const content = message.content.map((b): Block => {
+    if (b.type === 'text' || b.type === 'reasoning') {
+      const text = pruneText((b as TextBlock).text, cfg)
+      if (text === (b as TextBlock).text) return b
+      changed = true
+      return { ...b, text } as Block
+    }
+    if (b.type === 'tool-call') {
+      const args = pruneToolArguments((b as ToolCallBlock).arguments, cfg)
+      if (args === (b as ToolCallBlock).arguments) return b
+      changed = true
+      return { ...b, arguments: args } as Block
+    }
+    return b
+  })
+  return changed ? { ...message, content } : message
+}
+
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 4. Log & surface
 // ════════════════════════════════════════════════════════════════════════════════════════════
@@ -730,6 +821,9 @@ export interface EventDataMap {
   'tool/result': { message: ToolResultMessage; surfaceOp: SurfaceOp; spilled?: { ref: string; bytes: number } }
   'request/error': { code: string; status?: number; message: string; trigger?: string }
   'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
+  /** A tool result replaced by a placeholder (the clear rung, docs/design.md §10); the replace follows. */
+  'compaction/clear': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
+  'ladder/state': LadderStateData
   'compaction/start': { id: string; trigger: string }
   /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md §12); `focus`: the focus the summary was asked for. */
   'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
@@ -742,6 +836,24 @@ export interface EventDataMap {
   'surface/pin': { seq: number }
   'surface/unpin': { seq: number }
 }
+/**
+ * The ladder's durable memory (docs/design.md §10 "Durable ladder state"), one `ladder/state` event
+ * per change; {@link Session.load} replays them, so a resumed session keeps them.
+ * - `failedAtTokens`: heuristic tokens (envelope + surface) when a pressure compaction failed; no
+ *   new summary is tried until the surface has grown by the retained tail. `null`: cleared by a success.
+ * - `sample`: a calibration sample, the prompt tokens a provider counted for one request
+ *   (`providerTokens`) and the meter's heuristic estimate of the same request (`heuristicTokens`).
+ *   `source` `'overflow'`: a conversation request refused with a count — that count also becomes
+ *   the usage anchor (the surface is what was sent); `'summary'`: a summary request's usage or
+ *   overflow count (a sample only).
+ * - `calibration`: the ratio after this event (for readers; the session recomputes it).
+ */
+export interface LadderStateData {
+  failedAtTokens?: number | null
+  sample?: { providerTokens: number; heuristicTokens: number; source: 'overflow' | 'summary' }
+  calibration?: number
+}
+
 /** The event types dsh itself writes (see {@link EventDataMap}). */
 export type EventType = keyof EventDataMap
 
@@ -1283,7 +1395,10 @@ export function validateMessage(m: unknown, role?: Message['role']): asserts m i
 const toolCalls = (m: Message): ToolCallBlock[] =>
   m.role === 'assistant' ? (m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]) : []
 
-const SURFACE_TYPES: Record<string, Message['role']> = { 'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool' }
+/** The surface event types and the role of their message; null prototype, so `toString` is not one. */
+const SURFACE_TYPES: Readonly<Record<string, Message['role'] | undefined>> = /* @__PURE__ */ Object.freeze(Object.assign(Object.create(null), {
+  'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool',
+}))
 
 /** Options for {@link Session}. */
 export interface SessionOptions {
@@ -1332,6 +1447,17 @@ export class Session {
   private turnState = { last: 0, open: false, step: 0, stepOpen: false }
   private compactionOpen?: string
   private sessionId = ''
+  /** Seq of the open turn's input (the first user message after `turn/start`), never edited. */
+  private inputSeq?: number
+  private awaitingInput = false
+  private spills = 0
+  /** Calibration samples (provider, heuristic tokens), newest last, for the model `calibrationModel`. */
+  private calibrationSamples: { provider: number; heuristic: number }[] = []
+  private calibrationModel?: string
+  /** callId → heuristic price (tokens) of its result as first logged (the original, whatever replaced it since). */
+  private originalResultTokens = new Map<string, number>()
+  /** The failed-compaction guard as last logged in `ladder/state` (heuristic tokens). */
+  private failedAt?: number
   /** Seqs of pinned surface nodes (docs/design.md §12), in the order they were pinned. */
   private pins = new Set<number>()
   // The prompt-cache model (docs/design.md §11), kept as events arrive (O(1) per append, O(edit
@@ -1455,6 +1581,33 @@ export class Session {
   }
   /** Id of a `compaction/start` with no `compaction/end` yet (the compaction lock). */
   get openCompaction(): string | undefined { return this.compactionOpen }
+  /**
+   * Seq of the open turn's input: the first user message appended after the open `turn/start`.
+   * The ladder never edits or summarises it (docs/design.md §10). Undefined between turns.
+   */
+  get currentInput(): number | undefined { return this.inputSeq }
+  /** Whether the log holds originals the surface no longer shows (a replace or a spill happened): `recall` has something to read. */
+  get hasShadowedContent(): boolean { return this.generation > 0 || this.spills > 0 }
+  /**
+   * The heuristic price in tokens of the original of surface node `seq`: for a tool result, of the
+   * result as first logged (before any prune or clear); otherwise of the node itself.
+   */
+  originalTokens(seq: number): number {
+    const node = this.bySeq.get(seq)
+    if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
+    return (node.message.role === 'tool' ? this.originalResultTokens.get(node.message.toolCallId) : undefined) ?? node.tokens
+  }
+  /**
+   * The ladder's failed-compaction guard as last logged (`ladder/state failedAtTokens`, heuristic
+   * tokens); undefined when none was logged or a success cleared it. A {@link Ladder} starts from it.
+   */
+  get loggedCompactionFailure(): number | undefined { return this.failedAt }
+  /** The tool-call block of `callId` on the surface (name and raw arguments), if any. */
+  toolCall(callId: string): ToolCallBlock | undefined {
+    const entry = this.calls.get(callId)
+    const node = entry && this.bySeq.get(entry.callSeq)
+    return node ? toolCalls(node.message).find((c) => c.id === callId) : undefined
+  }
 
   /** Calls `listener` with every event appended from now on; returns an unsubscribe function. */
   subscribe(listener: (event: SessionEvent) => void): () => void {
@@ -1500,6 +1653,15 @@ export class Session {
     const message = data.message as Message
     if (!op || (op.op !== 'append' && op.op !== 'replace')) throw new SessionError('SURFACE_OP', `${type}: surfaceOp must be {op:'append'} or {op:'replace', start, end}`)
     const newCalls = toolCalls(message)
+    if (op.op === 'replace' && role === 'assistant' && newCalls.length > 0) {
+      // A pruned assistant message keeps its tool calls: same ids and names, in order, one node.
+      const old = this.bySeq.get(op.start)?.message
+      const oldCalls = old ? toolCalls(old) : []
+      if (op.start !== op.end || oldCalls.length !== newCalls.length || oldCalls.some((c, i) => c.id !== newCalls[i].id || c.name !== newCalls[i].name)) {
+        throw new SessionError('SURFACE_OP', `${type}: a replacement that carries tool calls must replace exactly the one assistant message with the same calls (seq ${op.start})`)
+      }
+      return
+    }
     const seen = new Set<string>()
     for (const c of newCalls) {
       if (seen.has(c.id) || this.calls.has(c.id)) throw new SessionError('PAIRING', `tool call id ${JSON.stringify(c.id)} is not unique on the surface`)
@@ -1581,10 +1743,21 @@ export class Session {
         this.anchorState = undefined // an envelope or model change voids the usage anchor (docs/design.md §2)
         const key = cacheKey(data.model, data)
         if (key !== this.envelopeKey) { this.envelopeKey = key; this.cacheNodes = -1; this.cachePrefixTokens = 0 } // a new envelope or model: nothing is cached
+        if (data.model !== this.calibrationModel) { this.calibrationModel = data.model; this.calibrationSamples = [] } // calibration is per model
         break
       }
-      case 'turn/start': this.turnState = { last: data.turn, open: true, step: 0, stepOpen: false }; break
-      case 'turn/end': this.turnState.open = false; this.turnState.stepOpen = false; break
+      case 'turn/start': this.turnState = { last: data.turn, open: true, step: 0, stepOpen: false }; this.inputSeq = undefined; this.awaitingInput = true; break
+      case 'turn/end': this.turnState.open = false; this.turnState.stepOpen = false; this.inputSeq = undefined; this.awaitingInput = false; break
+      case 'ladder/state': {
+        const sample = data.sample as LadderStateData['sample']
+        if (data.failedAtTokens !== undefined) this.failedAt = data.failedAtTokens ?? undefined
+        if (!sample) break
+        // A plausible count of the conversation request the provider refused is the new anchor.
+        if (this.addCalibrationSample(sample.providerTokens, sample.heuristicTokens) && sample.source === 'overflow') {
+          this.anchorState = { providerTokens: sample.providerTokens, heuristicTokens: this.envelopeTokensSum + this.surfaceTokensSum, seq: event.seq }
+        }
+        break
+      }
       case 'step/start': this.turnState.step = data.step; this.turnState.stepOpen = true; break
       case 'step/end': this.turnState.stepOpen = false; break
       case 'tool/call': this.dispatched.add(data.callId); break
@@ -1605,14 +1778,21 @@ export class Session {
     const message = data.message as Message
     const op = data.surfaceOp as SurfaceOp
     const tokens = estimateMessageTokens(message)
+    if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
+      // The request that produced this message carried the surface as it is now (docs/design.md §10).
+      // Only when the messages are at least half of it: how a provider frames tool specs varies more than its tokenizer.
+      if (this.surfaceTokensSum >= this.envelopeTokensSum) this.addCalibrationSample((data.usage as Usage).promptTokens, this.envelopeTokensSum + this.surfaceTokensSum)
+    }
+    if (event.type === 'tool/result' && data.spilled) this.spills++
     if (op.op === 'append') {
+      if (message.role === 'user' && this.awaitingInput) { this.inputSeq = event.seq; this.awaitingInput = false }
       if (event.type === 'assistant/message') this.recordRequest(event.time, tokens, data.usage)
       const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
       this.nodes.push(node)
       this.bySeq.set(event.seq, node)
       this.surfaceTokensSum += tokens
       for (const c of toolCalls(message)) { this.calls.set(c.id, { callSeq: event.seq }); this.openCalls.add(c.id) }
-      if (message.role === 'tool') { this.calls.get(message.toolCallId)!.resultSeq = event.seq; this.openCalls.delete(message.toolCallId) }
+      if (message.role === 'tool') { this.calls.get(message.toolCallId)!.resultSeq = event.seq; this.openCalls.delete(message.toolCallId); this.originalResultTokens.set(message.toolCallId, tokens) }
     } else {
       const first = this.bySeq.get(op.start)!, last = this.bySeq.get(op.end)!
       const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
@@ -1634,9 +1814,11 @@ export class Session {
         shadowed += old.tokens
         this.bySeq.delete(old.seq)
         if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
+        if (message.role === 'assistant' && toolCalls(message).length > 0) continue // a pruned assistant message keeps its calls (checked)
         for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id); this.dispatched.delete(c.id) }
       }
       if (message.role === 'tool') this.calls.get(message.toolCallId)!.resultSeq = event.seq
+      for (const c of toolCalls(message)) this.calls.get(c.id)!.callSeq = event.seq
       this.nodes.splice(lo, hi - lo + 1, node)
       this.bySeq.set(event.seq, node)
       this.surfaceTokensSum += tokens - shadowed
@@ -1650,11 +1832,36 @@ export class Session {
     }
   }
 
-  /** The size of the next request, in tokens, O(1) (docs/design.md §2). */
+  /**
+   * Adds a calibration sample (docs/design.md §10); the newest 8 count. Ignores requests under
+   * 1,000 heuristic tokens and implausible samples (a ratio outside [0.5, 4]: the count is of
+   * something else, e.g. a server configured with another window). Returns whether it was taken.
+   */
+  private addCalibrationSample(provider: number, heuristic: number): boolean {
+    if (!(Number.isFinite(provider) && Number.isFinite(heuristic) && heuristic >= CALIBRATION_MIN_SAMPLE_TOKENS)) return false
+    const ratio = provider / heuristic
+    if (ratio < CALIBRATION_RANGE[0] || ratio > CALIBRATION_RANGE[1]) return false
+    this.calibrationSamples.push({ provider, heuristic })
+    if (this.calibrationSamples.length > CALIBRATION_SAMPLES) this.calibrationSamples.shift()
+    return true
+  }
+
+  /** Provider tokens per heuristic token over the recent samples (Σ provider ÷ Σ heuristic), clamped to [0.5, 4]; 1 without samples. */
+  private calibrationRatio(): number {
+    if (this.calibrationSamples.length === 0) return 1
+    let p = 0, h = 0
+    for (const s of this.calibrationSamples) { p += s.provider; h += s.heuristic }
+    return Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], p / h))
+  }
+
+  /** The size of the next request, in tokens, O(1) (docs/design.md §2; calibrated as in docs/design.md §10). */
   measure(): Measurement {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+    const calibration = this.calibrationRatio()
     return {
-      totalTokens: anchoredTotal(heuristicTokens, this.anchorState),
+      calibration,
+      calibrationSamples: this.calibrationSamples.length,
+      totalTokens: anchoredTotal(heuristicTokens, this.anchorState, calibration),
       envelopeTokens: this.envelopeTokensSum,
       surfaceTokens: this.surfaceTokensSum,
       heuristicTokens,
@@ -1807,11 +2014,45 @@ export class Session {
     const node = this.bySeq.get(seq)
     if (!node || node.message.role !== 'tool') throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
     const pruned = pruneToolResult(node.message, config)
-    if (pruned === node.message) return 0
-    const data = { message: pruned, surfaceOp: { op: 'replace' as const, start: seq, end: seq } }
-    this.check('tool/result', data) // both events or neither
-    this.append('compaction/prune', trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger } : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
-    const after = this.append('tool/result', data)
+    return pruned === node.message ? 0 : this.shadow(node, 'compaction/prune', pruned, trigger)
+  }
+
+  /**
+   * Prunes the assistant or user message at surface node `seq` (docs/design.md §10 "Oversized
+   * non-tool messages", with {@link pruneMessage}): `compaction/prune` then the message as a replace
+   * of `seq` (tool calls kept). Refuses the open turn's input ({@link currentInput}). Returns the
+   * tokens reclaimed (0, nothing appended, when nothing is over the threshold).
+   */
+  pruneMessage(seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
+    const node = this.bySeq.get(seq)
+    if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
+    if (node.message.role === 'tool') return this.pruneToolResult(seq, config, trigger)
+    if (seq === this.inputSeq) throw new SessionError('SURFACE_OP', `seq ${seq} is the current turn's input, which is never edited`)
+    const pruned = pruneMessage(node.message, config)
+    return pruned === node.message ? 0 : this.shadow(node, 'compaction/prune', pruned, trigger)
+  }
+
+  /**
+   * Clears the tool result at surface node `seq` (docs/design.md §10 clear rung): appends
+   * `compaction/clear {shadowedSeqs:[seq], shadowedTokenCount}` then the result, its content now
+   * one text block `placeholder`, as a replace of `seq`. The original stays in the log. Returns
+   * the tokens reclaimed (negative if the placeholder is larger: callers check first).
+   */
+  clearToolResult(seq: number, placeholder: string, trigger?: string): number {
+    const node = this.bySeq.get(seq)
+    if (!node || node.message.role !== 'tool') throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
+    return this.shadow(node, 'compaction/clear', { ...node.message, content: [{ type: 'text', text: placeholder }] }, trigger)
+  }
+
+  /** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
+  private shadow(node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear', message: Message, trigger?: string): number {
+    const seq = node.seq
+    const eventType = message.role === 'tool' ? 'tool/result' : message.role === 'assistant' ? 'assistant/message' : 'user/message'
+    const data: Record<string, unknown> = { message, surfaceOp: { op: 'replace', start: seq, end: seq } }
+    if (eventType === 'assistant/message') data.finishReason = 'pruned'
+    this.check(eventType, data) // both events or neither
+    this.append(type, trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger } : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
+    const after = this.append(eventType, data)
     return node.tokens - this.bySeq.get(after.seq)!.tokens
   }
 
@@ -1968,16 +2209,28 @@ function randomId(): string {
 // 5. Ladder
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
+// prune → clear → compact → fail, plus spill at write time (docs/design.md §§5, 10). Each rung runs
+// only when the one before did not bring the total under the threshold. A new rung is a function
+// here plus one line in Ladder.relievePressure (and Ladder.recoverOverflow if it helps there).
+
 /**
- * Ladder settings (docs/design.md §5). Ratios are of the context window; token counts are tokens.
+ * Ladder settings (docs/design.md §§5, 10). Ratios are of the context window; token counts are tokens.
  * - `thresholdRatio` 0.8: pressure starts at `floor(window × 0.8)` tokens.
  * - `retainedTailRatio` 0.16: a pressure compaction keeps the newest `floor(window × 0.16)` tokens verbatim.
- * - `summaryMaxTokens` 8192: completion budget of a summary request (clamped to the room left).
+ * - `summaryMaxTokens` 8192: cap on a summary request's completion budget; the budget is
+ *   `min(summaryMaxTokens, max(512, floor(regionTokens / 2)))`, clamped to the room left.
  * - `compactionRetries` 1: extra summary attempts under pressure.
  * - `maxOverflowRetries` 1: consecutive overflow recoveries per step; 0 disables overflow recovery only.
  * - `auto` true: the Agent runs the ladder itself; false disables pressure and overflow handling.
  * - `minSavingsRatio` 0.05: a compaction that saves less than this share of the total counts as failed.
  * - `spillBytes` 262,144 (256 KiB, UTF-8 bytes): larger tool results are spilled at write time.
+ * - `clear` true: the clear rung (old tool results → one-line placeholders, no model call).
+ * - `reliefRatio` 0.6: the clear rung clears down to `floor(window × 0.6)` tokens (below the threshold).
+ * - `protectedRatio` 0.2: the newest tool results worth `floor(window × 0.2)` tokens (and always the
+ *   newest step's) are never cleared.
+ * - `clearBeforeSummary` true: clear even when clearing alone cannot bring the total under the
+ *   threshold (the summarizer then reads placeholders); false clears only when it relieves the
+ *   pressure by itself. docs/bench.md records the measurement behind the default.
  */
 export interface CompactionConfig {
   thresholdRatio: number
@@ -1988,13 +2241,75 @@ export interface CompactionConfig {
   auto: boolean
   minSavingsRatio: number
   spillBytes: number
+  clear: boolean
+  reliefRatio: number
+  protectedRatio: number
+  clearBeforeSummary: boolean
 }
 
-/** The defaults of docs/design.md §5. */
+/** The defaults of docs/design.md §§5, 10. */
 export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
   thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
   maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
+  clear: true, reliefRatio: 0.6, protectedRatio: 0.2, clearBeforeSummary: true,
 })
+
+/** Thrown for a ladder configuration that cannot work; the message names the key, the value, the range and the fix. */
+export class CompactionConfigError extends TypeError {
+  constructor(message: string) { super(message); this.name = 'CompactionConfigError' }
+}
+
+/** Each key's kind and range: `ratio` (lo, hi) open/closed as named, `int` a safe integer ≥ min, `bool`. */
+const COMPACTION_CONFIG_RULES: Readonly<Record<keyof CompactionConfig, { kind: 'ratio'; lo: number; hi: number; loOpen: boolean; hiOpen: boolean } | { kind: 'int'; min: number; unit: string } | { kind: 'bool' }>> = {
+  thresholdRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: true, hiOpen: false },
+  retainedTailRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: false, hiOpen: true },
+  summaryMaxTokens: { kind: 'int', min: 1, unit: 'tokens' },
+  compactionRetries: { kind: 'int', min: 0, unit: 'attempts' },
+  maxOverflowRetries: { kind: 'int', min: 0, unit: 'retries' },
+  auto: { kind: 'bool' },
+  minSavingsRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: false, hiOpen: true },
+  spillBytes: { kind: 'int', min: 1, unit: 'bytes (UTF-8)' },
+  clear: { kind: 'bool' },
+  reliefRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: true, hiOpen: true },
+  protectedRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: false, hiOpen: true },
+  clearBeforeSummary: { kind: 'bool' },
+}
+
+/**
+ * Checks a partial ladder configuration and returns the full one (defaults filled in), like
+ * {@link resolvePruneConfig}. Throws {@link CompactionConfigError} for a non-object, an unknown key,
+ * a value of the wrong type or out of its range (ratios in (0, 1] or [0, 1) as documented, counts
+ * non-negative integers, sizes positive integers), and `reliefRatio ≥ thresholdRatio` (clearing
+ * would stop above the threshold it is meant to get under).
+ */
+export function resolveCompactionConfig(config?: Partial<CompactionConfig>): CompactionConfig {
+  if (config === undefined) return { ...DEFAULT_COMPACTION_CONFIG }
+  if (typeof config !== 'object' || config === null || Array.isArray(config)) throw new CompactionConfigError(`compaction config must be an object, got ${config === null ? 'null' : Array.isArray(config) ? 'an array' : typeof config}`)
+  const known = Object.keys(COMPACTION_CONFIG_RULES)
+  for (const key of Object.keys(config)) {
+    if (!known.includes(key)) throw new CompactionConfigError(`compaction config: unknown key "${key}" (known: ${known.join(', ')})`)
+  }
+  const full: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG }
+  for (const [key, value] of Object.entries(config)) if (value !== undefined) (full as unknown as Record<string, unknown>)[key] = value
+  for (const key of known as (keyof CompactionConfig)[]) {
+    const rule = COMPACTION_CONFIG_RULES[key]
+    const v = full[key] as unknown
+    const shown = typeof v === 'string' ? JSON.stringify(v) : String(v)
+    if (rule.kind === 'bool') {
+      if (typeof v !== 'boolean') throw new CompactionConfigError(`compaction config: ${key} must be true or false, got ${shown}`)
+    } else if (rule.kind === 'int') {
+      if (!Number.isSafeInteger(v) || (v as number) < rule.min) throw new CompactionConfigError(`compaction config: ${key} must be an integer ≥ ${rule.min} (${rule.unit}), got ${shown}`)
+    } else {
+      const n = v as number
+      const ok = typeof v === 'number' && (rule.loOpen ? n > rule.lo : n >= rule.lo) && (rule.hiOpen ? n < rule.hi : n <= rule.hi)
+      if (!ok) throw new CompactionConfigError(`compaction config: ${key} must be a number in ${rule.loOpen ? '(' : '['}${rule.lo}, ${rule.hi}${rule.hiOpen ? ')' : ']'} (a share of the context window), got ${shown}`)
+    }
+  }
+  if (full.reliefRatio >= full.thresholdRatio) {
+    throw new CompactionConfigError(`compaction config: reliefRatio (${full.reliefRatio}) must be below thresholdRatio (${full.thresholdRatio}): the clear rung clears down to floor(window × reliefRatio), which must be under the pressure threshold; e.g. reliefRatio ${Math.round(full.thresholdRatio * 75) / 100}`)
+  }
+  return full
+}
 
 /** The one-line preamble in front of a summary checkpoint (docs/design.md §4 "Projection"). */
 export const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
@@ -2272,7 +2587,10 @@ export function measureFidelity(ledger: Ledger, checkpoint: string, summary: str
   }
 }
 
-/** What the ladder needs from its host (the {@link Agent} implements it). */
+/**
+ * What the ladder needs from its host (the {@link Agent} is one). The current turn's input, which
+ * is never edited or summarised, is read from the log ({@link Session.currentInput}).
+ */
 export interface CompactionHost {
   readonly session: Session
   /** The model that writes summaries. */
@@ -2282,10 +2600,9 @@ export interface CompactionHost {
   /** Context window of the conversation model, tokens; undefined when unknown. */
   readonly contextWindow?: number
   readonly envelope: Envelope
+  /** A resolved configuration (see {@link resolveCompactionConfig}). */
   readonly compaction: CompactionConfig
   readonly pruneConfig: PruneConfig
-  /** Seq of the current turn's user input, which is never summarised. */
-  readonly pinnedSeq?: number
   /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests (a non-empty string). */
   readonly summaryInstruction?: string
   /**
@@ -2297,8 +2614,8 @@ export interface CompactionHost {
   afterCompaction?(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): void | Promise<void>
   /** Reports a ladder warning (also logged as `compaction/warning`). */
   warn(message: string): void
-  /** Ladder memory across calls (failed-compaction guard, one-time warnings). */
-  ladderState: LadderState
+  /** Whether results of the tool `name` may be cleared (default: yes); the Agent answers `tool.clearable !== false`. */
+  clearable?(name: string): boolean
 }
 
 /** A summary transaction about to start: its id, trigger, focus so far and region (seqs, tokens). */
@@ -2308,21 +2625,17 @@ export interface CompactionVerdict { focus?: string; cancel?: boolean | string }
 /** A committed checkpoint: the seq of its `user/message`, its framed text and price (tokens), the model's summary, ledger and fidelity. */
 export interface CheckpointInfo { seq: number; text: string; tokens: number; summary: string; ledger: Ledger; fidelity: Fidelity }
 
-/** Per-host memory of the ladder. */
-export interface LadderState {
-  /** Heuristic tokens (envelope + surface) when pressure compaction last failed; no retry until they grow by the retained tail. */
-  failedAtSurfaceTokens?: number
-  warnedNoWindow?: boolean
-}
-
-/** The result of one {@link compactIfNeeded} call. Token figures are measured totals, in tokens. */
+/** The result of one ladder run. Token figures are measured totals, in tokens. */
 export interface CompactionOutcome {
   trigger: 'pressure' | 'context-overflow' | 'manual'
-  action: 'none' | 'skipped' | 'pruned' | 'compacted' | 'failed'
+  /** The last rung that changed the surface (`pruned`, `cleared`, `compacted`), or why nothing did. */
+  action: 'none' | 'skipped' | 'pruned' | 'cleared' | 'compacted' | 'failed'
   tokensBefore: number
   tokensAfter: number
   /** Tokens reclaimed by pruning (no model call). */
   prunedTokens: number
+  /** Tokens reclaimed by the clear rung (no model call). */
+  clearedTokens: number
   summaryRequests: number
   generationBefore: number
   generationAfter: number
@@ -2337,6 +2650,9 @@ function unseenResults(session: Session): Set<number> {
   return unseen
 }
 
+/** Smallest heuristic price of a message holding more than `thresholdChars` code points (≥ that many UTF-16 units). */
+const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdChars / UNITS_PER_TOKEN)
+
 /**
  * Prunes tool results over the threshold (docs/design.md §3 recency rule): first those the model has
  * seen; the newest step's results only when `includeNewest` or when pruning the older ones did not
@@ -2344,14 +2660,77 @@ function unseenResults(session: Session): Set<number> {
  */
 export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean): number {
   const unseen = unseenResults(session)
-  // A result over the threshold has at least that many UTF-16 units, so this filter loses none.
-  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= Math.ceil(config.thresholdChars / UNITS_PER_TOKEN) && !session.isPinned(n.seq)).map((n) => n.seq)
+  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= minPrunableTokens(config) && !session.isPinned(n.seq)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
   if (includeNewest || session.measure().totalTokens >= thresholdTokens) {
     for (const seq of candidates) if (unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
   }
   return reclaimed
+}
+
+/**
+ * Prunes oversized non-tool messages (docs/design.md §10): every assistant message and every user
+ * message except the current turn's input, pinned messages and summary checkpoints whose text, reasoning or
+ * tool-call arguments exceed the prune threshold (code points). Returns tokens reclaimed.
+ */
+export function pruneMessages(session: Session, config: PruneConfig, trigger: string): number {
+  const input = session.currentInput
+  const candidates = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && !isCheckpoint(n) && !session.isPinned(n.seq) && n.tokens >= minPrunableTokens(config)).map((n) => n.seq)
+  let reclaimed = 0
+  for (const seq of candidates) reclaimed += session.pruneMessage(seq, config, trigger)
+  return reclaimed
+}
+
+/** The fixed start of every cleared tool result's placeholder (docs/design.md §10). */
+export const CLEARED_RESULT_PREFIX = '[dsh cleared this tool result to save context]'
+/** Tool-call arguments in a placeholder are cut to this many code points. */
+const PLACEHOLDER_ARGUMENT_CODE_POINTS = 200
+
+/** Text cut to `max` code points (never inside a surrogate pair), with `…` when cut. */
+function headCodePoints(text: string, max: number): string {
+  const end = indexAfterCodePoints(text, max)
+  return end >= text.length ? text : text.slice(0, end) + '…'
+}
+
+/**
+ * The one-line placeholder of a cleared tool result: {@link CLEARED_RESULT_PREFIX}, the tool name,
+ * its arguments (whitespace folded, cut to 200 code points), the original's price in tokens and
+ * the `recall` call that returns it.
+ */
+export function clearedPlaceholder(toolName: string, args: string, originalTokens: number, key: string): string {
+  const shown = headCodePoints(args.replace(/\s+/g, ' ').trim(), PLACEHOLDER_ARGUMENT_CODE_POINTS)
+  return `${CLEARED_RESULT_PREFIX} ${toolName} ${shown || '{}'} → ${originalTokens} tokens; ${RECALL_TOOL_NAME} {"key":${JSON.stringify(key)}} returns it.`
+}
+
+const isCleared = (m: Message) => m.role === 'tool' && m.content.length === 1 && m.content[0].type === 'text' && (m.content[0] as TextBlock).text.startsWith(CLEARED_RESULT_PREFIX)
+
+/** One tool result the clear rung may replace, oldest first; `savedTokens` by the §2 estimate. */
+interface ClearCandidate { seq: number; placeholder: string; savedTokens: number }
+
+/**
+ * The clear rung's candidates (docs/design.md §10): tool results outside the protected recent
+ * budget (the newest results until they hold `protectedTokens`, and always the newest step's),
+ * oldest first, skipping tools that are not clearable, pinned results, results already cleared and results whose
+ * placeholder would not be smaller.
+ */
+function clearCandidates(session: Session, protectedTokens: number, clearable: (name: string) => boolean): ClearCandidate[] {
+  const nodes = session.surface()
+  const keep = unseenResults(session)
+  let kept = 0
+  for (let i = nodes.length - 1; i >= 0 && kept < protectedTokens; i--) if (nodes[i].message.role === 'tool') { keep.add(nodes[i].seq); kept += nodes[i].tokens }
+  const out: ClearCandidate[] = []
+  for (const n of nodes) {
+    const m = n.message
+    if (m.role !== 'tool' || keep.has(n.seq) || isCleared(m) || session.isPinned(n.seq)) continue
+    const call = session.toolCall(m.toolCallId)
+    const name = call?.name ?? 'tool'
+    if (!clearable(name)) continue
+    const placeholder = clearedPlaceholder(name, call?.arguments ?? '', session.originalTokens(n.seq), m.toolCallId)
+    const savedTokens = n.tokens - estimateMessageTokens({ ...m, content: [{ type: 'text', text: placeholder }] })
+    if (savedTokens > 0) out.push({ seq: n.seq, placeholder, savedTokens })
+  }
+  return out
 }
 
 /** A contiguous run of surface nodes chosen for summary: indices `[start, end)` of the surface. */
@@ -2417,9 +2796,9 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
 }
 
 /** Seqs region selection keeps out of every summary: the session's pins and the current turn's input. */
-function keptOutOfSummary(host: CompactionHost): number[] {
-  const seqs = host.session.pinnedSeqs()
-  if (host.pinnedSeq !== undefined) seqs.push(host.pinnedSeq)
+function keptOutOfSummary(session: Session): number[] {
+  const seqs = session.pinnedSeqs()
+  if (session.currentInput !== undefined) seqs.push(session.currentInput)
   return seqs
 }
 
@@ -2477,6 +2856,21 @@ function shrinkMessage(m: Message, tokens: number): Message {
   return (typeof m.content === 'string' ? { ...m, content: (out[0] as TextBlock).text } : { ...m, content: out }) as Message
 }
 
+/** Re-plans of one summary job after the summary request itself overflowed (docs/design.md §10). */
+const MAX_SUMMARY_REPLANS = 3
+/** Share of the room a re-plan aims at when the error carried counts (the counts are of one request). */
+const REPLAN_MARGIN = 0.95
+/** Without counts, a re-planned request is at most this share of the one that failed (by the §2 estimate). */
+const REPLAN_SHRINK = 0.7
+
+/**
+ * The completion budget of a summary request (docs/design.md §10): `min(summaryMaxTokens,
+ * max(512, floor(regionTokens / 2)))`, then at most `roomTokens` (the window minus the request).
+ */
+export function summaryMaxTokens(regionTokens: number, config: Pick<CompactionConfig, 'summaryMaxTokens'>, roomTokens = Infinity): number {
+  return Math.max(1, Math.min(config.summaryMaxTokens, Math.max(512, Math.floor(regionTokens / 2)), roomTokens))
+}
+
 /**
  * The instruction that ends a summary request: `instruction` (default {@link SUMMARY_INSTRUCTION}),
  * then, when a focus is given, a paragraph asking to give it the most detail.
@@ -2489,55 +2883,112 @@ export function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?
 /**
  * Summarises `messages` with the host's summarizer. Replays the envelope (system, tools) and the
  * messages, then {@link SUMMARY_INSTRUCTION}, with header `x-dsh-purpose: compaction`. When the
- * whole does not fit the summarizer's window (by the §2 estimate), summarises in tool-balanced
- * chunks, each merged into the running summary; no request exceeds the window.
+ * whole does not fit the summarizer's window (by the §2 estimate times the session's calibration,
+ * when the summarizer is the conversation model), summarises in tool-balanced chunks, each merged
+ * into the running summary; no request exceeds the window by that estimate. Each request's
+ * `max_tokens` is {@link summaryMaxTokens} of its region.
+ * When a summary request fails with `CONTEXT_WINDOW_EXCEEDED` (the server counts differently), the
+ * rest is re-planned smaller — scaled by the counts the error carries (`n_prompt_tokens`/`n_ctx`,
+ * "maximum context length is N", "N in the messages"), else to 70% of the failed request — up to 3
+ * times; a request identical to one that failed is never sent. Counts and usage of the same model
+ * are logged as calibration samples (`ladder/state`).
+ * @throws {CompactionError} when nothing fits; the provider's error when it is not an overflow.
  */
 export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal, focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
   const provider = host.summarizer
-  const window = provider.contextWindow ?? host.contextWindow ?? Infinity
+  const session = host.session
+  let window = provider.contextWindow ?? host.contextWindow ?? Infinity
+  const sameModel = provider.model === (session.header?.model ?? provider.model)
+  let rate = sameModel ? session.measure().calibration : 1
   const envelopeTokens = estimateEnvelopeTokens(host.envelope)
   const instruction: UserMessage = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
   const fixed = envelopeTokens + estimateMessageTokens(instruction)
   const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
+  // What a request's input may cost by the §2 estimate (heuristic tokens).
+  let inputBudget = Math.floor((window - reserve) / rate)
   const prior = (s: string): UserMessage => ({ role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` })
   let summary = ''
   let requests = 0
   const usage: Usage = { promptTokens: 0, completionTokens: 0 }
-  const call = async (chunk: Message[]) => {
+  const failed = new Set<string>()
+  const sample = (providerTokens: number, heuristicTokens: number) => {
+    if (sameModel) session.append('ladder/state', { sample: { providerTokens, heuristicTokens, source: 'summary' } })
+  }
+
+  const groups = balancedGroups(messages)
+  const budget = () => inputBudget - fixed - (summary ? estimateMessageTokens(prior(summary)) + reserve : 0)
+  /** The next chunk from `groups[from]` within the budget; oversized groups are shortened for this request only. */
+  const plan = (from: number): { chunk: Message[]; to: number } => {
+    const chunk: Message[] = []
+    let chunkTokens = 0
+    let i = from
+    for (; i < groups.length; i++) {
+      const group = groups[i]
+      const b = budget()
+      let groupTokens = group.reduce((t, m) => t + estimateMessageTokens(m), 0)
+      // A group larger than a whole request is shortened anyway; it shares the request with the
+      // current chunk when that leaves it at least a quarter of the room.
+      const oversized = groupTokens > b
+      if (chunk.length > 0 && chunkTokens + groupTokens > b && !(oversized && b - chunkTokens >= b / 4)) break
+      if (oversized) {
+        const room = b - chunkTokens
+        if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) throw new CompactionError(`the summarizer's window (${window} tokens) leaves no room for the region after the envelope (${envelopeTokens} tokens)`)
+        const each = Math.floor(room / group.length)
+        const shrunk = group.map((m) => (estimateMessageTokens(m) > each ? shrinkMessage(m, each) : m))
+        groupTokens = shrunk.reduce((t, m) => t + estimateMessageTokens(m), 0)
+        chunk.push(...shrunk)
+      } else chunk.push(...group)
+      chunkTokens += groupTokens
+    }
+    return { chunk, to: i }
+  }
+
+  for (let next = 0, replans = 0; ;) {
+    const { chunk, to } = plan(next)
     const msgs = summary ? [prior(summary), ...chunk, instruction] : [...chunk, instruction]
     const inputTokens = estimateRequestTokens(host.envelope, msgs)
-    if (inputTokens >= window) throw new CompactionError(`a summary request of ${inputTokens} tokens would not fit the summarizer's window (${window} tokens); nothing was sent`)
+    const calibrated = Math.ceil(inputTokens * rate)
+    if (calibrated >= window) throw new CompactionError(`a summary request of ${calibrated} tokens would not fit the summarizer's window (${window} tokens); nothing was sent`)
+    const maxTokens = summaryMaxTokens(inputTokens - fixed, host.compaction, window - calibrated)
+    const fingerprint = JSON.stringify([maxTokens, msgs])
+    if (failed.has(fingerprint)) throw new CompactionError(`re-planning gave a summary request identical to one that overflowed (${calibrated} tokens); nothing was sent`)
     requests++
-    const res = await provider.complete({
-      system: host.envelope.system, tools: host.envelope.tools, messages: msgs, maxTokens: host.compaction.summaryMaxTokens,
-      inputTokens, signal, headers: { 'x-dsh-purpose': 'compaction' },
-    })
-    if (res.usage) { usage.promptTokens += res.usage.promptTokens; usage.completionTokens += res.usage.completionTokens }
+    let res: ChatResponse
+    try {
+      res = await provider.complete({
+        system: host.envelope.system, tools: host.envelope.tools, messages: msgs, maxTokens,
+        inputTokens: calibrated, signal, headers: { 'x-dsh-purpose': 'compaction' },
+      })
+    } catch (err) {
+      const e = err as ProviderError
+      if (e?.code !== 'CONTEXT_WINDOW_EXCEEDED' || signal?.aborted || replans >= MAX_SUMMARY_REPLANS) throw Object.assign(err as object, { summaryRequests: requests })
+      // The server counts this request as too long: learn its rate and limit, then plan smaller.
+      failed.add(fingerprint)
+      replans++
+      const counts = overflowCounts(e.body || e.message)
+      if (counts.contextTokens !== undefined) window = Math.min(window, counts.contextTokens)
+      const promptTokens = counts.promptTokens ?? (counts.requestedTokens !== undefined && counts.requestedTokens > maxTokens ? counts.requestedTokens - maxTokens : undefined)
+      let planned = Math.floor(inputTokens * REPLAN_SHRINK)
+      if (promptTokens !== undefined && promptTokens > 0) {
+        sample(promptTokens, inputTokens)
+        rate = Math.min(CALIBRATION_RANGE[1], Math.max(rate, promptTokens / inputTokens))
+        const room = Math.min(window, counts.contextTokens ?? window) - Math.min(maxTokens, reserve)
+        planned = Math.min(Math.floor(inputTokens * 0.9), Math.floor((room * REPLAN_MARGIN) / rate))
+      }
+      inputBudget = Math.min(inputBudget - 1, planned)
+      continue
+    }
+    if (res.usage) {
+      usage.promptTokens += res.usage.promptTokens
+      usage.completionTokens += res.usage.completionTokens
+      if (res.usage.promptTokens > 0) sample(res.usage.promptTokens, inputTokens)
+    }
     const text = contentText(res.message.content).trim()
-    if (!text) throw new CompactionError(`the summarizer (${provider.model}) returned no text (finish reason ${res.finishReason})`)
+    if (!text) throw Object.assign(new CompactionError(`the summarizer (${provider.model}) returned no text (finish reason ${res.finishReason})`), { summaryRequests: requests })
     summary = text
+    next = to
+    if (next >= groups.length) break
   }
-  let chunk: Message[] = []
-  let chunkTokens = 0
-  const budget = () => window - fixed - reserve - (summary ? estimateMessageTokens(prior(summary)) + reserve : 0)
-  for (const group of balancedGroups(messages)) {
-    let groupTokens = group.reduce((t, m) => t + estimateMessageTokens(m), 0)
-    // A group larger than a whole request is shortened anyway; it shares the request with the
-    // current chunk when that leaves it at least a quarter of the room.
-    const oversized = groupTokens > budget()
-    if (chunk.length > 0 && chunkTokens + groupTokens > budget() && !(oversized && budget() - chunkTokens >= budget() / 4)) { await call(chunk); chunk = []; chunkTokens = 0 }
-    if (oversized) {
-      // Shorten its texts for this request only.
-      const room = budget() - chunkTokens
-      if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) throw new CompactionError(`the summarizer's window (${window} tokens) leaves no room for the region after the envelope (${envelopeTokens} tokens)`)
-      const each = Math.floor(room / group.length)
-      const shrunk = group.map((m) => (estimateMessageTokens(m) > each ? shrinkMessage(m, each) : m))
-      groupTokens = shrunk.reduce((t, m) => t + estimateMessageTokens(m), 0)
-      chunk.push(...shrunk)
-    } else chunk.push(...group)
-    chunkTokens += groupTokens
-  }
-  if (chunk.length > 0 || !summary) await call(chunk)
   return { summary, usage, requests }
 }
 
@@ -2623,85 +3074,387 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
 }
 
 /**
- * The escalation ladder (docs/design.md §5).
- * `'pressure'`: nothing below `floor(window × thresholdRatio)`; else prune (older results first),
- * remeasure, and only then summarise the oldest tool-balanced region, up to `compactionRetries + 1`
- * attempts; failures are warnings, remembered so that no retry happens before the surface grows by
- * the retained tail. `'context-overflow'`: prune every result, then summarise everything before the
- * current input with no retained tail, once. `'manual'` (e.g. `/compact`): like pressure, without the
- * threshold check. Never throws for ladder failures; rethrows only cancellation.
+ * The escalation ladder of one session (docs/design.md §§5, 10), split by trigger:
+ * {@link Ladder.relievePressure} (after each step and at turn start), {@link Ladder.recoverOverflow}
+ * (after a `CONTEXT_WINDOW_EXCEEDED` provider error) and {@link Ladder.compact} (manual, e.g.
+ * `/compact`). Its memory — the failed-compaction guard — is written to the log as `ladder/state`
+ * and read back when a ladder is made for a loaded session, so a restart does not repeat a failed
+ * compaction. Calibration lives in the session's meter ({@link Measurement.calibration}). None of
+ * the methods throws for a ladder failure (those are warnings); only cancellation is rethrown.
  */
-export async function compactIfNeeded(host: CompactionHost, trigger: 'pressure' | 'context-overflow' | 'manual', signal?: AbortSignal, options: { focus?: string } = {}): Promise<CompactionOutcome> {
-  const { session, compaction: cfg } = host
-  const window = host.contextWindow
-  const m0 = session.measure()
-  const outcome: CompactionOutcome = {
-    trigger, action: 'none', tokensBefore: m0.totalTokens, tokensAfter: m0.totalTokens, prunedTokens: 0,
-    summaryRequests: 0, generationBefore: session.replaceGeneration, generationAfter: session.replaceGeneration,
-  }
-  const done = (action: CompactionOutcome['action'], reason?: string) => {
-    outcome.action = action
-    outcome.reason = reason
-    outcome.tokensAfter = session.measure().totalTokens
-    outcome.generationAfter = session.replaceGeneration
-    return outcome
-  }
-  if (trigger !== 'context-overflow' && window === undefined) {
-    if (!host.ladderState.warnedNoWindow) {
-      host.ladderState.warnedNoWindow = true
-      host.warn(`configuration error: the context window of model "${host.modelName ?? host.summarizer.model}" is unknown, so pressure compaction is off; set contextWindow (CLI: --context-window N)`)
-    }
-    return done('skipped', 'no context window')
-  }
-  if (session.openCompaction) return done('skipped', 'a compaction is already running')
-  const threshold = window === undefined ? 0 : Math.floor(window * cfg.thresholdRatio)
-  if (trigger === 'pressure' && m0.totalTokens < threshold) return done('none')
-  if (signal?.aborted) return done('skipped', 'aborted')
+export class Ladder {
+  private readonly host: CompactionHost
+  private guard?: number
+  private warnedNoWindow = false
 
-  if (trigger === 'context-overflow') {
-    outcome.prunedTokens = pruneSurface(session, host.pruneConfig, trigger, 0, true)
-    const region = selectRegion(session.surface(), 0, keptOutOfSummary(host))
-    if (region) {
-      try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal, options.focus) } catch (err) {
-        outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
+  constructor(host: CompactionHost) {
+    this.host = host
+    this.guard = host.session.loggedCompactionFailure
+  }
+
+  /** Heuristic tokens (envelope + surface) at the last failed pressure compaction; undefined when none is pending. */
+  get failedAtTokens(): number | undefined { return this.guard }
+
+  private outcome(trigger: CompactionOutcome['trigger']): { outcome: CompactionOutcome; done: (action: CompactionOutcome['action'], reason?: string) => CompactionOutcome } {
+    const session = this.host.session
+    const m0 = session.measure()
+    const outcome: CompactionOutcome = {
+      trigger, action: 'none', tokensBefore: m0.totalTokens, tokensAfter: m0.totalTokens, prunedTokens: 0, clearedTokens: 0,
+      summaryRequests: 0, generationBefore: session.replaceGeneration, generationAfter: session.replaceGeneration,
+    }
+    const done = (action: CompactionOutcome['action'], reason?: string) => {
+      outcome.action = action
+      outcome.reason = reason
+      outcome.tokensAfter = session.measure().totalTokens
+      outcome.generationAfter = session.replaceGeneration
+      return outcome
+    }
+    return { outcome, done }
+  }
+
+  /** Threshold in tokens, or undefined (after one configuration warning) when the window is unknown. */
+  private threshold(): number | undefined {
+    const window = this.host.contextWindow
+    if (window !== undefined) return Math.floor(window * this.host.compaction.thresholdRatio)
+    if (!this.warnedNoWindow) {
+      this.warnedNoWindow = true
+      this.host.warn(`configuration error: the context window of model "${this.host.modelName ?? this.host.summarizer.model}" is unknown, so pressure compaction is off; set contextWindow (CLI: --context-window N)`)
+    }
+    return undefined
+  }
+
+  private setGuard(tokens: number | undefined): void {
+    if (tokens === this.guard) return
+    this.guard = tokens
+    this.host.session.append('ladder/state', { failedAtTokens: tokens ?? null, calibration: this.host.session.measure().calibration })
+  }
+
+  /**
+   * The clear rung: replaces the oldest clearable tool results outside the protected recent budget
+   * by placeholders, in one batch, down to `floor(window × reliefRatio)` tokens. Unless
+   * `clearBeforeSummary`, it does nothing when clearing every candidate would still leave the total
+   * at or above `thresholdTokens`. Returns tokens reclaimed.
+   */
+  private clear(trigger: string, thresholdTokens: number): number {
+    const { session, compaction: cfg } = this.host
+    const window = this.host.contextWindow
+    if (!cfg.clear || window === undefined) return 0
+    const candidates = clearCandidates(session, Math.floor(window * cfg.protectedRatio), (name) => this.host.clearable?.(name) ?? true)
+    const m = session.measure()
+    if (!cfg.clearBeforeSummary) {
+      const saved = candidates.reduce((t, c) => t + c.savedTokens, 0) * m.calibration
+      if (m.totalTokens - saved >= thresholdTokens) return 0
+    }
+    const target = Math.floor(window * cfg.reliefRatio)
+    let reclaimed = 0
+    for (const c of candidates) {
+      if (session.measure().totalTokens <= target) break
+      reclaimed += session.clearToolResult(c.seq, c.placeholder, trigger)
+    }
+    return reclaimed
+  }
+
+  /**
+   * Pressure (`trigger: 'pressure'`, docs/design.md §§5, 10): nothing below `floor(window ×
+   * thresholdRatio)`; else prune tool results (older first), prune oversized messages, clear old
+   * tool results, remeasuring between rungs; only then summarise the oldest tool-balanced region,
+   * up to `compactionRetries + 1` attempts. A failure is a warning, remembered (durably) so that no
+   * summary is tried again before the surface grows by the retained tail.
+   */
+  async relievePressure(signal?: AbortSignal): Promise<CompactionOutcome> {
+    const { session, compaction: cfg } = this.host
+    const { outcome, done } = this.outcome('pressure')
+    const threshold = this.threshold()
+    if (threshold === undefined) return done('skipped', 'no context window')
+    if (session.openCompaction) return done('skipped', 'a compaction is already running')
+    if (outcome.tokensBefore < threshold) return done('none')
+    if (signal?.aborted) return done('skipped', 'aborted')
+    const below = () => session.measure().totalTokens < threshold
+    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'pressure', threshold, false)
+    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'pressure')
+    if (below()) return done('pruned')
+    outcome.clearedTokens = this.clear('pressure', threshold)
+    if (below()) return done('cleared')
+    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'skipped'
+    const retained = Math.floor(this.host.contextWindow! * cfg.retainedTailRatio)
+    if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
+      return done(modelFree, 'an earlier compaction failed and the surface has not grown enough since')
+    }
+    return this.summariseUnder('pressure', threshold, outcome, done, signal)
+  }
+
+  /** Rung 3 under pressure or by hand: summary attempts, then success, or a remembered failure. */
+  private async summariseUnder(trigger: 'pressure' | 'manual', threshold: number, outcome: CompactionOutcome, done: (a: CompactionOutcome['action'], r?: string) => CompactionOutcome, signal?: AbortSignal, focus?: string): Promise<CompactionOutcome> {
+    const { session, compaction: cfg } = this.host
+    const window = this.host.contextWindow ?? 0
+    const retained = Math.floor(window * cfg.retainedTailRatio)
+    const minSaving = Math.ceil(outcome.tokensBefore * cfg.minSavingsRatio)
+    let lastError = ''
+    for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
+      const region = selectRegion(session.surface(), retained, keptOutOfSummary(session), minSaving)
+      if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or touching the current input'; break }
+      try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus) } catch (err) {
+        outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
         if (signal?.aborted) throw err
-        host.warn(`overflow compaction failed: ${(err as Error).message}`)
+        lastError = (err as Error).message
+        if ((err as { cancelled?: boolean })?.cancelled) break // a hook said no: asking again would only repeat the question
+        continue
+      }
+      if (trigger === 'manual' || session.measure().totalTokens < threshold) break
+    }
+    const after = session.measure().totalTokens
+    const saved = outcome.tokensBefore - after
+    if (trigger === 'manual' && session.replaceGeneration > outcome.generationBefore) return done('compacted')
+    if (after < threshold && saved >= minSaving) { this.setGuard(undefined); return done('compacted') }
+    const why = lastError || (saved < minSaving ? `it saved only ${saved} tokens (< ${Math.round(cfg.minSavingsRatio * 100)}%)` : 'the retained tail and envelope alone are above it')
+    this.host.warn(`context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; not retrying until the surface grows by ${retained} tokens`)
+    session.append('compaction/warning', { trigger, message: why, totalTokens: after, thresholdTokens: threshold })
+    this.setGuard(session.measure().heuristicTokens)
+    return done(session.replaceGeneration > outcome.generationBefore ? 'compacted' : 'failed', why)
+  }
+
+  /**
+   * Overflow (`trigger: 'context-overflow'`, docs/design.md §§5, 10), after the provider refused a
+   * request as too long (`error`). A count in the error is logged as a calibration sample first.
+   * Then every tool result is prunable, oversized messages are pruned and old results cleared; when
+   * the error carried a count and that brings the calibrated total under the threshold, no model
+   * is called. Otherwise everything before the current input is summarised (retained tail 0), once.
+   * The caller retries only if `generationAfter > generationBefore`.
+   */
+  async recoverOverflow(error: ProviderError | undefined, signal?: AbortSignal): Promise<CompactionOutcome> {
+    const { session } = this.host
+    const { outcome, done } = this.outcome('context-overflow')
+    if (session.openCompaction) return done('skipped', 'a compaction is already running')
+    if (signal?.aborted) return done('skipped', 'aborted')
+    const counts = error ? overflowCounts(error.body || error.message) : {}
+    const counted = counts.promptTokens !== undefined && counts.promptTokens > 0
+    if (counted) session.append('ladder/state', { sample: { providerTokens: counts.promptTokens!, heuristicTokens: session.measure().heuristicTokens, source: 'overflow' } })
+    const window = this.host.contextWindow
+    const threshold = window === undefined ? 0 : Math.floor(window * this.host.compaction.thresholdRatio)
+    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'context-overflow', 0, true)
+    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'context-overflow')
+    if (window !== undefined) outcome.clearedTokens = this.clear('context-overflow', threshold)
+    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'failed'
+    if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore && session.measure().totalTokens < threshold) return done(modelFree)
+    const region = selectRegion(session.surface(), 0, keptOutOfSummary(session))
+    let compacted = false
+    if (region) {
+      try { outcome.summaryRequests += await compactRegion(this.host, region, 'context-overflow', signal); compacted = true } catch (err) {
+        outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
+        if (signal?.aborted) throw err
+        this.host.warn(`overflow compaction failed: ${(err as Error).message}`)
       }
     }
-    return done(session.replaceGeneration > outcome.generationBefore ? 'compacted' : 'failed', region ? undefined : 'no region to summarise')
+    if (compacted) return done('compacted')
+    return done(modelFree, modelFree === 'failed' && !region ? 'no region to summarise' : undefined)
   }
 
-  outcome.prunedTokens = pruneSurface(session, host.pruneConfig, trigger, threshold, false)
-  if (trigger === 'pressure' && session.measure().totalTokens < threshold) return done('pruned')
-
-  const state = host.ladderState
-  const retained = Math.floor((window ?? 0) * cfg.retainedTailRatio)
-  if (trigger === 'pressure' && state.failedAtSurfaceTokens !== undefined && session.measure().heuristicTokens < state.failedAtSurfaceTokens + retained) {
-    return done(outcome.prunedTokens > 0 ? 'pruned' : 'skipped', 'an earlier compaction failed and the surface has not grown enough since')
+  /**
+   * Manual compaction (`/compact [FOCUS]`): prune, then summarise whatever the threshold says;
+   * `focus` is passed into the summary instruction.
+   */
+  async compact(signal?: AbortSignal, options: { focus?: string } = {}): Promise<CompactionOutcome> {
+    const { session } = this.host
+    const { outcome, done } = this.outcome('manual')
+    const threshold = this.threshold()
+    if (threshold === undefined) return done('skipped', 'no context window')
+    if (session.openCompaction) return done('skipped', 'a compaction is already running')
+    if (signal?.aborted) return done('skipped', 'aborted')
+    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'manual', threshold, false)
+    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'manual')
+    return this.summariseUnder('manual', threshold, outcome, done, signal, options.focus)
   }
-  const minSaving = Math.ceil(m0.totalTokens * cfg.minSavingsRatio)
-  let lastError = ''
-  for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
-    const region = selectRegion(session.surface(), retained, keptOutOfSummary(host), minSaving)
-    if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or touching the current input'; break }
-    try { outcome.summaryRequests += await compactRegion(host, region, trigger, signal, options.focus) } catch (err) {
-      outcome.summaryRequests += (err as any)?.summaryRequests ?? 0
-      if (signal?.aborted) throw err
-      lastError = (err as Error).message
-      if ((err as any)?.cancelled) break // a hook said no: asking again would only repeat the question
-      continue
+}
+
+// ── 5.1 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ─────────────
+
+/** The name of the tool {@link recallTool} makes. */
+export const RECALL_TOOL_NAME = 'recall'
+/** Cap on one recall answer, code points, before the line that says how to get more. */
+export const RECALL_MAX_CODE_POINTS = 4096
+/** Lines per recall page unless `limit` says otherwise. */
+const RECALL_DEFAULT_LINES = 200
+/** Lines longer than this many code points are paged as pieces of this length. */
+const RECALL_LINE_CODE_POINTS = 1000
+/** A pattern hit shows at most this many code points of its line. */
+const RECALL_HIT_CODE_POINTS = 200
+
+/** One original the surface no longer shows (or shows as a spill preview), as recall finds it. */
+interface ShadowedOriginal {
+  /** What the model passes as `key`: a tool result's tool-call id, else `seq:N`. */
+  key: string
+  seq: number
+  /** e.g. `tool result of read_file {"path":"a.ts"}` or `assistant message`. */
+  label: string
+  toolName?: string
+  toolArguments?: string
+  /** The original text (a spilled result's is read from the artefact area). */
+  text(): Promise<string>
+}
+
+/** The text of a logged message, as recall shows it: blocks joined, non-text blocks named. */
+function recallText(m: Message): string {
+  if (typeof m.content === 'string') return m.content
+  return m.content.map((b) => {
+    if (b.type === 'text') return (b as TextBlock).text
+    if (b.type === 'reasoning') return `[reasoning]\n${(b as ReasoningBlock).text}\n[/reasoning]`
+    if (b.type === 'tool-call') return `[tool call ${(b as ToolCallBlock).name} ${(b as ToolCallBlock).arguments}]`
+    return `[${b.type} block]`
+  }).join('\n')
+}
+
+/**
+ * Every original the ladder shadowed, newest first: each `user/message`, `assistant/message` and
+ * `tool/result` logged with `{op:'append'}` that is no longer on the surface (pruned, cleared,
+ * folded into a checkpoint), and each spilled result (its original is in the artefact area).
+ * Read back from the session's log ({@link Session.readEvents}).
+ */
+async function shadowedOriginals(session: Session): Promise<ShadowedOriginal[]> {
+  const calls = new Map<string, ToolCallBlock>() // as the model first sent them (arguments uncut)
+  const out: ShadowedOriginal[] = []
+  for await (const e of session.readEvents()) {
+    const d = e.data as { message?: Message; surfaceOp?: SurfaceOp; spilled?: { ref: string; bytes: number } }
+    if (!SURFACE_TYPES[e.type] || d.surfaceOp?.op !== 'append' || !d.message) continue
+    const m = d.message
+    for (const c of toolCalls(m)) if (!calls.has(c.id)) calls.set(c.id, c)
+    if (session.node(e.seq) !== undefined && !d.spilled) continue // still on the surface as logged
+    if (m.role === 'tool') {
+      const call = calls.get(m.toolCallId)
+      const spilled = d.spilled
+      out.push({
+        key: m.toolCallId, seq: e.seq, toolName: call?.name, toolArguments: call?.arguments,
+        label: `tool result of ${call?.name ?? 'a tool'} ${headCodePoints((call?.arguments ?? '').replace(/\s+/g, ' '), 100)}`.trim(),
+        text: async () => {
+          if (!spilled) return recallText(m)
+          if (!session.store.getArtefact) throw new Error(`${RECALL_TOOL_NAME}: the original of ${m.toolCallId} was spilled to ${spilled.ref}, which this store cannot read back`)
+          return await session.store.getArtefact(spilled.ref)
+        },
+      })
+    } else out.push({ key: `seq:${e.seq}`, seq: e.seq, label: `${m.role} message`, text: async () => recallText(m) })
+  }
+  return out.reverse()
+}
+
+/** The text split into lines for paging; lines over 1,000 code points become pieces of 1,000. */
+function recallLines(text: string): string[] {
+  const lines: string[] = []
+  for (const line of text.split('\n')) {
+    if (line.length <= RECALL_LINE_CODE_POINTS) { lines.push(line); continue }
+    let rest = line
+    while (codePointLength(rest, RECALL_LINE_CODE_POINTS) > RECALL_LINE_CODE_POINTS) {
+      const end = indexAfterCodePoints(rest, RECALL_LINE_CODE_POINTS)
+      lines.push(rest.slice(0, end))
+      rest = rest.slice(end)
     }
-    if (trigger === 'manual' || session.measure().totalTokens < threshold) break
+    lines.push(rest)
   }
-  const after = session.measure().totalTokens
-  const saved = m0.totalTokens - after
-  if (trigger === 'manual' && session.replaceGeneration > outcome.generationBefore) return done('compacted')
-  if (after < threshold && saved >= minSaving) { state.failedAtSurfaceTokens = undefined; return done('compacted') }
-  state.failedAtSurfaceTokens = session.measure().heuristicTokens
-  const why = lastError || (saved < minSaving ? `it saved only ${saved} tokens (< ${Math.round(cfg.minSavingsRatio * 100)}%)` : 'the retained tail and envelope alone are above it')
-  host.warn(`context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; not retrying until the surface grows by ${retained} tokens`)
-  session.append('compaction/warning', { trigger, message: why, totalTokens: after, thresholdTokens: threshold })
-  return done(session.replaceGeneration > outcome.generationBefore ? 'compacted' : 'failed', why)
+  return lines
+}
+
+/**
+ * Joins whole lines from `lines[from]` on while they fit {@link RECALL_MAX_CODE_POINTS} minus
+ * `reserved` (at least one line, of at most 1,000 code points) and `limit`; `to` is the end (exclusive).
+ */
+function pageOf(lines: readonly string[], from: number, limit: number, reserved: number): { text: string; to: number } {
+  const parts: string[] = []
+  let used = reserved
+  let to = from
+  while (to < lines.length && to - from < limit) {
+    const cost = codePointLength(lines[to]) + 1
+    if (used + cost > RECALL_MAX_CODE_POINTS && to > from) break
+    parts.push(lines[to])
+    used += cost
+    to++
+  }
+  return { text: parts.join('\n'), to }
+}
+
+/** Reads a positive integer argument of recall (1-based), with a default. */
+function recallInt(args: Record<string, unknown>, key: string, fallback: number): number {
+  const v = args[key]
+  if (v === undefined) return fallback
+  if (!Number.isSafeInteger(v) || (v as number) < 1) throw new Error(`${RECALL_TOOL_NAME}: ${key} must be an integer ≥ 1, got ${JSON.stringify(v)}`)
+  return v as number
+}
+
+const RECALL_KEYS = ['key', 'tool', 'arguments', 'pattern', 'offset', 'limit']
+
+/**
+ * The `recall` tool (docs/design.md §10), which the {@link Agent} offers whenever the session holds
+ * shadowed content. Arguments (one of the first three):
+ * - `key`: the key in a placeholder — a tool-call id, or `seq:N` for a message;
+ * - `tool` (+ optional `arguments`, a substring of the call's arguments): the newest shadowed result
+ *   of that tool;
+ * - `pattern`: a plain-text, case-insensitive substring searched over every shadowed original
+ *   (including messages folded into a checkpoint), newest first, one line per hit with its key;
+ * - `offset` (from 1) and `limit`: which lines (or hits) to return.
+ * Each answer holds at most {@link RECALL_MAX_CODE_POINTS} code points plus one line saying how to
+ * get more. It reads the session's log (and, for spilled results, the store's artefact area), so a
+ * session reloaded from a {@link FileStore} recalls the same text. Bad arguments are an error
+ * result for the model.
+ */
+export function recallTool(session: Session): Tool {
+  return {
+    name: RECALL_TOOL_NAME,
+    description: 'Read back the original of a tool result or message that was pruned, cleared, spilled or folded into a checkpoint to save context. '
+      + 'Pass key (from a placeholder: a tool-call id, or seq:N), or tool (and optionally arguments, a substring of the call\'s arguments), '
+      + 'or pattern (plain text, case-insensitive) to search all of them. Answers are paged: offset (first line or hit, from 1) and limit.',
+    parameters: {
+      type: 'object',
+      properties: {
+        key: { type: 'string', description: 'a tool-call id or seq:N, as a placeholder or a search hit names it' },
+        tool: { type: 'string', description: 'tool name: the newest shadowed result of this tool' },
+        arguments: { type: 'string', description: 'with tool: a substring of the call\'s arguments' },
+        pattern: { type: 'string', description: 'plain text to search for (not a regular expression)' },
+        offset: { type: 'integer', minimum: 1, description: 'first line (or hit) to return, from 1' },
+        limit: { type: 'integer', minimum: 1, description: `lines (or hits) to return, default ${RECALL_DEFAULT_LINES}` },
+      },
+      additionalProperties: false,
+    },
+    async execute(raw: unknown) {
+      if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new Error(`${RECALL_TOOL_NAME}: arguments must be a JSON object such as {"key":"call_1"}`)
+      const args = raw as Record<string, unknown>
+      for (const k of Object.keys(args)) if (!RECALL_KEYS.includes(k)) throw new Error(`${RECALL_TOOL_NAME}: unknown argument "${k}" (known: ${RECALL_KEYS.join(', ')})`)
+      for (const k of ['key', 'tool', 'arguments', 'pattern']) if (args[k] !== undefined && typeof args[k] !== 'string') throw new Error(`${RECALL_TOOL_NAME}: ${k} must be a string`)
+      const offset = recallInt(args, 'offset', 1)
+      const limit = recallInt(args, 'limit', RECALL_DEFAULT_LINES)
+      const originals = await shadowedOriginals(session)
+      if (typeof args.pattern === 'string') {
+        const needle = args.pattern.toLowerCase()
+        if (needle === '') throw new Error(`${RECALL_TOOL_NAME}: pattern must not be empty`)
+        const hits: string[] = []
+        for (const o of originals) {
+          recallLines(await o.text()).forEach((line, i) => { if (line.toLowerCase().includes(needle)) hits.push(`${o.key} line ${i + 1} (${o.label}): ${headCodePoints(line.trim(), RECALL_HIT_CODE_POINTS)}`) })
+        }
+        if (hits.length === 0) return `${RECALL_TOOL_NAME}: no shadowed original contains ${JSON.stringify(args.pattern)} (${originals.length} searched)`
+        if (offset > hits.length) throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the last hit (${hits.length})`)
+        const header = headCodePoints(`${hits.length} hit(s) for ${JSON.stringify(args.pattern)}, newest first; read one with {"key":…,"offset":line}:`, 400)
+        const page = pageOf(hits, offset - 1, limit, codePointLength(header) + 1)
+        const more = page.to < hits.length ? `\n[hits ${offset}–${page.to} of ${hits.length}; more: ${RECALL_TOOL_NAME} ${JSON.stringify({ pattern: args.pattern, offset: page.to + 1 })}]` : ''
+        return `${header}\n${page.text}${more}`
+      }
+      let found: ShadowedOriginal | undefined
+      let others: string[] = []
+      if (typeof args.key === 'string') {
+        found = originals.find((o) => o.key === args.key)
+        if (!found) throw new Error(`${RECALL_TOOL_NAME}: nothing shadowed has key ${JSON.stringify(args.key)}; keys are tool-call ids or seq:N as placeholders name them (search with pattern)`)
+      } else if (typeof args.tool === 'string') {
+        const sub = typeof args.arguments === 'string' ? args.arguments : ''
+        const matches = originals.filter((o) => o.toolName === args.tool && (o.toolArguments ?? '').includes(sub))
+        if (matches.length === 0) throw new Error(`${RECALL_TOOL_NAME}: no shadowed result of tool ${JSON.stringify(args.tool)}${sub ? ` with arguments containing ${JSON.stringify(sub)}` : ''}`)
+        found = matches[0]
+        others = matches.slice(1, 6).map((o) => o.key)
+      } else throw new Error(`${RECALL_TOOL_NAME}: pass key, tool or pattern, e.g. {"key":"call_1"} or {"pattern":"TypeError"}`)
+      const lines = recallLines(await found.text())
+      if (offset > lines.length) throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the end of ${found.key} (${lines.length} lines)`)
+      const head = (to: number) => `${found!.key} (${found!.label}), lines ${offset}–${to} of ${lines.length}:`
+      const page = pageOf(lines, offset - 1, limit, codePointLength(head(lines.length)) + 1)
+      const notes: string[] = []
+      if (page.to < lines.length) notes.push(`more: ${RECALL_TOOL_NAME} ${JSON.stringify({ key: found.key, offset: page.to + 1 })}`)
+      if (others.length) notes.push(`older results of ${args.tool}: ${others.join(', ')}`)
+      return `${head(page.to)}\n${page.text}${notes.length ? `\n[${notes.join('; ')}]` : ''}`
+    },
+  }
 }
 
 /** UTF-8 byte length of `text`, counting only up to `limit + 1` (O(min(length, limit))). */
@@ -3371,6 +4124,39 @@ function readErrorBody(status: number | undefined, bodyText: unknown): { code: P
   } catch {
     return { code: isErrorStatus(status) && status < 500 ? 'INVALID_REQUEST' : 'SERVER', info }
   }
+}
+
+/**
+ * Token counts an overflow error carries (docs/design.md §10), read from the body text (JSON or
+ * not): `promptTokens` the provider's count of the prompt, `contextTokens` its window,
+ * `requestedTokens` prompt + completion when only their sum is given. Known forms: llama.cpp
+ * (`n_prompt_tokens`/`n_ctx`, "request (N tokens) exceeds the available context size (M tokens)"),
+ * OpenAI / DeepSeek / vLLM ("maximum context length is M", "requested N tokens (P in the messages,
+ * C in the completion)", "your request has P input tokens"), Anthropic ("N tokens > M maximum"),
+ * Gemini ("input token count (N) exceeds the maximum number of tokens allowed (M)"), LM Studio
+ * ("context length of only M"). Fields the text does not give are absent. Never throws.
+ */
+export function overflowCounts(bodyText: string): { promptTokens?: number; contextTokens?: number; requestedTokens?: number } {
+  const text = typeof bodyText === 'string' ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : ''
+  const num = (re: RegExp): number | undefined => {
+    const m = re.exec(text)
+    if (!m) return undefined
+    const n = Number(m[1].replace(/,/g, ''))
+    return Number.isSafeInteger(n) && n > 0 ? n : undefined
+  }
+  const N = '(\\d[\\d,]*)'
+  const out: { promptTokens?: number; contextTokens?: number; requestedTokens?: number } = {}
+  const prompt = num(/"n_prompt_tokens"\s*:\s*(\d+)/) ?? num(new RegExp(`request \\(${N} tokens\\) exceeds the available context`, 'i'))
+    ?? num(new RegExp(`${N} in the messages`, 'i')) ?? num(new RegExp(`request has ${N} input tokens`, 'i'))
+    ?? num(new RegExp(`${N} tokens > ${N} maximum`, 'i')) ?? num(new RegExp(`input token count \\(${N}\\)`, 'i'))
+  const context = num(/"n_ctx"\s*:\s*(\d+)/) ?? num(new RegExp(`available context size \\(${N} tokens\\)`, 'i'))
+    ?? num(new RegExp(`maximum context length is ${N}`, 'i')) ?? num(new RegExp(`tokens > ${N} maximum`, 'i'))
+    ?? num(new RegExp(`maximum number of tokens allowed \\(${N}\\)`, 'i')) ?? num(new RegExp(`context length of only ${N}`, 'i'))
+  const requested = num(new RegExp(`requested ${N} tokens`, 'i'))
+  if (prompt !== undefined) out.promptTokens = prompt
+  if (context !== undefined) out.contextTokens = context
+  if (requested !== undefined) out.requestedTokens = requested
+  return out
 }
 
 function codeOfErrorBody(status: number | undefined, info: ErrorBodyInfo): ProviderErrorCode {
@@ -4297,6 +5083,11 @@ export interface AgentOptions {
   prune?: Partial<PruneConfig>
   /** Steps per turn before the turn ends with reason `max-steps` (default 200). */
   maxSteps?: number
+  /**
+   * Offer the {@link recallTool} (named `recall`) once the session holds shadowed content (default
+   * true; docs/design.md §10). `false` never offers it. A tool of your own named `recall` needs `recall: false`.
+   */
+  recall?: boolean
   onEvent?: (event: AgentEvent) => void
 }
 
@@ -4374,8 +5165,10 @@ export class Agent implements CompactionHost {
   readonly system?: string
   readonly instructions?: string
   readonly summaryInstruction?: string
-  ladderState: LadderState = {}
-  pinnedSeq?: number
+  /** This agent's ladder (prune → clear → compact); its memory is in the session log. */
+  readonly ladder: Ladder
+  /** The `recall` tool, offered once the session holds shadowed content; undefined with `recall: false`. */
+  private readonly recall?: Tool
   private readonly window?: number
   private readonly maxTokens: number
   private readonly hooks = new Map<HookName, Hook[]>()
@@ -4385,6 +5178,7 @@ export class Agent implements CompactionHost {
   private streamRetries = 0
   private onEvent?: (e: AgentEvent) => void
   private envelopeMemo?: Envelope
+  private envelopeMemoTools = 0
 
   constructor(options: AgentOptions) {
     if (!options?.session || !options.provider) throw new TypeError('new Agent({session, provider, …}): session and provider are required')
@@ -4408,20 +5202,36 @@ export class Agent implements CompactionHost {
     this.window = options.contextWindow ?? options.provider.contextWindow
     if (this.window !== undefined && !isIntegerAtLeast(this.window, 1)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
     this.maxTokens = options.maxTokens ?? options.provider.maxTokens
-    this.compaction = { ...DEFAULT_COMPACTION_CONFIG, ...options.compaction }
+    this.compaction = resolveCompactionConfig(options.compaction)
     this.pruneConfig = resolvePruneConfig(options.prune)
     this.maxSteps = options.maxSteps ?? 200
+    if (options.recall !== undefined && typeof options.recall !== 'boolean') throw new TypeError(`recall must be true or false, got ${String(options.recall)}`)
+    if (options.recall !== false) {
+      if (names.has(RECALL_TOOL_NAME)) throw new TypeError(`a tool is named ${JSON.stringify(RECALL_TOOL_NAME)}, which dsh offers itself to read back shadowed content; rename your tool or pass recall: false`)
+      this.recall = recallTool(this.session)
+    }
+    this.ladder = new Ladder(this)
     this.onEvent = options.onEvent
     if (this.onEvent) { const cb = this.onEvent; this.session.subscribe((event) => cb({ type: 'log', event })) }
     if (this.compaction.auto) {
-      this.on('agent/post-step', async ({ signal }) => { await compactIfNeeded(this, 'pressure', signal) })
+      this.on('agent/post-step', async ({ signal }) => { await this.ladder.relievePressure(signal) })
       this.on('agent/request-error', async ({ error, signal }) => {
         if (error?.code !== 'CONTEXT_WINDOW_EXCEEDED' || signal.aborted) return
         if (this.overflowRetries >= this.compaction.maxOverflowRetries) return
-        const outcome = await compactIfNeeded(this, 'context-overflow', signal)
-        if (outcome.generationAfter > outcome.generationBefore) return { retry: true } // never retry an unchanged request
+        const outcome = await this.ladder.recoverOverflow(error, signal)
+        // Never retry an unchanged request, nor one the provider's own count says cannot fit.
+        const fits = this.window === undefined || this.session.measure().totalTokens < this.window
+        if (outcome.generationAfter > outcome.generationBefore && fits) return { retry: true }
       })
     }
+  }
+
+  /** Whether results of tool `name` may be cleared by the ladder (`tool.clearable !== false`). */
+  clearable(name: string): boolean { return this.tools.find((t) => t.name === name)?.clearable !== false }
+
+  /** The tools offered in the next request: the caller's, plus `recall` once the session holds shadowed content. */
+  private offeredTools(): readonly Tool[] {
+    return this.recall && this.session.hasShadowedContent ? [...this.tools, this.recall] : this.tools
   }
 
   /** Context window in tokens, if known. */
@@ -4430,9 +5240,13 @@ export class Agent implements CompactionHost {
   get modelName(): string { return this.provider.model }
   /** The request envelope: system prompt (then the project instructions) and tool specs. */
   get envelope(): Envelope {
-    // One object per agent: the adapter serialises its tools once (docs/design.md §11 byte stability).
+    // One object per agent and tool set: the adapter serialises its tools once (docs/design.md §11
+    // byte stability); the set changes once, when `recall` is first offered.
+    const tools = this.offeredTools()
+    if (this.envelopeMemo && this.envelopeMemoTools === tools.length) return this.envelopeMemo
     const system = this.instructions === undefined ? this.system : this.system ? `${this.system}\n\n${this.instructions}` : this.instructions
-    this.envelopeMemo ??= { system, tools: this.tools.length ? this.tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
+    this.envelopeMemoTools = tools.length
+    this.envelopeMemo = { system, tools: tools.length ? tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
     return this.envelopeMemo
   }
 
@@ -4552,11 +5366,17 @@ export class Agent implements CompactionHost {
     let ended = false
     try {
       session.append('turn/start', { turn })
-      this.pinnedSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
-      if (options.pin) session.pin(this.pinnedSeq, { limitTokens: this.pinLimitTokens })
+      const inputSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
+      if (options.pin) session.pin(inputSeq, { limitTokens: this.pinLimitTokens })
       this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
       await session.flush() // the input is written at once and fsynced with the first step's boundary
-      if (this.compaction.auto && !(await this.unlessAborted(() => compactIfNeeded(this, 'pressure', signal), signal))) return await end('aborted')
+      if (this.compaction.auto && !(await this.unlessAborted(() => this.ladder.relievePressure(signal), signal))) return await end('aborted')
+      const tooBig = this.inputTooBig(message)
+      if (tooBig) {
+        session.append('request/error', { code: tooBig.code, message: tooBig.message, trigger: 'input' })
+        await end('error')
+        throw tooBig
+      }
       this.overflowRetries = 0
       this.streamRetries = 0
       // The smallest request (tokens, by the meter) that overflowed and was recovered from in this
@@ -4649,8 +5469,24 @@ export class Agent implements CompactionHost {
       throw err
     } finally {
       this.running = false
-      this.pinnedSeq = undefined
     }
+  }
+
+  /**
+   * The refusal of an input that cannot fit (docs/design.md §10): the current input is never
+   * edited, so when it and the envelope alone (calibrated) leave no room in the window, nothing is
+   * sent. Returns the error to throw, or undefined.
+   */
+  private inputTooBig(message: UserMessage): ProviderError | undefined {
+    const window = this.window
+    if (window === undefined) return undefined
+    const calibration = this.session.measure().calibration
+    const envelope = estimateEnvelopeTokens(this.envelope)
+    const input = estimateMessageTokens(message)
+    const tokens = Math.ceil((envelope + input) * calibration)
+    if (tokens < window) return undefined
+    return new ProviderError('CONTEXT_WINDOW_EXCEEDED',
+      `CONTEXT_WINDOW_EXCEEDED: the current input alone is ${input} tokens (plus ${envelope} of system prompt and tools${calibration === 1 ? '' : `, × ${calibration.toFixed(2)} calibration`} = ${tokens}) and the context window of ${this.provider.model} is ${window} tokens; nothing was sent. The input is never cut: shorten it, or use a model with a larger window.`)
   }
 
   /** Logs `request/header` when model, envelope, budget or window changed; returns the envelope. */
@@ -4671,9 +5507,10 @@ export class Agent implements CompactionHost {
       session.append('tool/call', { callId: call.id, name: call.name })
       await session.flush() // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
       let result: ToolResultMessage
-      const tool = this.tools.find((t) => t.name === call.name)
+      const offered = this.offeredTools()
+      const tool = offered.find((t) => t.name === call.name)
       if (!tool) {
-        result = errorResult(call.id, `unknown tool ${JSON.stringify(call.name)}; available tools: ${this.tools.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
+        result = errorResult(call.id, `unknown tool ${JSON.stringify(call.name)}; available tools: ${offered.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
       } else {
         let args: unknown
         try { args = call.arguments.trim() === '' ? {} : JSON.parse(call.arguments) } catch (err) {
@@ -4699,7 +5536,7 @@ export class Agent implements CompactionHost {
   editCost(seq: number): EditCost | undefined { return this.session.editCost(seq, this.provider.prices) }
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
-  compact(signal?: AbortSignal): Promise<CompactionOutcome> { return compactIfNeeded(this, 'manual', signal) }
+  compact(signal?: AbortSignal): Promise<CompactionOutcome> { return this.ladder.compact(signal) }
 
   /**
    * Runs the ladder now with trigger `manual`; `focus` (e.g. "the parser bug") is passed into the
@@ -4707,7 +5544,7 @@ export class Agent implements CompactionHost {
    */
   compactNow(options: { focus?: string; signal?: AbortSignal } = {}): Promise<CompactionOutcome> {
     if (options.focus !== undefined && typeof options.focus !== 'string') throw new TypeError(`focus must be a string, got ${typeof options.focus}`)
-    return compactIfNeeded(this, 'manual', options.signal, { focus: options.focus })
+    return this.ladder.compact(options.signal, { focus: options.focus })
   }
 }
 
@@ -6635,10 +7472,6 @@ function claudeUsage(u: unknown): Usage | undefined {
 
 // ── dsh ──
 
-const DSH_SURFACE_ROLE: Record<string, Message['role']> = {
-  'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool',
-}
-
 function readDshLog(parsed: ParsedTranscript): Transcript {
   const lines = expectJsonl(parsed, 'dsh')
   const draft = newTranscriptDraft()
@@ -6667,7 +7500,7 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
       continue
     }
     if (type === 'turn/start') { turnOpen = true; continue }
-    const role = DSH_SURFACE_ROLE[type]
+    const role = SURFACE_TYPES[type]
     if (role === undefined) continue
     const op = isJsonRecord(data.surfaceOp) ? data.surfaceOp.op : isJsonRecord(v.surfaceOp) ? v.surfaceOp.op : undefined
     if (op !== 'append') { replaced++; continue }
@@ -6970,6 +7803,11 @@ export interface ReplayOptions {
   onEvent?: (event: AgentEvent) => void
   /** Extra figures, after {@link REPLAY_FIGURES}. Names must be unique. */
   figures?: readonly ReplayFigure[]
+  /**
+   * Offer the `recall` tool as the Agent does once content is shadowed (default false: a recorded
+   * model never calls it; true prices its spec into every later request, as a live session would).
+   */
+  recall?: boolean
 }
 
 /** Default size of a simulated summary, tokens (the CLI's `--summary-tokens`, default 2,000). */
@@ -7323,7 +8161,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   const maxSteps = script.reduce((m, t) => Math.max(m, t.steps.length), 0) + 1
   const agent: Agent = new ReplayAgent({
     session, provider, tools, summarizer, contextWindow: window, system: transcript.envelope.system,
-    compaction: { ...options.compaction, thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe,
+    compaction: { ...options.compaction, thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe, recall: options.recall ?? false,
   }, transcript.envelope)
   for (const t of script) {
     turn = t
@@ -7609,6 +8447,8 @@ export interface CliRunOptions extends CliModelOptions {
   session?: string
   /** `--threshold R`: compaction threshold, a ratio of the window in (0, 1]. Default 0.8. */
   threshold: number
+  /** `false` with `--no-clear` (absent otherwise): the ladder never clears old tool results (prune, then summarise; docs/design.md §10). */
+  clear?: false
   /** `--json`: every log event as one JSON line on stdout (the session log's lines; stream deltas are not log events). */
   json: boolean
   /** `--allow-shell`: offer the shell tool. */
@@ -7636,6 +8476,8 @@ export interface CliReplayOptions {
   contextWindow?: number
   /** `--threshold R` in (0, 1]. Default 0.8. */
   threshold: number
+  /** `false` with `--no-clear` (absent otherwise): replay the ladder without the clear rung. */
+  clear?: false
   /** `--json`: machine-readable output. */
   json: boolean
   /** `--summary-tokens N`: size of a simulated summary in tokens. Default 2,000. */
@@ -7671,6 +8513,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--no-project-instructions': { commands: ['run'] },
   '--shell-env': { value: 'NAME', commands: ['run'] },
   '--no-shell': { commands: ['run'] },
+  '--no-clear': { commands: ['run', 'replay'] },
   '--max-steps': { value: 'N', commands: ['run'] },
   '--cwd': { value: 'DIR', commands: ['run', 'replay'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
@@ -7724,6 +8567,8 @@ Options
   --no-project-instructions
                          leave AGENTS.md (else CLAUDE.md) of the working directory out of
                          the system prompt (by default it is in every request)
+  --no-clear             never replace old tool results by recallable placeholders (the clear
+                         rung): prune, then summarise
   --shell-env NAME       give shell commands this variable although its name looks secret
                          (KEY, TOKEN, SECRET, PASSWORD); repeatable. The API key never is.
   -h, --help             show this help
@@ -7946,7 +8791,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     if (!cliReplayFormats().includes(format)) throw new UsageError(`--format must be one of ${cliReplayFormats().join(', ')}, got ${JSON.stringify(format)}`)
     const real = flags.has('--base-url') || flags.has('--model') || flags.has('--api-key-env')
     return {
-      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
+      command, file: positionals[0], contextWindow, threshold, json, summaryTokens, format, sidechains: flags.has('--sidechains'), ...(flags.has('--no-clear') ? { clear: false as const } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
       ...(real ? { summarizer: resolveModelOptions(flags, env) } : {}),
     }
   }
@@ -7978,7 +8823,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     command, ...model, prompt, print: printed !== undefined,
     contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
     ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
-    projectInstructions: !flags.has('--no-project-instructions'),
+    projectInstructions: !flags.has('--no-project-instructions'), ...(flags.has('--no-clear') ? { clear: false as const } : {}),
   }
 }
 
@@ -8488,7 +9333,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   }
   agent = new Agent({
     session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions: instructions?.text, contextWindow: options.contextWindow,
-    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold }, onEvent, maxSteps: options.maxSteps,
+    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold, ...(options.clear === false ? { clear: false } : {}) }, onEvent, maxSteps: options.maxSteps,
   })
 
   let prompt = options.prompt
@@ -8988,6 +9833,7 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
     const { output } = await runReplay(text, {
       format: options.format === 'auto' ? undefined : options.format, contextWindow: options.contextWindow, thresholdRatio: options.threshold,
       summaryTokens: options.summaryTokens, summarizer, json: options.json, name, sidechains: options.sidechains, figures: FIDELITY_FIGURES,
+      ...(options.clear === false ? { compaction: { clear: false } } : {}),
       ...(options.prices ? { prices: { ...options.prices, peak: undefined } } : {}),
     })
     io.stdout(output.endsWith('\n') ? output : output + '\n')

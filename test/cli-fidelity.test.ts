@@ -46,7 +46,8 @@ describe('case 3: project instructions', () => {
   test('AGENTS.md is in the system prompt of every request, before and after a compaction; the start says so', async () => {
     const cwd = await workspace({ 'AGENTS.md': AGENTS, 'CLAUDE.md': 'not this one' })
     const f = await fake([...reads(8), { text: 'done' }])
-    const run = await runDsh(['-p', 'read them all', ...flags(f)], cwd)
+    // --no-clear: the clear rung (docs/design.md §10) would relieve this session without a summary.
+    const run = await runDsh(['-p', 'read them all', '--no-clear', ...flags(f)], cwd)
     assert.equal(run.code, 0, run.stderr)
     assert.equal(run.stdout, 'done\n')
     assert.match(run.stderr, new RegExp(`^\\[dsh\\] project instructions: AGENTS\\.md \\(${AGENTS.length} bytes\\) is in the system prompt of every request; --no-project-instructions leaves it out\\n`))
@@ -150,7 +151,7 @@ describe('case 5: dsh show', () => {
       { name: 'read_big', description: 'big', parameters: { type: 'object' }, execute: () => 'B'.repeat(60_000) },
       { name: 'read_mid', description: 'mid', parameters: { type: 'object' }, execute: () => 'M'.repeat(7_000) },
     ]
-    const agent = new Agent({ session, provider, tools, compaction: { retainedTailRatio: 0.05 } })
+    const agent = new Agent({ session, provider, tools, compaction: { retainedTailRatio: 0.05, clear: false } })
     await agent.run('read everything')
     // A clear, by the log protocol of docs/design.md §10: compaction/clear, then the placeholder replacing the result.
     const mid = session.surface().find((n) => n.message.role === 'tool' && (n.message as any).toolCallId === 'm2')!
@@ -179,7 +180,8 @@ describe('case 5: dsh show', () => {
     assert.ok(out.includes(`\n  [clear] #${clear.seq} tool result #${mid.seq}: ${group(mid.tokens)} tokens → ${group(tokensOf(clear.seq + 1))} tokens (${group(mid.tokens - tokensOf(clear.seq + 1))} tokens reclaimed)\n`), out)
     const checkpoint = log.find((e) => e.type === 'user/message' && e.data.compactionId === summary.data.id)
     const ids = summary.data.shadowedSeqs
-    assert.ok(out.includes(`\n  [compaction ${summary.data.id}] #${summary.seq - 1} started (manual)\n  #${checkpoint.seq} checkpoint ${summary.data.id}: ${ids.length} messages (seq ${ids[0]}..${ids.at(-1)}), ${group(summary.data.shadowedTokenCount)} tokens → ${group(tokensOf(checkpoint.seq))} tokens\n`), out)
+    const start = log.find((e) => e.type === 'compaction/start' && e.data.id === summary.data.id) // a ladder/state calibration sample may sit between it and the summary
+    assert.ok(out.includes(`\n  [compaction ${summary.data.id}] #${start.seq} started (manual)\n  #${checkpoint.seq} checkpoint ${summary.data.id}: ${ids.length} messages (seq ${ids[0]}..${ids.at(-1)}), ${group(summary.data.shadowedTokenCount)} tokens → ${group(tokensOf(checkpoint.seq))} tokens\n`), out)
     assert.ok(out.includes(`\n  [compaction ${summary.data.id}] context ${group(end.data.tokensBefore)} tokens → ${group(end.data.tokensAfter)} tokens\n`), out)
     assert.ok(out.includes(`\n  #${log.find((e) => e.type === 'user/message').seq} user: read everything\n`))
     assert.ok(out.includes(`\n  #${log.find((e) => e.type === 'tool/result').seq} read_big result, 15,008 tokens: ${'B'.repeat(80)}…\n`), out)
@@ -229,7 +231,8 @@ test('a torn last line is reported and shown without it; the file is not changed
 })
 
 test('dsh replay prints the fidelity line of its compactions', { skip: skipWithoutShared('corpus', 'psf__requests-1142.traj.json') }, async () => {
-  const run = await runDsh(['replay', sharedPath('corpus', 'psf__requests-1142.traj.json'), '--context-window', '32000'], ROOT)
+  // --no-clear: the figures are those of the summary path (with the clear rung this session needs no summary).
+  const run = await runDsh(['replay', sharedPath('corpus', 'psf__requests-1142.traj.json'), '--context-window', '32000', '--no-clear'], ROOT)
   assert.equal(run.code, 0, run.stderr)
   assert.match(run.stdout, /\n  fidelity +verbatim in checkpoints: paths 0\/0, commands 35\/35, error lines 0\/0, user messages 1\/2; in the summaries alone: 0\/0, 0\/35, 0\/0, 0\/2\n/)
   assert.ok(!run.stdout.includes('fidelity paths total'), 'one combined line, not one per figure')

@@ -519,7 +519,7 @@ describe('parseCliArgs', () => {
     { argv: ['replay', 'a', 'b'], env: {}, expect: 'replay takes one FILE, got 2 ("a", "b")' },
     { argv: ['replay', 's.jsonl', '--format', 'xml'], env: {}, expect: '--format must be one of auto, mini-swe-agent, swe-agent, openai, dsh, claude-code, got "xml"' },
     { argv: ['replay', 's.jsonl', '--allow-shell'], env: {},
-      expect: '--allow-shell does not apply to replay; replay takes --model, --base-url, --api-key-env, --context-window, --threshold, --json, --cwd, --summary-tokens, --format, --sidechains, --prices' },
+      expect: '--allow-shell does not apply to replay; replay takes --model, --base-url, --api-key-env, --context-window, --threshold, --json, --no-clear, --cwd, --summary-tokens, --format, --sidechains, --prices' },
     // -C/--cwd, --max-steps, --no-shell
     { argv: ['-C', '../proj', '--max-steps', '7', '--no-shell'], env: key, expect: { ...runDefaults, cwd: '../proj', maxSteps: 7, noShell: true } },
     { argv: ['--cwd=/abs'], env: key, expect: { ...runDefaults, cwd: '/abs' } },

@@ -99,7 +99,8 @@ test('case 2: a prune at position k: the next hit is the prefix before k; the pr
   const lines: string[] = []
   let agent: Agent | undefined
   const status = statusReporter(() => agent, (line) => lines.push(line), true, false)
-  agent = new Agent({ session, provider: provider(server.url, { prices: FLASH }), tools: [tool('read', (a) => 'x'.repeat(sizes[a.n]))], onEvent: (e: AgentEvent) => status(e) })
+  // recall: false — offering recall after the first prune changes the envelope (one full miss); this case is the prune's own cost.
+  agent = new Agent({ session, provider: provider(server.url, { prices: FLASH }), tools: [tool('read', (a) => 'x'.repeat(sizes[a.n]))], onEvent: (e: AgentEvent) => status(e), recall: false })
   await agent.run('read three')
   const prunes = session.events.filter((e) => e.type === 'compaction/prune')
   assert.equal(prunes.length, 1, 'the 40,000-char result, seen by the model, is pruned after step 3')
@@ -152,7 +153,7 @@ test('case 4: a summary request shares its bytes with the conversation request b
   const server = await fake([...calls(5, 'a'), { text: 'turn 1 done', usage: null }, ...calls(4, 'b'), { text: 'turn 2 done', usage: null }])
   let n = 0
   const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider: provider(server.url, { prices: FLASH }), system: 'sys', tools: [tool('fetch', () => `result ${n++} `.padEnd(7_000, '.'))] })
+  const agent = new Agent({ session, provider: provider(server.url, { prices: FLASH }), system: 'sys', tools: [tool('fetch', () => `result ${n++} `.padEnd(7_000, '.'))], compaction: { clear: false }, recall: false })
   await agent.run('fetch five')
   await agent.run('fetch four more')
   const at = server.requests.findIndex((r) => r.headers['x-dsh-purpose'] === 'compaction')

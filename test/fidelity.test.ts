@@ -42,7 +42,8 @@ describe('case 1: pins', () => {
     const f = await fake(script, [{ text: 'CHECKPOINT one' }, { text: 'CHECKPOINT two' }, { text: 'CHECKPOINT three' }, { text: 'CHECKPOINT four' }])
     const store = new MemoryStore()
     const session = await Session.open(store)
-    const agent = new Agent({ session, provider: f.provider, tools: [tool('fetch', () => `result ${n++} `.padEnd(7_000, '.'))] })
+    // Clear rung off (docs/design.md §10): this test is about pins across summaries.
+    const agent = new Agent({ session, provider: f.provider, tools: [tool('fetch', () => `result ${n++} `.padEnd(7_000, '.'))], compaction: { clear: false } })
     const first = await agent.run(PIN, { pin: true })
     assert.equal(first.text, 'turn 1 done')
     const pinSeq = (eventsOf(session, 'surface/pin')[0].data as any).seq
@@ -275,7 +276,7 @@ describe('case 3 (library): instructions are part of the envelope', () => {
     const f = await fake([...calls(8, 'a'), { text: 'done' }, { text: 'after' }])
     const session = await Session.open(new MemoryStore())
     const INSTR = 'Project instructions (AGENTS.md):\nRun `npm test` before you say you are done.'
-    const agent = new Agent({ session, provider: f.provider, system: 'You are a test agent.', instructions: INSTR, tools: [tool('fetch', () => `r${n++}`.padEnd(7_000, '.'))] })
+    const agent = new Agent({ session, provider: f.provider, system: 'You are a test agent.', instructions: INSTR, tools: [tool('fetch', () => `r${n++}`.padEnd(7_000, '.'))], compaction: { clear: false } })
     await agent.run('fetch five')
     await agent.run('and now?')
     assert.ok(f.summary().length >= 1)
@@ -369,7 +370,7 @@ describe('case 5 figures: replay reports the fidelity of its compactions', () =>
   ])
 
   test('a synthetic transcript: every compacted path is in a checkpoint (the ledger), none in the simulated summary', async () => {
-    const { report, output } = await runReplay(openai(8), { contextWindow: 8_000, figures: FIDELITY_FIGURES })
+    const { report, output } = await runReplay(openai(8), { contextWindow: 8_000, figures: FIDELITY_FIGURES, compaction: { clear: false } })
     const f = report.totals.figures!
     assert.ok(report.totals.compactions >= 1)
     const total = f['fidelity paths total']
@@ -382,7 +383,7 @@ describe('case 5 figures: replay reports the fidelity of its compactions', () =>
     assert.equal(compactions.length, report.totals.compactions)
     assert.ok(output.includes(`\n  fidelity `) && output.includes(`verbatim in checkpoints: paths ${total}/${total}, commands 0/0, error lines 0/0, user messages 0/0; in the summaries alone: 0/${total}, 0/0, 0/0, 0/0\n`), output.slice(-600))
     // No compaction, no fidelity line.
-    const small = await runReplay(openai(1), { contextWindow: 8_000, figures: FIDELITY_FIGURES })
+    const small = await runReplay(openai(1), { contextWindow: 8_000, figures: FIDELITY_FIGURES, compaction: { clear: false } })
     assert.ok(!small.output.includes('\n  fidelity '))
   })
 
@@ -394,7 +395,7 @@ describe('case 5 figures: replay reports the fidelity of its compactions', () =>
       // SWE-agent trajectories run everything through one bash tool: commands, no path arguments.
       // Over 1,600 tokens (floor(32,000 × 0.05)) the ledger drops its oldest entries: pylint's 109
       // commands do not all fit; the long task statement (a user message) never fits whole.
-      const { output } = await runReplay(readCorpus(file), { contextWindow: 32_000, figures: FIDELITY_FIGURES })
+      const { output } = await runReplay(readCorpus(file), { contextWindow: 32_000, figures: FIDELITY_FIGURES, compaction: { clear: false } })
       assert.match(output, new RegExp(`\\n  fidelity +${line.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}\\n`), output.slice(-900))
     })
   }

@@ -47,7 +47,7 @@ describe('pressure', () => {
       ...Array.from({ length: 4 }, (_, i) => call(`b${i}`, 'fetch', { i })), say('turn 2 done'),
     ]
     const provider = new ScriptedProvider(16_000, script, [say('SUMMARY: fetched results 0-4 in turn 1; all fine.')])
-    const agent = new Agent({ session, provider, tools: [textTool('fetch', () => medium(n++))] })
+    const agent = new Agent({ session, provider, tools: [textTool('fetch', () => medium(n++))], compaction: { clear: false } })
     await agent.run('fetch five')
     assert.equal(provider.summaryRequests.length, 0)
     await agent.run('fetch four more')
@@ -76,7 +76,7 @@ describe('pressure', () => {
       [...Array.from({ length: 9 }, (_, i) => call(`a${i}`, 'fetch')), say('done')],
       [(req) => say('x'.repeat(4 * estimateRequestTokens({}, req.messages)))])
     const events: AgentEvent[] = []
-    const agent = new Agent({ session, provider, tools: [textTool('fetch', () => `r${n++}`.padEnd(7_000, '.'))], onEvent: (e) => events.push(e) })
+    const agent = new Agent({ session, provider, tools: [textTool('fetch', () => `r${n++}`.padEnd(7_000, '.'))], onEvent: (e) => events.push(e), compaction: { clear: false } })
     const result = await agent.run('go')
     assert.equal(result.reason, 'stop')
     const ends = session.events.filter((e) => e.type === 'compaction/end').map((e) => (e.data as any).error)
@@ -148,7 +148,7 @@ describe('overflow', () => {
     const err = overflow()
     const provider = new ScriptedProvider(16_000, [err])
     const agent = new Agent({ session, provider })
-    await assert.rejects(agent.run('x'.repeat(70_000)), (e) => e === err && (e as ProviderError).code === 'CONTEXT_WINDOW_EXCEEDED' && /maximum context length is 16000/.test((e as Error).message))
+    await assert.rejects(agent.run('x'.repeat(40_000)), (e) => e === err && (e as ProviderError).code === 'CONTEXT_WINDOW_EXCEEDED' && /maximum context length is 16000/.test((e as Error).message))
     assert.equal(provider.requests.length, 1)
     assert.equal(count(session, 'recovery/retry'), 0)
     assert.equal(session.events.at(-1)!.type, 'turn/end')
@@ -163,7 +163,7 @@ describe('overflow', () => {
     ], [(req, i) => say(`part ${i} summary of ${req.messages.length} messages`)])
     const agent = new Agent({ session, provider, tools: [textTool('fetch', () => `r${n++}`.padEnd(7_000, '.'))], compaction: { auto: false } })
     await agent.run('fill')
-    const agent2 = new Agent({ session, provider, tools: agent.tools })
+    const agent2 = new Agent({ session, provider, tools: agent.tools, compaction: { clear: false } })
     const r = await agent2.run('next')
     assert.equal(r.text, 'after')
     assert.ok(provider.summaryRequests.length >= 2, `summary requests: ${provider.summaryRequests.length}`)
@@ -247,7 +247,7 @@ describe('loop', () => {
     let n = 0
     const provider = new ScriptedProvider(16_000, [...Array.from({ length: 8 }, (_, i) => call(`a${i}`, 'fetch')), say('never')],
       [say('unused')], async (req) => { if (req.headers?.['x-dsh-purpose'] === 'compaction') ctrl.abort() })
-    const agent = new Agent({ session, provider, tools: [textTool('fetch', () => `r${n++}`.padEnd(7_000, '.'))] })
+    const agent = new Agent({ session, provider, tools: [textTool('fetch', () => `r${n++}`.padEnd(7_000, '.'))], compaction: { clear: false } })
     const before = () => JSON.stringify(session.surface().map((x) => x.seq))
     let surfaceAtStart = ''
     session.subscribe((e) => { if (e.type === 'compaction/start') surfaceAtStart = before() })

@@ -22,7 +22,7 @@ const textOf = (m: Message): string =>
  *   over 8,192 code points (docs/design.md §3: under pressure every seen result is pruned first);
  * - only tool results over the threshold are ever pruned, and a pruned one carries the marker.
  */
-async function replayChecked(t: Transcript, contextWindow: number, options: { summaryTokens?: number } = {}) {
+async function replayChecked(t: Transcript, contextWindow: number, options: { summaryTokens?: number; compaction?: { clear?: boolean } } = {}) {
   const rows: ReplayStep[] = []
   let session!: Session
   const report = await replayTranscript(t, {
@@ -44,8 +44,13 @@ async function replayChecked(t: Transcript, contextWindow: number, options: { su
   const prunedSeqs = session.events.filter(e => e.type === 'compaction/prune').map(e => (e.data as { shadowedSeqs: number[] }).shadowedSeqs[0])
   for (const seq of prunedSeqs) {
     const original = session.events[seq].data as { message: Message }
+    const replacement = session.events.find(e => (e.data as any).surfaceOp?.op === 'replace' && (e.data as any).surfaceOp.start === seq)!
+    if (original.message.role !== 'tool') {
+      // An oversized assistant or user message (docs/design.md §10): some field over the threshold, cut with the marker.
+      assert.ok(JSON.stringify((replacement.data as { message: Message }).message).includes(PRUNE_MARKER.trim()), `seq ${seq}: no marker`)
+      continue
+    }
     assert.ok(codePoints(textOf(original.message)) > 8192, `seq ${seq} was pruned though within the threshold`)
-    const replacement = session.events.find(e => e.type === 'tool/result' && (e.data as any).surfaceOp.op === 'replace' && (e.data as any).surfaceOp.start === seq)!
     const text = textOf((replacement.data as { message: Message }).message)
     assert.ok(text.includes(PRUNE_MARKER) && codePoints(text) === 4096 + 39 + 1024)
   }
@@ -67,6 +72,8 @@ interface CorpusCase {
   overThreshold: number
   /** Expected prunes and spills at 32,000, with the reason in the comment. */
   prunes: number
+  /** Oversized assistant messages pruned (over 8,192 code points in text, reasoning or a tool call's arguments). */
+  messagePrunes: number
   spills: number
 }
 
@@ -76,17 +83,18 @@ const CORPUS: CorpusCase[] = [
   // (10,612–10,613) and [143] (868,162 code points, 868,171 UTF-8 bytes: the final `git diff`, over
   // the 256 KiB spill limit, so spilled at write time as the Agent does, never pruned). The
   // unmanaged session (no spill) reaches the 25,600-token threshold after the four mid-session ones.
-  { file: 'psf__requests-1142.traj.json', roles: { user: 3, assistant: 71, tool: 69 }, overThreshold: 5, prunes: 4, spills: 1 },
+  { file: 'psf__requests-1142.traj.json', roles: { user: 3, assistant: 71, tool: 69 }, overThreshold: 5, prunes: 4, messagePrunes: 0, spills: 1 },
   // python: 97 assistant, 95 with one bash block; results over 8,192 at messages[3], [11], [95], [99],
-  // [105], [119], [123], [133], [137] and [195]; all ten are pruned. [195] (9,735 code points, the
-  // submitted diff) is the last message: the checkpoints carry their facts ledger (docs/design.md §12,
-  // up to floor(32,000 × 0.05) = 1,600 tokens), so the last step is above the threshold again and its
-  // pressure check prunes [195] before a third compaction.
-  { file: 'pylint-dev__pylint-6528.traj.json', roles: { user: 3, assistant: 97, tool: 95 }, overThreshold: 10, prunes: 10, spills: 0 },
+  // [105], [119], [123], [133], [137] and [195]. [195] (9,735 code points, the submitted diff) is the
+  // last message: the clear rung (docs/design.md §10) keeps the surface at or below 0.6 × window, so
+  // the last step (14,408 tokens) meets no pressure and [195] stays whole; the other nine are pruned.
+  // One assistant message (seq 85, 3,339 tokens: a tool call whose arguments hold a whole file) is
+  // pruned as well.
+  { file: 'pylint-dev__pylint-6528.traj.json', roles: { user: 3, assistant: 97, tool: 95 }, overThreshold: 10, prunes: 9, messagePrunes: 1, spills: 0 },
   // jq: main chain 9 message.ids, 11 tool_result blocks, 3 user messages; largest result 2,021 code points.
-  { file: 'fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl', roles: { user: 3, assistant: 9, tool: 11 }, overThreshold: 0, prunes: 0, spills: 0 },
+  { file: 'fe5e1c67-53e7-4862-81ae-d0e013e3270b.jsonl', roles: { user: 3, assistant: 9, tool: 11 }, overThreshold: 0, prunes: 0, messagePrunes: 0, spills: 0 },
   // jq: history = system, user, 13 × (assistant + tool); largest observation 6,277 code points.
-  { file: 'marshmallow-code__marshmallow-1867.function_calling_replace_from_source.traj', roles: { user: 1, assistant: 13, tool: 13 }, overThreshold: 0, prunes: 0, spills: 0 },
+  { file: 'marshmallow-code__marshmallow-1867.function_calling_replace_from_source.traj', roles: { user: 1, assistant: 13, tool: 13 }, overThreshold: 0, prunes: 0, messagePrunes: 0, spills: 0 },
 ]
 
 
@@ -99,7 +107,10 @@ for (const c of CORPUS) {
       assert.equal(report.totals.steps, c.roles.assistant)
       assert.equal(report.rows.filter(r => r.kind === 'step').length, c.roles.assistant)
       assert.equal(report.totals.resultsOverPruneThreshold, c.overThreshold)
-      assert.equal(report.totals.prunes, c.prunes)
+      // Tool-result prunes; oversized assistant messages are pruned too (docs/design.md §10), counted apart.
+      const prunes = report.rows.flatMap(r => r.events).filter(e => e.type === 'prune')
+      assert.equal(prunes.filter(e => e.type === 'prune' && !e.role).length, c.prunes)
+      assert.equal(prunes.filter(e => e.type === 'prune' && e.role).length, c.messagePrunes)
       assert.equal(report.totals.spills, c.spills)
       assert.equal(report.totals.requestsOverWindow, 0)
       for (const r of report.rows) if (r.requestTokens !== undefined) assert.ok(r.requestTokens <= 32_000, `step ${r.step}: ${r.requestTokens}`)
@@ -145,7 +156,10 @@ test('corpus claude-code sidechains: runs 2 and 5 hold one result over 8,192 cod
       const at16 = (await replayChecked(run, 16_000)).report
       assert.equal(at16.totals.requestsOverWindow, 0)
       if (unmanaged >= 12_800) assert.ok(at16.rows.some(r => r.rung !== 'none'), `run ${k + 1} (${unmanaged} tokens) meets pressure at 16,000`)
-      assert.equal(at16.totals.prunes, k === 1 || k === 4 ? 1 : 0, `run ${k + 1}`)
+      // Tool-result prunes; run 5 also prunes two assistant messages whose Edit/MultiEdit arguments exceed 8,192 code points.
+      const prunes16 = at16.rows.flatMap(r => r.events).filter(e => e.type === 'prune')
+      assert.equal(prunes16.filter(e => e.type === 'prune' && !e.role).length, k === 1 || k === 4 ? 1 : 0, `run ${k + 1}`)
+      assert.equal(prunes16.filter(e => e.type === 'prune' && e.role === 'assistant').length, k === 4 ? 2 : 0, `run ${k + 1}`)
     }
   })
 
@@ -202,7 +216,7 @@ test('medium results at window 4,000: one simulated compaction of exact size, ta
   // tokens → checkpoint of 98 (preamble) + 21 + 400 (summary, 100 tokens) + 21 = 540 chars → 143 tokens.
   // After: 9 + 143 + 2 × 517 = 1,186. Step 8 ("done", 9 tokens) is requested at 1,186.
   const t = mediumSteps(7, [{ role: 'assistant', content: 'done' }])
-  const { report, session } = await replayChecked(t, 4_000, { summaryTokens: 100 })
+  const { report, session } = await replayChecked(t, 4_000, { summaryTokens: 100, compaction: { clear: false } })
   const steps = report.rows.filter(r => r.kind === 'step')
   assert.deepEqual(steps.map(r => r.requestTokens), [9, 526, 1_043, 1_560, 2_077, 2_594, 3_111, 1_186])
   assert.deepEqual(steps.map(r => r.rung), ['none', 'none', 'none', 'none', 'none', 'none', 'compact', 'none'])
@@ -224,7 +238,7 @@ test('a real summarizer is called (x-dsh-purpose: compaction) instead of the sim
     async complete(req) { seen.push(req); return { message: { role: 'assistant', content: [{ type: 'text', text: 'S'.repeat(40) }] }, finishReason: 'stop' } },
   }
   const t = mediumSteps(7)
-  const report = await replayTranscript(t, { summarizer })
+  const report = await replayTranscript(t, { summarizer, compaction: { clear: false } })
   assert.equal(report.contextWindow, 4_000) // from the summarizer when none is given
   assert.equal(seen.length, 1)
   assert.equal(seen[0].headers?.['x-dsh-purpose'], 'compaction')

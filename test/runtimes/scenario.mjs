@@ -127,7 +127,9 @@ export const STEPS = [
     const session = await dsh.Session.open(new dsh.MemoryStore(), { id: 'smoke', now: () => 1000 })
     const events = []
     const onEvent = (e) => events.push(e.type === 'log' ? e.event.type : e.type === 'stream' ? `stream:${e.event.type}` : e.type)
-    const agent = new dsh.Agent({ session, provider, tools: [readLog], onEvent })
+    // The ladder as the hand-worked values below assume: no clear rung and no recall tool
+    // (docs/design.md §10), so that this scenario exercises the summary path on every runtime.
+    const agent = new dsh.Agent({ session, provider, tools: [readLog], onEvent, compaction: { clear: false }, recall: false })
     const turns = []
     for (const input of TURN_INPUTS) {
       const r = await agent.run(input)

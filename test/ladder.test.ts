@@ -1,0 +1,328 @@
+// Ladder v2 (docs/design.md §10): clear rung, recall, oversized messages, summary re-plan,
+// calibration, durable ladder state, CompactionConfig validation. Mostly over HTTP against the fake provider.
+import { test, after, describe } from 'node:test'
+import assert from 'node:assert/strict'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import {
+  Agent, Session, MemoryStore, FileStore, Ladder, openAICompatible, CLEARED_RESULT_PREFIX, clearedPlaceholder, PRUNE_MARKER,
+  CompactionConfigError, resolveCompactionConfig, DEFAULT_COMPACTION_CONFIG, RECALL_TOOL_NAME, RECALL_MAX_CODE_POINTS, codePointLength, ProviderError,
+  estimateMessageTokens, type Tool, type SessionEvent,
+} from '../dsh.ts'
+import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+
+const servers: Array<{ close(): Promise<void> }> = []
+after(async () => { for (const s of servers) await s.close() })
+
+/** A fake whose conversation replies come from `script` (or a function of the request) and whose summary replies from `summaries`. */
+async function fake(script: FakeReply[] | ((req: FakeRequest, i: number) => FakeReply), summaries: FakeReply[] = [{ text: 'CHECKPOINT: work so far.' }], contextWindow = 32_000) {
+  let c = 0, s = 0
+  const server = await startFakeProvider({
+    handler: (req: FakeRequest) => {
+      if (req.headers['x-dsh-purpose'] === 'compaction') return summaries[Math.min(s++, summaries.length - 1)]
+      const i = c++
+      return typeof script === 'function' ? script(req, i) : script[Math.min(i, script.length - 1)]
+    },
+  })
+  servers.push(server)
+  const provider = openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'sk-test', contextWindow, maxRetries: 0 })
+  const conversation = () => server.requests.filter((r) => r.headers['x-dsh-purpose'] !== 'compaction')
+  const summary = () => server.requests.filter((r) => r.headers['x-dsh-purpose'] === 'compaction')
+  return { server, provider, conversation, summary }
+}
+
+const of = (s: Session, type: string) => s.events.filter((e) => e.type === type)
+/** The whole log, read back (a FileStore session keeps only its surface in memory). */
+const logOf = async (s: Session) => { const out: SessionEvent[] = []; for await (const e of s.readEvents()) out.push(e); return out }
+const toolMessages = (req: FakeRequest) => req.body.messages.filter((m: any) => m.role === 'tool')
+/** A 3,000-code-point result made of numbered lines (`r<i> line <k>`), so that recall pages have real lines. */
+const result3000 = (i: number) => {
+  let text = ''
+  for (let k = 0; text.length < 3_000; k++) text += `r${i} line ${k} ${'.'.repeat(20)}\n`
+  return text.slice(0, 3_000)
+}
+const steps = (n: number, name = 'fetch') => Array.from({ length: n }, (_, i) => ({ toolCalls: [{ id: `c${i}`, name, arguments: { i } }] }))
+function assertPaired(req: FakeRequest) {
+  const ids = req.body.messages.flatMap((m: any) => (m.tool_calls ?? []).map((c: any) => c.id)).sort()
+  const results = req.body.messages.filter((m: any) => m.role === 'tool').map((m: any) => m.tool_call_id).sort()
+  assert.deepEqual(ids, results)
+}
+
+describe('clear rung', () => {
+  test('case 1: 40 steps of 3,000-code-point results at 32,000 → relieved by clearing alone; placeholders for the oldest, protected results verbatim', async () => {
+    const f = await fake([...steps(40), { text: 'all fetched' }])
+    const session = await Session.open(new MemoryStore())
+    const fetch: Tool = { name: 'fetch', description: 'fetch', parameters: { type: 'object' }, execute: (a: { i: number }) => result3000(a.i) }
+    const totals: number[] = []
+    // The total right after each clear's replace.
+    session.subscribe((e) => { if (e.type === 'tool/result' && (e.data as any).surfaceOp.op === 'replace' && session.events[e.seq - 1].type === 'compaction/clear') totals.push(session.measure().totalTokens) })
+    const r = await new Agent({ session, provider: f.provider, tools: [fetch] }).run('fetch 40')
+    assert.equal(r.text, 'all fetched')
+    assert.equal(f.summary().length, 0)
+    assert.equal(of(session, 'compaction/summary').length, 0)
+    assert.equal(of(session, 'compaction/prune').length, 0) // 3,000 code points is under the prune threshold
+    const clears = of(session, 'compaction/clear')
+    assert.ok(clears.length >= 1)
+    // One batch: every clear of the first pressure event happened in one ladder run, oldest first.
+    const cleared = clears.map((e) => (e.data as any).shadowedSeqs[0])
+    const resultSeqs = of(session, 'tool/result').filter((e) => (e.data as any).surfaceOp.op === 'append').map((e) => e.seq)
+    assert.deepEqual(cleared, resultSeqs.slice(0, cleared.length))
+    for (const c of clears) assert.equal((c.data as any).shadowedTokenCount, estimateMessageTokens({ role: 'tool', toolCallId: 'x', content: [{ type: 'text', text: result3000(0) }] }))
+    assert.equal(estimateMessageTokens({ role: 'tool', toolCallId: 'x', content: [{ type: 'text', text: result3000(0) }] }), 758)
+    // The request after the clear: placeholders for the oldest results, the rest verbatim, every call with its result.
+    const firstClear = session.events.indexOf(clears[0])
+    const stepAfter = session.events.findIndex((e, i) => i > firstClear && e.type === 'step/start')
+    const stepIndex = of(session, 'step/start').indexOf(session.events[stepAfter])
+    const next = f.conversation()[stepIndex]
+    const tools = toolMessages(next)
+    const placeholders = tools.filter((m: any) => m.content.startsWith(CLEARED_RESULT_PREFIX))
+    const firstBatch = clears.filter((e) => session.events.indexOf(e) < stepAfter)
+    assert.equal(placeholders.length, firstBatch.length)
+    // Down to the relief target floor(32,000 × 0.6) = 19,200, and not one clear more.
+    const after = session.measure()
+    const batch = totals.slice(0, firstBatch.length)
+    assert.ok(batch.at(-1)! <= 19_200, `after the batch: ${batch.at(-1)}`)
+    assert.ok(batch.length < 2 || batch.at(-2)! > 19_200)
+    assert.ok(after.totalTokens < 25_600)
+    assert.equal(placeholders[0].content, `${CLEARED_RESULT_PREFIX} fetch {"i":0} → 758 tokens; recall {"key":"c0"} returns it.`)
+    assert.equal(placeholders[0].content, clearedPlaceholder('fetch', '{"i":0}', 758, 'c0'))
+    assert.deepEqual(tools.slice(0, placeholders.length).map((m: any) => m.tool_call_id), placeholders.map((m: any) => m.tool_call_id))
+    const verbatim = tools.slice(placeholders.length)
+    // The protected recent budget floor(32,000 × 0.2) = 6,400 tokens: at least 9 results of 758.
+    assert.ok(verbatim.length >= 9, `verbatim: ${verbatim.length}`)
+    for (const m of verbatim) assert.equal(m.content, result3000(Number(m.tool_call_id.slice(1))))
+    for (const req of f.server.requests) assertPaired(req)
+    // The original stays in the log; recall is offered from then on.
+    assert.equal((session.events[cleared[0]].data as any).message.content[0].text, result3000(0))
+    assert.ok(next.body.tools.some((t: any) => t.function.name === RECALL_TOOL_NAME))
+    assert.ok(!f.conversation()[0].body.tools.some((t: any) => t.function.name === RECALL_TOOL_NAME))
+  })
+
+  test('case 7: clearable === false: that tool\'s results are never cleared, but may be pruned', async () => {
+    const script = Array.from({ length: 40 }, (_, i) => ({ toolCalls: [{ id: `c${i}`, name: i % 2 ? 'report' : 'fetch', arguments: { i } }] }))
+    const f = await fake([...script, { text: 'done' }])
+    const session = await Session.open(new MemoryStore())
+    const fetch: Tool = { name: 'fetch', description: '', parameters: {}, execute: (a: { i: number }) => result3000(a.i) }
+    const report: Tool = { name: 'report', description: '', parameters: {}, clearable: false, execute: (a: { i: number }) => a.i === 1 ? 'R'.repeat(20_000) : result3000(a.i) }
+    await new Agent({ session, provider: f.provider, tools: [fetch, report] }).run('go')
+    const clearedIds = of(session, 'compaction/clear').map((e) => (session.events[(e.data as any).shadowedSeqs[0]].data as any).message.toolCallId)
+    assert.ok(clearedIds.length > 0)
+    for (const id of clearedIds) assert.equal(Number(id.slice(1)) % 2, 0, `${id} is a report result`)
+    const last = toolMessages(f.conversation().at(-1)!)
+    const reports = last.filter((m: any) => Number(m.tool_call_id.slice(1)) % 2 === 1)
+    assert.equal(reports.length, 20)
+    for (const m of reports) assert.ok(!m.content.startsWith(CLEARED_RESULT_PREFIX))
+    assert.ok(reports[0].content.includes(PRUNE_MARKER), 'the 20,000-code-point report result is pruned')
+    assert.equal(codePointLength(reports[0].content), 4_096 + 39 + 1_024)
+  })
+
+  test('clear: false disables the rung: the same session summarises instead', async () => {
+    const f = await fake([...steps(40), { text: 'all fetched' }])
+    const session = await Session.open(new MemoryStore())
+    const fetch: Tool = { name: 'fetch', description: '', parameters: {}, execute: (a: { i: number }) => result3000(a.i) }
+    await new Agent({ session, provider: f.provider, tools: [fetch], compaction: { clear: false } }).run('fetch 40')
+    assert.equal(of(session, 'compaction/clear').length, 0)
+    assert.ok(f.summary().length >= 1)
+  })
+})
+
+describe('CompactionConfig validation', () => {
+  test('unknown keys, wrong types, out-of-range values and reliefRatio ≥ thresholdRatio are typed errors naming the value', () => {
+    assert.deepEqual(resolveCompactionConfig(), { ...DEFAULT_COMPACTION_CONFIG })
+    assert.equal(resolveCompactionConfig({ reliefRatio: 0.5 }).reliefRatio, 0.5)
+    const bad: Array<[unknown, RegExp]> = [
+      [{ threshold: 0.8 }, /unknown key "threshold" \(known: thresholdRatio, /],
+      [{ thresholdRatio: 0 }, /thresholdRatio must be a number in \(0, 1\] .*got 0/],
+      [{ thresholdRatio: 1.5 }, /thresholdRatio must be a number in \(0, 1\].*got 1\.5/],
+      [{ retainedTailRatio: -0.1 }, /retainedTailRatio must be a number in \[0, 1\)/],
+      [{ summaryMaxTokens: 0 }, /summaryMaxTokens must be an integer ≥ 1 \(tokens\), got 0/],
+      [{ compactionRetries: 1.5 }, /compactionRetries must be an integer ≥ 0/],
+      [{ spillBytes: '256k' }, /spillBytes must be an integer ≥ 1 \(bytes \(UTF-8\)\), got "256k"/],
+      [{ clear: 'no' }, /clear must be true or false, got "no"/],
+      [{ auto: 1 }, /auto must be true or false, got 1/],
+      [{ reliefRatio: 0.8 }, /reliefRatio \(0\.8\) must be below thresholdRatio \(0\.8\)/],
+      [{ thresholdRatio: 0.5 }, /reliefRatio \(0\.6\) must be below thresholdRatio \(0\.5\)/],
+      [{ protectedRatio: 1 }, /protectedRatio must be a number in \[0, 1\)/],
+      [null, /compaction config must be an object, got null/],
+      [[1], /got an array/],
+    ]
+    for (const [config, message] of bad) {
+      assert.throws(() => resolveCompactionConfig(config as any), (e) => e instanceof CompactionConfigError && e instanceof TypeError && message.test((e as Error).message), String(JSON.stringify(config)))
+    }
+    const session = new Session()
+    const provider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', contextWindow: 1000 })
+    assert.throws(() => new Agent({ session, provider, compaction: { reliefRatio: 2 } as any }), CompactionConfigError)
+  })
+
+  test('the ladder is split by trigger and owns its memory: no public mutable ladder fields on the Agent', () => {
+    const session = new Session()
+    const provider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', contextWindow: 1000 })
+    const agent = new Agent({ session, provider })
+    assert.ok(agent.ladder instanceof Ladder)
+    assert.equal(typeof agent.ladder.relievePressure, 'function')
+    assert.equal(typeof agent.ladder.recoverOverflow, 'function')
+    assert.equal(typeof agent.ladder.compact, 'function')
+    assert.equal(agent.ladder.failedAtTokens, undefined)
+    assert.ok(!('ladderState' in agent) && !('pinnedSeq' in agent))
+    assert.throws(() => { (agent.ladder as any).failedAtTokens = 5 }, TypeError)
+  })
+})
+
+
+describe('recall', () => {
+  test('case 2: recall by a cleared result\'s key returns the original, paged; the next request stays under the threshold', async () => {
+    const session = await Session.open(new MemoryStore())
+    const atRequest: number[] = []
+    const replies: FakeReply[] = [
+      ...steps(40),
+      { toolCalls: [{ id: 'r1', name: 'recall', arguments: { key: 'c0' } }] },
+      { toolCalls: [{ id: 'r2', name: 'recall', arguments: { key: 'c0', offset: 2, limit: 10 } }] },
+      { toolCalls: [{ id: 'r3', name: 'recall', arguments: { tool: 'fetch', arguments: '"i":1}' } }] },
+      { text: 'recalled' },
+    ]
+    const f = await fake((_req, i) => { atRequest.push(session.measure().totalTokens); return replies[Math.min(i, replies.length - 1)] })
+    const fetch: Tool = { name: 'fetch', description: '', parameters: {}, execute: (a: { i: number }) => result3000(a.i) }
+    const r = await new Agent({ session, provider: f.provider, tools: [fetch] }).run('fetch 40, then recall the first')
+    assert.equal(r.text, 'recalled')
+    const results = new Map(of(session, 'tool/result').map((e) => [(e.data as any).message.toolCallId, (e.data as any).message]))
+    const lines = result3000(0).split('\n')
+    const first = results.get('r1').content[0].text
+    assert.equal(first, `c0 (tool result of fetch {"i":0}), lines 1–${lines.length} of ${lines.length}:\n${result3000(0)}`)
+    assert.equal(results.get('r2').content[0].text, `c0 (tool result of fetch {"i":0}), lines 2–11 of ${lines.length}:\n${lines.slice(1, 11).join('\n')}\n[more: recall {"key":"c0","offset":12}]`)
+    assert.ok(results.get('r3').content[0].text.startsWith('c1 (tool result of fetch {"i":1}), lines 1–'), results.get('r3').content[0].text.slice(0, 80))
+    assert.equal(results.get('r1').isError, undefined)
+    // The requests after each recall answer are under the threshold floor(32,000 × 0.8).
+    for (const t of atRequest.slice(-3)) assert.ok(t < 25_600, `request of ${t} tokens`)
+    for (const req of f.server.requests) assertPaired(req)
+  })
+
+  test('case 2: an answer is capped at 4,096 code points plus a how-to line; bad arguments are an error result', async () => {
+    const session = await Session.open(new MemoryStore())
+    const big = Array.from({ length: 10_000 }, (_, k) => `😀 row ${k}`).join('\n') // astral code points: code points ≠ UTF-16 units
+    const replies: FakeReply[] = [
+      { toolCalls: [{ id: 'big', name: 'dump', arguments: {} }] },
+      { toolCalls: [{ id: 'q1', name: 'recall', arguments: { key: 'big', limit: 1_000 } }] },
+      { toolCalls: [{ id: 'q2', name: 'recall', arguments: { key: 'nope' } }] },
+      { toolCalls: [{ id: 'q3', name: 'recall', arguments: { key: 'big', offset: 0 } }] },
+      { toolCalls: [{ id: 'q4', name: 'recall', arguments: { pattern: 'row 9999' } }] },
+      { text: 'ok' },
+    ]
+    const f = await fake(replies)
+    const dump: Tool = { name: 'dump', description: '', parameters: {}, execute: () => big }
+    await new Agent({ session, provider: f.provider, tools: [dump] }).run('dump')
+    const results = new Map(of(session, 'tool/result').map((e) => [(e.data as any).message.toolCallId, (e.data as any).message]))
+    assert.ok(results.get('big').content[0].text.includes(PRUNE_MARKER)) // pruned on the surface, whole in the log
+    const q1: string = results.get('q1').content[0].text
+    const [body, howTo] = [q1.slice(0, q1.lastIndexOf('\n')), q1.slice(q1.lastIndexOf('\n') + 1)]
+    assert.ok(codePointLength(body) <= RECALL_MAX_CODE_POINTS, `${codePointLength(body)} code points`)
+    assert.ok(codePointLength(body) > RECALL_MAX_CODE_POINTS - 20, `${codePointLength(body)} code points: ${body.slice(0, 200)}`)
+    const shown = body.split('\n').length - 1
+    assert.ok(shown < 1_000)
+    assert.match(howTo, new RegExp(`^\\[more: recall \\{"key":"big","offset":${shown + 1}\\}\\]$`))
+    assert.equal(body.split('\n')[1], '😀 row 0')
+    assert.equal(results.get('q2').isError, true)
+    assert.match(results.get('q2').content[0].text, /^recall: nothing shadowed has key "nope"/)
+    assert.match(results.get('q3').content[0].text, /^recall: offset must be an integer ≥ 1, got 0/)
+    assert.equal(results.get('q4').content[0].text, '1 hit(s) for "row 9999", newest first; read one with {"key":…,"offset":line}:\nbig line 10000 (tool result of dump {}): 😀 row 9999')
+  })
+
+  test('case 2: recall with a pattern finds a line folded into a checkpoint; a session reloaded from FileStore recalls the same text', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'dsh-recall-'))
+    try {
+      const path = join(dir, 's.jsonl')
+      const session = await Session.open(new FileStore(path))
+      const needle = (i: number) => (i === 3 ? 'ERROR: NEEDLE-42 in src/parser.ts:118\n' : '')
+      const replies: FakeReply[] = [...steps(12), { toolCalls: [{ id: 'p1', name: 'recall', arguments: { pattern: 'needle-42' } }] }, { text: 'found it' }]
+      const f = await fake(replies, [{ text: 'CHECKPOINT: fetched results.' }], 16_000)
+      const fetch: Tool = { name: 'fetch', description: '', parameters: {}, execute: (a: { i: number }) => needle(a.i) + `r${a.i} `.padEnd(6_000, '.') }
+      await new Agent({ session, provider: f.provider, tools: [fetch], compaction: { clear: false } }).run('fetch')
+      const log = await logOf(session)
+      assert.ok(log.filter((e) => e.type === 'compaction/summary').length >= 1)
+      const folded = log.filter((e) => e.type === 'compaction/summary').flatMap((e) => (e.data as any).shadowedSeqs as number[])
+      const c3 = log.filter((e) => e.type === 'tool/result').find((e) => (e.data as any).message.toolCallId === 'c3')!
+      assert.ok(folded.includes(c3.seq), 'c3 was folded into a checkpoint')
+      const hit = log.filter((e) => e.type === 'tool/result').find((e) => (e.data as any).message.toolCallId === 'p1')!
+      assert.equal((hit.data as any).message.content[0].text, '1 hit(s) for "needle-42", newest first; read one with {"key":…,"offset":line}:\nc3 line 1 (tool result of fetch {"i":3}): ERROR: NEEDLE-42 in src/parser.ts:118')
+      const live = await new Agent({ session, provider: f.provider, tools: [fetch] }).tools.length
+      assert.equal(live, 1)
+      await session.store.close?.()
+      const reloaded = await Session.load(new FileStore(path))
+      const { recallTool } = await import('../dsh.ts')
+      const ctx = { signal: new AbortController().signal, callId: 'x' }
+      const again = await recallTool(reloaded).execute({ key: 'c3', limit: 1 }, ctx)
+      // Lines over 1,000 code points are paged as 1,000-code-point pieces: 1 + 6 here.
+      assert.equal(again, `c3 (tool result of fetch {"i":3}), lines 1–1 of 7:\nERROR: NEEDLE-42 in src/parser.ts:118\n[more: recall {"key":"c3","offset":2}]`)
+      const pieces = 'r3 '.padEnd(6_000, '.').match(/.{1,1000}/g)!
+      assert.equal(await recallTool(reloaded).execute({ key: 'c3', offset: 2 }, ctx), `c3 (tool result of fetch {"i":3}), lines 2–5 of 7:\n${pieces.slice(0, 4).join('\n')}\n[more: recall {"key":"c3","offset":6}]`)
+    } finally { rmSync(dir, { recursive: true, force: true }) }
+  })
+
+  test('recall: false offers no recall tool; a caller tool named recall needs recall: false', async () => {
+    const f = await fake([{ toolCalls: [{ id: 'c0', name: 'big', arguments: {} }] }, { text: 'ok' }], undefined, 16_000)
+    const session = await Session.open(new MemoryStore())
+    const big: Tool = { name: 'big', description: '', parameters: {}, execute: () => 'B'.repeat(60_000) }
+    await new Agent({ session, provider: f.provider, tools: [big], recall: false }).run('go')
+    assert.equal(of(session, 'compaction/prune').length, 1)
+    assert.ok(!f.conversation()[1].body.tools.some((t: any) => t.function.name === 'recall'))
+    const mine: Tool = { name: 'recall', description: '', parameters: {}, execute: () => 'mine' }
+    assert.throws(() => new Agent({ session, provider: f.provider, tools: [mine] }), /a tool is named "recall".*pass recall: false/)
+    assert.doesNotThrow(() => new Agent({ session, provider: f.provider, tools: [mine], recall: false }))
+  })
+})
+
+describe('oversized non-tool messages', () => {
+  test('case 3: a 200,000-character assistant reply at window 32,000 is pruned after its step; the original stays in the log; the next request fits', async () => {
+    const huge = Array.from({ length: 20_000 }, (_, k) => `line ${k} `.padEnd(9, '.')).join('\n').slice(0, 200_000)
+    assert.equal(huge.length, 200_000)
+    const session = await Session.open(new MemoryStore())
+    const atRequest: number[] = []
+    const replies: FakeReply[] = [{ text: huge, toolCalls: [{ id: 'c0', name: 'fetch', arguments: { path: 'x'.repeat(12_000) } }] }, { text: 'done' }]
+    const f = await fake((_req, i) => { atRequest.push(session.measure().totalTokens); return replies[Math.min(i, 1)] })
+    let after = 0
+    const fetch: Tool = { name: 'fetch', description: '', parameters: {}, execute: () => 'ok' }
+    const agent = new Agent({ session, provider: f.provider, tools: [fetch] })
+    session.subscribe((e) => { if (e.type === 'step/end' && !after) after = session.measure().totalTokens })
+    const r = await agent.run('write it all')
+    assert.equal(r.text, 'done')
+    assert.ok(after > 0 && after < 25_600, `after the step: ${after}`)
+    const log = await logOf(session)
+    const original = log.find((e) => e.type === 'assistant/message' && (e.data as any).surfaceOp.op === 'append')!
+    assert.equal((original.data as any).message.content[0].text, huge)
+    const prune = log.find((e) => e.type === 'compaction/prune')!
+    assert.deepEqual((prune.data as any).shadowedSeqs, [original.seq])
+    const replaced = log[prune.seq + 1]
+    assert.equal(replaced.type, 'assistant/message')
+    assert.deepEqual((replaced.data as any).surfaceOp, { op: 'replace', start: original.seq, end: original.seq })
+    // The next request: the reply cut to 4,096 + 39 + 1,024 code points; the call kept, its arguments still JSON; under the window.
+    const sent = f.conversation()[1].body.messages.find((m: any) => m.role === 'assistant')
+    assert.equal(sent.content, huge.slice(0, 4_096) + PRUNE_MARKER + huge.slice(-1_024))
+    assert.equal(sent.tool_calls[0].id, 'c0')
+    const args = JSON.parse(sent.tool_calls[0].function.arguments)
+    assert.equal(args.path, 'x'.repeat(4_096) + PRUNE_MARKER + 'x'.repeat(1_024))
+    assert.ok(atRequest[1] < 32_000, `next request: ${atRequest[1]}`)
+    assert.equal(sent.tool_calls.length, 1)
+    for (const req of f.server.requests) assertPaired(req)
+  })
+
+  test('the current input is never edited: an input that cannot fit is refused before sending, with the numbers; earlier user messages may be cut', async () => {
+    const f = await fake([{ text: 'first' }, { text: 'second' }], undefined, 16_000)
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider })
+    await assert.rejects(agent.run('y'.repeat(70_000)), (e) => e instanceof ProviderError && e.code === 'CONTEXT_WINDOW_EXCEEDED' && e.status === undefined
+      && /the current input alone is 17508 tokens \(plus 0 of system prompt and tools = 17508\) and the context window of fake-model is 16000 tokens; nothing was sent/.test(e.message))
+    assert.equal(f.server.requests.length, 0)
+    const last = of(session, 'turn/end').at(-1)!
+    assert.equal((last.data as any).reason, 'error')
+    assert.equal((of(session, 'request/error').at(-1)!.data as any).trigger, 'input')
+    // A big earlier input is pruned once it is no longer the current one; the current one is sent whole.
+    const s2 = await Session.open(new MemoryStore())
+    const a2 = new Agent({ session: s2, provider: f.provider })
+    await a2.run('z'.repeat(40_000) + 'END')
+    const current = 'w'.repeat(12_000)
+    await a2.run(current)
+    const req = f.conversation().at(-1)!.body.messages
+    assert.equal(req.at(-1).content, current)
+    assert.equal(req[0].content, 'z'.repeat(4_096) + PRUNE_MARKER + 'z'.repeat(1_021) + 'END')
+  })
+})
