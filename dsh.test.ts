@@ -445,3 +445,14 @@ test('FileStore readOnly: a torn last line is reported, the file is left byte fo
   assert.deepEqual(readdirSync(dir).sort(), ['s.jsonl'])
   await assert.rejects(new FileStore(file, { readOnly: true }).append([{ seq: 2, type: 'x', time: 0, data: {} }]), /read-only/)
 })
+
+test('event types named like Object.prototype members (toString, constructor) are plain events, not surface events', async () => {
+  const store = new MemoryStore()
+  const s = await Session.open(store)
+  for (const type of ['toString', 'constructor', '__proto__', 'hasOwnProperty']) s.append(type, { note: type })
+  await s.sync()
+  assert.equal(s.surface().length, 0)
+  const again = await Session.load(store)
+  assert.deepEqual((await store.load()).events.slice(-4).map((e) => e.type), ['toString', 'constructor', '__proto__', 'hasOwnProperty'])
+  assert.equal(again.surface().length, 0)
+})

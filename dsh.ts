@@ -1395,7 +1395,10 @@ export function validateMessage(m: unknown, role?: Message['role']): asserts m i
 const toolCalls = (m: Message): ToolCallBlock[] =>
   m.role === 'assistant' ? (m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]) : []
 
-const SURFACE_TYPES: Record<string, Message['role']> = { 'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool' }
+/** The surface event types and the role of their message; null prototype, so `toString` is not one. */
+const SURFACE_TYPES: Readonly<Record<string, Message['role'] | undefined>> = /* @__PURE__ */ Object.freeze(Object.assign(Object.create(null), {
+  'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool',
+}))
 
 /** Options for {@link Session}. */
 export interface SessionOptions {
@@ -1465,7 +1468,12 @@ export class Session {
   private cachePrefixTokens = 0
   private envelopeKey = ''
   private edits = new Map<number, EditCache & { time: number }>()
-  private requestLog: RequestEntry[] = []
+  /**
+   * Requests so far, folded into buckets as they are applied (bounded memory, not one record per
+   * request): by conversation/summary, model, price table and UTC minute of the week — what
+   * decides a peak window — so {@link Session.usage} can price (or re-price) every bucket exactly.
+   */
+  private requestBuckets = new Map<string, RequestBucket>()
 
   constructor(options: SessionOptions = {}) {
     this.store = options.store ?? new MemoryStore()
@@ -1760,7 +1768,7 @@ export class Session {
         if (this.compactionOpen === data.id) this.compactionOpen = undefined
         if (Array.isArray(data.requests)) {
           for (const r of data.requests as SummaryRequestRecord[]) {
-            this.requestLog.push({ time: event.time, summary: true, model: r.model, inputTokens: r.inputTokens, modelledHitTokens: r.modelledHitTokens, outputTokens: r.outputTokens, usage: r.usage, prices: r.prices ?? (r.model === this.header?.model ? this.header?.prices : undefined) })
+            this.addRequest({ time: event.time, summary: true, model: r.model, inputTokens: r.inputTokens, modelledHitTokens: r.modelledHitTokens, outputTokens: r.outputTokens, usage: r.usage, prices: r.prices ?? (r.model === this.header?.model ? this.header?.prices : undefined) })
           }
         }
         break
@@ -1816,6 +1824,7 @@ export class Session {
       this.surfaceTokensSum += tokens - shadowed
       this.generation++
       this.edits.set(event.seq, { seq: event.seq, movedTokens, savedTokens: shadowed - tokens, time: event.time })
+      if (this.edits.size > RECENT_EDITS) this.edits.delete(this.edits.keys().next().value!) // asked right after the edit: keep the newest only
     }
     if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
       const u = data.usage as Usage
@@ -1862,10 +1871,25 @@ export class Session {
     }
   }
 
+  /** Folds one request into its bucket (see {@link Session.requestBuckets}). */
+  private addRequest(r: RequestEntry): void {
+    const minuteOfWeek = Math.floor(r.time / 60_000) % (7 * 24 * 60)
+    const key = `${r.summary ? 1 : 0}\u0000${r.model}\u0000${r.prices ? JSON.stringify(r.prices) : ''}\u0000${minuteOfWeek}`
+    let b = this.requestBuckets.get(key)
+    if (!b) this.requestBuckets.set(key, b = { time: r.time, summary: r.summary, model: r.model, prices: r.prices, requests: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, modelledHitTokens: 0, reportedCacheRequests: 0 })
+    const billed = billedTokens(r)
+    b.requests++
+    b.cachedInputTokens += billed.cachedInputTokens
+    b.uncachedInputTokens += billed.uncachedInputTokens
+    b.outputTokens += billed.outputTokens
+    b.modelledHitTokens += r.modelledHitTokens
+    if (r.usage?.cachedTokens !== undefined) b.reportedCacheRequests++
+  }
+
   /** Logs one conversation request (an appended assistant message answers it) in the cache model. */
   private recordRequest(time: number, outputTokens: number, usage: Usage | undefined): void {
     const { inputTokens, modelledHitTokens } = this.nextRequestCache()
-    this.requestLog.push({ time, summary: false, model: this.header?.model ?? '', inputTokens, modelledHitTokens, outputTokens, usage, prices: this.header?.prices })
+    this.addRequest({ time, summary: false, model: this.header?.model ?? '', inputTokens, modelledHitTokens, outputTokens, usage, prices: this.header?.prices })
     this.cacheNodes = this.nodes.length // the request sent the whole surface before this message
     this.cachePrefixTokens = this.surfaceTokensSum
   }
@@ -1921,7 +1945,9 @@ export class Session {
 
   /**
    * Tokens and cost so far (docs/design.md §11), conversation and summary requests apart and
-   * together; O(requests), from state kept as events arrive (so it survives resume). Per request:
+   * together; O(buckets), from sums kept as events arrive (so it survives resume). Requests are
+   * added up by kind, model, price table and UTC minute of the week (peak windows are resolved to
+   * the minute), so memory stays bounded however long the session runs. Per request:
    * input = the reported prompt tokens, else the meter's estimate; cached = the reported
    * `cachedTokens` (the report wins), else the modelled hit (scaled by reported ÷ estimated input
    * when only the prompt size was reported); output = the reported completion tokens, else the
@@ -1935,19 +1961,18 @@ export class Session {
     const conversation = tally(), summary = tally()
     let modelledHitTokens = 0, reportedCacheRequests = 0
     const override = options.prices
-    for (const r of this.requestLog) {
-      const t = r.summary ? summary : conversation
-      const billed = billedTokens(r)
-      if (r.usage?.cachedTokens !== undefined) reportedCacheRequests++
-      modelledHitTokens += r.modelledHitTokens
-      t.requests++
-      t.inputTokens += billed.cachedInputTokens + billed.uncachedInputTokens
-      t.cachedInputTokens += billed.cachedInputTokens
-      t.uncachedInputTokens += billed.uncachedInputTokens
-      t.outputTokens += billed.outputTokens
-      const prices = override === undefined ? r.prices : typeof override === 'function' ? override(r.model) : override
-      if (prices) t.costUSD! += requestCostUSD(prices, billed, r.time)
-      else t.unpricedRequests++
+    for (const b of this.requestBuckets.values()) {
+      const t = b.summary ? summary : conversation
+      reportedCacheRequests += b.reportedCacheRequests
+      modelledHitTokens += b.modelledHitTokens
+      t.requests += b.requests
+      t.inputTokens += b.cachedInputTokens + b.uncachedInputTokens
+      t.cachedInputTokens += b.cachedInputTokens
+      t.uncachedInputTokens += b.uncachedInputTokens
+      t.outputTokens += b.outputTokens
+      const prices = override === undefined ? b.prices : typeof override === 'function' ? override(b.model) : override
+      if (prices) t.costUSD! += requestCostUSD(prices, b, b.time) // costs are linear in tokens: one call per bucket
+      else t.unpricedRequests += b.requests
     }
     for (const t of [conversation, summary]) if (t.unpricedRequests > 0) t.costUSD = undefined
     const total: TokenTally = {
@@ -2117,6 +2142,21 @@ export class Session {
 }
 
 /** One request in the cache model of {@link Session} (conversation or summary). Tokens. */
+/** How many recent surface edits keep their cache figures for {@link Session.editCache}. */
+const RECENT_EDITS = 64
+
+/** Requests of one kind, model, price table and UTC minute of the week, added up (billed tokens). */
+interface RequestBucket extends BilledTokens {
+  /** Time of the bucket's first request (ms): its minute decides the peak window. */
+  time: number
+  summary: boolean
+  model: string
+  prices?: Prices
+  requests: number
+  modelledHitTokens: number
+  reportedCacheRequests: number
+}
+
 interface RequestEntry {
   time: number
   summary: boolean
@@ -7432,10 +7472,6 @@ function claudeUsage(u: unknown): Usage | undefined {
 
 // ── dsh ──
 
-const DSH_SURFACE_ROLE: Record<string, Message['role']> = {
-  'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool',
-}
-
 function readDshLog(parsed: ParsedTranscript): Transcript {
   const lines = expectJsonl(parsed, 'dsh')
   const draft = newTranscriptDraft()
@@ -7464,7 +7500,7 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
       continue
     }
     if (type === 'turn/start') { turnOpen = true; continue }
-    const role = DSH_SURFACE_ROLE[type]
+    const role = SURFACE_TYPES[type]
     if (role === undefined) continue
     const op = isJsonRecord(data.surfaceOp) ? data.surfaceOp.op : isJsonRecord(v.surfaceOp) ? v.surfaceOp.op : undefined
     if (op !== 'append') { replaced++; continue }
@@ -8123,10 +8159,16 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   }
 
   const maxSteps = script.reduce((m, t) => Math.max(m, t.steps.length), 0) + 1
-  const agent: Agent = new ReplayAgent({
+  const agentOptions: AgentOptions = {
     session, provider, tools, summarizer, contextWindow: window, system: transcript.envelope.system,
     compaction: { ...options.compaction, thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe, recall: options.recall ?? false,
-  }, transcript.envelope)
+  }
+  // The transcript's own `recall` tool keeps its name: the Agent then offers no recall tool of its own.
+  if (toolNames.has(RECALL_TOOL_NAME) && agentOptions.recall) {
+    agentOptions.recall = false
+    notes.push(`the transcript has a tool of its own named "${RECALL_TOOL_NAME}": replayed without dsh's recall tool`)
+  }
+  const agent: Agent = new ReplayAgent(agentOptions, transcript.envelope)
   for (const t of script) {
     turn = t
     stepIndex = 0

@@ -231,3 +231,30 @@ test('a hostile log: malformed prices or summary request records are refused wit
   assert.equal(s.seq, 1)
   assert.deepEqual([s.usage().requests, s.usage().costUSD], [0, 0])
 })
+
+test('usage() memory is bounded: requests are added up in buckets, and re-pricing a bucket equals pricing its requests one by one', async () => {
+  const { Session, MemoryStore, DEEPSEEK_PRICES } = await import('../dsh.ts')
+  let now = Date.UTC(2026, 11, 1, 0, 0, 0) // a Tuesday, 00:00 UTC: off-peak, then peak from 01:00
+  const session = await Session.open(new MemoryStore(), { now: () => now })
+  session.setHeader({ model: 'deepseek-flash', baseURL: 'https://api.deepseek.com', prices: DEEPSEEK_PRICES['deepseek-flash'], maxTokens: 100, contextWindow: 100_000 } as any)
+  for (let i = 0; i < 200; i++) {
+    now += 30_000 // 200 requests over 100 minutes: across the 01:00 peak boundary
+    session.append('user/message', { message: { role: 'user', content: `q${i}` }, surfaceOp: { op: 'append' } })
+    session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'a' }] }, usage: { promptTokens: 1000 + i, completionTokens: 10, cachedTokens: 500 }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+  }
+  const buckets = (session as any).requestBuckets as Map<string, unknown>
+  assert.ok(buckets.size <= 101, `${buckets.size} buckets for 200 requests`)
+  const u = session.usage()
+  assert.equal(u.conversation.requests, 200)
+  assert.equal(u.conversation.cachedInputTokens, 200 * 500)
+  assert.equal(u.conversation.inputTokens, 200 * 1000 + (199 * 200) / 2)
+  // By hand: off-peak before 01:00 UTC (the first 119 requests end at 00:59:30), peak (×2) after.
+  const p = DEEPSEEK_PRICES['deepseek-flash']
+  let usd = 0
+  for (let i = 0; i < 200; i++) {
+    const t = Date.UTC(2026, 11, 1, 0, 0, 0) + (i + 1) * 30_000
+    const one = (500 * p.cacheHitInput + (500 + i) * p.cacheMissInput + 10 * p.output) / 1e6
+    usd += new Date(t).getUTCHours() >= 1 ? one * 2 : one
+  }
+  assert.ok(Math.abs(u.costUSD! - usd) < 1e-12, `${u.costUSD} vs ${usd}`)
+})
