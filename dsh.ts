@@ -8170,10 +8170,16 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   }
 
   const maxSteps = script.reduce((m, t) => Math.max(m, t.steps.length), 0) + 1
-  const agent: Agent = new ReplayAgent({
+  const agentOptions: AgentOptions = {
     session, provider, tools, summarizer, contextWindow: window, system: transcript.envelope.system,
     compaction: { ...options.compaction, thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe, recall: options.recall ?? false,
-  }, transcript.envelope)
+  }
+  // The transcript's own `recall` tool keeps its name: the Agent then offers no recall tool of its own.
+  if (toolNames.has(RECALL_TOOL_NAME) && agentOptions.recall) {
+    agentOptions.recall = false
+    notes.push(`the transcript has a tool of its own named "${RECALL_TOOL_NAME}": replayed without dsh's recall tool`)
+  }
+  const agent: Agent = new ReplayAgent(agentOptions, transcript.envelope)
   for (const t of script) {
     turn = t
     stepIndex = 0

@@ -260,3 +260,34 @@ test('a transcript that opens with an assistant message: the loop gets an empty 
   assert.deepEqual(report.rows.map((r) => [r.kind, r.requestTokens ?? null, r.unmanagedTokens, r.afterTokens]), [['turn-start', null, 0, 8], ['step', 8, 0, 17]])
   assert.ok(report.notes.includes('the transcript opens with an assistant message: replay opened the first turn with an empty user input'))
 })
+
+test('a transcript with a tool of its own named "recall" replays (the Agent then offers no recall of its own), noted', async () => {
+  const t = readTranscript(JSON.stringify([
+    { role: 'user', content: 'what did we decide?' },
+    { role: 'assistant', content: null, tool_calls: [fn('m1', 'recall', '{"topic":"db"}')] },
+    { role: 'tool', tool_call_id: 'm1', content: 'use sqlite' },
+    { role: 'assistant', content: 'sqlite' },
+  ]))
+  let s!: Session
+  const report = await replayTranscript(t, { contextWindow: 1_000, recall: true, onStep: (_r, x) => { s = x } })
+  assert.equal(report.totals.steps, 2)
+  assert.deepEqual(s.messages()[2].content, [{ type: 'text', text: 'use sqlite' }])
+  assert.ok(report.notes.includes('the transcript has a tool of its own named "recall": replayed without dsh\'s recall tool'))
+})
+
+test('recall: true — the recall tool the Agent offers once content is shadowed joins the transcript\'s envelope, as a live run sends it', async () => {
+  const text = JSON.stringify({ tools: [{ type: 'function', function: { name: 'read_file', parameters: {} } }], messages: [
+    { role: 'user', content: 'read big.txt' },
+    { role: 'assistant', content: null, tool_calls: [fn('c1', 'read_file', '{"path":"big.txt"}')] },
+    { role: 'tool', tool_call_id: 'c1', content: 'x'.repeat(60_000) },
+    { role: 'assistant', content: 'done' },
+  ] })
+  const headers: { tools?: { name: string }[] }[] = []
+  const onEvent = (e: AgentEvent) => { if (e.type === 'log' && e.event.type === 'request/header') headers.push(e.event.data as { tools?: { name: string }[] }) }
+  const off = await replayTranscript(readTranscript(text), { contextWindow: 16_000 })
+  const on = await replayTranscript(readTranscript(text), { contextWindow: 16_000, recall: true, onEvent })
+  // The prune after step 1 shadows the result; step 2's request carries the recall spec as well.
+  assert.deepEqual(headers.map((h) => h.tools?.map((t) => t.name)), [['read_file'], ['read_file', 'recall']])
+  const step2 = (r: typeof off) => r.rows.filter((x) => x.kind === 'step')[1].requestTokens!
+  assert.ok(step2(on) > step2(off), `${step2(on)} > ${step2(off)}`)
+})
