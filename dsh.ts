@@ -3214,6 +3214,17 @@ export class Ladder {
   }
 
   /**
+   * The size of the request a retry will send, tokens: the session's measured total, plus what the
+   * host's envelope adds beyond the last logged one (e.g. the recall tool, offered once something
+   * is shadowed), priced at the calibration.
+   */
+  private retryTokens(): number {
+    const m = this.host.session.measure()
+    const added = estimateEnvelopeTokens(this.host.envelope) - m.envelopeTokens
+    return m.totalTokens + (added > 0 ? Math.ceil(added * m.calibration) : 0)
+  }
+
+  /**
    * Overflow (`trigger: 'context-overflow'`, docs/design.md §§5, 10), after the provider refused a
    * request as too long (`error`). A count in the error is logged as a calibration sample first.
    * Then every tool result is prunable, oversized messages are pruned and old results cleared; when
@@ -3235,7 +3246,7 @@ export class Ladder {
     outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'context-overflow')
     if (window !== undefined) outcome.clearedTokens = this.clear('context-overflow', threshold)
     const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'failed'
-    if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore && session.measure().totalTokens < threshold) return done(modelFree)
+    if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore && this.retryTokens() < threshold) return done(modelFree)
     const region = selectRegion(session.surface(), 0, keptOutOfSummary(session))
     let compacted = false
     if (region) {

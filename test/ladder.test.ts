@@ -8,7 +8,7 @@ import { join } from 'node:path'
 import {
   Agent, Session, MemoryStore, FileStore, Ladder, openAICompatible, CLEARED_RESULT_PREFIX, clearedPlaceholder, PRUNE_MARKER,
   CompactionConfigError, resolveCompactionConfig, DEFAULT_COMPACTION_CONFIG, RECALL_TOOL_NAME, RECALL_MAX_CODE_POINTS, codePointLength, ProviderError,
-  estimateMessageTokens, type Tool, type SessionEvent,
+  estimateMessageTokens, summaryMaxTokens, resolvePruneConfig, type Tool, type SessionEvent,
 } from '../dsh.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 
@@ -324,5 +324,94 @@ describe('oversized non-tool messages', () => {
     const req = f.conversation().at(-1)!.body.messages
     assert.equal(req.at(-1).content, current)
     assert.equal(req[0].content, 'z'.repeat(4_096) + PRUNE_MARKER + 'z'.repeat(1_021) + 'END')
+  })
+})
+
+describe('summary overflow, calibration, durable state', () => {
+  const LLAMA = { error: { code: 400, message: 'request (4191 tokens) exceeds the available context size (4096 tokens), try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 4191, n_ctx: 4096 } }
+
+  test('case 4: the first summary request overflows with the llama.cpp body: the next one is smaller, none is resent, the turn completes', async () => {
+    let s = 0
+    const server = await startFakeProvider({
+      handler: (req) => req.headers['x-dsh-purpose'] === 'compaction' ? (s++ === 0 ? { status: 400, body: LLAMA } : { text: 'CHECKPOINT: part done.' }) : conv[Math.min(c++, conv.length - 1)],
+    })
+    servers.push(server)
+    let c = 0, n = 0
+    const conv: FakeReply[] = [...steps(7).map((r) => ({ ...r, usage: null })), { text: 'done', usage: null }]
+    const provider = openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'k', contextWindow: 4_096, maxRetries: 0 })
+    const session = await Session.open(new MemoryStore())
+    const fetch: Tool = { name: 'fetch', description: '', parameters: {}, execute: () => `r${n++} `.padEnd(2_000, '.') }
+    const r = await new Agent({ session, provider, tools: [fetch], compaction: { clear: false } }).run('go')
+    assert.equal(r.text, 'done')
+    const sums = server.requests.filter((q) => q.headers['x-dsh-purpose'] === 'compaction')
+    assert.ok(sums.length >= 2, `${sums.length} summary requests`)
+    assert.ok(sums[1].rawBody.length < sums[0].rawBody.length)
+    const est = (q: FakeRequest) => JSON.stringify(q.body.messages).length
+    assert.ok(est(sums[1]) < est(sums[0]))
+    assert.equal(new Set(sums.map((q) => q.rawBody)).size, sums.length, 'no two summary requests are identical')
+    for (const q of sums) assert.ok(q.body.max_tokens <= 4_096 / 2, `max_tokens ${q.body.max_tokens}`)
+    const sample = of(session, 'ladder/state').find((e) => (e.data as any).sample)
+    assert.equal((sample!.data as any).sample.providerTokens, 4_191)
+  })
+
+  test('summary max_tokens = min(summaryMaxTokens, max(512, floor(region / 2))), clamped to the room', () => {
+    assert.equal(summaryMaxTokens(231, DEFAULT_COMPACTION_CONFIG), 512)
+    assert.equal(summaryMaxTokens(10_000, DEFAULT_COMPACTION_CONFIG), 5_000)
+    assert.equal(summaryMaxTokens(40_000, DEFAULT_COMPACTION_CONFIG), 8_192)
+    assert.equal(summaryMaxTokens(10_000, DEFAULT_COMPACTION_CONFIG, 700), 700)
+  })
+
+  test('case 5: usage 1.3× the heuristic → calibration ≈ 1.3, and pressure fires on the calibrated total; no usage → the seed formula exactly', async () => {
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    for (let i = 0; i < 3; i++) {
+      session.append('user/message', { message: { role: 'user', content: 'u'.repeat(8_000) }, surfaceOp: { op: 'append' } })
+      const h = session.measure().heuristicTokens
+      session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop', usage: { promptTokens: Math.round(h * 1.3), completionTokens: 1 }, surfaceOp: { op: 'append' } })
+    }
+    const m = session.measure()
+    assert.equal(m.calibrationSamples, 3)
+    assert.ok(Math.abs(m.calibration - 1.3) < 0.001, `calibration ${m.calibration}`)
+    const before = m.totalTokens
+    session.append('user/message', { message: { role: 'user', content: 'v'.repeat(4_000) }, surfaceOp: { op: 'append' } })
+    assert.equal(session.measure().totalTokens, before + Math.ceil(1_008 * m.calibration))
+    // A window whose threshold lies between the uncalibrated and the calibrated total: the ladder acts.
+    const calibrated = session.measure().totalTokens, plain = before + 1_008
+    const window = Math.ceil((plain + calibrated) / 2 / 0.8)
+    assert.ok(plain < Math.floor(window * 0.8) && calibrated >= Math.floor(window * 0.8))
+    const host = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' }), contextWindow: window, envelope: {}, compaction: resolveCompactionConfig({ compactionRetries: 0 }), pruneConfig: resolvePruneConfig(), warn() {} }
+    const out = await new Ladder(host).relievePressure()
+    assert.notEqual(out.action, 'none')
+    // No usage: the seed's formula.
+    const plainSession = await Session.open(new MemoryStore())
+    plainSession.append('user/message', { message: { role: 'user', content: 'u'.repeat(8_000) }, surfaceOp: { op: 'append' } })
+    const pm = plainSession.measure()
+    assert.deepEqual([pm.calibration, pm.calibrationSamples, pm.totalTokens], [1, 0, 2_008])
+  })
+
+  test('case 6: a failed pressure compaction, then a restart on the same FileStore: no summary request until the surface grows by the retained tail', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'dsh-guard-'))
+    try {
+      const path = join(dir, 's.jsonl')
+      let n = 0
+      const f = await fake((_req, i) => (i < 9 ? { toolCalls: [{ id: `g${i}`, name: 'fetch', arguments: { i } }], usage: null } : { text: `answer ${i}`, usage: null }), [{ status: 500, body: { error: { message: 'summariser down' } } }], 16_000)
+      const fetch: Tool = { name: 'fetch', description: '', parameters: {}, execute: () => `r${n++} `.padEnd(7_000, '.') }
+      const s1 = await Session.open(new FileStore(path))
+      const a1 = new Agent({ session: s1, provider: f.provider, tools: [fetch], compaction: { clear: false } })
+      await a1.run('fill')
+      const failedAt = a1.ladder.failedAtTokens
+      assert.ok(failedAt !== undefined, 'the pressure compaction failed and is remembered')
+      const before = f.summary().length
+      assert.ok(before >= 1)
+      await s1.sync(); await s1.store.close?.()
+      // Restart: a new process reads the guard back from the log.
+      const s2 = await Session.open(new FileStore(path))
+      const a2 = new Agent({ session: s2, provider: f.provider, tools: [fetch], compaction: { clear: false } })
+      assert.equal(a2.ladder.failedAtTokens, failedAt)
+      await a2.run('small follow-up')
+      assert.equal(f.summary().length, before, 'no summary request after the restart while the surface has not grown by the retained tail')
+      assert.ok(s2.measure().totalTokens >= 12_800, 'still over the threshold: only the guard holds the summary back')
+      await s2.store.close?.()
+    } finally { rmSync(dir, { recursive: true, force: true }) }
   })
 })
