@@ -1013,6 +1013,9 @@ export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
   return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
 }
 
+/** Whether two stats name the same file (device and inode). */
+function sameFile(a: { dev: number; ino: number }, b: { dev: number; ino: number }): boolean { return a.dev === b.dev && a.ino === b.ino }
+
 /** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
 const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -1027,9 +1030,6 @@ const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
  * line (8 bytes per event) and reads events back from the file on demand, so a {@link Session} on
  * it holds only its surface in memory. Spilled tool results go to `FILE.artefacts/`.
  */
-/** Whether two stats name the same file (device and inode). */
-function sameFile(a: { dev: number; ino: number }, b: { dev: number; ino: number }): boolean { return a.dev === b.dev && a.ino === b.ino }
-
 export class FileStore implements LogStore {
   readonly path: string
   /** The lock file, `FILE.lock`. */
