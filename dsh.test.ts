@@ -456,3 +456,10 @@ test('event types named like Object.prototype members (toString, constructor) ar
   assert.deepEqual((await store.load()).events.slice(-4).map((e) => e.type), ['toString', 'constructor', '__proto__', 'hasOwnProperty'])
   assert.equal(again.surface().length, 0)
 })
+
+test('a file that is not a dsh log is refused without echoing its content (an .env may hold secrets)', async () => {
+  const file = join(mkdtempSync(join(tmpdir(), 'dsh-env-')), '.env')
+  writeFileSync(file, 'API_KEY=sk-very-secret-123\n')
+  await assert.rejects(Session.load(new FileStore(file)), (e: SessionError) => e.code === 'LOG_CORRUPT' && /line 1: not valid JSON \(26 characters; not shown\)/.test(e.message) && !e.message.includes('sk-very'))
+  assert.equal(readFileSync(file, 'utf8'), 'API_KEY=sk-very-secret-123\n')
+})

@@ -997,7 +997,8 @@ function parseLogLine(raw: string, line: number, expectedSeq: number, terminated
   try { value = JSON.parse(raw) } catch {
     // Torn: the start of an event dsh wrote ({"seq":…), cut short. Anything else is not a dsh log.
     if (!terminated && raw.startsWith('{"seq":')) return 'torn'
-    throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length > 60 ? raw.slice(0, 60) + '…' : raw})`, line)
+    // The line itself is not echoed: a file given by mistake (an .env) may hold secrets.
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length} characters; not shown)`, line)
   }
   const problem = eventShapeProblem(value, expectedSeq)
   if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
@@ -5921,8 +5922,9 @@ async function openVerified(host: ToolHost, tool: string, real: string, shown: s
 /**
  * Refuses a write the tools must never make (docs/design.md §13): into `.git` (any component, any
  * case: hooks and config run commands), to the session log or anything beside it named `LOG.*`
- * (lock, artefacts, torn lines), to a file with more than one hard link (its other names may lie
- * outside), or to anything but a regular file.
+ * (lock, artefacts, torn lines), to the project instructions (`AGENTS.md`, `CLAUDE.md` at the
+ * root), to a file with more than one hard link (its other names may lie outside), or to anything
+ * but a regular file.
  */
 async function refuseWrite(host: ToolHost, tool: string, real: string, shown: string): Promise<{ mode?: number; bytes?: number }> {
   const { path } = host
@@ -5931,6 +5933,11 @@ async function refuseWrite(host: ToolHost, tool: string, real: string, shown: st
   }
   for (const p of host.protectedPaths) {
     if (real === p || real.startsWith(p + '.')) throw new Error(`${tool}: ${shown} is the session log or one of its files (${shownPath(host, p)}.*); the tools never write the log of the session they run in`)
+  }
+  // The project instructions go into the system prompt of every later session here: a model that
+  // could write them could make an injected instruction permanent.
+  if (path.dirname(real) === host.root && PROJECT_INSTRUCTION_FILES.some((f) => f.toLowerCase() === path.basename(real).toLowerCase())) {
+    throw new Error(`${tool}: ${shown} holds the project instructions that dsh puts into the system prompt of every session in this directory; the tools never write it: tell the user what to change and let them edit it`)
   }
   let st
   try { st = await host.fs.lstat(real) } catch (error) {
@@ -9581,6 +9588,12 @@ export async function readProjectInstructions(cwd: string): Promise<ProjectInstr
     try {
       const stat = await fs.stat(path)
       if (!stat.isFile()) continue
+      // A symlink may point anywhere (a cloned repo's AGENTS.md → ~/.aws/credentials): only a file
+      // inside the working directory is read, as the tools would.
+      const [real, root] = await Promise.all([fs.realpath(path), fs.realpath(cwd)])
+      if (real !== root && !real.startsWith(root.endsWith('/') ? root : root + '/')) {
+        throw new UsageError(`${file} in ${cwd} links to ${real}, outside the working directory; it is not read into the system prompt. Replace the link with the file, or pass --no-project-instructions`)
+      }
       const tooLarge = (size: number) => new UsageError(`${file} is ${groupDigits(size)} bytes, over the ${groupDigits(PROJECT_INSTRUCTIONS_MAX_BYTES)}-byte limit for project instructions (they go into every request); shorten it or pass --no-project-instructions`)
       if (stat.size > PROJECT_INSTRUCTIONS_MAX_BYTES) throw tooLarge(stat.size)
       bytes = await fs.readFile(path)
