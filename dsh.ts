@@ -1828,7 +1828,12 @@ export class Session {
     }
     if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
       const u = data.usage as Usage
-      this.anchorState = { providerTokens: u.promptTokens + u.completionTokens, heuristicTokens: this.envelopeTokensSum + this.surfaceTokensSum, seq: event.seq }
+      const providerTokens = u.promptTokens + u.completionTokens, heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+      // A count more than 4× the heuristic one (of at least 1,000) is of something else, e.g. a broken
+      // server's bogus usage: anchoring on it would price every later request as an overflow, for good.
+      if (Number.isFinite(providerTokens) && providerTokens >= 0 && providerTokens <= CALIBRATION_RANGE[1] * Math.max(heuristicTokens, CALIBRATION_MIN_SAMPLE_TOKENS)) {
+        this.anchorState = { providerTokens, heuristicTokens, seq: event.seq }
+      }
     }
   }
 
@@ -4827,7 +4832,8 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
 
 function readUsage(u: unknown): Usage | undefined {
   if (!isRecord(u)) return undefined
-  const n = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) ? v : undefined)
+  // A token count is a non-negative finite number; anything else (negative, NaN as a string, …) is absent.
+  const n = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0 ? v : undefined)
   const prompt = n(u.prompt_tokens)
   const completion = n(u.completion_tokens)
   if (prompt === undefined && completion === undefined) return undefined
