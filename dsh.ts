@@ -3394,6 +3394,8 @@ function recallInt(args: Record<string, unknown>, key: string, fallback: number)
 }
 
 const RECALL_KEYS = ['key', 'tool', 'arguments', 'pattern', 'offset', 'limit']
+/** A model's argument as an answer quotes it: JSON, at most {@link RECALL_HIT_CODE_POINTS} code points of it (so an answer stays capped). */
+const echo = (v: string): string => JSON.stringify(headCodePoints(v, RECALL_HIT_CODE_POINTS))
 
 /**
  * The `recall` tool (docs/design.md §10), which the {@link Agent} offers whenever the session holds
@@ -3430,7 +3432,7 @@ export function recallTool(session: Session): Tool {
     async execute(raw: unknown) {
       if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new Error(`${RECALL_TOOL_NAME}: arguments must be a JSON object such as {"key":"call_1"}`)
       const args = raw as Record<string, unknown>
-      for (const k of Object.keys(args)) if (!RECALL_KEYS.includes(k)) throw new Error(`${RECALL_TOOL_NAME}: unknown argument "${k}" (known: ${RECALL_KEYS.join(', ')})`)
+      for (const k of Object.keys(args)) if (!RECALL_KEYS.includes(k)) throw new Error(`${RECALL_TOOL_NAME}: unknown argument ${echo(k)} (known: ${RECALL_KEYS.join(', ')})`)
       for (const k of ['key', 'tool', 'arguments', 'pattern']) if (args[k] !== undefined && typeof args[k] !== 'string') throw new Error(`${RECALL_TOOL_NAME}: ${k} must be a string`)
       const offset = recallInt(args, 'offset', 1)
       const limit = recallInt(args, 'limit', RECALL_DEFAULT_LINES)
@@ -3442,7 +3444,7 @@ export function recallTool(session: Session): Tool {
         for (const o of originals) {
           recallLines(await o.text()).forEach((line, i) => { if (line.toLowerCase().includes(needle)) hits.push(`${o.key} line ${i + 1} (${o.label}): ${headCodePoints(line.trim(), RECALL_HIT_CODE_POINTS)}`) })
         }
-        if (hits.length === 0) return `${RECALL_TOOL_NAME}: no shadowed original contains ${JSON.stringify(args.pattern)} (${originals.length} searched)`
+        if (hits.length === 0) return `${RECALL_TOOL_NAME}: no shadowed original contains ${echo(args.pattern)} (${originals.length} searched)`
         if (offset > hits.length) throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the last hit (${hits.length})`)
         const header = headCodePoints(`${hits.length} hit(s) for ${JSON.stringify(args.pattern)}, newest first; read one with {"key":…,"offset":line}:`, 400)
         const page = pageOf(hits, offset - 1, limit, codePointLength(header) + 1)
@@ -3453,11 +3455,11 @@ export function recallTool(session: Session): Tool {
       let others: string[] = []
       if (typeof args.key === 'string') {
         found = originals.find((o) => o.key === args.key)
-        if (!found) throw new Error(`${RECALL_TOOL_NAME}: nothing shadowed has key ${JSON.stringify(args.key)}; keys are tool-call ids or seq:N as placeholders name them (search with pattern)`)
+        if (!found) throw new Error(`${RECALL_TOOL_NAME}: nothing shadowed has key ${echo(args.key)}; keys are tool-call ids or seq:N as placeholders name them (search with pattern)`)
       } else if (typeof args.tool === 'string') {
         const sub = typeof args.arguments === 'string' ? args.arguments : ''
         const matches = originals.filter((o) => o.toolName === args.tool && (o.toolArguments ?? '').includes(sub))
-        if (matches.length === 0) throw new Error(`${RECALL_TOOL_NAME}: no shadowed result of tool ${JSON.stringify(args.tool)}${sub ? ` with arguments containing ${JSON.stringify(sub)}` : ''}`)
+        if (matches.length === 0) throw new Error(`${RECALL_TOOL_NAME}: no shadowed result of tool ${echo(args.tool)}${sub ? ` with arguments containing ${echo(sub)}` : ''}`)
         found = matches[0]
         others = matches.slice(1, 6).map((o) => o.key)
       } else throw new Error(`${RECALL_TOOL_NAME}: pass key, tool or pattern, e.g. {"key":"call_1"} or {"pattern":"TypeError"}`)

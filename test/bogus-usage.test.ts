@@ -36,3 +36,25 @@ for (const [name, usage] of [
     assert.equal(again.measure().totalTokens, m.totalTokens)
   })
 }
+
+test('recall: an answer that quotes a hostile argument (100,000 code points) stays capped', async () => {
+  const { Agent: A, Session: S, MemoryStore, RECALL_MAX_CODE_POINTS, codePointLength } = await import('../dsh.ts')
+  const big = Array.from({ length: 5_000 }, (_, k) => `row ${k} ` + 'q'.repeat(30)).join('\n')
+  const huge = 'x'.repeat(100_000)
+  const calls = [{ pattern: huge }, { key: huge }, { tool: huge }, { tool: 'dump', arguments: huge }, { [huge]: 1 }]
+  const replies = [{ toolCalls: [{ id: 'big', name: 'dump', arguments: {} }] }, ...calls.map((a, i) => ({ toolCalls: [{ id: `q${i}`, name: 'recall', arguments: a }] })), { text: 'ok' }]
+  let i = 0
+  const server = await startFakeProvider({ handler: () => replies[Math.min(i++, replies.length - 1)] })
+  servers.push(server)
+  const session = await S.open(new MemoryStore())
+  const dump = { name: 'dump', description: '', parameters: {}, execute: () => big }
+  const provider = openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', contextWindow: 16_000, maxRetries: 0 })
+  assert.equal((await new A({ session, provider, tools: [dump] }).run('go')).text, 'ok')
+  const answers = session.events.filter((e) => e.type === 'tool/result' && (e.data as any).surfaceOp.op === 'append' && (e.data as any).message.toolCallId.startsWith('q'))
+  assert.equal(answers.length, calls.length)
+  for (const e of answers) {
+    const text: string = (e.data as any).message.content[0].text
+    assert.match(text, /^recall: /)
+    assert.ok(codePointLength(text) <= RECALL_MAX_CODE_POINTS, `${(e.data as any).message.toolCallId}: ${codePointLength(text)} code points`)
+  }
+})
