@@ -31,7 +31,6 @@ for (const [name, usage] of [
     assert.equal(m.anchored, false, JSON.stringify(m.anchor))
     assert.equal(m.totalTokens, m.heuristicTokens)
     assert.ok(session.usage().outputTokens >= 0, `outputTokens ${session.usage().outputTokens}`)
-    await session.close?.()
     const again = await Session.open(new FileStore(path))
     assert.equal(again.measure().totalTokens, m.totalTokens)
   })
