@@ -16,7 +16,10 @@
  *                                          head 4,096 + marker (39) + tail 1,024 code points
  *   ladder     DEFAULT_COMPACTION_CONFIG   threshold 0.8 × window, retained tail 0.16 × window,
  *                                          summary max 8,192 tokens, 1 compaction retry,
- *                                          1 overflow retry, spill over 256 KiB, auto on
+ *                                          1 overflow retry, spill over 256 KiB, auto on;
+ *                                          clear rung on (old tool results → placeholders down to
+ *                                          0.6 × window, newest 0.2 × window kept); `recall` tool
+ *                                          offered once content is shadowed (recall: false = off)
  *   provider   openAICompatible / deepseek max_tokens 32,768 (clamped to the window), 5 retries
  *                                          500 ms → 10 s, idle timeout 300 s; prices: DEEPSEEK_PRICES
  *                                          for deepseek(), none for openAICompatible (cost unknown)
