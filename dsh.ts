@@ -16,7 +16,10 @@
  *                                          head 4,096 + marker (39) + tail 1,024 code points
  *   ladder     DEFAULT_COMPACTION_CONFIG   threshold 0.8 × window, retained tail 0.16 × window,
  *                                          summary max 8,192 tokens, 1 compaction retry,
- *                                          1 overflow retry, spill over 256 KiB, auto on
+ *                                          1 overflow retry, spill over 256 KiB, auto on;
+ *                                          clear rung on (old tool results → placeholders down to
+ *                                          0.6 × window, newest 0.2 × window kept); `recall` tool
+ *                                          offered once content is shadowed (recall: false = off)
  *   provider   openAICompatible / deepseek max_tokens 32,768 (clamped to the window), 5 retries
  *                                          500 ms → 10 s, idle timeout 300 s; prices: DEEPSEEK_PRICES
  *                                          for deepseek(), none for openAICompatible (cost unknown)
@@ -1013,6 +1016,9 @@ export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
   return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
 }
 
+/** Whether two stats name the same file (device and inode). */
+function sameFile(a: { dev: number; ino: number }, b: { dev: number; ino: number }): boolean { return a.dev === b.dev && a.ino === b.ino }
+
 /** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
 const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -1154,6 +1160,16 @@ export class FileStore implements LogStore {
         throw new SessionError('LOCKED', this.seenBytes === undefined
           ? `session log ${this.path} ends with a torn line that another process held it during; open it again`
           : `session log ${this.path} changed since it was loaded (${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): another process wrote to it; open it again`)
+      }
+      this.seenBytes = Math.max(size, 0) // an absent log is created by the first write
+    } else {
+      // Every later write checks again (one stat, plus one fstat once the file is open): a line
+      // another process appended, a truncation or a file renamed over the log would otherwise
+      // leave duplicate seqs, a log without its start, or writes to an unlinked file.
+      const size = await this.sizeNow()
+      const replaced = size >= 0 && this.handle !== undefined && !sameFile(await this.handle.stat(), await (await this.fs()).stat(this.path))
+      if (size !== this.seenBytes || replaced) {
+        throw new SessionError('LOCKED', `session log ${this.path} changed while this process was writing it (${this.seenBytes} bytes written, now ${size < 0 ? 'deleted' : replaced ? `another file of ${size} bytes` : `${size} bytes`}): another process wrote to it; nothing more was appended, so the events of this step are not in it; see what changed it, then open it again`)
       }
     }
     const starts = this.lineStarts!

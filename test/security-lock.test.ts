@@ -89,3 +89,24 @@ describe('a --session file that is not a dsh log is refused, never rewritten', (
     })
   }
 })
+
+describe('a log changed by another process while this store writes it is not appended to', () => {
+  const event = (seq: number) => ({ seq, type: 'user/message', time: 1, data: { message: { role: 'user', content: `m${seq}` }, surfaceOp: { op: 'append' } } }) as any
+  for (const [name, meddle] of [
+    ['another process appends a line', (file: string) => writeFile(file, JSON.stringify(event(2)) + '\n', { flag: 'a' })],
+    ['another process truncates it', (file: string) => writeFile(file, '')],
+    ['another process replaces it (rename over it, as an editor saves)', async (file: string) => { await writeFile(file + '.new', JSON.stringify(event(0)) + '\n'); await import('node:fs/promises').then((fs) => fs.rename(file + '.new', file)) }],
+  ] as const) {
+    test(name, async () => {
+      const file = join(await tempDir(), 's.jsonl')
+      const store = new FileStore(file)
+      await store.load()
+      await store.append([event(0), event(1)])
+      await meddle(file)
+      const before = await readFile(file, 'utf8')
+      await assert.rejects(store.append([event(2)]), (err: any) => err instanceof SessionError && err.code === 'LOCKED' && /changed while this process was writing it/.test(err.message) && err.message.includes(file))
+      assert.equal(await readFile(file, 'utf8'), before, 'the file is left as the other process made it')
+      await store.close()
+    })
+  }
+})
