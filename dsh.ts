@@ -16,7 +16,10 @@
  *                                          head 4,096 + marker (39) + tail 1,024 code points
  *   ladder     DEFAULT_COMPACTION_CONFIG   threshold 0.8 × window, retained tail 0.16 × window,
  *                                          summary max 8,192 tokens, 1 compaction retry,
- *                                          1 overflow retry, spill over 256 KiB, auto on
+ *                                          1 overflow retry, spill over 256 KiB, auto on;
+ *                                          clear rung on (old tool results → placeholders down to
+ *                                          0.6 × window, newest 0.2 × window kept); `recall` tool
+ *                                          offered once content is shadowed (recall: false = off)
  *   provider   openAICompatible / deepseek max_tokens 32,768 (clamped to the window), 5 retries
  *                                          500 ms → 10 s, idle timeout 300 s; prices: DEEPSEEK_PRICES
  *                                          for deepseek(), none for openAICompatible (cost unknown)
@@ -1842,7 +1845,12 @@ export class Session {
     }
     if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
       const u = data.usage as Usage
-      this.anchorState = { providerTokens: u.promptTokens + u.completionTokens, heuristicTokens: this.envelopeTokensSum + this.surfaceTokensSum, seq: event.seq }
+      const providerTokens = u.promptTokens + u.completionTokens, heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+      // A count more than 4× the heuristic one (of at least 1,000) is of something else, e.g. a broken
+      // server's bogus usage: anchoring on it would price every later request as an overflow, for good.
+      if (Number.isFinite(providerTokens) && providerTokens >= 0 && providerTokens <= CALIBRATION_RANGE[1] * Math.max(heuristicTokens, CALIBRATION_MIN_SAMPLE_TOKENS)) {
+        this.anchorState = { providerTokens, heuristicTokens, seq: event.seq }
+      }
     }
   }
 
@@ -3403,6 +3411,8 @@ function recallInt(args: Record<string, unknown>, key: string, fallback: number)
 }
 
 const RECALL_KEYS = ['key', 'tool', 'arguments', 'pattern', 'offset', 'limit']
+/** A model's argument as an answer quotes it: JSON, at most {@link RECALL_HIT_CODE_POINTS} code points of it (so an answer stays capped). */
+const echo = (v: string): string => JSON.stringify(headCodePoints(v, RECALL_HIT_CODE_POINTS))
 
 /**
  * The `recall` tool (docs/design.md §10), which the {@link Agent} offers whenever the session holds
@@ -3439,7 +3449,7 @@ export function recallTool(session: Session): Tool {
     async execute(raw: unknown) {
       if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new Error(`${RECALL_TOOL_NAME}: arguments must be a JSON object such as {"key":"call_1"}`)
       const args = raw as Record<string, unknown>
-      for (const k of Object.keys(args)) if (!RECALL_KEYS.includes(k)) throw new Error(`${RECALL_TOOL_NAME}: unknown argument "${k}" (known: ${RECALL_KEYS.join(', ')})`)
+      for (const k of Object.keys(args)) if (!RECALL_KEYS.includes(k)) throw new Error(`${RECALL_TOOL_NAME}: unknown argument ${echo(k)} (known: ${RECALL_KEYS.join(', ')})`)
       for (const k of ['key', 'tool', 'arguments', 'pattern']) if (args[k] !== undefined && typeof args[k] !== 'string') throw new Error(`${RECALL_TOOL_NAME}: ${k} must be a string`)
       const offset = recallInt(args, 'offset', 1)
       const limit = recallInt(args, 'limit', RECALL_DEFAULT_LINES)
@@ -3451,7 +3461,7 @@ export function recallTool(session: Session): Tool {
         for (const o of originals) {
           recallLines(await o.text()).forEach((line, i) => { if (line.toLowerCase().includes(needle)) hits.push(`${o.key} line ${i + 1} (${o.label}): ${headCodePoints(line.trim(), RECALL_HIT_CODE_POINTS)}`) })
         }
-        if (hits.length === 0) return `${RECALL_TOOL_NAME}: no shadowed original contains ${JSON.stringify(args.pattern)} (${originals.length} searched)`
+        if (hits.length === 0) return `${RECALL_TOOL_NAME}: no shadowed original contains ${echo(args.pattern)} (${originals.length} searched)`
         if (offset > hits.length) throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the last hit (${hits.length})`)
         const header = headCodePoints(`${hits.length} hit(s) for ${JSON.stringify(args.pattern)}, newest first; read one with {"key":…,"offset":line}:`, 400)
         const page = pageOf(hits, offset - 1, limit, codePointLength(header) + 1)
@@ -3462,11 +3472,11 @@ export function recallTool(session: Session): Tool {
       let others: string[] = []
       if (typeof args.key === 'string') {
         found = originals.find((o) => o.key === args.key)
-        if (!found) throw new Error(`${RECALL_TOOL_NAME}: nothing shadowed has key ${JSON.stringify(args.key)}; keys are tool-call ids or seq:N as placeholders name them (search with pattern)`)
+        if (!found) throw new Error(`${RECALL_TOOL_NAME}: nothing shadowed has key ${echo(args.key)}; keys are tool-call ids or seq:N as placeholders name them (search with pattern)`)
       } else if (typeof args.tool === 'string') {
         const sub = typeof args.arguments === 'string' ? args.arguments : ''
         const matches = originals.filter((o) => o.toolName === args.tool && (o.toolArguments ?? '').includes(sub))
-        if (matches.length === 0) throw new Error(`${RECALL_TOOL_NAME}: no shadowed result of tool ${JSON.stringify(args.tool)}${sub ? ` with arguments containing ${JSON.stringify(sub)}` : ''}`)
+        if (matches.length === 0) throw new Error(`${RECALL_TOOL_NAME}: no shadowed result of tool ${echo(args.tool)}${sub ? ` with arguments containing ${echo(sub)}` : ''}`)
         found = matches[0]
         others = matches.slice(1, 6).map((o) => o.key)
       } else throw new Error(`${RECALL_TOOL_NAME}: pass key, tool or pattern, e.g. {"key":"call_1"} or {"pattern":"TypeError"}`)
@@ -4841,7 +4851,8 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
 
 function readUsage(u: unknown): Usage | undefined {
   if (!isRecord(u)) return undefined
-  const n = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) ? v : undefined)
+  // A token count is a non-negative finite number; anything else (negative, NaN as a string, …) is absent.
+  const n = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0 ? v : undefined)
   const prompt = n(u.prompt_tokens)
   const completion = n(u.completion_tokens)
   if (prompt === undefined && completion === undefined) return undefined

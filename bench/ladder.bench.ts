@@ -1,8 +1,9 @@
-// Benchmark 6 (issue 7): every transcript of the corpus replayed at windows of 32,000, 64,000 and
-// 128,000 tokens under three policies — dsh's ladder (`replayTranscript`), no management, and
-// observation masking (tool outputs of the newest 10 steps kept, older ones replaced by a one-line
-// placeholder). Per policy: summary calls, tokens reclaimed without a model call, peak occupancy,
-// and requests over the window.
+// Benchmark 6: every transcript of the corpus replayed at windows of 16,000, 32,000 and 64,000
+// tokens under five policies — dsh v2 (the ladder's defaults: prune → clear → compact), dsh v2 with
+// `clearBeforeSummary: false`, dsh v1 (prune + summarise: `compaction: {clear: false}`), no
+// management, and observation masking (tool outputs of the newest 10 steps kept, older ones replaced
+// by a one-line placeholder). Per policy: summary calls, share of pressure events relieved without a
+// model call, tokens reclaimed without a model call, peak occupancy, and requests over the window.
 import { readFileSync } from 'node:fs'
 import { basename } from 'node:path'
 import * as dshModule from '../dsh.ts'
@@ -10,7 +11,9 @@ import { estimateEnvelopeTokens, estimateMessageTokens, readTranscript, type Mes
 import { trueCounter, type TrueCounter } from './tokens.ts'
 import { CORPUS_DIR, corpusFiles, fmtPct, int, nowMs, table, type Section, type Target } from './lib.ts'
 
-const WINDOWS = [32_000, 64_000, 128_000]
+const WINDOWS = [16_000, 32_000, 64_000]
+/** The ladder's pressure threshold as a share of the window (DEFAULT_COMPACTION_CONFIG.thresholdRatio). */
+const THRESHOLD_RATIO = 0.8
 /** Observation masking keeps the tool outputs of this many newest steps (issue 7). */
 const MASK_KEEP_STEPS = 10
 const MASK_PLACEHOLDER = '[older tool output omitted to save context]'
@@ -19,18 +22,24 @@ const MASK_PLACEHOLDER = '[older tool output omitted to save context]'
 interface ReplayTotalsLike {
   steps: number; peakRequestTokens: number; prunedTokens: number; summaryCalls: number; requestsOverWindow: number
   unmanagedStepsOverWindow: number; peakUnmanagedTokens: number; compactions: number; failedCompactions: number; spills: number
+  rungReclaimedTokens?: Record<string, number>
+  peakSummaryRequestTokens?: number; cost?: { dsh: { inputTokens: number } }
 }
-interface ReplayReportLike { totals: ReplayTotalsLike; rows: { events: { type: string; tokensBefore?: number; tokensAfter?: number }[] }[] }
-type ReplayTranscript = (t: Transcript, options: { contextWindow: number; onStep?: (row: { kind: string; step: number }, session: Session) => void }) => Promise<ReplayReportLike>
+interface ReplayReportLike { totals: ReplayTotalsLike; rows: { beforeTokens: number; afterTokens: number; summaryCalls: number; events: { type: string; tokensBefore?: number; tokensAfter?: number }[] }[] }
+type ReplayTranscript = (t: Transcript, options: { contextWindow: number; compaction?: Record<string, unknown>; onStep?: (row: { kind: string; step: number }, session: Session) => void }) => Promise<ReplayReportLike>
 
 /** One policy's figures on one transcript at one window (tokens by the §2 estimate). */
 interface Outcome {
-  requests: number; summaryCalls: number; reclaimed: number; spilled: number; peak: number; over: number; compactions: number; failed: number
+  requests: number; summaryCalls: number; reclaimed: number;
+  /** Pressure checks that found the total at or over the threshold, and those that ended under it with no summary call. */
+  pressure: number; relieved: number;
+  /** Ladders only: the largest summary request, and every request's input tokens summed (summaries included). */
+  summaryPeak: number; inputTokens: number; spilled: number; peak: number; over: number; compactions: number; failed: number
   /** The same requests counted by the DeepSeek V3 tokenizer (bench/tokens.ts): largest, and how many exceed the window. */
   truePeak: number; trueOver: number
 }
 
-const empty = (): Outcome => ({ requests: 0, summaryCalls: 0, reclaimed: 0, spilled: 0, peak: 0, over: 0, compactions: 0, failed: 0, truePeak: 0, trueOver: 0 })
+const empty = (): Outcome => ({ requests: 0, summaryCalls: 0, reclaimed: 0, pressure: 0, relieved: 0, summaryPeak: 0, inputTokens: 0, spilled: 0, peak: 0, over: 0, compactions: 0, failed: 0, truePeak: 0, trueOver: 0 })
 
 function request(out: Outcome, window: number, tokens: number, trueTokens: number): void {
   out.requests++
@@ -89,11 +98,12 @@ function masking(t: Transcript, window: number, truth: TrueCounter): Outcome {
  * dsh's ladder through `replayTranscript`. The true count of each request is taken from the session
  * after each pressure check (`onStep`): that surface is what the next request carries.
  */
-async function ladder(replay: ReplayTranscript, t: Transcript, window: number, truth: TrueCounter): Promise<Outcome> {
+async function ladder(replay: ReplayTranscript, t: Transcript, window: number, truth: TrueCounter, compaction: Record<string, unknown>): Promise<Outcome> {
   let truePeak = 0, trueOver = 0
   const steps = t.messages.filter((m) => m.role === 'assistant').length
   const report = await replay(t, {
     contextWindow: window,
+    compaction,
     onStep(row, session) {
       // A row after the last step has no request after it.
       if (row.kind === 'step' && row.step >= steps) return
@@ -106,13 +116,32 @@ async function ladder(replay: ReplayTranscript, t: Transcript, window: number, t
   const x = report.totals
   let spilled = 0
   for (const row of report.rows) for (const e of row.events) if (e.type === 'spill') spilled += (e.tokensBefore ?? 0) - (e.tokensAfter ?? 0)
+  // A pressure event: a check (turn start or after a step) that found the total at or over the
+  // threshold; relieved without a model call when it ended under the threshold with no summary call.
+  const threshold = Math.floor(window * THRESHOLD_RATIO)
+  let pressure = 0, relieved = 0
+  for (const row of report.rows) {
+    if (row.beforeTokens < threshold) continue
+    pressure++
+    if (row.summaryCalls === 0 && row.afterTokens < threshold) relieved++
+  }
   return {
-    requests: x.steps, summaryCalls: x.summaryCalls, reclaimed: x.prunedTokens, spilled, peak: x.peakRequestTokens, over: x.requestsOverWindow,
+    requests: x.steps, summaryCalls: x.summaryCalls, pressure, relieved,
+    summaryPeak: x.peakSummaryRequestTokens ?? 0, inputTokens: x.cost?.dsh.inputTokens ?? 0,
+    reclaimed: (x.rungReclaimedTokens?.prune ?? x.prunedTokens) + (x.rungReclaimedTokens?.clear ?? 0), spilled, peak: x.peakRequestTokens, over: x.requestsOverWindow,
     compactions: x.compactions, failed: x.failedCompactions, truePeak, trueOver,
   }
 }
 
-const POLICIES = ['dsh ladder', 'no management', `observation masking (newest ${MASK_KEEP_STEPS} steps)`] as const
+/** The ladder policies, by the `compaction` settings replay takes. */
+const LADDERS = [
+  ['dsh v2 (defaults)', {}],
+  ['dsh v2, clearBeforeSummary false', { clearBeforeSummary: false }],
+  ['dsh v1 (prune + summarise)', { clear: false }],
+] as const
+const V2 = LADDERS[0][0], V2_NO_CBS = LADDERS[1][0], V1 = LADDERS[2][0]
+const POLICIES = [...LADDERS.map((l) => l[0]), 'no management', `observation masking (newest ${MASK_KEEP_STEPS} steps)`] as const
+const isLadder = (p: string) => LADDERS.some((l) => l[0] === p)
 
 export default async function ladderBench(): Promise<Section> {
   const replay = (dshModule as unknown as { replayTranscript?: ReplayTranscript }).replayTranscript
@@ -139,17 +168,20 @@ export default async function ladderBench(): Promise<Section> {
       const sum = (xs: Outcome[]): Outcome => {
         const out = empty()
         for (const x of xs) {
-          for (const k of ['requests', 'summaryCalls', 'reclaimed', 'spilled', 'over', 'compactions', 'failed', 'trueOver'] as const) out[k] += x[k]
+          for (const k of ['requests', 'summaryCalls', 'pressure', 'relieved', 'inputTokens', 'reclaimed', 'spilled', 'over', 'compactions', 'failed', 'trueOver'] as const) out[k] += x[k]
           out.peak = Math.max(out.peak, x.peak)
+          out.summaryPeak = Math.max(out.summaryPeak, x.summaryPeak)
           out.truePeak = Math.max(out.truePeak, x.truePeak)
         }
         return out
       }
-      const ls: Outcome[] = []
-      for (const t of g.transcripts) ls.push(await ladder(replay, t, w, truth))
-      byPolicy.get(POLICIES[0])!.set(g.file, sum(ls))
-      byPolicy.get(POLICIES[1])!.set(g.file, sum(g.transcripts.map((t) => unmanaged(t, w, truth))))
-      byPolicy.get(POLICIES[2])!.set(g.file, sum(g.transcripts.map((t) => masking(t, w, truth))))
+      for (const [name, compaction] of LADDERS) {
+        const ls: Outcome[] = []
+        for (const t of g.transcripts) ls.push(await ladder(replay, t, w, truth, compaction))
+        byPolicy.get(name)!.set(g.file, sum(ls))
+      }
+      byPolicy.get(POLICIES[3])!.set(g.file, sum(g.transcripts.map((t) => unmanaged(t, w, truth))))
+      byPolicy.get(POLICIES[4])!.set(g.file, sum(g.transcripts.map((t) => masking(t, w, truth))))
     }
     results.set(w, byPolicy)
   }
@@ -157,20 +189,44 @@ export default async function ladderBench(): Promise<Section> {
 
   const summaryRows: string[][] = []
   const targets: Target[] = []
+  const agg = (w: number, p: string) => {
+    const xs = [...results.get(w)!.get(p)!.values()]
+    const total = (k: keyof Outcome) => xs.reduce((a, x) => a + x[k], 0)
+    return { total, peak: Math.max(...xs.map((x) => x.peak)), truePeak: Math.max(...xs.map((x) => x.truePeak)) }
+  }
+  const share = (relieved: number, pressure: number) => (pressure === 0 ? '— (no pressure)' : `${fmtPct(relieved / pressure, 0)} (${relieved} of ${pressure})`)
   for (const w of WINDOWS) {
     for (const p of POLICIES) {
-      const xs = [...results.get(w)!.get(p)!.values()]
-      const total = (k: keyof Outcome) => xs.reduce((a, x) => a + x[k], 0)
-      const requests = total('requests'), over = total('over')
-      const peak = Math.max(...xs.map((x) => x.peak))
-      const truePeak = Math.max(...xs.map((x) => x.truePeak))
+      const { total, peak, truePeak } = agg(w, p)
       summaryRows.push([
-        int(w), p, int(total('summaryCalls')), int(total('reclaimed')), p === POLICIES[0] ? int(total('spilled')) : '—',
-        `${int(peak)} (${fmtPct(peak / w, 0)})`, `${int(over)} of ${int(requests)}`,
+        int(w), p, isLadder(p) ? int(total('summaryCalls')) : '0', isLadder(p) ? share(total('relieved'), total('pressure')) : '—',
+        int(total('reclaimed')), isLadder(p) ? int(total('spilled')) : '—',
+        `${int(peak)} (${fmtPct(peak / w, 0)})`, `${int(total('over'))} of ${int(total('requests'))}`,
         `${int(truePeak)} (${fmtPct(truePeak / w, 0)})`, `${int(total('trueOver'))}`,
       ])
-      if (p === POLICIES[0]) targets.push({ name: `dsh ladder at ${int(w)}`, target: 'report: requests over the window', measured: `${int(over)} of ${int(requests)} over by dsh's estimate (peak ${fmtPct(peak / w, 0)}); ${int(total('trueOver'))} over in DeepSeek V3 tokens (peak ${fmtPct(truePeak / w, 0)})`, met: undefined })
     }
+  }
+  for (const w of WINDOWS) {
+    const { total, peak, truePeak } = agg(w, V2)
+    targets.push({ name: `dsh v2 at ${int(w)}: requests over the window`, target: '0', measured: `${int(total('over'))} of ${int(total('requests'))} by dsh's estimate (peak ${fmtPct(peak / w, 0)}); ${int(total('trueOver'))} in DeepSeek V3 tokens (peak ${fmtPct(truePeak / w, 0)})`, met: total('over') === 0 })
+  }
+  {
+    const { total } = agg(32_000, V2)
+    const pressure = total('pressure'), relieved = total('relieved')
+    targets.push({ name: 'dsh v2 at 32,000: pressure events relieved without a model call', target: '≥ 80%', measured: share(relieved, pressure), met: pressure === 0 ? undefined : relieved / pressure >= 0.8 })
+  }
+  for (const w of WINDOWS) {
+    const v2 = agg(w, V2).total('summaryCalls'), v1 = agg(w, V1).total('summaryCalls')
+    targets.push({ name: `dsh v2 vs v1 at ${int(w)}: summary calls`, target: 'at least halved (v2 ≤ v1 / 2)', measured: `${v2} vs ${v1}`, met: 2 * v2 <= v1 })
+  }
+  {
+    const all = (p: string, k: keyof Outcome) => WINDOWS.reduce((a, w) => a + agg(w, p).total(k), 0)
+    const summaryPeak = (p: string) => Math.max(...WINDOWS.flatMap((w) => [...results.get(w)!.get(p)!.values()].map((x) => x.summaryPeak)))
+    targets.push({
+      name: 'clearBeforeSummary true vs false (all windows)', target: 'report',
+      measured: `summary calls ${all(V2, 'summaryCalls')} vs ${all(V2_NO_CBS, 'summaryCalls')}; requests over the window ${all(V2, 'over')} vs ${all(V2_NO_CBS, 'over')}; largest summary request ${int(summaryPeak(V2))} vs ${int(summaryPeak(V2_NO_CBS))}; input tokens sent ${int(all(V2, 'inputTokens'))} vs ${int(all(V2_NO_CBS, 'inputTokens'))}`,
+      met: undefined,
+    })
   }
   const detailRows: string[][] = []
   for (const g of groups) {
@@ -179,7 +235,8 @@ export default async function ladderBench(): Promise<Section> {
         const x = results.get(w)!.get(p)!.get(g.file)!
         const parts = [`peak ${int(x.peak)} (true ${int(x.truePeak)})`, `over ${x.over}/${x.requests}${x.trueOver ? ` (true ${x.trueOver})` : ''}`]
         if (x.summaryCalls) parts.push(`${x.summaryCalls} summary call${x.summaryCalls > 1 ? 's' : ''} (${x.compactions} compaction${x.compactions === 1 ? '' : 's'}${x.failed ? `, ${x.failed} failed` : ''})`)
-        if (x.reclaimed) parts.push(`${p === POLICIES[0] ? 'pruned' : 'masked'} ${int(x.reclaimed)}`)
+        if (x.pressure) parts.push(`relieved ${x.relieved}/${x.pressure}`)
+        if (x.reclaimed) parts.push(`${isLadder(p) ? 'pruned/cleared' : 'masked'} ${int(x.reclaimed)}`)
         if (x.spilled) parts.push(`spilled ${int(x.spilled)}`)
         return parts.join(', ')
       }
@@ -191,12 +248,16 @@ export default async function ladderBench(): Promise<Section> {
     method: [
       `Every transcript of the corpus (${files.length} files read with \`readTranscript\`; Claude Code's Task-subagent runs replayed as`,
       'transcripts of their own, each with its own window, and summed into their file\'s row). All figures are tokens by the',
-      '§2 estimate (what dsh measures), per step request (one per assistant message). **dsh ladder** = `replayTranscript(t,',
-      '{contextWindow})`: the Agent\'s event order, spill at write time, `compactIfNeeded(pressure)` at each turn start and',
-      'after each step, summaries simulated at a fixed 2,000 tokens (replay\'s default; no model is called). **No management**',
+      '§2 estimate (what dsh measures), per step request (one per assistant message). **dsh v2** = `replayTranscript(t,',
+      '{contextWindow})`: the Agent\'s event order, spill at write time, `ladder.relievePressure` (prune → clear → compact) at each',
+      'turn start and after each step, summaries simulated at a fixed 2,000 tokens (replay\'s default; no model is called).',
+      '**dsh v2, clearBeforeSummary false** = the same with `compaction: {clearBeforeSummary: false}` (clear only when clearing',
+      'alone gets under the threshold). **dsh v1** = `compaction: {clear: false}` (prune + summarise). A *pressure event* is a',
+      `check that finds the total at or over the threshold (floor(window × ${THRESHOLD_RATIO})); *relieved without a model call* = it ends`,
+      'under the threshold with no summary call. **No management**',
       '= every message as recorded. **Observation masking** = before each request, the tool results of steps older than the',
       `newest ${MASK_KEEP_STEPS} are replaced by the one-line "${MASK_PLACEHOLDER}" (where that is smaller); nothing else.`,
-      '"Reclaimed" = tokens taken off the surface by a rung that calls no model (dsh: prunes; masking: each masked result once);',
+      '"Reclaimed" = tokens taken off the surface by a rung that calls no model (dsh: prunes and clears; masking: each masked result once);',
       'dsh\'s write-time spills of results over 256 KiB are listed apart (they happen at every window, and the one in this',
       'corpus is the final `git diff` of psf__requests-1142, which no later request carries).',
       'Peak = the largest step request (share of the window). The last two columns count the same requests with the DeepSeek V3',
@@ -206,7 +267,7 @@ export default async function ladderBench(): Promise<Section> {
       `not exactly 2,000 real tokens). Replays and counting took ${(replayMs / 1000).toFixed(1)} s (tokenizer load ${(truth.loadMs / 1000).toFixed(1)} s).`,
     ].join('\n'),
     tables: [
-      table(['window', 'policy', 'summary calls', 'reclaimed without a model call', 'spilled at write time', 'peak occupancy', 'requests over the window', 'true peak (DeepSeek V3)', 'truly over the window'], summaryRows),
+      table(['window', 'policy', 'summary calls', 'pressure events relieved without a model call', 'reclaimed without a model call', 'spilled at write time', 'peak occupancy', 'requests over the window', 'true peak (DeepSeek V3)', 'truly over the window'], summaryRows),
       table(['transcript', 'window', ...POLICIES], detailRows),
     ],
   }
