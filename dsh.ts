@@ -372,6 +372,23 @@ const CALIBRATION_SAMPLES = 8
 export const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
 
 /**
+ * The smallest request (heuristic tokens) that gives a calibration sample in a context window of
+ * `contextWindow` tokens: {@link CALIBRATION_MIN_SAMPLE_TOKENS}, or an eighth of a smaller window
+ * (in a 2,048-token window no request reaches 1,000 heuristic tokens when the tokenizer counts
+ * twice the heuristic, and calibration matters most there). docs/design.md §10.
+ */
+export function calibrationMinSampleTokens(contextWindow?: number): number {
+  return contextWindow === undefined || !(contextWindow > 0) ? CALIBRATION_MIN_SAMPLE_TOKENS : Math.min(CALIBRATION_MIN_SAMPLE_TOKENS, Math.floor(contextWindow / 8))
+}
+
+/** Whether `providerTokens` counted for a request of `heuristicTokens` is a ratio within {@link CALIBRATION_RANGE}. */
+function plausibleRatio(providerTokens: number, heuristicTokens: number): boolean {
+  if (!(Number.isFinite(providerTokens) && Number.isFinite(heuristicTokens) && heuristicTokens > 0)) return false
+  const ratio = providerTokens / heuristicTokens
+  return ratio >= CALIBRATION_RANGE[0] && ratio <= CALIBRATION_RANGE[1]
+}
+
+/**
  * Applies the usage anchor rule of docs/design.md §2 to a heuristic total (tokens), with content added
  * since the anchor priced at `calibration` provider tokens per heuristic token (docs/design.md §10)
  * and content removed since priced at the anchor's own rate (provider ÷ heuristic at the anchor,
@@ -1774,8 +1791,10 @@ export class Session {
         const sample = data.sample as LadderStateData['sample']
         if (data.failedAtTokens !== undefined) this.failedAt = data.failedAtTokens ?? undefined
         if (!sample) break
-        // A plausible count of the conversation request the provider refused is the new anchor.
-        if (this.addCalibrationSample(sample.providerTokens, sample.heuristicTokens) && sample.source === 'overflow') {
+        // A plausible count of the conversation request the provider refused is the new anchor, even
+        // one too small to be a calibration sample: it is the exact size of the surface as it is now.
+        const taken = this.addCalibrationSample(sample.providerTokens, sample.heuristicTokens)
+        if (sample.source === 'overflow' && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))) {
           this.anchorState = { providerTokens: sample.providerTokens, heuristicTokens: this.envelopeTokensSum + this.surfaceTokensSum, seq: event.seq }
         }
         break
@@ -1861,13 +1880,11 @@ export class Session {
 
   /**
    * Adds a calibration sample (docs/design.md §10); the newest 8 count. Ignores requests under
-   * 1,000 heuristic tokens and implausible samples (a ratio outside [0.5, 4]: the count is of
+   * {@link calibrationMinSampleTokens} of the header's window and implausible samples (a ratio outside [0.5, 4]: the count is of
    * something else, e.g. a server configured with another window). Returns whether it was taken.
    */
   private addCalibrationSample(provider: number, heuristic: number): boolean {
-    if (!(Number.isFinite(provider) && Number.isFinite(heuristic) && heuristic >= CALIBRATION_MIN_SAMPLE_TOKENS)) return false
-    const ratio = provider / heuristic
-    if (ratio < CALIBRATION_RANGE[0] || ratio > CALIBRATION_RANGE[1]) return false
+    if (!(heuristic >= calibrationMinSampleTokens(this.header?.contextWindow)) || !plausibleRatio(provider, heuristic)) return false
     this.calibrationSamples.push({ provider, heuristic })
     if (this.calibrationSamples.length > CALIBRATION_SAMPLES) this.calibrationSamples.shift()
     return true
@@ -2683,14 +2700,15 @@ const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdCha
 /**
  * Prunes tool results over the threshold (docs/design.md §3 recency rule): first those the model has
  * seen; the newest step's results only when `includeNewest` or when pruning the older ones did not
- * bring the total under `thresholdTokens`. Returns tokens reclaimed.
+ * bring the total (`measureTokens()`, by default the session's measured total) under
+ * `thresholdTokens`. Returns tokens reclaimed.
  */
-export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean): number {
+export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean, measureTokens = () => session.measure().totalTokens): number {
   const unseen = unseenResults(session)
   const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= minPrunableTokens(config) && !session.isPinned(n.seq)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
-  if (includeNewest || session.measure().totalTokens >= thresholdTokens) {
+  if (includeNewest || measureTokens() >= thresholdTokens) {
     for (const seq of candidates) if (unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
   }
   return reclaimed
@@ -2889,6 +2907,12 @@ const MAX_SUMMARY_REPLANS = 3
 const REPLAN_MARGIN = 0.95
 /** Without counts, a re-planned request is at most this share of the one that failed (by the §2 estimate). */
 const REPLAN_SHRINK = 0.7
+/**
+ * A summary request carries the conversation's tool specs (so it reuses the conversation's cached
+ * prefix) unless they would take more than this share of the summarizer's window at the current
+ * calibration; then it carries the system prompt only (docs/design.md §10).
+ */
+export const SUMMARY_TOOLS_MAX_RATIO = 0.1
 
 /**
  * The completion budget of a summary request (docs/design.md §10): `min(summaryMaxTokens,
@@ -2914,6 +2938,8 @@ export function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?
  * when the summarizer is the conversation model), summarises in tool-balanced chunks, each merged
  * into the running summary; no request exceeds the window by that estimate. Each request's
  * `max_tokens` is {@link summaryMaxTokens} of its region.
+ * The tool specs are left out of the requests once they would take more than
+ * {@link SUMMARY_TOOLS_MAX_RATIO} of the window at the calibration (they crowd out the region).
  * When a summary request fails with `CONTEXT_WINDOW_EXCEEDED` (the server counts differently), the
  * rest is re-planned smaller — scaled by the counts the error carries (`n_prompt_tokens`/`n_ctx`,
  * "maximum context length is N", "N in the messages"), else to 70% of the failed request — up to 3
@@ -2927,9 +2953,12 @@ export async function summarise(host: CompactionHost, messages: readonly Message
   let window = provider.contextWindow ?? host.contextWindow ?? Infinity
   const sameModel = provider.model === (session.header?.model ?? provider.model)
   let rate = sameModel ? session.measure().calibration : 1
-  const envelopeTokens = estimateEnvelopeTokens(host.envelope)
+  const fullEnvelope = host.envelope
+  const toolsTokens = fullEnvelope.tools?.length ? estimateEnvelopeTokens({ tools: fullEnvelope.tools }) : 0
+  /** The next request's envelope: the conversation's, without its tool specs once they crowd the window at the current rate. */
+  const envelope = (): Envelope => (toolsTokens > 0 && toolsTokens * rate > window * SUMMARY_TOOLS_MAX_RATIO ? { system: fullEnvelope.system } : fullEnvelope)
   const instruction: UserMessage = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
-  const fixed = envelopeTokens + estimateMessageTokens(instruction)
+  const fixed = () => estimateEnvelopeTokens(envelope()) + estimateMessageTokens(instruction)
   const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
   // What a request's input may cost by the §2 estimate (heuristic tokens).
   let inputBudget = Math.floor((window - reserve) / rate)
@@ -2943,7 +2972,8 @@ export async function summarise(host: CompactionHost, messages: readonly Message
   }
 
   const groups = balancedGroups(messages)
-  const budget = () => inputBudget - fixed - (summary ? estimateMessageTokens(prior(summary)) + reserve : 0)
+  // The output is reserved in inputBudget already; a running summary costs what it costs.
+  const budget = () => inputBudget - fixed() - (summary ? estimateMessageTokens(prior(summary)) : 0)
   /** The next chunk from `groups[from]` within the budget; oversized groups are shortened for this request only. */
   const plan = (from: number): { chunk: Message[]; to: number } => {
     const chunk: Message[] = []
@@ -2959,7 +2989,9 @@ export async function summarise(host: CompactionHost, messages: readonly Message
       if (chunk.length > 0 && chunkTokens + groupTokens > b && !(oversized && b - chunkTokens >= b / 4)) break
       if (oversized) {
         const room = b - chunkTokens
-        if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) throw new CompactionError(`the summarizer's window (${window} tokens) leaves no room for the region after the envelope (${envelopeTokens} tokens)`)
+        if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) {
+          throw new CompactionError(`the summarizer's window (${window} tokens${rate === 1 ? '' : `, × ${rate.toFixed(2)} calibration`}) leaves ${Math.max(0, Math.floor(room))} tokens for a tool-balanced group of ${group.length} messages after the envelope, instruction${summary ? ' and running summary' : ''} (${fixed()}${summary ? ` + ${estimateMessageTokens(prior(summary))}` : ''} tokens)`)
+        }
         const each = Math.floor(room / group.length)
         const shrunk = group.map((m) => (estimateMessageTokens(m) > each ? shrinkMessage(m, each) : m))
         groupTokens = shrunk.reduce((t, m) => t + estimateMessageTokens(m), 0)
@@ -2973,17 +3005,18 @@ export async function summarise(host: CompactionHost, messages: readonly Message
   for (let next = 0, replans = 0; ;) {
     const { chunk, to } = plan(next)
     const msgs = summary ? [prior(summary), ...chunk, instruction] : [...chunk, instruction]
-    const inputTokens = estimateRequestTokens(host.envelope, msgs)
+    const env = envelope()
+    const inputTokens = estimateRequestTokens(env, msgs)
     const calibrated = Math.ceil(inputTokens * rate)
     if (calibrated >= window) throw new CompactionError(`a summary request of ${calibrated} tokens would not fit the summarizer's window (${window} tokens); nothing was sent`)
-    const maxTokens = summaryMaxTokens(inputTokens - fixed, host.compaction, window - calibrated)
-    const fingerprint = JSON.stringify([maxTokens, msgs])
+    const maxTokens = summaryMaxTokens(inputTokens - fixed(), host.compaction, window - calibrated)
+    const fingerprint = JSON.stringify([maxTokens, env.tools?.length ?? 0, msgs])
     if (failed.has(fingerprint)) throw new CompactionError(`re-planning gave a summary request identical to one that overflowed (${calibrated} tokens); nothing was sent`)
     requests++
     let res: ChatResponse
     try {
       res = await provider.complete({
-        system: host.envelope.system, tools: host.envelope.tools, messages: msgs, maxTokens,
+        system: env.system, tools: env.tools, messages: msgs, maxTokens,
         inputTokens: calibrated, signal, headers: { 'x-dsh-purpose': 'compaction' },
       })
     } catch (err) {
@@ -3075,7 +3108,8 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
     const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
-    const ledger = trimLedger(fullLedger, ledgerBudget(host.contextWindow))
+    // The budget is measured tokens of the window; the ledger is priced by the heuristic.
+    const ledger = trimLedger(fullLedger, Math.floor(ledgerBudget(host.contextWindow) / session.measure().calibration))
     const text = frameCheckpoint(result.summary, ledger)
     const checkpoint: UserMessage = { role: 'user', content: text }
     const checkpointTokens = estimateMessageTokens(checkpoint)
@@ -3124,15 +3158,15 @@ export class Ladder {
 
   private outcome(trigger: CompactionOutcome['trigger']): { outcome: CompactionOutcome; done: (action: CompactionOutcome['action'], reason?: string) => CompactionOutcome } {
     const session = this.host.session
-    const m0 = session.measure()
+    const before = this.nextRequestTokens()
     const outcome: CompactionOutcome = {
-      trigger, action: 'none', tokensBefore: m0.totalTokens, tokensAfter: m0.totalTokens, prunedTokens: 0, clearedTokens: 0,
+      trigger, action: 'none', tokensBefore: before, tokensAfter: before, prunedTokens: 0, clearedTokens: 0,
       summaryRequests: 0, generationBefore: session.replaceGeneration, generationAfter: session.replaceGeneration,
     }
     const done = (action: CompactionOutcome['action'], reason?: string) => {
       outcome.action = action
       outcome.reason = reason
-      outcome.tokensAfter = session.measure().totalTokens
+      outcome.tokensAfter = this.nextRequestTokens()
       outcome.generationAfter = session.replaceGeneration
       return outcome
     }
@@ -3167,15 +3201,14 @@ export class Ladder {
     const window = this.host.contextWindow
     if (!cfg.clear || window === undefined) return 0
     const candidates = clearCandidates(session, Math.floor(window * cfg.protectedRatio), (name) => this.host.clearable?.(name) ?? true)
-    const m = session.measure()
     if (!cfg.clearBeforeSummary) {
-      const saved = candidates.reduce((t, c) => t + c.savedTokens, 0) * m.calibration
-      if (m.totalTokens - saved >= thresholdTokens) return 0
+      const saved = candidates.reduce((t, c) => t + c.savedTokens, 0) * session.measure().calibration
+      if (this.nextRequestTokens() - saved >= thresholdTokens) return 0
     }
     const target = Math.floor(window * cfg.reliefRatio)
     let reclaimed = 0
     for (const c of candidates) {
-      if (session.measure().totalTokens <= target) break
+      if (this.nextRequestTokens() <= target) break
       reclaimed += session.clearToolResult(c.seq, c.placeholder, trigger)
     }
     return reclaimed
@@ -3196,14 +3229,15 @@ export class Ladder {
     if (session.openCompaction) return done('skipped', 'a compaction is already running')
     if (outcome.tokensBefore < threshold) return done('none')
     if (signal?.aborted) return done('skipped', 'aborted')
-    const below = () => session.measure().totalTokens < threshold
-    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'pressure', threshold, false)
+    const below = () => this.nextRequestTokens() < threshold
+    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'pressure', threshold, false, () => this.nextRequestTokens())
     outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'pressure')
     if (below()) return done('pruned')
     outcome.clearedTokens = this.clear('pressure', threshold)
     if (below()) return done('cleared')
     const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'skipped'
-    const retained = Math.floor(this.host.contextWindow! * cfg.retainedTailRatio)
+    // The guard and node prices are heuristic tokens; the retained tail is measured tokens of the window.
+    const retained = Math.floor((this.host.contextWindow! * cfg.retainedTailRatio) / session.measure().calibration)
     if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
       return done(modelFree, 'an earlier compaction failed and the surface has not grown enough since')
     }
@@ -3216,36 +3250,39 @@ export class Ladder {
     const window = this.host.contextWindow ?? 0
     const retained = Math.floor(window * cfg.retainedTailRatio)
     const minSaving = Math.ceil(outcome.tokensBefore * cfg.minSavingsRatio)
-    let lastError = ''
+    let lastError = '', committed = 0
     for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
-      const region = selectRegion(session.surface(), retained, keptOutOfSummary(session), minSaving)
+      // Node prices are heuristic tokens: the measured retained tail and saving are divided by the calibration.
+      const rate = session.measure().calibration
+      const region = selectRegion(session.surface(), Math.floor(retained / rate), keptOutOfSummary(session), Math.ceil(minSaving / rate))
       if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or touching the current input'; break }
-      try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus) } catch (err) {
+      try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus); committed++ } catch (err) {
         outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
         if (signal?.aborted) throw err
         lastError = (err as Error).message
         if ((err as { cancelled?: boolean })?.cancelled) break // a hook said no: asking again would only repeat the question
         continue
       }
-      if (trigger === 'manual' || session.measure().totalTokens < threshold) break
+      if (trigger === 'manual' || this.nextRequestTokens() < threshold) break
     }
-    const after = session.measure().totalTokens
+    const after = this.nextRequestTokens()
     const saved = outcome.tokensBefore - after
-    if (trigger === 'manual' && session.replaceGeneration > outcome.generationBefore) return done('compacted')
-    if (after < threshold && saved >= minSaving) { this.setGuard(undefined); return done('compacted') }
+    if (trigger === 'manual' && committed > 0) return done('compacted')
+    if (committed > 0 && after < threshold && saved >= minSaving) { this.setGuard(undefined); return done('compacted') }
     const why = lastError || (saved < minSaving ? `it saved only ${saved} tokens (< ${Math.round(cfg.minSavingsRatio * 100)}%)` : 'the retained tail and envelope alone are above it')
     this.host.warn(`context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; not retrying until the surface grows by ${retained} tokens`)
     session.append('compaction/warning', { trigger, message: why, totalTokens: after, thresholdTokens: threshold })
     this.setGuard(session.measure().heuristicTokens)
-    return done(session.replaceGeneration > outcome.generationBefore ? 'compacted' : 'failed', why)
+    return done(committed > 0 ? 'compacted' : outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'failed', why)
   }
 
   /**
-   * The size of the request a retry will send, tokens: the session's measured total, plus what the
-   * host's envelope adds beyond the last logged one (e.g. the recall tool, offered once something
-   * is shadowed), priced at the calibration.
+   * The size of the next request, tokens: the session's measured total, plus what the host's
+   * envelope adds beyond the last logged one (e.g. the recall tool, offered once something is
+   * shadowed: the ladder's own edits add it), priced at the calibration. Every rung compares this
+   * with its threshold, so a rung is not declared enough by a total the request will exceed.
    */
-  private retryTokens(): number {
+  private nextRequestTokens(): number {
     const m = this.host.session.measure()
     const added = estimateEnvelopeTokens(this.host.envelope) - m.envelopeTokens
     return m.totalTokens + (added > 0 ? Math.ceil(added * m.calibration) : 0)
@@ -3273,7 +3310,7 @@ export class Ladder {
     outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'context-overflow')
     if (window !== undefined) outcome.clearedTokens = this.clear('context-overflow', threshold)
     const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'failed'
-    if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore && this.retryTokens() < threshold) return done(modelFree)
+    if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore && this.nextRequestTokens() < threshold) return done(modelFree)
     const region = selectRegion(session.surface(), 0, keptOutOfSummary(session))
     let compacted = false
     if (region) {
@@ -3298,7 +3335,7 @@ export class Ladder {
     if (threshold === undefined) return done('skipped', 'no context window')
     if (session.openCompaction) return done('skipped', 'a compaction is already running')
     if (signal?.aborted) return done('skipped', 'aborted')
-    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'manual', threshold, false)
+    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'manual', threshold, false, () => this.nextRequestTokens())
     outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'manual')
     return this.summariseUnder('manual', threshold, outcome, done, signal, options.focus)
   }
@@ -3436,18 +3473,14 @@ const echo = (v: string): string => JSON.stringify(headCodePoints(v, RECALL_HIT_
 export function recallTool(session: Session): Tool {
   return {
     name: RECALL_TOOL_NAME,
-    description: 'Read back the original of a tool result or message that was pruned, cleared, spilled or folded into a checkpoint to save context. '
-      + 'Pass key (from a placeholder: a tool-call id, or seq:N), or tool (and optionally arguments, a substring of the call\'s arguments), '
-      + 'or pattern (plain text, case-insensitive) to search all of them. Answers are paged: offset (first line or hit, from 1) and limit.',
+    // Short on purpose: the spec rides in every request once something is shadowed.
+    description: 'Read back a tool result or message that was pruned, cleared or summarised. By key (tool-call id or seq:N, as a placeholder names it), '
+      + 'by tool (+ arguments: a substring of its arguments), or search all by pattern (plain text). Paged: offset, limit (lines or hits, from 1).',
     parameters: {
       type: 'object',
       properties: {
-        key: { type: 'string', description: 'a tool-call id or seq:N, as a placeholder or a search hit names it' },
-        tool: { type: 'string', description: 'tool name: the newest shadowed result of this tool' },
-        arguments: { type: 'string', description: 'with tool: a substring of the call\'s arguments' },
-        pattern: { type: 'string', description: 'plain text to search for (not a regular expression)' },
-        offset: { type: 'integer', minimum: 1, description: 'first line (or hit) to return, from 1' },
-        limit: { type: 'integer', minimum: 1, description: `lines (or hits) to return, default ${RECALL_DEFAULT_LINES}` },
+        key: { type: 'string' }, tool: { type: 'string' }, arguments: { type: 'string' }, pattern: { type: 'string' },
+        offset: { type: 'integer', minimum: 1 }, limit: { type: 'integer', minimum: 1 },
       },
       additionalProperties: false,
     },

@@ -9,6 +9,8 @@ import {
   Agent, Session, MemoryStore, FileStore, Ladder, openAICompatible, CLEARED_RESULT_PREFIX, clearedPlaceholder, PRUNE_MARKER,
   CompactionConfigError, resolveCompactionConfig, DEFAULT_COMPACTION_CONFIG, RECALL_TOOL_NAME, RECALL_MAX_CODE_POINTS, codePointLength, ProviderError,
   estimateMessageTokens, summaryMaxTokens, resolvePruneConfig, type Tool, type SessionEvent,
+  calibrationMinSampleTokens, CALIBRATION_MIN_SAMPLE_TOKENS, estimateEnvelopeTokens, estimateTextTokens, recallTool, summarise, ledgerBudget,
+  SUMMARY_TOOLS_MAX_RATIO, CHECKPOINT_PREAMBLE, type CompactionHost, type Envelope, type ToolSpec,
 } from '../dsh.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 
@@ -171,6 +173,12 @@ describe('CompactionConfig validation', () => {
 
 
 describe('recall', () => {
+  test('its spec, sent in every request once something is shadowed, costs at most 160 heuristic tokens', async () => {
+    const t = recallTool(await Session.open(new MemoryStore()))
+    const tokens = estimateEnvelopeTokens({ tools: [{ name: t.name, description: t.description, parameters: t.parameters }] })
+    assert.ok(tokens <= 160, `${tokens} tokens`)
+  })
+
   test('case 2: recall by a cleared result\'s key returns the original, paged; the next request stays under the threshold', async () => {
     const session = await Session.open(new MemoryStore())
     const atRequest: number[] = []
@@ -413,5 +421,145 @@ describe('summary overflow, calibration, durable state', () => {
       assert.ok(s2.measure().totalTokens >= 12_800, 'still over the threshold: only the guard holds the summary back')
       await s2.store.close?.()
     } finally { rmSync(dir, { recursive: true, force: true }) }
+  })
+})
+
+// A small window and a tokenizer that counts three times the heuristic (as llama-server's
+// 512-token vocabulary does): every figure the ladder compares with the window must be in the
+// window's tokens, and the envelope the next request will carry must be priced (docs/design.md §10).
+describe('small windows and a tokenizer that counts more than the heuristic', () => {
+  const user = (text: string) => ({ message: { role: 'user' as const, content: text }, surfaceOp: { op: 'append' as const } })
+  const assistant = (text: string, usage?: { promptTokens: number; completionTokens: number }) =>
+    ({ message: { role: 'assistant' as const, content: [{ type: 'text' as const, text }] }, finishReason: 'stop' as const, ...(usage ? { usage } : {}), surfaceOp: { op: 'append' as const } })
+  /** `n` heuristic tokens of text in one message (ceil(chars / 4) + 8). */
+  const text = (tokens: number, c = 'x') => c.repeat((tokens - 8) * 4)
+  const bigTool = (chars: number): ToolSpec => ({ name: 'big', description: 'd'.repeat(chars), parameters: { type: 'object' } })
+  const host = (session: Session, contextWindow: number, envelope: () => Envelope, summarizer = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), compaction = {}): CompactionHost => ({
+    session, summarizer, contextWindow, get envelope() { return envelope() }, compaction: resolveCompactionConfig({ compactionRetries: 0, ...compaction }), pruneConfig: resolvePruneConfig(), warn() {},
+  })
+  /** Three calibration samples at 3 provider tokens per heuristic token (no anchor). */
+  const calibrateAt3 = (session: Session) => { for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } }) }
+
+  test('the smallest calibration sample is 1,000 heuristic tokens, or an eighth of a smaller window', async () => {
+    assert.deepEqual([calibrationMinSampleTokens(), calibrationMinSampleTokens(128_000), calibrationMinSampleTokens(8_000), calibrationMinSampleTokens(2_048)], [CALIBRATION_MIN_SAMPLE_TOKENS, 1_000, 1_000, 256])
+    const samples = async (contextWindow: number) => {
+      const session = await Session.open(new MemoryStore())
+      session.setHeader({ model: 'm', baseURL: 'http://x', contextWindow })
+      session.append('user/message', user(text(400)))
+      session.append('assistant/message', assistant('ok', { promptTokens: 1_000, completionTokens: 1 }))
+      return session.measure()
+    }
+    const small = await samples(2_048)
+    assert.equal(small.calibrationSamples, 1)
+    assert.equal(small.calibration, 1_000 / 400)
+    assert.equal((await samples(128_000)).calibrationSamples, 0)
+  })
+
+  test('an overflow count of a request too small to be a calibration sample still anchors the total', async () => {
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    session.append('user/message', user(text(500)))
+    session.append('ladder/state', { sample: { providerTokens: 1_500, heuristicTokens: 500, source: 'overflow' } })
+    const m = session.measure()
+    assert.deepEqual([m.anchored, m.totalTokens, m.calibrationSamples, m.calibration], [true, 1_500, 0, 1])
+    // An implausible count (over 4× the heuristic) anchors nothing.
+    session.append('ladder/state', { sample: { providerTokens: 5_000, heuristicTokens: 500, source: 'overflow' } })
+    assert.equal(session.measure().totalTokens, 1_500)
+  })
+
+  test('pressure: a prune that makes the host offer a tool is not enough when that tool pushes the next request back over the threshold', async () => {
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    session.append('user/message', user('go'))
+    for (const id of ['c1', 'c2']) {
+      session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id, name: 'read', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
+      session.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text: 'r'.repeat(20_000) }] }, surfaceOp: { op: 'append' } })
+    }
+    session.append('assistant/message', assistant('ok'))
+    session.append('user/message', user(text(2_000))) // under the pruner's 8,192 code points
+    // The host offers a 2,5xx-token tool once something is shadowed (as the Agent offers recall).
+    const tool = bigTool(10_000)
+    const toolTokens = estimateEnvelopeTokens({ tools: [tool] })
+    // The newest 800 tokens of results are protected (the newest result), the older one clearable.
+    const h = host(session, 8_000, () => (session.hasShadowedContent ? { tools: [tool] } : {}), undefined, { protectedRatio: 0.1 })
+    const before = session.measure().totalTokens
+    assert.ok(before >= 6_400, `${before}`)
+    const out = await new Ladder(h).relievePressure()
+    // The prunes alone take the session's own total under 6,400, but not the next request.
+    assert.equal(session.events.filter((e) => e.type === 'compaction/prune').length, 2)
+    assert.equal(out.action, 'cleared', `${out.action} ${out.reason ?? ''}`)
+    assert.ok(session.events.some((e) => e.type === 'compaction/clear'))
+    assert.equal(out.tokensAfter, session.measure().totalTokens + toolTokens)
+    assert.ok(out.tokensAfter < 6_400, `${out.tokensAfter}`)
+  })
+
+  test('a summary request leaves out tool specs that would take more than a tenth of the window at the calibration; smaller ones are kept', async () => {
+    const bodies: any[] = []
+    const server = await startFakeProvider({ handler: (req) => { bodies.push(req.body); return { text: 'CHECKPOINT: part done.' } } })
+    servers.push(server)
+    const summarizer = openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', contextWindow: 8_000, maxRetries: 0 })
+    const messages = [{ role: 'user' as const, content: text(300) }, { role: 'assistant' as const, content: [{ type: 'text' as const, text: text(300) }] }]
+    for (const [chars, kept] of [[4_000, false], [400, true]] as const) {
+      const session = await Session.open(new MemoryStore())
+      const tools = [bigTool(chars)]
+      assert.equal(estimateEnvelopeTokens({ tools }) > 8_000 * SUMMARY_TOOLS_MAX_RATIO, !kept)
+      await summarise(host(session, 8_000, () => ({ system: 'be brief', tools }), summarizer), messages)
+      const body = bodies.at(-1)
+      assert.equal(body.messages[0].content, 'be brief')
+      assert.equal(body.tools !== undefined, kept, `tools of ${chars} characters`)
+    }
+    // The calibration counts: 300 characters of spec at 3× is over a tenth of a 2,000-token window.
+    const session = await Session.open(new MemoryStore())
+    calibrateAt3(session)
+    const tools = [bigTool(600)]
+    const tokens = estimateEnvelopeTokens({ tools })
+    assert.ok(tokens <= 200 && tokens * 3 > 200)
+    await summarise(host(session, 2_000, () => ({ tools }), openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', maxRetries: 0 })), [messages[0]])
+    assert.equal(bodies.at(-1).tools, undefined)
+  })
+
+  const summarizerAt = async (text: string) => {
+    const server = await startFakeProvider({ handler: () => ({ text, usage: null }) }) // no usage: the calibration stays at 3
+    servers.push(server)
+    return openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', maxRetries: 0 })
+  }
+
+  test('pressure at calibration 3: the retained tail is measured tokens of the window (1,120 tokens = 374 heuristic), not heuristic ones', async () => {
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    calibrateAt3(session)
+    const seqs = [
+      session.append('user/message', user(text(500, 'a'))).seq,
+      session.append('assistant/message', assistant(text(500, 'b'))).seq,
+      session.append('user/message', user(text(500, 'c'))).seq,
+      session.append('assistant/message', assistant(text(500, 'd'))).seq,
+    ]
+    assert.equal(session.measure().totalTokens, 6_000)
+    const out = await new Ladder(host(session, 7_000, () => ({}), await summarizerAt('CHECKPOINT: short.'))).relievePressure() // threshold 5,600
+    assert.equal(out.action, 'compacted', out.reason)
+    const summary = session.events.find((e) => e.type === 'compaction/summary')!
+    assert.deepEqual((summary.data as any).shadowedSeqs, seqs.slice(0, 3), 'only the newest message (500 heuristic = 1,500 tokens) is the retained tail')
+  })
+
+  test('pressure at calibration 3: the checkpoint\'s ledger fits its budget in measured tokens of the window (a third in heuristic ones)', async () => {
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    calibrateAt3(session)
+    for (let i = 0; i < 20; i++) {
+      session.append('user/message', user(`question ${String(i).padStart(2, '0')} `.padEnd(200, 'q')))
+      session.append('assistant/message', assistant(text(250, 'b')))
+    }
+    const window = 20_000 // threshold 16,000; the ledger budget 1,000 tokens = 333 heuristic at 3×
+    assert.ok(session.measure().totalTokens >= 16_000)
+    const out = await new Ladder(host(session, window, () => ({}), await summarizerAt('CHECKPOINT: short.'))).relievePressure()
+    assert.equal(out.action, 'compacted', out.reason)
+    const summary = session.events.find((e) => e.type === 'compaction/summary')!.data as any
+    assert.ok(summary.shadowedSeqs.length >= 20, `${summary.shadowedSeqs.length} messages summarised`)
+    const checkpoint = session.messages()[0].content as string
+    assert.ok(checkpoint.startsWith(CHECKPOINT_PREAMBLE))
+    const ledgerText = checkpoint.slice(checkpoint.indexOf('</compacted-summary>') + '</compacted-summary>'.length)
+    assert.ok(ledgerText.includes('question '), `the ledger quotes the user: ${ledgerText}`)
+    assert.ok(summary.ledger.trimmed > 0, 'the ledger was trimmed to its budget')
+    assert.ok(estimateTextTokens(ledgerText) <= Math.floor(ledgerBudget(window) / 3), `ledger ${estimateTextTokens(ledgerText)} heuristic tokens; budget ${ledgerBudget(window)} tokens at 3×`)
   })
 })

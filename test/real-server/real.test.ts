@@ -19,14 +19,6 @@ import { runDsh, CLEAN_ENV } from '../cli-child.ts'
 import { skipWithoutServer, startServer, recordingFetch, serverPromptTokens, settled, type RunningServer, type Exchange } from './server.ts'
 
 const skip = skipWithoutServer()
-/**
- * Scenarios 2, 3 and 4 fail with ladder v2 against this server: the recall tool it offers after the
- * first prune costs 277 tokens by chars/4 but 1,055 real tokens here (JSON ≈ 1 char per token), half
- * a 2,048 window, so the request after a prune (and every summary request) is ~1,000 tokens bigger
- * than the meter says. They run as todo, visibly, until the ladder prices that; remove the marker to
- * see the traces. (Scenario 3 passed before ladder v2 landed.)
- */
-const PENDING_LADDER = 'fails: the recall tool spec (1,055 real tokens, 277 by chars/4) is not priced; see the comment above'
 const MODEL = 'stories260K'
 /** Per scenario: a hung server or stream fails its scenario instead of stalling the suite (ms). */
 const SCENARIO_TIMEOUT_MS = 300_000
@@ -67,8 +59,8 @@ async function eventsOf(session: Session): Promise<SessionEvent[]> {
 }
 /** The session's ladder and error events, one line each, for failure messages. */
 async function trace(session: Session, exchanges: Exchange[] = []): Promise<string> {
-  const keys = ['code', 'status', 'trigger', 'tokensBefore', 'tokensAfter', 'error', 'shadowedTokenCount', 'totalTokens', 'message']
-  const lines = (await eventsOf(session)).filter((e) => /^(compaction|request\/error|recovery|step\/retry|turn\/end)/.test(e.type)).map((e) =>
+  const keys = ['code', 'status', 'trigger', 'tokensBefore', 'tokensAfter', 'error', 'shadowedTokenCount', 'totalTokens', 'message', 'sample', 'calibration', 'failedAtTokens']
+  const lines = (await eventsOf(session)).filter((e) => /^(compaction|request\/error|recovery|step\/retry|turn\/end|ladder\/state)/.test(e.type)).map((e) =>
     `${e.seq} ${e.type} ${JSON.stringify(Object.fromEntries(Object.entries(e.data).filter(([k]) => keys.includes(k)).map(([k, v]) => [k, typeof v === 'string' ? v.slice(0, 160) : v])))}`)
   const wire = exchanges.map((x, i) => `#${i} ${x.headers['x-dsh-purpose'] ?? 'conversation'} ${x.status} prompt=${x.promptTokens ?? JSON.parse(x.responseText || '{}')?.error?.n_prompt_tokens} msgs=${x.body.messages.length} max_tokens=${x.body.max_tokens}`)
   return `\n  ${[...lines, ...wire].join('\n  ')}`
@@ -164,7 +156,7 @@ describe('2–3. the ladder against a real 2,048-token window', { skip, timeout:
   before(async () => { server = await startServer({ ctxSize: 2048 }) })
   after(async () => { await server?.stop() })
 
-  test('2. pressure: a session grown past 80% of the window is pruned, cleared or compacted; every request the server receives fits', { todo: PENDING_LADDER }, async () => {
+  test('2. pressure: a session grown past 80% of the window is pruned, cleared or compacted; every request the server receives fits', async () => {
     const { provider, exchanges } = realProvider(server)
     const session = await Session.open(new MemoryStore())
     // The pruner's threshold is lowered to suit a 2,048-token window.
@@ -184,6 +176,7 @@ describe('2–3. the ladder against a real 2,048-token window', { skip, timeout:
     }
     await settled(exchanges)
     const detail = await trace(session, exchanges)
+    if (process.env.DSH_TRACE) console.log(detail, sent)
     assert.ok(peak >= threshold, `the session never passed ${threshold} tokens (peak ${peak})`)
     const rungs = types(session.events).filter((t) => t === 'compaction/prune' || t === 'compaction/clear' || t === 'compaction/summary')
     assert.ok(rungs.length > 0, `no rung after ${turns} turns${detail}`)
@@ -199,7 +192,7 @@ describe('2–3. the ladder against a real 2,048-token window', { skip, timeout:
     assert.ok(sent.every((t) => t < threshold), `measured totals sent: ${sent.join(', ')}`)
   })
 
-  test('3. overflow: a request the heuristic prices under the window but the server rejects is classified, recovered, retried smaller and accepted', { todo: PENDING_LADDER }, async () => {
+  test('3. overflow: a request the heuristic prices under the window but the server rejects is classified, recovered, retried smaller and accepted', async () => {
     const { provider, exchanges } = realProvider(server)
     const session = await Session.open(new MemoryStore())
     // A resumed log with no usage yet: the meter can only use chars/4, which is about half of this tokenizer's count.
@@ -313,7 +306,7 @@ describe('4. a summary request that overflows the real window', { skip, timeout:
   before(async () => { server = await startServer({ ctxSize: 2048 }) })
   after(async () => { await server?.stop() })
 
-  test('is re-planned smaller from the error\'s counts and never resent identically', { todo: PENDING_LADDER }, async () => {
+  test('is re-planned smaller from the error\'s counts and never resent identically', async () => {
     const { provider, exchanges } = realProvider(server)
     const session = await Session.open(new MemoryStore())
     // Earlier turns of plain text: chars/4 prices them at about half of what this tokenizer counts,
