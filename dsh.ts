@@ -1473,6 +1473,11 @@ export class Session {
   private calls = new Map<string, { callSeq: number; resultSeq?: number }>()
   private openCalls = new Set<string>()
   private dispatched = new Set<string>()
+  /** Append seqs of the originals the surface no longer shows as logged (see {@link Session.shadowedSeqs}); sorted lazily. */
+  private shadowed: number[] = []
+  private shadowedSorted = true
+  /** Seqs of spilled tool results (listed in `shadowed` when appended). */
+  private spilledSeqs = new Set<number>()
   private surfaceTokensSum = 0
   private envelopeTokensSum = 0
   private anchorState?: UsageAnchor
@@ -1625,6 +1630,29 @@ export class Session {
    * The ladder never edits or summarises it (docs/design.md §10). Undefined between turns.
    */
   get currentInput(): number | undefined { return this.inputSeq }
+  /**
+   * The seqs of the logged originals the surface no longer shows as logged, oldest first: appended
+   * messages since pruned, cleared or folded into a checkpoint, and spilled tool results (the
+   * surface shows a preview). What `recall` reads (docs/design.md §10); read each with
+   * {@link Session.readEvent}. Kept as the events arrive, so no log scan (a sort after an
+   * out-of-order addition: O(k log k) for k originals). A live view: do not keep it across appends.
+   */
+  shadowedSeqs(): readonly number[] {
+    if (!this.shadowedSorted) { this.shadowed.sort((a, b) => a - b); this.shadowedSorted = true }
+    return this.shadowed
+  }
+  private addShadowed(seq: number): void {
+    if (this.shadowed.length > 0 && seq < this.shadowed[this.shadowed.length - 1]) this.shadowedSorted = false
+    this.shadowed.push(seq)
+  }
+  /**
+   * The seq of the first logged result of tool call `callId` (before any prune or clear), while the
+   * call is on the surface; undefined otherwise.
+   */
+  resultOriginSeq(callId: string): number | undefined {
+    const entry = this.calls.get(callId)
+    return entry?.resultSeq === undefined ? undefined : this.bySeq.get(entry.resultSeq)?.key
+  }
   /** Whether the log holds originals the surface no longer shows (a replace or a spill happened): `recall` has something to read. */
   get hasShadowedContent(): boolean { return this.generation > 0 || this.spills > 0 }
   /**
@@ -1824,7 +1852,7 @@ export class Session {
       // Only when the messages are at least half of it: how a provider frames tool specs varies more than its tokenizer.
       if (this.surfaceTokensSum >= this.envelopeTokensSum) this.addCalibrationSample((data.usage as Usage).promptTokens, this.envelopeTokensSum + this.surfaceTokensSum)
     }
-    if (event.type === 'tool/result' && data.spilled) this.spills++
+    if (event.type === 'tool/result' && data.spilled) { this.spills++; this.spilledSeqs.add(event.seq); this.addShadowed(event.seq) }
     if (op.op === 'append') {
       if (message.role === 'user' && this.awaitingInput) { this.inputSeq = event.seq; this.awaitingInput = false }
       if (event.type === 'assistant/message') this.recordRequest(event.time, tokens, data.usage)
@@ -1854,6 +1882,8 @@ export class Session {
         const old = this.nodes[i]
         shadowed += old.tokens
         this.bySeq.delete(old.seq)
+        // An appended node's seq is its key; a replacement's seq is later than its key.
+        if (old.seq === old.key && !this.spilledSeqs.has(old.seq)) this.addShadowed(old.seq)
         if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
         if (message.role === 'assistant' && toolCalls(message).length > 0) continue // a pruned assistant message keeps its calls (checked)
         for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id); this.dispatched.delete(c.id) }
@@ -3378,36 +3408,66 @@ function recallText(m: Message): string {
   }).join('\n')
 }
 
+/** How far back (events) recall looks for the assistant message holding a shadowed result's call. */
+const RECALL_CALL_LOOKBACK = 1000
+
 /**
- * Every original the ladder shadowed, newest first: each `user/message`, `assistant/message` and
- * `tool/result` logged with `{op:'append'}` that is no longer on the surface (pruned, cleared,
- * folded into a checkpoint), and each spilled result (its original is in the artefact area).
- * Read back from the session's log ({@link Session.readEvents}).
+ * The shadowed originals ({@link Session.shadowedSeqs}), newest first, each read back from the log
+ * only when reached: recall costs what it reads, never a scan of the whole log.
  */
-async function shadowedOriginals(session: Session): Promise<ShadowedOriginal[]> {
-  const calls = new Map<string, ToolCallBlock>() // as the model first sent them (arguments uncut)
-  const out: ShadowedOriginal[] = []
-  for await (const e of session.readEvents()) {
-    const d = e.data as { message?: Message; surfaceOp?: SurfaceOp; spilled?: { ref: string; bytes: number } }
-    if (!SURFACE_TYPES[e.type] || d.surfaceOp?.op !== 'append' || !d.message) continue
-    const m = d.message
-    for (const c of toolCalls(m)) if (!calls.has(c.id)) calls.set(c.id, c)
-    if (session.node(e.seq) !== undefined && !d.spilled) continue // still on the surface as logged
-    if (m.role === 'tool') {
-      const call = calls.get(m.toolCallId)
-      const spilled = d.spilled
-      out.push({
-        key: m.toolCallId, seq: e.seq, toolName: call?.name, toolArguments: call?.arguments,
-        label: `tool result of ${call?.name ?? 'a tool'} ${headCodePoints((call?.arguments ?? '').replace(/\s+/g, ' '), 100)}`.trim(),
-        text: async () => {
-          if (!spilled) return recallText(m)
-          if (!session.store.getArtefact) throw new Error(`${RECALL_TOOL_NAME}: the original of ${m.toolCallId} was spilled to ${spilled.ref}, which this store cannot read back`)
-          return await session.store.getArtefact(spilled.ref)
-        },
-      })
-    } else out.push({ key: `seq:${e.seq}`, seq: e.seq, label: `${m.role} message`, text: async () => recallText(m) })
+async function* shadowedOriginals(session: Session): AsyncGenerator<ShadowedOriginal> {
+  const seqs = session.shadowedSeqs().slice()
+  for (let i = seqs.length - 1; i >= 0; i--) {
+    const o = await shadowedOriginal(session, seqs[i])
+    if (o) yield o
   }
-  return out.reverse()
+}
+
+/** The original logged at `seq` as recall shows it (undefined when that event is no appended message). */
+async function shadowedOriginal(session: Session, seq: number): Promise<ShadowedOriginal | undefined> {
+  const e = await session.readEvent(seq)
+  const d = e.data as { message?: Message; surfaceOp?: SurfaceOp; spilled?: { ref: string; bytes: number } }
+  if (!SURFACE_TYPES[e.type] || d.surfaceOp?.op !== 'append' || !d.message) return undefined
+  const m = d.message
+  if (m.role !== 'tool') return { key: `seq:${seq}`, seq, label: `${m.role} message`, text: async () => recallText(m) }
+  const call = await originalCall(session, m.toolCallId, seq)
+  const spilled = d.spilled
+  return {
+    key: m.toolCallId, seq, toolName: call?.name, toolArguments: call?.arguments,
+    label: `tool result of ${call?.name ?? 'a tool'} ${headCodePoints((call?.arguments ?? '').replace(/\s+/g, ' '), 100)}`.trim(),
+    text: async () => {
+      if (!spilled) return recallText(m)
+      if (!session.store.getArtefact) throw new Error(`${RECALL_TOOL_NAME}: the original of ${m.toolCallId} was spilled to ${spilled.ref}, which this store cannot read back`)
+      return await session.store.getArtefact(spilled.ref)
+    },
+  }
+}
+
+/**
+ * Tool call `callId` as the model sent it (arguments uncut): from the nearest appended assistant
+ * message before its result at `resultSeq` (at most {@link RECALL_CALL_LOOKBACK} events back), else
+ * the surface's block.
+ */
+async function originalCall(session: Session, callId: string, resultSeq: number): Promise<ToolCallBlock | undefined> {
+  for (let seq = resultSeq - 1; seq >= 0 && seq >= resultSeq - RECALL_CALL_LOOKBACK; seq--) {
+    const e = await session.readEvent(seq)
+    const d = e.data as { message?: Message; surfaceOp?: SurfaceOp }
+    if (e.type !== 'assistant/message' || d.surfaceOp?.op !== 'append' || !d.message) continue
+    const call = toolCalls(d.message).find((c) => c.id === callId)
+    if (call) return call
+  }
+  return session.toolCall(callId)
+}
+
+/** The original recall answers for `key` (a tool-call id or `seq:N`): by the session's index when it has it, else the newest shadowed original with that key. */
+async function recallByKey(session: Session, key: string): Promise<ShadowedOriginal | undefined> {
+  const seqs = session.shadowedSeqs()
+  const has = (seq: number) => { let lo = 0, hi = seqs.length - 1; while (lo <= hi) { const mid = (lo + hi) >> 1; if (seqs[mid] === seq) return true; if (seqs[mid] < seq) lo = mid + 1; else hi = mid - 1 } return false }
+  const direct = /^seq:\d+$/.test(key) ? Number(key.slice(4)) : session.resultOriginSeq(key)
+  if (direct !== undefined && has(direct)) { const o = await shadowedOriginal(session, direct); if (o?.key === key) return o }
+  if (/^seq:\d+$/.test(key)) return undefined
+  for await (const o of shadowedOriginals(session)) if (o.key === key) return o
+  return undefined
 }
 
 /** The text split into lines for paging; lines over 1,000 code points become pieces of 1,000. */
@@ -3491,15 +3551,17 @@ export function recallTool(session: Session): Tool {
       for (const k of ['key', 'tool', 'arguments', 'pattern']) if (args[k] !== undefined && typeof args[k] !== 'string') throw new Error(`${RECALL_TOOL_NAME}: ${k} must be a string`)
       const offset = recallInt(args, 'offset', 1)
       const limit = recallInt(args, 'limit', RECALL_DEFAULT_LINES)
-      const originals = await shadowedOriginals(session)
       if (typeof args.pattern === 'string') {
         const needle = args.pattern.toLowerCase()
         if (needle === '') throw new Error(`${RECALL_TOOL_NAME}: pattern must not be empty`)
         const hits: string[] = []
-        for (const o of originals) {
+        let searched = 0
+        for await (const o of shadowedOriginals(session)) {
+          if (o.toolName === RECALL_TOOL_NAME) continue // a recall answer repeats other originals: searching it would find each hit twice
+          searched++
           recallLines(await o.text()).forEach((line, i) => { if (line.toLowerCase().includes(needle)) hits.push(`${o.key} line ${i + 1} (${o.label}): ${headCodePoints(line.trim(), RECALL_HIT_CODE_POINTS)}`) })
         }
-        if (hits.length === 0) return `${RECALL_TOOL_NAME}: no shadowed original contains ${echo(args.pattern)} (${originals.length} searched)`
+        if (hits.length === 0) return `${RECALL_TOOL_NAME}: no shadowed original contains ${echo(args.pattern)} (${searched} searched)`
         if (offset > hits.length) throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the last hit (${hits.length})`)
         const header = headCodePoints(`${hits.length} hit(s) for ${JSON.stringify(args.pattern)}, newest first; read one with {"key":…,"offset":line}:`, 400)
         const page = pageOf(hits, offset - 1, limit, codePointLength(header) + 1)
@@ -3509,11 +3571,14 @@ export function recallTool(session: Session): Tool {
       let found: ShadowedOriginal | undefined
       let others: string[] = []
       if (typeof args.key === 'string') {
-        found = originals.find((o) => o.key === args.key)
+        found = await recallByKey(session, args.key)
         if (!found) throw new Error(`${RECALL_TOOL_NAME}: nothing shadowed has key ${echo(args.key)}; keys are tool-call ids or seq:N as placeholders name them (search with pattern)`)
       } else if (typeof args.tool === 'string') {
         const sub = typeof args.arguments === 'string' ? args.arguments : ''
-        const matches = originals.filter((o) => o.toolName === args.tool && (o.toolArguments ?? '').includes(sub))
+        const matches: ShadowedOriginal[] = [] // the newest, then up to 5 older ones to name
+        for await (const o of shadowedOriginals(session)) {
+          if (o.toolName === args.tool && (o.toolArguments ?? '').includes(sub) && matches.push(o) >= 6) break
+        }
         if (matches.length === 0) throw new Error(`${RECALL_TOOL_NAME}: no shadowed result of tool ${echo(args.tool)}${sub ? ` with arguments containing ${echo(sub)}` : ''}`)
         found = matches[0]
         others = matches.slice(1, 6).map((o) => o.key)

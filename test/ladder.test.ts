@@ -179,6 +179,42 @@ describe('recall', () => {
     assert.ok(tokens <= 160, `${tokens} tokens`)
   })
 
+  test('by key it reads back a few events, not the log; a pattern search skips recall\'s own answers (FileStore)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'dsh-recall-'))
+    class CountingStore extends FileStore {
+      reads = 0; scans = 0
+      override async readEvent(seq: number) { this.reads++; return super.readEvent(seq) }
+      override async *readEvents(from: number, to: number) { this.scans++; yield* super.readEvents(from, to) }
+    }
+    try {
+      const store = new CountingStore(join(dir, 's.jsonl'))
+      const session = await Session.open(store)
+      session.append('user/message', { message: { role: 'user', content: 'fetch 200' }, surfaceOp: { op: 'append' } })
+      const call = (id: string, name: string, args: string) => session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id, name, arguments: args }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
+      const result = (id: string, text: string) => session.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text }] }, surfaceOp: { op: 'append' } }).seq
+      const resultSeqs: number[] = []
+      for (let i = 0; i < 200; i++) { call(`c${i}`, 'fetch', JSON.stringify({ i })); resultSeqs.push(result(`c${i}`, result3000(i))) }
+      const recall = recallTool(session)
+      const ctx = { signal: new AbortController().signal, callId: 'r0' }
+      resultSeqs.forEach((seq, i) => session.clearToolResult(seq, clearedPlaceholder('fetch', JSON.stringify({ i }), 758, `c${i}`)))
+      assert.deepEqual(session.shadowedSeqs(), resultSeqs)
+      await session.flush()
+      store.reads = 0; store.scans = 0
+      const byKey = await recall.execute({ key: 'c17' }, ctx) as string
+      assert.ok(byKey.startsWith('c17 (tool result of fetch {"i":17}), lines 1–'), byKey.slice(0, 80))
+      assert.equal(store.scans, 0)
+      assert.ok(store.reads <= 3, `${store.reads} events read for one key`)
+      // The answer goes into the log as a result of its own call, and is cleared in turn.
+      call('r1', RECALL_TOOL_NAME, '{"key":"c17"}')
+      const r1 = result('r1', byKey)
+      session.clearToolResult(r1, clearedPlaceholder(RECALL_TOOL_NAME, '{"key":"c17"}', 758, 'r1'))
+      const hits = await recall.execute({ pattern: 'r17 line 3 ' }, ctx) as string
+      assert.ok(hits.startsWith('1 hit(s) for "r17 line 3 "'), hits.slice(0, 120))
+      assert.match(hits, /^c17 line 4 \(tool result of fetch/m)
+      assert.equal(store.scans, 0, 'a search reads the shadowed originals, not the log')
+    } finally { rmSync(dir, { recursive: true, force: true }) }
+  })
+
   test('case 2: recall by a cleared result\'s key returns the original, paged; the next request stays under the threshold', async () => {
     const session = await Session.open(new MemoryStore())
     const atRequest: number[] = []
