@@ -982,8 +982,8 @@ function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined 
 
 /**
  * Parses JSONL log text. `goodLength` is the UTF-16 length of the whole lines. A last line without
- * its newline that starts like an event (`{"seq":`) but does not parse is torn (dropped and
- * reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line, so a
+ * its newline that starts like an event (`{"seq":`, or is a prefix of it) but does not parse is
+ * torn (dropped and reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line, so a
  * file that is not a dsh log (a one-line `.env`) is refused, never repaired.
  */
 export function parseLogText(text: string): { events: SessionEvent[]; torn?: TornLine; goodLength: number } {
@@ -1003,9 +1003,13 @@ export function parseLogText(text: string): { events: SessionEvent[]; torn?: Tor
   return { events, goodLength: text.length }
 }
 
+/** How every line dsh writes to a log begins (`JSON.stringify` of an event, `seq` first). */
+const EVENT_LINE_START = '{"seq":'
+
 /**
  * One log line (without its newline) → its event. `'torn'`: the last line, unterminated, starts
- * like an event (`{"seq":`) but does not parse (a crash cut it; a one-line `.env` is refused); `'blank'`: trailing white space at the end of the file. Anything else
+ * like an event (`{"seq":`, or a prefix of it such as `{"`) but does not parse (a crash cut it; a
+ * one-line `.env` is refused); `'blank'`: trailing white space at the end of the file. Anything else
  * that is wrong throws `SessionError('LOG_CORRUPT')` naming the 1-based `line`.
  */
 function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent | 'torn' | 'blank' {
@@ -1015,8 +1019,9 @@ function parseLogLine(raw: string, line: number, expectedSeq: number, terminated
   }
   let value: unknown
   try { value = JSON.parse(raw) } catch {
-    // Torn: the start of an event dsh wrote ({"seq":…), cut short. Anything else is not a dsh log.
-    if (!terminated && raw.startsWith('{"seq":')) return 'torn'
+    // Torn: the start of an event dsh wrote ({"seq":…), cut short — anywhere, even inside its first
+    // 7 bytes (`{"`: a crash between two writes of one batch). Anything else is not a dsh log.
+    if (!terminated && (raw.startsWith(EVENT_LINE_START) || EVENT_LINE_START.startsWith(raw))) return 'torn'
     // The line itself is not echoed: a file given by mistake (an .env) may hold secrets.
     throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length} characters; not shown)`, line)
   }

@@ -163,6 +163,43 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
     assert.ok(survived >= KILLS, `${survived} of ${KILLS} kills survived`) // lanes round up
     for (const kind of ['mid-append', 'mid-stream', 'mid-tool']) assert.ok(points.get(kind), `no kill landed ${kind}`)
   })
+
+  // A kill between two writes of one batch (test/crash-driver.ts --chunky) can leave a last line of
+  // any length, even `{"`: shorter than `{"seq":`, it must still be taken for torn, not corrupt.
+  test('a torn last line cut at every byte, even inside its first 7 (`{"`), is dropped, saved and cut; the log resumes', async () => {
+    const file = join(WORK, 'torn-every-byte.jsonl')
+    const first = await Session.open(new FileStore(file))
+    first.append('turn/start', { turn: 1 })
+    first.append('user/message', { message: { role: 'user', content: 'hello' }, surfaceOp: { op: 'append' } })
+    await first.sync(); await first.store.close?.()
+    const good = readFileSync(file, 'utf8')
+    const whole = good.split('\n').filter((l) => l !== '')
+    // The next batch: two lines written in one append, the kill lands `cut` bytes into the second.
+    const next = whole.at(-1)!.replace(/^\{"seq":(\d+)/, (_, n) => `{"seq":${Number(n) + 1}`)
+    assert.ok(next.startsWith('{"seq":'))
+    for (let cut = 1; cut < next.length; cut++) {
+      const tail = next.slice(0, cut)
+      writeFileSync(file, good + tail)
+      const loaded = await Session.load(new FileStore(file))
+      assert.deepEqual(loaded.torn && { line: loaded.torn.line, bytes: loaded.torn.bytes }, { line: whole.length + 1, bytes: cut }, `cut ${cut} (${JSON.stringify(tail)})`)
+      assert.equal(readFileSync(loaded.torn!.savedTo!, 'utf8'), tail)
+      rmSync(loaded.torn!.savedTo!)
+      assert.equal(readFileSync(file, 'utf8'), good, `cut ${cut}: truncated to the last whole line`)
+      const resumed = await Session.open(new FileStore(file))
+      assert.equal(resumed.openedAtSeq, whole.length, 'every whole event kept, then session/resume')
+      assert.equal((await resumed.readEvent(whole.length)).type, 'session/resume')
+      await resumed.store.close?.()
+      const again = await Session.load(new FileStore(file))
+      assert.equal(again.torn, undefined)
+      assert.deepEqual(again.messages(), resumed.messages())
+      writeFileSync(file, good)
+    }
+    // Still refused: an unterminated last line that is not the start of a dsh event.
+    for (const tail of ['{"a', '{"sex', '{ "seq":']) {
+      writeFileSync(file, good + tail)
+      await assert.rejects(Session.load(new FileStore(file)), (e: SessionError) => e.code === 'LOG_CORRUPT' && e.line === whole.length + 1, JSON.stringify(tail))
+    }
+  })
 })
 
 // ── 2. Fault-injecting provider ────────────────────────────────────────────────────────────────
