@@ -2143,7 +2143,8 @@ export class Session {
 
   /**
    * Throws `SessionError('PIN')` unless `extraTokens` more pinned tokens still fit: envelope +
-   * pinned messages + `extraTokens` must stay within `limitTokens` (default: the compaction
+   * pinned messages + `extraTokens` (heuristic tokens, priced at the calibration) must stay within
+   * `limitTokens` (default: the compaction
    * threshold, `floor(contextWindow × 0.8)`, of the window in the last `request/header`; no limit
    * while the window is unknown). Pins are never compacted, so they must leave the ladder room.
    */
@@ -2151,8 +2152,11 @@ export class Session {
     const window = this.header?.contextWindow
     const limit = limitTokens ?? (window === undefined ? Infinity : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
     const pinned = this.pinnedTokens() + extraTokens
-    if (this.envelopeTokensSum + pinned <= limit) return
-    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} tokens, which with the ${this.envelopeTokensSum}-token envelope exceeds the ${limit}-token limit for pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}; pinned messages are never compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message`)
+    // The limit is measured tokens of the window; the prices are heuristic tokens (docs/design.md §10).
+    const rate = this.calibrationRatio()
+    const measured = Math.ceil((this.envelopeTokensSum + pinned) * rate)
+    if (measured <= limit) return
+    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} tokens, which with the ${this.envelopeTokensSum}-token envelope exceeds the ${limit}-token limit for pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}${rate === 1 ? '' : ` at × ${rate.toFixed(2)} calibration (${measured} tokens)`}; pinned messages are never compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message`)
   }
 
   /**
@@ -2900,6 +2904,12 @@ const SHRINK_MARKER = '\n[... cut for the summary request ...]\n'
 /** Keeps head (70%) and tail of `text` within `maxUnits` UTF-16 units, never splitting a surrogate pair. */
 function cutToUnits(text: string, maxUnits: number): string {
   if (text.length <= maxUnits) return text
+  if (maxUnits <= SHRINK_MARKER.length) {
+    // No room for the marker: the head alone (the marker would make a short text longer).
+    let end = Math.max(0, maxUnits)
+    if (end > 0 && isHigh(text.charCodeAt(end - 1))) end--
+    return text.slice(0, end)
+  }
   const spareUnits = Math.max(0, maxUnits - SHRINK_MARKER.length)
   let head = Math.floor(spareUnits * 0.7), tail = text.length - (spareUnits - head)
   if (head > 0 && isHigh(text.charCodeAt(head - 1))) head--
@@ -2924,11 +2934,33 @@ function shrinkMessage(m: Message, tokens: number): Message {
     if (b.type === 'tool-call') {
       const c = b as ToolCallBlock
       const max = Math.floor(c.arguments.length * ratio)
-      return c.arguments.length <= max ? c : { ...c, arguments: JSON.stringify({ cut: cutToUnits(c.arguments, Math.max(0, max - 12)) }) }
+      if (c.arguments.length <= max) return c
+      const cut = JSON.stringify({ cut: cutToUnits(c.arguments, Math.max(0, max - 12)) })
+      return cut.length < c.arguments.length ? { ...c, arguments: cut } : c // never longer than the original
     }
     return { type: 'text', text: `[${b.type} omitted]` }
   })
   return (typeof m.content === 'string' ? { ...m, content: (out[0] as TextBlock).text } : { ...m, content: out }) as Message
+}
+
+/** How many fingerprints of overflowed summary requests a session remembers (in memory, not logged). */
+const FAILED_SUMMARY_MEMORY = 32
+const failedSummaries = new WeakMap<Session, Set<number>>()
+/** The fingerprints of the session's summary requests that overflowed (oldest first). */
+function overflowedSummaryRequests(session: Session): Set<number> {
+  let set = failedSummaries.get(session)
+  if (!set) failedSummaries.set(session, set = new Set())
+  return set
+}
+/** A 53-bit FNV-1a-style hash of `text` (a summary request's fingerprint: its wire content can be large). */
+function fingerprintOf(text: string): number {
+  let h1 = 0x811c9dc5, h2 = 0x01000193
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i)
+    h1 = Math.imul(h1 ^ c, 0x01000193)
+    h2 = Math.imul(h2 ^ c, 0x5bd1e995)
+  }
+  return (h2 >>> 0) * 0x200000 + ((h1 >>> 0) & 0x1fffff)
 }
 
 /** Re-plans of one summary job after the summary request itself overflowed (docs/design.md §10). */
@@ -2996,7 +3028,10 @@ export async function summarise(host: CompactionHost, messages: readonly Message
   let summary = ''
   let requests = 0
   const usage: Usage = { promptTokens: 0, completionTokens: 0 }
-  const failed = new Set<string>()
+  // Summary requests of this session that overflowed, kept across summarise() calls: a ladder's next
+  // attempt (or the overflow rung after the pressure one) re-plans from a new calibration and can
+  // arrive at the very request that was just refused.
+  const failed = overflowedSummaryRequests(session)
   const sample = (providerTokens: number, heuristicTokens: number) => {
     if (sameModel) session.append('ladder/state', { sample: { providerTokens, heuristicTokens, source: 'summary' } })
   }
@@ -3022,9 +3057,19 @@ export async function summarise(host: CompactionHost, messages: readonly Message
         if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) {
           throw new CompactionError(`the summarizer's window (${window} tokens${rate === 1 ? '' : `, × ${rate.toFixed(2)} calibration`}) leaves ${Math.max(0, Math.floor(room))} tokens for a tool-balanced group of ${group.length} messages after the envelope, instruction${summary ? ' and running summary' : ''} (${fixed()}${summary ? ` + ${estimateMessageTokens(prior(summary))}` : ''} tokens)`)
         }
-        const each = Math.floor(room / group.length)
-        const shrunk = group.map((m) => (estimateMessageTokens(m) > each ? shrinkMessage(m, each) : m))
-        groupTokens = shrunk.reduce((t, m) => t + estimateMessageTokens(m), 0)
+        // An even share first; what some members cannot give up (an assistant message's many tool
+        // calls) is then taken from the others, until the group fits its room.
+        let each = Math.floor(room / group.length)
+        let shrunk = group
+        for (let pass = 0; pass < 8; pass++) {
+          shrunk = group.map((m) => (estimateMessageTokens(m) > each ? shrinkMessage(m, each) : m))
+          groupTokens = shrunk.reduce((t, m) => t + estimateMessageTokens(m), 0)
+          if (groupTokens <= room || each <= MESSAGE_OVERHEAD_TOKENS) break
+          each = Math.max(MESSAGE_OVERHEAD_TOKENS, Math.floor(each * (room / groupTokens)) - 1)
+        }
+        if (groupTokens > room) {
+          throw new CompactionError(`a tool-balanced group of ${group.length} messages cannot be shortened below ${groupTokens} tokens, and the summarizer's window (${window} tokens${rate === 1 ? '' : `, × ${rate.toFixed(2)} calibration`}) leaves ${Math.floor(room)} for it; nothing was sent`)
+        }
         chunk.push(...shrunk)
       } else chunk.push(...group)
       chunkTokens += groupTokens
@@ -3040,7 +3085,7 @@ export async function summarise(host: CompactionHost, messages: readonly Message
     const calibrated = Math.ceil(inputTokens * rate)
     if (calibrated >= window) throw new CompactionError(`a summary request of ${calibrated} tokens would not fit the summarizer's window (${window} tokens); nothing was sent`)
     const maxTokens = summaryMaxTokens(inputTokens - fixed(), host.compaction, window - calibrated)
-    const fingerprint = JSON.stringify([maxTokens, env.tools?.length ?? 0, msgs])
+    const fingerprint = fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
     if (failed.has(fingerprint)) throw new CompactionError(`re-planning gave a summary request identical to one that overflowed (${calibrated} tokens); nothing was sent`)
     requests++
     let res: ChatResponse
@@ -3051,9 +3096,12 @@ export async function summarise(host: CompactionHost, messages: readonly Message
       })
     } catch (err) {
       const e = err as ProviderError
+      if (e?.code === 'CONTEXT_WINDOW_EXCEEDED') {
+        failed.add(fingerprint)
+        if (failed.size > FAILED_SUMMARY_MEMORY) failed.delete(failed.values().next().value!)
+      }
       if (e?.code !== 'CONTEXT_WINDOW_EXCEEDED' || signal?.aborted || replans >= MAX_SUMMARY_REPLANS) throw Object.assign(err as object, { summaryRequests: requests })
       // The server counts this request as too long: learn its rate and limit, then plan smaller.
-      failed.add(fingerprint)
       replans++
       const counts = overflowCounts(e.body || e.message)
       if (counts.contextTokens !== undefined) window = Math.min(window, counts.contextTokens)
@@ -3177,6 +3225,7 @@ export class Ladder {
   private readonly host: CompactionHost
   private guard?: number
   private warnedNoWindow = false
+  private warnedServerWindow = false
 
   constructor(host: CompactionHost) {
     this.host = host
@@ -3230,9 +3279,11 @@ export class Ladder {
     const { session, compaction: cfg } = this.host
     const window = this.host.contextWindow
     if (!cfg.clear || window === undefined) return 0
-    const candidates = clearCandidates(session, Math.floor(window * cfg.protectedRatio), (name) => this.host.clearable?.(name) ?? true)
+    // The protected budget is measured tokens of the window; node prices are heuristic tokens.
+    const rate = session.measure().calibration
+    const candidates = clearCandidates(session, Math.floor((window * cfg.protectedRatio) / rate), (name) => this.host.clearable?.(name) ?? true)
     if (!cfg.clearBeforeSummary) {
-      const saved = candidates.reduce((t, c) => t + c.savedTokens, 0) * session.measure().calibration
+      const saved = candidates.reduce((t, c) => t + c.savedTokens, 0) * rate
       if (this.nextRequestTokens() - saved >= thresholdTokens) return 0
     }
     const target = Math.floor(window * cfg.reliefRatio)
@@ -3297,7 +3348,7 @@ export class Ladder {
     }
     const after = this.nextRequestTokens()
     const saved = outcome.tokensBefore - after
-    if (trigger === 'manual' && committed > 0) return done('compacted')
+    if (trigger === 'manual' && committed > 0) { this.setGuard(undefined); return done('compacted') }
     if (committed > 0 && after < threshold && saved >= minSaving) { this.setGuard(undefined); return done('compacted') }
     const why = lastError || (saved < minSaving ? `it saved only ${saved} tokens (< ${Math.round(cfg.minSavingsRatio * 100)}%)` : 'the retained tail and envelope alone are above it')
     this.host.warn(`context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; not retrying until the surface grows by ${retained} tokens`)
@@ -3335,6 +3386,11 @@ export class Ladder {
     const counted = counts.promptTokens !== undefined && counts.promptTokens > 0
     if (counted) session.append('ladder/state', { sample: { providerTokens: counts.promptTokens!, heuristicTokens: session.measure().heuristicTokens, source: 'overflow' } })
     const window = this.host.contextWindow
+    if (counts.contextTokens !== undefined && window !== undefined && counts.contextTokens < window && !this.warnedServerWindow) {
+      // Pressure compares with the configured window, so every cycle would overflow again first.
+      this.warnedServerWindow = true
+      this.host.warn(`the provider reports a context window of ${counts.contextTokens} tokens, smaller than the configured ${window}: compaction starts too late and requests overflow; set contextWindow to ${counts.contextTokens} (CLI: --context-window ${counts.contextTokens})`)
+    }
     const threshold = window === undefined ? 0 : Math.floor(window * this.host.compaction.thresholdRatio)
     outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'context-overflow', 0, true)
     outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'context-overflow')
@@ -3350,7 +3406,8 @@ export class Ladder {
         this.host.warn(`overflow compaction failed: ${(err as Error).message}`)
       }
     }
-    if (compacted) return done('compacted')
+    // The surface the guard remembered is gone: pressure may summarise again as soon as it needs to.
+    if (compacted) { this.setGuard(undefined); return done('compacted') }
     return done(modelFree, modelFree === 'failed' && !region ? 'no region to summarise' : undefined)
   }
 
@@ -3375,6 +3432,12 @@ export class Ladder {
 
 /** The name of the tool {@link recallTool} makes. */
 export const RECALL_TOOL_NAME = 'recall'
+/**
+ * The Agent offers `recall` only while its spec, priced at the calibration, takes at most this share
+ * of the context window (docs/design.md §10): in a small window with a dense tokenizer the spec
+ * (JSON, which tokenizes worst) would crowd out the conversation it is meant to serve.
+ */
+export const RECALL_MAX_WINDOW_RATIO = 0.1
 /** Cap on one recall answer, code points, before the line that says how to get more. */
 export const RECALL_MAX_CODE_POINTS = 4096
 /** Lines per recall page unless `limit` says otherwise. */
@@ -5318,6 +5381,10 @@ export class Agent implements CompactionHost {
   private onEvent?: (e: AgentEvent) => void
   private envelopeMemo?: Envelope
   private envelopeMemoTools = 0
+  /** Heuristic tokens of the recall tool's spec (0 without it). */
+  private readonly recallSpecTokens: number = 0
+  /** Set once the recall spec was found too big for the window ({@link RECALL_MAX_WINDOW_RATIO}). */
+  private recallDropped = false
 
   constructor(options: AgentOptions) {
     if (!options?.session || !options.provider) throw new TypeError('new Agent({session, provider, …}): session and provider are required')
@@ -5348,6 +5415,7 @@ export class Agent implements CompactionHost {
     if (options.recall !== false) {
       if (names.has(RECALL_TOOL_NAME)) throw new TypeError(`a tool is named ${JSON.stringify(RECALL_TOOL_NAME)}, which dsh offers itself to read back shadowed content; rename your tool or pass recall: false`)
       this.recall = recallTool(this.session)
+      this.recallSpecTokens = estimateEnvelopeTokens({ tools: [{ name: this.recall.name, description: this.recall.description, parameters: this.recall.parameters }] })
     }
     this.ladder = new Ladder(this)
     this.onEvent = options.onEvent
@@ -5368,9 +5436,27 @@ export class Agent implements CompactionHost {
   /** Whether results of tool `name` may be cleared by the ladder (`tool.clearable !== false`). */
   clearable(name: string): boolean { return this.tools.find((t) => t.name === name)?.clearable !== false }
 
-  /** The tools offered in the next request: the caller's, plus `recall` once the session holds shadowed content. */
+  /**
+   * The tools offered in the next request: the caller's, plus `recall` once the session holds
+   * shadowed content and its spec is affordable ({@link RECALL_MAX_WINDOW_RATIO}).
+   */
   private offeredTools(): readonly Tool[] {
-    return this.recall && this.session.hasShadowedContent ? [...this.tools, this.recall] : this.tools
+    return this.recall && this.session.hasShadowedContent && this.recallAffordable() ? [...this.tools, this.recall] : this.tools
+  }
+
+  /**
+   * Whether the recall spec, priced at the calibration, is at most {@link RECALL_MAX_WINDOW_RATIO}
+   * of the window. Once it is not, this agent never offers it again (one envelope change, not one
+   * per calibration sample), and says so once.
+   */
+  private recallAffordable(): boolean {
+    if (this.recallDropped) return false
+    if (this.window === undefined) return true
+    const m = this.session.measure()
+    if (this.recallSpecTokens * m.calibration <= this.window * RECALL_MAX_WINDOW_RATIO) return true
+    this.recallDropped = true
+    this.warn(`the ${RECALL_TOOL_NAME} tool is not offered: its spec (${this.recallSpecTokens} tokens${m.calibration === 1 ? '' : ` × ${m.calibration.toFixed(2)} calibration`}) would take more than ${Math.round(RECALL_MAX_WINDOW_RATIO * 100)}% of the ${this.window}-token window; shadowed content stays in the log (a ${RECALL_TOOL_NAME} call is still answered)`)
+    return false
   }
 
   /** Context window in tokens, if known. */
@@ -5509,13 +5595,15 @@ export class Agent implements CompactionHost {
       if (options.pin) session.pin(inputSeq, { limitTokens: this.pinLimitTokens })
       this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
       await session.flush() // the input is written at once and fsynced with the first step's boundary
-      if (this.compaction.auto && !(await this.unlessAborted(() => this.ladder.relievePressure(signal), signal))) return await end('aborted')
+      // Before the ladder: no rung edits the input or the caller's envelope, so a summary spent on a
+      // request that cannot be sent anyway would only cost a model call and lose history.
       const tooBig = this.inputTooBig(message)
       if (tooBig) {
         session.append('request/error', { code: tooBig.code, message: tooBig.message, trigger: 'input' })
         await end('error')
         throw tooBig
       }
+      if (this.compaction.auto && !(await this.unlessAborted(() => this.ladder.relievePressure(signal), signal))) return await end('aborted')
       this.overflowRetries = 0
       this.streamRetries = 0
       // The smallest request (tokens, by the meter) that overflowed and was recovered from in this
@@ -5647,7 +5735,8 @@ export class Agent implements CompactionHost {
       await session.flush() // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
       let result: ToolResultMessage
       const offered = this.offeredTools()
-      const tool = offered.find((t) => t.name === call.name)
+      // recall is answered even when its spec is not offered: the placeholders name it.
+      const tool = offered.find((t) => t.name === call.name) ?? (call.name === RECALL_TOOL_NAME && this.session.hasShadowedContent ? this.recall : undefined)
       if (!tool) {
         result = errorResult(call.id, `unknown tool ${JSON.stringify(call.name)}; available tools: ${offered.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
       } else {
@@ -9272,7 +9361,10 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
       case 'recovery/retry': return say(`[dsh] context overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); retrying`)
       case 'step/retry': return say(`[dsh] the stream broke after output (${d.code}); the partial answer is kept, retrying the step once`)
       // Other provider errors end the turn and are reported once, by the caller's last line.
-      case 'request/error': return d.code === 'CONTEXT_WINDOW_EXCEEDED' ? say(`[dsh] context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`) : undefined
+      // An input refused before sending is reported by the error itself: nothing is pruned or compacted for it.
+      case 'request/error': return d.code !== 'CONTEXT_WINDOW_EXCEEDED' || d.trigger === 'input' ? undefined
+        : say(/preflight: nothing was sent/.test(String(d.message)) ? `[dsh] the next request would not fit the context window (dsh's estimate; nothing was sent); pruning and compacting to recover`
+          : `[dsh] context overflow reported by the provider${d.status ? ` (${d.status})` : ''}; pruning and compacting to recover`)
       case 'turn/end': stopLive(); return
       case 'step/end': {
         if (!tty || !a) return

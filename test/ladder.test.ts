@@ -599,3 +599,193 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
     assert.ok(estimateTextTokens(ledgerText) <= Math.floor(ledgerBudget(window) / 3), `ledger ${estimateTextTokens(ledgerText)} heuristic tokens; budget ${ledgerBudget(window)} tokens at 3×`)
   })
 })
+
+describe('small windows against a dense tokenizer (attack3)', () => {
+  const bigResult = (i: number) => `result ${i} `.padEnd(2_400, 'z')
+  test('recall is not offered once its spec would take more than a tenth of the window (1,024 tokens: 150 > 102); a recall call is still answered; one warning', async () => {
+    // Against llama-server's 512-token vocabulary the recall spec costs 721 tokens: in a 1,024-token
+    // window every request after the first compaction overflowed and the session could not go on.
+    const f = await fake([
+      { toolCalls: [{ id: 'k1', name: 'recall', arguments: { key: 'c0' } }] },
+      { text: 'done' },
+    ], [{ text: 'CHECKPOINT' }], 1_024)
+    const session = await Session.open(new MemoryStore())
+    session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c0', name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
+    session.append('tool/result', { message: { role: 'tool', toolCallId: 'c0', content: [{ type: 'text', text: bigResult(0) }] }, surfaceOp: { op: 'append' } })
+    const seq = session.events.at(-1)!.seq
+    assert.ok(session.pruneToolResult(seq, resolvePruneConfig({ thresholdChars: 1_000, headChars: 100, tailChars: 50 }), 'manual') > 0)
+    assert.equal(session.hasShadowedContent, true)
+    const warnings: string[] = []
+    const agent = new Agent({ session, provider: f.provider, compaction: { auto: false }, onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } })
+    const r = await agent.run('go')
+    assert.equal(r.text, 'done')
+    for (const req of f.conversation()) assert.ok(!(req.body.tools ?? []).some((t: any) => t.function.name === RECALL_TOOL_NAME), 'recall offered in a 1,024-token window')
+    const answer = session.events.filter((e) => e.type === 'tool/result').at(-1)!.data as any
+    assert.equal(answer.message.toolCallId, 'k1')
+    assert.ok(answer.message.content[0].text.includes('result 0 zzz'), `recall answered: ${answer.message.content[0].text.slice(0, 200)}`)
+    assert.equal(warnings.filter((w) => w.includes('recall tool is not offered')).length, 1, warnings.join('\n'))
+  })
+
+  test('recall is offered in a window that affords it (2,048 at calibration 1), and dropped for good once the calibration makes it too dear', async () => {
+    const f = await fake([{ text: 'ok' }], [{ text: 'CHECKPOINT' }], 2_048)
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'fake-model', baseURL: f.server.url, contextWindow: 2_048 })
+    session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c0', name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
+    session.append('tool/result', { message: { role: 'tool', toolCallId: 'c0', content: [{ type: 'text', text: bigResult(0) }] }, surfaceOp: { op: 'append' } })
+    session.pruneToolResult(session.events.at(-1)!.seq, resolvePruneConfig({ thresholdChars: 1_000, headChars: 100, tailChars: 50 }), 'manual')
+    const agent = new Agent({ session, provider: f.provider, compaction: { auto: false } })
+    const offered = (i: number) => (f.conversation()[i].body.tools ?? []).some((t: any) => t.function.name === RECALL_TOOL_NAME)
+    await agent.run('one')
+    assert.equal(offered(0), true, 'at calibration 1 the spec (150) is under 204')
+    // The server counts 3 tokens per heuristic one (e.g. summary requests' usage): 150 × 3 = 450 > 204.
+    for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } })
+    await agent.run('two')
+    await agent.run('three')
+    assert.equal(offered(1), false)
+    assert.equal(offered(2), false)
+  })
+
+  test('an input that cannot fit beside the envelope is refused before the ladder spends a summary on the history', async () => {
+    const f = await fake([{ text: 'never' }], [{ text: 'CHECKPOINT' }], 1_000)
+    const session = await Session.open(new MemoryStore())
+    for (let i = 0; i < 6; i++) {
+      session.append('user/message', { message: { role: 'user', content: `q${i} `.padEnd(400, 'q') }, surfaceOp: { op: 'append' } })
+      session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: `a${i} `.padEnd(400, 'a') }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+    }
+    const huge: Tool = { name: 'huge', description: 'd'.repeat(4_000), parameters: { type: 'object' }, execute: () => 'x' }
+    const agent = new Agent({ session, provider: f.provider, tools: [huge] })
+    await assert.rejects(agent.run('go'), (e: unknown) => e instanceof ProviderError && e.code === 'CONTEXT_WINDOW_EXCEEDED' && /nothing was sent/.test(e.message))
+    assert.equal(f.summary().length, 0, 'a summary was requested for a turn that could not be sent')
+    assert.equal(f.conversation().length, 0)
+    assert.equal(of(session, 'compaction/summary').length, 0, 'history was summarised away for nothing')
+  })
+})
+
+describe('window figures in window tokens at calibration 3 (attack3)', () => {
+  const at3 = (session: Session) => { for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } }) }
+  const unreachable = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 })
+  const hostOf = (session: Session, contextWindow: number, summarizer = unreachable, compaction = {}): CompactionHost => ({
+    session, summarizer, contextWindow, envelope: {}, compaction: resolveCompactionConfig({ compactionRetries: 0, ...compaction }), pruneConfig: resolvePruneConfig(), warn() {},
+  })
+  const toolStep = (session: Session, id: string, tokens: number) => {
+    session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id, name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
+    session.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text: `${id} `.padEnd((tokens - 8) * 4, 'r') }] }, surfaceOp: { op: 'append' } })
+    return session.events.at(-1)!.seq
+  }
+
+  test('clear: the protected recent budget is floor(window × 0.2) measured tokens, so a third of it in heuristic ones', async () => {
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    at3(session)
+    const results = Array.from({ length: 8 }, (_, i) => toolStep(session, `c${i}`, 500))
+    // Window 10,000: protected 2,000 tokens = 667 heuristic = the newest two results (not four).
+    assert.ok(session.measure().totalTokens >= 8_000, `${session.measure().totalTokens}`)
+    await new Ladder(hostOf(session, 10_000, unreachable, { reliefRatio: 0.1 })).relievePressure() // clear down to 1,000: every candidate
+    const cleared = new Set(session.events.filter((e) => e.type === 'compaction/clear').flatMap((e) => (e.data as any).shadowedSeqs))
+    assert.ok(!cleared.has(results[7]) && !cleared.has(results[6]), 'the newest two results are protected')
+    assert.equal(cleared.size, 6, `the third-newest and older results (beyond 667 heuristic tokens) are cleared; cleared ${[...cleared].join(',')} of ${results.join(',')}`)
+    assert.ok(cleared.has(results[5]), `the third-newest result (beyond 667 heuristic tokens) is clearable; cleared ${[...cleared].join(',')} of ${results.join(',')}`)
+  })
+
+  test('pin: the limit (the compaction threshold, in tokens of the window) is compared with the pinned prices at the calibration', async () => {
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'm', baseURL: 'http://x', contextWindow: 2_000 })
+    at3(session)
+    session.append('user/message', { message: { role: 'user', content: 'p'.repeat((600 - 8) * 4) }, surfaceOp: { op: 'append' } })
+    // 600 heuristic tokens = 1,800 tokens of the window at 3×: over the 1,600-token limit.
+    assert.throws(() => session.pin(session.events.at(-1)!.seq), (e: unknown) => (e as { code?: string }).code === 'PIN' && /at × 3\.00 calibration \(1800 tokens\)/.test((e as Error).message))
+  })
+
+  test('a successful overflow compaction clears the failed-pressure guard (durably), so pressure summarises again before the next overflow', async () => {
+    const f = await fake([{ text: 'x' }], [{ status: 500, body: { error: { message: 'summariser down' } } }, { text: 'CHECKPOINT: ok.' }], 10_000)
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    for (let i = 0; i < 10; i++) {
+      session.append('user/message', { message: { role: 'user', content: `q${i} `.padEnd(2_000, 'q') }, surfaceOp: { op: 'append' } })
+      session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: `a${i} `.padEnd(1_400, 'a') }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+    }
+    const ladder = new Ladder(hostOf(session, 10_000, f.provider))
+    const failed = await ladder.relievePressure()
+    assert.equal(failed.action, 'failed')
+    assert.ok(ladder.failedAtTokens !== undefined)
+    const recovered = await ladder.recoverOverflow(undefined)
+    assert.equal(recovered.action, 'compacted', recovered.reason)
+    assert.equal(ladder.failedAtTokens, undefined)
+    assert.equal(new Ladder(hostOf(session, 10_000)).failedAtTokens, undefined, 'a resumed ladder does not restore the stale guard')
+  })
+})
+
+describe('summary of a wide tool step (attack3)', () => {
+  test('one assistant message with 12 parallel calls and their results, larger than the summarizer\'s window at calibration 3: shortened until it fits, then summarised', async () => {
+    // Against llama-server (2,048 tokens) this group made every compaction fail with "a summary
+    // request of 2360 tokens would not fit": the even share let the 12 short tool-call arguments be
+    // "cut" into longer ones, and what the calls cannot give up was not taken from the results.
+    const bodies: any[] = []
+    const server = await startFakeProvider({ handler: (req) => { bodies.push(req.body); return { text: 'CHECKPOINT: read twelve files.', usage: null } } })
+    servers.push(server)
+    const summarizer = openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', maxRetries: 0 })
+    const session = await Session.open(new MemoryStore())
+    for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } })
+    const calls = Array.from({ length: 12 }, (_, k) => ({ type: 'tool-call' as const, id: `t${k}`, name: 'read_file', arguments: JSON.stringify({ path: `f${k}.txt` }) }))
+    const messages = [
+      { role: 'assistant' as const, content: calls },
+      ...calls.map((c, k) => ({ role: 'tool' as const, toolCallId: c.id, content: [{ type: 'text' as const, text: `file ${k} `.padEnd(400, 'w') }] })),
+    ]
+    const host: CompactionHost = { session, summarizer, contextWindow: 2_048, envelope: {}, compaction: resolveCompactionConfig({ summaryMaxTokens: 128 }), pruneConfig: resolvePruneConfig(), warn() {} }
+    assert.ok(messages.reduce((t, m) => t + estimateMessageTokens(m), 0) * 3 > 2_048)
+    const r = await summarise(host, messages)
+    assert.equal(r.summary, 'CHECKPOINT: read twelve files.')
+    assert.equal(bodies.length, 1)
+    const sent = bodies[0].messages
+    // Every call keeps its id and name; no argument grew; the request fits the window at 3×.
+    const assistantSent = sent.find((m: any) => m.role === 'assistant')
+    assert.equal(assistantSent.tool_calls.length, 12)
+    for (const [k, c] of assistantSent.tool_calls.entries()) assert.ok(c.function.arguments.length <= calls[k].arguments.length, c.function.arguments)
+    const results = sent.filter((m: any) => m.role === 'tool')
+    assert.equal(results.length, 12)
+    for (const m of results) assert.ok(m.content.length < 400, `a result of ${m.content.length} characters was not shortened`)
+  })
+})
+
+describe('no summary request is sent twice after it overflowed (attack3)', () => {
+  test('pressure with compactionRetries 1 against a summarizer that always overflows (no counts): the second attempt does not resend the first attempt\'s requests', async () => {
+    // Against llama-server the second attempt re-planned from the calibration the first one learnt
+    // and sent, byte for byte, the request the server had just refused.
+    const bodies: string[] = []
+    const server = await startFakeProvider({ handler: (req) => { bodies.push(JSON.stringify(req.body.messages) + req.body.max_tokens); return { status: 400, body: { error: { code: 400, message: 'the request exceeds the available context size, try increasing it', type: 'exceed_context_size_error' } } } } })
+    servers.push(server)
+    const summarizer = openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', maxRetries: 0 })
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    for (let i = 0; i < 10; i++) {
+      session.append('user/message', { message: { role: 'user', content: `q${i} `.padEnd(2_000, 'q') }, surfaceOp: { op: 'append' } })
+      session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: `a${i} `.padEnd(1_400, 'a') }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+    }
+    const host: CompactionHost = { session, summarizer, contextWindow: 10_000, envelope: {}, compaction: resolveCompactionConfig({ compactionRetries: 1 }), pruneConfig: resolvePruneConfig(), warn() {} }
+    const out = await new Ladder(host).relievePressure()
+    assert.equal(out.action, 'failed')
+    assert.ok(bodies.length >= 2)
+    assert.equal(new Set(bodies).size, bodies.length, `${bodies.length} summary requests, ${bodies.length - new Set(bodies).size} of them repeats`)
+    // And the overflow rung after it does not resend them either.
+    await new Ladder(host).recoverOverflow(undefined)
+    assert.equal(new Set(bodies).size, bodies.length, `${bodies.length} summary requests, ${bodies.length - new Set(bodies).size} of them repeats`)
+  })
+})
+
+describe('a server whose window is smaller than the configured one (attack3)', () => {
+  test('an overflow error with n_ctx under the configured window warns once, with both numbers and the fix', async () => {
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'm', baseURL: 'http://x', contextWindow: 2_048 })
+    session.append('user/message', { message: { role: 'user', content: 'hello' }, surfaceOp: { op: 'append' } })
+    const warnings: string[] = []
+    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), contextWindow: 2_048, envelope: {}, compaction: resolveCompactionConfig(), pruneConfig: resolvePruneConfig(), warn: (m) => warnings.push(m) }
+    const body = JSON.stringify({ error: { code: 400, message: 'request (1122 tokens) exceeds the available context size (1024 tokens), try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 1122, n_ctx: 1024 } })
+    const error = new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body })
+    const ladder = new Ladder(host)
+    await ladder.recoverOverflow(error)
+    await ladder.recoverOverflow(error)
+    const w = warnings.filter((m) => m.includes('reports a context window'))
+    assert.equal(w.length, 1, warnings.join('\n'))
+    assert.match(w[0], /1024 tokens, smaller than the configured 2048.*--context-window 1024/)
+  })
+})

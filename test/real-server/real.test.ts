@@ -474,3 +474,34 @@ describe('7. a library Agent, the CLI and replay against llama-server', { skip, 
     console.log(`replay --base-url: ${totals.compactions} compaction(s), ${totals.summaryCalls} real summary request(s), peak ${totals.peakRequestTokens} of ${totals.contextWindow} tokens`)
   })
 })
+
+// ── A 1,024-token window (the third adversarial review) ─────────────────────────────────────────
+
+describe('a 1,024-token window', { skip, timeout: SCENARIO_TIMEOUT_MS }, () => {
+  let server: RunningServer
+  before(async () => { server = await startServer({ ctxSize: 1024 }) })
+  after(async () => { await server?.stop() })
+
+  test('turns go on after compactions: the recall spec (721 tokens here) is not offered, no request is rejected, none repeated', async () => {
+    // Before: after the first compaction every request carried the recall tool and overflowed;
+    // each later turn failed after re-summarising the checkpoint.
+    const { provider, exchanges } = realProvider(server)
+    const session = await Session.open(new MemoryStore())
+    const warnings: string[] = []
+    const agent = new Agent({ session, provider, compaction: { summaryMaxTokens: 128 }, onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } })
+    for (let t = 0; t < 9; t++) {
+      const r = await runTurn(agent, filler(200, 300 + t), exchanges)
+      assert.ok(['stop', 'length'].includes(r.reason), `turn ${t} ended ${r.reason}`)
+    }
+    await settled(exchanges)
+    const detail = await trace(session, exchanges)
+    assert.ok(ofType(session, 'compaction/summary').length >= 1, `no compaction in 9 turns${detail}`)
+    for (const x of exchanges) {
+      assert.equal(x.status, 200, `a request was rejected: ${x.responseText.slice(0, 200)}${detail}`)
+      assert.ok(!(x.body.tools ?? []).some((t: any) => t.function.name === 'recall'), `recall offered in a 1,024-token window${detail}`)
+    }
+    const bodies = exchanges.map((x) => JSON.stringify(x.body))
+    assert.equal(new Set(bodies).size, bodies.length, 'a request was sent twice')
+    assert.ok(warnings.some((w) => w.includes('recall tool is not offered')), warnings.join('\n'))
+  })
+})
