@@ -5426,8 +5426,9 @@ export class Agent implements CompactionHost {
         if (error?.code !== 'CONTEXT_WINDOW_EXCEEDED' || signal.aborted) return
         if (this.overflowRetries >= this.compaction.maxOverflowRetries) return
         const outcome = await this.ladder.recoverOverflow(error, signal)
-        // Never retry an unchanged request, nor one the provider's own count says cannot fit.
-        const fits = this.window === undefined || this.session.measure().totalTokens < this.window
+        // Never retry an unchanged request, nor one the provider's own count says cannot fit
+        // (`tokensAfter` is the next request's size, the envelope it will carry included).
+        const fits = this.window === undefined || outcome.tokensAfter < this.window
         if (outcome.generationAfter > outcome.generationBefore && fits) return { retry: true }
       })
     }
