@@ -3183,6 +3183,9 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
     if (verdict?.cancel) throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
     if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}` : verdict.focus.trim()
     const fullLedger = await regionLedger(session, nodes)
+    // A region no larger than its checkpoint's frame and ledger could only be rejected after the model call.
+    const frameTokens = estimateMessageTokens({ role: 'user', content: frameCheckpoint('', trimLedger(fullLedger, Math.floor(ledgerBudget(host.contextWindow) / session.measure().calibration))) })
+    if (frameTokens >= region.tokens) throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and ledger alone (${frameTokens} tokens); nothing was sent`)
     const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
@@ -3226,6 +3229,7 @@ export class Ladder {
   private guard?: number
   private warnedNoWindow = false
   private warnedServerWindow = false
+  private warnedEnvelope = false
 
   constructor(host: CompactionHost) {
     this.host = host
@@ -3392,6 +3396,15 @@ export class Ladder {
       this.host.warn(`the provider reports a context window of ${counts.contextTokens} tokens, smaller than the configured ${window}: compaction starts too late and requests overflow; set contextWindow to ${counts.contextTokens} (CLI: --context-window ${counts.contextTokens})`)
     }
     const threshold = window === undefined ? 0 : Math.floor(window * this.host.compaction.thresholdRatio)
+    if (counted && window !== undefined && !this.warnedEnvelope) {
+      // The provider's count shared out by heuristic price: the envelope's part of the refused request.
+      const m = session.measure()
+      const envelopeCounted = Math.round((counts.promptTokens! * m.envelopeTokens) / Math.max(1, m.heuristicTokens))
+      if (envelopeCounted >= threshold) {
+        this.warnedEnvelope = true
+        this.host.warn(`the system prompt and tool specs alone are about ${envelopeCounted} tokens by the provider's count (${m.envelopeTokens} of the request's ${m.heuristicTokens} heuristic tokens; it counted ${counts.promptTokens}), at or above the compaction threshold of ${threshold} of the ${window}-token window: no prune or summary can make room; use a model with a larger context window, or fewer or shorter tools and system prompt`)
+      }
+    }
     outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'context-overflow', 0, true)
     outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'context-overflow')
     if (window !== undefined) outcome.clearedTokens = this.clear('context-overflow', threshold)
@@ -5713,6 +5726,11 @@ export class Agent implements CompactionHost {
     const input = estimateMessageTokens(message)
     const tokens = Math.ceil((envelope + input) * calibration)
     if (tokens < window) return undefined
+    const envelopeAlone = Math.ceil(envelope * calibration)
+    if (envelope >= input) {
+      return new ProviderError('CONTEXT_WINDOW_EXCEEDED',
+        `CONTEXT_WINDOW_EXCEEDED: the system prompt and tool specs alone are ${envelope} tokens${calibration === 1 ? '' : ` (× ${calibration.toFixed(2)} calibration = ${envelopeAlone})`}, and with the ${input}-token input (${tokens} in all) they do not fit the context window of ${this.provider.model}, ${window} tokens; nothing was sent. Use a model with a larger window, or fewer or shorter tools and system prompt.`)
+    }
     return new ProviderError('CONTEXT_WINDOW_EXCEEDED',
       `CONTEXT_WINDOW_EXCEEDED: the current input alone is ${input} tokens (plus ${envelope} of system prompt and tools${calibration === 1 ? '' : `, × ${calibration.toFixed(2)} calibration`} = ${tokens}) and the context window of ${this.provider.model} is ${window} tokens; nothing was sent. The input is never cut: shorten it, or use a model with a larger window.`)
   }

@@ -773,6 +773,60 @@ describe('no summary request is sent twice after it overflowed (attack3)', () =>
 })
 
 describe('a server whose window is smaller than the configured one (attack3)', () => {
+  test('an overflow whose count puts the system prompt and tool specs alone over the threshold says so once: no rung can make room', async () => {
+    const session = await Session.open(new MemoryStore())
+    const tools = [{ name: 'big', description: 'd'.repeat(3_000), parameters: { type: 'object' } }]
+    session.setHeader({ model: 'm', baseURL: 'http://x', contextWindow: 2_048, system: 's'.repeat(400), tools })
+    session.append('user/message', { message: { role: 'user', content: 'Say hello.' }, surfaceOp: { op: 'append' } })
+    const m = session.measure()
+    const warnings: string[] = []
+    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), contextWindow: 2_048, envelope: { system: 's'.repeat(400), tools }, compaction: resolveCompactionConfig(), pruneConfig: resolvePruneConfig(), warn: (w) => warnings.push(w) }
+    const body = JSON.stringify({ error: { code: 400, message: 'request (3728 tokens) exceeds the available context size (2048 tokens), try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 3728, n_ctx: 2048 } })
+    const ladder = new Ladder(host)
+    const out = await ladder.recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body }))
+    assert.equal(out.generationAfter, out.generationBefore, 'nothing to prune or summarise: no retry')
+    await ladder.recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body }))
+    const w = warnings.filter((x) => x.includes('tool specs alone'))
+    assert.equal(w.length, 1, warnings.join('\n'))
+    const expected = Math.round((3_728 * m.envelopeTokens) / m.heuristicTokens)
+    assert.ok(expected >= 1_638 && expected < 3_728)
+    assert.ok(w[0].startsWith(`the system prompt and tool specs alone are about ${expected} tokens by the provider's count (${m.envelopeTokens} of the request's ${m.heuristicTokens} heuristic tokens; it counted 3728), at or above the compaction threshold of 1638 of the 2048-token window`), w[0])
+    // A request whose envelope is small says nothing of the kind.
+    const small = await Session.open(new MemoryStore())
+    small.setHeader({ model: 'm', baseURL: 'http://x', contextWindow: 2_048 })
+    small.append('user/message', { message: { role: 'user', content: 'x'.repeat(6_000) }, surfaceOp: { op: 'append' } })
+    const quiet: string[] = []
+    await new Ladder({ ...host, session: small, envelope: {}, warn: (x) => quiet.push(x) }).recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body }))
+    assert.equal(quiet.filter((x) => x.includes('tool specs alone')).length, 0, quiet.join('\n'))
+  })
+
+  test('an input refused because the system prompt and tool specs crowd the window says that, not "shorten the input"', async () => {
+    const f = await fake([{ text: 'never' }], undefined, 2_048)
+    const session = await Session.open(new MemoryStore())
+    const big: Tool = { name: 'big', description: 'd'.repeat(9_000), parameters: { type: 'object' }, execute: () => '' }
+    const agent = new Agent({ session, provider: f.provider, tools: [big], system: 'You are terse.' })
+    await assert.rejects(agent.run('Say hello.'), (e: Error) => {
+      assert.match(e.message, /^CONTEXT_WINDOW_EXCEEDED: the system prompt and tool specs alone are \d+ tokens, and with the \d+-token input \(\d+ in all\) they do not fit the context window of fake-model, 2048 tokens; nothing was sent\. Use a model with a larger window, or fewer or shorter tools and system prompt\.$/)
+      return true
+    })
+    assert.equal(f.server.requests.length, 0)
+  })
+
+  test('a region no larger than its checkpoint\'s frame and ledger is refused before any summary request', async () => {
+    const f = await fake([{ text: 'never' }], [{ text: 'CHECKPOINT: x' }], 2_048)
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'fake-model', baseURL: f.server.url, contextWindow: 2_048 })
+    session.append('user/message', { message: { role: 'user', content: 'hi' }, surfaceOp: { op: 'append' } })
+    session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'hello' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+    const warnings: string[] = []
+    const host: CompactionHost = { session, summarizer: f.provider, contextWindow: 2_048, envelope: {}, compaction: resolveCompactionConfig(), pruneConfig: resolvePruneConfig(), warn: (w) => warnings.push(w) }
+    const out = await new Ladder(host).recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body: '{}' }))
+    assert.equal(out.summaryRequests, 0)
+    assert.equal(f.summary().length, 0)
+    const end = session.events.find((e) => e.type === 'compaction/end')!.data as any
+    assert.match(end.error, /^the region \(\d+ tokens\) is not larger than its checkpoint's frame and ledger alone \(\d+ tokens\); nothing was sent$/)
+  })
+
   test('an overflow error with n_ctx under the configured window warns once, with both numbers and the fix', async () => {
     const session = await Session.open(new MemoryStore())
     session.setHeader({ model: 'm', baseURL: 'http://x', contextWindow: 2_048 })
