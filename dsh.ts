@@ -1469,8 +1469,8 @@ export class Session {
   private readonly now: () => number
   private nodes: SurfaceNode[] = []
   private bySeq = new Map<number, SurfaceNode>()
-  /** callId → seq of the surface node holding the call, and of its result once logged. */
-  private calls = new Map<string, { callSeq: number; resultSeq?: number }>()
+  /** callId → seq of the surface node holding the call (and that node's key: the call's append seq), and of its result once logged. */
+  private calls = new Map<string, { callSeq: number; callKey: number; resultSeq?: number }>()
   private openCalls = new Set<string>()
   private dispatched = new Set<string>()
   /** Append seqs of the originals the surface no longer shows as logged (see {@link Session.shadowedSeqs}); sorted lazily. */
@@ -1478,6 +1478,8 @@ export class Session {
   private shadowedSorted = true
   /** Seqs of spilled tool results (listed in `shadowed` when appended). */
   private spilledSeqs = new Set<number>()
+  /** Shadowed result seq → append seq of the assistant message holding its call (see {@link Session.shadowedCallSeq}). */
+  private shadowedCalls = new Map<number, number>()
   private surfaceTokensSum = 0
   private envelopeTokensSum = 0
   private anchorState?: UsageAnchor
@@ -1641,10 +1643,17 @@ export class Session {
     if (!this.shadowedSorted) { this.shadowed.sort((a, b) => a - b); this.shadowedSorted = true }
     return this.shadowed
   }
-  private addShadowed(seq: number): void {
+  private addShadowed(seq: number, message: Message): void {
     if (this.shadowed.length > 0 && seq < this.shadowed[this.shadowed.length - 1]) this.shadowedSorted = false
     this.shadowed.push(seq)
+    if (message.role === 'tool') { const callKey = this.calls.get(message.toolCallId)?.callKey; if (callKey !== undefined) this.shadowedCalls.set(seq, callKey) }
   }
+  /**
+   * For a shadowed tool result (`resultSeq` one of {@link Session.shadowedSeqs}), the append seq of
+   * the assistant message that holds its call as the model sent it (arguments uncut), however far
+   * back, and even once that call is off the surface or its id reused; undefined otherwise.
+   */
+  shadowedCallSeq(resultSeq: number): number | undefined { return this.shadowedCalls.get(resultSeq) }
   /**
    * The seq of the first logged result of tool call `callId` (before any prune or clear), while the
    * call is on the surface; undefined otherwise.
@@ -1852,7 +1861,7 @@ export class Session {
       // Only when the messages are at least half of it: how a provider frames tool specs varies more than its tokenizer.
       if (this.surfaceTokensSum >= this.envelopeTokensSum) this.addCalibrationSample((data.usage as Usage).promptTokens, this.envelopeTokensSum + this.surfaceTokensSum)
     }
-    if (event.type === 'tool/result' && data.spilled) { this.spills++; this.spilledSeqs.add(event.seq); this.addShadowed(event.seq) }
+    if (event.type === 'tool/result' && data.spilled && op.op === 'append') { this.spills++; this.spilledSeqs.add(event.seq); this.addShadowed(event.seq, message) }
     if (op.op === 'append') {
       if (message.role === 'user' && this.awaitingInput) { this.inputSeq = event.seq; this.awaitingInput = false }
       if (event.type === 'assistant/message') this.recordRequest(event.time, tokens, data.usage)
@@ -1860,7 +1869,7 @@ export class Session {
       this.nodes.push(node)
       this.bySeq.set(event.seq, node)
       this.surfaceTokensSum += tokens
-      for (const c of toolCalls(message)) { this.calls.set(c.id, { callSeq: event.seq }); this.openCalls.add(c.id) }
+      for (const c of toolCalls(message)) { this.calls.set(c.id, { callSeq: event.seq, callKey: event.seq }); this.openCalls.add(c.id) }
       if (message.role === 'tool') { this.calls.get(message.toolCallId)!.resultSeq = event.seq; this.openCalls.delete(message.toolCallId); this.originalResultTokens.set(message.toolCallId, tokens) }
     } else {
       const first = this.bySeq.get(op.start)!, last = this.bySeq.get(op.end)!
@@ -1883,7 +1892,11 @@ export class Session {
         shadowed += old.tokens
         this.bySeq.delete(old.seq)
         // An appended node's seq is its key; a replacement's seq is later than its key.
-        if (old.seq === old.key && !this.spilledSeqs.has(old.seq)) this.addShadowed(old.seq)
+        if (old.seq === old.key && !this.spilledSeqs.has(old.seq)) this.addShadowed(old.seq, old.message)
+      }
+      // Calls leave only after every shadowed result in the range has looked its call up.
+      for (let i = lo; i <= hi; i++) {
+        const old = this.nodes[i]
         if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
         if (message.role === 'assistant' && toolCalls(message).length > 0) continue // a pruned assistant message keeps its calls (checked)
         for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id); this.dispatched.delete(c.id) }
@@ -3484,9 +3497,6 @@ function recallText(m: Message): string {
   }).join('\n')
 }
 
-/** How far back (events) recall looks for the assistant message holding a shadowed result's call. */
-const RECALL_CALL_LOOKBACK = 1000
-
 /**
  * The shadowed originals ({@link Session.shadowedSeqs}), newest first, each read back from the log
  * only when reached: recall costs what it reads, never a scan of the whole log.
@@ -3510,7 +3520,8 @@ async function shadowedOriginal(session: Session, seq: number): Promise<Shadowed
   const spilled = d.spilled
   return {
     key: m.toolCallId, seq, toolName: call?.name, toolArguments: call?.arguments,
-    label: `tool result of ${call?.name ?? 'a tool'} ${headCodePoints((call?.arguments ?? '').replace(/\s+/g, ' '), 100)}`.trim(),
+    // The name is the model's text too: bounded, like the arguments, so a label cannot take an answer past its cap.
+    label: `tool result of ${call ? headCodePoints(call.name, 100) : 'a tool'} ${headCodePoints((call?.arguments ?? '').replace(/\s+/g, ' '), 100)}`.trim(),
     text: async () => {
       if (!spilled) return recallText(m)
       if (!session.store.getArtefact) throw new Error(`${RECALL_TOOL_NAME}: the original of ${m.toolCallId} was spilled to ${spilled.ref}, which this store cannot read back`)
@@ -3520,19 +3531,14 @@ async function shadowedOriginal(session: Session, seq: number): Promise<Shadowed
 }
 
 /**
- * Tool call `callId` as the model sent it (arguments uncut): from the nearest appended assistant
- * message before its result at `resultSeq` (at most {@link RECALL_CALL_LOOKBACK} events back), else
- * the surface's block.
+ * Tool call `callId` as the model sent it (arguments uncut), read from the assistant message the
+ * session indexed for the shadowed result at `resultSeq` ({@link Session.shadowedCallSeq}): one event.
  */
 async function originalCall(session: Session, callId: string, resultSeq: number): Promise<ToolCallBlock | undefined> {
-  for (let seq = resultSeq - 1; seq >= 0 && seq >= resultSeq - RECALL_CALL_LOOKBACK; seq--) {
-    const e = await session.readEvent(seq)
-    const d = e.data as { message?: Message; surfaceOp?: SurfaceOp }
-    if (e.type !== 'assistant/message' || d.surfaceOp?.op !== 'append' || !d.message) continue
-    const call = toolCalls(d.message).find((c) => c.id === callId)
-    if (call) return call
-  }
-  return session.toolCall(callId)
+  const callSeq = session.shadowedCallSeq(resultSeq)
+  if (callSeq === undefined) return undefined
+  const d = (await session.readEvent(callSeq)).data as { message?: Message }
+  return d.message ? toolCalls(d.message).find((c) => c.id === callId) : undefined
 }
 
 /** The original recall answers for `key` (a tool-call id or `seq:N`): by the session's index when it has it, else the newest shadowed original with that key. */
