@@ -3,7 +3,7 @@
 // folder). The model writes children's stories and follows no instructions, so nothing here looks
 // at what it says: the assertions are on events, request bodies, usage and error objects — the
 // server's streaming, tokenizer, context limit and error bodies are the real thing.
-// Run: npm run test:real (not part of `npm test`). Without the binary or the models it skips
+// Run: npm run test:real (not part of `npm test`); DSH_TRACE=1 prints the ladder events and exchanges of scenarios 2–4. Without the binary or the models it skips
 // visibly; under CI (CI=true or DSH_REQUIRE_SHARED=1) it fails instead.
 import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -176,7 +176,7 @@ describe('2–3. the ladder against a real 2,048-token window', { skip, timeout:
     }
     await settled(exchanges)
     const detail = await trace(session, exchanges)
-    if (process.env.DSH_TRACE) console.log(detail, sent)
+    if (process.env.DSH_TRACE) console.log(detail, `measured totals sent: ${sent.join(', ')}`)
     assert.ok(peak >= threshold, `the session never passed ${threshold} tokens (peak ${peak})`)
     const rungs = types(session.events).filter((t) => t === 'compaction/prune' || t === 'compaction/clear' || t === 'compaction/summary')
     assert.ok(rungs.length > 0, `no rung after ${turns} turns${detail}`)
@@ -205,6 +205,7 @@ describe('2–3. the ladder against a real 2,048-token window', { skip, timeout:
 
     const r = await runTurn(agent, input, exchanges)
     await settled(exchanges)
+    if (process.env.DSH_TRACE) console.log(await trace(session, exchanges))
     assert.ok(['stop', 'length'].includes(r.reason))
     // The rejection: HTTP 400 with llama.cpp's body, classified CONTEXT_WINDOW_EXCEEDED.
     const rejected = exchanges[0]
@@ -316,6 +317,7 @@ describe('4. a summary request that overflows the real window', { skip, timeout:
     assert.ok(session.measure().totalTokens >= Math.floor(2048 * 0.8), `pressure expected: ${session.measure().totalTokens}`)
     const r = await runTurn(agent, 'And then?', exchanges)
     await settled(exchanges)
+    if (process.env.DSH_TRACE) console.log(await trace(session, exchanges))
     assert.ok(['stop', 'length'].includes(r.reason))
 
     const summaries = summaryExchanges(exchanges)
