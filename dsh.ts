@@ -3359,6 +3359,8 @@ export class Ladder {
         if (signal?.aborted) throw err
         lastError = (err as Error).message
         if ((err as { cancelled?: boolean })?.cancelled) break // a hook said no: asking again would only repeat the question
+        // Refused before any model call: the same surface and calibration give the same region and the same refusal.
+        if (((err as { summaryRequests?: number })?.summaryRequests ?? 0) === 0) break
         continue
       }
       if (trigger === 'manual' || this.nextRequestTokens() < threshold) break

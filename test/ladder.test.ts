@@ -827,6 +827,24 @@ describe('a server whose window is smaller than the configured one (attack3)', (
     assert.match(end.error, /^the region \(\d+ tokens\) is not larger than its checkpoint's frame and ledger alone \(\d+ tokens\); nothing was sent$/)
   })
 
+  test('a pressure compaction refused before any model call is not attempted again (compactionRetries 1)', async () => {
+    const f = await fake([{ text: 'never' }], [{ text: 'CHECKPOINT: x' }], 30)
+    const session = await Session.open(new MemoryStore())
+    session.setHeader({ model: 'fake-model', baseURL: f.server.url, contextWindow: 30 })
+    for (const [role, text] of [['user', 'hi'], ['assistant', 'hello'], ['user', 'ok']] as const) {
+      session.append(role === 'user' ? 'user/message' : 'assistant/message', role === 'user'
+        ? { message: { role, content: text }, surfaceOp: { op: 'append' } }
+        : { message: { role, content: [{ type: 'text', text }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+    }
+    const host: CompactionHost = { session, summarizer: f.provider, contextWindow: 30, envelope: {}, compaction: resolveCompactionConfig({ compactionRetries: 1 }), pruneConfig: resolvePruneConfig(), warn() {} }
+    const out = await new Ladder(host).relievePressure()
+    assert.equal(out.summaryRequests, 0)
+    assert.equal(f.summary().length, 0)
+    const starts = session.events.filter((e) => e.type === 'compaction/start')
+    assert.equal(starts.length, 1, 'one refusal, not one per retry')
+    assert.match(out.reason ?? '', /not larger than its checkpoint's frame and ledger alone/)
+  })
+
   test('an overflow error with n_ctx under the configured window warns once, with both numbers and the fix', async () => {
     const session = await Session.open(new MemoryStore())
     session.setHeader({ model: 'm', baseURL: 'http://x', contextWindow: 2_048 })
