@@ -381,6 +381,19 @@ export function calibrationMinSampleTokens(contextWindow?: number): number {
   return contextWindow === undefined || !(contextWindow > 0) ? CALIBRATION_MIN_SAMPLE_TOKENS : Math.min(CALIBRATION_MIN_SAMPLE_TOKENS, Math.floor(contextWindow / 8))
 }
 
+/** The index of `target` in `items`, sorted ascending by `key`, or -1 (binary search). */
+function binarySearch<T>(items: readonly T[], target: number, key: (item: T) => number): number {
+  let lo = 0, hi = items.length - 1
+  while (lo <= hi) {
+    const mid = (lo + hi) >> 1
+    const k = key(items[mid])
+    if (k === target) return mid
+    if (k < target) lo = mid + 1
+    else hi = mid - 1
+  }
+  return -1
+}
+
 /** Whether `providerTokens` counted for a request of `heuristicTokens` is a ratio within {@link CALIBRATION_RANGE}. */
 function plausibleRatio(providerTokens: number, heuristicTokens: number): boolean {
   if (!(Number.isFinite(providerTokens) && Number.isFinite(heuristicTokens) && heuristicTokens > 0)) return false
@@ -1469,8 +1482,8 @@ export class Session {
   private readonly now: () => number
   private nodes: SurfaceNode[] = []
   private bySeq = new Map<number, SurfaceNode>()
-  /** callId → seq of the surface node holding the call (and that node's key: the call's append seq), and of its result once logged. */
-  private calls = new Map<string, { callSeq: number; callKey: number; resultSeq?: number }>()
+  /** callId → seq of the surface node holding the call, and of its result once logged. */
+  private calls = new Map<string, { callSeq: number; resultSeq?: number }>()
   private openCalls = new Set<string>()
   private dispatched = new Set<string>()
   /** Append seqs of the originals the surface no longer shows as logged (see {@link Session.shadowedSeqs}); sorted lazily. */
@@ -1646,7 +1659,8 @@ export class Session {
   private addShadowed(seq: number, message: Message): void {
     if (this.shadowed.length > 0 && seq < this.shadowed[this.shadowed.length - 1]) this.shadowedSorted = false
     this.shadowed.push(seq)
-    if (message.role === 'tool') { const callKey = this.calls.get(message.toolCallId)?.callKey; if (callKey !== undefined) this.shadowedCalls.set(seq, callKey) }
+    // The call's node key is the append seq of the assistant message as the model sent it.
+    if (message.role === 'tool') { const entry = this.calls.get(message.toolCallId); const callKey = entry && this.bySeq.get(entry.callSeq)?.key; if (callKey !== undefined) this.shadowedCalls.set(seq, callKey) }
   }
   /**
    * For a shadowed tool result (`resultSeq` one of {@link Session.shadowedSeqs}), the append seq of
@@ -1792,18 +1806,8 @@ export class Session {
     }
   }
 
-  /** Binary search for the surface index of a position key. */
-  private indexOfKey(key: number): number {
-    let lo = 0, hi = this.nodes.length - 1
-    while (lo <= hi) {
-      const mid = (lo + hi) >> 1
-      const k = this.nodes[mid].key
-      if (k === key) return mid
-      if (k < key) lo = mid + 1
-      else hi = mid - 1
-    }
-    return -1
-  }
+  /** The surface index of a position key, or -1. */
+  private indexOfKey(key: number): number { return binarySearch(this.nodes, key, (n) => n.key) }
 
   /** Applies a checked event to the derived state. The same code serves live appends and replay. */
   private apply(event: SessionEvent): void {
@@ -1869,7 +1873,7 @@ export class Session {
       this.nodes.push(node)
       this.bySeq.set(event.seq, node)
       this.surfaceTokensSum += tokens
-      for (const c of toolCalls(message)) { this.calls.set(c.id, { callSeq: event.seq, callKey: event.seq }); this.openCalls.add(c.id) }
+      for (const c of toolCalls(message)) { this.calls.set(c.id, { callSeq: event.seq }); this.openCalls.add(c.id) }
       if (message.role === 'tool') { this.calls.get(message.toolCallId)!.resultSeq = event.seq; this.openCalls.delete(message.toolCallId); this.originalResultTokens.set(message.toolCallId, tokens) }
     } else {
       const first = this.bySeq.get(op.start)!, last = this.bySeq.get(op.end)!
@@ -1890,13 +1894,13 @@ export class Session {
       for (let i = lo; i <= hi; i++) {
         const old = this.nodes[i]
         shadowed += old.tokens
-        this.bySeq.delete(old.seq)
         // An appended node's seq is its key; a replacement's seq is later than its key.
         if (old.seq === old.key && !this.spilledSeqs.has(old.seq)) this.addShadowed(old.seq, old.message)
       }
-      // Calls leave only after every shadowed result in the range has looked its call up.
+      // Nodes and calls leave only after every shadowed result in the range has looked its call up.
       for (let i = lo; i <= hi; i++) {
         const old = this.nodes[i]
+        this.bySeq.delete(old.seq)
         if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
         if (message.role === 'assistant' && toolCalls(message).length > 0) continue // a pruned assistant message keeps its calls (checked)
         for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id); this.dispatched.delete(c.id) }
@@ -2690,6 +2694,7 @@ export interface CompactionHost {
   readonly modelName?: string
   /** Context window of the conversation model, tokens; undefined when unknown. */
   readonly contextWindow?: number
+  /** The envelope of the next request. A changed envelope is a new object (the ladder keeps its price per object). */
   readonly envelope: Envelope
   /** A resolved configuration (see {@link resolveCompactionConfig}). */
   readonly compaction: CompactionConfig
@@ -3243,6 +3248,8 @@ export class Ladder {
   private warnedNoWindow = false
   private warnedServerWindow = false
   private warnedEnvelope = false
+  /** The host's envelope and its heuristic price, kept while the host returns the same object. */
+  private envelopePrice?: { envelope: Envelope; tokens: number }
 
   constructor(host: CompactionHost) {
     this.host = host
@@ -3384,7 +3391,9 @@ export class Ladder {
    */
   private nextRequestTokens(): number {
     const m = this.host.session.measure()
-    const added = estimateEnvelopeTokens(this.host.envelope) - m.envelopeTokens
+    const envelope = this.host.envelope
+    if (this.envelopePrice?.envelope !== envelope) this.envelopePrice = { envelope, tokens: estimateEnvelopeTokens(envelope) }
+    const added = this.envelopePrice.tokens - m.envelopeTokens
     return m.totalTokens + (added > 0 ? Math.ceil(added * m.calibration) : 0)
   }
 
@@ -3545,11 +3554,10 @@ async function originalCall(session: Session, callId: string, resultSeq: number)
 
 /** The original recall answers for `key` (a tool-call id or `seq:N`): by the session's index when it has it, else the newest shadowed original with that key. */
 async function recallByKey(session: Session, key: string): Promise<ShadowedOriginal | undefined> {
-  const seqs = session.shadowedSeqs()
-  const has = (seq: number) => { let lo = 0, hi = seqs.length - 1; while (lo <= hi) { const mid = (lo + hi) >> 1; if (seqs[mid] === seq) return true; if (seqs[mid] < seq) lo = mid + 1; else hi = mid - 1 } return false }
-  const direct = /^seq:\d+$/.test(key) ? Number(key.slice(4)) : session.resultOriginSeq(key)
-  if (direct !== undefined && has(direct)) { const o = await shadowedOriginal(session, direct); if (o?.key === key) return o }
-  if (/^seq:\d+$/.test(key)) return undefined
+  const bySeq = /^seq:\d+$/.test(key)
+  const direct = bySeq ? Number(key.slice(4)) : session.resultOriginSeq(key)
+  if (direct !== undefined && binarySearch(session.shadowedSeqs(), direct, (seq) => seq) >= 0) { const o = await shadowedOriginal(session, direct); if (o?.key === key) return o }
+  if (bySeq) return undefined
   for await (const o of shadowedOriginals(session)) if (o.key === key) return o
   return undefined
 }
@@ -5365,6 +5373,9 @@ function errorResult(callId: string, text: string, code: string): ToolResultMess
   return { role: 'tool', toolCallId: callId, content: [{ type: 'text', text }], isError: true, metadata: { code } }
 }
 
+/** The part of a tool the model sees: name, description, parameters schema. */
+const toolSpec = (t: Tool): ToolSpec => ({ name: t.name, description: t.description, parameters: t.parameters })
+
 /**
  * The agent loop (docs/design.md §7). A turn is one user input until the model stops calling tools; a
  * step is one provider call plus its tool calls. Every state change is a log event (see
@@ -5436,7 +5447,7 @@ export class Agent implements CompactionHost {
     if (options.recall !== false) {
       if (names.has(RECALL_TOOL_NAME)) throw new TypeError(`a tool is named ${JSON.stringify(RECALL_TOOL_NAME)}, which dsh offers itself to read back shadowed content; rename your tool or pass recall: false`)
       this.recall = recallTool(this.session)
-      this.recallSpecTokens = estimateEnvelopeTokens({ tools: [{ name: this.recall.name, description: this.recall.description, parameters: this.recall.parameters }] })
+      this.recallSpecTokens = estimateEnvelopeTokens({ tools: [toolSpec(this.recall)] })
     }
     this.ladder = new Ladder(this)
     this.onEvent = options.onEvent
@@ -5493,7 +5504,7 @@ export class Agent implements CompactionHost {
     if (this.envelopeMemo && this.envelopeMemoTools === tools.length) return this.envelopeMemo
     const system = this.instructions === undefined ? this.system : this.system ? `${this.system}\n\n${this.instructions}` : this.instructions
     this.envelopeMemoTools = tools.length
-    this.envelopeMemo = { system, tools: tools.length ? tools.map((t) => ({ name: t.name, description: t.description, parameters: t.parameters })) : undefined }
+    this.envelopeMemo = { system, tools: tools.length ? tools.map(toolSpec) : undefined }
     return this.envelopeMemo
   }
 

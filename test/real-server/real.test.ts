@@ -23,6 +23,17 @@ const MODEL = 'stories260K'
 /** Per scenario: a hung server or stream fails its scenario instead of stalling the suite (ms). */
 const SCENARIO_TIMEOUT_MS = 300_000
 
+/**
+ * Starts a `ctxSize`-token server before the enclosing describe's tests and stops it (by pid) after
+ * them; returns a getter for it.
+ */
+function serverFor(ctxSize: number): () => RunningServer {
+  let server: RunningServer | undefined
+  before(async () => { server = await startServer({ ctxSize }) })
+  after(async () => { await server?.stop() })
+  return () => server!
+}
+
 /** A provider for the running server whose every exchange is recorded. Greedy sampling, no adapter retries. */
 function realProvider(server: RunningServer, options: { maxTokens?: number; transform?: Parameters<typeof recordingFetch>[0] } = {}) {
   const rec = recordingFetch(options.transform)
@@ -92,12 +103,10 @@ function appendToolStep(session: Session, id: string, result: string): void {
 // ── 1. A streamed turn ──────────────────────────────────────────────────────────────────────────
 
 describe('1. a streamed turn against llama-server', { skip, timeout: SCENARIO_TIMEOUT_MS }, () => {
-  let server: RunningServer
-  before(async () => { server = await startServer({ ctxSize: 2048 }) })
-  after(async () => { await server?.stop() })
+  const server = serverFor(2048)
 
   test('text is assembled from the deltas; usage (prompt, completion, cached) is read and anchors the meter', async () => {
-    const { provider, exchanges } = realProvider(server)
+    const { provider, exchanges } = realProvider(server())
     const session = await Session.open(new MemoryStore())
     const stream: StreamEvent[] = []
     const agent = new Agent({ session, provider, onEvent: (e) => { if (e.type === 'stream') stream.push(e.event) } })
@@ -126,7 +135,7 @@ describe('1. a streamed turn against llama-server', { skip, timeout: SCENARIO_TI
     assert.equal(usageEvents.length, 1)
     const usage = usageEvents[0].usage
     assert.equal(usage.promptTokens, x.promptTokens)
-    assert.equal(usage.promptTokens, await serverPromptTokens(server, { messages: x.body.messages }), 'prompt_tokens is the templated prompt as the server tokenizes it')
+    assert.equal(usage.promptTokens, await serverPromptTokens(server(), { messages: x.body.messages }), 'prompt_tokens is the templated prompt as the server tokenizes it')
     assert.ok(usage.completionTokens >= 1 && usage.completionTokens <= 48, `completion ${usage.completionTokens}`)
     assert.equal(usage.cachedTokens, 0, 'a fresh server has nothing cached')
     assert.deepEqual(msg.data.usage, usage)
@@ -152,12 +161,10 @@ describe('1. a streamed turn against llama-server', { skip, timeout: SCENARIO_TI
 // ── 2.–3. Pressure and overflow in a 2,048-token window ─────────────────────────────────────────
 
 describe('2–3. the ladder against a real 2,048-token window', { skip, timeout: SCENARIO_TIMEOUT_MS }, () => {
-  let server: RunningServer
-  before(async () => { server = await startServer({ ctxSize: 2048 }) })
-  after(async () => { await server?.stop() })
+  const server = serverFor(2048)
 
   test('2. pressure: a session grown past 80% of the window is pruned, cleared or compacted; every request the server receives fits', async () => {
-    const { provider, exchanges } = realProvider(server)
+    const { provider, exchanges } = realProvider(server())
     const session = await Session.open(new MemoryStore())
     // The pruner's threshold is lowered to suit a 2,048-token window.
     const agent = new Agent({ session, provider, prune: { thresholdChars: 1_000, headChars: 200, tailChars: 100 }, compaction: { summaryMaxTokens: 128 } })
@@ -193,7 +200,7 @@ describe('2–3. the ladder against a real 2,048-token window', { skip, timeout:
   })
 
   test('3. overflow: a request the heuristic prices under the window but the server rejects is classified, recovered, retried smaller and accepted', async () => {
-    const { provider, exchanges } = realProvider(server)
+    const { provider, exchanges } = realProvider(server())
     const session = await Session.open(new MemoryStore())
     // A resumed log with no usage yet: the meter can only use chars/4, which is about half of this tokenizer's count.
     for (let i = 0; i < 4; i++) appendToolStep(session, `r${i}`, filler(1_300, 20 + i))
@@ -235,9 +242,7 @@ describe('2–3. the ladder against a real 2,048-token window', { skip, timeout:
 // ── 6. An in-stream error after content ─────────────────────────────────────────────────────────
 
 describe('6. an in-stream error after content', { skip, timeout: SCENARIO_TIMEOUT_MS }, () => {
-  let server: RunningServer
-  before(async () => { server = await startServer({ ctxSize: 2048 }) })
-  after(async () => { await server?.stop() })
+  const server = serverFor(2048)
 
   // llama-server sends `data: {"error": …}` inside a 200 stream only on rare internal failures, so
   // the test cannot make it do so on demand. A pass-through in front of it (in the test's fetch)
@@ -267,7 +272,7 @@ describe('6. an in-stream error after content', { skip, timeout: SCENARIO_TIMEOU
   }
 
   test('the step is retried once as a new step; the partial text is kept as an interrupted message', async () => {
-    const { provider, exchanges } = realProvider(server, { transform: breakFirstStream() })
+    const { provider, exchanges } = realProvider(server(), { transform: breakFirstStream() })
     const session = await Session.open(new MemoryStore())
     const stream: StreamEvent[] = []
     const r = await new Agent({ session, provider, onEvent: (e) => { if (e.type === 'stream') stream.push(e.event) } }).run('Once upon a time, there was a big tree.')
@@ -303,12 +308,10 @@ describe('6. an in-stream error after content', { skip, timeout: SCENARIO_TIMEOU
 // ── 4. The summary request itself overflows ─────────────────────────────────────────────────────
 
 describe('4. a summary request that overflows the real window', { skip, timeout: SCENARIO_TIMEOUT_MS }, () => {
-  let server: RunningServer
-  before(async () => { server = await startServer({ ctxSize: 2048 }) })
-  after(async () => { await server?.stop() })
+  const server = serverFor(2048)
 
   test('is re-planned smaller from the error\'s counts and never resent identically', async () => {
-    const { provider, exchanges } = realProvider(server)
+    const { provider, exchanges } = realProvider(server())
     const session = await Session.open(new MemoryStore())
     // Earlier turns of plain text: chars/4 prices them at about half of what this tokenizer counts,
     // so a summary request planned to fit by the heuristic does not fit the real window.
@@ -346,12 +349,10 @@ describe('4. a summary request that overflows the real window', { skip, timeout:
 // ── 5. Calibration ──────────────────────────────────────────────────────────────────────────────
 
 describe('5. calibration against the real tokenizer', { skip, timeout: SCENARIO_TIMEOUT_MS }, () => {
-  let server: RunningServer
-  before(async () => { server = await startServer({ ctxSize: 8192 }) })
-  after(async () => { await server?.stop() })
+  const server = serverFor(8192)
 
   test('after a few anchored steps the measured total is within 5% of the server\'s prompt_tokens for the next request', async () => {
-    const { provider, exchanges } = realProvider(server, { maxTokens: 32 })
+    const { provider, exchanges } = realProvider(server(), { maxTokens: 32 })
     const session = await Session.open(new MemoryStore())
     const agent = new Agent({ session, provider })
     const measured: number[] = []
@@ -381,16 +382,13 @@ describe('5. calibration against the real tokenizer', { skip, timeout: SCENARIO_
 const logOf = (file: string) => parseLogText(readFileSync(file, 'utf8')).events
 
 describe('7. a library Agent, the CLI and replay against llama-server', { skip, timeout: SCENARIO_TIMEOUT_MS }, () => {
-  let server: RunningServer
+  const server = serverFor(8192)
   let dir: string
-  before(async () => {
-    server = await startServer({ ctxSize: 8192 })
-    dir = mkdtempSync(join(tmpdir(), 'dsh-real-'))
-  })
-  after(async () => { await server?.stop(); if (dir) rmSync(dir, { recursive: true, force: true }) })
+  before(() => { dir = mkdtempSync(join(tmpdir(), 'dsh-real-')) })
+  after(() => { if (dir) rmSync(dir, { recursive: true, force: true }) })
 
   test('a library Agent with tools and a FileStore session: two turns, then a resumed session continues', async () => {
-    const { provider, exchanges } = realProvider(server, { maxTokens: 32 })
+    const { provider, exchanges } = realProvider(server(), { maxTokens: 32 })
     const file = join(dir, 'agent.jsonl')
     const tools = [{ name: 'read_file', description: 'Reads a file.', parameters: { type: 'object', properties: { path: { type: 'string' } }, required: ['path'] }, execute: () => 'unused' }]
     let session = await Session.open(new FileStore(file))
@@ -420,7 +418,7 @@ describe('7. a library Agent, the CLI and replay against llama-server', { skip, 
 
   test('the CLI: -p with --session, then a second run resumes the session', async () => {
     const file = join(dir, 'cli.jsonl')
-    const common = ['--base-url', server.baseURL, '--model', MODEL, '--context-window', '8192', '--max-tokens', '32', '--session', file]
+    const common = ['--base-url', server().baseURL, '--model', MODEL, '--context-window', '8192', '--max-tokens', '32', '--session', file]
     // The CLI samples (no temperature flag), so a story may or may not end within the budget: a turn
     // cut at --max-tokens exits 1 and says so; a finished one exits 0. Either way the log is whole.
     const expectExit = (run: { code: number | null; stderr: string }, turn: number) => {
@@ -463,7 +461,7 @@ describe('7. a library Agent, the CLI and replay against llama-server', { skip, 
     }
     await session.sync()
     await session.store.close?.()
-    const out = await runDsh(['replay', file, '--base-url', server.baseURL, '--model', MODEL, '--context-window', '3000', '--no-clear', '--json'], dir, CLEAN_ENV, undefined, 240_000)
+    const out = await runDsh(['replay', file, '--base-url', server().baseURL, '--model', MODEL, '--context-window', '3000', '--no-clear', '--json'], dir, CLEAN_ENV, undefined, 240_000)
     assert.equal(out.code, 0, out.stderr)
     // JSONL: one object per pressure check, then the totals with the settings.
     const totals = JSON.parse(out.stdout.trim().split('\n').at(-1)!)
@@ -480,14 +478,12 @@ describe('7. a library Agent, the CLI and replay against llama-server', { skip, 
 // ── A 1,024-token window (the third adversarial review) ─────────────────────────────────────────
 
 describe('a 1,024-token window', { skip, timeout: SCENARIO_TIMEOUT_MS }, () => {
-  let server: RunningServer
-  before(async () => { server = await startServer({ ctxSize: 1024 }) })
-  after(async () => { await server?.stop() })
+  const server = serverFor(1024)
 
   test('turns go on after compactions: the recall spec (721 tokens here) is not offered, no request is rejected, none repeated', async () => {
     // Before: after the first compaction every request carried the recall tool and overflowed;
     // each later turn failed after re-summarising the checkpoint.
-    const { provider, exchanges } = realProvider(server)
+    const { provider, exchanges } = realProvider(server())
     const session = await Session.open(new MemoryStore())
     const warnings: string[] = []
     const agent = new Agent({ session, provider, compaction: { summaryMaxTokens: 128 }, onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } })
