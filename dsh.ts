@@ -1084,6 +1084,8 @@ export class FileStore implements LogStore {
   staleLock?: LogLockHolder
   /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
   private lineStarts?: number[]
+  /** Why this store appends no more: a failed write left a cut line it could not remove (see writeFailed). */
+  private failed?: string
   /** `readOnly`: never writes — a torn last line is reported, not cut; appends throw `SessionError('STORE')`. */
   readonly readOnly: boolean
   constructor(path: string, options: { readOnly?: boolean } = {}) { this.path = path; this.lockPath = `${path}.lock`; this.readOnly = options.readOnly === true }
@@ -1187,6 +1189,7 @@ export class FileStore implements LogStore {
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
     if (this.readOnly) throw new SessionError('STORE', `session log ${this.path} was opened read-only; nothing is written to it`)
+    if (this.failed) throw new SessionError('STORE', this.failed)
     if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
     if (!this.locked) {
       await this.lock()
@@ -1211,8 +1214,9 @@ export class FileStore implements LogStore {
     const starts = this.lineStarts!
     const encoder = new TextEncoder()
     const parts: Uint8Array[] = []
-    let at = starts[starts.length - 1], bytes = 0
-    if (this.needsNewline) { parts.push(encoder.encode('\n')); bytes++; at++; starts[starts.length - 1] = at }
+    const first = starts[starts.length - 1] + (this.needsNewline ? 1 : 0)
+    let at = first, bytes = 0
+    if (this.needsNewline) { parts.push(encoder.encode('\n')); bytes++ }
     const added: number[] = []
     for (const e of events) {
       const line = encoder.encode(JSON.stringify(e) + '\n')
@@ -1221,16 +1225,52 @@ export class FileStore implements LogStore {
     const buffer = new Uint8Array(bytes)
     let pos = 0
     for (const part of parts) { buffer.set(part, pos); pos += part.length }
-    await this.write(buffer)
+    try { await this.write(buffer) } catch (err) { throw await this.writeFailed(err, buffer.length, events[0].seq) }
     this.seenBytes! += buffer.length
     this.needsNewline = false
+    starts[starts.length - 1] = first
     for (const a of added) starts.push(a)
   }
 
-  /** Appends whole lines to the file (one call per batch; a subclass may split it, e.g. to test torn lines). */
+  /**
+   * Appends whole lines to the file (one call per batch; a subclass may split it, e.g. to test torn
+   * lines). A write may take fewer bytes than it is given (a full disk takes what fits, then fails
+   * with ENOSPC): the rest is written until every byte is in the file or a write fails.
+   */
   protected async write(bytes: Uint8Array): Promise<void> {
     this.handle ??= await (await this.fs()).open(this.path, 'a')
-    await this.handle.write(bytes)
+    for (let done = 0; done < bytes.length;) {
+      const { bytesWritten } = await this.handle.write(bytes, done, bytes.length - done)
+      if (!(bytesWritten > 0)) throw new Error(`a write took none of the last ${bytes.length - done} bytes`)
+      done += bytesWritten
+    }
+  }
+
+  /**
+   * The error of a batch that did not reach the file whole. No event of it is acknowledged: the file
+   * is cut back to where the batch began (the caller may append the same batch again once there is
+   * room), or, where that cut fails, left with a cut last line that the next load drops, and this
+   * store refuses to append more.
+   */
+  private async writeFailed(err: unknown, totalBytes: number, firstSeq: number): Promise<SessionError> {
+    const before = this.seenBytes!
+    let written = 0, restored = this.handle === undefined
+    if (this.handle) {
+      try { written = Math.max(0, (await this.handle.stat()).size - before) } catch { /* unknown: say 0 */ }
+      try { await this.handle.truncate(before); restored = true } catch { /* reported below */ }
+    }
+    const code = (err as { code?: unknown })?.code
+    const what = code === 'ENOSPC' ? 'disk full' : code === 'EDQUOT' ? 'disk quota exceeded'
+      : `write failed (${(err as Error)?.message ?? err})`
+    const durable = firstSeq > 0 ? `nothing after seq ${firstSeq - 1} is durable` : 'no event is durable'
+    const message = `session log ${this.path}: ${what}: ${written} of ${totalBytes} bytes written; ${durable}`
+    if (restored) {
+      const fix = 'free disk space, then flush again (the session keeps the events it could not write) or resume'
+      return new SessionError('STORE', `${message}; the log was cut back to its last whole event: ${fix}`)
+    }
+    this.failed = `${message}; its cut last line could not be removed, so this store appends no more: free disk space, `
+      + 'then open the log again (the cut line is dropped on load)'
+    return new SessionError('STORE', this.failed)
   }
 
   async readEvent(seq: number): Promise<SessionEvent> {
