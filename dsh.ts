@@ -1184,7 +1184,9 @@ export class FileStore implements LogStore {
 
   /**
    * Appends events. The first write takes the lock, and refuses (`SessionError('LOCKED')`) when
-   * another live process holds it or when the file changed since this store loaded it.
+   * another live process holds it or when the file changed since this store loaded it. A batch the
+   * disk cannot take whole throws `SessionError('STORE')` ("disk full: N of M bytes written; nothing
+   * after seq S is durable") with none of it in the log (docs/design.md §4).
    */
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
@@ -3814,8 +3816,10 @@ const ERROR_BODY_MAX_UNITS = 64 * 1024
 /** An error body, or a non-streamed body, is read up to this many bytes (after content decoding),
  *  then the rest is cancelled unread: a gzip bomb is never inflated (docs/design.md §13). */
 export const RESPONSE_BODY_MAX_BYTES = 64 * 1024
-/** Default cap on one assistant message: text + reasoning + tool-call arguments, UTF-8 bytes (§13). */
+/** Default cap on one assistant message: text, reasoning, tool-call ids, names and arguments, UTF-8 bytes (§13). */
 export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+/** Tool calls one assistant message may hold; past it RESPONSE_TOO_LARGE (each call costs memory and a result). */
+const MAX_TOOL_CALLS_PER_MESSAGE = 1_000
 /** Same-origin 307/308 redirects followed per attempt, at most. */
 const MAX_REDIRECTS = 5
 /** String values longer than this (UTF-16 units) are elided when a non-text block is sent as JSON text. */
@@ -4668,8 +4672,9 @@ export interface OpenAICompatibleOptions {
    * @throws TypeError at construction for a malformed table (the message names the field).
    */
   prices?: Prices
-  /** Cap on one assistant message in UTF-8 bytes (text + reasoning + tool-call arguments); past it
-   *  the stream is cancelled and RESPONSE_TOO_LARGE thrown with the partial text. Default {@link DEFAULT_MAX_MESSAGE_BYTES}. */
+  /** Cap on one assistant message in UTF-8 bytes (text, reasoning, tool-call ids, names and arguments); past
+   *  it (or past 1,000 tool calls) the stream is cancelled and RESPONSE_TOO_LARGE thrown with the partial text.
+   *  Default {@link DEFAULT_MAX_MESSAGE_BYTES}. */
   maxMessageBytes?: number
   /** Deadline of one `complete()` call, retries and backoff included, in ms; past it: TIMEOUT, not retried. Default: none. */
   requestTimeoutMs?: number
@@ -4810,7 +4815,8 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * Limits on what a server can make the adapter read (docs/design.md §13): an error body or a
  * non-streamed body is read up to {@link RESPONSE_BODY_MAX_BYTES} (64 KiB, after gzip decoding)
  * and the rest cancelled unread; one assistant message up to `maxMessageBytes` (8 MiB of text,
- * reasoning and arguments), past which RESPONSE_TOO_LARGE carries the partial; `requestTimeoutMs`
+ * reasoning and tool-call ids, names and arguments, counted as they arrive) and 1,000 tool calls, past
+ * which RESPONSE_TOO_LARGE carries the partial; `requestTimeoutMs`
  * bounds the whole call. Redirects are not followed across origins (only a same-origin 307/308).
  * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
  */
@@ -4985,13 +4991,19 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
   let usage: Usage | undefined
   let responseId: string | undefined
   let streamed = false
-  let messageBytes = 0 // text + reasoning + tool-call arguments so far, UTF-8 bytes
+  let messageBytes = 0 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
 
-  /** Counts a delta against maxMessageBytes; past it the stream ends as RESPONSE_TOO_LARGE (the partial is kept). */
+  /** RESPONSE_TOO_LARGE for a message past one of its caps (`why`); `partial()` keeps its text. */
+  const tooLarge = (why: string): ProviderError => providerError(cfg, 'RESPONSE_TOO_LARGE',
+    `the assistant message from ${cfg.endpoint} (model ${cfg.model}) ${why}; the stream was cancelled and the text `
+    + 'so far kept as an interrupted message (none of its tool calls runs).', { status: 200 })
+
+  /** Counts a delta against maxMessageBytes before it is kept, so nothing past the cap is held. */
   function admit(delta: string): void {
     messageBytes += utf8Length(delta, cfg.maxMessageBytes)
     if (messageBytes > cfg.maxMessageBytes) {
-      throw providerError(cfg, 'RESPONSE_TOO_LARGE', `the assistant message from ${cfg.endpoint} (model ${cfg.model}) passed maxMessageBytes, ${cfg.maxMessageBytes} bytes of text, reasoning and tool-call arguments; the stream was cancelled and the text so far kept as an interrupted message.`, { status: 200 })
+      const of = 'bytes of text, reasoning and tool-call ids, names and arguments'
+      throw tooLarge(`passed maxMessageBytes, ${cfg.maxMessageBytes} ${of}`)
     }
   }
 
@@ -5009,6 +5021,8 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
     // A different id on a known index starts a new call (servers that send every call as index 0).
     if (slot !== undefined && id !== undefined && calls[slot].id !== '' && calls[slot].id !== id) slot = undefined
     if (slot === undefined) {
+      const max = MAX_TOOL_CALLS_PER_MESSAGE
+      if (calls.length >= max) throw tooLarge(`has more than ${max} tool calls, the most dsh takes in one message`)
       slot = calls.length
       calls.push({ id: '', name: '', arguments: '' })
       if (wireIndex !== undefined) slotOfIndex.set(wireIndex, slot)
@@ -5016,9 +5030,9 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
     const call = calls[slot]
     const newId = id !== undefined && call.id === '' ? id : undefined
     const newName = name !== undefined && call.name === '' ? name : undefined
+    for (const kept of [newId, newName, args]) if (kept) admit(kept)
     if (newId) call.id = newId
     if (newName) call.name = newName
-    if (args) admit(args)
     call.arguments += args
     if (newId || newName || args) {
       streamed = true
