@@ -5388,6 +5388,10 @@ export interface TurnResult {
 /** Consecutive retries of a step whose stream broke after output (see {@link Agent}). */
 const MAX_STREAM_RETRIES = 1
 
+/** Window tokens per tool call one message may keep (docs/design.md §7): a call and even an empty result
+ *  take about 30 tokens on the wire (id, name, arguments, roles), so the group stays near half the window. */
+const WINDOW_TOKENS_PER_TOOL_CALL = 64
+
 
 /** Turns whatever a tool returned into result content; anything else is an error for the model. */
 function toolOutputToResult(callId: string, name: string, out: unknown): ToolResultMessage {
@@ -5758,7 +5762,7 @@ export class Agent implements CompactionHost {
         }
         this.overflowRetries = 0
         this.streamRetries = 0
-        last = withCallIds(response.message, session.seq, session)
+        last = withCallIds(this.boundToolCalls(response.message), session.seq, session)
         session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
         await this.runTools(calls, signal)
@@ -5816,6 +5820,26 @@ export class Agent implements CompactionHost {
   }
 
   /** Runs tool calls in order; after an abort the remaining ones get synthetic aborted results. */
+  /**
+   * The reply with at most as many tool calls as this agent's window can answer: past that, the
+   * group (the message and a result per call) could not fit the window even with every result
+   * cleared, and no later turn would. The calls past the bound are dropped unrun; a text block in
+   * the message tells the model how many and why, and a warning tells the caller.
+   */
+  private boundToolCalls(message: AssistantMessage): AssistantMessage {
+    const windowMax = Math.floor((this.window ?? Infinity) / WINDOW_TOKENS_PER_TOOL_CALL)
+    const max = Math.min(MAX_TOOL_CALLS_PER_MESSAGE, windowMax)
+    let calls = 0
+    const content = message.content.filter((b) => b.type !== 'tool-call' || ++calls <= max)
+    if (calls <= max) return message
+    const why = `one message may make at most ${max} tool calls`
+      + (windowMax < MAX_TOOL_CALLS_PER_MESSAGE ? ` in a ${this.window}-token context window` : '')
+    const dropped = calls - max
+    this.warn(`the model made ${calls} tool calls in one message; the first ${max} run, ${dropped} were dropped (${why})`)
+    const text = `[dsh: ${dropped} more tool calls of this message were dropped without running: ${why}; make fewer at a time]`
+    return { ...message, content: [...content, { type: 'text', text }] }
+  }
+
   private async runTools(calls: ToolCallBlock[], signal: AbortSignal): Promise<void> {
     const session = this.session
     for (const call of calls) {
