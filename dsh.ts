@@ -5955,11 +5955,16 @@ interface ToolHost {
  *
  * Confinement: a path argument resolves against `cwd`, then through every symlink (realpath, also
  * for files that do not exist yet and for dangling links); a path that lands outside `cwd` is
- * refused with an error that names the resolved path. The `shell` tool is not confined: a command
- * can reach anything the user can, which is why it is opt-in. Its environment is scrubbed
- * ({@link shellEnvironment}); it runs in its own process group, and when it exits, times out or is
- * cancelled — and when this process exits — the group and every process carrying its job mark
- * (also those that left the group with setsid) are killed (docs/design.md §13). Checks and file operations are not
+ * refused with an error that names the resolved path. The write tools also refuse the protected
+ * set (every git directory however named or reached, what the project instructions resolve to,
+ * `.dsh/`, the session log). With `sandbox` (Linux, bubblewrap), each `shell` command runs with
+ * that same set bound read-only, the rest of the file system read-only, an empty home, no network
+ * and an allow-list environment ({@link ShellSandboxOptions}); without it a command can reach
+ * anything the user can, which is why the shell is opt-in, and its environment is only scrubbed
+ * ({@link shellEnvironment}). Either way it runs in its own process group, and when it exits, times
+ * out or is cancelled — and when this process exits — the group and every process carrying its
+ * job mark (also those that left the group with setsid) are killed; in the sandbox its PID
+ * namespace ends every process it started (docs/design.md §13). Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
  * Output: each tool keeps at most `maxOutputUnits` UTF-16 units of its own output and then adds
@@ -5970,7 +5975,8 @@ interface ToolHost {
  *
  * Needs a runtime with `node:fs/promises`, `node:path` (and `node:child_process` for `shell`):
  * Node ≥ 20, Deno, Bun.
- * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
+ * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory, and
+ * when `sandbox` is given without `onUnavailable` but bwrap cannot start.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
   const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineUnits', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop', 'maxWriteBytes', 'sessionLog', 'sandbox']
@@ -6756,7 +6762,7 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, li
 function writeFileTool(host: ToolHost): Tool {
   return {
     name: 'write_file',
-    description: `Create or overwrite a file inside the working directory with the given content (UTF-8, at most ${host.maxWriteBytes} bytes). Parent directories are created as needed. Never writes inside .git, the session log, or a file with several hard links. To change part of an existing file, prefer edit_file.`,
+    description: `Create or overwrite a file inside the working directory with the given content (UTF-8, at most ${host.maxWriteBytes} bytes). Parent directories are created as needed. Never writes inside a git directory, the project instructions (AGENTS.md, CLAUDE.md), .dsh, the session log, or a file with several hard links. To change part of an existing file, prefer edit_file.`,
     parameters: {
       type: 'object',
       properties: {
@@ -7013,7 +7019,7 @@ async function sandboxArgs(host: ToolHost, sandbox: SandboxRuntime, set: Protect
   args.push('--bind', root, root)
   for (const home of sandbox.homes.filter((h) => isInside(path, root, h))) {
     for (const name of SANDBOX_HOME_SECRETS) {
-      const st = await fs.lstat(path.join(home, name)).catch(() => undefined)
+      const st = await fs.stat(path.join(home, name)).catch(() => undefined) // through a link: what a mount would cover
       if (st?.isDirectory()) args.push('--tmpfs', path.join(home, name))
       else if (st) args.push('--ro-bind', '/dev/null', path.join(home, name))
     }
