@@ -10332,12 +10332,21 @@ export class SqlLogStore implements LogStore {
   async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
     await this.ensureSchema()
     for (let next = Math.max(0, fromSeq); next < toSeq;) {
-      const limit = Math.min(SQL_PAGE_EVENTS, toSeq - next)
+      // A range, not `LIMIT`: the index scan then reads one page, whatever the planner's statistics.
+      const count = Math.min(SQL_PAGE_EVENTS, toSeq - next)
       const rows = await this.run('reading events', `SELECT seq, event FROM ${this.t}_events
-        WHERE session_id = $1 AND seq >= $2::bigint ORDER BY seq LIMIT $3::int`, [this.session, next, limit])
+        WHERE session_id = $1 AND seq >= $2::bigint AND seq < $2::bigint + $3::int ORDER BY seq`,
+      [this.session, next, count])
       for (const row of rows) yield this.decode(row, next++)
-      if (rows.length < limit) return
+      if (rows.length < count) return await this.checkEnd(next)
     }
+  }
+
+  /** A short page is the end of the log, unless rows follow a gap (never written by this store). */
+  private async checkEnd(seq: number): Promise<void> {
+    const [row] = await this.run('reading events', `SELECT min(seq) AS seq FROM ${this.t}_events
+      WHERE session_id = $1 AND seq >= $2::bigint`, [this.session, seq])
+    if (row?.seq !== null && row?.seq !== undefined) this.decode({ seq: row.seq, event: 'null' }, seq)
   }
 
   async readEvent(seq: number): Promise<SessionEvent> {

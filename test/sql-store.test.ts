@@ -167,7 +167,7 @@ describe('SqlLogStore: faults, paging and tables', () => {
     await store.close()
   })
 
-  test('loading 1,201 events pages through them 500 at a time: 3 SELECTs, never the whole log at once', async () => {
+  test('loading 1,201 events pages through them by seq ranges of 500: 3 SELECTs, never the whole log at once', async () => {
     const writer = new SqlLogStore({ query, session: 'paging' })
     const session = await Session.open(writer)
     for (let i = 0; i < 1_200; i++) session.append('user/message', user(`m${i}`))
@@ -176,7 +176,7 @@ describe('SqlLogStore: faults, paging and tables', () => {
     const pages: number[] = []
     const reader = new SqlLogStore({ query: async (sql, params) => {
       const result = await db.query(sql, params)
-      if (sql.includes('ORDER BY seq LIMIT')) pages.push(result.rows.length)
+      if (sql.includes('ORDER BY seq')) pages.push(result.rows.length)
       return result
     }, session: 'paging' })
     let n = 0
@@ -184,6 +184,20 @@ describe('SqlLogStore: faults, paging and tables', () => {
     assert.equal(n, 1_201)
     assert.deepEqual(pages, [500, 500, 201])
     await reader.close()
+  })
+
+  test('rows that are not a contiguous log are refused with LOG_CORRUPT naming the seq: a gap, even at a page end; a foreign row', async () => {
+    const writer = new SqlLogStore({ query, session: 'gap' })
+    const session = await Session.open(writer)
+    for (let i = 0; i < 600; i++) session.append('user/message', user(`m${i}`))
+    await session.sync()
+    await writer.close()
+    await db.query(`DELETE FROM dsh_events WHERE session_id = 'gap' AND seq = 499`) // the last of the first page
+    const gap = await Session.open(new SqlLogStore({ query, session: 'gap' })).then(() => undefined, (e) => e)
+    assert.ok(gap instanceof SessionError && gap.code === 'LOG_CORRUPT', String(gap))
+    assert.match(gap.message, /row seq 500 where 499 was expected/)
+    await db.query(`UPDATE dsh_events SET event = '{"seq":7}' WHERE session_id = 'gap' AND seq = 7`)
+    await assert.rejects(new SqlLogStore({ query, session: 'gap', readOnly: true }).readEvent(7), /row seq 7 where 7 was expected, or its event is not a dsh event/)
   })
 
   test('tables: events keyed by (session_id, seq) with type, time and a version column; a prefix names them; a bad prefix is refused', async () => {

@@ -6,16 +6,21 @@
 // Run: npm run test:real (not part of `npm test`). Without the binaries it skips visibly; under CI it fails.
 import { after, before, describe, test } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn, type ChildProcess } from 'node:child_process'
+import { execFile, spawn, type ChildProcess } from 'node:child_process'
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import { Session, SessionError, SqlLogStore, type SessionEvent } from '../../dsh.ts'
 import { testLogStore } from '../../conformance.ts'
 import { skipWithoutPostgres, startPostgres, type PostgresServer } from './postgres-server.ts'
+import { startFakeProvider } from '../fake-provider.ts'
 
 const skip = skipWithoutPostgres()
-const WORKER = join(dirname(fileURLToPath(import.meta.url)), 'pg-worker.ts')
+const HERE = dirname(fileURLToPath(import.meta.url))
+const ROOT = join(HERE, '..', '..')
+const WORKER = join(HERE, 'pg-worker.ts')
 const SESSIONS = 100
 const WORKERS = 4
 const TURNS = 30
@@ -109,6 +114,34 @@ describe('SqlLogStore on PostgreSQL 15 (pg driver)', { skip }, () => {
       await assert.rejects(store.append(events), (err: SessionError) => err.code === 'STORE')
       await store.close()
     },
+  })
+
+  test("README's pg example runs as written against this server (the model: the fake provider)", async () => {
+    const readme = readFileSync(join(ROOT, 'README.md'), 'utf8')
+    const marker = readme.indexOf('<!-- docs-test: skip: needs a PostgreSQL server; test/real-server/postgres.test.ts runs it -->')
+    assert.ok(marker > 0, 'the README block is marked')
+    const code = /```ts\n([\s\S]*?)```/.exec(readme.slice(marker))![1]
+    const dir = mkdtempSync(join(tmpdir(), 'dsh-readme-pg-'))
+    const fake = await startFakeProvider({ handler: () => ({ text: 'The build fails because x is undefined.' }) })
+    try {
+      copyFileSync(join(ROOT, 'dsh.ts'), join(dir, 'dsh.ts'))
+      symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'))
+      writeFileSync(join(dir, 'package.json'), '{"type":"module"}')
+      writeFileSync(join(dir, 'example.ts'), code)
+      const env: Record<string, string | undefined> = { ...process.env, DATABASE_URL: `postgres://postgres@127.0.0.1:${server.port}/postgres`,
+        DEEPSEEK_API_KEY: 'sk-test', DSH_TEST_MODEL_URL: fake.url, NODE_OPTIONS: `--import ${join(ROOT, 'test', 'redirect-fetch.mjs')}` }
+      delete env.NODE_TEST_CONTEXT
+      const out = await new Promise<string>((resolve, reject) => execFile(process.execPath, ['--import', 'tsx', 'example.ts'], { cwd: dir, env, timeout: 60_000 },
+        (err, stdout, stderr) => (err ? reject(new Error(`${err.message}\n${stdout}${stderr}`)) : resolve(stdout))))
+      assert.equal(out, 'The build fails because x is undefined.\n')
+      const log = (await new SqlLogStore({ query, session: 'ticket-42', readOnly: true }).load()).events
+      assert.deepEqual(log.map((e) => e.type), ['session/start', 'turn/start', 'user/message', 'request/header', 'step/start', 'assistant/message', 'step/end', 'turn/end'])
+      const lease = (await pool.query("SELECT owner, expires_ms FROM dsh_leases WHERE session_id = 'ticket-42'")).rows
+      assert.deepEqual(lease, [{ owner: 'worker-1', expires_ms: '0' }], 'close gave the lease back')
+    } finally {
+      await fake.close()
+      rmSync(dir, { recursive: true, force: true })
+    }
   })
 
   test(`load: ${SESSIONS} sessions × ${TURNS} turns from ${WORKERS} worker processes: nothing lost, nothing twice, one writer per session`, { timeout: RUN_TIMEOUT_MS }, async () => {
