@@ -10228,7 +10228,7 @@ export class SessionLockedError extends SessionError {
  *   and at its end) is one statement, durable when it returns. A retry of a batch whose commit was
  *   lost with the connection finds its rows already there and succeeds; a different event at a seq
  *   is refused.
- * - Readable (see {@link LogStore.scan}): loads and reads back in pages of 500 events, so a Session
+ * - Readable (see {@link LogStore.scan}): loads and reads back by seq ranges of 500 events, so a Session
  *   on it keeps only its surface in memory.
  * Errors: `SessionError('STORE')` for a failed query (the driver's message kept as `cause`),
  * `'LOG_CORRUPT'` for rows that are not a contiguous log, {@link SessionLockedError} for a lease.
@@ -10381,7 +10381,8 @@ export class SqlLogStore implements LogStore {
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
     const texts = events.map((e) => JSON.stringify(e))
-    const batch = JSON.stringify(events.map((e, i) => [e.seq, e.type, e.time, texts[i]]))
+    const timeMs = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
+    const batch = JSON.stringify(events.map((e, i) => [e.seq, e.type, timeMs(e), texts[i]]))
     const [row] = await this.run(`appending ${events.length} event(s)`, `WITH ${this.leaseCTE()}, ins AS (
       INSERT INTO ${this.t}_events (session_id, seq, type, time_ms, event)
       SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, json_array_elements($4::json) AS r
