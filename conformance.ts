@@ -4,7 +4,7 @@
 //   import { testLogStore } from './conformance.ts'      // from the package: 'dsh.ts/conformance.ts'
 //   testLogStore('MyStore', (key) => new MyStore(key), { secondWriter: 'refused' })
 //
-// and runs with `node --import tsx --test my-store.test.ts` (Node 20; Node ≥ 23 runs it without tsx).
+// and runs with `node --import tsx --test my-store.test.ts`.
 // `makeStore(key)` returns a store on the log named `key`: each call a new instance over the same log
 // (a test closes one before it opens the next, unless it is about two writers). The cases: append/load
 // round trips, streaming `scan`, `readEvent(s)`, torn or partial writes, artefacts, reopen after
