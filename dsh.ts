@@ -10592,3 +10592,284 @@ void isEntryPoint().then(async (isMain) => {
   const self = await import(import.meta.url)
   if (self.isEntryPoint === isEntryPoint) await self.runAsProgram()
 })
+
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 11. SQL store — moves into Part I after the core redesign (web standards only: no `node:`)
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// A LogStore in any PostgreSQL reachable through one function, so that a session outlives the
+// worker that started it (docs/design.md §4 "SQL store"). Every write is ONE SQL statement: a
+// statement is a transaction on every driver, including a pool whose calls may each run on another
+// connection and HTTP drivers that keep no session. One writer per session across machines: a
+// lease row (owner, fencing token, expiry by the database's clock) taken at load and checked and
+// extended by the statement of every append — no renewal timer.
+
+/**
+ * Runs one SQL statement with `$1…$n` parameters and resolves with its rows (or with an object
+ * holding them as `rows`, as `pg` and PGlite answer). e.g. `(sql, params) => pool.query(sql, params)`
+ * (pg, PGlite), `(sql, params) => sql.unsafe(sql, params)` (postgres.js), `neon(url).query` (Neon).
+ */
+export type SqlQuery = (sql: string, params: unknown[]) => Promise<readonly unknown[] | { rows: readonly unknown[] }>
+
+/** Options of {@link SqlLogStore}. */
+export interface SqlLogStoreOptions {
+  query: SqlQuery
+  /** The session's key in the tables (any string; one log per key). */
+  session: string
+  /** Who holds the lease, for the refusal's message (default: `worker-` + a random id). */
+  owner?: string
+  /** Lease length, ms (default {@link SQL_LEASE_MS}): longer than a worker's longest step. */
+  leaseMs?: number
+  /** Table name prefix: `PREFIX_events`, `PREFIX_artefacts`, `PREFIX_leases` (default `dsh`). */
+  tablePrefix?: string
+  /** Reads without taking the lease (e.g. to show a live session); appends are refused. */
+  readOnly?: boolean
+}
+
+/**
+ * Default lease, ms (5 min, the provider's idle timeout): a crashed worker's sessions wait this long;
+ * a live worker's lease is extended by each append, so only a step longer than this can lose it.
+ */
+export const SQL_LEASE_MS = 300_000
+/** Events per `SELECT` while loading or reading back (bounds memory: one page, not the log). */
+const SQL_PAGE_EVENTS = 500
+/** The database's clock in ms since the epoch: one clock for every worker, whatever their skew. */
+const SQL_NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint'
+
+/**
+ * A session held by another writer (`code` `'LOCKED'`): who (`owner`), until when (`expiresAtMs`, ms
+ * since the epoch, by the database's clock) and the lease's fencing token (`token`).
+ */
+export class SessionLockedError extends SessionError {
+  readonly owner: string
+  readonly expiresAtMs: number
+  readonly token: number
+  constructor(message: string, lease: { owner: string; expiresAtMs: number; token: number }) {
+    super('LOCKED', message)
+    this.name = 'SessionLockedError'
+    this.owner = lease.owner
+    this.expiresAtMs = lease.expiresAtMs
+    this.token = lease.token
+  }
+}
+
+/**
+ * A {@link LogStore} over PostgreSQL (pg, postgres.js, PGlite, Neon; no dependency: see
+ * {@link SqlQuery}). Tables, created on first use: `PREFIX_events (session_id, seq)` → type,
+ * time_ms, the event's JSON text and a row format version `v`; `PREFIX_artefacts (session_id, name)`;
+ * `PREFIX_leases (session_id)` → owner, token, expires_ms.
+ * - Lease: `load`/`scan` take the session's lease (a free or expired one; the token goes up by one
+ *   on every takeover) or throw {@link SessionLockedError} naming owner and expiry. Each append and
+ *   artefact write checks the token and extends the lease in the same statement, so a worker whose
+ *   lease was taken over meanwhile (paused, then revived) is refused, never interleaved. `close`
+ *   gives the lease back.
+ * - Each `append` (one {@link Session.flush}: a step's events before its request, before each tool
+ *   and at its end) is one statement, durable when it returns. A retry of a batch whose commit was
+ *   lost with the connection finds its rows already there and succeeds; a different event at a seq
+ *   is refused.
+ * - Readable (see {@link LogStore.scan}): loads and reads back by seq ranges of 500 events, so a Session
+ *   on it keeps only its surface in memory.
+ * Errors: `SessionError('STORE')` for a failed query (the driver's message kept as `cause`),
+ * `'LOG_CORRUPT'` for rows that are not a contiguous log, {@link SessionLockedError} for a lease.
+ */
+export class SqlLogStore implements LogStore {
+  readonly session: string
+  readonly owner: string
+  readonly leaseMs: number
+  readonly readOnly: boolean
+  /** The fencing token of the lease this store holds (undefined: none). */
+  token?: number
+  private readonly query: SqlQuery
+  private readonly t: string
+  private schema?: Promise<void>
+  constructor(options: SqlLogStoreOptions) {
+    const { query, session, owner, leaseMs = SQL_LEASE_MS, tablePrefix = 'dsh', readOnly = false } = options
+    if (typeof query !== 'function') throw new TypeError('SqlLogStore: query must be a function (sql, params) → rows')
+    const bad = (what: string) => new TypeError(`SqlLogStore: ${what}`)
+    if (typeof session !== 'string' || session === '') throw bad('session must be a non-empty string')
+    if (!isIntegerAtLeast(leaseMs, 1)) throw bad(`leaseMs must be an integer ≥ 1 ms, got ${leaseMs}`)
+    if (!/^[a-z_][a-z0-9_]{0,40}$/.test(tablePrefix)) {
+      throw bad(`tablePrefix ${JSON.stringify(tablePrefix)} must match [a-z_][a-z0-9_]* (≤ 41 chars): it names tables`)
+    }
+    this.query = query
+    this.session = session
+    this.owner = owner ?? `worker-${crypto.randomUUID()}`
+    this.leaseMs = leaseMs
+    this.t = tablePrefix
+    this.readOnly = readOnly
+  }
+
+  /** Runs one statement; any failure becomes `SessionError('STORE')` naming what was being done. */
+  private async run(what: string, sql: string, params: unknown[] = []): Promise<any[]> {
+    try {
+      const result = await this.query(sql, params)
+      return (Array.isArray(result) ? result : (result as { rows: unknown[] }).rows) as any[]
+    } catch (err) {
+      if (err instanceof SessionError) throw err
+      const e = new SessionError('STORE', `SqlLogStore: ${what} of session ${JSON.stringify(this.session)} failed: ` +
+        `${(err as Error)?.message ?? err}; nothing of it was written (retry when the database answers)`)
+      throw Object.assign(e, { cause: err })
+    }
+  }
+
+  /** Creates the tables once per store (one statement; a racing creator's error is retried once). */
+  private ensureSchema(): Promise<void> {
+    const t = this.t
+    const sql = `DO $$ BEGIN
+      CREATE TABLE IF NOT EXISTS ${t}_events (session_id text NOT NULL, seq bigint NOT NULL, type text NOT NULL,
+        time_ms bigint NOT NULL, event text NOT NULL, v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq));
+      CREATE TABLE IF NOT EXISTS ${t}_artefacts (session_id text NOT NULL, name text NOT NULL, body text NOT NULL,
+        v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, name));
+      CREATE TABLE IF NOT EXISTS ${t}_leases (session_id text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL,
+        expires_ms bigint NOT NULL);
+    END $$`
+    this.schema ??= this.run('creating the tables', sql).catch(() => this.run('creating the tables', sql)).then(
+      () => {}, (err) => { this.schema = undefined; throw err })
+    return this.schema
+  }
+
+  /** Takes (or renews) the lease; throws {@link SessionLockedError} when another holder's is live. */
+  private async acquire(): Promise<void> {
+    await this.ensureSchema()
+    if (this.readOnly) return
+    const rows = await this.run('taking the lease', `INSERT INTO ${this.t}_leases AS l
+      VALUES ($1, $2, 1, ${SQL_NOW_MS} + $3::bigint)
+      ON CONFLICT (session_id) DO UPDATE SET owner = EXCLUDED.owner, expires_ms = EXCLUDED.expires_ms,
+        token = CASE WHEN l.token = $4::bigint THEN l.token ELSE l.token + 1 END
+      WHERE l.expires_ms <= ${SQL_NOW_MS} OR l.token = $4::bigint RETURNING token`,
+    [this.session, this.owner, this.leaseMs, this.token ?? 0])
+    if (rows.length === 1) { this.token = Number(rows[0].token); return }
+    throw await this.lockedError('is held by')
+  }
+
+  /** The refusal naming the lease's current holder. */
+  private async lockedError(how: string): Promise<SessionLockedError> {
+    const rows = await this.run('reading the lease', `SELECT owner, token, expires_ms, ${SQL_NOW_MS} AS now_ms
+      FROM ${this.t}_leases WHERE session_id = $1`, [this.session])
+    const r = rows[0] ?? { owner: '(nobody)', token: 0, expires_ms: 0, now_ms: 0 }
+    const lease = { owner: String(r.owner), token: Number(r.token), expiresAtMs: Number(r.expires_ms) }
+    const mine = this.token === undefined ? '' : ` (this store's token ${this.token} is fenced off: nothing written)`
+    const leftMs = Math.max(0, lease.expiresAtMs - Number(r.now_ms))
+    return new SessionLockedError(`session ${JSON.stringify(this.session)} ${how} ${lease.owner}${mine}, lease token ` +
+      `${lease.token} until ${new Date(lease.expiresAtMs).toISOString()} (${leftMs} ms from now); ` +
+      'open it again after that, or once its owner closes it', lease)
+  }
+
+  async load(): Promise<LoadedLog> {
+    const events: SessionEvent[] = []
+    await this.scan((e) => { events.push(e) })
+    return { events }
+  }
+
+  /** Takes the lease, then streams the log in pages of {@link SQL_PAGE_EVENTS} events. */
+  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
+    await this.acquire()
+    for await (const e of this.readEvents(0, Infinity)) onEvent(e)
+    return {}
+  }
+
+  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
+    await this.ensureSchema()
+    for (let next = Math.max(0, fromSeq); next < toSeq;) {
+      // A range, not `LIMIT`: the index scan then reads one page, whatever the planner's statistics.
+      const count = Math.min(SQL_PAGE_EVENTS, toSeq - next)
+      const rows = await this.run('reading events', `SELECT seq, event FROM ${this.t}_events
+        WHERE session_id = $1 AND seq >= $2::bigint AND seq < $2::bigint + $3::int ORDER BY seq`,
+      [this.session, next, count])
+      for (const row of rows) yield this.decode(row, next++)
+      if (rows.length < count) return await this.checkEnd(next)
+    }
+  }
+
+  /** A short page is the end of the log, unless rows follow a gap (never written by this store). */
+  private async checkEnd(seq: number): Promise<void> {
+    const [row] = await this.run('reading events', `SELECT min(seq) AS seq FROM ${this.t}_events
+      WHERE session_id = $1 AND seq >= $2::bigint`, [this.session, seq])
+    if (row?.seq !== null && row?.seq !== undefined) this.decode({ seq: row.seq, event: 'null' }, seq)
+  }
+
+  async readEvent(seq: number): Promise<SessionEvent> {
+    if (Number.isSafeInteger(seq) && seq >= 0) for await (const e of this.readEvents(seq, seq + 1)) return e
+    throw new SessionError('STORE', `no event with seq ${seq} in SQL session ${JSON.stringify(this.session)}`)
+  }
+
+  private decode(row: { seq: unknown; event: string }, expectedSeq: number): SessionEvent {
+    let e: SessionEvent | undefined
+    try { e = JSON.parse(row.event) } catch { /* reported below */ }
+    if (Number(row.seq) !== expectedSeq || e?.seq !== expectedSeq || typeof e.type !== 'string') {
+      throw new SessionError('LOG_CORRUPT', `SQL session ${JSON.stringify(this.session)}: row seq ${row.seq} where ` +
+        `${expectedSeq} was expected, or its event is not a dsh event of that seq (events must be contiguous)`,
+      expectedSeq + 1)
+    }
+    return e
+  }
+
+  /** The lease check and extension every write starts with (a CTE: one statement with the write). */
+  private leaseCTE(): string {
+    return `lease AS (UPDATE ${this.t}_leases SET expires_ms = ${SQL_NOW_MS} + $3::bigint
+      WHERE session_id = $1 AND token = $2::bigint RETURNING 1)`
+  }
+
+  private writable(what: string): [string, number, number] {
+    const refuse = (why: string) => new SessionError('STORE', `SqlLogStore: ${what} refused: ${why}`)
+    if (this.readOnly) throw refuse(`session ${JSON.stringify(this.session)} was opened read-only`)
+    if (this.token === undefined) throw refuse('the store holds no lease: load() or scan() it first (that takes it)')
+    return [this.session, this.token, this.leaseMs]
+  }
+
+  async append(events: readonly SessionEvent[]): Promise<void> {
+    if (events.length === 0) return
+    const texts = events.map((e) => JSON.stringify(e))
+    const timeMs = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
+    const batch = JSON.stringify(events.map((e, i) => [e.seq, e.type, timeMs(e), texts[i]]))
+    const [row] = await this.run(`appending ${events.length} event(s)`, `WITH ${this.leaseCTE()}, ins AS (
+      INSERT INTO ${this.t}_events (session_id, seq, type, time_ms, event)
+      SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, json_array_elements($4::json) AS r
+      ON CONFLICT (session_id, seq) DO NOTHING RETURNING 1)
+      SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM ins)::int AS inserted`,
+    [...this.writable('append'), batch])
+    if (Number(row?.leased) !== 1) throw await this.lockedError('was taken over by')
+    if (Number(row.inserted) === events.length) return
+    // Some seqs were there: a retry of a batch whose commit was not acknowledged finds its own rows.
+    let i = 0
+    for await (const e of this.readEvents(events[0].seq, events[events.length - 1].seq + 1)) {
+      if (JSON.stringify(e) !== texts[i++]) {
+        throw new SessionError('STORE', `SqlLogStore: seq ${e.seq} of session ${JSON.stringify(this.session)} ` +
+          `already holds another event (${e.type}); nothing of this batch was written over it; open the session again`)
+      }
+    }
+  }
+
+  async putArtefact(name: string, text: string): Promise<string> {
+    // JSON text: a tool's output may hold NUL or lone surrogates, which PostgreSQL's text refuses.
+    const rows = await this.run(`storing artefact ${name}`, `WITH ${this.leaseCTE()}
+      INSERT INTO ${this.t}_artefacts (session_id, name, body) SELECT $1, $4, $5 FROM lease
+      ON CONFLICT (session_id, name) DO UPDATE SET body = EXCLUDED.body RETURNING 1`,
+    [...this.writable('putArtefact'), name, JSON.stringify(text)])
+    if (rows.length !== 1) throw await this.lockedError('was taken over by')
+    return `sql:${this.session}/${name}`
+  }
+
+  async getArtefact(ref: string): Promise<string> {
+    const prefix = `sql:${this.session}/`
+    const name = ref.startsWith(prefix) ? ref.slice(prefix.length) : undefined
+    const rows = name === undefined ? [] : await this.run(`reading artefact ${name}`,
+      `SELECT body FROM ${this.t}_artefacts WHERE session_id = $1 AND name = $2`, [this.session, name])
+    if (rows.length === 0) {
+      throw new SessionError('STORE', `no artefact ${ref} in SQL session ${JSON.stringify(this.session)} ` +
+        `(references look like ${prefix}NAME)`)
+    }
+    return JSON.parse(rows[0].body)
+  }
+
+  /** Each append is durable when it returns: nothing to do. */
+  async sync(): Promise<void> {}
+
+  /** Gives the lease back (its token stays, so a fenced-off writer stays fenced off). */
+  async close(): Promise<void> {
+    if (this.token === undefined || this.readOnly) return
+    const token = this.token
+    this.token = undefined
+    await this.run('giving the lease back', `UPDATE ${this.t}_leases SET expires_ms = 0
+      WHERE session_id = $1 AND token = $2::bigint`, [this.session, token])
+  }
+}
