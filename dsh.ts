@@ -40,8 +40,9 @@
  *                     is a function like pruneMessages plus one line in Ladder.relievePressure
  *                     (and recoverOverflow), logged as a `compaction/*` event (docs/design.md §5, §10)
  *   6. Provider       6.0 configuration (DeepSeek defaults, KNOWN_MODELS), 6.1 SSE parser, 6.2 error
- *                     classifier — a PROVIDER'S ERROR WORDING goes into OVERFLOW_PATTERNS (context
- *                     overflow; RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for the rest)
+ *                     classifier — an overflow that states its size and limit is read by shape
+ *                     (overflowCounts); a PROVIDER'S WORDING without numbers goes into OVERFLOW_PATTERNS
+ *                     (RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for the rest)
  *                     — 6.3 messages on the wire, 6.4 adapter
  *   7. Loop           Agent: turns, steps, tools, hooks, cancellation
  *   ── fence: nothing in Part I names anything in Part II ──
@@ -4211,20 +4212,19 @@ const ERROR_MESSAGE_KEYS = new Set(['message', 'msg', 'detail', 'error', 'raw', 
  */
 const RATE_LIMIT_RE = /rate[ _-]?limit|too many requests|tokens per min|requests per min|\b(?:TPM|RPM|TPD|RPD)\b|per[ -]minute|resource[_ ]exhausted/i
 
-/** Context-window overflow wordings, one per line with the servers known to use it. */
+/**
+ * Context-window overflow wordings that state no counts, one per line with the servers known to use it. A
+ * message that states a prompt size and the limit it exceeds needs no line here ({@link overflowCounts}).
+ */
 const OVERFLOW_PATTERNS: readonly RegExp[] = [
   /context[_ ]length[_ ]exceeded/i, // OpenAI, Groq, OpenRouter code `context_length_exceeded`
   /exceed_context_size/i, // llama.cpp server `exceed_context_size_error`
-  /max(?:imum)? context length/i, // DeepSeek, OpenAI, vLLM, OpenRouter, Mistral, Ollama ("exceeded max context length")
   /\bexceed(?:s|ed)?\b[^.]{0,60}?\bcontext (?:window|length|size|limit)/i, // llama.cpp, OpenAI (new), Anthropic, Ollama
   /\bcontext (?:window|length|size|limit)\b[^.]{0,40}?\bexceed/i, // MiniMax, generic "context window exceeded"
   /\b(?:prompt|input) (?:is )?too long\b/i, // Anthropic "prompt is too long", Bedrock "Input is too long", Fireworks
-  /input token count[^.]{0,60}?exceeds the maximum number of tokens/i, // Gemini
-  /maximum prompt length/i, // xAI
   /\btokens? \+ `?max_new_tokens`? must be <=/i, // Hugging Face TGI (Together, Inference Endpoints)
   /exceeded model token limit/i, // Moonshot / Kimi
   /greater than the context length|context the overflows|context length of only/i, // LM Studio
-  /total number of tokens in the prompt cannot exceed/i, // Cohere
   /range of input length should be/i, // Alibaba DashScope / Qwen
   /prompt exceeds max length/i, // Zhipu GLM
   /reduce the length of the messages/i, // OpenAI, Groq (the "no numbers" form)
@@ -4324,8 +4324,9 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
  * message wrapping the upstream JSON), an SSE excerpt, plain text, or empty.
  *
  * Order: 429 or rate-limit wording → RATE_LIMIT (a rate limit is never an overflow, whatever it
- * says about tokens); overflow wording of DeepSeek, OpenAI, Anthropic, OpenRouter, Gemini,
- * Mistral, Groq, vLLM, llama.cpp, LM Studio, Ollama, xAI, Cohere, Moonshot, Qwen, GLM, TGI →
+ * says about tokens); a message that states a prompt or input size in tokens above a limit it names, in
+ * any wording (the shape of {@link overflowCounts}: Gemini, xAI, Cohere, DeepSeek, OpenAI, Anthropic …),
+ * or an overflow wording without counts (Groq, llama.cpp, LM Studio, Ollama, Moonshot, Qwen, GLM, TGI) →
  * CONTEXT_WINDOW_EXCEEDED (also on a 5xx: proxies wrap overflows); 402 or balance wording → QUOTA;
  * 401/403 → AUTH; 408 → TIMEOUT; a bare 413 → CONTEXT_WINDOW_EXCEEDED (the request is too big;
  * shrinking it is the cure); other 4xx → INVALID_REQUEST (an output-cap error like "max_tokens:
@@ -4356,44 +4357,82 @@ function readErrorBody(status: number | undefined, bodyText: unknown): { code: P
   }
 }
 
+/** A count in an error text (thousands commas allowed); not a piece of a word, an id, a version or a date. */
+const COUNT_RE = /(?<![\w.,-])(\d{1,3}(?:,\d{3})+|\d+)(?!\w|[.,]\d)/g
+/** What may stand between a cue word and its count: quotes, `(`, `:`, `=`, small words ("is", "of", "about"). */
+const GLUE = String.raw`(?:[\s"'\\:=(\[~]|\b(?:is|of|to|be|was|about|approximately|least|the|only|an?)\b)*$`
+/** Words right before a count that make it a limit (maximum, limit, allowed, at most, context size, `n_ctx`) … */
+const LIMIT_BEFORE = new RegExp(String.raw`(?:(?<![a-z])(?:max(?:imum)?(?:[ _-]+[a-z]+){0,3}|limit(?:ed)?`
+  + String.raw`|allow(?:s|ed)?|most|up|capacity|context(?:[ _-]+(?:window|length|size))?`
+  + String.raw`|exceed(?:s|ed|ing)?|ctx)|<=|≤)${GLUE}`, 'i')
+/** … or the size of what was sent (prompt, input, request, messages, count, got, contains, `n_prompt_tokens`). */
+const SIZE_BEFORE = new RegExp(String.raw`(?<![a-z])(?:prompt|inputs?|request(?:ed)?|messages?|got|contains?|count`
+  + String.raw`|received|given|provided|resulted in|sent|uses?|needs?|has|have|total|length)`
+  + String.raw`(?:[ _-]+(?:tokens?|length|size|count))*${GLUE}`, 'i')
+/** Words right after a count that make it a limit ("200000 maximum", "8,000-token window") or a part of the prompt. */
+const LIMIT_AFTER = /^[\s)-]*(?:tokens?[\s)-]*)?,?\s*(?:max(?:imum)?|limit|window|context)\b/i
+const PART_AFTER = new RegExp(String.raw`^\s*(?:tokens?\s+)?(?:in (?:the|your) (?:messages|prompt|functions|tools`
+  + String.raw`|input)|of (?:text |tool )?input|(?:prompt|input) tokens)`, 'i')
+/** `A > B`, "A exceeds B": a size, then its limit. */
+const COMPARE_RE = /^\s*(?:tokens?)?\s*\)?\s*(?:>|exceeds?|is (?:more|greater|larger) than)\s*\(?\s*$/i
+/** A count near these words is about the output (max_tokens, the completion), not the prompt. */
+const OUTPUT_NEAR = /max_(?:new_|completion_|output_)?tokens|completion|output|generat/i
+
 /**
- * Token counts an overflow error carries (docs/design.md §10), read from the body text (JSON or
- * not): `promptTokens` the provider's count of the prompt, `contextTokens` its window,
- * `requestedTokens` prompt + completion when only their sum is given. Known forms: llama.cpp
- * (`n_prompt_tokens`/`n_ctx`, "request (N tokens) exceeds the available context size (M tokens)"),
- * OpenAI / DeepSeek / vLLM ("maximum context length is M", "requested N tokens (P in the messages,
- * C in the completion)", "your request has P input tokens"), Anthropic ("N tokens > M maximum"),
- * Gemini ("input token count (N) exceeds the maximum number of tokens allowed (M)"), LM Studio
- * ("context length of only M"). Fields the text does not give are absent. Never throws.
+ * Token counts an overflow error states (docs/design.md §6, §10), read from the body text (JSON or not) by
+ * shape, not by phrase. A count is a limit when a word right before it says so (maximum, limit, allowed, at
+ * most, up to, context size, exceeds, `<=`, `n_ctx`) or one right after it does ("200000 maximum", "8,000-token
+ * window"); a size when a word before it names what was sent (prompt, input, request, messages, count, got,
+ * received, `n_prompt_tokens`) or one after it names a part of the prompt ("62219 in the messages"); `A > B`
+ * and `A + B > C` compare sizes with a limit. A count near output words (max_tokens, completion, output) is
+ * skipped, except the C of `A + B > C` (the whole request against the window). `contextTokens`: the first
+ * limit; `promptTokens`: the parts of the prompt summed, else the largest size; `requestedTokens`: a size that
+ * holds the completion too ("requested N tokens", the `A + B`). What the text does not state is absent.
+ * Never throws.
  */
 export function overflowCounts(bodyText: string): { promptTokens?: number; contextTokens?: number; requestedTokens?: number } {
   const text = typeof bodyText === 'string' ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : ''
-  const num = (re: RegExp): number | undefined => {
-    const m = re.exec(text)
-    if (!m) return undefined
-    const n = Number(m[1].replace(/,/g, ''))
-    return Number.isSafeInteger(n) && n > 0 ? n : undefined
+  const found = [...text.matchAll(COUNT_RE)]
+  const at = (i: number) => Number(found[i][1].replace(/,/g, ''))
+  const gap = (i: number) => text.slice(found[i].index + found[i][0].length, found[i + 1]?.index ?? text.length)
+  const before = (i: number) => (i > 0 ? gap(i - 1) : text.slice(0, found[0].index)).slice(-80)
+  const output = (i: number) => OUTPUT_NEAR.test(before(i).slice(-30) + gap(i).slice(0, 80))
+  let context: number | undefined, prompt = 0, parts = 0, requested = 0
+  const size = (n: number) => { prompt = Math.max(prompt, n) }
+  for (let i = 0; i < found.length; i++) {
+    if (output(i)) continue
+    const after = gap(i).slice(0, 80)
+    if (i + 2 < found.length && /^\s*(?:tokens?)?\s*\+\s*$/.test(after) && COMPARE_RE.test(gap(i + 1))) {
+      size(at(i)); requested = Math.max(requested, at(i) + at(i + 1)); context ??= at(i + 2); i += 2
+    } else if (i + 1 < found.length && COMPARE_RE.test(after) && !output(i + 1)) { size(at(i)); context ??= at(++i) }
+    else if (LIMIT_AFTER.test(after) || LIMIT_BEFORE.test(before(i))) context ??= at(i)
+    else if (PART_AFTER.test(after)) parts += at(i)
+    else if (/requested\W*(?:about\W*)?$/i.test(before(i))) requested = Math.max(requested, at(i))
+    else if (SIZE_BEFORE.test(before(i))) size(at(i))
   }
-  const N = '(\\d[\\d,]*)'
   const out: { promptTokens?: number; contextTokens?: number; requestedTokens?: number } = {}
-  const prompt = num(/"n_prompt_tokens"\s*:\s*(\d+)/) ?? num(new RegExp(`request \\(${N} tokens\\) exceeds the available context`, 'i'))
-    ?? num(new RegExp(`${N} in the messages`, 'i')) ?? num(new RegExp(`request has ${N} input tokens`, 'i'))
-    ?? num(new RegExp(`${N} tokens > ${N} maximum`, 'i')) ?? num(new RegExp(`input token count \\(${N}\\)`, 'i'))
-  const context = num(/"n_ctx"\s*:\s*(\d+)/) ?? num(new RegExp(`available context size \\(${N} tokens\\)`, 'i'))
-    ?? num(new RegExp(`maximum context length is ${N}`, 'i')) ?? num(new RegExp(`tokens > ${N} maximum`, 'i'))
-    ?? num(new RegExp(`maximum number of tokens allowed \\(${N}\\)`, 'i')) ?? num(new RegExp(`context length of only ${N}`, 'i'))
-  const requested = num(new RegExp(`requested ${N} tokens`, 'i'))
-  if (prompt !== undefined) out.promptTokens = prompt
-  if (context !== undefined) out.contextTokens = context
-  if (requested !== undefined) out.requestedTokens = requested
+  if (parts > 0 || prompt > 0) out.promptTokens = parts > 0 ? parts : prompt
+  if (context !== undefined && context > 0) out.contextTokens = context
+  if (requested > 0) out.requestedTokens = requested
   return out
+}
+
+/**
+ * Whether an error text states a prompt (or request) in tokens larger than a limit it names, in any
+ * wording and order ({@link overflowCounts}), and is not about a quota of a day or an hour.
+ */
+function statesOverflow(text: string): boolean {
+  if (!/\btokens?\b/i.test(text) || !/prompt|input|context|request|message|sequence/i.test(text)) return false
+  if (/\b(?:daily|monthly|per (?:day|hour|month)|today)\b/i.test(text)) return false
+  const c = overflowCounts(text)
+  return c.contextTokens !== undefined && Math.max(c.promptTokens ?? 0, c.requestedTokens ?? 0) > c.contextTokens
 }
 
 function codeOfErrorBody(status: number | undefined, info: ErrorBodyInfo): ProviderErrorCode {
   const s = isErrorStatus(status) ? status : info.status
   const h = info.haystack
   if (s === 429 || RATE_LIMIT_RE.test(h)) return 'RATE_LIMIT'
-  if (OVERFLOW_PATTERNS.some((re) => re.test(h))) return 'CONTEXT_WINDOW_EXCEEDED'
+  if (OVERFLOW_PATTERNS.some((re) => re.test(h)) || statesOverflow(h)) return 'CONTEXT_WINDOW_EXCEEDED'
   if (s === 402 || QUOTA_RE.test(h)) return 'QUOTA'
   if (s === 401 || s === 403) return 'AUTH'
   if (s === 408) return 'TIMEOUT'
