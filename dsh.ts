@@ -2442,8 +2442,11 @@ export function frameCheckpoint(summary: string, ledger?: Ledger): string {
 export interface LedgerPath { path: string; count: number; seq: number }
 /** A command a tool ran: `exitCode` when its result states one; `failed` when the result was an error. */
 export interface LedgerCommand { command: string; exitCode?: number; failed: boolean; count: number; seq: number }
-/** A tool error's first line, or a user message, verbatim; `seq` is the newest log seq it came from. */
-export interface LedgerText { text: string; count: number; seq: number }
+/**
+ * A tool error's first line, or a user message; `seq` is the newest log seq it came from. `pruned`: a user
+ * message cut to head + tail to fit its budget, whose marker names the recall key of the original (`seq:N`).
+ */
+export interface LedgerText { text: string; count: number; seq: number; pruned?: true }
 
 /**
  * The facts of a compacted region (docs/design.md §12), lists oldest first. Paths and commands are
@@ -2464,7 +2467,10 @@ export interface Ledger {
   trimmed: number
 }
 
-/** The ledger budget: `min(LEDGER_MAX_TOKENS, floor(window × LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). */
+/**
+ * The ledger budget of the facts other than user messages: `min(LEDGER_MAX_TOKENS, floor(window ×
+ * LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). The user's messages have a budget of their own.
+ */
 export const LEDGER_MAX_TOKENS = 2000
 /** See {@link LEDGER_MAX_TOKENS}. */
 export const LEDGER_WINDOW_RATIO = 0.05
@@ -2474,6 +2480,69 @@ export const LEDGER_ERROR_LINE_CODE_POINTS = 300
 /** The ledger budget in tokens for a context window in tokens ({@link LEDGER_MAX_TOKENS} when unknown). */
 export function ledgerBudget(contextWindow?: number): number {
   return contextWindow === undefined ? LEDGER_MAX_TOKENS : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
+}
+
+// The user's own words (docs/design.md §12): every user message of a region is in its checkpoint, within
+// a share of the window of their own; the session's first message (the task) first, up to a smaller share.
+const USER_MESSAGES_WINDOW_RATIO = 0.15
+const TASK_WINDOW_RATIO = 0.1
+/** The window (tokens) the user-message budgets are shares of when the context window is unknown. */
+const USER_MESSAGES_DEFAULT_WINDOW = 100_000
+/** A user message is cut to no fewer UTF-16 units than this (head, marker, tail) before older ones are left out. */
+const USER_MESSAGE_MIN_UNITS = 200
+/** UTF-16 units a ledger line adds to a user message: its `<user-message>` tags and line ends. */
+const USER_LINE_UNITS = 32
+
+/** The `recall` call that returns the message logged at `seq` (the key of a cut user message's marker). */
+const recallOfSeq = (seq: number) => `${RECALL_TOOL_NAME} {"key":"seq:${seq}"}`
+
+/**
+ * A user message cut by the pruner (docs/design.md §3) to at most `maxUnits` UTF-16 units: head (three
+ * quarters), a marker naming the recall key of the original logged at `seq`, tail.
+ */
+function cutUserMessage(text: string, seq: number, maxUnits: number): string {
+  const marker = `\n\n[... middle of this user message cut; ${recallOfSeq(seq)} returns it whole ...]\n\n`
+  for (let keep = Math.max(0, maxUnits - marker.length); ;) {
+    const head = Math.floor(keep * 0.75)
+    const cut = pruneText(text, { thresholdChars: keep + MARKER_CODE_POINTS, headChars: head, tailChars: keep - head })
+    const out = cut.replace(PRUNE_MARKER, marker)
+    if (out.length <= maxUnits || keep === 0) return out
+    keep = Math.max(0, keep - (out.length - maxUnits)) // astral text: more units than code points
+  }
+}
+
+/**
+ * The user messages of a region within `budgetTokens` (docs/design.md §12): the session's first (`taskSeq`)
+ * verbatim up to `taskTokens`, else head + tail; then the others verbatim while they all fit, else the longest
+ * cut alike to the most UTF-16 units each that lets them fit (head + tail with the original's recall key, by
+ * {@link cutUserMessage}); when even cuts to {@link USER_MESSAGE_MIN_UNITS} cannot fit, the oldest are left
+ * out (`left`).
+ */
+function fitUserMessages(entries: readonly LedgerText[], budgetTokens: number, taskTokens: number, taskSeq?: number):
+  { kept: LedgerText[]; left: number } {
+  const cut = (e: LedgerText, units: number): LedgerText =>
+    (e.text.length <= units ? e : { ...e, text: cutUserMessage(e.text, e.seq, units), pruned: true })
+  let room = budgetTokens * UNITS_PER_TOKEN
+  const kept: LedgerText[] = []
+  const task = entries.find((e) => e.seq === taskSeq)
+  if (task) {
+    kept.push(cut(task, Math.min(room, taskTokens * UNITS_PER_TOKEN) - USER_LINE_UNITS))
+    room -= kept[0].text.length + USER_LINE_UNITS
+  }
+  const others = entries.filter((e) => e !== task).sort((a, b) => a.seq - b.seq)
+  const least = (e: LedgerText) => Math.min(e.text.length, USER_MESSAGE_MIN_UNITS) + USER_LINE_UNITS
+  let left = 0
+  for (let need = others.reduce((u, e) => u + least(e), 0); others.length > 0 && need > room; left++) {
+    need -= least(others.shift()!)
+  }
+  // The most units each message may keep so that all fit: shorter ones whole, the rest cut to it.
+  let cap = Infinity, rest = room - others.length * USER_LINE_UNITS
+  const lengths = others.map((e) => e.text.length).sort((a, b) => a - b)
+  for (let i = 0; i < lengths.length; rest -= lengths[i++]) {
+    if (lengths[i] * (lengths.length - i) > rest) { cap = Math.floor(rest / (lengths.length - i)); break }
+  }
+  for (const e of others) kept.push(cut(e, cap))
+  return { kept, left }
 }
 
 const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [], trimmed: 0 })
@@ -2535,12 +2604,22 @@ async function originalEvent(session: Session, seq: number): Promise<{ seq: numb
   return { seq: event.seq, message: (event.data as any).message as Message }
 }
 
-/** The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right before it), if any. */
+/**
+ * The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right
+ * before it), if any, with each user message it cut read back whole from the log.
+ */
 async function checkpointLedger(session: Session, seq: number): Promise<Ledger | undefined> {
   const id = ((await session.readEvent(seq)).data as any).compactionId
   if (id === undefined || seq === 0) return undefined
   const summary = await session.readEvent(seq - 1)
-  return summary.type === 'compaction/summary' && (summary.data as any).id === id ? (summary.data as any).ledger as Ledger | undefined : undefined
+  const d = summary.data as { id?: string; ledger?: Ledger }
+  const ledger = summary.type === 'compaction/summary' && d.id === id ? d.ledger : undefined
+  if (!ledger?.userMessages?.some((e) => e.pruned)) return ledger
+  const whole = async (e: LedgerText) => {
+    const message = (await session.readEvent(e.seq)).data.message as Message
+    return { text: messageText(message), count: e.count, seq: e.seq }
+  }
+  return { ...ledger, userMessages: await Promise.all(ledger.userMessages.map((e) => (e.pruned ? whole(e) : e))) }
 }
 
 function addPath(list: LedgerPath[], path: string, seq: number, count = 1): void {
@@ -2638,34 +2717,56 @@ export function renderLedger(ledger: Ledger): string {
 }
 
 /**
- * Cuts `ledger` to `budgetTokens` (§2 text estimate of the rendered block): entries are kept newest
- * first, across all lists, while they fit; the oldest (and any too large to fit at all) are left
- * out and counted in `trimmed`. Entries are whole: nothing is kept half.
+ * Cuts `ledger`'s facts other than user messages to `budgetTokens` (§2 text estimate of their rendered
+ * block): entries are kept newest first, across the lists, while they fit — those over a tenth of the
+ * budget (a long script) after all the others; the rest are left out and counted in `trimmed`. Entries are
+ * whole: nothing is kept half. The user messages are kept as they are (a budget of their own, docs/design.md §12).
  */
 export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
-  const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>).map((entry) => ({ list, entry })))
+  const lists = LEDGER_ORDER.filter((l) => l !== 'userMessages')
+  const all = lists.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>)
+    .map((entry) => ({ list, entry, units: ledgerLine(list, entry).length })))
   const maxUnits = budgetTokens * UNITS_PER_TOKEN
   const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
-  if (estimateTextTokens(renderLedger(ledger)) <= budgetTokens) return ledger
-  const out = emptyLedger()
+  if (estimateTextTokens(renderLedger({ ...ledger, userMessages: [] })) <= budgetTokens) return ledger
+  const out: Ledger = { ...emptyLedger(), userMessages: ledger.userMessages }
   let units = fixed
-  for (const { list, entry } of all.sort((a, b) => b.entry.seq - a.entry.seq)) {
-    const cost = ledgerLine(list, entry).length + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
+  // Newest first, but an entry over a tenth of the budget (a long script) after the others: one must not crowd out ten.
+  const large = (e: { units: number }) => Number(e.units * 10 > maxUnits)
+  for (const { list, entry, units: line } of all.sort((a, b) => large(a) - large(b) || b.entry.seq - a.entry.seq)) {
+    const cost = line + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
     if (units + cost > maxUnits) { out.trimmed++; continue }
     units += cost
     ;(out[list] as Array<typeof entry>).push(entry)
   }
-  for (const list of LEDGER_ORDER) (out[list] as Array<{ seq: number }>).sort((a, b) => a.seq - b.seq)
+  for (const list of lists) (out[list] as Array<{ seq: number }>).sort((a, b) => a.seq - b.seq)
   out.trimmed += ledger.trimmed
   return out
 }
 
-/** How many of a region's facts of one kind appear verbatim in the checkpoint, and in the model's summary alone. */
-export interface FidelityShare { total: number; inCheckpoint: number; inSummary: number }
+/**
+ * The ledger a checkpoint carries (docs/design.md §12): the facts trimmed to {@link ledgerBudget}, the
+ * user's messages fitted to their own budget ({@link fitUserMessages}: 15% of the window, the task up to
+ * 10%). Budgets are tokens of the window, divided by `rate` (the calibration) for the §2 heuristic.
+ */
+function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate = 1, taskSeq?: number): Ledger {
+  const ledger = trimLedger(full, Math.floor(ledgerBudget(contextWindow) / rate))
+  const window = contextWindow ?? USER_MESSAGES_DEFAULT_WINDOW
+  const share = (ratio: number) => Math.floor((window * ratio) / rate)
+  const users = fitUserMessages(full.userMessages, share(USER_MESSAGES_WINDOW_RATIO), share(TASK_WINDOW_RATIO), taskSeq)
+  return { ...ledger, userMessages: users.kept, trimmed: ledger.trimmed + users.left }
+}
+
+/**
+ * How many of a region's facts of one kind appear verbatim in the checkpoint, and in the model's summary
+ * alone. `pruned` (user messages): of `inCheckpoint`, those kept as head + tail with the original's recall key.
+ */
+export interface FidelityShare { total: number; inCheckpoint: number; inSummary: number; pruned?: number }
 /**
  * Fidelity figures of one compaction (docs/design.md §12): of the region's paths, commands, tool
  * error first lines and user messages (its full ledger, before the budget), how many appear verbatim
- * in the framed checkpoint (summary + ledger), and in the model's summary alone.
+ * in the framed checkpoint (summary + ledger), and in the model's summary alone; a user message cut to
+ * head + tail with its recall key counts as in the checkpoint, and is counted in `pruned`.
  */
 export interface Fidelity { paths: FidelityShare; commands: FidelityShare; errors: FidelityShare; userMessages: FidelityShare }
 
@@ -2675,11 +2776,17 @@ export function measureFidelity(ledger: Ledger, checkpoint: string, summary: str
     const unique = [...new Set(items)]
     return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length, inSummary: unique.filter((t) => summary.includes(t)).length }
   }
+  // A user message cut to head + tail counts as kept when its marker's recall key is in the checkpoint.
+  const users = (entries: readonly LedgerText[]): FidelityShare => {
+    const s = share(entries.map((e) => e.text))
+    const pruned = entries.filter((e) => !checkpoint.includes(e.text) && checkpoint.includes(recallOfSeq(e.seq))).length
+    return { ...s, inCheckpoint: s.inCheckpoint + pruned, pruned }
+  }
   return {
     paths: share([...ledger.read, ...ledger.written, ...ledger.edited].map((e) => e.path)),
     commands: share(ledger.commands.map((e) => e.command)),
     errors: share(ledger.errors.map((e) => e.text)),
-    userMessages: share(ledger.userMessages.map((e) => e.text)),
+    userMessages: users(ledger.userMessages),
   }
 }
 
@@ -2770,11 +2877,16 @@ export function pruneSurface(session: Session, config: PruneConfig, trigger: str
 /**
  * Prunes oversized non-tool messages (docs/design.md §10): every assistant message and every user
  * message except the current turn's input, pinned messages and summary checkpoints whose text, reasoning or
- * tool-call arguments exceed the prune threshold (code points). Returns tokens reclaimed.
+ * tool-call arguments exceed the prune threshold (code points). The session's first user message (the task),
+ * while it heads the surface, is kept whole up to `taskTokens` (docs/design.md §12). Returns tokens reclaimed.
  */
-export function pruneMessages(session: Session, config: PruneConfig, trigger: string): number {
+export function pruneMessages(session: Session, config: PruneConfig, trigger: string, taskTokens = 0): number {
   const input = session.currentInput
-  const candidates = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && !isCheckpoint(n) && !session.isPinned(n.seq) && n.tokens >= minPrunableTokens(config)).map((n) => n.seq)
+  // The surface head is the session's first message until a checkpoint replaces it (regions start at the head).
+  const head = session.surface()[0]
+  const task = head?.message.role === 'user' && !isCheckpoint(head) && head.tokens <= taskTokens ? head.seq : input
+  const candidates = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && n.seq !== task
+    && !isCheckpoint(n) && !session.isPinned(n.seq) && n.tokens >= minPrunableTokens(config)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) reclaimed += session.pruneMessage(seq, config, trigger)
   return reclaimed
@@ -3149,6 +3261,14 @@ export async function summarise(host: CompactionHost, messages: readonly Message
   return { summary, usage, requests }
 }
 
+/** Seq of the session's first user message (its task), from the head of the log; undefined when none is there. */
+async function firstUserSeq(session: Session): Promise<number | undefined> {
+  for await (const e of session.readEvents(0, 100)) {
+    if (e.type === 'user/message' && (e.data as { surfaceOp?: SurfaceOp }).surfaceOp?.op === 'append') return e.seq
+  }
+  return undefined
+}
+
 /**
  * `host` with a summarizer that records every answered summary request in `records` (its meter
  * size, modelled cache hit against the conversation request before it, output and usage) for
@@ -3176,7 +3296,8 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
 /**
  * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → the host's
  * `beforeCompaction` (may add a focus, or cancel) → summarise → frame the checkpoint with the
- * region's facts ledger (docs/design.md §12, trimmed to {@link ledgerBudget}) → reject a framed
+ * region's facts ledger (docs/design.md §12: facts within {@link ledgerBudget}, every user message
+ * within a budget of its own, verbatim or head + tail with its recall key) → reject a framed
  * checkpoint not strictly smaller than the region → check the surface did not change → append
  * `compaction/summary` (with the ledger, the fidelity figures and the focus) and the replacing
  * `user/message` with no await between → `compaction/end` → the host's `afterCompaction`.
@@ -3202,14 +3323,16 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
     if (verdict?.cancel) throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
     if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}` : verdict.focus.trim()
     const fullLedger = await regionLedger(session, nodes)
+    const taskSeq = await firstUserSeq(session)
+    // The budgets are measured tokens of the window; the ledger is priced by the heuristic.
+    const facts = () => checkpointFacts(fullLedger, host.contextWindow, session.measure().calibration, taskSeq)
     // A region no larger than its checkpoint's frame and ledger could only be rejected after the model call.
-    const frameTokens = estimateMessageTokens({ role: 'user', content: frameCheckpoint('', trimLedger(fullLedger, Math.floor(ledgerBudget(host.contextWindow) / session.measure().calibration))) })
+    const frameTokens = estimateMessageTokens({ role: 'user', content: frameCheckpoint('', facts()) })
     if (frameTokens >= region.tokens) throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and ledger alone (${frameTokens} tokens); nothing was sent`)
     const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
-    // The budget is measured tokens of the window; the ledger is priced by the heuristic.
-    const ledger = trimLedger(fullLedger, Math.floor(ledgerBudget(host.contextWindow) / session.measure().calibration))
+    const ledger = facts()
     const text = frameCheckpoint(result.summary, ledger)
     const checkpoint: UserMessage = { role: 'user', content: text }
     const checkpointTokens = estimateMessageTokens(checkpoint)
@@ -3288,6 +3411,12 @@ export class Ladder {
     return undefined
   }
 
+  /** How large the task may be and stay whole on the surface: 10% of the window in heuristic tokens (design §12). */
+  private taskTokens(): number {
+    const window = this.host.contextWindow
+    return window === undefined ? 0 : Math.floor((window * TASK_WINDOW_RATIO) / this.host.session.measure().calibration)
+  }
+
   private setGuard(tokens: number | undefined): void {
     if (tokens === this.guard) return
     this.guard = tokens
@@ -3337,7 +3466,7 @@ export class Ladder {
     if (signal?.aborted) return done('skipped', 'aborted')
     const below = () => this.nextRequestTokens() < threshold
     outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'pressure', threshold, false, () => this.nextRequestTokens())
-    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'pressure')
+    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'pressure', this.taskTokens())
     if (below()) return done('pruned')
     outcome.clearedTokens = this.clear('pressure', threshold)
     if (below()) return done('cleared')
@@ -3431,7 +3560,7 @@ export class Ladder {
       }
     }
     outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'context-overflow', 0, true)
-    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'context-overflow')
+    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'context-overflow', this.taskTokens())
     if (window !== undefined) outcome.clearedTokens = this.clear('context-overflow', threshold)
     const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'failed'
     if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore && this.nextRequestTokens() < threshold) return done(modelFree)
@@ -3461,7 +3590,7 @@ export class Ladder {
     if (session.openCompaction) return done('skipped', 'a compaction is already running')
     if (signal?.aborted) return done('skipped', 'aborted')
     outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'manual', threshold, false, () => this.nextRequestTokens())
-    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'manual')
+    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'manual', this.taskTokens())
     return this.summariseUnder('manual', threshold, outcome, done, signal, options.focus)
   }
 }
@@ -8067,23 +8196,38 @@ export interface ReplayFigure {
 const FIDELITY_KINDS: ReadonlyArray<[keyof Fidelity, string]> = [['paths', 'paths'], ['commands', 'commands'], ['errors', 'error lines'], ['userMessages', 'user messages']]
 const FIDELITY_COUNTS: ReadonlyArray<[keyof FidelityShare, string]> = [['total', 'total'], ['inCheckpoint', 'in checkpoint'], ['inSummary', 'in summary']]
 
+const fidelityFigure = (kind: keyof Fidelity, count: keyof FidelityShare, name: string): ReplayFigure => ({
+  name, total: 'sum', hideTotal: true,
+  add: (e, v) => (e.type === 'log' && e.event.type === 'compaction/summary'
+    ? v + (((e.event.data as { fidelity?: Fidelity }).fidelity)?.[kind]?.[count] ?? 0) : v),
+})
+
 /**
  * The fidelity figures of the compactions (docs/design.md §12), summed over the rows: for each kind
  * (paths, commands, error lines, user messages) how many the compacted regions held, how many
- * appear verbatim in the checkpoints, and how many in the model's summaries alone. Named
- * `fidelity <kind> <count>`; JSON per row, one combined totals line in the text report. The CLI's
- * `replay` passes them ({@link ReplayOptions.figures}); a library replay adds them when asked.
+ * are in the checkpoints (a user message cut to head + tail with its recall key counts, and is
+ * counted again in `fidelity user messages pruned`), and how many in the model's summaries alone.
+ * Named `fidelity <kind> <count>`; JSON per row, one combined totals line in the text report. The
+ * CLI's `replay` passes them ({@link ReplayOptions.figures}); a library replay adds them when asked.
  */
-export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]): ReplayFigure => ({
-  name: `fidelity ${label} ${countLabel}`, total: 'sum', hideTotal: true,
-  add: (e, v) => (e.type === 'log' && e.event.type === 'compaction/summary' ? v + (((e.event.data as any).fidelity as Fidelity | undefined)?.[kind]?.[count] ?? 0) : v),
-})))
+export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ [
+  ...FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]) =>
+    fidelityFigure(kind, count, `fidelity ${label} ${countLabel}`))),
+  fidelityFigure('userMessages', 'pruned', 'fidelity user messages pruned'),
+]
 
-/** The totals line of {@link FIDELITY_FIGURES}: `paths 12/12, …; the model's summaries alone: 1/12, …`, or undefined without compactions. */
+/**
+ * The totals line of {@link FIDELITY_FIGURES}: `in checkpoints: paths 12/12, …; in the summaries alone: 1/12, …`,
+ * or undefined without compactions.
+ */
 function fidelityTotalsLine(figures: Readonly<Record<string, number>>): string | undefined {
   const get = (label: string, count: string) => figures[`fidelity ${label} ${count}`] ?? 0
   if (FIDELITY_KINDS.every(([, label]) => get(label, 'total') === 0)) return undefined
-  return `verbatim in checkpoints: ${FIDELITY_KINDS.map(([, l]) => `${l} ${get(l, 'in checkpoint')}/${get(l, 'total')}`).join(', ')}; in the summaries alone: ${FIDELITY_KINDS.map(([, l]) => `${get(l, 'in summary')}/${get(l, 'total')}`).join(', ')}`
+  const pruned = figures['fidelity user messages pruned'] ?? 0
+  const kept = FIDELITY_KINDS.map(([, l]) => `${l} ${get(l, 'in checkpoint')}/${get(l, 'total')}`).join(', ')
+  const cut = pruned > 0 ? ` (${pruned} user message(s) cut to head + tail with their recall key)` : ''
+  const alone = FIDELITY_KINDS.map(([, l]) => `${get(l, 'in summary')}/${get(l, 'total')}`).join(', ')
+  return `in checkpoints: ${kept}${cut}; in the summaries alone: ${alone}`
 }
 
 /**
