@@ -358,6 +358,12 @@ export interface Measurement {
    * `totalTokens` prices what changed since the anchor (or, unanchored, everything) at this rate.
    */
   calibration: number
+  /**
+   * Tokens the provider counts beyond `calibration ×` the heuristic, unanchored: fitted (least squares)
+   * from the counts a replayed transcript records (docs/design.md §15: a harness's hidden system prompt
+   * and tools); 0 otherwise (an anchor carries them).
+   */
+  calibrationOffsetTokens: number
   /** How many samples `calibration` stands on (0: none; the total is then the §2 heuristic). */
   calibrationSamples: number
 }
@@ -406,11 +412,14 @@ function plausibleRatio(providerTokens: number, heuristicTokens: number): boolea
  * Applies the usage anchor rule of docs/design.md §2 to a heuristic total (tokens), with content added
  * since the anchor priced at `calibration` provider tokens per heuristic token (docs/design.md §10)
  * and content removed since priced at the anchor's own rate (provider ÷ heuristic at the anchor,
- * at most 4); unanchored, the whole heuristic total is priced at `calibration`. `calibration` 1
- * (the default: no sample yet) is the seed's rule exactly.
+ * at most 4); unanchored, the whole heuristic total is priced at `calibration`, plus `offsetTokens`
+ * (tokens counted beyond the priced content, docs/design.md §15; an anchor's count holds them already).
+ * `calibration` 1 and no offset (the defaults: no sample yet) is the seed's rule exactly.
  */
-export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | undefined, calibration = 1): number {
-  if (!anchor) return calibration === 1 ? heuristicTokens : Math.ceil(heuristicTokens * calibration)
+export function anchoredTotal(
+  heuristicTokens: number, anchor: UsageAnchor | undefined, calibration = 1, offsetTokens = 0,
+): number {
+  if (!anchor) return offsetTokens + (calibration === 1 ? heuristicTokens : Math.ceil(heuristicTokens * calibration))
   const base = Math.max(anchor.providerTokens, anchor.heuristicTokens)
   const delta = heuristicTokens - anchor.heuristicTokens
   if (calibration === 1) return base + delta
@@ -879,12 +888,13 @@ export interface EventDataMap {
  *   (`providerTokens`) and the meter's heuristic estimate of the same request (`heuristicTokens`).
  *   `source` `'overflow'`: a conversation request refused with a count — that count also becomes
  *   the usage anchor (the surface is what was sent); `'summary'`: a summary request's usage or
- *   overflow count (a sample only).
+ *   overflow count (a sample only); `'transcript'`: the prompt count a replayed transcript records
+ *   for a request of `heuristicTokens` (replay's; fitted as offset + ratio, docs/design.md §15).
  * - `calibration`: the ratio after this event (for readers; the session recomputes it).
  */
 export interface LadderStateData {
   failedAtTokens?: number | null
-  sample?: { providerTokens: number; heuristicTokens: number; source: 'overflow' | 'summary' }
+  sample?: { providerTokens: number; heuristicTokens: number; source: 'overflow' | 'summary' | 'transcript' }
   calibration?: number
 }
 
@@ -1514,6 +1524,8 @@ export class Session {
   /** Calibration samples (provider, heuristic tokens), newest last, for the model `calibrationModel`. */
   private calibrationSamples: { provider: number; heuristic: number }[] = []
   private calibrationModel?: string
+  /** Least-squares sums (count, Σh, Σp, Σh², Σhp) of the transcript samples, for the model `calibrationModel`. */
+  private transcriptFit?: { n: number; h: number; p: number; hh: number; hp: number }
   /** callId → heuristic price (tokens) of its result as first logged (the original, whatever replaced it since). */
   private originalResultTokens = new Map<string, number>()
   /** The failed-compaction guard as last logged in `ladder/state` (heuristic tokens). */
@@ -1824,7 +1836,9 @@ export class Session {
         this.anchorState = undefined // an envelope or model change voids the usage anchor (docs/design.md §2)
         const key = cacheKey(data.model, data)
         if (key !== this.envelopeKey) { this.envelopeKey = key; this.cacheNodes = -1; this.cachePrefixTokens = 0 } // a new envelope or model: nothing is cached
-        if (data.model !== this.calibrationModel) { this.calibrationModel = data.model; this.calibrationSamples = [] } // calibration is per model
+        if (data.model !== this.calibrationModel) { // calibration is per model
+          this.calibrationModel = data.model; this.calibrationSamples = []; this.transcriptFit = undefined
+        }
         break
       }
       case 'turn/start': this.turnState = { last: data.turn, open: true, step: 0, stepOpen: false }; this.inputSeq = undefined; this.awaitingInput = true; break
@@ -1833,6 +1847,11 @@ export class Session {
         const sample = data.sample as LadderStateData['sample']
         if (data.failedAtTokens !== undefined) this.failedAt = data.failedAtTokens ?? undefined
         if (!sample) break
+        // A replayed transcript's count is of a request this session did not send: a sample, never an anchor.
+        if (sample.source === 'transcript') {
+          this.addTranscriptSample(sample.providerTokens, sample.heuristicTokens)
+          break
+        }
         // A plausible count of the conversation request the provider refused is the new anchor, even
         // one too small to be a calibration sample: it is the exact size of the surface as it is now.
         const taken = this.addCalibrationSample(sample.providerTokens, sample.heuristicTokens)
@@ -1940,20 +1959,44 @@ export class Session {
 
   /** Provider tokens per heuristic token over the recent samples (Σ provider ÷ Σ heuristic), clamped to [0.5, 4]; 1 without samples. */
   private calibrationRatio(): number {
+    if (this.transcriptFit) return this.calibrationFit().ratio
     if (this.calibrationSamples.length === 0) return 1
     let p = 0, h = 0
     for (const s of this.calibrationSamples) { p += s.provider; h += s.heuristic }
     return Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], p / h))
   }
 
+  /** Adds a count a replayed transcript records for a request of `heuristic` tokens (docs/design.md §15). */
+  private addTranscriptSample(provider: number, heuristic: number): void {
+    if (!(Number.isFinite(provider) && provider > 0 && Number.isFinite(heuristic) && heuristic > 0)) return
+    const f = (this.transcriptFit ??= { n: 0, h: 0, p: 0, hh: 0, hp: 0 })
+    f.n++; f.h += heuristic; f.p += provider; f.hh += heuristic * heuristic; f.hp += heuristic * provider
+  }
+
+  /**
+   * `provider ≈ offset + ratio × heuristic` by least squares over every transcript sample so far
+   * (docs/design.md §15); the ratio clamped to [0.5, 4], the offset not below 0. One sample (or all of
+   * one size): the seed's ratio, 1, and the offset takes the rest. Without transcript samples: the
+   * ratio of the recent samples, no offset.
+   */
+  private calibrationFit(): { ratio: number; offset: number } {
+    const f = this.transcriptFit
+    if (!f) return { ratio: this.calibrationRatio(), offset: 0 }
+    const spread = f.n * f.hh - f.h * f.h
+    const fitted = spread > 1e-9 * f.n * f.hh ? (f.n * f.hp - f.h * f.p) / spread : 1
+    const ratio = Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], fitted))
+    return { ratio, offset: Math.max(0, Math.round((f.p - ratio * f.h) / f.n)) }
+  }
+
   /** The size of the next request, in tokens, O(1) (docs/design.md §2; calibrated as in docs/design.md §10). */
   measure(): Measurement {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
-    const calibration = this.calibrationRatio()
+    const { ratio: calibration, offset } = this.calibrationFit()
     return {
       calibration,
-      calibrationSamples: this.calibrationSamples.length,
-      totalTokens: anchoredTotal(heuristicTokens, this.anchorState, calibration),
+      calibrationOffsetTokens: offset,
+      calibrationSamples: this.transcriptFit?.n ?? this.calibrationSamples.length,
+      totalTokens: anchoredTotal(heuristicTokens, this.anchorState, calibration, offset),
       envelopeTokens: this.envelopeTokensSum,
       surfaceTokens: this.surfaceTokensSum,
       heuristicTokens,
@@ -3146,6 +3189,8 @@ export async function summarise(host: CompactionHost, messages: readonly Message
   let window = provider.contextWindow ?? host.contextWindow ?? Infinity
   const sameModel = provider.model === (session.header?.model ?? provider.model)
   let rate = sameModel ? session.measure().calibration : 1
+  // Tokens the server counts beyond the priced content (a replayed harness's hidden prompt, docs/design.md §15).
+  const offset = sameModel ? session.measure().calibrationOffsetTokens : 0
   const fullEnvelope = host.envelope
   const toolsTokens = fullEnvelope.tools?.length ? estimateEnvelopeTokens({ tools: fullEnvelope.tools }) : 0
   /** The next request's envelope: the conversation's, without its tool specs once they crowd the window at the current rate. */
@@ -3154,7 +3199,7 @@ export async function summarise(host: CompactionHost, messages: readonly Message
   const fixed = () => estimateEnvelopeTokens(envelope()) + estimateMessageTokens(instruction)
   const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
   // What a request's input may cost by the §2 estimate (heuristic tokens).
-  let inputBudget = Math.floor((window - reserve) / rate)
+  let inputBudget = Math.floor((window - reserve - offset) / rate)
   const prior = (s: string): UserMessage => ({ role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` })
   let summary = ''
   let requests = 0
@@ -3213,7 +3258,7 @@ export async function summarise(host: CompactionHost, messages: readonly Message
     const msgs = summary ? [prior(summary), ...chunk, instruction] : [...chunk, instruction]
     const env = envelope()
     const inputTokens = estimateRequestTokens(env, msgs)
-    const calibrated = Math.ceil(inputTokens * rate)
+    const calibrated = Math.ceil(inputTokens * rate) + offset
     if (calibrated >= window) throw new CompactionError(`a summary request of ${calibrated} tokens would not fit the summarizer's window (${window} tokens); nothing was sent`)
     const maxTokens = summaryMaxTokens(inputTokens - fixed(), host.compaction, window - calibrated)
     const fingerprint = fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
@@ -8016,15 +8061,18 @@ export type ReplayEvent =
 /**
  * One row of a replay: a pressure check, at a turn start (`kind: 'turn-start'`, after the user input
  * is appended) or after a step (`kind: 'step'`, after its assistant message, tool results and any
- * steering). All figures are tokens by dsh's own estimate, never anchored on the transcript's usage.
+ * steering). Tokens are dsh's §2 estimate unless named calibrated: those are in the transcript's own
+ * tokens (docs/design.md §15), offset + ratio × the estimate, fitted on the prompt tokens the file
+ * records for this step and the ones before it (the §2 estimate itself where it records none).
  * - `step`: 1-based over the whole transcript (one per assistant message); on a turn-start row, the
  *   number of the step that follows. `turn`: 1-based.
- * - `requestTokens` (steps): the measured total of the request the loop sent for this step (its
- *   `inputTokens`) — what dsh would have sent. `unmanagedTokens`: the same point with no
- *   management (envelope + every message so far, as recorded). `recordedPromptTokens`: the prompt
- *   tokens the original run reported for this call, when the file has them (comparison only).
- * - `beforeTokens` → `afterTokens`: the measured total around the rung; `reclaimedTokens` = their
- *   difference. `prunes`/`prunedTokens`: prune events and tokens they reclaimed; `summaryCalls`:
+ * - `requestTokens` (steps): the request the loop sent for this step, by the §2 estimate — what dsh
+ *   would have sent; `calibratedRequestTokens`: the same, calibrated. `unmanagedTokens` (and
+ *   `calibratedUnmanagedTokens`): the same point with no management (envelope + every message so
+ *   far, as recorded). `recordedPromptTokens`: the prompt tokens the original run reported for this
+ *   call, when the file has them (what the calibration is fitted on).
+ * - `beforeTokens` → `afterTokens`: the ladder's measured total around the rung (calibrated, as
+ *   every ladder decision is); `reclaimedTokens` = their difference. `prunes`/`prunedTokens`: prune events and tokens they reclaimed; `summaryCalls`:
  *   summary requests made; `events`: spills, prunes, compactions and other rungs in order;
  *   `warnings`: ladder warnings.
  * - `figures`: the values of the extra figures ({@link REPLAY_FIGURES}, {@link ReplayOptions.figures}),
@@ -8035,7 +8083,9 @@ export interface ReplayStep {
   step: number
   turn: number
   requestTokens?: number
+  calibratedRequestTokens?: number
   unmanagedTokens: number
+  calibratedUnmanagedTokens?: number
   recordedPromptTokens?: number
   beforeTokens: number
   rung: ReplayRung
@@ -8052,8 +8102,11 @@ export interface ReplayStep {
 /**
  * Totals of a replay (tokens unless named otherwise).
  * - `peakRequestTokens` / `peakPercent`: the largest step request, and its share of the window (%, one decimal).
- * - `requestsOverWindow`: step requests larger than the window with dsh managing the context;
- *   `unmanagedStepsOverWindow`: steps whose unmanaged request would have been larger than the window.
+ * - `requestsOverWindow`: step requests larger than the window with dsh managing the context, by the
+ *   §2 estimate; `calibratedRequestsOverWindow`: by their calibrated size; `unmanagedStepsOverWindow`
+ *   (`calibratedUnmanagedStepsOverWindow`): steps whose unmanaged request would have been larger.
+ * - `calibration`: the final fit, `offsetTokens + ratio × estimate` over `samples` recorded steps
+ *   (`{ratio: 1, offsetTokens: 0, samples: 0}` when the file records no prompt tokens).
  * - `summaryRequestsOverWindow`: summary requests larger than the summarizer's window (by §2).
  * - `resultsOverPruneThreshold`: tool results of the transcript over the prune threshold (code points).
  * - `rungs`: how many times each rung acted (rung name → events), e.g. `{prune: 4, compact: 1}`;
@@ -8072,8 +8125,12 @@ export interface ReplayTotals {
   failedCompactions: number
   summaryCalls: number
   requestsOverWindow: number
+  calibratedRequestsOverWindow: number
+  peakCalibratedRequestTokens: number
   unmanagedStepsOverWindow: number
+  calibratedUnmanagedStepsOverWindow: number
   peakUnmanagedTokens: number
+  calibration: { ratio: number; offsetTokens: number; samples: number }
   peakRecordedPromptTokens?: number
   peakSummaryRequestTokens: number
   summaryRequestsOverWindow: number
@@ -8084,8 +8141,11 @@ export interface ReplayTotals {
    * What the session would cost (docs/design.md §11), priced by {@link ReplayReport.prices} with
    * modelled cache hits and no model called: under dsh's policy (every request the replay made,
    * summaries included) and with no management in an infinite window (appends only: the floor).
+   * `calibrated` (when the file records prompt tokens): the same requests in the transcript's tokens,
+   * priced with the final fit: input and cache hit `offset + ratio × estimate` (the hidden prompt
+   * leads every request, so a hit keeps it), output `ratio × estimate`, off-peak.
    */
-  cost: { dsh: ReplayCost; unmanaged: ReplayCost }
+  cost: { dsh: ReplayCost; unmanaged: ReplayCost; calibrated?: { dsh: ReplayCost; unmanaged: ReplayCost } }
   rungs: Record<string, number>
   rungReclaimedTokens: Record<string, number>
   figures?: Record<string, number>
@@ -8105,6 +8165,27 @@ export interface ReplayCost {
   outputTokens: number
   /** USD; undefined when the prices are unknown. */
   costUSD?: number
+}
+
+/** One request as the cost model sees it: heuristic input, modelled hit and output (tokens). */
+type PricedRequest = RequestCache & { outputTokens: number }
+
+/** `requests` priced in the transcript's tokens (see {@link ReplayTotals.cost}). */
+function calibratedCost(
+  requests: readonly PricedRequest[], summaryRequests: number, fit: ReplayTotals['calibration'], prices: Prices,
+): ReplayCost {
+  let input = 0, cached = 0, output = 0, usd = 0
+  const calibrated = (tokens: number) => fit.offsetTokens + Math.ceil(tokens * fit.ratio)
+  for (const r of requests) {
+    const i = calibrated(r.inputTokens), h = r.modelledHitTokens > 0 ? Math.min(i, calibrated(r.modelledHitTokens)) : 0
+    const o = Math.ceil(r.outputTokens * fit.ratio)
+    input += i; cached += h; output += o
+    usd += requestCostUSD(prices, { cachedInputTokens: h, uncachedInputTokens: i - h, outputTokens: o }, 0)
+  }
+  return {
+    requests: requests.length, summaryRequests, inputTokens: input, cachedInputTokens: cached,
+    cacheHitShare: input > 0 ? cached / input : 0, outputTokens: output, costUSD: usd,
+  }
 }
 
 const replayCost = (u: SessionUsage): ReplayCost => ({
@@ -8230,12 +8311,62 @@ function fidelityTotalsLine(figures: Readonly<Record<string, number>>): string |
   return `in checkpoints: ${kept}${cut}; in the summaries alone: ${alone}`
 }
 
+/** A shell command that only prints one file (`cat F`, `sed -n 1,80p F`, `head -n 50 F`, `tail F`): group 2 is F. */
+const SHELL_READ = /^\s*(?:cat|head|tail|nl|less|more|sed\s+-n\s+(?:'[^']*'|"[^"]*"|\S+))(?:\s+-{1,2}[\w-]+(?:[\s=]\d+)?)*\s+(['"]?)([^\s|;&<>'"]+)\1\s*$/
+
+/**
+ * What a tool call asks for, for {@link REREADS_FIGURE}: a shell read of one file is `read F` (whichever
+ * command prints it); any other call is its tool name and its arguments, whitespace folded.
+ */
+function callIdentity(call: ToolCallBlock): string {
+  let command: unknown
+  try { const args = JSON.parse(call.arguments); command = args?.command ?? args?.cmd } catch { command = undefined }
+  const read = typeof command === 'string' ? SHELL_READ.exec(command) : null
+  return read ? `read ${read[2]}` : `${call.name} ${call.arguments.replace(/\s+/g, ' ').trim()}`
+}
+
+/** Per replay session: call id → identity, surface seq → identity + output hash, and what checkpoints replaced. */
+type RereadState = { calls: Map<string, string>; results: Map<number, string>; compacted: Set<string> }
+const rereadState = new WeakMap<Session, RereadState>()
+
+/**
+ * `rereads` (docs/design.md §15): tool calls after a compaction that repeat a call whose result a
+ * checkpoint replaced — the same call ({@link callIdentity}) — and get the same output back (by hash):
+ * work the checkpoint made the model redo. Counted once per replaced result (a repeat brings it back).
+ */
+const REREADS_FIGURE: ReplayFigure = {
+  name: 'rereads', total: 'sum', cell: (v) => String(v),
+  add(e, v, { session }) {
+    if (e.type !== 'log') return v
+    let state = rereadState.get(session)
+    if (!state) rereadState.set(session, state = { calls: new Map(), results: new Map(), compacted: new Set() })
+    const d = e.event.data as { message?: Message; surfaceOp?: SurfaceOp; shadowedSeqs?: number[] }
+    if (e.event.type === 'assistant/message' && d.surfaceOp?.op === 'append') {
+      for (const c of toolCalls(d.message!)) state.calls.set(c.id, callIdentity(c))
+    } else if (e.event.type === 'tool/result' && d.surfaceOp?.op === 'replace') {
+      const was = state.results.get(d.surfaceOp.start) // a prune or clear: the same original
+      if (was !== undefined) state.results.set(e.event.seq, was)
+    } else if (e.event.type === 'tool/result' && d.message?.role === 'tool') {
+      const r = d.message
+      const output = `${r.isError ? 1 : 0}${fingerprintOf(contentText(r.content, '\n'))}`
+      const key = `${state.calls.get(r.toolCallId) ?? r.toolCallId}\u0000${output}`
+      state.results.set(e.event.seq, key)
+      if (state.compacted.delete(key)) return v + 1
+    } else if (e.event.type === 'compaction/summary') {
+      for (const seq of d.shadowedSeqs ?? []) {
+        const key = state.results.get(seq)
+        if (key !== undefined) state.compacted.add(key)
+      }
+    }
+    return v
+  },
+}
+
 /**
  * Figures every replay computes besides the built-in ones (see {@link ReplayFigure}); add an entry
- * here to give the report a column or a totals line. Empty in this version (the CLI adds
- * {@link FIDELITY_FIGURES}).
+ * here to give the report a column or a totals line. The CLI adds {@link FIDELITY_FIGURES}.
  */
-export const REPLAY_FIGURES: readonly ReplayFigure[] = []
+export const REPLAY_FIGURES: readonly ReplayFigure[] = [REREADS_FIGURE]
 
 /** Options of {@link replayTranscript}. */
 export interface ReplayOptions {
@@ -8385,7 +8516,9 @@ interface OpenReplayRow {
   step: number
   turn: number
   requestTokens?: number
+  calibratedRequestTokens?: number
   unmanagedTokens?: number
+  calibratedUnmanagedTokens?: number
   recordedPromptTokens?: number
   beforeTokens?: number
   hasMessage: boolean
@@ -8467,6 +8600,14 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     },
   }
 
+  // A dsh log's counts are of the managed requests it sent, not of the unmanaged prompt replay rebuilds.
+  const calibrates = transcript.format !== 'dsh'
+  if (!calibrates && transcript.usage.some((u) => u !== undefined)) {
+    notes.push('the prompt tokens a dsh log records are of its own managed requests: not used for calibration')
+  }
+  /** Every request the replay made (conversation, then summary), for the calibrated cost. */
+  const priced: PricedRequest[] = [], pricedSummaries: PricedRequest[] = []
+
   // The recorded provider: the turn's next recorded step, or — when the transcript records none
   // while the loop would go on — the turn ends as cancelled.
   let turn: ReplayScriptTurn | undefined
@@ -8481,7 +8622,23 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
         stop?.abort(new Error('the transcript records no further step in this turn'))
         throw new ProviderError('ABORTED', 'the transcript records no further step in this turn')
       }
-      if (open) { open.requestTokens = request.inputTokens; open.context.request = request; open.context.recordedUsage = current.usage }
+      if (open) {
+        open.requestTokens = session.measure().heuristicTokens
+        open.context.request = request
+        open.context.recordedUsage = current.usage
+      }
+      // The recorded count comes with the response, as a live provider's usage does: a calibration sample
+      // of the unmanaged prompt it counted (docs/design.md §15), in the log before the step's pressure check.
+      const recorded = current.usage?.promptTokens
+      if (calibrates && recorded !== undefined && recorded > 0) {
+        session.append('ladder/state', { sample: { providerTokens: recorded, heuristicTokens: unmanaged, source: 'transcript' } })
+      }
+      const m = session.measure()
+      if (open) {
+        open.calibratedRequestTokens = m.totalTokens
+        open.calibratedUnmanagedTokens = anchoredTotal(unmanaged, undefined, m.calibration, m.calibrationOffsetTokens)
+      }
+      priced.push({ ...session.nextRequestCache(), outputTokens: estimateMessageTokens(current.message) })
       if (current.usage) request.onEvent?.({ type: 'usage', usage: current.usage })
       for (const m of current.steerAfter) agent.steer(m)
       return { message: current.message, finishReason: 'replay' }
@@ -8527,7 +8684,9 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     const row: ReplayStep = {
       kind: r.kind, step: r.step, turn: r.turn,
       ...(r.requestTokens !== undefined ? { requestTokens: r.requestTokens } : {}),
+      ...(r.calibratedRequestTokens !== undefined ? { calibratedRequestTokens: r.calibratedRequestTokens } : {}),
       unmanagedTokens: r.unmanagedTokens ?? unmanaged,
+      ...(r.calibratedUnmanagedTokens !== undefined ? { calibratedUnmanagedTokens: r.calibratedUnmanagedTokens } : {}),
       ...(r.recordedPromptTokens !== undefined ? { recordedPromptTokens: r.recordedPromptTokens } : {}),
       beforeTokens, rung: r.rung ?? (r.ladderWarned ? 'failed' : 'none'), afterTokens, reclaimedTokens: beforeTokens - afterTokens,
       prunes: prunes.length, prunedTokens: prunes.reduce((t, e) => t + e.tokensBefore - e.tokensAfter, 0),
@@ -8597,6 +8756,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
         case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
         case 'compaction/warning': if (open) open.ladderWarned = true; break
         case 'compaction/end':
+          for (const q of (d.requests ?? []) as SummaryRequestRecord[]) pricedSummaries.push(q)
           if (!open) break
           if (d.error !== undefined) open.events.push({ type: 'compaction-failed', id: d.id, error: d.error })
           else {
@@ -8655,6 +8815,15 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   }
   const pruneThreshold = pruneConfig.thresholdChars
   const prices = options.prices ?? REPLAY_PRICES
+  const fitted = session.measure()
+  const calibration = { ratio: fitted.calibration, offsetTokens: fitted.calibrationOffsetTokens, samples: fitted.calibrationSamples }
+  // The floor's requests, as the cost model sees them (beforeRequest runs before each assistant message is logged).
+  const assistants = transcript.messages.filter((m) => m.role === 'assistant')
+  const floor: PricedRequest[] = []
+  const floorSession = unmanagedSession(transcript, (s, k) => {
+    floor.push({ ...s.nextRequestCache(), outputTokens: estimateMessageTokens(assistants[k]) })
+  })
+  const calibrated = (r: ReplayStep) => r.calibratedRequestTokens ?? r.requestTokens!
   const totals: ReplayTotals = {
     steps: stepRows.length,
     turns,
@@ -8667,8 +8836,13 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     failedCompactions: all.filter((e) => e.type === 'compaction-failed').length,
     summaryCalls: rows.reduce((t, r) => t + r.summaryCalls, 0),
     requestsOverWindow: stepRows.filter((r) => r.requestTokens! > window).length,
+    calibratedRequestsOverWindow: stepRows.filter((r) => calibrated(r) > window).length,
+    peakCalibratedRequestTokens: stepRows.reduce((p, r) => Math.max(p, calibrated(r)), 0),
     unmanagedStepsOverWindow: stepRows.filter((r) => r.unmanagedTokens > window).length,
+    calibratedUnmanagedStepsOverWindow: stepRows.filter((r) => (r.calibratedUnmanagedTokens ?? r.unmanagedTokens) > window)
+      .length,
     peakUnmanagedTokens: stepRows.reduce((p, r) => Math.max(p, r.unmanagedTokens), 0),
+    calibration,
     ...(recordedPeak >= 0 ? { peakRecordedPromptTokens: recordedPeak } : {}),
     peakSummaryRequestTokens,
     summaryRequestsOverWindow,
@@ -8676,7 +8850,13 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     ladderWarnings: warnings.length,
     cost: {
       dsh: replayCost(session.usage({ prices })),
-      unmanaged: replayCost(unmanagedSession(transcript).usage({ prices })),
+      unmanaged: replayCost(floorSession.usage({ prices })),
+      ...(calibration.samples > 0 ? {
+        calibrated: {
+          dsh: calibratedCost([...priced, ...pricedSummaries], pricedSummaries.length, calibration, prices),
+          unmanaged: calibratedCost(floor, 0, calibration, prices),
+        },
+      } : {}),
     },
     rungs,
     rungReclaimedTokens,
@@ -8727,8 +8907,8 @@ function describeReplayEvent(e: ReplayEvent): string {
   }
 }
 
-/** A column of the replay table: header, cell, and whether it is left-aligned (else right). */
-interface ReplayColumn { header: string; cell: (r: ReplayStep) => string; left?: boolean }
+/** A column of the replay table: header, cell, whether it is left-aligned (else right), shown only when calibrated. */
+interface ReplayColumn { header: string; cell: (r: ReplayStep) => string; left?: boolean; calibrated?: boolean }
 
 const tokensCell = (n: number | undefined): string => (n === undefined ? '-' : groupDigits(n))
 
@@ -8737,6 +8917,7 @@ const REPLAY_COLUMNS: readonly ReplayColumn[] = [
   { header: 'step', cell: (r) => (r.kind === 'step' ? String(r.step) : 'input') },
   { header: 'turn', cell: (r) => String(r.turn) },
   { header: 'request', cell: (r) => tokensCell(r.requestTokens) },
+  { header: 'calibrated', cell: (r) => tokensCell(r.calibratedRequestTokens), calibrated: true },
   { header: 'unmanaged', cell: (r) => tokensCell(r.unmanagedTokens) },
   { header: 'recorded', cell: (r) => tokensCell(r.recordedPromptTokens) },
   { header: 'before', cell: (r) => tokensCell(r.beforeTokens) },
@@ -8767,9 +8948,12 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
   out.push(report.summaries.simulated
     ? `summaries simulated at ${groupDigits(report.summaries.tokens)} tokens each (no model was called)`
     : `summaries written by the model ${report.summaries.model}`)
-  out.push(report.format === 'dsh'
-    ? 'tokens: dsh\'s own estimate (docs/design.md §2), not anchored on the log\'s usage; "recorded" is the prompt size the recorded run reported, for comparison'
-    : 'tokens: dsh\'s own estimate (docs/design.md §2), not anchored on the transcript\'s usage: the "recorded" prompt tokens describe the original, unmanaged prompts (another tokenizer, plus any system prompt and tools the file does not record) and are shown for comparison only')
+  const fit = t.calibration
+  out.push(fit.samples > 0
+    ? `tokens: dsh's estimate (docs/design.md §2); "calibrated", and the ladder's before → after, are in the transcript's own tokens: offset + ratio × the estimate, fitted by least squares on the "recorded" prompt tokens of the steps so far (docs/design.md §15; finally ${groupDigits(fit.offsetTokens)} + ${fit.ratio.toFixed(3)} × the estimate, on ${fit.samples} steps)`
+    : report.format === 'dsh'
+      ? 'tokens: dsh\'s own estimate (docs/design.md §2); "recorded" is the prompt size the recorded run reported for its own managed requests, for comparison'
+      : 'tokens: dsh\'s own estimate (docs/design.md §2): the transcript records no prompt tokens to calibrate it on')
   for (const note of report.notes) out.push(`note: ${note}`)
   out.push('request = what dsh would send for the step; unmanaged = the same with no management; before → after = around the rung at the pressure check')
   out.push('')
@@ -8777,7 +8961,8 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
   const known = new Map([...REPLAY_FIGURES, ...(options.figures ?? [])].map((f) => [f.name, f]))
   const figureCell = (name: string, v: number) => { const f = known.get(name); return f ? f.cell?.(v) : groupDigits(v) }
   const figureNames = Object.keys(t.figures ?? {}).filter((name) => figureCell(name, 0) !== undefined)
-  const columns: ReplayColumn[] = [...REPLAY_COLUMNS, ...figureNames.map((name) => ({
+  const builtIn = REPLAY_COLUMNS.filter((c) => !c.calibrated || fit.samples > 0)
+  const columns: ReplayColumn[] = [...builtIn, ...figureNames.map((name) => ({
     header: name, cell: (r: ReplayStep) => (r.figures?.[name] === undefined ? '-' : figureCell(name, r.figures[name])!),
   }))]
   const cells = report.rows.map((r) => columns.map((c) => c.cell(r)))
@@ -8803,18 +8988,36 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     const reclaimed = t.rungReclaimedTokens?.[rung]
     if (rung !== 'prune' && rung !== 'compact') totals.push([`rung ${rung}`, `${count}${reclaimed === undefined ? '' : ` (${groupDigits(reclaimed)} tokens reclaimed)`}`])
   }
+  const calibratedToo = (n: number) => (fit.samples > 0 ? `, ${n} calibrated` : '')
   totals.push(
-    ['requests over the window, dsh', String(t.requestsOverWindow)],
-    ['steps over the window, unmanaged', `${t.unmanagedStepsOverWindow} (unmanaged peak ${groupDigits(t.peakUnmanagedTokens)} tokens, ${pct(t.peakUnmanagedTokens)})`],
+    ['requests over the window, dsh',
+      `${t.requestsOverWindow}${fit.samples > 0 ? ' by the estimate' : ''}${calibratedToo(t.calibratedRequestsOverWindow)}`],
+    ['steps over the window, unmanaged', `${t.unmanagedStepsOverWindow}${calibratedToo(t.calibratedUnmanagedStepsOverWindow)}`
+      + ` (unmanaged peak ${groupDigits(t.peakUnmanagedTokens)} tokens, ${pct(t.peakUnmanagedTokens)})`],
   )
+  if (fit.samples > 0) {
+    totals.push(['peak request, calibrated', `${groupDigits(t.peakCalibratedRequestTokens)} tokens (${pct(t.peakCalibratedRequestTokens)})`])
+    const fitted = `${groupDigits(fit.offsetTokens)} tokens + ${fit.ratio.toFixed(3)} × dsh's estimate`
+    totals.push(['calibration', `${fitted} (least squares on ${fit.samples} recorded steps)`])
+  }
   if (t.peakRecordedPromptTokens !== undefined) totals.push(['recorded peak prompt', `${groupDigits(t.peakRecordedPromptTokens)} tokens (as reported by the original run)`])
   if (t.summaryCalls > 0) totals.push(['largest summary request', `${groupDigits(t.peakSummaryRequestTokens)} tokens (${t.summaryRequestsOverWindow} over the summarizer's window)`])
   if (t.ladderWarnings > 0) totals.push(['ladder warnings', String(t.ladderWarnings)])
   const p = report.prices
   const costCell = (c: ReplayCost) => `${c.costUSD === undefined ? 'cost unknown' : formatUSD(c.costUSD)}, cache hits ${(c.cacheHitShare * 100).toFixed(1)}% of ${groupDigits(c.inputTokens)} input tokens, ${c.requests} request(s)${c.summaryRequests ? ` (${c.summaryRequests} summary)` : ''}`
+  const vsFloor = (c: { dsh: ReplayCost; unmanaged: ReplayCost }) =>
+    (c.dsh.costUSD !== undefined && c.unmanaged.costUSD ? ` = ${(c.dsh.costUSD / c.unmanaged.costUSD).toFixed(2)}× the floor` : '')
   totals.push(
-    ['cost, dsh', `${costCell(t.cost.dsh)}${t.cost.dsh.costUSD !== undefined && t.cost.unmanaged.costUSD ? ` = ${(t.cost.dsh.costUSD / t.cost.unmanaged.costUSD).toFixed(2)}× the floor` : ''}`],
+    ['cost, dsh', `${costCell(t.cost.dsh)}${vsFloor(t.cost)}`],
     ['cost, unmanaged (infinite window)', costCell(t.cost.unmanaged)],
+  )
+  if (t.cost.calibrated) {
+    totals.push(
+      ['cost, dsh, calibrated', `${costCell(t.cost.calibrated.dsh)}${vsFloor(t.cost.calibrated)}`],
+      ['cost, unmanaged, calibrated', costCell(t.cost.calibrated.unmanaged)],
+    )
+  }
+  totals.push(
     ['prices (USD per million tokens)', `cache hit ${p.cacheHitInput}, miss ${p.cacheMissInput}, output ${p.output}${p.peak ? ', with peak hours' : ''}; modelled cache hits, no model called`],
   )
   for (const [name, v] of Object.entries(t.figures ?? {})) if (!known.get(name)?.hideTotal) totals.push([name, figureCell(name, v) ?? groupDigits(v)])

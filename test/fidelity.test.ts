@@ -495,14 +495,16 @@ describe('case 5 figures: replay reports the fidelity of its compactions', () =>
   })
 
   for (const [file, line] of [
-    ['psf__requests-1142.traj.json', 'in checkpoints: paths 0/0, commands 35/35, error lines 0/0, user messages 2/2; in the summaries alone: 0/0, 0/35, 0/0, 0/2'],
-    ['pylint-dev__pylint-6528.traj.json', 'in checkpoints: paths 0/0, commands 104/108, error lines 7/7, user messages 3/3; in the summaries alone: 0/0, 0/108, 0/7, 0/3'],
+    ['psf__requests-1142.traj.json', 'in checkpoints: paths 0/0, commands 24/24, error lines 0/0, user messages 1/1; in the summaries alone: 0/0, 0/24, 0/0, 0/1'],
+    ['pylint-dev__pylint-6528.traj.json', 'in checkpoints: paths 0/0, commands 150/155, error lines 11/11, user messages 4/4; in the summaries alone: 0/0, 0/155, 0/11, 0/4'],
   ]) {
     test(`corpus ${file} at 32,000: the fidelity totals line`, { skip: skipWithoutShared('corpus', file) }, async () => {
       // SWE-agent trajectories run everything through one bash tool: commands, no path arguments.
-      // Over 1,600 tokens (floor(32,000 × 0.05)) the ledger drops its oldest entries: pylint's 108
-      // commands do not all fit (before user messages had a budget of their own and long scripts went
-      // last: 98/109, and the task statement, 7,114 characters, never fit: user messages 1/2).
+      // Over 1,600 tokens (floor(32,000 × 0.05)) the ledger drops its oldest entries: pylint's 155
+      // commands do not all fit. The replay decides in the run's own tokens (1.2× the estimate here,
+      // docs/design.md §15), so it compacts sooner and more often than on the estimate alone (which
+      // gave psf 35 commands in one compaction, pylint 108). Before user messages had a budget of their
+      // own and long scripts went last, pylint kept 98/109 and the task statement never fit (users 1/2).
       const { output } = await runReplay(readCorpus(file), { contextWindow: 32_000, figures: FIDELITY_FIGURES, compaction: { clear: false } })
       assert.match(output, new RegExp(`\\n  fidelity +${line.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}\\n`), output.slice(-900))
     })
