@@ -8543,8 +8543,10 @@ function rungOfEvent(type: string): string | undefined {
  * Replays a transcript offline through the real {@link Agent} (docs/design.md §8): a fresh
  * {@link Session} ({@link MemoryStore}), the transcript's envelope, a recorded provider that answers
  * each step with the transcript's assistant message (and streams its recorded usage as a `usage`
- * event, never as the response's usage: the transcript's figures describe the original prompts, so
- * the meter stays on its own estimate), and recorded tools that answer each call with the
+ * event, never as the response's usage: the transcript's counts describe the original, unmanaged
+ * prompts, not dsh's, so they never anchor the meter; each recorded prompt count is logged instead
+ * as a calibration sample of dsh's estimate of that unmanaged prompt, and the session fits offset +
+ * ratio from the steps so far, docs/design.md §15), and recorded tools that answer each call with the
  * transcript's result. The loop does the rest as in a live session: turn starts and the pinned
  * input, steering, spill at write time, the ladder's pressure checks at the turn start and after
  * every step. Turns are cut where the loop would be idle (see the readers' `turnStarts` for dsh
