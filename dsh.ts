@@ -40,10 +40,10 @@
  *                     is a function like pruneMessages plus one line in Ladder.relievePressure
  *                     (and recoverOverflow), logged as a `compaction/*` event (docs/design.md §5, §10)
  *   6. Provider       6.0 configuration (DeepSeek defaults, KNOWN_MODELS), 6.1 SSE parser, 6.2 error
- *                     classifier — an overflow that states its size and limit is read by shape
- *                     (overflowCounts); a PROVIDER'S WORDING without numbers goes into OVERFLOW_PATTERNS
- *                     (RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for the rest)
- *                     — 6.3 messages on the wire, 6.4 adapter
+ *                     classifier — a PROVIDER'S ERROR WORDING of an overflow goes into OVERFLOW_PATTERNS
+ *                     only if it states no numbers (one that states a size and its limit is read by
+ *                     shape, overflowCounts); RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for
+ *                     the rest — 6.3 messages on the wire, 6.4 adapter
  *   7. Loop           Agent: turns, steps, tools, hooks, cancellation
  *   ── fence: nothing in Part I names anything in Part II ──
  *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
@@ -2790,12 +2790,13 @@ export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
 /**
  * The ledger a checkpoint carries (docs/design.md §12): the facts trimmed to {@link ledgerBudget}, the
  * user's messages fitted to their own budget ({@link fitUserMessages}: 15% of the window, the task up to
- * 10%). Budgets are tokens of the window, divided by `rate` (the calibration) for the §2 heuristic.
+ * 10%, and never more than half the region's `regionTokens`, so that a checkpoint can save room). Budgets
+ * are tokens of the window, divided by `rate` (the calibration) for the §2 heuristic.
  */
-function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate = 1, taskSeq?: number): Ledger {
+function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate: number, regionTokens: number, taskSeq?: number): Ledger {
   const ledger = trimLedger(full, Math.floor(ledgerBudget(contextWindow) / rate))
   const window = contextWindow ?? USER_MESSAGES_DEFAULT_WINDOW
-  const share = (ratio: number) => Math.floor((window * ratio) / rate)
+  const share = (ratio: number) => Math.min(Math.floor((window * ratio) / rate), Math.floor(regionTokens / 2))
   const users = fitUserMessages(full.userMessages, share(USER_MESSAGES_WINDOW_RATIO), share(TASK_WINDOW_RATIO), taskSeq)
   return { ...ledger, userMessages: users.kept, trimmed: ledger.trimmed + users.left }
 }
@@ -3370,7 +3371,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
     const fullLedger = await regionLedger(session, nodes)
     const taskSeq = await firstUserSeq(session)
     // The budgets are measured tokens of the window; the ledger is priced by the heuristic.
-    const facts = () => checkpointFacts(fullLedger, host.contextWindow, session.measure().calibration, taskSeq)
+    const facts = () => checkpointFacts(fullLedger, host.contextWindow, session.measure().calibration, region.tokens, taskSeq)
     // A region no larger than its checkpoint's frame and ledger could only be rejected after the model call.
     const frameTokens = estimateMessageTokens({ role: 'user', content: frameCheckpoint('', facts()) })
     if (frameTokens >= region.tokens) throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and ledger alone (${frameTokens} tokens); nothing was sent`)

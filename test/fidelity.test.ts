@@ -313,6 +313,7 @@ describe('case 6: every user message of a compacted region is in its checkpoint 
     const o2 = await agent.compactNow()
     assert.equal(o2.action, 'compacted', JSON.stringify(o2) + JSON.stringify(session.events.filter((e) => e.type.startsWith('compaction/')).map((e) => [e.type, (e.data as any).error ?? (e.data as any).message])))
     await agent.run('step five')
+    await agent.run('step six') // the region must be worth twice the user messages' budget (a checkpoint saves room)
     assert.equal((await agent.compactNow()).action, 'compacted')
     const userSeq = (text: string) => session.events.find((e) => e.type === 'user/message' && (e.data as any).message.content === text)!.seq
     const taskSeq = userSeq(TASK), bigSeq = userSeq(BIG)
@@ -330,9 +331,10 @@ describe('case 6: every user message of a compacted region is in its checkpoint 
       assert.ok(BIG.startsWith(head) && BIG.endsWith(tail))
       assert.ok(checkpoints[k].includes(`<user-message>\n${entry.text}\n</user-message>`))
       const users = summaries[k].ledger.userMessages.reduce((u: number, e: { text: string }) => u + e.text.length + 32, 0)
-      // 19,200 − (12,000 + 32) for the task − (8 + 32) for 'step two' (− 41 for 'step four' in the third) − 32.
+      // 19,200 − (12,000 + 32) for the task − (8 + 32) for 'step two' (− 41 each for 'step four' and 'step five'
+      // in the third) − 32.
       assert.equal(users, 19_200)
-      assert.equal(entry.text.length, [7_096, 7_055][k - 1])
+      assert.equal(entry.text.length, [7_096, 7_014][k - 1])
       const keep = entry.text.length - marker.length
       assert.deepEqual([head.length, tail.length], [Math.floor(keep * 0.75), keep - Math.floor(keep * 0.75)])
       // Fidelity: every user message is kept, the paste as pruned with its key.
@@ -341,6 +343,23 @@ describe('case 6: every user message of a compacted region is in its checkpoint 
     assert.equal(summaries[0].fidelity.userMessages.pruned, 0)
     assert.equal(await recallWhole(session, `seq:${bigSeq}`), BIG)
     assert.ok(!checkpoints[0].includes(`seq:${taskSeq}`))
+  })
+
+  test('a region that is mostly the user\'s own words: their budget is at most half the region, so the checkpoint still saves room', async () => {
+    const f = await fake([{ text: 'ok', usage: null }], [{ text: 'CHECKPOINT', usage: null }], 16_000)
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider, compaction: { clear: false } })
+    const note = (k: string) => `${k} ` + 'note '.repeat(1_600) // 8,000+ characters: 2,000+ tokens each
+    for (const k of ['first', 'second', 'third']) await agent.run(note(k))
+    const out = await agent.compactNow()
+    assert.equal(out.action, 'compacted', out.reason)
+    const summary = session.events.find((e) => e.type === 'compaction/summary')!.data as any
+    const users = summary.ledger.userMessages as Array<{ text: string; seq: number; pruned?: boolean }>
+    // The region: the first note and its answer (2,019 tokens); 15% of the window would be 2,400 tokens.
+    assert.equal(summary.shadowedTokenCount, 2_019)
+    assert.deepEqual(users.map((u) => [u.text.length + 32, u.pruned]), [[Math.floor(2_019 / 2) * 4, true]])
+    assert.ok(users[0].text.startsWith('first note') && users[0].text.includes(`recall {"key":"seq:${users[0].seq}"}`))
+    assert.ok(summary.fidelity.userMessages.inCheckpoint === 1 && summary.fidelity.userMessages.pruned === 1)
   })
 
   test('a task over 10% of the window is head + tail with its key; many messages over the budget are all there, the longest cut alike', async () => {
