@@ -6645,12 +6645,23 @@ function writeFileTool(host: ToolHost): Tool {
       if (bytes > host.maxWriteBytes) throw new Error(`write_file: content is over ${host.maxWriteBytes} bytes, the most write_file writes; write the file in parts (write_file, then edit_file to add)`)
       const { real, shown } = await confine(host, 'write_file', argString('write_file', args, 'path'), ctx.signal)
       const { mode, bytes: previousBytes } = await refuseWrite(host, 'write_file', real, shown)
+      refuseProjectConfig(host, 'write_file', real, shown)
       const change = await announceWrite(host, 'write_file', real, shown, content, ctx.signal, previousBytes)
       await writeReplacing(host, 'write_file', real, shown, content, mode)
       if (change) await host.hooks.afterChange?.(change)
       return `wrote ${plural(bytes, 'byte')} to ${shown} (${previousBytes === undefined ? 'new file' : `replaced ${plural(previousBytes, 'byte')}`})`
     },
   }
+}
+
+/**
+ * Refuses a write into the project's `.dsh/` (any case; `real` has its symlinks resolved): dsh's
+ * configuration of the directory, which can name the base URL and approve tools (docs/design.md §8).
+ */
+function refuseProjectConfig(host: ToolHost, tool: string, real: string, shown: string): void {
+  const first = host.path.relative(host.root, real).split(host.path.sep)[0]
+  const dir = PROJECT_CONFIG_FILE.split('/')[0]
+  if (first.toLowerCase() === dir) throw new Error(`${tool}: ${shown} is inside ${dir}, dsh's own configuration for this directory; the tools never write it: tell the user what to change`)
 }
 
 /** The file's bytes now (undefined when it does not exist), for a write's {@link ToolChange}. */
@@ -6724,6 +6735,7 @@ function editFileTool(host: ToolHost): Tool {
       if (oldString === newString) throw new Error('edit_file: old_string and new_string are the same; nothing would change')
       const { real, shown } = await confine(host, 'edit_file', argString('edit_file', args, 'path'), ctx.signal)
       const { mode } = await refuseWrite(host, 'edit_file', real, shown)
+      refuseProjectConfig(host, 'edit_file', real, shown)
       const { handle, size } = await openVerified(host, 'edit_file', real, shown, '; to create a new file use write_file')
       let bytes: Uint8Array
       try {
@@ -6780,6 +6792,7 @@ async function restoreToolFile(cwd: string, realPath: string, bytes: Uint8Array 
   if (sessionLog !== undefined) host.protectedPaths.push(await realpathLenient(host, path.resolve(host.root, sessionLog)))
   const { real, shown } = await confine(host, 'undo', realPath)
   const { mode, bytes: now } = await refuseWrite(host, 'undo', real, shown)
+  refuseProjectConfig(host, 'undo', real, shown)
   if (bytes !== undefined) await writeReplacing(host, 'undo', real, shown, bytes, mode)
   else if (now !== undefined) await fs.unlink(real).catch((error) => { throw fsError('undo', shown, error) })
   return shown
