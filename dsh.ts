@@ -10505,15 +10505,15 @@ async function newKeptSession(dir: string, nowMs: number): Promise<string> {
  * @returns the log's path (undefined: in memory), or an exit code.
  */
 async function chooseSessionLog(options: CliRunOptions, dir: string, env: Record<string, string | undefined>, terminal: Terminal | undefined, io: CliOutput): Promise<{ file?: string } | { exitCode: number }> {
-  if (options.session !== undefined || options.noSave) return { file: options.session }
   const root = sessionsRoot(env)
+  const now = Date.now()
+  const removed = root ? await pruneKeptSessions(root, options.retentionDays, now) : 0
+  if (removed > 0) io.stderr(`[dsh] removed ${plural(removed, 'kept session')} older than ${options.retentionDays} days ("retentionDays" in the user configuration)\n`)
+  if (options.session !== undefined || options.noSave) return { file: options.session }
   if (!root) {
     io.stderr('[dsh] this session is not kept: set XDG_STATE_HOME or HOME (or give --session FILE)\n')
     return {}
   }
-  const now = Date.now()
-  const removed = await pruneKeptSessions(root, options.retentionDays, now)
-  if (removed > 0) io.stderr(`[dsh] removed ${plural(removed, 'kept session')} older than ${options.retentionDays} days ("retentionDays" in the user configuration)\n`)
   const projectDir = await projectSessionsDir(root, dir)
   if (!options.continue && !options.resume) return { file: await newKeptSession(projectDir, now) }
   const kept = await listKeptSessions(projectDir)
