@@ -10755,8 +10755,11 @@ async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliOutp
 /** A failed turn in one line; the adapter's messages already start with the code (`AUTH: HTTP 401 from …`). */
 function failureText(err: unknown): string {
   const message = String((err as Error)?.message ?? err)
-  if (!(err instanceof ProviderError) || message.startsWith(`${err.code}:`)) return message
-  return `${err.code}${err.status ? ` (HTTP ${err.status})` : ''}: ${message}`
+  if (!(err instanceof ProviderError)) return message
+  const text = message.startsWith(`${err.code}:`) ? message : `${err.code}${err.status ? ` (HTTP ${err.status})` : ''}: ${message}`
+  // A 404 is a wrong base URL (or model name) far more often than anything else: say which URL was used.
+  const base = err.status === 404 ? /from POST (\S+)\/chat\/completions/.exec(message)?.[1] : undefined
+  return base ? `${text} dsh posts to BASE/chat/completions with the base URL ${base} (--base-url, DSH_BASE_URL or "baseURL" in a configuration file): check it (most servers want it to end in /v1, e.g. http://127.0.0.1:8080/v1), and the model name` : text
 }
 
 async function readAll(stream: any): Promise<string> {
