@@ -50,7 +50,8 @@
  *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of
  *                     TRANSCRIPT_READERS (detect + read); 9.2 the replay runner: an Agent with a
  *                     recorded provider and tools — a REPORT COLUMN is one entry of REPLAY_FIGURES
- *   10. CLI           arguments, configuration, terminal output, entry point
+ *   10. CLI           arguments, terminal output, entry point; 10.1 configuration files and trust,
+ *                     10.2 approvals, diffs and undo, 10.3 kept sessions
  *
  * UNITS (one word, one unit, everywhere in this file):
  *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
@@ -10366,7 +10367,7 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
   }
 }
 
-// ── 10.3 Kept sessions (docs/design.md §8 "Sessions") ──
+// ── 10.3 Kept sessions (docs/design.md §8 "Sessions are kept by default") ──
 
 /** Sessions `--resume` and `/sessions` list, newest first. */
 const SESSIONS_LISTED = 20
