@@ -10165,6 +10165,8 @@ interface ChangeDeskOptions {
   journalDir?: string
   /** The session log, which a restore must not write either. */
   sessionLog?: string
+  /** Ends a streamed answer's line before a diff or a question is printed. */
+  endLine?: () => void
 }
 
 /**
@@ -10235,6 +10237,7 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
 
   const beforeChange = async (change: ToolChange, signal: AbortSignal): Promise<void> => {
     const shell = change.tool === 'shell'
+    o.endLine?.()
     if (!shell && !o.quiet) o.io.stderrRaw(describeFileChange(change.path, change.before, change.existed, change.after, o.color, DIFF_SHOWN_LINES))
     if (o.yes || approved(change)) return
     if (!o.terminal) {
@@ -10655,7 +10658,7 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
     if (resumed && interactive) io.stderr(lastExchanges(session))
   }
   const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
-  const desk = await cliChangeDesk(options, dir, prep, session, path.resolve(cwd, options.session ?? '.'), io, terminal, tty && !p.env.NO_COLOR)
+  const desk = await cliChangeDesk(options, dir, prep, session, path.resolve(cwd, options.session ?? '.'), io, terminal, tty && !p.env.NO_COLOR, () => endLine())
   const tools = await builtinTools({
     cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv, ...(options.session ? { sessionLog: path.resolve(cwd, options.session) } : {}),
     shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
@@ -10706,7 +10709,7 @@ function cliName(script: string | undefined): string {
 }
 
 /** The approvals, diffs and undo of a run ({@link changeDesk}) from its options and configuration; `logPath`: the session log (resolved), when it has one. */
-async function cliChangeDesk(options: CliRunOptions, dir: string, prep: RunPreparation | undefined, session: Session, logPath: string, io: CliOutput, terminal: Terminal | undefined, color: boolean): ReturnType<typeof changeDesk> {
+async function cliChangeDesk(options: CliRunOptions, dir: string, prep: RunPreparation | undefined, session: Session, logPath: string, io: CliOutput, terminal: Terminal | undefined, color: boolean, endLine: () => void): ReturnType<typeof changeDesk> {
   const userFile = prep?.userFile
   // Read again: the trust and shell questions may have just added to it.
   const user = userFile ? await readCliConfig(userFile, 'user').catch(() => undefined) : undefined
@@ -10715,7 +10718,7 @@ async function cliChangeDesk(options: CliRunOptions, dir: string, prep: RunPrepa
   return await changeDesk({
     dir, io, color, terminal, yes: options.yes, allowShell: options.allowShell, quiet: options.json, configured, userFile, memory: user?.config.projects?.[dir],
     projectConfig: prep?.projectExists ? { file: `${dir}/${PROJECT_CONFIG_FILE}`, trusted: prep.files.project !== undefined } : undefined,
-    turn: () => session.turn.turn, ...(options.session ? { journalDir: `${logPath}.undo`, sessionLog: logPath } : {}),
+    turn: () => session.turn.turn, endLine, ...(options.session ? { journalDir: `${logPath}.undo`, sessionLog: logPath } : {}),
   })
 }
 

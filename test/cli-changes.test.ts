@@ -284,3 +284,38 @@ describe('case 2: /undo (under a pseudo-terminal)', () => {
     assert.equal(await readFile(join(cwd, 'b.txt'), 'utf8'), 'b original\n')
   })
 })
+
+describe('/permissions (under a pseudo-terminal)', () => {
+  test('lists what runs without asking and where it comes from; removes a remembered answer; changes the shell answer', { skip: skipWithoutPty }, async () => {
+    const cwd = await tempDir()
+    const config = await tempDir()
+    await mkdir(join(config, 'dsh'))
+    await writeFile(join(config, 'dsh', 'config.json'), JSON.stringify({ approvals: { commands: ['npm test'] }, projects: { [cwd]: { shell: false, approvals: { tools: ['edit_file', 'write_file'] } } } }))
+    const f = await fake([
+      { text: 'I will write it.', toolCalls: [{ name: 'write_file', arguments: { path: 'a.txt', content: 'alpha\n' } }] },
+      { text: 'Written.' },
+    ])
+    const run = await dshPtyDriven(runFlags(f), cwd, { ...CLEAN_ENV, XDG_CONFIG_HOME: config }, [
+      { waitFor: PROMPT, send: '/permissions\r' }, { waitFor: '  change: /permissions remove N', send: '' },
+      { waitFor: PROMPT, send: '/permissions remove 2\r' }, { waitFor: 'will be asked about again', send: '' },
+      { waitFor: PROMPT, send: '/permissions shell yes\r' }, { waitFor: 'from the next start', send: '' },
+      { waitFor: PROMPT, send: 'write a\r' }, { waitFor: 'Apply this change to a.txt?', send: 'y\r' },
+      { waitFor: 'Written.', send: '' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(run.code, 0, run.stdout)
+    const configFile = join(config, 'dsh', 'config.json')
+    assert.ok(run.stdout.includes([
+      `permissions in ${cwd}:`,
+      `  shell commands: not allowed (remembered in ${configFile})`,
+      '  .dsh/config.json: none',
+      '  run without asking:',
+      `    - commands starting with "npm test" (from ${configFile})`,
+      '    1. every edit_file call (remembered for this directory)',
+      '    2. every write_file call (remembered for this directory)',
+    ].join('\n')), run.stdout)
+    assert.ok(run.stdout.includes('[dsh] write_file will be asked about again\n'))
+    assert.ok(run.stdout.includes(`[dsh] shell commands allowed in ${cwd} from the next start (remembered in ${configFile})`))
+    assert.ok(run.stdout.includes('I will write it.\n--- /dev/null\n'), 'the streamed text ends its line before the diff')
+    assert.deepEqual(JSON.parse(await readFile(configFile, 'utf8')).projects[cwd], { shell: true, approvals: { tools: ['edit_file'] } })
+  })
+})
