@@ -9715,7 +9715,7 @@ export interface CliConfigFile { file: string; config: CliConfig }
 export interface CliConfigFiles { user?: CliConfigFile; project?: CliConfigFile }
 
 const PROJECT_CONFIG_KEYS: readonly string[] = ['model', 'baseURL', 'contextWindow', 'prices', 'approvals', 'sandbox']
-const USER_CONFIG_KEYS: readonly string[] = [...PROJECT_CONFIG_KEYS, 'retentionDays', 'projects']
+const USER_CONFIG_KEYS: readonly string[] = ['model', 'baseURL', 'contextWindow', 'prices', 'approvals', 'sandbox', 'retentionDays', 'projects']
 
 /** A value as an error message shows it: JSON, at most 60 code points. */
 function shownValue(value: unknown): string {
@@ -10506,9 +10506,9 @@ async function newKeptSession(dir: string, nowMs: number): Promise<string> {
  * with `--no-save` (or without a state directory); with `--continue` the newest kept session of
  * this directory; with `--resume` one picked from the list (without a terminal the list is
  * printed and the run ends); else a new kept log. Kept sessions past the retention are removed first.
- * @returns the log's path (undefined: in memory), or an exit code.
+ * @returns the log's path (undefined: in memory; `created`: a new kept log), or an exit code.
  */
-async function chooseSessionLog(options: CliRunOptions, dir: string, env: Record<string, string | undefined>, terminal: Terminal | undefined, io: CliOutput): Promise<{ file?: string } | { exitCode: number }> {
+async function chooseSessionLog(options: CliRunOptions, dir: string, env: Record<string, string | undefined>, terminal: Terminal | undefined, io: CliOutput): Promise<{ file?: string; created?: boolean } | { exitCode: number }> {
   const root = sessionsRoot(env)
   const now = Date.now()
   const removed = root ? await pruneKeptSessions(root, options.retentionDays, now) : 0
@@ -10519,7 +10519,7 @@ async function chooseSessionLog(options: CliRunOptions, dir: string, env: Record
     return {}
   }
   const projectDir = await projectSessionsDir(root, dir)
-  if (!options.continue && !options.resume) return { file: await newKeptSession(projectDir, now) }
+  if (!options.continue && !options.resume) return { file: await newKeptSession(projectDir, now), created: true }
   const kept = await listKeptSessions(projectDir)
   if (kept.length === 0) {
     io.stderr(`dsh: ${options.continue ? '--continue' : '--resume'}: no kept session for ${dir} yet; start one without it\n`)
@@ -10536,7 +10536,7 @@ async function chooseSessionLog(options: CliRunOptions, dir: string, env: Record
     const answer = await terminal.ask(`Resume which? [1-${kept.length}, Enter = 1, n = a new session] `)
     if (answer === undefined) return { exitCode: 0 }
     const a = answer.trim().toLowerCase()
-    if (a === 'n') return { file: await newKeptSession(projectDir, now) }
+    if (a === 'n') return { file: await newKeptSession(projectDir, now), created: true }
     const n = a === '' ? 1 : Number(a)
     if (Number.isInteger(n) && n >= 1 && n <= kept.length) return { file: kept[n - 1].file }
     io.stderr(`answer a number from 1 to ${kept.length}, or n\n`)
@@ -10700,6 +10700,8 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
   } finally {
     await session.sync().catch(() => {})
     await session.store.close?.()
+    // A new kept session in which no turn ran holds nothing worth resuming: not kept.
+    if (kept && chosen.created && session.turn.turn === 0) await deleteKeptSession(options.session!).catch(() => {})
   }
 }
 
