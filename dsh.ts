@@ -51,7 +51,8 @@
  *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of
  *                     TRANSCRIPT_READERS (detect + read); 9.2 the replay runner: an Agent with a
  *                     recorded provider and tools — a REPORT COLUMN is one entry of REPLAY_FIGURES
- *   10. CLI           arguments, configuration, terminal output, entry point
+ *   10. CLI           arguments, terminal output, entry point; 10.1 configuration files and trust,
+ *                     10.2 approvals, diffs and undo, 10.3 kept sessions
  *
  * UNITS (one word, one unit, everywhere in this file):
  *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
@@ -6193,6 +6194,12 @@ export interface BuiltinToolsOptions {
   /** The session log's path (the CLI's `--session`): the write tools refuse it, its lock file, its
    *  artefacts and its torn-line copies (every `FILE.*`), wherever it lies. */
   sessionLog?: string
+  /** Called with each change `write_file`, `edit_file` and `shell` are about to make, after every
+   *  check passed and before anything is written or run (the CLI's approvals, diffs and undo). A
+   *  throw refuses the change: its message becomes the tool's error result, nothing is changed. */
+  beforeChange?: (change: ToolChange, signal: AbortSignal) => void | Promise<void>
+  /** Called once a file change of `write_file` or `edit_file` is on disk (not for `shell`). */
+  afterChange?: (change: ToolChange) => void | Promise<void>
   /** shell: names of variables kept although they look secret (`--shell-env NAME`). */
   shellEnvKeep?: readonly string[]
   /** shell: names of variables always dropped, e.g. the API key variables; a variable holding the
@@ -6225,6 +6232,18 @@ export interface ShellSandboxOptions {
   bwrap?: string
 }
 
+/**
+ * A change a built-in tool is about to make ({@link BuiltinToolsOptions.beforeChange}): a file
+ * write with the file's bytes before (`before` absent when `existed` is false, or when the old file
+ * is over `maxWriteBytes`) and its text after; or a shell command line. `path` is relative to the
+ * working directory (`/`-separated), `realPath` absolute with symlinks resolved.
+ */
+export type ToolChange =
+  | { tool: 'write_file' | 'edit_file'; path: string; realPath: string; existed: boolean; before?: Uint8Array; after: string }
+  | { tool: 'shell'; command: string }
+/** The option names of {@link BuiltinToolsOptions} that are hooks (functions), not numbers or lists. */
+const BUILTIN_TOOL_HOOKS: readonly string[] = ['beforeChange', 'afterChange']
+
 type NodeFs = typeof import('node:fs/promises')
 type NodePath = typeof import('node:path')
 interface ToolHost {
@@ -6234,6 +6253,8 @@ interface ToolHost {
   root: string
   maxOutputUnits: number
   maxWriteBytes: number
+  /** {@link BuiltinToolsOptions.beforeChange} and `afterChange`. */
+  hooks: Pick<BuiltinToolsOptions, 'beforeChange' | 'afterChange'>
   /** Real paths the write tools refuse, with everything named `P.*` beside them (the session log). */
   protectedPaths: string[]
   /** The shell sandbox, when it runs (bwrap started at the probe). */
@@ -6273,7 +6294,7 @@ interface ToolHost {
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
   const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineUnits', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop', 'maxWriteBytes', 'sessionLog', 'sandbox']
   for (const key of Object.keys(options)) {
-    if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
+    if (!known.includes(key) && !BUILTIN_TOOL_HOOKS.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${[...known, ...BUILTIN_TOOL_HOOKS].join(', ')}`)
   }
   if (typeof options.cwd !== 'string' || options.cwd === '') throw new TypeError('builtinTools: options.cwd must be a non-empty directory path')
   const num = (name: keyof typeof BUILTIN_TOOL_DEFAULTS): number => {
@@ -6300,7 +6321,12 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
   }
   if (!(await fs.stat(root)).isDirectory()) throw new Error(`builtinTools: working directory ${options.cwd} is not a directory`)
   if (options.sessionLog !== undefined && (typeof options.sessionLog !== 'string' || options.sessionLog === '')) throw new TypeError('builtinTools: options.sessionLog must be a file path')
-  const host: ToolHost = { fs, path, root, maxOutputUnits, maxWriteBytes: num('maxWriteBytes'), protectedPaths: [] }
+  for (const name of BUILTIN_TOOL_HOOKS) {
+    const hook = (options as unknown as Record<string, unknown>)[name]
+    if (hook !== undefined && typeof hook !== 'function') throw new TypeError(`builtinTools: options.${name} must be a function`)
+  }
+  const hooks = { beforeChange: options.beforeChange, afterChange: options.afterChange }
+  const host: ToolHost = { fs, path, root, maxOutputUnits, maxWriteBytes: num('maxWriteBytes'), hooks, protectedPaths: [] }
   if (options.sessionLog !== undefined) host.protectedPaths.push(await realpathLenient(host, path.resolve(root, options.sessionLog)))
   const tools = [
     readFileTool(host, readLimitLines),
@@ -6650,7 +6676,7 @@ async function refuseWrite(host: ToolHost, tool: string, real: string, shown: st
  * can make the empty temp file appear outside for a moment; it is found through its handle and
  * removed. Keeps the old file's mode.
  */
-async function writeReplacing(host: ToolHost, tool: string, real: string, shown: string, content: string, mode: number | undefined): Promise<void> {
+async function writeReplacing(host: ToolHost, tool: string, real: string, shown: string, content: string | Uint8Array, mode: number | undefined): Promise<void> {
   const { fs, path } = host
   const dir = path.dirname(real)
   try { await fs.mkdir(dir, { recursive: true }) } catch (error) { throw fsError(tool, shown, error) }
@@ -7071,10 +7097,51 @@ function writeFileTool(host: ToolHost): Tool {
       if (bytes > host.maxWriteBytes) throw new Error(`write_file: content is over ${host.maxWriteBytes} bytes, the most write_file writes; write the file in parts (write_file, then edit_file to add)`)
       const { real, shown } = await confine(host, 'write_file', argString('write_file', args, 'path'), ctx.signal)
       const { mode, bytes: previousBytes } = await refuseWrite(host, 'write_file', real, shown)
+      refuseProjectConfig(host, 'write_file', real, shown)
+      const change = await announceWrite(host, 'write_file', real, shown, content, ctx.signal, previousBytes)
       await writeReplacing(host, 'write_file', real, shown, content, mode)
+      if (change) await host.hooks.afterChange?.(change)
       return `wrote ${plural(bytes, 'byte')} to ${shown} (${previousBytes === undefined ? 'new file' : `replaced ${plural(previousBytes, 'byte')}`})`
     },
   }
+}
+
+/**
+ * Refuses a write into the project's `.dsh/` (any case; `real` has its symlinks resolved): dsh's
+ * configuration of the directory, which can name the base URL and approve tools (docs/design.md §8).
+ */
+function refuseProjectConfig(host: ToolHost, tool: string, real: string, shown: string): void {
+  const first = host.path.relative(host.root, real).split(host.path.sep)[0]
+  const dir = PROJECT_CONFIG_FILE.split('/')[0]
+  if (first.toLowerCase() === dir) throw new Error(`${tool}: ${shown} is inside ${dir}, dsh's own configuration for this directory; the tools never write it: tell the user what to change`)
+}
+
+/** The file's bytes now (undefined when it does not exist), for a write's {@link ToolChange}. */
+async function currentBytes(host: ToolHost, tool: string, real: string, shown: string): Promise<Uint8Array | undefined> {
+  try { await host.fs.lstat(real) } catch (error) { if ((error as { code?: unknown }).code === 'ENOENT') return undefined; throw fsError(tool, shown, error) }
+  const { handle } = await openVerified(host, tool, real, shown)
+  try { return new Uint8Array(await handle.readFile()) } finally { await handle.close() }
+}
+
+/**
+ * Shows a file write to {@link BuiltinToolsOptions.beforeChange} (nothing to do without hooks).
+ * `previousBytes`: the size of the file now (undefined: a new file); `known`: its bytes when the
+ * tool read them already. The hook may wait for a person: when it returns, the file must still be
+ * as it was shown, else the write is refused (it would overwrite a change made meanwhile).
+ */
+async function announceWrite(host: ToolHost, tool: 'write_file' | 'edit_file', real: string, shown: string, after: string, signal: AbortSignal, previousBytes?: number, known?: Uint8Array): Promise<ToolChange | undefined> {
+  const { beforeChange, afterChange } = host.hooks
+  if (!beforeChange && !afterChange) return undefined
+  const readable = previousBytes !== undefined && previousBytes <= host.maxWriteBytes
+  const before = known ?? (readable ? await currentBytes(host, tool, real, shown) : undefined)
+  const change: ToolChange = { tool, path: shown, realPath: real, existed: previousBytes !== undefined, ...(before ? { before } : {}), after }
+  if (!beforeChange) return change
+  await beforeChange(change, signal)
+  if (signal.aborted) throw new Error(`${tool}: cancelled; ${shown} was not changed`)
+  const now = readable || previousBytes === undefined ? await currentBytes(host, tool, real, shown) : before
+  const same = now === undefined ? before === undefined : before !== undefined && now.length === before.length && now.every((b, i) => b === before[i])
+  if (!same) throw new Error(`${tool}: ${shown} changed while the change waited for approval; not written: read it again and redo the change`)
+  return change
 }
 
 /** 1-based line numbers of the given offsets (UTF-16 units, ascending) in `text`. */
@@ -7120,6 +7187,7 @@ function editFileTool(host: ToolHost): Tool {
       if (oldString === newString) throw new Error('edit_file: old_string and new_string are the same; nothing would change')
       const { real, shown } = await confine(host, 'edit_file', argString('edit_file', args, 'path'), ctx.signal)
       const { mode } = await refuseWrite(host, 'edit_file', real, shown)
+      refuseProjectConfig(host, 'edit_file', real, shown)
       const { handle, size } = await openVerified(host, 'edit_file', real, shown, '; to create a new file use write_file')
       let bytes: Uint8Array
       try {
@@ -7155,11 +7223,31 @@ function editFileTool(host: ToolHost): Tool {
       let from = 0
       for (const at of found) { edited += text.slice(from, at) + newString; from = at + oldString.length } // slices, not String.replace: "$&" in new_string stays literal
       edited += text.slice(from)
+      const change = await announceWrite(host, 'edit_file', real, shown, edited, ctx.signal, bytes.length, bytes)
       await writeReplacing(host, 'edit_file', real, shown, edited, mode)
+      if (change) await host.hooks.afterChange?.(change)
       const lines = lineNumbersAt(text, found.slice(0, 10))
       return `edited ${shown}: replaced ${plural(found.length, 'occurrence')} (at ${lines.length === 1 ? 'line' : 'lines'} ${lines.join(', ')}${found.length > 10 ? ', …' : ''})${crlf ? '; matched with CRLF line endings' : ''}`
     },
   }
+}
+
+/**
+ * Puts a file back as a write tool found it (the CLI's `/undo`): `bytes`, or removed when
+ * undefined (the tool created it). The write tools' own checks apply (inside `cwd`, not a protected
+ * path, a regular file with one link; `sessionLog` as in {@link BuiltinToolsOptions}), and the same
+ * whole-or-nothing write. Returns the path as shown to the model. Throws an Error naming the refusal.
+ */
+async function restoreToolFile(cwd: string, realPath: string, bytes: Uint8Array | undefined, sessionLog?: string): Promise<string> {
+  const [fs, path] = await Promise.all([importNode<NodeFs>('node:fs/promises'), importNode<NodePath>('node:path')])
+  const host: ToolHost = { fs, path, root: await fs.realpath(cwd), maxOutputUnits: 1, maxWriteBytes: Infinity, hooks: {}, protectedPaths: [] }
+  if (sessionLog !== undefined) host.protectedPaths.push(await realpathLenient(host, path.resolve(host.root, sessionLog)))
+  const { real, shown } = await confine(host, 'undo', realPath)
+  const { mode, bytes: now } = await refuseWrite(host, 'undo', real, shown)
+  refuseProjectConfig(host, 'undo', real, shown)
+  if (bytes !== undefined) await writeReplacing(host, 'undo', real, shown, bytes, mode)
+  else if (now !== undefined) await fs.unlink(real).catch((error) => { throw fsError('undo', shown, error) })
+  return shown
 }
 
 // ── shell ──
@@ -7445,6 +7533,8 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       const command = argString('shell', args, 'command')
       if (command.trim() === '') throw new Error('shell: "command" is empty')
       const timeoutMs = argInt('shell', args, 'timeout_ms', defaultTimeoutMs, 1, maxTimeoutMs, 'milliseconds')
+      if (ctx.signal.aborted) throw new Error('shell: not run, the turn was cancelled')
+      await host.hooks.beforeChange?.({ tool: 'shell', command }, ctx.signal)
       if (ctx.signal.aborted) throw new Error('shell: not run, the turn was cancelled')
       const [{ spawn }, { default: proc }, fsSync] = await Promise.all([
         importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process'), importNode<typeof import('node:fs')>('node:fs'),
@@ -9539,6 +9629,20 @@ export interface CliRunOptions extends CliModelOptions {
   projectInstructions: boolean
   /** `--shell-env NAME[,NAME…]` (repeatable): variables the shell tool keeps although they look secret. Absent when not given. */
   shellEnv?: string[]
+  /** `-y/--yes`: approve every write, edit and shell command of the run without asking. */
+  yes: boolean
+  /** `-c/--continue`: resume the newest kept session of this directory. */
+  continue: boolean
+  /** `--resume`: list this directory's kept sessions and pick one (without a terminal: print the list). */
+  resume: boolean
+  /** `--no-save`: keep no session log (the session lives in memory). */
+  noSave: boolean
+  /** Approvals of the configuration files (user and trusted project), joined; the remembered answers are read at start. */
+  approvals: CliApprovals
+  /** The `sandbox` setting of the configuration files (the project's over the user's), as written; absent when none sets it. */
+  sandboxConfig?: boolean | Record<string, unknown>
+  /** Days kept sessions are kept after their last change (`retentionDays` of the user configuration, default 30). */
+  retentionDays: number
   /** `--no-shell`: never offer the shell tool and do not ask (wins over a remembered answer). */
   noShell: boolean
   /** `--max-steps N`: provider calls per turn before the turn ends with reason `max-steps` (default 200). */
@@ -9593,6 +9697,10 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--context-window': { value: 'N', commands: ['run', 'replay'] },
   '--max-tokens': { value: 'N', commands: ['run'] },
   '--session': { value: 'FILE', commands: ['run'] },
+  '--continue': { commands: ['run'] },
+  '--resume': { commands: ['run'] },
+  '--no-save': { commands: ['run'] },
+  '--yes': { commands: ['run'] },
   '--threshold': { value: 'R', commands: ['run', 'replay'] },
   '--json': { commands: ['run', 'replay'] },
   '--allow-shell': { commands: ['run'] },
@@ -9612,23 +9720,24 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--help': { commands: ['run', 'replay'] },
   '--version': { commands: ['run', 'replay'] },
 }
-const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help', '-C': '--cwd' }
+const CLI_SHORT_FLAGS: Readonly<Record<string, string>> = { '-p': '--print', '-h': '--help', '-C': '--cwd', '-c': '--continue', '-y': '--yes' }
 
 /** The `--help` text (docs/design.md §8). A function, so that nothing is computed at load time. */
-export function cliHelp(): string {
+export function cliHelp(name = 'dsh'): string {
+  const usage = (args: string, what: string) => `  ${`${name}${args}`.padEnd(36)} ${what}`
   return `dsh ${VERSION}: a coding agent that keeps long sessions inside the model's context window
 
 Usage
-  npx tsx dsh.ts                       interactive session (needs a terminal)
-  npx tsx dsh.ts "PROMPT"              run one prompt, print the answer, exit
-  npx tsx dsh.ts -p "PROMPT"           the same (--print)
-  npx tsx dsh.ts replay FILE [...]     replay a recorded session offline (see below)
-  npx tsx dsh.ts show FILE [--checkpoints]
+${usage('', 'interactive session (needs a terminal)')}
+${usage(' "PROMPT"', 'run one prompt, print the answer, exit')}
+${usage(' -p "PROMPT"', 'the same (--print)')}
+${usage(' replay FILE [...]', 'replay a recorded session offline (see below)')}
+  ${name} show FILE [--checkpoints]
                                        print a session log as a transcript, every prune, clear
                                        and compaction marked; --checkpoints: each in full
 
 Options
-  -p, --print PROMPT     run PROMPT once; the answer goes to stdout
+  -p, --print PROMPT     run PROMPT once; the answer goes to stdout (-p - reads PROMPT from stdin)
   --model NAME           model name (default: $DSH_MODEL, else ${CLI_DEFAULTS.model})
   --base-url URL         any OpenAI-compatible server; requests go to URL/chat/completions
                          (default: $DSH_BASE_URL, else ${CLI_DEFAULTS.baseURL})
@@ -9640,6 +9749,12 @@ Options
   --max-tokens N         completion budget per model call, in tokens (default: the provider's;
                          always clamped to the room left in the window)
   --session FILE         keep the session in FILE (JSONL); resumes it when FILE exists
+                         (without it, every session is kept for you: see Sessions below)
+  -c, --continue         resume the newest kept session of this directory
+  --resume               list this directory's kept sessions (when, turns, first and last
+                         message) and pick one; without a terminal: print the list
+  --no-save              keep no session log (nothing to continue or undo after exit)
+  -y, --yes              approve every write, edit and shell command of the run without asking
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
   --max-steps N          provider calls per turn before the turn stops (default 200); a turn
                          that stops there without an answer exits 1
@@ -9651,8 +9766,7 @@ Options
   --json                 print every log event as one JSON object per line on stdout
   --allow-shell          let the model run shell commands in the working directory
   --no-shell             never offer shell commands, and do not ask (interactive mode asks once
-                         per directory and remembers the answer in $XDG_CONFIG_HOME/dsh/shell.json,
-                         else ~/.config/dsh/shell.json)
+                         per directory and remembers the answer in the user configuration)
   --no-project-instructions
                          leave AGENTS.md (else CLAUDE.md) of the working directory out of
                          the system prompt (by default it is in every request)
@@ -9688,7 +9802,38 @@ Status lines (stderr)
                                          means the figure is dsh's estimate (chars/4), not yet
                                          anchored on the token count the provider reported
 
-Replay: npx tsx dsh.ts replay FILE [options]
+Approvals, diffs and undo
+  Interactive mode asks before each write_file, edit_file and shell command, showing the diff
+  (colour on a terminal, at most 40 lines) or the command: [y]es, [n]o (the model is told you
+  declined), [a]lways for this tool, or for shell [p] always for commands starting with the same
+  words (a command with ; & | > < \` or $( is always asked about). "Always" is remembered for the
+  directory in the user configuration, never in the project's. -y/--yes approves all for the run.
+  A one-shot run (-p) asks nothing: writes and edits run (their diffs on stderr), shell commands
+  only with --allow-shell or when the configuration approves them.
+  /diff                  this session's changes, file by file
+  /undo                  put back the files the last turn changed (again: the turn before); a
+                         file changed outside dsh since is asked about; the model is told
+  /permissions           what runs without asking; /permissions remove N, shell yes|no, trust yes|no
+  /sessions              this directory's kept sessions; /sessions delete N
+
+Configuration
+  $XDG_CONFIG_HOME/dsh/config.json (default ~/.config/dsh/config.json), and .dsh/config.json in
+  the project, e.g. {"model": "qwen3-coder", "baseURL": "http://127.0.0.1:8080/v1",
+  "contextWindow": 32768, "prices": "0.003,0.15,0.6", "sandbox": {...},
+  "approvals": {"tools": ["edit_file"], "commands": ["npm test"]}} and, in the user's file only,
+  "retentionDays": 30. Precedence: flags, then DSH_MODEL / DSH_BASE_URL / DSH_CONTEXT_WINDOW, then
+  the project's file, then the user's. A project's file is used only once you trust its directory
+  (asked once on a terminal, remembered in the user's file): a cloned repository could otherwise
+  send your requests, and your key, elsewhere. -p ignores an untrusted one and says so. The file
+  tools never write .dsh/. A bad file stops dsh with one line naming the file and the key.
+
+Sessions
+  Every session is kept in $XDG_STATE_HOME/dsh/sessions/<project>/ (default ~/.local/state; files
+  0600, directories 0700: logs hold tool output) and removed retentionDays after its last change
+  (default 30), at start. -c resumes the newest, --resume picks one (a resume shows the last two
+  exchanges), --session FILE keeps one where you say, --no-save keeps none.
+
+Replay: ${name} replay FILE [options]
   Runs a recorded session through the real agent loop (recorded answers and tool results, the
   meter and the ladder live) and prints, per step, tokens before and after, the rung taken and
   tokens reclaimed, then totals. Formats (detected in this order):
@@ -9709,8 +9854,10 @@ Environment
   ${CLI_DEFAULTS.apiKeyEnv}       API key for DeepSeek (https://platform.deepseek.com)
   DSH_BASE_URL           default for --base-url
   DSH_MODEL              default for --model
+  DSH_CONTEXT_WINDOW     default for --context-window
   NO_COLOR               plain status line
-  XDG_CONFIG_HOME        where the remembered shell answers are kept (default ~/.config)
+  XDG_CONFIG_HOME        where the user configuration is (default ~/.config)
+  XDG_STATE_HOME         where sessions are kept (default ~/.local/state)
 
 Exit codes
   0  done
@@ -9719,12 +9866,13 @@ Exit codes
 
 Examples
   export ${CLI_DEFAULTS.apiKeyEnv}=sk-...
-  npx tsx dsh.ts -p "list the TODO comments in src/, grouped by file"
-  npx tsx dsh.ts --session fix.jsonl "make the failing test in test/date.test.ts pass"
-  npx tsx dsh.ts --session fix.jsonl "now add a test for leap years"   # continues the session
-  npx tsx dsh.ts --base-url http://127.0.0.1:8080/v1 --model qwen3-coder --context-window 32768
-  npx tsx dsh.ts replay examples/session.jsonl --context-window 32000
-`
+  ${name} -p "list the TODO comments in src/, grouped by file"
+  ${name} "make the failing test in test/date.test.ts pass"
+  ${name} -c -p "now add a test for leap years"     # continues the newest session here
+  ${name} --resume                                  # pick a kept session
+  ${name} --base-url http://127.0.0.1:8080/v1 --model qwen3-coder --context-window 32768
+  ${name} replay FILE --context-window 32000        # FILE: a kept session (--resume)
+${name === 'dsh' ? '' : `  ${name} replay examples/session.jsonl --context-window 32000\n`}`
 }
 
 /** Edit distance, for "did you mean" on a mistyped flag. */
@@ -9773,17 +9921,18 @@ function parseThreshold(raw: string): number {
 
 /** Base URL, model and key from flags, environment and defaults. The DeepSeek key is only ever
  *  paired with a DeepSeek base URL, so that pointing dsh at another server cannot leak it. */
-function resolveModelOptions(flags: Map<string, string>, env: Record<string, string | undefined>): CliModelOptions {
+function resolveModelOptions(flags: Map<string, string>, env: Record<string, string | undefined>, files: CliConfigFiles = {}): CliModelOptions {
   const nonEmpty = (value: string | undefined): string | undefined => (value === undefined || value === '' ? undefined : value)
-  const urlSource = flags.has('--base-url') ? '--base-url' : nonEmpty(env.DSH_BASE_URL) ? 'DSH_BASE_URL' : undefined
-  const rawURL = flags.get('--base-url') ?? nonEmpty(env.DSH_BASE_URL) ?? CLI_DEFAULTS.baseURL
+  const fromFiles = configValue(files, 'baseURL')
+  const urlSource = flags.has('--base-url') ? '--base-url' : nonEmpty(env.DSH_BASE_URL) ? 'DSH_BASE_URL' : fromFiles ? `"baseURL" in ${fromFiles.file}` : undefined
+  const rawURL = flags.get('--base-url') ?? nonEmpty(env.DSH_BASE_URL) ?? fromFiles?.value ?? CLI_DEFAULTS.baseURL
   let url: URL
   try { url = new URL(rawURL) } catch { url = new URL('invalid:') }
   if (url.protocol !== 'http:' && url.protocol !== 'https:') {
     throw new UsageError(`${urlSource ?? 'the base URL'} must be an http(s) URL such as http://127.0.0.1:8080/v1, got ${JSON.stringify(rawURL)}`)
   }
   const baseURL = rawURL.replace(/\/+$/, '')
-  const model = flags.get('--model') ?? nonEmpty(env.DSH_MODEL) ?? CLI_DEFAULTS.model
+  const model = flags.get('--model') ?? nonEmpty(env.DSH_MODEL) ?? configValue(files, 'model')?.value ?? CLI_DEFAULTS.model
   if (model.trim() === '') throw new UsageError('--model is empty; give a model name, e.g. --model deepseek-v4-pro')
 
   const deepseekHost = url.hostname === new URL(CLI_DEFAULTS.baseURL).hostname
@@ -9808,6 +9957,23 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
   return { model, baseURL, apiKey, apiKeyEnv: CLI_DEFAULTS.apiKeyEnv }
 }
 
+/** A setting of the configuration files and the file it comes from: the project's wins over the user's (docs/design.md §8). */
+function configValue<K extends keyof CliConfig>(files: CliConfigFiles, key: K): { value: NonNullable<CliConfig[K]>; file: string } | undefined {
+  for (const f of [files.project, files.user]) if (f && f.config[key] !== undefined) return { value: f.config[key]!, file: f.file }
+  return undefined
+}
+
+/** `--context-window N`, else `$DSH_CONTEXT_WINDOW`, else `contextWindow` of the configuration files (docs/design.md §8). */
+function runContextWindow(flags: Map<string, string>, env: Record<string, string | undefined>, files: CliConfigFiles): number | undefined {
+  if (flags.has('--context-window')) return parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000')
+  const raw = env.DSH_CONTEXT_WINDOW
+  if (raw !== undefined && raw !== '') {
+    if (!/^\d+$/.test(raw) || !isIntegerAtLeast(Number(raw), 1)) throw new UsageError(`DSH_CONTEXT_WINDOW must be a positive whole number of tokens, got ${JSON.stringify(raw)} (e.g. export DSH_CONTEXT_WINDOW=128000)`)
+    return Number(raw)
+  }
+  return configValue(files, 'contextWindow')?.value
+}
+
 /**
  * Parses the command line (docs/design.md §8). Pure: reads only its arguments.
  *
@@ -9826,7 +9992,7 @@ function resolveModelOptions(flags: Map<string, string>, env: Record<string, str
  *   `--summary-tokens`: positive integers, tokens; `--threshold`: a ratio in (0, 1]).
  * @throws UsageError (exit code 2) whose one-line message names the flag or variable and what to set.
  */
-export function parseCliArgs(argv: readonly string[], env: Record<string, string | undefined>): CliOptions {
+export function parseCliArgs(argv: readonly string[], env: Record<string, string | undefined>, files: CliConfigFiles = {}): CliOptions {
   const endOfFlags = argv.indexOf('--')
   const flagPart = endOfFlags === -1 ? argv : argv.slice(0, endOfFlags)
   if (flagPart.some((arg) => arg === '--help' || arg === '-h')) return { command: 'help' }
@@ -9875,12 +10041,12 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     flags.set(name, repeated !== undefined && flags.has(name) ? `${flags.get(name)}${repeated}${value}` : value)
   }
 
-  const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
+  const contextWindow = command === 'run' ? runContextWindow(flags, env, files) : flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
   const cwd = flags.get('--cwd')
   if (cwd === '') throw new UsageError('-C/--cwd needs a directory, e.g. -C ../my-project')
   const threshold = flags.has('--threshold') ? parseThreshold(flags.get('--threshold')!) : CLI_DEFAULTS.threshold
   const json = flags.has('--json')
-  const prices = flags.has('--prices') ? parsePrices(flags.get('--prices')!) : undefined
+  const prices = flags.has('--prices') ? parsePrices(flags.get('--prices')!) : command === 'run' ? configValue(files, 'prices')?.value : undefined
 
   if (command === 'replay') {
     if (positionals.length === 0) throw new UsageError('replay needs a FILE: npx tsx dsh.ts replay FILE [--context-window N]')
@@ -9902,7 +10068,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   if (positionals.length > 1) {
     throw new UsageError(`the prompt must be one argument; quote it: npx tsx dsh.ts ${JSON.stringify(positionals.join(' '))}`)
   }
-  const prompt = printed ?? positionals[0]
+  const prompt = printed === '-' ? undefined : printed ?? positionals[0] // `-p -`: the prompt is read from stdin
   if (prompt !== undefined && prompt.trim() === '') throw new UsageError('the prompt is empty; give a task, e.g. -p "explain src/main.ts"')
   const maxTokens = flags.has('--max-tokens') ? parsePositiveInt('--max-tokens', flags.get('--max-tokens')!, 'tokens', '8192') : undefined
   if (maxTokens !== undefined && contextWindow !== undefined && maxTokens >= contextWindow) {
@@ -9911,14 +10077,17 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   const session = flags.get('--session')
   if (session === '') throw new UsageError('--session needs a file name, e.g. --session work.jsonl')
   if (flags.has('--allow-shell') && flags.has('--no-shell')) throw new UsageError('--allow-shell and --no-shell contradict each other; give one')
+  const sources = ['--session', '--continue', '--resume', '--no-save'].filter((f) => flags.has(f))
+  if (sources.length > 1) throw new UsageError(`${sources.join(' and ')} contradict each other: each says which session to use (--session FILE, --continue the newest, --resume a listed one, --no-save none); give one`)
   const maxSteps = flags.has('--max-steps') ? parsePositiveInt('--max-steps', flags.get('--max-steps')!, 'provider calls per turn', '50') : undefined
-  const model = resolveModelOptions(flags, env)
+  const model = resolveModelOptions(flags, env, files)
   const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
   for (const name of shellEnv ?? []) {
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name)) throw new UsageError(`--shell-env takes variable names (e.g. --shell-env GITHUB_TOKEN), got ${JSON.stringify(name)}`)
     if (name === model.apiKeyEnv || name === CLI_DEFAULTS.apiKeyEnv) throw new UsageError(`--shell-env ${name}: the API key variable is never given to shell commands`)
   }
   return {
+    yes: flags.has('--yes'), continue: flags.has('--continue'), resume: flags.has('--resume'), noSave: flags.has('--no-save'), approvals: mergeApprovals([files.user?.config.approvals, files.project?.config.approvals]), retentionDays: files.user?.config.retentionDays ?? DEFAULT_RETENTION_DAYS, ...(configValue(files, 'sandbox') ? { sandboxConfig: configValue(files, 'sandbox')!.value } : {}),
     command, ...model, prompt, print: printed !== undefined,
     contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
     ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
@@ -9935,20 +10104,21 @@ export interface CliIO {
 }
 
 /**
- * The first part of the CLI's `main`: parses `argv`, answers `--help` and `--version` on stdout,
- * and reports a {@link UsageError} as ONE line `dsh: …` on stderr.
+ * The first part of the CLI's `main`: parses `argv` (with the settings of `context.files`), answers
+ * `--help` (naming the program `context.name`) and `--version` on stdout, and reports a
+ * {@link UsageError} as ONE line `dsh: …` on stderr.
  * @returns `{exitCode}` when the process should exit now (0 after help/version, 2 after a usage
  *   error), or `{options}` for the run or replay command to carry out.
  * @throws only what is not a UsageError (a bug).
  */
-export function runCliBasics(argv: readonly string[], env: Record<string, string | undefined>, io: CliIO): { exitCode: number } | { options: CliRunOptions | CliReplayOptions | CliShowOptions } {
+export function runCliBasics(argv: readonly string[], env: Record<string, string | undefined>, io: CliIO, context: { files?: CliConfigFiles; name?: string } = {}): { exitCode: number } | { options: CliRunOptions | CliReplayOptions | CliShowOptions } {
   let options: CliOptions
-  try { options = parseCliArgs(argv, env) } catch (error) {
+  try { options = parseCliArgs(argv, env, context.files) } catch (error) {
     if (!(error instanceof UsageError)) throw error
     io.stderr(`dsh: ${error.message}\n`)
     return { exitCode: error.exitCode }
   }
-  if (options.command === 'help') { io.stdout(cliHelp()); return { exitCode: 0 } }
+  if (options.command === 'help') { io.stdout(cliHelp(context.name)); return { exitCode: 0 } }
   if (options.command === 'version') { io.stdout(`dsh.ts ${VERSION}\n`); return { exitCode: 0 } }
   return { options }
 }
@@ -10316,46 +10486,930 @@ function agoText(ms: number): string {
   return `${Math.round(s / 86_400)} days ago`
 }
 
-// ── the shell answer, remembered per working directory ──
+// ── 10.1 Configuration files and trust (docs/design.md §8 "Configuration") ──
 
-/** Where the CLI keeps its remembered answers: `$XDG_CONFIG_HOME/dsh/shell.json`, else `~/.config/dsh/shell.json`. */
+/** The project's own configuration, relative to its directory. Untrusted until the user trusts the directory. */
+export const PROJECT_CONFIG_FILE = '.dsh/config.json'
+/** Largest configuration file read, in bytes (a config is a few hundred; this stops a link to a device or a huge file). */
+const CONFIG_MAX_BYTES = 256 * 1024
+/** Kept sessions older than this many days are removed when dsh starts (config `retentionDays`). */
+const DEFAULT_RETENTION_DAYS = 30
+/** The tools whose calls are approved in interactive mode: those that change files or run commands. */
+const APPROVAL_TOOLS: readonly string[] = ['write_file', 'edit_file', 'shell']
+
+/** What runs without asking: every call of `tools`, and shell commands starting with one of `commands` (prefixes). */
+export interface CliApprovals { tools: string[]; commands: string[] }
+
+/** What the user's configuration remembers for one directory (keyed by its real path). */
+export interface CliProjectMemory {
+  /** The user trusts the directory's `.dsh/config.json`. */
+  trusted?: boolean
+  /** The answer to "allow shell commands here?". */
+  shell?: boolean
+  /** "Always" answers given at approval questions. */
+  approvals?: CliApprovals
+}
+
+/**
+ * A configuration file, checked (docs/design.md §8): the user's `$XDG_CONFIG_HOME/dsh/config.json`
+ * (else `~/.config/dsh/config.json`) or a project's `.dsh/config.json`. `retentionDays` and
+ * `projects` are read from the user's file only.
+ */
+export interface CliConfig {
+  model?: string
+  /** An http(s) URL; the same rules as `--base-url`. */
+  baseURL?: string
+  /** Tokens. */
+  contextWindow?: number
+  /** As `--prices`: a DeepSeek model name or `HIT,MISS,OUTPUT` in USD per million tokens. */
+  prices?: Prices
+  approvals?: CliApprovals
+  /** The shell sandbox's settings (`false` turns it off), carried as they are written. */
+  sandbox?: boolean | Record<string, unknown>
+  /** Days a kept session stays after its last change. Default 30. */
+  retentionDays?: number
+  /** What dsh remembers per directory; written by dsh (trust, the shell answer, "always" answers). */
+  projects?: Record<string, CliProjectMemory>
+}
+
+/** One configuration file: where it is and what it sets. */
+export interface CliConfigFile { file: string; config: CliConfig }
+/** The files settings come from: the user's, and the project's once its directory is trusted (it wins over the user's). */
+export interface CliConfigFiles { user?: CliConfigFile; project?: CliConfigFile }
+
+const PROJECT_CONFIG_KEYS: readonly string[] = ['model', 'baseURL', 'contextWindow', 'prices', 'approvals', 'sandbox']
+const USER_CONFIG_KEYS: readonly string[] = ['model', 'baseURL', 'contextWindow', 'prices', 'approvals', 'sandbox', 'retentionDays', 'projects']
+
+/** A value as an error message shows it: JSON, at most 60 code points. */
+function shownValue(value: unknown): string {
+  const text = JSON.stringify(value) ?? String(value)
+  const points = Array.from(text)
+  return points.length > 60 ? points.slice(0, 59).join('') + '…' : text
+}
+
+/** `approvals` of a config: `{tools: [...], commands: [...]}`, both optional. `where` names the key for errors. */
+function configApprovals(value: unknown, where: string): CliApprovals {
+  if (!isRecord(value)) throw new UsageError(`${where} must be an object such as {"tools": ["edit_file"], "commands": ["npm test"]}, got ${shownValue(value)}`)
+  for (const key of Object.keys(value)) if (key !== 'tools' && key !== 'commands') throw new UsageError(`${where}: unknown key "${key}"; the keys are tools, commands`)
+  const list = (key: 'tools' | 'commands'): string[] => {
+    const items = value[key] ?? []
+    if (!Array.isArray(items) || !items.every((x) => typeof x === 'string' && x.trim() !== '')) throw new UsageError(`${where}.${key} must be a list of ${key === 'tools' ? 'tool names' : 'command prefixes'}, got ${shownValue(items)}`)
+    return items
+  }
+  const tools = list('tools')
+  for (const tool of tools) if (!APPROVAL_TOOLS.includes(tool)) throw new UsageError(`${where}.tools: ${JSON.stringify(tool)} is not a tool that asks; the tools are ${APPROVAL_TOOLS.join(', ')}`)
+  return { tools, commands: list('commands').map((c) => c.trim()) }
+}
+
+/**
+ * Checks the text of a configuration file (`scope`: the user's or a project's). Pure.
+ * @throws UsageError naming `file`, the key and what it must be (bad JSON: the parser's message).
+ */
+export function parseCliConfig(text: string, file: string, scope: 'user' | 'project'): CliConfig {
+  let raw: unknown
+  try { raw = JSON.parse(text) } catch (err) { throw new UsageError(`${file}: not valid JSON (${(err as Error).message}); fix it, or move it away to start without it`) }
+  if (!isRecord(raw)) throw new UsageError(`${file}: must hold a JSON object such as {"model": "deepseek-v4-pro"}, got ${shownValue(raw)}`)
+  const keys = scope === 'user' ? USER_CONFIG_KEYS : PROJECT_CONFIG_KEYS
+  const bad = (key: string, what: string, value: unknown) => new UsageError(`${file}: "${key}" must be ${what}, got ${shownValue(value)}`)
+  const out: CliConfig = {}
+  for (const [key, value] of Object.entries(raw)) {
+    if (!keys.includes(key)) {
+      const guess = keys.find((k) => editDistance(k.toLowerCase(), key.toLowerCase()) <= 2)
+      const why = guess ? ` (did you mean "${guess}"?)` : USER_CONFIG_KEYS.includes(key) ? ' (it is read from the user configuration only)' : ''
+      throw new UsageError(`${file}: unknown key "${key}"${why}; the keys are ${keys.join(', ')}`)
+    }
+    if (key === 'model') {
+      if (typeof value !== 'string' || value.trim() === '') throw bad(key, 'a model name such as "deepseek-v4-pro"', value)
+      out.model = value
+    } else if (key === 'baseURL') {
+      let ok = typeof value === 'string' && /^https?:\/\//i.test(value)
+      try { if (ok) new URL(value as string) } catch { ok = false }
+      if (!ok) throw bad(key, 'an http(s) URL such as "http://127.0.0.1:8080/v1"', value)
+      out.baseURL = value as string
+    } else if (key === 'contextWindow' || key === 'retentionDays') {
+      if (!isIntegerAtLeast(value, 1)) throw bad(key, key === 'contextWindow' ? 'a positive whole number of tokens such as 131072' : 'a positive whole number of days such as 30', value)
+      out[key] = value
+    } else if (key === 'prices') {
+      if (typeof value !== 'string') throw bad(key, `a DeepSeek model name or "HIT,MISS,OUTPUT" in USD per million tokens such as "0.003,0.15,0.6"`, value)
+      try { out.prices = parsePrices(value) } catch (err) { throw new UsageError(`${file}: "prices" ${(err as Error).message.replace(/^--prices /, '').replace(/\(e\.g\. --prices /, '(e.g. ')}`) }
+    } else if (key === 'approvals') out.approvals = configApprovals(value, `${file}: "approvals"`)
+    else if (key === 'sandbox') {
+      if (typeof value !== 'boolean' && !isRecord(value)) throw bad(key, 'true, false or {"allowNetwork": false, "read": ["~/.npmrc"]}', value)
+      if (isRecord(value)) {
+        for (const k of Object.keys(value)) {
+          if (k !== 'allowNetwork' && k !== 'read') throw new UsageError(`${file}: "sandbox"."${k}" is not a sandbox setting; known: allowNetwork, read`)
+        }
+        if (value.allowNetwork !== undefined && typeof value.allowNetwork !== 'boolean') throw bad('sandbox.allowNetwork', 'true or false', value.allowNetwork)
+        if (value.read !== undefined && !(Array.isArray(value.read) && value.read.every((r) => typeof r === 'string'))) throw bad('sandbox.read', 'an array of paths', value.read)
+      }
+      out.sandbox = value
+    } else if (key === 'projects') {
+      if (!isRecord(value)) throw bad(key, 'an object keyed by directory (dsh writes it)', value)
+      out.projects = {}
+      for (const [dir, memory] of Object.entries(value)) {
+        const where = `${file}: "projects"[${JSON.stringify(dir)}]`
+        if (!isRecord(memory)) throw new UsageError(`${where} must be an object such as {"trusted": true}, got ${shownValue(memory)}`)
+        const entry: CliProjectMemory = {}
+        for (const [k, v] of Object.entries(memory)) {
+          if (k === 'trusted' || k === 'shell') {
+            if (typeof v !== 'boolean') throw new UsageError(`${where}.${k} must be true or false, got ${shownValue(v)}`)
+            entry[k] = v
+          } else if (k === 'approvals') entry.approvals = configApprovals(v, `${where}.approvals`)
+          else throw new UsageError(`${where}: unknown key "${k}"; the keys are trusted, shell, approvals`)
+        }
+        out.projects[dir] = entry
+      }
+    }
+  }
+  return out
+}
+
+/** Where the CLI keeps the user's settings: `$XDG_CONFIG_HOME/dsh/NAME`, else `~/.config/dsh/NAME` (undefined without either). */
 function cliConfigFile(env: Record<string, string | undefined>, name: string): string | undefined {
   const base = env.XDG_CONFIG_HOME || (env.HOME ? `${env.HOME}/.config` : env.APPDATA)
   return base ? `${base}/dsh/${name}` : undefined
 }
 
+/** Reads and checks a configuration file; undefined when there is none. @throws UsageError for one that is unreadable, too big or wrong. */
+async function readCliConfig(file: string, scope: 'user' | 'project'): Promise<CliConfigFile | undefined> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  let text: string
+  try {
+    const stat = await fs.stat(file)
+    if (!stat.isFile()) throw new UsageError(`${file} is not a regular file; a configuration file holds JSON`)
+    if (stat.size > CONFIG_MAX_BYTES) throw new UsageError(`${file} is ${groupDigits(stat.size)} bytes, over the ${groupDigits(CONFIG_MAX_BYTES)} bytes a configuration file may have`)
+    text = await fs.readFile(file, 'utf8')
+  } catch (err: any) {
+    if (err instanceof UsageError) throw err
+    if (err?.code === 'ENOENT' || err?.code === 'ENOTDIR') return undefined
+    throw new UsageError(`cannot read ${file}: ${err?.message ?? err}; fix its permissions or move it away`)
+  }
+  return { file, config: parseCliConfig(text, file, scope) }
+}
+
 /**
- * Whether the shell tool is offered. `--allow-shell` / `--no-shell` decide for this run; otherwise,
- * interactively, the answer remembered for this directory, else the question (whose answer is
- * remembered, outside the project, in {@link cliConfigFile}). One-shot runs without a flag: no shell.
+ * Changes the user's configuration file (what dsh remembers): reads it as JSON, lets `edit` change
+ * it, writes it back whole (a temp file renamed over it, mode 0600, its directory 0700); the user's
+ * own keys stay as they are. Returns an error message instead of throwing.
+ */
+async function editUserConfig(file: string, edit: (raw: Record<string, any>) => void): Promise<string | undefined> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  try {
+    let raw: Record<string, any> = {}
+    try {
+      const parsed = JSON.parse(await fs.readFile(file, 'utf8'))
+      if (isRecord(parsed)) raw = parsed
+    } catch (err: any) { if (err?.code !== 'ENOENT') throw err }
+    edit(raw)
+    await fs.mkdir(file.slice(0, file.lastIndexOf('/')), { recursive: true, mode: 0o700 })
+    const temp = `${file}.${Date.now()}-${randomId()}.tmp`
+    await fs.writeFile(temp, JSON.stringify(raw, null, 2) + '\n', { mode: 0o600 })
+    await fs.rename(temp, file)
+    return undefined
+  } catch (err) { return `could not write ${file}: ${(err as Error).message}` }
+}
+
+/** The memory of `dir` in a raw user configuration, created when missing. */
+function projectMemory(raw: Record<string, any>, dir: string): Record<string, any> {
+  if (!isRecord(raw.projects)) raw.projects = {}
+  if (!isRecord(raw.projects[dir])) raw.projects[dir] = {}
+  return raw.projects[dir]
+}
+
+/** The settings of a project config in a few lines, for the trust question. */
+function describeConfig(config: CliConfig): string {
+  const lines: string[] = []
+  if (config.baseURL) lines.push(`  baseURL ${config.baseURL}  (model requests, with your API key if one is set, go there)`)
+  if (config.model) lines.push(`  model ${config.model}`)
+  if (config.contextWindow) lines.push(`  contextWindow ${groupDigits(config.contextWindow)} tokens`)
+  if (config.prices) lines.push(`  prices ${config.prices.cacheHitInput},${config.prices.cacheMissInput},${config.prices.output} USD per million tokens`)
+  if (config.approvals) lines.push(`  approvals: runs without asking: ${[...config.approvals.tools, ...config.approvals.commands.map((c) => `commands starting with "${c}"`)].join(', ') || 'nothing'}`)
+  if (config.sandbox !== undefined) lines.push(`  sandbox ${JSON.stringify(config.sandbox)}`)
+  return lines.join('\n') || '  (no settings)'
+}
+
+/**
+ * The project's `.dsh/config.json`, when its directory is trusted (docs/design.md §8): a cloned
+ * repository could point the base URL — and the API key — at an attacker, pre-approve tools or turn
+ * the sandbox off, so the file applies only once the user trusts the directory. Trust is asked on a
+ * terminal (and remembered in the user's file); without one the file is ignored with one line.
+ * @throws UsageError for a bad file in a trusted directory (or one the user is asked about).
+ */
+async function projectConfig(dir: string, user: CliConfigFile | undefined, userFile: string | undefined, terminal: Terminal | undefined, io: CliIO): Promise<{ exists: boolean; used?: CliConfigFile }> {
+  const file = `${dir}/${PROJECT_CONFIG_FILE}`
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  if (!(await fs.lstat(file).then(() => true, () => false))) return { exists: false }
+  if (user?.config.projects?.[dir]?.trusted === true) return { exists: true, used: await readCliConfig(file, 'project') }
+  if (!terminal) {
+    io.stderr(`[dsh] ignoring ${PROJECT_CONFIG_FILE}: ${dir} is not trusted, so none of its settings (its baseURL included) are used; run dsh here interactively once to trust it\n`)
+    return { exists: true }
+  }
+  const found = await readCliConfig(file, 'project')
+  if (!found) return { exists: false }
+  io.stderr(`This directory has its own dsh configuration, ${PROJECT_CONFIG_FILE}:\n${describeConfig(found.config)}\n`)
+  const trusted = await terminal.askYesNo(`Trust ${dir} and use it? (remembered${userFile ? ` in ${userFile}` : ''}) [y/N] `)
+  if (!trusted) { io.stderr(`[dsh] ${PROJECT_CONFIG_FILE} ignored for this run\n`); return { exists: true } }
+  const problem = userFile ? await editUserConfig(userFile, (raw) => { projectMemory(raw, dir).trusted = true }) : 'no configuration directory ($XDG_CONFIG_HOME or $HOME)'
+  if (problem) io.stderr(`[dsh] trusted for this run only: ${problem}\n`)
+  return { exists: true, used: found }
+}
+
+/** What {@link main} learns before it parses the arguments for a run: the directory, the configuration files, the terminal. */
+interface RunPreparation {
+  /** The working directory, real path (as given when it cannot be resolved: main reports that). */
+  dir: string
+  files: CliConfigFiles
+  userFile?: string
+  /** Whether the directory has a `.dsh/config.json` (used or not). */
+  projectExists: boolean
+  terminal?: Terminal
+}
+
+/**
+ * What main needs before the configuration is read: the directory (`-C`) and whether the run is
+ * one-shot (a prompt, `-p`, `--json`). Undefined for help, version, `show` and `replay`, which
+ * read no configuration. Lenient: {@link parseCliArgs} reports bad arguments.
+ */
+function cliRunHints(argv: readonly string[]): { cwd?: string; oneShot: boolean } | undefined {
+  const end = argv.indexOf('--')
+  const flagPart = end === -1 ? argv : argv.slice(0, end)
+  if (flagPart.some((a) => a === '--help' || a === '-h' || a === '--version') || argv[0] === 'show') return undefined
+  let lead = 0
+  while (lead < argv.length && (argv[lead] === '-C' || argv[lead] === '--cwd' || argv[lead].startsWith('--cwd='))) lead += argv[lead].startsWith('--cwd=') ? 1 : 2
+  if (argv[lead] === 'replay') return undefined
+  let cwd: string | undefined
+  let oneShot = end !== -1 && argv.length > end + 1
+  for (let i = 0; i < flagPart.length; i++) {
+    const arg = flagPart[i]
+    if (!arg.startsWith('-') || arg === '-') { oneShot = true; continue }
+    const eq = arg.startsWith('--') ? arg.indexOf('=') : -1
+    const name = CLI_SHORT_FLAGS[arg] ?? (eq === -1 ? arg : arg.slice(0, eq))
+    const value = CLI_FLAGS[name]?.value === undefined ? undefined : eq !== -1 ? arg.slice(eq + 1) : flagPart[++i]
+    if (name === '--cwd') cwd = value
+    if (name === '--print' || name === '--json') oneShot = true
+  }
+  return { cwd, oneShot }
+}
+
+/**
+ * Reads the configuration of a run (docs/design.md §8): the user's file, then the project's, whose
+ * trust may be asked on the terminal — which opens here, once, for the whole run (a second
+ * readline would lose lines the first had read). A bad file: one line, exit code 2.
+ */
+async function prepareRun(hints: { cwd?: string; oneShot: boolean }, p: NodeProcess, io: CliOutput): Promise<RunPreparation | { exitCode: number }> {
+  const [path, fs] = await Promise.all([importNode<typeof import('node:path')>('node:path'), importNode<typeof import('node:fs/promises')>('node:fs/promises')])
+  const cwd = path.resolve(p.cwd(), hints.cwd ?? '.')
+  const dir = await fs.realpath(cwd).catch(() => undefined)
+  if (dir === undefined || !(await fs.stat(dir)).isDirectory()) return { dir: cwd, files: {}, projectExists: false } // main says what is wrong with it
+  const userFile = cliConfigFile(p.env, 'config.json')
+  let terminal: Terminal | undefined
+  try {
+    const user = userFile ? await readCliConfig(userFile, 'user') : undefined
+    terminal = !hints.oneShot && p.stdin.isTTY ? await openTerminal(p, io) : undefined
+    const project = await projectConfig(dir, user, userFile, terminal, io)
+    return { dir, files: { ...(user ? { user } : {}), ...(project.used ? { project: project.used } : {}) }, userFile, projectExists: project.exists, terminal }
+  } catch (err) {
+    terminal?.close()
+    if (err instanceof UsageError) { io.stderr(`dsh: ${err.message}\n`); return { exitCode: err.exitCode } }
+    throw err
+  }
+}
+
+/**
+ * Whether the shell tool is offered (docs/design.md §8). `--allow-shell` / `--no-shell` decide for
+ * this run. Otherwise, interactively: the answer remembered for this directory in the user's
+ * configuration, else shell approvals of the configuration files, else the question (whose answer
+ * is remembered there). One-shot runs: only when the configuration approves shell commands.
  */
 async function shellPermission(options: CliRunOptions, cwd: string, env: Record<string, string | undefined>, terminal: Terminal | undefined, io: CliIO): Promise<boolean> {
   if (options.allowShell) return true
-  if (options.noShell || !terminal) return false
-  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
-  const file = cliConfigFile(env, 'shell.json')
-  let answers: Record<string, boolean> = {}
-  if (file) {
-    try {
-      const parsed = JSON.parse(await fs.readFile(file, 'utf8'))
-      if (parsed && typeof parsed === 'object' && !Array.isArray(parsed)) answers = parsed
-    } catch { /* none yet, or unreadable: ask */ }
-  }
-  const remembered = answers[cwd]
+  if (options.noShell) return false
+  cwd = await (await importNode<typeof import('node:fs/promises')>('node:fs/promises')).realpath(cwd).catch(() => cwd)
+  const file = cliConfigFile(env, 'config.json')
+  const user = file ? await readCliConfig(file, 'user').catch(() => undefined) : undefined
+  const approvals = mergeApprovals([options.approvals, user?.config.projects?.[cwd]?.approvals])
+  const approved = approvals.tools.includes('shell') || approvals.commands.length > 0
+  if (!terminal) return approved
+  const remembered = user?.config.projects?.[cwd]?.shell // cwd: the real path (main's)
   if (typeof remembered === 'boolean') {
-    io.stderr(`[dsh] shell commands ${remembered ? 'allowed' : 'not allowed'} in this directory (remembered in ${file}; --allow-shell or --no-shell decide for one run)\n`)
+    io.stderr(`[dsh] shell commands ${remembered ? 'allowed' : 'not allowed'} in this directory (remembered in ${file}; /permissions changes it; --allow-shell or --no-shell decide for one run)\n`)
     return remembered
   }
+  if (approved) return true
   const allowed = await terminal.askYesNo(`Allow the agent to run shell commands in ${cwd}? (remembered for this directory) [y/N] `)
-  if (file) {
-    try {
-      await fs.mkdir(file.slice(0, file.lastIndexOf('/')), { recursive: true })
-      const temp = `${file}.${Date.now()}.tmp`
-      await fs.writeFile(temp, JSON.stringify({ ...answers, [cwd]: allowed }, null, 2) + '\n')
-      await fs.rename(temp, file)
-    } catch (err) { io.stderr(`[dsh] could not remember the answer in ${file}: ${(err as Error).message}\n`) }
-  }
+  const problem = file ? await editUserConfig(file, (raw) => { projectMemory(raw, cwd).shell = allowed }) : 'no configuration directory ($XDG_CONFIG_HOME or $HOME)'
+  if (problem) io.stderr(`[dsh] could not remember the answer: ${problem}\n`)
   return allowed
+}
+
+/** The union of approvals (each tool and prefix once). */
+function mergeApprovals(list: readonly (CliApprovals | undefined)[]): CliApprovals {
+  const tools = new Set<string>(), commands = new Set<string>()
+  for (const a of list) { for (const t of a?.tools ?? []) tools.add(t); for (const c of a?.commands ?? []) commands.add(c) }
+  return { tools: [...tools], commands: [...commands] }
+}
+
+// ── 10.2 Approvals, diffs and undo (docs/design.md §8 "Approvals, diffs and undo") ──
+
+/** Lines of the diff printed with each write and edit; the rest is counted in one line. */
+const DIFF_SHOWN_LINES = 40
+/** Lines of one file's diff `/diff` prints. */
+const DIFF_COMMAND_LINES = 400
+/** Unchanged lines shown around each change (as `diff -u`). */
+const DIFF_CONTEXT_LINES = 3
+/** Myers' search stops after this many edits, or after about this many steps (edits × lines): the
+ *  middle is then shown as one deletion and one insertion, so two big unrelated files diff fast. */
+const DIFF_MAX_EDITS = 2_000
+const DIFF_MAX_STEPS = 20_000_000
+
+/** One line of a diff: kept (' '), removed ('-') or added ('+'), with its line feed if it has one. */
+export type DiffLine = [' ' | '-' | '+', string]
+
+/** The lines of `text`, each with its line feed (the last may have none). */
+function textLines(text: string): string[] {
+  const out = text.split('\n').map((line, i, all) => (i < all.length - 1 ? line + '\n' : line))
+  if (out.at(-1) === '') out.pop()
+  return out
+}
+
+/**
+ * The line edits that turn `a` into `b`: the common head and tail kept, then Myers' greedy
+ * algorithm ("An O(ND) Difference Algorithm and Its Variations", 1986) on the middle, which finds
+ * a shortest edit script in O((N+M)·D) time and O(D²) memory; past {@link DIFF_MAX_EDITS} edits
+ * the middle is one deletion and one insertion.
+ */
+export function diffLines(a: readonly string[], b: readonly string[]): DiffLine[] {
+  let head = 0
+  while (head < a.length && head < b.length && a[head] === b[head]) head++
+  let tail = 0
+  while (tail < a.length - head && tail < b.length - head && a[a.length - 1 - tail] === b[b.length - 1 - tail]) tail++
+  const A = a.slice(head, a.length - tail), B = b.slice(head, b.length - tail)
+  const n = A.length, m = B.length
+  const limit = Math.min(n + m, DIFF_MAX_EDITS, Math.floor(DIFF_MAX_STEPS / (n + m + 1)) + 1)
+  const off = limit + 1
+  const v = new Int32Array(2 * limit + 3) // v[off + k]: the furthest x reached on diagonal k
+  const trace: Int32Array[] = [] // v around diagonals -d-1 … d+1 before round d, for the walk back
+  let edits = -1
+  search: for (let d = 0; d <= limit; d++) {
+    trace.push(v.slice(off - d - 1, off + d + 2))
+    for (let k = -d; k <= d; k += 2) {
+      let x = k === -d || (k !== d && v[off + k - 1] < v[off + k + 1]) ? v[off + k + 1] : v[off + k - 1] + 1
+      let y = x - k
+      while (x < n && y < m && A[x] === B[y]) { x++; y++ }
+      v[off + k] = x
+      if (x >= n && y >= m) { edits = d; break search }
+    }
+  }
+  const middle: DiffLine[] = []
+  if (edits === -1) {
+    for (let i = m - 1; i >= 0; i--) middle.push(['+', B[i]])
+    for (let i = n - 1; i >= 0; i--) middle.push(['-', A[i]])
+  } else {
+    let x = n, y = m
+    for (let d = edits; d >= 0; d--) {
+      const saved = trace[d]
+      const at = (k: number): number => saved[k + d + 1]
+      const k = x - y
+      const prevK = k === -d || (k !== d && at(k - 1) < at(k + 1)) ? k + 1 : k - 1
+      const prevX = at(prevK), prevY = prevX - prevK
+      while (x > prevX && y > prevY) { x--; y--; middle.push([' ', A[x]]) }
+      if (d > 0) middle.push(x === prevX ? ['+', B[--y]] : ['-', A[--x]])
+    }
+  }
+  middle.reverse()
+  return [...a.slice(0, head).map((l): DiffLine => [' ', l]), ...middle, ...a.slice(a.length - tail).map((l): DiffLine => [' ', l])]
+}
+
+/**
+ * A unified diff (`diff -u`, three lines of context) of `before` → `after` for the file `name`,
+ * as lines without line feeds; `before` undefined: a new file. A last line without a line feed is
+ * followed by `\ No newline at end of file`. An empty list when nothing changed.
+ */
+export function unifiedDiff(before: string | undefined, after: string, name: string): string[] {
+  const ops = diffLines(before === undefined ? [] : textLines(before), textLines(after))
+  const changes = ops.flatMap((op, i) => (op[0] === ' ' ? [] : [i]))
+  if (changes.length === 0 && before !== undefined) return []
+  const startA: number[] = [], startB: number[] = []
+  let lineA = 0, lineB = 0
+  for (const [op] of ops) { startA.push(lineA); startB.push(lineB); if (op !== '+') lineA++; if (op !== '-') lineB++ }
+  const out = [before === undefined ? '--- /dev/null' : `--- a/${name}`, `+++ b/${name}`]
+  for (let c = 0; c < changes.length;) {
+    let last = c
+    while (last + 1 < changes.length && changes[last + 1] - changes[last] <= 2 * DIFF_CONTEXT_LINES + 1) last++
+    const from = Math.max(0, changes[c] - DIFF_CONTEXT_LINES), to = Math.min(ops.length, changes[last] + DIFF_CONTEXT_LINES + 1)
+    const hunk = ops.slice(from, to)
+    const countA = hunk.filter(([op]) => op !== '+').length, countB = hunk.filter(([op]) => op !== '-').length
+    out.push(`@@ -${startA[from] + (countA > 0 ? 1 : 0)},${countA} +${startB[from] + (countB > 0 ? 1 : 0)},${countB} @@`)
+    for (const [op, line] of hunk) {
+      out.push(op + line.replace(/\r?\n$/, ''))
+      if (!line.endsWith('\n')) out.push('\\ No newline at end of file')
+    }
+    c = last + 1
+  }
+  return out
+}
+
+/** Diff lines for the terminal: model text stripped of controls, at most `maxLines`, then `… N more lines`; coloured when asked. */
+function renderDiff(lines: readonly string[], color: boolean, maxLines: number): string {
+  const paint = (line: string): string => {
+    const text = stripControls(line)
+    if (!color) return text
+    const code = line.startsWith('+++') || line.startsWith('---') ? '1' : line[0] === '+' ? '32' : line[0] === '-' ? '31' : line.startsWith('@@') ? '36' : ''
+    return code ? `\x1b[${code}m${text}\x1b[0m` : text
+  }
+  const shown = lines.slice(0, maxLines).map(paint)
+  if (lines.length > maxLines) shown.push(`… ${groupDigits(lines.length - maxLines)} more lines`)
+  return shown.length ? shown.join('\n') + '\n' : ''
+}
+
+/** What a file change does, as the terminal shows it: its diff, or one line for a binary or an unshown file. */
+function describeFileChange(path: string, before: Uint8Array | undefined, existed: boolean, after: string, color: boolean, maxLines: number): string {
+  if (existed && before === undefined) return `${stripControls(path)}: replaces a file too large to show (${groupDigits(utf8Length(after))} bytes after)\n`
+  if ((before && hasNulByte(before)) || after.slice(0, TOOL_BINARY_SNIFF_BYTES).includes('\0')) {
+    return `${stripControls(path)}: binary content, ${existed ? `${groupDigits(before!.length)} → ` : 'new, '}${groupDigits(utf8Length(after))} bytes\n`
+  }
+  const lines = unifiedDiff(existed ? new TextDecoder().decode(before) : undefined, after, path)
+  return lines.length ? renderDiff(lines, color, maxLines) : `${stripControls(path)}: no change\n`
+}
+
+/**
+ * The prefix an "always for this command prefix" answer remembers: the command's first two words,
+ * or only the first when the second looks like an option, a path or a value (`ls -la`, `cat a.txt`).
+ */
+export function commandPrefix(command: string): string {
+  const words = command.trim().split(/\s+/)
+  return words.length > 1 && /^[A-Za-z][\w:@-]*$/.test(words[1]) ? `${words[0]} ${words[1]}` : words[0]
+}
+
+/**
+ * Whether an approved `prefix` covers `command`: it starts with the prefix's words, and holds no
+ * shell operator that could add another command or redirect output (`; & | \` $( < >` or a line
+ * break), so that `npm test; rm -rf ~` is asked about even when `npm test` is approved.
+ */
+export function commandMatches(command: string, prefix: string): boolean {
+  const c = command.trim()
+  if (/[;&|`<>\n\r]|\$\(/.test(c)) return false
+  return c === prefix || c.startsWith(prefix + ' ')
+}
+
+/** One file change as the undo journal keeps it: the content before (its bytes; none when `existed` is false) and a hash of the content after. */
+interface ChangeRecord {
+  id: number
+  turn: number
+  realPath: string
+  path: string
+  existed: boolean
+  before?: Uint8Array
+  /** SHA-256 (hex) of the UTF-8 content the tool wrote. */
+  afterHash: string
+  undone: boolean
+}
+
+/** Where approvals come from, for `/permissions`: a configuration file's `approvals`, or the answers remembered for this directory. */
+interface ApprovalSource { label: string; approvals: CliApprovals; remembered: boolean }
+
+/** What the CLI's approvals, diffs and undo need from the rest of the CLI. */
+interface ChangeDeskOptions {
+  /** The real path of the working directory (the key of the remembered answers). */
+  dir: string
+  io: CliOutput
+  color: boolean
+  /** Interactive: questions are asked here. Absent: a one-shot run (docs/design.md §8: today's rules). */
+  terminal?: Terminal
+  /** `--yes`: everything is approved for the run. */
+  yes: boolean
+  /** `--allow-shell` in a one-shot run: every command runs. */
+  allowShell: boolean
+  /** `--json`: no diffs on stderr. */
+  quiet: boolean
+  /** Approvals of the configuration files (user, project). */
+  configured: ApprovalSource[]
+  userFile?: string
+  /** The answers the user's file remembers for this directory. */
+  memory?: CliProjectMemory
+  /** Whether the project's config applies (for `/permissions`), and the file. */
+  projectConfig?: { file: string; trusted: boolean }
+  /** The turn a change belongs to (the session's current turn). */
+  turn: () => number
+  /** Where contents before each change are kept (`LOG.undo/`); absent: in memory (`--no-save`). */
+  journalDir?: string
+  /** The session log, which a restore must not write either. */
+  sessionLog?: string
+  /** Ends a streamed answer's line before a diff or a question is printed. */
+  endLine?: () => void
+}
+
+/**
+ * The CLI's approvals, diffs and undo (docs/design.md §8): the `beforeChange` / `afterChange`
+ * hooks of {@link builtinTools}, and the `/diff`, `/undo` and `/permissions` commands.
+ */
+async function changeDesk(o: ChangeDeskOptions): Promise<{
+  beforeChange: (change: ToolChange, signal: AbortSignal) => Promise<void>
+  afterChange: (change: ToolChange) => Promise<void>
+  command: (line: string, signal: AbortSignal) => Promise<void>
+  /** The note about an `/undo` for the model, once, to go with the next input. */
+  takeNote: () => string | undefined
+}> {
+  const [fs, { createHash }] = await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'), importNode<typeof import('node:crypto')>('node:crypto')])
+  const sha = (data: string | Uint8Array): string => createHash('sha256').update(data).digest('hex')
+  const remembered: CliApprovals = { tools: [...(o.memory?.approvals?.tools ?? [])], commands: [...(o.memory?.approvals?.commands ?? [])] }
+  const sources = (): ApprovalSource[] => [...o.configured, { label: 'remembered for this directory', approvals: remembered, remembered: true }]
+  const records: ChangeRecord[] = []
+  let note: string | undefined
+  const say = (text: string) => o.io.stderr(text)
+
+  // The journal: one JSON line per change ({id, turn, realPath, path, existed, afterHash}) with the
+  // content before in ID.before, and {undone: [ids]} lines; read back when a session resumes.
+  if (o.journalDir) {
+    try {
+      for (const line of (await fs.readFile(`${o.journalDir}/journal.jsonl`, 'utf8')).split('\n')) {
+        if (line.trim() === '') continue
+        const e = JSON.parse(line)
+        if (Array.isArray(e.undone)) { for (const r of records) if (e.undone.includes(r.id)) r.undone = true; continue }
+        const before = e.existed ? await fs.readFile(`${o.journalDir}/${e.id}.before`).then((b) => new Uint8Array(b), () => undefined) : undefined
+        records.push({ ...e, ...(before ? { before } : {}), undone: false })
+      }
+    } catch (err: any) { if (err?.code !== 'ENOENT') say(`[dsh] the undo journal ${o.journalDir} cannot be read (${err?.message ?? err}); earlier changes cannot be undone\n`) }
+  }
+  const journal = async (line: object, blob?: { id: number; bytes: Uint8Array }): Promise<void> => {
+    if (!o.journalDir) return
+    try {
+      await fs.mkdir(o.journalDir, { recursive: true, mode: 0o700 })
+      if (blob) await fs.writeFile(`${o.journalDir}/${blob.id}.before`, blob.bytes, { mode: 0o600 })
+      await fs.appendFile(`${o.journalDir}/journal.jsonl`, JSON.stringify(line) + '\n', { mode: 0o600 })
+    } catch (err) { say(`[dsh] could not keep the content for /undo in ${o.journalDir}: ${(err as Error).message}\n`) }
+  }
+  const remember = async (kind: 'tools' | 'commands', value: string): Promise<void> => {
+    if (!remembered[kind].includes(value)) remembered[kind].push(value)
+    const problem = o.userFile ? await editUserConfig(o.userFile, (raw) => {
+      const memory = projectMemory(raw, o.dir)
+      if (!isRecord(memory.approvals)) memory.approvals = { tools: [], commands: [] }
+      const list: string[] = Array.isArray(memory.approvals[kind]) ? memory.approvals[kind] : (memory.approvals[kind] = [])
+      if (!list.includes(value)) list.push(value)
+    }) : 'no configuration directory ($XDG_CONFIG_HOME or $HOME)'
+    say(problem ? `[dsh] approved for this run only: ${problem}\n` : `[dsh] ${kind === 'tools' ? value : `commands starting with "${stripControls(value)}"`} will run without asking in this directory (remembered in ${o.userFile}; /permissions changes it)\n`)
+  }
+  const approved = (change: ToolChange): boolean => sources().some(({ approvals }) => approvals.tools.includes(change.tool)
+    || (change.tool === 'shell' && approvals.commands.some((prefix) => commandMatches(change.command, prefix))))
+  /** Asks until the answer is one of the choices; Enter is no. */
+  const ask = async (question: string, shell: boolean, signal: AbortSignal): Promise<'yes' | 'no' | 'tool' | 'prefix'> => {
+    for (;;) {
+      const answer = await o.terminal!.ask(question, signal)
+      if (answer === undefined) throw new Error('cancelled')
+      const a = answer.trim().toLowerCase()
+      if (a === 'y' || a === 'yes') return 'yes'
+      if (a === '' || a === 'n' || a === 'no') return 'no'
+      if (a === 'a' || a === 'always') return 'tool'
+      if (shell && (a === 'p' || a === 'prefix')) return 'prefix'
+      say(`answer y (yes), n (no) or a (always for this tool)${shell ? ', or p (always for commands starting with the same words)' : ''}\n`)
+    }
+  }
+
+  const beforeChange = async (change: ToolChange, signal: AbortSignal): Promise<void> => {
+    const shell = change.tool === 'shell'
+    o.endLine?.()
+    if (!shell && !o.quiet) o.io.stderrRaw(describeFileChange(change.path, change.before, change.existed, change.after, o.color, DIFF_SHOWN_LINES))
+    if (o.yes || approved(change)) return
+    if (!o.terminal) {
+      if (!shell || o.allowShell) return // a one-shot run: today's rules (file tools inside the project; shell with --allow-shell)
+      throw new Error(`shell: not run: no approved prefix covers this command, and a one-shot run (-p) cannot ask; ${o.userFile ? `approve it in ${o.userFile} ("approvals": {"commands": [...]}), ` : ''}or pass --allow-shell to run every command`)
+    }
+    if (shell) say(`$ ${stripControls(change.command)}\n`)
+    const prefix = shell ? commandPrefix(change.command) : ''
+    const question = shell ? `Run it? [y]es / [n]o / [a]lways for shell / [p] always for "${stripControls(prefix)} …": ` : `Apply this change to ${stripControls(change.path)}? [y]es / [n]o / [a]lways for ${change.tool}: `
+    let answer: Awaited<ReturnType<typeof ask>>
+    try { answer = await ask(question, shell, signal) } catch { throw new Error(`${change.tool}: cancelled; ${shell ? 'the command was not run' : `${change.path} was not changed`}`) }
+    if (answer === 'no') throw new Error(`${change.tool}: declined by the user; ${shell ? 'the command was not run' : `${change.path} was not changed`}. Do not retry it as it is: ask the user what they want instead`)
+    if (answer === 'tool') await remember('tools', change.tool)
+    if (answer === 'prefix') await remember('commands', prefix)
+  }
+
+  const afterChange = async (change: ToolChange): Promise<void> => {
+    if (change.tool === 'shell') return
+    const record: ChangeRecord = { id: (records.at(-1)?.id ?? 0) + 1, turn: o.turn(), realPath: change.realPath, path: change.path, existed: change.existed, afterHash: sha(change.after), undone: false }
+    if (change.before) record.before = change.before
+    records.push(record)
+    const { before: _before, undone: _undone, ...line } = record
+    await journal(line, record.before ? { id: record.id, bytes: record.before } : undefined)
+  }
+
+  const currentBytes = async (file: string): Promise<Uint8Array | undefined> => fs.readFile(file).then((b) => new Uint8Array(b), (err) => {
+    if (err?.code === 'ENOENT') return undefined
+    throw err
+  })
+
+  /** `/undo`: the newest turn with changes not undone yet, each file put back as that turn found it. */
+  const undo = async (signal: AbortSignal): Promise<string> => {
+    const open = records.filter((r) => !r.undone)
+    if (open.length === 0) return `[dsh] /undo: nothing to undo: ${records.length ? 'every change of this session is undone already' : 'no file was changed in this session'}\n`
+    const turn = Math.max(...open.map((r) => r.turn))
+    const batch = open.filter((r) => r.turn === turn)
+    const files = [...new Set(batch.map((r) => r.realPath))].reverse()
+    const restored: string[] = [], removed: string[] = [], kept: string[] = [], failed: string[] = []
+    const done: number[] = []
+    for (const file of files) {
+      const mine = batch.filter((r) => r.realPath === file)
+      const first = mine[0], last = mine.at(-1)!
+      if (first.existed && first.before === undefined) { failed.push(`${first.path} (its content before was too large to keep)`); done.push(...mine.map((r) => r.id)); continue }
+      let now: Uint8Array | undefined
+      try { now = await currentBytes(file) } catch (err) { failed.push(`${first.path} (${(err as Error).message})`); continue }
+      if (now === undefined || sha(now) !== last.afterHash) {
+        const how = now === undefined ? 'was deleted' : 'changed'
+        const overwrite = o.terminal ? await o.terminal.askYesNo(`${stripControls(first.path)} ${how} outside dsh since turn ${turn} wrote it; ${first.existed ? 'put back its content from before that turn' : 'remove it'} anyway? [y/N] `, signal) : false
+        if (!overwrite) { kept.push(first.path); done.push(...mine.map((r) => r.id)); continue }
+      }
+      try {
+        await restoreToolFile(o.dir, file, first.existed ? first.before : undefined, o.sessionLog)
+        ;(first.existed ? restored : removed).push(first.path)
+        done.push(...mine.map((r) => r.id))
+      } catch (err) { failed.push(`${first.path} (${(err as Error).message})`) }
+    }
+    for (const r of records) if (done.includes(r.id)) r.undone = true
+    if (done.length) await journal({ undone: done })
+    const parts = [
+      restored.length ? `restored ${restored.join(', ')}` : '',
+      removed.length ? `removed ${removed.join(', ')} (created in that turn)` : '',
+      kept.length ? `left ${kept.join(', ')} as ${kept.length === 1 ? 'it is' : 'they are'} (changed outside dsh since)` : '',
+      failed.length ? `could not undo ${failed.join(', ')}` : '',
+    ].filter(Boolean)
+    if (restored.length || removed.length) {
+      const told = `The user ran /undo on the file changes of turn ${turn}: ${parts.join('; ')}. Those files are back as they were before that turn; read them again before changing them.`
+      note = note ? `${note}\n${told}` : told
+    }
+    return `[dsh] /undo, turn ${turn}: ${parts.join('; ')}${restored.length || removed.length ? '; the model is told with your next input' : ''}\n`
+  }
+
+  /** `/diff`: every file this session changed (changes not undone), from its content before the first change to its content now. */
+  const diff = async (): Promise<string> => {
+    const open = records.filter((r) => !r.undone)
+    if (open.length === 0) return `[dsh] /diff: ${records.length ? 'every change of this session is undone' : 'no file was changed in this session'}\n`
+    const out: string[] = []
+    for (const file of new Set(open.map((r) => r.realPath))) {
+      const first = open.find((r) => r.realPath === file)!
+      let now: Uint8Array | undefined
+      try { now = await currentBytes(file) } catch (err) { out.push(`${stripControls(first.path)}: cannot be read (${(err as Error).message})\n`); continue }
+      if (now === undefined) { out.push(`${stripControls(first.path)}: deleted since\n`); continue }
+      out.push(describeFileChange(first.path, first.before, first.existed, new TextDecoder().decode(now), o.color, DIFF_COMMAND_LINES))
+    }
+    return out.join('')
+  }
+
+  /** `/permissions [remove N | shell yes|no | trust yes|no]`: what runs without asking, and the remembered answers. */
+  const permissions = async (args: string[]): Promise<string> => {
+    const entries = sources().flatMap((s) => [...s.approvals.tools.map((t) => ({ s, kind: 'tools' as const, value: t })), ...s.approvals.commands.map((c) => ({ s, kind: 'commands' as const, value: c }))])
+    const rememberedOnes = entries.filter((e) => e.s.remembered)
+    const [verb, value] = args
+    if (verb === 'remove') {
+      const n = Number(value)
+      const entry = rememberedOnes[n - 1]
+      if (!entry) return `[dsh] /permissions remove N: N is the number of a remembered answer (1–${rememberedOnes.length}); approvals in a configuration file are changed in that file\n`
+      remembered[entry.kind] = remembered[entry.kind].filter((x) => x !== entry.value)
+      const problem = o.userFile ? await editUserConfig(o.userFile, (raw) => {
+        const memory = projectMemory(raw, o.dir)
+        if (isRecord(memory.approvals) && Array.isArray(memory.approvals[entry.kind])) memory.approvals[entry.kind] = memory.approvals[entry.kind].filter((x: unknown) => x !== entry.value)
+      }) : undefined
+      return `[dsh] ${entry.kind === 'tools' ? entry.value : `commands starting with "${stripControls(entry.value)}"`} will be asked about again${problem ? ` (for this run only: ${problem})` : ''}\n`
+    }
+    if ((verb === 'shell' || verb === 'trust') && (value === 'yes' || value === 'no')) {
+      const problem = o.userFile ? await editUserConfig(o.userFile, (raw) => { projectMemory(raw, o.dir)[verb === 'shell' ? 'shell' : 'trusted'] = value === 'yes' }) : 'no configuration directory ($XDG_CONFIG_HOME or $HOME)'
+      if (problem) return `[dsh] /permissions: ${problem}\n`
+      return `[dsh] ${verb === 'shell' ? `shell commands ${value === 'yes' ? 'allowed' : 'not allowed'}` : `${PROJECT_CONFIG_FILE} ${value === 'yes' ? 'trusted' : 'not trusted'}`} in ${o.dir} from the next start (remembered in ${o.userFile})\n`
+    }
+    if (verb !== undefined) return `[dsh] /permissions takes: remove N, shell yes|no, trust yes|no (got ${stripControls(args.join(' '))})\n`
+    const shellAnswer = o.memory?.shell
+    const lines = [
+      `permissions in ${o.dir}${o.yes ? ' (--yes: everything is approved for this run)' : ''}:`,
+      `  shell commands: ${shellAnswer === undefined ? 'not asked yet' : shellAnswer ? 'allowed' : 'not allowed'}${o.userFile ? ` (remembered in ${o.userFile})` : ''}`,
+      `  ${PROJECT_CONFIG_FILE}: ${!o.projectConfig ? 'none' : o.projectConfig.trusted ? 'trusted, in use' : 'not trusted, ignored'}`,
+      entries.length ? '  run without asking:' : '  run without asking: nothing (every write, edit and command is asked about)',
+      ...entries.map((e) => `    ${e.s.remembered ? `${rememberedOnes.indexOf(e) + 1}.` : '-'} ${e.kind === 'tools' ? `every ${e.value} call` : `commands starting with "${stripControls(e.value)}"`} (${e.s.label})`),
+      '  change: /permissions remove N · /permissions shell yes|no · /permissions trust yes|no',
+    ]
+    return lines.join('\n') + '\n'
+  }
+
+  return {
+    beforeChange, afterChange,
+    takeNote: () => { const n = note; note = undefined; return n },
+    command: async (line, signal) => {
+      const [name, ...args] = line.trim().split(/\s+/)
+      if (name === '/diff') o.io.stderrRaw(await diff())
+      else if (name === '/undo') say(await undo(signal))
+      else if (name === '/permissions') say(await permissions(args))
+    },
+  }
+}
+
+// ── 10.3 Kept sessions (docs/design.md §8 "Sessions are kept by default") ──
+
+/** Sessions `--resume` and `/sessions` list, newest first. */
+const SESSIONS_LISTED = 20
+/** Bytes read from each end of a kept log to describe it (its first input; its last message and turn). */
+const SESSION_PEEK_BYTES = 256 * 1024
+/** Days in ms. */
+const DAY_MS = 86_400_000
+
+/** Where kept sessions live: `$XDG_STATE_HOME/dsh/sessions`, else `~/.local/state/dsh/sessions` (undefined without either). */
+function sessionsRoot(env: Record<string, string | undefined>): string | undefined {
+  const base = env.XDG_STATE_HOME || (env.HOME ? `${env.HOME}/.local/state` : env.LOCALAPPDATA)
+  return base ? `${base}/dsh/sessions` : undefined
+}
+
+/** The directory of one project's kept sessions: its name and a hash of its real path, e.g. `my-app-3f2a9c1b04de`. */
+async function projectSessionsDir(root: string, dir: string): Promise<string> {
+  const { createHash } = await importNode<typeof import('node:crypto')>('node:crypto')
+  const name = (dir.split(/[\\/]/).filter(Boolean).at(-1) ?? 'root').replace(/[^A-Za-z0-9._-]/g, '_').slice(0, 40)
+  return `${root}/${name}-${createHash('sha256').update(dir).digest('hex').slice(0, 12)}`
+}
+
+/** One kept session as `--resume` and `/sessions` list it. `first` and `last`: the first input and the last message, one line each. */
+export interface KeptSession { file: string; modifiedMs: number; turns: number; first?: string; last?: string }
+
+/** The text of a logged message worth listing (an input or an answer, not a checkpoint), or undefined. */
+function listedText(e: any): string | undefined {
+  if ((e?.type !== 'user/message' && e?.type !== 'assistant/message') || e.data?.surfaceOp?.op !== 'append' || e.data.compactionId !== undefined) return undefined
+  const text = contentText(e.data.message?.content ?? '').trim()
+  return text === '' ? undefined : oneLine(text, 60)
+}
+
+/** Turns, first input and last message of a kept log, from its two ends (the whole file only when its last turn is longer than an end). */
+async function describeKeptSession(file: string): Promise<KeptSession> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  const handle = await fs.open(file, 'r')
+  try {
+    const { size, mtimeMs } = await handle.stat()
+    const read = async (at: number, bytes: number): Promise<string[]> => {
+      const buffer = new Uint8Array(bytes)
+      const { bytesRead } = await handle.read(buffer, 0, bytes, at)
+      const lines = new TextDecoder().decode(buffer.subarray(0, bytesRead)).split('\n')
+      if (at > 0) lines.shift() // cut mid-line
+      if (at + bytesRead < size) lines.pop()
+      return lines
+    }
+    const parse = (line: string): any => { try { return JSON.parse(line) } catch { return undefined } }
+    const out: KeptSession = { file, modifiedMs: mtimeMs, turns: 0 }
+    for (const line of await read(0, Math.min(size, SESSION_PEEK_BYTES))) {
+      const e = parse(line)
+      if (e?.type === 'user/message' && (out.first = listedText(e)) !== undefined) break
+    }
+    let turnSeen = false
+    for (const line of await read(Math.max(0, size - SESSION_PEEK_BYTES), Math.min(size, SESSION_PEEK_BYTES))) {
+      const e = parse(line)
+      if (e?.type === 'turn/start') { out.turns = e.data?.turn ?? out.turns; turnSeen = true }
+      out.last = listedText(e) ?? out.last
+    }
+    if (!turnSeen && size > SESSION_PEEK_BYTES) {
+      for await (const line of handle.readLines({ start: 0 })) if (line.includes('"type":"turn/start"')) out.turns++
+    }
+    return out
+  } finally { await handle.close().catch(() => {}) }
+}
+
+/** The kept sessions in `dir`, newest first, at most `max` described. */
+async function listKeptSessions(dir: string, max = SESSIONS_LISTED): Promise<KeptSession[]> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  const names = await fs.readdir(dir).catch(() => [] as string[])
+  const logs = await Promise.all(names.filter((n) => n.endsWith('.jsonl')).map(async (n) => ({ file: `${dir}/${n}`, mtimeMs: await fs.stat(`${dir}/${n}`).then((s) => s.mtimeMs, () => -1) })))
+  const newest = logs.filter((l) => l.mtimeMs >= 0).sort((a, b) => b.mtimeMs - a.mtimeMs).slice(0, max)
+  return (await Promise.all(newest.map((l) => describeKeptSession(l.file).catch(() => undefined)))).filter((s): s is KeptSession => s !== undefined)
+}
+
+/** A kept session as one numbered entry of a list (two lines: when, turns, first and last message; the file). */
+function keptSessionEntry(s: KeptSession, n: number, nowMs: number, current?: string): string {
+  const when = new Date(s.modifiedMs)
+  const pad = (x: number) => String(x).padStart(2, '0')
+  const stamp = `${when.getFullYear()}-${pad(when.getMonth() + 1)}-${pad(when.getDate())} ${pad(when.getHours())}:${pad(when.getMinutes())}`
+  const said = [s.first ? `"${s.first}"` : '', s.last && s.last !== s.first ? `… "${s.last}"` : ''].filter(Boolean).join(' ')
+  return `${String(n).padStart(3)}. ${stamp} (${agoText(nowMs - s.modifiedMs)}) · ${plural(s.turns, 'turn')}${said ? ` · ${said}` : ''}${s.file === current ? ' (this session)' : ''}\n     ${s.file}\n`
+}
+
+/** Removes a kept log and everything named `LOG.*` beside it (lock, artefacts, undo journal, torn lines). */
+async function deleteKeptSession(file: string): Promise<void> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  const dir = file.slice(0, file.lastIndexOf('/')), base = file.slice(dir.length + 1)
+  for (const name of await fs.readdir(dir).catch(() => [] as string[])) {
+    if (name === base || name.startsWith(base + '.')) await fs.rm(`${dir}/${name}`, { recursive: true, force: true })
+  }
+}
+
+/** Whether a log's lock names a live process on this host (then its session is open: never removed). */
+async function lockHeld(file: string): Promise<boolean> {
+  const [fs, os] = await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'), importNode<typeof import('node:os')>('node:os')])
+  let holder: any
+  try { holder = JSON.parse(await fs.readFile(`${file}.lock`, 'utf8')) } catch (err: any) { return err?.code !== 'ENOENT' }
+  if (holder?.host !== os.hostname()) return true
+  const proc = (await importNode<any>('node:process')).default
+  try { proc.kill(holder.pid, 0); return true } catch (err: any) { return err?.code === 'EPERM' }
+}
+
+/** Removes kept sessions (of every project) last changed more than `days` ago; returns how many. Never throws. */
+async function pruneKeptSessions(root: string, days: number, nowMs: number): Promise<number> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  let removed = 0
+  for (const project of await fs.readdir(root).catch(() => [] as string[])) {
+    const dir = `${root}/${project}`
+    for (const name of await fs.readdir(dir).catch(() => [] as string[])) {
+      if (!name.endsWith('.jsonl')) continue
+      const file = `${dir}/${name}`
+      const stat = await fs.stat(file).catch(() => undefined)
+      if (!stat || nowMs - stat.mtimeMs <= days * DAY_MS || await lockHeld(file)) continue
+      try { await deleteKeptSession(file); removed++ } catch { /* in use, or gone: next start */ }
+    }
+    await fs.rmdir(dir).catch(() => {}) // only when empty
+  }
+  return removed
+}
+
+/** A new, empty kept log in `dir` (mode 0600, its directories 0700: a log holds tool output, secrets included). */
+async function newKeptSession(dir: string, nowMs: number): Promise<string> {
+  const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
+  await fs.mkdir(dir, { recursive: true, mode: 0o700 })
+  await fs.chmod(dir, 0o700)
+  const stamp = new Date(nowMs).toISOString().replace(/[-:]/g, '').replace('T', '-').slice(0, 15)
+  const file = `${dir}/${stamp}-${randomId().slice(0, 6)}.jsonl`
+  await (await fs.open(file, 'wx', 0o600)).close()
+  return file
+}
+
+/**
+ * Which log this run keeps its session in (docs/design.md §8): `--session FILE` as given; none
+ * with `--no-save` (or without a state directory); with `--continue` the newest kept session of
+ * this directory; with `--resume` one picked from the list (without a terminal the list is
+ * printed and the run ends); else a new kept log. Kept sessions past the retention are removed first.
+ * @returns the log's path (undefined: in memory; `created`: a new kept log), or an exit code.
+ */
+async function chooseSessionLog(options: CliRunOptions, dir: string, env: Record<string, string | undefined>, terminal: Terminal | undefined, io: CliOutput): Promise<{ file?: string; created?: boolean } | { exitCode: number }> {
+  const root = sessionsRoot(env)
+  const now = Date.now()
+  const removed = root ? await pruneKeptSessions(root, options.retentionDays, now) : 0
+  if (removed > 0) io.stderr(`[dsh] removed ${plural(removed, 'kept session')} older than ${options.retentionDays} days ("retentionDays" in the user configuration)\n`)
+  if (options.session !== undefined || options.noSave) return { file: options.session }
+  if (!root) {
+    io.stderr('[dsh] this session is not kept: set XDG_STATE_HOME or HOME (or give --session FILE)\n')
+    return {}
+  }
+  const projectDir = await projectSessionsDir(root, dir)
+  if (!options.continue && !options.resume) return { file: await newKeptSession(projectDir, now), created: true }
+  const kept = await listKeptSessions(projectDir)
+  if (kept.length === 0) {
+    io.stderr(`dsh: ${options.continue ? '--continue' : '--resume'}: no kept session for ${dir} yet; start one without it\n`)
+    return { exitCode: 2 }
+  }
+  if (options.continue) return { file: kept[0].file }
+  const list = `kept sessions of ${dir}, newest first:\n${kept.map((s, i) => keptSessionEntry(s, i + 1, now)).join('')}`
+  if (!terminal) {
+    io.stdout(`${list}resume one with: --session FILE\n`)
+    return { exitCode: 0 }
+  }
+  io.stderr(list)
+  for (;;) {
+    const answer = await terminal.ask(`Resume which? [1-${kept.length}, Enter = 1, n = a new session] `)
+    if (answer === undefined) return { exitCode: 0 }
+    const a = answer.trim().toLowerCase()
+    if (a === 'n') return { file: await newKeptSession(projectDir, now), created: true }
+    const n = a === '' ? 1 : Number(a)
+    if (Number.isInteger(n) && n >= 1 && n <= kept.length) return { file: kept[n - 1].file }
+    io.stderr(`answer a number from 1 to ${kept.length}, or n\n`)
+  }
+}
+
+/** The last `count` exchanges of a resumed session: each input and the answer that followed, a few lines each. */
+function lastExchanges(session: Session, count = 2): string {
+  const nodes = session.surface().filter((n) => !isCheckpoint(n) && (n.message.role === 'user' || n.message.role === 'assistant'))
+  const inputs = nodes.flatMap((n, i) => (n.message.role === 'user' ? [i] : []))
+  const shown = inputs.slice(-count)
+  if (shown.length === 0) return ''
+  const clip = (text: string, maxLines: number, maxPoints: number): string => {
+    const lines = text.trim().split('\n')
+    let out = lines.slice(0, maxLines).join('\n')
+    const end = indexAfterCodePoints(out, maxPoints)
+    if (end < out.length || lines.length > maxLines) out = out.slice(0, end).trimEnd() + ' …'
+    return out
+  }
+  const parts = shown.map((at, j) => {
+    const until = j + 1 < shown.length ? shown[j + 1] : nodes.length
+    const answer = nodes.slice(at + 1, until).map((n) => contentText(n.message.content)).filter((t) => t.trim() !== '').at(-1)
+    return `› ${clip(contentText(nodes[at].message.content), 3, 300)}\n${answer ? clip(answer, 6, 600) : '(no answer)'}\n`
+  })
+  return `[dsh] the last ${plural(shown.length, 'exchange')}:\n${parts.join('')}`
+}
+
+/** `/sessions [delete N]`: this directory's kept sessions (newest first), and deleting one. */
+async function sessionsCommand(line: string, dir: string, env: Record<string, string | undefined>, current: string | undefined): Promise<string> {
+  const root = sessionsRoot(env)
+  if (!root) return '[dsh] /sessions: no state directory (set XDG_STATE_HOME or HOME), so no session is kept\n'
+  const kept = await listKeptSessions(await projectSessionsDir(root, dir))
+  const [, verb, value] = line.trim().split(/\s+/)
+  if (verb === 'delete') {
+    const s = kept[Number(value) - 1]
+    if (!s) return `[dsh] /sessions delete N: N is a number from the list (1–${kept.length}); /sessions shows it\n`
+    if (s.file === current) return '[dsh] /sessions: that is this session; it can be deleted from another one (or start with --no-save)\n'
+    await deleteKeptSession(s.file)
+    return `[dsh] deleted the session of ${agoText(Date.now() - s.modifiedMs)} (${plural(s.turns, 'turn')}): ${s.file}\n`
+  }
+  if (verb !== undefined) return `[dsh] /sessions takes: delete N (got ${stripControls(verb)})\n`
+  if (kept.length === 0) return `[dsh] no kept session for ${dir}${current ? '' : ' (this one is not kept)'}\n`
+  return `kept sessions of ${dir}, newest first (delete one: /sessions delete N):\n${kept.map((s, i) => keptSessionEntry(s, i + 1, Date.now(), current)).join('')}`
 }
 
 // ── main ──
@@ -10368,9 +11422,18 @@ async function shellPermission(options: CliRunOptions, cwd: string, env: Record<
 export async function main(argv: readonly string[], proc?: NodeProcess): Promise<number> {
   const p: NodeProcess = proc ?? (await importNode<any>('node:process')).default
   const io = cliOutput(p)
-  const basics = runCliBasics(argv, p.env, io)
+  // A run reads the configuration files first: they hold settings the arguments are checked with.
+  const hints = cliRunHints(argv)
+  const prep = hints ? await prepareRun(hints, p, io) : undefined
+  if (prep && 'exitCode' in prep) return prep.exitCode
+  try { return await mainWith(argv, p, io, prep) } finally { prep?.terminal?.close() }
+}
+
+/** {@link main} once the configuration of a run is read (`prep`; undefined for help, show, replay). */
+async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, prep: RunPreparation | undefined): Promise<number> {
+  const basics = runCliBasics(argv, p.env, io, { files: prep?.files, name: cliName(p.argv?.[1]) })
   if ('exitCode' in basics) return basics.exitCode
-  const options = basics.options
+  let options = basics.options
   const path = await importNode<typeof import('node:path')>('node:path')
   const cwd = path.resolve(p.cwd(), options.cwd ?? '.')
   if (options.cwd !== undefined) {
@@ -10389,6 +11452,13 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
     throw err
   }
   if (instructions) io.stderr(`[dsh] project instructions: ${instructions.file} (${groupDigits(instructions.bytes)} bytes) is in the system prompt of every request; --no-project-instructions leaves it out\n`)
+  const dir = prep?.dir ?? cwd
+  const terminal = prep?.terminal
+  // Kept by default (docs/design.md §8): the log dsh picks is then used as a --session FILE would be.
+  const chosen = await chooseSessionLog(options, dir, p.env, terminal, io)
+  if ('exitCode' in chosen) return chosen.exitCode
+  const kept = chosen.file !== undefined && options.session === undefined
+  if (kept) options = { ...options, session: chosen.file }
 
   const provider = options.baseURL === CLI_DEFAULTS.baseURL
     ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
@@ -10408,24 +11478,31 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   }
   if (session.torn) io.stderr(`dsh: the session log's last line (line ${session.torn.line}, ${session.torn.bytes} bytes) was cut short by a crash; dropped and saved to ${session.torn.savedTo}\n`)
   const tty = !!p.stderr.isTTY
-  const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
+  const interactive = terminal !== undefined // prepareRun opened it: no prompt, no -p, no --json, and stdin is a terminal
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
     for await (const e of session.readEvents(session.openedAtSeq)) io.stdout(jsonLine(e))
   } else {
     const resumed = await resumeLine(session, options.session!, Date.now())
     if (resumed) io.stderr(resumed + '\n')
+    if (resumed && interactive) io.stderr(lastExchanges(session))
   }
-  // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
-  const terminal = interactive ? await openTerminal(p, io) : undefined
   const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
-  const sandbox: ShellSandboxOptions | undefined = options.sandbox === false ? undefined : {
-    allowNetwork: options.allowNetwork === true, readPaths: (options.sandboxRead ?? []).map((p) => path.resolve(cwd, p)),
+  // Flags win over the config's `sandbox` (false turns it off; {allowNetwork, read} sets its parts).
+  const sandboxConf = typeof options.sandboxConfig === 'object' ? options.sandboxConfig : {}
+  const sandboxOff = options.sandbox === false || (options.sandbox === undefined && options.sandboxConfig === false)
+  const allowNetwork = options.allowNetwork === true || (options.allowNetwork === undefined && sandboxConf.allowNetwork === true)
+  const confRead = (Array.isArray(sandboxConf.read) ? sandboxConf.read as string[] : [])
+    .map((r) => (r.startsWith('~/') && p.env.HOME ? path.join(p.env.HOME, r.slice(2)) : r))
+  const sandbox: ShellSandboxOptions | undefined = sandboxOff ? undefined : {
+    allowNetwork, readPaths: [...confRead, ...(options.sandboxRead ?? [])].map((r) => path.resolve(cwd, r)),
     onUnavailable: (reason) => io.stderr(`[dsh] no shell sandbox: ${reason}; shell commands run unconfined, reaching what you can (README: Security); --no-sandbox skips this check\n`),
   }
+  const desk = await cliChangeDesk(options, dir, prep, session, path.resolve(cwd, options.session ?? '.'), io, terminal, tty && !p.env.NO_COLOR, () => endLine())
   const tools = await builtinTools({
     cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv, ...(options.session ? { sessionLog: path.resolve(cwd, options.session) } : {}),
     shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])], ...(sandbox ? { sandbox } : {}),
+    beforeChange: desk.beforeChange, afterChange: desk.afterChange,
   })
   let agent: Agent | undefined
   // The answer streams to stdout on a terminal (interactive, or -p on a TTY); it has no final newline:
@@ -10451,11 +11528,40 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   }
   try {
     if (!interactive) return await oneTurn(agent, prompt!, p, io, { json: options.json, streamed: streamAnswer, endLine })
-    return await interactiveLoop(agent, terminal!, io, endLine)
+    return await interactiveLoop(agent, terminal!, io, endLine, {
+      command: async (line, signal) => {
+        if (/^\/sessions(\s|$)/.test(line)) io.stderr(await sessionsCommand(line, dir, p.env, kept ? options.session : undefined))
+        else if (/^\/(diff|undo|permissions)(\s|$)/.test(line)) await desk.command(line, signal)
+        else return false
+        return true
+      },
+      input: (line) => { const note = desk.takeNote(); return note ? `[dsh note: ${note}]\n\n${line}` : line },
+    })
   } finally {
     await session.sync().catch(() => {})
     await session.store.close?.()
+    // A new kept session in which no turn ran holds nothing worth resuming: not kept.
+    if (kept && chosen.created && session.turn.turn === 0) await deleteKeptSession(options.session!).catch(() => {})
   }
+}
+
+/** The name `--help` shows: `dsh` when run as the installed command (its bundle), `npx tsx dsh.ts` when run from the source. */
+function cliName(script: string | undefined): string {
+  return script !== undefined && /\.ts$/.test(script) ? 'npx tsx dsh.ts' : 'dsh'
+}
+
+/** The approvals, diffs and undo of a run ({@link changeDesk}) from its options and configuration; `logPath`: the session log (resolved), when it has one. */
+async function cliChangeDesk(options: CliRunOptions, dir: string, prep: RunPreparation | undefined, session: Session, logPath: string, io: CliOutput, terminal: Terminal | undefined, color: boolean, endLine: () => void): ReturnType<typeof changeDesk> {
+  const userFile = prep?.userFile
+  // Read again: the trust and shell questions may have just added to it.
+  const user = userFile ? await readCliConfig(userFile, 'user').catch(() => undefined) : undefined
+  const configured: ApprovalSource[] = []
+  for (const f of [prep?.files.user, prep?.files.project]) if (f?.config.approvals) configured.push({ label: `from ${f.file}`, approvals: f.config.approvals, remembered: false })
+  return await changeDesk({
+    dir, io, color, terminal, yes: options.yes, allowShell: options.allowShell, quiet: options.json, configured, userFile, memory: user?.config.projects?.[dir],
+    projectConfig: prep?.projectExists ? { file: `${dir}/${PROJECT_CONFIG_FILE}`, trusted: prep.files.project !== undefined } : undefined,
+    turn: () => session.turn.turn, endLine, ...(options.session ? { journalDir: `${logPath}.undo`, sessionLog: logPath } : {}),
+  })
 }
 
 /** Why a turn gave no usable answer, in one line, or `undefined` when it did (docs/design.md §8 exit codes). */
@@ -10495,8 +11601,11 @@ async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliOutp
 /** A failed turn in one line; the adapter's messages already start with the code (`AUTH: HTTP 401 from …`). */
 function failureText(err: unknown): string {
   const message = String((err as Error)?.message ?? err)
-  if (!(err instanceof ProviderError) || message.startsWith(`${err.code}:`)) return message
-  return `${err.code}${err.status ? ` (HTTP ${err.status})` : ''}: ${message}`
+  if (!(err instanceof ProviderError)) return message
+  const text = message.startsWith(`${err.code}:`) ? message : `${err.code}${err.status ? ` (HTTP ${err.status})` : ''}: ${message}`
+  // A 404 is a wrong base URL (or model name) far more often than anything else: say which URL was used.
+  const base = err.status === 404 ? /from POST (\S+)\/chat\/completions/.exec(message)?.[1] : undefined
+  return base ? `${text} dsh posts to BASE/chat/completions with the base URL ${base} (--base-url, DSH_BASE_URL or "baseURL" in a configuration file): check it (most servers want it to end in /v1, e.g. http://127.0.0.1:8080/v1), and the model name` : text
 }
 
 async function readAll(stream: any): Promise<string> {
@@ -10513,8 +11622,11 @@ interface Terminal {
   lines: AsyncIterator<string>
   /** Shows the prompt, unless the input has ended: `rl.prompt()` resumes a closed input, which keeps the process alive. */
   prompt(): void
-  askYesNo(question: string): Promise<boolean>
-  /** Ends bracketed paste mode and closes the input. */
+  /** Shows `question` and resolves with the next input; undefined when the input ends or `signal` aborts (the input is not taken then). */
+  ask(question: string, signal?: AbortSignal): Promise<string | undefined>
+  /** `ask`, true for y/yes; anything else (and an abort) is no. */
+  askYesNo(question: string, signal?: AbortSignal): Promise<boolean>
+  /** Closes the input and ends bracketed paste mode (once; main calls it last). */
   close(): void
 }
 
@@ -10538,6 +11650,7 @@ async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
   const waiting: ((r: IteratorResult<string>) => void)[] = []
   let closed = false
   let pasting = false
+  let pasteOff = false
   let held: string[] = []
   const deliver = (input: string) => { const w = waiting.shift(); if (w) w({ value: input, done: false }); else queue.push(input) }
   p.stdin.on('keypress', (_s: unknown, key: { name?: string } | undefined) => {
@@ -10554,7 +11667,6 @@ async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
   })
   rl.once('close', () => {
     closed = true
-    io.stderrRaw(BRACKETED_PASTE_OFF)
     if (held.length) { deliver(held.join('\n')); held = [] }
     for (const w of waiting.splice(0)) w({ value: undefined, done: true })
   })
@@ -10564,19 +11676,33 @@ async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
       : new Promise((resolve) => waiting.push(resolve)),
   }
   const prompt = () => { if (!closed) rl.prompt() }
+  const ask = async (question: string, signal?: AbortSignal): Promise<string | undefined> => {
+    if (signal?.aborted) return undefined
+    rl.setPrompt(question); prompt()
+    let onAbort: (() => void) | undefined
+    const answer = await new Promise<IteratorResult<string>>((resolve) => {
+      if (queue.length || closed || !signal) { void lines.next().then(resolve); return }
+      waiting.push(resolve)
+      onAbort = () => { const i = waiting.indexOf(resolve); if (i !== -1) waiting.splice(i, 1); resolve({ value: undefined, done: true }) }
+      signal.addEventListener('abort', onAbort, { once: true })
+    })
+    if (onAbort) signal!.removeEventListener('abort', onAbort)
+    rl.setPrompt(PROMPT)
+    return answer.done ? undefined : answer.value
+  }
   return {
-    rl, lines, prompt,
-    async askYesNo(question) {
-      rl.setPrompt(question); prompt()
-      const answer = await lines.next()
-      rl.setPrompt(PROMPT)
-      return !answer.done && /^y(es)?$/i.test(answer.value.trim())
+    rl, lines, prompt, ask,
+    async askYesNo(question, signal) {
+      const answer = await ask(question, signal)
+      return answer !== undefined && /^y(es)?$/i.test(answer.trim())
     },
-    close: () => rl.close(),
+    // Bracketed paste goes off here, at the end, not when the input ends: an input that ends
+    // mid-turn (a pasted script) must not write into the answer being streamed.
+    close: () => { rl.close(); if (!pasteOff) { pasteOff = true; io.stderrRaw(BRACKETED_PASTE_OFF) } },
   }
 }
 
-const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact [FOCUS] (compact now), /context (what the next request holds, the newest checkpoint), /pin (pin your last input), /unpin, /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
+const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact [FOCUS] (compact now), /context (what the next request holds, the newest checkpoint), /pin (pin your last input), /unpin, /diff (this session's changes), /undo (put back the files the last turn changed), /permissions (what runs without asking), /sessions (kept sessions), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
 
 /** `/compact`: runs the ladder now; one line says what happened (or that it was cancelled). */
 async function compactCommand(agent: Agent, signal: AbortSignal, focus?: string): Promise<string> {
@@ -10591,8 +11717,14 @@ async function compactCommand(agent: Agent, signal: AbortSignal, focus?: string)
   }
 }
 
+/** Commands the interactive loop hands on (`/diff`, `/undo`, `/permissions`, `/sessions`: true when handled), and what goes with an input. */
+interface InteractiveExtras {
+  command(line: string, signal: AbortSignal): Promise<boolean>
+  input(line: string): string
+}
+
 /** The interactive loop: a prompt per turn, slash commands, Ctrl-C cancels the running turn. */
-async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endLine: () => void): Promise<number> {
+async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endLine: () => void, extras?: InteractiveExtras): Promise<number> {
   const rl = terminal.rl
   let running: AbortController | undefined
   let exitCode = 0
@@ -10612,11 +11744,12 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     else if (isFidelityCommand(line)) {
       running = new AbortController()
       io.stderr(await fidelityCommand(agent, line, running.signal))
-    } else if (line.startsWith('/')) io.stderr(`unknown command ${line}; ${INTERACTIVE_HELP}`)
+    } else if (extras && line.startsWith('/') && await extras.command(line, (running = new AbortController()).signal)) { /* done */ }
+    else if (line.startsWith('/')) io.stderr(`unknown command ${line}; ${INTERACTIVE_HELP}`)
     else {
       running = new AbortController()
       try {
-        const result = await agent.run(line, { signal: running.signal })
+        const result = await agent.run(extras ? extras.input(line) : line, { signal: running.signal })
         endLine()
         const problem = turnProblem(agent, result)
         if (result.reason === 'aborted') io.stderr('[dsh] turn cancelled\n')

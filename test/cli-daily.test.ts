@@ -203,7 +203,7 @@ describe('connection refused and DNS failures fail fast', () => {
 })
 
 describe('the shell answer is remembered per directory (under a pseudo-terminal)', () => {
-  test('asked once, remembered in XDG_CONFIG_HOME; --no-shell and another directory are not affected', { skip: skipWithoutPty }, async () => {
+  test('asked once, remembered in XDG_CONFIG_HOME/dsh/config.json; --no-shell and another directory are not affected', { skip: skipWithoutPty }, async () => {
     const cwd = await tempDir()
     const other = await tempDir()
     const config = await tempDir()
@@ -214,12 +214,12 @@ describe('the shell answer is remembered per directory (under a pseudo-terminal)
     assert.equal(first.code, 0, first.stdout)
     assert.ok(first.stdout.includes(`Allow the agent to run shell commands in ${cwd}? (remembered for this directory) [y/N]`), first.stdout)
     assert.ok(tools(0).includes('shell'))
-    assert.deepEqual(JSON.parse(await readFile(join(config, 'dsh', 'shell.json'), 'utf8')), { [cwd]: true })
+    assert.deepEqual(JSON.parse(await readFile(join(config, 'dsh', 'config.json'), 'utf8')), { projects: { [cwd]: { shell: true } } })
 
     const second = await dshPty(runFlags(f), cwd, env, 'hello\n/exit\n')
     assert.equal(second.code, 0, second.stdout)
     assert.doesNotMatch(second.stdout, /Allow the agent/)
-    assert.ok(second.stdout.includes(`[dsh] shell commands allowed in this directory (remembered in ${join(config, 'dsh', 'shell.json')}`), second.stdout)
+    assert.ok(second.stdout.includes(`[dsh] shell commands allowed in this directory (remembered in ${join(config, 'dsh', 'config.json')}; /permissions changes it`), second.stdout)
     assert.ok(tools(1).includes('shell'))
     assert.equal(f.requests[1].body.messages.at(-1).content, 'hello', 'the first line is the prompt, not an answer to a question')
 
@@ -231,7 +231,7 @@ describe('the shell answer is remembered per directory (under a pseudo-terminal)
     const elsewhere = await dshPty(runFlags(f), other, env, 'n\nhello\n/exit\n')
     assert.ok(elsewhere.stdout.includes(`Allow the agent to run shell commands in ${other}?`), elsewhere.stdout)
     assert.ok(!tools(3).includes('shell'))
-    assert.deepEqual(JSON.parse(await readFile(join(config, 'dsh', 'shell.json'), 'utf8')), { [cwd]: true, [other]: false })
+    assert.deepEqual(JSON.parse(await readFile(join(config, 'dsh', 'config.json'), 'utf8')), { projects: { [cwd]: { shell: true }, [other]: { shell: false } } })
   })
 })
 

@@ -8,7 +8,7 @@ import { join, resolve } from 'node:path'
 import { pathToFileURL, fileURLToPath } from 'node:url'
 import {
   builtinTools, parseCliArgs, runCliBasics, isEntryPoint, UsageError, cliHelp, VERSION,
-  type Tool, type ToolOutput, type BuiltinToolsOptions, type CliOptions,
+  type Tool, type ToolOutput, type BuiltinToolsOptions, type CliOptions, type CliConfigFiles,
 } from '../dsh.ts'
 
 const live = () => ({ signal: new AbortController().signal, callId: 'call_1' })
@@ -442,12 +442,15 @@ describe('parseCliArgs', () => {
   const runDefaults = {
     command: 'run', model: 'deepseek-flash', baseURL: 'https://api.deepseek.com', apiKey: 'sk-test', apiKeyEnv: 'DEEPSEEK_API_KEY',
     prompt: undefined, print: false, contextWindow: undefined, maxTokens: undefined, session: undefined, threshold: 0.8, json: false, allowShell: false, noShell: false,
-    projectInstructions: true,
+    projectInstructions: true, yes: false, continue: false, resume: false, noSave: false, approvals: { tools: [], commands: [] }, retentionDays: 30,
   }
+  // Configuration files as main reads them (docs/design.md §8): the user's, and a trusted project's.
+  const user = (config: object) => ({ user: { file: '/u/config.json', config } })
+  const both = (u: object, p: object) => ({ user: { file: '/u/config.json', config: u }, project: { file: '/p/.dsh/config.json', config: p } })
   const replayDefaults = { command: 'replay', file: 's.jsonl', contextWindow: undefined, threshold: 0.8, json: false, summaryTokens: 2000, format: 'auto', sidechains: false }
   const noKey = 'no API key: set DEEPSEEK_API_KEY (or --api-key-env NAME), or point --base-url at a server that needs none'
 
-  const rows: { argv: string[]; env?: Record<string, string | undefined>; expect: CliOptions | Record<string, unknown> | string }[] = [
+  const rows: { argv: string[]; env?: Record<string, string | undefined>; files?: CliConfigFiles; expect: CliOptions | Record<string, unknown> | string }[] = [
     { argv: [], env: key, expect: runDefaults },
     { argv: ['--no-project-instructions', 'go'], env: key, expect: { ...runDefaults, prompt: 'go', projectInstructions: false } },
     { argv: ['show', 's.jsonl', '--checkpoints'], env: {}, expect: { command: 'show', file: 's.jsonl', checkpoints: true } },
@@ -529,10 +532,30 @@ describe('parseCliArgs', () => {
     { argv: ['--max-steps', '0'], env: key, expect: '--max-steps must be a positive whole number of provider calls per turn, got "0" (e.g. --max-steps 50)' },
     { argv: ['--allow-shell', '--no-shell'], env: key, expect: '--allow-shell and --no-shell contradict each other; give one' },
     { argv: ['replay', 's.jsonl', '--summary-tokens', '0'], env: {}, expect: '--summary-tokens must be a positive whole number of tokens, got "0" (e.g. --summary-tokens 2000)' },
+    // sessions, approvals, -p - (issue 27)
+    { argv: ['-c', '-y'], env: key, expect: { ...runDefaults, continue: true, yes: true } },
+    { argv: ['--continue', '--yes', '--resume'], env: key, expect: '--continue and --resume contradict each other: each says which session to use (--session FILE, --continue the newest, --resume a listed one, --no-save none); give one' },
+    { argv: ['--no-save', '--session', 's.jsonl'], env: key, expect: '--session and --no-save contradict each other: each says which session to use (--session FILE, --continue the newest, --resume a listed one, --no-save none); give one' },
+    { argv: ['--resume'], env: key, expect: { ...runDefaults, resume: true } },
+    { argv: ['-p', '-'], env: key, expect: { ...runDefaults, print: true } },
+    // configuration: flags, then the environment, then the project's file, then the user's
+    { argv: [], env: {}, files: user({ baseURL: 'http://127.0.0.1:8080/v1', model: 'u-model', contextWindow: 32768 }),
+      expect: { ...runDefaults, baseURL: 'http://127.0.0.1:8080/v1', model: 'u-model', contextWindow: 32768, apiKey: undefined, apiKeyEnv: undefined } },
+    { argv: [], env: {}, files: both({ baseURL: 'http://127.0.0.1:8080/v1', model: 'u-model', contextWindow: 32768 }, { model: 'p-model', contextWindow: 8192 }),
+      expect: { ...runDefaults, baseURL: 'http://127.0.0.1:8080/v1', model: 'p-model', contextWindow: 8192, apiKey: undefined, apiKeyEnv: undefined } },
+    { argv: [], env: { DSH_MODEL: 'e-model', DSH_CONTEXT_WINDOW: '4096', DSH_BASE_URL: 'http://127.0.0.1:9/v1' }, files: both({ model: 'u-model' }, { model: 'p-model', contextWindow: 8192, baseURL: 'http://10.0.0.1/v1' }),
+      expect: { ...runDefaults, baseURL: 'http://127.0.0.1:9/v1', model: 'e-model', contextWindow: 4096, apiKey: undefined, apiKeyEnv: undefined } },
+    { argv: ['--model', 'f-model', '--context-window', '2048', '--base-url', 'http://127.0.0.1:7/v1'], env: { DSH_MODEL: 'e-model', DSH_CONTEXT_WINDOW: '4096' }, files: both({}, { model: 'p-model', contextWindow: 8192 }),
+      expect: { ...runDefaults, baseURL: 'http://127.0.0.1:7/v1', model: 'f-model', contextWindow: 2048, apiKey: undefined, apiKeyEnv: undefined } },
+    { argv: [], env: { ...key, DSH_CONTEXT_WINDOW: '32k' }, expect: 'DSH_CONTEXT_WINDOW must be a positive whole number of tokens, got "32k" (e.g. export DSH_CONTEXT_WINDOW=128000)' },
+    { argv: [], env: {}, files: user({ baseURL: 'http://api.deepseek.com' }), expect: '"baseURL" in /u/config.json "http://api.deepseek.com" would send the DeepSeek API key unencrypted; use https://api.deepseek.com' },
+    { argv: [], env: key, files: both({ approvals: { tools: ['edit_file'], commands: ['npm test'] }, retentionDays: 7, sandbox: { allowNetwork: true } }, { approvals: { tools: ['write_file'], commands: ['npm test', 'git status'] }, sandbox: false, prices: { cacheHitInput: 1, cacheMissInput: 2, output: 3 } }),
+      expect: { ...runDefaults, approvals: { tools: ['edit_file', 'write_file'], commands: ['npm test', 'git status'] }, retentionDays: 7, sandboxConfig: false, prices: { cacheHitInput: 1, cacheMissInput: 2, output: 3 } } },
+    { argv: ['replay', 's.jsonl'], env: {}, files: user({ contextWindow: 32768, model: 'u' }), expect: replayDefaults }, // replay reads no configuration
   ]
   for (const row of rows) {
     test(`${JSON.stringify(row.argv)} ${JSON.stringify(row.env ?? {})}`, () => {
-      const run = () => parseCliArgs(row.argv, row.env ?? {})
+      const run = () => parseCliArgs(row.argv, row.env ?? {}, row.files)
       if (typeof row.expect === 'string') {
         assert.throws(run, (e: unknown) => e instanceof UsageError && e.exitCode === 2 && e.message === row.expect && !e.message.includes('\n'),
           `expected UsageError: ${row.expect}`)
@@ -579,10 +602,21 @@ describe('runCliBasics, cliHelp(), isEntryPoint', () => {
     for (const word of ['-p, --print PROMPT', '--model NAME', '--base-url URL', '--api-key-env NAME', '--context-window N', '--max-tokens N',
       '--session FILE', '--threshold R', '--json', '--allow-shell', '--no-project-instructions', '-h, --help', '--version', '--summary-tokens N', '--format F',
       'DEEPSEEK_API_KEY', 'DSH_BASE_URL', 'DSH_MODEL', '0  done', '1  the provider or a tool failed', '2  usage error',
-      'npx tsx dsh.ts replay examples/', 'deepseek-flash', 'https://api.deepseek.com', '(default 0.8)', '(default 2000)']) {
-      assert.ok(cliHelp().includes(word), `help lacks ${JSON.stringify(word)}`)
+      'npx tsx dsh.ts replay examples/', 'deepseek-flash', 'https://api.deepseek.com', '(default 0.8)', '(default 2000)',
+      // issue 27: every new flag, command and variable
+      '-c, --continue', '--resume', '--no-save', '-y, --yes', '-p - reads PROMPT from stdin', '/diff', '/undo', '/permissions', '/sessions', 'DSH_CONTEXT_WINDOW',
+      'XDG_STATE_HOME', '.dsh/config.json', 'Precedence: flags, then DSH_MODEL / DSH_BASE_URL / DSH_CONTEXT_WINDOW, then', '"retentionDays": 30']) {
+      assert.ok(cliHelp('npx tsx dsh.ts').includes(word), `help lacks ${JSON.stringify(word)}`)
     }
-    assert.ok(cliHelp().split('\n').every((line) => line.length <= 100), 'help lines fit a terminal')
+    for (const name of ['dsh', 'npx tsx dsh.ts']) assert.ok(cliHelp(name).split('\n').every((line) => line.length <= 100), `help lines fit a terminal (${name})`)
+  })
+
+  test('--help shows the name it was run as; installed (dsh), its examples name only what the package ships', () => {
+    const installed = cliHelp()
+    assert.equal(installed, cliHelp('dsh'))
+    assert.match(installed, /^  dsh -p "PROMPT" {22}the same \(--print\)$/m)
+    assert.doesNotMatch(installed, /npx tsx|examples\//)
+    assert.match(cliHelp('npx tsx dsh.ts'), /^  npx tsx dsh.ts replay examples\/session\.jsonl --context-window 32000$/m)
   })
 
   test('isEntryPoint: import.meta.main wins; else realpaths are compared; never true without a file URL', async () => {

@@ -197,6 +197,8 @@ for (const [i, s] of snippets.entries()) {
     const env = {
       ...process.env, NO_COLOR: '1', DSH_TEST_MODEL_URL: snippetModel.url, NODE_OPTIONS: `--import ${join(ROOT, 'test', 'redirect-fetch.mjs')}`,
       PATH: `${join(copy, 'node_modules', '.bin')}:${process.env.PATH}`, DENO_NO_UPDATE_CHECK: '1',
+      // The CLI keeps sessions and reads its configuration there, not in the host's home.
+      XDG_STATE_HOME: join(copyRoot, 'state'), XDG_CONFIG_HOME: join(copyRoot, 'config'),
       // The variables the snippets name for keys: any value, the fake server takes all.
       DEEPSEEK_API_KEY: 'sk-docs-test', OPENAI_API_KEY: 'sk-docs-test', OPENROUTER_API_KEY: 'sk-docs-test',
     }
