@@ -19,7 +19,7 @@ const STEP_TARGET = 1.5, FLAT = 1.2
 
 /** Runs the child script (bundled: plain node, no tsx loader in the measured process). */
 function child(script: string, args: string[]): any {
-  const r = spawnSync(process.execPath, ['--expose-gc', script, ...args], { cwd: ROOT, encoding: 'utf8', maxBuffer: 64 * 1024 * 1024, timeout: 280_000 })
+  const r = spawnSync(process.execPath, ['--expose-gc', script, ...args], { cwd: ROOT, encoding: 'utf8', maxBuffer: 64 * 1024 * 1024, timeout: 550_000 })
   if (r.status !== 0) throw new Error(`durable-child ${args[0]} failed (${r.status ?? r.signal}): ${r.stderr.slice(-2000)}`)
   return JSON.parse(r.stdout.trim().split('\n').at(-1)!)
 }
