@@ -23,7 +23,10 @@ describe('parseCliConfig: a bad file is one line naming the file and the key', (
     ['{"approvals": {"tools": ["rm"]}}', 'project', `${F}: "approvals".tools: "rm" is not a tool that asks; the tools are write_file, edit_file, shell`],
     ['{"approvals": {"commands": "npm test"}}', 'user', `${F}: "approvals".commands must be a list of command prefixes, got "npm test"`],
     ['{"approvals": {"always": true}}', 'user', `${F}: "approvals": unknown key "always"; the keys are tools, commands`],
-    ['{"sandbox": "off"}', 'user', `${F}: "sandbox" must be true, false or an object of sandbox settings, got "off"`],
+    ['{"sandbox": "off"}', 'user', `${F}: "sandbox" must be true, false or {"allowNetwork": false, "read": ["~/.npmrc"]}, got "off"`],
+    ['{"sandbox": {"network": true}}', 'user', `${F}: "sandbox"."network" is not a sandbox setting; known: allowNetwork, read`],
+    ['{"sandbox": {"allowNetwork": "yes"}}', 'user', `${F}: "sandbox.allowNetwork" must be true or false, got "yes"`],
+    ['{"sandbox": {"read": "~/.npmrc"}}', 'user', `${F}: "sandbox.read" must be an array of paths, got "~/.npmrc"`],
     ['{"retentionDays": 1.5}', 'user', `${F}: "retentionDays" must be a positive whole number of days such as 30, got 1.5`],
     ['{"projects": {"/p": {"trusted": "yes"}}}', 'user', `${F}: "projects"["/p"].trusted must be true or false, got "yes"`],
   ]

@@ -9,6 +9,8 @@ import { spawn, spawnSync } from 'node:child_process'
 import { createServer } from 'node:http'
 import { mkdir, mkdtemp, readdir, readFile, readlink, realpath, rm, symlink, writeFile, lstat } from 'node:fs/promises'
 import { join } from 'node:path'
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
 import { builtinTools, parseCliArgs, type Tool } from '../dsh.ts'
 import { startFakeProvider, type FakeReply } from './fake-provider.ts'
 import { CLEAN_ENV, DSH, TSX, type Run } from './cli-child.ts'
@@ -70,10 +72,24 @@ async function populate(root: string, files: Record<string, string>, owner?: { u
 /** A git repository's skeleton (what git itself checks for), under `dir`. */
 const repo = (dir: string): Record<string, string> => ({ [`${dir}/HEAD`]: 'ref: refs/heads/main\n', [`${dir}/objects/`]: '', [`${dir}/refs/heads/`]: '', [`${dir}/hooks/`]: '', [`${dir}/config`]: '[core]\n' })
 
+/** A directory under a temporary home owned by the unprivileged user (made once per name). */
+let nobodyRoot: string | undefined
+function nobodyHome(name: string): string {
+  nobodyRoot ??= mkdtempSync(join(tmpdir(), 'dsh-nobody-'))
+  const dir = join(nobodyRoot, name)
+  mkdirSync(dir, { recursive: true })
+  spawnSync('chown', ['-R', `${NOBODY.uid}:${NOBODY.gid}`, nobodyRoot])
+  return dir
+}
+after(() => { if (nobodyRoot) rmSync(nobodyRoot, { recursive: true, force: true }) })
+
 /** Runs the CLI in `cwd` as `user` (setpriv for the unprivileged round when we are root). */
 function runAs(user: 'root' | 'unprivileged', args: string[], cwd: string, env: Record<string, string>): Promise<Run> {
   const argv = [process.execPath, '--import', TSX, DSH, ...args]
-  const [cmd, ...rest] = user === 'unprivileged' && isRoot ? [...asNobody, ...argv] : argv
+  const asUser = user === 'unprivileged' && isRoot
+  const [cmd, ...rest] = asUser ? [...asNobody, ...argv] : argv
+  // The unprivileged user cannot enter root's test home: it gets configuration and state dirs of its own.
+  if (asUser) env = { ...env, XDG_CONFIG_HOME: nobodyHome('config'), XDG_STATE_HOME: nobodyHome('state') }
   return new Promise((resolve, reject) => {
     const started = Date.now()
     const child = spawn(cmd, rest, { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] })
