@@ -9788,8 +9788,8 @@ Options
 The model gets these tools: read_file, list_files, grep, write_file, edit_file (their paths are
 limited to the working directory) and, with --allow-shell or an interactive yes, shell (in the
 sandbox above where bubblewrap runs; without it, a command can reach anything you can).
-Interactive commands: /compact [FOCUS], /context, /pin, /unpin, /usage, /help, /exit; Ctrl-C
-cancels the running turn, a second Ctrl-C exits.
+Interactive commands: /compact [FOCUS], /context, /pin, /unpin, /usage, /diff, /undo,
+/permissions, /sessions (below), /help, /exit; Ctrl-C cancels the running turn, a second exits.
 A pasted block is one input; a line that ends in \\ continues on the next.
 
 Status lines (stderr)
@@ -9819,7 +9819,7 @@ Approvals, diffs and undo
 Configuration
   $XDG_CONFIG_HOME/dsh/config.json (default ~/.config/dsh/config.json), and .dsh/config.json in
   the project, e.g. {"model": "qwen3-coder", "baseURL": "http://127.0.0.1:8080/v1",
-  "contextWindow": 32768, "prices": "0.003,0.15,0.6", "sandbox": {...},
+  "contextWindow": 32768, "prices": "0.003,0.15,0.6", "sandbox": {"allowNetwork": true},
   "approvals": {"tools": ["edit_file"], "commands": ["npm test"]}} and, in the user's file only,
   "retentionDays": 30. Precedence: flags, then DSH_MODEL / DSH_BASE_URL / DSH_CONTEXT_WINDOW, then
   the project's file, then the user's. A project's file is used only once you trust its directory
