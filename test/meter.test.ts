@@ -1,5 +1,5 @@
-// A broken or hostile server's usage figures (docs/design.md §2): bogus counts never become the anchor,
-// so one bad reply cannot price every later request as an overflow, live or after a resume.
+// The meter's usage anchor (docs/design.md §2) against a broken or hostile server: bogus counts never become
+// the anchor, so one bad reply cannot price every later request as an overflow, live or after a resume.
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { mkdtempSync, rmSync } from 'node:fs'
