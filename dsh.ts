@@ -3836,8 +3836,10 @@ export function pricesOf(model: string): Readonly<Prices> | undefined {
   return own ?? (alias !== undefined ? pricesOf(alias) : undefined)
 }
 
-// ── 6.1 Server-sent events ────────────────────────────────────────────────────────────────────
+// ── 6.1 Server-sent events ───────────────────────────────────────────────────────────────────
 // Spec: WHATWG HTML §9.2 "Server-sent events", https://html.spec.whatwg.org/multipage/server-sent-events.html
+// One parser (SSEParser) serves parseSSE and the adapter. A network chunk is decoded once, its
+// whole lines are parsed in place, and its events are handed on as one batch: no promise per event.
 // Checked against every case of the eventsource-parser test suite (test/sse.test.ts).
 
 /** One dispatched server-sent event. */
@@ -3850,260 +3852,226 @@ export interface SSEEvent {
   id?: string
 }
 
-/** Kinds of {@link SSEParseError}. Only `max-buffer-size-exceeded` stops the parser. */
-export type SSEParseErrorType = 'unknown-field' | 'invalid-retry' | 'max-buffer-size-exceeded'
+/** More than `maxBufferSize` UTF-16 units held at once; {@link parseSSE} documents it as a RangeError. */
+class SSEOverflowError extends RangeError {}
 
-/** A problem in an event stream. `line` is the offending line; `field`/`value` its parts. */
-export class SSEParseError extends Error {
-  readonly type: SSEParseErrorType
-  readonly field?: string
-  readonly value?: string
-  readonly line?: string
-  constructor(message: string, init: { type: SSEParseErrorType; field?: string; value?: string; line?: string }) {
-    super(message)
-    this.name = 'SSEParseError'
-    this.type = init.type
-    if (init.field !== undefined) this.field = init.field
-    if (init.value !== undefined) this.value = init.value
-    if (init.line !== undefined) this.line = init.line
-  }
-}
-
-/** Callbacks and limits of {@link createSSEParser}. */
-export interface SSEParserOptions {
-  onEvent?: (event: SSEEvent) => void
-  /** A comment line (`: text`), with the colon and one following space removed. */
-  onComment?: (comment: string) => void
-  /** A valid `retry` field: the reconnection time in ms. */
-  onRetry?: (ms: number) => void
-  /** A block that set `id` was dispatched (called before its event, also for a block with no data). */
-  onId?: (id: string) => void
-  /** Unknown fields and invalid `retry` values (the line is ignored), and buffer overflow. */
-  onError?: (error: SSEParseError) => void
-  /**
-   * Most UTF-16 units held at once (unterminated line + event data). Beyond it the parser reports
-   * `max-buffer-size-exceeded` and throws on every `feed` until `reset()`. Default: unbounded.
-   */
-  maxBufferSize?: number
-}
-
-/** A push parser: `feed` text in any slices; callbacks fire as lines complete. */
-export interface SSEParser {
-  /** Parses the next slice of the stream (decoded text; chunk boundaries may fall anywhere). */
-  feed(text: string): void
-  /** Forgets all state. `consume: true` first processes an unterminated last line as a line. */
-  reset(options?: { consume?: boolean }): void
-}
-
-const SSE_FIELD_PREFIXES = ['data:', 'event:', 'id:', 'retry:']
+const SSE_FIELDS = ['data:', 'event:', 'id:', 'retry:']
 
 /**
- * Creates a WHATWG-conformant SSE line parser with eventsource-parser's callback semantics:
- * LF, CRLF and lone CR (also split across chunks) end lines; one leading BOM (decoded U+FEFF or
- * the raw bytes EF BB BF read as Latin-1) is skipped; an event whose blank line never arrives is
- * never dispatched. An unterminated line that can no longer become a valid field (or a comment
- * nobody listens to) is discarded as soon as that is known, without buffering or an error.
- * @throws TypeError when `options` is a function; RangeError for a bad `maxBufferSize`.
+ * Whether the unterminated line `head` can still become a field this parser reads: 1 yes, 0 no
+ * (a comment, or an unknown field: the rest of the line is skipped unbuffered), -1 too short to tell.
  */
-export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
-  if (typeof options === 'function') {
-    throw new TypeError('createSSEParser takes an options object, got a function. Did you mean createSSEParser({ onEvent: fn })?')
+function sseFieldStart(head: string): number {
+  if (head.charCodeAt(0) === 58) return 0
+  for (const field of SSE_FIELDS) {
+    const n = Math.min(head.length, field.length)
+    let k = 0
+    while (k < n && head.charCodeAt(k) === field.charCodeAt(k)) k++
+    if (k === n) return n === field.length ? 1 : -1
   }
-  const { onEvent, onComment, onRetry, onId, onError, maxBufferSize } = options
-  if (maxBufferSize !== undefined && !isIntegerAtLeast(maxBufferSize, 1)) {
-    throw new RangeError(`createSSEParser: maxBufferSize must be a positive integer (UTF-16 units), got ${String(maxBufferSize)}`)
-  }
-  // The unterminated line, as fragments joined once when its terminator arrives, because
-  // concatenating per chunk is quadratic when one long line arrives in many small chunks.
-  let pending: string[] = []
-  let pendingUnits = 0
-  let pendingKept = false // the pending line's first characters show it is worth keeping
-  let discarding = false // skipping the rest of a line that cannot be a valid field
-  let skipLF = false // the last chunk ended in CR: an LF starting the next chunk ends nothing new
-  let atStart = true
-  let terminated = false
-  let data = ''
-  let dataLines = 0
-  let eventType: string | undefined
-  let id: string | undefined
-
-  const clearEvent = (): void => { data = ''; dataLines = 0; eventType = undefined; id = undefined }
-
-  function dispatch(): void {
-    if (id === undefined && dataLines > 0 && onEvent) {
-      // The common case (no id): one object of a fixed shape.
-      const event: SSEEvent = { event: eventType ?? 'message', data }
-      data = ''; dataLines = 0; eventType = undefined
-      onEvent(event)
-      return
-    }
-    if (id !== undefined) onId?.(id)
-    if (dataLines > 0 && onEvent) {
-      const event: SSEEvent = { event: eventType ?? 'message', data, id }
-      clearEvent()
-      onEvent(event)
-      return
-    }
-    clearEvent()
-  }
-
-  function processLine(line: string): void {
-    if (line.length === 0) return dispatch()
-    const colon = line.indexOf(':')
-    if (colon === 0) {
-      onComment?.(line.slice(line.charCodeAt(1) === 32 ? 2 : 1))
-      return
-    }
-    const field = colon < 0 ? line : line.slice(0, colon)
-    const value = colon < 0 ? '' : line.slice(line.charCodeAt(colon + 1) === 32 ? colon + 2 : colon + 1)
-    switch (field) {
-      case 'data': data = dataLines === 0 ? value : `${data}\n${value}`; dataLines++; break
-      case 'event': eventType = value || undefined; break
-      case 'id': if (!value.includes('\0')) id = value; break // WHATWG: an id with NUL is ignored
-      case 'retry':
-        if (/^[0-9]+$/.test(value)) onRetry?.(parseInt(value, 10))
-        else onError?.(new SSEParseError(`Invalid \`retry\` value: "${value}"`, { type: 'invalid-retry', value, line }))
-        break
-      default:
-        onError?.(new SSEParseError(`Unknown field "${field.length > 20 ? `${field.slice(0, 20)}…` : field}"`, { type: 'unknown-field', field, value, line }))
-    }
-  }
-
-  /** true: keep; false: discard; undefined: too short to tell (under 6 units, so cheap to re-check). */
-  function worthKeeping(head: string): boolean | undefined {
-    if (head.charCodeAt(0) === 58) return onComment !== undefined
-    for (const prefix of SSE_FIELD_PREFIXES) {
-      if (head.length >= prefix.length ? head.startsWith(prefix) : prefix.startsWith(head)) return head.length >= prefix.length ? true : undefined
-    }
-    return false
-  }
-
-  function checkBuffer(): void {
-    if (maxBufferSize === undefined || pendingUnits + data.length <= maxBufferSize) return
-    terminated = true
-    pending = []; pendingUnits = 0; pendingKept = false; discarding = false
-    clearEvent()
-    onError?.(new SSEParseError(`Buffered data exceeded max buffer size of ${maxBufferSize} characters`, { type: 'max-buffer-size-exceeded' }))
-  }
-
-  function feed(chunk: string): void {
-    if (terminated) throw new Error('Cannot feed parser: it was terminated after exceeding the configured max buffer size. Call `reset()` to resume parsing.')
-    if (typeof chunk !== 'string') throw new TypeError(`SSEParser.feed takes decoded text, got ${typeof chunk}; decode bytes with a streaming TextDecoder first (or use parseSSE)`)
-    const n = chunk.length
-    if (n === 0) return
-    let i = 0
-    if (atStart) {
-      atStart = false
-      if (chunk.charCodeAt(0) === 0xfeff) i = 1
-      else if (chunk.startsWith('\u00ef\u00bb\u00bf')) i = 3
-    }
-    if (skipLF) {
-      skipLF = false
-      if (chunk.charCodeAt(i) === 10) i++
-    }
-    // Positions of the next LF and CR, refreshed only when passed: one scan per chunk, not per line.
-    let lf = chunk.indexOf('\n', i)
-    let cr = chunk.indexOf('\r', i)
-    const afterTerminator = (t: number): number => {
-      if (chunk.charCodeAt(t) !== 13) return t + 1
-      if (t + 1 < n) return chunk.charCodeAt(t + 1) === 10 ? t + 2 : t + 1
-      skipLF = true
-      return t + 1
-    }
-    if (discarding) {
-      const t = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
-      if (t < 0) return
-      discarding = false
-      i = afterTerminator(t)
-    }
-    while (i < n) {
-      if (lf >= 0 && lf < i) lf = chunk.indexOf('\n', i)
-      if (cr >= 0 && cr < i) cr = chunk.indexOf('\r', i)
-      const t = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
-      if (t < 0) break
-      if (pending.length > 0) {
-        pending.push(chunk.slice(i, t))
-        const line = pending.join('')
-        pending = []; pendingUnits = 0; pendingKept = false
-        i = afterTerminator(t)
-        processLine(line)
-        continue
-      }
-      const start = i
-      i = t === lf ? t + 1 : afterTerminator(t)
-      // The hot path, a whole line inside this chunk: an empty line, `data:` or `event:` is read
-      // in place (only the value is sliced); anything else goes through processLine.
-      if (start === t) { dispatch(); continue }
-      const c0 = chunk.charCodeAt(start)
-      if (c0 === 100 && chunk.charCodeAt(start + 4) === 58 && chunk.charCodeAt(start + 1) === 97 && chunk.charCodeAt(start + 2) === 116 && chunk.charCodeAt(start + 3) === 97) {
-        const value = chunk.slice(chunk.charCodeAt(start + 5) === 32 ? start + 6 : start + 5, t)
-        data = dataLines === 0 ? value : `${data}\n${value}`
-        dataLines++
-      } else if (c0 === 101 && chunk.charCodeAt(start + 5) === 58 && chunk.startsWith('event', start)) {
-        eventType = chunk.slice(chunk.charCodeAt(start + 6) === 32 ? start + 7 : start + 6, t) || undefined
-      } else processLine(chunk.slice(start, t))
-    }
-    if (i < n) {
-      pending.push(i === 0 ? chunk : chunk.slice(i))
-      pendingUnits += n - i
-      if (!pendingKept) {
-        const keep = worthKeeping((pending.length === 1 ? pending[0] : pending.join('')).slice(0, 6))
-        if (keep === false) { pending = []; pendingUnits = 0; discarding = true }
-        else if (keep === true) pendingKept = true
-      }
-    }
-    checkBuffer()
-  }
-
-  function reset(resetOptions: { consume?: boolean } = {}): void {
-    if (resetOptions.consume && pending.length > 0 && !discarding) processLine(pending.join(''))
-    pending = []; pendingUnits = 0; pendingKept = false; discarding = false
-    skipLF = false; atStart = true; terminated = false
-    clearEvent()
-  }
-
-  return { feed, reset }
+  return 0
 }
 
 /**
- * Parses a server-sent event stream into its events (WHATWG rules, via {@link createSSEParser}).
- * Bytes are decoded as UTF-8 with a streaming decoder, so a character split across chunks is
- * intact; strings are taken as already decoded. Comments, `retry` and malformed lines are
- * skipped. Stopping the iteration early cancels a `ReadableStream` source.
+ * The WHATWG event-stream parser over decoded text: LF, CRLF and lone CR end lines (also split
+ * across chunks); one leading BOM (U+FEFF, or EF BB BF read as Latin-1) is skipped; comments,
+ * `retry` and unknown fields are ignored; an event whose blank line never arrives is never
+ * dispatched. Throws {@link SSEOverflowError} once the unterminated line plus the event's data
+ * hold more than `maxBufferSize` UTF-16 units.
+ */
+class SSEParser {
+  /** The unterminated line, in pieces joined once its end arrives: joining per chunk is quadratic. */
+  private readonly pending: string[] = []
+  private pendingUnits = 0
+  private pendingKept = false
+  private discarding = false
+  /** The last chunk ended in CR: an LF starting the next one ends no second line. */
+  private skipLF = false
+  private atStart = true
+  private data = ''
+  private dataLines = 0
+  private eventType: string | undefined = undefined
+  private id: string | undefined = undefined
+  constructor(private readonly onEvent: (event: SSEEvent) => void, private readonly maxBufferSize = Infinity) {}
+
+  feed(text: string): void {
+    let i = 0
+    if (text.length === 0) return
+    if (this.atStart) {
+      this.atStart = false
+      if (text.charCodeAt(0) === 0xfeff) i = 1
+      else if (text.startsWith('\u00ef\u00bb\u00bf')) i = 3
+    }
+    if (this.skipLF) { this.skipLF = false; if (text.charCodeAt(i) === 10) i++ }
+    if (this.discarding || this.pending.length > 0) i = this.endHeldLine(text, i)
+    if (i >= 0) {
+      const rest = text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
+      if (rest < text.length) this.hold(rest === 0 ? text : text.slice(rest))
+    }
+    if (this.pendingUnits + this.data.length > this.maxBufferSize) {
+      throw new SSEOverflowError(`the event stream held more than maxBufferSize = ${this.maxBufferSize} UTF-16 units`
+        + ' in one line and event; raise maxBufferSize, or check that the source is an event stream')
+    }
+  }
+
+  /** Ends the line held from earlier chunks at the first line end in `text`; -1 when `text` has none. */
+  private endHeldLine(text: string, i: number): number {
+    const lf = text.indexOf('\n', i), cr = text.indexOf('\r', i)
+    let end = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
+    if (end < 0) {
+      if (!this.discarding && i < text.length) this.hold(i === 0 ? text : text.slice(i))
+      return -1
+    }
+    if (this.discarding) this.discarding = false
+    else {
+      const held = this.pending
+      const line = (held.length === 1 ? held[0] : held.join('')) + text.slice(i, end)
+      held.length = 0; this.pendingUnits = 0; this.pendingKept = false
+      this.line(line, 0, line.length)
+    }
+    if (text.charCodeAt(end) === 13) {
+      if (end + 1 === text.length) this.skipLF = true
+      else if (text.charCodeAt(end + 1) === 10) end++
+    }
+    return end + 1
+  }
+
+  /**
+   * The hot path, whole lines of a chunk with no CR: an empty line, `data:` and a one-line event
+   * (`data: …` then a blank line) are read in place; anything else goes through {@link line}.
+   * Returns where the unterminated rest begins.
+   */
+  private linesLF(text: string, pos: number): number {
+    for (let lf = text.indexOf('\n', pos); lf >= 0; lf = text.indexOf('\n', pos)) {
+      if (lf === pos) { this.dispatch(); pos++; continue }
+      if (text.charCodeAt(pos) === 100 && text.charCodeAt(pos + 4) === 58 && text.startsWith('data', pos)) {
+        const value = text.slice(text.charCodeAt(pos + 5) === 32 ? pos + 6 : pos + 5, lf)
+        if (this.dataLines === 0 && text.charCodeAt(lf + 1) === 10) { this.emit(value); pos = lf + 2; continue }
+        this.data = this.dataLines++ === 0 ? value : `${this.data}\n${value}`
+      } else this.line(text, pos, lf)
+      pos = lf + 1
+    }
+    return pos
+  }
+
+  /** Whole lines of a chunk that holds a CR (LF, CRLF or CR end a line). Returns where the rest begins. */
+  private linesCR(text: string, pos: number): number {
+    const n = text.length
+    while (pos < n) {
+      let end = pos
+      for (let c = text.charCodeAt(end); end < n && c !== 10 && c !== 13; c = text.charCodeAt(++end));
+      if (end === n) break
+      if (text.charCodeAt(end) === 13 && end + 1 === n) this.skipLF = true
+      this.line(text, pos, end)
+      pos = text.charCodeAt(end) === 13 && text.charCodeAt(end + 1) === 10 ? end + 2 : end + 1
+    }
+    return pos
+  }
+
+  /** One line `text[start, end)`: a blank line dispatches; `data`, `event` and `id` are read. */
+  private line(text: string, start: number, end: number): void {
+    if (start === end) return this.dispatch()
+    if (text.charCodeAt(start) === 58) return
+    let colon = text.indexOf(':', start)
+    if (colon < 0 || colon > end) colon = end
+    const valueStart = colon === end ? end : text.charCodeAt(colon + 1) === 32 ? colon + 2 : colon + 1
+    const name = colon - start
+    if (name === 4 && text.startsWith('data', start)) {
+      const value = text.slice(valueStart, end)
+      this.data = this.dataLines++ === 0 ? value : `${this.data}\n${value}`
+    } else if (name === 5 && text.startsWith('event', start)) this.eventType = text.slice(valueStart, end) || undefined
+    else if (name === 2 && text.startsWith('id', start)) {
+      const value = text.slice(valueStart, end)
+      if (!value.includes('\0')) this.id = value // WHATWG: an id holding NUL is ignored
+    }
+  }
+
+  private dispatch(): void {
+    if (this.dataLines === 0) { this.eventType = undefined; this.id = undefined; return }
+    const data = this.data
+    this.data = ''; this.dataLines = 0
+    this.emit(data)
+  }
+
+  private emit(data: string): void {
+    const event = this.eventType ?? 'message'
+    const e: SSEEvent = this.id === undefined ? { event, data } : { event, data, id: this.id }
+    this.eventType = undefined; this.id = undefined
+    this.onEvent(e)
+  }
+
+  /** Keeps an unterminated piece, unless its start shows the line is one this parser ignores. */
+  private hold(piece: string): void {
+    this.pending.push(piece)
+    this.pendingUnits += piece.length
+    if (this.pendingKept) return
+    const keep = sseFieldStart(this.pending.length === 1 ? piece : this.pending.join(''))
+    if (keep === 1) this.pendingKept = true
+    else if (keep === 0) { this.pending.length = 0; this.pendingUnits = 0; this.discarding = true }
+  }
+}
+
+/**
+ * Decodes a stream of UTF-8 chunks (strings are passed through as decoded). A chunk after one that
+ * was ASCII to its end goes first to a non-streaming decoder, several times faster on ASCII in V8;
+ * the streaming decoder takes every other chunk, so a character split across chunks is intact.
+ * `ignoreBOM`: the parser skips exactly one leading BOM itself (WHATWG). `undefined` ends the stream.
+ */
+function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
+  const streaming = new TextDecoder('utf-8', { ignoreBOM: true })
+  const whole = new TextDecoder('utf-8', { ignoreBOM: true })
+  let clean = true // the streaming decoder holds no partial character, and the last chunk was ASCII
+  return (chunk) => {
+    if (chunk === undefined) return streaming.decode()
+    if (typeof chunk === 'string') return chunk
+    if (clean) {
+      // One unit per byte and no U+FFFD: all ASCII (a multi-byte character gives fewer units than bytes).
+      const text = whole.decode(chunk)
+      if (text.length === chunk.length && text.indexOf('\uFFFD') < 0) return text
+    }
+    const text = streaming.decode(chunk, { stream: true })
+    // Small ASCII chunks say little about the next one: only a run of ASCII is worth a guess.
+    clean = chunk.length >= 256 && text.length === chunk.length && text.indexOf('\uFFFD') < 0
+    return text
+  }
+}
+
+/**
+ * Parses a server-sent event stream into its events (WHATWG rules): bytes are decoded as UTF-8 with
+ * a streaming decoder, strings are taken as decoded; comments, `retry` and malformed lines are
+ * skipped. The events of one chunk are parsed together and handed out from an array. Stopping the
+ * iteration early cancels a `ReadableStream` source.
  * @param source a `ReadableStream<Uint8Array>` (e.g. `response.body`) or an async iterable of
  *   `Uint8Array | string` chunks.
- * @param options.maxBufferSize see {@link SSEParserOptions.maxBufferSize} (UTF-16 units).
- * @throws SSEParseError (`max-buffer-size-exceeded`) when the limit is passed; TypeError for a bad source.
+ * @param options.maxBufferSize most UTF-16 units one unterminated line plus its event's data may
+ *   hold (default: unbounded).
+ * @throws RangeError past `maxBufferSize`; TypeError for a source that is not a stream.
  */
 export function parseSSE(
   source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
   options: { maxBufferSize?: number } = {},
 ): AsyncIterableIterator<SSEEvent> {
-  // A hand-written iterator, not an async generator: the events of one network chunk are handed
-  // out from an array, one already-settled promise each, which costs less than resuming a
-  // generator per event (the hot path of every streamed reply).
   const pull = chunkPuller(source)
-  const ready: SSEEvent[] = []
+  let batch: SSEEvent[] = []
   let head = 0
   let ended = false
-  const feeder = sseFeeder((event) => { ready.push(event) }, options.maxBufferSize)
+  const parser = new SSEParser((event) => { batch.push(event) }, sseBufferLimit(options.maxBufferSize))
+  const decode = utf8Decoder()
   const done: IteratorResult<SSEEvent> = { value: undefined, done: true }
   async function fill(): Promise<IteratorResult<SSEEvent>> {
-    while (head >= ready.length) {
-      ready.length = 0; head = 0
+    while (head >= batch.length) {
+      batch = []; head = 0
       if (ended) return done
       const chunk = await pull.next()
       if (chunk === undefined) ended = true
-      try { feeder.feed(chunk) } catch (err) { ended = true; await pull.close(); throw err }
+      try { parser.feed(decode(chunk)) } catch (err) { ended = true; await pull.close(); throw err }
     }
-    return { value: ready[head++], done: false }
+    return { value: batch[head++], done: false }
   }
   return {
-    next(): Promise<IteratorResult<SSEEvent>> {
-      return head < ready.length ? Promise.resolve({ value: ready[head++], done: false }) : fill()
-    },
+    next: () => (head < batch.length ? Promise.resolve({ value: batch[head++], done: false }) : fill()),
     async return(): Promise<IteratorResult<SSEEvent>> {
-      ended = true; ready.length = 0; head = 0
+      ended = true; batch = []; head = 0
       await pull.close()
       return done
     },
@@ -4111,49 +4079,36 @@ export function parseSSE(
   }
 }
 
+/** A `maxBufferSize` option: a positive integer of UTF-16 units, or undefined for no limit. */
+function sseBufferLimit(maxBufferSize: unknown): number {
+  if (maxBufferSize === undefined) return Infinity
+  if (isIntegerAtLeast(maxBufferSize, 1)) return maxBufferSize
+  throw new RangeError(`parseSSE: maxBufferSize must be a positive integer (UTF-16 units), got ${String(maxBufferSize)}`)
+}
+
 /**
- * The callback form of {@link parseSSE}, for hot paths such as the provider adapter: reads
- * `source` chunk by chunk and calls `onEvent` synchronously for every event of each chunk (no
- * promise per event). `onEvent` returning `false` stops: later events are not delivered and the
- * source is cancelled. `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings).
- * Resolves when the source ends or is stopped; rejects with what `onEvent` or the source threw,
- * or with `SSEParseError` (`max-buffer-size-exceeded`, limit in UTF-16 units).
+ * The adapter's form of {@link parseSSE}: calls `onEvent` synchronously for every event of each
+ * chunk. `onEvent` returning `false` stops (later events are dropped, the source is cancelled);
+ * `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings). Rejects with what
+ * `onEvent` or the source threw, or with the parser's RangeError past `maxBufferSize`.
  */
-export async function pumpSSE(
+async function pumpSSE(
   source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
   onEvent: (event: SSEEvent) => boolean | void,
   options: { maxBufferSize?: number; onChunk?: (size: number) => void } = {},
 ): Promise<void> {
   const pull = chunkPuller(source)
   let stopped = false
-  const feeder = sseFeeder((event) => { if (!stopped && onEvent(event) === false) stopped = true }, options.maxBufferSize)
+  const parser = new SSEParser((event) => { if (!stopped && onEvent(event) === false) stopped = true }, sseBufferLimit(options.maxBufferSize))
+  const decode = utf8Decoder()
   try {
     while (!stopped) {
       const chunk = await pull.next()
       if (chunk !== undefined) options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
-      feeder.feed(chunk)
+      parser.feed(decode(chunk))
       if (chunk === undefined) return
     }
   } finally { await pull.close() }
-}
-
-/**
- * The decoding glue shared by {@link parseSSE} and {@link pumpSSE}: `feed(chunk)` decodes bytes
- * with one streaming UTF-8 decoder (strings are taken as decoded) and parses; `feed(undefined)`
- * ends the stream. Throws the parser's `max-buffer-size-exceeded` error from `feed`.
- */
-function sseFeeder(onEvent: (event: SSEEvent) => void, maxBufferSize: number | undefined): { feed(chunk: Uint8Array | string | undefined): void } {
-  let overflow: SSEParseError | undefined
-  const parser = createSSEParser({ onEvent, onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error }, maxBufferSize })
-  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
-  // stripped one would eat a second, which is data.
-  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
-  return {
-    feed(chunk) {
-      parser.feed(chunk === undefined ? decoder.decode() : typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
-      if (overflow) throw overflow
-    },
-  }
 }
 
 /**
@@ -5235,7 +5190,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
       notRetried.add(error)
     } else if (e instanceof ProviderError) error = e
     else if (timedOut) error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
-    else if (e instanceof SSEParseError) error = providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint}: ${e.message}.`, { requestId, status: 200, cause: e })
+    else if (e instanceof SSEOverflowError) error = providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint}: ${e.message}.`, { requestId, status: 200, cause: e })
     else {
       // undici says only "fetch failed"; the reason (ECONNREFUSED, ENOTFOUND, …) is in its cause.
       const reason = e instanceof Error ? e.message + (e.cause instanceof Error ? ` (${e.cause.message})` : '') : String(e)
@@ -5813,6 +5768,13 @@ export class Agent implements CompactionHost {
     return this.ladder.compact(options.signal, { focus: options.focus })
   }
 }
+
+/**
+ * Module-private helpers that tests and benchmarks reach (docs/design.md §14): not part of the
+ * public API, may change in any release, left out of dsh.d.mts.
+ * @internal
+ */
+export const internals = /* @__PURE__ */ Object.freeze({ pumpSSE })
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // ════════════════════════════════════════════════════════════════════════════════════════════
