@@ -1084,6 +1084,8 @@ export class FileStore implements LogStore {
   staleLock?: LogLockHolder
   /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
   private lineStarts?: number[]
+  /** Why this store appends no more: a failed write left a cut line it could not remove (see writeFailed). */
+  private failed?: string
   /** `readOnly`: never writes — a torn last line is reported, not cut; appends throw `SessionError('STORE')`. */
   readonly readOnly: boolean
   constructor(path: string, options: { readOnly?: boolean } = {}) { this.path = path; this.lockPath = `${path}.lock`; this.readOnly = options.readOnly === true }
@@ -1182,11 +1184,14 @@ export class FileStore implements LogStore {
 
   /**
    * Appends events. The first write takes the lock, and refuses (`SessionError('LOCKED')`) when
-   * another live process holds it or when the file changed since this store loaded it.
+   * another live process holds it or when the file changed since this store loaded it. A batch the
+   * disk cannot take whole throws `SessionError('STORE')` ("disk full: N of M bytes written; nothing
+   * after seq S is durable") with none of it in the log (docs/design.md §4).
    */
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
     if (this.readOnly) throw new SessionError('STORE', `session log ${this.path} was opened read-only; nothing is written to it`)
+    if (this.failed) throw new SessionError('STORE', this.failed)
     if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
     if (!this.locked) {
       await this.lock()
@@ -1211,8 +1216,9 @@ export class FileStore implements LogStore {
     const starts = this.lineStarts!
     const encoder = new TextEncoder()
     const parts: Uint8Array[] = []
-    let at = starts[starts.length - 1], bytes = 0
-    if (this.needsNewline) { parts.push(encoder.encode('\n')); bytes++; at++; starts[starts.length - 1] = at }
+    const first = starts[starts.length - 1] + (this.needsNewline ? 1 : 0)
+    let at = first, bytes = 0
+    if (this.needsNewline) { parts.push(encoder.encode('\n')); bytes++ }
     const added: number[] = []
     for (const e of events) {
       const line = encoder.encode(JSON.stringify(e) + '\n')
@@ -1221,16 +1227,52 @@ export class FileStore implements LogStore {
     const buffer = new Uint8Array(bytes)
     let pos = 0
     for (const part of parts) { buffer.set(part, pos); pos += part.length }
-    await this.write(buffer)
+    try { await this.write(buffer) } catch (err) { throw await this.writeFailed(err, buffer.length, events[0].seq) }
     this.seenBytes! += buffer.length
     this.needsNewline = false
+    starts[starts.length - 1] = first
     for (const a of added) starts.push(a)
   }
 
-  /** Appends whole lines to the file (one call per batch; a subclass may split it, e.g. to test torn lines). */
+  /**
+   * Appends whole lines to the file (one call per batch; a subclass may split it, e.g. to test torn
+   * lines). A write may take fewer bytes than it is given (a full disk takes what fits, then fails
+   * with ENOSPC): the rest is written until every byte is in the file or a write fails.
+   */
   protected async write(bytes: Uint8Array): Promise<void> {
     this.handle ??= await (await this.fs()).open(this.path, 'a')
-    await this.handle.write(bytes)
+    for (let done = 0; done < bytes.length;) {
+      const { bytesWritten } = await this.handle.write(bytes, done, bytes.length - done)
+      if (!(bytesWritten > 0)) throw new Error(`a write took none of the last ${bytes.length - done} bytes`)
+      done += bytesWritten
+    }
+  }
+
+  /**
+   * The error of a batch that did not reach the file whole. No event of it is acknowledged: the file
+   * is cut back to where the batch began (the caller may append the same batch again once there is
+   * room), or, where that cut fails, left with a cut last line that the next load drops, and this
+   * store refuses to append more.
+   */
+  private async writeFailed(err: unknown, totalBytes: number, firstSeq: number): Promise<SessionError> {
+    const before = this.seenBytes!
+    let written = 0, restored = this.handle === undefined
+    if (this.handle) {
+      try { written = Math.max(0, (await this.handle.stat()).size - before) } catch { /* unknown: say 0 */ }
+      try { await this.handle.truncate(before); restored = true } catch { /* reported below */ }
+    }
+    const code = (err as { code?: unknown })?.code
+    const what = code === 'ENOSPC' ? 'disk full' : code === 'EDQUOT' ? 'disk quota exceeded'
+      : `write failed (${(err as Error)?.message ?? err})`
+    const durable = firstSeq > 0 ? `nothing after seq ${firstSeq - 1} is durable` : 'no event is durable'
+    const message = `session log ${this.path}: ${what}: ${written} of ${totalBytes} bytes written; ${durable}`
+    if (restored) {
+      const fix = 'free disk space, then flush again (the session keeps the events it could not write) or resume'
+      return new SessionError('STORE', `${message}; the log was cut back to its last whole event: ${fix}`)
+    }
+    this.failed = `${message}; its cut last line could not be removed, so this store appends no more: free disk space, `
+      + 'then open the log again (the cut line is dropped on load)'
+    return new SessionError('STORE', this.failed)
   }
 
   async readEvent(seq: number): Promise<SessionEvent> {
@@ -3774,8 +3816,10 @@ const ERROR_BODY_MAX_UNITS = 64 * 1024
 /** An error body, or a non-streamed body, is read up to this many bytes (after content decoding),
  *  then the rest is cancelled unread: a gzip bomb is never inflated (docs/design.md §13). */
 export const RESPONSE_BODY_MAX_BYTES = 64 * 1024
-/** Default cap on one assistant message: text + reasoning + tool-call arguments, UTF-8 bytes (§13). */
+/** Default cap on one assistant message: text, reasoning, tool-call ids, names and arguments, UTF-8 bytes (§13). */
 export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+/** Tool calls one assistant message may hold; past it RESPONSE_TOO_LARGE (each call costs memory and a result). */
+const MAX_TOOL_CALLS_PER_MESSAGE = 1_000
 /** Same-origin 307/308 redirects followed per attempt, at most. */
 const MAX_REDIRECTS = 5
 /** String values longer than this (UTF-16 units) are elided when a non-text block is sent as JSON text. */
@@ -4583,8 +4627,9 @@ export interface OpenAICompatibleOptions {
    * @throws TypeError at construction for a malformed table (the message names the field).
    */
   prices?: Prices
-  /** Cap on one assistant message in UTF-8 bytes (text + reasoning + tool-call arguments); past it
-   *  the stream is cancelled and RESPONSE_TOO_LARGE thrown with the partial text. Default {@link DEFAULT_MAX_MESSAGE_BYTES}. */
+  /** Cap on one assistant message in UTF-8 bytes (text, reasoning, tool-call ids, names and arguments); past
+   *  it (or past 1,000 tool calls) the stream is cancelled and RESPONSE_TOO_LARGE thrown with the partial text.
+   *  Default {@link DEFAULT_MAX_MESSAGE_BYTES}. */
   maxMessageBytes?: number
   /** Deadline of one `complete()` call, retries and backoff included, in ms; past it: TIMEOUT, not retried. Default: none. */
   requestTimeoutMs?: number
@@ -4725,7 +4770,8 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * Limits on what a server can make the adapter read (docs/design.md §13): an error body or a
  * non-streamed body is read up to {@link RESPONSE_BODY_MAX_BYTES} (64 KiB, after gzip decoding)
  * and the rest cancelled unread; one assistant message up to `maxMessageBytes` (8 MiB of text,
- * reasoning and arguments), past which RESPONSE_TOO_LARGE carries the partial; `requestTimeoutMs`
+ * reasoning and tool-call ids, names and arguments, counted as they arrive) and 1,000 tool calls, past
+ * which RESPONSE_TOO_LARGE carries the partial; `requestTimeoutMs`
  * bounds the whole call. Redirects are not followed across origins (only a same-origin 307/308).
  * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
  */
@@ -4900,13 +4946,19 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
   let usage: Usage | undefined
   let responseId: string | undefined
   let streamed = false
-  let messageBytes = 0 // text + reasoning + tool-call arguments so far, UTF-8 bytes
+  let messageBytes = 0 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
 
-  /** Counts a delta against maxMessageBytes; past it the stream ends as RESPONSE_TOO_LARGE (the partial is kept). */
+  /** RESPONSE_TOO_LARGE for a message past one of its caps (`why`); `partial()` keeps its text. */
+  const tooLarge = (why: string): ProviderError => providerError(cfg, 'RESPONSE_TOO_LARGE',
+    `the assistant message from ${cfg.endpoint} (model ${cfg.model}) ${why}; the stream was cancelled and the text `
+    + 'so far kept as an interrupted message (none of its tool calls runs).', { status: 200 })
+
+  /** Counts a delta against maxMessageBytes before it is kept, so nothing past the cap is held. */
   function admit(delta: string): void {
     messageBytes += utf8Length(delta, cfg.maxMessageBytes)
     if (messageBytes > cfg.maxMessageBytes) {
-      throw providerError(cfg, 'RESPONSE_TOO_LARGE', `the assistant message from ${cfg.endpoint} (model ${cfg.model}) passed maxMessageBytes, ${cfg.maxMessageBytes} bytes of text, reasoning and tool-call arguments; the stream was cancelled and the text so far kept as an interrupted message.`, { status: 200 })
+      const of = 'bytes of text, reasoning and tool-call ids, names and arguments'
+      throw tooLarge(`passed maxMessageBytes, ${cfg.maxMessageBytes} ${of}`)
     }
   }
 
@@ -4924,6 +4976,8 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
     // A different id on a known index starts a new call (servers that send every call as index 0).
     if (slot !== undefined && id !== undefined && calls[slot].id !== '' && calls[slot].id !== id) slot = undefined
     if (slot === undefined) {
+      const max = MAX_TOOL_CALLS_PER_MESSAGE
+      if (calls.length >= max) throw tooLarge(`has more than ${max} tool calls, the most dsh takes in one message`)
       slot = calls.length
       calls.push({ id: '', name: '', arguments: '' })
       if (wireIndex !== undefined) slotOfIndex.set(wireIndex, slot)
@@ -4931,9 +4985,9 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
     const call = calls[slot]
     const newId = id !== undefined && call.id === '' ? id : undefined
     const newName = name !== undefined && call.name === '' ? name : undefined
+    for (const kept of [newId, newName, args]) if (kept) admit(kept)
     if (newId) call.id = newId
     if (newName) call.name = newName
-    if (args) admit(args)
     call.arguments += args
     if (newId || newName || args) {
       streamed = true
@@ -5288,6 +5342,10 @@ export interface TurnResult {
 
 /** Consecutive retries of a step whose stream broke after output (see {@link Agent}). */
 const MAX_STREAM_RETRIES = 1
+
+/** Window tokens per tool call one message may keep (docs/design.md §7): a call and even an empty result
+ *  take about 30 tokens on the wire (id, name, arguments, roles), so the group stays near half the window. */
+const WINDOW_TOKENS_PER_TOOL_CALL = 64
 
 
 /** Turns whatever a tool returned into result content; anything else is an error for the model. */
@@ -5659,7 +5717,7 @@ export class Agent implements CompactionHost {
         }
         this.overflowRetries = 0
         this.streamRetries = 0
-        last = withCallIds(response.message, session.seq, session)
+        last = withCallIds(this.boundToolCalls(response.message), session.seq, session)
         session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
         await this.runTools(calls, signal)
@@ -5717,6 +5775,26 @@ export class Agent implements CompactionHost {
   }
 
   /** Runs tool calls in order; after an abort the remaining ones get synthetic aborted results. */
+  /**
+   * The reply with at most as many tool calls as this agent's window can answer: past that, the
+   * group (the message and a result per call) could not fit the window even with every result
+   * cleared, and no later turn would. The calls past the bound are dropped unrun; a text block in
+   * the message tells the model how many and why, and a warning tells the caller.
+   */
+  private boundToolCalls(message: AssistantMessage): AssistantMessage {
+    const windowMax = Math.floor((this.window ?? Infinity) / WINDOW_TOKENS_PER_TOOL_CALL)
+    const max = Math.min(MAX_TOOL_CALLS_PER_MESSAGE, windowMax)
+    let calls = 0
+    const content = message.content.filter((b) => b.type !== 'tool-call' || ++calls <= max)
+    if (calls <= max) return message
+    const why = `one message may make at most ${max} tool calls`
+      + (windowMax < MAX_TOOL_CALLS_PER_MESSAGE ? ` in a ${this.window}-token context window` : '')
+    const dropped = calls - max
+    this.warn(`the model made ${calls} tool calls in one message; the first ${max} run, ${dropped} were dropped (${why})`)
+    const text = `[dsh: ${dropped} more tool calls of this message were dropped without running: ${why}; make fewer at a time]`
+    return { ...message, content: [...content, { type: 'text', text }] }
+  }
+
   private async runTools(calls: ToolCallBlock[], signal: AbortSignal): Promise<void> {
     const session = this.session
     for (const call of calls) {

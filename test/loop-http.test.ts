@@ -159,3 +159,46 @@ test('a stream error before any output is not retried by the loop (the adapter r
   assert.equal(f.conversation().length, 1)
   assert.equal(count(session, 'step/retry'), 0)
 })
+
+// A reply with more tool calls than the window can answer (even with every result cleared, a call
+// and its result take ~30 tokens) would leave a group no rung can shrink: every later turn failed
+// preflight. The calls past window / 64 are dropped unrun, with a note, and the next turns work.
+test('1,000 tool calls in an 8,000-token window: 125 run, the rest are dropped with a note; the next turns work', { timeout: 60_000 }, async () => {
+  const calls = Array.from({ length: 1000 }, (_, i) => ({ id: `c${i}`, name: 'ping', arguments: {} }))
+  const f = await fake([{ toolCalls: calls, deltaSize: 100 }, { text: 'pinged' }, { text: 'second turn' }, { text: 'third turn' }])
+  const provider = openAICompatible({ baseURL: f.server.url, model: 'fake-model', apiKey: 'sk-test', contextWindow: 8_000, maxTokens: 500, maxRetries: 0 })
+  const session = await Session.open(new MemoryStore())
+  let ran = 0
+  const warnings: string[] = []
+  const agent = new Agent({ session, provider, tools: [tool('ping', () => { ran++; return 'pong' })], onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } })
+  assert.equal((await agent.run('ping everything')).text, 'pinged')
+  assert.equal(ran, 125)
+  const logged = (session.events.find((e) => e.type === 'assistant/message')!.data as any).message
+  assert.equal(logged.content.filter((b: any) => b.type === 'tool-call').length, 125)
+  assert.deepEqual(logged.content.at(-1), { type: 'text', text: '[dsh: 875 more tool calls of this message were dropped without running: one message may make at most 125 tool calls in a 8000-token context window; make fewer at a time]' })
+  assert.equal(count(session, 'tool/result'), 125)
+  assert.ok(warnings.some((w) => w.startsWith('the model made 1000 tool calls in one message; the first 125 run, 875 were dropped')), warnings.join('\n'))
+  assert.equal((await agent.run('again')).text, 'second turn')
+  assert.equal((await agent.run('and again')).text, 'third turn')
+  const last = f.conversation().at(-1)!.body
+  assert.equal(last.messages.filter((m: any) => m.role === 'tool').length, 125)
+  assert.ok(session.measure().totalTokens < 0.8 * 8_000, `${session.measure().totalTokens} tokens, over the pressure threshold`)
+})
+
+test('a provider that returns 20,000 tool calls in one message (no adapter cap): 1,000 run, the next turn works', { timeout: 60_000 }, async () => {
+  const many = Array.from({ length: 20_000 }, (_, i) => ({ type: 'tool-call' as const, id: `c${i}`, name: 'ping', arguments: '{}' }))
+  let calls = 0
+  const provider = {
+    model: 'in-process', baseURL: 'memory://in-process', contextWindow: 1_000_000, maxTokens: 100,
+    complete: async () => (calls++ === 0 ? { message: { role: 'assistant' as const, content: many }, finishReason: 'tool_calls' } : { message: { role: 'assistant' as const, content: [{ type: 'text' as const, text: `reply ${calls}` }] }, finishReason: 'stop' }),
+  }
+  const session = await Session.open(new MemoryStore())
+  let ran = 0
+  const agent = new Agent({ session, provider, tools: [tool('ping', () => { ran++; return 'pong' })] })
+  await agent.run('ping everything')
+  assert.equal(ran, 1000)
+  assert.match(contentOf(session), /\[dsh: 19000 more tool calls of this message were dropped without running: one message may make at most 1000 tool calls; make fewer at a time\]/)
+  assert.equal((await agent.run('next')).text, 'reply 3')
+})
+
+const contentOf = (s: Session): string => JSON.stringify((s.events.find((e) => e.type === 'assistant/message')!.data as any).message.content.at(-1))

@@ -3,7 +3,7 @@
 // `DSH_STRESS=1` (npm run test:stress) runs the long variants.
 import { test, describe, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
+import { spawn, execFileSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, writeFileSync, statSync, readdirSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, dirname } from 'node:path'
@@ -198,6 +198,169 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
     for (const tail of ['{"a', '{"sex', '{ "seq":']) {
       writeFileSync(file, good + tail)
       await assert.rejects(Session.load(new FileStore(file)), (e: SessionError) => e.code === 'LOG_CORRUPT' && e.line === whole.length + 1, JSON.stringify(tail))
+    }
+  })
+})
+
+// ── 1b. A full disk ────────────────────────────────────────────────────────────────────────────
+
+/** A write error as node:fs gives it. */
+const ENOSPC = (): Error => Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC', errno: -28 })
+
+type AppendHandle = { write(b: Uint8Array, offset?: number, length?: number): Promise<{ bytesWritten: number }>; truncate(n: number): Promise<void> }
+
+/**
+ * Replaces a FileStore's open append handle with one that behaves like write(2) on a disk with
+ * `room` bytes left: each write takes at most `perWrite` bytes and what fits, and a write with no
+ * room fails with ENOSPC. `truncateFails` makes the cut back fail too. Returns a way to free space.
+ */
+function fillDisk(store: FileStore, room: number, options: { perWrite?: number; truncateFails?: boolean } = {}): { free(): void } {
+  const internals = store as unknown as { handle: AppendHandle }
+  const real = internals.handle
+  assert.ok(real, 'the store has an open append handle (append once first)')
+  let left = room
+  internals.handle = new Proxy(real, {
+    get(target, key) {
+      if (key === 'write') {
+        return async (b: Uint8Array, offset = 0, length = b.length - offset) => {
+          const n = Math.min(length, options.perWrite ?? Infinity, left)
+          if (n === 0) throw ENOSPC()
+          left -= n
+          return await real.write(b, offset, n)
+        }
+      }
+      if (key === 'truncate' && options.truncateFails) return async () => { throw Object.assign(new Error('EIO: i/o error, ftruncate'), { code: 'EIO' }) }
+      const value = Reflect.get(target, key)
+      return typeof value === 'function' ? value.bind(target) : value
+    },
+  })
+  return { free: () => { left = Infinity } }
+}
+
+const DISK_FULL_RE = /disk full: (\d+) of (\d+) bytes written; nothing after seq (\d+) is durable/
+
+/** The complete lines of a log file, parsed; asserts there is no cut last line and that seqs run from 0. */
+function wholeLines(file: string): { seq: number; type: string }[] {
+  const text = readFileSync(file, 'utf8')
+  assert.ok(text === '' || text.endsWith('\n'), `${file} ends with a cut line: ${JSON.stringify(text.slice(-80))}`)
+  const events = text.split('\n').filter((l) => l !== '').map((l) => JSON.parse(l))
+  events.forEach((e, i) => assert.equal(e.seq, i))
+  return events
+}
+
+const bigMessage = (i: number) => ({ message: { role: 'user' as const, content: `message ${i} ` + 'x'.repeat(300) }, surfaceOp: { op: 'append' as const } })
+
+describe('a full disk', () => {
+  test('a short write is finished or fails as STORE with the numbers; nothing unwritten is acknowledged; the log resumes', async () => {
+    const file = join(WORK, 'short-write.jsonl')
+    const session = await Session.open(new FileStore(file))
+    session.append('turn/start', { turn: 1 })
+    await session.flush()
+    const before = readFileSync(file)
+    const disk = fillDisk(session.store as FileStore, 700, { perWrite: 100 })
+    // 500 bytes in 100-byte writes: a short write is written on, not counted as the whole buffer.
+    session.append('user/message', { message: { role: 'user', content: 'short' }, surfaceOp: { op: 'append' } })
+    await session.flush()
+    const afterShort = wholeLines(file)
+    assert.deepEqual(afterShort.map((e) => e.type), ['session/start', 'turn/start', 'user/message'])
+    const written = readFileSync(file)
+    // Three events of ~370 bytes do not fit in what is left: refused whole, the file as it was.
+    for (let i = 0; i < 3; i++) session.append('user/message', bigMessage(i))
+    let error: unknown
+    try { await session.flush() } catch (e) { error = e }
+    assert.ok(error instanceof SessionError && error.code === 'STORE', `expected SessionError STORE, got ${error}`)
+    const m = DISK_FULL_RE.exec(error.message)
+    assert.ok(m, error.message)
+    const [n, total, lastSeq] = [Number(m[1]), Number(m[2]), Number(m[3])]
+    assert.equal(n, 700 - (written.length - before.length), 'every byte that fitted was written')
+    assert.ok(n < total, `${n} of ${total}`)
+    assert.equal(lastSeq, 2)
+    assert.match(error.message, /cut back to its last whole event: free disk space/)
+    assert.deepEqual(readFileSync(file), written, 'the cut line is gone: the log ends at seq 2')
+    assert.equal(session.seq, 6, 'the session keeps the three events it could not write')
+    const seen = await Session.load(new FileStore(file, { readOnly: true }))
+    assert.equal(seen.seq, 3)
+    assert.equal(seen.torn, undefined)
+    // Space again: the same events are written once, in order, by the next flush.
+    disk.free()
+    await session.flush()
+    assert.deepEqual(wholeLines(file).map((e) => e.type), ['session/start', 'turn/start', 'user/message', 'user/message', 'user/message', 'user/message'])
+    await session.store.close?.()
+    const resumed = await Session.open(new FileStore(file))
+    assert.equal(resumed.openedAtSeq, 6)
+    assert.deepEqual(resumed.messages().map((x) => typeof x.content === 'string' ? x.content.slice(0, 9) : ''), ['short', 'message 0', 'message 1', 'message 2'])
+    await resumed.store.close?.()
+  })
+
+  test('when the cut back fails too, the store appends no more; the next load drops the cut line and resumes', async () => {
+    const file = join(WORK, 'short-write-no-cut.jsonl')
+    const session = await Session.open(new FileStore(file))
+    await session.flush()
+    fillDisk(session.store as FileStore, 500, { truncateFails: true })
+    for (let i = 0; i < 3; i++) session.append('user/message', bigMessage(i))
+    await assert.rejects(session.flush(), (e: SessionError) => e.code === 'STORE' && DISK_FULL_RE.test(e.message) && /nothing after seq 0 is durable/.test(e.message)
+      && /appends no more/.test(e.message))
+    await assert.rejects(session.flush(), /appends no more/, 'and says so again, writing nothing')
+    await session.store.close?.()
+    const resumed = await Session.open(new FileStore(file))
+    assert.equal(resumed.torn?.line, 3, 'the event that fitted whole is kept, the cut one dropped')
+    assert.equal(resumed.openedAtSeq, 2)
+    await resumed.store.close?.()
+    wholeLines(file)
+  })
+
+  test('on a real 2 MiB tmpfs: turns until the disk is full, STORE names what is durable, every run tool was logged; resume after space is freed', { timeout: 120_000 }, async (t) => {
+    const dir = mkdtempSync(join(tmpdir(), 'dsh-tmpfs-'))
+    let mounted = false
+    try { execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=2m', 'tmpfs', dir], { stdio: 'pipe' }); mounted = true } catch (err) {
+      const why = `cannot mount a tmpfs here (${process.platform}, uid ${process.getuid?.() ?? '?'}: ${String((err as Error).message).split('\n')[0]})`
+      console.log(`full-disk test skipped: ${why}`)
+      t.skip(why)
+    }
+    const fake = await startFakeProvider({
+      handler: (req) => (req.body.messages.at(-1).role === 'tool' ? { text: 'done' } : { toolCalls: [{ name: 'dump', arguments: { n: 3000 } }] }),
+    })
+    const stores: FileStore[] = []
+    try {
+      if (!mounted) return
+      const file = join(dir, 's.jsonl')
+      const filler = join(dir, 'filler')
+      writeFileSync(filler, Buffer.alloc(2 * 1024 * 1024 - 64 * 1024)) // 64 KiB left: a few turns
+      const ran: string[] = []
+      const dump = tool('dump', (a: { n: number }, ctx) => { ran.push(ctx.callId); return 'd'.repeat(a.n) })
+      const provider = openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-test', contextWindow: 1_000_000 })
+      const store = new FileStore(file); stores.push(store)
+      const session = await Session.open(store)
+      const agent = new Agent({ session, provider, tools: [dump] })
+      let error: unknown, turns = 0
+      for (; turns < 100 && error === undefined; turns++) { try { await agent.run(`turn ${turns}`) } catch (e) { error = e } }
+      assert.ok(error instanceof SessionError && error.code === 'STORE', `expected SessionError STORE after ${turns} turns, got ${error}`)
+      const m = DISK_FULL_RE.exec(error.message)
+      assert.ok(m, error.message)
+      const events = wholeLines(file) // no cut line: the partial write was taken back
+      assert.equal(events.length, Number(m[3]) + 1, 'the file holds exactly the events up to the durable seq')
+      assert.ok(session.seq > events.length, 'the events not written are not in the file')
+      const logged = new Set(events.filter((e: any) => e.type === 'tool/call').map((e: any) => e.data.callId))
+      assert.ok(ran.length > 0)
+      for (const id of ran) assert.ok(logged.has(id), `tool call ${id} ran without its tool/call on disk`)
+      console.log(`full disk: ${turns} turns, ${events.length} events on disk, ${session.seq - events.length} not written; ${error.message.slice(0, 200)}`)
+      await store.close()
+      // Space again: the log opens, resumes after its last whole event, and a turn completes.
+      rmSync(filler)
+      const again = new FileStore(file); stores.push(again)
+      const resumed = await Session.open(again)
+      assert.equal(resumed.torn, undefined)
+      assert.equal(resumed.openedAtSeq, events.length)
+      const result = await new Agent({ session: resumed, provider, tools: [dump] }).run('after the disk was full')
+      assert.equal(result.reason, 'stop')
+      await again.close()
+      const reloaded = await Session.load(new FileStore(file, { readOnly: true }))
+      assert.deepEqual(reloaded.messages(), resumed.messages())
+    } finally {
+      for (const s of stores) await s.close().catch(() => {})
+      await fake.close()
+      if (mounted) execFileSync('umount', [dir])
+      rmSync(dir, { recursive: true, force: true })
     }
   })
 })

@@ -90,7 +90,7 @@ describe('error and non-stream bodies are read up to 64 KiB, then cancelled', ()
   })
 })
 
-describe('one assistant message is capped (default 8 MiB of text + arguments)', () => {
+describe('one assistant message is capped (default 8 MiB of everything it keeps, 1,000 tool calls)', () => {
   test('the default is 8 MiB', () => assert.equal(DEFAULT_MAX_MESSAGE_BYTES, 8 * 1024 * 1024))
 
   test('an endless stream ends with RESPONSE_TOO_LARGE and the partial text kept; the loop logs it as interrupted', async () => {
@@ -104,7 +104,7 @@ describe('one assistant message is capped (default 8 MiB of text + arguments)', 
     const provider = openAICompatible({ baseURL: url, model: 'm', maxMessageBytes: 64 * 1024 })
     await rejectsWith(provider.complete({ messages: HI }), (e) => {
       assert.equal(e.code, 'RESPONSE_TOO_LARGE')
-      assert.match(e.message, /passed maxMessageBytes, 65536 bytes of text, reasoning and tool-call arguments/)
+      assert.match(e.message, /passed maxMessageBytes, 65536 bytes of text, reasoning and tool-call ids, names and arguments/)
       const text = (e.partial!.content[0] as { text: string }).text
       assert.equal(text, 'z'.repeat(65_000))
       assert.equal(e.partial!.interrupted, true)
@@ -120,10 +120,92 @@ describe('one assistant message is capped (default 8 MiB of text + arguments)', 
     assert.equal(logged.message.content[0].text.length, 65_000)
   })
 
-  test('tool-call arguments count too', async () => {
-    const f = await startFakeProvider({ script: [{ toolCalls: [{ id: 'c', name: 't', arguments: 'a'.repeat(3000) }], deltaSize: 500 }] })
+  // Every byte the message keeps counts: a server can grow a message through any of its fields.
+  const fieldCases: { field: string; call: { id: string; name: string; arguments: string } }[] = [
+    { field: 'arguments', call: { id: 'c', name: 't', arguments: 'a'.repeat(3000) } },
+    { field: 'names', call: { id: 'c', name: 'n'.repeat(3000), arguments: '{}' } },
+    { field: 'ids', call: { id: 'i'.repeat(3000), name: 't', arguments: '{}' } },
+  ]
+  for (const c of fieldCases) test(`tool-call ${c.field} count too`, async () => {
+    const f = await startFakeProvider({ script: [{ text: 'ok', toolCalls: [c.call], deltaSize: 500 }, { text: 'ok', toolCalls: [c.call], deltaSize: 500 }] })
     try {
-      await rejectsWith(openAICompatible({ baseURL: f.url, model: 'm', maxMessageBytes: 2000 }).complete({ messages: HI }), (e) => assert.equal(e.code, 'RESPONSE_TOO_LARGE'))
+      const provider = openAICompatible({ baseURL: f.url, model: 'm', maxMessageBytes: 2000 })
+      await rejectsWith(provider.complete({ messages: HI }), (e) => {
+        assert.equal(e.code, 'RESPONSE_TOO_LARGE')
+        assert.deepEqual(e.partial?.content, [{ type: 'text', text: 'ok' }])
+      })
+      const roomy = await openAICompatible({ baseURL: f.url, model: 'm', maxMessageBytes: 4000 }).complete({ messages: HI })
+      assert.deepEqual(roomy.message.content.at(-1), { type: 'tool-call', ...c.call })
+    } finally { await f.close() }
+  })
+
+  test('40 calls with 8 MB names are refused at the second (not a 320 MB message); what was sent is bounded', { timeout: 60_000 }, async () => {
+    const name = 'n'.repeat(8_000_000)
+    let sent: Promise<number> | undefined
+    const url = await serve((req, res) => {
+      req.resume()
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      // One event per call, made only when the client reads on (backpressure), so the test holds one at a time.
+      sent = new Promise((resolve) => {
+        let written = 0, i = 0
+        res.on('close', () => resolve(written))
+        const more = (): void => {
+          while (i < 40) {
+            const event = `data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":${i},"id":"c${i}","type":"function","function":{"name":"${name}","arguments":"{}"}}]}}]}\n\n`
+            i++
+            written += event.length
+            if (!res.write(event)) { res.once('drain', more); return }
+          }
+          res.end('data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\ndata: [DONE]\n\n')
+        }
+        more()
+      })
+    })
+    let deltas = 0
+    await rejectsWith(openAICompatible({ baseURL: url, model: 'm' }).complete({ messages: HI, onEvent: (e) => { if (e.type === 'tool-call-delta') deltas++ } }), (e) => {
+      assert.equal(e.code, 'RESPONSE_TOO_LARGE')
+      assert.match(e.message, /passed maxMessageBytes, 8388608 bytes of text, reasoning and tool-call ids, names and arguments/)
+      assert.equal(e.partial, undefined, 'no text: nothing to keep')
+    })
+    assert.equal(deltas, 1, 'the second name is refused before it is kept or shown')
+    const bytes = await sent!
+    assert.ok(bytes < 10 * 8_000_000, `${bytes} bytes sent before the client cancelled`)
+  })
+
+  const manyCalls = (n: number) => Array.from({ length: n }, (_, i) => ({ id: `c${i}`, name: 't', arguments: '{}' }))
+  test('1,001 tool calls are refused with the partial text kept; 1,000 are taken; the loop runs none of the 1,001', { timeout: 60_000 }, async () => {
+    const f = await startFakeProvider({ script: [{ text: 'many', toolCalls: manyCalls(1001) }, { text: 'many', toolCalls: manyCalls(1000) }, { text: 'many', toolCalls: manyCalls(1001) }] })
+    try {
+      const provider = openAICompatible({ baseURL: f.url, model: 'm', maxRetries: 0 })
+      await rejectsWith(provider.complete({ messages: HI }), (e) => {
+        assert.equal(e.code, 'RESPONSE_TOO_LARGE')
+        assert.match(e.message, /has more than 1000 tool calls, the most dsh takes in one message/)
+        assert.deepEqual(e.partial, { role: 'assistant', content: [{ type: 'text', text: 'many' }], interrupted: true })
+      })
+      const ok = await provider.complete({ messages: HI })
+      assert.equal(ok.message.content.filter((b) => b.type === 'tool-call').length, 1000)
+
+      const session = await Session.open()
+      let ran = 0
+      const agent = new Agent({ session, provider, contextWindow: 1_000_000, maxTokens: 1000, tools: [{ name: 't', description: 't', parameters: { type: 'object' }, execute: () => { ran++; return 'ran' } }] })
+      await assert.rejects(agent.run('go'), (e: ProviderError) => e.code === 'RESPONSE_TOO_LARGE')
+      assert.equal(ran, 0)
+      const logged = session.events.filter((e) => e.type === 'assistant/message').map((e) => (e.data as any).message)
+      assert.deepEqual(logged, [{ role: 'assistant', content: [{ type: 'text', text: 'many' }], interrupted: true }])
+    } finally { await f.close() }
+  })
+
+  test('the non-streamed path has the same call cap: 1,001 small calls in a 64 KiB body are refused', async () => {
+    const tool_calls = Array.from({ length: 1001 }, (_, i) => ({ id: `${i}`, function: { name: 't' } }))
+    const json = { choices: [{ index: 0, message: { role: 'assistant', content: 'many', tool_calls }, finish_reason: 'tool_calls' }] }
+    assert.ok(JSON.stringify(json).length < RESPONSE_BODY_MAX_BYTES)
+    const f = await startFakeProvider({ script: [{ json }] })
+    try {
+      await rejectsWith(openAICompatible({ baseURL: f.url, model: 'm', maxRetries: 0 }).complete({ messages: HI }), (e) => {
+        assert.equal(e.code, 'RESPONSE_TOO_LARGE')
+        assert.match(e.message, /has more than 1000 tool calls/)
+        assert.deepEqual(e.partial?.content, [{ type: 'text', text: 'many' }])
+      })
     } finally { await f.close() }
   })
 
