@@ -65,6 +65,11 @@
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
 export const VERSION = '0.1.0'
+/**
+ * The layout of the log this dsh writes, in `session/start {format}` (docs/design.md §14). A log
+ * without one (dsh 0.1.0) is format 1; a later layout raises it, so that old logs can be migrated.
+ */
+const LOG_FORMAT = 1
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 1. Types
@@ -838,7 +843,8 @@ export interface EditCost extends EditCache { cacheCostUSD?: number; savedUSDPer
 
 /** The `data` of each event type dsh writes (docs/design.md §4). Callers may log other types too. */
 export interface EventDataMap {
-  'session/start': { id: string; version: string }
+  /** `format`: the log's layout ({@link VERSION} says which dsh wrote it); absent in logs of dsh 0.1.0, read as 1. */
+  'session/start': { id: string; version: string; format?: number }
   /** `lastSeq`: the last seq before the resume; `repaired`: how many synthetic tool results follow. */
   'session/resume': { lastSeq: number; torn?: TornLine; repaired: number }
   'turn/start': { turn: number }
@@ -1605,7 +1611,7 @@ export class Session {
    */
   static async open(store: LogStore = new MemoryStore(), options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = await Session.load(store, options)
-    if (session.seq === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
+    if (session.seq === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION, format: LOG_FORMAT })
     else session.resume()
     await session.sync()
     return session
@@ -1768,6 +1774,12 @@ export class Session {
 
   /** Validates an event against the current state without changing anything. */
   private check(type: string, data: any): void {
+    if (type === 'session/start' && data.format !== undefined && data.format !== LOG_FORMAT) {
+      const newer = Number.isSafeInteger(data.format) && data.format > LOG_FORMAT
+      throw new SessionError('INVALID_EVENT', `session/start: the log is format ${JSON.stringify(data.format)}`
+        + `${newer ? ', written by a newer dsh' : ''}; this dsh (${VERSION}) reads format ${LOG_FORMAT}`
+        + (newer ? ': open it with the dsh that wrote it, or a newer one' : ': a format is a positive integer'))
+    }
     if (type === 'request/header' && data.prices !== undefined) {
       try { validatePrices(data.prices, 'request/header: prices') } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
     }
