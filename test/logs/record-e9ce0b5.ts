@@ -43,8 +43,7 @@ const provider = {
 let t = 1_795_988_964_000
 const store = new MemoryStore()
 const session = await Session.open(store, { id: 'e9ce0b5-example', now: () => (t += 1000) })
-let crash = false
-const agent = new Agent({ session, provider, tools: [...tools, { name: 'deploy', description: 'deploy', parameters: { type: 'object', properties: {} }, execute: () => { crash = true; throw new Error('crash') } }], system: 'You are a careful coding agent.' })
+const agent = new Agent({ session, provider, tools: [...tools, { name: 'deploy', description: 'deploy', parameters: { type: 'object', properties: {} }, execute: () => { throw new Error('crash') } }], system: 'You are a careful coding agent.' })
 await agent.run('Read src/a.ts and src/b.ts, then run the tests.')
 agent.pin(session.surface()[0].seq)
 try { await agent.run('Now read src/c.ts.') } catch (e) { console.log('turn 2 failed:', (e as Error).message.slice(0, 80)) }
