@@ -60,9 +60,9 @@
  *   bytes        UTF-8 bytes unless a name says otherwise
  *   ms           milliseconds; every time is in ms unless a name says otherwise (`…S` = seconds)
  */
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // PART I — THE RUNTIME: sections 1–7, web standards only (the fence before section 8 says more)
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 export const VERSION = '0.1.0'
 /**
@@ -71,9 +71,9 @@ export const VERSION = '0.1.0'
  */
 const LOG_FORMAT = 1
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 1. Types
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 /** Plain text. `text` is any string; lone surrogates are tolerated and replaced only on the wire. */
 export interface TextBlock { type: 'text'; text: string }
@@ -181,7 +181,8 @@ export class ProviderError extends Error {
   readonly body: string
   partial?: AssistantMessage
   constructor(code: ProviderErrorCode, message: string, init: {
-    status?: number; retryAfterMs?: number; requestId?: string; body?: string; partial?: AssistantMessage; cause?: unknown
+    status?: number; retryAfterMs?: number; requestId?: string; body?: string; partial?: AssistantMessage;
+    cause?: unknown
   } = {}) {
     super(message, init.cause === undefined ? undefined : { cause: init.cause })
     this.name = 'ProviderError'
@@ -201,7 +202,8 @@ export type StreamEvent =
   | { type: 'tool-call-delta'; index: number; id?: string; name?: string; argumentsDelta: string }
   | { type: 'usage'; usage: Usage }
   | { type: 'finish'; finishReason: string }
-  /** Before each backoff wait: `attempt` counts retries from 1, `maxRetries` is how many this error gets, `error` is why. */
+  /** Before each backoff wait: `attempt` counts retries from 1, `maxRetries` is how many this error gets, `error` is
+   *  why. */
   | { type: 'retry'; attempt: number; delayMs: number; error: ProviderError; maxRetries?: number }
 
 /** One provider call. `maxTokens` (tokens) is clamped by the provider to the room left. */
@@ -272,9 +274,9 @@ export interface Tool<Args = any> {
   clearable?: boolean
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 2. Meter
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 /** Tokens are estimated as one per four UTF-16 units (docs/design.md §2). */
 export const UNITS_PER_TOKEN = 4
@@ -299,7 +301,8 @@ export function estimateMessageTokens(message: Message): number {
   let other = 0
   for (const block of content) {
     if (block.type === 'text' || block.type === 'reasoning') units += (block as TextBlock).text.length
-    else if (block.type === 'tool-call') units += (block as ToolCallBlock).name.length + (block as ToolCallBlock).arguments.length
+    else if (block.type === 'tool-call') units += (block as ToolCallBlock).name.length
+      + (block as ToolCallBlock).arguments.length
     else other += estimateTextTokens(JSON.stringify(block))
   }
   return Math.ceil(units / UNITS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
@@ -313,7 +316,8 @@ export function estimateMessageTokens(message: Message): number {
 export function estimateEnvelopeTokens(envelope: Envelope): number {
   let tokens = 0
   if (envelope.system) tokens += estimateTextTokens(envelope.system) + MESSAGE_OVERHEAD_TOKENS
-  if (envelope.tools && envelope.tools.length > 0) tokens += estimateTextTokens(JSON.stringify(envelope.tools)) + MESSAGE_OVERHEAD_TOKENS
+  if (envelope.tools && envelope.tools.length > 0) tokens += estimateTextTokens(JSON.stringify(envelope.tools))
+    + MESSAGE_OVERHEAD_TOKENS
   return tokens
 }
 
@@ -367,7 +371,8 @@ export interface Measurement {
 }
 
 /** Bounds of the calibration ratio (provider tokens per heuristic token), docs/design.md §10. */
-export const CALIBRATION_RANGE: readonly [min: number, max: number] = Object.freeze([0.5, 4]) as readonly [number, number]
+export const CALIBRATION_RANGE: readonly [min: number, max: number] =
+  Object.freeze([0.5, 4]) as readonly [number, number]
 /** How many recent calibration samples the ratio averages (Σ provider ÷ Σ heuristic). */
 const CALIBRATION_SAMPLES = 8
 /**
@@ -383,7 +388,8 @@ export const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
  * twice the heuristic, and calibration matters most there). docs/design.md §10.
  */
 export function calibrationMinSampleTokens(contextWindow?: number): number {
-  return contextWindow === undefined || !(contextWindow > 0) ? CALIBRATION_MIN_SAMPLE_TOKENS : Math.min(CALIBRATION_MIN_SAMPLE_TOKENS, Math.floor(contextWindow / 8))
+  return contextWindow === undefined || !(contextWindow > 0) ? CALIBRATION_MIN_SAMPLE_TOKENS
+    : Math.min(CALIBRATION_MIN_SAMPLE_TOKENS, Math.floor(contextWindow / 8))
 }
 
 /** The index of `target` in `items`, sorted ascending by `key`, or -1 (binary search). */
@@ -420,7 +426,8 @@ export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | und
   if (calibration === 1) return base + delta
   // Added content is priced at the calibration; removed content at the anchor's own rate (what it
   // was counted at), so that removing everything can never take the total below zero.
-  const rate = delta >= 0 || anchor.heuristicTokens <= 0 ? calibration : Math.min(CALIBRATION_RANGE[1], base / anchor.heuristicTokens)
+  const rate = delta >= 0 || anchor.heuristicTokens <= 0 ? calibration
+    : Math.min(CALIBRATION_RANGE[1], base / anchor.heuristicTokens)
   return base + Math.ceil(delta * rate)
 }
 
@@ -428,21 +435,30 @@ export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | und
 
 /** Throws a TypeError naming the field unless `prices` is a well-formed {@link Prices}; returns it. */
 export function validatePrices(prices: unknown, where = 'prices'): Prices {
-  const fail = (what: string): never => { throw new TypeError(`${where}${what}; e.g. { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 } (USD per million tokens)`) }
-  if (typeof prices !== 'object' || prices === null || Array.isArray(prices)) fail(` must be an object, got ${prices === null ? 'null' : typeof prices}`)
+  const fail = (what: string): never => { throw new TypeError(`${where}${what}; e.g. { cacheHitInput: 0.003, `
+    + `cacheMissInput: 0.15, output: 0.6 } (USD per million tokens)`) }
+  if (typeof prices !== 'object' || prices === null || Array.isArray(prices)) fail(` must be an object, `
+    + `got ${prices === null ? 'null' : typeof prices}`)
   const p = prices as Record<string, unknown>
-  for (const key of Object.keys(p)) if (!['cacheHitInput', 'cacheMissInput', 'output', 'peak'].includes(key)) fail(`: unknown key "${key}" (cacheHitInput, cacheMissInput, output, peak)`)
+  for (const key of Object.keys(p)) if (!['cacheHitInput', 'cacheMissInput', 'output', 'peak'].includes(key)) fail(`: `
+    + `unknown key "${key}" (cacheHitInput, cacheMissInput, output, peak)`)
   for (const key of ['cacheHitInput', 'cacheMissInput', 'output']) {
     const v = p[key]
-    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) fail(`.${key} must be a non-negative number of USD per million tokens, got ${JSON.stringify(v)}`)
+    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) fail(`.${key} must be a non-negative number of USD per `
+      + `million tokens, got ${JSON.stringify(v)}`)
   }
   if (p.peak !== undefined) {
     const peak = p.peak as Record<string, unknown>
     if (typeof peak !== 'object' || peak === null) fail('.peak must be an object {multiplier, days, hoursUTC}')
-    if (typeof peak.multiplier !== 'number' || !Number.isFinite(peak.multiplier) || peak.multiplier < 0) fail(`.peak.multiplier must be a non-negative number, got ${JSON.stringify(peak.multiplier)}`)
-    if (!Array.isArray(peak.days) || !peak.days.every((d) => Number.isInteger(d) && d >= 0 && d <= 6)) fail(`.peak.days must be UTC weekdays 0 (Sunday) … 6 (Saturday), got ${JSON.stringify(peak.days)}`)
-    if (!Array.isArray(peak.hoursUTC) || !peak.hoursUTC.every((h) => Array.isArray(h) && h.length === 2 && h.every((x) => typeof x === 'number' && x >= 0 && x <= 24) && h[0] < h[1])) {
-      fail(`.peak.hoursUTC must be [startHour, endHour) pairs with 0 ≤ start < end ≤ 24, got ${JSON.stringify(peak.hoursUTC)}`)
+    if (typeof peak.multiplier !== 'number' || !Number.isFinite(peak.multiplier)
+      || peak.multiplier < 0) fail(`.peak.multiplier must be a non-negative number, `
+      + `got ${JSON.stringify(peak.multiplier)}`)
+    if (!Array.isArray(peak.days) || !peak.days.every((d) => Number.isInteger(d) && d >= 0
+      && d <= 6)) fail(`.peak.days must be UTC weekdays 0 (Sunday) … 6 (Saturday), got ${JSON.stringify(peak.days)}`)
+    if (!Array.isArray(peak.hoursUTC) || !peak.hoursUTC.every((h) => Array.isArray(h) && h.length === 2
+      && h.every((x) => typeof x === 'number' && x >= 0 && x <= 24) && h[0] < h[1])) {
+      fail(`.peak.hoursUTC must be [startHour, endHour) pairs with 0 ≤ start < end ≤ 24, `
+        + `got ${JSON.stringify(peak.hoursUTC)}`)
     }
   }
   return prices as Prices
@@ -466,7 +482,8 @@ export interface BilledTokens { cachedInputTokens: number; uncachedInputTokens: 
  * output × output`, per million tokens, times the peak multiplier when `timeMs` is in a peak window.
  */
 export function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): number {
-  const usd = (tokens.cachedInputTokens * prices.cacheHitInput + tokens.uncachedInputTokens * prices.cacheMissInput + tokens.outputTokens * prices.output) / 1_000_000
+  const usd = (tokens.cachedInputTokens * prices.cacheHitInput + tokens.uncachedInputTokens * prices.cacheMissInput
+    + tokens.outputTokens * prices.output) / 1_000_000
   return isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
 }
 
@@ -480,9 +497,9 @@ export function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: numbe
   return timeMs !== undefined && isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 3. Pruner
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 /** The text put where the middle of a pruned tool result was (39 code points). docs/design.md §3. */
 export const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
@@ -502,7 +519,8 @@ export interface PruneConfig {
 }
 
 /** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
-export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = /* @__PURE__ */ Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
+export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> =
+  /* @__PURE__ */ Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
 
 /** Thrown for a prune configuration that cannot work; the message names the values and the fix. */
 export class PruneConfigError extends TypeError {
@@ -519,20 +537,27 @@ const validatedConfigs = new WeakSet<object>()
 export function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
   if (config === undefined || config === DEFAULT_PRUNE_CONFIG) return DEFAULT_PRUNE_CONFIG
   if (validatedConfigs.has(config)) return config as PruneConfig
-  if (typeof config !== 'object' || config === null) throw new PruneConfigError(`prune config must be an object, got ${String(config)}`)
+  if (typeof config !== 'object' || config === null)
+    throw new PruneConfigError(`prune config must be an object, got ${String(config)}`)
   for (const key of Object.keys(config)) {
     if (!['thresholdChars', 'headChars', 'tailChars', 'graphemeSafe'].includes(key)) {
-      throw new PruneConfigError(`prune config: unknown key "${key}" (known: thresholdChars, headChars, tailChars, graphemeSafe)`)
+      throw new PruneConfigError(`prune config: unknown key "${key}" (known: thresholdChars, headChars, tailChars, `
+        + `graphemeSafe)`)
     }
   }
   const full = { ...DEFAULT_PRUNE_CONFIG, ...config }
   for (const key of ['thresholdChars', 'headChars', 'tailChars'] as const) {
     const v = full[key]
-    if (!isIntegerAtLeast(v, 0)) throw new PruneConfigError(`prune config: ${key} must be a non-negative integer number of code points, got ${String(v)}`)
+    if (!isIntegerAtLeast(v, 0))
+      throw new PruneConfigError(`prune config: ${key} must be a non-negative integer number of code points, `
+        + `got ${String(v)}`)
   }
-  if (full.graphemeSafe !== undefined && typeof full.graphemeSafe !== 'boolean') throw new PruneConfigError(`prune config: graphemeSafe must be a boolean, got ${String(full.graphemeSafe)}`)
+  if (full.graphemeSafe !== undefined && typeof full.graphemeSafe !== 'boolean')
+    throw new PruneConfigError(`prune config: graphemeSafe must be a boolean, got ${String(full.graphemeSafe)}`)
   if (full.headChars + MARKER_CODE_POINTS + full.tailChars > full.thresholdChars) {
-    throw new PruneConfigError(`prune config: headChars (${full.headChars}) + marker (${MARKER_CODE_POINTS}) + tailChars (${full.tailChars}) = ${full.headChars + MARKER_CODE_POINTS + full.tailChars} exceeds thresholdChars (${full.thresholdChars}); lower headChars or tailChars, or raise thresholdChars`)
+    throw new PruneConfigError(`prune config: headChars (${full.headChars}) + marker (${MARKER_CODE_POINTS}) `
+      + `+ tailChars (${full.tailChars}) = ${full.headChars + MARKER_CODE_POINTS + full.tailChars} exceeds `
+      + `thresholdChars (${full.thresholdChars}); lower headChars or tailChars, or raise thresholdChars`)
   }
   validatedConfigs.add(full)
   return full
@@ -544,7 +569,8 @@ const isLow = (c: number) => c >= 0xdc00 && c <= 0xdfff
 /** UTF-16 index just after the first `n` code points of `text` (or `text.length`). O(n). */
 function indexAfterCodePoints(text: string, n: number): number {
   let i = 0
-  for (let k = 0; k < n && i < text.length; k++) i += isHigh(text.charCodeAt(i)) && isLow(text.charCodeAt(i + 1)) ? 2 : 1
+  for (let k = 0; k < n && i < text.length; k++) i += isHigh(text.charCodeAt(i))
+    && isLow(text.charCodeAt(i + 1)) ? 2 : 1
   return i
 }
 
@@ -575,9 +601,11 @@ export function codePointLength(text: string, limit = Infinity): number {
   return n
 }
 
-let segmenter: { segment(s: string): { containing(i: number): { index: number; segment: string } | undefined } } | null | undefined
+let segmenter: { segment(s: string): { containing(i: number): { index: number; segment: string } | undefined } }
+  | null | undefined
 function graphemeSegmenter() {
-  if (segmenter === undefined) segmenter = typeof Intl !== 'undefined' && 'Segmenter' in Intl ? new (Intl as any).Segmenter(undefined, { granularity: 'grapheme' }) : null
+  if (segmenter === undefined) segmenter = typeof Intl !== 'undefined' && 'Segmenter' in Intl
+    ? new (Intl as any).Segmenter(undefined, { granularity: 'grapheme' }) : null
   return segmenter
 }
 /** Grapheme clusters longer than this many UTF-16 units are cut anyway (bounded work). */
@@ -609,7 +637,8 @@ function cutPoints(text: string, cfg: PruneConfig): [headEnd: number, tailStart:
  * Throws {@link PruneConfigError} for a bad config. docs/design.md §3.
  */
 export function pruneText(text: string, config?: Partial<PruneConfig>): string {
-  if (typeof text !== 'string') throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
+  if (typeof text !== 'string')
+    throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
   const cfg = resolvePruneConfig(config)
   if (!overThreshold(text, cfg.thresholdChars)) return text
   const [headEnd, tailStart] = cutPoints(text, cfg)
@@ -696,7 +725,8 @@ export function pruneToolResult(message: ToolResultMessage, config?: Partial<Pru
 }
 
 /** The smaller cut for the string values of tool-call arguments still over the threshold. */
-const ARGUMENT_VALUE_CUT: Readonly<PruneConfig> = Object.freeze({ thresholdChars: 1024, headChars: 512, tailChars: 256 })
+const ARGUMENT_VALUE_CUT: Readonly<PruneConfig> =
+  Object.freeze({ thresholdChars: 1024, headChars: 512, tailChars: 256 })
 
 /**
  * Cuts tool-call arguments (raw JSON text) over `thresholdChars` code points while keeping them
@@ -712,9 +742,11 @@ export function pruneToolArguments(args: string, config?: Partial<PruneConfig>):
   const cut = (v: unknown, c: PruneConfig): unknown =>
     typeof v === 'string' ? pruneText(v, c)
       : Array.isArray(v) ? v.map((x) => cut(x, c))
-        : v !== null && typeof v === 'object' ? Object.fromEntries(Object.entries(v).map(([k, x]) => [k, cut(x, c)])) : v
+        : v !== null && typeof v === 'object'
+          ? Object.fromEntries(Object.entries(v).map(([k, x]) => [k, cut(x, c)])) : v
   let out = JSON.stringify(cut(value, cfg))
-  if (overThreshold(out, cfg.thresholdChars)) out = JSON.stringify(cut(JSON.parse(out), resolvePruneConfig(ARGUMENT_VALUE_CUT)))
+  if (overThreshold(out, cfg.thresholdChars)) out = JSON.stringify(cut(JSON.parse(out),
+    resolvePruneConfig(ARGUMENT_VALUE_CUT)))
   return out.length < args.length ? out : args
 }
 
@@ -751,9 +783,9 @@ export function pruneMessage<M extends Message>(message: M, config?: Partial<Pru
   return changed ? { ...message, content } : message
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 4. Log & surface
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 /** How a surface event changes the surface (docs/design.md §4). `start`/`end` are seqs of surface nodes. */
 export type SurfaceOp = { op: 'append' } | { op: 'replace'; start: number; end: number }
@@ -853,7 +885,8 @@ export interface EventDataMap {
   'step/end': { turn: number; step: number }
   'request/header': RequestHeader
   'user/message': { message: UserMessage; surfaceOp: SurfaceOp; compactionId?: string }
-  'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string; cache?: RequestCache }
+  'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string;
+    cache?: RequestCache }
   /** The dispatch record of a tool call. Its arguments are logged once, in the `tool-call` block of
    *  the assistant message that holds `callId` (logs written by dsh 0.1 repeat them here). */
   'tool/call': { callId: string; name: string; arguments?: string }
@@ -864,12 +897,16 @@ export interface EventDataMap {
   'compaction/clear': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
   'ladder/state': LadderStateData
   'compaction/start': { id: string; trigger: string }
-  /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md §12); `focus`: the focus the summary was asked for. */
-  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
-  'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number; requests?: SummaryRequestRecord[] }
+  /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md
+   *  §12); `focus`: the focus the summary was asked for. */
+  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number;
+    model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
+  'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number;
+    requests?: SummaryRequestRecord[] }
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
   'recovery/retry': { generationBefore: number; generationAfter: number }
-  /** A stream that broke after output (`code`, e.g. SERVER or TRANSPORT) is retried once as step `step + 1`; its partial output precedes this event as an interrupted message. */
+  /** A stream that broke after output (`code`, e.g. SERVER or TRANSPORT) is retried once as step `step + 1`; its
+   *  partial output precedes this event as an interrupted message. */
   'step/retry': { turn: number; step: number; code: ProviderErrorCode }
   /** A surface message pinned: never pruned, cleared or summarised (docs/design.md §12). */
   'surface/pin': { seq: number }
@@ -921,7 +958,8 @@ export interface SurfaceNode {
  * call/result pairing, a corrupt log file (with its line), a store that could not be read or written,
  * or a pin that is refused (it would not fit, or an edit would touch a pinned message).
  */
-export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'PIN' | 'LOCKED'
+export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT'
+  | 'STORE' | 'PIN' | 'LOCKED'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
 export class SessionError extends Error {
@@ -942,7 +980,8 @@ export class SessionError extends Error {
  */
 export interface TornLine { line: number; bytes: number; savedTo?: string }
 
-/** Who holds a session log's lock file (`FILE.lock`): process id, host name, and when it took the lock (ms since the epoch). */
+/** Who holds a session log's lock file (`FILE.lock`): process id, host name, and when it took the lock (ms since the
+ *  epoch). */
 export interface LogLockHolder { pid: number; host: string; time: number }
 
 /** What a store returns on load. */
@@ -979,7 +1018,8 @@ export class MemoryStore implements LogStore {
   readonly artefacts = new Map<string, string>()
   async load(): Promise<LoadedLog> { return { events: this.events.slice() } }
   async append(events: readonly SessionEvent[]): Promise<void> { for (const e of events) this.events.push(e) }
-  async putArtefact(name: string, text: string): Promise<string> { this.artefacts.set(name, text); return `memory:${name}` }
+  async putArtefact(name: string, text: string): Promise<string> { this.artefacts.set(name, text);
+    return `memory:${name}` }
   async getArtefact(ref: string): Promise<string> {
     const text = this.artefacts.get(ref.replace(/^memory:/, ''))
     if (text === undefined) throw new SessionError('STORE', `no artefact ${ref} in this MemoryStore`)
@@ -989,10 +1029,12 @@ export class MemoryStore implements LogStore {
 
 /** Checks the shape of one decoded log line; returns an error message or undefined. */
 function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined {
-  if (Array.isArray(e)) return 'a JSON array, not a dsh event {seq, type, time, data} (is this a transcript? use `dsh replay FILE`)'
+  if (Array.isArray(e)) return 'a JSON array, not a dsh event {seq, type, time, data} (is this a transcript? use `dsh '
+    + 'replay FILE`)'
   if (typeof e !== 'object' || e === null) return 'not a JSON object'
   const { seq, type, time, data } = e as Record<string, unknown>
-  if (typeof seq !== 'number' || typeof type !== 'string' || typeof time !== 'number' || typeof data !== 'object' || data === null) {
+  if (typeof seq !== 'number' || typeof type !== 'string' || typeof time !== 'number' || typeof data !== 'object'
+    || data === null) {
     return 'not a dsh event {seq, type, time, data} (is this a transcript? use `dsh replay FILE`)'
   }
   if (seq !== expectedSeq) return `seq ${seq} where ${expectedSeq} was expected (events must be contiguous)`
@@ -1015,7 +1057,8 @@ export function parseLogText(text: string): { events: SessionEvent[]; torn?: Tor
     const raw = text.slice(pos, nl < 0 ? text.length : nl)
     const parsed = parseLogLine(raw, line, events.length, nl >= 0)
     if (parsed === 'blank') break
-    if (parsed === 'torn') return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
+    if (parsed === 'torn')
+      return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
     events.push(parsed)
     pos = nl < 0 ? text.length : nl + 1
   }
@@ -1031,7 +1074,8 @@ const EVENT_LINE_START = '{"seq":'
  * one-line `.env` is refused); `'blank'`: trailing white space at the end of the file. Anything else
  * that is wrong throws `SessionError('LOG_CORRUPT')` naming the 1-based `line`.
  */
-function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent | 'torn' | 'blank' {
+function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent
+  | 'torn' | 'blank' {
   if (raw.trim() === '') {
     if (!terminated) return 'blank'
     throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
@@ -1042,7 +1086,8 @@ function parseLogLine(raw: string, line: number, expectedSeq: number, terminated
     // 7 bytes (`{"`: a crash between two writes of one batch). Anything else is not a dsh log.
     if (!terminated && (raw.startsWith(EVENT_LINE_START) || EVENT_LINE_START.startsWith(raw))) return 'torn'
     // The line itself is not echoed: a file given by mistake (an .env) may hold secrets.
-    throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length} characters; not shown)`, line)
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length} characters; `
+      + `not shown)`, line)
   }
   const problem = eventShapeProblem(value, expectedSeq)
   if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
@@ -1059,7 +1104,8 @@ export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
 }
 
 /** Whether two stats name the same file (device and inode). */
-function sameFile(a: { dev: number; ino: number }, b: { dev: number; ino: number }): boolean { return a.dev === b.dev && a.ino === b.ino }
+function sameFile(a: { dev: number; ino: number }, b: { dev: number; ino: number }): boolean { return a.dev === b.dev
+  && a.ino === b.ino }
 
 /** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
 const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
@@ -1084,7 +1130,8 @@ export class FileStore implements LogStore {
   private needsNewline = false
   private locked = false
   private repairOnly = false
-  /** The file's size in bytes as this store last saw it (-1: absent); a first write refuses a log that changed since. */
+  /** The file's size in bytes as this store last saw it (-1: absent); a first write refuses a log that changed since.
+   *  */
   private seenBytes?: number
   /** The lock of a dead process this store took over, if any: for the caller to report (docs/design.md §13). */
   staleLock?: LogLockHolder
@@ -1094,7 +1141,8 @@ export class FileStore implements LogStore {
   private failed?: string
   /** `readOnly`: never writes — a torn last line is reported, not cut; appends throw `SessionError('STORE')`. */
   readonly readOnly: boolean
-  constructor(path: string, options: { readOnly?: boolean } = {}) { this.path = path; this.lockPath = `${path}.lock`; this.readOnly = options.readOnly === true }
+  constructor(path: string, options: { readOnly?: boolean } = {}) { this.path = path; this.lockPath = `${path}.lock`;
+    this.readOnly = options.readOnly === true }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
@@ -1167,10 +1215,13 @@ export class FileStore implements LogStore {
       }
       // The repair is a write: it takes the lock for its duration. A live holder's torn-looking
       // last line may be its append in flight: reported, not repaired (and this store cannot write).
-      if (torn && (this.readOnly || !(await this.lockForRepair()))) this.seenBytes = undefined // not repaired: this store must not append
+      // not repaired: this store must not append
+      if (torn && (this.readOnly || !(await this.lockForRepair()))) this.seenBytes = undefined
       else if (torn) {
         try {
-          if ((await this.sizeNow()) !== size) throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another process writes to it); open it again`)
+          if ((await this.sizeNow()) !== size)
+            throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another `
+              + `process writes to it); open it again`)
           const savedTo = `${this.path}.torn-${Date.now()}`
           const tail = new Uint8Array(size - tornAt)
           await fh.read(tail, 0, tail.length, tornAt)
@@ -1196,7 +1247,8 @@ export class FileStore implements LogStore {
    */
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
-    if (this.readOnly) throw new SessionError('STORE', `session log ${this.path} was opened read-only; nothing is written to it`)
+    if (this.readOnly)
+      throw new SessionError('STORE', `session log ${this.path} was opened read-only; nothing is written to it`)
     if (this.failed) throw new SessionError('STORE', this.failed)
     if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
     if (!this.locked) {
@@ -1206,7 +1258,9 @@ export class FileStore implements LogStore {
         await this.unlock()
         throw new SessionError('LOCKED', this.seenBytes === undefined
           ? `session log ${this.path} ends with a torn line that another process held it during; open it again`
-          : `session log ${this.path} changed since it was loaded (${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): another process wrote to it; open it again`)
+          : `session log ${this.path} changed since it was loaded `
+            + `(${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): `
+            + `another process wrote to it; open it again`)
       }
       this.seenBytes = Math.max(size, 0) // an absent log is created by the first write
     } else {
@@ -1214,9 +1268,14 @@ export class FileStore implements LogStore {
       // another process appended, a truncation or a file renamed over the log would otherwise
       // leave duplicate seqs, a log without its start, or writes to an unlinked file.
       const size = await this.sizeNow()
-      const replaced = size >= 0 && this.handle !== undefined && !sameFile(await this.handle.stat(), await (await this.fs()).stat(this.path))
+      const replaced = size >= 0 && this.handle !== undefined && !sameFile(await this.handle.stat(),
+        await (await this.fs()).stat(this.path))
       if (size !== this.seenBytes || replaced) {
-        throw new SessionError('LOCKED', `session log ${this.path} changed while this process was writing it (${this.seenBytes} bytes written, now ${size < 0 ? 'deleted' : replaced ? `another file of ${size} bytes` : `${size} bytes`}): another process wrote to it; nothing more was appended, so the events of this step are not in it; see what changed it, then open it again`)
+        throw new SessionError('LOCKED', `session log ${this.path} changed while this process was writing it `
+          + `(${this.seenBytes} bytes written, `
+          + `now ${size < 0 ? 'deleted' : replaced ? `another file of ${size} bytes` : `${size} bytes`}): `
+          + `another process wrote to it; nothing more was appended, so the events of this step are not in it; `
+          + `see what changed it, then open it again`)
       }
     }
     const starts = this.lineStarts!
@@ -1283,7 +1342,8 @@ export class FileStore implements LogStore {
 
   async readEvent(seq: number): Promise<SessionEvent> {
     const starts = await this.index()
-    if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1) throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
+    if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1)
+      throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
     const bytes = new Uint8Array(starts[seq + 1] - starts[seq])
     this.reader ??= await (await this.fs()).open(this.path, 'r')
     await this.reader.read(bytes, 0, bytes.length, starts[seq])
@@ -1307,7 +1367,8 @@ export class FileStore implements LogStore {
     let text = new TextDecoder().decode(bytes)
     if (text.endsWith('\n')) text = text.slice(0, -1)
     const parsed = parseLogLine(text, seq + 1, seq, true)
-    if (typeof parsed === 'string') throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: empty or cut short when read back`, seq + 1)
+    if (typeof parsed === 'string')
+      throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: empty or cut short when read back`, seq + 1)
     return parsed
   }
 
@@ -1391,11 +1452,13 @@ let logLockExitHooked = false
 /** The holder recorded in a lock file, or undefined when the file does not say. */
 function parseLockHolder(text: string): LogLockHolder | undefined {
   const v = parseJSONOrUndefined(text)
-  if (!isRecord(v) || !Number.isSafeInteger(v.pid) || typeof v.host !== 'string' || typeof v.time !== 'number') return undefined
+  if (!isRecord(v) || !Number.isSafeInteger(v.pid) || typeof v.host !== 'string' || typeof v.time !== 'number')
+    return undefined
   return { pid: v.pid, host: v.host, time: v.time }
 }
 
-const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.host} (since ${new Date(h.time).toISOString()})`
+const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.host} (since `
+  + `${new Date(h.time).toISOString()})`
 
 /**
  * One writer per session log (docs/design.md §13). Creates `lockPath` exclusively (O_EXCL) holding
@@ -1407,12 +1470,15 @@ const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.h
  * @returns the stale holder taken over, if any.
  */
 export async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLockHolder | undefined> {
-  const [fs, os, { default: proc }] = await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'), importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
+  const [fs, os, { default: proc }] =
+    await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'),
+    importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
   const host = os.hostname()
   const me: LogLockHolder = { pid: proc.pid, host, time: Date.now() }
   const held = heldLogLocks.get(lockPath)
   if (held !== undefined) { heldLogLocks.set(lockPath, held + 1); return undefined }
-  const refuse = (why: string): never => { throw new SessionError('LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`) }
+  const refuse =
+    (why: string): never => { throw new SessionError('LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`) }
   let stale: LogLockHolder | undefined
   for (let round = 0; ; round++) {
     try {
@@ -1420,7 +1486,8 @@ export async function acquireLogLock(logPath: string, lockPath: string): Promise
       try { await handle.writeFile(JSON.stringify(me) + '\n') } finally { await handle.close() }
       break
     } catch (err: any) {
-      if (err?.code !== 'EEXIST') throw new SessionError('STORE', `cannot create the lock file ${lockPath}: ${err?.message ?? err}`)
+      if (err?.code !== 'EEXIST')
+        throw new SessionError('STORE', `cannot create the lock file ${lockPath}: ${err?.message ?? err}`)
     }
     let text: string
     try { text = await fs.readFile(lockPath, 'utf8') } catch (err: any) {
@@ -1428,18 +1495,24 @@ export async function acquireLogLock(logPath: string, lockPath: string): Promise
       throw new SessionError('STORE', `cannot read the lock file ${lockPath}: ${err?.message ?? err}`)
     }
     const holder = parseLockHolder(text)
-    if (!holder) refuse(`has a lock file that does not name its holder (${JSON.stringify(text.slice(0, 80))}); if no dsh is using this log, delete the lock file`)
-    if (holder!.pid === proc.pid && holder!.host === host) { heldLogLocks.set(lockPath, 1); return undefined } // ours, from before a close we skipped
-    if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, delete the lock file`)
+    if (!holder) refuse(`has a lock file that does not name its holder (${JSON.stringify(text.slice(0, 80))}); `
+      + `if no dsh is using this log, delete the lock file`)
+    // ours, from before a close we skipped
+    if (holder!.pid === proc.pid && holder!.host === host) { heldLogLocks.set(lockPath, 1); return undefined }
+    if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, `
+      + `delete the lock file`)
     let alive = true
     try { proc.kill(holder!.pid, 0) } catch (err: any) { alive = err?.code !== 'ESRCH' }
-    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file (if pid ${holder!.pid} is no dsh, its number was reused: delete the lock file)`)
+    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file (if `
+      + `pid ${holder!.pid} is no dsh, its number was reused: delete the lock file)`)
     if (round >= 3) refuse(`is being taken over by another process (the lock of ${describeHolder(holder!)} was stale)`)
     // Stale: move it aside, check that what moved is what we judged stale, then create ours.
     const aside = `${lockPath}.stale-${proc.pid}-${Date.now()}`
     try { await fs.rename(lockPath, aside) } catch { continue }
     const moved = await fs.readFile(aside, 'utf8').catch(() => '')
-    if (moved !== text) { await fs.link(aside, lockPath).catch(() => {}); await fs.unlink(aside).catch(() => {}); continue } // a live lock: put it back
+    // a live lock: put it back
+    if (moved !== text) { await fs.link(aside, lockPath).catch(() => {});
+      await fs.unlink(aside).catch(() => {}); continue }
     await fs.unlink(aside).catch(() => {})
     stale = holder
   }
@@ -1447,7 +1520,8 @@ export async function acquireLogLock(logPath: string, lockPath: string): Promise
   if (!logLockExitHooked) {
     logLockExitHooked = true
     const fsSync = await importNode<typeof import('node:fs')>('node:fs')
-    proc.on('exit', () => { for (const path of heldLogLocks.keys()) { try { fsSync.unlinkSync(path) } catch { /* gone */ } } })
+    proc.on('exit',
+      () => { for (const path of heldLogLocks.keys()) { try { fsSync.unlinkSync(path) } catch { /* gone */ } } })
   }
   return stale
 }
@@ -1464,16 +1538,22 @@ export async function releaseLogLock(lockPath: string): Promise<void> {
 function validateBlocks(blocks: unknown, where: string): void {
   if (!Array.isArray(blocks)) throw new SessionError('INVALID_MESSAGE', `${where}.content must be an array of blocks`)
   blocks.forEach((b, i) => {
-    if (typeof b !== 'object' || b === null || typeof (b as Block).type !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] must be an object with a string "type"`)
+    if (typeof b !== 'object' || b === null || typeof (b as Block).type !== 'string')
+      throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] must be an object with a string "type"`)
     const t = (b as Block).type
-    if ((t === 'text' || t === 'reasoning') && typeof (b as TextBlock).text !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}].text must be a string`)
+    if ((t === 'text' || t === 'reasoning') && typeof (b as TextBlock).text !== 'string')
+      throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}].text must be a string`)
     if (t !== 'text' && t !== 'reasoning' && t !== 'tool-call') {
-      try { JSON.stringify(b) } catch (err) { throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (${t}) cannot be stored as JSON: ${(err as Error).message}`) }
+      try { JSON.stringify(b) } catch (err) { throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (${t}) `
+        + `cannot be stored as JSON: ${(err as Error).message}`) }
     }
     if (t === 'tool-call') {
       const c = b as ToolCallBlock
-      if (typeof c.id !== 'string' || c.id === '') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs a non-empty string id`)
-      if (typeof c.name !== 'string' || typeof c.arguments !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs string name and arguments (raw JSON text)`)
+      if (typeof c.id !== 'string' || c.id === '')
+        throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs a non-empty string id`)
+      if (typeof c.name !== 'string' || typeof c.arguments !== 'string')
+        throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs string name and arguments `
+          + `(raw JSON text)`)
     }
   })
 }
@@ -1482,21 +1562,26 @@ function validateBlocks(blocks: unknown, where: string): void {
 export function validateMessage(m: unknown, role?: Message['role']): asserts m is Message {
   if (typeof m !== 'object' || m === null) throw new SessionError('INVALID_MESSAGE', 'message must be an object')
   const msg = m as Message
-  if (role && msg.role !== role) throw new SessionError('INVALID_MESSAGE', `expected a ${role} message, got role ${JSON.stringify(msg.role)}`)
+  if (role && msg.role !== role)
+    throw new SessionError('INVALID_MESSAGE', `expected a ${role} message, got role ${JSON.stringify(msg.role)}`)
   if (msg.role === 'user') { if (typeof msg.content !== 'string') validateBlocks(msg.content, 'user message') }
   else if (msg.role === 'assistant') validateBlocks(msg.content, 'assistant message')
   else if (msg.role === 'tool') {
-    if (typeof msg.toolCallId !== 'string' || msg.toolCallId === '') throw new SessionError('INVALID_MESSAGE', 'tool result needs a non-empty string toolCallId')
+    if (typeof msg.toolCallId !== 'string' || msg.toolCallId === '')
+      throw new SessionError('INVALID_MESSAGE', 'tool result needs a non-empty string toolCallId')
     validateBlocks(msg.content, 'tool result')
-    if ((msg.content as Block[]).some((b) => b.type === 'tool-call')) throw new SessionError('INVALID_MESSAGE', 'a tool result cannot contain tool-call blocks')
-  } else throw new SessionError('INVALID_MESSAGE', `unknown role ${JSON.stringify((msg as { role: unknown }).role)} (user, assistant or tool)`)
+    if ((msg.content as Block[]).some((b) => b.type === 'tool-call'))
+      throw new SessionError('INVALID_MESSAGE', 'a tool result cannot contain tool-call blocks')
+  } else throw new SessionError('INVALID_MESSAGE', `unknown role ${JSON.stringify((msg as { role: unknown }).role)} `
+    + `(user, assistant or tool)`)
 }
 
 const toolCalls = (m: Message): ToolCallBlock[] =>
   m.role === 'assistant' ? (m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]) : []
 
 /** The surface event types and the role of their message; null prototype, so `toString` is not one. */
-const SURFACE_TYPES: Readonly<Record<string, Message['role'] | undefined>> = /* @__PURE__ */ Object.freeze(Object.assign(Object.create(null), {
+const SURFACE_TYPES: Readonly<Record<string, Message['role'] | undefined>> =
+  /* @__PURE__ */ Object.freeze(Object.assign(Object.create(null), {
   'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool',
 }))
 
@@ -1534,12 +1619,14 @@ export class Session {
   private calls = new Map<string, { callSeq: number; resultSeq?: number }>()
   private openCalls = new Set<string>()
   private dispatched = new Set<string>()
-  /** Append seqs of the originals the surface no longer shows as logged (see {@link Session.shadowedSeqs}); sorted lazily. */
+  /** Append seqs of the originals the surface no longer shows as logged (see {@link Session.shadowedSeqs}); sorted
+   *  lazily. */
   private shadowed: number[] = []
   private shadowedSorted = true
   /** Seqs of spilled tool results (listed in `shadowed` when appended). */
   private spilledSeqs = new Set<number>()
-  /** Shadowed result seq → append seq of the assistant message holding its call (see {@link Session.shadowedCallSeq}). */
+  /** Shadowed result seq → append seq of the assistant message holding its call (see {@link
+   *  Session.shadowedCallSeq}). */
   private shadowedCalls = new Map<number, number>()
   private surfaceTokensSum = 0
   private envelopeTokensSum = 0
@@ -1586,7 +1673,8 @@ export class Session {
     this.store = options.store ?? new MemoryStore()
     this.now = options.now ?? Date.now
     const s = this.store
-    if (!(typeof s.scan === 'function' && typeof s.readEvent === 'function' && typeof s.readEvents === 'function')) this.retained = []
+    if (!(typeof s.scan === 'function' && typeof s.readEvent === 'function'
+      && typeof s.readEvents === 'function')) this.retained = []
   }
 
   /**
@@ -1596,7 +1684,9 @@ export class Session {
    * `SessionError('STORE')`; use {@link Session.readEvent} / {@link Session.readEvents}.
    */
   get events(): SessionEvent[] {
-    if (!this.retained) throw new SessionError('STORE', 'this session keeps only its surface in memory (its store reads events back); use await session.readEvent(seq) or session.readEvents(fromSeq, toSeq)')
+    if (!this.retained)
+      throw new SessionError('STORE', 'this session keeps only its surface in memory (its store reads events back); '
+        + 'use await session.readEvent(seq) or session.readEvents(fromSeq, toSeq)')
     return this.retained
   }
   /** Whether this session keeps every event in memory ({@link Session.events} works). */
@@ -1609,9 +1699,11 @@ export class Session {
    * otherwise the loaded log, resumed (see {@link Session.resume}). Throws `SessionError` with
    * `code 'LOG_CORRUPT'` and a line number for a corrupt log.
    */
-  static async open(store: LogStore = new MemoryStore(), options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
+  static async open(store: LogStore = new MemoryStore(),
+    options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = await Session.load(store, options)
-    if (session.seq === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION, format: LOG_FORMAT })
+    if (session.seq === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION,
+      format: LOG_FORMAT })
     else session.resume()
     await session.sync()
     return session
@@ -1621,7 +1713,8 @@ export class Session {
   static async load(store: LogStore, options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
     const session = new Session({ ...options, store })
     const replay = (e: SessionEvent) => {
-      if (e.seq !== session.nextSeq) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.nextSeq} was expected`, e.seq + 1)
+      if (e.seq !== session.nextSeq)
+        throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.nextSeq} was expected`, e.seq + 1)
       try { session.check(e.type, e.data) } catch (err) {
         throw new SessionError('LOG_CORRUPT', `session log line ${e.seq + 1}: ${(err as Error).message}`, e.seq + 1)
       }
@@ -1653,7 +1746,8 @@ export class Session {
    * Throws `SessionError('STORE')` for a seq that is not in the log.
    */
   async readEvent(seq: number): Promise<SessionEvent> {
-    if (!Number.isInteger(seq) || seq < 0 || seq >= this.nextSeq) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.nextSeq - 1})`)
+    if (!Number.isInteger(seq) || seq < 0 || seq >= this.nextSeq)
+      throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.nextSeq - 1})`)
     if (this.retained) return this.retained[seq]
     await this.flush() // the store reads back only what it has been given
     return await this.store.readEvent!(seq)
@@ -1708,7 +1802,8 @@ export class Session {
     if (this.shadowed.length > 0 && seq < this.shadowed[this.shadowed.length - 1]) this.shadowedSorted = false
     this.shadowed.push(seq)
     // The call's node key is the append seq of the assistant message as the model sent it.
-    if (message.role === 'tool') { const entry = this.calls.get(message.toolCallId); const callKey = entry && this.bySeq.get(entry.callSeq)?.key; if (callKey !== undefined) this.shadowedCalls.set(seq, callKey) }
+    if (message.role === 'tool') { const entry = this.calls.get(message.toolCallId); const callKey = entry
+      && this.bySeq.get(entry.callSeq)?.key; if (callKey !== undefined) this.shadowedCalls.set(seq, callKey) }
   }
   /**
    * For a shadowed tool result (`resultSeq` one of {@link Session.shadowedSeqs}), the append seq of
@@ -1724,7 +1819,8 @@ export class Session {
     const entry = this.calls.get(callId)
     return entry?.resultSeq === undefined ? undefined : this.bySeq.get(entry.resultSeq)?.key
   }
-  /** Whether the log holds originals the surface no longer shows (a replace or a spill happened): `recall` has something to read. */
+  /** Whether the log holds originals the surface no longer shows (a replace or a spill happened): `recall` has
+   *  something to read. */
   get hasShadowedContent(): boolean { return this.generation > 0 || this.spills > 0 }
   /**
    * The heuristic price in tokens of the original of surface node `seq`: for a tool result, of the
@@ -1733,7 +1829,8 @@ export class Session {
   originalTokens(seq: number): number {
     const node = this.bySeq.get(seq)
     if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
-    return (node.message.role === 'tool' ? this.originalResultTokens.get(node.message.toolCallId) : undefined) ?? node.tokens
+    return (node.message.role === 'tool' ? this.originalResultTokens.get(node.message.toolCallId) : undefined)
+      ?? node.tokens
   }
   /**
    * The ladder's failed-compaction guard as last logged (`ladder/state failedAtTokens`, heuristic
@@ -1762,8 +1859,10 @@ export class Session {
   append<T extends EventType>(type: T, data: EventDataMap[T]): SessionEvent<T>
   append(type: string, data: Record<string, unknown>): SessionEvent
   append(type: string, data: any): SessionEvent {
-    if (typeof type !== 'string' || type === '') throw new SessionError('INVALID_EVENT', 'event type must be a non-empty string')
-    if (typeof data !== 'object' || data === null || Array.isArray(data)) throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
+    if (typeof type !== 'string' || type === '')
+      throw new SessionError('INVALID_EVENT', 'event type must be a non-empty string')
+    if (typeof data !== 'object' || data === null || Array.isArray(data))
+      throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
     this.check(type, data)
     const event = { seq: this.nextSeq, type, time: this.now(), data } as SessionEvent
     this.apply(event)
@@ -1781,13 +1880,16 @@ export class Session {
         + (newer ? ': open it with the dsh that wrote it, or a newer one' : ': a format is a positive integer'))
     }
     if (type === 'request/header' && data.prices !== undefined) {
-      try { validatePrices(data.prices, 'request/header: prices') } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
+      try { validatePrices(data.prices, 'request/header: '
+        + 'prices') } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
     }
     if (type === 'compaction/end' && data.requests !== undefined) checkSummaryRequests(data.requests)
     if (type === 'surface/pin' || type === 'surface/unpin') {
       const seq = data.seq
-      if (!Number.isInteger(seq) || !this.bySeq.has(seq)) throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
-      if ((type === 'surface/pin') === this.pins.has(seq)) throw new SessionError('PIN', `${type}: seq ${seq} is ${this.pins.has(seq) ? 'already' : 'not'} pinned`)
+      if (!Number.isInteger(seq) || !this.bySeq.has(seq))
+        throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
+      if ((type === 'surface/pin') === this.pins.has(seq))
+        throw new SessionError('PIN', `${type}: seq ${seq} is ${this.pins.has(seq) ? 'already' : 'not'} pinned`)
       return
     }
     const role = SURFACE_TYPES[type]
@@ -1795,20 +1897,24 @@ export class Session {
     validateMessage(data.message, role)
     const op = data.surfaceOp as SurfaceOp
     const message = data.message as Message
-    if (!op || (op.op !== 'append' && op.op !== 'replace')) throw new SessionError('SURFACE_OP', `${type}: surfaceOp must be {op:'append'} or {op:'replace', start, end}`)
+    if (!op || (op.op !== 'append' && op.op !== 'replace'))
+      throw new SessionError('SURFACE_OP', `${type}: surfaceOp must be {op:'append'} or {op:'replace', start, end}`)
     const newCalls = toolCalls(message)
     if (op.op === 'replace' && role === 'assistant' && newCalls.length > 0) {
       // A pruned assistant message keeps its tool calls: same ids and names, in order, one node.
       const old = this.bySeq.get(op.start)?.message
       const oldCalls = old ? toolCalls(old) : []
-      if (op.start !== op.end || oldCalls.length !== newCalls.length || oldCalls.some((c, i) => c.id !== newCalls[i].id || c.name !== newCalls[i].name)) {
-        throw new SessionError('SURFACE_OP', `${type}: a replacement that carries tool calls must replace exactly the one assistant message with the same calls (seq ${op.start})`)
+      if (op.start !== op.end || oldCalls.length !== newCalls.length
+        || oldCalls.some((c, i) => c.id !== newCalls[i].id || c.name !== newCalls[i].name)) {
+        throw new SessionError('SURFACE_OP', `${type}: a replacement that carries tool calls must replace exactly the `
+          + `one assistant message with the same calls (seq ${op.start})`)
       }
       return
     }
     const seen = new Set<string>()
     for (const c of newCalls) {
-      if (seen.has(c.id) || this.calls.has(c.id)) throw new SessionError('PAIRING', `tool call id ${JSON.stringify(c.id)} is not unique on the surface`)
+      if (seen.has(c.id) || this.calls.has(c.id))
+        throw new SessionError('PAIRING', `tool call id ${JSON.stringify(c.id)} is not unique on the surface`)
       seen.add(c.id)
     }
     if (op.op === 'append') {
@@ -1816,7 +1922,9 @@ export class Session {
         const id = (message as ToolResultMessage).toolCallId
         const call = this.calls.get(id)
         if (!call) throw new SessionError('PAIRING', `tool result for unknown tool call id ${JSON.stringify(id)}`)
-        if (call.resultSeq !== undefined) throw new SessionError('PAIRING', `tool call ${JSON.stringify(id)} already has a result (seq ${call.resultSeq})`)
+        if (call.resultSeq !== undefined)
+          throw new SessionError('PAIRING', `tool call ${JSON.stringify(id)} already has a result (seq `
+            + `${call.resultSeq})`)
       }
       return
     }
@@ -1825,21 +1933,28 @@ export class Session {
     const first = this.bySeq.get(start)
     const last = this.bySeq.get(end)
     if (!Number.isInteger(start) || !Number.isInteger(end) || !first || !last) {
-      throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the current surface`)
+      throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the `
+        + `current surface`)
     }
-    if (first.key > last.key) throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
+    if (first.key > last.key)
+      throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
     if (this.pins.size > 0) {
       for (let i = this.indexOfKey(first.key), hi = this.indexOfKey(last.key); i <= hi; i++) {
-        if (this.pins.has(this.nodes[i].seq)) throw new SessionError('PIN', `${type}: replace ${start}..${end} would change pinned message seq ${this.nodes[i].seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
+        if (this.pins.has(this.nodes[i].seq))
+          throw new SessionError('PIN', `${type}: replace ${start}..${end} would change pinned message seq `
+            + `${this.nodes[i].seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
       }
     }
     if (newCalls.length > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
     if (role === 'tool') {
       const old = first.message
-      if (start !== end || old.role !== 'tool') throw new SessionError('SURFACE_OP', `tool/result: a replace must cover exactly one tool result (got ${start}..${end})`)
+      if (start !== end || old.role !== 'tool')
+        throw new SessionError('SURFACE_OP', `tool/result: a replace must cover exactly one tool result (got `
+          + `${start}..${end})`)
       const { content: _a, ...restOld } = old
       const { content: _b, ...restNew } = message as ToolResultMessage
-      if (JSON.stringify(restOld) !== JSON.stringify(restNew)) throw new SessionError('SURFACE_OP', `tool/result: a replacement may change only content (seq ${start})`)
+      if (JSON.stringify(restOld) !== JSON.stringify(restNew))
+        throw new SessionError('SURFACE_OP', `tool/result: a replacement may change only content (seq ${start})`)
       return
     }
     // A range replace must keep calls and results together (docs/design.md §4, matched by id).
@@ -1850,12 +1965,18 @@ export class Session {
       const m = this.nodes[i].message
       for (const c of toolCalls(m)) {
         const entry = this.calls.get(c.id)!
-        if (entry.resultSeq === undefined) throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id}, which has no result yet`)
-        if (!inRange.has(entry.resultSeq)) throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id} but keep its result (seq ${entry.resultSeq})`)
+        if (entry.resultSeq === undefined)
+          throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id}, which has no `
+            + `result yet`)
+        if (!inRange.has(entry.resultSeq))
+          throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id} but keep its `
+            + `result (seq ${entry.resultSeq})`)
       }
       if (m.role === 'tool') {
         const entry = this.calls.get(m.toolCallId)!
-        if (!inRange.has(entry.callSeq)) throw new SessionError('PAIRING', `replace ${start}..${end} would remove the result of tool call ${m.toolCallId} but keep the call (seq ${entry.callSeq})`)
+        if (!inRange.has(entry.callSeq))
+          throw new SessionError('PAIRING', `replace ${start}..${end} would remove the result of tool call `
+            + `${m.toolCallId} but keep the call (seq ${entry.callSeq})`)
       }
     }
   }
@@ -1876,12 +1997,16 @@ export class Session {
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
         this.anchorState = undefined // an envelope or model change voids the usage anchor (docs/design.md §2)
         const key = cacheKey(data.model, data)
-        if (key !== this.envelopeKey) { this.envelopeKey = key; this.cacheNodes = -1; this.cachePrefixTokens = 0 } // a new envelope or model: nothing is cached
-        if (data.model !== this.calibrationModel) { this.calibrationModel = data.model; this.calibrationSamples = [] } // calibration is per model
+        // a new envelope or model: nothing is cached
+        if (key !== this.envelopeKey) { this.envelopeKey = key; this.cacheNodes = -1; this.cachePrefixTokens = 0 }
+        // calibration is per model
+        if (data.model !== this.calibrationModel) { this.calibrationModel = data.model; this.calibrationSamples = [] }
         break
       }
-      case 'turn/start': this.turnState = { last: data.turn, open: true, step: 0, stepOpen: false }; this.inputSeq = undefined; this.awaitingInput = true; break
-      case 'turn/end': this.turnState.open = false; this.turnState.stepOpen = false; this.inputSeq = undefined; this.awaitingInput = false; break
+      case 'turn/start': this.turnState = { last: data.turn, open: true, step: 0, stepOpen: false };
+      this.inputSeq = undefined; this.awaitingInput = true; break
+      case 'turn/end': this.turnState.open = false; this.turnState.stepOpen = false; this.inputSeq = undefined;
+      this.awaitingInput = false; break
       case 'ladder/state': {
         const sample = data.sample as LadderStateData['sample']
         if (data.failedAtTokens !== undefined) this.failedAt = data.failedAtTokens ?? undefined
@@ -1890,7 +2015,8 @@ export class Session {
         // one too small to be a calibration sample: it is the exact size of the surface as it is now.
         const taken = this.addCalibrationSample(sample.providerTokens, sample.heuristicTokens)
         if (sample.source === 'overflow' && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))) {
-          this.anchorState = { providerTokens: sample.providerTokens, heuristicTokens: this.envelopeTokensSum + this.surfaceTokensSum, seq: event.seq }
+          this.anchorState = { providerTokens: sample.providerTokens, heuristicTokens: this.envelopeTokensSum
+            + this.surfaceTokensSum, seq: event.seq }
         }
         break
       }
@@ -1904,7 +2030,9 @@ export class Session {
         if (this.compactionOpen === data.id) this.compactionOpen = undefined
         if (Array.isArray(data.requests)) {
           for (const r of data.requests as SummaryRequestRecord[]) {
-            this.addRequest({ time: event.time, summary: true, model: r.model, inputTokens: r.inputTokens, modelledHitTokens: r.modelledHitTokens, outputTokens: r.outputTokens, usage: r.usage, prices: r.prices ?? (r.model === this.header?.model ? this.header?.prices : undefined) })
+            this.addRequest({ time: event.time, summary: true, model: r.model, inputTokens: r.inputTokens,
+              modelledHitTokens: r.modelledHitTokens, outputTokens: r.outputTokens, usage: r.usage, prices: r.prices
+              ?? (r.model === this.header?.model ? this.header?.prices : undefined) })
           }
         }
         break
@@ -1916,10 +2044,14 @@ export class Session {
     const tokens = estimateMessageTokens(message)
     if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
       // The request that produced this message carried the surface as it is now (docs/design.md §10).
-      // Only when the messages are at least half of it: how a provider frames tool specs varies more than its tokenizer.
-      if (this.surfaceTokensSum >= this.envelopeTokensSum) this.addCalibrationSample((data.usage as Usage).promptTokens, this.envelopeTokensSum + this.surfaceTokensSum)
+      // Only when the messages are at least half of it: how a provider frames tool specs varies more than its
+      // tokenizer.
+      if (this.surfaceTokensSum >= this.envelopeTokensSum) {
+        this.addCalibrationSample((data.usage as Usage).promptTokens, this.envelopeTokensSum + this.surfaceTokensSum)
+      }
     }
-    if (event.type === 'tool/result' && data.spilled && op.op === 'append') { this.spills++; this.spilledSeqs.add(event.seq); this.addShadowed(event.seq, message) }
+    if (event.type === 'tool/result' && data.spilled && op.op === 'append') { this.spills++;
+      this.spilledSeqs.add(event.seq); this.addShadowed(event.seq, message) }
     if (op.op === 'append') {
       if (message.role === 'user' && this.awaitingInput) { this.inputSeq = event.seq; this.awaitingInput = false }
       if (event.type === 'assistant/message') this.recordRequest(event.time, tokens, data.usage)
@@ -1928,7 +2060,8 @@ export class Session {
       this.bySeq.set(event.seq, node)
       this.surfaceTokensSum += tokens
       for (const c of toolCalls(message)) { this.calls.set(c.id, { callSeq: event.seq }); this.openCalls.add(c.id) }
-      if (message.role === 'tool') { this.calls.get(message.toolCallId)!.resultSeq = event.seq; this.openCalls.delete(message.toolCallId); this.originalResultTokens.set(message.toolCallId, tokens) }
+      if (message.role === 'tool') { this.calls.get(message.toolCallId)!.resultSeq = event.seq;
+        this.openCalls.delete(message.toolCallId); this.originalResultTokens.set(message.toolCallId, tokens) }
     } else {
       const first = this.bySeq.get(op.start)!, last = this.bySeq.get(op.end)!
       const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
@@ -1956,8 +2089,10 @@ export class Session {
         const old = this.nodes[i]
         this.bySeq.delete(old.seq)
         if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
-        if (message.role === 'assistant' && toolCalls(message).length > 0) continue // a pruned assistant message keeps its calls (checked)
-        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id); this.dispatched.delete(c.id) }
+        // a pruned assistant message keeps its calls (checked)
+        if (message.role === 'assistant' && toolCalls(message).length > 0) continue
+        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id);
+          this.dispatched.delete(c.id) }
       }
       if (message.role === 'tool') this.calls.get(message.toolCallId)!.resultSeq = event.seq
       for (const c of toolCalls(message)) this.calls.get(c.id)!.callSeq = event.seq
@@ -1966,14 +2101,17 @@ export class Session {
       this.surfaceTokensSum += tokens - shadowed
       this.generation++
       this.edits.set(event.seq, { seq: event.seq, movedTokens, savedTokens: shadowed - tokens, time: event.time })
-      if (this.edits.size > RECENT_EDITS) this.edits.delete(this.edits.keys().next().value!) // asked right after the edit: keep the newest only
+      // asked right after the edit: keep the newest only
+      if (this.edits.size > RECENT_EDITS) this.edits.delete(this.edits.keys().next().value!)
     }
     if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
       const u = data.usage as Usage
-      const providerTokens = u.promptTokens + u.completionTokens, heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+      const providerTokens = u.promptTokens + u.completionTokens, heuristicTokens =
+        this.envelopeTokensSum + this.surfaceTokensSum
       // A count more than 4× the heuristic one (of at least 1,000) is of something else, e.g. a broken
       // server's bogus usage: anchoring on it would price every later request as an overflow, for good.
-      if (Number.isFinite(providerTokens) && providerTokens >= 0 && providerTokens <= CALIBRATION_RANGE[1] * Math.max(heuristicTokens, CALIBRATION_MIN_SAMPLE_TOKENS)) {
+      if (Number.isFinite(providerTokens) && providerTokens >= 0
+        && providerTokens <= CALIBRATION_RANGE[1] * Math.max(heuristicTokens, CALIBRATION_MIN_SAMPLE_TOKENS)) {
         this.anchorState = { providerTokens, heuristicTokens, seq: event.seq }
       }
     }
@@ -1981,17 +2119,19 @@ export class Session {
 
   /**
    * Adds a calibration sample (docs/design.md §10); the newest 8 count. Ignores requests under
-   * {@link calibrationMinSampleTokens} of the header's window and implausible samples (a ratio outside [0.5, 4]: the count is of
-   * something else, e.g. a server configured with another window). Returns whether it was taken.
+   * {@link calibrationMinSampleTokens} of the header's window and implausible samples (a ratio outside [0.5, 4]: the
+   * count is of something else, e.g. a server configured with another window). Returns whether it was taken.
    */
   private addCalibrationSample(provider: number, heuristic: number): boolean {
-    if (!(heuristic >= calibrationMinSampleTokens(this.header?.contextWindow)) || !plausibleRatio(provider, heuristic)) return false
+    if (!(heuristic >= calibrationMinSampleTokens(this.header?.contextWindow))
+      || !plausibleRatio(provider, heuristic)) return false
     this.calibrationSamples.push({ provider, heuristic })
     if (this.calibrationSamples.length > CALIBRATION_SAMPLES) this.calibrationSamples.shift()
     return true
   }
 
-  /** Provider tokens per heuristic token over the recent samples (Σ provider ÷ Σ heuristic), clamped to [0.5, 4]; 1 without samples. */
+  /** Provider tokens per heuristic token over the recent samples (Σ provider ÷ Σ heuristic), clamped to [0.5, 4]; 1
+   *  without samples. */
   private calibrationRatio(): number {
     if (this.calibrationSamples.length === 0) return 1
     let p = 0, h = 0
@@ -2019,9 +2159,14 @@ export class Session {
   /** Folds one request into its bucket (see {@link Session.requestBuckets}). */
   private addRequest(r: RequestEntry): void {
     const minuteOfWeek = Math.floor(r.time / 60_000) % (7 * 24 * 60)
-    const key = `${r.summary ? 1 : 0}\u0000${r.model}\u0000${r.prices ? JSON.stringify(r.prices) : ''}\u0000${minuteOfWeek}`
+    const key = `${r.summary ? 1 : 0}\u0000${r.model}\u0000${r.prices ? JSON.stringify(r.prices) : ''}`
+      + `\u0000${minuteOfWeek}`
     let b = this.requestBuckets.get(key)
-    if (!b) this.requestBuckets.set(key, b = { time: r.time, summary: r.summary, model: r.model, prices: r.prices, requests: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, modelledHitTokens: 0, reportedCacheRequests: 0 })
+    if (!b) {
+      this.requestBuckets.set(key, b = { time: r.time, summary: r.summary, model: r.model, prices: r.prices,
+        requests: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, modelledHitTokens: 0,
+        reportedCacheRequests: 0 })
+    }
     const billed = billedTokens(r)
     b.requests++
     b.cachedInputTokens += billed.cachedInputTokens
@@ -2034,7 +2179,8 @@ export class Session {
   /** Logs one conversation request (an appended assistant message answers it) in the cache model. */
   private recordRequest(time: number, outputTokens: number, usage: Usage | undefined): void {
     const { inputTokens, modelledHitTokens } = this.nextRequestCache()
-    this.addRequest({ time, summary: false, model: this.header?.model ?? '', inputTokens, modelledHitTokens, outputTokens, usage, prices: this.header?.prices })
+    this.addRequest({ time, summary: false, model: this.header?.model ?? '', inputTokens, modelledHitTokens,
+      outputTokens, usage, prices: this.header?.prices })
     this.cacheNodes = this.nodes.length // the request sent the whole surface before this message
     this.cachePrefixTokens = this.surfaceTokensSum
   }
@@ -2060,7 +2206,8 @@ export class Session {
    * another model or envelope. O(messages compared).
    */
   summaryRequestHit(model: string, envelope: Envelope, messages: readonly Message[]): number {
-    if (this.cacheNodes < 0 || cacheKey(model, { ...envelope, baseURL: this.header?.baseURL }) !== this.envelopeKey) return 0
+    if (this.cacheNodes < 0
+      || cacheKey(model, { ...envelope, baseURL: this.header?.baseURL }) !== this.envelopeKey) return 0
     let tokens = this.envelopeTokensSum
     const n = Math.min(this.cacheNodes, messages.length)
     for (let i = 0; i < n && messages[i] === this.nodes[i].message; i++) tokens += this.nodes[i].tokens
@@ -2083,7 +2230,8 @@ export class Session {
     const cost: EditCost = { seq: e.seq, movedTokens: e.movedTokens, savedTokens: e.savedTokens }
     if (prices) {
       cost.cacheCostUSD = cacheCostUSD(prices, e.movedTokens, e.time)
-      cost.savedUSDPerRequest = (e.savedTokens * prices.cacheHitInput * (isPeakTime(prices, e.time) ? prices.peak!.multiplier : 1)) / 1_000_000
+      cost.savedUSDPerRequest = (e.savedTokens * prices.cacheHitInput * (isPeakTime(prices, e.time)
+        ? prices.peak!.multiplier : 1)) / 1_000_000
     }
     return cost
   }
@@ -2102,7 +2250,8 @@ export class Session {
    * price makes `costUSD` undefined ("unknown"); tokens are still reported.
    */
   usage(options: { prices?: Prices | ((model: string) => Prices | undefined) } = {}): SessionUsage {
-    const tally = (): TokenTally => ({ requests: 0, inputTokens: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, costUSD: 0, unpricedRequests: 0 })
+    const tally = (): TokenTally => ({ requests: 0, inputTokens: 0, cachedInputTokens: 0, uncachedInputTokens: 0,
+      outputTokens: 0, costUSD: 0, unpricedRequests: 0 })
     const conversation = tally(), summary = tally()
     let modelledHitTokens = 0, reportedCacheRequests = 0
     const override = options.prices
@@ -2126,10 +2275,12 @@ export class Session {
       cachedInputTokens: conversation.cachedInputTokens + summary.cachedInputTokens,
       uncachedInputTokens: conversation.uncachedInputTokens + summary.uncachedInputTokens,
       outputTokens: conversation.outputTokens + summary.outputTokens,
-      costUSD: conversation.costUSD === undefined || summary.costUSD === undefined ? undefined : conversation.costUSD + summary.costUSD,
+      costUSD: conversation.costUSD === undefined || summary.costUSD === undefined ? undefined
+        : conversation.costUSD + summary.costUSD,
       unpricedRequests: conversation.unpricedRequests + summary.unpricedRequests,
     }
-    return { ...total, conversation, summary, cacheHitShare: total.inputTokens > 0 ? total.cachedInputTokens / total.inputTokens : 0, modelledHitTokens, reportedCacheRequests }
+    return { ...total, conversation, summary, cacheHitShare: total.inputTokens > 0
+      ? total.cachedInputTokens / total.inputTokens : 0, modelledHitTokens, reportedCacheRequests }
   }
 
   /**
@@ -2137,7 +2288,9 @@ export class Session {
    * `SessionError('PAIRING')` while a tool call has no result: such a request must never be sent.
    */
   messages(): Message[] {
-    if (this.openCalls.size > 0) throw new SessionError('PAIRING', `cannot build a request: tool call(s) ${[...this.openCalls].join(', ')} have no result yet`)
+    if (this.openCalls.size > 0)
+      throw new SessionError('PAIRING', `cannot build a request: tool call(s) ${[...this.openCalls].join(', ')} have `
+        + `no result yet`)
     return this.nodes.map((n) => n.message)
   }
 
@@ -2157,7 +2310,8 @@ export class Session {
    */
   pruneToolResult(seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
     const node = this.bySeq.get(seq)
-    if (!node || node.message.role !== 'tool') throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
+    if (!node || node.message.role !== 'tool')
+      throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
     const pruned = pruneToolResult(node.message, config)
     return pruned === node.message ? 0 : this.shadow(node, 'compaction/prune', pruned, trigger)
   }
@@ -2172,7 +2326,8 @@ export class Session {
     const node = this.bySeq.get(seq)
     if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
     if (node.message.role === 'tool') return this.pruneToolResult(seq, config, trigger)
-    if (seq === this.inputSeq) throw new SessionError('SURFACE_OP', `seq ${seq} is the current turn's input, which is never edited`)
+    if (seq === this.inputSeq)
+      throw new SessionError('SURFACE_OP', `seq ${seq} is the current turn's input, which is never edited`)
     const pruned = pruneMessage(node.message, config)
     return pruned === node.message ? 0 : this.shadow(node, 'compaction/prune', pruned, trigger)
   }
@@ -2185,18 +2340,23 @@ export class Session {
    */
   clearToolResult(seq: number, placeholder: string, trigger?: string): number {
     const node = this.bySeq.get(seq)
-    if (!node || node.message.role !== 'tool') throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
-    return this.shadow(node, 'compaction/clear', { ...node.message, content: [{ type: 'text', text: placeholder }] }, trigger)
+    if (!node || node.message.role !== 'tool')
+      throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
+    return this.shadow(node, 'compaction/clear',
+      { ...node.message, content: [{ type: 'text', text: placeholder }] }, trigger)
   }
 
   /** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
-  private shadow(node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear', message: Message, trigger?: string): number {
+  private shadow(node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear', message: Message,
+    trigger?: string): number {
     const seq = node.seq
-    const eventType = message.role === 'tool' ? 'tool/result' : message.role === 'assistant' ? 'assistant/message' : 'user/message'
+    const eventType = message.role === 'tool' ? 'tool/result' : message.role === 'assistant' ? 'assistant/message'
+      : 'user/message'
     const data: Record<string, unknown> = { message, surfaceOp: { op: 'replace', start: seq, end: seq } }
     if (eventType === 'assistant/message') data.finishReason = 'pruned'
     this.check(eventType, data) // both events or neither
-    this.append(type, trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger } : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
+    this.append(type, trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger }
+      : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
     const after = this.append(eventType, data)
     return node.tokens - this.bySeq.get(after.seq)!.tokens
   }
@@ -2221,13 +2381,18 @@ export class Session {
    */
   checkPinFits(extraTokens: number, what: string, limitTokens?: number): void {
     const window = this.header?.contextWindow
-    const limit = limitTokens ?? (window === undefined ? Infinity : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
+    const limit = limitTokens ?? (window === undefined ? Infinity
+      : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
     const pinned = this.pinnedTokens() + extraTokens
     // The limit is measured tokens of the window; the prices are heuristic tokens (docs/design.md §10).
     const rate = this.calibrationRatio()
     const measured = Math.ceil((this.envelopeTokensSum + pinned) * rate)
     if (measured <= limit) return
-    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} tokens, which with the ${this.envelopeTokensSum}-token envelope exceeds the ${limit}-token limit for pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}${rate === 1 ? '' : ` at × ${rate.toFixed(2)} calibration (${measured} tokens)`}; pinned messages are never compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message`)
+    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} `
+      + `tokens, which with the ${this.envelopeTokensSum}-token envelope exceeds the ${limit}-token limit for `
+      + `pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}`
+      + `${rate === 1 ? '' : ` at × ${rate.toFixed(2)} calibration (${measured} tokens)`}; pinned messages are never `
+      + 'compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message')
   }
 
   /**
@@ -2235,7 +2400,8 @@ export class Session {
    * summarised and stays verbatim in its position; region selection treats it like the current
    * input (docs/design.md §12). Pins survive resume (they are read back from the log).
    * @param options.limitTokens see {@link Session.checkPinFits}.
-   * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit (with the numbers).
+   * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit (with the
+   * numbers).
    */
   pin(seq: number, options: { limitTokens?: number } = {}): void {
     const node = this.bySeq.get(seq)
@@ -2254,13 +2420,16 @@ export class Session {
   resume(): void {
     const open = [...this.openCalls]
     this.append('session/resume', { lastSeq: this.nextSeq - 1, torn: this.torn, repaired: open.length })
-    if (this.compactionOpen) this.append('compaction/end', { id: this.compactionOpen, error: 'stale: the process stopped during this compaction' })
+    if (this.compactionOpen) this.append('compaction/end', { id: this.compactionOpen, error: 'stale: the process '
+      + 'stopped during this compaction' })
     for (const id of open) {
       const code = this.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
       const text = code === 'TOOL_OUTCOME_UNKNOWN'
-        ? `${code}: the process stopped while this tool call was running; its effects are unknown. Check the current state before repeating it.`
+        ? `${code}: the process stopped while this tool call was running; its effects are unknown. Check the current `
+          + `state before repeating it.`
         : `${code}: the process stopped before this tool call was started; call it again if it is still needed.`
-      this.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text }], isError: true, metadata: { code } }, surfaceOp: { op: 'append' } })
+      this.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text }],
+        isError: true, metadata: { code } }, surfaceOp: { op: 'append' } })
     }
     const t = this.turnState
     if (t.stepOpen) this.append('step/end', { turn: t.last, step: t.step })
@@ -2276,7 +2445,8 @@ export class Session {
       try { await this.store.append(batch) } catch (err) {
         this.pending = batch.concat(this.pending) // keep them for the next attempt: nothing is lost
         if (err instanceof SessionError && err.code === 'LOCKED') throw err // another writer: say who
-        throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: ${(err as Error)?.message ?? err}`)
+        throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: `
+          + `${(err as Error)?.message ?? err}`)
       }
     }
     this.writing = this.writing.then(run, run)
@@ -2317,16 +2487,23 @@ interface RequestEntry {
   prices?: Prices
 }
 
-/** Throws `SessionError('INVALID_EVENT')` unless `requests` is a list of {@link SummaryRequestRecord}s (cost figures stay numbers). */
+/** Throws `SessionError('INVALID_EVENT')` unless `requests` is a list of {@link SummaryRequestRecord}s (cost figures
+ *  stay numbers). */
 function checkSummaryRequests(requests: unknown): void {
   const count = (v: unknown) => typeof v === 'number' && Number.isFinite(v) && v >= 0
-  if (!Array.isArray(requests)) throw new SessionError('INVALID_EVENT', 'compaction/end: requests must be an array of summary request records')
+  if (!Array.isArray(requests))
+    throw new SessionError('INVALID_EVENT', 'compaction/end: requests must be an array of summary request records')
   requests.forEach((r, i) => {
-    const ok = typeof r === 'object' && r !== null && typeof r.model === 'string' && count(r.inputTokens) && count(r.modelledHitTokens) && count(r.outputTokens)
-      && (r.usage === undefined || (typeof r.usage === 'object' && r.usage !== null && count(r.usage.promptTokens) && count(r.usage.completionTokens)))
-    if (!ok) throw new SessionError('INVALID_EVENT', `compaction/end: requests[${i}] must be {model, inputTokens, modelledHitTokens, outputTokens, usage?} with token counts as non-negative numbers, got ${JSON.stringify(r)?.slice(0, 120)}`)
+    const ok = typeof r === 'object' && r !== null && typeof r.model === 'string' && count(r.inputTokens)
+      && count(r.modelledHitTokens) && count(r.outputTokens)
+      && (r.usage === undefined || (typeof r.usage === 'object' && r.usage !== null && count(r.usage.promptTokens)
+        && count(r.usage.completionTokens)))
+    if (!ok) throw new SessionError('INVALID_EVENT', `compaction/end: requests[${i}] must be {model, inputTokens, `
+      + `modelledHitTokens, outputTokens, usage?} with token counts as non-negative numbers, `
+      + `got ${JSON.stringify(r)?.slice(0, 120)}`)
     if (r.prices !== undefined) {
-      try { validatePrices(r.prices, `compaction/end: requests[${i}].prices`) } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
+      try { validatePrices(r.prices, `compaction/end: `
+        + `requests[${i}].prices`) } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
     }
   })
 }
@@ -2340,12 +2517,15 @@ function cacheKey(model: string, h: { baseURL?: string; system?: string; tools?:
  * The billed split of one request (docs/design.md §11): the provider's figures when reported, else
  * the meter's; a reported prompt size without `cachedTokens` takes the modelled hit's share of it.
  */
-function billedTokens(r: { inputTokens: number; modelledHitTokens: number; outputTokens: number; usage?: Usage }): BilledTokens {
-  const u = r.usage && r.usage.promptTokens > 0 ? r.usage : undefined // a prompt is never 0 tokens: 0 means "not reported"
+function billedTokens(r: { inputTokens: number; modelledHitTokens: number; outputTokens: number;
+  usage?: Usage }): BilledTokens {
+  // a prompt is never 0 tokens: 0 means "not reported"
+  const u = r.usage && r.usage.promptTokens > 0 ? r.usage : undefined
   const input = u ? u.promptTokens : r.inputTokens
   const share = r.inputTokens > 0 ? Math.min(1, r.modelledHitTokens / r.inputTokens) : 0
   const cached = Math.min(input, Math.max(0, u?.cachedTokens ?? (u ? Math.round(input * share) : r.modelledHitTokens)))
-  return { cachedInputTokens: cached, uncachedInputTokens: input - cached, outputTokens: r.usage ? r.usage.completionTokens : r.outputTokens }
+  return { cachedInputTokens: cached, uncachedInputTokens: input - cached, outputTokens: r.usage
+    ? r.usage.completionTokens : r.outputTokens }
 }
 
 function randomId(): string {
@@ -2354,9 +2534,9 @@ function randomId(): string {
   return `s-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 5. Ladder
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 // prune → clear → compact → fail, plus spill at write time (docs/design.md §§5, 10). Each rung runs
 // only when the one before did not bring the total under the threshold. A new rung is a function
@@ -3519,7 +3699,7 @@ export class Ladder {
   }
 }
 
-// ── 5.1 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ─────────────
+// ── 5.1 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ──────────
 
 /** The name of the tool {@link recallTool} makes. */
 export const RECALL_TOOL_NAME = 'recall'
@@ -3786,16 +3966,16 @@ export async function spillToolResult(message: ToolResultMessage, store: LogStor
   return { message: { ...message, content }, spilled: { ref, bytes: fullBytes } }
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 6. Provider
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 // The only part of dsh.ts that talks to a model: POST {baseURL}/chat/completions with stream: true,
 // parse the server-sent events, assemble the assistant message, classify failures, retry the
 // transient ones. Web standards only (fetch, streams, TextDecoder, AbortController): it runs
 // unchanged in Node, Deno, Bun, workerd and edge runtimes.
 
-// ── 6.0 Configuration ─────────────────────────────────────────────────────────────────────────
+// ── 6.0 Configuration ─────────────────────────────
 
 /** DeepSeek's OpenAI-compatible endpoint (docs/design.md §6; api-docs.deepseek.com). */
 export const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
@@ -3813,8 +3993,10 @@ const DEFAULT_MAX_RETRIES = 5
  *  no server is listening there, so five backoffs (~16 s) only make the user wait. */
 const CONNECT_FAILURE_RETRIES = 1
 /** Error codes and wordings of a refused connection or a failed DNS lookup (Node's undici, Deno, Bun). */
-const CONNECT_FAILURE_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL', 'ConnectionRefused'])
-const CONNECT_FAILURE_RE = /ECONNREFUSED|ENOTFOUND|EAI_AGAIN|connection refused|failed to lookup address|dns error|name or service not known|unable to connect/i
+const CONNECT_FAILURE_CODES =
+  new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL', 'ConnectionRefused'])
+const CONNECT_FAILURE_RE = new RegExp(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'connection refused',
+  'failed to lookup address', 'dns error', 'name or service not known', 'unable to connect'].join('|'), 'i')
 /** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (docs/design.md §6). */
 const DEFAULT_RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
@@ -3858,9 +4040,12 @@ export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = /* @
   // DeepSeek-V4.1-Flash (accepts image input); its older name deepseek-v4-flash is served by it.
   'deepseek-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
   'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
-  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash' }),
-  'deepseek-chat': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash', thinking: 'disabled' as const }),
-  'deepseek-reasoner': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash', thinking: 'enabled' as const }),
+  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000,
+    aliasOf: 'deepseek-flash' }),
+  'deepseek-chat': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000,
+    aliasOf: 'deepseek-flash', thinking: 'disabled' as const }),
+  'deepseek-reasoner': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000,
+    aliasOf: 'deepseek-flash', thinking: 'enabled' as const }),
 })
 
 /**
@@ -3868,7 +4053,9 @@ export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = /* @
  * (DeepSeek, "Models & Pricing", api-docs.deepseek.com/quick_start/pricing, autumn 2026).
  */
 export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = /* @__PURE__ */ Object.freeze({
-  multiplier: 2, days: /* @__PURE__ */ Object.freeze([1, 2, 3, 4, 5]), hoursUTC: /* @__PURE__ */ Object.freeze([/* @__PURE__ */ Object.freeze([1, 4] as const), /* @__PURE__ */ Object.freeze([6, 10] as const)]),
+  multiplier: 2, days: /* @__PURE__ */ Object.freeze([1, 2, 3, 4,
+    5]), hoursUTC: /* @__PURE__ */ Object.freeze([/* @__PURE__ */ Object.freeze([1,
+    4] as const), /* @__PURE__ */ Object.freeze([6, 10] as const)]),
 })
 
 /**
@@ -3880,19 +4067,23 @@ export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = /* @__PURE__ */ Object.f
  * has no price unless one is given.
  */
 export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = /* @__PURE__ */ Object.freeze({
-  'deepseek-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
-  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
-  'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6,
+    peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6,
+    peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98,
+    peak: DEEPSEEK_PEAK_HOURS }),
 })
 
-/** DeepSeek's price table for `model` (a retired alias resolves to the model it stands for); undefined for any other model. */
+/** DeepSeek's price table for `model` (a retired alias resolves to the model it stands for); undefined for any other
+ *  model. */
 export function pricesOf(model: string): Readonly<Prices> | undefined {
   const own = Object.prototype.hasOwnProperty.call(DEEPSEEK_PRICES, model) ? DEEPSEEK_PRICES[model] : undefined
   const alias = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model].aliasOf : undefined
   return own ?? (alias !== undefined ? pricesOf(alias) : undefined)
 }
 
-// ── 6.1 Server-sent events ───────────────────────────────────────────────────────────────────
+// ── 6.1 Server-sent events ────────────────────────────
 // Spec: WHATWG HTML §9.2 "Server-sent events", https://html.spec.whatwg.org/multipage/server-sent-events.html
 // One parser (SSEParser) serves parseSSE and the adapter. A network chunk is decoded once, its
 // whole lines are parsed in place, and its events are handed on as one batch: no promise per event.
@@ -4139,7 +4330,8 @@ export function parseSSE(
 function sseBufferLimit(maxBufferSize: unknown): number {
   if (maxBufferSize === undefined) return Infinity
   if (isIntegerAtLeast(maxBufferSize, 1)) return maxBufferSize
-  throw new RangeError(`parseSSE: maxBufferSize must be a positive integer (UTF-16 units), got ${String(maxBufferSize)}`)
+  throw new RangeError(`parseSSE: maxBufferSize must be a positive integer (UTF-16 units), `
+    + `got ${String(maxBufferSize)}`)
 }
 
 /**
@@ -4155,7 +4347,8 @@ async function pumpSSE(
 ): Promise<void> {
   const pull = chunkPuller(source)
   let stopped = false
-  const parser = new SSEParser((event) => { if (!stopped && onEvent(event) === false) stopped = true }, sseBufferLimit(options.maxBufferSize))
+  const parser = new SSEParser((event) => { if (!stopped && onEvent(event) === false) stopped = true },
+    sseBufferLimit(options.maxBufferSize))
   const decode = utf8Decoder()
   try {
     while (!stopped) {
@@ -4200,10 +4393,11 @@ function chunkPuller(source: unknown): { next(): Promise<Uint8Array | string | u
       async close() { if (!finished) { finished = true; await it.return?.() } },
     }
   }
-  throw new TypeError(`parseSSE needs a ReadableStream<Uint8Array> or an AsyncIterable of Uint8Array | string, got ${source === null ? 'null' : typeof source}`)
+  throw new TypeError(`parseSSE needs a ReadableStream<Uint8Array> or an AsyncIterable of Uint8Array | string, `
+    + `got ${source === null ? 'null' : typeof source}`)
 }
 
-// ── 6.2 Error classification ──────────────────────────────────────────────────────────────────
+// ── 6.2 Error classification ────────────────────────────
 
 /** HTTP statuses and in-stream error codes are read from these keys of an error body. */
 const ERROR_STATUS_KEYS = new Set(['code', 'status', 'status_code', 'statusCode'])
@@ -4463,7 +4657,7 @@ function requestExceedsRateLimit(body: string): boolean {
   return /request too large/i.test(body) && RATE_LIMIT_RE.test(body)
 }
 
-// ── 6.3 Messages on the wire (OpenAI chat-completions shape) ──────────────────────────────────
+// ── 6.3 Messages on the wire (OpenAI chat-completions shape) ────────────────
 
 type WirePart = { type: 'text'; text: string } | { type: 'image_url'; image_url: { url: string } }
 type WireMessage =
@@ -4497,7 +4691,8 @@ function wireReplacer(_key: string, value: unknown): unknown {
 /** A non-text block as JSON text; long strings (base64 images) are elided, not sent as text. */
 function describeBlock(block: Block): string {
   return JSON.stringify(block, (_key, value: unknown) =>
-    typeof value === 'string' && value.length > DESCRIBED_STRING_MAX_UNITS ? `[${value.length} characters omitted]` : value)
+    typeof value === 'string' && value.length > DESCRIBED_STRING_MAX_UNITS
+      ? `[${value.length} characters omitted]` : value)
 }
 
 /** An image block's URL: `url`, `image_url`, `source.url`, or base64 `data` + MIME type → data: URL. */
@@ -4548,7 +4743,8 @@ function assistantToWire(message: AssistantMessage): WireMessage {
     else if (b.type === 'tool-call') {
       const call = b as ToolCallBlock
       // A call streamed with no arguments at all is sent as an empty object: servers JSON-parse it.
-      toolCalls.push({ id: call.id, type: 'function', function: { name: call.name, arguments: call.arguments.trim() === '' ? '{}' : call.arguments } })
+      toolCalls.push({ id: call.id, type: 'function',
+        function: { name: call.name, arguments: call.arguments.trim() === '' ? '{}' : call.arguments } })
     } else text += (text ? '\n' : '') + describeBlock(b)
   }
   if (toolCalls.length === 0) return { role: 'assistant', content: text }
@@ -4558,8 +4754,10 @@ function assistantToWire(message: AssistantMessage): WireMessage {
 function toWire(message: Message): WireMessage {
   if (message.role === 'user') return userToWire(message)
   if (message.role === 'assistant') return assistantToWire(message)
-  if (message.role === 'tool') return { role: 'tool', tool_call_id: message.toolCallId, content: blocksToText(message.content) }
-  throw new TypeError(`unknown message role ${JSON.stringify((message as { role?: unknown }).role)}; expected 'user', 'assistant' or 'tool'`)
+  if (message.role === 'tool')
+    return { role: 'tool', tool_call_id: message.toolCallId, content: blocksToText(message.content) }
+  throw new TypeError(`unknown message role ${JSON.stringify((message as { role?: unknown }).role)}; expected 'user', `
+    + `'assistant' or 'tool'`)
 }
 
 /**
@@ -4594,7 +4792,7 @@ function toWireMessages(system: string | undefined, messages: readonly Message[]
   return out
 }
 
-// ── 6.4 The adapter ───────────────────────────────────────────────────────────────────────────
+// ── 6.4 The adapter ──────────────────────────────
 
 /** Options of {@link openAICompatible}. Times in ms, budgets in tokens. */
 export interface OpenAICompatibleOptions {
@@ -4602,7 +4800,8 @@ export interface OpenAICompatibleOptions {
   baseURL: string
   /** Sent as `Authorization: Bearer …`. Takes precedence over `apiKeyEnv`. Never appears in errors. */
   apiKey?: string
-  /** Name of an environment variable holding the key (read once, guarded: absent or denied env is an error naming it). */
+  /** Name of an environment variable holding the key (read once, guarded: absent or denied env is an error naming it).
+   *  */
   apiKeyEnv?: string
   /** Model name sent as `model`. */
   model: string
@@ -4616,7 +4815,8 @@ export interface OpenAICompatibleOptions {
   headers?: Record<string, string>
   /** Replacement for `globalThis.fetch` (proxies, tests). */
   fetch?: (input: string, init: RequestInit) => Promise<Response>
-  /** An attempt with no progress (headers or a data event; keep-alive comments do not count) for this long fails as TIMEOUT. Default 300,000. */
+  /** An attempt with no progress (headers or a data event; keep-alive comments do not count) for this long fails as
+   *  TIMEOUT. Default 300,000. */
   idleTimeoutMs?: number
   /** Retries after the first attempt for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. Default 5;
    *  a refused connection or a failed DNS lookup gets at most 1. */
@@ -4643,7 +4843,8 @@ export interface OpenAICompatibleOptions {
    *  it (or past 1,000 tool calls) the stream is cancelled and RESPONSE_TOO_LARGE thrown with the partial text.
    *  Default {@link DEFAULT_MAX_MESSAGE_BYTES}. */
   maxMessageBytes?: number
-  /** Deadline of one `complete()` call, retries and backoff included, in ms; past it: TIMEOUT, not retried. Default: none. */
+  /** Deadline of one `complete()` call, retries and backoff included, in ms; past it: TIMEOUT, not retried. Default:
+   *  none. */
   requestTimeoutMs?: number
 }
 
@@ -4702,38 +4903,52 @@ function sleepMs(ms: number, signal?: AbortSignal): Promise<void> {
 function positiveInteger(fn: string, name: string, value: unknown, allowZero = false): number | undefined {
   if (value === undefined) return undefined
   if (!isIntegerAtLeast(value, allowZero ? 0 : 1)) {
-    throw new TypeError(`${fn}: ${name} must be ${allowZero ? 'a non-negative' : 'a positive'} integer, got ${JSON.stringify(value)}`)
+    throw new TypeError(`${fn}: ${name} must be ${allowZero ? 'a non-negative' : 'a positive'} integer, `
+      + `got ${JSON.stringify(value)}`)
   }
   return value
 }
 
 function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string): AdapterConfig {
-  if (!isRecord(options)) throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null' : typeof options}`)
+  if (!isRecord(options))
+    throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null' : typeof options}`)
   for (const key of Object.keys(options)) {
-    if (!(OPTION_NAMES as readonly string[]).includes(key)) throw new TypeError(`${fn}: unknown option "${key}"; known options: ${OPTION_NAMES.join(', ')}`)
+    if (!(OPTION_NAMES as readonly string[]).includes(key))
+      throw new TypeError(`${fn}: unknown option "${key}"; known options: ${OPTION_NAMES.join(', ')}`)
   }
   const { baseURL, model } = options
   let url: URL
-  try { url = new URL(String(baseURL)) } catch { throw new TypeError(`${fn}: baseURL must be an absolute http(s) URL such as https://api.deepseek.com, got ${JSON.stringify(baseURL)}`) }
-  if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new TypeError(`${fn}: baseURL must use http or https, got ${JSON.stringify(baseURL)}`)
-  if (typeof model !== 'string' || model.trim() === '') throw new TypeError(`${fn}: model must be a non-empty string, got ${JSON.stringify(model)}`)
+  try { url = new URL(String(baseURL)) } catch { throw new TypeError(`${fn}: baseURL must be an absolute http(s) `
+    + `URL such as https://api.deepseek.com, got ${JSON.stringify(baseURL)}`) }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:')
+    throw new TypeError(`${fn}: baseURL must use http or https, got ${JSON.stringify(baseURL)}`)
+  if (typeof model !== 'string' || model.trim() === '')
+    throw new TypeError(`${fn}: model must be a non-empty string, got ${JSON.stringify(model)}`)
   let apiKey = options.apiKey === '' ? undefined : options.apiKey
   if (apiKey !== undefined && typeof apiKey !== 'string') throw new TypeError(`${fn}: apiKey must be a string`)
   const envName = apiKey === undefined ? (options.apiKeyEnv ?? requireKeyFrom) : undefined
   if (envName !== undefined) {
     apiKey = readEnv(envName) || undefined
     if (apiKey === undefined) {
-      throw new TypeError(`${fn}: no API key: the environment variable ${envName} is not set or not readable in this runtime (Deno needs --allow-env=${envName}); set it or pass { apiKey }`)
+      throw new TypeError(`${fn}: no API key: the environment variable ${envName} is not set or not readable in this `
+        + `runtime (Deno needs --allow-env=${envName}); set it or pass { apiKey }`)
     }
   }
   const known = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model] : undefined
-  const thinking = options.thinking === undefined ? undefined : options.thinking === true || options.thinking === 'enabled' ? 'enabled' : options.thinking === false || options.thinking === 'disabled' ? 'disabled' : undefined
-  if (options.thinking !== undefined && thinking === undefined) throw new TypeError(`${fn}: thinking must be true, false, 'enabled' or 'disabled', got ${JSON.stringify(options.thinking)}`)
-  if (options.maxTokensField !== undefined && options.maxTokensField !== 'max_tokens' && options.maxTokensField !== 'max_completion_tokens') {
-    throw new TypeError(`${fn}: maxTokensField must be 'max_tokens' or 'max_completion_tokens', got ${JSON.stringify(options.maxTokensField)}`)
+  const thinking = options.thinking === undefined ? undefined : options.thinking === true
+    || options.thinking === 'enabled' ? 'enabled' : options.thinking === false || options.thinking === 'disabled'
+    ? 'disabled' : undefined
+  if (options.thinking !== undefined && thinking === undefined)
+    throw new TypeError(`${fn}: thinking must be true, false, 'enabled' or 'disabled', `
+      + `got ${JSON.stringify(options.thinking)}`)
+  if (options.maxTokensField !== undefined && options.maxTokensField !== 'max_tokens'
+    && options.maxTokensField !== 'max_completion_tokens') {
+    throw new TypeError(`${fn}: maxTokensField must be 'max_tokens' or 'max_completion_tokens', `
+      + `got ${JSON.stringify(options.maxTokensField)}`)
   }
   const baseURLText = String(baseURL).replace(/\/+$/, '')
-  const fetchImpl = options.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init)) // unbound fetch throws "Illegal invocation" in workerd
+  // unbound fetch throws "Illegal invocation" in workerd
+  const fetchImpl = options.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init))
   if (typeof fetchImpl !== 'function') throw new TypeError(`${fn}: fetch must be a function`)
   return {
     baseURL: baseURLText,
@@ -4772,12 +4987,12 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * estimate; with a known window and no room left it throws CONTEXT_WINDOW_EXCEEDED before sending.
  *
  * Failures are {@link ProviderError}s. RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT and EMPTY_RESPONSE
- * are retried (`maxRetries`; a refused connection or failed DNS lookup at most once; exponential backoff with ±10% jitter, `Retry-After` honoured up to
- * `retryMaxMs`, a `{type:'retry'}` event before each wait), but never once output was streamed —
- * then the error carries `partial` (text and reasoning so far, `interrupted: true`; tool calls
- * are dropped since their arguments may be cut). A "request too large for the per-minute
- * budget" rate limit is not retried (it can never pass). ABORTED (the request's signal) ends at
- * once, also during a backoff wait, and is never retried. The API key never appears in an error.
+ * are retried (`maxRetries`; a refused connection or failed DNS lookup at most once; exponential backoff with ±10%
+ * jitter, `Retry-After` honoured up to `retryMaxMs`, a `{type:'retry'}` event before each wait), but never once output
+ * was streamed — then the error carries `partial` (text and reasoning so far, `interrupted: true`; tool calls are
+ * dropped since their arguments may be cut). A "request too large for the per-minute budget" rate limit is not retried
+ * (it can never pass). ABORTED (the request's signal) ends at once, also during a backoff wait, and is never retried.
+ * The API key never appears in an error.
  *
  * Limits on what a server can make the adapter read (docs/design.md §13): an error body or a
  * non-streamed body is read up to {@link RESPONSE_BODY_MAX_BYTES} (64 KiB, after gzip decoding)
@@ -4800,7 +5015,8 @@ export function openAICompatible(options: OpenAICompatibleOptions): Provider {
  *   an explicit `apiKey`/`apiKeyEnv`, or for bad options.
  */
 export function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
-  if (!isRecord(options)) throw new TypeError(`deepseek takes an options object, got ${options === null ? 'null' : typeof options}`)
+  if (!isRecord(options))
+    throw new TypeError(`deepseek takes an options object, got ${options === null ? 'null' : typeof options}`)
   const merged: Record<string, unknown> = { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL }
   for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
   if (merged.prices === undefined && typeof merged.model === 'string') merged.prices = pricesOf(merged.model)
@@ -4808,11 +5024,13 @@ export function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provid
   // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
   const url = new URL(cfg.baseURL)
   if (url.protocol !== 'https:') {
-    throw new TypeError(`deepseek: baseURL ${JSON.stringify(cfg.baseURL)} would send the API key unencrypted; use https:// (or openAICompatible for a local server)`)
+    throw new TypeError(`deepseek: baseURL ${JSON.stringify(cfg.baseURL)} would send the API key unencrypted; `
+      + `use https:// (or openAICompatible for a local server)`)
   }
   const explicitKey = (options.apiKey !== undefined && options.apiKey !== '') || options.apiKeyEnv !== undefined
   if (!explicitKey && url.hostname !== new URL(DEEPSEEK_BASE_URL).hostname) {
-    throw new TypeError(`deepseek: $${DEEPSEEK_API_KEY_ENV} is only sent to ${new URL(DEEPSEEK_BASE_URL).hostname}, not to ${url.hostname}; pass apiKey or apiKeyEnv for that server`)
+    throw new TypeError(`deepseek: $${DEEPSEEK_API_KEY_ENV} is only sent to ${new URL(DEEPSEEK_BASE_URL).hostname}, `
+      + `not to ${url.hostname}; pass apiKey or apiKeyEnv for that server`)
   }
   return makeProvider(cfg)
 }
@@ -4834,7 +5052,8 @@ function isConnectFailure(error: ProviderError): boolean {
   let e: unknown = error.cause
   for (let depth = 0; e !== null && typeof e === 'object' && depth < 4; depth++, e = (e as { cause?: unknown }).cause) {
     const { code, message } = e as { code?: unknown; message?: unknown }
-    if ((typeof code === 'string' && CONNECT_FAILURE_CODES.has(code)) || CONNECT_FAILURE_RE.test(String(message ?? ''))) return true
+    if ((typeof code === 'string' && CONNECT_FAILURE_CODES.has(code))
+      || CONNECT_FAILURE_RE.test(String(message ?? ''))) return true
   }
   return false
 }
@@ -4853,7 +5072,8 @@ function redact(text: string, secret: string | undefined): string {
   return secret && secret.length >= 4 && text.includes(secret) ? text.split(secret).join('[REDACTED]') : text
 }
 
-function providerError(cfg: AdapterConfig, code: ProviderErrorCode, message: string, init: ConstructorParameters<typeof ProviderError>[2] = {}): ProviderError {
+function providerError(cfg: AdapterConfig, code: ProviderErrorCode, message: string,
+  init: ConstructorParameters<typeof ProviderError>[2] = {}): ProviderError {
   const body = init.body === undefined ? undefined : redact(init.body, cfg.apiKey)
   return new ProviderError(code, redact(`${code}: ${message} ${ERROR_HINTS[code]}`, cfg.apiKey), { ...init, body })
 }
@@ -4862,14 +5082,19 @@ function maxTokensFor(cfg: AdapterConfig, request: ChatRequest): number {
   const requested = positiveInteger('complete', 'request.maxTokens', request.maxTokens) ?? cfg.maxTokens
   const capped = cfg.maxOutputTokens === undefined ? requested : Math.min(requested, cfg.maxOutputTokens)
   if (cfg.contextWindow === undefined) return capped
-  if (request.inputTokens !== undefined && !(typeof request.inputTokens === 'number' && Number.isFinite(request.inputTokens) && request.inputTokens >= 0)) {
-    throw new TypeError(`complete: request.inputTokens must be a non-negative number of tokens, got ${JSON.stringify(request.inputTokens)}`)
+  if (request.inputTokens !== undefined && !(typeof request.inputTokens === 'number'
+    && Number.isFinite(request.inputTokens) && request.inputTokens >= 0)) {
+    throw new TypeError(`complete: request.inputTokens must be a non-negative number of tokens, `
+      + `got ${JSON.stringify(request.inputTokens)}`)
   }
-  const prompt = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools }, request.messages)
+  const prompt = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools },
+    request.messages)
   const room = cfg.contextWindow - prompt
   if (room < 1) {
     throw providerError(cfg, 'CONTEXT_WINDOW_EXCEEDED',
-      `preflight: nothing was sent. The prompt is estimated at ${prompt} tokens and the context window of ${cfg.model} is ${cfg.contextWindow} tokens, leaving ${room} for the completion (at least 1 is needed); pass contextWindow if ${cfg.contextWindow} is wrong.`)
+      `preflight: nothing was sent. The prompt is estimated at ${prompt} tokens and the context window of ${cfg.model} `
+        + `is ${cfg.contextWindow} tokens, leaving ${room} for the completion (at least 1 is needed); `
+        + `pass contextWindow if ${cfg.contextWindow} is wrong.`)
   }
   return Math.min(capped, room)
 }
@@ -4892,7 +5117,9 @@ function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number
   const tools = request.tools && request.tools.length > 0 ? request.tools : undefined
   if (tools) own.add('tools')
   const fields: string[] = []
-  const field = (key: string, valueJSON: string | undefined) => { if (valueJSON !== undefined) fields.push(`${json(key)}:${valueJSON}`) }
+  const field =
+    (key: string, valueJSON: string
+    | undefined) => { if (valueJSON !== undefined) fields.push(`${json(key)}:${valueJSON}`) }
   for (const [key, value] of Object.entries(cfg.extraBody)) if (!own.has(key)) field(key, json(value))
   field('model', json(cfg.model))
   if (cfg.thinking) field('thinking', json({ type: cfg.thinking }))
@@ -4902,7 +5129,8 @@ function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number
     if (text === undefined) {
       text = json(tools.map((t) => ({
         type: 'function',
-        function: { name: t.name, ...(t.description !== undefined ? { description: t.description } : {}), parameters: t.parameters ?? { type: 'object', properties: {} } },
+        function: { name: t.name, ...(t.description !== undefined ? { description: t.description } : {}),
+          parameters: t.parameters ?? { type: 'object', properties: {} } },
       })))
       toolsJSON.set(tools, text)
     }
@@ -4916,15 +5144,18 @@ function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number
 }
 
 async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Promise<ChatResponse> {
-  if (!isRecord(request) || !Array.isArray(request.messages)) throw new TypeError('complete(request): request.messages must be an array of messages')
+  if (!isRecord(request) || !Array.isArray(request.messages))
+    throw new TypeError('complete(request): request.messages must be an array of messages')
   const { signal } = request
-  const aborted = (): ProviderError => providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted before it completed.`)
+  const aborted = (): ProviderError => providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted before it `
+    + `completed.`)
   if (signal?.aborted) throw aborted()
   const body = requestBody(cfg, request, maxTokensFor(cfg, request))
   const headers: Record<string, string> = { 'content-type': 'application/json', accept: 'text/event-stream' }
   if (cfg.apiKey !== undefined) headers.authorization = `Bearer ${cfg.apiKey}`
   // Lower-cased, so that a caller's `Authorization` replaces ours instead of being joined to it.
-  for (const extra of [cfg.headers, request.headers ?? {}]) for (const [name, value] of Object.entries(extra)) headers[name.toLowerCase()] = value
+  for (const extra of [cfg.headers, request.headers ?? {}]) for (const [name,
+    value] of Object.entries(extra)) headers[name.toLowerCase()] = value
   const deadlineAt = cfg.requestTimeoutMs === undefined ? undefined : Date.now() + cfg.requestTimeoutMs
   for (let retry = 0; ; retry++) {
     let error: ProviderError
@@ -4935,13 +5166,16 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
       if (!(e instanceof ProviderError)) throw e
       error = e
     }
-    const retryable = RETRYABLE.has(error.code) && !notRetried.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
+    const retryable = RETRYABLE.has(error.code) && !notRetried.has(error)
+      && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
     const maxRetries = isConnectFailure(error) ? Math.min(cfg.maxRetries, CONNECT_FAILURE_RETRIES) : cfg.maxRetries
     if (!retryable || retry >= maxRetries) throw error
     const delayMs = error.retryAfterMs !== undefined
       ? Math.min(error.retryAfterMs, cfg.retryMaxMs)
-      : Math.round(Math.min(cfg.retryMaxMs, cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
-    if (deadlineAt !== undefined && Date.now() + delayMs >= deadlineAt) throw error // no retry could start before the deadline
+      : Math.round(Math.min(cfg.retryMaxMs,
+        cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
+    // no retry could start before the deadline
+    if (deadlineAt !== undefined && Date.now() + delayMs >= deadlineAt) throw error
     request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error, maxRetries })
     try { await cfg.sleep(delayMs, signal) } catch (e) { if (signal?.aborted) throw aborted(); throw e }
     if (signal?.aborted) throw aborted()
@@ -4978,8 +5212,10 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
     if (!isRecord(tc)) return
     const fn = isRecord(tc.function) ? tc.function : {}
     const id = typeof tc.id === 'string' && tc.id !== '' ? tc.id : undefined // Qwen sends "" after the first delta
-    const name = typeof fn.name === 'string' && fn.name !== '' ? fn.name : undefined // Mistral sends "" after the first delta
-    const args = typeof fn.arguments === 'string' ? fn.arguments : isRecord(fn.arguments) ? JSON.stringify(fn.arguments) : ''
+    // Mistral sends "" after the first delta
+    const name = typeof fn.name === 'string' && fn.name !== '' ? fn.name : undefined
+    const args = typeof fn.arguments === 'string' ? fn.arguments : isRecord(fn.arguments)
+      ? JSON.stringify(fn.arguments) : ''
     const wireIndex = typeof tc.index === 'number' ? tc.index : undefined
     let slot: number | undefined
     if (wireIndex !== undefined) slot = slotOfIndex.get(wireIndex)
@@ -5003,7 +5239,8 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
     call.arguments += args
     if (newId || newName || args) {
       streamed = true
-      emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}), ...(newName ? { name: newName } : {}), argumentsDelta: args })
+      emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}), ...(newName ? { name: newName }
+        : {}), argumentsDelta: args })
     }
   }
 
@@ -5011,25 +5248,32 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
     get streamed() { return streamed },
     /** One chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. */
     chunk(obj: unknown, requestId: string | undefined, dataText: string): void {
-      if (!isRecord(obj)) throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not a JSON object: ${dataText.slice(0, 200)}`, { body: dataText, requestId, status: 200 })
+      if (!isRecord(obj))
+        throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not a `
+          + `JSON object: ${dataText.slice(0, 200)}`, { body: dataText, requestId, status: 200 })
       if (obj.error !== undefined && obj.error !== null) throw inStreamError(cfg, dataText, requestId)
       if (responseId === undefined && typeof obj.id === 'string' && obj.id !== '') responseId = obj.id
       const u = readUsage(obj.usage)
       if (u) usage = u // running totals (SiliconFlow) or a final chunk: the last one wins
       const choices: unknown[] = Array.isArray(obj.choices) ? obj.choices : []
       for (const choice of choices) {
-        if (!isRecord(choice) || (typeof choice.index === 'number' && choice.index !== 0)) continue // n = 1 is requested
+        // n = 1 is requested
+        if (!isRecord(choice) || (typeof choice.index === 'number' && choice.index !== 0)) continue
         const delta = isRecord(choice.delta) ? choice.delta : isRecord(choice.message) ? choice.message : undefined
         if (delta) {
-          const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== '' ? delta.reasoning_content
+          const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== ''
+            ? delta.reasoning_content
             : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
           if (r !== '') { admit(r); reasoning += r; streamed = true; emit({ type: 'reasoning-delta', text: r }) }
-          if (typeof delta.content === 'string' && delta.content !== '') { admit(delta.content); text += delta.content; streamed = true; emit({ type: 'text-delta', text: delta.content }) }
+          if (typeof delta.content === 'string' && delta.content !== '') { admit(delta.content); text += delta.content;
+            streamed = true; emit({ type: 'text-delta', text: delta.content }) }
           if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) toolCallDelta(tc)
         }
         if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
           finishReason = choice.finish_reason
-          if (finishReason === 'error') throw providerError(cfg, 'SERVER', `stream from ${cfg.endpoint} ended with finish_reason "error".`, { body: dataText, requestId, status: 200 })
+          if (finishReason === 'error')
+            throw providerError(cfg, 'SERVER', `stream from ${cfg.endpoint} ended with finish_reason "error".`,
+              { body: dataText, requestId, status: 200 })
         }
       }
     },
@@ -5042,10 +5286,12 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
     },
     finish(sawDone: boolean, requestId: string | undefined): ChatResponse {
       if (!sawDone && finishReason === undefined) {
-        throw providerError(cfg, 'TRANSPORT', `stream from ${cfg.endpoint} ended without [DONE] and without a finish reason (model ${cfg.model}).`, { requestId, status: 200 })
+        throw providerError(cfg, 'TRANSPORT', `stream from ${cfg.endpoint} ended without [DONE] and without a finish `
+          + `reason (model ${cfg.model}).`, { requestId, status: 200 })
       }
       if (!streamed && finishReason !== 'content_filter') {
-        throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} (model ${cfg.model}) finished without any text, reasoning or tool call.`, { requestId, status: 200 })
+        throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} (model ${cfg.model}) finished without any text, `
+          + `reasoning or tool call.`, { requestId, status: 200 })
       }
       const content: Block[] = []
       if (reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
@@ -5073,9 +5319,11 @@ function readUsage(u: unknown): Usage | undefined {
   const completion = n(u.completion_tokens)
   if (prompt === undefined && completion === undefined) return undefined
   const usage: Usage = { promptTokens: prompt ?? 0, completionTokens: completion ?? 0 }
-  const cached = n(u.prompt_cache_hit_tokens) ?? (isRecord(u.prompt_tokens_details) ? n(u.prompt_tokens_details.cached_tokens) : undefined)
+  const cached = n(u.prompt_cache_hit_tokens) ?? (isRecord(u.prompt_tokens_details)
+    ? n(u.prompt_tokens_details.cached_tokens) : undefined)
   if (cached !== undefined) usage.cachedTokens = cached
-  const reasoning = (isRecord(u.completion_tokens_details) ? n(u.completion_tokens_details.reasoning_tokens) : undefined) ?? n(u.reasoning_tokens)
+  const reasoning = (isRecord(u.completion_tokens_details) ? n(u.completion_tokens_details.reasoning_tokens)
+    : undefined) ?? n(u.reasoning_tokens)
   if (reasoning !== undefined) usage.reasoningTokens = reasoning
   return usage
 }
@@ -5089,7 +5337,9 @@ function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | 
   const { code: classified, info } = readErrorBody(200, payload)
   // An explicit error event whose payload says nothing readable is still the server's failure.
   const code = classified === 'MALFORMED_RESPONSE' || classified === 'EMPTY_RESPONSE' ? 'SERVER' : classified
-  return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model ${cfg.model})${info?.message ? `: ${info.message}` : ''}.`, { status: info?.status ?? 200, body: payload, requestId })
+  return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model `
+    + `${cfg.model})${info?.message ? `: ${info.message}` : ''}.`, { status: info?.status ?? 200, body: payload,
+    requestId })
 }
 
 /**
@@ -5097,7 +5347,8 @@ function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | 
  * how fast they honour it): an abort cancels the reader, which settles a pending read at once
  * (WHATWG streams), and the signal's reason is thrown. One listener per body, not one per read.
  */
-async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<Uint8Array, void, undefined> {
+async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<Uint8Array, void,
+  undefined> {
   const reader = body.getReader()
   const onAbort = (): void => { reader.cancel(signal.reason).catch(() => {}) }
   if (signal.aborted) onAbort()
@@ -5116,18 +5367,23 @@ async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal
   }
 }
 
-/** Splits `data` into chunk objects; a relay that joined several `data:` lines into one event gets one object per line. */
-function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined, onChunk: (obj: unknown) => void): void {
+/** Splits `data` into chunk objects; a relay that joined several `data:` lines into one event gets one object per
+ *  line. */
+function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined,
+  onChunk: (obj: unknown) => void): void {
   let obj: unknown
   try {
     obj = JSON.parse(data)
   } catch (error) {
     if (data.includes('\n')) {
       let objs: unknown[] | undefined
-      try { objs = data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch { /* fall through */ }
+      try { objs = data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch {
+        /* fall through */
+      }
       if (objs) { for (const o of objs) onChunk(o); return }
     }
-    throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: ${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
+    throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: `
+      + `${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
   }
   onChunk(obj) // outside the try: what the assembler throws is not a JSON error
 }
@@ -5136,13 +5392,15 @@ function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | un
  * Reads at most `maxBytes` of a response body (bytes after content decoding: fetch inflates gzip
  * as it is read), then cancels the rest unread. `cut` says whether anything was left.
  */
-async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string; cut: boolean }> {
+async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string;
+  cut: boolean }> {
   if (!response.body) return { text: '', cut: false }
   const decoder = new TextDecoder()
   let text = ''
   let bytes = 0
   for await (const chunk of bodyChunks(response.body, signal)) { // leaving the loop cancels the body
-    if (bytes + chunk.byteLength > maxBytes) return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
+    if (bytes + chunk.byteLength > maxBytes)
+      return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
     bytes += chunk.byteLength
     text += decoder.decode(chunk, { stream: true })
   }
@@ -5172,19 +5430,23 @@ async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit): P
       : response.status !== 307 && response.status !== 308 ? `HTTP ${response.status} would turn the POST into a GET`
       : hops >= MAX_REDIRECTS ? `more than ${MAX_REDIRECTS} redirects` : undefined
     if (why === undefined) { url = target!.href; continue }
-    throw providerError(cfg, 'INVALID_REQUEST', `HTTP ${response.status} from POST ${url} redirects to ${where}: ${why}. Set baseURL to the server's real address if you trust it.`, {
+    throw providerError(cfg, 'INVALID_REQUEST', `HTTP ${response.status} from POST ${url} redirects to ${where}: `
+      + `${why}. Set baseURL to the server's real address if you trust it.`, {
       status: response.status || undefined, requestId: requestIdOf(response.headers),
     })
   }
 }
 
-async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>, deadlineAt?: number): Promise<ChatResponse> {
+async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>,
+  deadlineAt?: number): Promise<ChatResponse> {
   const { signal, onEvent } = request
   const controller = new AbortController()
   let timedOut = false
   let pastDeadline = false
   const deadline = deadlineAt === undefined ? undefined
-    : setTimeout(() => { pastDeadline = true; controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`)) }, Math.max(0, deadlineAt - Date.now()))
+    : setTimeout(() => { pastDeadline = true;
+      controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms `
+      + `passed`)) }, Math.max(0, deadlineAt - Date.now()))
   // One idle timer per request: progress only records the time; the timer, when it fires, aborts
   // if nothing came for idleTimeoutMs, else sleeps for the rest (re-arming per event cost ~12%).
   let timer: ReturnType<typeof setTimeout> | undefined
@@ -5212,19 +5474,27 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     if (!response.ok) {
       const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
       const { code, info } = readErrorBody(response.status, text)
-      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info?.message ? `: ${info.message}` : ''}${cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''}.`, {
+      const cutNote = cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''
+      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model `
+        + `${cfg.model})${info?.message ? `: ${info.message}` : ''}${cutNote}.`, {
         status: response.status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
       })
     }
     if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
       // The server ignored stream: true and sent one completion (or an error) as JSON.
       const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
-      if (cut) throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for stream: true).`, { status: response.status, requestId })
-      if (text.trim() === '') throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model ${cfg.model}).`, { status: response.status, requestId })
+      if (cut) throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a `
+        + `non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for `
+        + `stream: true).`, { status: response.status, requestId })
+      if (text.trim() === '')
+        throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
+          + `${cfg.model}).`, { status: response.status, requestId })
       parseChunkData(cfg, text.trim(), requestId, (obj) => acc.chunk(obj, requestId, text))
       return acc.finish(true, requestId)
     }
-    if (!response.body) throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} without a body (model ${cfg.model}).`, { status: response.status, requestId })
+    if (!response.body)
+      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} without a body (model `
+        + `${cfg.model}).`, { status: response.status, requestId })
     let sawDone = false
     let sawData = false
     let bytes = 0
@@ -5240,26 +5510,33 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
     const type = response.headers.get('content-type')
     if (!sawData && bytes === 0 && type && !/event-stream/i.test(type)) {
-      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} with an empty ${type} body (model ${cfg.model}).`, { status: response.status, requestId })
+      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} with an empty ${type} `
+        + `body (model ${cfg.model}).`, { status: response.status, requestId })
     }
     if (!sawData && type && !/event-stream/i.test(type)) {
-      throw providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${response.status} with ${type}, not an event stream (model ${cfg.model}).`, { status: response.status, requestId })
+      throw providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${response.status} with ${type}, `
+        + `not an event stream (model ${cfg.model}).`, { status: response.status, requestId })
     }
     return acc.finish(sawDone, requestId)
   } catch (e) {
     if (e instanceof ListenerFailure) throw e
     const partial = acc.partial()
     let error: ProviderError
-    if (signal?.aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`, { requestId })
+    if (signal?.aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`,
+      { requestId })
     else if (pastDeadline) {
-      error = providerError(cfg, 'TIMEOUT', `the request deadline of ${cfg.requestTimeoutMs} ms (requestTimeoutMs) passed before ${cfg.endpoint} (model ${cfg.model}) finished; not retried.`, { requestId })
+      error = providerError(cfg, 'TIMEOUT', `the request deadline of ${cfg.requestTimeoutMs} ms (requestTimeoutMs) `
+        + `passed before ${cfg.endpoint} (model ${cfg.model}) finished; not retried.`, { requestId })
       notRetried.add(error)
     } else if (e instanceof ProviderError) error = e
-    else if (timedOut) error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
-    else if (e instanceof SSEOverflowError) error = providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint}: ${e.message}.`, { requestId, status: 200, cause: e })
+    else if (timedOut) error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) `
+      + `for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
+    else if (e instanceof SSEOverflowError) error = providerError(cfg, 'MALFORMED_RESPONSE',
+      `stream from ${cfg.endpoint}: ${e.message}.`, { requestId, status: 200, cause: e })
     else {
       // undici says only "fetch failed"; the reason (ECONNREFUSED, ENOTFOUND, …) is in its cause.
-      const reason = e instanceof Error ? e.message + (e.cause instanceof Error ? ` (${e.cause.message})` : '') : String(e)
+      const reason = e instanceof Error ? e.message + (e.cause instanceof Error ? ` (${e.cause.message})`
+        : '') : String(e)
       error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${reason}.`, { requestId, cause: e })
     }
     if (partial && !error.partial) error.partial = partial
@@ -5273,9 +5550,9 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   }
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 7. Loop
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 /**
  * Hook names: the step hooks in the order they run in a step (docs/design.md §7), and the compaction
@@ -5283,7 +5560,8 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
  * `{focus}` (added to the summary instruction) or `{cancel: true | reason}`; `compaction/after`
  * sees the committed checkpoint.
  */
-export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step' | 'compaction/before' | 'compaction/after'
+export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step'
+  | 'compaction/before' | 'compaction/after'
 
 /** What a hook receives. `request` only for `agent/request` (mutable); `error` only for `agent/request-error`. */
 export interface HookContext {
@@ -5373,7 +5651,8 @@ function toolOutputToResult(callId: string, name: string, out: unknown): ToolRes
     return o.isError ? { ...r, isError: true } : r
   }
   const kind = out === null ? 'null' : typeof out
-  return errorResult(callId, `tool ${name} returned ${kind}; a tool must return a string, an array of blocks or {content, isError}`, 'TOOL_BAD_OUTPUT')
+  return errorResult(callId, `tool ${name} returned ${kind}; a tool must return a string, an array of blocks or `
+    + `{content, isError}`, 'TOOL_BAD_OUTPUT')
 }
 
 /**
@@ -5391,7 +5670,8 @@ function withCallIds(message: AssistantMessage, seq: number, session: Session): 
   if (message.content.every((b) => b.type !== 'tool-call' || usable(b))) return message
   seen.clear()
   let n = 0
-  return { ...message, content: message.content.map((b) => (b.type === 'tool-call' && !usable(b) ? { ...b, id: `call_dsh_${seq}_${n++}` } : b)) }
+  return { ...message, content: message.content.map((b) => (b.type === 'tool-call' && !usable(b)
+    ? { ...b, id: `call_dsh_${seq}_${n++}` } : b)) }
 }
 
 function errorResult(callId: string, text: string, code: string): ToolResultMessage {
@@ -5444,33 +5724,44 @@ export class Agent implements CompactionHost {
   private recallDropped = false
 
   constructor(options: AgentOptions) {
-    if (!options?.session || !options.provider) throw new TypeError('new Agent({session, provider, …}): session and provider are required')
+    if (!options?.session || !options.provider)
+      throw new TypeError('new Agent({session, provider, …}): session and provider are required')
     this.session = options.session
     this.provider = options.provider
     this.summarizer = options.summarizer ?? options.provider
     this.tools = options.tools ?? []
     const names = new Set<string>()
     for (const t of this.tools) {
-      if (!t || typeof t.name !== 'string' || typeof t.execute !== 'function') throw new TypeError('every tool needs a string name and an execute(args, ctx) function')
-      if (names.has(t.name)) throw new TypeError(`two tools are named ${JSON.stringify(t.name)}; tool names must be unique`)
+      if (!t || typeof t.name !== 'string' || typeof t.execute !== 'function')
+        throw new TypeError('every tool needs a string name and an execute(args, ctx) function')
+      if (names.has(t.name))
+        throw new TypeError(`two tools are named ${JSON.stringify(t.name)}; tool names must be unique`)
       names.add(t.name)
     }
     this.system = options.system
-    if (options.instructions !== undefined && typeof options.instructions !== 'string') throw new TypeError(`instructions must be a string (e.g. the text of AGENTS.md), got ${typeof options.instructions}`)
+    if (options.instructions !== undefined && typeof options.instructions !== 'string')
+      throw new TypeError(`instructions must be a string (e.g. the text of AGENTS.md), `
+        + `got ${typeof options.instructions}`)
     this.instructions = options.instructions?.trim() ? options.instructions : undefined
-    if (options.summaryInstruction !== undefined && (typeof options.summaryInstruction !== 'string' || options.summaryInstruction.trim() === '')) {
-      throw new TypeError(`summaryInstruction must be a non-empty string, got ${JSON.stringify(options.summaryInstruction)}; leave it out to use SUMMARY_INSTRUCTION`)
+    if (options.summaryInstruction !== undefined && (typeof options.summaryInstruction !== 'string'
+      || options.summaryInstruction.trim() === '')) {
+      throw new TypeError(`summaryInstruction must be a non-empty string, `
+        + `got ${JSON.stringify(options.summaryInstruction)}; leave it out to use SUMMARY_INSTRUCTION`)
     }
     this.summaryInstruction = options.summaryInstruction
     this.window = options.contextWindow ?? options.provider.contextWindow
-    if (this.window !== undefined && !isIntegerAtLeast(this.window, 1)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
+    if (this.window !== undefined && !isIntegerAtLeast(this.window, 1))
+      throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
     this.maxTokens = options.maxTokens ?? options.provider.maxTokens
     this.compaction = resolveCompactionConfig(options.compaction)
     this.pruneConfig = resolvePruneConfig(options.prune)
     this.maxSteps = options.maxSteps ?? 200
-    if (options.recall !== undefined && typeof options.recall !== 'boolean') throw new TypeError(`recall must be true or false, got ${String(options.recall)}`)
+    if (options.recall !== undefined && typeof options.recall !== 'boolean')
+      throw new TypeError(`recall must be true or false, got ${String(options.recall)}`)
     if (options.recall !== false) {
-      if (names.has(RECALL_TOOL_NAME)) throw new TypeError(`a tool is named ${JSON.stringify(RECALL_TOOL_NAME)}, which dsh offers itself to read back shadowed content; rename your tool or pass recall: false`)
+      if (names.has(RECALL_TOOL_NAME))
+        throw new TypeError(`a tool is named ${JSON.stringify(RECALL_TOOL_NAME)}, which dsh offers itself to read back `
+          + `shadowed content; rename your tool or pass recall: false`)
       this.recall = recallTool(this.session)
       this.recallSpecTokens = estimateEnvelopeTokens({ tools: [toolSpec(this.recall)] })
     }
@@ -5499,7 +5790,8 @@ export class Agent implements CompactionHost {
    * shadowed content and its spec is affordable ({@link RECALL_MAX_WINDOW_RATIO}).
    */
   private offeredTools(): readonly Tool[] {
-    return this.recall && this.session.hasShadowedContent && this.recallAffordable() ? [...this.tools, this.recall] : this.tools
+    return this.recall && this.session.hasShadowedContent && this.recallAffordable() ? [...this.tools, this.recall]
+      : this.tools
   }
 
   /**
@@ -5513,7 +5805,10 @@ export class Agent implements CompactionHost {
     const m = this.session.measure()
     if (this.recallSpecTokens * m.calibration <= this.window * RECALL_MAX_WINDOW_RATIO) return true
     this.recallDropped = true
-    this.warn(`the ${RECALL_TOOL_NAME} tool is not offered: its spec (${this.recallSpecTokens} tokens${m.calibration === 1 ? '' : ` × ${m.calibration.toFixed(2)} calibration`}) would take more than ${Math.round(RECALL_MAX_WINDOW_RATIO * 100)}% of the ${this.window}-token window; shadowed content stays in the log (a ${RECALL_TOOL_NAME} call is still answered)`)
+    this.warn(`the ${RECALL_TOOL_NAME} tool is not offered: its spec (${this.recallSpecTokens} `
+      + `tokens${m.calibration === 1 ? '' : ` × ${m.calibration.toFixed(2)} calibration`}) would take more than `
+      + `${Math.round(RECALL_MAX_WINDOW_RATIO * 100)}% of the ${this.window}-token window; shadowed content stays in `
+      + `the log (a ${RECALL_TOOL_NAME} call is still answered)`)
     return false
   }
 
@@ -5527,7 +5822,8 @@ export class Agent implements CompactionHost {
     // byte stability); the set changes once, when `recall` is first offered.
     const tools = this.offeredTools()
     if (this.envelopeMemo && this.envelopeMemoTools === tools.length) return this.envelopeMemo
-    const system = this.instructions === undefined ? this.system : this.system ? `${this.system}\n\n${this.instructions}` : this.instructions
+    const system = this.instructions === undefined ? this.system : this.system
+      ? `${this.system}\n\n${this.instructions}` : this.instructions
     this.envelopeMemoTools = tools.length
     this.envelopeMemo = { system, tools: tools.length ? tools.map(toolSpec) : undefined }
     return this.envelopeMemo
@@ -5566,7 +5862,8 @@ export class Agent implements CompactionHost {
       if (!r) continue
       if (r.retry) out.retry = true
       if (r.cancel) out.cancel = r.cancel
-      if (typeof r.focus === 'string' && r.focus.trim()) out.focus = out.focus ? `${out.focus}; ${r.focus.trim()}` : r.focus.trim()
+      if (typeof r.focus === 'string' && r.focus.trim()) out.focus = out.focus ? `${out.focus}; ${r.focus.trim()}`
+        : r.focus.trim()
     }
     return out
   }
@@ -5661,7 +5958,8 @@ export class Agent implements CompactionHost {
         await end('error')
         throw tooBig
       }
-      if (this.compaction.auto && !(await this.unlessAborted(() => this.ladder.relievePressure(signal), signal))) return await end('aborted')
+      if (this.compaction.auto && !(await this.unlessAborted(() => this.ladder.relievePressure(signal), signal)))
+        return await end('aborted')
       this.overflowRetries = 0
       this.streamRetries = 0
       // The smallest request (tokens, by the meter) that overflowed and was recovered from in this
@@ -5680,7 +5978,8 @@ export class Agent implements CompactionHost {
         const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
         const inputTokens = session.measure().totalTokens
         const request: ChatRequest = {
-          system: envelope.system, tools: envelope.tools, messages: editable ? structuredClone(session.messages()) : session.messages(), maxTokens: this.maxTokens,
+          system: envelope.system, tools: envelope.tools, messages: editable ? structuredClone(session.messages())
+            : session.messages(), maxTokens: this.maxTokens,
           inputTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
         }
         await this.runHooks('agent/request', { ...ctx, request })
@@ -5690,31 +5989,44 @@ export class Agent implements CompactionHost {
         try {
           response = await this.provider.complete(request)
         } catch (raw) {
-          const error = raw instanceof ProviderError ? raw : new ProviderError('TRANSPORT', String((raw as Error)?.message ?? raw), { cause: raw })
-          const partial = error.partial && error.partial.content.some((b) => b.type === 'text' || b.type === 'reasoning')
-            ? { role: 'assistant' as const, content: error.partial.content.filter((b) => b.type === 'text' || b.type === 'reasoning'), interrupted: true } : undefined
+          const error = raw instanceof ProviderError ? raw
+            : new ProviderError('TRANSPORT', String((raw as Error)?.message ?? raw), { cause: raw })
+          const partial = error.partial && error.partial.content.some((b) => b.type === 'text'
+            || b.type === 'reasoning')
+            ? { role: 'assistant' as const, content: error.partial.content.filter((b) => b.type === 'text'
+              || b.type === 'reasoning'), interrupted: true } : undefined
           if (signal.aborted || error.code === 'ABORTED') {
-            if (partial) session.append('assistant/message', { message: partial, finishReason: 'aborted', surfaceOp: { op: 'append' } })
+            if (partial) session.append('assistant/message', { message: partial, finishReason: 'aborted',
+              surfaceOp: { op: 'append' } })
             session.append('step/end', { turn, step })
             return await end('aborted')
           }
-          session.append('request/error', { code: error.code, status: error.status, message: error.message, trigger: 'conversation' })
+          session.append('request/error', { code: error.code, status: error.status, message: error.message,
+            trigger: 'conversation' })
           const generationBefore = session.replaceGeneration
-          const noProgress = error.code === 'CONTEXT_WINDOW_EXCEEDED' && recoveredOverflowTokens !== undefined && inputTokens >= recoveredOverflowTokens
+          const noProgress = error.code === 'CONTEXT_WINDOW_EXCEEDED' && recoveredOverflowTokens !== undefined
+            && inputTokens >= recoveredOverflowTokens
           if (noProgress) {
-            this.warn(`context overflow again at ${inputTokens} tokens (dsh's estimate) after recovering from one at ${recoveredOverflowTokens} tokens in this turn: recovery makes no progress, so the turn stops. The provider counts more tokens than dsh estimates: lower the compaction threshold or the context window (CLI: --threshold, --context-window)`)
+            this.warn(`context overflow again at ${inputTokens} tokens (dsh's estimate) after recovering from one at `
+              + `${recoveredOverflowTokens} tokens in this turn: recovery makes no progress, so the turn stops. `
+              + `The provider counts more tokens than dsh estimates: lower the compaction threshold or the context `
+              + `window (CLI: --threshold, --context-window)`)
           }
-          const retry = !noProgress && await this.unlessAborted(() => this.runHooks('agent/request-error', { ...ctx, error }), signal)
+          const retry =
+            !noProgress && await this.unlessAborted(() => this.runHooks('agent/request-error',
+            { ...ctx, error }), signal)
           if (signal.aborted) { session.append('step/end', { turn, step }); return await end('aborted') }
           if (retry && session.replaceGeneration > generationBefore) {
-            if (error.code === 'CONTEXT_WINDOW_EXCEEDED') recoveredOverflowTokens = Math.min(recoveredOverflowTokens ?? Infinity, inputTokens)
+            if (error.code === 'CONTEXT_WINDOW_EXCEEDED') recoveredOverflowTokens = Math.min(recoveredOverflowTokens
+              ?? Infinity, inputTokens)
             this.overflowRetries++
             session.append('step/end', { turn, step })
             session.append('recovery/retry', { generationBefore, generationAfter: session.replaceGeneration })
             await session.sync()
             continue
           }
-          if (partial) session.append('assistant/message', { message: partial, finishReason: 'error', surfaceOp: { op: 'append' } })
+          if (partial) session.append('assistant/message', { message: partial, finishReason: 'error',
+            surfaceOp: { op: 'append' } })
           session.append('step/end', { turn, step })
           // The adapter never retries once output was streamed (the caller saw it): the loop does,
           // once, as a new step whose request carries the partial output as an interrupted message.
@@ -5730,7 +6042,8 @@ export class Agent implements CompactionHost {
         this.overflowRetries = 0
         this.streamRetries = 0
         last = withCallIds(this.boundToolCalls(response.message), session.seq, session)
-        session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
+        session.append('assistant/message', { message: last, usage: response.usage,
+          finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
         await this.runTools(calls, signal)
         const steered = this.drainSteering()
@@ -5773,16 +6086,24 @@ export class Agent implements CompactionHost {
     const envelopeAlone = Math.ceil(envelope * calibration)
     if (envelope >= input) {
       return new ProviderError('CONTEXT_WINDOW_EXCEEDED',
-        `CONTEXT_WINDOW_EXCEEDED: the system prompt and tool specs alone are ${envelope} tokens${calibration === 1 ? '' : ` (× ${calibration.toFixed(2)} calibration = ${envelopeAlone})`}, and with the ${input}-token input (${tokens} in all) they do not fit the context window of ${this.provider.model}, ${window} tokens; nothing was sent. Use a model with a larger window, or fewer or shorter tools and system prompt.`)
+        `CONTEXT_WINDOW_EXCEEDED: the system prompt and tool specs alone are ${envelope} `
+          + `tokens${calibration === 1 ? '' : ` (× ${calibration.toFixed(2)} calibration = ${envelopeAlone})`}, `
+          + `and with the ${input}-token input (${tokens} in all) they do not fit the context window of `
+          + `${this.provider.model}, ${window} tokens; nothing was sent. Use a model with a larger window, or fewer or `
+          + `shorter tools and system prompt.`)
     }
     return new ProviderError('CONTEXT_WINDOW_EXCEEDED',
-      `CONTEXT_WINDOW_EXCEEDED: the current input alone is ${input} tokens (plus ${envelope} of system prompt and tools${calibration === 1 ? '' : `, × ${calibration.toFixed(2)} calibration`} = ${tokens}) and the context window of ${this.provider.model} is ${window} tokens; nothing was sent. The input is never cut: shorten it, or use a model with a larger window.`)
+      `CONTEXT_WINDOW_EXCEEDED: the current input alone is ${input} tokens (plus ${envelope} of system prompt and `
+        + `tools${calibration === 1 ? '' : `, × ${calibration.toFixed(2)} calibration`} = ${tokens}) and the context `
+        + `window of ${this.provider.model} is ${window} tokens; nothing was sent. The input is never cut: shorten it, `
+        + `or use a model with a larger window.`)
   }
 
   /** Logs `request/header` when model, envelope, budget or window changed; returns the envelope. */
   private writeHeader(): Envelope {
     const envelope = this.envelope
-    this.session.setHeader({ model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window, prices: this.provider.prices })
+    this.session.setHeader({ model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system,
+      tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window, prices: this.provider.prices })
     return envelope
   }
 
@@ -5802,8 +6123,10 @@ export class Agent implements CompactionHost {
     const why = `one message may make at most ${max} tool calls`
       + (windowMax < MAX_TOOL_CALLS_PER_MESSAGE ? ` in a ${this.window}-token context window` : '')
     const dropped = calls - max
-    this.warn(`the model made ${calls} tool calls in one message; the first ${max} run, ${dropped} were dropped (${why})`)
-    const text = `[dsh: ${dropped} more tool calls of this message were dropped without running: ${why}; make fewer at a time]`
+    this.warn(`the model made ${calls} tool calls in one message; the first ${max} run, ${dropped} were `
+      + `dropped (${why})`)
+    const text = `[dsh: ${dropped} more tool calls of this message were dropped without running: ${why}; `
+      + `make fewer at a time]`
     return { ...message, content: [...content, { type: 'text', text }] }
   }
 
@@ -5811,39 +6134,50 @@ export class Agent implements CompactionHost {
     const session = this.session
     for (const call of calls) {
       if (signal.aborted) {
-        session.append('tool/result', { message: errorResult(call.id, 'TOOL_ABORTED: the turn was cancelled before this tool call started.', 'TOOL_ABORTED'), surfaceOp: { op: 'append' } })
+        session.append('tool/result',
+          { message: errorResult(call.id, 'TOOL_ABORTED: the turn was cancelled before this tool call started.',
+          'TOOL_ABORTED'), surfaceOp: { op: 'append' } })
         continue
       }
       session.append('tool/call', { callId: call.id, name: call.name })
-      await session.flush() // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
+      // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
+      await session.flush()
       let result: ToolResultMessage
       const offered = this.offeredTools()
       // recall is answered even when its spec is not offered: the placeholders name it.
-      const tool = offered.find((t) => t.name === call.name) ?? (call.name === RECALL_TOOL_NAME && this.session.hasShadowedContent ? this.recall : undefined)
+      const tool = offered.find((t) => t.name === call.name)
+        ?? (call.name === RECALL_TOOL_NAME && this.session.hasShadowedContent ? this.recall : undefined)
       if (!tool) {
-        result = errorResult(call.id, `unknown tool ${JSON.stringify(call.name)}; available tools: ${offered.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
+        result = errorResult(call.id, `unknown tool ${JSON.stringify(call.name)}; available tools: `
+          + `${offered.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
       } else {
         let args: unknown
         try { args = call.arguments.trim() === '' ? {} : JSON.parse(call.arguments) } catch (err) {
           args = undefined
-          result = errorResult(call.id, `the arguments of ${call.name} are not valid JSON (${(err as Error).message}); send one JSON object matching the tool's parameters`, 'TOOL_BAD_ARGUMENTS')
+          result = errorResult(call.id, `the arguments of ${call.name} are not valid JSON (${(err as Error).message}); `
+            + `send one JSON object matching the tool's parameters`, 'TOOL_BAD_ARGUMENTS')
         }
         if (args !== undefined) {
-          try { result = toolOutputToResult(call.id, call.name, await tool.execute(args, { signal, callId: call.id })) } catch (err) {
+          try { result = toolOutputToResult(call.id, call.name,
+            await tool.execute(args, { signal, callId: call.id })) } catch (err) {
             const text = String((err as Error)?.message ?? err)
-            result = errorResult(call.id, text.startsWith(`${call.name}:`) ? text : `tool ${call.name} failed: ${text}`, 'TOOL_ERROR')
+            result = errorResult(call.id, text.startsWith(`${call.name}:`) ? text
+              : `tool ${call.name} failed: ${text}`, 'TOOL_ERROR')
           }
         }
       }
       const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, spillName(session.seq))
-      session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
+      session.append('tool/result', spilled.spilled
+        ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } }
+        : { message: spilled.message, surfaceOp: { op: 'append' } })
     }
   }
 
   /** Tokens and cost of the session so far ({@link Session.usage}), priced with the provider's table as logged. */
   usage(): SessionUsage { return this.session.usage() }
 
-  /** The prompt-cache cost of the surface edit logged as event `seq`, at the provider's prices ({@link Session.editCost}). */
+  /** The prompt-cache cost of the surface edit logged as event `seq`, at the provider's prices ({@link
+   *  Session.editCost}). */
   editCost(seq: number): EditCost | undefined { return this.session.editCost(seq, this.provider.prices) }
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
@@ -5854,7 +6188,8 @@ export class Agent implements CompactionHost {
    * summary instruction (the CLI's `/compact FOCUS`). Throws TypeError for a focus that is not a string.
    */
   compactNow(options: { focus?: string; signal?: AbortSignal } = {}): Promise<CompactionOutcome> {
-    if (options.focus !== undefined && typeof options.focus !== 'string') throw new TypeError(`focus must be a string, got ${typeof options.focus}`)
+    if (options.focus !== undefined && typeof options.focus !== 'string')
+      throw new TypeError(`focus must be a string, got ${typeof options.focus}`)
     return this.ladder.compact(options.signal, { focus: options.focus })
   }
 }
@@ -5866,15 +6201,15 @@ export class Agent implements CompactionHost {
  */
 export const internals = /* @__PURE__ */ Object.freeze({ pumpSSE })
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
+// ═══════════════════════════════════════
 // FENCE. Above: Part I, the runtime (web standards only). Below: Part II, the extras (tools,
 // replay, CLI). Nothing in Part I names anything in Part II: the build cuts the file here to make
 // `dist/dsh.mjs` and type-checks that part alone, so a reference across the fence fails the build.
 // Part II may name Part I freely. Its top level holds only declarations and literals (no calls),
 // so a bundler importing the runtime from this file drops Part II entirely.
-// ════════════════════════════════════════════════════════════════════════════════════════════
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
+// ═══════════════════════════════════════
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 8. Tools — the CLI's built-in coding tools (docs/design.md §8, §13)
