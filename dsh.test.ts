@@ -5,11 +5,15 @@ import { mkdtempSync, writeFileSync, readFileSync, appendFileSync, readdirSync }
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import {
-  VERSION, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG, codePointLength, pruneText, pruneToolResult,
-  estimateTextTokens, estimateMessageTokens, estimateEnvelopeTokens, PruneConfigError,
-  Session, MemoryStore, FileStore, SessionError, spillToolResult,
-  type ToolResultMessage, type Message, type Block,
+  VERSION, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG, codePointLength, pruneText, pruneToolResult, estimateTextTokens,
+  estimateMessageTokens, Session, MemoryStore, FileStore, SessionError, type ToolResultMessage, type Message,
+  type Block, ConfigError, internals,
 } from './dsh.ts'
+import {
+  estimateEnvelopeTokens,
+} from './test/spec.ts'
+
+const { spillToolResult } = internals
 import { logEvents } from './test/shared.ts'
 
 const toolResult = (text: string, id = 'call_1'): ToolResultMessage => ({ role: 'tool', toolCallId: id, content: [{ type: 'text', text }] })
@@ -117,7 +121,7 @@ describe('pruner (docs/design.md §3)', () => {
 
   test('config validation names the numbers and unknown keys', () => {
     assert.throws(() => pruneText('x', { headChars: 5000, tailChars: 4000 }), (e: Error) =>
-      e instanceof PruneConfigError && /5000/.test(e.message) && /4000/.test(e.message) && /8192/.test(e.message))
+      e instanceof ConfigError && /5000/.test(e.message) && /4000/.test(e.message) && /8192/.test(e.message))
     assert.throws(() => pruneText('x', { headChar: 10 } as never), /unknown key "headChar"/)
     assert.throws(() => pruneText('x', { headChars: 1.5 }), /headChars must be a non-negative integer/)
     assert.throws(() => pruneText('x', { tailChars: -1 }), /tailChars must be a non-negative integer/)

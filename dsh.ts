@@ -11,6 +11,30 @@
  *   console.log(answer.text, session.measure().totalTokens)
  * CLI: `npx tsx dsh.ts --help` (one-shot, interactive, `replay FILE`); installed: `dsh --help`.
  *
+ * PUBLIC API (the one export list below this header; types are exported where they are declared)
+ *   Agent                  the loop: turns, steps, tools, hooks, the ladder, cancellation (§7)
+ *   Session                the append-only log, its surface and measure(); parts over it: cost, recall, pins
+ *   MemoryStore, FileStore where a session's events live: in memory (anywhere), JSONL file (Node, Deno, Bun)
+ *   openAICompatible       a Provider for any OpenAI-compatible chat-completions server (§6)
+ *   deepseek               openAICompatible with DeepSeek's base URL, model, key variable and prices
+ *   parseSSE               a server-sent event stream as an async iterable of {event, data, id?}
+ *   classifyProviderError  an HTTP status and error body → a ProviderErrorCode
+ *   ProviderError          the one error a provider throws ({code, status?, body, partial?})
+ *   SessionError           an append that would break the log, or a bad log file ({code, line?})
+ *   ConfigError            an option that cannot work (prune or ladder configuration); a TypeError
+ *   estimateTextTokens     ceil(UTF-16 units / 4), the meter's text price (§2)
+ *   estimateMessageTokens  one message's heuristic price in tokens (§2)
+ *   estimateRequestTokens  envelope + messages, heuristic tokens (§2)
+ *   codePointLength        Unicode code points of a text (a surrogate pair is one)
+ *   pruneText              head + PRUNE_MARKER + tail of a text over the threshold (§3)
+ *   pruneToolResult        the same cut over a tool result's text blocks, other blocks kept (§3)
+ *   PRUNE_MARKER           the 39-code-point text put where a pruned middle was
+ *   DEFAULT_PRUNE_CONFIG   {thresholdChars: 8192, headChars: 4096, tailChars: 1024}, code points
+ *   DEFAULT_COMPACTION_CONFIG  the ladder's defaults (below, and docs/design.md §5, §10)
+ *   KNOWN_MODELS           context window and output cap by model name (DeepSeek's)
+ *   DEEPSEEK_PRICES        DeepSeek's prices, USD per million tokens, with peak hours (§11)
+ *   VERSION                this file's version
+ *
  * OPTIONS AND DEFAULTS (docs/design.md; all overridable per Agent / provider)
  *   pruner     DEFAULT_PRUNE_CONFIG        prune tool results over 8,192 code points to
  *                                          head 4,096 + marker (39) + tail 1,024 code points
@@ -60,11 +84,24 @@
  *   bytes        UTF-8 bytes unless a name says otherwise
  *   ms           milliseconds; every time is in ms unless a name says otherwise (`…S` = seconds)
  */
+// The public API (docs/design.md §14): the runtime names below, each described in PUBLIC API above.
+// Everything else in Part I is private to the file; types are exported where they are declared, and so
+// is the undocumented `internals` object at the end of Part I (docs/design.md §14). `Session` is exported at its
+// declaration in section 4 (the figures of the core count its class there).
+export {
+  VERSION, Agent, MemoryStore, FileStore, SessionError, ProviderError, ConfigError,
+  openAICompatible, deepseek, parseSSE, classifyProviderError,
+  estimateTextTokens, estimateMessageTokens, estimateRequestTokens,
+  codePointLength, pruneText, pruneToolResult, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
+  DEFAULT_COMPACTION_CONFIG, KNOWN_MODELS, DEEPSEEK_PRICES,
+}
+export type { Ladder }
+
 // ═══════════════════════════════════════
 // PART I — THE RUNTIME: sections 1–7, web standards only (the fence before section 8 says more)
 // ═══════════════════════════════════════
 
-export const VERSION = '0.1.0'
+const VERSION = '0.1.0'
 /**
  * The layout of the log this dsh writes, in `session/start {format}` (docs/design.md §14). A log
  * without one (dsh 0.1.0) is format 1; a later layout raises it, so that old logs can be migrated.
@@ -163,6 +200,14 @@ export interface PeakHours {
   hoursUTC: readonly (readonly [number, number])[]
 }
 
+/**
+ * Thrown for an option or configuration that cannot work (prune config, ladder config): the message
+ * names the key, the value, the range and the fix. A TypeError, like the other option errors.
+ */
+class ConfigError extends TypeError {
+  constructor(message: string) { super(message); this.name = 'ConfigError' }
+}
+
 /** Error codes of {@link ProviderError} (docs/design.md §6). */
 export type ProviderErrorCode =
   | 'CONTEXT_WINDOW_EXCEEDED' | 'RATE_LIMIT' | 'QUOTA' | 'AUTH' | 'INVALID_REQUEST' | 'SERVER'
@@ -173,7 +218,7 @@ export type ProviderErrorCode =
  * payload); `status` the HTTP status when there was one; `retryAfterMs` from `Retry-After`;
  * `partial` the assistant output received before a stream broke (for an interrupted message).
  */
-export class ProviderError extends Error {
+class ProviderError extends Error {
   readonly code: ProviderErrorCode
   readonly status?: number
   readonly retryAfterMs?: number
@@ -279,12 +324,12 @@ export interface Tool<Args = any> {
 // ═══════════════════════════════════════
 
 /** Tokens are estimated as one per four UTF-16 units (docs/design.md §2). */
-export const UNITS_PER_TOKEN = 4
+const UNITS_PER_TOKEN = 4
 /** Fixed per-message overhead in tokens (role, separators), docs/design.md §2. */
-export const MESSAGE_OVERHEAD_TOKENS = 8
+const MESSAGE_OVERHEAD_TOKENS = 8
 
 /** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). docs/design.md §2. */
-export function estimateTextTokens(text: string): number {
+function estimateTextTokens(text: string): number {
   return Math.ceil(text.length / UNITS_PER_TOKEN)
 }
 
@@ -294,7 +339,7 @@ export function estimateTextTokens(text: string): number {
  * non-text block (image, unknown) adds `ceil(JSON.stringify(block).length / 4)`. docs/design.md §2.
  * Worked check: a 200,000-char tool result costs 50,008.
  */
-export function estimateMessageTokens(message: Message): number {
+function estimateMessageTokens(message: Message): number {
   const content = message.content
   if (typeof content === 'string') return estimateTextTokens(content) + MESSAGE_OVERHEAD_TOKENS
   let units = 0
@@ -313,7 +358,7 @@ export function estimateMessageTokens(message: Message): number {
  * `ceil(JSON.stringify(tools).length / 4) + 8`. An absent (or empty) system prompt and an absent
  * (or empty) tool list cost 0. docs/design.md §2.
  */
-export function estimateEnvelopeTokens(envelope: Envelope): number {
+function estimateEnvelopeTokens(envelope: Envelope): number {
   let tokens = 0
   if (envelope.system) tokens += estimateTextTokens(envelope.system) + MESSAGE_OVERHEAD_TOKENS
   if (envelope.tools && envelope.tools.length > 0) tokens += estimateTextTokens(JSON.stringify(envelope.tools))
@@ -322,7 +367,7 @@ export function estimateEnvelopeTokens(envelope: Envelope): number {
 }
 
 /** Heuristic price of a whole request (envelope + messages) in tokens. O(messages). */
-export function estimateRequestTokens(envelope: Envelope, messages: readonly Message[]): number {
+function estimateRequestTokens(envelope: Envelope, messages: readonly Message[]): number {
   let tokens = estimateEnvelopeTokens(envelope)
   for (const m of messages) tokens += estimateMessageTokens(m)
   return tokens
@@ -371,7 +416,7 @@ export interface Measurement {
 }
 
 /** Bounds of the calibration ratio (provider tokens per heuristic token), docs/design.md §10. */
-export const CALIBRATION_RANGE: readonly [min: number, max: number] =
+const CALIBRATION_RANGE: readonly [min: number, max: number] =
   Object.freeze([0.5, 4]) as readonly [number, number]
 /** How many recent calibration samples the ratio averages (Σ provider ÷ Σ heuristic). */
 const CALIBRATION_SAMPLES = 8
@@ -379,7 +424,7 @@ const CALIBRATION_SAMPLES = 8
  * Requests smaller than this (heuristic tokens) give no calibration sample: in a tiny request the
  * per-message framing, not the tokenizer, decides the ratio.
  */
-export const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
+const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
 
 /**
  * The smallest request (heuristic tokens) that gives a calibration sample in a context window of
@@ -387,7 +432,7 @@ export const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
  * (in a 2,048-token window no request reaches 1,000 heuristic tokens when the tokenizer counts
  * twice the heuristic, and calibration matters most there). docs/design.md §10.
  */
-export function calibrationMinSampleTokens(contextWindow?: number): number {
+function calibrationMinSampleTokens(contextWindow?: number): number {
   return contextWindow === undefined || !(contextWindow > 0) ? CALIBRATION_MIN_SAMPLE_TOKENS
     : Math.min(CALIBRATION_MIN_SAMPLE_TOKENS, Math.floor(contextWindow / 8))
 }
@@ -419,7 +464,7 @@ function plausibleRatio(providerTokens: number, heuristicTokens: number): boolea
  * at most 4); unanchored, the whole heuristic total is priced at `calibration`. `calibration` 1
  * (the default: no sample yet) is the seed's rule exactly.
  */
-export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | undefined, calibration = 1): number {
+function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | undefined, calibration = 1): number {
   if (!anchor) return calibration === 1 ? heuristicTokens : Math.ceil(heuristicTokens * calibration)
   const base = Math.max(anchor.providerTokens, anchor.heuristicTokens)
   const delta = heuristicTokens - anchor.heuristicTokens
@@ -434,7 +479,7 @@ export function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | und
 // ── 2.1 Cost: prices applied to tokens (docs/design.md §11) ──
 
 /** Throws a TypeError naming the field unless `prices` is a well-formed {@link Prices}; returns it. */
-export function validatePrices(prices: unknown, where = 'prices'): Prices {
+function validatePrices(prices: unknown, where = 'prices'): Prices {
   const fail = (what: string): never => { throw new TypeError(`${where}${what}; e.g. { cacheHitInput: 0.003, `
     + `cacheMissInput: 0.15, output: 0.6 } (USD per million tokens)`) }
   if (typeof prices !== 'object' || prices === null || Array.isArray(prices)) fail(` must be an object, `
@@ -465,7 +510,7 @@ export function validatePrices(prices: unknown, where = 'prices'): Prices {
 }
 
 /** Whether `timeMs` (ms since the epoch) lies in a peak window of `prices`. */
-export function isPeakTime(prices: Prices, timeMs: number): boolean {
+function isPeakTime(prices: Prices, timeMs: number): boolean {
   const peak = prices.peak
   if (!peak) return false
   const d = new Date(timeMs)
@@ -481,7 +526,7 @@ export interface BilledTokens { cachedInputTokens: number; uncachedInputTokens: 
  * USD of one request (docs/design.md §11): `cached × cacheHitInput + uncached × cacheMissInput +
  * output × output`, per million tokens, times the peak multiplier when `timeMs` is in a peak window.
  */
-export function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): number {
+function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): number {
   const usd = (tokens.cachedInputTokens * prices.cacheHitInput + tokens.uncachedInputTokens * prices.cacheMissInput
     + tokens.outputTokens * prices.output) / 1_000_000
   return isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
@@ -492,7 +537,7 @@ export function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: num
  * the edit point that move from cache hit to cache miss × (miss − hit price), off-peak (times the
  * peak multiplier when `timeMs` is given and in a peak window).
  */
-export function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: number): number {
+function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: number): number {
   const usd = (movedTokens * (prices.cacheMissInput - prices.cacheHitInput)) / 1_000_000
   return timeMs !== undefined && isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
 }
@@ -502,7 +547,7 @@ export function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: numbe
 // ═══════════════════════════════════════
 
 /** The text put where the middle of a pruned tool result was (39 code points). docs/design.md §3. */
-export const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
+const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
 const MARKER_CODE_POINTS = 39
 
 /**
@@ -519,29 +564,24 @@ export interface PruneConfig {
 }
 
 /** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
-export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> =
+const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> =
   /* @__PURE__ */ Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
-
-/** Thrown for a prune configuration that cannot work; the message names the values and the fix. */
-export class PruneConfigError extends TypeError {
-  constructor(message: string) { super(message); this.name = 'PruneConfigError' }
-}
 
 const validatedConfigs = new WeakSet<object>()
 
 /**
  * Checks a partial configuration and returns the full one (defaults filled in). Throws
- * {@link PruneConfigError} for unknown keys, non-integer or negative lengths, and
+ * {@link ConfigError} for unknown keys, non-integer or negative lengths, and
  * `headChars + 39 + tailChars > thresholdChars` (the pruned text would not be smaller).
  */
-export function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
+function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
   if (config === undefined || config === DEFAULT_PRUNE_CONFIG) return DEFAULT_PRUNE_CONFIG
   if (validatedConfigs.has(config)) return config as PruneConfig
   if (typeof config !== 'object' || config === null)
-    throw new PruneConfigError(`prune config must be an object, got ${String(config)}`)
+    throw new ConfigError(`prune config must be an object, got ${String(config)}`)
   for (const key of Object.keys(config)) {
     if (!['thresholdChars', 'headChars', 'tailChars', 'graphemeSafe'].includes(key)) {
-      throw new PruneConfigError(`prune config: unknown key "${key}" (known: thresholdChars, headChars, tailChars, `
+      throw new ConfigError(`prune config: unknown key "${key}" (known: thresholdChars, headChars, tailChars, `
         + `graphemeSafe)`)
     }
   }
@@ -549,13 +589,13 @@ export function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
   for (const key of ['thresholdChars', 'headChars', 'tailChars'] as const) {
     const v = full[key]
     if (!isIntegerAtLeast(v, 0))
-      throw new PruneConfigError(`prune config: ${key} must be a non-negative integer number of code points, `
+      throw new ConfigError(`prune config: ${key} must be a non-negative integer number of code points, `
         + `got ${String(v)}`)
   }
   if (full.graphemeSafe !== undefined && typeof full.graphemeSafe !== 'boolean')
-    throw new PruneConfigError(`prune config: graphemeSafe must be a boolean, got ${String(full.graphemeSafe)}`)
+    throw new ConfigError(`prune config: graphemeSafe must be a boolean, got ${String(full.graphemeSafe)}`)
   if (full.headChars + MARKER_CODE_POINTS + full.tailChars > full.thresholdChars) {
-    throw new PruneConfigError(`prune config: headChars (${full.headChars}) + marker (${MARKER_CODE_POINTS}) `
+    throw new ConfigError(`prune config: headChars (${full.headChars}) + marker (${MARKER_CODE_POINTS}) `
       + `+ tailChars (${full.tailChars}) = ${full.headChars + MARKER_CODE_POINTS + full.tailChars} exceeds `
       + `thresholdChars (${full.thresholdChars}); lower headChars or tailChars, or raise thresholdChars`)
   }
@@ -586,7 +626,7 @@ function indexBeforeLastCodePoints(text: string, n: number): number {
  * once). O(length). Stops early and returns `limit + 1` when `limit` is given and exceeded, so a
  * "more than N?" question costs O(N) whatever the text's size.
  */
-export function codePointLength(text: string, limit = Infinity): number {
+function codePointLength(text: string, limit = Infinity): number {
   if (text.length <= limit) {
     // Fast path: no astral characters means one code point per UTF-16 unit.
     let n = 0
@@ -634,9 +674,9 @@ function cutPoints(text: string, cfg: PruneConfig): [headEnd: number, tailStart:
  * Prunes one text: unchanged when it holds ≤ `thresholdChars` code points, else the first
  * `headChars` code points + {@link PRUNE_MARKER} + the last `tailChars` code points. Never splits a
  * surrogate pair. O(head + tail + threshold) whatever the text's length. Idempotent.
- * Throws {@link PruneConfigError} for a bad config. docs/design.md §3.
+ * Throws {@link ConfigError} for a bad config. docs/design.md §3.
  */
-export function pruneText(text: string, config?: Partial<PruneConfig>): string {
+function pruneText(text: string, config?: Partial<PruneConfig>): string {
   if (typeof text !== 'string')
     throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
   const cfg = resolvePruneConfig(config)
@@ -672,7 +712,7 @@ function detach(result: string, source: string): string {
  * blocks keep their order among the kept blocks, and every other field (toolCallId, isError,
  * metadata) is unchanged. Work is O(head + tail + threshold + blocks). Idempotent.
  */
-export function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfig>): ToolResultMessage {
+function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfig>): ToolResultMessage {
   const cfg = resolvePruneConfig(config)
   const blocks = message.content
   // Count code points of the joined text, stopping past the threshold.
@@ -734,7 +774,7 @@ const ARGUMENT_VALUE_CUT: Readonly<PruneConfig> =
  * `config`, then, if the whole is still over, every string over 1,024 code points to 512 + 256).
  * Arguments that are not JSON are pruned as text. Returns the same string when nothing is cut.
  */
-export function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string {
+function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string {
   const cfg = resolvePruneConfig(config)
   if (!overThreshold(args, cfg.thresholdChars)) return args
   let value: unknown
@@ -757,7 +797,7 @@ export function pruneToolArguments(args: string, config?: Partial<PruneConfig>):
  * with {@link pruneToolArguments}; other blocks are unchanged. A tool result goes to
  * {@link pruneToolResult}. Returns the same object when nothing is over the threshold. Idempotent.
  */
-export function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>): M {
+function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>): M {
   const cfg = resolvePruneConfig(config)
   if (message.role === 'tool') return pruneToolResult(message, cfg) as M
   if (typeof message.content === 'string') {
@@ -962,7 +1002,7 @@ export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP
   | 'STORE' | 'PIN' | 'LOCKED'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
-export class SessionError extends Error {
+class SessionError extends Error {
   readonly code: SessionErrorCode
   /** 1-based line of a log file, for `LOG_CORRUPT`. */
   readonly line?: number
@@ -1013,7 +1053,7 @@ export interface LogStore {
 }
 
 /** Keeps the log in memory (the default; edge-safe). Artefacts live in a Map. */
-export class MemoryStore implements LogStore {
+class MemoryStore implements LogStore {
   readonly events: SessionEvent[] = []
   readonly artefacts = new Map<string, string>()
   async load(): Promise<LoadedLog> { return { events: this.events.slice() } }
@@ -1039,30 +1079,6 @@ function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined 
   }
   if (seq !== expectedSeq) return `seq ${seq} where ${expectedSeq} was expected (events must be contiguous)`
   return undefined
-}
-
-/**
- * Parses JSONL log text. `goodLength` is the UTF-16 length of the whole lines. A last line without
- * its newline that starts like an event (`{"seq":`, or is a prefix of it) but does not parse is
- * torn (dropped and reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line, so a
- * file that is not a dsh log (a one-line `.env`) is refused, never repaired.
- */
-export function parseLogText(text: string): { events: SessionEvent[]; torn?: TornLine; goodLength: number } {
-  const events: SessionEvent[] = []
-  let pos = 0
-  let line = 0
-  while (pos < text.length) {
-    line++
-    const nl = text.indexOf('\n', pos)
-    const raw = text.slice(pos, nl < 0 ? text.length : nl)
-    const parsed = parseLogLine(raw, line, events.length, nl >= 0)
-    if (parsed === 'blank') break
-    if (parsed === 'torn')
-      return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
-    events.push(parsed)
-    pos = nl < 0 ? text.length : nl + 1
-  }
-  return { events, goodLength: text.length }
 }
 
 /** How every line dsh writes to a log begins (`JSON.stringify` of an event, `seq` first). */
@@ -1099,7 +1115,7 @@ function parseLogLine(raw: string, line: number, expectedSeq: number, terminated
  * bundler (esbuild, Vite, webpack) leaves it alone when it bundles dsh.ts for an edge or browser
  * target, where these parts never run.
  */
-export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
+function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
   return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
 }
 
@@ -1121,7 +1137,7 @@ const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
  * line (8 bytes per event) and reads events back from the file on demand, so a {@link Session} on
  * it holds only its surface in memory. Spilled tool results go to `FILE.artefacts/`.
  */
-export class FileStore implements LogStore {
+class FileStore implements LogStore {
   readonly path: string
   /** The lock file, `FILE.lock`. */
   readonly lockPath: string
@@ -1469,7 +1485,7 @@ const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.h
  * caller to report. The lock is removed by {@link releaseLogLock}, and at process exit.
  * @returns the stale holder taken over, if any.
  */
-export async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLockHolder | undefined> {
+async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLockHolder | undefined> {
   const [fs, os, { default: proc }] =
     await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'),
     importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
@@ -1527,7 +1543,7 @@ export async function acquireLogLock(logPath: string, lockPath: string): Promise
 }
 
 /** Gives back one hold of a lock taken by {@link acquireLogLock}; the last one removes the file. */
-export async function releaseLogLock(lockPath: string): Promise<void> {
+async function releaseLogLock(lockPath: string): Promise<void> {
   const held = heldLogLocks.get(lockPath)
   if (held === undefined) return
   if (held > 1) { heldLogLocks.set(lockPath, held - 1); return }
@@ -1559,7 +1575,7 @@ function validateBlocks(blocks: unknown, where: string): void {
 }
 
 /** Throws `SessionError('INVALID_MESSAGE')` unless `m` is a well-formed message of `role`. */
-export function validateMessage(m: unknown, role?: Message['role']): asserts m is Message {
+function validateMessage(m: unknown, role?: Message['role']): asserts m is Message {
   if (typeof m !== 'object' || m === null) throw new SessionError('INVALID_MESSAGE', 'message must be an object')
   const msg = m as Message
   if (role && msg.role !== role)
@@ -2577,16 +2593,11 @@ export interface CompactionConfig {
 }
 
 /** The defaults of docs/design.md §§5, 10. */
-export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
+const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
   thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
   maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
   clear: true, reliefRatio: 0.6, protectedRatio: 0.2, clearBeforeSummary: true,
 })
-
-/** Thrown for a ladder configuration that cannot work; the message names the key, the value, the range and the fix. */
-export class CompactionConfigError extends TypeError {
-  constructor(message: string) { super(message); this.name = 'CompactionConfigError' }
-}
 
 /** Each key's kind and range: `ratio` (lo, hi) open/closed as named, `int` a safe integer ≥ min, `bool`. */
 const COMPACTION_CONFIG_RULES: Readonly<Record<keyof CompactionConfig, { kind: 'ratio'; lo: number; hi: number; loOpen: boolean; hiOpen: boolean } | { kind: 'int'; min: number; unit: string } | { kind: 'bool' }>> = {
@@ -2606,17 +2617,17 @@ const COMPACTION_CONFIG_RULES: Readonly<Record<keyof CompactionConfig, { kind: '
 
 /**
  * Checks a partial ladder configuration and returns the full one (defaults filled in), like
- * {@link resolvePruneConfig}. Throws {@link CompactionConfigError} for a non-object, an unknown key,
+ * {@link resolvePruneConfig}. Throws {@link ConfigError} for a non-object, an unknown key,
  * a value of the wrong type or out of its range (ratios in (0, 1] or [0, 1) as documented, counts
  * non-negative integers, sizes positive integers), and `reliefRatio ≥ thresholdRatio` (clearing
  * would stop above the threshold it is meant to get under).
  */
-export function resolveCompactionConfig(config?: Partial<CompactionConfig>): CompactionConfig {
+function resolveCompactionConfig(config?: Partial<CompactionConfig>): CompactionConfig {
   if (config === undefined) return { ...DEFAULT_COMPACTION_CONFIG }
-  if (typeof config !== 'object' || config === null || Array.isArray(config)) throw new CompactionConfigError(`compaction config must be an object, got ${config === null ? 'null' : Array.isArray(config) ? 'an array' : typeof config}`)
+  if (typeof config !== 'object' || config === null || Array.isArray(config)) throw new ConfigError(`compaction config must be an object, got ${config === null ? 'null' : Array.isArray(config) ? 'an array' : typeof config}`)
   const known = Object.keys(COMPACTION_CONFIG_RULES)
   for (const key of Object.keys(config)) {
-    if (!known.includes(key)) throw new CompactionConfigError(`compaction config: unknown key "${key}" (known: ${known.join(', ')})`)
+    if (!known.includes(key)) throw new ConfigError(`compaction config: unknown key "${key}" (known: ${known.join(', ')})`)
   }
   const full: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG }
   for (const [key, value] of Object.entries(config)) if (value !== undefined) (full as unknown as Record<string, unknown>)[key] = value
@@ -2625,26 +2636,26 @@ export function resolveCompactionConfig(config?: Partial<CompactionConfig>): Com
     const v = full[key] as unknown
     const shown = typeof v === 'string' ? JSON.stringify(v) : String(v)
     if (rule.kind === 'bool') {
-      if (typeof v !== 'boolean') throw new CompactionConfigError(`compaction config: ${key} must be true or false, got ${shown}`)
+      if (typeof v !== 'boolean') throw new ConfigError(`compaction config: ${key} must be true or false, got ${shown}`)
     } else if (rule.kind === 'int') {
-      if (!Number.isSafeInteger(v) || (v as number) < rule.min) throw new CompactionConfigError(`compaction config: ${key} must be an integer ≥ ${rule.min} (${rule.unit}), got ${shown}`)
+      if (!Number.isSafeInteger(v) || (v as number) < rule.min) throw new ConfigError(`compaction config: ${key} must be an integer ≥ ${rule.min} (${rule.unit}), got ${shown}`)
     } else {
       const n = v as number
       const ok = typeof v === 'number' && (rule.loOpen ? n > rule.lo : n >= rule.lo) && (rule.hiOpen ? n < rule.hi : n <= rule.hi)
-      if (!ok) throw new CompactionConfigError(`compaction config: ${key} must be a number in ${rule.loOpen ? '(' : '['}${rule.lo}, ${rule.hi}${rule.hiOpen ? ')' : ']'} (a share of the context window), got ${shown}`)
+      if (!ok) throw new ConfigError(`compaction config: ${key} must be a number in ${rule.loOpen ? '(' : '['}${rule.lo}, ${rule.hi}${rule.hiOpen ? ')' : ']'} (a share of the context window), got ${shown}`)
     }
   }
   if (full.reliefRatio >= full.thresholdRatio) {
-    throw new CompactionConfigError(`compaction config: reliefRatio (${full.reliefRatio}) must be below thresholdRatio (${full.thresholdRatio}): the clear rung clears down to floor(window × reliefRatio), which must be under the pressure threshold; e.g. reliefRatio ${Math.round(full.thresholdRatio * 75) / 100}`)
+    throw new ConfigError(`compaction config: reliefRatio (${full.reliefRatio}) must be below thresholdRatio (${full.thresholdRatio}): the clear rung clears down to floor(window × reliefRatio), which must be under the pressure threshold; e.g. reliefRatio ${Math.round(full.thresholdRatio * 75) / 100}`)
   }
   return full
 }
 
 /** The one-line preamble in front of a summary checkpoint (docs/design.md §4 "Projection"). */
-export const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
+const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
 
 /** The instruction that ends every summary request (docs/design.md §5 "Summary transaction"). */
-export const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
+const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
   'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers will be removed.',
   'Do not call any tool. Answer with the checkpoint only, under these headings:',
   '1. Request — what the user asked for, in their words where it matters.',
@@ -2662,7 +2673,7 @@ export const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
  * model's text in `<compacted-summary>`, then the facts `ledger` (when it holds anything) in
  * `<ledger>` (docs/design.md §12).
  */
-export function frameCheckpoint(summary: string, ledger?: Ledger): string {
+function frameCheckpoint(summary: string, ledger?: Ledger): string {
   const framed = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
   return ledger && ledgerEntries(ledger) > 0 ? `${framed}\n${renderLedger(ledger)}` : framed
 }
@@ -2698,14 +2709,14 @@ export interface Ledger {
 }
 
 /** The ledger budget: `min(LEDGER_MAX_TOKENS, floor(window × LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). */
-export const LEDGER_MAX_TOKENS = 2000
+const LEDGER_MAX_TOKENS = 2000
 /** See {@link LEDGER_MAX_TOKENS}. */
-export const LEDGER_WINDOW_RATIO = 0.05
+const LEDGER_WINDOW_RATIO = 0.05
 /** Longest tool-error line a ledger keeps, in code points (a longer one is cut and marked with `…`). */
-export const LEDGER_ERROR_LINE_CODE_POINTS = 300
+const LEDGER_ERROR_LINE_CODE_POINTS = 300
 
 /** The ledger budget in tokens for a context window in tokens ({@link LEDGER_MAX_TOKENS} when unknown). */
-export function ledgerBudget(contextWindow?: number): number {
+function ledgerBudget(contextWindow?: number): number {
   return contextWindow === undefined ? LEDGER_MAX_TOKENS : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
 }
 
@@ -2804,7 +2815,7 @@ function mergeLedger(into: Ledger, from: Ledger): void {
  * merged in.
  * No budget applied (see {@link trimLedger}).
  */
-export async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Promise<Ledger> {
+async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Promise<Ledger> {
   const ledger = emptyLedger()
   const results = new Map<string, { seq: number; message: ToolResultMessage }>()
   const originals: Array<{ seq: number; message: Message } | Ledger | undefined> = []
@@ -2857,7 +2868,7 @@ function ledgerLine(list: LedgerList, e: LedgerPath | LedgerCommand | LedgerText
 }
 
 /** The `<ledger>` block of a checkpoint: lists oldest first, user messages newest first. */
-export function renderLedger(ledger: Ledger): string {
+function renderLedger(ledger: Ledger): string {
   const lines = [LEDGER_OPEN]
   for (const list of LEDGER_ORDER) {
     const entries = [...(ledger[list] as Array<LedgerPath | LedgerText>)].sort((a, b) => (list === 'userMessages' ? b.seq - a.seq : a.seq - b.seq))
@@ -2875,7 +2886,7 @@ export function renderLedger(ledger: Ledger): string {
  * first, across all lists, while they fit; the oldest (and any too large to fit at all) are left
  * out and counted in `trimmed`. Entries are whole: nothing is kept half.
  */
-export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
+function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
   const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>).map((entry) => ({ list, entry })))
   const maxUnits = budgetTokens * UNITS_PER_TOKEN
   const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
@@ -2903,7 +2914,7 @@ export interface FidelityShare { total: number; inCheckpoint: number; inSummary:
 export interface Fidelity { paths: FidelityShare; commands: FidelityShare; errors: FidelityShare; userMessages: FidelityShare }
 
 /** Measures {@link Fidelity}: `ledger` is the region's full ledger, `checkpoint` the framed text, `summary` the model's text. */
-export function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): Fidelity {
+function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): Fidelity {
   const share = (items: readonly string[]): FidelityShare => {
     const unique = [...new Set(items)]
     return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length, inSummary: unique.filter((t) => summary.includes(t)).length }
@@ -2989,7 +3000,7 @@ const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdCha
  * bring the total (`measureTokens()`, by default the session's measured total) under
  * `thresholdTokens`. Returns tokens reclaimed.
  */
-export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean, measureTokens = () => session.measure().totalTokens): number {
+function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean, measureTokens = () => session.measure().totalTokens): number {
   const unseen = unseenResults(session)
   const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= minPrunableTokens(config) && !session.isPinned(n.seq)).map((n) => n.seq)
   let reclaimed = 0
@@ -3005,7 +3016,7 @@ export function pruneSurface(session: Session, config: PruneConfig, trigger: str
  * message except the current turn's input, pinned messages and summary checkpoints whose text, reasoning or
  * tool-call arguments exceed the prune threshold (code points). Returns tokens reclaimed.
  */
-export function pruneMessages(session: Session, config: PruneConfig, trigger: string): number {
+function pruneMessages(session: Session, config: PruneConfig, trigger: string): number {
   const input = session.currentInput
   const candidates = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && !isCheckpoint(n) && !session.isPinned(n.seq) && n.tokens >= minPrunableTokens(config)).map((n) => n.seq)
   let reclaimed = 0
@@ -3014,7 +3025,7 @@ export function pruneMessages(session: Session, config: PruneConfig, trigger: st
 }
 
 /** The fixed start of every cleared tool result's placeholder (docs/design.md §10). */
-export const CLEARED_RESULT_PREFIX = '[dsh cleared this tool result to save context]'
+const CLEARED_RESULT_PREFIX = '[dsh cleared this tool result to save context]'
 /** Tool-call arguments in a placeholder are cut to this many code points. */
 const PLACEHOLDER_ARGUMENT_CODE_POINTS = 200
 
@@ -3029,7 +3040,7 @@ function headCodePoints(text: string, max: number): string {
  * its arguments (whitespace folded, cut to 200 code points), the original's price in tokens and
  * the `recall` call that returns it.
  */
-export function clearedPlaceholder(toolName: string, args: string, originalTokens: number, key: string): string {
+function clearedPlaceholder(toolName: string, args: string, originalTokens: number, key: string): string {
   const shown = headCodePoints(args.replace(/\s+/g, ' ').trim(), PLACEHOLDER_ARGUMENT_CODE_POINTS)
   return `${CLEARED_RESULT_PREFIX} ${toolName} ${shown || '{}'} → ${originalTokens} tokens; ${RECALL_TOOL_NAME} {"key":${JSON.stringify(key)}} returns it.`
 }
@@ -3077,7 +3088,7 @@ export interface Region { start: number; end: number; tokens: number }
  * head is merged into the next), else the last run (the current turn's older steps). Returns
  * undefined when no safe region of at least two nodes (or one non-checkpoint node) exists.
  */
-export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>, minTokens = 0): Region | undefined {
+function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>, minTokens = 0): Region | undefined {
   let cut = nodes.length
   let kept = 0
   while (cut > 0 && kept < retainedTokens) kept += nodes[--cut].tokens
@@ -3134,7 +3145,7 @@ function keptOutOfSummary(session: Session): number[] {
 }
 
 /** Thrown inside a compaction transaction; logged as `compaction/end {error}`. */
-export class CompactionError extends Error {
+class CompactionError extends Error {
   constructor(message: string) { super(message); this.name = 'CompactionError' }
 }
 
@@ -3226,13 +3237,13 @@ const REPLAN_SHRINK = 0.7
  * prefix) unless they would take more than this share of the summarizer's window at the current
  * calibration; then it carries the system prompt only (docs/design.md §10).
  */
-export const SUMMARY_TOOLS_MAX_RATIO = 0.1
+const SUMMARY_TOOLS_MAX_RATIO = 0.1
 
 /**
  * The completion budget of a summary request (docs/design.md §10): `min(summaryMaxTokens,
  * max(512, floor(regionTokens / 2)))`, then at most `roomTokens` (the window minus the request).
  */
-export function summaryMaxTokens(regionTokens: number, config: Pick<CompactionConfig, 'summaryMaxTokens'>, roomTokens = Infinity): number {
+function summaryMaxTokens(regionTokens: number, config: Pick<CompactionConfig, 'summaryMaxTokens'>, roomTokens = Infinity): number {
   return Math.max(1, Math.min(config.summaryMaxTokens, Math.max(512, Math.floor(regionTokens / 2)), roomTokens))
 }
 
@@ -3240,7 +3251,7 @@ export function summaryMaxTokens(regionTokens: number, config: Pick<CompactionCo
  * The instruction that ends a summary request: `instruction` (default {@link SUMMARY_INSTRUCTION}),
  * then, when a focus is given, a paragraph asking to give it the most detail.
  */
-export function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: string): string {
+function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: string): string {
   return focus === undefined || focus.trim() === '' ? instruction
     : `${instruction}\n\nFocus of this checkpoint, as asked for: ${focus.trim()}\nGive it the most detail; keep everything else that still matters.`
 }
@@ -3261,7 +3272,7 @@ export function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?
  * are logged as calibration samples (`ladder/state`).
  * @throws {CompactionError} when nothing fits; the provider's error when it is not an overflow.
  */
-export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal, focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
+async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal, focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
   const provider = host.summarizer
   const session = host.session
   let window = provider.contextWindow ?? host.contextWindow ?? Infinity
@@ -3417,7 +3428,7 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
  * summary requests made; throws the failure (a {@link CompactionError}, `cancelled` set when a hook
  * cancelled; or the provider's error).
  */
-export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal, focus?: string): Promise<number> {
+async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal, focus?: string): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
   const hooks = host // the hooks see the host itself (ctx.agent is the Agent), not the recording wrapper
@@ -3476,7 +3487,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
  * compaction. Calibration lives in the session's meter ({@link Measurement.calibration}). None of
  * the methods throws for a ladder failure (those are warnings); only cancellation is rethrown.
  */
-export class Ladder {
+class Ladder {
   private readonly host: CompactionHost
   private guard?: number
   private warnedNoWindow = false
@@ -3702,15 +3713,15 @@ export class Ladder {
 // ── 5.1 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ──────────
 
 /** The name of the tool {@link recallTool} makes. */
-export const RECALL_TOOL_NAME = 'recall'
+const RECALL_TOOL_NAME = 'recall'
 /**
  * The Agent offers `recall` only while its spec, priced at the calibration, takes at most this share
  * of the context window (docs/design.md §10): in a small window with a dense tokenizer the spec
  * (JSON, which tokenizes worst) would crowd out the conversation it is meant to serve.
  */
-export const RECALL_MAX_WINDOW_RATIO = 0.1
+const RECALL_MAX_WINDOW_RATIO = 0.1
 /** Cap on one recall answer, code points, before the line that says how to get more. */
-export const RECALL_MAX_CODE_POINTS = 4096
+const RECALL_MAX_CODE_POINTS = 4096
 /** Lines per recall page unless `limit` says otherwise. */
 const RECALL_DEFAULT_LINES = 200
 /** Lines longer than this many code points are paged as pieces of this length. */
@@ -3856,7 +3867,7 @@ const echo = (v: string): string => JSON.stringify(headCodePoints(v, RECALL_HIT_
  * session reloaded from a {@link FileStore} recalls the same text. Bad arguments are an error
  * result for the model.
  */
-export function recallTool(session: Session): Tool {
+function recallTool(session: Session): Tool {
   return {
     name: RECALL_TOOL_NAME,
     // Short on purpose: the spec rides in every request once something is shadowed.
@@ -3922,7 +3933,7 @@ export function recallTool(session: Session): Tool {
 }
 
 /** UTF-8 byte length of `text`, counting only up to `limit + 1` (O(min(length, limit))). */
-export function utf8Length(text: string, limit = Infinity): number {
+function utf8Length(text: string, limit = Infinity): number {
   let bytes = 0
   for (let i = 0; i < text.length && bytes <= limit; i++) {
     const c = text.charCodeAt(i)
@@ -3938,7 +3949,7 @@ export function utf8Length(text: string, limit = Infinity): number {
  * The artefact name of a spilled tool result: from the seq of the `tool/result` event that will
  * refer to it (unique in a log, across resumes), never from a server-chosen call id (docs/design.md §13).
  */
-export function spillName(seq: number): string { return `tool-result-${seq}.txt` }
+function spillName(seq: number): string { return `tool-result-${seq}.txt` }
 
 /**
  * Spill (docs/design.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
@@ -3946,7 +3957,7 @@ export function spillName(seq: number): string { return `tool-result-${seq}.txt`
  * time, never under pressure. Returns the message unchanged when it is small or the store keeps no
  * artefacts.
  */
-export async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
+async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
   if (!store.putArtefact) return { message }
   const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
   // Length first: a UTF-16 unit is 1 to 3 UTF-8 bytes, so most results are decided without a walk.
@@ -3978,13 +3989,13 @@ export async function spillToolResult(message: ToolResultMessage, store: LogStor
 // ── 6.0 Configuration ─────────────────────────────
 
 /** DeepSeek's OpenAI-compatible endpoint (docs/design.md §6; api-docs.deepseek.com). */
-export const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
+const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
 /** The model {@link deepseek} uses when none is given (docs/design.md §6). */
-export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-flash'
+const DEEPSEEK_DEFAULT_MODEL = 'deepseek-flash'
 /** The environment variable {@link deepseek} reads the API key from when no `apiKey` is given. */
-export const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
+const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
 /** Completion budget in tokens when neither the request nor the options set one (docs/design.md §6). */
-export const DEFAULT_MAX_TOKENS = 32_768
+const DEFAULT_MAX_TOKENS = 32_768
 /** No progress (response headers or a data event) for this long ends the attempt as TIMEOUT. */
 const DEFAULT_IDLE_TIMEOUT_MS = 300_000
 /** Retries after the first attempt, for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. */
@@ -4009,9 +4020,9 @@ const SSE_MAX_BUFFER_UNITS = 16 * 1024 * 1024
 const ERROR_BODY_MAX_UNITS = 64 * 1024
 /** An error body, or a non-streamed body, is read up to this many bytes (after content decoding),
  *  then the rest is cancelled unread: a gzip bomb is never inflated (docs/design.md §13). */
-export const RESPONSE_BODY_MAX_BYTES = 64 * 1024
+const RESPONSE_BODY_MAX_BYTES = 64 * 1024
 /** Default cap on one assistant message: text, reasoning, tool-call ids, names and arguments, UTF-8 bytes (§13). */
-export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 /** Tool calls one assistant message may hold; past it RESPONSE_TOO_LARGE (each call costs memory and a result). */
 const MAX_TOOL_CALLS_PER_MESSAGE = 1_000
 /** Same-origin 307/308 redirects followed per attempt, at most. */
@@ -4036,7 +4047,7 @@ export interface KnownModel {
  * 2026). Any other model needs `contextWindow` in the options, or the ladder reports a
  * configuration error once (docs/design.md §5).
  */
-export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = /* @__PURE__ */ Object.freeze({
+const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = /* @__PURE__ */ Object.freeze({
   // DeepSeek-V4.1-Flash (accepts image input); its older name deepseek-v4-flash is served by it.
   'deepseek-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
   'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
@@ -4052,7 +4063,7 @@ export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = /* @
  * DeepSeek's peak hours: Monday to Friday, UTC 01:00–04:00 and 06:00–10:00, every price doubled
  * (DeepSeek, "Models & Pricing", api-docs.deepseek.com/quick_start/pricing, autumn 2026).
  */
-export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = /* @__PURE__ */ Object.freeze({
+const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = /* @__PURE__ */ Object.freeze({
   multiplier: 2, days: /* @__PURE__ */ Object.freeze([1, 2, 3, 4,
     5]), hoursUTC: /* @__PURE__ */ Object.freeze([/* @__PURE__ */ Object.freeze([1,
     4] as const), /* @__PURE__ */ Object.freeze([6, 10] as const)]),
@@ -4066,7 +4077,7 @@ export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = /* @__PURE__ */ Object.f
  * {@link pricesOf} also resolves the retired aliases of {@link KNOWN_MODELS}. Every other model
  * has no price unless one is given.
  */
-export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = /* @__PURE__ */ Object.freeze({
+const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = /* @__PURE__ */ Object.freeze({
   'deepseek-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6,
     peak: DEEPSEEK_PEAK_HOURS }),
   'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6,
@@ -4077,7 +4088,7 @@ export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = /* @_
 
 /** DeepSeek's price table for `model` (a retired alias resolves to the model it stands for); undefined for any other
  *  model. */
-export function pricesOf(model: string): Readonly<Prices> | undefined {
+function pricesOf(model: string): Readonly<Prices> | undefined {
   const own = Object.prototype.hasOwnProperty.call(DEEPSEEK_PRICES, model) ? DEEPSEEK_PRICES[model] : undefined
   const alias = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model].aliasOf : undefined
   return own ?? (alias !== undefined ? pricesOf(alias) : undefined)
@@ -4294,7 +4305,7 @@ function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
  *   hold (default: unbounded).
  * @throws RangeError past `maxBufferSize`; TypeError for a source that is not a stream.
  */
-export function parseSSE(
+function parseSSE(
   source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
   options: { maxBufferSize?: number } = {},
 ): AsyncIterableIterator<SSEEvent> {
@@ -4543,7 +4554,7 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
  * @param status HTTP status, or 200/undefined for an in-stream error.
  * @param bodyText the response body (or the in-stream `data:` payload) as text.
  */
-export function classifyProviderError(status: number | undefined, bodyText: string): ProviderErrorCode {
+function classifyProviderError(status: number | undefined, bodyText: string): ProviderErrorCode {
   return readErrorBody(status, bodyText).code
 }
 
@@ -4571,7 +4582,7 @@ function readErrorBody(status: number | undefined, bodyText: unknown): { code: P
  * Gemini ("input token count (N) exceeds the maximum number of tokens allowed (M)"), LM Studio
  * ("context length of only M"). Fields the text does not give are absent. Never throws.
  */
-export function overflowCounts(bodyText: string): { promptTokens?: number; contextTokens?: number; requestedTokens?: number } {
+function overflowCounts(bodyText: string): { promptTokens?: number; contextTokens?: number; requestedTokens?: number } {
   const text = typeof bodyText === 'string' ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : ''
   const num = (re: RegExp): number | undefined => {
     const m = re.exec(text)
@@ -5002,7 +5013,7 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * bounds the whole call. Redirects are not followed across origins (only a same-origin 307/308).
  * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
  */
-export function openAICompatible(options: OpenAICompatibleOptions): Provider {
+function openAICompatible(options: OpenAICompatibleOptions): Provider {
   return makeProvider(resolveConfig('openAICompatible', options))
 }
 
@@ -5014,7 +5025,7 @@ export function openAICompatible(options: OpenAICompatibleOptions): Provider {
  * @throws TypeError when no key can be found, for a non-https `baseURL`, for another host without
  *   an explicit `apiKey`/`apiKeyEnv`, or for bad options.
  */
-export function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
+function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
   if (!isRecord(options))
     throw new TypeError(`deepseek takes an options object, got ${options === null ? 'null' : typeof options}`)
   const merged: Record<string, unknown> = { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL }
@@ -5693,7 +5704,7 @@ const toolSpec = (t: Tool): ToolSpec => ({ name: t.name, description: t.descript
  * its partial text as an interrupted message and is retried once as a new step (`step/retry`); a
  * second break in a row ends the turn with the error.
  */
-export class Agent implements CompactionHost {
+class Agent implements CompactionHost {
   readonly session: Session
   readonly provider: Provider
   readonly summarizer: Provider
@@ -6199,7 +6210,10 @@ export class Agent implements CompactionHost {
  * public API, may change in any release, left out of dsh.d.mts.
  * @internal
  */
-export const internals = /* @__PURE__ */ Object.freeze({ pumpSSE })
+export const internals = /* @__PURE__ */ Object.freeze({
+  pumpSSE, selectRegion, summarise, summaryMaxTokens, recallTool, regionLedger, trimLedger, renderLedger,
+  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder,
+})
 
 // ═══════════════════════════════════════
 // ═══════════════════════════════════════

@@ -4,10 +4,18 @@
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  Agent, Session, MemoryStore, openAICompatible, deepseek, DEEPSEEK_PRICES, pricesOf, validatePrices, isPeakTime, requestCostUSD,
-  cacheCostUSD, estimateEnvelopeTokens, estimateMessageTokens, SUMMARY_INSTRUCTION, statusReporter, formatUSD, type Prices, type Tool, type SessionEvent,
-  type AgentEvent,
+  Agent, Session, MemoryStore, openAICompatible, deepseek, DEEPSEEK_PRICES, estimateMessageTokens, statusReporter,
+  formatUSD, type Prices, type Tool, type SessionEvent, type AgentEvent, internals,
 } from '../dsh.ts'
+import {
+  estimateEnvelopeTokens, SUMMARY_INSTRUCTION,
+} from './spec.ts'
+
+const { isPeakTime, requestCostUSD, cacheCostUSD } = internals
+/** Prices are validated where they are given: as a provider's `prices` option. */
+const validatePrices = (prices: unknown) => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', prices: prices as Prices }).prices
+/** DeepSeek's table for a model name, aliases resolved, as deepseek() picks it. */
+const pricesOf = (model: string) => deepseek({ apiKey: 'sk-test', model }).prices
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []

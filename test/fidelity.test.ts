@@ -5,10 +5,15 @@
 import { test, describe, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  Agent, Session, MemoryStore, openAICompatible, SessionError, SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE, PRUNE_MARKER,
-  frameCheckpoint, renderLedger, regionLedger, trimLedger, ledgerBudget, summaryInstructionText, estimateEnvelopeTokens,
-  estimateMessageTokens, estimateTextTokens, runReplay, FIDELITY_FIGURES, type Tool, type Ledger, type SessionEvent,
+  Agent, Session, MemoryStore, openAICompatible, SessionError, PRUNE_MARKER, estimateMessageTokens,
+  estimateTextTokens, runReplay, FIDELITY_FIGURES, type Tool, type Ledger, type SessionEvent, internals,
 } from '../dsh.ts'
+import {
+  SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE, frameCheckpoint, ledgerBudget, summaryInstructionText,
+  estimateEnvelopeTokens,
+} from './spec.ts'
+
+const { renderLedger, regionLedger, trimLedger } = internals
 import { readCorpus, skipWithoutShared } from './shared.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 

@@ -6,12 +6,20 @@ import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import {
-  Agent, Session, MemoryStore, FileStore, Ladder, openAICompatible, CLEARED_RESULT_PREFIX, clearedPlaceholder, PRUNE_MARKER,
-  CompactionConfigError, resolveCompactionConfig, DEFAULT_COMPACTION_CONFIG, RECALL_TOOL_NAME, RECALL_MAX_CODE_POINTS, codePointLength, ProviderError,
-  estimateMessageTokens, summaryMaxTokens, resolvePruneConfig, type Tool, type SessionEvent,
-  calibrationMinSampleTokens, CALIBRATION_MIN_SAMPLE_TOKENS, estimateEnvelopeTokens, estimateTextTokens, recallTool, summarise, ledgerBudget,
-  SUMMARY_TOOLS_MAX_RATIO, CHECKPOINT_PREAMBLE, type CompactionHost, type Envelope, type ToolSpec,
+  Agent, Session, MemoryStore, FileStore, openAICompatible, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
+  DEFAULT_COMPACTION_CONFIG, codePointLength, ProviderError, estimateMessageTokens,
+  type Tool, type SessionEvent, estimateTextTokens, type CompactionHost, type Envelope, type ToolSpec,
+  ConfigError, internals,
 } from '../dsh.ts'
+import {
+  CLEARED_RESULT_PREFIX, clearedPlaceholder, RECALL_TOOL_NAME, RECALL_MAX_CODE_POINTS,
+  calibrationMinSampleTokens, CALIBRATION_MIN_SAMPLE_TOKENS, estimateEnvelopeTokens, ledgerBudget,
+  SUMMARY_TOOLS_MAX_RATIO, CHECKPOINT_PREAMBLE,
+} from './spec.ts'
+
+const { Ladder, summaryMaxTokens, recallTool, summarise } = internals
+/** A full ladder configuration: the defaults with `config` over them (the Agent validates the same way). */
+const compactionConfig = (config: Partial<typeof DEFAULT_COMPACTION_CONFIG> = {}) => ({ ...DEFAULT_COMPACTION_CONFIG, ...config })
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
@@ -131,6 +139,8 @@ describe('clear rung', () => {
 
 describe('CompactionConfig validation', () => {
   test('unknown keys, wrong types, out-of-range values and reliefRatio ≥ thresholdRatio are typed errors naming the value', () => {
+    const agentProvider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', contextWindow: 1000 })
+    const resolveCompactionConfig = (compaction?: unknown) => new Agent({ session: new Session(), provider: agentProvider, compaction: compaction as any }).compaction
     assert.deepEqual(resolveCompactionConfig(), { ...DEFAULT_COMPACTION_CONFIG })
     assert.equal(resolveCompactionConfig({ reliefRatio: 0.5 }).reliefRatio, 0.5)
     const bad: Array<[unknown, RegExp]> = [
@@ -150,11 +160,11 @@ describe('CompactionConfig validation', () => {
       [[1], /got an array/],
     ]
     for (const [config, message] of bad) {
-      assert.throws(() => resolveCompactionConfig(config as any), (e) => e instanceof CompactionConfigError && e instanceof TypeError && message.test((e as Error).message), String(JSON.stringify(config)))
+      assert.throws(() => resolveCompactionConfig(config), (e) => e instanceof ConfigError && e instanceof TypeError && message.test((e as Error).message), String(JSON.stringify(config)))
     }
     const session = new Session()
     const provider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', contextWindow: 1000 })
-    assert.throws(() => new Agent({ session, provider, compaction: { reliefRatio: 2 } as any }), CompactionConfigError)
+    assert.throws(() => new Agent({ session, provider, compaction: { reliefRatio: 2 } as any }), ConfigError)
   })
 
   test('the ladder is split by trigger and owns its memory: no public mutable ladder fields on the Agent', () => {
@@ -292,7 +302,6 @@ describe('recall', () => {
       assert.equal(live, 1)
       await session.store.close?.()
       const reloaded = await Session.load(new FileStore(path))
-      const { recallTool } = await import('../dsh.ts')
       const ctx = { signal: new AbortController().signal, callId: 'x' }
       const again = await recallTool(reloaded).execute({ key: 'c3', limit: 1 }, ctx)
       // Lines over 1,000 code points are paged as 1,000-code-point pieces: 1 + 6 here.
@@ -423,7 +432,7 @@ describe('summary overflow, calibration, durable state', () => {
     const calibrated = session.measure().totalTokens, plain = before + 1_008
     const window = Math.ceil((plain + calibrated) / 2 / 0.8)
     assert.ok(plain < Math.floor(window * 0.8) && calibrated >= Math.floor(window * 0.8))
-    const host = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' }), contextWindow: window, envelope: {}, compaction: resolveCompactionConfig({ compactionRetries: 0 }), pruneConfig: resolvePruneConfig(), warn() {} }
+    const host = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' }), contextWindow: window, envelope: {}, compaction: compactionConfig({ compactionRetries: 0 }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {} }
     const out = await new Ladder(host).relievePressure()
     assert.notEqual(out.action, 'none')
     // No usage: the seed's formula.
@@ -471,7 +480,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
   const text = (tokens: number, c = 'x') => c.repeat((tokens - 8) * 4)
   const bigTool = (chars: number): ToolSpec => ({ name: 'big', description: 'd'.repeat(chars), parameters: { type: 'object' } })
   const host = (session: Session, contextWindow: number, envelope: () => Envelope, summarizer = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), compaction = {}): CompactionHost => ({
-    session, summarizer, contextWindow, get envelope() { return envelope() }, compaction: resolveCompactionConfig({ compactionRetries: 0, ...compaction }), pruneConfig: resolvePruneConfig(), warn() {},
+    session, summarizer, contextWindow, get envelope() { return envelope() }, compaction: compactionConfig({ compactionRetries: 0, ...compaction }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {},
   })
   /** Three calibration samples at 3 provider tokens per heuristic token (no anchor). */
   const calibrateAt3 = (session: Session) => { for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } }) }
@@ -613,7 +622,7 @@ describe('small windows against a dense tokenizer (attack3)', () => {
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c0', name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
     session.append('tool/result', { message: { role: 'tool', toolCallId: 'c0', content: [{ type: 'text', text: bigResult(0) }] }, surfaceOp: { op: 'append' } })
     const seq = session.events.at(-1)!.seq
-    assert.ok(session.pruneToolResult(seq, resolvePruneConfig({ thresholdChars: 1_000, headChars: 100, tailChars: 50 }), 'manual') > 0)
+    assert.ok(session.pruneToolResult(seq, { thresholdChars: 1_000, headChars: 100, tailChars: 50 }, 'manual') > 0)
     assert.equal(session.hasShadowedContent, true)
     const warnings: string[] = []
     const agent = new Agent({ session, provider: f.provider, compaction: { auto: false }, onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } })
@@ -632,7 +641,7 @@ describe('small windows against a dense tokenizer (attack3)', () => {
     session.setHeader({ model: 'fake-model', baseURL: f.server.url, contextWindow: 2_048 })
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c0', name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
     session.append('tool/result', { message: { role: 'tool', toolCallId: 'c0', content: [{ type: 'text', text: bigResult(0) }] }, surfaceOp: { op: 'append' } })
-    session.pruneToolResult(session.events.at(-1)!.seq, resolvePruneConfig({ thresholdChars: 1_000, headChars: 100, tailChars: 50 }), 'manual')
+    session.pruneToolResult(session.events.at(-1)!.seq, { thresholdChars: 1_000, headChars: 100, tailChars: 50 }, 'manual')
     const agent = new Agent({ session, provider: f.provider, compaction: { auto: false } })
     const offered = (i: number) => (f.conversation()[i].body.tools ?? []).some((t: any) => t.function.name === RECALL_TOOL_NAME)
     await agent.run('one')
@@ -665,7 +674,7 @@ describe('window figures in window tokens at calibration 3 (attack3)', () => {
   const at3 = (session: Session) => { for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } }) }
   const unreachable = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 })
   const hostOf = (session: Session, contextWindow: number, summarizer = unreachable, compaction = {}): CompactionHost => ({
-    session, summarizer, contextWindow, envelope: {}, compaction: resolveCompactionConfig({ compactionRetries: 0, ...compaction }), pruneConfig: resolvePruneConfig(), warn() {},
+    session, summarizer, contextWindow, envelope: {}, compaction: compactionConfig({ compactionRetries: 0, ...compaction }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {},
   })
   const toolStep = (session: Session, id: string, tokens: number) => {
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id, name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
@@ -731,7 +740,7 @@ describe('summary of a wide tool step (attack3)', () => {
       { role: 'assistant' as const, content: calls },
       ...calls.map((c, k) => ({ role: 'tool' as const, toolCallId: c.id, content: [{ type: 'text' as const, text: `file ${k} `.padEnd(400, 'w') }] })),
     ]
-    const host: CompactionHost = { session, summarizer, contextWindow: 2_048, envelope: {}, compaction: resolveCompactionConfig({ summaryMaxTokens: 128 }), pruneConfig: resolvePruneConfig(), warn() {} }
+    const host: CompactionHost = { session, summarizer, contextWindow: 2_048, envelope: {}, compaction: compactionConfig({ summaryMaxTokens: 128 }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {} }
     assert.ok(messages.reduce((t, m) => t + estimateMessageTokens(m), 0) * 3 > 2_048)
     const r = await summarise(host, messages)
     assert.equal(r.summary, 'CHECKPOINT: read twelve files.')
@@ -761,7 +770,7 @@ describe('no summary request is sent twice after it overflowed (attack3)', () =>
       session.append('user/message', { message: { role: 'user', content: `q${i} `.padEnd(2_000, 'q') }, surfaceOp: { op: 'append' } })
       session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: `a${i} `.padEnd(1_400, 'a') }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
     }
-    const host: CompactionHost = { session, summarizer, contextWindow: 10_000, envelope: {}, compaction: resolveCompactionConfig({ compactionRetries: 1 }), pruneConfig: resolvePruneConfig(), warn() {} }
+    const host: CompactionHost = { session, summarizer, contextWindow: 10_000, envelope: {}, compaction: compactionConfig({ compactionRetries: 1 }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {} }
     const out = await new Ladder(host).relievePressure()
     assert.equal(out.action, 'failed')
     assert.ok(bodies.length >= 2)
@@ -780,7 +789,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
     session.append('user/message', { message: { role: 'user', content: 'Say hello.' }, surfaceOp: { op: 'append' } })
     const m = session.measure()
     const warnings: string[] = []
-    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), contextWindow: 2_048, envelope: { system: 's'.repeat(400), tools }, compaction: resolveCompactionConfig(), pruneConfig: resolvePruneConfig(), warn: (w) => warnings.push(w) }
+    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), contextWindow: 2_048, envelope: { system: 's'.repeat(400), tools }, compaction: compactionConfig(), pruneConfig: DEFAULT_PRUNE_CONFIG, warn: (w) => warnings.push(w) }
     const body = JSON.stringify({ error: { code: 400, message: 'request (3728 tokens) exceeds the available context size (2048 tokens), try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 3728, n_ctx: 2048 } })
     const ladder = new Ladder(host)
     const out = await ladder.recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body }))
@@ -819,7 +828,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
     session.append('user/message', { message: { role: 'user', content: 'hi' }, surfaceOp: { op: 'append' } })
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'hello' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
     const warnings: string[] = []
-    const host: CompactionHost = { session, summarizer: f.provider, contextWindow: 2_048, envelope: {}, compaction: resolveCompactionConfig(), pruneConfig: resolvePruneConfig(), warn: (w) => warnings.push(w) }
+    const host: CompactionHost = { session, summarizer: f.provider, contextWindow: 2_048, envelope: {}, compaction: compactionConfig(), pruneConfig: DEFAULT_PRUNE_CONFIG, warn: (w) => warnings.push(w) }
     const out = await new Ladder(host).recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body: '{}' }))
     assert.equal(out.summaryRequests, 0)
     assert.equal(f.summary().length, 0)
@@ -836,7 +845,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
         ? { message: { role, content: text }, surfaceOp: { op: 'append' } }
         : { message: { role, content: [{ type: 'text', text }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
     }
-    const host: CompactionHost = { session, summarizer: f.provider, contextWindow: 30, envelope: {}, compaction: resolveCompactionConfig({ compactionRetries: 1 }), pruneConfig: resolvePruneConfig(), warn() {} }
+    const host: CompactionHost = { session, summarizer: f.provider, contextWindow: 30, envelope: {}, compaction: compactionConfig({ compactionRetries: 1 }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {} }
     const out = await new Ladder(host).relievePressure()
     assert.equal(out.summaryRequests, 0)
     assert.equal(f.summary().length, 0)
@@ -850,7 +859,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
     session.setHeader({ model: 'm', baseURL: 'http://x', contextWindow: 2_048 })
     session.append('user/message', { message: { role: 'user', content: 'hello' }, surfaceOp: { op: 'append' } })
     const warnings: string[] = []
-    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), contextWindow: 2_048, envelope: {}, compaction: resolveCompactionConfig(), pruneConfig: resolvePruneConfig(), warn: (m) => warnings.push(m) }
+    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), contextWindow: 2_048, envelope: {}, compaction: compactionConfig(), pruneConfig: DEFAULT_PRUNE_CONFIG, warn: (m) => warnings.push(m) }
     const body = JSON.stringify({ error: { code: 400, message: 'request (1122 tokens) exceeds the available context size (1024 tokens), try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 1122, n_ctx: 1024 } })
     const error = new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body })
     const ladder = new Ladder(host)

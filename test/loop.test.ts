@@ -2,9 +2,14 @@
 import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  Agent, Session, MemoryStore, PRUNE_MARKER, CHECKPOINT_PREAMBLE, SUMMARY_INSTRUCTION, ProviderError,
-  estimateRequestTokens, selectRegion, summarise, DEFAULT_COMPACTION_CONFIG, DEFAULT_PRUNE_CONFIG, type Tool, type Message, type SessionEvent, type AgentEvent,
+  Agent, Session, MemoryStore, PRUNE_MARKER, ProviderError, estimateRequestTokens, DEFAULT_COMPACTION_CONFIG,
+  DEFAULT_PRUNE_CONFIG, type Tool, type Message, type SessionEvent, type AgentEvent, internals,
 } from '../dsh.ts'
+import {
+  CHECKPOINT_PREAMBLE, SUMMARY_INSTRUCTION,
+} from './spec.ts'
+
+const { selectRegion, summarise } = internals
 import { ScriptedProvider, say, call, overflow } from './scripted-provider.ts'
 
 const types = (events: SessionEvent[]) => events.map((e) => e.type)

@@ -37,7 +37,8 @@ for (const [name, usage] of [
 }
 
 test('recall: an answer that quotes a hostile argument (100,000 code points) stays capped', async () => {
-  const { Agent: A, Session: S, MemoryStore, RECALL_MAX_CODE_POINTS, codePointLength } = await import('../dsh.ts')
+  const { Agent: A, Session: S, MemoryStore, codePointLength } = await import('../dsh.ts')
+  const { RECALL_MAX_CODE_POINTS } = await import('./spec.ts')
   const big = Array.from({ length: 5_000 }, (_, k) => `row ${k} ` + 'q'.repeat(30)).join('\n')
   const huge = 'x'.repeat(100_000)
   const calls = [{ pattern: huge }, { key: huge }, { tool: huge }, { tool: 'dump', arguments: huge }, { [huge]: 1 }]

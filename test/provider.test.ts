@@ -13,9 +13,12 @@ import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { createInterface } from 'node:readline'
 import {
-  openAICompatible, deepseek, classifyProviderError, ProviderError, KNOWN_MODELS, DEFAULT_MAX_TOKENS,
-  type StreamEvent, type Message, type ChatResponse, type ProviderErrorCode, type OpenAICompatibleOptions, type Usage,
+  openAICompatible, deepseek, classifyProviderError, ProviderError, KNOWN_MODELS, type StreamEvent,
+  type Message, type ChatResponse, type ProviderErrorCode, type OpenAICompatibleOptions, type Usage,
 } from '../dsh.ts'
+import {
+  DEFAULT_MAX_TOKENS,
+} from './spec.ts'
 import { startFakeProvider, sseFromChunkLines, type FakeProvider, type FakeReply, type FakeProviderOptions } from './fake-provider.ts'
 import { sharedPath, skipWithoutShared } from './shared.ts'
 

@@ -8,7 +8,14 @@ import assert from 'node:assert/strict'
 import { appendFileSync, mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { Session, MemoryStore, FileStore, recallTool, RECALL_TOOL_NAME, type Message } from '../dsh.ts'
+import {
+  Session, MemoryStore, FileStore, type Message, internals,
+} from '../dsh.ts'
+import {
+  RECALL_TOOL_NAME,
+} from './spec.ts'
+
+const { recallTool } = internals
 import { rng } from './rng.ts'
 
 const ctx = { signal: new AbortController().signal, callId: 'r-test' }

@@ -4,7 +4,12 @@ import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import { readFile, readdir } from 'node:fs/promises'
 import { join } from 'node:path'
-import { Agent, Session, FileStore, spillName, stripControls, type Tool } from '../dsh.ts'
+import {
+  Agent, Session, FileStore, stripControls, type Tool,
+} from '../dsh.ts'
+import {
+  spillName,
+} from './spec.ts'
 import { ScriptedProvider, say } from './scripted-provider.ts'
 import { startFakeProvider } from './fake-provider.ts'
 import { runDsh, CLEAN_ENV, tempDirs } from './cli-child.ts'
