@@ -6305,8 +6305,33 @@ export interface BuiltinToolsOptions {
   /** shell: names of variables kept although they look secret (`--shell-env NAME`). */
   shellEnvKeep?: readonly string[]
   /** shell: names of variables always dropped, e.g. the API key variables; a variable holding the
-   *  same value as one of them is dropped too. */
+   *  same value as one of them (or, for values of 8 characters or more, containing it) is dropped too. */
   shellEnvDrop?: readonly string[]
+  /** shell: run every command in a bubblewrap sandbox (Linux; {@link ShellSandboxOptions}). Absent: commands
+   *  run unconfined, with the scrubbed environment above. */
+  sandbox?: ShellSandboxOptions
+}
+
+/**
+ * The shell tool's sandbox (docs/design.md §13): each command runs under bubblewrap (`bwrap`) with
+ * the working directory writable except the protected set (every git directory, the project
+ * instructions and what they resolve to, `.dsh/`, the session log and its files: read-only), the
+ * rest of the file system read-only, the home directory replaced by an empty one, a private
+ * `/tmp`, its own PID namespace (every process it started dies with it), no network, and an
+ * environment built from an allow-list (PATH, LANG, LC_*, TERM, HOME, USER… plus `shellEnvKeep`).
+ */
+export interface ShellSandboxOptions {
+  /** Share the host's network (else the command has only a loopback of its own). Default false. */
+  allowNetwork?: boolean
+  /** Paths outside the working directory that commands may read (bound read-only at the same
+   *  path, e.g. `~/.gitconfig`); relative ones resolve against `cwd`; missing ones are skipped. */
+  readPaths?: readonly string[]
+  /** Called once by {@link builtinTools} with the reason when bwrap is missing or cannot start
+   *  here (not Linux, not installed, user namespaces refused); commands then run unconfined.
+   *  Without it, builtinTools throws instead. */
+  onUnavailable?: (reason: string) => void
+  /** The bwrap executable. Default `bwrap` (found on PATH). */
+  bwrap?: string
 }
 
 type NodeFs = typeof import('node:fs/promises')
@@ -6320,6 +6345,8 @@ interface ToolHost {
   maxWriteBytes: number
   /** Real paths the write tools refuse, with everything named `P.*` beside them (the session log). */
   protectedPaths: string[]
+  /** The shell sandbox, when it runs (bwrap started at the probe). */
+  sandbox?: SandboxRuntime
 }
 
 /**
@@ -6329,11 +6356,16 @@ interface ToolHost {
  *
  * Confinement: a path argument resolves against `cwd`, then through every symlink (realpath, also
  * for files that do not exist yet and for dangling links); a path that lands outside `cwd` is
- * refused with an error that names the resolved path. The `shell` tool is not confined: a command
- * can reach anything the user can, which is why it is opt-in. Its environment is scrubbed
- * ({@link shellEnvironment}); it runs in its own process group, and when it exits, times out or is
- * cancelled — and when this process exits — the group and every process carrying its job mark
- * (also those that left the group with setsid) are killed (docs/design.md §13). Checks and file operations are not
+ * refused with an error that names the resolved path. The write tools also refuse the protected
+ * set (every git directory however named or reached, what the project instructions resolve to,
+ * `.dsh/`, the session log). With `sandbox` (Linux, bubblewrap), each `shell` command runs with
+ * that same set bound read-only, the rest of the file system read-only, an empty home, no network
+ * and an allow-list environment ({@link ShellSandboxOptions}); without it a command can reach
+ * anything the user can, which is why the shell is opt-in, and its environment is only scrubbed
+ * ({@link shellEnvironment}). Either way it runs in its own process group, and when it exits, times
+ * out or is cancelled — and when this process exits — the group and every process carrying its
+ * job mark (also those that left the group with setsid) are killed; in the sandbox its PID
+ * namespace ends every process it started (docs/design.md §13). Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
  * Output: each tool keeps at most `maxOutputUnits` UTF-16 units of its own output and then adds
@@ -6344,10 +6376,11 @@ interface ToolHost {
  *
  * Needs a runtime with `node:fs/promises`, `node:path` (and `node:child_process` for `shell`):
  * Node ≥ 20, Deno, Bun.
- * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory.
+ * @throws TypeError for a bad option; Error when `cwd` does not exist or is not a directory, and
+ * when `sandbox` is given without `onUnavailable` but bwrap cannot start.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineUnits', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop', 'maxWriteBytes', 'sessionLog']
+  const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineUnits', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop', 'maxWriteBytes', 'sessionLog', 'sandbox']
   for (const key of Object.keys(options)) {
     if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
@@ -6391,7 +6424,9 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
       if (list !== undefined && !(Array.isArray(list) && list.every((n) => typeof n === 'string'))) throw new TypeError(`builtinTools: options.${key} must be an array of variable names`)
     }
     const base = options.shellEnv ?? (await importNode<any>('node:process')).default.env
-    const env = shellEnvironment(base, { keep: options.shellEnvKeep, drop: options.shellEnvDrop })
+    const lists = { keep: options.shellEnvKeep, drop: options.shellEnvDrop }
+    if (options.sandbox !== undefined) host.sandbox = await startSandbox(host, options.sandbox, base)
+    const env = host.sandbox ? sandboxEnvironment(base, lists) : shellEnvironment(base, lists)
     tools.push(shellTool(host, shellTimeoutMs, shellMaxTimeoutMs, env))
   }
   return tools
@@ -6561,26 +6596,150 @@ async function openVerified(host: ToolHost, tool: string, real: string, shown: s
   } catch (error) { await handle.close(); throw error }
 }
 
+// ── the protected set: what neither the write tools nor a sandboxed command may change ──
+
+/** dsh's own configuration of a project: this directory at the root of the working directory. */
+const DSH_CONFIG_DIR = '.dsh'
+/** The sandbox's scan for git directories stops after this many directories (it skips node_modules). */
+const SANDBOX_SCAN_MAX_DIRS = 50_000
+/** Bytes of a `.git` file (or a `commondir` file) read for its pointer. */
+const GIT_POINTER_MAX_BYTES = 4096
+
+/** What a protected path is (the refusal says it): a git directory, the project instructions, dsh's config, the session log. */
+type ProtectedKind = 'git' | 'instructions' | 'config' | 'session'
+/** A protected real path and everything below it; `siblings`: also every `real.*` beside it (the session log's files). */
+interface ProtectedPath { real: string; kind: ProtectedKind; siblings?: boolean; via?: string }
+/** A name no bind mount can hold still (a symlink, or nothing yet): the sandbox puts it back after each command. */
+interface PinnedName { path: string; link?: string; kind: ProtectedKind }
+interface ProtectedSet { paths: ProtectedPath[]; pinned: PinnedName[]; scanStopped: boolean }
+
+/** Whether a directory is a git repository by what it holds, as git decides: a HEAD, and an objects/ and a refs/ (or a
+ *  `commondir` file naming where they are, as a worktree's git directory has). */
+function holdsGitRepository(has: (name: string, dir: boolean) => boolean): boolean {
+  return has('HEAD', false) && ((has('objects', true) && has('refs', true)) || has('commondir', false))
+}
+
 /**
- * Refuses a write the tools must never make (docs/design.md §13): into `.git` (any component, any
- * case: hooks and config run commands), to the session log or anything beside it named `LOG.*`
- * (lock, artefacts, torn lines), to the project instructions (`AGENTS.md`, `CLAUDE.md` at the
- * root), to a file with more than one hard link (its other names may lie outside), or to anything
- * but a regular file.
+ * The protected set (docs/design.md §13), the one rule behind both the write tools' refusals and
+ * the sandbox's read-only binds: the session log and its `LOG.*` files; the project instructions
+ * (AGENTS.md, CLAUDE.md at the root) and whatever they resolve to; `.dsh/` and what it resolves to;
+ * every git directory — one named `.git` (any case), one that holds HEAD + objects/ + refs/ under
+ * any name, and the targets of `.git` links and of `.git` files' `gitdir:` (and `commondir`)
+ * pointers. `scope` is the one path a write tool is about to write (only its ancestors are looked
+ * at, and a write that would complete a repository counts) or `'project'` for the sandbox (a scan
+ * of the tree, not entering node_modules or symlinks, at most {@link SANDBOX_SCAN_MAX_DIRS} directories).
+ */
+async function protectedSet(host: ToolHost, scope: string | 'project'): Promise<ProtectedSet> {
+  const { fs, path, root } = host
+  const set: ProtectedSet = { paths: host.protectedPaths.map((real) => ({ real, kind: 'session' as const, siblings: true })), pinned: [], scanStopped: false }
+  const lstat = (p: string) => fs.lstat(p).catch(() => undefined)
+  const resolve = (p: string) => realpathLenient(host, p).catch(() => p)
+  // A `.git` entry: the directory itself, a link's target (and the link), a file's pointers.
+  const gitEntry = async (entry: string, st: { isDirectory(): boolean; isSymbolicLink(): boolean; isFile(): boolean }): Promise<void> => {
+    set.paths.push({ real: entry, kind: 'git' })
+    if (st.isSymbolicLink()) {
+      set.pinned.push({ path: entry, link: await fs.readlink(entry).catch(() => ''), kind: 'git' })
+      set.paths.push({ real: await resolve(entry), kind: 'git', via: entry })
+    } else if (st.isFile()) {
+      const pointer = /^gitdir:\s*(.+?)\s*$/m.exec(await readHead(host, entry))
+      if (!pointer) return
+      const gitdir = await resolve(path.resolve(path.dirname(entry), pointer[1]))
+      set.paths.push({ real: gitdir, kind: 'git', via: entry })
+      const common = (await readHead(host, path.join(gitdir, 'commondir'))).trim()
+      if (common !== '') set.paths.push({ real: await resolve(path.resolve(gitdir, common)), kind: 'git', via: entry })
+    }
+  }
+  for (const [names, kind] of [[PROJECT_INSTRUCTION_FILES, 'instructions'], [[DSH_CONFIG_DIR], 'config']] as const) {
+    for (const name of names) {
+      const entry = path.join(root, name)
+      const st = await lstat(entry)
+      set.paths.push({ real: entry, kind })
+      if (st === undefined) set.pinned.push({ path: entry, kind })
+      else if (st.isSymbolicLink()) {
+        set.pinned.push({ path: entry, link: await fs.readlink(entry).catch(() => ''), kind })
+        set.paths.push({ real: await resolve(entry), kind, via: name })
+      }
+    }
+  }
+  if (scope !== 'project') {
+    // The target's ancestors, root first: each may be a repository (counting what this write would create) or hold a .git entry.
+    const rel = path.relative(root, scope).split(path.sep)
+    for (let depth = 0; depth < rel.length; depth++) {
+      const dir = path.join(root, ...rel.slice(0, depth))
+      const child = rel[depth], leaf = depth === rel.length - 1
+      const has = async (name: string, asDir: boolean): Promise<boolean> => {
+        if (child.toLowerCase() === name.toLowerCase() && leaf !== asDir) return true
+        const st = await lstat(path.join(dir, name))
+        return st !== undefined && (asDir ? st.isDirectory() : !st.isDirectory())
+      }
+      const markers = ['HEAD', 'objects', 'refs', 'commondir'] as const
+      const [dotGit, ...present] = await Promise.all([lstat(path.join(dir, '.git')), ...markers.map((m) => has(m, m === 'objects' || m === 'refs'))])
+      if (holdsGitRepository((name) => present[markers.indexOf(name as typeof markers[number])])) set.paths.push({ real: dir, kind: 'git' })
+      if (dotGit) await gitEntry(path.join(dir, '.git'), dotGit)
+    }
+    return set
+  }
+  const queue = [root]
+  let scanned = 0
+  while (queue.length > 0) {
+    if (++scanned > SANDBOX_SCAN_MAX_DIRS) { set.scanStopped = true; break }
+    const dir = queue.shift()!
+    const dirents = await fs.readdir(dir, { withFileTypes: true }).catch(() => [])
+    const types = new Map(dirents.map((d) => [d.name, d]))
+    if (holdsGitRepository((name, asDir) => { const d = types.get(name); return d !== undefined && (asDir ? d.isDirectory() : !d.isDirectory()) })) {
+      set.paths.push({ real: dir, kind: 'git' })
+      continue
+    }
+    for (const d of dirents) {
+      const entry = path.join(dir, d.name)
+      if (d.name.toLowerCase() === '.git') await gitEntry(entry, d)
+      else if (d.isDirectory() && d.name !== 'node_modules') queue.push(entry)
+    }
+  }
+  return set
+}
+
+/** The first {@link GIT_POINTER_MAX_BYTES} bytes of a small file as text ('' when it cannot be read). */
+async function readHead(host: ToolHost, file: string): Promise<string> {
+  const handle = await host.fs.open(file, host.fs.constants.O_RDONLY | (host.fs.constants.O_NONBLOCK ?? 0)).catch(() => undefined)
+  if (!handle) return ''
+  try {
+    if (!(await handle.stat()).isFile()) return ''
+    const buffer = new Uint8Array(GIT_POINTER_MAX_BYTES)
+    const { bytesRead } = await handle.read(buffer, 0, buffer.length, 0)
+    return new TextDecoder().decode(buffer.subarray(0, bytesRead))
+  } catch { return '' } finally { await handle.close() }
+}
+
+/** The protected path `real` falls under, if any: one of the set, a component named `.git` (any case), or an instruction file's name at the root (any case). */
+function protectionOf(host: ToolHost, set: ProtectedSet, real: string): ProtectedPath | undefined {
+  const { path, root } = host
+  const rel = path.relative(root, real).split(path.sep)
+  const dotGit = rel.findIndex((c) => c.toLowerCase() === '.git')
+  if (dotGit !== -1) return { real: path.join(root, ...rel.slice(0, dotGit + 1)), kind: 'git' }
+  if (rel.length === 1 && PROJECT_INSTRUCTION_FILES.some((f) => f.toLowerCase() === rel[0].toLowerCase())) return { real, kind: 'instructions' }
+  return set.paths.find((p) => real === p.real || isInside(path, p.real, real) || (p.siblings === true && real.startsWith(p.real + '.')))
+}
+
+/**
+ * Refuses a write the tools must never make (docs/design.md §13): into the protected set
+ * ({@link protectedSet}: git directories however named or reached, the project instructions and
+ * what they resolve to, `.dsh/`, the session log and its `LOG.*` files), to a file with more than
+ * one hard link (its other names may lie outside), or to anything but a regular file.
  */
 async function refuseWrite(host: ToolHost, tool: string, real: string, shown: string): Promise<{ mode?: number; bytes?: number }> {
-  const { path } = host
-  if (path.relative(host.root, real).split(path.sep).some((c) => c.toLowerCase() === '.git')) {
-    throw new Error(`${tool}: ${shown} is inside .git; the tools never write git's own files (its config and hooks can run commands); change the working tree instead`)
+  const hit = protectionOf(host, await protectedSet(host, real), real)
+  if (hit?.kind === 'git') {
+    const where = host.path.basename(hit.real).toLowerCase() === '.git' ? '.git' : `the git directory ${shownPath(host, hit.real)}${hit.via ? ` (${shownPath(host, hit.via)} points to it)` : ' (it holds HEAD with objects/ and refs/, or a commondir: git uses it as a repository)'}`
+    throw new Error(`${tool}: ${shown} is inside ${where}; the tools never write git's own files (its config and hooks can run commands); change the working tree instead`)
   }
-  for (const p of host.protectedPaths) {
-    if (real === p || real.startsWith(p + '.')) throw new Error(`${tool}: ${shown} is the session log or one of its files (${shownPath(host, p)}.*); the tools never write the log of the session they run in`)
-  }
+  if (hit?.kind === 'session') throw new Error(`${tool}: ${shown} is the session log or one of its files (${shownPath(host, hit.real)}.*); the tools never write the log of the session they run in`)
   // The project instructions go into the system prompt of every later session here: a model that
   // could write them could make an injected instruction permanent.
-  if (path.dirname(real) === host.root && PROJECT_INSTRUCTION_FILES.some((f) => f.toLowerCase() === path.basename(real).toLowerCase())) {
-    throw new Error(`${tool}: ${shown} holds the project instructions that dsh puts into the system prompt of every session in this directory; the tools never write it: tell the user what to change and let them edit it`)
+  if (hit?.kind === 'instructions') {
+    throw new Error(`${tool}: ${shown} holds the project instructions${hit.via ? ` (${hit.via} resolves to it)` : ''} that dsh puts into the system prompt of every session in this directory; the tools never write it: tell the user what to change and let them edit it`)
   }
+  if (hit?.kind === 'config') throw new Error(`${tool}: ${shown} is inside ${DSH_CONFIG_DIR}${hit.via ? ` (what ${hit.via} resolves to)` : ''}, dsh's own configuration for this directory; the tools never write it: tell the user what to change`)
   let st
   try { st = await host.fs.lstat(real) } catch (error) {
     if ((error as { code?: unknown }).code === 'ENOENT') return {}
@@ -7004,7 +7163,7 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, li
 function writeFileTool(host: ToolHost): Tool {
   return {
     name: 'write_file',
-    description: `Create or overwrite a file inside the working directory with the given content (UTF-8, at most ${host.maxWriteBytes} bytes). Parent directories are created as needed. Never writes inside .git, the session log, or a file with several hard links. To change part of an existing file, prefer edit_file.`,
+    description: `Create or overwrite a file inside the working directory with the given content (UTF-8, at most ${host.maxWriteBytes} bytes). Parent directories are created as needed. Never writes inside a git directory, the project instructions (AGENTS.md, CLAUDE.md), .dsh, the session log, or a file with several hard links. To change part of an existing file, prefer edit_file.`,
     parameters: {
       type: 'object',
       properties: {
@@ -7143,21 +7302,178 @@ class StreamText {
 export const SECRET_ENV_NAME = /KEY|TOKEN|SECRET|PASSWORD/i
 
 /**
- * The environment a shell command gets (docs/design.md §13): `env` without the names in `drop`
- * (the API key variables), without any variable whose value equals one of theirs, and without
- * names matching {@link SECRET_ENV_NAME} unless listed in `keep`. `drop` wins over `keep`.
+ * The environment a shell command gets outside the sandbox (docs/design.md §13): `env` without the
+ * names in `drop` (the API key variables), without any variable whose value equals one of theirs
+ * or (for key values of 8 characters or more) contains one, and without names matching
+ * {@link SECRET_ENV_NAME} unless listed in `keep`. `drop` wins over `keep`.
  */
 export function shellEnvironment(env: Record<string, string | undefined>, lists: { keep?: readonly string[]; drop?: readonly string[] } = {}): Record<string, string> {
+  return scrubEnvironment(env, lists, (name) => !SECRET_ENV_NAME.test(name))
+}
+
+/** `env` keeping the names `allowed` passes or `lists.keep` lists, never those in `lists.drop` nor a value that holds one of theirs. */
+function scrubEnvironment(env: Record<string, string | undefined>, lists: { keep?: readonly string[]; drop?: readonly string[] }, allowed: (name: string) => boolean): Record<string, string> {
   const keep = new Set(lists.keep ?? [])
   const drop = new Set(lists.drop ?? [])
-  const secretValues = new Set([...drop].map((name) => env[name]).filter((v): v is string => typeof v === 'string' && v.length >= 4))
+  const secretValues = [...drop].map((name) => env[name]).filter((v): v is string => typeof v === 'string' && v.length >= 4)
+  const holdsSecret = (value: string): boolean => secretValues.some((secret) => value === secret || (secret.length >= 8 && value.includes(secret)))
   const out: Record<string, string> = {}
   for (const [name, value] of Object.entries(env)) {
-    if (value === undefined || drop.has(name) || secretValues.has(value)) continue
-    if (SECRET_ENV_NAME.test(name) && !keep.has(name)) continue
+    if (value === undefined || drop.has(name) || holdsSecret(value)) continue
+    if (!allowed(name) && !keep.has(name)) continue
     out[name] = value
   }
   return out
+}
+
+// ── the sandbox (bubblewrap, Linux): docs/design.md §13 ──
+
+/** Variables a sandboxed command gets from dsh's environment (besides LC_* and the names the user lists); HOME is the empty one. */
+const SANDBOX_ENV_NAMES: ReadonlySet<string> = new Set(['PATH', 'LANG', 'LANGUAGE', 'TERM', 'COLORTERM', 'NO_COLOR', 'TZ', 'USER', 'LOGNAME', 'SHELL', 'HOME'])
+/** Entries of a home directory hidden from a sandboxed command when the home lies inside the working directory (else the whole home is). */
+const SANDBOX_HOME_SECRETS = ['.ssh', '.aws', '.config', '.gnupg', '.netrc', '.docker', '.kube', '.npmrc', '.pgpass', '.git-credentials', '.azure', '.password-store']
+/** Sockets outside the project a sandboxed command must not reach (per-user agents and D-Bus, the Docker daemon). */
+const SANDBOX_HIDDEN_SOCKETS = ['/run/user', '/run/docker.sock', '/var/run/docker.sock']
+/** The namespaces every sandboxed command gets (the network too unless allowed); the probe starts bwrap with the same. */
+const SANDBOX_NAMESPACE_FLAGS = ['--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try', '--die-with-parent', '--cap-drop', 'ALL']
+/** How long the probe may take to start bwrap once, in ms. */
+const SANDBOX_PROBE_TIMEOUT_MS = 10_000
+
+/** The sandbox as it runs: the bwrap to start, the network switch, the paths made readable, the homes hidden. */
+interface SandboxRuntime { bwrap: string; allowNetwork: boolean; readPaths: string[]; homes: string[] }
+
+/**
+ * Checks the options and starts bwrap once (`bwrap --ro-bind / / … true`, the namespaces every
+ * command gets). Returns the runtime, or undefined after `onUnavailable(reason)` when bwrap is
+ * missing or cannot start; without `onUnavailable`, throws naming the reason and the fix.
+ */
+async function startSandbox(host: ToolHost, options: ShellSandboxOptions, env: Record<string, string | undefined>): Promise<SandboxRuntime | undefined> {
+  if (options === null || typeof options !== 'object') throw new TypeError('builtinTools: options.sandbox must be an object, e.g. {} or { allowNetwork: true }')
+  const known = ['allowNetwork', 'readPaths', 'onUnavailable', 'bwrap']
+  for (const key of Object.keys(options)) if (!known.includes(key)) throw new TypeError(`builtinTools: unknown option "sandbox.${key}"; known: ${known.join(', ')}`)
+  if (options.readPaths !== undefined && !(Array.isArray(options.readPaths) && options.readPaths.every((p) => typeof p === 'string' && p !== ''))) throw new TypeError('builtinTools: options.sandbox.readPaths must be an array of paths')
+  if (options.onUnavailable !== undefined && typeof options.onUnavailable !== 'function') throw new TypeError('builtinTools: options.sandbox.onUnavailable must be a function')
+  const [{ execFile }, { default: proc }, os] = await Promise.all([
+    importNode<typeof import('node:child_process')>('node:child_process'), importNode<any>('node:process'), importNode<typeof import('node:os')>('node:os'),
+  ])
+  // Found once, on PATH's absolute directories outside the project: a project's own `bwrap`
+  // (`./node_modules/.bin` on PATH) would run outside any sandbox.
+  const name = options.bwrap ?? 'bwrap'
+  let bwrap = name.includes('/') ? host.path.resolve(host.root, name) : undefined
+  for (const dir of bwrap ? [] : (env.PATH ?? '').split(':')) {
+    if (!host.path.isAbsolute(dir) || isInside(host.path, host.root, dir)) continue
+    if (await host.fs.access(host.path.join(dir, name), host.fs.constants.X_OK).then(() => true, () => false)) { bwrap = host.path.join(dir, name); break }
+  }
+  const missing = `${name} is not installed (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)`
+  const reason = proc.platform !== 'linux'
+    ? `bubblewrap runs on Linux only, not on ${proc.platform} (docs/design.md §13 describes what macOS's sandbox-exec would take)`
+    : bwrap === undefined ? missing : await new Promise<string | undefined>((resolve) => {
+      const args = ['--ro-bind', '/', '/', '--dev', '/dev', '--proc', '/proc', '--tmpfs', '/tmp', ...SANDBOX_NAMESPACE_FLAGS, '--unshare-net', '--', 'true']
+      execFile(bwrap, args, { timeout: SANDBOX_PROBE_TIMEOUT_MS, env: {} }, (error, _stdout, stderr) => {
+        if (!error) return resolve(undefined)
+        if ((error as { code?: unknown }).code === 'ENOENT') return resolve(missing)
+        resolve(`${bwrap} cannot start here: ${String(stderr).trim().split('\n')[0] || error.message} (user namespaces may be turned off)`)
+      })
+    })
+  if (reason !== undefined || bwrap === undefined) {
+    const why = reason ?? missing
+    if (!options.onUnavailable) throw new Error(`builtinTools: options.sandbox: ${why}; install bubblewrap, or leave out options.sandbox to run shell commands unconfined`)
+    options.onUnavailable(why)
+    return undefined
+  }
+  const { path } = host
+  const homes = new Set<string>()
+  for (const home of [env.HOME, (() => { try { return os.userInfo().homedir } catch { return undefined } })()]) {
+    if (typeof home === 'string' && path.isAbsolute(home) && home !== '/') homes.add(await host.fs.realpath(home).catch(() => home))
+  }
+  // Programs installed in the home (~/.cargo/bin, ~/.local/bin) stay runnable: PATH's directories inside a hidden home are readable.
+  const readPaths = new Set((options.readPaths ?? []).map((p) => path.resolve(host.root, p)))
+  for (const dir of (env.PATH ?? '').split(':')) {
+    if (path.isAbsolute(dir) && [...homes].some((home) => dir !== home && isInside(path, home, dir))) readPaths.add(await host.fs.realpath(dir).catch(() => dir))
+  }
+  return { bwrap, allowNetwork: options.allowNetwork === true, readPaths: [...readPaths], homes: [...homes] }
+}
+
+/** The environment of a sandboxed command: {@link SANDBOX_ENV_NAMES}, LC_* and `lists.keep`, scrubbed as {@link shellEnvironment} scrubs, and TMPDIR=/tmp. */
+function sandboxEnvironment(env: Record<string, string | undefined>, lists: { keep?: readonly string[]; drop?: readonly string[] }): Record<string, string> {
+  return { ...scrubEnvironment(env, lists, (name) => SANDBOX_ENV_NAMES.has(name) || name.startsWith('LC_')), TMPDIR: '/tmp' }
+}
+
+/**
+ * The bwrap arguments for one command (before `--`): the file system read-only, private /tmp and
+ * /dev, /proc of its own PID namespace, every home replaced by an empty tmpfs, the read paths, the
+ * project read-write, then the protected set read-only — each protected path's directories between
+ * the root and it bound onto themselves first, so that they cannot be renamed away (a mount point
+ * cannot be moved). Paths that do not exist are skipped.
+ */
+async function sandboxArgs(host: ToolHost, sandbox: SandboxRuntime, set: ProtectedSet): Promise<string[]> {
+  const { fs, path, root } = host
+  const exists = async (p: string) => (await fs.lstat(p).catch(() => undefined)) !== undefined
+  const args = ['--ro-bind', '/', '/', '--dev', '/dev', '--proc', '/proc', '--tmpfs', '/tmp']
+  for (const socket of SANDBOX_HIDDEN_SOCKETS) {
+    const st = await fs.stat(socket).catch(() => undefined)
+    if (st?.isDirectory()) args.push('--tmpfs', socket)
+    else if (st) args.push('--ro-bind', '/dev/null', socket)
+  }
+  for (const home of sandbox.homes) if (!isInside(path, '/tmp', home) && !isInside(path, root, home) && await exists(home)) args.push('--tmpfs', home)
+  for (const p of sandbox.readPaths) args.push('--ro-bind-try', p, p)
+  args.push('--bind', root, root)
+  for (const home of sandbox.homes.filter((h) => isInside(path, root, h))) {
+    for (const name of SANDBOX_HOME_SECRETS) {
+      const st = await fs.stat(path.join(home, name)).catch(() => undefined) // through a link: what a mount would cover
+      if (st?.isDirectory()) args.push('--tmpfs', path.join(home, name))
+      else if (st) args.push('--ro-bind', '/dev/null', path.join(home, name))
+    }
+  }
+  // The protected paths inside the project that exist (the session log's files found beside it).
+  const readOnly = new Set<string>()
+  for (const p of set.paths) {
+    if (p.siblings) {
+      const dir = path.dirname(p.real), base = path.basename(p.real)
+      for (const name of await fs.readdir(dir).catch(() => [] as string[])) if (name === base || name.startsWith(base + '.')) readOnly.add(path.join(dir, name))
+    } else readOnly.add(p.real)
+  }
+  const binds: [string, 'rw' | 'ro'][] = []
+  const pinned = new Set<string>()
+  for (const p of readOnly) {
+    if (!isInside(path, root, p) || !(await exists(p)) || (await fs.lstat(p)).isSymbolicLink()) continue
+    if ([...readOnly].some((q) => q !== p && isInside(path, q, p))) continue // inside another read-only one
+    binds.push([p, 'ro'])
+    for (let dir = path.dirname(p); dir !== root && isInside(path, root, dir); dir = path.dirname(dir)) pinned.add(dir)
+  }
+  for (const dir of pinned) if (![...readOnly].some((q) => isInside(path, q, dir))) binds.push([dir, 'rw'])
+  binds.sort((a, b) => a[0].split(path.sep).length - b[0].split(path.sep).length)
+  for (const [p, mode] of binds) args.push(mode === 'ro' ? '--ro-bind' : '--bind', p, p)
+  args.push('--chdir', root, ...SANDBOX_NAMESPACE_FLAGS)
+  if (!sandbox.allowNetwork) args.push('--unshare-net')
+  return args
+}
+
+/**
+ * After a sandboxed command: puts back every pinned name it changed (a protected symlink replaced
+ * or removed, an instruction file or `.dsh` created where there was none). What the command left
+ * there is moved aside to `NAME.dsh-displaced-ID`, never deleted. Returns one line per repair.
+ */
+async function restorePinned(host: ToolHost, pinned: readonly PinnedName[]): Promise<string[]> {
+  const { fs } = host
+  const notes: string[] = []
+  for (const pin of pinned) {
+    const st = await fs.lstat(pin.path).catch(() => undefined)
+    const now = st?.isSymbolicLink() ? await fs.readlink(pin.path).catch(() => undefined) : undefined
+    if (pin.link === undefined ? st === undefined : now === pin.link) continue
+    let aside = ''
+    try {
+      if (st !== undefined) { aside = `${pin.path}.dsh-displaced-${randomId().slice(0, 8)}`; await fs.rename(pin.path, aside) }
+      if (pin.link !== undefined) await fs.symlink(pin.link, pin.path)
+      const what = pin.kind === 'git' ? 'a git directory' : pin.kind === 'config' ? "dsh's configuration" : 'the project instructions'
+      notes.push(pin.link === undefined
+        ? `[dsh: the command created ${shownPath(host, pin.path)}, which shell commands may not create (${what}); it was moved to ${shownPath(host, aside)}]`
+        : `[dsh: the command replaced ${shownPath(host, pin.path)} (a link to ${pin.link}), which shell commands may not change (${what}); it was put back${aside ? `, and what the command left there moved to ${shownPath(host, aside)}` : ''}]`)
+    } catch (error) {
+      notes.push(`[dsh: the command changed ${shownPath(host, pin.path)}, which shell commands may not change, and it could not be put back (${fsErrorReason(error)}); check it before the next session]`)
+    }
+  }
+  return notes
 }
 
 /** The variable that marks every process a shell command starts (inherited through setsid, nohup, double forks). */
@@ -7170,28 +7486,35 @@ const liveShellJobs = new Set<ShellJob>()
 let shellExitHooked = false
 
 /**
- * Processes that belong to `job` although they may have left its process group (`setsid`): those
- * whose environment carries the job's mark (Linux /proc; elsewhere none are found). A process that
- * clears its environment and leaves the group escapes this; only a container fences that.
+ * The live processes of `job` (Linux /proc; undefined elsewhere): those in its process group and
+ * those whose environment carries the job's mark although they left the group (`setsid`).
+ * Zombies are not counted (they are dead; bwrap leaves its init as one for a moment). A process
+ * that clears its environment and leaves the group escapes this; the sandbox's PID namespace fences that.
  */
-function markedProcesses(fsSync: typeof import('node:fs'), job: ShellJob): number[] {
+function jobProcesses(fsSync: typeof import('node:fs'), job: ShellJob): number[] | undefined {
   let names: string[]
-  try { names = fsSync.readdirSync('/proc') } catch { return [] }
+  try { names = fsSync.readdirSync('/proc') } catch { return undefined }
   const needle = `${SHELL_JOB_ENV}=${job.mark}`
   const found: number[] = []
   for (const name of names) {
     if (!/^\d+$/.test(name)) continue
-    try { if (fsSync.readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').includes(needle)) found.push(Number(name)) } catch { /* gone, or not ours */ }
+    try {
+      const stat = fsSync.readFileSync(`/proc/${name}/stat`, 'latin1')
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ') // state, ppid, pgrp, …
+      if (fields[0] === 'Z') continue
+      if (Number(fields[2]) === job.pid || fsSync.readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').includes(needle)) found.push(Number(name))
+    } catch { /* gone, or not ours */ }
   }
   return found
 }
 
-/** Sends `signal` to the job's process group and to every marked process; returns whether any was there. */
+/** Sends `signal` to the job's process group and to every process of it; returns whether any live one was there. */
 function signalShellJob(proc: any, fsSync: typeof import('node:fs'), job: ShellJob, signal: 'SIGTERM' | 'SIGKILL' | 0): boolean {
-  let any = false
-  try { proc.kill(-job.pid, signal); any = true } catch { /* the group is empty */ }
-  for (const pid of markedProcesses(fsSync, job)) { try { proc.kill(pid, signal); any = true } catch { /* already gone */ } }
-  return any
+  const pids = jobProcesses(fsSync, job)
+  let group = false
+  if (signal !== 0 || pids === undefined) { try { proc.kill(-job.pid, signal); group = true } catch { /* the group is empty */ } }
+  if (signal !== 0) for (const pid of pids ?? []) { try { proc.kill(pid, signal) } catch { /* already gone */ } }
+  return pids === undefined ? group : pids.length > 0
 }
 
 /** Kills every live job at exit: 'exit' listeners run on `process.exit` and a normal end; SIGTERM
@@ -7210,9 +7533,13 @@ function hookShellExit(proc: any, fsSync: typeof import('node:fs')): void {
 
 function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number, env: Record<string, string>): Tool {
   const half = Math.floor(host.maxOutputUnits / 2)
+  const { sandbox } = host
+  const where = sandbox
+    ? `It runs in a sandbox: the working directory is writable except git directories, AGENTS.md/CLAUDE.md, .dsh and the session log (read-only, so git commands that write fail); the rest of the file system is read-only, the home directory is empty, /tmp is private to each command, ${sandbox.allowNetwork ? 'the network is available' : 'there is no network (only a loopback of its own)'}, and the environment holds only PATH, LANG, TERM and a few more (${Object.keys(env).filter((n) => n !== 'TMPDIR').sort().join(', ')}).`
+    : 'Variables that look secret (names with KEY, TOKEN, SECRET, PASSWORD) are not in its environment. Unlike the file tools, commands can reach outside the working directory: keep them to the task.'
   return {
     name: 'shell',
-    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with everything it started) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled; background jobs do not outlive the call. Variables that look secret (names with KEY, TOKEN, SECRET, PASSWORD) are not in its environment. Unlike the file tools, commands can reach outside the working directory: keep them to the task.`,
+    description: `Run a shell command (sh -c; cmd.exe on Windows) in the working directory, without stdin. Returns the exit code, stdout and stderr; each stream keeps its first and last ${Math.floor(half / 2)} characters. The command is killed (with everything it started) after timeout_ms (default ${defaultTimeoutMs}, at most ${maxTimeoutMs}) or when the turn is cancelled; background jobs do not outlive the call. ${where}`,
     parameters: {
       type: 'object',
       properties: {
@@ -7233,9 +7560,14 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       ])
       const posix = proc.platform !== 'win32'
       const mark = `${proc.pid}-${randomId()}`
+      // In the sandbox the protected set is bound read-only; it is computed afresh for every command (the last one may have made a repository).
+      const guarded = sandbox ? await protectedSet(host, 'project') : undefined
+      const sandboxed = sandbox && guarded ? [...await sandboxArgs(host, sandbox, guarded), '--', '/bin/sh', '-c', command] : undefined
       // Own process group (detached) on POSIX, so that the whole group can be killed; the mark in
-      // the environment finds the processes that left the group (setsid).
-      const child = spawn(command, { cwd: host.root, shell: true, stdio: ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true, env: { ...env, [SHELL_JOB_ENV]: mark } })
+      // the environment finds the processes that left the group (setsid). In the sandbox, its PID
+      // namespace ends every process the command started when the command ends.
+      const spawnOptions = { cwd: host.root, stdio: ['ignore', 'pipe', 'pipe'] as ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true, env: { ...env, [SHELL_JOB_ENV]: mark } }
+      const child = sandboxed ? spawn(sandbox!.bwrap, sandboxed, spawnOptions) : spawn(command, { ...spawnOptions, shell: true })
       const job: ShellJob | undefined = posix && child.pid !== undefined ? { pid: child.pid, mark } : undefined
       if (job) { liveShellJobs.add(job); hookShellExit(proc, fsSync) }
       const stdout = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
@@ -7261,7 +7593,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
           // while we look appears in the next scan), at most 50 rounds 20 ms apart.
           const reap = async (): Promise<void> => {
             if (!job) return
-            for (let round = 0; round < 50 && signalAll('SIGKILL'); round++) await new Promise((r) => setTimeout(r, 20))
+            for (let round = 0; round < 50 && !sandboxed && signalAll('SIGKILL'); round++) await new Promise((r) => setTimeout(r, 20))
             liveShellJobs.delete(job)
           }
           void reap().then(() => resolve({ ...result, why: result.error ? 'error' : why }))
@@ -7285,10 +7617,13 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         ctx.signal.addEventListener('abort', onAbort, { once: true })
         timers.push(setTimeout(() => stop('timeout'), timeoutMs))
         child.once('error', (error) => finish({ code: null, signal: null, error }))
-        // The shell is done: background jobs (`&`, nohup, setsid) must not outlive the call.
-        child.once('exit', () => { if (job && signalAll(0)) { strays = true; killAll() } })
+        // The shell is done: background jobs (`&`, nohup, setsid) must not outlive the call. In the
+        // sandbox the kernel has ended them with the PID namespace (its init, a zombie for a moment, is not one).
+        child.once('exit', () => { if (job && !sandboxed && signalAll(0)) { strays = true; killAll() } })
         child.once('close', (code, signal) => finish({ code, signal }))
       })
+      const repairs = guarded ? await restorePinned(host, guarded.pinned) : []
+      if (guarded?.scanStopped) repairs.push(`[dsh: the sandbox looked for git directories in the first ${SANDBOX_SCAN_MAX_DIRS} directories only; any beyond them were writable]`)
       if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${outcome.error?.message}`, { cause: outcome.error })
       const status = outcome.why === 'timeout' ? `timed out after ${timeoutMs} ms; the command was killed (raise timeout_ms, up to ${maxTimeoutMs}, if it needs longer)`
         : outcome.why === 'aborted' ? 'cancelled; the command was killed'
@@ -7298,7 +7633,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       if (stdout.total > 0) parts.push(`stdout:\n${stdout.render('stdout')}`)
       if (stderr.total > 0) parts.push(`stderr:\n${stderr.render('stderr')}`)
       if (stdout.total === 0 && stderr.total === 0) parts.push('(no output)')
-      const content = parts.join('\n')
+      const content = [...parts, ...repairs].join('\n')
       return outcome.why === 'exit' && outcome.code === 0 ? content : { content, isError: true }
     },
   }
@@ -9144,6 +9479,12 @@ export interface CliRunOptions extends CliModelOptions {
   maxSteps?: number
   /** `-C DIR` / `--cwd DIR`: the project to work on, as if dsh were started there (path as given). */
   cwd?: string
+  /** `false` with `--no-sandbox` (absent otherwise): shell commands run unconfined, not under bubblewrap. */
+  sandbox?: false
+  /** `true` with `--allow-network` (absent otherwise): sandboxed shell commands may use the network. */
+  allowNetwork?: true
+  /** `--sandbox-read PATH` (repeatable): paths sandboxed shell commands may read (path as given). Absent when not given. */
+  sandboxRead?: string[]
 }
 
 /** `dsh replay FILE`: run a recorded session through the meter and the ladder offline. */
@@ -9192,6 +9533,9 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--no-project-instructions': { commands: ['run'] },
   '--shell-env': { value: 'NAME', commands: ['run'] },
   '--no-shell': { commands: ['run'] },
+  '--no-sandbox': { commands: ['run'] },
+  '--allow-network': { commands: ['run'] },
+  '--sandbox-read': { value: 'PATH', commands: ['run'] },
   '--no-clear': { commands: ['run', 'replay'] },
   '--max-steps': { value: 'N', commands: ['run'] },
   '--cwd': { value: 'DIR', commands: ['run', 'replay'] },
@@ -9248,15 +9592,24 @@ Options
                          the system prompt (by default it is in every request)
   --no-clear             never replace old tool results by recallable placeholders (the clear
                          rung): prune, then summarise
-  --shell-env NAME       give shell commands this variable although its name looks secret
-                         (KEY, TOKEN, SECRET, PASSWORD); repeatable. The API key never is.
+  --shell-env NAME       give shell commands this variable (in the sandbox only PATH, LANG, LC_*,
+                         TERM, HOME, USER and a few more reach them; without it, every variable
+                         but secret-looking ones: KEY, TOKEN, SECRET, PASSWORD); repeatable.
+                         The API key never is.
+  --no-sandbox           run shell commands unconfined (by default, on Linux with bubblewrap,
+                         each runs in a sandbox: the project writable but its git directories,
+                         AGENTS.md/CLAUDE.md, .dsh and the session log; the rest read-only, an
+                         empty home, a private /tmp, its own processes, no network)
+  --allow-network        let sandboxed shell commands use the network
+  --sandbox-read PATH    let sandboxed shell commands read PATH (e.g. ~/.gitconfig); repeatable
   -h, --help             show this help
   --version              print the version
 
 The model gets these tools: read_file, list_files, grep, write_file, edit_file (their paths are
-limited to the working directory) and, with --allow-shell or an interactive yes, shell (which is
-not: a command can reach anything you can). Interactive commands: /compact [FOCUS], /context,
-/pin, /unpin, /usage, /help, /exit; Ctrl-C cancels the running turn, a second Ctrl-C exits.
+limited to the working directory) and, with --allow-shell or an interactive yes, shell (in the
+sandbox above where bubblewrap runs; without it, a command can reach anything you can).
+Interactive commands: /compact [FOCUS], /context, /pin, /unpin, /usage, /help, /exit; Ctrl-C
+cancels the running turn, a second Ctrl-C exits.
 A pasted block is one input; a line that ends in \\ continues on the next.
 
 Status lines (stderr)
@@ -9452,7 +9805,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
       if (value !== undefined) i++
     }
     if (value === undefined) throw new UsageError(`${arg} needs a value: ${name} ${spec.value}`)
-    flags.set(name, name === '--shell-env' && flags.has(name) ? `${flags.get(name)},${value}` : value) // --shell-env adds up
+    const repeated = name === '--shell-env' ? ',' : name === '--sandbox-read' ? '\0' : undefined // these add up
+    flags.set(name, repeated !== undefined && flags.has(name) ? `${flags.get(name)}${repeated}${value}` : value)
   }
 
   const contextWindow = flags.has('--context-window') ? parsePositiveInt('--context-window', flags.get('--context-window')!, 'tokens', '128000') : undefined
@@ -9503,6 +9857,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
     ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
     projectInstructions: !flags.has('--no-project-instructions'), ...(flags.has('--no-clear') ? { clear: false as const } : {}),
+    ...(flags.has('--no-sandbox') ? { sandbox: false as const } : {}), ...(flags.has('--allow-network') ? { allowNetwork: true as const } : {}),
+    ...(flags.has('--sandbox-read') ? { sandboxRead: flags.get('--sandbox-read')!.split('\0') } : {}),
   }
 }
 
@@ -9997,9 +10353,13 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   // One readline for the shell question and the loop: a second interface would lose lines the first had already read (pasted input).
   const terminal = interactive ? await openTerminal(p, io) : undefined
   const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
+  const sandbox: ShellSandboxOptions | undefined = options.sandbox === false ? undefined : {
+    allowNetwork: options.allowNetwork === true, readPaths: (options.sandboxRead ?? []).map((p) => path.resolve(cwd, p)),
+    onUnavailable: (reason) => io.stderr(`[dsh] no shell sandbox: ${reason}; shell commands run unconfined, reaching what you can (README: Security); --no-sandbox skips this check\n`),
+  }
   const tools = await builtinTools({
     cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv, ...(options.session ? { sessionLog: path.resolve(cwd, options.session) } : {}),
-    shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])],
+    shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])], ...(sandbox ? { sandbox } : {}),
   })
   let agent: Agent | undefined
   // The answer streams to stdout on a terminal (interactive, or -p on a TTY); it has no final newline:

@@ -29,8 +29,8 @@ const BACKGROUND = (s: number) => `sleep ${s} & nohup sleep ${s} >/dev/null 2>&1
 const live = () => ({ signal: new AbortController().signal, callId: 'c' })
 
 describe('the shell environment has no secrets', () => {
-  test('shellEnvironment drops key variables, look-alikes and copies of the key unless kept', () => {
-    const env = { PATH: '/bin', HOME: '/h', DEEPSEEK_API_KEY: 'sk-ds-1234', MY_CRED: 'sk-or-5678', COPY: 'sk-or-5678', GITHUB_TOKEN: 'ghp', DB_PASSWORD: 'pw', aws_secret_access_key: 'a', npm_config__authToken: 't', KEYBOARD: 'us' }
+  test('shellEnvironment drops key variables, look-alikes and copies of the key (also inside another value) unless kept', () => {
+    const env = { PATH: '/bin', HOME: '/h', DEEPSEEK_API_KEY: 'sk-ds-1234', MY_CRED: 'sk-or-5678', COPY: 'sk-or-5678', MY_OPTS: '-v --key=sk-or-5678', GITHUB_TOKEN: 'ghp', DB_PASSWORD: 'pw', aws_secret_access_key: 'a', npm_config__authToken: 't', KEYBOARD: 'us' }
     assert.deepEqual(shellEnvironment(env, { drop: ['DEEPSEEK_API_KEY', 'MY_CRED'], keep: ['GITHUB_TOKEN', 'MY_CRED'] }), { PATH: '/bin', HOME: '/h', GITHUB_TOKEN: 'ghp' })
   })
 
@@ -41,12 +41,12 @@ describe('the shell environment has no secrets', () => {
     assert.throws(() => parseCliArgs(['--base-url', 'http://127.0.0.1:1', '--shell-env', 'no good'], {}), /--shell-env takes variable names/)
   })
 
-  test('CLI: `env` run by the model shows neither key nor secrets, only what --shell-env lists', async () => {
+  test('CLI --no-sandbox: `env` run by the model shows neither key nor secrets, only what --shell-env lists (the sandbox: test/sandbox.test.ts)', async () => {
     const cwd = await tempDir()
     const f = await startFakeProvider({ script: [{ toolCalls: [{ id: 'c1', name: 'shell', arguments: { command: 'env' } }] }, { text: 'done' }] })
     try {
       const env = { ...CLEAN_ENV, DEEPSEEK_API_KEY: 'sk-deepseek-AAAA', ROUTER_CRED: 'sk-router-BBBB', MY_TOKEN: 'tok-CCCC', SERVICE_PASSWORD: 'pw-DDDD', GH_TOKEN: 'gh-EEEE', PLAIN: 'plain-FFFF' }
-      const run = await runDsh(['-p', 'show env', '--base-url', f.url, '--model', 'm', '--context-window', '16000', '--allow-shell', '--api-key-env', 'ROUTER_CRED', '--shell-env', 'GH_TOKEN'], cwd, env)
+      const run = await runDsh(['-p', 'show env', '--base-url', f.url, '--model', 'm', '--context-window', '16000', '--allow-shell', '--no-sandbox', '--api-key-env', 'ROUTER_CRED', '--shell-env', 'GH_TOKEN'], cwd, env)
       assert.equal(run.code, 0, run.stderr)
       const seen: string = f.requests[1].body.messages.at(-1).content
       assert.match(seen, /^exit code 0\n/)
