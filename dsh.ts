@@ -95,7 +95,7 @@ export {
   codePointLength, pruneText, pruneToolResult, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
   DEFAULT_COMPACTION_CONFIG, KNOWN_MODELS, DEEPSEEK_PRICES,
 }
-export type { Ladder }
+export type { Ladder, CostLedger, RecallIndex, Pins }
 
 // ═══════════════════════════════════════
 // PART I — THE RUNTIME: sections 1–7, web standards only (the fence before section 8 says more)
@@ -413,6 +413,8 @@ export interface Measurement {
   calibration: number
   /** How many samples `calibration` stands on (0: none; the total is then the §2 heuristic). */
   calibrationSamples: number
+  /** The `request/header` the next request carries (model, envelope, budget, window, prices), as last logged. */
+  header?: RequestHeader
 }
 
 /** Bounds of the calibration ratio (provider tokens per heuristic token), docs/design.md §10. */
@@ -1610,80 +1612,78 @@ export interface SessionOptions {
   now?: () => number
 }
 
+/** The surface, oldest first, with a lookup by the seq of the event that put a node there. */
+export interface Surface extends ReadonlyArray<SurfaceNode> {
+  /** The surface node put there by event `seq`, while it is still on the surface. */
+  node(seq: number): SurfaceNode | undefined
+}
+
 /**
- * The append-only session log and the model-visible surface projected from it (docs/design.md §4).
- * `append` is synchronous: it checks every invariant first (a violating append throws
- * {@link SessionError} and changes nothing), then updates the surface, the per-node prices and the
- * usage anchor incrementally (O(1) for an append, O(range) for a replace), and queues the event for
- * the store; {@link Session.flush} writes the queue, {@link Session.sync} also fsyncs.
+ * What the loop, the ladder and the CLI read of a session beyond its public API: the call index,
+ * the turn's bookkeeping and the ladder's memory. One object, owned by its session and reached
+ * through {@link stateOf}, so that Session's public face stays small (docs/design.md §14).
+ */
+interface SessionState {
+  /** callId → seq of the surface node holding the call, and of its result once logged. */
+  readonly calls: Map<string, { callSeq: number; resultSeq?: number }>
+  /** Ids of tool calls on the surface that have no result yet. */
+  readonly openCalls: Set<string>
+  /** Ids of surface tool calls whose `tool/call` dispatch record was logged. */
+  readonly dispatched: Set<string>
+  readonly bySeq: Map<number, SurfaceNode>
+  turn: { last: number; open: boolean; step: number; stepOpen: boolean }
+  /** Seq of the open turn's input (the first user message after `turn/start`), never edited. */
+  input?: number
+  awaitingInput: boolean
+  /** Id of a `compaction/start` with no `compaction/end` yet (the compaction lock). */
+  compaction?: string
+  /** Seq of the last `session/start` or `session/resume`. */
+  openedAt: number
+  readonly ladder: LadderState
+  /** Writes queued events to the store, without fsync. */
+  flush(): Promise<void>
+  /** Checks an event against the current state without appending it (throws like `append`). */
+  check(type: string, data: Record<string, unknown>): void
+}
+
+const SESSION_STATE = new WeakMap<Session, SessionState>()
+/** The module-private state of `session` (see {@link SessionState}). */
+function stateOf(session: Session): SessionState { return SESSION_STATE.get(session)! }
+
+/**
+ * The append-only session log and the model-visible surface projected from it (docs/design.md §4),
+ * the one writer of the log. `append` is synchronous: it checks every invariant first (a
+ * violating append throws {@link SessionError} and changes nothing), then updates the surface, the
+ * per-node prices and the usage anchor incrementally (O(1) for an append, O(range) for a replace),
+ * feeds the parts over the log ({@link Session.cost}, {@link Session.recall}, {@link Session.pins})
+ * and queues the event for the store; {@link Session.sync} writes the queue and fsyncs.
  *
- * Open or create with {@link Session.open}; inspect a log without writing with {@link Session.load}.
+ * Open, create or (with `readOnly`) inspect a log with {@link Session.open}.
  */
 export class Session {
   readonly store: LogStore
+  /** The torn last line dropped when this session was loaded, if any. */
+  torn?: TornLine
+  /** Tokens and cost of the requests so far, and the prompt-cache model (docs/design.md §11). */
+  readonly cost: CostLedger
+  /** The originals the surface no longer shows, as `recall` reads them (docs/design.md §10). */
+  readonly recall: RecallIndex
+  /** Messages that are never pruned, cleared or summarised (docs/design.md §12). */
+  readonly pins: Pins
+  private readonly st: SessionState
   /** The whole log when the store cannot read events back (see {@link Session.events}). */
   private retained?: SessionEvent[]
   private nextSeq = 0
-  /** Seq of the last `session/start` or `session/resume`. */
-  private openSeq = 0
-  /** The torn last line dropped when this session was loaded, if any. */
-  torn?: TornLine
   private readonly now: () => number
-  private nodes: SurfaceNode[] = []
-  private bySeq = new Map<number, SurfaceNode>()
-  /** callId → seq of the surface node holding the call, and of its result once logged. */
-  private calls = new Map<string, { callSeq: number; resultSeq?: number }>()
-  private openCalls = new Set<string>()
-  private dispatched = new Set<string>()
-  /** Append seqs of the originals the surface no longer shows as logged (see {@link Session.shadowedSeqs}); sorted
-   *  lazily. */
-  private shadowed: number[] = []
-  private shadowedSorted = true
-  /** Seqs of spilled tool results (listed in `shadowed` when appended). */
-  private spilledSeqs = new Set<number>()
-  /** Shadowed result seq → append seq of the assistant message holding its call (see {@link
-   *  Session.shadowedCallSeq}). */
-  private shadowedCalls = new Map<number, number>()
+  private readonly nodes: SurfaceNode[] & Surface
   private surfaceTokensSum = 0
   private envelopeTokensSum = 0
   private anchorState?: UsageAnchor
   private generation = 0
+  private header?: RequestHeader
   private pending: SessionEvent[] = []
   private writing: Promise<void> = Promise.resolve()
   private listeners = new Set<(e: SessionEvent) => void>()
-  /** The last `request/header` logged. */
-  header?: RequestHeader
-  /** Turn and step bookkeeping derived from the log. */
-  private turnState = { last: 0, open: false, step: 0, stepOpen: false }
-  private compactionOpen?: string
-  private sessionId = ''
-  /** Seq of the open turn's input (the first user message after `turn/start`), never edited. */
-  private inputSeq?: number
-  private awaitingInput = false
-  private spills = 0
-  /** Calibration samples (provider, heuristic tokens), newest last, for the model `calibrationModel`. */
-  private calibrationSamples: { provider: number; heuristic: number }[] = []
-  private calibrationModel?: string
-  /** callId → heuristic price (tokens) of its result as first logged (the original, whatever replaced it since). */
-  private originalResultTokens = new Map<string, number>()
-  /** The failed-compaction guard as last logged in `ladder/state` (heuristic tokens). */
-  private failedAt?: number
-  /** Seqs of pinned surface nodes (docs/design.md §12), in the order they were pinned. */
-  private pins = new Set<number>()
-  // The prompt-cache model (docs/design.md §11), kept as events arrive (O(1) per append, O(edit
-  // span) per replace) so that it survives resume: `cacheNodes` leading surface nodes were sent by
-  // the last conversation request and are unchanged since (-1: no request since the envelope or
-  // model changed); `cachePrefixTokens` is their heuristic price.
-  private cacheNodes = -1
-  private cachePrefixTokens = 0
-  private envelopeKey = ''
-  private edits = new Map<number, EditCache & { time: number }>()
-  /**
-   * Requests so far, folded into buckets as they are applied (bounded memory, not one record per
-   * request): by conversation/summary, model, price table and UTC minute of the week — what
-   * decides a peak window — so {@link Session.usage} can price (or re-price) every bucket exactly.
-   */
-  private requestBuckets = new Map<string, RequestBucket>()
 
   constructor(options: SessionOptions = {}) {
     this.store = options.store ?? new MemoryStore()
@@ -1691,6 +1691,18 @@ export class Session {
     const s = this.store
     if (!(typeof s.scan === 'function' && typeof s.readEvent === 'function'
       && typeof s.readEvents === 'function')) this.retained = []
+    const bySeq = new Map<number, SurfaceNode>()
+    this.nodes = Object.defineProperty([] as SurfaceNode[], 'node', { value: (seq: number) => bySeq.get(seq) }) as
+      SurfaceNode[] & Surface
+    this.st = {
+      calls: new Map(), openCalls: new Set(), dispatched: new Set(), bySeq,
+      turn: { last: 0, open: false, step: 0, stepOpen: false }, awaitingInput: false, openedAt: 0,
+      ladder: new LadderState(), flush: () => this.flush(), check: (type, data) => this.check(type, data),
+    }
+    SESSION_STATE.set(this, this.st)
+    this.cost = new CostLedger(this, this.nodes)
+    this.recall = new RecallIndex(this, this.st)
+    this.pins = new Pins(this, this.st)
   }
 
   /**
@@ -1705,56 +1717,60 @@ export class Session {
         + 'use await session.readEvent(seq) or session.readEvents(fromSeq, toSeq)')
     return this.retained
   }
-  /** Whether this session keeps every event in memory ({@link Session.events} works). */
-  get keepsAllEvents(): boolean { return this.retained !== undefined }
-  /** Seq of the `session/start` or `session/resume` written when this session was last opened. */
-  get openedAtSeq(): number { return this.openSeq }
 
   /**
    * Opens the session in `store`: a new one (writes `session/start`) when the store is empty,
-   * otherwise the loaded log, resumed (see {@link Session.resume}). Throws `SessionError` with
-   * `code 'LOG_CORRUPT'` and a line number for a corrupt log.
+   * otherwise the loaded log, resumed (docs/design.md §4): `session/resume`, a stale compaction
+   * lock closed, every tool call without a result given a synthetic error result
+   * (`TOOL_OUTCOME_UNKNOWN` when its `tool/call` was logged, else `TOOL_NOT_STARTED`), an open step
+   * and turn closed. With `readOnly` the log is loaded and replayed (every invariant re-checked)
+   * and nothing is written. Throws `SessionError` with `code 'LOG_CORRUPT'` and a line number for a
+   * corrupt log.
    */
   static async open(store: LogStore = new MemoryStore(),
-    options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
-    const session = await Session.load(store, options)
-    if (session.seq === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION,
-      format: LOG_FORMAT })
-    else session.resume()
+    options: Omit<SessionOptions, 'store'> & { readOnly?: boolean } = {}): Promise<Session> {
+    const session = new Session({ ...options, store })
+    await session.load()
+    if (options.readOnly) return session
+    if (session.seq === 0) {
+      session.append('session/start', { id: options.id ?? randomId(), version: VERSION, format: LOG_FORMAT })
+    } else session.resume()
     await session.sync()
     return session
   }
 
-  /** Loads the log in `store` and replays it (every invariant is re-checked), writing nothing. */
-  static async load(store: LogStore, options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
-    const session = new Session({ ...options, store })
+  /** Reads the store's log and replays it, checking every event as if it were appended. */
+  private async load(): Promise<void> {
     const replay = (e: SessionEvent) => {
-      if (e.seq !== session.nextSeq)
-        throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.nextSeq} was expected`, e.seq + 1)
-      try { session.check(e.type, e.data) } catch (err) {
+      if (e.seq !== this.nextSeq)
+        throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${this.nextSeq} was expected`, e.seq + 1)
+      try { this.check(e.type, e.data) } catch (err) {
         throw new SessionError('LOG_CORRUPT', `session log line ${e.seq + 1}: ${(err as Error).message}`, e.seq + 1)
       }
-      session.apply(e)
+      this.apply(e)
     }
-    if (session.retained) {
-      const loaded = await store.load()
-      session.torn = loaded.torn
+    if (this.retained) {
+      const loaded = await this.store.load()
+      this.torn = loaded.torn
       for (const e of loaded.events) replay(e)
     } else {
       // Streamed: each line is checked and applied as it is read; only the surface stays in memory.
-      session.torn = (await store.scan!(replay)).torn
+      this.torn = (await this.store.scan!(replay)).torn
     }
-    return session
   }
 
-  /** The session id from `session/start`. */
-  get id(): string { return this.sessionId }
   /** Number of events; also the seq of the next event. */
   get seq(): number { return this.nextSeq }
   /** Increases by exactly one on every committed replace (docs/design.md §4). */
   get replaceGeneration(): number { return this.generation }
-  /** The current surface, oldest first. A live view: do not keep it across appends. */
-  surface(): readonly SurfaceNode[] { return this.nodes }
+  /** The current surface, oldest first, with `node(seq)`. A live view: do not keep it across appends. */
+  surface(): Surface { return this.nodes }
+  /** The open turn's number, the last step number in it, and whether a step is open. */
+  get turn(): { turn: number; open: boolean; step: number; stepOpen: boolean } {
+    const t = this.st.turn
+    return { turn: t.last, open: t.open, step: t.step, stepOpen: t.stepOpen }
+  }
+
   /**
    * Reads back the logged event `seq` (e.g. the original of a pruned, cleared or summarised
    * message). Use this, not `events[seq]`, in code that must also work on sessions that keep only
@@ -1781,83 +1797,6 @@ export class Session {
     }
     await this.flush()
     yield* this.store.readEvents!(Math.max(0, fromSeq), to)
-  }
-
-  /** The surface node put there by event `seq`, if it is still on the surface. */
-  node(seq: number): SurfaceNode | undefined { return this.bySeq.get(seq) }
-  /** Whether a tool call with this id is on the surface (ids must be unique there). */
-  hasToolCall(callId: string): boolean { return this.calls.has(callId) }
-  /** Ids of tool calls on the surface that have no result yet. */
-  openToolCalls(): string[] { return [...this.openCalls] }
-  /** Whether a `tool/call` dispatch record was logged for `callId`, a tool call still on the surface. */
-  wasDispatched(callId: string): boolean { return this.dispatched.has(callId) }
-  /** The open turn's number, the last step number in it, and whether a step is open. */
-  get turn(): { turn: number; open: boolean; step: number; stepOpen: boolean } {
-    const t = this.turnState
-    return { turn: t.last, open: t.open, step: t.step, stepOpen: t.stepOpen }
-  }
-  /** Id of a `compaction/start` with no `compaction/end` yet (the compaction lock). */
-  get openCompaction(): string | undefined { return this.compactionOpen }
-  /**
-   * Seq of the open turn's input: the first user message appended after the open `turn/start`.
-   * The ladder never edits or summarises it (docs/design.md §10). Undefined between turns.
-   */
-  get currentInput(): number | undefined { return this.inputSeq }
-  /**
-   * The seqs of the logged originals the surface no longer shows as logged, oldest first: appended
-   * messages since pruned, cleared or folded into a checkpoint, and spilled tool results (the
-   * surface shows a preview). What `recall` reads (docs/design.md §10); read each with
-   * {@link Session.readEvent}. Kept as the events arrive, so no log scan (a sort after an
-   * out-of-order addition: O(k log k) for k originals). A live view: do not keep it across appends.
-   */
-  shadowedSeqs(): readonly number[] {
-    if (!this.shadowedSorted) { this.shadowed.sort((a, b) => a - b); this.shadowedSorted = true }
-    return this.shadowed
-  }
-  private addShadowed(seq: number, message: Message): void {
-    if (this.shadowed.length > 0 && seq < this.shadowed[this.shadowed.length - 1]) this.shadowedSorted = false
-    this.shadowed.push(seq)
-    // The call's node key is the append seq of the assistant message as the model sent it.
-    if (message.role === 'tool') { const entry = this.calls.get(message.toolCallId); const callKey = entry
-      && this.bySeq.get(entry.callSeq)?.key; if (callKey !== undefined) this.shadowedCalls.set(seq, callKey) }
-  }
-  /**
-   * For a shadowed tool result (`resultSeq` one of {@link Session.shadowedSeqs}), the append seq of
-   * the assistant message that holds its call as the model sent it (arguments uncut), however far
-   * back, and even once that call is off the surface or its id reused; undefined otherwise.
-   */
-  shadowedCallSeq(resultSeq: number): number | undefined { return this.shadowedCalls.get(resultSeq) }
-  /**
-   * The seq of the first logged result of tool call `callId` (before any prune or clear), while the
-   * call is on the surface; undefined otherwise.
-   */
-  resultOriginSeq(callId: string): number | undefined {
-    const entry = this.calls.get(callId)
-    return entry?.resultSeq === undefined ? undefined : this.bySeq.get(entry.resultSeq)?.key
-  }
-  /** Whether the log holds originals the surface no longer shows (a replace or a spill happened): `recall` has
-   *  something to read. */
-  get hasShadowedContent(): boolean { return this.generation > 0 || this.spills > 0 }
-  /**
-   * The heuristic price in tokens of the original of surface node `seq`: for a tool result, of the
-   * result as first logged (before any prune or clear); otherwise of the node itself.
-   */
-  originalTokens(seq: number): number {
-    const node = this.bySeq.get(seq)
-    if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
-    return (node.message.role === 'tool' ? this.originalResultTokens.get(node.message.toolCallId) : undefined)
-      ?? node.tokens
-  }
-  /**
-   * The ladder's failed-compaction guard as last logged (`ladder/state failedAtTokens`, heuristic
-   * tokens); undefined when none was logged or a success cleared it. A {@link Ladder} starts from it.
-   */
-  get loggedCompactionFailure(): number | undefined { return this.failedAt }
-  /** The tool-call block of `callId` on the surface (name and raw arguments), if any. */
-  toolCall(callId: string): ToolCallBlock | undefined {
-    const entry = this.calls.get(callId)
-    const node = entry && this.bySeq.get(entry.callSeq)
-    return node ? toolCalls(node.message).find((c) => c.id === callId) : undefined
   }
 
   /** Calls `listener` with every event appended from now on; returns an unsubscribe function. */
@@ -1896,272 +1835,163 @@ export class Session {
         + (newer ? ': open it with the dsh that wrote it, or a newer one' : ': a format is a positive integer'))
     }
     if (type === 'request/header' && data.prices !== undefined) {
-      try { validatePrices(data.prices, 'request/header: '
-        + 'prices') } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
+      try { validatePrices(data.prices, 'request/header: prices') } catch (err) {
+        throw new SessionError('INVALID_EVENT', (err as Error).message)
+      }
     }
     if (type === 'compaction/end' && data.requests !== undefined) checkSummaryRequests(data.requests)
-    if (type === 'surface/pin' || type === 'surface/unpin') {
-      const seq = data.seq
-      if (!Number.isInteger(seq) || !this.bySeq.has(seq))
-        throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
-      if ((type === 'surface/pin') === this.pins.has(seq))
-        throw new SessionError('PIN', `${type}: seq ${seq} is ${this.pins.has(seq) ? 'already' : 'not'} pinned`)
-      return
-    }
+    if (type === 'surface/pin' || type === 'surface/unpin') return this.pins.checkEvent(type, data.seq)
     const role = SURFACE_TYPES[type]
-    if (!role) return
-    validateMessage(data.message, role)
-    const op = data.surfaceOp as SurfaceOp
-    const message = data.message as Message
-    if (!op || (op.op !== 'append' && op.op !== 'replace'))
-      throw new SessionError('SURFACE_OP', `${type}: surfaceOp must be {op:'append'} or {op:'replace', start, end}`)
-    const newCalls = toolCalls(message)
-    if (op.op === 'replace' && role === 'assistant' && newCalls.length > 0) {
-      // A pruned assistant message keeps its tool calls: same ids and names, in order, one node.
-      const old = this.bySeq.get(op.start)?.message
-      const oldCalls = old ? toolCalls(old) : []
-      if (op.start !== op.end || oldCalls.length !== newCalls.length
-        || oldCalls.some((c, i) => c.id !== newCalls[i].id || c.name !== newCalls[i].name)) {
-        throw new SessionError('SURFACE_OP', `${type}: a replacement that carries tool calls must replace exactly the `
-          + `one assistant message with the same calls (seq ${op.start})`)
-      }
-      return
-    }
-    const seen = new Set<string>()
-    for (const c of newCalls) {
-      if (seen.has(c.id) || this.calls.has(c.id))
-        throw new SessionError('PAIRING', `tool call id ${JSON.stringify(c.id)} is not unique on the surface`)
-      seen.add(c.id)
-    }
-    if (op.op === 'append') {
-      if (role === 'tool') {
-        const id = (message as ToolResultMessage).toolCallId
-        const call = this.calls.get(id)
-        if (!call) throw new SessionError('PAIRING', `tool result for unknown tool call id ${JSON.stringify(id)}`)
-        if (call.resultSeq !== undefined)
-          throw new SessionError('PAIRING', `tool call ${JSON.stringify(id)} already has a result (seq `
-            + `${call.resultSeq})`)
-      }
-      return
-    }
-    // Replace.
-    const { start, end } = op
-    const first = this.bySeq.get(start)
-    const last = this.bySeq.get(end)
-    if (!Number.isInteger(start) || !Number.isInteger(end) || !first || !last) {
-      throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the `
-        + `current surface`)
-    }
-    if (first.key > last.key)
-      throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
-    if (this.pins.size > 0) {
-      for (let i = this.indexOfKey(first.key), hi = this.indexOfKey(last.key); i <= hi; i++) {
-        if (this.pins.has(this.nodes[i].seq))
-          throw new SessionError('PIN', `${type}: replace ${start}..${end} would change pinned message seq `
-            + `${this.nodes[i].seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
-      }
-    }
-    if (newCalls.length > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
-    if (role === 'tool') {
-      const old = first.message
-      if (start !== end || old.role !== 'tool')
-        throw new SessionError('SURFACE_OP', `tool/result: a replace must cover exactly one tool result (got `
-          + `${start}..${end})`)
-      const { content: _a, ...restOld } = old
-      const { content: _b, ...restNew } = message as ToolResultMessage
-      if (JSON.stringify(restOld) !== JSON.stringify(restNew))
-        throw new SessionError('SURFACE_OP', `tool/result: a replacement may change only content (seq ${start})`)
-      return
-    }
-    // A range replace must keep calls and results together (docs/design.md §4, matched by id).
-    const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
-    const inRange = new Set<number>()
-    for (let i = lo; i <= hi; i++) inRange.add(this.nodes[i].seq)
-    for (let i = lo; i <= hi; i++) {
-      const m = this.nodes[i].message
-      for (const c of toolCalls(m)) {
-        const entry = this.calls.get(c.id)!
-        if (entry.resultSeq === undefined)
-          throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id}, which has no `
-            + `result yet`)
-        if (!inRange.has(entry.resultSeq))
-          throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id} but keep its `
-            + `result (seq ${entry.resultSeq})`)
-      }
-      if (m.role === 'tool') {
-        const entry = this.calls.get(m.toolCallId)!
-        if (!inRange.has(entry.callSeq))
-          throw new SessionError('PAIRING', `replace ${start}..${end} would remove the result of tool call `
-            + `${m.toolCallId} but keep the call (seq ${entry.callSeq})`)
-      }
-    }
+    if (role) checkSurfaceEvent(this.st, this.nodes, this.pins, type, role, data)
   }
-
-  /** The surface index of a position key, or -1. */
-  private indexOfKey(key: number): number { return binarySearch(this.nodes, key, (n) => n.key) }
 
   /** Applies a checked event to the derived state. The same code serves live appends and replay. */
   private apply(event: SessionEvent): void {
     this.retained?.push(event)
     this.nextSeq = event.seq + 1
     const data = event.data as any
+    const st = this.st
     switch (event.type) {
-      case 'session/start': this.sessionId = data.id; this.openSeq = event.seq; break
-      case 'session/resume': this.openSeq = event.seq; break
-      case 'request/header': {
+      case 'session/start': case 'session/resume': st.openedAt = event.seq; break
+      case 'request/header':
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
         this.anchorState = undefined // an envelope or model change voids the usage anchor (docs/design.md §2)
-        const key = cacheKey(data.model, data)
-        // a new envelope or model: nothing is cached
-        if (key !== this.envelopeKey) { this.envelopeKey = key; this.cacheNodes = -1; this.cachePrefixTokens = 0 }
-        // calibration is per model
-        if (data.model !== this.calibrationModel) { this.calibrationModel = data.model; this.calibrationSamples = [] }
+        this.cost.header(data)
+        st.ladder.header(data.model)
         break
-      }
-      case 'turn/start': this.turnState = { last: data.turn, open: true, step: 0, stepOpen: false };
-      this.inputSeq = undefined; this.awaitingInput = true; break
-      case 'turn/end': this.turnState.open = false; this.turnState.stepOpen = false; this.inputSeq = undefined;
-      this.awaitingInput = false; break
-      case 'ladder/state': {
-        const sample = data.sample as LadderStateData['sample']
-        if (data.failedAtTokens !== undefined) this.failedAt = data.failedAtTokens ?? undefined
-        if (!sample) break
-        // A plausible count of the conversation request the provider refused is the new anchor, even
-        // one too small to be a calibration sample: it is the exact size of the surface as it is now.
-        const taken = this.addCalibrationSample(sample.providerTokens, sample.heuristicTokens)
-        if (sample.source === 'overflow' && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))) {
-          this.anchorState = { providerTokens: sample.providerTokens, heuristicTokens: this.envelopeTokensSum
-            + this.surfaceTokensSum, seq: event.seq }
-        }
+      case 'turn/start':
+        st.turn = { last: data.turn, open: true, step: 0, stepOpen: false }
+        st.input = undefined; st.awaitingInput = true
         break
-      }
-      case 'step/start': this.turnState.step = data.step; this.turnState.stepOpen = true; break
-      case 'step/end': this.turnState.stepOpen = false; break
-      case 'tool/call': this.dispatched.add(data.callId); break
-      case 'compaction/start': this.compactionOpen = data.id; break
-      case 'surface/pin': this.pins.add(data.seq); break
-      case 'surface/unpin': this.pins.delete(data.seq); break
-      case 'compaction/end': {
-        if (this.compactionOpen === data.id) this.compactionOpen = undefined
-        if (Array.isArray(data.requests)) {
-          for (const r of data.requests as SummaryRequestRecord[]) {
-            this.addRequest({ time: event.time, summary: true, model: r.model, inputTokens: r.inputTokens,
-              modelledHitTokens: r.modelledHitTokens, outputTokens: r.outputTokens, usage: r.usage, prices: r.prices
-              ?? (r.model === this.header?.model ? this.header?.prices : undefined) })
-          }
-        }
+      case 'turn/end':
+        st.turn.open = false; st.turn.stepOpen = false; st.input = undefined; st.awaitingInput = false
         break
-      }
+      case 'ladder/state': this.applyLadderState(event as SessionEvent<'ladder/state'>); break
+      case 'step/start': st.turn.step = data.step; st.turn.stepOpen = true; break
+      case 'step/end': st.turn.stepOpen = false; break
+      case 'tool/call': st.dispatched.add(data.callId); break
+      case 'compaction/start': st.compaction = data.id; break
+      case 'surface/pin': case 'surface/unpin': this.pins.apply(event.type, data.seq); break
+      case 'compaction/end':
+        if (st.compaction === data.id) st.compaction = undefined
+        if (Array.isArray(data.requests)) this.cost.summaries(event.time, data.requests, this.header)
+        break
     }
-    if (!SURFACE_TYPES[event.type]) return
-    const message = data.message as Message
-    const op = data.surfaceOp as SurfaceOp
-    const tokens = estimateMessageTokens(message)
-    if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
-      // The request that produced this message carried the surface as it is now (docs/design.md §10).
-      // Only when the messages are at least half of it: how a provider frames tool specs varies more than its
-      // tokenizer.
-      if (this.surfaceTokensSum >= this.envelopeTokensSum) {
-        this.addCalibrationSample((data.usage as Usage).promptTokens, this.envelopeTokensSum + this.surfaceTokensSum)
-      }
-    }
-    if (event.type === 'tool/result' && data.spilled && op.op === 'append') { this.spills++;
-      this.spilledSeqs.add(event.seq); this.addShadowed(event.seq, message) }
-    if (op.op === 'append') {
-      if (message.role === 'user' && this.awaitingInput) { this.inputSeq = event.seq; this.awaitingInput = false }
-      if (event.type === 'assistant/message') this.recordRequest(event.time, tokens, data.usage)
-      const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
-      this.nodes.push(node)
-      this.bySeq.set(event.seq, node)
-      this.surfaceTokensSum += tokens
-      for (const c of toolCalls(message)) { this.calls.set(c.id, { callSeq: event.seq }); this.openCalls.add(c.id) }
-      if (message.role === 'tool') { this.calls.get(message.toolCallId)!.resultSeq = event.seq;
-        this.openCalls.delete(message.toolCallId); this.originalResultTokens.set(message.toolCallId, tokens) }
-    } else {
-      const first = this.bySeq.get(op.start)!, last = this.bySeq.get(op.end)!
-      const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
-      const node: SurfaceNode = { seq: event.seq, message, tokens, key: first.key }
-      // Prompt cache: everything from the edit point to the end of the cached prefix now misses.
-      let movedTokens = 0
-      if (lo < this.cacheNodes) {
-        let after = 0 // old tokens in [lo, cacheNodes)
-        for (let i = lo; i < this.cacheNodes; i++) after += this.nodes[i].tokens
-        let kept = 0 // old tokens in (hi, cacheNodes): unchanged, but no longer in the prefix
-        for (let i = hi + 1; i < this.cacheNodes; i++) kept += this.nodes[i].tokens
-        movedTokens = tokens + kept
-        this.cachePrefixTokens -= after
-        this.cacheNodes = lo
-      }
-      let shadowed = 0
-      for (let i = lo; i <= hi; i++) {
-        const old = this.nodes[i]
-        shadowed += old.tokens
-        // An appended node's seq is its key; a replacement's seq is later than its key.
-        if (old.seq === old.key && !this.spilledSeqs.has(old.seq)) this.addShadowed(old.seq, old.message)
-      }
-      // Nodes and calls leave only after every shadowed result in the range has looked its call up.
-      for (let i = lo; i <= hi; i++) {
-        const old = this.nodes[i]
-        this.bySeq.delete(old.seq)
-        if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
-        // a pruned assistant message keeps its calls (checked)
-        if (message.role === 'assistant' && toolCalls(message).length > 0) continue
-        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id);
-          this.dispatched.delete(c.id) }
-      }
-      if (message.role === 'tool') this.calls.get(message.toolCallId)!.resultSeq = event.seq
-      for (const c of toolCalls(message)) this.calls.get(c.id)!.callSeq = event.seq
-      this.nodes.splice(lo, hi - lo + 1, node)
-      this.bySeq.set(event.seq, node)
-      this.surfaceTokensSum += tokens - shadowed
-      this.generation++
-      this.edits.set(event.seq, { seq: event.seq, movedTokens, savedTokens: shadowed - tokens, time: event.time })
-      // asked right after the edit: keep the newest only
-      if (this.edits.size > RECENT_EDITS) this.edits.delete(this.edits.keys().next().value!)
-    }
-    if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
-      const u = data.usage as Usage
-      const providerTokens = u.promptTokens + u.completionTokens, heuristicTokens =
-        this.envelopeTokensSum + this.surfaceTokensSum
-      // A count more than 4× the heuristic one (of at least 1,000) is of something else, e.g. a broken
-      // server's bogus usage: anchoring on it would price every later request as an overflow, for good.
-      if (Number.isFinite(providerTokens) && providerTokens >= 0
-        && providerTokens <= CALIBRATION_RANGE[1] * Math.max(heuristicTokens, CALIBRATION_MIN_SAMPLE_TOKENS)) {
-        this.anchorState = { providerTokens, heuristicTokens, seq: event.seq }
-      }
+    if (SURFACE_TYPES[event.type]) this.applySurface(event)
+  }
+
+  /** A `ladder/state` event: the guard, and a calibration sample (an overflow's count also anchors). */
+  private applyLadderState(event: SessionEvent<'ladder/state'>): void {
+    const { sample, failedAtTokens } = event.data
+    if (failedAtTokens !== undefined) this.st.ladder.failedAtTokens = failedAtTokens ?? undefined
+    if (!sample) return
+    // A plausible count of the conversation request the provider refused is the new anchor, even
+    // one too small to be a calibration sample: it is the exact size of the surface as it is now.
+    const taken = this.st.ladder.sample(sample.providerTokens, sample.heuristicTokens, this.header?.contextWindow)
+    if (sample.source === 'overflow' && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))) {
+      const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+      this.anchorState = { providerTokens: sample.providerTokens, heuristicTokens, seq: event.seq }
     }
   }
+
+  /** A checked surface event: an append or a replace on the surface, its prices, calls, parts and anchor. */
+  private applySurface(event: SessionEvent): void {
+    const data = event.data as unknown as SessionEvent<'assistant/message'>['data'] & { spilled?: unknown }
+    const { message, surfaceOp: op } = data
+    const tokens = estimateMessageTokens(message)
+    const answer = event.type === 'assistant/message' && op.op === 'append'
+    // The request that produced this message carried the surface as it is now (docs/design.md §10).
+    // Only when the messages are at least half of it: how a provider frames tool specs varies more
+    // than its tokenizer.
+    if (answer && data.usage && this.surfaceTokensSum >= this.envelopeTokensSum) {
+      const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+      this.st.ladder.sample(data.usage.promptTokens, heuristicTokens, this.header?.contextWindow)
+    }
+    if (event.type === 'tool/result' && data.spilled && op.op === 'append') this.recall.spilled(event.seq, message)
+    if (op.op === 'append') this.appendNode(event, message, tokens)
+    else this.replaceNodes(event, op, message, tokens)
+    if (answer && data.usage) this.anchor(data.usage, event.seq)
+  }
+
+  /** Appends a node to the surface (and an answer's request to the cost ledger first). */
+  private appendNode(event: SessionEvent, message: Message, tokens: number): void {
+    const st = this.st
+    if (message.role === 'user' && st.awaitingInput) { st.input = event.seq; st.awaitingInput = false }
+    if (event.type === 'assistant/message') {
+      const d = event.data as SessionEvent<'assistant/message'>['data']
+      this.cost.request(event.time, tokens, d.usage, this.header, this.surfaceTokensSum)
+    }
+    const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
+    this.nodes.push(node)
+    st.bySeq.set(event.seq, node)
+    this.surfaceTokensSum += tokens
+    for (const c of toolCalls(message)) { st.calls.set(c.id, { callSeq: event.seq }); st.openCalls.add(c.id) }
+    if (message.role === 'tool') {
+      st.calls.get(message.toolCallId)!.resultSeq = event.seq
+      st.openCalls.delete(message.toolCallId)
+      this.recall.result(message.toolCallId, tokens)
+    }
+  }
+
+  /** Replaces the surface nodes `op.start..op.end` by one node; what they held stays in the log. */
+  private replaceNodes(event: SessionEvent, op: { start: number; end: number }, message: Message,
+    tokens: number): void {
+    const st = this.st
+    const first = st.bySeq.get(op.start)!, last = st.bySeq.get(op.end)!
+    const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
+    const node: SurfaceNode = { seq: event.seq, message, tokens, key: first.key }
+    let shadowed = 0
+    for (let i = lo; i <= hi; i++) {
+      const old = this.nodes[i]
+      shadowed += old.tokens
+      // An appended node's seq is its key; a replacement's seq is later than its key.
+      if (old.seq === old.key && !this.recall.isSpilled(old.seq)) this.recall.shadow(old.seq, old.message)
+    }
+    this.cost.replaced(event, lo, hi, tokens, shadowed) // before the splice: it reads the old nodes
+    // Nodes and calls leave only after every shadowed result in the range has looked its call up.
+    for (let i = lo; i <= hi; i++) {
+      const old = this.nodes[i]
+      st.bySeq.delete(old.seq)
+      if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
+      // a pruned assistant message keeps its calls (checked)
+      if (message.role === 'assistant' && toolCalls(message).length > 0) continue
+      for (const c of toolCalls(old.message)) { st.calls.delete(c.id); st.openCalls.delete(c.id); st.dispatched.delete(c.id) }
+    }
+    if (message.role === 'tool') st.calls.get(message.toolCallId)!.resultSeq = event.seq
+    for (const c of toolCalls(message)) st.calls.get(c.id)!.callSeq = event.seq
+    this.nodes.splice(lo, hi - lo + 1, node)
+    st.bySeq.set(event.seq, node)
+    this.surfaceTokensSum += tokens - shadowed
+    this.generation++
+  }
+
+  /** The usage of an answer as the new anchor (docs/design.md §2), unless the count is of something else. */
+  private anchor(u: Usage, seq: number): void {
+    const providerTokens = u.promptTokens + u.completionTokens
+    const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+    // A count more than 4× the heuristic one (of at least 1,000) is of something else, e.g. a broken
+    // server's bogus usage: anchoring on it would price every later request as an overflow, for good.
+    const ceiling = CALIBRATION_RANGE[1] * Math.max(heuristicTokens, CALIBRATION_MIN_SAMPLE_TOKENS)
+    if (Number.isFinite(providerTokens) && providerTokens >= 0 && providerTokens <= ceiling) {
+      this.anchorState = { providerTokens, heuristicTokens, seq }
+    }
+  }
+
+  /** The surface index of a position key, or -1. */
+  private indexOfKey(key: number): number { return binarySearch(this.nodes, key, (n) => n.key) }
 
   /**
-   * Adds a calibration sample (docs/design.md §10); the newest 8 count. Ignores requests under
-   * {@link calibrationMinSampleTokens} of the header's window and implausible samples (a ratio outside [0.5, 4]: the
-   * count is of something else, e.g. a server configured with another window). Returns whether it was taken.
+   * The size of the next request, in tokens, O(1) (docs/design.md §2; calibrated as in docs/design.md
+   * §10), and the `request/header` it carries (model, envelope, window, prices) as last logged.
    */
-  private addCalibrationSample(provider: number, heuristic: number): boolean {
-    if (!(heuristic >= calibrationMinSampleTokens(this.header?.contextWindow))
-      || !plausibleRatio(provider, heuristic)) return false
-    this.calibrationSamples.push({ provider, heuristic })
-    if (this.calibrationSamples.length > CALIBRATION_SAMPLES) this.calibrationSamples.shift()
-    return true
-  }
-
-  /** Provider tokens per heuristic token over the recent samples (Σ provider ÷ Σ heuristic), clamped to [0.5, 4]; 1
-   *  without samples. */
-  private calibrationRatio(): number {
-    if (this.calibrationSamples.length === 0) return 1
-    let p = 0, h = 0
-    for (const s of this.calibrationSamples) { p += s.provider; h += s.heuristic }
-    return Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], p / h))
-  }
-
-  /** The size of the next request, in tokens, O(1) (docs/design.md §2; calibrated as in docs/design.md §10). */
   measure(): Measurement {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
-    const calibration = this.calibrationRatio()
+    const ladder = this.st.ladder
+    const calibration = ladder.ratio()
     return {
       calibration,
-      calibrationSamples: this.calibrationSamples.length,
+      calibrationSamples: ladder.count,
       totalTokens: anchoredTotal(heuristicTokens, this.anchorState, calibration),
       envelopeTokens: this.envelopeTokensSum,
       surfaceTokens: this.surfaceTokensSum,
@@ -2169,134 +1999,8 @@ export class Session {
       anchored: this.anchorState !== undefined,
       anchor: this.anchorState,
       nodes: this.nodes,
+      header: this.header,
     }
-  }
-
-  /** Folds one request into its bucket (see {@link Session.requestBuckets}). */
-  private addRequest(r: RequestEntry): void {
-    const minuteOfWeek = Math.floor(r.time / 60_000) % (7 * 24 * 60)
-    const key = `${r.summary ? 1 : 0}\u0000${r.model}\u0000${r.prices ? JSON.stringify(r.prices) : ''}`
-      + `\u0000${minuteOfWeek}`
-    let b = this.requestBuckets.get(key)
-    if (!b) {
-      this.requestBuckets.set(key, b = { time: r.time, summary: r.summary, model: r.model, prices: r.prices,
-        requests: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, modelledHitTokens: 0,
-        reportedCacheRequests: 0 })
-    }
-    const billed = billedTokens(r)
-    b.requests++
-    b.cachedInputTokens += billed.cachedInputTokens
-    b.uncachedInputTokens += billed.uncachedInputTokens
-    b.outputTokens += billed.outputTokens
-    b.modelledHitTokens += r.modelledHitTokens
-    if (r.usage?.cachedTokens !== undefined) b.reportedCacheRequests++
-  }
-
-  /** Logs one conversation request (an appended assistant message answers it) in the cache model. */
-  private recordRequest(time: number, outputTokens: number, usage: Usage | undefined): void {
-    const { inputTokens, modelledHitTokens } = this.nextRequestCache()
-    this.addRequest({ time, summary: false, model: this.header?.model ?? '', inputTokens, modelledHitTokens,
-      outputTokens, usage, prices: this.header?.prices })
-    this.cacheNodes = this.nodes.length // the request sent the whole surface before this message
-    this.cachePrefixTokens = this.surfaceTokensSum
-  }
-
-  /**
-   * The prompt-cache figures the next conversation request would have if it were sent now
-   * (docs/design.md §11), tokens by the meter: its heuristic input (envelope + surface) and the
-   * modelled hit — the envelope plus the leading surface messages the previous conversation
-   * request sent that no edit has touched since (0 after an envelope or model change, or before
-   * the first request). O(1). Derived from the log, so it survives resume.
-   */
-  nextRequestCache(): RequestCache {
-    return {
-      inputTokens: this.envelopeTokensSum + this.surfaceTokensSum,
-      modelledHitTokens: this.cacheNodes < 0 ? 0 : this.envelopeTokensSum + this.cachePrefixTokens,
-    }
-  }
-
-  /**
-   * The modelled cache hit of a summary request (docs/design.md §11), tokens by the meter: compared
-   * with the conversation request before it, the envelope (same model and envelope only) plus the
-   * leading `messages` that are the very surface messages that request sent, unedited since. 0 for
-   * another model or envelope. O(messages compared).
-   */
-  summaryRequestHit(model: string, envelope: Envelope, messages: readonly Message[]): number {
-    if (this.cacheNodes < 0
-      || cacheKey(model, { ...envelope, baseURL: this.header?.baseURL }) !== this.envelopeKey) return 0
-    let tokens = this.envelopeTokensSum
-    const n = Math.min(this.cacheNodes, messages.length)
-    for (let i = 0; i < n && messages[i] === this.nodes[i].message; i++) tokens += this.nodes[i].tokens
-    return tokens
-  }
-
-  /** The prompt-cache effect of the surface edit logged as event `seq` (a replace), if it was one. */
-  editCache(seq: number): EditCache | undefined {
-    const e = this.edits.get(seq)
-    return e && { seq: e.seq, movedTokens: e.movedTokens, savedTokens: e.savedTokens }
-  }
-
-  /**
-   * {@link Session.editCache} priced with `prices` (default: the table of the current
-   * `request/header`) at the edit's time; undefined when `seq` was no surface edit.
-   */
-  editCost(seq: number, prices: Prices | undefined = this.header?.prices): EditCost | undefined {
-    const e = this.edits.get(seq)
-    if (!e) return undefined
-    const cost: EditCost = { seq: e.seq, movedTokens: e.movedTokens, savedTokens: e.savedTokens }
-    if (prices) {
-      cost.cacheCostUSD = cacheCostUSD(prices, e.movedTokens, e.time)
-      cost.savedUSDPerRequest = (e.savedTokens * prices.cacheHitInput * (isPeakTime(prices, e.time)
-        ? prices.peak!.multiplier : 1)) / 1_000_000
-    }
-    return cost
-  }
-
-  /**
-   * Tokens and cost so far (docs/design.md §11), conversation and summary requests apart and
-   * together; O(buckets), from sums kept as events arrive (so it survives resume). Requests are
-   * added up by kind, model, price table and UTC minute of the week (peak windows are resolved to
-   * the minute), so memory stays bounded however long the session runs. Per request:
-   * input = the reported prompt tokens, else the meter's estimate; cached = the reported
-   * `cachedTokens` (the report wins), else the modelled hit (scaled by reported ÷ estimated input
-   * when only the prompt size was reported); output = the reported completion tokens, else the
-   * meter's price of the answer. Cost uses the price table logged with the request's
-   * `request/header` (the provider's `prices`), peak hours by the event's time; `options.prices`
-   * re-prices every request instead (a table, or a function of the model name). A request with no
-   * price makes `costUSD` undefined ("unknown"); tokens are still reported.
-   */
-  usage(options: { prices?: Prices | ((model: string) => Prices | undefined) } = {}): SessionUsage {
-    const tally = (): TokenTally => ({ requests: 0, inputTokens: 0, cachedInputTokens: 0, uncachedInputTokens: 0,
-      outputTokens: 0, costUSD: 0, unpricedRequests: 0 })
-    const conversation = tally(), summary = tally()
-    let modelledHitTokens = 0, reportedCacheRequests = 0
-    const override = options.prices
-    for (const b of this.requestBuckets.values()) {
-      const t = b.summary ? summary : conversation
-      reportedCacheRequests += b.reportedCacheRequests
-      modelledHitTokens += b.modelledHitTokens
-      t.requests += b.requests
-      t.inputTokens += b.cachedInputTokens + b.uncachedInputTokens
-      t.cachedInputTokens += b.cachedInputTokens
-      t.uncachedInputTokens += b.uncachedInputTokens
-      t.outputTokens += b.outputTokens
-      const prices = override === undefined ? b.prices : typeof override === 'function' ? override(b.model) : override
-      if (prices) t.costUSD! += requestCostUSD(prices, b, b.time) // costs are linear in tokens: one call per bucket
-      else t.unpricedRequests += b.requests
-    }
-    for (const t of [conversation, summary]) if (t.unpricedRequests > 0) t.costUSD = undefined
-    const total: TokenTally = {
-      requests: conversation.requests + summary.requests,
-      inputTokens: conversation.inputTokens + summary.inputTokens,
-      cachedInputTokens: conversation.cachedInputTokens + summary.cachedInputTokens,
-      uncachedInputTokens: conversation.uncachedInputTokens + summary.uncachedInputTokens,
-      outputTokens: conversation.outputTokens + summary.outputTokens,
-      costUSD: conversation.costUSD === undefined || summary.costUSD === undefined ? undefined
-        : conversation.costUSD + summary.costUSD,
-      unpricedRequests: conversation.unpricedRequests + summary.unpricedRequests,
-    }
-    return { ...total, conversation, summary, cacheHitShare: total.inputTokens > 0
-      ? total.cachedInputTokens / total.inputTokens : 0, modelledHitTokens, reportedCacheRequests }
   }
 
   /**
@@ -2304,18 +2008,12 @@ export class Session {
    * `SessionError('PAIRING')` while a tool call has no result: such a request must never be sent.
    */
   messages(): Message[] {
-    if (this.openCalls.size > 0)
-      throw new SessionError('PAIRING', `cannot build a request: tool call(s) ${[...this.openCalls].join(', ')} have `
-        + `no result yet`)
+    const open = this.st.openCalls
+    if (open.size > 0) {
+      throw new SessionError('PAIRING', `cannot build a request: tool call(s) ${[...open].join(', ')} have `
+        + 'no result yet')
+    }
     return this.nodes.map((n) => n.message)
-  }
-
-  /** Logs `request/header` when model, base URL, envelope, budget or window changed; returns whether it did. */
-  setHeader(header: RequestHeader): boolean {
-    const text = JSON.stringify(header) // also drops undefined fields, so equal headers compare equal
-    if (this.header && JSON.stringify(this.header) === text) return false
-    this.append('request/header', JSON.parse(text) as RequestHeader)
-    return true
   }
 
   /**
@@ -2325,121 +2023,23 @@ export class Session {
    * already within the threshold). The original stays in the log.
    */
   pruneToolResult(seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
-    const node = this.bySeq.get(seq)
+    const node = this.st.bySeq.get(seq)
     if (!node || node.message.role !== 'tool')
       throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
     const pruned = pruneToolResult(node.message, config)
-    return pruned === node.message ? 0 : this.shadow(node, 'compaction/prune', pruned, trigger)
+    return pruned === node.message ? 0 : replaceNode(this, node, 'compaction/prune', pruned, trigger)
   }
 
-  /**
-   * Prunes the assistant or user message at surface node `seq` (docs/design.md §10 "Oversized
-   * non-tool messages", with {@link pruneMessage}): `compaction/prune` then the message as a replace
-   * of `seq` (tool calls kept). Refuses the open turn's input ({@link currentInput}). Returns the
-   * tokens reclaimed (0, nothing appended, when nothing is over the threshold).
-   */
-  pruneMessage(seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
-    const node = this.bySeq.get(seq)
-    if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
-    if (node.message.role === 'tool') return this.pruneToolResult(seq, config, trigger)
-    if (seq === this.inputSeq)
-      throw new SessionError('SURFACE_OP', `seq ${seq} is the current turn's input, which is never edited`)
-    const pruned = pruneMessage(node.message, config)
-    return pruned === node.message ? 0 : this.shadow(node, 'compaction/prune', pruned, trigger)
-  }
-
-  /**
-   * Clears the tool result at surface node `seq` (docs/design.md §10 clear rung): appends
-   * `compaction/clear {shadowedSeqs:[seq], shadowedTokenCount}` then the result, its content now
-   * one text block `placeholder`, as a replace of `seq`. The original stays in the log. Returns
-   * the tokens reclaimed (negative if the placeholder is larger: callers check first).
-   */
-  clearToolResult(seq: number, placeholder: string, trigger?: string): number {
-    const node = this.bySeq.get(seq)
-    if (!node || node.message.role !== 'tool')
-      throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
-    return this.shadow(node, 'compaction/clear',
-      { ...node.message, content: [{ type: 'text', text: placeholder }] }, trigger)
-  }
-
-  /** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
-  private shadow(node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear', message: Message,
-    trigger?: string): number {
-    const seq = node.seq
-    const eventType = message.role === 'tool' ? 'tool/result' : message.role === 'assistant' ? 'assistant/message'
-      : 'user/message'
-    const data: Record<string, unknown> = { message, surfaceOp: { op: 'replace', start: seq, end: seq } }
-    if (eventType === 'assistant/message') data.finishReason = 'pruned'
-    this.check(eventType, data) // both events or neither
-    this.append(type, trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger }
-      : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
-    const after = this.append(eventType, data)
-    return node.tokens - this.bySeq.get(after.seq)!.tokens
-  }
-
-  /** Whether the surface node `seq` is pinned (docs/design.md §12). */
-  isPinned(seq: number): boolean { return this.pins.has(seq) }
-  /** Seqs of the pinned surface nodes, in the order they were pinned. */
-  pinnedSeqs(): number[] { return [...this.pins] }
-  /** What the pinned messages cost, in tokens (§2 heuristic); they count against the window like any message. */
-  pinnedTokens(): number {
-    let tokens = 0
-    for (const seq of this.pins) tokens += this.bySeq.get(seq)!.tokens
-    return tokens
-  }
-
-  /**
-   * Throws `SessionError('PIN')` unless `extraTokens` more pinned tokens still fit: envelope +
-   * pinned messages + `extraTokens` (heuristic tokens, priced at the calibration) must stay within
-   * `limitTokens` (default: the compaction
-   * threshold, `floor(contextWindow × 0.8)`, of the window in the last `request/header`; no limit
-   * while the window is unknown). Pins are never compacted, so they must leave the ladder room.
-   */
-  checkPinFits(extraTokens: number, what: string, limitTokens?: number): void {
-    const window = this.header?.contextWindow
-    const limit = limitTokens ?? (window === undefined ? Infinity
-      : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
-    const pinned = this.pinnedTokens() + extraTokens
-    // The limit is measured tokens of the window; the prices are heuristic tokens (docs/design.md §10).
-    const rate = this.calibrationRatio()
-    const measured = Math.ceil((this.envelopeTokensSum + pinned) * rate)
-    if (measured <= limit) return
-    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} `
-      + `tokens, which with the ${this.envelopeTokensSum}-token envelope exceeds the ${limit}-token limit for `
-      + `pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}`
-      + `${rate === 1 ? '' : ` at × ${rate.toFixed(2)} calibration (${measured} tokens)`}; pinned messages are never `
-      + 'compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message')
-  }
-
-  /**
-   * Pins surface node `seq` (logs `surface/pin {seq}`): from now on it is never pruned, cleared or
-   * summarised and stays verbatim in its position; region selection treats it like the current
-   * input (docs/design.md §12). Pins survive resume (they are read back from the log).
-   * @param options.limitTokens see {@link Session.checkPinFits}.
-   * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit (with the
-   * numbers).
-   */
-  pin(seq: number, options: { limitTokens?: number } = {}): void {
-    const node = this.bySeq.get(seq)
-    if (node && !this.pins.has(seq)) this.checkPinFits(node.tokens, `seq ${seq}`, options.limitTokens)
-    this.append('surface/pin', { seq })
-  }
-
-  /** Removes a pin (logs `surface/unpin {seq}`). Throws `SessionError('PIN')` when `seq` is not pinned. */
-  unpin(seq: number): void { this.append('surface/unpin', { seq }) }
-
-  /**
-   * Resumes a loaded session (docs/design.md §4): writes `session/resume`, closes a stale compaction
-   * lock, gives every tool call without a result a synthetic error result (`TOOL_OUTCOME_UNKNOWN`
-   * when its `tool/call` was logged, else `TOOL_NOT_STARTED`), and closes an open step and turn.
-   */
-  resume(): void {
-    const open = [...this.openCalls]
+  /** Resumes a loaded session (see {@link Session.open}). */
+  private resume(): void {
+    const st = this.st
+    const open = [...st.openCalls]
     this.append('session/resume', { lastSeq: this.nextSeq - 1, torn: this.torn, repaired: open.length })
-    if (this.compactionOpen) this.append('compaction/end', { id: this.compactionOpen, error: 'stale: the process '
-      + 'stopped during this compaction' })
+    if (st.compaction) {
+      this.append('compaction/end', { id: st.compaction, error: 'stale: the process stopped during this compaction' })
+    }
     for (const id of open) {
-      const code = this.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
+      const code = st.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
       const text = code === 'TOOL_OUTCOME_UNKNOWN'
         ? `${code}: the process stopped while this tool call was running; its effects are unknown. Check the current `
           + `state before repeating it.`
@@ -2447,13 +2047,13 @@ export class Session {
       this.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text }],
         isError: true, metadata: { code } }, surfaceOp: { op: 'append' } })
     }
-    const t = this.turnState
+    const t = st.turn
     if (t.stepOpen) this.append('step/end', { turn: t.last, step: t.step })
     if (t.open) this.append('turn/end', { turn: t.last, reason: 'interrupted' })
   }
 
   /** Writes queued events to the store (in order; concurrent calls are serialised). */
-  flush(): Promise<void> {
+  private flush(): Promise<void> {
     const run = async () => {
       if (this.pending.length === 0) return
       const batch = this.pending
@@ -2469,18 +2069,547 @@ export class Session {
     return this.writing
   }
 
-  /** Flushes, then makes the log durable (fsync for {@link FileStore}). Called at step boundaries. */
+  /** Writes the queued events to the store, then makes the log durable (fsync for {@link FileStore}). */
   async sync(): Promise<void> {
     await this.flush()
     await this.store.sync?.()
   }
 }
 
-/** One request in the cache model of {@link Session} (conversation or summary). Tokens. */
-/** How many recent surface edits keep their cache figures for {@link Session.editCache}. */
+/**
+ * Checks a surface event (`user/message`, `assistant/message`, `tool/result`) against the surface:
+ * its message, its op, unique call ids, a result's call, and a replace's range (see
+ * {@link checkReplace}). Throws {@link SessionError}; changes nothing.
+ */
+function checkSurfaceEvent(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins, type: string,
+  role: Message['role'], data: any): void {
+  validateMessage(data.message, role)
+  const op = data.surfaceOp as SurfaceOp
+  const message = data.message as Message
+  if (!op || (op.op !== 'append' && op.op !== 'replace'))
+    throw new SessionError('SURFACE_OP', `${type}: surfaceOp must be {op:'append'} or {op:'replace', start, end}`)
+  const newCalls = toolCalls(message)
+  if (op.op === 'replace' && role === 'assistant' && newCalls.length > 0) {
+    // A pruned assistant message keeps its tool calls: same ids and names, in order, one node.
+    const old = st.bySeq.get(op.start)?.message
+    const oldCalls = old ? toolCalls(old) : []
+    if (op.start !== op.end || oldCalls.length !== newCalls.length
+      || oldCalls.some((c, i) => c.id !== newCalls[i].id || c.name !== newCalls[i].name)) {
+      throw new SessionError('SURFACE_OP', `${type}: a replacement that carries tool calls must replace exactly the `
+        + `one assistant message with the same calls (seq ${op.start})`)
+    }
+    return
+  }
+  const seen = new Set<string>()
+  for (const c of newCalls) {
+    if (seen.has(c.id) || st.calls.has(c.id))
+      throw new SessionError('PAIRING', `tool call id ${JSON.stringify(c.id)} is not unique on the surface`)
+    seen.add(c.id)
+  }
+  if (op.op === 'replace') return checkReplace(st, nodes, pins, type, role, op, message, newCalls.length)
+  if (role !== 'tool') return
+  const id = (message as ToolResultMessage).toolCallId
+  const call = st.calls.get(id)
+  if (!call) throw new SessionError('PAIRING', `tool result for unknown tool call id ${JSON.stringify(id)}`)
+  if (call.resultSeq !== undefined)
+    throw new SessionError('PAIRING', `tool call ${JSON.stringify(id)} already has a result (seq ${call.resultSeq})`)
+}
+
+/**
+ * Checks a replace: `start..end` are surface nodes in order, none pinned; a replacement carries no
+ * tool calls; a `tool/result` replace covers one result and changes only its content; a range
+ * replace keeps every call with its result (docs/design.md §4, matched by id).
+ */
+function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins, type: string,
+  role: Message['role'], op: { start: number; end: number }, message: Message, newCalls: number): void {
+  const { start, end } = op
+  const first = st.bySeq.get(start)
+  const last = st.bySeq.get(end)
+  if (!Number.isInteger(start) || !Number.isInteger(end) || !first || !last) {
+    throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the `
+      + `current surface`)
+  }
+  if (first.key > last.key)
+    throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
+  const lo = binarySearch(nodes, first.key, (n) => n.key), hi = binarySearch(nodes, last.key, (n) => n.key)
+  for (let i = lo; i <= hi && pins.count > 0; i++) {
+    if (pins.has(nodes[i].seq)) {
+      throw new SessionError('PIN', `${type}: replace ${start}..${end} would change pinned message seq `
+        + `${nodes[i].seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
+    }
+  }
+  if (newCalls > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
+  if (role === 'tool') {
+    const old = first.message
+    if (start !== end || old.role !== 'tool') {
+      throw new SessionError('SURFACE_OP', `tool/result: a replace must cover exactly one tool result (got `
+        + `${start}..${end})`)
+    }
+    const { content: _a, ...restOld } = old
+    const { content: _b, ...restNew } = message as ToolResultMessage
+    if (JSON.stringify(restOld) !== JSON.stringify(restNew))
+      throw new SessionError('SURFACE_OP', `tool/result: a replacement may change only content (seq ${start})`)
+    return
+  }
+  const inRange = new Set<number>()
+  for (let i = lo; i <= hi; i++) inRange.add(nodes[i].seq)
+  for (let i = lo; i <= hi; i++) {
+    const m = nodes[i].message
+    for (const c of toolCalls(m)) {
+      const entry = st.calls.get(c.id)!
+      if (entry.resultSeq === undefined) {
+        throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id}, which has no `
+          + `result yet`)
+      }
+      if (!inRange.has(entry.resultSeq)) {
+        throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id} but keep its `
+          + `result (seq ${entry.resultSeq})`)
+      }
+    }
+    if (m.role === 'tool' && !inRange.has(st.calls.get(m.toolCallId)!.callSeq)) {
+      throw new SessionError('PAIRING', `replace ${start}..${end} would remove the result of tool call `
+        + `${m.toolCallId} but keep the call (seq ${st.calls.get(m.toolCallId)!.callSeq})`)
+    }
+  }
+}
+
+// ── 4.3 Edits of the surface: the log protocol of a prune or a clear (docs/design.md §3, §10) ─────
+
+/** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
+function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear',
+  message: Message, trigger?: string): number {
+  const seq = node.seq
+  const eventType = message.role === 'tool' ? 'tool/result' : message.role === 'assistant' ? 'assistant/message'
+    : 'user/message'
+  const data: Record<string, unknown> = { message, surfaceOp: { op: 'replace', start: seq, end: seq } }
+  if (eventType === 'assistant/message') data.finishReason = 'pruned'
+  stateOf(session).check(eventType, data) // both events or neither
+  session.append(type, trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger }
+    : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
+  const after = session.append(eventType, data)
+  return node.tokens - session.surface().node(after.seq)!.tokens
+}
+
+/**
+ * Prunes the message at surface node `seq` (docs/design.md §10 "Oversized non-tool messages", with
+ * {@link pruneMessage}): `compaction/prune` then the message as a replace of `seq` (tool calls
+ * kept); a tool result goes to {@link Session.pruneToolResult}. Refuses the open turn's input.
+ * Returns the tokens reclaimed (0, nothing appended, when nothing is over the threshold).
+ */
+function pruneNode(session: Session, seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
+  const node = session.surface().node(seq)
+  if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
+  if (node.message.role === 'tool') return session.pruneToolResult(seq, config, trigger)
+  if (seq === stateOf(session).input)
+    throw new SessionError('SURFACE_OP', `seq ${seq} is the current turn's input, which is never edited`)
+  const pruned = pruneMessage(node.message, config)
+  return pruned === node.message ? 0 : replaceNode(session, node, 'compaction/prune', pruned, trigger)
+}
+
+/**
+ * Clears the tool result at surface node `seq` (docs/design.md §10 clear rung): `compaction/clear`
+ * then the result, its content one text block `placeholder`, as a replace of `seq`. The original
+ * stays in the log. Returns the tokens reclaimed (negative if the placeholder is larger: callers check).
+ */
+function clearNode(session: Session, seq: number, placeholder: string, trigger?: string): number {
+  const node = session.surface().node(seq)
+  if (!node || node.message.role !== 'tool')
+    throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
+  return replaceNode(session, node, 'compaction/clear',
+    { ...node.message, content: [{ type: 'text', text: placeholder }] }, trigger)
+}
+
+/** Logs `request/header` when model, base URL, envelope, budget or window changed; returns whether it did. */
+function logHeader(session: Session, header: RequestHeader): boolean {
+  const text = JSON.stringify(header) // also drops undefined fields, so equal headers compare equal
+  const last = session.measure().header
+  if (last && JSON.stringify(last) === text) return false
+  session.append('request/header', JSON.parse(text) as RequestHeader)
+  return true
+}
+
+/** The tool-call block of `callId` on the surface (name and raw arguments), if any. */
+function surfaceToolCall(session: Session, callId: string): ToolCallBlock | undefined {
+  const st = stateOf(session)
+  const entry = st.calls.get(callId)
+  const node = entry && st.bySeq.get(entry.callSeq)
+  return node ? toolCalls(node.message).find((c) => c.id === callId) : undefined
+}
+
+// ── 4.4 Parts over the log: the ladder's memory, cost and cache, recall index, pins ───────────────
+// Each part is fed by its session with every event it applies (Session.apply is the one place that
+// derives state; Session.append is the one writer of the log) and answers questions about it.
+
+/**
+ * The ladder's durable memory (docs/design.md §10 "Durable ladder state"), as `ladder/state` events
+ * log it: the calibration samples of the current model and the failed-compaction guard.
+ */
+class LadderState {
+  /** Heuristic tokens when a pressure compaction last failed; undefined when none is pending. */
+  failedAtTokens?: number
+  /** Calibration samples (provider, heuristic tokens), newest last, for the model `model`. */
+  private samples: { provider: number; heuristic: number }[] = []
+  private model?: string
+
+  /** A `request/header`: calibration is per model. */
+  header(model: string): void { if (model !== this.model) { this.model = model; this.samples = [] } }
+
+  /**
+   * Adds a calibration sample (docs/design.md §10); the newest 8 count. Ignores requests under
+   * {@link calibrationMinSampleTokens} of the window and implausible samples (a ratio outside
+   * [0.5, 4]: the count is of something else, e.g. a server configured with another window).
+   * Returns whether it was taken.
+   */
+  sample(provider: number, heuristic: number, contextWindow?: number): boolean {
+    if (!(heuristic >= calibrationMinSampleTokens(contextWindow)) || !plausibleRatio(provider, heuristic)) return false
+    this.samples.push({ provider, heuristic })
+    if (this.samples.length > CALIBRATION_SAMPLES) this.samples.shift()
+    return true
+  }
+
+  /** How many samples the ratio stands on. */
+  get count(): number { return this.samples.length }
+
+  /** Provider tokens per heuristic token (Σ provider ÷ Σ heuristic), clamped to [0.5, 4]; 1 without samples. */
+  ratio(): number {
+    if (this.samples.length === 0) return 1
+    let p = 0, h = 0
+    for (const s of this.samples) { p += s.provider; h += s.heuristic }
+    return Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], p / h))
+  }
+}
+
+/** How many recent surface edits keep their cache figures for {@link CostLedger.editCache}. */
 const RECENT_EDITS = 64
 
-/** Requests of one kind, model, price table and UTC minute of the week, added up (billed tokens). */
+/**
+ * Tokens and cost of a session's requests and its prompt-cache model (docs/design.md §11), kept as
+ * events arrive (O(1) per append, O(edit span) per replace) so that they survive resume.
+ * `cacheNodes` leading surface nodes were sent by the last conversation request and are unchanged
+ * since (-1: no request since the envelope or model changed); `cachePrefixTokens` is their price.
+ * Requests are folded into buckets by conversation/summary, model, price table and UTC minute of
+ * the week (what decides a peak window): bounded memory, exact (re-)pricing.
+ */
+class CostLedger {
+  private cacheNodes = -1
+  private cachePrefixTokens = 0
+  private envelopeKey = ''
+  private readonly edits = new Map<number, EditCache & { time: number }>()
+  private readonly buckets = new Map<string, RequestBucket>()
+  /** @internal */
+  constructor(private readonly session: Session, private readonly nodes: readonly SurfaceNode[]) {}
+
+  /** @internal A `request/header`: a new envelope or model caches nothing. */
+  header(h: RequestHeader): void {
+    const key = cacheKey(h.model, h)
+    if (key !== this.envelopeKey) { this.envelopeKey = key; this.cacheNodes = -1; this.cachePrefixTokens = 0 }
+  }
+
+  /** @internal One conversation request, answered by an appended assistant message (before it is on the surface). */
+  request(time: number, outputTokens: number, usage: Usage | undefined, header: RequestHeader | undefined,
+    surfaceTokens: number): void {
+    const { inputTokens, modelledHitTokens } = this.nextRequestCache()
+    this.add({ time, summary: false, model: header?.model ?? '', inputTokens, modelledHitTokens, outputTokens, usage,
+      prices: header?.prices })
+    this.cacheNodes = this.nodes.length // the request sent the whole surface before this message
+    this.cachePrefixTokens = surfaceTokens
+  }
+
+  /** @internal The summary requests of a `compaction/end`. */
+  summaries(time: number, requests: readonly SummaryRequestRecord[], header: RequestHeader | undefined): void {
+    for (const r of requests) {
+      const prices = r.prices ?? (r.model === header?.model ? header?.prices : undefined)
+      this.add({ time, summary: true, model: r.model, inputTokens: r.inputTokens, modelledHitTokens: r.modelledHitTokens,
+        outputTokens: r.outputTokens, usage: r.usage, prices })
+    }
+  }
+
+  /**
+   * @internal A replace of surface nodes `lo..hi` (read before the splice) by a node of `tokens`:
+   * everything from the edit point to the end of the cached prefix now misses.
+   */
+  replaced(event: SessionEvent, lo: number, hi: number, tokens: number, shadowedTokens: number): void {
+    let movedTokens = 0
+    if (lo < this.cacheNodes) {
+      let after = 0 // old tokens in [lo, cacheNodes)
+      for (let i = lo; i < this.cacheNodes; i++) after += this.nodes[i].tokens
+      let kept = 0 // old tokens in (hi, cacheNodes): unchanged, but no longer in the prefix
+      for (let i = hi + 1; i < this.cacheNodes; i++) kept += this.nodes[i].tokens
+      movedTokens = tokens + kept
+      this.cachePrefixTokens -= after
+      this.cacheNodes = lo
+    }
+    this.edits.set(event.seq, { seq: event.seq, movedTokens, savedTokens: shadowedTokens - tokens, time: event.time })
+    // asked right after the edit: keep the newest only
+    if (this.edits.size > RECENT_EDITS) this.edits.delete(this.edits.keys().next().value!)
+  }
+
+  /** Folds one request into its bucket. */
+  private add(r: RequestEntry): void {
+    const minuteOfWeek = Math.floor(r.time / 60_000) % (7 * 24 * 60)
+    const key = `${r.summary ? 1 : 0}\u0000${r.model}\u0000${r.prices ? JSON.stringify(r.prices) : ''}`
+      + `\u0000${minuteOfWeek}`
+    let b = this.buckets.get(key)
+    if (!b) {
+      this.buckets.set(key, b = { time: r.time, summary: r.summary, model: r.model, prices: r.prices,
+        requests: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, modelledHitTokens: 0,
+        reportedCacheRequests: 0 })
+    }
+    const billed = billedTokens(r)
+    b.requests++
+    b.cachedInputTokens += billed.cachedInputTokens
+    b.uncachedInputTokens += billed.uncachedInputTokens
+    b.outputTokens += billed.outputTokens
+    b.modelledHitTokens += r.modelledHitTokens
+    if (r.usage?.cachedTokens !== undefined) b.reportedCacheRequests++
+  }
+
+  /**
+   * The prompt-cache figures the next conversation request would have if it were sent now
+   * (docs/design.md §11), tokens by the meter: its heuristic input (envelope + surface) and the
+   * modelled hit — the envelope plus the leading surface messages the previous conversation
+   * request sent that no edit has touched since (0 after an envelope or model change, or before
+   * the first request). O(1). Derived from the log, so it survives resume.
+   */
+  nextRequestCache(): RequestCache {
+    const m = this.session.measure()
+    return {
+      inputTokens: m.envelopeTokens + m.surfaceTokens,
+      modelledHitTokens: this.cacheNodes < 0 ? 0 : m.envelopeTokens + this.cachePrefixTokens,
+    }
+  }
+
+  /**
+   * The modelled cache hit of a summary request (docs/design.md §11), tokens by the meter: compared
+   * with the conversation request before it, the envelope (same model and envelope only) plus the
+   * leading `messages` that are the very surface messages that request sent, unedited since. 0 for
+   * another model or envelope. O(messages compared).
+   */
+  summaryRequestHit(model: string, envelope: Envelope, messages: readonly Message[]): number {
+    const m = this.session.measure()
+    if (this.cacheNodes < 0 || cacheKey(model, { ...envelope, baseURL: m.header?.baseURL }) !== this.envelopeKey) {
+      return 0
+    }
+    let tokens = m.envelopeTokens
+    const n = Math.min(this.cacheNodes, messages.length)
+    for (let i = 0; i < n && messages[i] === this.nodes[i].message; i++) tokens += this.nodes[i].tokens
+    return tokens
+  }
+
+  /** The prompt-cache effect of the surface edit logged as event `seq` (a replace), if it was one. */
+  editCache(seq: number): EditCache | undefined {
+    const e = this.edits.get(seq)
+    return e && { seq: e.seq, movedTokens: e.movedTokens, savedTokens: e.savedTokens }
+  }
+
+  /**
+   * {@link CostLedger.editCache} priced with `prices` (default: the table of the current
+   * `request/header`) at the edit's time; undefined when `seq` was no surface edit.
+   */
+  editCost(seq: number, prices: Prices | undefined = this.session.measure().header?.prices): EditCost | undefined {
+    const e = this.edits.get(seq)
+    if (!e) return undefined
+    const cost: EditCost = { seq: e.seq, movedTokens: e.movedTokens, savedTokens: e.savedTokens }
+    if (prices) {
+      cost.cacheCostUSD = cacheCostUSD(prices, e.movedTokens, e.time)
+      const peak = isPeakTime(prices, e.time) ? prices.peak!.multiplier : 1
+      cost.savedUSDPerRequest = (e.savedTokens * prices.cacheHitInput * peak) / 1_000_000
+    }
+    return cost
+  }
+
+  /**
+   * Tokens and cost so far (docs/design.md §11), conversation and summary requests apart and
+   * together; O(buckets). Per request: input = the reported prompt tokens, else the meter's
+   * estimate; cached = the reported `cachedTokens` (the report wins), else the modelled hit (scaled
+   * by reported ÷ estimated input when only the prompt size was reported); output = the reported
+   * completion tokens, else the meter's price of the answer. Cost uses the price table logged with
+   * the request's `request/header` (the provider's `prices`), peak hours by the event's time;
+   * `options.prices` re-prices every request instead (a table, or a function of the model name). A
+   * request with no price makes `costUSD` undefined ("unknown"); tokens are still reported.
+   */
+  usage(options: { prices?: Prices | ((model: string) => Prices | undefined) } = {}): SessionUsage {
+    const tally = (): TokenTally => ({ requests: 0, inputTokens: 0, cachedInputTokens: 0, uncachedInputTokens: 0,
+      outputTokens: 0, costUSD: 0, unpricedRequests: 0 })
+    const conversation = tally(), summary = tally()
+    let modelledHitTokens = 0, reportedCacheRequests = 0
+    const override = options.prices
+    for (const b of this.buckets.values()) {
+      const t = b.summary ? summary : conversation
+      reportedCacheRequests += b.reportedCacheRequests
+      modelledHitTokens += b.modelledHitTokens
+      t.requests += b.requests
+      t.inputTokens += b.cachedInputTokens + b.uncachedInputTokens
+      t.cachedInputTokens += b.cachedInputTokens
+      t.uncachedInputTokens += b.uncachedInputTokens
+      t.outputTokens += b.outputTokens
+      const prices = override === undefined ? b.prices : typeof override === 'function' ? override(b.model) : override
+      if (prices) t.costUSD! += requestCostUSD(prices, b, b.time) // costs are linear in tokens: one call per bucket
+      else t.unpricedRequests += b.requests
+    }
+    for (const t of [conversation, summary]) if (t.unpricedRequests > 0) t.costUSD = undefined
+    const sum = (k: keyof TokenTally) => (conversation[k] as number) + (summary[k] as number)
+    const total: TokenTally = {
+      requests: sum('requests'), inputTokens: sum('inputTokens'), cachedInputTokens: sum('cachedInputTokens'),
+      uncachedInputTokens: sum('uncachedInputTokens'), outputTokens: sum('outputTokens'),
+      costUSD: conversation.costUSD === undefined || summary.costUSD === undefined ? undefined
+        : conversation.costUSD + summary.costUSD,
+      unpricedRequests: sum('unpricedRequests'),
+    }
+    const cacheHitShare = total.inputTokens > 0 ? total.cachedInputTokens / total.inputTokens : 0
+    return { ...total, conversation, summary, cacheHitShare, modelledHitTokens, reportedCacheRequests }
+  }
+}
+
+/**
+ * The originals the surface no longer shows as logged (docs/design.md §10 "Recall"), indexed as
+ * events arrive so that `recall` reads a few events instead of scanning the log.
+ */
+class RecallIndex {
+  /** Append seqs of the shadowed originals; sorted lazily. */
+  private readonly shadowed: number[] = []
+  private sorted = true
+  /** Seqs of spilled tool results (listed in `shadowed` when appended). */
+  private readonly spilledSeqs = new Set<number>()
+  /** Shadowed result seq → append seq of the assistant message holding its call. */
+  private readonly calls = new Map<number, number>()
+  /** callId → heuristic price (tokens) of its result as first logged. */
+  private readonly firstResultTokens = new Map<string, number>()
+  /** @internal */
+  constructor(private readonly session: Session, private readonly st: SessionState) {}
+
+  /** @internal The original at `seq` is no longer shown as logged; a result remembers its call. */
+  shadow(seq: number, message: Message): void {
+    if (this.shadowed.length > 0 && seq < this.shadowed[this.shadowed.length - 1]) this.sorted = false
+    this.shadowed.push(seq)
+    if (message.role !== 'tool') return
+    // The call's node key is the append seq of the assistant message as the model sent it.
+    const entry = this.st.calls.get(message.toolCallId)
+    const callKey = entry && this.st.bySeq.get(entry.callSeq)?.key
+    if (callKey !== undefined) this.calls.set(seq, callKey)
+  }
+  /** @internal A spilled tool result: the surface shows a preview of the original. */
+  spilled(seq: number, message: Message): void { this.spilledSeqs.add(seq); this.shadow(seq, message) }
+  /** @internal Whether the result at `seq` was spilled. */
+  isSpilled(seq: number): boolean { return this.spilledSeqs.has(seq) }
+  /** @internal The first result of `callId` was logged at this price. */
+  result(callId: string, tokens: number): void { this.firstResultTokens.set(callId, tokens) }
+
+  /**
+   * The seqs of the logged originals the surface no longer shows as logged, oldest first: appended
+   * messages since pruned, cleared or folded into a checkpoint, and spilled tool results (the
+   * surface shows a preview). What `recall` reads; read each with {@link Session.readEvent}. Kept
+   * as the events arrive, so no log scan (a sort after an out-of-order addition: O(k log k) for k
+   * originals). A live view: do not keep it across appends.
+   */
+  shadowedSeqs(): readonly number[] {
+    if (!this.sorted) { this.shadowed.sort((a, b) => a - b); this.sorted = true }
+    return this.shadowed
+  }
+  /**
+   * For a shadowed tool result (`resultSeq` one of {@link RecallIndex.shadowedSeqs}), the append seq
+   * of the assistant message that holds its call as the model sent it (arguments uncut), however far
+   * back, and even once that call is off the surface or its id reused; undefined otherwise.
+   */
+  shadowedCallSeq(resultSeq: number): number | undefined { return this.calls.get(resultSeq) }
+  /**
+   * The seq of the first logged result of tool call `callId` (before any prune or clear), while the
+   * call is on the surface; undefined otherwise.
+   */
+  resultOriginSeq(callId: string): number | undefined {
+    const entry = this.st.calls.get(callId)
+    return entry?.resultSeq === undefined ? undefined : this.st.bySeq.get(entry.resultSeq)?.key
+  }
+  /** Whether the log holds originals the surface no longer shows (a replace or a spill happened). */
+  get hasShadowedContent(): boolean { return this.session.replaceGeneration > 0 || this.spilledSeqs.size > 0 }
+  /**
+   * The heuristic price in tokens of the original of surface node `seq`: for a tool result, of the
+   * result as first logged (before any prune or clear); otherwise of the node itself.
+   */
+  originalTokens(seq: number): number {
+    const node = this.st.bySeq.get(seq)
+    if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
+    const first = node.message.role === 'tool' ? this.firstResultTokens.get(node.message.toolCallId) : undefined
+    return first ?? node.tokens
+  }
+}
+
+/**
+ * Pinned surface messages (docs/design.md §12): never pruned, cleared or summarised; region
+ * selection treats them like the current input. Logged (`surface/pin`, `surface/unpin`), so they
+ * survive resume, and priced against the window like any message.
+ */
+class Pins {
+  /** Seqs of pinned surface nodes, in the order they were pinned. */
+  private readonly pinned = new Set<number>()
+  /** @internal */
+  constructor(private readonly session: Session, private readonly st: SessionState) {}
+
+  /** @internal Checks a `surface/pin` or `surface/unpin` of `seq` (throws `SessionError('PIN')`). */
+  checkEvent(type: string, seq: unknown): void {
+    if (!Number.isInteger(seq) || !this.st.bySeq.has(seq as number)) {
+      throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
+    }
+    if ((type === 'surface/pin') === this.pinned.has(seq as number))
+      throw new SessionError('PIN', `${type}: seq ${seq} is ${this.pinned.has(seq as number) ? 'already' : 'not'} pinned`)
+  }
+  /** @internal How many messages are pinned. */
+  get count(): number { return this.pinned.size }
+  /** @internal Applies a checked pin or unpin. */
+  apply(type: string, seq: number): void { if (type === 'surface/pin') this.pinned.add(seq); else this.pinned.delete(seq) }
+
+  /** Whether the surface node `seq` is pinned. */
+  has(seq: number): boolean { return this.pinned.has(seq) }
+  /** Seqs of the pinned surface nodes, in the order they were pinned. */
+  seqs(): number[] { return [...this.pinned] }
+  /** What the pinned messages cost, in tokens (§2 heuristic); they count against the window like any message. */
+  tokens(): number {
+    let tokens = 0
+    for (const seq of this.pinned) tokens += this.st.bySeq.get(seq)!.tokens
+    return tokens
+  }
+
+  /**
+   * Throws `SessionError('PIN')` unless `extraTokens` more pinned tokens still fit: envelope +
+   * pinned messages + `extraTokens` (heuristic tokens, priced at the calibration) must stay within
+   * `limitTokens` (default: the compaction threshold, `floor(contextWindow × 0.8)`, of the window in
+   * the last `request/header`; no limit while the window is unknown). Pins are never compacted, so
+   * they must leave the ladder room.
+   */
+  checkFits(extraTokens: number, what: string, limitTokens?: number): void {
+    const m = this.session.measure()
+    const window = m.header?.contextWindow
+    const limit = limitTokens ?? (window === undefined ? Infinity
+      : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
+    const pinned = this.tokens() + extraTokens
+    // The limit is measured tokens of the window; the prices are heuristic tokens (docs/design.md §10).
+    const rate = m.calibration
+    const measured = Math.ceil((m.envelopeTokens + pinned) * rate)
+    if (measured <= limit) return
+    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} `
+      + `tokens, which with the ${m.envelopeTokens}-token envelope exceeds the ${limit}-token limit for `
+      + `pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}`
+      + `${rate === 1 ? '' : ` at × ${rate.toFixed(2)} calibration (${measured} tokens)`}; pinned messages are never `
+      + 'compacted, so unpin one (session.pins.unpin(seq), CLI /unpin) or pin a shorter message')
+  }
+
+  /**
+   * Pins surface node `seq` (logs `surface/pin {seq}`): from now on it is never pruned, cleared or
+   * summarised and stays verbatim in its position.
+   * @param options.limitTokens see {@link Pins.checkFits}.
+   * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit
+   *   (with the numbers).
+   */
+  pin(seq: number, options: { limitTokens?: number } = {}): void {
+    const node = this.st.bySeq.get(seq)
+    if (node && !this.pinned.has(seq)) this.checkFits(node.tokens, `seq ${seq}`, options.limitTokens)
+    this.session.append('surface/pin', { seq })
+  }
+
+  /** Removes a pin (logs `surface/unpin {seq}`). Throws `SessionError('PIN')` when `seq` is not pinned. */
+  unpin(seq: number): void { this.session.append('surface/unpin', { seq }) }
+}
+
 interface RequestBucket extends BilledTokens {
   /** Time of the bucket's first request (ms): its minute decides the peak window. */
   time: number
@@ -3002,7 +3131,7 @@ const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdCha
  */
 function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean, measureTokens = () => session.measure().totalTokens): number {
   const unseen = unseenResults(session)
-  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= minPrunableTokens(config) && !session.isPinned(n.seq)).map((n) => n.seq)
+  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= minPrunableTokens(config) && !session.pins.has(n.seq)).map((n) => n.seq)
   let reclaimed = 0
   for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
   if (includeNewest || measureTokens() >= thresholdTokens) {
@@ -3017,10 +3146,10 @@ function pruneSurface(session: Session, config: PruneConfig, trigger: string, th
  * tool-call arguments exceed the prune threshold (code points). Returns tokens reclaimed.
  */
 function pruneMessages(session: Session, config: PruneConfig, trigger: string): number {
-  const input = session.currentInput
-  const candidates = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && !isCheckpoint(n) && !session.isPinned(n.seq) && n.tokens >= minPrunableTokens(config)).map((n) => n.seq)
+  const input = stateOf(session).input
+  const candidates = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && !isCheckpoint(n) && !session.pins.has(n.seq) && n.tokens >= minPrunableTokens(config)).map((n) => n.seq)
   let reclaimed = 0
-  for (const seq of candidates) reclaimed += session.pruneMessage(seq, config, trigger)
+  for (const seq of candidates) reclaimed += pruneNode(session, seq, config, trigger)
   return reclaimed
 }
 
@@ -3064,11 +3193,11 @@ function clearCandidates(session: Session, protectedTokens: number, clearable: (
   const out: ClearCandidate[] = []
   for (const n of nodes) {
     const m = n.message
-    if (m.role !== 'tool' || keep.has(n.seq) || isCleared(m) || session.isPinned(n.seq)) continue
-    const call = session.toolCall(m.toolCallId)
+    if (m.role !== 'tool' || keep.has(n.seq) || isCleared(m) || session.pins.has(n.seq)) continue
+    const call = surfaceToolCall(session, m.toolCallId)
     const name = call?.name ?? 'tool'
     if (!clearable(name)) continue
-    const placeholder = clearedPlaceholder(name, call?.arguments ?? '', session.originalTokens(n.seq), m.toolCallId)
+    const placeholder = clearedPlaceholder(name, call?.arguments ?? '', session.recall.originalTokens(n.seq), m.toolCallId)
     const savedTokens = n.tokens - estimateMessageTokens({ ...m, content: [{ type: 'text', text: placeholder }] })
     if (savedTokens > 0) out.push({ seq: n.seq, placeholder, savedTokens })
   }
@@ -3139,8 +3268,9 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
 
 /** Seqs region selection keeps out of every summary: the session's pins and the current turn's input. */
 function keptOutOfSummary(session: Session): number[] {
-  const seqs = session.pinnedSeqs()
-  if (session.currentInput !== undefined) seqs.push(session.currentInput)
+  const seqs = session.pins.seqs()
+  const input = stateOf(session).input
+  if (input !== undefined) seqs.push(input)
   return seqs
 }
 
@@ -3276,7 +3406,7 @@ async function summarise(host: CompactionHost, messages: readonly Message[], sig
   const provider = host.summarizer
   const session = host.session
   let window = provider.contextWindow ?? host.contextWindow ?? Infinity
-  const sameModel = provider.model === (session.header?.model ?? provider.model)
+  const sameModel = provider.model === (session.measure().header?.model ?? provider.model)
   let rate = sameModel ? session.measure().calibration : 1
   const fullEnvelope = host.envelope
   const toolsTokens = fullEnvelope.tools?.length ? estimateEnvelopeTokens({ tools: fullEnvelope.tools }) : 0
@@ -3405,11 +3535,11 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
     async complete(request) {
       const envelope: Envelope = { system: request.system, tools: request.tools }
       const inputTokens = estimateRequestTokens(envelope, request.messages)
-      const modelledHitTokens = session.summaryRequestHit(base.model, envelope, request.messages)
+      const modelledHitTokens = session.cost.summaryRequestHit(base.model, envelope, request.messages)
       const response = await base.complete(request)
       const record: SummaryRequestRecord = { model: base.model, inputTokens, modelledHitTokens, outputTokens: estimateMessageTokens(response.message) }
       if (response.usage) record.usage = response.usage
-      if (base.prices && base.model !== session.header?.model) record.prices = base.prices
+      if (base.prices && base.model !== session.measure().header?.model) record.prices = base.prices
       records.push(record)
       return response
     },
@@ -3458,7 +3588,7 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     const checkpoint: UserMessage = { role: 'user', content: text }
     const checkpointTokens = estimateMessageTokens(checkpoint)
     if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace (the checkpoint counts its summary and its ledger)`)
-    if (session.replaceGeneration !== generation || !session.node(first) || !session.node(last)) throw new CompactionError('the surface changed during compaction')
+    if (session.replaceGeneration !== generation || !session.surface().node(first) || !session.surface().node(last)) throw new CompactionError('the surface changed during compaction')
     const fidelity = measureFidelity(fullLedger, text, result.summary)
     session.append('compaction/summary', {
       id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage,
@@ -3471,7 +3601,7 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     }
     return requests
   } catch (err) {
-    if (session.openCompaction !== id) throw err // committed: only the after hook can get here, and it is caught
+    if (stateOf(session).compaction !== id) throw err // committed: only the after hook can get here, and it is caught
     const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
     session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err), requests: records })
     throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
@@ -3498,7 +3628,7 @@ class Ladder {
 
   constructor(host: CompactionHost) {
     this.host = host
-    this.guard = host.session.loggedCompactionFailure
+    this.guard = stateOf(host.session).ladder.failedAtTokens
   }
 
   /** Heuristic tokens (envelope + surface) at the last failed pressure compaction; undefined when none is pending. */
@@ -3559,7 +3689,7 @@ class Ladder {
     let reclaimed = 0
     for (const c of candidates) {
       if (this.nextRequestTokens() <= target) break
-      reclaimed += session.clearToolResult(c.seq, c.placeholder, trigger)
+      reclaimed += clearNode(session, c.seq, c.placeholder, trigger)
     }
     return reclaimed
   }
@@ -3576,7 +3706,7 @@ class Ladder {
     const { outcome, done } = this.outcome('pressure')
     const threshold = this.threshold()
     if (threshold === undefined) return done('skipped', 'no context window')
-    if (session.openCompaction) return done('skipped', 'a compaction is already running')
+    if (stateOf(session).compaction) return done('skipped', 'a compaction is already running')
     if (outcome.tokensBefore < threshold) return done('none')
     if (signal?.aborted) return done('skipped', 'aborted')
     const below = () => this.nextRequestTokens() < threshold
@@ -3653,7 +3783,7 @@ class Ladder {
   async recoverOverflow(error: ProviderError | undefined, signal?: AbortSignal): Promise<CompactionOutcome> {
     const { session } = this.host
     const { outcome, done } = this.outcome('context-overflow')
-    if (session.openCompaction) return done('skipped', 'a compaction is already running')
+    if (stateOf(session).compaction) return done('skipped', 'a compaction is already running')
     if (signal?.aborted) return done('skipped', 'aborted')
     const counts = error ? overflowCounts(error.body || error.message) : {}
     const counted = counts.promptTokens !== undefined && counts.promptTokens > 0
@@ -3702,7 +3832,7 @@ class Ladder {
     const { outcome, done } = this.outcome('manual')
     const threshold = this.threshold()
     if (threshold === undefined) return done('skipped', 'no context window')
-    if (session.openCompaction) return done('skipped', 'a compaction is already running')
+    if (stateOf(session).compaction) return done('skipped', 'a compaction is already running')
     if (signal?.aborted) return done('skipped', 'aborted')
     outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'manual', threshold, false, () => this.nextRequestTokens())
     outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'manual')
@@ -3758,7 +3888,7 @@ function recallText(m: Message): string {
  * only when reached: recall costs what it reads, never a scan of the whole log.
  */
 async function* shadowedOriginals(session: Session): AsyncGenerator<ShadowedOriginal> {
-  const seqs = session.shadowedSeqs().slice()
+  const seqs = session.recall.shadowedSeqs().slice()
   for (let i = seqs.length - 1; i >= 0; i--) {
     const o = await shadowedOriginal(session, seqs[i])
     if (o) yield o
@@ -3791,7 +3921,7 @@ async function shadowedOriginal(session: Session, seq: number): Promise<Shadowed
  * session indexed for the shadowed result at `resultSeq` ({@link Session.shadowedCallSeq}): one event.
  */
 async function originalCall(session: Session, callId: string, resultSeq: number): Promise<ToolCallBlock | undefined> {
-  const callSeq = session.shadowedCallSeq(resultSeq)
+  const callSeq = session.recall.shadowedCallSeq(resultSeq)
   if (callSeq === undefined) return undefined
   const d = (await session.readEvent(callSeq)).data as { message?: Message }
   return d.message ? toolCalls(d.message).find((c) => c.id === callId) : undefined
@@ -3800,8 +3930,8 @@ async function originalCall(session: Session, callId: string, resultSeq: number)
 /** The original recall answers for `key` (a tool-call id or `seq:N`): by the session's index when it has it, else the newest shadowed original with that key. */
 async function recallByKey(session: Session, key: string): Promise<ShadowedOriginal | undefined> {
   const bySeq = /^seq:\d+$/.test(key)
-  const direct = bySeq ? Number(key.slice(4)) : session.resultOriginSeq(key)
-  if (direct !== undefined && binarySearch(session.shadowedSeqs(), direct, (seq) => seq) >= 0) { const o = await shadowedOriginal(session, direct); if (o?.key === key) return o }
+  const direct = bySeq ? Number(key.slice(4)) : session.recall.resultOriginSeq(key)
+  if (direct !== undefined && binarySearch(session.recall.shadowedSeqs(), direct, (seq) => seq) >= 0) { const o = await shadowedOriginal(session, direct); if (o?.key === key) return o }
   if (bySeq) return undefined
   for await (const o of shadowedOriginals(session)) if (o.key === key) return o
   return undefined
@@ -5674,7 +5804,7 @@ function withCallIds(message: AssistantMessage, seq: number, session: Session): 
   const seen = new Set<string>()
   const usable = (b: Block) => {
     const id = (b as ToolCallBlock).id
-    const ok = typeof id === 'string' && id !== '' && !seen.has(id) && !session.hasToolCall(id)
+    const ok = typeof id === 'string' && id !== '' && !seen.has(id) && !stateOf(session).calls.has(id)
     seen.add(id)
     return ok
   }
@@ -5801,7 +5931,7 @@ class Agent implements CompactionHost {
    * shadowed content and its spec is affordable ({@link RECALL_MAX_WINDOW_RATIO}).
    */
   private offeredTools(): readonly Tool[] {
-    return this.recall && this.session.hasShadowedContent && this.recallAffordable() ? [...this.tools, this.recall]
+    return this.recall && this.session.recall.hasShadowedContent && this.recallAffordable() ? [...this.tools, this.recall]
       : this.tools
   }
 
@@ -5925,7 +6055,7 @@ class Agent implements CompactionHost {
    */
   pin(seq: number): void {
     this.writeHeader() // the envelope the limit is checked with
-    this.session.pin(seq, { limitTokens: this.pinLimitTokens })
+    this.session.pins.pin(seq, { limitTokens: this.pinLimitTokens })
   }
 
   /**
@@ -5940,7 +6070,7 @@ class Agent implements CompactionHost {
     if (options.pin) {
       validateMessage(message, 'user')
       this.writeHeader()
-      this.session.checkPinFits(estimateMessageTokens(message), 'the input', this.pinLimitTokens)
+      this.session.pins.checkFits(estimateMessageTokens(message), 'the input', this.pinLimitTokens)
     }
     this.running = true
     const signal = options.signal ?? new AbortController().signal
@@ -5958,9 +6088,9 @@ class Agent implements CompactionHost {
     try {
       session.append('turn/start', { turn })
       const inputSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
-      if (options.pin) session.pin(inputSeq, { limitTokens: this.pinLimitTokens })
+      if (options.pin) session.pins.pin(inputSeq, { limitTokens: this.pinLimitTokens })
       this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
-      await session.flush() // the input is written at once and fsynced with the first step's boundary
+      await stateOf(session).flush() // the input is written at once and fsynced with the first step's boundary
       // Before the ladder: no rung edits the input or the caller's envelope, so a summary spent on a
       // request that cannot be sent anyway would only cost a model call and lose history.
       const tooBig = this.inputTooBig(message)
@@ -5994,8 +6124,8 @@ class Agent implements CompactionHost {
           inputTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
         }
         await this.runHooks('agent/request', { ...ctx, request })
-        await session.flush() // written, not fsynced: a crash mid-request still shows the step it was in
-        const cache = session.nextRequestCache()
+        await stateOf(session).flush() // written, not fsynced: a crash mid-request still shows the step it was in
+        const cache = session.cost.nextRequestCache()
         let response: ChatResponse
         try {
           response = await this.provider.complete(request)
@@ -6058,7 +6188,7 @@ class Agent implements CompactionHost {
         const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
         await this.runTools(calls, signal)
         const steered = this.drainSteering()
-        await session.flush() // written before the post-step ladder may call a model; fsynced once, below
+        await stateOf(session).flush() // written before the post-step ladder may call a model; fsynced once, below
         if (!signal.aborted) await this.unlessAborted(() => this.runHooks('agent/post-step', ctx), signal)
         session.append('step/end', { turn, step })
         // One fsync per step: at its boundary, together with the turn's end when this step ends it.
@@ -6113,7 +6243,7 @@ class Agent implements CompactionHost {
   /** Logs `request/header` when model, envelope, budget or window changed; returns the envelope. */
   private writeHeader(): Envelope {
     const envelope = this.envelope
-    this.session.setHeader({ model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system,
+    logHeader(this.session, { model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system,
       tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window, prices: this.provider.prices })
     return envelope
   }
@@ -6152,12 +6282,12 @@ class Agent implements CompactionHost {
       }
       session.append('tool/call', { callId: call.id, name: call.name })
       // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
-      await session.flush()
+      await stateOf(session).flush()
       let result: ToolResultMessage
       const offered = this.offeredTools()
       // recall is answered even when its spec is not offered: the placeholders name it.
       const tool = offered.find((t) => t.name === call.name)
-        ?? (call.name === RECALL_TOOL_NAME && this.session.hasShadowedContent ? this.recall : undefined)
+        ?? (call.name === RECALL_TOOL_NAME && this.session.recall.hasShadowedContent ? this.recall : undefined)
       if (!tool) {
         result = errorResult(call.id, `unknown tool ${JSON.stringify(call.name)}; available tools: `
           + `${offered.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
@@ -6185,11 +6315,11 @@ class Agent implements CompactionHost {
   }
 
   /** Tokens and cost of the session so far ({@link Session.usage}), priced with the provider's table as logged. */
-  usage(): SessionUsage { return this.session.usage() }
+  usage(): SessionUsage { return this.session.cost.usage() }
 
   /** The prompt-cache cost of the surface edit logged as event `seq`, at the provider's prices ({@link
    *  Session.editCost}). */
-  editCost(seq: number): EditCost | undefined { return this.session.editCost(seq, this.provider.prices) }
+  editCost(seq: number): EditCost | undefined { return this.session.cost.editCost(seq, this.provider.prices) }
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
   compact(signal?: AbortSignal): Promise<CompactionOutcome> { return this.ladder.compact(signal) }
@@ -6212,7 +6342,7 @@ class Agent implements CompactionHost {
  */
 export const internals = /* @__PURE__ */ Object.freeze({
   pumpSSE, selectRegion, summarise, summaryMaxTokens, recallTool, regionLedger, trimLedger, renderLedger,
-  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder,
+  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, logHeader, stateOf, clearNode,
 })
 
 // ═══════════════════════════════════════
@@ -8692,7 +8822,7 @@ export const REPLAY_PRICES: Readonly<Prices> = /* @__PURE__ */ Object.freeze({ c
 export function unmanagedSession(transcript: Transcript, beforeRequest?: (session: Session, step: number) => void): Session {
   const s = new Session()
   s.append('session/start', { id: `unmanaged-${transcript.format}`, version: VERSION })
-  s.setHeader({ model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', system: transcript.envelope.system, tools: transcript.envelope.tools })
+  logHeader(s, { model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', system: transcript.envelope.system, tools: transcript.envelope.tools })
   let step = 0
   // Call ids as the loop repairs them (missing or repeated ids renamed), results matched to the
   // recorded calls by position, as replayTranscript does.
@@ -8708,7 +8838,7 @@ export function unmanagedSession(transcript: Transcript, beforeRequest?: (sessio
       s.append('assistant/message', { message: sent, finishReason: 'replay', surfaceOp: { op: 'append' } })
     } else if (m.role === 'tool') {
       const id = idOf.get(m.toolCallId)?.shift() ?? m.toolCallId
-      if (s.hasToolCall(id) && s.openToolCalls().includes(id)) s.append('tool/result', { message: id === m.toolCallId ? m : { ...m, toolCallId: id }, surfaceOp: { op: 'append' } })
+      if (stateOf(s).calls.has(id) && [...stateOf(s).openCalls].includes(id)) s.append('tool/result', { message: id === m.toolCallId ? m : { ...m, toolCallId: id }, surfaceOp: { op: 'append' } })
     } else s.append('user/message', { message: m, surfaceOp: { op: 'append' } })
   }
   return s
@@ -9228,8 +9358,8 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     resultsOverPruneThreshold: transcript.messages.filter((m) => m.role === 'tool' && resultCodePoints(m, pruneThreshold) > pruneThreshold).length,
     ladderWarnings: warnings.length,
     cost: {
-      dsh: replayCost(session.usage({ prices })),
-      unmanaged: replayCost(unmanagedSession(transcript).usage({ prices })),
+      dsh: replayCost(session.cost.usage({ prices })),
+      unmanaged: replayCost(unmanagedSession(transcript).cost.usage({ prices })),
     },
     rungs,
     rungReclaimedTokens,
@@ -10122,7 +10252,7 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     if (ev.type.startsWith('compaction/') && Array.isArray(d.shadowedSeqs) && d.shadowedSeqs.length > 0) {
       if (pending) finishEdit()
       const subjects = (d.shadowedSeqs as number[]).map((seq) => {
-        const message = a?.session.node(seq)?.message
+        const message = a?.session.surface().node(seq)?.message
         const call = message?.role === 'tool' ? callOf(message.toolCallId) : undefined
         return call ? toolSubject(call.name, call.arguments) : `seq ${seq}`
       })
@@ -10131,7 +10261,7 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     }
     if (pending && d?.surfaceOp?.op === 'replace') {
       pending.replaced += d.surfaceOp.end - d.surfaceOp.start + 1
-      pending.tokensAfter += a?.session.node(ev.seq)?.tokens ?? 0
+      pending.tokensAfter += a?.session.surface().node(ev.seq)?.tokens ?? 0
       pending.replaceSeq = ev.seq
       if (pending.replaced >= pending.seqs) finishEdit()
       return
@@ -10142,7 +10272,7 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
         const message = d.message as ToolResultMessage
         const call = callOf(message.toolCallId)
         const outcome = toolOutcome(message)
-        const tokens = a?.session.node(ev.seq)?.tokens
+        const tokens = a?.session.surface().node(ev.seq)?.tokens
         const size = tokens === undefined ? '' : ` (${groupDigits(tokens)} tokens)`
         return say(`▸ ${call ? toolSubject(call.name, call.arguments) : `tool call ${message.toolCallId}`}${outcome ? ` → ${outcome}` : ''}${outcome && message.isError ? '' : size}`)
       }
@@ -10345,7 +10475,7 @@ export async function main(argv: readonly string[], proc?: NodeProcess): Promise
   const interactive = options.prompt === undefined && !!p.stdin.isTTY && !options.json
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
-    for await (const e of session.readEvents(session.openedAtSeq)) io.stdout(jsonLine(e))
+    for await (const e of session.readEvents(stateOf(session).openedAt)) io.stdout(jsonLine(e))
   } else {
     const resumed = await resumeLine(session, options.session!, Date.now())
     if (resumed) io.stderr(resumed + '\n')
@@ -10657,7 +10787,7 @@ export async function contextBreakdown(session: Session, contextWindow?: number)
   }
   const add = (p: ContextPart, tokens: number) => { p.tokens += tokens; p.messages++ }
   for (const n of session.surface()) {
-    if (session.isPinned(n.seq)) add(out.pinned, n.tokens)
+    if (session.pins.has(n.seq)) add(out.pinned, n.tokens)
     else if (isCheckpoint(n)) { add(out.checkpoints, n.tokens); out.newestCheckpoint = { seq: n.seq, tokens: n.tokens, text: messageText(n.message) } }
     else if (n.message.role === 'tool') {
       add(out.toolResults, n.tokens)
@@ -10725,15 +10855,15 @@ export async function fidelityCommand(agent: Agent, line: string, signal?: Abort
   if (command === '/pin') {
     const seq = lastInputSeq(session)
     if (seq === undefined) return '[dsh] /pin: nothing to pin yet: type an input first; /pin pins the last one\n'
-    if (session.isPinned(seq)) return `[dsh] /pin: your last input (seq ${seq}) is already pinned\n`
+    if (session.pins.has(seq)) return `[dsh] /pin: your last input (seq ${seq}) is already pinned\n`
     try { agent.pin(seq) } catch (err) { return `[dsh] /pin: ${(err as Error).message}\n` }
-    return `[dsh] pinned your last input (seq ${seq}, ${groupDigits(session.node(seq)!.tokens)} tokens): it is never pruned, cleared or summarised; pinned messages hold ${groupDigits(session.pinnedTokens())} tokens\n`
+    return `[dsh] pinned your last input (seq ${seq}, ${groupDigits(session.surface().node(seq)!.tokens)} tokens): it is never pruned, cleared or summarised; pinned messages hold ${groupDigits(session.pins.tokens())} tokens\n`
   }
   if (command === '/unpin') {
-    const seq = session.pinnedSeqs().at(-1)
+    const seq = session.pins.seqs().at(-1)
     if (seq === undefined) return '[dsh] /unpin: nothing is pinned\n'
-    session.unpin(seq)
-    return `[dsh] unpinned seq ${seq}; ${session.pinnedSeqs().length} pinned message(s) left\n`
+    session.pins.unpin(seq)
+    return `[dsh] unpinned seq ${seq}; ${session.pins.seqs().length} pinned message(s) left\n`
   }
   if (command === '/context') return formatContext(await contextBreakdown(session, agent.contextWindow), { recall: agent.tools.some((t) => t.name === 'recall') })
   return await compactCommand(agent, signal ?? new AbortController().signal, line.trim().slice(command.length).trim() || undefined) + '\n'
@@ -10855,7 +10985,7 @@ async function showCommand(options: CliShowOptions, io: CliIO, name = options.fi
     // Streamed and read-only: only the surface is kept in memory; old events are read back as shown.
     const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
     try { await fs.access(options.file) } catch (err) { io.stderr(`dsh: show: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
-    session = await Session.load(new FileStore(options.file, { readOnly: true }))
+    session = await Session.open(new FileStore(options.file, { readOnly: true }), { readOnly: true })
     const parsed = session
     if (parsed.torn) io.stderr(`dsh: show: ${name}: the last line (line ${parsed.torn.line}, ${parsed.torn.bytes} bytes) is incomplete (a crash, or a writer still running); shown without it\n`)
   } catch (err) {

@@ -359,13 +359,13 @@ describe('context-edit lines come from the log events, whatever the rung', () =>
     const r1 = session.append('tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: 'a'.repeat(4000) }] }, surfaceOp: op })
     const r2 = session.append('tool/result', { message: { role: 'tool', toolCallId: 'c2', content: [{ type: 'text', text: 'b'.repeat(2000) }] }, surfaceOp: op })
     out.length = 0
-    const before = session.node(r1.seq)!.tokens + session.node(r2.seq)!.tokens
+    const before = session.surface().node(r1.seq)!.tokens + session.surface().node(r2.seq)!.tokens
     session.append('compaction/clear', { shadowedSeqs: [r1.seq, r2.seq], shadowedTokenCount: before })
     const placeholder = (id: string) => ({ message: { role: 'tool' as const, toolCallId: id, content: [{ type: 'text' as const, text: `[cleared ${id}]` }] } })
     session.append('tool/result', { ...placeholder('c1'), surfaceOp: { op: 'replace', start: r1.seq, end: r1.seq } })
     assert.deepEqual(out, [], 'the line waits for every replace of the edit')
     const last = session.append('tool/result', { ...placeholder('c2'), surfaceOp: { op: 'replace', start: r2.seq, end: r2.seq } })
-    const after = session.node(last.seq)!.tokens + session.node(last.seq - 1)!.tokens
+    const after = session.surface().node(last.seq)!.tokens + session.surface().node(last.seq - 1)!.tokens
     assert.equal(before, 1008 + 508)
     assert.deepEqual(out, [`[dsh] cleared 2 tool results (read_file src/a.ts, grep TODO src): ${group(before)} → ${group(after)} tokens (${group(before - after)} saved) · note for seq ${last.seq}\n`])
   })

@@ -27,15 +27,17 @@ async function derive(lib: typeof dsh): Promise<Record<string, unknown>> {
     const appended: unknown[] = []
     for await (const e of session.readEvents(before)) appended.push({ type: e.type, data: e.data })
     const m = session.measure()
+    const old = session as any
     const out = {
       appended, seq: session.seq, replaceGeneration: session.replaceGeneration, turn: session.turn,
       measure: { totalTokens: m.totalTokens, envelopeTokens: m.envelopeTokens, surfaceTokens: m.surfaceTokens, anchored: m.anchored, calibration: m.calibration, calibrationSamples: m.calibrationSamples },
       surfaceSeqs: session.surface().map((n) => n.seq),
       messagesSha256: createHash('sha256').update(JSON.stringify(session.messages())).digest('hex'),
-      usage: session.usage(),
-      pinnedSeqs: session.pinnedSeqs(),
-      shadowedSeqs: [...session.shadowedSeqs()],
-      nextRequestCache: session.nextRequestCache(),
+      // e9ce0b5 had these on Session itself (RECORD_E9CE0B5 runs this function on that commit's code).
+      usage: (session.cost ?? old).usage(),
+      pinnedSeqs: typeof old.pinnedSeqs === 'function' ? old.pinnedSeqs() : session.pins.seqs(),
+      shadowedSeqs: [...(session.recall ?? old).shadowedSeqs()],
+      nextRequestCache: (session.cost ?? old).nextRequestCache(),
     }
     await store.close()
     return JSON.parse(JSON.stringify(out))

@@ -30,7 +30,7 @@ for (const [name, usage] of [
     const m = session.measure()
     assert.equal(m.anchored, false, JSON.stringify(m.anchor))
     assert.equal(m.totalTokens, m.heuristicTokens)
-    assert.ok(session.usage().outputTokens >= 0, `outputTokens ${session.usage().outputTokens}`)
+    assert.ok(session.cost.usage().outputTokens >= 0, `outputTokens ${session.cost.usage().outputTokens}`)
     const again = await Session.open(new FileStore(path))
     assert.equal(again.measure().totalTokens, m.totalTokens)
   })

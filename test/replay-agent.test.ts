@@ -7,8 +7,10 @@ import { spawnSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import {
   Agent, Session, MemoryStore, readTranscript, replayTranscript, runReplay, formatReplay, cliHelp,
-  type AgentEvent, type Message, type Provider, type ReplayFigure, type SessionEvent, type Tool,
+  type AgentEvent, type Message, type Provider, type ReplayFigure, type SessionEvent, type Tool, internals,
 } from '../dsh.ts'
+
+const { logHeader } = internals
 import { ScriptedProvider, call, say } from './scripted-provider.ts'
 import { skipWithoutShared, sharedPath } from './shared.ts'
 import { startFakeProvider } from './fake-provider.ts'
@@ -74,7 +76,7 @@ test('a turn the transcript ends while the loop would go on ends as cancelled; n
 
 test('a dsh log whose next turn starts after a step with tool calls: the loop ends the turn there, as the log did', async () => {
   const session = await Session.open(new MemoryStore(), { id: 'log' })
-  session.setHeader({ model: 'm', baseURL: 'b', contextWindow: 1_000 })
+  logHeader(session, { model: 'm', baseURL: 'b', contextWindow: 1_000 })
   const add = (type: string, data: object) => session.append(type, data as Record<string, unknown>)
   add('turn/start', { turn: 1 })
   add('user/message', { message: { role: 'user', content: 'go' }, surfaceOp: { op: 'append' } })

@@ -6,8 +6,10 @@ import assert from 'node:assert/strict'
 import {
   replayTranscript, runReplay, formatReplay, readTranscript, estimateRequestTokens, Session, MemoryStore,
   TranscriptError, PRUNE_MARKER, DEFAULT_REPLAY_SUMMARY_TOKENS,
-  type Message, type ReplayStep, type Transcript, type Provider, type ChatRequest,
+  type Message, type ReplayStep, type Transcript, type Provider, type ChatRequest, internals,
 } from '../dsh.ts'
+
+const { logHeader } = internals
 import { skipWithoutShared, readCorpus } from './shared.ts'
 
 const codePoints = (s: string): number => { let n = 0; for (const _ of s) n++; return n }
@@ -268,7 +270,7 @@ test('usage is never an anchor: a transcript reporting 900,000 prompt tokens rep
 
 test('a dsh log: surface events as written, turns from turn/start (steering opens none), window from the header', async () => {
   const session = await Session.open(new MemoryStore(), { id: 'log' })
-  session.setHeader({ model: 'm', baseURL: 'b', system: 'sys', contextWindow: 2_000 })
+  logHeader(session, { model: 'm', baseURL: 'b', system: 'sys', contextWindow: 2_000 })
   const add = (type: string, data: object) => session.append(type, data as Record<string, unknown>)
   add('turn/start', { turn: 1 })
   add('user/message', { message: { role: 'user', content: 'go' }, surfaceOp: { op: 'append' } })
