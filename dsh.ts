@@ -1956,7 +1956,8 @@ export class Session {
       if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
       // a pruned assistant message keeps its calls (checked)
       if (message.role === 'assistant' && toolCalls(message).length > 0) continue
-      for (const c of toolCalls(old.message)) { st.calls.delete(c.id); st.openCalls.delete(c.id); st.dispatched.delete(c.id) }
+      for (const c of toolCalls(old.message)) { st.calls.delete(c.id); st.openCalls.delete(c.id);
+        st.dispatched.delete(c.id) }
     }
     if (message.role === 'tool') st.calls.get(message.toolCallId)!.resultSeq = event.seq
     for (const c of toolCalls(message)) st.calls.get(c.id)!.callSeq = event.seq
@@ -2236,7 +2237,7 @@ function surfaceToolCall(session: Session, callId: string): ToolCallBlock | unde
   return node ? toolCalls(node.message).find((c) => c.id === callId) : undefined
 }
 
-// ── 4.4 Parts over the log: the ladder's memory, cost and cache, recall index, pins ───────────────
+// ── 4.4 Parts over the log: the ladder's memory, cost and cache, recall index, pins ─────────
 // Each part is fed by its session with every event it applies (Session.apply is the one place that
 // derives state; Session.append is the one writer of the log) and answers questions about it.
 
@@ -2319,7 +2320,8 @@ class CostLedger {
   summaries(time: number, requests: readonly SummaryRequestRecord[], header: RequestHeader | undefined): void {
     for (const r of requests) {
       const prices = r.prices ?? (r.model === header?.model ? header?.prices : undefined)
-      this.add({ time, summary: true, model: r.model, inputTokens: r.inputTokens, modelledHitTokens: r.modelledHitTokens,
+      this.add({ time, summary: true, model: r.model, inputTokens: r.inputTokens,
+        modelledHitTokens: r.modelledHitTokens,
         outputTokens: r.outputTokens, usage: r.usage, prices })
     }
   }
@@ -2551,12 +2553,14 @@ class Pins {
       throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
     }
     if ((type === 'surface/pin') === this.pinned.has(seq as number))
-      throw new SessionError('PIN', `${type}: seq ${seq} is ${this.pinned.has(seq as number) ? 'already' : 'not'} pinned`)
+      throw new SessionError('PIN', `${type}: seq ${seq} is `
+        + `${this.pinned.has(seq as number) ? 'already' : 'not'} pinned`)
   }
   /** @internal How many messages are pinned. */
   get count(): number { return this.pinned.size }
   /** @internal Applies a checked pin or unpin. */
-  apply(type: string, seq: number): void { if (type === 'surface/pin') this.pinned.add(seq); else this.pinned.delete(seq) }
+  apply(type: string, seq: number): void { if (type === 'surface/pin') this.pinned.add(seq);
+    else this.pinned.delete(seq) }
 
   /** Whether the surface node `seq` is pinned. */
   has(seq: number): boolean { return this.pinned.has(seq) }
@@ -5819,6 +5823,41 @@ function errorResult(callId: string, text: string, code: string): ToolResultMess
   return { role: 'tool', toolCallId: callId, content: [{ type: 'text', text }], isError: true, metadata: { code } }
 }
 
+/** One turn's progress, shared by {@link Agent.run} and its steps. */
+interface Turn {
+  readonly turn: number
+  step: number
+  readonly signal: AbortSignal
+  /** The last assistant message: the turn's answer. */
+  last?: AssistantMessage
+  /** Set once `turn/end` is logged. */
+  ended: boolean
+  /** The smallest request (tokens, by the meter) that overflowed and was recovered from in this turn. */
+  recoveredOverflowTokens?: number
+}
+
+/** What a step asks of the loop: the next step, or the end of the turn with a reason (and an error to throw). */
+type StepOutcome = typeof NEXT_STEP | { reason: string; error?: unknown }
+const NEXT_STEP = Symbol('next step')
+
+/** A failed provider call: the error as a ProviderError, the raw throw, the partial text output. */
+interface StepFailure { error: ProviderError; raw: unknown; partial?: AssistantMessage; inputTokens: number;
+  ctx: HookContext }
+
+function stepFailure(raw: unknown, inputTokens: number, ctx: HookContext): StepFailure {
+  const error = raw instanceof ProviderError ? raw
+    : new ProviderError('TRANSPORT', String((raw as Error)?.message ?? raw), { cause: raw })
+  const text = error.partial?.content.filter((b) => b.type === 'text' || b.type === 'reasoning') ?? []
+  const partial = text.length > 0 ? { role: 'assistant' as const, content: text, interrupted: true } : undefined
+  return { error, raw, partial, inputTokens, ctx }
+}
+
+/**
+ * What a failed step does next (docs/design.md §5, §7), in order: the first recovery that returns an
+ * outcome decides. Each is a method of {@link Agent}.
+ */
+const RECOVERIES = ['abortedStep', 'recoveredStep', 'retriedStream', 'failedTurn'] as const
+
 /** The part of a tool the model sees: name, description, parameters schema. */
 const toolSpec = (t: Tool): ToolSpec => ({ name: t.name, description: t.description, parameters: t.parameters })
 
@@ -5931,7 +5970,8 @@ class Agent implements CompactionHost {
    * shadowed content and its spec is affordable ({@link RECALL_MAX_WINDOW_RATIO}).
    */
   private offeredTools(): readonly Tool[] {
-    return this.recall && this.session.recall.hasShadowedContent && this.recallAffordable() ? [...this.tools, this.recall]
+    return this.recall && this.session.recall.hasShadowedContent && this.recallAffordable()
+      ? [...this.tools, this.recall]
       : this.tools
   }
 
@@ -6073,135 +6113,24 @@ class Agent implements CompactionHost {
       this.session.pins.checkFits(estimateMessageTokens(message), 'the input', this.pinLimitTokens)
     }
     this.running = true
-    const signal = options.signal ?? new AbortController().signal
     const session = this.session
-    const turn = session.turn.turn + 1
-    let step = 0
-    let last: AssistantMessage | undefined
-    const end = async (reason: string): Promise<TurnResult> => {
-      ended = true
-      session.append('turn/end', { turn, reason })
-      await session.sync()
-      return { turn, steps: step, reason, text: last ? contentText(last.content) : '', message: last }
-    }
-    let ended = false
+    const t: Turn = { turn: session.turn.turn + 1, step: 0, ended: false, signal: options.signal
+      ?? new AbortController().signal }
     try {
-      session.append('turn/start', { turn })
-      const inputSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
-      if (options.pin) session.pins.pin(inputSeq, { limitTokens: this.pinLimitTokens })
-      this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
-      await stateOf(session).flush() // the input is written at once and fsynced with the first step's boundary
-      // Before the ladder: no rung edits the input or the caller's envelope, so a summary spent on a
-      // request that cannot be sent anyway would only cost a model call and lose history.
-      const tooBig = this.inputTooBig(message)
-      if (tooBig) {
-        session.append('request/error', { code: tooBig.code, message: tooBig.message, trigger: 'input' })
-        await end('error')
-        throw tooBig
-      }
-      if (this.compaction.auto && !(await this.unlessAborted(() => this.ladder.relievePressure(signal), signal)))
-        return await end('aborted')
-      this.overflowRetries = 0
-      this.streamRetries = 0
-      // The smallest request (tokens, by the meter) that overflowed and was recovered from in this
-      // turn: a later overflow at that size or above means recovery makes no progress.
-      let recoveredOverflowTokens: number | undefined
-      for (;;) {
-        if (signal.aborted) return await end('aborted')
-        if (step >= this.maxSteps) return await end('max-steps')
-        step++
-        session.append('step/start', { turn, step })
-        const ctx: HookContext = { agent: this, turn, step, signal }
-        await this.runHooks('agent/pre-step', ctx)
-        this.drainSteering()
-        const envelope = this.writeHeader()
-        // Hooks may edit the request; they get copies, so the surface always matches the log.
-        const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
-        const inputTokens = session.measure().totalTokens
-        const request: ChatRequest = {
-          system: envelope.system, tools: envelope.tools, messages: editable ? structuredClone(session.messages())
-            : session.messages(), maxTokens: this.maxTokens,
-          inputTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
-        }
-        await this.runHooks('agent/request', { ...ctx, request })
-        await stateOf(session).flush() // written, not fsynced: a crash mid-request still shows the step it was in
-        const cache = session.cost.nextRequestCache()
-        let response: ChatResponse
-        try {
-          response = await this.provider.complete(request)
-        } catch (raw) {
-          const error = raw instanceof ProviderError ? raw
-            : new ProviderError('TRANSPORT', String((raw as Error)?.message ?? raw), { cause: raw })
-          const partial = error.partial && error.partial.content.some((b) => b.type === 'text'
-            || b.type === 'reasoning')
-            ? { role: 'assistant' as const, content: error.partial.content.filter((b) => b.type === 'text'
-              || b.type === 'reasoning'), interrupted: true } : undefined
-          if (signal.aborted || error.code === 'ABORTED') {
-            if (partial) session.append('assistant/message', { message: partial, finishReason: 'aborted',
-              surfaceOp: { op: 'append' } })
-            session.append('step/end', { turn, step })
-            return await end('aborted')
-          }
-          session.append('request/error', { code: error.code, status: error.status, message: error.message,
-            trigger: 'conversation' })
-          const generationBefore = session.replaceGeneration
-          const noProgress = error.code === 'CONTEXT_WINDOW_EXCEEDED' && recoveredOverflowTokens !== undefined
-            && inputTokens >= recoveredOverflowTokens
-          if (noProgress) {
-            this.warn(`context overflow again at ${inputTokens} tokens (dsh's estimate) after recovering from one at `
-              + `${recoveredOverflowTokens} tokens in this turn: recovery makes no progress, so the turn stops. `
-              + `The provider counts more tokens than dsh estimates: lower the compaction threshold or the context `
-              + `window (CLI: --threshold, --context-window)`)
-          }
-          const retry =
-            !noProgress && await this.unlessAborted(() => this.runHooks('agent/request-error',
-            { ...ctx, error }), signal)
-          if (signal.aborted) { session.append('step/end', { turn, step }); return await end('aborted') }
-          if (retry && session.replaceGeneration > generationBefore) {
-            if (error.code === 'CONTEXT_WINDOW_EXCEEDED') recoveredOverflowTokens = Math.min(recoveredOverflowTokens
-              ?? Infinity, inputTokens)
-            this.overflowRetries++
-            session.append('step/end', { turn, step })
-            session.append('recovery/retry', { generationBefore, generationAfter: session.replaceGeneration })
-            await session.sync()
-            continue
-          }
-          if (partial) session.append('assistant/message', { message: partial, finishReason: 'error',
-            surfaceOp: { op: 'append' } })
-          session.append('step/end', { turn, step })
-          // The adapter never retries once output was streamed (the caller saw it): the loop does,
-          // once, as a new step whose request carries the partial output as an interrupted message.
-          if (afterOutput.has(error) && RETRYABLE.has(error.code) && this.streamRetries < MAX_STREAM_RETRIES) {
-            this.streamRetries++
-            session.append('step/retry', { turn, step, code: error.code })
-            await session.sync()
-            continue
-          }
-          await end('error')
-          throw raw instanceof ProviderError ? raw : error
-        }
-        this.overflowRetries = 0
-        this.streamRetries = 0
-        last = withCallIds(this.boundToolCalls(response.message), session.seq, session)
-        session.append('assistant/message', { message: last, usage: response.usage,
-          finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
-        const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
-        await this.runTools(calls, signal)
-        const steered = this.drainSteering()
-        await stateOf(session).flush() // written before the post-step ladder may call a model; fsynced once, below
-        if (!signal.aborted) await this.unlessAborted(() => this.runHooks('agent/post-step', ctx), signal)
-        session.append('step/end', { turn, step })
-        // One fsync per step: at its boundary, together with the turn's end when this step ends it.
-        if (signal.aborted) return await end('aborted')
-        if (calls.length === 0 && !steered) return await end(response.finishReason === 'length' ? 'length' : 'stop')
-        await session.sync()
-      }
+      let outcome = await this.startTurn(t, message, options.pin === true)
+      while (outcome === NEXT_STEP) outcome = await this.step(t)
+      t.ended = true
+      session.append('turn/end', { turn: t.turn, reason: outcome.reason })
+      await session.sync()
+      if (outcome.error !== undefined) throw outcome.error
+      return { turn: t.turn, steps: t.step, reason: outcome.reason, text: t.last ? contentText(t.last.content) : '',
+        message: t.last }
     } catch (err) {
       // An unexpected failure (a store error, a bug): close what is open so the log stays balanced.
-      if (!ended && session.turn.open && session.turn.turn === turn) {
+      if (!t.ended && session.turn.open && session.turn.turn === t.turn) {
         try {
-          if (session.turn.stepOpen) session.append('step/end', { turn, step })
-          session.append('turn/end', { turn, reason: 'error' })
+          if (session.turn.stepOpen) session.append('step/end', { turn: t.turn, step: t.step })
+          session.append('turn/end', { turn: t.turn, reason: 'error' })
           await session.sync()
         } catch { /* the original error matters more */ }
       }
@@ -6209,6 +6138,151 @@ class Agent implements CompactionHost {
     } finally {
       this.running = false
     }
+  }
+
+  /**
+   * Logs the turn and its input (pinned when asked), then refuses an input that cannot fit and
+   * relieves pressure once (docs/design.md §5: at the start of a turn, after the input is durable).
+   */
+  private async startTurn(t: Turn, message: UserMessage, pin: boolean): Promise<StepOutcome> {
+    const session = this.session
+    session.append('turn/start', { turn: t.turn })
+    const inputSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
+    if (pin) session.pins.pin(inputSeq, { limitTokens: this.pinLimitTokens })
+    this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
+    await stateOf(session).flush() // the input is written at once and fsynced with the first step's boundary
+    // Before the ladder: no rung edits the input or the caller's envelope, so a summary spent on a
+    // request that cannot be sent anyway would only cost a model call and lose history.
+    const tooBig = this.inputTooBig(message)
+    if (tooBig) {
+      session.append('request/error', { code: tooBig.code, message: tooBig.message, trigger: 'input' })
+      return { reason: 'error', error: tooBig }
+    }
+    if (this.compaction.auto && !(await this.unlessAborted(() => this.ladder.relievePressure(t.signal), t.signal))) {
+      return { reason: 'aborted' }
+    }
+    this.overflowRetries = 0
+    this.streamRetries = 0
+    return NEXT_STEP
+  }
+
+  /** One step: a provider call and its tool calls; a failed call goes to the first {@link RECOVERIES} that applies. */
+  private async step(t: Turn): Promise<StepOutcome> {
+    const session = this.session
+    if (t.signal.aborted) return { reason: 'aborted' }
+    if (t.step >= this.maxSteps) return { reason: 'max-steps' }
+    t.step++
+    session.append('step/start', { turn: t.turn, step: t.step })
+    const ctx: HookContext = { agent: this, turn: t.turn, step: t.step, signal: t.signal }
+    await this.runHooks('agent/pre-step', ctx)
+    this.drainSteering()
+    const envelope = this.writeHeader()
+    // Hooks may edit the request; they get copies, so the surface always matches the log.
+    const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
+    const inputTokens = session.measure().totalTokens
+    const request: ChatRequest = {
+      system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, inputTokens, signal: t.signal,
+      messages: editable ? structuredClone(session.messages()) : session.messages(),
+      onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
+    }
+    await this.runHooks('agent/request', { ...ctx, request })
+    await stateOf(session).flush() // written, not fsynced: a crash mid-request still shows the step it was in
+    const cache = session.cost.nextRequestCache()
+    let response: ChatResponse
+    try { response = await this.provider.complete(request) } catch (raw) {
+      const failure = stepFailure(raw, inputTokens, ctx)
+      for (const recovery of RECOVERIES) {
+        const outcome = await this[recovery](t, failure)
+        if (outcome) return outcome
+      }
+      throw raw // unreachable: the last recovery always decides
+    }
+    return await this.answered(t, ctx, response, cache)
+  }
+
+  /** A step answered: the message (ids repaired), its tool calls run, steering, then the post-step ladder. */
+  private async answered(t: Turn, ctx: HookContext, response: ChatResponse, cache: RequestCache): Promise<StepOutcome> {
+    const session = this.session
+    this.overflowRetries = 0
+    this.streamRetries = 0
+    t.last = withCallIds(this.boundToolCalls(response.message), session.seq, session)
+    session.append('assistant/message', { message: t.last, usage: response.usage,
+      finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
+    const calls = t.last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+    await this.runTools(calls, t.signal)
+    const steered = this.drainSteering()
+    await stateOf(session).flush() // written before the post-step ladder may call a model; fsynced once, below
+    if (!t.signal.aborted) await this.unlessAborted(() => this.runHooks('agent/post-step', ctx), t.signal)
+    session.append('step/end', { turn: t.turn, step: t.step })
+    // One fsync per step: at its boundary, together with the turn's end when this step ends it.
+    if (t.signal.aborted) return { reason: 'aborted' }
+    if (calls.length === 0 && !steered) return { reason: response.finishReason === 'length' ? 'length' : 'stop' }
+    await session.sync()
+    return NEXT_STEP
+  }
+
+  /** Recovery 1: an aborted call keeps its partial output and ends the turn. */
+  private async abortedStep(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
+    if (!t.signal.aborted && f.error.code !== 'ABORTED') return undefined
+    if (f.partial) {
+      this.session.append('assistant/message', { message: f.partial, finishReason: 'aborted',
+        surfaceOp: { op: 'append' } })
+    }
+    this.session.append('step/end', { turn: t.turn, step: t.step })
+    return { reason: 'aborted' }
+  }
+
+  /**
+   * Recovery 2: the error is logged and the `agent/request-error` hooks run (the ladder's overflow
+   * recovery is one); when one asks to retry and the surface changed, the next step is the retry. A
+   * second overflow at or above the size of one already recovered from in this turn makes no progress.
+   */
+  private async recoveredStep(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
+    const { session } = this, { error, inputTokens } = f
+    session.append('request/error', { code: error.code, status: error.status, message: error.message,
+      trigger: 'conversation' })
+    const generationBefore = session.replaceGeneration
+    const overflow = error.code === 'CONTEXT_WINDOW_EXCEEDED'
+    const noProgress = overflow && t.recoveredOverflowTokens !== undefined && inputTokens >= t.recoveredOverflowTokens
+    if (noProgress) {
+      this.warn(`context overflow again at ${inputTokens} tokens (dsh's estimate) after recovering from one at `
+        + `${t.recoveredOverflowTokens} tokens in this turn: recovery makes no progress, so the turn stops. `
+        + `The provider counts more tokens than dsh estimates: lower the compaction threshold or the context `
+        + `window (CLI: --threshold, --context-window)`)
+    }
+    const retry = !noProgress
+      && await this.unlessAborted(() => this.runHooks('agent/request-error', { ...f.ctx, error }), t.signal)
+    if (t.signal.aborted) { session.append('step/end', { turn: t.turn, step: t.step }); return { reason: 'aborted' } }
+    if (!retry || session.replaceGeneration <= generationBefore) return undefined
+    if (overflow) t.recoveredOverflowTokens = Math.min(t.recoveredOverflowTokens ?? Infinity, inputTokens)
+    this.overflowRetries++
+    session.append('step/end', { turn: t.turn, step: t.step })
+    session.append('recovery/retry', { generationBefore, generationAfter: session.replaceGeneration })
+    await session.sync()
+    return NEXT_STEP
+  }
+
+  /**
+   * Recovery 3: the partial output is kept as an interrupted message; a stream that broke after
+   * output with a retryable error is retried once as a new step (the adapter never retries once
+   * output was streamed: the caller saw it), whose request carries the partial output.
+   */
+  private async retriedStream(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
+    const session = this.session, { error } = f
+    if (f.partial) session.append('assistant/message', { message: f.partial, finishReason: 'error',
+      surfaceOp: { op: 'append' } })
+    session.append('step/end', { turn: t.turn, step: t.step })
+    if (!afterOutput.has(error) || !RETRYABLE.has(error.code) || this.streamRetries >= MAX_STREAM_RETRIES)
+      return undefined
+    this.streamRetries++
+    session.append('step/retry', { turn: t.turn, step: t.step, code: error.code })
+    await session.sync()
+    return NEXT_STEP
+  }
+
+  /** Recovery 4: nothing helped; the turn ends with the provider's own error. */
+  private async failedTurn(_t: Turn, f: StepFailure): Promise<StepOutcome> {
+    return { reason: 'error', error: f.raw instanceof ProviderError ? f.raw : f.error }
   }
 
   /**
