@@ -5054,7 +5054,12 @@ function positiveInteger(fn: string, name: string, value: unknown, allowZero = f
   return value
 }
 
-function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string): AdapterConfig {
+/**
+ * Checks the options of {@link openAICompatible} / {@link deepseek} (`fn`): an object of known keys, an
+ * absolute http(s) `baseURL`, a `model`; returns the API key (from `apiKey`, else the variable named
+ * by `apiKeyEnv`, or `requireKeyFrom`). Throws TypeError naming the option and the fix.
+ */
+function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string): string | undefined {
   if (!isRecord(options))
     throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null' : typeof options}`)
   for (const key of Object.keys(options)) {
@@ -5063,8 +5068,10 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
   }
   const { baseURL, model } = options
   let url: URL
-  try { url = new URL(String(baseURL)) } catch { throw new TypeError(`${fn}: baseURL must be an absolute http(s) `
-    + `URL such as https://api.deepseek.com, got ${JSON.stringify(baseURL)}`) }
+  try { url = new URL(String(baseURL)) } catch {
+    throw new TypeError(`${fn}: baseURL must be an absolute http(s) URL such as https://api.deepseek.com, `
+      + `got ${JSON.stringify(baseURL)}`)
+  }
   if (url.protocol !== 'http:' && url.protocol !== 'https:')
     throw new TypeError(`${fn}: baseURL must use http or https, got ${JSON.stringify(baseURL)}`)
   if (typeof model !== 'string' || model.trim() === '')
@@ -5079,6 +5086,12 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
         + `runtime (Deno needs --allow-env=${envName}); set it or pass { apiKey }`)
     }
   }
+  return apiKey
+}
+
+function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string): AdapterConfig {
+  const apiKey = checkOptions(fn, options, requireKeyFrom)
+  const { baseURL, model } = options
   const known = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model] : undefined
   const thinking = options.thinking === undefined ? undefined : options.thinking === true
     || options.thinking === 'enabled' ? 'enabled' : options.thinking === false || options.thinking === 'disabled'
@@ -5328,32 +5341,54 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
 }
 
 /** Collects one streamed (or non-streamed) completion; emits deltas as they arrive. */
-function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void) {
-  let text = ''
-  let reasoning = ''
-  const calls: { id: string; name: string; arguments: string }[] = []
-  const slotOfIndex = new Map<number, number>()
-  let finishReason: string | undefined
-  let usage: Usage | undefined
-  let responseId: string | undefined
-  let streamed = false
-  let messageBytes = 0 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
+class ReplyAssembler {
+  private text = ''
+  private reasoning = ''
+  private readonly calls: { id: string; name: string; arguments: string }[] = []
+  private readonly slotOfIndex = new Map<number, number>()
+  private finishReason: string | undefined
+  private usage: Usage | undefined
+  private responseId: string | undefined
+  /** Whether any text, reasoning or tool-call delta arrived (the adapter never retries after one). */
+  streamed = false
+  private messageBytes = 0 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
+  constructor(private readonly cfg: AdapterConfig, private readonly emit: (event: StreamEvent) => void) {}
 
   /** RESPONSE_TOO_LARGE for a message past one of its caps (`why`); `partial()` keeps its text. */
-  const tooLarge = (why: string): ProviderError => providerError(cfg, 'RESPONSE_TOO_LARGE',
-    `the assistant message from ${cfg.endpoint} (model ${cfg.model}) ${why}; the stream was cancelled and the text `
-    + 'so far kept as an interrupted message (none of its tool calls runs).', { status: 200 })
+  private tooLarge(why: string): ProviderError {
+    const { cfg } = this
+    return providerError(cfg, 'RESPONSE_TOO_LARGE', `the assistant message from ${cfg.endpoint} (model ${cfg.model}) `
+      + `${why}; the stream was cancelled and the text so far kept as an interrupted message (none of its tool calls `
+      + 'runs).', { status: 200 })
+  }
 
   /** Counts a delta against maxMessageBytes before it is kept, so nothing past the cap is held. */
-  function admit(delta: string): void {
-    messageBytes += utf8Length(delta, cfg.maxMessageBytes)
-    if (messageBytes > cfg.maxMessageBytes) {
+  private admit(delta: string): void {
+    this.messageBytes += utf8Length(delta, this.cfg.maxMessageBytes)
+    if (this.messageBytes > this.cfg.maxMessageBytes) {
       const of = 'bytes of text, reasoning and tool-call ids, names and arguments'
-      throw tooLarge(`passed maxMessageBytes, ${cfg.maxMessageBytes} ${of}`)
+      throw this.tooLarge(`passed maxMessageBytes, ${this.cfg.maxMessageBytes} ${of}`)
     }
   }
 
-  function toolCallDelta(tc: unknown): void {
+  /** The slot of a tool-call delta: by `index`, else by id, else the last call; a new slot when none fits. */
+  private slotOf(wireIndex: number | undefined, id: string | undefined): number {
+    const calls = this.calls
+    let slot: number | undefined
+    if (wireIndex !== undefined) slot = this.slotOfIndex.get(wireIndex)
+    else if (id !== undefined) { const k = calls.findIndex((c) => c.id === id); slot = k >= 0 ? k : undefined }
+    else if (calls.length > 0) slot = calls.length - 1 // no index, no id: the continuation of the last call
+    // A different id on a known index starts a new call (servers that send every call as index 0).
+    if (slot !== undefined && id !== undefined && calls[slot].id !== '' && calls[slot].id !== id) slot = undefined
+    if (slot !== undefined) return slot
+    const max = MAX_TOOL_CALLS_PER_MESSAGE
+    if (calls.length >= max) throw this.tooLarge(`has more than ${max} tool calls, the most dsh takes in one message`)
+    calls.push({ id: '', name: '', arguments: '' })
+    if (wireIndex !== undefined) this.slotOfIndex.set(wireIndex, calls.length - 1)
+    return calls.length - 1
+  }
+
+  private toolCallDelta(tc: unknown): void {
     if (!isRecord(tc)) return
     const fn = isRecord(tc.function) ? tc.function : {}
     const id = typeof tc.id === 'string' && tc.id !== '' ? tc.id : undefined // Qwen sends "" after the first delta
@@ -5361,98 +5396,98 @@ function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void)
     const name = typeof fn.name === 'string' && fn.name !== '' ? fn.name : undefined
     const args = typeof fn.arguments === 'string' ? fn.arguments : isRecord(fn.arguments)
       ? JSON.stringify(fn.arguments) : ''
-    const wireIndex = typeof tc.index === 'number' ? tc.index : undefined
-    let slot: number | undefined
-    if (wireIndex !== undefined) slot = slotOfIndex.get(wireIndex)
-    else if (id !== undefined) { const k = calls.findIndex((c) => c.id === id); slot = k >= 0 ? k : undefined }
-    else if (calls.length > 0) slot = calls.length - 1 // no index, no id: the continuation of the last call
-    // A different id on a known index starts a new call (servers that send every call as index 0).
-    if (slot !== undefined && id !== undefined && calls[slot].id !== '' && calls[slot].id !== id) slot = undefined
-    if (slot === undefined) {
-      const max = MAX_TOOL_CALLS_PER_MESSAGE
-      if (calls.length >= max) throw tooLarge(`has more than ${max} tool calls, the most dsh takes in one message`)
-      slot = calls.length
-      calls.push({ id: '', name: '', arguments: '' })
-      if (wireIndex !== undefined) slotOfIndex.set(wireIndex, slot)
-    }
-    const call = calls[slot]
+    const slot = this.slotOf(typeof tc.index === 'number' ? tc.index : undefined, id)
+    const call = this.calls[slot]
     const newId = id !== undefined && call.id === '' ? id : undefined
     const newName = name !== undefined && call.name === '' ? name : undefined
-    for (const kept of [newId, newName, args]) if (kept) admit(kept)
+    for (const kept of [newId, newName, args]) if (kept) this.admit(kept)
     if (newId) call.id = newId
     if (newName) call.name = newName
     call.arguments += args
     if (newId || newName || args) {
-      streamed = true
-      emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}), ...(newName ? { name: newName }
-        : {}), argumentsDelta: args })
+      this.streamed = true
+      this.emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}),
+        ...(newName ? { name: newName } : {}), argumentsDelta: args })
     }
   }
 
-  return {
-    get streamed() { return streamed },
-    /** One chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. */
-    chunk(obj: unknown, requestId: string | undefined, dataText: string): void {
-      if (!isRecord(obj))
-        throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not a `
-          + `JSON object: ${dataText.slice(0, 200)}`, { body: dataText, requestId, status: 200 })
-      if (obj.error !== undefined && obj.error !== null) throw inStreamError(cfg, dataText, requestId)
-      if (responseId === undefined && typeof obj.id === 'string' && obj.id !== '') responseId = obj.id
-      const u = readUsage(obj.usage)
-      if (u) usage = u // running totals (SiliconFlow) or a final chunk: the last one wins
-      const choices: unknown[] = Array.isArray(obj.choices) ? obj.choices : []
-      for (const choice of choices) {
-        // n = 1 is requested
-        if (!isRecord(choice) || (typeof choice.index === 'number' && choice.index !== 0)) continue
-        const delta = isRecord(choice.delta) ? choice.delta : isRecord(choice.message) ? choice.message : undefined
-        if (delta) {
-          const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== ''
-            ? delta.reasoning_content
-            : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
-          if (r !== '') { admit(r); reasoning += r; streamed = true; emit({ type: 'reasoning-delta', text: r }) }
-          if (typeof delta.content === 'string' && delta.content !== '') { admit(delta.content); text += delta.content;
-            streamed = true; emit({ type: 'text-delta', text: delta.content }) }
-          if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) toolCallDelta(tc)
-        }
-        if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
-          finishReason = choice.finish_reason
-          if (finishReason === 'error')
-            throw providerError(cfg, 'SERVER', `stream from ${cfg.endpoint} ended with finish_reason "error".`,
-              { body: dataText, requestId, status: 200 })
+  /** One chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. */
+  chunk(obj: unknown, requestId: string | undefined, dataText: string): void {
+    const { cfg } = this
+    if (!isRecord(obj)) {
+      throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not a `
+        + `JSON object: ${dataText.slice(0, 200)}`, { body: dataText, requestId, status: 200 })
+    }
+    if (obj.error !== undefined && obj.error !== null) throw inStreamError(cfg, dataText, requestId)
+    if (this.responseId === undefined && typeof obj.id === 'string' && obj.id !== '') this.responseId = obj.id
+    const u = readUsage(obj.usage)
+    if (u) this.usage = u // running totals (SiliconFlow) or a final chunk: the last one wins
+    const choices: unknown[] = Array.isArray(obj.choices) ? obj.choices : []
+    for (const choice of choices) {
+      // n = 1 is requested
+      if (!isRecord(choice) || (typeof choice.index === 'number' && choice.index !== 0)) continue
+      const delta = isRecord(choice.delta) ? choice.delta : isRecord(choice.message) ? choice.message : undefined
+      if (delta) this.delta(delta)
+      if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
+        this.finishReason = choice.finish_reason
+        if (this.finishReason === 'error') {
+          throw providerError(cfg, 'SERVER', `stream from ${cfg.endpoint} ended with finish_reason "error".`,
+            { body: dataText, requestId, status: 200 })
         }
       }
-    },
-    partial(): AssistantMessage | undefined {
-      if (text === '' && reasoning === '') return undefined
-      const content: Block[] = []
-      if (reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
-      if (text !== '') content.push({ type: 'text', text })
-      return { role: 'assistant', content, interrupted: true }
-    },
-    finish(sawDone: boolean, requestId: string | undefined): ChatResponse {
-      if (!sawDone && finishReason === undefined) {
-        throw providerError(cfg, 'TRANSPORT', `stream from ${cfg.endpoint} ended without [DONE] and without a finish `
-          + `reason (model ${cfg.model}).`, { requestId, status: 200 })
-      }
-      if (!streamed && finishReason !== 'content_filter') {
-        throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} (model ${cfg.model}) finished without any text, `
-          + `reasoning or tool call.`, { requestId, status: 200 })
-      }
-      const content: Block[] = []
-      if (reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
-      if (text !== '') content.push({ type: 'text', text })
-      // The id as the server sent it ('' when it sent none): the Agent repairs missing and repeated
-      // ids in one place (withCallIds), where it knows the log's seq and the ids already used.
-      for (const c of calls) content.push({ type: 'tool-call', id: c.id, name: c.name, arguments: c.arguments })
-      const reason = finishReason ?? (calls.length > 0 ? 'tool_calls' : 'stop')
-      if (usage) emit({ type: 'usage', usage })
-      emit({ type: 'finish', finishReason: reason })
-      const response: ChatResponse = { message: { role: 'assistant', content }, finishReason: reason }
-      if (usage) response.usage = usage
-      const id = requestId ?? responseId
-      if (id !== undefined) response.requestId = id
-      return response
-    },
+    }
+  }
+
+  /** A choice's delta (or whole message): reasoning, text, tool calls. */
+  private delta(delta: Record<string, any>): void {
+    const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== ''
+      ? delta.reasoning_content
+      : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
+    if (r !== '') { this.admit(r); this.reasoning += r; this.streamed = true;
+      this.emit({ type: 'reasoning-delta', text: r }) }
+    const t = delta.content
+    if (typeof t === 'string' && t !== '') {
+      this.admit(t); this.text += t; this.streamed = true; this.emit({ type: 'text-delta', text: t })
+    }
+    if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) this.toolCallDelta(tc)
+  }
+
+  /** The text and reasoning so far as an interrupted message (tool calls dropped: their arguments may be cut). */
+  partial(): AssistantMessage | undefined {
+    if (this.text === '' && this.reasoning === '') return undefined
+    return { role: 'assistant', content: this.textBlocks(), interrupted: true }
+  }
+
+  private textBlocks(): Block[] {
+    const content: Block[] = []
+    if (this.reasoning !== '') content.push({ type: 'reasoning', text: this.reasoning })
+    if (this.text !== '') content.push({ type: 'text', text: this.text })
+    return content
+  }
+
+  /** The assembled answer; TRANSPORT for a stream that ended with no [DONE] nor finish reason, EMPTY_RESPONSE. */
+  finish(sawDone: boolean, requestId: string | undefined): ChatResponse {
+    const { cfg, usage } = this
+    if (!sawDone && this.finishReason === undefined) {
+      throw providerError(cfg, 'TRANSPORT', `stream from ${cfg.endpoint} ended without [DONE] and without a finish `
+        + `reason (model ${cfg.model}).`, { requestId, status: 200 })
+    }
+    if (!this.streamed && this.finishReason !== 'content_filter') {
+      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} (model ${cfg.model}) finished without any text, `
+        + `reasoning or tool call.`, { requestId, status: 200 })
+    }
+    const content = this.textBlocks()
+    // The id as the server sent it ('' when it sent none): the Agent repairs missing and repeated
+    // ids in one place (withCallIds), where it knows the log's seq and the ids already used.
+    for (const c of this.calls) content.push({ type: 'tool-call', id: c.id, name: c.name, arguments: c.arguments })
+    const reason = this.finishReason ?? (this.calls.length > 0 ? 'tool_calls' : 'stop')
+    if (usage) this.emit({ type: 'usage', usage })
+    this.emit({ type: 'finish', finishReason: reason })
+    const response: ChatResponse = { message: { role: 'assistant', content }, finishReason: reason }
+    if (usage) response.usage = usage
+    const id = requestId ?? this.responseId
+    if (id !== undefined) response.requestId = id
+    return response
   }
 }
 
@@ -5582,16 +5617,18 @@ async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit): P
   }
 }
 
+/** What one attempt learned that its error needs: the response's request id, and which timer ended it. */
+interface AttemptState { requestId?: string; timedOut: boolean; pastDeadline: boolean }
+
 async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>,
   deadlineAt?: number): Promise<ChatResponse> {
   const { signal, onEvent } = request
   const controller = new AbortController()
-  let timedOut = false
-  let pastDeadline = false
-  const deadline = deadlineAt === undefined ? undefined
-    : setTimeout(() => { pastDeadline = true;
-      controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms `
-      + `passed`)) }, Math.max(0, deadlineAt - Date.now()))
+  const st: AttemptState = { timedOut: false, pastDeadline: false }
+  const deadline = deadlineAt === undefined ? undefined : setTimeout(() => {
+    st.pastDeadline = true
+    controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`))
+  }, Math.max(0, deadlineAt - Date.now()))
   // One idle timer per request: progress only records the time; the timer, when it fires, aborts
   // if nothing came for idleTimeoutMs, else sleeps for the rest (re-arming per event cost ~12%).
   let timer: ReturnType<typeof setTimeout> | undefined
@@ -5600,7 +5637,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   const idleCheck = (): void => {
     const idleMs = Date.now() - lastProgressAt
     if (idleMs < cfg.idleTimeoutMs) { timer = setTimeout(idleCheck, cfg.idleTimeoutMs - idleMs); return }
-    timedOut = true
+    st.timedOut = true
     controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`))
   }
   const forwardAbort = (): void => controller.abort(signal?.reason)
@@ -5609,90 +5646,112 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     if (!onEvent) return
     try { onEvent(event) } catch (error) { throw new ListenerFailure(error) }
   }
-  const acc = createAssembler(cfg, emit)
-  let requestId: string | undefined
+  const acc = new ReplyAssembler(cfg, emit)
   timer = setTimeout(idleCheck, cfg.idleTimeoutMs)
   try {
     const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
-    requestId = requestIdOf(response.headers)
-    if (!response.ok) {
-      const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
-      const { code, info } = readErrorBody(response.status, text)
-      const cutNote = cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''
-      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model `
-        + `${cfg.model})${info?.message ? `: ${info.message}` : ''}${cutNote}.`, {
-        status: response.status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
-      })
-    }
-    if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
-      // The server ignored stream: true and sent one completion (or an error) as JSON.
-      const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
-      if (cut) throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a `
-        + `non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for `
-        + `stream: true).`, { status: response.status, requestId })
-      if (text.trim() === '')
-        throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
-          + `${cfg.model}).`, { status: response.status, requestId })
-      parseChunkData(cfg, text.trim(), requestId, (obj) => acc.chunk(obj, requestId, text))
-      return acc.finish(true, requestId)
-    }
-    if (!response.body)
-      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} without a body (model `
-        + `${cfg.model}).`, { status: response.status, requestId })
-    let sawDone = false
-    let sawData = false
-    let bytes = 0
-    await pumpSSE(bodyChunks(response.body, controller.signal), (event) => {
-      if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
-      if (event.event !== 'message') return
-      sawData = true
-      const data = event.data.trim()
-      if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
-      progress()
-      if (data === '[DONE]') { sawDone = true; return false }
-      parseChunkData(cfg, data, requestId, (obj) => acc.chunk(obj, requestId, data))
-    }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
-    const type = response.headers.get('content-type')
-    if (!sawData && bytes === 0 && type && !/event-stream/i.test(type)) {
-      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} with an empty ${type} `
-        + `body (model ${cfg.model}).`, { status: response.status, requestId })
-    }
-    if (!sawData && type && !/event-stream/i.test(type)) {
-      throw providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${response.status} with ${type}, `
-        + `not an event stream (model ${cfg.model}).`, { status: response.status, requestId })
-    }
-    return acc.finish(sawDone, requestId)
+    st.requestId = requestIdOf(response.headers)
+    return await readReply(cfg, response, acc, controller.signal, progress, st.requestId)
   } catch (e) {
     if (e instanceof ListenerFailure) throw e
-    const partial = acc.partial()
-    let error: ProviderError
-    if (signal?.aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`,
-      { requestId })
-    else if (pastDeadline) {
-      error = providerError(cfg, 'TIMEOUT', `the request deadline of ${cfg.requestTimeoutMs} ms (requestTimeoutMs) `
-        + `passed before ${cfg.endpoint} (model ${cfg.model}) finished; not retried.`, { requestId })
-      notRetried.add(error)
-    } else if (e instanceof ProviderError) error = e
-    else if (timedOut) error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) `
-      + `for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
-    else if (e instanceof SSEOverflowError) error = providerError(cfg, 'MALFORMED_RESPONSE',
-      `stream from ${cfg.endpoint}: ${e.message}.`, { requestId, status: 200, cause: e })
-    else {
-      // undici says only "fetch failed"; the reason (ECONNREFUSED, ENOTFOUND, …) is in its cause.
-      const reason = e instanceof Error ? e.message + (e.cause instanceof Error ? ` (${e.cause.message})`
-        : '') : String(e)
-      error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${reason}.`, { requestId, cause: e })
-    }
-    if (partial && !error.partial) error.partial = partial
-    if (acc.streamed) notRetried.add(error)
-    if (acc.streamed && !pastDeadline) afterOutput.add(error)
-    throw error
+    throw attemptError(cfg, e, acc, signal?.aborted === true, st)
   } finally {
     if (timer !== undefined) clearTimeout(timer)
     if (deadline !== undefined) clearTimeout(deadline)
     signal?.removeEventListener('abort', forwardAbort)
   }
+}
+
+/**
+ * Reads a response into the assembler: an error status as a classified error (its body capped), a
+ * non-streamed JSON completion (capped), or the event stream; `progress` marks data events.
+ */
+async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssembler, signal: AbortSignal,
+  progress: () => void, requestId: string | undefined): Promise<ChatResponse> {
+  const status = response.status
+  if (!response.ok) {
+    const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
+    const { code, info } = readErrorBody(status, text)
+    const cutNote = cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''
+    throw providerError(cfg, code, `HTTP ${status} from POST ${cfg.endpoint} (model `
+      + `${cfg.model})${info?.message ? `: ${info.message}` : ''}${cutNote}.`, {
+      status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
+    })
+  }
+  if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
+    // The server ignored stream: true and sent one completion (or an error) as JSON.
+    const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
+    if (cut) {
+      throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a `
+        + `non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for `
+        + `stream: true).`, { status, requestId })
+    }
+    if (text.trim() === '') {
+      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
+        + `${cfg.model}).`, { status, requestId })
+    }
+    parseChunkData(cfg, text.trim(), requestId, (obj) => acc.chunk(obj, requestId, text))
+    return acc.finish(true, requestId)
+  }
+  if (!response.body) {
+    throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} without a body (model `
+      + `${cfg.model}).`, { status, requestId })
+  }
+  let sawDone = false, sawData = false, bytes = 0
+  await pumpSSE(bodyChunks(response.body, signal), (event) => {
+    if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
+    if (event.event !== 'message') return
+    sawData = true
+    const data = event.data.trim()
+    if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
+    progress()
+    if (data === '[DONE]') { sawDone = true; return false }
+    parseChunkData(cfg, data, requestId, (obj) => acc.chunk(obj, requestId, data))
+  }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
+  const type = response.headers.get('content-type')
+  if (!sawData && type && !/event-stream/i.test(type)) {
+    throw bytes === 0
+      ? providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} with an empty ${type} `
+        + `body (model ${cfg.model}).`, { status, requestId })
+      : providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${status} with ${type}, `
+        + `not an event stream (model ${cfg.model}).`, { status, requestId })
+  }
+  return acc.finish(sawDone, requestId)
+}
+
+/**
+ * The ProviderError of a failed attempt: ABORTED (the caller), TIMEOUT past the deadline (never
+ * retried) or when idle, the classified error itself, MALFORMED_RESPONSE past the SSE buffer, else
+ * TRANSPORT. It carries the partial text; one raised after output is never retried by the adapter.
+ */
+function attemptError(cfg: AdapterConfig, e: unknown, acc: ReplyAssembler, aborted: boolean,
+  st: AttemptState): ProviderError {
+  const { requestId } = st
+  let error: ProviderError
+  if (aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`, { requestId })
+  else if (st.pastDeadline) {
+    error = providerError(cfg, 'TIMEOUT', `the request deadline of ${cfg.requestTimeoutMs} ms (requestTimeoutMs) `
+      + `passed before ${cfg.endpoint} (model ${cfg.model}) finished; not retried.`, { requestId })
+    notRetried.add(error)
+  } else if (e instanceof ProviderError) error = e
+  else if (st.timedOut) {
+    error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) `
+      + `for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
+  } else if (e instanceof SSEOverflowError) {
+    error = providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint}: ${e.message}.`,
+      { requestId, status: 200, cause: e })
+  } else {
+    // undici says only "fetch failed"; the reason (ECONNREFUSED, ENOTFOUND, …) is in its cause.
+    const reason = e instanceof Error ? e.message + (e.cause instanceof Error ? ` (${e.cause.message})`
+      : '') : String(e)
+    error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${reason}.`, { requestId, cause: e })
+  }
+  const partial = acc.partial()
+  if (partial && !error.partial) error.partial = partial
+  if (acc.streamed) notRetried.add(error)
+  if (acc.streamed && !st.pastDeadline) afterOutput.add(error)
+  return error
 }
 
 // ═══════════════════════════════════════
