@@ -4295,9 +4295,10 @@ class SSEParser {
       else if (text.startsWith('\u00ef\u00bb\u00bf')) i = 3
     }
     if (this.skipLF) { this.skipLF = false; if (text.charCodeAt(i) === 10) i++ }
-    if (this.discarding || this.pending.length > 0) i = this.endHeldLine(text, i)
+    const cr = text.indexOf('\r', i) // the one scan of the chunk for CR: most streams have none
+    if (this.discarding || this.pending.length > 0) i = this.endHeldLine(text, i, cr)
     if (i >= 0) {
-      const rest = text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
+      const rest = cr < 0 || cr < i && text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
       if (rest < text.length) this.hold(rest === 0 ? text : text.slice(rest))
     }
     if (this.pendingUnits + this.data.length > this.maxBufferSize) {
@@ -4306,9 +4307,12 @@ class SSEParser {
     }
   }
 
-  /** Ends the line held from earlier chunks at the first line end in `text`; -1 when `text` has none. */
-  private endHeldLine(text: string, i: number): number {
-    const lf = text.indexOf('\n', i), cr = text.indexOf('\r', i)
+  /**
+   * Ends the line held from earlier chunks at the first line end in `text` (`cr`: its first CR at or
+   * after `i`, or -1); returns where the rest begins, -1 when `text` has no line end.
+   */
+  private endHeldLine(text: string, i: number, cr: number): number {
+    const lf = text.indexOf('\n', i)
     let end = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
     if (end < 0) {
       if (!this.discarding && i < text.length) this.hold(i === 0 ? text : text.slice(i))
