@@ -4005,8 +4005,9 @@ function recallTool(session: Session): Tool {
   return {
     name: RECALL_TOOL_NAME,
     // Short on purpose: the spec rides in every request once something is shadowed.
-    description: 'Read back a tool result or message that was pruned, cleared or summarised. By key (tool-call id or seq:N, as a placeholder names it), '
-      + 'by tool (+ arguments: a substring of its arguments), or search all by pattern (plain text). Paged: offset, limit (lines or hits, from 1).',
+    description: 'Read back a tool result or message that was pruned, cleared or summarised. By key (tool-call id or '
+      + 'seq:N, as a placeholder names it), by tool (+ arguments: a substring of its arguments), or search all by '
+      + 'pattern (plain text). Paged: offset, limit (lines or hits, from 1).',
     parameters: {
       type: 'object',
       properties: {
@@ -4016,54 +4017,91 @@ function recallTool(session: Session): Tool {
       additionalProperties: false,
     },
     async execute(raw: unknown) {
-      if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new Error(`${RECALL_TOOL_NAME}: arguments must be a JSON object such as {"key":"call_1"}`)
+      if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
+        throw new Error(`${RECALL_TOOL_NAME}: arguments must be a JSON object such as {"key":"call_1"}`)
+      }
       const args = raw as Record<string, unknown>
-      for (const k of Object.keys(args)) if (!RECALL_KEYS.includes(k)) throw new Error(`${RECALL_TOOL_NAME}: unknown argument ${echo(k)} (known: ${RECALL_KEYS.join(', ')})`)
-      for (const k of ['key', 'tool', 'arguments', 'pattern']) if (args[k] !== undefined && typeof args[k] !== 'string') throw new Error(`${RECALL_TOOL_NAME}: ${k} must be a string`)
+      for (const k of Object.keys(args)) {
+        if (!RECALL_KEYS.includes(k))
+          throw new Error(`${RECALL_TOOL_NAME}: unknown argument ${echo(k)} (known: ${RECALL_KEYS.join(', ')})`)
+      }
+      for (const k of ['key', 'tool', 'arguments', 'pattern']) {
+        if (args[k] !== undefined && typeof args[k] !== 'string')
+          throw new Error(`${RECALL_TOOL_NAME}: ${k} must be a string`)
+      }
       const offset = recallInt(args, 'offset', 1)
       const limit = recallInt(args, 'limit', RECALL_DEFAULT_LINES)
-      if (typeof args.pattern === 'string') {
-        const needle = args.pattern.toLowerCase()
-        if (needle === '') throw new Error(`${RECALL_TOOL_NAME}: pattern must not be empty`)
-        const hits: string[] = []
-        let searched = 0
-        for await (const o of shadowedOriginals(session)) {
-          if (o.toolName === RECALL_TOOL_NAME) continue // a recall answer repeats other originals: searching it would find each hit twice
-          searched++
-          recallLines(await o.text()).forEach((line, i) => { if (line.toLowerCase().includes(needle)) hits.push(`${o.key} line ${i + 1} (${o.label}): ${headCodePoints(line.trim(), RECALL_HIT_CODE_POINTS)}`) })
-        }
-        if (hits.length === 0) return `${RECALL_TOOL_NAME}: no shadowed original contains ${echo(args.pattern)} (${searched} searched)`
-        if (offset > hits.length) throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the last hit (${hits.length})`)
-        const header = headCodePoints(`${hits.length} hit(s) for ${JSON.stringify(args.pattern)}, newest first; read one with {"key":…,"offset":line}:`, 400)
-        const page = pageOf(hits, offset - 1, limit, codePointLength(header) + 1)
-        const more = page.to < hits.length ? `\n[hits ${offset}–${page.to} of ${hits.length}; more: ${RECALL_TOOL_NAME} ${JSON.stringify({ pattern: args.pattern, offset: page.to + 1 })}]` : ''
-        return `${header}\n${page.text}${more}`
-      }
-      let found: ShadowedOriginal | undefined
-      let others: string[] = []
-      if (typeof args.key === 'string') {
-        found = await recallByKey(session, args.key)
-        if (!found) throw new Error(`${RECALL_TOOL_NAME}: nothing shadowed has key ${echo(args.key)}; keys are tool-call ids or seq:N as placeholders name them (search with pattern)`)
-      } else if (typeof args.tool === 'string') {
-        const sub = typeof args.arguments === 'string' ? args.arguments : ''
-        const matches: ShadowedOriginal[] = [] // the newest, then up to 5 older ones to name
-        for await (const o of shadowedOriginals(session)) {
-          if (o.toolName === args.tool && (o.toolArguments ?? '').includes(sub) && matches.push(o) >= 6) break
-        }
-        if (matches.length === 0) throw new Error(`${RECALL_TOOL_NAME}: no shadowed result of tool ${echo(args.tool)}${sub ? ` with arguments containing ${echo(sub)}` : ''}`)
-        found = matches[0]
-        others = matches.slice(1, 6).map((o) => o.key)
-      } else throw new Error(`${RECALL_TOOL_NAME}: pass key, tool or pattern, e.g. {"key":"call_1"} or {"pattern":"TypeError"}`)
-      const lines = recallLines(await found.text())
-      if (offset > lines.length) throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the end of ${found.key} (${lines.length} lines)`)
-      const head = (to: number) => `${found!.key} (${found!.label}), lines ${offset}–${to} of ${lines.length}:`
-      const page = pageOf(lines, offset - 1, limit, codePointLength(head(lines.length)) + 1)
-      const notes: string[] = []
-      if (page.to < lines.length) notes.push(`more: ${RECALL_TOOL_NAME} ${JSON.stringify({ key: found.key, offset: page.to + 1 })}`)
-      if (others.length) notes.push(`older results of ${args.tool}: ${others.join(', ')}`)
-      return `${head(page.to)}\n${page.text}${notes.length ? `\n[${notes.join('; ')}]` : ''}`
+      if (typeof args.pattern === 'string') return await recallSearch(session, args.pattern, offset, limit)
+      return await recallRead(session, args, offset, limit)
     },
   }
+}
+
+/** recall `{pattern}`: one line per hit over every shadowed original, newest first, paged by hits. */
+async function recallSearch(session: Session, pattern: string, offset: number, limit: number): Promise<string> {
+  const needle = pattern.toLowerCase()
+  if (needle === '') throw new Error(`${RECALL_TOOL_NAME}: pattern must not be empty`)
+  const hits: string[] = []
+  let searched = 0
+  for await (const o of shadowedOriginals(session)) {
+    // A recall answer repeats other originals: searching it would find each hit twice.
+    if (o.toolName === RECALL_TOOL_NAME) continue
+    searched++
+    recallLines(await o.text()).forEach((line, i) => {
+      if (line.toLowerCase().includes(needle)) {
+        hits.push(`${o.key} line ${i + 1} (${o.label}): ${headCodePoints(line.trim(), RECALL_HIT_CODE_POINTS)}`)
+      }
+    })
+  }
+  if (hits.length === 0)
+    return `${RECALL_TOOL_NAME}: no shadowed original contains ${echo(pattern)} (${searched} searched)`
+  if (offset > hits.length)
+    throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the last hit (${hits.length})`)
+  const header = headCodePoints(`${hits.length} hit(s) for ${JSON.stringify(pattern)}, newest first; read one with `
+    + '{"key":…,"offset":line}:', 400)
+  const page = pageOf(hits, offset - 1, limit, codePointLength(header) + 1)
+  const next = JSON.stringify({ pattern, offset: page.to + 1 })
+  const more = page.to < hits.length ? `\n[hits ${offset}–${page.to} of ${hits.length}; more: ${RECALL_TOOL_NAME} `
+    + `${next}]` : ''
+  return `${header}\n${page.text}${more}`
+}
+
+/** recall `{key}` or `{tool, arguments?}`: one original, paged by lines (older results of the tool named). */
+async function recallRead(session: Session, args: Record<string, unknown>, offset: number,
+  limit: number): Promise<string> {
+  let found: ShadowedOriginal | undefined
+  let others: string[] = []
+  if (typeof args.key === 'string') {
+    found = await recallByKey(session, args.key)
+    if (!found) {
+      throw new Error(`${RECALL_TOOL_NAME}: nothing shadowed has key ${echo(args.key)}; keys are tool-call ids or `
+        + 'seq:N as placeholders name them (search with pattern)')
+    }
+  } else if (typeof args.tool === 'string') {
+    const sub = typeof args.arguments === 'string' ? args.arguments : ''
+    const matches: ShadowedOriginal[] = [] // the newest, then up to 5 older ones to name
+    for await (const o of shadowedOriginals(session)) {
+      if (o.toolName === args.tool && (o.toolArguments ?? '').includes(sub) && matches.push(o) >= 6) break
+    }
+    if (matches.length === 0) {
+      throw new Error(`${RECALL_TOOL_NAME}: no shadowed result of tool ${echo(args.tool)}`
+        + `${sub ? ` with arguments containing ${echo(sub)}` : ''}`)
+    }
+    found = matches[0]
+    others = matches.slice(1, 6).map((o) => o.key)
+  } else throw new Error(`${RECALL_TOOL_NAME}: pass key, tool or pattern, e.g. {"key":"call_1"} or `
+    + `{"pattern":"TypeError"}`)
+  const lines = recallLines(await found.text())
+  if (offset > lines.length) {
+    throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the end of ${found.key} (${lines.length} lines)`)
+  }
+  const head = (to: number) => `${found!.key} (${found!.label}), lines ${offset}–${to} of ${lines.length}:`
+  const page = pageOf(lines, offset - 1, limit, codePointLength(head(lines.length)) + 1)
+  const notes: string[] = []
+  if (page.to < lines.length) notes.push(`more: ${RECALL_TOOL_NAME} `
+    + `${JSON.stringify({ key: found.key, offset: page.to + 1 })}`)
+  if (others.length) notes.push(`older results of ${args.tool}: ${others.join(', ')}`)
+  return `${head(page.to)}\n${page.text}${notes.length ? `\n[${notes.join('; ')}]` : ''}`
 }
 
 /** UTF-8 byte length of `text`, counting only up to `limit + 1` (O(min(length, limit))). */
