@@ -4378,7 +4378,9 @@ class SSEParser {
   private linesLF(text: string, pos: number): number {
     for (let lf = text.indexOf('\n', pos); lf >= 0; lf = text.indexOf('\n', pos)) {
       if (lf === pos) { this.dispatch(); pos++; continue }
-      if (text.charCodeAt(pos) === 100 && text.charCodeAt(pos + 4) === 58 && text.startsWith('data', pos)) {
+      // `data:`, compared by char code: startsWith is a slower builtin call, more so on two-byte text.
+      if (text.charCodeAt(pos) === 100 && text.charCodeAt(pos + 4) === 58 && text.charCodeAt(pos + 1) === 97
+        && text.charCodeAt(pos + 2) === 116 && text.charCodeAt(pos + 3) === 97) {
         const value = text.slice(text.charCodeAt(pos + 5) === 32 ? pos + 6 : pos + 5, lf)
         if (this.dataLines === 0 && text.charCodeAt(lf + 1) === 10) { this.emit(value); pos = lf + 2; continue }
         this.data = this.dataLines++ === 0 ? value : `${this.data}\n${value}`
