@@ -3127,34 +3127,87 @@ function unseenResults(session: Session): Set<number> {
 /** Smallest heuristic price of a message holding more than `thresholdChars` code points (≥ that many UTF-16 units). */
 const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdChars / UNITS_PER_TOKEN)
 
+// ── 5.2 The rungs as planning (docs/design.md §14) ─────────────────────────────────
+// A rung is a function from the ladder's view of the session to the edits it would log; the
+// ladder's `apply` is the one place that logs them, through the session (the one writer).
+
+/** One edit a rung would log: prune the message at `seq`, or clear the tool result at `seq` to `placeholder`. */
+type LadderOp = { op: 'prune'; seq: number } | { op: 'clear'; seq: number; placeholder: string }
+
+/**
+ * A batch of a rung's edits, applied in order. With `onlyIfAtLeast` the batch is skipped when the
+ * next request is below that size by then; `stopAtOrBelow` stops it once the next request is that small.
+ */
+interface LadderBatch { ops: LadderOp[]; onlyIfAtLeast?: number; stopAtOrBelow?: number }
+
+/** What a rung reads: the session, the configuration, the window and the size of the next request. */
+interface LadderView {
+  readonly session: Session
+  readonly prune: PruneConfig
+  readonly compaction: CompactionConfig
+  /** Context window, tokens; undefined when unknown. */
+  readonly window?: number
+  /** The threshold of this ladder run, tokens. */
+  readonly threshold: number
+  /** Under overflow the newest step's results are pruned with the rest, unconditionally. */
+  readonly includeNewest: boolean
+  /** Whether results of the tool `name` may be cleared. */
+  clearable(name: string): boolean
+  /** The size of the next request, tokens (the envelope it will carry included). */
+  nextRequestTokens(): number
+}
+
+/** A rung: the batches of edits it would log for the view as it is now. */
+type Rung = (view: LadderView) => LadderBatch[]
+
 /**
  * Prunes tool results over the threshold (docs/design.md §3 recency rule): first those the model has
- * seen; the newest step's results only when `includeNewest` or when pruning the older ones did not
- * bring the total (`measureTokens()`, by default the session's measured total) under
- * `thresholdTokens`. Returns tokens reclaimed.
+ * seen; the newest step's results only under overflow, or when pruning the older ones did not bring
+ * the next request under the threshold.
  */
-function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean, measureTokens = () => session.measure().totalTokens): number {
+const pruneResultsRung: Rung = (v) => {
+  const { session } = v
   const unseen = unseenResults(session)
-  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= minPrunableTokens(config) && !session.pins.has(n.seq)).map((n) => n.seq)
-  let reclaimed = 0
-  for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
-  if (includeNewest || measureTokens() >= thresholdTokens) {
-    for (const seq of candidates) if (unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
-  }
-  return reclaimed
+  const seqs = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= minPrunableTokens(v.prune)
+    && !session.pins.has(n.seq)).map((n) => n.seq)
+  const prune = (seq: number): LadderOp => ({ op: 'prune', seq })
+  return [
+    { ops: seqs.filter((seq) => !unseen.has(seq)).map(prune) },
+    { ops: seqs.filter((seq) => unseen.has(seq)).map(prune), onlyIfAtLeast: v.includeNewest ? undefined : v.threshold },
+  ]
 }
 
 /**
  * Prunes oversized non-tool messages (docs/design.md §10): every assistant message and every user
- * message except the current turn's input, pinned messages and summary checkpoints whose text, reasoning or
- * tool-call arguments exceed the prune threshold (code points). Returns tokens reclaimed.
+ * message except the current turn's input, pinned messages and summary checkpoints whose text,
+ * reasoning or tool-call arguments exceed the prune threshold (code points).
  */
-function pruneMessages(session: Session, config: PruneConfig, trigger: string): number {
+const pruneMessagesRung: Rung = (v) => {
+  const { session } = v
   const input = stateOf(session).input
-  const candidates = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && !isCheckpoint(n) && !session.pins.has(n.seq) && n.tokens >= minPrunableTokens(config)).map((n) => n.seq)
-  let reclaimed = 0
-  for (const seq of candidates) reclaimed += pruneNode(session, seq, config, trigger)
-  return reclaimed
+  const seqs = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && !isCheckpoint(n)
+    && !session.pins.has(n.seq) && n.tokens >= minPrunableTokens(v.prune)).map((n) => n.seq)
+  return [{ ops: seqs.map((seq): LadderOp => ({ op: 'prune', seq })) }]
+}
+
+/**
+ * The clear rung (docs/design.md §10): the oldest clearable tool results outside the protected recent
+ * budget become placeholders, in one batch, down to `floor(window × reliefRatio)` tokens. Unless
+ * `clearBeforeSummary`, nothing when clearing every candidate would still leave the next request at
+ * or above the threshold.
+ */
+const clearRung: Rung = (v) => {
+  const cfg = v.compaction
+  if (!cfg.clear || v.window === undefined) return []
+  // The protected budget is measured tokens of the window; node prices are heuristic tokens.
+  const rate = v.session.measure().calibration
+  const candidates = clearCandidates(v.session, Math.floor((v.window * cfg.protectedRatio) / rate), v.clearable)
+  if (!cfg.clearBeforeSummary) {
+    const saved = candidates.reduce((t, c) => t + c.savedTokens, 0) * rate
+    if (v.nextRequestTokens() - saved >= v.threshold) return []
+  }
+  const ops = candidates.map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
+  return [{ ops, stopAtOrBelow: Math.floor(v.window * cfg.reliefRatio) }]
 }
 
 /** The fixed start of every cleared tool result's placeholder (docs/design.md §10). */
@@ -3672,28 +3725,30 @@ class Ladder {
     this.host.session.append('ladder/state', { failedAtTokens: tokens ?? null, calibration: this.host.session.measure().calibration })
   }
 
-  /**
-   * The clear rung: replaces the oldest clearable tool results outside the protected recent budget
-   * by placeholders, in one batch, down to `floor(window × reliefRatio)` tokens. Unless
-   * `clearBeforeSummary`, it does nothing when clearing every candidate would still leave the total
-   * at or above `thresholdTokens`. Returns tokens reclaimed.
-   */
-  private clear(trigger: string, thresholdTokens: number): number {
-    const { session, compaction: cfg } = this.host
-    const window = this.host.contextWindow
-    if (!cfg.clear || window === undefined) return 0
-    // The protected budget is measured tokens of the window; node prices are heuristic tokens.
-    const rate = session.measure().calibration
-    const candidates = clearCandidates(session, Math.floor((window * cfg.protectedRatio) / rate), (name) => this.host.clearable?.(name) ?? true)
-    if (!cfg.clearBeforeSummary) {
-      const saved = candidates.reduce((t, c) => t + c.savedTokens, 0) * rate
-      if (this.nextRequestTokens() - saved >= thresholdTokens) return 0
+  /** The ladder's view of its session for a run at `threshold` (see {@link LadderView}). */
+  private view(threshold: number, includeNewest = false): LadderView {
+    const h = this.host
+    return {
+      session: h.session, prune: h.pruneConfig, compaction: h.compaction, window: h.contextWindow, threshold,
+      includeNewest, clearable: (name) => h.clearable?.(name) ?? true,
+      nextRequestTokens: () => this.nextRequestTokens(),
     }
-    const target = Math.floor(window * cfg.reliefRatio)
+  }
+
+  /**
+   * Runs `rung` on the session as it is now and logs its edits (the one place that does): a batch is
+   * skipped or stopped by the size of the next request, measured before each edit. Returns tokens reclaimed.
+   */
+  private apply(rung: Rung, view: LadderView, trigger: string): number {
+    const session = view.session
     let reclaimed = 0
-    for (const c of candidates) {
-      if (this.nextRequestTokens() <= target) break
-      reclaimed += clearNode(session, c.seq, c.placeholder, trigger)
+    for (const batch of rung(view)) {
+      if (batch.onlyIfAtLeast !== undefined && view.nextRequestTokens() < batch.onlyIfAtLeast) continue
+      for (const op of batch.ops) {
+        if (batch.stopAtOrBelow !== undefined && view.nextRequestTokens() <= batch.stopAtOrBelow) break
+        reclaimed += op.op === 'prune' ? pruneNode(session, op.seq, view.prune, trigger)
+          : clearNode(session, op.seq, op.placeholder, trigger)
+      }
     }
     return reclaimed
   }
@@ -3714,10 +3769,11 @@ class Ladder {
     if (outcome.tokensBefore < threshold) return done('none')
     if (signal?.aborted) return done('skipped', 'aborted')
     const below = () => this.nextRequestTokens() < threshold
-    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'pressure', threshold, false, () => this.nextRequestTokens())
-    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'pressure')
+    const view = this.view(threshold)
+    outcome.prunedTokens = this.apply(pruneResultsRung, view, 'pressure')
+      + this.apply(pruneMessagesRung, view, 'pressure')
     if (below()) return done('pruned')
-    outcome.clearedTokens = this.clear('pressure', threshold)
+    outcome.clearedTokens = this.apply(clearRung, view, 'pressure')
     if (below()) return done('cleared')
     const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'skipped'
     // The guard and node prices are heuristic tokens; the retained tail is measured tokens of the window.
@@ -3808,9 +3864,10 @@ class Ladder {
         this.host.warn(`the system prompt and tool specs alone are about ${envelopeCounted} tokens by the provider's count (${m.envelopeTokens} of the request's ${m.heuristicTokens} heuristic tokens; it counted ${counts.promptTokens}), at or above the compaction threshold of ${threshold} of the ${window}-token window: no prune or summary can make room; use a model with a larger context window, or fewer or shorter tools and system prompt`)
       }
     }
-    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'context-overflow', 0, true)
-    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'context-overflow')
-    if (window !== undefined) outcome.clearedTokens = this.clear('context-overflow', threshold)
+    const view = this.view(threshold, true)
+    outcome.prunedTokens = this.apply(pruneResultsRung, view, 'context-overflow')
+      + this.apply(pruneMessagesRung, view, 'context-overflow')
+    outcome.clearedTokens = this.apply(clearRung, view, 'context-overflow')
     const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'failed'
     if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore && this.nextRequestTokens() < threshold) return done(modelFree)
     const region = selectRegion(session.surface(), 0, keptOutOfSummary(session))
@@ -3838,8 +3895,9 @@ class Ladder {
     if (threshold === undefined) return done('skipped', 'no context window')
     if (stateOf(session).compaction) return done('skipped', 'a compaction is already running')
     if (signal?.aborted) return done('skipped', 'aborted')
-    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'manual', threshold, false, () => this.nextRequestTokens())
-    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'manual')
+    const view = this.view(threshold)
+    outcome.prunedTokens = this.apply(pruneResultsRung, view, 'manual')
+      + this.apply(pruneMessagesRung, view, 'manual')
     return this.summariseUnder('manual', threshold, outcome, done, signal, options.focus)
   }
 }
