@@ -59,10 +59,13 @@
  *   1. Types          messages, blocks, events, provider contract, errors
  *   2. Meter          token estimates (tokens), usage anchor; 2.1 cost: prices applied to tokens (USD)
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
- *   4. Log & surface  append-only session log, surface projection, stores, resume
- *   5. Ladder         prune → clear → compact → fail, spill at write time; recall. A LADDER RUNG
- *                     is a function like pruneMessages plus one line in Ladder.relievePressure
- *                     (and recoverOverflow), logged as a `compaction/*` event (docs/design.md §5, §10)
+ *   4. Log & surface  append-only session log (Session, the one writer), surface projection, stores,
+ *                     resume; 4.1 the log protocol of a prune or clear; 4.2 parts over the log: the
+ *                     ladder's memory, cost and cache (session.cost), recall index, pins
+ *   5. Ladder         prune → clear → compact → fail, spill at write time; ledger. 5.1 A LADDER RUNG
+ *                     is a function from the ladder's view to the edits it would log (like clearRung)
+ *                     plus one line in Ladder.relievePressure (and recoverOverflow); Ladder.apply logs
+ *                     them as `compaction/*` events (docs/design.md §5, §10, §14). 5.2 recall
  *   6. Provider       6.0 configuration (DeepSeek defaults, KNOWN_MODELS), 6.1 SSE parser, 6.2 error
  *                     classifier — a PROVIDER'S ERROR WORDING goes into OVERFLOW_PATTERNS (context
  *                     overflow; RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for the rest)
@@ -2174,7 +2177,7 @@ function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pin
   }
 }
 
-// ── 4.3 Edits of the surface: the log protocol of a prune or a clear (docs/design.md §3, §10) ─────
+// ── 4.1 Edits of the surface: the log protocol of a prune or a clear (docs/design.md §3, §10) ─────
 
 /** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
 function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear',
@@ -2237,7 +2240,7 @@ function surfaceToolCall(session: Session, callId: string): ToolCallBlock | unde
   return node ? toolCalls(node.message).find((c) => c.id === callId) : undefined
 }
 
-// ── 4.4 Parts over the log: the ladder's memory, cost and cache, recall index, pins ─────────
+// ── 4.2 Parts over the log: the ladder's memory, cost and cache, recall index, pins ─────────
 // Each part is fed by its session with every event it applies (Session.apply is the one place that
 // derives state; Session.append is the one writer of the log) and answers questions about it.
 
@@ -3127,7 +3130,7 @@ function unseenResults(session: Session): Set<number> {
 /** Smallest heuristic price of a message holding more than `thresholdChars` code points (≥ that many UTF-16 units). */
 const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdChars / UNITS_PER_TOKEN)
 
-// ── 5.2 The rungs as planning (docs/design.md §14) ─────────────────────────────────
+// ── 5.1 The rungs as planning (docs/design.md §14) ─────────────────────────────────
 // A rung is a function from the ladder's view of the session to the edits it would log; the
 // ladder's `apply` is the one place that logs them, through the session (the one writer).
 
@@ -3902,7 +3905,7 @@ class Ladder {
   }
 }
 
-// ── 5.1 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ──────────
+// ── 5.2 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ──────────
 
 /** The name of the tool {@link recallTool} makes. */
 const RECALL_TOOL_NAME = 'recall'
