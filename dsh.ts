@@ -2736,7 +2736,8 @@ const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Ob
 })
 
 /** Each key's kind and range: `ratio` (lo, hi) open/closed as named, `int` a safe integer ≥ min, `bool`. */
-const COMPACTION_CONFIG_RULES: Readonly<Record<keyof CompactionConfig, { kind: 'ratio'; lo: number; hi: number; loOpen: boolean; hiOpen: boolean } | { kind: 'int'; min: number; unit: string } | { kind: 'bool' }>> = {
+const COMPACTION_CONFIG_RULES: Readonly<Record<keyof CompactionConfig, { kind: 'ratio'; lo: number; hi: number;
+  loOpen: boolean; hiOpen: boolean } | { kind: 'int'; min: number; unit: string } | { kind: 'bool' }>> = {
   thresholdRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: true, hiOpen: false },
   retainedTailRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: false, hiOpen: true },
   summaryMaxTokens: { kind: 'int', min: 1, unit: 'tokens' },
@@ -2760,13 +2761,17 @@ const COMPACTION_CONFIG_RULES: Readonly<Record<keyof CompactionConfig, { kind: '
  */
 function resolveCompactionConfig(config?: Partial<CompactionConfig>): CompactionConfig {
   if (config === undefined) return { ...DEFAULT_COMPACTION_CONFIG }
-  if (typeof config !== 'object' || config === null || Array.isArray(config)) throw new ConfigError(`compaction config must be an object, got ${config === null ? 'null' : Array.isArray(config) ? 'an array' : typeof config}`)
+  if (typeof config !== 'object' || config === null || Array.isArray(config))
+    throw new ConfigError(`compaction config must be an object, `
+      + `got ${config === null ? 'null' : Array.isArray(config) ? 'an array' : typeof config}`)
   const known = Object.keys(COMPACTION_CONFIG_RULES)
   for (const key of Object.keys(config)) {
-    if (!known.includes(key)) throw new ConfigError(`compaction config: unknown key "${key}" (known: ${known.join(', ')})`)
+    if (!known.includes(key))
+      throw new ConfigError(`compaction config: unknown key "${key}" (known: ${known.join(', ')})`)
   }
   const full: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG }
-  for (const [key, value] of Object.entries(config)) if (value !== undefined) (full as unknown as Record<string, unknown>)[key] = value
+  for (const [key, value] of Object.entries(config)) if (value !== undefined) (full as unknown as Record<string,
+    unknown>)[key] = value
   for (const key of known as (keyof CompactionConfig)[]) {
     const rule = COMPACTION_CONFIG_RULES[key]
     const v = full[key] as unknown
@@ -2774,25 +2779,34 @@ function resolveCompactionConfig(config?: Partial<CompactionConfig>): Compaction
     if (rule.kind === 'bool') {
       if (typeof v !== 'boolean') throw new ConfigError(`compaction config: ${key} must be true or false, got ${shown}`)
     } else if (rule.kind === 'int') {
-      if (!Number.isSafeInteger(v) || (v as number) < rule.min) throw new ConfigError(`compaction config: ${key} must be an integer ≥ ${rule.min} (${rule.unit}), got ${shown}`)
+      if (!Number.isSafeInteger(v) || (v as number) < rule.min)
+        throw new ConfigError(`compaction config: ${key} must be an integer ≥ ${rule.min} (${rule.unit}), `
+          + `got ${shown}`)
     } else {
       const n = v as number
-      const ok = typeof v === 'number' && (rule.loOpen ? n > rule.lo : n >= rule.lo) && (rule.hiOpen ? n < rule.hi : n <= rule.hi)
-      if (!ok) throw new ConfigError(`compaction config: ${key} must be a number in ${rule.loOpen ? '(' : '['}${rule.lo}, ${rule.hi}${rule.hiOpen ? ')' : ']'} (a share of the context window), got ${shown}`)
+      const ok = typeof v === 'number' && (rule.loOpen ? n > rule.lo : n >= rule.lo) && (rule.hiOpen ? n < rule.hi
+        : n <= rule.hi)
+      if (!ok) throw new ConfigError(`compaction config: ${key} must be a number in `
+        + `${rule.loOpen ? '(' : '['}${rule.lo}, ${rule.hi}${rule.hiOpen ? ')' : ']'} (a share of the context window), `
+        + `got ${shown}`)
     }
   }
   if (full.reliefRatio >= full.thresholdRatio) {
-    throw new ConfigError(`compaction config: reliefRatio (${full.reliefRatio}) must be below thresholdRatio (${full.thresholdRatio}): the clear rung clears down to floor(window × reliefRatio), which must be under the pressure threshold; e.g. reliefRatio ${Math.round(full.thresholdRatio * 75) / 100}`)
+    throw new ConfigError(`compaction config: reliefRatio (${full.reliefRatio}) must be below thresholdRatio `
+      + `(${full.thresholdRatio}): the clear rung clears down to floor(window × reliefRatio), which must be under the `
+      + `pressure threshold; e.g. reliefRatio ${Math.round(full.thresholdRatio * 75) / 100}`)
   }
   return full
 }
 
 /** The one-line preamble in front of a summary checkpoint (docs/design.md §4 "Projection"). */
-const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
+const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the '
+  + 'work from it.'
 
 /** The instruction that ends every summary request (docs/design.md §5 "Summary transaction"). */
 const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
-  'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers will be removed.',
+  'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers '
+    + 'will be removed.',
   'Do not call any tool. Answer with the checkpoint only, under these headings:',
   '1. Request — what the user asked for, in their words where it matters.',
   '2. Key facts — decisions, constraints and findings.',
@@ -2801,7 +2815,8 @@ const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
   '5. Pending work — what was asked or promised and is not done.',
   '6. Current work — what was being done right before this checkpoint.',
   '7. Next step — the single next action.',
-  'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, merge it in; drop nothing from it that still matters.',
+  'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, '
+    + 'merge it in; drop nothing from it that still matters.',
 ].join('\n')
 
 /**
@@ -2853,18 +2868,22 @@ const LEDGER_ERROR_LINE_CODE_POINTS = 300
 
 /** The ledger budget in tokens for a context window in tokens ({@link LEDGER_MAX_TOKENS} when unknown). */
 function ledgerBudget(contextWindow?: number): number {
-  return contextWindow === undefined ? LEDGER_MAX_TOKENS : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
+  return contextWindow === undefined ? LEDGER_MAX_TOKENS
+    : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
 }
 
-const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [], trimmed: 0 })
-const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length + l.errors.length + l.userMessages.length
+const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [],
+  trimmed: 0 })
+const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length
+  + l.errors.length + l.userMessages.length
 
 const PATH_KEY = /^(path|file|file_?path|file_?name|target_?file|notebook_?path)$/i
 const PATHS_KEY = /^(paths|files)$/i
 const COMMAND_KEY = /^(command|cmd|script)$/i
 const EDIT_WORD = /edit|patch|replace|insert|modify/i
 const WRITE_WORD = /write|create|save|append/i
-const EXIT_CODE = /\bexit(?:ed with)?(?:[ _]?(?:code|status))?[:= ]\s*(-?\d+)\b|<returncode>\s*(-?\d+)\s*<\/returncode>/i
+const EXIT_CODE =
+  /\bexit(?:ed with)?(?:[ _]?(?:code|status))?[:= ]\s*(-?\d+)\b|<returncode>\s*(-?\d+)\s*<\/returncode>/i
 const ERROR_WORD = /error|fail|fatal|exception|denied|not found|no such|cannot|can't|invalid|refused|panic|traceback/i
 
 const messageText = (m: Message): string => contentText(m.content, '\n')
@@ -2878,21 +2897,25 @@ function callFacts(call: ToolCallBlock): { kind: 'read' | 'written' | 'edited'; 
   if (typeof args === 'object' && args !== null && !Array.isArray(args)) {
     for (const [key, value] of Object.entries(args)) {
       if (PATH_KEY.test(key) && typeof value === 'string' && value !== '') paths.push(value)
-      else if (PATHS_KEY.test(key) && Array.isArray(value)) for (const v of value) { if (typeof v === 'string' && v !== '') paths.push(v) }
+      else if (PATHS_KEY.test(key) && Array.isArray(value)) for (const v of value) { if (typeof v === 'string'
+        && v !== '') paths.push(v) }
       else if (COMMAND_KEY.test(key)) {
-        const text = typeof value === 'string' ? value : Array.isArray(value) && value.every((v) => typeof v === 'string') ? value.join(' ') : undefined
+        const text = typeof value === 'string' ? value
+          : Array.isArray(value) && value.every((v) => typeof v === 'string') ? value.join(' ') : undefined
         if (text && text.trim() !== '') command = text
       }
     }
   }
-  // A one-word `command` beside a path is a sub-command of a file tool (view, create, str_replace), not a shell command.
+  // A one-word `command` beside a path is a sub-command of a file tool (view, create, str_replace), not a shell
+  // command.
   const sub = command !== undefined && paths.length > 0 && /^\w+$/.test(command) ? command : undefined
   if (sub !== undefined) command = undefined
   const verb = sub ?? call.name
   return { kind: EDIT_WORD.test(verb) ? 'edited' : WRITE_WORD.test(verb) ? 'written' : 'read', paths, command }
 }
 
-/** The first line of an error text that reads as an error and is not an echoed command (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
+/** The first line of an error text that reads as an error and is not an echoed command (else the first non-empty
+ *  line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
 function errorLine(text: string): string | undefined {
   const lines = text.split(/\r\n|\r|\n/).map((l) => l.trim()).filter((l) => l !== '')
   // An echoed command (`> node -e …` from npm, `$ cmd`, `+ cmd` from sh -x) quotes the error it prints: skip it.
@@ -2915,12 +2938,14 @@ async function originalEvent(session: Session, seq: number): Promise<{ seq: numb
   return { seq: event.seq, message: (event.data as any).message as Message }
 }
 
-/** The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right before it), if any. */
+/** The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right before
+ *  it), if any. */
 async function checkpointLedger(session: Session, seq: number): Promise<Ledger | undefined> {
   const id = ((await session.readEvent(seq)).data as any).compactionId
   if (id === undefined || seq === 0) return undefined
   const summary = await session.readEvent(seq - 1)
-  return summary.type === 'compaction/summary' && (summary.data as any).id === id ? (summary.data as any).ledger as Ledger | undefined : undefined
+  return summary.type === 'compaction/summary' && (summary.data as any).id === id
+    ? (summary.data as any).ledger as Ledger | undefined : undefined
 }
 
 function addPath(list: LedgerPath[], path: string, seq: number, count = 1): void {
@@ -2933,12 +2958,15 @@ function addText(list: LedgerText[], text: string, seq: number, count = 1): void
 }
 function addCommand(list: LedgerCommand[], c: Omit<LedgerCommand, 'count'> & { count?: number }): void {
   const entry = list.find((e) => e.command === c.command && e.exitCode === c.exitCode && e.failed === c.failed)
-  if (entry) { entry.count += c.count ?? 1; entry.seq = Math.max(entry.seq, c.seq) } else list.push({ command: c.command, exitCode: c.exitCode, failed: c.failed, count: c.count ?? 1, seq: c.seq })
+  if (entry) { entry.count += c.count ?? 1;
+    entry.seq = Math.max(entry.seq, c.seq) } else list.push({ command: c.command, exitCode: c.exitCode,
+    failed: c.failed, count: c.count ?? 1, seq: c.seq })
 }
 
 /** Merges `from` (an earlier ledger) into `into`: entries deduplicated, counts added. */
 function mergeLedger(into: Ledger, from: Ledger): void {
-  for (const k of ['read', 'written', 'edited'] as const) for (const e of from[k] ?? []) addPath(into[k], e.path, e.seq, e.count)
+  for (const k of ['read', 'written', 'edited'] as const) for (const e of from[k] ?? []) addPath(into[k], e.path,
+    e.seq, e.count)
   for (const e of from.commands ?? []) addCommand(into.commands, e)
   for (const e of from.errors ?? []) addText(into.errors, e.text, e.seq, e.count)
   for (const e of from.userMessages ?? []) addText(into.userMessages, e.text, e.seq, e.count)
@@ -2955,14 +2983,18 @@ async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Pr
   const ledger = emptyLedger()
   const results = new Map<string, { seq: number; message: ToolResultMessage }>()
   const originals: Array<{ seq: number; message: Message } | Ledger | undefined> = []
-  for (const n of nodes) originals.push(isCheckpoint(n) ? await checkpointLedger(session, n.seq) : await originalEvent(session, n.seq))
-  for (const o of originals) if (o && 'message' in o && o.message.role === 'tool') results.set(o.message.toolCallId, o as { seq: number; message: ToolResultMessage })
+  for (const n of nodes) originals.push(isCheckpoint(n) ? await checkpointLedger(session, n.seq)
+    : await originalEvent(session, n.seq))
+  for (const o of originals) if (o && 'message' in o && o.message.role === 'tool') results.set(o.message.toolCallId,
+    o as { seq: number; message: ToolResultMessage })
   for (const o of originals) {
     if (!o) continue
     if (!('message' in o)) { mergeLedger(ledger, o); continue }
     const m = o.message
-    if (m.role === 'user') { const text = messageText(m); if (text.trim() !== '') addText(ledger.userMessages, text, o.seq) }
-    else if (m.role === 'tool') { if (m.isError) { const line = errorLine(messageText(m)); if (line) addText(ledger.errors, line, o.seq) } }
+    if (m.role === 'user') { const text = messageText(m); if (text.trim() !== '') addText(ledger.userMessages,
+      text, o.seq) }
+    else if (m.role === 'tool') { if (m.isError) { const line = errorLine(messageText(m));
+      if (line) addText(ledger.errors, line, o.seq) } }
     else for (const call of toolCalls(m)) {
       const result = results.get(call.id)
       const facts = callFacts(call)
@@ -2971,7 +3003,8 @@ async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Pr
       if (!failed) for (const p of facts.paths) addPath(ledger[facts.kind], p, seq)
       if (facts.command !== undefined) {
         const meta = (result?.message.metadata ?? {}) as Record<string, unknown>
-        const stated = typeof meta.exitCode === 'number' ? meta.exitCode : typeof meta.exit_code === 'number' ? meta.exit_code : undefined
+        const stated = typeof meta.exitCode === 'number' ? meta.exitCode : typeof meta.exit_code === 'number'
+          ? meta.exit_code : undefined
         const match = stated === undefined && result ? EXIT_CODE.exec(messageText(result.message).slice(0, 500)) : null
         const exitCode = stated ?? (match ? Number(match[1] ?? match[2]) : undefined)
         addCommand(ledger.commands, { command: facts.command, exitCode, failed, seq })
@@ -2989,16 +3022,19 @@ const LEDGER_HEADINGS = {
 } as const
 type LedgerList = keyof typeof LEDGER_HEADINGS
 const LEDGER_ORDER: readonly LedgerList[] = ['read', 'written', 'edited', 'commands', 'errors', 'userMessages']
-const trimmedLine = (n: number) => `(${n} older ledger entries left out to fit the ledger budget; the session log keeps them)`
+const trimmedLine =
+  (n: number) => `(${n} older ledger entries left out to fit the ledger budget; the session log keeps them)`
 const times = (n: number) => (n > 1 ? ` (${n}×)` : '')
 
-/** One entry as the ledger prints it (`- ` lines; user messages between `<user-message>` tags, so multi-line text stays verbatim). */
+/** One entry as the ledger prints it (`- ` lines; user messages between `<user-message>` tags, so multi-line text
+ *  stays verbatim). */
 function ledgerLine(list: LedgerList, e: LedgerPath | LedgerCommand | LedgerText): string {
   if (list === 'userMessages') return `<user-message>\n${(e as LedgerText).text}\n</user-message>`
   if (list === 'errors') return `- ${(e as LedgerText).text}${times(e.count)}`
   if (list === 'commands') {
     const c = e as LedgerCommand
-    return `- ${c.command} → ${c.exitCode !== undefined ? `exit ${c.exitCode}` : c.failed ? 'failed' : 'ok'}${times(c.count)}`
+    return `- ${c.command} → `
+      + `${c.exitCode !== undefined ? `exit ${c.exitCode}` : c.failed ? 'failed' : 'ok'}${times(c.count)}`
   }
   return `- ${(e as LedgerPath).path}${times(e.count)}`
 }
@@ -3007,7 +3043,8 @@ function ledgerLine(list: LedgerList, e: LedgerPath | LedgerCommand | LedgerText
 function renderLedger(ledger: Ledger): string {
   const lines = [LEDGER_OPEN]
   for (const list of LEDGER_ORDER) {
-    const entries = [...(ledger[list] as Array<LedgerPath | LedgerText>)].sort((a, b) => (list === 'userMessages' ? b.seq - a.seq : a.seq - b.seq))
+    const entries = [...(ledger[list] as Array<LedgerPath | LedgerText>)].sort((a, b) => (list === 'userMessages'
+      ? b.seq - a.seq : a.seq - b.seq))
     if (entries.length === 0) continue
     lines.push(LEDGER_HEADINGS[list])
     for (const e of entries) lines.push(ledgerLine(list, e))
@@ -3023,7 +3060,8 @@ function renderLedger(ledger: Ledger): string {
  * out and counted in `trimmed`. Entries are whole: nothing is kept half.
  */
 function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
-  const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>).map((entry) => ({ list, entry })))
+  const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath
+    | LedgerText>).map((entry) => ({ list, entry })))
   const maxUnits = budgetTokens * UNITS_PER_TOKEN
   const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
   if (estimateTextTokens(renderLedger(ledger)) <= budgetTokens) return ledger
@@ -3047,13 +3085,16 @@ export interface FidelityShare { total: number; inCheckpoint: number; inSummary:
  * error first lines and user messages (its full ledger, before the budget), how many appear verbatim
  * in the framed checkpoint (summary + ledger), and in the model's summary alone.
  */
-export interface Fidelity { paths: FidelityShare; commands: FidelityShare; errors: FidelityShare; userMessages: FidelityShare }
+export interface Fidelity { paths: FidelityShare; commands: FidelityShare; errors: FidelityShare;
+  userMessages: FidelityShare }
 
-/** Measures {@link Fidelity}: `ledger` is the region's full ledger, `checkpoint` the framed text, `summary` the model's text. */
+/** Measures {@link Fidelity}: `ledger` is the region's full ledger, `checkpoint` the framed text, `summary` the
+ *  model's text. */
 function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): Fidelity {
   const share = (items: readonly string[]): FidelityShare => {
     const unique = [...new Set(items)]
-    return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length, inSummary: unique.filter((t) => summary.includes(t)).length }
+    return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length,
+      inSummary: unique.filter((t) => summary.includes(t)).length }
   }
   return {
     paths: share([...ledger.read, ...ledger.written, ...ledger.edited].map((e) => e.path)),
@@ -3086,7 +3127,8 @@ export interface CompactionHost {
    * Called before each summary transaction starts (the Agent runs its `compaction/before` hooks):
    * may add a focus (joined to the one asked for) or cancel this compaction.
    */
-  beforeCompaction?(info: CompactionInfo, signal?: AbortSignal): CompactionVerdict | void | Promise<CompactionVerdict | void>
+  beforeCompaction?(info: CompactionInfo, signal?: AbortSignal): CompactionVerdict | void
+    | Promise<CompactionVerdict | void>
   /** Called after a checkpoint was committed (the Agent runs its `compaction/after` hooks). */
   afterCompaction?(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): void | Promise<void>
   /** Reports a ladder warning (also logged as `compaction/warning`). */
@@ -3096,11 +3138,14 @@ export interface CompactionHost {
 }
 
 /** A summary transaction about to start: its id, trigger, focus so far and region (seqs, tokens). */
-export interface CompactionInfo { id: string; trigger: string; focus?: string; shadowedSeqs: number[]; regionTokens: number }
+export interface CompactionInfo { id: string; trigger: string; focus?: string; shadowedSeqs: number[];
+  regionTokens: number }
 /** What a `compaction/before` hook may answer: a focus to add, or `cancel` (true or a reason). */
 export interface CompactionVerdict { focus?: string; cancel?: boolean | string }
-/** A committed checkpoint: the seq of its `user/message`, its framed text and price (tokens), the model's summary, ledger and fidelity. */
-export interface CheckpointInfo { seq: number; text: string; tokens: number; summary: string; ledger: Ledger; fidelity: Fidelity }
+/** A committed checkpoint: the seq of its `user/message`, its framed text and price (tokens), the model's summary,
+ *  ledger and fidelity. */
+export interface CheckpointInfo { seq: number; text: string; tokens: number; summary: string; ledger: Ledger;
+  fidelity: Fidelity }
 
 /** The result of one ladder run. Token figures are measured totals, in tokens. */
 export interface CompactionOutcome {
@@ -3123,14 +3168,16 @@ export interface CompactionOutcome {
 function unseenResults(session: Session): Set<number> {
   const nodes = session.surface()
   const unseen = new Set<number>()
-  for (let i = nodes.length - 1; i >= 0 && nodes[i].message.role !== 'assistant'; i--) if (nodes[i].message.role === 'tool') unseen.add(nodes[i].seq)
+  for (let i = nodes.length - 1; i >= 0 && nodes[i].message.role !== 'assistant';
+    i--) if (nodes[i].message.role === 'tool') unseen.add(nodes[i].seq)
   return unseen
 }
 
-/** Smallest heuristic price of a message holding more than `thresholdChars` code points (≥ that many UTF-16 units). */
+/** Smallest heuristic price of a message holding more than `thresholdChars` code points (≥ that many UTF-16 units).
+ *  */
 const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdChars / UNITS_PER_TOKEN)
 
-// ── 5.1 The rungs as planning (docs/design.md §14) ─────────────────────────────────
+// ── 5.1 The rungs as planning (docs/design.md §14) ───────────────────
 // A rung is a function from the ladder's view of the session to the edits it would log; the
 // ladder's `apply` is the one place that logs them, through the session (the one writer).
 
@@ -3231,10 +3278,12 @@ function headCodePoints(text: string, max: number): string {
  */
 function clearedPlaceholder(toolName: string, args: string, originalTokens: number, key: string): string {
   const shown = headCodePoints(args.replace(/\s+/g, ' ').trim(), PLACEHOLDER_ARGUMENT_CODE_POINTS)
-  return `${CLEARED_RESULT_PREFIX} ${toolName} ${shown || '{}'} → ${originalTokens} tokens; ${RECALL_TOOL_NAME} {"key":${JSON.stringify(key)}} returns it.`
+  return `${CLEARED_RESULT_PREFIX} ${toolName} ${shown || '{}'} → ${originalTokens} tokens; ${RECALL_TOOL_NAME} `
+    + `{"key":${JSON.stringify(key)}} returns it.`
 }
 
-const isCleared = (m: Message) => m.role === 'tool' && m.content.length === 1 && m.content[0].type === 'text' && (m.content[0] as TextBlock).text.startsWith(CLEARED_RESULT_PREFIX)
+const isCleared = (m: Message) => m.role === 'tool' && m.content.length === 1 && m.content[0].type === 'text'
+  && (m.content[0] as TextBlock).text.startsWith(CLEARED_RESULT_PREFIX)
 
 /** One tool result the clear rung may replace, oldest first; `savedTokens` by the §2 estimate. */
 interface ClearCandidate { seq: number; placeholder: string; savedTokens: number }
@@ -3245,11 +3294,13 @@ interface ClearCandidate { seq: number; placeholder: string; savedTokens: number
  * oldest first, skipping tools that are not clearable, pinned results, results already cleared and results whose
  * placeholder would not be smaller.
  */
-function clearCandidates(session: Session, protectedTokens: number, clearable: (name: string) => boolean): ClearCandidate[] {
+function clearCandidates(session: Session, protectedTokens: number,
+  clearable: (name: string) => boolean): ClearCandidate[] {
   const nodes = session.surface()
   const keep = unseenResults(session)
   let kept = 0
-  for (let i = nodes.length - 1; i >= 0 && kept < protectedTokens; i--) if (nodes[i].message.role === 'tool') { keep.add(nodes[i].seq); kept += nodes[i].tokens }
+  for (let i = nodes.length - 1; i >= 0 && kept < protectedTokens;
+    i--) if (nodes[i].message.role === 'tool') { keep.add(nodes[i].seq); kept += nodes[i].tokens }
   const out: ClearCandidate[] = []
   for (const n of nodes) {
     const m = n.message
@@ -3257,7 +3308,8 @@ function clearCandidates(session: Session, protectedTokens: number, clearable: (
     const call = surfaceToolCall(session, m.toolCallId)
     const name = call?.name ?? 'tool'
     if (!clearable(name)) continue
-    const placeholder = clearedPlaceholder(name, call?.arguments ?? '', session.recall.originalTokens(n.seq), m.toolCallId)
+    const placeholder = clearedPlaceholder(name, call?.arguments ?? '', session.recall.originalTokens(n.seq),
+      m.toolCallId)
     const savedTokens = n.tokens - estimateMessageTokens({ ...m, content: [{ type: 'text', text: placeholder }] })
     if (savedTokens > 0) out.push({ seq: n.seq, placeholder, savedTokens })
   }
@@ -3277,7 +3329,8 @@ export interface Region { start: number; end: number; tokens: number }
  * head is merged into the next), else the last run (the current turn's older steps). Returns
  * undefined when no safe region of at least two nodes (or one non-checkpoint node) exists.
  */
-function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>, minTokens = 0): Region | undefined {
+function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>,
+  minTokens = 0): Region | undefined {
   let cut = nodes.length
   let kept = 0
   while (cut > 0 && kept < retainedTokens) kept += nodes[--cut].tokens
@@ -3289,11 +3342,14 @@ function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, kee
     if (run) runs.push(run)
     start = i + 1
   }
-  const fresh = (r: Region) => { let t = 0; for (let i = r.start; i < r.end; i++) if (!isCheckpoint(nodes[i])) t += nodes[i].tokens; return t }
+  const fresh =
+    (r: Region) => { let t = 0;
+    for (let i = r.start; i < r.end; i++) if (!isCheckpoint(nodes[i])) t += nodes[i].tokens; return t }
   return runs.find((r) => fresh(r) >= minTokens) ?? runs.at(-1)
 }
 
-const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
+const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string'
+  && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
 
 /**
  * Shrinks `[start, cut)` until it is tool-balanced by id: the cut moves toward the head while a
@@ -3304,7 +3360,9 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
   const callAt = new Map<string, number>()
   const resultAt = new Map<string, number>()
   nodes.forEach((n, i) => {
-    if (n.message.role === 'assistant') { for (const b of n.message.content) if (b.type === 'tool-call') callAt.set((b as ToolCallBlock).id, i) }
+    if (n.message.role === 'assistant') {
+      for (const b of n.message.content) if (b.type === 'tool-call') callAt.set((b as ToolCallBlock).id, i)
+    }
     else if (n.message.role === 'tool') resultAt.set(n.message.toolCallId, i)
   })
   for (let changed = true; changed && start < cut;) {
@@ -3315,7 +3373,8 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
         if ((callAt.get(m.toolCallId) ?? -1) < start) { start = i + 1; changed = true }
       } else if (m.role === 'assistant') {
         for (const b of m.content) {
-          if (b.type === 'tool-call' && (resultAt.get((b as ToolCallBlock).id) ?? Infinity) >= cut) { cut = i; changed = true; break }
+          if (b.type === 'tool-call' && (resultAt.get((b as ToolCallBlock).id) ?? Infinity) >= cut) { cut = i;
+            changed = true; break }
         }
       }
     }
@@ -3378,12 +3437,16 @@ function cutToUnits(text: string, maxUnits: number): string {
 function shrinkMessage(m: Message, tokens: number): Message {
   const blocks: Block[] = typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : m.content
   let units = 0
-  for (const b of blocks) units += b.type === 'tool-call' ? (b as ToolCallBlock).arguments.length + (b as ToolCallBlock).name.length : b.type === 'text' || b.type === 'reasoning' ? (b as TextBlock).text.length : 0
-  const placeholders = blocks.filter((b) => b.type !== 'text' && b.type !== 'reasoning' && b.type !== 'tool-call').length * 8
+  for (const b of blocks) units += b.type === 'tool-call' ? (b as ToolCallBlock).arguments.length
+    + (b as ToolCallBlock).name.length : b.type === 'text' || b.type === 'reasoning' ? (b as TextBlock).text.length : 0
+  const placeholders = blocks.filter((b) => b.type !== 'text' && b.type !== 'reasoning'
+    && b.type !== 'tool-call').length * 8
   const keepUnits = Math.max(0, (tokens - MESSAGE_OVERHEAD_TOKENS - placeholders) * UNITS_PER_TOKEN)
   const ratio = units > 0 ? Math.min(1, keepUnits / units) : 1
   const out = blocks.map((b): Block => {
-    if (b.type === 'text' || b.type === 'reasoning') return { ...b, text: cutToUnits((b as TextBlock).text, Math.floor((b as TextBlock).text.length * ratio)) } as Block
+    if (b.type === 'text' || b.type === 'reasoning')
+      return { ...b, text: cutToUnits((b as TextBlock).text,
+        Math.floor((b as TextBlock).text.length * ratio)) } as Block
     if (b.type === 'tool-call') {
       const c = b as ToolCallBlock
       const max = Math.floor(c.arguments.length * ratio)
@@ -3393,7 +3456,8 @@ function shrinkMessage(m: Message, tokens: number): Message {
     }
     return { type: 'text', text: `[${b.type} omitted]` }
   })
-  return (typeof m.content === 'string' ? { ...m, content: (out[0] as TextBlock).text } : { ...m, content: out }) as Message
+  return (typeof m.content === 'string' ? { ...m, content: (out[0] as TextBlock).text }
+    : { ...m, content: out }) as Message
 }
 
 /** How many fingerprints of overflowed summary requests a session remembers (in memory, not logged). */
@@ -3433,7 +3497,8 @@ const SUMMARY_TOOLS_MAX_RATIO = 0.1
  * The completion budget of a summary request (docs/design.md §10): `min(summaryMaxTokens,
  * max(512, floor(regionTokens / 2)))`, then at most `roomTokens` (the window minus the request).
  */
-function summaryMaxTokens(regionTokens: number, config: Pick<CompactionConfig, 'summaryMaxTokens'>, roomTokens = Infinity): number {
+function summaryMaxTokens(regionTokens: number, config: Pick<CompactionConfig, 'summaryMaxTokens'>,
+  roomTokens = Infinity): number {
   return Math.max(1, Math.min(config.summaryMaxTokens, Math.max(512, Math.floor(regionTokens / 2)), roomTokens))
 }
 
@@ -3443,7 +3508,8 @@ function summaryMaxTokens(regionTokens: number, config: Pick<CompactionConfig, '
  */
 function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: string): string {
   return focus === undefined || focus.trim() === '' ? instruction
-    : `${instruction}\n\nFocus of this checkpoint, as asked for: ${focus.trim()}\nGive it the most detail; keep everything else that still matters.`
+    : `${instruction}\n\nFocus of this checkpoint, as asked for: ${focus.trim()}\nGive it the most detail; `
+      + `keep everything else that still matters.`
 }
 
 /**
@@ -3462,7 +3528,8 @@ function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: strin
  * are logged as calibration samples (`ladder/state`).
  * @throws {CompactionError} when nothing fits; the provider's error when it is not an overflow.
  */
-async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal, focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
+async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal,
+  focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
   const provider = host.summarizer
   const session = host.session
   let window = provider.contextWindow ?? host.contextWindow ?? Infinity
@@ -3470,14 +3537,18 @@ async function summarise(host: CompactionHost, messages: readonly Message[], sig
   let rate = sameModel ? session.measure().calibration : 1
   const fullEnvelope = host.envelope
   const toolsTokens = fullEnvelope.tools?.length ? estimateEnvelopeTokens({ tools: fullEnvelope.tools }) : 0
-  /** The next request's envelope: the conversation's, without its tool specs once they crowd the window at the current rate. */
-  const envelope = (): Envelope => (toolsTokens > 0 && toolsTokens * rate > window * SUMMARY_TOOLS_MAX_RATIO ? { system: fullEnvelope.system } : fullEnvelope)
+  /** The next request's envelope: the conversation's, without its tool specs once they crowd the window at the current
+   *  rate. */
+  const envelope = (): Envelope => (toolsTokens > 0 && toolsTokens * rate > window * SUMMARY_TOOLS_MAX_RATIO
+    ? { system: fullEnvelope.system } : fullEnvelope)
   const instruction: UserMessage = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
   const fixed = () => estimateEnvelopeTokens(envelope()) + estimateMessageTokens(instruction)
   const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
   // What a request's input may cost by the §2 estimate (heuristic tokens).
   let inputBudget = Math.floor((window - reserve) / rate)
-  const prior = (s: string): UserMessage => ({ role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` })
+  const prior =
+    (s: string): UserMessage => ({ role: 'user', content: `Checkpoint of the earlier `
+    + `part:\n<compacted-summary>\n${s}\n</compacted-summary>` })
   let summary = ''
   let requests = 0
   const usage: Usage = { promptTokens: 0, completionTokens: 0 }
@@ -3508,7 +3579,11 @@ async function summarise(host: CompactionHost, messages: readonly Message[], sig
       if (oversized) {
         const room = b - chunkTokens
         if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) {
-          throw new CompactionError(`the summarizer's window (${window} tokens${rate === 1 ? '' : `, × ${rate.toFixed(2)} calibration`}) leaves ${Math.max(0, Math.floor(room))} tokens for a tool-balanced group of ${group.length} messages after the envelope, instruction${summary ? ' and running summary' : ''} (${fixed()}${summary ? ` + ${estimateMessageTokens(prior(summary))}` : ''} tokens)`)
+          throw new CompactionError(`the summarizer's window (${window} `
+            + `tokens${rate === 1 ? '' : `, × ${rate.toFixed(2)} calibration`}) `
+            + `leaves ${Math.max(0, Math.floor(room))} tokens for a tool-balanced group of ${group.length} messages `
+            + `after the envelope, instruction${summary ? ' and running summary' : ''} `
+            + `(${fixed()}${summary ? ` + ${estimateMessageTokens(prior(summary))}` : ''} tokens)`)
         }
         // An even share first; what some members cannot give up (an assistant message's many tool
         // calls) is then taken from the others, until the group fits its room.
@@ -3521,7 +3596,10 @@ async function summarise(host: CompactionHost, messages: readonly Message[], sig
           each = Math.max(MESSAGE_OVERHEAD_TOKENS, Math.floor(each * (room / groupTokens)) - 1)
         }
         if (groupTokens > room) {
-          throw new CompactionError(`a tool-balanced group of ${group.length} messages cannot be shortened below ${groupTokens} tokens, and the summarizer's window (${window} tokens${rate === 1 ? '' : `, × ${rate.toFixed(2)} calibration`}) leaves ${Math.floor(room)} for it; nothing was sent`)
+          throw new CompactionError(`a tool-balanced group of ${group.length} messages cannot be shortened below `
+            + `${groupTokens} tokens, and the summarizer's window (${window} `
+            + `tokens${rate === 1 ? '' : `, × ${rate.toFixed(2)} calibration`}) leaves ${Math.floor(room)} for it; `
+            + `nothing was sent`)
         }
         chunk.push(...shrunk)
       } else chunk.push(...group)
@@ -3536,10 +3614,15 @@ async function summarise(host: CompactionHost, messages: readonly Message[], sig
     const env = envelope()
     const inputTokens = estimateRequestTokens(env, msgs)
     const calibrated = Math.ceil(inputTokens * rate)
-    if (calibrated >= window) throw new CompactionError(`a summary request of ${calibrated} tokens would not fit the summarizer's window (${window} tokens); nothing was sent`)
+    if (calibrated >= window)
+      throw new CompactionError(`a summary request of ${calibrated} tokens would not fit the summarizer's window `
+        + `(${window} tokens); nothing was sent`)
     const maxTokens = summaryMaxTokens(inputTokens - fixed(), host.compaction, window - calibrated)
-    const fingerprint = fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
-    if (failed.has(fingerprint)) throw new CompactionError(`re-planning gave a summary request identical to one that overflowed (${calibrated} tokens); nothing was sent`)
+    const fingerprint =
+      fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
+    if (failed.has(fingerprint))
+      throw new CompactionError(`re-planning gave a summary request identical to one that overflowed (${calibrated} `
+        + `tokens); nothing was sent`)
     requests++
     let res: ChatResponse
     try {
@@ -3553,12 +3636,15 @@ async function summarise(host: CompactionHost, messages: readonly Message[], sig
         failed.add(fingerprint)
         if (failed.size > FAILED_SUMMARY_MEMORY) failed.delete(failed.values().next().value!)
       }
-      if (e?.code !== 'CONTEXT_WINDOW_EXCEEDED' || signal?.aborted || replans >= MAX_SUMMARY_REPLANS) throw Object.assign(err as object, { summaryRequests: requests })
+      if (e?.code !== 'CONTEXT_WINDOW_EXCEEDED' || signal?.aborted || replans >= MAX_SUMMARY_REPLANS)
+        throw Object.assign(err as object, { summaryRequests: requests })
       // The server counts this request as too long: learn its rate and limit, then plan smaller.
       replans++
       const counts = overflowCounts(e.body || e.message)
       if (counts.contextTokens !== undefined) window = Math.min(window, counts.contextTokens)
-      const promptTokens = counts.promptTokens ?? (counts.requestedTokens !== undefined && counts.requestedTokens > maxTokens ? counts.requestedTokens - maxTokens : undefined)
+      const promptTokens =
+        counts.promptTokens ?? (counts.requestedTokens !== undefined && counts.requestedTokens > maxTokens
+        ? counts.requestedTokens - maxTokens : undefined)
       let planned = Math.floor(inputTokens * REPLAN_SHRINK)
       if (promptTokens !== undefined && promptTokens > 0) {
         sample(promptTokens, inputTokens)
@@ -3575,7 +3661,8 @@ async function summarise(host: CompactionHost, messages: readonly Message[], sig
       if (res.usage.promptTokens > 0) sample(res.usage.promptTokens, inputTokens)
     }
     const text = contentText(res.message.content).trim()
-    if (!text) throw Object.assign(new CompactionError(`the summarizer (${provider.model}) returned no text (finish reason ${res.finishReason})`), { summaryRequests: requests })
+    if (!text) throw Object.assign(new CompactionError(`the summarizer (${provider.model}) returned no text (finish `
+      + `reason ${res.finishReason})`), { summaryRequests: requests })
     summary = text
     next = to
     if (next >= groups.length) break
@@ -3591,13 +3678,15 @@ async function summarise(host: CompactionHost, messages: readonly Message[], sig
 function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRecord[]): CompactionHost {
   const base = host.summarizer, session = host.session
   const summarizer: Provider = {
-    model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens, prices: base.prices,
+    model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens,
+    prices: base.prices,
     async complete(request) {
       const envelope: Envelope = { system: request.system, tools: request.tools }
       const inputTokens = estimateRequestTokens(envelope, request.messages)
       const modelledHitTokens = session.cost.summaryRequestHit(base.model, envelope, request.messages)
       const response = await base.complete(request)
-      const record: SummaryRequestRecord = { model: base.model, inputTokens, modelledHitTokens, outputTokens: estimateMessageTokens(response.message) }
+      const record: SummaryRequestRecord =
+        { model: base.model, inputTokens, modelledHitTokens, outputTokens: estimateMessageTokens(response.message) }
       if (response.usage) record.usage = response.usage
       if (base.prices && base.model !== session.measure().header?.model) record.prices = base.prices
       records.push(record)
@@ -3618,7 +3707,8 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
  * summary requests made; throws the failure (a {@link CompactionError}, `cancelled` set when a hook
  * cancelled; or the provider's error).
  */
-async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal, focus?: string): Promise<number> {
+async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal,
+  focus?: string): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
   const hooks = host // the hooks see the host itself (ctx.agent is the Agent), not the recording wrapper
@@ -3628,17 +3718,26 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
   const generation = session.replaceGeneration
   const id = `k${session.seq}`
   const tokensBefore = session.measure().totalTokens
-  const info: CompactionInfo = { id, trigger, focus, shadowedSeqs: nodes.map((n) => n.seq), regionTokens: region.tokens }
+  const info: CompactionInfo = { id, trigger, focus, shadowedSeqs: nodes.map((n) => n.seq),
+    regionTokens: region.tokens }
   session.append('compaction/start', { id, trigger })
   let requests = 0
   try {
     const verdict = await hooks.beforeCompaction?.(info, signal)
-    if (verdict?.cancel) throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
-    if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}` : verdict.focus.trim()
+    if (verdict?.cancel)
+      throw Object.assign(new CompactionError(`cancelled by a compaction/before `
+        + `hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
+    if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}`
+      : verdict.focus.trim()
     const fullLedger = await regionLedger(session, nodes)
     // A region no larger than its checkpoint's frame and ledger could only be rejected after the model call.
-    const frameTokens = estimateMessageTokens({ role: 'user', content: frameCheckpoint('', trimLedger(fullLedger, Math.floor(ledgerBudget(host.contextWindow) / session.measure().calibration))) })
-    if (frameTokens >= region.tokens) throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and ledger alone (${frameTokens} tokens); nothing was sent`)
+    const frameTokens =
+      estimateMessageTokens({ role: 'user',
+      content: frameCheckpoint('',
+      trimLedger(fullLedger, Math.floor(ledgerBudget(host.contextWindow) / session.measure().calibration))) })
+    if (frameTokens >= region.tokens)
+      throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and `
+        + `ledger alone (${frameTokens} tokens); nothing was sent`)
     const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
@@ -3647,23 +3746,31 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     const text = frameCheckpoint(result.summary, ledger)
     const checkpoint: UserMessage = { role: 'user', content: text }
     const checkpointTokens = estimateMessageTokens(checkpoint)
-    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace (the checkpoint counts its summary and its ledger)`)
-    if (session.replaceGeneration !== generation || !session.surface().node(first) || !session.surface().node(last)) throw new CompactionError('the surface changed during compaction')
+    if (checkpointTokens >= region.tokens)
+      throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} `
+        + `tokens it would replace (the checkpoint counts its summary and its ledger)`)
+    if (session.replaceGeneration !== generation || !session.surface().node(first) || !session.surface().node(last))
+      throw new CompactionError('the surface changed during compaction')
     const fidelity = measureFidelity(fullLedger, text, result.summary)
     session.append('compaction/summary', {
-      id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage,
+      id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens,
+      model: host.summarizer.model, usage: result.usage,
       ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}),
     })
-    const seq = session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
-    session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens, requests: records })
-    try { await hooks.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
+    const seq = session.append('user/message',
+      { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
+    session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens,
+      requests: records })
+    try { await hooks.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger,
+      fidelity }, signal) } catch (err) {
       host.warn(`a compaction/after hook failed: ${(err as Error)?.message ?? err}`)
     }
     return requests
   } catch (err) {
     if (stateOf(session).compaction !== id) throw err // committed: only the after hook can get here, and it is caught
     const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
-    session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err), requests: records })
+    session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err),
+      requests: records })
     throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
   }
 }
@@ -3694,7 +3801,8 @@ class Ladder {
   /** Heuristic tokens (envelope + surface) at the last failed pressure compaction; undefined when none is pending. */
   get failedAtTokens(): number | undefined { return this.guard }
 
-  private outcome(trigger: CompactionOutcome['trigger']): { outcome: CompactionOutcome; done: (action: CompactionOutcome['action'], reason?: string) => CompactionOutcome } {
+  private outcome(trigger: CompactionOutcome['trigger']): { outcome: CompactionOutcome;
+    done: (action: CompactionOutcome['action'], reason?: string) => CompactionOutcome } {
     const session = this.host.session
     const before = this.nextRequestTokens()
     const outcome: CompactionOutcome = {
@@ -3717,7 +3825,9 @@ class Ladder {
     if (window !== undefined) return Math.floor(window * this.host.compaction.thresholdRatio)
     if (!this.warnedNoWindow) {
       this.warnedNoWindow = true
-      this.host.warn(`configuration error: the context window of model "${this.host.modelName ?? this.host.summarizer.model}" is unknown, so pressure compaction is off; set contextWindow (CLI: --context-window N)`)
+      this.host.warn(`configuration error: the context window of model `
+        + `"${this.host.modelName ?? this.host.summarizer.model}" is unknown, so pressure compaction is off; `
+        + `set contextWindow (CLI: --context-window N)`)
     }
     return undefined
   }
@@ -3725,7 +3835,8 @@ class Ladder {
   private setGuard(tokens: number | undefined): void {
     if (tokens === this.guard) return
     this.guard = tokens
-    this.host.session.append('ladder/state', { failedAtTokens: tokens ?? null, calibration: this.host.session.measure().calibration })
+    this.host.session.append('ladder/state',
+      { failedAtTokens: tokens ?? null, calibration: this.host.session.measure().calibration })
   }
 
   /** The ladder's view of its session for a run at `threshold` (see {@link LadderView}). */
@@ -3778,7 +3889,8 @@ class Ladder {
     if (below()) return done('pruned')
     outcome.clearedTokens = this.apply(clearRung, view, 'pressure')
     if (below()) return done('cleared')
-    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'skipped'
+    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
+      ? 'pruned' : 'skipped'
     // The guard and node prices are heuristic tokens; the retained tail is measured tokens of the window.
     const retained = Math.floor((this.host.contextWindow! * cfg.retainedTailRatio) / session.measure().calibration)
     if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
@@ -3788,7 +3900,9 @@ class Ladder {
   }
 
   /** Rung 3 under pressure or by hand: summary attempts, then success, or a remembered failure. */
-  private async summariseUnder(trigger: 'pressure' | 'manual', threshold: number, outcome: CompactionOutcome, done: (a: CompactionOutcome['action'], r?: string) => CompactionOutcome, signal?: AbortSignal, focus?: string): Promise<CompactionOutcome> {
+  private async summariseUnder(trigger: 'pressure' | 'manual', threshold: number, outcome: CompactionOutcome,
+    done: (a: CompactionOutcome['action'],
+    r?: string) => CompactionOutcome, signal?: AbortSignal, focus?: string): Promise<CompactionOutcome> {
     const { session, compaction: cfg } = this.host
     const window = this.host.contextWindow ?? 0
     const retained = Math.floor(window * cfg.retainedTailRatio)
@@ -3797,13 +3911,17 @@ class Ladder {
     for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
       // Node prices are heuristic tokens: the measured retained tail and saving are divided by the calibration.
       const rate = session.measure().calibration
-      const region = selectRegion(session.surface(), Math.floor(retained / rate), keptOutOfSummary(session), Math.ceil(minSaving / rate))
-      if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or touching the current input'; break }
-      try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus); committed++ } catch (err) {
+      const region = selectRegion(session.surface(), Math.floor(retained / rate), keptOutOfSummary(session),
+        Math.ceil(minSaving / rate))
+      if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or '
+        + 'touching the current input'; break }
+      try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus);
+        committed++ } catch (err) {
         outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
         if (signal?.aborted) throw err
         lastError = (err as Error).message
-        if ((err as { cancelled?: boolean })?.cancelled) break // a hook said no: asking again would only repeat the question
+        // a hook said no: asking again would only repeat the question
+        if ((err as { cancelled?: boolean })?.cancelled) break
         // Refused before any model call: the same surface and calibration give the same region and the same refusal.
         if (((err as { summaryRequests?: number })?.summaryRequests ?? 0) === 0) break
         continue
@@ -3814,11 +3932,15 @@ class Ladder {
     const saved = outcome.tokensBefore - after
     if (trigger === 'manual' && committed > 0) { this.setGuard(undefined); return done('compacted') }
     if (committed > 0 && after < threshold && saved >= minSaving) { this.setGuard(undefined); return done('compacted') }
-    const why = lastError || (saved < minSaving ? `it saved only ${saved} tokens (< ${Math.round(cfg.minSavingsRatio * 100)}%)` : 'the retained tail and envelope alone are above it')
-    this.host.warn(`context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; not retrying until the surface grows by ${retained} tokens`)
+    const why = lastError || (saved < minSaving
+      ? `it saved only ${saved} tokens (< ${Math.round(cfg.minSavingsRatio * 100)}%)`
+      : 'the retained tail and envelope alone are above it')
+    this.host.warn(`context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; `
+      + `not retrying until the surface grows by ${retained} tokens`)
     session.append('compaction/warning', { trigger, message: why, totalTokens: after, thresholdTokens: threshold })
     this.setGuard(session.measure().heuristicTokens)
-    return done(committed > 0 ? 'compacted' : outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'failed', why)
+    return done(committed > 0 ? 'compacted' : outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
+      ? 'pruned' : 'failed', why)
   }
 
   /**
@@ -3830,7 +3952,8 @@ class Ladder {
   private nextRequestTokens(): number {
     const m = this.host.session.measure()
     const envelope = this.host.envelope
-    if (this.envelopePrice?.envelope !== envelope) this.envelopePrice = { envelope, tokens: estimateEnvelopeTokens(envelope) }
+    if (this.envelopePrice?.envelope !== envelope) this.envelopePrice = { envelope,
+      tokens: estimateEnvelopeTokens(envelope) }
     const added = this.envelopePrice.tokens - m.envelopeTokens
     return m.totalTokens + (added > 0 ? Math.ceil(added * m.calibration) : 0)
   }
@@ -3850,12 +3973,17 @@ class Ladder {
     if (signal?.aborted) return done('skipped', 'aborted')
     const counts = error ? overflowCounts(error.body || error.message) : {}
     const counted = counts.promptTokens !== undefined && counts.promptTokens > 0
-    if (counted) session.append('ladder/state', { sample: { providerTokens: counts.promptTokens!, heuristicTokens: session.measure().heuristicTokens, source: 'overflow' } })
+    if (counted) session.append('ladder/state',
+      { sample: { providerTokens: counts.promptTokens!, heuristicTokens: session.measure().heuristicTokens,
+      source: 'overflow' } })
     const window = this.host.contextWindow
-    if (counts.contextTokens !== undefined && window !== undefined && counts.contextTokens < window && !this.warnedServerWindow) {
+    if (counts.contextTokens !== undefined && window !== undefined && counts.contextTokens < window
+      && !this.warnedServerWindow) {
       // Pressure compares with the configured window, so every cycle would overflow again first.
       this.warnedServerWindow = true
-      this.host.warn(`the provider reports a context window of ${counts.contextTokens} tokens, smaller than the configured ${window}: compaction starts too late and requests overflow; set contextWindow to ${counts.contextTokens} (CLI: --context-window ${counts.contextTokens})`)
+      this.host.warn(`the provider reports a context window of ${counts.contextTokens} tokens, smaller than the `
+        + `configured ${window}: compaction starts too late and requests overflow; set contextWindow to `
+        + `${counts.contextTokens} (CLI: --context-window ${counts.contextTokens})`)
     }
     const threshold = window === undefined ? 0 : Math.floor(window * this.host.compaction.thresholdRatio)
     if (counted && window !== undefined && !this.warnedEnvelope) {
@@ -3864,19 +3992,26 @@ class Ladder {
       const envelopeCounted = Math.round((counts.promptTokens! * m.envelopeTokens) / Math.max(1, m.heuristicTokens))
       if (envelopeCounted >= threshold) {
         this.warnedEnvelope = true
-        this.host.warn(`the system prompt and tool specs alone are about ${envelopeCounted} tokens by the provider's count (${m.envelopeTokens} of the request's ${m.heuristicTokens} heuristic tokens; it counted ${counts.promptTokens}), at or above the compaction threshold of ${threshold} of the ${window}-token window: no prune or summary can make room; use a model with a larger context window, or fewer or shorter tools and system prompt`)
+        this.host.warn(`the system prompt and tool specs alone are about ${envelopeCounted} tokens by the provider's `
+          + `count (${m.envelopeTokens} of the request's ${m.heuristicTokens} heuristic tokens; it counted `
+          + `${counts.promptTokens}), at or above the compaction threshold of ${threshold} of the ${window}-token `
+          + `window: no prune or summary can make room; use a model with a larger context window, or fewer or shorter `
+          + `tools and system prompt`)
       }
     }
     const view = this.view(threshold, true)
     outcome.prunedTokens = this.apply(pruneResultsRung, view, 'context-overflow')
       + this.apply(pruneMessagesRung, view, 'context-overflow')
     outcome.clearedTokens = this.apply(clearRung, view, 'context-overflow')
-    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'failed'
-    if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore && this.nextRequestTokens() < threshold) return done(modelFree)
+    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
+      ? 'pruned' : 'failed'
+    if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore
+      && this.nextRequestTokens() < threshold) return done(modelFree)
     const region = selectRegion(session.surface(), 0, keptOutOfSummary(session))
     let compacted = false
     if (region) {
-      try { outcome.summaryRequests += await compactRegion(this.host, region, 'context-overflow', signal); compacted = true } catch (err) {
+      try { outcome.summaryRequests += await compactRegion(this.host, region, 'context-overflow', signal);
+        compacted = true } catch (err) {
         outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
         if (signal?.aborted) throw err
         this.host.warn(`overflow compaction failed: ${(err as Error).message}`)
@@ -3972,10 +4107,13 @@ async function shadowedOriginal(session: Session, seq: number): Promise<Shadowed
   return {
     key: m.toolCallId, seq, toolName: call?.name, toolArguments: call?.arguments,
     // The name is the model's text too: bounded, like the arguments, so a label cannot take an answer past its cap.
-    label: `tool result of ${call ? headCodePoints(call.name, 100) : 'a tool'} ${headCodePoints((call?.arguments ?? '').replace(/\s+/g, ' '), 100)}`.trim(),
+    label: (`tool result of ${call ? headCodePoints(call.name, 100) : 'a tool'} `
+      + `${headCodePoints((call?.arguments ?? '').replace(/\s+/g, ' '), 100)}`).trim(),
     text: async () => {
       if (!spilled) return recallText(m)
-      if (!session.store.getArtefact) throw new Error(`${RECALL_TOOL_NAME}: the original of ${m.toolCallId} was spilled to ${spilled.ref}, which this store cannot read back`)
+      if (!session.store.getArtefact)
+        throw new Error(`${RECALL_TOOL_NAME}: the original of ${m.toolCallId} was spilled to ${spilled.ref}, `
+          + `which this store cannot read back`)
       return await session.store.getArtefact(spilled.ref)
     },
   }
@@ -3992,11 +4130,13 @@ async function originalCall(session: Session, callId: string, resultSeq: number)
   return d.message ? toolCalls(d.message).find((c) => c.id === callId) : undefined
 }
 
-/** The original recall answers for `key` (a tool-call id or `seq:N`): by the session's index when it has it, else the newest shadowed original with that key. */
+/** The original recall answers for `key` (a tool-call id or `seq:N`): by the session's index when it has it, else the
+ *  newest shadowed original with that key. */
 async function recallByKey(session: Session, key: string): Promise<ShadowedOriginal | undefined> {
   const bySeq = /^seq:\d+$/.test(key)
   const direct = bySeq ? Number(key.slice(4)) : session.recall.resultOriginSeq(key)
-  if (direct !== undefined && binarySearch(session.recall.shadowedSeqs(), direct, (seq) => seq) >= 0) { const o = await shadowedOriginal(session, direct); if (o?.key === key) return o }
+  if (direct !== undefined && binarySearch(session.recall.shadowedSeqs(), direct,
+    (seq) => seq) >= 0) { const o = await shadowedOriginal(session, direct); if (o?.key === key) return o }
   if (bySeq) return undefined
   for await (const o of shadowedOriginals(session)) if (o.key === key) return o
   return undefined
@@ -4040,12 +4180,14 @@ function pageOf(lines: readonly string[], from: number, limit: number, reserved:
 function recallInt(args: Record<string, unknown>, key: string, fallback: number): number {
   const v = args[key]
   if (v === undefined) return fallback
-  if (!Number.isSafeInteger(v) || (v as number) < 1) throw new Error(`${RECALL_TOOL_NAME}: ${key} must be an integer ≥ 1, got ${JSON.stringify(v)}`)
+  if (!Number.isSafeInteger(v) || (v as number) < 1)
+    throw new Error(`${RECALL_TOOL_NAME}: ${key} must be an integer ≥ 1, got ${JSON.stringify(v)}`)
   return v as number
 }
 
 const RECALL_KEYS = ['key', 'tool', 'arguments', 'pattern', 'offset', 'limit']
-/** A model's argument as an answer quotes it: JSON, at most {@link RECALL_HIT_CODE_POINTS} code points of it (so an answer stays capped). */
+/** A model's argument as an answer quotes it: JSON, at most {@link RECALL_HIT_CODE_POINTS} code points of it (so an
+ *  answer stays capped). */
 const echo = (v: string): string => JSON.stringify(headCodePoints(v, RECALL_HIT_CODE_POINTS))
 
 /**
@@ -4190,7 +4332,8 @@ function spillName(seq: number): string { return `tool-result-${seq}.txt` }
  * time, never under pressure. Returns the message unchanged when it is small or the store keeps no
  * artefacts.
  */
-async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
+async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number,
+  name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
   if (!store.putArtefact) return { message }
   const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
   // Length first: a UTF-16 unit is 1 to 3 UTF-8 bytes, so most results are decided without a walk.
@@ -4205,7 +4348,8 @@ async function spillToolResult(message: ToolResultMessage, store: LogStore, spil
   const whole = texts.map((t) => t.text).join('')
   const ref = await store.putArtefact(name, whole)
   const fullBytes = utf8Length(whole)
-  const preview = pruneText(whole).replace(PRUNE_MARKER, `\n\n[... tool result middle spilled: all ${fullBytes} bytes are stored at ${ref} ...]\n\n`)
+  const preview = pruneText(whole).replace(PRUNE_MARKER, `\n\n[... tool result middle spilled: all ${fullBytes} bytes `
+    + `are stored at ${ref} ...]\n\n`)
   const content: Block[] = [{ type: 'text', text: preview }, ...message.content.filter((b) => b.type !== 'text')]
   return { message: { ...message, content }, spilled: { ref, bytes: fullBytes } }
 }
@@ -4664,7 +4808,8 @@ const ERROR_MESSAGE_KEYS = new Set(['message', 'msg', 'detail', 'error', 'raw', 
  * the prompt length" too (OpenAI/Groq TPM "Request too large", Anthropic input-TPM 429), and a
  * rate limit is never an overflow (docs/design.md §6).
  */
-const RATE_LIMIT_RE = /rate[ _-]?limit|too many requests|tokens per min|requests per min|\b(?:TPM|RPM|TPD|RPD)\b|per[ -]minute|resource[_ ]exhausted/i
+const RATE_LIMIT_RE = new RegExp(['rate[ _-]?limit', 'too many requests', 'tokens per min', 'requests per min',
+  '\\b(?:TPM|RPM|TPD|RPD)\\b', 'per[ -]minute', 'resource[_ ]exhausted'].join('|'), 'i')
 
 /** Context-window overflow wordings, one per line with the servers known to use it. */
 const OVERFLOW_PATTERNS: readonly RegExp[] = [
@@ -4687,9 +4832,11 @@ const OVERFLOW_PATTERNS: readonly RegExp[] = [
 ]
 
 /** Out of balance or quota (not retried: only money helps). */
-const QUOTA_RE = /insufficient[_ ]?(?:balance|quota|credits?|funds)|exceeded your current quota|billing|credit balance|payment required|out of credits|not enough credits/i
+const QUOTA_RE = new RegExp(['insufficient[_ ]?(?:balance|quota|credits?|funds)', 'exceeded your current quota',
+  'billing', 'credit balance', 'payment required', 'out of credits', 'not enough credits'].join('|'), 'i')
 /** Authentication and permission wording, used when no HTTP status says so. */
-const AUTH_RE = /authenticat|unauthori[sz]ed|invalid[_ ]api[_ ]key|incorrect api key|permission[_ ]denied|permission_error|forbidden/i
+const AUTH_RE =
+  /authenticat|unauthori[sz]ed|invalid[_ ]api[_ ]key|incorrect api key|permission[_ ]denied|permission_error|forbidden/i
 /** Server-side trouble, used when no HTTP status says so (errors inside a 200 stream). */
 const SERVER_RE = /overloaded|server[_ ]error|internal|unavailable|bad gateway|api_error|timed? ?out/i
 /** Request-side trouble, used when no HTTP status says so. */
@@ -4716,7 +4863,8 @@ function parseJSONOrUndefined(text: string): unknown {
   try { return JSON.parse(text) } catch { return undefined }
 }
 
-const isErrorStatus = (status: unknown): status is number => typeof status === 'number' && Number.isInteger(status) && status >= 400 && status <= 599
+const isErrorStatus = (status: unknown): status is number => typeof status === 'number' && Number.isInteger(status)
+  && status >= 400 && status <= 599
 
 /** Reads what an error body says, whatever its shape (docs/design.md §6). Never throws on strings. */
 function inspectErrorBody(bodyText: string): ErrorBodyInfo {
@@ -4749,13 +4897,16 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
       // Wrapped errors: a proxy that puts the upstream JSON body into its message (Gemini CLI,
       // double-encoded bodies) — read the inner JSON as well.
       const nested = start === '{' || start === '[' || start === '"' ? parseJSONOrUndefined(value) : undefined
-      if (nested !== undefined && typeof nested !== 'number' && typeof nested !== 'boolean') return collect(nested, depth + 1, key)
+      if (nested !== undefined && typeof nested !== 'number' && typeof nested !== 'boolean')
+        return collect(nested, depth + 1, key)
       strings.push(value)
-      if (info.message === undefined && value.trim() !== '' && (key === undefined || ERROR_MESSAGE_KEYS.has(key))) info.message = value.trim()
+      if (info.message === undefined && value.trim() !== ''
+        && (key === undefined || ERROR_MESSAGE_KEYS.has(key))) info.message = value.trim()
       return
     }
     if (typeof value === 'number') {
-      if (key !== undefined && ERROR_STATUS_KEYS.has(key) && info.status === undefined && isErrorStatus(value)) info.status = value
+      if (key !== undefined && ERROR_STATUS_KEYS.has(key) && info.status === undefined
+        && isErrorStatus(value)) info.status = value
       return
     }
     if (Array.isArray(value)) {
@@ -4801,7 +4952,8 @@ function classifyProviderError(status: number | undefined, bodyText: string): Pr
  * An error body read once: its code (the rules of {@link classifyProviderError}) and what it says
  * (`info`, for the error's message and in-stream status). Never throws.
  */
-function readErrorBody(status: number | undefined, bodyText: unknown): { code: ProviderErrorCode; info?: ErrorBodyInfo } {
+function readErrorBody(status: number | undefined, bodyText: unknown): { code: ProviderErrorCode;
+  info?: ErrorBodyInfo } {
   let info: ErrorBodyInfo | undefined
   try {
     info = inspectErrorBody(typeof bodyText === 'string' ? bodyText : bodyText == null ? '' : String(bodyText))
@@ -4831,12 +4983,14 @@ function overflowCounts(bodyText: string): { promptTokens?: number; contextToken
   }
   const N = '(\\d[\\d,]*)'
   const out: { promptTokens?: number; contextTokens?: number; requestedTokens?: number } = {}
-  const prompt = num(/"n_prompt_tokens"\s*:\s*(\d+)/) ?? num(new RegExp(`request \\(${N} tokens\\) exceeds the available context`, 'i'))
+  const prompt = num(/"n_prompt_tokens"\s*:\s*(\d+)/)
+    ?? num(new RegExp(`request \\(${N} tokens\\) exceeds the available context`, 'i'))
     ?? num(new RegExp(`${N} in the messages`, 'i')) ?? num(new RegExp(`request has ${N} input tokens`, 'i'))
     ?? num(new RegExp(`${N} tokens > ${N} maximum`, 'i')) ?? num(new RegExp(`input token count \\(${N}\\)`, 'i'))
   const context = num(/"n_ctx"\s*:\s*(\d+)/) ?? num(new RegExp(`available context size \\(${N} tokens\\)`, 'i'))
     ?? num(new RegExp(`maximum context length is ${N}`, 'i')) ?? num(new RegExp(`tokens > ${N} maximum`, 'i'))
-    ?? num(new RegExp(`maximum number of tokens allowed \\(${N}\\)`, 'i')) ?? num(new RegExp(`context length of only ${N}`, 'i'))
+    ?? num(new RegExp(`maximum number of tokens allowed \\(${N}\\)`, 'i'))
+      ?? num(new RegExp(`context length of only ${N}`, 'i'))
   const requested = num(new RegExp(`requested ${N} tokens`, 'i'))
   if (prompt !== undefined) out.promptTokens = prompt
   if (context !== undefined) out.contextTokens = context
@@ -4863,10 +5017,12 @@ function codeOfErrorBody(status: number | undefined, info: ErrorBodyInfo): Provi
 
 /** What to do about each code, appended to error messages (docs/design.md §0: an error names the fix). */
 const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
-  CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, or lower maxTokens.',
+  CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, '
+    + 'or lower maxTokens.',
   RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
   QUOTA: 'The account has no balance or quota left: top it up or use another API key.',
-  AUTH: 'Check the API key and its permissions (option apiKey, or the environment variable named by apiKeyEnv; CLI: --api-key-env NAME).',
+  AUTH: 'Check the API key and its permissions (option apiKey, or the environment variable named by apiKeyEnv; CLI: '
+    + '--api-key-env NAME).',
   INVALID_REQUEST: 'The server rejected the request; the body above names the field.',
   SERVER: 'The server failed; try again later.',
   TRANSPORT: 'Check the network and baseURL.',
@@ -4874,7 +5030,8 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   ABORTED: 'The caller aborted the request.',
   EMPTY_RESPONSE: 'The server answered with nothing; try again later.',
   MALFORMED_RESPONSE: 'The server does not speak the OpenAI chat-completions stream format; check baseURL.',
-  RESPONSE_TOO_LARGE: 'The server sent more than dsh reads; raise maxMessageBytes if a message really needs more, or lower maxTokens.',
+  RESPONSE_TOO_LARGE: 'The server sent more than dsh reads; raise maxMessageBytes if a message really needs more, '
+    + 'or lower maxTokens.',
 }
 
 /** Seconds, an HTTP date, or OpenAI's `retry-after-ms`, in ms (RFC 9110 §10.2.3). */
