@@ -3530,144 +3530,205 @@ function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: strin
  */
 async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal,
   focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
-  const provider = host.summarizer
-  const session = host.session
-  let window = provider.contextWindow ?? host.contextWindow ?? Infinity
-  const sameModel = provider.model === (session.measure().header?.model ?? provider.model)
-  let rate = sameModel ? session.measure().calibration : 1
-  const fullEnvelope = host.envelope
-  const toolsTokens = fullEnvelope.tools?.length ? estimateEnvelopeTokens({ tools: fullEnvelope.tools }) : 0
-  /** The next request's envelope: the conversation's, without its tool specs once they crowd the window at the current
-   *  rate. */
-  const envelope = (): Envelope => (toolsTokens > 0 && toolsTokens * rate > window * SUMMARY_TOOLS_MAX_RATIO
-    ? { system: fullEnvelope.system } : fullEnvelope)
-  const instruction: UserMessage = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
-  const fixed = () => estimateEnvelopeTokens(envelope()) + estimateMessageTokens(instruction)
-  const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
-  // What a request's input may cost by the §2 estimate (heuristic tokens).
-  let inputBudget = Math.floor((window - reserve) / rate)
-  const prior =
-    (s: string): UserMessage => ({ role: 'user', content: `Checkpoint of the earlier `
-    + `part:\n<compacted-summary>\n${s}\n</compacted-summary>` })
-  let summary = ''
-  let requests = 0
-  const usage: Usage = { promptTokens: 0, completionTokens: 0 }
-  // Summary requests of this session that overflowed, kept across summarise() calls: a ladder's next
-  // attempt (or the overflow rung after the pressure one) re-plans from a new calibration and can
-  // arrive at the very request that was just refused.
-  const failed = overflowedSummaryRequests(session)
-  const sample = (providerTokens: number, heuristicTokens: number) => {
-    if (sameModel) session.append('ladder/state', { sample: { providerTokens, heuristicTokens, source: 'summary' } })
+  return await new SummaryJob(host, messages, focus).run(signal)
+}
+
+/** One run of {@link summarise}: its window, calibration and budget as they are learned, and its progress. */
+class SummaryJob {
+  private readonly provider: Provider
+  private readonly session: Session
+  private window: number
+  private readonly sameModel: boolean
+  private rate: number
+  /** The conversation's envelope as the job started (the host's may change as calibration samples arrive). */
+  private readonly fullEnvelope: Envelope
+  private readonly toolsTokens: number
+  private readonly instruction: UserMessage
+  private readonly reserve: number
+  /** What a request's input may cost by the §2 estimate (heuristic tokens); the output is reserved already. */
+  private inputBudget: number
+  private summary = ''
+  /** Summary requests sent (answered or not). */
+  requests = 0
+  private readonly usage: Usage = { promptTokens: 0, completionTokens: 0 }
+  private readonly groups: Message[][]
+  /**
+   * Summary requests of this session that overflowed, kept across summarise() calls: a ladder's next
+   * attempt (or the overflow rung after the pressure one) re-plans from a new calibration and can
+   * arrive at the very request that was just refused.
+   */
+  private readonly failed: Set<number>
+
+  constructor(private readonly host: CompactionHost, messages: readonly Message[], focus?: string) {
+    this.provider = host.summarizer
+    this.session = host.session
+    const m = this.session.measure()
+    this.window = this.provider.contextWindow ?? host.contextWindow ?? Infinity
+    this.sameModel = this.provider.model === (m.header?.model ?? this.provider.model)
+    this.rate = this.sameModel ? m.calibration : 1
+    this.fullEnvelope = host.envelope
+    const tools = this.fullEnvelope.tools
+    this.toolsTokens = tools?.length ? estimateEnvelopeTokens({ tools }) : 0
+    this.instruction = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
+    this.reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(this.window * 0.1))
+    this.inputBudget = Math.floor((this.window - this.reserve) / this.rate)
+    this.failed = overflowedSummaryRequests(this.session)
+    this.groups = balancedGroups(messages)
   }
 
-  const groups = balancedGroups(messages)
-  // The output is reserved in inputBudget already; a running summary costs what it costs.
-  const budget = () => inputBudget - fixed() - (summary ? estimateMessageTokens(prior(summary)) : 0)
+  /** The next request's envelope: the conversation's, without its tool specs once they crowd the window. */
+  private envelope(): Envelope {
+    const full = this.fullEnvelope
+    const crowded = this.toolsTokens > 0 && this.toolsTokens * this.rate > this.window * SUMMARY_TOOLS_MAX_RATIO
+    return crowded ? { system: full.system } : full
+  }
+  private fixed(): number { return estimateEnvelopeTokens(this.envelope()) + estimateMessageTokens(this.instruction) }
+  private prior(s: string): UserMessage {
+    return { role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` }
+  }
+  /** The room left for a chunk: the budget minus the envelope, instruction and running summary. */
+  private budget(): number {
+    return this.inputBudget - this.fixed() - (this.summary ? estimateMessageTokens(this.prior(this.summary)) : 0)
+  }
+  private sample(providerTokens: number, heuristicTokens: number): void {
+    if (this.sameModel) this.session.append('ladder/state',
+      { sample: { providerTokens, heuristicTokens, source: 'summary' } })
+  }
+  private windowNote(): string {
+    return `the summarizer's window (${this.window} `
+      + `tokens${this.rate === 1 ? '' : `, × ${this.rate.toFixed(2)} calibration`})`
+  }
+
+  /** Sends requests chunk by chunk, each merged into the running summary, re-planning after an overflow. */
+  async run(signal?: AbortSignal): Promise<{ summary: string; usage?: Usage; requests: number }> {
+    for (let next = 0, replans = 0; ;) {
+      const { chunk, to } = this.plan(next)
+      const answer = await this.request(chunk, signal, replans)
+      if (answer === undefined) { replans++; continue }
+      this.summary = answer
+      next = to
+      if (next >= this.groups.length) break
+    }
+    return { summary: this.summary, usage: this.usage, requests: this.requests }
+  }
+
   /** The next chunk from `groups[from]` within the budget; oversized groups are shortened for this request only. */
-  const plan = (from: number): { chunk: Message[]; to: number } => {
+  private plan(from: number): { chunk: Message[]; to: number } {
     const chunk: Message[] = []
     let chunkTokens = 0
     let i = from
-    for (; i < groups.length; i++) {
-      const group = groups[i]
-      const b = budget()
-      let groupTokens = group.reduce((t, m) => t + estimateMessageTokens(m), 0)
+    for (; i < this.groups.length; i++) {
+      const group = this.groups[i]
+      const b = this.budget()
+      const groupTokens = group.reduce((t, m) => t + estimateMessageTokens(m), 0)
       // A group larger than a whole request is shortened anyway; it shares the request with the
       // current chunk when that leaves it at least a quarter of the room.
       const oversized = groupTokens > b
       if (chunk.length > 0 && chunkTokens + groupTokens > b && !(oversized && b - chunkTokens >= b / 4)) break
-      if (oversized) {
-        const room = b - chunkTokens
-        if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) {
-          throw new CompactionError(`the summarizer's window (${window} `
-            + `tokens${rate === 1 ? '' : `, × ${rate.toFixed(2)} calibration`}) `
-            + `leaves ${Math.max(0, Math.floor(room))} tokens for a tool-balanced group of ${group.length} messages `
-            + `after the envelope, instruction${summary ? ' and running summary' : ''} `
-            + `(${fixed()}${summary ? ` + ${estimateMessageTokens(prior(summary))}` : ''} tokens)`)
-        }
-        // An even share first; what some members cannot give up (an assistant message's many tool
-        // calls) is then taken from the others, until the group fits its room.
-        let each = Math.floor(room / group.length)
-        let shrunk = group
-        for (let pass = 0; pass < 8; pass++) {
-          shrunk = group.map((m) => (estimateMessageTokens(m) > each ? shrinkMessage(m, each) : m))
-          groupTokens = shrunk.reduce((t, m) => t + estimateMessageTokens(m), 0)
-          if (groupTokens <= room || each <= MESSAGE_OVERHEAD_TOKENS) break
-          each = Math.max(MESSAGE_OVERHEAD_TOKENS, Math.floor(each * (room / groupTokens)) - 1)
-        }
-        if (groupTokens > room) {
-          throw new CompactionError(`a tool-balanced group of ${group.length} messages cannot be shortened below `
-            + `${groupTokens} tokens, and the summarizer's window (${window} `
-            + `tokens${rate === 1 ? '' : `, × ${rate.toFixed(2)} calibration`}) leaves ${Math.floor(room)} for it; `
-            + `nothing was sent`)
-        }
-        chunk.push(...shrunk)
-      } else chunk.push(...group)
-      chunkTokens += groupTokens
+      const kept = oversized ? this.shrinkGroup(group, b - chunkTokens) : { messages: group, tokens: groupTokens }
+      chunk.push(...kept.messages)
+      chunkTokens += kept.tokens
     }
     return { chunk, to: i }
   }
 
-  for (let next = 0, replans = 0; ;) {
-    const { chunk, to } = plan(next)
-    const msgs = summary ? [prior(summary), ...chunk, instruction] : [...chunk, instruction]
-    const env = envelope()
+  /**
+   * A tool-balanced group shortened to `room` tokens for this request: an even share first; what some
+   * members cannot give up (an assistant message's many tool calls) is then taken from the others.
+   */
+  private shrinkGroup(group: Message[], room: number): { messages: Message[]; tokens: number } {
+    if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) {
+      const s = this.summary
+      throw new CompactionError(`${this.windowNote()} leaves ${Math.max(0, Math.floor(room))} tokens for a `
+        + `tool-balanced group of ${group.length} messages after the envelope, `
+          + `instruction${s ? ' and running summary' : ''} `
+        + `(${this.fixed()}${s ? ` + ${estimateMessageTokens(this.prior(s))}` : ''} tokens)`)
+    }
+    let each = Math.floor(room / group.length)
+    let shrunk = group
+    let tokens = 0
+    for (let pass = 0; pass < 8; pass++) {
+      shrunk = group.map((m) => (estimateMessageTokens(m) > each ? shrinkMessage(m, each) : m))
+      tokens = shrunk.reduce((t, m) => t + estimateMessageTokens(m), 0)
+      if (tokens <= room || each <= MESSAGE_OVERHEAD_TOKENS) break
+      each = Math.max(MESSAGE_OVERHEAD_TOKENS, Math.floor(each * (room / tokens)) - 1)
+    }
+    if (tokens > room) {
+      throw new CompactionError(`a tool-balanced group of ${group.length} messages cannot be shortened below `
+        + `${tokens} tokens, and ${this.windowNote()} leaves ${Math.floor(room)} for it; nothing was sent`)
+    }
+    return { messages: shrunk, tokens }
+  }
+
+  /**
+   * One summary request of `chunk` (after the running summary, before the instruction); its text, or
+   * undefined after an overflow that re-planned the budget. Throws what cannot be re-planned.
+   */
+  private async request(chunk: Message[], signal: AbortSignal | undefined, replans: number): Promise<string
+    | undefined> {
+    const { provider, instruction } = this
+    const msgs = this.summary ? [this.prior(this.summary), ...chunk, instruction] : [...chunk, instruction]
+    const env = this.envelope()
     const inputTokens = estimateRequestTokens(env, msgs)
-    const calibrated = Math.ceil(inputTokens * rate)
-    if (calibrated >= window)
+    const calibrated = Math.ceil(inputTokens * this.rate)
+    if (calibrated >= this.window) {
       throw new CompactionError(`a summary request of ${calibrated} tokens would not fit the summarizer's window `
-        + `(${window} tokens); nothing was sent`)
-    const maxTokens = summaryMaxTokens(inputTokens - fixed(), host.compaction, window - calibrated)
+        + `(${this.window} tokens); nothing was sent`)
+    }
+    const maxTokens = summaryMaxTokens(inputTokens - this.fixed(), this.host.compaction, this.window - calibrated)
     const fingerprint =
       fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
-    if (failed.has(fingerprint))
+    if (this.failed.has(fingerprint)) {
       throw new CompactionError(`re-planning gave a summary request identical to one that overflowed (${calibrated} `
         + `tokens); nothing was sent`)
-    requests++
+    }
+    this.requests++
     let res: ChatResponse
     try {
-      res = await provider.complete({
-        system: env.system, tools: env.tools, messages: msgs, maxTokens,
-        inputTokens: calibrated, signal, headers: { 'x-dsh-purpose': 'compaction' },
-      })
+      res = await provider.complete({ system: env.system, tools: env.tools, messages: msgs, maxTokens,
+        inputTokens: calibrated, signal, headers: { 'x-dsh-purpose': 'compaction' } })
     } catch (err) {
       const e = err as ProviderError
-      if (e?.code === 'CONTEXT_WINDOW_EXCEEDED') {
-        failed.add(fingerprint)
-        if (failed.size > FAILED_SUMMARY_MEMORY) failed.delete(failed.values().next().value!)
+      const overflow = e?.code === 'CONTEXT_WINDOW_EXCEEDED'
+      if (overflow) {
+        this.failed.add(fingerprint)
+        if (this.failed.size > FAILED_SUMMARY_MEMORY) this.failed.delete(this.failed.values().next().value!)
       }
-      if (e?.code !== 'CONTEXT_WINDOW_EXCEEDED' || signal?.aborted || replans >= MAX_SUMMARY_REPLANS)
-        throw Object.assign(err as object, { summaryRequests: requests })
-      // The server counts this request as too long: learn its rate and limit, then plan smaller.
-      replans++
-      const counts = overflowCounts(e.body || e.message)
-      if (counts.contextTokens !== undefined) window = Math.min(window, counts.contextTokens)
-      const promptTokens =
-        counts.promptTokens ?? (counts.requestedTokens !== undefined && counts.requestedTokens > maxTokens
-        ? counts.requestedTokens - maxTokens : undefined)
-      let planned = Math.floor(inputTokens * REPLAN_SHRINK)
-      if (promptTokens !== undefined && promptTokens > 0) {
-        sample(promptTokens, inputTokens)
-        rate = Math.min(CALIBRATION_RANGE[1], Math.max(rate, promptTokens / inputTokens))
-        const room = Math.min(window, counts.contextTokens ?? window) - Math.min(maxTokens, reserve)
-        planned = Math.min(Math.floor(inputTokens * 0.9), Math.floor((room * REPLAN_MARGIN) / rate))
+      if (!overflow || signal?.aborted || replans >= MAX_SUMMARY_REPLANS) {
+        throw Object.assign(err as object, { summaryRequests: this.requests })
       }
-      inputBudget = Math.min(inputBudget - 1, planned)
-      continue
+      this.replan(e, inputTokens, maxTokens)
+      return undefined
     }
     if (res.usage) {
-      usage.promptTokens += res.usage.promptTokens
-      usage.completionTokens += res.usage.completionTokens
-      if (res.usage.promptTokens > 0) sample(res.usage.promptTokens, inputTokens)
+      this.usage.promptTokens += res.usage.promptTokens
+      this.usage.completionTokens += res.usage.completionTokens
+      if (res.usage.promptTokens > 0) this.sample(res.usage.promptTokens, inputTokens)
     }
     const text = contentText(res.message.content).trim()
-    if (!text) throw Object.assign(new CompactionError(`the summarizer (${provider.model}) returned no text (finish `
-      + `reason ${res.finishReason})`), { summaryRequests: requests })
-    summary = text
-    next = to
-    if (next >= groups.length) break
+    if (!text) {
+      throw Object.assign(new CompactionError(`the summarizer (${provider.model}) returned no text (finish `
+        + `reason ${res.finishReason})`), { summaryRequests: this.requests })
+    }
+    return text
   }
-  return { summary, usage, requests }
+
+  /** The server counts the last request as too long: learn its rate and limit, then plan smaller. */
+  private replan(e: ProviderError, inputTokens: number, maxTokens: number): void {
+    const counts = overflowCounts(e.body || e.message)
+    if (counts.contextTokens !== undefined) this.window = Math.min(this.window, counts.contextTokens)
+    const requested = counts.requestedTokens
+    const promptTokens = counts.promptTokens
+      ?? (requested !== undefined && requested > maxTokens ? requested - maxTokens : undefined)
+    let planned = Math.floor(inputTokens * REPLAN_SHRINK)
+    if (promptTokens !== undefined && promptTokens > 0) {
+      this.sample(promptTokens, inputTokens)
+      this.rate = Math.min(CALIBRATION_RANGE[1], Math.max(this.rate, promptTokens / inputTokens))
+      const room = Math.min(this.window, counts.contextTokens ?? this.window) - Math.min(maxTokens, this.reserve)
+      planned = Math.min(Math.floor(inputTokens * 0.9), Math.floor((room * REPLAN_MARGIN) / this.rate))
+    }
+    this.inputBudget = Math.min(this.inputBudget - 1, planned)
+  }
 }
 
 /**
@@ -3694,6 +3755,22 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
     },
   }
   return Object.create(host, { summarizer: { value: summarizer } }) as CompactionHost
+}
+
+/** A `compaction/before` verdict: cancel (throws, marked `cancelled`), or a focus joined to the one asked for. */
+function applyVerdict(info: CompactionInfo, verdict: CompactionVerdict | void): void {
+  if (verdict?.cancel) {
+    const why = typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''
+    throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${why}`), { cancelled: true })
+  }
+  const add = verdict?.focus?.trim()
+  if (add) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${add}` : add
+}
+
+/** The region's ledger within the checkpoint's budget: measured tokens of the window, the ledger priced by the
+ *  heuristic. */
+function budgetedLedger(host: CompactionHost, full: Ledger): Ledger {
+  return trimLedger(full, Math.floor(ledgerBudget(host.contextWindow) / host.session.measure().calibration))
 }
 
 /**
@@ -3723,26 +3800,18 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
   session.append('compaction/start', { id, trigger })
   let requests = 0
   try {
-    const verdict = await hooks.beforeCompaction?.(info, signal)
-    if (verdict?.cancel)
-      throw Object.assign(new CompactionError(`cancelled by a compaction/before `
-        + `hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
-    if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}`
-      : verdict.focus.trim()
+    applyVerdict(info, await hooks.beforeCompaction?.(info, signal))
     const fullLedger = await regionLedger(session, nodes)
     // A region no larger than its checkpoint's frame and ledger could only be rejected after the model call.
     const frameTokens =
-      estimateMessageTokens({ role: 'user',
-      content: frameCheckpoint('',
-      trimLedger(fullLedger, Math.floor(ledgerBudget(host.contextWindow) / session.measure().calibration))) })
+      estimateMessageTokens({ role: 'user', content: frameCheckpoint('', budgetedLedger(host, fullLedger)) })
     if (frameTokens >= region.tokens)
       throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and `
         + `ledger alone (${frameTokens} tokens); nothing was sent`)
     const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
-    // The budget is measured tokens of the window; the ledger is priced by the heuristic.
-    const ledger = trimLedger(fullLedger, Math.floor(ledgerBudget(host.contextWindow) / session.measure().calibration))
+    const ledger = budgetedLedger(host, fullLedger)
     const text = frameCheckpoint(result.summary, ledger)
     const checkpoint: UserMessage = { role: 'user', content: text }
     const checkpointTokens = estimateMessageTokens(checkpoint)
