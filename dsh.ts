@@ -4721,27 +4721,31 @@ class SSEParser {
   }
 }
 
+/** ASCII bytes in a row (whole chunks) after which the next chunk is tried as ASCII first. */
+const ASCII_RUN_BYTES = 4096
+
 /**
- * Decodes a stream of UTF-8 chunks (strings are passed through as decoded). A chunk after one that
- * was ASCII to its end goes first to a non-streaming decoder, several times faster on ASCII in V8;
- * the streaming decoder takes every other chunk, so a character split across chunks is intact.
- * `ignoreBOM`: the parser skips exactly one leading BOM itself (WHATWG). `undefined` ends the stream.
+ * Decodes a stream of UTF-8 chunks (strings are passed through as decoded). After a run of
+ * {@link ASCII_RUN_BYTES} ASCII bytes the next chunk goes first to a non-streaming decoder, several
+ * times faster on ASCII in V8 (and slower on other text, hence the run); the streaming decoder takes
+ * every other chunk, so a character split across chunks is intact. `ignoreBOM`: the parser skips
+ * exactly one leading BOM itself (WHATWG). `undefined` ends the stream.
  */
 function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
   const streaming = new TextDecoder('utf-8', { ignoreBOM: true })
   const whole = new TextDecoder('utf-8', { ignoreBOM: true })
-  let clean = true // the streaming decoder holds no partial character, and the last chunk was ASCII
+  let asciiRun = 0 // ASCII bytes in a row, to the end of the last chunk: the streaming decoder holds nothing
+  // One unit per byte and no U+FFFD: all ASCII (a multi-byte character gives fewer units than bytes).
+  const ascii = (text: string, chunk: Uint8Array) => text.length === chunk.length && text.indexOf('\uFFFD') < 0
   return (chunk) => {
     if (chunk === undefined) return streaming.decode()
     if (typeof chunk === 'string') return chunk
-    if (clean) {
-      // One unit per byte and no U+FFFD: all ASCII (a multi-byte character gives fewer units than bytes).
+    if (asciiRun >= ASCII_RUN_BYTES) {
       const text = whole.decode(chunk)
-      if (text.length === chunk.length && text.indexOf('\uFFFD') < 0) return text
+      if (ascii(text, chunk)) { asciiRun += chunk.length; return text }
     }
     const text = streaming.decode(chunk, { stream: true })
-    // Small ASCII chunks say little about the next one: only a run of ASCII is worth a guess.
-    clean = chunk.length >= 256 && text.length === chunk.length && text.indexOf('\uFFFD') < 0
+    asciiRun = ascii(text, chunk) ? asciiRun + chunk.length : 0
     return text
   }
 }
@@ -4772,9 +4776,14 @@ function parseSSE(
     while (head >= batch.length) {
       batch = []; head = 0
       if (ended) return done
-      const chunk = await pull.next()
-      if (chunk === undefined) ended = true
-      try { parser.feed(decode(chunk)) } catch (err) { ended = true; await pull.close(); throw err }
+      let r: IteratorResult<Uint8Array | string>
+      try { r = await pull.next() } catch (err) { ended = true; pull.finished = true; throw err }
+      if (r.done) { ended = true; pull.finished = true }
+      try { parser.feed(decode(r.done ? undefined : r.value)) } catch (err) {
+        ended = true
+        await pull.close()
+        throw err
+      }
     }
     return { value: batch[head++], done: false }
   }
@@ -4815,45 +4824,45 @@ async function pumpSSE(
   const decode = utf8Decoder()
   try {
     while (!stopped) {
-      const chunk = await pull.next()
-      if (chunk !== undefined) options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
+      let r: IteratorResult<Uint8Array | string>
+      try { r = await pull.next() } catch (err) { pull.finished = true; throw err }
+      if (r.done) { pull.finished = true; parser.feed(decode(undefined)); return }
+      const chunk = r.value
+      options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
       parser.feed(decode(chunk))
-      if (chunk === undefined) return
     }
   } finally { await pull.close() }
 }
 
 /**
- * Reads chunks from a `ReadableStream` or an (async) iterable: `next()` gives a chunk or undefined
- * at the end; `close()` stops early and cancels the stream behind it (closing the connection).
+ * Reads chunks from a `ReadableStream` or an (async) iterable: `next()` is the source's own read (one
+ * promise per chunk, no wrapper of ours around it); `close()` stops early and cancels the stream
+ * behind it (closing the connection) unless the reader set `finished` (the source ended or threw).
  */
-function chunkPuller(source: unknown): { next(): Promise<Uint8Array | string | undefined>; close(): Promise<void> } {
+interface ChunkSource {
+  next(): Promise<IteratorResult<Uint8Array | string>>
+  close(): Promise<void>
+  finished: boolean
+}
+
+function chunkPuller(source: unknown): ChunkSource {
   if (source !== null && typeof source === 'object' && typeof (source as ReadableStream).getReader === 'function') {
     const reader = (source as ReadableStream<Uint8Array>).getReader()
-    let finished = false
     return {
-      async next() {
-        try {
-          const { done, value } = await reader.read()
-          if (done) finished = true
-          return done ? undefined : value
-        } catch (err) { finished = true; throw err }
-      },
-      async close() { if (!finished) { finished = true; await reader.cancel().catch(() => {}) } },
+      finished: false,
+      next: () => reader.read() as Promise<IteratorResult<Uint8Array>>,
+      async close() { if (!this.finished) { this.finished = true; await reader.cancel().catch(() => {}) } },
     }
   }
   if (source !== null && typeof source === 'object' && (Symbol.asyncIterator in source || Symbol.iterator in source)) {
-    const it: AsyncIterator<Uint8Array | string> | Iterator<Uint8Array | string> = Symbol.asyncIterator in source
+    const async = Symbol.asyncIterator in source
+    const it: AsyncIterator<Uint8Array | string> | Iterator<Uint8Array | string> = async
       ? (source as AsyncIterable<Uint8Array | string>)[Symbol.asyncIterator]()
       : (source as Iterable<Uint8Array | string>)[Symbol.iterator]()
-    let finished = false
     return {
-      async next() {
-        const r = await it.next()
-        if (r.done) finished = true
-        return r.done ? undefined : r.value
-      },
-      async close() { if (!finished) { finished = true; await it.return?.() } },
+      finished: false,
+      next: async ? () => it.next() as Promise<IteratorResult<Uint8Array | string>> : async () => it.next(),
+      async close() { if (!this.finished) { this.finished = true; await it.return?.() } },
     }
   }
   throw new TypeError(`parseSSE needs a ReadableStream<Uint8Array> or an AsyncIterable of Uint8Array | string, `
