@@ -67,9 +67,10 @@
  *                     plus one line in Ladder.relievePressure (and recoverOverflow); Ladder.apply logs
  *                     them as `compaction/*` events (docs/design.md §5, §10, §14). 5.2 recall
  *   6. Provider       6.0 configuration (DeepSeek defaults, KNOWN_MODELS), 6.1 SSE parser, 6.2 error
- *                     classifier — a PROVIDER'S ERROR WORDING goes into OVERFLOW_PATTERNS (context
- *                     overflow; RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for the rest)
- *                     — 6.3 messages on the wire, 6.4 adapter
+ *                     classifier — a PROVIDER'S ERROR WORDING of an overflow goes into OVERFLOW_PATTERNS
+ *                     only if it states no numbers (one that states a size and its limit is read by
+ *                     shape, overflowCounts); RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for
+ *                     the rest — 6.3 messages on the wire, 6.4 adapter
  *   7. Loop           Agent: turns, steps, tools, hooks, cancellation
  *   ── fence: nothing in Part I names anything in Part II ──
  *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
@@ -414,6 +415,12 @@ export interface Measurement {
    * `totalTokens` prices what changed since the anchor (or, unanchored, everything) at this rate.
    */
   calibration: number
+  /**
+   * Tokens the provider counts beyond `calibration ×` the heuristic, unanchored: fitted (least squares)
+   * from the counts a replayed transcript records (docs/design.md §15: a harness's hidden system prompt
+   * and tools); 0 otherwise (an anchor carries them).
+   */
+  calibrationOffsetTokens: number
   /** How many samples `calibration` stands on (0: none; the total is then the §2 heuristic). */
   calibrationSamples: number
   /** The `request/header` the next request carries (model, envelope, budget, window, prices), as last logged. */
@@ -466,11 +473,14 @@ function plausibleRatio(providerTokens: number, heuristicTokens: number): boolea
  * Applies the usage anchor rule of docs/design.md §2 to a heuristic total (tokens), with content added
  * since the anchor priced at `calibration` provider tokens per heuristic token (docs/design.md §10)
  * and content removed since priced at the anchor's own rate (provider ÷ heuristic at the anchor,
- * at most 4); unanchored, the whole heuristic total is priced at `calibration`. `calibration` 1
- * (the default: no sample yet) is the seed's rule exactly.
+ * at most 4); unanchored, the whole heuristic total is priced at `calibration`, plus `offsetTokens`
+ * (tokens counted beyond the priced content, docs/design.md §15; an anchor's count holds them already).
+ * `calibration` 1 and no offset (the defaults: no sample yet) is the seed's rule exactly.
  */
-function anchoredTotal(heuristicTokens: number, anchor: UsageAnchor | undefined, calibration = 1): number {
-  if (!anchor) return calibration === 1 ? heuristicTokens : Math.ceil(heuristicTokens * calibration)
+function anchoredTotal(
+  heuristicTokens: number, anchor: UsageAnchor | undefined, calibration = 1, offsetTokens = 0,
+): number {
+  if (!anchor) return offsetTokens + (calibration === 1 ? heuristicTokens : Math.ceil(heuristicTokens * calibration))
   const base = Math.max(anchor.providerTokens, anchor.heuristicTokens)
   const delta = heuristicTokens - anchor.heuristicTokens
   if (calibration === 1) return base + delta
@@ -966,12 +976,13 @@ export interface EventDataMap {
  *   (`providerTokens`) and the meter's heuristic estimate of the same request (`heuristicTokens`).
  *   `source` `'overflow'`: a conversation request refused with a count — that count also becomes
  *   the usage anchor (the surface is what was sent); `'summary'`: a summary request's usage or
- *   overflow count (a sample only).
+ *   overflow count (a sample only); `'transcript'`: the prompt count a replayed transcript records
+ *   for a request of `heuristicTokens` (replay's; fitted as offset + ratio, docs/design.md §15).
  * - `calibration`: the ratio after this event (for readers; the session recomputes it).
  */
 export interface LadderStateData {
   failedAtTokens?: number | null
-  sample?: { providerTokens: number; heuristicTokens: number; source: 'overflow' | 'summary' }
+  sample?: { providerTokens: number; heuristicTokens: number; source: 'overflow' | 'summary' | 'transcript' }
   calibration?: number
 }
 
@@ -1889,6 +1900,8 @@ export class Session {
     const { sample, failedAtTokens } = event.data
     if (failedAtTokens !== undefined) this.st.ladder.failedAtTokens = failedAtTokens ?? undefined
     if (!sample) return
+    // A replayed transcript's count is of a request this session did not send: a sample, never an anchor.
+    if (sample.source === 'transcript') return this.st.ladder.transcript(sample.providerTokens, sample.heuristicTokens)
     // A plausible count of the conversation request the provider refused is the new anchor, even
     // one too small to be a calibration sample: it is the exact size of the surface as it is now.
     const taken = this.st.ladder.sample(sample.providerTokens, sample.heuristicTokens, this.header?.contextWindow)
@@ -1992,11 +2005,12 @@ export class Session {
   measure(): Measurement {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
     const ladder = this.st.ladder
-    const calibration = ladder.ratio()
+    const { ratio: calibration, offset } = ladder.fit()
     return {
       calibration,
+      calibrationOffsetTokens: offset,
       calibrationSamples: ladder.count,
-      totalTokens: anchoredTotal(heuristicTokens, this.anchorState, calibration),
+      totalTokens: anchoredTotal(heuristicTokens, this.anchorState, calibration, offset),
       envelopeTokens: this.envelopeTokensSum,
       surfaceTokens: this.surfaceTokensSum,
       heuristicTokens,
@@ -2254,9 +2268,13 @@ class LadderState {
   /** Calibration samples (provider, heuristic tokens), newest last, for the model `model`. */
   private samples: { provider: number; heuristic: number }[] = []
   private model?: string
+  /** Least-squares sums (count, Σh, Σp, Σh², Σhp) of the transcript samples, for the model `model`. */
+  private transcriptFit?: { n: number; h: number; p: number; hh: number; hp: number }
 
   /** A `request/header`: calibration is per model. */
-  header(model: string): void { if (model !== this.model) { this.model = model; this.samples = [] } }
+  header(model: string): void {
+    if (model !== this.model) { this.model = model; this.samples = []; this.transcriptFit = undefined }
+  }
 
   /**
    * Adds a calibration sample (docs/design.md §10); the newest 8 count. Ignores requests under
@@ -2271,11 +2289,34 @@ class LadderState {
     return true
   }
 
+  /** Adds a count a replayed transcript records for a request of `heuristic` tokens (docs/design.md §15). */
+  transcript(provider: number, heuristic: number): void {
+    if (!(Number.isFinite(provider) && provider > 0 && Number.isFinite(heuristic) && heuristic > 0)) return
+    const f = (this.transcriptFit ??= { n: 0, h: 0, p: 0, hh: 0, hp: 0 })
+    f.n++; f.h += heuristic; f.p += provider; f.hh += heuristic * heuristic; f.hp += heuristic * provider
+  }
+
   /** How many samples the ratio stands on. */
-  get count(): number { return this.samples.length }
+  get count(): number { return this.transcriptFit?.n ?? this.samples.length }
+
+  /**
+   * `provider ≈ offset + ratio × heuristic` by least squares over every transcript sample so far
+   * (docs/design.md §15); the ratio clamped to [0.5, 4], the offset not below 0. One sample (or all of
+   * one size): the seed's ratio, 1, and the offset takes the rest. Without transcript samples: the
+   * ratio of the recent samples, no offset.
+   */
+  fit(): { ratio: number; offset: number } {
+    const f = this.transcriptFit
+    if (!f) return { ratio: this.ratio(), offset: 0 }
+    const spread = f.n * f.hh - f.h * f.h
+    const fitted = spread > 1e-9 * f.n * f.hh ? (f.n * f.hp - f.h * f.p) / spread : 1
+    const ratio = Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], fitted))
+    return { ratio, offset: Math.max(0, Math.round((f.p - ratio * f.h) / f.n)) }
+  }
 
   /** Provider tokens per heuristic token (Σ provider ÷ Σ heuristic), clamped to [0.5, 4]; 1 without samples. */
   ratio(): number {
+    if (this.transcriptFit) return this.fit().ratio
     if (this.samples.length === 0) return 1
     let p = 0, h = 0
     for (const s of this.samples) { p += s.provider; h += s.heuristic }
@@ -2837,8 +2878,11 @@ function frameCheckpoint(summary: string, ledger?: Ledger): string {
 export interface LedgerPath { path: string; count: number; seq: number }
 /** A command a tool ran: `exitCode` when its result states one; `failed` when the result was an error. */
 export interface LedgerCommand { command: string; exitCode?: number; failed: boolean; count: number; seq: number }
-/** A tool error's first line, or a user message, verbatim; `seq` is the newest log seq it came from. */
-export interface LedgerText { text: string; count: number; seq: number }
+/**
+ * A tool error's first line, or a user message; `seq` is the newest log seq it came from. `pruned`: a user
+ * message cut to head + tail to fit its budget, whose marker names the recall key of the original (`seq:N`).
+ */
+export interface LedgerText { text: string; count: number; seq: number; pruned?: true }
 
 /**
  * The facts of a compacted region (docs/design.md §12), lists oldest first. Paths and commands are
@@ -2859,7 +2903,10 @@ export interface Ledger {
   trimmed: number
 }
 
-/** The ledger budget: `min(LEDGER_MAX_TOKENS, floor(window × LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). */
+/**
+ * The ledger budget of the facts other than user messages: `min(LEDGER_MAX_TOKENS, floor(window ×
+ * LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). The user's messages have a budget of their own.
+ */
 const LEDGER_MAX_TOKENS = 2000
 /** See {@link LEDGER_MAX_TOKENS}. */
 const LEDGER_WINDOW_RATIO = 0.05
@@ -2872,10 +2919,71 @@ function ledgerBudget(contextWindow?: number): number {
     : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
 }
 
-const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [],
-  trimmed: 0 })
-const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length
-  + l.errors.length + l.userMessages.length
+// The user's own words (docs/design.md §12): every user message of a region is in its checkpoint, within
+// a share of the window of their own; the session's first message (the task) first, up to a smaller share.
+const USER_MESSAGES_WINDOW_RATIO = 0.15
+const TASK_WINDOW_RATIO = 0.1
+/** The window (tokens) the user-message budgets are shares of when the context window is unknown. */
+const USER_MESSAGES_DEFAULT_WINDOW = 100_000
+/** A user message is cut to no fewer UTF-16 units than this (head, marker, tail) before older ones are left out. */
+const USER_MESSAGE_MIN_UNITS = 200
+/** UTF-16 units a ledger line adds to a user message: its `<user-message>` tags and line ends. */
+const USER_LINE_UNITS = 32
+
+/** The `recall` call that returns the message logged at `seq` (the key of a cut user message's marker). */
+const recallOfSeq = (seq: number) => `${RECALL_TOOL_NAME} {"key":"seq:${seq}"}`
+
+/**
+ * A user message cut by the pruner (docs/design.md §3) to at most `maxUnits` UTF-16 units: head (three
+ * quarters), a marker naming the recall key of the original logged at `seq`, tail.
+ */
+function cutUserMessage(text: string, seq: number, maxUnits: number): string {
+  const marker = `\n\n[... middle of this user message cut; ${recallOfSeq(seq)} returns it whole ...]\n\n`
+  for (let keep = Math.max(0, maxUnits - marker.length); ;) {
+    const head = Math.floor(keep * 0.75)
+    const cut = pruneText(text, { thresholdChars: keep + MARKER_CODE_POINTS, headChars: head, tailChars: keep - head })
+    const out = cut.replace(PRUNE_MARKER, marker)
+    if (out.length <= maxUnits || keep === 0) return out
+    keep = Math.max(0, keep - (out.length - maxUnits)) // astral text: more units than code points
+  }
+}
+
+/**
+ * The user messages of a region within `budgetTokens` (docs/design.md §12): the session's first (`taskSeq`)
+ * verbatim up to `taskTokens`, else head + tail; then the others verbatim while they all fit, else the longest
+ * cut alike to the most UTF-16 units each that lets them fit (head + tail with the original's recall key, by
+ * {@link cutUserMessage}); when even cuts to {@link USER_MESSAGE_MIN_UNITS} cannot fit, the oldest are left
+ * out (`left`).
+ */
+function fitUserMessages(entries: readonly LedgerText[], budgetTokens: number, taskTokens: number, taskSeq?: number):
+  { kept: LedgerText[]; left: number } {
+  const cut = (e: LedgerText, units: number): LedgerText =>
+    (e.text.length <= units ? e : { ...e, text: cutUserMessage(e.text, e.seq, units), pruned: true })
+  let room = budgetTokens * UNITS_PER_TOKEN
+  const kept: LedgerText[] = []
+  const task = entries.find((e) => e.seq === taskSeq)
+  if (task) {
+    kept.push(cut(task, Math.min(room, taskTokens * UNITS_PER_TOKEN) - USER_LINE_UNITS))
+    room -= kept[0].text.length + USER_LINE_UNITS
+  }
+  const others = entries.filter((e) => e !== task).sort((a, b) => a.seq - b.seq)
+  const least = (e: LedgerText) => Math.min(e.text.length, USER_MESSAGE_MIN_UNITS) + USER_LINE_UNITS
+  let left = 0
+  for (let need = others.reduce((u, e) => u + least(e), 0); others.length > 0 && need > room; left++) {
+    need -= least(others.shift()!)
+  }
+  // The most units each message may keep so that all fit: shorter ones whole, the rest cut to it.
+  let cap = Infinity, rest = room - others.length * USER_LINE_UNITS
+  const lengths = others.map((e) => e.text.length).sort((a, b) => a - b)
+  for (let i = 0; i < lengths.length; rest -= lengths[i++]) {
+    if (lengths[i] * (lengths.length - i) > rest) { cap = Math.floor(rest / (lengths.length - i)); break }
+  }
+  for (const e of others) kept.push(cut(e, cap))
+  return { kept, left }
+}
+
+const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [], trimmed: 0 })
+const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length + l.errors.length + l.userMessages.length
 
 const PATH_KEY = /^(path|file|file_?path|file_?name|target_?file|notebook_?path)$/i
 const PATHS_KEY = /^(paths|files)$/i
@@ -2938,14 +3046,22 @@ async function originalEvent(session: Session, seq: number): Promise<{ seq: numb
   return { seq: event.seq, message: (event.data as any).message as Message }
 }
 
-/** The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right before
- *  it), if any. */
+/**
+ * The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right
+ * before it), if any, with each user message it cut read back whole from the log.
+ */
 async function checkpointLedger(session: Session, seq: number): Promise<Ledger | undefined> {
   const id = ((await session.readEvent(seq)).data as any).compactionId
   if (id === undefined || seq === 0) return undefined
   const summary = await session.readEvent(seq - 1)
-  return summary.type === 'compaction/summary' && (summary.data as any).id === id
-    ? (summary.data as any).ledger as Ledger | undefined : undefined
+  const d = summary.data as { id?: string; ledger?: Ledger }
+  const ledger = summary.type === 'compaction/summary' && d.id === id ? d.ledger : undefined
+  if (!ledger?.userMessages?.some((e) => e.pruned)) return ledger
+  const whole = async (e: LedgerText) => {
+    const message = (await session.readEvent(e.seq)).data.message as Message
+    return { text: messageText(message), count: e.count, seq: e.seq }
+  }
+  return { ...ledger, userMessages: await Promise.all(ledger.userMessages.map((e) => (e.pruned ? whole(e) : e))) }
 }
 
 function addPath(list: LedgerPath[], path: string, seq: number, count = 1): void {
@@ -3055,35 +3171,57 @@ function renderLedger(ledger: Ledger): string {
 }
 
 /**
- * Cuts `ledger` to `budgetTokens` (§2 text estimate of the rendered block): entries are kept newest
- * first, across all lists, while they fit; the oldest (and any too large to fit at all) are left
- * out and counted in `trimmed`. Entries are whole: nothing is kept half.
+ * Cuts `ledger`'s facts other than user messages to `budgetTokens` (§2 text estimate of their rendered
+ * block): entries are kept newest first, across the lists, while they fit — those over a tenth of the
+ * budget (a long script) after all the others; the rest are left out and counted in `trimmed`. Entries are
+ * whole: nothing is kept half. The user messages are kept as they are (a budget of their own, docs/design.md §12).
  */
 function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
-  const all = LEDGER_ORDER.flatMap((list) => (ledger[list] as Array<LedgerPath
-    | LedgerText>).map((entry) => ({ list, entry })))
+  const lists = LEDGER_ORDER.filter((l) => l !== 'userMessages')
+  const all = lists.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>)
+    .map((entry) => ({ list, entry, units: ledgerLine(list, entry).length })))
   const maxUnits = budgetTokens * UNITS_PER_TOKEN
   const fixed = LEDGER_OPEN.length + 1 + LEDGER_CLOSE.length + trimmedLine(all.length + ledger.trimmed).length + 1
-  if (estimateTextTokens(renderLedger(ledger)) <= budgetTokens) return ledger
-  const out = emptyLedger()
+  if (estimateTextTokens(renderLedger({ ...ledger, userMessages: [] })) <= budgetTokens) return ledger
+  const out: Ledger = { ...emptyLedger(), userMessages: ledger.userMessages }
   let units = fixed
-  for (const { list, entry } of all.sort((a, b) => b.entry.seq - a.entry.seq)) {
-    const cost = ledgerLine(list, entry).length + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
+  // Newest first, but an entry over a tenth of the budget (a long script) after the others: one must not crowd out ten.
+  const large = (e: { units: number }) => Number(e.units * 10 > maxUnits)
+  for (const { list, entry, units: line } of all.sort((a, b) => large(a) - large(b) || b.entry.seq - a.entry.seq)) {
+    const cost = line + 1 + (out[list].length === 0 ? LEDGER_HEADINGS[list].length + 1 : 0)
     if (units + cost > maxUnits) { out.trimmed++; continue }
     units += cost
     ;(out[list] as Array<typeof entry>).push(entry)
   }
-  for (const list of LEDGER_ORDER) (out[list] as Array<{ seq: number }>).sort((a, b) => a.seq - b.seq)
+  for (const list of lists) (out[list] as Array<{ seq: number }>).sort((a, b) => a.seq - b.seq)
   out.trimmed += ledger.trimmed
   return out
 }
 
-/** How many of a region's facts of one kind appear verbatim in the checkpoint, and in the model's summary alone. */
-export interface FidelityShare { total: number; inCheckpoint: number; inSummary: number }
+/**
+ * The ledger a checkpoint carries (docs/design.md §12): the facts trimmed to {@link ledgerBudget}, the
+ * user's messages fitted to their own budget ({@link fitUserMessages}: 15% of the window, the task up to
+ * 10%, and never more than half the region's `regionTokens`, so that a checkpoint can save room). Budgets
+ * are tokens of the window, divided by `rate` (the calibration) for the §2 heuristic.
+ */
+function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate: number, regionTokens: number, taskSeq?: number): Ledger {
+  const ledger = trimLedger(full, Math.floor(ledgerBudget(contextWindow) / rate))
+  const window = contextWindow ?? USER_MESSAGES_DEFAULT_WINDOW
+  const share = (ratio: number) => Math.min(Math.floor((window * ratio) / rate), Math.floor(regionTokens / 2))
+  const users = fitUserMessages(full.userMessages, share(USER_MESSAGES_WINDOW_RATIO), share(TASK_WINDOW_RATIO), taskSeq)
+  return { ...ledger, userMessages: users.kept, trimmed: ledger.trimmed + users.left }
+}
+
+/**
+ * How many of a region's facts of one kind appear verbatim in the checkpoint, and in the model's summary
+ * alone. `pruned` (user messages): of `inCheckpoint`, those kept as head + tail with the original's recall key.
+ */
+export interface FidelityShare { total: number; inCheckpoint: number; inSummary: number; pruned?: number }
 /**
  * Fidelity figures of one compaction (docs/design.md §12): of the region's paths, commands, tool
  * error first lines and user messages (its full ledger, before the budget), how many appear verbatim
- * in the framed checkpoint (summary + ledger), and in the model's summary alone.
+ * in the framed checkpoint (summary + ledger), and in the model's summary alone; a user message cut to
+ * head + tail with its recall key counts as in the checkpoint, and is counted in `pruned`.
  */
 export interface Fidelity { paths: FidelityShare; commands: FidelityShare; errors: FidelityShare;
   userMessages: FidelityShare }
@@ -3096,11 +3234,17 @@ function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): F
     return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length,
       inSummary: unique.filter((t) => summary.includes(t)).length }
   }
+  // A user message cut to head + tail counts as kept when its marker's recall key is in the checkpoint.
+  const users = (entries: readonly LedgerText[]): FidelityShare => {
+    const s = share(entries.map((e) => e.text))
+    const pruned = entries.filter((e) => !checkpoint.includes(e.text) && checkpoint.includes(recallOfSeq(e.seq))).length
+    return { ...s, inCheckpoint: s.inCheckpoint + pruned, pruned }
+  }
   return {
     paths: share([...ledger.read, ...ledger.written, ...ledger.edited].map((e) => e.path)),
     commands: share(ledger.commands.map((e) => e.command)),
     errors: share(ledger.errors.map((e) => e.text)),
-    userMessages: share(ledger.userMessages.map((e) => e.text)),
+    userMessages: users(ledger.userMessages),
   }
 }
 
@@ -3201,6 +3345,8 @@ interface LadderView {
   readonly threshold: number
   /** Under overflow the newest step's results are pruned with the rest, unconditionally. */
   readonly includeNewest: boolean
+  /** How large the task may be and stay whole on the surface, heuristic tokens (docs/design.md §12). */
+  readonly taskTokens: number
   /** Whether results of the tool `name` may be cleared. */
   clearable(name: string): boolean
   /** The size of the next request, tokens (the envelope it will carry included). */
@@ -3230,13 +3376,17 @@ const pruneResultsRung: Rung = (v) => {
 /**
  * Prunes oversized non-tool messages (docs/design.md §10): every assistant message and every user
  * message except the current turn's input, pinned messages and summary checkpoints whose text,
- * reasoning or tool-call arguments exceed the prune threshold (code points).
+ * reasoning or tool-call arguments exceed the prune threshold (code points). The session's first user
+ * message (the task), while it heads the surface, is kept whole up to `taskTokens` (docs/design.md §12).
  */
 const pruneMessagesRung: Rung = (v) => {
   const { session } = v
   const input = stateOf(session).input
-  const seqs = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && !isCheckpoint(n)
-    && !session.pins.has(n.seq) && n.tokens >= minPrunableTokens(v.prune)).map((n) => n.seq)
+  // The surface head is the session's first message until a checkpoint replaces it (regions start at the head).
+  const head = session.surface()[0]
+  const task = head?.message.role === 'user' && !isCheckpoint(head) && head.tokens <= v.taskTokens ? head.seq : input
+  const seqs = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && n.seq !== task
+    && !isCheckpoint(n) && !session.pins.has(n.seq) && n.tokens >= minPrunableTokens(v.prune)).map((n) => n.seq)
   return [{ ops: seqs.map((seq): LadderOp => ({ op: 'prune', seq })) }]
 }
 
@@ -3540,6 +3690,8 @@ class SummaryJob {
   private window: number
   private readonly sameModel: boolean
   private rate: number
+  /** Tokens the server counts beyond the priced content (a replayed harness's hidden prompt, docs/design.md §15). */
+  private readonly offset: number
   /** The conversation's envelope as the job started (the host's may change as calibration samples arrive). */
   private readonly fullEnvelope: Envelope
   private readonly toolsTokens: number
@@ -3566,12 +3718,13 @@ class SummaryJob {
     this.window = this.provider.contextWindow ?? host.contextWindow ?? Infinity
     this.sameModel = this.provider.model === (m.header?.model ?? this.provider.model)
     this.rate = this.sameModel ? m.calibration : 1
+    this.offset = this.sameModel ? m.calibrationOffsetTokens : 0
     this.fullEnvelope = host.envelope
     const tools = this.fullEnvelope.tools
     this.toolsTokens = tools?.length ? estimateEnvelopeTokens({ tools }) : 0
     this.instruction = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
     this.reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(this.window * 0.1))
-    this.inputBudget = Math.floor((this.window - this.reserve) / this.rate)
+    this.inputBudget = Math.floor((this.window - this.reserve - this.offset) / this.rate)
     this.failed = overflowedSummaryRequests(this.session)
     this.groups = balancedGroups(messages)
   }
@@ -3670,7 +3823,7 @@ class SummaryJob {
     const msgs = this.summary ? [this.prior(this.summary), ...chunk, instruction] : [...chunk, instruction]
     const env = this.envelope()
     const inputTokens = estimateRequestTokens(env, msgs)
-    const calibrated = Math.ceil(inputTokens * this.rate)
+    const calibrated = Math.ceil(inputTokens * this.rate) + this.offset
     if (calibrated >= this.window) {
       throw new CompactionError(`a summary request of ${calibrated} tokens would not fit the summarizer's window `
         + `(${this.window} tokens); nothing was sent`)
@@ -3731,6 +3884,14 @@ class SummaryJob {
   }
 }
 
+/** Seq of the session's first user message (its task), from the head of the log; undefined when none is there. */
+async function firstUserSeq(session: Session): Promise<number | undefined> {
+  for await (const e of session.readEvents(0, 100)) {
+    if (e.type === 'user/message' && (e.data as { surfaceOp?: SurfaceOp }).surfaceOp?.op === 'append') return e.seq
+  }
+  return undefined
+}
+
 /**
  * `host` with a summarizer that records every answered summary request in `records` (its meter
  * size, modelled cache hit against the conversation request before it, output and usage) for
@@ -3767,16 +3928,11 @@ function applyVerdict(info: CompactionInfo, verdict: CompactionVerdict | void): 
   if (add) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${add}` : add
 }
 
-/** The region's ledger within the checkpoint's budget: measured tokens of the window, the ledger priced by the
- *  heuristic. */
-function budgetedLedger(host: CompactionHost, full: Ledger): Ledger {
-  return trimLedger(full, Math.floor(ledgerBudget(host.contextWindow) / host.session.measure().calibration))
-}
-
 /**
  * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → the host's
  * `beforeCompaction` (may add a focus, or cancel) → summarise → frame the checkpoint with the
- * region's facts ledger (docs/design.md §12, trimmed to {@link ledgerBudget}) → reject a framed
+ * region's facts ledger (docs/design.md §12: facts within {@link ledgerBudget}, every user message
+ * within a budget of its own, verbatim or head + tail with its recall key) → reject a framed
  * checkpoint not strictly smaller than the region → check the surface did not change → append
  * `compaction/summary` (with the ledger, the fidelity figures and the focus) and the replacing
  * `user/message` with no await between → `compaction/end` → the host's `afterCompaction`.
@@ -3802,16 +3958,18 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
   try {
     applyVerdict(info, await hooks.beforeCompaction?.(info, signal))
     const fullLedger = await regionLedger(session, nodes)
+    const taskSeq = await firstUserSeq(session)
+    // The budgets are measured tokens of the window; the ledger is priced by the heuristic.
+    const facts = () => checkpointFacts(fullLedger, host.contextWindow, session.measure().calibration, region.tokens, taskSeq)
     // A region no larger than its checkpoint's frame and ledger could only be rejected after the model call.
-    const frameTokens =
-      estimateMessageTokens({ role: 'user', content: frameCheckpoint('', budgetedLedger(host, fullLedger)) })
+    const frameTokens = estimateMessageTokens({ role: 'user', content: frameCheckpoint('', facts()) })
     if (frameTokens >= region.tokens)
       throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and `
         + `ledger alone (${frameTokens} tokens); nothing was sent`)
     const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
-    const ledger = budgetedLedger(host, fullLedger)
+    const ledger = facts()
     const text = frameCheckpoint(result.summary, ledger)
     const checkpoint: UserMessage = { role: 'user', content: text }
     const checkpointTokens = estimateMessageTokens(checkpoint)
@@ -3901,6 +4059,12 @@ class Ladder {
     return undefined
   }
 
+  /** How large the task may be and stay whole on the surface: 10% of the window in heuristic tokens (design §12). */
+  private taskTokens(): number {
+    const window = this.host.contextWindow
+    return window === undefined ? 0 : Math.floor((window * TASK_WINDOW_RATIO) / this.host.session.measure().calibration)
+  }
+
   private setGuard(tokens: number | undefined): void {
     if (tokens === this.guard) return
     this.guard = tokens
@@ -3913,7 +4077,7 @@ class Ladder {
     const h = this.host
     return {
       session: h.session, prune: h.pruneConfig, compaction: h.compaction, window: h.contextWindow, threshold,
-      includeNewest, clearable: (name) => h.clearable?.(name) ?? true,
+      includeNewest, clearable: (name) => h.clearable?.(name) ?? true, taskTokens: this.taskTokens(),
       nextRequestTokens: () => this.nextRequestTokens(),
     }
   }
@@ -4889,20 +5053,19 @@ const ERROR_MESSAGE_KEYS = new Set(['message', 'msg', 'detail', 'error', 'raw', 
 const RATE_LIMIT_RE = new RegExp(['rate[ _-]?limit', 'too many requests', 'tokens per min', 'requests per min',
   '\\b(?:TPM|RPM|TPD|RPD)\\b', 'per[ -]minute', 'resource[_ ]exhausted'].join('|'), 'i')
 
-/** Context-window overflow wordings, one per line with the servers known to use it. */
+/**
+ * Context-window overflow wordings that state no counts, one per line with the servers known to use it. A
+ * message that states a prompt size and the limit it exceeds needs no line here ({@link overflowCounts}).
+ */
 const OVERFLOW_PATTERNS: readonly RegExp[] = [
   /context[_ ]length[_ ]exceeded/i, // OpenAI, Groq, OpenRouter code `context_length_exceeded`
   /exceed_context_size/i, // llama.cpp server `exceed_context_size_error`
-  /max(?:imum)? context length/i, // DeepSeek, OpenAI, vLLM, OpenRouter, Mistral, Ollama ("exceeded max context length")
   /\bexceed(?:s|ed)?\b[^.]{0,60}?\bcontext (?:window|length|size|limit)/i, // llama.cpp, OpenAI (new), Anthropic, Ollama
   /\bcontext (?:window|length|size|limit)\b[^.]{0,40}?\bexceed/i, // MiniMax, generic "context window exceeded"
   /\b(?:prompt|input) (?:is )?too long\b/i, // Anthropic "prompt is too long", Bedrock "Input is too long", Fireworks
-  /input token count[^.]{0,60}?exceeds the maximum number of tokens/i, // Gemini
-  /maximum prompt length/i, // xAI
   /\btokens? \+ `?max_new_tokens`? must be <=/i, // Hugging Face TGI (Together, Inference Endpoints)
   /exceeded model token limit/i, // Moonshot / Kimi
   /greater than the context length|context the overflows|context length of only/i, // LM Studio
-  /total number of tokens in the prompt cannot exceed/i, // Cohere
   /range of input length should be/i, // Alibaba DashScope / Qwen
   /prompt exceeds max length/i, // Zhipu GLM
   /reduce the length of the messages/i, // OpenAI, Groq (the "no numbers" form)
@@ -5008,8 +5171,9 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
  * message wrapping the upstream JSON), an SSE excerpt, plain text, or empty.
  *
  * Order: 429 or rate-limit wording → RATE_LIMIT (a rate limit is never an overflow, whatever it
- * says about tokens); overflow wording of DeepSeek, OpenAI, Anthropic, OpenRouter, Gemini,
- * Mistral, Groq, vLLM, llama.cpp, LM Studio, Ollama, xAI, Cohere, Moonshot, Qwen, GLM, TGI →
+ * says about tokens); a message that states a prompt or input size in tokens above a limit it names, in
+ * any wording (the shape of {@link overflowCounts}: Gemini, xAI, Cohere, DeepSeek, OpenAI, Anthropic …),
+ * or an overflow wording without counts (Groq, llama.cpp, LM Studio, Ollama, Moonshot, Qwen, GLM, TGI) →
  * CONTEXT_WINDOW_EXCEEDED (also on a 5xx: proxies wrap overflows); 402 or balance wording → QUOTA;
  * 401/403 → AUTH; 408 → TIMEOUT; a bare 413 → CONTEXT_WINDOW_EXCEEDED (the request is too big;
  * shrinking it is the cure); other 4xx → INVALID_REQUEST (an output-cap error like "max_tokens:
@@ -5041,46 +5205,82 @@ function readErrorBody(status: number | undefined, bodyText: unknown): { code: P
   }
 }
 
+/** A count in an error text (thousands commas allowed); not a piece of a word, an id, a version or a date. */
+const COUNT_RE = /(?<![\w.,-])(\d{1,3}(?:,\d{3})+|\d+)(?!\w|[.,]\d)/g
+/** What may stand between a cue word and its count: quotes, `(`, `:`, `=`, small words ("is", "of", "about"). */
+const GLUE = String.raw`(?:[\s"'\\:=(\[~]|\b(?:is|of|to|be|was|about|approximately|least|the|only|an?)\b)*$`
+/** Words right before a count that make it a limit (maximum, limit, allowed, at most, context size, `n_ctx`) … */
+const LIMIT_BEFORE = new RegExp(String.raw`(?:(?<![a-z])(?:max(?:imum)?(?:[ _-]+[a-z]+){0,3}|limit(?:ed)?`
+  + String.raw`|allow(?:s|ed)?|most|up|capacity|context(?:[ _-]+(?:window|length|size))?`
+  + String.raw`|exceed(?:s|ed|ing)?|ctx)|<=|≤)${GLUE}`, 'i')
+/** … or the size of what was sent (prompt, input, request, messages, count, got, contains, `n_prompt_tokens`). */
+const SIZE_BEFORE = new RegExp(String.raw`(?<![a-z])(?:prompt|inputs?|request(?:ed)?|messages?|got|contains?|count`
+  + String.raw`|received|given|provided|resulted in|sent|uses?|needs?|has|have|total|length)`
+  + String.raw`(?:[ _-]+(?:tokens?|length|size|count))*${GLUE}`, 'i')
+/** Words right after a count that make it a limit ("200000 maximum", "8,000-token window") or a part of the prompt. */
+const LIMIT_AFTER = /^[\s)-]*(?:tokens?[\s)-]*)?,?\s*(?:max(?:imum)?|limit|window|context)\b/i
+const PART_AFTER = new RegExp(String.raw`^\s*(?:tokens?\s+)?(?:in (?:the|your) (?:messages|prompt|functions|tools`
+  + String.raw`|input)|of (?:text |tool )?input|(?:prompt|input) tokens)`, 'i')
+/** `A > B`, "A exceeds B": a size, then its limit. */
+const COMPARE_RE = /^\s*(?:tokens?)?\s*\)?\s*(?:>|exceeds?|is (?:more|greater|larger) than)\s*\(?\s*$/i
+/** A count near these words is about the output (max_tokens, the completion), not the prompt. */
+const OUTPUT_NEAR = /max_(?:new_|completion_|output_)?tokens|completion|output|generat/i
+
 /**
- * Token counts an overflow error carries (docs/design.md §10), read from the body text (JSON or
- * not): `promptTokens` the provider's count of the prompt, `contextTokens` its window,
- * `requestedTokens` prompt + completion when only their sum is given. Known forms: llama.cpp
- * (`n_prompt_tokens`/`n_ctx`, "request (N tokens) exceeds the available context size (M tokens)"),
- * OpenAI / DeepSeek / vLLM ("maximum context length is M", "requested N tokens (P in the messages,
- * C in the completion)", "your request has P input tokens"), Anthropic ("N tokens > M maximum"),
- * Gemini ("input token count (N) exceeds the maximum number of tokens allowed (M)"), LM Studio
- * ("context length of only M"). Fields the text does not give are absent. Never throws.
+ * Token counts an overflow error states (docs/design.md §6, §10), read from the body text (JSON or not) by
+ * shape, not by phrase. A count is a limit when a word right before it says so (maximum, limit, allowed, at
+ * most, up to, context size, exceeds, `<=`, `n_ctx`) or one right after it does ("200000 maximum", "8,000-token
+ * window"); a size when a word before it names what was sent (prompt, input, request, messages, count, got,
+ * received, `n_prompt_tokens`) or one after it names a part of the prompt ("62219 in the messages"); `A > B`
+ * and `A + B > C` compare sizes with a limit. A count near output words (max_tokens, completion, output) is
+ * skipped, except the C of `A + B > C` (the whole request against the window). `contextTokens`: the first
+ * limit; `promptTokens`: the parts of the prompt summed, else the largest size; `requestedTokens`: a size that
+ * holds the completion too ("requested N tokens", the `A + B`). What the text does not state is absent.
+ * Never throws.
  */
 function overflowCounts(bodyText: string): { promptTokens?: number; contextTokens?: number; requestedTokens?: number } {
   const text = typeof bodyText === 'string' ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : ''
-  const num = (re: RegExp): number | undefined => {
-    const m = re.exec(text)
-    if (!m) return undefined
-    const n = Number(m[1].replace(/,/g, ''))
-    return Number.isSafeInteger(n) && n > 0 ? n : undefined
+  const found = [...text.matchAll(COUNT_RE)]
+  const at = (i: number) => Number(found[i][1].replace(/,/g, ''))
+  const gap = (i: number) => text.slice(found[i].index + found[i][0].length, found[i + 1]?.index ?? text.length)
+  const before = (i: number) => (i > 0 ? gap(i - 1) : text.slice(0, found[0].index)).slice(-80)
+  const output = (i: number) => OUTPUT_NEAR.test(before(i).slice(-30) + gap(i).slice(0, 80))
+  let context: number | undefined, prompt = 0, parts = 0, requested = 0
+  const size = (n: number) => { prompt = Math.max(prompt, n) }
+  for (let i = 0; i < found.length; i++) {
+    if (output(i)) continue
+    const after = gap(i).slice(0, 80)
+    if (i + 2 < found.length && /^\s*(?:tokens?)?\s*\+\s*$/.test(after) && COMPARE_RE.test(gap(i + 1))) {
+      size(at(i)); requested = Math.max(requested, at(i) + at(i + 1)); context ??= at(i + 2); i += 2
+    } else if (i + 1 < found.length && COMPARE_RE.test(after) && !output(i + 1)) { size(at(i)); context ??= at(++i) }
+    else if (LIMIT_AFTER.test(after) || LIMIT_BEFORE.test(before(i))) context ??= at(i)
+    else if (PART_AFTER.test(after)) parts += at(i)
+    else if (/requested\W*(?:about\W*)?$/i.test(before(i))) requested = Math.max(requested, at(i))
+    else if (SIZE_BEFORE.test(before(i))) size(at(i))
   }
-  const N = '(\\d[\\d,]*)'
   const out: { promptTokens?: number; contextTokens?: number; requestedTokens?: number } = {}
-  const prompt = num(/"n_prompt_tokens"\s*:\s*(\d+)/)
-    ?? num(new RegExp(`request \\(${N} tokens\\) exceeds the available context`, 'i'))
-    ?? num(new RegExp(`${N} in the messages`, 'i')) ?? num(new RegExp(`request has ${N} input tokens`, 'i'))
-    ?? num(new RegExp(`${N} tokens > ${N} maximum`, 'i')) ?? num(new RegExp(`input token count \\(${N}\\)`, 'i'))
-  const context = num(/"n_ctx"\s*:\s*(\d+)/) ?? num(new RegExp(`available context size \\(${N} tokens\\)`, 'i'))
-    ?? num(new RegExp(`maximum context length is ${N}`, 'i')) ?? num(new RegExp(`tokens > ${N} maximum`, 'i'))
-    ?? num(new RegExp(`maximum number of tokens allowed \\(${N}\\)`, 'i'))
-      ?? num(new RegExp(`context length of only ${N}`, 'i'))
-  const requested = num(new RegExp(`requested ${N} tokens`, 'i'))
-  if (prompt !== undefined) out.promptTokens = prompt
-  if (context !== undefined) out.contextTokens = context
-  if (requested !== undefined) out.requestedTokens = requested
+  if (parts > 0 || prompt > 0) out.promptTokens = parts > 0 ? parts : prompt
+  if (context !== undefined && context > 0) out.contextTokens = context
+  if (requested > 0) out.requestedTokens = requested
   return out
+}
+
+/**
+ * Whether an error text states a prompt (or request) in tokens larger than a limit it names, in any
+ * wording and order ({@link overflowCounts}), and is not about a quota of a day or an hour.
+ */
+function statesOverflow(text: string): boolean {
+  if (!/\btokens?\b/i.test(text) || !/prompt|input|context|request|message|sequence/i.test(text)) return false
+  if (/\b(?:daily|monthly|per (?:day|hour|month)|today)\b/i.test(text)) return false
+  const c = overflowCounts(text)
+  return c.contextTokens !== undefined && Math.max(c.promptTokens ?? 0, c.requestedTokens ?? 0) > c.contextTokens
 }
 
 function codeOfErrorBody(status: number | undefined, info: ErrorBodyInfo): ProviderErrorCode {
   const s = isErrorStatus(status) ? status : info.status
   const h = info.haystack
   if (s === 429 || RATE_LIMIT_RE.test(h)) return 'RATE_LIMIT'
-  if (OVERFLOW_PATTERNS.some((re) => re.test(h))) return 'CONTEXT_WINDOW_EXCEEDED'
+  if (OVERFLOW_PATTERNS.some((re) => re.test(h)) || statesOverflow(h)) return 'CONTEXT_WINDOW_EXCEEDED'
   if (s === 402 || QUOTA_RE.test(h)) return 'QUOTA'
   if (s === 401 || s === 403) return 'AUTH'
   if (s === 408) return 'TIMEOUT'
@@ -6815,7 +7015,7 @@ class Agent implements CompactionHost {
  */
 export const internals = /* @__PURE__ */ Object.freeze({
   pumpSSE, selectRegion, summarise, summaryMaxTokens, recallTool, regionLedger, trimLedger, renderLedger,
-  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, logHeader, stateOf, clearNode,
+  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, logHeader, stateOf, clearNode, overflowCounts,
 })
 
 // ═══════════════════════════════════════
@@ -9187,15 +9387,18 @@ export type ReplayEvent =
 /**
  * One row of a replay: a pressure check, at a turn start (`kind: 'turn-start'`, after the user input
  * is appended) or after a step (`kind: 'step'`, after its assistant message, tool results and any
- * steering). All figures are tokens by dsh's own estimate, never anchored on the transcript's usage.
+ * steering). Tokens are dsh's §2 estimate unless named calibrated: those are in the transcript's own
+ * tokens (docs/design.md §15), offset + ratio × the estimate, fitted on the prompt tokens the file
+ * records for this step and the ones before it (the §2 estimate itself where it records none).
  * - `step`: 1-based over the whole transcript (one per assistant message); on a turn-start row, the
  *   number of the step that follows. `turn`: 1-based.
- * - `requestTokens` (steps): the measured total of the request the loop sent for this step (its
- *   `inputTokens`) — what dsh would have sent. `unmanagedTokens`: the same point with no
- *   management (envelope + every message so far, as recorded). `recordedPromptTokens`: the prompt
- *   tokens the original run reported for this call, when the file has them (comparison only).
- * - `beforeTokens` → `afterTokens`: the measured total around the rung; `reclaimedTokens` = their
- *   difference. `prunes`/`prunedTokens`: prune events and tokens they reclaimed; `summaryCalls`:
+ * - `requestTokens` (steps): the request the loop sent for this step, by the §2 estimate — what dsh
+ *   would have sent; `calibratedRequestTokens`: the same, calibrated. `unmanagedTokens` (and
+ *   `calibratedUnmanagedTokens`): the same point with no management (envelope + every message so
+ *   far, as recorded). `recordedPromptTokens`: the prompt tokens the original run reported for this
+ *   call, when the file has them (what the calibration is fitted on).
+ * - `beforeTokens` → `afterTokens`: the ladder's measured total around the rung (calibrated, as
+ *   every ladder decision is); `reclaimedTokens` = their difference. `prunes`/`prunedTokens`: prune events and tokens they reclaimed; `summaryCalls`:
  *   summary requests made; `events`: spills, prunes, compactions and other rungs in order;
  *   `warnings`: ladder warnings.
  * - `figures`: the values of the extra figures ({@link REPLAY_FIGURES}, {@link ReplayOptions.figures}),
@@ -9206,7 +9409,9 @@ export interface ReplayStep {
   step: number
   turn: number
   requestTokens?: number
+  calibratedRequestTokens?: number
   unmanagedTokens: number
+  calibratedUnmanagedTokens?: number
   recordedPromptTokens?: number
   beforeTokens: number
   rung: ReplayRung
@@ -9223,8 +9428,11 @@ export interface ReplayStep {
 /**
  * Totals of a replay (tokens unless named otherwise).
  * - `peakRequestTokens` / `peakPercent`: the largest step request, and its share of the window (%, one decimal).
- * - `requestsOverWindow`: step requests larger than the window with dsh managing the context;
- *   `unmanagedStepsOverWindow`: steps whose unmanaged request would have been larger than the window.
+ * - `requestsOverWindow`: step requests larger than the window with dsh managing the context, by the
+ *   §2 estimate; `calibratedRequestsOverWindow`: by their calibrated size; `unmanagedStepsOverWindow`
+ *   (`calibratedUnmanagedStepsOverWindow`): steps whose unmanaged request would have been larger.
+ * - `calibration`: the final fit, `offsetTokens + ratio × estimate` over `samples` recorded steps
+ *   (`{ratio: 1, offsetTokens: 0, samples: 0}` when the file records no prompt tokens).
  * - `summaryRequestsOverWindow`: summary requests larger than the summarizer's window (by §2).
  * - `resultsOverPruneThreshold`: tool results of the transcript over the prune threshold (code points).
  * - `rungs`: how many times each rung acted (rung name → events), e.g. `{prune: 4, compact: 1}`;
@@ -9243,8 +9451,12 @@ export interface ReplayTotals {
   failedCompactions: number
   summaryCalls: number
   requestsOverWindow: number
+  calibratedRequestsOverWindow: number
+  peakCalibratedRequestTokens: number
   unmanagedStepsOverWindow: number
+  calibratedUnmanagedStepsOverWindow: number
   peakUnmanagedTokens: number
+  calibration: { ratio: number; offsetTokens: number; samples: number }
   peakRecordedPromptTokens?: number
   peakSummaryRequestTokens: number
   summaryRequestsOverWindow: number
@@ -9255,8 +9467,11 @@ export interface ReplayTotals {
    * What the session would cost (docs/design.md §11), priced by {@link ReplayReport.prices} with
    * modelled cache hits and no model called: under dsh's policy (every request the replay made,
    * summaries included) and with no management in an infinite window (appends only: the floor).
+   * `calibrated` (when the file records prompt tokens): the same requests in the transcript's tokens,
+   * priced with the final fit: input and cache hit `offset + ratio × estimate` (the hidden prompt
+   * leads every request, so a hit keeps it), output `ratio × estimate`, off-peak.
    */
-  cost: { dsh: ReplayCost; unmanaged: ReplayCost }
+  cost: { dsh: ReplayCost; unmanaged: ReplayCost; calibrated?: { dsh: ReplayCost; unmanaged: ReplayCost } }
   rungs: Record<string, number>
   rungReclaimedTokens: Record<string, number>
   figures?: Record<string, number>
@@ -9276,6 +9491,27 @@ export interface ReplayCost {
   outputTokens: number
   /** USD; undefined when the prices are unknown. */
   costUSD?: number
+}
+
+/** One request as the cost model sees it: heuristic input, modelled hit and output (tokens). */
+type PricedRequest = RequestCache & { outputTokens: number }
+
+/** `requests` priced in the transcript's tokens (see {@link ReplayTotals.cost}). */
+function calibratedCost(
+  requests: readonly PricedRequest[], summaryRequests: number, fit: ReplayTotals['calibration'], prices: Prices,
+): ReplayCost {
+  let input = 0, cached = 0, output = 0, usd = 0
+  const calibrated = (tokens: number) => fit.offsetTokens + Math.ceil(tokens * fit.ratio)
+  for (const r of requests) {
+    const i = calibrated(r.inputTokens), h = r.modelledHitTokens > 0 ? Math.min(i, calibrated(r.modelledHitTokens)) : 0
+    const o = Math.ceil(r.outputTokens * fit.ratio)
+    input += i; cached += h; output += o
+    usd += requestCostUSD(prices, { cachedInputTokens: h, uncachedInputTokens: i - h, outputTokens: o }, 0)
+  }
+  return {
+    requests: requests.length, summaryRequests, inputTokens: input, cachedInputTokens: cached,
+    cacheHitShare: input > 0 ? cached / input : 0, outputTokens: output, costUSD: usd,
+  }
 }
 
 const replayCost = (u: SessionUsage): ReplayCost => ({
@@ -9367,31 +9603,96 @@ export interface ReplayFigure {
 const FIDELITY_KINDS: ReadonlyArray<[keyof Fidelity, string]> = [['paths', 'paths'], ['commands', 'commands'], ['errors', 'error lines'], ['userMessages', 'user messages']]
 const FIDELITY_COUNTS: ReadonlyArray<[keyof FidelityShare, string]> = [['total', 'total'], ['inCheckpoint', 'in checkpoint'], ['inSummary', 'in summary']]
 
+const fidelityFigure = (kind: keyof Fidelity, count: keyof FidelityShare, name: string): ReplayFigure => ({
+  name, total: 'sum', hideTotal: true,
+  add: (e, v) => (e.type === 'log' && e.event.type === 'compaction/summary'
+    ? v + (((e.event.data as { fidelity?: Fidelity }).fidelity)?.[kind]?.[count] ?? 0) : v),
+})
+
 /**
  * The fidelity figures of the compactions (docs/design.md §12), summed over the rows: for each kind
  * (paths, commands, error lines, user messages) how many the compacted regions held, how many
- * appear verbatim in the checkpoints, and how many in the model's summaries alone. Named
- * `fidelity <kind> <count>`; JSON per row, one combined totals line in the text report. The CLI's
- * `replay` passes them ({@link ReplayOptions.figures}); a library replay adds them when asked.
+ * are in the checkpoints (a user message cut to head + tail with its recall key counts, and is
+ * counted again in `fidelity user messages pruned`), and how many in the model's summaries alone.
+ * Named `fidelity <kind> <count>`; JSON per row, one combined totals line in the text report. The
+ * CLI's `replay` passes them ({@link ReplayOptions.figures}); a library replay adds them when asked.
  */
-export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]): ReplayFigure => ({
-  name: `fidelity ${label} ${countLabel}`, total: 'sum', hideTotal: true,
-  add: (e, v) => (e.type === 'log' && e.event.type === 'compaction/summary' ? v + (((e.event.data as any).fidelity as Fidelity | undefined)?.[kind]?.[count] ?? 0) : v),
-})))
+export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ [
+  ...FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]) =>
+    fidelityFigure(kind, count, `fidelity ${label} ${countLabel}`))),
+  fidelityFigure('userMessages', 'pruned', 'fidelity user messages pruned'),
+]
 
-/** The totals line of {@link FIDELITY_FIGURES}: `paths 12/12, …; the model's summaries alone: 1/12, …`, or undefined without compactions. */
+/**
+ * The totals line of {@link FIDELITY_FIGURES}: `in checkpoints: paths 12/12, …; in the summaries alone: 1/12, …`,
+ * or undefined without compactions.
+ */
 function fidelityTotalsLine(figures: Readonly<Record<string, number>>): string | undefined {
   const get = (label: string, count: string) => figures[`fidelity ${label} ${count}`] ?? 0
   if (FIDELITY_KINDS.every(([, label]) => get(label, 'total') === 0)) return undefined
-  return `verbatim in checkpoints: ${FIDELITY_KINDS.map(([, l]) => `${l} ${get(l, 'in checkpoint')}/${get(l, 'total')}`).join(', ')}; in the summaries alone: ${FIDELITY_KINDS.map(([, l]) => `${get(l, 'in summary')}/${get(l, 'total')}`).join(', ')}`
+  const pruned = figures['fidelity user messages pruned'] ?? 0
+  const kept = FIDELITY_KINDS.map(([, l]) => `${l} ${get(l, 'in checkpoint')}/${get(l, 'total')}`).join(', ')
+  const cut = pruned > 0 ? ` (${pruned} user message(s) cut to head + tail with their recall key)` : ''
+  const alone = FIDELITY_KINDS.map(([, l]) => `${get(l, 'in summary')}/${get(l, 'total')}`).join(', ')
+  return `in checkpoints: ${kept}${cut}; in the summaries alone: ${alone}`
+}
+
+/** A shell command that only prints one file (`cat F`, `sed -n 1,80p F`, `head -n 50 F`, `tail F`): group 2 is F. */
+const SHELL_READ = /^\s*(?:cat|head|tail|nl|less|more|sed\s+-n\s+(?:'[^']*'|"[^"]*"|\S+))(?:\s+-{1,2}[\w-]+(?:[\s=]\d+)?)*\s+(['"]?)([^\s|;&<>'"]+)\1\s*$/
+
+/**
+ * What a tool call asks for, for {@link REREADS_FIGURE}: a shell read of one file is `read F` (whichever
+ * command prints it); any other call is its tool name and its arguments, whitespace folded.
+ */
+function callIdentity(call: ToolCallBlock): string {
+  let command: unknown
+  try { const args = JSON.parse(call.arguments); command = args?.command ?? args?.cmd } catch { command = undefined }
+  const read = typeof command === 'string' ? SHELL_READ.exec(command) : null
+  return read ? `read ${read[2]}` : `${call.name} ${call.arguments.replace(/\s+/g, ' ').trim()}`
+}
+
+/** Per replay session: call id → identity, surface seq → identity + output hash, and what checkpoints replaced. */
+type RereadState = { calls: Map<string, string>; results: Map<number, string>; compacted: Set<string> }
+const rereadState = new WeakMap<Session, RereadState>()
+
+/**
+ * `rereads` (docs/design.md §15): tool calls after a compaction that repeat a call whose result a
+ * checkpoint replaced — the same call ({@link callIdentity}) — and get the same output back (by hash):
+ * work the checkpoint made the model redo. Counted once per replaced result (a repeat brings it back).
+ */
+const REREADS_FIGURE: ReplayFigure = {
+  name: 'rereads', total: 'sum', cell: (v) => String(v),
+  add(e, v, { session }) {
+    if (e.type !== 'log') return v
+    let state = rereadState.get(session)
+    if (!state) rereadState.set(session, state = { calls: new Map(), results: new Map(), compacted: new Set() })
+    const d = e.event.data as { message?: Message; surfaceOp?: SurfaceOp; shadowedSeqs?: number[] }
+    if (e.event.type === 'assistant/message' && d.surfaceOp?.op === 'append') {
+      for (const c of toolCalls(d.message!)) state.calls.set(c.id, callIdentity(c))
+    } else if (e.event.type === 'tool/result' && d.surfaceOp?.op === 'replace') {
+      const was = state.results.get(d.surfaceOp.start) // a prune or clear: the same original
+      if (was !== undefined) state.results.set(e.event.seq, was)
+    } else if (e.event.type === 'tool/result' && d.message?.role === 'tool') {
+      const r = d.message
+      const output = `${r.isError ? 1 : 0}${fingerprintOf(contentText(r.content, '\n'))}`
+      const key = `${state.calls.get(r.toolCallId) ?? r.toolCallId}\u0000${output}`
+      state.results.set(e.event.seq, key)
+      if (state.compacted.delete(key)) return v + 1
+    } else if (e.event.type === 'compaction/summary') {
+      for (const seq of d.shadowedSeqs ?? []) {
+        const key = state.results.get(seq)
+        if (key !== undefined) state.compacted.add(key)
+      }
+    }
+    return v
+  },
 }
 
 /**
  * Figures every replay computes besides the built-in ones (see {@link ReplayFigure}); add an entry
- * here to give the report a column or a totals line. Empty in this version (the CLI adds
- * {@link FIDELITY_FIGURES}).
+ * here to give the report a column or a totals line. The CLI adds {@link FIDELITY_FIGURES}.
  */
-export const REPLAY_FIGURES: readonly ReplayFigure[] = []
+export const REPLAY_FIGURES: readonly ReplayFigure[] = [REREADS_FIGURE]
 
 /** Options of {@link replayTranscript}. */
 export interface ReplayOptions {
@@ -9541,7 +9842,9 @@ interface OpenReplayRow {
   step: number
   turn: number
   requestTokens?: number
+  calibratedRequestTokens?: number
   unmanagedTokens?: number
+  calibratedUnmanagedTokens?: number
   recordedPromptTokens?: number
   beforeTokens?: number
   hasMessage: boolean
@@ -9566,8 +9869,10 @@ function rungOfEvent(type: string): string | undefined {
  * Replays a transcript offline through the real {@link Agent} (docs/design.md §8): a fresh
  * {@link Session} ({@link MemoryStore}), the transcript's envelope, a recorded provider that answers
  * each step with the transcript's assistant message (and streams its recorded usage as a `usage`
- * event, never as the response's usage: the transcript's figures describe the original prompts, so
- * the meter stays on its own estimate), and recorded tools that answer each call with the
+ * event, never as the response's usage: the transcript's counts describe the original, unmanaged
+ * prompts, not dsh's, so they never anchor the meter; each recorded prompt count is logged instead
+ * as a calibration sample of dsh's estimate of that unmanaged prompt, and the session fits offset +
+ * ratio from the steps so far, docs/design.md §15), and recorded tools that answer each call with the
  * transcript's result. The loop does the rest as in a live session: turn starts and the pinned
  * input, steering, spill at write time, the ladder's pressure checks at the turn start and after
  * every step. Turns are cut where the loop would be idle (see the readers' `turnStarts` for dsh
@@ -9623,6 +9928,14 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     },
   }
 
+  // A dsh log's counts are of the managed requests it sent, not of the unmanaged prompt replay rebuilds.
+  const calibrates = transcript.format !== 'dsh'
+  if (!calibrates && transcript.usage.some((u) => u !== undefined)) {
+    notes.push('the prompt tokens a dsh log records are of its own managed requests: not used for calibration')
+  }
+  /** Every request the replay made (conversation, then summary), for the calibrated cost. */
+  const priced: PricedRequest[] = [], pricedSummaries: PricedRequest[] = []
+
   // The recorded provider: the turn's next recorded step, or — when the transcript records none
   // while the loop would go on — the turn ends as cancelled.
   let turn: ReplayScriptTurn | undefined
@@ -9637,7 +9950,23 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
         stop?.abort(new Error('the transcript records no further step in this turn'))
         throw new ProviderError('ABORTED', 'the transcript records no further step in this turn')
       }
-      if (open) { open.requestTokens = request.inputTokens; open.context.request = request; open.context.recordedUsage = current.usage }
+      if (open) {
+        open.requestTokens = session.measure().heuristicTokens
+        open.context.request = request
+        open.context.recordedUsage = current.usage
+      }
+      // The recorded count comes with the response, as a live provider's usage does: a calibration sample
+      // of the unmanaged prompt it counted (docs/design.md §15), in the log before the step's pressure check.
+      const recorded = current.usage?.promptTokens
+      if (calibrates && recorded !== undefined && recorded > 0) {
+        session.append('ladder/state', { sample: { providerTokens: recorded, heuristicTokens: unmanaged, source: 'transcript' } })
+      }
+      const m = session.measure()
+      if (open) {
+        open.calibratedRequestTokens = m.totalTokens
+        open.calibratedUnmanagedTokens = anchoredTotal(unmanaged, undefined, m.calibration, m.calibrationOffsetTokens)
+      }
+      priced.push({ ...session.cost.nextRequestCache(), outputTokens: estimateMessageTokens(current.message) })
       if (current.usage) request.onEvent?.({ type: 'usage', usage: current.usage })
       for (const m of current.steerAfter) agent.steer(m)
       return { message: current.message, finishReason: 'replay' }
@@ -9683,7 +10012,9 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     const row: ReplayStep = {
       kind: r.kind, step: r.step, turn: r.turn,
       ...(r.requestTokens !== undefined ? { requestTokens: r.requestTokens } : {}),
+      ...(r.calibratedRequestTokens !== undefined ? { calibratedRequestTokens: r.calibratedRequestTokens } : {}),
       unmanagedTokens: r.unmanagedTokens ?? unmanaged,
+      ...(r.calibratedUnmanagedTokens !== undefined ? { calibratedUnmanagedTokens: r.calibratedUnmanagedTokens } : {}),
       ...(r.recordedPromptTokens !== undefined ? { recordedPromptTokens: r.recordedPromptTokens } : {}),
       beforeTokens, rung: r.rung ?? (r.ladderWarned ? 'failed' : 'none'), afterTokens, reclaimedTokens: beforeTokens - afterTokens,
       prunes: prunes.length, prunedTokens: prunes.reduce((t, e) => t + e.tokensBefore - e.tokensAfter, 0),
@@ -9753,6 +10084,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
         case 'compaction/summary': pendingSummary = { id: d.id, seqs: d.shadowedSeqs, tokens: d.shadowedTokenCount }; break
         case 'compaction/warning': if (open) open.ladderWarned = true; break
         case 'compaction/end':
+          for (const q of (d.requests ?? []) as SummaryRequestRecord[]) pricedSummaries.push(q)
           if (!open) break
           if (d.error !== undefined) open.events.push({ type: 'compaction-failed', id: d.id, error: d.error })
           else {
@@ -9811,6 +10143,15 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   }
   const pruneThreshold = pruneConfig.thresholdChars
   const prices = options.prices ?? REPLAY_PRICES
+  const fitted = session.measure()
+  const calibration = { ratio: fitted.calibration, offsetTokens: fitted.calibrationOffsetTokens, samples: fitted.calibrationSamples }
+  // The floor's requests, as the cost model sees them (beforeRequest runs before each assistant message is logged).
+  const assistants = transcript.messages.filter((m) => m.role === 'assistant')
+  const floor: PricedRequest[] = []
+  const floorSession = unmanagedSession(transcript, (s, k) => {
+    floor.push({ ...s.cost.nextRequestCache(), outputTokens: estimateMessageTokens(assistants[k]) })
+  })
+  const calibrated = (r: ReplayStep) => r.calibratedRequestTokens ?? r.requestTokens!
   const totals: ReplayTotals = {
     steps: stepRows.length,
     turns,
@@ -9823,8 +10164,13 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     failedCompactions: all.filter((e) => e.type === 'compaction-failed').length,
     summaryCalls: rows.reduce((t, r) => t + r.summaryCalls, 0),
     requestsOverWindow: stepRows.filter((r) => r.requestTokens! > window).length,
+    calibratedRequestsOverWindow: stepRows.filter((r) => calibrated(r) > window).length,
+    peakCalibratedRequestTokens: stepRows.reduce((p, r) => Math.max(p, calibrated(r)), 0),
     unmanagedStepsOverWindow: stepRows.filter((r) => r.unmanagedTokens > window).length,
+    calibratedUnmanagedStepsOverWindow: stepRows.filter((r) => (r.calibratedUnmanagedTokens ?? r.unmanagedTokens) > window)
+      .length,
     peakUnmanagedTokens: stepRows.reduce((p, r) => Math.max(p, r.unmanagedTokens), 0),
+    calibration,
     ...(recordedPeak >= 0 ? { peakRecordedPromptTokens: recordedPeak } : {}),
     peakSummaryRequestTokens,
     summaryRequestsOverWindow,
@@ -9832,7 +10178,13 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     ladderWarnings: warnings.length,
     cost: {
       dsh: replayCost(session.cost.usage({ prices })),
-      unmanaged: replayCost(unmanagedSession(transcript).cost.usage({ prices })),
+      unmanaged: replayCost(floorSession.cost.usage({ prices })),
+      ...(calibration.samples > 0 ? {
+        calibrated: {
+          dsh: calibratedCost([...priced, ...pricedSummaries], pricedSummaries.length, calibration, prices),
+          unmanaged: calibratedCost(floor, 0, calibration, prices),
+        },
+      } : {}),
     },
     rungs,
     rungReclaimedTokens,
@@ -9883,8 +10235,8 @@ function describeReplayEvent(e: ReplayEvent): string {
   }
 }
 
-/** A column of the replay table: header, cell, and whether it is left-aligned (else right). */
-interface ReplayColumn { header: string; cell: (r: ReplayStep) => string; left?: boolean }
+/** A column of the replay table: header, cell, whether it is left-aligned (else right), shown only when calibrated. */
+interface ReplayColumn { header: string; cell: (r: ReplayStep) => string; left?: boolean; calibrated?: boolean }
 
 const tokensCell = (n: number | undefined): string => (n === undefined ? '-' : groupDigits(n))
 
@@ -9893,6 +10245,7 @@ const REPLAY_COLUMNS: readonly ReplayColumn[] = [
   { header: 'step', cell: (r) => (r.kind === 'step' ? String(r.step) : 'input') },
   { header: 'turn', cell: (r) => String(r.turn) },
   { header: 'request', cell: (r) => tokensCell(r.requestTokens) },
+  { header: 'calibrated', cell: (r) => tokensCell(r.calibratedRequestTokens), calibrated: true },
   { header: 'unmanaged', cell: (r) => tokensCell(r.unmanagedTokens) },
   { header: 'recorded', cell: (r) => tokensCell(r.recordedPromptTokens) },
   { header: 'before', cell: (r) => tokensCell(r.beforeTokens) },
@@ -9923,9 +10276,12 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
   out.push(report.summaries.simulated
     ? `summaries simulated at ${groupDigits(report.summaries.tokens)} tokens each (no model was called)`
     : `summaries written by the model ${report.summaries.model}`)
-  out.push(report.format === 'dsh'
-    ? 'tokens: dsh\'s own estimate (docs/design.md §2), not anchored on the log\'s usage; "recorded" is the prompt size the recorded run reported, for comparison'
-    : 'tokens: dsh\'s own estimate (docs/design.md §2), not anchored on the transcript\'s usage: the "recorded" prompt tokens describe the original, unmanaged prompts (another tokenizer, plus any system prompt and tools the file does not record) and are shown for comparison only')
+  const fit = t.calibration
+  out.push(fit.samples > 0
+    ? `tokens: dsh's estimate (docs/design.md §2); "calibrated", and the ladder's before → after, are in the transcript's own tokens: offset + ratio × the estimate, fitted by least squares on the "recorded" prompt tokens of the steps so far (docs/design.md §15; finally ${groupDigits(fit.offsetTokens)} + ${fit.ratio.toFixed(3)} × the estimate, on ${fit.samples} steps)`
+    : report.format === 'dsh'
+      ? 'tokens: dsh\'s own estimate (docs/design.md §2); "recorded" is the prompt size the recorded run reported for its own managed requests, for comparison'
+      : 'tokens: dsh\'s own estimate (docs/design.md §2): the transcript records no prompt tokens to calibrate it on')
   for (const note of report.notes) out.push(`note: ${note}`)
   out.push('request = what dsh would send for the step; unmanaged = the same with no management; before → after = around the rung at the pressure check')
   out.push('')
@@ -9933,7 +10289,8 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
   const known = new Map([...REPLAY_FIGURES, ...(options.figures ?? [])].map((f) => [f.name, f]))
   const figureCell = (name: string, v: number) => { const f = known.get(name); return f ? f.cell?.(v) : groupDigits(v) }
   const figureNames = Object.keys(t.figures ?? {}).filter((name) => figureCell(name, 0) !== undefined)
-  const columns: ReplayColumn[] = [...REPLAY_COLUMNS, ...figureNames.map((name) => ({
+  const builtIn = REPLAY_COLUMNS.filter((c) => !c.calibrated || fit.samples > 0)
+  const columns: ReplayColumn[] = [...builtIn, ...figureNames.map((name) => ({
     header: name, cell: (r: ReplayStep) => (r.figures?.[name] === undefined ? '-' : figureCell(name, r.figures[name])!),
   }))]
   const cells = report.rows.map((r) => columns.map((c) => c.cell(r)))
@@ -9959,18 +10316,36 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     const reclaimed = t.rungReclaimedTokens?.[rung]
     if (rung !== 'prune' && rung !== 'compact') totals.push([`rung ${rung}`, `${count}${reclaimed === undefined ? '' : ` (${groupDigits(reclaimed)} tokens reclaimed)`}`])
   }
+  const calibratedToo = (n: number) => (fit.samples > 0 ? `, ${n} calibrated` : '')
   totals.push(
-    ['requests over the window, dsh', String(t.requestsOverWindow)],
-    ['steps over the window, unmanaged', `${t.unmanagedStepsOverWindow} (unmanaged peak ${groupDigits(t.peakUnmanagedTokens)} tokens, ${pct(t.peakUnmanagedTokens)})`],
+    ['requests over the window, dsh',
+      `${t.requestsOverWindow}${fit.samples > 0 ? ' by the estimate' : ''}${calibratedToo(t.calibratedRequestsOverWindow)}`],
+    ['steps over the window, unmanaged', `${t.unmanagedStepsOverWindow}${calibratedToo(t.calibratedUnmanagedStepsOverWindow)}`
+      + ` (unmanaged peak ${groupDigits(t.peakUnmanagedTokens)} tokens, ${pct(t.peakUnmanagedTokens)})`],
   )
+  if (fit.samples > 0) {
+    totals.push(['peak request, calibrated', `${groupDigits(t.peakCalibratedRequestTokens)} tokens (${pct(t.peakCalibratedRequestTokens)})`])
+    const fitted = `${groupDigits(fit.offsetTokens)} tokens + ${fit.ratio.toFixed(3)} × dsh's estimate`
+    totals.push(['calibration', `${fitted} (least squares on ${fit.samples} recorded steps)`])
+  }
   if (t.peakRecordedPromptTokens !== undefined) totals.push(['recorded peak prompt', `${groupDigits(t.peakRecordedPromptTokens)} tokens (as reported by the original run)`])
   if (t.summaryCalls > 0) totals.push(['largest summary request', `${groupDigits(t.peakSummaryRequestTokens)} tokens (${t.summaryRequestsOverWindow} over the summarizer's window)`])
   if (t.ladderWarnings > 0) totals.push(['ladder warnings', String(t.ladderWarnings)])
   const p = report.prices
   const costCell = (c: ReplayCost) => `${c.costUSD === undefined ? 'cost unknown' : formatUSD(c.costUSD)}, cache hits ${(c.cacheHitShare * 100).toFixed(1)}% of ${groupDigits(c.inputTokens)} input tokens, ${c.requests} request(s)${c.summaryRequests ? ` (${c.summaryRequests} summary)` : ''}`
+  const vsFloor = (c: { dsh: ReplayCost; unmanaged: ReplayCost }) =>
+    (c.dsh.costUSD !== undefined && c.unmanaged.costUSD ? ` = ${(c.dsh.costUSD / c.unmanaged.costUSD).toFixed(2)}× the floor` : '')
   totals.push(
-    ['cost, dsh', `${costCell(t.cost.dsh)}${t.cost.dsh.costUSD !== undefined && t.cost.unmanaged.costUSD ? ` = ${(t.cost.dsh.costUSD / t.cost.unmanaged.costUSD).toFixed(2)}× the floor` : ''}`],
+    ['cost, dsh', `${costCell(t.cost.dsh)}${vsFloor(t.cost)}`],
     ['cost, unmanaged (infinite window)', costCell(t.cost.unmanaged)],
+  )
+  if (t.cost.calibrated) {
+    totals.push(
+      ['cost, dsh, calibrated', `${costCell(t.cost.calibrated.dsh)}${vsFloor(t.cost.calibrated)}`],
+      ['cost, unmanaged, calibrated', costCell(t.cost.calibrated.unmanaged)],
+    )
+  }
+  totals.push(
     ['prices (USD per million tokens)', `cache hit ${p.cacheHitInput}, miss ${p.cacheMissInput}, output ${p.output}${p.peak ? ', with peak hours' : ''}; modelled cache hits, no model called`],
   )
   for (const [name, v] of Object.entries(t.figures ?? {})) if (!known.get(name)?.hideTotal) totals.push([name, figureCell(name, v) ?? groupDigits(v)])
@@ -11518,3 +11893,284 @@ void isEntryPoint().then(async (isMain) => {
   const self = await import(import.meta.url)
   if (self.isEntryPoint === isEntryPoint) await self.runAsProgram()
 })
+
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 11. SQL store — moves into Part I after the core redesign (web standards only: no `node:`)
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// A LogStore in any PostgreSQL reachable through one function, so that a session outlives the
+// worker that started it (docs/design.md §4 "SQL store"). Every write is ONE SQL statement: a
+// statement is a transaction on every driver, including a pool whose calls may each run on another
+// connection and HTTP drivers that keep no session. One writer per session across machines: a
+// lease row (owner, fencing token, expiry by the database's clock) taken at load and checked and
+// extended by the statement of every append — no renewal timer.
+
+/**
+ * Runs one SQL statement with `$1…$n` parameters and resolves with its rows (or with an object
+ * holding them as `rows`, as `pg` and PGlite answer). e.g. `(sql, params) => pool.query(sql, params)`
+ * (pg, PGlite), `(sql, params) => sql.unsafe(sql, params)` (postgres.js), `neon(url).query` (Neon).
+ */
+export type SqlQuery = (sql: string, params: unknown[]) => Promise<readonly unknown[] | { rows: readonly unknown[] }>
+
+/** Options of {@link SqlLogStore}. */
+export interface SqlLogStoreOptions {
+  query: SqlQuery
+  /** The session's key in the tables (any string; one log per key). */
+  session: string
+  /** Who holds the lease, for the refusal's message (default: `worker-` + a random id). */
+  owner?: string
+  /** Lease length, ms (default {@link SQL_LEASE_MS}): longer than a worker's longest step. */
+  leaseMs?: number
+  /** Table name prefix: `PREFIX_events`, `PREFIX_artefacts`, `PREFIX_leases` (default `dsh`). */
+  tablePrefix?: string
+  /** Reads without taking the lease (e.g. to show a live session); appends are refused. */
+  readOnly?: boolean
+}
+
+/**
+ * Default lease, ms (5 min, the provider's idle timeout): a crashed worker's sessions wait this long;
+ * a live worker's lease is extended by each append, so only a step longer than this can lose it.
+ */
+export const SQL_LEASE_MS = 300_000
+/** Events per `SELECT` while loading or reading back (bounds memory: one page, not the log). */
+const SQL_PAGE_EVENTS = 500
+/** The database's clock in ms since the epoch: one clock for every worker, whatever their skew. */
+const SQL_NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint'
+
+/**
+ * A session held by another writer (`code` `'LOCKED'`): who (`owner`), until when (`expiresAtMs`, ms
+ * since the epoch, by the database's clock) and the lease's fencing token (`token`).
+ */
+export class SessionLockedError extends SessionError {
+  readonly owner: string
+  readonly expiresAtMs: number
+  readonly token: number
+  constructor(message: string, lease: { owner: string; expiresAtMs: number; token: number }) {
+    super('LOCKED', message)
+    this.name = 'SessionLockedError'
+    this.owner = lease.owner
+    this.expiresAtMs = lease.expiresAtMs
+    this.token = lease.token
+  }
+}
+
+/**
+ * A {@link LogStore} over PostgreSQL (pg, postgres.js, PGlite, Neon; no dependency: see
+ * {@link SqlQuery}). Tables, created on first use: `PREFIX_events (session_id, seq)` → type,
+ * time_ms, the event's JSON text and a row format version `v`; `PREFIX_artefacts (session_id, name)`;
+ * `PREFIX_leases (session_id)` → owner, token, expires_ms.
+ * - Lease: `load`/`scan` take the session's lease (a free or expired one; the token goes up by one
+ *   on every takeover) or throw {@link SessionLockedError} naming owner and expiry. Each append and
+ *   artefact write checks the token and extends the lease in the same statement, so a worker whose
+ *   lease was taken over meanwhile (paused, then revived) is refused, never interleaved. `close`
+ *   gives the lease back.
+ * - Each `append` (one {@link Session.flush}: a step's events before its request, before each tool
+ *   and at its end) is one statement, durable when it returns. A retry of a batch whose commit was
+ *   lost with the connection finds its rows already there and succeeds; a different event at a seq
+ *   is refused.
+ * - Readable (see {@link LogStore.scan}): loads and reads back by seq ranges of 500 events, so a Session
+ *   on it keeps only its surface in memory.
+ * Errors: `SessionError('STORE')` for a failed query (the driver's message kept as `cause`),
+ * `'LOG_CORRUPT'` for rows that are not a contiguous log, {@link SessionLockedError} for a lease.
+ */
+export class SqlLogStore implements LogStore {
+  readonly session: string
+  readonly owner: string
+  readonly leaseMs: number
+  readonly readOnly: boolean
+  /** The fencing token of the lease this store holds (undefined: none). */
+  token?: number
+  private readonly query: SqlQuery
+  private readonly t: string
+  private schema?: Promise<void>
+  constructor(options: SqlLogStoreOptions) {
+    const { query, session, owner, leaseMs = SQL_LEASE_MS, tablePrefix = 'dsh', readOnly = false } = options
+    if (typeof query !== 'function') throw new TypeError('SqlLogStore: query must be a function (sql, params) → rows')
+    const bad = (what: string) => new TypeError(`SqlLogStore: ${what}`)
+    if (typeof session !== 'string' || session === '') throw bad('session must be a non-empty string')
+    if (!isIntegerAtLeast(leaseMs, 1)) throw bad(`leaseMs must be an integer ≥ 1 ms, got ${leaseMs}`)
+    if (!/^[a-z_][a-z0-9_]{0,40}$/.test(tablePrefix)) {
+      throw bad(`tablePrefix ${JSON.stringify(tablePrefix)} must match [a-z_][a-z0-9_]* (≤ 41 chars): it names tables`)
+    }
+    this.query = query
+    this.session = session
+    this.owner = owner ?? `worker-${crypto.randomUUID()}`
+    this.leaseMs = leaseMs
+    this.t = tablePrefix
+    this.readOnly = readOnly
+  }
+
+  /** Runs one statement; any failure becomes `SessionError('STORE')` naming what was being done. */
+  private async run(what: string, sql: string, params: unknown[] = []): Promise<any[]> {
+    try {
+      const result = await this.query(sql, params)
+      return (Array.isArray(result) ? result : (result as { rows: unknown[] }).rows) as any[]
+    } catch (err) {
+      if (err instanceof SessionError) throw err
+      const e = new SessionError('STORE', `SqlLogStore: ${what} of session ${JSON.stringify(this.session)} failed: ` +
+        `${(err as Error)?.message ?? err}; nothing of it was written (retry when the database answers)`)
+      throw Object.assign(e, { cause: err })
+    }
+  }
+
+  /** Creates the tables once per store (one statement; a racing creator's error is retried once). */
+  private ensureSchema(): Promise<void> {
+    const t = this.t
+    const sql = `DO $$ BEGIN
+      CREATE TABLE IF NOT EXISTS ${t}_events (session_id text NOT NULL, seq bigint NOT NULL, type text NOT NULL,
+        time_ms bigint NOT NULL, event text NOT NULL, v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq));
+      CREATE TABLE IF NOT EXISTS ${t}_artefacts (session_id text NOT NULL, name text NOT NULL, body text NOT NULL,
+        v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, name));
+      CREATE TABLE IF NOT EXISTS ${t}_leases (session_id text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL,
+        expires_ms bigint NOT NULL);
+    END $$`
+    this.schema ??= this.run('creating the tables', sql).catch(() => this.run('creating the tables', sql)).then(
+      () => {}, (err) => { this.schema = undefined; throw err })
+    return this.schema
+  }
+
+  /** Takes (or renews) the lease; throws {@link SessionLockedError} when another holder's is live. */
+  private async acquire(): Promise<void> {
+    await this.ensureSchema()
+    if (this.readOnly) return
+    const rows = await this.run('taking the lease', `INSERT INTO ${this.t}_leases AS l
+      VALUES ($1, $2, 1, ${SQL_NOW_MS} + $3::bigint)
+      ON CONFLICT (session_id) DO UPDATE SET owner = EXCLUDED.owner, expires_ms = EXCLUDED.expires_ms,
+        token = CASE WHEN l.token = $4::bigint THEN l.token ELSE l.token + 1 END
+      WHERE l.expires_ms <= ${SQL_NOW_MS} OR l.token = $4::bigint RETURNING token`,
+    [this.session, this.owner, this.leaseMs, this.token ?? 0])
+    if (rows.length === 1) { this.token = Number(rows[0].token); return }
+    throw await this.lockedError('is held by')
+  }
+
+  /** The refusal naming the lease's current holder. */
+  private async lockedError(how: string): Promise<SessionLockedError> {
+    const rows = await this.run('reading the lease', `SELECT owner, token, expires_ms, ${SQL_NOW_MS} AS now_ms
+      FROM ${this.t}_leases WHERE session_id = $1`, [this.session])
+    const r = rows[0] ?? { owner: '(nobody)', token: 0, expires_ms: 0, now_ms: 0 }
+    const lease = { owner: String(r.owner), token: Number(r.token), expiresAtMs: Number(r.expires_ms) }
+    const mine = this.token === undefined ? '' : ` (this store's token ${this.token} is fenced off: nothing written)`
+    const leftMs = Math.max(0, lease.expiresAtMs - Number(r.now_ms))
+    return new SessionLockedError(`session ${JSON.stringify(this.session)} ${how} ${lease.owner}${mine}, lease token ` +
+      `${lease.token} until ${new Date(lease.expiresAtMs).toISOString()} (${leftMs} ms from now); ` +
+      'open it again after that, or once its owner closes it', lease)
+  }
+
+  async load(): Promise<LoadedLog> {
+    const events: SessionEvent[] = []
+    await this.scan((e) => { events.push(e) })
+    return { events }
+  }
+
+  /** Takes the lease, then streams the log in pages of {@link SQL_PAGE_EVENTS} events. */
+  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
+    await this.acquire()
+    for await (const e of this.readEvents(0, Infinity)) onEvent(e)
+    return {}
+  }
+
+  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
+    await this.ensureSchema()
+    for (let next = Math.max(0, fromSeq); next < toSeq;) {
+      // A range, not `LIMIT`: the index scan then reads one page, whatever the planner's statistics.
+      const count = Math.min(SQL_PAGE_EVENTS, toSeq - next)
+      const rows = await this.run('reading events', `SELECT seq, event FROM ${this.t}_events
+        WHERE session_id = $1 AND seq >= $2::bigint AND seq < $2::bigint + $3::int ORDER BY seq`,
+      [this.session, next, count])
+      for (const row of rows) yield this.decode(row, next++)
+      if (rows.length < count) return await this.checkEnd(next)
+    }
+  }
+
+  /** A short page is the end of the log, unless rows follow a gap (never written by this store). */
+  private async checkEnd(seq: number): Promise<void> {
+    const [row] = await this.run('reading events', `SELECT min(seq) AS seq FROM ${this.t}_events
+      WHERE session_id = $1 AND seq >= $2::bigint`, [this.session, seq])
+    if (row?.seq !== null && row?.seq !== undefined) this.decode({ seq: row.seq, event: 'null' }, seq)
+  }
+
+  async readEvent(seq: number): Promise<SessionEvent> {
+    if (Number.isSafeInteger(seq) && seq >= 0) for await (const e of this.readEvents(seq, seq + 1)) return e
+    throw new SessionError('STORE', `no event with seq ${seq} in SQL session ${JSON.stringify(this.session)}`)
+  }
+
+  private decode(row: { seq: unknown; event: string }, expectedSeq: number): SessionEvent {
+    let e: SessionEvent | undefined
+    try { e = JSON.parse(row.event) } catch { /* reported below */ }
+    if (Number(row.seq) !== expectedSeq || e?.seq !== expectedSeq || typeof e.type !== 'string') {
+      throw new SessionError('LOG_CORRUPT', `SQL session ${JSON.stringify(this.session)}: row seq ${row.seq} where ` +
+        `${expectedSeq} was expected, or its event is not a dsh event of that seq (events must be contiguous)`,
+      expectedSeq + 1)
+    }
+    return e
+  }
+
+  /** The lease check and extension every write starts with (a CTE: one statement with the write). */
+  private leaseCTE(): string {
+    return `lease AS (UPDATE ${this.t}_leases SET expires_ms = ${SQL_NOW_MS} + $3::bigint
+      WHERE session_id = $1 AND token = $2::bigint RETURNING 1)`
+  }
+
+  private writable(what: string): [string, number, number] {
+    const refuse = (why: string) => new SessionError('STORE', `SqlLogStore: ${what} refused: ${why}`)
+    if (this.readOnly) throw refuse(`session ${JSON.stringify(this.session)} was opened read-only`)
+    if (this.token === undefined) throw refuse('the store holds no lease: load() or scan() it first (that takes it)')
+    return [this.session, this.token, this.leaseMs]
+  }
+
+  async append(events: readonly SessionEvent[]): Promise<void> {
+    if (events.length === 0) return
+    const texts = events.map((e) => JSON.stringify(e))
+    const timeMs = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
+    const batch = JSON.stringify(events.map((e, i) => [e.seq, e.type, timeMs(e), texts[i]]))
+    const [row] = await this.run(`appending ${events.length} event(s)`, `WITH ${this.leaseCTE()}, ins AS (
+      INSERT INTO ${this.t}_events (session_id, seq, type, time_ms, event)
+      SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, json_array_elements($4::json) AS r
+      ON CONFLICT (session_id, seq) DO NOTHING RETURNING 1)
+      SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM ins)::int AS inserted`,
+    [...this.writable('append'), batch])
+    if (Number(row?.leased) !== 1) throw await this.lockedError('was taken over by')
+    if (Number(row.inserted) === events.length) return
+    // Some seqs were there: a retry of a batch whose commit was not acknowledged finds its own rows.
+    let i = 0
+    for await (const e of this.readEvents(events[0].seq, events[events.length - 1].seq + 1)) {
+      if (JSON.stringify(e) !== texts[i++]) {
+        throw new SessionError('STORE', `SqlLogStore: seq ${e.seq} of session ${JSON.stringify(this.session)} ` +
+          `already holds another event (${e.type}); nothing of this batch was written over it; open the session again`)
+      }
+    }
+  }
+
+  async putArtefact(name: string, text: string): Promise<string> {
+    // JSON text: a tool's output may hold NUL or lone surrogates, which PostgreSQL's text refuses.
+    const rows = await this.run(`storing artefact ${name}`, `WITH ${this.leaseCTE()}
+      INSERT INTO ${this.t}_artefacts (session_id, name, body) SELECT $1, $4, $5 FROM lease
+      ON CONFLICT (session_id, name) DO UPDATE SET body = EXCLUDED.body RETURNING 1`,
+    [...this.writable('putArtefact'), name, JSON.stringify(text)])
+    if (rows.length !== 1) throw await this.lockedError('was taken over by')
+    return `sql:${this.session}/${name}`
+  }
+
+  async getArtefact(ref: string): Promise<string> {
+    const prefix = `sql:${this.session}/`
+    const name = ref.startsWith(prefix) ? ref.slice(prefix.length) : undefined
+    const rows = name === undefined ? [] : await this.run(`reading artefact ${name}`,
+      `SELECT body FROM ${this.t}_artefacts WHERE session_id = $1 AND name = $2`, [this.session, name])
+    if (rows.length === 0) {
+      throw new SessionError('STORE', `no artefact ${ref} in SQL session ${JSON.stringify(this.session)} ` +
+        `(references look like ${prefix}NAME)`)
+    }
+    return JSON.parse(rows[0].body)
+  }
+
+  /** Each append is durable when it returns: nothing to do. */
+  async sync(): Promise<void> {}
+
+  /** Gives the lease back (its token stays, so a fenced-off writer stays fenced off). */
+  async close(): Promise<void> {
+    if (this.token === undefined || this.readOnly) return
+    const token = this.token
+    this.token = undefined
+    await this.run('giving the lease back', `UPDATE ${this.t}_leases SET expires_ms = 0
+      WHERE session_id = $1 AND token = $2::bigint`, [this.session, token])
+  }
+}

@@ -3,7 +3,9 @@
 // `clearBeforeSummary: false`, dsh v1 (prune + summarise: `compaction: {clear: false}`), no
 // management, and observation masking (tool outputs of the newest 10 steps kept, older ones replaced
 // by a one-line placeholder). Per policy: summary calls, share of pressure events relieved without a
-// model call, tokens reclaimed without a model call, peak occupancy, and requests over the window.
+// model call, tokens reclaimed without a model call, peak occupancy, and requests over the window. For dsh v2 also, per
+// transcript: what its checkpoints kept (user messages, commands, error lines), requests over the window by dsh's
+// estimate and in the transcript's own tokens (the replay's calibration: offset + ratio × estimate), the fit, rereads.
 import { readFileSync } from 'node:fs'
 import { basename } from 'node:path'
 import * as dshModule from '../dsh.ts'
@@ -14,6 +16,7 @@ import {
   estimateEnvelopeTokens,
 } from '../test/spec.ts'
 import { trueCounter, type TrueCounter } from './tokens.ts'
+import { execFileSync } from 'node:child_process'
 import { CORPUS_DIR, corpusFiles, fmtPct, int, nowMs, table, type Section, type Target } from './lib.ts'
 
 const WINDOWS = [16_000, 32_000, 64_000]
@@ -26,12 +29,14 @@ const MASK_PLACEHOLDER = '[older tool output omitted to save context]'
 /** The documented replay API (docs/design.md §8, issue 5), the part this benchmark reads. */
 interface ReplayTotalsLike {
   steps: number; peakRequestTokens: number; prunedTokens: number; summaryCalls: number; requestsOverWindow: number
+  calibratedRequestsOverWindow?: number; peakCalibratedRequestTokens?: number; calibration?: { ratio: number; offsetTokens: number; samples: number }
+  figures?: Record<string, number>
   unmanagedStepsOverWindow: number; peakUnmanagedTokens: number; compactions: number; failedCompactions: number; spills: number
   rungReclaimedTokens?: Record<string, number>
   peakSummaryRequestTokens?: number; cost?: { dsh: { inputTokens: number } }
 }
 interface ReplayReportLike { totals: ReplayTotalsLike; rows: { beforeTokens: number; afterTokens: number; summaryCalls: number; events: { type: string; tokensBefore?: number; tokensAfter?: number }[] }[] }
-type ReplayTranscript = (t: Transcript, options: { contextWindow: number; compaction?: Record<string, unknown>; onStep?: (row: { kind: string; step: number }, session: Session) => void }) => Promise<ReplayReportLike>
+type ReplayTranscript = (t: Transcript, options: { contextWindow: number; compaction?: Record<string, unknown>; figures?: readonly unknown[]; onStep?: (row: { kind: string; step: number }, session: Session) => void }) => Promise<ReplayReportLike>
 
 /** One policy's figures on one transcript at one window (tokens by the §2 estimate). */
 interface Outcome {
@@ -42,9 +47,19 @@ interface Outcome {
   summaryPeak: number; inputTokens: number; spilled: number; peak: number; over: number; compactions: number; failed: number
   /** The same requests counted by the DeepSeek V3 tokenizer (bench/tokens.ts): largest, and how many exceed the window. */
   truePeak: number; trueOver: number
+  /** Ladders: requests over the window in the transcript's own tokens (the replay's calibration), and the largest. */
+  calOver: number; calPeak: number
+  /** Ladders: facts of the compacted regions (summed over compactions) and how many the checkpoints kept; rereads. */
+  users: number; usersKept: number; usersPruned: number; commands: number; commandsKept: number; errors: number; errorsKept: number; rereads: number
 }
 
-const empty = (): Outcome => ({ requests: 0, summaryCalls: 0, reclaimed: 0, pressure: 0, relieved: 0, summaryPeak: 0, inputTokens: 0, spilled: 0, peak: 0, over: 0, compactions: 0, failed: 0, truePeak: 0, trueOver: 0 })
+const empty = (): Outcome => ({
+  requests: 0, summaryCalls: 0, reclaimed: 0, pressure: 0, relieved: 0, summaryPeak: 0, inputTokens: 0, spilled: 0, peak: 0, over: 0, compactions: 0,
+  failed: 0, truePeak: 0, trueOver: 0, calOver: 0, calPeak: 0, users: 0, usersKept: 0, usersPruned: 0, commands: 0, commandsKept: 0, errors: 0, errorsKept: 0, rereads: 0,
+})
+/** Outcome fields that add up over a file's transcripts (the rest are peaks). */
+const SUMMED = ['requests', 'summaryCalls', 'pressure', 'relieved', 'inputTokens', 'reclaimed', 'spilled', 'over', 'compactions', 'failed', 'trueOver',
+  'calOver', 'users', 'usersKept', 'usersPruned', 'commands', 'commandsKept', 'errors', 'errorsKept', 'rereads'] as const
 
 function request(out: Outcome, window: number, tokens: number, trueTokens: number): void {
   out.requests++
@@ -103,12 +118,13 @@ function masking(t: Transcript, window: number, truth: TrueCounter): Outcome {
  * dsh's ladder through `replayTranscript`. The true count of each request is taken from the session
  * after each pressure check (`onStep`): that surface is what the next request carries.
  */
-async function ladder(replay: ReplayTranscript, t: Transcript, window: number, truth: TrueCounter, compaction: Record<string, unknown>): Promise<Outcome> {
+async function ladder(replay: ReplayTranscript, t: Transcript, window: number, truth: TrueCounter, compaction: Record<string, unknown>): Promise<Outcome & { fit?: ReplayTotalsLike['calibration'] }> {
   let truePeak = 0, trueOver = 0
   const steps = t.messages.filter((m) => m.role === 'assistant').length
   const report = await replay(t, {
     contextWindow: window,
     compaction,
+    figures: (dshModule as unknown as { FIDELITY_FIGURES?: readonly unknown[] }).FIDELITY_FIGURES ?? [],
     onStep(row, session) {
       // A row after the last step has no request after it.
       if (row.kind === 'step' && row.step >= steps) return
@@ -130,11 +146,16 @@ async function ladder(replay: ReplayTranscript, t: Transcript, window: number, t
     pressure++
     if (row.summaryCalls === 0 && row.afterTokens < threshold) relieved++
   }
+  const f = (name: string) => x.figures?.[name] ?? 0
   return {
     requests: x.steps, summaryCalls: x.summaryCalls, pressure, relieved,
     summaryPeak: x.peakSummaryRequestTokens ?? 0, inputTokens: x.cost?.dsh.inputTokens ?? 0,
     reclaimed: (x.rungReclaimedTokens?.prune ?? x.prunedTokens) + (x.rungReclaimedTokens?.clear ?? 0), spilled, peak: x.peakRequestTokens, over: x.requestsOverWindow,
     compactions: x.compactions, failed: x.failedCompactions, truePeak, trueOver,
+    calOver: x.calibratedRequestsOverWindow ?? x.requestsOverWindow, calPeak: x.peakCalibratedRequestTokens ?? x.peakRequestTokens,
+    users: f('fidelity user messages total'), usersKept: f('fidelity user messages in checkpoint'), usersPruned: f('fidelity user messages pruned'),
+    commands: f('fidelity commands total'), commandsKept: f('fidelity commands in checkpoint'),
+    errors: f('fidelity error lines total'), errorsKept: f('fidelity error lines in checkpoint'), rereads: f('rereads'), fit: x.calibration,
   }
 }
 
@@ -147,6 +168,12 @@ const LADDERS = [
 const V2 = LADDERS[0][0], V2_NO_CBS = LADDERS[1][0], V1 = LADDERS[2][0]
 const POLICIES = [...LADDERS.map((l) => l[0]), 'no management', `observation masking (newest ${MASK_KEEP_STEPS} steps)`] as const
 const isLadder = (p: string) => LADDERS.some((l) => l[0] === p)
+
+/** The commit this run measures (and whether dsh.ts differs from it), for the section's text. */
+function measuredAt(): string {
+  const git = (args: string[]) => { try { return execFileSync('git', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim() } catch { return '?' } }
+  return `${git(['rev-parse', '--short', 'HEAD'])}${git(['status', '--porcelain', '--', 'dsh.ts']) ? ' (dsh.ts modified)' : ''}`
+}
 
 export default async function ladderBench(): Promise<Section> {
   const replay = (dshModule as unknown as { replayTranscript?: ReplayTranscript }).replayTranscript
@@ -166,6 +193,8 @@ export default async function ladderBench(): Promise<Section> {
   const t0 = nowMs()
   // results[window][policy][file] = Outcome summed over the file's transcripts (peak = max).
   const results = new Map<number, Map<string, Map<string, Outcome>>>()
+  /** dsh v2 per transcript (main chain, sidechain k), per window: for the fidelity and calibration table. */
+  const perTranscript: { name: string; window: number; x: Outcome & { fit?: ReplayTotalsLike['calibration'] } }[] = []
   for (const w of WINDOWS) {
     const byPolicy = new Map<string, Map<string, Outcome>>()
     for (const p of POLICIES) byPolicy.set(p, new Map())
@@ -173,7 +202,8 @@ export default async function ladderBench(): Promise<Section> {
       const sum = (xs: Outcome[]): Outcome => {
         const out = empty()
         for (const x of xs) {
-          for (const k of ['requests', 'summaryCalls', 'pressure', 'relieved', 'inputTokens', 'reclaimed', 'spilled', 'over', 'compactions', 'failed', 'trueOver'] as const) out[k] += x[k]
+          for (const k of SUMMED) out[k] += x[k]
+          out.calPeak = Math.max(out.calPeak, x.calPeak)
           out.peak = Math.max(out.peak, x.peak)
           out.summaryPeak = Math.max(out.summaryPeak, x.summaryPeak)
           out.truePeak = Math.max(out.truePeak, x.truePeak)
@@ -182,7 +212,11 @@ export default async function ladderBench(): Promise<Section> {
       }
       for (const [name, compaction] of LADDERS) {
         const ls: Outcome[] = []
-        for (const t of g.transcripts) ls.push(await ladder(replay, t, w, truth, compaction))
+        for (const [k, t] of g.transcripts.entries()) {
+          const x = await ladder(replay, t, w, truth, compaction)
+          ls.push(x)
+          if (name === V2) perTranscript.push({ name: k === 0 ? g.file : `↳ ${g.file.slice(0, 8)}… subagent run ${k}`, window: w, x })
+        }
         byPolicy.get(name)!.set(g.file, sum(ls))
       }
       byPolicy.get(POLICIES[3])!.set(g.file, sum(g.transcripts.map((t) => unmanaged(t, w, truth))))
@@ -214,6 +248,21 @@ export default async function ladderBench(): Promise<Section> {
   for (const w of WINDOWS) {
     const { total, peak, truePeak } = agg(w, V2)
     targets.push({ name: `dsh v2 at ${int(w)}: requests over the window`, target: '0', measured: `${int(total('over'))} of ${int(total('requests'))} by dsh's estimate (peak ${fmtPct(peak / w, 0)}); ${int(total('trueOver'))} in DeepSeek V3 tokens (peak ${fmtPct(truePeak / w, 0)})`, met: total('over') === 0 })
+  }
+  for (const w of WINDOWS) {
+    const { total } = agg(w, V2)
+    const calPeak = Math.max(...[...results.get(w)!.get(V2)!.values()].map((x) => x.calPeak))
+    const over = perTranscript.filter((r) => r.window === w && r.x.calOver > 0).map((r) => `${r.name} ${r.x.calOver}/${r.x.requests}`)
+    targets.push({
+      name: `dsh v2 at ${int(w)}: requests over the window in the transcripts' own tokens (calibrated)`, target: '0',
+      measured: `${int(total('calOver'))} of ${int(total('requests'))} (peak ${fmtPct(calPeak / w, 0)})${over.length ? `: ${over.join(', ')}` : ''}`, met: total('calOver') === 0,
+    })
+    const kept = (k: 'users' | 'commands' | 'errors') => `${int(total(`${k}Kept`))}/${int(total(k))}`
+    targets.push({
+      name: `dsh v2 at ${int(w)}: facts of the compacted regions kept in checkpoints`, target: 'every user message; commands, error lines: report',
+      measured: `user messages ${kept('users')} (${int(total('usersPruned'))} cut to head + tail with their recall key), commands ${kept('commands')}, error lines ${kept('errors')}; rereads ${int(total('rereads'))}`,
+      met: total('usersKept') === total('users'),
+    })
   }
   {
     const { total } = agg(32_000, V2)
@@ -248,12 +297,19 @@ export default async function ladderBench(): Promise<Section> {
       detailRows.push([`${g.file}${g.transcripts.length > 1 ? ` (main + ${g.transcripts.length - 1} subagent runs)` : ''}`, int(w), ...POLICIES.map(cell)])
     }
   }
+  const pct = (a: number, b: number) => (b === 0 ? '—' : `${int(a)}/${int(b)} (${fmtPct(a / b, 0)})`)
+  const fidelityRows = perTranscript.map(({ name, window, x }) => [
+    name, int(window), `${pct(x.usersKept, x.users)}${x.usersPruned ? `, ${x.usersPruned} cut` : ''}`, pct(x.commandsKept, x.commands), pct(x.errorsKept, x.errors),
+    `${x.over} / ${x.calOver} of ${x.requests}`, `${int(x.peak)} / ${int(x.calPeak)}`, String(x.rereads),
+    x.fit && x.fit.samples > 0 ? `${int(x.fit.offsetTokens)} + ${x.fit.ratio.toFixed(3)} × (${x.fit.samples} steps)` : '— (no counts)',
+  ])
   return {
     ...base, status: 'ran', targets,
     method: [
-      `Every transcript of the corpus (${files.length} files read with \`readTranscript\`; Claude Code's Task-subagent runs replayed as`,
-      'transcripts of their own, each with its own window, and summed into their file\'s row). All figures are tokens by the',
-      '§2 estimate (what dsh measures), per step request (one per assistant message). **dsh v2** = `replayTranscript(t,',
+      `Measured on dsh.ts at ${measuredAt()}. Every transcript of the corpus (${files.length} files read with \`readTranscript\`; Claude`,
+      'Code\'s Task-subagent runs replayed as',
+      'transcripts of their own, each with its own window, and summed into their file\'s row). Peaks and requests over the',
+      'window are tokens by the §2 estimate, per step request (one per assistant message). **dsh v2** = `replayTranscript(t,',
       '{contextWindow})`: the Agent\'s event order, spill at write time, `ladder.relievePressure` (prune → clear → compact) at each',
       'turn start and after each step, summaries simulated at a fixed 2,000 tokens (replay\'s default; no model is called).',
       '**dsh v2, clearBeforeSummary false** = the same with `compaction: {clearBeforeSummary: false}` (clear only when clearing',
@@ -266,14 +322,24 @@ export default async function ladderBench(): Promise<Section> {
       'dsh\'s write-time spills of results over 256 KiB are listed apart (they happen at every window, and the one in this',
       'corpus is the final `git diff` of psf__requests-1142, which no later request carries).',
       'Peak = the largest step request (share of the window). The last two columns count the same requests with the DeepSeek V3',
-      'tokenizer and chat-template framing (bench/tokens.ts, as in benchmark 5): replay gives the meter no provider usage,',
+      'tokenizer and chat-template framing (bench/tokens.ts, as in benchmark 5): another tokenizer than the transcripts\' own,',
       'so this is where the §2 estimate\'s own error shows. For the ladder the true figure is taken from the surface after each',
       'pressure check (what the next request carries); a simulated checkpoint counts at its true size (its filler text is',
       `not exactly 2,000 real tokens). Replays and counting took ${(replayMs / 1000).toFixed(1)} s (tokenizer load ${(truth.loadMs / 1000).toFixed(1)} s).`,
+      '',
+      'The ladder decides in the transcript\'s own tokens where the file records prompt tokens (docs/design.md §15): each step\'s',
+      'recorded count is a calibration sample of the unmanaged request, fitted as offset + ratio × dsh\'s estimate by least',
+      'squares over the steps so far, so pressure events and peaks are counted in those units; "requests over the window"',
+      'above is by dsh\'s estimate. The third table is dsh v2 (defaults) per transcript: the facts of the compacted regions',
+      '(summed over compactions: a later checkpoint counts again what it merged) and how many the checkpoints kept (a user',
+      'message cut to head + tail with its recall key counts, and is counted as cut), requests over the window by dsh\'s',
+      'estimate / calibrated, the peak request both ways, rereads (calls after a compaction that repeat one it replaced and',
+      'get the same output back) and the final fit of the transcript\'s counts.',
     ].join('\n'),
     tables: [
       table(['window', 'policy', 'summary calls', 'pressure events relieved without a model call', 'reclaimed without a model call', 'spilled at write time', 'peak occupancy', 'requests over the window', 'true peak (DeepSeek V3)', 'truly over the window'], summaryRows),
       table(['transcript', 'window', ...POLICIES], detailRows),
+      table(['transcript', 'window', 'user messages kept', 'commands kept', 'error lines kept', 'over the window (estimate / calibrated)', 'peak request (estimate / calibrated)', 'rereads', 'fit: offset + ratio × estimate'], fidelityRows),
     ],
   }
 }

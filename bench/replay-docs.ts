@@ -10,12 +10,13 @@ const windows = process.argv.slice(2).map(Number)
 const fmt = (n: number) => n.toLocaleString('en-US')
 const row = (name: string, r: ReplayReport) => {
   const t = r.totals
-  return `| ${name} | ${t.steps} | ${fmt(t.peakRequestTokens)} (${t.peakPercent.toFixed(1)}%) | ${t.prunes} | ${fmt(t.prunedTokens)} | ${t.spills} | ${t.compactions} | ${t.summaryCalls} | ${t.requestsOverWindow} | ${t.unmanagedStepsOverWindow} (${fmt(t.peakUnmanagedTokens)}) |`
+  const fit = t.calibration.samples > 0 ? `${fmt(t.calibration.offsetTokens)} + ${t.calibration.ratio.toFixed(3)}×` : '—'
+  return `| ${name} | ${t.steps} | ${fmt(t.peakRequestTokens)} (${t.peakPercent.toFixed(1)}%) | ${fmt(t.peakCalibratedRequestTokens)} | ${t.prunes} | ${fmt(t.prunedTokens)} | ${t.spills} | ${t.compactions} | ${t.summaryCalls} | ${t.requestsOverWindow} / ${t.calibratedRequestsOverWindow} | ${t.unmanagedStepsOverWindow} / ${t.calibratedUnmanagedStepsOverWindow} (${fmt(t.peakUnmanagedTokens)}) | ${fit} | ${t.figures?.rereads ?? 0} |`
 }
 for (const window of windows.length ? windows : [128_000, 32_000]) {
   console.log(`\n### Context window ${fmt(window)}\n`)
-  console.log('| transcript | steps | peak request (tokens, % of window) | prunes | tokens reclaimed by pruning | spills | compactions | summary calls | requests over the window, dsh | steps over the window, unmanaged (unmanaged peak) |')
-  console.log('|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|')
+  console.log('| transcript | steps | peak request (tokens, % of window) | peak request, calibrated | prunes | tokens reclaimed by pruning | spills | compactions | summary calls | requests over the window, dsh (estimate / calibrated) | steps over the window, unmanaged (estimate / calibrated; unmanaged peak) | fit: offset + ratio × estimate | rereads |')
+  console.log('|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|')
   for (const file of files) {
     const { report, sidechainReports } = await runReplay(readFileSync(join(corpus, file), 'utf8'), { contextWindow: window, sidechains: true })
     console.log(row(file, report))

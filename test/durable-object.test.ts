@@ -11,6 +11,7 @@ import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import type { SessionEvent } from '../dsh.ts'
 import { startFakeProvider, type FakeProvider, type FakeRequest } from './fake-provider.ts'
+import { testLogStore } from '../conformance.ts'
 
 const ROOT = dirname(dirname(fileURLToPath(import.meta.url)))
 const EXAMPLE = join(ROOT, 'examples', 'durable-object')
@@ -169,4 +170,16 @@ test('store.mjs: an artefact of 1 MB with astral characters at slice edges round
   assert.equal(storage.map.get('artefact:call_1.txt') && (storage.map.get('artefact:call_1.txt') as { parts: number }).parts, parts.length)
   assert.ok(parts.length > 30 && parts.every((p) => p.length <= 32_768 && !/[\ud800-\udbff]$/.test(p)), 'slices of at most 32,768 units, none ending inside a pair')
   await assert.rejects(store.getArtefact('durable-object:artefact:nope'), /no artefact durable-object:artefact:nope/)
+})
+
+// The LogStore conformance suite (conformance.ts) on store.mjs, each log key its own storage stand-in.
+const { DurableObjectLogStore } = await import(join(EXAMPLE, 'store.mjs'))
+const storages = new Map<string, StorageStandIn>()
+testLogStore('DurableObjectLogStore (storage stand-in)', (key) => {
+  let storage = storages.get(key)
+  if (!storage) storages.set(key, storage = new StorageStandIn())
+  return new DurableObjectLogStore(storage)
+}, {
+  secondWriter: 'a Durable Object runs one request at a time: its single-threaded gate is the one writer',
+  tear: 'an append is one batch of put() calls with no await between them, which commits atomically',
 })

@@ -591,7 +591,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
     logHeader(session, { model: 'm', baseURL: 'http://x' })
     calibrateAt3(session)
     for (let i = 0; i < 20; i++) {
-      session.append('user/message', user(`question ${String(i).padStart(2, '0')} `.padEnd(200, 'q')))
+      session.append('user/message', user(`question ${String(i).padStart(2, '0')} `.padEnd(300, 'q')))
       session.append('assistant/message', assistant(text(250, 'b')))
     }
     const window = 20_000 // threshold 16,000; the ledger budget 1,000 tokens = 333 heuristic at 3×
@@ -604,8 +604,20 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
     assert.ok(checkpoint.startsWith(CHECKPOINT_PREAMBLE))
     const ledgerText = checkpoint.slice(checkpoint.indexOf('</compacted-summary>') + '</compacted-summary>'.length)
     assert.ok(ledgerText.includes('question '), `the ledger quotes the user: ${ledgerText}`)
-    assert.ok(summary.ledger.trimmed > 0, 'the ledger was trimmed to its budget')
-    assert.ok(estimateTextTokens(ledgerText) <= Math.floor(ledgerBudget(window) / 3), `ledger ${estimateTextTokens(ledgerText)} heuristic tokens; budget ${ledgerBudget(window)} tokens at 3×`)
+    // The user's messages have their own budget, 15% of the window: 3,000 tokens = 1,000 heuristic at 3×
+    // (4,000 UTF-16 units). The questions (332 units each as lines) do not fit whole: all are there, cut alike.
+    // The task (the first question, under 10% of the window) whole (332 units); the other 16 need at least 232
+    // units each (200 + tags): one, the oldest, is left out (counted), the other 15 are cut alike to 212.
+    const users = summary.ledger.userMessages as Array<{ text: string; pruned?: boolean }>
+    assert.equal(summary.shadowedSeqs.filter((seq: number) => session.events[seq].type === 'user/message').length, 17)
+    const [task, ...rest] = users
+    assert.equal(task.text, `question 00 `.padEnd(300, 'q'), 'the task whole')
+    assert.deepEqual(rest.map((u) => [u.text.length, u.pruned]), Array.from({ length: 15 }, () => [212, true]))
+    assert.ok(rest[0].text.startsWith('question 02 '), rest[0].text.slice(0, 20))
+    assert.equal(summary.ledger.trimmed, 1, 'the oldest later question left out')
+    assert.equal(users.reduce((n, u) => n + u.text.length + 32, 0), 332 + 15 * 244)
+    const budget = Math.floor(ledgerBudget(window) / 3) + Math.floor((window * 0.15) / 3)
+    assert.ok(estimateTextTokens(ledgerText) <= budget, `ledger ${estimateTextTokens(ledgerText)} heuristic tokens; budget ${budget} at 3×`)
   })
 })
 

@@ -13,12 +13,14 @@ import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { createInterface } from 'node:readline'
 import {
-  openAICompatible, deepseek, classifyProviderError, ProviderError, KNOWN_MODELS, type StreamEvent,
+  openAICompatible, deepseek, classifyProviderError, ProviderError, KNOWN_MODELS, internals, type StreamEvent,
   type Message, type ChatResponse, type ProviderErrorCode, type OpenAICompatibleOptions, type Usage,
 } from '../dsh.ts'
 import {
   DEFAULT_MAX_TOKENS,
 } from './spec.ts'
+
+const { overflowCounts } = internals
 import { startFakeProvider, sseFromChunkLines, type FakeProvider, type FakeReply, type FakeProviderOptions } from './fake-provider.ts'
 import { sharedPath, skipWithoutShared } from './shared.ts'
 
@@ -419,6 +421,106 @@ test('classifyProviderError reads every body shape and never throws', () => {
   for (const [status, body, want] of table) {
     assert.equal(classifyProviderError(status, body), want, `${status} ${JSON.stringify(body)}`)
   }
+})
+
+// ── Overflow by its shape, not its phrase (docs/design.md §6) ────────────────────────────────────
+
+/**
+ * Wordings composed for this table (none is a phrase the classifier knows): each states a prompt or
+ * input size in tokens and a limit it exceeds, in some order; sent as a 400 `{error: {message}}` they
+ * are CONTEXT_WINDOW_EXCEEDED, and `overflowCounts` reads the size (`promptTokens`, or
+ * `requestedTokens` after "requested") and the limit (`contextTokens`).
+ */
+const SHAPED_OVERFLOWS: [text: string, size: { promptTokens?: number; requestedTokens?: number }, limit: number][] = [
+  ['Prompt has 130,000 tokens, which exceeds the limit of 128,000.', { promptTokens: 130_000 }, 128_000],
+  ['request: 128000 tokens maximum, got 130512.', { promptTokens: 130_512 }, 128_000],
+  ['limit 32768, requested 40000 tokens', { requestedTokens: 40_000 }, 32_768],
+  ['The token count of 9,001 exceeds the context limit of 8,192.', { promptTokens: 9_001 }, 8_192],
+  ['input is 70000 tokens; the model accepts at most 65536', { promptTokens: 70_000 }, 65_536],
+  ['Context window of 8192 tokens exceeded: the prompt uses 9100 tokens.', { promptTokens: 9_100 }, 8_192],
+  ["Your input (50000 tokens) is larger than the model's context (32000 tokens).", { promptTokens: 50_000 }, 32_000],
+  ['prompt: 20000 tokens > context: 16384', { promptTokens: 20_000 }, 16_384],
+  ['Too many input tokens: 210000 > 200000', { promptTokens: 210_000 }, 200_000],
+  ["The request's prompt is 4097 tokens long; this model supports up to 4096 tokens.", { promptTokens: 4_097 }, 4_096],
+  ['error: context size 2048 tokens, but the prompt needs 3000 tokens', { promptTokens: 3_000 }, 2_048],
+  ['Input length 12000 tokens exceeds maximum allowed 8192 tokens', { promptTokens: 12_000 }, 8_192],
+  ['maximum input tokens: 100000; received: 120000', { promptTokens: 120_000 }, 100_000],
+  ['Requested 5000 tokens, but this model only allows 4096 tokens of context', { requestedTokens: 5_000 }, 4_096],
+  ['messages total 9,500 tokens, over the 8,000-token window', { promptTokens: 9_500 }, 8_000],
+  ['Input token count 70,000 is above the 64,000 token limit', { promptTokens: 70_000 }, 64_000],
+  ['The prompt (33,000 tokens) does not fit in the context window (32,768 tokens).', { promptTokens: 33_000 }, 32_768],
+  ['context_length=4096, prompt_length=5000 tokens', { promptTokens: 5_000 }, 4_096],
+  ['Exceeded maximum context of 131072 tokens with 140000 prompt tokens', { promptTokens: 140_000 }, 131_072],
+  ['Token indices sequence length is longer than the specified maximum sequence length for this model (9000 > 8192)', { promptTokens: 9_000 }, 8_192],
+  ['Your request of 9000 tokens exceeds the 8192-token context window', { promptTokens: 9_000 }, 8_192],
+  ["This request has 130,017 input tokens, which is more than the model's limit of 128,000 tokens.", { promptTokens: 130_017 }, 128_000],
+  ['prompt token count 5,001 > limit 4,096', { promptTokens: 5_001 }, 4_096],
+  ['Model context length 4096 exceeded by prompt of 5000 tokens', { promptTokens: 5_000 }, 4_096],
+  ['Input of 9000 tokens exceeds the limit of 8192', { promptTokens: 9_000 }, 8_192],
+]
+
+/** Composed negatives: output caps, rate limits and quotas, sizes within their limit, limits of something else. */
+const SHAPED_NOT_OVERFLOWS: [status: number, text: string, code: ProviderErrorCode][] = [
+  [400, 'max_tokens is too large: 100000. This model supports at most 16384 completion tokens, whereas you provided 100000.', 'INVALID_REQUEST'],
+  [400, 'max_tokens: 300000 > 128000, which is the maximum allowed number of output tokens for claude-3', 'INVALID_REQUEST'],
+  [400, 'max_new_tokens (5000 tokens) must be <= 4096', 'INVALID_REQUEST'],
+  [400, 'The completion would be 9000 tokens, more than the 8192 allowed for output', 'INVALID_REQUEST'],
+  [400, 'Output of 9000 tokens exceeds the limit of 8192 output tokens for this model', 'INVALID_REQUEST'],
+  [400, 'max_completion_tokens must be less than or equal to 32768, got 50000', 'INVALID_REQUEST'],
+  [429, 'Rate limit reached on tokens per min (TPM): Limit 30000, Used 25000, Requested 9000.', 'RATE_LIMIT'],
+  [413, 'Request too large for model on tokens per minute (TPM): Limit 6000, Requested 9000', 'RATE_LIMIT'],
+  [400, 'Daily token limit of 1,000,000 exceeded: used 1,002,000 tokens on requests today', 'INVALID_REQUEST'],
+  [400, 'Your prompt has 1200 tokens, within the limit of 4096, but the tool schema is invalid', 'INVALID_REQUEST'],
+  [400, 'Your prompt has 50 tokens; the minimum is 100', 'INVALID_REQUEST'],
+  [400, 'logit_bias may contain at most 300 tokens, got 400', 'INVALID_REQUEST'],
+  [400, "Invalid 'messages[3].content': string too long. Expected a string with maximum length 10485760, but got a string with length 12000000 instead.", 'INVALID_REQUEST'],
+  [400, 'stop: at most 4 sequences allowed, got 6', 'INVALID_REQUEST'],
+]
+
+test('overflow by shape: 25 composed wordings are CONTEXT_WINDOW_EXCEEDED with both numbers; 14 near misses are not', () => {
+  for (const [text, size, limit] of SHAPED_OVERFLOWS) {
+    assert.equal(classifyProviderError(400, JSON.stringify({ error: { message: text } })), 'CONTEXT_WINDOW_EXCEEDED', text)
+    assert.equal(classifyProviderError(413, text), 'CONTEXT_WINDOW_EXCEEDED', text)
+    const counts = overflowCounts(text)
+    assert.deepEqual({ promptTokens: counts.promptTokens, requestedTokens: counts.requestedTokens, contextTokens: counts.contextTokens },
+      { promptTokens: undefined, requestedTokens: undefined, ...size, contextTokens: limit }, text)
+  }
+  for (const [status, text, code] of SHAPED_NOT_OVERFLOWS) assert.equal(classifyProviderError(status, JSON.stringify({ error: { message: text } })), code, text)
+})
+
+/** The counts of each overflow sample of provider-errors.json, read off the samples by hand. */
+const SAMPLE_COUNTS: Record<string, { promptTokens?: number; contextTokens?: number; requestedTokens?: number }> = {
+  'deepseek-overflow-65536-litellm': { promptTokens: 68_161, contextTokens: 65_536, requestedTokens: 68_161 },
+  'deepseek-overflow-131072-nofx': { promptTokens: 133_980, contextTokens: 131_072, requestedTokens: 141_980 },
+  'deepseek-overflow-131072-fast-agent': { promptTokens: 122_942, contextTokens: 131_072, requestedTokens: 131_134 },
+  'deepseek-overflow-65536-deerflow': { promptTokens: 87_731, contextTokens: 65_536, requestedTokens: 87_731 },
+  'deepseek-overflow-via-ai-sdk': { promptTokens: 72_426, contextTokens: 65_536, requestedTokens: 74_426 },
+  'deepseek-overflow-wrapped-by-router': { promptTokens: 123_137, contextTokens: 131_072, requestedTokens: 131_329 },
+  'openai-overflow-context_length_exceeded-completion': { promptTokens: 3_120, contextTokens: 4_097, requestedTokens: 4_120 },
+  'openai-overflow-messages-resulted': { promptTokens: 16_468, contextTokens: 16_385 },
+  'openai-overflow-with-functions': { promptTokens: 4_238, contextTokens: 4_097 }, // 4,143 in the messages + 95 in the functions
+  'openai-overflow-exceeds-context-window-streaming': {},
+  'anthropic-prompt-too-long': { promptTokens: 210_503, contextTokens: 200_000 },
+  'anthropic-prompt-too-long-2': { promptTokens: 200_251, contextTokens: 200_000 },
+  'anthropic-input-plus-max-tokens': { promptTokens: 198_981, contextTokens: 200_000, requestedTokens: 220_314 }, // 198981 + 21333 > 200000
+  'anthropic-overflow-proxied-as-500': { promptTokens: 203_052, contextTokens: 200_000 },
+  'openrouter-endpoint-max-context': { promptTokens: 262_437, contextTokens: 200_000, requestedTokens: 264_437 },
+  'openrouter-overflow-caused-by-output-reservation': { promptTokens: 1_390, contextTokens: 262_000, requestedTokens: 263_390 }, // 658 text + 732 tool input
+  'vllm-overflow': { promptTokens: 6_029, contextTokens: 4_096, requestedTokens: 6_379 },
+  'llamacpp-exceed-context-size': { promptTokens: 14_429, contextTokens: 8_192 },
+  'llamacpp-exceed-context-size-pr-example': { promptTokens: 1_407, contextTokens: 256 },
+  'gemini-native-input-token-count': { promptTokens: 1_200_293, contextTokens: 1_048_576 },
+  'gemini-nested-json-in-message': { promptTokens: 3_475_108, contextTokens: 1_048_576 },
+  'groq-context-length-exceeded': {},
+  'openai-compatible-proxy-overflow-old-wording': { promptTokens: 8_977, contextTokens: 8_192, requestedTokens: 8_977 },
+  'vllm-400-negative-max-tokens': {},
+}
+
+test('overflowCounts: every overflow sample of provider-errors.json', { skip: errorsSkip }, () => {
+  const samples: any[] = JSON.parse(readFileSync(sharedPath('fixtures', 'errors', 'provider-errors.json'), 'utf8')).samples
+  const overflows = samples.filter((s) => SAMPLE_CODES[s.id] === 'CONTEXT_WINDOW_EXCEEDED')
+  assert.deepEqual(overflows.map((s) => s.id).sort(), Object.keys(SAMPLE_COUNTS).sort())
+  for (const s of overflows) assert.deepEqual(overflowCounts(s.body_text ?? JSON.stringify(s.body) ?? s.message), SAMPLE_COUNTS[s.id], s.id)
 })
 
 // ── The ten cases of issue 3, over HTTP ───────────────────────────────────────────────────────

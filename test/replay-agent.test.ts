@@ -96,11 +96,14 @@ test('a dsh log whose next turn starts after a step with tool calls: the loop en
 
 test('a new compaction/* event type is a rung of its own, and an extra figure is a column, with no change to replay', async () => {
   // 7 steps of 2,000-char results at window 4,000 compact once (see replay.test.ts); the summarizer
-  // here also logs a `compaction/evict` event (seq 39, right after compaction/start k38), as a rung
+  // here also logs a `compaction/evict` event (seq 46, right after compaction/start k45: each of the seven
+  // recorded counts before it is a calibration sample in the log, `ladder/state`), as a rung
   // not yet written would; the real clear rung is off so that only the fake one acts.
   const messages: object[] = [{ role: 'user', content: 'task' }]
   for (let i = 1; i <= 7; i++) {
-    messages.push({ role: 'assistant', content: null, tool_calls: [fn(`c${i}`, 'sh', '{}')], usage: { prompt_tokens: 100 * i, completion_tokens: 10 + i } })
+    // Recorded prompt tokens equal to dsh's estimate of each unmanaged request (9 + 517 per step before it): the
+    // calibration fits ratio 1, offset 0, so the ladder acts where the estimate alone would.
+    messages.push({ role: 'assistant', content: null, tool_calls: [fn(`c${i}`, 'sh', '{}')], usage: { prompt_tokens: 9 + 517 * (i - 1), completion_tokens: 10 + i } })
     messages.push({ role: 'tool', tool_call_id: `c${i}`, content: String(i).repeat(2000) })
   }
   let session: Session | undefined
@@ -120,18 +123,19 @@ test('a new compaction/* event type is a rung of its own, and an extra figure is
   const report = await replayTranscript(t, { summarizer, figures: [completion], compaction: { clear: false }, onEvent: () => {}, onStep: (_r, s) => { session = s } } as Parameters<typeof replayTranscript>[1])
   const compacted = report.rows.find((r) => r.rung === 'compact')!
   assert.deepEqual(compacted.events.map((e) => e.type), ['rung', 'compaction'])
-  assert.deepEqual(compacted.events[0], { type: 'rung', rung: 'evict', seq: 39, data: { shadowedSeqs: [7, 11, 15], shadowedTokenCount: 1_524 } })
+  assert.deepEqual(compacted.events[0], { type: 'rung', rung: 'evict', seq: 46, data: { shadowedSeqs: [7, 11, 15], shadowedTokenCount: 1_524 } })
   assert.deepEqual(report.totals.rungs, { evict: 1, compact: 1 })
   assert.deepEqual(report.rows.filter((r) => r.kind === 'step').map((r) => r.figures!.completion), [11, 12, 13, 14, 15, 16, 17])
   assert.equal(report.totals.figures!.completion, 98)
   const out = formatReplay(report, { figures: [completion] })
-  assert.match(out, /^ *step +turn +request +unmanaged +recorded +before +rung +after +reclaimed +completion$/m)
-  assert.match(out, /↳ evict +seq 39: shadowedSeqs 7\.\.15 \(3\), shadowedTokenCount 1,524$/m)
+  assert.deepEqual(report.totals.calibration, { ratio: 1, offsetTokens: 0, samples: 7 })
+  assert.match(out, /^ *step +turn +request +calibrated +unmanaged +recorded +before +rung +after +reclaimed +rereads +completion$/m)
+  assert.match(out, /↳ evict +seq 46: shadowedSeqs 7\.\.15 \(3\), shadowedTokenCount 1,524$/m)
   assert.match(out, /^ {2}rung evict +1$/m)
   assert.match(out, /^ {2}completion +98$/m)
   const json = (await runReplay(JSON.stringify(messages.slice(0, 3)), { contextWindow: 4_000, json: true, figures: [completion] })).output
   const objects = json.trimEnd().split('\n').map((l) => JSON.parse(l))
-  assert.deepEqual(objects.map((o) => o.figures), [{ completion: 0 }, { completion: 11 }, { completion: 11 }])
+  assert.deepEqual(objects.map((o) => o.figures), [{ rereads: 0, completion: 0 }, { rereads: 0, completion: 11 }, { rereads: 0, completion: 11 }])
   await assert.rejects(replayTranscript(t, { contextWindow: 4_000, figures: [completion, completion] }), /unique non-empty name, got "completion"/)
 })
 

@@ -1,0 +1,230 @@
+// SqlLogStore on PGlite (PostgreSQL compiled to WASM, in this process): the LogStore conformance
+// suite, then the lease (one writer across workers, fencing), the retry of a batch whose commit was
+// not acknowledged, paging, and the tables (docs/design.md §4 "SQL store"). The same store against a
+// PostgreSQL 15 server is test/real-server/postgres.test.ts (npm run test:real).
+import { after, before, describe, test } from 'node:test'
+import assert from 'node:assert/strict'
+import { PGlite } from '@electric-sql/pglite'
+import { Session, SessionError, SessionLockedError, SqlLogStore, SQL_LEASE_MS, type SessionEvent, type SqlQuery, internals } from '../dsh.ts'
+
+const { stateOf } = internals
+import { testLogStore } from '../conformance.ts'
+
+const db = new PGlite()
+after(async () => { await db.close() })
+const query: SqlQuery = (sql, params) => db.query(sql, params)
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
+const user = (text: string) => ({ message: { role: 'user' as const, content: text }, surfaceOp: { op: 'append' as const } })
+
+testLogStore('SqlLogStore (PGlite)', (key) => new SqlLogStore({ query, session: key }), {
+  secondWriter: 'refused',
+  // A crash after the commit, before the answer: the writer never hears that its batch is stored.
+  tear: async (key: string, events: readonly SessionEvent[]) => {
+    const store = new SqlLogStore({ query: async (sql, params) => {
+      const rows = await query(sql, params)
+      if (sql.includes('INSERT INTO dsh_events')) throw new Error('server closed the connection unexpectedly')
+      return rows
+    }, session: key })
+    await store.load()
+    await assert.rejects(store.append(events), (err: SessionError) => err.code === 'STORE' && /closed the connection/.test(err.message))
+    await store.close()
+  },
+})
+
+/** The text of the user messages of `session` key's log, read without the lease. */
+async function userTexts(session: string): Promise<string[]> {
+  const events = (await new SqlLogStore({ query, session, readOnly: true }).load()).events
+  assert.deepEqual(events.map((e) => e.seq), events.map((_, i) => i))
+  return events.filter((e) => e.type === 'user/message').map((e) => (e.data as { message: { content: string } }).message.content)
+}
+
+describe('SqlLogStore: one writer across workers', () => {
+  test('a second worker\'s load is refused with SessionLockedError naming owner, token and expiry; close gives the lease back', async () => {
+    const a = new SqlLogStore({ query, session: 'lease-1', owner: 'worker-a', leaseMs: 60_000 })
+    const sa = await Session.open(a)
+    const before = Date.now()
+    const b = new SqlLogStore({ query, session: 'lease-1', owner: 'worker-b' })
+    const err = await Session.open(b).then(() => undefined, (e) => e)
+    assert.ok(err instanceof SessionLockedError, String(err))
+    assert.equal(err.code, 'LOCKED')
+    assert.equal(err.owner, 'worker-a')
+    assert.equal(err.token, 1)
+    assert.ok(err.expiresAtMs > before + 55_000 && err.expiresAtMs <= Date.now() + 60_000, `expiry ${err.expiresAtMs}`)
+    assert.match(err.message, /^session "lease-1" is held by worker-a, lease token 1 until \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \(\d+ ms from now\); open it again after that, or once its owner closes it$/)
+    assert.equal(b.token, undefined)
+    sa.append('user/message', user('still mine'))
+    await sa.sync()
+    await a.close()
+    const sb = await Session.open(b)
+    assert.equal(b.token, 2, 'a takeover raises the fencing token')
+    assert.equal(sb.messages().length, 1)
+    await b.close()
+  })
+
+  test('a crashed worker\'s lease expires; another worker resumes with every acknowledged event', async () => {
+    const a = new SqlLogStore({ query, session: 'lease-2', owner: 'worker-a', leaseMs: 400 })
+    const sa = await Session.open(a)
+    sa.append('turn/start', { turn: 1 })
+    sa.append('user/message', user('acknowledged'))
+    await sa.sync()
+    const acknowledged = sa.seq
+    // worker-a dies here: no close, no more appends.
+    const b = new SqlLogStore({ query, session: 'lease-2', owner: 'worker-b', leaseMs: 400 })
+    await assert.rejects(Session.open(b), (e: SessionLockedError) => e.owner === 'worker-a')
+    await sleep(450)
+    const sb = await Session.open(b)
+    assert.equal(stateOf(sb).openedAt, acknowledged)
+    assert.deepEqual(sb.messages().map((m) => m.content), ['acknowledged'])
+    assert.deepEqual(sb.turn, { turn: 1, open: false, step: 0, stepOpen: false }, 'the crashed turn is closed')
+    await b.close()
+  })
+
+  test('a paused-then-revived old owner is fenced off: its append and artefact write fail, nothing interleaves', async () => {
+    const a = new SqlLogStore({ query, session: 'lease-3', owner: 'worker-a', leaseMs: 300 })
+    const sa = await Session.open(a)
+    sa.append('user/message', user('a before the pause'))
+    await sa.sync()
+    await sleep(350) // worker-a pauses (a GC stall, a frozen VM) past its lease
+    const b = new SqlLogStore({ query, session: 'lease-3', owner: 'worker-b', leaseMs: 60_000 })
+    const sb = await Session.open(b)
+    sb.append('user/message', user('b took over'))
+    await sb.sync()
+    sa.append('user/message', user('a revived'))
+    const err = await sa.sync().then(() => undefined, (e) => e)
+    assert.ok(err instanceof SessionLockedError, String(err))
+    assert.equal(err.owner, 'worker-b')
+    assert.equal(err.token, 2)
+    assert.match(err.message, /^session "lease-3" was taken over by worker-b \(this store's token 1 is fenced off: nothing written\), lease token 2 until /)
+    await assert.rejects(a.putArtefact('tool-result-9.txt', 'stale'), SessionLockedError)
+    await a.close() // gives nothing back: the lease is worker-b's
+    sb.append('user/message', user('b goes on'))
+    await sb.sync()
+    assert.deepEqual(await userTexts('lease-3'), ['a before the pause', 'b took over', 'b goes on'])
+    await b.close()
+  })
+
+  test('an expired lease no one took is renewed by its own holder (nothing else wrote: the token is unchanged)', async () => {
+    const a = new SqlLogStore({ query, session: 'lease-4', owner: 'worker-a', leaseMs: 200 })
+    const sa = await Session.open(a)
+    await sleep(250)
+    sa.append('user/message', user('late but alone'))
+    await sa.sync()
+    assert.equal(a.token, 1)
+    await assert.rejects(Session.open(new SqlLogStore({ query, session: 'lease-4', leaseMs: 200 })), SessionLockedError, 'the append extended the lease')
+    await a.close()
+  })
+
+  test('readOnly: reads a held session without its lease; writes are refused', async () => {
+    const a = new SqlLogStore({ query, session: 'lease-5', owner: 'worker-a' })
+    const sa = await Session.open(a)
+    sa.append('user/message', user('visible'))
+    await sa.sync()
+    const reader = new SqlLogStore({ query, session: 'lease-5', readOnly: true })
+    const view = await Session.open(reader, { readOnly: true })
+    assert.deepEqual(view.messages().map((m) => m.content), ['visible'])
+    await assert.rejects(reader.append([]).then(() => reader.putArtefact('x', 'y')), /opened read-only/)
+    await a.close()
+  })
+})
+
+describe('SqlLogStore: faults, paging and tables', () => {
+  test('a database error is a typed STORE error with the driver\'s cause; the events wait and are written by the next sync', async () => {
+    let failing = false
+    const store = new SqlLogStore({ query: async (sql, params) => {
+      if (failing) throw new Error('connect ECONNREFUSED 127.0.0.1:5432')
+      return await query(sql, params)
+    }, session: 'fault-1' })
+    const session = await Session.open(store)
+    session.append('user/message', user('during the outage'))
+    failing = true
+    const err = await session.sync().then(() => undefined, (e) => e)
+    assert.ok(err instanceof SessionError && err.code === 'STORE', String(err))
+    const direct = await store.append([{ seq: 2, type: 'x', time: 0, data: {} }]).then(() => undefined, (e) => e)
+    assert.ok(direct instanceof SessionError && direct.code === 'STORE')
+    assert.equal((direct.cause as Error).message, 'connect ECONNREFUSED 127.0.0.1:5432')
+    assert.match(err.message, /appending 1 event\(s\) of session "fault-1" failed: connect ECONNREFUSED 127\.0\.0\.1:5432; nothing of it was written/)
+    failing = false
+    await session.sync()
+    assert.deepEqual(await userTexts('fault-1'), ['during the outage'])
+    await store.close()
+  })
+
+  test('a batch whose commit was not acknowledged is retried with later events: stored once each', async () => {
+    let loseNext = false
+    const store = new SqlLogStore({ query: async (sql, params) => {
+      const rows = await query(sql, params)
+      if (loseNext && sql.includes('INSERT INTO dsh_events')) { loseNext = false; throw new Error('Connection terminated unexpectedly') }
+      return rows
+    }, session: 'fault-2' })
+    const session = await Session.open(store)
+    session.append('user/message', user('one'))
+    loseNext = true
+    await assert.rejects(session.sync(), (e: SessionError) => e.code === 'STORE')
+    session.append('user/message', user('two'))
+    await session.sync() // the retry holds 'one' again (already stored) and 'two'
+    assert.deepEqual(await userTexts('fault-2'), ['one', 'two'])
+    // A different event at a stored seq is refused, not written over.
+    const clash: SessionEvent = { seq: 1, type: 'user/message', time: 0, data: user('not one') }
+    await assert.rejects(store.append([clash]), /seq 1 of session "fault-2" already holds another event \(user\/message\)/)
+    await store.close()
+  })
+
+  test('loading 1,201 events pages through them by seq ranges of 500: 3 SELECTs, never the whole log at once', async () => {
+    const writer = new SqlLogStore({ query, session: 'paging' })
+    const session = await Session.open(writer)
+    for (let i = 0; i < 1_200; i++) session.append('user/message', user(`m${i}`))
+    await session.sync()
+    await writer.close()
+    const pages: number[] = []
+    const reader = new SqlLogStore({ query: async (sql, params) => {
+      const result = await db.query(sql, params)
+      if (sql.includes('ORDER BY seq')) pages.push(result.rows.length)
+      return result
+    }, session: 'paging' })
+    let n = 0
+    await reader.scan(() => { n++ })
+    assert.equal(n, 1_201)
+    assert.deepEqual(pages, [500, 500, 201])
+    await reader.close()
+  })
+
+  test('rows that are not a contiguous log are refused with LOG_CORRUPT naming the seq: a gap, even at a page end; a foreign row', async () => {
+    const writer = new SqlLogStore({ query, session: 'gap' })
+    const session = await Session.open(writer)
+    for (let i = 0; i < 600; i++) session.append('user/message', user(`m${i}`))
+    await session.sync()
+    await writer.close()
+    await db.query(`DELETE FROM dsh_events WHERE session_id = 'gap' AND seq = 499`) // the last of the first page
+    const gap = await Session.open(new SqlLogStore({ query, session: 'gap' })).then(() => undefined, (e) => e)
+    assert.ok(gap instanceof SessionError && gap.code === 'LOG_CORRUPT', String(gap))
+    assert.match(gap.message, /row seq 500 where 499 was expected/)
+    await db.query(`UPDATE dsh_events SET event = '{"seq":7}' WHERE session_id = 'gap' AND seq = 7`)
+    await assert.rejects(new SqlLogStore({ query, session: 'gap', readOnly: true }).readEvent(7), /row seq 7 where 7 was expected, or its event is not a dsh event/)
+  })
+
+  test('tables: events keyed by (session_id, seq) with type, time and a version column; a prefix names them; a bad prefix is refused', async () => {
+    const store = new SqlLogStore({ query, session: 'tables', tablePrefix: 'agent_logs' })
+    const session = await Session.open(store, { id: 'tables' })
+    session.append('user/message', user('hi'))
+    await session.sync()
+    const rows = (await db.query<{ seq: number; type: string; v: number; session_id: string }>(
+      'SELECT session_id, seq, type, v FROM agent_logs_events ORDER BY seq')).rows
+    assert.deepEqual(rows, [{ session_id: 'tables', seq: 0, type: 'session/start', v: 1 }, { session_id: 'tables', seq: 1, type: 'user/message', v: 1 }])
+    const pk = (await db.query<{ def: string }>(`SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint WHERE conrelid = 'agent_logs_events'::regclass AND contype = 'p'`)).rows
+    assert.deepEqual(pk, [{ def: 'PRIMARY KEY (session_id, seq)' }])
+    const lease = (await db.query('SELECT session_id, token FROM agent_logs_leases')).rows
+    assert.deepEqual(lease, [{ session_id: 'tables', token: 1 }])
+    await store.close()
+    assert.throws(() => new SqlLogStore({ query, session: 's', tablePrefix: 'x; DROP TABLE y' }), /tablePrefix "x; DROP TABLE y" must match/)
+    assert.throws(() => new SqlLogStore({ query, session: '' }), /session must be a non-empty string/)
+    assert.throws(() => new SqlLogStore({ query, session: 's', leaseMs: 0 }), /leaseMs must be an integer ≥ 1 ms, got 0/)
+    assert.equal(SQL_LEASE_MS, 300_000)
+  })
+
+  test('an append before any load is refused: the lease is taken by load', async () => {
+    const store = new SqlLogStore({ query, session: 'no-load' })
+    await assert.rejects(store.append([{ seq: 0, type: 'x', time: 0, data: {} }]), /append refused: the store holds no lease: load\(\) or scan\(\) it first/)
+  })
+})
+
+before(async () => { await db.waitReady })
