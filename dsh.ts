@@ -2982,8 +2982,10 @@ function fitUserMessages(entries: readonly LedgerText[], budgetTokens: number, t
   return { kept, left }
 }
 
-const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [], trimmed: 0 })
-const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length + l.errors.length + l.userMessages.length
+const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [],
+  trimmed: 0 })
+const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length
+  + l.errors.length + l.userMessages.length
 
 const PATH_KEY = /^(path|file|file_?path|file_?name|target_?file|notebook_?path)$/i
 const PATHS_KEY = /^(paths|files)$/i
@@ -3204,7 +3206,8 @@ function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
  * 10%, and never more than half the region's `regionTokens`, so that a checkpoint can save room). Budgets
  * are tokens of the window, divided by `rate` (the calibration) for the §2 heuristic.
  */
-function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate: number, regionTokens: number, taskSeq?: number): Ledger {
+function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate: number, regionTokens: number,
+  taskSeq?: number): Ledger {
   const ledger = trimLedger(full, Math.floor(ledgerBudget(contextWindow) / rate))
   const window = contextWindow ?? USER_MESSAGES_DEFAULT_WINDOW
   const share = (ratio: number) => Math.min(Math.floor((window * ratio) / rate), Math.floor(regionTokens / 2))
@@ -3960,7 +3963,8 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     const fullLedger = await regionLedger(session, nodes)
     const taskSeq = await firstUserSeq(session)
     // The budgets are measured tokens of the window; the ledger is priced by the heuristic.
-    const facts = () => checkpointFacts(fullLedger, host.contextWindow, session.measure().calibration, region.tokens, taskSeq)
+    const facts = () => checkpointFacts(fullLedger, host.contextWindow, session.measure().calibration,
+      region.tokens, taskSeq)
     // A region no larger than its checkpoint's frame and ledger could only be rejected after the model call.
     const frameTokens = estimateMessageTokens({ role: 'user', content: frameCheckpoint('', facts()) })
     if (frameTokens >= region.tokens)
