@@ -13,8 +13,9 @@ import {
   estimateEnvelopeTokens,
 } from './test/spec.ts'
 
-const { spillToolResult, logHeader, stateOf } = internals
+const { spillToolResult, stateOf } = internals
 import { logEvents } from './test/shared.ts'
+import { logHeader } from './test/spec.ts'
 
 const toolResult = (text: string, id = 'call_1'): ToolResultMessage => ({ role: 'tool', toolCallId: id, content: [{ type: 'text', text }] })
 const textOf = (m: ToolResultMessage) => m.content.filter((b) => b.type === 'text').map((b) => (b as { text: string }).text).join('')

@@ -7019,7 +7019,7 @@ class Agent implements CompactionHost {
  */
 export const internals = /* @__PURE__ */ Object.freeze({
   pumpSSE, selectRegion, summarise, summaryMaxTokens, recallTool, regionLedger, trimLedger, renderLedger,
-  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, logHeader, stateOf, clearNode, overflowCounts,
+  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, stateOf, overflowCounts,
 })
 
 // ═══════════════════════════════════════

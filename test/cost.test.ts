@@ -11,12 +11,13 @@ import {
   estimateEnvelopeTokens, SUMMARY_INSTRUCTION,
 } from './spec.ts'
 
-const { isPeakTime, requestCostUSD, cacheCostUSD, logHeader } = internals
+const { isPeakTime, requestCostUSD, cacheCostUSD } = internals
 /** Prices are validated where they are given: as a provider's `prices` option. */
 const validatePrices = (prices: unknown) => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', prices: prices as Prices }).prices
 /** DeepSeek's table for a model name, aliases resolved, as deepseek() picks it. */
 const pricesOf = (model: string) => deepseek({ apiKey: 'sk-test', model }).prices
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+import { logHeader } from './spec.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
 after(async () => { for (const s of servers) await s.close() })

@@ -17,10 +17,11 @@ import {
   SUMMARY_TOOLS_MAX_RATIO, CHECKPOINT_PREAMBLE,
 } from './spec.ts'
 
-const { Ladder, summaryMaxTokens, recallTool, summarise, logHeader, stateOf, clearNode } = internals
+const { Ladder, summaryMaxTokens, recallTool, summarise, stateOf } = internals
 /** A full ladder configuration: the defaults with `config` over them (the Agent validates the same way). */
 const compactionConfig = (config: Partial<typeof DEFAULT_COMPACTION_CONFIG> = {}) => ({ ...DEFAULT_COMPACTION_CONFIG, ...config })
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+import { logHeader, clearNode } from './spec.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
 after(async () => { for (const s of servers) await s.close() })

@@ -15,8 +15,9 @@ import {
   RECALL_TOOL_NAME,
 } from './spec.ts'
 
-const { recallTool, stateOf, clearNode } = internals
+const { recallTool, stateOf } = internals
 import { rng } from './rng.ts'
+import { clearNode } from './spec.ts'
 
 const ctx = { signal: new AbortController().signal, callId: 'r-test' }
 const SURFACE = new Set(['user/message', 'assistant/message', 'tool/result'])

@@ -7,16 +7,16 @@ import { spawnSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import {
   Agent, Session, MemoryStore, readTranscript, replayTranscript, runReplay, formatReplay, cliHelp,
-  type AgentEvent, type Message, type Provider, type ReplayFigure, type SessionEvent, type Tool, internals,
+  type AgentEvent, type Message, type Provider, type ReplayFigure, type SessionEvent, type Tool,
 } from '../dsh.ts'
 
-const { logHeader } = internals
 import { ScriptedProvider, call, say } from './scripted-provider.ts'
 import { skipWithoutShared, sharedPath } from './shared.ts'
 import { startFakeProvider } from './fake-provider.ts'
 import { dsh as dshChild, tempDir } from './cli-helpers.ts'
 import { writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
+import { logHeader } from './spec.ts'
 
 const fn = (id: string, name: string, args: string) => ({ id, type: 'function', function: { name, arguments: args } })
 

@@ -7,8 +7,9 @@ import {
   type Message, type ToolCallBlock, type Transcript, type TranscriptFormat, internals,
 } from '../dsh.ts'
 
-const { logHeader, stateOf } = internals
+const { stateOf } = internals
 import { skipWithoutShared, readCorpus } from './shared.ts'
+import { logHeader } from './spec.ts'
 
 /** Unicode code points (a surrogate pair counts once), not UTF-16 units. */
 function codePoints(s: string): number { let n = 0; for (const _ of s) n++; return n }

@@ -6,11 +6,11 @@ import assert from 'node:assert/strict'
 import {
   replayTranscript, runReplay, formatReplay, readTranscript, estimateRequestTokens, Session, MemoryStore,
   TranscriptError, PRUNE_MARKER, DEFAULT_REPLAY_SUMMARY_TOKENS,
-  type Message, type ReplayStep, type Transcript, type Provider, type ChatRequest, internals,
+  type Message, type ReplayStep, type Transcript, type Provider, type ChatRequest,
 } from '../dsh.ts'
 
-const { logHeader } = internals
 import { skipWithoutShared, readCorpus } from './shared.ts'
+import { logHeader } from './spec.ts'
 
 /** An unanchored total (docs/design.md §2, §10, §15): the offset plus the heuristic priced at the calibration. */
 const unanchoredTotal = (heuristic: number, calibration: number, offset: number) =>

@@ -1,7 +1,7 @@
 // Values and texts that docs/design.md and dsh's documented behaviour fix, stated by the tests.
 // dsh.ts keeps them private (docs/design.md §14: one export list); a test states them here, so a
 // change to any of them shows up as a failing test rather than passing silently.
-import { estimateRequestTokens, internals, type Envelope, type Ledger } from '../dsh.ts'
+import { estimateRequestTokens, internals, type Envelope, type Ledger, type RequestHeader, type Session } from '../dsh.ts'
 
 /** The one-line preamble of a summary checkpoint (docs/design.md §4). */
 export const CHECKPOINT_PREAMBLE =
@@ -77,3 +77,26 @@ export const spillName = (seq: number): string => `tool-result-${seq}.txt`
 
 /** The heuristic price of an envelope alone (docs/design.md §2): a request with no messages. */
 export const estimateEnvelopeTokens = (envelope: Envelope): number => estimateRequestTokens(envelope, [])
+
+/** Logs `request/header` when it differs from the last one (what the Agent does before each request). */
+export function logHeader(session: Session, header: RequestHeader): boolean {
+  const text = JSON.stringify(header) // drops undefined fields, so equal headers compare equal
+  const last = session.measure().header
+  if (last && JSON.stringify(last) === text) return false
+  session.append('request/header', JSON.parse(text) as RequestHeader)
+  return true
+}
+
+/**
+ * Clears the tool result at surface node `seq` as the ladder's clear rung logs it (docs/design.md §10):
+ * `compaction/clear {shadowedSeqs, shadowedTokenCount}`, then the result with one text block as a replace.
+ */
+export function clearNode(session: Session, seq: number, placeholder: string, trigger?: string): number {
+  const node = session.surface().node(seq)
+  if (!node || node.message.role !== 'tool') throw new Error(`seq ${seq} is not a tool result on the surface`)
+  const clear = { shadowedSeqs: [seq], shadowedTokenCount: node.tokens }
+  session.append('compaction/clear', trigger ? { ...clear, trigger } : clear)
+  const message = { ...node.message, content: [{ type: 'text' as const, text: placeholder }] }
+  const after = session.append('tool/result', { message, surfaceOp: { op: 'replace', start: seq, end: seq } })
+  return node.tokens - session.surface().node(after.seq)!.tokens
+}
