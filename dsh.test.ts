@@ -5,12 +5,17 @@ import { mkdtempSync, writeFileSync, readFileSync, appendFileSync, readdirSync }
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import {
-  VERSION, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG, codePointLength, pruneText, pruneToolResult,
-  estimateTextTokens, estimateMessageTokens, estimateEnvelopeTokens, PruneConfigError,
-  Session, MemoryStore, FileStore, SessionError, spillToolResult,
-  type ToolResultMessage, type Message, type Block,
+  VERSION, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG, codePointLength, pruneText, pruneToolResult, estimateTextTokens,
+  estimateMessageTokens, Session, MemoryStore, FileStore, SessionError, type ToolResultMessage, type Message,
+  type Block, ConfigError, internals,
 } from './dsh.ts'
+import {
+  estimateEnvelopeTokens,
+} from './test/spec.ts'
+
+const { spillToolResult, stateOf } = internals
 import { logEvents } from './test/shared.ts'
+import { logHeader } from './test/spec.ts'
 
 const toolResult = (text: string, id = 'call_1'): ToolResultMessage => ({ role: 'tool', toolCallId: id, content: [{ type: 'text', text }] })
 const textOf = (m: ToolResultMessage) => m.content.filter((b) => b.type === 'text').map((b) => (b as { text: string }).text).join('')
@@ -117,7 +122,7 @@ describe('pruner (docs/design.md §3)', () => {
 
   test('config validation names the numbers and unknown keys', () => {
     assert.throws(() => pruneText('x', { headChars: 5000, tailChars: 4000 }), (e: Error) =>
-      e instanceof PruneConfigError && /5000/.test(e.message) && /4000/.test(e.message) && /8192/.test(e.message))
+      e instanceof ConfigError && /5000/.test(e.message) && /4000/.test(e.message) && /8192/.test(e.message))
     assert.throws(() => pruneText('x', { headChar: 10 } as never), /unknown key "headChar"/)
     assert.throws(() => pruneText('x', { headChars: 1.5 }), /headChars must be a non-negative integer/)
     assert.throws(() => pruneText('x', { tailChars: -1 }), /tailChars must be a non-negative integer/)
@@ -218,7 +223,7 @@ describe('session log and surface (docs/design.md §4)', () => {
 
   test('usage anchor: provider figure plus signed heuristic changes since; envelope change drops it', async () => {
     const session = await Session.open()
-    session.setHeader({ model: 'm', baseURL: 'http://x', system: 'S'.repeat(40) }) // 10 + 8
+    logHeader(session, { model: 'm', baseURL: 'http://x', system: 'S'.repeat(40) }) // 10 + 8
     session.append('user/message', { message: { role: 'user', content: 'u'.repeat(400) }, surfaceOp: { op: 'append' } }) // 108
     assert.deepEqual([session.measure().totalTokens, session.measure().anchored], [126, false])
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c', name: 'read', arguments: '{}' + 'x'.repeat(6) }] }, finishReason: 'tool_calls', usage: { promptTokens: 500, completionTokens: 20 }, surfaceOp: { op: 'append' } }) // 3 + 8
@@ -232,7 +237,7 @@ describe('session log and surface (docs/design.md §4)', () => {
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop', usage: { promptTokens: 40, completionTokens: 10 }, surfaceOp: { op: 'append' } })
     const m = session.measure()
     assert.equal(m.totalTokens, m.heuristicTokens)
-    session.setHeader({ model: 'm', baseURL: 'http://x', system: 'changed' })
+    logHeader(session, { model: 'm', baseURL: 'http://x', system: 'changed' })
     assert.equal(session.measure().anchored, false)
   })
 
@@ -243,7 +248,7 @@ describe('session log and surface (docs/design.md §4)', () => {
     live.pruneToolResult(ra)
     live.append('user/message', { message: { role: 'user', content: 'summary' }, surfaceOp: { op: 'replace', start: a, end: rb } })
     await live.sync()
-    const again = await Session.load(store)
+    const again = await Session.open(store, { readOnly: true })
     assert.deepEqual(again.messages(), live.messages())
     assert.equal(again.replaceGeneration, live.replaceGeneration)
     assert.equal(again.replaceGeneration, 2)
@@ -279,7 +284,7 @@ describe('FileStore', () => {
     assert.equal((await again.readEvent(2)).type, 'session/resume')
     assert.deepEqual(((await again.readEvent(2)).data as any).torn.line, 3)
     await again.sync()
-    assert.equal((await Session.load(new FileStore(file))).seq, 3) // file is whole again
+    assert.equal((await Session.open(new FileStore(file), { readOnly: true })).seq, 3) // file is whole again
   })
 
   test('case 8: a corrupt line in the middle is refused with its line number', async () => {
@@ -291,13 +296,13 @@ describe('FileStore', () => {
     const lines = readFileSync(file, 'utf8').split('\n')
     lines[1] = lines[1].slice(0, 20)
     writeFileSync(file, lines.join('\n'))
-    await assert.rejects(Session.load(new FileStore(file)), (e: SessionError) => e.code === 'LOG_CORRUPT' && e.line === 2 && /line 2/.test(e.message))
+    await assert.rejects(Session.open(new FileStore(file), { readOnly: true }), (e: SessionError) => e.code === 'LOG_CORRUPT' && e.line === 2 && /line 2/.test(e.message))
   })
 
   test('a file of another format is refused at line 1 with a hint', async () => {
     const file = join(tmp(), 'not-a-log.jsonl')
     writeFileSync(file, '{"role":"user","content":"hi"}\n')
-    await assert.rejects(Session.load(new FileStore(file)), /line 1: not a dsh event.*replay/)
+    await assert.rejects(Session.open(new FileStore(file), { readOnly: true }), /line 1: not a dsh event.*replay/)
   })
 
   test('resume repairs an open turn: TOOL_OUTCOME_UNKNOWN vs TOOL_NOT_STARTED', async () => {
@@ -315,7 +320,7 @@ describe('FileStore', () => {
     const codes = tail.filter((e) => e.type === 'tool/result').map((e) => [(e.data as any).message.toolCallId, (e.data as any).message.metadata.code])
     assert.deepEqual(codes, [['ran', 'TOOL_OUTCOME_UNKNOWN'], ['queued', 'TOOL_NOT_STARTED']])
     assertPaired(again.messages())
-    assert.equal(again.openCompaction, undefined)
+    assert.equal(stateOf(again).compaction, undefined)
     assert.deepEqual(again.turn, { turn: 1, open: false, step: 1, stepOpen: false })
   })
 })
@@ -326,7 +331,7 @@ test('blocks of unknown type survive the log round trip', async () => {
   const blocks: Block[] = [{ type: 'text', text: 'see' }, { type: 'image', url: 'u' }]
   s.append('user/message', { message: { role: 'user', content: blocks }, surfaceOp: { op: 'append' } })
   await s.sync()
-  assert.deepEqual((await Session.load(store)).messages(), [{ role: 'user', content: blocks }])
+  assert.deepEqual((await Session.open(store, { readOnly: true })).messages(), [{ role: 'user', content: blocks }])
 })
 
 test('README library example (examples/library.ts) prints the documented numbers', async () => {
@@ -378,7 +383,6 @@ describe('FileStore streaming load and read-back (memory O(surface))', () => {
   test('a FileStore session keeps only its surface; originals are read back from the file', async () => {
     const file = join(tmp(), 's.jsonl')
     const live = await Session.open(new FileStore(file))
-    assert.equal(live.keepsAllEvents, false)
     assert.throws(() => live.events, /keeps only its surface.*readEvent/)
     live.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'cat', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
     // 5 MB of mixed 1-, 2-, 3- and 4-byte characters: the line spans two 4 MiB reads, a character sits on the cut.
@@ -422,7 +426,7 @@ describe('FileStore streaming load and read-back (memory O(surface))', () => {
     const whole = readFileSync(file)
     const tail = Buffer.from('{"seq":1,"type":"user/message","data":{"message":{"role":"user","content":"\u20ac\u20ac')
     writeFileSync(file, Buffer.concat([whole, tail.subarray(0, tail.length - 1)])) // cut inside the last €
-    const again = await Session.load(new FileStore(file))
+    const again = await Session.open(new FileStore(file), { readOnly: true })
     assert.equal(again.torn?.line, 2)
     assert.equal(again.torn?.bytes, tail.length - 1)
     assert.deepEqual(readFileSync(again.torn!.savedTo!), tail.subarray(0, tail.length - 1))
@@ -437,7 +441,7 @@ test('FileStore readOnly: a torn last line is reported, the file is left byte fo
   await live.sync(); await live.store.close?.()
   appendFileSync(file, '{"seq":3,"type":"user/mes')
   const before = readFileSync(file)
-  const ro = await Session.load(new FileStore(file, { readOnly: true }))
+  const ro = await Session.open(new FileStore(file, { readOnly: true }), { readOnly: true })
   assert.equal(ro.torn?.line, 3)
   assert.equal(ro.torn?.savedTo, undefined)
   assert.equal(((await ro.readEvent(1)).data as any).message.content, 'hi')
@@ -452,7 +456,7 @@ test('event types named like Object.prototype members (toString, constructor) ar
   for (const type of ['toString', 'constructor', '__proto__', 'hasOwnProperty']) s.append(type, { note: type })
   await s.sync()
   assert.equal(s.surface().length, 0)
-  const again = await Session.load(store)
+  const again = await Session.open(store, { readOnly: true })
   assert.deepEqual((await store.load()).events.slice(-4).map((e) => e.type), ['toString', 'constructor', '__proto__', 'hasOwnProperty'])
   assert.equal(again.surface().length, 0)
 })
@@ -460,6 +464,6 @@ test('event types named like Object.prototype members (toString, constructor) ar
 test('a file that is not a dsh log is refused without echoing its content (an .env may hold secrets)', async () => {
   const file = join(mkdtempSync(join(tmpdir(), 'dsh-env-')), '.env')
   writeFileSync(file, 'API_KEY=sk-very-secret-123\n')
-  await assert.rejects(Session.load(new FileStore(file)), (e: SessionError) => e.code === 'LOG_CORRUPT' && /line 1: not valid JSON \(26 characters; not shown\)/.test(e.message) && !e.message.includes('sk-very'))
+  await assert.rejects(Session.open(new FileStore(file), { readOnly: true }), (e: SessionError) => e.code === 'LOG_CORRUPT' && /line 1: not valid JSON \(26 characters; not shown\)/.test(e.message) && !e.message.includes('sk-very'))
   assert.equal(readFileSync(file, 'utf8'), 'API_KEY=sk-very-secret-123\n')
 })

@@ -11,6 +11,30 @@
  *   console.log(answer.text, session.measure().totalTokens)
  * CLI: `npx tsx dsh.ts --help` (one-shot, interactive, `replay FILE`); installed: `dsh --help`.
  *
+ * PUBLIC API (the one export list below this header; types are exported where they are declared)
+ *   Agent                  the loop: turns, steps, tools, hooks, the ladder, cancellation (§7)
+ *   Session                the append-only log, its surface and measure(); parts over it: cost, recall, pins
+ *   MemoryStore, FileStore where a session's events live: in memory (anywhere), JSONL file (Node, Deno, Bun)
+ *   openAICompatible       a Provider for any OpenAI-compatible chat-completions server (§6)
+ *   deepseek               openAICompatible with DeepSeek's base URL, model, key variable and prices
+ *   parseSSE               a server-sent event stream as an async iterable of {event, data, id?}
+ *   classifyProviderError  an HTTP status and error body → a ProviderErrorCode
+ *   ProviderError          the one error a provider throws ({code, status?, body, partial?})
+ *   SessionError           an append that would break the log, or a bad log file ({code, line?})
+ *   ConfigError            an option that cannot work (prune or ladder configuration); a TypeError
+ *   estimateTextTokens     ceil(UTF-16 units / 4), the meter's text price (§2)
+ *   estimateMessageTokens  one message's heuristic price in tokens (§2)
+ *   estimateRequestTokens  envelope + messages, heuristic tokens (§2)
+ *   codePointLength        Unicode code points of a text (a surrogate pair is one)
+ *   pruneText              head + PRUNE_MARKER + tail of a text over the threshold (§3)
+ *   pruneToolResult        the same cut over a tool result's text blocks, other blocks kept (§3)
+ *   PRUNE_MARKER           the 39-code-point text put where a pruned middle was
+ *   DEFAULT_PRUNE_CONFIG   {thresholdChars: 8192, headChars: 4096, tailChars: 1024}, code points
+ *   DEFAULT_COMPACTION_CONFIG  the ladder's defaults (below, and docs/design.md §5, §10)
+ *   KNOWN_MODELS           context window and output cap by model name (DeepSeek's)
+ *   DEEPSEEK_PRICES        DeepSeek's prices, USD per million tokens, with peak hours (§11)
+ *   VERSION                this file's version
+ *
  * OPTIONS AND DEFAULTS (docs/design.md; all overridable per Agent / provider)
  *   pruner     DEFAULT_PRUNE_CONFIG        prune tool results over 8,192 code points to
  *                                          head 4,096 + marker (39) + tail 1,024 code points
@@ -35,10 +59,13 @@
  *   1. Types          messages, blocks, events, provider contract, errors
  *   2. Meter          token estimates (tokens), usage anchor; 2.1 cost: prices applied to tokens (USD)
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
- *   4. Log & surface  append-only session log, surface projection, stores, resume
- *   5. Ladder         prune → clear → compact → fail, spill at write time; recall. A LADDER RUNG
- *                     is a function like pruneMessages plus one line in Ladder.relievePressure
- *                     (and recoverOverflow), logged as a `compaction/*` event (docs/design.md §5, §10)
+ *   4. Log & surface  append-only session log (Session, the one writer), surface projection, stores,
+ *                     resume; 4.1 the log protocol of a prune or clear; 4.2 parts over the log: the
+ *                     ladder's memory, cost and cache (session.cost), recall index, pins
+ *   5. Ladder         prune → clear → compact → fail, spill at write time; ledger. 5.1 A LADDER RUNG
+ *                     is a function from the ladder's view to the edits it would log (like clearRung)
+ *                     plus one line in Ladder.relievePressure (and recoverOverflow); Ladder.apply logs
+ *                     them as `compaction/*` events (docs/design.md §5, §10, §14). 5.2 recall
  *   6. Provider       6.0 configuration (DeepSeek defaults, KNOWN_MODELS), 6.1 SSE parser, 6.2 error
  *                     classifier — a PROVIDER'S ERROR WORDING of an overflow goes into OVERFLOW_PATTERNS
  *                     only if it states no numbers (one that states a size and its limit is read by
@@ -62,15 +89,33 @@
  *   bytes        UTF-8 bytes unless a name says otherwise
  *   ms           milliseconds; every time is in ms unless a name says otherwise (`…S` = seconds)
  */
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// The public API (docs/design.md §14): the runtime names below, each described in PUBLIC API above.
+// Everything else in Part I is private to the file; types are exported where they are declared, and so
+// is the undocumented `internals` object at the end of Part I (docs/design.md §14). `Session` is exported at its
+// declaration in section 4 (the figures of the core count its class there).
+export {
+  VERSION, Agent, MemoryStore, FileStore, SessionError, ProviderError, ConfigError,
+  openAICompatible, deepseek, parseSSE, classifyProviderError,
+  estimateTextTokens, estimateMessageTokens, estimateRequestTokens,
+  codePointLength, pruneText, pruneToolResult, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
+  DEFAULT_COMPACTION_CONFIG, KNOWN_MODELS, DEEPSEEK_PRICES,
+}
+export type { Ladder, CostLedger, RecallIndex, Pins }
+
+// ═══════════════════════════════════════
 // PART I — THE RUNTIME: sections 1–7, web standards only (the fence before section 8 says more)
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
-export const VERSION = '0.1.0'
+const VERSION = '0.1.0'
+/**
+ * The layout of the log this dsh writes, in `session/start {format}` (docs/design.md §14). A log
+ * without one (dsh 0.1.0) is format 1; a later layout raises it, so that old logs can be migrated.
+ */
+const LOG_FORMAT = 1
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 1. Types
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 /** Plain text. `text` is any string; lone surrogates are tolerated and replaced only on the wire. */
 export interface TextBlock { type: 'text'; text: string }
@@ -160,6 +205,14 @@ export interface PeakHours {
   hoursUTC: readonly (readonly [number, number])[]
 }
 
+/**
+ * Thrown for an option or configuration that cannot work (prune config, ladder config): the message
+ * names the key, the value, the range and the fix. A TypeError, like the other option errors.
+ */
+class ConfigError extends TypeError {
+  constructor(message: string) { super(message); this.name = 'ConfigError' }
+}
+
 /** Error codes of {@link ProviderError} (docs/design.md §6). */
 export type ProviderErrorCode =
   | 'CONTEXT_WINDOW_EXCEEDED' | 'RATE_LIMIT' | 'QUOTA' | 'AUTH' | 'INVALID_REQUEST' | 'SERVER'
@@ -170,7 +223,7 @@ export type ProviderErrorCode =
  * payload); `status` the HTTP status when there was one; `retryAfterMs` from `Retry-After`;
  * `partial` the assistant output received before a stream broke (for an interrupted message).
  */
-export class ProviderError extends Error {
+class ProviderError extends Error {
   readonly code: ProviderErrorCode
   readonly status?: number
   readonly retryAfterMs?: number
@@ -178,7 +231,8 @@ export class ProviderError extends Error {
   readonly body: string
   partial?: AssistantMessage
   constructor(code: ProviderErrorCode, message: string, init: {
-    status?: number; retryAfterMs?: number; requestId?: string; body?: string; partial?: AssistantMessage; cause?: unknown
+    status?: number; retryAfterMs?: number; requestId?: string; body?: string; partial?: AssistantMessage;
+    cause?: unknown
   } = {}) {
     super(message, init.cause === undefined ? undefined : { cause: init.cause })
     this.name = 'ProviderError'
@@ -198,7 +252,8 @@ export type StreamEvent =
   | { type: 'tool-call-delta'; index: number; id?: string; name?: string; argumentsDelta: string }
   | { type: 'usage'; usage: Usage }
   | { type: 'finish'; finishReason: string }
-  /** Before each backoff wait: `attempt` counts retries from 1, `maxRetries` is how many this error gets, `error` is why. */
+  /** Before each backoff wait: `attempt` counts retries from 1, `maxRetries` is how many this error gets, `error` is
+   *  why. */
   | { type: 'retry'; attempt: number; delayMs: number; error: ProviderError; maxRetries?: number }
 
 /** One provider call. `maxTokens` (tokens) is clamped by the provider to the room left. */
@@ -269,17 +324,17 @@ export interface Tool<Args = any> {
   clearable?: boolean
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 2. Meter
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 /** Tokens are estimated as one per four UTF-16 units (docs/design.md §2). */
-export const UNITS_PER_TOKEN = 4
+const UNITS_PER_TOKEN = 4
 /** Fixed per-message overhead in tokens (role, separators), docs/design.md §2. */
-export const MESSAGE_OVERHEAD_TOKENS = 8
+const MESSAGE_OVERHEAD_TOKENS = 8
 
 /** `ceil(text.length / 4)` tokens; `text.length` is UTF-16 units, so this is O(1). docs/design.md §2. */
-export function estimateTextTokens(text: string): number {
+function estimateTextTokens(text: string): number {
   return Math.ceil(text.length / UNITS_PER_TOKEN)
 }
 
@@ -289,14 +344,15 @@ export function estimateTextTokens(text: string): number {
  * non-text block (image, unknown) adds `ceil(JSON.stringify(block).length / 4)`. docs/design.md §2.
  * Worked check: a 200,000-char tool result costs 50,008.
  */
-export function estimateMessageTokens(message: Message): number {
+function estimateMessageTokens(message: Message): number {
   const content = message.content
   if (typeof content === 'string') return estimateTextTokens(content) + MESSAGE_OVERHEAD_TOKENS
   let units = 0
   let other = 0
   for (const block of content) {
     if (block.type === 'text' || block.type === 'reasoning') units += (block as TextBlock).text.length
-    else if (block.type === 'tool-call') units += (block as ToolCallBlock).name.length + (block as ToolCallBlock).arguments.length
+    else if (block.type === 'tool-call') units += (block as ToolCallBlock).name.length
+      + (block as ToolCallBlock).arguments.length
     else other += estimateTextTokens(JSON.stringify(block))
   }
   return Math.ceil(units / UNITS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
@@ -307,15 +363,16 @@ export function estimateMessageTokens(message: Message): number {
  * `ceil(JSON.stringify(tools).length / 4) + 8`. An absent (or empty) system prompt and an absent
  * (or empty) tool list cost 0. docs/design.md §2.
  */
-export function estimateEnvelopeTokens(envelope: Envelope): number {
+function estimateEnvelopeTokens(envelope: Envelope): number {
   let tokens = 0
   if (envelope.system) tokens += estimateTextTokens(envelope.system) + MESSAGE_OVERHEAD_TOKENS
-  if (envelope.tools && envelope.tools.length > 0) tokens += estimateTextTokens(JSON.stringify(envelope.tools)) + MESSAGE_OVERHEAD_TOKENS
+  if (envelope.tools && envelope.tools.length > 0) tokens += estimateTextTokens(JSON.stringify(envelope.tools))
+    + MESSAGE_OVERHEAD_TOKENS
   return tokens
 }
 
 /** Heuristic price of a whole request (envelope + messages) in tokens. O(messages). */
-export function estimateRequestTokens(envelope: Envelope, messages: readonly Message[]): number {
+function estimateRequestTokens(envelope: Envelope, messages: readonly Message[]): number {
   let tokens = estimateEnvelopeTokens(envelope)
   for (const m of messages) tokens += estimateMessageTokens(m)
   return tokens
@@ -367,17 +424,20 @@ export interface Measurement {
   calibrationOffsetTokens: number
   /** How many samples `calibration` stands on (0: none; the total is then the §2 heuristic). */
   calibrationSamples: number
+  /** The `request/header` the next request carries (model, envelope, budget, window, prices), as last logged. */
+  header?: RequestHeader
 }
 
 /** Bounds of the calibration ratio (provider tokens per heuristic token), docs/design.md §10. */
-export const CALIBRATION_RANGE: readonly [min: number, max: number] = Object.freeze([0.5, 4]) as readonly [number, number]
+const CALIBRATION_RANGE: readonly [min: number, max: number] =
+  Object.freeze([0.5, 4]) as readonly [number, number]
 /** How many recent calibration samples the ratio averages (Σ provider ÷ Σ heuristic). */
 const CALIBRATION_SAMPLES = 8
 /**
  * Requests smaller than this (heuristic tokens) give no calibration sample: in a tiny request the
  * per-message framing, not the tokenizer, decides the ratio.
  */
-export const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
+const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
 
 /**
  * The smallest request (heuristic tokens) that gives a calibration sample in a context window of
@@ -385,8 +445,9 @@ export const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
  * (in a 2,048-token window no request reaches 1,000 heuristic tokens when the tokenizer counts
  * twice the heuristic, and calibration matters most there). docs/design.md §10.
  */
-export function calibrationMinSampleTokens(contextWindow?: number): number {
-  return contextWindow === undefined || !(contextWindow > 0) ? CALIBRATION_MIN_SAMPLE_TOKENS : Math.min(CALIBRATION_MIN_SAMPLE_TOKENS, Math.floor(contextWindow / 8))
+function calibrationMinSampleTokens(contextWindow?: number): number {
+  return contextWindow === undefined || !(contextWindow > 0) ? CALIBRATION_MIN_SAMPLE_TOKENS
+    : Math.min(CALIBRATION_MIN_SAMPLE_TOKENS, Math.floor(contextWindow / 8))
 }
 
 /** The index of `target` in `items`, sorted ascending by `key`, or -1 (binary search). */
@@ -417,7 +478,7 @@ function plausibleRatio(providerTokens: number, heuristicTokens: number): boolea
  * (tokens counted beyond the priced content, docs/design.md §15; an anchor's count holds them already).
  * `calibration` 1 and no offset (the defaults: no sample yet) is the seed's rule exactly.
  */
-export function anchoredTotal(
+function anchoredTotal(
   heuristicTokens: number, anchor: UsageAnchor | undefined, calibration = 1, offsetTokens = 0,
 ): number {
   if (!anchor) return offsetTokens + (calibration === 1 ? heuristicTokens : Math.ceil(heuristicTokens * calibration))
@@ -426,36 +487,46 @@ export function anchoredTotal(
   if (calibration === 1) return base + delta
   // Added content is priced at the calibration; removed content at the anchor's own rate (what it
   // was counted at), so that removing everything can never take the total below zero.
-  const rate = delta >= 0 || anchor.heuristicTokens <= 0 ? calibration : Math.min(CALIBRATION_RANGE[1], base / anchor.heuristicTokens)
+  const rate = delta >= 0 || anchor.heuristicTokens <= 0 ? calibration
+    : Math.min(CALIBRATION_RANGE[1], base / anchor.heuristicTokens)
   return base + Math.ceil(delta * rate)
 }
 
 // ── 2.1 Cost: prices applied to tokens (docs/design.md §11) ──
 
 /** Throws a TypeError naming the field unless `prices` is a well-formed {@link Prices}; returns it. */
-export function validatePrices(prices: unknown, where = 'prices'): Prices {
-  const fail = (what: string): never => { throw new TypeError(`${where}${what}; e.g. { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 } (USD per million tokens)`) }
-  if (typeof prices !== 'object' || prices === null || Array.isArray(prices)) fail(` must be an object, got ${prices === null ? 'null' : typeof prices}`)
+function validatePrices(prices: unknown, where = 'prices'): Prices {
+  const fail = (what: string): never => { throw new TypeError(`${where}${what}; e.g. { cacheHitInput: 0.003, `
+    + `cacheMissInput: 0.15, output: 0.6 } (USD per million tokens)`) }
+  if (typeof prices !== 'object' || prices === null || Array.isArray(prices)) fail(` must be an object, `
+    + `got ${prices === null ? 'null' : typeof prices}`)
   const p = prices as Record<string, unknown>
-  for (const key of Object.keys(p)) if (!['cacheHitInput', 'cacheMissInput', 'output', 'peak'].includes(key)) fail(`: unknown key "${key}" (cacheHitInput, cacheMissInput, output, peak)`)
+  for (const key of Object.keys(p)) if (!['cacheHitInput', 'cacheMissInput', 'output', 'peak'].includes(key)) fail(`: `
+    + `unknown key "${key}" (cacheHitInput, cacheMissInput, output, peak)`)
   for (const key of ['cacheHitInput', 'cacheMissInput', 'output']) {
     const v = p[key]
-    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) fail(`.${key} must be a non-negative number of USD per million tokens, got ${JSON.stringify(v)}`)
+    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) fail(`.${key} must be a non-negative number of USD per `
+      + `million tokens, got ${JSON.stringify(v)}`)
   }
   if (p.peak !== undefined) {
     const peak = p.peak as Record<string, unknown>
     if (typeof peak !== 'object' || peak === null) fail('.peak must be an object {multiplier, days, hoursUTC}')
-    if (typeof peak.multiplier !== 'number' || !Number.isFinite(peak.multiplier) || peak.multiplier < 0) fail(`.peak.multiplier must be a non-negative number, got ${JSON.stringify(peak.multiplier)}`)
-    if (!Array.isArray(peak.days) || !peak.days.every((d) => Number.isInteger(d) && d >= 0 && d <= 6)) fail(`.peak.days must be UTC weekdays 0 (Sunday) … 6 (Saturday), got ${JSON.stringify(peak.days)}`)
-    if (!Array.isArray(peak.hoursUTC) || !peak.hoursUTC.every((h) => Array.isArray(h) && h.length === 2 && h.every((x) => typeof x === 'number' && x >= 0 && x <= 24) && h[0] < h[1])) {
-      fail(`.peak.hoursUTC must be [startHour, endHour) pairs with 0 ≤ start < end ≤ 24, got ${JSON.stringify(peak.hoursUTC)}`)
+    if (typeof peak.multiplier !== 'number' || !Number.isFinite(peak.multiplier)
+      || peak.multiplier < 0) fail(`.peak.multiplier must be a non-negative number, `
+      + `got ${JSON.stringify(peak.multiplier)}`)
+    if (!Array.isArray(peak.days) || !peak.days.every((d) => Number.isInteger(d) && d >= 0
+      && d <= 6)) fail(`.peak.days must be UTC weekdays 0 (Sunday) … 6 (Saturday), got ${JSON.stringify(peak.days)}`)
+    if (!Array.isArray(peak.hoursUTC) || !peak.hoursUTC.every((h) => Array.isArray(h) && h.length === 2
+      && h.every((x) => typeof x === 'number' && x >= 0 && x <= 24) && h[0] < h[1])) {
+      fail(`.peak.hoursUTC must be [startHour, endHour) pairs with 0 ≤ start < end ≤ 24, `
+        + `got ${JSON.stringify(peak.hoursUTC)}`)
     }
   }
   return prices as Prices
 }
 
 /** Whether `timeMs` (ms since the epoch) lies in a peak window of `prices`. */
-export function isPeakTime(prices: Prices, timeMs: number): boolean {
+function isPeakTime(prices: Prices, timeMs: number): boolean {
   const peak = prices.peak
   if (!peak) return false
   const d = new Date(timeMs)
@@ -471,8 +542,9 @@ export interface BilledTokens { cachedInputTokens: number; uncachedInputTokens: 
  * USD of one request (docs/design.md §11): `cached × cacheHitInput + uncached × cacheMissInput +
  * output × output`, per million tokens, times the peak multiplier when `timeMs` is in a peak window.
  */
-export function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): number {
-  const usd = (tokens.cachedInputTokens * prices.cacheHitInput + tokens.uncachedInputTokens * prices.cacheMissInput + tokens.outputTokens * prices.output) / 1_000_000
+function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): number {
+  const usd = (tokens.cachedInputTokens * prices.cacheHitInput + tokens.uncachedInputTokens * prices.cacheMissInput
+    + tokens.outputTokens * prices.output) / 1_000_000
   return isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
 }
 
@@ -481,17 +553,17 @@ export function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: num
  * the edit point that move from cache hit to cache miss × (miss − hit price), off-peak (times the
  * peak multiplier when `timeMs` is given and in a peak window).
  */
-export function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: number): number {
+function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: number): number {
   const usd = (movedTokens * (prices.cacheMissInput - prices.cacheHitInput)) / 1_000_000
   return timeMs !== undefined && isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 3. Pruner
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 /** The text put where the middle of a pruned tool result was (39 code points). docs/design.md §3. */
-export const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
+const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
 const MARKER_CODE_POINTS = 39
 
 /**
@@ -508,37 +580,40 @@ export interface PruneConfig {
 }
 
 /** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
-export const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> = /* @__PURE__ */ Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
-
-/** Thrown for a prune configuration that cannot work; the message names the values and the fix. */
-export class PruneConfigError extends TypeError {
-  constructor(message: string) { super(message); this.name = 'PruneConfigError' }
-}
+const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> =
+  /* @__PURE__ */ Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
 
 const validatedConfigs = new WeakSet<object>()
 
 /**
  * Checks a partial configuration and returns the full one (defaults filled in). Throws
- * {@link PruneConfigError} for unknown keys, non-integer or negative lengths, and
+ * {@link ConfigError} for unknown keys, non-integer or negative lengths, and
  * `headChars + 39 + tailChars > thresholdChars` (the pruned text would not be smaller).
  */
-export function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
+function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
   if (config === undefined || config === DEFAULT_PRUNE_CONFIG) return DEFAULT_PRUNE_CONFIG
   if (validatedConfigs.has(config)) return config as PruneConfig
-  if (typeof config !== 'object' || config === null) throw new PruneConfigError(`prune config must be an object, got ${String(config)}`)
+  if (typeof config !== 'object' || config === null)
+    throw new ConfigError(`prune config must be an object, got ${String(config)}`)
   for (const key of Object.keys(config)) {
     if (!['thresholdChars', 'headChars', 'tailChars', 'graphemeSafe'].includes(key)) {
-      throw new PruneConfigError(`prune config: unknown key "${key}" (known: thresholdChars, headChars, tailChars, graphemeSafe)`)
+      throw new ConfigError(`prune config: unknown key "${key}" (known: thresholdChars, headChars, tailChars, `
+        + `graphemeSafe)`)
     }
   }
   const full = { ...DEFAULT_PRUNE_CONFIG, ...config }
   for (const key of ['thresholdChars', 'headChars', 'tailChars'] as const) {
     const v = full[key]
-    if (!isIntegerAtLeast(v, 0)) throw new PruneConfigError(`prune config: ${key} must be a non-negative integer number of code points, got ${String(v)}`)
+    if (!isIntegerAtLeast(v, 0))
+      throw new ConfigError(`prune config: ${key} must be a non-negative integer number of code points, `
+        + `got ${String(v)}`)
   }
-  if (full.graphemeSafe !== undefined && typeof full.graphemeSafe !== 'boolean') throw new PruneConfigError(`prune config: graphemeSafe must be a boolean, got ${String(full.graphemeSafe)}`)
+  if (full.graphemeSafe !== undefined && typeof full.graphemeSafe !== 'boolean')
+    throw new ConfigError(`prune config: graphemeSafe must be a boolean, got ${String(full.graphemeSafe)}`)
   if (full.headChars + MARKER_CODE_POINTS + full.tailChars > full.thresholdChars) {
-    throw new PruneConfigError(`prune config: headChars (${full.headChars}) + marker (${MARKER_CODE_POINTS}) + tailChars (${full.tailChars}) = ${full.headChars + MARKER_CODE_POINTS + full.tailChars} exceeds thresholdChars (${full.thresholdChars}); lower headChars or tailChars, or raise thresholdChars`)
+    throw new ConfigError(`prune config: headChars (${full.headChars}) + marker (${MARKER_CODE_POINTS}) `
+      + `+ tailChars (${full.tailChars}) = ${full.headChars + MARKER_CODE_POINTS + full.tailChars} exceeds `
+      + `thresholdChars (${full.thresholdChars}); lower headChars or tailChars, or raise thresholdChars`)
   }
   validatedConfigs.add(full)
   return full
@@ -550,7 +625,8 @@ const isLow = (c: number) => c >= 0xdc00 && c <= 0xdfff
 /** UTF-16 index just after the first `n` code points of `text` (or `text.length`). O(n). */
 function indexAfterCodePoints(text: string, n: number): number {
   let i = 0
-  for (let k = 0; k < n && i < text.length; k++) i += isHigh(text.charCodeAt(i)) && isLow(text.charCodeAt(i + 1)) ? 2 : 1
+  for (let k = 0; k < n && i < text.length; k++) i += isHigh(text.charCodeAt(i))
+    && isLow(text.charCodeAt(i + 1)) ? 2 : 1
   return i
 }
 
@@ -566,7 +642,7 @@ function indexBeforeLastCodePoints(text: string, n: number): number {
  * once). O(length). Stops early and returns `limit + 1` when `limit` is given and exceeded, so a
  * "more than N?" question costs O(N) whatever the text's size.
  */
-export function codePointLength(text: string, limit = Infinity): number {
+function codePointLength(text: string, limit = Infinity): number {
   if (text.length <= limit) {
     // Fast path: no astral characters means one code point per UTF-16 unit.
     let n = 0
@@ -581,9 +657,11 @@ export function codePointLength(text: string, limit = Infinity): number {
   return n
 }
 
-let segmenter: { segment(s: string): { containing(i: number): { index: number; segment: string } | undefined } } | null | undefined
+let segmenter: { segment(s: string): { containing(i: number): { index: number; segment: string } | undefined } }
+  | null | undefined
 function graphemeSegmenter() {
-  if (segmenter === undefined) segmenter = typeof Intl !== 'undefined' && 'Segmenter' in Intl ? new (Intl as any).Segmenter(undefined, { granularity: 'grapheme' }) : null
+  if (segmenter === undefined) segmenter = typeof Intl !== 'undefined' && 'Segmenter' in Intl
+    ? new (Intl as any).Segmenter(undefined, { granularity: 'grapheme' }) : null
   return segmenter
 }
 /** Grapheme clusters longer than this many UTF-16 units are cut anyway (bounded work). */
@@ -612,10 +690,11 @@ function cutPoints(text: string, cfg: PruneConfig): [headEnd: number, tailStart:
  * Prunes one text: unchanged when it holds ≤ `thresholdChars` code points, else the first
  * `headChars` code points + {@link PRUNE_MARKER} + the last `tailChars` code points. Never splits a
  * surrogate pair. O(head + tail + threshold) whatever the text's length. Idempotent.
- * Throws {@link PruneConfigError} for a bad config. docs/design.md §3.
+ * Throws {@link ConfigError} for a bad config. docs/design.md §3.
  */
-export function pruneText(text: string, config?: Partial<PruneConfig>): string {
-  if (typeof text !== 'string') throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
+function pruneText(text: string, config?: Partial<PruneConfig>): string {
+  if (typeof text !== 'string')
+    throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
   const cfg = resolvePruneConfig(config)
   if (!overThreshold(text, cfg.thresholdChars)) return text
   const [headEnd, tailStart] = cutPoints(text, cfg)
@@ -649,7 +728,7 @@ function detach(result: string, source: string): string {
  * blocks keep their order among the kept blocks, and every other field (toolCallId, isError,
  * metadata) is unchanged. Work is O(head + tail + threshold + blocks). Idempotent.
  */
-export function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfig>): ToolResultMessage {
+function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfig>): ToolResultMessage {
   const cfg = resolvePruneConfig(config)
   const blocks = message.content
   // Count code points of the joined text, stopping past the threshold.
@@ -702,7 +781,8 @@ export function pruneToolResult(message: ToolResultMessage, config?: Partial<Pru
 }
 
 /** The smaller cut for the string values of tool-call arguments still over the threshold. */
-const ARGUMENT_VALUE_CUT: Readonly<PruneConfig> = Object.freeze({ thresholdChars: 1024, headChars: 512, tailChars: 256 })
+const ARGUMENT_VALUE_CUT: Readonly<PruneConfig> =
+  Object.freeze({ thresholdChars: 1024, headChars: 512, tailChars: 256 })
 
 /**
  * Cuts tool-call arguments (raw JSON text) over `thresholdChars` code points while keeping them
@@ -710,7 +790,7 @@ const ARGUMENT_VALUE_CUT: Readonly<PruneConfig> = Object.freeze({ thresholdChars
  * `config`, then, if the whole is still over, every string over 1,024 code points to 512 + 256).
  * Arguments that are not JSON are pruned as text. Returns the same string when nothing is cut.
  */
-export function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string {
+function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string {
   const cfg = resolvePruneConfig(config)
   if (!overThreshold(args, cfg.thresholdChars)) return args
   let value: unknown
@@ -718,9 +798,11 @@ export function pruneToolArguments(args: string, config?: Partial<PruneConfig>):
   const cut = (v: unknown, c: PruneConfig): unknown =>
     typeof v === 'string' ? pruneText(v, c)
       : Array.isArray(v) ? v.map((x) => cut(x, c))
-        : v !== null && typeof v === 'object' ? Object.fromEntries(Object.entries(v).map(([k, x]) => [k, cut(x, c)])) : v
+        : v !== null && typeof v === 'object'
+          ? Object.fromEntries(Object.entries(v).map(([k, x]) => [k, cut(x, c)])) : v
   let out = JSON.stringify(cut(value, cfg))
-  if (overThreshold(out, cfg.thresholdChars)) out = JSON.stringify(cut(JSON.parse(out), resolvePruneConfig(ARGUMENT_VALUE_CUT)))
+  if (overThreshold(out, cfg.thresholdChars)) out = JSON.stringify(cut(JSON.parse(out),
+    resolvePruneConfig(ARGUMENT_VALUE_CUT)))
   return out.length < args.length ? out : args
 }
 
@@ -731,7 +813,7 @@ export function pruneToolArguments(args: string, config?: Partial<PruneConfig>):
  * with {@link pruneToolArguments}; other blocks are unchanged. A tool result goes to
  * {@link pruneToolResult}. Returns the same object when nothing is over the threshold. Idempotent.
  */
-export function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>): M {
+function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>): M {
   const cfg = resolvePruneConfig(config)
   if (message.role === 'tool') return pruneToolResult(message, cfg) as M
   if (typeof message.content === 'string') {
@@ -757,9 +839,9 @@ export function pruneMessage<M extends Message>(message: M, config?: Partial<Pru
   return changed ? { ...message, content } : message
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 4. Log & surface
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 /** How a surface event changes the surface (docs/design.md §4). `start`/`end` are seqs of surface nodes. */
 export type SurfaceOp = { op: 'append' } | { op: 'replace'; start: number; end: number }
@@ -849,7 +931,8 @@ export interface EditCost extends EditCache { cacheCostUSD?: number; savedUSDPer
 
 /** The `data` of each event type dsh writes (docs/design.md §4). Callers may log other types too. */
 export interface EventDataMap {
-  'session/start': { id: string; version: string }
+  /** `format`: the log's layout ({@link VERSION} says which dsh wrote it); absent in logs of dsh 0.1.0, read as 1. */
+  'session/start': { id: string; version: string; format?: number }
   /** `lastSeq`: the last seq before the resume; `repaired`: how many synthetic tool results follow. */
   'session/resume': { lastSeq: number; torn?: TornLine; repaired: number }
   'turn/start': { turn: number }
@@ -858,7 +941,8 @@ export interface EventDataMap {
   'step/end': { turn: number; step: number }
   'request/header': RequestHeader
   'user/message': { message: UserMessage; surfaceOp: SurfaceOp; compactionId?: string }
-  'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string; cache?: RequestCache }
+  'assistant/message': { message: AssistantMessage; surfaceOp: SurfaceOp; usage?: Usage; finishReason: string;
+    cache?: RequestCache }
   /** The dispatch record of a tool call. Its arguments are logged once, in the `tool-call` block of
    *  the assistant message that holds `callId` (logs written by dsh 0.1 repeat them here). */
   'tool/call': { callId: string; name: string; arguments?: string }
@@ -869,12 +953,16 @@ export interface EventDataMap {
   'compaction/clear': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
   'ladder/state': LadderStateData
   'compaction/start': { id: string; trigger: string }
-  /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md §12); `focus`: the focus the summary was asked for. */
-  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number; model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
-  'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number; requests?: SummaryRequestRecord[] }
+  /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md
+   *  §12); `focus`: the focus the summary was asked for. */
+  'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number;
+    model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
+  'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number;
+    requests?: SummaryRequestRecord[] }
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
   'recovery/retry': { generationBefore: number; generationAfter: number }
-  /** A stream that broke after output (`code`, e.g. SERVER or TRANSPORT) is retried once as step `step + 1`; its partial output precedes this event as an interrupted message. */
+  /** A stream that broke after output (`code`, e.g. SERVER or TRANSPORT) is retried once as step `step + 1`; its
+   *  partial output precedes this event as an interrupted message. */
   'step/retry': { turn: number; step: number; code: ProviderErrorCode }
   /** A surface message pinned: never pruned, cleared or summarised (docs/design.md §12). */
   'surface/pin': { seq: number }
@@ -927,10 +1015,11 @@ export interface SurfaceNode {
  * call/result pairing, a corrupt log file (with its line), a store that could not be read or written,
  * or a pin that is refused (it would not fit, or an edit would touch a pinned message).
  */
-export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT' | 'STORE' | 'PIN' | 'LOCKED'
+export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT'
+  | 'STORE' | 'PIN' | 'LOCKED'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
-export class SessionError extends Error {
+class SessionError extends Error {
   readonly code: SessionErrorCode
   /** 1-based line of a log file, for `LOG_CORRUPT`. */
   readonly line?: number
@@ -948,7 +1037,8 @@ export class SessionError extends Error {
  */
 export interface TornLine { line: number; bytes: number; savedTo?: string }
 
-/** Who holds a session log's lock file (`FILE.lock`): process id, host name, and when it took the lock (ms since the epoch). */
+/** Who holds a session log's lock file (`FILE.lock`): process id, host name, and when it took the lock (ms since the
+ *  epoch). */
 export interface LogLockHolder { pid: number; host: string; time: number }
 
 /** What a store returns on load. */
@@ -980,12 +1070,13 @@ export interface LogStore {
 }
 
 /** Keeps the log in memory (the default; edge-safe). Artefacts live in a Map. */
-export class MemoryStore implements LogStore {
+class MemoryStore implements LogStore {
   readonly events: SessionEvent[] = []
   readonly artefacts = new Map<string, string>()
   async load(): Promise<LoadedLog> { return { events: this.events.slice() } }
   async append(events: readonly SessionEvent[]): Promise<void> { for (const e of events) this.events.push(e) }
-  async putArtefact(name: string, text: string): Promise<string> { this.artefacts.set(name, text); return `memory:${name}` }
+  async putArtefact(name: string, text: string): Promise<string> { this.artefacts.set(name, text);
+    return `memory:${name}` }
   async getArtefact(ref: string): Promise<string> {
     const text = this.artefacts.get(ref.replace(/^memory:/, ''))
     if (text === undefined) throw new SessionError('STORE', `no artefact ${ref} in this MemoryStore`)
@@ -995,37 +1086,16 @@ export class MemoryStore implements LogStore {
 
 /** Checks the shape of one decoded log line; returns an error message or undefined. */
 function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined {
-  if (Array.isArray(e)) return 'a JSON array, not a dsh event {seq, type, time, data} (is this a transcript? use `dsh replay FILE`)'
+  if (Array.isArray(e)) return 'a JSON array, not a dsh event {seq, type, time, data} (is this a transcript? use `dsh '
+    + 'replay FILE`)'
   if (typeof e !== 'object' || e === null) return 'not a JSON object'
   const { seq, type, time, data } = e as Record<string, unknown>
-  if (typeof seq !== 'number' || typeof type !== 'string' || typeof time !== 'number' || typeof data !== 'object' || data === null) {
+  if (typeof seq !== 'number' || typeof type !== 'string' || typeof time !== 'number' || typeof data !== 'object'
+    || data === null) {
     return 'not a dsh event {seq, type, time, data} (is this a transcript? use `dsh replay FILE`)'
   }
   if (seq !== expectedSeq) return `seq ${seq} where ${expectedSeq} was expected (events must be contiguous)`
   return undefined
-}
-
-/**
- * Parses JSONL log text. `goodLength` is the UTF-16 length of the whole lines. A last line without
- * its newline that starts like an event (`{"seq":`, or is a prefix of it) but does not parse is
- * torn (dropped and reported); any other bad line throws `SessionError('LOG_CORRUPT')` naming its 1-based line, so a
- * file that is not a dsh log (a one-line `.env`) is refused, never repaired.
- */
-export function parseLogText(text: string): { events: SessionEvent[]; torn?: TornLine; goodLength: number } {
-  const events: SessionEvent[] = []
-  let pos = 0
-  let line = 0
-  while (pos < text.length) {
-    line++
-    const nl = text.indexOf('\n', pos)
-    const raw = text.slice(pos, nl < 0 ? text.length : nl)
-    const parsed = parseLogLine(raw, line, events.length, nl >= 0)
-    if (parsed === 'blank') break
-    if (parsed === 'torn') return { events, torn: { line, bytes: new TextEncoder().encode(raw).length }, goodLength: pos }
-    events.push(parsed)
-    pos = nl < 0 ? text.length : nl + 1
-  }
-  return { events, goodLength: text.length }
 }
 
 /** How every line dsh writes to a log begins (`JSON.stringify` of an event, `seq` first). */
@@ -1037,7 +1107,8 @@ const EVENT_LINE_START = '{"seq":'
  * one-line `.env` is refused); `'blank'`: trailing white space at the end of the file. Anything else
  * that is wrong throws `SessionError('LOG_CORRUPT')` naming the 1-based `line`.
  */
-function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent | 'torn' | 'blank' {
+function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent
+  | 'torn' | 'blank' {
   if (raw.trim() === '') {
     if (!terminated) return 'blank'
     throw new SessionError('LOG_CORRUPT', `session log line ${line}: empty line inside the log`, line)
@@ -1048,7 +1119,8 @@ function parseLogLine(raw: string, line: number, expectedSeq: number, terminated
     // 7 bytes (`{"`: a crash between two writes of one batch). Anything else is not a dsh log.
     if (!terminated && (raw.startsWith(EVENT_LINE_START) || EVENT_LINE_START.startsWith(raw))) return 'torn'
     // The line itself is not echoed: a file given by mistake (an .env) may hold secrets.
-    throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length} characters; not shown)`, line)
+    throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length} characters; `
+      + `not shown)`, line)
   }
   const problem = eventShapeProblem(value, expectedSeq)
   if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
@@ -1060,12 +1132,13 @@ function parseLogLine(raw: string, line: number, expectedSeq: number, terminated
  * bundler (esbuild, Vite, webpack) leaves it alone when it bundles dsh.ts for an edge or browser
  * target, where these parts never run.
  */
-export function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
+function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
   return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
 }
 
 /** Whether two stats name the same file (device and inode). */
-function sameFile(a: { dev: number; ino: number }, b: { dev: number; ino: number }): boolean { return a.dev === b.dev && a.ino === b.ino }
+function sameFile(a: { dev: number; ino: number }, b: { dev: number; ino: number }): boolean { return a.dev === b.dev
+  && a.ino === b.ino }
 
 /** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
 const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
@@ -1081,7 +1154,7 @@ const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
  * line (8 bytes per event) and reads events back from the file on demand, so a {@link Session} on
  * it holds only its surface in memory. Spilled tool results go to `FILE.artefacts/`.
  */
-export class FileStore implements LogStore {
+class FileStore implements LogStore {
   readonly path: string
   /** The lock file, `FILE.lock`. */
   readonly lockPath: string
@@ -1090,7 +1163,8 @@ export class FileStore implements LogStore {
   private needsNewline = false
   private locked = false
   private repairOnly = false
-  /** The file's size in bytes as this store last saw it (-1: absent); a first write refuses a log that changed since. */
+  /** The file's size in bytes as this store last saw it (-1: absent); a first write refuses a log that changed since.
+   *  */
   private seenBytes?: number
   /** The lock of a dead process this store took over, if any: for the caller to report (docs/design.md §13). */
   staleLock?: LogLockHolder
@@ -1100,7 +1174,8 @@ export class FileStore implements LogStore {
   private failed?: string
   /** `readOnly`: never writes — a torn last line is reported, not cut; appends throw `SessionError('STORE')`. */
   readonly readOnly: boolean
-  constructor(path: string, options: { readOnly?: boolean } = {}) { this.path = path; this.lockPath = `${path}.lock`; this.readOnly = options.readOnly === true }
+  constructor(path: string, options: { readOnly?: boolean } = {}) { this.path = path; this.lockPath = `${path}.lock`;
+    this.readOnly = options.readOnly === true }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
@@ -1173,10 +1248,13 @@ export class FileStore implements LogStore {
       }
       // The repair is a write: it takes the lock for its duration. A live holder's torn-looking
       // last line may be its append in flight: reported, not repaired (and this store cannot write).
-      if (torn && (this.readOnly || !(await this.lockForRepair()))) this.seenBytes = undefined // not repaired: this store must not append
+      // not repaired: this store must not append
+      if (torn && (this.readOnly || !(await this.lockForRepair()))) this.seenBytes = undefined
       else if (torn) {
         try {
-          if ((await this.sizeNow()) !== size) throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another process writes to it); open it again`)
+          if ((await this.sizeNow()) !== size)
+            throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another `
+              + `process writes to it); open it again`)
           const savedTo = `${this.path}.torn-${Date.now()}`
           const tail = new Uint8Array(size - tornAt)
           await fh.read(tail, 0, tail.length, tornAt)
@@ -1202,7 +1280,8 @@ export class FileStore implements LogStore {
    */
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
-    if (this.readOnly) throw new SessionError('STORE', `session log ${this.path} was opened read-only; nothing is written to it`)
+    if (this.readOnly)
+      throw new SessionError('STORE', `session log ${this.path} was opened read-only; nothing is written to it`)
     if (this.failed) throw new SessionError('STORE', this.failed)
     if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
     if (!this.locked) {
@@ -1212,7 +1291,9 @@ export class FileStore implements LogStore {
         await this.unlock()
         throw new SessionError('LOCKED', this.seenBytes === undefined
           ? `session log ${this.path} ends with a torn line that another process held it during; open it again`
-          : `session log ${this.path} changed since it was loaded (${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): another process wrote to it; open it again`)
+          : `session log ${this.path} changed since it was loaded `
+            + `(${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): `
+            + `another process wrote to it; open it again`)
       }
       this.seenBytes = Math.max(size, 0) // an absent log is created by the first write
     } else {
@@ -1220,9 +1301,14 @@ export class FileStore implements LogStore {
       // another process appended, a truncation or a file renamed over the log would otherwise
       // leave duplicate seqs, a log without its start, or writes to an unlinked file.
       const size = await this.sizeNow()
-      const replaced = size >= 0 && this.handle !== undefined && !sameFile(await this.handle.stat(), await (await this.fs()).stat(this.path))
+      const replaced = size >= 0 && this.handle !== undefined && !sameFile(await this.handle.stat(),
+        await (await this.fs()).stat(this.path))
       if (size !== this.seenBytes || replaced) {
-        throw new SessionError('LOCKED', `session log ${this.path} changed while this process was writing it (${this.seenBytes} bytes written, now ${size < 0 ? 'deleted' : replaced ? `another file of ${size} bytes` : `${size} bytes`}): another process wrote to it; nothing more was appended, so the events of this step are not in it; see what changed it, then open it again`)
+        throw new SessionError('LOCKED', `session log ${this.path} changed while this process was writing it `
+          + `(${this.seenBytes} bytes written, `
+          + `now ${size < 0 ? 'deleted' : replaced ? `another file of ${size} bytes` : `${size} bytes`}): `
+          + `another process wrote to it; nothing more was appended, so the events of this step are not in it; `
+          + `see what changed it, then open it again`)
       }
     }
     const starts = this.lineStarts!
@@ -1289,7 +1375,8 @@ export class FileStore implements LogStore {
 
   async readEvent(seq: number): Promise<SessionEvent> {
     const starts = await this.index()
-    if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1) throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
+    if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1)
+      throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
     const bytes = new Uint8Array(starts[seq + 1] - starts[seq])
     this.reader ??= await (await this.fs()).open(this.path, 'r')
     await this.reader.read(bytes, 0, bytes.length, starts[seq])
@@ -1313,7 +1400,8 @@ export class FileStore implements LogStore {
     let text = new TextDecoder().decode(bytes)
     if (text.endsWith('\n')) text = text.slice(0, -1)
     const parsed = parseLogLine(text, seq + 1, seq, true)
-    if (typeof parsed === 'string') throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: empty or cut short when read back`, seq + 1)
+    if (typeof parsed === 'string')
+      throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: empty or cut short when read back`, seq + 1)
     return parsed
   }
 
@@ -1397,11 +1485,13 @@ let logLockExitHooked = false
 /** The holder recorded in a lock file, or undefined when the file does not say. */
 function parseLockHolder(text: string): LogLockHolder | undefined {
   const v = parseJSONOrUndefined(text)
-  if (!isRecord(v) || !Number.isSafeInteger(v.pid) || typeof v.host !== 'string' || typeof v.time !== 'number') return undefined
+  if (!isRecord(v) || !Number.isSafeInteger(v.pid) || typeof v.host !== 'string' || typeof v.time !== 'number')
+    return undefined
   return { pid: v.pid, host: v.host, time: v.time }
 }
 
-const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.host} (since ${new Date(h.time).toISOString()})`
+const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.host} (since `
+  + `${new Date(h.time).toISOString()})`
 
 /**
  * One writer per session log (docs/design.md §13). Creates `lockPath` exclusively (O_EXCL) holding
@@ -1412,13 +1502,16 @@ const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.h
  * caller to report. The lock is removed by {@link releaseLogLock}, and at process exit.
  * @returns the stale holder taken over, if any.
  */
-export async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLockHolder | undefined> {
-  const [fs, os, { default: proc }] = await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'), importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
+async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLockHolder | undefined> {
+  const [fs, os, { default: proc }] =
+    await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'),
+    importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
   const host = os.hostname()
   const me: LogLockHolder = { pid: proc.pid, host, time: Date.now() }
   const held = heldLogLocks.get(lockPath)
   if (held !== undefined) { heldLogLocks.set(lockPath, held + 1); return undefined }
-  const refuse = (why: string): never => { throw new SessionError('LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`) }
+  const refuse =
+    (why: string): never => { throw new SessionError('LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`) }
   let stale: LogLockHolder | undefined
   for (let round = 0; ; round++) {
     try {
@@ -1426,7 +1519,8 @@ export async function acquireLogLock(logPath: string, lockPath: string): Promise
       try { await handle.writeFile(JSON.stringify(me) + '\n') } finally { await handle.close() }
       break
     } catch (err: any) {
-      if (err?.code !== 'EEXIST') throw new SessionError('STORE', `cannot create the lock file ${lockPath}: ${err?.message ?? err}`)
+      if (err?.code !== 'EEXIST')
+        throw new SessionError('STORE', `cannot create the lock file ${lockPath}: ${err?.message ?? err}`)
     }
     let text: string
     try { text = await fs.readFile(lockPath, 'utf8') } catch (err: any) {
@@ -1434,18 +1528,24 @@ export async function acquireLogLock(logPath: string, lockPath: string): Promise
       throw new SessionError('STORE', `cannot read the lock file ${lockPath}: ${err?.message ?? err}`)
     }
     const holder = parseLockHolder(text)
-    if (!holder) refuse(`has a lock file that does not name its holder (${JSON.stringify(text.slice(0, 80))}); if no dsh is using this log, delete the lock file`)
-    if (holder!.pid === proc.pid && holder!.host === host) { heldLogLocks.set(lockPath, 1); return undefined } // ours, from before a close we skipped
-    if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, delete the lock file`)
+    if (!holder) refuse(`has a lock file that does not name its holder (${JSON.stringify(text.slice(0, 80))}); `
+      + `if no dsh is using this log, delete the lock file`)
+    // ours, from before a close we skipped
+    if (holder!.pid === proc.pid && holder!.host === host) { heldLogLocks.set(lockPath, 1); return undefined }
+    if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, `
+      + `delete the lock file`)
     let alive = true
     try { proc.kill(holder!.pid, 0) } catch (err: any) { alive = err?.code !== 'ESRCH' }
-    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file (if pid ${holder!.pid} is no dsh, its number was reused: delete the lock file)`)
+    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file (if `
+      + `pid ${holder!.pid} is no dsh, its number was reused: delete the lock file)`)
     if (round >= 3) refuse(`is being taken over by another process (the lock of ${describeHolder(holder!)} was stale)`)
     // Stale: move it aside, check that what moved is what we judged stale, then create ours.
     const aside = `${lockPath}.stale-${proc.pid}-${Date.now()}`
     try { await fs.rename(lockPath, aside) } catch { continue }
     const moved = await fs.readFile(aside, 'utf8').catch(() => '')
-    if (moved !== text) { await fs.link(aside, lockPath).catch(() => {}); await fs.unlink(aside).catch(() => {}); continue } // a live lock: put it back
+    // a live lock: put it back
+    if (moved !== text) { await fs.link(aside, lockPath).catch(() => {});
+      await fs.unlink(aside).catch(() => {}); continue }
     await fs.unlink(aside).catch(() => {})
     stale = holder
   }
@@ -1453,13 +1553,14 @@ export async function acquireLogLock(logPath: string, lockPath: string): Promise
   if (!logLockExitHooked) {
     logLockExitHooked = true
     const fsSync = await importNode<typeof import('node:fs')>('node:fs')
-    proc.on('exit', () => { for (const path of heldLogLocks.keys()) { try { fsSync.unlinkSync(path) } catch { /* gone */ } } })
+    proc.on('exit',
+      () => { for (const path of heldLogLocks.keys()) { try { fsSync.unlinkSync(path) } catch { /* gone */ } } })
   }
   return stale
 }
 
 /** Gives back one hold of a lock taken by {@link acquireLogLock}; the last one removes the file. */
-export async function releaseLogLock(lockPath: string): Promise<void> {
+async function releaseLogLock(lockPath: string): Promise<void> {
   const held = heldLogLocks.get(lockPath)
   if (held === undefined) return
   if (held > 1) { heldLogLocks.set(lockPath, held - 1); return }
@@ -1470,39 +1571,50 @@ export async function releaseLogLock(lockPath: string): Promise<void> {
 function validateBlocks(blocks: unknown, where: string): void {
   if (!Array.isArray(blocks)) throw new SessionError('INVALID_MESSAGE', `${where}.content must be an array of blocks`)
   blocks.forEach((b, i) => {
-    if (typeof b !== 'object' || b === null || typeof (b as Block).type !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] must be an object with a string "type"`)
+    if (typeof b !== 'object' || b === null || typeof (b as Block).type !== 'string')
+      throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] must be an object with a string "type"`)
     const t = (b as Block).type
-    if ((t === 'text' || t === 'reasoning') && typeof (b as TextBlock).text !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}].text must be a string`)
+    if ((t === 'text' || t === 'reasoning') && typeof (b as TextBlock).text !== 'string')
+      throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}].text must be a string`)
     if (t !== 'text' && t !== 'reasoning' && t !== 'tool-call') {
-      try { JSON.stringify(b) } catch (err) { throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (${t}) cannot be stored as JSON: ${(err as Error).message}`) }
+      try { JSON.stringify(b) } catch (err) { throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (${t}) `
+        + `cannot be stored as JSON: ${(err as Error).message}`) }
     }
     if (t === 'tool-call') {
       const c = b as ToolCallBlock
-      if (typeof c.id !== 'string' || c.id === '') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs a non-empty string id`)
-      if (typeof c.name !== 'string' || typeof c.arguments !== 'string') throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs string name and arguments (raw JSON text)`)
+      if (typeof c.id !== 'string' || c.id === '')
+        throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs a non-empty string id`)
+      if (typeof c.name !== 'string' || typeof c.arguments !== 'string')
+        throw new SessionError('INVALID_MESSAGE', `${where}.content[${i}] (tool-call) needs string name and arguments `
+          + `(raw JSON text)`)
     }
   })
 }
 
 /** Throws `SessionError('INVALID_MESSAGE')` unless `m` is a well-formed message of `role`. */
-export function validateMessage(m: unknown, role?: Message['role']): asserts m is Message {
+function validateMessage(m: unknown, role?: Message['role']): asserts m is Message {
   if (typeof m !== 'object' || m === null) throw new SessionError('INVALID_MESSAGE', 'message must be an object')
   const msg = m as Message
-  if (role && msg.role !== role) throw new SessionError('INVALID_MESSAGE', `expected a ${role} message, got role ${JSON.stringify(msg.role)}`)
+  if (role && msg.role !== role)
+    throw new SessionError('INVALID_MESSAGE', `expected a ${role} message, got role ${JSON.stringify(msg.role)}`)
   if (msg.role === 'user') { if (typeof msg.content !== 'string') validateBlocks(msg.content, 'user message') }
   else if (msg.role === 'assistant') validateBlocks(msg.content, 'assistant message')
   else if (msg.role === 'tool') {
-    if (typeof msg.toolCallId !== 'string' || msg.toolCallId === '') throw new SessionError('INVALID_MESSAGE', 'tool result needs a non-empty string toolCallId')
+    if (typeof msg.toolCallId !== 'string' || msg.toolCallId === '')
+      throw new SessionError('INVALID_MESSAGE', 'tool result needs a non-empty string toolCallId')
     validateBlocks(msg.content, 'tool result')
-    if ((msg.content as Block[]).some((b) => b.type === 'tool-call')) throw new SessionError('INVALID_MESSAGE', 'a tool result cannot contain tool-call blocks')
-  } else throw new SessionError('INVALID_MESSAGE', `unknown role ${JSON.stringify((msg as { role: unknown }).role)} (user, assistant or tool)`)
+    if ((msg.content as Block[]).some((b) => b.type === 'tool-call'))
+      throw new SessionError('INVALID_MESSAGE', 'a tool result cannot contain tool-call blocks')
+  } else throw new SessionError('INVALID_MESSAGE', `unknown role ${JSON.stringify((msg as { role: unknown }).role)} `
+    + `(user, assistant or tool)`)
 }
 
 const toolCalls = (m: Message): ToolCallBlock[] =>
   m.role === 'assistant' ? (m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]) : []
 
 /** The surface event types and the role of their message; null prototype, so `toString` is not one. */
-const SURFACE_TYPES: Readonly<Record<string, Message['role'] | undefined>> = /* @__PURE__ */ Object.freeze(Object.assign(Object.create(null), {
+const SURFACE_TYPES: Readonly<Record<string, Message['role'] | undefined>> =
+  /* @__PURE__ */ Object.freeze(Object.assign(Object.create(null), {
   'user/message': 'user', 'assistant/message': 'assistant', 'tool/result': 'tool',
 }))
 
@@ -1515,86 +1627,97 @@ export interface SessionOptions {
   now?: () => number
 }
 
+/** The surface, oldest first, with a lookup by the seq of the event that put a node there. */
+export interface Surface extends ReadonlyArray<SurfaceNode> {
+  /** The surface node put there by event `seq`, while it is still on the surface. */
+  node(seq: number): SurfaceNode | undefined
+}
+
 /**
- * The append-only session log and the model-visible surface projected from it (docs/design.md §4).
- * `append` is synchronous: it checks every invariant first (a violating append throws
- * {@link SessionError} and changes nothing), then updates the surface, the per-node prices and the
- * usage anchor incrementally (O(1) for an append, O(range) for a replace), and queues the event for
- * the store; {@link Session.flush} writes the queue, {@link Session.sync} also fsyncs.
+ * What the loop, the ladder and the CLI read of a session beyond its public API: the call index,
+ * the turn's bookkeeping and the ladder's memory. One object, owned by its session and reached
+ * through {@link stateOf}, so that Session's public face stays small (docs/design.md §14).
+ */
+interface SessionState {
+  /** callId → seq of the surface node holding the call, and of its result once logged. */
+  readonly calls: Map<string, { callSeq: number; resultSeq?: number }>
+  /** Ids of tool calls on the surface that have no result yet. */
+  readonly openCalls: Set<string>
+  /** Ids of surface tool calls whose `tool/call` dispatch record was logged. */
+  readonly dispatched: Set<string>
+  readonly bySeq: Map<number, SurfaceNode>
+  turn: { last: number; open: boolean; step: number; stepOpen: boolean }
+  /** Seq of the open turn's input (the first user message after `turn/start`), never edited. */
+  input?: number
+  awaitingInput: boolean
+  /** Id of a `compaction/start` with no `compaction/end` yet (the compaction lock). */
+  compaction?: string
+  /** Seq of the last `session/start` or `session/resume`. */
+  openedAt: number
+  readonly ladder: LadderState
+  /** Writes queued events to the store, without fsync. */
+  flush(): Promise<void>
+  /** Checks an event against the current state without appending it (throws like `append`). */
+  check(type: string, data: Record<string, unknown>): void
+}
+
+const SESSION_STATE = new WeakMap<Session, SessionState>()
+/** The module-private state of `session` (see {@link SessionState}). */
+function stateOf(session: Session): SessionState { return SESSION_STATE.get(session)! }
+
+/**
+ * The append-only session log and the model-visible surface projected from it (docs/design.md §4),
+ * the one writer of the log. `append` is synchronous: it checks every invariant first (a
+ * violating append throws {@link SessionError} and changes nothing), then updates the surface, the
+ * per-node prices and the usage anchor incrementally (O(1) for an append, O(range) for a replace),
+ * feeds the parts over the log ({@link Session.cost}, {@link Session.recall}, {@link Session.pins})
+ * and queues the event for the store; {@link Session.sync} writes the queue and fsyncs.
  *
- * Open or create with {@link Session.open}; inspect a log without writing with {@link Session.load}.
+ * Open, create or (with `readOnly`) inspect a log with {@link Session.open}.
  */
 export class Session {
   readonly store: LogStore
+  /** The torn last line dropped when this session was loaded, if any. */
+  torn?: TornLine
+  /** Tokens and cost of the requests so far, and the prompt-cache model (docs/design.md §11). */
+  readonly cost: CostLedger
+  /** The originals the surface no longer shows, as `recall` reads them (docs/design.md §10). */
+  readonly recall: RecallIndex
+  /** Messages that are never pruned, cleared or summarised (docs/design.md §12). */
+  readonly pins: Pins
+  private readonly st: SessionState
   /** The whole log when the store cannot read events back (see {@link Session.events}). */
   private retained?: SessionEvent[]
   private nextSeq = 0
-  /** Seq of the last `session/start` or `session/resume`. */
-  private openSeq = 0
-  /** The torn last line dropped when this session was loaded, if any. */
-  torn?: TornLine
   private readonly now: () => number
-  private nodes: SurfaceNode[] = []
-  private bySeq = new Map<number, SurfaceNode>()
-  /** callId → seq of the surface node holding the call, and of its result once logged. */
-  private calls = new Map<string, { callSeq: number; resultSeq?: number }>()
-  private openCalls = new Set<string>()
-  private dispatched = new Set<string>()
-  /** Append seqs of the originals the surface no longer shows as logged (see {@link Session.shadowedSeqs}); sorted lazily. */
-  private shadowed: number[] = []
-  private shadowedSorted = true
-  /** Seqs of spilled tool results (listed in `shadowed` when appended). */
-  private spilledSeqs = new Set<number>()
-  /** Shadowed result seq → append seq of the assistant message holding its call (see {@link Session.shadowedCallSeq}). */
-  private shadowedCalls = new Map<number, number>()
+  private readonly nodes: SurfaceNode[] & Surface
   private surfaceTokensSum = 0
   private envelopeTokensSum = 0
   private anchorState?: UsageAnchor
   private generation = 0
+  private header?: RequestHeader
   private pending: SessionEvent[] = []
   private writing: Promise<void> = Promise.resolve()
   private listeners = new Set<(e: SessionEvent) => void>()
-  /** The last `request/header` logged. */
-  header?: RequestHeader
-  /** Turn and step bookkeeping derived from the log. */
-  private turnState = { last: 0, open: false, step: 0, stepOpen: false }
-  private compactionOpen?: string
-  private sessionId = ''
-  /** Seq of the open turn's input (the first user message after `turn/start`), never edited. */
-  private inputSeq?: number
-  private awaitingInput = false
-  private spills = 0
-  /** Calibration samples (provider, heuristic tokens), newest last, for the model `calibrationModel`. */
-  private calibrationSamples: { provider: number; heuristic: number }[] = []
-  private calibrationModel?: string
-  /** Least-squares sums (count, Σh, Σp, Σh², Σhp) of the transcript samples, for the model `calibrationModel`. */
-  private transcriptFit?: { n: number; h: number; p: number; hh: number; hp: number }
-  /** callId → heuristic price (tokens) of its result as first logged (the original, whatever replaced it since). */
-  private originalResultTokens = new Map<string, number>()
-  /** The failed-compaction guard as last logged in `ladder/state` (heuristic tokens). */
-  private failedAt?: number
-  /** Seqs of pinned surface nodes (docs/design.md §12), in the order they were pinned. */
-  private pins = new Set<number>()
-  // The prompt-cache model (docs/design.md §11), kept as events arrive (O(1) per append, O(edit
-  // span) per replace) so that it survives resume: `cacheNodes` leading surface nodes were sent by
-  // the last conversation request and are unchanged since (-1: no request since the envelope or
-  // model changed); `cachePrefixTokens` is their heuristic price.
-  private cacheNodes = -1
-  private cachePrefixTokens = 0
-  private envelopeKey = ''
-  private edits = new Map<number, EditCache & { time: number }>()
-  /**
-   * Requests so far, folded into buckets as they are applied (bounded memory, not one record per
-   * request): by conversation/summary, model, price table and UTC minute of the week — what
-   * decides a peak window — so {@link Session.usage} can price (or re-price) every bucket exactly.
-   */
-  private requestBuckets = new Map<string, RequestBucket>()
 
   constructor(options: SessionOptions = {}) {
     this.store = options.store ?? new MemoryStore()
     this.now = options.now ?? Date.now
     const s = this.store
-    if (!(typeof s.scan === 'function' && typeof s.readEvent === 'function' && typeof s.readEvents === 'function')) this.retained = []
+    if (!(typeof s.scan === 'function' && typeof s.readEvent === 'function'
+      && typeof s.readEvents === 'function')) this.retained = []
+    const bySeq = new Map<number, SurfaceNode>()
+    this.nodes = Object.defineProperty([] as SurfaceNode[], 'node', { value: (seq: number) => bySeq.get(seq) }) as
+      SurfaceNode[] & Surface
+    this.st = {
+      calls: new Map(), openCalls: new Set(), dispatched: new Set(), bySeq,
+      turn: { last: 0, open: false, step: 0, stepOpen: false }, awaitingInput: false, openedAt: 0,
+      ladder: new LadderState(), flush: () => this.flush(), check: (type, data) => this.check(type, data),
+    }
+    SESSION_STATE.set(this, this.st)
+    this.cost = new CostLedger(this, this.nodes)
+    this.recall = new RecallIndex(this, this.st)
+    this.pins = new Pins(this, this.st)
   }
 
   /**
@@ -1604,56 +1727,65 @@ export class Session {
    * `SessionError('STORE')`; use {@link Session.readEvent} / {@link Session.readEvents}.
    */
   get events(): SessionEvent[] {
-    if (!this.retained) throw new SessionError('STORE', 'this session keeps only its surface in memory (its store reads events back); use await session.readEvent(seq) or session.readEvents(fromSeq, toSeq)')
+    if (!this.retained)
+      throw new SessionError('STORE', 'this session keeps only its surface in memory (its store reads events back); '
+        + 'use await session.readEvent(seq) or session.readEvents(fromSeq, toSeq)')
     return this.retained
   }
-  /** Whether this session keeps every event in memory ({@link Session.events} works). */
-  get keepsAllEvents(): boolean { return this.retained !== undefined }
-  /** Seq of the `session/start` or `session/resume` written when this session was last opened. */
-  get openedAtSeq(): number { return this.openSeq }
 
   /**
    * Opens the session in `store`: a new one (writes `session/start`) when the store is empty,
-   * otherwise the loaded log, resumed (see {@link Session.resume}). Throws `SessionError` with
-   * `code 'LOG_CORRUPT'` and a line number for a corrupt log.
+   * otherwise the loaded log, resumed (docs/design.md §4): `session/resume`, a stale compaction
+   * lock closed, every tool call without a result given a synthetic error result
+   * (`TOOL_OUTCOME_UNKNOWN` when its `tool/call` was logged, else `TOOL_NOT_STARTED`), an open step
+   * and turn closed. With `readOnly` the log is loaded and replayed (every invariant re-checked)
+   * and nothing is written. Throws `SessionError` with `code 'LOG_CORRUPT'` and a line number for a
+   * corrupt log.
    */
-  static async open(store: LogStore = new MemoryStore(), options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
-    const session = await Session.load(store, options)
-    if (session.seq === 0) session.append('session/start', { id: options.id ?? randomId(), version: VERSION })
-    else session.resume()
+  static async open(store: LogStore = new MemoryStore(),
+    options: Omit<SessionOptions, 'store'> & { readOnly?: boolean } = {}): Promise<Session> {
+    const session = new Session({ ...options, store })
+    await session.load()
+    if (options.readOnly) return session
+    if (session.seq === 0) {
+      session.append('session/start', { id: options.id ?? randomId(), version: VERSION, format: LOG_FORMAT })
+    } else session.resume()
     await session.sync()
     return session
   }
 
-  /** Loads the log in `store` and replays it (every invariant is re-checked), writing nothing. */
-  static async load(store: LogStore, options: Omit<SessionOptions, 'store'> = {}): Promise<Session> {
-    const session = new Session({ ...options, store })
+  /** Reads the store's log and replays it, checking every event as if it were appended. */
+  private async load(): Promise<void> {
     const replay = (e: SessionEvent) => {
-      if (e.seq !== session.nextSeq) throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.nextSeq} was expected`, e.seq + 1)
-      try { session.check(e.type, e.data) } catch (err) {
+      if (e.seq !== this.nextSeq)
+        throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${this.nextSeq} was expected`, e.seq + 1)
+      try { this.check(e.type, e.data) } catch (err) {
         throw new SessionError('LOG_CORRUPT', `session log line ${e.seq + 1}: ${(err as Error).message}`, e.seq + 1)
       }
-      session.apply(e)
+      this.apply(e)
     }
-    if (session.retained) {
-      const loaded = await store.load()
-      session.torn = loaded.torn
+    if (this.retained) {
+      const loaded = await this.store.load()
+      this.torn = loaded.torn
       for (const e of loaded.events) replay(e)
     } else {
       // Streamed: each line is checked and applied as it is read; only the surface stays in memory.
-      session.torn = (await store.scan!(replay)).torn
+      this.torn = (await this.store.scan!(replay)).torn
     }
-    return session
   }
 
-  /** The session id from `session/start`. */
-  get id(): string { return this.sessionId }
   /** Number of events; also the seq of the next event. */
   get seq(): number { return this.nextSeq }
   /** Increases by exactly one on every committed replace (docs/design.md §4). */
   get replaceGeneration(): number { return this.generation }
-  /** The current surface, oldest first. A live view: do not keep it across appends. */
-  surface(): readonly SurfaceNode[] { return this.nodes }
+  /** The current surface, oldest first, with `node(seq)`. A live view: do not keep it across appends. */
+  surface(): Surface { return this.nodes }
+  /** The open turn's number, the last step number in it, and whether a step is open. */
+  get turn(): { turn: number; open: boolean; step: number; stepOpen: boolean } {
+    const t = this.st.turn
+    return { turn: t.last, open: t.open, step: t.step, stepOpen: t.stepOpen }
+  }
+
   /**
    * Reads back the logged event `seq` (e.g. the original of a pruned, cleared or summarised
    * message). Use this, not `events[seq]`, in code that must also work on sessions that keep only
@@ -1661,7 +1793,8 @@ export class Session {
    * Throws `SessionError('STORE')` for a seq that is not in the log.
    */
   async readEvent(seq: number): Promise<SessionEvent> {
-    if (!Number.isInteger(seq) || seq < 0 || seq >= this.nextSeq) throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.nextSeq - 1})`)
+    if (!Number.isInteger(seq) || seq < 0 || seq >= this.nextSeq)
+      throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.nextSeq - 1})`)
     if (this.retained) return this.retained[seq]
     await this.flush() // the store reads back only what it has been given
     return await this.store.readEvent!(seq)
@@ -1681,80 +1814,6 @@ export class Session {
     yield* this.store.readEvents!(Math.max(0, fromSeq), to)
   }
 
-  /** The surface node put there by event `seq`, if it is still on the surface. */
-  node(seq: number): SurfaceNode | undefined { return this.bySeq.get(seq) }
-  /** Whether a tool call with this id is on the surface (ids must be unique there). */
-  hasToolCall(callId: string): boolean { return this.calls.has(callId) }
-  /** Ids of tool calls on the surface that have no result yet. */
-  openToolCalls(): string[] { return [...this.openCalls] }
-  /** Whether a `tool/call` dispatch record was logged for `callId`, a tool call still on the surface. */
-  wasDispatched(callId: string): boolean { return this.dispatched.has(callId) }
-  /** The open turn's number, the last step number in it, and whether a step is open. */
-  get turn(): { turn: number; open: boolean; step: number; stepOpen: boolean } {
-    const t = this.turnState
-    return { turn: t.last, open: t.open, step: t.step, stepOpen: t.stepOpen }
-  }
-  /** Id of a `compaction/start` with no `compaction/end` yet (the compaction lock). */
-  get openCompaction(): string | undefined { return this.compactionOpen }
-  /**
-   * Seq of the open turn's input: the first user message appended after the open `turn/start`.
-   * The ladder never edits or summarises it (docs/design.md §10). Undefined between turns.
-   */
-  get currentInput(): number | undefined { return this.inputSeq }
-  /**
-   * The seqs of the logged originals the surface no longer shows as logged, oldest first: appended
-   * messages since pruned, cleared or folded into a checkpoint, and spilled tool results (the
-   * surface shows a preview). What `recall` reads (docs/design.md §10); read each with
-   * {@link Session.readEvent}. Kept as the events arrive, so no log scan (a sort after an
-   * out-of-order addition: O(k log k) for k originals). A live view: do not keep it across appends.
-   */
-  shadowedSeqs(): readonly number[] {
-    if (!this.shadowedSorted) { this.shadowed.sort((a, b) => a - b); this.shadowedSorted = true }
-    return this.shadowed
-  }
-  private addShadowed(seq: number, message: Message): void {
-    if (this.shadowed.length > 0 && seq < this.shadowed[this.shadowed.length - 1]) this.shadowedSorted = false
-    this.shadowed.push(seq)
-    // The call's node key is the append seq of the assistant message as the model sent it.
-    if (message.role === 'tool') { const entry = this.calls.get(message.toolCallId); const callKey = entry && this.bySeq.get(entry.callSeq)?.key; if (callKey !== undefined) this.shadowedCalls.set(seq, callKey) }
-  }
-  /**
-   * For a shadowed tool result (`resultSeq` one of {@link Session.shadowedSeqs}), the append seq of
-   * the assistant message that holds its call as the model sent it (arguments uncut), however far
-   * back, and even once that call is off the surface or its id reused; undefined otherwise.
-   */
-  shadowedCallSeq(resultSeq: number): number | undefined { return this.shadowedCalls.get(resultSeq) }
-  /**
-   * The seq of the first logged result of tool call `callId` (before any prune or clear), while the
-   * call is on the surface; undefined otherwise.
-   */
-  resultOriginSeq(callId: string): number | undefined {
-    const entry = this.calls.get(callId)
-    return entry?.resultSeq === undefined ? undefined : this.bySeq.get(entry.resultSeq)?.key
-  }
-  /** Whether the log holds originals the surface no longer shows (a replace or a spill happened): `recall` has something to read. */
-  get hasShadowedContent(): boolean { return this.generation > 0 || this.spills > 0 }
-  /**
-   * The heuristic price in tokens of the original of surface node `seq`: for a tool result, of the
-   * result as first logged (before any prune or clear); otherwise of the node itself.
-   */
-  originalTokens(seq: number): number {
-    const node = this.bySeq.get(seq)
-    if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
-    return (node.message.role === 'tool' ? this.originalResultTokens.get(node.message.toolCallId) : undefined) ?? node.tokens
-  }
-  /**
-   * The ladder's failed-compaction guard as last logged (`ladder/state failedAtTokens`, heuristic
-   * tokens); undefined when none was logged or a success cleared it. A {@link Ladder} starts from it.
-   */
-  get loggedCompactionFailure(): number | undefined { return this.failedAt }
-  /** The tool-call block of `callId` on the surface (name and raw arguments), if any. */
-  toolCall(callId: string): ToolCallBlock | undefined {
-    const entry = this.calls.get(callId)
-    const node = entry && this.bySeq.get(entry.callSeq)
-    return node ? toolCalls(node.message).find((c) => c.id === callId) : undefined
-  }
-
   /** Calls `listener` with every event appended from now on; returns an unsubscribe function. */
   subscribe(listener: (event: SessionEvent) => void): () => void {
     this.listeners.add(listener)
@@ -1770,8 +1829,10 @@ export class Session {
   append<T extends EventType>(type: T, data: EventDataMap[T]): SessionEvent<T>
   append(type: string, data: Record<string, unknown>): SessionEvent
   append(type: string, data: any): SessionEvent {
-    if (typeof type !== 'string' || type === '') throw new SessionError('INVALID_EVENT', 'event type must be a non-empty string')
-    if (typeof data !== 'object' || data === null || Array.isArray(data)) throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
+    if (typeof type !== 'string' || type === '')
+      throw new SessionError('INVALID_EVENT', 'event type must be a non-empty string')
+    if (typeof data !== 'object' || data === null || Array.isArray(data))
+      throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
     this.check(type, data)
     const event = { seq: this.nextSeq, type, time: this.now(), data } as SessionEvent
     this.apply(event)
@@ -1782,263 +1843,174 @@ export class Session {
 
   /** Validates an event against the current state without changing anything. */
   private check(type: string, data: any): void {
+    if (type === 'session/start' && data.format !== undefined && data.format !== LOG_FORMAT) {
+      const newer = Number.isSafeInteger(data.format) && data.format > LOG_FORMAT
+      throw new SessionError('INVALID_EVENT', `session/start: the log is format ${JSON.stringify(data.format)}`
+        + `${newer ? ', written by a newer dsh' : ''}; this dsh (${VERSION}) reads format ${LOG_FORMAT}`
+        + (newer ? ': open it with the dsh that wrote it, or a newer one' : ': a format is a positive integer'))
+    }
     if (type === 'request/header' && data.prices !== undefined) {
-      try { validatePrices(data.prices, 'request/header: prices') } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
+      try { validatePrices(data.prices, 'request/header: prices') } catch (err) {
+        throw new SessionError('INVALID_EVENT', (err as Error).message)
+      }
     }
     if (type === 'compaction/end' && data.requests !== undefined) checkSummaryRequests(data.requests)
-    if (type === 'surface/pin' || type === 'surface/unpin') {
-      const seq = data.seq
-      if (!Number.isInteger(seq) || !this.bySeq.has(seq)) throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
-      if ((type === 'surface/pin') === this.pins.has(seq)) throw new SessionError('PIN', `${type}: seq ${seq} is ${this.pins.has(seq) ? 'already' : 'not'} pinned`)
-      return
-    }
+    if (type === 'surface/pin' || type === 'surface/unpin') return this.pins.checkEvent(type, data.seq)
     const role = SURFACE_TYPES[type]
-    if (!role) return
-    validateMessage(data.message, role)
-    const op = data.surfaceOp as SurfaceOp
-    const message = data.message as Message
-    if (!op || (op.op !== 'append' && op.op !== 'replace')) throw new SessionError('SURFACE_OP', `${type}: surfaceOp must be {op:'append'} or {op:'replace', start, end}`)
-    const newCalls = toolCalls(message)
-    if (op.op === 'replace' && role === 'assistant' && newCalls.length > 0) {
-      // A pruned assistant message keeps its tool calls: same ids and names, in order, one node.
-      const old = this.bySeq.get(op.start)?.message
-      const oldCalls = old ? toolCalls(old) : []
-      if (op.start !== op.end || oldCalls.length !== newCalls.length || oldCalls.some((c, i) => c.id !== newCalls[i].id || c.name !== newCalls[i].name)) {
-        throw new SessionError('SURFACE_OP', `${type}: a replacement that carries tool calls must replace exactly the one assistant message with the same calls (seq ${op.start})`)
-      }
-      return
-    }
-    const seen = new Set<string>()
-    for (const c of newCalls) {
-      if (seen.has(c.id) || this.calls.has(c.id)) throw new SessionError('PAIRING', `tool call id ${JSON.stringify(c.id)} is not unique on the surface`)
-      seen.add(c.id)
-    }
-    if (op.op === 'append') {
-      if (role === 'tool') {
-        const id = (message as ToolResultMessage).toolCallId
-        const call = this.calls.get(id)
-        if (!call) throw new SessionError('PAIRING', `tool result for unknown tool call id ${JSON.stringify(id)}`)
-        if (call.resultSeq !== undefined) throw new SessionError('PAIRING', `tool call ${JSON.stringify(id)} already has a result (seq ${call.resultSeq})`)
-      }
-      return
-    }
-    // Replace.
-    const { start, end } = op
-    const first = this.bySeq.get(start)
-    const last = this.bySeq.get(end)
-    if (!Number.isInteger(start) || !Number.isInteger(end) || !first || !last) {
-      throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the current surface`)
-    }
-    if (first.key > last.key) throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
-    if (this.pins.size > 0) {
-      for (let i = this.indexOfKey(first.key), hi = this.indexOfKey(last.key); i <= hi; i++) {
-        if (this.pins.has(this.nodes[i].seq)) throw new SessionError('PIN', `${type}: replace ${start}..${end} would change pinned message seq ${this.nodes[i].seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
-      }
-    }
-    if (newCalls.length > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
-    if (role === 'tool') {
-      const old = first.message
-      if (start !== end || old.role !== 'tool') throw new SessionError('SURFACE_OP', `tool/result: a replace must cover exactly one tool result (got ${start}..${end})`)
-      const { content: _a, ...restOld } = old
-      const { content: _b, ...restNew } = message as ToolResultMessage
-      if (JSON.stringify(restOld) !== JSON.stringify(restNew)) throw new SessionError('SURFACE_OP', `tool/result: a replacement may change only content (seq ${start})`)
-      return
-    }
-    // A range replace must keep calls and results together (docs/design.md §4, matched by id).
-    const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
-    const inRange = new Set<number>()
-    for (let i = lo; i <= hi; i++) inRange.add(this.nodes[i].seq)
-    for (let i = lo; i <= hi; i++) {
-      const m = this.nodes[i].message
-      for (const c of toolCalls(m)) {
-        const entry = this.calls.get(c.id)!
-        if (entry.resultSeq === undefined) throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id}, which has no result yet`)
-        if (!inRange.has(entry.resultSeq)) throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id} but keep its result (seq ${entry.resultSeq})`)
-      }
-      if (m.role === 'tool') {
-        const entry = this.calls.get(m.toolCallId)!
-        if (!inRange.has(entry.callSeq)) throw new SessionError('PAIRING', `replace ${start}..${end} would remove the result of tool call ${m.toolCallId} but keep the call (seq ${entry.callSeq})`)
-      }
-    }
+    if (role) checkSurfaceEvent(this.st, this.nodes, this.pins, type, role, data)
   }
-
-  /** The surface index of a position key, or -1. */
-  private indexOfKey(key: number): number { return binarySearch(this.nodes, key, (n) => n.key) }
 
   /** Applies a checked event to the derived state. The same code serves live appends and replay. */
   private apply(event: SessionEvent): void {
     this.retained?.push(event)
     this.nextSeq = event.seq + 1
     const data = event.data as any
+    const st = this.st
     switch (event.type) {
-      case 'session/start': this.sessionId = data.id; this.openSeq = event.seq; break
-      case 'session/resume': this.openSeq = event.seq; break
-      case 'request/header': {
+      case 'session/start': case 'session/resume': st.openedAt = event.seq; break
+      case 'request/header':
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
         this.anchorState = undefined // an envelope or model change voids the usage anchor (docs/design.md §2)
-        const key = cacheKey(data.model, data)
-        if (key !== this.envelopeKey) { this.envelopeKey = key; this.cacheNodes = -1; this.cachePrefixTokens = 0 } // a new envelope or model: nothing is cached
-        if (data.model !== this.calibrationModel) { // calibration is per model
-          this.calibrationModel = data.model; this.calibrationSamples = []; this.transcriptFit = undefined
-        }
+        this.cost.header(data)
+        st.ladder.header(data.model)
         break
-      }
-      case 'turn/start': this.turnState = { last: data.turn, open: true, step: 0, stepOpen: false }; this.inputSeq = undefined; this.awaitingInput = true; break
-      case 'turn/end': this.turnState.open = false; this.turnState.stepOpen = false; this.inputSeq = undefined; this.awaitingInput = false; break
-      case 'ladder/state': {
-        const sample = data.sample as LadderStateData['sample']
-        if (data.failedAtTokens !== undefined) this.failedAt = data.failedAtTokens ?? undefined
-        if (!sample) break
-        // A replayed transcript's count is of a request this session did not send: a sample, never an anchor.
-        if (sample.source === 'transcript') {
-          this.addTranscriptSample(sample.providerTokens, sample.heuristicTokens)
-          break
-        }
-        // A plausible count of the conversation request the provider refused is the new anchor, even
-        // one too small to be a calibration sample: it is the exact size of the surface as it is now.
-        const taken = this.addCalibrationSample(sample.providerTokens, sample.heuristicTokens)
-        if (sample.source === 'overflow' && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))) {
-          this.anchorState = { providerTokens: sample.providerTokens, heuristicTokens: this.envelopeTokensSum + this.surfaceTokensSum, seq: event.seq }
-        }
+      case 'turn/start':
+        st.turn = { last: data.turn, open: true, step: 0, stepOpen: false }
+        st.input = undefined; st.awaitingInput = true
         break
-      }
-      case 'step/start': this.turnState.step = data.step; this.turnState.stepOpen = true; break
-      case 'step/end': this.turnState.stepOpen = false; break
-      case 'tool/call': this.dispatched.add(data.callId); break
-      case 'compaction/start': this.compactionOpen = data.id; break
-      case 'surface/pin': this.pins.add(data.seq); break
-      case 'surface/unpin': this.pins.delete(data.seq); break
-      case 'compaction/end': {
-        if (this.compactionOpen === data.id) this.compactionOpen = undefined
-        if (Array.isArray(data.requests)) {
-          for (const r of data.requests as SummaryRequestRecord[]) {
-            this.addRequest({ time: event.time, summary: true, model: r.model, inputTokens: r.inputTokens, modelledHitTokens: r.modelledHitTokens, outputTokens: r.outputTokens, usage: r.usage, prices: r.prices ?? (r.model === this.header?.model ? this.header?.prices : undefined) })
-          }
-        }
+      case 'turn/end':
+        st.turn.open = false; st.turn.stepOpen = false; st.input = undefined; st.awaitingInput = false
         break
-      }
+      case 'ladder/state': this.applyLadderState(event as SessionEvent<'ladder/state'>); break
+      case 'step/start': st.turn.step = data.step; st.turn.stepOpen = true; break
+      case 'step/end': st.turn.stepOpen = false; break
+      case 'tool/call': st.dispatched.add(data.callId); break
+      case 'compaction/start': st.compaction = data.id; break
+      case 'surface/pin': case 'surface/unpin': this.pins.apply(event.type, data.seq); break
+      case 'compaction/end':
+        if (st.compaction === data.id) st.compaction = undefined
+        if (Array.isArray(data.requests)) this.cost.summaries(event.time, data.requests, this.header)
+        break
     }
-    if (!SURFACE_TYPES[event.type]) return
-    const message = data.message as Message
-    const op = data.surfaceOp as SurfaceOp
+    if (SURFACE_TYPES[event.type]) this.applySurface(event)
+  }
+
+  /** A `ladder/state` event: the guard, and a calibration sample (an overflow's count also anchors). */
+  private applyLadderState(event: SessionEvent<'ladder/state'>): void {
+    const { sample, failedAtTokens } = event.data
+    if (failedAtTokens !== undefined) this.st.ladder.failedAtTokens = failedAtTokens ?? undefined
+    if (!sample) return
+    // A replayed transcript's count is of a request this session did not send: a sample, never an anchor.
+    if (sample.source === 'transcript') return this.st.ladder.transcript(sample.providerTokens, sample.heuristicTokens)
+    // A plausible count of the conversation request the provider refused is the new anchor, even
+    // one too small to be a calibration sample: it is the exact size of the surface as it is now.
+    const taken = this.st.ladder.sample(sample.providerTokens, sample.heuristicTokens, this.header?.contextWindow)
+    if (sample.source === 'overflow' && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))) {
+      const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+      this.anchorState = { providerTokens: sample.providerTokens, heuristicTokens, seq: event.seq }
+    }
+  }
+
+  /** A checked surface event: an append or a replace on the surface, its prices, calls, parts and anchor. */
+  private applySurface(event: SessionEvent): void {
+    const data = event.data as unknown as SessionEvent<'assistant/message'>['data'] & { spilled?: unknown }
+    const { message, surfaceOp: op } = data
     const tokens = estimateMessageTokens(message)
-    if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
-      // The request that produced this message carried the surface as it is now (docs/design.md §10).
-      // Only when the messages are at least half of it: how a provider frames tool specs varies more than its tokenizer.
-      if (this.surfaceTokensSum >= this.envelopeTokensSum) this.addCalibrationSample((data.usage as Usage).promptTokens, this.envelopeTokensSum + this.surfaceTokensSum)
+    const answer = event.type === 'assistant/message' && op.op === 'append'
+    // The request that produced this message carried the surface as it is now (docs/design.md §10).
+    // Only when the messages are at least half of it: how a provider frames tool specs varies more
+    // than its tokenizer.
+    if (answer && data.usage && this.surfaceTokensSum >= this.envelopeTokensSum) {
+      const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+      this.st.ladder.sample(data.usage.promptTokens, heuristicTokens, this.header?.contextWindow)
     }
-    if (event.type === 'tool/result' && data.spilled && op.op === 'append') { this.spills++; this.spilledSeqs.add(event.seq); this.addShadowed(event.seq, message) }
-    if (op.op === 'append') {
-      if (message.role === 'user' && this.awaitingInput) { this.inputSeq = event.seq; this.awaitingInput = false }
-      if (event.type === 'assistant/message') this.recordRequest(event.time, tokens, data.usage)
-      const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
-      this.nodes.push(node)
-      this.bySeq.set(event.seq, node)
-      this.surfaceTokensSum += tokens
-      for (const c of toolCalls(message)) { this.calls.set(c.id, { callSeq: event.seq }); this.openCalls.add(c.id) }
-      if (message.role === 'tool') { this.calls.get(message.toolCallId)!.resultSeq = event.seq; this.openCalls.delete(message.toolCallId); this.originalResultTokens.set(message.toolCallId, tokens) }
-    } else {
-      const first = this.bySeq.get(op.start)!, last = this.bySeq.get(op.end)!
-      const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
-      const node: SurfaceNode = { seq: event.seq, message, tokens, key: first.key }
-      // Prompt cache: everything from the edit point to the end of the cached prefix now misses.
-      let movedTokens = 0
-      if (lo < this.cacheNodes) {
-        let after = 0 // old tokens in [lo, cacheNodes)
-        for (let i = lo; i < this.cacheNodes; i++) after += this.nodes[i].tokens
-        let kept = 0 // old tokens in (hi, cacheNodes): unchanged, but no longer in the prefix
-        for (let i = hi + 1; i < this.cacheNodes; i++) kept += this.nodes[i].tokens
-        movedTokens = tokens + kept
-        this.cachePrefixTokens -= after
-        this.cacheNodes = lo
-      }
-      let shadowed = 0
-      for (let i = lo; i <= hi; i++) {
-        const old = this.nodes[i]
-        shadowed += old.tokens
-        // An appended node's seq is its key; a replacement's seq is later than its key.
-        if (old.seq === old.key && !this.spilledSeqs.has(old.seq)) this.addShadowed(old.seq, old.message)
-      }
-      // Nodes and calls leave only after every shadowed result in the range has looked its call up.
-      for (let i = lo; i <= hi; i++) {
-        const old = this.nodes[i]
-        this.bySeq.delete(old.seq)
-        if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
-        if (message.role === 'assistant' && toolCalls(message).length > 0) continue // a pruned assistant message keeps its calls (checked)
-        for (const c of toolCalls(old.message)) { this.calls.delete(c.id); this.openCalls.delete(c.id); this.dispatched.delete(c.id) }
-      }
-      if (message.role === 'tool') this.calls.get(message.toolCallId)!.resultSeq = event.seq
-      for (const c of toolCalls(message)) this.calls.get(c.id)!.callSeq = event.seq
-      this.nodes.splice(lo, hi - lo + 1, node)
-      this.bySeq.set(event.seq, node)
-      this.surfaceTokensSum += tokens - shadowed
-      this.generation++
-      this.edits.set(event.seq, { seq: event.seq, movedTokens, savedTokens: shadowed - tokens, time: event.time })
-      if (this.edits.size > RECENT_EDITS) this.edits.delete(this.edits.keys().next().value!) // asked right after the edit: keep the newest only
+    if (event.type === 'tool/result' && data.spilled && op.op === 'append') this.recall.spilled(event.seq, message)
+    if (op.op === 'append') this.appendNode(event, message, tokens)
+    else this.replaceNodes(event, op, message, tokens)
+    if (answer && data.usage) this.anchor(data.usage, event.seq)
+  }
+
+  /** Appends a node to the surface (and an answer's request to the cost ledger first). */
+  private appendNode(event: SessionEvent, message: Message, tokens: number): void {
+    const st = this.st
+    if (message.role === 'user' && st.awaitingInput) { st.input = event.seq; st.awaitingInput = false }
+    if (event.type === 'assistant/message') {
+      const d = event.data as SessionEvent<'assistant/message'>['data']
+      this.cost.request(event.time, tokens, d.usage, this.header, this.surfaceTokensSum)
     }
-    if (event.type === 'assistant/message' && data.usage && op.op === 'append') {
-      const u = data.usage as Usage
-      const providerTokens = u.promptTokens + u.completionTokens, heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
-      // A count more than 4× the heuristic one (of at least 1,000) is of something else, e.g. a broken
-      // server's bogus usage: anchoring on it would price every later request as an overflow, for good.
-      if (Number.isFinite(providerTokens) && providerTokens >= 0 && providerTokens <= CALIBRATION_RANGE[1] * Math.max(heuristicTokens, CALIBRATION_MIN_SAMPLE_TOKENS)) {
-        this.anchorState = { providerTokens, heuristicTokens, seq: event.seq }
-      }
+    const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
+    this.nodes.push(node)
+    st.bySeq.set(event.seq, node)
+    this.surfaceTokensSum += tokens
+    for (const c of toolCalls(message)) { st.calls.set(c.id, { callSeq: event.seq }); st.openCalls.add(c.id) }
+    if (message.role === 'tool') {
+      st.calls.get(message.toolCallId)!.resultSeq = event.seq
+      st.openCalls.delete(message.toolCallId)
+      this.recall.result(message.toolCallId, tokens)
     }
   }
+
+  /** Replaces the surface nodes `op.start..op.end` by one node; what they held stays in the log. */
+  private replaceNodes(event: SessionEvent, op: { start: number; end: number }, message: Message,
+    tokens: number): void {
+    const st = this.st
+    const first = st.bySeq.get(op.start)!, last = st.bySeq.get(op.end)!
+    const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
+    const node: SurfaceNode = { seq: event.seq, message, tokens, key: first.key }
+    let shadowed = 0
+    for (let i = lo; i <= hi; i++) {
+      const old = this.nodes[i]
+      shadowed += old.tokens
+      // An appended node's seq is its key; a replacement's seq is later than its key.
+      if (old.seq === old.key && !this.recall.isSpilled(old.seq)) this.recall.shadow(old.seq, old.message)
+    }
+    this.cost.replaced(event, lo, hi, tokens, shadowed) // before the splice: it reads the old nodes
+    // Nodes and calls leave only after every shadowed result in the range has looked its call up.
+    for (let i = lo; i <= hi; i++) {
+      const old = this.nodes[i]
+      st.bySeq.delete(old.seq)
+      if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
+      // a pruned assistant message keeps its calls (checked)
+      if (message.role === 'assistant' && toolCalls(message).length > 0) continue
+      for (const c of toolCalls(old.message)) { st.calls.delete(c.id); st.openCalls.delete(c.id);
+        st.dispatched.delete(c.id) }
+    }
+    if (message.role === 'tool') st.calls.get(message.toolCallId)!.resultSeq = event.seq
+    for (const c of toolCalls(message)) st.calls.get(c.id)!.callSeq = event.seq
+    this.nodes.splice(lo, hi - lo + 1, node)
+    st.bySeq.set(event.seq, node)
+    this.surfaceTokensSum += tokens - shadowed
+    this.generation++
+  }
+
+  /** The usage of an answer as the new anchor (docs/design.md §2), unless the count is of something else. */
+  private anchor(u: Usage, seq: number): void {
+    const providerTokens = u.promptTokens + u.completionTokens
+    const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+    // A count more than 4× the heuristic one (of at least 1,000) is of something else, e.g. a broken
+    // server's bogus usage: anchoring on it would price every later request as an overflow, for good.
+    const ceiling = CALIBRATION_RANGE[1] * Math.max(heuristicTokens, CALIBRATION_MIN_SAMPLE_TOKENS)
+    if (Number.isFinite(providerTokens) && providerTokens >= 0 && providerTokens <= ceiling) {
+      this.anchorState = { providerTokens, heuristicTokens, seq }
+    }
+  }
+
+  /** The surface index of a position key, or -1. */
+  private indexOfKey(key: number): number { return binarySearch(this.nodes, key, (n) => n.key) }
 
   /**
-   * Adds a calibration sample (docs/design.md §10); the newest 8 count. Ignores requests under
-   * {@link calibrationMinSampleTokens} of the header's window and implausible samples (a ratio outside [0.5, 4]: the count is of
-   * something else, e.g. a server configured with another window). Returns whether it was taken.
+   * The size of the next request, in tokens, O(1) (docs/design.md §2; calibrated as in docs/design.md
+   * §10), and the `request/header` it carries (model, envelope, window, prices) as last logged.
    */
-  private addCalibrationSample(provider: number, heuristic: number): boolean {
-    if (!(heuristic >= calibrationMinSampleTokens(this.header?.contextWindow)) || !plausibleRatio(provider, heuristic)) return false
-    this.calibrationSamples.push({ provider, heuristic })
-    if (this.calibrationSamples.length > CALIBRATION_SAMPLES) this.calibrationSamples.shift()
-    return true
-  }
-
-  /** Provider tokens per heuristic token over the recent samples (Σ provider ÷ Σ heuristic), clamped to [0.5, 4]; 1 without samples. */
-  private calibrationRatio(): number {
-    if (this.transcriptFit) return this.calibrationFit().ratio
-    if (this.calibrationSamples.length === 0) return 1
-    let p = 0, h = 0
-    for (const s of this.calibrationSamples) { p += s.provider; h += s.heuristic }
-    return Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], p / h))
-  }
-
-  /** Adds a count a replayed transcript records for a request of `heuristic` tokens (docs/design.md §15). */
-  private addTranscriptSample(provider: number, heuristic: number): void {
-    if (!(Number.isFinite(provider) && provider > 0 && Number.isFinite(heuristic) && heuristic > 0)) return
-    const f = (this.transcriptFit ??= { n: 0, h: 0, p: 0, hh: 0, hp: 0 })
-    f.n++; f.h += heuristic; f.p += provider; f.hh += heuristic * heuristic; f.hp += heuristic * provider
-  }
-
-  /**
-   * `provider ≈ offset + ratio × heuristic` by least squares over every transcript sample so far
-   * (docs/design.md §15); the ratio clamped to [0.5, 4], the offset not below 0. One sample (or all of
-   * one size): the seed's ratio, 1, and the offset takes the rest. Without transcript samples: the
-   * ratio of the recent samples, no offset.
-   */
-  private calibrationFit(): { ratio: number; offset: number } {
-    const f = this.transcriptFit
-    if (!f) return { ratio: this.calibrationRatio(), offset: 0 }
-    const spread = f.n * f.hh - f.h * f.h
-    const fitted = spread > 1e-9 * f.n * f.hh ? (f.n * f.hp - f.h * f.p) / spread : 1
-    const ratio = Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], fitted))
-    return { ratio, offset: Math.max(0, Math.round((f.p - ratio * f.h) / f.n)) }
-  }
-
-  /** The size of the next request, in tokens, O(1) (docs/design.md §2; calibrated as in docs/design.md §10). */
   measure(): Measurement {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
-    const { ratio: calibration, offset } = this.calibrationFit()
+    const ladder = this.st.ladder
+    const { ratio: calibration, offset } = ladder.fit()
     return {
       calibration,
       calibrationOffsetTokens: offset,
-      calibrationSamples: this.transcriptFit?.n ?? this.calibrationSamples.length,
+      calibrationSamples: ladder.count,
       totalTokens: anchoredTotal(heuristicTokens, this.anchorState, calibration, offset),
       envelopeTokens: this.envelopeTokensSum,
       surfaceTokens: this.surfaceTokensSum,
@@ -2046,15 +2018,390 @@ export class Session {
       anchored: this.anchorState !== undefined,
       anchor: this.anchorState,
       nodes: this.nodes,
+      header: this.header,
     }
   }
 
-  /** Folds one request into its bucket (see {@link Session.requestBuckets}). */
-  private addRequest(r: RequestEntry): void {
+  /**
+   * The surface as provider messages, in surface order (docs/design.md §4 "Projection"). Throws
+   * `SessionError('PAIRING')` while a tool call has no result: such a request must never be sent.
+   */
+  messages(): Message[] {
+    const open = this.st.openCalls
+    if (open.size > 0) {
+      throw new SessionError('PAIRING', `cannot build a request: tool call(s) ${[...open].join(', ')} have `
+        + 'no result yet')
+    }
+    return this.nodes.map((n) => n.message)
+  }
+
+  /**
+   * Prunes the tool result at surface node `seq` (docs/design.md §3 log protocol): appends
+   * `compaction/prune {shadowedSeqs:[seq], shadowedTokenCount}` then the pruned `tool/result` as a
+   * replace of `seq`. Returns the tokens reclaimed (0, and nothing appended, when the result is
+   * already within the threshold). The original stays in the log.
+   */
+  pruneToolResult(seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
+    const node = this.st.bySeq.get(seq)
+    if (!node || node.message.role !== 'tool')
+      throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
+    const pruned = pruneToolResult(node.message, config)
+    return pruned === node.message ? 0 : replaceNode(this, node, 'compaction/prune', pruned, trigger)
+  }
+
+  /** Resumes a loaded session (see {@link Session.open}). */
+  private resume(): void {
+    const st = this.st
+    const open = [...st.openCalls]
+    this.append('session/resume', { lastSeq: this.nextSeq - 1, torn: this.torn, repaired: open.length })
+    if (st.compaction) {
+      this.append('compaction/end', { id: st.compaction, error: 'stale: the process stopped during this compaction' })
+    }
+    for (const id of open) {
+      const code = st.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
+      const text = code === 'TOOL_OUTCOME_UNKNOWN'
+        ? `${code}: the process stopped while this tool call was running; its effects are unknown. Check the current `
+          + `state before repeating it.`
+        : `${code}: the process stopped before this tool call was started; call it again if it is still needed.`
+      this.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text }],
+        isError: true, metadata: { code } }, surfaceOp: { op: 'append' } })
+    }
+    const t = st.turn
+    if (t.stepOpen) this.append('step/end', { turn: t.last, step: t.step })
+    if (t.open) this.append('turn/end', { turn: t.last, reason: 'interrupted' })
+  }
+
+  /** Writes queued events to the store (in order; concurrent calls are serialised). */
+  private flush(): Promise<void> {
+    const run = async () => {
+      if (this.pending.length === 0) return
+      const batch = this.pending
+      this.pending = []
+      try { await this.store.append(batch) } catch (err) {
+        this.pending = batch.concat(this.pending) // keep them for the next attempt: nothing is lost
+        if (err instanceof SessionError && err.code === 'LOCKED') throw err // another writer: say who
+        throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: `
+          + `${(err as Error)?.message ?? err}`)
+      }
+    }
+    this.writing = this.writing.then(run, run)
+    return this.writing
+  }
+
+  /** Writes the queued events to the store, then makes the log durable (fsync for {@link FileStore}). */
+  async sync(): Promise<void> {
+    await this.flush()
+    await this.store.sync?.()
+  }
+}
+
+/**
+ * Checks a surface event (`user/message`, `assistant/message`, `tool/result`) against the surface:
+ * its message, its op, unique call ids, a result's call, and a replace's range (see
+ * {@link checkReplace}). Throws {@link SessionError}; changes nothing.
+ */
+function checkSurfaceEvent(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins, type: string,
+  role: Message['role'], data: any): void {
+  validateMessage(data.message, role)
+  const op = data.surfaceOp as SurfaceOp
+  const message = data.message as Message
+  if (!op || (op.op !== 'append' && op.op !== 'replace'))
+    throw new SessionError('SURFACE_OP', `${type}: surfaceOp must be {op:'append'} or {op:'replace', start, end}`)
+  const newCalls = toolCalls(message)
+  if (op.op === 'replace' && role === 'assistant' && newCalls.length > 0) {
+    // A pruned assistant message keeps its tool calls: same ids and names, in order, one node.
+    const old = st.bySeq.get(op.start)?.message
+    const oldCalls = old ? toolCalls(old) : []
+    if (op.start !== op.end || oldCalls.length !== newCalls.length
+      || oldCalls.some((c, i) => c.id !== newCalls[i].id || c.name !== newCalls[i].name)) {
+      throw new SessionError('SURFACE_OP', `${type}: a replacement that carries tool calls must replace exactly the `
+        + `one assistant message with the same calls (seq ${op.start})`)
+    }
+    return
+  }
+  const seen = new Set<string>()
+  for (const c of newCalls) {
+    if (seen.has(c.id) || st.calls.has(c.id))
+      throw new SessionError('PAIRING', `tool call id ${JSON.stringify(c.id)} is not unique on the surface`)
+    seen.add(c.id)
+  }
+  if (op.op === 'replace') return checkReplace(st, nodes, pins, type, role, op, message, newCalls.length)
+  if (role !== 'tool') return
+  const id = (message as ToolResultMessage).toolCallId
+  const call = st.calls.get(id)
+  if (!call) throw new SessionError('PAIRING', `tool result for unknown tool call id ${JSON.stringify(id)}`)
+  if (call.resultSeq !== undefined)
+    throw new SessionError('PAIRING', `tool call ${JSON.stringify(id)} already has a result (seq ${call.resultSeq})`)
+}
+
+/**
+ * Checks a replace: `start..end` are surface nodes in order, none pinned; a replacement carries no
+ * tool calls; a `tool/result` replace covers one result and changes only its content; a range
+ * replace keeps every call with its result (docs/design.md §4, matched by id).
+ */
+function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins, type: string,
+  role: Message['role'], op: { start: number; end: number }, message: Message, newCalls: number): void {
+  const { start, end } = op
+  const first = st.bySeq.get(start)
+  const last = st.bySeq.get(end)
+  if (!Number.isInteger(start) || !Number.isInteger(end) || !first || !last) {
+    throw new SessionError('SURFACE_OP', `${type}: replace range ${start}..${end} must name seqs of nodes on the `
+      + `current surface`)
+  }
+  if (first.key > last.key)
+    throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
+  const lo = binarySearch(nodes, first.key, (n) => n.key), hi = binarySearch(nodes, last.key, (n) => n.key)
+  for (let i = lo; i <= hi && pins.count > 0; i++) {
+    if (pins.has(nodes[i].seq)) {
+      throw new SessionError('PIN', `${type}: replace ${start}..${end} would change pinned message seq `
+        + `${nodes[i].seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
+    }
+  }
+  if (newCalls > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
+  if (role === 'tool') {
+    const old = first.message
+    if (start !== end || old.role !== 'tool') {
+      throw new SessionError('SURFACE_OP', `tool/result: a replace must cover exactly one tool result (got `
+        + `${start}..${end})`)
+    }
+    const { content: _a, ...restOld } = old
+    const { content: _b, ...restNew } = message as ToolResultMessage
+    if (JSON.stringify(restOld) !== JSON.stringify(restNew))
+      throw new SessionError('SURFACE_OP', `tool/result: a replacement may change only content (seq ${start})`)
+    return
+  }
+  const inRange = new Set<number>()
+  for (let i = lo; i <= hi; i++) inRange.add(nodes[i].seq)
+  for (let i = lo; i <= hi; i++) {
+    const m = nodes[i].message
+    for (const c of toolCalls(m)) {
+      const entry = st.calls.get(c.id)!
+      if (entry.resultSeq === undefined) {
+        throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id}, which has no `
+          + `result yet`)
+      }
+      if (!inRange.has(entry.resultSeq)) {
+        throw new SessionError('PAIRING', `replace ${start}..${end} would remove tool call ${c.id} but keep its `
+          + `result (seq ${entry.resultSeq})`)
+      }
+    }
+    if (m.role === 'tool' && !inRange.has(st.calls.get(m.toolCallId)!.callSeq)) {
+      throw new SessionError('PAIRING', `replace ${start}..${end} would remove the result of tool call `
+        + `${m.toolCallId} but keep the call (seq ${st.calls.get(m.toolCallId)!.callSeq})`)
+    }
+  }
+}
+
+// ── 4.1 Edits of the surface: the log protocol of a prune or a clear (docs/design.md §3, §10) ─────
+
+/** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
+function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear',
+  message: Message, trigger?: string): number {
+  const seq = node.seq
+  const eventType = message.role === 'tool' ? 'tool/result' : message.role === 'assistant' ? 'assistant/message'
+    : 'user/message'
+  const data: Record<string, unknown> = { message, surfaceOp: { op: 'replace', start: seq, end: seq } }
+  if (eventType === 'assistant/message') data.finishReason = 'pruned'
+  stateOf(session).check(eventType, data) // both events or neither
+  session.append(type, trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger }
+    : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
+  const after = session.append(eventType, data)
+  return node.tokens - session.surface().node(after.seq)!.tokens
+}
+
+/**
+ * Prunes the message at surface node `seq` (docs/design.md §10 "Oversized non-tool messages", with
+ * {@link pruneMessage}): `compaction/prune` then the message as a replace of `seq` (tool calls
+ * kept); a tool result goes to {@link Session.pruneToolResult}. Refuses the open turn's input.
+ * Returns the tokens reclaimed (0, nothing appended, when nothing is over the threshold).
+ */
+function pruneNode(session: Session, seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
+  const node = session.surface().node(seq)
+  if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
+  if (node.message.role === 'tool') return session.pruneToolResult(seq, config, trigger)
+  if (seq === stateOf(session).input)
+    throw new SessionError('SURFACE_OP', `seq ${seq} is the current turn's input, which is never edited`)
+  const pruned = pruneMessage(node.message, config)
+  return pruned === node.message ? 0 : replaceNode(session, node, 'compaction/prune', pruned, trigger)
+}
+
+/**
+ * Clears the tool result at surface node `seq` (docs/design.md §10 clear rung): `compaction/clear`
+ * then the result, its content one text block `placeholder`, as a replace of `seq`. The original
+ * stays in the log. Returns the tokens reclaimed (negative if the placeholder is larger: callers check).
+ */
+function clearNode(session: Session, seq: number, placeholder: string, trigger?: string): number {
+  const node = session.surface().node(seq)
+  if (!node || node.message.role !== 'tool')
+    throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
+  return replaceNode(session, node, 'compaction/clear',
+    { ...node.message, content: [{ type: 'text', text: placeholder }] }, trigger)
+}
+
+/** Logs `request/header` when model, base URL, envelope, budget or window changed; returns whether it did. */
+function logHeader(session: Session, header: RequestHeader): boolean {
+  const text = JSON.stringify(header) // also drops undefined fields, so equal headers compare equal
+  const last = session.measure().header
+  if (last && JSON.stringify(last) === text) return false
+  session.append('request/header', JSON.parse(text) as RequestHeader)
+  return true
+}
+
+/** The tool-call block of `callId` on the surface (name and raw arguments), if any. */
+function surfaceToolCall(session: Session, callId: string): ToolCallBlock | undefined {
+  const st = stateOf(session)
+  const entry = st.calls.get(callId)
+  const node = entry && st.bySeq.get(entry.callSeq)
+  return node ? toolCalls(node.message).find((c) => c.id === callId) : undefined
+}
+
+// ── 4.2 Parts over the log: the ladder's memory, cost and cache, recall index, pins ─────────
+// Each part is fed by its session with every event it applies (Session.apply is the one place that
+// derives state; Session.append is the one writer of the log) and answers questions about it.
+
+/**
+ * The ladder's durable memory (docs/design.md §10 "Durable ladder state"), as `ladder/state` events
+ * log it: the calibration samples of the current model and the failed-compaction guard.
+ */
+class LadderState {
+  /** Heuristic tokens when a pressure compaction last failed; undefined when none is pending. */
+  failedAtTokens?: number
+  /** Calibration samples (provider, heuristic tokens), newest last, for the model `model`. */
+  private samples: { provider: number; heuristic: number }[] = []
+  private model?: string
+  /** Least-squares sums (count, Σh, Σp, Σh², Σhp) of the transcript samples, for the model `model`. */
+  private transcriptFit?: { n: number; h: number; p: number; hh: number; hp: number }
+
+  /** A `request/header`: calibration is per model. */
+  header(model: string): void {
+    if (model !== this.model) { this.model = model; this.samples = []; this.transcriptFit = undefined }
+  }
+
+  /**
+   * Adds a calibration sample (docs/design.md §10); the newest 8 count. Ignores requests under
+   * {@link calibrationMinSampleTokens} of the window and implausible samples (a ratio outside
+   * [0.5, 4]: the count is of something else, e.g. a server configured with another window).
+   * Returns whether it was taken.
+   */
+  sample(provider: number, heuristic: number, contextWindow?: number): boolean {
+    if (!(heuristic >= calibrationMinSampleTokens(contextWindow)) || !plausibleRatio(provider, heuristic)) return false
+    this.samples.push({ provider, heuristic })
+    if (this.samples.length > CALIBRATION_SAMPLES) this.samples.shift()
+    return true
+  }
+
+  /** Adds a count a replayed transcript records for a request of `heuristic` tokens (docs/design.md §15). */
+  transcript(provider: number, heuristic: number): void {
+    if (!(Number.isFinite(provider) && provider > 0 && Number.isFinite(heuristic) && heuristic > 0)) return
+    const f = (this.transcriptFit ??= { n: 0, h: 0, p: 0, hh: 0, hp: 0 })
+    f.n++; f.h += heuristic; f.p += provider; f.hh += heuristic * heuristic; f.hp += heuristic * provider
+  }
+
+  /** How many samples the ratio stands on. */
+  get count(): number { return this.transcriptFit?.n ?? this.samples.length }
+
+  /**
+   * `provider ≈ offset + ratio × heuristic` by least squares over every transcript sample so far
+   * (docs/design.md §15); the ratio clamped to [0.5, 4], the offset not below 0. One sample (or all of
+   * one size): the seed's ratio, 1, and the offset takes the rest. Without transcript samples: the
+   * ratio of the recent samples, no offset.
+   */
+  fit(): { ratio: number; offset: number } {
+    const f = this.transcriptFit
+    if (!f) return { ratio: this.ratio(), offset: 0 }
+    const spread = f.n * f.hh - f.h * f.h
+    const fitted = spread > 1e-9 * f.n * f.hh ? (f.n * f.hp - f.h * f.p) / spread : 1
+    const ratio = Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], fitted))
+    return { ratio, offset: Math.max(0, Math.round((f.p - ratio * f.h) / f.n)) }
+  }
+
+  /** Provider tokens per heuristic token (Σ provider ÷ Σ heuristic), clamped to [0.5, 4]; 1 without samples. */
+  ratio(): number {
+    if (this.transcriptFit) return this.fit().ratio
+    if (this.samples.length === 0) return 1
+    let p = 0, h = 0
+    for (const s of this.samples) { p += s.provider; h += s.heuristic }
+    return Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], p / h))
+  }
+}
+
+/** How many recent surface edits keep their cache figures for {@link CostLedger.editCache}. */
+const RECENT_EDITS = 64
+
+/**
+ * Tokens and cost of a session's requests and its prompt-cache model (docs/design.md §11), kept as
+ * events arrive (O(1) per append, O(edit span) per replace) so that they survive resume.
+ * `cacheNodes` leading surface nodes were sent by the last conversation request and are unchanged
+ * since (-1: no request since the envelope or model changed); `cachePrefixTokens` is their price.
+ * Requests are folded into buckets by conversation/summary, model, price table and UTC minute of
+ * the week (what decides a peak window): bounded memory, exact (re-)pricing.
+ */
+class CostLedger {
+  private cacheNodes = -1
+  private cachePrefixTokens = 0
+  private envelopeKey = ''
+  private readonly edits = new Map<number, EditCache & { time: number }>()
+  private readonly buckets = new Map<string, RequestBucket>()
+  /** @internal */
+  constructor(private readonly session: Session, private readonly nodes: readonly SurfaceNode[]) {}
+
+  /** @internal A `request/header`: a new envelope or model caches nothing. */
+  header(h: RequestHeader): void {
+    const key = cacheKey(h.model, h)
+    if (key !== this.envelopeKey) { this.envelopeKey = key; this.cacheNodes = -1; this.cachePrefixTokens = 0 }
+  }
+
+  /** @internal One conversation request, answered by an appended assistant message (before it is on the surface). */
+  request(time: number, outputTokens: number, usage: Usage | undefined, header: RequestHeader | undefined,
+    surfaceTokens: number): void {
+    const { inputTokens, modelledHitTokens } = this.nextRequestCache()
+    this.add({ time, summary: false, model: header?.model ?? '', inputTokens, modelledHitTokens, outputTokens, usage,
+      prices: header?.prices })
+    this.cacheNodes = this.nodes.length // the request sent the whole surface before this message
+    this.cachePrefixTokens = surfaceTokens
+  }
+
+  /** @internal The summary requests of a `compaction/end`. */
+  summaries(time: number, requests: readonly SummaryRequestRecord[], header: RequestHeader | undefined): void {
+    for (const r of requests) {
+      const prices = r.prices ?? (r.model === header?.model ? header?.prices : undefined)
+      this.add({ time, summary: true, model: r.model, inputTokens: r.inputTokens,
+        modelledHitTokens: r.modelledHitTokens,
+        outputTokens: r.outputTokens, usage: r.usage, prices })
+    }
+  }
+
+  /**
+   * @internal A replace of surface nodes `lo..hi` (read before the splice) by a node of `tokens`:
+   * everything from the edit point to the end of the cached prefix now misses.
+   */
+  replaced(event: SessionEvent, lo: number, hi: number, tokens: number, shadowedTokens: number): void {
+    let movedTokens = 0
+    if (lo < this.cacheNodes) {
+      let after = 0 // old tokens in [lo, cacheNodes)
+      for (let i = lo; i < this.cacheNodes; i++) after += this.nodes[i].tokens
+      let kept = 0 // old tokens in (hi, cacheNodes): unchanged, but no longer in the prefix
+      for (let i = hi + 1; i < this.cacheNodes; i++) kept += this.nodes[i].tokens
+      movedTokens = tokens + kept
+      this.cachePrefixTokens -= after
+      this.cacheNodes = lo
+    }
+    this.edits.set(event.seq, { seq: event.seq, movedTokens, savedTokens: shadowedTokens - tokens, time: event.time })
+    // asked right after the edit: keep the newest only
+    if (this.edits.size > RECENT_EDITS) this.edits.delete(this.edits.keys().next().value!)
+  }
+
+  /** Folds one request into its bucket. */
+  private add(r: RequestEntry): void {
     const minuteOfWeek = Math.floor(r.time / 60_000) % (7 * 24 * 60)
-    const key = `${r.summary ? 1 : 0}\u0000${r.model}\u0000${r.prices ? JSON.stringify(r.prices) : ''}\u0000${minuteOfWeek}`
-    let b = this.requestBuckets.get(key)
-    if (!b) this.requestBuckets.set(key, b = { time: r.time, summary: r.summary, model: r.model, prices: r.prices, requests: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, modelledHitTokens: 0, reportedCacheRequests: 0 })
+    const key = `${r.summary ? 1 : 0}\u0000${r.model}\u0000${r.prices ? JSON.stringify(r.prices) : ''}`
+      + `\u0000${minuteOfWeek}`
+    let b = this.buckets.get(key)
+    if (!b) {
+      this.buckets.set(key, b = { time: r.time, summary: r.summary, model: r.model, prices: r.prices,
+        requests: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, modelledHitTokens: 0,
+        reportedCacheRequests: 0 })
+    }
     const billed = billedTokens(r)
     b.requests++
     b.cachedInputTokens += billed.cachedInputTokens
@@ -2062,14 +2409,6 @@ export class Session {
     b.outputTokens += billed.outputTokens
     b.modelledHitTokens += r.modelledHitTokens
     if (r.usage?.cachedTokens !== undefined) b.reportedCacheRequests++
-  }
-
-  /** Logs one conversation request (an appended assistant message answers it) in the cache model. */
-  private recordRequest(time: number, outputTokens: number, usage: Usage | undefined): void {
-    const { inputTokens, modelledHitTokens } = this.nextRequestCache()
-    this.addRequest({ time, summary: false, model: this.header?.model ?? '', inputTokens, modelledHitTokens, outputTokens, usage, prices: this.header?.prices })
-    this.cacheNodes = this.nodes.length // the request sent the whole surface before this message
-    this.cachePrefixTokens = this.surfaceTokensSum
   }
 
   /**
@@ -2080,9 +2419,10 @@ export class Session {
    * the first request). O(1). Derived from the log, so it survives resume.
    */
   nextRequestCache(): RequestCache {
+    const m = this.session.measure()
     return {
-      inputTokens: this.envelopeTokensSum + this.surfaceTokensSum,
-      modelledHitTokens: this.cacheNodes < 0 ? 0 : this.envelopeTokensSum + this.cachePrefixTokens,
+      inputTokens: m.envelopeTokens + m.surfaceTokens,
+      modelledHitTokens: this.cacheNodes < 0 ? 0 : m.envelopeTokens + this.cachePrefixTokens,
     }
   }
 
@@ -2093,8 +2433,11 @@ export class Session {
    * another model or envelope. O(messages compared).
    */
   summaryRequestHit(model: string, envelope: Envelope, messages: readonly Message[]): number {
-    if (this.cacheNodes < 0 || cacheKey(model, { ...envelope, baseURL: this.header?.baseURL }) !== this.envelopeKey) return 0
-    let tokens = this.envelopeTokensSum
+    const m = this.session.measure()
+    if (this.cacheNodes < 0 || cacheKey(model, { ...envelope, baseURL: m.header?.baseURL }) !== this.envelopeKey) {
+      return 0
+    }
+    let tokens = m.envelopeTokens
     const n = Math.min(this.cacheNodes, messages.length)
     for (let i = 0; i < n && messages[i] === this.nodes[i].message; i++) tokens += this.nodes[i].tokens
     return tokens
@@ -2107,39 +2450,38 @@ export class Session {
   }
 
   /**
-   * {@link Session.editCache} priced with `prices` (default: the table of the current
+   * {@link CostLedger.editCache} priced with `prices` (default: the table of the current
    * `request/header`) at the edit's time; undefined when `seq` was no surface edit.
    */
-  editCost(seq: number, prices: Prices | undefined = this.header?.prices): EditCost | undefined {
+  editCost(seq: number, prices: Prices | undefined = this.session.measure().header?.prices): EditCost | undefined {
     const e = this.edits.get(seq)
     if (!e) return undefined
     const cost: EditCost = { seq: e.seq, movedTokens: e.movedTokens, savedTokens: e.savedTokens }
     if (prices) {
       cost.cacheCostUSD = cacheCostUSD(prices, e.movedTokens, e.time)
-      cost.savedUSDPerRequest = (e.savedTokens * prices.cacheHitInput * (isPeakTime(prices, e.time) ? prices.peak!.multiplier : 1)) / 1_000_000
+      const peak = isPeakTime(prices, e.time) ? prices.peak!.multiplier : 1
+      cost.savedUSDPerRequest = (e.savedTokens * prices.cacheHitInput * peak) / 1_000_000
     }
     return cost
   }
 
   /**
    * Tokens and cost so far (docs/design.md §11), conversation and summary requests apart and
-   * together; O(buckets), from sums kept as events arrive (so it survives resume). Requests are
-   * added up by kind, model, price table and UTC minute of the week (peak windows are resolved to
-   * the minute), so memory stays bounded however long the session runs. Per request:
-   * input = the reported prompt tokens, else the meter's estimate; cached = the reported
-   * `cachedTokens` (the report wins), else the modelled hit (scaled by reported ÷ estimated input
-   * when only the prompt size was reported); output = the reported completion tokens, else the
-   * meter's price of the answer. Cost uses the price table logged with the request's
-   * `request/header` (the provider's `prices`), peak hours by the event's time; `options.prices`
-   * re-prices every request instead (a table, or a function of the model name). A request with no
-   * price makes `costUSD` undefined ("unknown"); tokens are still reported.
+   * together; O(buckets). Per request: input = the reported prompt tokens, else the meter's
+   * estimate; cached = the reported `cachedTokens` (the report wins), else the modelled hit (scaled
+   * by reported ÷ estimated input when only the prompt size was reported); output = the reported
+   * completion tokens, else the meter's price of the answer. Cost uses the price table logged with
+   * the request's `request/header` (the provider's `prices`), peak hours by the event's time;
+   * `options.prices` re-prices every request instead (a table, or a function of the model name). A
+   * request with no price makes `costUSD` undefined ("unknown"); tokens are still reported.
    */
   usage(options: { prices?: Prices | ((model: string) => Prices | undefined) } = {}): SessionUsage {
-    const tally = (): TokenTally => ({ requests: 0, inputTokens: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, costUSD: 0, unpricedRequests: 0 })
+    const tally = (): TokenTally => ({ requests: 0, inputTokens: 0, cachedInputTokens: 0, uncachedInputTokens: 0,
+      outputTokens: 0, costUSD: 0, unpricedRequests: 0 })
     const conversation = tally(), summary = tally()
     let modelledHitTokens = 0, reportedCacheRequests = 0
     const override = options.prices
-    for (const b of this.requestBuckets.values()) {
+    for (const b of this.buckets.values()) {
       const t = b.summary ? summary : conversation
       reportedCacheRequests += b.reportedCacheRequests
       modelledHitTokens += b.modelledHitTokens
@@ -2153,181 +2495,170 @@ export class Session {
       else t.unpricedRequests += b.requests
     }
     for (const t of [conversation, summary]) if (t.unpricedRequests > 0) t.costUSD = undefined
+    const sum = (k: keyof TokenTally) => (conversation[k] as number) + (summary[k] as number)
     const total: TokenTally = {
-      requests: conversation.requests + summary.requests,
-      inputTokens: conversation.inputTokens + summary.inputTokens,
-      cachedInputTokens: conversation.cachedInputTokens + summary.cachedInputTokens,
-      uncachedInputTokens: conversation.uncachedInputTokens + summary.uncachedInputTokens,
-      outputTokens: conversation.outputTokens + summary.outputTokens,
-      costUSD: conversation.costUSD === undefined || summary.costUSD === undefined ? undefined : conversation.costUSD + summary.costUSD,
-      unpricedRequests: conversation.unpricedRequests + summary.unpricedRequests,
+      requests: sum('requests'), inputTokens: sum('inputTokens'), cachedInputTokens: sum('cachedInputTokens'),
+      uncachedInputTokens: sum('uncachedInputTokens'), outputTokens: sum('outputTokens'),
+      costUSD: conversation.costUSD === undefined || summary.costUSD === undefined ? undefined
+        : conversation.costUSD + summary.costUSD,
+      unpricedRequests: sum('unpricedRequests'),
     }
-    return { ...total, conversation, summary, cacheHitShare: total.inputTokens > 0 ? total.cachedInputTokens / total.inputTokens : 0, modelledHitTokens, reportedCacheRequests }
+    const cacheHitShare = total.inputTokens > 0 ? total.cachedInputTokens / total.inputTokens : 0
+    return { ...total, conversation, summary, cacheHitShare, modelledHitTokens, reportedCacheRequests }
   }
+}
+
+/**
+ * The originals the surface no longer shows as logged (docs/design.md §10 "Recall"), indexed as
+ * events arrive so that `recall` reads a few events instead of scanning the log.
+ */
+class RecallIndex {
+  /** Append seqs of the shadowed originals; sorted lazily. */
+  private readonly shadowed: number[] = []
+  private sorted = true
+  /** Seqs of spilled tool results (listed in `shadowed` when appended). */
+  private readonly spilledSeqs = new Set<number>()
+  /** Shadowed result seq → append seq of the assistant message holding its call. */
+  private readonly calls = new Map<number, number>()
+  /** callId → heuristic price (tokens) of its result as first logged. */
+  private readonly firstResultTokens = new Map<string, number>()
+  /** @internal */
+  constructor(private readonly session: Session, private readonly st: SessionState) {}
+
+  /** @internal The original at `seq` is no longer shown as logged; a result remembers its call. */
+  shadow(seq: number, message: Message): void {
+    if (this.shadowed.length > 0 && seq < this.shadowed[this.shadowed.length - 1]) this.sorted = false
+    this.shadowed.push(seq)
+    if (message.role !== 'tool') return
+    // The call's node key is the append seq of the assistant message as the model sent it.
+    const entry = this.st.calls.get(message.toolCallId)
+    const callKey = entry && this.st.bySeq.get(entry.callSeq)?.key
+    if (callKey !== undefined) this.calls.set(seq, callKey)
+  }
+  /** @internal A spilled tool result: the surface shows a preview of the original. */
+  spilled(seq: number, message: Message): void { this.spilledSeqs.add(seq); this.shadow(seq, message) }
+  /** @internal Whether the result at `seq` was spilled. */
+  isSpilled(seq: number): boolean { return this.spilledSeqs.has(seq) }
+  /** @internal The first result of `callId` was logged at this price. */
+  result(callId: string, tokens: number): void { this.firstResultTokens.set(callId, tokens) }
 
   /**
-   * The surface as provider messages, in surface order (docs/design.md §4 "Projection"). Throws
-   * `SessionError('PAIRING')` while a tool call has no result: such a request must never be sent.
+   * The seqs of the logged originals the surface no longer shows as logged, oldest first: appended
+   * messages since pruned, cleared or folded into a checkpoint, and spilled tool results (the
+   * surface shows a preview). What `recall` reads; read each with {@link Session.readEvent}. Kept
+   * as the events arrive, so no log scan (a sort after an out-of-order addition: O(k log k) for k
+   * originals). A live view: do not keep it across appends.
    */
-  messages(): Message[] {
-    if (this.openCalls.size > 0) throw new SessionError('PAIRING', `cannot build a request: tool call(s) ${[...this.openCalls].join(', ')} have no result yet`)
-    return this.nodes.map((n) => n.message)
+  shadowedSeqs(): readonly number[] {
+    if (!this.sorted) { this.shadowed.sort((a, b) => a - b); this.sorted = true }
+    return this.shadowed
   }
-
-  /** Logs `request/header` when model, base URL, envelope, budget or window changed; returns whether it did. */
-  setHeader(header: RequestHeader): boolean {
-    const text = JSON.stringify(header) // also drops undefined fields, so equal headers compare equal
-    if (this.header && JSON.stringify(this.header) === text) return false
-    this.append('request/header', JSON.parse(text) as RequestHeader)
-    return true
-  }
-
   /**
-   * Prunes the tool result at surface node `seq` (docs/design.md §3 log protocol): appends
-   * `compaction/prune {shadowedSeqs:[seq], shadowedTokenCount}` then the pruned `tool/result` as a
-   * replace of `seq`. Returns the tokens reclaimed (0, and nothing appended, when the result is
-   * already within the threshold). The original stays in the log.
+   * For a shadowed tool result (`resultSeq` one of {@link RecallIndex.shadowedSeqs}), the append seq
+   * of the assistant message that holds its call as the model sent it (arguments uncut), however far
+   * back, and even once that call is off the surface or its id reused; undefined otherwise.
    */
-  pruneToolResult(seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
-    const node = this.bySeq.get(seq)
-    if (!node || node.message.role !== 'tool') throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
-    const pruned = pruneToolResult(node.message, config)
-    return pruned === node.message ? 0 : this.shadow(node, 'compaction/prune', pruned, trigger)
-  }
-
+  shadowedCallSeq(resultSeq: number): number | undefined { return this.calls.get(resultSeq) }
   /**
-   * Prunes the assistant or user message at surface node `seq` (docs/design.md §10 "Oversized
-   * non-tool messages", with {@link pruneMessage}): `compaction/prune` then the message as a replace
-   * of `seq` (tool calls kept). Refuses the open turn's input ({@link currentInput}). Returns the
-   * tokens reclaimed (0, nothing appended, when nothing is over the threshold).
+   * The seq of the first logged result of tool call `callId` (before any prune or clear), while the
+   * call is on the surface; undefined otherwise.
    */
-  pruneMessage(seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
-    const node = this.bySeq.get(seq)
+  resultOriginSeq(callId: string): number | undefined {
+    const entry = this.st.calls.get(callId)
+    return entry?.resultSeq === undefined ? undefined : this.st.bySeq.get(entry.resultSeq)?.key
+  }
+  /** Whether the log holds originals the surface no longer shows (a replace or a spill happened). */
+  get hasShadowedContent(): boolean { return this.session.replaceGeneration > 0 || this.spilledSeqs.size > 0 }
+  /**
+   * The heuristic price in tokens of the original of surface node `seq`: for a tool result, of the
+   * result as first logged (before any prune or clear); otherwise of the node itself.
+   */
+  originalTokens(seq: number): number {
+    const node = this.st.bySeq.get(seq)
     if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
-    if (node.message.role === 'tool') return this.pruneToolResult(seq, config, trigger)
-    if (seq === this.inputSeq) throw new SessionError('SURFACE_OP', `seq ${seq} is the current turn's input, which is never edited`)
-    const pruned = pruneMessage(node.message, config)
-    return pruned === node.message ? 0 : this.shadow(node, 'compaction/prune', pruned, trigger)
+    const first = node.message.role === 'tool' ? this.firstResultTokens.get(node.message.toolCallId) : undefined
+    return first ?? node.tokens
   }
+}
 
-  /**
-   * Clears the tool result at surface node `seq` (docs/design.md §10 clear rung): appends
-   * `compaction/clear {shadowedSeqs:[seq], shadowedTokenCount}` then the result, its content now
-   * one text block `placeholder`, as a replace of `seq`. The original stays in the log. Returns
-   * the tokens reclaimed (negative if the placeholder is larger: callers check first).
-   */
-  clearToolResult(seq: number, placeholder: string, trigger?: string): number {
-    const node = this.bySeq.get(seq)
-    if (!node || node.message.role !== 'tool') throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
-    return this.shadow(node, 'compaction/clear', { ...node.message, content: [{ type: 'text', text: placeholder }] }, trigger)
+/**
+ * Pinned surface messages (docs/design.md §12): never pruned, cleared or summarised; region
+ * selection treats them like the current input. Logged (`surface/pin`, `surface/unpin`), so they
+ * survive resume, and priced against the window like any message.
+ */
+class Pins {
+  /** Seqs of pinned surface nodes, in the order they were pinned. */
+  private readonly pinned = new Set<number>()
+  /** @internal */
+  constructor(private readonly session: Session, private readonly st: SessionState) {}
+
+  /** @internal Checks a `surface/pin` or `surface/unpin` of `seq` (throws `SessionError('PIN')`). */
+  checkEvent(type: string, seq: unknown): void {
+    if (!Number.isInteger(seq) || !this.st.bySeq.has(seq as number)) {
+      throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
+    }
+    if ((type === 'surface/pin') === this.pinned.has(seq as number))
+      throw new SessionError('PIN', `${type}: seq ${seq} is `
+        + `${this.pinned.has(seq as number) ? 'already' : 'not'} pinned`)
   }
+  /** @internal How many messages are pinned. */
+  get count(): number { return this.pinned.size }
+  /** @internal Applies a checked pin or unpin. */
+  apply(type: string, seq: number): void { if (type === 'surface/pin') this.pinned.add(seq);
+    else this.pinned.delete(seq) }
 
-  /** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
-  private shadow(node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear', message: Message, trigger?: string): number {
-    const seq = node.seq
-    const eventType = message.role === 'tool' ? 'tool/result' : message.role === 'assistant' ? 'assistant/message' : 'user/message'
-    const data: Record<string, unknown> = { message, surfaceOp: { op: 'replace', start: seq, end: seq } }
-    if (eventType === 'assistant/message') data.finishReason = 'pruned'
-    this.check(eventType, data) // both events or neither
-    this.append(type, trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger } : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
-    const after = this.append(eventType, data)
-    return node.tokens - this.bySeq.get(after.seq)!.tokens
-  }
-
-  /** Whether the surface node `seq` is pinned (docs/design.md §12). */
-  isPinned(seq: number): boolean { return this.pins.has(seq) }
+  /** Whether the surface node `seq` is pinned. */
+  has(seq: number): boolean { return this.pinned.has(seq) }
   /** Seqs of the pinned surface nodes, in the order they were pinned. */
-  pinnedSeqs(): number[] { return [...this.pins] }
+  seqs(): number[] { return [...this.pinned] }
   /** What the pinned messages cost, in tokens (§2 heuristic); they count against the window like any message. */
-  pinnedTokens(): number {
+  tokens(): number {
     let tokens = 0
-    for (const seq of this.pins) tokens += this.bySeq.get(seq)!.tokens
+    for (const seq of this.pinned) tokens += this.st.bySeq.get(seq)!.tokens
     return tokens
   }
 
   /**
    * Throws `SessionError('PIN')` unless `extraTokens` more pinned tokens still fit: envelope +
    * pinned messages + `extraTokens` (heuristic tokens, priced at the calibration) must stay within
-   * `limitTokens` (default: the compaction
-   * threshold, `floor(contextWindow × 0.8)`, of the window in the last `request/header`; no limit
-   * while the window is unknown). Pins are never compacted, so they must leave the ladder room.
+   * `limitTokens` (default: the compaction threshold, `floor(contextWindow × 0.8)`, of the window in
+   * the last `request/header`; no limit while the window is unknown). Pins are never compacted, so
+   * they must leave the ladder room.
    */
-  checkPinFits(extraTokens: number, what: string, limitTokens?: number): void {
-    const window = this.header?.contextWindow
-    const limit = limitTokens ?? (window === undefined ? Infinity : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
-    const pinned = this.pinnedTokens() + extraTokens
+  checkFits(extraTokens: number, what: string, limitTokens?: number): void {
+    const m = this.session.measure()
+    const window = m.header?.contextWindow
+    const limit = limitTokens ?? (window === undefined ? Infinity
+      : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
+    const pinned = this.tokens() + extraTokens
     // The limit is measured tokens of the window; the prices are heuristic tokens (docs/design.md §10).
-    const rate = this.calibrationRatio()
-    const measured = Math.ceil((this.envelopeTokensSum + pinned) * rate)
+    const rate = m.calibration
+    const measured = Math.ceil((m.envelopeTokens + pinned) * rate)
     if (measured <= limit) return
-    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} tokens, which with the ${this.envelopeTokensSum}-token envelope exceeds the ${limit}-token limit for pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}${rate === 1 ? '' : ` at × ${rate.toFixed(2)} calibration (${measured} tokens)`}; pinned messages are never compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message`)
+    throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} `
+      + `tokens, which with the ${m.envelopeTokens}-token envelope exceeds the ${limit}-token limit for `
+      + `pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}`
+      + `${rate === 1 ? '' : ` at × ${rate.toFixed(2)} calibration (${measured} tokens)`}; pinned messages are never `
+      + 'compacted, so unpin one (session.pins.unpin(seq), CLI /unpin) or pin a shorter message')
   }
 
   /**
    * Pins surface node `seq` (logs `surface/pin {seq}`): from now on it is never pruned, cleared or
-   * summarised and stays verbatim in its position; region selection treats it like the current
-   * input (docs/design.md §12). Pins survive resume (they are read back from the log).
-   * @param options.limitTokens see {@link Session.checkPinFits}.
-   * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit (with the numbers).
+   * summarised and stays verbatim in its position.
+   * @param options.limitTokens see {@link Pins.checkFits}.
+   * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit
+   *   (with the numbers).
    */
   pin(seq: number, options: { limitTokens?: number } = {}): void {
-    const node = this.bySeq.get(seq)
-    if (node && !this.pins.has(seq)) this.checkPinFits(node.tokens, `seq ${seq}`, options.limitTokens)
-    this.append('surface/pin', { seq })
+    const node = this.st.bySeq.get(seq)
+    if (node && !this.pinned.has(seq)) this.checkFits(node.tokens, `seq ${seq}`, options.limitTokens)
+    this.session.append('surface/pin', { seq })
   }
 
   /** Removes a pin (logs `surface/unpin {seq}`). Throws `SessionError('PIN')` when `seq` is not pinned. */
-  unpin(seq: number): void { this.append('surface/unpin', { seq }) }
-
-  /**
-   * Resumes a loaded session (docs/design.md §4): writes `session/resume`, closes a stale compaction
-   * lock, gives every tool call without a result a synthetic error result (`TOOL_OUTCOME_UNKNOWN`
-   * when its `tool/call` was logged, else `TOOL_NOT_STARTED`), and closes an open step and turn.
-   */
-  resume(): void {
-    const open = [...this.openCalls]
-    this.append('session/resume', { lastSeq: this.nextSeq - 1, torn: this.torn, repaired: open.length })
-    if (this.compactionOpen) this.append('compaction/end', { id: this.compactionOpen, error: 'stale: the process stopped during this compaction' })
-    for (const id of open) {
-      const code = this.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
-      const text = code === 'TOOL_OUTCOME_UNKNOWN'
-        ? `${code}: the process stopped while this tool call was running; its effects are unknown. Check the current state before repeating it.`
-        : `${code}: the process stopped before this tool call was started; call it again if it is still needed.`
-      this.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text }], isError: true, metadata: { code } }, surfaceOp: { op: 'append' } })
-    }
-    const t = this.turnState
-    if (t.stepOpen) this.append('step/end', { turn: t.last, step: t.step })
-    if (t.open) this.append('turn/end', { turn: t.last, reason: 'interrupted' })
-  }
-
-  /** Writes queued events to the store (in order; concurrent calls are serialised). */
-  flush(): Promise<void> {
-    const run = async () => {
-      if (this.pending.length === 0) return
-      const batch = this.pending
-      this.pending = []
-      try { await this.store.append(batch) } catch (err) {
-        this.pending = batch.concat(this.pending) // keep them for the next attempt: nothing is lost
-        if (err instanceof SessionError && err.code === 'LOCKED') throw err // another writer: say who
-        throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: ${(err as Error)?.message ?? err}`)
-      }
-    }
-    this.writing = this.writing.then(run, run)
-    return this.writing
-  }
-
-  /** Flushes, then makes the log durable (fsync for {@link FileStore}). Called at step boundaries. */
-  async sync(): Promise<void> {
-    await this.flush()
-    await this.store.sync?.()
-  }
+  unpin(seq: number): void { this.session.append('surface/unpin', { seq }) }
 }
 
-/** One request in the cache model of {@link Session} (conversation or summary). Tokens. */
-/** How many recent surface edits keep their cache figures for {@link Session.editCache}. */
-const RECENT_EDITS = 64
-
-/** Requests of one kind, model, price table and UTC minute of the week, added up (billed tokens). */
 interface RequestBucket extends BilledTokens {
   /** Time of the bucket's first request (ms): its minute decides the peak window. */
   time: number
@@ -2350,16 +2681,23 @@ interface RequestEntry {
   prices?: Prices
 }
 
-/** Throws `SessionError('INVALID_EVENT')` unless `requests` is a list of {@link SummaryRequestRecord}s (cost figures stay numbers). */
+/** Throws `SessionError('INVALID_EVENT')` unless `requests` is a list of {@link SummaryRequestRecord}s (cost figures
+ *  stay numbers). */
 function checkSummaryRequests(requests: unknown): void {
   const count = (v: unknown) => typeof v === 'number' && Number.isFinite(v) && v >= 0
-  if (!Array.isArray(requests)) throw new SessionError('INVALID_EVENT', 'compaction/end: requests must be an array of summary request records')
+  if (!Array.isArray(requests))
+    throw new SessionError('INVALID_EVENT', 'compaction/end: requests must be an array of summary request records')
   requests.forEach((r, i) => {
-    const ok = typeof r === 'object' && r !== null && typeof r.model === 'string' && count(r.inputTokens) && count(r.modelledHitTokens) && count(r.outputTokens)
-      && (r.usage === undefined || (typeof r.usage === 'object' && r.usage !== null && count(r.usage.promptTokens) && count(r.usage.completionTokens)))
-    if (!ok) throw new SessionError('INVALID_EVENT', `compaction/end: requests[${i}] must be {model, inputTokens, modelledHitTokens, outputTokens, usage?} with token counts as non-negative numbers, got ${JSON.stringify(r)?.slice(0, 120)}`)
+    const ok = typeof r === 'object' && r !== null && typeof r.model === 'string' && count(r.inputTokens)
+      && count(r.modelledHitTokens) && count(r.outputTokens)
+      && (r.usage === undefined || (typeof r.usage === 'object' && r.usage !== null && count(r.usage.promptTokens)
+        && count(r.usage.completionTokens)))
+    if (!ok) throw new SessionError('INVALID_EVENT', `compaction/end: requests[${i}] must be {model, inputTokens, `
+      + `modelledHitTokens, outputTokens, usage?} with token counts as non-negative numbers, `
+      + `got ${JSON.stringify(r)?.slice(0, 120)}`)
     if (r.prices !== undefined) {
-      try { validatePrices(r.prices, `compaction/end: requests[${i}].prices`) } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
+      try { validatePrices(r.prices, `compaction/end: `
+        + `requests[${i}].prices`) } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
     }
   })
 }
@@ -2373,12 +2711,15 @@ function cacheKey(model: string, h: { baseURL?: string; system?: string; tools?:
  * The billed split of one request (docs/design.md §11): the provider's figures when reported, else
  * the meter's; a reported prompt size without `cachedTokens` takes the modelled hit's share of it.
  */
-function billedTokens(r: { inputTokens: number; modelledHitTokens: number; outputTokens: number; usage?: Usage }): BilledTokens {
-  const u = r.usage && r.usage.promptTokens > 0 ? r.usage : undefined // a prompt is never 0 tokens: 0 means "not reported"
+function billedTokens(r: { inputTokens: number; modelledHitTokens: number; outputTokens: number;
+  usage?: Usage }): BilledTokens {
+  // a prompt is never 0 tokens: 0 means "not reported"
+  const u = r.usage && r.usage.promptTokens > 0 ? r.usage : undefined
   const input = u ? u.promptTokens : r.inputTokens
   const share = r.inputTokens > 0 ? Math.min(1, r.modelledHitTokens / r.inputTokens) : 0
   const cached = Math.min(input, Math.max(0, u?.cachedTokens ?? (u ? Math.round(input * share) : r.modelledHitTokens)))
-  return { cachedInputTokens: cached, uncachedInputTokens: input - cached, outputTokens: r.usage ? r.usage.completionTokens : r.outputTokens }
+  return { cachedInputTokens: cached, uncachedInputTokens: input - cached, outputTokens: r.usage
+    ? r.usage.completionTokens : r.outputTokens }
 }
 
 function randomId(): string {
@@ -2387,9 +2728,9 @@ function randomId(): string {
   return `s-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 10)}`
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 5. Ladder
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 // prune → clear → compact → fail, plus spill at write time (docs/design.md §§5, 10). Each rung runs
 // only when the one before did not bring the total under the threshold. A new rung is a function
@@ -2430,19 +2771,15 @@ export interface CompactionConfig {
 }
 
 /** The defaults of docs/design.md §§5, 10. */
-export const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
+const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
   thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
   maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
   clear: true, reliefRatio: 0.6, protectedRatio: 0.2, clearBeforeSummary: true,
 })
 
-/** Thrown for a ladder configuration that cannot work; the message names the key, the value, the range and the fix. */
-export class CompactionConfigError extends TypeError {
-  constructor(message: string) { super(message); this.name = 'CompactionConfigError' }
-}
-
 /** Each key's kind and range: `ratio` (lo, hi) open/closed as named, `int` a safe integer ≥ min, `bool`. */
-const COMPACTION_CONFIG_RULES: Readonly<Record<keyof CompactionConfig, { kind: 'ratio'; lo: number; hi: number; loOpen: boolean; hiOpen: boolean } | { kind: 'int'; min: number; unit: string } | { kind: 'bool' }>> = {
+const COMPACTION_CONFIG_RULES: Readonly<Record<keyof CompactionConfig, { kind: 'ratio'; lo: number; hi: number;
+  loOpen: boolean; hiOpen: boolean } | { kind: 'int'; min: number; unit: string } | { kind: 'bool' }>> = {
   thresholdRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: true, hiOpen: false },
   retainedTailRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: false, hiOpen: true },
   summaryMaxTokens: { kind: 'int', min: 1, unit: 'tokens' },
@@ -2459,46 +2796,59 @@ const COMPACTION_CONFIG_RULES: Readonly<Record<keyof CompactionConfig, { kind: '
 
 /**
  * Checks a partial ladder configuration and returns the full one (defaults filled in), like
- * {@link resolvePruneConfig}. Throws {@link CompactionConfigError} for a non-object, an unknown key,
+ * {@link resolvePruneConfig}. Throws {@link ConfigError} for a non-object, an unknown key,
  * a value of the wrong type or out of its range (ratios in (0, 1] or [0, 1) as documented, counts
  * non-negative integers, sizes positive integers), and `reliefRatio ≥ thresholdRatio` (clearing
  * would stop above the threshold it is meant to get under).
  */
-export function resolveCompactionConfig(config?: Partial<CompactionConfig>): CompactionConfig {
+function resolveCompactionConfig(config?: Partial<CompactionConfig>): CompactionConfig {
   if (config === undefined) return { ...DEFAULT_COMPACTION_CONFIG }
-  if (typeof config !== 'object' || config === null || Array.isArray(config)) throw new CompactionConfigError(`compaction config must be an object, got ${config === null ? 'null' : Array.isArray(config) ? 'an array' : typeof config}`)
+  if (typeof config !== 'object' || config === null || Array.isArray(config))
+    throw new ConfigError(`compaction config must be an object, `
+      + `got ${config === null ? 'null' : Array.isArray(config) ? 'an array' : typeof config}`)
   const known = Object.keys(COMPACTION_CONFIG_RULES)
   for (const key of Object.keys(config)) {
-    if (!known.includes(key)) throw new CompactionConfigError(`compaction config: unknown key "${key}" (known: ${known.join(', ')})`)
+    if (!known.includes(key))
+      throw new ConfigError(`compaction config: unknown key "${key}" (known: ${known.join(', ')})`)
   }
   const full: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG }
-  for (const [key, value] of Object.entries(config)) if (value !== undefined) (full as unknown as Record<string, unknown>)[key] = value
+  for (const [key, value] of Object.entries(config)) if (value !== undefined) (full as unknown as Record<string,
+    unknown>)[key] = value
   for (const key of known as (keyof CompactionConfig)[]) {
     const rule = COMPACTION_CONFIG_RULES[key]
     const v = full[key] as unknown
     const shown = typeof v === 'string' ? JSON.stringify(v) : String(v)
     if (rule.kind === 'bool') {
-      if (typeof v !== 'boolean') throw new CompactionConfigError(`compaction config: ${key} must be true or false, got ${shown}`)
+      if (typeof v !== 'boolean') throw new ConfigError(`compaction config: ${key} must be true or false, got ${shown}`)
     } else if (rule.kind === 'int') {
-      if (!Number.isSafeInteger(v) || (v as number) < rule.min) throw new CompactionConfigError(`compaction config: ${key} must be an integer ≥ ${rule.min} (${rule.unit}), got ${shown}`)
+      if (!Number.isSafeInteger(v) || (v as number) < rule.min)
+        throw new ConfigError(`compaction config: ${key} must be an integer ≥ ${rule.min} (${rule.unit}), `
+          + `got ${shown}`)
     } else {
       const n = v as number
-      const ok = typeof v === 'number' && (rule.loOpen ? n > rule.lo : n >= rule.lo) && (rule.hiOpen ? n < rule.hi : n <= rule.hi)
-      if (!ok) throw new CompactionConfigError(`compaction config: ${key} must be a number in ${rule.loOpen ? '(' : '['}${rule.lo}, ${rule.hi}${rule.hiOpen ? ')' : ']'} (a share of the context window), got ${shown}`)
+      const ok = typeof v === 'number' && (rule.loOpen ? n > rule.lo : n >= rule.lo) && (rule.hiOpen ? n < rule.hi
+        : n <= rule.hi)
+      if (!ok) throw new ConfigError(`compaction config: ${key} must be a number in `
+        + `${rule.loOpen ? '(' : '['}${rule.lo}, ${rule.hi}${rule.hiOpen ? ')' : ']'} (a share of the context window), `
+        + `got ${shown}`)
     }
   }
   if (full.reliefRatio >= full.thresholdRatio) {
-    throw new CompactionConfigError(`compaction config: reliefRatio (${full.reliefRatio}) must be below thresholdRatio (${full.thresholdRatio}): the clear rung clears down to floor(window × reliefRatio), which must be under the pressure threshold; e.g. reliefRatio ${Math.round(full.thresholdRatio * 75) / 100}`)
+    throw new ConfigError(`compaction config: reliefRatio (${full.reliefRatio}) must be below thresholdRatio `
+      + `(${full.thresholdRatio}): the clear rung clears down to floor(window × reliefRatio), which must be under the `
+      + `pressure threshold; e.g. reliefRatio ${Math.round(full.thresholdRatio * 75) / 100}`)
   }
   return full
 }
 
 /** The one-line preamble in front of a summary checkpoint (docs/design.md §4 "Projection"). */
-export const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the work from it.'
+const CHECKPOINT_PREAMBLE = 'Earlier parts of this session were compacted into the checkpoint below; continue the '
+  + 'work from it.'
 
 /** The instruction that ends every summary request (docs/design.md §5 "Summary transaction"). */
-export const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
-  'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers will be removed.',
+const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
+  'Write a checkpoint of the conversation above so that the work can continue from it alone; the messages it covers '
+    + 'will be removed.',
   'Do not call any tool. Answer with the checkpoint only, under these headings:',
   '1. Request — what the user asked for, in their words where it matters.',
   '2. Key facts — decisions, constraints and findings.',
@@ -2507,7 +2857,8 @@ export const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
   '5. Pending work — what was asked or promised and is not done.',
   '6. Current work — what was being done right before this checkpoint.',
   '7. Next step — the single next action.',
-  'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, merge it in; drop nothing from it that still matters.',
+  'Keep exact paths, commands, identifiers, numbers and error texts verbatim. If an earlier checkpoint is included, '
+    + 'merge it in; drop nothing from it that still matters.',
 ].join('\n')
 
 /**
@@ -2515,7 +2866,7 @@ export const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
  * model's text in `<compacted-summary>`, then the facts `ledger` (when it holds anything) in
  * `<ledger>` (docs/design.md §12).
  */
-export function frameCheckpoint(summary: string, ledger?: Ledger): string {
+function frameCheckpoint(summary: string, ledger?: Ledger): string {
   const framed = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
   return ledger && ledgerEntries(ledger) > 0 ? `${framed}\n${renderLedger(ledger)}` : framed
 }
@@ -2557,15 +2908,16 @@ export interface Ledger {
  * The ledger budget of the facts other than user messages: `min(LEDGER_MAX_TOKENS, floor(window ×
  * LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). The user's messages have a budget of their own.
  */
-export const LEDGER_MAX_TOKENS = 2000
+const LEDGER_MAX_TOKENS = 2000
 /** See {@link LEDGER_MAX_TOKENS}. */
-export const LEDGER_WINDOW_RATIO = 0.05
+const LEDGER_WINDOW_RATIO = 0.05
 /** Longest tool-error line a ledger keeps, in code points (a longer one is cut and marked with `…`). */
-export const LEDGER_ERROR_LINE_CODE_POINTS = 300
+const LEDGER_ERROR_LINE_CODE_POINTS = 300
 
 /** The ledger budget in tokens for a context window in tokens ({@link LEDGER_MAX_TOKENS} when unknown). */
-export function ledgerBudget(contextWindow?: number): number {
-  return contextWindow === undefined ? LEDGER_MAX_TOKENS : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
+function ledgerBudget(contextWindow?: number): number {
+  return contextWindow === undefined ? LEDGER_MAX_TOKENS
+    : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
 }
 
 // The user's own words (docs/design.md §12): every user message of a region is in its checkpoint, within
@@ -2631,15 +2983,18 @@ function fitUserMessages(entries: readonly LedgerText[], budgetTokens: number, t
   return { kept, left }
 }
 
-const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [], trimmed: 0 })
-const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length + l.errors.length + l.userMessages.length
+const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [],
+  trimmed: 0 })
+const ledgerEntries = (l: Ledger) => l.read.length + l.written.length + l.edited.length + l.commands.length
+  + l.errors.length + l.userMessages.length
 
 const PATH_KEY = /^(path|file|file_?path|file_?name|target_?file|notebook_?path)$/i
 const PATHS_KEY = /^(paths|files)$/i
 const COMMAND_KEY = /^(command|cmd|script)$/i
 const EDIT_WORD = /edit|patch|replace|insert|modify/i
 const WRITE_WORD = /write|create|save|append/i
-const EXIT_CODE = /\bexit(?:ed with)?(?:[ _]?(?:code|status))?[:= ]\s*(-?\d+)\b|<returncode>\s*(-?\d+)\s*<\/returncode>/i
+const EXIT_CODE =
+  /\bexit(?:ed with)?(?:[ _]?(?:code|status))?[:= ]\s*(-?\d+)\b|<returncode>\s*(-?\d+)\s*<\/returncode>/i
 const ERROR_WORD = /error|fail|fatal|exception|denied|not found|no such|cannot|can't|invalid|refused|panic|traceback/i
 
 const messageText = (m: Message): string => contentText(m.content, '\n')
@@ -2653,21 +3008,25 @@ function callFacts(call: ToolCallBlock): { kind: 'read' | 'written' | 'edited'; 
   if (typeof args === 'object' && args !== null && !Array.isArray(args)) {
     for (const [key, value] of Object.entries(args)) {
       if (PATH_KEY.test(key) && typeof value === 'string' && value !== '') paths.push(value)
-      else if (PATHS_KEY.test(key) && Array.isArray(value)) for (const v of value) { if (typeof v === 'string' && v !== '') paths.push(v) }
+      else if (PATHS_KEY.test(key) && Array.isArray(value)) for (const v of value) { if (typeof v === 'string'
+        && v !== '') paths.push(v) }
       else if (COMMAND_KEY.test(key)) {
-        const text = typeof value === 'string' ? value : Array.isArray(value) && value.every((v) => typeof v === 'string') ? value.join(' ') : undefined
+        const text = typeof value === 'string' ? value
+          : Array.isArray(value) && value.every((v) => typeof v === 'string') ? value.join(' ') : undefined
         if (text && text.trim() !== '') command = text
       }
     }
   }
-  // A one-word `command` beside a path is a sub-command of a file tool (view, create, str_replace), not a shell command.
+  // A one-word `command` beside a path is a sub-command of a file tool (view, create, str_replace), not a shell
+  // command.
   const sub = command !== undefined && paths.length > 0 && /^\w+$/.test(command) ? command : undefined
   if (sub !== undefined) command = undefined
   const verb = sub ?? call.name
   return { kind: EDIT_WORD.test(verb) ? 'edited' : WRITE_WORD.test(verb) ? 'written' : 'read', paths, command }
 }
 
-/** The first line of an error text that reads as an error and is not an echoed command (else the first non-empty line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
+/** The first line of an error text that reads as an error and is not an echoed command (else the first non-empty
+ *  line), cut to {@link LEDGER_ERROR_LINE_CODE_POINTS}. */
 function errorLine(text: string): string | undefined {
   const lines = text.split(/\r\n|\r|\n/).map((l) => l.trim()).filter((l) => l !== '')
   // An echoed command (`> node -e …` from npm, `$ cmd`, `+ cmd` from sh -x) quotes the error it prints: skip it.
@@ -2718,12 +3077,15 @@ function addText(list: LedgerText[], text: string, seq: number, count = 1): void
 }
 function addCommand(list: LedgerCommand[], c: Omit<LedgerCommand, 'count'> & { count?: number }): void {
   const entry = list.find((e) => e.command === c.command && e.exitCode === c.exitCode && e.failed === c.failed)
-  if (entry) { entry.count += c.count ?? 1; entry.seq = Math.max(entry.seq, c.seq) } else list.push({ command: c.command, exitCode: c.exitCode, failed: c.failed, count: c.count ?? 1, seq: c.seq })
+  if (entry) { entry.count += c.count ?? 1;
+    entry.seq = Math.max(entry.seq, c.seq) } else list.push({ command: c.command, exitCode: c.exitCode,
+    failed: c.failed, count: c.count ?? 1, seq: c.seq })
 }
 
 /** Merges `from` (an earlier ledger) into `into`: entries deduplicated, counts added. */
 function mergeLedger(into: Ledger, from: Ledger): void {
-  for (const k of ['read', 'written', 'edited'] as const) for (const e of from[k] ?? []) addPath(into[k], e.path, e.seq, e.count)
+  for (const k of ['read', 'written', 'edited'] as const) for (const e of from[k] ?? []) addPath(into[k], e.path,
+    e.seq, e.count)
   for (const e of from.commands ?? []) addCommand(into.commands, e)
   for (const e of from.errors ?? []) addText(into.errors, e.text, e.seq, e.count)
   for (const e of from.userMessages ?? []) addText(into.userMessages, e.text, e.seq, e.count)
@@ -2736,18 +3098,22 @@ function mergeLedger(into: Ledger, from: Ledger): void {
  * merged in.
  * No budget applied (see {@link trimLedger}).
  */
-export async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Promise<Ledger> {
+async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Promise<Ledger> {
   const ledger = emptyLedger()
   const results = new Map<string, { seq: number; message: ToolResultMessage }>()
   const originals: Array<{ seq: number; message: Message } | Ledger | undefined> = []
-  for (const n of nodes) originals.push(isCheckpoint(n) ? await checkpointLedger(session, n.seq) : await originalEvent(session, n.seq))
-  for (const o of originals) if (o && 'message' in o && o.message.role === 'tool') results.set(o.message.toolCallId, o as { seq: number; message: ToolResultMessage })
+  for (const n of nodes) originals.push(isCheckpoint(n) ? await checkpointLedger(session, n.seq)
+    : await originalEvent(session, n.seq))
+  for (const o of originals) if (o && 'message' in o && o.message.role === 'tool') results.set(o.message.toolCallId,
+    o as { seq: number; message: ToolResultMessage })
   for (const o of originals) {
     if (!o) continue
     if (!('message' in o)) { mergeLedger(ledger, o); continue }
     const m = o.message
-    if (m.role === 'user') { const text = messageText(m); if (text.trim() !== '') addText(ledger.userMessages, text, o.seq) }
-    else if (m.role === 'tool') { if (m.isError) { const line = errorLine(messageText(m)); if (line) addText(ledger.errors, line, o.seq) } }
+    if (m.role === 'user') { const text = messageText(m); if (text.trim() !== '') addText(ledger.userMessages,
+      text, o.seq) }
+    else if (m.role === 'tool') { if (m.isError) { const line = errorLine(messageText(m));
+      if (line) addText(ledger.errors, line, o.seq) } }
     else for (const call of toolCalls(m)) {
       const result = results.get(call.id)
       const facts = callFacts(call)
@@ -2756,7 +3122,8 @@ export async function regionLedger(session: Session, nodes: readonly SurfaceNode
       if (!failed) for (const p of facts.paths) addPath(ledger[facts.kind], p, seq)
       if (facts.command !== undefined) {
         const meta = (result?.message.metadata ?? {}) as Record<string, unknown>
-        const stated = typeof meta.exitCode === 'number' ? meta.exitCode : typeof meta.exit_code === 'number' ? meta.exit_code : undefined
+        const stated = typeof meta.exitCode === 'number' ? meta.exitCode : typeof meta.exit_code === 'number'
+          ? meta.exit_code : undefined
         const match = stated === undefined && result ? EXIT_CODE.exec(messageText(result.message).slice(0, 500)) : null
         const exitCode = stated ?? (match ? Number(match[1] ?? match[2]) : undefined)
         addCommand(ledger.commands, { command: facts.command, exitCode, failed, seq })
@@ -2774,25 +3141,29 @@ const LEDGER_HEADINGS = {
 } as const
 type LedgerList = keyof typeof LEDGER_HEADINGS
 const LEDGER_ORDER: readonly LedgerList[] = ['read', 'written', 'edited', 'commands', 'errors', 'userMessages']
-const trimmedLine = (n: number) => `(${n} older ledger entries left out to fit the ledger budget; the session log keeps them)`
+const trimmedLine =
+  (n: number) => `(${n} older ledger entries left out to fit the ledger budget; the session log keeps them)`
 const times = (n: number) => (n > 1 ? ` (${n}×)` : '')
 
-/** One entry as the ledger prints it (`- ` lines; user messages between `<user-message>` tags, so multi-line text stays verbatim). */
+/** One entry as the ledger prints it (`- ` lines; user messages between `<user-message>` tags, so multi-line text
+ *  stays verbatim). */
 function ledgerLine(list: LedgerList, e: LedgerPath | LedgerCommand | LedgerText): string {
   if (list === 'userMessages') return `<user-message>\n${(e as LedgerText).text}\n</user-message>`
   if (list === 'errors') return `- ${(e as LedgerText).text}${times(e.count)}`
   if (list === 'commands') {
     const c = e as LedgerCommand
-    return `- ${c.command} → ${c.exitCode !== undefined ? `exit ${c.exitCode}` : c.failed ? 'failed' : 'ok'}${times(c.count)}`
+    return `- ${c.command} → `
+      + `${c.exitCode !== undefined ? `exit ${c.exitCode}` : c.failed ? 'failed' : 'ok'}${times(c.count)}`
   }
   return `- ${(e as LedgerPath).path}${times(e.count)}`
 }
 
 /** The `<ledger>` block of a checkpoint: lists oldest first, user messages newest first. */
-export function renderLedger(ledger: Ledger): string {
+function renderLedger(ledger: Ledger): string {
   const lines = [LEDGER_OPEN]
   for (const list of LEDGER_ORDER) {
-    const entries = [...(ledger[list] as Array<LedgerPath | LedgerText>)].sort((a, b) => (list === 'userMessages' ? b.seq - a.seq : a.seq - b.seq))
+    const entries = [...(ledger[list] as Array<LedgerPath | LedgerText>)].sort((a, b) => (list === 'userMessages'
+      ? b.seq - a.seq : a.seq - b.seq))
     if (entries.length === 0) continue
     lines.push(LEDGER_HEADINGS[list])
     for (const e of entries) lines.push(ledgerLine(list, e))
@@ -2808,7 +3179,7 @@ export function renderLedger(ledger: Ledger): string {
  * budget (a long script) after all the others; the rest are left out and counted in `trimmed`. Entries are
  * whole: nothing is kept half. The user messages are kept as they are (a budget of their own, docs/design.md §12).
  */
-export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
+function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
   const lists = LEDGER_ORDER.filter((l) => l !== 'userMessages')
   const all = lists.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>)
     .map((entry) => ({ list, entry, units: ledgerLine(list, entry).length })))
@@ -2836,7 +3207,8 @@ export function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
  * 10%, and never more than half the region's `regionTokens`, so that a checkpoint can save room). Budgets
  * are tokens of the window, divided by `rate` (the calibration) for the §2 heuristic.
  */
-function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate: number, regionTokens: number, taskSeq?: number): Ledger {
+function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate: number, regionTokens: number,
+  taskSeq?: number): Ledger {
   const ledger = trimLedger(full, Math.floor(ledgerBudget(contextWindow) / rate))
   const window = contextWindow ?? USER_MESSAGES_DEFAULT_WINDOW
   const share = (ratio: number) => Math.min(Math.floor((window * ratio) / rate), Math.floor(regionTokens / 2))
@@ -2855,13 +3227,16 @@ export interface FidelityShare { total: number; inCheckpoint: number; inSummary:
  * in the framed checkpoint (summary + ledger), and in the model's summary alone; a user message cut to
  * head + tail with its recall key counts as in the checkpoint, and is counted in `pruned`.
  */
-export interface Fidelity { paths: FidelityShare; commands: FidelityShare; errors: FidelityShare; userMessages: FidelityShare }
+export interface Fidelity { paths: FidelityShare; commands: FidelityShare; errors: FidelityShare;
+  userMessages: FidelityShare }
 
-/** Measures {@link Fidelity}: `ledger` is the region's full ledger, `checkpoint` the framed text, `summary` the model's text. */
-export function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): Fidelity {
+/** Measures {@link Fidelity}: `ledger` is the region's full ledger, `checkpoint` the framed text, `summary` the
+ *  model's text. */
+function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): Fidelity {
   const share = (items: readonly string[]): FidelityShare => {
     const unique = [...new Set(items)]
-    return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length, inSummary: unique.filter((t) => summary.includes(t)).length }
+    return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length,
+      inSummary: unique.filter((t) => summary.includes(t)).length }
   }
   // A user message cut to head + tail counts as kept when its marker's recall key is in the checkpoint.
   const users = (entries: readonly LedgerText[]): FidelityShare => {
@@ -2900,7 +3275,8 @@ export interface CompactionHost {
    * Called before each summary transaction starts (the Agent runs its `compaction/before` hooks):
    * may add a focus (joined to the one asked for) or cancel this compaction.
    */
-  beforeCompaction?(info: CompactionInfo, signal?: AbortSignal): CompactionVerdict | void | Promise<CompactionVerdict | void>
+  beforeCompaction?(info: CompactionInfo, signal?: AbortSignal): CompactionVerdict | void
+    | Promise<CompactionVerdict | void>
   /** Called after a checkpoint was committed (the Agent runs its `compaction/after` hooks). */
   afterCompaction?(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): void | Promise<void>
   /** Reports a ladder warning (also logged as `compaction/warning`). */
@@ -2910,11 +3286,14 @@ export interface CompactionHost {
 }
 
 /** A summary transaction about to start: its id, trigger, focus so far and region (seqs, tokens). */
-export interface CompactionInfo { id: string; trigger: string; focus?: string; shadowedSeqs: number[]; regionTokens: number }
+export interface CompactionInfo { id: string; trigger: string; focus?: string; shadowedSeqs: number[];
+  regionTokens: number }
 /** What a `compaction/before` hook may answer: a focus to add, or `cancel` (true or a reason). */
 export interface CompactionVerdict { focus?: string; cancel?: boolean | string }
-/** A committed checkpoint: the seq of its `user/message`, its framed text and price (tokens), the model's summary, ledger and fidelity. */
-export interface CheckpointInfo { seq: number; text: string; tokens: number; summary: string; ledger: Ledger; fidelity: Fidelity }
+/** A committed checkpoint: the seq of its `user/message`, its framed text and price (tokens), the model's summary,
+ *  ledger and fidelity. */
+export interface CheckpointInfo { seq: number; text: string; tokens: number; summary: string; ledger: Ledger;
+  fidelity: Fidelity }
 
 /** The result of one ladder run. Token figures are measured totals, in tokens. */
 export interface CompactionOutcome {
@@ -2937,50 +3316,106 @@ export interface CompactionOutcome {
 function unseenResults(session: Session): Set<number> {
   const nodes = session.surface()
   const unseen = new Set<number>()
-  for (let i = nodes.length - 1; i >= 0 && nodes[i].message.role !== 'assistant'; i--) if (nodes[i].message.role === 'tool') unseen.add(nodes[i].seq)
+  for (let i = nodes.length - 1; i >= 0 && nodes[i].message.role !== 'assistant';
+    i--) if (nodes[i].message.role === 'tool') unseen.add(nodes[i].seq)
   return unseen
 }
 
-/** Smallest heuristic price of a message holding more than `thresholdChars` code points (≥ that many UTF-16 units). */
+/** Smallest heuristic price of a message holding more than `thresholdChars` code points (≥ that many UTF-16 units).
+ *  */
 const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdChars / UNITS_PER_TOKEN)
+
+// ── 5.1 The rungs as planning (docs/design.md §14) ───────────────────
+// A rung is a function from the ladder's view of the session to the edits it would log; the
+// ladder's `apply` is the one place that logs them, through the session (the one writer).
+
+/** One edit a rung would log: prune the message at `seq`, or clear the tool result at `seq` to `placeholder`. */
+type LadderOp = { op: 'prune'; seq: number } | { op: 'clear'; seq: number; placeholder: string }
+
+/**
+ * A batch of a rung's edits, applied in order. With `onlyIfAtLeast` the batch is skipped when the
+ * next request is below that size by then; `stopAtOrBelow` stops it once the next request is that small.
+ */
+interface LadderBatch { ops: LadderOp[]; onlyIfAtLeast?: number; stopAtOrBelow?: number }
+
+/** What a rung reads: the session, the configuration, the window and the size of the next request. */
+interface LadderView {
+  readonly session: Session
+  readonly prune: PruneConfig
+  readonly compaction: CompactionConfig
+  /** Context window, tokens; undefined when unknown. */
+  readonly window?: number
+  /** The threshold of this ladder run, tokens. */
+  readonly threshold: number
+  /** Under overflow the newest step's results are pruned with the rest, unconditionally. */
+  readonly includeNewest: boolean
+  /** How large the task may be and stay whole on the surface, heuristic tokens (docs/design.md §12). */
+  readonly taskTokens: number
+  /** Whether results of the tool `name` may be cleared. */
+  clearable(name: string): boolean
+  /** The size of the next request, tokens (the envelope it will carry included). */
+  nextRequestTokens(): number
+}
+
+/** A rung: the batches of edits it would log for the view as it is now. */
+type Rung = (view: LadderView) => LadderBatch[]
 
 /**
  * Prunes tool results over the threshold (docs/design.md §3 recency rule): first those the model has
- * seen; the newest step's results only when `includeNewest` or when pruning the older ones did not
- * bring the total (`measureTokens()`, by default the session's measured total) under
- * `thresholdTokens`. Returns tokens reclaimed.
+ * seen; the newest step's results only under overflow, or when pruning the older ones did not bring
+ * the next request under the threshold.
  */
-export function pruneSurface(session: Session, config: PruneConfig, trigger: string, thresholdTokens: number, includeNewest: boolean, measureTokens = () => session.measure().totalTokens): number {
+const pruneResultsRung: Rung = (v) => {
+  const { session } = v
   const unseen = unseenResults(session)
-  const candidates = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= minPrunableTokens(config) && !session.isPinned(n.seq)).map((n) => n.seq)
-  let reclaimed = 0
-  for (const seq of candidates) if (!unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
-  if (includeNewest || measureTokens() >= thresholdTokens) {
-    for (const seq of candidates) if (unseen.has(seq)) reclaimed += session.pruneToolResult(seq, config, trigger)
-  }
-  return reclaimed
+  const seqs = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= minPrunableTokens(v.prune)
+    && !session.pins.has(n.seq)).map((n) => n.seq)
+  const prune = (seq: number): LadderOp => ({ op: 'prune', seq })
+  return [
+    { ops: seqs.filter((seq) => !unseen.has(seq)).map(prune) },
+    { ops: seqs.filter((seq) => unseen.has(seq)).map(prune), onlyIfAtLeast: v.includeNewest ? undefined : v.threshold },
+  ]
 }
 
 /**
  * Prunes oversized non-tool messages (docs/design.md §10): every assistant message and every user
- * message except the current turn's input, pinned messages and summary checkpoints whose text, reasoning or
- * tool-call arguments exceed the prune threshold (code points). The session's first user message (the task),
- * while it heads the surface, is kept whole up to `taskTokens` (docs/design.md §12). Returns tokens reclaimed.
+ * message except the current turn's input, pinned messages and summary checkpoints whose text,
+ * reasoning or tool-call arguments exceed the prune threshold (code points). The session's first user
+ * message (the task), while it heads the surface, is kept whole up to `taskTokens` (docs/design.md §12).
  */
-export function pruneMessages(session: Session, config: PruneConfig, trigger: string, taskTokens = 0): number {
-  const input = session.currentInput
+const pruneMessagesRung: Rung = (v) => {
+  const { session } = v
+  const input = stateOf(session).input
   // The surface head is the session's first message until a checkpoint replaces it (regions start at the head).
   const head = session.surface()[0]
-  const task = head?.message.role === 'user' && !isCheckpoint(head) && head.tokens <= taskTokens ? head.seq : input
-  const candidates = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && n.seq !== task
-    && !isCheckpoint(n) && !session.isPinned(n.seq) && n.tokens >= minPrunableTokens(config)).map((n) => n.seq)
-  let reclaimed = 0
-  for (const seq of candidates) reclaimed += session.pruneMessage(seq, config, trigger)
-  return reclaimed
+  const task = head?.message.role === 'user' && !isCheckpoint(head) && head.tokens <= v.taskTokens ? head.seq : input
+  const seqs = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && n.seq !== task
+    && !isCheckpoint(n) && !session.pins.has(n.seq) && n.tokens >= minPrunableTokens(v.prune)).map((n) => n.seq)
+  return [{ ops: seqs.map((seq): LadderOp => ({ op: 'prune', seq })) }]
+}
+
+/**
+ * The clear rung (docs/design.md §10): the oldest clearable tool results outside the protected recent
+ * budget become placeholders, in one batch, down to `floor(window × reliefRatio)` tokens. Unless
+ * `clearBeforeSummary`, nothing when clearing every candidate would still leave the next request at
+ * or above the threshold.
+ */
+const clearRung: Rung = (v) => {
+  const cfg = v.compaction
+  if (!cfg.clear || v.window === undefined) return []
+  // The protected budget is measured tokens of the window; node prices are heuristic tokens.
+  const rate = v.session.measure().calibration
+  const candidates = clearCandidates(v.session, Math.floor((v.window * cfg.protectedRatio) / rate), v.clearable)
+  if (!cfg.clearBeforeSummary) {
+    const saved = candidates.reduce((t, c) => t + c.savedTokens, 0) * rate
+    if (v.nextRequestTokens() - saved >= v.threshold) return []
+  }
+  const ops = candidates.map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
+  return [{ ops, stopAtOrBelow: Math.floor(v.window * cfg.reliefRatio) }]
 }
 
 /** The fixed start of every cleared tool result's placeholder (docs/design.md §10). */
-export const CLEARED_RESULT_PREFIX = '[dsh cleared this tool result to save context]'
+const CLEARED_RESULT_PREFIX = '[dsh cleared this tool result to save context]'
 /** Tool-call arguments in a placeholder are cut to this many code points. */
 const PLACEHOLDER_ARGUMENT_CODE_POINTS = 200
 
@@ -2995,12 +3430,14 @@ function headCodePoints(text: string, max: number): string {
  * its arguments (whitespace folded, cut to 200 code points), the original's price in tokens and
  * the `recall` call that returns it.
  */
-export function clearedPlaceholder(toolName: string, args: string, originalTokens: number, key: string): string {
+function clearedPlaceholder(toolName: string, args: string, originalTokens: number, key: string): string {
   const shown = headCodePoints(args.replace(/\s+/g, ' ').trim(), PLACEHOLDER_ARGUMENT_CODE_POINTS)
-  return `${CLEARED_RESULT_PREFIX} ${toolName} ${shown || '{}'} → ${originalTokens} tokens; ${RECALL_TOOL_NAME} {"key":${JSON.stringify(key)}} returns it.`
+  return `${CLEARED_RESULT_PREFIX} ${toolName} ${shown || '{}'} → ${originalTokens} tokens; ${RECALL_TOOL_NAME} `
+    + `{"key":${JSON.stringify(key)}} returns it.`
 }
 
-const isCleared = (m: Message) => m.role === 'tool' && m.content.length === 1 && m.content[0].type === 'text' && (m.content[0] as TextBlock).text.startsWith(CLEARED_RESULT_PREFIX)
+const isCleared = (m: Message) => m.role === 'tool' && m.content.length === 1 && m.content[0].type === 'text'
+  && (m.content[0] as TextBlock).text.startsWith(CLEARED_RESULT_PREFIX)
 
 /** One tool result the clear rung may replace, oldest first; `savedTokens` by the §2 estimate. */
 interface ClearCandidate { seq: number; placeholder: string; savedTokens: number }
@@ -3011,19 +3448,22 @@ interface ClearCandidate { seq: number; placeholder: string; savedTokens: number
  * oldest first, skipping tools that are not clearable, pinned results, results already cleared and results whose
  * placeholder would not be smaller.
  */
-function clearCandidates(session: Session, protectedTokens: number, clearable: (name: string) => boolean): ClearCandidate[] {
+function clearCandidates(session: Session, protectedTokens: number,
+  clearable: (name: string) => boolean): ClearCandidate[] {
   const nodes = session.surface()
   const keep = unseenResults(session)
   let kept = 0
-  for (let i = nodes.length - 1; i >= 0 && kept < protectedTokens; i--) if (nodes[i].message.role === 'tool') { keep.add(nodes[i].seq); kept += nodes[i].tokens }
+  for (let i = nodes.length - 1; i >= 0 && kept < protectedTokens;
+    i--) if (nodes[i].message.role === 'tool') { keep.add(nodes[i].seq); kept += nodes[i].tokens }
   const out: ClearCandidate[] = []
   for (const n of nodes) {
     const m = n.message
-    if (m.role !== 'tool' || keep.has(n.seq) || isCleared(m) || session.isPinned(n.seq)) continue
-    const call = session.toolCall(m.toolCallId)
+    if (m.role !== 'tool' || keep.has(n.seq) || isCleared(m) || session.pins.has(n.seq)) continue
+    const call = surfaceToolCall(session, m.toolCallId)
     const name = call?.name ?? 'tool'
     if (!clearable(name)) continue
-    const placeholder = clearedPlaceholder(name, call?.arguments ?? '', session.originalTokens(n.seq), m.toolCallId)
+    const placeholder = clearedPlaceholder(name, call?.arguments ?? '', session.recall.originalTokens(n.seq),
+      m.toolCallId)
     const savedTokens = n.tokens - estimateMessageTokens({ ...m, content: [{ type: 'text', text: placeholder }] })
     if (savedTokens > 0) out.push({ seq: n.seq, placeholder, savedTokens })
   }
@@ -3043,7 +3483,8 @@ export interface Region { start: number; end: number; tokens: number }
  * head is merged into the next), else the last run (the current turn's older steps). Returns
  * undefined when no safe region of at least two nodes (or one non-checkpoint node) exists.
  */
-export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>, minTokens = 0): Region | undefined {
+function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>,
+  minTokens = 0): Region | undefined {
   let cut = nodes.length
   let kept = 0
   while (cut > 0 && kept < retainedTokens) kept += nodes[--cut].tokens
@@ -3055,11 +3496,14 @@ export function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: numb
     if (run) runs.push(run)
     start = i + 1
   }
-  const fresh = (r: Region) => { let t = 0; for (let i = r.start; i < r.end; i++) if (!isCheckpoint(nodes[i])) t += nodes[i].tokens; return t }
+  const fresh =
+    (r: Region) => { let t = 0;
+    for (let i = r.start; i < r.end; i++) if (!isCheckpoint(nodes[i])) t += nodes[i].tokens; return t }
   return runs.find((r) => fresh(r) >= minTokens) ?? runs.at(-1)
 }
 
-const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
+const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string'
+  && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
 
 /**
  * Shrinks `[start, cut)` until it is tool-balanced by id: the cut moves toward the head while a
@@ -3070,7 +3514,9 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
   const callAt = new Map<string, number>()
   const resultAt = new Map<string, number>()
   nodes.forEach((n, i) => {
-    if (n.message.role === 'assistant') { for (const b of n.message.content) if (b.type === 'tool-call') callAt.set((b as ToolCallBlock).id, i) }
+    if (n.message.role === 'assistant') {
+      for (const b of n.message.content) if (b.type === 'tool-call') callAt.set((b as ToolCallBlock).id, i)
+    }
     else if (n.message.role === 'tool') resultAt.set(n.message.toolCallId, i)
   })
   for (let changed = true; changed && start < cut;) {
@@ -3081,7 +3527,8 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
         if ((callAt.get(m.toolCallId) ?? -1) < start) { start = i + 1; changed = true }
       } else if (m.role === 'assistant') {
         for (const b of m.content) {
-          if (b.type === 'tool-call' && (resultAt.get((b as ToolCallBlock).id) ?? Infinity) >= cut) { cut = i; changed = true; break }
+          if (b.type === 'tool-call' && (resultAt.get((b as ToolCallBlock).id) ?? Infinity) >= cut) { cut = i;
+            changed = true; break }
         }
       }
     }
@@ -3094,13 +3541,14 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
 
 /** Seqs region selection keeps out of every summary: the session's pins and the current turn's input. */
 function keptOutOfSummary(session: Session): number[] {
-  const seqs = session.pinnedSeqs()
-  if (session.currentInput !== undefined) seqs.push(session.currentInput)
+  const seqs = session.pins.seqs()
+  const input = stateOf(session).input
+  if (input !== undefined) seqs.push(input)
   return seqs
 }
 
 /** Thrown inside a compaction transaction; logged as `compaction/end {error}`. */
-export class CompactionError extends Error {
+class CompactionError extends Error {
   constructor(message: string) { super(message); this.name = 'CompactionError' }
 }
 
@@ -3143,12 +3591,16 @@ function cutToUnits(text: string, maxUnits: number): string {
 function shrinkMessage(m: Message, tokens: number): Message {
   const blocks: Block[] = typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : m.content
   let units = 0
-  for (const b of blocks) units += b.type === 'tool-call' ? (b as ToolCallBlock).arguments.length + (b as ToolCallBlock).name.length : b.type === 'text' || b.type === 'reasoning' ? (b as TextBlock).text.length : 0
-  const placeholders = blocks.filter((b) => b.type !== 'text' && b.type !== 'reasoning' && b.type !== 'tool-call').length * 8
+  for (const b of blocks) units += b.type === 'tool-call' ? (b as ToolCallBlock).arguments.length
+    + (b as ToolCallBlock).name.length : b.type === 'text' || b.type === 'reasoning' ? (b as TextBlock).text.length : 0
+  const placeholders = blocks.filter((b) => b.type !== 'text' && b.type !== 'reasoning'
+    && b.type !== 'tool-call').length * 8
   const keepUnits = Math.max(0, (tokens - MESSAGE_OVERHEAD_TOKENS - placeholders) * UNITS_PER_TOKEN)
   const ratio = units > 0 ? Math.min(1, keepUnits / units) : 1
   const out = blocks.map((b): Block => {
-    if (b.type === 'text' || b.type === 'reasoning') return { ...b, text: cutToUnits((b as TextBlock).text, Math.floor((b as TextBlock).text.length * ratio)) } as Block
+    if (b.type === 'text' || b.type === 'reasoning')
+      return { ...b, text: cutToUnits((b as TextBlock).text,
+        Math.floor((b as TextBlock).text.length * ratio)) } as Block
     if (b.type === 'tool-call') {
       const c = b as ToolCallBlock
       const max = Math.floor(c.arguments.length * ratio)
@@ -3158,7 +3610,8 @@ function shrinkMessage(m: Message, tokens: number): Message {
     }
     return { type: 'text', text: `[${b.type} omitted]` }
   })
-  return (typeof m.content === 'string' ? { ...m, content: (out[0] as TextBlock).text } : { ...m, content: out }) as Message
+  return (typeof m.content === 'string' ? { ...m, content: (out[0] as TextBlock).text }
+    : { ...m, content: out }) as Message
 }
 
 /** How many fingerprints of overflowed summary requests a session remembers (in memory, not logged). */
@@ -3192,13 +3645,14 @@ const REPLAN_SHRINK = 0.7
  * prefix) unless they would take more than this share of the summarizer's window at the current
  * calibration; then it carries the system prompt only (docs/design.md §10).
  */
-export const SUMMARY_TOOLS_MAX_RATIO = 0.1
+const SUMMARY_TOOLS_MAX_RATIO = 0.1
 
 /**
  * The completion budget of a summary request (docs/design.md §10): `min(summaryMaxTokens,
  * max(512, floor(regionTokens / 2)))`, then at most `roomTokens` (the window minus the request).
  */
-export function summaryMaxTokens(regionTokens: number, config: Pick<CompactionConfig, 'summaryMaxTokens'>, roomTokens = Infinity): number {
+function summaryMaxTokens(regionTokens: number, config: Pick<CompactionConfig, 'summaryMaxTokens'>,
+  roomTokens = Infinity): number {
   return Math.max(1, Math.min(config.summaryMaxTokens, Math.max(512, Math.floor(regionTokens / 2)), roomTokens))
 }
 
@@ -3206,9 +3660,10 @@ export function summaryMaxTokens(regionTokens: number, config: Pick<CompactionCo
  * The instruction that ends a summary request: `instruction` (default {@link SUMMARY_INSTRUCTION}),
  * then, when a focus is given, a paragraph asking to give it the most detail.
  */
-export function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: string): string {
+function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: string): string {
   return focus === undefined || focus.trim() === '' ? instruction
-    : `${instruction}\n\nFocus of this checkpoint, as asked for: ${focus.trim()}\nGive it the most detail; keep everything else that still matters.`
+    : `${instruction}\n\nFocus of this checkpoint, as asked for: ${focus.trim()}\nGive it the most detail; `
+      + `keep everything else that still matters.`
 }
 
 /**
@@ -3227,127 +3682,210 @@ export function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?
  * are logged as calibration samples (`ladder/state`).
  * @throws {CompactionError} when nothing fits; the provider's error when it is not an overflow.
  */
-export async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal, focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
-  const provider = host.summarizer
-  const session = host.session
-  let window = provider.contextWindow ?? host.contextWindow ?? Infinity
-  const sameModel = provider.model === (session.header?.model ?? provider.model)
-  let rate = sameModel ? session.measure().calibration : 1
-  // Tokens the server counts beyond the priced content (a replayed harness's hidden prompt, docs/design.md §15).
-  const offset = sameModel ? session.measure().calibrationOffsetTokens : 0
-  const fullEnvelope = host.envelope
-  const toolsTokens = fullEnvelope.tools?.length ? estimateEnvelopeTokens({ tools: fullEnvelope.tools }) : 0
-  /** The next request's envelope: the conversation's, without its tool specs once they crowd the window at the current rate. */
-  const envelope = (): Envelope => (toolsTokens > 0 && toolsTokens * rate > window * SUMMARY_TOOLS_MAX_RATIO ? { system: fullEnvelope.system } : fullEnvelope)
-  const instruction: UserMessage = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
-  const fixed = () => estimateEnvelopeTokens(envelope()) + estimateMessageTokens(instruction)
-  const reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(window * 0.1))
-  // What a request's input may cost by the §2 estimate (heuristic tokens).
-  let inputBudget = Math.floor((window - reserve - offset) / rate)
-  const prior = (s: string): UserMessage => ({ role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` })
-  let summary = ''
-  let requests = 0
-  const usage: Usage = { promptTokens: 0, completionTokens: 0 }
-  // Summary requests of this session that overflowed, kept across summarise() calls: a ladder's next
-  // attempt (or the overflow rung after the pressure one) re-plans from a new calibration and can
-  // arrive at the very request that was just refused.
-  const failed = overflowedSummaryRequests(session)
-  const sample = (providerTokens: number, heuristicTokens: number) => {
-    if (sameModel) session.append('ladder/state', { sample: { providerTokens, heuristicTokens, source: 'summary' } })
+async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal,
+  focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
+  return await new SummaryJob(host, messages, focus).run(signal)
+}
+
+/** One run of {@link summarise}: its window, calibration and budget as they are learned, and its progress. */
+class SummaryJob {
+  private readonly provider: Provider
+  private readonly session: Session
+  private window: number
+  private readonly sameModel: boolean
+  private rate: number
+  /** Tokens the server counts beyond the priced content (a replayed harness's hidden prompt, docs/design.md §15). */
+  private readonly offset: number
+  /** The conversation's envelope as the job started (the host's may change as calibration samples arrive). */
+  private readonly fullEnvelope: Envelope
+  private readonly toolsTokens: number
+  private readonly instruction: UserMessage
+  private readonly reserve: number
+  /** What a request's input may cost by the §2 estimate (heuristic tokens); the output is reserved already. */
+  private inputBudget: number
+  private summary = ''
+  /** Summary requests sent (answered or not). */
+  requests = 0
+  private readonly usage: Usage = { promptTokens: 0, completionTokens: 0 }
+  private readonly groups: Message[][]
+  /**
+   * Summary requests of this session that overflowed, kept across summarise() calls: a ladder's next
+   * attempt (or the overflow rung after the pressure one) re-plans from a new calibration and can
+   * arrive at the very request that was just refused.
+   */
+  private readonly failed: Set<number>
+
+  constructor(private readonly host: CompactionHost, messages: readonly Message[], focus?: string) {
+    this.provider = host.summarizer
+    this.session = host.session
+    const m = this.session.measure()
+    this.window = this.provider.contextWindow ?? host.contextWindow ?? Infinity
+    this.sameModel = this.provider.model === (m.header?.model ?? this.provider.model)
+    this.rate = this.sameModel ? m.calibration : 1
+    this.offset = this.sameModel ? m.calibrationOffsetTokens : 0
+    this.fullEnvelope = host.envelope
+    const tools = this.fullEnvelope.tools
+    this.toolsTokens = tools?.length ? estimateEnvelopeTokens({ tools }) : 0
+    this.instruction = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
+    this.reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(this.window * 0.1))
+    this.inputBudget = Math.floor((this.window - this.reserve - this.offset) / this.rate)
+    this.failed = overflowedSummaryRequests(this.session)
+    this.groups = balancedGroups(messages)
   }
 
-  const groups = balancedGroups(messages)
-  // The output is reserved in inputBudget already; a running summary costs what it costs.
-  const budget = () => inputBudget - fixed() - (summary ? estimateMessageTokens(prior(summary)) : 0)
+  /** The next request's envelope: the conversation's, without its tool specs once they crowd the window. */
+  private envelope(): Envelope {
+    const full = this.fullEnvelope
+    const crowded = this.toolsTokens > 0 && this.toolsTokens * this.rate > this.window * SUMMARY_TOOLS_MAX_RATIO
+    return crowded ? { system: full.system } : full
+  }
+  private fixed(): number { return estimateEnvelopeTokens(this.envelope()) + estimateMessageTokens(this.instruction) }
+  private prior(s: string): UserMessage {
+    return { role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` }
+  }
+  /** The room left for a chunk: the budget minus the envelope, instruction and running summary. */
+  private budget(): number {
+    return this.inputBudget - this.fixed() - (this.summary ? estimateMessageTokens(this.prior(this.summary)) : 0)
+  }
+  private sample(providerTokens: number, heuristicTokens: number): void {
+    if (this.sameModel) this.session.append('ladder/state',
+      { sample: { providerTokens, heuristicTokens, source: 'summary' } })
+  }
+  private windowNote(): string {
+    return `the summarizer's window (${this.window} `
+      + `tokens${this.rate === 1 ? '' : `, × ${this.rate.toFixed(2)} calibration`})`
+  }
+
+  /** Sends requests chunk by chunk, each merged into the running summary, re-planning after an overflow. */
+  async run(signal?: AbortSignal): Promise<{ summary: string; usage?: Usage; requests: number }> {
+    for (let next = 0, replans = 0; ;) {
+      const { chunk, to } = this.plan(next)
+      const answer = await this.request(chunk, signal, replans)
+      if (answer === undefined) { replans++; continue }
+      this.summary = answer
+      next = to
+      if (next >= this.groups.length) break
+    }
+    return { summary: this.summary, usage: this.usage, requests: this.requests }
+  }
+
   /** The next chunk from `groups[from]` within the budget; oversized groups are shortened for this request only. */
-  const plan = (from: number): { chunk: Message[]; to: number } => {
+  private plan(from: number): { chunk: Message[]; to: number } {
     const chunk: Message[] = []
     let chunkTokens = 0
     let i = from
-    for (; i < groups.length; i++) {
-      const group = groups[i]
-      const b = budget()
-      let groupTokens = group.reduce((t, m) => t + estimateMessageTokens(m), 0)
+    for (; i < this.groups.length; i++) {
+      const group = this.groups[i]
+      const b = this.budget()
+      const groupTokens = group.reduce((t, m) => t + estimateMessageTokens(m), 0)
       // A group larger than a whole request is shortened anyway; it shares the request with the
       // current chunk when that leaves it at least a quarter of the room.
       const oversized = groupTokens > b
       if (chunk.length > 0 && chunkTokens + groupTokens > b && !(oversized && b - chunkTokens >= b / 4)) break
-      if (oversized) {
-        const room = b - chunkTokens
-        if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) {
-          throw new CompactionError(`the summarizer's window (${window} tokens${rate === 1 ? '' : `, × ${rate.toFixed(2)} calibration`}) leaves ${Math.max(0, Math.floor(room))} tokens for a tool-balanced group of ${group.length} messages after the envelope, instruction${summary ? ' and running summary' : ''} (${fixed()}${summary ? ` + ${estimateMessageTokens(prior(summary))}` : ''} tokens)`)
-        }
-        // An even share first; what some members cannot give up (an assistant message's many tool
-        // calls) is then taken from the others, until the group fits its room.
-        let each = Math.floor(room / group.length)
-        let shrunk = group
-        for (let pass = 0; pass < 8; pass++) {
-          shrunk = group.map((m) => (estimateMessageTokens(m) > each ? shrinkMessage(m, each) : m))
-          groupTokens = shrunk.reduce((t, m) => t + estimateMessageTokens(m), 0)
-          if (groupTokens <= room || each <= MESSAGE_OVERHEAD_TOKENS) break
-          each = Math.max(MESSAGE_OVERHEAD_TOKENS, Math.floor(each * (room / groupTokens)) - 1)
-        }
-        if (groupTokens > room) {
-          throw new CompactionError(`a tool-balanced group of ${group.length} messages cannot be shortened below ${groupTokens} tokens, and the summarizer's window (${window} tokens${rate === 1 ? '' : `, × ${rate.toFixed(2)} calibration`}) leaves ${Math.floor(room)} for it; nothing was sent`)
-        }
-        chunk.push(...shrunk)
-      } else chunk.push(...group)
-      chunkTokens += groupTokens
+      const kept = oversized ? this.shrinkGroup(group, b - chunkTokens) : { messages: group, tokens: groupTokens }
+      chunk.push(...kept.messages)
+      chunkTokens += kept.tokens
     }
     return { chunk, to: i }
   }
 
-  for (let next = 0, replans = 0; ;) {
-    const { chunk, to } = plan(next)
-    const msgs = summary ? [prior(summary), ...chunk, instruction] : [...chunk, instruction]
-    const env = envelope()
+  /**
+   * A tool-balanced group shortened to `room` tokens for this request: an even share first; what some
+   * members cannot give up (an assistant message's many tool calls) is then taken from the others.
+   */
+  private shrinkGroup(group: Message[], room: number): { messages: Message[]; tokens: number } {
+    if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) {
+      const s = this.summary
+      throw new CompactionError(`${this.windowNote()} leaves ${Math.max(0, Math.floor(room))} tokens for a `
+        + `tool-balanced group of ${group.length} messages after the envelope, `
+          + `instruction${s ? ' and running summary' : ''} `
+        + `(${this.fixed()}${s ? ` + ${estimateMessageTokens(this.prior(s))}` : ''} tokens)`)
+    }
+    let each = Math.floor(room / group.length)
+    let shrunk = group
+    let tokens = 0
+    for (let pass = 0; pass < 8; pass++) {
+      shrunk = group.map((m) => (estimateMessageTokens(m) > each ? shrinkMessage(m, each) : m))
+      tokens = shrunk.reduce((t, m) => t + estimateMessageTokens(m), 0)
+      if (tokens <= room || each <= MESSAGE_OVERHEAD_TOKENS) break
+      each = Math.max(MESSAGE_OVERHEAD_TOKENS, Math.floor(each * (room / tokens)) - 1)
+    }
+    if (tokens > room) {
+      throw new CompactionError(`a tool-balanced group of ${group.length} messages cannot be shortened below `
+        + `${tokens} tokens, and ${this.windowNote()} leaves ${Math.floor(room)} for it; nothing was sent`)
+    }
+    return { messages: shrunk, tokens }
+  }
+
+  /**
+   * One summary request of `chunk` (after the running summary, before the instruction); its text, or
+   * undefined after an overflow that re-planned the budget. Throws what cannot be re-planned.
+   */
+  private async request(chunk: Message[], signal: AbortSignal | undefined, replans: number): Promise<string
+    | undefined> {
+    const { provider, instruction } = this
+    const msgs = this.summary ? [this.prior(this.summary), ...chunk, instruction] : [...chunk, instruction]
+    const env = this.envelope()
     const inputTokens = estimateRequestTokens(env, msgs)
-    const calibrated = Math.ceil(inputTokens * rate) + offset
-    if (calibrated >= window) throw new CompactionError(`a summary request of ${calibrated} tokens would not fit the summarizer's window (${window} tokens); nothing was sent`)
-    const maxTokens = summaryMaxTokens(inputTokens - fixed(), host.compaction, window - calibrated)
-    const fingerprint = fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
-    if (failed.has(fingerprint)) throw new CompactionError(`re-planning gave a summary request identical to one that overflowed (${calibrated} tokens); nothing was sent`)
-    requests++
+    const calibrated = Math.ceil(inputTokens * this.rate) + this.offset
+    if (calibrated >= this.window) {
+      throw new CompactionError(`a summary request of ${calibrated} tokens would not fit the summarizer's window `
+        + `(${this.window} tokens); nothing was sent`)
+    }
+    const maxTokens = summaryMaxTokens(inputTokens - this.fixed(), this.host.compaction, this.window - calibrated)
+    const fingerprint =
+      fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
+    if (this.failed.has(fingerprint)) {
+      throw new CompactionError(`re-planning gave a summary request identical to one that overflowed (${calibrated} `
+        + `tokens); nothing was sent`)
+    }
+    this.requests++
     let res: ChatResponse
     try {
-      res = await provider.complete({
-        system: env.system, tools: env.tools, messages: msgs, maxTokens,
-        inputTokens: calibrated, signal, headers: { 'x-dsh-purpose': 'compaction' },
-      })
+      res = await provider.complete({ system: env.system, tools: env.tools, messages: msgs, maxTokens,
+        inputTokens: calibrated, signal, headers: { 'x-dsh-purpose': 'compaction' } })
     } catch (err) {
       const e = err as ProviderError
-      if (e?.code === 'CONTEXT_WINDOW_EXCEEDED') {
-        failed.add(fingerprint)
-        if (failed.size > FAILED_SUMMARY_MEMORY) failed.delete(failed.values().next().value!)
+      const overflow = e?.code === 'CONTEXT_WINDOW_EXCEEDED'
+      if (overflow) {
+        this.failed.add(fingerprint)
+        if (this.failed.size > FAILED_SUMMARY_MEMORY) this.failed.delete(this.failed.values().next().value!)
       }
-      if (e?.code !== 'CONTEXT_WINDOW_EXCEEDED' || signal?.aborted || replans >= MAX_SUMMARY_REPLANS) throw Object.assign(err as object, { summaryRequests: requests })
-      // The server counts this request as too long: learn its rate and limit, then plan smaller.
-      replans++
-      const counts = overflowCounts(e.body || e.message)
-      if (counts.contextTokens !== undefined) window = Math.min(window, counts.contextTokens)
-      const promptTokens = counts.promptTokens ?? (counts.requestedTokens !== undefined && counts.requestedTokens > maxTokens ? counts.requestedTokens - maxTokens : undefined)
-      let planned = Math.floor(inputTokens * REPLAN_SHRINK)
-      if (promptTokens !== undefined && promptTokens > 0) {
-        sample(promptTokens, inputTokens)
-        rate = Math.min(CALIBRATION_RANGE[1], Math.max(rate, promptTokens / inputTokens))
-        const room = Math.min(window, counts.contextTokens ?? window) - Math.min(maxTokens, reserve)
-        planned = Math.min(Math.floor(inputTokens * 0.9), Math.floor((room * REPLAN_MARGIN) / rate))
+      if (!overflow || signal?.aborted || replans >= MAX_SUMMARY_REPLANS) {
+        throw Object.assign(err as object, { summaryRequests: this.requests })
       }
-      inputBudget = Math.min(inputBudget - 1, planned)
-      continue
+      this.replan(e, inputTokens, maxTokens)
+      return undefined
     }
     if (res.usage) {
-      usage.promptTokens += res.usage.promptTokens
-      usage.completionTokens += res.usage.completionTokens
-      if (res.usage.promptTokens > 0) sample(res.usage.promptTokens, inputTokens)
+      this.usage.promptTokens += res.usage.promptTokens
+      this.usage.completionTokens += res.usage.completionTokens
+      if (res.usage.promptTokens > 0) this.sample(res.usage.promptTokens, inputTokens)
     }
     const text = contentText(res.message.content).trim()
-    if (!text) throw Object.assign(new CompactionError(`the summarizer (${provider.model}) returned no text (finish reason ${res.finishReason})`), { summaryRequests: requests })
-    summary = text
-    next = to
-    if (next >= groups.length) break
+    if (!text) {
+      throw Object.assign(new CompactionError(`the summarizer (${provider.model}) returned no text (finish `
+        + `reason ${res.finishReason})`), { summaryRequests: this.requests })
+    }
+    return text
   }
-  return { summary, usage, requests }
+
+  /** The server counts the last request as too long: learn its rate and limit, then plan smaller. */
+  private replan(e: ProviderError, inputTokens: number, maxTokens: number): void {
+    const counts = overflowCounts(e.body || e.message)
+    if (counts.contextTokens !== undefined) this.window = Math.min(this.window, counts.contextTokens)
+    const requested = counts.requestedTokens
+    const promptTokens = counts.promptTokens
+      ?? (requested !== undefined && requested > maxTokens ? requested - maxTokens : undefined)
+    let planned = Math.floor(inputTokens * REPLAN_SHRINK)
+    if (promptTokens !== undefined && promptTokens > 0) {
+      this.sample(promptTokens, inputTokens)
+      this.rate = Math.min(CALIBRATION_RANGE[1], Math.max(this.rate, promptTokens / inputTokens))
+      const room = Math.min(this.window, counts.contextTokens ?? this.window) - Math.min(maxTokens, this.reserve)
+      planned = Math.min(Math.floor(inputTokens * 0.9), Math.floor((room * REPLAN_MARGIN) / this.rate))
+    }
+    this.inputBudget = Math.min(this.inputBudget - 1, planned)
+  }
 }
 
 /** Seq of the session's first user message (its task), from the head of the log; undefined when none is there. */
@@ -3366,20 +3904,32 @@ async function firstUserSeq(session: Session): Promise<number | undefined> {
 function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRecord[]): CompactionHost {
   const base = host.summarizer, session = host.session
   const summarizer: Provider = {
-    model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens, prices: base.prices,
+    model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens,
+    prices: base.prices,
     async complete(request) {
       const envelope: Envelope = { system: request.system, tools: request.tools }
       const inputTokens = estimateRequestTokens(envelope, request.messages)
-      const modelledHitTokens = session.summaryRequestHit(base.model, envelope, request.messages)
+      const modelledHitTokens = session.cost.summaryRequestHit(base.model, envelope, request.messages)
       const response = await base.complete(request)
-      const record: SummaryRequestRecord = { model: base.model, inputTokens, modelledHitTokens, outputTokens: estimateMessageTokens(response.message) }
+      const record: SummaryRequestRecord =
+        { model: base.model, inputTokens, modelledHitTokens, outputTokens: estimateMessageTokens(response.message) }
       if (response.usage) record.usage = response.usage
-      if (base.prices && base.model !== session.header?.model) record.prices = base.prices
+      if (base.prices && base.model !== session.measure().header?.model) record.prices = base.prices
       records.push(record)
       return response
     },
   }
   return Object.create(host, { summarizer: { value: summarizer } }) as CompactionHost
+}
+
+/** A `compaction/before` verdict: cancel (throws, marked `cancelled`), or a focus joined to the one asked for. */
+function applyVerdict(info: CompactionInfo, verdict: CompactionVerdict | void): void {
+  if (verdict?.cancel) {
+    const why = typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''
+    throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${why}`), { cancelled: true })
+  }
+  const add = verdict?.focus?.trim()
+  if (add) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${add}` : add
 }
 
 /**
@@ -3394,7 +3944,8 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
  * summary requests made; throws the failure (a {@link CompactionError}, `cancelled` set when a hook
  * cancelled; or the provider's error).
  */
-export async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal, focus?: string): Promise<number> {
+async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal,
+  focus?: string): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
   const hooks = host // the hooks see the host itself (ctx.agent is the Agent), not the recording wrapper
@@ -3404,20 +3955,22 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
   const generation = session.replaceGeneration
   const id = `k${session.seq}`
   const tokensBefore = session.measure().totalTokens
-  const info: CompactionInfo = { id, trigger, focus, shadowedSeqs: nodes.map((n) => n.seq), regionTokens: region.tokens }
+  const info: CompactionInfo = { id, trigger, focus, shadowedSeqs: nodes.map((n) => n.seq),
+    regionTokens: region.tokens }
   session.append('compaction/start', { id, trigger })
   let requests = 0
   try {
-    const verdict = await hooks.beforeCompaction?.(info, signal)
-    if (verdict?.cancel) throw Object.assign(new CompactionError(`cancelled by a compaction/before hook${typeof verdict.cancel === 'string' ? `: ${verdict.cancel}` : ''}`), { cancelled: true })
-    if (verdict?.focus?.trim()) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${verdict.focus.trim()}` : verdict.focus.trim()
+    applyVerdict(info, await hooks.beforeCompaction?.(info, signal))
     const fullLedger = await regionLedger(session, nodes)
     const taskSeq = await firstUserSeq(session)
     // The budgets are measured tokens of the window; the ledger is priced by the heuristic.
-    const facts = () => checkpointFacts(fullLedger, host.contextWindow, session.measure().calibration, region.tokens, taskSeq)
+    const facts = () => checkpointFacts(fullLedger, host.contextWindow, session.measure().calibration,
+      region.tokens, taskSeq)
     // A region no larger than its checkpoint's frame and ledger could only be rejected after the model call.
     const frameTokens = estimateMessageTokens({ role: 'user', content: frameCheckpoint('', facts()) })
-    if (frameTokens >= region.tokens) throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and ledger alone (${frameTokens} tokens); nothing was sent`)
+    if (frameTokens >= region.tokens)
+      throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and `
+        + `ledger alone (${frameTokens} tokens); nothing was sent`)
     const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
@@ -3425,23 +3978,31 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
     const text = frameCheckpoint(result.summary, ledger)
     const checkpoint: UserMessage = { role: 'user', content: text }
     const checkpointTokens = estimateMessageTokens(checkpoint)
-    if (checkpointTokens >= region.tokens) throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} tokens it would replace (the checkpoint counts its summary and its ledger)`)
-    if (session.replaceGeneration !== generation || !session.node(first) || !session.node(last)) throw new CompactionError('the surface changed during compaction')
+    if (checkpointTokens >= region.tokens)
+      throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} `
+        + `tokens it would replace (the checkpoint counts its summary and its ledger)`)
+    if (session.replaceGeneration !== generation || !session.surface().node(first) || !session.surface().node(last))
+      throw new CompactionError('the surface changed during compaction')
     const fidelity = measureFidelity(fullLedger, text, result.summary)
     session.append('compaction/summary', {
-      id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens, model: host.summarizer.model, usage: result.usage,
+      id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens,
+      model: host.summarizer.model, usage: result.usage,
       ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}),
     })
-    const seq = session.append('user/message', { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
-    session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens, requests: records })
-    try { await hooks.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }, signal) } catch (err) {
+    const seq = session.append('user/message',
+      { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
+    session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens,
+      requests: records })
+    try { await hooks.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger,
+      fidelity }, signal) } catch (err) {
       host.warn(`a compaction/after hook failed: ${(err as Error)?.message ?? err}`)
     }
     return requests
   } catch (err) {
-    if (session.openCompaction !== id) throw err // committed: only the after hook can get here, and it is caught
+    if (stateOf(session).compaction !== id) throw err // committed: only the after hook can get here, and it is caught
     const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
-    session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err), requests: records })
+    session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err),
+      requests: records })
     throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
   }
 }
@@ -3455,7 +4016,7 @@ export async function compactRegion(host: CompactionHost, region: Region, trigge
  * compaction. Calibration lives in the session's meter ({@link Measurement.calibration}). None of
  * the methods throws for a ladder failure (those are warnings); only cancellation is rethrown.
  */
-export class Ladder {
+class Ladder {
   private readonly host: CompactionHost
   private guard?: number
   private warnedNoWindow = false
@@ -3466,13 +4027,14 @@ export class Ladder {
 
   constructor(host: CompactionHost) {
     this.host = host
-    this.guard = host.session.loggedCompactionFailure
+    this.guard = stateOf(host.session).ladder.failedAtTokens
   }
 
   /** Heuristic tokens (envelope + surface) at the last failed pressure compaction; undefined when none is pending. */
   get failedAtTokens(): number | undefined { return this.guard }
 
-  private outcome(trigger: CompactionOutcome['trigger']): { outcome: CompactionOutcome; done: (action: CompactionOutcome['action'], reason?: string) => CompactionOutcome } {
+  private outcome(trigger: CompactionOutcome['trigger']): { outcome: CompactionOutcome;
+    done: (action: CompactionOutcome['action'], reason?: string) => CompactionOutcome } {
     const session = this.host.session
     const before = this.nextRequestTokens()
     const outcome: CompactionOutcome = {
@@ -3495,7 +4057,9 @@ export class Ladder {
     if (window !== undefined) return Math.floor(window * this.host.compaction.thresholdRatio)
     if (!this.warnedNoWindow) {
       this.warnedNoWindow = true
-      this.host.warn(`configuration error: the context window of model "${this.host.modelName ?? this.host.summarizer.model}" is unknown, so pressure compaction is off; set contextWindow (CLI: --context-window N)`)
+      this.host.warn(`configuration error: the context window of model `
+        + `"${this.host.modelName ?? this.host.summarizer.model}" is unknown, so pressure compaction is off; `
+        + `set contextWindow (CLI: --context-window N)`)
     }
     return undefined
   }
@@ -3509,31 +4073,34 @@ export class Ladder {
   private setGuard(tokens: number | undefined): void {
     if (tokens === this.guard) return
     this.guard = tokens
-    this.host.session.append('ladder/state', { failedAtTokens: tokens ?? null, calibration: this.host.session.measure().calibration })
+    this.host.session.append('ladder/state',
+      { failedAtTokens: tokens ?? null, calibration: this.host.session.measure().calibration })
+  }
+
+  /** The ladder's view of its session for a run at `threshold` (see {@link LadderView}). */
+  private view(threshold: number, includeNewest = false): LadderView {
+    const h = this.host
+    return {
+      session: h.session, prune: h.pruneConfig, compaction: h.compaction, window: h.contextWindow, threshold,
+      includeNewest, clearable: (name) => h.clearable?.(name) ?? true, taskTokens: this.taskTokens(),
+      nextRequestTokens: () => this.nextRequestTokens(),
+    }
   }
 
   /**
-   * The clear rung: replaces the oldest clearable tool results outside the protected recent budget
-   * by placeholders, in one batch, down to `floor(window × reliefRatio)` tokens. Unless
-   * `clearBeforeSummary`, it does nothing when clearing every candidate would still leave the total
-   * at or above `thresholdTokens`. Returns tokens reclaimed.
+   * Runs `rung` on the session as it is now and logs its edits (the one place that does): a batch is
+   * skipped or stopped by the size of the next request, measured before each edit. Returns tokens reclaimed.
    */
-  private clear(trigger: string, thresholdTokens: number): number {
-    const { session, compaction: cfg } = this.host
-    const window = this.host.contextWindow
-    if (!cfg.clear || window === undefined) return 0
-    // The protected budget is measured tokens of the window; node prices are heuristic tokens.
-    const rate = session.measure().calibration
-    const candidates = clearCandidates(session, Math.floor((window * cfg.protectedRatio) / rate), (name) => this.host.clearable?.(name) ?? true)
-    if (!cfg.clearBeforeSummary) {
-      const saved = candidates.reduce((t, c) => t + c.savedTokens, 0) * rate
-      if (this.nextRequestTokens() - saved >= thresholdTokens) return 0
-    }
-    const target = Math.floor(window * cfg.reliefRatio)
+  private apply(rung: Rung, view: LadderView, trigger: string): number {
+    const session = view.session
     let reclaimed = 0
-    for (const c of candidates) {
-      if (this.nextRequestTokens() <= target) break
-      reclaimed += session.clearToolResult(c.seq, c.placeholder, trigger)
+    for (const batch of rung(view)) {
+      if (batch.onlyIfAtLeast !== undefined && view.nextRequestTokens() < batch.onlyIfAtLeast) continue
+      for (const op of batch.ops) {
+        if (batch.stopAtOrBelow !== undefined && view.nextRequestTokens() <= batch.stopAtOrBelow) break
+        reclaimed += op.op === 'prune' ? pruneNode(session, op.seq, view.prune, trigger)
+          : clearNode(session, op.seq, op.placeholder, trigger)
+      }
     }
     return reclaimed
   }
@@ -3550,16 +4117,18 @@ export class Ladder {
     const { outcome, done } = this.outcome('pressure')
     const threshold = this.threshold()
     if (threshold === undefined) return done('skipped', 'no context window')
-    if (session.openCompaction) return done('skipped', 'a compaction is already running')
+    if (stateOf(session).compaction) return done('skipped', 'a compaction is already running')
     if (outcome.tokensBefore < threshold) return done('none')
     if (signal?.aborted) return done('skipped', 'aborted')
     const below = () => this.nextRequestTokens() < threshold
-    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'pressure', threshold, false, () => this.nextRequestTokens())
-    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'pressure', this.taskTokens())
+    const view = this.view(threshold)
+    outcome.prunedTokens = this.apply(pruneResultsRung, view, 'pressure')
+      + this.apply(pruneMessagesRung, view, 'pressure')
     if (below()) return done('pruned')
-    outcome.clearedTokens = this.clear('pressure', threshold)
+    outcome.clearedTokens = this.apply(clearRung, view, 'pressure')
     if (below()) return done('cleared')
-    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'skipped'
+    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
+      ? 'pruned' : 'skipped'
     // The guard and node prices are heuristic tokens; the retained tail is measured tokens of the window.
     const retained = Math.floor((this.host.contextWindow! * cfg.retainedTailRatio) / session.measure().calibration)
     if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
@@ -3569,7 +4138,9 @@ export class Ladder {
   }
 
   /** Rung 3 under pressure or by hand: summary attempts, then success, or a remembered failure. */
-  private async summariseUnder(trigger: 'pressure' | 'manual', threshold: number, outcome: CompactionOutcome, done: (a: CompactionOutcome['action'], r?: string) => CompactionOutcome, signal?: AbortSignal, focus?: string): Promise<CompactionOutcome> {
+  private async summariseUnder(trigger: 'pressure' | 'manual', threshold: number, outcome: CompactionOutcome,
+    done: (a: CompactionOutcome['action'],
+    r?: string) => CompactionOutcome, signal?: AbortSignal, focus?: string): Promise<CompactionOutcome> {
     const { session, compaction: cfg } = this.host
     const window = this.host.contextWindow ?? 0
     const retained = Math.floor(window * cfg.retainedTailRatio)
@@ -3578,13 +4149,17 @@ export class Ladder {
     for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
       // Node prices are heuristic tokens: the measured retained tail and saving are divided by the calibration.
       const rate = session.measure().calibration
-      const region = selectRegion(session.surface(), Math.floor(retained / rate), keptOutOfSummary(session), Math.ceil(minSaving / rate))
-      if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or touching the current input'; break }
-      try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus); committed++ } catch (err) {
+      const region = selectRegion(session.surface(), Math.floor(retained / rate), keptOutOfSummary(session),
+        Math.ceil(minSaving / rate))
+      if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or '
+        + 'touching the current input'; break }
+      try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus);
+        committed++ } catch (err) {
         outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
         if (signal?.aborted) throw err
         lastError = (err as Error).message
-        if ((err as { cancelled?: boolean })?.cancelled) break // a hook said no: asking again would only repeat the question
+        // a hook said no: asking again would only repeat the question
+        if ((err as { cancelled?: boolean })?.cancelled) break
         // Refused before any model call: the same surface and calibration give the same region and the same refusal.
         if (((err as { summaryRequests?: number })?.summaryRequests ?? 0) === 0) break
         continue
@@ -3595,11 +4170,15 @@ export class Ladder {
     const saved = outcome.tokensBefore - after
     if (trigger === 'manual' && committed > 0) { this.setGuard(undefined); return done('compacted') }
     if (committed > 0 && after < threshold && saved >= minSaving) { this.setGuard(undefined); return done('compacted') }
-    const why = lastError || (saved < minSaving ? `it saved only ${saved} tokens (< ${Math.round(cfg.minSavingsRatio * 100)}%)` : 'the retained tail and envelope alone are above it')
-    this.host.warn(`context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; not retrying until the surface grows by ${retained} tokens`)
+    const why = lastError || (saved < minSaving
+      ? `it saved only ${saved} tokens (< ${Math.round(cfg.minSavingsRatio * 100)}%)`
+      : 'the retained tail and envelope alone are above it')
+    this.host.warn(`context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; `
+      + `not retrying until the surface grows by ${retained} tokens`)
     session.append('compaction/warning', { trigger, message: why, totalTokens: after, thresholdTokens: threshold })
     this.setGuard(session.measure().heuristicTokens)
-    return done(committed > 0 ? 'compacted' : outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'failed', why)
+    return done(committed > 0 ? 'compacted' : outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
+      ? 'pruned' : 'failed', why)
   }
 
   /**
@@ -3611,7 +4190,8 @@ export class Ladder {
   private nextRequestTokens(): number {
     const m = this.host.session.measure()
     const envelope = this.host.envelope
-    if (this.envelopePrice?.envelope !== envelope) this.envelopePrice = { envelope, tokens: estimateEnvelopeTokens(envelope) }
+    if (this.envelopePrice?.envelope !== envelope) this.envelopePrice = { envelope,
+      tokens: estimateEnvelopeTokens(envelope) }
     const added = this.envelopePrice.tokens - m.envelopeTokens
     return m.totalTokens + (added > 0 ? Math.ceil(added * m.calibration) : 0)
   }
@@ -3627,16 +4207,21 @@ export class Ladder {
   async recoverOverflow(error: ProviderError | undefined, signal?: AbortSignal): Promise<CompactionOutcome> {
     const { session } = this.host
     const { outcome, done } = this.outcome('context-overflow')
-    if (session.openCompaction) return done('skipped', 'a compaction is already running')
+    if (stateOf(session).compaction) return done('skipped', 'a compaction is already running')
     if (signal?.aborted) return done('skipped', 'aborted')
     const counts = error ? overflowCounts(error.body || error.message) : {}
     const counted = counts.promptTokens !== undefined && counts.promptTokens > 0
-    if (counted) session.append('ladder/state', { sample: { providerTokens: counts.promptTokens!, heuristicTokens: session.measure().heuristicTokens, source: 'overflow' } })
+    if (counted) session.append('ladder/state',
+      { sample: { providerTokens: counts.promptTokens!, heuristicTokens: session.measure().heuristicTokens,
+      source: 'overflow' } })
     const window = this.host.contextWindow
-    if (counts.contextTokens !== undefined && window !== undefined && counts.contextTokens < window && !this.warnedServerWindow) {
+    if (counts.contextTokens !== undefined && window !== undefined && counts.contextTokens < window
+      && !this.warnedServerWindow) {
       // Pressure compares with the configured window, so every cycle would overflow again first.
       this.warnedServerWindow = true
-      this.host.warn(`the provider reports a context window of ${counts.contextTokens} tokens, smaller than the configured ${window}: compaction starts too late and requests overflow; set contextWindow to ${counts.contextTokens} (CLI: --context-window ${counts.contextTokens})`)
+      this.host.warn(`the provider reports a context window of ${counts.contextTokens} tokens, smaller than the `
+        + `configured ${window}: compaction starts too late and requests overflow; set contextWindow to `
+        + `${counts.contextTokens} (CLI: --context-window ${counts.contextTokens})`)
     }
     const threshold = window === undefined ? 0 : Math.floor(window * this.host.compaction.thresholdRatio)
     if (counted && window !== undefined && !this.warnedEnvelope) {
@@ -3645,18 +4230,26 @@ export class Ladder {
       const envelopeCounted = Math.round((counts.promptTokens! * m.envelopeTokens) / Math.max(1, m.heuristicTokens))
       if (envelopeCounted >= threshold) {
         this.warnedEnvelope = true
-        this.host.warn(`the system prompt and tool specs alone are about ${envelopeCounted} tokens by the provider's count (${m.envelopeTokens} of the request's ${m.heuristicTokens} heuristic tokens; it counted ${counts.promptTokens}), at or above the compaction threshold of ${threshold} of the ${window}-token window: no prune or summary can make room; use a model with a larger context window, or fewer or shorter tools and system prompt`)
+        this.host.warn(`the system prompt and tool specs alone are about ${envelopeCounted} tokens by the provider's `
+          + `count (${m.envelopeTokens} of the request's ${m.heuristicTokens} heuristic tokens; it counted `
+          + `${counts.promptTokens}), at or above the compaction threshold of ${threshold} of the ${window}-token `
+          + `window: no prune or summary can make room; use a model with a larger context window, or fewer or shorter `
+          + `tools and system prompt`)
       }
     }
-    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'context-overflow', 0, true)
-    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'context-overflow', this.taskTokens())
-    if (window !== undefined) outcome.clearedTokens = this.clear('context-overflow', threshold)
-    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'failed'
-    if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore && this.nextRequestTokens() < threshold) return done(modelFree)
+    const view = this.view(threshold, true)
+    outcome.prunedTokens = this.apply(pruneResultsRung, view, 'context-overflow')
+      + this.apply(pruneMessagesRung, view, 'context-overflow')
+    outcome.clearedTokens = this.apply(clearRung, view, 'context-overflow')
+    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
+      ? 'pruned' : 'failed'
+    if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore
+      && this.nextRequestTokens() < threshold) return done(modelFree)
     const region = selectRegion(session.surface(), 0, keptOutOfSummary(session))
     let compacted = false
     if (region) {
-      try { outcome.summaryRequests += await compactRegion(this.host, region, 'context-overflow', signal); compacted = true } catch (err) {
+      try { outcome.summaryRequests += await compactRegion(this.host, region, 'context-overflow', signal);
+        compacted = true } catch (err) {
         outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
         if (signal?.aborted) throw err
         this.host.warn(`overflow compaction failed: ${(err as Error).message}`)
@@ -3676,26 +4269,27 @@ export class Ladder {
     const { outcome, done } = this.outcome('manual')
     const threshold = this.threshold()
     if (threshold === undefined) return done('skipped', 'no context window')
-    if (session.openCompaction) return done('skipped', 'a compaction is already running')
+    if (stateOf(session).compaction) return done('skipped', 'a compaction is already running')
     if (signal?.aborted) return done('skipped', 'aborted')
-    outcome.prunedTokens = pruneSurface(session, this.host.pruneConfig, 'manual', threshold, false, () => this.nextRequestTokens())
-    outcome.prunedTokens += pruneMessages(session, this.host.pruneConfig, 'manual', this.taskTokens())
+    const view = this.view(threshold)
+    outcome.prunedTokens = this.apply(pruneResultsRung, view, 'manual')
+      + this.apply(pruneMessagesRung, view, 'manual')
     return this.summariseUnder('manual', threshold, outcome, done, signal, options.focus)
   }
 }
 
-// ── 5.1 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ─────────────
+// ── 5.2 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ──────────
 
 /** The name of the tool {@link recallTool} makes. */
-export const RECALL_TOOL_NAME = 'recall'
+const RECALL_TOOL_NAME = 'recall'
 /**
  * The Agent offers `recall` only while its spec, priced at the calibration, takes at most this share
  * of the context window (docs/design.md §10): in a small window with a dense tokenizer the spec
  * (JSON, which tokenizes worst) would crowd out the conversation it is meant to serve.
  */
-export const RECALL_MAX_WINDOW_RATIO = 0.1
+const RECALL_MAX_WINDOW_RATIO = 0.1
 /** Cap on one recall answer, code points, before the line that says how to get more. */
-export const RECALL_MAX_CODE_POINTS = 4096
+const RECALL_MAX_CODE_POINTS = 4096
 /** Lines per recall page unless `limit` says otherwise. */
 const RECALL_DEFAULT_LINES = 200
 /** Lines longer than this many code points are paged as pieces of this length. */
@@ -3732,7 +4326,7 @@ function recallText(m: Message): string {
  * only when reached: recall costs what it reads, never a scan of the whole log.
  */
 async function* shadowedOriginals(session: Session): AsyncGenerator<ShadowedOriginal> {
-  const seqs = session.shadowedSeqs().slice()
+  const seqs = session.recall.shadowedSeqs().slice()
   for (let i = seqs.length - 1; i >= 0; i--) {
     const o = await shadowedOriginal(session, seqs[i])
     if (o) yield o
@@ -3751,10 +4345,13 @@ async function shadowedOriginal(session: Session, seq: number): Promise<Shadowed
   return {
     key: m.toolCallId, seq, toolName: call?.name, toolArguments: call?.arguments,
     // The name is the model's text too: bounded, like the arguments, so a label cannot take an answer past its cap.
-    label: `tool result of ${call ? headCodePoints(call.name, 100) : 'a tool'} ${headCodePoints((call?.arguments ?? '').replace(/\s+/g, ' '), 100)}`.trim(),
+    label: (`tool result of ${call ? headCodePoints(call.name, 100) : 'a tool'} `
+      + `${headCodePoints((call?.arguments ?? '').replace(/\s+/g, ' '), 100)}`).trim(),
     text: async () => {
       if (!spilled) return recallText(m)
-      if (!session.store.getArtefact) throw new Error(`${RECALL_TOOL_NAME}: the original of ${m.toolCallId} was spilled to ${spilled.ref}, which this store cannot read back`)
+      if (!session.store.getArtefact)
+        throw new Error(`${RECALL_TOOL_NAME}: the original of ${m.toolCallId} was spilled to ${spilled.ref}, `
+          + `which this store cannot read back`)
       return await session.store.getArtefact(spilled.ref)
     },
   }
@@ -3765,17 +4362,19 @@ async function shadowedOriginal(session: Session, seq: number): Promise<Shadowed
  * session indexed for the shadowed result at `resultSeq` ({@link Session.shadowedCallSeq}): one event.
  */
 async function originalCall(session: Session, callId: string, resultSeq: number): Promise<ToolCallBlock | undefined> {
-  const callSeq = session.shadowedCallSeq(resultSeq)
+  const callSeq = session.recall.shadowedCallSeq(resultSeq)
   if (callSeq === undefined) return undefined
   const d = (await session.readEvent(callSeq)).data as { message?: Message }
   return d.message ? toolCalls(d.message).find((c) => c.id === callId) : undefined
 }
 
-/** The original recall answers for `key` (a tool-call id or `seq:N`): by the session's index when it has it, else the newest shadowed original with that key. */
+/** The original recall answers for `key` (a tool-call id or `seq:N`): by the session's index when it has it, else the
+ *  newest shadowed original with that key. */
 async function recallByKey(session: Session, key: string): Promise<ShadowedOriginal | undefined> {
   const bySeq = /^seq:\d+$/.test(key)
-  const direct = bySeq ? Number(key.slice(4)) : session.resultOriginSeq(key)
-  if (direct !== undefined && binarySearch(session.shadowedSeqs(), direct, (seq) => seq) >= 0) { const o = await shadowedOriginal(session, direct); if (o?.key === key) return o }
+  const direct = bySeq ? Number(key.slice(4)) : session.recall.resultOriginSeq(key)
+  if (direct !== undefined && binarySearch(session.recall.shadowedSeqs(), direct,
+    (seq) => seq) >= 0) { const o = await shadowedOriginal(session, direct); if (o?.key === key) return o }
   if (bySeq) return undefined
   for await (const o of shadowedOriginals(session)) if (o.key === key) return o
   return undefined
@@ -3819,12 +4418,14 @@ function pageOf(lines: readonly string[], from: number, limit: number, reserved:
 function recallInt(args: Record<string, unknown>, key: string, fallback: number): number {
   const v = args[key]
   if (v === undefined) return fallback
-  if (!Number.isSafeInteger(v) || (v as number) < 1) throw new Error(`${RECALL_TOOL_NAME}: ${key} must be an integer ≥ 1, got ${JSON.stringify(v)}`)
+  if (!Number.isSafeInteger(v) || (v as number) < 1)
+    throw new Error(`${RECALL_TOOL_NAME}: ${key} must be an integer ≥ 1, got ${JSON.stringify(v)}`)
   return v as number
 }
 
 const RECALL_KEYS = ['key', 'tool', 'arguments', 'pattern', 'offset', 'limit']
-/** A model's argument as an answer quotes it: JSON, at most {@link RECALL_HIT_CODE_POINTS} code points of it (so an answer stays capped). */
+/** A model's argument as an answer quotes it: JSON, at most {@link RECALL_HIT_CODE_POINTS} code points of it (so an
+ *  answer stays capped). */
 const echo = (v: string): string => JSON.stringify(headCodePoints(v, RECALL_HIT_CODE_POINTS))
 
 /**
@@ -3841,12 +4442,13 @@ const echo = (v: string): string => JSON.stringify(headCodePoints(v, RECALL_HIT_
  * session reloaded from a {@link FileStore} recalls the same text. Bad arguments are an error
  * result for the model.
  */
-export function recallTool(session: Session): Tool {
+function recallTool(session: Session): Tool {
   return {
     name: RECALL_TOOL_NAME,
     // Short on purpose: the spec rides in every request once something is shadowed.
-    description: 'Read back a tool result or message that was pruned, cleared or summarised. By key (tool-call id or seq:N, as a placeholder names it), '
-      + 'by tool (+ arguments: a substring of its arguments), or search all by pattern (plain text). Paged: offset, limit (lines or hits, from 1).',
+    description: 'Read back a tool result or message that was pruned, cleared or summarised. By key (tool-call id or '
+      + 'seq:N, as a placeholder names it), by tool (+ arguments: a substring of its arguments), or search all by '
+      + 'pattern (plain text). Paged: offset, limit (lines or hits, from 1).',
     parameters: {
       type: 'object',
       properties: {
@@ -3856,58 +4458,95 @@ export function recallTool(session: Session): Tool {
       additionalProperties: false,
     },
     async execute(raw: unknown) {
-      if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new Error(`${RECALL_TOOL_NAME}: arguments must be a JSON object such as {"key":"call_1"}`)
+      if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
+        throw new Error(`${RECALL_TOOL_NAME}: arguments must be a JSON object such as {"key":"call_1"}`)
+      }
       const args = raw as Record<string, unknown>
-      for (const k of Object.keys(args)) if (!RECALL_KEYS.includes(k)) throw new Error(`${RECALL_TOOL_NAME}: unknown argument ${echo(k)} (known: ${RECALL_KEYS.join(', ')})`)
-      for (const k of ['key', 'tool', 'arguments', 'pattern']) if (args[k] !== undefined && typeof args[k] !== 'string') throw new Error(`${RECALL_TOOL_NAME}: ${k} must be a string`)
+      for (const k of Object.keys(args)) {
+        if (!RECALL_KEYS.includes(k))
+          throw new Error(`${RECALL_TOOL_NAME}: unknown argument ${echo(k)} (known: ${RECALL_KEYS.join(', ')})`)
+      }
+      for (const k of ['key', 'tool', 'arguments', 'pattern']) {
+        if (args[k] !== undefined && typeof args[k] !== 'string')
+          throw new Error(`${RECALL_TOOL_NAME}: ${k} must be a string`)
+      }
       const offset = recallInt(args, 'offset', 1)
       const limit = recallInt(args, 'limit', RECALL_DEFAULT_LINES)
-      if (typeof args.pattern === 'string') {
-        const needle = args.pattern.toLowerCase()
-        if (needle === '') throw new Error(`${RECALL_TOOL_NAME}: pattern must not be empty`)
-        const hits: string[] = []
-        let searched = 0
-        for await (const o of shadowedOriginals(session)) {
-          if (o.toolName === RECALL_TOOL_NAME) continue // a recall answer repeats other originals: searching it would find each hit twice
-          searched++
-          recallLines(await o.text()).forEach((line, i) => { if (line.toLowerCase().includes(needle)) hits.push(`${o.key} line ${i + 1} (${o.label}): ${headCodePoints(line.trim(), RECALL_HIT_CODE_POINTS)}`) })
-        }
-        if (hits.length === 0) return `${RECALL_TOOL_NAME}: no shadowed original contains ${echo(args.pattern)} (${searched} searched)`
-        if (offset > hits.length) throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the last hit (${hits.length})`)
-        const header = headCodePoints(`${hits.length} hit(s) for ${JSON.stringify(args.pattern)}, newest first; read one with {"key":…,"offset":line}:`, 400)
-        const page = pageOf(hits, offset - 1, limit, codePointLength(header) + 1)
-        const more = page.to < hits.length ? `\n[hits ${offset}–${page.to} of ${hits.length}; more: ${RECALL_TOOL_NAME} ${JSON.stringify({ pattern: args.pattern, offset: page.to + 1 })}]` : ''
-        return `${header}\n${page.text}${more}`
-      }
-      let found: ShadowedOriginal | undefined
-      let others: string[] = []
-      if (typeof args.key === 'string') {
-        found = await recallByKey(session, args.key)
-        if (!found) throw new Error(`${RECALL_TOOL_NAME}: nothing shadowed has key ${echo(args.key)}; keys are tool-call ids or seq:N as placeholders name them (search with pattern)`)
-      } else if (typeof args.tool === 'string') {
-        const sub = typeof args.arguments === 'string' ? args.arguments : ''
-        const matches: ShadowedOriginal[] = [] // the newest, then up to 5 older ones to name
-        for await (const o of shadowedOriginals(session)) {
-          if (o.toolName === args.tool && (o.toolArguments ?? '').includes(sub) && matches.push(o) >= 6) break
-        }
-        if (matches.length === 0) throw new Error(`${RECALL_TOOL_NAME}: no shadowed result of tool ${echo(args.tool)}${sub ? ` with arguments containing ${echo(sub)}` : ''}`)
-        found = matches[0]
-        others = matches.slice(1, 6).map((o) => o.key)
-      } else throw new Error(`${RECALL_TOOL_NAME}: pass key, tool or pattern, e.g. {"key":"call_1"} or {"pattern":"TypeError"}`)
-      const lines = recallLines(await found.text())
-      if (offset > lines.length) throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the end of ${found.key} (${lines.length} lines)`)
-      const head = (to: number) => `${found!.key} (${found!.label}), lines ${offset}–${to} of ${lines.length}:`
-      const page = pageOf(lines, offset - 1, limit, codePointLength(head(lines.length)) + 1)
-      const notes: string[] = []
-      if (page.to < lines.length) notes.push(`more: ${RECALL_TOOL_NAME} ${JSON.stringify({ key: found.key, offset: page.to + 1 })}`)
-      if (others.length) notes.push(`older results of ${args.tool}: ${others.join(', ')}`)
-      return `${head(page.to)}\n${page.text}${notes.length ? `\n[${notes.join('; ')}]` : ''}`
+      if (typeof args.pattern === 'string') return await recallSearch(session, args.pattern, offset, limit)
+      return await recallRead(session, args, offset, limit)
     },
   }
 }
 
+/** recall `{pattern}`: one line per hit over every shadowed original, newest first, paged by hits. */
+async function recallSearch(session: Session, pattern: string, offset: number, limit: number): Promise<string> {
+  const needle = pattern.toLowerCase()
+  if (needle === '') throw new Error(`${RECALL_TOOL_NAME}: pattern must not be empty`)
+  const hits: string[] = []
+  let searched = 0
+  for await (const o of shadowedOriginals(session)) {
+    // A recall answer repeats other originals: searching it would find each hit twice.
+    if (o.toolName === RECALL_TOOL_NAME) continue
+    searched++
+    recallLines(await o.text()).forEach((line, i) => {
+      if (line.toLowerCase().includes(needle)) {
+        hits.push(`${o.key} line ${i + 1} (${o.label}): ${headCodePoints(line.trim(), RECALL_HIT_CODE_POINTS)}`)
+      }
+    })
+  }
+  if (hits.length === 0)
+    return `${RECALL_TOOL_NAME}: no shadowed original contains ${echo(pattern)} (${searched} searched)`
+  if (offset > hits.length)
+    throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the last hit (${hits.length})`)
+  const header = headCodePoints(`${hits.length} hit(s) for ${JSON.stringify(pattern)}, newest first; read one with `
+    + '{"key":…,"offset":line}:', 400)
+  const page = pageOf(hits, offset - 1, limit, codePointLength(header) + 1)
+  const next = JSON.stringify({ pattern, offset: page.to + 1 })
+  const more = page.to < hits.length ? `\n[hits ${offset}–${page.to} of ${hits.length}; more: ${RECALL_TOOL_NAME} `
+    + `${next}]` : ''
+  return `${header}\n${page.text}${more}`
+}
+
+/** recall `{key}` or `{tool, arguments?}`: one original, paged by lines (older results of the tool named). */
+async function recallRead(session: Session, args: Record<string, unknown>, offset: number,
+  limit: number): Promise<string> {
+  let found: ShadowedOriginal | undefined
+  let others: string[] = []
+  if (typeof args.key === 'string') {
+    found = await recallByKey(session, args.key)
+    if (!found) {
+      throw new Error(`${RECALL_TOOL_NAME}: nothing shadowed has key ${echo(args.key)}; keys are tool-call ids or `
+        + 'seq:N as placeholders name them (search with pattern)')
+    }
+  } else if (typeof args.tool === 'string') {
+    const sub = typeof args.arguments === 'string' ? args.arguments : ''
+    const matches: ShadowedOriginal[] = [] // the newest, then up to 5 older ones to name
+    for await (const o of shadowedOriginals(session)) {
+      if (o.toolName === args.tool && (o.toolArguments ?? '').includes(sub) && matches.push(o) >= 6) break
+    }
+    if (matches.length === 0) {
+      throw new Error(`${RECALL_TOOL_NAME}: no shadowed result of tool ${echo(args.tool)}`
+        + `${sub ? ` with arguments containing ${echo(sub)}` : ''}`)
+    }
+    found = matches[0]
+    others = matches.slice(1, 6).map((o) => o.key)
+  } else throw new Error(`${RECALL_TOOL_NAME}: pass key, tool or pattern, e.g. {"key":"call_1"} or `
+    + `{"pattern":"TypeError"}`)
+  const lines = recallLines(await found.text())
+  if (offset > lines.length) {
+    throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the end of ${found.key} (${lines.length} lines)`)
+  }
+  const head = (to: number) => `${found!.key} (${found!.label}), lines ${offset}–${to} of ${lines.length}:`
+  const page = pageOf(lines, offset - 1, limit, codePointLength(head(lines.length)) + 1)
+  const notes: string[] = []
+  if (page.to < lines.length) notes.push(`more: ${RECALL_TOOL_NAME} `
+    + `${JSON.stringify({ key: found.key, offset: page.to + 1 })}`)
+  if (others.length) notes.push(`older results of ${args.tool}: ${others.join(', ')}`)
+  return `${head(page.to)}\n${page.text}${notes.length ? `\n[${notes.join('; ')}]` : ''}`
+}
+
 /** UTF-8 byte length of `text`, counting only up to `limit + 1` (O(min(length, limit))). */
-export function utf8Length(text: string, limit = Infinity): number {
+function utf8Length(text: string, limit = Infinity): number {
   let bytes = 0
   for (let i = 0; i < text.length && bytes <= limit; i++) {
     const c = text.charCodeAt(i)
@@ -3923,7 +4562,7 @@ export function utf8Length(text: string, limit = Infinity): number {
  * The artefact name of a spilled tool result: from the seq of the `tool/result` event that will
  * refer to it (unique in a log, across resumes), never from a server-chosen call id (docs/design.md §13).
  */
-export function spillName(seq: number): string { return `tool-result-${seq}.txt` }
+function spillName(seq: number): string { return `tool-result-${seq}.txt` }
 
 /**
  * Spill (docs/design.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
@@ -3931,7 +4570,8 @@ export function spillName(seq: number): string { return `tool-result-${seq}.txt`
  * time, never under pressure. Returns the message unchanged when it is small or the store keeps no
  * artefacts.
  */
-export async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
+async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number,
+  name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
   if (!store.putArtefact) return { message }
   const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
   // Length first: a UTF-16 unit is 1 to 3 UTF-8 bytes, so most results are decided without a walk.
@@ -3946,30 +4586,31 @@ export async function spillToolResult(message: ToolResultMessage, store: LogStor
   const whole = texts.map((t) => t.text).join('')
   const ref = await store.putArtefact(name, whole)
   const fullBytes = utf8Length(whole)
-  const preview = pruneText(whole).replace(PRUNE_MARKER, `\n\n[... tool result middle spilled: all ${fullBytes} bytes are stored at ${ref} ...]\n\n`)
+  const preview = pruneText(whole).replace(PRUNE_MARKER, `\n\n[... tool result middle spilled: all ${fullBytes} bytes `
+    + `are stored at ${ref} ...]\n\n`)
   const content: Block[] = [{ type: 'text', text: preview }, ...message.content.filter((b) => b.type !== 'text')]
   return { message: { ...message, content }, spilled: { ref, bytes: fullBytes } }
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 // 6. Provider
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 // The only part of dsh.ts that talks to a model: POST {baseURL}/chat/completions with stream: true,
 // parse the server-sent events, assemble the assistant message, classify failures, retry the
 // transient ones. Web standards only (fetch, streams, TextDecoder, AbortController): it runs
 // unchanged in Node, Deno, Bun, workerd and edge runtimes.
 
-// ── 6.0 Configuration ─────────────────────────────────────────────────────────────────────────
+// ── 6.0 Configuration ─────────────────────────────
 
 /** DeepSeek's OpenAI-compatible endpoint (docs/design.md §6; api-docs.deepseek.com). */
-export const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
+const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
 /** The model {@link deepseek} uses when none is given (docs/design.md §6). */
-export const DEEPSEEK_DEFAULT_MODEL = 'deepseek-flash'
+const DEEPSEEK_DEFAULT_MODEL = 'deepseek-flash'
 /** The environment variable {@link deepseek} reads the API key from when no `apiKey` is given. */
-export const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
+const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
 /** Completion budget in tokens when neither the request nor the options set one (docs/design.md §6). */
-export const DEFAULT_MAX_TOKENS = 32_768
+const DEFAULT_MAX_TOKENS = 32_768
 /** No progress (response headers or a data event) for this long ends the attempt as TIMEOUT. */
 const DEFAULT_IDLE_TIMEOUT_MS = 300_000
 /** Retries after the first attempt, for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. */
@@ -3978,8 +4619,10 @@ const DEFAULT_MAX_RETRIES = 5
  *  no server is listening there, so five backoffs (~16 s) only make the user wait. */
 const CONNECT_FAILURE_RETRIES = 1
 /** Error codes and wordings of a refused connection or a failed DNS lookup (Node's undici, Deno, Bun). */
-const CONNECT_FAILURE_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL', 'ConnectionRefused'])
-const CONNECT_FAILURE_RE = /ECONNREFUSED|ENOTFOUND|EAI_AGAIN|connection refused|failed to lookup address|dns error|name or service not known|unable to connect/i
+const CONNECT_FAILURE_CODES =
+  new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL', 'ConnectionRefused'])
+const CONNECT_FAILURE_RE = new RegExp(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'connection refused',
+  'failed to lookup address', 'dns error', 'name or service not known', 'unable to connect'].join('|'), 'i')
 /** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (docs/design.md §6). */
 const DEFAULT_RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
@@ -3992,9 +4635,9 @@ const SSE_MAX_BUFFER_UNITS = 16 * 1024 * 1024
 const ERROR_BODY_MAX_UNITS = 64 * 1024
 /** An error body, or a non-streamed body, is read up to this many bytes (after content decoding),
  *  then the rest is cancelled unread: a gzip bomb is never inflated (docs/design.md §13). */
-export const RESPONSE_BODY_MAX_BYTES = 64 * 1024
+const RESPONSE_BODY_MAX_BYTES = 64 * 1024
 /** Default cap on one assistant message: text, reasoning, tool-call ids, names and arguments, UTF-8 bytes (§13). */
-export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 /** Tool calls one assistant message may hold; past it RESPONSE_TOO_LARGE (each call costs memory and a result). */
 const MAX_TOOL_CALLS_PER_MESSAGE = 1_000
 /** Same-origin 307/308 redirects followed per attempt, at most. */
@@ -4019,21 +4662,26 @@ export interface KnownModel {
  * 2026). Any other model needs `contextWindow` in the options, or the ladder reports a
  * configuration error once (docs/design.md §5).
  */
-export const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = /* @__PURE__ */ Object.freeze({
+const KNOWN_MODELS: Readonly<Record<string, Readonly<KnownModel>>> = /* @__PURE__ */ Object.freeze({
   // DeepSeek-V4.1-Flash (accepts image input); its older name deepseek-v4-flash is served by it.
   'deepseek-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
   'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000 }),
-  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash' }),
-  'deepseek-chat': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash', thinking: 'disabled' as const }),
-  'deepseek-reasoner': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000, aliasOf: 'deepseek-flash', thinking: 'enabled' as const }),
+  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000,
+    aliasOf: 'deepseek-flash' }),
+  'deepseek-chat': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000,
+    aliasOf: 'deepseek-flash', thinking: 'disabled' as const }),
+  'deepseek-reasoner': /* @__PURE__ */ Object.freeze({ contextWindow: 1_048_576, maxOutputTokens: 384_000,
+    aliasOf: 'deepseek-flash', thinking: 'enabled' as const }),
 })
 
 /**
  * DeepSeek's peak hours: Monday to Friday, UTC 01:00–04:00 and 06:00–10:00, every price doubled
  * (DeepSeek, "Models & Pricing", api-docs.deepseek.com/quick_start/pricing, autumn 2026).
  */
-export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = /* @__PURE__ */ Object.freeze({
-  multiplier: 2, days: /* @__PURE__ */ Object.freeze([1, 2, 3, 4, 5]), hoursUTC: /* @__PURE__ */ Object.freeze([/* @__PURE__ */ Object.freeze([1, 4] as const), /* @__PURE__ */ Object.freeze([6, 10] as const)]),
+const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = /* @__PURE__ */ Object.freeze({
+  multiplier: 2, days: /* @__PURE__ */ Object.freeze([1, 2, 3, 4,
+    5]), hoursUTC: /* @__PURE__ */ Object.freeze([/* @__PURE__ */ Object.freeze([1,
+    4] as const), /* @__PURE__ */ Object.freeze([6, 10] as const)]),
 })
 
 /**
@@ -4044,21 +4692,27 @@ export const DEEPSEEK_PEAK_HOURS: Readonly<PeakHours> = /* @__PURE__ */ Object.f
  * {@link pricesOf} also resolves the retired aliases of {@link KNOWN_MODELS}. Every other model
  * has no price unless one is given.
  */
-export const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = /* @__PURE__ */ Object.freeze({
-  'deepseek-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
-  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6, peak: DEEPSEEK_PEAK_HOURS }),
-  'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98, peak: DEEPSEEK_PEAK_HOURS }),
+const DEEPSEEK_PRICES: Readonly<Record<string, Readonly<Prices>>> = /* @__PURE__ */ Object.freeze({
+  'deepseek-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6,
+    peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-flash': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6,
+    peak: DEEPSEEK_PEAK_HOURS }),
+  'deepseek-v4-pro': /* @__PURE__ */ Object.freeze({ cacheHitInput: 0.022, cacheMissInput: 0.66, output: 1.98,
+    peak: DEEPSEEK_PEAK_HOURS }),
 })
 
-/** DeepSeek's price table for `model` (a retired alias resolves to the model it stands for); undefined for any other model. */
-export function pricesOf(model: string): Readonly<Prices> | undefined {
+/** DeepSeek's price table for `model` (a retired alias resolves to the model it stands for); undefined for any other
+ *  model. */
+function pricesOf(model: string): Readonly<Prices> | undefined {
   const own = Object.prototype.hasOwnProperty.call(DEEPSEEK_PRICES, model) ? DEEPSEEK_PRICES[model] : undefined
   const alias = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model].aliasOf : undefined
   return own ?? (alias !== undefined ? pricesOf(alias) : undefined)
 }
 
-// ── 6.1 Server-sent events ────────────────────────────────────────────────────────────────────
+// ── 6.1 Server-sent events ────────────────────────────
 // Spec: WHATWG HTML §9.2 "Server-sent events", https://html.spec.whatwg.org/multipage/server-sent-events.html
+// One parser (SSEParser) serves parseSSE and the adapter. A network chunk is decoded once, its
+// whole lines are parsed in place, and its events are handed on as one batch: no promise per event.
 // Checked against every case of the eventsource-parser test suite (test/sse.test.ts).
 
 /** One dispatched server-sent event. */
@@ -4071,260 +4725,241 @@ export interface SSEEvent {
   id?: string
 }
 
-/** Kinds of {@link SSEParseError}. Only `max-buffer-size-exceeded` stops the parser. */
-export type SSEParseErrorType = 'unknown-field' | 'invalid-retry' | 'max-buffer-size-exceeded'
+/** More than `maxBufferSize` UTF-16 units held at once; {@link parseSSE} documents it as a RangeError. */
+class SSEOverflowError extends RangeError {}
 
-/** A problem in an event stream. `line` is the offending line; `field`/`value` its parts. */
-export class SSEParseError extends Error {
-  readonly type: SSEParseErrorType
-  readonly field?: string
-  readonly value?: string
-  readonly line?: string
-  constructor(message: string, init: { type: SSEParseErrorType; field?: string; value?: string; line?: string }) {
-    super(message)
-    this.name = 'SSEParseError'
-    this.type = init.type
-    if (init.field !== undefined) this.field = init.field
-    if (init.value !== undefined) this.value = init.value
-    if (init.line !== undefined) this.line = init.line
-  }
-}
-
-/** Callbacks and limits of {@link createSSEParser}. */
-export interface SSEParserOptions {
-  onEvent?: (event: SSEEvent) => void
-  /** A comment line (`: text`), with the colon and one following space removed. */
-  onComment?: (comment: string) => void
-  /** A valid `retry` field: the reconnection time in ms. */
-  onRetry?: (ms: number) => void
-  /** A block that set `id` was dispatched (called before its event, also for a block with no data). */
-  onId?: (id: string) => void
-  /** Unknown fields and invalid `retry` values (the line is ignored), and buffer overflow. */
-  onError?: (error: SSEParseError) => void
-  /**
-   * Most UTF-16 units held at once (unterminated line + event data). Beyond it the parser reports
-   * `max-buffer-size-exceeded` and throws on every `feed` until `reset()`. Default: unbounded.
-   */
-  maxBufferSize?: number
-}
-
-/** A push parser: `feed` text in any slices; callbacks fire as lines complete. */
-export interface SSEParser {
-  /** Parses the next slice of the stream (decoded text; chunk boundaries may fall anywhere). */
-  feed(text: string): void
-  /** Forgets all state. `consume: true` first processes an unterminated last line as a line. */
-  reset(options?: { consume?: boolean }): void
-}
-
-const SSE_FIELD_PREFIXES = ['data:', 'event:', 'id:', 'retry:']
+const SSE_FIELDS = ['data:', 'event:', 'id:', 'retry:']
 
 /**
- * Creates a WHATWG-conformant SSE line parser with eventsource-parser's callback semantics:
- * LF, CRLF and lone CR (also split across chunks) end lines; one leading BOM (decoded U+FEFF or
- * the raw bytes EF BB BF read as Latin-1) is skipped; an event whose blank line never arrives is
- * never dispatched. An unterminated line that can no longer become a valid field (or a comment
- * nobody listens to) is discarded as soon as that is known, without buffering or an error.
- * @throws TypeError when `options` is a function; RangeError for a bad `maxBufferSize`.
+ * Whether the unterminated line `head` can still become a field this parser reads: 1 yes, 0 no
+ * (a comment, or an unknown field: the rest of the line is skipped unbuffered), -1 too short to tell.
  */
-export function createSSEParser(options: SSEParserOptions = {}): SSEParser {
-  if (typeof options === 'function') {
-    throw new TypeError('createSSEParser takes an options object, got a function. Did you mean createSSEParser({ onEvent: fn })?')
+function sseFieldStart(head: string): number {
+  if (head.charCodeAt(0) === 58) return 0
+  for (const field of SSE_FIELDS) {
+    const n = Math.min(head.length, field.length)
+    let k = 0
+    while (k < n && head.charCodeAt(k) === field.charCodeAt(k)) k++
+    if (k === n) return n === field.length ? 1 : -1
   }
-  const { onEvent, onComment, onRetry, onId, onError, maxBufferSize } = options
-  if (maxBufferSize !== undefined && !isIntegerAtLeast(maxBufferSize, 1)) {
-    throw new RangeError(`createSSEParser: maxBufferSize must be a positive integer (UTF-16 units), got ${String(maxBufferSize)}`)
-  }
-  // The unterminated line, as fragments joined once when its terminator arrives, because
-  // concatenating per chunk is quadratic when one long line arrives in many small chunks.
-  let pending: string[] = []
-  let pendingUnits = 0
-  let pendingKept = false // the pending line's first characters show it is worth keeping
-  let discarding = false // skipping the rest of a line that cannot be a valid field
-  let skipLF = false // the last chunk ended in CR: an LF starting the next chunk ends nothing new
-  let atStart = true
-  let terminated = false
-  let data = ''
-  let dataLines = 0
-  let eventType: string | undefined
-  let id: string | undefined
-
-  const clearEvent = (): void => { data = ''; dataLines = 0; eventType = undefined; id = undefined }
-
-  function dispatch(): void {
-    if (id === undefined && dataLines > 0 && onEvent) {
-      // The common case (no id): one object of a fixed shape.
-      const event: SSEEvent = { event: eventType ?? 'message', data }
-      data = ''; dataLines = 0; eventType = undefined
-      onEvent(event)
-      return
-    }
-    if (id !== undefined) onId?.(id)
-    if (dataLines > 0 && onEvent) {
-      const event: SSEEvent = { event: eventType ?? 'message', data, id }
-      clearEvent()
-      onEvent(event)
-      return
-    }
-    clearEvent()
-  }
-
-  function processLine(line: string): void {
-    if (line.length === 0) return dispatch()
-    const colon = line.indexOf(':')
-    if (colon === 0) {
-      onComment?.(line.slice(line.charCodeAt(1) === 32 ? 2 : 1))
-      return
-    }
-    const field = colon < 0 ? line : line.slice(0, colon)
-    const value = colon < 0 ? '' : line.slice(line.charCodeAt(colon + 1) === 32 ? colon + 2 : colon + 1)
-    switch (field) {
-      case 'data': data = dataLines === 0 ? value : `${data}\n${value}`; dataLines++; break
-      case 'event': eventType = value || undefined; break
-      case 'id': if (!value.includes('\0')) id = value; break // WHATWG: an id with NUL is ignored
-      case 'retry':
-        if (/^[0-9]+$/.test(value)) onRetry?.(parseInt(value, 10))
-        else onError?.(new SSEParseError(`Invalid \`retry\` value: "${value}"`, { type: 'invalid-retry', value, line }))
-        break
-      default:
-        onError?.(new SSEParseError(`Unknown field "${field.length > 20 ? `${field.slice(0, 20)}…` : field}"`, { type: 'unknown-field', field, value, line }))
-    }
-  }
-
-  /** true: keep; false: discard; undefined: too short to tell (under 6 units, so cheap to re-check). */
-  function worthKeeping(head: string): boolean | undefined {
-    if (head.charCodeAt(0) === 58) return onComment !== undefined
-    for (const prefix of SSE_FIELD_PREFIXES) {
-      if (head.length >= prefix.length ? head.startsWith(prefix) : prefix.startsWith(head)) return head.length >= prefix.length ? true : undefined
-    }
-    return false
-  }
-
-  function checkBuffer(): void {
-    if (maxBufferSize === undefined || pendingUnits + data.length <= maxBufferSize) return
-    terminated = true
-    pending = []; pendingUnits = 0; pendingKept = false; discarding = false
-    clearEvent()
-    onError?.(new SSEParseError(`Buffered data exceeded max buffer size of ${maxBufferSize} characters`, { type: 'max-buffer-size-exceeded' }))
-  }
-
-  function feed(chunk: string): void {
-    if (terminated) throw new Error('Cannot feed parser: it was terminated after exceeding the configured max buffer size. Call `reset()` to resume parsing.')
-    if (typeof chunk !== 'string') throw new TypeError(`SSEParser.feed takes decoded text, got ${typeof chunk}; decode bytes with a streaming TextDecoder first (or use parseSSE)`)
-    const n = chunk.length
-    if (n === 0) return
-    let i = 0
-    if (atStart) {
-      atStart = false
-      if (chunk.charCodeAt(0) === 0xfeff) i = 1
-      else if (chunk.startsWith('\u00ef\u00bb\u00bf')) i = 3
-    }
-    if (skipLF) {
-      skipLF = false
-      if (chunk.charCodeAt(i) === 10) i++
-    }
-    // Positions of the next LF and CR, refreshed only when passed: one scan per chunk, not per line.
-    let lf = chunk.indexOf('\n', i)
-    let cr = chunk.indexOf('\r', i)
-    const afterTerminator = (t: number): number => {
-      if (chunk.charCodeAt(t) !== 13) return t + 1
-      if (t + 1 < n) return chunk.charCodeAt(t + 1) === 10 ? t + 2 : t + 1
-      skipLF = true
-      return t + 1
-    }
-    if (discarding) {
-      const t = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
-      if (t < 0) return
-      discarding = false
-      i = afterTerminator(t)
-    }
-    while (i < n) {
-      if (lf >= 0 && lf < i) lf = chunk.indexOf('\n', i)
-      if (cr >= 0 && cr < i) cr = chunk.indexOf('\r', i)
-      const t = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
-      if (t < 0) break
-      if (pending.length > 0) {
-        pending.push(chunk.slice(i, t))
-        const line = pending.join('')
-        pending = []; pendingUnits = 0; pendingKept = false
-        i = afterTerminator(t)
-        processLine(line)
-        continue
-      }
-      const start = i
-      i = t === lf ? t + 1 : afterTerminator(t)
-      // The hot path, a whole line inside this chunk: an empty line, `data:` or `event:` is read
-      // in place (only the value is sliced); anything else goes through processLine.
-      if (start === t) { dispatch(); continue }
-      const c0 = chunk.charCodeAt(start)
-      if (c0 === 100 && chunk.charCodeAt(start + 4) === 58 && chunk.charCodeAt(start + 1) === 97 && chunk.charCodeAt(start + 2) === 116 && chunk.charCodeAt(start + 3) === 97) {
-        const value = chunk.slice(chunk.charCodeAt(start + 5) === 32 ? start + 6 : start + 5, t)
-        data = dataLines === 0 ? value : `${data}\n${value}`
-        dataLines++
-      } else if (c0 === 101 && chunk.charCodeAt(start + 5) === 58 && chunk.startsWith('event', start)) {
-        eventType = chunk.slice(chunk.charCodeAt(start + 6) === 32 ? start + 7 : start + 6, t) || undefined
-      } else processLine(chunk.slice(start, t))
-    }
-    if (i < n) {
-      pending.push(i === 0 ? chunk : chunk.slice(i))
-      pendingUnits += n - i
-      if (!pendingKept) {
-        const keep = worthKeeping((pending.length === 1 ? pending[0] : pending.join('')).slice(0, 6))
-        if (keep === false) { pending = []; pendingUnits = 0; discarding = true }
-        else if (keep === true) pendingKept = true
-      }
-    }
-    checkBuffer()
-  }
-
-  function reset(resetOptions: { consume?: boolean } = {}): void {
-    if (resetOptions.consume && pending.length > 0 && !discarding) processLine(pending.join(''))
-    pending = []; pendingUnits = 0; pendingKept = false; discarding = false
-    skipLF = false; atStart = true; terminated = false
-    clearEvent()
-  }
-
-  return { feed, reset }
+  return 0
 }
 
 /**
- * Parses a server-sent event stream into its events (WHATWG rules, via {@link createSSEParser}).
- * Bytes are decoded as UTF-8 with a streaming decoder, so a character split across chunks is
- * intact; strings are taken as already decoded. Comments, `retry` and malformed lines are
- * skipped. Stopping the iteration early cancels a `ReadableStream` source.
+ * The WHATWG event-stream parser over decoded text: LF, CRLF and lone CR end lines (also split
+ * across chunks); one leading BOM (U+FEFF, or EF BB BF read as Latin-1) is skipped; comments,
+ * `retry` and unknown fields are ignored; an event whose blank line never arrives is never
+ * dispatched. Throws {@link SSEOverflowError} once the unterminated line plus the event's data
+ * hold more than `maxBufferSize` UTF-16 units.
+ */
+class SSEParser {
+  /** The unterminated line, in pieces joined once its end arrives: joining per chunk is quadratic. */
+  private readonly pending: string[] = []
+  private pendingUnits = 0
+  private pendingKept = false
+  private discarding = false
+  /** The last chunk ended in CR: an LF starting the next one ends no second line. */
+  private skipLF = false
+  private atStart = true
+  private data = ''
+  private dataLines = 0
+  private eventType: string | undefined = undefined
+  private id: string | undefined = undefined
+  constructor(private readonly onEvent: (event: SSEEvent) => void, private readonly maxBufferSize = Infinity) {}
+
+  feed(text: string): void {
+    let i = 0
+    if (text.length === 0) return
+    if (this.atStart) {
+      this.atStart = false
+      if (text.charCodeAt(0) === 0xfeff) i = 1
+      else if (text.startsWith('\u00ef\u00bb\u00bf')) i = 3
+    }
+    if (this.skipLF) { this.skipLF = false; if (text.charCodeAt(i) === 10) i++ }
+    const cr = text.indexOf('\r', i) // the one scan of the chunk for CR: most streams have none
+    if (this.discarding || this.pending.length > 0) i = this.endHeldLine(text, i, cr)
+    if (i >= 0) {
+      const rest = cr < 0 || cr < i && text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
+      if (rest < text.length) this.hold(rest === 0 ? text : text.slice(rest))
+    }
+    if (this.pendingUnits + this.data.length > this.maxBufferSize) {
+      throw new SSEOverflowError(`the event stream held more than maxBufferSize = ${this.maxBufferSize} UTF-16 units`
+        + ' in one line and event; raise maxBufferSize, or check that the source is an event stream')
+    }
+  }
+
+  /**
+   * Ends the line held from earlier chunks at the first line end in `text` (`cr`: its first CR at or
+   * after `i`, or -1); returns where the rest begins, -1 when `text` has no line end.
+   */
+  private endHeldLine(text: string, i: number, cr: number): number {
+    const lf = text.indexOf('\n', i)
+    let end = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
+    if (end < 0) {
+      if (!this.discarding && i < text.length) this.hold(i === 0 ? text : text.slice(i))
+      return -1
+    }
+    if (this.discarding) this.discarding = false
+    else {
+      const held = this.pending
+      const line = (held.length === 1 ? held[0] : held.join('')) + text.slice(i, end)
+      held.length = 0; this.pendingUnits = 0; this.pendingKept = false
+      this.line(line, 0, line.length)
+    }
+    if (text.charCodeAt(end) === 13) {
+      if (end + 1 === text.length) this.skipLF = true
+      else if (text.charCodeAt(end + 1) === 10) end++
+    }
+    return end + 1
+  }
+
+  /**
+   * The hot path, whole lines of a chunk with no CR: an empty line, `data:` and a one-line event
+   * (`data: …` then a blank line) are read in place; anything else goes through {@link line}.
+   * Returns where the unterminated rest begins.
+   */
+  private linesLF(text: string, pos: number): number {
+    for (let lf = text.indexOf('\n', pos); lf >= 0; lf = text.indexOf('\n', pos)) {
+      if (lf === pos) { this.dispatch(); pos++; continue }
+      // `data:`, compared by char code: startsWith is a slower builtin call, more so on two-byte text.
+      if (text.charCodeAt(pos) === 100 && text.charCodeAt(pos + 4) === 58 && text.charCodeAt(pos + 1) === 97
+        && text.charCodeAt(pos + 2) === 116 && text.charCodeAt(pos + 3) === 97) {
+        const value = text.slice(text.charCodeAt(pos + 5) === 32 ? pos + 6 : pos + 5, lf)
+        if (this.dataLines === 0 && text.charCodeAt(lf + 1) === 10) { this.emit(value); pos = lf + 2; continue }
+        this.data = this.dataLines++ === 0 ? value : `${this.data}\n${value}`
+      } else this.line(text, pos, lf)
+      pos = lf + 1
+    }
+    return pos
+  }
+
+  /** Whole lines of a chunk that holds a CR (LF, CRLF or CR end a line). Returns where the rest begins. */
+  private linesCR(text: string, pos: number): number {
+    const n = text.length
+    while (pos < n) {
+      let end = pos
+      for (let c = text.charCodeAt(end); end < n && c !== 10 && c !== 13; c = text.charCodeAt(++end));
+      if (end === n) break
+      if (text.charCodeAt(end) === 13 && end + 1 === n) this.skipLF = true
+      this.line(text, pos, end)
+      pos = text.charCodeAt(end) === 13 && text.charCodeAt(end + 1) === 10 ? end + 2 : end + 1
+    }
+    return pos
+  }
+
+  /** One line `text[start, end)`: a blank line dispatches; `data`, `event` and `id` are read. */
+  private line(text: string, start: number, end: number): void {
+    if (start === end) return this.dispatch()
+    if (text.charCodeAt(start) === 58) return
+    let colon = text.indexOf(':', start)
+    if (colon < 0 || colon > end) colon = end
+    const valueStart = colon === end ? end : text.charCodeAt(colon + 1) === 32 ? colon + 2 : colon + 1
+    const name = colon - start
+    if (name === 4 && text.startsWith('data', start)) {
+      const value = text.slice(valueStart, end)
+      this.data = this.dataLines++ === 0 ? value : `${this.data}\n${value}`
+    } else if (name === 5 && text.startsWith('event', start)) this.eventType = text.slice(valueStart, end) || undefined
+    else if (name === 2 && text.startsWith('id', start)) {
+      const value = text.slice(valueStart, end)
+      if (!value.includes('\0')) this.id = value // WHATWG: an id holding NUL is ignored
+    }
+  }
+
+  private dispatch(): void {
+    if (this.dataLines === 0) { this.eventType = undefined; this.id = undefined; return }
+    const data = this.data
+    this.data = ''; this.dataLines = 0
+    this.emit(data)
+  }
+
+  private emit(data: string): void {
+    const event = this.eventType ?? 'message'
+    const e: SSEEvent = this.id === undefined ? { event, data } : { event, data, id: this.id }
+    this.eventType = undefined; this.id = undefined
+    this.onEvent(e)
+  }
+
+  /** Keeps an unterminated piece, unless its start shows the line is one this parser ignores. */
+  private hold(piece: string): void {
+    this.pending.push(piece)
+    this.pendingUnits += piece.length
+    if (this.pendingKept) return
+    const keep = sseFieldStart(this.pending.length === 1 ? piece : this.pending.join(''))
+    if (keep === 1) this.pendingKept = true
+    else if (keep === 0) { this.pending.length = 0; this.pendingUnits = 0; this.discarding = true }
+  }
+}
+
+/** ASCII bytes in a row (whole chunks) after which the next chunk is tried as ASCII first. */
+const ASCII_RUN_BYTES = 4096
+
+/**
+ * Decodes a stream of UTF-8 chunks (strings are passed through as decoded). After a run of
+ * {@link ASCII_RUN_BYTES} ASCII bytes the next chunk goes first to a non-streaming decoder, several
+ * times faster on ASCII in V8 (and slower on other text, hence the run); the streaming decoder takes
+ * every other chunk, so a character split across chunks is intact. `ignoreBOM`: the parser skips
+ * exactly one leading BOM itself (WHATWG). `undefined` ends the stream.
+ */
+function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
+  const streaming = new TextDecoder('utf-8', { ignoreBOM: true })
+  const whole = new TextDecoder('utf-8', { ignoreBOM: true })
+  let asciiRun = 0 // ASCII bytes in a row, to the end of the last chunk: the streaming decoder holds nothing
+  // One unit per byte and no U+FFFD: all ASCII (a multi-byte character gives fewer units than bytes).
+  const ascii = (text: string, chunk: Uint8Array) => text.length === chunk.length && text.indexOf('\uFFFD') < 0
+  return (chunk) => {
+    if (chunk === undefined) return streaming.decode()
+    if (typeof chunk === 'string') return chunk
+    if (asciiRun >= ASCII_RUN_BYTES) {
+      const text = whole.decode(chunk)
+      if (ascii(text, chunk)) { asciiRun += chunk.length; return text }
+    }
+    const text = streaming.decode(chunk, { stream: true })
+    asciiRun = ascii(text, chunk) ? asciiRun + chunk.length : 0
+    return text
+  }
+}
+
+/**
+ * Parses a server-sent event stream into its events (WHATWG rules): bytes are decoded as UTF-8 with
+ * a streaming decoder, strings are taken as decoded; comments, `retry` and malformed lines are
+ * skipped. The events of one chunk are parsed together and handed out from an array. Stopping the
+ * iteration early cancels a `ReadableStream` source.
  * @param source a `ReadableStream<Uint8Array>` (e.g. `response.body`) or an async iterable of
  *   `Uint8Array | string` chunks.
- * @param options.maxBufferSize see {@link SSEParserOptions.maxBufferSize} (UTF-16 units).
- * @throws SSEParseError (`max-buffer-size-exceeded`) when the limit is passed; TypeError for a bad source.
+ * @param options.maxBufferSize most UTF-16 units one unterminated line plus its event's data may
+ *   hold (default: unbounded).
+ * @throws RangeError past `maxBufferSize`; TypeError for a source that is not a stream.
  */
-export function parseSSE(
+function parseSSE(
   source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
   options: { maxBufferSize?: number } = {},
 ): AsyncIterableIterator<SSEEvent> {
-  // A hand-written iterator, not an async generator: the events of one network chunk are handed
-  // out from an array, one already-settled promise each, which costs less than resuming a
-  // generator per event (the hot path of every streamed reply).
   const pull = chunkPuller(source)
-  const ready: SSEEvent[] = []
+  let batch: SSEEvent[] = []
   let head = 0
   let ended = false
-  const feeder = sseFeeder((event) => { ready.push(event) }, options.maxBufferSize)
+  const parser = new SSEParser((event) => { batch.push(event) }, sseBufferLimit(options.maxBufferSize))
+  const decode = utf8Decoder()
   const done: IteratorResult<SSEEvent> = { value: undefined, done: true }
   async function fill(): Promise<IteratorResult<SSEEvent>> {
-    while (head >= ready.length) {
-      ready.length = 0; head = 0
+    while (head >= batch.length) {
+      batch = []; head = 0
       if (ended) return done
-      const chunk = await pull.next()
-      if (chunk === undefined) ended = true
-      try { feeder.feed(chunk) } catch (err) { ended = true; await pull.close(); throw err }
+      let r: IteratorResult<Uint8Array | string>
+      try { r = await pull.next() } catch (err) { ended = true; pull.finished = true; throw err }
+      if (r.done) { ended = true; pull.finished = true }
+      try { parser.feed(decode(r.done ? undefined : r.value)) } catch (err) {
+        ended = true
+        await pull.close()
+        throw err
+      }
     }
-    return { value: ready[head++], done: false }
+    return { value: batch[head++], done: false }
   }
   return {
-    next(): Promise<IteratorResult<SSEEvent>> {
-      return head < ready.length ? Promise.resolve({ value: ready[head++], done: false }) : fill()
-    },
+    next: () => (head < batch.length ? Promise.resolve({ value: batch[head++], done: false }) : fill()),
     async return(): Promise<IteratorResult<SSEEvent>> {
-      ended = true; ready.length = 0; head = 0
+      ended = true; batch = []; head = 0
       await pull.close()
       return done
     },
@@ -4332,88 +4967,78 @@ export function parseSSE(
   }
 }
 
+/** A `maxBufferSize` option: a positive integer of UTF-16 units, or undefined for no limit. */
+function sseBufferLimit(maxBufferSize: unknown): number {
+  if (maxBufferSize === undefined) return Infinity
+  if (isIntegerAtLeast(maxBufferSize, 1)) return maxBufferSize
+  throw new RangeError(`parseSSE: maxBufferSize must be a positive integer (UTF-16 units), `
+    + `got ${String(maxBufferSize)}`)
+}
+
 /**
- * The callback form of {@link parseSSE}, for hot paths such as the provider adapter: reads
- * `source` chunk by chunk and calls `onEvent` synchronously for every event of each chunk (no
- * promise per event). `onEvent` returning `false` stops: later events are not delivered and the
- * source is cancelled. `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings).
- * Resolves when the source ends or is stopped; rejects with what `onEvent` or the source threw,
- * or with `SSEParseError` (`max-buffer-size-exceeded`, limit in UTF-16 units).
+ * The adapter's form of {@link parseSSE}: calls `onEvent` synchronously for every event of each
+ * chunk. `onEvent` returning `false` stops (later events are dropped, the source is cancelled);
+ * `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings). Rejects with what
+ * `onEvent` or the source threw, or with the parser's RangeError past `maxBufferSize`.
  */
-export async function pumpSSE(
+async function pumpSSE(
   source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
   onEvent: (event: SSEEvent) => boolean | void,
   options: { maxBufferSize?: number; onChunk?: (size: number) => void } = {},
 ): Promise<void> {
   const pull = chunkPuller(source)
   let stopped = false
-  const feeder = sseFeeder((event) => { if (!stopped && onEvent(event) === false) stopped = true }, options.maxBufferSize)
+  const parser = new SSEParser((event) => { if (!stopped && onEvent(event) === false) stopped = true },
+    sseBufferLimit(options.maxBufferSize))
+  const decode = utf8Decoder()
   try {
     while (!stopped) {
-      const chunk = await pull.next()
-      if (chunk !== undefined) options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
-      feeder.feed(chunk)
-      if (chunk === undefined) return
+      let r: IteratorResult<Uint8Array | string>
+      try { r = await pull.next() } catch (err) { pull.finished = true; throw err }
+      if (r.done) { pull.finished = true; parser.feed(decode(undefined)); return }
+      const chunk = r.value
+      options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
+      parser.feed(decode(chunk))
     }
   } finally { await pull.close() }
 }
 
 /**
- * The decoding glue shared by {@link parseSSE} and {@link pumpSSE}: `feed(chunk)` decodes bytes
- * with one streaming UTF-8 decoder (strings are taken as decoded) and parses; `feed(undefined)`
- * ends the stream. Throws the parser's `max-buffer-size-exceeded` error from `feed`.
+ * Reads chunks from a `ReadableStream` or an (async) iterable: `next()` is the source's own read (one
+ * promise per chunk, no wrapper of ours around it); `close()` stops early and cancels the stream
+ * behind it (closing the connection) unless the reader set `finished` (the source ended or threw).
  */
-function sseFeeder(onEvent: (event: SSEEvent) => void, maxBufferSize: number | undefined): { feed(chunk: Uint8Array | string | undefined): void } {
-  let overflow: SSEParseError | undefined
-  const parser = createSSEParser({ onEvent, onError: (error) => { if (error.type === 'max-buffer-size-exceeded') overflow = error }, maxBufferSize })
-  // ignoreBOM: the parser skips exactly one leading BOM itself (WHATWG); a decoder that also
-  // stripped one would eat a second, which is data.
-  const decoder = new TextDecoder('utf-8', { ignoreBOM: true })
-  return {
-    feed(chunk) {
-      parser.feed(chunk === undefined ? decoder.decode() : typeof chunk === 'string' ? chunk : decoder.decode(chunk, { stream: true }))
-      if (overflow) throw overflow
-    },
-  }
+interface ChunkSource {
+  next(): Promise<IteratorResult<Uint8Array | string>>
+  close(): Promise<void>
+  finished: boolean
 }
 
-/**
- * Reads chunks from a `ReadableStream` or an (async) iterable: `next()` gives a chunk or undefined
- * at the end; `close()` stops early and cancels the stream behind it (closing the connection).
- */
-function chunkPuller(source: unknown): { next(): Promise<Uint8Array | string | undefined>; close(): Promise<void> } {
+function chunkPuller(source: unknown): ChunkSource {
   if (source !== null && typeof source === 'object' && typeof (source as ReadableStream).getReader === 'function') {
     const reader = (source as ReadableStream<Uint8Array>).getReader()
-    let finished = false
     return {
-      async next() {
-        try {
-          const { done, value } = await reader.read()
-          if (done) finished = true
-          return done ? undefined : value
-        } catch (err) { finished = true; throw err }
-      },
-      async close() { if (!finished) { finished = true; await reader.cancel().catch(() => {}) } },
+      finished: false,
+      next: () => reader.read() as Promise<IteratorResult<Uint8Array>>,
+      async close() { if (!this.finished) { this.finished = true; await reader.cancel().catch(() => {}) } },
     }
   }
   if (source !== null && typeof source === 'object' && (Symbol.asyncIterator in source || Symbol.iterator in source)) {
-    const it: AsyncIterator<Uint8Array | string> | Iterator<Uint8Array | string> = Symbol.asyncIterator in source
+    const async = Symbol.asyncIterator in source
+    const it: AsyncIterator<Uint8Array | string> | Iterator<Uint8Array | string> = async
       ? (source as AsyncIterable<Uint8Array | string>)[Symbol.asyncIterator]()
       : (source as Iterable<Uint8Array | string>)[Symbol.iterator]()
-    let finished = false
     return {
-      async next() {
-        const r = await it.next()
-        if (r.done) finished = true
-        return r.done ? undefined : r.value
-      },
-      async close() { if (!finished) { finished = true; await it.return?.() } },
+      finished: false,
+      next: async ? () => it.next() as Promise<IteratorResult<Uint8Array | string>> : async () => it.next(),
+      async close() { if (!this.finished) { this.finished = true; await it.return?.() } },
     }
   }
-  throw new TypeError(`parseSSE needs a ReadableStream<Uint8Array> or an AsyncIterable of Uint8Array | string, got ${source === null ? 'null' : typeof source}`)
+  throw new TypeError(`parseSSE needs a ReadableStream<Uint8Array> or an AsyncIterable of Uint8Array | string, `
+    + `got ${source === null ? 'null' : typeof source}`)
 }
 
-// ── 6.2 Error classification ──────────────────────────────────────────────────────────────────
+// ── 6.2 Error classification ────────────────────────────
 
 /** HTTP statuses and in-stream error codes are read from these keys of an error body. */
 const ERROR_STATUS_KEYS = new Set(['code', 'status', 'status_code', 'statusCode'])
@@ -4430,7 +5055,8 @@ const ERROR_MESSAGE_KEYS = new Set(['message', 'msg', 'detail', 'error', 'raw', 
  * the prompt length" too (OpenAI/Groq TPM "Request too large", Anthropic input-TPM 429), and a
  * rate limit is never an overflow (docs/design.md §6).
  */
-const RATE_LIMIT_RE = /rate[ _-]?limit|too many requests|tokens per min|requests per min|\b(?:TPM|RPM|TPD|RPD)\b|per[ -]minute|resource[_ ]exhausted/i
+const RATE_LIMIT_RE = new RegExp(['rate[ _-]?limit', 'too many requests', 'tokens per min', 'requests per min',
+  '\\b(?:TPM|RPM|TPD|RPD)\\b', 'per[ -]minute', 'resource[_ ]exhausted'].join('|'), 'i')
 
 /**
  * Context-window overflow wordings that state no counts, one per line with the servers known to use it. A
@@ -4452,9 +5078,11 @@ const OVERFLOW_PATTERNS: readonly RegExp[] = [
 ]
 
 /** Out of balance or quota (not retried: only money helps). */
-const QUOTA_RE = /insufficient[_ ]?(?:balance|quota|credits?|funds)|exceeded your current quota|billing|credit balance|payment required|out of credits|not enough credits/i
+const QUOTA_RE = new RegExp(['insufficient[_ ]?(?:balance|quota|credits?|funds)', 'exceeded your current quota',
+  'billing', 'credit balance', 'payment required', 'out of credits', 'not enough credits'].join('|'), 'i')
 /** Authentication and permission wording, used when no HTTP status says so. */
-const AUTH_RE = /authenticat|unauthori[sz]ed|invalid[_ ]api[_ ]key|incorrect api key|permission[_ ]denied|permission_error|forbidden/i
+const AUTH_RE =
+  /authenticat|unauthori[sz]ed|invalid[_ ]api[_ ]key|incorrect api key|permission[_ ]denied|permission_error|forbidden/i
 /** Server-side trouble, used when no HTTP status says so (errors inside a 200 stream). */
 const SERVER_RE = /overloaded|server[_ ]error|internal|unavailable|bad gateway|api_error|timed? ?out/i
 /** Request-side trouble, used when no HTTP status says so. */
@@ -4481,7 +5109,8 @@ function parseJSONOrUndefined(text: string): unknown {
   try { return JSON.parse(text) } catch { return undefined }
 }
 
-const isErrorStatus = (status: unknown): status is number => typeof status === 'number' && Number.isInteger(status) && status >= 400 && status <= 599
+const isErrorStatus = (status: unknown): status is number => typeof status === 'number' && Number.isInteger(status)
+  && status >= 400 && status <= 599
 
 /** Reads what an error body says, whatever its shape (docs/design.md §6). Never throws on strings. */
 function inspectErrorBody(bodyText: string): ErrorBodyInfo {
@@ -4514,13 +5143,16 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
       // Wrapped errors: a proxy that puts the upstream JSON body into its message (Gemini CLI,
       // double-encoded bodies) — read the inner JSON as well.
       const nested = start === '{' || start === '[' || start === '"' ? parseJSONOrUndefined(value) : undefined
-      if (nested !== undefined && typeof nested !== 'number' && typeof nested !== 'boolean') return collect(nested, depth + 1, key)
+      if (nested !== undefined && typeof nested !== 'number' && typeof nested !== 'boolean')
+        return collect(nested, depth + 1, key)
       strings.push(value)
-      if (info.message === undefined && value.trim() !== '' && (key === undefined || ERROR_MESSAGE_KEYS.has(key))) info.message = value.trim()
+      if (info.message === undefined && value.trim() !== ''
+        && (key === undefined || ERROR_MESSAGE_KEYS.has(key))) info.message = value.trim()
       return
     }
     if (typeof value === 'number') {
-      if (key !== undefined && ERROR_STATUS_KEYS.has(key) && info.status === undefined && isErrorStatus(value)) info.status = value
+      if (key !== undefined && ERROR_STATUS_KEYS.has(key) && info.status === undefined
+        && isErrorStatus(value)) info.status = value
       return
     }
     if (Array.isArray(value)) {
@@ -4559,7 +5191,7 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
  * @param status HTTP status, or 200/undefined for an in-stream error.
  * @param bodyText the response body (or the in-stream `data:` payload) as text.
  */
-export function classifyProviderError(status: number | undefined, bodyText: string): ProviderErrorCode {
+function classifyProviderError(status: number | undefined, bodyText: string): ProviderErrorCode {
   return readErrorBody(status, bodyText).code
 }
 
@@ -4567,7 +5199,8 @@ export function classifyProviderError(status: number | undefined, bodyText: stri
  * An error body read once: its code (the rules of {@link classifyProviderError}) and what it says
  * (`info`, for the error's message and in-stream status). Never throws.
  */
-function readErrorBody(status: number | undefined, bodyText: unknown): { code: ProviderErrorCode; info?: ErrorBodyInfo } {
+function readErrorBody(status: number | undefined, bodyText: unknown): { code: ProviderErrorCode;
+  info?: ErrorBodyInfo } {
   let info: ErrorBodyInfo | undefined
   try {
     info = inspectErrorBody(typeof bodyText === 'string' ? bodyText : bodyText == null ? '' : String(bodyText))
@@ -4610,7 +5243,7 @@ const OUTPUT_NEAR = /max_(?:new_|completion_|output_)?tokens|completion|output|g
  * holds the completion too ("requested N tokens", the `A + B`). What the text does not state is absent.
  * Never throws.
  */
-export function overflowCounts(bodyText: string): { promptTokens?: number; contextTokens?: number; requestedTokens?: number } {
+function overflowCounts(bodyText: string): { promptTokens?: number; contextTokens?: number; requestedTokens?: number } {
   const text = typeof bodyText === 'string' ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : ''
   const found = [...text.matchAll(COUNT_RE)]
   const at = (i: number) => Number(found[i][1].replace(/,/g, ''))
@@ -4667,10 +5300,12 @@ function codeOfErrorBody(status: number | undefined, info: ErrorBodyInfo): Provi
 
 /** What to do about each code, appended to error messages (docs/design.md §0: an error names the fix). */
 const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
-  CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, or lower maxTokens.',
+  CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, '
+    + 'or lower maxTokens.',
   RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
   QUOTA: 'The account has no balance or quota left: top it up or use another API key.',
-  AUTH: 'Check the API key and its permissions (option apiKey, or the environment variable named by apiKeyEnv; CLI: --api-key-env NAME).',
+  AUTH: 'Check the API key and its permissions (option apiKey, or the environment variable named by apiKeyEnv; CLI: '
+    + '--api-key-env NAME).',
   INVALID_REQUEST: 'The server rejected the request; the body above names the field.',
   SERVER: 'The server failed; try again later.',
   TRANSPORT: 'Check the network and baseURL.',
@@ -4678,7 +5313,8 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   ABORTED: 'The caller aborted the request.',
   EMPTY_RESPONSE: 'The server answered with nothing; try again later.',
   MALFORMED_RESPONSE: 'The server does not speak the OpenAI chat-completions stream format; check baseURL.',
-  RESPONSE_TOO_LARGE: 'The server sent more than dsh reads; raise maxMessageBytes if a message really needs more, or lower maxTokens.',
+  RESPONSE_TOO_LARGE: 'The server sent more than dsh reads; raise maxMessageBytes if a message really needs more, '
+    + 'or lower maxTokens.',
 }
 
 /** Seconds, an HTTP date, or OpenAI's `retry-after-ms`, in ms (RFC 9110 §10.2.3). */
@@ -4711,7 +5347,7 @@ function requestExceedsRateLimit(body: string): boolean {
   return /request too large/i.test(body) && RATE_LIMIT_RE.test(body)
 }
 
-// ── 6.3 Messages on the wire (OpenAI chat-completions shape) ──────────────────────────────────
+// ── 6.3 Messages on the wire (OpenAI chat-completions shape) ────────────────
 
 type WirePart = { type: 'text'; text: string } | { type: 'image_url'; image_url: { url: string } }
 type WireMessage =
@@ -4745,7 +5381,8 @@ function wireReplacer(_key: string, value: unknown): unknown {
 /** A non-text block as JSON text; long strings (base64 images) are elided, not sent as text. */
 function describeBlock(block: Block): string {
   return JSON.stringify(block, (_key, value: unknown) =>
-    typeof value === 'string' && value.length > DESCRIBED_STRING_MAX_UNITS ? `[${value.length} characters omitted]` : value)
+    typeof value === 'string' && value.length > DESCRIBED_STRING_MAX_UNITS
+      ? `[${value.length} characters omitted]` : value)
 }
 
 /** An image block's URL: `url`, `image_url`, `source.url`, or base64 `data` + MIME type → data: URL. */
@@ -4796,7 +5433,8 @@ function assistantToWire(message: AssistantMessage): WireMessage {
     else if (b.type === 'tool-call') {
       const call = b as ToolCallBlock
       // A call streamed with no arguments at all is sent as an empty object: servers JSON-parse it.
-      toolCalls.push({ id: call.id, type: 'function', function: { name: call.name, arguments: call.arguments.trim() === '' ? '{}' : call.arguments } })
+      toolCalls.push({ id: call.id, type: 'function',
+        function: { name: call.name, arguments: call.arguments.trim() === '' ? '{}' : call.arguments } })
     } else text += (text ? '\n' : '') + describeBlock(b)
   }
   if (toolCalls.length === 0) return { role: 'assistant', content: text }
@@ -4806,8 +5444,10 @@ function assistantToWire(message: AssistantMessage): WireMessage {
 function toWire(message: Message): WireMessage {
   if (message.role === 'user') return userToWire(message)
   if (message.role === 'assistant') return assistantToWire(message)
-  if (message.role === 'tool') return { role: 'tool', tool_call_id: message.toolCallId, content: blocksToText(message.content) }
-  throw new TypeError(`unknown message role ${JSON.stringify((message as { role?: unknown }).role)}; expected 'user', 'assistant' or 'tool'`)
+  if (message.role === 'tool')
+    return { role: 'tool', tool_call_id: message.toolCallId, content: blocksToText(message.content) }
+  throw new TypeError(`unknown message role ${JSON.stringify((message as { role?: unknown }).role)}; expected 'user', `
+    + `'assistant' or 'tool'`)
 }
 
 /**
@@ -4842,7 +5482,7 @@ function toWireMessages(system: string | undefined, messages: readonly Message[]
   return out
 }
 
-// ── 6.4 The adapter ───────────────────────────────────────────────────────────────────────────
+// ── 6.4 The adapter ──────────────────────────────
 
 /** Options of {@link openAICompatible}. Times in ms, budgets in tokens. */
 export interface OpenAICompatibleOptions {
@@ -4850,7 +5490,8 @@ export interface OpenAICompatibleOptions {
   baseURL: string
   /** Sent as `Authorization: Bearer …`. Takes precedence over `apiKeyEnv`. Never appears in errors. */
   apiKey?: string
-  /** Name of an environment variable holding the key (read once, guarded: absent or denied env is an error naming it). */
+  /** Name of an environment variable holding the key (read once, guarded: absent or denied env is an error naming it).
+   *  */
   apiKeyEnv?: string
   /** Model name sent as `model`. */
   model: string
@@ -4864,7 +5505,8 @@ export interface OpenAICompatibleOptions {
   headers?: Record<string, string>
   /** Replacement for `globalThis.fetch` (proxies, tests). */
   fetch?: (input: string, init: RequestInit) => Promise<Response>
-  /** An attempt with no progress (headers or a data event; keep-alive comments do not count) for this long fails as TIMEOUT. Default 300,000. */
+  /** An attempt with no progress (headers or a data event; keep-alive comments do not count) for this long fails as
+   *  TIMEOUT. Default 300,000. */
   idleTimeoutMs?: number
   /** Retries after the first attempt for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. Default 5;
    *  a refused connection or a failed DNS lookup gets at most 1. */
@@ -4891,7 +5533,8 @@ export interface OpenAICompatibleOptions {
    *  it (or past 1,000 tool calls) the stream is cancelled and RESPONSE_TOO_LARGE thrown with the partial text.
    *  Default {@link DEFAULT_MAX_MESSAGE_BYTES}. */
   maxMessageBytes?: number
-  /** Deadline of one `complete()` call, retries and backoff included, in ms; past it: TIMEOUT, not retried. Default: none. */
+  /** Deadline of one `complete()` call, retries and backoff included, in ms; past it: TIMEOUT, not retried. Default:
+   *  none. */
   requestTimeoutMs?: number
 }
 
@@ -4950,38 +5593,65 @@ function sleepMs(ms: number, signal?: AbortSignal): Promise<void> {
 function positiveInteger(fn: string, name: string, value: unknown, allowZero = false): number | undefined {
   if (value === undefined) return undefined
   if (!isIntegerAtLeast(value, allowZero ? 0 : 1)) {
-    throw new TypeError(`${fn}: ${name} must be ${allowZero ? 'a non-negative' : 'a positive'} integer, got ${JSON.stringify(value)}`)
+    throw new TypeError(`${fn}: ${name} must be ${allowZero ? 'a non-negative' : 'a positive'} integer, `
+      + `got ${JSON.stringify(value)}`)
   }
   return value
 }
 
-function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string): AdapterConfig {
-  if (!isRecord(options)) throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null' : typeof options}`)
+/**
+ * Checks the options of {@link openAICompatible} / {@link deepseek} (`fn`): an object of known keys, an
+ * absolute http(s) `baseURL`, a `model`; returns the API key (from `apiKey`, else the variable named
+ * by `apiKeyEnv`, or `requireKeyFrom`). Throws TypeError naming the option and the fix.
+ */
+function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string): string | undefined {
+  if (!isRecord(options))
+    throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null' : typeof options}`)
   for (const key of Object.keys(options)) {
-    if (!(OPTION_NAMES as readonly string[]).includes(key)) throw new TypeError(`${fn}: unknown option "${key}"; known options: ${OPTION_NAMES.join(', ')}`)
+    if (!(OPTION_NAMES as readonly string[]).includes(key))
+      throw new TypeError(`${fn}: unknown option "${key}"; known options: ${OPTION_NAMES.join(', ')}`)
   }
   const { baseURL, model } = options
   let url: URL
-  try { url = new URL(String(baseURL)) } catch { throw new TypeError(`${fn}: baseURL must be an absolute http(s) URL such as https://api.deepseek.com, got ${JSON.stringify(baseURL)}`) }
-  if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new TypeError(`${fn}: baseURL must use http or https, got ${JSON.stringify(baseURL)}`)
-  if (typeof model !== 'string' || model.trim() === '') throw new TypeError(`${fn}: model must be a non-empty string, got ${JSON.stringify(model)}`)
+  try { url = new URL(String(baseURL)) } catch {
+    throw new TypeError(`${fn}: baseURL must be an absolute http(s) URL such as https://api.deepseek.com, `
+      + `got ${JSON.stringify(baseURL)}`)
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:')
+    throw new TypeError(`${fn}: baseURL must use http or https, got ${JSON.stringify(baseURL)}`)
+  if (typeof model !== 'string' || model.trim() === '')
+    throw new TypeError(`${fn}: model must be a non-empty string, got ${JSON.stringify(model)}`)
   let apiKey = options.apiKey === '' ? undefined : options.apiKey
   if (apiKey !== undefined && typeof apiKey !== 'string') throw new TypeError(`${fn}: apiKey must be a string`)
   const envName = apiKey === undefined ? (options.apiKeyEnv ?? requireKeyFrom) : undefined
   if (envName !== undefined) {
     apiKey = readEnv(envName) || undefined
     if (apiKey === undefined) {
-      throw new TypeError(`${fn}: no API key: the environment variable ${envName} is not set or not readable in this runtime (Deno needs --allow-env=${envName}); set it or pass { apiKey }`)
+      throw new TypeError(`${fn}: no API key: the environment variable ${envName} is not set or not readable in this `
+        + `runtime (Deno needs --allow-env=${envName}); set it or pass { apiKey }`)
     }
   }
+  return apiKey
+}
+
+function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string): AdapterConfig {
+  const apiKey = checkOptions(fn, options, requireKeyFrom)
+  const { baseURL, model } = options
   const known = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model] : undefined
-  const thinking = options.thinking === undefined ? undefined : options.thinking === true || options.thinking === 'enabled' ? 'enabled' : options.thinking === false || options.thinking === 'disabled' ? 'disabled' : undefined
-  if (options.thinking !== undefined && thinking === undefined) throw new TypeError(`${fn}: thinking must be true, false, 'enabled' or 'disabled', got ${JSON.stringify(options.thinking)}`)
-  if (options.maxTokensField !== undefined && options.maxTokensField !== 'max_tokens' && options.maxTokensField !== 'max_completion_tokens') {
-    throw new TypeError(`${fn}: maxTokensField must be 'max_tokens' or 'max_completion_tokens', got ${JSON.stringify(options.maxTokensField)}`)
+  const thinking = options.thinking === undefined ? undefined : options.thinking === true
+    || options.thinking === 'enabled' ? 'enabled' : options.thinking === false || options.thinking === 'disabled'
+    ? 'disabled' : undefined
+  if (options.thinking !== undefined && thinking === undefined)
+    throw new TypeError(`${fn}: thinking must be true, false, 'enabled' or 'disabled', `
+      + `got ${JSON.stringify(options.thinking)}`)
+  if (options.maxTokensField !== undefined && options.maxTokensField !== 'max_tokens'
+    && options.maxTokensField !== 'max_completion_tokens') {
+    throw new TypeError(`${fn}: maxTokensField must be 'max_tokens' or 'max_completion_tokens', `
+      + `got ${JSON.stringify(options.maxTokensField)}`)
   }
   const baseURLText = String(baseURL).replace(/\/+$/, '')
-  const fetchImpl = options.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init)) // unbound fetch throws "Illegal invocation" in workerd
+  // unbound fetch throws "Illegal invocation" in workerd
+  const fetchImpl = options.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init))
   if (typeof fetchImpl !== 'function') throw new TypeError(`${fn}: fetch must be a function`)
   return {
     baseURL: baseURLText,
@@ -5020,12 +5690,12 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * estimate; with a known window and no room left it throws CONTEXT_WINDOW_EXCEEDED before sending.
  *
  * Failures are {@link ProviderError}s. RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT and EMPTY_RESPONSE
- * are retried (`maxRetries`; a refused connection or failed DNS lookup at most once; exponential backoff with ±10% jitter, `Retry-After` honoured up to
- * `retryMaxMs`, a `{type:'retry'}` event before each wait), but never once output was streamed —
- * then the error carries `partial` (text and reasoning so far, `interrupted: true`; tool calls
- * are dropped since their arguments may be cut). A "request too large for the per-minute
- * budget" rate limit is not retried (it can never pass). ABORTED (the request's signal) ends at
- * once, also during a backoff wait, and is never retried. The API key never appears in an error.
+ * are retried (`maxRetries`; a refused connection or failed DNS lookup at most once; exponential backoff with ±10%
+ * jitter, `Retry-After` honoured up to `retryMaxMs`, a `{type:'retry'}` event before each wait), but never once output
+ * was streamed — then the error carries `partial` (text and reasoning so far, `interrupted: true`; tool calls are
+ * dropped since their arguments may be cut). A "request too large for the per-minute budget" rate limit is not retried
+ * (it can never pass). ABORTED (the request's signal) ends at once, also during a backoff wait, and is never retried.
+ * The API key never appears in an error.
  *
  * Limits on what a server can make the adapter read (docs/design.md §13): an error body or a
  * non-streamed body is read up to {@link RESPONSE_BODY_MAX_BYTES} (64 KiB, after gzip decoding)
@@ -5035,7 +5705,7 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * bounds the whole call. Redirects are not followed across origins (only a same-origin 307/308).
  * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
  */
-export function openAICompatible(options: OpenAICompatibleOptions): Provider {
+function openAICompatible(options: OpenAICompatibleOptions): Provider {
   return makeProvider(resolveConfig('openAICompatible', options))
 }
 
@@ -5047,8 +5717,9 @@ export function openAICompatible(options: OpenAICompatibleOptions): Provider {
  * @throws TypeError when no key can be found, for a non-https `baseURL`, for another host without
  *   an explicit `apiKey`/`apiKeyEnv`, or for bad options.
  */
-export function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
-  if (!isRecord(options)) throw new TypeError(`deepseek takes an options object, got ${options === null ? 'null' : typeof options}`)
+function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
+  if (!isRecord(options))
+    throw new TypeError(`deepseek takes an options object, got ${options === null ? 'null' : typeof options}`)
   const merged: Record<string, unknown> = { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL }
   for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
   if (merged.prices === undefined && typeof merged.model === 'string') merged.prices = pricesOf(merged.model)
@@ -5056,11 +5727,13 @@ export function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provid
   // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
   const url = new URL(cfg.baseURL)
   if (url.protocol !== 'https:') {
-    throw new TypeError(`deepseek: baseURL ${JSON.stringify(cfg.baseURL)} would send the API key unencrypted; use https:// (or openAICompatible for a local server)`)
+    throw new TypeError(`deepseek: baseURL ${JSON.stringify(cfg.baseURL)} would send the API key unencrypted; `
+      + `use https:// (or openAICompatible for a local server)`)
   }
   const explicitKey = (options.apiKey !== undefined && options.apiKey !== '') || options.apiKeyEnv !== undefined
   if (!explicitKey && url.hostname !== new URL(DEEPSEEK_BASE_URL).hostname) {
-    throw new TypeError(`deepseek: $${DEEPSEEK_API_KEY_ENV} is only sent to ${new URL(DEEPSEEK_BASE_URL).hostname}, not to ${url.hostname}; pass apiKey or apiKeyEnv for that server`)
+    throw new TypeError(`deepseek: $${DEEPSEEK_API_KEY_ENV} is only sent to ${new URL(DEEPSEEK_BASE_URL).hostname}, `
+      + `not to ${url.hostname}; pass apiKey or apiKeyEnv for that server`)
   }
   return makeProvider(cfg)
 }
@@ -5082,7 +5755,8 @@ function isConnectFailure(error: ProviderError): boolean {
   let e: unknown = error.cause
   for (let depth = 0; e !== null && typeof e === 'object' && depth < 4; depth++, e = (e as { cause?: unknown }).cause) {
     const { code, message } = e as { code?: unknown; message?: unknown }
-    if ((typeof code === 'string' && CONNECT_FAILURE_CODES.has(code)) || CONNECT_FAILURE_RE.test(String(message ?? ''))) return true
+    if ((typeof code === 'string' && CONNECT_FAILURE_CODES.has(code))
+      || CONNECT_FAILURE_RE.test(String(message ?? ''))) return true
   }
   return false
 }
@@ -5101,7 +5775,8 @@ function redact(text: string, secret: string | undefined): string {
   return secret && secret.length >= 4 && text.includes(secret) ? text.split(secret).join('[REDACTED]') : text
 }
 
-function providerError(cfg: AdapterConfig, code: ProviderErrorCode, message: string, init: ConstructorParameters<typeof ProviderError>[2] = {}): ProviderError {
+function providerError(cfg: AdapterConfig, code: ProviderErrorCode, message: string,
+  init: ConstructorParameters<typeof ProviderError>[2] = {}): ProviderError {
   const body = init.body === undefined ? undefined : redact(init.body, cfg.apiKey)
   return new ProviderError(code, redact(`${code}: ${message} ${ERROR_HINTS[code]}`, cfg.apiKey), { ...init, body })
 }
@@ -5110,14 +5785,19 @@ function maxTokensFor(cfg: AdapterConfig, request: ChatRequest): number {
   const requested = positiveInteger('complete', 'request.maxTokens', request.maxTokens) ?? cfg.maxTokens
   const capped = cfg.maxOutputTokens === undefined ? requested : Math.min(requested, cfg.maxOutputTokens)
   if (cfg.contextWindow === undefined) return capped
-  if (request.inputTokens !== undefined && !(typeof request.inputTokens === 'number' && Number.isFinite(request.inputTokens) && request.inputTokens >= 0)) {
-    throw new TypeError(`complete: request.inputTokens must be a non-negative number of tokens, got ${JSON.stringify(request.inputTokens)}`)
+  if (request.inputTokens !== undefined && !(typeof request.inputTokens === 'number'
+    && Number.isFinite(request.inputTokens) && request.inputTokens >= 0)) {
+    throw new TypeError(`complete: request.inputTokens must be a non-negative number of tokens, `
+      + `got ${JSON.stringify(request.inputTokens)}`)
   }
-  const prompt = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools }, request.messages)
+  const prompt = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools },
+    request.messages)
   const room = cfg.contextWindow - prompt
   if (room < 1) {
     throw providerError(cfg, 'CONTEXT_WINDOW_EXCEEDED',
-      `preflight: nothing was sent. The prompt is estimated at ${prompt} tokens and the context window of ${cfg.model} is ${cfg.contextWindow} tokens, leaving ${room} for the completion (at least 1 is needed); pass contextWindow if ${cfg.contextWindow} is wrong.`)
+      `preflight: nothing was sent. The prompt is estimated at ${prompt} tokens and the context window of ${cfg.model} `
+        + `is ${cfg.contextWindow} tokens, leaving ${room} for the completion (at least 1 is needed); `
+        + `pass contextWindow if ${cfg.contextWindow} is wrong.`)
   }
   return Math.min(capped, room)
 }
@@ -5140,7 +5820,9 @@ function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number
   const tools = request.tools && request.tools.length > 0 ? request.tools : undefined
   if (tools) own.add('tools')
   const fields: string[] = []
-  const field = (key: string, valueJSON: string | undefined) => { if (valueJSON !== undefined) fields.push(`${json(key)}:${valueJSON}`) }
+  const field =
+    (key: string, valueJSON: string
+    | undefined) => { if (valueJSON !== undefined) fields.push(`${json(key)}:${valueJSON}`) }
   for (const [key, value] of Object.entries(cfg.extraBody)) if (!own.has(key)) field(key, json(value))
   field('model', json(cfg.model))
   if (cfg.thinking) field('thinking', json({ type: cfg.thinking }))
@@ -5150,7 +5832,8 @@ function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number
     if (text === undefined) {
       text = json(tools.map((t) => ({
         type: 'function',
-        function: { name: t.name, ...(t.description !== undefined ? { description: t.description } : {}), parameters: t.parameters ?? { type: 'object', properties: {} } },
+        function: { name: t.name, ...(t.description !== undefined ? { description: t.description } : {}),
+          parameters: t.parameters ?? { type: 'object', properties: {} } },
       })))
       toolsJSON.set(tools, text)
     }
@@ -5164,15 +5847,18 @@ function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number
 }
 
 async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Promise<ChatResponse> {
-  if (!isRecord(request) || !Array.isArray(request.messages)) throw new TypeError('complete(request): request.messages must be an array of messages')
+  if (!isRecord(request) || !Array.isArray(request.messages))
+    throw new TypeError('complete(request): request.messages must be an array of messages')
   const { signal } = request
-  const aborted = (): ProviderError => providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted before it completed.`)
+  const aborted = (): ProviderError => providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted before it `
+    + `completed.`)
   if (signal?.aborted) throw aborted()
   const body = requestBody(cfg, request, maxTokensFor(cfg, request))
   const headers: Record<string, string> = { 'content-type': 'application/json', accept: 'text/event-stream' }
   if (cfg.apiKey !== undefined) headers.authorization = `Bearer ${cfg.apiKey}`
   // Lower-cased, so that a caller's `Authorization` replaces ours instead of being joined to it.
-  for (const extra of [cfg.headers, request.headers ?? {}]) for (const [name, value] of Object.entries(extra)) headers[name.toLowerCase()] = value
+  for (const extra of [cfg.headers, request.headers ?? {}]) for (const [name,
+    value] of Object.entries(extra)) headers[name.toLowerCase()] = value
   const deadlineAt = cfg.requestTimeoutMs === undefined ? undefined : Date.now() + cfg.requestTimeoutMs
   for (let retry = 0; ; retry++) {
     let error: ProviderError
@@ -5183,13 +5869,16 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
       if (!(e instanceof ProviderError)) throw e
       error = e
     }
-    const retryable = RETRYABLE.has(error.code) && !notRetried.has(error) && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
+    const retryable = RETRYABLE.has(error.code) && !notRetried.has(error)
+      && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
     const maxRetries = isConnectFailure(error) ? Math.min(cfg.maxRetries, CONNECT_FAILURE_RETRIES) : cfg.maxRetries
     if (!retryable || retry >= maxRetries) throw error
     const delayMs = error.retryAfterMs !== undefined
       ? Math.min(error.retryAfterMs, cfg.retryMaxMs)
-      : Math.round(Math.min(cfg.retryMaxMs, cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
-    if (deadlineAt !== undefined && Date.now() + delayMs >= deadlineAt) throw error // no retry could start before the deadline
+      : Math.round(Math.min(cfg.retryMaxMs,
+        cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
+    // no retry could start before the deadline
+    if (deadlineAt !== undefined && Date.now() + delayMs >= deadlineAt) throw error
     request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error, maxRetries })
     try { await cfg.sleep(delayMs, signal) } catch (e) { if (signal?.aborted) throw aborted(); throw e }
     if (signal?.aborted) throw aborted()
@@ -5197,119 +5886,153 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
 }
 
 /** Collects one streamed (or non-streamed) completion; emits deltas as they arrive. */
-function createAssembler(cfg: AdapterConfig, emit: (event: StreamEvent) => void) {
-  let text = ''
-  let reasoning = ''
-  const calls: { id: string; name: string; arguments: string }[] = []
-  const slotOfIndex = new Map<number, number>()
-  let finishReason: string | undefined
-  let usage: Usage | undefined
-  let responseId: string | undefined
-  let streamed = false
-  let messageBytes = 0 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
+class ReplyAssembler {
+  private text = ''
+  private reasoning = ''
+  private readonly calls: { id: string; name: string; arguments: string }[] = []
+  private readonly slotOfIndex = new Map<number, number>()
+  private finishReason: string | undefined
+  private usage: Usage | undefined
+  private responseId: string | undefined
+  /** Whether any text, reasoning or tool-call delta arrived (the adapter never retries after one). */
+  streamed = false
+  private messageBytes = 0 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
+  constructor(private readonly cfg: AdapterConfig, private readonly emit: (event: StreamEvent) => void) {}
 
   /** RESPONSE_TOO_LARGE for a message past one of its caps (`why`); `partial()` keeps its text. */
-  const tooLarge = (why: string): ProviderError => providerError(cfg, 'RESPONSE_TOO_LARGE',
-    `the assistant message from ${cfg.endpoint} (model ${cfg.model}) ${why}; the stream was cancelled and the text `
-    + 'so far kept as an interrupted message (none of its tool calls runs).', { status: 200 })
+  private tooLarge(why: string): ProviderError {
+    const { cfg } = this
+    return providerError(cfg, 'RESPONSE_TOO_LARGE', `the assistant message from ${cfg.endpoint} (model ${cfg.model}) `
+      + `${why}; the stream was cancelled and the text so far kept as an interrupted message (none of its tool calls `
+      + 'runs).', { status: 200 })
+  }
 
   /** Counts a delta against maxMessageBytes before it is kept, so nothing past the cap is held. */
-  function admit(delta: string): void {
-    messageBytes += utf8Length(delta, cfg.maxMessageBytes)
-    if (messageBytes > cfg.maxMessageBytes) {
+  private admit(delta: string): void {
+    this.messageBytes += utf8Length(delta, this.cfg.maxMessageBytes)
+    if (this.messageBytes > this.cfg.maxMessageBytes) {
       const of = 'bytes of text, reasoning and tool-call ids, names and arguments'
-      throw tooLarge(`passed maxMessageBytes, ${cfg.maxMessageBytes} ${of}`)
+      throw this.tooLarge(`passed maxMessageBytes, ${this.cfg.maxMessageBytes} ${of}`)
     }
   }
 
-  function toolCallDelta(tc: unknown): void {
-    if (!isRecord(tc)) return
-    const fn = isRecord(tc.function) ? tc.function : {}
-    const id = typeof tc.id === 'string' && tc.id !== '' ? tc.id : undefined // Qwen sends "" after the first delta
-    const name = typeof fn.name === 'string' && fn.name !== '' ? fn.name : undefined // Mistral sends "" after the first delta
-    const args = typeof fn.arguments === 'string' ? fn.arguments : isRecord(fn.arguments) ? JSON.stringify(fn.arguments) : ''
-    const wireIndex = typeof tc.index === 'number' ? tc.index : undefined
+  /** The slot of a tool-call delta: by `index`, else by id, else the last call; a new slot when none fits. */
+  private slotOf(wireIndex: number | undefined, id: string | undefined): number {
+    const calls = this.calls
     let slot: number | undefined
-    if (wireIndex !== undefined) slot = slotOfIndex.get(wireIndex)
+    if (wireIndex !== undefined) slot = this.slotOfIndex.get(wireIndex)
     else if (id !== undefined) { const k = calls.findIndex((c) => c.id === id); slot = k >= 0 ? k : undefined }
     else if (calls.length > 0) slot = calls.length - 1 // no index, no id: the continuation of the last call
     // A different id on a known index starts a new call (servers that send every call as index 0).
     if (slot !== undefined && id !== undefined && calls[slot].id !== '' && calls[slot].id !== id) slot = undefined
-    if (slot === undefined) {
-      const max = MAX_TOOL_CALLS_PER_MESSAGE
-      if (calls.length >= max) throw tooLarge(`has more than ${max} tool calls, the most dsh takes in one message`)
-      slot = calls.length
-      calls.push({ id: '', name: '', arguments: '' })
-      if (wireIndex !== undefined) slotOfIndex.set(wireIndex, slot)
-    }
-    const call = calls[slot]
+    if (slot !== undefined) return slot
+    const max = MAX_TOOL_CALLS_PER_MESSAGE
+    if (calls.length >= max) throw this.tooLarge(`has more than ${max} tool calls, the most dsh takes in one message`)
+    calls.push({ id: '', name: '', arguments: '' })
+    if (wireIndex !== undefined) this.slotOfIndex.set(wireIndex, calls.length - 1)
+    return calls.length - 1
+  }
+
+  private toolCallDelta(tc: unknown): void {
+    if (!isRecord(tc)) return
+    const fn = isRecord(tc.function) ? tc.function : {}
+    const id = typeof tc.id === 'string' && tc.id !== '' ? tc.id : undefined // Qwen sends "" after the first delta
+    // Mistral sends "" after the first delta
+    const name = typeof fn.name === 'string' && fn.name !== '' ? fn.name : undefined
+    const args = typeof fn.arguments === 'string' ? fn.arguments : isRecord(fn.arguments)
+      ? JSON.stringify(fn.arguments) : ''
+    const slot = this.slotOf(typeof tc.index === 'number' ? tc.index : undefined, id)
+    const call = this.calls[slot]
     const newId = id !== undefined && call.id === '' ? id : undefined
     const newName = name !== undefined && call.name === '' ? name : undefined
-    for (const kept of [newId, newName, args]) if (kept) admit(kept)
+    for (const kept of [newId, newName, args]) if (kept) this.admit(kept)
     if (newId) call.id = newId
     if (newName) call.name = newName
     call.arguments += args
     if (newId || newName || args) {
-      streamed = true
-      emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}), ...(newName ? { name: newName } : {}), argumentsDelta: args })
+      this.streamed = true
+      this.emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}),
+        ...(newName ? { name: newName } : {}), argumentsDelta: args })
     }
   }
 
-  return {
-    get streamed() { return streamed },
-    /** One chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. */
-    chunk(obj: unknown, requestId: string | undefined, dataText: string): void {
-      if (!isRecord(obj)) throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not a JSON object: ${dataText.slice(0, 200)}`, { body: dataText, requestId, status: 200 })
-      if (obj.error !== undefined && obj.error !== null) throw inStreamError(cfg, dataText, requestId)
-      if (responseId === undefined && typeof obj.id === 'string' && obj.id !== '') responseId = obj.id
-      const u = readUsage(obj.usage)
-      if (u) usage = u // running totals (SiliconFlow) or a final chunk: the last one wins
-      const choices: unknown[] = Array.isArray(obj.choices) ? obj.choices : []
-      for (const choice of choices) {
-        if (!isRecord(choice) || (typeof choice.index === 'number' && choice.index !== 0)) continue // n = 1 is requested
-        const delta = isRecord(choice.delta) ? choice.delta : isRecord(choice.message) ? choice.message : undefined
-        if (delta) {
-          const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== '' ? delta.reasoning_content
-            : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
-          if (r !== '') { admit(r); reasoning += r; streamed = true; emit({ type: 'reasoning-delta', text: r }) }
-          if (typeof delta.content === 'string' && delta.content !== '') { admit(delta.content); text += delta.content; streamed = true; emit({ type: 'text-delta', text: delta.content }) }
-          if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) toolCallDelta(tc)
+  /** One chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. */
+  chunk(obj: unknown, requestId: string | undefined, dataText: string): void {
+    const { cfg } = this
+    if (!isRecord(obj)) {
+      throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not a `
+        + `JSON object: ${dataText.slice(0, 200)}`, { body: dataText, requestId, status: 200 })
+    }
+    if (obj.error !== undefined && obj.error !== null) throw inStreamError(cfg, dataText, requestId)
+    if (this.responseId === undefined && typeof obj.id === 'string' && obj.id !== '') this.responseId = obj.id
+    const u = readUsage(obj.usage)
+    if (u) this.usage = u // running totals (SiliconFlow) or a final chunk: the last one wins
+    const choices: unknown[] = Array.isArray(obj.choices) ? obj.choices : []
+    for (const choice of choices) {
+      // n = 1 is requested
+      if (!isRecord(choice) || (typeof choice.index === 'number' && choice.index !== 0)) continue
+      const delta = isRecord(choice.delta) ? choice.delta : isRecord(choice.message) ? choice.message : undefined
+      if (delta) this.delta(delta)
+      if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
+        this.finishReason = choice.finish_reason
+        if (this.finishReason === 'error') {
+          throw providerError(cfg, 'SERVER', `stream from ${cfg.endpoint} ended with finish_reason "error".`,
+            { body: dataText, requestId, status: 200 })
         }
-        if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
-          finishReason = choice.finish_reason
-          if (finishReason === 'error') throw providerError(cfg, 'SERVER', `stream from ${cfg.endpoint} ended with finish_reason "error".`, { body: dataText, requestId, status: 200 })
-        }
       }
-    },
-    partial(): AssistantMessage | undefined {
-      if (text === '' && reasoning === '') return undefined
-      const content: Block[] = []
-      if (reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
-      if (text !== '') content.push({ type: 'text', text })
-      return { role: 'assistant', content, interrupted: true }
-    },
-    finish(sawDone: boolean, requestId: string | undefined): ChatResponse {
-      if (!sawDone && finishReason === undefined) {
-        throw providerError(cfg, 'TRANSPORT', `stream from ${cfg.endpoint} ended without [DONE] and without a finish reason (model ${cfg.model}).`, { requestId, status: 200 })
-      }
-      if (!streamed && finishReason !== 'content_filter') {
-        throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} (model ${cfg.model}) finished without any text, reasoning or tool call.`, { requestId, status: 200 })
-      }
-      const content: Block[] = []
-      if (reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
-      if (text !== '') content.push({ type: 'text', text })
-      // The id as the server sent it ('' when it sent none): the Agent repairs missing and repeated
-      // ids in one place (withCallIds), where it knows the log's seq and the ids already used.
-      for (const c of calls) content.push({ type: 'tool-call', id: c.id, name: c.name, arguments: c.arguments })
-      const reason = finishReason ?? (calls.length > 0 ? 'tool_calls' : 'stop')
-      if (usage) emit({ type: 'usage', usage })
-      emit({ type: 'finish', finishReason: reason })
-      const response: ChatResponse = { message: { role: 'assistant', content }, finishReason: reason }
-      if (usage) response.usage = usage
-      const id = requestId ?? responseId
-      if (id !== undefined) response.requestId = id
-      return response
-    },
+    }
+  }
+
+  /** A choice's delta (or whole message): reasoning, text, tool calls. */
+  private delta(delta: Record<string, any>): void {
+    const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== ''
+      ? delta.reasoning_content
+      : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
+    if (r !== '') { this.admit(r); this.reasoning += r; this.streamed = true;
+      this.emit({ type: 'reasoning-delta', text: r }) }
+    const t = delta.content
+    if (typeof t === 'string' && t !== '') {
+      this.admit(t); this.text += t; this.streamed = true; this.emit({ type: 'text-delta', text: t })
+    }
+    if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) this.toolCallDelta(tc)
+  }
+
+  /** The text and reasoning so far as an interrupted message (tool calls dropped: their arguments may be cut). */
+  partial(): AssistantMessage | undefined {
+    if (this.text === '' && this.reasoning === '') return undefined
+    return { role: 'assistant', content: this.textBlocks(), interrupted: true }
+  }
+
+  private textBlocks(): Block[] {
+    const content: Block[] = []
+    if (this.reasoning !== '') content.push({ type: 'reasoning', text: this.reasoning })
+    if (this.text !== '') content.push({ type: 'text', text: this.text })
+    return content
+  }
+
+  /** The assembled answer; TRANSPORT for a stream that ended with no [DONE] nor finish reason, EMPTY_RESPONSE. */
+  finish(sawDone: boolean, requestId: string | undefined): ChatResponse {
+    const { cfg, usage } = this
+    if (!sawDone && this.finishReason === undefined) {
+      throw providerError(cfg, 'TRANSPORT', `stream from ${cfg.endpoint} ended without [DONE] and without a finish `
+        + `reason (model ${cfg.model}).`, { requestId, status: 200 })
+    }
+    if (!this.streamed && this.finishReason !== 'content_filter') {
+      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} (model ${cfg.model}) finished without any text, `
+        + `reasoning or tool call.`, { requestId, status: 200 })
+    }
+    const content = this.textBlocks()
+    // The id as the server sent it ('' when it sent none): the Agent repairs missing and repeated
+    // ids in one place (withCallIds), where it knows the log's seq and the ids already used.
+    for (const c of this.calls) content.push({ type: 'tool-call', id: c.id, name: c.name, arguments: c.arguments })
+    const reason = this.finishReason ?? (this.calls.length > 0 ? 'tool_calls' : 'stop')
+    if (usage) this.emit({ type: 'usage', usage })
+    this.emit({ type: 'finish', finishReason: reason })
+    const response: ChatResponse = { message: { role: 'assistant', content }, finishReason: reason }
+    if (usage) response.usage = usage
+    const id = requestId ?? this.responseId
+    if (id !== undefined) response.requestId = id
+    return response
   }
 }
 
@@ -5321,9 +6044,11 @@ function readUsage(u: unknown): Usage | undefined {
   const completion = n(u.completion_tokens)
   if (prompt === undefined && completion === undefined) return undefined
   const usage: Usage = { promptTokens: prompt ?? 0, completionTokens: completion ?? 0 }
-  const cached = n(u.prompt_cache_hit_tokens) ?? (isRecord(u.prompt_tokens_details) ? n(u.prompt_tokens_details.cached_tokens) : undefined)
+  const cached = n(u.prompt_cache_hit_tokens) ?? (isRecord(u.prompt_tokens_details)
+    ? n(u.prompt_tokens_details.cached_tokens) : undefined)
   if (cached !== undefined) usage.cachedTokens = cached
-  const reasoning = (isRecord(u.completion_tokens_details) ? n(u.completion_tokens_details.reasoning_tokens) : undefined) ?? n(u.reasoning_tokens)
+  const reasoning = (isRecord(u.completion_tokens_details) ? n(u.completion_tokens_details.reasoning_tokens)
+    : undefined) ?? n(u.reasoning_tokens)
   if (reasoning !== undefined) usage.reasoningTokens = reasoning
   return usage
 }
@@ -5337,7 +6062,9 @@ function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | 
   const { code: classified, info } = readErrorBody(200, payload)
   // An explicit error event whose payload says nothing readable is still the server's failure.
   const code = classified === 'MALFORMED_RESPONSE' || classified === 'EMPTY_RESPONSE' ? 'SERVER' : classified
-  return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model ${cfg.model})${info?.message ? `: ${info.message}` : ''}.`, { status: info?.status ?? 200, body: payload, requestId })
+  return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model `
+    + `${cfg.model})${info?.message ? `: ${info.message}` : ''}.`, { status: info?.status ?? 200, body: payload,
+    requestId })
 }
 
 /**
@@ -5345,7 +6072,8 @@ function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | 
  * how fast they honour it): an abort cancels the reader, which settles a pending read at once
  * (WHATWG streams), and the signal's reason is thrown. One listener per body, not one per read.
  */
-async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<Uint8Array, void, undefined> {
+async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<Uint8Array, void,
+  undefined> {
   const reader = body.getReader()
   const onAbort = (): void => { reader.cancel(signal.reason).catch(() => {}) }
   if (signal.aborted) onAbort()
@@ -5364,18 +6092,23 @@ async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal
   }
 }
 
-/** Splits `data` into chunk objects; a relay that joined several `data:` lines into one event gets one object per line. */
-function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined, onChunk: (obj: unknown) => void): void {
+/** Splits `data` into chunk objects; a relay that joined several `data:` lines into one event gets one object per
+ *  line. */
+function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined,
+  onChunk: (obj: unknown) => void): void {
   let obj: unknown
   try {
     obj = JSON.parse(data)
   } catch (error) {
     if (data.includes('\n')) {
       let objs: unknown[] | undefined
-      try { objs = data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch { /* fall through */ }
+      try { objs = data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch {
+        /* fall through */
+      }
       if (objs) { for (const o of objs) onChunk(o); return }
     }
-    throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: ${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
+    throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: `
+      + `${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
   }
   onChunk(obj) // outside the try: what the assembler throws is not a JSON error
 }
@@ -5384,13 +6117,15 @@ function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | un
  * Reads at most `maxBytes` of a response body (bytes after content decoding: fetch inflates gzip
  * as it is read), then cancels the rest unread. `cut` says whether anything was left.
  */
-async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string; cut: boolean }> {
+async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string;
+  cut: boolean }> {
   if (!response.body) return { text: '', cut: false }
   const decoder = new TextDecoder()
   let text = ''
   let bytes = 0
   for await (const chunk of bodyChunks(response.body, signal)) { // leaving the loop cancels the body
-    if (bytes + chunk.byteLength > maxBytes) return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
+    if (bytes + chunk.byteLength > maxBytes)
+      return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
     bytes += chunk.byteLength
     text += decoder.decode(chunk, { stream: true })
   }
@@ -5420,19 +6155,25 @@ async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit): P
       : response.status !== 307 && response.status !== 308 ? `HTTP ${response.status} would turn the POST into a GET`
       : hops >= MAX_REDIRECTS ? `more than ${MAX_REDIRECTS} redirects` : undefined
     if (why === undefined) { url = target!.href; continue }
-    throw providerError(cfg, 'INVALID_REQUEST', `HTTP ${response.status} from POST ${url} redirects to ${where}: ${why}. Set baseURL to the server's real address if you trust it.`, {
+    throw providerError(cfg, 'INVALID_REQUEST', `HTTP ${response.status} from POST ${url} redirects to ${where}: `
+      + `${why}. Set baseURL to the server's real address if you trust it.`, {
       status: response.status || undefined, requestId: requestIdOf(response.headers),
     })
   }
 }
 
-async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>, deadlineAt?: number): Promise<ChatResponse> {
+/** What one attempt learned that its error needs: the response's request id, and which timer ended it. */
+interface AttemptState { requestId?: string; timedOut: boolean; pastDeadline: boolean }
+
+async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>,
+  deadlineAt?: number): Promise<ChatResponse> {
   const { signal, onEvent } = request
   const controller = new AbortController()
-  let timedOut = false
-  let pastDeadline = false
-  const deadline = deadlineAt === undefined ? undefined
-    : setTimeout(() => { pastDeadline = true; controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`)) }, Math.max(0, deadlineAt - Date.now()))
+  const st: AttemptState = { timedOut: false, pastDeadline: false }
+  const deadline = deadlineAt === undefined ? undefined : setTimeout(() => {
+    st.pastDeadline = true
+    controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`))
+  }, Math.max(0, deadlineAt - Date.now()))
   // One idle timer per request: progress only records the time; the timer, when it fires, aborts
   // if nothing came for idleTimeoutMs, else sleeps for the rest (re-arming per event cost ~12%).
   let timer: ReturnType<typeof setTimeout> | undefined
@@ -5441,7 +6182,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   const idleCheck = (): void => {
     const idleMs = Date.now() - lastProgressAt
     if (idleMs < cfg.idleTimeoutMs) { timer = setTimeout(idleCheck, cfg.idleTimeoutMs - idleMs); return }
-    timedOut = true
+    st.timedOut = true
     controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`))
   }
   const forwardAbort = (): void => controller.abort(signal?.reason)
@@ -5450,70 +6191,16 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     if (!onEvent) return
     try { onEvent(event) } catch (error) { throw new ListenerFailure(error) }
   }
-  const acc = createAssembler(cfg, emit)
-  let requestId: string | undefined
+  const acc = new ReplyAssembler(cfg, emit)
   timer = setTimeout(idleCheck, cfg.idleTimeoutMs)
   try {
     const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
-    requestId = requestIdOf(response.headers)
-    if (!response.ok) {
-      const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
-      const { code, info } = readErrorBody(response.status, text)
-      throw providerError(cfg, code, `HTTP ${response.status} from POST ${cfg.endpoint} (model ${cfg.model})${info?.message ? `: ${info.message}` : ''}${cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''}.`, {
-        status: response.status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
-      })
-    }
-    if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
-      // The server ignored stream: true and sent one completion (or an error) as JSON.
-      const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
-      if (cut) throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for stream: true).`, { status: response.status, requestId })
-      if (text.trim() === '') throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model ${cfg.model}).`, { status: response.status, requestId })
-      parseChunkData(cfg, text.trim(), requestId, (obj) => acc.chunk(obj, requestId, text))
-      return acc.finish(true, requestId)
-    }
-    if (!response.body) throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} without a body (model ${cfg.model}).`, { status: response.status, requestId })
-    let sawDone = false
-    let sawData = false
-    let bytes = 0
-    await pumpSSE(bodyChunks(response.body, controller.signal), (event) => {
-      if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
-      if (event.event !== 'message') return
-      sawData = true
-      const data = event.data.trim()
-      if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
-      progress()
-      if (data === '[DONE]') { sawDone = true; return false }
-      parseChunkData(cfg, data, requestId, (obj) => acc.chunk(obj, requestId, data))
-    }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
-    const type = response.headers.get('content-type')
-    if (!sawData && bytes === 0 && type && !/event-stream/i.test(type)) {
-      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${response.status} with an empty ${type} body (model ${cfg.model}).`, { status: response.status, requestId })
-    }
-    if (!sawData && type && !/event-stream/i.test(type)) {
-      throw providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${response.status} with ${type}, not an event stream (model ${cfg.model}).`, { status: response.status, requestId })
-    }
-    return acc.finish(sawDone, requestId)
+    st.requestId = requestIdOf(response.headers)
+    return await readReply(cfg, response, acc, controller.signal, progress, st.requestId)
   } catch (e) {
     if (e instanceof ListenerFailure) throw e
-    const partial = acc.partial()
-    let error: ProviderError
-    if (signal?.aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`, { requestId })
-    else if (pastDeadline) {
-      error = providerError(cfg, 'TIMEOUT', `the request deadline of ${cfg.requestTimeoutMs} ms (requestTimeoutMs) passed before ${cfg.endpoint} (model ${cfg.model}) finished; not retried.`, { requestId })
-      notRetried.add(error)
-    } else if (e instanceof ProviderError) error = e
-    else if (timedOut) error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
-    else if (e instanceof SSEParseError) error = providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint}: ${e.message}.`, { requestId, status: 200, cause: e })
-    else {
-      // undici says only "fetch failed"; the reason (ECONNREFUSED, ENOTFOUND, …) is in its cause.
-      const reason = e instanceof Error ? e.message + (e.cause instanceof Error ? ` (${e.cause.message})` : '') : String(e)
-      error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${reason}.`, { requestId, cause: e })
-    }
-    if (partial && !error.partial) error.partial = partial
-    if (acc.streamed) notRetried.add(error)
-    if (acc.streamed && !pastDeadline) afterOutput.add(error)
-    throw error
+    throw attemptError(cfg, e, acc, signal?.aborted === true, st)
   } finally {
     if (timer !== undefined) clearTimeout(timer)
     if (deadline !== undefined) clearTimeout(deadline)
@@ -5521,9 +6208,100 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
   }
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
+/**
+ * Reads a response into the assembler: an error status as a classified error (its body capped), a
+ * non-streamed JSON completion (capped), or the event stream; `progress` marks data events.
+ */
+async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssembler, signal: AbortSignal,
+  progress: () => void, requestId: string | undefined): Promise<ChatResponse> {
+  const status = response.status
+  if (!response.ok) {
+    const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
+    const { code, info } = readErrorBody(status, text)
+    const cutNote = cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''
+    throw providerError(cfg, code, `HTTP ${status} from POST ${cfg.endpoint} (model `
+      + `${cfg.model})${info?.message ? `: ${info.message}` : ''}${cutNote}.`, {
+      status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
+    })
+  }
+  if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
+    // The server ignored stream: true and sent one completion (or an error) as JSON.
+    const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
+    if (cut) {
+      throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a `
+        + `non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for `
+        + `stream: true).`, { status, requestId })
+    }
+    if (text.trim() === '') {
+      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
+        + `${cfg.model}).`, { status, requestId })
+    }
+    parseChunkData(cfg, text.trim(), requestId, (obj) => acc.chunk(obj, requestId, text))
+    return acc.finish(true, requestId)
+  }
+  if (!response.body) {
+    throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} without a body (model `
+      + `${cfg.model}).`, { status, requestId })
+  }
+  let sawDone = false, sawData = false, bytes = 0
+  await pumpSSE(bodyChunks(response.body, signal), (event) => {
+    if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
+    if (event.event !== 'message') return
+    sawData = true
+    const data = event.data.trim()
+    if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
+    progress()
+    if (data === '[DONE]') { sawDone = true; return false }
+    parseChunkData(cfg, data, requestId, (obj) => acc.chunk(obj, requestId, data))
+  }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
+  const type = response.headers.get('content-type')
+  if (!sawData && type && !/event-stream/i.test(type)) {
+    throw bytes === 0
+      ? providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} with an empty ${type} `
+        + `body (model ${cfg.model}).`, { status, requestId })
+      : providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${status} with ${type}, `
+        + `not an event stream (model ${cfg.model}).`, { status, requestId })
+  }
+  return acc.finish(sawDone, requestId)
+}
+
+/**
+ * The ProviderError of a failed attempt: ABORTED (the caller), TIMEOUT past the deadline (never
+ * retried) or when idle, the classified error itself, MALFORMED_RESPONSE past the SSE buffer, else
+ * TRANSPORT. It carries the partial text; one raised after output is never retried by the adapter.
+ */
+function attemptError(cfg: AdapterConfig, e: unknown, acc: ReplyAssembler, aborted: boolean,
+  st: AttemptState): ProviderError {
+  const { requestId } = st
+  let error: ProviderError
+  if (aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`, { requestId })
+  else if (st.pastDeadline) {
+    error = providerError(cfg, 'TIMEOUT', `the request deadline of ${cfg.requestTimeoutMs} ms (requestTimeoutMs) `
+      + `passed before ${cfg.endpoint} (model ${cfg.model}) finished; not retried.`, { requestId })
+    notRetried.add(error)
+  } else if (e instanceof ProviderError) error = e
+  else if (st.timedOut) {
+    error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) `
+      + `for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
+  } else if (e instanceof SSEOverflowError) {
+    error = providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint}: ${e.message}.`,
+      { requestId, status: 200, cause: e })
+  } else {
+    // undici says only "fetch failed"; the reason (ECONNREFUSED, ENOTFOUND, …) is in its cause.
+    const reason = e instanceof Error ? e.message + (e.cause instanceof Error ? ` (${e.cause.message})`
+      : '') : String(e)
+    error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${reason}.`, { requestId, cause: e })
+  }
+  const partial = acc.partial()
+  if (partial && !error.partial) error.partial = partial
+  if (acc.streamed) notRetried.add(error)
+  if (acc.streamed && !st.pastDeadline) afterOutput.add(error)
+  return error
+}
+
+// ═══════════════════════════════════════
 // 7. Loop
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
 
 /**
  * Hook names: the step hooks in the order they run in a step (docs/design.md §7), and the compaction
@@ -5531,7 +6309,8 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
  * `{focus}` (added to the summary instruction) or `{cancel: true | reason}`; `compaction/after`
  * sees the committed checkpoint.
  */
-export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step' | 'compaction/before' | 'compaction/after'
+export type HookName = 'agent/pre-step' | 'agent/request' | 'agent/request-error' | 'agent/post-step'
+  | 'compaction/before' | 'compaction/after'
 
 /** What a hook receives. `request` only for `agent/request` (mutable); `error` only for `agent/request-error`. */
 export interface HookContext {
@@ -5621,7 +6400,8 @@ function toolOutputToResult(callId: string, name: string, out: unknown): ToolRes
     return o.isError ? { ...r, isError: true } : r
   }
   const kind = out === null ? 'null' : typeof out
-  return errorResult(callId, `tool ${name} returned ${kind}; a tool must return a string, an array of blocks or {content, isError}`, 'TOOL_BAD_OUTPUT')
+  return errorResult(callId, `tool ${name} returned ${kind}; a tool must return a string, an array of blocks or `
+    + `{content, isError}`, 'TOOL_BAD_OUTPUT')
 }
 
 /**
@@ -5632,19 +6412,55 @@ function withCallIds(message: AssistantMessage, seq: number, session: Session): 
   const seen = new Set<string>()
   const usable = (b: Block) => {
     const id = (b as ToolCallBlock).id
-    const ok = typeof id === 'string' && id !== '' && !seen.has(id) && !session.hasToolCall(id)
+    const ok = typeof id === 'string' && id !== '' && !seen.has(id) && !stateOf(session).calls.has(id)
     seen.add(id)
     return ok
   }
   if (message.content.every((b) => b.type !== 'tool-call' || usable(b))) return message
   seen.clear()
   let n = 0
-  return { ...message, content: message.content.map((b) => (b.type === 'tool-call' && !usable(b) ? { ...b, id: `call_dsh_${seq}_${n++}` } : b)) }
+  return { ...message, content: message.content.map((b) => (b.type === 'tool-call' && !usable(b)
+    ? { ...b, id: `call_dsh_${seq}_${n++}` } : b)) }
 }
 
 function errorResult(callId: string, text: string, code: string): ToolResultMessage {
   return { role: 'tool', toolCallId: callId, content: [{ type: 'text', text }], isError: true, metadata: { code } }
 }
+
+/** One turn's progress, shared by {@link Agent.run} and its steps. */
+interface Turn {
+  readonly turn: number
+  step: number
+  readonly signal: AbortSignal
+  /** The last assistant message: the turn's answer. */
+  last?: AssistantMessage
+  /** Set once `turn/end` is logged. */
+  ended: boolean
+  /** The smallest request (tokens, by the meter) that overflowed and was recovered from in this turn. */
+  recoveredOverflowTokens?: number
+}
+
+/** What a step asks of the loop: the next step, or the end of the turn with a reason (and an error to throw). */
+type StepOutcome = typeof NEXT_STEP | { reason: string; error?: unknown }
+const NEXT_STEP = Symbol('next step')
+
+/** A failed provider call: the error as a ProviderError, the raw throw, the partial text output. */
+interface StepFailure { error: ProviderError; raw: unknown; partial?: AssistantMessage; inputTokens: number;
+  ctx: HookContext }
+
+function stepFailure(raw: unknown, inputTokens: number, ctx: HookContext): StepFailure {
+  const error = raw instanceof ProviderError ? raw
+    : new ProviderError('TRANSPORT', String((raw as Error)?.message ?? raw), { cause: raw })
+  const text = error.partial?.content.filter((b) => b.type === 'text' || b.type === 'reasoning') ?? []
+  const partial = text.length > 0 ? { role: 'assistant' as const, content: text, interrupted: true } : undefined
+  return { error, raw, partial, inputTokens, ctx }
+}
+
+/**
+ * What a failed step does next (docs/design.md §5, §7), in order: the first recovery that returns an
+ * outcome decides. Each is a method of {@link Agent}.
+ */
+const RECOVERIES = ['abortedStep', 'recoveredStep', 'retriedStream', 'failedTurn'] as const
 
 /** The part of a tool the model sees: name, description, parameters schema. */
 const toolSpec = (t: Tool): ToolSpec => ({ name: t.name, description: t.description, parameters: t.parameters })
@@ -5661,7 +6477,7 @@ const toolSpec = (t: Tool): ToolSpec => ({ name: t.name, description: t.descript
  * its partial text as an interrupted message and is retried once as a new step (`step/retry`); a
  * second break in a row ends the turn with the error.
  */
-export class Agent implements CompactionHost {
+class Agent implements CompactionHost {
   readonly session: Session
   readonly provider: Provider
   readonly summarizer: Provider
@@ -5692,33 +6508,44 @@ export class Agent implements CompactionHost {
   private recallDropped = false
 
   constructor(options: AgentOptions) {
-    if (!options?.session || !options.provider) throw new TypeError('new Agent({session, provider, …}): session and provider are required')
+    if (!options?.session || !options.provider)
+      throw new TypeError('new Agent({session, provider, …}): session and provider are required')
     this.session = options.session
     this.provider = options.provider
     this.summarizer = options.summarizer ?? options.provider
     this.tools = options.tools ?? []
     const names = new Set<string>()
     for (const t of this.tools) {
-      if (!t || typeof t.name !== 'string' || typeof t.execute !== 'function') throw new TypeError('every tool needs a string name and an execute(args, ctx) function')
-      if (names.has(t.name)) throw new TypeError(`two tools are named ${JSON.stringify(t.name)}; tool names must be unique`)
+      if (!t || typeof t.name !== 'string' || typeof t.execute !== 'function')
+        throw new TypeError('every tool needs a string name and an execute(args, ctx) function')
+      if (names.has(t.name))
+        throw new TypeError(`two tools are named ${JSON.stringify(t.name)}; tool names must be unique`)
       names.add(t.name)
     }
     this.system = options.system
-    if (options.instructions !== undefined && typeof options.instructions !== 'string') throw new TypeError(`instructions must be a string (e.g. the text of AGENTS.md), got ${typeof options.instructions}`)
+    if (options.instructions !== undefined && typeof options.instructions !== 'string')
+      throw new TypeError(`instructions must be a string (e.g. the text of AGENTS.md), `
+        + `got ${typeof options.instructions}`)
     this.instructions = options.instructions?.trim() ? options.instructions : undefined
-    if (options.summaryInstruction !== undefined && (typeof options.summaryInstruction !== 'string' || options.summaryInstruction.trim() === '')) {
-      throw new TypeError(`summaryInstruction must be a non-empty string, got ${JSON.stringify(options.summaryInstruction)}; leave it out to use SUMMARY_INSTRUCTION`)
+    if (options.summaryInstruction !== undefined && (typeof options.summaryInstruction !== 'string'
+      || options.summaryInstruction.trim() === '')) {
+      throw new TypeError(`summaryInstruction must be a non-empty string, `
+        + `got ${JSON.stringify(options.summaryInstruction)}; leave it out to use SUMMARY_INSTRUCTION`)
     }
     this.summaryInstruction = options.summaryInstruction
     this.window = options.contextWindow ?? options.provider.contextWindow
-    if (this.window !== undefined && !isIntegerAtLeast(this.window, 1)) throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
+    if (this.window !== undefined && !isIntegerAtLeast(this.window, 1))
+      throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
     this.maxTokens = options.maxTokens ?? options.provider.maxTokens
     this.compaction = resolveCompactionConfig(options.compaction)
     this.pruneConfig = resolvePruneConfig(options.prune)
     this.maxSteps = options.maxSteps ?? 200
-    if (options.recall !== undefined && typeof options.recall !== 'boolean') throw new TypeError(`recall must be true or false, got ${String(options.recall)}`)
+    if (options.recall !== undefined && typeof options.recall !== 'boolean')
+      throw new TypeError(`recall must be true or false, got ${String(options.recall)}`)
     if (options.recall !== false) {
-      if (names.has(RECALL_TOOL_NAME)) throw new TypeError(`a tool is named ${JSON.stringify(RECALL_TOOL_NAME)}, which dsh offers itself to read back shadowed content; rename your tool or pass recall: false`)
+      if (names.has(RECALL_TOOL_NAME))
+        throw new TypeError(`a tool is named ${JSON.stringify(RECALL_TOOL_NAME)}, which dsh offers itself to read back `
+          + `shadowed content; rename your tool or pass recall: false`)
       this.recall = recallTool(this.session)
       this.recallSpecTokens = estimateEnvelopeTokens({ tools: [toolSpec(this.recall)] })
     }
@@ -5747,7 +6574,9 @@ export class Agent implements CompactionHost {
    * shadowed content and its spec is affordable ({@link RECALL_MAX_WINDOW_RATIO}).
    */
   private offeredTools(): readonly Tool[] {
-    return this.recall && this.session.hasShadowedContent && this.recallAffordable() ? [...this.tools, this.recall] : this.tools
+    return this.recall && this.session.recall.hasShadowedContent && this.recallAffordable()
+      ? [...this.tools, this.recall]
+      : this.tools
   }
 
   /**
@@ -5761,7 +6590,10 @@ export class Agent implements CompactionHost {
     const m = this.session.measure()
     if (this.recallSpecTokens * m.calibration <= this.window * RECALL_MAX_WINDOW_RATIO) return true
     this.recallDropped = true
-    this.warn(`the ${RECALL_TOOL_NAME} tool is not offered: its spec (${this.recallSpecTokens} tokens${m.calibration === 1 ? '' : ` × ${m.calibration.toFixed(2)} calibration`}) would take more than ${Math.round(RECALL_MAX_WINDOW_RATIO * 100)}% of the ${this.window}-token window; shadowed content stays in the log (a ${RECALL_TOOL_NAME} call is still answered)`)
+    this.warn(`the ${RECALL_TOOL_NAME} tool is not offered: its spec (${this.recallSpecTokens} `
+      + `tokens${m.calibration === 1 ? '' : ` × ${m.calibration.toFixed(2)} calibration`}) would take more than `
+      + `${Math.round(RECALL_MAX_WINDOW_RATIO * 100)}% of the ${this.window}-token window; shadowed content stays in `
+      + `the log (a ${RECALL_TOOL_NAME} call is still answered)`)
     return false
   }
 
@@ -5775,7 +6607,8 @@ export class Agent implements CompactionHost {
     // byte stability); the set changes once, when `recall` is first offered.
     const tools = this.offeredTools()
     if (this.envelopeMemo && this.envelopeMemoTools === tools.length) return this.envelopeMemo
-    const system = this.instructions === undefined ? this.system : this.system ? `${this.system}\n\n${this.instructions}` : this.instructions
+    const system = this.instructions === undefined ? this.system : this.system
+      ? `${this.system}\n\n${this.instructions}` : this.instructions
     this.envelopeMemoTools = tools.length
     this.envelopeMemo = { system, tools: tools.length ? tools.map(toolSpec) : undefined }
     return this.envelopeMemo
@@ -5814,7 +6647,8 @@ export class Agent implements CompactionHost {
       if (!r) continue
       if (r.retry) out.retry = true
       if (r.cancel) out.cancel = r.cancel
-      if (typeof r.focus === 'string' && r.focus.trim()) out.focus = out.focus ? `${out.focus}; ${r.focus.trim()}` : r.focus.trim()
+      if (typeof r.focus === 'string' && r.focus.trim()) out.focus = out.focus ? `${out.focus}; ${r.focus.trim()}`
+        : r.focus.trim()
     }
     return out
   }
@@ -5865,7 +6699,7 @@ export class Agent implements CompactionHost {
    */
   pin(seq: number): void {
     this.writeHeader() // the envelope the limit is checked with
-    this.session.pin(seq, { limitTokens: this.pinLimitTokens })
+    this.session.pins.pin(seq, { limitTokens: this.pinLimitTokens })
   }
 
   /**
@@ -5880,122 +6714,27 @@ export class Agent implements CompactionHost {
     if (options.pin) {
       validateMessage(message, 'user')
       this.writeHeader()
-      this.session.checkPinFits(estimateMessageTokens(message), 'the input', this.pinLimitTokens)
+      this.session.pins.checkFits(estimateMessageTokens(message), 'the input', this.pinLimitTokens)
     }
     this.running = true
-    const signal = options.signal ?? new AbortController().signal
     const session = this.session
-    const turn = session.turn.turn + 1
-    let step = 0
-    let last: AssistantMessage | undefined
-    const end = async (reason: string): Promise<TurnResult> => {
-      ended = true
-      session.append('turn/end', { turn, reason })
-      await session.sync()
-      return { turn, steps: step, reason, text: last ? contentText(last.content) : '', message: last }
-    }
-    let ended = false
+    const t: Turn = { turn: session.turn.turn + 1, step: 0, ended: false, signal: options.signal
+      ?? new AbortController().signal }
     try {
-      session.append('turn/start', { turn })
-      const inputSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
-      if (options.pin) session.pin(inputSeq, { limitTokens: this.pinLimitTokens })
-      this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
-      await session.flush() // the input is written at once and fsynced with the first step's boundary
-      // Before the ladder: no rung edits the input or the caller's envelope, so a summary spent on a
-      // request that cannot be sent anyway would only cost a model call and lose history.
-      const tooBig = this.inputTooBig(message)
-      if (tooBig) {
-        session.append('request/error', { code: tooBig.code, message: tooBig.message, trigger: 'input' })
-        await end('error')
-        throw tooBig
-      }
-      if (this.compaction.auto && !(await this.unlessAborted(() => this.ladder.relievePressure(signal), signal))) return await end('aborted')
-      this.overflowRetries = 0
-      this.streamRetries = 0
-      // The smallest request (tokens, by the meter) that overflowed and was recovered from in this
-      // turn: a later overflow at that size or above means recovery makes no progress.
-      let recoveredOverflowTokens: number | undefined
-      for (;;) {
-        if (signal.aborted) return await end('aborted')
-        if (step >= this.maxSteps) return await end('max-steps')
-        step++
-        session.append('step/start', { turn, step })
-        const ctx: HookContext = { agent: this, turn, step, signal }
-        await this.runHooks('agent/pre-step', ctx)
-        this.drainSteering()
-        const envelope = this.writeHeader()
-        // Hooks may edit the request; they get copies, so the surface always matches the log.
-        const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
-        const inputTokens = session.measure().totalTokens
-        const request: ChatRequest = {
-          system: envelope.system, tools: envelope.tools, messages: editable ? structuredClone(session.messages()) : session.messages(), maxTokens: this.maxTokens,
-          inputTokens, signal, onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
-        }
-        await this.runHooks('agent/request', { ...ctx, request })
-        await session.flush() // written, not fsynced: a crash mid-request still shows the step it was in
-        const cache = session.nextRequestCache()
-        let response: ChatResponse
-        try {
-          response = await this.provider.complete(request)
-        } catch (raw) {
-          const error = raw instanceof ProviderError ? raw : new ProviderError('TRANSPORT', String((raw as Error)?.message ?? raw), { cause: raw })
-          const partial = error.partial && error.partial.content.some((b) => b.type === 'text' || b.type === 'reasoning')
-            ? { role: 'assistant' as const, content: error.partial.content.filter((b) => b.type === 'text' || b.type === 'reasoning'), interrupted: true } : undefined
-          if (signal.aborted || error.code === 'ABORTED') {
-            if (partial) session.append('assistant/message', { message: partial, finishReason: 'aborted', surfaceOp: { op: 'append' } })
-            session.append('step/end', { turn, step })
-            return await end('aborted')
-          }
-          session.append('request/error', { code: error.code, status: error.status, message: error.message, trigger: 'conversation' })
-          const generationBefore = session.replaceGeneration
-          const noProgress = error.code === 'CONTEXT_WINDOW_EXCEEDED' && recoveredOverflowTokens !== undefined && inputTokens >= recoveredOverflowTokens
-          if (noProgress) {
-            this.warn(`context overflow again at ${inputTokens} tokens (dsh's estimate) after recovering from one at ${recoveredOverflowTokens} tokens in this turn: recovery makes no progress, so the turn stops. The provider counts more tokens than dsh estimates: lower the compaction threshold or the context window (CLI: --threshold, --context-window)`)
-          }
-          const retry = !noProgress && await this.unlessAborted(() => this.runHooks('agent/request-error', { ...ctx, error }), signal)
-          if (signal.aborted) { session.append('step/end', { turn, step }); return await end('aborted') }
-          if (retry && session.replaceGeneration > generationBefore) {
-            if (error.code === 'CONTEXT_WINDOW_EXCEEDED') recoveredOverflowTokens = Math.min(recoveredOverflowTokens ?? Infinity, inputTokens)
-            this.overflowRetries++
-            session.append('step/end', { turn, step })
-            session.append('recovery/retry', { generationBefore, generationAfter: session.replaceGeneration })
-            await session.sync()
-            continue
-          }
-          if (partial) session.append('assistant/message', { message: partial, finishReason: 'error', surfaceOp: { op: 'append' } })
-          session.append('step/end', { turn, step })
-          // The adapter never retries once output was streamed (the caller saw it): the loop does,
-          // once, as a new step whose request carries the partial output as an interrupted message.
-          if (afterOutput.has(error) && RETRYABLE.has(error.code) && this.streamRetries < MAX_STREAM_RETRIES) {
-            this.streamRetries++
-            session.append('step/retry', { turn, step, code: error.code })
-            await session.sync()
-            continue
-          }
-          await end('error')
-          throw raw instanceof ProviderError ? raw : error
-        }
-        this.overflowRetries = 0
-        this.streamRetries = 0
-        last = withCallIds(this.boundToolCalls(response.message), session.seq, session)
-        session.append('assistant/message', { message: last, usage: response.usage, finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
-        const calls = last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
-        await this.runTools(calls, signal)
-        const steered = this.drainSteering()
-        await session.flush() // written before the post-step ladder may call a model; fsynced once, below
-        if (!signal.aborted) await this.unlessAborted(() => this.runHooks('agent/post-step', ctx), signal)
-        session.append('step/end', { turn, step })
-        // One fsync per step: at its boundary, together with the turn's end when this step ends it.
-        if (signal.aborted) return await end('aborted')
-        if (calls.length === 0 && !steered) return await end(response.finishReason === 'length' ? 'length' : 'stop')
-        await session.sync()
-      }
+      let outcome = await this.startTurn(t, message, options.pin === true)
+      while (outcome === NEXT_STEP) outcome = await this.step(t)
+      t.ended = true
+      session.append('turn/end', { turn: t.turn, reason: outcome.reason })
+      await session.sync()
+      if (outcome.error !== undefined) throw outcome.error
+      return { turn: t.turn, steps: t.step, reason: outcome.reason, text: t.last ? contentText(t.last.content) : '',
+        message: t.last }
     } catch (err) {
       // An unexpected failure (a store error, a bug): close what is open so the log stays balanced.
-      if (!ended && session.turn.open && session.turn.turn === turn) {
+      if (!t.ended && session.turn.open && session.turn.turn === t.turn) {
         try {
-          if (session.turn.stepOpen) session.append('step/end', { turn, step })
-          session.append('turn/end', { turn, reason: 'error' })
+          if (session.turn.stepOpen) session.append('step/end', { turn: t.turn, step: t.step })
+          session.append('turn/end', { turn: t.turn, reason: 'error' })
           await session.sync()
         } catch { /* the original error matters more */ }
       }
@@ -6003,6 +6742,151 @@ export class Agent implements CompactionHost {
     } finally {
       this.running = false
     }
+  }
+
+  /**
+   * Logs the turn and its input (pinned when asked), then refuses an input that cannot fit and
+   * relieves pressure once (docs/design.md §5: at the start of a turn, after the input is durable).
+   */
+  private async startTurn(t: Turn, message: UserMessage, pin: boolean): Promise<StepOutcome> {
+    const session = this.session
+    session.append('turn/start', { turn: t.turn })
+    const inputSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
+    if (pin) session.pins.pin(inputSeq, { limitTokens: this.pinLimitTokens })
+    this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
+    await stateOf(session).flush() // the input is written at once and fsynced with the first step's boundary
+    // Before the ladder: no rung edits the input or the caller's envelope, so a summary spent on a
+    // request that cannot be sent anyway would only cost a model call and lose history.
+    const tooBig = this.inputTooBig(message)
+    if (tooBig) {
+      session.append('request/error', { code: tooBig.code, message: tooBig.message, trigger: 'input' })
+      return { reason: 'error', error: tooBig }
+    }
+    if (this.compaction.auto && !(await this.unlessAborted(() => this.ladder.relievePressure(t.signal), t.signal))) {
+      return { reason: 'aborted' }
+    }
+    this.overflowRetries = 0
+    this.streamRetries = 0
+    return NEXT_STEP
+  }
+
+  /** One step: a provider call and its tool calls; a failed call goes to the first {@link RECOVERIES} that applies. */
+  private async step(t: Turn): Promise<StepOutcome> {
+    const session = this.session
+    if (t.signal.aborted) return { reason: 'aborted' }
+    if (t.step >= this.maxSteps) return { reason: 'max-steps' }
+    t.step++
+    session.append('step/start', { turn: t.turn, step: t.step })
+    const ctx: HookContext = { agent: this, turn: t.turn, step: t.step, signal: t.signal }
+    await this.runHooks('agent/pre-step', ctx)
+    this.drainSteering()
+    const envelope = this.writeHeader()
+    // Hooks may edit the request; they get copies, so the surface always matches the log.
+    const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
+    const inputTokens = session.measure().totalTokens
+    const request: ChatRequest = {
+      system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, inputTokens, signal: t.signal,
+      messages: editable ? structuredClone(session.messages()) : session.messages(),
+      onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
+    }
+    await this.runHooks('agent/request', { ...ctx, request })
+    await stateOf(session).flush() // written, not fsynced: a crash mid-request still shows the step it was in
+    const cache = session.cost.nextRequestCache()
+    let response: ChatResponse
+    try { response = await this.provider.complete(request) } catch (raw) {
+      const failure = stepFailure(raw, inputTokens, ctx)
+      for (const recovery of RECOVERIES) {
+        const outcome = await this[recovery](t, failure)
+        if (outcome) return outcome
+      }
+      throw raw // unreachable: the last recovery always decides
+    }
+    return await this.answered(t, ctx, response, cache)
+  }
+
+  /** A step answered: the message (ids repaired), its tool calls run, steering, then the post-step ladder. */
+  private async answered(t: Turn, ctx: HookContext, response: ChatResponse, cache: RequestCache): Promise<StepOutcome> {
+    const session = this.session
+    this.overflowRetries = 0
+    this.streamRetries = 0
+    t.last = withCallIds(this.boundToolCalls(response.message), session.seq, session)
+    session.append('assistant/message', { message: t.last, usage: response.usage,
+      finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
+    const calls = t.last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+    await this.runTools(calls, t.signal)
+    const steered = this.drainSteering()
+    await stateOf(session).flush() // written before the post-step ladder may call a model; fsynced once, below
+    if (!t.signal.aborted) await this.unlessAborted(() => this.runHooks('agent/post-step', ctx), t.signal)
+    session.append('step/end', { turn: t.turn, step: t.step })
+    // One fsync per step: at its boundary, together with the turn's end when this step ends it.
+    if (t.signal.aborted) return { reason: 'aborted' }
+    if (calls.length === 0 && !steered) return { reason: response.finishReason === 'length' ? 'length' : 'stop' }
+    await session.sync()
+    return NEXT_STEP
+  }
+
+  /** Recovery 1: an aborted call keeps its partial output and ends the turn. */
+  private async abortedStep(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
+    if (!t.signal.aborted && f.error.code !== 'ABORTED') return undefined
+    if (f.partial) {
+      this.session.append('assistant/message', { message: f.partial, finishReason: 'aborted',
+        surfaceOp: { op: 'append' } })
+    }
+    this.session.append('step/end', { turn: t.turn, step: t.step })
+    return { reason: 'aborted' }
+  }
+
+  /**
+   * Recovery 2: the error is logged and the `agent/request-error` hooks run (the ladder's overflow
+   * recovery is one); when one asks to retry and the surface changed, the next step is the retry. A
+   * second overflow at or above the size of one already recovered from in this turn makes no progress.
+   */
+  private async recoveredStep(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
+    const { session } = this, { error, inputTokens } = f
+    session.append('request/error', { code: error.code, status: error.status, message: error.message,
+      trigger: 'conversation' })
+    const generationBefore = session.replaceGeneration
+    const overflow = error.code === 'CONTEXT_WINDOW_EXCEEDED'
+    const noProgress = overflow && t.recoveredOverflowTokens !== undefined && inputTokens >= t.recoveredOverflowTokens
+    if (noProgress) {
+      this.warn(`context overflow again at ${inputTokens} tokens (dsh's estimate) after recovering from one at `
+        + `${t.recoveredOverflowTokens} tokens in this turn: recovery makes no progress, so the turn stops. `
+        + `The provider counts more tokens than dsh estimates: lower the compaction threshold or the context `
+        + `window (CLI: --threshold, --context-window)`)
+    }
+    const retry = !noProgress
+      && await this.unlessAborted(() => this.runHooks('agent/request-error', { ...f.ctx, error }), t.signal)
+    if (t.signal.aborted) { session.append('step/end', { turn: t.turn, step: t.step }); return { reason: 'aborted' } }
+    if (!retry || session.replaceGeneration <= generationBefore) return undefined
+    if (overflow) t.recoveredOverflowTokens = Math.min(t.recoveredOverflowTokens ?? Infinity, inputTokens)
+    this.overflowRetries++
+    session.append('step/end', { turn: t.turn, step: t.step })
+    session.append('recovery/retry', { generationBefore, generationAfter: session.replaceGeneration })
+    await session.sync()
+    return NEXT_STEP
+  }
+
+  /**
+   * Recovery 3: the partial output is kept as an interrupted message; a stream that broke after
+   * output with a retryable error is retried once as a new step (the adapter never retries once
+   * output was streamed: the caller saw it), whose request carries the partial output.
+   */
+  private async retriedStream(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
+    const session = this.session, { error } = f
+    if (f.partial) session.append('assistant/message', { message: f.partial, finishReason: 'error',
+      surfaceOp: { op: 'append' } })
+    session.append('step/end', { turn: t.turn, step: t.step })
+    if (!afterOutput.has(error) || !RETRYABLE.has(error.code) || this.streamRetries >= MAX_STREAM_RETRIES)
+      return undefined
+    this.streamRetries++
+    session.append('step/retry', { turn: t.turn, step: t.step, code: error.code })
+    await session.sync()
+    return NEXT_STEP
+  }
+
+  /** Recovery 4: nothing helped; the turn ends with the provider's own error. */
+  private async failedTurn(_t: Turn, f: StepFailure): Promise<StepOutcome> {
+    return { reason: 'error', error: f.raw instanceof ProviderError ? f.raw : f.error }
   }
 
   /**
@@ -6021,16 +6905,24 @@ export class Agent implements CompactionHost {
     const envelopeAlone = Math.ceil(envelope * calibration)
     if (envelope >= input) {
       return new ProviderError('CONTEXT_WINDOW_EXCEEDED',
-        `CONTEXT_WINDOW_EXCEEDED: the system prompt and tool specs alone are ${envelope} tokens${calibration === 1 ? '' : ` (× ${calibration.toFixed(2)} calibration = ${envelopeAlone})`}, and with the ${input}-token input (${tokens} in all) they do not fit the context window of ${this.provider.model}, ${window} tokens; nothing was sent. Use a model with a larger window, or fewer or shorter tools and system prompt.`)
+        `CONTEXT_WINDOW_EXCEEDED: the system prompt and tool specs alone are ${envelope} `
+          + `tokens${calibration === 1 ? '' : ` (× ${calibration.toFixed(2)} calibration = ${envelopeAlone})`}, `
+          + `and with the ${input}-token input (${tokens} in all) they do not fit the context window of `
+          + `${this.provider.model}, ${window} tokens; nothing was sent. Use a model with a larger window, or fewer or `
+          + `shorter tools and system prompt.`)
     }
     return new ProviderError('CONTEXT_WINDOW_EXCEEDED',
-      `CONTEXT_WINDOW_EXCEEDED: the current input alone is ${input} tokens (plus ${envelope} of system prompt and tools${calibration === 1 ? '' : `, × ${calibration.toFixed(2)} calibration`} = ${tokens}) and the context window of ${this.provider.model} is ${window} tokens; nothing was sent. The input is never cut: shorten it, or use a model with a larger window.`)
+      `CONTEXT_WINDOW_EXCEEDED: the current input alone is ${input} tokens (plus ${envelope} of system prompt and `
+        + `tools${calibration === 1 ? '' : `, × ${calibration.toFixed(2)} calibration`} = ${tokens}) and the context `
+        + `window of ${this.provider.model} is ${window} tokens; nothing was sent. The input is never cut: shorten it, `
+        + `or use a model with a larger window.`)
   }
 
   /** Logs `request/header` when model, envelope, budget or window changed; returns the envelope. */
   private writeHeader(): Envelope {
     const envelope = this.envelope
-    this.session.setHeader({ model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window, prices: this.provider.prices })
+    logHeader(this.session, { model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system,
+      tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window, prices: this.provider.prices })
     return envelope
   }
 
@@ -6050,8 +6942,10 @@ export class Agent implements CompactionHost {
     const why = `one message may make at most ${max} tool calls`
       + (windowMax < MAX_TOOL_CALLS_PER_MESSAGE ? ` in a ${this.window}-token context window` : '')
     const dropped = calls - max
-    this.warn(`the model made ${calls} tool calls in one message; the first ${max} run, ${dropped} were dropped (${why})`)
-    const text = `[dsh: ${dropped} more tool calls of this message were dropped without running: ${why}; make fewer at a time]`
+    this.warn(`the model made ${calls} tool calls in one message; the first ${max} run, ${dropped} were `
+      + `dropped (${why})`)
+    const text = `[dsh: ${dropped} more tool calls of this message were dropped without running: ${why}; `
+      + `make fewer at a time]`
     return { ...message, content: [...content, { type: 'text', text }] }
   }
 
@@ -6059,40 +6953,51 @@ export class Agent implements CompactionHost {
     const session = this.session
     for (const call of calls) {
       if (signal.aborted) {
-        session.append('tool/result', { message: errorResult(call.id, 'TOOL_ABORTED: the turn was cancelled before this tool call started.', 'TOOL_ABORTED'), surfaceOp: { op: 'append' } })
+        session.append('tool/result',
+          { message: errorResult(call.id, 'TOOL_ABORTED: the turn was cancelled before this tool call started.',
+          'TOOL_ABORTED'), surfaceOp: { op: 'append' } })
         continue
       }
       session.append('tool/call', { callId: call.id, name: call.name })
-      await session.flush() // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
+      // the dispatch record reaches the store before the tool runs (resume tells UNKNOWN from NOT_STARTED)
+      await stateOf(session).flush()
       let result: ToolResultMessage
       const offered = this.offeredTools()
       // recall is answered even when its spec is not offered: the placeholders name it.
-      const tool = offered.find((t) => t.name === call.name) ?? (call.name === RECALL_TOOL_NAME && this.session.hasShadowedContent ? this.recall : undefined)
+      const tool = offered.find((t) => t.name === call.name)
+        ?? (call.name === RECALL_TOOL_NAME && this.session.recall.hasShadowedContent ? this.recall : undefined)
       if (!tool) {
-        result = errorResult(call.id, `unknown tool ${JSON.stringify(call.name)}; available tools: ${offered.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
+        result = errorResult(call.id, `unknown tool ${JSON.stringify(call.name)}; available tools: `
+          + `${offered.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
       } else {
         let args: unknown
         try { args = call.arguments.trim() === '' ? {} : JSON.parse(call.arguments) } catch (err) {
           args = undefined
-          result = errorResult(call.id, `the arguments of ${call.name} are not valid JSON (${(err as Error).message}); send one JSON object matching the tool's parameters`, 'TOOL_BAD_ARGUMENTS')
+          result = errorResult(call.id, `the arguments of ${call.name} are not valid JSON (${(err as Error).message}); `
+            + `send one JSON object matching the tool's parameters`, 'TOOL_BAD_ARGUMENTS')
         }
         if (args !== undefined) {
-          try { result = toolOutputToResult(call.id, call.name, await tool.execute(args, { signal, callId: call.id })) } catch (err) {
+          try { result = toolOutputToResult(call.id, call.name,
+            await tool.execute(args, { signal, callId: call.id })) } catch (err) {
             const text = String((err as Error)?.message ?? err)
-            result = errorResult(call.id, text.startsWith(`${call.name}:`) ? text : `tool ${call.name} failed: ${text}`, 'TOOL_ERROR')
+            result = errorResult(call.id, text.startsWith(`${call.name}:`) ? text
+              : `tool ${call.name} failed: ${text}`, 'TOOL_ERROR')
           }
         }
       }
       const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, spillName(session.seq))
-      session.append('tool/result', spilled.spilled ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } } : { message: spilled.message, surfaceOp: { op: 'append' } })
+      session.append('tool/result', spilled.spilled
+        ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } }
+        : { message: spilled.message, surfaceOp: { op: 'append' } })
     }
   }
 
   /** Tokens and cost of the session so far ({@link Session.usage}), priced with the provider's table as logged. */
-  usage(): SessionUsage { return this.session.usage() }
+  usage(): SessionUsage { return this.session.cost.usage() }
 
-  /** The prompt-cache cost of the surface edit logged as event `seq`, at the provider's prices ({@link Session.editCost}). */
-  editCost(seq: number): EditCost | undefined { return this.session.editCost(seq, this.provider.prices) }
+  /** The prompt-cache cost of the surface edit logged as event `seq`, at the provider's prices ({@link
+   *  Session.editCost}). */
+  editCost(seq: number): EditCost | undefined { return this.session.cost.editCost(seq, this.provider.prices) }
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
   compact(signal?: AbortSignal): Promise<CompactionOutcome> { return this.ladder.compact(signal) }
@@ -6102,20 +7007,31 @@ export class Agent implements CompactionHost {
    * summary instruction (the CLI's `/compact FOCUS`). Throws TypeError for a focus that is not a string.
    */
   compactNow(options: { focus?: string; signal?: AbortSignal } = {}): Promise<CompactionOutcome> {
-    if (options.focus !== undefined && typeof options.focus !== 'string') throw new TypeError(`focus must be a string, got ${typeof options.focus}`)
+    if (options.focus !== undefined && typeof options.focus !== 'string')
+      throw new TypeError(`focus must be a string, got ${typeof options.focus}`)
     return this.ladder.compact(options.signal, { focus: options.focus })
   }
 }
 
-// ════════════════════════════════════════════════════════════════════════════════════════════
-// ════════════════════════════════════════════════════════════════════════════════════════════
+/**
+ * Module-private helpers that tests and benchmarks reach (docs/design.md §14): not part of the
+ * public API, may change in any release, left out of dsh.d.mts.
+ * @internal
+ */
+export const internals = /* @__PURE__ */ Object.freeze({
+  pumpSSE, selectRegion, summarise, summaryMaxTokens, recallTool, regionLedger, trimLedger, renderLedger,
+  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, stateOf, overflowCounts,
+})
+
+// ═══════════════════════════════════════
+// ═══════════════════════════════════════
 // FENCE. Above: Part I, the runtime (web standards only). Below: Part II, the extras (tools,
 // replay, CLI). Nothing in Part I names anything in Part II: the build cuts the file here to make
 // `dist/dsh.mjs` and type-checks that part alone, so a reference across the fence fails the build.
 // Part II may name Part I freely. Its top level holds only declarations and literals (no calls),
 // so a bundler importing the runtime from this file drops Part II entirely.
-// ════════════════════════════════════════════════════════════════════════════════════════════
-// ════════════════════════════════════════════════════════════════════════════════════════════
+// ═══════════════════════════════════════
+// ═══════════════════════════════════════
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 8. Tools — the CLI's built-in coding tools (docs/design.md §8, §13)
@@ -8709,7 +9625,7 @@ export const REPLAY_PRICES: Readonly<Prices> = /* @__PURE__ */ Object.freeze({ c
 export function unmanagedSession(transcript: Transcript, beforeRequest?: (session: Session, step: number) => void): Session {
   const s = new Session()
   s.append('session/start', { id: `unmanaged-${transcript.format}`, version: VERSION })
-  s.setHeader({ model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', system: transcript.envelope.system, tools: transcript.envelope.tools })
+  logHeader(s, { model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', system: transcript.envelope.system, tools: transcript.envelope.tools })
   let step = 0
   // Call ids as the loop repairs them (missing or repeated ids renamed), results matched to the
   // recorded calls by position, as replayTranscript does.
@@ -8725,7 +9641,7 @@ export function unmanagedSession(transcript: Transcript, beforeRequest?: (sessio
       s.append('assistant/message', { message: sent, finishReason: 'replay', surfaceOp: { op: 'append' } })
     } else if (m.role === 'tool') {
       const id = idOf.get(m.toolCallId)?.shift() ?? m.toolCallId
-      if (s.hasToolCall(id) && s.openToolCalls().includes(id)) s.append('tool/result', { message: id === m.toolCallId ? m : { ...m, toolCallId: id }, surfaceOp: { op: 'append' } })
+      if (stateOf(s).calls.has(id) && [...stateOf(s).openCalls].includes(id)) s.append('tool/result', { message: id === m.toolCallId ? m : { ...m, toolCallId: id }, surfaceOp: { op: 'append' } })
     } else s.append('user/message', { message: m, surfaceOp: { op: 'append' } })
   }
   return s
@@ -9144,7 +10060,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
         open.calibratedRequestTokens = m.totalTokens
         open.calibratedUnmanagedTokens = anchoredTotal(unmanaged, undefined, m.calibration, m.calibrationOffsetTokens)
       }
-      priced.push({ ...session.nextRequestCache(), outputTokens: estimateMessageTokens(current.message) })
+      priced.push({ ...session.cost.nextRequestCache(), outputTokens: estimateMessageTokens(current.message) })
       if (current.usage) request.onEvent?.({ type: 'usage', usage: current.usage })
       for (const m of current.steerAfter) agent.steer(m)
       return { message: current.message, finishReason: 'replay' }
@@ -9327,7 +10243,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   const assistants = transcript.messages.filter((m) => m.role === 'assistant')
   const floor: PricedRequest[] = []
   const floorSession = unmanagedSession(transcript, (s, k) => {
-    floor.push({ ...s.nextRequestCache(), outputTokens: estimateMessageTokens(assistants[k]) })
+    floor.push({ ...s.cost.nextRequestCache(), outputTokens: estimateMessageTokens(assistants[k]) })
   })
   const calibrated = (r: ReplayStep) => r.calibratedRequestTokens ?? r.requestTokens!
   const totals: ReplayTotals = {
@@ -9355,8 +10271,8 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
     resultsOverPruneThreshold: transcript.messages.filter((m) => m.role === 'tool' && resultCodePoints(m, pruneThreshold) > pruneThreshold).length,
     ladderWarnings: warnings.length,
     cost: {
-      dsh: replayCost(session.usage({ prices })),
-      unmanaged: replayCost(floorSession.usage({ prices })),
+      dsh: replayCost(session.cost.usage({ prices })),
+      unmanaged: replayCost(floorSession.cost.usage({ prices })),
       ...(calibration.samples > 0 ? {
         calibrated: {
           dsh: calibratedCost([...priced, ...pricedSummaries], pricedSummaries.length, calibration, prices),
@@ -10358,7 +11274,7 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     if (ev.type.startsWith('compaction/') && Array.isArray(d.shadowedSeqs) && d.shadowedSeqs.length > 0) {
       if (pending) finishEdit()
       const subjects = (d.shadowedSeqs as number[]).map((seq) => {
-        const message = a?.session.node(seq)?.message
+        const message = a?.session.surface().node(seq)?.message
         const call = message?.role === 'tool' ? callOf(message.toolCallId) : undefined
         return call ? toolSubject(call.name, call.arguments) : `seq ${seq}`
       })
@@ -10367,7 +11283,7 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     }
     if (pending && d?.surfaceOp?.op === 'replace') {
       pending.replaced += d.surfaceOp.end - d.surfaceOp.start + 1
-      pending.tokensAfter += a?.session.node(ev.seq)?.tokens ?? 0
+      pending.tokensAfter += a?.session.surface().node(ev.seq)?.tokens ?? 0
       pending.replaceSeq = ev.seq
       if (pending.replaced >= pending.seqs) finishEdit()
       return
@@ -10378,7 +11294,7 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
         const message = d.message as ToolResultMessage
         const call = callOf(message.toolCallId)
         const outcome = toolOutcome(message)
-        const tokens = a?.session.node(ev.seq)?.tokens
+        const tokens = a?.session.surface().node(ev.seq)?.tokens
         const size = tokens === undefined ? '' : ` (${groupDigits(tokens)} tokens)`
         return say(`▸ ${call ? toolSubject(call.name, call.arguments) : `tool call ${message.toolCallId}`}${outcome ? ` → ${outcome}` : ''}${outcome && message.isError ? '' : size}`)
       }
@@ -11481,7 +12397,7 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
   const interactive = terminal !== undefined // prepareRun opened it: no prompt, no -p, no --json, and stdin is a terminal
   if (options.json) {
     // The events Session.open wrote (session/start, or session/resume and its repairs) came before the Agent's onEvent existed.
-    for await (const e of session.readEvents(session.openedAtSeq)) io.stdout(jsonLine(e))
+    for await (const e of session.readEvents(stateOf(session).openedAt)) io.stdout(jsonLine(e))
   } else {
     const resumed = await resumeLine(session, options.session!, Date.now())
     if (resumed) io.stderr(resumed + '\n')
@@ -11856,7 +12772,7 @@ export async function contextBreakdown(session: Session, contextWindow?: number)
   }
   const add = (p: ContextPart, tokens: number) => { p.tokens += tokens; p.messages++ }
   for (const n of session.surface()) {
-    if (session.isPinned(n.seq)) add(out.pinned, n.tokens)
+    if (session.pins.has(n.seq)) add(out.pinned, n.tokens)
     else if (isCheckpoint(n)) { add(out.checkpoints, n.tokens); out.newestCheckpoint = { seq: n.seq, tokens: n.tokens, text: messageText(n.message) } }
     else if (n.message.role === 'tool') {
       add(out.toolResults, n.tokens)
@@ -11924,15 +12840,15 @@ export async function fidelityCommand(agent: Agent, line: string, signal?: Abort
   if (command === '/pin') {
     const seq = lastInputSeq(session)
     if (seq === undefined) return '[dsh] /pin: nothing to pin yet: type an input first; /pin pins the last one\n'
-    if (session.isPinned(seq)) return `[dsh] /pin: your last input (seq ${seq}) is already pinned\n`
+    if (session.pins.has(seq)) return `[dsh] /pin: your last input (seq ${seq}) is already pinned\n`
     try { agent.pin(seq) } catch (err) { return `[dsh] /pin: ${(err as Error).message}\n` }
-    return `[dsh] pinned your last input (seq ${seq}, ${groupDigits(session.node(seq)!.tokens)} tokens): it is never pruned, cleared or summarised; pinned messages hold ${groupDigits(session.pinnedTokens())} tokens\n`
+    return `[dsh] pinned your last input (seq ${seq}, ${groupDigits(session.surface().node(seq)!.tokens)} tokens): it is never pruned, cleared or summarised; pinned messages hold ${groupDigits(session.pins.tokens())} tokens\n`
   }
   if (command === '/unpin') {
-    const seq = session.pinnedSeqs().at(-1)
+    const seq = session.pins.seqs().at(-1)
     if (seq === undefined) return '[dsh] /unpin: nothing is pinned\n'
-    session.unpin(seq)
-    return `[dsh] unpinned seq ${seq}; ${session.pinnedSeqs().length} pinned message(s) left\n`
+    session.pins.unpin(seq)
+    return `[dsh] unpinned seq ${seq}; ${session.pins.seqs().length} pinned message(s) left\n`
   }
   if (command === '/context') return formatContext(await contextBreakdown(session, agent.contextWindow), { recall: agent.tools.some((t) => t.name === 'recall') })
   return await compactCommand(agent, signal ?? new AbortController().signal, line.trim().slice(command.length).trim() || undefined) + '\n'
@@ -12054,7 +12970,7 @@ async function showCommand(options: CliShowOptions, io: CliIO, name = options.fi
     // Streamed and read-only: only the surface is kept in memory; old events are read back as shown.
     const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
     try { await fs.access(options.file) } catch (err) { io.stderr(`dsh: show: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
-    session = await Session.load(new FileStore(options.file, { readOnly: true }))
+    session = await Session.open(new FileStore(options.file, { readOnly: true }), { readOnly: true })
     const parsed = session
     if (parsed.torn) io.stderr(`dsh: show: ${name}: the last line (line ${parsed.torn.line}, ${parsed.torn.bytes} bytes) is incomplete (a crash, or a writer still running); shown without it\n`)
   } catch (err) {

@@ -36,7 +36,7 @@ function feed(t: Transcript, window: number, edit?: (session: Session, step: num
     requests++
     if (session.measure().totalTokens > window) over++
   })
-  return { usage: s.usage({ prices: PRICES }), requests, over, summaryHitTokens: 0, summaryInputTokens: 0 }
+  return { usage: s.cost.usage({ prices: PRICES }), requests, over, summaryHitTokens: 0, summaryInputTokens: 0 }
 }
 
 /** Observation masking: before each request, the results of the step that left the newest 10 become a placeholder. */
@@ -53,7 +53,7 @@ function masking(t: Transcript, window: number): Run {
     const old = step - MASK_KEEP_STEPS - 1
     if (old < 0) return
     for (const seq of resultsOfStep[old] ?? []) {
-      const node = s.node(seq)
+      const node = s.surface().node(seq)
       if (!node) continue
       const placeholder: ToolResultMessage = { ...(node.message as ToolResultMessage), content: [{ type: 'text', text: MASK_PLACEHOLDER }] }
       if (estimateMessageTokens(placeholder) >= node.tokens) continue
@@ -72,7 +72,7 @@ async function dsh(t: Transcript, window: number, compaction: Partial<Compaction
     if (e.type !== 'compaction/end') continue
     for (const r of (e.data as { requests?: { modelledHitTokens: number; inputTokens: number }[] }).requests ?? []) { summaryHitTokens += r.modelledHitTokens; summaryInputTokens += r.inputTokens }
   }
-  return { usage: s.usage({ prices: PRICES }), requests: report.totals.steps, over: report.totals.requestsOverWindow, summaryHitTokens, summaryInputTokens }
+  return { usage: s.cost.usage({ prices: PRICES }), requests: report.totals.steps, over: report.totals.requestsOverWindow, summaryHitTokens, summaryInputTokens }
 }
 
 /** Whether the ladder on this branch knows every key of `config` (the clear rung may not have landed). */

@@ -9,7 +9,12 @@
 import { readFileSync } from 'node:fs'
 import { basename } from 'node:path'
 import * as dshModule from '../dsh.ts'
-import { estimateEnvelopeTokens, estimateMessageTokens, readTranscript, type Message, type Session, type ToolResultMessage, type Transcript } from '../dsh.ts'
+import {
+  estimateMessageTokens, readTranscript, type Message, type Session, type ToolResultMessage, type Transcript,
+} from '../dsh.ts'
+import {
+  estimateEnvelopeTokens,
+} from '../test/spec.ts'
 import { trueCounter, type TrueCounter } from './tokens.ts'
 import { execFileSync } from 'node:child_process'
 import { CORPUS_DIR, corpusFiles, fmtPct, int, nowMs, table, type Section, type Target } from './lib.ts'

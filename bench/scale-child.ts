@@ -22,8 +22,7 @@ if (mode === 'resume') {
   gc()
   const startMB = process.memoryUsage().rss / 1024 / 1024 // the runtime and the code, before the log
   const t0 = performance.now()
-  const session = await Session.load(new FileStore(arg))
-  session.resume()
+  const session = await Session.open(new FileStore(arg)) // loads, resumes (session/resume) and fsyncs
   const ms = performance.now() - t0
   out({ ms, rssMB: rssMB(), startMB, heapLimitMB: (await import('node:v8')).getHeapStatistics().heap_size_limit / 1024 / 1024, events: session.seq, surfaceNodes: session.surface().length, surfaceBytes: JSON.stringify(session.messages()).length })
 } else if (mode === 'baseline') {

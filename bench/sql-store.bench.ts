@@ -12,7 +12,9 @@ import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
 import { PGlite } from '@electric-sql/pglite'
-import { FileStore, Session, SqlLogStore, type LogStore, type SqlQuery } from '../dsh.ts'
+import { FileStore, Session, SqlLogStore, type LogStore, type SqlQuery, internals } from '../dsh.ts'
+
+const { stateOf } = internals
 import { startPostgres } from '../test/real-server/postgres-server.ts'
 
 const STEPS = 300
@@ -35,7 +37,7 @@ async function stepLatency(store: LogStore): Promise<number[]> {
   for (let n = 1; n <= STEPS; n++) {
     turn(session, n)
     const t0 = performance.now()
-    await session.flush()
+    await stateOf(session).flush()
     finish(session, n)
     await session.sync()
     ms.push(performance.now() - t0)
@@ -85,7 +87,7 @@ async function main() {
       const session = await Session.open(store)
       for (let n = 1; n <= RESUME_TURNS; n++) {
         turn(session, n); finish(session, n)
-        if (n % 200 === 0) await session.flush()
+        if (n % 200 === 0) await stateOf(session).flush()
       }
       await session.sync()
       await store.close?.()

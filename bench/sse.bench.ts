@@ -68,7 +68,9 @@ async function measureStream(kind: 'recorded' | 'cjk', mod: { parseSSE: ParseSSE
 }
 
 export default async function sse(): Promise<Section> {
-  const mod = dshModule as unknown as { parseSSE?: ParseSSE; createSSEParser?: CreateSSEParser; pumpSSE?: PumpSSE }
+  // The adapter's callback form is module-private: reached through the undocumented `internals`.
+  const m = dshModule as unknown as { parseSSE?: ParseSSE; createSSEParser?: CreateSSEParser; pumpSSE?: PumpSSE; internals?: { pumpSSE?: PumpSSE } }
+  const mod = { ...m, pumpSSE: m.pumpSSE ?? m.internals?.pumpSSE }
   const base = { id: 'sse', title: 'SSE parser', method: '', tables: [] as string[] }
   if (typeof mod.parseSSE !== 'function') {
     return {

@@ -7,6 +7,7 @@ import { createServer } from 'node:net'
 import { mkdir, readFile, writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
 import { CLEAN_ENV, ROOT, dsh, dshCommand, dshPty, dshPtyDriven, fake, lines, readLog, runFlags, runProcess, skipWithoutPty, tempDir } from './cli-helpers.ts'
+import type { AgentEvent, SessionEvent } from '../dsh.ts'
 
 const group = (n: number) => n.toLocaleString('en-US')
 /** A stack trace line, as Node prints one. */
@@ -358,13 +359,13 @@ describe('context-edit lines come from the log events, whatever the rung', () =>
     const r1 = session.append('tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: 'a'.repeat(4000) }] }, surfaceOp: op })
     const r2 = session.append('tool/result', { message: { role: 'tool', toolCallId: 'c2', content: [{ type: 'text', text: 'b'.repeat(2000) }] }, surfaceOp: op })
     out.length = 0
-    const before = session.node(r1.seq)!.tokens + session.node(r2.seq)!.tokens
+    const before = session.surface().node(r1.seq)!.tokens + session.surface().node(r2.seq)!.tokens
     session.append('compaction/clear', { shadowedSeqs: [r1.seq, r2.seq], shadowedTokenCount: before })
     const placeholder = (id: string) => ({ message: { role: 'tool' as const, toolCallId: id, content: [{ type: 'text' as const, text: `[cleared ${id}]` }] } })
     session.append('tool/result', { ...placeholder('c1'), surfaceOp: { op: 'replace', start: r1.seq, end: r1.seq } })
     assert.deepEqual(out, [], 'the line waits for every replace of the edit')
     const last = session.append('tool/result', { ...placeholder('c2'), surfaceOp: { op: 'replace', start: r2.seq, end: r2.seq } })
-    const after = session.node(last.seq)!.tokens + session.node(last.seq - 1)!.tokens
+    const after = session.surface().node(last.seq)!.tokens + session.surface().node(last.seq - 1)!.tokens
     assert.equal(before, 1008 + 508)
     assert.deepEqual(out, [`[dsh] cleared 2 tool results (read_file src/a.ts, grep TODO src): ${group(before)} → ${group(after)} tokens (${group(before - after)} saved) · note for seq ${last.seq}\n`])
   })
@@ -376,4 +377,22 @@ test('an AUTH failure tells the CLI user which flag names the key variable', asy
   const run = await dsh(['-p', 'hi', ...runFlags(f)], cwd)
   assert.equal(run.code, 1)
   assert.match(lines(run.stderr).at(-1)!, /^dsh: AUTH: HTTP 401 .*CLI: --api-key-env NAME\)\.$/)
+})
+
+// Against a real llama-server (docs/design.md §10): what the status line says about a refused request.
+test('the CLI\'s status line for an overflow says who counted, and says nothing of recovery for an input refused before the ladder', async () => {
+  const { statusReporter } = await import('../dsh.ts')
+  const lines: string[] = []
+  const report = statusReporter(() => undefined, (l) => lines.push(l), false, false)
+  const log = (data: Record<string, unknown>): AgentEvent => ({ type: 'log', event: { seq: 1, time: 0, type: 'request/error', data } as unknown as SessionEvent })
+  // The CLI with its coding tools in a 2,048-token window: the envelope alone does not fit, and the
+  // line said "context overflow reported by the provider; pruning and compacting to recover".
+  report(log({ code: 'CONTEXT_WINDOW_EXCEEDED', trigger: 'input', message: 'CONTEXT_WINDOW_EXCEEDED: the current input alone is 19 tokens (plus 1156 of system prompt and tools, × 3.20 calibration = 3755) …; nothing was sent.' }))
+  assert.deepEqual(lines, [])
+  report(log({ code: 'CONTEXT_WINDOW_EXCEEDED', trigger: 'conversation', message: 'CONTEXT_WINDOW_EXCEEDED: preflight: nothing was sent. The prompt is estimated at 2162 tokens …' }))
+  assert.equal(lines.length, 1)
+  assert.match(lines[0], /would not fit the context window \(dsh's estimate; nothing was sent\)/)
+  assert.doesNotMatch(lines[0], /reported by the provider/)
+  report(log({ code: 'CONTEXT_WINDOW_EXCEEDED', trigger: 'conversation', status: 400, message: 'CONTEXT_WINDOW_EXCEEDED: HTTP 400 …' }))
+  assert.match(lines[1], /context overflow reported by the provider \(400\); pruning and compacting to recover/)
 })

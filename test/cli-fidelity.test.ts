@@ -10,7 +10,12 @@ import { join } from 'node:path'
 import { startFakeProvider, type FakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 import { runDsh, CLEAN_ENV, DSH, TSX, ROOT } from './cli-child.ts'
 import { sharedPath, skipWithoutShared } from './shared.ts'
-import { Agent, Session, FileStore, openAICompatible, estimateMessageTokens, CHECKPOINT_PREAMBLE, type Tool } from '../dsh.ts'
+import {
+  Agent, Session, FileStore, openAICompatible, estimateMessageTokens, type Tool,
+} from '../dsh.ts'
+import {
+  CHECKPOINT_PREAMBLE,
+} from './spec.ts'
 
 const temps: string[] = []
 const fakes: FakeProvider[] = []

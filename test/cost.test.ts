@@ -4,11 +4,20 @@
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  Agent, Session, MemoryStore, openAICompatible, deepseek, DEEPSEEK_PRICES, pricesOf, validatePrices, isPeakTime, requestCostUSD,
-  cacheCostUSD, estimateEnvelopeTokens, estimateMessageTokens, SUMMARY_INSTRUCTION, statusReporter, formatUSD, type Prices, type Tool, type SessionEvent,
-  type AgentEvent,
+  Agent, Session, MemoryStore, openAICompatible, deepseek, DEEPSEEK_PRICES, estimateMessageTokens, statusReporter,
+  formatUSD, type Prices, type Tool, type SessionEvent, type AgentEvent, internals,
 } from '../dsh.ts'
+import {
+  estimateEnvelopeTokens, SUMMARY_INSTRUCTION,
+} from './spec.ts'
+
+const { isPeakTime, requestCostUSD, cacheCostUSD } = internals
+/** Prices are validated where they are given: as a provider's `prices` option. */
+const validatePrices = (prices: unknown) => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', prices: prices as Prices }).prices
+/** DeepSeek's table for a model name, aliases resolved, as deepseek() picks it. */
+const pricesOf = (model: string) => deepseek({ apiKey: 'sk-test', model }).prices
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+import { logHeader } from './spec.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
 after(async () => { for (const s of servers) await s.close() })
@@ -77,7 +86,7 @@ test('case 1: two requests of one turn: the first body is a byte prefix of the s
   assert.equal(a2.data.cache!.modelledHitTokens, input1)
   const input2 = input1 + estimateMessageTokens(a1.data.message) + estimateMessageTokens(session.surface()[2].message)
   assert.equal(a2.data.cache!.inputTokens, input2)
-  const u = session.usage()
+  const u = session.cost.usage()
   assert.deepEqual(u.conversation, {
     requests: 2, inputTokens: input1 + input2, cachedInputTokens: input1, uncachedInputTokens: input2, unpricedRequests: 0,
     outputTokens: estimateMessageTokens(a1.data.message) + estimateMessageTokens(a2.data.message),
@@ -111,14 +120,14 @@ test('case 2: a prune at position k: the next hit is the prefix before k; the pr
   assert.equal(surface[k].tokens, 1_298)
   // The request before the prune sent: user, A1, result 1, A2, result 2. From k on: result 1 (pruned), A2, result 2.
   const movedTokens = surface[k].tokens + surface[k + 1].tokens + surface[k + 2].tokens
-  assert.deepEqual(session.editCache(replace.seq), { seq: replace.seq, movedTokens, savedTokens: 10_008 - 1_298 })
+  assert.deepEqual(session.cost.editCache(replace.seq), { seq: replace.seq, movedTokens, savedTokens: 10_008 - 1_298 })
   assert.equal(movedTokens, 1_298 + surface[3].tokens + 1_008)
   assert.equal(agent.editCost(replace.seq)!.cacheCostUSD, movedTokens * (0.15 - 0.003) / 1e6)
   // The CLI's prune line carries the same figures.
   const cost = movedTokens * (0.15 - 0.003) / 1e6, saved = (10_008 - 1_298) * 0.003 / 1e6
   assert.ok(lines.includes(`[dsh] pruned read 1: 10,008 → 1,298 tokens (8,710 saved) · cache: ${movedTokens.toLocaleString('en-US')} tokens move from hit to miss (+${formatUSD(cost)} once); saves 8,710 tokens (${formatUSD(saved)} per request)\n`), lines.join(''))
   assert.equal(formatUSD(cost), '$0.000341')
-  const u = session.usage()
+  const u = session.cost.usage()
   assert.match(lines.at(-1)!, new RegExp(`· \\${formatUSD(u.costUSD!)} so far, cache hits ${Math.round(u.cacheHitShare * 100)}%\n$`))
   const last = assistants(session).at(-1)!
   assert.equal(last.data.cache!.modelledHitTokens, estimateEnvelopeTokens(agent.envelope) + surface[0].tokens + surface[1].tokens, 'the next request hits only the envelope and the prefix before k')
@@ -133,7 +142,7 @@ test('case 3: reported cached tokens win; the split and the cost are the price t
   let clock = SATURDAY_NOON
   const session = await Session.open(store, { now: () => clock })
   await new Agent({ session, provider: provider(server.url, { prices: DEEPSEEK_PRICES['deepseek-flash'] }), tools: [tool('look', () => 'ok')] }).run('go')
-  const u = session.usage()
+  const u = session.cost.usage()
   assert.deepEqual(
     [u.inputTokens, u.cachedInputTokens, u.uncachedInputTokens, u.outputTokens, u.requests, u.reportedCacheRequests],
     [2500, 1000, 1500, 70, 2, 2])
@@ -141,11 +150,11 @@ test('case 3: reported cached tokens win; the split and the cost are the price t
   assert.equal(u.cacheHitShare, 0.4)
   // Re-priced as if at a peak hour: double.
   const reloaded = await Session.open(store, { now: () => clock })
-  assert.deepEqual(reloaded.usage(), u, 'derived from the log: the same after resume')
+  assert.deepEqual(reloaded.cost.usage(), u, 'derived from the log: the same after resume')
   clock = MONDAY_PEAK
   const peak = new Session({ now: () => clock })
   for (const e of session.events) peak.append(e.type, e.data as any)
-  assert.equal(peak.usage().costUSD, 2 * (1000 * 0.003 + 1500 * 0.15 + 70 * 0.6) / 1e6)
+  assert.equal(peak.cost.usage().costUSD, 2 * (1000 * 0.003 + 1500 * 0.15 + 70 * 0.6) / 1e6)
 })
 
 test('case 4: a summary request shares its bytes with the conversation request before it up to the region\'s end', async () => {
@@ -168,7 +177,7 @@ test('case 4: a summary request shares its bytes with the conversation request b
   const summarised = (session.events.find((e) => e.type === 'compaction/summary') as SessionEvent<'compaction/summary'>).data
   assert.equal(record.modelledHitTokens, estimateEnvelopeTokens(agent.envelope) + summarised.shadowedTokenCount, 'the whole region hits the cache')
   assert.equal(record.inputTokens, record.modelledHitTokens + estimateMessageTokens({ role: 'user', content: SUMMARY_INSTRUCTION }))
-  const u = session.usage()
+  const u = session.cost.usage()
   assert.equal(u.summary.requests, 1)
   assert.equal(u.summary.cachedInputTokens, record.modelledHitTokens)
   assert.ok(typeof u.summary.costUSD === 'number' && u.summary.costUSD > 0)
@@ -186,28 +195,28 @@ test('case 5: a model without a price: cost unknown, tokens still reported', asy
   statusReporter(() => agent, (line) => lines.push(line), true, false)({ type: 'log', event: session.events.at(-2)! })
   assert.match(lines[0], /· cost unknown \(no price for this model; --prices sets one\), cache hits 33%\n$/)
   assert.deepEqual([u.inputTokens, u.cachedInputTokens, u.uncachedInputTokens, u.outputTokens], [300, 100, 200, 5])
-  assert.equal(session.usage({ prices: FLASH }).costUSD, (100 * 0.003 + 200 * 0.15 + 5 * 0.6) / 1e6, 're-priced on request')
+  assert.equal(session.cost.usage({ prices: FLASH }).costUSD, (100 * 0.003 + 200 * 0.15 + 5 * 0.6) / 1e6, 're-priced on request')
 })
 
 test('modelled hit: an envelope change caches nothing; a reported prompt size without cached tokens takes the modelled share', () => {
   const s = new Session()
   s.append('session/start', { id: 't', version: 'x' })
-  s.setHeader({ model: 'm', baseURL: 'u', system: 'x'.repeat(40), prices: FLASH })
+  logHeader(s, { model: 'm', baseURL: 'u', system: 'x'.repeat(40), prices: FLASH })
   const user = (text: string) => s.append('user/message', { message: { role: 'user', content: text }, surfaceOp: { op: 'append' } })
   const answer = (usage?: { promptTokens: number; completionTokens: number }) => s.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop', surfaceOp: { op: 'append' }, usage })
   user('a'.repeat(400)) // 108 tokens; envelope 18
-  assert.deepEqual(s.nextRequestCache(), { inputTokens: 126, modelledHitTokens: 0 })
+  assert.deepEqual(s.cost.nextRequestCache(), { inputTokens: 126, modelledHitTokens: 0 })
   answer()
   user('b'.repeat(40)) // 18
-  assert.deepEqual(s.nextRequestCache(), { inputTokens: 126 + 9 + 18, modelledHitTokens: 126 })
+  assert.deepEqual(s.cost.nextRequestCache(), { inputTokens: 126 + 9 + 18, modelledHitTokens: 126 })
   answer({ promptTokens: 306, completionTokens: 3 }) // reported 2× the estimate, no cached figure: 126/153 of 306 = 252
-  assert.equal(s.usage().conversation.cachedInputTokens, 0 + 252)
-  s.setHeader({ model: 'm', baseURL: 'u', system: 'y'.repeat(40), prices: FLASH })
-  assert.equal(s.nextRequestCache().modelledHitTokens, 0, 'a new system prompt: nothing cached')
-  s.setHeader({ model: 'm', baseURL: 'u', system: 'y'.repeat(40), maxTokens: 10, prices: FLASH })
+  assert.equal(s.cost.usage().conversation.cachedInputTokens, 0 + 252)
+  logHeader(s, { model: 'm', baseURL: 'u', system: 'y'.repeat(40), prices: FLASH })
+  assert.equal(s.cost.nextRequestCache().modelledHitTokens, 0, 'a new system prompt: nothing cached')
+  logHeader(s, { model: 'm', baseURL: 'u', system: 'y'.repeat(40), maxTokens: 10, prices: FLASH })
   answer()
-  s.setHeader({ model: 'm', baseURL: 'u', system: 'y'.repeat(40), maxTokens: 20, prices: FLASH })
-  assert.equal(s.nextRequestCache().modelledHitTokens, 18 + 108 + 9 + 18 + 9, 'a new budget does not touch the cache')
+  logHeader(s, { model: 'm', baseURL: 'u', system: 'y'.repeat(40), maxTokens: 20, prices: FLASH })
+  assert.equal(s.cost.nextRequestCache().modelledHitTokens, 18 + 108 + 9 + 18 + 9, 'a new budget does not touch the cache')
 })
 
 test('--prices: a DeepSeek model name or HIT,MISS,OUTPUT; a bad value is a usage error naming both forms', async () => {
@@ -224,27 +233,27 @@ test('a hostile log: malformed prices or summary request records are refused wit
   const { SessionError } = await import('../dsh.ts')
   const s = new Session()
   s.append('session/start', { id: 't', version: 'x' })
-  assert.throws(() => s.setHeader({ model: 'm', baseURL: 'u', prices: { cacheHitInput: 'free' } as any }),
+  assert.throws(() => logHeader(s, { model: 'm', baseURL: 'u', prices: { cacheHitInput: 'free' } as any }),
     (e: unknown) => e instanceof SessionError && e.code === 'INVALID_EVENT' && /request\/header: prices\.cacheHitInput must be a non-negative number/.test(e.message))
   assert.throws(() => s.append('compaction/end', { id: 'k1', requests: [{ model: 'm', inputTokens: -1, modelledHitTokens: 0, outputTokens: 0 }] }),
     (e: unknown) => e instanceof SessionError && e.code === 'INVALID_EVENT' && /requests\[0\] must be/.test(e.message))
   assert.equal(s.seq, 1)
-  assert.deepEqual([s.usage().requests, s.usage().costUSD], [0, 0])
+  assert.deepEqual([s.cost.usage().requests, s.cost.usage().costUSD], [0, 0])
 })
 
 test('usage() memory is bounded: requests are added up in buckets, and re-pricing a bucket equals pricing its requests one by one', async () => {
   const { Session, MemoryStore, DEEPSEEK_PRICES } = await import('../dsh.ts')
   let now = Date.UTC(2026, 11, 1, 0, 0, 0) // a Tuesday, 00:00 UTC: off-peak, then peak from 01:00
   const session = await Session.open(new MemoryStore(), { now: () => now })
-  session.setHeader({ model: 'deepseek-flash', baseURL: 'https://api.deepseek.com', prices: DEEPSEEK_PRICES['deepseek-flash'], maxTokens: 100, contextWindow: 100_000 } as any)
+  logHeader(session, { model: 'deepseek-flash', baseURL: 'https://api.deepseek.com', prices: DEEPSEEK_PRICES['deepseek-flash'], maxTokens: 100, contextWindow: 100_000 } as any)
   for (let i = 0; i < 200; i++) {
     now += 30_000 // 200 requests over 100 minutes: across the 01:00 peak boundary
     session.append('user/message', { message: { role: 'user', content: `q${i}` }, surfaceOp: { op: 'append' } })
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'a' }] }, usage: { promptTokens: 1000 + i, completionTokens: 10, cachedTokens: 500 }, finishReason: 'stop', surfaceOp: { op: 'append' } })
   }
-  const buckets = (session as any).requestBuckets as Map<string, unknown>
+  const buckets = (session.cost as any).buckets as Map<string, unknown>
   assert.ok(buckets.size <= 101, `${buckets.size} buckets for 200 requests`)
-  const u = session.usage()
+  const u = session.cost.usage()
   assert.equal(u.conversation.requests, 200)
   assert.equal(u.conversation.cachedInputTokens, 200 * 500)
   assert.equal(u.conversation.inputTokens, 200 * 1000 + (199 * 200) / 2)

@@ -5,10 +5,15 @@
 import { test, describe, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  Agent, Session, MemoryStore, openAICompatible, SessionError, SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE, PRUNE_MARKER,
-  frameCheckpoint, renderLedger, regionLedger, trimLedger, ledgerBudget, summaryInstructionText, estimateEnvelopeTokens, recallTool,
-  estimateMessageTokens, estimateTextTokens, runReplay, FIDELITY_FIGURES, type Tool, type Ledger, type SessionEvent,
+  Agent, Session, MemoryStore, openAICompatible, SessionError, PRUNE_MARKER, estimateMessageTokens,
+  estimateTextTokens, runReplay, FIDELITY_FIGURES, type Tool, type Ledger, type SessionEvent, internals,
 } from '../dsh.ts'
+import {
+  SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE, frameCheckpoint, ledgerBudget, summaryInstructionText,
+  estimateEnvelopeTokens,
+} from './spec.ts'
+
+const { renderLedger, regionLedger, trimLedger, recallTool } = internals
 import { readCorpus, skipWithoutShared } from './shared.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 
@@ -68,29 +73,29 @@ describe('case 1: pins', () => {
     assert.equal(surface.filter((n) => typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)).length, 1)
     // Pins survive resume.
     const resumed = await Session.open(store)
-    assert.deepEqual(resumed.pinnedSeqs(), [pinSeq])
-    assert.equal(resumed.pinnedTokens(), estimateMessageTokens({ role: 'user', content: PIN }))
+    assert.deepEqual(resumed.pins.seqs(), [pinSeq])
+    assert.equal(resumed.pins.tokens(), estimateMessageTokens({ role: 'user', content: PIN }))
   })
 
   test('a pinned tool result is never pruned; a replace over a pinned message is refused', async () => {
     const f = await fake([{ toolCalls: [{ id: 'b', name: 'big', arguments: {} }] }, { text: 'read it' }])
     const session = await Session.open(new MemoryStore())
     const agent = new Agent({ session, provider: f.provider, tools: [tool('big', () => 'B'.repeat(20_000))] })
-    agent.on('agent/post-step', () => { for (const n of session.surface()) if (n.message.role === 'tool' && !session.isPinned(n.seq)) agent.pin(n.seq) })
+    agent.on('agent/post-step', () => { for (const n of session.surface()) if (n.message.role === 'tool' && !session.pins.has(n.seq)) agent.pin(n.seq) })
     await agent.run('read the big one')
     const resultSeq = eventsOf(session, 'tool/result')[0].seq
-    assert.ok(session.isPinned(resultSeq))
+    assert.ok(session.pins.has(resultSeq))
     assert.equal(eventsOf(session, 'compaction/prune').length, 0)
     assert.equal(f.conversation()[1].body.messages.find((m: any) => m.role === 'tool').content, 'B'.repeat(20_000))
     const before = session.seq
     assert.throws(() => session.pruneToolResult(resultSeq), (e: any) => e instanceof SessionError && e.code === 'PIN'
       && e.message === `tool/result: replace ${resultSeq}..${resultSeq} would change pinned message seq ${resultSeq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
     assert.equal(session.seq, before, 'nothing appended')
-    assert.throws(() => session.pin(resultSeq), /surface\/pin: seq \d+ is already pinned/)
-    session.unpin(resultSeq)
-    assert.equal(session.isPinned(resultSeq), false)
+    assert.throws(() => session.pins.pin(resultSeq), /surface\/pin: seq \d+ is already pinned/)
+    session.pins.unpin(resultSeq)
+    assert.equal(session.pins.has(resultSeq), false)
     assert.ok(session.pruneToolResult(resultSeq) > 0)
-    assert.throws(() => session.pin(9_999), /surface\/pin: seq 9999 is not a message on the current surface/)
+    assert.throws(() => session.pins.pin(9_999), /surface\/pin: seq 9999 is not a message on the current surface/)
   })
 
   test('a pin that cannot fit is refused with the numbers, before anything is logged', async () => {
@@ -101,18 +106,18 @@ describe('case 1: pins', () => {
     const envelope = estimateEnvelopeTokens(agent.envelope)
     const events = session.seq
     await assert.rejects(agent.run(big, { pin: true }), (e: any) => e instanceof SessionError && e.code === 'PIN' && e.message ===
-      `cannot pin the input (13008 tokens): pinned messages would hold 13008 tokens, which with the ${envelope}-token envelope exceeds the 12800-token limit for pins (the compaction threshold of the 16000-token window); pinned messages are never compacted, so unpin one (session.unpin(seq), CLI /unpin) or pin a shorter message`)
+      `cannot pin the input (13008 tokens): pinned messages would hold 13008 tokens, which with the ${envelope}-token envelope exceeds the 12800-token limit for pins (the compaction threshold of the 16000-token window); pinned messages are never compacted, so unpin one (session.pins.unpin(seq), CLI /unpin) or pin a shorter message`)
     assert.deepEqual(session.events.slice(events).map((e) => e.type), ['request/header'])
     assert.equal(f.server.requests.length, 0)
     // A pin that fits is accepted; a second that would pass the limit is refused with the sum.
     const r = await agent.run('p'.repeat(40_000), { pin: true }) // 10,008 tokens
     assert.equal(r.text, 'never')
     const userSeq = eventsOf(session, 'user/message')[0].seq
-    assert.deepEqual(session.pinnedSeqs(), [userSeq])
+    assert.deepEqual(session.pins.seqs(), [userSeq])
     await agent.run('q'.repeat(12_000)) // 3,008 tokens
     const second = eventsOf(session, 'user/message')[1].seq
     assert.throws(() => agent.pin(second), (e: any) => e.code === 'PIN' && e.message.startsWith(`cannot pin seq ${second} (3008 tokens): pinned messages would hold 13016 tokens, which with the ${envelope}-token envelope exceeds the 12800-token limit`))
-    assert.equal(session.isPinned(second), false)
+    assert.equal(session.pins.has(second), false)
   })
 })
 

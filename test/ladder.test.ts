@@ -6,13 +6,22 @@ import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import {
-  Agent, Session, MemoryStore, FileStore, Ladder, openAICompatible, CLEARED_RESULT_PREFIX, clearedPlaceholder, PRUNE_MARKER,
-  CompactionConfigError, resolveCompactionConfig, DEFAULT_COMPACTION_CONFIG, RECALL_TOOL_NAME, RECALL_MAX_CODE_POINTS, codePointLength, ProviderError,
-  estimateMessageTokens, summaryMaxTokens, resolvePruneConfig, type Tool, type SessionEvent,
-  calibrationMinSampleTokens, CALIBRATION_MIN_SAMPLE_TOKENS, estimateEnvelopeTokens, estimateTextTokens, recallTool, summarise, ledgerBudget,
-  SUMMARY_TOOLS_MAX_RATIO, CHECKPOINT_PREAMBLE, type CompactionHost, type Envelope, type ToolSpec,
+  Agent, Session, MemoryStore, FileStore, openAICompatible, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
+  DEFAULT_COMPACTION_CONFIG, codePointLength, ProviderError, estimateMessageTokens,
+  type Tool, type SessionEvent, estimateTextTokens, type CompactionHost, type Envelope, type ToolSpec,
+  ConfigError, internals,
 } from '../dsh.ts'
+import {
+  CLEARED_RESULT_PREFIX, clearedPlaceholder, RECALL_TOOL_NAME, RECALL_MAX_CODE_POINTS,
+  calibrationMinSampleTokens, CALIBRATION_MIN_SAMPLE_TOKENS, estimateEnvelopeTokens, ledgerBudget,
+  SUMMARY_TOOLS_MAX_RATIO, CHECKPOINT_PREAMBLE,
+} from './spec.ts'
+
+const { Ladder, summaryMaxTokens, recallTool, summarise, stateOf } = internals
+/** A full ladder configuration: the defaults with `config` over them (the Agent validates the same way). */
+const compactionConfig = (config: Partial<typeof DEFAULT_COMPACTION_CONFIG> = {}) => ({ ...DEFAULT_COMPACTION_CONFIG, ...config })
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+import { logHeader, clearNode } from './spec.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
 after(async () => { for (const s of servers) await s.close() })
@@ -131,6 +140,8 @@ describe('clear rung', () => {
 
 describe('CompactionConfig validation', () => {
   test('unknown keys, wrong types, out-of-range values and reliefRatio ≥ thresholdRatio are typed errors naming the value', () => {
+    const agentProvider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', contextWindow: 1000 })
+    const resolveCompactionConfig = (compaction?: unknown) => new Agent({ session: new Session(), provider: agentProvider, compaction: compaction as any }).compaction
     assert.deepEqual(resolveCompactionConfig(), { ...DEFAULT_COMPACTION_CONFIG })
     assert.equal(resolveCompactionConfig({ reliefRatio: 0.5 }).reliefRatio, 0.5)
     const bad: Array<[unknown, RegExp]> = [
@@ -150,11 +161,11 @@ describe('CompactionConfig validation', () => {
       [[1], /got an array/],
     ]
     for (const [config, message] of bad) {
-      assert.throws(() => resolveCompactionConfig(config as any), (e) => e instanceof CompactionConfigError && e instanceof TypeError && message.test((e as Error).message), String(JSON.stringify(config)))
+      assert.throws(() => resolveCompactionConfig(config), (e) => e instanceof ConfigError && e instanceof TypeError && message.test((e as Error).message), String(JSON.stringify(config)))
     }
     const session = new Session()
     const provider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', contextWindow: 1000 })
-    assert.throws(() => new Agent({ session, provider, compaction: { reliefRatio: 2 } as any }), CompactionConfigError)
+    assert.throws(() => new Agent({ session, provider, compaction: { reliefRatio: 2 } as any }), ConfigError)
   })
 
   test('the ladder is split by trigger and owns its memory: no public mutable ladder fields on the Agent', () => {
@@ -196,9 +207,9 @@ describe('recall', () => {
       for (let i = 0; i < 200; i++) { call(`c${i}`, 'fetch', JSON.stringify({ i })); resultSeqs.push(result(`c${i}`, result3000(i))) }
       const recall = recallTool(session)
       const ctx = { signal: new AbortController().signal, callId: 'r0' }
-      resultSeqs.forEach((seq, i) => session.clearToolResult(seq, clearedPlaceholder('fetch', JSON.stringify({ i }), 758, `c${i}`)))
-      assert.deepEqual(session.shadowedSeqs(), resultSeqs)
-      await session.flush()
+      resultSeqs.forEach((seq, i) => clearNode(session, seq, clearedPlaceholder('fetch', JSON.stringify({ i }), 758, `c${i}`)))
+      assert.deepEqual(session.recall.shadowedSeqs(), resultSeqs)
+      await stateOf(session).flush()
       store.reads = 0; store.scans = 0
       const byKey = await recall.execute({ key: 'c17' }, ctx) as string
       assert.ok(byKey.startsWith('c17 (tool result of fetch {"i":17}), lines 1–'), byKey.slice(0, 80))
@@ -207,7 +218,7 @@ describe('recall', () => {
       // The answer goes into the log as a result of its own call, and is cleared in turn.
       call('r1', RECALL_TOOL_NAME, '{"key":"c17"}')
       const r1 = result('r1', byKey)
-      session.clearToolResult(r1, clearedPlaceholder(RECALL_TOOL_NAME, '{"key":"c17"}', 758, 'r1'))
+      clearNode(session, r1, clearedPlaceholder(RECALL_TOOL_NAME, '{"key":"c17"}', 758, 'r1'))
       const hits = await recall.execute({ pattern: 'r17 line 3 ' }, ctx) as string
       assert.ok(hits.startsWith('1 hit(s) for "r17 line 3 "'), hits.slice(0, 120))
       assert.match(hits, /^c17 line 4 \(tool result of fetch/m)
@@ -291,8 +302,7 @@ describe('recall', () => {
       const live = await new Agent({ session, provider: f.provider, tools: [fetch] }).tools.length
       assert.equal(live, 1)
       await session.store.close?.()
-      const reloaded = await Session.load(new FileStore(path))
-      const { recallTool } = await import('../dsh.ts')
+      const reloaded = await Session.open(new FileStore(path), { readOnly: true })
       const ctx = { signal: new AbortController().signal, callId: 'x' }
       const again = await recallTool(reloaded).execute({ key: 'c3', limit: 1 }, ctx)
       // Lines over 1,000 code points are paged as 1,000-code-point pieces: 1 + 6 here.
@@ -407,7 +417,7 @@ describe('summary overflow, calibration, durable state', () => {
 
   test('case 5: usage 1.3× the heuristic → calibration ≈ 1.3, and pressure fires on the calibrated total; no usage → the seed formula exactly', async () => {
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    logHeader(session, { model: 'm', baseURL: 'http://x' })
     for (let i = 0; i < 3; i++) {
       session.append('user/message', { message: { role: 'user', content: 'u'.repeat(8_000) }, surfaceOp: { op: 'append' } })
       const h = session.measure().heuristicTokens
@@ -423,7 +433,7 @@ describe('summary overflow, calibration, durable state', () => {
     const calibrated = session.measure().totalTokens, plain = before + 1_008
     const window = Math.ceil((plain + calibrated) / 2 / 0.8)
     assert.ok(plain < Math.floor(window * 0.8) && calibrated >= Math.floor(window * 0.8))
-    const host = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' }), contextWindow: window, envelope: {}, compaction: resolveCompactionConfig({ compactionRetries: 0 }), pruneConfig: resolvePruneConfig(), warn() {} }
+    const host = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' }), contextWindow: window, envelope: {}, compaction: compactionConfig({ compactionRetries: 0 }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {} }
     const out = await new Ladder(host).relievePressure()
     assert.notEqual(out.action, 'none')
     // No usage: the seed's formula.
@@ -471,7 +481,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
   const text = (tokens: number, c = 'x') => c.repeat((tokens - 8) * 4)
   const bigTool = (chars: number): ToolSpec => ({ name: 'big', description: 'd'.repeat(chars), parameters: { type: 'object' } })
   const host = (session: Session, contextWindow: number, envelope: () => Envelope, summarizer = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), compaction = {}): CompactionHost => ({
-    session, summarizer, contextWindow, get envelope() { return envelope() }, compaction: resolveCompactionConfig({ compactionRetries: 0, ...compaction }), pruneConfig: resolvePruneConfig(), warn() {},
+    session, summarizer, contextWindow, get envelope() { return envelope() }, compaction: compactionConfig({ compactionRetries: 0, ...compaction }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {},
   })
   /** Three calibration samples at 3 provider tokens per heuristic token (no anchor). */
   const calibrateAt3 = (session: Session) => { for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } }) }
@@ -480,7 +490,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
     assert.deepEqual([calibrationMinSampleTokens(), calibrationMinSampleTokens(128_000), calibrationMinSampleTokens(8_000), calibrationMinSampleTokens(2_048)], [CALIBRATION_MIN_SAMPLE_TOKENS, 1_000, 1_000, 256])
     const samples = async (contextWindow: number) => {
       const session = await Session.open(new MemoryStore())
-      session.setHeader({ model: 'm', baseURL: 'http://x', contextWindow })
+      logHeader(session, { model: 'm', baseURL: 'http://x', contextWindow })
       session.append('user/message', user(text(400)))
       session.append('assistant/message', assistant('ok', { promptTokens: 1_000, completionTokens: 1 }))
       return session.measure()
@@ -493,7 +503,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
 
   test('an overflow count of a request too small to be a calibration sample still anchors the total', async () => {
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    logHeader(session, { model: 'm', baseURL: 'http://x' })
     session.append('user/message', user(text(500)))
     session.append('ladder/state', { sample: { providerTokens: 1_500, heuristicTokens: 500, source: 'overflow' } })
     const m = session.measure()
@@ -505,7 +515,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
 
   test('pressure: a prune that makes the host offer a tool is not enough when that tool pushes the next request back over the threshold', async () => {
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    logHeader(session, { model: 'm', baseURL: 'http://x' })
     session.append('user/message', user('go'))
     for (const id of ['c1', 'c2']) {
       session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id, name: 'read', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
@@ -517,7 +527,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
     const tool = bigTool(10_000)
     const toolTokens = estimateEnvelopeTokens({ tools: [tool] })
     // The newest 800 tokens of results are protected (the newest result), the older one clearable.
-    const h = host(session, 8_000, () => (session.hasShadowedContent ? { tools: [tool] } : {}), undefined, { protectedRatio: 0.1 })
+    const h = host(session, 8_000, () => (session.recall.hasShadowedContent ? { tools: [tool] } : {}), undefined, { protectedRatio: 0.1 })
     const before = session.measure().totalTokens
     assert.ok(before >= 6_400, `${before}`)
     const out = await new Ladder(h).relievePressure()
@@ -562,7 +572,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
 
   test('pressure at calibration 3: the retained tail is measured tokens of the window (1,120 tokens = 374 heuristic), not heuristic ones', async () => {
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    logHeader(session, { model: 'm', baseURL: 'http://x' })
     calibrateAt3(session)
     const seqs = [
       session.append('user/message', user(text(500, 'a'))).seq,
@@ -579,7 +589,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
 
   test('pressure at calibration 3: the checkpoint\'s ledger fits its budget in measured tokens of the window (a third in heuristic ones)', async () => {
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    logHeader(session, { model: 'm', baseURL: 'http://x' })
     calibrateAt3(session)
     for (let i = 0; i < 20; i++) {
       session.append('user/message', user(`question ${String(i).padStart(2, '0')} `.padEnd(300, 'q')))
@@ -625,8 +635,8 @@ describe('small windows against a dense tokenizer (attack3)', () => {
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c0', name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
     session.append('tool/result', { message: { role: 'tool', toolCallId: 'c0', content: [{ type: 'text', text: bigResult(0) }] }, surfaceOp: { op: 'append' } })
     const seq = session.events.at(-1)!.seq
-    assert.ok(session.pruneToolResult(seq, resolvePruneConfig({ thresholdChars: 1_000, headChars: 100, tailChars: 50 }), 'manual') > 0)
-    assert.equal(session.hasShadowedContent, true)
+    assert.ok(session.pruneToolResult(seq, { thresholdChars: 1_000, headChars: 100, tailChars: 50 }, 'manual') > 0)
+    assert.equal(session.recall.hasShadowedContent, true)
     const warnings: string[] = []
     const agent = new Agent({ session, provider: f.provider, compaction: { auto: false }, onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } })
     const r = await agent.run('go')
@@ -641,10 +651,10 @@ describe('small windows against a dense tokenizer (attack3)', () => {
   test('recall is offered in a window that affords it (2,048 at calibration 1), and dropped for good once the calibration makes it too dear', async () => {
     const f = await fake([{ text: 'ok' }], [{ text: 'CHECKPOINT' }], 2_048)
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'fake-model', baseURL: f.server.url, contextWindow: 2_048 })
+    logHeader(session, { model: 'fake-model', baseURL: f.server.url, contextWindow: 2_048 })
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c0', name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
     session.append('tool/result', { message: { role: 'tool', toolCallId: 'c0', content: [{ type: 'text', text: bigResult(0) }] }, surfaceOp: { op: 'append' } })
-    session.pruneToolResult(session.events.at(-1)!.seq, resolvePruneConfig({ thresholdChars: 1_000, headChars: 100, tailChars: 50 }), 'manual')
+    session.pruneToolResult(session.events.at(-1)!.seq, { thresholdChars: 1_000, headChars: 100, tailChars: 50 }, 'manual')
     const agent = new Agent({ session, provider: f.provider, compaction: { auto: false } })
     const offered = (i: number) => (f.conversation()[i].body.tools ?? []).some((t: any) => t.function.name === RECALL_TOOL_NAME)
     await agent.run('one')
@@ -677,7 +687,7 @@ describe('window figures in window tokens at calibration 3 (attack3)', () => {
   const at3 = (session: Session) => { for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } }) }
   const unreachable = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 })
   const hostOf = (session: Session, contextWindow: number, summarizer = unreachable, compaction = {}): CompactionHost => ({
-    session, summarizer, contextWindow, envelope: {}, compaction: resolveCompactionConfig({ compactionRetries: 0, ...compaction }), pruneConfig: resolvePruneConfig(), warn() {},
+    session, summarizer, contextWindow, envelope: {}, compaction: compactionConfig({ compactionRetries: 0, ...compaction }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {},
   })
   const toolStep = (session: Session, id: string, tokens: number) => {
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id, name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
@@ -687,7 +697,7 @@ describe('window figures in window tokens at calibration 3 (attack3)', () => {
 
   test('clear: the protected recent budget is floor(window × 0.2) measured tokens, so a third of it in heuristic ones', async () => {
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    logHeader(session, { model: 'm', baseURL: 'http://x' })
     at3(session)
     const results = Array.from({ length: 8 }, (_, i) => toolStep(session, `c${i}`, 500))
     // Window 10,000: protected 2,000 tokens = 667 heuristic = the newest two results (not four).
@@ -701,17 +711,17 @@ describe('window figures in window tokens at calibration 3 (attack3)', () => {
 
   test('pin: the limit (the compaction threshold, in tokens of the window) is compared with the pinned prices at the calibration', async () => {
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'm', baseURL: 'http://x', contextWindow: 2_000 })
+    logHeader(session, { model: 'm', baseURL: 'http://x', contextWindow: 2_000 })
     at3(session)
     session.append('user/message', { message: { role: 'user', content: 'p'.repeat((600 - 8) * 4) }, surfaceOp: { op: 'append' } })
     // 600 heuristic tokens = 1,800 tokens of the window at 3×: over the 1,600-token limit.
-    assert.throws(() => session.pin(session.events.at(-1)!.seq), (e: unknown) => (e as { code?: string }).code === 'PIN' && /at × 3\.00 calibration \(1800 tokens\)/.test((e as Error).message))
+    assert.throws(() => session.pins.pin(session.events.at(-1)!.seq), (e: unknown) => (e as { code?: string }).code === 'PIN' && /at × 3\.00 calibration \(1800 tokens\)/.test((e as Error).message))
   })
 
   test('a successful overflow compaction clears the failed-pressure guard (durably), so pressure summarises again before the next overflow', async () => {
     const f = await fake([{ text: 'x' }], [{ status: 500, body: { error: { message: 'summariser down' } } }, { text: 'CHECKPOINT: ok.' }], 10_000)
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    logHeader(session, { model: 'm', baseURL: 'http://x' })
     for (let i = 0; i < 10; i++) {
       session.append('user/message', { message: { role: 'user', content: `q${i} `.padEnd(2_000, 'q') }, surfaceOp: { op: 'append' } })
       session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: `a${i} `.padEnd(1_400, 'a') }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
@@ -743,7 +753,7 @@ describe('summary of a wide tool step (attack3)', () => {
       { role: 'assistant' as const, content: calls },
       ...calls.map((c, k) => ({ role: 'tool' as const, toolCallId: c.id, content: [{ type: 'text' as const, text: `file ${k} `.padEnd(400, 'w') }] })),
     ]
-    const host: CompactionHost = { session, summarizer, contextWindow: 2_048, envelope: {}, compaction: resolveCompactionConfig({ summaryMaxTokens: 128 }), pruneConfig: resolvePruneConfig(), warn() {} }
+    const host: CompactionHost = { session, summarizer, contextWindow: 2_048, envelope: {}, compaction: compactionConfig({ summaryMaxTokens: 128 }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {} }
     assert.ok(messages.reduce((t, m) => t + estimateMessageTokens(m), 0) * 3 > 2_048)
     const r = await summarise(host, messages)
     assert.equal(r.summary, 'CHECKPOINT: read twelve files.')
@@ -768,12 +778,12 @@ describe('no summary request is sent twice after it overflowed (attack3)', () =>
     servers.push(server)
     const summarizer = openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', maxRetries: 0 })
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'm', baseURL: 'http://x' })
+    logHeader(session, { model: 'm', baseURL: 'http://x' })
     for (let i = 0; i < 10; i++) {
       session.append('user/message', { message: { role: 'user', content: `q${i} `.padEnd(2_000, 'q') }, surfaceOp: { op: 'append' } })
       session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: `a${i} `.padEnd(1_400, 'a') }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
     }
-    const host: CompactionHost = { session, summarizer, contextWindow: 10_000, envelope: {}, compaction: resolveCompactionConfig({ compactionRetries: 1 }), pruneConfig: resolvePruneConfig(), warn() {} }
+    const host: CompactionHost = { session, summarizer, contextWindow: 10_000, envelope: {}, compaction: compactionConfig({ compactionRetries: 1 }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {} }
     const out = await new Ladder(host).relievePressure()
     assert.equal(out.action, 'failed')
     assert.ok(bodies.length >= 2)
@@ -788,11 +798,11 @@ describe('a server whose window is smaller than the configured one (attack3)', (
   test('an overflow whose count puts the system prompt and tool specs alone over the threshold says so once: no rung can make room', async () => {
     const session = await Session.open(new MemoryStore())
     const tools = [{ name: 'big', description: 'd'.repeat(3_000), parameters: { type: 'object' } }]
-    session.setHeader({ model: 'm', baseURL: 'http://x', contextWindow: 2_048, system: 's'.repeat(400), tools })
+    logHeader(session, { model: 'm', baseURL: 'http://x', contextWindow: 2_048, system: 's'.repeat(400), tools })
     session.append('user/message', { message: { role: 'user', content: 'Say hello.' }, surfaceOp: { op: 'append' } })
     const m = session.measure()
     const warnings: string[] = []
-    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), contextWindow: 2_048, envelope: { system: 's'.repeat(400), tools }, compaction: resolveCompactionConfig(), pruneConfig: resolvePruneConfig(), warn: (w) => warnings.push(w) }
+    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), contextWindow: 2_048, envelope: { system: 's'.repeat(400), tools }, compaction: compactionConfig(), pruneConfig: DEFAULT_PRUNE_CONFIG, warn: (w) => warnings.push(w) }
     const body = JSON.stringify({ error: { code: 400, message: 'request (3728 tokens) exceeds the available context size (2048 tokens), try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 3728, n_ctx: 2048 } })
     const ladder = new Ladder(host)
     const out = await ladder.recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body }))
@@ -805,7 +815,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
     assert.ok(w[0].startsWith(`the system prompt and tool specs alone are about ${expected} tokens by the provider's count (${m.envelopeTokens} of the request's ${m.heuristicTokens} heuristic tokens; it counted 3728), at or above the compaction threshold of 1638 of the 2048-token window`), w[0])
     // A request whose envelope is small says nothing of the kind.
     const small = await Session.open(new MemoryStore())
-    small.setHeader({ model: 'm', baseURL: 'http://x', contextWindow: 2_048 })
+    logHeader(small, { model: 'm', baseURL: 'http://x', contextWindow: 2_048 })
     small.append('user/message', { message: { role: 'user', content: 'x'.repeat(6_000) }, surfaceOp: { op: 'append' } })
     const quiet: string[] = []
     await new Ladder({ ...host, session: small, envelope: {}, warn: (x) => quiet.push(x) }).recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body }))
@@ -827,11 +837,11 @@ describe('a server whose window is smaller than the configured one (attack3)', (
   test('a region no larger than its checkpoint\'s frame and ledger is refused before any summary request', async () => {
     const f = await fake([{ text: 'never' }], [{ text: 'CHECKPOINT: x' }], 2_048)
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'fake-model', baseURL: f.server.url, contextWindow: 2_048 })
+    logHeader(session, { model: 'fake-model', baseURL: f.server.url, contextWindow: 2_048 })
     session.append('user/message', { message: { role: 'user', content: 'hi' }, surfaceOp: { op: 'append' } })
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'hello' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
     const warnings: string[] = []
-    const host: CompactionHost = { session, summarizer: f.provider, contextWindow: 2_048, envelope: {}, compaction: resolveCompactionConfig(), pruneConfig: resolvePruneConfig(), warn: (w) => warnings.push(w) }
+    const host: CompactionHost = { session, summarizer: f.provider, contextWindow: 2_048, envelope: {}, compaction: compactionConfig(), pruneConfig: DEFAULT_PRUNE_CONFIG, warn: (w) => warnings.push(w) }
     const out = await new Ladder(host).recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body: '{}' }))
     assert.equal(out.summaryRequests, 0)
     assert.equal(f.summary().length, 0)
@@ -842,13 +852,13 @@ describe('a server whose window is smaller than the configured one (attack3)', (
   test('a pressure compaction refused before any model call is not attempted again (compactionRetries 1)', async () => {
     const f = await fake([{ text: 'never' }], [{ text: 'CHECKPOINT: x' }], 30)
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'fake-model', baseURL: f.server.url, contextWindow: 30 })
+    logHeader(session, { model: 'fake-model', baseURL: f.server.url, contextWindow: 30 })
     for (const [role, text] of [['user', 'hi'], ['assistant', 'hello'], ['user', 'ok']] as const) {
       session.append(role === 'user' ? 'user/message' : 'assistant/message', role === 'user'
         ? { message: { role, content: text }, surfaceOp: { op: 'append' } }
         : { message: { role, content: [{ type: 'text', text }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
     }
-    const host: CompactionHost = { session, summarizer: f.provider, contextWindow: 30, envelope: {}, compaction: resolveCompactionConfig({ compactionRetries: 1 }), pruneConfig: resolvePruneConfig(), warn() {} }
+    const host: CompactionHost = { session, summarizer: f.provider, contextWindow: 30, envelope: {}, compaction: compactionConfig({ compactionRetries: 1 }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {} }
     const out = await new Ladder(host).relievePressure()
     assert.equal(out.summaryRequests, 0)
     assert.equal(f.summary().length, 0)
@@ -859,10 +869,10 @@ describe('a server whose window is smaller than the configured one (attack3)', (
 
   test('an overflow error with n_ctx under the configured window warns once, with both numbers and the fix', async () => {
     const session = await Session.open(new MemoryStore())
-    session.setHeader({ model: 'm', baseURL: 'http://x', contextWindow: 2_048 })
+    logHeader(session, { model: 'm', baseURL: 'http://x', contextWindow: 2_048 })
     session.append('user/message', { message: { role: 'user', content: 'hello' }, surfaceOp: { op: 'append' } })
     const warnings: string[] = []
-    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), contextWindow: 2_048, envelope: {}, compaction: resolveCompactionConfig(), pruneConfig: resolvePruneConfig(), warn: (m) => warnings.push(m) }
+    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), contextWindow: 2_048, envelope: {}, compaction: compactionConfig(), pruneConfig: DEFAULT_PRUNE_CONFIG, warn: (m) => warnings.push(m) }
     const body = JSON.stringify({ error: { code: 400, message: 'request (1122 tokens) exceeds the available context size (1024 tokens), try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 1122, n_ctx: 1024 } })
     const error = new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body })
     const ladder = new Ladder(host)

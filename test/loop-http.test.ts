@@ -1,7 +1,12 @@
 // The loop and the ladder over real HTTP against the fake provider (issue 4 cases 1, 2, 3, 10).
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { Agent, Session, MemoryStore, openAICompatible, PRUNE_MARKER, SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE, ProviderError, type Tool } from '../dsh.ts'
+import {
+  Agent, Session, MemoryStore, openAICompatible, PRUNE_MARKER, ProviderError, type Tool,
+} from '../dsh.ts'
+import {
+  SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE,
+} from './spec.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []

@@ -2,9 +2,14 @@
 import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  Agent, Session, MemoryStore, PRUNE_MARKER, CHECKPOINT_PREAMBLE, SUMMARY_INSTRUCTION, ProviderError,
-  estimateRequestTokens, selectRegion, summarise, DEFAULT_COMPACTION_CONFIG, DEFAULT_PRUNE_CONFIG, type Tool, type Message, type SessionEvent, type AgentEvent,
+  Agent, Session, MemoryStore, PRUNE_MARKER, ProviderError, estimateRequestTokens, DEFAULT_COMPACTION_CONFIG,
+  DEFAULT_PRUNE_CONFIG, type Tool, type Message, type SessionEvent, type AgentEvent, internals,
 } from '../dsh.ts'
+import {
+  CHECKPOINT_PREAMBLE, SUMMARY_INSTRUCTION,
+} from './spec.ts'
+
+const { selectRegion, summarise, stateOf } = internals
 import { ScriptedProvider, say, call, overflow } from './scripted-provider.ts'
 
 const types = (events: SessionEvent[]) => events.map((e) => e.type)
@@ -258,7 +263,7 @@ describe('loop', () => {
     const after = types(session.events.slice(start))
     assert.deepEqual(after, ['compaction/start', 'compaction/end', 'step/end', 'turn/end'])
     assert.equal((session.events[start + 1].data as any).error, 'aborted')
-    assert.equal(session.openCompaction, undefined)
+    assert.equal(stateOf(session).compaction, undefined)
     assert.equal(before(), surfaceAtStart)
   })
 
@@ -358,7 +363,7 @@ describe('review fixes', () => {
     agent.on('agent/request', ({ request }) => { (request!.messages[0] as any).content = 'REDACTED' })
     await agent.run('secret question')
     assert.equal(session.messages()[0].content, 'secret question')
-    assert.deepEqual((await Session.load(store)).messages(), session.messages())
+    assert.deepEqual((await Session.open(store, { readOnly: true })).messages(), session.messages())
   })
 
   test('the turn-start check prices the envelope; the missing-window warning names the conversation model', async () => {

@@ -9,8 +9,11 @@ const SOURCE = readFileSync(join(ROOT, 'dsh.ts'), 'utf8')
 const FENCE_AT = SOURCE.search(/^\/\/ FENCE\. /m)
 if (FENCE_AT < 0) throw new Error('dsh.ts has no fence line ("// FENCE. …") between Part I and Part II')
 
-const valueExports = (text: string): string[] =>
-  [...text.matchAll(/^export (?:declare )?(?:async )?(?:abstract )?(?:function\*?|const|let|var|class) (\w+)/gm)].map((m) => m[1]).sort()
+/** Value exports of a text: declarations (`export const x`) and export lists (`export { a, b }`, not `export type`). */
+const valueExports = (text: string): string[] => [
+  ...[...text.matchAll(/^export (?:declare )?(?:async )?(?:abstract )?(?:function\*?|const|let|var|class) (\w+)/gm)].map((m) => m[1]),
+  ...[...text.matchAll(/^export \{([^}]*)\}/gm)].flatMap((m) => m[1].split(',').map((n) => n.trim()).filter((n) => n !== '')),
+].sort()
 
 /** Value exports declared above the fence (Part I, the runtime), sorted. */
 export const PART_ONE_EXPORTS: readonly string[] = valueExports(SOURCE.slice(0, FENCE_AT))

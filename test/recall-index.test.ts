@@ -8,8 +8,16 @@ import assert from 'node:assert/strict'
 import { appendFileSync, mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { Session, MemoryStore, FileStore, recallTool, RECALL_TOOL_NAME, type Message } from '../dsh.ts'
+import {
+  Session, MemoryStore, FileStore, type Message, internals,
+} from '../dsh.ts'
+import {
+  RECALL_TOOL_NAME,
+} from './spec.ts'
+
+const { recallTool, stateOf } = internals
 import { rng } from './rng.ts'
+import { clearNode } from './spec.ts'
 
 const ctx = { signal: new AbortController().signal, callId: 'r-test' }
 const SURFACE = new Set(['user/message', 'assistant/message', 'tool/result'])
@@ -34,7 +42,7 @@ async function reference(session: Session): Promise<RefOriginal[]> {
     if (!SURFACE.has(e.type) || d.surfaceOp?.op !== 'append' || !d.message) continue
     const m = d.message as Message
     for (const b of (Array.isArray(m.content) ? m.content : []) as any[]) if (b.type === 'tool-call') calls.set(b.id, b)
-    if (session.node(e.seq) !== undefined && !d.spilled) continue
+    if (session.surface().node(e.seq) !== undefined && !d.spilled) continue
     if (m.role === 'tool') {
       const call = calls.get(m.toolCallId)
       const text = d.spilled ? await session.store.getArtefact!(d.spilled.ref) : textOf(m)
@@ -57,7 +65,7 @@ async function ask(session: Session, args: Record<string, unknown>): Promise<str
 /** Checks the index and recall's answers against {@link reference}. */
 async function compare(session: Session, ids: Iterable<string>, where: string): Promise<void> {
   const ref = await reference(session)
-  assert.deepEqual([...session.shadowedSeqs()], ref.map((o) => o.seq).reverse(), `${where}: shadowedSeqs`)
+  assert.deepEqual([...session.recall.shadowedSeqs()], ref.map((o) => o.seq).reverse(), `${where}: shadowedSeqs`)
   const keys = new Set<string>([...ids, '__proto__', 'constructor', 'seq:-1', 'seq:1e3', 'seq:007', 'seq:99999999999999999999', 'seq:', 'never-called'])
   for (let seq = 0; seq < session.seq + 2; seq += 1 + (seq % 3)) keys.add(`seq:${seq}`)
   for (const key of keys) {
@@ -100,7 +108,7 @@ async function randomSession(seed: number, file: string | undefined, steps: numb
         const calls: Array<{ type: 'tool-call'; id: string; name: string; arguments: string }> = []
         for (let i = 0, n = 1 + Math.floor(r() * 3); i < n; i++) {
           let id = `c${Math.floor(r() * 5)}` // ids reused across steps, as servers that number calls per response do
-          if (session.hasToolCall(id) || calls.some((c) => c.id === id)) id = `u${fresh++}`
+          if (stateOf(session).calls.has(id) || calls.some((c) => c.id === id)) id = `u${fresh++}`
           ids.add(id)
           calls.push({ type: 'tool-call', id, name: pick(['fetch', 'grep', RECALL_TOOL_NAME]), arguments: JSON.stringify({ q: pick(words), n: step }) })
         }
@@ -117,7 +125,7 @@ async function randomSession(seed: number, file: string | undefined, steps: numb
         }
       } else if (op < 0.57) {
         const results = surface.filter((n) => n.message.role === 'tool')
-        if (results.length) session.clearToolResult(pick(results).seq, `[cleared ${step}]`)
+        if (results.length) clearNode(session, pick(results).seq, `[cleared ${step}]`)
       } else if (op < 0.64) {
         const node = pick(surface.filter((n) => n.message.role === 'assistant'))
         if (node) {
@@ -143,9 +151,9 @@ async function randomSession(seed: number, file: string | undefined, steps: numb
         }
       } else if (op < 0.86) {
         const node = pick(surface)
-        if (node) { if (session.isPinned(node.seq)) session.unpin(node.seq); else session.pin(node.seq) }
+        if (node) { if (session.pins.has(node.seq)) session.pins.unpin(node.seq); else session.pins.pin(node.seq) }
       } else if (op < 0.9 && file) {
-        await session.flush()
+        await stateOf(session).flush()
         await (store as FileStore).close()
         store = new FileStore(file)
         session = await Session.open(store) // resume
@@ -177,17 +185,17 @@ describe('recall index', () => {
     assert.equal(await ask(session, { key: 'call_500' }), 'call_500 (tool result of fetch {"url":"https://example.com/500"}), lines 1–1 of 1:\npage call_500 body')
     const byTool = await ask(session, { tool: 'fetch', arguments: 'example.com/499' })
     assert.ok(byTool.startsWith('call_499 (tool result of fetch {"url":"https://example.com/499"})'), byTool.slice(0, 120))
-    assert.equal(session.shadowedCallSeq(last), first + 1)
-    assert.equal(session.shadowedCallSeq(first), undefined, 'a message, not a result')
+    assert.equal(session.recall.shadowedCallSeq(last), first + 1)
+    assert.equal(session.recall.shadowedCallSeq(first), undefined, 'a message, not a result')
   })
 
   test('property: the index and every answer equal a full scan of the log (MemoryStore, random sessions)', async () => {
     for (let seed = 1; seed <= 8; seed++) {
       const { session } = await randomSession(seed, undefined, 40, async (s, ids, where) => { if (s.seq % 4 === 0) await compare(s, ids, where) })
       await compare(session, [], `seed ${seed} end`)
-      await session.flush()
-      const loaded = await Session.load(session.store)
-      assert.deepEqual([...loaded.shadowedSeqs()], [...session.shadowedSeqs()], `seed ${seed}: replayed index`)
+      await stateOf(session).flush()
+      const loaded = await Session.open(session.store, { readOnly: true })
+      assert.deepEqual([...loaded.recall.shadowedSeqs()], [...session.recall.shadowedSeqs()], `seed ${seed}: replayed index`)
     }
   })
 
@@ -198,15 +206,15 @@ describe('recall index', () => {
         const file = join(dir, `s${seed}.jsonl`)
         const { session, ids } = await randomSession(seed, file, 40, async (s, ids, where) => { if (s.seq % 5 === 0) await compare(s, ids, where) })
         await compare(session, ids, `seed ${seed} end`)
-        await session.flush()
-        const live = [...session.shadowedSeqs()]
-        const liveCalls = live.map((seq) => session.shadowedCallSeq(seq))
+        await stateOf(session).flush()
+        const live = [...session.recall.shadowedSeqs()]
+        const liveCalls = live.map((seq) => session.recall.shadowedCallSeq(seq))
         await (session.store as FileStore).close()
         appendFileSync(file, '{"seq":99999,"type":"user/mess') // a crash mid-append
-        const loaded = await Session.load(new FileStore(file))
+        const loaded = await Session.open(new FileStore(file), { readOnly: true })
         assert.ok(loaded.torn, 'the torn line is reported')
-        assert.deepEqual([...loaded.shadowedSeqs()], live, `seed ${seed}: index after the torn line`)
-        assert.deepEqual(live.map((seq) => loaded.shadowedCallSeq(seq)), liveCalls)
+        assert.deepEqual([...loaded.recall.shadowedSeqs()], live, `seed ${seed}: index after the torn line`)
+        assert.deepEqual(live.map((seq) => loaded.recall.shadowedCallSeq(seq)), liveCalls)
         await compare(loaded, ids, `seed ${seed} reloaded`)
         await (loaded.store as FileStore).close()
       }
@@ -220,14 +228,14 @@ describe('recall index', () => {
       const session = await Session.open(new FileStore(file))
       session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'a', name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
       const seq = session.append('tool/result', { message: { role: 'tool', toolCallId: 'a', content: [{ type: 'text', text: 'original' }] }, surfaceOp: { op: 'append' } }).seq
-      session.clearToolResult(seq, '[cleared]')
-      await session.flush()
+      clearNode(session, seq, '[cleared]')
+      await stateOf(session).flush()
       const { truncateSync } = await import('node:fs')
       truncateSync(file, 40) // another process cuts the log
       const got = await ask(session, { key: 'a' })
       assert.match(got, /^ERROR /)
       assert.ok(got.length < 400, got)
-      await assert.rejects(async () => { session.append('user/message', { message: { role: 'user', content: 'x' }, surfaceOp: { op: 'append' } }); await session.flush() }, /LOCKED|changed/)
+      await assert.rejects(async () => { session.append('user/message', { message: { role: 'user', content: 'x' }, surfaceOp: { op: 'append' } }); await stateOf(session).flush() }, /LOCKED|changed/)
     } finally { rmSync(dir, { recursive: true, force: true }) }
   })
 })
@@ -238,7 +246,7 @@ test('recall: a hostile tool name does not take an answer past its cap (the labe
   const name = 'x'.repeat(20_000)
   session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'h', name, arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
   const seq = session.append('tool/result', { message: { role: 'tool', toolCallId: 'h', content: [{ type: 'text', text: 'unknown tool\nsecond line' }] }, surfaceOp: { op: 'append' } }).seq
-  session.clearToolResult(seq, '[cleared]')
+  clearNode(session, seq, '[cleared]')
   for (const args of [{ key: 'h' }, { pattern: 'line' }, { tool: name }]) {
     const got = await ask(session, args)
     assert.ok(got.length <= 1_000, `${JSON.stringify(args).slice(0, 30)}: ${got.length} code units`)

@@ -12,8 +12,10 @@ import fc from 'fast-check'
 import {
   pruneText, codePointLength, parseSSE, classifyProviderError, PRUNE_MARKER,
   Agent, FileStore, MemoryStore, Session, SessionError, ProviderError, openAICompatible,
-  type Tool, type ToolResultMessage,
+  type Tool, type ToolResultMessage, internals,
 } from '../dsh.ts'
+
+const { stateOf } = internals
 import { logEvents } from './shared.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 import { rng } from './rng.ts'
@@ -109,7 +111,7 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
           const lastLine = raw.slice(raw.lastIndexOf('\n') + 1)
           let tornExpected = false
           if (lastLine !== '') try { JSON.parse(lastLine) } catch { tornExpected = true }
-          const loaded = await Session.load(new FileStore(file))
+          const loaded = await Session.open(new FileStore(file), { readOnly: true })
           if (tornExpected) {
             torn++
             assert.ok(loaded.torn, `lane ${n} kill ${k}: a torn last line must be reported`)
@@ -118,7 +120,7 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
           } else assert.equal(loaded.torn, undefined)
           // Every event up to the last completed sync (a step boundary) is there.
           assert.ok(loaded.seq >= synced, `lane ${n} kill ${k}: ${synced} events were synced, ${loaded.seq} loaded`)
-          const openCalls = loaded.openToolCalls()
+          const openCalls = [...stateOf(loaded).openCalls]
           const phase = [...out.matchAll(/^at (\w+)$/gm)].at(-1)?.[1] ?? 'idle'
           const kind = tornExpected ? 'mid-append' : phase === 'idle' ? 'between' : `mid-${phase}`
           points.set(kind, (points.get(kind) ?? 0) + 1)
@@ -130,15 +132,15 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
           const store = new FileStore(file)
           const session = await Session.open(store)
           assert.equal(session.turn.open, false)
-          assert.deepEqual(session.openToolCalls(), [])
-          assert.equal(session.openCompaction, undefined)
-          const resumeAt = session.openedAtSeq
+          assert.deepEqual([...stateOf(session).openCalls], [])
+          assert.equal(stateOf(session).compaction, undefined)
+          const resumeAt = stateOf(session).openedAt
           assert.equal((await session.readEvent(resumeAt)).type, 'session/resume')
           assert.ok(resumeAt >= loaded.seq)
           const repairs = await logEvents(session, resumeAt)
           for (const id of openCalls) {
             const r = repairs.find((e) => e.type === 'tool/result' && (e.data as any).message.toolCallId === id)!
-            assert.equal((r.data as any).message.metadata.code, loaded.wasDispatched(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED')
+            assert.equal((r.data as any).message.metadata.code, stateOf(loaded).dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED')
             repairedCalls++
           }
           // The next request is valid: a real turn with a tool call completes against the fake.
@@ -151,7 +153,7 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
           assert.ok(mine.length >= 2)
           for (const r of mine) assertWirePaired(r.body, `lane ${n} kill ${k}`)
           await store.close()
-          const again = await Session.load(new FileStore(file))
+          const again = await Session.open(new FileStore(file), { readOnly: true })
           assert.deepEqual(again.messages(), session.messages())
           survived++
         }
@@ -180,16 +182,16 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
     for (let cut = 1; cut < next.length; cut++) {
       const tail = next.slice(0, cut)
       writeFileSync(file, good + tail)
-      const loaded = await Session.load(new FileStore(file))
+      const loaded = await Session.open(new FileStore(file), { readOnly: true })
       assert.deepEqual(loaded.torn && { line: loaded.torn.line, bytes: loaded.torn.bytes }, { line: whole.length + 1, bytes: cut }, `cut ${cut} (${JSON.stringify(tail)})`)
       assert.equal(readFileSync(loaded.torn!.savedTo!, 'utf8'), tail)
       rmSync(loaded.torn!.savedTo!)
       assert.equal(readFileSync(file, 'utf8'), good, `cut ${cut}: truncated to the last whole line`)
       const resumed = await Session.open(new FileStore(file))
-      assert.equal(resumed.openedAtSeq, whole.length, 'every whole event kept, then session/resume')
+      assert.equal(stateOf(resumed).openedAt, whole.length, 'every whole event kept, then session/resume')
       assert.equal((await resumed.readEvent(whole.length)).type, 'session/resume')
       await resumed.store.close?.()
-      const again = await Session.load(new FileStore(file))
+      const again = await Session.open(new FileStore(file), { readOnly: true })
       assert.equal(again.torn, undefined)
       assert.deepEqual(again.messages(), resumed.messages())
       writeFileSync(file, good)
@@ -197,7 +199,7 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
     // Still refused: an unterminated last line that is not the start of a dsh event.
     for (const tail of ['{"a', '{"sex', '{ "seq":']) {
       writeFileSync(file, good + tail)
-      await assert.rejects(Session.load(new FileStore(file)), (e: SessionError) => e.code === 'LOG_CORRUPT' && e.line === whole.length + 1, JSON.stringify(tail))
+      await assert.rejects(Session.open(new FileStore(file), { readOnly: true }), (e: SessionError) => e.code === 'LOG_CORRUPT' && e.line === whole.length + 1, JSON.stringify(tail))
     }
   })
 })
@@ -255,19 +257,19 @@ describe('a full disk', () => {
     const file = join(WORK, 'short-write.jsonl')
     const session = await Session.open(new FileStore(file))
     session.append('turn/start', { turn: 1 })
-    await session.flush()
+    await stateOf(session).flush()
     const before = readFileSync(file)
     const disk = fillDisk(session.store as FileStore, 700, { perWrite: 100 })
     // 500 bytes in 100-byte writes: a short write is written on, not counted as the whole buffer.
     session.append('user/message', { message: { role: 'user', content: 'short' }, surfaceOp: { op: 'append' } })
-    await session.flush()
+    await stateOf(session).flush()
     const afterShort = wholeLines(file)
     assert.deepEqual(afterShort.map((e) => e.type), ['session/start', 'turn/start', 'user/message'])
     const written = readFileSync(file)
     // Three events of ~370 bytes do not fit in what is left: refused whole, the file as it was.
     for (let i = 0; i < 3; i++) session.append('user/message', bigMessage(i))
     let error: unknown
-    try { await session.flush() } catch (e) { error = e }
+    try { await stateOf(session).flush() } catch (e) { error = e }
     assert.ok(error instanceof SessionError && error.code === 'STORE', `expected SessionError STORE, got ${error}`)
     const m = DISK_FULL_RE.exec(error.message)
     assert.ok(m, error.message)
@@ -278,16 +280,16 @@ describe('a full disk', () => {
     assert.match(error.message, /cut back to its last whole event: free disk space/)
     assert.deepEqual(readFileSync(file), written, 'the cut line is gone: the log ends at seq 2')
     assert.equal(session.seq, 6, 'the session keeps the three events it could not write')
-    const seen = await Session.load(new FileStore(file, { readOnly: true }))
+    const seen = await Session.open(new FileStore(file, { readOnly: true }), { readOnly: true })
     assert.equal(seen.seq, 3)
     assert.equal(seen.torn, undefined)
     // Space again: the same events are written once, in order, by the next flush.
     disk.free()
-    await session.flush()
+    await stateOf(session).flush()
     assert.deepEqual(wholeLines(file).map((e) => e.type), ['session/start', 'turn/start', 'user/message', 'user/message', 'user/message', 'user/message'])
     await session.store.close?.()
     const resumed = await Session.open(new FileStore(file))
-    assert.equal(resumed.openedAtSeq, 6)
+    assert.equal(stateOf(resumed).openedAt, 6)
     assert.deepEqual(resumed.messages().map((x) => typeof x.content === 'string' ? x.content.slice(0, 9) : ''), ['short', 'message 0', 'message 1', 'message 2'])
     await resumed.store.close?.()
   })
@@ -295,16 +297,16 @@ describe('a full disk', () => {
   test('when the cut back fails too, the store appends no more; the next load drops the cut line and resumes', async () => {
     const file = join(WORK, 'short-write-no-cut.jsonl')
     const session = await Session.open(new FileStore(file))
-    await session.flush()
+    await stateOf(session).flush()
     fillDisk(session.store as FileStore, 500, { truncateFails: true })
     for (let i = 0; i < 3; i++) session.append('user/message', bigMessage(i))
-    await assert.rejects(session.flush(), (e: SessionError) => e.code === 'STORE' && DISK_FULL_RE.test(e.message) && /nothing after seq 0 is durable/.test(e.message)
+    await assert.rejects(stateOf(session).flush(), (e: SessionError) => e.code === 'STORE' && DISK_FULL_RE.test(e.message) && /nothing after seq 0 is durable/.test(e.message)
       && /appends no more/.test(e.message))
-    await assert.rejects(session.flush(), /appends no more/, 'and says so again, writing nothing')
+    await assert.rejects(stateOf(session).flush(), /appends no more/, 'and says so again, writing nothing')
     await session.store.close?.()
     const resumed = await Session.open(new FileStore(file))
     assert.equal(resumed.torn?.line, 3, 'the event that fitted whole is kept, the cut one dropped')
-    assert.equal(resumed.openedAtSeq, 2)
+    assert.equal(stateOf(resumed).openedAt, 2)
     await resumed.store.close?.()
     wholeLines(file)
   })
@@ -350,11 +352,11 @@ describe('a full disk', () => {
       const again = new FileStore(file); stores.push(again)
       const resumed = await Session.open(again)
       assert.equal(resumed.torn, undefined)
-      assert.equal(resumed.openedAtSeq, events.length)
+      assert.equal(stateOf(resumed).openedAt, events.length)
       const result = await new Agent({ session: resumed, provider, tools: [dump] }).run('after the disk was full')
       assert.equal(result.reason, 'stop')
       await again.close()
-      const reloaded = await Session.load(new FileStore(file, { readOnly: true }))
+      const reloaded = await Session.open(new FileStore(file, { readOnly: true }), { readOnly: true })
       assert.deepEqual(reloaded.messages(), resumed.messages())
     } finally {
       for (const s of stores) await s.close().catch(() => {})
@@ -450,7 +452,7 @@ describe('fault-injecting provider', () => {
           retries++
         }
         assert.equal(session.turn.open, false)
-        assert.deepEqual((await Session.load(new FileStore(file))).messages(), session.messages(), `turn ${t}: the log does not reload to the same surface`)
+        assert.deepEqual((await Session.open(new FileStore(file), { readOnly: true })).messages(), session.messages(), `turn ${t}: the log does not reload to the same surface`)
       }
     } finally { await session?.store.close?.(); await fake.close() }
     console.log(`fault-injecting provider: ${TURNS} turns survived over ${fake.requests.length} requests (${[...outcomes].map(([k, v]) => `${k} ${v}`).join(', ')}; ${retries} overflow recoveries)`)
@@ -516,7 +518,7 @@ describe('bad input (over HTTP)', () => {
     const wire = r.fake.requests[1]
     assert.equal(wire.body.messages.at(-1).content, 'left \uFFFD middle \uFFFD right \uD83D\uDE00')
     assert.doesNotMatch(wire.rawBody, /\\ud800|\\udc00/i)
-    const reloaded = await Session.load(new FileStore(r.file))
+    const reloaded = await Session.open(new FileStore(r.file), { readOnly: true })
     const logged = (await logEvents(reloaded)).find((e) => e.type === 'tool/result')!.data as { message: ToolResultMessage }
     assert.equal((logged.message.content[0] as any).text, text)
   })
@@ -698,14 +700,14 @@ describe('properties', () => {
       const s = await Session.open(store)
       let ids = 0, rejected = 0
       for (const o of ops) {
-        const before = JSON.stringify([s.events.length, s.surface(), s.openToolCalls(), s.replaceGeneration])
+        const before = JSON.stringify([s.events.length, s.surface(), [...stateOf(s).openCalls], s.replaceGeneration])
         try {
           if (o.kind === 'user') s.append('user/message', { message: { role: 'user', content: o.text }, surfaceOp: { op: 'append' } })
           else if (o.kind === 'assistant') {
             const content = Array.from({ length: o.calls }, () => ({ type: 'tool-call', id: o.reuse && ids > 0 ? `t${ids}` : `t${++ids}`, name: 'f', arguments: '{}' }))
             s.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'a' }, ...content] as any }, finishReason: 'stop', surfaceOp: { op: 'append' } })
           } else if (o.kind === 'result') {
-            const open = s.openToolCalls()
+            const open = [...stateOf(s).openCalls]
             const id = o.bogus || open.length === 0 ? `nope${o.pick}` : open[o.pick % open.length]
             s.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text: 'r'.repeat(o.pick % 50_000) }] }, surfaceOp: { op: 'append' } })
           } else if (o.kind === 'replace') {
@@ -720,12 +722,12 @@ describe('properties', () => {
           }
         } catch (err) {
           assert.ok(err instanceof SessionError, `not a SessionError: ${err}`)
-          assert.equal(JSON.stringify([s.events.length, s.surface(), s.openToolCalls(), s.replaceGeneration]), before, 'a rejected append changed the session')
+          assert.equal(JSON.stringify([s.events.length, s.surface(), [...stateOf(s).openCalls], s.replaceGeneration]), before, 'a rejected append changed the session')
           rejected++
         }
         // Invariants: contiguous seqs; a request never has a call without its result or a result without its call.
         s.events.forEach((e, i) => assert.equal(e.seq, i))
-        if (s.openToolCalls().length === 0) {
+        if ([...stateOf(s).openCalls].length === 0) {
           const calls = new Set<string>(), results: string[] = []
           for (const m of s.messages()) {
             if (m.role === 'assistant') for (const b of m.content) if (b.type === 'tool-call') calls.add((b as any).id)
@@ -734,11 +736,11 @@ describe('properties', () => {
           assert.deepEqual(results.slice().sort(), [...calls].sort())
         } else assert.throws(() => s.messages(), (e: any) => e instanceof SessionError && e.code === 'PAIRING')
       }
-      await s.flush()
-      const again = await Session.load(store)
+      await stateOf(s).flush()
+      const again = await Session.open(store, { readOnly: true })
       assert.deepEqual(again.surface(), s.surface())
       assert.equal(again.replaceGeneration, s.replaceGeneration)
-      assert.deepEqual(again.openToolCalls(), s.openToolCalls())
+      assert.deepEqual([...stateOf(again).openCalls], [...stateOf(s).openCalls])
       assert.deepEqual(again.measure().totalTokens, s.measure().totalTokens)
       void rejected
     })))

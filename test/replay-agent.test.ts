@@ -9,12 +9,14 @@ import {
   Agent, Session, MemoryStore, readTranscript, replayTranscript, runReplay, formatReplay, cliHelp,
   type AgentEvent, type Message, type Provider, type ReplayFigure, type SessionEvent, type Tool,
 } from '../dsh.ts'
+
 import { ScriptedProvider, call, say } from './scripted-provider.ts'
 import { skipWithoutShared, sharedPath } from './shared.ts'
 import { startFakeProvider } from './fake-provider.ts'
 import { dsh as dshChild, tempDir } from './cli-helpers.ts'
 import { writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
+import { logHeader } from './spec.ts'
 
 const fn = (id: string, name: string, args: string) => ({ id, type: 'function', function: { name, arguments: args } })
 
@@ -74,7 +76,7 @@ test('a turn the transcript ends while the loop would go on ends as cancelled; n
 
 test('a dsh log whose next turn starts after a step with tool calls: the loop ends the turn there, as the log did', async () => {
   const session = await Session.open(new MemoryStore(), { id: 'log' })
-  session.setHeader({ model: 'm', baseURL: 'b', contextWindow: 1_000 })
+  logHeader(session, { model: 'm', baseURL: 'b', contextWindow: 1_000 })
   const add = (type: string, data: object) => session.append(type, data as Record<string, unknown>)
   add('turn/start', { turn: 1 })
   add('user/message', { message: { role: 'user', content: 'go' }, surfaceOp: { op: 'append' } })

@@ -4,9 +4,12 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import {
   detectTranscriptFormat, readTranscript, TranscriptError, TRANSCRIPT_FORMATS, cliHelp, parseCliArgs, Session, MemoryStore, PRUNE_MARKER,
-  type Message, type ToolCallBlock, type Transcript, type TranscriptFormat,
+  type Message, type ToolCallBlock, type Transcript, type TranscriptFormat, internals,
 } from '../dsh.ts'
+
+const { stateOf } = internals
 import { skipWithoutShared, readCorpus } from './shared.ts'
+import { logHeader } from './spec.ts'
 
 /** Unicode code points (a surrogate pair counts once), not UTF-16 units. */
 function codePoints(s: string): number { let n = 0; for (const _ of s) n++; return n }
@@ -410,7 +413,7 @@ test('dsh inline: appended surface messages, envelope from request/header, repla
 test('dsh: a log written by Session (with a prune) reads back as the history before the prune', async () => {
   const store = new MemoryStore()
   const session = await Session.open(store, { id: 's1', now: () => 0 })
-  session.setHeader({ model: 'm', baseURL: 'http://127.0.0.1:1', system: 'sys', tools: [{ name: 'read_file', parameters: { type: 'object' } }] })
+  logHeader(session, { model: 'm', baseURL: 'http://127.0.0.1:1', system: 'sys', tools: [{ name: 'read_file', parameters: { type: 'object' } }] })
   session.append('user/message', { message: { role: 'user', content: 'read big.txt' }, surfaceOp: { op: 'append' } })
   session.append('assistant/message', {
     message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'read_file', arguments: '{"path":"big.txt"}' }] },
@@ -420,7 +423,7 @@ test('dsh: a log written by Session (with a prune) reads back as the history bef
   const result = session.append('tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: big }] }, surfaceOp: { op: 'append' } })
   assert.ok(session.pruneToolResult(result.seq) > 0)
   session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
-  await session.flush()
+  await stateOf(session).flush()
   const text = store.events.map(e => JSON.stringify(e)).join('\n') + '\n'
 
   assert.equal(detectTranscriptFormat(text), 'dsh')

@@ -4,12 +4,17 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  replayTranscript, runReplay, formatReplay, readTranscript, estimateRequestTokens, anchoredTotal, Session, MemoryStore,
+  replayTranscript, runReplay, formatReplay, readTranscript, estimateRequestTokens, Session, MemoryStore,
   TranscriptError, PRUNE_MARKER, DEFAULT_REPLAY_SUMMARY_TOKENS,
   type Message, type ReplayStep, type Transcript, type Provider, type ChatRequest,
 } from '../dsh.ts'
-import { skipWithoutShared, readCorpus } from './shared.ts'
 
+import { skipWithoutShared, readCorpus } from './shared.ts'
+import { logHeader } from './spec.ts'
+
+/** An unanchored total (docs/design.md §2, §10, §15): the offset plus the heuristic priced at the calibration. */
+const unanchoredTotal = (heuristic: number, calibration: number, offset: number) =>
+  offset + (calibration === 1 ? heuristic : Math.ceil(heuristic * calibration))
 const codePoints = (s: string): number => { let n = 0; for (const _ of s) n++; return n }
 const textOf = (m: Message): string =>
   typeof m.content === 'string' ? m.content : m.content.map(b => (b.type === 'text' ? (b as { text: string }).text : '')).join('')
@@ -34,7 +39,7 @@ async function replayChecked(t: Transcript, contextWindow: number, options: { su
       const messages = s.messages()
       // The ladder's total is the recount, calibrated by the fit of the recorded steps so far (the recount itself without any).
       const m = s.measure()
-      assert.equal(anchoredTotal(estimateRequestTokens(t.envelope, messages), undefined, m.calibration, m.calibrationOffsetTokens), row.afterTokens, `row ${row.kind} ${row.step}: recount`)
+      assert.equal(unanchoredTotal(estimateRequestTokens(t.envelope, messages), m.calibration, m.calibrationOffsetTokens), row.afterTokens, `row ${row.kind} ${row.step}: recount`)
       if (row.beforeTokens >= Math.floor(contextWindow * 0.8)) {
         const lastAssistant = messages.map(m => m.role).lastIndexOf('assistant')
         messages.forEach((m, i) => {
@@ -288,7 +293,7 @@ test('recorded usage calibrates, never anchors: a transcript reporting 900,000 p
 
 test('a dsh log: surface events as written, turns from turn/start (steering opens none), window from the header', async () => {
   const session = await Session.open(new MemoryStore(), { id: 'log' })
-  session.setHeader({ model: 'm', baseURL: 'b', system: 'sys', contextWindow: 2_000 })
+  logHeader(session, { model: 'm', baseURL: 'b', system: 'sys', contextWindow: 2_000 })
   const add = (type: string, data: object) => session.append(type, data as Record<string, unknown>)
   add('turn/start', { turn: 1 })
   add('user/message', { message: { role: 'user', content: 'go' }, surfaceOp: { op: 'append' } })

@@ -17,6 +17,7 @@ import { availableParallelism, tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
 import * as dshSource from '../dsh.ts'
+import { SUMMARY_INSTRUCTION, frameCheckpoint } from './spec.ts'
 import { PART_ONE_EXPORTS } from './parts.ts'
 import { startFakeProvider, type FakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 
@@ -323,8 +324,8 @@ function checkAgentHTTP(agent: AgentHTTP, requests: ReturnType<typeof providerRe
   // Turn 2: after the third 6,008-char result the surface passes 6400 tokens; turn 1 (before the
   // pinned input) is summarised once, and the next request starts with the checkpoint.
   assert.deepEqual(turnEvents(agent.log, 2).filter((t) => t.startsWith('compaction/')), ['compaction/start', 'compaction/summary', 'compaction/end'])
-  assert.equal(contents(5).at(-1), dshSource.SUMMARY_INSTRUCTION)
-  assert.ok(contents(6)[0].startsWith(dshSource.frameCheckpoint(texts[5]!) + "\n<ledger>\n"), contents(6)[0])
+  assert.equal(contents(5).at(-1), SUMMARY_INSTRUCTION)
+  assert.ok(contents(6)[0].startsWith(frameCheckpoint(texts[5]!) + "\n<ledger>\n"), contents(6)[0])
   const [pressure, overflow] = agent.compactionEnds
   assert.ok(pressure.tokensBefore! >= 6400 && pressure.tokensAfter! < 6400, `pressure compaction ${pressure.tokensBefore} → ${pressure.tokensAfter} tokens`)
   // Turn 3: the 400 is classified as an overflow, everything before the input is summarised, and the
@@ -333,7 +334,7 @@ function checkAgentHTTP(agent: AgentHTTP, requests: ReturnType<typeof providerRe
     'step/start', 'request/error', 'compaction/start', 'compaction/summary', 'compaction/end', 'step/end', 'recovery/retry',
     'step/start', 'step/end',
   ])
-  assert.ok(contents(9)[0].startsWith(dshSource.frameCheckpoint(texts[8]!) + "\n<ledger>\n"), contents(9)[0])
+  assert.ok(contents(9)[0].startsWith(frameCheckpoint(texts[8]!) + "\n<ledger>\n"), contents(9)[0])
   assert.ok(JSON.stringify(requests[9].body).length < JSON.stringify(requests[7].body).length / 4)
   assert.deepEqual(requests[9].body.messages.at(-1), { role: 'user', content: TURN_INPUTS[2] })
   assert.ok(overflow.tokensAfter! < overflow.tokensBefore!)

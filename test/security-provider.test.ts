@@ -4,7 +4,12 @@ import { test, describe, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createServer, type Server, type IncomingMessage, type ServerResponse } from 'node:http'
 import { gzipSync } from 'node:zlib'
-import { openAICompatible, ProviderError, RESPONSE_BODY_MAX_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Agent, Session, type Message } from '../dsh.ts'
+import {
+  openAICompatible, ProviderError, Agent, Session, type Message,
+} from '../dsh.ts'
+import {
+  RESPONSE_BODY_MAX_BYTES, DEFAULT_MAX_MESSAGE_BYTES,
+} from './spec.ts'
 import { startFakeProvider } from './fake-provider.ts'
 
 const HI: Message[] = [{ role: 'user', content: 'hi' }]

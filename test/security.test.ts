@@ -4,7 +4,14 @@ import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import { readFile, readdir } from 'node:fs/promises'
 import { join } from 'node:path'
-import { Agent, Session, FileStore, spillName, stripControls, type Tool } from '../dsh.ts'
+import {
+  Agent, Session, FileStore, stripControls, internals, type Tool,
+} from '../dsh.ts'
+import {
+  spillName,
+} from './spec.ts'
+
+const { stateOf } = internals
 import { ScriptedProvider, say } from './scripted-provider.ts'
 import { startFakeProvider } from './fake-provider.ts'
 import { runDsh, CLEAN_ENV, tempDirs } from './cli-child.ts'
@@ -40,8 +47,8 @@ describe('the session log: tool-call arguments once, spill names from the seq', 
     const text = await readFile(join(dir, 's.jsonl'), 'utf8')
     assert.equal(text.split('{\\"n\\":\\"out1\\"}').length - 1, 1, 'the arguments appear once in the log')
     // Resume still knows which calls were dispatched.
-    const again = await Session.load(new FileStore(join(dir, 's.jsonl')))
-    assert.ok(ids.every((id) => again.wasDispatched(id)))
+    const again = await Session.open(new FileStore(join(dir, 's.jsonl')), { readOnly: true })
+    assert.ok(ids.every((id) => stateOf(again).dispatched.has(id)))
   })
 })
 

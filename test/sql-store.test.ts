@@ -5,7 +5,9 @@
 import { after, before, describe, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { PGlite } from '@electric-sql/pglite'
-import { Session, SessionError, SessionLockedError, SqlLogStore, SQL_LEASE_MS, type SessionEvent, type SqlQuery } from '../dsh.ts'
+import { Session, SessionError, SessionLockedError, SqlLogStore, SQL_LEASE_MS, type SessionEvent, type SqlQuery, internals } from '../dsh.ts'
+
+const { stateOf } = internals
 import { testLogStore } from '../conformance.ts'
 
 const db = new PGlite()
@@ -71,7 +73,7 @@ describe('SqlLogStore: one writer across workers', () => {
     await assert.rejects(Session.open(b), (e: SessionLockedError) => e.owner === 'worker-a')
     await sleep(450)
     const sb = await Session.open(b)
-    assert.equal(sb.openedAtSeq, acknowledged)
+    assert.equal(stateOf(sb).openedAt, acknowledged)
     assert.deepEqual(sb.messages().map((m) => m.content), ['acknowledged'])
     assert.deepEqual(sb.turn, { turn: 1, open: false, step: 0, stepOpen: false }, 'the crashed turn is closed')
     await b.close()
@@ -118,7 +120,7 @@ describe('SqlLogStore: one writer across workers', () => {
     sa.append('user/message', user('visible'))
     await sa.sync()
     const reader = new SqlLogStore({ query, session: 'lease-5', readOnly: true })
-    const view = await Session.load(reader)
+    const view = await Session.open(reader, { readOnly: true })
     assert.deepEqual(view.messages().map((m) => m.content), ['visible'])
     await assert.rejects(reader.append([]).then(() => reader.putArtefact('x', 'y')), /opened read-only/)
     await a.close()

@@ -8,7 +8,9 @@
 //   {"done": true}
 // Input: env DSH_PG_WORKER = {"port", "worker", "sessions": [...], "turns", "leaseMs"}.
 import pg from 'pg'
-import { Session, SessionError, SessionLockedError, SqlLogStore } from '../../dsh.ts'
+import { Session, SessionError, SessionLockedError, SqlLogStore, internals } from '../../dsh.ts'
+
+const { stateOf } = internals
 
 const { port, worker, sessions, turns, leaseMs } = JSON.parse(process.env.DSH_PG_WORKER!) as {
   port: number; worker: string; sessions: string[]; turns: number; leaseMs: number
@@ -41,7 +43,7 @@ async function run(key: string): Promise<void> {
     session.append('user/message', { message: { role: 'user', content: `${key} turn ${turn} by ${worker}` }, surfaceOp: { op: 'append' } })
     session.append('step/start', { turn, step: 1 })
     const start = performance.now()
-    await retrying(key, 'flush', () => session.flush())
+    await retrying(key, 'flush', () => stateOf(session).flush())
     const flushed = performance.now()
     await sleep(5 + Math.random() * 10) // the model's answer
     const answer = `answer ${turn} by ${worker}`

@@ -71,7 +71,7 @@ async function verify(keys: string[], acks: Report[]) {
   const writersBySession = new Map<string, string[]>()
   for (const key of keys) {
     const store = new SqlLogStore({ query, session: key, readOnly: true })
-    await Session.load(store) // throws on a log that breaks an invariant
+    await Session.open(store, { readOnly: true }) // throws on a log that breaks an invariant
     const log: SessionEvent[] = (await store.load()).events
     events += log.length
     const turns = new Map<number, number>()

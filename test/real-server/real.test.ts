@@ -11,9 +11,12 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import {
-  Agent, Session, MemoryStore, FileStore, openAICompatible, classifyProviderError, estimateRequestTokens, estimateMessageTokens,
-  parseLogText, CHECKPOINT_PREAMBLE, type StreamEvent, type SessionEvent, type Message, type Usage,
+  Agent, Session, MemoryStore, FileStore, openAICompatible, classifyProviderError, estimateRequestTokens,
+  estimateMessageTokens, type StreamEvent, type SessionEvent, type Message, type Usage,
 } from '../../dsh.ts'
+import {
+  CHECKPOINT_PREAMBLE,
+} from '../spec.ts'
 import { rng } from '../rng.ts'
 import { runDsh, CLEAN_ENV } from '../cli-child.ts'
 import { skipWithoutServer, startServer, recordingFetch, serverPromptTokens, settled, type RunningServer, type Exchange } from './server.ts'
@@ -379,7 +382,8 @@ describe('5. calibration against the real tokenizer', { skip, timeout: SCENARIO_
 
 // ── 7. A library Agent, the CLI, replay with real summaries ─────────────────────────────────────
 
-const logOf = (file: string) => parseLogText(readFileSync(file, 'utf8')).events
+/** The events of a dsh log file, one JSON object per line. */
+const logOf = (file: string): SessionEvent[] => readFileSync(file, 'utf8').split('\n').filter((l) => l !== '').map((l) => JSON.parse(l))
 
 describe('7. a library Agent, the CLI and replay against llama-server', { skip, timeout: SCENARIO_TIMEOUT_MS }, () => {
   const server = serverFor(8192)

@@ -99,13 +99,13 @@ export const STEPS = [
       message: { role: 'tool', toolCallId: 'A', content: [{ type: 'text', text: 'x😀'.repeat(5000) }] }, surfaceOp: { op: 'append' },
     })
     await session.sync()
-    const reloaded = await dsh.Session.load(store)
+    const reloaded = await dsh.Session.open(store, { readOnly: true })
     const surface = (s) => s.surface().map((n) => [n.seq, n.message.role, n.tokens])
     return {
       events: session.events.map((e) => [e.seq, e.type, e.time]),
       surface: surface(session),
       reloadedSurface: surface(reloaded),
-      openToolCalls: reloaded.openToolCalls(),
+      openToolCalls: [...dsh.internals.stateOf(reloaded).openCalls],
     }
   }],
 

@@ -1,5 +1,5 @@
-// A broken or hostile server's usage figures (docs/design.md §2): bogus counts never become the anchor,
-// so one bad reply cannot price every later request as an overflow, live or after a resume.
+// The meter's usage anchor (docs/design.md §2) against a broken or hostile server: bogus counts never become
+// the anchor, so one bad reply cannot price every later request as an overflow, live or after a resume.
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { mkdtempSync, rmSync } from 'node:fs'
@@ -30,14 +30,15 @@ for (const [name, usage] of [
     const m = session.measure()
     assert.equal(m.anchored, false, JSON.stringify(m.anchor))
     assert.equal(m.totalTokens, m.heuristicTokens)
-    assert.ok(session.usage().outputTokens >= 0, `outputTokens ${session.usage().outputTokens}`)
+    assert.ok(session.cost.usage().outputTokens >= 0, `outputTokens ${session.cost.usage().outputTokens}`)
     const again = await Session.open(new FileStore(path))
     assert.equal(again.measure().totalTokens, m.totalTokens)
   })
 }
 
 test('recall: an answer that quotes a hostile argument (100,000 code points) stays capped', async () => {
-  const { Agent: A, Session: S, MemoryStore, RECALL_MAX_CODE_POINTS, codePointLength } = await import('../dsh.ts')
+  const { Agent: A, Session: S, MemoryStore, codePointLength } = await import('../dsh.ts')
+  const { RECALL_MAX_CODE_POINTS } = await import('./spec.ts')
   const big = Array.from({ length: 5_000 }, (_, k) => `row ${k} ` + 'q'.repeat(30)).join('\n')
   const huge = 'x'.repeat(100_000)
   const calls = [{ pattern: huge }, { key: huge }, { tool: huge }, { tool: 'dump', arguments: huge }, { [huge]: 1 }]
