@@ -51,8 +51,8 @@
  *
  * LIMITS: token counts are a heuristic (UTF-16 units / 4 + 8 per message) until a provider reports
  * usage; chat-completions tool results cannot carry images (sent as JSON text); the CLI's file tools
- * stay inside the working directory (the shell tool is not confined); FileStore needs node:fs (Node,
- * Deno, Bun), MemoryStore runs anywhere.
+ * stay inside the working directory (the CLI's shell runs in a bubblewrap sandbox where one can start,
+ * else unconfined); FileStore needs node:fs (Node, Deno, Bun), MemoryStore runs anywhere.
  *
  * CONTENTS (sections follow the data; docs/design.md has the same numbers where a topic matches)
  *   PART I — THE RUNTIME (web standards only; `dist/dsh.mjs` is exactly this part)
