@@ -129,14 +129,12 @@ describe('pruner (docs/design.md §3)', () => {
     assert.equal(pruneText('x'.repeat(200), { thresholdChars: 100, headChars: 30, tailChars: 31 }), 'x'.repeat(30) + PRUNE_MARKER + 'x'.repeat(31))
   })
 
-  test('grapheme-safe cuts keep a family emoji whole', () => {
+  test('code-point cuts never split a surrogate pair (a grapheme cluster may be split)', () => {
     const family = '👨‍👩‍👧' // 5 code points, one grapheme
     const text = 'a'.repeat(4094) + family + 'z'.repeat(8000)
     const plain = pruneText(text)
-    assert.ok(plain.startsWith('a'.repeat(4094) + '👨‍')) // code-point cut splits the cluster
-    const safe = pruneText(text, { graphemeSafe: true })
-    assert.ok(safe.startsWith('a'.repeat(4094) + PRUNE_MARKER))
-    assert.equal(hasLoneSurrogate(safe), false)
+    assert.ok(plain.startsWith('a'.repeat(4094) + '👨‍' + PRUNE_MARKER)) // code-point cut splits the cluster
+    assert.equal(hasLoneSurrogate(plain), false)
   })
 })
 

@@ -39,10 +39,9 @@
  *   pruner     DEFAULT_PRUNE_CONFIG        prune tool results over 8,192 code points to
  *                                          head 4,096 + marker (39) + tail 1,024 code points
  *   ladder     DEFAULT_COMPACTION_CONFIG   threshold 0.8 × window, retained tail 0.16 × window,
- *                                          summary max 8,192 tokens, 1 compaction retry,
- *                                          1 overflow retry, spill over 256 KiB, auto on;
- *                                          clear rung on (old tool results → placeholders down to
- *                                          0.6 × window, newest 0.2 × window kept); `recall` tool
+ *                                          summary max 8,192 tokens, 1 compaction retry, auto on;
+ *                                          clear rung on; constants: 1 overflow retry, spill over
+ *                                          256 KiB, clear down to 0.6 × window, newest 0.2 kept; `recall` tool
  *                                          offered once content is shadowed (recall: false = off)
  *   provider   openAICompatible / deepseek max_tokens 32,768 (clamped to the window), 5 retries
  *                                          500 ms → 10 s, idle timeout 300 s; prices: DEEPSEEK_PRICES
@@ -211,6 +210,31 @@ export interface PeakHours {
  */
 class ConfigError extends TypeError {
   constructor(message: string) { super(message); this.name = 'ConfigError' }
+}
+
+/** A value as an error message shows it: strings quoted, objects by kind. */
+function shown(value: unknown): string {
+  if (typeof value === 'string') return JSON.stringify(value)
+  if (value === null || typeof value !== 'object') return String(value)
+  return Array.isArray(value) ? 'an array' : 'an object'
+}
+
+/** The one shape of an option error: `${what} must be ${limit}, got ${value}; ${fix}` (value, limit, fix). */
+function configError(what: string, limit: string, value: unknown, fix?: string): ConfigError {
+  return new ConfigError(`${what} must be ${limit}, got ${shown(value)}${fix ? `; ${fix}` : ''}`)
+}
+
+/** `config` over `defaults` (undefined values skipped). Throws {@link ConfigError} for a non-object, an unknown key. */
+function withDefaults<T extends object>(where: string, config: unknown, defaults: Readonly<T>): T {
+  if (typeof config !== 'object' || config === null || Array.isArray(config))
+    throw configError(where, 'an object', config)
+  const known = Object.keys(defaults)
+  const full: Record<string, unknown> = { ...defaults }
+  for (const [key, value] of Object.entries(config)) {
+    if (!known.includes(key)) throw new ConfigError(`${where}: unknown key "${key}" (known: ${known.join(', ')})`)
+    if (value !== undefined) full[key] = value
+  }
+  return full as T
 }
 
 /** Error codes of {@link ProviderError} (docs/design.md §6). */
@@ -566,17 +590,11 @@ function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: number): num
 const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
 const MARKER_CODE_POINTS = 39
 
-/**
- * Pruner configuration, all lengths in Unicode code points (docs/design.md §3).
- * `graphemeSafe` (off by default) moves each cut to a grapheme-cluster boundary with
- * `Intl.Segmenter` where the runtime has it, so a cut never splits an emoji sequence or a
- * combining mark from its base; cuts only shrink the kept text, so the code-point limits still hold.
- */
+/** Pruner configuration, all lengths in Unicode code points (docs/design.md §3). */
 export interface PruneConfig {
   thresholdChars: number
   headChars: number
   tailChars: number
-  graphemeSafe?: boolean
 }
 
 /** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
@@ -593,27 +611,16 @@ const validatedConfigs = new WeakSet<object>()
 function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
   if (config === undefined || config === DEFAULT_PRUNE_CONFIG) return DEFAULT_PRUNE_CONFIG
   if (validatedConfigs.has(config)) return config as PruneConfig
-  if (typeof config !== 'object' || config === null)
-    throw new ConfigError(`prune config must be an object, got ${String(config)}`)
-  for (const key of Object.keys(config)) {
-    if (!['thresholdChars', 'headChars', 'tailChars', 'graphemeSafe'].includes(key)) {
-      throw new ConfigError(`prune config: unknown key "${key}" (known: thresholdChars, headChars, tailChars, `
-        + `graphemeSafe)`)
-    }
-  }
-  const full = { ...DEFAULT_PRUNE_CONFIG, ...config }
+  const full = withDefaults('prune config', config, DEFAULT_PRUNE_CONFIG)
   for (const key of ['thresholdChars', 'headChars', 'tailChars'] as const) {
-    const v = full[key]
-    if (!isIntegerAtLeast(v, 0))
-      throw new ConfigError(`prune config: ${key} must be a non-negative integer number of code points, `
-        + `got ${String(v)}`)
+    if (!isIntegerAtLeast(full[key], 0))
+      throw configError(`prune config: ${key}`, 'a non-negative integer number of code points', full[key])
   }
-  if (full.graphemeSafe !== undefined && typeof full.graphemeSafe !== 'boolean')
-    throw new ConfigError(`prune config: graphemeSafe must be a boolean, got ${String(full.graphemeSafe)}`)
-  if (full.headChars + MARKER_CODE_POINTS + full.tailChars > full.thresholdChars) {
-    throw new ConfigError(`prune config: headChars (${full.headChars}) + marker (${MARKER_CODE_POINTS}) `
-      + `+ tailChars (${full.tailChars}) = ${full.headChars + MARKER_CODE_POINTS + full.tailChars} exceeds `
-      + `thresholdChars (${full.thresholdChars}); lower headChars or tailChars, or raise thresholdChars`)
+  const { headChars: head, tailChars: tail, thresholdChars: threshold } = full
+  if (head + MARKER_CODE_POINTS + tail > threshold) {
+    throw configError(`prune config: headChars (${head}) + marker (${MARKER_CODE_POINTS}) + tailChars (${tail})`,
+      `at most thresholdChars (${threshold})`, head + MARKER_CODE_POINTS + tail,
+      'lower headChars or tailChars, or raise thresholdChars')
   }
   validatedConfigs.add(full)
   return full
@@ -657,35 +664,6 @@ function codePointLength(text: string, limit = Infinity): number {
   return n
 }
 
-let segmenter: { segment(s: string): { containing(i: number): { index: number; segment: string } | undefined } }
-  | null | undefined
-function graphemeSegmenter() {
-  if (segmenter === undefined) segmenter = typeof Intl !== 'undefined' && 'Segmenter' in Intl
-    ? new (Intl as any).Segmenter(undefined, { granularity: 'grapheme' }) : null
-  return segmenter
-}
-/** Grapheme clusters longer than this many UTF-16 units are cut anyway (bounded work). */
-const GRAPHEME_WINDOW = 64
-
-/** Moves a cut at UTF-16 index `at` to the start (`dir` -1) or end (+1) of its grapheme cluster. */
-function snapToGrapheme(text: string, at: number, dir: -1 | 1): number {
-  const seg = graphemeSegmenter()
-  if (!seg || at <= 0 || at >= text.length) return at
-  const from = Math.max(0, at - GRAPHEME_WINDOW)
-  const window = text.slice(from, Math.min(text.length, at + GRAPHEME_WINDOW))
-  const cluster = seg.segment(window).containing(at - from)
-  if (!cluster || cluster.index + from === at) return at
-  return dir < 0 ? cluster.index + from : cluster.index + from + cluster.segment.length
-}
-
-/** Head and tail UTF-16 cut points of a text known to exceed the threshold. */
-function cutPoints(text: string, cfg: PruneConfig): [headEnd: number, tailStart: number] {
-  let headEnd = indexAfterCodePoints(text, cfg.headChars)
-  let tailStart = indexBeforeLastCodePoints(text, cfg.tailChars)
-  if (cfg.graphemeSafe) { headEnd = snapToGrapheme(text, headEnd, -1); tailStart = snapToGrapheme(text, tailStart, 1) }
-  return [headEnd, tailStart]
-}
-
 /**
  * Prunes one text: unchanged when it holds ≤ `thresholdChars` code points, else the first
  * `headChars` code points + {@link PRUNE_MARKER} + the last `tailChars` code points. Never splits a
@@ -695,10 +673,8 @@ function cutPoints(text: string, cfg: PruneConfig): [headEnd: number, tailStart:
 function pruneText(text: string, config?: Partial<PruneConfig>): string {
   if (typeof text !== 'string')
     throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
-  const cfg = resolvePruneConfig(config)
-  if (!overThreshold(text, cfg.thresholdChars)) return text
-  const [headEnd, tailStart] = cutPoints(text, cfg)
-  return detach(text.slice(0, headEnd) + PRUNE_MARKER + text.slice(tailStart), text)
+  const cut = pruneToolResult({ role: 'tool', toolCallId: '', content: [{ type: 'text', text }] }, config)
+  return (cut.content[0] as TextBlock).text
 }
 
 /**
@@ -760,10 +736,6 @@ function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfi
     const start = indexBeforeLastCodePoints(t, left)
     if (start > 0) { tailBlock = i; tailStart = start; break }
     left -= codePointLength(t, left)
-  }
-  if (cfg.graphemeSafe) {
-    headEnd = snapToGrapheme((blocks[headBlock] as TextBlock).text, headEnd, -1)
-    tailStart = snapToGrapheme((blocks[tailBlock] as TextBlock).text, tailStart, 1)
   }
   const out: Block[] = []
   for (let i = 0; i < blocks.length; i++) {
@@ -2743,100 +2715,60 @@ function randomId(): string {
  * - `summaryMaxTokens` 8192: cap on a summary request's completion budget; the budget is
  *   `min(summaryMaxTokens, max(512, floor(regionTokens / 2)))`, clamped to the room left.
  * - `compactionRetries` 1: extra summary attempts under pressure.
- * - `maxOverflowRetries` 1: consecutive overflow recoveries per step; 0 disables overflow recovery only.
  * - `auto` true: the Agent runs the ladder itself; false disables pressure and overflow handling.
- * - `minSavingsRatio` 0.05: a compaction that saves less than this share of the total counts as failed.
- * - `spillBytes` 262,144 (256 KiB, UTF-8 bytes): larger tool results are spilled at write time.
  * - `clear` true: the clear rung (old tool results → one-line placeholders, no model call).
- * - `reliefRatio` 0.6: the clear rung clears down to `floor(window × 0.6)` tokens (below the threshold).
- * - `protectedRatio` 0.2: the newest tool results worth `floor(window × 0.2)` tokens (and always the
- *   newest step's) are never cleared.
- * - `clearBeforeSummary` true: clear even when clearing alone cannot bring the total under the
- *   threshold (the summarizer then reads placeholders); false clears only when it relieves the
- *   pressure by itself. docs/bench.md records the measurement behind the default.
  */
 export interface CompactionConfig {
   thresholdRatio: number
   retainedTailRatio: number
   summaryMaxTokens: number
   compactionRetries: number
-  maxOverflowRetries: number
   auto: boolean
-  minSavingsRatio: number
-  spillBytes: number
   clear: boolean
-  reliefRatio: number
-  protectedRatio: number
-  clearBeforeSummary: boolean
 }
 
 /** The defaults of docs/design.md §§5, 10. */
 const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
-  thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
-  maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
-  clear: true, reliefRatio: 0.6, protectedRatio: 0.2, clearBeforeSummary: true,
+  thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1, auto: true, clear: true,
 })
 
-/** Each key's kind and range: `ratio` (lo, hi) open/closed as named, `int` a safe integer ≥ min, `bool`. */
-const COMPACTION_CONFIG_RULES: Readonly<Record<keyof CompactionConfig, { kind: 'ratio'; lo: number; hi: number;
-  loOpen: boolean; hiOpen: boolean } | { kind: 'int'; min: number; unit: string } | { kind: 'bool' }>> = {
-  thresholdRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: true, hiOpen: false },
-  retainedTailRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: false, hiOpen: true },
-  summaryMaxTokens: { kind: 'int', min: 1, unit: 'tokens' },
-  compactionRetries: { kind: 'int', min: 0, unit: 'attempts' },
-  maxOverflowRetries: { kind: 'int', min: 0, unit: 'retries' },
-  auto: { kind: 'bool' },
-  minSavingsRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: false, hiOpen: true },
-  spillBytes: { kind: 'int', min: 1, unit: 'bytes (UTF-8)' },
-  clear: { kind: 'bool' },
-  reliefRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: true, hiOpen: true },
-  protectedRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: false, hiOpen: true },
-  clearBeforeSummary: { kind: 'bool' },
-}
+/** Consecutive overflow recoveries per step, reset by a successful response (docs/design.md §5). */
+const MAX_OVERFLOW_RETRIES = 1
+/** A compaction that saves less than this share of the total counts as failed. */
+const MIN_SAVINGS_RATIO = 0.05
+/** Tool results over this many UTF-8 bytes are spilled at write time (256 KiB; docs/design.md §5). */
+const SPILL_BYTES = 256 * 1024
+/** The clear rung clears down to `floor(window × 0.6)` tokens (docs/bench.md measured 0.4–0.75). */
+const RELIEF_RATIO = 0.6
+/** Under a threshold at or below RELIEF_RATIO, the clear rung clears down to this share of the threshold. */
+const RELIEF_SHARE_OF_THRESHOLD = 0.75
+/** The newest tool results worth `floor(window × 0.2)` tokens (and always the newest step's) are never cleared. */
+const PROTECTED_RATIO = 0.2
+
+/** Each ratio's range, `[` / `(` closed or open as in the message; the rest are integers ≥ `min` or booleans. */
+const COMPACTION_RATIOS = { thresholdRatio: '(0, 1]', retainedTailRatio: '[0, 1)' } as const
+const COMPACTION_INTEGERS = { summaryMaxTokens: [1, 'tokens'], compactionRetries: [0, 'attempts'] } as const
 
 /**
  * Checks a partial ladder configuration and returns the full one (defaults filled in), like
- * {@link resolvePruneConfig}. Throws {@link ConfigError} for a non-object, an unknown key,
- * a value of the wrong type or out of its range (ratios in (0, 1] or [0, 1) as documented, counts
- * non-negative integers, sizes positive integers), and `reliefRatio ≥ thresholdRatio` (clearing
- * would stop above the threshold it is meant to get under).
+ * {@link resolvePruneConfig}. Throws {@link ConfigError} for a non-object, an unknown key, or a
+ * value of the wrong type or out of its range (as documented on {@link CompactionConfig}).
  */
 function resolveCompactionConfig(config?: Partial<CompactionConfig>): CompactionConfig {
   if (config === undefined) return { ...DEFAULT_COMPACTION_CONFIG }
-  if (typeof config !== 'object' || config === null || Array.isArray(config))
-    throw new ConfigError(`compaction config must be an object, `
-      + `got ${config === null ? 'null' : Array.isArray(config) ? 'an array' : typeof config}`)
-  const known = Object.keys(COMPACTION_CONFIG_RULES)
-  for (const key of Object.keys(config)) {
-    if (!known.includes(key))
-      throw new ConfigError(`compaction config: unknown key "${key}" (known: ${known.join(', ')})`)
+  const full = withDefaults('compaction config', config, DEFAULT_COMPACTION_CONFIG)
+  for (const [key, range] of Object.entries(COMPACTION_RATIOS)) {
+    const v = full[key as keyof typeof COMPACTION_RATIOS]
+    const inRange = typeof v === 'number' && (range[0] === '(' ? v > 0 : v >= 0) && (range[5] === ']' ? v <= 1 : v < 1)
+    if (!inRange)
+      throw configError(`compaction config: ${key}`, `a number in ${range} (a share of the context window)`, v)
   }
-  const full: CompactionConfig = { ...DEFAULT_COMPACTION_CONFIG }
-  for (const [key, value] of Object.entries(config)) if (value !== undefined) (full as unknown as Record<string,
-    unknown>)[key] = value
-  for (const key of known as (keyof CompactionConfig)[]) {
-    const rule = COMPACTION_CONFIG_RULES[key]
-    const v = full[key] as unknown
-    const shown = typeof v === 'string' ? JSON.stringify(v) : String(v)
-    if (rule.kind === 'bool') {
-      if (typeof v !== 'boolean') throw new ConfigError(`compaction config: ${key} must be true or false, got ${shown}`)
-    } else if (rule.kind === 'int') {
-      if (!Number.isSafeInteger(v) || (v as number) < rule.min)
-        throw new ConfigError(`compaction config: ${key} must be an integer ≥ ${rule.min} (${rule.unit}), `
-          + `got ${shown}`)
-    } else {
-      const n = v as number
-      const ok = typeof v === 'number' && (rule.loOpen ? n > rule.lo : n >= rule.lo) && (rule.hiOpen ? n < rule.hi
-        : n <= rule.hi)
-      if (!ok) throw new ConfigError(`compaction config: ${key} must be a number in `
-        + `${rule.loOpen ? '(' : '['}${rule.lo}, ${rule.hi}${rule.hiOpen ? ')' : ']'} (a share of the context window), `
-        + `got ${shown}`)
-    }
+  for (const [key, [min, unit]] of Object.entries(COMPACTION_INTEGERS)) {
+    const v = full[key as keyof typeof COMPACTION_INTEGERS]
+    if (!isIntegerAtLeast(v, min)) throw configError(`compaction config: ${key}`, `an integer ≥ ${min} (${unit})`, v)
   }
-  if (full.reliefRatio >= full.thresholdRatio) {
-    throw new ConfigError(`compaction config: reliefRatio (${full.reliefRatio}) must be below thresholdRatio `
-      + `(${full.thresholdRatio}): the clear rung clears down to floor(window × reliefRatio), which must be under the `
-      + `pressure threshold; e.g. reliefRatio ${Math.round(full.thresholdRatio * 75) / 100}`)
+  for (const key of ['auto', 'clear'] as const) {
+    if (typeof full[key] !== 'boolean') throw configError(`compaction config: ${key}`, 'true or false', full[key])
   }
   return full
 }
@@ -3396,22 +3328,19 @@ const pruneMessagesRung: Rung = (v) => {
 
 /**
  * The clear rung (docs/design.md §10): the oldest clearable tool results outside the protected recent
- * budget become placeholders, in one batch, down to `floor(window × reliefRatio)` tokens. Unless
- * `clearBeforeSummary`, nothing when clearing every candidate would still leave the next request at
- * or above the threshold.
+ * budget become placeholders, in one batch, down to `floor(window × 0.6)` tokens (under a threshold
+ * at or below 0.6, to three quarters of the threshold), even when that alone cannot relieve the
+ * pressure (the summarizer then reads placeholders; docs/bench.md measured both).
  */
 const clearRung: Rung = (v) => {
   const cfg = v.compaction
   if (!cfg.clear || v.window === undefined) return []
   // The protected budget is measured tokens of the window; node prices are heuristic tokens.
   const rate = v.session.measure().calibration
-  const candidates = clearCandidates(v.session, Math.floor((v.window * cfg.protectedRatio) / rate), v.clearable)
-  if (!cfg.clearBeforeSummary) {
-    const saved = candidates.reduce((t, c) => t + c.savedTokens, 0) * rate
-    if (v.nextRequestTokens() - saved >= v.threshold) return []
-  }
+  const candidates = clearCandidates(v.session, Math.floor((v.window * PROTECTED_RATIO) / rate), v.clearable)
   const ops = candidates.map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
-  return [{ ops, stopAtOrBelow: Math.floor(v.window * cfg.reliefRatio) }]
+  const relief = cfg.thresholdRatio > RELIEF_RATIO ? RELIEF_RATIO : cfg.thresholdRatio * RELIEF_SHARE_OF_THRESHOLD
+  return [{ ops, stopAtOrBelow: Math.floor(v.window * relief) }]
 }
 
 /** The fixed start of every cleared tool result's placeholder (docs/design.md §10). */
@@ -4144,7 +4073,7 @@ class Ladder {
     const { session, compaction: cfg } = this.host
     const window = this.host.contextWindow ?? 0
     const retained = Math.floor(window * cfg.retainedTailRatio)
-    const minSaving = Math.ceil(outcome.tokensBefore * cfg.minSavingsRatio)
+    const minSaving = Math.ceil(outcome.tokensBefore * MIN_SAVINGS_RATIO)
     let lastError = '', committed = 0
     for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
       // Node prices are heuristic tokens: the measured retained tail and saving are divided by the calibration.
@@ -4171,7 +4100,7 @@ class Ladder {
     if (trigger === 'manual' && committed > 0) { this.setGuard(undefined); return done('compacted') }
     if (committed > 0 && after < threshold && saved >= minSaving) { this.setGuard(undefined); return done('compacted') }
     const why = lastError || (saved < minSaving
-      ? `it saved only ${saved} tokens (< ${Math.round(cfg.minSavingsRatio * 100)}%)`
+      ? `it saved only ${saved} tokens (< ${Math.round(MIN_SAVINGS_RATIO * 100)}%)`
       : 'the retained tail and envelope alone are above it')
     this.host.warn(`context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; `
       + `not retrying until the surface grows by ${retained} tokens`)
@@ -6556,7 +6485,7 @@ class Agent implements CompactionHost {
       this.on('agent/post-step', async ({ signal }) => { await this.ladder.relievePressure(signal) })
       this.on('agent/request-error', async ({ error, signal }) => {
         if (error?.code !== 'CONTEXT_WINDOW_EXCEEDED' || signal.aborted) return
-        if (this.overflowRetries >= this.compaction.maxOverflowRetries) return
+        if (this.overflowRetries >= MAX_OVERFLOW_RETRIES) return
         const outcome = await this.ladder.recoverOverflow(error, signal)
         // Never retry an unchanged request, nor one the provider's own count says cannot fit
         // (`tokensAfter` is the next request's size, the envelope it will carry included).
@@ -6985,7 +6914,7 @@ class Agent implements CompactionHost {
           }
         }
       }
-      const spilled = await spillToolResult(result!, session.store, this.compaction.spillBytes, spillName(session.seq))
+      const spilled = await spillToolResult(result!, session.store, SPILL_BYTES, spillName(session.seq))
       session.append('tool/result', spilled.spilled
         ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } }
         : { message: spilled.message, surfaceOp: { op: 'append' } })

@@ -1,6 +1,6 @@
 // Benchmark 6: every transcript of the corpus replayed at windows of 16,000, 32,000 and 64,000
-// tokens under five policies — dsh v2 (the ladder's defaults: prune → clear → compact), dsh v2 with
-// `clearBeforeSummary: false`, dsh v1 (prune + summarise: `compaction: {clear: false}`), no
+// tokens under four policies — dsh v2 (the ladder's defaults: prune → clear → compact),
+// dsh v1 (prune + summarise: `compaction: {clear: false}`), no
 // management, and observation masking (tool outputs of the newest 10 steps kept, older ones replaced
 // by a one-line placeholder). Per policy: summary calls, share of pressure events relieved without a
 // model call, tokens reclaimed without a model call, peak occupancy, and requests over the window. For dsh v2 also, per
@@ -162,10 +162,9 @@ async function ladder(replay: ReplayTranscript, t: Transcript, window: number, t
 /** The ladder policies, by the `compaction` settings replay takes. */
 const LADDERS = [
   ['dsh v2 (defaults)', {}],
-  ['dsh v2, clearBeforeSummary false', { clearBeforeSummary: false }],
   ['dsh v1 (prune + summarise)', { clear: false }],
 ] as const
-const V2 = LADDERS[0][0], V2_NO_CBS = LADDERS[1][0], V1 = LADDERS[2][0]
+const V2 = LADDERS[0][0], V1 = LADDERS[1][0]
 const POLICIES = [...LADDERS.map((l) => l[0]), 'no management', `observation masking (newest ${MASK_KEEP_STEPS} steps)`] as const
 const isLadder = (p: string) => LADDERS.some((l) => l[0] === p)
 
@@ -273,15 +272,6 @@ export default async function ladderBench(): Promise<Section> {
     const v2 = agg(w, V2).total('summaryCalls'), v1 = agg(w, V1).total('summaryCalls')
     targets.push({ name: `dsh v2 vs v1 at ${int(w)}: summary calls`, target: 'at least halved (v2 ≤ v1 / 2)', measured: `${v2} vs ${v1}`, met: 2 * v2 <= v1 })
   }
-  {
-    const all = (p: string, k: keyof Outcome) => WINDOWS.reduce((a, w) => a + agg(w, p).total(k), 0)
-    const summaryPeak = (p: string) => Math.max(...WINDOWS.flatMap((w) => [...results.get(w)!.get(p)!.values()].map((x) => x.summaryPeak)))
-    targets.push({
-      name: 'clearBeforeSummary true vs false (all windows)', target: 'report',
-      measured: `summary calls ${all(V2, 'summaryCalls')} vs ${all(V2_NO_CBS, 'summaryCalls')}; requests over the window ${all(V2, 'over')} vs ${all(V2_NO_CBS, 'over')}; largest summary request ${int(summaryPeak(V2))} vs ${int(summaryPeak(V2_NO_CBS))}; input tokens sent ${int(all(V2, 'inputTokens'))} vs ${int(all(V2_NO_CBS, 'inputTokens'))}`,
-      met: undefined,
-    })
-  }
   const detailRows: string[][] = []
   for (const g of groups) {
     for (const w of WINDOWS) {
@@ -312,8 +302,7 @@ export default async function ladderBench(): Promise<Section> {
       'window are tokens by the §2 estimate, per step request (one per assistant message). **dsh v2** = `replayTranscript(t,',
       '{contextWindow})`: the Agent\'s event order, spill at write time, `ladder.relievePressure` (prune → clear → compact) at each',
       'turn start and after each step, summaries simulated at a fixed 2,000 tokens (replay\'s default; no model is called).',
-      '**dsh v2, clearBeforeSummary false** = the same with `compaction: {clearBeforeSummary: false}` (clear only when clearing',
-      'alone gets under the threshold). **dsh v1** = `compaction: {clear: false}` (prune + summarise). A *pressure event* is a',
+      '**dsh v1** = `compaction: {clear: false}` (prune + summarise). A *pressure event* is a',
       `check that finds the total at or over the threshold (floor(window × ${THRESHOLD_RATIO})); *relieved without a model call* = it ends`,
       'under the threshold with no summary call. **No management**',
       '= every message as recorded. **Observation masking** = before each request, the tool results of steps older than the',

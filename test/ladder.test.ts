@@ -139,11 +139,11 @@ describe('clear rung', () => {
 })
 
 describe('CompactionConfig validation', () => {
-  test('unknown keys, wrong types, out-of-range values and reliefRatio ≥ thresholdRatio are typed errors naming the value', () => {
+  test('unknown keys, wrong types and out-of-range values are typed errors naming the value', () => {
     const agentProvider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', contextWindow: 1000 })
     const resolveCompactionConfig = (compaction?: unknown) => new Agent({ session: new Session(), provider: agentProvider, compaction: compaction as any }).compaction
     assert.deepEqual(resolveCompactionConfig(), { ...DEFAULT_COMPACTION_CONFIG })
-    assert.equal(resolveCompactionConfig({ reliefRatio: 0.5 }).reliefRatio, 0.5)
+    assert.equal(resolveCompactionConfig({ thresholdRatio: 0.5 }).thresholdRatio, 0.5) // the clear rung then stops at 0.375
     const bad: Array<[unknown, RegExp]> = [
       [{ threshold: 0.8 }, /unknown key "threshold" \(known: thresholdRatio, /],
       [{ thresholdRatio: 0 }, /thresholdRatio must be a number in \(0, 1\] .*got 0/],
@@ -151,12 +151,10 @@ describe('CompactionConfig validation', () => {
       [{ retainedTailRatio: -0.1 }, /retainedTailRatio must be a number in \[0, 1\)/],
       [{ summaryMaxTokens: 0 }, /summaryMaxTokens must be an integer ≥ 1 \(tokens\), got 0/],
       [{ compactionRetries: 1.5 }, /compactionRetries must be an integer ≥ 0/],
-      [{ spillBytes: '256k' }, /spillBytes must be an integer ≥ 1 \(bytes \(UTF-8\)\), got "256k"/],
+      [{ summaryMaxTokens: '8k' }, /summaryMaxTokens must be an integer ≥ 1 \(tokens\), got "8k"/],
       [{ clear: 'no' }, /clear must be true or false, got "no"/],
       [{ auto: 1 }, /auto must be true or false, got 1/],
-      [{ reliefRatio: 0.8 }, /reliefRatio \(0\.8\) must be below thresholdRatio \(0\.8\)/],
-      [{ thresholdRatio: 0.5 }, /reliefRatio \(0\.6\) must be below thresholdRatio \(0\.5\)/],
-      [{ protectedRatio: 1 }, /protectedRatio must be a number in \[0, 1\)/],
+      [{ reliefRatio: 0.5 }, /unknown key "reliefRatio"/],
       [null, /compaction config must be an object, got null/],
       [[1], /got an array/],
     ]
@@ -165,7 +163,7 @@ describe('CompactionConfig validation', () => {
     }
     const session = new Session()
     const provider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', contextWindow: 1000 })
-    assert.throws(() => new Agent({ session, provider, compaction: { reliefRatio: 2 } as any }), ConfigError)
+    assert.throws(() => new Agent({ session, provider, compaction: { thresholdRatio: 2 } }), ConfigError)
   })
 
   test('the ladder is split by trigger and owns its memory: no public mutable ladder fields on the Agent', () => {
@@ -517,17 +515,17 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
     const session = await Session.open(new MemoryStore())
     logHeader(session, { model: 'm', baseURL: 'http://x' })
     session.append('user/message', user('go'))
-    for (const id of ['c1', 'c2']) {
+    for (const [id, chars] of [['c1', 20_000], ['c2', 20_000], ['c3', 1_300]] as const) {
       session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id, name: 'read', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
-      session.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text: 'r'.repeat(20_000) }] }, surfaceOp: { op: 'append' } })
+      session.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text: 'r'.repeat(chars) }] }, surfaceOp: { op: 'append' } })
     }
     session.append('assistant/message', assistant('ok'))
     session.append('user/message', user(text(2_000))) // under the pruner's 8,192 code points
     // The host offers a 2,5xx-token tool once something is shadowed (as the Agent offers recall).
     const tool = bigTool(10_000)
     const toolTokens = estimateEnvelopeTokens({ tools: [tool] })
-    // The newest 800 tokens of results are protected (the newest result), the older one clearable.
-    const h = host(session, 8_000, () => (session.recall.hasShadowedContent ? { tools: [tool] } : {}), undefined, { protectedRatio: 0.1 })
+    // The newest 1,600 tokens of results are protected (c3, 333 tokens, and the pruned c2), the oldest clearable.
+    const h = host(session, 8_000, () => (session.recall.hasShadowedContent ? { tools: [tool] } : {}))
     const before = session.measure().totalTokens
     assert.ok(before >= 6_400, `${before}`)
     const out = await new Ladder(h).relievePressure()
@@ -702,7 +700,7 @@ describe('window figures in window tokens at calibration 3 (attack3)', () => {
     const results = Array.from({ length: 8 }, (_, i) => toolStep(session, `c${i}`, 500))
     // Window 10,000: protected 2,000 tokens = 667 heuristic = the newest two results (not four).
     assert.ok(session.measure().totalTokens >= 8_000, `${session.measure().totalTokens}`)
-    await new Ladder(hostOf(session, 10_000, unreachable, { reliefRatio: 0.1 })).relievePressure() // clear down to 1,000: every candidate
+    await new Ladder(hostOf(session, 10_000, unreachable, { thresholdRatio: 0.1 })).relievePressure() // clear down to 750: every candidate
     const cleared = new Set(session.events.filter((e) => e.type === 'compaction/clear').flatMap((e) => (e.data as any).shadowedSeqs))
     assert.ok(!cleared.has(results[7]) && !cleared.has(results[6]), 'the newest two results are protected')
     assert.equal(cleared.size, 6, `the third-newest and older results (beyond 667 heuristic tokens) are cleared; cleared ${[...cleared].join(',')} of ${results.join(',')}`)

@@ -23,13 +23,13 @@ describe('the session log: tool-call arguments once, spill names from the seq', 
     const dir = await tempDir()
     const longId = 'x'.repeat(300)
     const ids = ['c:1', 'c_1', longId]
-    const big: Tool = { name: 'big', description: 'big output', parameters: { type: 'object' }, execute: (args: { n: string }) => `${args.n}:` + 'y'.repeat(5000) }
+    const big: Tool = { name: 'big', description: 'big output', parameters: { type: 'object' }, execute: (args: { n: string }) => `${args.n}:` + 'y'.repeat(300_000) }
     const provider = new ScriptedProvider(100_000, [
       { message: { role: 'assistant', content: ids.map((id, i) => ({ type: 'tool-call', id, name: 'big', arguments: JSON.stringify({ n: `out${i}` }) })) }, finishReason: 'tool_calls' },
       say('done'),
     ])
     const session = await Session.open(new FileStore(join(dir, 's.jsonl')))
-    const agent = new Agent({ session, provider, tools: [big], compaction: { spillBytes: 1000 } })
+    const agent = new Agent({ session, provider, tools: [big] }) // each result over the 256 KiB spill size
     const result = await agent.run('go')
     assert.equal(result.reason, 'stop')
     await session.store.close?.()

@@ -80,7 +80,6 @@ export const STEPS = [
     return {
       input: shape(text),
       plain: shape(dsh.pruneText(text)),
-      graphemeSafe: shape(dsh.pruneText(text, { graphemeSafe: true })),
       toolResult: { types: pruned.content.map((b) => b.type), tokens: dsh.estimateMessageTokens(pruned) },
       messageTokens: dsh.estimateMessageTokens({ role: 'user', content: 'héllo 😀' }),
     }
