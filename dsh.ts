@@ -516,6 +516,18 @@ function anchoredTotal(
   return base + Math.ceil(delta * rate)
 }
 
+/**
+ * An answer's usage as the new anchor of a surface of `heuristicTokens` (docs/design.md §2), or undefined
+ * when the count is of something else: more than 4× the heuristic one (of at least 1,000), e.g. a broken
+ * server's bogus usage, would price every later request as an overflow, for good.
+ */
+function usageAnchor(u: Usage, heuristicTokens: number, seq: number): UsageAnchor | undefined {
+  const providerTokens = u.promptTokens + u.completionTokens
+  const ceiling = CALIBRATION_RANGE[1] * Math.max(heuristicTokens, CALIBRATION_MIN_SAMPLE_TOKENS)
+  const plausible = Number.isFinite(providerTokens) && providerTokens >= 0 && providerTokens <= ceiling
+  return plausible ? { providerTokens, heuristicTokens, seq } : undefined
+}
+
 // ── 2.1 Cost: prices applied to tokens (docs/design.md §11) ──
 
 /** Throws a TypeError naming the field unless `prices` is a well-formed {@link Prices}; returns it. */
@@ -1631,6 +1643,8 @@ interface SessionState {
   flush(): Promise<void>
   /** Checks an event against the current state without appending it (throws like `append`). */
   check(type: string, data: Record<string, unknown>): void
+  /** Applies a checked event to the derived state: the same code for live appends and for a loaded log. */
+  apply(event: SessionEvent): void
 }
 
 const SESSION_STATE = new WeakMap<Session, SessionState>()
@@ -1638,14 +1652,11 @@ const SESSION_STATE = new WeakMap<Session, SessionState>()
 function stateOf(session: Session): SessionState { return SESSION_STATE.get(session)! }
 
 /**
- * The append-only session log and the model-visible surface projected from it (docs/design.md §4),
- * the one writer of the log. `append` is synchronous: it checks every invariant first (a
- * violating append throws {@link SessionError} and changes nothing), then updates the surface, the
- * per-node prices and the usage anchor incrementally (O(1) for an append, O(range) for a replace),
- * feeds the parts over the log ({@link Session.cost}, {@link Session.recall}, {@link Session.pins})
- * and queues the event for the store; {@link Session.sync} writes the queue and fsyncs.
- *
- * Open, create or (with `readOnly`) inspect a log with {@link Session.open}.
+ * The append-only session log, the one writer of it, and the model-visible surface projected from it
+ * (docs/design.md §4). `append` is synchronous: it checks every invariant first (a violating append
+ * throws {@link SessionError} and changes nothing), then updates the surface, the per-node prices, the
+ * usage anchor and the parts over the log (`cost`, `recall`, `pins`) incrementally and queues the event;
+ * {@link Session.sync} writes the queue and fsyncs. Open, create or inspect a log with {@link Session.open}.
  */
 export class Session {
   readonly store: LogStore
@@ -1658,8 +1669,7 @@ export class Session {
   /** Messages that are never pruned, cleared or summarised (docs/design.md §12). */
   readonly pins: Pins
   private readonly st: SessionState
-  /** The whole log when the store cannot read events back (see {@link Session.events}). */
-  private retained?: SessionEvent[]
+  private retained?: SessionEvent[] // the whole log, when the store cannot read events back
   private nextSeq = 0
   private readonly now: () => number
   private readonly nodes: SurfaceNode[] & Surface
@@ -1668,23 +1678,22 @@ export class Session {
   private anchorState?: UsageAnchor
   private generation = 0
   private header?: RequestHeader
-  private pending: SessionEvent[] = []
-  private writing: Promise<void> = Promise.resolve()
+  private readonly queue: EventQueue
   private listeners = new Set<(e: SessionEvent) => void>()
 
   constructor(options: SessionOptions = {}) {
     this.store = options.store ?? new MemoryStore()
     this.now = options.now ?? Date.now
-    const s = this.store
-    if (!(typeof s.scan === 'function' && typeof s.readEvent === 'function'
-      && typeof s.readEvents === 'function')) this.retained = []
+    this.queue = new EventQueue(this.store)
+    if (!readsBack(this.store)) this.retained = []
     const bySeq = new Map<number, SurfaceNode>()
     this.nodes = Object.defineProperty([] as SurfaceNode[], 'node', { value: (seq: number) => bySeq.get(seq) }) as
       SurfaceNode[] & Surface
     this.st = {
       calls: new Map(), openCalls: new Set(), dispatched: new Set(), bySeq,
       turn: { last: 0, open: false, step: 0, stepOpen: false }, awaitingInput: false, openedAt: 0,
-      ladder: new LadderState(), flush: () => this.flush(), check: (type, data) => this.check(type, data),
+      ladder: new LadderState(), flush: () => this.queue.flush(),
+      check: (type, data) => checkEvent(this.st, this.nodes, this.pins, type, data), apply: (e) => this.apply(e),
     }
     SESSION_STATE.set(this, this.st)
     this.cost = new CostLedger(this, this.nodes)
@@ -1693,9 +1702,8 @@ export class Session {
   }
 
   /**
-   * The whole log, oldest first (treat as read-only), for a session whose store cannot read events
-   * back (e.g. {@link MemoryStore}, which keeps everything anyway). A session on a readable store
-   * (e.g. {@link FileStore}) keeps only its surface in memory: there this throws
+   * The whole log, oldest first (read-only), when the store cannot read events back (a {@link MemoryStore}).
+   * A session on a store that can (a {@link FileStore}) keeps only its surface: there this throws
    * `SessionError('STORE')`; use {@link Session.readEvent} / {@link Session.readEvents}.
    */
   get events(): SessionEvent[] {
@@ -1706,44 +1714,22 @@ export class Session {
   }
 
   /**
-   * Opens the session in `store`: a new one (writes `session/start`) when the store is empty,
-   * otherwise the loaded log, resumed (docs/design.md §4): `session/resume`, a stale compaction
-   * lock closed, every tool call without a result given a synthetic error result
-   * (`TOOL_OUTCOME_UNKNOWN` when its `tool/call` was logged, else `TOOL_NOT_STARTED`), an open step
-   * and turn closed. With `readOnly` the log is loaded and replayed (every invariant re-checked)
-   * and nothing is written. Throws `SessionError` with `code 'LOG_CORRUPT'` and a line number for a
-   * corrupt log.
+   * Opens the session in `store`: a new one (`session/start`) when it is empty, else the loaded log resumed
+   * (docs/design.md §4): `session/resume`, a stale compaction lock closed, every call without a result given
+   * an error result (`TOOL_OUTCOME_UNKNOWN` when its `tool/call` was logged, else `TOOL_NOT_STARTED`), an
+   * open step and turn closed. `readOnly`: loaded and checked, nothing written. A corrupt log throws
+   * `SessionError('LOG_CORRUPT')` with the line number.
    */
   static async open(store: LogStore = new MemoryStore(),
     options: Omit<SessionOptions, 'store'> & { readOnly?: boolean } = {}): Promise<Session> {
     const session = new Session({ ...options, store })
-    await session.load()
+    await loadLog(session, session.st)
     if (options.readOnly) return session
     if (session.seq === 0) {
       session.append('session/start', { id: options.id ?? randomId(), version: VERSION, format: LOG_FORMAT })
-    } else session.resume()
+    } else resumeLog(session, session.st)
     await session.sync()
     return session
-  }
-
-  /** Reads the store's log and replays it, checking every event as if it were appended. */
-  private async load(): Promise<void> {
-    const replay = (e: SessionEvent) => {
-      if (e.seq !== this.nextSeq)
-        throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${this.nextSeq} was expected`, e.seq + 1)
-      try { this.check(e.type, e.data) } catch (err) {
-        throw new SessionError('LOG_CORRUPT', `session log line ${e.seq + 1}: ${(err as Error).message}`, e.seq + 1)
-      }
-      this.apply(e)
-    }
-    if (this.retained) {
-      const loaded = await this.store.load()
-      this.torn = loaded.torn
-      for (const e of loaded.events) replay(e)
-    } else {
-      // Streamed: each line is checked and applied as it is read; only the surface stays in memory.
-      this.torn = (await this.store.scan!(replay)).torn
-    }
   }
 
   /** Number of events; also the seq of the next event. */
@@ -1759,16 +1745,14 @@ export class Session {
   }
 
   /**
-   * Reads back the logged event `seq` (e.g. the original of a pruned, cleared or summarised
-   * message). Use this, not `events[seq]`, in code that must also work on sessions that keep only
-   * the surface in memory (a {@link FileStore} reads it back from the file).
-   * Throws `SessionError('STORE')` for a seq that is not in the log.
+   * Reads back the logged event `seq` (e.g. the original of a pruned message), from the store when the
+   * session keeps only its surface. Throws `SessionError('STORE')` for a seq that is not in the log.
    */
   async readEvent(seq: number): Promise<SessionEvent> {
     if (!Number.isInteger(seq) || seq < 0 || seq >= this.nextSeq)
       throw new SessionError('STORE', `no event with seq ${seq} in this session log (0..${this.nextSeq - 1})`)
     if (this.retained) return this.retained[seq]
-    await this.flush() // the store reads back only what it has been given
+    await this.queue.flush() // the store reads back only what it has been given
     return await this.store.readEvent!(seq)
   }
 
@@ -1782,7 +1766,7 @@ export class Session {
       for (let seq = Math.max(0, fromSeq); seq < to; seq++) yield this.retained[seq]
       return
     }
-    await this.flush()
+    await this.queue.flush()
     yield* this.store.readEvents!(Math.max(0, fromSeq), to)
   }
 
@@ -1793,10 +1777,9 @@ export class Session {
   }
 
   /**
-   * Appends one event. Throws {@link SessionError} (and changes nothing) when the event would break
-   * an invariant: a malformed message; a replace whose start/end are not on the surface or are out
-   * of order; a `tool/result` replace that changes more than content; a replace that would separate
-   * a tool call from its result (matched by id); a result for an unknown or answered call.
+   * Appends one event. Throws {@link SessionError} (and changes nothing) for a malformed message, a replace
+   * whose start/end are not on the surface or out of order, a `tool/result` replace that changes more than
+   * content, a replace that separates a call from its result, a result for an unknown or answered call.
    */
   append<T extends EventType>(type: T, data: EventDataMap[T]): SessionEvent<T>
   append(type: string, data: Record<string, unknown>): SessionEvent
@@ -1805,31 +1788,12 @@ export class Session {
       throw new SessionError('INVALID_EVENT', 'event type must be a non-empty string')
     if (typeof data !== 'object' || data === null || Array.isArray(data))
       throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
-    this.check(type, data)
+    this.st.check(type, data)
     const event = { seq: this.nextSeq, type, time: this.now(), data } as SessionEvent
     this.apply(event)
-    this.pending.push(event)
+    this.queue.push(event)
     for (const l of this.listeners) l(event)
     return event
-  }
-
-  /** Validates an event against the current state without changing anything. */
-  private check(type: string, data: any): void {
-    if (type === 'session/start' && data.format !== undefined && data.format !== LOG_FORMAT) {
-      const newer = Number.isSafeInteger(data.format) && data.format > LOG_FORMAT
-      throw new SessionError('INVALID_EVENT', `session/start: the log is format ${JSON.stringify(data.format)}`
-        + `${newer ? ', written by a newer dsh' : ''}; this dsh (${VERSION}) reads format ${LOG_FORMAT}`
-        + (newer ? ': open it with the dsh that wrote it, or a newer one' : ': a format is a positive integer'))
-    }
-    if (type === 'request/header' && data.prices !== undefined) {
-      try { validatePrices(data.prices, 'request/header: prices') } catch (err) {
-        throw new SessionError('INVALID_EVENT', (err as Error).message)
-      }
-    }
-    if (type === 'compaction/end' && data.requests !== undefined) checkSummaryRequests(data.requests)
-    if (type === 'surface/pin' || type === 'surface/unpin') return this.pins.checkEvent(type, data.seq)
-    const role = SURFACE_TYPES[type]
-    if (role) checkSurfaceEvent(this.st, this.nodes, this.pins, type, role, data)
   }
 
   /** Applies a checked event to the derived state. The same code serves live appends and replay. */
@@ -1854,7 +1818,12 @@ export class Session {
       case 'turn/end':
         st.turn.open = false; st.turn.stepOpen = false; st.input = undefined; st.awaitingInput = false
         break
-      case 'ladder/state': this.applyLadderState(event as SessionEvent<'ladder/state'>); break
+      case 'ladder/state':
+        if (st.ladder.apply(data, this.header?.contextWindow)) {
+          const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+          this.anchorState = { providerTokens: data.sample.providerTokens, heuristicTokens, seq: event.seq }
+        }
+        break
       case 'step/start': st.turn.step = data.step; st.turn.stepOpen = true; break
       case 'step/end': st.turn.stepOpen = false; break
       case 'tool/call': st.dispatched.add(data.callId); break
@@ -1863,25 +1832,8 @@ export class Session {
       case 'compaction/end':
         if (st.compaction === data.id) st.compaction = undefined
         if (Array.isArray(data.requests)) this.cost.summaries(event.time, data.requests, this.header)
-        break
     }
     if (SURFACE_TYPES[event.type]) this.applySurface(event)
-  }
-
-  /** A `ladder/state` event: the guard, and a calibration sample (an overflow's count also anchors). */
-  private applyLadderState(event: SessionEvent<'ladder/state'>): void {
-    const { sample, failedAtTokens } = event.data
-    if (failedAtTokens !== undefined) this.st.ladder.failedAtTokens = failedAtTokens ?? undefined
-    if (!sample) return
-    // A replayed transcript's count is of a request this session did not send: a sample, never an anchor.
-    if (sample.source === 'transcript') return this.st.ladder.transcript(sample.providerTokens, sample.heuristicTokens)
-    // A plausible count of the conversation request the provider refused is the new anchor, even
-    // one too small to be a calibration sample: it is the exact size of the surface as it is now.
-    const taken = this.st.ladder.sample(sample.providerTokens, sample.heuristicTokens, this.header?.contextWindow)
-    if (sample.source === 'overflow' && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))) {
-      const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
-      this.anchorState = { providerTokens: sample.providerTokens, heuristicTokens, seq: event.seq }
-    }
   }
 
   /** A checked surface event: an append or a replace on the surface, its prices, calls, parts and anchor. */
@@ -1890,9 +1842,8 @@ export class Session {
     const { message, surfaceOp: op } = data
     const tokens = estimateMessageTokens(message)
     const answer = event.type === 'assistant/message' && op.op === 'append'
-    // The request that produced this message carried the surface as it is now (docs/design.md §10).
-    // Only when the messages are at least half of it: how a provider frames tool specs varies more
-    // than its tokenizer.
+    // The request that produced this message carried the surface as it is now (docs/design.md §10); a
+    // sample only when the messages are at least half of it (tool specs' framing varies more than tokenizers).
     if (answer && data.usage && this.surfaceTokensSum >= this.envelopeTokensSum) {
       const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
       this.st.ladder.sample(data.usage.promptTokens, heuristicTokens, this.header?.contextWindow)
@@ -1900,7 +1851,10 @@ export class Session {
     if (event.type === 'tool/result' && data.spilled && op.op === 'append') this.recall.spilled(event.seq, message)
     if (op.op === 'append') this.appendNode(event, message, tokens)
     else this.replaceNodes(event, op, message, tokens)
-    if (answer && data.usage) this.anchor(data.usage, event.seq)
+    if (answer && data.usage) {
+      const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+      this.anchorState = usageAnchor(data.usage, heuristicTokens, event.seq) ?? this.anchorState
+    }
   }
 
   /** Appends a node to the surface (and an answer's request to the cost ledger first). */
@@ -1928,7 +1882,8 @@ export class Session {
     tokens: number): void {
     const st = this.st
     const first = st.bySeq.get(op.start)!, last = st.bySeq.get(op.end)!
-    const lo = this.indexOfKey(first.key), hi = this.indexOfKey(last.key)
+    const indexOf = (key: number) => binarySearch(this.nodes, key, (n) => n.key)
+    const lo = indexOf(first.key), hi = indexOf(last.key)
     const node: SurfaceNode = { seq: event.seq, message, tokens, key: first.key }
     let shadowed = 0
     for (let i = lo; i <= hi; i++) {
@@ -1956,21 +1911,6 @@ export class Session {
     this.generation++
   }
 
-  /** The usage of an answer as the new anchor (docs/design.md §2), unless the count is of something else. */
-  private anchor(u: Usage, seq: number): void {
-    const providerTokens = u.promptTokens + u.completionTokens
-    const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
-    // A count more than 4× the heuristic one (of at least 1,000) is of something else, e.g. a broken
-    // server's bogus usage: anchoring on it would price every later request as an overflow, for good.
-    const ceiling = CALIBRATION_RANGE[1] * Math.max(heuristicTokens, CALIBRATION_MIN_SAMPLE_TOKENS)
-    if (Number.isFinite(providerTokens) && providerTokens >= 0 && providerTokens <= ceiling) {
-      this.anchorState = { providerTokens, heuristicTokens, seq }
-    }
-  }
-
-  /** The surface index of a position key, or -1. */
-  private indexOfKey(key: number): number { return binarySearch(this.nodes, key, (n) => n.key) }
-
   /**
    * The size of the next request, in tokens, O(1) (docs/design.md §2; calibrated as in docs/design.md
    * §10), and the `request/header` it carries (model, envelope, window, prices) as last logged.
@@ -1980,17 +1920,10 @@ export class Session {
     const ladder = this.st.ladder
     const { ratio: calibration, offset } = ladder.fit()
     return {
-      calibration,
-      calibrationOffsetTokens: offset,
-      calibrationSamples: ladder.count,
+      calibration, calibrationOffsetTokens: offset, calibrationSamples: ladder.count,
       totalTokens: anchoredTotal(heuristicTokens, this.anchorState, calibration, offset),
-      envelopeTokens: this.envelopeTokensSum,
-      surfaceTokens: this.surfaceTokensSum,
-      heuristicTokens,
-      anchored: this.anchorState !== undefined,
-      anchor: this.anchorState,
-      nodes: this.nodes,
-      header: this.header,
+      envelopeTokens: this.envelopeTokensSum, surfaceTokens: this.surfaceTokensSum, heuristicTokens,
+      anchored: this.anchorState !== undefined, anchor: this.anchorState, nodes: this.nodes, header: this.header,
     }
   }
 
@@ -2000,18 +1933,16 @@ export class Session {
    */
   messages(): Message[] {
     const open = this.st.openCalls
-    if (open.size > 0) {
+    if (open.size > 0)
       throw new SessionError('PAIRING', `cannot build a request: tool call(s) ${[...open].join(', ')} have `
         + 'no result yet')
-    }
     return this.nodes.map((n) => n.message)
   }
 
   /**
-   * Prunes the tool result at surface node `seq` (docs/design.md §3 log protocol): appends
-   * `compaction/prune {shadowedSeqs:[seq], shadowedTokenCount}` then the pruned `tool/result` as a
-   * replace of `seq`. Returns the tokens reclaimed (0, and nothing appended, when the result is
-   * already within the threshold). The original stays in the log.
+   * Prunes the tool result at surface node `seq` (docs/design.md §3): logs `compaction/prune` and the pruned
+   * `tool/result` as a replace of `seq` (the original stays in the log). Returns the tokens reclaimed (0,
+   * nothing logged, when it is within the threshold). Throws `SessionError('SURFACE_OP')` for another seq.
    */
   pruneToolResult(seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
     const node = this.st.bySeq.get(seq)
@@ -2021,36 +1952,29 @@ export class Session {
     return pruned === node.message ? 0 : replaceNode(this, node, 'compaction/prune', pruned, trigger)
   }
 
-  /** Resumes a loaded session (see {@link Session.open}). */
-  private resume(): void {
-    const st = this.st
-    const open = [...st.openCalls]
-    this.append('session/resume', { lastSeq: this.nextSeq - 1, torn: this.torn, repaired: open.length })
-    if (st.compaction) {
-      this.append('compaction/end', { id: st.compaction, error: 'stale: the process stopped during this compaction' })
-    }
-    for (const id of open) {
-      const code = st.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
-      const text = code === 'TOOL_OUTCOME_UNKNOWN'
-        ? `${code}: the process stopped while this tool call was running; its effects are unknown. Check the current `
-          + `state before repeating it.`
-        : `${code}: the process stopped before this tool call was started; call it again if it is still needed.`
-      this.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text }],
-        isError: true, metadata: { code } }, surfaceOp: { op: 'append' } })
-    }
-    const t = st.turn
-    if (t.stepOpen) this.append('step/end', { turn: t.last, step: t.step })
-    if (t.open) this.append('turn/end', { turn: t.last, reason: 'interrupted' })
+  /** Writes the queued events to the store, then makes the log durable (fsync for {@link FileStore}). */
+  async sync(): Promise<void> {
+    await this.queue.flush()
+    await this.store.sync?.()
   }
+}
 
-  /** Writes queued events to the store (in order; concurrent calls are serialised). */
-  private flush(): Promise<void> {
+/** A session's appended events not yet written to its store, written in order (one write at a time). */
+class EventQueue {
+  private pending: SessionEvent[] = []
+  private writing: Promise<void> = Promise.resolve()
+  constructor(private readonly store: LogStore) {}
+
+  push(event: SessionEvent): void { this.pending.push(event) }
+
+  /** Writes the queued events; a batch the store refuses stays queued for the next attempt (nothing is lost). */
+  flush(): Promise<void> {
     const run = async () => {
       if (this.pending.length === 0) return
       const batch = this.pending
       this.pending = []
       try { await this.store.append(batch) } catch (err) {
-        this.pending = batch.concat(this.pending) // keep them for the next attempt: nothing is lost
+        this.pending = batch.concat(this.pending)
         if (err instanceof SessionError && err.code === 'LOCKED') throw err // another writer: say who
         throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: `
           + `${(err as Error)?.message ?? err}`)
@@ -2059,12 +1983,69 @@ export class Session {
     this.writing = this.writing.then(run, run)
     return this.writing
   }
+}
 
-  /** Writes the queued events to the store, then makes the log durable (fsync for {@link FileStore}). */
-  async sync(): Promise<void> {
-    await this.flush()
-    await this.store.sync?.()
+/** Whether `store` reads events back, so that a session on it keeps only its surface in memory. */
+const readsBack = (s: LogStore): boolean =>
+  typeof s.scan === 'function' && typeof s.readEvent === 'function' && typeof s.readEvents === 'function'
+
+/** Reads the store's log into `session`, checking every event as if it were appended. */
+async function loadLog(session: Session, st: SessionState): Promise<void> {
+  const replay = (e: SessionEvent) => {
+    if (e.seq !== session.seq)
+      throw new SessionError('LOG_CORRUPT', `event seq ${e.seq} where ${session.seq} was expected`, e.seq + 1)
+    try { st.check(e.type, e.data) } catch (err) {
+      throw new SessionError('LOG_CORRUPT', `session log line ${e.seq + 1}: ${(err as Error).message}`, e.seq + 1)
+    }
+    st.apply(e)
   }
+  const store = session.store
+  if (readsBack(store)) session.torn = (await store.scan!(replay)).torn // line by line: only the surface stays
+  else {
+    const loaded = await store.load()
+    session.torn = loaded.torn
+    for (const e of loaded.events) replay(e)
+  }
+}
+
+/** Resumes a loaded session (see {@link Session.open}): closes what the stopped process left open. */
+function resumeLog(session: Session, st: SessionState): void {
+  const open = [...st.openCalls]
+  session.append('session/resume', { lastSeq: session.seq - 1, torn: session.torn, repaired: open.length })
+  if (st.compaction) {
+    session.append('compaction/end', { id: st.compaction, error: 'stale: the process stopped during this compaction' })
+  }
+  for (const id of open) {
+    const code = st.dispatched.has(id) ? 'TOOL_OUTCOME_UNKNOWN' : 'TOOL_NOT_STARTED'
+    const text = code === 'TOOL_OUTCOME_UNKNOWN'
+      ? `${code}: the process stopped while this tool call was running; its effects are unknown. Check the current `
+        + `state before repeating it.`
+      : `${code}: the process stopped before this tool call was started; call it again if it is still needed.`
+    session.append('tool/result', { message: { role: 'tool', toolCallId: id, content: [{ type: 'text', text }],
+      isError: true, metadata: { code } }, surfaceOp: { op: 'append' } })
+  }
+  const t = st.turn
+  if (t.stepOpen) session.append('step/end', { turn: t.last, step: t.step })
+  if (t.open) session.append('turn/end', { turn: t.last, reason: 'interrupted' })
+}
+
+/** Validates an event against the session's state without changing anything (throws like `append`). */
+function checkEvent(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins, type: string, data: any): void {
+  if (type === 'session/start' && data.format !== undefined && data.format !== LOG_FORMAT) {
+    const newer = Number.isSafeInteger(data.format) && data.format > LOG_FORMAT
+    throw new SessionError('INVALID_EVENT', `session/start: the log is format ${JSON.stringify(data.format)}`
+      + `${newer ? ', written by a newer dsh' : ''}; this dsh (${VERSION}) reads format ${LOG_FORMAT}`
+      + (newer ? ': open it with the dsh that wrote it, or a newer one' : ': a format is a positive integer'))
+  }
+  if (type === 'request/header' && data.prices !== undefined) {
+    try { validatePrices(data.prices, 'request/header: prices') } catch (err) {
+      throw new SessionError('INVALID_EVENT', (err as Error).message)
+    }
+  }
+  if (type === 'compaction/end' && data.requests !== undefined) checkSummaryRequests(data.requests)
+  if (type === 'surface/pin' || type === 'surface/unpin') return pins.checkEvent(type, data.seq)
+  const role = SURFACE_TYPES[type]
+  if (role) checkSurfaceEvent(st, nodes, pins, type, role, data)
 }
 
 /**
@@ -2243,6 +2224,21 @@ class LadderState {
   private model?: string
   /** Least-squares sums (count, Σh, Σp, Σh², Σhp) of the transcript samples, for the model `model`. */
   private transcriptFit?: { n: number; h: number; p: number; hh: number; hp: number }
+
+  /**
+   * A `ladder/state` event: the failed-pressure guard, and a calibration sample. Returns whether the
+   * sample is the new usage anchor: a plausible overflow count is the exact size of the surface as it is
+   * now, even one too small to be a calibration sample.
+   */
+  apply(data: LadderStateData, contextWindow?: number): data is LadderStateData & { sample: object } {
+    const { sample, failedAtTokens } = data
+    if (failedAtTokens !== undefined) this.failedAtTokens = failedAtTokens ?? undefined
+    if (!sample) return false
+    // A replayed transcript's count is of a request this session did not send: a sample, never an anchor.
+    if (sample.source === 'transcript') { this.transcript(sample.providerTokens, sample.heuristicTokens); return false }
+    const taken = this.sample(sample.providerTokens, sample.heuristicTokens, contextWindow)
+    return sample.source === 'overflow' && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))
+  }
 
   /** A `request/header`: calibration is per model. */
   header(model: string): void {
