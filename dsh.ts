@@ -516,6 +516,26 @@ function anchoredTotal(
   return base + Math.ceil(delta * rate)
 }
 
+/** More tokens than any request and answer hold (no window is near it): a usage count past it is of something else. */
+const USAGE_MAX_TOKENS = 1e9
+
+/**
+ * Usage as dsh reads it, wherever it comes from (a provider, a custom one, a log): undefined unless the
+ * prompt and completion counts are numbers in [0, {@link USAGE_MAX_TOKENS}] (NaN, Infinity, 1e308 or a
+ * negative count is refused); a cached or reasoning count out of range is dropped, and clamped to the
+ * prompt or completion count it is part of. The one check before the meter, the ladder or cost use a count.
+ */
+function checkedUsage(u: unknown): Usage | undefined {
+  const count = (v: unknown): v is number => typeof v === 'number' && v >= 0 && v <= USAGE_MAX_TOKENS
+  if (typeof u !== 'object' || u === null) return undefined
+  const { promptTokens, completionTokens, cachedTokens, reasoningTokens } = u as Record<string, unknown>
+  if (!count(promptTokens) || !count(completionTokens)) return undefined
+  const usage: Usage = { promptTokens, completionTokens }
+  if (count(cachedTokens)) usage.cachedTokens = Math.min(cachedTokens, promptTokens)
+  if (count(reasoningTokens)) usage.reasoningTokens = Math.min(reasoningTokens, completionTokens)
+  return usage
+}
+
 /**
  * An answer's usage as the new anchor of a surface of `heuristicTokens` (docs/design.md §2), or undefined
  * when the count is of something else: more than 4× the heuristic one (of at least 1,000), e.g. a broken
@@ -1842,29 +1862,28 @@ export class Session {
     const { message, surfaceOp: op } = data
     const tokens = estimateMessageTokens(message)
     const answer = event.type === 'assistant/message' && op.op === 'append'
+    const usage = answer ? checkedUsage(data.usage) : undefined
     // The request that produced this message carried the surface as it is now (docs/design.md §10); a
     // sample only when the messages are at least half of it (tool specs' framing varies more than tokenizers).
-    if (answer && data.usage && this.surfaceTokensSum >= this.envelopeTokensSum) {
+    if (usage && this.surfaceTokensSum >= this.envelopeTokensSum) {
       const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
-      this.st.ladder.sample(data.usage.promptTokens, heuristicTokens, this.header?.contextWindow)
+      this.st.ladder.sample(usage.promptTokens, heuristicTokens, this.header?.contextWindow)
     }
     if (event.type === 'tool/result' && data.spilled && op.op === 'append') this.recall.spilled(event.seq, message)
-    if (op.op === 'append') this.appendNode(event, message, tokens)
+    if (op.op === 'append') this.appendNode(event, message, tokens, usage)
     else this.replaceNodes(event, op, message, tokens)
-    if (answer && data.usage) {
+    if (usage) {
       const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
-      this.anchorState = usageAnchor(data.usage, heuristicTokens, event.seq) ?? this.anchorState
+      this.anchorState = usageAnchor(usage, heuristicTokens, event.seq) ?? this.anchorState
     }
   }
 
   /** Appends a node to the surface (and an answer's request to the cost ledger first). */
-  private appendNode(event: SessionEvent, message: Message, tokens: number): void {
+  private appendNode(event: SessionEvent, message: Message, tokens: number, usage?: Usage): void {
     const st = this.st
     if (message.role === 'user' && st.awaitingInput) { st.input = event.seq; st.awaitingInput = false }
-    if (event.type === 'assistant/message') {
-      const d = event.data as SessionEvent<'assistant/message'>['data']
-      this.cost.request(event.time, tokens, d.usage, this.header, this.surfaceTokensSum)
-    }
+    if (event.type === 'assistant/message')
+      this.cost.request(event.time, tokens, usage, this.header, this.surfaceTokensSum)
     const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
     this.nodes.push(node)
     st.bySeq.set(event.seq, node)
@@ -2335,7 +2354,7 @@ class CostLedger {
       const prices = r.prices ?? (r.model === header?.model ? header?.prices : undefined)
       this.add({ time, summary: true, model: r.model, inputTokens: r.inputTokens,
         modelledHitTokens: r.modelledHitTokens,
-        outputTokens: r.outputTokens, usage: r.usage, prices })
+        outputTokens: r.outputTokens, usage: checkedUsage(r.usage), prices })
     }
   }
 
@@ -3782,10 +3801,11 @@ class SummaryJob {
       this.replan(e, inputTokens, maxTokens)
       return undefined
     }
-    if (res.usage) {
-      this.usage.promptTokens += res.usage.promptTokens
-      this.usage.completionTokens += res.usage.completionTokens
-      if (res.usage.promptTokens > 0) this.sample(res.usage.promptTokens, inputTokens)
+    const usage = checkedUsage(res.usage)
+    if (usage) {
+      this.usage.promptTokens += usage.promptTokens
+      this.usage.completionTokens += usage.completionTokens
+      if (usage.promptTokens > 0) this.sample(usage.promptTokens, inputTokens)
     }
     const text = contentText(res.message.content).trim()
     if (!text) {
@@ -3838,7 +3858,8 @@ function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRe
       const response = await base.complete(request)
       const record: SummaryRequestRecord =
         { model: base.model, inputTokens, modelledHitTokens, outputTokens: estimateMessageTokens(response.message) }
-      if (response.usage) record.usage = response.usage
+      const usage = checkedUsage(response.usage)
+      if (usage) record.usage = usage
       if (base.prices && base.model !== session.measure().header?.model) record.prices = base.prices
       records.push(record)
       return response
@@ -3855,6 +3876,18 @@ function applyVerdict(info: CompactionInfo, verdict: CompactionVerdict | void): 
   }
   const add = verdict?.focus?.trim()
   if (add) info.focus = info.focus?.trim() ? `${info.focus.trim()}; ${add}` : add
+}
+
+/** The summary framed with the region's facts; throws when that is not strictly smaller than the region. */
+function framedCheckpoint(summary: string, ledger: Ledger, regionTokens: number):
+  { checkpoint: UserMessage; text: string; checkpointTokens: number } {
+  const text = frameCheckpoint(summary, ledger)
+  const checkpoint: UserMessage = { role: 'user', content: text }
+  const checkpointTokens = estimateMessageTokens(checkpoint)
+  if (checkpointTokens >= regionTokens)
+    throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${regionTokens} `
+      + `tokens it would replace (the checkpoint counts its summary and its ledger)`)
+  return { checkpoint, text, checkpointTokens }
 }
 
 /**
@@ -3900,12 +3933,7 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
     const ledger = facts()
-    const text = frameCheckpoint(result.summary, ledger)
-    const checkpoint: UserMessage = { role: 'user', content: text }
-    const checkpointTokens = estimateMessageTokens(checkpoint)
-    if (checkpointTokens >= region.tokens)
-      throw new CompactionError(`summary rejected: ${checkpointTokens} tokens is not smaller than the ${region.tokens} `
-        + `tokens it would replace (the checkpoint counts its summary and its ledger)`)
+    const { checkpoint, text, checkpointTokens } = framedCheckpoint(result.summary, ledger, region.tokens)
     if (session.replaceGeneration !== generation || !session.surface().node(first) || !session.surface().node(last))
       throw new CompactionError('the surface changed during compaction')
     const fidelity = measureFidelity(fullLedger, text, result.summary)
@@ -6310,6 +6338,8 @@ const MAX_STREAM_RETRIES = 1
 /** Window tokens per tool call one message may keep (docs/design.md §7): a call and even an empty result
  *  take about 30 tokens on the wire (id, name, arguments, roles), so the group stays near half the window. */
 const WINDOW_TOKENS_PER_TOOL_CALL = 64
+/** Tool calls one step runs (as many as the adapter passes); a message's other calls get TOOL_LIMIT error results. */
+const MAX_TOOL_CALLS_PER_STEP = MAX_TOOL_CALLS_PER_MESSAGE
 
 
 /** Turns whatever a tool returned into result content; anything else is an error for the model. */
@@ -6735,7 +6765,10 @@ class Agent implements CompactionHost {
     this.overflowRetries = 0
     this.streamRetries = 0
     t.last = withCallIds(this.boundToolCalls(response.message), session.seq, session)
-    session.append('assistant/message', { message: t.last, usage: response.usage,
+    const usage = checkedUsage(response.usage)
+    if (response.usage !== undefined && !usage) this.warn(`usage ignored: ${JSON.stringify(response.usage)} is not `
+      + `token counts in [0, ${USAGE_MAX_TOKENS}]`)
+    session.append('assistant/message', { message: t.last, ...(usage ? { usage } : {}),
       finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
     const calls = t.last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
     await this.runTools(calls, t.signal)
@@ -6851,36 +6884,45 @@ class Agent implements CompactionHost {
     return envelope
   }
 
-  /** Runs tool calls in order; after an abort the remaining ones get synthetic aborted results. */
   /**
-   * The reply with at most as many tool calls as this agent's window can answer: past that, the
-   * group (the message and a result per call) could not fit the window even with every result
-   * cleared, and no later turn would. The calls past the bound are dropped unrun; a text block in
-   * the message tells the model how many and why, and a warning tells the caller.
+   * The reply with at most as many tool calls as this agent's window can answer (window / 64): past that,
+   * the group (the message and a result per call) could not fit the window even with every result cleared,
+   * and no later turn would. The calls past it are dropped unrun, a text block in the message saying how many
+   * and why; of the calls kept, those past {@link MAX_TOOL_CALLS_PER_STEP} get error results (runTools).
+   * A warning tells the caller of either.
    */
   private boundToolCalls(message: AssistantMessage): AssistantMessage {
-    const windowMax = Math.floor((this.window ?? Infinity) / WINDOW_TOKENS_PER_TOOL_CALL)
-    const max = Math.min(MAX_TOOL_CALLS_PER_MESSAGE, windowMax)
+    const max = Math.floor((this.window ?? Infinity) / WINDOW_TOKENS_PER_TOOL_CALL)
     let calls = 0
     const content = message.content.filter((b) => b.type !== 'tool-call' || ++calls <= max)
-    if (calls <= max) return message
-    const why = `one message may make at most ${max} tool calls`
-      + (windowMax < MAX_TOOL_CALLS_PER_MESSAGE ? ` in a ${this.window}-token context window` : '')
-    const dropped = calls - max
-    this.warn(`the model made ${calls} tool calls in one message; the first ${max} run, ${dropped} were `
-      + `dropped (${why})`)
+    const kept = Math.min(calls, max), ran = Math.min(kept, MAX_TOOL_CALLS_PER_STEP)
+    const dropped = calls - kept
+    const why = `one message may make at most ${max} tool calls in a ${this.window}-token context window`
+    if (kept > ran || dropped > 0) {
+      this.warn(`the model made ${calls} tool calls in one message; the first ${ran} run, `
+        + (kept > ran ? `${kept - ran} were answered with TOOL_LIMIT errors (a step runs at most `
+          + `${MAX_TOOL_CALLS_PER_STEP})${dropped > 0 ? ', ' : ''}` : '')
+        + (dropped > 0 ? `${dropped} were dropped (${why})` : ''))
+    }
+    if (dropped === 0) return message
     const text = `[dsh: ${dropped} more tool calls of this message were dropped without running: ${why}; `
       + `make fewer at a time]`
     return { ...message, content: [...content, { type: 'text', text }] }
   }
 
+  /**
+   * Runs tool calls in order. After an abort the remaining ones get TOOL_ABORTED results, and those past
+   * {@link MAX_TOOL_CALLS_PER_STEP} TOOL_LIMIT results, both unrun.
+   */
   private async runTools(calls: ToolCallBlock[], signal: AbortSignal): Promise<void> {
     const session = this.session
-    for (const call of calls) {
-      if (signal.aborted) {
-        session.append('tool/result',
-          { message: errorResult(call.id, 'TOOL_ABORTED: the turn was cancelled before this tool call started.',
-          'TOOL_ABORTED'), surfaceOp: { op: 'append' } })
+    for (const [i, call] of calls.entries()) {
+      if (signal.aborted || i >= MAX_TOOL_CALLS_PER_STEP) {
+        const result = signal.aborted
+          ? errorResult(call.id, 'TOOL_ABORTED: the turn was cancelled before this tool call started.', 'TOOL_ABORTED')
+          : errorResult(call.id, `TOOL_LIMIT: not run: a step runs at most ${MAX_TOOL_CALLS_PER_STEP} tool calls; `
+            + 'call it again if it is still needed', 'TOOL_LIMIT')
+        session.append('tool/result', { message: result, surfaceOp: { op: 'append' } })
         continue
       }
       session.append('tool/call', { callId: call.id, name: call.name })

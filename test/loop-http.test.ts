@@ -190,7 +190,7 @@ test('1,000 tool calls in an 8,000-token window: 125 run, the rest are dropped w
   assert.ok(session.measure().totalTokens < 0.8 * 8_000, `${session.measure().totalTokens} tokens, over the pressure threshold`)
 })
 
-test('a provider that returns 20,000 tool calls in one message (no adapter cap): 1,000 run, the next turn works', { timeout: 60_000 }, async () => {
+test('a provider that returns 20,000 tool calls in one message (no adapter cap): 1,000 run, TOOL_LIMIT errors up to what the window holds, the next turn works', { timeout: 60_000 }, async () => {
   const many = Array.from({ length: 20_000 }, (_, i) => ({ type: 'tool-call' as const, id: `c${i}`, name: 'ping', arguments: '{}' }))
   let calls = 0
   const provider = {
@@ -202,7 +202,37 @@ test('a provider that returns 20,000 tool calls in one message (no adapter cap):
   const agent = new Agent({ session, provider, tools: [tool('ping', () => { ran++; return 'pong' })] })
   await agent.run('ping everything')
   assert.equal(ran, 1000)
-  assert.match(contentOf(session), /\[dsh: 19000 more tool calls of this message were dropped without running: one message may make at most 1000 tool calls; make fewer at a time\]/)
+  // 1,000,000 / 64 = 15,625 calls fit as a group; the 14,625 past the step's 1,000 are answered with errors.
+  assert.match(contentOf(session), /\[dsh: 4375 more tool calls of this message were dropped without running: one message may make at most 15625 tool calls in a 1000000-token context window; make fewer at a time\]/)
+  const results = session.events.filter((e) => e.type === 'tool/result').map((e) => (e.data as any).message)
+  assert.equal(results.length, 15_625)
+  assert.equal(results.filter((m) => m.metadata?.code === 'TOOL_LIMIT').length, 14_625)
+  assert.equal((await agent.run('next')).text, 'reply 3')
+})
+
+test('calls past the 1,000 a step runs get TOOL_LIMIT error results saying why (not dropped unrun); the next turn works', { timeout: 60_000 }, async () => {
+  const many = Array.from({ length: 1_500 }, (_, i) => ({ type: 'tool-call' as const, id: `c${i}`, name: 'ping', arguments: '{}' }))
+  let calls = 0
+  const provider = {
+    model: 'in-process', baseURL: 'memory://in-process', contextWindow: 1_000_000, maxTokens: 100,
+    complete: async () => (calls++ === 0 ? { message: { role: 'assistant' as const, content: many }, finishReason: 'tool_calls' } : { message: { role: 'assistant' as const, content: [{ type: 'text' as const, text: `reply ${calls}` }] }, finishReason: 'stop' }),
+  }
+  const session = await Session.open(new MemoryStore())
+  let ran = 0
+  const warnings: string[] = []
+  const agent = new Agent({ session, provider, tools: [tool('ping', () => { ran++; return 'pong' })], onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } })
+  await agent.run('ping everything')
+  assert.equal(ran, 1000)
+  const message = (session.events.find((e) => e.type === 'assistant/message')!.data as any).message
+  assert.equal(message.content.filter((b: any) => b.type === 'tool-call').length, 1_500, 'every call is kept and answered')
+  const results = session.events.filter((e) => e.type === 'tool/result').map((e) => (e.data as any).message)
+  assert.equal(results.length, 1_500)
+  const limited = results.filter((m) => m.isError && m.metadata?.code === 'TOOL_LIMIT')
+  assert.equal(limited.length, 500)
+  assert.equal(limited[0].toolCallId, 'c1000')
+  assert.equal(limited[0].content[0].text, 'TOOL_LIMIT: not run: a step runs at most 1000 tool calls; call it again if it is still needed')
+  assert.equal(session.events.filter((e) => e.type === 'tool/call').length, 1000, 'only the calls that ran were dispatched')
+  assert.deepEqual(warnings, ['the model made 1500 tool calls in one message; the first 1000 run, 500 were answered with TOOL_LIMIT errors (a step runs at most 1000)'])
   assert.equal((await agent.run('next')).text, 'reply 3')
 })
 

@@ -58,3 +58,51 @@ test('recall: an answer that quotes a hostile argument (100,000 code points) sta
     assert.ok(codePointLength(text) <= RECALL_MAX_CODE_POINTS, `${(e.data as any).message.toolCallId}: ${codePointLength(text)} code points`)
   }
 })
+
+// Usage figures are read in one place (checkedUsage): a count that is not a number in [0, 1e9] never
+// reaches the log, the anchor, the calibration or cost, whether a custom provider reports it or a log holds it.
+const PRICES = { cacheHitInput: 0.1, cacheMissInput: 1, output: 2 }
+for (const [name, usage] of [
+  ['1e308 counts', { promptTokens: 1e308, completionTokens: 1e308 }],
+  ['NaN counts', { promptTokens: NaN, completionTokens: 10 }],
+  ['Infinity counts', { promptTokens: 10, completionTokens: Infinity }],
+  ['an absurd cached count', { promptTokens: 100, completionTokens: 10, cachedTokens: 1e308 }],
+] as const) {
+  test(`a custom provider reporting ${name}: the cost stays finite and small, the log holds no absurd count`, async () => {
+    const { MemoryStore } = await import('../dsh.ts')
+    const warnings: string[] = []
+    let i = 0
+    const provider = {
+      model: 'in-process', baseURL: 'memory://in-process', contextWindow: 32_000, maxTokens: 100, prices: PRICES,
+      complete: async () => ({ message: { role: 'assistant' as const, content: [{ type: 'text' as const, text: `reply ${i}` }] }, finishReason: 'stop', usage: i++ === 0 ? usage as any : { promptTokens: 50, completionTokens: 5 } }),
+    }
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider, onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } })
+    for (let t = 0; t < 2; t++) assert.equal((await agent.run(`hello ${t}`)).text, `reply ${t}`)
+    const u = session.cost.usage()
+    assert.ok(Number.isFinite(u.costUSD) && u.costUSD! < 0.01, `costUSD ${u.costUSD}`)
+    assert.ok(u.inputTokens < 1e6 && u.outputTokens < 1e6 && u.cachedInputTokens <= u.inputTokens, JSON.stringify(u))
+    const logged = session.events.filter((e) => e.type === 'assistant/message').map((e) => (e.data as any).usage)
+    for (const l of logged) for (const v of Object.values(l ?? {})) assert.ok(Number.isFinite(v) && (v as number) <= 1e9, JSON.stringify(logged))
+    if (usage.cachedTokens === undefined) {
+      assert.equal(logged[0], undefined, 'refused, not logged')
+      assert.match(warnings.join('\n'), /usage ignored: .* is not token counts in \[0, 1000000000\]/)
+    } else assert.deepEqual(logged[0], { promptTokens: 100, completionTokens: 10 }, 'the absurd cached count is dropped')
+    assert.ok(Number.isFinite(session.measure().totalTokens))
+  })
+}
+
+test('a log holding 1e308 usage (written by another writer) resumes with finite cost and no anchor', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'dsh-usage-')); dirs.push(dir)
+  const path = join(dir, 's.jsonl')
+  const s = await Session.open(new FileStore(path))
+  s.append('request/header', { model: 'm', baseURL: 'http://x', prices: PRICES })
+  s.append('user/message', { message: { role: 'user', content: 'hi' }, surfaceOp: { op: 'append' } })
+  s.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, usage: { promptTokens: 1e308, completionTokens: 1e308 }, surfaceOp: { op: 'append' } })
+  await s.sync(); await s.store.close?.()
+  const again = await Session.open(new FileStore(path))
+  const u = again.cost.usage()
+  assert.ok(Number.isFinite(u.costUSD) && u.costUSD! < 0.01, `costUSD ${u.costUSD}`)
+  assert.equal(again.measure().anchored, false)
+  await again.store.close?.()
+})
