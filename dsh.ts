@@ -3200,36 +3200,49 @@ function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): F
 }
 
 /**
- * What the ladder needs from its host (the {@link Agent} is one). The current turn's input, which
- * is never edited or summarised, is read from the log ({@link Session.currentInput}).
+ * What the ladder works on (docs/design.md §14): the session, the summarizer, the envelope of the next
+ * request and the ladder's settings, all data. The ladder calls no method of its owner: hooks and warnings
+ * go to the caller's own functions in `settings`.
  */
 export interface CompactionHost {
   readonly session: Session
   /** The model that writes summaries. */
   readonly summarizer: Provider
-  /** The conversation model's name, for messages (default: the summarizer's). */
-  readonly modelName?: string
-  /** Context window of the conversation model, tokens; undefined when unknown. */
-  readonly contextWindow?: number
   /** The envelope of the next request. A changed envelope is a new object (the ladder keeps its price per object). */
   readonly envelope: Envelope
-  /** A resolved configuration (see {@link resolveCompactionConfig}). */
+  readonly settings: LadderSettings
+}
+
+/** The ladder's settings (an {@link Agent} derives them from its options and tools). */
+export interface LadderSettings {
+  /** Context window of the conversation model, tokens; undefined when unknown. */
+  readonly contextWindow?: number
+  /** A resolved configuration (defaults filled in). */
   readonly compaction: CompactionConfig
-  readonly pruneConfig: PruneConfig
-  /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests (a non-empty string). */
+  readonly prune: PruneConfig
+  /** Replaces the default summary instruction (a non-empty string). */
   readonly summaryInstruction?: string
-  /**
-   * Called before each summary transaction starts (the Agent runs its `compaction/before` hooks):
-   * may add a focus (joined to the one asked for) or cancel this compaction.
-   */
-  beforeCompaction?(info: CompactionInfo, signal?: AbortSignal): CompactionVerdict | void
-    | Promise<CompactionVerdict | void>
-  /** Called after a checkpoint was committed (the Agent runs its `compaction/after` hooks). */
-  afterCompaction?(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): void | Promise<void>
-  /** Reports a ladder warning (also logged as `compaction/warning`). */
-  warn(message: string): void
-  /** Whether results of the tool `name` may be cleared (default: yes); the Agent answers `tool.clearable !== false`. */
-  clearable?(name: string): boolean
+  /** The conversation model's name, for messages (default: the summarizer's). */
+  readonly modelName?: string
+  /** Tools whose results the clear rung never replaces (`clearable: false`). */
+  readonly unclearable?: ReadonlySet<string>
+  /** The `compaction/before` and `compaction/after` hooks by name, and the `agent` their context names. */
+  readonly hooks?: { readonly agent: Agent; readonly byName: ReadonlyMap<HookName, readonly Hook[]> }
+  /** Gets the ladder's warnings as `{type: 'warning'}` events, like {@link AgentOptions.onEvent}. */
+  readonly onEvent?: (event: AgentEvent) => void
+}
+
+/** Reports a ladder warning to the host's `onEvent`. */
+function warn(host: CompactionHost, message: string): void { host.settings.onEvent?.({ type: 'warning', message }) }
+
+/** Runs the host's compaction hooks of `name` (docs/design.md §12), if it has any. */
+async function compactionHooks(host: CompactionHost, name: 'compaction/before' | 'compaction/after',
+  extra: Partial<HookContext>, signal?: AbortSignal): Promise<HookResult> {
+  const hooks = host.settings.hooks
+  if (!hooks) return {}
+  const t = host.session.turn
+  const ctx = { agent: hooks.agent, turn: t.turn, step: t.step, signal: signal ?? new AbortController().signal }
+  return collectHooks(hooks.byName, name, { ...ctx, ...extra })
 }
 
 /** A summary transaction about to start: its id, trigger, focus so far and region (seqs, tokens). */
@@ -3663,15 +3676,15 @@ class SummaryJob {
     this.provider = host.summarizer
     this.session = host.session
     const m = this.session.measure()
-    this.window = this.provider.contextWindow ?? host.contextWindow ?? Infinity
+    this.window = this.provider.contextWindow ?? host.settings.contextWindow ?? Infinity
     this.sameModel = this.provider.model === (m.header?.model ?? this.provider.model)
     this.rate = this.sameModel ? m.calibration : 1
     this.offset = this.sameModel ? m.calibrationOffsetTokens : 0
     this.fullEnvelope = host.envelope
     const tools = this.fullEnvelope.tools
     this.toolsTokens = tools?.length ? estimateEnvelopeTokens({ tools }) : 0
-    this.instruction = { role: 'user', content: summaryInstructionText(host.summaryInstruction, focus) }
-    this.reserve = Math.min(host.compaction.summaryMaxTokens, Math.floor(this.window * 0.1))
+    this.instruction = { role: 'user', content: summaryInstructionText(host.settings.summaryInstruction, focus) }
+    this.reserve = Math.min(host.settings.compaction.summaryMaxTokens, Math.floor(this.window * 0.1))
     this.inputBudget = Math.floor((this.window - this.reserve - this.offset) / this.rate)
     this.failed = overflowedSummaryRequests(this.session)
     this.groups = balancedGroups(messages)
@@ -3776,7 +3789,8 @@ class SummaryJob {
       throw new CompactionError(`a summary request of ${calibrated} tokens would not fit the summarizer's window `
         + `(${this.window} tokens); nothing was sent`)
     }
-    const maxTokens = summaryMaxTokens(inputTokens - this.fixed(), this.host.compaction, this.window - calibrated)
+    const room = this.window - calibrated
+    const maxTokens = summaryMaxTokens(inputTokens - this.fixed(), this.host.settings.compaction, room)
     const fingerprint =
       fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
     if (this.failed.has(fingerprint)) {
@@ -3906,7 +3920,6 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
   focus?: string): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
-  const hooks = host // the hooks see the host itself (ctx.agent is the Agent), not the recording wrapper
   host = withRecordingSummarizer(host, records)
   const nodes = session.surface().slice(region.start, region.end)
   const first = nodes[0].seq, last = nodes[nodes.length - 1].seq
@@ -3918,11 +3931,11 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
   session.append('compaction/start', { id, trigger })
   let requests = 0
   try {
-    applyVerdict(info, await hooks.beforeCompaction?.(info, signal))
+    applyVerdict(info, await compactionHooks(host, 'compaction/before', { compaction: info }, signal))
     const fullLedger = await regionLedger(session, nodes)
     const taskSeq = await firstUserSeq(session)
     // The budgets are measured tokens of the window; the ledger is priced by the heuristic.
-    const facts = () => checkpointFacts(fullLedger, host.contextWindow, session.measure().calibration,
+    const facts = () => checkpointFacts(fullLedger, host.settings.contextWindow, session.measure().calibration,
       region.tokens, taskSeq)
     // A region no larger than its checkpoint's frame and ledger could only be rejected after the model call.
     const frameTokens = estimateMessageTokens({ role: 'user', content: frameCheckpoint('', facts()) })
@@ -3946,10 +3959,9 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
       { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
     session.append('compaction/end', { id, tokensBefore, tokensAfter: session.measure().totalTokens,
       requests: records })
-    try { await hooks.afterCompaction?.(info, { seq, text, tokens: checkpointTokens, summary: result.summary, ledger,
-      fidelity }, signal) } catch (err) {
-      host.warn(`a compaction/after hook failed: ${(err as Error)?.message ?? err}`)
-    }
+    const checkpointInfo = { seq, text, tokens: checkpointTokens, summary: result.summary, ledger, fidelity }
+    try { await compactionHooks(host, 'compaction/after', { compaction: info, checkpoint: checkpointInfo }, signal) }
+    catch (err) { warn(host, `a compaction/after hook failed: ${(err as Error)?.message ?? err}`) }
     return requests
   } catch (err) {
     if (stateOf(session).compaction !== id) throw err // committed: only the after hook can get here, and it is caught
@@ -4006,12 +4018,12 @@ class Ladder {
 
   /** Threshold in tokens, or undefined (after one configuration warning) when the window is unknown. */
   private threshold(): number | undefined {
-    const window = this.host.contextWindow
-    if (window !== undefined) return Math.floor(window * this.host.compaction.thresholdRatio)
+    const { contextWindow: window, compaction, modelName } = this.host.settings
+    if (window !== undefined) return Math.floor(window * compaction.thresholdRatio)
     if (!this.warnedNoWindow) {
       this.warnedNoWindow = true
-      this.host.warn(`configuration error: the context window of model `
-        + `"${this.host.modelName ?? this.host.summarizer.model}" is unknown, so pressure compaction is off; `
+      warn(this.host, `configuration error: the context window of model `
+        + `"${modelName ?? this.host.summarizer.model}" is unknown, so pressure compaction is off; `
         + `set contextWindow (CLI: --context-window N)`)
     }
     return undefined
@@ -4019,7 +4031,7 @@ class Ladder {
 
   /** How large the task may be and stay whole on the surface: 10% of the window in heuristic tokens (design §12). */
   private taskTokens(): number {
-    const window = this.host.contextWindow
+    const window = this.host.settings.contextWindow
     return window === undefined ? 0 : Math.floor((window * TASK_WINDOW_RATIO) / this.host.session.measure().calibration)
   }
 
@@ -4032,10 +4044,10 @@ class Ladder {
 
   /** The ladder's view of its session for a run at `threshold` (see {@link LadderView}). */
   private view(threshold: number, includeNewest = false): LadderView {
-    const h = this.host
+    const s = this.host.settings
     return {
-      session: h.session, prune: h.pruneConfig, compaction: h.compaction, window: h.contextWindow, threshold,
-      includeNewest, clearable: (name) => h.clearable?.(name) ?? true, taskTokens: this.taskTokens(),
+      session: this.host.session, prune: s.prune, compaction: s.compaction, window: s.contextWindow, threshold,
+      includeNewest, clearable: (name) => !s.unclearable?.has(name), taskTokens: this.taskTokens(),
       nextRequestTokens: () => this.nextRequestTokens(),
     }
   }
@@ -4066,7 +4078,7 @@ class Ladder {
    * summary is tried again before the surface grows by the retained tail.
    */
   async relievePressure(signal?: AbortSignal): Promise<CompactionOutcome> {
-    const { session, compaction: cfg } = this.host
+    const { session, settings: { compaction: cfg, contextWindow: window } } = this.host
     const { outcome, done } = this.outcome('pressure')
     const threshold = this.threshold()
     if (threshold === undefined) return done('skipped', 'no context window')
@@ -4083,7 +4095,7 @@ class Ladder {
     const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
       ? 'pruned' : 'skipped'
     // The guard and node prices are heuristic tokens; the retained tail is measured tokens of the window.
-    const retained = Math.floor((this.host.contextWindow! * cfg.retainedTailRatio) / session.measure().calibration)
+    const retained = Math.floor((window! * cfg.retainedTailRatio) / session.measure().calibration)
     if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
       return done(modelFree, 'an earlier compaction failed and the surface has not grown enough since')
     }
@@ -4094,8 +4106,7 @@ class Ladder {
   private async summariseUnder(trigger: 'pressure' | 'manual', threshold: number, outcome: CompactionOutcome,
     done: (a: CompactionOutcome['action'],
     r?: string) => CompactionOutcome, signal?: AbortSignal, focus?: string): Promise<CompactionOutcome> {
-    const { session, compaction: cfg } = this.host
-    const window = this.host.contextWindow ?? 0
+    const { session, settings: { compaction: cfg, contextWindow: window = 0 } } = this.host
     const retained = Math.floor(window * cfg.retainedTailRatio)
     const minSaving = Math.ceil(outcome.tokensBefore * MIN_SAVINGS_RATIO)
     let lastError = '', committed = 0
@@ -4126,7 +4137,7 @@ class Ladder {
     const why = lastError || (saved < minSaving
       ? `it saved only ${saved} tokens (< ${Math.round(MIN_SAVINGS_RATIO * 100)}%)`
       : 'the retained tail and envelope alone are above it')
-    this.host.warn(`context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; `
+    warn(this.host, `context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; `
       + `not retrying until the surface grows by ${retained} tokens`)
     session.append('compaction/warning', { trigger, message: why, totalTokens: after, thresholdTokens: threshold })
     this.setGuard(session.measure().heuristicTokens)
@@ -4167,23 +4178,23 @@ class Ladder {
     if (counted) session.append('ladder/state',
       { sample: { providerTokens: counts.promptTokens!, heuristicTokens: session.measure().heuristicTokens,
       source: 'overflow' } })
-    const window = this.host.contextWindow
+    const window = this.host.settings.contextWindow
     if (counts.contextTokens !== undefined && window !== undefined && counts.contextTokens < window
       && !this.warnedServerWindow) {
       // Pressure compares with the configured window, so every cycle would overflow again first.
       this.warnedServerWindow = true
-      this.host.warn(`the provider reports a context window of ${counts.contextTokens} tokens, smaller than the `
+      warn(this.host, `the provider reports a context window of ${counts.contextTokens} tokens, smaller than the `
         + `configured ${window}: compaction starts too late and requests overflow; set contextWindow to `
         + `${counts.contextTokens} (CLI: --context-window ${counts.contextTokens})`)
     }
-    const threshold = window === undefined ? 0 : Math.floor(window * this.host.compaction.thresholdRatio)
+    const threshold = window === undefined ? 0 : Math.floor(window * this.host.settings.compaction.thresholdRatio)
     if (counted && window !== undefined && !this.warnedEnvelope) {
       // The provider's count shared out by heuristic price: the envelope's part of the refused request.
       const m = session.measure()
       const envelopeCounted = Math.round((counts.promptTokens! * m.envelopeTokens) / Math.max(1, m.heuristicTokens))
       if (envelopeCounted >= threshold) {
         this.warnedEnvelope = true
-        this.host.warn(`the system prompt and tool specs alone are about ${envelopeCounted} tokens by the provider's `
+        warn(this.host, `the system prompt and tool specs alone are about ${envelopeCounted} tokens by the provider's `
           + `count (${m.envelopeTokens} of the request's ${m.heuristicTokens} heuristic tokens; it counted `
           + `${counts.promptTokens}), at or above the compaction threshold of ${threshold} of the ${window}-token `
           + `window: no prune or summary can make room; use a model with a larger context window, or fewer or shorter `
@@ -4205,7 +4216,7 @@ class Ladder {
         compacted = true } catch (err) {
         outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
         if (signal?.aborted) throw err
-        this.host.warn(`overflow compaction failed: ${(err as Error).message}`)
+        warn(this.host, `overflow compaction failed: ${(err as Error).message}`)
       }
     }
     // The surface the guard remembered is gone: pressure may summarise again as soon as it needs to.
@@ -6417,6 +6428,21 @@ function stepFailure(raw: unknown, inputTokens: number, ctx: HookContext): StepF
  */
 const RECOVERIES = ['abortedStep', 'recoveredStep', 'retriedStream', 'failedTurn'] as const
 
+/** Runs the hooks of `name` in order; `retry` and `cancel` if any asked, focuses joined with "; ". */
+async function collectHooks(hooks: ReadonlyMap<HookName, readonly Hook[]>, name: HookName,
+  ctx: HookContext): Promise<HookResult> {
+  const out: HookResult = {}
+  for (const hook of hooks.get(name) ?? []) {
+    const r = await hook(ctx)
+    if (!r) continue
+    if (r.retry) out.retry = true
+    if (r.cancel) out.cancel = r.cancel
+    const focus = typeof r.focus === 'string' ? r.focus.trim() : ''
+    if (focus) out.focus = out.focus ? `${out.focus}; ${focus}` : focus
+  }
+  return out
+}
+
 /** The part of a tool the model sees: name, description, parameters schema. */
 const toolSpec = (t: Tool): ToolSpec => ({ name: t.name, description: t.description, parameters: t.parameters })
 
@@ -6432,7 +6458,7 @@ const toolSpec = (t: Tool): ToolSpec => ({ name: t.name, description: t.descript
  * its partial text as an interrupted message and is retried once as a new step (`step/retry`); a
  * second break in a row ends the turn with the error.
  */
-class Agent implements CompactionHost {
+class Agent {
   readonly session: Session
   readonly provider: Provider
   readonly summarizer: Provider
@@ -6504,8 +6530,14 @@ class Agent implements CompactionHost {
       this.recall = recallTool(this.session)
       this.recallSpecTokens = estimateEnvelopeTokens({ tools: [toolSpec(this.recall)] })
     }
-    this.ladder = new Ladder(this)
     this.onEvent = options.onEvent
+    const agent = this
+    this.ladder = new Ladder({
+      session: this.session, summarizer: this.summarizer, get envelope() { return agent.envelope },
+      settings: { contextWindow: this.window, compaction: this.compaction, prune: this.pruneConfig,
+        summaryInstruction: this.summaryInstruction, modelName: this.provider.model, onEvent: this.onEvent,
+        unclearable: new Set(this.tools.filter((t) => t.clearable === false).map((t) => t.name)),
+        hooks: { agent: this, byName: this.hooks } } })
     if (this.onEvent) { const cb = this.onEvent; this.session.subscribe((event) => cb({ type: 'log', event })) }
     if (this.compaction.auto) {
       this.on('agent/post-step', async ({ signal }) => { await this.ladder.relievePressure(signal) })
@@ -6520,9 +6552,6 @@ class Agent implements CompactionHost {
       })
     }
   }
-
-  /** Whether results of tool `name` may be cleared by the ladder (`tool.clearable !== false`). */
-  clearable(name: string): boolean { return this.tools.find((t) => t.name === name)?.clearable !== false }
 
   /**
    * The tools offered in the next request: the caller's, plus `recall` once the session holds
@@ -6591,36 +6620,7 @@ class Agent implements CompactionHost {
   warn(message: string): void { this.onEvent?.({ type: 'warning', message }) }
 
   private async runHooks(name: HookName, ctx: HookContext): Promise<boolean> {
-    return (await this.collectHooks(name, ctx)).retry === true
-  }
-
-  /** Runs the hooks of `name` in order; `retry` and `cancel` if any asked, focuses joined with "; ". */
-  private async collectHooks(name: HookName, ctx: HookContext): Promise<HookResult> {
-    const out: HookResult = {}
-    for (const hook of this.hooks.get(name) ?? []) {
-      const r = await hook(ctx)
-      if (!r) continue
-      if (r.retry) out.retry = true
-      if (r.cancel) out.cancel = r.cancel
-      if (typeof r.focus === 'string' && r.focus.trim()) out.focus = out.focus ? `${out.focus}; ${r.focus.trim()}`
-        : r.focus.trim()
-    }
-    return out
-  }
-
-  private hookContext(signal: AbortSignal | undefined, extra: Partial<HookContext>): HookContext {
-    const t = this.session.turn
-    return { agent: this, turn: t.turn, step: t.step, signal: signal ?? new AbortController().signal, ...extra }
-  }
-
-  /** {@link CompactionHost.beforeCompaction}: runs the `compaction/before` hooks. */
-  async beforeCompaction(info: CompactionInfo, signal?: AbortSignal): Promise<CompactionVerdict> {
-    return this.collectHooks('compaction/before', this.hookContext(signal, { compaction: info }))
-  }
-
-  /** {@link CompactionHost.afterCompaction}: runs the `compaction/after` hooks. */
-  async afterCompaction(info: CompactionInfo, checkpoint: CheckpointInfo, signal?: AbortSignal): Promise<void> {
-    await this.collectHooks('compaction/after', this.hookContext(signal, { compaction: info, checkpoint }))
+    return (await collectHooks(this.hooks, name, ctx)).retry === true
   }
 
   /** Runs `fn`; a failure caused by cancellation becomes `undefined` (the caller ends the turn). */

@@ -18,6 +18,8 @@ import {
 } from './spec.ts'
 
 const { Ladder, summaryMaxTokens, recallTool, summarise, stateOf } = internals
+/** An onEvent that keeps the warnings' messages in `list`. */
+const warningsTo = (list: string[]) => (e: { type: string; message?: string }) => { if (e.type === 'warning') list.push(e.message!) }
 /** A full ladder configuration: the defaults with `config` over them (the Agent validates the same way). */
 const compactionConfig = (config: Partial<typeof DEFAULT_COMPACTION_CONFIG> = {}) => ({ ...DEFAULT_COMPACTION_CONFIG, ...config })
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
@@ -431,7 +433,7 @@ describe('summary overflow, calibration, durable state', () => {
     const calibrated = session.measure().totalTokens, plain = before + 1_008
     const window = Math.ceil((plain + calibrated) / 2 / 0.8)
     assert.ok(plain < Math.floor(window * 0.8) && calibrated >= Math.floor(window * 0.8))
-    const host = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' }), contextWindow: window, envelope: {}, compaction: compactionConfig({ compactionRetries: 0 }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {} }
+    const host = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' }), envelope: {}, settings: { contextWindow: window, compaction: compactionConfig({ compactionRetries: 0 }), prune: DEFAULT_PRUNE_CONFIG } }
     const out = await new Ladder(host).relievePressure()
     assert.notEqual(out.action, 'none')
     // No usage: the seed's formula.
@@ -479,7 +481,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
   const text = (tokens: number, c = 'x') => c.repeat((tokens - 8) * 4)
   const bigTool = (chars: number): ToolSpec => ({ name: 'big', description: 'd'.repeat(chars), parameters: { type: 'object' } })
   const host = (session: Session, contextWindow: number, envelope: () => Envelope, summarizer = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), compaction = {}): CompactionHost => ({
-    session, summarizer, contextWindow, get envelope() { return envelope() }, compaction: compactionConfig({ compactionRetries: 0, ...compaction }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {},
+    session, summarizer, get envelope() { return envelope() }, settings: { contextWindow, compaction: compactionConfig({ compactionRetries: 0, ...compaction }), prune: DEFAULT_PRUNE_CONFIG },
   })
   /** Three calibration samples at 3 provider tokens per heuristic token (no anchor). */
   const calibrateAt3 = (session: Session) => { for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } }) }
@@ -685,7 +687,7 @@ describe('window figures in window tokens at calibration 3 (attack3)', () => {
   const at3 = (session: Session) => { for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } }) }
   const unreachable = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 })
   const hostOf = (session: Session, contextWindow: number, summarizer = unreachable, compaction = {}): CompactionHost => ({
-    session, summarizer, contextWindow, envelope: {}, compaction: compactionConfig({ compactionRetries: 0, ...compaction }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {},
+    session, summarizer, envelope: {}, settings: { contextWindow, compaction: compactionConfig({ compactionRetries: 0, ...compaction }), prune: DEFAULT_PRUNE_CONFIG },
   })
   const toolStep = (session: Session, id: string, tokens: number) => {
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id, name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
@@ -751,7 +753,7 @@ describe('summary of a wide tool step (attack3)', () => {
       { role: 'assistant' as const, content: calls },
       ...calls.map((c, k) => ({ role: 'tool' as const, toolCallId: c.id, content: [{ type: 'text' as const, text: `file ${k} `.padEnd(400, 'w') }] })),
     ]
-    const host: CompactionHost = { session, summarizer, contextWindow: 2_048, envelope: {}, compaction: compactionConfig({ summaryMaxTokens: 128 }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {} }
+    const host: CompactionHost = { session, summarizer, envelope: {}, settings: { contextWindow: 2_048, compaction: compactionConfig({ summaryMaxTokens: 128 }), prune: DEFAULT_PRUNE_CONFIG } }
     assert.ok(messages.reduce((t, m) => t + estimateMessageTokens(m), 0) * 3 > 2_048)
     const r = await summarise(host, messages)
     assert.equal(r.summary, 'CHECKPOINT: read twelve files.')
@@ -781,7 +783,7 @@ describe('no summary request is sent twice after it overflowed (attack3)', () =>
       session.append('user/message', { message: { role: 'user', content: `q${i} `.padEnd(2_000, 'q') }, surfaceOp: { op: 'append' } })
       session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: `a${i} `.padEnd(1_400, 'a') }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
     }
-    const host: CompactionHost = { session, summarizer, contextWindow: 10_000, envelope: {}, compaction: compactionConfig({ compactionRetries: 1 }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {} }
+    const host: CompactionHost = { session, summarizer, envelope: {}, settings: { contextWindow: 10_000, compaction: compactionConfig({ compactionRetries: 1 }), prune: DEFAULT_PRUNE_CONFIG } }
     const out = await new Ladder(host).relievePressure()
     assert.equal(out.action, 'failed')
     assert.ok(bodies.length >= 2)
@@ -800,7 +802,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
     session.append('user/message', { message: { role: 'user', content: 'Say hello.' }, surfaceOp: { op: 'append' } })
     const m = session.measure()
     const warnings: string[] = []
-    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), contextWindow: 2_048, envelope: { system: 's'.repeat(400), tools }, compaction: compactionConfig(), pruneConfig: DEFAULT_PRUNE_CONFIG, warn: (w) => warnings.push(w) }
+    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), envelope: { system: 's'.repeat(400), tools }, settings: { contextWindow: 2_048, compaction: compactionConfig(), prune: DEFAULT_PRUNE_CONFIG, onEvent: warningsTo(warnings) } }
     const body = JSON.stringify({ error: { code: 400, message: 'request (3728 tokens) exceeds the available context size (2048 tokens), try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 3728, n_ctx: 2048 } })
     const ladder = new Ladder(host)
     const out = await ladder.recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body }))
@@ -816,7 +818,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
     logHeader(small, { model: 'm', baseURL: 'http://x', contextWindow: 2_048 })
     small.append('user/message', { message: { role: 'user', content: 'x'.repeat(6_000) }, surfaceOp: { op: 'append' } })
     const quiet: string[] = []
-    await new Ladder({ ...host, session: small, envelope: {}, warn: (x) => quiet.push(x) }).recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body }))
+    await new Ladder({ ...host, session: small, envelope: {}, settings: { ...host.settings, onEvent: warningsTo(quiet) } }).recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body }))
     assert.equal(quiet.filter((x) => x.includes('tool specs alone')).length, 0, quiet.join('\n'))
   })
 
@@ -839,7 +841,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
     session.append('user/message', { message: { role: 'user', content: 'hi' }, surfaceOp: { op: 'append' } })
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'hello' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
     const warnings: string[] = []
-    const host: CompactionHost = { session, summarizer: f.provider, contextWindow: 2_048, envelope: {}, compaction: compactionConfig(), pruneConfig: DEFAULT_PRUNE_CONFIG, warn: (w) => warnings.push(w) }
+    const host: CompactionHost = { session, summarizer: f.provider, envelope: {}, settings: { contextWindow: 2_048, compaction: compactionConfig(), prune: DEFAULT_PRUNE_CONFIG, onEvent: warningsTo(warnings) } }
     const out = await new Ladder(host).recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body: '{}' }))
     assert.equal(out.summaryRequests, 0)
     assert.equal(f.summary().length, 0)
@@ -856,7 +858,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
         ? { message: { role, content: text }, surfaceOp: { op: 'append' } }
         : { message: { role, content: [{ type: 'text', text }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
     }
-    const host: CompactionHost = { session, summarizer: f.provider, contextWindow: 30, envelope: {}, compaction: compactionConfig({ compactionRetries: 1 }), pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {} }
+    const host: CompactionHost = { session, summarizer: f.provider, envelope: {}, settings: { contextWindow: 30, compaction: compactionConfig({ compactionRetries: 1 }), prune: DEFAULT_PRUNE_CONFIG } }
     const out = await new Ladder(host).relievePressure()
     assert.equal(out.summaryRequests, 0)
     assert.equal(f.summary().length, 0)
@@ -870,7 +872,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
     logHeader(session, { model: 'm', baseURL: 'http://x', contextWindow: 2_048 })
     session.append('user/message', { message: { role: 'user', content: 'hello' }, surfaceOp: { op: 'append' } })
     const warnings: string[] = []
-    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), contextWindow: 2_048, envelope: {}, compaction: compactionConfig(), pruneConfig: DEFAULT_PRUNE_CONFIG, warn: (m) => warnings.push(m) }
+    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), envelope: {}, settings: { contextWindow: 2_048, compaction: compactionConfig(), prune: DEFAULT_PRUNE_CONFIG, onEvent: warningsTo(warnings) } }
     const body = JSON.stringify({ error: { code: 400, message: 'request (1122 tokens) exceeds the available context size (1024 tokens), try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 1122, n_ctx: 1024 } })
     const error = new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body })
     const ladder = new Ladder(host)

@@ -320,7 +320,7 @@ describe('loop', () => {
 })
 
 describe('review fixes', () => {
-  const host = (provider: ScriptedProvider) => ({ session: new Session(), summarizer: provider, contextWindow: 4_000, envelope: {}, compaction: { ...DEFAULT_COMPACTION_CONFIG }, pruneConfig: DEFAULT_PRUNE_CONFIG, warn() {}, ladderState: {} })
+  const host = (provider: ScriptedProvider) => ({ session: new Session(), summarizer: provider, envelope: {}, settings: { contextWindow: 4_000, compaction: { ...DEFAULT_COMPACTION_CONFIG }, prune: DEFAULT_PRUNE_CONFIG } })
 
   test('summary requests stay inside the window for emoji text and huge tool-call arguments', async () => {
     const provider = new ScriptedProvider(4_000, [], [say('S')])
