@@ -457,17 +457,12 @@ const CALIBRATION_RANGE: readonly [min: number, max: number] =
   Object.freeze([0.5, 4]) as readonly [number, number]
 /** How many recent calibration samples the ratio averages (Σ provider ÷ Σ heuristic). */
 const CALIBRATION_SAMPLES = 8
-/**
- * Requests smaller than this (heuristic tokens) give no calibration sample: in a tiny request the
- * per-message framing, not the tokenizer, decides the ratio.
- */
+/** Requests under this many heuristic tokens give no calibration sample (framing, not the tokenizer, decides). */
 const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
 
 /**
- * The smallest request (heuristic tokens) that gives a calibration sample in a context window of
- * `contextWindow` tokens: {@link CALIBRATION_MIN_SAMPLE_TOKENS}, or an eighth of a smaller window
- * (in a 2,048-token window no request reaches 1,000 heuristic tokens when the tokenizer counts
- * twice the heuristic, and calibration matters most there). docs/design.md §10.
+ * The smallest request (heuristic tokens) that gives a calibration sample (docs/design.md §10): 1,000, or
+ * an eighth of a smaller window (where no request may reach 1,000, and calibration matters most).
  */
 function calibrationMinSampleTokens(contextWindow?: number): number {
   return contextWindow === undefined || !(contextWindow > 0) ? CALIBRATION_MIN_SAMPLE_TOKENS
@@ -1637,11 +1632,7 @@ export interface Surface extends ReadonlyArray<SurfaceNode> {
   node(seq: number): SurfaceNode | undefined
 }
 
-/**
- * What the loop, the ladder and the CLI read of a session beyond its public API: the call index,
- * the turn's bookkeeping and the ladder's memory. One object, owned by its session and reached
- * through {@link stateOf}, so that Session's public face stays small (docs/design.md §14).
- */
+/** What the loop, the ladder and the CLI read of a session beyond its public API (docs/design.md §14). */
 interface SessionState {
   /** callId → seq of the surface node holding the call, and of its result once logged. */
   readonly calls: Map<string, { callSeq: number; resultSeq?: number }>
@@ -2067,11 +2058,7 @@ function checkEvent(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins,
   if (role) checkSurfaceEvent(st, nodes, pins, type, role, data)
 }
 
-/**
- * Checks a surface event (`user/message`, `assistant/message`, `tool/result`) against the surface:
- * its message, its op, unique call ids, a result's call, and a replace's range (see
- * {@link checkReplace}). Throws {@link SessionError}; changes nothing.
- */
+/** Checks a surface event's message, op, call ids and replace range against the surface; throws SessionError. */
 function checkSurfaceEvent(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins, type: string,
   role: Message['role'], data: any): void {
   validateMessage(data.message, role)
@@ -2897,11 +2884,9 @@ function cutUserMessage(text: string, seq: number, maxUnits: number): string {
 }
 
 /**
- * The user messages of a region within `budgetTokens` (docs/design.md §12): the session's first (`taskSeq`)
- * verbatim up to `taskTokens`, else head + tail; then the others verbatim while they all fit, else the longest
- * cut alike to the most UTF-16 units each that lets them fit (head + tail with the original's recall key, by
- * {@link cutUserMessage}); when even cuts to {@link USER_MESSAGE_MIN_UNITS} cannot fit, the oldest are left
- * out (`left`).
+ * The user messages of a region within `budgetTokens` (docs/design.md §12): the task (`taskSeq`) whole up to
+ * `taskTokens`; the others whole if all fit, else each cut alike to head + tail with its recall key, and the
+ * oldest left out (`left`) when even cuts to {@link USER_MESSAGE_MIN_UNITS} units do not fit.
  */
 function fitUserMessages(entries: readonly LedgerText[], budgetTokens: number, taskTokens: number, taskSeq?: number):
   { kept: LedgerText[]; left: number } {
@@ -3040,10 +3025,8 @@ function mergeLedger(into: Ledger, from: Ledger): void {
 }
 
 /**
- * The full ledger of a region (docs/design.md §12), from the originals read back from the log (a
- * pruned or cleared result counts as it was), with the ledgers of earlier checkpoints inside it
- * merged in.
- * No budget applied (see {@link trimLedger}).
+ * The full ledger of a region (docs/design.md §12), no budget applied: from the originals read back from
+ * the log, with the ledgers of earlier checkpoints inside it merged in.
  */
 async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Promise<Ledger> {
   const ledger = emptyLedger()
@@ -3121,10 +3104,8 @@ function renderLedger(ledger: Ledger): string {
 }
 
 /**
- * Cuts `ledger`'s facts other than user messages to `budgetTokens` (§2 text estimate of their rendered
- * block): entries are kept newest first, across the lists, while they fit — those over a tenth of the
- * budget (a long script) after all the others; the rest are left out and counted in `trimmed`. Entries are
- * whole: nothing is kept half. The user messages are kept as they are (a budget of their own, docs/design.md §12).
+ * `ledger`'s facts other than user messages cut to `budgetTokens` of rendered text (docs/design.md §12):
+ * whole entries, newest first, those over a tenth of the budget last; the rest are counted in `trimmed`.
  */
 function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
   const lists = LEDGER_ORDER.filter((l) => l !== 'userMessages')
@@ -3149,10 +3130,8 @@ function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
 }
 
 /**
- * The ledger a checkpoint carries (docs/design.md §12): the facts trimmed to {@link ledgerBudget}, the
- * user's messages fitted to their own budget ({@link fitUserMessages}: 15% of the window, the task up to
- * 10%, and never more than half the region's `regionTokens`, so that a checkpoint can save room). Budgets
- * are tokens of the window, divided by `rate` (the calibration) for the §2 heuristic.
+ * The ledger a checkpoint carries (docs/design.md §12): the facts within {@link ledgerBudget}, the user's
+ * messages within 15% of the window (the task 10%) and half the region; window tokens ÷ `rate` (calibration).
  */
 function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate: number, regionTokens: number,
   taskSeq?: number): Ledger {
@@ -3338,10 +3317,8 @@ const pruneResultsRung: Rung = (v) => {
 }
 
 /**
- * Prunes oversized non-tool messages (docs/design.md §10): every assistant message and every user
- * message except the current turn's input, pinned messages and summary checkpoints whose text,
- * reasoning or tool-call arguments exceed the prune threshold (code points). The session's first user
- * message (the task), while it heads the surface, is kept whole up to `taskTokens` (docs/design.md §12).
+ * Prunes oversized non-tool messages (docs/design.md §10, §12): every one over the prune threshold but the
+ * input, pinned messages, checkpoints, and the task while it heads the surface and is within `taskTokens`.
  */
 const pruneMessagesRung: Rung = (v) => {
   const { session } = v
@@ -3400,10 +3377,8 @@ const isCleared = (m: Message) => m.role === 'tool' && m.content.length === 1 &&
 interface ClearCandidate { seq: number; placeholder: string; savedTokens: number }
 
 /**
- * The clear rung's candidates (docs/design.md §10): tool results outside the protected recent
- * budget (the newest results until they hold `protectedTokens`, and always the newest step's),
- * oldest first, skipping tools that are not clearable, pinned results, results already cleared and results whose
- * placeholder would not be smaller.
+ * The clear rung's candidates, oldest first (docs/design.md §10): tool results outside the newest ones worth
+ * `protectedTokens` (and the newest step's), not pinned, cleared or unclearable, whose placeholder is smaller.
  */
 function clearCandidates(session: Session, protectedTokens: number,
   clearable: (name: string) => boolean): ClearCandidate[] {
@@ -3431,14 +3406,10 @@ function clearCandidates(session: Session, protectedTokens: number,
 export interface Region { start: number; end: number; tokens: number }
 
 /**
- * Selects the region to summarise (docs/design.md §5 "Region selection"): from the surface head up to a
- * cut that keeps at least `retainedTokens` of the newest history verbatim, moved toward the head
- * until no kept tool result loses its call (and no summarised call loses its result), matched by id.
- * `keep` holds the seqs that are never summarised: the current turn's input and the pinned messages
- * (docs/design.md §12). They split the candidates into runs; the region is the first run holding at
- * least `minTokens` (tokens) that is not already a checkpoint (so a checkpoint right after a pinned
- * head is merged into the next), else the last run (the current turn's older steps). Returns
- * undefined when no safe region of at least two nodes (or one non-checkpoint node) exists.
+ * The region to summarise (docs/design.md §5 "Region selection", §12): from the head to a tool-balanced cut
+ * that keeps `retainedTokens` of the newest history; the `keep` seqs (the input, pinned messages) split it
+ * into runs, and the first run of at least `minTokens` that is not just a checkpoint wins, else the last.
+ * Undefined when no safe region exists.
  */
 function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>,
   minTokens = 0): Region | undefined {
@@ -3624,19 +3595,10 @@ function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: strin
 }
 
 /**
- * Summarises `messages` with the host's summarizer. Replays the envelope (system, tools) and the
- * messages, then {@link SUMMARY_INSTRUCTION}, with header `x-dsh-purpose: compaction`. When the
- * whole does not fit the summarizer's window (by the §2 estimate times the session's calibration,
- * when the summarizer is the conversation model), summarises in tool-balanced chunks, each merged
- * into the running summary; no request exceeds the window by that estimate. Each request's
- * `max_tokens` is {@link summaryMaxTokens} of its region.
- * The tool specs are left out of the requests once they would take more than
- * {@link SUMMARY_TOOLS_MAX_RATIO} of the window at the calibration (they crowd out the region).
- * When a summary request fails with `CONTEXT_WINDOW_EXCEEDED` (the server counts differently), the
- * rest is re-planned smaller — scaled by the counts the error carries (`n_prompt_tokens`/`n_ctx`,
- * "maximum context length is N", "N in the messages"), else to 70% of the failed request — up to 3
- * times; a request identical to one that failed is never sent. Counts and usage of the same model
- * are logged as calibration samples (`ladder/state`).
+ * Summarises `messages` with the host's summarizer (docs/design.md §5, §10): the envelope, the messages and
+ * the instruction, in tool-balanced chunks merged into a running summary when the whole does not fit the
+ * window at the calibration; an overflowed request re-planned smaller (by the error's counts, else to 70%)
+ * up to 3 times, never resent as it was. Counts and usage of the same model are calibration samples.
  * @throws {CompactionError} when nothing fits; the provider's error when it is not an overflow.
  */
 async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal,
@@ -3665,11 +3627,7 @@ class SummaryJob {
   requests = 0
   private readonly usage: Usage = { promptTokens: 0, completionTokens: 0 }
   private readonly groups: Message[][]
-  /**
-   * Summary requests of this session that overflowed, kept across summarise() calls: a ladder's next
-   * attempt (or the overflow rung after the pressure one) re-plans from a new calibration and can
-   * arrive at the very request that was just refused.
-   */
+  /** This session's summary requests that overflowed: a later re-plan can arrive at one of them again. */
   private readonly failed: Set<number>
 
   constructor(private readonly host: CompactionHost, messages: readonly Message[], focus?: string) {
@@ -3855,11 +3813,7 @@ async function firstUserSeq(session: Session): Promise<number | undefined> {
   return undefined
 }
 
-/**
- * `host` with a summarizer that records every answered summary request in `records` (its meter
- * size, modelled cache hit against the conversation request before it, output and usage) for
- * `compaction/end {requests}` (docs/design.md §11). Getters of `host` (an Agent) are kept.
- */
+/** `host` with a summarizer that records each answered request for `compaction/end {requests}` (§11). */
 function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRecord[]): CompactionHost {
   const base = host.summarizer, session = host.session
   const summarizer: Provider = {
@@ -3905,16 +3859,11 @@ function framedCheckpoint(summary: string, ledger: Ledger, regionTokens: number)
 }
 
 /**
- * One summary transaction (docs/design.md §5): `compaction/start` (the lock) → the host's
- * `beforeCompaction` (may add a focus, or cancel) → summarise → frame the checkpoint with the
- * region's facts ledger (docs/design.md §12: facts within {@link ledgerBudget}, every user message
- * within a budget of its own, verbatim or head + tail with its recall key) → reject a framed
- * checkpoint not strictly smaller than the region → check the surface did not change → append
- * `compaction/summary` (with the ledger, the fidelity figures and the focus) and the replacing
- * `user/message` with no await between → `compaction/end` → the host's `afterCompaction`.
- * Any failure writes `compaction/end {error}` and leaves the surface as it was. Returns the number of
- * summary requests made; throws the failure (a {@link CompactionError}, `cancelled` set when a hook
- * cancelled; or the provider's error).
+ * One summary transaction (docs/design.md §5, §12): `compaction/start` (the lock), the `compaction/before`
+ * hooks, the summary, the checkpoint framed with the region's ledger (refused unless smaller than the region,
+ * or if the surface changed), `compaction/summary` and the replacing `user/message` with no await between,
+ * `compaction/end`, the `compaction/after` hooks. A failure logs `compaction/end {error}`, leaves the surface
+ * as it was and is thrown (`cancelled` set when a hook cancelled). Returns the summary requests made.
  */
 async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal,
   focus?: string): Promise<number> {
@@ -4146,10 +4095,8 @@ class Ladder {
   }
 
   /**
-   * The size of the next request, tokens: the session's measured total, plus what the host's
-   * envelope adds beyond the last logged one (e.g. the recall tool, offered once something is
-   * shadowed: the ladder's own edits add it), priced at the calibration. Every rung compares this
-   * with its threshold, so a rung is not declared enough by a total the request will exceed.
+   * The size of the next request, tokens: the measured total plus what the host's envelope adds beyond the
+   * logged one (the recall tool the ladder's own edits make offered), so no rung stops short of it.
    */
   private nextRequestTokens(): number {
     const m = this.host.session.measure()
@@ -4393,18 +4340,9 @@ const RECALL_KEYS = ['key', 'tool', 'arguments', 'pattern', 'offset', 'limit']
 const echo = (v: string): string => JSON.stringify(headCodePoints(v, RECALL_HIT_CODE_POINTS))
 
 /**
- * The `recall` tool (docs/design.md §10), which the {@link Agent} offers whenever the session holds
- * shadowed content. Arguments (one of the first three):
- * - `key`: the key in a placeholder — a tool-call id, or `seq:N` for a message;
- * - `tool` (+ optional `arguments`, a substring of the call's arguments): the newest shadowed result
- *   of that tool;
- * - `pattern`: a plain-text, case-insensitive substring searched over every shadowed original
- *   (including messages folded into a checkpoint), newest first, one line per hit with its key;
- * - `offset` (from 1) and `limit`: which lines (or hits) to return.
- * Each answer holds at most {@link RECALL_MAX_CODE_POINTS} code points plus one line saying how to
- * get more. It reads the session's log (and, for spilled results, the store's artefact area), so a
- * session reloaded from a {@link FileStore} recalls the same text. Bad arguments are an error
- * result for the model.
+ * The `recall` tool (docs/design.md §10; its description says the arguments to the model): reads the
+ * shadowed originals back from the log (a spilled one from the store's artefacts), at most
+ * {@link RECALL_MAX_CODE_POINTS} code points per answer plus how to get more; bad arguments are an error result.
  */
 function recallTool(session: Session): Tool {
   return {
@@ -6553,21 +6491,14 @@ class Agent {
     }
   }
 
-  /**
-   * The tools offered in the next request: the caller's, plus `recall` once the session holds
-   * shadowed content and its spec is affordable ({@link RECALL_MAX_WINDOW_RATIO}).
-   */
+  /** The tools offered in the next request: the caller's, plus `recall` once something is shadowed. */
   private offeredTools(): readonly Tool[] {
     return this.recall && this.session.recall.hasShadowedContent && this.recallAffordable()
       ? [...this.tools, this.recall]
       : this.tools
   }
 
-  /**
-   * Whether the recall spec, priced at the calibration, is at most {@link RECALL_MAX_WINDOW_RATIO}
-   * of the window. Once it is not, this agent never offers it again (one envelope change, not one
-   * per calibration sample), and says so once.
-   */
+  /** Whether the recall spec fits {@link RECALL_MAX_WINDOW_RATIO} of the window; once not, never (one warning). */
   private recallAffordable(): boolean {
     if (this.recallDropped) return false
     if (this.window === undefined) return true
