@@ -39,8 +39,8 @@
  *   pruner     DEFAULT_PRUNE_CONFIG        prune tool results over 8,192 code points to
  *                                          head 4,096 + marker (39) + tail 1,024 code points
  *   ladder     DEFAULT_COMPACTION_CONFIG   threshold 0.8 × window, retained tail 0.16 × window,
- *                                          summary max 8,192 tokens, 1 compaction retry, auto on;
- *                                          clear rung on; constants: 1 overflow retry, spill over
+ *                                          summary max 8,192 tokens, auto on, clear rung on;
+ *                                          constants: 1 compaction and 1 overflow retry, spill over
  *                                          256 KiB, clear down to 0.6 × window, newest 0.2 kept; `recall` tool
  *                                          offered once content is shadowed (recall: false = off)
  *   provider   openAICompatible / deepseek max_tokens 32,768 (clamped to the window), 5 retries
@@ -2716,7 +2716,6 @@ function randomId(): string {
  * - `retainedTailRatio` 0.16: a pressure compaction keeps the newest `floor(window × 0.16)` tokens verbatim.
  * - `summaryMaxTokens` 8192: cap on a summary request's completion budget; the budget is
  *   `min(summaryMaxTokens, max(512, floor(regionTokens / 2)))`, clamped to the room left.
- * - `compactionRetries` 1: extra summary attempts under pressure.
  * - `auto` true: the Agent runs the ladder itself; false disables pressure and overflow handling.
  * - `clear` true: the clear rung (old tool results → one-line placeholders, no model call).
  */
@@ -2724,16 +2723,17 @@ export interface CompactionConfig {
   thresholdRatio: number
   retainedTailRatio: number
   summaryMaxTokens: number
-  compactionRetries: number
   auto: boolean
   clear: boolean
 }
 
 /** The defaults of docs/design.md §§5, 10. */
 const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
-  thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1, auto: true, clear: true,
+  thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, auto: true, clear: true,
 })
 
+/** Extra summary attempts under pressure (docs/design.md §5). */
+const COMPACTION_RETRIES = 1
 /** Consecutive overflow recoveries per step, reset by a successful response (docs/design.md §5). */
 const MAX_OVERFLOW_RETRIES = 1
 /** A compaction that saves less than this share of the total counts as failed. */
@@ -2749,7 +2749,7 @@ const PROTECTED_RATIO = 0.2
 
 /** Each ratio's range, `[` / `(` closed or open as in the message; the rest are integers ≥ `min` or booleans. */
 const COMPACTION_RATIOS = { thresholdRatio: '(0, 1]', retainedTailRatio: '[0, 1)' } as const
-const COMPACTION_INTEGERS = { summaryMaxTokens: [1, 'tokens'], compactionRetries: [0, 'attempts'] } as const
+const COMPACTION_INTEGERS = { summaryMaxTokens: [1, 'tokens'] } as const
 
 /**
  * Checks a partial ladder configuration and returns the full one (defaults filled in), like
@@ -4023,7 +4023,7 @@ class Ladder {
    * Pressure (`trigger: 'pressure'`, docs/design.md §§5, 10): nothing below `floor(window ×
    * thresholdRatio)`; else prune tool results (older first), prune oversized messages, clear old
    * tool results, remeasuring between rungs; only then summarise the oldest tool-balanced region,
-   * up to `compactionRetries + 1` attempts. A failure is a warning, remembered (durably) so that no
+   * up to 2 attempts. A failure is a warning, remembered (durably) so that no
    * summary is tried again before the surface grows by the retained tail.
    */
   async relievePressure(signal?: AbortSignal): Promise<CompactionOutcome> {
@@ -4059,7 +4059,7 @@ class Ladder {
     const retained = Math.floor(window * cfg.retainedTailRatio)
     const minSaving = Math.ceil(outcome.tokensBefore * MIN_SAVINGS_RATIO)
     let lastError = '', committed = 0
-    for (let attempt = 0; attempt <= cfg.compactionRetries; attempt++) {
+    for (let attempt = 0; attempt <= COMPACTION_RETRIES; attempt++) {
       // Node prices are heuristic tokens: the measured retained tail and saving are divided by the calibration.
       const rate = session.measure().calibration
       const region = selectRegion(session.surface(), Math.floor(retained / rate), keptOutOfSummary(session),

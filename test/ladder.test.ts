@@ -152,7 +152,7 @@ describe('CompactionConfig validation', () => {
       [{ thresholdRatio: 1.5 }, /thresholdRatio must be a number in \(0, 1\].*got 1\.5/],
       [{ retainedTailRatio: -0.1 }, /retainedTailRatio must be a number in \[0, 1\)/],
       [{ summaryMaxTokens: 0 }, /summaryMaxTokens must be an integer ≥ 1 \(tokens\), got 0/],
-      [{ compactionRetries: 1.5 }, /compactionRetries must be an integer ≥ 0/],
+      [{ compactionRetries: 0 }, /unknown key "compactionRetries"/],
       [{ summaryMaxTokens: '8k' }, /summaryMaxTokens must be an integer ≥ 1 \(tokens\), got "8k"/],
       [{ clear: 'no' }, /clear must be true or false, got "no"/],
       [{ auto: 1 }, /auto must be true or false, got 1/],
@@ -433,7 +433,7 @@ describe('summary overflow, calibration, durable state', () => {
     const calibrated = session.measure().totalTokens, plain = before + 1_008
     const window = Math.ceil((plain + calibrated) / 2 / 0.8)
     assert.ok(plain < Math.floor(window * 0.8) && calibrated >= Math.floor(window * 0.8))
-    const host = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' }), envelope: {}, settings: { contextWindow: window, compaction: compactionConfig({ compactionRetries: 0 }), prune: DEFAULT_PRUNE_CONFIG } }
+    const host = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' }), envelope: {}, settings: { contextWindow: window, compaction: compactionConfig(), prune: DEFAULT_PRUNE_CONFIG } }
     const out = await new Ladder(host).relievePressure()
     assert.notEqual(out.action, 'none')
     // No usage: the seed's formula.
@@ -481,7 +481,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
   const text = (tokens: number, c = 'x') => c.repeat((tokens - 8) * 4)
   const bigTool = (chars: number): ToolSpec => ({ name: 'big', description: 'd'.repeat(chars), parameters: { type: 'object' } })
   const host = (session: Session, contextWindow: number, envelope: () => Envelope, summarizer = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), compaction = {}): CompactionHost => ({
-    session, summarizer, get envelope() { return envelope() }, settings: { contextWindow, compaction: compactionConfig({ compactionRetries: 0, ...compaction }), prune: DEFAULT_PRUNE_CONFIG },
+    session, summarizer, get envelope() { return envelope() }, settings: { contextWindow, compaction: compactionConfig(compaction), prune: DEFAULT_PRUNE_CONFIG },
   })
   /** Three calibration samples at 3 provider tokens per heuristic token (no anchor). */
   const calibrateAt3 = (session: Session) => { for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } }) }
@@ -687,7 +687,7 @@ describe('window figures in window tokens at calibration 3 (attack3)', () => {
   const at3 = (session: Session) => { for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } }) }
   const unreachable = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 })
   const hostOf = (session: Session, contextWindow: number, summarizer = unreachable, compaction = {}): CompactionHost => ({
-    session, summarizer, envelope: {}, settings: { contextWindow, compaction: compactionConfig({ compactionRetries: 0, ...compaction }), prune: DEFAULT_PRUNE_CONFIG },
+    session, summarizer, envelope: {}, settings: { contextWindow, compaction: compactionConfig(compaction), prune: DEFAULT_PRUNE_CONFIG },
   })
   const toolStep = (session: Session, id: string, tokens: number) => {
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id, name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
@@ -719,7 +719,8 @@ describe('window figures in window tokens at calibration 3 (attack3)', () => {
   })
 
   test('a successful overflow compaction clears the failed-pressure guard (durably), so pressure summarises again before the next overflow', async () => {
-    const f = await fake([{ text: 'x' }], [{ status: 500, body: { error: { message: 'summariser down' } } }, { text: 'CHECKPOINT: ok.' }], 10_000)
+    const down = { status: 500, body: { error: { message: 'summariser down' } } }
+    const f = await fake([{ text: 'x' }], [down, down, { text: 'CHECKPOINT: ok.' }], 10_000) // pressure tries twice
     const session = await Session.open(new MemoryStore())
     logHeader(session, { model: 'm', baseURL: 'http://x' })
     for (let i = 0; i < 10; i++) {
@@ -770,7 +771,7 @@ describe('summary of a wide tool step (attack3)', () => {
 })
 
 describe('no summary request is sent twice after it overflowed (attack3)', () => {
-  test('pressure with compactionRetries 1 against a summarizer that always overflows (no counts): the second attempt does not resend the first attempt\'s requests', async () => {
+  test('pressure (2 attempts) against a summarizer that always overflows (no counts): the second attempt does not resend the first attempt\'s requests', async () => {
     // Against llama-server the second attempt re-planned from the calibration the first one learnt
     // and sent, byte for byte, the request the server had just refused.
     const bodies: string[] = []
@@ -783,7 +784,7 @@ describe('no summary request is sent twice after it overflowed (attack3)', () =>
       session.append('user/message', { message: { role: 'user', content: `q${i} `.padEnd(2_000, 'q') }, surfaceOp: { op: 'append' } })
       session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: `a${i} `.padEnd(1_400, 'a') }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
     }
-    const host: CompactionHost = { session, summarizer, envelope: {}, settings: { contextWindow: 10_000, compaction: compactionConfig({ compactionRetries: 1 }), prune: DEFAULT_PRUNE_CONFIG } }
+    const host: CompactionHost = { session, summarizer, envelope: {}, settings: { contextWindow: 10_000, compaction: compactionConfig(), prune: DEFAULT_PRUNE_CONFIG } }
     const out = await new Ladder(host).relievePressure()
     assert.equal(out.action, 'failed')
     assert.ok(bodies.length >= 2)
@@ -849,7 +850,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
     assert.match(end.error, /^the region \(\d+ tokens\) is not larger than its checkpoint's frame and ledger alone \(\d+ tokens\); nothing was sent$/)
   })
 
-  test('a pressure compaction refused before any model call is not attempted again (compactionRetries 1)', async () => {
+  test('a pressure compaction refused before any model call is not attempted again (of its 2 attempts)', async () => {
     const f = await fake([{ text: 'never' }], [{ text: 'CHECKPOINT: x' }], 30)
     const session = await Session.open(new MemoryStore())
     logHeader(session, { model: 'fake-model', baseURL: f.server.url, contextWindow: 30 })
@@ -858,7 +859,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
         ? { message: { role, content: text }, surfaceOp: { op: 'append' } }
         : { message: { role, content: [{ type: 'text', text }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
     }
-    const host: CompactionHost = { session, summarizer: f.provider, envelope: {}, settings: { contextWindow: 30, compaction: compactionConfig({ compactionRetries: 1 }), prune: DEFAULT_PRUNE_CONFIG } }
+    const host: CompactionHost = { session, summarizer: f.provider, envelope: {}, settings: { contextWindow: 30, compaction: compactionConfig(), prune: DEFAULT_PRUNE_CONFIG } }
     const out = await new Ladder(host).relievePressure()
     assert.equal(out.summaryRequests, 0)
     assert.equal(f.summary().length, 0)
