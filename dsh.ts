@@ -6442,26 +6442,26 @@ class Agent {
       names.add(t.name)
     }
     this.system = options.system
-    if (options.instructions !== undefined && typeof options.instructions !== 'string')
-      throw new TypeError(`instructions must be a string (e.g. the text of AGENTS.md), `
-        + `got ${typeof options.instructions}`)
-    this.instructions = options.instructions?.trim() ? options.instructions : undefined
-    if (options.summaryInstruction !== undefined && (typeof options.summaryInstruction !== 'string'
-      || options.summaryInstruction.trim() === '')) {
-      throw new TypeError(`summaryInstruction must be a non-empty string, `
-        + `got ${JSON.stringify(options.summaryInstruction)}; leave it out to use SUMMARY_INSTRUCTION`)
-    }
-    this.summaryInstruction = options.summaryInstruction
+    const { instructions, summaryInstruction, maxTokens, maxSteps = 200, recall } = options
+    if (instructions !== undefined && typeof instructions !== 'string')
+      throw configError('instructions', 'a string (e.g. the text of AGENTS.md)', instructions)
+    this.instructions = instructions?.trim() ? instructions : undefined
+    if (summaryInstruction !== undefined && (typeof summaryInstruction !== 'string' || !summaryInstruction.trim()))
+      throw configError('summaryInstruction', 'a non-empty string', summaryInstruction, 'leave it out for the default')
+    this.summaryInstruction = summaryInstruction
     this.window = options.contextWindow ?? options.provider.contextWindow
     if (this.window !== undefined && !isIntegerAtLeast(this.window, 1))
       throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
-    this.maxTokens = options.maxTokens ?? options.provider.maxTokens
+    if (maxTokens !== undefined && !isIntegerAtLeast(maxTokens, 1))
+      throw configError('maxTokens', 'a positive integer number of tokens', maxTokens)
+    this.maxTokens = maxTokens ?? options.provider.maxTokens
     this.compaction = resolveCompactionConfig(options.compaction)
     this.pruneConfig = resolvePruneConfig(options.prune)
-    this.maxSteps = options.maxSteps ?? 200
-    if (options.recall !== undefined && typeof options.recall !== 'boolean')
-      throw new TypeError(`recall must be true or false, got ${String(options.recall)}`)
-    if (options.recall !== false) {
+    if (!isIntegerAtLeast(maxSteps, 1))
+      throw configError('maxSteps', 'an integer ≥ 1 (provider calls per turn)', maxSteps)
+    this.maxSteps = maxSteps
+    if (recall !== undefined && typeof recall !== 'boolean') throw configError('recall', 'true or false', recall)
+    if (recall !== false) {
       if (names.has(RECALL_TOOL_NAME))
         throw new TypeError(`a tool is named ${JSON.stringify(RECALL_TOOL_NAME)}, which dsh offers itself to read back `
           + `shadowed content; rename your tool or pass recall: false`)

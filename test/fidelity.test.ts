@@ -412,7 +412,7 @@ describe('case 3 (library): instructions are part of the envelope', () => {
     await agent.run('and now?')
     assert.ok(f.summary().length >= 1)
     for (const req of f.server.requests) assert.deepEqual(req.body.messages[0], { role: 'system', content: `You are a test agent.\n\n${INSTR}` })
-    assert.throws(() => new Agent({ session, provider: f.provider, instructions: 42 as any }), /instructions must be a string \(e\.g\. the text of AGENTS\.md\), got number/)
+    assert.throws(() => new Agent({ session, provider: f.provider, instructions: 42 as any }), /instructions must be a string \(e\.g\. the text of AGENTS\.md\), got 42/)
   })
 })
 
@@ -461,7 +461,7 @@ describe('case 4 (library): focus, summaryInstruction, compaction hooks', () => 
     assert.equal(seen[1].summary, 'custom summary')
     assert.deepEqual(seen[1].fidelity, (summary.data as any).fidelity)
     for (const bad of ['', '   ', 3]) {
-      assert.throws(() => new Agent({ session, provider: f.provider, summaryInstruction: bad as any }), /summaryInstruction must be a non-empty string, got .*; leave it out to use SUMMARY_INSTRUCTION/)
+      assert.throws(() => new Agent({ session, provider: f.provider, summaryInstruction: bad as any }), /summaryInstruction must be a non-empty string, got .*; leave it out for the default/)
     }
   })
 

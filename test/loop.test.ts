@@ -3,7 +3,7 @@ import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, PRUNE_MARKER, ProviderError, estimateRequestTokens, DEFAULT_COMPACTION_CONFIG,
-  DEFAULT_PRUNE_CONFIG, type Tool, type Message, type SessionEvent, type AgentEvent, internals,
+  DEFAULT_PRUNE_CONFIG, type Tool, type Message, type SessionEvent, type AgentEvent, internals, ConfigError,
 } from '../dsh.ts'
 import {
   CHECKPOINT_PREAMBLE, SUMMARY_INSTRUCTION,
@@ -395,4 +395,19 @@ test('one fsync per step: a turn of N steps syncs the store N times (plus none f
   assert.equal(store.syncs - opened, 4)
   assert.equal(store.events.length, session.seq) // everything reached the store
   assert.equal(store.events.at(-1)!.type, 'turn/end')
+})
+
+test('Agent options are checked with the value, the limit and the fix (one helper)', () => {
+  const session = new Session()
+  const provider = new ScriptedProvider(16_000, [])
+  const bad: Array<[Record<string, unknown>, RegExp]> = [
+    [{ maxSteps: 0 }, /^maxSteps must be an integer ≥ 1 \(provider calls per turn\), got 0$/],
+    [{ maxSteps: '5' }, /^maxSteps must be an integer ≥ 1 \(provider calls per turn\), got "5"$/],
+    [{ maxTokens: -1 }, /^maxTokens must be a positive integer number of tokens, got -1$/],
+    [{ recall: 'no' }, /^recall must be true or false, got "no"$/],
+    [{ instructions: 42 }, /^instructions must be a string \(e\.g\. the text of AGENTS\.md\), got 42$/],
+  ]
+  for (const [options, message] of bad) {
+    assert.throws(() => new Agent({ session, provider, ...options } as any), (e: unknown) => e instanceof ConfigError && e instanceof TypeError && message.test((e as Error).message), JSON.stringify(options))
+  }
 })
