@@ -6366,6 +6366,19 @@ function stepFailure(raw: unknown, inputTokens: number, ctx: HookContext): StepF
  */
 const RECOVERIES = ['abortedStep', 'recoveredStep', 'retriedStream', 'failedTurn'] as const
 
+/** The names of `tools`; throws a TypeError for a tool without a name or `execute`, or a name used twice. */
+function toolNames(tools: readonly Tool[]): Set<string> {
+  const names = new Set<string>()
+  for (const t of tools) {
+    if (!t || typeof t.name !== 'string' || typeof t.execute !== 'function')
+      throw new TypeError('every tool needs a string name and an execute(args, ctx) function')
+    if (names.has(t.name))
+      throw new TypeError(`two tools are named ${JSON.stringify(t.name)}; tool names must be unique`)
+    names.add(t.name)
+  }
+  return names
+}
+
 /** Runs the hooks of `name` in order; `retry` and `cancel` if any asked, focuses joined with "; ". */
 async function collectHooks(hooks: ReadonlyMap<HookName, readonly Hook[]>, name: HookName,
   ctx: HookContext): Promise<HookResult> {
@@ -6433,14 +6446,7 @@ class Agent {
     this.provider = options.provider
     this.summarizer = options.summarizer ?? options.provider
     this.tools = options.tools ?? []
-    const names = new Set<string>()
-    for (const t of this.tools) {
-      if (!t || typeof t.name !== 'string' || typeof t.execute !== 'function')
-        throw new TypeError('every tool needs a string name and an execute(args, ctx) function')
-      if (names.has(t.name))
-        throw new TypeError(`two tools are named ${JSON.stringify(t.name)}; tool names must be unique`)
-      names.add(t.name)
-    }
+    const names = toolNames(this.tools)
     this.system = options.system
     const { instructions, summaryInstruction, maxTokens, maxSteps = 200, recall } = options
     if (instructions !== undefined && typeof instructions !== 'string')
