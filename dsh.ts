@@ -1663,11 +1663,9 @@ const SESSION_STATE = new WeakMap<Session, SessionState>()
 function stateOf(session: Session): SessionState { return SESSION_STATE.get(session)! }
 
 /**
- * The append-only session log, the one writer of it, and the model-visible surface projected from it
- * (docs/design.md §4). `append` is synchronous: it checks every invariant first (a violating append
- * throws {@link SessionError} and changes nothing), then updates the surface, the per-node prices, the
- * usage anchor and the parts over the log (`cost`, `recall`, `pins`) incrementally and queues the event;
- * {@link Session.sync} writes the queue and fsyncs. Open, create or inspect a log with {@link Session.open}.
+ * The append-only session log, its one writer, and the surface projected from it (docs/design.md §4):
+ * `append` checks every invariant first (else throws {@link SessionError}, changing nothing), updates the
+ * surface, prices, usage anchor and parts (`cost`, `recall`, `pins`), and queues the event for {@link Session.sync}.
  */
 export class Session {
   readonly store: LogStore
@@ -1713,9 +1711,8 @@ export class Session {
   }
 
   /**
-   * The whole log, oldest first (read-only), when the store cannot read events back (a {@link MemoryStore}).
-   * A session on a store that can (a {@link FileStore}) keeps only its surface: there this throws
-   * `SessionError('STORE')`; use {@link Session.readEvent} / {@link Session.readEvents}.
+   * The whole log, oldest first (read-only), when the store cannot read events back (a {@link MemoryStore});
+   * else throws `SessionError('STORE')`: use {@link Session.readEvent} / {@link Session.readEvents}.
    */
   get events(): SessionEvent[] {
     if (!this.retained)
@@ -1772,13 +1769,10 @@ export class Session {
    * back like {@link Session.readEvent}. For scans such as a recall search or `dsh show`.
    */
   async *readEvents(fromSeq = 0, toSeq = this.seq): AsyncGenerator<SessionEvent> {
-    const to = Math.min(toSeq, this.nextSeq)
-    if (this.retained) {
-      for (let seq = Math.max(0, fromSeq); seq < to; seq++) yield this.retained[seq]
-      return
-    }
+    const from = Math.max(0, fromSeq), to = Math.min(toSeq, this.nextSeq)
+    if (this.retained) return yield* this.retained.slice(from, to)
     await this.queue.flush()
-    yield* this.store.readEvents!(Math.max(0, fromSeq), to)
+    yield* this.store.readEvents!(from, to)
   }
 
   /** Calls `listener` with every event appended from now on; returns an unsubscribe function. */
