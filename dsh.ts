@@ -6918,8 +6918,9 @@ class Agent implements CompactionHost {
         + `or use a model with a larger window.`)
   }
 
-  /** Logs `request/header` when model, envelope, budget or window changed; returns the envelope. */
-  private writeHeader(): Envelope {
+  /** Logs `request/header` when model, envelope, budget or window changed; returns the envelope. Public so that a
+   *  caller that switched to a new Agent between turns (the CLI's `/model`) can log the new model at once. */
+  writeHeader(): Envelope {
     const envelope = this.envelope
     logHeader(this.session, { model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system,
       tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window, prices: this.provider.prices })
@@ -12376,9 +12377,12 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
   const kept = chosen.file !== undefined && options.session === undefined
   if (kept) options = { ...options, session: chosen.file }
 
-  const provider = options.baseURL === CLI_DEFAULTS.baseURL
-    ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
-    : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
+  const run = options
+  // `/model` makes another provider the same way: only the model, its window and its prices differ.
+  const providerFor = (model: string, contextWindow: number | undefined, prices: Prices | undefined) => run.baseURL === CLI_DEFAULTS.baseURL
+    ? deepseek({ model, apiKey: run.apiKey, contextWindow, maxTokens: run.maxTokens, prices })
+    : openAICompatible({ baseURL: run.baseURL, model, apiKey: run.apiKey, contextWindow, maxTokens: run.maxTokens, prices })
+  const provider = providerFor(options.model, options.contextWindow, options.prices)
   let session: Session
   try {
     session = await Session.open(options.session ? new FileStore(path.resolve(cwd, options.session)) : new MemoryStore())
@@ -12432,10 +12436,25 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
     if (streamAnswer && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
     status(e)
   }
-  agent = new Agent({
-    session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions: instructions?.text, contextWindow: options.contextWindow,
-    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold, ...(options.clear === false ? { clear: false } : {}) }, onEvent, maxSteps: options.maxSteps,
-  })
+  // One Agent per model: `/model` starts another over the same session (the log is the state); the
+  // events of an agent that was replaced are ignored (its session subscription stays).
+  let agents = 0
+  const newAgent = (p: Provider, contextWindow: number | undefined): Agent => {
+    const mine = ++agents
+    return new Agent({
+      session, provider: p, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions: instructions?.text, contextWindow,
+      maxTokens: run.maxTokens, compaction: { thresholdRatio: run.threshold, ...(run.clear === false ? { clear: false } : {}) }, maxSteps: run.maxSteps,
+      onEvent: (e) => { if (mine === agents) onEvent(e) },
+    })
+  }
+  agent = newAgent(provider, options.contextWindow)
+  const switchModel = async (line: string, signal: AbortSignal): Promise<string> => {
+    const next = parseModelCommand(line, agent!)
+    if (typeof next === 'string') return next
+    // Prices are a model's: DeepSeek's for its models, else none (cost unknown) — never the last model's.
+    agent = newAgent(providerFor(next.model, next.contextWindow, pricesOf(next.model)), next.contextWindow)
+    return await modelSwitched(agent, signal)
+  }
 
   let prompt = options.prompt
   if (prompt === undefined && !interactive) {
@@ -12444,9 +12463,10 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
   }
   try {
     if (!interactive) return await oneTurn(agent, prompt!, p, io, { json: options.json, streamed: streamAnswer, endLine })
-    return await interactiveLoop(agent, terminal!, io, endLine, {
+    return await interactiveLoop(() => agent!, terminal!, io, endLine, {
       command: async (line, signal) => {
         if (/^\/sessions(\s|$)/.test(line)) io.stderr(await sessionsCommand(line, dir, p.env, kept ? options.session : undefined))
+        else if (/^\/model(\s|$)/.test(line)) io.stderr(await switchModel(line, signal))
         else if (/^\/(diff|undo|permissions)(\s|$)/.test(line)) await desk.command(line, signal)
         else return false
         return true
@@ -12618,10 +12638,34 @@ async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
   }
 }
 
-const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact [FOCUS] (compact now), /context (what the next request holds, the newest checkpoint), /pin (pin your last input), /unpin, /diff (this session's changes), /undo (put back the files the last turn changed), /permissions (what runs without asking), /sessions (kept sessions), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
+const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact [FOCUS] (compact now), /context (what the next request holds, the newest checkpoint), /model NAME [--context-window N] (switch the model), /pin (pin your last input), /unpin, /diff (this session's changes), /undo (put back the files the last turn changed), /permissions (what runs without asking), /sessions (kept sessions), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
 
-/** `/compact`: runs the ladder now; one line says what happened (or that it was cancelled). */
+/**
+ * Why `/compact` has nothing to summarise, as one plain sentence, or undefined when something older
+ * than the tail compaction keeps exists. The rule is the ladder's own (docs/design.md §5 "Region"):
+ * its region selection with the retained tail (`retainedTailRatio` × window, in the window's tokens)
+ * and what it keeps out of every summary (pins, the current input).
+ */
+function nothingToCompact(agent: Agent): string | undefined {
+  const window = agent.contextWindow
+  if (window === undefined) return 'nothing was compacted: the context window is unknown, so dsh cannot tell what to keep; give --context-window N (or "contextWindow" in a configuration file)'
+  const session = agent.session, nodes = session.surface()
+  if (nodes.length === 0) return 'nothing to compact yet: the conversation is empty'
+  const tailTokens = Math.floor(window * agent.compaction.retainedTailRatio)
+  const calibration = session.measure().calibration
+  if (selectRegion(nodes, Math.floor(tailTokens / calibration), keptOutOfSummary(session))) return undefined
+  const open = nodes.filter((n) => !isCheckpoint(n) && !session.pins.has(n.seq))
+  if (open.length === 0) return 'nothing to compact: everything is already a checkpoint or pinned'
+  const tokens = Math.ceil(open.reduce((sum, n) => sum + n.tokens, 0) * calibration)
+  const pinned = session.pins.seqs().length > 0 ? ' (pinned messages aside)' : ''
+  if (tokens > tailTokens) return `nothing to compact yet: what comes before the newest ${groupDigits(tailTokens)} tokens (the tail compaction keeps word for word) is one tool call with its result, which are summarised together or not at all`
+  return `nothing to compact yet: the conversation${pinned} is ${groupDigits(tokens)} tokens, all within the newest ${groupDigits(tailTokens)} tokens (${Math.round(agent.compaction.retainedTailRatio * 100)}% of the window) that compaction always keeps word for word`
+}
+
+/** `/compact`: runs the ladder now; one line says what happened (or that it was cancelled, or why there is nothing to do). */
 async function compactCommand(agent: Agent, signal: AbortSignal, focus?: string): Promise<string> {
+  const nothing = nothingToCompact(agent)
+  if (nothing) return `[dsh] /compact: ${nothing}`
   try {
     const o = await agent.compactNow({ signal, focus })
     if (signal.aborted) return '[dsh] /compact cancelled; the context is unchanged'
@@ -12633,6 +12677,51 @@ async function compactCommand(agent: Agent, signal: AbortSignal, focus?: string)
   }
 }
 
+/**
+ * `/model NAME [--context-window N]` (docs/design.md §8): the model and window to switch to, or the
+ * line to print instead (`/model` alone: the current model; a bad argument: what to type). The
+ * window is N, else the one dsh knows for NAME, else unknown.
+ */
+function parseModelCommand(line: string, agent: Agent): { model: string; contextWindow?: number } | string {
+  const words = line.trim().split(/\s+/).slice(1)
+  const usage = 'type /model NAME [--context-window N], e.g. /model qwen3-coder --context-window 32768'
+  if (words.length === 0) {
+    const w = agent.contextWindow
+    return `[dsh] model ${stripControls(agent.provider.model)} at ${agent.provider.baseURL}, ${w ? `${groupDigits(w)}-token window` : 'window unknown'}; to switch, ${usage}\n`
+  }
+  let model: string | undefined, contextWindow: number | undefined
+  for (let i = 0; i < words.length; i++) {
+    const word = words[i]
+    if (word === '--context-window' || word.startsWith('--context-window=')) {
+      const raw = word.includes('=') ? word.slice(word.indexOf('=') + 1) : words[++i]
+      if (raw === undefined) return `[dsh] /model: --context-window needs a number of tokens; ${usage}\n`
+      try { contextWindow = parsePositiveInt('--context-window', raw, 'tokens', '32768') } catch (err) { return `[dsh] /model: ${(err as Error).message}\n` }
+    } else if (word.startsWith('-') || model !== undefined) return `[dsh] /model: unexpected ${JSON.stringify(stripControls(word))}; ${usage}\n`
+    else model = word
+  }
+  if (model === undefined) return `[dsh] /model: no model name; ${usage}\n`
+  return { model, ...(contextWindow !== undefined ? { contextWindow } : {}) }
+}
+
+/**
+ * After `/model` made `agent` (a new Agent over the same session): logs its `request/header` at once,
+ * so that the meter and the ladder measure against the new model and window (docs/design.md §8),
+ * relieves pressure now if the new window needs it, and returns the line saying where it stands.
+ */
+async function modelSwitched(agent: Agent, signal: AbortSignal): Promise<string> {
+  agent.writeHeader()
+  const w = agent.contextWindow
+  const name = stripControls(agent.provider.model)
+  const head = `[dsh] model ${name}, ${w ? `${groupDigits(w)}-token window` : 'window unknown'}, from the next request`
+  if (w === undefined) return `${head}; dsh does not know its window, so compaction is off: /model ${name} --context-window N sets it\n`
+  let note = ''
+  try {
+    const o = await agent.ladder.relievePressure(signal)
+    if (o.action !== 'none' && o.action !== 'skipped') note = ` after dsh ${o.action === 'failed' ? 'failed to compact' : o.action} for the new window (${groupDigits(o.tokensBefore)} tokens before)`
+  } catch (err) { note = signal.aborted ? '; making room was cancelled' : `; making room failed: ${failureText(err)}` }
+  return `${head}; ${occupancy(agent)}${note}\n`
+}
+
 /** Commands the interactive loop hands on (`/diff`, `/undo`, `/permissions`, `/sessions`: true when handled), and what goes with an input. */
 interface InteractiveExtras {
   command(line: string, signal: AbortSignal): Promise<boolean>
@@ -12640,8 +12729,9 @@ interface InteractiveExtras {
 }
 
 /** The interactive loop: a prompt per turn, slash commands, Ctrl-C cancels the running turn. */
-async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endLine: () => void, extras?: InteractiveExtras): Promise<number> {
+async function interactiveLoop(current: () => Agent, terminal: Terminal, io: CliIO, endLine: () => void, extras?: InteractiveExtras): Promise<number> {
   const rl = terminal.rl
+  let agent = current()
   let running: AbortController | undefined
   let exitCode = 0
   io.stderr(`dsh ${VERSION} · ${agent.provider.model} · ${agent.contextWindow ? `${groupDigits(agent.contextWindow)}-token window` : 'window unknown'} · /help for commands\n`)
@@ -12651,6 +12741,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
   })
   terminal.prompt()
   for (let next = await terminal.lines.next(); !next.done; next = await terminal.lines.next()) {
+    agent = current() // `/model` may have made another
     const raw = next.value
     const line = raw.trim()
     if (line === '') { terminal.prompt(); continue }
