@@ -428,6 +428,16 @@ export interface Measurement {
   header?: RequestHeader
 }
 
+/** The prototype of `measure()`'s results: `console.log` (Node, Bun, Deno: the inspect symbol) and `JSON.stringify`
+ *  show the figures and `nodes` as a count, not the whole surface nor the header's system prompt and tools. */
+const MEASUREMENT_VIEW = /* @__PURE__ */ (() => {
+  function figures(this: Measurement) {
+    const { nodes, header: _, ...rest } = this
+    return { ...rest, nodes: nodes.length }
+  }
+  return { toJSON: figures, [Symbol.for('nodejs.util.inspect.custom')]: figures }
+})()
+
 /** Bounds of the calibration ratio (provider tokens per heuristic token), docs/design.md §10. */
 const CALIBRATION_RANGE: readonly [min: number, max: number] =
   Object.freeze([0.5, 4]) as readonly [number, number]
@@ -2007,19 +2017,20 @@ export class Session {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
     const ladder = this.st.ladder
     const { ratio: calibration, offset } = ladder.fit()
-    return {
-      calibration,
-      calibrationOffsetTokens: offset,
-      calibrationSamples: ladder.count,
-      totalTokens: anchoredTotal(heuristicTokens, this.anchorState, calibration, offset),
-      envelopeTokens: this.envelopeTokensSum,
-      surfaceTokens: this.surfaceTokensSum,
-      heuristicTokens,
-      anchored: this.anchorState !== undefined,
-      anchor: this.anchorState,
-      nodes: this.nodes,
-      header: this.header,
-    }
+    // Built on MEASUREMENT_VIEW (what console.log shows); Object.create then stores keeps this as cheap as a literal.
+    const m: Measurement = Object.create(MEASUREMENT_VIEW)
+    m.calibration = calibration
+    m.calibrationOffsetTokens = offset
+    m.calibrationSamples = ladder.count
+    m.totalTokens = anchoredTotal(heuristicTokens, this.anchorState, calibration, offset)
+    m.envelopeTokens = this.envelopeTokensSum
+    m.surfaceTokens = this.surfaceTokensSum
+    m.heuristicTokens = heuristicTokens
+    m.anchored = this.anchorState !== undefined
+    m.anchor = this.anchorState
+    m.nodes = this.nodes
+    m.header = this.header
+    return m
   }
 
   /**
