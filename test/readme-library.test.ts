@@ -42,7 +42,7 @@ test('the README\'s first library snippet runs as pasted with the bundles: each 
   writeFileSync(join(work, 'snippet.js'), pasted)
   const fake = await startFakeProvider({ handler: () => ({ text: 'Fixed.' }) })
   try {
-    const env = { ...process.env, DEEPSEEK_API_KEY: 'sk-test', DSH_TEST_MODEL_URL: fake.url, NODE_OPTIONS: `--import ${join(ROOT, 'test', 'redirect-fetch.mjs')}` }
+    const env: Record<string, string | undefined> = { ...process.env, DEEPSEEK_API_KEY: 'sk-test', DSH_TEST_MODEL_URL: fake.url, NODE_OPTIONS: `--import ${join(ROOT, 'test', 'redirect-fetch.mjs')}` }
     delete env.NODE_TEST_CONTEXT
     const r = await run(process.execPath, ['snippet.js'], env)
     assert.equal(r.code, 0, r.out)
