@@ -5,6 +5,7 @@ import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import { CLEAN_ENV, dshPtyDriven, fake, readLog, runFlags, skipWithoutPty, tempDir } from './cli-helpers.ts'
 import type { FakeRequest } from './fake-provider.ts'
+import { Agent, MemoryStore, Session, contextBar, openAICompatible, statusReporter } from '../dsh.ts'
 
 const skip = skipWithoutPty
 const PROMPT = '› '
@@ -57,5 +58,82 @@ describe('/compact', () => {
     assert.equal(f.requests.filter(isSummary).length, 0)
     const log = await readLog(`${cwd}/s.jsonl`)
     assert.deepEqual(log.filter((e) => e.type.startsWith('compaction/') || e.type === 'ladder/state'), [], 'no warning, no failure guard')
+  })
+})
+
+describe('the status line prints only news', () => {
+  test('the first step; then only when the occupancy or the cache-hit share moved 5 points, or a rung acted', async () => {
+    // Every request reports the same usage: the cache-hit share stays 50%, the occupancy moves only with the input.
+    const usage = { prompt_tokens: 1000, completion_tokens: 5, prompt_cache_hit_tokens: 500, prompt_cache_miss_tokens: 500 }
+    const f = await fake((request) => {
+      const last = request.body.messages.at(-1)
+      if (last.role === 'user' && last.content === 'read it') return { toolCalls: [{ id: 'c1', name: 'read', arguments: {} }], usage }
+      return { text: 'ok', usage }
+    })
+    const session = await Session.open(new MemoryStore())
+    const lines: string[] = []
+    let agent: Agent | undefined
+    const status = statusReporter(() => agent, (line) => lines.push(line), true, false)
+    agent = new Agent({ session, provider: openAICompatible({ baseURL: f.url, model: 'm', contextWindow: 1_000_000 }), tools: [{ name: 'read', description: 'read', parameters: { type: 'object' }, execute: () => 'y'.repeat(40_000) }], onEvent: status, recall: false })
+    const statusLines = () => lines.filter((l) => l.startsWith('[dsh] context '))
+    await agent.run('one')
+    assert.equal(statusLines().length, 1, 'the first step prints')
+    await agent.run('two')
+    await agent.run('three')
+    assert.equal(statusLines().length, 1, 'small steps print nothing')
+    await agent.run('x'.repeat(240_000)) // +60,000 tokens: 6 points of the window
+    assert.equal(statusLines().length, 2, 'a move of 6 points prints')
+    assert.match(statusLines()[1], /^\[dsh\] context 6\d,\d{3} \/ 1,000,000 tokens \(6\.\d%\) · cost unknown \(no price for this model; --prices sets one\), cache hits 50%\n$/)
+    await agent.run('read it') // a 10,008-token result: 1 point
+    assert.equal(statusLines().length, 2, lines.join(''))
+    // A prune of it (the rung's own edit, logged as the ladder logs it) saves 0.9 points: it is news all the same.
+    const result = session.surface().findLast((n) => n.message.role === 'tool')!
+    assert.equal(session.pruneToolResult(result.seq), 8_710)
+    const pruned = lines.findIndex((l) => l.startsWith('[dsh] pruned read: 10,008 → 1,298 tokens'))
+    assert.ok(pruned > 0, lines.join(''))
+    await agent.run('after')
+    assert.equal(statusLines().length, 3, lines.join(''))
+    assert.ok(lines.indexOf(statusLines()[2]) > pruned, 'the status line follows the rung')
+    await agent.run('and after')
+    assert.equal(statusLines().length, 3, 'once: the rung was reported')
+  })
+
+  test('cost is "unknown" or a number in one session, never both: /usage before any request and after', { skip }, async () => {
+    const cwd = await tempDir()
+    const f = await fake(() => ({ text: 'ok' }))
+    const unpriced = await dshPtyDriven([...runFlags(f), '--no-shell', '--no-save'], cwd, CLEAN_ENV, [
+      { waitFor: PROMPT, send: '/usage\r' }, { waitFor: PROMPT, send: 'hello\r' }, { waitFor: PROMPT, send: '/usage\r' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(unpriced.code, 0, unpriced.stdout)
+    assert.equal(unpriced.stdout.match(/cost unknown/g)?.length, 2 * 3 + 1, 'each /usage: the total, the conversation, the summaries; and the status line')
+    assert.doesNotMatch(unpriced.stdout, /\$\d/)
+    const priced = await dshPtyDriven([...runFlags(f), '--no-shell', '--no-save', '--prices', '0.003,0.15,0.6'], cwd, CLEAN_ENV, [
+      { waitFor: PROMPT, send: '/usage\r' }, { waitFor: PROMPT, send: 'hello\r' }, { waitFor: PROMPT, send: '/usage\r' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(priced.code, 0, priced.stdout)
+    assert.doesNotMatch(priced.stdout, /unknown/)
+    assert.match(priced.stdout, /cost: \$0\.000000 so far/)
+    assert.match(priced.stdout, /cost: \$0\.000\d+ so far/)
+  })
+})
+
+describe('/context opens with a one-line bar', () => {
+  test('contextBar: a cell per 1/40 of the window for envelope, pinned, checkpoints, recent and free; the parts scaled to the measured total', () => {
+    const part = (tokens: number) => ({ tokens, messages: 1 })
+    const b = { totalTokens: 8_000, anchored: true, contextWindow: 16_000, envelopeTokens: 2_000, pinned: part(400), checkpoints: part(1_600), messages: part(1_000), toolResults: { ...part(3_000), pruned: 0, cleared: 0 }, shadowed: { pruned: part(0), cleared: part(0), summarised: { ...part(0), compactions: 0 } } }
+    assert.equal(contextBar(b), `${'█'.repeat(5)}${'▓'.repeat(1)}${'▒'.repeat(4)}${'░'.repeat(10)}${'·'.repeat(20)} █ envelope 13%  ▓ pinned 3%  ▒ checkpoints 10%  ░ recent 25%  · free 50%`)
+    // Anchored at 10,000 for 8,000 heuristic tokens: each part × 1.25.
+    assert.equal(contextBar({ ...b, totalTokens: 10_000 }), `${'█'.repeat(6)}${'▓'.repeat(1)}${'▒'.repeat(5)}${'░'.repeat(13)}${'·'.repeat(15)} █ envelope 16%  ▓ pinned 3%  ▒ checkpoints 13%  ░ recent 31%  · free 38%`)
+    assert.match(contextBar({ ...b, contextWindow: undefined }), / █ envelope 25%  ▓ pinned 5%  ▒ checkpoints 20%  ░ recent 50% \(of the total: window unknown\)$/)
+  })
+
+  test('the bar is the first line of /context', { skip }, async () => {
+    const cwd = await tempDir()
+    const f = await fake(() => ({ text: 'ok' }))
+    const run = await dshPtyDriven([...runFlags(f), '--no-shell', '--no-save'], cwd, CLEAN_ENV, [
+      { waitFor: PROMPT, send: 'hello\r' }, { waitFor: PROMPT, send: '/context\r' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(run.code, 0, run.stdout)
+    assert.match(run.stdout, /\/context\n[█▓▒░·]{40} █ envelope \d+%  ▓ pinned 0%  ▒ checkpoints 0%  ░ recent (<1|\d+)%  · free \d+%\nnext request: /)
   })
 })
