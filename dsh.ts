@@ -10716,19 +10716,37 @@ Options
 The model gets these tools: read_file, list_files, grep, write_file, edit_file (their paths are
 limited to the working directory) and, with --allow-shell or an interactive yes, shell (in the
 sandbox above where bubblewrap runs; without it, a command can reach anything you can).
-Interactive commands: /compact [FOCUS], /context, /pin, /unpin, /usage, /diff, /undo,
-/permissions, /sessions (below), /help, /exit; Ctrl-C cancels the running turn, a second exits.
-A pasted block is one input; a line that ends in \\ continues on the next.
+Interactive commands
+  /model NAME [--context-window N]
+                         the model for the next request (same server and key); N: its window,
+                         else the one dsh knows for NAME; the context is measured against it at
+                         once (compacted now if it must be). /model alone: the current one
+  /compact [FOCUS]       summarise what is older than the recent tail compaction keeps (FOCUS:
+                         what the summary should detail); when there is none, a line says why
+  /context               a bar of the next request (envelope, pinned, checkpoints, recent, free),
+                         its parts in tokens, the newest checkpoint in full
+  /usage                 every figure: context, provider usage, cost
+  /pin, /unpin           pin your last input (never compacted); remove the newest pin
+  /diff, /undo, /permissions, /sessions   see below
+  /help, /exit
+  While a turn runs, a spinner names the running tool (or the model awaited) and its seconds; what
+  you type meanwhile is not mixed into the answer: an entered line is queued and runs after the
+  turn. Ctrl-C cancels the running turn (a second exits); at the prompt it clears what is typed (a
+  second exits). A pasted block is one input; a line that ends in \\ continues on the next.
 
 Status lines (stderr)
   ▸ read_file src/a.ts (2,340 tokens)    a tool ran; its result takes 2,340 tokens of context
   ▸ shell npm test → exit 1              a command and its exit code (errors: their first line)
   [dsh] pruned read_file big.log: 16,549 → 1,298 tokens (15,251 saved)
                                          a context edit: what was cut and the tokens it saved
-  [dsh] context 12,034 / 128,000 tokens (9.4%) ~
-                                         occupancy after each step (on a terminal); a trailing ~
-                                         means the figure is dsh's estimate (chars/4), not yet
-                                         anchored on the token count the provider reported
+  [dsh] context 12,034 / 128,000 tokens (9.4%) ~ · $0.0123 so far, cache hits 87%
+                                         occupancy and cost (on a terminal), after a step that
+                                         moved the occupancy or the cache hits by 5 points, or
+                                         after a context edit (/usage has every figure); a
+                                         trailing ~ means dsh's estimate (chars/4), not yet
+                                         anchored on the token count the provider reported. The
+                                         cost is "unknown" for the whole session when the model
+                                         has no price (--prices sets one)
 
 Approvals, diffs and undo
   Interactive mode asks before each write_file, edit_file and shell command, showing the diff
