@@ -12551,19 +12551,25 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
   // events of an agent that was replaced are ignored (its session subscription stays).
   let agents = 0
   const newAgent = (p: Provider, contextWindow: number | undefined): Agent => {
-    const mine = ++agents
-    return new Agent({
+    const mine = agents + 1
+    const made = new Agent({
       session, provider: p, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions: instructions?.text, contextWindow,
       maxTokens: run.maxTokens, compaction: { thresholdRatio: run.threshold, ...(run.clear === false ? { clear: false } : {}) }, maxSteps: run.maxSteps,
       onEvent: (e) => { if (mine === agents) onEvent(e) },
     })
+    agents = mine // from here on, only this agent's events are shown
+    return made
   }
   agent = newAgent(provider, options.contextWindow)
   const switchModel = async (line: string, signal: AbortSignal): Promise<string> => {
     const next = parseModelCommand(line, agent!)
     if (typeof next === 'string') return next
     // Prices are a model's: DeepSeek's for its models, else none (cost unknown) — never the last model's.
-    agent = newAgent(providerFor(next.model, next.contextWindow, pricesOf(next.model)), next.contextWindow)
+    let made: Agent
+    try { made = newAgent(providerFor(next.model, next.contextWindow, pricesOf(next.model)), next.contextWindow) } catch (err) {
+      return `[dsh] /model: ${(err as Error).message}; the model stays ${stripControls(agent!.provider.model)}\n`
+    }
+    agent = made
     return await modelSwitched(agent, signal)
   }
 

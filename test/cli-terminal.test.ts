@@ -3,6 +3,8 @@
 // pseudo-terminal (util-linux `script`) against test/fake-provider.ts.
 import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
+import { readFile } from 'node:fs/promises'
+import { join } from 'node:path'
 import { CLEAN_ENV, dshPtyDriven, fake, readLog, runFlags, skipWithoutPty, tempDir } from './cli-helpers.ts'
 import type { FakeRequest } from './fake-provider.ts'
 import { Agent, MemoryStore, Session, contextBar, openAICompatible, statusReporter } from '../dsh.ts'
@@ -135,5 +137,32 @@ describe('/context opens with a one-line bar', () => {
     ])
     assert.equal(run.code, 0, run.stdout)
     assert.match(run.stdout, /\/context\n[█▓▒░·]{40} █ envelope \d+%  ▓ pinned 0%  ▒ checkpoints 0%  ░ recent (<1|\d+)%  · free \d+%\nnext request: /)
+  })
+})
+
+describe('input typed during a turn (under a pseudo-terminal)', () => {
+  test('is queued with a line saying so and runs after the turn; a question of the turn never takes it as its answer', { skip }, async () => {
+    const cwd = await tempDir()
+    const f = await fake((request) => {
+      const last = request.body.messages.at(-1)
+      if (last.role === 'tool') return { text: 'Not written, as you said.' }
+      if (last.content === 'write it') return { toolCalls: [{ name: 'write_file', arguments: { path: 'a.txt', content: 'alpha\n' } }], delayMs: 300 }
+      return { text: `next: ${last.content}` }
+    })
+    // A terminal with cursor control: the live line shows while the model is awaited.
+    const run = await dshPtyDriven([...runFlags(f), '--no-shell', '--no-save'], cwd, { ...CLEAN_ENV, TERM: 'xterm' }, [
+      { waitFor: PROMPT, send: 'write it\r' },
+      { waitFor: 'waiting for m', send: 'y\r' }, // typed ahead: not an answer to the question that comes
+      { waitFor: 'Apply this change to a.txt?', send: 'n\r' },
+      { waitFor: 'next: y', send: '' },
+      { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(run.code, 0, run.stdout)
+    assert.match(run.stdout, /\[dsh\] queued, runs after this turn: y\n/)
+    await assert.rejects(readFile(join(cwd, 'a.txt')), { code: 'ENOENT' }, 'the question was answered n, not by the typed-ahead y')
+    const users = f.requests.map((r) => r.body.messages.at(-1)).filter((m: any) => m.role === 'user').map((m: any) => m.content)
+    assert.deepEqual(users, ['write it', 'y'])
+    assert.ok(f.requests[1].body.messages.at(-1).content.includes('declined by the user'))
+    assert.match(run.stdout, /Not written, as you said\.\n[^]*› y\n[^]*next: y/)
   })
 })
