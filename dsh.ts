@@ -10742,11 +10742,11 @@ Status lines (stderr)
   [dsh] context 12,034 / 128,000 tokens (9.4%) ~ · $0.0123 so far, cache hits 87%
                                          occupancy and cost (on a terminal), after a step that
                                          moved the occupancy or the cache hits by 5 points, or
-                                         after a context edit (/usage has every figure); a
-                                         trailing ~ means dsh's estimate (chars/4), not yet
-                                         anchored on the token count the provider reported. The
-                                         cost is "unknown" for the whole session when the model
-                                         has no price (--prices sets one)
+                                         after a context edit (/usage has every figure).
+                                         A trailing ~ means the figure is dsh's estimate
+                                         (chars/4), not yet anchored on the tokens the provider
+                                         reported. The cost is "unknown" for the whole session
+                                         when the model has no price (--prices sets one)
 
 Approvals, diffs and undo
   Interactive mode asks before each write_file, edit_file and shell command, showing the diff
