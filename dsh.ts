@@ -12569,8 +12569,10 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
     try { made = newAgent(providerFor(next.model, next.contextWindow, pricesOf(next.model)), next.contextWindow) } catch (err) {
       return `[dsh] /model: ${(err as Error).message}; the model stays ${stripControls(agent!.provider.model)}\n`
     }
+    const hadCost = costKnown(agent!)
     agent = made
-    return await modelSwitched(agent, signal)
+    const said = await modelSwitched(agent, signal)
+    return hadCost && !costKnown(agent) ? `${said}[dsh] this session's cost is unknown from now on: ${stripControls(next.model)} has no price (dsh knows DeepSeek's)\n` : said
   }
 
   let prompt = options.prompt

@@ -44,6 +44,21 @@ describe('/model NAME [--context-window N]', () => {
   })
 })
 
+describe('/model and the cost', () => {
+  test('from a priced model to one without a price: a line says the session\'s cost is unknown from now on; to a DeepSeek model: its prices', { skip }, async () => {
+    const cwd = await tempDir()
+    const f = await fake(() => ({ text: 'ok' }))
+    const run = await dshPtyDriven([...runFlags(f), '--no-shell', '--no-save', '--prices', '0.003,0.15,0.6'], cwd, CLEAN_ENV, [
+      { waitFor: PROMPT, send: 'hello\r' }, { waitFor: PROMPT, send: '/model deepseek-v4-pro\r' }, { waitFor: PROMPT, send: '/model local-model --context-window 8000\r' },
+      { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(run.code, 0, run.stdout)
+    assert.match(run.stdout, /\[dsh\] model deepseek-v4-pro, 1,048,576-token window, from the next request; context [\d,]+ \/ 1,048,576 tokens/)
+    assert.equal(run.stdout.split("this session's cost is unknown from now on").length, 2, run.stdout)
+    assert.match(run.stdout, /\[dsh\] model local-model, 8,000-token window[^\n]*\n\[dsh\] this session's cost is unknown from now on: local-model has no price \(dsh knows DeepSeek's\)\n/)
+  })
+})
+
 describe('/compact', () => {
   test('nothing to compact: one plain sentence says why (an empty conversation; everything within the kept tail); nothing is logged', { skip }, async () => {
     const cwd = await tempDir()
