@@ -11271,9 +11271,13 @@ function toolOutcome(result: ToolResultMessage): string | undefined {
  *   and the replaces that follow it: `pruned read_file big.txt: 16,549 → 1,298 tokens (15,251
  *   saved)` (plus {@link StatusReporterOptions.editNote});
  * - failed compactions, overflow recoveries, provider retries (what is retried and why) and warnings;
- * - on a TTY only: a live `compacting… 2.1 s` indicator while a summary runs, and after each step
- *   the context occupancy `context 12,034 / 128,000 tokens (9.4%)`, with a trailing ` ~` while the
- *   figure is the chars/4 estimate rather than anchored on provider-reported usage.
+ * - on a TTY only: a live `compacting… 2.1 s` indicator while a summary runs; with
+ *   {@link StatusReporterOptions.live}, a spinner with the running tool (`⠹ shell npm test · 3.2 s`)
+ *   or the model awaited, and what was typed ahead; after a step, the context occupancy
+ *   `context 12,034 / 128,000 tokens (9.4%) · cost…`, with a trailing ` ~` while the figure is the
+ *   chars/4 estimate rather than anchored on provider-reported usage — after the first step, then
+ *   only when the occupancy or the cache-hit share moved {@link STATUS_CHANGE_POINTS} points or a
+ *   context edit was reported since (docs/design.md §8).
  * Colour (dim) only on a TTY and without `NO_COLOR`.
  */
 export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean, options: StatusReporterOptions = {}): (e: AgentEvent) => void {
