@@ -948,9 +948,11 @@ export interface EventDataMap {
   'tool/call': { callId: string; name: string; arguments?: string }
   'tool/result': { message: ToolResultMessage; surfaceOp: SurfaceOp; spilled?: { ref: string; bytes: number } }
   'request/error': { code: string; status?: number; message: string; trigger?: string }
-  'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
+  'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string;
+    paysBackAfterRequests?: number }
   /** A tool result replaced by a placeholder (the clear rung, docs/design.md §10); the replace follows. */
-  'compaction/clear': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
+  'compaction/clear': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string;
+    paysBackAfterRequests?: number }
   'ladder/state': LadderStateData
   'compaction/start': { id: string; trigger: string }
   /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md
@@ -2194,6 +2196,9 @@ function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pin
 
 // ── 4.1 Edits of the surface: the log protocol of a prune or a clear (docs/design.md §3, §10) ─────
 
+/** The modelled payback (requests) of the edit the ladder is logging (section 5.1a), put into its event. */
+const EDIT_PAYBACK = new WeakMap<Session, number>()
+
 /** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
 function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear',
   message: Message, trigger?: string): number {
@@ -2203,8 +2208,9 @@ function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prun
   const data: Record<string, unknown> = { message, surfaceOp: { op: 'replace', start: seq, end: seq } }
   if (eventType === 'assistant/message') data.finishReason = 'pruned'
   stateOf(session).check(eventType, data) // both events or neither
-  session.append(type, trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger }
-    : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
+  const payback = EDIT_PAYBACK.get(session)
+  session.append(type, { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, ...(trigger ? { trigger } : {}),
+    ...(payback !== undefined && Number.isFinite(payback) ? { paysBackAfterRequests: payback } : {}) })
   const after = session.append(eventType, data)
   return node.tokens - session.surface().node(after.seq)!.tokens
 }
@@ -2754,6 +2760,9 @@ function randomId(): string {
  * - `clearBeforeSummary` true: clear even when clearing alone cannot bring the total under the
  *   threshold (the summarizer then reads placeholders); false clears only when it relieves the
  *   pressure by itself. docs/bench.md records the measurement behind the default.
+ * - `gate` true: the net-cost gate (docs/design.md §11) — with known prices, an edit below the threshold is
+ *   made only when it pays back within the requests expected, and at pressure the clear rung takes the
+ *   protected results too when that is cheaper than a summary; false: the ladder as without prices.
  */
 export interface CompactionConfig {
   thresholdRatio: number
@@ -2768,13 +2777,14 @@ export interface CompactionConfig {
   reliefRatio: number
   protectedRatio: number
   clearBeforeSummary: boolean
+  gate: boolean
 }
 
 /** The defaults of docs/design.md §§5, 10. */
 const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
   thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
   maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
-  clear: true, reliefRatio: 0.6, protectedRatio: 0.2, clearBeforeSummary: true,
+  clear: true, reliefRatio: 0.6, protectedRatio: 0.2, clearBeforeSummary: true, gate: true,
 })
 
 /** Each key's kind and range: `ratio` (lo, hi) open/closed as named, `int` a safe integer ≥ min, `bool`. */
@@ -2792,6 +2802,7 @@ const COMPACTION_CONFIG_RULES: Readonly<Record<keyof CompactionConfig, { kind: '
   reliefRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: true, hiOpen: true },
   protectedRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: false, hiOpen: true },
   clearBeforeSummary: { kind: 'bool' },
+  gate: { kind: 'bool' },
 }
 
 /**
@@ -4024,10 +4035,13 @@ class Ladder {
   private warnedEnvelope = false
   /** The host's envelope and its heuristic price, kept while the host returns the same object. */
   private envelopePrice?: { envelope: Envelope; tokens: number }
+  /** When this ladder began watching the session's step rate (ms) and its conversation requests then. */
+  private readonly watch: { ms: number; requests: number }
 
   constructor(host: CompactionHost) {
     this.host = host
     this.guard = stateOf(host.session).ladder.failedAtTokens
+    this.watch = { ms: Date.now(), requests: host.session.cost.usage().conversation.requests }
   }
 
   /** Heuristic tokens (envelope + surface) at the last failed pressure compaction; undefined when none is pending. */
@@ -4091,16 +4105,20 @@ class Ladder {
    * Runs `rung` on the session as it is now and logs its edits (the one place that does): a batch is
    * skipped or stopped by the size of the next request, measured before each edit. Returns tokens reclaimed.
    */
-  private apply(rung: Rung, view: LadderView, trigger: string): number {
+  private apply(rung: Rung, view: LadderView, trigger: string, gate?: Gate, needed = true): number {
     const session = view.session
     let reclaimed = 0
     for (const batch of rung(view)) {
       if (batch.onlyIfAtLeast !== undefined && view.nextRequestTokens() < batch.onlyIfAtLeast) continue
-      for (const op of batch.ops) {
-        if (batch.stopAtOrBelow !== undefined && view.nextRequestTokens() <= batch.stopAtOrBelow) break
-        reclaimed += op.op === 'prune' ? pruneNode(session, op.seq, view.prune, trigger)
-          : clearNode(session, op.seq, op.placeholder, trigger)
-      }
+      const gated = gate && gatedOps(session, batch.ops, view.prune, gate, needed) // the net-cost gate (5.1a)
+      if (gated) EDIT_PAYBACK.set(session, gated.payback)
+      try {
+        for (const op of gated ? gated.ops : batch.ops) {
+          if (batch.stopAtOrBelow !== undefined && view.nextRequestTokens() <= batch.stopAtOrBelow) break
+          reclaimed += op.op === 'prune' ? pruneNode(session, op.seq, view.prune, trigger)
+            : clearNode(session, op.seq, op.placeholder, trigger)
+        }
+      } finally { EDIT_PAYBACK.delete(session) }
     }
     return reclaimed
   }
@@ -4118,14 +4136,18 @@ class Ladder {
     const threshold = this.threshold()
     if (threshold === undefined) return done('skipped', 'no context window')
     if (stateOf(session).compaction) return done('skipped', 'a compaction is already running')
-    if (outcome.tokensBefore < threshold) return done('none')
+    const gate = gateOf(session, cfg, this.watch), view = this.view(threshold), needed = outcome.tokensBefore >= threshold
+    if (!needed && !gate) return done('none')
     if (signal?.aborted) return done('skipped', 'aborted')
-    const below = () => this.nextRequestTokens() < threshold
-    const view = this.view(threshold)
-    outcome.prunedTokens = this.apply(pruneResultsRung, view, 'pressure')
-      + this.apply(pruneMessagesRung, view, 'pressure')
-    if (below()) return done('pruned')
-    outcome.clearedTokens = this.apply(clearRung, view, 'pressure')
+    const below = () => this.nextRequestTokens() < threshold, trigger = needed ? 'pressure' : 'gate'
+    outcome.prunedTokens = this.apply(pruneResultsRung, view, trigger, gate, needed)
+      + this.apply(pruneMessagesRung, view, trigger, gate, needed)
+    if (needed && below()) return done('pruned')
+    outcome.clearedTokens = this.apply(clearRung, view, trigger, gate, needed)
+    if (!needed) return done(outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'none')
+    const more = gate && !below() && clearMoreOps(view, gate, this.nextRequestTokens()) // clear more, not summarise
+    if (more) outcome.clearedTokens += this.apply(() => [{ ops: more, stopAtOrBelow: Math.floor(view.window!
+      * cfg.reliefRatio) }], view, 'pressure', gate)
     if (below()) return done('cleared')
     const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
       ? 'pruned' : 'skipped'
@@ -4276,6 +4298,136 @@ class Ladder {
       + this.apply(pruneMessagesRung, view, 'manual')
     return this.summariseUnder('manual', threshold, outcome, done, signal, options.focus)
   }
+}
+
+// ── 5.1a The net-cost gate (docs/design.md §11 "Edits that pay for themselves") ──────────────
+// An edit of the cached prefix costs the cache misses it causes now (and a summary request's own
+// price); it saves its tokens on every later request. The gate makes it when it pays back within
+// the requests the session can expect (its own pace so far, never a transcript's future), or when
+// it is needed to stay under the threshold. The model is pure; the planners below read the session.
+
+/** A prompt cache unused this long is taken as gone, ms: DeepSeek keeps one for hours, others for minutes. */
+const CACHE_LIFETIME_MS = 3_600_000
+/** A summary's checkpoint is priced at this share of its completion budget: the model rarely writes all of it. */
+const SUMMARY_OUTPUT_SHARE = 0.5
+
+/**
+ * What a live session knows of its own pace: conversation requests so far, completed turns, the
+ * current turn's requests, and the requests watched over `elapsedMs` (ms) for the step rate.
+ */
+interface SessionPace { requests: number; turns: number; turnRequests: number; watchedRequests: number;
+  elapsedMs: number }
+
+/**
+ * Requests the session can expect before it ends or its cache expires (at least 1): the current turn
+ * lasts as long as the completed turns did on average, or as long again as it has so far (whichever
+ * is longer); no more than the step rate fits into {@link CACHE_LIFETIME_MS}.
+ */
+function expectedRequests(p: SessionPace): number {
+  const meanTurn = p.turns > 0 ? (p.requests - p.turnRequests) / p.turns : 0
+  const n = Math.max(1, Math.round(meanTurn) - p.turnRequests, p.turnRequests)
+  if (!(p.elapsedMs > 0 && p.watchedRequests > 0)) return n
+  return Math.min(n, Math.max(1, Math.floor((CACHE_LIFETIME_MS * p.watchedRequests) / p.elapsedMs)))
+}
+
+/** An edit as the gate prices it: tokens moved from hit to miss now, tokens off every later request, a summary's USD. */
+interface EditModel { movedTokens: number; savedTokens: number; summaryUSD?: number }
+
+/** USD an edit costs now (off-peak): its cache misses plus a summary request's own price. */
+const editNowUSD = (prices: Prices, e: EditModel) => cacheCostUSD(prices, e.movedTokens) + (e.summaryUSD ?? 0)
+
+/** Later requests after which an edit has paid for itself: 0 when free, Infinity when it saves nothing. */
+function paybackRequests(prices: Prices, e: EditModel): number {
+  const cost = editNowUSD(prices, e), perRequest = (e.savedTokens * prices.cacheHitInput) / 1_000_000
+  if (cost <= 0) return 0
+  return perRequest > 0 ? Math.ceil(cost / perRequest - 1e-9) : Infinity // 1e-9: float noise, not a request
+}
+
+/** USD an edit costs over `requests` later requests, its saving taken off (below 0: it pays). */
+const netEditUSD = (prices: Prices, e: EditModel, requests: number) =>
+  editNowUSD(prices, e) - (e.savedTokens * prices.cacheHitInput * requests) / 1_000_000
+
+/** The gate's verdict: make the edit when it is needed, or when it pays back within `requests`. */
+const gateAllows = (prices: Prices, e: EditModel, requests: number, needed: boolean) =>
+  needed || paybackRequests(prices, e) <= requests
+
+/** What the ladder's gate decides with: the prices of the next request and the requests expected. */
+interface Gate { prices: Prices; requests: number }
+
+/** The gate of a session now, or undefined when it is off (`gate: false`) or the prices are unknown. */
+function gateOf(session: Session, cfg: CompactionConfig, watch: { ms: number; requests: number }): Gate | undefined {
+  const prices = session.measure().header?.prices
+  if (!cfg.gate || !prices) return undefined
+  const requests = session.cost.usage().conversation.requests, t = stateOf(session).turn
+  return { prices, requests: expectedRequests({ requests, turns: Math.max(0, t.last - (t.open ? 1 : 0)),
+    turnRequests: t.open ? t.step : 0, watchedRequests: requests - watch.requests, elapsedMs: Date.now() - watch.ms }) }
+}
+
+/** Surface tokens the next request would read from the cache (heuristic tokens). */
+function cachedSurfaceTokens(session: Session): number {
+  const c = session.cost.nextRequestCache()
+  return c.modelledHitTokens > 0 ? Math.max(0, c.modelledHitTokens - session.measure().envelopeTokens) : 0
+}
+
+/** The model of `ops` applied now: misses from the first edited node to the end of the cached prefix, tokens saved. */
+function opsModel(session: Session, ops: readonly LadderOp[], prune: PruneConfig): EditModel {
+  const nodes = session.surface(), at = new Set(ops.map((o) => o.seq))
+  let before = 0, i = 0, saved = 0
+  for (; i < nodes.length && !at.has(nodes[i].seq); i++) before += nodes[i].tokens
+  for (const op of ops) {
+    const n = nodes.node(op.seq)
+    if (!n) continue
+    const m = n.message
+    const after = op.op === 'clear' ? { ...m, content: [{ type: 'text', text: op.placeholder }] } as Message
+      : m.role === 'tool' ? pruneToolResult(m, prune) : pruneMessage(m, prune)
+    saved += Math.max(0, n.tokens - estimateMessageTokens(after))
+  }
+  return { movedTokens: Math.max(0, cachedSurfaceTokens(session) - before - saved), savedTokens: saved }
+}
+
+/**
+ * The edits of a batch the gate lets through, with their payback (requests): all of them when
+ * `needed`; else the longest run of the newest ops that pays back within the requests expected (an
+ * older op moves more of the cached prefix), none when no run does — they wait and pay in a later batch.
+ */
+function gatedOps(session: Session, ops: readonly LadderOp[], prune: PruneConfig, gate: Gate,
+  needed: boolean): { ops: readonly LadderOp[]; payback: number } {
+  for (let k = 0; k < ops.length; k++) {
+    const model = opsModel(session, ops.slice(k), prune)
+    if (gateAllows(gate.prices, model, gate.requests, needed)) return { ops: ops.slice(k),
+      payback: paybackRequests(gate.prices, model) }
+  }
+  return { ops: [], payback: Infinity }
+}
+
+/** The model of a summary of `region`: its request (cached part of the region at the hit price), checkpoint, misses. */
+function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices): EditModel {
+  const cached = cachedSurfaceTokens(session)
+  const output = Math.ceil(Math.min(cfg.summaryMaxTokens, Math.max(512, Math.floor(region.tokens / 2)))
+    * SUMMARY_OUTPUT_SHARE)
+  const hit = Math.min(region.tokens, cached), saved = Math.max(0, region.tokens - output)
+  const summaryUSD = requestCostUSD(prices, { cachedInputTokens: hit, uncachedInputTokens: region.tokens - hit,
+    outputTokens: output }, 0)
+  return { movedTokens: Math.max(0, cached - saved), savedTokens: saved, summaryUSD }
+}
+
+/**
+ * Clear-more (the gate at pressure): every clearable result outside the newest step, the protected
+ * budget included, when that alone brings the next request under the threshold for less than the
+ * summary it replaces; undefined otherwise. `nextTokens` is the next request's size, tokens.
+ */
+function clearMoreOps(v: LadderView, gate: Gate, nextTokens: number): LadderOp[] | undefined {
+  if (!v.compaction.clear || v.window === undefined) return undefined
+  const rate = v.session.measure().calibration
+  const ops = clearCandidates(v.session, 0, v.clearable)
+    .map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
+  const clear = opsModel(v.session, ops, v.prune)
+  if (ops.length === 0 || nextTokens - clear.savedTokens * rate >= v.threshold) return undefined
+  const retained = Math.floor((v.window * v.compaction.retainedTailRatio) / rate)
+  const region = selectRegion(v.session.surface(), retained, keptOutOfSummary(v.session))
+  if (region && netEditUSD(gate.prices, clear, gate.requests)
+    > netEditUSD(gate.prices, summaryModel(v.session, region, v.compaction, gate.prices), gate.requests)) return undefined
+  return ops
 }
 
 // ── 5.2 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ──────────
@@ -10038,6 +10190,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   let stop: AbortController | undefined
   const provider: Provider = {
     model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', contextWindow: window, maxTokens: window,
+    prices: options.prices ?? REPLAY_PRICES, // the net-cost gate decides at the prices the totals use
     async complete(request) {
       current = turn?.steps[stepIndex++]
       if (!current) {

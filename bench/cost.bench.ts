@@ -16,7 +16,7 @@ import {
 } from '../dsh.ts'
 import { CORPUS_DIR, corpusFiles, fmtPct, int, nowMs, table, type Section, type Target } from './lib.ts'
 
-const WINDOWS = [32_000, 64_000]
+const WINDOWS = [16_000, 32_000, 64_000]
 /** deepseek-flash, off-peak (DEEPSEEK_PRICES without its peak hours). */
 const PRICES: Prices = { ...DEEPSEEK_PRICES['deepseek-flash'], peak: undefined }
 /** Observation masking keeps the tool outputs of this many newest steps. */
