@@ -4145,9 +4145,9 @@ class Ladder {
     if (needed && below()) return done('pruned')
     outcome.clearedTokens = this.apply(clearRung, view, trigger, gate, needed)
     if (!needed) return done(outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'none')
-    const more = gate && !below() && clearMoreOps(view, gate, this.nextRequestTokens()) // clear more, not summarise
-    if (more) outcome.clearedTokens += this.apply(() => [{ ops: more, stopAtOrBelow: Math.floor(view.window!
-      * cfg.reliefRatio) }], view, 'pressure', gate)
+    const next = this.nextRequestTokens() // the gate: clear more (the protected results too) rather than summarise
+    const more = gate && next > Math.floor(view.window! * cfg.reliefRatio) && clearMore(view, gate, next)
+    if (more) outcome.clearedTokens += this.apply(() => [more.batch], view, 'pressure', gate, more.needed)
     if (below()) return done('cleared')
     const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
       ? 'pruned' : 'skipped'
@@ -4412,22 +4412,26 @@ function summaryModel(session: Session, region: Region, cfg: CompactionConfig, p
 }
 
 /**
- * Clear-more (the gate at pressure): every clearable result outside the newest step, the protected
- * budget included, when that alone brings the next request under the threshold for less than the
- * summary it replaces; undefined otherwise. `nextTokens` is the next request's size, tokens.
+ * Clear-more (the gate at pressure, docs/design.md §11): every clearable result outside the newest
+ * step, the protected budget included, down to `floor(window × reliefRatio)`. It is `needed` when it
+ * alone brings the next request (`nextTokens`, tokens) under the threshold for less than the summary it
+ * replaces, and when it cannot (the summary that follows rewrites the prefix: these edits cost no miss of
+ * their own); otherwise the gate lets through what pays back (results after an edit point already paid
+ * for cost no new miss). Undefined when there is nothing to clear.
  */
-function clearMoreOps(v: LadderView, gate: Gate, nextTokens: number): LadderOp[] | undefined {
+function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: LadderBatch; needed: boolean } | undefined {
   if (!v.compaction.clear || v.window === undefined) return undefined
   const rate = v.session.measure().calibration
   const ops = clearCandidates(v.session, 0, v.clearable)
     .map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
+  if (ops.length === 0) return undefined
   const clear = opsModel(v.session, ops, v.prune)
-  if (ops.length === 0 || nextTokens - clear.savedTokens * rate >= v.threshold) return undefined
   const retained = Math.floor((v.window * v.compaction.retainedTailRatio) / rate)
   const region = selectRegion(v.session.surface(), retained, keptOutOfSummary(v.session))
-  if (region && netEditUSD(gate.prices, clear, gate.requests)
-    > netEditUSD(gate.prices, summaryModel(v.session, region, v.compaction, gate.prices), gate.requests)) return undefined
-  return ops
+  const cheaper = !region || netEditUSD(gate.prices, clear, gate.requests)
+    <= netEditUSD(gate.prices, summaryModel(v.session, region, v.compaction, gate.prices), gate.requests)
+  return { batch: { ops, stopAtOrBelow: Math.floor(v.window * v.compaction.reliefRatio) },
+    needed: nextTokens - clear.savedTokens * rate >= v.threshold || cheaper }
 }
 
 // ── 5.2 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ──────────
