@@ -936,7 +936,8 @@ export interface EventDataMap {
   /** `lastSeq`: the last seq before the resume; `repaired`: how many synthetic tool results follow. */
   'session/resume': { lastSeq: number; torn?: TornLine; repaired: number }
   'turn/start': { turn: number }
-  'turn/end': { turn: number; reason: string }
+  /** `message`: why a turn ended early, e.g. what was spent when it stopped at its spend cap (reason `budget`). */
+  'turn/end': { turn: number; reason: string; message?: string }
   'step/start': { turn: number; step: number }
   'step/end': { turn: number; step: number }
   'request/header': RequestHeader
@@ -6523,6 +6524,14 @@ export interface AgentOptions {
    * true; docs/design.md §10). `false` never offers it. A tool of your own named `recall` needs `recall: false`.
    */
   recall?: boolean
+  /**
+   * Spend cap, USD (docs/design.md §11): a number caps each turn; `{turn, session}` caps a turn, the
+   * session (all its requests so far, summaries included), or both. Before a request whose modelled
+   * cost (its input at the modelled cache hit, its output at the session's mean so far) would pass a
+   * cap, the turn ends with reason `budget` and a message saying what was spent. Needs the provider's
+   * `prices`: without them the Agent throws {@link ConfigError}.
+   */
+  maxCostUSD?: number | { turn?: number; session?: number }
   onEvent?: (event: AgentEvent) => void
 }
 
@@ -6530,7 +6539,7 @@ export interface AgentOptions {
 export interface TurnResult {
   turn: number
   steps: number
-  reason: 'stop' | 'length' | 'aborted' | 'max-steps' | string
+  reason: 'stop' | 'length' | 'aborted' | 'max-steps' | 'budget' | string
   text: string
   message?: AssistantMessage
 }
@@ -6541,6 +6550,22 @@ const MAX_STREAM_RETRIES = 1
 /** Window tokens per tool call one message may keep (docs/design.md §7): a call and even an empty result
  *  take about 30 tokens on the wire (id, name, arguments, roles), so the group stays near half the window. */
 const WINDOW_TOKENS_PER_TOOL_CALL = 64
+
+/** The spend caps of {@link AgentOptions.maxCostUSD}, checked; ConfigError for a bad value or unknown prices. */
+function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?: number; session?: number } | undefined {
+  if (cap === undefined) return undefined
+  const caps = typeof cap === 'number' ? { turn: cap } : cap
+  const ok = (x: unknown) => x === undefined || (typeof x === 'number' && Number.isFinite(x) && x >= 0)
+  if (typeof caps !== 'object' || caps === null || !ok(caps.turn) || !ok(caps.session)
+    || Object.keys(caps).some((k) => k !== 'turn' && k !== 'session')) {
+    throw new ConfigError(`maxCostUSD must be a non-negative number of USD or {turn, session} of them, got `
+      + `${JSON.stringify(cap)}; e.g. maxCostUSD: 0.5 (each turn) or { session: 5 }`)
+  }
+  if (!provider.prices) throw new ConfigError(`maxCostUSD needs the provider's prices, and model `
+    + `"${provider.model}" has none (cost unknown); give the provider prices: { cacheHitInput, cacheMissInput, output } `
+    + `(USD per million tokens), or leave maxCostUSD out`)
+  return caps
+}
 
 
 /** Turns whatever a tool returned into result content; anything else is an error for the model. */
@@ -6588,6 +6613,8 @@ interface Turn {
   readonly turn: number
   step: number
   readonly signal: AbortSignal
+  /** The session's cost when the turn began, USD (for the turn's spend cap). */
+  startUSD?: number
   /** The last assistant message: the turn's answer. */
   last?: AssistantMessage
   /** Set once `turn/end` is logged. */
@@ -6597,7 +6624,7 @@ interface Turn {
 }
 
 /** What a step asks of the loop: the next step, or the end of the turn with a reason (and an error to throw). */
-type StepOutcome = typeof NEXT_STEP | { reason: string; error?: unknown }
+type StepOutcome = typeof NEXT_STEP | { reason: string; error?: unknown; message?: string }
 const NEXT_STEP = Symbol('next step')
 
 /** A failed provider call: the error as a ProviderError, the raw throw, the partial text output. */
@@ -6662,6 +6689,8 @@ class Agent implements CompactionHost {
   private readonly recallSpecTokens: number = 0
   /** Set once the recall spec was found too big for the window ({@link RECALL_MAX_WINDOW_RATIO}). */
   private recallDropped = false
+  /** The spend caps, USD ({@link AgentOptions.maxCostUSD}). */
+  private readonly maxCost?: { turn?: number; session?: number }
 
   constructor(options: AgentOptions) {
     if (!options?.session || !options.provider)
@@ -6705,6 +6734,7 @@ class Agent implements CompactionHost {
       this.recall = recallTool(this.session)
       this.recallSpecTokens = estimateEnvelopeTokens({ tools: [toolSpec(this.recall)] })
     }
+    this.maxCost = spendCap(options.maxCostUSD, options.provider)
     this.ladder = new Ladder(this)
     this.onEvent = options.onEvent
     if (this.onEvent) { const cb = this.onEvent; this.session.subscribe((event) => cb({ type: 'log', event })) }
@@ -6880,7 +6910,8 @@ class Agent implements CompactionHost {
       let outcome = await this.startTurn(t, message, options.pin === true)
       while (outcome === NEXT_STEP) outcome = await this.step(t)
       t.ended = true
-      session.append('turn/end', { turn: t.turn, reason: outcome.reason })
+      session.append('turn/end', { turn: t.turn, reason: outcome.reason, ...(outcome.message ? { message: outcome.message }
+        : {}) })
       await session.sync()
       if (outcome.error !== undefined) throw outcome.error
       return { turn: t.turn, steps: t.step, reason: outcome.reason, text: t.last ? contentText(t.last.content) : '',
@@ -6931,6 +6962,8 @@ class Agent implements CompactionHost {
     const session = this.session
     if (t.signal.aborted) return { reason: 'aborted' }
     if (t.step >= this.maxSteps) return { reason: 'max-steps' }
+    const budget = this.maxCost && this.overBudget(t, this.maxCost)
+    if (budget) { this.warn(budget); return { reason: 'budget', message: budget } }
     t.step++
     session.append('step/start', { turn: t.turn, step: t.step })
     const ctx: HookContext = { agent: this, turn: t.turn, step: t.step, signal: t.signal }
@@ -6979,6 +7012,24 @@ class Agent implements CompactionHost {
     if (calls.length === 0 && !steered) return { reason: response.finishReason === 'length' ? 'length' : 'stop' }
     await session.sync()
     return NEXT_STEP
+  }
+
+  /**
+   * The spend cap (docs/design.md §11): a line saying what was spent when the next request, at its
+   * modelled cost, would pass a cap; undefined when it fits.
+   */
+  private overBudget(t: Turn, cap: { turn?: number; session?: number }): string | undefined {
+    const usage = this.session.cost.usage(), spent = usage.costUSD ?? usage.conversation.costUSD ?? 0
+    t.startUSD ??= spent
+    const c = this.session.cost.nextRequestCache(), n = usage.conversation.requests
+    const next = requestCostUSD(this.provider.prices!, { cachedInputTokens: c.modelledHitTokens, uncachedInputTokens:
+      c.inputTokens - c.modelledHitTokens, outputTokens: n > 0 ? usage.conversation.outputTokens / n : 0 }, Date.now())
+    const usd = (x: number) => `$${x.toFixed(6)}`
+    for (const [scope, limit, used] of [['turn', cap.turn, spent - t.startUSD], ['session', cap.session, spent]] as const) {
+      if (limit !== undefined && used + next > limit) return `spend cap: this ${scope} has spent ${usd(used)} of its `
+        + `${usd(limit)} cap and the next request would cost about ${usd(next)}; stopped before it (maxCostUSD)`
+    }
+    return undefined
   }
 
   /** Recovery 1: an aborted call keeps its partial output and ends the turn. */
