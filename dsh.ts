@@ -959,7 +959,7 @@ export interface EventDataMap {
   /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md
    *  §12); `focus`: the focus the summary was asked for. */
   'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number;
-    model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
+    model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string; paysBackAfterRequests?: number }
   'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number;
     requests?: SummaryRequestRecord[] }
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
@@ -2199,6 +2199,11 @@ function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pin
 
 /** The modelled payback (requests) of the edit the ladder is logging (section 5.1a), put into its event. */
 const EDIT_PAYBACK = new WeakMap<Session, number>()
+/** `{paysBackAfterRequests}` while the ladder logs an edit the gate priced (a finite payback), else nothing. */
+function paybackData(session: Session): { paysBackAfterRequests?: number } {
+  const payback = EDIT_PAYBACK.get(session)
+  return payback !== undefined && Number.isFinite(payback) ? { paysBackAfterRequests: payback } : {}
+}
 
 /** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
 function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear',
@@ -2209,9 +2214,8 @@ function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prun
   const data: Record<string, unknown> = { message, surfaceOp: { op: 'replace', start: seq, end: seq } }
   if (eventType === 'assistant/message') data.finishReason = 'pruned'
   stateOf(session).check(eventType, data) // both events or neither
-  const payback = EDIT_PAYBACK.get(session)
   session.append(type, { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, ...(trigger ? { trigger } : {}),
-    ...(payback !== undefined && Number.isFinite(payback) ? { paysBackAfterRequests: payback } : {}) })
+    ...paybackData(session) })
   const after = session.append(eventType, data)
   return node.tokens - session.surface().node(after.seq)!.tokens
 }
@@ -3999,7 +4003,7 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     session.append('compaction/summary', {
       id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens,
       model: host.summarizer.model, usage: result.usage,
-      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}),
+      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}), ...paybackData(session),
     })
     const seq = session.append('user/message',
       { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
@@ -4157,7 +4161,10 @@ class Ladder {
     if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
       return done(modelFree, 'an earlier compaction failed and the surface has not grown enough since')
     }
-    return this.summariseUnder('pressure', threshold, outcome, done, signal)
+    const region = gate && pressureRegion(view) // the gate prices the summary, for its log line
+    if (region) EDIT_PAYBACK.set(session, paybackRequests(gate.prices, summaryModel(session, region, cfg, gate.prices)))
+    try { return await this.summariseUnder('pressure', threshold, outcome, done, signal) } finally {
+      EDIT_PAYBACK.delete(session) }
   }
 
   /** Rung 3 under pressure or by hand: summary attempts, then success, or a remembered failure. */
@@ -4401,6 +4408,12 @@ function gatedOps(session: Session, ops: readonly LadderOp[], prune: PruneConfig
   return { ops: [], payback: Infinity }
 }
 
+/** The region a pressure summary would take now (as the ladder selects it, before the minimum saving). */
+function pressureRegion(v: LadderView): Region | undefined {
+  const retained = Math.floor((v.window! * v.compaction.retainedTailRatio) / v.session.measure().calibration)
+  return selectRegion(v.session.surface(), retained, keptOutOfSummary(v.session))
+}
+
 /** The model of a summary of `region`: its request (cached part of the region at the hit price), checkpoint, misses. */
 function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices): EditModel {
   const cached = cachedSurfaceTokens(session)
@@ -4427,8 +4440,7 @@ function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: Ladd
     .map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
   if (ops.length === 0) return undefined
   const clear = opsModel(v.session, ops, v.prune)
-  const retained = Math.floor((v.window * v.compaction.retainedTailRatio) / rate)
-  const region = selectRegion(v.session.surface(), retained, keptOutOfSummary(v.session))
+  const region = pressureRegion(v)
   const cheaper = !region || netEditUSD(gate.prices, clear, gate.requests)
     <= netEditUSD(gate.prices, summaryModel(v.session, region, v.compaction, gate.prices), gate.requests)
   return { batch: { ops, stopAtOrBelow: Math.floor(v.window * v.compaction.reliefRatio) },
@@ -10771,6 +10783,8 @@ export interface CliRunOptions extends CliModelOptions {
   noShell: boolean
   /** `--max-steps N`: provider calls per turn before the turn ends with reason `max-steps` (default 200). */
   maxSteps?: number
+  /** `--max-cost USD`: the spend cap of each turn, USD (the Agent's `maxCostUSD`); absent when not given. */
+  maxCostUSD?: number
   /** `-C DIR` / `--cwd DIR`: the project to work on, as if dsh were started there (path as given). */
   cwd?: string
   /** `false` with `--no-sandbox` (absent otherwise): shell commands run unconfined, not under bubblewrap. */
@@ -10836,6 +10850,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--sandbox-read': { value: 'PATH', commands: ['run'] },
   '--no-clear': { commands: ['run', 'replay'] },
   '--max-steps': { value: 'N', commands: ['run'] },
+  '--max-cost': { value: 'USD', commands: ['run'] },
   '--cwd': { value: 'DIR', commands: ['run', 'replay'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
@@ -10882,6 +10897,8 @@ Options
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
   --max-steps N          provider calls per turn before the turn stops (default 200); a turn
                          that stops there without an answer exits 1
+  --max-cost USD         spend cap of each turn: stop before a request whose modelled cost
+                         would pass USD (e.g. --max-cost 0.5; needs prices, see --prices)
   -C, --cwd DIR          work on the project in DIR, as if dsh were started there (the tools,
                          a relative --session FILE and replay FILE are in DIR)
   --prices P             prices for the cost shown: a DeepSeek model (e.g. deepseek-v4-pro) or
@@ -11204,6 +11221,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   const sources = ['--session', '--continue', '--resume', '--no-save'].filter((f) => flags.has(f))
   if (sources.length > 1) throw new UsageError(`${sources.join(' and ')} contradict each other: each says which session to use (--session FILE, --continue the newest, --resume a listed one, --no-save none); give one`)
   const maxSteps = flags.has('--max-steps') ? parsePositiveInt('--max-steps', flags.get('--max-steps')!, 'provider calls per turn', '50') : undefined
+  const maxCost = flags.get('--max-cost'), maxCostUSD = maxCost === undefined ? undefined : Number(maxCost)
+  if (maxCost !== undefined && !(/^(?:\d+(?:\.\d*)?|\.\d+)$/.test(maxCost) && maxCostUSD! > 0)) throw new UsageError(`--max-cost must be a positive number of USD, got ${JSON.stringify(maxCost)} (e.g. --max-cost 0.5)`)
   const model = resolveModelOptions(flags, env, files)
   const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
   for (const name of shellEnv ?? []) {
@@ -11214,7 +11233,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     yes: flags.has('--yes'), continue: flags.has('--continue'), resume: flags.has('--resume'), noSave: flags.has('--no-save'), approvals: mergeApprovals([files.user?.config.approvals, files.project?.config.approvals]), retentionDays: files.user?.config.retentionDays ?? DEFAULT_RETENTION_DAYS, ...(configValue(files, 'sandbox') ? { sandboxConfig: configValue(files, 'sandbox')!.value } : {}),
     command, ...model, prompt, print: printed !== undefined,
     contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
-    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
+    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(maxCostUSD !== undefined ? { maxCostUSD } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
     projectInstructions: !flags.has('--no-project-instructions'), ...(flags.has('--no-clear') ? { clear: false as const } : {}),
     ...(flags.has('--no-sandbox') ? { sandbox: false as const } : {}), ...(flags.has('--allow-network') ? { allowNetwork: true as const } : {}),
     ...(flags.has('--sandbox-read') ? { sandboxRead: flags.get('--sandbox-read')!.split('\0') } : {}),
@@ -11463,7 +11482,9 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
       : `${n} tool results (${p.subjects.slice(0, 3).join(', ')}${n > 3 ? ', …' : ''})`
     const edit: ContextEdit = { event: p.event, verb, subject, tokensBefore: d.shadowedTokenCount, tokensAfter: p.tokensAfter, replaceSeq: p.replaceSeq }
     const note = editNote(edit, agent())
-    say(`[dsh] ${verb} ${subject}: ${groupDigits(edit.tokensBefore)} → ${groupDigits(edit.tokensAfter)} tokens (${groupDigits(edit.tokensBefore - edit.tokensAfter)} saved)${note ? ` · ${note}` : ''}`)
+    const payback = (p.event.data as { paysBackAfterRequests?: number }).paysBackAfterRequests
+    const pays = payback === undefined ? '' : ` · pays back after ${groupDigits(payback)} request${payback === 1 ? '' : 's'}`
+    say(`[dsh] ${verb} ${subject}: ${groupDigits(edit.tokensBefore)} → ${groupDigits(edit.tokensAfter)} tokens (${groupDigits(edit.tokensBefore - edit.tokensAfter)} saved)${pays}${note ? ` · ${note}` : ''}`)
   }
   return (e) => {
     const a = agent()
@@ -12587,6 +12608,7 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
   const provider = options.baseURL === CLI_DEFAULTS.baseURL
     ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
     : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
+  if (options.maxCostUSD !== undefined && !provider.prices) { io.stderr(`dsh: --max-cost needs the model's prices and ${options.model} has none: give them with --prices HIT,MISS,OUTPUT (USD per million tokens)\n`); return 2 }
   let session: Session
   try {
     session = await Session.open(options.session ? new FileStore(path.resolve(cwd, options.session)) : new MemoryStore())
@@ -12643,6 +12665,7 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
   agent = new Agent({
     session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions: instructions?.text, contextWindow: options.contextWindow,
     maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold, ...(options.clear === false ? { clear: false } : {}) }, onEvent, maxSteps: options.maxSteps,
+    ...(options.maxCostUSD !== undefined ? { maxCostUSD: options.maxCostUSD } : {}),
   })
 
   let prompt = options.prompt
@@ -12691,6 +12714,7 @@ async function cliChangeDesk(options: CliRunOptions, dir: string, prep: RunPrepa
 /** Why a turn gave no usable answer, in one line, or `undefined` when it did (docs/design.md §8 exit codes). */
 function turnProblem(agent: Agent, result: TurnResult): string | undefined {
   if (result.reason === 'max-steps') return `the turn stopped at the step limit (${agent.maxSteps} steps, --max-steps) without a final answer; raise --max-steps, or continue with --session FILE`
+  if (result.reason === 'budget') return `the turn stopped at its spend cap (--max-cost) before its next request; raise --max-cost, or continue with --session FILE`
   if (result.reason === 'length') return `the answer was cut at the completion budget (finish reason "length"); raise --max-tokens`
   if (result.reason === 'stop' && result.text.trim() === '') return 'the model ended the turn without an answer (its last message has no text)'
   if (result.reason !== 'stop' && result.reason !== 'aborted') return `the turn ended with reason "${result.reason}"`
