@@ -4141,7 +4141,8 @@ class Ladder {
     const threshold = this.threshold()
     if (threshold === undefined) return done('skipped', 'no context window')
     if (stateOf(session).compaction) return done('skipped', 'a compaction is already running')
-    const gate = gateOf(session, cfg, this.watch), view = this.view(threshold), needed = outcome.tokensBefore >= threshold
+    const gate = gateOf(session, cfg, this.watch), view = this.view(threshold)
+    const needed = outcome.tokensBefore >= threshold
     if (!needed && !gate) return done('none')
     if (signal?.aborted) return done('skipped', 'aborted')
     const below = () => this.nextRequestTokens() < threshold, trigger = needed ? 'pressure' : 'gate'
@@ -4308,7 +4309,7 @@ class Ladder {
   }
 }
 
-// ── 5.1a The net-cost gate (docs/design.md §11 "Edits that pay for themselves") ──────────────
+// ── 5.1a The net-cost gate (docs/design.md §11 "Edits that pay for themselves") ──
 // An edit of the cached prefix costs the cache misses it causes now (and a summary request's own
 // price); it saves its tokens on every later request. The gate makes it when it pays back within
 // the requests the session can expect (its own pace so far, never a transcript's future), or when
@@ -4338,7 +4339,7 @@ function expectedRequests(p: SessionPace): number {
   return Math.min(n, Math.max(1, Math.floor((CACHE_LIFETIME_MS * p.watchedRequests) / p.elapsedMs)))
 }
 
-/** An edit as the gate prices it: tokens moved from hit to miss now, tokens off every later request, a summary's USD. */
+/** An edit as the gate prices it: tokens moved from hit to miss now, saved on every later request; a summary's USD. */
 interface EditModel { movedTokens: number; savedTokens: number; summaryUSD?: number }
 
 /** USD an edit costs now (off-peak): its cache misses plus a summary request's own price. */
@@ -4377,20 +4378,27 @@ function cachedSurfaceTokens(session: Session): number {
   return c.modelledHitTokens > 0 ? Math.max(0, c.modelledHitTokens - session.measure().envelopeTokens) : 0
 }
 
-/** The model of `ops` applied now: misses from the first edited node to the end of the cached prefix, tokens saved. */
-function opsModel(session: Session, ops: readonly LadderOp[], prune: PruneConfig): EditModel {
-  const nodes = session.surface(), at = new Set(ops.map((o) => o.seq))
-  let before = 0, i = 0, saved = 0
-  for (; i < nodes.length && !at.has(nodes[i].seq); i++) before += nodes[i].tokens
-  for (const op of ops) {
-    const n = nodes.node(op.seq)
-    if (!n) continue
-    const m = n.message
-    const after = op.op === 'clear' ? { ...m, content: [{ type: 'text', text: op.placeholder }] } as Message
-      : m.role === 'tool' ? pruneToolResult(m, prune) : pruneMessage(m, prune)
-    saved += Math.max(0, n.tokens - estimateMessageTokens(after))
+/**
+ * The model of each run of the newest ops of `ops` (surface order) applied now, oldest start first:
+ * misses from the run's first node to the end of the cached prefix, tokens saved. O(surface + ops).
+ */
+function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneConfig): EditModel[] {
+  const before = new Map<number, number>(), at = new Set(ops.map((o) => o.seq))
+  let tokens = 0
+  for (const n of session.surface()) { if (at.has(n.seq)) before.set(n.seq, tokens); tokens += n.tokens }
+  const cached = cachedSurfaceTokens(session), out: EditModel[] = new Array(ops.length)
+  let saved = 0
+  for (let k = ops.length - 1; k >= 0; k--) {
+    const op = ops[k], n = session.surface().node(op.seq)
+    if (n) {
+      const m = n.message
+      const after = op.op === 'clear' ? { ...m, content: [{ type: 'text', text: op.placeholder }] } as Message
+        : m.role === 'tool' ? pruneToolResult(m, prune) : pruneMessage(m, prune)
+      saved += Math.max(0, n.tokens - estimateMessageTokens(after))
+    }
+    out[k] = { movedTokens: Math.max(0, cached - (before.get(op.seq) ?? tokens) - saved), savedTokens: saved }
   }
-  return { movedTokens: Math.max(0, cachedSurfaceTokens(session) - before - saved), savedTokens: saved }
+  return out
 }
 
 /**
@@ -4400,12 +4408,9 @@ function opsModel(session: Session, ops: readonly LadderOp[], prune: PruneConfig
  */
 function gatedOps(session: Session, ops: readonly LadderOp[], prune: PruneConfig, gate: Gate,
   needed: boolean): { ops: readonly LadderOp[]; payback: number } {
-  for (let k = 0; k < ops.length; k++) {
-    const model = opsModel(session, ops.slice(k), prune)
-    if (gateAllows(gate.prices, model, gate.requests, needed)) return { ops: ops.slice(k),
-      payback: paybackRequests(gate.prices, model) }
-  }
-  return { ops: [], payback: Infinity }
+  const models = suffixModels(session, ops, prune)
+  const k = models.findIndex((m) => gateAllows(gate.prices, m, gate.requests, needed))
+  return k < 0 ? { ops: [], payback: Infinity } : { ops: ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
 }
 
 /** The region a pressure summary would take now (as the ladder selects it, before the minimum saving). */
@@ -4439,7 +4444,7 @@ function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: Ladd
   const ops = clearCandidates(v.session, 0, v.clearable)
     .map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
   if (ops.length === 0) return undefined
-  const clear = opsModel(v.session, ops, v.prune)
+  const [clear] = suffixModels(v.session, ops, v.prune)
   const region = pressureRegion(v)
   const cheaper = !region || netEditUSD(gate.prices, clear, gate.requests)
     <= netEditUSD(gate.prices, summaryModel(v.session, region, v.compaction, gate.prices), gate.requests)
@@ -6564,7 +6569,8 @@ const MAX_STREAM_RETRIES = 1
 const WINDOW_TOKENS_PER_TOOL_CALL = 64
 
 /** The spend caps of {@link AgentOptions.maxCostUSD}, checked; ConfigError for a bad value or unknown prices. */
-function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?: number; session?: number } | undefined {
+function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?: number; session?: number }
+  | undefined {
   if (cap === undefined) return undefined
   const caps = typeof cap === 'number' ? { turn: cap } : cap
   const ok = (x: unknown) => x === undefined || (typeof x === 'number' && Number.isFinite(x) && x >= 0)
@@ -6574,8 +6580,8 @@ function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?:
       + `${JSON.stringify(cap)}; e.g. maxCostUSD: 0.5 (each turn) or { session: 5 }`)
   }
   if (!provider.prices) throw new ConfigError(`maxCostUSD needs the provider's prices, and model `
-    + `"${provider.model}" has none (cost unknown); give the provider prices: { cacheHitInput, cacheMissInput, output } `
-    + `(USD per million tokens), or leave maxCostUSD out`)
+    + `"${provider.model}" has none (cost unknown); give the provider prices: { cacheHitInput, cacheMissInput, `
+    + `output } (USD per million tokens), or leave maxCostUSD out`)
   return caps
 }
 
@@ -6922,8 +6928,8 @@ class Agent implements CompactionHost {
       let outcome = await this.startTurn(t, message, options.pin === true)
       while (outcome === NEXT_STEP) outcome = await this.step(t)
       t.ended = true
-      session.append('turn/end', { turn: t.turn, reason: outcome.reason, ...(outcome.message ? { message: outcome.message }
-        : {}) })
+      const why = outcome.message ? { message: outcome.message } : {}
+      session.append('turn/end', { turn: t.turn, reason: outcome.reason, ...why })
       await session.sync()
       if (outcome.error !== undefined) throw outcome.error
       return { turn: t.turn, steps: t.step, reason: outcome.reason, text: t.last ? contentText(t.last.content) : '',
@@ -7037,7 +7043,8 @@ class Agent implements CompactionHost {
     const next = requestCostUSD(this.provider.prices!, { cachedInputTokens: c.modelledHitTokens, uncachedInputTokens:
       c.inputTokens - c.modelledHitTokens, outputTokens: n > 0 ? usage.conversation.outputTokens / n : 0 }, Date.now())
     const usd = (x: number) => `$${x.toFixed(6)}`
-    for (const [scope, limit, used] of [['turn', cap.turn, spent - t.startUSD], ['session', cap.session, spent]] as const) {
+    const scopes = [['turn', cap.turn, spent - t.startUSD], ['session', cap.session, spent]] as const
+    for (const [scope, limit, used] of scopes) {
       if (limit !== undefined && used + next > limit) return `spend cap: this ${scope} has spent ${usd(used)} of its `
         + `${usd(limit)} cap and the next request would cost about ${usd(next)}; stopped before it (maxCostUSD)`
     }
