@@ -4184,6 +4184,9 @@ class Ladder {
         Math.ceil(minSaving / rate))
       if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or '
         + 'touching the current input'; break }
+      const gate = trigger === 'pressure' && gateOf(session, cfg, this.watch) // no summary that cannot save a token
+      if (gate && summaryModel(session, region, cfg, gate.prices).savedTokens <= 0) { lastError = `the session's `
+        + `summaries so far are no smaller than this ${region.tokens}-token region`; break }
       try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus);
         committed++ } catch (err) {
         outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
@@ -4419,11 +4422,15 @@ function pressureRegion(v: LadderView): Region | undefined {
   return selectRegion(v.session.surface(), retained, keptOutOfSummary(v.session))
 }
 
-/** The model of a summary of `region`: its request (cached part of the region at the hit price), checkpoint, misses. */
+/**
+ * The model of a summary of `region`: its request (the cached part of the region at the hit price),
+ * its checkpoint — as long as the session's own summaries so far on average, else
+ * {@link SUMMARY_OUTPUT_SHARE} of the completion budget — and the misses after it.
+ */
 function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices): EditModel {
-  const cached = cachedSurfaceTokens(session)
-  const output = Math.ceil(Math.min(cfg.summaryMaxTokens, Math.max(512, Math.floor(region.tokens / 2)))
-    * SUMMARY_OUTPUT_SHARE)
+  const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
+  const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests) : Math.ceil(SUMMARY_OUTPUT_SHARE
+    * Math.min(cfg.summaryMaxTokens, Math.max(512, Math.floor(region.tokens / 2))))
   const hit = Math.min(region.tokens, cached), saved = Math.max(0, region.tokens - output)
   const summaryUSD = requestCostUSD(prices, { cachedInputTokens: hit, uncachedInputTokens: region.tokens - hit,
     outputTokens: output }, 0)
