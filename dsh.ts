@@ -4184,9 +4184,16 @@ class Ladder {
         Math.ceil(minSaving / rate))
       if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or '
         + 'touching the current input'; break }
-      const gate = trigger === 'pressure' && gateOf(session, cfg, this.watch) // no summary that cannot save a token
-      if (gate && summaryModel(session, region, cfg, gate.prices).savedTokens <= 0) { lastError = `the session's `
-        + `summaries so far are no smaller than this ${region.tokens}-token region`; break }
+      // The gate: no summary that cannot save a token, nor one that leaves the request above the threshold
+      // when it fits the window without it or would not fit with it either (the checkpoint as the gate models it).
+      const gate = trigger === 'pressure' && gateOf(session, cfg, this.watch)
+      const saved = gate ? summaryModel(session, region, cfg, gate.prices).savedTokens : 0
+      const next = this.nextRequestTokens(), left = Math.ceil(next - saved * rate)
+      if (gate && (saved <= 0 || (left >= threshold && (next <= window || left >= window)))) {
+        lastError = `a summary of this ${region.tokens}-token region would leave about ${left} tokens, not under the `
+          + `threshold, and the request ${next <= window ? 'fits the window without it' : 'would not fit it either'}`
+        break
+      }
       try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus);
         committed++ } catch (err) {
         outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
@@ -4413,7 +4420,8 @@ function gatedOps(session: Session, ops: readonly LadderOp[], prune: PruneConfig
   needed: boolean): { ops: readonly LadderOp[]; payback: number } {
   const models = suffixModels(session, ops, prune)
   const k = models.findIndex((m) => gateAllows(gate.prices, m, gate.requests, needed))
-  return k < 0 ? { ops: [], payback: Infinity } : { ops: ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
+  if (k < 0) return { ops: [], payback: Infinity }
+  return { ops: ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
 }
 
 /** The region a pressure summary would take now (as the ladder selects it, before the minimum saving). */
