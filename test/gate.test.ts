@@ -157,3 +157,44 @@ test('maxCostUSD without prices, or not a number of USD, is a ConfigError that s
   }
   assert.doesNotThrow(() => new Agent({ session, provider: priced, maxCostUSD: { turn: 0.5, session: 5 } }))
 })
+
+test('no pressure summary that would leave the request above the threshold while it fits the window without it', async () => {
+  // Turn 1: ten reads of 2,000 code points (508 tokens each); turn 2 just began. The system prompt is 20,000 tokens.
+  const build = async () => {
+    const session = await Session.open(new MemoryStore())
+    logHeader(session, { model: 'm', baseURL: 'http://127.0.0.1:9', prices: FLASH })
+    const say = (type: string, message: Message) => session.append(type, { message, surfaceOp: { op: 'append' },
+      ...(message.role === 'assistant' ? { finishReason: 'stop' } : {}) })
+    session.append('turn/start', { turn: 1 })
+    say('user/message', { role: 'user', content: 'read them all' })
+    for (let step = 1; step <= 10; step++) {
+      session.append('step/start', { turn: 1, step })
+      say('assistant/message', { role: 'assistant', content: [{ type: 'tool-call', id: `c${step}`, name: 'read', arguments: '{}' }] })
+      say('tool/result', { role: 'tool', toolCallId: `c${step}`, content: [{ type: 'text', text: 'z'.repeat(2_000) }] })
+      session.append('step/end', { turn: 1, step })
+    }
+    session.append('turn/end', { turn: 1, reason: 'stop' })
+    session.append('turn/start', { turn: 2 })
+    say('user/message', { role: 'user', content: 'go on' })
+    return session
+  }
+  const envelope = { system: 's'.repeat(80_000) }
+  const warnings: string[] = []
+  const ladderHost = (session: Session, gate: boolean) => ({ ...host(session, 28_000, gate), envelope,
+    warn: (m: string) => { warnings.push(m) }, compaction: { ...DEFAULT_COMPACTION_CONFIG, clear: false, compactionRetries: 0, gate } })
+  const gated = await build()
+  const out = await new Ladder(ladderHost(gated, true)).relievePressure()
+  // 20,008 (system) + 5,202 (surface): above the threshold (22,400), under the window (28,000). The region
+  // outside the retained tail (4,480) is 530 tokens; its checkpoint is modelled at 256 (half of 512): 274 saved.
+  assert.equal(out.tokensBefore, 25_210)
+  assert.equal(out.summaryRequests, 0)
+  assert.equal(gated.events.filter((e) => e.type === 'compaction/start').length, 0)
+  assert.equal(warnings[0], 'context still at 25210 of 28000 tokens (threshold 22400) after compaction: a summary of '
+    + 'this 530-token region would leave about 24936 tokens, not under the threshold, and the request fits the window '
+    + 'without it; not retrying until the surface grows by 4480 tokens')
+  assert.equal(gated.events.filter((e) => e.type === 'compaction/warning').length, 1)
+  // Without the gate the ladder starts the summary transaction (its summarizer here is unreachable).
+  const plain = await build()
+  await new Ladder(ladderHost(plain, false)).relievePressure()
+  assert.equal(plain.events.filter((e) => e.type === 'compaction/start').length, 1)
+})
