@@ -6,7 +6,7 @@ import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, ConfigError, openAICompatible, estimateMessageTokens, DEFAULT_COMPACTION_CONFIG,
-  DEFAULT_PRUNE_CONFIG, internals, type Message, type Prices, type SessionEvent,
+  DEFAULT_PRUNE_CONFIG, internals, parseCliArgs, type Message, type Prices, type SessionEvent,
 } from '../dsh.ts'
 import { logHeader } from './spec.ts'
 import { startFakeProvider } from './fake-provider.ts'
@@ -197,4 +197,14 @@ test('no pressure summary that would leave the request above the threshold while
   const plain = await build()
   await new Ladder(ladderHost(plain, false)).relievePressure()
   assert.equal(plain.events.filter((e) => e.type === 'compaction/start').length, 1)
+})
+
+test('--max-cost USD: the spend cap of each turn; anything but a positive number of USD is a usage error', () => {
+  const env = { DEEPSEEK_API_KEY: 'sk-test' }
+  assert.equal((parseCliArgs(['--max-cost', '0.5', '-p', 'hi'], env) as { maxCostUSD?: number }).maxCostUSD, 0.5)
+  assert.equal((parseCliArgs(['-p', 'hi'], env) as { maxCostUSD?: number }).maxCostUSD, undefined)
+  for (const bad of ['0', '-1', 'abc', '1e3', '']) {
+    assert.throws(() => parseCliArgs(['--max-cost', bad, '-p', 'hi'], env), /--max-cost/)
+  }
+  assert.throws(() => parseCliArgs(['replay', 'f.jsonl', '--max-cost', '1'], {}), /--max-cost/)
 })
