@@ -946,7 +946,8 @@ export interface EventDataMap {
   /** `lastSeq`: the last seq before the resume; `repaired`: how many synthetic tool results follow. */
   'session/resume': { lastSeq: number; torn?: TornLine; repaired: number }
   'turn/start': { turn: number }
-  'turn/end': { turn: number; reason: string }
+  /** `message`: why a turn ended early, e.g. what was spent when it stopped at its spend cap (reason `budget`). */
+  'turn/end': { turn: number; reason: string; message?: string }
   'step/start': { turn: number; step: number }
   'step/end': { turn: number; step: number }
   'request/header': RequestHeader
@@ -958,15 +959,17 @@ export interface EventDataMap {
   'tool/call': { callId: string; name: string; arguments?: string }
   'tool/result': { message: ToolResultMessage; surfaceOp: SurfaceOp; spilled?: { ref: string; bytes: number } }
   'request/error': { code: string; status?: number; message: string; trigger?: string }
-  'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
+  'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string;
+    paysBackAfterRequests?: number }
   /** A tool result replaced by a placeholder (the clear rung, docs/design.md §10); the replace follows. */
-  'compaction/clear': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
+  'compaction/clear': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string;
+    paysBackAfterRequests?: number }
   'ladder/state': LadderStateData
   'compaction/start': { id: string; trigger: string }
   /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md
    *  §12); `focus`: the focus the summary was asked for. */
   'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number;
-    model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
+    model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string; paysBackAfterRequests?: number }
   'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number;
     requests?: SummaryRequestRecord[] }
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
@@ -2205,6 +2208,14 @@ function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pin
 
 // ── 4.1 Edits of the surface: the log protocol of a prune or a clear (docs/design.md §3, §10) ─────
 
+/** The modelled payback (requests) of the edit the ladder is logging (section 5.1a), put into its event. */
+const EDIT_PAYBACK = new WeakMap<Session, number>()
+/** `{paysBackAfterRequests}` while the ladder logs an edit the gate priced (a finite payback), else nothing. */
+function paybackData(session: Session): { paysBackAfterRequests?: number } {
+  const payback = EDIT_PAYBACK.get(session)
+  return payback !== undefined && Number.isFinite(payback) ? { paysBackAfterRequests: payback } : {}
+}
+
 /** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
 function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear',
   message: Message, trigger?: string): number {
@@ -2214,8 +2225,8 @@ function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prun
   const data: Record<string, unknown> = { message, surfaceOp: { op: 'replace', start: seq, end: seq } }
   if (eventType === 'assistant/message') data.finishReason = 'pruned'
   stateOf(session).check(eventType, data) // both events or neither
-  session.append(type, trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger }
-    : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
+  session.append(type, { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, ...(trigger ? { trigger } : {}),
+    ...paybackData(session) })
   const after = session.append(eventType, data)
   return node.tokens - session.surface().node(after.seq)!.tokens
 }
@@ -2765,6 +2776,9 @@ function randomId(): string {
  * - `clearBeforeSummary` true: clear even when clearing alone cannot bring the total under the
  *   threshold (the summarizer then reads placeholders); false clears only when it relieves the
  *   pressure by itself. docs/bench.md records the measurement behind the default.
+ * - `gate` true: the net-cost gate (docs/design.md §11) — with known prices, an edit below the threshold is
+ *   made only when it pays back within the requests expected, and at pressure the clear rung takes the
+ *   protected results too when that is cheaper than a summary; false: the ladder as without prices.
  */
 export interface CompactionConfig {
   thresholdRatio: number
@@ -2779,13 +2793,14 @@ export interface CompactionConfig {
   reliefRatio: number
   protectedRatio: number
   clearBeforeSummary: boolean
+  gate: boolean
 }
 
 /** The defaults of docs/design.md §§5, 10. */
 const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
   thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, compactionRetries: 1,
   maxOverflowRetries: 1, auto: true, minSavingsRatio: 0.05, spillBytes: 256 * 1024,
-  clear: true, reliefRatio: 0.6, protectedRatio: 0.2, clearBeforeSummary: true,
+  clear: true, reliefRatio: 0.6, protectedRatio: 0.2, clearBeforeSummary: true, gate: true,
 })
 
 /** Each key's kind and range: `ratio` (lo, hi) open/closed as named, `int` a safe integer ≥ min, `bool`. */
@@ -2803,6 +2818,7 @@ const COMPACTION_CONFIG_RULES: Readonly<Record<keyof CompactionConfig, { kind: '
   reliefRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: true, hiOpen: true },
   protectedRatio: { kind: 'ratio', lo: 0, hi: 1, loOpen: false, hiOpen: true },
   clearBeforeSummary: { kind: 'bool' },
+  gate: { kind: 'bool' },
 }
 
 /**
@@ -3998,7 +4014,7 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     session.append('compaction/summary', {
       id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens,
       model: host.summarizer.model, usage: result.usage,
-      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}),
+      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}), ...paybackData(session),
     })
     const seq = session.append('user/message',
       { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
@@ -4035,10 +4051,13 @@ class Ladder {
   private warnedEnvelope = false
   /** The host's envelope and its heuristic price, kept while the host returns the same object. */
   private envelopePrice?: { envelope: Envelope; tokens: number }
+  /** When this ladder began watching the session's step rate (ms) and its conversation requests then. */
+  private readonly watch: { ms: number; requests: number }
 
   constructor(host: CompactionHost) {
     this.host = host
     this.guard = stateOf(host.session).ladder.failedAtTokens
+    this.watch = { ms: Date.now(), requests: host.session.cost.usage().conversation.requests }
   }
 
   /** Heuristic tokens (envelope + surface) at the last failed pressure compaction; undefined when none is pending. */
@@ -4102,16 +4121,20 @@ class Ladder {
    * Runs `rung` on the session as it is now and logs its edits (the one place that does): a batch is
    * skipped or stopped by the size of the next request, measured before each edit. Returns tokens reclaimed.
    */
-  private apply(rung: Rung, view: LadderView, trigger: string): number {
+  private apply(rung: Rung, view: LadderView, trigger: string, gate?: Gate, needed = true): number {
     const session = view.session
     let reclaimed = 0
     for (const batch of rung(view)) {
       if (batch.onlyIfAtLeast !== undefined && view.nextRequestTokens() < batch.onlyIfAtLeast) continue
-      for (const op of batch.ops) {
-        if (batch.stopAtOrBelow !== undefined && view.nextRequestTokens() <= batch.stopAtOrBelow) break
-        reclaimed += op.op === 'prune' ? pruneNode(session, op.seq, view.prune, trigger)
-          : clearNode(session, op.seq, op.placeholder, trigger)
-      }
+      const gated = gate && gatedOps(session, batch.ops, view.prune, gate, needed) // the net-cost gate (5.1a)
+      if (gated) EDIT_PAYBACK.set(session, gated.payback)
+      try {
+        for (const op of gated ? gated.ops : batch.ops) {
+          if (batch.stopAtOrBelow !== undefined && view.nextRequestTokens() <= batch.stopAtOrBelow) break
+          reclaimed += op.op === 'prune' ? pruneNode(session, op.seq, view.prune, trigger)
+            : clearNode(session, op.seq, op.placeholder, trigger)
+        }
+      } finally { EDIT_PAYBACK.delete(session) }
     }
     return reclaimed
   }
@@ -4129,14 +4152,19 @@ class Ladder {
     const threshold = this.threshold()
     if (threshold === undefined) return done('skipped', 'no context window')
     if (stateOf(session).compaction) return done('skipped', 'a compaction is already running')
-    if (outcome.tokensBefore < threshold) return done('none')
+    const gate = gateOf(session, cfg, this.watch), view = this.view(threshold)
+    const needed = outcome.tokensBefore >= threshold
+    if (!needed && !gate) return done('none')
     if (signal?.aborted) return done('skipped', 'aborted')
-    const below = () => this.nextRequestTokens() < threshold
-    const view = this.view(threshold)
-    outcome.prunedTokens = this.apply(pruneResultsRung, view, 'pressure')
-      + this.apply(pruneMessagesRung, view, 'pressure')
-    if (below()) return done('pruned')
-    outcome.clearedTokens = this.apply(clearRung, view, 'pressure')
+    const below = () => this.nextRequestTokens() < threshold, trigger = needed ? 'pressure' : 'gate'
+    outcome.prunedTokens = this.apply(pruneResultsRung, view, trigger, gate, needed)
+      + this.apply(pruneMessagesRung, view, trigger, gate, needed)
+    if (needed && below()) return done('pruned')
+    outcome.clearedTokens = this.apply(clearRung, view, trigger, gate, needed)
+    if (!needed) return done(outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'none')
+    const next = this.nextRequestTokens() // the gate: clear more (the protected results too) rather than summarise
+    const more = gate && next > Math.floor(view.window! * cfg.reliefRatio) && clearMore(view, gate, next)
+    if (more) outcome.clearedTokens += this.apply(() => [more.batch], view, 'pressure', gate, more.needed)
     if (below()) return done('cleared')
     const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
       ? 'pruned' : 'skipped'
@@ -4145,7 +4173,10 @@ class Ladder {
     if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
       return done(modelFree, 'an earlier compaction failed and the surface has not grown enough since')
     }
-    return this.summariseUnder('pressure', threshold, outcome, done, signal)
+    const region = gate && pressureRegion(view) // the gate prices the summary, for its log line
+    if (region) EDIT_PAYBACK.set(session, paybackRequests(gate.prices, summaryModel(session, region, cfg, gate.prices)))
+    try { return await this.summariseUnder('pressure', threshold, outcome, done, signal) } finally {
+      EDIT_PAYBACK.delete(session) }
   }
 
   /** Rung 3 under pressure or by hand: summary attempts, then success, or a remembered failure. */
@@ -4164,6 +4195,16 @@ class Ladder {
         Math.ceil(minSaving / rate))
       if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or '
         + 'touching the current input'; break }
+      // The gate: no summary that cannot save a token, nor one that leaves the request above the threshold
+      // when it fits the window without it or would not fit with it either (the checkpoint as the gate models it).
+      const gate = trigger === 'pressure' && gateOf(session, cfg, this.watch)
+      const saved = gate ? summaryModel(session, region, cfg, gate.prices).savedTokens : 0
+      const next = this.nextRequestTokens(), left = Math.ceil(next - saved * rate)
+      if (gate && (saved <= 0 || (left >= threshold && (next <= window || left >= window)))) {
+        lastError = `a summary of this ${region.tokens}-token region would leave about ${left} tokens, not under the `
+          + `threshold, and the request ${next <= window ? 'fits the window without it' : 'would not fit it either'}`
+        break
+      }
       try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus);
         committed++ } catch (err) {
         outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
@@ -4287,6 +4328,154 @@ class Ladder {
       + this.apply(pruneMessagesRung, view, 'manual')
     return this.summariseUnder('manual', threshold, outcome, done, signal, options.focus)
   }
+}
+
+// ── 5.1a The net-cost gate (docs/design.md §11 "Edits that pay for themselves") ──
+// An edit of the cached prefix costs the cache misses it causes now (and a summary request's own
+// price); it saves its tokens on every later request. The gate makes it when it pays back within
+// the requests the session can expect (its own pace so far, never a transcript's future), or when
+// it is needed to stay under the threshold. The model is pure; the planners below read the session.
+
+/** A prompt cache unused this long is taken as gone, ms: DeepSeek keeps one for hours, others for minutes. */
+const CACHE_LIFETIME_MS = 3_600_000
+/** A summary's checkpoint is priced at this share of its completion budget: the model rarely writes all of it. */
+const SUMMARY_OUTPUT_SHARE = 0.5
+
+/**
+ * What a live session knows of its own pace: conversation requests so far, completed turns, the
+ * current turn's requests, and the requests watched over `elapsedMs` (ms) for the step rate.
+ */
+interface SessionPace { requests: number; turns: number; turnRequests: number; watchedRequests: number;
+  elapsedMs: number }
+
+/**
+ * Requests the session can expect before it ends or its cache expires (at least 1): the current turn
+ * lasts as long as the completed turns did on average, or as long again as it has so far (whichever
+ * is longer); no more than the step rate fits into {@link CACHE_LIFETIME_MS}.
+ */
+function expectedRequests(p: SessionPace): number {
+  const meanTurn = p.turns > 0 ? (p.requests - p.turnRequests) / p.turns : 0
+  const n = Math.max(1, Math.round(meanTurn) - p.turnRequests, p.turnRequests)
+  if (!(p.elapsedMs > 0 && p.watchedRequests > 0)) return n
+  return Math.min(n, Math.max(1, Math.floor((CACHE_LIFETIME_MS * p.watchedRequests) / p.elapsedMs)))
+}
+
+/** An edit as the gate prices it: tokens moved from hit to miss now, saved on every later request; a summary's USD. */
+interface EditModel { movedTokens: number; savedTokens: number; summaryUSD?: number }
+
+/** USD an edit costs now (off-peak): its cache misses plus a summary request's own price. */
+const editNowUSD = (prices: Prices, e: EditModel) => cacheCostUSD(prices, e.movedTokens) + (e.summaryUSD ?? 0)
+
+/** Later requests after which an edit has paid for itself: 0 when free, Infinity when it saves nothing. */
+function paybackRequests(prices: Prices, e: EditModel): number {
+  const cost = editNowUSD(prices, e), perRequest = (e.savedTokens * prices.cacheHitInput) / 1_000_000
+  if (cost <= 0) return 0
+  return perRequest > 0 ? Math.ceil(cost / perRequest - 1e-9) : Infinity // 1e-9: float noise, not a request
+}
+
+/** USD an edit costs over `requests` later requests, its saving taken off (below 0: it pays). */
+const netEditUSD = (prices: Prices, e: EditModel, requests: number) =>
+  editNowUSD(prices, e) - (e.savedTokens * prices.cacheHitInput * requests) / 1_000_000
+
+/** The gate's verdict: make the edit when it is needed, or when it pays back within `requests`. */
+const gateAllows = (prices: Prices, e: EditModel, requests: number, needed: boolean) =>
+  needed || paybackRequests(prices, e) <= requests
+
+/** What the ladder's gate decides with: the prices of the next request and the requests expected. */
+interface Gate { prices: Prices; requests: number }
+
+/** The gate of a session now, or undefined when it is off (`gate: false`) or the prices are unknown. */
+function gateOf(session: Session, cfg: CompactionConfig, watch: { ms: number; requests: number }): Gate | undefined {
+  const prices = session.measure().header?.prices
+  if (!cfg.gate || !prices) return undefined
+  const requests = session.cost.usage().conversation.requests, t = stateOf(session).turn
+  return { prices, requests: expectedRequests({ requests, turns: Math.max(0, t.last - (t.open ? 1 : 0)),
+    turnRequests: t.open ? t.step : 0, watchedRequests: requests - watch.requests, elapsedMs: Date.now() - watch.ms }) }
+}
+
+/** Surface tokens the next request would read from the cache (heuristic tokens). */
+function cachedSurfaceTokens(session: Session): number {
+  const c = session.cost.nextRequestCache()
+  return c.modelledHitTokens > 0 ? Math.max(0, c.modelledHitTokens - session.measure().envelopeTokens) : 0
+}
+
+/**
+ * The model of each run of the newest ops of `ops` (surface order) applied now, oldest start first:
+ * misses from the run's first node to the end of the cached prefix, tokens saved. O(surface + ops).
+ */
+function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneConfig): EditModel[] {
+  const before = new Map<number, number>(), at = new Set(ops.map((o) => o.seq))
+  let tokens = 0
+  for (const n of session.surface()) { if (at.has(n.seq)) before.set(n.seq, tokens); tokens += n.tokens }
+  const cached = cachedSurfaceTokens(session), out: EditModel[] = new Array(ops.length)
+  let saved = 0
+  for (let k = ops.length - 1; k >= 0; k--) {
+    const op = ops[k], n = session.surface().node(op.seq)
+    if (n) {
+      const m = n.message
+      const after = op.op === 'clear' ? { ...m, content: [{ type: 'text', text: op.placeholder }] } as Message
+        : m.role === 'tool' ? pruneToolResult(m, prune) : pruneMessage(m, prune)
+      saved += Math.max(0, n.tokens - estimateMessageTokens(after))
+    }
+    out[k] = { movedTokens: Math.max(0, cached - (before.get(op.seq) ?? tokens) - saved), savedTokens: saved }
+  }
+  return out
+}
+
+/**
+ * The edits of a batch the gate lets through, with their payback (requests): all of them when
+ * `needed`; else the longest run of the newest ops that pays back within the requests expected (an
+ * older op moves more of the cached prefix), none when no run does — they wait and pay in a later batch.
+ */
+function gatedOps(session: Session, ops: readonly LadderOp[], prune: PruneConfig, gate: Gate,
+  needed: boolean): { ops: readonly LadderOp[]; payback: number } {
+  const models = suffixModels(session, ops, prune)
+  const k = models.findIndex((m) => gateAllows(gate.prices, m, gate.requests, needed))
+  if (k < 0) return { ops: [], payback: Infinity }
+  return { ops: ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
+}
+
+/** The region a pressure summary would take now (as the ladder selects it, before the minimum saving). */
+function pressureRegion(v: LadderView): Region | undefined {
+  const retained = Math.floor((v.window! * v.compaction.retainedTailRatio) / v.session.measure().calibration)
+  return selectRegion(v.session.surface(), retained, keptOutOfSummary(v.session))
+}
+
+/**
+ * The model of a summary of `region`: its request (the cached part of the region at the hit price),
+ * its checkpoint — as long as the session's own summaries so far on average, else
+ * {@link SUMMARY_OUTPUT_SHARE} of the completion budget — and the misses after it.
+ */
+function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices): EditModel {
+  const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
+  const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests) : Math.ceil(SUMMARY_OUTPUT_SHARE
+    * Math.min(cfg.summaryMaxTokens, Math.max(512, Math.floor(region.tokens / 2))))
+  const hit = Math.min(region.tokens, cached), saved = Math.max(0, region.tokens - output)
+  const summaryUSD = requestCostUSD(prices, { cachedInputTokens: hit, uncachedInputTokens: region.tokens - hit,
+    outputTokens: output }, 0)
+  return { movedTokens: Math.max(0, cached - saved), savedTokens: saved, summaryUSD }
+}
+
+/**
+ * Clear-more (the gate at pressure, docs/design.md §11): every clearable result outside the newest
+ * step, the protected budget included, down to `floor(window × reliefRatio)`. It is `needed` when it
+ * alone brings the next request (`nextTokens`, tokens) under the threshold for less than the summary it
+ * replaces, and when it cannot (the summary that follows rewrites the prefix: these edits cost no miss of
+ * their own); otherwise the gate lets through what pays back (results after an edit point already paid
+ * for cost no new miss). Undefined when there is nothing to clear.
+ */
+function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: LadderBatch; needed: boolean } | undefined {
+  if (!v.compaction.clear || v.window === undefined) return undefined
+  const rate = v.session.measure().calibration
+  const ops = clearCandidates(v.session, 0, v.clearable)
+    .map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
+  if (ops.length === 0) return undefined
+  const [clear] = suffixModels(v.session, ops, v.prune)
+  const region = pressureRegion(v)
+  const cheaper = !region || netEditUSD(gate.prices, clear, gate.requests)
+    <= netEditUSD(gate.prices, summaryModel(v.session, region, v.compaction, gate.prices), gate.requests)
+  return { batch: { ops, stopAtOrBelow: Math.floor(v.window * v.compaction.reliefRatio) },
+    needed: nextTokens - clear.savedTokens * rate >= v.threshold || cheaper }
 }
 
 // ── 5.2 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ──────────
@@ -6378,6 +6567,14 @@ export interface AgentOptions {
    * true; docs/design.md §10). `false` never offers it. A tool of your own named `recall` needs `recall: false`.
    */
   recall?: boolean
+  /**
+   * Spend cap, USD (docs/design.md §11): a number caps each turn; `{turn, session}` caps a turn, the
+   * session (all its requests so far, summaries included), or both. Before a request whose modelled
+   * cost (its input at the modelled cache hit, its output at the session's mean so far) would pass a
+   * cap, the turn ends with reason `budget` and a message saying what was spent. Needs the provider's
+   * `prices`: without them the Agent throws {@link ConfigError}.
+   */
+  maxCostUSD?: number | { turn?: number; session?: number }
   onEvent?: (event: AgentEvent) => void
 }
 
@@ -6385,7 +6582,7 @@ export interface AgentOptions {
 export interface TurnResult {
   turn: number
   steps: number
-  reason: 'stop' | 'length' | 'aborted' | 'max-steps' | string
+  reason: 'stop' | 'length' | 'aborted' | 'max-steps' | 'budget' | string
   text: string
   message?: AssistantMessage
 }
@@ -6396,6 +6593,23 @@ const MAX_STREAM_RETRIES = 1
 /** Window tokens per tool call one message may keep (docs/design.md §7): a call and even an empty result
  *  take about 30 tokens on the wire (id, name, arguments, roles), so the group stays near half the window. */
 const WINDOW_TOKENS_PER_TOOL_CALL = 64
+
+/** The spend caps of {@link AgentOptions.maxCostUSD}, checked; ConfigError for a bad value or unknown prices. */
+function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?: number; session?: number }
+  | undefined {
+  if (cap === undefined) return undefined
+  const caps = typeof cap === 'number' ? { turn: cap } : cap
+  const ok = (x: unknown) => x === undefined || (typeof x === 'number' && Number.isFinite(x) && x >= 0)
+  if (typeof caps !== 'object' || caps === null || !ok(caps.turn) || !ok(caps.session)
+    || Object.keys(caps).some((k) => k !== 'turn' && k !== 'session')) {
+    throw new ConfigError(`maxCostUSD must be a non-negative number of USD or {turn, session} of them, got `
+      + `${JSON.stringify(cap)}; e.g. maxCostUSD: 0.5 (each turn) or { session: 5 }`)
+  }
+  if (!provider.prices) throw new ConfigError(`maxCostUSD needs the provider's prices, and model `
+    + `"${provider.model}" has none (cost unknown); give the provider prices: { cacheHitInput, cacheMissInput, `
+    + `output } (USD per million tokens), or leave maxCostUSD out`)
+  return caps
+}
 
 
 /** Turns whatever a tool returned into result content; anything else is an error for the model. */
@@ -6443,6 +6657,8 @@ interface Turn {
   readonly turn: number
   step: number
   readonly signal: AbortSignal
+  /** The session's cost when the turn began, USD (for the turn's spend cap). */
+  startUSD?: number
   /** The last assistant message: the turn's answer. */
   last?: AssistantMessage
   /** Set once `turn/end` is logged. */
@@ -6452,7 +6668,7 @@ interface Turn {
 }
 
 /** What a step asks of the loop: the next step, or the end of the turn with a reason (and an error to throw). */
-type StepOutcome = typeof NEXT_STEP | { reason: string; error?: unknown }
+type StepOutcome = typeof NEXT_STEP | { reason: string; error?: unknown; message?: string }
 const NEXT_STEP = Symbol('next step')
 
 /** A failed provider call: the error as a ProviderError, the raw throw, the partial text output. */
@@ -6517,6 +6733,8 @@ class Agent implements CompactionHost {
   private readonly recallSpecTokens: number = 0
   /** Set once the recall spec was found too big for the window ({@link RECALL_MAX_WINDOW_RATIO}). */
   private recallDropped = false
+  /** The spend caps, USD ({@link AgentOptions.maxCostUSD}). */
+  private readonly maxCost?: { turn?: number; session?: number }
 
   constructor(options: AgentOptions) {
     if (!options?.session || !options.provider)
@@ -6560,6 +6778,7 @@ class Agent implements CompactionHost {
       this.recall = recallTool(this.session)
       this.recallSpecTokens = estimateEnvelopeTokens({ tools: [toolSpec(this.recall)] })
     }
+    this.maxCost = spendCap(options.maxCostUSD, options.provider)
     this.ladder = new Ladder(this)
     this.onEvent = options.onEvent
     if (this.onEvent) { const cb = this.onEvent; this.session.subscribe((event) => cb({ type: 'log', event })) }
@@ -6735,7 +6954,8 @@ class Agent implements CompactionHost {
       let outcome = await this.startTurn(t, message, options.pin === true)
       while (outcome === NEXT_STEP) outcome = await this.step(t)
       t.ended = true
-      session.append('turn/end', { turn: t.turn, reason: outcome.reason })
+      const why = outcome.message ? { message: outcome.message } : {}
+      session.append('turn/end', { turn: t.turn, reason: outcome.reason, ...why })
       await session.sync()
       if (outcome.error !== undefined) throw outcome.error
       return { turn: t.turn, steps: t.step, reason: outcome.reason, text: t.last ? contentText(t.last.content) : '',
@@ -6786,6 +7006,8 @@ class Agent implements CompactionHost {
     const session = this.session
     if (t.signal.aborted) return { reason: 'aborted' }
     if (t.step >= this.maxSteps) return { reason: 'max-steps' }
+    const budget = this.maxCost && this.overBudget(t, this.maxCost)
+    if (budget) { this.warn(budget); return { reason: 'budget', message: budget } }
     t.step++
     session.append('step/start', { turn: t.turn, step: t.step })
     const ctx: HookContext = { agent: this, turn: t.turn, step: t.step, signal: t.signal }
@@ -6834,6 +7056,25 @@ class Agent implements CompactionHost {
     if (calls.length === 0 && !steered) return { reason: response.finishReason === 'length' ? 'length' : 'stop' }
     await session.sync()
     return NEXT_STEP
+  }
+
+  /**
+   * The spend cap (docs/design.md §11): a line saying what was spent when the next request, at its
+   * modelled cost, would pass a cap; undefined when it fits.
+   */
+  private overBudget(t: Turn, cap: { turn?: number; session?: number }): string | undefined {
+    const usage = this.session.cost.usage(), spent = usage.costUSD ?? usage.conversation.costUSD ?? 0
+    t.startUSD ??= spent
+    const c = this.session.cost.nextRequestCache(), n = usage.conversation.requests
+    const next = requestCostUSD(this.provider.prices!, { cachedInputTokens: c.modelledHitTokens, uncachedInputTokens:
+      c.inputTokens - c.modelledHitTokens, outputTokens: n > 0 ? usage.conversation.outputTokens / n : 0 }, Date.now())
+    const usd = (x: number) => `$${x.toFixed(6)}`
+    const scopes = [['turn', cap.turn, spent - t.startUSD], ['session', cap.session, spent]] as const
+    for (const [scope, limit, used] of scopes) {
+      if (limit !== undefined && used + next > limit) return `spend cap: this ${scope} has spent ${usd(used)} of its `
+        + `${usd(limit)} cap and the next request would cost about ${usd(next)}; stopped before it (maxCostUSD)`
+    }
+    return undefined
   }
 
   /** Recovery 1: an aborted call keeps its partial output and ends the turn. */
@@ -10050,6 +10291,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   let stop: AbortController | undefined
   const provider: Provider = {
     model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', contextWindow: window, maxTokens: window,
+    prices: options.prices ?? REPLAY_PRICES, // the net-cost gate decides at the prices the totals use
     async complete(request) {
       current = turn?.steps[stepIndex++]
       if (!current) {
@@ -10575,6 +10817,8 @@ export interface CliRunOptions extends CliModelOptions {
   noShell: boolean
   /** `--max-steps N`: provider calls per turn before the turn ends with reason `max-steps` (default 200). */
   maxSteps?: number
+  /** `--max-cost USD`: the spend cap of each turn, USD (the Agent's `maxCostUSD`); absent when not given. */
+  maxCostUSD?: number
   /** `-C DIR` / `--cwd DIR`: the project to work on, as if dsh were started there (path as given). */
   cwd?: string
   /** `false` with `--no-sandbox` (absent otherwise): shell commands run unconfined, not under bubblewrap. */
@@ -10640,6 +10884,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--sandbox-read': { value: 'PATH', commands: ['run'] },
   '--no-clear': { commands: ['run', 'replay'] },
   '--max-steps': { value: 'N', commands: ['run'] },
+  '--max-cost': { value: 'USD', commands: ['run'] },
   '--cwd': { value: 'DIR', commands: ['run', 'replay'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
@@ -10686,6 +10931,8 @@ Options
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
   --max-steps N          provider calls per turn before the turn stops (default 200); a turn
                          that stops there without an answer exits 1
+  --max-cost USD         spend cap of each turn: stop before a request whose modelled cost
+                         would pass USD (e.g. --max-cost 0.5; needs prices, see --prices)
   -C, --cwd DIR          work on the project in DIR, as if dsh were started there (the tools,
                          a relative --session FILE and replay FILE are in DIR)
   --prices P             prices for the cost shown: a DeepSeek model (e.g. deepseek-v4-pro) or
@@ -11026,6 +11273,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   const sources = ['--session', '--continue', '--resume', '--no-save'].filter((f) => flags.has(f))
   if (sources.length > 1) throw new UsageError(`${sources.join(' and ')} contradict each other: each says which session to use (--session FILE, --continue the newest, --resume a listed one, --no-save none); give one`)
   const maxSteps = flags.has('--max-steps') ? parsePositiveInt('--max-steps', flags.get('--max-steps')!, 'provider calls per turn', '50') : undefined
+  const maxCost = flags.get('--max-cost'), maxCostUSD = maxCost === undefined ? undefined : Number(maxCost)
+  if (maxCost !== undefined && !(/^(?:\d+(?:\.\d*)?|\.\d+)$/.test(maxCost) && maxCostUSD! > 0)) throw new UsageError(`--max-cost must be a positive number of USD, got ${JSON.stringify(maxCost)} (e.g. --max-cost 0.5)`)
   const model = resolveModelOptions(flags, env, files)
   const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
   for (const name of shellEnv ?? []) {
@@ -11036,7 +11285,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     yes: flags.has('--yes'), continue: flags.has('--continue'), resume: flags.has('--resume'), noSave: flags.has('--no-save'), approvals: mergeApprovals([files.user?.config.approvals, files.project?.config.approvals]), retentionDays: files.user?.config.retentionDays ?? DEFAULT_RETENTION_DAYS, ...(configValue(files, 'sandbox') ? { sandboxConfig: configValue(files, 'sandbox')!.value } : {}),
     command, ...model, prompt, print: printed !== undefined,
     contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
-    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
+    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(maxCostUSD !== undefined ? { maxCostUSD } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
     projectInstructions: !flags.has('--no-project-instructions'), ...(flags.has('--no-clear') ? { clear: false as const } : {}),
     ...(flags.has('--no-sandbox') ? { sandbox: false as const } : {}), ...(flags.has('--allow-network') ? { allowNetwork: true as const } : {}),
     ...(flags.has('--sandbox-read') ? { sandboxRead: flags.get('--sandbox-read')!.split('\0') } : {}),
@@ -11336,7 +11585,9 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     const edit: ContextEdit = { event: p.event, verb, subject, tokensBefore: d.shadowedTokenCount, tokensAfter: p.tokensAfter, replaceSeq: p.replaceSeq }
     const note = editNote(edit, agent())
     acted = true
-    say(`[dsh] ${verb} ${subject}: ${groupDigits(edit.tokensBefore)} → ${groupDigits(edit.tokensAfter)} tokens (${groupDigits(edit.tokensBefore - edit.tokensAfter)} saved)${note ? ` · ${note}` : ''}`)
+    const payback = (p.event.data as { paysBackAfterRequests?: number }).paysBackAfterRequests
+    const pays = payback === undefined ? '' : ` · pays back after ${groupDigits(payback)} request${payback === 1 ? '' : 's'}`
+    say(`[dsh] ${verb} ${subject}: ${groupDigits(edit.tokensBefore)} → ${groupDigits(edit.tokensAfter)} tokens (${groupDigits(edit.tokensBefore - edit.tokensAfter)} saved)${pays}${note ? ` · ${note}` : ''}`)
   }
   return (e) => {
     const a = agent()
@@ -12494,6 +12745,7 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
     ? deepseek({ model, apiKey: run.apiKey, contextWindow, maxTokens: run.maxTokens, prices })
     : openAICompatible({ baseURL: run.baseURL, model, apiKey: run.apiKey, contextWindow, maxTokens: run.maxTokens, prices })
   const provider = providerFor(options.model, options.contextWindow, options.prices)
+  if (options.maxCostUSD !== undefined && !provider.prices) { io.stderr(`dsh: --max-cost needs the model's prices and ${options.model} has none: give them with --prices HIT,MISS,OUTPUT (USD per million tokens)\n`); return 2 }
   let session: Session
   try {
     session = await Session.open(options.session ? new FileStore(path.resolve(cwd, options.session)) : new MemoryStore())
@@ -12559,6 +12811,7 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
     const made = new Agent({
       session, provider: p, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions: instructions?.text, contextWindow,
       maxTokens: run.maxTokens, compaction: { thresholdRatio: run.threshold, ...(run.clear === false ? { clear: false } : {}) }, maxSteps: run.maxSteps,
+      ...(run.maxCostUSD !== undefined ? { maxCostUSD: run.maxCostUSD } : {}),
       onEvent: (e) => { if (mine === agents) onEvent(e) },
     })
     agents = mine // from here on, only this agent's events are shown
@@ -12626,6 +12879,7 @@ async function cliChangeDesk(options: CliRunOptions, dir: string, prep: RunPrepa
 /** Why a turn gave no usable answer, in one line, or `undefined` when it did (docs/design.md §8 exit codes). */
 function turnProblem(agent: Agent, result: TurnResult): string | undefined {
   if (result.reason === 'max-steps') return `the turn stopped at the step limit (${agent.maxSteps} steps, --max-steps) without a final answer; raise --max-steps, or continue with --session FILE`
+  if (result.reason === 'budget') return `the turn stopped at its spend cap (--max-cost) before its next request; raise --max-cost, or continue with --session FILE`
   if (result.reason === 'length') return `the answer was cut at the completion budget (finish reason "length"); raise --max-tokens`
   if (result.reason === 'stop' && result.text.trim() === '') return 'the model ended the turn without an answer (its last message has no text)'
   if (result.reason !== 'stop' && result.reason !== 'aborted') return `the turn ended with reason "${result.reason}"`
