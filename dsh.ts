@@ -452,6 +452,16 @@ export interface Measurement {
   header?: RequestHeader
 }
 
+/** The prototype of `measure()`'s results: `console.log` (Node, Bun, Deno: the inspect symbol) and `JSON.stringify`
+ *  show the figures and `nodes` as a count, not the whole surface nor the header's system prompt and tools. */
+const MEASUREMENT_VIEW = /* @__PURE__ */ (() => {
+  function figures(this: Measurement) {
+    const { nodes, header: _, ...rest } = this
+    return { ...rest, nodes: nodes.length }
+  }
+  return { toJSON: figures, [Symbol.for('nodejs.util.inspect.custom')]: figures }
+})()
+
 /** Bounds of the calibration ratio (provider tokens per heuristic token), docs/design.md §10. */
 const CALIBRATION_RANGE: readonly [min: number, max: number] =
   Object.freeze([0.5, 4]) as readonly [number, number]
@@ -935,7 +945,8 @@ export interface EventDataMap {
   /** `lastSeq`: the last seq before the resume; `repaired`: how many synthetic tool results follow. */
   'session/resume': { lastSeq: number; torn?: TornLine; repaired: number }
   'turn/start': { turn: number }
-  'turn/end': { turn: number; reason: string }
+  /** `message`: why a turn ended early, e.g. what was spent when it stopped at its spend cap (reason `budget`). */
+  'turn/end': { turn: number; reason: string; message?: string }
   'step/start': { turn: number; step: number }
   'step/end': { turn: number; step: number }
   'request/header': RequestHeader
@@ -947,15 +958,17 @@ export interface EventDataMap {
   'tool/call': { callId: string; name: string; arguments?: string }
   'tool/result': { message: ToolResultMessage; surfaceOp: SurfaceOp; spilled?: { ref: string; bytes: number } }
   'request/error': { code: string; status?: number; message: string; trigger?: string }
-  'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
+  'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string;
+    paysBackAfterRequests?: number }
   /** A tool result replaced by a placeholder (the clear rung, docs/design.md §10); the replace follows. */
-  'compaction/clear': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string }
+  'compaction/clear': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string;
+    paysBackAfterRequests?: number }
   'ladder/state': LadderStateData
   'compaction/start': { id: string; trigger: string }
   /** `ledger`: the facts ledger framed into the checkpoint; `fidelity`: what the checkpoint kept (docs/design.md
    *  §12); `focus`: the focus the summary was asked for. */
   'compaction/summary': { id: string; summary: string; shadowedSeqs: number[]; shadowedTokenCount: number;
-    model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string }
+    model: string; usage?: Usage; ledger?: Ledger; fidelity?: Fidelity; focus?: string; paysBackAfterRequests?: number }
   'compaction/end': { id: string; error?: string; tokensBefore?: number; tokensAfter?: number;
     requests?: SummaryRequestRecord[] }
   'compaction/warning': { trigger: string; message: string; totalTokens: number; thresholdTokens: number }
@@ -1923,12 +1936,20 @@ export class Session {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
     const ladder = this.st.ladder
     const { ratio: calibration, offset } = ladder.fit()
-    return {
-      calibration, calibrationOffsetTokens: offset, calibrationSamples: ladder.count,
-      totalTokens: anchoredTotal(heuristicTokens, this.anchorState, calibration, offset),
-      envelopeTokens: this.envelopeTokensSum, surfaceTokens: this.surfaceTokensSum, heuristicTokens,
-      anchored: this.anchorState !== undefined, anchor: this.anchorState, nodes: this.nodes, header: this.header,
-    }
+    // Built on MEASUREMENT_VIEW (what console.log shows); Object.create then stores keeps this as cheap as a literal.
+    const m: Measurement = Object.create(MEASUREMENT_VIEW)
+    m.calibration = calibration
+    m.calibrationOffsetTokens = offset
+    m.calibrationSamples = ladder.count
+    m.totalTokens = anchoredTotal(heuristicTokens, this.anchorState, calibration, offset)
+    m.envelopeTokens = this.envelopeTokensSum
+    m.surfaceTokens = this.surfaceTokensSum
+    m.heuristicTokens = heuristicTokens
+    m.anchored = this.anchorState !== undefined
+    m.anchor = this.anchorState
+    m.nodes = this.nodes
+    m.header = this.header
+    return m
   }
 
   /**
@@ -2147,6 +2168,14 @@ function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pin
 
 // ── 4.1 Edits of the surface: the log protocol of a prune or a clear (docs/design.md §3, §10) ─────
 
+/** The modelled payback (requests) of the edit the ladder is logging (section 5.1a), put into its event. */
+const EDIT_PAYBACK = new WeakMap<Session, number>()
+/** `{paysBackAfterRequests}` while the ladder logs an edit the gate priced (a finite payback), else nothing. */
+function paybackData(session: Session): { paysBackAfterRequests?: number } {
+  const payback = EDIT_PAYBACK.get(session)
+  return payback !== undefined && Number.isFinite(payback) ? { paysBackAfterRequests: payback } : {}
+}
+
 /** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
 function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear',
   message: Message, trigger?: string): number {
@@ -2156,8 +2185,8 @@ function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prun
   const data: Record<string, unknown> = { message, surfaceOp: { op: 'replace', start: seq, end: seq } }
   if (eventType === 'assistant/message') data.finishReason = 'pruned'
   stateOf(session).check(eventType, data) // both events or neither
-  session.append(type, trigger ? { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, trigger }
-    : { shadowedSeqs: [seq], shadowedTokenCount: node.tokens })
+  session.append(type, { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, ...(trigger ? { trigger } : {}),
+    ...paybackData(session) })
   const after = session.append(eventType, data)
   return node.tokens - session.surface().node(after.seq)!.tokens
 }
@@ -2712,6 +2741,9 @@ function randomId(): string {
  *   `min(summaryMaxTokens, max(512, floor(regionTokens / 2)))`, clamped to the room left.
  * - `auto` true: the Agent runs the ladder itself; false disables pressure and overflow handling.
  * - `clear` true: the clear rung (old tool results → one-line placeholders, no model call).
+ * - `gate` true: the net-cost gate (docs/design.md §11) — with known prices, an edit below the threshold is
+ *   made only when it pays back within the requests expected, and at pressure the clear rung takes the
+ *   protected results too when that is cheaper than a summary; false: the ladder as without prices.
  */
 export interface CompactionConfig {
   thresholdRatio: number
@@ -2719,11 +2751,12 @@ export interface CompactionConfig {
   summaryMaxTokens: number
   auto: boolean
   clear: boolean
+  gate: boolean
 }
 
 /** The defaults of docs/design.md §§5, 10. */
 const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
-  thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, auto: true, clear: true,
+  thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, auto: true, clear: true, gate: true,
 })
 
 /** Extra summary attempts under pressure (docs/design.md §5). */
@@ -2738,6 +2771,9 @@ const SPILL_BYTES = 256 * 1024
 const RELIEF_RATIO = 0.6
 /** Under a threshold at or below RELIEF_RATIO, the clear rung clears down to this share of the threshold. */
 const RELIEF_SHARE_OF_THRESHOLD = 0.75
+/** The share of the window the clear rung clears down to under `cfg`. */
+const reliefRatio = (cfg: CompactionConfig) =>
+  cfg.thresholdRatio > RELIEF_RATIO ? RELIEF_RATIO : cfg.thresholdRatio * RELIEF_SHARE_OF_THRESHOLD
 /** The newest tool results worth `floor(window × 0.2)` tokens (and always the newest step's) are never cleared. */
 const PROTECTED_RATIO = 0.2
 
@@ -2763,7 +2799,7 @@ function resolveCompactionConfig(config?: Partial<CompactionConfig>): Compaction
     const v = full[key as keyof typeof COMPACTION_INTEGERS]
     if (!isIntegerAtLeast(v, min)) throw configError(`compaction config: ${key}`, `an integer ≥ ${min} (${unit})`, v)
   }
-  for (const key of ['auto', 'clear'] as const) {
+  for (const key of ['auto', 'clear', 'gate'] as const) {
     if (typeof full[key] !== 'boolean') throw configError(`compaction config: ${key}`, 'true or false', full[key])
   }
   return full
@@ -3338,8 +3374,7 @@ const clearRung: Rung = (v) => {
   const rate = v.session.measure().calibration
   const candidates = clearCandidates(v.session, Math.floor((v.window * PROTECTED_RATIO) / rate), v.clearable)
   const ops = candidates.map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
-  const relief = cfg.thresholdRatio > RELIEF_RATIO ? RELIEF_RATIO : cfg.thresholdRatio * RELIEF_SHARE_OF_THRESHOLD
-  return [{ ops, stopAtOrBelow: Math.floor(v.window * relief) }]
+  return [{ ops, stopAtOrBelow: Math.floor(v.window * reliefRatio(cfg)) }]
 }
 
 /** The fixed start of every cleared tool result's placeholder (docs/design.md §10). */
@@ -3896,7 +3931,7 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     session.append('compaction/summary', {
       id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens,
       model: host.summarizer.model, usage: result.usage,
-      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}),
+      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}), ...paybackData(session),
     })
     const seq = session.append('user/message',
       { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
@@ -3932,10 +3967,13 @@ class Ladder {
   private warnedEnvelope = false
   /** The host's envelope and its heuristic price, kept while the host returns the same object. */
   private envelopePrice?: { envelope: Envelope; tokens: number }
+  /** When this ladder began watching the session's step rate (ms) and its conversation requests then. */
+  private readonly watch: { ms: number; requests: number }
 
   constructor(host: CompactionHost) {
     this.host = host
     this.guard = stateOf(host.session).ladder.failedAtTokens
+    this.watch = { ms: Date.now(), requests: host.session.cost.usage().conversation.requests }
   }
 
   /** Heuristic tokens (envelope + surface) at the last failed pressure compaction; undefined when none is pending. */
@@ -3999,16 +4037,20 @@ class Ladder {
    * Runs `rung` on the session as it is now and logs its edits (the one place that does): a batch is
    * skipped or stopped by the size of the next request, measured before each edit. Returns tokens reclaimed.
    */
-  private apply(rung: Rung, view: LadderView, trigger: string): number {
+  private apply(rung: Rung, view: LadderView, trigger: string, gate?: Gate, needed = true): number {
     const session = view.session
     let reclaimed = 0
     for (const batch of rung(view)) {
       if (batch.onlyIfAtLeast !== undefined && view.nextRequestTokens() < batch.onlyIfAtLeast) continue
-      for (const op of batch.ops) {
-        if (batch.stopAtOrBelow !== undefined && view.nextRequestTokens() <= batch.stopAtOrBelow) break
-        reclaimed += op.op === 'prune' ? pruneNode(session, op.seq, view.prune, trigger)
-          : clearNode(session, op.seq, op.placeholder, trigger)
-      }
+      const gated = gate && gatedOps(session, batch.ops, view.prune, gate, needed) // the net-cost gate (5.1a)
+      if (gated) EDIT_PAYBACK.set(session, gated.payback)
+      try {
+        for (const op of gated ? gated.ops : batch.ops) {
+          if (batch.stopAtOrBelow !== undefined && view.nextRequestTokens() <= batch.stopAtOrBelow) break
+          reclaimed += op.op === 'prune' ? pruneNode(session, op.seq, view.prune, trigger)
+            : clearNode(session, op.seq, op.placeholder, trigger)
+        }
+      } finally { EDIT_PAYBACK.delete(session) }
     }
     return reclaimed
   }
@@ -4026,14 +4068,19 @@ class Ladder {
     const threshold = this.threshold()
     if (threshold === undefined) return done('skipped', 'no context window')
     if (stateOf(session).compaction) return done('skipped', 'a compaction is already running')
-    if (outcome.tokensBefore < threshold) return done('none')
+    const gate = gateOf(session, cfg, this.watch), view = this.view(threshold)
+    const needed = outcome.tokensBefore >= threshold
+    if (!needed && !gate) return done('none')
     if (signal?.aborted) return done('skipped', 'aborted')
-    const below = () => this.nextRequestTokens() < threshold
-    const view = this.view(threshold)
-    outcome.prunedTokens = this.apply(pruneResultsRung, view, 'pressure')
-      + this.apply(pruneMessagesRung, view, 'pressure')
-    if (below()) return done('pruned')
-    outcome.clearedTokens = this.apply(clearRung, view, 'pressure')
+    const below = () => this.nextRequestTokens() < threshold, trigger = needed ? 'pressure' : 'gate'
+    outcome.prunedTokens = this.apply(pruneResultsRung, view, trigger, gate, needed)
+      + this.apply(pruneMessagesRung, view, trigger, gate, needed)
+    if (needed && below()) return done('pruned')
+    outcome.clearedTokens = this.apply(clearRung, view, trigger, gate, needed)
+    if (!needed) return done(outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'none')
+    const next = this.nextRequestTokens() // the gate: clear more (the protected results too) rather than summarise
+    const more = gate && next > Math.floor(view.window! * reliefRatio(cfg)) && clearMore(view, gate, next)
+    if (more) outcome.clearedTokens += this.apply(() => [more.batch], view, 'pressure', gate, more.needed)
     if (below()) return done('cleared')
     const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
       ? 'pruned' : 'skipped'
@@ -4042,7 +4089,10 @@ class Ladder {
     if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
       return done(modelFree, 'an earlier compaction failed and the surface has not grown enough since')
     }
-    return this.summariseUnder('pressure', threshold, outcome, done, signal)
+    const region = gate && pressureRegion(view) // the gate prices the summary, for its log line
+    if (region) EDIT_PAYBACK.set(session, paybackRequests(gate.prices, summaryModel(session, region, cfg, gate.prices)))
+    try { return await this.summariseUnder('pressure', threshold, outcome, done, signal) } finally {
+      EDIT_PAYBACK.delete(session) }
   }
 
   /** Rung 3 under pressure or by hand: summary attempts, then success, or a remembered failure. */
@@ -4060,6 +4110,16 @@ class Ladder {
         Math.ceil(minSaving / rate))
       if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or '
         + 'touching the current input'; break }
+      // The gate: no summary that cannot save a token, nor one that leaves the request above the threshold
+      // when it fits the window without it or would not fit with it either (the checkpoint as the gate models it).
+      const gate = trigger === 'pressure' && gateOf(session, cfg, this.watch)
+      const saved = gate ? summaryModel(session, region, cfg, gate.prices).savedTokens : 0
+      const next = this.nextRequestTokens(), left = Math.ceil(next - saved * rate)
+      if (gate && (saved <= 0 || (left >= threshold && (next <= window || left >= window)))) {
+        lastError = `a summary of this ${region.tokens}-token region would leave about ${left} tokens, not under the `
+          + `threshold, and the request ${next <= window ? 'fits the window without it' : 'would not fit it either'}`
+        break
+      }
       try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus);
         committed++ } catch (err) {
         outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
@@ -4181,6 +4241,154 @@ class Ladder {
       + this.apply(pruneMessagesRung, view, 'manual')
     return this.summariseUnder('manual', threshold, outcome, done, signal, options.focus)
   }
+}
+
+// ── 5.1a The net-cost gate (docs/design.md §11 "Edits that pay for themselves") ──
+// An edit of the cached prefix costs the cache misses it causes now (and a summary request's own
+// price); it saves its tokens on every later request. The gate makes it when it pays back within
+// the requests the session can expect (its own pace so far, never a transcript's future), or when
+// it is needed to stay under the threshold. The model is pure; the planners below read the session.
+
+/** A prompt cache unused this long is taken as gone, ms: DeepSeek keeps one for hours, others for minutes. */
+const CACHE_LIFETIME_MS = 3_600_000
+/** A summary's checkpoint is priced at this share of its completion budget: the model rarely writes all of it. */
+const SUMMARY_OUTPUT_SHARE = 0.5
+
+/**
+ * What a live session knows of its own pace: conversation requests so far, completed turns, the
+ * current turn's requests, and the requests watched over `elapsedMs` (ms) for the step rate.
+ */
+interface SessionPace { requests: number; turns: number; turnRequests: number; watchedRequests: number;
+  elapsedMs: number }
+
+/**
+ * Requests the session can expect before it ends or its cache expires (at least 1): the current turn
+ * lasts as long as the completed turns did on average, or as long again as it has so far (whichever
+ * is longer); no more than the step rate fits into {@link CACHE_LIFETIME_MS}.
+ */
+function expectedRequests(p: SessionPace): number {
+  const meanTurn = p.turns > 0 ? (p.requests - p.turnRequests) / p.turns : 0
+  const n = Math.max(1, Math.round(meanTurn) - p.turnRequests, p.turnRequests)
+  if (!(p.elapsedMs > 0 && p.watchedRequests > 0)) return n
+  return Math.min(n, Math.max(1, Math.floor((CACHE_LIFETIME_MS * p.watchedRequests) / p.elapsedMs)))
+}
+
+/** An edit as the gate prices it: tokens moved from hit to miss now, saved on every later request; a summary's USD. */
+interface EditModel { movedTokens: number; savedTokens: number; summaryUSD?: number }
+
+/** USD an edit costs now (off-peak): its cache misses plus a summary request's own price. */
+const editNowUSD = (prices: Prices, e: EditModel) => cacheCostUSD(prices, e.movedTokens) + (e.summaryUSD ?? 0)
+
+/** Later requests after which an edit has paid for itself: 0 when free, Infinity when it saves nothing. */
+function paybackRequests(prices: Prices, e: EditModel): number {
+  const cost = editNowUSD(prices, e), perRequest = (e.savedTokens * prices.cacheHitInput) / 1_000_000
+  if (cost <= 0) return 0
+  return perRequest > 0 ? Math.ceil(cost / perRequest - 1e-9) : Infinity // 1e-9: float noise, not a request
+}
+
+/** USD an edit costs over `requests` later requests, its saving taken off (below 0: it pays). */
+const netEditUSD = (prices: Prices, e: EditModel, requests: number) =>
+  editNowUSD(prices, e) - (e.savedTokens * prices.cacheHitInput * requests) / 1_000_000
+
+/** The gate's verdict: make the edit when it is needed, or when it pays back within `requests`. */
+const gateAllows = (prices: Prices, e: EditModel, requests: number, needed: boolean) =>
+  needed || paybackRequests(prices, e) <= requests
+
+/** What the ladder's gate decides with: the prices of the next request and the requests expected. */
+interface Gate { prices: Prices; requests: number }
+
+/** The gate of a session now, or undefined when it is off (`gate: false`) or the prices are unknown. */
+function gateOf(session: Session, cfg: CompactionConfig, watch: { ms: number; requests: number }): Gate | undefined {
+  const prices = session.measure().header?.prices
+  if (!cfg.gate || !prices) return undefined
+  const requests = session.cost.usage().conversation.requests, t = stateOf(session).turn
+  return { prices, requests: expectedRequests({ requests, turns: Math.max(0, t.last - (t.open ? 1 : 0)),
+    turnRequests: t.open ? t.step : 0, watchedRequests: requests - watch.requests, elapsedMs: Date.now() - watch.ms }) }
+}
+
+/** Surface tokens the next request would read from the cache (heuristic tokens). */
+function cachedSurfaceTokens(session: Session): number {
+  const c = session.cost.nextRequestCache()
+  return c.modelledHitTokens > 0 ? Math.max(0, c.modelledHitTokens - session.measure().envelopeTokens) : 0
+}
+
+/**
+ * The model of each run of the newest ops of `ops` (surface order) applied now, oldest start first:
+ * misses from the run's first node to the end of the cached prefix, tokens saved. O(surface + ops).
+ */
+function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneConfig): EditModel[] {
+  const before = new Map<number, number>(), at = new Set(ops.map((o) => o.seq))
+  let tokens = 0
+  for (const n of session.surface()) { if (at.has(n.seq)) before.set(n.seq, tokens); tokens += n.tokens }
+  const cached = cachedSurfaceTokens(session), out: EditModel[] = new Array(ops.length)
+  let saved = 0
+  for (let k = ops.length - 1; k >= 0; k--) {
+    const op = ops[k], n = session.surface().node(op.seq)
+    if (n) {
+      const m = n.message
+      const after = op.op === 'clear' ? { ...m, content: [{ type: 'text', text: op.placeholder }] } as Message
+        : m.role === 'tool' ? pruneToolResult(m, prune) : pruneMessage(m, prune)
+      saved += Math.max(0, n.tokens - estimateMessageTokens(after))
+    }
+    out[k] = { movedTokens: Math.max(0, cached - (before.get(op.seq) ?? tokens) - saved), savedTokens: saved }
+  }
+  return out
+}
+
+/**
+ * The edits of a batch the gate lets through, with their payback (requests): all of them when
+ * `needed`; else the longest run of the newest ops that pays back within the requests expected (an
+ * older op moves more of the cached prefix), none when no run does — they wait and pay in a later batch.
+ */
+function gatedOps(session: Session, ops: readonly LadderOp[], prune: PruneConfig, gate: Gate,
+  needed: boolean): { ops: readonly LadderOp[]; payback: number } {
+  const models = suffixModels(session, ops, prune)
+  const k = models.findIndex((m) => gateAllows(gate.prices, m, gate.requests, needed))
+  if (k < 0) return { ops: [], payback: Infinity }
+  return { ops: ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
+}
+
+/** The region a pressure summary would take now (as the ladder selects it, before the minimum saving). */
+function pressureRegion(v: LadderView): Region | undefined {
+  const retained = Math.floor((v.window! * v.compaction.retainedTailRatio) / v.session.measure().calibration)
+  return selectRegion(v.session.surface(), retained, keptOutOfSummary(v.session))
+}
+
+/**
+ * The model of a summary of `region`: its request (the cached part of the region at the hit price),
+ * its checkpoint — as long as the session's own summaries so far on average, else
+ * {@link SUMMARY_OUTPUT_SHARE} of the completion budget — and the misses after it.
+ */
+function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices): EditModel {
+  const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
+  const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests) : Math.ceil(SUMMARY_OUTPUT_SHARE
+    * Math.min(cfg.summaryMaxTokens, Math.max(512, Math.floor(region.tokens / 2))))
+  const hit = Math.min(region.tokens, cached), saved = Math.max(0, region.tokens - output)
+  const summaryUSD = requestCostUSD(prices, { cachedInputTokens: hit, uncachedInputTokens: region.tokens - hit,
+    outputTokens: output }, 0)
+  return { movedTokens: Math.max(0, cached - saved), savedTokens: saved, summaryUSD }
+}
+
+/**
+ * Clear-more (the gate at pressure, docs/design.md §11): every clearable result outside the newest
+ * step, the protected budget included, down to the clear rung's relief target. It is `needed` when it
+ * alone brings the next request (`nextTokens`, tokens) under the threshold for less than the summary it
+ * replaces, and when it cannot (the summary that follows rewrites the prefix: these edits cost no miss of
+ * their own); otherwise the gate lets through what pays back (results after an edit point already paid
+ * for cost no new miss). Undefined when there is nothing to clear.
+ */
+function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: LadderBatch; needed: boolean } | undefined {
+  if (!v.compaction.clear || v.window === undefined) return undefined
+  const rate = v.session.measure().calibration
+  const ops = clearCandidates(v.session, 0, v.clearable)
+    .map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
+  if (ops.length === 0) return undefined
+  const [clear] = suffixModels(v.session, ops, v.prune)
+  const region = pressureRegion(v)
+  const cheaper = !region || netEditUSD(gate.prices, clear, gate.requests)
+    <= netEditUSD(gate.prices, summaryModel(v.session, region, v.compaction, gate.prices), gate.requests)
+  return { batch: { ops, stopAtOrBelow: Math.floor(v.window * reliefRatio(v.compaction)) },
+    needed: nextTokens - clear.savedTokens * rate >= v.threshold || cheaper }
 }
 
 // ── 5.2 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ──────────
@@ -6263,6 +6471,14 @@ export interface AgentOptions {
    * true; docs/design.md §10). `false` never offers it. A tool of your own named `recall` needs `recall: false`.
    */
   recall?: boolean
+  /**
+   * Spend cap, USD (docs/design.md §11): a number caps each turn; `{turn, session}` caps a turn, the
+   * session (all its requests so far, summaries included), or both. Before a request whose modelled
+   * cost (its input at the modelled cache hit, its output at the session's mean so far) would pass a
+   * cap, the turn ends with reason `budget` and a message saying what was spent. Needs the provider's
+   * `prices`: without them the Agent throws {@link ConfigError}.
+   */
+  maxCostUSD?: number | { turn?: number; session?: number }
   onEvent?: (event: AgentEvent) => void
 }
 
@@ -6270,7 +6486,7 @@ export interface AgentOptions {
 export interface TurnResult {
   turn: number
   steps: number
-  reason: 'stop' | 'length' | 'aborted' | 'max-steps' | string
+  reason: 'stop' | 'length' | 'aborted' | 'max-steps' | 'budget' | string
   text: string
   message?: AssistantMessage
 }
@@ -6283,6 +6499,23 @@ const MAX_STREAM_RETRIES = 1
 const WINDOW_TOKENS_PER_TOOL_CALL = 64
 /** Tool calls one step runs (as many as the adapter passes); a message's other calls get TOOL_LIMIT error results. */
 const MAX_TOOL_CALLS_PER_STEP = MAX_TOOL_CALLS_PER_MESSAGE
+
+/** The spend caps of {@link AgentOptions.maxCostUSD}, checked; ConfigError for a bad value or unknown prices. */
+function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?: number; session?: number }
+  | undefined {
+  if (cap === undefined) return undefined
+  const caps = typeof cap === 'number' ? { turn: cap } : cap
+  const ok = (x: unknown) => x === undefined || (typeof x === 'number' && Number.isFinite(x) && x >= 0)
+  if (typeof caps !== 'object' || caps === null || !ok(caps.turn) || !ok(caps.session)
+    || Object.keys(caps).some((k) => k !== 'turn' && k !== 'session')) {
+    throw new ConfigError(`maxCostUSD must be a non-negative number of USD or {turn, session} of them, got `
+      + `${JSON.stringify(cap)}; e.g. maxCostUSD: 0.5 (each turn) or { session: 5 }`)
+  }
+  if (!provider.prices) throw new ConfigError(`maxCostUSD needs the provider's prices, and model `
+    + `"${provider.model}" has none (cost unknown); give the provider prices: { cacheHitInput, cacheMissInput, `
+    + `output } (USD per million tokens), or leave maxCostUSD out`)
+  return caps
+}
 
 
 /** Turns whatever a tool returned into result content; anything else is an error for the model. */
@@ -6330,6 +6563,8 @@ interface Turn {
   readonly turn: number
   step: number
   readonly signal: AbortSignal
+  /** The session's cost when the turn began, USD (for the turn's spend cap). */
+  startUSD?: number
   /** The last assistant message: the turn's answer. */
   last?: AssistantMessage
   /** Set once `turn/end` is logged. */
@@ -6339,7 +6574,7 @@ interface Turn {
 }
 
 /** What a step asks of the loop: the next step, or the end of the turn with a reason (and an error to throw). */
-type StepOutcome = typeof NEXT_STEP | { reason: string; error?: unknown }
+type StepOutcome = typeof NEXT_STEP | { reason: string; error?: unknown; message?: string }
 const NEXT_STEP = Symbol('next step')
 
 /** A failed provider call: the error as a ProviderError, the raw throw, the partial text output. */
@@ -6432,6 +6667,8 @@ class Agent {
   private readonly recallSpecTokens: number = 0
   /** Set once the recall spec was found too big for the window ({@link RECALL_MAX_WINDOW_RATIO}). */
   private recallDropped = false
+  /** The spend caps, USD ({@link AgentOptions.maxCostUSD}). */
+  private readonly maxCost?: { turn?: number; session?: number }
 
   constructor(options: AgentOptions) {
     if (!options?.session || !options.provider)
@@ -6468,6 +6705,7 @@ class Agent {
       this.recall = recallTool(this.session)
       this.recallSpecTokens = estimateEnvelopeTokens({ tools: [toolSpec(this.recall)] })
     }
+    this.maxCost = spendCap(options.maxCostUSD, options.provider)
     this.onEvent = options.onEvent
     const agent = this
     this.ladder = new Ladder({
@@ -6610,7 +6848,8 @@ class Agent {
       let outcome = await this.startTurn(t, message, options.pin === true)
       while (outcome === NEXT_STEP) outcome = await this.step(t)
       t.ended = true
-      session.append('turn/end', { turn: t.turn, reason: outcome.reason })
+      const why = outcome.message ? { message: outcome.message } : {}
+      session.append('turn/end', { turn: t.turn, reason: outcome.reason, ...why })
       await session.sync()
       if (outcome.error !== undefined) throw outcome.error
       return { turn: t.turn, steps: t.step, reason: outcome.reason, text: t.last ? contentText(t.last.content) : '',
@@ -6661,6 +6900,8 @@ class Agent {
     const session = this.session
     if (t.signal.aborted) return { reason: 'aborted' }
     if (t.step >= this.maxSteps) return { reason: 'max-steps' }
+    const budget = this.maxCost && this.overBudget(t, this.maxCost)
+    if (budget) { this.warn(budget); return { reason: 'budget', message: budget } }
     t.step++
     session.append('step/start', { turn: t.turn, step: t.step })
     const ctx: HookContext = { agent: this, turn: t.turn, step: t.step, signal: t.signal }
@@ -6712,6 +6953,25 @@ class Agent {
     if (calls.length === 0 && !steered) return { reason: response.finishReason === 'length' ? 'length' : 'stop' }
     await session.sync()
     return NEXT_STEP
+  }
+
+  /**
+   * The spend cap (docs/design.md §11): a line saying what was spent when the next request, at its
+   * modelled cost, would pass a cap; undefined when it fits.
+   */
+  private overBudget(t: Turn, cap: { turn?: number; session?: number }): string | undefined {
+    const usage = this.session.cost.usage(), spent = usage.costUSD ?? usage.conversation.costUSD ?? 0
+    t.startUSD ??= spent
+    const c = this.session.cost.nextRequestCache(), n = usage.conversation.requests
+    const next = requestCostUSD(this.provider.prices!, { cachedInputTokens: c.modelledHitTokens, uncachedInputTokens:
+      c.inputTokens - c.modelledHitTokens, outputTokens: n > 0 ? usage.conversation.outputTokens / n : 0 }, Date.now())
+    const usd = (x: number) => `$${x.toFixed(6)}`
+    const scopes = [['turn', cap.turn, spent - t.startUSD], ['session', cap.session, spent]] as const
+    for (const [scope, limit, used] of scopes) {
+      if (limit !== undefined && used + next > limit) return `spend cap: this ${scope} has spent ${usd(used)} of its `
+        + `${usd(limit)} cap and the next request would cost about ${usd(next)}; stopped before it (maxCostUSD)`
+    }
+    return undefined
   }
 
   /** Recovery 1: an aborted call keeps its partial output and ends the turn. */
@@ -6807,8 +7067,9 @@ class Agent {
         + `or use a model with a larger window.`)
   }
 
-  /** Logs `request/header` when model, envelope, budget or window changed; returns the envelope. */
-  private writeHeader(): Envelope {
+  /** Logs `request/header` when model, envelope, budget or window changed; returns the envelope. Public so that a
+   *  caller that switched to a new Agent between turns (the CLI's `/model`) can log the new model at once. */
+  writeHeader(): Envelope {
     const envelope = this.envelope
     logHeader(this.session, { model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system,
       tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window, prices: this.provider.prices })
@@ -9936,6 +10197,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   let stop: AbortController | undefined
   const provider: Provider = {
     model: `recorded-${transcript.format}`, baseURL: 'replay://transcript', contextWindow: window, maxTokens: window,
+    prices: options.prices ?? REPLAY_PRICES, // the net-cost gate decides at the prices the totals use
     async complete(request) {
       current = turn?.steps[stepIndex++]
       if (!current) {
@@ -10461,6 +10723,8 @@ export interface CliRunOptions extends CliModelOptions {
   noShell: boolean
   /** `--max-steps N`: provider calls per turn before the turn ends with reason `max-steps` (default 200). */
   maxSteps?: number
+  /** `--max-cost USD`: the spend cap of each turn, USD (the Agent's `maxCostUSD`); absent when not given. */
+  maxCostUSD?: number
   /** `-C DIR` / `--cwd DIR`: the project to work on, as if dsh were started there (path as given). */
   cwd?: string
   /** `false` with `--no-sandbox` (absent otherwise): shell commands run unconfined, not under bubblewrap. */
@@ -10526,6 +10790,7 @@ const CLI_FLAGS: Readonly<Record<string, { value?: string; commands: readonly ('
   '--sandbox-read': { value: 'PATH', commands: ['run'] },
   '--no-clear': { commands: ['run', 'replay'] },
   '--max-steps': { value: 'N', commands: ['run'] },
+  '--max-cost': { value: 'USD', commands: ['run'] },
   '--cwd': { value: 'DIR', commands: ['run', 'replay'] },
   '--summary-tokens': { value: 'N', commands: ['replay'] },
   '--format': { value: 'F', commands: ['replay'] },
@@ -10572,6 +10837,8 @@ Options
   --threshold R          compact when the context reaches R x window, 0 < R <= 1 (default ${CLI_DEFAULTS.threshold})
   --max-steps N          provider calls per turn before the turn stops (default 200); a turn
                          that stops there without an answer exits 1
+  --max-cost USD         spend cap of each turn: stop before a request whose modelled cost
+                         would pass USD (e.g. --max-cost 0.5; needs prices, see --prices)
   -C, --cwd DIR          work on the project in DIR, as if dsh were started there (the tools,
                          a relative --session FILE and replay FILE are in DIR)
   --prices P             prices for the cost shown: a DeepSeek model (e.g. deepseek-v4-pro) or
@@ -10602,19 +10869,37 @@ Options
 The model gets these tools: read_file, list_files, grep, write_file, edit_file (their paths are
 limited to the working directory) and, with --allow-shell or an interactive yes, shell (in the
 sandbox above where bubblewrap runs; without it, a command can reach anything you can).
-Interactive commands: /compact [FOCUS], /context, /pin, /unpin, /usage, /diff, /undo,
-/permissions, /sessions (below), /help, /exit; Ctrl-C cancels the running turn, a second exits.
-A pasted block is one input; a line that ends in \\ continues on the next.
+Interactive commands
+  /model NAME [--context-window N]
+                         the model for the next request (same server and key); N: its window,
+                         else the one dsh knows for NAME; the context is measured against it at
+                         once (compacted now if it must be). /model alone: the current one
+  /compact [FOCUS]       summarise what is older than the recent tail compaction keeps (FOCUS:
+                         what the summary should detail); when there is none, a line says why
+  /context               a bar of the next request (envelope, pinned, checkpoints, recent, free),
+                         its parts in tokens, the newest checkpoint in full
+  /usage                 every figure: context, provider usage, cost
+  /pin, /unpin           pin your last input (never compacted); remove the newest pin
+  /diff, /undo, /permissions, /sessions   see below
+  /help, /exit
+  While a turn runs, a spinner names the running tool (or the model awaited) and its seconds; what
+  you type meanwhile is not mixed into the answer: an entered line is queued and runs after the
+  turn. Ctrl-C cancels the running turn (a second exits); at the prompt it clears what is typed (a
+  second exits). A pasted block is one input; a line that ends in \\ continues on the next.
 
 Status lines (stderr)
   ▸ read_file src/a.ts (2,340 tokens)    a tool ran; its result takes 2,340 tokens of context
   ▸ shell npm test → exit 1              a command and its exit code (errors: their first line)
   [dsh] pruned read_file big.log: 16,549 → 1,298 tokens (15,251 saved)
                                          a context edit: what was cut and the tokens it saved
-  [dsh] context 12,034 / 128,000 tokens (9.4%) ~
-                                         occupancy after each step (on a terminal); a trailing ~
-                                         means the figure is dsh's estimate (chars/4), not yet
-                                         anchored on the token count the provider reported
+  [dsh] context 12,034 / 128,000 tokens (9.4%) ~ · $0.0123 so far, cache hits 87%
+                                         occupancy and cost (on a terminal), after a step that
+                                         moved the occupancy or the cache hits by 5 points, or
+                                         after a context edit (/usage has every figure).
+                                         A trailing ~ means the figure is dsh's estimate
+                                         (chars/4), not yet anchored on the tokens the provider
+                                         reported. The cost is "unknown" for the whole session
+                                         when the model has no price (--prices sets one)
 
 Approvals, diffs and undo
   Interactive mode asks before each write_file, edit_file and shell command, showing the diff
@@ -10894,6 +11179,8 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   const sources = ['--session', '--continue', '--resume', '--no-save'].filter((f) => flags.has(f))
   if (sources.length > 1) throw new UsageError(`${sources.join(' and ')} contradict each other: each says which session to use (--session FILE, --continue the newest, --resume a listed one, --no-save none); give one`)
   const maxSteps = flags.has('--max-steps') ? parsePositiveInt('--max-steps', flags.get('--max-steps')!, 'provider calls per turn', '50') : undefined
+  const maxCost = flags.get('--max-cost'), maxCostUSD = maxCost === undefined ? undefined : Number(maxCost)
+  if (maxCost !== undefined && !(/^(?:\d+(?:\.\d*)?|\.\d+)$/.test(maxCost) && maxCostUSD! > 0)) throw new UsageError(`--max-cost must be a positive number of USD, got ${JSON.stringify(maxCost)} (e.g. --max-cost 0.5)`)
   const model = resolveModelOptions(flags, env, files)
   const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
   for (const name of shellEnv ?? []) {
@@ -10904,7 +11191,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
     yes: flags.has('--yes'), continue: flags.has('--continue'), resume: flags.has('--resume'), noSave: flags.has('--no-save'), approvals: mergeApprovals([files.user?.config.approvals, files.project?.config.approvals]), retentionDays: files.user?.config.retentionDays ?? DEFAULT_RETENTION_DAYS, ...(configValue(files, 'sandbox') ? { sandboxConfig: configValue(files, 'sandbox')!.value } : {}),
     command, ...model, prompt, print: printed !== undefined,
     contextWindow, maxTokens, session, threshold, json, allowShell: flags.has('--allow-shell'), noShell: flags.has('--no-shell'), ...(shellEnv ? { shellEnv } : {}),
-    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
+    ...(maxSteps !== undefined ? { maxSteps } : {}), ...(maxCostUSD !== undefined ? { maxCostUSD } : {}), ...(cwd !== undefined ? { cwd } : {}), ...(prices ? { prices } : {}),
     projectInstructions: !flags.has('--no-project-instructions'), ...(flags.has('--no-clear') ? { clear: false as const } : {}),
     ...(flags.has('--no-sandbox') ? { sandbox: false as const } : {}), ...(flags.has('--allow-network') ? { allowNetwork: true as const } : {}),
     ...(flags.has('--sandbox-read') ? { sandboxRead: flags.get('--sandbox-read')!.split('\0') } : {}),
@@ -10991,6 +11278,9 @@ interface CliOutput extends CliIO {
   /** Writes dsh's own terminal escapes (colour, line clearing) to stderr as they are: the caller
    *  strips whatever model or server text it puts inside. */
   stderrRaw(text: string): void
+  /** Shows `text` (one row, dsh's own: not stripped) as the live line at the bottom of stderr, replacing
+   *  the one shown; `undefined` removes it. Any other write removes it first, so it never mixes with output. */
+  live(text: string | undefined): void
 }
 
 /**
@@ -11026,12 +11316,17 @@ function jsonLine(value: unknown): string {
  * A closed stdout calls `onStdoutClosed` once.
  */
 function cliOutput(p: NodeProcess): CliOutput {
-  let stdoutClosed = false, stderrClosed = false
+  let stdoutClosed = false, stderrClosed = false, liveShown = false
+  const hide = () => { if (liveShown) { liveShown = false; if (!stderrClosed) p.stderr.write('\r\x1b[K') } }
   const out: CliOutput = {
     get stdoutClosed() { return stdoutClosed },
-    stdout: (text) => { if (!stdoutClosed) p.stdout.write(stripControls(text)) },
-    stderr: (text) => { if (!stderrClosed) p.stderr.write(stripControls(text)) },
-    stderrRaw: (text) => { if (!stderrClosed) p.stderr.write(text) },
+    stdout: (text) => { hide(); if (!stdoutClosed) p.stdout.write(stripControls(text)) },
+    stderr: (text) => { hide(); if (!stderrClosed) p.stderr.write(stripControls(text)) },
+    stderrRaw: (text) => { hide(); if (!stderrClosed) p.stderr.write(text) },
+    live: (text) => {
+      if (text === undefined) return hide()
+      if (!stderrClosed) { p.stderr.write('\r\x1b[K' + text); liveShown = true }
+    },
   }
   p.stdout.on?.('error', () => {
     if (stdoutClosed) return
@@ -11064,8 +11359,25 @@ export interface StatusReporterOptions {
   editNote?: (edit: ContextEdit, agent: Agent | undefined) => string | undefined
   /** ms between redraws of the live "compacting…" indicator on a TTY. Default 250. */
   indicatorIntervalMs?: number
+  /**
+   * The terminal's live line ({@link CliOutput.live}): given, the reporter also shows a spinner with the
+   * running tool (or the model being waited for) and its elapsed time there, and draws "compacting…"
+   * there too; absent, "compacting…" is written with `write` and no spinner is shown.
+   */
+  live?: (text: string | undefined) => void
+  /** True while the live line must not be drawn (a question is asked on the terminal). */
+  paused?: () => boolean
+  /** What the user has typed ahead during the turn (shown on the live line), '' for nothing. */
+  typed?: () => string
+  /** Width of the terminal in columns: the live line is cut to fit one row. Default 80. */
+  columns?: () => number | undefined
 }
 
+/** The spinner of the live line (braille dots), and ms between its frames. */
+const SPINNER_FRAMES = '⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏'
+const SPINNER_INTERVAL_MS = 125
+/** Percentage points the occupancy or the cache-hit share must move before the status line is printed again. */
+const STATUS_CHANGE_POINTS = 5
 /** Verbs of the shadowing events, by event type (`compaction/<rung>`); other rungs use the rung's name. */
 const EDIT_VERBS: Readonly<Record<string, string>> = { 'compaction/prune': 'pruned', 'compaction/clear': 'cleared', 'compaction/summary': 'compacted' }
 /** Arguments that name what a tool call works on, in the order the activity line shows them. */
@@ -11114,18 +11426,40 @@ function toolOutcome(result: ToolResultMessage): string | undefined {
  *   and the replaces that follow it: `pruned read_file big.txt: 16,549 → 1,298 tokens (15,251
  *   saved)` (plus {@link StatusReporterOptions.editNote});
  * - failed compactions, overflow recoveries, provider retries (what is retried and why) and warnings;
- * - on a TTY only: a live `compacting… 2.1 s` indicator while a summary runs, and after each step
- *   the context occupancy `context 12,034 / 128,000 tokens (9.4%)`, with a trailing ` ~` while the
- *   figure is the chars/4 estimate rather than anchored on provider-reported usage.
+ * - on a TTY only: a live `compacting… 2.1 s` indicator while a summary runs; with
+ *   {@link StatusReporterOptions.live}, a spinner with the running tool (`⠹ shell npm test · 3.2 s`)
+ *   or the model awaited, and what was typed ahead; after a step, the context occupancy
+ *   `context 12,034 / 128,000 tokens (9.4%) · cost…`, with a trailing ` ~` while the figure is the
+ *   chars/4 estimate rather than anchored on provider-reported usage — after the first step, then
+ *   only when the occupancy or the cache-hit share moved {@link STATUS_CHANGE_POINTS} points or a
+ *   context edit was reported since (docs/design.md §8).
  * Colour (dim) only on a TTY and without `NO_COLOR`.
  */
 export function statusReporter(agent: () => Agent | undefined, write: (line: string) => void, tty: boolean, color: boolean, options: StatusReporterOptions = {}): (e: AgentEvent) => void {
   const paint = (s: string) => (color ? `\x1b[2m${s}\x1b[0m` : s)
-  let live: { timer: ReturnType<typeof setInterval>; startedMs: number } | undefined
-  const clearLive = () => { if (live) write('\r\x1b[K') }
+  let live: { timer: ReturnType<typeof setInterval>; startedMs: number; kind: 'compaction' | 'tool' | 'model'; label: string } | undefined
+  let frame = 0
+  const clearLive = () => { if (live) options.live ? options.live(undefined) : write('\r\x1b[K') }
   const say = (s: string) => { clearLive(); write(paint(stripControls(s)) + '\n') } // model or server text inside, our colour around
   const stopLive = () => { if (live) { clearInterval(live.timer); clearLive(); live = undefined } }
-  const drawLive = () => { if (live) write('\r\x1b[K' + paint(`[dsh] compacting… ${((Date.now() - live.startedMs) / 1000).toFixed(1)} s`)) }
+  const drawLive = () => {
+    if (!live) return
+    const seconds = `${((Date.now() - live.startedMs) / 1000).toFixed(1)} s`
+    if (live.kind === 'compaction' && !options.live) return write('\r\x1b[K' + paint(`[dsh] compacting… ${seconds}`))
+    if (options.paused?.()) return options.live!(undefined)
+    const typed = options.typed?.() ?? ''
+    const text = live.kind === 'compaction' ? `[dsh] compacting… ${seconds}`
+      : `${SPINNER_FRAMES[frame++ % SPINNER_FRAMES.length]} ${live.label} · ${seconds}`
+    const row = Array.from(stripControls(typed ? `${text}   (typed ahead, runs after this turn: ${typed})` : text))
+    const width = Math.max(40, (options.columns?.() || 80) - 1) // 0 or undefined: not known (a pipe, some PTYs)
+    options.live!(paint(row.length > width ? row.slice(0, width - 1).join('') + '…' : row.join('')))
+  }
+  const startLive = (kind: 'compaction' | 'tool' | 'model', label: string, intervalMs: number) => {
+    stopLive()
+    live = { timer: setInterval(drawLive, intervalMs), startedMs: Date.now(), kind, label };
+    (live.timer as any).unref?.()
+    drawLive()
+  }
   /** The tool call `callId` answers, from the assistant message on the surface (newest first: usually the last one). */
   const callOf = (callId: string): ToolCallBlock | undefined => {
     const nodes = agent()?.session.surface() ?? []
@@ -11141,6 +11475,9 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     return cost ? describeEditCost(cost) : undefined
   })
   let pending: { event: SessionEvent; seqs: number; subjects: string[]; replaced: number; tokensAfter: number; replaceSeq: number } | undefined
+  /** The figures of the last status line (percentage points), and whether a rung acted since. */
+  let shown: { context: number; cache: number } | undefined
+  let acted = false
   const finishEdit = () => {
     const p = pending!
     pending = undefined
@@ -11153,12 +11490,16 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
       : `${n} tool results (${p.subjects.slice(0, 3).join(', ')}${n > 3 ? ', …' : ''})`
     const edit: ContextEdit = { event: p.event, verb, subject, tokensBefore: d.shadowedTokenCount, tokensAfter: p.tokensAfter, replaceSeq: p.replaceSeq }
     const note = editNote(edit, agent())
-    say(`[dsh] ${verb} ${subject}: ${groupDigits(edit.tokensBefore)} → ${groupDigits(edit.tokensAfter)} tokens (${groupDigits(edit.tokensBefore - edit.tokensAfter)} saved)${note ? ` · ${note}` : ''}`)
+    acted = true
+    const payback = (p.event.data as { paysBackAfterRequests?: number }).paysBackAfterRequests
+    const pays = payback === undefined ? '' : ` · pays back after ${groupDigits(payback)} request${payback === 1 ? '' : 's'}`
+    say(`[dsh] ${verb} ${subject}: ${groupDigits(edit.tokensBefore)} → ${groupDigits(edit.tokensAfter)} tokens (${groupDigits(edit.tokensBefore - edit.tokensAfter)} saved)${pays}${note ? ` · ${note}` : ''}`)
   }
   return (e) => {
     const a = agent()
     if (e.type === 'warning') return say(`[dsh] warning: ${e.message}`)
     if (e.type === 'stream') {
+      if (live?.kind === 'model') stopLive() // the answer streams on this line now
       if (e.event.type === 'retry') {
         const { attempt, delayMs, error, maxRetries } = e.event
         const why = Array.from(error.message.slice(0, 2 * ACTIVITY_ERROR_CODE_POINTS).split('\n')[0])
@@ -11187,8 +11528,20 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
       return
     }
     if (pending) finishEdit()
+    const spinner = tty && options.live !== undefined
+    if (live?.kind === 'model' && (ev.type === 'assistant/message' || ev.type === 'request/error' || ev.type === 'step/end')) stopLive()
     switch (ev.type) {
+      case 'step/start':
+        if (spinner) startLive('model', `waiting for ${a?.provider.model ?? 'the model'}`, SPINNER_INTERVAL_MS)
+        return
+      case 'tool/call': {
+        if (!spinner) return
+        const call = callOf(d.callId)
+        startLive('tool', call ? toolSubject(call.name, call.arguments) : String(d.name), SPINNER_INTERVAL_MS)
+        return
+      }
       case 'tool/result': {
+        if (live?.kind === 'tool') stopLive()
         const message = d.message as ToolResultMessage
         const call = callOf(message.toolCallId)
         const outcome = toolOutcome(message)
@@ -11197,7 +11550,7 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
         return say(`▸ ${call ? toolSubject(call.name, call.arguments) : `tool call ${message.toolCallId}`}${outcome ? ` → ${outcome}` : ''}${outcome && message.isError ? '' : size}`)
       }
       case 'compaction/start':
-        if (tty && !live) { live = { timer: setInterval(drawLive, options.indicatorIntervalMs ?? 250), startedMs: Date.now() }; (live.timer as any).unref?.(); drawLive() }
+        if (tty && live?.kind !== 'compaction') startLive('compaction', '', options.indicatorIntervalMs ?? 250)
         return
       case 'compaction/end':
         stopLive()
@@ -11213,7 +11566,15 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
       case 'turn/end': stopLive(); return
       case 'step/end': {
         if (!tty || !a) return
-        return say(`[dsh] ${occupancy(a)} · ${describeSessionCost(a.usage())}`)
+        // Only news (docs/design.md §8): the first step, a figure moved by STATUS_CHANGE_POINTS, or a rung acted.
+        const u = a.usage(), w = a.contextWindow
+        const figures = { context: w ? (a.session.measure().totalTokens / w) * 100 : 0, cache: u.cacheHitShare * 100 }
+        const moved = !shown || Math.abs(figures.context - shown.context) >= STATUS_CHANGE_POINTS
+          || Math.abs(figures.cache - shown.cache) >= STATUS_CHANGE_POINTS
+        if (!moved && !acted) return
+        shown = figures
+        acted = false
+        return say(`[dsh] ${occupancy(a)} · ${describeSessionCost(u, costKnown(a))}`)
       }
     }
   }
@@ -11230,9 +11591,19 @@ export function formatUSD(usd: number): string {
   return `$${usd.toFixed(usd >= 1 ? 2 : usd >= 0.01 ? 4 : 6)}`
 }
 
-/** The status line's cost part: `$0.0123 so far, cache hits 87%` (or `cost unknown, …` for a model without a price). */
-export function describeSessionCost(u: SessionUsage): string {
-  const cost = u.costUSD === undefined ? 'cost unknown (no price for this model; --prices sets one)' : `${formatUSD(u.costUSD)} so far`
+/**
+ * Whether the CLI shows this session's cost as a number: the model has prices and every request
+ * so far was priced. Otherwise every cost figure of the session says "unknown", never a number
+ * beside it (a `$0` before the first request of a model without prices included).
+ */
+function costKnown(agent: Agent): boolean {
+  return agent.provider.prices !== undefined && agent.usage().costUSD !== undefined
+}
+
+/** The status line's cost part: `$0.0123 so far, cache hits 87%` (or `cost unknown, …` when `known` is false:
+ *  by default, when `u.costUSD` is undefined). */
+export function describeSessionCost(u: SessionUsage, known = u.costUSD !== undefined): string {
+  const cost = !known || u.costUSD === undefined ? 'cost unknown (no price for this model; --prices sets one)' : `${formatUSD(u.costUSD)} so far`
   return `${cost}, cache hits ${(u.cacheHitShare * 100).toFixed(0)}%`
 }
 
@@ -11256,17 +11627,17 @@ async function usageReport(agent: Agent): Promise<string> {
     `context: ${groupDigits(m.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((m.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens'} ${m.anchored ? '(anchored on provider usage)' : '(heuristic)'}`,
     `envelope ${groupDigits(m.envelopeTokens)} + surface ${groupDigits(m.surfaceTokens)} tokens in ${m.nodes.length} messages; ${agent.session.seq} log events; replace generation ${agent.session.replaceGeneration}`,
     `provider usage over ${calls} calls: prompt ${groupDigits(prompt)} (cached ${groupDigits(cached)}), completion ${groupDigits(completion)} tokens`,
-    ...costReport(agent.usage()),
+    ...costReport(agent.usage(), costKnown(agent)),
   ].join('\n') + '\n'
 }
 
 /** The cost lines of `/usage` (docs/design.md §11). */
-function costReport(u: SessionUsage): string[] {
-  const usd = (t: TokenTally) => (t.costUSD === undefined ? 'cost unknown' : formatUSD(t.costUSD))
+function costReport(u: SessionUsage, known: boolean): string[] {
+  const usd = (t: TokenTally) => (!known || t.costUSD === undefined ? 'cost unknown' : formatUSD(t.costUSD))
   const line = (name: string, t: TokenTally) =>
     `${name}: ${t.requests} request(s), input ${groupDigits(t.inputTokens)} tokens (${groupDigits(t.cachedInputTokens)} cache hits, ${groupDigits(t.uncachedInputTokens)} misses), output ${groupDigits(t.outputTokens)} tokens, ${usd(t)}`
   return [
-    `cost: ${describeSessionCost(u)}${u.reportedCacheRequests < u.requests ? ` (cache hits: provider-reported for ${u.reportedCacheRequests} of ${u.requests} requests, modelled for the rest)` : ' (cache hits as reported by the provider)'}`,
+    `cost: ${describeSessionCost(u, known)}${u.reportedCacheRequests < u.requests ? ` (cache hits: provider-reported for ${u.reportedCacheRequests} of ${u.requests} requests, modelled for the rest)` : ' (cache hits as reported by the provider)'}`,
     line('  conversation', u.conversation),
     line('  summaries', u.summary),
   ]
@@ -12274,9 +12645,13 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
   const kept = chosen.file !== undefined && options.session === undefined
   if (kept) options = { ...options, session: chosen.file }
 
-  const provider = options.baseURL === CLI_DEFAULTS.baseURL
-    ? deepseek({ model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
-    : openAICompatible({ baseURL: options.baseURL, model: options.model, apiKey: options.apiKey, contextWindow: options.contextWindow, maxTokens: options.maxTokens, prices: options.prices })
+  const run = options
+  // `/model` makes another provider the same way: only the model, its window and its prices differ.
+  const providerFor = (model: string, contextWindow: number | undefined, prices: Prices | undefined) => run.baseURL === CLI_DEFAULTS.baseURL
+    ? deepseek({ model, apiKey: run.apiKey, contextWindow, maxTokens: run.maxTokens, prices })
+    : openAICompatible({ baseURL: run.baseURL, model, apiKey: run.apiKey, contextWindow, maxTokens: run.maxTokens, prices })
+  const provider = providerFor(options.model, options.contextWindow, options.prices)
+  if (options.maxCostUSD !== undefined && !provider.prices) { io.stderr(`dsh: --max-cost needs the model's prices and ${options.model} has none: give them with --prices HIT,MISS,OUTPUT (USD per million tokens)\n`); return 2 }
   let session: Session
   try {
     session = await Session.open(options.session ? new FileStore(path.resolve(cwd, options.session)) : new MemoryStore())
@@ -12324,16 +12699,44 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
   const streamAnswer = interactive || (!!p.stdout.isTTY && !options.json)
   let midLine = false
   const endLine = () => { if (midLine) { io.stdout('\n'); midLine = false } }
-  const status = statusReporter(() => agent, (t) => { endLine(); io.stderrRaw(t) }, tty, tty && !p.env.NO_COLOR)
+  const status = statusReporter(() => agent, (t) => { endLine(); io.stderrRaw(t) }, tty, tty && !p.env.NO_COLOR, {
+    // The live line (a spinner) starts on a line of its own: it redraws its row (not on a terminal without cursor control).
+    ...(p.env.TERM === 'dumb' ? {} : { live: (text: string | undefined) => { if (text !== undefined) endLine(); io.live(text) } }),
+    paused: () => terminal?.asking ?? false, typed: () => terminal?.typedAhead() ?? '', columns: () => (p.stderr as { columns?: number }).columns,
+  })
   const onEvent = (e: AgentEvent) => {
     if (options.json) { if (e.type === 'log') io.stdout(jsonLine(e.event)); else if (e.type === 'warning') io.stderr(`[dsh] warning: ${e.message}\n`); return }
     if (streamAnswer && e.type === 'stream' && e.event.type === 'text-delta' && e.event.text !== '') { io.stdout(e.event.text); midLine = !e.event.text.endsWith('\n') }
     status(e)
   }
-  agent = new Agent({
-    session, provider, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions: instructions?.text, contextWindow: options.contextWindow,
-    maxTokens: options.maxTokens, compaction: { thresholdRatio: options.threshold, ...(options.clear === false ? { clear: false } : {}) }, onEvent, maxSteps: options.maxSteps,
-  })
+  // One Agent per model: `/model` starts another over the same session (the log is the state); the
+  // events of an agent that was replaced are ignored (its session subscription stays).
+  let agents = 0
+  const newAgent = (p: Provider, contextWindow: number | undefined): Agent => {
+    const mine = agents + 1
+    const made = new Agent({
+      session, provider: p, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions: instructions?.text, contextWindow,
+      maxTokens: run.maxTokens, compaction: { thresholdRatio: run.threshold, ...(run.clear === false ? { clear: false } : {}) }, maxSteps: run.maxSteps,
+      ...(run.maxCostUSD !== undefined ? { maxCostUSD: run.maxCostUSD } : {}),
+      onEvent: (e) => { if (mine === agents) onEvent(e) },
+    })
+    agents = mine // from here on, only this agent's events are shown
+    return made
+  }
+  agent = newAgent(provider, options.contextWindow)
+  const switchModel = async (line: string, signal: AbortSignal): Promise<string> => {
+    const next = parseModelCommand(line, agent!)
+    if (typeof next === 'string') return next
+    // Prices are a model's: DeepSeek's for its models, else none (cost unknown) — never the last model's.
+    let made: Agent
+    try { made = newAgent(providerFor(next.model, next.contextWindow, pricesOf(next.model)), next.contextWindow) } catch (err) {
+      return `[dsh] /model: ${(err as Error).message}; the model stays ${stripControls(agent!.provider.model)}\n`
+    }
+    const hadCost = costKnown(agent!)
+    agent = made
+    const said = await modelSwitched(agent, signal)
+    return hadCost && !costKnown(agent) ? `${said}[dsh] this session's cost is unknown from now on: ${stripControls(next.model)} has no price (dsh knows DeepSeek's)\n` : said
+  }
 
   let prompt = options.prompt
   if (prompt === undefined && !interactive) {
@@ -12342,9 +12745,10 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
   }
   try {
     if (!interactive) return await oneTurn(agent, prompt!, p, io, { json: options.json, streamed: streamAnswer, endLine })
-    return await interactiveLoop(agent, terminal!, io, endLine, {
+    return await interactiveLoop(() => agent!, terminal!, io, endLine, {
       command: async (line, signal) => {
         if (/^\/sessions(\s|$)/.test(line)) io.stderr(await sessionsCommand(line, dir, p.env, kept ? options.session : undefined))
+        else if (/^\/model(\s|$)/.test(line)) io.stderr(await switchModel(line, signal))
         else if (/^\/(diff|undo|permissions)(\s|$)/.test(line)) await desk.command(line, signal)
         else return false
         return true
@@ -12381,6 +12785,7 @@ async function cliChangeDesk(options: CliRunOptions, dir: string, prep: RunPrepa
 /** Why a turn gave no usable answer, in one line, or `undefined` when it did (docs/design.md §8 exit codes). */
 function turnProblem(agent: Agent, result: TurnResult): string | undefined {
   if (result.reason === 'max-steps') return `the turn stopped at the step limit (${agent.maxSteps} steps, --max-steps) without a final answer; raise --max-steps, or continue with --session FILE`
+  if (result.reason === 'budget') return `the turn stopped at its spend cap (--max-cost) before its next request; raise --max-cost, or continue with --session FILE`
   if (result.reason === 'length') return `the answer was cut at the completion budget (finish reason "length"); raise --max-tokens`
   if (result.reason === 'stop' && result.text.trim() === '') return 'the model ended the turn without an answer (its last message has no text)'
   if (result.reason !== 'stop' && result.reason !== 'aborted') return `the turn ended with reason "${result.reason}"`
@@ -12436,10 +12841,25 @@ interface Terminal {
   lines: AsyncIterator<string>
   /** Shows the prompt, unless the input has ended: `rl.prompt()` resumes a closed input, which keeps the process alive. */
   prompt(): void
-  /** Shows `question` and resolves with the next input; undefined when the input ends or `signal` aborts (the input is not taken then). */
+  /** Shows `question` and resolves with the next input typed for it (never one typed ahead during a turn);
+   *  undefined when the input ends or `signal` aborts (the input is not taken then). */
   ask(question: string, signal?: AbortSignal): Promise<string | undefined>
   /** `ask`, true for y/yes; anything else (and an abort) is no. */
   askYesNo(question: string, signal?: AbortSignal): Promise<boolean>
+  /** True while a question of {@link Terminal.ask} waits for its answer. */
+  readonly asking: boolean
+  /**
+   * Marks a turn running (true) or ended (false). While it runs and no question is asked, what is
+   * typed is not echoed into the answer: it is shown on the live line, and each finished input is
+   * queued (`onTypedAhead` says so) to run after the turn, in order.
+   */
+  turn(running: boolean): void
+  /** What has been typed ahead and not yet entered, while a turn runs ('' otherwise). */
+  typedAhead(): string
+  /** True when the input {@link Terminal.lines} gave last was typed ahead during a turn (it was not echoed at its prompt). */
+  readonly lastTypedAhead: boolean
+  /** Called with each input entered during a turn. */
+  onTypedAhead?: (input: string) => void
   /** Closes the input and ends bracketed paste mode (once; main calls it last). */
   close(): void
 }
@@ -12454,26 +12874,46 @@ const CONTINUATION_PROMPT = '… '
 /**
  * The interactive input: readline on the TTY, with bracketed paste switched on, so that a pasted
  * multi-line block is one input (its lines are held until Enter after the paste), and a line
- * ending in a single `\` continues on the next line (the `\` is dropped).
+ * ending in a single `\` continues on the next line (the `\` is dropped). During a turn readline's
+ * echo is held back (its `_writeToOutput`, where a runtime has it), so type-ahead never lands in
+ * the streamed answer.
  */
 async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
   const readline = await importNode<typeof import('node:readline')>('node:readline')
   const rl = readline.createInterface({ input: p.stdin, output: p.stderr as any, terminal: true, prompt: PROMPT })
   io.stderrRaw(BRACKETED_PASTE_ON)
-  const queue: string[] = []
-  const waiting: ((r: IteratorResult<string>) => void)[] = []
+  /** Inputs not yet taken; `ahead`: entered during a turn (only the loop takes those, never a question). */
+  const queue: { text: string; ahead: boolean }[] = []
+  const waiting: { resolve: (r: IteratorResult<string>) => void; question: boolean }[] = []
   let closed = false
   let pasting = false
   let pasteOff = false
   let held: string[] = []
-  const deliver = (input: string) => { const w = waiting.shift(); if (w) w({ value: input, done: false }); else queue.push(input) }
+  let running = false, asking = false, lastAhead = false
+  const muted = () => running && !asking
+  const rlAny = rl as any
+  if (typeof rlAny._writeToOutput === 'function') {
+    const write = rlAny._writeToOutput
+    rlAny._writeToOutput = function (text: string) { if (!muted()) write.call(this, text) }
+  }
+  const take = (question: boolean): { text: string; ahead: boolean } | undefined => {
+    const i = question ? queue.findIndex((q) => !q.ahead) : 0
+    return i === -1 || i >= queue.length ? undefined : queue.splice(i, 1)[0]
+  }
+  const deliver = (text: string) => {
+    const ahead = muted()
+    const w = waiting.findIndex((x) => !ahead || !x.question)
+    if (w !== -1) { lastAhead = ahead; waiting.splice(w, 1)[0].resolve({ value: text, done: false }); return }
+    queue.push({ text, ahead })
+    if (ahead) terminal.onTypedAhead?.(text)
+  }
   p.stdin.on('keypress', (_s: unknown, key: { name?: string } | undefined) => {
     if (key?.name === 'paste-start') pasting = true
     else if (key?.name === 'paste-end') pasting = false
   })
   rl.on('line', (line: string) => {
     if (pasting) { held.push(line); return }
-    if (/(?<!\\)\\$/.test(line)) { held.push(line.slice(0, -1)); rl.setPrompt(CONTINUATION_PROMPT); if (!closed) rl.prompt(); return }
+    if (/(?<!\\)\\$/.test(line)) { held.push(line.slice(0, -1)); rl.setPrompt(CONTINUATION_PROMPT); if (!closed && !muted()) rl.prompt(); return }
     const input = [...held, line].join('\n')
     held = []
     rl.setPrompt(PROMPT)
@@ -12482,44 +12922,81 @@ async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
   rl.once('close', () => {
     closed = true
     if (held.length) { deliver(held.join('\n')); held = [] }
-    for (const w of waiting.splice(0)) w({ value: undefined, done: true })
+    for (const w of waiting.splice(0)) w.resolve({ value: undefined, done: true })
   })
-  const lines: AsyncIterator<string> = {
-    next: () => queue.length ? Promise.resolve({ value: queue.shift()!, done: false })
-      : closed ? Promise.resolve({ value: undefined, done: true })
-      : new Promise((resolve) => waiting.push(resolve)),
+  const next = (question: boolean): Promise<IteratorResult<string>> => {
+    const queued = take(question)
+    if (queued) { lastAhead = queued.ahead; return Promise.resolve({ value: queued.text, done: false }) }
+    if (closed) return Promise.resolve({ value: undefined, done: true })
+    return new Promise((resolve) => waiting.push({ resolve, question }))
   }
+  const lines: AsyncIterator<string> = { next: () => next(false) }
   const prompt = () => { if (!closed) rl.prompt() }
   const ask = async (question: string, signal?: AbortSignal): Promise<string | undefined> => {
     if (signal?.aborted) return undefined
+    io.live(undefined)
+    asking = true
     rl.setPrompt(question); prompt()
     let onAbort: (() => void) | undefined
     const answer = await new Promise<IteratorResult<string>>((resolve) => {
-      if (queue.length || closed || !signal) { void lines.next().then(resolve); return }
-      waiting.push(resolve)
-      onAbort = () => { const i = waiting.indexOf(resolve); if (i !== -1) waiting.splice(i, 1); resolve({ value: undefined, done: true }) }
+      if (!signal) { void next(true).then(resolve); return }
+      const queued = take(true)
+      if (queued || closed) { resolve(queued ? { value: queued.text, done: false } : { value: undefined, done: true }); return }
+      const entry = { resolve, question: true }
+      waiting.push(entry)
+      onAbort = () => { const i = waiting.indexOf(entry); if (i !== -1) waiting.splice(i, 1); resolve({ value: undefined, done: true }) }
       signal.addEventListener('abort', onAbort, { once: true })
     })
     if (onAbort) signal!.removeEventListener('abort', onAbort)
+    asking = false
     rl.setPrompt(PROMPT)
     return answer.done ? undefined : answer.value
   }
-  return {
+  const terminal: Terminal = {
     rl, lines, prompt, ask,
     async askYesNo(question, signal) {
       const answer = await ask(question, signal)
       return answer !== undefined && /^y(es)?$/i.test(answer.trim())
     },
+    get asking() { return asking },
+    turn(on) { running = on },
+    typedAhead: () => (muted() ? String(rlAny.line ?? '') : ''),
+    get lastTypedAhead() { return lastAhead },
     // Bracketed paste goes off here, at the end, not when the input ends: an input that ends
     // mid-turn (a pasted script) must not write into the answer being streamed.
     close: () => { rl.close(); if (!pasteOff) { pasteOff = true; io.stderrRaw(BRACKETED_PASTE_OFF) } },
   }
+  return terminal
 }
 
-const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact [FOCUS] (compact now), /context (what the next request holds, the newest checkpoint), /pin (pin your last input), /unpin, /diff (this session's changes), /undo (put back the files the last turn changed), /permissions (what runs without asking), /sessions (kept sessions), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
+const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact [FOCUS] (compact now), /context (what the next request holds, the newest checkpoint), /model NAME [--context-window N] (switch the model), /pin (pin your last input), /unpin, /diff (this session's changes), /undo (put back the files the last turn changed), /permissions (what runs without asking), /sessions (kept sessions), /help, /exit; Ctrl-C cancels a running turn, twice exits\n`
 
-/** `/compact`: runs the ladder now; one line says what happened (or that it was cancelled). */
+/**
+ * Why `/compact` has nothing to summarise, as one plain sentence, or undefined when something older
+ * than the tail compaction keeps exists. The rule is the ladder's own (docs/design.md §5 "Region"):
+ * its region selection with the retained tail (`retainedTailRatio` × window, in the window's tokens)
+ * and what it keeps out of every summary (pins, the current input).
+ */
+function nothingToCompact(agent: Agent): string | undefined {
+  const window = agent.contextWindow
+  if (window === undefined) return 'nothing was compacted: the context window is unknown, so dsh cannot tell what to keep; give --context-window N (or "contextWindow" in a configuration file)'
+  const session = agent.session, nodes = session.surface()
+  if (nodes.length === 0) return 'nothing to compact yet: the conversation is empty'
+  const tailTokens = Math.floor(window * agent.compaction.retainedTailRatio)
+  const calibration = session.measure().calibration
+  if (selectRegion(nodes, Math.floor(tailTokens / calibration), keptOutOfSummary(session))) return undefined
+  const open = nodes.filter((n) => !isCheckpoint(n) && !session.pins.has(n.seq))
+  if (open.length === 0) return 'nothing to compact: everything is already a checkpoint or pinned'
+  const tokens = Math.ceil(open.reduce((sum, n) => sum + n.tokens, 0) * calibration)
+  const pinned = session.pins.seqs().length > 0 ? ' (pinned messages aside)' : ''
+  if (tokens > tailTokens) return `nothing to compact yet: what comes before the newest ${groupDigits(tailTokens)} tokens (the tail compaction keeps word for word) is one tool call with its result, which are summarised together or not at all`
+  return `nothing to compact yet: the conversation${pinned} is ${groupDigits(tokens)} tokens, all within the newest ${groupDigits(tailTokens)} tokens (${Math.round(agent.compaction.retainedTailRatio * 100)}% of the window) that compaction always keeps word for word`
+}
+
+/** `/compact`: runs the ladder now; one line says what happened (or that it was cancelled, or why there is nothing to do). */
 async function compactCommand(agent: Agent, signal: AbortSignal, focus?: string): Promise<string> {
+  const nothing = nothingToCompact(agent)
+  if (nothing) return `[dsh] /compact: ${nothing}`
   try {
     const o = await agent.compactNow({ signal, focus })
     if (signal.aborted) return '[dsh] /compact cancelled; the context is unchanged'
@@ -12531,6 +13008,51 @@ async function compactCommand(agent: Agent, signal: AbortSignal, focus?: string)
   }
 }
 
+/**
+ * `/model NAME [--context-window N]` (docs/design.md §8): the model and window to switch to, or the
+ * line to print instead (`/model` alone: the current model; a bad argument: what to type). The
+ * window is N, else the one dsh knows for NAME, else unknown.
+ */
+function parseModelCommand(line: string, agent: Agent): { model: string; contextWindow?: number } | string {
+  const words = line.trim().split(/\s+/).slice(1)
+  const usage = 'type /model NAME [--context-window N], e.g. /model qwen3-coder --context-window 32768'
+  if (words.length === 0) {
+    const w = agent.contextWindow
+    return `[dsh] model ${stripControls(agent.provider.model)} at ${agent.provider.baseURL}, ${w ? `${groupDigits(w)}-token window` : 'window unknown'}; to switch, ${usage}\n`
+  }
+  let model: string | undefined, contextWindow: number | undefined
+  for (let i = 0; i < words.length; i++) {
+    const word = words[i]
+    if (word === '--context-window' || word.startsWith('--context-window=')) {
+      const raw = word.includes('=') ? word.slice(word.indexOf('=') + 1) : words[++i]
+      if (raw === undefined) return `[dsh] /model: --context-window needs a number of tokens; ${usage}\n`
+      try { contextWindow = parsePositiveInt('--context-window', raw, 'tokens', '32768') } catch (err) { return `[dsh] /model: ${(err as Error).message}\n` }
+    } else if (word.startsWith('-') || model !== undefined) return `[dsh] /model: unexpected ${JSON.stringify(stripControls(word))}; ${usage}\n`
+    else model = word
+  }
+  if (model === undefined) return `[dsh] /model: no model name; ${usage}\n`
+  return { model, ...(contextWindow !== undefined ? { contextWindow } : {}) }
+}
+
+/**
+ * After `/model` made `agent` (a new Agent over the same session): logs its `request/header` at once,
+ * so that the meter and the ladder measure against the new model and window (docs/design.md §8),
+ * relieves pressure now if the new window needs it, and returns the line saying where it stands.
+ */
+async function modelSwitched(agent: Agent, signal: AbortSignal): Promise<string> {
+  agent.writeHeader()
+  const w = agent.contextWindow
+  const name = stripControls(agent.provider.model)
+  const head = `[dsh] model ${name}, ${w ? `${groupDigits(w)}-token window` : 'window unknown'}, from the next request`
+  if (w === undefined) return `${head}; dsh does not know its window, so compaction is off: /model ${name} --context-window N sets it\n`
+  let note = ''
+  try {
+    const o = await agent.ladder.relievePressure(signal)
+    if (o.action !== 'none' && o.action !== 'skipped') note = ` after dsh ${o.action === 'failed' ? 'failed to compact' : o.action} for the new window (${groupDigits(o.tokensBefore)} tokens before)`
+  } catch (err) { note = signal.aborted ? '; making room was cancelled' : `; making room failed: ${failureText(err)}` }
+  return `${head}; ${occupancy(agent)}${note}\n`
+}
+
 /** Commands the interactive loop hands on (`/diff`, `/undo`, `/permissions`, `/sessions`: true when handled), and what goes with an input. */
 interface InteractiveExtras {
   command(line: string, signal: AbortSignal): Promise<boolean>
@@ -12538,18 +13060,30 @@ interface InteractiveExtras {
 }
 
 /** The interactive loop: a prompt per turn, slash commands, Ctrl-C cancels the running turn. */
-async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endLine: () => void, extras?: InteractiveExtras): Promise<number> {
+async function interactiveLoop(current: () => Agent, terminal: Terminal, io: CliOutput, endLine: () => void, extras?: InteractiveExtras): Promise<number> {
   const rl = terminal.rl
+  let agent = current()
   let running: AbortController | undefined
   let exitCode = 0
   io.stderr(`dsh ${VERSION} · ${agent.provider.model} · ${agent.contextWindow ? `${groupDigits(agent.contextWindow)}-token window` : 'window unknown'} · /help for commands\n`)
+  // At the prompt a Ctrl-C clears what is typed; a second one in a row (no other key between) exits.
+  let armed = false
+  ;(rl as any).input?.on?.('keypress', (_s: unknown, key: { ctrl?: boolean; name?: string } | undefined) => { if (!(key?.ctrl && key.name === 'c')) armed = false })
   rl.on('SIGINT', () => {
     if (running && !running.signal.aborted) { running.abort(); io.stderr('\n[dsh] cancelling (Ctrl-C again to exit)\n'); return }
-    rl.close()
+    if (running || armed) { rl.close(); return }
+    armed = true
+    const typed = rl.line !== ''
+    if (typed) { rl.write(null, { ctrl: true, name: 'e' }); rl.write(null, { ctrl: true, name: 'u' }) }
+    io.stderr(`\n[dsh] ${typed ? 'input cleared; ' : ''}Ctrl-C again exits (so does /exit)\n`)
+    terminal.prompt()
   })
+  terminal.onTypedAhead = (text) => { endLine(); io.stderr(`[dsh] queued, runs after this turn: ${oneLine(text, 100)}\n`) }
   terminal.prompt()
   for (let next = await terminal.lines.next(); !next.done; next = await terminal.lines.next()) {
+    agent = current() // `/model` may have made another
     const raw = next.value
+    if (terminal.lastTypedAhead) { io.stderrRaw('\r\x1b[K'); io.stderr(`${PROMPT}${raw}\n`) } // it was not echoed when typed
     const line = raw.trim()
     if (line === '') { terminal.prompt(); continue }
     if (line === '/exit' || line === '/quit') break
@@ -12562,6 +13096,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
     else if (line.startsWith('/')) io.stderr(`unknown command ${line}; ${INTERACTIVE_HELP}`)
     else {
       running = new AbortController()
+      terminal.turn(true)
       try {
         const result = await agent.run(extras ? extras.input(line) : line, { signal: running.signal })
         endLine()
@@ -12573,7 +13108,7 @@ async function interactiveLoop(agent: Agent, terminal: Terminal, io: CliIO, endL
         endLine()
         io.stderr(`dsh: ${failureText(err)}\n`)
         exitCode = 1
-      }
+      } finally { terminal.turn(false) }
     }
     running = undefined
     terminal.prompt()
@@ -12701,13 +13236,43 @@ function fidelityText(f: Fidelity): string {
   return `verbatim in it: ${kinds.map(([k, name]) => `${name} ${f[k].inCheckpoint}/${f[k].total}`).join(', ')} (in the model's summary alone: ${kinds.map(([k]) => `${f[k].inSummary}/${f[k].total}`).join(', ')})`
 }
 
-/** The `/context` report: the breakdown of the next request, then the newest checkpoint in full. */
+/** Cells of the `/context` bar. */
+const CONTEXT_BAR_CELLS = 40
+
+/**
+ * The first line of `/context`: a bar of {@link CONTEXT_BAR_CELLS} cells over the window, one glyph per
+ * part (envelope █, pinned ▓, checkpoints ▒, recent messages and tool results ░, free ·), then each
+ * part's share of the window. The parts are heuristic prices, scaled to the measured total (which is
+ * anchored on provider usage when it can be); without a window, shares of the total and no free part.
+ */
+export function contextBar(b: ContextBreakdown): string {
+  const parts = [
+    { glyph: '█', name: 'envelope', tokens: b.envelopeTokens }, { glyph: '▓', name: 'pinned', tokens: b.pinned.tokens },
+    { glyph: '▒', name: 'checkpoints', tokens: b.checkpoints.tokens }, { glyph: '░', name: 'recent', tokens: b.messages.tokens + b.toolResults.tokens },
+  ]
+  const priced = parts.reduce((sum, p) => sum + p.tokens, 0)
+  const scale = priced > 0 ? b.totalTokens / priced : 0
+  for (const p of parts) p.tokens *= scale
+  const whole = b.contextWindow ?? Math.max(1, b.totalTokens)
+  if (b.contextWindow !== undefined) parts.push({ glyph: '·', name: 'free', tokens: Math.max(0, whole - b.totalTokens) })
+  // Largest remainder: the cells add up to the bar, each part as near its share as whole cells allow.
+  const exact = parts.map((p) => (Math.min(p.tokens, whole) / Math.max(whole, b.totalTokens)) * CONTEXT_BAR_CELLS)
+  const cells = exact.map(Math.floor)
+  const order = exact.map((x, i) => [x - Math.floor(x), i]).sort((x, y) => y[0] - x[0])
+  for (let k = 0, left = CONTEXT_BAR_CELLS - cells.reduce((a, c) => a + c, 0); k < left && k < order.length; k++) cells[order[k][1]]++
+  const bar = parts.map((p, i) => p.glyph.repeat(cells[i])).join('')
+  const share = (tokens: number) => { const pct = (tokens / whole) * 100; return pct > 0 && pct < 1 ? '<1%' : `${Math.round(pct)}%` }
+  return `${bar} ${parts.map((p) => `${p.glyph} ${p.name} ${share(p.tokens)}`).join('  ')}${b.contextWindow === undefined ? ' (of the total: window unknown)' : ''}`
+}
+
+/** The `/context` report: its bar, the breakdown of the next request, then the newest checkpoint in full. */
 export function formatContext(b: ContextBreakdown, options: { recall?: boolean } = {}): string {
   const w = b.contextWindow
   const row = (name: string, tokens: number, what: string) => `  ${name.padEnd(14)}${groupDigits(tokens).padStart(9)} tokens  ${what}`
   const n = (k: number, word: string) => `${groupDigits(k)} ${word}${k === 1 ? '' : 's'}`
   const t = b.toolResults
   const lines = [
+    contextBar(b),
     `next request: ${groupDigits(b.totalTokens)}${w ? ` / ${groupDigits(w)} tokens (${((b.totalTokens / w) * 100).toFixed(1)}%)` : ' tokens (window unknown)'}, ${b.anchored ? 'anchored on provider usage' : 'heuristic estimate'}`,
     row('envelope', b.envelopeTokens, 'system prompt (with project instructions, if any) and tool specs'),
     row('pinned', b.pinned.tokens, n(b.pinned.messages, 'message')),

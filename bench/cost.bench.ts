@@ -1,12 +1,14 @@
 // Benchmark "cost" (docs/design.md §11): what each context policy costs on the corpus, at windows
-// of 32,000 and 64,000 tokens, priced as deepseek-flash off-peak. One modelled cost for every
+// of 16,000, 32,000 and 64,000 tokens, priced as deepseek-flash off-peak. One modelled cost for every
 // policy: each policy's requests are fed into a Session, whose prompt-cache model (the modelled
 // hit: leading messages identical to the previous request, envelope first; a summary request
 // compared with the conversation request before it) and `usage({prices})` price them.
 //
 // Policies: the floor (no management, infinite window: appends only), observation masking (tool
-// outputs of the newest 10 steps kept), dsh v1 (prune + summarise, clear off) and dsh v2 (with the
-// clear rung), the last two through `replayTranscript` with simulated 2,000-token summaries.
+// outputs of the newest 10 steps kept), dsh v1 (prune + summarise, clear off), dsh v2 (with the
+// clear rung) and dsh v3 (v2 with the net-cost gate, the default), the last three through
+// `replayTranscript` with simulated 2,000-token summaries; the gate decides in replay as live, from
+// the session so far (its pace, its cache) at the replay's prices.
 // Then the measurements that chose the cost-related defaults (docs/bench.md "Cost").
 import { readFileSync } from 'node:fs'
 import { basename } from 'node:path'
@@ -16,17 +18,19 @@ import {
 } from '../dsh.ts'
 import { CORPUS_DIR, corpusFiles, fmtPct, int, nowMs, table, type Section, type Target } from './lib.ts'
 
-const WINDOWS = [32_000, 64_000]
+const WINDOWS = [16_000, 32_000, 64_000]
 /** deepseek-flash, off-peak (DEEPSEEK_PRICES without its peak hours). */
 const PRICES: Prices = { ...DEEPSEEK_PRICES['deepseek-flash'], peak: undefined }
 /** Observation masking keeps the tool outputs of this many newest steps. */
 const MASK_KEEP_STEPS = 10
 const MASK_PLACEHOLDER = '[older tool output omitted to save context]'
-/** Targets (issue "cost"): dsh v2 at most this multiple of the floor. */
+/** Targets (issue "cost"): dsh at most this multiple of the floor. */
 const FLOOR_TARGET = 1.5
+/** Targets of the net-cost gate (issue "edits that pay for themselves"): dsh v3 at most this multiple of the floor. */
+const GATE_FLOOR_TARGETS: Record<number, number> = { 16_000: 1.25, 32_000: 1.08 }
 
 /** One policy on one transcript: the session's usage priced, and requests over the window. */
-interface Run { usage: SessionUsage; requests: number; over: number; summaryHitTokens: number; summaryInputTokens: number }
+interface Run { usage: SessionUsage; requests: number; over: number; calibratedOver?: number; summaryHitTokens: number; summaryInputTokens: number }
 
 /** A policy without a ladder: the transcript through `unmanagedSession`, `edit` before each request. */
 function feed(t: Transcript, window: number, edit?: (session: Session, step: number) => void): Run {
@@ -72,25 +76,30 @@ async function dsh(t: Transcript, window: number, compaction: Partial<Compaction
     if (e.type !== 'compaction/end') continue
     for (const r of (e.data as { requests?: { modelledHitTokens: number; inputTokens: number }[] }).requests ?? []) { summaryHitTokens += r.modelledHitTokens; summaryInputTokens += r.inputTokens }
   }
-  return { usage: s.cost.usage({ prices: PRICES }), requests: report.totals.steps, over: report.totals.requestsOverWindow, summaryHitTokens, summaryInputTokens }
+  return { usage: s.cost.usage({ prices: PRICES }), requests: report.totals.steps, over: report.totals.requestsOverWindow, calibratedOver: report.totals.calibratedRequestsOverWindow, summaryHitTokens, summaryInputTokens }
 }
 
 /** Whether the ladder on this branch knows every key of `config` (the clear rung may not have landed). */
 const supported = (config: Partial<CompactionConfig>) => Object.keys(config).every((k) => k in DEFAULT_COMPACTION_CONFIG)
 
-const V1: Partial<CompactionConfig> = supported({ clear: false } as Partial<CompactionConfig>) ? ({ clear: false } as Partial<CompactionConfig>) : {}
-const V2: Partial<CompactionConfig> = {}
+const HAS_GATE = supported({ gate: true } as Partial<CompactionConfig>)
+/** v1 and v2 without the gate, where this branch has one. */
+const NO_GATE = (HAS_GATE ? { gate: false } : {}) as Partial<CompactionConfig>
+const V1: Partial<CompactionConfig> = supported({ clear: false } as Partial<CompactionConfig>) ? ({ clear: false, ...NO_GATE } as Partial<CompactionConfig>) : {}
+const V2: Partial<CompactionConfig> = NO_GATE
+const V3: Partial<CompactionConfig> = {}
 const HAS_CLEAR = supported({ clear: true } as Partial<CompactionConfig>)
 
 /** Sum of runs (a file's main chain and its subagent runs). */
-function sum(runs: Run[]): { cost: number; input: number; cached: number; requests: number; over: number; summaryRequests: number; summaryHit: number; summaryInput: number } {
-  const out = { cost: 0, input: 0, cached: 0, requests: 0, over: 0, summaryRequests: 0, summaryHit: 0, summaryInput: 0 }
+function sum(runs: Run[]): { cost: number; input: number; cached: number; requests: number; over: number; calibratedOver: number; summaryRequests: number; summaryHit: number; summaryInput: number } {
+  const out = { cost: 0, input: 0, cached: 0, requests: 0, over: 0, calibratedOver: 0, summaryRequests: 0, summaryHit: 0, summaryInput: 0 }
   for (const r of runs) {
     out.cost += r.usage.costUSD ?? NaN
     out.input += r.usage.inputTokens
     out.cached += r.usage.cachedInputTokens
     out.requests += r.requests
     out.over += r.over
+    out.calibratedOver += r.calibratedOver ?? 0
     out.summaryRequests += r.usage.summary.requests
     out.summaryHit += r.summaryHitTokens
     out.summaryInput += r.summaryInputTokens
@@ -99,7 +108,7 @@ function sum(runs: Run[]): { cost: number; input: number; cached: number; reques
 }
 type Sum = ReturnType<typeof sum>
 const total = (xs: Sum[]): Sum => {
-  const out = { cost: 0, input: 0, cached: 0, requests: 0, over: 0, summaryRequests: 0, summaryHit: 0, summaryInput: 0 }
+  const out = { cost: 0, input: 0, cached: 0, requests: 0, over: 0, calibratedOver: 0, summaryRequests: 0, summaryHit: 0, summaryInput: 0 }
   for (const x of xs) for (const k of Object.keys(out) as (keyof Sum)[]) out[k] += x[k]
   return out
 }
@@ -131,6 +140,7 @@ export default async function costBench(): Promise<Section> {
     { name: `observation masking (newest ${MASK_KEEP_STEPS} steps)`, run: masking, ran: true },
     { name: 'dsh v1 (prune + summarise, clear off)', run: (t, w) => dsh(t, w, V1), ran: true },
     { name: 'dsh v2 (prune + clear + summarise)', run: (t, w) => dsh(t, w, V2), ran: HAS_CLEAR },
+    { name: 'dsh v3 (v2 + the net-cost gate, the default)', run: (t, w) => dsh(t, w, V3), ran: HAS_GATE },
   ]
   // results[w][policy][file]
   const results = new Map<number, Sum[][]>()
@@ -155,7 +165,7 @@ export default async function costBench(): Promise<Section> {
     for (const w of WINDOWS) {
       if (!ok) { cells.push('not run (the ladder on this branch has no such setting)'); continue }
       const runs: Run[] = []
-      for (const g of groups) for (const t of g.transcripts) runs.push(await dsh(t, w, x.config as Partial<CompactionConfig>))
+      for (const g of groups) for (const t of g.transcripts) runs.push(await dsh(t, w, { ...NO_GATE, ...x.config } as Partial<CompactionConfig>))
       const y = sum(runs), f = total(results.get(w)![0])
       cells.push(`${usd(y.cost)} (${(y.cost / f.cost).toFixed(3)}×), hits ${fmtPct(y.cached / y.input)}, ${y.over} over, ${y.summaryRequests} summaries`)
     }
@@ -163,7 +173,7 @@ export default async function costBench(): Promise<Section> {
   }
   // Summary requests that reuse the conversation's cached prefix: what the modelled hits saved.
   const reuseRows: string[][] = WINDOWS.map((w) => {
-    const v = policies[3].ran ? 3 : 2
+    const v = policies[4].ran ? 4 : policies[3].ran ? 3 : 2
     const x = total(results.get(w)![v])
     const saved = (x.summaryHit * (PRICES.cacheMissInput - PRICES.cacheHitInput)) / 1e6
     return [int(w), policies[v].name, String(x.summaryRequests), `${int(x.summaryHit)} of ${int(x.summaryInput)} (${fmtPct(x.summaryHit / x.summaryInput, 0)})`, usd(saved), fmtPct(saved / (x.cost + saved))]
@@ -179,7 +189,7 @@ export default async function costBench(): Promise<Section> {
     policies.forEach((p, i) => {
       if (!p.ran) { summaryRows.push([int(w), p.name, 'not yet run: the clear rung has not landed on this branch', '', '', '', '']); return }
       const x = total(byPolicy[i])
-      summaryRows.push([int(w), p.name, usd(x.cost), `${(x.cost / floorTotal.cost).toFixed(2)}×`, fmtPct(x.cached / x.input), i === 0 ? '— (no window)' : `${int(x.over)} of ${int(x.requests)}`, x.summaryRequests ? `${x.summaryRequests} (${fmtPct(x.summaryHit / x.summaryInput, 0)} of their input cached)` : '—'])
+      summaryRows.push([int(w), p.name, usd(x.cost), `${(x.cost / floorTotal.cost).toFixed(3)}×`, fmtPct(x.cached / x.input), i === 0 ? '— (no window)' : `${int(x.over)} of ${int(x.requests)}${i >= 2 ? `; calibrated ${int(x.calibratedOver)}` : ''}`, x.summaryRequests ? `${x.summaryRequests} (${fmtPct(x.summaryHit / x.summaryInput, 0)} of their input cached)` : '—'])
     })
     groups.forEach((g, k) => {
       detailRows.push([g.file, int(w), ...policies.map((p, i) => {
@@ -189,13 +199,20 @@ export default async function costBench(): Promise<Section> {
         return `${usd(x.cost)}${i ? ` (${(x.cost / f.cost).toFixed(2)}×)` : ''}, hits ${fmtPct(x.cached / x.input, 0)}${i && x.over ? `, ${x.over} over` : ''}`
       })])
     })
-    const v = policies[3].ran ? 3 : 2
+    const v = policies[4].ran ? 4 : policies[3].ran ? 3 : 2
     const dshTotal = total(byPolicy[v]), maskTotal = total(byPolicy[1])
     const label = policies[v].name.split(' (')[0]
     const ratio = dshTotal.cost / floorTotal.cost
     targets.push({ name: `${label} at ${int(w)}: cost vs the floor`, target: `≤ ${FLOOR_TARGET}× the infinite-window floor`, measured: `${ratio.toFixed(2)}× (${usd(dshTotal.cost)} vs ${usd(floorTotal.cost)})${v === 2 ? '; v2 not run (clear rung not landed), v1 shown' : ''}`, met: ratio <= FLOOR_TARGET })
     targets.push({ name: `${label} at ${int(w)}: cost vs masking`, target: 'below observation masking', measured: `${usd(dshTotal.cost)} vs ${usd(maskTotal.cost)} (${(dshTotal.cost / maskTotal.cost).toFixed(2)}×)`, met: dshTotal.cost < maskTotal.cost })
     targets.push({ name: `${label} at ${int(w)}: requests over the window`, target: '0', measured: `${int(dshTotal.over)} of ${int(dshTotal.requests)}`, met: dshTotal.over === 0 })
+    if (v !== 4) continue
+    // The net-cost gate's targets: v3 against v1, v2 and the floor; summary calls; over the window in both counts.
+    const v1 = total(byPolicy[2]), v2 = total(byPolicy[3])
+    targets.push({ name: `${label} at ${int(w)}: cost vs dsh v1 and v2`, target: '≤ both', measured: `${usd(dshTotal.cost)} vs ${usd(v1.cost)} (v1), ${usd(v2.cost)} (v2)`, met: dshTotal.cost <= v1.cost && dshTotal.cost <= v2.cost })
+    if (GATE_FLOOR_TARGETS[w] !== undefined) targets.push({ name: `${label} at ${int(w)}: cost vs the floor (net-cost gate)`, target: `≤ ${GATE_FLOOR_TARGETS[w]}× the infinite-window floor`, measured: `${ratio.toFixed(3)}× (${usd(dshTotal.cost)} vs ${usd(floorTotal.cost)})`, met: ratio <= GATE_FLOOR_TARGETS[w] })
+    if (w === 16_000) targets.push({ name: `${label} at ${int(w)}: summary calls vs dsh v1`, target: '≤ half of v1\'s', measured: `${dshTotal.summaryRequests} vs ${v1.summaryRequests} (half: ${v1.summaryRequests / 2})`, met: dshTotal.summaryRequests <= v1.summaryRequests / 2 })
+    targets.push({ name: `${label} at ${int(w)}: requests over the window in the transcripts' own tokens (calibrated)`, target: '0', measured: `${int(dshTotal.calibratedOver)} of ${int(dshTotal.requests)} (v2: ${int(v2.calibratedOver)}, v1: ${int(v1.calibratedOver)}; unmanaged, a Claude Code subagent's hidden prompt alone is 11,100–12,694 tokens)`, met: dshTotal.calibratedOver === 0 })
   }
   return {
     ...base, status: 'ran', targets,
@@ -209,8 +226,11 @@ export default async function costBench(): Promise<Section> {
       'assistant message (or the simulated summary) at the output price. **Floor** = no management and an infinite window: appends',
       `only, so every request but the first hits the cache up to its new messages. **Masking** = before each request the tool results`,
       `of the step that left the newest ${MASK_KEEP_STEPS} are replaced by "${MASK_PLACEHOLDER}" (an edit deep in the prefix at every`,
-      'step once the session is longer than 10 steps). **dsh v1 / v2** = `replayTranscript(t, {contextWindow, compaction})` (the',
-      'Agent\'s event order, pressure checks at turn start and after each step, summaries simulated at 2,000 tokens, no model call).',
+      'step once the session is longer than 10 steps). **dsh v1 / v2 / v3** = `replayTranscript(t, {contextWindow, compaction})` (the',
+      'Agent\'s event order, pressure checks at turn start and after each step, summaries simulated at 2,000 tokens, no model call);',
+      'v1 = `{clear: false, gate: false}`, v2 = `{gate: false}`, v3 = the defaults (the net-cost gate on, docs/design.md §11): it',
+      'decides from the session so far — its cache model, its pace (requests per turn so far), the replay\'s prices — never from',
+      'the transcript\'s later steps. "calibrated" = requests over the window in the transcript\'s own tokens (replay\'s fit, §15).',
       `Ratios (×) are to the floor of the same transcript. Replays took ${(ms / 1000).toFixed(1)} s.`,
     ].join('\n'),
     tables: [

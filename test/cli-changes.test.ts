@@ -315,7 +315,8 @@ describe('/permissions (under a pseudo-terminal)', () => {
     ].join('\n')), run.stdout)
     assert.ok(run.stdout.includes('[dsh] write_file will be asked about again\n'))
     assert.ok(run.stdout.includes(`[dsh] shell commands allowed in ${cwd} from the next start (remembered in ${configFile})`))
-    assert.ok(run.stdout.includes('I will write it.\n--- /dev/null\n'), 'the streamed text ends its line before the diff')
+    // The live line (a spinner, between two erase-line escapes) is gone from the screen once the diff prints.
+    assert.ok(run.stdout.replace(/\x1b\[K[^\n\x1b]*\x1b\[K/g, '').includes('I will write it.\n--- /dev/null\n'), 'the streamed text ends its line before the diff')
     assert.deepEqual(JSON.parse(await readFile(configFile, 'utf8')).projects[cwd], { shell: true, approvals: { tools: ['edit_file'] } })
   })
 })

@@ -2,23 +2,13 @@
 // end against test/fake-provider.ts.
 import { after } from 'node:test'
 import { spawn, type ChildProcess } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
 import { mkdtemp, realpath, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { CLEAN_ENV, DSH, TSX } from './cli-helpers.ts'
 
-export const ROOT = fileURLToPath(new URL('..', import.meta.url))
-export const DSH = join(ROOT, 'dsh.ts')
-/** tsx by absolute URL: the children run in temp folders, where a bare `--import tsx` resolves nothing. */
-export const TSX = import.meta.resolve('tsx')
-
-/** The children's user configuration and kept sessions: a temp directory of this test file (removed after it), never the host's. */
-export const TEST_HOME = mkdtempSync(join(tmpdir(), 'dsh-home-'))
-after(() => rmSync(TEST_HOME, { recursive: true, force: true }))
-/** The parent's environment without the variables dsh reads, so the host's settings cannot leak in; the user configuration and state in TEST_HOME. */
-export const CLEAN_ENV: Record<string, string> = { XDG_CONFIG_HOME: join(TEST_HOME, 'config'), XDG_STATE_HOME: join(TEST_HOME, 'state'), ...Object.fromEntries(Object.entries(process.env).filter(
-  (entry): entry is [string, string] => entry[1] !== undefined && !['DEEPSEEK_API_KEY', 'DSH_BASE_URL', 'DSH_MODEL', 'DSH_CONTEXT_WINDOW', 'NO_COLOR', 'NODE_TEST_CONTEXT', 'NODE_OPTIONS', 'XDG_CONFIG_HOME', 'XDG_STATE_HOME'].includes(entry[0]))) }
+// One set of paths, one test home and one clean environment for every CLI test (test/cli-helpers.ts).
+export { CLEAN_ENV, DSH, ROOT, TEST_HOME, TSX } from './cli-helpers.ts'
 
 export interface Run { code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string; ms: number }
 

@@ -141,7 +141,7 @@ describe('activity lines on stderr', () => {
     const run = await dsh(['--help'], ROOT)
     assert.equal(run.code, 0)
     assert.match(run.stdout, /▸ read_file src\/a\.ts \(2,340 tokens\)/)
-    assert.match(run.stdout, /a trailing ~\s+means the figure is dsh's estimate/)
+    assert.match(run.stdout, /a trailing ~\s+means the figure is dsh's estimate/i)
     for (const flag of ['--max-steps N', '--no-shell', '-C, --cwd DIR']) assert.ok(run.stdout.includes(flag), flag)
   })
 })

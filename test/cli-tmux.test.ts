@@ -71,3 +71,49 @@ test('in tmux: an edit and a new file, each shown as a coloured diff and approve
   }
   assert.equal(code?.trim(), '0')
 })
+
+// Issue 27 item 7: what a terminal must show while a turn runs and at the prompt.
+test('in tmux: a spinner names the running tool with its elapsed time; input typed meanwhile is shown apart and runs after the turn; Ctrl-C clears a half-typed line, a second exits', { skip }, async () => {
+  const cwd = await tempDir()
+  socket = join(await tempDir(), 'tmux.sock')
+  const f = await fake((request) => {
+    const last = request.body.messages.at(-1)
+    if (last.role === 'tool') return { text: 'Slept well.' }
+    if (last.content === 'take a nap') return { toolCalls: [{ name: 'shell', arguments: { command: 'sleep 3' } }] }
+    return { text: `You said: ${last.content}` }
+  })
+  const exitFile = join(await tempDir(), 'exit-code')
+  const command = `cd '${cwd}' && ${dshCommand([...runFlags(f), '--allow-shell', '--no-sandbox', '-y'])}; echo $? > '${exitFile}'`
+  await tmux('new-session', '-d', '-s', 'dsh', '-x', '120', '-y', '40', command)
+  await waitFor('› ')
+  await type('take a nap')
+  // The live line: a spinner frame, the tool and what it runs, the seconds so far.
+  const spinning = plain(await waitFor('shell sleep 3 · 1.'))
+  assert.match(spinning, /[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] shell sleep 3 · 1\.\d s/)
+  // Typed during the turn: not echoed into the output, shown on the live line; entered: queued with a line of its own.
+  await tmux('send-keys', '-t', 'dsh', '-l', 'and then')
+  await waitFor('(typed ahead, runs after this turn: and then)')
+  await tmux('send-keys', '-t', 'dsh', '-l', ' wake up')
+  await tmux('send-keys', '-t', 'dsh', 'Enter')
+  await waitFor('[dsh] queued, runs after this turn: and then wake up')
+  const after = plain(await waitFor('You said: and then wake up'))
+  assert.match(after, /▸ shell sleep 3 → exit 0 \(\d+ tokens\)\n[^]*Slept well\.\n[^]*› and then wake up\n[^]*You said: and then wake up/, after)
+  assert.doesNotMatch(after, /Slept[^\n]*and then|and then[^\n]*Slept/, 'the typed text never lands in the answer')
+  assert.deepEqual(f.requests.map((r) => r.body.messages.at(-1)).filter((m: any) => m.role === 'user').map((m: any) => m.content), ['take a nap', 'and then wake up'])
+  // Ctrl-C at the prompt: a half-typed line is cleared (not sent); a second Ctrl-C exits.
+  await waitFor('› ', 3)
+  await tmux('send-keys', '-t', 'dsh', '-l', 'half a thought')
+  await waitFor('› half a thought')
+  await tmux('send-keys', '-t', 'dsh', 'C-c')
+  const cleared = plain(await waitFor('[dsh] input cleared; Ctrl-C again exits'))
+  assert.ok(cleared.trimEnd().endsWith('›'), `an empty prompt after the line:\n${cleared}`)
+  await tmux('send-keys', '-t', 'dsh', 'C-c')
+  const started = Date.now()
+  let code: string | undefined
+  while (code === undefined && Date.now() - started < 20_000) {
+    code = await readFile(exitFile, 'utf8').catch(() => undefined)
+    if (code === undefined) await new Promise((r) => setTimeout(r, 100))
+  }
+  assert.equal(code?.trim(), '0')
+  assert.equal(f.requests.length, 3, 'the cleared line was never sent')
+})

@@ -605,7 +605,9 @@ describe('runCliBasics, cliHelp(), isEntryPoint', () => {
       'npx tsx dsh.ts replay examples/', 'deepseek-flash', 'https://api.deepseek.com', '(default 0.8)', '(default 2000)',
       // issue 27: every new flag, command and variable
       '-c, --continue', '--resume', '--no-save', '-y, --yes', '-p - reads PROMPT from stdin', '/diff', '/undo', '/permissions', '/sessions', 'DSH_CONTEXT_WINDOW',
-      'XDG_STATE_HOME', '.dsh/config.json', 'Precedence: flags, then DSH_MODEL / DSH_BASE_URL / DSH_CONTEXT_WINDOW, then', '"retentionDays": 30']) {
+      'XDG_STATE_HOME', '.dsh/config.json', 'Precedence: flags, then DSH_MODEL / DSH_BASE_URL / DSH_CONTEXT_WINDOW, then', '"retentionDays": 30',
+      // issue 27 items 6–8: /model, the terminal, /compact
+      '/model NAME [--context-window N]', '/compact [FOCUS]', '/context', 'a spinner names the running tool', 'at the prompt it clears what is typed', 'by 5 points']) {
       assert.ok(cliHelp('npx tsx dsh.ts').includes(word), `help lacks ${JSON.stringify(word)}`)
     }
     for (const name of ['dsh', 'npx tsx dsh.ts']) assert.ok(cliHelp(name).split('\n').every((line) => line.length <= 100), `help lines fit a terminal (${name})`)

@@ -125,7 +125,10 @@ test('case 2: a prune at position k: the next hit is the prefix before k; the pr
   assert.equal(agent.editCost(replace.seq)!.cacheCostUSD, movedTokens * (0.15 - 0.003) / 1e6)
   // The CLI's prune line carries the same figures.
   const cost = movedTokens * (0.15 - 0.003) / 1e6, saved = (10_008 - 1_298) * 0.003 / 1e6
-  assert.ok(lines.includes(`[dsh] pruned read 1: 10,008 → 1,298 tokens (8,710 saved) · cache: ${movedTokens.toLocaleString('en-US')} tokens move from hit to miss (+${formatUSD(cost)} once); saves 8,710 tokens (${formatUSD(saved)} per request)\n`), lines.join(''))
+  // The net-cost gate's payback: ceil(2,317 × (0.15 − 0.003) / (8,710 × 0.003)) = ceil(13.03) = 14 requests.
+  assert.equal(movedTokens, 2_317)
+  assert.equal((prunes[0].data as { paysBackAfterRequests?: number }).paysBackAfterRequests, 14)
+  assert.ok(lines.includes(`[dsh] pruned read 1: 10,008 → 1,298 tokens (8,710 saved) · pays back after 14 requests · cache: ${movedTokens.toLocaleString('en-US')} tokens move from hit to miss (+${formatUSD(cost)} once); saves 8,710 tokens (${formatUSD(saved)} per request)\n`), lines.join(''))
   assert.equal(formatUSD(cost), '$0.000341')
   const u = session.cost.usage()
   assert.match(lines.at(-1)!, new RegExp(`· \\${formatUSD(u.costUSD!)} so far, cache hits ${Math.round(u.cacheHitShare * 100)}%\n$`))

@@ -1,0 +1,210 @@
+// The net-cost gate and the spend cap (docs/design.md §11 "Edits that pay for themselves"): an edit of
+// the cached prefix is made below the threshold only when it pays back within the requests the
+// session expects from its own pace; above the threshold it is needed and made, its payback logged.
+// A turn stops before the request that would pass its spend cap.
+import { test, after } from 'node:test'
+import assert from 'node:assert/strict'
+import {
+  Agent, Session, MemoryStore, ConfigError, openAICompatible, estimateMessageTokens, DEFAULT_COMPACTION_CONFIG,
+  DEFAULT_PRUNE_CONFIG, internals, parseCliArgs, type AgentEvent, type Message, type Prices, type SessionEvent,
+} from '../dsh.ts'
+import { logHeader } from './spec.ts'
+import { startFakeProvider } from './fake-provider.ts'
+
+const { Ladder } = internals
+/** deepseek-flash off-peak, USD per million tokens. */
+const FLASH: Prices = { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 }
+/** Prune results over 2,000 code points to 1,000 + marker (39) + 500. */
+const PRUNE = { thresholdChars: 2_000, headChars: 1_000, tailChars: 500 }
+
+const servers: Array<{ close(): Promise<void> }> = []
+after(async () => { for (const s of servers) await s.close() })
+
+/**
+ * A session of known pace — turn 1 took 5 requests, turn 2 has made 2 — whose last request read a
+ * 30,000-token surface from the cache (heuristic tokens, no envelope). Turn 1's first step read a tool
+ * result of 3,540 code points that saves 500 tokens when pruned with {@link PRUNE}, near the head of
+ * that prefix; everything else is under the prune threshold but turn 2's input, which is never edited.
+ */
+async function pacedSession(): Promise<{ session: Session; resultSeq: number }> {
+  const session = await Session.open(new MemoryStore())
+  logHeader(session, { model: 'm', baseURL: 'http://127.0.0.1:9', prices: FLASH })
+  const append = (type: string, data: Record<string, unknown>) => session.append(type, data)
+  const say = (message: Message) => append(`${message.role === 'tool' ? 'tool/result' : `${message.role}/message`}`,
+    { message, surfaceOp: { op: 'append' }, ...(message.role === 'assistant' ? { finishReason: 'stop' } : {}) })
+  const call = (id: string): Message => ({ role: 'assistant', content: [{ type: 'tool-call', id, name: 'read', arguments: '{}' }] })
+  const ok = (id: string): Message => ({ role: 'tool', toolCallId: id, content: [{ type: 'text', text: 'ok' }] })
+  append('turn/start', { turn: 1 })
+  say({ role: 'user', content: 'go' })
+  let result = 0
+  for (let step = 1; step <= 5; step++) {
+    append('step/start', { turn: 1, step })
+    if (step === 1) {
+      say(call('c1'))
+      result = say({ role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: 'r'.repeat(3_540) }] }).seq
+    } else say({ role: 'assistant', content: [{ type: 'text', text: `answer ${step}` }] })
+    append('step/end', { turn: 1, step })
+  }
+  append('turn/end', { turn: 1, reason: 'stop' })
+  append('turn/start', { turn: 2 })
+  // The input pads the surface the second request of turn 2 reads to exactly 30,000 tokens.
+  const rest = session.measure().surfaceTokens + estimateMessageTokens(call('c2')) + estimateMessageTokens(ok('c2'))
+  say({ role: 'user', content: 'p'.repeat(4 * (30_000 - rest - 8)) })
+  append('step/start', { turn: 2, step: 1 })
+  say(call('c2'))
+  say(ok('c2'))
+  append('step/end', { turn: 2, step: 1 })
+  append('step/start', { turn: 2, step: 2 })
+  say(call('c3'))
+  say(ok('c3'))
+  return { session, resultSeq: result }
+}
+
+const host = (session: Session, contextWindow: number, gate = true, onEvent?: (e: AgentEvent) => void) => ({
+  session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }),
+  envelope: {}, settings: { contextWindow, prune: { ...DEFAULT_PRUNE_CONFIG, ...PRUNE }, onEvent,
+    compaction: { ...DEFAULT_COMPACTION_CONFIG, clear: false, gate } },
+})
+const prunes = (session: Session) => session.events.filter((e) => e.type === 'compaction/prune') as SessionEvent<'compaction/prune'>[]
+
+test('case 1: a 500-token saving over 3 expected requests does not pay for a 30,000-token cached prefix; over the threshold it is made', async () => {
+  const { session, resultSeq } = await pacedSession()
+  const node = session.surface().node(resultSeq)!
+  assert.equal(node.tokens - estimateMessageTokens({ role: 'tool', toolCallId: 'c1',
+    content: [{ type: 'text', text: 'r'.repeat(1_000) + '\n\n[... tool result middle pruned ...]\n\n' + 'r'.repeat(500) }] }), 500)
+  assert.equal(session.cost.nextRequestCache().modelledHitTokens, 30_000) // no envelope: the surface the request read
+  const total = session.measure().totalTokens
+  // Below the threshold: the edit moves 29,500 - tokens before it to misses (USD 0.0043…) to save 500 × 3 hits.
+  const below = await new Ladder(host(session, Math.ceil(total / 0.8) + 10)).relievePressure()
+  assert.equal(below.action, 'none')
+  assert.equal(prunes(session).length, 0)
+  // Over the threshold the same edit is needed: made, with its modelled payback logged.
+  const over = await new Ladder(host(session, Math.floor(total / 0.8))).relievePressure()
+  assert.equal(over.action, 'pruned')
+  const [event] = prunes(session)
+  assert.deepEqual(event.data.shadowedSeqs, [resultSeq])
+  // Moved to misses: the 30,000 cached tokens after the task (9) and the call (10), less the 500 saved: 29,481.
+  // Payback: ceil(29,481 × (0.15 − 0.003) / (500 × 0.003)) = ceil(2,889.1) requests.
+  assert.equal(30_000 - estimateMessageTokens({ role: 'user', content: 'go' }) - estimateMessageTokens({ role: 'assistant',
+    content: [{ type: 'tool-call', id: 'c1', name: 'read', arguments: '{}' }] }) - 500, 29_481)
+  assert.equal(event.data.paysBackAfterRequests, 2_890)
+})
+
+test('a small edit right after the request that read it pays back below the threshold: made, with its payback', async () => {
+  const { session, resultSeq } = await pacedSession()
+  // A 40,000-code-point result (10,008 tokens), read by one more request: the last thing in the cached prefix.
+  session.append('step/end', { turn: 2, step: 2 })
+  session.append('step/start', { turn: 2, step: 3 })
+  session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c4', name: 'read',
+    arguments: '{}' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+  const big = session.append('tool/result', { message: { role: 'tool', toolCallId: 'c4', content: [{ type: 'text',
+    text: 's'.repeat(40_000) }] }, surfaceOp: { op: 'append' } }).seq
+  session.append('step/end', { turn: 2, step: 3 })
+  session.append('step/start', { turn: 2, step: 4 })
+  session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'x' }] },
+    finishReason: 'stop', surfaceOp: { op: 'append' } })
+  const window = Math.ceil(session.measure().totalTokens / 0.8) + 10
+  const out = await new Ladder(host(session, window)).relievePressure()
+  assert.equal(out.action, 'pruned')
+  const events = prunes(session)
+  assert.deepEqual(events.map((e) => e.data.shadowedSeqs[0]), [big]) // the old one at the head still does not pay
+  assert.equal(events[0].data.trigger, 'gate')
+  // Saved 10,008 − 393 = 9,615 tokens; moved: the 393 tokens of the pruned result. 4 requests are expected (turn 2
+  // has made 4, turn 1 took 5): ceil(393 × 0.147 / (9,615 × 0.003)) = ceil(2.003) = 3 ≤ 4.
+  assert.equal(events[0].data.paysBackAfterRequests, 3)
+  assert.ok(session.surface().node(resultSeq))
+  // Without the gate (or without prices) nothing is edited below the threshold.
+  const { session: plain } = await pacedSession()
+  assert.equal((await new Ladder(host(plain, window, false)).relievePressure()).action, 'none')
+})
+
+test('case 2: a turn with maxCostUSD 0.001 at DeepSeek prices stops with reason budget before the request that would pass it', async () => {
+  let calls = 0
+  const server = await startFakeProvider({ handler: () => (calls++, { toolCalls: [{ id: `c${calls}`, name: 'read',
+    arguments: {} }], usage: null }) })
+  servers.push(server)
+  const session = await Session.open(new MemoryStore())
+  const lines: string[] = []
+  const agent = new Agent({
+    session, provider: openAICompatible({ baseURL: server.url, model: 'deepseek-flash', apiKey: 'k', maxRetries: 0,
+      contextWindow: 1_000_000, prices: FLASH }),
+    tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} },
+      execute: () => 'y'.repeat(8_000) }], // 2,000 tokens a result, all new to the next request
+    maxCostUSD: 0.001, onEvent: (e) => { if (e.type === 'warning') lines.push(e.message) },
+  })
+  const result = await agent.run('go')
+  assert.equal(result.reason, 'budget')
+  const end = session.events.find((e) => e.type === 'turn/end') as SessionEvent<'turn/end'>
+  assert.equal(end.data.reason, 'budget')
+  const spent = session.cost.usage().costUSD!
+  // Four requests (2,000 new tokens each, all misses) cost $0.000956; the fifth, about $0.000327, would pass the cap.
+  assert.equal(calls, 4)
+  assert.equal(result.steps, 4)
+  assert.equal(spent.toFixed(6), '0.000956')
+  assert.equal(end.data.message, 'spend cap: this turn has spent $0.000956 of its $0.001000 cap and the next request '
+    + 'would cost about $0.000327; stopped before it (maxCostUSD)')
+  assert.deepEqual(lines, [end.data.message])
+})
+
+test('maxCostUSD without prices, or not a number of USD, is a ConfigError that says the fix', () => {
+  const session = new Session({ store: new MemoryStore() })
+  const provider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'local', apiKey: 'k' })
+  assert.throws(() => new Agent({ session, provider, maxCostUSD: 1 }), (err: unknown) => err instanceof ConfigError
+    && /maxCostUSD needs the provider's prices, and model "local" has none/.test((err as Error).message))
+  const priced = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', prices: FLASH })
+  for (const bad of [-1, Number.NaN, '1', { turn: -2 }, { month: 3 }]) {
+    assert.throws(() => new Agent({ session, provider: priced, maxCostUSD: bad as never }), ConfigError)
+  }
+  assert.doesNotThrow(() => new Agent({ session, provider: priced, maxCostUSD: { turn: 0.5, session: 5 } }))
+})
+
+test('no pressure summary that would leave the request above the threshold while it fits the window without it', async () => {
+  // Turn 1: ten reads of 2,000 code points (508 tokens each); turn 2 just began. The system prompt is 20,000 tokens.
+  const build = async () => {
+    const session = await Session.open(new MemoryStore())
+    logHeader(session, { model: 'm', baseURL: 'http://127.0.0.1:9', prices: FLASH })
+    const say = (type: string, message: Message) => session.append(type, { message, surfaceOp: { op: 'append' },
+      ...(message.role === 'assistant' ? { finishReason: 'stop' } : {}) })
+    session.append('turn/start', { turn: 1 })
+    say('user/message', { role: 'user', content: 'read them all' })
+    for (let step = 1; step <= 10; step++) {
+      session.append('step/start', { turn: 1, step })
+      say('assistant/message', { role: 'assistant', content: [{ type: 'tool-call', id: `c${step}`, name: 'read', arguments: '{}' }] })
+      say('tool/result', { role: 'tool', toolCallId: `c${step}`, content: [{ type: 'text', text: 'z'.repeat(2_000) }] })
+      session.append('step/end', { turn: 1, step })
+    }
+    session.append('turn/end', { turn: 1, reason: 'stop' })
+    session.append('turn/start', { turn: 2 })
+    say('user/message', { role: 'user', content: 'go on' })
+    return session
+  }
+  const envelope = { system: 's'.repeat(80_000) }
+  const warnings: string[] = []
+  const ladderHost = (session: Session, gate: boolean) => ({ ...host(session, 28_000, gate, (e) => {
+    if (e.type === 'warning') warnings.push(e.message) }), envelope })
+  const gated = await build()
+  const out = await new Ladder(ladderHost(gated, true)).relievePressure()
+  // 20,008 (system) + 5,202 (surface): above the threshold (22,400), under the window (28,000). The region
+  // outside the retained tail (4,480) is 530 tokens; its checkpoint is modelled at 256 (half of 512): 274 saved.
+  assert.equal(out.tokensBefore, 25_210)
+  assert.equal(out.summaryRequests, 0)
+  assert.equal(gated.events.filter((e) => e.type === 'compaction/start').length, 0)
+  assert.equal(warnings[0], 'context still at 25210 of 28000 tokens (threshold 22400) after compaction: a summary of '
+    + 'this 530-token region would leave about 24936 tokens, not under the threshold, and the request fits the window '
+    + 'without it; not retrying until the surface grows by 4480 tokens')
+  assert.equal(gated.events.filter((e) => e.type === 'compaction/warning').length, 1)
+  // Without the gate the ladder starts the summary transaction, and its one retry (the summarizer is unreachable).
+  const plain = await build()
+  await new Ladder(ladderHost(plain, false)).relievePressure()
+  assert.equal(plain.events.filter((e) => e.type === 'compaction/start').length, 2)
+})
+
+test('--max-cost USD: the spend cap of each turn; anything but a positive number of USD is a usage error', () => {
+  const env = { DEEPSEEK_API_KEY: 'sk-test' }
+  assert.equal((parseCliArgs(['--max-cost', '0.5', '-p', 'hi'], env) as { maxCostUSD?: number }).maxCostUSD, 0.5)
+  assert.equal((parseCliArgs(['-p', 'hi'], env) as { maxCostUSD?: number }).maxCostUSD, undefined)
+  for (const bad of ['0', '-1', 'abc', '1e3', '']) {
+    assert.throws(() => parseCliArgs(['--max-cost', bad, '-p', 'hi'], env), /--max-cost/)
+  }
+  assert.throws(() => parseCliArgs(['replay', 'f.jsonl', '--max-cost', '1'], {}), /--max-cost/)
+})
