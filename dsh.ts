@@ -2168,17 +2168,12 @@ function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pin
 
 // ── 4.1 Edits of the surface: the log protocol of a prune or a clear (docs/design.md §3, §10) ─────
 
-/** The modelled payback (requests) of the edit the ladder is logging (section 5.1a), put into its event. */
-const EDIT_PAYBACK = new WeakMap<Session, number>()
-/** `{paysBackAfterRequests}` while the ladder logs an edit the gate priced (a finite payback), else nothing. */
-function paybackData(session: Session): { paysBackAfterRequests?: number } {
-  const payback = EDIT_PAYBACK.get(session)
-  return payback !== undefined && Number.isFinite(payback) ? { paysBackAfterRequests: payback } : {}
-}
+/** An edit's event data for the payback (requests) the net-cost gate modelled (section 5.1a): only a finite one. */
+const paybackData = (payback?: number) => Number.isFinite(payback) ? { paysBackAfterRequests: payback } : {}
 
 /** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
 function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prune' | 'compaction/clear',
-  message: Message, trigger?: string): number {
+  message: Message, trigger?: string, payback?: number): number {
   const seq = node.seq
   const eventType = message.role === 'tool' ? 'tool/result' : message.role === 'assistant' ? 'assistant/message'
     : 'user/message'
@@ -2186,7 +2181,7 @@ function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prun
   if (eventType === 'assistant/message') data.finishReason = 'pruned'
   stateOf(session).check(eventType, data) // both events or neither
   session.append(type, { shadowedSeqs: [seq], shadowedTokenCount: node.tokens, ...(trigger ? { trigger } : {}),
-    ...paybackData(session) })
+    ...paybackData(payback) })
   const after = session.append(eventType, data)
   return node.tokens - session.surface().node(after.seq)!.tokens
 }
@@ -2197,14 +2192,14 @@ function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prun
  * kept); a tool result goes to {@link Session.pruneToolResult}. Refuses the open turn's input.
  * Returns the tokens reclaimed (0, nothing appended, when nothing is over the threshold).
  */
-function pruneNode(session: Session, seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
+function pruneNode(session: Session, seq: number, config?: Partial<PruneConfig>, trigger?: string,
+  payback?: number): number {
   const node = session.surface().node(seq)
   if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
-  if (node.message.role === 'tool') return session.pruneToolResult(seq, config, trigger)
-  if (seq === stateOf(session).input)
+  if (node.message.role !== 'tool' && seq === stateOf(session).input)
     throw new SessionError('SURFACE_OP', `seq ${seq} is the current turn's input, which is never edited`)
-  const pruned = pruneMessage(node.message, config)
-  return pruned === node.message ? 0 : replaceNode(session, node, 'compaction/prune', pruned, trigger)
+  const m = node.message, pruned = m.role === 'tool' ? pruneToolResult(m, config) : pruneMessage(m, config)
+  return pruned === m ? 0 : replaceNode(session, node, 'compaction/prune', pruned, trigger, payback)
 }
 
 /**
@@ -2212,12 +2207,12 @@ function pruneNode(session: Session, seq: number, config?: Partial<PruneConfig>,
  * then the result, its content one text block `placeholder`, as a replace of `seq`. The original
  * stays in the log. Returns the tokens reclaimed (negative if the placeholder is larger: callers check).
  */
-function clearNode(session: Session, seq: number, placeholder: string, trigger?: string): number {
+function clearNode(session: Session, seq: number, placeholder: string, trigger?: string, payback?: number): number {
   const node = session.surface().node(seq)
   if (!node || node.message.role !== 'tool')
     throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
   return replaceNode(session, node, 'compaction/clear',
-    { ...node.message, content: [{ type: 'text', text: placeholder }] }, trigger)
+    { ...node.message, content: [{ type: 'text', text: placeholder }] }, trigger, payback)
 }
 
 /** Logs `request/header` when model, base URL, envelope, budget or window changed; returns whether it did. */
@@ -3890,12 +3885,13 @@ function framedCheckpoint(summary: string, ledger: Ledger, regionTokens: number)
 /**
  * One summary transaction (docs/design.md §5, §12): `compaction/start` (the lock), the `compaction/before`
  * hooks, the summary, the checkpoint framed with the region's ledger (refused unless smaller than the region,
- * or if the surface changed), `compaction/summary` and the replacing `user/message` with no await between,
- * `compaction/end`, the `compaction/after` hooks. A failure logs `compaction/end {error}`, leaves the surface
- * as it was and is thrown (`cancelled` set when a hook cancelled). Returns the summary requests made.
+ * or if the surface changed), `compaction/summary` (with the gate's `payback`, requests) and the replacing
+ * `user/message` with no await between, `compaction/end`, the `compaction/after` hooks. A failure logs
+ * `compaction/end {error}`, leaves the surface as it was and is thrown (`cancelled` set when a hook
+ * cancelled). Returns the summary requests made.
  */
 async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal,
-  focus?: string): Promise<number> {
+  focus?: string, payback?: number): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
   host = withRecordingSummarizer(host, records)
@@ -3931,7 +3927,7 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     session.append('compaction/summary', {
       id, summary: result.summary, shadowedSeqs: info.shadowedSeqs, shadowedTokenCount: region.tokens,
       model: host.summarizer.model, usage: result.usage,
-      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}), ...paybackData(session),
+      ledger, fidelity, ...(info.focus ? { focus: info.focus } : {}), ...paybackData(payback),
     })
     const seq = session.append('user/message',
       { message: checkpoint, surfaceOp: { op: 'replace', start: first, end: last }, compactionId: id }).seq
@@ -4042,15 +4038,12 @@ class Ladder {
     let reclaimed = 0
     for (const batch of rung(view)) {
       if (batch.onlyIfAtLeast !== undefined && view.nextRequestTokens() < batch.onlyIfAtLeast) continue
-      const gated = gate && gatedOps(session, batch.ops, view.prune, gate, needed) // the net-cost gate (5.1a)
-      if (gated) EDIT_PAYBACK.set(session, gated.payback)
-      try {
-        for (const op of gated ? gated.ops : batch.ops) {
-          if (batch.stopAtOrBelow !== undefined && view.nextRequestTokens() <= batch.stopAtOrBelow) break
-          reclaimed += op.op === 'prune' ? pruneNode(session, op.seq, view.prune, trigger)
-            : clearNode(session, op.seq, op.placeholder, trigger)
-        }
-      } finally { EDIT_PAYBACK.delete(session) }
+      const gated = gatedOps(session, batch, view.prune, gate, needed) // the net-cost gate (5.1a)
+      for (const op of gated.ops) {
+        if (batch.stopAtOrBelow !== undefined && view.nextRequestTokens() <= batch.stopAtOrBelow) break
+        reclaimed += op.op === 'prune' ? pruneNode(session, op.seq, view.prune, trigger, gated.payback)
+          : clearNode(session, op.seq, op.placeholder, trigger, gated.payback)
+      }
     }
     return reclaimed
   }
@@ -4089,10 +4082,7 @@ class Ladder {
     if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
       return done(modelFree, 'an earlier compaction failed and the surface has not grown enough since')
     }
-    const region = gate && pressureRegion(view) // the gate prices the summary, for its log line
-    if (region) EDIT_PAYBACK.set(session, paybackRequests(gate.prices, summaryModel(session, region, cfg, gate.prices)))
-    try { return await this.summariseUnder('pressure', threshold, outcome, done, signal) } finally {
-      EDIT_PAYBACK.delete(session) }
+    return this.summariseUnder('pressure', threshold, outcome, done, signal)
   }
 
   /** Rung 3 under pressure or by hand: summary attempts, then success, or a remembered failure. */
@@ -4113,15 +4103,15 @@ class Ladder {
       // The gate: no summary that cannot save a token, nor one that leaves the request above the threshold
       // when it fits the window without it or would not fit with it either (the checkpoint as the gate models it).
       const gate = trigger === 'pressure' && gateOf(session, cfg, this.watch)
-      const saved = gate ? summaryModel(session, region, cfg, gate.prices).savedTokens : 0
+      const model = gate ? summaryModel(session, region, cfg, gate.prices) : undefined, saved = model?.savedTokens ?? 0
       const next = this.nextRequestTokens(), left = Math.ceil(next - saved * rate)
       if (gate && (saved <= 0 || (left >= threshold && (next <= window || left >= window)))) {
         lastError = `a summary of this ${region.tokens}-token region would leave about ${left} tokens, not under the `
           + `threshold, and the request ${next <= window ? 'fits the window without it' : 'would not fit it either'}`
         break
       }
-      try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus);
-        committed++ } catch (err) {
+      try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus,
+        gate ? paybackRequests(gate.prices, model!) : undefined); committed++ } catch (err) {
         outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
         if (signal?.aborted) throw err
         lastError = (err as Error).message
@@ -4337,21 +4327,16 @@ function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneCo
 
 /**
  * The edits of a batch the gate lets through, with their payback (requests): all of them when
- * `needed`; else the longest run of the newest ops that pays back within the requests expected (an
- * older op moves more of the cached prefix), none when no run does — they wait and pay in a later batch.
+ * `needed` (or without a gate: the batch as it is); else the longest run of the newest ops that pays back
+ * within the requests expected (an older op moves more of the cached prefix), none when no run does —
+ * they wait and pay in a later batch.
  */
-function gatedOps(session: Session, ops: readonly LadderOp[], prune: PruneConfig, gate: Gate,
-  needed: boolean): { ops: readonly LadderOp[]; payback: number } {
-  const models = suffixModels(session, ops, prune)
+function gatedOps(session: Session, batch: LadderBatch, prune: PruneConfig, gate: Gate | undefined,
+  needed: boolean): { ops: readonly LadderOp[]; payback?: number } {
+  if (!gate) return batch
+  const models = suffixModels(session, batch.ops, prune)
   const k = models.findIndex((m) => gateAllows(gate.prices, m, gate.requests, needed))
-  if (k < 0) return { ops: [], payback: Infinity }
-  return { ops: ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
-}
-
-/** The region a pressure summary would take now (as the ladder selects it, before the minimum saving). */
-function pressureRegion(v: LadderView): Region | undefined {
-  const retained = Math.floor((v.window! * v.compaction.retainedTailRatio) / v.session.measure().calibration)
-  return selectRegion(v.session.surface(), retained, keptOutOfSummary(v.session))
+  return k < 0 ? { ops: [] } : { ops: batch.ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
 }
 
 /**
@@ -4384,7 +4369,9 @@ function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: Ladd
     .map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
   if (ops.length === 0) return undefined
   const [clear] = suffixModels(v.session, ops, v.prune)
-  const region = pressureRegion(v)
+  // The region a pressure summary would take now (as the ladder selects it, before the minimum saving).
+  const region = selectRegion(v.session.surface(), Math.floor((v.window * v.compaction.retainedTailRatio) / rate),
+    keptOutOfSummary(v.session))
   const cheaper = !region || netEditUSD(gate.prices, clear, gate.requests)
     <= netEditUSD(gate.prices, summaryModel(v.session, region, v.compaction, gate.prices), gate.requests)
   return { batch: { ops, stopAtOrBelow: Math.floor(v.window * reliefRatio(v.compaction)) },
