@@ -4280,10 +4280,6 @@ function paybackRequests(prices: Prices, e: EditModel): number {
 const netEditUSD = (prices: Prices, e: EditModel, requests: number) =>
   editNowUSD(prices, e) - (e.savedTokens * prices.cacheHitInput * requests) / 1_000_000
 
-/** The gate's verdict: make the edit when it is needed, or when it pays back within `requests`. */
-const gateAllows = (prices: Prices, e: EditModel, requests: number, needed: boolean) =>
-  needed || paybackRequests(prices, e) <= requests
-
 /** What the ladder's gate decides with: the prices of the next request and the requests expected. */
 interface Gate { prices: Prices; requests: number }
 
@@ -4335,7 +4331,7 @@ function gatedOps(session: Session, batch: LadderBatch, prune: PruneConfig, gate
   needed: boolean): { ops: readonly LadderOp[]; payback?: number } {
   if (!gate) return batch
   const models = suffixModels(session, batch.ops, prune)
-  const k = models.findIndex((m) => gateAllows(gate.prices, m, gate.requests, needed))
+  const k = models.findIndex((m) => needed || paybackRequests(gate.prices, m) <= gate.requests)
   return k < 0 ? { ops: [] } : { ops: batch.ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
 }
 
@@ -6494,10 +6490,9 @@ function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?:
   const caps = typeof cap === 'number' ? { turn: cap } : cap
   const ok = (x: unknown) => x === undefined || (typeof x === 'number' && Number.isFinite(x) && x >= 0)
   if (typeof caps !== 'object' || caps === null || !ok(caps.turn) || !ok(caps.session)
-    || Object.keys(caps).some((k) => k !== 'turn' && k !== 'session')) {
-    throw new ConfigError(`maxCostUSD must be a non-negative number of USD or {turn, session} of them, got `
-      + `${JSON.stringify(cap)}; e.g. maxCostUSD: 0.5 (each turn) or { session: 5 }`)
-  }
+    || Object.keys(caps).some((k) => k !== 'turn' && k !== 'session'))
+    throw configError('maxCostUSD', 'a non-negative number of USD or {turn, session} of them', cap,
+      'e.g. maxCostUSD: 0.5 (each turn) or { session: 5 }')
   if (!provider.prices) throw new ConfigError(`maxCostUSD needs the provider's prices, and model `
     + `"${provider.model}" has none (cost unknown); give the provider prices: { cacheHitInput, cacheMissInput, `
     + `output } (USD per million tokens), or leave maxCostUSD out`)
