@@ -6967,7 +6967,7 @@ class Agent implements CompactionHost {
       const tool = offered.find((t) => t.name === call.name)
         ?? (call.name === RECALL_TOOL_NAME && this.session.recall.hasShadowedContent ? this.recall : undefined)
       if (!tool) {
-        result = errorResult(call.id, `unknown tool ${JSON.stringify(call.name)}; available tools: `
+        result = errorResult(call.id, `unknown tool ${echo(call.name)}; available tools: `
           + `${offered.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
       } else {
         let args: unknown
@@ -7277,10 +7277,18 @@ function toolArgs(tool: string, args: unknown, keys: readonly string[]): Record<
   return args as Record<string, unknown>
 }
 
+/** A model's argument value as an error quotes it: JSON capped like recall's quotes ({@link echo}); a
+ *  value nested too deeply for JSON.stringify (a stack overflow) is named, not printed. */
+function quoteArgument(value: unknown): string {
+  let json: string | undefined
+  try { json = JSON.stringify(value) } catch { return `${Array.isArray(value) ? 'an array' : 'an object'} nested too deeply to print` }
+  return json === undefined ? String(value) : headCodePoints(json, RECALL_HIT_CODE_POINTS)
+}
+
 function argString(tool: string, args: Record<string, unknown>, key: string, fallback?: string): string {
   const value = args[key] ?? fallback
   if (value === undefined) throw new Error(`${tool}: the argument "${key}" is required`)
-  if (typeof value !== 'string') throw new Error(`${tool}: "${key}" must be a string, got ${JSON.stringify(value)}`)
+  if (typeof value !== 'string') throw new Error(`${tool}: "${key}" must be a string, got ${quoteArgument(value)}`)
   return value
 }
 
@@ -7290,7 +7298,7 @@ function argInt(tool: string, args: Record<string, unknown>, key: string, fallba
   if (value === undefined || value === null) return fallback
   if (typeof value === 'string' && /^\d+$/.test(value.trim())) value = Number(value.trim())
   if (!isIntegerAtLeast(value, min) || value > max) {
-    throw new Error(`${tool}: "${key}" must be an integer from ${min} to ${max} (${unit}), got ${JSON.stringify(value)}`)
+    throw new Error(`${tool}: "${key}" must be an integer from ${min} to ${max} (${unit}), got ${quoteArgument(value)}`)
   }
   return value as number
 }
@@ -7300,7 +7308,7 @@ function argBool(tool: string, args: Record<string, unknown>, key: string): bool
   const value = args[key]
   if (value === undefined || value === null || value === false || value === 'false') return false
   if (value === true || value === 'true') return true
-  throw new Error(`${tool}: "${key}" must be true or false, got ${JSON.stringify(value)}`)
+  throw new Error(`${tool}: "${key}" must be true or false, got ${quoteArgument(value)}`)
 }
 
 // ── paths ──
@@ -7650,11 +7658,19 @@ function plural(n: number, word: string): string { return `${n} ${word}${n === 1
 
 // ── read_file ──
 
+/** read_file: the most bytes of a file one call reads (skipped lines and the unread rest of a long
+ *  line count too), so that an offset far into a huge file, or a line without end (a 4 GiB sparse
+ *  file), cannot keep a call reading toward EOF. 64 MiB is four times the largest file grep searches. */
+const READ_FILE_MAX_SCAN_BYTES = 64 * 1024 * 1024
+
 function readFileTool(host: ToolHost, defaultLines: number): Tool {
   const max = host.maxOutputUnits
+  const scanMiB = READ_FILE_MAX_SCAN_BYTES / 1024 / 1024
+  /** What to do about lines past the scan cap: only the shell reaches them. */
+  const beyond = (shown: string) => `the shell tool, where offered, reads further (e.g. tail -c +${READ_FILE_MAX_SCAN_BYTES + 1} '${shown}' | head -c ${max})`
   return {
     name: 'read_file',
-    description: `Read a text file inside the working directory. Each line comes back as its 1-based line number, a tab, then the text ("     7\\tconst x = 1"); the number and tab are not part of the file. Reads up to "limit" lines (default ${defaultLines}) from line "offset" (default 1), and at most ${max} characters; a note at the end says when the file continues and which offset reads on.`,
+    description: `Read a text file inside the working directory. Each line comes back as its 1-based line number, a tab, then the text ("     7\\tconst x = 1"); the number and tab are not part of the file. Reads up to "limit" lines (default ${defaultLines}) from line "offset" (default 1), and at most ${max} characters, within the first ${scanMiB} MiB of the file; a note at the end says when the file continues and which offset reads on.`,
     parameters: {
       type: 'object',
       properties: {
@@ -7676,7 +7692,9 @@ function readFileTool(host: ToolHost, defaultLines: number): Tool {
       const lines: string[] = []
       let used = 0 // UTF-16 units in lines.join('\n')
       let lineNo = 0
-      let stop: 'range' | 'cap' | 'long-line' | undefined
+      let stop: 'range' | 'cap' | 'long-line' | 'bytes' | undefined
+      let reachableLines = 0 // lines that start within the scan cap, when it was reached
+      let lastLineCut = false // the last line shown goes on past the scan cap
       const take = (raw: string): boolean => { // true = stop reading
         lineNo++
         if (lineNo < offset) return false
@@ -7695,7 +7713,14 @@ function readFileTool(host: ToolHost, defaultLines: number): Tool {
         let skippingLongLine = false // the rest of a line longer than any output could show is dropped unread
         reading: for (;;) {
           if (ctx.signal.aborted) throw new Error('read_file: cancelled')
-          const { bytesRead } = await handle.read(buffer, 0, buffer.length, position)
+          if (position >= READ_FILE_MAX_SCAN_BYTES && position < size) {
+            reachableLines = lineNo + (pending !== '' || skippingLongLine ? 1 : 0)
+            // The line the cap came inside is shown as far as it was read, if it is wanted.
+            if (!skippingLongLine && pending !== '' && lineNo + 1 >= offset) { if (take(pending)) break; lastLineCut = true }
+            stop = 'bytes'
+            break
+          }
+          const { bytesRead } = await handle.read(buffer, 0, Math.min(buffer.length, READ_FILE_MAX_SCAN_BYTES - position), position)
           if (bytesRead === 0) break
           if (position === 0 && hasNulByte(buffer.subarray(0, bytesRead))) {
             throw new Error(`read_file: ${shown} looks binary (a NUL byte in its first ${TOOL_BINARY_SNIFF_BYTES} bytes); read_file shows text files only`)
@@ -7715,13 +7740,21 @@ function readFileTool(host: ToolHost, defaultLines: number): Tool {
             start = newline + 1
           }
           pending = pending.slice(start)
-          if (pending.length > max + 16) { pending = pending.slice(0, max + 16); skippingLongLine = true }
+          if (pending.length > max + 16) {
+            // A line to show that cannot fit is shown cut (or left for the next call) without reading to its end.
+            if (lineNo + 1 >= offset) { take(pending); break }
+            pending = pending.slice(0, max + 16)
+            skippingLongLine = true
+          }
         }
         if (stop === undefined) {
           pending += decoder.decode()
           if (pending.length > 0) take(pending)
         }
       } finally { await handle.close() }
+      if (lines.length === 0 && stop === 'bytes') {
+        throw new Error(`read_file: line ${offset} of ${shown} (${size} bytes) does not start within its first ${READ_FILE_MAX_SCAN_BYTES} bytes, the most read_file reads per call; use an offset from 1 to ${reachableLines}, or ${beyond(shown)}`)
+      }
       if (lines.length === 0) {
         throw new Error(`read_file: offset ${offset} is past the end of ${shown}, which has ${plural(lineNo, 'line')}; use an offset from 1 to ${lineNo}`)
       }
@@ -7732,6 +7765,7 @@ function readFileTool(host: ToolHost, defaultLines: number): Tool {
         case 'range': return `${body}\n[lines ${offset}-${last} of ${shown} shown; the file continues (${size} bytes in all); read more with offset=${last + 1}]`
         case 'cap': return `${body}\n[output capped at ${max} characters: lines ${offset}-${last} of ${shown} shown; read more with offset=${last + 1}]`
         case 'long-line': return `${body}\n[line ${last} of ${shown} is longer than the output cap of ${max} characters and was cut; the next line is at offset=${last + 1}; use grep to find text inside this line]`
+        case 'bytes': return `${body}\n[lines ${offset}-${last} of ${shown} shown${lastLineCut ? ` (line ${last} up to byte ${READ_FILE_MAX_SCAN_BYTES})` : ''}; read_file reads at most ${READ_FILE_MAX_SCAN_BYTES} bytes of a file per call and stopped there (${size} bytes in all), so what follows is out of its reach; ${beyond(shown)}]`
       }
     },
   }
@@ -7960,7 +7994,10 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, li
       try { regex = new RegExp(fixed ? escapeRegExp(pattern) : pattern, ignoreCase ? 'i' : '') } catch (error) {
         throw new Error(`grep: ${JSON.stringify(pattern)} is not a valid JavaScript regular expression (${(error as Error).message}); fix it, or pass fixed_strings: true to search for the text literally`)
       }
-      const globRegex = glob === undefined || glob === '' ? undefined : globToRegExp(glob)
+      let globRegex: RegExp | undefined
+      try { globRegex = glob === undefined || glob === '' ? undefined : globToRegExp(glob) } catch (error) {
+        throw new Error(`grep: "glob" ${echo(glob!)} is not a valid glob (${(error as Error).message.replace(/^Invalid regular expression: \/.*\/\w*: /s, '')}); fix it, e.g. "*.ts" or "src/**/*.{js,mjs}", or leave it out`)
+      }
       const globOnPath = glob !== undefined && glob.includes('/')
       const { real, shown } = await confine(host, 'grep', argString('grep', args, 'path', '.'), ctx.signal)
       let st
@@ -8072,10 +8109,14 @@ function lineNumbersAt(text: string, offsets: readonly number[]): number[] {
   return out
 }
 
-/** Non-overlapping occurrences of `needle` in `text`, as UTF-16 offsets. */
-function occurrences(text: string, needle: string): number[] {
+/** edit_file: the most occurrences one call replaces. Each costs a step and a string piece: 16 MiB
+ *  of one-character matches held the event loop 2.9 s and took 648 MB; 10,000 take milliseconds. */
+const EDIT_MAX_REPLACEMENTS = 10_000
+
+/** Non-overlapping occurrences of `needle` in `text`, as UTF-16 offsets; at most `max` + 1 (the search stops there). */
+function occurrences(text: string, needle: string, max = EDIT_MAX_REPLACEMENTS): number[] {
   const found: number[] = []
-  for (let at = text.indexOf(needle); at !== -1; at = text.indexOf(needle, at + needle.length)) found.push(at)
+  for (let at = text.indexOf(needle); at !== -1 && found.length <= max; at = text.indexOf(needle, at + needle.length)) found.push(at)
   return found
 }
 
@@ -8128,9 +8169,13 @@ function editFileTool(host: ToolHost): Tool {
         const prefixed = /^ *\d+\t/m.test(oldString) ? ' old_string seems to start lines with read_file line numbers ("    12\\t"); leave them out.' : ''
         throw new Error(`edit_file: old_string was not found in ${shown} (0 occurrences).${prefixed} Read the file again and copy the exact text, including indentation and whitespace.`)
       }
+      const times = found.length > EDIT_MAX_REPLACEMENTS ? `more than ${EDIT_MAX_REPLACEMENTS}` : String(found.length)
       if (found.length > 1 && !replaceAll) {
         const lines = lineNumbersAt(text, found.slice(0, 10))
-        throw new Error(`edit_file: old_string occurs ${found.length} times in ${shown} (at lines ${lines.join(', ')}${found.length > 10 ? ', …' : ''}); include more surrounding text to make it unique, or set replace_all: true to replace every occurrence`)
+        throw new Error(`edit_file: old_string occurs ${times} times in ${shown} (at lines ${lines.join(', ')}${found.length > 10 ? ', …' : ''}); include more surrounding text to make it unique${found.length > EDIT_MAX_REPLACEMENTS ? '' : ', or set replace_all: true to replace every occurrence'}`)
+      }
+      if (found.length > EDIT_MAX_REPLACEMENTS) {
+        throw new Error(`edit_file: old_string occurs ${times} times in ${shown} (${bytes.length} bytes); replace_all replaces at most ${EDIT_MAX_REPLACEMENTS} occurrences per call: give old_string more surrounding text so that it matches fewer places, use the shell (e.g. sed) where offered, or write the new content whole with write_file`)
       }
       if (bytes.length + found.length * (utf8Length(newString) - utf8Length(oldString)) > host.maxWriteBytes) {
         throw new Error(`edit_file: the edited ${shown} would be over ${host.maxWriteBytes} bytes, the most edit_file writes; replace fewer occurrences or shorten new_string`)
@@ -8737,6 +8782,31 @@ type ParsedTranscript =
 
 const isJsonRecord = (v: unknown): v is TranscriptRecord => typeof v === 'object' && v !== null && !Array.isArray(v)
 
+/** Deepest nesting of arrays and objects replay reads. Real transcripts nest a few dozen levels;
+ *  JSON.parse takes 200,000, but JSON.stringify and structuredClone overflow the stack on them later. */
+const TRANSCRIPT_MAX_NESTING = 1_000
+
+/** Refuses a parsed value nested deeper than {@link TRANSCRIPT_MAX_NESTING} (an explicit stack: the
+ *  walk itself cannot overflow). `text` is what was parsed, `line` its first line (to name the deep one). */
+function refuseDeepNesting(value: unknown, text: string, line = 1): void {
+  const stack: Array<[unknown, number]> = [[value, 1]]
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!
+    if (depth <= TRANSCRIPT_MAX_NESTING) {
+      for (const child of Object.values(v as object)) if (typeof child === 'object' && child !== null) stack.push([child, depth + 1])
+      continue
+    }
+    let at = 0 // the bracket that opens level TRANSCRIPT_MAX_NESTING + 1, outside strings
+    for (let d = 0, i = 0; i < text.length; i++) {
+      const c = text[i]
+      if (c === '"') { for (i++; i < text.length && text[i] !== '"'; i++) if (text[i] === '\\') i++ }
+      else if (c === '[' || c === '{') { if (++d > TRANSCRIPT_MAX_NESTING) { at = i; break } }
+      else if (c === ']' || c === '}') d--
+    }
+    throw new TranscriptError(`arrays and objects nested more than ${TRANSCRIPT_MAX_NESTING} levels deep; replay reads at most ${TRANSCRIPT_MAX_NESTING} levels (transcripts nest a few dozen): flatten that value or remove it`, { line: line + lineNumberAt(text, at) - 1 })
+  }
+}
+
 function parseTranscriptText(text: string): ParsedTranscript {
   if (typeof text !== 'string') throw new TranscriptError(`expected the file's text (a string), got ${typeof text}`)
   if (text.charCodeAt(0) === 0xfeff) text = text.slice(1)
@@ -8751,8 +8821,9 @@ function parseTranscriptText(text: string): ParsedTranscript {
     const head = text.slice(start, start + 40).split(/\r?\n/)[0]
     throw new TranscriptError(`not JSON: the first non-blank line starts with ${JSON.stringify(head)}`, { line: firstLine })
   }
+  let value: unknown
   try {
-    return { kind: 'json', value: JSON.parse(text), notes: [] }
+    value = JSON.parse(text)
   } catch (err) {
     // Not one JSON document: JSONL when its first line parses on its own (a pretty-printed
     // document's first line, "{", does not).
@@ -8762,6 +8833,8 @@ function parseTranscriptText(text: string): ParsedTranscript {
     if (first === '{' && isJsonRecord(firstValue)) return parseJsonl(text)
     throw new TranscriptError(`not valid JSON (${errorMessageOf(err)})`, { line: jsonErrorLine(text, err) })
   }
+  refuseDeepNesting(value, text)
+  return { kind: 'json', value, notes: [] }
 }
 
 function parseJsonl(text: string): ParsedTranscript {
@@ -8788,6 +8861,7 @@ function parseJsonl(text: string): ParsedTranscript {
     if (!isJsonRecord(value)) {
       throw new TranscriptError(`a JSONL line must be a JSON object, got ${jsonTypeName(value)}`, { line: i + 1 })
     }
+    refuseDeepNesting(value, row, i + 1)
     lines.push({ line: i + 1, value })
   }
   return { kind: 'jsonl', lines, notes }
@@ -11193,7 +11267,8 @@ function toolSubject(name: string, rawArguments: string): string {
   // At most 4 UTF-16 units per shown code point are looked at: a model's argument may be megabytes.
   const text = parts.join(' ').slice(0, 4 * ACTIVITY_SUBJECT_CODE_POINTS).replace(/\r?\n/g, '⏎').replace(/[\x00-\x1f\x7f-\x9f]/g, '')
   const points = Array.from(text)
-  return points.length === 0 ? name : `${name} ${points.length > ACTIVITY_SUBJECT_CODE_POINTS ? points.slice(0, ACTIVITY_SUBJECT_CODE_POINTS - 1).join('') + '…' : text}`
+  const label = headCodePoints(name, RECALL_HIT_CODE_POINTS) // a model's tool name may be megabytes too
+  return points.length === 0 ? label : `${label} ${points.length > ACTIVITY_SUBJECT_CODE_POINTS ? points.slice(0, ACTIVITY_SUBJECT_CODE_POINTS - 1).join('') + '…' : text}`
 }
 
 /** What a tool result says about its outcome in a few words, for the activity line: `exit 1`,
@@ -12786,11 +12861,13 @@ export async function contextBreakdown(session: Session, contextWindow?: number)
   }
   for await (const e of session.readEvents()) {
     const d = e.data as any
-    if (e.type === 'compaction/prune') { out.shadowed.pruned.tokens += d.shadowedTokenCount; out.shadowed.pruned.messages += d.shadowedSeqs.length }
-    else if (e.type === 'compaction/clear') { out.shadowed.cleared.tokens += d.shadowedTokenCount; out.shadowed.cleared.messages += d.shadowedSeqs.length }
+    const tokens = typeof d.shadowedTokenCount === 'number' ? d.shadowedTokenCount : 0 // a log written by other code may lack them
+    const messages = Array.isArray(d.shadowedSeqs) ? d.shadowedSeqs.length : 0
+    if (e.type === 'compaction/prune') { out.shadowed.pruned.tokens += tokens; out.shadowed.pruned.messages += messages }
+    else if (e.type === 'compaction/clear') { out.shadowed.cleared.tokens += tokens; out.shadowed.cleared.messages += messages }
     else if (e.type === 'compaction/summary') {
       const s = out.shadowed.summarised
-      s.tokens += d.shadowedTokenCount; s.messages += d.shadowedSeqs.length; s.compactions++
+      s.tokens += tokens; s.messages += messages; s.compactions++
       if (out.newestCheckpoint && e.seq === out.newestCheckpoint.seq - 1) out.newestCheckpoint.fidelity = d.fidelity
     }
   }
@@ -12898,7 +12975,8 @@ export async function showSession(session: Session, options: { checkpoints?: boo
         if (d.compactionId !== undefined) {
           const tokens = estimateMessageTokens(d.message)
           const s = pending && pending.id === d.compactionId ? pending.summary : undefined
-          out.push(`  ${at} checkpoint ${d.compactionId}: ${s ? `${s.shadowedSeqs.length} messages (seq ${s.shadowedSeqs[0]}..${s.shadowedSeqs.at(-1)}), ${t(s.shadowedTokenCount)} → ${t(tokens)}` : t(tokens)}`)
+          const folded = !s ? '' : Array.isArray(s.shadowedSeqs) ? `${s.shadowedSeqs.length} messages (seq ${s.shadowedSeqs[0]}..${s.shadowedSeqs.at(-1)}), ` : 'messages (the summary event has no shadowedSeqs), '
+          out.push(`  ${at} checkpoint ${d.compactionId}: ${s ? `${folded}${typeof s.shadowedTokenCount === 'number' ? t(s.shadowedTokenCount) : '? tokens'} → ${t(tokens)}` : t(tokens)}`)
           if (s?.fidelity) out.push(`      ${fidelityText(s.fidelity)}`)
           if (options.checkpoints) out.push(...messageText(d.message).split('\n').map((l: string) => `      | ${l}`))
         } else if (d.surfaceOp.op === 'replace') out.push(`  ${at} user message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(d.message))}`)
@@ -12910,7 +12988,7 @@ export async function showSession(session: Session, options: { checkpoints?: boo
         if (d.surfaceOp.op === 'replace') { out.push(`  ${at} assistant message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(m))}`); break }
         const text = contentText(m.content)
         if (text.trim()) out.push(`  ${at} assistant${m.interrupted ? ' (interrupted)' : ''}: ${oneLine(text)}`)
-        for (const c of toolCalls(m)) { names.set(c.id, c.name); out.push(`  ${at} → ${c.name} ${oneLine(c.arguments, 100)}`) }
+        for (const c of toolCalls(m)) { names.set(c.id, oneLine(c.name, 100)); out.push(`  ${at} → ${oneLine(c.name, 100)} ${oneLine(c.arguments, 100)}`) }
         break
       }
       case 'tool/result': {
@@ -12924,7 +13002,12 @@ export async function showSession(session: Session, options: { checkpoints?: boo
         e.type === 'compaction/prune' ? prunes++ : clears++
         const next = e.seq + 1 < session.seq ? await session.readEvent(e.seq + 1) : undefined
         const after = next?.type === 'tool/result' ? estimateMessageTokens((next.data as any).message) : undefined
-        out.push(`  [${e.type === 'compaction/prune' ? 'prune' : 'clear'}] ${at} tool result #${d.shadowedSeqs.join(', #')}: ${t(d.shadowedTokenCount)}${after === undefined ? '' : ` → ${t(after)} (${t(d.shadowedTokenCount - after)} reclaimed)`}${d.trigger ? `, ${d.trigger}` : ''}`)
+        // A log written by other code may lack a field: shown, and said to be missing.
+        const seqs = Array.isArray(d.shadowedSeqs) ? `#${d.shadowedSeqs.join(', #')}` : '(the event has no shadowedSeqs)'
+        const before = typeof d.shadowedTokenCount === 'number' ? d.shadowedTokenCount : undefined
+        const figures = before === undefined ? `? tokens (the event has no shadowedTokenCount)${after === undefined ? '' : ` → ${t(after)}`}`
+          : `${t(before)}${after === undefined ? '' : ` → ${t(after)} (${t(before - after)} reclaimed)`}`
+        out.push(`  [${e.type === 'compaction/prune' ? 'prune' : 'clear'}] ${at} tool result ${seqs}: ${figures}${d.trigger ? `, ${d.trigger}` : ''}`)
         break
       }
       case 'compaction/start': pending = { id: d.id }; out.push(`  [compaction ${d.id}] ${at} started (${d.trigger})`); break
@@ -13002,7 +13085,7 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0
   } catch (err) {
-    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${name}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
+    if (err instanceof TranscriptError || err instanceof RangeError || err instanceof SessionError) { io.stderr(`dsh: replay: ${name}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
     if (err instanceof ProviderError) { io.stderr(`dsh: replay: the summarizer failed: ${err.code}: ${err.message}\n`); return 1 }
     throw err
   }
