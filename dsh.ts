@@ -9460,13 +9460,17 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   let contextWindow: number | undefined
   let turnOpen = false // a turn/start with no surface message after it yet
   const opensTurn = new Set<Message>()
-  for (const l of lines) {
+  for (const [index, l] of lines.entries()) {
     const v = l.value
-    if (!isDshEvent(v)) {
-      const field = typeof v.seq !== 'number' ? 'seq' : typeof v.type !== 'string' ? 'type' : !('time' in v) ? 'time' : 'data'
-      throw new TranscriptError('a dsh log line is an event {seq: number, type: string, time, data: object}',
+    if (!isDshEvent(v) || typeof v.time !== 'number') {
+      const field = typeof v.seq !== 'number' ? 'seq' : typeof v.type !== 'string' ? 'type' : typeof v.time !== 'number' ? 'time' : 'data'
+      throw new TranscriptError('a dsh log line is an event {seq: number, type: string, time: number, data: object}',
         { line: l.line, field })
     }
+    // One rule with resume: the check a store applies to each line it loads (contiguous seqs from 0),
+    // so that replay never reports on a log that dsh itself refuses to open (docs/design.md §8).
+    const problem = eventShapeProblem(v, index)
+    if (problem) throw new TranscriptError(`${problem}; dsh would not resume this log either: replay the part before this line (head -n ${l.line - 1})`, { line: l.line, field: 'seq' })
     const data = v.data as TranscriptRecord
     const type = v.type as string
     if (type === 'request/header') {

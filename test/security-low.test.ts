@@ -7,7 +7,8 @@ import { spawnSync } from 'node:child_process'
 import { appendFile, readFile, stat, writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
 import {
-  Agent, Session, MemoryStore, builtinTools, contextBreakdown, readTranscript, showSession, TranscriptError, type Tool,
+  Agent, Session, MemoryStore, FileStore, SessionError, builtinTools, contextBreakdown, readTranscript, showSession,
+  TranscriptError, type Tool,
 } from '../dsh.ts'
 import { ScriptedProvider, say } from './scripted-provider.ts'
 import { startFakeProvider } from './fake-provider.ts'
@@ -191,4 +192,47 @@ test('grep: an invalid glob is a grep: error that says how to fix it (it was a b
   const long = await rejection(grep.execute({ pattern: 'x', glob: 'g'.repeat(100_000) + '[z-a]' }, live()))
   assert.equal(long, `grep: "glob" "${'g'.repeat(200)}…" is not a valid glob (Range out of order in character class); fix it, e.g. "*.ts" or "src/**/*.{js,mjs}", or leave it out`)
   assert.equal(await grep.execute({ pattern: 'x', glob: '*.ts' }, live()), 'a.ts:1:x\n[1 matching line in 1 file; 1 file searched]')
+})
+
+describe('replay reads a dsh log by the rule resume reads it: contiguous seqs from 0', () => {
+  const ev = (seq: number, type: string, data: object) => JSON.stringify({ seq, type, time: 1_700_000_000_000 + seq, data })
+  const user = { message: { role: 'user', content: 'hi' }, surfaceOp: { op: 'append' } }
+  const assistant = { message: { role: 'assistant', content: [{ type: 'text', text: 'yo' }] }, surfaceOp: { op: 'append' } }
+  const start = { id: 's', version: '0.1.0' }
+  // [name, the log's seqs, the 1-based line of the first bad one, what both say about it]
+  const CASES: Array<[string, number[], number, string]> = [
+    ['a duplicate seq', [0, 1, 2, 2], 4, 'seq 2 where 3 was expected (events must be contiguous)'],
+    ['a gap', [0, 1, 3, 4], 3, 'seq 3 where 2 was expected (events must be contiguous)'],
+    ['a log that does not start at 0', [5, 6, 7, 8], 1, 'seq 5 where 0 was expected (events must be contiguous)'],
+    ['seqs out of order', [0, 2, 1, 3], 2, 'seq 2 where 1 was expected (events must be contiguous)'],
+  ]
+  for (const [name, seqs, line, says] of CASES) {
+    test(`${name}: replay refuses it with the line and the words resume uses (replay read it)`, async () => {
+      const types = ['session/start', 'turn/start', 'user/message', 'assistant/message']
+      const datas = [start, { turn: 1 }, user, assistant]
+      const text = seqs.map((seq, i) => ev(seq, types[i], datas[i])).join('\n') + '\n'
+      assert.throws(() => readTranscript(text), (error: unknown) => error instanceof TranscriptError && error.line === line
+        && error.field === 'seq' && error.message.includes(`${says}; dsh would not resume this log either: replay the part before this line (head -n ${line - 1})`))
+      const dir = await tempDir()
+      await writeFile(join(dir, 'log.jsonl'), text)
+      // Resume refuses the same file with the same words.
+      await assert.rejects(Session.open(new FileStore(join(dir, 'log.jsonl'))), (error: unknown) => error instanceof SessionError
+        && error.code === 'LOG_CORRUPT' && error.message === `session log line ${line}: ${says}`)
+      const run = await runDsh(['replay', 'log.jsonl', '--context-window', '1000'], dir)
+      assert.equal(run.code, 2, run.stderr)
+      assert.ok(run.stderr.startsWith(`dsh: replay: log.jsonl: line ${line}, field seq: ${says}; `), run.stderr)
+      assert.equal(run.stdout, '')
+    })
+  }
+
+  test('the same log with contiguous seqs is read by both (the control)', async () => {
+    const text = [ev(0, 'session/start', start), ev(1, 'turn/start', { turn: 1 }), ev(2, 'user/message', user), ev(3, 'assistant/message', assistant)].join('\n') + '\n'
+    assert.deepEqual(readTranscript(text).messages.map((m) => m.role), ['user', 'assistant'])
+    const dir = await tempDir()
+    await writeFile(join(dir, 'log.jsonl'), text)
+    const store = new FileStore(join(dir, 'log.jsonl'))
+    const session = await Session.open(store, { readOnly: true })
+    assert.equal(session.seq, 4)
+    await store.close()
+  })
 })
