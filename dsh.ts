@@ -9068,26 +9068,33 @@ const SYNTHETIC_RESULT_TEXT = 'No result was recorded for this tool call in the 
  */
 function pairToolCalls(draft: TranscriptDraft): Message[] {
   const out: Message[] = []
-  const open: { id: string; original: string; name: string; where: string }[] = []
+  // The open calls of the last step in order, and by recorded id the queue of those not yet answered:
+  // a result finds its call in O(1), so that a step of many calls (one id or many) stays linear.
+  type OpenCall = { id: string; original: string; name: string; where: string; answered: boolean }
+  let open: OpenCall[] = []
+  let waiting = new Map<string, { calls: OpenCall[]; next: number }>()
   const uses = new Map<string, number>()
   const synthesised: string[] = []
   const dropped: string[] = []
   const renamed: string[] = []
   const closeOpen = () => {
-    for (const c of open.splice(0)) {
+    for (const c of open) {
+      if (c.answered) continue
       synthesised.push(`${c.name} ${c.id} (${c.where})`)
       out.push({
         role: 'tool', toolCallId: c.id, isError: true,
         content: [{ type: 'text', text: SYNTHETIC_RESULT_TEXT }],
       })
     }
+    if (open.length > 0) { open = []; waiting = new Map() }
   }
   draft.messages.forEach((m, i) => {
     const where = draft.where[i]
     if (m.role === 'tool') {
-      const k = open.findIndex(c => c.original === m.toolCallId)
-      if (k < 0) { dropped.push(`${m.toolCallId} (${where})`); return }
-      const [call] = open.splice(k, 1)
+      const queue = waiting.get(m.toolCallId)
+      if (!queue || queue.next === queue.calls.length) { dropped.push(`${m.toolCallId} (${where})`); return }
+      const call = queue.calls[queue.next++]
+      call.answered = true
       out.push(call.id === m.toolCallId ? m : { ...m, toolCallId: call.id })
       return
     }
@@ -9104,7 +9111,10 @@ function pairToolCalls(draft: TranscriptDraft): Message[] {
           uses.set(id, 1)
           renamed.push(`${call.id} → ${id} (${where})`)
         }
-        open.push({ id, original: call.id, name: call.name, where })
+        const entry: OpenCall = { id, original: call.id, name: call.name, where, answered: false }
+        open.push(entry)
+        const queue = waiting.get(call.id)
+        if (queue) queue.calls.push(entry); else waiting.set(call.id, { calls: [entry], next: 0 })
         return id === call.id ? call : { ...call, id }
       })
       out.push({ ...m, content })
@@ -9707,7 +9717,8 @@ export function unmanagedSession(transcript: Transcript, beforeRequest?: (sessio
   let step = 0
   // Call ids as the loop repairs them (missing or repeated ids renamed), results matched to the
   // recorded calls by position, as replayTranscript does.
-  let idOf = new Map<string, string[]>()
+  // Each lookup is O(1) (a queue per recorded id), so that a message of many calls stays linear.
+  let idOf = new Map<string, { ids: string[]; next: number }>()
   for (const m of transcript.messages) {
     if (m.role === 'assistant') {
       beforeRequest?.(s, step++)
@@ -9715,11 +9726,15 @@ export function unmanagedSession(transcript: Transcript, beforeRequest?: (sessio
       const recorded = m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
       const logged = sent.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
       idOf = new Map()
-      recorded.forEach((c, k) => idOf.set(c.id, [...(idOf.get(c.id) ?? []), logged[k].id]))
+      recorded.forEach((c, k) => {
+        const queue = idOf.get(c.id)
+        if (queue) queue.ids.push(logged[k].id); else idOf.set(c.id, { ids: [logged[k].id], next: 0 })
+      })
       s.append('assistant/message', { message: sent, finishReason: 'replay', surfaceOp: { op: 'append' } })
     } else if (m.role === 'tool') {
-      const id = idOf.get(m.toolCallId)?.shift() ?? m.toolCallId
-      if (stateOf(s).calls.has(id) && [...stateOf(s).openCalls].includes(id)) s.append('tool/result', { message: id === m.toolCallId ? m : { ...m, toolCallId: id }, surfaceOp: { op: 'append' } })
+      const queue = idOf.get(m.toolCallId)
+      const id = queue && queue.next < queue.ids.length ? queue.ids[queue.next++] : m.toolCallId
+      if (stateOf(s).openCalls.has(id)) s.append('tool/result', { message: id === m.toolCallId ? m : { ...m, toolCallId: id }, surfaceOp: { op: 'append' } })
     } else s.append('user/message', { message: m, surfaceOp: { op: 'append' } })
   }
   return s
