@@ -7191,9 +7191,11 @@ interface ToolHost {
  * and an allow-list environment ({@link ShellSandboxOptions}); without it a command can reach
  * anything the user can, which is why the shell is opt-in, and its environment is only scrubbed
  * ({@link shellEnvironment}). Either way it runs in its own process group, and when it exits, times
- * out or is cancelled — and when this process exits — the group and every process carrying its
- * job mark (also those that left the group with setsid) are killed; in the sandbox its PID
- * namespace ends every process it started (docs/design.md §13). Checks and file operations are not
+ * out or is cancelled — and when this process exits — the group and every process carrying one of
+ * its job marks (the environment variable, or the descriptor inherited as fd 3: also those that
+ * left the group with setsid and cleared their environment) are killed; in the sandbox its PID
+ * namespace ends every process it started (docs/design.md §13). Unconfined, a process that drops
+ * every mark escapes; a result never calls it killed (its output left open says it may still run). Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
  * Output: each tool keeps at most `maxOutputUnits` UTF-16 units of its own output and then adds
@@ -8419,17 +8421,26 @@ async function restorePinned(host: ToolHost, pinned: readonly PinnedName[]): Pro
 /** The variable that marks every process a shell command starts (inherited through setsid, nohup, double forks). */
 const SHELL_JOB_ENV = 'DSH_SHELL_JOB'
 
-/** A running shell command: its process group and the mark its descendants inherit. */
-interface ShellJob { pid: number; mark: string }
+/**
+ * A running shell command: its process group, the mark its descendants inherit in their environment,
+ * and `holds`, the file they inherit as fd 3 (a deleted temp file of this job, named as /proc/PID/fd
+ * links read): a descriptor that `env -i`, `unset`, `setsid` and redirecting output leave open, so
+ * that a process that clears its environment and leaves the group is still found (docs/design.md §13).
+ * `seen`: every process found so far (pid → start time), found again while it lives, marked or not.
+ */
+interface ShellJob { pid: number; mark: string; holds: ReadonlySet<string>; self: number; seen: Map<number, string> }
 /** Jobs not yet reaped, killed whole when the process exits (also on SIGTERM and SIGHUP). */
 const liveShellJobs = new Set<ShellJob>()
 let shellExitHooked = false
 
 /**
- * The live processes of `job` (Linux /proc; undefined elsewhere): those in its process group and
- * those whose environment carries the job's mark although they left the group (`setsid`).
- * Zombies are not counted (they are dead; bwrap leaves its init as one for a moment). A process
- * that clears its environment and leaves the group escapes this; the sandbox's PID namespace fences that.
+ * The live processes of `job` (Linux /proc; undefined elsewhere): those in its process group, those
+ * whose environment carries the job's mark although they left the group (`setsid`), and those that
+ * hold one of the job's inherited descriptors although they cleared their environment too
+ * (`env -i setsid …`), and every process found before (it may have dropped its marks since).
+ * Zombies are not counted (they are dead; bwrap leaves its init as one for a moment). A process that
+ * drops every mark before it is first looked for — clears its environment, leaves the group and
+ * closes every descriptor it inherited, like a daemon — escapes this; the sandbox's PID namespace fences that.
  */
 function jobProcesses(fsSync: typeof import('node:fs'), job: ShellJob): number[] | undefined {
   let names: string[]
@@ -8440,12 +8451,42 @@ function jobProcesses(fsSync: typeof import('node:fs'), job: ShellJob): number[]
     if (!/^\d+$/.test(name)) continue
     try {
       const stat = fsSync.readFileSync(`/proc/${name}/stat`, 'latin1')
-      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ') // state, ppid, pgrp, …
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ') // state, ppid, pgrp, … (field 3 of stat on)
       if (fields[0] === 'Z') continue
-      if (Number(fields[2]) === job.pid || fsSync.readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').includes(needle)) found.push(Number(name))
+      const pid = Number(name)
+      const started = fields[19] // field 22, the start time: a pid reused by another process is not the one seen
+      if (job.seen.get(pid) === started || Number(fields[2]) === job.pid
+        || fsSync.readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').includes(needle)
+        || (pid !== job.self && holdsAny(fsSync, name, job.holds))) { found.push(pid); job.seen.set(pid, started) }
     } catch { /* gone, or not ours */ }
   }
   return found
+}
+
+/** Whether process `pid` has one of `holds` open (names as /proc/PID/fd links read: `pipe:[123]`). */
+function holdsAny(fsSync: typeof import('node:fs'), pid: string, holds: ReadonlySet<string>): boolean {
+  if (holds.size === 0) return false
+  for (const fd of fsSync.readdirSync(`/proc/${pid}/fd`)) {
+    try { if (holds.has(fsSync.readlinkSync(`/proc/${pid}/fd/${fd}`))) return true } catch { /* closed meanwhile */ }
+  }
+  return false
+}
+
+/**
+ * Opens the fd-3 mark of a job (see {@link ShellJob}): a new temp file, unlinked at once, and the
+ * name its descriptor has in /proc. Undefined where there is no /proc to find it by.
+ */
+function openJobMark(fsSync: typeof import('node:fs'), dir: string, mark: string): { fd: number; link: string } | undefined {
+  let fd: number | undefined
+  try {
+    const path = `${dir.replace(/\/+$/, '')}/dsh-shell-${mark}`
+    fd = fsSync.openSync(path, 'wx', 0o600)
+    fsSync.unlinkSync(path)
+    return { fd, link: fsSync.readlinkSync(`/proc/self/fd/${fd}`) }
+  } catch {
+    if (fd !== undefined) fsSync.closeSync(fd)
+    return undefined
+  }
 }
 
 /** Sends `signal` to the job's process group and to every process of it; returns whether any live one was there. */
@@ -8508,9 +8549,15 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       // Own process group (detached) on POSIX, so that the whole group can be killed; the mark in
       // the environment finds the processes that left the group (setsid). In the sandbox, its PID
       // namespace ends every process the command started when the command ends.
-      const spawnOptions = { cwd: host.root, stdio: ['ignore', 'pipe', 'pipe'] as ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true, env: { ...env, [SHELL_JOB_ENV]: mark } }
-      const child = sandboxed ? spawn(sandbox!.bwrap, sandboxed, spawnOptions) : spawn(command, { ...spawnOptions, shell: true })
-      const job: ShellJob | undefined = posix && child.pid !== undefined ? { pid: child.pid, mark } : undefined
+      // Unconfined, fd 3 is one more mark (see ShellJob); the command gets the only descriptor of it left.
+      const fdMark = posix && !sandboxed ? openJobMark(fsSync, (await importNode<typeof import('node:os')>('node:os')).tmpdir(), mark) : undefined
+      const stdio = (fdMark ? ['ignore', 'pipe', 'pipe', fdMark.fd] : ['ignore', 'pipe', 'pipe']) as ['ignore', 'pipe', 'pipe']
+      const spawnOptions = { cwd: host.root, stdio, detached: posix, windowsHide: true, env: { ...env, [SHELL_JOB_ENV]: mark } }
+      let child
+      try { child = sandboxed ? spawn(sandbox!.bwrap, sandboxed, spawnOptions) : spawn(command, { ...spawnOptions, shell: true }) }
+      finally { if (fdMark) fsSync.closeSync(fdMark.fd) }
+      const job: ShellJob | undefined = posix && child.pid !== undefined
+        ? { pid: child.pid, mark, holds: new Set(fdMark ? [fdMark.link] : []), self: proc.pid, seen: new Map() } : undefined
       if (job) { liveShellJobs.add(job); hookShellExit(proc, fsSync) }
       const stdout = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
       const stderr = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
@@ -8519,6 +8566,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       child.stdout.on('data', (chunk: string) => stdout.push(chunk))
       child.stderr.on('data', (chunk: string) => stderr.push(chunk))
       let strays = false // the command left processes running when it exited
+      let heldOpen = false // its output was still open after every process found was killed: an unseen one holds it
       const outcome = await new Promise<{ code: number | null; signal: string | null; why: 'exit' | 'timeout' | 'aborted' | 'error'; error?: Error }>((resolve) => {
         let why: 'exit' | 'timeout' | 'aborted' = 'exit'
         const timers: ReturnType<typeof setTimeout>[] = []
@@ -8544,10 +8592,14 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         const killAll = (): void => {
           if (killing) return
           killing = true
-          if (!signalAll('SIGTERM')) return
+          // Even when none is found, the pipes may be held by a process that was not: stop waiting for them.
+          const found = signalAll('SIGTERM')
           timers.push(setTimeout(() => {
-            signalAll('SIGKILL')
-            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
+            if (found) signalAll('SIGKILL')
+            timers.push(setTimeout(() => {
+              heldOpen = true
+              child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode })
+            }, SHELL_KILL_GRACE_MS))
           }, SHELL_KILL_GRACE_MS))
         }
         const stop = (reason: 'timeout' | 'aborted'): void => {
@@ -8571,7 +8623,9 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         : outcome.why === 'aborted' ? 'cancelled; the command was killed'
         : outcome.code === null ? `killed by signal ${outcome.signal}`
         : `exit code ${outcome.code}`
-      const parts = [strays && outcome.why === 'exit' ? `${status} (processes it left running in the background were killed)` : status]
+      const parts = [(strays && outcome.why === 'exit' ? `${status} (processes it left running in the background were killed)` : status)
+        + (heldOpen ? '; but its output stayed open after every process of it that dsh could find was killed: a process it'
+          + ' started may still be running (one that left the process group and dropped dsh\'s marks; only the sandbox ends those)' : '')]
       if (stdout.total > 0) parts.push(`stdout:\n${stdout.render('stdout')}`)
       if (stderr.total > 0) parts.push(`stderr:\n${stderr.render('stderr')}`)
       if (stdout.total === 0 && stderr.total === 0) parts.push('(no output)')
