@@ -7961,10 +7961,17 @@ async function runGrepWorker(data: Record<string, unknown>, timeoutMs: number, s
       `grep: stopped at the time limit of ${timeoutMs} ms (grepTimeoutMs); the pattern may backtrack without end (nested quantifiers such as (a+)+) or the search is too wide: simplify the pattern, use fixed_strings: true, or narrow path or glob`))), timeoutMs)
     signal.addEventListener('abort', onAbort, { once: true })
     worker.once('message', (result: GrepWorkerResult) => settle(() => resolve(result)))
-    worker.once('error', (error: Error) => settle(() => reject(new Error(`grep: the search failed: ${fsErrorReason(error)}`, { cause: error }))))
+    worker.once('error', (error: Error) => settle(() => reject(new Error(`grep: the search failed: ${headCodePoints(withoutRegExpEcho(fsErrorReason(error)), RECALL_HIT_CODE_POINTS)}`, { cause: error }))))
     worker.once('exit', (code: number) => settle(() => reject(new Error(`grep: the search worker stopped (exit code ${code}) before it answered`))))
   })
 }
+
+/** grep: the longest pattern, UTF-16 units: V8's longest run of literal characters (a fixed string of
+ *  32,768 fails as "Regular expression too large" only when the search runs, quoting all of it). */
+const GREP_MAX_PATTERN_UNITS = 32_767
+
+/** An engine's regular-expression error without the pattern it quotes whole (a model's may be megabytes). */
+const withoutRegExpEcho = (message: string): string => message.replace(/^Invalid regular expression: \/.*\/\w*: /s, 'invalid regular expression: ')
 
 function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, limits: { timeoutMs: number; maxLineUnits: number }): Tool {
   const { fs } = host
@@ -7988,17 +7995,20 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, li
       const args = toolArgs('grep', rawArgs, ['pattern', 'path', 'glob', 'fixed_strings', 'ignore_case', 'max_matches'])
       const pattern = argString('grep', args, 'pattern')
       if (pattern === '') throw new Error('grep: "pattern" is empty; give the text or regular expression to search for')
+      if (pattern.length > GREP_MAX_PATTERN_UNITS) {
+        throw new Error(`grep: "pattern" is ${pattern.length} characters long; the limit is ${GREP_MAX_PATTERN_UNITS}: search for a shorter part of the text`)
+      }
       const fixed = argBool('grep', args, 'fixed_strings')
       const ignoreCase = argBool('grep', args, 'ignore_case')
       const limit = argInt('grep', args, 'max_matches', defaultMatches, 1, maxMatches, 'matching lines')
       const glob = args.glob === undefined ? undefined : argString('grep', args, 'glob')
       let regex: RegExp
       try { regex = new RegExp(fixed ? escapeRegExp(pattern) : pattern, ignoreCase ? 'i' : '') } catch (error) {
-        throw new Error(`grep: ${JSON.stringify(pattern)} is not a valid JavaScript regular expression (${(error as Error).message}); fix it, or pass fixed_strings: true to search for the text literally`)
+        throw new Error(`grep: ${echo(pattern)} is not a valid JavaScript regular expression (${withoutRegExpEcho((error as Error).message)}); fix it, or pass fixed_strings: true to search for the text literally`)
       }
       let globRegex: RegExp | undefined
       try { globRegex = glob === undefined || glob === '' ? undefined : globToRegExp(glob) } catch (error) {
-        throw new Error(`grep: "glob" ${echo(glob!)} is not a valid glob (${(error as Error).message.replace(/^Invalid regular expression: \/.*\/\w*: /s, '')}); fix it, e.g. "*.ts" or "src/**/*.{js,mjs}", or leave it out`)
+        throw new Error(`grep: "glob" ${echo(glob!)} is not a valid glob (${withoutRegExpEcho((error as Error).message).replace(/^invalid regular expression: /, '')}); fix it, e.g. "*.ts" or "src/**/*.{js,mjs}", or leave it out`)
       }
       const globOnPath = glob !== undefined && glob.includes('/')
       const { real, shown } = await confine(host, 'grep', argString('grep', args, 'path', '.'), ctx.signal)
@@ -9196,7 +9206,40 @@ function pairToolCalls(draft: TranscriptDraft): Message[] {
 
 function finishTranscript(format: TranscriptFormat, draft: TranscriptDraft): Transcript {
   const messages = pairToolCalls(draft)
+  const refused: string[] = []
+  let k = 0 // the assistant message's index in draft.usage
+  draft.messages.forEach((m, i) => {
+    if (m.role !== 'assistant') return
+    const recorded = draft.usage[k]
+    const usage = recorded && recordedUsage(recorded)
+    if (usage !== recorded) { refused.push(draft.where[i]); draft.usage[k] = usage }
+    k++
+  })
+  if (refused.length > 0) {
+    draft.notes.push(`ignored ${refused.length} usage figure(s) that are no token count from 0 to ${TRANSCRIPT_MAX_USAGE_TOKENS} `
+      + `(negative, not finite or absurd): ${refused.slice(0, 5).join(', ')}${refused.length > 5 ? `, … (${refused.length - 5} more)` : ''}`)
+  }
   return { format, envelope: draft.envelope, messages, usage: draft.usage, notes: draft.notes }
+}
+
+/** The most tokens one recorded figure may count: a thousand times the largest context windows. A
+ *  larger one (1e308), a negative or a non-finite one is a broken recorder's; calibrating on it would
+ *  put every calibrated figure and cost of the report at that size. */
+const TRANSCRIPT_MAX_USAGE_TOKENS = 1_000_000_000
+const isRecordedTokenCount = (v: unknown): v is number =>
+  typeof v === 'number' && Number.isFinite(v) && v >= 0 && v <= TRANSCRIPT_MAX_USAGE_TOKENS
+
+/** `usage` itself when every figure is a token count; without a bad optional figure; undefined when a
+ *  prompt or completion count is bad (see {@link TRANSCRIPT_MAX_USAGE_TOKENS}). */
+function recordedUsage(usage: Usage): Usage | undefined {
+  if (!isRecordedTokenCount(usage.promptTokens) || !isRecordedTokenCount(usage.completionTokens)) return undefined
+  const cachedOk = usage.cachedTokens === undefined || (isRecordedTokenCount(usage.cachedTokens) && usage.cachedTokens <= usage.promptTokens)
+  const reasoningOk = usage.reasoningTokens === undefined || isRecordedTokenCount(usage.reasoningTokens)
+  if (cachedOk && reasoningOk) return usage
+  const kept: Usage = { ...usage }
+  if (!cachedOk) delete kept.cachedTokens
+  if (!reasoningOk) delete kept.reasoningTokens
+  return kept
 }
 
 // ── openai ──
@@ -9583,6 +9626,31 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   transcript.turnStarts = transcript.messages.flatMap((m, i) => (opensTurn.has(m) ? [i] : []))
   if (contextWindow !== undefined) transcript.contextWindow = contextWindow
   return transcript
+}
+
+/** The largest transcript file replay reads: JSON.parse of one takes several times its size in heap,
+ *  and the engine's longest string is 512 MiB. */
+const REPLAY_MAX_FILE_BYTES = 256 * 1024 * 1024
+
+/**
+ * A transcript file's text, for the CLI (the readers above take text). Opened without blocking and
+ * checked on the open handle: a FIFO, a device (`/dev/zero`) or a directory is refused instead of
+ * waited on or read without end, and so is a file over {@link REPLAY_MAX_FILE_BYTES}.
+ * @throws {Error} saying which, with the size and the limit.
+ */
+async function readTranscriptFile(fs: typeof import('node:fs/promises'), path: string): Promise<string> {
+  const handle = await fs.open(path, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK)
+  try {
+    const st = await handle.stat()
+    if (!st.isFile()) {
+      const kind = st.isFIFO() ? 'a FIFO' : st.isDirectory() ? 'a directory' : st.isCharacterDevice() || st.isBlockDevice() ? 'a device' : 'a socket'
+      throw new Error(`it is ${kind}, not a regular file; give the transcript file itself`)
+    }
+    if (st.size > REPLAY_MAX_FILE_BYTES) {
+      throw new Error(`it is ${st.size} bytes; replay reads transcripts of at most ${REPLAY_MAX_FILE_BYTES} bytes (256 MiB): split it, or replay one session of it`)
+    }
+    return await handle.readFile('utf8')
+  } finally { await handle.close() }
 }
 
 // ── 9.2 Replay runner: a transcript through the real Agent, offline (docs/design.md §8) ──
@@ -13145,7 +13213,7 @@ async function showCommand(options: CliShowOptions, io: CliIO, name = options.fi
 async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO, name = options.file): Promise<number> {
   const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
   let text: string
-  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
+  try { text = await readTranscriptFile(fs, options.file) } catch (err) { io.stderr(`dsh: replay: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
   const s = options.summarizer
   const summarizer = s ? openAICompatible({ baseURL: s.baseURL, model: s.model, apiKey: s.apiKey, contextWindow: options.contextWindow }) : undefined
   try {

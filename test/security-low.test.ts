@@ -236,3 +236,46 @@ describe('replay reads a dsh log by the rule resume reads it: contiguous seqs fr
     await store.close()
   })
 })
+
+describe('replay of a bad input file: a clear error or a note, never a hang or an absurd report', () => {
+  test('a FIFO, a device, a directory and a file over 256 MiB are refused at once, exit 2 (a FIFO hung replay for good; /dev/zero read until the heap gave out)', async () => {
+    const dir = await tempDir()
+    const made = spawnSync('mkfifo', [join(dir, 'pipe')])
+    assert.equal(made.status, 0, String(made.stderr))
+    await writeFile(join(dir, 'big.json'), '')
+    const r = spawnSync('truncate', ['-s', String(257 * MiB), join(dir, 'big.json')]) // sparse: no disk used
+    assert.equal(r.status, 0, String(r.stderr))
+    const CASES: Array<[string, string]> = [
+      ['pipe', 'it is a FIFO, not a regular file; give the transcript file itself'],
+      ['/dev/zero', 'it is a device, not a regular file; give the transcript file itself'],
+      ['.', 'it is a directory, not a regular file; give the transcript file itself'],
+      ['big.json', `it is ${257 * MiB} bytes; replay reads transcripts of at most ${256 * MiB} bytes (256 MiB): split it, or replay one session of it`],
+    ]
+    for (const [file, says] of CASES) {
+      const run = await runDsh(['replay', file, '--context-window', '1000'], dir, CLEAN_ENV, undefined, 15_000)
+      assert.equal(run.code, 2, `${file}: ${run.stderr}`)
+      assert.equal(run.stderr, `dsh: replay: cannot read ${file}: ${says}\n`)
+    }
+  })
+
+  test('usage figures that are no token count (1e308, negative, cached over the prompt) are ignored with a note; the report has no 1e+308 (it calibrated on them: "$1.53e+301")', async () => {
+    const messages = [
+      { role: 'user', content: 'go' },
+      { role: 'assistant', content: 'a', usage: { prompt_tokens: 1e308, completion_tokens: 1e308 } },
+      { role: 'user', content: 'again' },
+      { role: 'assistant', content: 'b', usage: { prompt_tokens: -5, completion_tokens: 3 } },
+      { role: 'user', content: 'and' },
+      { role: 'assistant', content: 'c', usage: { prompt_tokens: 120, completion_tokens: 4, prompt_tokens_details: { cached_tokens: 9e99 } } },
+      { role: 'user', content: 'last' },
+      { role: 'assistant', content: 'd', usage: { prompt_tokens: 150, completion_tokens: 5 } },
+    ]
+    const t = readTranscript(JSON.stringify(messages))
+    assert.deepEqual(t.usage, [undefined, undefined, { promptTokens: 120, completionTokens: 4 }, { promptTokens: 150, completionTokens: 5 }])
+    assert.ok(t.notes.includes('ignored 3 usage figure(s) that are no token count from 0 to 1000000000 (negative, not finite or absurd): [1], [3], [5]'), t.notes.join('\n'))
+    const dir = await tempDir()
+    await writeFile(join(dir, 'usage.json'), JSON.stringify(messages))
+    const run = await runDsh(['replay', 'usage.json', '--context-window', '10000'], dir)
+    assert.equal(run.code, 0, run.stderr)
+    assert.ok(!/e\+\d|Infinity|NaN/.test(run.stdout), run.stdout)
+  })
+})
