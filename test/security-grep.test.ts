@@ -77,7 +77,7 @@ describe('grep runs where it can be stopped', () => {
 })
 
 describe('a huge pattern is refused, and no error quotes a pattern whole', () => {
-  const text = async (run: Promise<unknown>) => { try { return JSON.stringify(await run) } catch (error) { return (error as Error).message } }
+  const text = async (run: unknown) => { try { return JSON.stringify(await run) } catch (error) { return (error as Error).message } }
   test('5,000,000 characters: refused at once with the length and the limit (the worker failed, quoting all 5 MB back to the model)', async () => {
     const g = await grep(await workdir({ 'a.txt': 'hello\n' }))
     const said = await text(g.execute({ pattern: 'x'.repeat(5_000_000) }, live()))
