@@ -8522,6 +8522,16 @@ function hookShellExit(proc: any, fsSync: typeof import('node:fs')): void {
   }
 }
 
+/** Why a command could not start, and what to do: E2BIG (a command line past the system's limit) says its size. */
+function shellStartFailure(error: unknown, command: string): string {
+  const e = error as NodeJS.ErrnoException | undefined
+  if (e?.code === 'E2BIG') {
+    return `the command line is ${utf8Length(command)} bytes, more than the system passes to a program (E2BIG); `
+      + 'write the long part to a file with write_file and read it from there'
+  }
+  return e?.message ?? String(error)
+}
+
 function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number, env: Record<string, string>): Tool {
   const half = Math.floor(host.maxOutputUnits / 2)
   const { sandbox } = host
@@ -8544,6 +8554,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       const args = toolArgs('shell', rawArgs, ['command', 'timeout_ms'])
       const command = argString('shell', args, 'command')
       if (command.trim() === '') throw new Error('shell: "command" is empty')
+      if (command.includes('\0')) throw new Error('shell: "command" contains a NUL character, which no command line can hold; remove it (printf \'\\0\' writes one)')
       const timeoutMs = argInt('shell', args, 'timeout_ms', defaultTimeoutMs, 1, maxTimeoutMs, 'milliseconds')
       if (ctx.signal.aborted) throw new Error('shell: not run, the turn was cancelled')
       await host.hooks.beforeChange?.({ tool: 'shell', command }, ctx.signal)
@@ -8565,6 +8576,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       const spawnOptions = { cwd: host.root, stdio, detached: posix, windowsHide: true, env: { ...env, [SHELL_JOB_ENV]: mark } }
       let child
       try { child = sandboxed ? spawn(sandbox!.bwrap, sandboxed, spawnOptions) : spawn(command, { ...spawnOptions, shell: true }) }
+      catch (error) { throw new Error(`shell: could not start the command: ${shellStartFailure(error, command)}`, { cause: error }) }
       finally { if (fdMark) fsSync.closeSync(fdMark.fd) }
       const job: ShellJob | undefined = posix && child.pid !== undefined
         ? { pid: child.pid, mark, holds: new Set(fdMark ? [fdMark.link] : []), self: proc.pid, seen: new Map() } : undefined
@@ -8628,7 +8640,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       })
       const repairs = guarded ? await restorePinned(host, guarded.pinned) : []
       if (guarded?.scanStopped) repairs.push(`[dsh: the sandbox looked for git directories in the first ${SANDBOX_SCAN_MAX_DIRS} directories only; any beyond them were writable]`)
-      if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${outcome.error?.message}`, { cause: outcome.error })
+      if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${shellStartFailure(outcome.error, command)}`, { cause: outcome.error })
       const status = outcome.why === 'timeout' ? `timed out after ${timeoutMs} ms; the command was killed (raise timeout_ms, up to ${maxTimeoutMs}, if it needs longer)`
         : outcome.why === 'aborted' ? 'cancelled; the command was killed'
         : outcome.code === null ? `killed by signal ${outcome.signal}`

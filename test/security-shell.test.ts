@@ -135,3 +135,14 @@ describe('nothing the command starts outlives the call', { skip: linux }, () => 
     } finally { await f.close() }
   })
 })
+
+describe('a command line the system cannot take is a shell: error that says why', () => {
+  const message = async (run: unknown) => { try { await run } catch (error) { return (error as Error).message } assert.fail('expected the call to fail') }
+  test('a NUL byte, and 3,000,000 bytes (E2BIG): named, with the size and the fix (it was the runtime\'s own "spawn E2BIG" / "The argument \'file\' must be…")', async () => {
+    const { shell } = Object.fromEntries((await builtinTools({ cwd: await tempDir(), allowShell: true })).map((x) => [x.name, x]))
+    assert.equal(await message(shell.execute({ command: `echo a\0b${'x'.repeat(100_000)}` }, live())), 'shell: "command" contains a NUL character, which no command line can hold; remove it (printf \'\\0\' writes one)')
+    assert.equal(await message(shell.execute({ command: `echo ${'x'.repeat(3_000_000)}` }, live())),
+      'shell: could not start the command: the command line is 3000005 bytes, more than the system passes to a program (E2BIG); write the long part to a file with write_file and read it from there')
+    assert.equal(await shell.execute({ command: 'echo fine' }, live()), 'exit code 0\nstdout:\nfine\n')
+  })
+})
