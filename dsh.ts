@@ -8499,13 +8499,13 @@ function holdsAny(fsSync: typeof import('node:fs'), pid: string, holds: Readonly
  */
 function openJobMark(fsSync: typeof import('node:fs'), dir: string, mark: string): { fd: number; link: string } | undefined {
   let fd: number | undefined
+  const path = `${dir.replace(/\/+$/, '')}/dsh-shell-${mark}`
   try {
-    const path = `${dir.replace(/\/+$/, '')}/dsh-shell-${mark}`
     fd = fsSync.openSync(path, 'wx', 0o600)
     fsSync.unlinkSync(path)
     return { fd, link: fsSync.readlinkSync(`/proc/self/fd/${fd}`) }
   } catch {
-    if (fd !== undefined) fsSync.closeSync(fd)
+    if (fd !== undefined) { fsSync.closeSync(fd); try { fsSync.unlinkSync(path) } catch { /* unlinked already */ } }
     return undefined
   }
 }
