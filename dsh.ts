@@ -9596,7 +9596,7 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
         { line: l.line, field })
     }
     // One rule with resume: the check a store applies to each line it loads (contiguous seqs from 0),
-    // so that replay never reports on a log that dsh itself refuses to open (docs/design.md §8).
+    // so that replay never reports on a log that dsh itself refuses to open (docs/design.md §13).
     const problem = eventShapeProblem(v, index)
     if (problem) throw new TranscriptError(`${problem}; dsh would not resume this log either: replay the part before this line (head -n ${l.line - 1})`, { line: l.line, field: 'seq' })
     const data = v.data as TranscriptRecord
