@@ -7206,7 +7206,8 @@ interface ToolHost {
  * its job marks (the environment variable, or the descriptor inherited as fd 3: also those that
  * left the group with setsid and cleared their environment) are killed; in the sandbox its PID
  * namespace ends every process it started (docs/design.md §13). Unconfined, a process that drops
- * every mark escapes; a result never calls it killed (its output left open says it may still run). Checks and file operations are not
+ * every mark escapes; a result never calls it killed (its output left open says it may still run).
+ * Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
  * Output: each tool keeps at most `maxOutputUnits` UTF-16 units of its own output and then adds
@@ -8484,7 +8485,7 @@ function jobProcesses(fsSync: typeof import('node:fs'), job: ShellJob): number[]
   return found
 }
 
-/** Whether process `pid` has one of `holds` open (names as /proc/PID/fd links read: `pipe:[123]`). */
+/** Whether process `pid` has one of `holds` open (names as /proc/PID/fd links read them: `/tmp/dsh-shell-… (deleted)`). */
 function holdsAny(fsSync: typeof import('node:fs'), pid: string, holds: ReadonlySet<string>): boolean {
   if (holds.size === 0) return false
   for (const fd of fsSync.readdirSync(`/proc/${pid}/fd`)) {
