@@ -6052,10 +6052,6 @@ function readUsage(u: unknown): Usage | undefined {
   const prompt = n(u.prompt_tokens)
   const completion = n(u.completion_tokens)
   if (prompt === undefined && completion === undefined) return undefined
-  // A figure given that is no count voids the report: prompt 0 in its place would anchor the meter low.
-  const given = (v: unknown): boolean => v !== undefined && v !== null
-  if ((prompt === undefined && given(u.prompt_tokens)) || (completion === undefined && given(u.completion_tokens)))
-    return undefined
   const usage: Usage = { promptTokens: prompt ?? 0, completionTokens: completion ?? 0 }
   const cached = n(u.prompt_cache_hit_tokens) ?? (isRecord(u.prompt_tokens_details)
     ? n(u.prompt_tokens_details.cached_tokens) : undefined)
