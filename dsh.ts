@@ -6040,15 +6040,10 @@ class ReplyAssembler {
   }
 }
 
-/** The most tokens a usage figure may count: 1,000× the largest context windows. A larger one (1e308)
- *  is a broken or hostile server's; priced, it made the cost 2.5e301 USD (docs/design.md §13). */
-const USAGE_MAX_TOKENS = 1_000_000_000
-
 function readUsage(u: unknown): Usage | undefined {
   if (!isRecord(u)) return undefined
-  // A token count is a number from 0 to USAGE_MAX_TOKENS; anything else (negative, 1e308, a string) is absent.
-  const n = (v: unknown): number | undefined => (typeof v === 'number' && v >= 0 && v <= USAGE_MAX_TOKENS ? v
-    : undefined)
+  // A token count is a non-negative finite number; anything else (negative, NaN as a string, …) is absent.
+  const n = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0 ? v : undefined)
   const prompt = n(u.prompt_tokens)
   const completion = n(u.completion_tokens)
   if (prompt === undefined && completion === undefined) return undefined
@@ -9240,19 +9235,21 @@ function finishTranscript(format: TranscriptFormat, draft: TranscriptDraft): Tra
     k++
   })
   if (refused.length > 0) {
-    draft.notes.push(`ignored ${refused.length} usage figure(s) that are no token count from 0 to ${USAGE_MAX_TOKENS} `
+    draft.notes.push(`ignored ${refused.length} usage figure(s) that are no token count from 0 to ${TRANSCRIPT_MAX_USAGE_TOKENS} `
       + `(negative, not finite or absurd): ${refused.slice(0, 5).join(', ')}${refused.length > 5 ? `, … (${refused.length - 5} more)` : ''}`)
   }
   return { format, envelope: draft.envelope, messages, usage: draft.usage, notes: draft.notes }
 }
 
-/** A recorded token count by the adapter's rule (0 to USAGE_MAX_TOKENS): a larger one (1e308), a
- *  negative or a non-finite one is a broken recorder's; calibrating on it would put every calibrated
- *  figure and cost of the report at that size. */
-const isRecordedTokenCount = (v: unknown): v is number => typeof v === 'number' && v >= 0 && v <= USAGE_MAX_TOKENS
+/** The most tokens one recorded figure may count: a thousand times the largest context windows. A
+ *  larger one (1e308), a negative or a non-finite one is a broken recorder's; calibrating on it would
+ *  put every calibrated figure and cost of the report at that size. */
+const TRANSCRIPT_MAX_USAGE_TOKENS = 1_000_000_000
+const isRecordedTokenCount = (v: unknown): v is number =>
+  typeof v === 'number' && Number.isFinite(v) && v >= 0 && v <= TRANSCRIPT_MAX_USAGE_TOKENS
 
 /** `usage` itself when every figure is a token count; without a bad optional figure; undefined when a
- *  prompt or completion count is bad (see {@link isRecordedTokenCount}). */
+ *  prompt or completion count is bad (see {@link TRANSCRIPT_MAX_USAGE_TOKENS}). */
 function recordedUsage(usage: Usage): Usage | undefined {
   if (!isRecordedTokenCount(usage.promptTokens) || !isRecordedTokenCount(usage.completionTokens)) return undefined
   const cachedOk = usage.cachedTokens === undefined || (isRecordedTokenCount(usage.cachedTokens) && usage.cachedTokens <= usage.promptTokens)

@@ -294,34 +294,6 @@ describe('only progress resets the idle timer: chunks that carry nothing do not'
   })
 })
 
-describe('usage figures that are no token count are not taken (1e308 reached cost accounting and the log)', () => {
-  const PRICES = { cacheHitInput: 0.1, cacheMissInput: 1, output: 2 }
-  test('streamed and not: 1e308, a negative and a non-number count are absent; the cost stays finite and the log holds none of them', async () => {
-    const huge = { prompt_tokens: 1e308, completion_tokens: 1e308 }
-    const f = await startFakeProvider({ script: [
-      { text: 'one', usage: huge },
-      { json: { id: 'x', choices: [{ index: 0, message: { role: 'assistant', content: 'two' }, finish_reason: 'stop' }], usage: { prompt_tokens: 120, completion_tokens: -3, prompt_tokens_details: { cached_tokens: 2e15 } } } },
-      { text: 'three', usage: { prompt_tokens: 'many', completion_tokens: 7 } },
-    ] })
-    try {
-      const provider = openAICompatible({ baseURL: f.url, model: 'm', contextWindow: 100_000, prices: PRICES })
-      assert.equal((await provider.complete({ messages: HI })).usage, undefined)
-      // A JSON body (the non-streamed path): the bad figures are absent, the good one kept.
-      assert.deepEqual((await provider.complete({ messages: HI })).usage, { promptTokens: 120, completionTokens: 0 })
-      assert.deepEqual((await provider.complete({ messages: HI })).usage, { promptTokens: 0, completionTokens: 7 })
-    } finally { await f.close() }
-    const g = await startFakeProvider({ script: [{ text: 'hi', usage: huge }] })
-    try {
-      const session = await Session.open()
-      await new Agent({ session, provider: openAICompatible({ baseURL: g.url, model: 'm', contextWindow: 100_000, prices: PRICES }) }).run('hi')
-      const cost = session.cost.usage()
-      assert.ok(Number.isFinite(cost.costUSD) && cost.costUSD! < 0.001, String(cost.costUSD))
-      assert.ok(cost.inputTokens < 1_000 && cost.outputTokens < 1_000, JSON.stringify(cost))
-      assert.ok(!session.events.some((e) => /e\+30/.test(JSON.stringify(e))))
-    } finally { await g.close() }
-  })
-})
-
 describe('POST redirects are not followed across origins', () => {
   test('307 to another origin: refused, nothing reaches it', async () => {
     const other = await startFakeProvider({ script: [{ text: 'stolen' }] })
