@@ -6229,14 +6229,12 @@ async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssem
     })
   }
   if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
-    // The server ignored stream: true and sent one completion (or an error) as JSON: the cap of a
-    // streamed message plus 64 KiB of JSON around it, so that both paths take the same answers.
-    const cap = cfg.maxMessageBytes + RESPONSE_BODY_MAX_BYTES
-    const { text, cut } = await readBodyCapped(response, cap, signal)
+    // The server ignored stream: true and sent one completion (or an error) as JSON.
+    const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
     if (cut) {
       throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a `
-        + `non-streamed body over ${cap} bytes (maxMessageBytes + ${RESPONSE_BODY_MAX_BYTES}); it was cut there and `
-        + `not used (dsh asks for stream: true).`, { status, requestId })
+        + `non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for `
+        + `stream: true).`, { status, requestId })
     }
     if (text.trim() === '') {
       throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
