@@ -5956,11 +5956,9 @@ class ReplyAssembler {
     }
   }
 
-  /** One chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. Returns
-   *  whether it moved the reply on (content, a finish reason, changed usage): only that is progress (§13). */
-  chunk(obj: unknown, requestId: string | undefined, dataText: string): boolean {
+  /** One chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. */
+  chunk(obj: unknown, requestId: string | undefined, dataText: string): void {
     const { cfg } = this
-    const [bytes, usage, finish] = [this.messageBytes, this.usage, this.finishReason]
     if (!isRecord(obj)) {
       throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not a `
         + `JSON object: ${dataText.slice(0, 200)}`, { body: dataText, requestId, status: 200 })
@@ -5983,8 +5981,6 @@ class ReplyAssembler {
         }
       }
     }
-    return this.messageBytes !== bytes || this.finishReason !== finish
-      || (this.usage !== usage && JSON.stringify(this.usage) !== JSON.stringify(usage))
   }
 
   /** A choice's delta (or whole message): reasoning, text, tool calls. */
@@ -6254,9 +6250,9 @@ async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssem
     sawData = true
     const data = event.data.trim()
     if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
-    if (data === '[DONE]') { progress(); sawDone = true; return false }
-    // Chunks that carry nothing ({"choices":[{"delta":{}}]} forever) are no progress either.
-    parseChunkData(cfg, data, requestId, (obj) => { if (acc.chunk(obj, requestId, data)) progress() })
+    progress()
+    if (data === '[DONE]') { sawDone = true; return false }
+    parseChunkData(cfg, data, requestId, (obj) => acc.chunk(obj, requestId, data))
   }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
   const type = response.headers.get('content-type')
   if (!sawData && type && !/event-stream/i.test(type)) {
