@@ -7108,7 +7108,7 @@ class Agent {
       const tool = offered.find((t) => t.name === call.name)
         ?? (call.name === RECALL_TOOL_NAME && this.session.recall.hasShadowedContent ? this.recall : undefined)
       if (!tool) {
-        result = errorResult(call.id, `unknown tool ${JSON.stringify(call.name)}; available tools: `
+        result = errorResult(call.id, `unknown tool ${echo(call.name)}; available tools: `
           + `${offered.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
       } else {
         let args: unknown
@@ -7332,9 +7332,12 @@ interface ToolHost {
  * and an allow-list environment ({@link ShellSandboxOptions}); without it a command can reach
  * anything the user can, which is why the shell is opt-in, and its environment is only scrubbed
  * ({@link shellEnvironment}). Either way it runs in its own process group, and when it exits, times
- * out or is cancelled — and when this process exits — the group and every process carrying its
- * job mark (also those that left the group with setsid) are killed; in the sandbox its PID
- * namespace ends every process it started (docs/design.md §13). Checks and file operations are not
+ * out or is cancelled — and when this process exits — the group and every process carrying one of
+ * its job marks (the environment variable, or the descriptor inherited as fd 3: also those that
+ * left the group with setsid and cleared their environment) are killed; in the sandbox its PID
+ * namespace ends every process it started (docs/design.md §13). Unconfined, a process that drops
+ * every mark escapes; a result never calls it killed (its output left open says it may still run).
+ * Checks and file operations are not
  * atomic: a process that swaps a directory for a symlink between them is out of scope.
  *
  * Output: each tool keeps at most `maxOutputUnits` UTF-16 units of its own output and then adds
@@ -7418,10 +7421,18 @@ function toolArgs(tool: string, args: unknown, keys: readonly string[]): Record<
   return args as Record<string, unknown>
 }
 
+/** A model's argument value as an error quotes it: JSON capped like recall's quotes ({@link echo}); a
+ *  value nested too deeply for JSON.stringify (a stack overflow) is named, not printed. */
+function quoteArgument(value: unknown): string {
+  let json: string | undefined
+  try { json = JSON.stringify(value) } catch { return `${Array.isArray(value) ? 'an array' : 'an object'} nested too deeply to print` }
+  return json === undefined ? String(value) : headCodePoints(json, RECALL_HIT_CODE_POINTS)
+}
+
 function argString(tool: string, args: Record<string, unknown>, key: string, fallback?: string): string {
   const value = args[key] ?? fallback
   if (value === undefined) throw new Error(`${tool}: the argument "${key}" is required`)
-  if (typeof value !== 'string') throw new Error(`${tool}: "${key}" must be a string, got ${JSON.stringify(value)}`)
+  if (typeof value !== 'string') throw new Error(`${tool}: "${key}" must be a string, got ${quoteArgument(value)}`)
   return value
 }
 
@@ -7431,7 +7442,7 @@ function argInt(tool: string, args: Record<string, unknown>, key: string, fallba
   if (value === undefined || value === null) return fallback
   if (typeof value === 'string' && /^\d+$/.test(value.trim())) value = Number(value.trim())
   if (!isIntegerAtLeast(value, min) || value > max) {
-    throw new Error(`${tool}: "${key}" must be an integer from ${min} to ${max} (${unit}), got ${JSON.stringify(value)}`)
+    throw new Error(`${tool}: "${key}" must be an integer from ${min} to ${max} (${unit}), got ${quoteArgument(value)}`)
   }
   return value as number
 }
@@ -7441,7 +7452,7 @@ function argBool(tool: string, args: Record<string, unknown>, key: string): bool
   const value = args[key]
   if (value === undefined || value === null || value === false || value === 'false') return false
   if (value === true || value === 'true') return true
-  throw new Error(`${tool}: "${key}" must be true or false, got ${JSON.stringify(value)}`)
+  throw new Error(`${tool}: "${key}" must be true or false, got ${quoteArgument(value)}`)
 }
 
 // ── paths ──
@@ -7791,11 +7802,19 @@ function plural(n: number, word: string): string { return `${n} ${word}${n === 1
 
 // ── read_file ──
 
+/** read_file: the most bytes of a file one call reads (skipped lines and the unread rest of a long
+ *  line count too), so that an offset far into a huge file, or a line without end (a 4 GiB sparse
+ *  file), cannot keep a call reading toward EOF. 64 MiB is four times the largest file grep searches. */
+const READ_FILE_MAX_SCAN_BYTES = 64 * 1024 * 1024
+
 function readFileTool(host: ToolHost, defaultLines: number): Tool {
   const max = host.maxOutputUnits
+  const scanMiB = READ_FILE_MAX_SCAN_BYTES / 1024 / 1024
+  /** What to do about lines past the scan cap: only the shell reaches them. */
+  const beyond = (shown: string) => `the shell tool, where offered, reads further (e.g. tail -c +${READ_FILE_MAX_SCAN_BYTES + 1} '${shown}' | head -c ${max})`
   return {
     name: 'read_file',
-    description: `Read a text file inside the working directory. Each line comes back as its 1-based line number, a tab, then the text ("     7\\tconst x = 1"); the number and tab are not part of the file. Reads up to "limit" lines (default ${defaultLines}) from line "offset" (default 1), and at most ${max} characters; a note at the end says when the file continues and which offset reads on.`,
+    description: `Read a text file inside the working directory. Each line comes back as its 1-based line number, a tab, then the text ("     7\\tconst x = 1"); the number and tab are not part of the file. Reads up to "limit" lines (default ${defaultLines}) from line "offset" (default 1), and at most ${max} characters, within the first ${scanMiB} MiB of the file; a note at the end says when the file continues and which offset reads on.`,
     parameters: {
       type: 'object',
       properties: {
@@ -7817,7 +7836,9 @@ function readFileTool(host: ToolHost, defaultLines: number): Tool {
       const lines: string[] = []
       let used = 0 // UTF-16 units in lines.join('\n')
       let lineNo = 0
-      let stop: 'range' | 'cap' | 'long-line' | undefined
+      let stop: 'range' | 'cap' | 'long-line' | 'bytes' | undefined
+      let reachableLines = 0 // lines that start within the scan cap, when it was reached
+      let lastLineCut = false // the last line shown goes on past the scan cap
       const take = (raw: string): boolean => { // true = stop reading
         lineNo++
         if (lineNo < offset) return false
@@ -7836,7 +7857,14 @@ function readFileTool(host: ToolHost, defaultLines: number): Tool {
         let skippingLongLine = false // the rest of a line longer than any output could show is dropped unread
         reading: for (;;) {
           if (ctx.signal.aborted) throw new Error('read_file: cancelled')
-          const { bytesRead } = await handle.read(buffer, 0, buffer.length, position)
+          if (position >= READ_FILE_MAX_SCAN_BYTES && position < size) {
+            reachableLines = lineNo + (pending !== '' || skippingLongLine ? 1 : 0)
+            // The line the cap came inside is shown as far as it was read, if it is wanted.
+            if (!skippingLongLine && pending !== '' && lineNo + 1 >= offset) { if (take(pending)) break; lastLineCut = true }
+            stop = 'bytes'
+            break
+          }
+          const { bytesRead } = await handle.read(buffer, 0, Math.min(buffer.length, READ_FILE_MAX_SCAN_BYTES - position), position)
           if (bytesRead === 0) break
           if (position === 0 && hasNulByte(buffer.subarray(0, bytesRead))) {
             throw new Error(`read_file: ${shown} looks binary (a NUL byte in its first ${TOOL_BINARY_SNIFF_BYTES} bytes); read_file shows text files only`)
@@ -7856,13 +7884,21 @@ function readFileTool(host: ToolHost, defaultLines: number): Tool {
             start = newline + 1
           }
           pending = pending.slice(start)
-          if (pending.length > max + 16) { pending = pending.slice(0, max + 16); skippingLongLine = true }
+          if (pending.length > max + 16) {
+            // A line to show that cannot fit is shown cut (or left for the next call) without reading to its end.
+            if (lineNo + 1 >= offset) { take(pending); break }
+            pending = pending.slice(0, max + 16)
+            skippingLongLine = true
+          }
         }
         if (stop === undefined) {
           pending += decoder.decode()
           if (pending.length > 0) take(pending)
         }
       } finally { await handle.close() }
+      if (lines.length === 0 && stop === 'bytes') {
+        throw new Error(`read_file: line ${offset} of ${shown} (${size} bytes) does not start within its first ${READ_FILE_MAX_SCAN_BYTES} bytes, the most read_file reads per call; use an offset from 1 to ${reachableLines}, or ${beyond(shown)}`)
+      }
       if (lines.length === 0) {
         throw new Error(`read_file: offset ${offset} is past the end of ${shown}, which has ${plural(lineNo, 'line')}; use an offset from 1 to ${lineNo}`)
       }
@@ -7873,6 +7909,7 @@ function readFileTool(host: ToolHost, defaultLines: number): Tool {
         case 'range': return `${body}\n[lines ${offset}-${last} of ${shown} shown; the file continues (${size} bytes in all); read more with offset=${last + 1}]`
         case 'cap': return `${body}\n[output capped at ${max} characters: lines ${offset}-${last} of ${shown} shown; read more with offset=${last + 1}]`
         case 'long-line': return `${body}\n[line ${last} of ${shown} is longer than the output cap of ${max} characters and was cut; the next line is at offset=${last + 1}; use grep to find text inside this line]`
+        case 'bytes': return `${body}\n[lines ${offset}-${last} of ${shown} shown${lastLineCut ? ` (line ${last} up to byte ${READ_FILE_MAX_SCAN_BYTES})` : ''}; read_file reads at most ${READ_FILE_MAX_SCAN_BYTES} bytes of a file per call and stopped there (${size} bytes in all), so what follows is out of its reach; ${beyond(shown)}]`
       }
     },
   }
@@ -8066,10 +8103,17 @@ async function runGrepWorker(data: Record<string, unknown>, timeoutMs: number, s
       `grep: stopped at the time limit of ${timeoutMs} ms (grepTimeoutMs); the pattern may backtrack without end (nested quantifiers such as (a+)+) or the search is too wide: simplify the pattern, use fixed_strings: true, or narrow path or glob`))), timeoutMs)
     signal.addEventListener('abort', onAbort, { once: true })
     worker.once('message', (result: GrepWorkerResult) => settle(() => resolve(result)))
-    worker.once('error', (error: Error) => settle(() => reject(new Error(`grep: the search failed: ${fsErrorReason(error)}`, { cause: error }))))
+    worker.once('error', (error: Error) => settle(() => reject(new Error(`grep: the search failed: ${headCodePoints(withoutRegExpEcho(fsErrorReason(error)), RECALL_HIT_CODE_POINTS)}`, { cause: error }))))
     worker.once('exit', (code: number) => settle(() => reject(new Error(`grep: the search worker stopped (exit code ${code}) before it answered`))))
   })
 }
+
+/** grep: the longest pattern, UTF-16 units: V8's longest run of literal characters (a fixed string of
+ *  32,768 fails as "Regular expression too large" only when the search runs, quoting all of it). */
+const GREP_MAX_PATTERN_UNITS = 32_767
+
+/** An engine's regular-expression error without the pattern it quotes whole (a model's may be megabytes). */
+const withoutRegExpEcho = (message: string): string => message.replace(/^Invalid regular expression: \/.*\/\w*: /s, 'invalid regular expression: ')
 
 function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, limits: { timeoutMs: number; maxLineUnits: number }): Tool {
   const { fs } = host
@@ -8093,15 +8137,21 @@ function grepTool(host: ToolHost, defaultMatches: number, maxMatches: number, li
       const args = toolArgs('grep', rawArgs, ['pattern', 'path', 'glob', 'fixed_strings', 'ignore_case', 'max_matches'])
       const pattern = argString('grep', args, 'pattern')
       if (pattern === '') throw new Error('grep: "pattern" is empty; give the text or regular expression to search for')
+      if (pattern.length > GREP_MAX_PATTERN_UNITS) {
+        throw new Error(`grep: "pattern" is ${pattern.length} characters long; the limit is ${GREP_MAX_PATTERN_UNITS}: search for a shorter part of the text`)
+      }
       const fixed = argBool('grep', args, 'fixed_strings')
       const ignoreCase = argBool('grep', args, 'ignore_case')
       const limit = argInt('grep', args, 'max_matches', defaultMatches, 1, maxMatches, 'matching lines')
       const glob = args.glob === undefined ? undefined : argString('grep', args, 'glob')
       let regex: RegExp
       try { regex = new RegExp(fixed ? escapeRegExp(pattern) : pattern, ignoreCase ? 'i' : '') } catch (error) {
-        throw new Error(`grep: ${JSON.stringify(pattern)} is not a valid JavaScript regular expression (${(error as Error).message}); fix it, or pass fixed_strings: true to search for the text literally`)
+        throw new Error(`grep: ${echo(pattern)} is not a valid JavaScript regular expression (${withoutRegExpEcho((error as Error).message)}); fix it, or pass fixed_strings: true to search for the text literally`)
       }
-      const globRegex = glob === undefined || glob === '' ? undefined : globToRegExp(glob)
+      let globRegex: RegExp | undefined
+      try { globRegex = glob === undefined || glob === '' ? undefined : globToRegExp(glob) } catch (error) {
+        throw new Error(`grep: "glob" ${echo(glob!)} is not a valid glob (${withoutRegExpEcho((error as Error).message).replace(/^invalid regular expression: /, '')}); fix it, e.g. "*.ts" or "src/**/*.{js,mjs}", or leave it out`)
+      }
       const globOnPath = glob !== undefined && glob.includes('/')
       const { real, shown } = await confine(host, 'grep', argString('grep', args, 'path', '.'), ctx.signal)
       let st
@@ -8213,10 +8263,14 @@ function lineNumbersAt(text: string, offsets: readonly number[]): number[] {
   return out
 }
 
-/** Non-overlapping occurrences of `needle` in `text`, as UTF-16 offsets. */
-function occurrences(text: string, needle: string): number[] {
+/** edit_file: the most occurrences one call replaces. Each costs a step and a string piece: 16 MiB
+ *  of one-character matches held the event loop 2.9 s and took 648 MB; 10,000 take milliseconds. */
+const EDIT_MAX_REPLACEMENTS = 10_000
+
+/** Non-overlapping occurrences of `needle` in `text`, as UTF-16 offsets; at most `max` + 1 (the search stops there). */
+function occurrences(text: string, needle: string, max = EDIT_MAX_REPLACEMENTS): number[] {
   const found: number[] = []
-  for (let at = text.indexOf(needle); at !== -1; at = text.indexOf(needle, at + needle.length)) found.push(at)
+  for (let at = text.indexOf(needle); at !== -1 && found.length <= max; at = text.indexOf(needle, at + needle.length)) found.push(at)
   return found
 }
 
@@ -8269,9 +8323,13 @@ function editFileTool(host: ToolHost): Tool {
         const prefixed = /^ *\d+\t/m.test(oldString) ? ' old_string seems to start lines with read_file line numbers ("    12\\t"); leave them out.' : ''
         throw new Error(`edit_file: old_string was not found in ${shown} (0 occurrences).${prefixed} Read the file again and copy the exact text, including indentation and whitespace.`)
       }
+      const times = found.length > EDIT_MAX_REPLACEMENTS ? `more than ${EDIT_MAX_REPLACEMENTS}` : String(found.length)
       if (found.length > 1 && !replaceAll) {
         const lines = lineNumbersAt(text, found.slice(0, 10))
-        throw new Error(`edit_file: old_string occurs ${found.length} times in ${shown} (at lines ${lines.join(', ')}${found.length > 10 ? ', …' : ''}); include more surrounding text to make it unique, or set replace_all: true to replace every occurrence`)
+        throw new Error(`edit_file: old_string occurs ${times} times in ${shown} (at lines ${lines.join(', ')}${found.length > 10 ? ', …' : ''}); include more surrounding text to make it unique${found.length > EDIT_MAX_REPLACEMENTS ? '' : ', or set replace_all: true to replace every occurrence'}`)
+      }
+      if (found.length > EDIT_MAX_REPLACEMENTS) {
+        throw new Error(`edit_file: old_string occurs ${times} times in ${shown} (${bytes.length} bytes); replace_all replaces at most ${EDIT_MAX_REPLACEMENTS} occurrences per call: give old_string more surrounding text so that it matches fewer places, use the shell (e.g. sed) where offered, or write the new content whole with write_file`)
       }
       if (bytes.length + found.length * (utf8Length(newString) - utf8Length(oldString)) > host.maxWriteBytes) {
         throw new Error(`edit_file: the edited ${shown} would be over ${host.maxWriteBytes} bytes, the most edit_file writes; replace fewer occurrences or shorten new_string`)
@@ -8515,17 +8573,26 @@ async function restorePinned(host: ToolHost, pinned: readonly PinnedName[]): Pro
 /** The variable that marks every process a shell command starts (inherited through setsid, nohup, double forks). */
 const SHELL_JOB_ENV = 'DSH_SHELL_JOB'
 
-/** A running shell command: its process group and the mark its descendants inherit. */
-interface ShellJob { pid: number; mark: string }
+/**
+ * A running shell command: its process group, the mark its descendants inherit in their environment,
+ * and `holds`, the file they inherit as fd 3 (a deleted temp file of this job, named as /proc/PID/fd
+ * links read): a descriptor that `env -i`, `unset`, `setsid` and redirecting output leave open, so
+ * that a process that clears its environment and leaves the group is still found (docs/design.md §13).
+ * `seen`: every process found so far (pid → start time), found again while it lives, marked or not.
+ */
+interface ShellJob { pid: number; mark: string; holds: ReadonlySet<string>; self: number; seen: Map<number, string> }
 /** Jobs not yet reaped, killed whole when the process exits (also on SIGTERM and SIGHUP). */
 const liveShellJobs = new Set<ShellJob>()
 let shellExitHooked = false
 
 /**
- * The live processes of `job` (Linux /proc; undefined elsewhere): those in its process group and
- * those whose environment carries the job's mark although they left the group (`setsid`).
- * Zombies are not counted (they are dead; bwrap leaves its init as one for a moment). A process
- * that clears its environment and leaves the group escapes this; the sandbox's PID namespace fences that.
+ * The live processes of `job` (Linux /proc; undefined elsewhere): those in its process group, those
+ * whose environment carries the job's mark although they left the group (`setsid`), and those that
+ * hold one of the job's inherited descriptors although they cleared their environment too
+ * (`env -i setsid …`), and every process found before (it may have dropped its marks since).
+ * Zombies are not counted (they are dead; bwrap leaves its init as one for a moment). A process that
+ * drops every mark before it is first looked for — clears its environment, leaves the group and
+ * closes every descriptor it inherited, like a daemon — escapes this; the sandbox's PID namespace fences that.
  */
 function jobProcesses(fsSync: typeof import('node:fs'), job: ShellJob): number[] | undefined {
   let names: string[]
@@ -8536,12 +8603,42 @@ function jobProcesses(fsSync: typeof import('node:fs'), job: ShellJob): number[]
     if (!/^\d+$/.test(name)) continue
     try {
       const stat = fsSync.readFileSync(`/proc/${name}/stat`, 'latin1')
-      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ') // state, ppid, pgrp, …
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ') // state, ppid, pgrp, … (field 3 of stat on)
       if (fields[0] === 'Z') continue
-      if (Number(fields[2]) === job.pid || fsSync.readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').includes(needle)) found.push(Number(name))
+      const pid = Number(name)
+      const started = fields[19] // field 22, the start time: a pid reused by another process is not the one seen
+      if (job.seen.get(pid) === started || Number(fields[2]) === job.pid
+        || fsSync.readFileSync(`/proc/${name}/environ`, 'latin1').split('\0').includes(needle)
+        || (pid !== job.self && holdsAny(fsSync, name, job.holds))) { found.push(pid); job.seen.set(pid, started) }
     } catch { /* gone, or not ours */ }
   }
   return found
+}
+
+/** Whether process `pid` has one of `holds` open (names as /proc/PID/fd links read them: `/tmp/dsh-shell-… (deleted)`). */
+function holdsAny(fsSync: typeof import('node:fs'), pid: string, holds: ReadonlySet<string>): boolean {
+  if (holds.size === 0) return false
+  for (const fd of fsSync.readdirSync(`/proc/${pid}/fd`)) {
+    try { if (holds.has(fsSync.readlinkSync(`/proc/${pid}/fd/${fd}`))) return true } catch { /* closed meanwhile */ }
+  }
+  return false
+}
+
+/**
+ * Opens the fd-3 mark of a job (see {@link ShellJob}): a new temp file, unlinked at once, and the
+ * name its descriptor has in /proc. Undefined where there is no /proc to find it by.
+ */
+function openJobMark(fsSync: typeof import('node:fs'), dir: string, mark: string): { fd: number; link: string } | undefined {
+  let fd: number | undefined
+  const path = `${dir.replace(/\/+$/, '')}/dsh-shell-${mark}`
+  try {
+    fd = fsSync.openSync(path, 'wx', 0o600)
+    fsSync.unlinkSync(path)
+    return { fd, link: fsSync.readlinkSync(`/proc/self/fd/${fd}`) }
+  } catch {
+    if (fd !== undefined) { fsSync.closeSync(fd); try { fsSync.unlinkSync(path) } catch { /* unlinked already */ } }
+    return undefined
+  }
 }
 
 /** Sends `signal` to the job's process group and to every process of it; returns whether any live one was there. */
@@ -8567,6 +8664,16 @@ function hookShellExit(proc: any, fsSync: typeof import('node:fs')): void {
   }
 }
 
+/** Why a command could not start, and what to do: E2BIG (a command line past the system's limit) says its size. */
+function shellStartFailure(error: unknown, command: string): string {
+  const e = error as NodeJS.ErrnoException | undefined
+  if (e?.code === 'E2BIG') {
+    return `the command line is ${utf8Length(command)} bytes, more than the system passes to a program (E2BIG); `
+      + 'write the long part to a file with write_file and read it from there'
+  }
+  return e?.message ?? String(error)
+}
+
 function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: number, env: Record<string, string>): Tool {
   const half = Math.floor(host.maxOutputUnits / 2)
   const { sandbox } = host
@@ -8589,6 +8696,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       const args = toolArgs('shell', rawArgs, ['command', 'timeout_ms'])
       const command = argString('shell', args, 'command')
       if (command.trim() === '') throw new Error('shell: "command" is empty')
+      if (command.includes('\0')) throw new Error('shell: "command" contains a NUL character, which no command line can hold; remove it (printf \'\\0\' writes one)')
       const timeoutMs = argInt('shell', args, 'timeout_ms', defaultTimeoutMs, 1, maxTimeoutMs, 'milliseconds')
       if (ctx.signal.aborted) throw new Error('shell: not run, the turn was cancelled')
       await host.hooks.beforeChange?.({ tool: 'shell', command }, ctx.signal)
@@ -8604,9 +8712,16 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       // Own process group (detached) on POSIX, so that the whole group can be killed; the mark in
       // the environment finds the processes that left the group (setsid). In the sandbox, its PID
       // namespace ends every process the command started when the command ends.
-      const spawnOptions = { cwd: host.root, stdio: ['ignore', 'pipe', 'pipe'] as ['ignore', 'pipe', 'pipe'], detached: posix, windowsHide: true, env: { ...env, [SHELL_JOB_ENV]: mark } }
-      const child = sandboxed ? spawn(sandbox!.bwrap, sandboxed, spawnOptions) : spawn(command, { ...spawnOptions, shell: true })
-      const job: ShellJob | undefined = posix && child.pid !== undefined ? { pid: child.pid, mark } : undefined
+      // Unconfined, fd 3 is one more mark (see ShellJob); the command gets the only descriptor of it left.
+      const fdMark = posix && !sandboxed ? openJobMark(fsSync, (await importNode<typeof import('node:os')>('node:os')).tmpdir(), mark) : undefined
+      const stdio = (fdMark ? ['ignore', 'pipe', 'pipe', fdMark.fd] : ['ignore', 'pipe', 'pipe']) as ['ignore', 'pipe', 'pipe']
+      const spawnOptions = { cwd: host.root, stdio, detached: posix, windowsHide: true, env: { ...env, [SHELL_JOB_ENV]: mark } }
+      let child
+      try { child = sandboxed ? spawn(sandbox!.bwrap, sandboxed, spawnOptions) : spawn(command, { ...spawnOptions, shell: true }) }
+      catch (error) { throw new Error(`shell: could not start the command: ${shellStartFailure(error, command)}`, { cause: error }) }
+      finally { if (fdMark) fsSync.closeSync(fdMark.fd) }
+      const job: ShellJob | undefined = posix && child.pid !== undefined
+        ? { pid: child.pid, mark, holds: new Set(fdMark ? [fdMark.link] : []), self: proc.pid, seen: new Map() } : undefined
       if (job) { liveShellJobs.add(job); hookShellExit(proc, fsSync) }
       const stdout = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
       const stderr = new StreamText(Math.floor(half / 2), half - Math.floor(half / 2))
@@ -8615,6 +8730,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       child.stdout.on('data', (chunk: string) => stdout.push(chunk))
       child.stderr.on('data', (chunk: string) => stderr.push(chunk))
       let strays = false // the command left processes running when it exited
+      let heldOpen = false // its output was still open after every process found was killed: an unseen one holds it
       const outcome = await new Promise<{ code: number | null; signal: string | null; why: 'exit' | 'timeout' | 'aborted' | 'error'; error?: Error }>((resolve) => {
         let why: 'exit' | 'timeout' | 'aborted' = 'exit'
         const timers: ReturnType<typeof setTimeout>[] = []
@@ -8640,10 +8756,14 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         const killAll = (): void => {
           if (killing) return
           killing = true
-          if (!signalAll('SIGTERM')) return
+          // Even when none is found, the pipes may be held by a process that was not: stop waiting for them.
+          const found = signalAll('SIGTERM')
           timers.push(setTimeout(() => {
-            signalAll('SIGKILL')
-            timers.push(setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode }) }, SHELL_KILL_GRACE_MS))
+            if (found) signalAll('SIGKILL')
+            timers.push(setTimeout(() => {
+              heldOpen = true
+              child.stdout.destroy(); child.stderr.destroy(); finish({ code: child.exitCode, signal: child.signalCode })
+            }, SHELL_KILL_GRACE_MS))
           }, SHELL_KILL_GRACE_MS))
         }
         const stop = (reason: 'timeout' | 'aborted'): void => {
@@ -8662,12 +8782,14 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
       })
       const repairs = guarded ? await restorePinned(host, guarded.pinned) : []
       if (guarded?.scanStopped) repairs.push(`[dsh: the sandbox looked for git directories in the first ${SANDBOX_SCAN_MAX_DIRS} directories only; any beyond them were writable]`)
-      if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${outcome.error?.message}`, { cause: outcome.error })
+      if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${shellStartFailure(outcome.error, command)}`, { cause: outcome.error })
       const status = outcome.why === 'timeout' ? `timed out after ${timeoutMs} ms; the command was killed (raise timeout_ms, up to ${maxTimeoutMs}, if it needs longer)`
         : outcome.why === 'aborted' ? 'cancelled; the command was killed'
         : outcome.code === null ? `killed by signal ${outcome.signal}`
         : `exit code ${outcome.code}`
-      const parts = [strays && outcome.why === 'exit' ? `${status} (processes it left running in the background were killed)` : status]
+      const parts = [(strays && outcome.why === 'exit' ? `${status} (processes it left running in the background were killed)` : status)
+        + (heldOpen ? '; but its output stayed open after every process of it that dsh could find was killed: a process it'
+          + ' started may still be running (one that left the process group and dropped dsh\'s marks; only the sandbox ends those)' : '')]
       if (stdout.total > 0) parts.push(`stdout:\n${stdout.render('stdout')}`)
       if (stderr.total > 0) parts.push(`stderr:\n${stderr.render('stderr')}`)
       if (stdout.total === 0 && stderr.total === 0) parts.push('(no output)')
@@ -8878,6 +9000,31 @@ type ParsedTranscript =
 
 const isJsonRecord = (v: unknown): v is TranscriptRecord => typeof v === 'object' && v !== null && !Array.isArray(v)
 
+/** Deepest nesting of arrays and objects replay reads. Real transcripts nest a few dozen levels;
+ *  JSON.parse takes 200,000, but JSON.stringify and structuredClone overflow the stack on them later. */
+const TRANSCRIPT_MAX_NESTING = 1_000
+
+/** Refuses a parsed value nested deeper than {@link TRANSCRIPT_MAX_NESTING} (an explicit stack: the
+ *  walk itself cannot overflow). `text` is what was parsed, `line` its first line (to name the deep one). */
+function refuseDeepNesting(value: unknown, text: string, line = 1): void {
+  const stack: Array<[unknown, number]> = [[value, 1]]
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!
+    if (depth <= TRANSCRIPT_MAX_NESTING) {
+      for (const child of Object.values(v as object)) if (typeof child === 'object' && child !== null) stack.push([child, depth + 1])
+      continue
+    }
+    let at = 0 // the bracket that opens level TRANSCRIPT_MAX_NESTING + 1, outside strings
+    for (let d = 0, i = 0; i < text.length; i++) {
+      const c = text[i]
+      if (c === '"') { for (i++; i < text.length && text[i] !== '"'; i++) if (text[i] === '\\') i++ }
+      else if (c === '[' || c === '{') { if (++d > TRANSCRIPT_MAX_NESTING) { at = i; break } }
+      else if (c === ']' || c === '}') d--
+    }
+    throw new TranscriptError(`arrays and objects nested more than ${TRANSCRIPT_MAX_NESTING} levels deep; replay reads at most ${TRANSCRIPT_MAX_NESTING} levels (transcripts nest a few dozen): flatten that value or remove it`, { line: line + lineNumberAt(text, at) - 1 })
+  }
+}
+
 function parseTranscriptText(text: string): ParsedTranscript {
   if (typeof text !== 'string') throw new TranscriptError(`expected the file's text (a string), got ${typeof text}`)
   if (text.charCodeAt(0) === 0xfeff) text = text.slice(1)
@@ -8892,8 +9039,9 @@ function parseTranscriptText(text: string): ParsedTranscript {
     const head = text.slice(start, start + 40).split(/\r?\n/)[0]
     throw new TranscriptError(`not JSON: the first non-blank line starts with ${JSON.stringify(head)}`, { line: firstLine })
   }
+  let value: unknown
   try {
-    return { kind: 'json', value: JSON.parse(text), notes: [] }
+    value = JSON.parse(text)
   } catch (err) {
     // Not one JSON document: JSONL when its first line parses on its own (a pretty-printed
     // document's first line, "{", does not).
@@ -8903,6 +9051,8 @@ function parseTranscriptText(text: string): ParsedTranscript {
     if (first === '{' && isJsonRecord(firstValue)) return parseJsonl(text)
     throw new TranscriptError(`not valid JSON (${errorMessageOf(err)})`, { line: jsonErrorLine(text, err) })
   }
+  refuseDeepNesting(value, text)
+  return { kind: 'json', value, notes: [] }
 }
 
 function parseJsonl(text: string): ParsedTranscript {
@@ -8929,6 +9079,7 @@ function parseJsonl(text: string): ParsedTranscript {
     if (!isJsonRecord(value)) {
       throw new TranscriptError(`a JSONL line must be a JSON object, got ${jsonTypeName(value)}`, { line: i + 1 })
     }
+    refuseDeepNesting(value, row, i + 1)
     lines.push({ line: i + 1, value })
   }
   return { kind: 'jsonl', lines, notes }
@@ -9135,26 +9286,33 @@ const SYNTHETIC_RESULT_TEXT = 'No result was recorded for this tool call in the 
  */
 function pairToolCalls(draft: TranscriptDraft): Message[] {
   const out: Message[] = []
-  const open: { id: string; original: string; name: string; where: string }[] = []
+  // The open calls of the last step in order, and by recorded id the queue of those not yet answered:
+  // a result finds its call in O(1), so that a step of many calls (one id or many) stays linear.
+  type OpenCall = { id: string; original: string; name: string; where: string; answered: boolean }
+  let open: OpenCall[] = []
+  let waiting = new Map<string, { calls: OpenCall[]; next: number }>()
   const uses = new Map<string, number>()
   const synthesised: string[] = []
   const dropped: string[] = []
   const renamed: string[] = []
   const closeOpen = () => {
-    for (const c of open.splice(0)) {
+    for (const c of open) {
+      if (c.answered) continue
       synthesised.push(`${c.name} ${c.id} (${c.where})`)
       out.push({
         role: 'tool', toolCallId: c.id, isError: true,
         content: [{ type: 'text', text: SYNTHETIC_RESULT_TEXT }],
       })
     }
+    if (open.length > 0) { open = []; waiting = new Map() }
   }
   draft.messages.forEach((m, i) => {
     const where = draft.where[i]
     if (m.role === 'tool') {
-      const k = open.findIndex(c => c.original === m.toolCallId)
-      if (k < 0) { dropped.push(`${m.toolCallId} (${where})`); return }
-      const [call] = open.splice(k, 1)
+      const queue = waiting.get(m.toolCallId)
+      if (!queue || queue.next === queue.calls.length) { dropped.push(`${m.toolCallId} (${where})`); return }
+      const call = queue.calls[queue.next++]
+      call.answered = true
       out.push(call.id === m.toolCallId ? m : { ...m, toolCallId: call.id })
       return
     }
@@ -9171,7 +9329,10 @@ function pairToolCalls(draft: TranscriptDraft): Message[] {
           uses.set(id, 1)
           renamed.push(`${call.id} → ${id} (${where})`)
         }
-        open.push({ id, original: call.id, name: call.name, where })
+        const entry: OpenCall = { id, original: call.id, name: call.name, where, answered: false }
+        open.push(entry)
+        const queue = waiting.get(call.id)
+        if (queue) queue.calls.push(entry); else waiting.set(call.id, { calls: [entry], next: 0 })
         return id === call.id ? call : { ...call, id }
       })
       out.push({ ...m, content })
@@ -9199,7 +9360,40 @@ function pairToolCalls(draft: TranscriptDraft): Message[] {
 
 function finishTranscript(format: TranscriptFormat, draft: TranscriptDraft): Transcript {
   const messages = pairToolCalls(draft)
+  const refused: string[] = []
+  let k = 0 // the assistant message's index in draft.usage
+  draft.messages.forEach((m, i) => {
+    if (m.role !== 'assistant') return
+    const recorded = draft.usage[k]
+    const usage = recorded && recordedUsage(recorded)
+    if (usage !== recorded) { refused.push(draft.where[i]); draft.usage[k] = usage }
+    k++
+  })
+  if (refused.length > 0) {
+    draft.notes.push(`ignored ${refused.length} usage figure(s) that are no token count from 0 to ${TRANSCRIPT_MAX_USAGE_TOKENS} `
+      + `(negative, not finite or absurd): ${refused.slice(0, 5).join(', ')}${refused.length > 5 ? `, … (${refused.length - 5} more)` : ''}`)
+  }
   return { format, envelope: draft.envelope, messages, usage: draft.usage, notes: draft.notes }
+}
+
+/** The most tokens one recorded figure may count: a thousand times the largest context windows. A
+ *  larger one (1e308), a negative or a non-finite one is a broken recorder's; calibrating on it would
+ *  put every calibrated figure and cost of the report at that size. */
+const TRANSCRIPT_MAX_USAGE_TOKENS = 1_000_000_000
+const isRecordedTokenCount = (v: unknown): v is number =>
+  typeof v === 'number' && Number.isFinite(v) && v >= 0 && v <= TRANSCRIPT_MAX_USAGE_TOKENS
+
+/** `usage` itself when every figure is a token count; without a bad optional figure; undefined when a
+ *  prompt or completion count is bad (see {@link TRANSCRIPT_MAX_USAGE_TOKENS}). */
+function recordedUsage(usage: Usage): Usage | undefined {
+  if (!isRecordedTokenCount(usage.promptTokens) || !isRecordedTokenCount(usage.completionTokens)) return undefined
+  const cachedOk = usage.cachedTokens === undefined || (isRecordedTokenCount(usage.cachedTokens) && usage.cachedTokens <= usage.promptTokens)
+  const reasoningOk = usage.reasoningTokens === undefined || isRecordedTokenCount(usage.reasoningTokens)
+  if (cachedOk && reasoningOk) return usage
+  const kept: Usage = { ...usage }
+  if (!cachedOk) delete kept.cachedTokens
+  if (!reasoningOk) delete kept.reasoningTokens
+  return kept
 }
 
 // ── openai ──
@@ -9527,13 +9721,17 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   let contextWindow: number | undefined
   let turnOpen = false // a turn/start with no surface message after it yet
   const opensTurn = new Set<Message>()
-  for (const l of lines) {
+  for (const [index, l] of lines.entries()) {
     const v = l.value
-    if (!isDshEvent(v)) {
-      const field = typeof v.seq !== 'number' ? 'seq' : typeof v.type !== 'string' ? 'type' : !('time' in v) ? 'time' : 'data'
-      throw new TranscriptError('a dsh log line is an event {seq: number, type: string, time, data: object}',
+    if (!isDshEvent(v) || typeof v.time !== 'number') {
+      const field = typeof v.seq !== 'number' ? 'seq' : typeof v.type !== 'string' ? 'type' : typeof v.time !== 'number' ? 'time' : 'data'
+      throw new TranscriptError('a dsh log line is an event {seq: number, type: string, time: number, data: object}',
         { line: l.line, field })
     }
+    // One rule with resume: the check a store applies to each line it loads (contiguous seqs from 0),
+    // so that replay never reports on a log that dsh itself refuses to open (docs/design.md §13).
+    const problem = eventShapeProblem(v, index)
+    if (problem) throw new TranscriptError(`${problem}; dsh would not resume this log either: replay the part before this line (head -n ${l.line - 1})`, { line: l.line, field: 'seq' })
     const data = v.data as TranscriptRecord
     const type = v.type as string
     if (type === 'request/header') {
@@ -9582,6 +9780,31 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
   transcript.turnStarts = transcript.messages.flatMap((m, i) => (opensTurn.has(m) ? [i] : []))
   if (contextWindow !== undefined) transcript.contextWindow = contextWindow
   return transcript
+}
+
+/** The largest transcript file replay reads: JSON.parse of one takes several times its size in heap,
+ *  and the engine's longest string is 512 MiB. */
+const REPLAY_MAX_FILE_BYTES = 256 * 1024 * 1024
+
+/**
+ * A transcript file's text, for the CLI (the readers above take text). Opened without blocking and
+ * checked on the open handle: a FIFO, a device (`/dev/zero`) or a directory is refused instead of
+ * waited on or read without end, and so is a file over {@link REPLAY_MAX_FILE_BYTES}.
+ * @throws {Error} saying which, with the size and the limit.
+ */
+async function readTranscriptFile(fs: typeof import('node:fs/promises'), path: string): Promise<string> {
+  const handle = await fs.open(path, fs.constants.O_RDONLY | fs.constants.O_NONBLOCK)
+  try {
+    const st = await handle.stat()
+    if (!st.isFile()) {
+      const kind = st.isFIFO() ? 'a FIFO' : st.isDirectory() ? 'a directory' : st.isCharacterDevice() || st.isBlockDevice() ? 'a device' : 'a socket'
+      throw new Error(`it is ${kind}, not a regular file; give the transcript file itself`)
+    }
+    if (st.size > REPLAY_MAX_FILE_BYTES) {
+      throw new Error(`it is ${st.size} bytes; replay reads transcripts of at most ${REPLAY_MAX_FILE_BYTES} bytes (256 MiB): split it, or replay one session of it`)
+    }
+    return await handle.readFile('utf8')
+  } finally { await handle.close() }
 }
 
 // ── 9.2 Replay runner: a transcript through the real Agent, offline (docs/design.md §8) ──
@@ -9770,7 +9993,8 @@ export function unmanagedSession(transcript: Transcript, beforeRequest?: (sessio
   let step = 0
   // Call ids as the loop repairs them (missing or repeated ids renamed), results matched to the
   // recorded calls by position, as replayTranscript does.
-  let idOf = new Map<string, string[]>()
+  // Each lookup is O(1) (a queue per recorded id), so that a message of many calls stays linear.
+  let idOf = new Map<string, { ids: string[]; next: number }>()
   for (const m of transcript.messages) {
     if (m.role === 'assistant') {
       beforeRequest?.(s, step++)
@@ -9778,11 +10002,15 @@ export function unmanagedSession(transcript: Transcript, beforeRequest?: (sessio
       const recorded = m.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
       const logged = sent.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
       idOf = new Map()
-      recorded.forEach((c, k) => idOf.set(c.id, [...(idOf.get(c.id) ?? []), logged[k].id]))
+      recorded.forEach((c, k) => {
+        const queue = idOf.get(c.id)
+        if (queue) queue.ids.push(logged[k].id); else idOf.set(c.id, { ids: [logged[k].id], next: 0 })
+      })
       s.append('assistant/message', { message: sent, finishReason: 'replay', surfaceOp: { op: 'append' } })
     } else if (m.role === 'tool') {
-      const id = idOf.get(m.toolCallId)?.shift() ?? m.toolCallId
-      if (stateOf(s).calls.has(id) && [...stateOf(s).openCalls].includes(id)) s.append('tool/result', { message: id === m.toolCallId ? m : { ...m, toolCallId: id }, surfaceOp: { op: 'append' } })
+      const queue = idOf.get(m.toolCallId)
+      const id = queue && queue.next < queue.ids.length ? queue.ids[queue.next++] : m.toolCallId
+      if (stateOf(s).openCalls.has(id)) s.append('tool/result', { message: id === m.toolCallId ? m : { ...m, toolCallId: id }, surfaceOp: { op: 'append' } })
     } else s.append('user/message', { message: m, surfaceOp: { op: 'append' } })
   }
   return s
@@ -11385,7 +11613,8 @@ function toolSubject(name: string, rawArguments: string): string {
   // At most 4 UTF-16 units per shown code point are looked at: a model's argument may be megabytes.
   const text = parts.join(' ').slice(0, 4 * ACTIVITY_SUBJECT_CODE_POINTS).replace(/\r?\n/g, '⏎').replace(/[\x00-\x1f\x7f-\x9f]/g, '')
   const points = Array.from(text)
-  return points.length === 0 ? name : `${name} ${points.length > ACTIVITY_SUBJECT_CODE_POINTS ? points.slice(0, ACTIVITY_SUBJECT_CODE_POINTS - 1).join('') + '…' : text}`
+  const label = headCodePoints(name, RECALL_HIT_CODE_POINTS) // a model's tool name may be megabytes too
+  return points.length === 0 ? label : `${label} ${points.length > ACTIVITY_SUBJECT_CODE_POINTS ? points.slice(0, ACTIVITY_SUBJECT_CODE_POINTS - 1).join('') + '…' : text}`
 }
 
 /** What a tool result says about its outcome in a few words, for the activity line: `exit 1`,
@@ -13201,11 +13430,13 @@ export async function contextBreakdown(session: Session, contextWindow?: number)
   }
   for await (const e of session.readEvents()) {
     const d = e.data as any
-    if (e.type === 'compaction/prune') { out.shadowed.pruned.tokens += d.shadowedTokenCount; out.shadowed.pruned.messages += d.shadowedSeqs.length }
-    else if (e.type === 'compaction/clear') { out.shadowed.cleared.tokens += d.shadowedTokenCount; out.shadowed.cleared.messages += d.shadowedSeqs.length }
+    const tokens = typeof d.shadowedTokenCount === 'number' ? d.shadowedTokenCount : 0 // a log written by other code may lack them
+    const messages = Array.isArray(d.shadowedSeqs) ? d.shadowedSeqs.length : 0
+    if (e.type === 'compaction/prune') { out.shadowed.pruned.tokens += tokens; out.shadowed.pruned.messages += messages }
+    else if (e.type === 'compaction/clear') { out.shadowed.cleared.tokens += tokens; out.shadowed.cleared.messages += messages }
     else if (e.type === 'compaction/summary') {
       const s = out.shadowed.summarised
-      s.tokens += d.shadowedTokenCount; s.messages += d.shadowedSeqs.length; s.compactions++
+      s.tokens += tokens; s.messages += messages; s.compactions++
       if (out.newestCheckpoint && e.seq === out.newestCheckpoint.seq - 1) out.newestCheckpoint.fidelity = d.fidelity
     }
   }
@@ -13343,7 +13574,8 @@ export async function showSession(session: Session, options: { checkpoints?: boo
         if (d.compactionId !== undefined) {
           const tokens = estimateMessageTokens(d.message)
           const s = pending && pending.id === d.compactionId ? pending.summary : undefined
-          out.push(`  ${at} checkpoint ${d.compactionId}: ${s ? `${s.shadowedSeqs.length} messages (seq ${s.shadowedSeqs[0]}..${s.shadowedSeqs.at(-1)}), ${t(s.shadowedTokenCount)} → ${t(tokens)}` : t(tokens)}`)
+          const folded = !s ? '' : Array.isArray(s.shadowedSeqs) ? `${s.shadowedSeqs.length} messages (seq ${s.shadowedSeqs[0]}..${s.shadowedSeqs.at(-1)}), ` : 'messages (the summary event has no shadowedSeqs), '
+          out.push(`  ${at} checkpoint ${d.compactionId}: ${s ? `${folded}${typeof s.shadowedTokenCount === 'number' ? t(s.shadowedTokenCount) : '? tokens'} → ${t(tokens)}` : t(tokens)}`)
           if (s?.fidelity) out.push(`      ${fidelityText(s.fidelity)}`)
           if (options.checkpoints) out.push(...messageText(d.message).split('\n').map((l: string) => `      | ${l}`))
         } else if (d.surfaceOp.op === 'replace') out.push(`  ${at} user message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(d.message))}`)
@@ -13355,7 +13587,7 @@ export async function showSession(session: Session, options: { checkpoints?: boo
         if (d.surfaceOp.op === 'replace') { out.push(`  ${at} assistant message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(m))}`); break }
         const text = contentText(m.content)
         if (text.trim()) out.push(`  ${at} assistant${m.interrupted ? ' (interrupted)' : ''}: ${oneLine(text)}`)
-        for (const c of toolCalls(m)) { names.set(c.id, c.name); out.push(`  ${at} → ${c.name} ${oneLine(c.arguments, 100)}`) }
+        for (const c of toolCalls(m)) { names.set(c.id, oneLine(c.name, 100)); out.push(`  ${at} → ${oneLine(c.name, 100)} ${oneLine(c.arguments, 100)}`) }
         break
       }
       case 'tool/result': {
@@ -13369,7 +13601,12 @@ export async function showSession(session: Session, options: { checkpoints?: boo
         e.type === 'compaction/prune' ? prunes++ : clears++
         const next = e.seq + 1 < session.seq ? await session.readEvent(e.seq + 1) : undefined
         const after = next?.type === 'tool/result' ? estimateMessageTokens((next.data as any).message) : undefined
-        out.push(`  [${e.type === 'compaction/prune' ? 'prune' : 'clear'}] ${at} tool result #${d.shadowedSeqs.join(', #')}: ${t(d.shadowedTokenCount)}${after === undefined ? '' : ` → ${t(after)} (${t(d.shadowedTokenCount - after)} reclaimed)`}${d.trigger ? `, ${d.trigger}` : ''}`)
+        // A log written by other code may lack a field: shown, and said to be missing.
+        const seqs = Array.isArray(d.shadowedSeqs) ? `#${d.shadowedSeqs.join(', #')}` : '(the event has no shadowedSeqs)'
+        const before = typeof d.shadowedTokenCount === 'number' ? d.shadowedTokenCount : undefined
+        const figures = before === undefined ? `? tokens (the event has no shadowedTokenCount)${after === undefined ? '' : ` → ${t(after)}`}`
+          : `${t(before)}${after === undefined ? '' : ` → ${t(after)} (${t(before - after)} reclaimed)`}`
+        out.push(`  [${e.type === 'compaction/prune' ? 'prune' : 'clear'}] ${at} tool result ${seqs}: ${figures}${d.trigger ? `, ${d.trigger}` : ''}`)
         break
       }
       case 'compaction/start': pending = { id: d.id }; out.push(`  [compaction ${d.id}] ${at} started (${d.trigger})`); break
@@ -13434,7 +13671,7 @@ async function showCommand(options: CliShowOptions, io: CliIO, name = options.fi
 async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: CliIO, name = options.file): Promise<number> {
   const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
   let text: string
-  try { text = await fs.readFile(options.file, 'utf8') } catch (err) { io.stderr(`dsh: replay: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
+  try { text = await readTranscriptFile(fs, options.file) } catch (err) { io.stderr(`dsh: replay: cannot read ${name}: ${(err as Error).message}\n`); return 2 }
   const s = options.summarizer
   const summarizer = s ? openAICompatible({ baseURL: s.baseURL, model: s.model, apiKey: s.apiKey, contextWindow: options.contextWindow }) : undefined
   try {
@@ -13447,7 +13684,7 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
     io.stdout(output.endsWith('\n') ? output : output + '\n')
     return 0
   } catch (err) {
-    if (err instanceof TranscriptError || err instanceof RangeError) { io.stderr(`dsh: replay: ${name}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
+    if (err instanceof TranscriptError || err instanceof RangeError || err instanceof SessionError) { io.stderr(`dsh: replay: ${name}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
     if (err instanceof ProviderError) { io.stderr(`dsh: replay: the summarizer failed: ${err.code}: ${err.message}\n`); return 1 }
     throw err
   }

@@ -4,11 +4,11 @@
 // from which code. Pure functions of their inputs (tested in test/bench-results.test.ts).
 import { fmtTime, table, type Section } from './lib.ts'
 
-/** In RESULTS.md order (issue 7 numbering; 9 from issue 26). */
-export const BENCHMARKS = ['pruner', 'meter', 'sse', 'bundle', 'accuracy', 'ladder', 'scale', 'cost', 'durable'] as const
+/** In RESULTS.md order (issue 7 numbering; 9 from issue 26, 10 from issue 24). */
+export const BENCHMARKS = ['pruner', 'meter', 'sse', 'bundle', 'accuracy', 'ladder', 'scale', 'cost', 'durable', 'replay-ids'] as const
 export const TITLES: Record<string, string> = {
   pruner: 'Pruner', meter: 'Meter', sse: 'SSE parser', bundle: 'Bundle and start-up', accuracy: 'Estimate accuracy', ladder: 'The ladder on real sessions', scale: 'Long sessions at scale',
-  cost: 'Cost and the prompt cache', durable: 'Durable steps',
+  cost: 'Cost and the prompt cache', durable: 'Durable steps', 'replay-ids': 'Replay of many tool calls with one id',
 }
 /** Each benchmark is designed to finish within this (issue 7); a longer run is flagged. */
 export const BUDGET_MS = 60_000

@@ -3,8 +3,8 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  detectTranscriptFormat, readTranscript, TranscriptError, TRANSCRIPT_FORMATS, cliHelp, parseCliArgs, Session, MemoryStore, PRUNE_MARKER,
-  type Message, type ToolCallBlock, type Transcript, type TranscriptFormat, internals,
+  detectTranscriptFormat, readTranscript, TranscriptError, TRANSCRIPT_FORMATS, cliHelp, parseCliArgs, Session, MemoryStore, PRUNE_MARKER, unmanagedSession,
+  type Message, type ToolResultMessage, type ToolCallBlock, type Transcript, type TranscriptFormat, internals,
 } from '../dsh.ts'
 
 const { stateOf } = internals
@@ -299,6 +299,34 @@ test('pairing: a missing result is synthesised as an error, an orphan result dro
   assert.ok(synthetic.role === 'tool' && synthetic.toolCallId === 'c1' && synthetic.isError === true)
   assert.ok(t.notes.some(n => n.startsWith('synthesised an error result for 1 tool call(s)') && n.includes('c1')))
   assert.ok(t.notes.some(n => n.startsWith('dropped 2 tool result(s)') && n.includes('nope') && n.includes('[4]')))
+})
+
+test('pairing: one id on many calls of a step is matched first call first result, the rest of a step synthesised in order; the floor pairs them the same way', () => {
+  // A step's results are matched to its calls through a queue per recorded id (the scan it replaced was
+  // quadratic in the calls of one message: bench/replay-ids.bench.ts); this pins what the matching is.
+  const call = (id: string, cmd: string) => ({ id, type: 'function', function: { name: 'sh', arguments: JSON.stringify({ cmd }) } })
+  const t = readTranscript(JSON.stringify([
+    { role: 'user', content: 'go' },
+    { role: 'assistant', content: '', tool_calls: [call('x', 'a'), call('y', 'b'), call('x', 'c'), call('x', 'd')] },
+    { role: 'tool', tool_call_id: 'x', content: 'A' },
+    { role: 'tool', tool_call_id: 'y', content: 'B' },
+    { role: 'tool', tool_call_id: 'x', content: 'C' },
+    { role: 'tool', tool_call_id: 'y', content: 'orphan: y is answered' },
+    { role: 'assistant', content: '', tool_calls: [call('x', 'e')] },
+    { role: 'tool', tool_call_id: 'x', content: 'E' },
+  ]))
+  const ids = t.messages.flatMap(m => m.role === 'assistant' ? m.content.flatMap(b => b.type === 'tool-call' ? [(b as { id: string }).id] : []) : [])
+  assert.deepEqual(ids, ['x', 'y', 'x~2', 'x~3', 'x~4'])
+  const results = t.messages.flatMap(m => m.role === 'tool' ? [`${m.toolCallId}=${m.isError ? 'synthetic' : (m.content[0] as { text: string }).text}`] : [])
+  assert.deepEqual(results, ['x=A', 'y=B', 'x~2=C', 'x~3=synthetic', 'x~4=E'])
+  assert.ok(t.notes.some(n => n.startsWith('synthesised an error result for 1 tool call(s)') && n.includes('sh x~3')))
+  assert.ok(t.notes.some(n => n.startsWith('dropped 1 tool result(s)') && n.includes('y (')))
+  const floor = unmanagedSession(t)
+  const logged = floor.events.filter(e => e.type === 'tool/result').map(e => {
+    const m = (e.data as { message: ToolResultMessage }).message
+    return `${m.toolCallId}=${m.isError ? 'synthetic' : (m.content[0] as { text: string }).text}`
+  })
+  assert.deepEqual(logged, results)
 })
 
 test('mini-swe-agent inline: no bash block stays text, a trailing call gets a synthetic result, usage from extra', () => {

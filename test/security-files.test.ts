@@ -164,3 +164,30 @@ describe('project instructions cannot be made a persistent injection', () => {
     assert.match((await readProjectInstructions(root))!.text, /Use tabs\./)
   })
 })
+
+describe('paths a hostile model picks: through /proc, a loop, a NUL, absurd numbers (each refused with a typed error)', { skip: process.platform === 'linux' ? false : 'SKIPPED: needs /proc' }, () => {
+  test('symlinks to /proc/self/environ, /proc/self/cwd and /proc/self/root are outside; a loop, a NUL and bad values are named', async () => {
+    const { root } = await workspace({ 'a.txt': 'hello\n' })
+    await symlink('/proc/self/environ', join(root, 'env'))
+    await symlink('/proc/self/cwd', join(root, 'cwdlink'))
+    await symlink('/proc/self/root/etc/passwd', join(root, 'pw'))
+    await symlink('loop', join(root, 'loop'))
+    const t = await tools(root)
+    const said = async (name: string, args: Record<string, unknown>) => { try { await t[name].execute(args, live()); return 'ran' } catch (error) { return (error as Error).message } }
+    const CASES: Array<[string, Record<string, unknown>, RegExp]> = [
+      ['read_file', { path: 'env' }, /^read_file: "env" is outside the working directory .* \(it resolves through a symlink to \/proc\/\d+\/environ\)/],
+      ['read_file', { path: 'cwdlink/a.txt' }, /^read_file: "cwdlink\/a\.txt" is outside the working directory .* \(it resolves through a symlink to /],
+      ['write_file', { path: 'cwdlink/new.txt', content: 'x' }, /^write_file: "cwdlink\/new\.txt" is outside the working directory/],
+      ['read_file', { path: 'pw' }, /^read_file: "pw" is outside the working directory .* \(it resolves through a symlink to \/etc\/passwd\)/],
+      ['read_file', { path: '/proc/self/environ' }, /^read_file: "\/proc\/self\/environ" is outside the working directory/],
+      ['read_file', { path: 'loop' }, /^read_file: cannot use "loop": too many symbolic links \(a symlink loop\)$/],
+      ['read_file', { path: 'a.txt\0../../etc/passwd' }, /^read_file: "path" contains a NUL character$/],
+      ['write_file', { path: 'b\0c', content: 'x' }, /^write_file: "path" contains a NUL character$/],
+      ['grep', { pattern: 'a', path: '\0' }, /^grep: "path" contains a NUL character$/],
+      ['read_file', { path: 'a.txt', offset: 1e300 }, /^read_file: "offset" must be an integer from 1 to 9007199254740991 \(a 1-based line number\), got 1e\+300$/],
+      ['write_file', { path: 'a.txt', content: { toString: 1 } }, /^write_file: "content" must be a string, got \{"toString":1\}$/],
+    ]
+    for (const [name, args, says] of CASES) assert.match(await said(name, args), says, `${name} ${JSON.stringify(args)}`)
+    assert.equal(await readFile(join(root, 'a.txt'), 'utf8'), 'hello\n')
+  })
+})

@@ -75,3 +75,26 @@ describe('grep runs where it can be stopped', () => {
     } finally { await f.close() }
   })
 })
+
+describe('a huge pattern is refused, and no error quotes a pattern whole', () => {
+  const text = async (run: unknown) => { try { return JSON.stringify(await run) } catch (error) { return (error as Error).message } }
+  test('5,000,000 characters: refused at once with the length and the limit (the worker failed, quoting all 5 MB back to the model)', async () => {
+    const g = await grep(await workdir({ 'a.txt': 'hello\n' }))
+    const said = await text(g.execute({ pattern: 'x'.repeat(5_000_000) }, live()))
+    assert.equal(said, 'grep: "pattern" is 5000000 characters long; the limit is 32767: search for a shorter part of the text')
+  })
+
+  test('32,767 characters of a pattern are searched (a fixed string, a regular expression), 32,768 are refused', async () => {
+    const line = 'ab'.repeat(40_000)
+    const g = await grep(await workdir({ 'a.txt': `${line}\n` }), { grepMaxLineUnits: 100_000 })
+    assert.match(await text(g.execute({ pattern: 'ab'.repeat(16_383) + 'a', fixed_strings: true }, live())), /^"a\.txt:1:/)
+    assert.match(await text(g.execute({ pattern: '(?:ab)'.repeat(5_461) }, live())), /^"a\.txt:1:/)
+    assert.match(await text(g.execute({ pattern: 'x'.repeat(32_768) }, live())), /^grep: "pattern" is 32768 characters long; the limit is 32767/)
+  })
+
+  test('an invalid pattern is quoted at most 200 code points long, without the engine quoting it again (it was quoted twice, whole)', async () => {
+    const g = await grep(await workdir({ 'a.txt': 'hello\n' }))
+    const said = await text(g.execute({ pattern: '(' + 'x'.repeat(30_000) }, live()))
+    assert.equal(said, `grep: "(${'x'.repeat(199)}…" is not a valid JavaScript regular expression (invalid regular expression: Unterminated group); fix it, or pass fixed_strings: true to search for the text literally`)
+  })
+})

@@ -86,6 +86,41 @@ describe('nothing the command starts outlives the call', { skip: linux }, () => 
     assert.deepEqual(await sleepers(s), [])
   })
 
+  // Without the sandbox: a process that clears its environment (`env -i`, `unset`) and leaves the group
+  // (`setsid`) still holds the descriptor every process of the command inherits as fd 3, and one seen
+  // once is followed by its pid. On e9ce0b5 each of these survived, and the result said "killed".
+  const ESCAPES: Array<[string, (s: number) => string, RegExp]> = [
+    ['env -i setsid in the foreground (holding the output)', (s) => `env -i setsid sleep ${s}`, /^timed out after 1500 ms; the command was killed \(raise timeout_ms/],
+    ['env -i setsid in the background, output redirected', (s) => `env -i setsid sleep ${s} >/dev/null 2>&1 & echo started`, /^exit code 0 \(processes it left running in the background were killed\)\nstdout:\nstarted\n/],
+    ['env -i setsid, a double fork', (s) => `(env -i setsid sh -c 'sleep ${s} & sleep ${s}' >/dev/null 2>&1 &); echo started`, /^exit code 0 \(processes it left running in the background were killed\)\n/],
+    ['unset DSH_SHELL_JOB; setsid', (s) => `unset DSH_SHELL_JOB; setsid sleep ${s} >/dev/null 2>&1 & echo started`, /^exit code 0 \(processes it left running in the background were killed\)\n/],
+  ]
+  for (const [name, command, says] of ESCAPES) {
+    test(`no sandbox: ${name} is killed, and the result says so truly (it survived, reported killed)`, async () => {
+      const s = uniqueSeconds()
+      const started = Date.now()
+      const out = await (await tools()).shell.execute({ command: command(s), timeout_ms: 1500 }, live())
+      const text = typeof out === 'string' ? out : (out as { content: string }).content
+      assert.match(text, says)
+      assert.ok(!text.includes('may still be running'), text)
+      assert.ok(Date.now() - started < 6_000, `${Date.now() - started} ms`)
+      await new Promise((r) => setTimeout(r, 100))
+      assert.deepEqual(await sleepers(s), [])
+    })
+  }
+
+  test('no sandbox: one that drops every mark but holds the output is not called killed: the result says it may still run, and the call ends (it said "killed")', async () => {
+    const s = uniqueSeconds()
+    const started = Date.now()
+    const out = await (await tools()).shell.execute({ command: `env -i setsid sleep ${s} 3>&-`, timeout_ms: 1500 }, live()) as { content: string; isError: boolean }
+    const left = await sleepers(s)
+    for (const pid of left) process.kill(pid, 'SIGKILL')
+    assert.equal(left.length, 1, 'the escape this test pins is a real one')
+    assert.match(out.content, /^timed out after 1500 ms; the command was killed \(raise timeout_ms, up to \d+, if it needs longer\); but its output stayed open after every process of it that dsh could find was killed: a process it started may still be running \(one that left the process group and dropped dsh's marks; only the sandbox ends those\)\n/)
+    assert.equal(out.isError, true)
+    assert.ok(Date.now() - started < 6_000, `${Date.now() - started} ms`)
+  })
+
   test('on CLI exit: SIGTERM to dsh while the command runs', async () => {
     const cwd = await tempDir()
     const s = uniqueSeconds()
@@ -98,5 +133,16 @@ describe('nothing the command starts outlives the call', { skip: linux }, () => 
       await new Promise((r) => setTimeout(r, 100))
       assert.deepEqual(await sleepers(s), [])
     } finally { await f.close() }
+  })
+})
+
+describe('a command line the system cannot take is a shell: error that says why', () => {
+  const message = async (run: unknown) => { try { await run } catch (error) { return (error as Error).message } assert.fail('expected the call to fail') }
+  test('a NUL byte, and 3,000,000 bytes (E2BIG): named, with the size and the fix (it was the runtime\'s own "spawn E2BIG" / "The argument \'file\' must be…")', async () => {
+    const { shell } = Object.fromEntries((await builtinTools({ cwd: await tempDir(), allowShell: true })).map((x) => [x.name, x]))
+    assert.equal(await message(shell.execute({ command: `echo a\0b${'x'.repeat(100_000)}` }, live())), 'shell: "command" contains a NUL character, which no command line can hold; remove it (printf \'\\0\' writes one)')
+    assert.equal(await message(shell.execute({ command: `echo ${'x'.repeat(3_000_000)}` }, live())),
+      'shell: could not start the command: the command line is 3000005 bytes, more than the system passes to a program (E2BIG); write the long part to a file with write_file and read it from there')
+    assert.equal(await shell.execute({ command: 'echo fine' }, live()), 'exit code 0\nstdout:\nfine\n')
   })
 })
