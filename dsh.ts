@@ -1016,7 +1016,7 @@ export interface SurfaceNode {
  * or a pin that is refused (it would not fit, or an edit would touch a pinned message).
  */
 export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT'
-  | 'STORE' | 'PIN' | 'LOCKED'
+  | 'STORE' | 'PIN' | 'SESSION_LOCKED'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
 class SessionError extends Error {
@@ -1179,7 +1179,7 @@ class FileStore implements LogStore {
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
-  /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('LOCKED')`. */
+  /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('SESSION_LOCKED')`. */
   private async lock(): Promise<void> {
     if (this.locked) return
     const stale = await acquireLogLock(this.path, this.lockPath)
@@ -1204,7 +1204,7 @@ class FileStore implements LogStore {
   private async lockForRepair(): Promise<boolean> {
     if (this.locked) return true
     try { await this.lock() } catch (err) {
-      if (err instanceof SessionError && err.code === 'LOCKED') return false
+      if (err instanceof SessionError && err.code === 'SESSION_LOCKED') return false
       throw err
     }
     this.repairOnly = true
@@ -1253,8 +1253,8 @@ class FileStore implements LogStore {
       else if (torn) {
         try {
           if ((await this.sizeNow()) !== size)
-            throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another `
-              + `process writes to it); open it again`)
+            throw new SessionError('SESSION_LOCKED', `session log ${this.path} changed while it was being loaded `
+              + `(another process writes to it); open it again`)
           const savedTo = `${this.path}.torn-${Date.now()}`
           const tail = new Uint8Array(size - tornAt)
           await fh.read(tail, 0, tail.length, tornAt)
@@ -1273,7 +1273,7 @@ class FileStore implements LogStore {
   }
 
   /**
-   * Appends events. The first write takes the lock, and refuses (`SessionError('LOCKED')`) when
+   * Appends events. The first write takes the lock, and refuses (`SessionError('SESSION_LOCKED')`) when
    * another live process holds it or when the file changed since this store loaded it. A batch the
    * disk cannot take whole throws `SessionError('STORE')` ("disk full: N of M bytes written; nothing
    * after seq S is durable") with none of it in the log (docs/design.md §4).
@@ -1289,7 +1289,7 @@ class FileStore implements LogStore {
       const size = await this.sizeNow()
       if (size !== this.seenBytes) {
         await this.unlock()
-        throw new SessionError('LOCKED', this.seenBytes === undefined
+        throw new SessionError('SESSION_LOCKED', this.seenBytes === undefined
           ? `session log ${this.path} ends with a torn line that another process held it during; open it again`
           : `session log ${this.path} changed since it was loaded `
             + `(${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): `
@@ -1304,7 +1304,7 @@ class FileStore implements LogStore {
       const replaced = size >= 0 && this.handle !== undefined && !sameFile(await this.handle.stat(),
         await (await this.fs()).stat(this.path))
       if (size !== this.seenBytes || replaced) {
-        throw new SessionError('LOCKED', `session log ${this.path} changed while this process was writing it `
+        throw new SessionError('SESSION_LOCKED', `session log ${this.path} changed while this process was writing it `
           + `(${this.seenBytes} bytes written, `
           + `now ${size < 0 ? 'deleted' : replaced ? `another file of ${size} bytes` : `${size} bytes`}): `
           + `another process wrote to it; nothing more was appended, so the events of this step are not in it; `
@@ -1497,7 +1497,7 @@ const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.h
  * One writer per session log (docs/design.md §13). Creates `lockPath` exclusively (O_EXCL) holding
  * `{pid, host, time}`. When it exists: a holder that is this process shares it; a live holder, a
  * holder on another host (whose pid cannot be checked) or an unreadable lock file is refused with
- * `SessionError('LOCKED')` naming the holder and the lock file; the lock of a dead process on this
+ * `SessionError('SESSION_LOCKED')` naming the holder and the lock file; the lock of a dead process on this
  * host is stale: taken over (by rename, so two processes cannot both take it) and returned, for the
  * caller to report. The lock is removed by {@link releaseLogLock}, and at process exit.
  * @returns the stale holder taken over, if any.
@@ -1511,7 +1511,9 @@ async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLoc
   const held = heldLogLocks.get(lockPath)
   if (held !== undefined) { heldLogLocks.set(lockPath, held + 1); return undefined }
   const refuse =
-    (why: string): never => { throw new SessionError('LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`) }
+    (why: string): never => {
+      throw new SessionError('SESSION_LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`)
+    }
   let stale: LogLockHolder | undefined
   for (let round = 0; ; round++) {
     try {
@@ -2079,7 +2081,7 @@ export class Session {
       this.pending = []
       try { await this.store.append(batch) } catch (err) {
         this.pending = batch.concat(this.pending) // keep them for the next attempt: nothing is lost
-        if (err instanceof SessionError && err.code === 'LOCKED') throw err // another writer: say who
+        if (err instanceof SessionError && err.code === 'SESSION_LOCKED') throw err // another writer: say who
         throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: `
           + `${(err as Error)?.message ?? err}`)
       }
@@ -13074,7 +13076,7 @@ const SQL_PAGE_EVENTS = 500
 const SQL_NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint'
 
 /**
- * A session held by another writer (`code` `'LOCKED'`): who (`owner`), until when (`expiresAtMs`, ms
+ * A session held by another writer (`code` `'SESSION_LOCKED'`): who (`owner`), until when (`expiresAtMs`, ms
  * since the epoch, by the database's clock) and the lease's fencing token (`token`).
  */
 export class SessionLockedError extends SessionError {
@@ -13082,7 +13084,7 @@ export class SessionLockedError extends SessionError {
   readonly expiresAtMs: number
   readonly token: number
   constructor(message: string, lease: { owner: string; expiresAtMs: number; token: number }) {
-    super('LOCKED', message)
+    super('SESSION_LOCKED', message)
     this.name = 'SessionLockedError'
     this.owner = lease.owner
     this.expiresAtMs = lease.expiresAtMs

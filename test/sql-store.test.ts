@@ -46,7 +46,7 @@ describe('SqlLogStore: one writer across workers', () => {
     const b = new SqlLogStore({ query, session: 'lease-1', owner: 'worker-b' })
     const err = await Session.open(b).then(() => undefined, (e) => e)
     assert.ok(err instanceof SessionLockedError, String(err))
-    assert.equal(err.code, 'LOCKED')
+    assert.equal(err.code, 'SESSION_LOCKED')
     assert.equal(err.owner, 'worker-a')
     assert.equal(err.token, 1)
     assert.ok(err.expiresAtMs > before + 55_000 && err.expiresAtMs <= Date.now() + 60_000, `expiry ${err.expiresAtMs}`)

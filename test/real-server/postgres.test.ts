@@ -191,11 +191,11 @@ describe('SqlLogStore on PostgreSQL 15 (pg driver)', { skip }, () => {
     // The rescuer was refused while the dead worker's leases ran, naming it, then took every session.
     const refused = rescuer.reports.filter((r) => r.error)
     assert.ok(refused.length >= 1, 'the rescuer met the dead worker\'s leases')
-    assert.ok(refused.filter((r) => r.error === 'LOCKED').every((r) => r.phase === 'open' && /held by w0, lease token 1 until /.test(r.message!)), JSON.stringify(refused.slice(0, 3)))
+    assert.ok(refused.filter((r) => r.error === 'SESSION_LOCKED').every((r) => r.phase === 'open' && /held by w0, lease token 1 until /.test(r.message!)), JSON.stringify(refused.slice(0, 3)))
     const opened = rescuer.reports.filter((r) => r.opened)
     assert.equal(opened.length, groups[0].length)
     for (const o of opened) {
-      const lease = refused.filter((r) => r.key === o.opened && r.error === 'LOCKED').at(-1)
+      const lease = refused.filter((r) => r.key === o.opened && r.error === 'SESSION_LOCKED').at(-1)
       assert.ok(lease, `the rescuer found ${o.opened} leased to w0`)
       assert.ok(o.at! >= lease.expiresAtMs! - 50, `${o.opened} opened at ${o.at}, before w0's lease expired at ${lease.expiresAtMs}`)
       assert.ok(lease.expiresAtMs! <= killedAt + leaseMs + 50, 'the lease was the last one w0 extended')
@@ -219,6 +219,6 @@ describe('SqlLogStore on PostgreSQL 15 (pg driver)', { skip }, () => {
       }
     }
     assert.ok(interrupted >= 1, 'a turn was cut mid-step by the kill')
-    console.log(`# figures: faults run: w0 SIGKILLed after ${ackedByVictim} acknowledged turns; ${interrupted} of its ${groups[0].length} sessions cut mid-step; w4 resumed all ${groups[0].length} after the leases expired (${leaseMs} ms leases; last open ${waitedMs} ms after w4 started, ${refused.filter((r) => r.error === 'LOCKED').length} LOCKED refusals); database restart: ${errors.length} typed STORE errors, all retried; lost ${v.lost}, duplicated ${v.duplicated}, interleaved ${v.interleaved}`)
+    console.log(`# figures: faults run: w0 SIGKILLed after ${ackedByVictim} acknowledged turns; ${interrupted} of its ${groups[0].length} sessions cut mid-step; w4 resumed all ${groups[0].length} after the leases expired (${leaseMs} ms leases; last open ${waitedMs} ms after w4 started, ${refused.filter((r) => r.error === 'SESSION_LOCKED').length} SESSION_LOCKED refusals); database restart: ${errors.length} typed STORE errors, all retried; lost ${v.lost}, duplicated ${v.duplicated}, interleaved ${v.interleaved}`)
   })
 })
