@@ -13103,9 +13103,11 @@ export class SessionLockedError extends SessionError {
  *   lease was taken over meanwhile (paused, then revived) is refused, never interleaved. `close`
  *   gives the lease back.
  * - Each `append` (one {@link Session.flush}: a step's events before its request, before each tool
- *   and at its end) is one statement, durable when it returns. A retry of a batch whose commit was
- *   lost with the connection finds its rows already there and succeeds; a different event at a seq
- *   is refused.
+ *   and at its end) is one statement, committed without waiting for the WAL's fsync; `sync` (the
+ *   step's end) is one more, which waits for it: one fsync per step. An append whose previous seq is
+ *   not stored (a database that crashed before a sync lost it) is refused: no gap. A retry of a
+ *   batch whose commit was lost with the connection finds its rows already there and succeeds; a
+ *   different event at a seq is refused.
  * - Readable (see {@link LogStore.scan}): loads and reads back by seq ranges of 500 events, so a Session
  *   on it keeps only its surface in memory.
  * Errors: `SessionError('STORE')` for a failed query (the driver's message kept as `cause`),
@@ -13121,6 +13123,8 @@ export class SqlLogStore implements LogStore {
   private readonly query: SqlQuery
   private readonly t: string
   private schema?: Promise<void>
+  /** Whether writes were committed since the last durable commit (see {@link SqlLogStore.sync}). */
+  private unsynced = false
   constructor(options: SqlLogStoreOptions) {
     const { query, session, owner, leaseMs = SQL_LEASE_MS, tablePrefix = 'dsh', readOnly = false } = options
     if (typeof query !== 'function') throw new TypeError('SqlLogStore: query must be a function (sql, params) → rows')
@@ -13256,18 +13260,34 @@ export class SqlLogStore implements LogStore {
     return [this.session, this.token, this.leaseMs]
   }
 
+  /**
+   * One statement: the lease check, a check that the batch follows a stored event (a database that
+   * lost events not yet synced must not get a gap), and the rows. Committed without waiting for the
+   * WAL's fsync (`synchronous_commit` off for this transaction): {@link SqlLogStore.sync} is the
+   * durability point, as an fsync is for a file.
+   */
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
     const texts = events.map((e) => JSON.stringify(e))
     const timeMs = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
     const batch = JSON.stringify(events.map((e, i) => [e.seq, e.type, timeMs(e), texts[i]]))
-    const [row] = await this.run(`appending ${events.length} event(s)`, `WITH ${this.leaseCTE()}, ins AS (
-      INSERT INTO ${this.t}_events (session_id, seq, type, time_ms, event)
-      SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, json_array_elements($4::json) AS r
+    const first = events[0].seq
+    const [row] = await this.run(`appending ${events.length} event(s)`, `WITH ${this.leaseCTE()},
+      prev AS (SELECT 1 WHERE $5::bigint = 0 OR EXISTS (SELECT 1 FROM ${this.t}_events
+        WHERE session_id = $1 AND seq = $5::bigint - 1)),
+      ins AS (INSERT INTO ${this.t}_events (session_id, seq, type, time_ms, event)
+      SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, prev, json_array_elements($4::json) AS r
       ON CONFLICT (session_id, seq) DO NOTHING RETURNING 1)
-      SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM ins)::int AS inserted`,
-    [...this.writable('append'), batch])
+      SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM prev)::int AS follows,
+        (SELECT count(*) FROM ins)::int AS inserted, set_config('synchronous_commit', 'off', true) AS async`,
+    [...this.writable('append'), batch, first])
     if (Number(row?.leased) !== 1) throw await this.lockedError('was taken over by')
+    if (Number(row.follows) !== 1) {
+      throw new SessionError('STORE', `SqlLogStore: seq ${first - 1} of session ${JSON.stringify(this.session)} is not ` +
+        `in the database, so seq ${first}.. would leave a gap: it lost events written since the last sync (a crash ` +
+        'or a restore); nothing of this batch was written; open the session again (it resumes at its last synced event)')
+    }
+    this.unsynced = true
     if (Number(row.inserted) === events.length) return
     // Some seqs were there: a retry of a batch whose commit was not acknowledged finds its own rows.
     let i = 0
@@ -13283,9 +13303,11 @@ export class SqlLogStore implements LogStore {
     // JSON text: a tool's output may hold NUL or lone surrogates, which PostgreSQL's text refuses.
     const rows = await this.run(`storing artefact ${name}`, `WITH ${this.leaseCTE()}
       INSERT INTO ${this.t}_artefacts (session_id, name, body) SELECT $1, $4, $5 FROM lease
-      ON CONFLICT (session_id, name) DO UPDATE SET body = EXCLUDED.body RETURNING 1`,
+      ON CONFLICT (session_id, name) DO UPDATE SET body = EXCLUDED.body
+      RETURNING set_config('synchronous_commit', 'off', true)`,
     [...this.writable('putArtefact'), name, JSON.stringify(text)])
     if (rows.length !== 1) throw await this.lockedError('was taken over by')
+    this.unsynced = true
     return `sql:${this.session}/${name}`
   }
 
@@ -13301,8 +13323,17 @@ export class SqlLogStore implements LogStore {
     return JSON.parse(rows[0].body)
   }
 
-  /** Each append is durable when it returns: nothing to do. */
-  async sync(): Promise<void> {}
+  /**
+   * Makes every write so far durable: after appends, one statement that extends the lease and waits
+   * for the WAL's fsync (which covers all earlier commits); nothing when nothing was written since.
+   */
+  async sync(): Promise<void> {
+    if (!this.unsynced || this.token === undefined) return
+    const rows = await this.run('syncing', `UPDATE ${this.t}_leases SET expires_ms = ${SQL_NOW_MS} + $3::bigint
+      WHERE session_id = $1 AND token = $2::bigint RETURNING 1`, this.writable('sync'))
+    if (rows.length !== 1) throw await this.lockedError('was taken over by')
+    this.unsynced = false
+  }
 
   /** Gives the lease back (its token stays, so a fenced-off writer stays fenced off). */
   async close(): Promise<void> {

@@ -221,6 +221,42 @@ describe('SqlLogStore: faults, paging and tables', () => {
     assert.equal(SQL_LEASE_MS, 300_000)
   })
 
+  test('a step waits for the WAL once: appends commit with synchronous_commit off (this transaction only), sync() is one durable lease extension', async () => {
+    const statements: string[] = []
+    const store = new SqlLogStore({ query: (sql, params) => { statements.push(sql); return query(sql, params) }, session: 'durable' })
+    const session = await Session.open(store)
+    await session.sync()
+    statements.length = 0
+    session.append('user/message', user('before the request'))
+    await stateOf(session).flush()
+    session.append('user/message', user('at the step end'))
+    await session.sync()
+    const kinds = statements.map((sql) => (/INSERT INTO dsh_events/.test(sql) ? 'append' : /^UPDATE dsh_leases/.test(sql) ? 'sync' : sql.slice(0, 30)))
+    assert.deepEqual(kinds, ['append', 'append', 'sync'])
+    const async = "set_config('synchronous_commit', 'off', true)"
+    assert.deepEqual(statements.map((sql) => sql.includes(async)), [true, true, false], 'only the sync waits for the fsync')
+    assert.equal((await db.query<{ synchronous_commit: string }>('SHOW synchronous_commit')).rows[0].synchronous_commit, 'on', 'the setting ends with its transaction: a pooled connection keeps the default')
+    statements.length = 0
+    await session.sync()
+    assert.deepEqual(statements, [], 'nothing written since the last sync: no statement')
+    await store.close()
+  })
+
+  test('a database that lost events not yet synced gets no gap: the next append is refused naming the missing seq, nothing written', async () => {
+    const store = new SqlLogStore({ query, session: 'lost' })
+    const session = await Session.open(store)
+    for (const text of ['a', 'b', 'c']) session.append('user/message', user(text))
+    await session.sync()
+    await db.query(`DELETE FROM dsh_events WHERE session_id = 'lost' AND seq = 3`) // as a crash before the fsync would
+    session.append('user/message', user('d'))
+    await assert.rejects(session.sync(), (e: SessionError) => e.code === 'STORE'
+      && /seq 3 of session "lost" is not in the database, so seq 4\.\. would leave a gap: .*nothing of this batch was written; open the session again/.test(e.message))
+    const seqs = (await db.query<{ seq: number }>(`SELECT seq FROM dsh_events WHERE session_id = 'lost' ORDER BY seq`)).rows.map((r) => Number(r.seq))
+    assert.deepEqual(seqs, [0, 1, 2])
+    await store.close()
+    assert.deepEqual(await userTexts('lost'), ['a', 'b'], 'reopened, the session resumes at its last stored event')
+  })
+
   test('an append before any load is refused: the lease is taken by load', async () => {
     const store = new SqlLogStore({ query, session: 'no-load' })
     await assert.rejects(store.append([{ seq: 0, type: 'x', time: 0, data: {} }]), /append refused: the store holds no lease: load\(\) or scan\(\) it first/)
