@@ -5,7 +5,7 @@
 import { after, before, describe, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { PGlite } from '@electric-sql/pglite'
-import { Session, SessionError, SessionLockedError, SqlLogStore, SQL_LEASE_MS, type SessionEvent, type SqlQuery, internals } from '../dsh.ts'
+import { Session, SessionError, SessionLockedError, SqlLogStore, type SessionEvent, type SqlQuery, internals } from '../dsh.ts'
 
 const { stateOf } = internals
 import { testLogStore } from '../conformance.ts'
@@ -218,7 +218,7 @@ describe('SqlLogStore: faults, paging and tables', () => {
     assert.throws(() => new SqlLogStore({ query, session: 's', tablePrefix: 'x; DROP TABLE y' }), /tablePrefix "x; DROP TABLE y" must match/)
     assert.throws(() => new SqlLogStore({ query, session: '' }), /session must be a non-empty string/)
     assert.throws(() => new SqlLogStore({ query, session: 's', leaseMs: 0 }), /leaseMs must be an integer ≥ 1 ms, got 0/)
-    assert.equal(SQL_LEASE_MS, 300_000)
+    assert.equal(new SqlLogStore({ query, session: 's' }).leaseMs, 300_000, 'the default lease: 5 min')
   })
 
   test('a step waits for the WAL once: appends commit with synchronous_commit off (this transaction only), sync() is one durable lease extension', async () => {
