@@ -8,7 +8,7 @@ import { PGlite } from '@electric-sql/pglite'
 import { Session, SessionError, SessionLockedError, SqlLogStore, type SessionEvent, type SqlQuery, internals } from '../dsh.ts'
 
 const { stateOf } = internals
-import { testLogStore } from '../conformance.ts'
+import { testSqlLogStore } from './sql-store-conformance.ts'
 
 const db = new PGlite()
 after(async () => { await db.close() })
@@ -16,26 +16,22 @@ const query: SqlQuery = (sql, params) => db.query(sql, params)
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 const user = (text: string) => ({ message: { role: 'user' as const, content: text }, surfaceOp: { op: 'append' as const } })
 
-testLogStore('SqlLogStore (PGlite)', (key) => new SqlLogStore({ query, session: key }), {
-  secondWriter: 'refused',
-  // A crash after the commit, before the answer: the writer never hears that its batch is stored.
-  tear: async (key: string, events: readonly SessionEvent[]) => {
-    const store = new SqlLogStore({ query: async (sql, params) => {
-      const rows = await query(sql, params)
-      if (sql.includes('INSERT INTO dsh_events')) throw new Error('server closed the connection unexpectedly')
-      return rows
-    }, session: key })
-    await store.load()
-    await assert.rejects(store.append(events), (err: SessionError) => err.code === 'STORE' && /closed the connection/.test(err.message))
-    await store.close()
-  },
-})
+testSqlLogStore('SqlLogStore (PGlite)', query, 'server closed the connection unexpectedly')
 
 /** The text of the user messages of `session` key's log, read without the lease. */
 async function userTexts(session: string): Promise<string[]> {
   const events = (await new SqlLogStore({ query, session, readOnly: true }).load()).events
   assert.deepEqual(events.map((e) => e.seq), events.map((_, i) => i))
   return events.filter((e) => e.type === 'user/message').map((e) => (e.data as { message: { content: string } }).message.content)
+}
+
+/** Writes `count` user messages `m0`, `m1`, … to session `key` (after its session/start) and closes it. */
+async function writeMessages(key: string, count: number): Promise<void> {
+  const writer = new SqlLogStore({ query, session: key })
+  const session = await Session.open(writer)
+  for (let i = 0; i < count; i++) session.append('user/message', user(`m${i}`))
+  await session.sync()
+  await writer.close()
 }
 
 describe('SqlLogStore: one writer across workers', () => {
@@ -170,11 +166,7 @@ describe('SqlLogStore: faults, paging and tables', () => {
   })
 
   test('loading 1,201 events pages through them by seq ranges of 500: 3 SELECTs, never the whole log at once', async () => {
-    const writer = new SqlLogStore({ query, session: 'paging' })
-    const session = await Session.open(writer)
-    for (let i = 0; i < 1_200; i++) session.append('user/message', user(`m${i}`))
-    await session.sync()
-    await writer.close()
+    await writeMessages('paging', 1_200)
     const pages: number[] = []
     const reader = new SqlLogStore({ query: async (sql, params) => {
       const result = await db.query(sql, params)
@@ -189,11 +181,7 @@ describe('SqlLogStore: faults, paging and tables', () => {
   })
 
   test('rows that are not a contiguous log are refused with LOG_CORRUPT naming the seq: a gap, even at a page end; a foreign row', async () => {
-    const writer = new SqlLogStore({ query, session: 'gap' })
-    const session = await Session.open(writer)
-    for (let i = 0; i < 600; i++) session.append('user/message', user(`m${i}`))
-    await session.sync()
-    await writer.close()
+    await writeMessages('gap', 600)
     await db.query(`DELETE FROM dsh_events WHERE session_id = 'gap' AND seq = 499`) // the last of the first page
     const gap = await Session.open(new SqlLogStore({ query, session: 'gap' })).then(() => undefined, (e) => e)
     assert.ok(gap instanceof SessionError && gap.code === 'LOG_CORRUPT', String(gap))

@@ -12,8 +12,8 @@ import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
-import { Session, SessionError, SqlLogStore, type SessionEvent } from '../../dsh.ts'
-import { testLogStore } from '../../conformance.ts'
+import { Session, SqlLogStore, type SessionEvent } from '../../dsh.ts'
+import { testSqlLogStore } from '../sql-store-conformance.ts'
 import { skipWithoutPostgres, startPostgres, type PostgresServer } from './postgres-server.ts'
 import { startFakeProvider } from '../fake-provider.ts'
 
@@ -101,20 +101,7 @@ describe('SqlLogStore on PostgreSQL 15 (pg driver)', { skip }, () => {
     await server?.destroy()
   })
 
-  testLogStore('SqlLogStore (PostgreSQL 15)', (key) => new SqlLogStore({ query, session: key }), {
-    secondWriter: 'refused',
-    tear: async (key: string, events: readonly SessionEvent[]) => {
-      // The commit happens, the answer is lost with the connection: the writer never hears of it.
-      const store = new SqlLogStore({ query: async (sql, params) => {
-        const result = await query(sql, params)
-        if (sql.includes('INSERT INTO dsh_events')) throw new Error('Connection terminated unexpectedly')
-        return result
-      }, session: key })
-      await store.load()
-      await assert.rejects(store.append(events), (err: SessionError) => err.code === 'STORE')
-      await store.close()
-    },
-  })
+  testSqlLogStore('SqlLogStore (PostgreSQL 15)', query, 'Connection terminated unexpectedly')
 
   test("README's pg example runs as written against this server (the model: the fake provider)", async () => {
     const readme = readFileSync(join(ROOT, 'README.md'), 'utf8')
