@@ -1355,13 +1355,12 @@ class SqlLogStore implements LogStore {
     this.unsynced = false
   }
 
-  /** Gives the lease back (its token stays, so a fenced-off writer stays fenced off). */
+  /** Gives the lease back (its token stays, so a fenced-off writer stays fenced off); a failed close can be retried. */
   async close(): Promise<void> {
     if (this.token === undefined || this.readOnly) return
-    const token = this.token
-    this.token = undefined
     await this.run('giving the lease back', `UPDATE ${this.t}_leases SET expires_ms = 0
-      WHERE session_id = $1 AND token = $2::bigint`, [this.session, token])
+      WHERE session_id = $1 AND token = $2::bigint`, [this.session, this.token])
+    this.token = undefined
   }
 }
 

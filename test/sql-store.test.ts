@@ -245,6 +245,22 @@ describe('SqlLogStore: faults, paging and tables', () => {
     assert.deepEqual(await userTexts('lost'), ['a', 'b'], 'reopened, the session resumes at its last stored event')
   })
 
+  test('a close that fails (the database away) keeps the lease and can be retried; the next worker then opens at once', async () => {
+    let down = false
+    const store = new SqlLogStore({ query: (sql, params) => (down ? Promise.reject(new Error('read ECONNRESET')) : query(sql, params)), session: 'close-retry', owner: 'w1' })
+    await Session.open(store)
+    down = true
+    await assert.rejects(store.close(), (e: SessionError) => e.code === 'STORE' && /giving the lease back of session "close-retry" failed: read ECONNRESET/.test(e.message))
+    assert.equal(store.token, 1, 'the lease is still held')
+    down = false
+    await store.close()
+    assert.equal(store.token, undefined)
+    const next = new SqlLogStore({ query, session: 'close-retry', owner: 'w2' })
+    await Session.open(next)
+    assert.equal(next.token, 2)
+    await next.close()
+  })
+
   test('an append before any load is refused: the lease is taken by load', async () => {
     const store = new SqlLogStore({ query, session: 'no-load' })
     await assert.rejects(store.append([{ seq: 0, type: 'x', time: 0, data: {} }]), /append refused: the store holds no lease: load\(\) or scan\(\) it first/)

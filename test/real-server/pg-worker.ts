@@ -54,7 +54,7 @@ async function run(key: string): Promise<void> {
     await retrying(key, 'sync', () => session.sync())
     report({ ack: key, turn, ms: Number((flushed - start + performance.now() - before).toFixed(3)) })
   }
-  await store.close()
+  await retrying(key, 'close', () => store.close())
 }
 
 await Promise.all(sessions.map(run))
