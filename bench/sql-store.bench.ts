@@ -88,6 +88,7 @@ async function main() {
   const dir = mkdtempSync(join(tmpdir(), 'dsh-sql-bench-'))
   const server = await startPostgres()
   const pool = new pg.Pool({ ...server.config, max: 2 })
+  pool.on('error', () => {}) // an idle client cut as the server stops at the end
   const pgQuery: SqlQuery = (sql, params) => pool.query(sql, params)
   const lite = new PGlite()
   try {
