@@ -1115,6 +1115,8 @@ export interface SqlLogStoreOptions {
 const SQL_NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint'
 /** In a statement: its transaction commits without waiting for the WAL's fsync (a `sync` waits). */
 const SQL_NO_FSYNC = "set_config('synchronous_commit', 'off', true)"
+/** Events a session syncs right after (a step's or turn's end, an open): their batch waits for the fsync itself. */
+const SQL_SYNC_POINTS = new Set(['step/end', 'turn/end', 'session/start', 'session/resume'])
 
 /**
  * A session another writer holds (`code` `'SESSION_LOCKED'`): its `owner`, until `expiresAtMs` (ms
@@ -1140,9 +1142,10 @@ class SessionLockedError extends SessionError {
  *   {@link SessionLockedError}. Every write checks the token and extends the lease in its statement,
  *   so a holder whose lease was taken over (paused, then revived) is refused, never interleaved.
  *   `close` gives the lease back.
- * - `append` (one flush of the session) is one statement that commits without waiting for the WAL's
- *   fsync; `sync` is one that waits: one fsync per step. An append whose previous seq is not stored
- *   (a database that crashed before a sync lost it) is refused: no gap. A batch retried after a lost
+ * - `append` (one flush of the session) is one statement; it commits without waiting for the WAL's
+ *   fsync unless its batch ends a step or a turn (the session syncs next). `sync` waits if anything
+ *   was written since: one fsync per step. An append whose previous seq is not stored (a database
+ *   that crashed before a sync lost it) is refused: no gap. A batch retried after a lost
  *   acknowledgement finds its rows and succeeds; another event at a stored seq is refused.
  * - Readable (see {@link LogStore.scan}): loads and reads back by seq ranges of 500 events, so a
  *   Session on it keeps only its surface in memory.
@@ -1295,6 +1298,7 @@ class SqlLogStore implements LogStore {
     const texts = events.map((e) => JSON.stringify(e))
     const time = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
     const first = events[0].seq
+    const durable = events.some((e) => SQL_SYNC_POINTS.has(e.type)) // so the sync after it sends nothing
     const [row] = await this.run(`appending ${events.length} event(s)`, `WITH lease AS (${this.extendLease()}),
       prev AS (SELECT 1 WHERE $5::bigint = 0 OR EXISTS (SELECT 1 FROM ${this.t}_events
         WHERE session_id = $1 AND seq = $5::bigint - 1)),
@@ -1302,7 +1306,7 @@ class SqlLogStore implements LogStore {
         SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, prev, json_array_elements($4::json) r
         ON CONFLICT (session_id, seq) DO NOTHING RETURNING 1)
       SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM prev)::int AS follows,
-        (SELECT count(*) FROM ins)::int AS inserted, ${SQL_NO_FSYNC}`,
+        (SELECT count(*) FROM ins)::int AS inserted${durable ? '' : `, ${SQL_NO_FSYNC}`}`,
     [...this.writable('append'), JSON.stringify(events.map((e, i) => [e.seq, e.type, time(e), texts[i]])), first])
     if (Number(row?.leased) !== 1) throw await this.locked('was taken over by')
     const where = `seq ${first - 1} of session ${JSON.stringify(this.session)}`
@@ -1311,7 +1315,7 @@ class SqlLogStore implements LogStore {
         + 'gap: it lost events written since the last sync (a crash or a restore); nothing of this batch was '
         + 'written; open the session again (it resumes at its last stored event)')
     }
-    this.unsynced = true
+    this.unsynced = !durable // a durable commit covers every earlier one (the WAL is one sequence)
     if (Number(row.inserted) === events.length) return
     // Some seqs were there: a retry of a batch whose commit was not acknowledged finds its own rows.
     let i = 0

@@ -209,24 +209,32 @@ describe('SqlLogStore: faults, paging and tables', () => {
     assert.equal(new SqlLogStore({ query, session: 's' }).leaseMs, 300_000, 'the default lease: 5 min')
   })
 
-  test('a step waits for the WAL once: appends commit with synchronous_commit off (this transaction only), sync() is one durable lease extension', async () => {
+  test('a step waits for the WAL once: flushes commit with synchronous_commit off (that transaction only), the batch that ends the step waits, its sync sends nothing', async () => {
     const statements: string[] = []
     const store = new SqlLogStore({ query: (sql, params) => { statements.push(sql); return query(sql, params) }, session: 'durable' })
     const session = await Session.open(store)
-    await session.sync()
-    statements.length = 0
-    session.append('user/message', user('before the request'))
-    await stateOf(session).flush()
-    session.append('user/message', user('at the step end'))
-    await session.sync()
-    const kinds = statements.map((sql) => (/INSERT INTO dsh_events/.test(sql) ? 'append' : /^UPDATE dsh_leases/.test(sql) ? 'sync' : sql.slice(0, 30)))
-    assert.deepEqual(kinds, ['append', 'append', 'sync'])
     const async = "set_config('synchronous_commit', 'off', true)"
-    assert.deepEqual(statements.map((sql) => sql.includes(async)), [true, true, false], 'only the sync waits for the fsync')
+    const kind = (sql: string) => (/INSERT INTO dsh_events/.test(sql) ? (sql.includes(async) ? 'append' : 'append, waits') : /^UPDATE dsh_leases SET expires_ms = \(/.test(sql) ? 'sync' : sql.slice(0, 30))
+    assert.deepEqual(statements.map(kind).filter((k) => k.startsWith('append') || k === 'sync'), ['append, waits'], 'the open: session/start waits, its sync sends nothing')
+    statements.length = 0
+    session.append('turn/start', { turn: 1 })
+    session.append('user/message', user('before the request'))
+    session.append('step/start', { turn: 1, step: 1 })
+    await stateOf(session).flush()
+    session.append('user/message', user('before a tool'))
+    await stateOf(session).flush()
+    session.append('step/end', { turn: 1, step: 1 })
+    await session.sync()
+    assert.deepEqual(statements.map(kind), ['append', 'append', 'append, waits'], 'two round trips and one fsync for the step')
     assert.equal((await db.query<{ synchronous_commit: string }>('SHOW synchronous_commit')).rows[0].synchronous_commit, 'on', 'the setting ends with its transaction: a pooled connection keeps the default')
+    // A sync after flushes that end nothing (a tool's flush, then a sync elsewhere) is one durable statement.
+    statements.length = 0
+    session.append('user/message', user('no boundary'))
+    await session.sync()
+    assert.deepEqual(statements.map(kind), ['append', 'sync'])
     statements.length = 0
     await session.sync()
-    assert.deepEqual(statements, [], 'nothing written since the last sync: no statement')
+    assert.deepEqual(statements, [], 'nothing written since the last durable commit: no statement')
     await store.close()
   })
 

@@ -146,7 +146,7 @@ describe('SqlLogStore on PostgreSQL 15 (pg driver)', { skip }, () => {
     assert.deepEqual({ lost: v.lost, duplicated: v.duplicated, interleaved: v.interleaved, incomplete: v.incomplete }, { lost: 0, duplicated: 0, interleaved: 0, incomplete: 0 })
     assert.equal(v.events, SESSIONS * (1 + TURNS * 6))
     const ms = acks.map((a) => a.ms!).sort((a, b) => a - b)
-    console.log(`# figures: load run: ${acks.length} steps, ${v.events} events in ${(wallMs / 1000).toFixed(1)} s; store writes per step (2 appends + 1 sync statement): p50 ${percentile(ms, 0.5).toFixed(2)} ms, p99 ${percentile(ms, 0.99).toFixed(2)} ms, max ${ms.at(-1)!.toFixed(2)} ms; lost 0, duplicated 0, interleaved 0`)
+    console.log(`# figures: load run: ${acks.length} steps, ${v.events} events in ${(wallMs / 1000).toFixed(1)} s; store writes per step (2 statements, 1 fsync): p50 ${percentile(ms, 0.5).toFixed(2)} ms, p99 ${percentile(ms, 0.99).toFixed(2)} ms, max ${ms.at(-1)!.toFixed(2)} ms; lost 0, duplicated 0, interleaved 0`)
   })
 
   test('faults: a worker SIGKILLed mid-step is resumed by another after its leases expire; a database restart mid-run is a typed error, then success', { timeout: RUN_TIMEOUT_MS }, async () => {
