@@ -1116,7 +1116,8 @@ const SQL_NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint'
 /** In a statement: its transaction commits without waiting for the WAL's fsync (a `sync` waits). */
 const SQL_NO_FSYNC = "set_config('synchronous_commit', 'off', true)"
 /** Events a session syncs right after (a step's or turn's end, an open): their batch waits for the fsync itself. */
-const SQL_SYNC_POINTS = new Set(['step/end', 'turn/end', 'session/start', 'session/resume'])
+const SQL_SYNC_POINTS = new Set<string>(
+  ['step/end', 'turn/end', 'session/start', 'session/resume'] satisfies (keyof EventDataMap)[])
 
 /**
  * A session another writer holds (`code` `'SESSION_LOCKED'`): its `owner`, until `expiresAtMs` (ms
