@@ -1,11 +1,12 @@
 // SqlLogStore against FileStore on this machine (not part of `npm run bench`: it starts a PostgreSQL
 // server). Run: node --expose-gc --import tsx bench/sql-store.bench.ts   (prints a RESULTS.md section)
-//   1. store writes per step, one session, 300 steps one after the other, each written as the Agent
-//      writes one: a flush before the request (3 events), one before each tool call (2 events per
-//      call), a sync at its end (3 events). Two shapes: no tool call (2 writes), two tool calls (4).
-//      FileStore fsyncs at the sync; SqlLogStore commits each flush without waiting for the WAL's
-//      fsync and waits once, at the sync. "fsync per append" is the same store with every statement
-//      waiting for the WAL (as SqlLogStore did before), measured in the same run, interleaved.
+//   1. store writes per step, one session per store, 1,000 steps (DSH_BENCH_STEPS), each written as
+//      the Agent writes one: a flush before the request (3 events), one before each tool call (2
+//      events per call), the step's end (3 events) and a sync. Two shapes: no tool call (2 writes),
+//      two tool calls (4). FileStore fsyncs at the sync; SqlLogStore commits each flush without
+//      waiting for the WAL's fsync and the step's end with it. "fsync per append" is the same store
+//      with every statement waiting for the WAL (as SqlLogStore did before), in the same run; the
+//      stores' steps are interleaved, so every row sees the same machine.
 //   2. resume of a 100,002-event session (16,667 one-step turns): Session.open in a fresh process,
 //      wall time and peak RSS, FileStore against PostgreSQL.
 import { spawnSync } from 'node:child_process'
@@ -21,7 +22,7 @@ const { stateOf } = internals
 import { startPostgres } from '../test/real-server/postgres-server.ts'
 import { commitStamp, stampLabel } from './lib.ts'
 
-const STEPS = 300
+const STEPS = Number(process.env.DSH_BENCH_STEPS ?? 1000)
 const RESUME_TURNS = 16_667
 
 function turn(session: Session, n: number) {
