@@ -15,6 +15,7 @@
  *   Agent                  the loop: turns, steps, tools, hooks, the ladder, cancellation (§7)
  *   Session                the append-only log, its surface and measure(); parts over it: cost, recall, pins
  *   MemoryStore, FileStore where a session's events live: in memory (anywhere), JSONL file (Node, Deno, Bun)
+ *   SqlLogStore            a session in PostgreSQL, one writer across machines (SessionLockedError: held elsewhere)
  *   openAICompatible       a Provider for any OpenAI-compatible chat-completions server (§6)
  *   deepseek               openAICompatible with DeepSeek's base URL, model, key variable and prices
  *   parseSSE               a server-sent event stream as an async iterable of {event, data, id?}
@@ -94,7 +95,7 @@
 // is the undocumented `internals` object at the end of Part I (docs/design.md §14). `Session` is exported at its
 // declaration in section 4 (the figures of the core count its class there).
 export {
-  VERSION, Agent, MemoryStore, FileStore, SessionError, ProviderError, ConfigError,
+  VERSION, Agent, MemoryStore, FileStore, SqlLogStore, SessionError, SessionLockedError, ProviderError, ConfigError,
   openAICompatible, deepseek, parseSSE, classifyProviderError,
   estimateTextTokens, estimateMessageTokens, estimateRequestTokens,
   codePointLength, pruneText, pruneToolResult, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
@@ -1029,7 +1030,7 @@ export interface SurfaceNode {
  * or a pin that is refused (it would not fit, or an edit would touch a pinned message).
  */
 export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT'
-  | 'STORE' | 'PIN' | 'LOCKED'
+  | 'STORE' | 'PIN' | 'SESSION_LOCKED'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
 class SessionError extends Error {
@@ -1094,6 +1095,290 @@ class MemoryStore implements LogStore {
     const text = this.artefacts.get(ref.replace(/^memory:/, ''))
     if (text === undefined) throw new SessionError('STORE', `no artefact ${ref} in this MemoryStore`)
     return text
+  }
+}
+
+// ── SQL store: a session in PostgreSQL, one writer across machines (docs/design.md §4 "SQL store") ──
+// Every write is ONE statement, so one transaction on any driver (a pool, an HTTP driver); a lease
+// row per session is checked and extended by each, with no renewal timer (edge workers keep none).
+
+/**
+ * Runs one SQL statement with `$1…$n` parameters; resolves with its rows, or with an object holding
+ * them as `rows` (pg, PGlite): `(sql, params) => pool.query(sql, params)`; postgres.js
+ * `(sql, params) => db.unsafe(sql, params)`; Neon `neon(url).query`.
+ */
+export type SqlQuery = (sql: string, params: unknown[]) => Promise<readonly unknown[] | { rows: readonly unknown[] }>
+
+/** Options of {@link SqlLogStore}. */
+export interface SqlLogStoreOptions {
+  query: SqlQuery
+  /** The session's key in the tables (a non-empty string; one log per key). */
+  session: string
+  /** Who holds the lease, named in refusals (default `worker-` + a random UUID). */
+  owner?: string
+  /** Lease length, ms (default 300,000: 5 min); longer than a worker's longest step. */
+  leaseMs?: number
+  /** Table name prefix: `PREFIX_events`, `PREFIX_artefacts`, `PREFIX_leases` (default `dsh`). */
+  tablePrefix?: string
+  /** Reads without taking the lease (e.g. to show a live session); writes are refused. */
+  readOnly?: boolean
+}
+
+/** The database's clock in ms since the epoch: one clock for every worker, whatever their skew. */
+const SQL_NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint'
+/** In a statement: its transaction commits without waiting for the WAL's fsync (a `sync` waits). */
+const SQL_NO_FSYNC = "set_config('synchronous_commit', 'off', true)"
+/** Events a session syncs right after (a step's or turn's end, an open): their batch waits for the fsync itself. */
+const SQL_SYNC_POINTS = new Set<string>(
+  ['step/end', 'turn/end', 'session/start', 'session/resume'] satisfies (keyof EventDataMap)[])
+
+/**
+ * A session another writer holds (`code` `'SESSION_LOCKED'`): its `owner`, until `expiresAtMs` (ms
+ * since the epoch, by the database's clock), and the lease's fencing `token`.
+ */
+class SessionLockedError extends SessionError {
+  declare readonly owner: string
+  declare readonly expiresAtMs: number
+  declare readonly token: number
+  constructor(message: string, lease: { owner: string; expiresAtMs: number; token: number }) {
+    super('SESSION_LOCKED', message)
+    this.name = 'SessionLockedError'
+    Object.assign(this, lease)
+  }
+}
+
+/**
+ * A {@link LogStore} in PostgreSQL through one {@link SqlQuery} function (pg, postgres.js, PGlite,
+ * Neon; no dependency). Tables, created on first use: `PREFIX_events (session_id, seq)` → type,
+ * time_ms, the event's JSON and a row version `v`; `PREFIX_artefacts (session_id, name)`;
+ * `PREFIX_leases (session_id)` → owner, token, expires_ms.
+ * - `load`/`scan` take the lease (a free or expired one; a takeover raises the token by one) or throw
+ *   {@link SessionLockedError}. Every write checks the token and extends the lease in its statement,
+ *   so a holder whose lease was taken over (paused, then revived) is refused, never interleaved.
+ *   `close` gives the lease back.
+ * - `append` (one flush of the session) is one statement; it commits without waiting for the WAL's
+ *   fsync unless its batch ends a step or a turn (the session syncs next). `sync` waits if anything
+ *   was written since: one fsync per step. An append whose previous seq is not stored (a database
+ *   that crashed before a sync lost it) is refused: no gap. A batch retried after a lost
+ *   acknowledgement finds its rows and succeeds; another event at a stored seq is refused.
+ * - Readable (see {@link LogStore.scan}): loads and reads back by seq ranges of 500 events, so a
+ *   Session on it keeps only its surface in memory.
+ * Errors: `SessionError('STORE')` for a failed query (the driver's error as `cause`) or a refused
+ * write, `'LOG_CORRUPT'` for rows that are not a contiguous log, {@link SessionLockedError}.
+ */
+class SqlLogStore implements LogStore {
+  readonly session: string
+  readonly owner: string
+  readonly leaseMs: number
+  readonly readOnly: boolean
+  /** The fencing token of the lease this store holds (undefined: none). */
+  token?: number
+  private readonly query: SqlQuery
+  private readonly t: string
+  private schema?: Promise<void>
+  /** Whether writes were committed since the last durable commit. */
+  private unsynced = false
+  constructor(options: SqlLogStoreOptions) {
+    const { query, session, owner, leaseMs = 300_000, tablePrefix = 'dsh', readOnly = false } = options
+    const bad = (what: string) => new TypeError(`SqlLogStore: ${what}`)
+    if (typeof query !== 'function') throw bad('query must be a function (sql, params) → rows')
+    if (typeof session !== 'string' || session === '') throw bad('session must be a non-empty string')
+    if (!isIntegerAtLeast(leaseMs, 1)) throw bad(`leaseMs must be an integer ≥ 1 ms, got ${leaseMs}`)
+    if (!/^[a-z_][a-z0-9_]{0,40}$/.test(tablePrefix)) {
+      throw bad(`tablePrefix ${JSON.stringify(tablePrefix)} must match [a-z_][a-z0-9_]{0,40}: it names tables`)
+    }
+    this.query = query
+    this.session = session
+    this.owner = owner ?? `worker-${crypto.randomUUID()}`
+    this.leaseMs = leaseMs
+    this.t = tablePrefix
+    this.readOnly = readOnly
+  }
+
+  /** Runs one statement; a failure is `SessionError('STORE')` naming what was being done. */
+  private async run(what: string, sql: string, params: unknown[] = []): Promise<any[]> {
+    try {
+      const result = await this.query(sql, params)
+      return (Array.isArray(result) ? result : (result as { rows: unknown[] }).rows) as any[]
+    } catch (err) {
+      if (err instanceof SessionError) throw err
+      throw Object.assign(new SessionError('STORE', `SqlLogStore: ${what} of session ${JSON.stringify(this.session)} `
+        + `failed: ${(err as Error)?.message ?? err}; nothing of it was written (retry when the database answers)`),
+      { cause: err })
+    }
+  }
+
+  /** Creates the tables once per store (one statement; a racing creator's error is retried once). */
+  private ensureSchema(): Promise<void> {
+    const t = this.t
+    const sql = `DO $$ BEGIN
+      CREATE TABLE IF NOT EXISTS ${t}_events (session_id text NOT NULL, seq bigint NOT NULL, type text NOT NULL,
+        time_ms bigint NOT NULL, event text NOT NULL, v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq));
+      CREATE TABLE IF NOT EXISTS ${t}_artefacts (session_id text NOT NULL, name text NOT NULL, body text NOT NULL,
+        v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, name));
+      CREATE TABLE IF NOT EXISTS ${t}_leases (session_id text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL,
+        expires_ms bigint NOT NULL);
+    END $$`
+    this.schema ??= this.run('creating the tables', sql).catch(() => this.run('creating the tables', sql)).then(
+      () => {}, (err) => { this.schema = undefined; throw err })
+    return this.schema
+  }
+
+  /** Takes (or renews) the lease, durably; throws {@link SessionLockedError} when another's is live. */
+  private async acquire(): Promise<void> {
+    await this.ensureSchema()
+    if (this.readOnly) return
+    const rows = await this.run('taking the lease', `INSERT INTO ${this.t}_leases AS l
+      VALUES ($1, $2, 1, ${SQL_NOW_MS} + $3::bigint)
+      ON CONFLICT (session_id) DO UPDATE SET owner = EXCLUDED.owner, expires_ms = EXCLUDED.expires_ms,
+        token = CASE WHEN l.token = $4::bigint THEN l.token ELSE l.token + 1 END
+      WHERE l.expires_ms <= ${SQL_NOW_MS} OR l.token = $4::bigint RETURNING token`,
+    [this.session, this.owner, this.leaseMs, this.token ?? 0])
+    if (rows.length !== 1) throw await this.locked('is held by')
+    this.token = Number(rows[0].token)
+  }
+
+  /** The refusal naming the lease's current holder. */
+  private async locked(how: string): Promise<SessionLockedError> {
+    const [r = { owner: '(nobody)', token: 0, expires_ms: 0, now_ms: 0 }] = await this.run('reading the lease',
+      `SELECT owner, token, expires_ms, ${SQL_NOW_MS} AS now_ms FROM ${this.t}_leases WHERE session_id = $1`,
+      [this.session])
+    const lease = { owner: String(r.owner), token: Number(r.token), expiresAtMs: Number(r.expires_ms) }
+    const mine = this.token === undefined ? '' : ` (this store's token ${this.token} is fenced off: nothing written)`
+    return new SessionLockedError(`session ${JSON.stringify(this.session)} ${how} ${lease.owner}${mine}, lease `
+      + `token ${lease.token} until ${new Date(lease.expiresAtMs).toISOString()} (${Math.max(0, lease.expiresAtMs
+        - Number(r.now_ms))} ms from now); open it again after that, or once its owner closes it`, lease)
+  }
+
+  async load(): Promise<LoadedLog> {
+    const events: SessionEvent[] = []
+    return { ...await this.scan((e) => { events.push(e) }), events }
+  }
+
+  /** Takes the lease, then streams the log by seq ranges. */
+  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
+    await this.acquire()
+    for await (const e of this.readEvents(0, Infinity)) onEvent(e)
+    return {}
+  }
+
+  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
+    await this.ensureSchema()
+    const where = `FROM ${this.t}_events WHERE session_id = $1 AND seq >= $2::bigint`
+    for (let next = Math.max(0, fromSeq); next < toSeq;) {
+      // A seq range, not `LIMIT`: the index scan then reads one page, whatever the planner's statistics.
+      const count = Math.min(500, toSeq - next)
+      const rows = await this.run('reading events', `SELECT seq, event ${where} AND seq < $2::bigint + $3::int
+        ORDER BY seq`, [this.session, next, count])
+      for (const row of rows) yield this.decode(row, next++)
+      if (rows.length === count) continue
+      // A short page is the end of the log, unless rows follow a gap (never written by this store).
+      const [end] = await this.run('reading events', `SELECT min(seq) AS seq ${where}`, [this.session, next])
+      if (end?.seq !== null && end?.seq !== undefined) this.decode({ seq: end.seq, event: 'null' }, next)
+      return
+    }
+  }
+
+  async readEvent(seq: number): Promise<SessionEvent> {
+    if (Number.isSafeInteger(seq) && seq >= 0) for await (const e of this.readEvents(seq, seq + 1)) return e
+    throw new SessionError('STORE', `no event with seq ${seq} in SQL session ${JSON.stringify(this.session)}`)
+  }
+
+  private decode(row: { seq: unknown; event: string }, expectedSeq: number): SessionEvent {
+    let e: SessionEvent | undefined
+    try { e = JSON.parse(row.event) } catch { /* reported below */ }
+    if (Number(row.seq) === expectedSeq && e?.seq === expectedSeq && typeof e.type === 'string') return e
+    throw new SessionError('LOG_CORRUPT', `SQL session ${JSON.stringify(this.session)}: row seq ${row.seq} where `
+      + `${expectedSeq} was expected, or its event is not a dsh event of that seq (events must be contiguous)`,
+    expectedSeq + 1)
+  }
+
+  /** `[session, token, leaseMs]`, the first parameters of every write; refuses without a lease. */
+  private writable(what: string): [string, number, number] {
+    const refuse = (why: string) => new SessionError('STORE', `SqlLogStore: ${what} refused: ${why}`)
+    if (this.readOnly) throw refuse(`session ${JSON.stringify(this.session)} was opened read-only`)
+    if (this.token === undefined) throw refuse('the store holds no lease: load() or scan() it first (that takes it)')
+    return [this.session, this.token, this.leaseMs]
+  }
+
+  /** The lease check and extension of every write (`$1` session, `$2` token, `$3` lease ms). */
+  private extendLease(): string {
+    return `UPDATE ${this.t}_leases SET expires_ms = ${SQL_NOW_MS} + $3::bigint
+      WHERE session_id = $1 AND token = $2::bigint RETURNING 1`
+  }
+
+  async append(events: readonly SessionEvent[]): Promise<void> {
+    if (events.length === 0) return
+    const texts = events.map((e) => JSON.stringify(e))
+    const time = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
+    const first = events[0].seq
+    const durable = events.some((e) => SQL_SYNC_POINTS.has(e.type)) // so the sync after it sends nothing
+    const [row] = await this.run(`appending ${events.length} event(s)`, `WITH lease AS (${this.extendLease()}),
+      prev AS (SELECT 1 WHERE $5::bigint = 0 OR EXISTS (SELECT 1 FROM ${this.t}_events
+        WHERE session_id = $1 AND seq = $5::bigint - 1)),
+      ins AS (INSERT INTO ${this.t}_events (session_id, seq, type, time_ms, event)
+        SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, prev, json_array_elements($4::json) r
+        ON CONFLICT (session_id, seq) DO NOTHING RETURNING 1)
+      SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM prev)::int AS follows,
+        (SELECT count(*) FROM ins)::int AS inserted${durable ? '' : `, ${SQL_NO_FSYNC}`}`,
+    [...this.writable('append'), JSON.stringify(events.map((e, i) => [e.seq, e.type, time(e), texts[i]])), first])
+    if (Number(row?.leased) !== 1) throw await this.locked('was taken over by')
+    const where = `seq ${first - 1} of session ${JSON.stringify(this.session)}`
+    if (Number(row.follows) !== 1) {
+      throw new SessionError('STORE', `SqlLogStore: ${where} is not in the database, so seq ${first}.. would leave a `
+        + 'gap: it lost events written since the last sync (a crash or a restore); nothing of this batch was '
+        + 'written; open the session again (it resumes at its last stored event)')
+    }
+    this.unsynced = !durable // a durable commit covers every earlier one (the WAL is one sequence)
+    if (Number(row.inserted) === events.length) return
+    // Some seqs were there: a retry of a batch whose commit was not acknowledged finds its own rows.
+    let i = 0
+    for await (const e of this.readEvents(first, events[events.length - 1].seq + 1)) {
+      if (JSON.stringify(e) === texts[i++]) continue
+      throw new SessionError('STORE', `SqlLogStore: seq ${e.seq} of session ${JSON.stringify(this.session)} already `
+        + `holds another event (${e.type}); nothing of this batch was written over it; open the session again`)
+    }
+  }
+
+  async putArtefact(name: string, text: string): Promise<string> {
+    // JSON text: a tool's output may hold NUL or lone surrogates, which PostgreSQL's text refuses.
+    const rows = await this.run(`storing artefact ${name}`, `WITH lease AS (${this.extendLease()})
+      INSERT INTO ${this.t}_artefacts (session_id, name, body) SELECT $1, $4, $5 FROM lease
+      ON CONFLICT (session_id, name) DO UPDATE SET body = EXCLUDED.body RETURNING ${SQL_NO_FSYNC}`,
+    [...this.writable('putArtefact'), name, JSON.stringify(text)])
+    if (rows.length !== 1) throw await this.locked('was taken over by')
+    this.unsynced = true
+    return `sql:${this.session}/${name}`
+  }
+
+  async getArtefact(ref: string): Promise<string> {
+    const prefix = `sql:${this.session}/`
+    const name = ref.startsWith(prefix) ? ref.slice(prefix.length) : undefined
+    const rows = name === undefined ? [] : await this.run(`reading artefact ${name}`,
+      `SELECT body FROM ${this.t}_artefacts WHERE session_id = $1 AND name = $2`, [this.session, name])
+    if (rows.length === 1) return JSON.parse(rows[0].body)
+    throw new SessionError('STORE', `no artefact ${ref} in SQL session ${JSON.stringify(this.session)} `
+      + `(references look like ${prefix}NAME)`)
+  }
+
+  /**
+   * Makes every write so far durable: one statement that extends the lease and waits for the WAL's
+   * fsync, which covers every earlier commit; none when nothing was written since the last one.
+   */
+  async sync(): Promise<void> {
+    if (!this.unsynced || this.token === undefined) return
+    if ((await this.run('syncing', this.extendLease(), this.writable('sync'))).length !== 1) {
+      throw await this.locked('was taken over by')
+    }
+    this.unsynced = false
+  }
+
+  /** Gives the lease back (its token stays, so a fenced-off writer stays fenced off); a failed close can be retried. */
+  async close(): Promise<void> {
+    if (this.token === undefined || this.readOnly) return
+    await this.run('giving the lease back', `UPDATE ${this.t}_leases SET expires_ms = 0
+      WHERE session_id = $1 AND token = $2::bigint`, [this.session, this.token])
+    this.token = undefined
   }
 }
 
@@ -1192,7 +1477,7 @@ class FileStore implements LogStore {
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
-  /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('LOCKED')`. */
+  /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('SESSION_LOCKED')`. */
   private async lock(): Promise<void> {
     if (this.locked) return
     const stale = await acquireLogLock(this.path, this.lockPath)
@@ -1217,7 +1502,7 @@ class FileStore implements LogStore {
   private async lockForRepair(): Promise<boolean> {
     if (this.locked) return true
     try { await this.lock() } catch (err) {
-      if (err instanceof SessionError && err.code === 'LOCKED') return false
+      if (err instanceof SessionError && err.code === 'SESSION_LOCKED') return false
       throw err
     }
     this.repairOnly = true
@@ -1266,8 +1551,8 @@ class FileStore implements LogStore {
       else if (torn) {
         try {
           if ((await this.sizeNow()) !== size)
-            throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another `
-              + `process writes to it); open it again`)
+            throw new SessionError('SESSION_LOCKED', `session log ${this.path} changed while it was being loaded `
+              + `(another process writes to it); open it again`)
           const savedTo = `${this.path}.torn-${Date.now()}`
           const tail = new Uint8Array(size - tornAt)
           await fh.read(tail, 0, tail.length, tornAt)
@@ -1286,7 +1571,7 @@ class FileStore implements LogStore {
   }
 
   /**
-   * Appends events. The first write takes the lock, and refuses (`SessionError('LOCKED')`) when
+   * Appends events. The first write takes the lock, and refuses (`SessionError('SESSION_LOCKED')`) when
    * another live process holds it or when the file changed since this store loaded it. A batch the
    * disk cannot take whole throws `SessionError('STORE')` ("disk full: N of M bytes written; nothing
    * after seq S is durable") with none of it in the log (docs/design.md §4).
@@ -1302,7 +1587,7 @@ class FileStore implements LogStore {
       const size = await this.sizeNow()
       if (size !== this.seenBytes) {
         await this.unlock()
-        throw new SessionError('LOCKED', this.seenBytes === undefined
+        throw new SessionError('SESSION_LOCKED', this.seenBytes === undefined
           ? `session log ${this.path} ends with a torn line that another process held it during; open it again`
           : `session log ${this.path} changed since it was loaded `
             + `(${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): `
@@ -1317,7 +1602,7 @@ class FileStore implements LogStore {
       const replaced = size >= 0 && this.handle !== undefined && !sameFile(await this.handle.stat(),
         await (await this.fs()).stat(this.path))
       if (size !== this.seenBytes || replaced) {
-        throw new SessionError('LOCKED', `session log ${this.path} changed while this process was writing it `
+        throw new SessionError('SESSION_LOCKED', `session log ${this.path} changed while this process was writing it `
           + `(${this.seenBytes} bytes written, `
           + `now ${size < 0 ? 'deleted' : replaced ? `another file of ${size} bytes` : `${size} bytes`}): `
           + `another process wrote to it; nothing more was appended, so the events of this step are not in it; `
@@ -1510,7 +1795,7 @@ const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.h
  * One writer per session log (docs/design.md §13). Creates `lockPath` exclusively (O_EXCL) holding
  * `{pid, host, time}`. When it exists: a holder that is this process shares it; a live holder, a
  * holder on another host (whose pid cannot be checked) or an unreadable lock file is refused with
- * `SessionError('LOCKED')` naming the holder and the lock file; the lock of a dead process on this
+ * `SessionError('SESSION_LOCKED')` naming the holder and the lock file; the lock of a dead process on this
  * host is stale: taken over (by rename, so two processes cannot both take it) and returned, for the
  * caller to report. The lock is removed by {@link releaseLogLock}, and at process exit.
  * @returns the stale holder taken over, if any.
@@ -1524,7 +1809,9 @@ async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLoc
   const held = heldLogLocks.get(lockPath)
   if (held !== undefined) { heldLogLocks.set(lockPath, held + 1); return undefined }
   const refuse =
-    (why: string): never => { throw new SessionError('LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`) }
+    (why: string): never => {
+      throw new SessionError('SESSION_LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`)
+    }
   let stale: LogLockHolder | undefined
   for (let round = 0; ; round++) {
     try {
@@ -2093,7 +2380,7 @@ export class Session {
       this.pending = []
       try { await this.store.append(batch) } catch (err) {
         this.pending = batch.concat(this.pending) // keep them for the next attempt: nothing is lost
-        if (err instanceof SessionError && err.code === 'LOCKED') throw err // another writer: say who
+        if (err instanceof SessionError && err.code === 'SESSION_LOCKED') throw err // another writer: say who
         throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: `
           + `${(err as Error)?.message ?? err}`)
       }
@@ -13824,284 +14111,3 @@ void isEntryPoint().then(async (isMain) => {
   const self = await import(import.meta.url)
   if (self.isEntryPoint === isEntryPoint) await self.runAsProgram()
 })
-
-// ════════════════════════════════════════════════════════════════════════════════════════════
-// 11. SQL store — moves into Part I after the core redesign (web standards only: no `node:`)
-// ════════════════════════════════════════════════════════════════════════════════════════════
-// A LogStore in any PostgreSQL reachable through one function, so that a session outlives the
-// worker that started it (docs/design.md §4 "SQL store"). Every write is ONE SQL statement: a
-// statement is a transaction on every driver, including a pool whose calls may each run on another
-// connection and HTTP drivers that keep no session. One writer per session across machines: a
-// lease row (owner, fencing token, expiry by the database's clock) taken at load and checked and
-// extended by the statement of every append — no renewal timer.
-
-/**
- * Runs one SQL statement with `$1…$n` parameters and resolves with its rows (or with an object
- * holding them as `rows`, as `pg` and PGlite answer). e.g. `(sql, params) => pool.query(sql, params)`
- * (pg, PGlite), `(sql, params) => sql.unsafe(sql, params)` (postgres.js), `neon(url).query` (Neon).
- */
-export type SqlQuery = (sql: string, params: unknown[]) => Promise<readonly unknown[] | { rows: readonly unknown[] }>
-
-/** Options of {@link SqlLogStore}. */
-export interface SqlLogStoreOptions {
-  query: SqlQuery
-  /** The session's key in the tables (any string; one log per key). */
-  session: string
-  /** Who holds the lease, for the refusal's message (default: `worker-` + a random id). */
-  owner?: string
-  /** Lease length, ms (default {@link SQL_LEASE_MS}): longer than a worker's longest step. */
-  leaseMs?: number
-  /** Table name prefix: `PREFIX_events`, `PREFIX_artefacts`, `PREFIX_leases` (default `dsh`). */
-  tablePrefix?: string
-  /** Reads without taking the lease (e.g. to show a live session); appends are refused. */
-  readOnly?: boolean
-}
-
-/**
- * Default lease, ms (5 min, the provider's idle timeout): a crashed worker's sessions wait this long;
- * a live worker's lease is extended by each append, so only a step longer than this can lose it.
- */
-export const SQL_LEASE_MS = 300_000
-/** Events per `SELECT` while loading or reading back (bounds memory: one page, not the log). */
-const SQL_PAGE_EVENTS = 500
-/** The database's clock in ms since the epoch: one clock for every worker, whatever their skew. */
-const SQL_NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint'
-
-/**
- * A session held by another writer (`code` `'LOCKED'`): who (`owner`), until when (`expiresAtMs`, ms
- * since the epoch, by the database's clock) and the lease's fencing token (`token`).
- */
-export class SessionLockedError extends SessionError {
-  readonly owner: string
-  readonly expiresAtMs: number
-  readonly token: number
-  constructor(message: string, lease: { owner: string; expiresAtMs: number; token: number }) {
-    super('LOCKED', message)
-    this.name = 'SessionLockedError'
-    this.owner = lease.owner
-    this.expiresAtMs = lease.expiresAtMs
-    this.token = lease.token
-  }
-}
-
-/**
- * A {@link LogStore} over PostgreSQL (pg, postgres.js, PGlite, Neon; no dependency: see
- * {@link SqlQuery}). Tables, created on first use: `PREFIX_events (session_id, seq)` → type,
- * time_ms, the event's JSON text and a row format version `v`; `PREFIX_artefacts (session_id, name)`;
- * `PREFIX_leases (session_id)` → owner, token, expires_ms.
- * - Lease: `load`/`scan` take the session's lease (a free or expired one; the token goes up by one
- *   on every takeover) or throw {@link SessionLockedError} naming owner and expiry. Each append and
- *   artefact write checks the token and extends the lease in the same statement, so a worker whose
- *   lease was taken over meanwhile (paused, then revived) is refused, never interleaved. `close`
- *   gives the lease back.
- * - Each `append` (one {@link Session.flush}: a step's events before its request, before each tool
- *   and at its end) is one statement, durable when it returns. A retry of a batch whose commit was
- *   lost with the connection finds its rows already there and succeeds; a different event at a seq
- *   is refused.
- * - Readable (see {@link LogStore.scan}): loads and reads back by seq ranges of 500 events, so a Session
- *   on it keeps only its surface in memory.
- * Errors: `SessionError('STORE')` for a failed query (the driver's message kept as `cause`),
- * `'LOG_CORRUPT'` for rows that are not a contiguous log, {@link SessionLockedError} for a lease.
- */
-export class SqlLogStore implements LogStore {
-  readonly session: string
-  readonly owner: string
-  readonly leaseMs: number
-  readonly readOnly: boolean
-  /** The fencing token of the lease this store holds (undefined: none). */
-  token?: number
-  private readonly query: SqlQuery
-  private readonly t: string
-  private schema?: Promise<void>
-  constructor(options: SqlLogStoreOptions) {
-    const { query, session, owner, leaseMs = SQL_LEASE_MS, tablePrefix = 'dsh', readOnly = false } = options
-    if (typeof query !== 'function') throw new TypeError('SqlLogStore: query must be a function (sql, params) → rows')
-    const bad = (what: string) => new TypeError(`SqlLogStore: ${what}`)
-    if (typeof session !== 'string' || session === '') throw bad('session must be a non-empty string')
-    if (!isIntegerAtLeast(leaseMs, 1)) throw bad(`leaseMs must be an integer ≥ 1 ms, got ${leaseMs}`)
-    if (!/^[a-z_][a-z0-9_]{0,40}$/.test(tablePrefix)) {
-      throw bad(`tablePrefix ${JSON.stringify(tablePrefix)} must match [a-z_][a-z0-9_]* (≤ 41 chars): it names tables`)
-    }
-    this.query = query
-    this.session = session
-    this.owner = owner ?? `worker-${crypto.randomUUID()}`
-    this.leaseMs = leaseMs
-    this.t = tablePrefix
-    this.readOnly = readOnly
-  }
-
-  /** Runs one statement; any failure becomes `SessionError('STORE')` naming what was being done. */
-  private async run(what: string, sql: string, params: unknown[] = []): Promise<any[]> {
-    try {
-      const result = await this.query(sql, params)
-      return (Array.isArray(result) ? result : (result as { rows: unknown[] }).rows) as any[]
-    } catch (err) {
-      if (err instanceof SessionError) throw err
-      const e = new SessionError('STORE', `SqlLogStore: ${what} of session ${JSON.stringify(this.session)} failed: ` +
-        `${(err as Error)?.message ?? err}; nothing of it was written (retry when the database answers)`)
-      throw Object.assign(e, { cause: err })
-    }
-  }
-
-  /** Creates the tables once per store (one statement; a racing creator's error is retried once). */
-  private ensureSchema(): Promise<void> {
-    const t = this.t
-    const sql = `DO $$ BEGIN
-      CREATE TABLE IF NOT EXISTS ${t}_events (session_id text NOT NULL, seq bigint NOT NULL, type text NOT NULL,
-        time_ms bigint NOT NULL, event text NOT NULL, v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq));
-      CREATE TABLE IF NOT EXISTS ${t}_artefacts (session_id text NOT NULL, name text NOT NULL, body text NOT NULL,
-        v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, name));
-      CREATE TABLE IF NOT EXISTS ${t}_leases (session_id text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL,
-        expires_ms bigint NOT NULL);
-    END $$`
-    this.schema ??= this.run('creating the tables', sql).catch(() => this.run('creating the tables', sql)).then(
-      () => {}, (err) => { this.schema = undefined; throw err })
-    return this.schema
-  }
-
-  /** Takes (or renews) the lease; throws {@link SessionLockedError} when another holder's is live. */
-  private async acquire(): Promise<void> {
-    await this.ensureSchema()
-    if (this.readOnly) return
-    const rows = await this.run('taking the lease', `INSERT INTO ${this.t}_leases AS l
-      VALUES ($1, $2, 1, ${SQL_NOW_MS} + $3::bigint)
-      ON CONFLICT (session_id) DO UPDATE SET owner = EXCLUDED.owner, expires_ms = EXCLUDED.expires_ms,
-        token = CASE WHEN l.token = $4::bigint THEN l.token ELSE l.token + 1 END
-      WHERE l.expires_ms <= ${SQL_NOW_MS} OR l.token = $4::bigint RETURNING token`,
-    [this.session, this.owner, this.leaseMs, this.token ?? 0])
-    if (rows.length === 1) { this.token = Number(rows[0].token); return }
-    throw await this.lockedError('is held by')
-  }
-
-  /** The refusal naming the lease's current holder. */
-  private async lockedError(how: string): Promise<SessionLockedError> {
-    const rows = await this.run('reading the lease', `SELECT owner, token, expires_ms, ${SQL_NOW_MS} AS now_ms
-      FROM ${this.t}_leases WHERE session_id = $1`, [this.session])
-    const r = rows[0] ?? { owner: '(nobody)', token: 0, expires_ms: 0, now_ms: 0 }
-    const lease = { owner: String(r.owner), token: Number(r.token), expiresAtMs: Number(r.expires_ms) }
-    const mine = this.token === undefined ? '' : ` (this store's token ${this.token} is fenced off: nothing written)`
-    const leftMs = Math.max(0, lease.expiresAtMs - Number(r.now_ms))
-    return new SessionLockedError(`session ${JSON.stringify(this.session)} ${how} ${lease.owner}${mine}, lease token ` +
-      `${lease.token} until ${new Date(lease.expiresAtMs).toISOString()} (${leftMs} ms from now); ` +
-      'open it again after that, or once its owner closes it', lease)
-  }
-
-  async load(): Promise<LoadedLog> {
-    const events: SessionEvent[] = []
-    await this.scan((e) => { events.push(e) })
-    return { events }
-  }
-
-  /** Takes the lease, then streams the log in pages of {@link SQL_PAGE_EVENTS} events. */
-  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
-    await this.acquire()
-    for await (const e of this.readEvents(0, Infinity)) onEvent(e)
-    return {}
-  }
-
-  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
-    await this.ensureSchema()
-    for (let next = Math.max(0, fromSeq); next < toSeq;) {
-      // A range, not `LIMIT`: the index scan then reads one page, whatever the planner's statistics.
-      const count = Math.min(SQL_PAGE_EVENTS, toSeq - next)
-      const rows = await this.run('reading events', `SELECT seq, event FROM ${this.t}_events
-        WHERE session_id = $1 AND seq >= $2::bigint AND seq < $2::bigint + $3::int ORDER BY seq`,
-      [this.session, next, count])
-      for (const row of rows) yield this.decode(row, next++)
-      if (rows.length < count) return await this.checkEnd(next)
-    }
-  }
-
-  /** A short page is the end of the log, unless rows follow a gap (never written by this store). */
-  private async checkEnd(seq: number): Promise<void> {
-    const [row] = await this.run('reading events', `SELECT min(seq) AS seq FROM ${this.t}_events
-      WHERE session_id = $1 AND seq >= $2::bigint`, [this.session, seq])
-    if (row?.seq !== null && row?.seq !== undefined) this.decode({ seq: row.seq, event: 'null' }, seq)
-  }
-
-  async readEvent(seq: number): Promise<SessionEvent> {
-    if (Number.isSafeInteger(seq) && seq >= 0) for await (const e of this.readEvents(seq, seq + 1)) return e
-    throw new SessionError('STORE', `no event with seq ${seq} in SQL session ${JSON.stringify(this.session)}`)
-  }
-
-  private decode(row: { seq: unknown; event: string }, expectedSeq: number): SessionEvent {
-    let e: SessionEvent | undefined
-    try { e = JSON.parse(row.event) } catch { /* reported below */ }
-    if (Number(row.seq) !== expectedSeq || e?.seq !== expectedSeq || typeof e.type !== 'string') {
-      throw new SessionError('LOG_CORRUPT', `SQL session ${JSON.stringify(this.session)}: row seq ${row.seq} where ` +
-        `${expectedSeq} was expected, or its event is not a dsh event of that seq (events must be contiguous)`,
-      expectedSeq + 1)
-    }
-    return e
-  }
-
-  /** The lease check and extension every write starts with (a CTE: one statement with the write). */
-  private leaseCTE(): string {
-    return `lease AS (UPDATE ${this.t}_leases SET expires_ms = ${SQL_NOW_MS} + $3::bigint
-      WHERE session_id = $1 AND token = $2::bigint RETURNING 1)`
-  }
-
-  private writable(what: string): [string, number, number] {
-    const refuse = (why: string) => new SessionError('STORE', `SqlLogStore: ${what} refused: ${why}`)
-    if (this.readOnly) throw refuse(`session ${JSON.stringify(this.session)} was opened read-only`)
-    if (this.token === undefined) throw refuse('the store holds no lease: load() or scan() it first (that takes it)')
-    return [this.session, this.token, this.leaseMs]
-  }
-
-  async append(events: readonly SessionEvent[]): Promise<void> {
-    if (events.length === 0) return
-    const texts = events.map((e) => JSON.stringify(e))
-    const timeMs = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
-    const batch = JSON.stringify(events.map((e, i) => [e.seq, e.type, timeMs(e), texts[i]]))
-    const [row] = await this.run(`appending ${events.length} event(s)`, `WITH ${this.leaseCTE()}, ins AS (
-      INSERT INTO ${this.t}_events (session_id, seq, type, time_ms, event)
-      SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, json_array_elements($4::json) AS r
-      ON CONFLICT (session_id, seq) DO NOTHING RETURNING 1)
-      SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM ins)::int AS inserted`,
-    [...this.writable('append'), batch])
-    if (Number(row?.leased) !== 1) throw await this.lockedError('was taken over by')
-    if (Number(row.inserted) === events.length) return
-    // Some seqs were there: a retry of a batch whose commit was not acknowledged finds its own rows.
-    let i = 0
-    for await (const e of this.readEvents(events[0].seq, events[events.length - 1].seq + 1)) {
-      if (JSON.stringify(e) !== texts[i++]) {
-        throw new SessionError('STORE', `SqlLogStore: seq ${e.seq} of session ${JSON.stringify(this.session)} ` +
-          `already holds another event (${e.type}); nothing of this batch was written over it; open the session again`)
-      }
-    }
-  }
-
-  async putArtefact(name: string, text: string): Promise<string> {
-    // JSON text: a tool's output may hold NUL or lone surrogates, which PostgreSQL's text refuses.
-    const rows = await this.run(`storing artefact ${name}`, `WITH ${this.leaseCTE()}
-      INSERT INTO ${this.t}_artefacts (session_id, name, body) SELECT $1, $4, $5 FROM lease
-      ON CONFLICT (session_id, name) DO UPDATE SET body = EXCLUDED.body RETURNING 1`,
-    [...this.writable('putArtefact'), name, JSON.stringify(text)])
-    if (rows.length !== 1) throw await this.lockedError('was taken over by')
-    return `sql:${this.session}/${name}`
-  }
-
-  async getArtefact(ref: string): Promise<string> {
-    const prefix = `sql:${this.session}/`
-    const name = ref.startsWith(prefix) ? ref.slice(prefix.length) : undefined
-    const rows = name === undefined ? [] : await this.run(`reading artefact ${name}`,
-      `SELECT body FROM ${this.t}_artefacts WHERE session_id = $1 AND name = $2`, [this.session, name])
-    if (rows.length === 0) {
-      throw new SessionError('STORE', `no artefact ${ref} in SQL session ${JSON.stringify(this.session)} ` +
-        `(references look like ${prefix}NAME)`)
-    }
-    return JSON.parse(rows[0].body)
-  }
-
-  /** Each append is durable when it returns: nothing to do. */
-  async sync(): Promise<void> {}
-
-  /** Gives the lease back (its token stays, so a fenced-off writer stays fenced off). */
-  async close(): Promise<void> {
-    if (this.token === undefined || this.readOnly) return
-    const token = this.token
-    this.token = undefined
-    await this.run('giving the lease back', `UPDATE ${this.t}_leases SET expires_ms = 0
-      WHERE session_id = $1 AND token = $2::bigint`, [this.session, token])
-  }
-}
