@@ -6450,7 +6450,8 @@ const ANTHROPIC_FORMAT: WireFormat = {
   path: '/v1/messages',
   countPath: '/v1/messages/count_tokens',
   options: ['baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'headers', 'fetch',
-    'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'extraBody', 'sleep', 'maxMessageBytes', 'requestTimeoutMs', 'prices'],
+    'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'extraBody', 'sleep', 'maxMessageBytes',
+    'requestTimeoutMs', 'prices'],
   namedEvents: true,
   authHeaders: (apiKey) => ({ 'anthropic-version': ANTHROPIC_VERSION, ...(apiKey === undefined ? {}
     : { 'x-api-key': apiKey }) }),
