@@ -4796,7 +4796,10 @@ class SSEParser {
   private dataLines = 0
   private eventType: string | undefined = undefined
   private id: string | undefined = undefined
-  constructor(private readonly onEvent: (event: SSEEvent) => void, private readonly maxBufferSize = Infinity) {}
+  /** `onEvent` returned false: later events are dropped. */
+  stopped = false
+  constructor(private readonly onEvent: (event: SSEEvent) => boolean | void,
+    private readonly maxBufferSize = Infinity) {}
 
   feed(text: string): void {
     let i = 0
@@ -4907,7 +4910,7 @@ class SSEParser {
     const event = this.eventType ?? 'message'
     const e: SSEEvent = this.id === undefined ? { event, data } : { event, data, id: this.id }
     this.eventType = undefined; this.id = undefined
-    this.onEvent(e)
+    if (!this.stopped && this.onEvent(e) === false) this.stopped = true
   }
 
   /** Keeps an unterminated piece, unless its start shows the line is one this parser ignores. */
@@ -4921,31 +4924,49 @@ class SSEParser {
   }
 }
 
-/** ASCII bytes in a row (whole chunks) after which the next chunk is tried as ASCII first. */
-const ASCII_RUN_BYTES = 4096
+/** UTF-8 bytes of the sequence a lead byte starts. */
+const utf8Needed = (lead: number): number => (lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : 2)
 
 /**
- * Decodes a stream of UTF-8 chunks (strings are passed through as decoded). After a run of
- * {@link ASCII_RUN_BYTES} ASCII bytes the next chunk goes first to a non-streaming decoder, several
- * times faster on ASCII in V8 (and slower on other text, hence the run); the streaming decoder takes
- * every other chunk, so a character split across chunks is intact. `ignoreBOM`: the parser skips
- * exactly one leading BOM itself (WHATWG). `undefined` ends the stream.
+ * Decodes a stream of UTF-8 chunks (strings are passed through as decoded). V8's non-streaming
+ * decoder is several times faster on text that is almost all ASCII and slower on other text, so
+ * while the recent chunks held few non-ASCII bytes (under 1 in 1,024: (bytes − UTF-16 units) of a
+ * decay-weighted count) a chunk is cut before a character split at its end and decoded whole; the
+ * split bytes go to the streaming decoder, which ends that character at the start of the next chunk.
+ * Otherwise the streaming decoder takes the chunk. Either way every character is intact and invalid
+ * bytes give U+FFFD as the streaming decoder alone would. `ignoreBOM`: the parser skips exactly one
+ * leading BOM itself (WHATWG). `undefined` ends the stream.
  */
 function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
   const streaming = new TextDecoder('utf-8', { ignoreBOM: true })
   const whole = new TextDecoder('utf-8', { ignoreBOM: true })
-  let asciiRun = 0 // ASCII bytes in a row, to the end of the last chunk: the streaming decoder holds nothing
-  // One unit per byte and no U+FFFD: all ASCII (a multi-byte character gives fewer units than bytes).
-  const ascii = (text: string, chunk: Uint8Array) => text.length === chunk.length && text.indexOf('\uFFFD') < 0
-  return (chunk) => {
-    if (chunk === undefined) return streaming.decode()
-    if (typeof chunk === 'string') return chunk
-    if (asciiRun >= ASCII_RUN_BYTES) {
-      const text = whole.decode(chunk)
-      if (ascii(text, chunk)) { asciiRun += chunk.length; return text }
+  let pending = false // the streaming decoder may hold the start of a character
+  let units = 1, bytes = 1
+  return (c) => {
+    if (c === undefined) return streaming.decode()
+    if (typeof c === 'string') return c
+    const n = c.length
+    let text: string, j = n - 1
+    if ((bytes - units) * 1024 > bytes) {
+      text = streaming.decode(c, { stream: true })
+      while (j > 0 && j > n - 4 && (c[j] & 0xc0) === 0x80) j--
+      pending = j >= 0 && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j
+    } else {
+      let start = 0, head = ''
+      if (pending) { // the end of a character split at the last chunk's end
+        while (start < n && start < 3 && (c[start] & 0xc0) === 0x80) start++
+        if (start === n) return streaming.decode(c, { stream: true })
+        head = streaming.decode(c.subarray(0, start))
+        pending = false
+      }
+      while (j > start && j > n - 4 && (c[j] & 0xc0) === 0x80) j--
+      const cut = j >= start && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j ? j : n
+      text = whole.decode(start === 0 && cut === n ? c : c.subarray(start, cut))
+      if (head !== '') text = head + text
+      if (cut < n) { streaming.decode(c.subarray(cut), { stream: true }); pending = true }
     }
-    const text = streaming.decode(chunk, { stream: true })
-    asciiRun = ascii(text, chunk) ? asciiRun + chunk.length : 0
+    units = units / 2 + text.length
+    bytes = bytes / 2 + n
     return text
   }
 }
@@ -5009,29 +5030,36 @@ function sseBufferLimit(maxBufferSize: unknown): number {
 /**
  * The adapter's form of {@link parseSSE}: calls `onEvent` synchronously for every event of each
  * chunk. `onEvent` returning `false` stops (later events are dropped, the source is cancelled);
- * `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings). Rejects with what
- * `onEvent` or the source threw, or with the parser's RangeError past `maxBufferSize`.
+ * `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings); `signal` aborting cancels the
+ * source and rejects with its reason. Rejects with what `onEvent` or the source threw, or with the
+ * parser's RangeError past `maxBufferSize`.
  */
 async function pumpSSE(
   source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
   onEvent: (event: SSEEvent) => boolean | void,
-  options: { maxBufferSize?: number; onChunk?: (size: number) => void } = {},
+  options: { maxBufferSize?: number; onChunk?: (size: number) => void; signal?: AbortSignal } = {},
 ): Promise<void> {
   const pull = chunkPuller(source)
-  let stopped = false
-  const parser = new SSEParser((event) => { if (!stopped && onEvent(event) === false) stopped = true },
-    sseBufferLimit(options.maxBufferSize))
+  const parser = new SSEParser(onEvent, sseBufferLimit(options.maxBufferSize))
   const decode = utf8Decoder()
+  const { signal } = options
+  const onAbort = (): void => { pull.close().catch(() => {}) } // settles a pending read at once (WHATWG streams)
+  signal?.addEventListener('abort', onAbort, { once: true })
   try {
-    while (!stopped) {
+    while (!parser.stopped) {
+      if (signal?.aborted) throw signal.reason
       let r: IteratorResult<Uint8Array | string>
       try { r = await pull.next() } catch (err) { pull.finished = true; throw err }
+      if (signal?.aborted) throw signal.reason
       if (r.done) { pull.finished = true; parser.feed(decode(undefined)); return }
       const chunk = r.value
       options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
       parser.feed(decode(chunk))
     }
-  } finally { await pull.close() }
+  } finally {
+    signal?.removeEventListener('abort', onAbort)
+    await pull.close()
+  }
 }
 
 /**
@@ -6179,9 +6207,18 @@ class ReplyAssembler {
   requestId: string | undefined
   /** Whether any text, reasoning or tool-call delta arrived (the adapter never retries after one). */
   streamed = false
-  private messageBytes = 0 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
-  constructor(readonly cfg: AdapterConfig, private readonly emit: (event: StreamEvent) => void,
-    private readonly progress: () => void = () => {}) {}
+  /** UTF-16 units kept so far: 3 × units bounds their UTF-8 bytes, so exact bytes are counted only past a third
+   *  of the cap (`messageBytes` is -1 until then). */
+  private messageUnits = 0
+  private messageBytes = -1 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
+  private readonly emit: (event: StreamEvent) => void
+  /** Whether anyone listens: deltas are built as events only then. */
+  private readonly listening: boolean
+  constructor(readonly cfg: AdapterConfig, emit: ((event: StreamEvent) => void) | undefined,
+    private readonly progress: () => void = () => {}) {
+    this.emit = emit ?? (() => {})
+    this.listening = emit !== undefined
+  }
 
   /** RESPONSE_TOO_LARGE for a message past one of its caps (`why`); `partial()` keeps its text. */
   private tooLarge(why: string): ProviderError {
@@ -6193,8 +6230,20 @@ class ReplyAssembler {
 
   /** Counts a delta against maxMessageBytes before it is kept, so nothing past the cap is held; it is progress. */
   private admit(delta: string): void {
-    this.messageBytes += utf8Length(delta, this.cfg.maxMessageBytes)
-    if (this.messageBytes > this.cfg.maxMessageBytes) {
+    const cap = this.cfg.maxMessageBytes
+    if (this.messageBytes < 0) {
+      this.messageUnits += delta.length
+      if (this.messageUnits * 3 <= cap) { this.progress(); return }
+      this.messageBytes = 0
+      for (const b of this.blocks) {
+        const parts = b.type === 'tool-call' ? [(b as ToolCallBlock).id, (b as ToolCallBlock).name,
+          (b as ToolCallBlock).arguments] : b.type === 'text' || b.type === 'reasoning'
+          ? [(b as TextBlock).text, (b as ReasoningBlock).signature ?? ''] : [JSON.stringify(b)]
+        for (const part of parts) this.messageBytes += utf8Length(part, cap)
+      }
+    }
+    this.messageBytes += utf8Length(delta, cap)
+    if (this.messageBytes > cap) {
       const of = 'bytes of text, reasoning and tool-call ids, names and arguments'
       throw this.tooLarge(`passed maxMessageBytes, ${this.cfg.maxMessageBytes} ${of}`)
     }
@@ -6210,7 +6259,9 @@ class ReplyAssembler {
     else this.blocks.push({ type: kind, text: delta })
     this.fresh = false
     this.streamed = true
-    this.emit(kind === 'text' ? { type: 'text-delta', text: delta } : { type: 'reasoning-delta', text: delta })
+    if (this.listening) {
+      this.emit(kind === 'text' ? { type: 'text-delta', text: delta } : { type: 'reasoning-delta', text: delta })
+    }
   }
 
   /** A signature of the reasoning block just streamed (sent back with it). */
@@ -6268,7 +6319,7 @@ class ReplyAssembler {
     call.arguments += args
     if (newId || newName || args) {
       this.streamed = true
-      this.emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}),
+      if (this.listening) this.emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}),
         ...(newName ? { name: newName } : {}), argumentsDelta: args })
     }
   }
@@ -6506,25 +6557,17 @@ async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal
   }
 }
 
-/** Splits `data` into chunk objects; a relay that joined several `data:` lines into one event gets one object per
- *  line. */
-function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined,
-  onChunk: (obj: unknown) => void): void {
-  let obj: unknown
-  try {
-    obj = JSON.parse(data)
-  } catch (error) {
-    if (data.includes('\n')) {
-      let objs: unknown[] | undefined
-      try { objs = data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch {
-        /* fall through */
-      }
-      if (objs) { for (const o of objs) onChunk(o); return }
-    }
-    throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: `
-      + `${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
+/** The objects of a data event that a relay joined from several `data:` lines (one JSON value per line). */
+class ChunkList { constructor(readonly list: unknown[]) {} }
+
+/** A data event that is not JSON: a relay's joined `data:` lines as a {@link ChunkList}, else MALFORMED_RESPONSE. */
+function relayChunks(cfg: AdapterConfig, data: string, requestId: string | undefined, error: unknown): ChunkList {
+  if (data.includes('\n')) {
+    const lines = data.split('\n').filter((line) => line.trim() !== '')
+    try { return new ChunkList(lines.map((line) => JSON.parse(line))) } catch { /* fall through */ }
   }
-  onChunk(obj) // outside the try: what the assembler throws is not a JSON error
+  throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: `
+    + `${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
 }
 
 /**
@@ -6588,16 +6631,22 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     st.pastDeadline = true
     controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`))
   }, Math.max(0, deadlineAt - Date.now()))
-  // One idle timer per request: progress only records the time; the timer, when it fires, aborts
-  // if nothing came for idleTimeoutMs, else sleeps for the rest (re-arming per event cost ~12%).
-  // Progress is the response headers, then only what the assembler keeps (text, reasoning, tool
-  // calls, changed usage): empty chunks, pings and keep-alives are not (docs/design.md §6).
+  // One idle timer per request: progress only counts; the timer looks every quarter of
+  // idleTimeoutMs and aborts once the count stood still for idleTimeoutMs (so within 1.25 × of it;
+  // re-arming or reading the clock per event cost 10–12%). Progress is the response headers, then
+  // only what the assembler keeps (text, reasoning, tool calls, changed usage): empty chunks, pings
+  // and keep-alives are not (docs/design.md §6).
   let timer: ReturnType<typeof setTimeout> | undefined
-  let lastProgressAt = Date.now()
-  const progress = (): void => { lastProgressAt = Date.now() }
+  let progressCount = 0, seenCount = 0, seenAt = Date.now()
+  const progress = (): void => { progressCount++ }
   const idleCheck = (): void => {
-    const idleMs = Date.now() - lastProgressAt
-    if (idleMs < cfg.idleTimeoutMs) { timer = setTimeout(idleCheck, cfg.idleTimeoutMs - idleMs); return }
+    const now = Date.now()
+    if (progressCount !== seenCount) { seenCount = progressCount; seenAt = now }
+    const idleMs = now - seenAt
+    if (idleMs < cfg.idleTimeoutMs) {
+      timer = setTimeout(idleCheck, Math.max(1, Math.min(cfg.idleTimeoutMs / 4, cfg.idleTimeoutMs - idleMs)))
+      return
+    }
     st.timedOut = true
     controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`))
   }
@@ -6607,8 +6656,8 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     if (!onEvent) return
     try { onEvent(event) } catch (error) { throw new ListenerFailure(error) }
   }
-  const acc = new ReplyAssembler(cfg, emit, progress)
-  timer = setTimeout(idleCheck, cfg.idleTimeoutMs)
+  const acc = new ReplyAssembler(cfg, onEvent ? emit : undefined, progress)
+  timer = setTimeout(idleCheck, cfg.idleTimeoutMs / 4)
   try {
     const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
@@ -6662,7 +6711,10 @@ async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssem
       throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
         + `${cfg.model}).`, { status, requestId })
     }
-    parseChunkData(cfg, text.trim(), requestId, (obj) => cfg.format.whole(acc, obj, text))
+    const data = text.trim()
+    let parsed: unknown
+    try { parsed = JSON.parse(data) } catch (error) { parsed = relayChunks(cfg, data, requestId, error) }
+    for (const obj of parsed instanceof ChunkList ? parsed.list : [parsed]) cfg.format.whole(acc, obj, text)
     return acc.finish(true)
   }
   if (!response.body) {
@@ -6671,20 +6723,25 @@ async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssem
   }
   let sawDone = false, sawData = false, bytes = 0
   const { format } = cfg
-  await pumpSSE(bodyChunks(response.body, signal), (event) => {
-    if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
-    if (event.event !== 'message' && !format.namedEvents) return
-    sawData = true
+  await pumpSSE(response.body, (event) => {
+    if (event.event !== 'message') {
+      if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
+      if (!format.namedEvents) return
+    }
+    if (!sawData) sawData = true
     let data = event.data
     if (data.charCodeAt(0) !== 123) { // not `{`: the rare shapes
       data = data.trim()
       if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line
       if (data === '[DONE]') { sawDone = true; return false }
     }
-    let end = false
-    parseChunkData(cfg, data, requestId, (obj) => { if (format.event(acc, obj, data)) end = true })
-    if (end) { sawDone = true; return false }
-  }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
+    let obj: unknown
+    try { obj = JSON.parse(data) } catch (error) { obj = relayChunks(cfg, data, requestId, error) }
+    if (obj instanceof ChunkList ? obj.list.some((o) => format.event(acc, o, data)) : format.event(acc, obj, data)) {
+      sawDone = true
+      return false
+    }
+  }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n }, signal })
   const type = response.headers.get('content-type')
   if (!sawData && type && !/event-stream/i.test(type)) {
     throw bytes === 0
