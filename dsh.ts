@@ -6685,10 +6685,33 @@ function httpError(cfg: AdapterConfig, response: Response, text: string, cut: bo
   })
 }
 
+/** A non-streamed answer (the server ignored stream: true), read up to twice the message cap; its message is
+ *  then capped like a streamed one. */
+async function readWhole(cfg: AdapterConfig, response: Response, acc: ReplyAssembler,
+  signal: AbortSignal): Promise<ChatResponse> {
+  const { status } = response
+  const { requestId } = acc
+  const maxBytes = 2 * cfg.maxMessageBytes + RESPONSE_BODY_MAX_BYTES
+  const { text, cut } = await readBodyCapped(response, maxBytes, signal)
+  if (cut) {
+    throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a `
+      + `non-streamed body over ${maxBytes} bytes (2 × maxMessageBytes + ${RESPONSE_BODY_MAX_BYTES}); it was cut `
+      + `there and not used (dsh asks for stream: true).`, { status, requestId })
+  }
+  const data = text.trim()
+  if (data === '') {
+    throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
+      + `${cfg.model}).`, { status, requestId })
+  }
+  let parsed: unknown
+  try { parsed = JSON.parse(data) } catch (error) { parsed = relayChunks(cfg, data, requestId, error) }
+  for (const obj of parsed instanceof ChunkList ? parsed.list : [parsed]) cfg.format.whole(acc, obj, text)
+  return acc.finish(true)
+}
+
 /**
  * Reads a response into the assembler: an error status as a classified error (its body capped), a
- * non-streamed JSON answer (read up to twice the message cap, then the message capped as streamed),
- * or the event stream through the format's event mapper.
+ * non-streamed JSON answer ({@link readWhole}), or the event stream through the format's event mapper.
  */
 async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssembler,
   signal: AbortSignal): Promise<ChatResponse> {
@@ -6699,23 +6722,7 @@ async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssem
     throw httpError(cfg, response, text, cut, requestId)
   }
   if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
-    // The server ignored stream: true and sent one answer (or an error) as JSON.
-    const maxBytes = 2 * cfg.maxMessageBytes + RESPONSE_BODY_MAX_BYTES
-    const { text, cut } = await readBodyCapped(response, maxBytes, signal)
-    if (cut) {
-      throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a `
-        + `non-streamed body over ${maxBytes} bytes (2 × maxMessageBytes + ${RESPONSE_BODY_MAX_BYTES}); it was cut `
-        + `there and not used (dsh asks for stream: true).`, { status, requestId })
-    }
-    if (text.trim() === '') {
-      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
-        + `${cfg.model}).`, { status, requestId })
-    }
-    const data = text.trim()
-    let parsed: unknown
-    try { parsed = JSON.parse(data) } catch (error) { parsed = relayChunks(cfg, data, requestId, error) }
-    for (const obj of parsed instanceof ChunkList ? parsed.list : [parsed]) cfg.format.whole(acc, obj, text)
-    return acc.finish(true)
+    return readWhole(cfg, response, acc, signal)
   }
   if (!response.body) {
     throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} without a body (model `
