@@ -6532,31 +6532,6 @@ function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | 
     requestId })
 }
 
-/**
- * The response body, ended at once by the attempt's abort signal (fetch implementations differ in
- * how fast they honour it): an abort cancels the reader, which settles a pending read at once
- * (WHATWG streams), and the signal's reason is thrown. One listener per body, not one per read.
- */
-async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<Uint8Array, void,
-  undefined> {
-  const reader = body.getReader()
-  const onAbort = (): void => { reader.cancel(signal.reason).catch(() => {}) }
-  if (signal.aborted) onAbort()
-  else signal.addEventListener('abort', onAbort, { once: true })
-  let finished = false
-  try {
-    for (;;) {
-      const { done, value } = await reader.read()
-      if (signal.aborted) throw signal.reason
-      if (done) { finished = true; return }
-      yield value
-    }
-  } finally {
-    signal.removeEventListener('abort', onAbort)
-    if (!finished) reader.cancel().catch(() => {})
-  }
-}
-
 /** The objects of a data event that a relay joined from several `data:` lines (one JSON value per line). */
 class ChunkList { constructor(readonly list: unknown[]) {} }
 
@@ -6577,16 +6552,28 @@ function relayChunks(cfg: AdapterConfig, data: string, requestId: string | undef
 async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string;
   cut: boolean }> {
   if (!response.body) return { text: '', cut: false }
+  const pull = chunkPuller(response.body)
+  const onAbort = (): void => { pull.close().catch(() => {}) } // settles a pending read at once (WHATWG streams)
+  signal.addEventListener('abort', onAbort, { once: true })
   const decoder = new TextDecoder()
-  let text = ''
-  let bytes = 0
-  for await (const chunk of bodyChunks(response.body, signal)) { // leaving the loop cancels the body
-    if (bytes + chunk.byteLength > maxBytes)
-      return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
-    bytes += chunk.byteLength
-    text += decoder.decode(chunk, { stream: true })
+  let text = '', bytes = 0
+  try {
+    for (;;) {
+      if (signal.aborted) throw signal.reason
+      const r = await pull.next()
+      if (signal.aborted) throw signal.reason
+      if (r.done) { pull.finished = true; return { text: text + decoder.decode(), cut: false } }
+      const chunk = r.value as Uint8Array
+      if (bytes + chunk.byteLength > maxBytes) {
+        return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
+      }
+      bytes += chunk.byteLength
+      text += decoder.decode(chunk, { stream: true })
+    }
+  } finally {
+    signal.removeEventListener('abort', onAbort)
+    await pull.close() // cancels the rest unread
   }
-  return { text: text + decoder.decode(), cut: false }
 }
 
 const REDIRECT_STATUSES: ReadonlySet<number> = new Set([301, 302, 303, 307, 308])
