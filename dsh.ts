@@ -5699,8 +5699,6 @@ export interface OpenAICompatibleOptions {
   contextWindow?: number
   /** Completion budget in tokens when a request sets none. Default {@link DEFAULT_MAX_TOKENS}; always clamped. */
   maxTokens?: number
-  /** Body field for the budget: `max_tokens` (default) or `max_completion_tokens` (OpenAI reasoning models). */
-  maxTokensField?: 'max_tokens' | 'max_completion_tokens'
   /** Extra HTTP headers on every request (a request's own `headers` win). */
   headers?: Record<string, string>
   /** Replacement for `globalThis.fetch` (proxies, tests). */
@@ -5719,7 +5717,8 @@ export interface OpenAICompatibleOptions {
   thinking?: boolean | 'enabled' | 'disabled'
   /** Sends `reasoning_effort` (DeepSeek V4, OpenAI reasoning models). */
   reasoningEffort?: string
-  /** Extra body fields (e.g. `temperature`); the adapter's own fields win. */
+  /** Extra body fields (e.g. `temperature`); the adapter's own fields win. A `max_completion_tokens` key (any
+   *  value; OpenAI's reasoning models refuse `max_tokens`) makes the clamped budget go under that name. */
   extraBody?: Record<string, unknown>
   /** Waits between retries (tests pass a fake clock). Must reject when `signal` aborts. */
   sleep?: (ms: number, signal?: AbortSignal) => Promise<void>
@@ -5740,13 +5739,13 @@ export interface OpenAICompatibleOptions {
 
 /** Options of {@link anthropic}: those of {@link openAICompatible} without the chat-completions fields. */
 export interface AnthropicOptions
-  extends Omit<OpenAICompatibleOptions, 'baseURL' | 'maxTokensField' | 'thinking' | 'reasoningEffort'> {
+  extends Omit<OpenAICompatibleOptions, 'baseURL' | 'thinking' | 'reasoningEffort'> {
   /** Server root; the adapter POSTs to `{baseURL}/v1/messages`. Default `https://api.anthropic.com`. */
   baseURL?: string
 }
 
 const OPTION_NAMES: readonly (keyof OpenAICompatibleOptions)[] = [
-  'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'maxTokensField', 'headers', 'fetch',
+  'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'headers', 'fetch',
   'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'thinking', 'reasoningEffort', 'extraBody', 'sleep',
   'maxMessageBytes', 'requestTimeoutMs', 'prices',
 ]
@@ -5779,7 +5778,6 @@ interface AdapterConfig {
   contextWindow?: number
   maxOutputTokens?: number
   maxTokens: number
-  maxTokensField: 'max_tokens' | 'max_completion_tokens'
   headers: Record<string, string>
   fetch: (input: string, init: RequestInit) => Promise<Response>
   idleTimeoutMs: number
@@ -5872,11 +5870,6 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
   if (options.thinking !== undefined && thinking === undefined)
     throw new TypeError(`${fn}: thinking must be true, false, 'enabled' or 'disabled', `
       + `got ${JSON.stringify(options.thinking)}`)
-  if (options.maxTokensField !== undefined && options.maxTokensField !== 'max_tokens'
-    && options.maxTokensField !== 'max_completion_tokens') {
-    throw new TypeError(`${fn}: maxTokensField must be 'max_tokens' or 'max_completion_tokens', `
-      + `got ${JSON.stringify(options.maxTokensField)}`)
-  }
   const baseURLText = String(baseURL).replace(/\/+$/, '')
   // unbound fetch throws "Illegal invocation" in workerd
   const fetchImpl = options.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init))
@@ -5891,7 +5884,6 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
     contextWindow: positiveInteger(fn, 'contextWindow', options.contextWindow) ?? known?.contextWindow,
     maxOutputTokens: known?.maxOutputTokens,
     maxTokens: positiveInteger(fn, 'maxTokens', options.maxTokens) ?? DEFAULT_MAX_TOKENS,
-    maxTokensField: options.maxTokensField ?? 'max_tokens',
     headers: { ...(options.headers ?? {}) },
     fetch: fetchImpl,
     idleTimeoutMs: positiveInteger(fn, 'idleTimeoutMs', options.idleTimeoutMs) ?? DEFAULT_IDLE_TIMEOUT_MS,
@@ -6080,7 +6072,9 @@ const toolsJSON = new WeakMap<readonly ToolSpec[], string>()
  */
 function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number): string {
   const json = (value: unknown) => JSON.stringify(value, wireReplacer)
-  const own = new Set(['model', 'messages', 'stream', 'stream_options', cfg.maxTokensField])
+  const budgetField = Object.prototype.hasOwnProperty.call(cfg.extraBody, 'max_completion_tokens')
+    ? 'max_completion_tokens' : 'max_tokens'
+  const own = new Set(['model', 'messages', 'stream', 'stream_options', budgetField])
   if (cfg.thinking) own.add('thinking')
   if (cfg.reasoningEffort !== undefined) own.add('reasoning_effort')
   const tools = request.tools && request.tools.length > 0 ? request.tools : undefined
@@ -6108,7 +6102,7 @@ function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number
   field('messages', `[${toWireMessages(request.system, request.messages).map((m) => json(m)).join(',')}]`)
   field('stream', 'true')
   field('stream_options', '{"include_usage":true}')
-  field(cfg.maxTokensField, String(maxTokens))
+  field(budgetField, String(maxTokens))
   return `{${fields.join(',')}}`
 }
 
