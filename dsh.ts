@@ -5757,7 +5757,8 @@ const OPTION_NAMES: readonly (keyof OpenAICompatibleOptions)[] = [
  */
 interface WireFormat {
   path: string
-  countPath?: string
+  /** The path and the body of a token count, where the format has one. */
+  count?: { path: string; body(cfg: AdapterConfig, request: ChatRequest): string }
   options: readonly string[]
   /** Events of other names than `message` carry data (Anthropic names every event). */
   namedEvents: boolean
@@ -5996,7 +5997,7 @@ function makeProvider(cfg: AdapterConfig): Provider {
     maxTokens: cfg.maxTokens,
     ...(cfg.prices ? { prices: cfg.prices } : {}),
     complete: (request) => completeWithRetries(cfg, request),
-    ...(cfg.format.countPath ? { countTokens: (request: ChatRequest) => countTokens(cfg, request) } : {}),
+    ...(cfg.format.count ? { countTokens: (request: ChatRequest) => countTokens(cfg, request) } : {}),
   }
 }
 
@@ -6124,13 +6125,14 @@ function requestHeaders(cfg: AdapterConfig, request: ChatRequest): Record<string
 async function countTokens(cfg: AdapterConfig, request: ChatRequest): Promise<number> {
   if (!isRecord(request) || !Array.isArray(request.messages))
     throw new TypeError('countTokens(request): request.messages must be an array of messages')
-  const url = `${cfg.baseURL}${cfg.format.countPath}`
+  const count = cfg.format.count!
+  const url = `${cfg.baseURL}${count.path}`
   const controller = new AbortController()
   const forwardAbort = (): void => controller.abort(request.signal?.reason)
   request.signal?.addEventListener('abort', forwardAbort, { once: true })
   const timer = setTimeout(() => controller.abort(new Error(`no answer for ${cfg.idleTimeoutMs} ms`)),
     cfg.idleTimeoutMs)
-  const init = { method: 'POST', headers: requestHeaders(cfg, request), body: anthropicBody(cfg, request),
+  const init = { method: 'POST', headers: requestHeaders(cfg, request), body: count.body(cfg, request),
     signal: controller.signal }
   const acc = new ReplyAssembler({ ...cfg, endpoint: url }, () => {})
   try {
@@ -6493,7 +6495,7 @@ function anthropicUsage(acc: ReplyAssembler, u: unknown): Usage | undefined {
 
 const ANTHROPIC_FORMAT: WireFormat = {
   path: '/v1/messages',
-  countPath: '/v1/messages/count_tokens',
+  count: { path: '/v1/messages/count_tokens', body: (cfg, request) => anthropicBody(cfg, request) },
   options: ['baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'headers', 'fetch',
     'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'extraBody', 'sleep', 'maxMessageBytes',
     'requestTimeoutMs', 'prices'],
