@@ -5941,10 +5941,7 @@ function openAICompatible(options: OpenAICompatibleOptions): Provider {
  *   an explicit `apiKey`/`apiKeyEnv`, or for bad options.
  */
 function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
-  if (!isRecord(options))
-    throw new TypeError(`deepseek takes an options object, got ${options === null ? 'null' : typeof options}`)
-  const merged: Record<string, unknown> = { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL }
-  for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
+  const merged = withDefaults('deepseek', options, { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL })
   if (merged.prices === undefined && typeof merged.model === 'string') merged.prices = pricesOf(merged.model)
   const cfg = resolveConfig('deepseek', merged as unknown as OpenAICompatibleOptions, DEEPSEEK_API_KEY_ENV)
   // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
@@ -5977,16 +5974,22 @@ function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
  * @throws TypeError for bad options (unknown keys, bad URL, missing key).
  */
 function anthropic(options: AnthropicOptions): Provider {
-  if (!isRecord(options))
-    throw new TypeError(`anthropic takes an options object, got ${options === null ? 'null' : typeof options}`)
-  const merged: Record<string, unknown> = { baseURL: ANTHROPIC_BASE_URL }
-  for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
+  const merged = withDefaults('anthropic', options, { baseURL: ANTHROPIC_BASE_URL })
   let host: string | undefined
   try { host = new URL(String(merged.baseURL)).hostname } catch { host = undefined }
   const explicitKey = (options.apiKey !== undefined && options.apiKey !== '') || options.apiKeyEnv !== undefined
   const envKey = !explicitKey && host === new URL(ANTHROPIC_BASE_URL).hostname ? ANTHROPIC_API_KEY_ENV : undefined
   return makeProvider(resolveConfig('anthropic', merged as unknown as OpenAICompatibleOptions, envKey,
     ANTHROPIC_FORMAT))
+}
+
+/** The options over `defaults` (an undefined value keeps the default); TypeError for a non-object. */
+function withDefaults(fn: string, options: unknown, defaults: Record<string, unknown>): Record<string, unknown> {
+  if (!isRecord(options)) throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null'
+    : typeof options}`)
+  const merged = { ...defaults }
+  for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
+  return merged
 }
 
 function makeProvider(cfg: AdapterConfig): Provider {
@@ -6496,9 +6499,7 @@ function anthropicUsage(acc: ReplyAssembler, u: unknown): Usage | undefined {
 const ANTHROPIC_FORMAT: WireFormat = {
   path: '/v1/messages',
   count: { path: '/v1/messages/count_tokens', body: (cfg, request) => anthropicBody(cfg, request) },
-  options: ['baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'headers', 'fetch',
-    'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'extraBody', 'sleep', 'maxMessageBytes',
-    'requestTimeoutMs', 'prices'],
+  options: /* @__PURE__ */ OPTION_NAMES.filter((k) => k !== 'thinking' && k !== 'reasoningEffort'),
   namedEvents: true,
   authHeaders: (apiKey) => ({ 'anthropic-version': ANTHROPIC_VERSION, ...(apiKey === undefined ? {}
     : { 'x-api-key': apiKey }) }),
