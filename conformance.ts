@@ -20,7 +20,7 @@ const { stateOf } = internals
 export interface LogStoreCapabilities {
   /**
    * `'refused'`: while one store writes a log, a second store on it is refused with
-   * `SessionError('LOCKED')` at its load or, at the latest, at one of the two writers' next append.
+   * `SessionError('SESSION_LOCKED')` at its load or, at the latest, at one of the two writers' next append.
    * Otherwise the reason the store has no second writer to refuse (e.g. "one instance per log:
    * MemoryStore"; "the Durable Object runs one request at a time"); that case is then skipped.
    */
@@ -61,7 +61,7 @@ async function loaded(store: LogStore): Promise<SessionEvent[]> { return (await 
 /** JSON round trip: what a serialising store returns for `events`. */
 const asStored = (events: readonly SessionEvent[]) => JSON.parse(JSON.stringify(events)) as SessionEvent[]
 
-const isLocked = (err: unknown) => err instanceof SessionError && err.code === 'LOCKED'
+const isLocked = (err: unknown) => err instanceof SessionError && err.code === 'SESSION_LOCKED'
 
 /** Contiguous seqs from 0, and the log replays through Session (every invariant re-checked). */
 async function assertValidLog(store: LogStore): Promise<SessionEvent[]> {
@@ -244,14 +244,14 @@ export function testLogStore(name: string, makeStore: (key: string) => LogStore 
       await close(store)
     })
 
-    test('a second writer is refused: LOCKED at its load or at the next append, and the log holds one writer\'s events', { skip: capabilities.secondWriter === 'refused' ? instanceSkip : capabilities.secondWriter }, async () => {
+    test('a second writer is refused: SESSION_LOCKED at its load or at the next append, and the log holds one writer\'s events', { skip: capabilities.secondWriter === 'refused' ? instanceSkip : capabilities.secondWriter }, async () => {
       const key = freshKey(name, 'two-writers')
       const a = await Session.open(await open(key), { id: key })
       exchange(a, 'writer A', 'first')
       await a.sync()
       let b: Session | undefined
       try { b = await Session.open(await open(key)) } catch (err) {
-        assert.ok(isLocked(err), `the second load failed with ${err}, not SessionError('LOCKED')`)
+        assert.ok(isLocked(err), `the second load failed with ${err}, not SessionError('SESSION_LOCKED')`)
       }
       if (b === undefined) {
         // Refused at load: A goes on writing; B wrote nothing.

@@ -15,8 +15,10 @@
  *   Agent                  the loop: turns, steps, tools, hooks, the ladder, cancellation (§7)
  *   Session                the append-only log, its surface and measure(); parts over it: cost, recall, pins
  *   MemoryStore, FileStore where a session's events live: in memory (anywhere), JSONL file (Node, Deno, Bun)
+ *   SqlLogStore            a session in PostgreSQL, one writer across machines (SessionLockedError: held elsewhere)
  *   openAICompatible       a Provider for any OpenAI-compatible chat-completions server (§6)
  *   deepseek               openAICompatible with DeepSeek's base URL, model, key variable and prices
+ *   anthropic              a Provider for the Anthropic Messages API, cache breakpoints placed by dsh (§6)
  *   parseSSE               a server-sent event stream as an async iterable of {event, data, id?}
  *   classifyProviderError  an HTTP status and error body → a ProviderErrorCode
  *   ProviderError          the one error a provider throws ({code, status?, body, partial?})
@@ -93,8 +95,8 @@
 // is the undocumented `internals` object at the end of Part I (docs/design.md §14). `Session` is exported at its
 // declaration in section 4 (the figures of the core count its class there).
 export {
-  VERSION, Agent, MemoryStore, FileStore, SessionError, ProviderError, ConfigError,
-  openAICompatible, deepseek, parseSSE, classifyProviderError,
+  VERSION, Agent, MemoryStore, FileStore, SqlLogStore, SessionError, SessionLockedError, ProviderError, ConfigError,
+  openAICompatible, deepseek, anthropic, parseSSE, classifyProviderError,
   estimateTextTokens, estimateMessageTokens, estimateRequestTokens,
   codePointLength, pruneText, pruneToolResult, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
   DEFAULT_COMPACTION_CONFIG, KNOWN_MODELS, DEEPSEEK_PRICES,
@@ -118,8 +120,8 @@ const LOG_FORMAT = 1
 
 /** Plain text. `text` is any string; lone surrogates are tolerated and replaced only on the wire. */
 export interface TextBlock { type: 'text'; text: string }
-/** Model reasoning ("thinking"); DeepSeek's `reasoning_content`. */
-export interface ReasoningBlock { type: 'reasoning'; text: string }
+/** Model reasoning ("thinking"); DeepSeek's `reasoning_content`. `signature`: Anthropic's, sent back with it. */
+export interface ReasoningBlock { type: 'reasoning'; text: string; signature?: string }
 /** A tool call made by the model. `arguments` is the raw JSON string, exactly as streamed. */
 export interface ToolCallBlock { type: 'tool-call'; id: string; name: string; arguments: string }
 /** An image (or any other non-text block). Kept in position; priced by its JSON length. */
@@ -171,6 +173,8 @@ export interface Usage {
   completionTokens: number
   /** Prompt tokens served from the provider's cache (`prompt_cache_hit_tokens` / `cached_tokens`). */
   cachedTokens?: number
+  /** Prompt tokens written to the provider's cache (Anthropic's `cache_creation_input_tokens`), not cached ones. */
+  cacheWriteTokens?: number
   /** Completion tokens spent on reasoning (`completion_tokens_details.reasoning_tokens`). */
   reasoningTokens?: number
 }
@@ -187,6 +191,8 @@ export interface Prices {
   cacheHitInput: number
   /** USD per million input tokens that miss the prompt cache. */
   cacheMissInput: number
+  /** USD per million input tokens written to the cache (Anthropic: 1.25 × input); default cacheMissInput. */
+  cacheWriteInput?: number
   /** USD per million completion tokens. */
   output: number
   /** Peak hours, when every price above is multiplied by `multiplier`. */
@@ -319,6 +325,8 @@ export interface Provider {
   readonly prices?: Prices
   /** Streams one chat completion; throws {@link ProviderError} on any failure. */
   complete(request: ChatRequest): Promise<ChatResponse>
+  /** The server's own count of the request's prompt, tokens, where it has an endpoint for it ({@link anthropic}). */
+  countTokens?(request: ChatRequest): Promise<number>
 }
 
 /** What a tool's `execute` receives besides its parsed arguments. */
@@ -527,16 +535,20 @@ const USAGE_MAX_TOKENS = 1e9
 /**
  * Usage as dsh reads it, wherever it comes from (a provider, a custom one, a log): undefined unless the
  * prompt and completion counts are numbers in [0, {@link USAGE_MAX_TOKENS}] (NaN, Infinity, 1e308 or a
- * negative count is refused); a cached or reasoning count out of range is dropped, and clamped to the
- * prompt or completion count it is part of. The one check before the meter, the ladder or cost use a count.
+ * negative count is refused); a cached, cache-write or reasoning count out of range is dropped, and clamped
+ * to the prompt or completion count it is part of. The one check before the meter, the ladder or cost use a count.
  */
 function checkedUsage(u: unknown): Usage | undefined {
   const count = (v: unknown): v is number => typeof v === 'number' && v >= 0 && v <= USAGE_MAX_TOKENS
   if (typeof u !== 'object' || u === null) return undefined
-  const { promptTokens, completionTokens, cachedTokens, reasoningTokens } = u as Record<string, unknown>
+  const { promptTokens, completionTokens, cachedTokens, cacheWriteTokens, reasoningTokens } =
+    u as Record<string, unknown>
   if (!count(promptTokens) || !count(completionTokens)) return undefined
   const usage: Usage = { promptTokens, completionTokens }
   if (count(cachedTokens)) usage.cachedTokens = Math.min(cachedTokens, promptTokens)
+  // a write is part of the prompt, not of its cached tokens
+  const uncached = promptTokens - (usage.cachedTokens ?? 0)
+  if (count(cacheWriteTokens)) usage.cacheWriteTokens = Math.min(cacheWriteTokens, uncached)
   if (count(reasoningTokens)) usage.reasoningTokens = Math.min(reasoningTokens, completionTokens)
   return usage
 }
@@ -562,10 +574,11 @@ function validatePrices(prices: unknown, where = 'prices'): Prices {
   if (typeof prices !== 'object' || prices === null || Array.isArray(prices)) fail(` must be an object, `
     + `got ${prices === null ? 'null' : typeof prices}`)
   const p = prices as Record<string, unknown>
-  for (const key of Object.keys(p)) if (!['cacheHitInput', 'cacheMissInput', 'output', 'peak'].includes(key)) fail(`: `
-    + `unknown key "${key}" (cacheHitInput, cacheMissInput, output, peak)`)
-  for (const key of ['cacheHitInput', 'cacheMissInput', 'output']) {
+  const keys = ['cacheHitInput', 'cacheMissInput', 'output', 'peak', 'cacheWriteInput']
+  for (const key of Object.keys(p)) if (!keys.includes(key)) fail(`: unknown key "${key}" (${keys.join(', ')})`)
+  for (const key of ['cacheHitInput', 'cacheMissInput', 'output', 'cacheWriteInput']) {
     const v = p[key]
+    if (key === 'cacheWriteInput' && v === undefined) continue
     if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) fail(`.${key} must be a non-negative number of USD per `
       + `million tokens, got ${JSON.stringify(v)}`)
   }
@@ -596,16 +609,21 @@ function isPeakTime(prices: Prices, timeMs: number): boolean {
   return peak.hoursUTC.some(([start, end]) => hour >= start && hour < end)
 }
 
-/** The tokens of one request as billed: input split by the prompt cache, and output. */
-export interface BilledTokens { cachedInputTokens: number; uncachedInputTokens: number; outputTokens: number }
+/** The tokens of one request as billed: input split by the prompt cache (writes are part of uncached), and output. */
+export interface BilledTokens {
+  cachedInputTokens: number; uncachedInputTokens: number; outputTokens: number; cacheWriteInputTokens?: number
+}
 
 /**
  * USD of one request (docs/design.md §11): `cached × cacheHitInput + uncached × cacheMissInput +
- * output × output`, per million tokens, times the peak multiplier when `timeMs` is in a peak window.
+ * writes × (cacheWriteInput − cacheMissInput) + output × output`, per million tokens, times the peak
+ * multiplier when `timeMs` is in a peak window.
  */
 function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): number {
+  const writeExtra = ((prices.cacheWriteInput ?? prices.cacheMissInput) - prices.cacheMissInput)
+    * (tokens.cacheWriteInputTokens ?? 0)
   const usd = (tokens.cachedInputTokens * prices.cacheHitInput + tokens.uncachedInputTokens * prices.cacheMissInput
-    + tokens.outputTokens * prices.output) / 1_000_000
+    + writeExtra + tokens.outputTokens * prices.output) / 1_000_000
   return isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
 }
 
@@ -615,7 +633,7 @@ function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): n
  * peak multiplier when `timeMs` is given and in a peak window).
  */
 function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: number): number {
-  const usd = (movedTokens * (prices.cacheMissInput - prices.cacheHitInput)) / 1_000_000
+  const usd = (movedTokens * ((prices.cacheWriteInput ?? prices.cacheMissInput) - prices.cacheHitInput)) / 1_000_000
   return timeMs !== undefined && isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
 }
 
@@ -1028,7 +1046,7 @@ export interface SurfaceNode {
  * or a pin that is refused (it would not fit, or an edit would touch a pinned message).
  */
 export type SessionErrorCode = 'INVALID_MESSAGE' | 'INVALID_EVENT' | 'SURFACE_OP' | 'PAIRING' | 'LOG_CORRUPT'
-  | 'STORE' | 'PIN' | 'LOCKED'
+  | 'STORE' | 'PIN' | 'SESSION_LOCKED'
 
 /** Thrown for an append that would break a log invariant (state is left unchanged) or a bad log. */
 class SessionError extends Error {
@@ -1093,6 +1111,290 @@ class MemoryStore implements LogStore {
     const text = this.artefacts.get(ref.replace(/^memory:/, ''))
     if (text === undefined) throw new SessionError('STORE', `no artefact ${ref} in this MemoryStore`)
     return text
+  }
+}
+
+// ── SQL store: a session in PostgreSQL, one writer across machines (docs/design.md §4 "SQL store") ──
+// Every write is ONE statement, so one transaction on any driver (a pool, an HTTP driver); a lease
+// row per session is checked and extended by each, with no renewal timer (edge workers keep none).
+
+/**
+ * Runs one SQL statement with `$1…$n` parameters; resolves with its rows, or with an object holding
+ * them as `rows` (pg, PGlite): `(sql, params) => pool.query(sql, params)`; postgres.js
+ * `(sql, params) => db.unsafe(sql, params)`; Neon `neon(url).query`.
+ */
+export type SqlQuery = (sql: string, params: unknown[]) => Promise<readonly unknown[] | { rows: readonly unknown[] }>
+
+/** Options of {@link SqlLogStore}. */
+export interface SqlLogStoreOptions {
+  query: SqlQuery
+  /** The session's key in the tables (a non-empty string; one log per key). */
+  session: string
+  /** Who holds the lease, named in refusals (default `worker-` + a random UUID). */
+  owner?: string
+  /** Lease length, ms (default 300,000: 5 min); longer than a worker's longest step. */
+  leaseMs?: number
+  /** Table name prefix: `PREFIX_events`, `PREFIX_artefacts`, `PREFIX_leases` (default `dsh`). */
+  tablePrefix?: string
+  /** Reads without taking the lease (e.g. to show a live session); writes are refused. */
+  readOnly?: boolean
+}
+
+/** The database's clock in ms since the epoch: one clock for every worker, whatever their skew. */
+const SQL_NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint'
+/** In a statement: its transaction commits without waiting for the WAL's fsync (a `sync` waits). */
+const SQL_NO_FSYNC = "set_config('synchronous_commit', 'off', true)"
+/** Events a session syncs right after (a step's or turn's end, an open): their batch waits for the fsync itself. */
+const SQL_SYNC_POINTS = new Set<string>(
+  ['step/end', 'turn/end', 'session/start', 'session/resume'] satisfies (keyof EventDataMap)[])
+
+/**
+ * A session another writer holds (`code` `'SESSION_LOCKED'`): its `owner`, until `expiresAtMs` (ms
+ * since the epoch, by the database's clock), and the lease's fencing `token`.
+ */
+class SessionLockedError extends SessionError {
+  declare readonly owner: string
+  declare readonly expiresAtMs: number
+  declare readonly token: number
+  constructor(message: string, lease: { owner: string; expiresAtMs: number; token: number }) {
+    super('SESSION_LOCKED', message)
+    this.name = 'SessionLockedError'
+    Object.assign(this, lease)
+  }
+}
+
+/**
+ * A {@link LogStore} in PostgreSQL through one {@link SqlQuery} function (pg, postgres.js, PGlite,
+ * Neon; no dependency). Tables, created on first use: `PREFIX_events (session_id, seq)` → type,
+ * time_ms, the event's JSON and a row version `v`; `PREFIX_artefacts (session_id, name)`;
+ * `PREFIX_leases (session_id)` → owner, token, expires_ms.
+ * - `load`/`scan` take the lease (a free or expired one; a takeover raises the token by one) or throw
+ *   {@link SessionLockedError}. Every write checks the token and extends the lease in its statement,
+ *   so a holder whose lease was taken over (paused, then revived) is refused, never interleaved.
+ *   `close` gives the lease back.
+ * - `append` (one flush of the session) is one statement; it commits without waiting for the WAL's
+ *   fsync unless its batch ends a step or a turn (the session syncs next). `sync` waits if anything
+ *   was written since: one fsync per step. An append whose previous seq is not stored (a database
+ *   that crashed before a sync lost it) is refused: no gap. A batch retried after a lost
+ *   acknowledgement finds its rows and succeeds; another event at a stored seq is refused.
+ * - Readable (see {@link LogStore.scan}): loads and reads back by seq ranges of 500 events, so a
+ *   Session on it keeps only its surface in memory.
+ * Errors: `SessionError('STORE')` for a failed query (the driver's error as `cause`) or a refused
+ * write, `'LOG_CORRUPT'` for rows that are not a contiguous log, {@link SessionLockedError}.
+ */
+class SqlLogStore implements LogStore {
+  readonly session: string
+  readonly owner: string
+  readonly leaseMs: number
+  readonly readOnly: boolean
+  /** The fencing token of the lease this store holds (undefined: none). */
+  token?: number
+  private readonly query: SqlQuery
+  private readonly t: string
+  private schema?: Promise<void>
+  /** Whether writes were committed since the last durable commit. */
+  private unsynced = false
+  constructor(options: SqlLogStoreOptions) {
+    const { query, session, owner, leaseMs = 300_000, tablePrefix = 'dsh', readOnly = false } = options
+    const bad = (what: string) => new TypeError(`SqlLogStore: ${what}`)
+    if (typeof query !== 'function') throw bad('query must be a function (sql, params) → rows')
+    if (typeof session !== 'string' || session === '') throw bad('session must be a non-empty string')
+    if (!isIntegerAtLeast(leaseMs, 1)) throw bad(`leaseMs must be an integer ≥ 1 ms, got ${leaseMs}`)
+    if (!/^[a-z_][a-z0-9_]{0,40}$/.test(tablePrefix)) {
+      throw bad(`tablePrefix ${JSON.stringify(tablePrefix)} must match [a-z_][a-z0-9_]{0,40}: it names tables`)
+    }
+    this.query = query
+    this.session = session
+    this.owner = owner ?? `worker-${crypto.randomUUID()}`
+    this.leaseMs = leaseMs
+    this.t = tablePrefix
+    this.readOnly = readOnly
+  }
+
+  /** Runs one statement; a failure is `SessionError('STORE')` naming what was being done. */
+  private async run(what: string, sql: string, params: unknown[] = []): Promise<any[]> {
+    try {
+      const result = await this.query(sql, params)
+      return (Array.isArray(result) ? result : (result as { rows: unknown[] }).rows) as any[]
+    } catch (err) {
+      if (err instanceof SessionError) throw err
+      throw Object.assign(new SessionError('STORE', `SqlLogStore: ${what} of session ${JSON.stringify(this.session)} `
+        + `failed: ${(err as Error)?.message ?? err}; nothing of it was written (retry when the database answers)`),
+      { cause: err })
+    }
+  }
+
+  /** Creates the tables once per store (one statement; a racing creator's error is retried once). */
+  private ensureSchema(): Promise<void> {
+    const t = this.t
+    const sql = `DO $$ BEGIN
+      CREATE TABLE IF NOT EXISTS ${t}_events (session_id text NOT NULL, seq bigint NOT NULL, type text NOT NULL,
+        time_ms bigint NOT NULL, event text NOT NULL, v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq));
+      CREATE TABLE IF NOT EXISTS ${t}_artefacts (session_id text NOT NULL, name text NOT NULL, body text NOT NULL,
+        v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, name));
+      CREATE TABLE IF NOT EXISTS ${t}_leases (session_id text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL,
+        expires_ms bigint NOT NULL);
+    END $$`
+    this.schema ??= this.run('creating the tables', sql).catch(() => this.run('creating the tables', sql)).then(
+      () => {}, (err) => { this.schema = undefined; throw err })
+    return this.schema
+  }
+
+  /** Takes (or renews) the lease, durably; throws {@link SessionLockedError} when another's is live. */
+  private async acquire(): Promise<void> {
+    await this.ensureSchema()
+    if (this.readOnly) return
+    const rows = await this.run('taking the lease', `INSERT INTO ${this.t}_leases AS l
+      VALUES ($1, $2, 1, ${SQL_NOW_MS} + $3::bigint)
+      ON CONFLICT (session_id) DO UPDATE SET owner = EXCLUDED.owner, expires_ms = EXCLUDED.expires_ms,
+        token = CASE WHEN l.token = $4::bigint THEN l.token ELSE l.token + 1 END
+      WHERE l.expires_ms <= ${SQL_NOW_MS} OR l.token = $4::bigint RETURNING token`,
+    [this.session, this.owner, this.leaseMs, this.token ?? 0])
+    if (rows.length !== 1) throw await this.locked('is held by')
+    this.token = Number(rows[0].token)
+  }
+
+  /** The refusal naming the lease's current holder. */
+  private async locked(how: string): Promise<SessionLockedError> {
+    const [r = { owner: '(nobody)', token: 0, expires_ms: 0, now_ms: 0 }] = await this.run('reading the lease',
+      `SELECT owner, token, expires_ms, ${SQL_NOW_MS} AS now_ms FROM ${this.t}_leases WHERE session_id = $1`,
+      [this.session])
+    const lease = { owner: String(r.owner), token: Number(r.token), expiresAtMs: Number(r.expires_ms) }
+    const mine = this.token === undefined ? '' : ` (this store's token ${this.token} is fenced off: nothing written)`
+    return new SessionLockedError(`session ${JSON.stringify(this.session)} ${how} ${lease.owner}${mine}, lease `
+      + `token ${lease.token} until ${new Date(lease.expiresAtMs).toISOString()} (${Math.max(0, lease.expiresAtMs
+        - Number(r.now_ms))} ms from now); open it again after that, or once its owner closes it`, lease)
+  }
+
+  async load(): Promise<LoadedLog> {
+    const events: SessionEvent[] = []
+    return { ...await this.scan((e) => { events.push(e) }), events }
+  }
+
+  /** Takes the lease, then streams the log by seq ranges. */
+  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
+    await this.acquire()
+    for await (const e of this.readEvents(0, Infinity)) onEvent(e)
+    return {}
+  }
+
+  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
+    await this.ensureSchema()
+    const where = `FROM ${this.t}_events WHERE session_id = $1 AND seq >= $2::bigint`
+    for (let next = Math.max(0, fromSeq); next < toSeq;) {
+      // A seq range, not `LIMIT`: the index scan then reads one page, whatever the planner's statistics.
+      const count = Math.min(500, toSeq - next)
+      const rows = await this.run('reading events', `SELECT seq, event ${where} AND seq < $2::bigint + $3::int
+        ORDER BY seq`, [this.session, next, count])
+      for (const row of rows) yield this.decode(row, next++)
+      if (rows.length === count) continue
+      // A short page is the end of the log, unless rows follow a gap (never written by this store).
+      const [end] = await this.run('reading events', `SELECT min(seq) AS seq ${where}`, [this.session, next])
+      if (end?.seq !== null && end?.seq !== undefined) this.decode({ seq: end.seq, event: 'null' }, next)
+      return
+    }
+  }
+
+  async readEvent(seq: number): Promise<SessionEvent> {
+    if (Number.isSafeInteger(seq) && seq >= 0) for await (const e of this.readEvents(seq, seq + 1)) return e
+    throw new SessionError('STORE', `no event with seq ${seq} in SQL session ${JSON.stringify(this.session)}`)
+  }
+
+  private decode(row: { seq: unknown; event: string }, expectedSeq: number): SessionEvent {
+    let e: SessionEvent | undefined
+    try { e = JSON.parse(row.event) } catch { /* reported below */ }
+    if (Number(row.seq) === expectedSeq && e?.seq === expectedSeq && typeof e.type === 'string') return e
+    throw new SessionError('LOG_CORRUPT', `SQL session ${JSON.stringify(this.session)}: row seq ${row.seq} where `
+      + `${expectedSeq} was expected, or its event is not a dsh event of that seq (events must be contiguous)`,
+    expectedSeq + 1)
+  }
+
+  /** `[session, token, leaseMs]`, the first parameters of every write; refuses without a lease. */
+  private writable(what: string): [string, number, number] {
+    const refuse = (why: string) => new SessionError('STORE', `SqlLogStore: ${what} refused: ${why}`)
+    if (this.readOnly) throw refuse(`session ${JSON.stringify(this.session)} was opened read-only`)
+    if (this.token === undefined) throw refuse('the store holds no lease: load() or scan() it first (that takes it)')
+    return [this.session, this.token, this.leaseMs]
+  }
+
+  /** The lease check and extension of every write (`$1` session, `$2` token, `$3` lease ms). */
+  private extendLease(): string {
+    return `UPDATE ${this.t}_leases SET expires_ms = ${SQL_NOW_MS} + $3::bigint
+      WHERE session_id = $1 AND token = $2::bigint RETURNING 1`
+  }
+
+  async append(events: readonly SessionEvent[]): Promise<void> {
+    if (events.length === 0) return
+    const texts = events.map((e) => JSON.stringify(e))
+    const time = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
+    const first = events[0].seq
+    const durable = events.some((e) => SQL_SYNC_POINTS.has(e.type)) // so the sync after it sends nothing
+    const [row] = await this.run(`appending ${events.length} event(s)`, `WITH lease AS (${this.extendLease()}),
+      prev AS (SELECT 1 WHERE $5::bigint = 0 OR EXISTS (SELECT 1 FROM ${this.t}_events
+        WHERE session_id = $1 AND seq = $5::bigint - 1)),
+      ins AS (INSERT INTO ${this.t}_events (session_id, seq, type, time_ms, event)
+        SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, prev, json_array_elements($4::json) r
+        ON CONFLICT (session_id, seq) DO NOTHING RETURNING 1)
+      SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM prev)::int AS follows,
+        (SELECT count(*) FROM ins)::int AS inserted${durable ? '' : `, ${SQL_NO_FSYNC}`}`,
+    [...this.writable('append'), JSON.stringify(events.map((e, i) => [e.seq, e.type, time(e), texts[i]])), first])
+    if (Number(row?.leased) !== 1) throw await this.locked('was taken over by')
+    const where = `seq ${first - 1} of session ${JSON.stringify(this.session)}`
+    if (Number(row.follows) !== 1) {
+      throw new SessionError('STORE', `SqlLogStore: ${where} is not in the database, so seq ${first}.. would leave a `
+        + 'gap: it lost events written since the last sync (a crash or a restore); nothing of this batch was '
+        + 'written; open the session again (it resumes at its last stored event)')
+    }
+    this.unsynced = !durable // a durable commit covers every earlier one (the WAL is one sequence)
+    if (Number(row.inserted) === events.length) return
+    // Some seqs were there: a retry of a batch whose commit was not acknowledged finds its own rows.
+    let i = 0
+    for await (const e of this.readEvents(first, events[events.length - 1].seq + 1)) {
+      if (JSON.stringify(e) === texts[i++]) continue
+      throw new SessionError('STORE', `SqlLogStore: seq ${e.seq} of session ${JSON.stringify(this.session)} already `
+        + `holds another event (${e.type}); nothing of this batch was written over it; open the session again`)
+    }
+  }
+
+  async putArtefact(name: string, text: string): Promise<string> {
+    // JSON text: a tool's output may hold NUL or lone surrogates, which PostgreSQL's text refuses.
+    const rows = await this.run(`storing artefact ${name}`, `WITH lease AS (${this.extendLease()})
+      INSERT INTO ${this.t}_artefacts (session_id, name, body) SELECT $1, $4, $5 FROM lease
+      ON CONFLICT (session_id, name) DO UPDATE SET body = EXCLUDED.body RETURNING ${SQL_NO_FSYNC}`,
+    [...this.writable('putArtefact'), name, JSON.stringify(text)])
+    if (rows.length !== 1) throw await this.locked('was taken over by')
+    this.unsynced = true
+    return `sql:${this.session}/${name}`
+  }
+
+  async getArtefact(ref: string): Promise<string> {
+    const prefix = `sql:${this.session}/`
+    const name = ref.startsWith(prefix) ? ref.slice(prefix.length) : undefined
+    const rows = name === undefined ? [] : await this.run(`reading artefact ${name}`,
+      `SELECT body FROM ${this.t}_artefacts WHERE session_id = $1 AND name = $2`, [this.session, name])
+    if (rows.length === 1) return JSON.parse(rows[0].body)
+    throw new SessionError('STORE', `no artefact ${ref} in SQL session ${JSON.stringify(this.session)} `
+      + `(references look like ${prefix}NAME)`)
+  }
+
+  /**
+   * Makes every write so far durable: one statement that extends the lease and waits for the WAL's
+   * fsync, which covers every earlier commit; none when nothing was written since the last one.
+   */
+  async sync(): Promise<void> {
+    if (!this.unsynced || this.token === undefined) return
+    if ((await this.run('syncing', this.extendLease(), this.writable('sync'))).length !== 1) {
+      throw await this.locked('was taken over by')
+    }
+    this.unsynced = false
+  }
+
+  /** Gives the lease back (its token stays, so a fenced-off writer stays fenced off); a failed close can be retried. */
+  async close(): Promise<void> {
+    if (this.token === undefined || this.readOnly) return
+    await this.run('giving the lease back', `UPDATE ${this.t}_leases SET expires_ms = 0
+      WHERE session_id = $1 AND token = $2::bigint`, [this.session, this.token])
+    this.token = undefined
   }
 }
 
@@ -1191,7 +1493,7 @@ class FileStore implements LogStore {
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
 
-  /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('LOCKED')`. */
+  /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('SESSION_LOCKED')`. */
   private async lock(): Promise<void> {
     if (this.locked) return
     const stale = await acquireLogLock(this.path, this.lockPath)
@@ -1216,7 +1518,7 @@ class FileStore implements LogStore {
   private async lockForRepair(): Promise<boolean> {
     if (this.locked) return true
     try { await this.lock() } catch (err) {
-      if (err instanceof SessionError && err.code === 'LOCKED') return false
+      if (err instanceof SessionError && err.code === 'SESSION_LOCKED') return false
       throw err
     }
     this.repairOnly = true
@@ -1265,8 +1567,8 @@ class FileStore implements LogStore {
       else if (torn) {
         try {
           if ((await this.sizeNow()) !== size)
-            throw new SessionError('LOCKED', `session log ${this.path} changed while it was being loaded (another `
-              + `process writes to it); open it again`)
+            throw new SessionError('SESSION_LOCKED', `session log ${this.path} changed while it was being loaded `
+              + `(another process writes to it); open it again`)
           const savedTo = `${this.path}.torn-${Date.now()}`
           const tail = new Uint8Array(size - tornAt)
           await fh.read(tail, 0, tail.length, tornAt)
@@ -1285,7 +1587,7 @@ class FileStore implements LogStore {
   }
 
   /**
-   * Appends events. The first write takes the lock, and refuses (`SessionError('LOCKED')`) when
+   * Appends events. The first write takes the lock, and refuses (`SessionError('SESSION_LOCKED')`) when
    * another live process holds it or when the file changed since this store loaded it. A batch the
    * disk cannot take whole throws `SessionError('STORE')` ("disk full: N of M bytes written; nothing
    * after seq S is durable") with none of it in the log (docs/design.md §4).
@@ -1301,7 +1603,7 @@ class FileStore implements LogStore {
       const size = await this.sizeNow()
       if (size !== this.seenBytes) {
         await this.unlock()
-        throw new SessionError('LOCKED', this.seenBytes === undefined
+        throw new SessionError('SESSION_LOCKED', this.seenBytes === undefined
           ? `session log ${this.path} ends with a torn line that another process held it during; open it again`
           : `session log ${this.path} changed since it was loaded `
             + `(${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): `
@@ -1316,7 +1618,7 @@ class FileStore implements LogStore {
       const replaced = size >= 0 && this.handle !== undefined && !sameFile(await this.handle.stat(),
         await (await this.fs()).stat(this.path))
       if (size !== this.seenBytes || replaced) {
-        throw new SessionError('LOCKED', `session log ${this.path} changed while this process was writing it `
+        throw new SessionError('SESSION_LOCKED', `session log ${this.path} changed while this process was writing it `
           + `(${this.seenBytes} bytes written, `
           + `now ${size < 0 ? 'deleted' : replaced ? `another file of ${size} bytes` : `${size} bytes`}): `
           + `another process wrote to it; nothing more was appended, so the events of this step are not in it; `
@@ -1509,7 +1811,7 @@ const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.h
  * One writer per session log (docs/design.md §13). Creates `lockPath` exclusively (O_EXCL) holding
  * `{pid, host, time}`. When it exists: a holder that is this process shares it; a live holder, a
  * holder on another host (whose pid cannot be checked) or an unreadable lock file is refused with
- * `SessionError('LOCKED')` naming the holder and the lock file; the lock of a dead process on this
+ * `SessionError('SESSION_LOCKED')` naming the holder and the lock file; the lock of a dead process on this
  * host is stale: taken over (by rename, so two processes cannot both take it) and returned, for the
  * caller to report. The lock is removed by {@link releaseLogLock}, and at process exit.
  * @returns the stale holder taken over, if any.
@@ -1523,7 +1825,9 @@ async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLoc
   const held = heldLogLocks.get(lockPath)
   if (held !== undefined) { heldLogLocks.set(lockPath, held + 1); return undefined }
   const refuse =
-    (why: string): never => { throw new SessionError('LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`) }
+    (why: string): never => {
+      throw new SessionError('SESSION_LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`)
+    }
   let stale: LogLockHolder | undefined
   for (let round = 0; ; round++) {
     try {
@@ -2000,7 +2304,7 @@ class EventQueue {
       this.pending = []
       try { await this.store.append(batch) } catch (err) {
         this.pending = batch.concat(this.pending)
-        if (err instanceof SessionError && err.code === 'LOCKED') throw err // another writer: say who
+        if (err instanceof SessionError && err.code === 'SESSION_LOCKED') throw err // another writer: say who
         throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: `
           + `${(err as Error)?.message ?? err}`)
       }
@@ -2399,6 +2703,8 @@ class CostLedger {
     b.cachedInputTokens += billed.cachedInputTokens
     b.uncachedInputTokens += billed.uncachedInputTokens
     b.outputTokens += billed.outputTokens
+    if (billed.cacheWriteInputTokens) b.cacheWriteInputTokens = (b.cacheWriteInputTokens ?? 0)
+      + billed.cacheWriteInputTokens
     b.modelledHitTokens += r.modelledHitTokens
     if (r.usage?.cachedTokens !== undefined) b.reportedCacheRequests++
   }
@@ -2710,8 +3016,9 @@ function billedTokens(r: { inputTokens: number; modelledHitTokens: number; outpu
   const input = u ? u.promptTokens : r.inputTokens
   const share = r.inputTokens > 0 ? Math.min(1, r.modelledHitTokens / r.inputTokens) : 0
   const cached = Math.min(input, Math.max(0, u?.cachedTokens ?? (u ? Math.round(input * share) : r.modelledHitTokens)))
+  const writes = Math.min(input - cached, Math.max(0, u?.cacheWriteTokens ?? 0))
   return { cachedInputTokens: cached, uncachedInputTokens: input - cached, outputTokens: r.usage
-    ? r.usage.completionTokens : r.outputTokens }
+    ? r.usage.completionTokens : r.outputTokens, ...(writes > 0 ? { cacheWriteInputTokens: writes } : {}) }
 }
 
 function randomId(): string {
@@ -4683,10 +4990,10 @@ async function spillToolResult(message: ToolResultMessage, store: LogStore, spil
 // 6. Provider
 // ═══════════════════════════════════════
 
-// The only part of dsh.ts that talks to a model: POST {baseURL}/chat/completions with stream: true,
-// parse the server-sent events, assemble the assistant message, classify failures, retry the
-// transient ones. Web standards only (fetch, streams, TextDecoder, AbortController): it runs
-// unchanged in Node, Deno, Bun, workerd and edge runtimes.
+// The only part of dsh.ts that talks to a model, in two wire formats (OpenAI chat completions and
+// Anthropic Messages, each a WireFormat): POST with stream: true, parse the server-sent events, map
+// them into one reply assembler, classify failures, retry the transient ones. Web standards only
+// (fetch, streams, TextDecoder, AbortController): Node, Deno, Bun, workerd and edge runtimes.
 
 // ── 6.0 Configuration ─────────────────────────────
 
@@ -4696,6 +5003,16 @@ const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
 const DEEPSEEK_DEFAULT_MODEL = 'deepseek-flash'
 /** The environment variable {@link deepseek} reads the API key from when no `apiKey` is given. */
 const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
+/** Anthropic's API root (docs.anthropic.com): {@link anthropic} POSTs to `{baseURL}/v1/messages`. */
+const ANTHROPIC_BASE_URL = 'https://api.anthropic.com'
+/** Read by {@link anthropic} when no key is given, and sent only to Anthropic's own host. */
+const ANTHROPIC_API_KEY_ENV = 'ANTHROPIC_API_KEY'
+/** The `anthropic-version` header every Messages request carries. */
+const ANTHROPIC_VERSION = '2023-06-01'
+/** `cache_control` breakpoints one Messages request may carry (Anthropic's limit). */
+const MAX_CACHE_BREAKPOINTS = 4
+/** Deadline of one `complete()` call, retries included, unless `requestTimeoutMs` says otherwise: 1 hour. */
+const DEFAULT_REQUEST_TIMEOUT_MS = 3_600_000
 /** Completion budget in tokens when neither the request nor the options set one (docs/design.md §6). */
 const DEFAULT_MAX_TOKENS = 32_768
 /** No progress (response headers or a data event) for this long ends the attempt as TIMEOUT. */
@@ -4710,6 +5027,10 @@ const CONNECT_FAILURE_CODES =
   new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL', 'ConnectionRefused'])
 const CONNECT_FAILURE_RE = new RegExp(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'connection refused',
   'failed to lookup address', 'dns error', 'name or service not known', 'unable to connect'].join('|'), 'i')
+/** Fetch failures no retry can mend, so none is made: a port fetch blocks (undici "bad port", Deno), an invalid
+ *  URL, a runtime's permission denial (Deno's NotCapable / PermissionDenied). Matched on a cause's name, code, text. */
+const FAIL_FAST_RE = new RegExp(['bad port', 'port \\d+ (?:is|are) blocked', 'ERR_INVALID_URL', 'invalid url',
+  'failed to parse url', 'url is invalid', 'NotCapable', 'PermissionDenied', 'requires net access'].join('|'), 'i')
 /** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (docs/design.md §6). */
 const DEFAULT_RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
@@ -4720,8 +5041,9 @@ const RETRY_JITTER_RATIO = 0.1
 const SSE_MAX_BUFFER_UNITS = 16 * 1024 * 1024
 /** Error bodies are read for classification up to this many UTF-16 units. */
 const ERROR_BODY_MAX_UNITS = 64 * 1024
-/** An error body, or a non-streamed body, is read up to this many bytes (after content decoding),
- *  then the rest is cancelled unread: a gzip bomb is never inflated (docs/design.md §13). */
+/** An error body is read up to this many bytes (after content decoding), then the rest is cancelled
+ *  unread: a gzip bomb is never inflated (docs/design.md §13). A non-streamed answer may take
+ *  `2 × maxMessageBytes` more (JSON escapes), its message then capped like a streamed one. */
 const RESPONSE_BODY_MAX_BYTES = 64 * 1024
 /** Default cap on one assistant message: text, reasoning, tool-call ids, names and arguments, UTF-8 bytes (§13). */
 const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -4852,7 +5174,10 @@ class SSEParser {
   private dataLines = 0
   private eventType: string | undefined = undefined
   private id: string | undefined = undefined
-  constructor(private readonly onEvent: (event: SSEEvent) => void, private readonly maxBufferSize = Infinity) {}
+  /** `onEvent` returned false: later events are dropped. */
+  stopped = false
+  constructor(private readonly onEvent: (event: SSEEvent) => boolean | void,
+    private readonly maxBufferSize = Infinity) {}
 
   feed(text: string): void {
     let i = 0
@@ -4963,7 +5288,7 @@ class SSEParser {
     const event = this.eventType ?? 'message'
     const e: SSEEvent = this.id === undefined ? { event, data } : { event, data, id: this.id }
     this.eventType = undefined; this.id = undefined
-    this.onEvent(e)
+    if (!this.stopped && this.onEvent(e) === false) this.stopped = true
   }
 
   /** Keeps an unterminated piece, unless its start shows the line is one this parser ignores. */
@@ -4977,31 +5302,49 @@ class SSEParser {
   }
 }
 
-/** ASCII bytes in a row (whole chunks) after which the next chunk is tried as ASCII first. */
-const ASCII_RUN_BYTES = 4096
+/** UTF-8 bytes of the sequence a lead byte starts. */
+const utf8Needed = (lead: number): number => (lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : 2)
 
 /**
- * Decodes a stream of UTF-8 chunks (strings are passed through as decoded). After a run of
- * {@link ASCII_RUN_BYTES} ASCII bytes the next chunk goes first to a non-streaming decoder, several
- * times faster on ASCII in V8 (and slower on other text, hence the run); the streaming decoder takes
- * every other chunk, so a character split across chunks is intact. `ignoreBOM`: the parser skips
- * exactly one leading BOM itself (WHATWG). `undefined` ends the stream.
+ * Decodes a stream of UTF-8 chunks (strings are passed through as decoded). V8's non-streaming
+ * decoder is several times faster on text that is almost all ASCII and slower on other text, so
+ * while the recent chunks held few non-ASCII bytes (under 1 in 1,024: (bytes − UTF-16 units) of a
+ * decay-weighted count) a chunk is cut before a character split at its end and decoded whole; the
+ * split bytes go to the streaming decoder, which ends that character at the start of the next chunk.
+ * Otherwise the streaming decoder takes the chunk. Either way every character is intact and invalid
+ * bytes give U+FFFD as the streaming decoder alone would. `ignoreBOM`: the parser skips exactly one
+ * leading BOM itself (WHATWG). `undefined` ends the stream.
  */
 function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
   const streaming = new TextDecoder('utf-8', { ignoreBOM: true })
   const whole = new TextDecoder('utf-8', { ignoreBOM: true })
-  let asciiRun = 0 // ASCII bytes in a row, to the end of the last chunk: the streaming decoder holds nothing
-  // One unit per byte and no U+FFFD: all ASCII (a multi-byte character gives fewer units than bytes).
-  const ascii = (text: string, chunk: Uint8Array) => text.length === chunk.length && text.indexOf('\uFFFD') < 0
-  return (chunk) => {
-    if (chunk === undefined) return streaming.decode()
-    if (typeof chunk === 'string') return chunk
-    if (asciiRun >= ASCII_RUN_BYTES) {
-      const text = whole.decode(chunk)
-      if (ascii(text, chunk)) { asciiRun += chunk.length; return text }
+  let pending = false // the streaming decoder may hold the start of a character
+  let units = 1, bytes = 1
+  return (c) => {
+    if (c === undefined) return streaming.decode()
+    if (typeof c === 'string') return c
+    const n = c.length
+    let text: string, j = n - 1
+    if ((bytes - units) * 1024 > bytes) {
+      text = streaming.decode(c, { stream: true })
+      while (j > 0 && j > n - 4 && (c[j] & 0xc0) === 0x80) j--
+      pending = j >= 0 && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j
+    } else {
+      let start = 0, head = ''
+      if (pending) { // the end of a character split at the last chunk's end
+        while (start < n && start < 3 && (c[start] & 0xc0) === 0x80) start++
+        if (start === n) return streaming.decode(c, { stream: true })
+        head = streaming.decode(c.subarray(0, start))
+        pending = false
+      }
+      while (j > start && j > n - 4 && (c[j] & 0xc0) === 0x80) j--
+      const cut = j >= start && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j ? j : n
+      text = whole.decode(start === 0 && cut === n ? c : c.subarray(start, cut))
+      if (head !== '') text = head + text
+      if (cut < n) { streaming.decode(c.subarray(cut), { stream: true }); pending = true }
     }
-    const text = streaming.decode(chunk, { stream: true })
-    asciiRun = ascii(text, chunk) ? asciiRun + chunk.length : 0
+    units = units / 2 + text.length
+    bytes = bytes / 2 + n
     return text
   }
 }
@@ -5065,29 +5408,36 @@ function sseBufferLimit(maxBufferSize: unknown): number {
 /**
  * The adapter's form of {@link parseSSE}: calls `onEvent` synchronously for every event of each
  * chunk. `onEvent` returning `false` stops (later events are dropped, the source is cancelled);
- * `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings). Rejects with what
- * `onEvent` or the source threw, or with the parser's RangeError past `maxBufferSize`.
+ * `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings); `signal` aborting cancels the
+ * source and rejects with its reason. Rejects with what `onEvent` or the source threw, or with the
+ * parser's RangeError past `maxBufferSize`.
  */
 async function pumpSSE(
   source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
   onEvent: (event: SSEEvent) => boolean | void,
-  options: { maxBufferSize?: number; onChunk?: (size: number) => void } = {},
+  options: { maxBufferSize?: number; onChunk?: (size: number) => void; signal?: AbortSignal } = {},
 ): Promise<void> {
   const pull = chunkPuller(source)
-  let stopped = false
-  const parser = new SSEParser((event) => { if (!stopped && onEvent(event) === false) stopped = true },
-    sseBufferLimit(options.maxBufferSize))
+  const parser = new SSEParser(onEvent, sseBufferLimit(options.maxBufferSize))
   const decode = utf8Decoder()
+  const { signal } = options
+  const onAbort = (): void => { pull.close().catch(() => {}) } // settles a pending read at once (WHATWG streams)
+  signal?.addEventListener('abort', onAbort, { once: true })
   try {
-    while (!stopped) {
+    while (!parser.stopped) {
+      if (signal?.aborted) throw signal.reason
       let r: IteratorResult<Uint8Array | string>
       try { r = await pull.next() } catch (err) { pull.finished = true; throw err }
+      if (signal?.aborted) throw signal.reason
       if (r.done) { pull.finished = true; parser.feed(decode(undefined)); return }
       const chunk = r.value
       options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
       parser.feed(decode(chunk))
     }
-  } finally { await pull.close() }
+  } finally {
+    signal?.removeEventListener('abort', onAbort)
+    await pull.close()
+  }
 }
 
 /**
@@ -5399,7 +5749,8 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   TIMEOUT: 'Raise idleTimeoutMs if the model needs longer before its first token.',
   ABORTED: 'The caller aborted the request.',
   EMPTY_RESPONSE: 'The server answered with nothing; try again later.',
-  MALFORMED_RESPONSE: 'The server does not speak the OpenAI chat-completions stream format; check baseURL.',
+  MALFORMED_RESPONSE: 'The server does not speak the stream format of this adapter (OpenAI chat completions for '
+    + 'openAICompatible, Anthropic Messages for anthropic); check baseURL.',
   RESPONSE_TOO_LARGE: 'The server sent more than dsh reads; raise maxMessageBytes if a message really needs more, '
     + 'or lower maxTokens.',
 }
@@ -5537,15 +5888,22 @@ function toWire(message: Message): WireMessage {
     + `'assistant' or 'tool'`)
 }
 
-/**
- * The request's messages in wire shape. Order is kept, except that every tool result is moved
- * right behind the nearest earlier assistant message that made its call (matched by id): the
- * session may legally hold A-call, B-call, A-result, B-result, but chat-completions servers
- * require each call's results to follow it directly. Results of the same call keep log order.
- */
+/** The request's messages in chat-completions shape, in {@link wireOrder}. */
 function toWireMessages(system: string | undefined, messages: readonly Message[]): WireMessage[] {
-  const out: WireMessage[] = []
-  if (system) out.push({ role: 'system', content: system })
+  const out: WireMessage[] = system ? [{ role: 'system', content: system }] : []
+  for (const m of wireOrder(messages)) out.push(toWire(m))
+  return out
+}
+
+/**
+ * The messages in the order both wire formats need: as logged, except that every tool result is
+ * moved right behind the nearest earlier assistant message that made its call (matched by id): the
+ * session may legally hold A-call, B-call, A-result, B-result, but servers require each call's
+ * results to follow it directly. Results of the same call keep log order.
+ */
+function wireOrder(messages: readonly Message[]): readonly Message[] {
+  if (!messages.some((m) => m.role === 'tool')) return messages
+  const out: Message[] = []
   const callOwner = new Map<string, number>() // call id → index of the latest assistant message that made it
   const resultsOf = new Map<number, number[]>() // assistant index → indices of its results
   const moved = new Set<number>()
@@ -5563,10 +5921,143 @@ function toWireMessages(system: string | undefined, messages: readonly Message[]
   })
   messages.forEach((m, i) => {
     if (moved.has(i)) return
-    out.push(toWire(m))
-    for (const j of resultsOf.get(i) ?? []) out.push(toWire(messages[j]))
+    out.push(m)
+    for (const j of resultsOf.get(i) ?? []) out.push(messages[j])
   })
   return out
+}
+
+// ── 6.3.1 Messages on the wire (Anthropic Messages shape, docs/design.md §6) ──────
+
+type AnthropicBlock = Record<string, unknown>
+interface AnthropicMessage { role: 'user' | 'assistant'; content: AnthropicBlock[] }
+
+/** A text block as it is; an image (data: URL → base64 source, else a URL source); anything else as JSON text. */
+function anthropicPart(b: Block): AnthropicBlock {
+  if (b.type === 'text') return { type: 'text', text: (b as TextBlock).text }
+  const url = b.type === 'image' ? imageURLOf(b) : undefined
+  const data = url === undefined ? undefined : /^data:([^;,]+);base64,/.exec(url)
+  if (data) return { type: 'image', source: { type: 'base64', media_type: data[1], data: url!.slice(data[0].length) } }
+  if (url !== undefined) return { type: 'image', source: { type: 'url', url } }
+  return { type: 'text', text: describeBlock(b) }
+}
+
+/** Empty text blocks are refused by the format: left out. */
+const isSent = (b: AnthropicBlock): boolean => b.type !== 'text' || b.text !== ''
+
+/** A tool call's `input`: its arguments parsed when they are a JSON object, else `{}`. */
+function toolInput(args: string): unknown {
+  const value = args.trim() === '' ? undefined : parseJSONOrUndefined(args)
+  return isRecord(value) ? value : {}
+}
+
+/**
+ * One message's content blocks: a tool result is a `tool_result` block (its images as image
+ * blocks) of a user message; reasoning goes back as `thinking` only with its signature (a server
+ * refuses unsigned thinking); a `redacted_thinking` block goes back as it came.
+ */
+function anthropicContent(m: Message): AnthropicBlock[] {
+  if (m.role === 'tool') {
+    const content = m.content.map(anthropicPart).filter(isSent)
+    return [{ type: 'tool_result', tool_use_id: m.toolCallId, ...(content.length > 0 ? { content } : {}),
+      ...(m.isError ? { is_error: true } : {}) }]
+  }
+  if (m.role === 'user') {
+    return (typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : m.content.map(anthropicPart))
+      .filter(isSent)
+  }
+  const out: AnthropicBlock[] = []
+  for (const b of m.content) {
+    if (b.type === 'tool-call') {
+      const c = b as ToolCallBlock
+      out.push({ type: 'tool_use', id: c.id, name: c.name, input: toolInput(c.arguments) })
+    } else if (b.type === 'reasoning') {
+      const r = b as ReasoningBlock
+      if (r.signature) out.push({ type: 'thinking', thinking: r.text, signature: r.signature })
+    } else if (b.type === 'redacted_thinking') out.push(b)
+    else if (b.type === 'text' ? (b as TextBlock).text !== '' : true) out.push(anthropicPart(b))
+  }
+  return out
+}
+
+/** The messages in {@link wireOrder} as user / assistant turns; neighbours of one role are merged into one. */
+function anthropicMessages(messages: readonly Message[]): AnthropicMessage[] {
+  const out: AnthropicMessage[] = []
+  for (const m of wireOrder(messages)) {
+    const content = anthropicContent(m)
+    if (content.length === 0) continue
+    const role = m.role === 'assistant' ? 'assistant' : 'user'
+    const last = out[out.length - 1]
+    if (last?.role === role) last.content.push(...content)
+    else out.push({ role, content })
+  }
+  return out
+}
+
+/** What one Messages request sent, for the cache breakpoints of the next ones. */
+interface SentPrefix { envelope: string; keys: readonly string[]; marks: readonly number[] }
+
+/**
+ * The messages that get a `cache_control` breakpoint (docs/design.md §6): the stable prefix is the
+ * longest run of leading messages equal to those of one of the two requests sent before (a summary
+ * request in between does not reset it); the breakpoints are the earlier ones still inside it (their
+ * cache entries exist), its last message, and the request's last message (written for the next
+ * request) — the newest {@link MAX_CACHE_BREAKPOINTS} − 1 of them; the envelope takes the other.
+ */
+function cacheMarks(sent: SentPrefix[], envelope: string, keys: readonly string[]): number[] {
+  let stable = 0, best: SentPrefix | undefined
+  for (const s of sent) {
+    if (s.envelope !== envelope) continue
+    let i = 0
+    while (i < s.keys.length && i < keys.length && s.keys[i] === keys[i]) i++
+    if (best === undefined || i > stable) { best = s; stable = i }
+  }
+  const marks = new Set((best?.marks ?? []).filter((m) => m < stable))
+  if (stable > 0) marks.add(stable - 1)
+  if (keys.length > 0) marks.add(keys.length - 1)
+  const kept = [...marks].sort((a, b) => a - b).slice(-(MAX_CACHE_BREAKPOINTS - 1))
+  sent.unshift({ envelope, keys, marks: kept })
+  if (sent.length > 2) sent.length = 2
+  return kept
+}
+
+/** A message with a breakpoint on its last block that can carry one (not thinking); unchanged when none can. */
+function withCacheMark(m: AnthropicMessage): AnthropicMessage {
+  const at = m.content.findLastIndex((b) => b.type !== 'thinking' && b.type !== 'redacted_thinking')
+  if (at < 0) return m
+  const content = m.content.slice()
+  content[at] = { ...content[at], cache_control: { type: 'ephemeral' } }
+  return { role: m.role, content }
+}
+
+/**
+ * A Messages request body (docs/design.md §6): extra body fields, model, tools (`input_schema`),
+ * system (its own field), messages, then stream and max_tokens; with the cache breakpoints of
+ * {@link cacheMarks}. Without `maxTokens` it is the body of `count_tokens` (no extras, stream,
+ * budget nor breakpoints).
+ */
+function anthropicBody(cfg: AdapterConfig, request: ChatRequest, maxTokens?: number): string {
+  const json = (value: unknown) => JSON.stringify(value, wireReplacer)
+  const fields: string[] = []
+  const field = (key: string, valueJSON: string) => { fields.push(`${json(key)}:${valueJSON}`) }
+  const own = new Set(['model', 'tools', 'system', 'messages', 'stream', 'max_tokens'])
+  if (maxTokens !== undefined) for (const [k, v] of Object.entries(cfg.extraBody)) if (!own.has(k)) field(k, json(v))
+  field('model', json(cfg.model))
+  const messages = anthropicMessages(request.messages)
+  const keys = messages.map(json)
+  const tools = (request.tools ?? []).map((t) => ({ name: t.name, ...(t.description !== undefined
+    ? { description: t.description } : {}), input_schema: t.parameters ?? { type: 'object', properties: {} } }))
+  const envelope = json([request.system ?? '', tools])
+  const marks = maxTokens === undefined ? [] : cacheMarks(cfg.sent, envelope, keys)
+  const mark = maxTokens === undefined ? undefined : { cache_control: { type: 'ephemeral' } }
+  if (tools.length > 0) {
+    if (mark && !request.system) tools[tools.length - 1] = { ...tools[tools.length - 1], ...mark }
+    field('tools', json(tools))
+  }
+  if (request.system) field('system', json([{ type: 'text', text: request.system, ...mark }]))
+  field('messages', `[${keys.map((k, i) => (marks.includes(i) ? json(withCacheMark(messages[i])) : k)).join(',')}]`)
+  if (maxTokens !== undefined) { field('stream', 'true'); field('max_tokens', String(maxTokens)) }
+  return `{${fields.join(',')}}`
 }
 
 // ── 6.4 The adapter ──────────────────────────────
@@ -5586,8 +6077,6 @@ export interface OpenAICompatibleOptions {
   contextWindow?: number
   /** Completion budget in tokens when a request sets none. Default {@link DEFAULT_MAX_TOKENS}; always clamped. */
   maxTokens?: number
-  /** Body field for the budget: `max_tokens` (default) or `max_completion_tokens` (OpenAI reasoning models). */
-  maxTokensField?: 'max_tokens' | 'max_completion_tokens'
   /** Extra HTTP headers on every request (a request's own `headers` win). */
   headers?: Record<string, string>
   /** Replacement for `globalThis.fetch` (proxies, tests). */
@@ -5606,7 +6095,8 @@ export interface OpenAICompatibleOptions {
   thinking?: boolean | 'enabled' | 'disabled'
   /** Sends `reasoning_effort` (DeepSeek V4, OpenAI reasoning models). */
   reasoningEffort?: string
-  /** Extra body fields (e.g. `temperature`); the adapter's own fields win. */
+  /** Extra body fields (e.g. `temperature`); the adapter's own fields win. A `max_completion_tokens` key (any
+   *  value; OpenAI's reasoning models refuse `max_tokens`) makes the clamped budget go under that name. */
   extraBody?: Record<string, unknown>
   /** Waits between retries (tests pass a fake clock). Must reject when `signal` aborts. */
   sleep?: (ms: number, signal?: AbortSignal) => Promise<void>
@@ -5620,18 +6110,46 @@ export interface OpenAICompatibleOptions {
    *  it (or past 1,000 tool calls) the stream is cancelled and RESPONSE_TOO_LARGE thrown with the partial text.
    *  Default {@link DEFAULT_MAX_MESSAGE_BYTES}. */
   maxMessageBytes?: number
-  /** Deadline of one `complete()` call, retries and backoff included, in ms; past it: TIMEOUT, not retried. Default:
-   *  none. */
+  /** Deadline of one `complete()` call, retries and backoff included, in ms; past it: TIMEOUT, not retried. Default
+   *  {@link DEFAULT_REQUEST_TIMEOUT_MS} (1 hour). */
   requestTimeoutMs?: number
 }
 
+/** Options of {@link anthropic}: those of {@link openAICompatible} without the chat-completions fields. */
+export interface AnthropicOptions
+  extends Omit<OpenAICompatibleOptions, 'baseURL' | 'thinking' | 'reasoningEffort'> {
+  /** Server root; the adapter POSTs to `{baseURL}/v1/messages`. Default `https://api.anthropic.com`. */
+  baseURL?: string
+}
+
 const OPTION_NAMES: readonly (keyof OpenAICompatibleOptions)[] = [
-  'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'maxTokensField', 'headers', 'fetch',
+  'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'headers', 'fetch',
   'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'thinking', 'reasoningEffort', 'extraBody', 'sleep',
   'maxMessageBytes', 'requestTimeoutMs', 'prices',
 ]
 
+/**
+ * What differs between the wire formats; everything else (retries, SSE, errors, the assembler) is
+ * shared. `event` maps one parsed data event into the assembler and says whether the stream ended;
+ * `whole` maps a non-streamed answer.
+ */
+interface WireFormat {
+  path: string
+  /** The path and the body of a token count, where the format has one. */
+  count?: { path: string; body(cfg: AdapterConfig, request: ChatRequest): string }
+  options: readonly string[]
+  /** Events of other names than `message` carry data (Anthropic names every event). */
+  namedEvents: boolean
+  authHeaders(apiKey: string | undefined): Record<string, string>
+  body(cfg: AdapterConfig, request: ChatRequest, maxTokens: number): string
+  event(acc: ReplyAssembler, obj: unknown, data: string): boolean
+  whole(acc: ReplyAssembler, obj: unknown, data: string): void
+}
+
 interface AdapterConfig {
+  format: WireFormat
+  /** The last two Messages requests' prefixes (cache breakpoints), newest first. */
+  sent: SentPrefix[]
   baseURL: string
   endpoint: string
   model: string
@@ -5639,7 +6157,6 @@ interface AdapterConfig {
   contextWindow?: number
   maxOutputTokens?: number
   maxTokens: number
-  maxTokensField: 'max_tokens' | 'max_completion_tokens'
   headers: Record<string, string>
   fetch: (input: string, init: RequestInit) => Promise<Response>
   idleTimeoutMs: number
@@ -5652,7 +6169,7 @@ interface AdapterConfig {
   sleep: (ms: number, signal?: AbortSignal) => Promise<void>
   prices?: Prices
   maxMessageBytes: number
-  requestTimeoutMs?: number
+  requestTimeoutMs: number
 }
 
 /** Reads an environment variable where one exists; edge runtimes have none, Deno may deny access. */
@@ -5691,12 +6208,12 @@ function positiveInteger(fn: string, name: string, value: unknown, allowZero = f
  * absolute http(s) `baseURL`, a `model`; returns the API key (from `apiKey`, else the variable named
  * by `apiKeyEnv`, or `requireKeyFrom`). Throws TypeError naming the option and the fix.
  */
-function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string): string | undefined {
+function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFrom: string | undefined,
+  known: readonly string[]): string | undefined {
   if (!isRecord(options))
     throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null' : typeof options}`)
   for (const key of Object.keys(options)) {
-    if (!(OPTION_NAMES as readonly string[]).includes(key))
-      throw new TypeError(`${fn}: unknown option "${key}"; known options: ${OPTION_NAMES.join(', ')}`)
+    if (!known.includes(key)) throw new TypeError(`${fn}: unknown option "${key}"; known options: ${known.join(', ')}`)
   }
   const { baseURL, model } = options
   let url: URL
@@ -5721,8 +6238,9 @@ function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFr
   return apiKey
 }
 
-function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string): AdapterConfig {
-  const apiKey = checkOptions(fn, options, requireKeyFrom)
+function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string,
+  format: WireFormat = OPENAI_FORMAT): AdapterConfig {
+  const apiKey = checkOptions(fn, options, requireKeyFrom, format.options)
   const { baseURL, model } = options
   const known = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model] : undefined
   const thinking = options.thinking === undefined ? undefined : options.thinking === true
@@ -5731,24 +6249,20 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
   if (options.thinking !== undefined && thinking === undefined)
     throw new TypeError(`${fn}: thinking must be true, false, 'enabled' or 'disabled', `
       + `got ${JSON.stringify(options.thinking)}`)
-  if (options.maxTokensField !== undefined && options.maxTokensField !== 'max_tokens'
-    && options.maxTokensField !== 'max_completion_tokens') {
-    throw new TypeError(`${fn}: maxTokensField must be 'max_tokens' or 'max_completion_tokens', `
-      + `got ${JSON.stringify(options.maxTokensField)}`)
-  }
   const baseURLText = String(baseURL).replace(/\/+$/, '')
   // unbound fetch throws "Illegal invocation" in workerd
   const fetchImpl = options.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init))
   if (typeof fetchImpl !== 'function') throw new TypeError(`${fn}: fetch must be a function`)
   return {
+    format,
+    sent: [],
     baseURL: baseURLText,
-    endpoint: `${baseURLText}/chat/completions`,
+    endpoint: `${baseURLText}${format.path}`,
     model,
     apiKey,
     contextWindow: positiveInteger(fn, 'contextWindow', options.contextWindow) ?? known?.contextWindow,
     maxOutputTokens: known?.maxOutputTokens,
     maxTokens: positiveInteger(fn, 'maxTokens', options.maxTokens) ?? DEFAULT_MAX_TOKENS,
-    maxTokensField: options.maxTokensField ?? 'max_tokens',
     headers: { ...(options.headers ?? {}) },
     fetch: fetchImpl,
     idleTimeoutMs: positiveInteger(fn, 'idleTimeoutMs', options.idleTimeoutMs) ?? DEFAULT_IDLE_TIMEOUT_MS,
@@ -5761,7 +6275,7 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
     sleep: options.sleep ?? sleepMs,
     prices: options.prices === undefined ? undefined : validatePrices(options.prices, `${fn}: prices`),
     maxMessageBytes: positiveInteger(fn, 'maxMessageBytes', options.maxMessageBytes) ?? DEFAULT_MAX_MESSAGE_BYTES,
-    requestTimeoutMs: positiveInteger(fn, 'requestTimeoutMs', options.requestTimeoutMs),
+    requestTimeoutMs: positiveInteger(fn, 'requestTimeoutMs', options.requestTimeoutMs) ?? DEFAULT_REQUEST_TIMEOUT_MS,
   }
 }
 
@@ -5805,10 +6319,7 @@ function openAICompatible(options: OpenAICompatibleOptions): Provider {
  *   an explicit `apiKey`/`apiKeyEnv`, or for bad options.
  */
 function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
-  if (!isRecord(options))
-    throw new TypeError(`deepseek takes an options object, got ${options === null ? 'null' : typeof options}`)
-  const merged: Record<string, unknown> = { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL }
-  for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
+  const merged = overDefaults('deepseek', options, { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL })
   if (merged.prices === undefined && typeof merged.model === 'string') merged.prices = pricesOf(merged.model)
   const cfg = resolveConfig('deepseek', merged as unknown as OpenAICompatibleOptions, DEEPSEEK_API_KEY_ENV)
   // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
@@ -5825,6 +6336,40 @@ function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
   return makeProvider(cfg)
 }
 
+/**
+ * A {@link Provider} for the Anthropic Messages API (docs/design.md §6): Anthropic, and servers that
+ * serve `/v1/messages` (DeepSeek's Anthropic endpoint, llama.cpp's server). The same contract,
+ * options, limits and retries as {@link openAICompatible}; what differs is the wire: `system` as its
+ * own field, tool calls as `tool_use` blocks and results as `tool_result` blocks (images in them as
+ * image blocks), reasoning as `thinking` blocks kept in position with their signature, `stop_reason`
+ * mapped to the finish reasons of chat completions (`end_turn` → `stop`, `tool_use` → `tool_calls`,
+ * `max_tokens` → `length`, `refusal` → `content_filter`), usage with cache writes and reads
+ * (`promptTokens` = input + cache writes + cache reads). dsh places the `cache_control` breakpoints
+ * itself (at most 4: the envelope, and the stable prefix it finds by comparing with the requests sent
+ * before); give `prices` a `cacheWriteInput` for Anthropic's price shape. `countTokens` asks
+ * `/v1/messages/count_tokens`. The key goes as `x-api-key`: `apiKey`, else `apiKeyEnv`, else
+ * `$ANTHROPIC_API_KEY`, which is read (and required) only for Anthropic's own host.
+ * @throws TypeError for bad options (unknown keys, bad URL, missing key).
+ */
+function anthropic(options: AnthropicOptions): Provider {
+  const merged = overDefaults('anthropic', options, { baseURL: ANTHROPIC_BASE_URL })
+  let host: string | undefined
+  try { host = new URL(String(merged.baseURL)).hostname } catch { host = undefined }
+  const explicitKey = (options.apiKey !== undefined && options.apiKey !== '') || options.apiKeyEnv !== undefined
+  const envKey = !explicitKey && host === new URL(ANTHROPIC_BASE_URL).hostname ? ANTHROPIC_API_KEY_ENV : undefined
+  return makeProvider(resolveConfig('anthropic', merged as unknown as OpenAICompatibleOptions, envKey,
+    ANTHROPIC_FORMAT))
+}
+
+/** The options over `defaults` (an undefined value keeps the default); TypeError for a non-object. */
+function overDefaults(fn: string, options: unknown, defaults: Record<string, unknown>): Record<string, unknown> {
+  if (!isRecord(options)) throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null'
+    : typeof options}`)
+  const merged = { ...defaults }
+  for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
+  return merged
+}
+
 function makeProvider(cfg: AdapterConfig): Provider {
   return {
     model: cfg.model,
@@ -5833,19 +6378,27 @@ function makeProvider(cfg: AdapterConfig): Provider {
     maxTokens: cfg.maxTokens,
     ...(cfg.prices ? { prices: cfg.prices } : {}),
     complete: (request) => completeWithRetries(cfg, request),
+    ...(cfg.format.count ? { countTokens: (request: ChatRequest) => countTokens(cfg, request) } : {}),
   }
 }
 
-/** A TRANSPORT error that is a refused connection or a failed DNS lookup (by the cause's code or wording). */
-function isConnectFailure(error: ProviderError): boolean {
-  if (error.code !== 'TRANSPORT') return false
+/**
+ * How many retries a TRANSPORT error may get, by its cause's name, code or wording: none when no
+ * retry can succeed ({@link FAIL_FAST_RE}), {@link CONNECT_FAILURE_RETRIES} for a refused connection
+ * or a failed DNS lookup; otherwise `maxRetries`.
+ */
+function transportRetries(error: ProviderError, maxRetries: number): number {
+  if (error.code !== 'TRANSPORT') return maxRetries
   let e: unknown = error.cause
+  let retries = maxRetries
   for (let depth = 0; e !== null && typeof e === 'object' && depth < 4; depth++, e = (e as { cause?: unknown }).cause) {
-    const { code, message } = e as { code?: unknown; message?: unknown }
+    const { code, message, name } = e as { code?: unknown; message?: unknown; name?: unknown }
+    const text = `${String(name ?? '')} ${String(code ?? '')} ${String(message ?? '')}`
+    if (FAIL_FAST_RE.test(text)) return 0
     if ((typeof code === 'string' && CONNECT_FAILURE_CODES.has(code))
-      || CONNECT_FAILURE_RE.test(String(message ?? ''))) return true
+      || CONNECT_FAILURE_RE.test(String(message ?? ''))) retries = Math.min(maxRetries, CONNECT_FAILURE_RETRIES)
   }
-  return false
+  return retries
 }
 
 /** Errors never retried: raised after output was streamed (a retry would show the caller a second
@@ -5901,7 +6454,9 @@ const toolsJSON = new WeakMap<readonly ToolSpec[], string>()
  */
 function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number): string {
   const json = (value: unknown) => JSON.stringify(value, wireReplacer)
-  const own = new Set(['model', 'messages', 'stream', 'stream_options', cfg.maxTokensField])
+  const budgetField = Object.prototype.hasOwnProperty.call(cfg.extraBody, 'max_completion_tokens')
+    ? 'max_completion_tokens' : 'max_tokens'
+  const own = new Set(['model', 'messages', 'stream', 'stream_options', budgetField])
   if (cfg.thinking) own.add('thinking')
   if (cfg.reasoningEffort !== undefined) own.add('reasoning_effort')
   const tools = request.tools && request.tools.length > 0 ? request.tools : undefined
@@ -5929,8 +6484,54 @@ function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number
   field('messages', `[${toWireMessages(request.system, request.messages).map((m) => json(m)).join(',')}]`)
   field('stream', 'true')
   field('stream_options', '{"include_usage":true}')
-  field(cfg.maxTokensField, String(maxTokens))
+  field(budgetField, String(maxTokens))
   return `{${fields.join(',')}}`
+}
+
+/** The headers of a request: JSON, SSE, the format's key and version headers, then the caller's (lower-cased, so
+ *  that a caller's `Authorization` replaces ours instead of being joined to it). */
+function requestHeaders(cfg: AdapterConfig, request: ChatRequest): Record<string, string> {
+  const headers: Record<string, string> = { 'content-type': 'application/json', accept: 'text/event-stream',
+    ...cfg.format.authHeaders(cfg.apiKey) }
+  for (const extra of [cfg.headers, request.headers ?? {}]) {
+    for (const [name, value] of Object.entries(extra)) headers[name.toLowerCase()] = value
+  }
+  return headers
+}
+
+/**
+ * The server's count of a request's prompt, in tokens (Anthropic's `count_tokens`, which llama.cpp's
+ * server serves too): one attempt, its errors classified like those of `complete()`.
+ */
+async function countTokens(cfg: AdapterConfig, request: ChatRequest): Promise<number> {
+  if (!isRecord(request) || !Array.isArray(request.messages))
+    throw new TypeError('countTokens(request): request.messages must be an array of messages')
+  const count = cfg.format.count!
+  const url = `${cfg.baseURL}${count.path}`
+  const controller = new AbortController()
+  const forwardAbort = (): void => controller.abort(request.signal?.reason)
+  request.signal?.addEventListener('abort', forwardAbort, { once: true })
+  const timer = setTimeout(() => controller.abort(new Error(`no answer for ${cfg.idleTimeoutMs} ms`)),
+    cfg.idleTimeoutMs)
+  const init = { method: 'POST', headers: requestHeaders(cfg, request), body: count.body(cfg, request),
+    signal: controller.signal }
+  const acc = new ReplyAssembler({ ...cfg, endpoint: url }, () => {})
+  try {
+    const response = await postFollowingSameOrigin(cfg, init, url)
+    const requestId = requestIdOf(response.headers)
+    const { text } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
+    if (!response.ok) throw httpError(cfg, response, text, false, requestId, url)
+    const tokens = tokenCount((parseJSONOrUndefined(text) as { input_tokens?: unknown } | undefined)?.input_tokens)
+    if (tokens !== undefined) return tokens
+    throw providerError(cfg, 'MALFORMED_RESPONSE', `${url} answered without input_tokens: ${text.slice(0, 200)}`,
+      { status: response.status, body: text, requestId })
+  } catch (e) {
+    throw attemptError(cfg, e, acc, request.signal?.aborted === true, { timedOut: controller.signal.aborted
+      && !request.signal?.aborted, pastDeadline: false })
+  } finally {
+    clearTimeout(timer)
+    request.signal?.removeEventListener('abort', forwardAbort)
+  }
 }
 
 async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Promise<ChatResponse> {
@@ -5940,13 +6541,9 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
   const aborted = (): ProviderError => providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted before it `
     + `completed.`)
   if (signal?.aborted) throw aborted()
-  const body = requestBody(cfg, request, maxTokensFor(cfg, request))
-  const headers: Record<string, string> = { 'content-type': 'application/json', accept: 'text/event-stream' }
-  if (cfg.apiKey !== undefined) headers.authorization = `Bearer ${cfg.apiKey}`
-  // Lower-cased, so that a caller's `Authorization` replaces ours instead of being joined to it.
-  for (const extra of [cfg.headers, request.headers ?? {}]) for (const [name,
-    value] of Object.entries(extra)) headers[name.toLowerCase()] = value
-  const deadlineAt = cfg.requestTimeoutMs === undefined ? undefined : Date.now() + cfg.requestTimeoutMs
+  const body = cfg.format.body(cfg, request, maxTokensFor(cfg, request))
+  const headers = requestHeaders(cfg, request)
+  const deadlineAt = Date.now() + cfg.requestTimeoutMs
   for (let retry = 0; ; retry++) {
     let error: ProviderError
     try {
@@ -5958,33 +6555,47 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
     }
     const retryable = RETRYABLE.has(error.code) && !notRetried.has(error)
       && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))
-    const maxRetries = isConnectFailure(error) ? Math.min(cfg.maxRetries, CONNECT_FAILURE_RETRIES) : cfg.maxRetries
+    const maxRetries = transportRetries(error, cfg.maxRetries)
     if (!retryable || retry >= maxRetries) throw error
     const delayMs = error.retryAfterMs !== undefined
       ? Math.min(error.retryAfterMs, cfg.retryMaxMs)
       : Math.round(Math.min(cfg.retryMaxMs,
         cfg.retryBaseMs * 2 ** retry * (1 + (Math.random() * 2 - 1) * RETRY_JITTER_RATIO)))
     // no retry could start before the deadline
-    if (deadlineAt !== undefined && Date.now() + delayMs >= deadlineAt) throw error
+    if (Date.now() + delayMs >= deadlineAt) throw error
     request.onEvent?.({ type: 'retry', attempt: retry + 1, delayMs, error, maxRetries })
     try { await cfg.sleep(delayMs, signal) } catch (e) { if (signal?.aborted) throw aborted(); throw e }
     if (signal?.aborted) throw aborted()
   }
 }
 
-/** Collects one streamed (or non-streamed) completion; emits deltas as they arrive. */
+/** Collects one streamed (or non-streamed) completion in block order; emits deltas as they arrive. */
 class ReplyAssembler {
-  private text = ''
-  private reasoning = ''
-  private readonly calls: { id: string; name: string; arguments: string }[] = []
+  private readonly blocks: Block[] = []
+  private readonly calls: ToolCallBlock[] = []
   private readonly slotOfIndex = new Map<number, number>()
-  private finishReason: string | undefined
-  private usage: Usage | undefined
-  private responseId: string | undefined
+  /** The next text or reasoning starts a block of its own (a format's new content block). */
+  fresh = false
+  finishReason: string | undefined
+  usage: Usage | undefined
+  /** The format's own usage fields so far (Anthropic sends them in two events). */
+  wireUsage: Record<string, unknown> = {}
+  responseId: string | undefined
+  requestId: string | undefined
   /** Whether any text, reasoning or tool-call delta arrived (the adapter never retries after one). */
   streamed = false
-  private messageBytes = 0 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
-  constructor(private readonly cfg: AdapterConfig, private readonly emit: (event: StreamEvent) => void) {}
+  /** UTF-16 units kept so far: 3 × units bounds their UTF-8 bytes, so exact bytes are counted only past a third
+   *  of the cap (`messageBytes` is -1 until then). */
+  private messageUnits = 0
+  private messageBytes = -1 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
+  private readonly emit: (event: StreamEvent) => void
+  /** Whether anyone listens: deltas are built as events only then. */
+  private readonly listening: boolean
+  constructor(readonly cfg: AdapterConfig, emit: ((event: StreamEvent) => void) | undefined,
+    private readonly progress: () => void = () => {}) {
+    this.emit = emit ?? (() => {})
+    this.listening = emit !== undefined
+  }
 
   /** RESPONSE_TOO_LARGE for a message past one of its caps (`why`); `partial()` keeps its text. */
   private tooLarge(why: string): ProviderError {
@@ -5994,13 +6605,63 @@ class ReplyAssembler {
       + 'runs).', { status: 200 })
   }
 
-  /** Counts a delta against maxMessageBytes before it is kept, so nothing past the cap is held. */
+  /** Counts a delta against maxMessageBytes before it is kept, so nothing past the cap is held; it is progress. */
   private admit(delta: string): void {
-    this.messageBytes += utf8Length(delta, this.cfg.maxMessageBytes)
-    if (this.messageBytes > this.cfg.maxMessageBytes) {
+    const cap = this.cfg.maxMessageBytes
+    if (this.messageBytes < 0) {
+      this.messageUnits += delta.length
+      if (this.messageUnits * 3 <= cap) { this.progress(); return }
+      this.messageBytes = 0
+      for (const b of this.blocks) {
+        const parts = b.type === 'tool-call' ? [(b as ToolCallBlock).id, (b as ToolCallBlock).name,
+          (b as ToolCallBlock).arguments] : b.type === 'text' || b.type === 'reasoning'
+          ? [(b as TextBlock).text, (b as ReasoningBlock).signature ?? ''] : [JSON.stringify(b)]
+        for (const part of parts) this.messageBytes += utf8Length(part, cap)
+      }
+    }
+    this.messageBytes += utf8Length(delta, cap)
+    if (this.messageBytes > cap) {
       const of = 'bytes of text, reasoning and tool-call ids, names and arguments'
       throw this.tooLarge(`passed maxMessageBytes, ${this.cfg.maxMessageBytes} ${of}`)
     }
+    this.progress()
+  }
+
+  /** Text or reasoning: appended to the last block when it is of the same kind and no new block began. */
+  add(kind: 'text' | 'reasoning', delta: string): void {
+    if (delta === '') return
+    this.admit(delta)
+    const last = this.blocks.length > 0 ? this.blocks[this.blocks.length - 1] : undefined
+    if (!this.fresh && last !== undefined && last.type === kind) (last as TextBlock).text += delta
+    else this.blocks.push({ type: kind, text: delta })
+    this.fresh = false
+    this.streamed = true
+    if (this.listening) {
+      this.emit(kind === 'text' ? { type: 'text-delta', text: delta } : { type: 'reasoning-delta', text: delta })
+    }
+  }
+
+  /** A signature of the reasoning block just streamed (sent back with it). */
+  sign(signature: string): void {
+    const last = this.blocks[this.blocks.length - 1] as ReasoningBlock | undefined
+    if (signature === '' || last?.type !== 'reasoning') return
+    this.admit(signature)
+    last.signature = (last.signature ?? '') + signature
+  }
+
+  /** A block dsh does not interpret (e.g. `redacted_thinking`), kept in position as it came. */
+  keep(block: OtherBlock): void {
+    this.admit(JSON.stringify(block))
+    this.blocks.push(block)
+    this.fresh = false
+    this.streamed = true
+  }
+
+  /** Usage so far; progress only when a figure changed. */
+  setUsage(usage: Usage): void {
+    const u = this.usage
+    if (!u || u.promptTokens !== usage.promptTokens || u.completionTokens !== usage.completionTokens) this.progress()
+    this.usage = usage
   }
 
   /** The slot of a tool-call delta: by `index`, else by id, else the last call; a new slot when none fits. */
@@ -6015,20 +6676,17 @@ class ReplyAssembler {
     if (slot !== undefined) return slot
     const max = MAX_TOOL_CALLS_PER_MESSAGE
     if (calls.length >= max) throw this.tooLarge(`has more than ${max} tool calls, the most dsh takes in one message`)
-    calls.push({ id: '', name: '', arguments: '' })
+    const call: ToolCallBlock = { type: 'tool-call', id: '', name: '', arguments: '' }
+    calls.push(call)
+    this.blocks.push(call)
+    this.fresh = false
     if (wireIndex !== undefined) this.slotOfIndex.set(wireIndex, calls.length - 1)
     return calls.length - 1
   }
 
-  private toolCallDelta(tc: unknown): void {
-    if (!isRecord(tc)) return
-    const fn = isRecord(tc.function) ? tc.function : {}
-    const id = typeof tc.id === 'string' && tc.id !== '' ? tc.id : undefined // Qwen sends "" after the first delta
-    // Mistral sends "" after the first delta
-    const name = typeof fn.name === 'string' && fn.name !== '' ? fn.name : undefined
-    const args = typeof fn.arguments === 'string' ? fn.arguments : isRecord(fn.arguments)
-      ? JSON.stringify(fn.arguments) : ''
-    const slot = this.slotOf(typeof tc.index === 'number' ? tc.index : undefined, id)
+  /** A piece of a tool call: its id and name (kept once, from the first delta that has them) and arguments. */
+  tool(wireIndex: number | undefined, id: string | undefined, name: string | undefined, args: string): void {
+    const slot = this.slotOf(wireIndex, id)
     const call = this.calls[slot]
     const newId = id !== undefined && call.id === '' ? id : undefined
     const newName = name !== undefined && call.name === '' ? name : undefined
@@ -6038,84 +6696,40 @@ class ReplyAssembler {
     call.arguments += args
     if (newId || newName || args) {
       this.streamed = true
-      this.emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}),
+      if (this.listening) this.emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}),
         ...(newName ? { name: newName } : {}), argumentsDelta: args })
     }
   }
 
-  /** One chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. */
-  chunk(obj: unknown, requestId: string | undefined, dataText: string): void {
-    const { cfg } = this
-    if (!isRecord(obj)) {
-      throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not a `
-        + `JSON object: ${dataText.slice(0, 200)}`, { body: dataText, requestId, status: 200 })
-    }
-    if (obj.error !== undefined && obj.error !== null) throw inStreamError(cfg, dataText, requestId)
-    if (this.responseId === undefined && typeof obj.id === 'string' && obj.id !== '') this.responseId = obj.id
-    const u = readUsage(obj.usage)
-    if (u) this.usage = u // running totals (SiliconFlow) or a final chunk: the last one wins
-    const choices: unknown[] = Array.isArray(obj.choices) ? obj.choices : []
-    for (const choice of choices) {
-      // n = 1 is requested
-      if (!isRecord(choice) || (typeof choice.index === 'number' && choice.index !== 0)) continue
-      const delta = isRecord(choice.delta) ? choice.delta : isRecord(choice.message) ? choice.message : undefined
-      if (delta) this.delta(delta)
-      if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
-        this.finishReason = choice.finish_reason
-        if (this.finishReason === 'error') {
-          throw providerError(cfg, 'SERVER', `stream from ${cfg.endpoint} ended with finish_reason "error".`,
-            { body: dataText, requestId, status: 200 })
-        }
-      }
-    }
-  }
-
-  /** A choice's delta (or whole message): reasoning, text, tool calls. */
-  private delta(delta: Record<string, any>): void {
-    const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== ''
-      ? delta.reasoning_content
-      : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
-    if (r !== '') { this.admit(r); this.reasoning += r; this.streamed = true;
-      this.emit({ type: 'reasoning-delta', text: r }) }
-    const t = delta.content
-    if (typeof t === 'string' && t !== '') {
-      this.admit(t); this.text += t; this.streamed = true; this.emit({ type: 'text-delta', text: t })
-    }
-    if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) this.toolCallDelta(tc)
+  /** MALFORMED_RESPONSE for a data event that is not a JSON object. */
+  notAnObject(dataText: string): ProviderError {
+    return providerError(this.cfg, 'MALFORMED_RESPONSE', `stream from ${this.cfg.endpoint} sent a data event that is `
+      + `not a JSON object: ${dataText.slice(0, 200)}`, { body: dataText, requestId: this.requestId, status: 200 })
   }
 
   /** The text and reasoning so far as an interrupted message (tool calls dropped: their arguments may be cut). */
   partial(): AssistantMessage | undefined {
-    if (this.text === '' && this.reasoning === '') return undefined
-    return { role: 'assistant', content: this.textBlocks(), interrupted: true }
+    const content = this.blocks.filter((b) => b.type === 'text' || b.type === 'reasoning')
+    return content.length === 0 ? undefined : { role: 'assistant', content, interrupted: true }
   }
 
-  private textBlocks(): Block[] {
-    const content: Block[] = []
-    if (this.reasoning !== '') content.push({ type: 'reasoning', text: this.reasoning })
-    if (this.text !== '') content.push({ type: 'text', text: this.text })
-    return content
-  }
-
-  /** The assembled answer; TRANSPORT for a stream that ended with no [DONE] nor finish reason, EMPTY_RESPONSE. */
-  finish(sawDone: boolean, requestId: string | undefined): ChatResponse {
-    const { cfg, usage } = this
+  /** The assembled answer; TRANSPORT for a stream that ended with no end marker nor finish reason, EMPTY_RESPONSE. */
+  finish(sawDone: boolean): ChatResponse {
+    const { cfg, usage, requestId } = this
     if (!sawDone && this.finishReason === undefined) {
-      throw providerError(cfg, 'TRANSPORT', `stream from ${cfg.endpoint} ended without [DONE] and without a finish `
-        + `reason (model ${cfg.model}).`, { requestId, status: 200 })
+      throw providerError(cfg, 'TRANSPORT', `stream from ${cfg.endpoint} ended without its end marker and without a `
+        + `finish reason (model ${cfg.model}).`, { requestId, status: 200 })
     }
     if (!this.streamed && this.finishReason !== 'content_filter') {
       throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} (model ${cfg.model}) finished without any text, `
         + `reasoning or tool call.`, { requestId, status: 200 })
     }
-    const content = this.textBlocks()
-    // The id as the server sent it ('' when it sent none): the Agent repairs missing and repeated
+    // The ids as the server sent them ('' when it sent none): the Agent repairs missing and repeated
     // ids in one place (withCallIds), where it knows the log's seq and the ids already used.
-    for (const c of this.calls) content.push({ type: 'tool-call', id: c.id, name: c.name, arguments: c.arguments })
     const reason = this.finishReason ?? (this.calls.length > 0 ? 'tool_calls' : 'stop')
     if (usage) this.emit({ type: 'usage', usage })
     this.emit({ type: 'finish', finishReason: reason })
-    const response: ChatResponse = { message: { role: 'assistant', content }, finishReason: reason }
+    const response: ChatResponse = { message: { role: 'assistant', content: this.blocks }, finishReason: reason }
     if (usage) response.usage = usage
     const id = requestId ?? this.responseId
     if (id !== undefined) response.requestId = id
@@ -6123,10 +6737,56 @@ class ReplyAssembler {
   }
 }
 
+/** One chat-completions chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. */
+function openAIChunk(acc: ReplyAssembler, obj: unknown, dataText: string): boolean {
+  if (!isRecord(obj)) throw acc.notAnObject(dataText)
+  const { cfg, requestId } = acc
+  if (obj.error !== undefined && obj.error !== null) throw inStreamError(cfg, dataText, requestId)
+  if (acc.responseId === undefined && typeof obj.id === 'string' && obj.id !== '') acc.responseId = obj.id
+  const u = readUsage(obj.usage)
+  if (u) acc.setUsage(u) // running totals (SiliconFlow) or a final chunk: the last one wins
+  const choices: unknown[] = Array.isArray(obj.choices) ? obj.choices : []
+  for (const choice of choices) {
+    // n = 1 is requested
+    if (!isRecord(choice) || (typeof choice.index === 'number' && choice.index !== 0)) continue
+    const delta = isRecord(choice.delta) ? choice.delta : isRecord(choice.message) ? choice.message : undefined
+    if (delta) {
+      const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== ''
+        ? delta.reasoning_content
+        : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
+      acc.add('reasoning', r)
+      if (typeof delta.content === 'string') acc.add('text', delta.content)
+      if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) openAIToolCall(acc, tc)
+    }
+    if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
+      acc.finishReason = choice.finish_reason
+      if (acc.finishReason === 'error') {
+        throw providerError(cfg, 'SERVER', `stream from ${cfg.endpoint} ended with finish_reason "error".`,
+          { body: dataText, requestId, status: 200 })
+      }
+    }
+  }
+  return false
+}
+
+function openAIToolCall(acc: ReplyAssembler, tc: unknown): void {
+  if (!isRecord(tc)) return
+  const fn = isRecord(tc.function) ? tc.function : {}
+  const id = typeof tc.id === 'string' && tc.id !== '' ? tc.id : undefined // Qwen sends "" after the first delta
+  // Mistral sends "" after the first delta
+  const name = typeof fn.name === 'string' && fn.name !== '' ? fn.name : undefined
+  const args = typeof fn.arguments === 'string' ? fn.arguments : isRecord(fn.arguments)
+    ? JSON.stringify(fn.arguments) : ''
+  acc.tool(typeof tc.index === 'number' ? tc.index : undefined, id, name, args)
+}
+
+/** A count field: a non-negative finite number; anything else (negative, NaN as a string, …) is absent. */
+const tokenCount = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0
+  ? v : undefined)
+
 function readUsage(u: unknown): Usage | undefined {
   if (!isRecord(u)) return undefined
-  // A token count is a non-negative finite number; anything else (negative, NaN as a string, …) is absent.
-  const n = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0 ? v : undefined)
+  const n = tokenCount
   const prompt = n(u.prompt_tokens)
   const completion = n(u.completion_tokens)
   if (prompt === undefined && completion === undefined) return undefined
@@ -6138,6 +6798,99 @@ function readUsage(u: unknown): Usage | undefined {
     : undefined) ?? n(u.reasoning_tokens)
   if (reasoning !== undefined) usage.reasoningTokens = reasoning
   return usage
+}
+
+const OPENAI_FORMAT: WireFormat = {
+  path: '/chat/completions',
+  options: OPTION_NAMES,
+  namedEvents: false,
+  authHeaders: (apiKey): Record<string, string> => (apiKey === undefined ? {} : { authorization: `Bearer ${apiKey}` }),
+  body: requestBody,
+  event: openAIChunk,
+  whole: openAIChunk,
+}
+
+/** Anthropic's `stop_reason` → the finish reasons of chat completions (others pass as sent). */
+const STOP_REASONS: Readonly<Record<string, string>> = {
+  end_turn: 'stop', stop_sequence: 'stop', max_tokens: 'length', tool_use: 'tool_calls', refusal: 'content_filter',
+  model_context_window_exceeded: 'length',
+}
+
+/** One Messages stream event; true at `message_stop`. Throws the in-stream error it carries. */
+function anthropicEvent(acc: ReplyAssembler, obj: unknown, dataText: string): boolean {
+  if (!isRecord(obj)) throw acc.notAnObject(dataText)
+  const type = obj.type
+  if (type === 'content_block_delta') {
+    const d = isRecord(obj.delta) ? obj.delta : {}
+    const text = (v: unknown) => (typeof v === 'string' ? v : '')
+    if (d.type === 'text_delta') acc.add('text', text(d.text))
+    else if (d.type === 'thinking_delta') acc.add('reasoning', text(d.thinking))
+    else if (d.type === 'input_json_delta') acc.tool(Number(obj.index), undefined, undefined, text(d.partial_json))
+    else if (d.type === 'signature_delta') acc.sign(text(d.signature))
+  } else if (type === 'content_block_start') anthropicBlock(acc, Number(obj.index), obj.content_block)
+  else if (type === 'message_start' || type === 'message_delta') {
+    const m = type === 'message_start' ? (isRecord(obj.message) ? obj.message : {}) : obj
+    if (acc.responseId === undefined && typeof m.id === 'string' && m.id !== '') acc.responseId = m.id
+    const reason = isRecord(obj.delta) ? obj.delta.stop_reason : m.stop_reason
+    if (typeof reason === 'string' && reason !== '') acc.finishReason = STOP_REASONS[reason] ?? reason
+    const u = anthropicUsage(acc, m.usage)
+    if (u) acc.setUsage(u)
+  } else if (type === 'message_stop') return true
+  else if (type === 'error' || (obj.error !== undefined && obj.error !== null)) {
+    throw inStreamError(acc.cfg, dataText, acc.requestId)
+  }
+  return false
+}
+
+/** A content block as it starts (streamed: empty; non-streamed: whole). */
+function anthropicBlock(acc: ReplyAssembler, index: number, b: unknown): void {
+  if (!isRecord(b)) return
+  acc.fresh = true
+  if (b.type === 'text') acc.add('text', typeof b.text === 'string' ? b.text : '')
+  else if (b.type === 'thinking') {
+    acc.add('reasoning', typeof b.thinking === 'string' ? b.thinking : '')
+    if (typeof b.signature === 'string') acc.sign(b.signature)
+  } else if (b.type === 'tool_use') {
+    const input = isRecord(b.input) && Object.keys(b.input).length > 0 ? JSON.stringify(b.input) : ''
+    acc.tool(index, typeof b.id === 'string' && b.id !== '' ? b.id : undefined,
+      typeof b.name === 'string' && b.name !== '' ? b.name : undefined, input)
+  } else if (typeof b.type === 'string' && b.type !== 'image') acc.keep(b as OtherBlock)
+}
+
+/** Usage from Anthropic's fields, merged over those seen before: prompt = input + cache writes + cache reads. */
+function anthropicUsage(acc: ReplyAssembler, u: unknown): Usage | undefined {
+  if (!isRecord(u)) return undefined
+  const w = acc.wireUsage
+  for (const key of ['input_tokens', 'cache_creation_input_tokens', 'cache_read_input_tokens', 'output_tokens']) {
+    const v = tokenCount(u[key])
+    if (v !== undefined) w[key] = v
+  }
+  const n = (key: string) => (w[key] as number | undefined) ?? 0
+  if (w.input_tokens === undefined && w.output_tokens === undefined) return undefined
+  const usage: Usage = { promptTokens: n('input_tokens') + n('cache_creation_input_tokens')
+    + n('cache_read_input_tokens'), completionTokens: n('output_tokens') }
+  if (w.cache_read_input_tokens !== undefined) usage.cachedTokens = n('cache_read_input_tokens')
+  if (w.cache_creation_input_tokens !== undefined) usage.cacheWriteTokens = n('cache_creation_input_tokens')
+  return usage
+}
+
+const ANTHROPIC_FORMAT: WireFormat = {
+  path: '/v1/messages',
+  count: { path: '/v1/messages/count_tokens', body: (cfg, request) => anthropicBody(cfg, request) },
+  options: /* @__PURE__ */ OPTION_NAMES.filter((k) => k !== 'thinking' && k !== 'reasoningEffort'),
+  namedEvents: true,
+  authHeaders: (apiKey) => ({ 'anthropic-version': ANTHROPIC_VERSION, ...(apiKey === undefined ? {}
+    : { 'x-api-key': apiKey }) }),
+  body: anthropicBody,
+  event: anthropicEvent,
+  whole(acc, obj, data) {
+    if (!isRecord(obj)) throw acc.notAnObject(data)
+    if (obj.type === 'error' || (obj.error !== undefined && obj.error !== null)) {
+      throw inStreamError(acc.cfg, data, acc.requestId)
+    }
+    anthropicEvent(acc, { type: 'message_start', message: obj }, data)
+    if (Array.isArray(obj.content)) obj.content.forEach((b, i) => anthropicBlock(acc, i, b))
+  },
 }
 
 /**
@@ -6154,50 +6907,17 @@ function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | 
     requestId })
 }
 
-/**
- * The response body, ended at once by the attempt's abort signal (fetch implementations differ in
- * how fast they honour it): an abort cancels the reader, which settles a pending read at once
- * (WHATWG streams), and the signal's reason is thrown. One listener per body, not one per read.
- */
-async function* bodyChunks(body: ReadableStream<Uint8Array>, signal: AbortSignal): AsyncGenerator<Uint8Array, void,
-  undefined> {
-  const reader = body.getReader()
-  const onAbort = (): void => { reader.cancel(signal.reason).catch(() => {}) }
-  if (signal.aborted) onAbort()
-  else signal.addEventListener('abort', onAbort, { once: true })
-  let finished = false
-  try {
-    for (;;) {
-      const { done, value } = await reader.read()
-      if (signal.aborted) throw signal.reason
-      if (done) { finished = true; return }
-      yield value
-    }
-  } finally {
-    signal.removeEventListener('abort', onAbort)
-    if (!finished) reader.cancel().catch(() => {})
-  }
-}
+/** The objects of a data event that a relay joined from several `data:` lines (one JSON value per line). */
+class ChunkList { constructor(readonly list: unknown[]) {} }
 
-/** Splits `data` into chunk objects; a relay that joined several `data:` lines into one event gets one object per
- *  line. */
-function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | undefined,
-  onChunk: (obj: unknown) => void): void {
-  let obj: unknown
-  try {
-    obj = JSON.parse(data)
-  } catch (error) {
-    if (data.includes('\n')) {
-      let objs: unknown[] | undefined
-      try { objs = data.split('\n').filter((line) => line.trim() !== '').map((line) => JSON.parse(line)) } catch {
-        /* fall through */
-      }
-      if (objs) { for (const o of objs) onChunk(o); return }
-    }
-    throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: `
-      + `${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
+/** A data event that is not JSON: a relay's joined `data:` lines as a {@link ChunkList}, else MALFORMED_RESPONSE. */
+function relayChunks(cfg: AdapterConfig, data: string, requestId: string | undefined, error: unknown): ChunkList {
+  if (data.includes('\n')) {
+    const lines = data.split('\n').filter((line) => line.trim() !== '')
+    try { return new ChunkList(lines.map((line) => JSON.parse(line))) } catch { /* fall through */ }
   }
-  onChunk(obj) // outside the try: what the assembler throws is not a JSON error
+  throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: `
+    + `${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
 }
 
 /**
@@ -6207,16 +6927,28 @@ function parseChunkData(cfg: AdapterConfig, data: string, requestId: string | un
 async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string;
   cut: boolean }> {
   if (!response.body) return { text: '', cut: false }
+  const pull = chunkPuller(response.body)
+  const onAbort = (): void => { pull.close().catch(() => {}) } // settles a pending read at once (WHATWG streams)
+  signal.addEventListener('abort', onAbort, { once: true })
   const decoder = new TextDecoder()
-  let text = ''
-  let bytes = 0
-  for await (const chunk of bodyChunks(response.body, signal)) { // leaving the loop cancels the body
-    if (bytes + chunk.byteLength > maxBytes)
-      return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
-    bytes += chunk.byteLength
-    text += decoder.decode(chunk, { stream: true })
+  let text = '', bytes = 0
+  try {
+    for (;;) {
+      if (signal.aborted) throw signal.reason
+      const r = await pull.next()
+      if (signal.aborted) throw signal.reason
+      if (r.done) { pull.finished = true; return { text: text + decoder.decode(), cut: false } }
+      const chunk = r.value as Uint8Array
+      if (bytes + chunk.byteLength > maxBytes) {
+        return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
+      }
+      bytes += chunk.byteLength
+      text += decoder.decode(chunk, { stream: true })
+    }
+  } finally {
+    signal.removeEventListener('abort', onAbort)
+    await pull.close() // cancels the rest unread
   }
-  return { text: text + decoder.decode(), cut: false }
 }
 
 const REDIRECT_STATUSES: ReadonlySet<number> = new Set([301, 302, 303, 307, 308])
@@ -6227,9 +6959,9 @@ const REDIRECT_STATUSES: ReadonlySet<number> = new Set([301, 302, 303, 307, 308]
  * one that would turn the POST into a GET — is refused, so the conversation and the key never go
  * to a host the caller did not name.
  */
-async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit): Promise<Response> {
-  const origin = new URL(cfg.endpoint).origin
-  let url = cfg.endpoint
+async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit, first = cfg.endpoint): Promise<Response> {
+  const origin = new URL(first).origin
+  let url = first
   for (let hops = 0; ; hops++) {
     const response = await cfg.fetch(url, { ...init, redirect: 'manual' })
     if (response.type !== 'opaqueredirect' && !REDIRECT_STATUSES.has(response.status)) return response
@@ -6253,22 +6985,30 @@ async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit): P
 interface AttemptState { requestId?: string; timedOut: boolean; pastDeadline: boolean }
 
 async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>,
-  deadlineAt?: number): Promise<ChatResponse> {
+  deadlineAt: number): Promise<ChatResponse> {
   const { signal, onEvent } = request
   const controller = new AbortController()
   const st: AttemptState = { timedOut: false, pastDeadline: false }
-  const deadline = deadlineAt === undefined ? undefined : setTimeout(() => {
+  const deadline = setTimeout(() => {
     st.pastDeadline = true
     controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`))
   }, Math.max(0, deadlineAt - Date.now()))
-  // One idle timer per request: progress only records the time; the timer, when it fires, aborts
-  // if nothing came for idleTimeoutMs, else sleeps for the rest (re-arming per event cost ~12%).
+  // One idle timer per request: progress only counts; the timer looks every quarter of
+  // idleTimeoutMs and aborts once the count stood still for idleTimeoutMs (so within 1.25 × of it;
+  // re-arming or reading the clock per event cost 10–12%). Progress is the response headers, then
+  // only what the assembler keeps (text, reasoning, tool calls, changed usage): empty chunks, pings
+  // and keep-alives are not (docs/design.md §6).
   let timer: ReturnType<typeof setTimeout> | undefined
-  let lastProgressAt = Date.now()
-  const progress = (): void => { lastProgressAt = Date.now() }
+  let progressCount = 0, seenCount = 0, seenAt = Date.now()
+  const progress = (): void => { progressCount++ }
   const idleCheck = (): void => {
-    const idleMs = Date.now() - lastProgressAt
-    if (idleMs < cfg.idleTimeoutMs) { timer = setTimeout(idleCheck, cfg.idleTimeoutMs - idleMs); return }
+    const now = Date.now()
+    if (progressCount !== seenCount) { seenCount = progressCount; seenAt = now }
+    const idleMs = now - seenAt
+    if (idleMs < cfg.idleTimeoutMs) {
+      timer = setTimeout(idleCheck, Math.max(1, Math.min(cfg.idleTimeoutMs / 4, cfg.idleTimeoutMs - idleMs)))
+      return
+    }
     st.timedOut = true
     controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`))
   }
@@ -6278,69 +7018,99 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     if (!onEvent) return
     try { onEvent(event) } catch (error) { throw new ListenerFailure(error) }
   }
-  const acc = new ReplyAssembler(cfg, emit)
-  timer = setTimeout(idleCheck, cfg.idleTimeoutMs)
+  const acc = new ReplyAssembler(cfg, onEvent ? emit : undefined, progress)
+  timer = setTimeout(idleCheck, cfg.idleTimeoutMs / 4)
   try {
     const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
-    st.requestId = requestIdOf(response.headers)
-    return await readReply(cfg, response, acc, controller.signal, progress, st.requestId)
+    st.requestId = acc.requestId = requestIdOf(response.headers)
+    return await readReply(cfg, response, acc, controller.signal)
   } catch (e) {
     if (e instanceof ListenerFailure) throw e
     throw attemptError(cfg, e, acc, signal?.aborted === true, st)
   } finally {
     if (timer !== undefined) clearTimeout(timer)
-    if (deadline !== undefined) clearTimeout(deadline)
+    clearTimeout(deadline)
     signal?.removeEventListener('abort', forwardAbort)
   }
 }
 
+/** The classified error of an HTTP error status (its body read capped: `cut` says whether the rest was left). */
+function httpError(cfg: AdapterConfig, response: Response, text: string, cut: boolean, requestId: string | undefined,
+  url = cfg.endpoint): ProviderError {
+  const { status } = response
+  const { code, info } = readErrorBody(status, text)
+  const cutNote = cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''
+  return providerError(cfg, code, `HTTP ${status} from POST ${url} (model `
+    + `${cfg.model})${info?.message ? `: ${info.message}` : ''}${cutNote}.`, {
+    status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
+  })
+}
+
+/** A non-streamed answer (the server ignored stream: true), read up to twice the message cap; its message is
+ *  then capped like a streamed one. */
+async function readWhole(cfg: AdapterConfig, response: Response, acc: ReplyAssembler,
+  signal: AbortSignal): Promise<ChatResponse> {
+  const { status } = response
+  const { requestId } = acc
+  const maxBytes = 2 * cfg.maxMessageBytes + RESPONSE_BODY_MAX_BYTES
+  const { text, cut } = await readBodyCapped(response, maxBytes, signal)
+  if (cut) {
+    throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a `
+      + `non-streamed body over ${maxBytes} bytes (2 × maxMessageBytes + ${RESPONSE_BODY_MAX_BYTES}); it was cut `
+      + `there and not used (dsh asks for stream: true).`, { status, requestId })
+  }
+  const data = text.trim()
+  if (data === '') {
+    throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
+      + `${cfg.model}).`, { status, requestId })
+  }
+  let parsed: unknown
+  try { parsed = JSON.parse(data) } catch (error) { parsed = relayChunks(cfg, data, requestId, error) }
+  for (const obj of parsed instanceof ChunkList ? parsed.list : [parsed]) cfg.format.whole(acc, obj, text)
+  return acc.finish(true)
+}
+
 /**
  * Reads a response into the assembler: an error status as a classified error (its body capped), a
- * non-streamed JSON completion (capped), or the event stream; `progress` marks data events.
+ * non-streamed JSON answer ({@link readWhole}), or the event stream through the format's event mapper.
  */
-async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssembler, signal: AbortSignal,
-  progress: () => void, requestId: string | undefined): Promise<ChatResponse> {
-  const status = response.status
+async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssembler,
+  signal: AbortSignal): Promise<ChatResponse> {
+  const { status } = response
+  const { requestId } = acc
   if (!response.ok) {
     const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
-    const { code, info } = readErrorBody(status, text)
-    const cutNote = cut ? ` (error body cut at ${RESPONSE_BODY_MAX_BYTES} bytes, the rest not read)` : ''
-    throw providerError(cfg, code, `HTTP ${status} from POST ${cfg.endpoint} (model `
-      + `${cfg.model})${info?.message ? `: ${info.message}` : ''}${cutNote}.`, {
-      status, body: text, requestId, retryAfterMs: parseRetryAfterMs(response.headers, Date.now()),
-    })
+    throw httpError(cfg, response, text, cut, requestId)
   }
   if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
-    // The server ignored stream: true and sent one completion (or an error) as JSON.
-    const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
-    if (cut) {
-      throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a `
-        + `non-streamed body over ${RESPONSE_BODY_MAX_BYTES} bytes; it was cut there and not used (dsh asks for `
-        + `stream: true).`, { status, requestId })
-    }
-    if (text.trim() === '') {
-      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
-        + `${cfg.model}).`, { status, requestId })
-    }
-    parseChunkData(cfg, text.trim(), requestId, (obj) => acc.chunk(obj, requestId, text))
-    return acc.finish(true, requestId)
+    return readWhole(cfg, response, acc, signal)
   }
   if (!response.body) {
     throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} without a body (model `
       + `${cfg.model}).`, { status, requestId })
   }
   let sawDone = false, sawData = false, bytes = 0
-  await pumpSSE(bodyChunks(response.body, signal), (event) => {
-    if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
-    if (event.event !== 'message') return
-    sawData = true
-    const data = event.data.trim()
-    if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line: not progress
-    progress()
-    if (data === '[DONE]') { sawDone = true; return false }
-    parseChunkData(cfg, data, requestId, (obj) => acc.chunk(obj, requestId, data))
-  }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n } })
+  const { format } = cfg
+  await pumpSSE(response.body, (event) => {
+    if (event.event !== 'message') {
+      if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
+      if (!format.namedEvents) return
+    }
+    if (!sawData) sawData = true
+    let data = event.data
+    if (data.charCodeAt(0) !== 123) { // not `{`: the rare shapes
+      data = data.trim()
+      if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line
+      if (data === '[DONE]') { sawDone = true; return false }
+    }
+    let obj: unknown
+    try { obj = JSON.parse(data) } catch (error) { obj = relayChunks(cfg, data, requestId, error) }
+    if (obj instanceof ChunkList ? obj.list.some((o) => format.event(acc, o, data)) : format.event(acc, obj, data)) {
+      sawDone = true
+      return false
+    }
+  }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n }, signal })
   const type = response.headers.get('content-type')
   if (!sawData && type && !/event-stream/i.test(type)) {
     throw bytes === 0
@@ -6349,7 +7119,7 @@ async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssem
       : providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${status} with ${type}, `
         + `not an event stream (model ${cfg.model}).`, { status, requestId })
   }
-  return acc.finish(sawDone, requestId)
+  return acc.finish(sawDone)
 }
 
 /**
@@ -13712,284 +14482,3 @@ void isEntryPoint().then(async (isMain) => {
   const self = await import(import.meta.url)
   if (self.isEntryPoint === isEntryPoint) await self.runAsProgram()
 })
-
-// ════════════════════════════════════════════════════════════════════════════════════════════
-// 11. SQL store — moves into Part I after the core redesign (web standards only: no `node:`)
-// ════════════════════════════════════════════════════════════════════════════════════════════
-// A LogStore in any PostgreSQL reachable through one function, so that a session outlives the
-// worker that started it (docs/design.md §4 "SQL store"). Every write is ONE SQL statement: a
-// statement is a transaction on every driver, including a pool whose calls may each run on another
-// connection and HTTP drivers that keep no session. One writer per session across machines: a
-// lease row (owner, fencing token, expiry by the database's clock) taken at load and checked and
-// extended by the statement of every append — no renewal timer.
-
-/**
- * Runs one SQL statement with `$1…$n` parameters and resolves with its rows (or with an object
- * holding them as `rows`, as `pg` and PGlite answer). e.g. `(sql, params) => pool.query(sql, params)`
- * (pg, PGlite), `(sql, params) => sql.unsafe(sql, params)` (postgres.js), `neon(url).query` (Neon).
- */
-export type SqlQuery = (sql: string, params: unknown[]) => Promise<readonly unknown[] | { rows: readonly unknown[] }>
-
-/** Options of {@link SqlLogStore}. */
-export interface SqlLogStoreOptions {
-  query: SqlQuery
-  /** The session's key in the tables (any string; one log per key). */
-  session: string
-  /** Who holds the lease, for the refusal's message (default: `worker-` + a random id). */
-  owner?: string
-  /** Lease length, ms (default {@link SQL_LEASE_MS}): longer than a worker's longest step. */
-  leaseMs?: number
-  /** Table name prefix: `PREFIX_events`, `PREFIX_artefacts`, `PREFIX_leases` (default `dsh`). */
-  tablePrefix?: string
-  /** Reads without taking the lease (e.g. to show a live session); appends are refused. */
-  readOnly?: boolean
-}
-
-/**
- * Default lease, ms (5 min, the provider's idle timeout): a crashed worker's sessions wait this long;
- * a live worker's lease is extended by each append, so only a step longer than this can lose it.
- */
-export const SQL_LEASE_MS = 300_000
-/** Events per `SELECT` while loading or reading back (bounds memory: one page, not the log). */
-const SQL_PAGE_EVENTS = 500
-/** The database's clock in ms since the epoch: one clock for every worker, whatever their skew. */
-const SQL_NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint'
-
-/**
- * A session held by another writer (`code` `'LOCKED'`): who (`owner`), until when (`expiresAtMs`, ms
- * since the epoch, by the database's clock) and the lease's fencing token (`token`).
- */
-export class SessionLockedError extends SessionError {
-  readonly owner: string
-  readonly expiresAtMs: number
-  readonly token: number
-  constructor(message: string, lease: { owner: string; expiresAtMs: number; token: number }) {
-    super('LOCKED', message)
-    this.name = 'SessionLockedError'
-    this.owner = lease.owner
-    this.expiresAtMs = lease.expiresAtMs
-    this.token = lease.token
-  }
-}
-
-/**
- * A {@link LogStore} over PostgreSQL (pg, postgres.js, PGlite, Neon; no dependency: see
- * {@link SqlQuery}). Tables, created on first use: `PREFIX_events (session_id, seq)` → type,
- * time_ms, the event's JSON text and a row format version `v`; `PREFIX_artefacts (session_id, name)`;
- * `PREFIX_leases (session_id)` → owner, token, expires_ms.
- * - Lease: `load`/`scan` take the session's lease (a free or expired one; the token goes up by one
- *   on every takeover) or throw {@link SessionLockedError} naming owner and expiry. Each append and
- *   artefact write checks the token and extends the lease in the same statement, so a worker whose
- *   lease was taken over meanwhile (paused, then revived) is refused, never interleaved. `close`
- *   gives the lease back.
- * - Each `append` (one {@link Session.flush}: a step's events before its request, before each tool
- *   and at its end) is one statement, durable when it returns. A retry of a batch whose commit was
- *   lost with the connection finds its rows already there and succeeds; a different event at a seq
- *   is refused.
- * - Readable (see {@link LogStore.scan}): loads and reads back by seq ranges of 500 events, so a Session
- *   on it keeps only its surface in memory.
- * Errors: `SessionError('STORE')` for a failed query (the driver's message kept as `cause`),
- * `'LOG_CORRUPT'` for rows that are not a contiguous log, {@link SessionLockedError} for a lease.
- */
-export class SqlLogStore implements LogStore {
-  readonly session: string
-  readonly owner: string
-  readonly leaseMs: number
-  readonly readOnly: boolean
-  /** The fencing token of the lease this store holds (undefined: none). */
-  token?: number
-  private readonly query: SqlQuery
-  private readonly t: string
-  private schema?: Promise<void>
-  constructor(options: SqlLogStoreOptions) {
-    const { query, session, owner, leaseMs = SQL_LEASE_MS, tablePrefix = 'dsh', readOnly = false } = options
-    if (typeof query !== 'function') throw new TypeError('SqlLogStore: query must be a function (sql, params) → rows')
-    const bad = (what: string) => new TypeError(`SqlLogStore: ${what}`)
-    if (typeof session !== 'string' || session === '') throw bad('session must be a non-empty string')
-    if (!isIntegerAtLeast(leaseMs, 1)) throw bad(`leaseMs must be an integer ≥ 1 ms, got ${leaseMs}`)
-    if (!/^[a-z_][a-z0-9_]{0,40}$/.test(tablePrefix)) {
-      throw bad(`tablePrefix ${JSON.stringify(tablePrefix)} must match [a-z_][a-z0-9_]* (≤ 41 chars): it names tables`)
-    }
-    this.query = query
-    this.session = session
-    this.owner = owner ?? `worker-${crypto.randomUUID()}`
-    this.leaseMs = leaseMs
-    this.t = tablePrefix
-    this.readOnly = readOnly
-  }
-
-  /** Runs one statement; any failure becomes `SessionError('STORE')` naming what was being done. */
-  private async run(what: string, sql: string, params: unknown[] = []): Promise<any[]> {
-    try {
-      const result = await this.query(sql, params)
-      return (Array.isArray(result) ? result : (result as { rows: unknown[] }).rows) as any[]
-    } catch (err) {
-      if (err instanceof SessionError) throw err
-      const e = new SessionError('STORE', `SqlLogStore: ${what} of session ${JSON.stringify(this.session)} failed: ` +
-        `${(err as Error)?.message ?? err}; nothing of it was written (retry when the database answers)`)
-      throw Object.assign(e, { cause: err })
-    }
-  }
-
-  /** Creates the tables once per store (one statement; a racing creator's error is retried once). */
-  private ensureSchema(): Promise<void> {
-    const t = this.t
-    const sql = `DO $$ BEGIN
-      CREATE TABLE IF NOT EXISTS ${t}_events (session_id text NOT NULL, seq bigint NOT NULL, type text NOT NULL,
-        time_ms bigint NOT NULL, event text NOT NULL, v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq));
-      CREATE TABLE IF NOT EXISTS ${t}_artefacts (session_id text NOT NULL, name text NOT NULL, body text NOT NULL,
-        v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, name));
-      CREATE TABLE IF NOT EXISTS ${t}_leases (session_id text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL,
-        expires_ms bigint NOT NULL);
-    END $$`
-    this.schema ??= this.run('creating the tables', sql).catch(() => this.run('creating the tables', sql)).then(
-      () => {}, (err) => { this.schema = undefined; throw err })
-    return this.schema
-  }
-
-  /** Takes (or renews) the lease; throws {@link SessionLockedError} when another holder's is live. */
-  private async acquire(): Promise<void> {
-    await this.ensureSchema()
-    if (this.readOnly) return
-    const rows = await this.run('taking the lease', `INSERT INTO ${this.t}_leases AS l
-      VALUES ($1, $2, 1, ${SQL_NOW_MS} + $3::bigint)
-      ON CONFLICT (session_id) DO UPDATE SET owner = EXCLUDED.owner, expires_ms = EXCLUDED.expires_ms,
-        token = CASE WHEN l.token = $4::bigint THEN l.token ELSE l.token + 1 END
-      WHERE l.expires_ms <= ${SQL_NOW_MS} OR l.token = $4::bigint RETURNING token`,
-    [this.session, this.owner, this.leaseMs, this.token ?? 0])
-    if (rows.length === 1) { this.token = Number(rows[0].token); return }
-    throw await this.lockedError('is held by')
-  }
-
-  /** The refusal naming the lease's current holder. */
-  private async lockedError(how: string): Promise<SessionLockedError> {
-    const rows = await this.run('reading the lease', `SELECT owner, token, expires_ms, ${SQL_NOW_MS} AS now_ms
-      FROM ${this.t}_leases WHERE session_id = $1`, [this.session])
-    const r = rows[0] ?? { owner: '(nobody)', token: 0, expires_ms: 0, now_ms: 0 }
-    const lease = { owner: String(r.owner), token: Number(r.token), expiresAtMs: Number(r.expires_ms) }
-    const mine = this.token === undefined ? '' : ` (this store's token ${this.token} is fenced off: nothing written)`
-    const leftMs = Math.max(0, lease.expiresAtMs - Number(r.now_ms))
-    return new SessionLockedError(`session ${JSON.stringify(this.session)} ${how} ${lease.owner}${mine}, lease token ` +
-      `${lease.token} until ${new Date(lease.expiresAtMs).toISOString()} (${leftMs} ms from now); ` +
-      'open it again after that, or once its owner closes it', lease)
-  }
-
-  async load(): Promise<LoadedLog> {
-    const events: SessionEvent[] = []
-    await this.scan((e) => { events.push(e) })
-    return { events }
-  }
-
-  /** Takes the lease, then streams the log in pages of {@link SQL_PAGE_EVENTS} events. */
-  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
-    await this.acquire()
-    for await (const e of this.readEvents(0, Infinity)) onEvent(e)
-    return {}
-  }
-
-  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
-    await this.ensureSchema()
-    for (let next = Math.max(0, fromSeq); next < toSeq;) {
-      // A range, not `LIMIT`: the index scan then reads one page, whatever the planner's statistics.
-      const count = Math.min(SQL_PAGE_EVENTS, toSeq - next)
-      const rows = await this.run('reading events', `SELECT seq, event FROM ${this.t}_events
-        WHERE session_id = $1 AND seq >= $2::bigint AND seq < $2::bigint + $3::int ORDER BY seq`,
-      [this.session, next, count])
-      for (const row of rows) yield this.decode(row, next++)
-      if (rows.length < count) return await this.checkEnd(next)
-    }
-  }
-
-  /** A short page is the end of the log, unless rows follow a gap (never written by this store). */
-  private async checkEnd(seq: number): Promise<void> {
-    const [row] = await this.run('reading events', `SELECT min(seq) AS seq FROM ${this.t}_events
-      WHERE session_id = $1 AND seq >= $2::bigint`, [this.session, seq])
-    if (row?.seq !== null && row?.seq !== undefined) this.decode({ seq: row.seq, event: 'null' }, seq)
-  }
-
-  async readEvent(seq: number): Promise<SessionEvent> {
-    if (Number.isSafeInteger(seq) && seq >= 0) for await (const e of this.readEvents(seq, seq + 1)) return e
-    throw new SessionError('STORE', `no event with seq ${seq} in SQL session ${JSON.stringify(this.session)}`)
-  }
-
-  private decode(row: { seq: unknown; event: string }, expectedSeq: number): SessionEvent {
-    let e: SessionEvent | undefined
-    try { e = JSON.parse(row.event) } catch { /* reported below */ }
-    if (Number(row.seq) !== expectedSeq || e?.seq !== expectedSeq || typeof e.type !== 'string') {
-      throw new SessionError('LOG_CORRUPT', `SQL session ${JSON.stringify(this.session)}: row seq ${row.seq} where ` +
-        `${expectedSeq} was expected, or its event is not a dsh event of that seq (events must be contiguous)`,
-      expectedSeq + 1)
-    }
-    return e
-  }
-
-  /** The lease check and extension every write starts with (a CTE: one statement with the write). */
-  private leaseCTE(): string {
-    return `lease AS (UPDATE ${this.t}_leases SET expires_ms = ${SQL_NOW_MS} + $3::bigint
-      WHERE session_id = $1 AND token = $2::bigint RETURNING 1)`
-  }
-
-  private writable(what: string): [string, number, number] {
-    const refuse = (why: string) => new SessionError('STORE', `SqlLogStore: ${what} refused: ${why}`)
-    if (this.readOnly) throw refuse(`session ${JSON.stringify(this.session)} was opened read-only`)
-    if (this.token === undefined) throw refuse('the store holds no lease: load() or scan() it first (that takes it)')
-    return [this.session, this.token, this.leaseMs]
-  }
-
-  async append(events: readonly SessionEvent[]): Promise<void> {
-    if (events.length === 0) return
-    const texts = events.map((e) => JSON.stringify(e))
-    const timeMs = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
-    const batch = JSON.stringify(events.map((e, i) => [e.seq, e.type, timeMs(e), texts[i]]))
-    const [row] = await this.run(`appending ${events.length} event(s)`, `WITH ${this.leaseCTE()}, ins AS (
-      INSERT INTO ${this.t}_events (session_id, seq, type, time_ms, event)
-      SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, json_array_elements($4::json) AS r
-      ON CONFLICT (session_id, seq) DO NOTHING RETURNING 1)
-      SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM ins)::int AS inserted`,
-    [...this.writable('append'), batch])
-    if (Number(row?.leased) !== 1) throw await this.lockedError('was taken over by')
-    if (Number(row.inserted) === events.length) return
-    // Some seqs were there: a retry of a batch whose commit was not acknowledged finds its own rows.
-    let i = 0
-    for await (const e of this.readEvents(events[0].seq, events[events.length - 1].seq + 1)) {
-      if (JSON.stringify(e) !== texts[i++]) {
-        throw new SessionError('STORE', `SqlLogStore: seq ${e.seq} of session ${JSON.stringify(this.session)} ` +
-          `already holds another event (${e.type}); nothing of this batch was written over it; open the session again`)
-      }
-    }
-  }
-
-  async putArtefact(name: string, text: string): Promise<string> {
-    // JSON text: a tool's output may hold NUL or lone surrogates, which PostgreSQL's text refuses.
-    const rows = await this.run(`storing artefact ${name}`, `WITH ${this.leaseCTE()}
-      INSERT INTO ${this.t}_artefacts (session_id, name, body) SELECT $1, $4, $5 FROM lease
-      ON CONFLICT (session_id, name) DO UPDATE SET body = EXCLUDED.body RETURNING 1`,
-    [...this.writable('putArtefact'), name, JSON.stringify(text)])
-    if (rows.length !== 1) throw await this.lockedError('was taken over by')
-    return `sql:${this.session}/${name}`
-  }
-
-  async getArtefact(ref: string): Promise<string> {
-    const prefix = `sql:${this.session}/`
-    const name = ref.startsWith(prefix) ? ref.slice(prefix.length) : undefined
-    const rows = name === undefined ? [] : await this.run(`reading artefact ${name}`,
-      `SELECT body FROM ${this.t}_artefacts WHERE session_id = $1 AND name = $2`, [this.session, name])
-    if (rows.length === 0) {
-      throw new SessionError('STORE', `no artefact ${ref} in SQL session ${JSON.stringify(this.session)} ` +
-        `(references look like ${prefix}NAME)`)
-    }
-    return JSON.parse(rows[0].body)
-  }
-
-  /** Each append is durable when it returns: nothing to do. */
-  async sync(): Promise<void> {}
-
-  /** Gives the lease back (its token stays, so a fenced-off writer stays fenced off). */
-  async close(): Promise<void> {
-    if (this.token === undefined || this.readOnly) return
-    const token = this.token
-    this.token = undefined
-    await this.run('giving the lease back', `UPDATE ${this.t}_leases SET expires_ms = 0
-      WHERE session_id = $1 AND token = $2::bigint`, [this.session, token])
-  }
-}

@@ -86,7 +86,7 @@ export default async function scale(): Promise<Section> {
     const rs = stats(ratios)
     const usPer = (ms: number) => (ms * 1000 / ADAPTER_TOKENS).toFixed(2)
     tables.push(table(['streamed tokens', 'adapter CPU per token', 'floor (decode + split + JSON.parse) per token', 'ratio (paired median, min–max)'], [[int(ADAPTER_TOKENS), `${usPer(stats(a.adapterMs).median)} µs`, `${usPer(stats(a.floorMs).median)} µs`, `${fmtRatio(rs.median)} (${fmtRatio(rs.min)}–${fmtRatio(rs.max)})`]]))
-    targets.push({ name: 'adapter CPU per token', target: '≤ 1.5× the decode + split + parse floor', measured: `${fmtRatio(rs.median)} (${usPer(stats(a.adapterMs).median)} vs ${usPer(stats(a.floorMs).median)} µs)`, met: rs.median <= 1.5 })
+    targets.push({ name: 'adapter CPU per token', target: '≤ 1.3× the decode + split + parse floor (issue 26)', measured: `${fmtRatio(rs.median)} (${usPer(stats(a.adapterMs).median)} vs ${usPer(stats(a.floorMs).median)} µs)`, met: rs.median <= 1.3 })
   } finally {
     rmSync(dir, { recursive: true, force: true })
   }

@@ -200,7 +200,7 @@ for (const [i, s] of snippets.entries()) {
       // The CLI keeps sessions and reads its configuration there, not in the host's home.
       XDG_STATE_HOME: join(copyRoot, 'state'), XDG_CONFIG_HOME: join(copyRoot, 'config'),
       // The variables the snippets name for keys: any value, the fake server takes all.
-      DEEPSEEK_API_KEY: 'sk-docs-test', OPENAI_API_KEY: 'sk-docs-test', OPENROUTER_API_KEY: 'sk-docs-test',
+      DEEPSEEK_API_KEY: 'sk-docs-test', OPENAI_API_KEY: 'sk-docs-test', OPENROUTER_API_KEY: 'sk-docs-test', ANTHROPIC_API_KEY: 'sk-docs-test',
     }
     delete (env as Record<string, string | undefined>).NODE_TEST_CONTEXT
     let file: string, args: string[]

@@ -773,7 +773,7 @@ test('the request: endpoint, headers (x-dsh-purpose as given), stream options, t
   await withFake([{ text: 'ok' }], async (fake) => {
     const provider = openAICompatible({
       baseURL: `${fake.url}/v1/`, model: 'fake-model', apiKey: KEY, headers: { 'X-Title': 'dsh', 'x-dsh-purpose': 'overridden' },
-      thinking: true, reasoningEffort: 'high', extraBody: { temperature: 0.2, model: 'ignored' }, maxTokensField: 'max_completion_tokens',
+      thinking: true, reasoningEffort: 'high', extraBody: { temperature: 0.2, model: 'ignored', max_completion_tokens: 1 },
     })
     assert.equal(provider.baseURL, `${fake.url}/v1`)
     await provider.complete({

@@ -235,7 +235,7 @@ describe('recall index', () => {
       const got = await ask(session, { key: 'a' })
       assert.match(got, /^ERROR /)
       assert.ok(got.length < 400, got)
-      await assert.rejects(async () => { session.append('user/message', { message: { role: 'user', content: 'x' }, surfaceOp: { op: 'append' } }); await stateOf(session).flush() }, /LOCKED|changed/)
+      await assert.rejects(async () => { session.append('user/message', { message: { role: 'user', content: 'x' }, surfaceOp: { op: 'append' } }); await stateOf(session).flush() }, /SESSION_LOCKED|changed/)
     } finally { rmSync(dir, { recursive: true, force: true }) }
   })
 })

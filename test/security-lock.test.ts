@@ -62,11 +62,11 @@ describe('one writer per session log', () => {
     assert.match(run.stderr, /is in use by pid 1 on host elsewhere\.example \(since 2023-11-14T22:13:20\.000Z\), another host; if that process is gone, delete the lock file; lock file \S*s\.jsonl\.lock\n$/)
   })
 
-  test('in one process: a FileStore on a log another process holds is refused with LOCKED; close releases', async () => {
+  test('in one process: a FileStore on a log another process holds is refused with SESSION_LOCKED; close releases', async () => {
     const dir = await tempDir()
     const file = join(dir, 's.jsonl')
     await writeFile(`${file}.lock`, JSON.stringify({ pid: process.ppid, host: hostname(), time: Date.now() }))
-    await assert.rejects(Session.open(new FileStore(file)), (e: SessionError) => e.code === 'LOCKED' && e.message.includes(`pid ${process.ppid}`))
+    await assert.rejects(Session.open(new FileStore(file)), (e: SessionError) => e.code === 'SESSION_LOCKED' && e.message.includes(`pid ${process.ppid}`))
     await rm(`${file}.lock`)
     const store = new FileStore(file)
     await Session.open(store)
@@ -104,7 +104,7 @@ describe('a log changed by another process while this store writes it is not app
       await store.append([event(0), event(1)])
       await meddle(file)
       const before = await readFile(file, 'utf8')
-      await assert.rejects(store.append([event(2)]), (err: any) => err instanceof SessionError && err.code === 'LOCKED' && /changed while this process was writing it/.test(err.message) && err.message.includes(file))
+      await assert.rejects(store.append([event(2)]), (err: any) => err instanceof SessionError && err.code === 'SESSION_LOCKED' && /changed while this process was writing it/.test(err.message) && err.message.includes(file))
       assert.equal(await readFile(file, 'utf8'), before, 'the file is left as the other process made it')
       await store.close()
     })

@@ -84,12 +84,20 @@ describe('error and non-stream bodies are read up to 64 KiB, then cancelled', ()
     for (const n of await Promise.all(sent)) assert.ok(n < 64 * 1024 * 1024, `one attempt took ${n} bytes`)
   })
 
-  test('a non-streamed JSON body over 64 KiB is RESPONSE_TOO_LARGE', async () => {
-    const f = await startFakeProvider({ script: [{ json: { choices: [{ index: 0, message: { role: 'assistant', content: 'y'.repeat(RESPONSE_BODY_MAX_BYTES) }, finish_reason: 'stop' }] } }] })
+  test('one cap for streamed and non-streamed answers: a 64 KiB non-streamed answer is kept, one over maxMessageBytes is RESPONSE_TOO_LARGE', async () => {
+    const answer = (n: number) => ({ json: { choices: [{ index: 0, message: { role: 'assistant', content: 'y'.repeat(n) }, finish_reason: 'stop' }] } })
+    const f = await startFakeProvider({ script: [answer(RESPONSE_BODY_MAX_BYTES), answer(100_001), answer(300_000)] })
     try {
-      await rejectsWith(openAICompatible({ baseURL: f.url, model: 'm', maxRetries: 0 }).complete({ messages: HI }), (e) => {
-        assert.equal(e.code, 'RESPONSE_TOO_LARGE')
-        assert.match(e.message, /non-streamed body over 65536 bytes/)
+      const ok = await openAICompatible({ baseURL: f.url, model: 'm', maxRetries: 0 }).complete({ messages: HI })
+      assert.deepEqual(ok.message.content, [{ type: 'text', text: 'y'.repeat(RESPONSE_BODY_MAX_BYTES) }]) // refused at 64 KiB before
+      const small = openAICompatible({ baseURL: f.url, model: 'm', maxRetries: 0, maxMessageBytes: 100_000 })
+      await rejectsWith(small.complete({ messages: HI }), (e) => {
+        assert.equal(e.code, 'RESPONSE_TOO_LARGE') // the message cap, as for a stream
+        assert.match(e.message, /passed maxMessageBytes, 100000 bytes/)
+      })
+      await rejectsWith(small.complete({ messages: HI }), (e) => {
+        assert.equal(e.code, 'RESPONSE_TOO_LARGE') // the body is not even read past 2 × 100,000 + 65,536 bytes
+        assert.match(e.message, /non-streamed body over 265536 bytes/)
       })
     } finally { await f.close() }
   })

@@ -5,10 +5,10 @@
 import { after, before, describe, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { PGlite } from '@electric-sql/pglite'
-import { Session, SessionError, SessionLockedError, SqlLogStore, SQL_LEASE_MS, type SessionEvent, type SqlQuery, internals } from '../dsh.ts'
+import { Session, SessionError, SessionLockedError, SqlLogStore, type SessionEvent, type SqlQuery, internals } from '../dsh.ts'
 
 const { stateOf } = internals
-import { testLogStore } from '../conformance.ts'
+import { testSqlLogStore } from './sql-store-conformance.ts'
 
 const db = new PGlite()
 after(async () => { await db.close() })
@@ -16,26 +16,22 @@ const query: SqlQuery = (sql, params) => db.query(sql, params)
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms))
 const user = (text: string) => ({ message: { role: 'user' as const, content: text }, surfaceOp: { op: 'append' as const } })
 
-testLogStore('SqlLogStore (PGlite)', (key) => new SqlLogStore({ query, session: key }), {
-  secondWriter: 'refused',
-  // A crash after the commit, before the answer: the writer never hears that its batch is stored.
-  tear: async (key: string, events: readonly SessionEvent[]) => {
-    const store = new SqlLogStore({ query: async (sql, params) => {
-      const rows = await query(sql, params)
-      if (sql.includes('INSERT INTO dsh_events')) throw new Error('server closed the connection unexpectedly')
-      return rows
-    }, session: key })
-    await store.load()
-    await assert.rejects(store.append(events), (err: SessionError) => err.code === 'STORE' && /closed the connection/.test(err.message))
-    await store.close()
-  },
-})
+testSqlLogStore('SqlLogStore (PGlite)', query, 'server closed the connection unexpectedly')
 
 /** The text of the user messages of `session` key's log, read without the lease. */
 async function userTexts(session: string): Promise<string[]> {
   const events = (await new SqlLogStore({ query, session, readOnly: true }).load()).events
   assert.deepEqual(events.map((e) => e.seq), events.map((_, i) => i))
   return events.filter((e) => e.type === 'user/message').map((e) => (e.data as { message: { content: string } }).message.content)
+}
+
+/** Writes `count` user messages `m0`, `m1`, … to session `key` (after its session/start) and closes it. */
+async function writeMessages(key: string, count: number): Promise<void> {
+  const writer = new SqlLogStore({ query, session: key })
+  const session = await Session.open(writer)
+  for (let i = 0; i < count; i++) session.append('user/message', user(`m${i}`))
+  await session.sync()
+  await writer.close()
 }
 
 describe('SqlLogStore: one writer across workers', () => {
@@ -46,7 +42,7 @@ describe('SqlLogStore: one writer across workers', () => {
     const b = new SqlLogStore({ query, session: 'lease-1', owner: 'worker-b' })
     const err = await Session.open(b).then(() => undefined, (e) => e)
     assert.ok(err instanceof SessionLockedError, String(err))
-    assert.equal(err.code, 'LOCKED')
+    assert.equal(err.code, 'SESSION_LOCKED')
     assert.equal(err.owner, 'worker-a')
     assert.equal(err.token, 1)
     assert.ok(err.expiresAtMs > before + 55_000 && err.expiresAtMs <= Date.now() + 60_000, `expiry ${err.expiresAtMs}`)
@@ -170,11 +166,7 @@ describe('SqlLogStore: faults, paging and tables', () => {
   })
 
   test('loading 1,201 events pages through them by seq ranges of 500: 3 SELECTs, never the whole log at once', async () => {
-    const writer = new SqlLogStore({ query, session: 'paging' })
-    const session = await Session.open(writer)
-    for (let i = 0; i < 1_200; i++) session.append('user/message', user(`m${i}`))
-    await session.sync()
-    await writer.close()
+    await writeMessages('paging', 1_200)
     const pages: number[] = []
     const reader = new SqlLogStore({ query: async (sql, params) => {
       const result = await db.query(sql, params)
@@ -189,11 +181,7 @@ describe('SqlLogStore: faults, paging and tables', () => {
   })
 
   test('rows that are not a contiguous log are refused with LOG_CORRUPT naming the seq: a gap, even at a page end; a foreign row', async () => {
-    const writer = new SqlLogStore({ query, session: 'gap' })
-    const session = await Session.open(writer)
-    for (let i = 0; i < 600; i++) session.append('user/message', user(`m${i}`))
-    await session.sync()
-    await writer.close()
+    await writeMessages('gap', 600)
     await db.query(`DELETE FROM dsh_events WHERE session_id = 'gap' AND seq = 499`) // the last of the first page
     const gap = await Session.open(new SqlLogStore({ query, session: 'gap' })).then(() => undefined, (e) => e)
     assert.ok(gap instanceof SessionError && gap.code === 'LOG_CORRUPT', String(gap))
@@ -218,7 +206,67 @@ describe('SqlLogStore: faults, paging and tables', () => {
     assert.throws(() => new SqlLogStore({ query, session: 's', tablePrefix: 'x; DROP TABLE y' }), /tablePrefix "x; DROP TABLE y" must match/)
     assert.throws(() => new SqlLogStore({ query, session: '' }), /session must be a non-empty string/)
     assert.throws(() => new SqlLogStore({ query, session: 's', leaseMs: 0 }), /leaseMs must be an integer ≥ 1 ms, got 0/)
-    assert.equal(SQL_LEASE_MS, 300_000)
+    assert.equal(new SqlLogStore({ query, session: 's' }).leaseMs, 300_000, 'the default lease: 5 min')
+  })
+
+  test('a step waits for the WAL once: flushes commit with synchronous_commit off (that transaction only), the batch that ends the step waits, its sync sends nothing', async () => {
+    const statements: string[] = []
+    const store = new SqlLogStore({ query: (sql, params) => { statements.push(sql); return query(sql, params) }, session: 'durable' })
+    const session = await Session.open(store)
+    const async = "set_config('synchronous_commit', 'off', true)"
+    const kind = (sql: string) => (/INSERT INTO dsh_events/.test(sql) ? (sql.includes(async) ? 'append' : 'append, waits') : /^UPDATE dsh_leases SET expires_ms = \(/.test(sql) ? 'sync' : sql.slice(0, 30))
+    assert.deepEqual(statements.map(kind).filter((k) => k.startsWith('append') || k === 'sync'), ['append, waits'], 'the open: session/start waits, its sync sends nothing')
+    statements.length = 0
+    session.append('turn/start', { turn: 1 })
+    session.append('user/message', user('before the request'))
+    session.append('step/start', { turn: 1, step: 1 })
+    await stateOf(session).flush()
+    session.append('user/message', user('before a tool'))
+    await stateOf(session).flush()
+    session.append('step/end', { turn: 1, step: 1 })
+    await session.sync()
+    assert.deepEqual(statements.map(kind), ['append', 'append', 'append, waits'], 'two round trips and one fsync for the step')
+    assert.equal((await db.query<{ synchronous_commit: string }>('SHOW synchronous_commit')).rows[0].synchronous_commit, 'on', 'the setting ends with its transaction: a pooled connection keeps the default')
+    // A sync after flushes that end nothing (a tool's flush, then a sync elsewhere) is one durable statement.
+    statements.length = 0
+    session.append('user/message', user('no boundary'))
+    await session.sync()
+    assert.deepEqual(statements.map(kind), ['append', 'sync'])
+    statements.length = 0
+    await session.sync()
+    assert.deepEqual(statements, [], 'nothing written since the last durable commit: no statement')
+    await store.close()
+  })
+
+  test('a database that lost events not yet synced gets no gap: the next append is refused naming the missing seq, nothing written', async () => {
+    const store = new SqlLogStore({ query, session: 'lost' })
+    const session = await Session.open(store)
+    for (const text of ['a', 'b', 'c']) session.append('user/message', user(text))
+    await session.sync()
+    await db.query(`DELETE FROM dsh_events WHERE session_id = 'lost' AND seq = 3`) // as a crash before the fsync would
+    session.append('user/message', user('d'))
+    await assert.rejects(session.sync(), (e: SessionError) => e.code === 'STORE'
+      && /seq 3 of session "lost" is not in the database, so seq 4\.\. would leave a gap: .*nothing of this batch was written; open the session again/.test(e.message))
+    const seqs = (await db.query<{ seq: number }>(`SELECT seq FROM dsh_events WHERE session_id = 'lost' ORDER BY seq`)).rows.map((r) => Number(r.seq))
+    assert.deepEqual(seqs, [0, 1, 2])
+    await store.close()
+    assert.deepEqual(await userTexts('lost'), ['a', 'b'], 'reopened, the session resumes at its last stored event')
+  })
+
+  test('a close that fails (the database away) keeps the lease and can be retried; the next worker then opens at once', async () => {
+    let down = false
+    const store = new SqlLogStore({ query: (sql, params) => (down ? Promise.reject(new Error('read ECONNRESET')) : query(sql, params)), session: 'close-retry', owner: 'w1' })
+    await Session.open(store)
+    down = true
+    await assert.rejects(store.close(), (e: SessionError) => e.code === 'STORE' && /giving the lease back of session "close-retry" failed: read ECONNRESET/.test(e.message))
+    assert.equal(store.token, 1, 'the lease is still held')
+    down = false
+    await store.close()
+    assert.equal(store.token, undefined)
+    const next = new SqlLogStore({ query, session: 'close-retry', owner: 'w2' })
+    await Session.open(next)
+    assert.equal(next.token, 2)
+    await next.close()
   })
 
   test('an append before any load is refused: the lease is taken by load', async () => {

@@ -1,9 +1,9 @@
 // One worker process of the PostgreSQL load run (test/real-server/postgres.test.ts): opens its
 // sessions through SqlLogStore over a pg.Pool and runs every session concurrently to `turns` turns,
 // each turn a one-step exchange written the way the Agent writes a step (a flush before the request,
-// a sync at its end: two statements). Reports on stdout, one JSON object per line:
+// a sync at its end: two statements, the second waiting for the fsync). Reports on stdout, one JSON object per line:
 //   {"opened": KEY, "ms": …, "at": …}   the session's lease taken (after waiting out another holder's)
-//   {"ack": KEY, "turn": N, "ms": …}   turn N is stored (the sync returned); ms = its two writes
+//   {"ack": KEY, "turn": N, "ms": …}   turn N is stored (the sync returned); ms = its writes
 //   {"error": CODE, "key": KEY, "phase": …, "expiresAtMs"?: …}   a typed SessionError met and retried
 //   {"done": true}
 // Input: env DSH_PG_WORKER = {"port", "worker", "sessions": [...], "turns", "leaseMs"}.
@@ -54,7 +54,7 @@ async function run(key: string): Promise<void> {
     await retrying(key, 'sync', () => session.sync())
     report({ ack: key, turn, ms: Number((flushed - start + performance.now() - before).toFixed(3)) })
   }
-  await store.close()
+  await retrying(key, 'close', () => store.close())
 }
 
 await Promise.all(sessions.map(run))

@@ -4,10 +4,10 @@
 // postgres refuse to run as root: as root they run as the `postgres` user (runuser).
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { chownSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
-import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import pg from 'pg'
+import { freePort, skipVisibly } from './server.ts'
 
 export const PG_BIN = process.env.DSH_PG_BIN ?? '/usr/lib/postgresql/15/bin'
 const START_TIMEOUT_MS = 30_000
@@ -15,18 +15,7 @@ const START_TIMEOUT_MS = 30_000
 /** `false` when the binaries are there; else a visible skip message (a thrown error under CI). */
 export function skipWithoutPostgres(): false | string {
   if (existsSync(join(PG_BIN, 'postgres')) && existsSync(join(PG_BIN, 'initdb'))) return false
-  const msg = `PostgreSQL tests: no ${join(PG_BIN, 'postgres')} (apt-get install postgresql-15, or set DSH_PG_BIN)`
-  if (process.env.CI === 'true' || process.env.DSH_REQUIRE_SHARED === '1') throw new Error(`MISSING: ${msg}`)
-  console.log(`# SKIPPED: ${msg}`)
-  return `SKIPPED: ${msg}`
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer()
-    s.once('error', reject)
-    s.listen(0, '127.0.0.1', () => { const { port } = s.address() as { port: number }; s.close(() => resolve(port)) })
-  })
+  return skipVisibly(`PostgreSQL tests: no ${join(PG_BIN, 'postgres')} (apt-get install postgresql-15, or set DSH_PG_BIN)`)
 }
 
 const asRoot = process.getuid?.() === 0

@@ -12,8 +12,8 @@ import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import pg from 'pg'
-import { Session, SessionError, SqlLogStore, type SessionEvent } from '../../dsh.ts'
-import { testLogStore } from '../../conformance.ts'
+import { Session, SqlLogStore, type SessionEvent } from '../../dsh.ts'
+import { testSqlLogStore } from '../sql-store-conformance.ts'
 import { skipWithoutPostgres, startPostgres, type PostgresServer } from './postgres-server.ts'
 import { startFakeProvider } from '../fake-provider.ts'
 
@@ -101,20 +101,7 @@ describe('SqlLogStore on PostgreSQL 15 (pg driver)', { skip }, () => {
     await server?.destroy()
   })
 
-  testLogStore('SqlLogStore (PostgreSQL 15)', (key) => new SqlLogStore({ query, session: key }), {
-    secondWriter: 'refused',
-    tear: async (key: string, events: readonly SessionEvent[]) => {
-      // The commit happens, the answer is lost with the connection: the writer never hears of it.
-      const store = new SqlLogStore({ query: async (sql, params) => {
-        const result = await query(sql, params)
-        if (sql.includes('INSERT INTO dsh_events')) throw new Error('Connection terminated unexpectedly')
-        return result
-      }, session: key })
-      await store.load()
-      await assert.rejects(store.append(events), (err: SessionError) => err.code === 'STORE')
-      await store.close()
-    },
-  })
+  testSqlLogStore('SqlLogStore (PostgreSQL 15)', query, 'Connection terminated unexpectedly')
 
   test("README's pg example runs as written against this server (the model: the fake provider)", async () => {
     const readme = readFileSync(join(ROOT, 'README.md'), 'utf8')
@@ -159,7 +146,7 @@ describe('SqlLogStore on PostgreSQL 15 (pg driver)', { skip }, () => {
     assert.deepEqual({ lost: v.lost, duplicated: v.duplicated, interleaved: v.interleaved, incomplete: v.incomplete }, { lost: 0, duplicated: 0, interleaved: 0, incomplete: 0 })
     assert.equal(v.events, SESSIONS * (1 + TURNS * 6))
     const ms = acks.map((a) => a.ms!).sort((a, b) => a - b)
-    console.log(`# figures: load run: ${acks.length} steps, ${v.events} events in ${(wallMs / 1000).toFixed(1)} s; store writes per step (2 statements): p50 ${percentile(ms, 0.5).toFixed(2)} ms, p99 ${percentile(ms, 0.99).toFixed(2)} ms, max ${ms.at(-1)!.toFixed(2)} ms; lost 0, duplicated 0, interleaved 0`)
+    console.log(`# figures: load run: ${acks.length} steps, ${v.events} events in ${(wallMs / 1000).toFixed(1)} s; store writes per step (2 statements, 1 fsync): p50 ${percentile(ms, 0.5).toFixed(2)} ms, p99 ${percentile(ms, 0.99).toFixed(2)} ms, max ${ms.at(-1)!.toFixed(2)} ms; lost 0, duplicated 0, interleaved 0`)
   })
 
   test('faults: a worker SIGKILLed mid-step is resumed by another after its leases expire; a database restart mid-run is a typed error, then success', { timeout: RUN_TIMEOUT_MS }, async () => {
@@ -191,11 +178,11 @@ describe('SqlLogStore on PostgreSQL 15 (pg driver)', { skip }, () => {
     // The rescuer was refused while the dead worker's leases ran, naming it, then took every session.
     const refused = rescuer.reports.filter((r) => r.error)
     assert.ok(refused.length >= 1, 'the rescuer met the dead worker\'s leases')
-    assert.ok(refused.filter((r) => r.error === 'LOCKED').every((r) => r.phase === 'open' && /held by w0, lease token 1 until /.test(r.message!)), JSON.stringify(refused.slice(0, 3)))
+    assert.ok(refused.filter((r) => r.error === 'SESSION_LOCKED').every((r) => r.phase === 'open' && /held by w0, lease token 1 until /.test(r.message!)), JSON.stringify(refused.slice(0, 3)))
     const opened = rescuer.reports.filter((r) => r.opened)
     assert.equal(opened.length, groups[0].length)
     for (const o of opened) {
-      const lease = refused.filter((r) => r.key === o.opened && r.error === 'LOCKED').at(-1)
+      const lease = refused.filter((r) => r.key === o.opened && r.error === 'SESSION_LOCKED').at(-1)
       assert.ok(lease, `the rescuer found ${o.opened} leased to w0`)
       assert.ok(o.at! >= lease.expiresAtMs! - 50, `${o.opened} opened at ${o.at}, before w0's lease expired at ${lease.expiresAtMs}`)
       assert.ok(lease.expiresAtMs! <= killedAt + leaseMs + 50, 'the lease was the last one w0 extended')
@@ -219,6 +206,6 @@ describe('SqlLogStore on PostgreSQL 15 (pg driver)', { skip }, () => {
       }
     }
     assert.ok(interrupted >= 1, 'a turn was cut mid-step by the kill')
-    console.log(`# figures: faults run: w0 SIGKILLed after ${ackedByVictim} acknowledged turns; ${interrupted} of its ${groups[0].length} sessions cut mid-step; w4 resumed all ${groups[0].length} after the leases expired (${leaseMs} ms leases; last open ${waitedMs} ms after w4 started, ${refused.filter((r) => r.error === 'LOCKED').length} LOCKED refusals); database restart: ${errors.length} typed STORE errors, all retried; lost ${v.lost}, duplicated ${v.duplicated}, interleaved ${v.interleaved}`)
+    console.log(`# figures: faults run: w0 SIGKILLed after ${ackedByVictim} acknowledged turns; ${interrupted} of its ${groups[0].length} sessions cut mid-step; w4 resumed all ${groups[0].length} after the leases expired (${leaseMs} ms leases; last open ${waitedMs} ms after w4 started, ${refused.filter((r) => r.error === 'SESSION_LOCKED').length} SESSION_LOCKED refusals); database restart: ${errors.length} typed STORE errors, all retried; lost ${v.lost}, duplicated ${v.duplicated}, interleaved ${v.interleaved}`)
   })
 })

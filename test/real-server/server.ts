@@ -36,15 +36,18 @@ export function skipWithoutServer(): false | string {
   if (!existsSync(SERVER_BINARY)) missing.push(`${SERVER_BINARY} (run test/real-server/setup.sh, or set DSH_LLAMA_SERVER)`)
   else if (!existsSync(CHAT_TEMPLATE)) missing.push(`${CHAT_TEMPLATE} (run test/real-server/setup.sh, or set DSH_LLAMA_CHAT_TEMPLATE)`)
   for (const m of [MODEL_2K, MODEL_8K]) if (!existsSync(m)) missing.push(`${m} (set DSH_SHARED to the shared folder)`)
-  if (missing.length === 0) return false
-  const msg = `real-server tests: missing ${missing.join('; ')}`
+  return missing.length === 0 ? false : skipVisibly(`real-server tests: missing ${missing.join('; ')}`)
+}
+
+/** `msg` as a visible skip message for node:test's `{ skip }`; under CI a thrown error instead. */
+export function skipVisibly(msg: string): string {
   if (process.env.CI === 'true' || process.env.DSH_REQUIRE_SHARED === '1') throw new Error(`MISSING: ${msg}`)
   console.log(`# SKIPPED: ${msg}`)
   return `SKIPPED: ${msg}`
 }
 
 /** A free loopback TCP port (the OS picks it; released just before the server binds it). */
-function freePort(): Promise<number> {
+export function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const s = createServer()
     s.once('error', reject)
