@@ -12883,12 +12883,51 @@ export class SqlLogStore implements LogStore {
 export { FileStore }
 
 /**
- * Loads a `node:` module lazily (file store, CLI). The specifier is computed, so that a user's
- * bundler (esbuild, Vite, webpack) leaves it alone when it bundles dsh.ts for an edge or browser
- * target, where these parts never run.
+ * The `node:` modules loaded so far, by specifier (see {@link importNode}). A `var`, created by
+ * the first call: the entry check (the end of section 10) calls importNode while the module is
+ * still being evaluated, before this line would have run.
+ */
+var nodeModules: Map<string, Promise<any>> | undefined
+
+/**
+ * Loads a `node:` module lazily (file store, CLI), once per process: later calls get the same
+ * promise (a dynamic `import()` per call costs a trip through the module loader — under tsx, to
+ * its loader thread and back). The specifier is computed, so that a user's bundler (esbuild, Vite,
+ * webpack) leaves it alone when it bundles dsh.ts for an edge or browser target, where these
+ * parts never run.
  */
 function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
-  return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
+  const loaded = nodeModules ??= new Map()
+  let loading = loaded.get(specifier)
+  if (!loading) {
+    loading = import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
+    loading.catch(() => loaded.delete(specifier)) // a failed load is tried again next time
+    loaded.set(specifier, loading)
+  }
+  return loading
+}
+
+/**
+ * The file a FileStore appends to, written with synchronous calls: an append is one `write` to the
+ * page cache (microseconds, no trip to libuv's thread pool and back); only `sync` (fsync, which
+ * waits for the disk) runs off the main thread. The file is opened for appending (O_APPEND).
+ */
+interface AppendHandle {
+  write(bytes: Uint8Array, offset: number, length: number): { bytesWritten: number }
+  truncate(bytes: number): void
+  stat(): { size: number; dev: number; ino: number }
+  sync(): Promise<void>
+  close(): void
+}
+
+function appendHandle(fs: typeof import('node:fs'), fd: number): AppendHandle {
+  return {
+    write: (bytes, offset, length) => ({ bytesWritten: fs.writeSync(fd, bytes, offset, length) }),
+    truncate: (bytes) => fs.ftruncateSync(fd, bytes),
+    stat: () => fs.fstatSync(fd),
+    sync: () => new Promise((resolve, reject) => fs.fsync(fd, (err) => { if (err) reject(err); else resolve() })),
+    close: () => fs.closeSync(fd),
+  }
 }
 
 /** Whether two stats name the same file (device and inode). */
@@ -12913,8 +12952,11 @@ class FileStore implements LogStore {
   readonly path: string
   /** The lock file, `FILE.lock`. */
   readonly lockPath: string
-  private handle: any
-  private reader: any
+  private handle?: AppendHandle
+  /** Device and inode of the file `handle` appends to (fstat once, when it is opened). */
+  private handleFile?: { dev: number; ino: number }
+  /** File descriptor for reading events back ({@link FileStore.readEvent}). */
+  private reader?: number
   private needsNewline = false
   private locked = false
   private repairOnly = false
@@ -12933,6 +12975,7 @@ class FileStore implements LogStore {
     this.readOnly = options.readOnly === true }
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
+  private fsSync?: typeof import('node:fs')
 
   /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('LOCKED')`. */
   private async lock(): Promise<void> {
@@ -12946,6 +12989,18 @@ class FileStore implements LogStore {
     if (!this.locked) return
     this.locked = false
     await releaseLogLock(this.lockPath)
+  }
+
+  /** node:fs, loaded once for this store's synchronous calls. */
+  private async syncFs(): Promise<typeof import('node:fs')> {
+    return this.fsSync ??= await importNode<typeof import('node:fs')>('node:fs')
+  }
+
+  /** The log's stat now (one synchronous stat), or undefined when it is gone. */
+  private statPath(fs: typeof import('node:fs')): { size: number; dev: number; ino: number } | undefined {
+    try { return fs.statSync(this.path, { throwIfNoEntry: false }) } catch (err: any) {
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
+    }
   }
 
   private async sizeNow(): Promise<number> {
@@ -13052,12 +13107,13 @@ class FileStore implements LogStore {
       }
       this.seenBytes = Math.max(size, 0) // an absent log is created by the first write
     } else {
-      // Every later write checks again (one stat, plus one fstat once the file is open): a line
-      // another process appended, a truncation or a file renamed over the log would otherwise
-      // leave duplicate seqs, a log without its start, or writes to an unlinked file.
-      const size = await this.sizeNow()
-      const replaced = size >= 0 && this.handle !== undefined && !sameFile(await this.handle.stat(),
-        await (await this.fs()).stat(this.path))
+      // Every later write checks again, with one stat of the path against what this store wrote
+      // and the file its handle appends to: a line another process appended, a truncation or a
+      // file renamed over the log would otherwise leave duplicate seqs, a log without its start,
+      // or writes to an unlinked file.
+      const now = this.statPath(this.fsSync ?? await this.syncFs())
+      const size = now ? now.size : -1
+      const replaced = now !== undefined && this.handleFile !== undefined && !sameFile(now, this.handleFile)
       if (size !== this.seenBytes || replaced) {
         throw new SessionError('LOCKED', `session log ${this.path} changed while this process was writing it `
           + `(${this.seenBytes} bytes written, `
@@ -13067,19 +13123,24 @@ class FileStore implements LogStore {
       }
     }
     const starts = this.lineStarts!
+    // The batch's lines are encoded into one buffer (UTF-8 takes at most 3 bytes per UTF-16 unit),
+    // recording where each line ends: no buffer per line, no copy.
+    const lines = events.map((e) => JSON.stringify(e))
+    let units = 1
+    for (const line of lines) units += line.length + 1
+    const into = new Uint8Array(units * 3)
     const encoder = new TextEncoder()
-    const parts: Uint8Array[] = []
-    const first = starts[starts.length - 1] + (this.needsNewline ? 1 : 0)
-    let at = first, bytes = 0
-    if (this.needsNewline) { parts.push(encoder.encode('\n')); bytes++ }
+    const lead = this.needsNewline ? 1 : 0
+    const first = starts[starts.length - 1] + lead
     const added: number[] = []
-    for (const e of events) {
-      const line = encoder.encode(JSON.stringify(e) + '\n')
-      parts.push(line); bytes += line.length; at += line.length; added.push(at)
-    }
-    const buffer = new Uint8Array(bytes)
     let pos = 0
-    for (const part of parts) { buffer.set(part, pos); pos += part.length }
+    if (lead) into[pos++] = 10
+    for (const line of lines) {
+      pos += encoder.encodeInto(line, into.subarray(pos)).written
+      into[pos++] = 10
+      added.push(first + pos - lead)
+    }
+    const buffer = into.subarray(0, pos)
     try { await this.write(buffer) } catch (err) { throw await this.writeFailed(err, buffer.length, events[0].seq) }
     this.seenBytes! += buffer.length
     this.needsNewline = false
@@ -13093,7 +13154,12 @@ class FileStore implements LogStore {
    * with ENOSPC): the rest is written until every byte is in the file or a write fails.
    */
   protected async write(bytes: Uint8Array): Promise<void> {
-    this.handle ??= await (await this.fs()).open(this.path, 'a')
+    if (!this.handle) {
+      const fs = await this.syncFs()
+      const handle = appendHandle(fs, fs.openSync(this.path, 'a'))
+      this.handleFile = handle.stat()
+      this.handle = handle
+    }
     for (let done = 0; done < bytes.length;) {
       const { bytesWritten } = await this.handle.write(bytes, done, bytes.length - done)
       if (!(bytesWritten > 0)) throw new Error(`a write took none of the last ${bytes.length - done} bytes`)
@@ -13133,8 +13199,16 @@ class FileStore implements LogStore {
     if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1)
       throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
     const bytes = new Uint8Array(starts[seq + 1] - starts[seq])
-    this.reader ??= await (await this.fs()).open(this.path, 'r')
-    await this.reader.read(bytes, 0, bytes.length, starts[seq])
+    // One line, read with a synchronous pread (it was written or scanned by this store, so it is
+    // in the page cache as a rule): no trip through the thread pool per event read back.
+    const fs = this.fsSync ?? await this.syncFs()
+    this.reader ??= fs.openSync(this.path, 'r')
+    for (let done = 0; done < bytes.length;) {
+      const n = fs.readSync(this.reader, bytes, done, bytes.length - done, starts[seq] + done)
+      if (n === 0) throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: the file ends inside it `
+        + `(${done} of ${bytes.length} bytes); another process cut the log: open it again`, seq + 1)
+      done += n
+    }
     return this.decodeEvent(bytes, seq)
   }
 
@@ -13181,10 +13255,10 @@ class FileStore implements LogStore {
   /** Closes the file and gives the lock back. */
   async close(): Promise<void> {
     const h = this.handle, r = this.reader
-    this.handle = undefined; this.reader = undefined
+    this.handle = undefined; this.handleFile = undefined; this.reader = undefined
     try {
-      if (h) await h.close()
-      if (r) await r.close()
+      if (h) h.close()
+      if (r !== undefined) this.fsSync!.closeSync(r)
     } finally { await this.unlock() }
   }
 }
