@@ -13271,8 +13271,12 @@ interface LogLine { bytes: Uint8Array; at: number; terminated: boolean }
  * {@link LOG_READ_CHUNK_BYTES} (one promise per chunk, not per line). Only a last line with no
  * newline has `terminated: false`. A line that spans reads is joined once, not per read. The
  * arrays' `bytes` are views of a buffer reused by the next read: decode them before asking for more.
+ * Newlines are found by node:buffer's `indexOf` (a native memchr; it takes any Uint8Array), not by
+ * the Uint8Array's own, which walks the bytes one by one: a tenth of a 100 MiB resume's time.
  */
 async function* lineChunks(fh: any, start: number, end: number): AsyncGenerator<LogLine[]> {
+  const { Buffer } = await importNode<typeof import('node:buffer')>('node:buffer')
+  const indexOf = Buffer.prototype.indexOf as (this: Uint8Array, byte: number, from?: number) => number
   const chunk = new Uint8Array(Math.min(LOG_READ_CHUNK_BYTES, Math.max(1, end - start)))
   let carry: Uint8Array[] = []
   let carryAt = start
@@ -13283,7 +13287,7 @@ async function* lineChunks(fh: any, start: number, end: number): AsyncGenerator<
     const view = chunk.subarray(0, bytesRead)
     const lines: LogLine[] = []
     let from = 0
-    for (let nl = view.indexOf(10); nl >= 0; nl = view.indexOf(10, from)) {
+    for (let nl = indexOf.call(view, 10, 0); nl >= 0; nl = indexOf.call(view, 10, from)) {
       let bytes: Uint8Array = view.subarray(from, nl)
       if (carry.length > 0) { carry.push(bytes); bytes = concatBytes(carry); carry = [] }
       lines.push({ bytes, at: carryAt, terminated: true })
