@@ -12947,6 +12947,8 @@ const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
  * The store is *readable* (see {@link LogStore.scan}): it keeps the byte offset of every event's
  * line (8 bytes per event) and reads events back from the file on demand, so a {@link Session} on
  * it holds only its surface in memory. Spilled tool results go to `FILE.artefacts/`.
+ * An append costs one `stat` (the check that no other process changed the log) and one synchronous
+ * `write` to the page cache; `sync()`'s fsync runs off the main thread (docs/design.md §4).
  */
 class FileStore implements LogStore {
   readonly path: string
