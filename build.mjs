@@ -1,11 +1,13 @@
 // Builds dsh.ts into dist/ (docs/design.md §0):
-//   dsh.mjs      Part I of dsh.ts (the runtime, everything above the fence): ESM, platform-neutral,
-//                minified, with a source map (Node, Deno, Bun, workerd, browsers, bundlers)
+//   dsh.mjs      the runtime: Part I of dsh.ts (everything above the fence) plus the one section of
+//                Part II it carries, the file store (FileStore: node:fs, loaded lazily); ESM,
+//                platform-neutral, minified, with a source map (Node, Deno, Bun, workerd, browsers)
 //   dsh.iife.js  the same as a classic script defining the global `DSH` (script-only runtimes such
 //                as Vercel's edge-runtime), minified, with a source map
 //   cli.mjs      the whole file (runtime, tools, replay, CLI) with a `#!/usr/bin/env node` line: the
 //                package's `bin`; not minified, so that a stack trace reads
-//   dsh.d.mts    declarations of Part I, beside dsh.mjs (a copied dsh.mjs finds its types)
+//   dsh.d.mts    declarations of the runtime (the same text), beside dsh.mjs (a copied dsh.mjs finds
+//                its types)
 //   cli.d.mts    declarations of the whole file, beside cli.mjs
 // Then prints each file's size: raw bytes and gzip -9 bytes.
 //
@@ -16,8 +18,12 @@
 //   module; a dynamic `await import('node:…')` (the CLI and the file store load node modules
 //   lazily) is left external and runs where `node:` exists.
 //
+// The runtime's text is dsh.ts with every line of Part II blanked but those of the file store's
+// section (see runtimeSource): the line numbers stay those of dsh.ts (source and declaration maps),
+// and the section, type-checked with Part I, may name nothing else of Part II.
+//
 // Usage: node build.mjs [--entry FILE] [--outdir DIR] [--no-dts]   (defaults: dsh.ts, dist)
-// Exit code 1 on any build error. Importable too: `import { build, partOne } from './build.mjs'`.
+// Exit code 1 on any build error. Importable too: `import { build, partOne, runtimeSource } from './build.mjs'`.
 import * as esbuild from 'esbuild'
 import { spawnSync } from 'node:child_process'
 import { chmodSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs'
@@ -65,12 +71,35 @@ export function partOne(source, file = 'dsh.ts') {
   return source.slice(0, m.index)
 }
 
-/** esbuild plugin: the entry module is read as its Part I only. */
-const partOneOnly = (entry) => ({
-  name: 'part-one-only',
+/** The heading of the one section of Part II that the runtime carries: the file store. */
+const RUNTIME_SECTION = /^\/\/ \d+\. File store\b/m
+/** A section heading of dsh.ts (`// 8. Tools — …`). */
+const SECTION_HEADING = /^\/\/ \d+\. /gm
+
+/**
+ * The runtime's text: Part I, then Part II with every line blanked (newlines kept) except those of
+ * the file store's section, from its heading to the next section heading or the end of the file.
+ * Line numbers are those of dsh.ts. Throws when there is no fence or no such section below it.
+ * @param {string} source @param {string} [file] for the message
+ */
+export function runtimeSource(source, file = 'dsh.ts') {
+  const one = partOne(source, file)
+  const at = source.slice(one.length).search(RUNTIME_SECTION)
+  if (at < 0) throw new Error(`${file}: no "// N. File store" section below the fence; the runtime bundle carries FileStore from that section. Restore its heading.`)
+  const start = one.length + at
+  SECTION_HEADING.lastIndex = start + 1
+  const next = SECTION_HEADING.exec(source)
+  const end = next ? next.index : source.length
+  const blank = (text) => text.replace(/[^\n]+/g, '')
+  return one + blank(source.slice(one.length, start)) + source.slice(start, end) + blank(source.slice(end))
+}
+
+/** esbuild plugin: the entry module is read as the runtime's text only (see runtimeSource). */
+const runtimeOnly = (entry) => ({
+  name: 'runtime-only',
   setup(b) {
     b.onLoad({ filter: /\.ts$/ }, (args) => args.path === entry
-      ? { contents: partOne(readFileSync(entry, 'utf8'), entry), loader: 'ts' }
+      ? { contents: runtimeSource(readFileSync(entry, 'utf8'), entry), loader: 'ts' }
       : undefined)
   },
 })
@@ -84,7 +113,7 @@ export async function build({ entry = join(ROOT, 'dsh.ts'), outdir = join(ROOT, 
   entry = resolve(entry)
   outdir = resolve(outdir)
   const source = readFileSync(entry, 'utf8')
-  partOne(source, entry) // fail before touching outdir
+  runtimeSource(source, entry) // fail before touching outdir
   rmSync(outdir, { recursive: true, force: true })
   mkdirSync(outdir, { recursive: true })
   try {
@@ -104,7 +133,7 @@ async function buildInto(entry, source, outdir, dts, log) {
     minify: true,
     sourcemap: true,
     legalComments: 'none',
-    plugins: [nodeImportsDynamicOnly, partOneOnly(entry)],
+    plugins: [nodeImportsDynamicOnly, runtimeOnly(entry)],
     // Keep every import as written: TypeScript semantics would drop an unused
     // `import { readFile } from 'node:fs'` as possibly type-only, hiding it from the check above,
     // while Deno, Bun and tsx running dsh.ts itself would still load it. (dsh.ts has no imports.)
@@ -130,8 +159,9 @@ async function buildInto(entry, source, outdir, dts, log) {
   const files = ['dsh.mjs', 'dsh.iife.js', 'cli.mjs']
   if (dts) {
     files.push('dsh.d.mts', 'cli.d.mts')
-    runTsc(entry, partOne(source, entry), join(outdir, 'dsh.d.mts'), true)
-    runTsc(entry, source, join(outdir, 'cli.d.mts'), false)
+    runTsc(entry, partOne(source, entry), outdir, 'part-one', 'partOne') // the fence: Part I alone
+    runTsc(entry, runtimeSource(source, entry), outdir, 'dsh', 'runtime')
+    runTsc(entry, source, outdir, 'cli', 'all')
   }
 
   const sizes = files.map((name) => {
@@ -146,15 +176,17 @@ async function buildInto(entry, source, outdir, dts, log) {
 }
 
 /**
- * Declarations through the native TypeScript 7 `tsc`, of `text` (all of `entry`, or its Part I),
- * written to `outFile` (`NAME.d.mts`) with a declaration map that points at `entry` (the text is a
- * prefix of it, so the lines agree). tsc runs `-p` on a throwaway config in a scratch dir beside
- * `outFile` (a file argument beside tsconfig.json fails, TS5112) that extends tsconfig.dts.json.
- * For Part I, a name declared only in Part II is an error: "Part I names Part II".
+ * Declarations through the native TypeScript 7 `tsc`, of `text` (all of `entry`, its Part I, or the
+ * runtime's text: each a prefix of it or blanked in place, so the lines agree), written to
+ * `outdir/NAME.d.mts` with a declaration map that points at `entry`; for `kind` 'partOne' only the
+ * check, nothing written. tsc runs `-p` on a throwaway config in a scratch dir in `outdir` (a file
+ * argument beside tsconfig.json fails, TS5112) that extends tsconfig.dts.json.
+ * For Part I, a name declared only in Part II is an error: "Part I names Part II"; for the runtime,
+ * one the file store's section takes from the rest of Part II.
+ * @param {string} entry @param {string} text @param {string} outdir @param {string} name
+ * @param {'partOne' | 'runtime' | 'all'} kind
  */
-function runTsc(entry, text, outFile, isPartOne) {
-  const outdir = dirname(outFile)
-  const name = basename(outFile, '.d.mts')
+function runTsc(entry, text, outdir, name, kind) {
   const scratch = join(outdir, `.tsc-${name}`)
   mkdirSync(scratch, { recursive: true })
   writeFileSync(join(scratch, `${name}.mts`), text)
@@ -162,7 +194,7 @@ function runTsc(entry, text, outFile, isPartOne) {
   writeFileSync(project, JSON.stringify({
     extends: join(ROOT, 'tsconfig.dts.json'),
     // Part I alone may leave helpers unused that Part II uses; the full type-check still sees them.
-    compilerOptions: { rootDir: scratch, outDir: scratch, typeRoots: [join(ROOT, 'node_modules', '@types')], noUnusedLocals: !isPartOne },
+    compilerOptions: { rootDir: scratch, outDir: scratch, typeRoots: [join(ROOT, 'node_modules', '@types')], noUnusedLocals: kind === 'all' },
     files: [join(scratch, `${name}.mts`)],
   }))
   const tsc = join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc')
@@ -170,11 +202,16 @@ function runTsc(entry, text, outFile, isPartOne) {
   try {
     if (r.status !== 0) {
       const output = `${r.stdout}${r.stderr}`.replace(new RegExp(`\\S*\\.tsc-${name}[\\\\/]${name}\\.mts`, 'g'), relative(process.cwd(), entry) || entry)
-      const why = isPartOne && /error TS2304|error TS2552|error TS2749|error TS2693/.test(output)
-        ? 'Part I names Part II: something above the fence in dsh.ts uses a name only Part II declares. Move that name into Part I or the use into Part II.\n'
+      const unknownName = /error TS2304|error TS2552|error TS2749|error TS2693/.test(output)
+      const why = !unknownName ? ''
+        : kind === 'partOne' ? 'Part I names Part II: something above the fence in dsh.ts uses a name only Part II declares. Move that name into Part I or the use into Part II.\n'
+        : kind === 'runtime' ? 'The file store section names the rest of Part II: the runtime bundle carries only Part I and that section. Move the name into the section (or Part I), or the use out of it.\n'
         : ''
-      throw new Error(`${why}tsc on ${isPartOne ? 'Part I of ' : ''}${entry} failed (exit ${r.status}):\n${output}`)
+      const what = kind === 'partOne' ? 'Part I of ' : kind === 'runtime' ? 'the runtime (Part I + the file store) of ' : ''
+      throw new Error(`${why}tsc on ${what}${entry} failed (exit ${r.status}):\n${output}`)
     }
+    if (kind === 'partOne') return
+    const outFile = join(outdir, `${name}.d.mts`)
     const dts = join(scratch, `${name}.d.mts`)
     statSync(dts) // throws ENOENT if tsc emitted nothing
     renameSync(dts, outFile)

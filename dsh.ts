@@ -14,7 +14,7 @@
  * PUBLIC API (the one export list below this header; types are exported where they are declared)
  *   Agent                  the loop: turns, steps, tools, hooks, the ladder, cancellation (§7)
  *   Session                the append-only log, its surface and measure(); parts over it: cost, recall, pins
- *   MemoryStore, FileStore where a session's events live: in memory (anywhere), JSONL file (Node, Deno, Bun)
+ *   MemoryStore, FileStore where a session's events live: in memory (anywhere); JSONL file (Part II, §12)
  *   SqlLogStore            a session in PostgreSQL, one writer across machines (SessionLockedError: held elsewhere)
  *   openAICompatible       a Provider for any OpenAI-compatible chat-completions server (§6)
  *   deepseek               openAICompatible with DeepSeek's base URL, model, key variable and prices
@@ -56,7 +56,7 @@
  * else unconfined); FileStore needs node:fs (Node, Deno, Bun), MemoryStore runs anywhere.
  *
  * CONTENTS (sections follow the data; docs/design.md has the same numbers where a topic matches)
- *   PART I — THE RUNTIME (web standards only; `dist/dsh.mjs` is exactly this part)
+ *   PART I — THE RUNTIME (web standards only; `dist/dsh.mjs` is this part plus section 12, FileStore)
  *   1. Types          messages, blocks, events, provider contract, errors
  *   2. Meter          token estimates (tokens), usage anchor; 2.1 cost: prices applied to tokens (USD)
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
@@ -81,6 +81,7 @@
  *                     recorded provider and tools — a REPORT COLUMN is one entry of REPLAY_FIGURES
  *   10. CLI           arguments, terminal output, entry point; 10.1 configuration files and trust,
  *                     10.2 approvals, diffs and undo, 10.3 kept sessions
+ *   11. SQL store     SqlLogStore;  12. File store  FileStore and its lock file (node:fs; in dist/dsh.mjs)
  *
  * UNITS (one word, one unit, everywhere in this file):
  *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
@@ -95,7 +96,7 @@
 // is the undocumented `internals` object at the end of Part I (docs/design.md §14). `Session` is exported at its
 // declaration in section 4 (the figures of the core count its class there).
 export {
-  VERSION, Agent, MemoryStore, FileStore, SqlLogStore, SessionError, SessionLockedError, ProviderError, ConfigError,
+  VERSION, Agent, MemoryStore, SqlLogStore, SessionError, SessionLockedError, ProviderError, ConfigError,
   openAICompatible, deepseek, anthropic, parseSSE, classifyProviderError,
   estimateTextTokens, estimateMessageTokens, estimateRequestTokens,
   codePointLength, pruneText, pruneToolResult, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
@@ -1439,449 +1440,6 @@ function parseLogLine(raw: string, line: number, expectedSeq: number, terminated
   const problem = eventShapeProblem(value, expectedSeq)
   if (problem) throw new SessionError('LOG_CORRUPT', `session log line ${line}: ${problem}`, line)
   return value as SessionEvent
-}
-
-/**
- * Loads a `node:` module lazily (file store, CLI). The specifier is computed, so that a user's
- * bundler (esbuild, Vite, webpack) leaves it alone when it bundles dsh.ts for an edge or browser
- * target, where these parts never run.
- */
-function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
-  return import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
-}
-
-/** Whether two stats name the same file (device and inode). */
-function sameFile(a: { dev: number; ino: number }, b: { dev: number; ino: number }): boolean { return a.dev === b.dev
-  && a.ino === b.ino }
-
-/** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
-const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
-
-/**
- * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
- * One writer per log (docs/design.md §13): the first write takes `FILE.lock` (see
- * {@link acquireLogLock}) and `close()` gives it back; reading takes no lock.
- * `sync()` fsyncs. Loading streams the file line by line (no whole-file string, no size ceiling),
- * drops a torn last line — its bytes are saved beside the log as `FILE.torn-<time>` and the file is
- * truncated to its last whole line — and refuses any other corruption with the line number.
- * The store is *readable* (see {@link LogStore.scan}): it keeps the byte offset of every event's
- * line (8 bytes per event) and reads events back from the file on demand, so a {@link Session} on
- * it holds only its surface in memory. Spilled tool results go to `FILE.artefacts/`.
- */
-class FileStore implements LogStore {
-  readonly path: string
-  /** The lock file, `FILE.lock`. */
-  readonly lockPath: string
-  private handle: any
-  private reader: any
-  private needsNewline = false
-  private locked = false
-  private repairOnly = false
-  /** The file's size in bytes as this store last saw it (-1: absent); a first write refuses a log that changed since.
-   *  */
-  private seenBytes?: number
-  /** The lock of a dead process this store took over, if any: for the caller to report (docs/design.md §13). */
-  staleLock?: LogLockHolder
-  /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
-  private lineStarts?: number[]
-  /** Why this store appends no more: a failed write left a cut line it could not remove (see writeFailed). */
-  private failed?: string
-  /** `readOnly`: never writes — a torn last line is reported, not cut; appends throw `SessionError('STORE')`. */
-  readonly readOnly: boolean
-  constructor(path: string, options: { readOnly?: boolean } = {}) { this.path = path; this.lockPath = `${path}.lock`;
-    this.readOnly = options.readOnly === true }
-
-  private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
-
-  /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('SESSION_LOCKED')`. */
-  private async lock(): Promise<void> {
-    if (this.locked) return
-    const stale = await acquireLogLock(this.path, this.lockPath)
-    this.locked = true
-    if (stale) this.staleLock = stale
-  }
-
-  private async unlock(): Promise<void> {
-    if (!this.locked) return
-    this.locked = false
-    await releaseLogLock(this.lockPath)
-  }
-
-  private async sizeNow(): Promise<number> {
-    try { return (await (await this.fs()).stat(this.path)).size } catch (err: any) {
-      if (err?.code === 'ENOENT') return -1
-      throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
-    }
-  }
-
-  /** Takes the lock for a torn-line repair; false when another live process holds it. */
-  private async lockForRepair(): Promise<boolean> {
-    if (this.locked) return true
-    try { await this.lock() } catch (err) {
-      if (err instanceof SessionError && err.code === 'SESSION_LOCKED') return false
-      throw err
-    }
-    this.repairOnly = true
-    return true
-  }
-
-  /**
-   * Reads the log (see {@link FileStore.scan}). Reading takes no lock; repairing a torn last line
-   * does (for the repair only).
-   */
-  async load(): Promise<LoadedLog> {
-    const events: SessionEvent[] = []
-    const { torn } = await this.scan((e) => { events.push(e) })
-    return { events, torn }
-  }
-
-  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
-    const fs = await this.fs()
-    let fh: any
-    try { fh = await fs.open(this.path, 'r') } catch (err: any) {
-      if (err?.code === 'ENOENT') { this.lineStarts = [0]; this.seenBytes = -1; return {} }
-      throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
-    }
-    const starts: number[] = [0]
-    const decoder = new TextDecoder()
-    let torn: TornLine | undefined
-    let tornAt = -1
-    try {
-      const size: number = (await fh.stat()).size
-      this.seenBytes = size
-      for await (const lines of lineChunks(fh, 0, size)) {
-        for (const { bytes, at, terminated } of lines) {
-          const line = starts.length
-          const parsed = parseLogLine(decoder.decode(bytes), line, starts.length - 1, terminated)
-          if (parsed === 'blank') continue
-          if (parsed === 'torn') { torn = { line, bytes: bytes.length }; tornAt = at; continue }
-          onEvent(parsed)
-          starts.push(at + bytes.length + (terminated ? 1 : 0))
-          if (!terminated) this.needsNewline = true
-        }
-      }
-      // The repair is a write: it takes the lock for its duration. A live holder's torn-looking
-      // last line may be its append in flight: reported, not repaired (and this store cannot write).
-      // not repaired: this store must not append
-      if (torn && (this.readOnly || !(await this.lockForRepair()))) this.seenBytes = undefined
-      else if (torn) {
-        try {
-          if ((await this.sizeNow()) !== size)
-            throw new SessionError('SESSION_LOCKED', `session log ${this.path} changed while it was being loaded `
-              + `(another process writes to it); open it again`)
-          const savedTo = `${this.path}.torn-${Date.now()}`
-          const tail = new Uint8Array(size - tornAt)
-          await fh.read(tail, 0, tail.length, tornAt)
-          await fs.writeFile(savedTo, tail)
-          await fs.truncate(this.path, tornAt)
-          this.seenBytes = tornAt
-          torn.savedTo = savedTo
-        } finally { if (this.repairOnly) { this.repairOnly = false; await this.unlock() } }
-      }
-    } catch (err) {
-      if (err instanceof SessionError) throw err
-      throw new SessionError('STORE', `cannot read session log ${this.path}: ${(err as Error)?.message ?? err}`)
-    } finally { await fh.close() }
-    this.lineStarts = starts
-    return { torn }
-  }
-
-  /**
-   * Appends events. The first write takes the lock, and refuses (`SessionError('SESSION_LOCKED')`) when
-   * another live process holds it or when the file changed since this store loaded it. A batch the
-   * disk cannot take whole throws `SessionError('STORE')` ("disk full: N of M bytes written; nothing
-   * after seq S is durable") with none of it in the log (docs/design.md §4).
-   */
-  async append(events: readonly SessionEvent[]): Promise<void> {
-    if (events.length === 0) return
-    if (this.readOnly)
-      throw new SessionError('STORE', `session log ${this.path} was opened read-only; nothing is written to it`)
-    if (this.failed) throw new SessionError('STORE', this.failed)
-    if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
-    if (!this.locked) {
-      await this.lock()
-      const size = await this.sizeNow()
-      if (size !== this.seenBytes) {
-        await this.unlock()
-        throw new SessionError('SESSION_LOCKED', this.seenBytes === undefined
-          ? `session log ${this.path} ends with a torn line that another process held it during; open it again`
-          : `session log ${this.path} changed since it was loaded `
-            + `(${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): `
-            + `another process wrote to it; open it again`)
-      }
-      this.seenBytes = Math.max(size, 0) // an absent log is created by the first write
-    } else {
-      // Every later write checks again (one stat, plus one fstat once the file is open): a line
-      // another process appended, a truncation or a file renamed over the log would otherwise
-      // leave duplicate seqs, a log without its start, or writes to an unlinked file.
-      const size = await this.sizeNow()
-      const replaced = size >= 0 && this.handle !== undefined && !sameFile(await this.handle.stat(),
-        await (await this.fs()).stat(this.path))
-      if (size !== this.seenBytes || replaced) {
-        throw new SessionError('SESSION_LOCKED', `session log ${this.path} changed while this process was writing it `
-          + `(${this.seenBytes} bytes written, `
-          + `now ${size < 0 ? 'deleted' : replaced ? `another file of ${size} bytes` : `${size} bytes`}): `
-          + `another process wrote to it; nothing more was appended, so the events of this step are not in it; `
-          + `see what changed it, then open it again`)
-      }
-    }
-    const starts = this.lineStarts!
-    const encoder = new TextEncoder()
-    const parts: Uint8Array[] = []
-    const first = starts[starts.length - 1] + (this.needsNewline ? 1 : 0)
-    let at = first, bytes = 0
-    if (this.needsNewline) { parts.push(encoder.encode('\n')); bytes++ }
-    const added: number[] = []
-    for (const e of events) {
-      const line = encoder.encode(JSON.stringify(e) + '\n')
-      parts.push(line); bytes += line.length; at += line.length; added.push(at)
-    }
-    const buffer = new Uint8Array(bytes)
-    let pos = 0
-    for (const part of parts) { buffer.set(part, pos); pos += part.length }
-    try { await this.write(buffer) } catch (err) { throw await this.writeFailed(err, buffer.length, events[0].seq) }
-    this.seenBytes! += buffer.length
-    this.needsNewline = false
-    starts[starts.length - 1] = first
-    for (const a of added) starts.push(a)
-  }
-
-  /**
-   * Appends whole lines to the file (one call per batch; a subclass may split it, e.g. to test torn
-   * lines). A write may take fewer bytes than it is given (a full disk takes what fits, then fails
-   * with ENOSPC): the rest is written until every byte is in the file or a write fails.
-   */
-  protected async write(bytes: Uint8Array): Promise<void> {
-    this.handle ??= await (await this.fs()).open(this.path, 'a')
-    for (let done = 0; done < bytes.length;) {
-      const { bytesWritten } = await this.handle.write(bytes, done, bytes.length - done)
-      if (!(bytesWritten > 0)) throw new Error(`a write took none of the last ${bytes.length - done} bytes`)
-      done += bytesWritten
-    }
-  }
-
-  /**
-   * The error of a batch that did not reach the file whole. No event of it is acknowledged: the file
-   * is cut back to where the batch began (the caller may append the same batch again once there is
-   * room), or, where that cut fails, left with a cut last line that the next load drops, and this
-   * store refuses to append more.
-   */
-  private async writeFailed(err: unknown, totalBytes: number, firstSeq: number): Promise<SessionError> {
-    const before = this.seenBytes!
-    let written = 0, restored = this.handle === undefined
-    if (this.handle) {
-      try { written = Math.max(0, (await this.handle.stat()).size - before) } catch { /* unknown: say 0 */ }
-      try { await this.handle.truncate(before); restored = true } catch { /* reported below */ }
-    }
-    const code = (err as { code?: unknown })?.code
-    const what = code === 'ENOSPC' ? 'disk full' : code === 'EDQUOT' ? 'disk quota exceeded'
-      : `write failed (${(err as Error)?.message ?? err})`
-    const durable = firstSeq > 0 ? `nothing after seq ${firstSeq - 1} is durable` : 'no event is durable'
-    const message = `session log ${this.path}: ${what}: ${written} of ${totalBytes} bytes written; ${durable}`
-    if (restored) {
-      const fix = 'free disk space, then flush again (the session keeps the events it could not write) or resume'
-      return new SessionError('STORE', `${message}; the log was cut back to its last whole event: ${fix}`)
-    }
-    this.failed = `${message}; its cut last line could not be removed, so this store appends no more: free disk space, `
-      + 'then open the log again (the cut line is dropped on load)'
-    return new SessionError('STORE', this.failed)
-  }
-
-  async readEvent(seq: number): Promise<SessionEvent> {
-    const starts = await this.index()
-    if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1)
-      throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
-    const bytes = new Uint8Array(starts[seq + 1] - starts[seq])
-    this.reader ??= await (await this.fs()).open(this.path, 'r')
-    await this.reader.read(bytes, 0, bytes.length, starts[seq])
-    return this.decodeEvent(bytes, seq)
-  }
-
-  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
-    const starts = await this.index()
-    const from = Math.max(0, fromSeq), to = Math.min(toSeq, starts.length - 1)
-    if (from >= to) return
-    const fh = await (await this.fs()).open(this.path, 'r')
-    try {
-      let seq = from
-      for await (const lines of lineChunks(fh, starts[from], starts[to])) {
-        for (const { bytes } of lines) yield this.decodeEvent(bytes, seq++)
-      }
-    } finally { await fh.close() }
-  }
-
-  private decodeEvent(bytes: Uint8Array, seq: number): SessionEvent {
-    let text = new TextDecoder().decode(bytes)
-    if (text.endsWith('\n')) text = text.slice(0, -1)
-    const parsed = parseLogLine(text, seq + 1, seq, true)
-    if (typeof parsed === 'string')
-      throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: empty or cut short when read back`, seq + 1)
-    return parsed
-  }
-
-  private async index(): Promise<number[]> {
-    if (!this.lineStarts) await this.scan(() => {})
-    return this.lineStarts!
-  }
-
-  async sync(): Promise<void> { if (this.handle) await this.handle.sync() }
-
-  async putArtefact(name: string, text: string): Promise<string> {
-    const fs = await this.fs()
-    const dir = `${this.path}.artefacts`
-    await fs.mkdir(dir, { recursive: true })
-    const file = `${dir}/${name.replace(/[^\w.-]/g, '_')}`
-    await fs.writeFile(file, text)
-    return file
-  }
-
-  async getArtefact(ref: string): Promise<string> { return await (await this.fs()).readFile(ref, 'utf8') }
-
-  /** Closes the file and gives the lock back. */
-  async close(): Promise<void> {
-    const h = this.handle, r = this.reader
-    this.handle = undefined; this.reader = undefined
-    try {
-      if (h) await h.close()
-      if (r) await r.close()
-    } finally { await this.unlock() }
-  }
-}
-
-/** One line of a log file: its bytes without the newline, its byte offset, whether a newline ended it. */
-interface LogLine { bytes: Uint8Array; at: number; terminated: boolean }
-
-/**
- * The lines of the open file `fh` between byte offsets `start` and `end`, one array per read of
- * {@link LOG_READ_CHUNK_BYTES} (one promise per chunk, not per line). Only a last line with no
- * newline has `terminated: false`. A line that spans reads is joined once, not per read. The
- * arrays' `bytes` are views of a buffer reused by the next read: decode them before asking for more.
- */
-async function* lineChunks(fh: any, start: number, end: number): AsyncGenerator<LogLine[]> {
-  const chunk = new Uint8Array(Math.min(LOG_READ_CHUNK_BYTES, Math.max(1, end - start)))
-  let carry: Uint8Array[] = []
-  let carryAt = start
-  let pos = start
-  while (pos < end) {
-    const { bytesRead } = await fh.read(chunk, 0, Math.min(chunk.length, end - pos), pos)
-    if (bytesRead === 0) break
-    const view = chunk.subarray(0, bytesRead)
-    const lines: LogLine[] = []
-    let from = 0
-    for (let nl = view.indexOf(10); nl >= 0; nl = view.indexOf(10, from)) {
-      let bytes: Uint8Array = view.subarray(from, nl)
-      if (carry.length > 0) { carry.push(bytes); bytes = concatBytes(carry); carry = [] }
-      lines.push({ bytes, at: carryAt, terminated: true })
-      from = nl + 1
-      carryAt = pos + from
-    }
-    if (from < bytesRead) carry.push(view.slice(from))
-    pos += bytesRead
-    if (lines.length > 0) yield lines
-  }
-  if (carry.length > 0) yield [{ bytes: concatBytes(carry), at: carryAt, terminated: false }]
-}
-
-function concatBytes(parts: Uint8Array[]): Uint8Array {
-  if (parts.length === 1) return parts[0]
-  let n = 0
-  for (const p of parts) n += p.length
-  const out = new Uint8Array(n)
-  let at = 0
-  for (const p of parts) { out.set(p, at); at += p.length }
-  return out
-}
-
-/** Locks this process holds: lock path → how many FileStores share it (one process, one holder). */
-const heldLogLocks = new Map<string, number>()
-let logLockExitHooked = false
-
-/** The holder recorded in a lock file, or undefined when the file does not say. */
-function parseLockHolder(text: string): LogLockHolder | undefined {
-  const v = parseJSONOrUndefined(text)
-  if (!isRecord(v) || !Number.isSafeInteger(v.pid) || typeof v.host !== 'string' || typeof v.time !== 'number')
-    return undefined
-  return { pid: v.pid, host: v.host, time: v.time }
-}
-
-const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.host} (since `
-  + `${new Date(h.time).toISOString()})`
-
-/**
- * One writer per session log (docs/design.md §13). Creates `lockPath` exclusively (O_EXCL) holding
- * `{pid, host, time}`. When it exists: a holder that is this process shares it; a live holder, a
- * holder on another host (whose pid cannot be checked) or an unreadable lock file is refused with
- * `SessionError('SESSION_LOCKED')` naming the holder and the lock file; the lock of a dead process on this
- * host is stale: taken over (by rename, so two processes cannot both take it) and returned, for the
- * caller to report. The lock is removed by {@link releaseLogLock}, and at process exit.
- * @returns the stale holder taken over, if any.
- */
-async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLockHolder | undefined> {
-  const [fs, os, { default: proc }] =
-    await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'),
-    importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
-  const host = os.hostname()
-  const me: LogLockHolder = { pid: proc.pid, host, time: Date.now() }
-  const held = heldLogLocks.get(lockPath)
-  if (held !== undefined) { heldLogLocks.set(lockPath, held + 1); return undefined }
-  const refuse =
-    (why: string): never => {
-      throw new SessionError('SESSION_LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`)
-    }
-  let stale: LogLockHolder | undefined
-  for (let round = 0; ; round++) {
-    try {
-      const handle = await fs.open(lockPath, 'wx')
-      try { await handle.writeFile(JSON.stringify(me) + '\n') } finally { await handle.close() }
-      break
-    } catch (err: any) {
-      if (err?.code !== 'EEXIST')
-        throw new SessionError('STORE', `cannot create the lock file ${lockPath}: ${err?.message ?? err}`)
-    }
-    let text: string
-    try { text = await fs.readFile(lockPath, 'utf8') } catch (err: any) {
-      if (err?.code === 'ENOENT' && round < 3) continue // released meanwhile: try again
-      throw new SessionError('STORE', `cannot read the lock file ${lockPath}: ${err?.message ?? err}`)
-    }
-    const holder = parseLockHolder(text)
-    if (!holder) refuse(`has a lock file that does not name its holder (${JSON.stringify(text.slice(0, 80))}); `
-      + `if no dsh is using this log, delete the lock file`)
-    // ours, from before a close we skipped
-    if (holder!.pid === proc.pid && holder!.host === host) { heldLogLocks.set(lockPath, 1); return undefined }
-    if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, `
-      + `delete the lock file`)
-    let alive = true
-    try { proc.kill(holder!.pid, 0) } catch (err: any) { alive = err?.code !== 'ESRCH' }
-    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file (if `
-      + `pid ${holder!.pid} is no dsh, its number was reused: delete the lock file)`)
-    if (round >= 3) refuse(`is being taken over by another process (the lock of ${describeHolder(holder!)} was stale)`)
-    // Stale: move it aside, check that what moved is what we judged stale, then create ours.
-    const aside = `${lockPath}.stale-${proc.pid}-${Date.now()}`
-    try { await fs.rename(lockPath, aside) } catch { continue }
-    const moved = await fs.readFile(aside, 'utf8').catch(() => '')
-    // a live lock: put it back
-    if (moved !== text) { await fs.link(aside, lockPath).catch(() => {});
-      await fs.unlink(aside).catch(() => {}); continue }
-    await fs.unlink(aside).catch(() => {})
-    stale = holder
-  }
-  heldLogLocks.set(lockPath, 1)
-  if (!logLockExitHooked) {
-    logLockExitHooked = true
-    const fsSync = await importNode<typeof import('node:fs')>('node:fs')
-    proc.on('exit',
-      () => { for (const path of heldLogLocks.keys()) { try { fsSync.unlinkSync(path) } catch { /* gone */ } } })
-  }
-  return stale
-}
-
-/** Gives back one hold of a lock taken by {@link acquireLogLock}; the last one removes the file. */
-async function releaseLogLock(lockPath: string): Promise<void> {
-  const held = heldLogLocks.get(lockPath)
-  if (held === undefined) return
-  if (held > 1) { heldLogLocks.set(lockPath, held - 1); return }
-  heldLogLocks.delete(lockPath)
-  await (await importNode<typeof import('node:fs/promises')>('node:fs/promises')).unlink(lockPath).catch(() => {})
 }
 
 function validateBlocks(blocks: unknown, where: string): void {
@@ -14482,3 +14040,536 @@ void isEntryPoint().then(async (isMain) => {
   const self = await import(import.meta.url)
   if (self.isEntryPoint === isEntryPoint) await self.runAsProgram()
 })
+
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 12. File store — FileStore, a session log in a JSONL file (node:fs); dist/dsh.mjs carries it too
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// The one store that needs `node:fs` (Node, Deno, Bun), so it lives below the fence; build.mjs adds
+// this section (and only this one of Part II) to the runtime bundle `dist/dsh.mjs` and its types,
+// so it names nothing of Part II and holds only declarations (docs/design.md §0, §4, §13).
+// `importNode` is here too: the other sections of Part II load their `node:` modules through it.
+
+export { FileStore }
+
+/**
+ * The `node:` modules loaded so far, by specifier (see {@link importNode}). A `var`, created by
+ * the first call: the entry check (the end of section 10) calls importNode while the module is
+ * still being evaluated, before this line would have run.
+ */
+var nodeModules: Map<string, Promise<any>> | undefined
+
+/**
+ * Loads a `node:` module lazily (file store, CLI), once per process: later calls get the same
+ * promise (a dynamic `import()` per call costs a trip through the module loader — under tsx, to
+ * its loader thread and back). The specifier is computed, so that a user's bundler (esbuild, Vite,
+ * webpack) leaves it alone when it bundles dsh.ts for an edge or browser target, where these
+ * parts never run.
+ */
+function importNode<T = any>(specifier: `node:${string}`): Promise<T> {
+  const loaded = nodeModules ??= new Map()
+  let loading = loaded.get(specifier)
+  if (!loading) {
+    loading = import(/* webpackIgnore: true */ /* @vite-ignore */ specifier)
+    loading.catch(() => loaded.delete(specifier)) // a failed load is tried again next time
+    loaded.set(specifier, loading)
+  }
+  return loading
+}
+
+/**
+ * The file a FileStore appends to, written with synchronous calls: an append is one `write` to the
+ * page cache (microseconds, no trip to libuv's thread pool and back); only `sync` (fsync, which
+ * waits for the disk) runs off the main thread. The file is opened for appending (O_APPEND).
+ */
+interface AppendHandle {
+  write(bytes: Uint8Array, offset: number, length: number): { bytesWritten: number }
+  truncate(bytes: number): void
+  stat(): { size: number; dev: number; ino: number }
+  sync(): Promise<void>
+  close(): void
+}
+
+function appendHandle(fs: typeof import('node:fs'), fd: number): AppendHandle {
+  return {
+    write: (bytes, offset, length) => ({ bytesWritten: fs.writeSync(fd, bytes, offset, length) }),
+    truncate: (bytes) => fs.ftruncateSync(fd, bytes),
+    stat: () => fs.fstatSync(fd),
+    sync: () => new Promise((resolve, reject) => fs.fsync(fd, (err) => { if (err) reject(err); else resolve() })),
+    close: () => fs.closeSync(fd),
+  }
+}
+
+/** Whether two stats name the same file (device and inode). */
+function sameFile(a: { dev: number; ino: number }, b: { dev: number; ino: number }): boolean { return a.dev === b.dev
+  && a.ino === b.ino }
+
+/** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
+const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
+
+/**
+ * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
+ * One writer per log (docs/design.md §13): the first write takes `FILE.lock` (see
+ * {@link acquireLogLock}) and `close()` gives it back; reading takes no lock.
+ * `sync()` fsyncs. Loading streams the file line by line (no whole-file string, no size ceiling),
+ * drops a torn last line — its bytes are saved beside the log as `FILE.torn-<time>` and the file is
+ * truncated to its last whole line — and refuses any other corruption with the line number.
+ * The store is *readable* (see {@link LogStore.scan}): it keeps the byte offset of every event's
+ * line (8 bytes per event) and reads events back from the file on demand, so a {@link Session} on
+ * it holds only its surface in memory. Spilled tool results go to `FILE.artefacts/`.
+ * An append costs one `stat` (the check that no other process changed the log) and one synchronous
+ * `write` to the page cache; `sync()`'s fsync runs off the main thread (docs/design.md §4).
+ */
+class FileStore implements LogStore {
+  readonly path: string
+  /** The lock file, `FILE.lock`. */
+  readonly lockPath: string
+  private handle?: AppendHandle
+  /** Device and inode of the file `handle` appends to (fstat once, when it is opened). */
+  private handleFile?: { dev: number; ino: number }
+  /** File descriptor for reading events back ({@link FileStore.readEvent}). */
+  private reader?: number
+  private needsNewline = false
+  private locked = false
+  private repairOnly = false
+  /** The file's size in bytes as this store last saw it (-1: absent); a first write refuses a log that changed since.
+   *  */
+  private seenBytes?: number
+  /** The lock of a dead process this store took over, if any: for the caller to report (docs/design.md §13). */
+  staleLock?: LogLockHolder
+  /** Byte offset of each event's line by seq, then the end of the file: `lineStarts.length` = events + 1. */
+  private lineStarts?: number[]
+  /** Why this store appends no more: a failed write left a cut line it could not remove (see writeFailed). */
+  private failed?: string
+  /** `readOnly`: never writes — a torn last line is reported, not cut; appends throw `SessionError('STORE')`. */
+  readonly readOnly: boolean
+  constructor(path: string, options: { readOnly?: boolean } = {}) { this.path = path; this.lockPath = `${path}.lock`;
+    this.readOnly = options.readOnly === true }
+
+  private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
+  private fsSync?: typeof import('node:fs')
+
+  /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('SESSION_LOCKED')`. */
+  private async lock(): Promise<void> {
+    if (this.locked) return
+    const stale = await acquireLogLock(this.path, this.lockPath)
+    this.locked = true
+    if (stale) this.staleLock = stale
+  }
+
+  private async unlock(): Promise<void> {
+    if (!this.locked) return
+    this.locked = false
+    await releaseLogLock(this.lockPath)
+  }
+
+  /** node:fs, loaded once for this store's synchronous calls. */
+  private async syncFs(): Promise<typeof import('node:fs')> {
+    return this.fsSync ??= await importNode<typeof import('node:fs')>('node:fs')
+  }
+
+  /** The log's stat now (one synchronous stat), or undefined when it is gone. */
+  private statPath(fs: typeof import('node:fs')): { size: number; dev: number; ino: number } | undefined {
+    try { return fs.statSync(this.path, { throwIfNoEntry: false }) } catch (err: any) {
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
+    }
+  }
+
+  private async sizeNow(): Promise<number> {
+    try { return (await (await this.fs()).stat(this.path)).size } catch (err: any) {
+      if (err?.code === 'ENOENT') return -1
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
+    }
+  }
+
+  /** Takes the lock for a torn-line repair; false when another live process holds it. */
+  private async lockForRepair(): Promise<boolean> {
+    if (this.locked) return true
+    try { await this.lock() } catch (err) {
+      if (err instanceof SessionError && err.code === 'SESSION_LOCKED') return false
+      throw err
+    }
+    this.repairOnly = true
+    return true
+  }
+
+  /**
+   * Reads the log (see {@link FileStore.scan}). Reading takes no lock; repairing a torn last line
+   * does (for the repair only).
+   */
+  async load(): Promise<LoadedLog> {
+    const events: SessionEvent[] = []
+    const { torn } = await this.scan((e) => { events.push(e) })
+    return { events, torn }
+  }
+
+  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
+    const fs = await this.fs()
+    let fh: any
+    try { fh = await fs.open(this.path, 'r') } catch (err: any) {
+      if (err?.code === 'ENOENT') { this.lineStarts = [0]; this.seenBytes = -1; return {} }
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
+    }
+    const starts: number[] = [0]
+    const decoder = new TextDecoder()
+    let torn: TornLine | undefined
+    let tornAt = -1
+    try {
+      const size: number = (await fh.stat()).size
+      this.seenBytes = size
+      for await (const lines of lineChunks(fh, 0, size)) {
+        for (const { bytes, at, terminated } of lines) {
+          const line = starts.length
+          const parsed = parseLogLine(decoder.decode(bytes), line, starts.length - 1, terminated)
+          if (parsed === 'blank') continue
+          if (parsed === 'torn') { torn = { line, bytes: bytes.length }; tornAt = at; continue }
+          onEvent(parsed)
+          starts.push(at + bytes.length + (terminated ? 1 : 0))
+          if (!terminated) this.needsNewline = true
+        }
+      }
+      // The repair is a write: it takes the lock for its duration. A live holder's torn-looking
+      // last line may be its append in flight: reported, not repaired (and this store cannot write).
+      // not repaired: this store must not append
+      if (torn && (this.readOnly || !(await this.lockForRepair()))) this.seenBytes = undefined
+      else if (torn) {
+        try {
+          if ((await this.sizeNow()) !== size)
+            throw new SessionError('SESSION_LOCKED', `session log ${this.path} changed while it was being loaded `
+              + `(another process writes to it); open it again`)
+          const savedTo = `${this.path}.torn-${Date.now()}`
+          const tail = new Uint8Array(size - tornAt)
+          await fh.read(tail, 0, tail.length, tornAt)
+          await fs.writeFile(savedTo, tail)
+          await fs.truncate(this.path, tornAt)
+          this.seenBytes = tornAt
+          torn.savedTo = savedTo
+        } finally { if (this.repairOnly) { this.repairOnly = false; await this.unlock() } }
+      }
+    } catch (err) {
+      if (err instanceof SessionError) throw err
+      throw new SessionError('STORE', `cannot read session log ${this.path}: ${(err as Error)?.message ?? err}`)
+    } finally { await fh.close() }
+    this.lineStarts = starts
+    return { torn }
+  }
+
+  /**
+   * Appends events. The first write takes the lock, and refuses (`SessionError('SESSION_LOCKED')`) when
+   * another live process holds it or when the file changed since this store loaded it. A batch the
+   * disk cannot take whole throws `SessionError('STORE')` ("disk full: N of M bytes written; nothing
+   * after seq S is durable") with none of it in the log (docs/design.md §4).
+   */
+  async append(events: readonly SessionEvent[]): Promise<void> {
+    if (events.length === 0) return
+    if (this.readOnly)
+      throw new SessionError('STORE', `session log ${this.path} was opened read-only; nothing is written to it`)
+    if (this.failed) throw new SessionError('STORE', this.failed)
+    if (!this.lineStarts) await this.scan(() => {}) // appending to a file this store has not read: index it first
+    if (!this.locked) {
+      await this.lock()
+      const size = await this.sizeNow()
+      if (size !== this.seenBytes) {
+        await this.unlock()
+        throw new SessionError('SESSION_LOCKED', this.seenBytes === undefined
+          ? `session log ${this.path} ends with a torn line that another process held it during; open it again`
+          : `session log ${this.path} changed since it was loaded `
+            + `(${this.seenBytes < 0 ? 'it did not exist' : `${this.seenBytes} bytes`}, now ${size} bytes): `
+            + `another process wrote to it; open it again`)
+      }
+      this.seenBytes = Math.max(size, 0) // an absent log is created by the first write
+    } else {
+      // Every later write checks again, with one stat of the path against what this store wrote
+      // and the file its handle appends to: a line another process appended, a truncation or a
+      // file renamed over the log would otherwise leave duplicate seqs, a log without its start,
+      // or writes to an unlinked file.
+      const now = this.statPath(this.fsSync ?? await this.syncFs())
+      const size = now ? now.size : -1
+      const replaced = now !== undefined && this.handleFile !== undefined && !sameFile(now, this.handleFile)
+      if (size !== this.seenBytes || replaced) {
+        throw new SessionError('SESSION_LOCKED', `session log ${this.path} changed while this process was writing it `
+          + `(${this.seenBytes} bytes written, `
+          + `now ${size < 0 ? 'deleted' : replaced ? `another file of ${size} bytes` : `${size} bytes`}): `
+          + `another process wrote to it; nothing more was appended, so the events of this step are not in it; `
+          + `see what changed it, then open it again`)
+      }
+    }
+    const starts = this.lineStarts!
+    // The batch's lines are encoded into one buffer (UTF-8 takes at most 3 bytes per UTF-16 unit),
+    // recording where each line ends: no buffer per line, no copy.
+    const lines = events.map((e) => JSON.stringify(e))
+    let units = 1
+    for (const line of lines) units += line.length + 1
+    const into = new Uint8Array(units * 3)
+    const encoder = new TextEncoder()
+    const lead = this.needsNewline ? 1 : 0
+    const first = starts[starts.length - 1] + lead
+    const added: number[] = []
+    let pos = 0
+    if (lead) into[pos++] = 10
+    for (const line of lines) {
+      pos += encoder.encodeInto(line, into.subarray(pos)).written
+      into[pos++] = 10
+      added.push(first + pos - lead)
+    }
+    const buffer = into.subarray(0, pos)
+    try { await this.write(buffer) } catch (err) { throw await this.writeFailed(err, buffer.length, events[0].seq) }
+    this.seenBytes! += buffer.length
+    this.needsNewline = false
+    starts[starts.length - 1] = first
+    for (const a of added) starts.push(a)
+  }
+
+  /**
+   * Appends whole lines to the file (one call per batch; a subclass may split it, e.g. to test torn
+   * lines). A write may take fewer bytes than it is given (a full disk takes what fits, then fails
+   * with ENOSPC): the rest is written until every byte is in the file or a write fails.
+   */
+  protected async write(bytes: Uint8Array): Promise<void> {
+    if (!this.handle) {
+      const fs = await this.syncFs()
+      const handle = appendHandle(fs, fs.openSync(this.path, 'a'))
+      this.handleFile = handle.stat()
+      this.handle = handle
+    }
+    for (let done = 0; done < bytes.length;) {
+      const { bytesWritten } = await this.handle.write(bytes, done, bytes.length - done)
+      if (!(bytesWritten > 0)) throw new Error(`a write took none of the last ${bytes.length - done} bytes`)
+      done += bytesWritten
+    }
+  }
+
+  /**
+   * The error of a batch that did not reach the file whole. No event of it is acknowledged: the file
+   * is cut back to where the batch began (the caller may append the same batch again once there is
+   * room), or, where that cut fails, left with a cut last line that the next load drops, and this
+   * store refuses to append more.
+   */
+  private async writeFailed(err: unknown, totalBytes: number, firstSeq: number): Promise<SessionError> {
+    const before = this.seenBytes!
+    let written = 0, restored = this.handle === undefined
+    if (this.handle) {
+      try { written = Math.max(0, (await this.handle.stat()).size - before) } catch { /* unknown: say 0 */ }
+      try { await this.handle.truncate(before); restored = true } catch { /* reported below */ }
+    }
+    const code = (err as { code?: unknown })?.code
+    const what = code === 'ENOSPC' ? 'disk full' : code === 'EDQUOT' ? 'disk quota exceeded'
+      : `write failed (${(err as Error)?.message ?? err})`
+    const durable = firstSeq > 0 ? `nothing after seq ${firstSeq - 1} is durable` : 'no event is durable'
+    const message = `session log ${this.path}: ${what}: ${written} of ${totalBytes} bytes written; ${durable}`
+    if (restored) {
+      const fix = 'free disk space, then flush again (the session keeps the events it could not write) or resume'
+      return new SessionError('STORE', `${message}; the log was cut back to its last whole event: ${fix}`)
+    }
+    this.failed = `${message}; its cut last line could not be removed, so this store appends no more: free disk space, `
+      + 'then open the log again (the cut line is dropped on load)'
+    return new SessionError('STORE', this.failed)
+  }
+
+  async readEvent(seq: number): Promise<SessionEvent> {
+    const starts = await this.index()
+    if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1)
+      throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
+    const bytes = new Uint8Array(starts[seq + 1] - starts[seq])
+    // One line, read with a synchronous pread (it was written or scanned by this store, so it is
+    // in the page cache as a rule): no trip through the thread pool per event read back.
+    const fs = this.fsSync ?? await this.syncFs()
+    this.reader ??= fs.openSync(this.path, 'r')
+    for (let done = 0; done < bytes.length;) {
+      const n = fs.readSync(this.reader, bytes, done, bytes.length - done, starts[seq] + done)
+      if (n === 0) throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: the file ends inside it `
+        + `(${done} of ${bytes.length} bytes); another process cut the log: open it again`, seq + 1)
+      done += n
+    }
+    return this.decodeEvent(bytes, seq)
+  }
+
+  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
+    const starts = await this.index()
+    const from = Math.max(0, fromSeq), to = Math.min(toSeq, starts.length - 1)
+    if (from >= to) return
+    const fh = await (await this.fs()).open(this.path, 'r')
+    try {
+      let seq = from
+      for await (const lines of lineChunks(fh, starts[from], starts[to])) {
+        for (const { bytes } of lines) yield this.decodeEvent(bytes, seq++)
+      }
+    } finally { await fh.close() }
+  }
+
+  private decodeEvent(bytes: Uint8Array, seq: number): SessionEvent {
+    let text = new TextDecoder().decode(bytes)
+    if (text.endsWith('\n')) text = text.slice(0, -1)
+    const parsed = parseLogLine(text, seq + 1, seq, true)
+    if (typeof parsed === 'string')
+      throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: empty or cut short when read back`, seq + 1)
+    return parsed
+  }
+
+  private async index(): Promise<number[]> {
+    if (!this.lineStarts) await this.scan(() => {})
+    return this.lineStarts!
+  }
+
+  async sync(): Promise<void> { if (this.handle) await this.handle.sync() }
+
+  async putArtefact(name: string, text: string): Promise<string> {
+    const fs = await this.fs()
+    const dir = `${this.path}.artefacts`
+    await fs.mkdir(dir, { recursive: true })
+    const file = `${dir}/${name.replace(/[^\w.-]/g, '_')}`
+    await fs.writeFile(file, text)
+    return file
+  }
+
+  async getArtefact(ref: string): Promise<string> { return await (await this.fs()).readFile(ref, 'utf8') }
+
+  /** Closes the file and gives the lock back. */
+  async close(): Promise<void> {
+    const h = this.handle, r = this.reader
+    this.handle = undefined; this.handleFile = undefined; this.reader = undefined
+    try {
+      if (h) h.close()
+      if (r !== undefined) this.fsSync!.closeSync(r)
+    } finally { await this.unlock() }
+  }
+}
+
+/** One line of a log file: its bytes without the newline, its byte offset, whether a newline ended it. */
+interface LogLine { bytes: Uint8Array; at: number; terminated: boolean }
+
+/**
+ * The lines of the open file `fh` between byte offsets `start` and `end`, one array per read of
+ * {@link LOG_READ_CHUNK_BYTES} (one promise per chunk, not per line). Only a last line with no
+ * newline has `terminated: false`. A line that spans reads is joined once, not per read. The
+ * arrays' `bytes` are views of a buffer reused by the next read: decode them before asking for more.
+ * Newlines are found by node:buffer's `indexOf` (a native memchr; it takes any Uint8Array), not by
+ * the Uint8Array's own, which walks the bytes one by one: a tenth of a 100 MiB resume's time.
+ */
+async function* lineChunks(fh: any, start: number, end: number): AsyncGenerator<LogLine[]> {
+  const { Buffer } = await importNode<typeof import('node:buffer')>('node:buffer')
+  const indexOf = Buffer.prototype.indexOf as (this: Uint8Array, byte: number, from?: number) => number
+  const chunk = new Uint8Array(Math.min(LOG_READ_CHUNK_BYTES, Math.max(1, end - start)))
+  let carry: Uint8Array[] = []
+  let carryAt = start
+  let pos = start
+  while (pos < end) {
+    const { bytesRead } = await fh.read(chunk, 0, Math.min(chunk.length, end - pos), pos)
+    if (bytesRead === 0) break
+    const view = chunk.subarray(0, bytesRead)
+    const lines: LogLine[] = []
+    let from = 0
+    for (let nl = indexOf.call(view, 10, 0); nl >= 0; nl = indexOf.call(view, 10, from)) {
+      let bytes: Uint8Array = view.subarray(from, nl)
+      if (carry.length > 0) { carry.push(bytes); bytes = concatBytes(carry); carry = [] }
+      lines.push({ bytes, at: carryAt, terminated: true })
+      from = nl + 1
+      carryAt = pos + from
+    }
+    if (from < bytesRead) carry.push(view.slice(from))
+    pos += bytesRead
+    if (lines.length > 0) yield lines
+  }
+  if (carry.length > 0) yield [{ bytes: concatBytes(carry), at: carryAt, terminated: false }]
+}
+
+function concatBytes(parts: Uint8Array[]): Uint8Array {
+  if (parts.length === 1) return parts[0]
+  let n = 0
+  for (const p of parts) n += p.length
+  const out = new Uint8Array(n)
+  let at = 0
+  for (const p of parts) { out.set(p, at); at += p.length }
+  return out
+}
+
+/** Locks this process holds: lock path → how many FileStores share it (one process, one holder). */
+const heldLogLocks = new Map<string, number>()
+let logLockExitHooked = false
+
+/** The holder recorded in a lock file, or undefined when the file does not say. */
+function parseLockHolder(text: string): LogLockHolder | undefined {
+  const v = parseJSONOrUndefined(text)
+  if (!isRecord(v) || !Number.isSafeInteger(v.pid) || typeof v.host !== 'string' || typeof v.time !== 'number')
+    return undefined
+  return { pid: v.pid, host: v.host, time: v.time }
+}
+
+const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.host} (since `
+  + `${new Date(h.time).toISOString()})`
+
+/**
+ * One writer per session log (docs/design.md §13). Creates `lockPath` exclusively (O_EXCL) holding
+ * `{pid, host, time}`. When it exists: a holder that is this process shares it; a live holder, a
+ * holder on another host (whose pid cannot be checked) or an unreadable lock file is refused with
+ * `SessionError('SESSION_LOCKED')` naming the holder and the lock file; the lock of a dead process on this
+ * host is stale: taken over (by rename, so two processes cannot both take it) and returned, for the
+ * caller to report. The lock is removed by {@link releaseLogLock}, and at process exit.
+ * @returns the stale holder taken over, if any.
+ */
+async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLockHolder | undefined> {
+  const [fs, os, { default: proc }] =
+    await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'),
+    importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
+  const host = os.hostname()
+  const me: LogLockHolder = { pid: proc.pid, host, time: Date.now() }
+  const held = heldLogLocks.get(lockPath)
+  if (held !== undefined) { heldLogLocks.set(lockPath, held + 1); return undefined }
+  const refuse =
+    (why: string): never => {
+      throw new SessionError('SESSION_LOCKED', `session log ${logPath} ${why}; lock file ${lockPath}`)
+    }
+  let stale: LogLockHolder | undefined
+  for (let round = 0; ; round++) {
+    try {
+      const handle = await fs.open(lockPath, 'wx')
+      try { await handle.writeFile(JSON.stringify(me) + '\n') } finally { await handle.close() }
+      break
+    } catch (err: any) {
+      if (err?.code !== 'EEXIST')
+        throw new SessionError('STORE', `cannot create the lock file ${lockPath}: ${err?.message ?? err}`)
+    }
+    let text: string
+    try { text = await fs.readFile(lockPath, 'utf8') } catch (err: any) {
+      if (err?.code === 'ENOENT' && round < 3) continue // released meanwhile: try again
+      throw new SessionError('STORE', `cannot read the lock file ${lockPath}: ${err?.message ?? err}`)
+    }
+    const holder = parseLockHolder(text)
+    if (!holder) refuse(`has a lock file that does not name its holder (${JSON.stringify(text.slice(0, 80))}); `
+      + `if no dsh is using this log, delete the lock file`)
+    // ours, from before a close we skipped
+    if (holder!.pid === proc.pid && holder!.host === host) { heldLogLocks.set(lockPath, 1); return undefined }
+    if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, `
+      + `delete the lock file`)
+    let alive = true
+    try { proc.kill(holder!.pid, 0) } catch (err: any) { alive = err?.code !== 'ESRCH' }
+    if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file (if `
+      + `pid ${holder!.pid} is no dsh, its number was reused: delete the lock file)`)
+    if (round >= 3) refuse(`is being taken over by another process (the lock of ${describeHolder(holder!)} was stale)`)
+    // Stale: move it aside, check that what moved is what we judged stale, then create ours.
+    const aside = `${lockPath}.stale-${proc.pid}-${Date.now()}`
+    try { await fs.rename(lockPath, aside) } catch { continue }
+    const moved = await fs.readFile(aside, 'utf8').catch(() => '')
+    // a live lock: put it back
+    if (moved !== text) { await fs.link(aside, lockPath).catch(() => {});
+      await fs.unlink(aside).catch(() => {}); continue }
+    await fs.unlink(aside).catch(() => {})
+    stale = holder
+  }
+  heldLogLocks.set(lockPath, 1)
+  if (!logLockExitHooked) {
+    logLockExitHooked = true
+    const fsSync = await importNode<typeof import('node:fs')>('node:fs')
+    proc.on('exit',
+      () => { for (const path of heldLogLocks.keys()) { try { fsSync.unlinkSync(path) } catch { /* gone */ } } })
+  }
+  return stale
+}
+
+/** Gives back one hold of a lock taken by {@link acquireLogLock}; the last one removes the file. */
+async function releaseLogLock(lockPath: string): Promise<void> {
+  const held = heldLogLocks.get(lockPath)
+  if (held === undefined) return
+  if (held > 1) { heldLogLocks.set(lockPath, held - 1); return }
+  heldLogLocks.delete(lockPath)
+  await (await importNode<typeof import('node:fs/promises')>('node:fs/promises')).unlink(lockPath).catch(() => {})
+}

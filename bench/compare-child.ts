@@ -128,9 +128,10 @@ async function resumeFigure(mods: Mod[], labels: string[], cfg: CompareConfig): 
   try {
     for (let i = 0; i < mods.length; i++) {
       const m = mods[i]
-      // Session.load (no lock, no writes) where the build has it; else a read-only Session.open.
+      // Session.load (no lock, no writes) where the build has it; else a read-only Session.open
+      // (`{ readOnly: true }`: the log is loaded and checked, no session/resume is written).
       const load = typeof m.Session?.load === 'function' ? (store: any) => m.Session.load(store)
-        : typeof m.Session?.open === 'function' ? (store: any) => m.Session.open(store) : undefined
+        : typeof m.Session?.open === 'function' ? (store: any) => m.Session.open(store, { readOnly: true }) : undefined
       if (!load || typeof m.FileStore !== 'function') { res.notes.push(`${labels[i]}: n/a: no \`Session.load\` / \`Session.open\` and \`FileStore\``); continue }
       const once = async () => {
         const store = new m.FileStore(file, { readOnly: true })

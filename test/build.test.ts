@@ -1,5 +1,6 @@
-// build.mjs: the dist files (Part I as dsh.mjs / dsh.iife.js / dsh.d.mts, the whole file as
-// cli.mjs / cli.d.mts), their exports, the fence check (Part I must not name Part II) and the
+// build.mjs: the dist files (the runtime — Part I plus the file store section of Part II — as dsh.mjs /
+// dsh.iife.js / dsh.d.mts, the whole file as cli.mjs / cli.d.mts), their exports, the fence check
+// (Part I must not name Part II, the file store section nothing else of Part II) and the
 // edge-safety check that a static `node:` import in the core fails the platform-neutral build. Builds go to temp dirs, so
 // this file never races test/runtimes.test.ts or touches the checkout's dist/.
 import { after, before, test } from 'node:test'
@@ -11,7 +12,7 @@ import { dirname, join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
 import { runInNewContext } from 'node:vm'
 import * as dshSource from '../dsh.ts'
-import { PART_ONE_EXPORTS, PART_TWO_EXPORTS } from './parts.ts'
+import { PART_ONE_EXPORTS, PART_TWO_EXPORTS, RUNTIME_EXPORTS, RUNTIME_SECTION_EXPORTS } from './parts.ts'
 
 const ROOT = dirname(dirname(fileURLToPath(import.meta.url)))
 const SOURCE = readFileSync(join(ROOT, 'dsh.ts'), 'utf8')
@@ -80,24 +81,33 @@ test('the printed size table gives each file its raw and gzip -9 size in bytes',
   }
 })
 
-test('dist/dsh.mjs exposes exactly the value exports of Part I (the runtime), working', async () => {
+test('dist/dsh.mjs exposes exactly the value exports of Part I and FileStore (the runtime), working', async () => {
   const dsh = await import(pathToFileURL(join(dist, 'dsh.mjs')).href)
-  assert.deepEqual(Object.keys(dsh).sort(), PART_ONE_EXPORTS)
+  assert.deepEqual(Object.keys(dsh).sort(), RUNTIME_EXPORTS)
+  assert.deepEqual(RUNTIME_SECTION_EXPORTS.filter((n) => PART_ONE_EXPORTS.includes(n) || !PART_TWO_EXPORTS.includes(n)), [], 'FileStore is declared in Part II')
   assert.ok(PART_TWO_EXPORTS.includes('runAsProgram') && PART_TWO_EXPORTS.includes('builtinTools'), 'the CLI is in Part II')
   // No Part II code is left in the runtime bundle, not even its texts.
   const bundle = readFileSync(join(dist, 'dsh.mjs'), 'utf8')
   const partTwoTexts = ['read_file', 'list_files', 'TranscriptError', 'mini-swe-agent', '--allow-shell', 'You are dsh']
   assert.deepEqual(partTwoTexts.filter((t) => bundle.includes(t)), [])
   assert.equal(dsh.VERSION, dshSource.VERSION)
+  // FileStore from the bundle writes and reads a log (its node:fs is loaded lazily, where it exists).
+  const file = join(work, 'bundle-store.jsonl')
+  const store = new dsh.FileStore(file)
+  const session = await dsh.Session.open(store)
+  await session.sync()
+  await store.close()
+  assert.deepEqual((await new dsh.FileStore(file).load()).events.map((ev: { type: string }) => ev.type), ['session/start'])
+  assert.ok(!existsSync(`${file}.lock`), 'close gave the lock back')
   const e = new dsh.ProviderError('AUTH', 'bad key', { status: 401 })
   assert.deepEqual([e.name, e.code, e.status, e.body, e instanceof Error], ['ProviderError', 'AUTH', 401, '', true])
 })
 
-test('dist/dsh.iife.js, run as a script in a bare context, defines the global DSH with the Part I exports', () => {
+test('dist/dsh.iife.js, run as a script in a bare context, defines the global DSH with the runtime exports', () => {
   const context: Record<string, unknown> = {}
   runInNewContext(readFileSync(join(dist, 'dsh.iife.js'), 'utf8'), context)
   const DSH = context.DSH as Record<string, unknown>
-  assert.deepEqual(Object.keys(DSH).sort(), PART_ONE_EXPORTS)
+  assert.deepEqual(Object.keys(DSH).sort(), RUNTIME_EXPORTS)
   assert.equal(DSH.VERSION, dshSource.VERSION)
 })
 
@@ -108,7 +118,7 @@ test('dist/cli.mjs is the whole file: every value export of dsh.ts, and importin
   assert.equal(await cli.isEntryPoint(), false)
 })
 
-test('dist/dsh.d.mts declares every Part I value export, dist/cli.d.mts every value export, neither the undocumented internals', () => {
+test('dist/dsh.d.mts declares every runtime value export (Part I and FileStore), dist/cli.d.mts every value export, neither the undocumented internals', () => {
   const declared = (file: string) => {
     const dts = readFileSync(join(dist, file), 'utf8')
     const listed = [...dts.matchAll(/^export \{([^}]*)\}/gm)].flatMap((m) => m[1].split(',').map((n) => n.trim()).filter(Boolean))
@@ -118,7 +128,7 @@ test('dist/dsh.d.mts declares every Part I value export, dist/cli.d.mts every va
   }
   const documented = (names: readonly string[]) => names.filter((n) => n !== 'internals')
   assert.ok(PART_ONE_EXPORTS.includes('internals'))
-  assert.deepEqual(declared('dsh.d.mts'), documented(PART_ONE_EXPORTS))
+  assert.deepEqual(declared('dsh.d.mts'), documented(RUNTIME_EXPORTS))
   assert.deepEqual(declared('cli.d.mts'), documented(VALUE_EXPORTS))
 })
 
@@ -137,6 +147,24 @@ test('a name in Part I that only Part II declares fails the build, with the line
   const r2 = await noFenceBuild
   assert.equal(r2.code, 1)
   assert.match(r2.stderr, /no fence line/)
+})
+
+// ── The file store section travels with the runtime: it must name nothing else of Part II ────────
+const FILE_STORE_HEADING_RE = /^\/\/ \d+\. File store\b.*$/m
+const storeCrossing = copyOfSource('store-crossed', (src) => src.replace(FILE_STORE_HEADING_RE, (h) => `${h}\nexport const helpWidth = (): number => cliHelp().length`))
+const storeCrossingBuild = runBuild('--entry', storeCrossing.entry, '--outdir', storeCrossing.outdir)
+const noStore = copyOfSource('no-store', (src) => src.replace(FILE_STORE_HEADING_RE, '// (file store heading removed)'))
+const noStoreBuild = runBuild('--entry', noStore.entry, '--outdir', noStore.outdir, '--no-dts')
+test('a name of the rest of Part II in the file store section fails the build, with the line and what to do; so does a missing section', async () => {
+  const r = await storeCrossingBuild
+  assert.equal(r.code, 1, `build exited ${r.code}:\n${r.stdout}${r.stderr}`)
+  assert.match(r.stderr, /The file store section names the rest of Part II/)
+  const line = readFileSync(storeCrossing.entry, 'utf8').split('\n').findIndex((l) => l.includes('helpWidth')) + 1
+  assert.match(r.stderr, new RegExp(`dsh\\.ts\\(${line},\\d+\\): error TS2304: Cannot find name 'cliHelp'`))
+  assert.equal(existsSync(storeCrossing.outdir), false, 'no half-built dist is left behind')
+  const r2 = await noStoreBuild
+  assert.equal(r2.code, 1)
+  assert.match(r2.stderr, /no "\/\/ N\. File store" section below the fence/)
 })
 
 // ── The edge-safety check on temporary copies of dsh.ts (never the real file) ──────────────────

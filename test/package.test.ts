@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import * as dshSource from '../dsh.ts'
-import { PART_ONE_EXPORTS } from './parts.ts'
+import { RUNTIME_EXPORTS } from './parts.ts'
 
 const ROOT = dirname(dirname(fileURLToPath(import.meta.url)))
 const TSC = join(ROOT, 'node_modules', 'typescript', 'bin', 'tsc')
@@ -80,13 +80,13 @@ test('installed from the tarball, `npx dsh --help` and `npx dsh --version` work'
   assert.equal(bad.code, 2, 'a usage error exits 2 through the bin too')
 })
 
-test('the installed package: `dsh.ts` is the runtime (Part I), `dsh.ts/cli` everything; importing starts nothing', async () => {
+test('the installed package: `dsh.ts` is the runtime (Part I + FileStore), `dsh.ts/cli` everything; importing starts nothing', async () => {
   const script = "const r = await import('dsh.ts'); const c = await import('dsh.ts/cli');" +
     'console.log(JSON.stringify([Object.keys(r).sort(), Object.keys(c).sort(), new r.MemoryStore() instanceof Object]))'
   const r = await run(process.execPath, ['--input-type=module', '-e', script], app)
   assert.equal(r.code, 0, r.stderr)
   const [runtime, cli, ok] = JSON.parse(r.stdout)
-  assert.deepEqual(runtime, PART_ONE_EXPORTS)
+  assert.deepEqual(runtime, RUNTIME_EXPORTS)
   assert.deepEqual(cli, Object.keys(dshSource).sort())
   assert.equal(ok, true)
 })

@@ -18,7 +18,7 @@ import { dirname, join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
 import * as dshSource from '../dsh.ts'
 import { SUMMARY_INSTRUCTION, frameCheckpoint } from './spec.ts'
-import { PART_ONE_EXPORTS } from './parts.ts'
+import { RUNTIME_EXPORTS } from './parts.ts'
 import { startFakeProvider, type FakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 
 const ROOT = dirname(dirname(fileURLToPath(import.meta.url)))
@@ -224,9 +224,9 @@ for (const r of RUNNERS) {
     const got = report(r.id)
     assert.match(got.runtime, r.runtime, `${r.id} ran in ${got.runtime}`)
     assert.deepEqual(got.steps, STEP_NAMES, `${r.id} ran ${got.steps.length} of ${STEP_NAMES.length} steps`)
-    // The bundles (dist/dsh.mjs, dsh.iife.js; workerd and edge-runtime load those) are Part I only.
+    // The bundles (dist/dsh.mjs, dsh.iife.js; workerd and edge-runtime load those) are the runtime: Part I plus FileStore.
     const reference = report('node-src').observation
-    assert.deepEqual(got.observation, r.id.endsWith('-src') ? reference : { ...reference, exports: PART_ONE_EXPORTS })
+    assert.deepEqual(got.observation, r.id.endsWith('-src') ? reference : { ...reference, exports: RUNTIME_EXPORTS })
     assert.deepEqual(received.get(r.id), received.get('node-src'), `requests the server received from ${r.id}`)
     assert.deepEqual(providerRequests(r.id), providerRequests('node-src'), `requests the fake provider received from ${r.id}`)
   })

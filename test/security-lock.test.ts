@@ -95,6 +95,7 @@ describe('a log changed by another process while this store writes it is not app
   for (const [name, meddle] of [
     ['another process appends a line', (file: string) => writeFile(file, JSON.stringify(event(2)) + '\n', { flag: 'a' })],
     ['another process truncates it', (file: string) => writeFile(file, '')],
+    ['another process deletes it', (file: string) => rm(file)],
     ['another process replaces it (rename over it, as an editor saves)', async (file: string) => { await writeFile(file + '.new', JSON.stringify(event(0)) + '\n'); await import('node:fs/promises').then((fs) => fs.rename(file + '.new', file)) }],
   ] as const) {
     test(name, async () => {
@@ -103,10 +104,22 @@ describe('a log changed by another process while this store writes it is not app
       await store.load()
       await store.append([event(0), event(1)])
       await meddle(file)
-      const before = await readFile(file, 'utf8')
+      const before = await readFile(file, 'utf8').catch(() => 'deleted')
       await assert.rejects(store.append([event(2)]), (err: any) => err instanceof SessionError && err.code === 'SESSION_LOCKED' && /changed while this process was writing it/.test(err.message) && err.message.includes(file))
-      assert.equal(await readFile(file, 'utf8'), before, 'the file is left as the other process made it')
+      assert.equal(await readFile(file, 'utf8').catch(() => 'deleted'), before, 'the file is left as the other process made it')
       await store.close()
     })
   }
+  test('an event read back from a log another process cut short is LOG_CORRUPT, naming the line and the bytes', async () => {
+    const file = join(await tempDir(), 's.jsonl')
+    const store = new FileStore(file)
+    await store.load()
+    await store.append([event(0), event(1)])
+    assert.deepEqual((await store.readEvent(1)).data, event(1).data)
+    const lines = (await readFile(file, 'utf8')).split('\n')
+    await writeFile(file, `${lines[0]}\n${lines[1].slice(0, 10)}`)
+    await assert.rejects(store.readEvent(1), (err: any) => err instanceof SessionError && err.code === 'LOG_CORRUPT' && err.line === 2
+      && new RegExp(`the file ends inside it \\(10 of ${lines[1].length + 1} bytes\\)`).test(err.message))
+    await store.close()
+  })
 })
