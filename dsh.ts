@@ -6339,8 +6339,8 @@ function openAIToolCall(acc: ReplyAssembler, tc: unknown): void {
 }
 
 /** A count field: a non-negative finite number; anything else (negative, NaN as a string, …) is absent. */
-const tokenCount = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0
-  ? v : undefined)
+const tokenCount = (v: unknown): number | undefined => (Number.isInteger(v) && (v as number) >= 0
+  && (v as number) <= USAGE_MAX_TOKENS ? v as number : undefined)
 
 function readUsage(u: unknown): Usage | undefined {
   if (!isRecord(u)) return undefined
@@ -6390,7 +6390,10 @@ function anthropicEvent(acc: ReplyAssembler, obj: unknown, dataText: string): bo
     const m = type === 'message_start' ? (isRecord(obj.message) ? obj.message : {}) : obj
     if (acc.responseId === undefined && typeof m.id === 'string' && m.id !== '') acc.responseId = m.id
     const reason = isRecord(obj.delta) ? obj.delta.stop_reason : m.stop_reason
-    if (typeof reason === 'string' && reason !== '') acc.finishReason = STOP_REASONS[reason] ?? reason
+    // own keys only: a stop_reason of "constructor" or "__proto__" is a string like any other
+    if (typeof reason === 'string' && reason !== '') {
+      acc.finishReason = Object.hasOwn(STOP_REASONS, reason) ? STOP_REASONS[reason] : reason
+    }
     const u = anthropicUsage(acc, m.usage)
     if (u) acc.setUsage(u)
   } else if (type === 'message_stop') return true
@@ -11718,7 +11721,7 @@ export function parseCliArgs(argv: readonly string[], env: Record<string, string
   if (sources.length > 1) throw new UsageError(`${sources.join(' and ')} contradict each other: each says which session to use (--session FILE, --continue the newest, --resume a listed one, --no-save none); give one`)
   const maxSteps = flags.has('--max-steps') ? parsePositiveInt('--max-steps', flags.get('--max-steps')!, 'provider calls per turn', '50') : undefined
   const maxCost = flags.get('--max-cost'), maxCostUSD = maxCost === undefined ? undefined : Number(maxCost)
-  if (maxCost !== undefined && !(/^(?:\d+(?:\.\d*)?|\.\d+)$/.test(maxCost) && maxCostUSD! > 0)) throw new UsageError(`--max-cost must be a positive number of USD, got ${JSON.stringify(maxCost)} (e.g. --max-cost 0.5)`)
+  if (maxCost !== undefined && !(/^(?:\d+(?:\.\d*)?|\.\d+)$/.test(maxCost) && maxCostUSD! > 0 && Number.isFinite(maxCostUSD))) throw new UsageError(`--max-cost must be a positive number of USD, got ${JSON.stringify(maxCost)} (e.g. --max-cost 0.5)`)
   const model = resolveModelOptions(flags, env, files)
   const shellEnv = flags.has('--shell-env') ? flags.get('--shell-env')!.split(',').filter((n) => n !== '') : undefined
   for (const name of shellEnv ?? []) {

@@ -203,7 +203,7 @@ test('--max-cost USD: the spend cap of each turn; anything but a positive number
   const env = { DEEPSEEK_API_KEY: 'sk-test' }
   assert.equal((parseCliArgs(['--max-cost', '0.5', '-p', 'hi'], env) as { maxCostUSD?: number }).maxCostUSD, 0.5)
   assert.equal((parseCliArgs(['-p', 'hi'], env) as { maxCostUSD?: number }).maxCostUSD, undefined)
-  for (const bad of ['0', '-1', 'abc', '1e3', '']) {
+  for (const bad of ['0', '-1', 'abc', '1e3', '', '9'.repeat(400)]) { // 400 nines: Infinity, a usage error, not an internal one
     assert.throws(() => parseCliArgs(['--max-cost', bad, '-p', 'hi'], env), /--max-cost/)
   }
   assert.throws(() => parseCliArgs(['replay', 'f.jsonl', '--max-cost', '1'], {}), /--max-cost/)
