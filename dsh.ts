@@ -2165,8 +2165,7 @@ export class Session {
     const tokens = estimateMessageTokens(message)
     const answer = event.type === 'assistant/message' && op.op === 'append'
     const usage = answer ? checkedUsage(data.usage) : undefined
-    // The request that produced this message carried the surface as it is now (docs/design.md §10); a
-    // sample only when the messages are at least half of it (tool specs' framing varies more than tokenizers).
+    // A calibration sample only when the messages are at least half of the request (docs/design.md §10).
     if (usage && this.surfaceTokensSum >= this.envelopeTokensSum) {
       const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
       this.st.ladder.sample(usage.promptTokens, heuristicTokens, this.header?.contextWindow)
@@ -2199,8 +2198,7 @@ export class Session {
   }
 
   /** Replaces the surface nodes `op.start..op.end` by one node; what they held stays in the log. */
-  private replaceNodes(event: SessionEvent, op: { start: number; end: number }, message: Message,
-    tokens: number): void {
+  private replaceNodes(event: SessionEvent, op: { start: number; end: number }, message: Message, tokens: number) {
     const st = this.st
     const first = st.bySeq.get(op.start)!, last = st.bySeq.get(op.end)!
     const indexOf = (key: number) => binarySearch(this.nodes, key, (n) => n.key)
@@ -2219,8 +2217,7 @@ export class Session {
       const old = this.nodes[i]
       st.bySeq.delete(old.seq)
       if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
-      // a pruned assistant message keeps its calls (checked)
-      if (message.role === 'assistant' && toolCalls(message).length > 0) continue
+      if (message.role === 'assistant' && toolCalls(message).length > 0) continue // a pruned one keeps its calls
       for (const c of toolCalls(old.message)) { st.calls.delete(c.id); st.openCalls.delete(c.id);
         st.dispatched.delete(c.id) }
     }
@@ -2240,8 +2237,7 @@ export class Session {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
     const ladder = this.st.ladder
     const { ratio: calibration, offset } = ladder.fit()
-    // Built on MEASUREMENT_VIEW (what console.log shows); Object.create then stores keeps this as cheap as a literal.
-    const m: Measurement = Object.create(MEASUREMENT_VIEW)
+    const m: Measurement = Object.create(MEASUREMENT_VIEW) // MEASUREMENT_VIEW: what console.log shows
     m.calibration = calibration
     m.calibrationOffsetTokens = offset
     m.calibrationSamples = ladder.count
