@@ -108,10 +108,7 @@ export type { Ladder, CostLedger, RecallIndex, Pins }
 // ═══════════════════════════════════════
 
 const VERSION = '0.1.0'
-/**
- * The layout of the log this dsh writes, in `session/start {format}` (docs/design.md §14). A log
- * without one (dsh 0.1.0) is format 1; a later layout raises it, so that old logs can be migrated.
- */
+/** The log layout in `session/start {format}` (docs/design.md §14); a log without one is format 1. */
 const LOG_FORMAT = 1
 
 // ═══════════════════════════════════════
@@ -147,10 +144,7 @@ export interface ToolResultMessage {
 /** A provider-neutral message (docs/design.md §1); the envelope (system, tools) is not a message. */
 export type Message = UserMessage | AssistantMessage | ToolResultMessage
 
-/**
- * The text of a message's content: a string as it is, blocks as their text blocks joined by
- * `separator` (none by default), other blocks left out. The one block-text join of the file.
- */
+/** A message's text: a string as it is, else its text blocks joined by `separator`. The one block-text join. */
 function contentText(content: string | readonly Block[], separator = ''): string {
   if (typeof content === 'string') return content
   return content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join(separator)
@@ -390,11 +384,7 @@ function estimateMessageTokens(message: Message): number {
   return Math.ceil(units / UNITS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
 }
 
-/**
- * Heuristic price of the request envelope in tokens: `ceil(system.length / 4) + 8` plus
- * `ceil(JSON.stringify(tools).length / 4) + 8`. An absent (or empty) system prompt and an absent
- * (or empty) tool list cost 0. docs/design.md §2.
- */
+/** Heuristic price of the envelope in tokens (docs/design.md §2); an empty system or tool list costs 0. */
 function estimateEnvelopeTokens(envelope: Envelope): number {
   let tokens = 0
   if (envelope.system) tokens += estimateTextTokens(envelope.system) + MESSAGE_OVERHEAD_TOKENS
@@ -478,10 +468,7 @@ const CALIBRATION_SAMPLES = 8
 /** Requests under this many heuristic tokens give no calibration sample (framing, not the tokenizer, decides). */
 const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
 
-/**
- * The smallest request (heuristic tokens) that gives a calibration sample (docs/design.md §10): 1,000, or
- * an eighth of a smaller window (where no request may reach 1,000, and calibration matters most).
- */
+/** The smallest request that gives a calibration sample: 1,000 tokens, or an eighth of a smaller window (§10). */
 function calibrationMinSampleTokens(contextWindow?: number): number {
   return contextWindow === undefined || !(contextWindow > 0) ? CALIBRATION_MIN_SAMPLE_TOKENS
     : Math.min(CALIBRATION_MIN_SAMPLE_TOKENS, Math.floor(contextWindow / 8))
@@ -507,14 +494,7 @@ function plausibleRatio(providerTokens: number, heuristicTokens: number): boolea
   return ratio >= CALIBRATION_RANGE[0] && ratio <= CALIBRATION_RANGE[1]
 }
 
-/**
- * Applies the usage anchor rule of docs/design.md §2 to a heuristic total (tokens), with content added
- * since the anchor priced at `calibration` provider tokens per heuristic token (docs/design.md §10)
- * and content removed since priced at the anchor's own rate (provider ÷ heuristic at the anchor,
- * at most 4); unanchored, the whole heuristic total is priced at `calibration`, plus `offsetTokens`
- * (tokens counted beyond the priced content, docs/design.md §15; an anchor's count holds them already).
- * `calibration` 1 and no offset (the defaults: no sample yet) is the seed's rule exactly.
- */
+/** The usage anchor rule (docs/design.md §2, §10, §15) applied to a heuristic total; tokens. */
 function anchoredTotal(
   heuristicTokens: number, anchor: UsageAnchor | undefined, calibration = 1, offsetTokens = 0,
 ): number {
@@ -532,12 +512,7 @@ function anchoredTotal(
 /** More tokens than any request and answer hold (no window is near it): a usage count past it is of something else. */
 const USAGE_MAX_TOKENS = 1e9
 
-/**
- * Usage as dsh reads it, wherever it comes from (a provider, a custom one, a log): undefined unless the
- * prompt and completion counts are numbers in [0, {@link USAGE_MAX_TOKENS}] (NaN, Infinity, 1e308 or a
- * negative count is refused); a cached, cache-write or reasoning count out of range is dropped, and clamped
- * to the prompt or completion count it is part of. The one check before the meter, the ladder or cost use a count.
- */
+/** Usage as dsh reads it (docs/design.md §13): counts outside [0, USAGE_MAX_TOKENS] refused or dropped. */
 function checkedUsage(u: unknown): Usage | undefined {
   const count = (v: unknown): v is number => typeof v === 'number' && v >= 0 && v <= USAGE_MAX_TOKENS
   if (typeof u !== 'object' || u === null) return undefined
@@ -553,11 +528,7 @@ function checkedUsage(u: unknown): Usage | undefined {
   return usage
 }
 
-/**
- * An answer's usage as the new anchor of a surface of `heuristicTokens` (docs/design.md §2), or undefined
- * when the count is of something else: more than 4× the heuristic one (of at least 1,000), e.g. a broken
- * server's bogus usage, would price every later request as an overflow, for good.
- */
+/** An answer's usage as the new anchor (§2); undefined when over 4× a heuristic count of ≥ 1,000 (bogus). */
 function usageAnchor(u: Usage, heuristicTokens: number, seq: number): UsageAnchor | undefined {
   const providerTokens = u.promptTokens + u.completionTokens
   const ceiling = CALIBRATION_RANGE[1] * Math.max(heuristicTokens, CALIBRATION_MIN_SAMPLE_TOKENS)
@@ -614,11 +585,7 @@ export interface BilledTokens {
   cachedInputTokens: number; uncachedInputTokens: number; outputTokens: number; cacheWriteInputTokens?: number
 }
 
-/**
- * USD of one request (docs/design.md §11): `cached × cacheHitInput + uncached × cacheMissInput +
- * writes × (cacheWriteInput − cacheMissInput) + output × output`, per million tokens, times the peak
- * multiplier when `timeMs` is in a peak window.
- */
+/** USD of one request (docs/design.md §11), peak multiplier applied at `timeMs`. */
 function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): number {
   const writeExtra = ((prices.cacheWriteInput ?? prices.cacheMissInput) - prices.cacheMissInput)
     * (tokens.cacheWriteInputTokens ?? 0)
@@ -627,11 +594,7 @@ function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): n
   return isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
 }
 
-/**
- * USD that an edit of the surface adds to the next request (docs/design.md §11): the tokens after
- * the edit point that move from cache hit to cache miss × (miss − hit price), off-peak (times the
- * peak multiplier when `timeMs` is given and in a peak window).
- */
+/** USD an edit adds to the next request: moved tokens × (miss − hit price) (docs/design.md §11). */
 function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: number): number {
   const usd = (movedTokens * ((prices.cacheWriteInput ?? prices.cacheMissInput) - prices.cacheHitInput)) / 1_000_000
   return timeMs !== undefined && isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
@@ -658,11 +621,7 @@ const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> =
 
 const validatedConfigs = new WeakSet<object>()
 
-/**
- * Checks a partial configuration and returns the full one (defaults filled in). Throws
- * {@link ConfigError} for unknown keys, non-integer or negative lengths, and
- * `headChars + 39 + tailChars > thresholdChars` (the pruned text would not be smaller).
- */
+/** The full prune configuration; throws {@link ConfigError} for bad keys or values (docs/design.md §3). */
 function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
   if (config === undefined || config === DEFAULT_PRUNE_CONFIG) return DEFAULT_PRUNE_CONFIG
   if (validatedConfigs.has(config)) return config as PruneConfig
@@ -732,21 +691,14 @@ function pruneText(text: string, config?: Partial<PruneConfig>): string {
   return (cut.content[0] as TextBlock).text
 }
 
-/**
- * Whether `text` holds more than `threshold` code points. No count is needed outside
- * (threshold, 2 × threshold] UTF-16 units: a code point is one or two units.
- */
+/** Whether `text` holds more than `threshold` code points; counts only inside (threshold, 2 × threshold] units. */
 function overThreshold(text: string, threshold: number): boolean {
   if (text.length <= threshold) return false
   if (text.length > 2 * threshold) return true
   return codePointLength(text, threshold) > threshold
 }
 
-/**
- * Copies a short result cut from a long `source`: V8 keeps a slice as a view of its parent, so
- * without the copy a 5 KB result would keep a 100 MB input alive. The JSON round trip is the
- * fastest full copy (≈ 10 µs for 5 K units) and is lossless, lone surrogates included. O(result).
- */
+/** A copy of a slice of `source`: V8 keeps a slice as a view of its parent (a 5 KB cut would pin 100 MB). */
 function detach(result: string, source: string): string {
   return source.length > 65_536 ? JSON.parse(JSON.stringify(result)) : result
 }
@@ -811,12 +763,7 @@ function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfi
 const ARGUMENT_VALUE_CUT: Readonly<PruneConfig> =
   Object.freeze({ thresholdChars: 1024, headChars: 512, tailChars: 256 })
 
-/**
- * Cuts tool-call arguments (raw JSON text) over `thresholdChars` code points while keeping them
- * valid JSON (docs/design.md §10): long string values are pruned inside the JSON (first with
- * `config`, then, if the whole is still over, every string over 1,024 code points to 512 + 256).
- * Arguments that are not JSON are pruned as text. Returns the same string when nothing is cut.
- */
+/** Tool-call arguments (JSON text) cut to the threshold and kept valid JSON (docs/design.md §10). */
 function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string {
   const cfg = resolvePruneConfig(config)
   if (!overThreshold(args, cfg.thresholdChars)) return args
@@ -833,13 +780,7 @@ function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string
   return out.length < args.length ? out : args
 }
 
-/**
- * Prunes an assistant or user message (docs/design.md §10 "Oversized non-tool messages"): each
- * text or reasoning block over `thresholdChars` code points is cut like a tool result (head,
- * {@link PRUNE_MARKER}, tail); tool-call blocks keep their id and name, their arguments are cut
- * with {@link pruneToolArguments}; other blocks are unchanged. A tool result goes to
- * {@link pruneToolResult}. Returns the same object when nothing is over the threshold. Idempotent.
- */
+/** A message's oversized text, reasoning and call arguments pruned (docs/design.md §10); the same object if none. */
 function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>): M {
   const cfg = resolvePruneConfig(config)
   if (message.role === 'tool') return pruneToolResult(message, cfg) as M
@@ -1415,12 +1356,7 @@ function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined 
 /** How every line dsh writes to a log begins (`JSON.stringify` of an event, `seq` first). */
 const EVENT_LINE_START = '{"seq":'
 
-/**
- * One log line (without its newline) → its event. `'torn'`: the last line, unterminated, starts
- * like an event (`{"seq":`, or a prefix of it such as `{"`) but does not parse (a crash cut it; a
- * one-line `.env` is refused); `'blank'`: trailing white space at the end of the file. Anything else
- * that is wrong throws `SessionError('LOG_CORRUPT')` naming the 1-based `line`.
- */
+/** One log line → its event, `'torn'` (a cut last line), `'blank'`; else throws `SessionError('LOG_CORRUPT')`. */
 function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent
   | 'torn' | 'blank' {
   if (raw.trim() === '') {
@@ -2408,11 +2344,7 @@ function checkSurfaceEvent(st: SessionState, nodes: readonly SurfaceNode[], pins
     throw new SessionError('PAIRING', `tool call ${JSON.stringify(id)} already has a result (seq ${call.resultSeq})`)
 }
 
-/**
- * Checks a replace: `start..end` are surface nodes in order, none pinned; a replacement carries no
- * tool calls; a `tool/result` replace covers one result and changes only its content; a range
- * replace keeps every call with its result (docs/design.md §4, matched by id).
- */
+/** Checks a replace against the surface, pins and call pairing (docs/design.md §4). */
 function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins, type: string,
   role: Message['role'], op: { start: number; end: number }, message: Message, newCalls: number): void {
   const { start, end } = op
@@ -2486,12 +2418,7 @@ function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prun
   return node.tokens - session.surface().node(after.seq)!.tokens
 }
 
-/**
- * Prunes the message at surface node `seq` (docs/design.md §10 "Oversized non-tool messages", with
- * {@link pruneMessage}): `compaction/prune` then the message as a replace of `seq` (tool calls
- * kept); a tool result goes to {@link Session.pruneToolResult}. Refuses the open turn's input.
- * Returns the tokens reclaimed (0, nothing appended, when nothing is over the threshold).
- */
+/** Prunes a message on the surface (docs/design.md §10); tokens reclaimed, 0 when nothing is over. */
 function pruneNode(session: Session, seq: number, config?: Partial<PruneConfig>, trigger?: string,
   payback?: number): number {
   const node = session.surface().node(seq)
@@ -2502,11 +2429,7 @@ function pruneNode(session: Session, seq: number, config?: Partial<PruneConfig>,
   return pruned === m ? 0 : replaceNode(session, node, 'compaction/prune', pruned, trigger, payback)
 }
 
-/**
- * Clears the tool result at surface node `seq` (docs/design.md §10 clear rung): `compaction/clear`
- * then the result, its content one text block `placeholder`, as a replace of `seq`. The original
- * stays in the log. Returns the tokens reclaimed (negative if the placeholder is larger: callers check).
- */
+/** Clears a tool result to `placeholder` (docs/design.md §10); tokens reclaimed (callers check the sign). */
 function clearNode(session: Session, seq: number, placeholder: string, trigger?: string, payback?: number): number {
   const node = session.surface().node(seq)
   if (!node || node.message.role !== 'tool')
@@ -2536,10 +2459,7 @@ function surfaceToolCall(session: Session, callId: string): ToolCallBlock | unde
 // Each part is fed by its session with every event it applies (Session.apply is the one place that
 // derives state; Session.append is the one writer of the log) and answers questions about it.
 
-/**
- * The ladder's durable memory (docs/design.md §10 "Durable ladder state"), as `ladder/state` events
- * log it: the calibration samples of the current model and the failed-compaction guard.
- */
+/** The ladder's durable memory as `ladder/state` logs it (docs/design.md §10 "Durable ladder state"). */
 class LadderState {
   /** Heuristic tokens when a pressure compaction last failed; undefined when none is pending. */
   failedAtTokens?: number
@@ -3001,10 +2921,7 @@ function cacheKey(model: string, h: { baseURL?: string; system?: string; tools?:
   return JSON.stringify([model, h.baseURL ?? '', h.system ?? '', h.tools ?? []])
 }
 
-/**
- * The billed split of one request (docs/design.md §11): the provider's figures when reported, else
- * the meter's; a reported prompt size without `cachedTokens` takes the modelled hit's share of it.
- */
+/** The billed split of one request (docs/design.md §11): reported figures, else the meter's. */
 function billedTokens(r: { inputTokens: number; modelledHitTokens: number; outputTokens: number;
   usage?: Usage }): BilledTokens {
   // a prompt is never 0 tokens: 0 means "not reported"
@@ -3079,11 +2996,7 @@ const PROTECTED_RATIO = 0.2
 const COMPACTION_RATIOS = { thresholdRatio: '(0, 1]', retainedTailRatio: '[0, 1)' } as const
 const COMPACTION_INTEGERS = { summaryMaxTokens: [1, 'tokens'] } as const
 
-/**
- * Checks a partial ladder configuration and returns the full one (defaults filled in), like
- * {@link resolvePruneConfig}. Throws {@link ConfigError} for a non-object, an unknown key, or a
- * value of the wrong type or out of its range (as documented on {@link CompactionConfig}).
- */
+/** The full ladder configuration; throws {@link ConfigError} for bad keys or values. */
 function resolveCompactionConfig(config?: Partial<CompactionConfig>): CompactionConfig {
   if (config === undefined) return { ...DEFAULT_COMPACTION_CONFIG }
   const full = withDefaults('compaction config', config, DEFAULT_COMPACTION_CONFIG)
@@ -3123,11 +3036,7 @@ const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
     + 'merge it in; drop nothing from it that still matters.',
 ].join('\n')
 
-/**
- * Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4): the preamble, the
- * model's text in `<compacted-summary>`, then the facts `ledger` (when it holds anything) in
- * `<ledger>` (docs/design.md §12).
- */
+/** A summary framed as a checkpoint text with its ledger (docs/design.md §4, §12). */
 function frameCheckpoint(summary: string, ledger?: Ledger): string {
   const framed = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
   return ledger && ledgerEntries(ledger) > 0 ? `${framed}\n${renderLedger(ledger)}` : framed
@@ -3166,10 +3075,7 @@ export interface Ledger {
   trimmed: number
 }
 
-/**
- * The ledger budget of the facts other than user messages: `min(LEDGER_MAX_TOKENS, floor(window ×
- * LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). The user's messages have a budget of their own.
- */
+/** Ledger budget of the facts but user messages: `min(2000, floor(window × 0.05))` tokens (§12). */
 const LEDGER_MAX_TOKENS = 2000
 /** See {@link LEDGER_MAX_TOKENS}. */
 const LEDGER_WINDOW_RATIO = 0.05
@@ -3196,10 +3102,7 @@ const USER_LINE_UNITS = 32
 /** The `recall` call that returns the message logged at `seq` (the key of a cut user message's marker). */
 const recallOfSeq = (seq: number) => `${RECALL_TOOL_NAME} {"key":"seq:${seq}"}`
 
-/**
- * A user message cut by the pruner (docs/design.md §3) to at most `maxUnits` UTF-16 units: head (three
- * quarters), a marker naming the recall key of the original logged at `seq`, tail.
- */
+/** A user message cut to `maxUnits` UTF-16 units, head and tail, with the recall key of `seq` (§3). */
 function cutUserMessage(text: string, seq: number, maxUnits: number): string {
   const marker = `\n\n[... middle of this user message cut; ${recallOfSeq(seq)} returns it whole ...]\n\n`
   for (let keep = Math.max(0, maxUnits - marker.length); ;) {
@@ -3211,11 +3114,7 @@ function cutUserMessage(text: string, seq: number, maxUnits: number): string {
   }
 }
 
-/**
- * The user messages of a region within `budgetTokens` (docs/design.md §12): the task (`taskSeq`) whole up to
- * `taskTokens`; the others whole if all fit, else each cut alike to head + tail with its recall key, and the
- * oldest left out (`left`) when even cuts to {@link USER_MESSAGE_MIN_UNITS} units do not fit.
- */
+/** The user messages of a region within `budgetTokens` (docs/design.md §12). */
 function fitUserMessages(entries: readonly LedgerText[], budgetTokens: number, taskTokens: number, taskSeq?: number):
   { kept: LedgerText[]; left: number } {
   const cut = (e: LedgerText, units: number): LedgerText =>
@@ -3309,10 +3208,7 @@ async function originalEvent(session: Session, seq: number): Promise<{ seq: numb
   return { seq: event.seq, message: (event.data as any).message as Message }
 }
 
-/**
- * The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right
- * before it), if any, with each user message it cut read back whole from the log.
- */
+/** The ledger logged with the checkpoint at `seq`, its cut user messages read back whole. */
 async function checkpointLedger(session: Session, seq: number): Promise<Ledger | undefined> {
   const id = ((await session.readEvent(seq)).data as any).compactionId
   if (id === undefined || seq === 0) return undefined
@@ -3352,10 +3248,7 @@ function mergeLedger(into: Ledger, from: Ledger): void {
   into.trimmed += from.trimmed ?? 0
 }
 
-/**
- * The full ledger of a region (docs/design.md §12), no budget applied: from the originals read back from
- * the log, with the ledgers of earlier checkpoints inside it merged in.
- */
+/** The full ledger of a region, earlier checkpoints' ledgers merged in (docs/design.md §12). */
 async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Promise<Ledger> {
   const ledger = emptyLedger()
   const results = new Map<string, { seq: number; message: ToolResultMessage }>()
@@ -3431,10 +3324,7 @@ function renderLedger(ledger: Ledger): string {
   return lines.join('\n')
 }
 
-/**
- * `ledger`'s facts other than user messages cut to `budgetTokens` of rendered text (docs/design.md §12):
- * whole entries, newest first, those over a tenth of the budget last; the rest are counted in `trimmed`.
- */
+/** `ledger`'s facts but user messages cut to `budgetTokens` (docs/design.md §12). */
 function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
   const lists = LEDGER_ORDER.filter((l) => l !== 'userMessages')
   const all = lists.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>)
@@ -3457,10 +3347,7 @@ function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
   return out
 }
 
-/**
- * The ledger a checkpoint carries (docs/design.md §12): the facts within {@link ledgerBudget}, the user's
- * messages within 15% of the window (the task 10%) and half the region; window tokens ÷ `rate` (calibration).
- */
+/** The ledger a checkpoint carries, within its budgets (docs/design.md §12). */
 function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate: number, regionTokens: number,
   taskSeq?: number): Ledger {
   const ledger = trimLedger(full, Math.floor(ledgerBudget(contextWindow) / rate))
@@ -3599,10 +3486,7 @@ const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdCha
 /** One edit a rung would log: prune the message at `seq`, or clear the tool result at `seq` to `placeholder`. */
 type LadderOp = { op: 'prune'; seq: number } | { op: 'clear'; seq: number; placeholder: string }
 
-/**
- * A batch of a rung's edits, applied in order. With `onlyIfAtLeast` the batch is skipped when the
- * next request is below that size by then; `stopAtOrBelow` stops it once the next request is that small.
- */
+/** A rung's edits, applied in order; skipped below `onlyIfAtLeast`, stopped at `stopAtOrBelow` tokens. */
 interface LadderBatch { ops: LadderOp[]; onlyIfAtLeast?: number; stopAtOrBelow?: number }
 
 /** What a rung reads: the session, the configuration, the window and the size of the next request. */
@@ -3627,11 +3511,7 @@ interface LadderView {
 /** A rung: the batches of edits it would log for the view as it is now. */
 type Rung = (view: LadderView) => LadderBatch[]
 
-/**
- * Prunes tool results over the threshold (docs/design.md §3 recency rule): first those the model has
- * seen; the newest step's results only under overflow, or when pruning the older ones did not bring
- * the next request under the threshold.
- */
+/** Prunes tool results over the threshold (docs/design.md §3 recency rule). */
 const pruneResultsRung: Rung = (v) => {
   const { session } = v
   const unseen = unseenResults(session)
@@ -3644,10 +3524,7 @@ const pruneResultsRung: Rung = (v) => {
   ]
 }
 
-/**
- * Prunes oversized non-tool messages (docs/design.md §10, §12): every one over the prune threshold but the
- * input, pinned messages, checkpoints, and the task while it heads the surface and is within `taskTokens`.
- */
+/** Prunes oversized non-tool messages (docs/design.md §10, §12). */
 const pruneMessagesRung: Rung = (v) => {
   const { session } = v
   const input = stateOf(session).input
@@ -3659,12 +3536,7 @@ const pruneMessagesRung: Rung = (v) => {
   return [{ ops: seqs.map((seq): LadderOp => ({ op: 'prune', seq })) }]
 }
 
-/**
- * The clear rung (docs/design.md §10): the oldest clearable tool results outside the protected recent
- * budget become placeholders, in one batch, down to `floor(window × 0.6)` tokens (under a threshold
- * at or below 0.6, to three quarters of the threshold), even when that alone cannot relieve the
- * pressure (the summarizer then reads placeholders; docs/bench.md measured both).
- */
+/** The clear rung (docs/design.md §10): old tool results to placeholders, down to the relief target. */
 const clearRung: Rung = (v) => {
   const cfg = v.compaction
   if (!cfg.clear || v.window === undefined) return []
@@ -3686,11 +3558,7 @@ function headCodePoints(text: string, max: number): string {
   return end >= text.length ? text : text.slice(0, end) + '…'
 }
 
-/**
- * The one-line placeholder of a cleared tool result: {@link CLEARED_RESULT_PREFIX}, the tool name,
- * its arguments (whitespace folded, cut to 200 code points), the original's price in tokens and
- * the `recall` call that returns it.
- */
+/** The one-line placeholder of a cleared tool result, with the `recall` call that returns it. */
 function clearedPlaceholder(toolName: string, args: string, originalTokens: number, key: string): string {
   const shown = headCodePoints(args.replace(/\s+/g, ' ').trim(), PLACEHOLDER_ARGUMENT_CODE_POINTS)
   return `${CLEARED_RESULT_PREFIX} ${toolName} ${shown || '{}'} → ${originalTokens} tokens; ${RECALL_TOOL_NAME} `
@@ -3703,10 +3571,7 @@ const isCleared = (m: Message) => m.role === 'tool' && m.content.length === 1 &&
 /** One tool result the clear rung may replace, oldest first; `savedTokens` by the §2 estimate. */
 interface ClearCandidate { seq: number; placeholder: string; savedTokens: number }
 
-/**
- * The clear rung's candidates, oldest first (docs/design.md §10): tool results outside the newest ones worth
- * `protectedTokens` (and the newest step's), not pinned, cleared or unclearable, whose placeholder is smaller.
- */
+/** The clear rung's candidates, oldest first (docs/design.md §10). */
 function clearCandidates(session: Session, protectedTokens: number,
   clearable: (name: string) => boolean): ClearCandidate[] {
   const nodes = session.surface()
@@ -3732,12 +3597,7 @@ function clearCandidates(session: Session, protectedTokens: number,
 /** A contiguous run of surface nodes chosen for summary: indices `[start, end)` of the surface. */
 export interface Region { start: number; end: number; tokens: number }
 
-/**
- * The region to summarise (docs/design.md §5 "Region selection", §12): from the head to a tool-balanced cut
- * that keeps `retainedTokens` of the newest history; the `keep` seqs (the input, pinned messages) split it
- * into runs, and the first run of at least `minTokens` that is not just a checkpoint wins, else the last.
- * Undefined when no safe region exists.
- */
+/** The region to summarise (docs/design.md §5 "Region selection", §12); undefined when none is safe. */
 function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>,
   minTokens = 0): Region | undefined {
   let cut = nodes.length
@@ -3760,11 +3620,7 @@ function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, kee
 const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string'
   && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
 
-/**
- * Shrinks `[start, cut)` until it is tool-balanced by id: the cut moves toward the head while a
- * summarised call would lose its kept result; the start moves past a result whose call lies before
- * it. Undefined when nothing, or only a lone checkpoint, is left.
- */
+/** `[start, cut)` shrunk until tool-balanced by id; undefined when only a checkpoint or nothing is left. */
 function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: number): Region | undefined {
   const callAt = new Map<string, number>()
   const resultAt = new Map<string, number>()
@@ -3838,11 +3694,7 @@ function cutToUnits(text: string, maxUnits: number): string {
   return text.slice(0, head) + SHRINK_MARKER + text.slice(tail)
 }
 
-/**
- * Shortens a message for a summary request only (the log is untouched) so that it costs at most
- * `tokens` by the §2 estimate: every text-bearing field (text, reasoning, tool-call arguments) is
- * cut in proportion, in UTF-16 units; non-text blocks become a one-line placeholder.
- */
+/** A message cut to at most `tokens` for a summary request only, in proportion (the log is untouched). */
 function shrinkMessage(m: Message, tokens: number): Message {
   const blocks: Block[] = typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : m.content
   let units = 0
@@ -3895,39 +3747,23 @@ const MAX_SUMMARY_REPLANS = 3
 const REPLAN_MARGIN = 0.95
 /** Without counts, a re-planned request is at most this share of the one that failed (by the §2 estimate). */
 const REPLAN_SHRINK = 0.7
-/**
- * A summary request carries the conversation's tool specs (so it reuses the conversation's cached
- * prefix) unless they would take more than this share of the summarizer's window at the current
- * calibration; then it carries the system prompt only (docs/design.md §10).
- */
+/** Over this share of the window, a summary request leaves the tool specs out (docs/design.md §10). */
 const SUMMARY_TOOLS_MAX_RATIO = 0.1
 
-/**
- * The completion budget of a summary request (docs/design.md §10): `min(summaryMaxTokens,
- * max(512, floor(regionTokens / 2)))`, then at most `roomTokens` (the window minus the request).
- */
+/** The completion budget of a summary request (docs/design.md §10). */
 function summaryMaxTokens(regionTokens: number, config: Pick<CompactionConfig, 'summaryMaxTokens'>,
   roomTokens = Infinity): number {
   return Math.max(1, Math.min(config.summaryMaxTokens, Math.max(512, Math.floor(regionTokens / 2)), roomTokens))
 }
 
-/**
- * The instruction that ends a summary request: `instruction` (default {@link SUMMARY_INSTRUCTION}),
- * then, when a focus is given, a paragraph asking to give it the most detail.
- */
+/** The instruction that ends a summary request, with a paragraph for the focus when given. */
 function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: string): string {
   return focus === undefined || focus.trim() === '' ? instruction
     : `${instruction}\n\nFocus of this checkpoint, as asked for: ${focus.trim()}\nGive it the most detail; `
       + `keep everything else that still matters.`
 }
 
-/**
- * Summarises `messages` with the host's summarizer (docs/design.md §5, §10): the envelope, the messages and
- * the instruction, in tool-balanced chunks merged into a running summary when the whole does not fit the
- * window at the calibration; an overflowed request re-planned smaller (by the error's counts, else to 70%)
- * up to 3 times, never resent as it was. Counts and usage of the same model are calibration samples.
- * @throws {CompactionError} when nothing fits; the provider's error when it is not an overflow.
- */
+/** Summarises `messages` in chunks that fit (docs/design.md §5, §10); throws {@link CompactionError}. */
 async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal,
   focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
   return await new SummaryJob(host, messages, focus).run(signal)
@@ -4185,14 +4021,7 @@ function framedCheckpoint(summary: string, ledger: Ledger, regionTokens: number)
   return { checkpoint, text, checkpointTokens }
 }
 
-/**
- * One summary transaction (docs/design.md §5, §12): `compaction/start` (the lock), the `compaction/before`
- * hooks, the summary, the checkpoint framed with the region's ledger (refused unless smaller than the region,
- * or if the surface changed), `compaction/summary` (with the gate's `payback`, requests) and the replacing
- * `user/message` with no await between, `compaction/end`, the `compaction/after` hooks. A failure logs
- * `compaction/end {error}`, leaves the surface as it was and is thrown (`cancelled` set when a hook
- * cancelled). Returns the summary requests made.
- */
+/** One summary transaction (docs/design.md §5, §12); returns the summary requests made, throws on failure. */
 async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal,
   focus?: string, payback?: number): Promise<number> {
   const session = host.session
@@ -4547,18 +4376,11 @@ const CACHE_LIFETIME_MS = 3_600_000
 /** A summary's checkpoint is priced at this share of its completion budget: the model rarely writes all of it. */
 const SUMMARY_OUTPUT_SHARE = 0.5
 
-/**
- * What a live session knows of its own pace: conversation requests so far, completed turns, the
- * current turn's requests, and the requests watched over `elapsedMs` (ms) for the step rate.
- */
+/** What a live session knows of its own pace (elapsed time in ms). */
 interface SessionPace { requests: number; turns: number; turnRequests: number; watchedRequests: number;
   elapsedMs: number }
 
-/**
- * Requests the session can expect before it ends or its cache expires (at least 1): the current turn
- * lasts as long as the completed turns did on average, or as long again as it has so far (whichever
- * is longer); no more than the step rate fits into {@link CACHE_LIFETIME_MS}.
- */
+/** Requests the session can expect before it ends or its cache expires (docs/design.md §11); at least 1. */
 function expectedRequests(p: SessionPace): number {
   const meanTurn = p.turns > 0 ? (p.requests - p.turnRequests) / p.turns : 0
   const n = Math.max(1, Math.round(meanTurn) - p.turnRequests, p.turnRequests)
@@ -4601,10 +4423,7 @@ function cachedSurfaceTokens(session: Session): number {
   return c.modelledHitTokens > 0 ? Math.max(0, c.modelledHitTokens - session.measure().envelopeTokens) : 0
 }
 
-/**
- * The model of each run of the newest ops of `ops` (surface order) applied now, oldest start first:
- * misses from the run's first node to the end of the cached prefix, tokens saved. O(surface + ops).
- */
+/** The model of each run of the newest ops applied now, oldest start first. O(surface + ops). */
 function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneConfig): EditModel[] {
   const before = new Map<number, number>(), at = new Set(ops.map((o) => o.seq))
   let tokens = 0
@@ -4624,12 +4443,7 @@ function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneCo
   return out
 }
 
-/**
- * The edits of a batch the gate lets through, with their payback (requests): all of them when
- * `needed` (or without a gate: the batch as it is); else the longest run of the newest ops that pays back
- * within the requests expected (an older op moves more of the cached prefix), none when no run does —
- * they wait and pay in a later batch.
- */
+/** The ops of a batch the gate lets through, with their payback in requests (docs/design.md §11). */
 function gatedOps(session: Session, batch: LadderBatch, prune: PruneConfig, gate: Gate | undefined,
   needed: boolean): { ops: readonly LadderOp[]; payback?: number } {
   if (!gate) return batch
@@ -4638,11 +4452,7 @@ function gatedOps(session: Session, batch: LadderBatch, prune: PruneConfig, gate
   return k < 0 ? { ops: [] } : { ops: batch.ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
 }
 
-/**
- * The model of a summary of `region`: its request (the cached part of the region at the hit price),
- * its checkpoint — as long as the session's own summaries so far on average, else
- * {@link SUMMARY_OUTPUT_SHARE} of the completion budget — and the misses after it.
- */
+/** The model of a summary of `region` (docs/design.md §11). */
 function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices): EditModel {
   const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
   const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests) : Math.ceil(SUMMARY_OUTPUT_SHARE
@@ -4653,14 +4463,7 @@ function summaryModel(session: Session, region: Region, cfg: CompactionConfig, p
   return { movedTokens: Math.max(0, cached - saved), savedTokens: saved, summaryUSD }
 }
 
-/**
- * Clear-more (the gate at pressure, docs/design.md §11): every clearable result outside the newest
- * step, the protected budget included, down to the clear rung's relief target. It is `needed` when it
- * alone brings the next request (`nextTokens`, tokens) under the threshold for less than the summary it
- * replaces, and when it cannot (the summary that follows rewrites the prefix: these edits cost no miss of
- * their own); otherwise the gate lets through what pays back (results after an edit point already paid
- * for cost no new miss). Undefined when there is nothing to clear.
- */
+/** Clear-more, the gate at pressure (docs/design.md §11); undefined when there is nothing to clear. */
 function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: LadderBatch; needed: boolean } | undefined {
   if (!v.compaction.clear || v.window === undefined) return undefined
   const rate = v.session.measure().calibration
@@ -4681,11 +4484,7 @@ function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: Ladd
 
 /** The name of the tool {@link recallTool} makes. */
 const RECALL_TOOL_NAME = 'recall'
-/**
- * The Agent offers `recall` only while its spec, priced at the calibration, takes at most this share
- * of the context window (docs/design.md §10): in a small window with a dense tokenizer the spec
- * (JSON, which tokenizes worst) would crowd out the conversation it is meant to serve.
- */
+/** `recall` is offered while its spec takes at most this share of the window (docs/design.md §10). */
 const RECALL_MAX_WINDOW_RATIO = 0.1
 /** Cap on one recall answer, code points, before the line that says how to get more. */
 const RECALL_MAX_CODE_POINTS = 4096
@@ -4720,10 +4519,7 @@ function recallText(m: Message): string {
   }).join('\n')
 }
 
-/**
- * The shadowed originals ({@link Session.shadowedSeqs}), newest first, each read back from the log
- * only when reached: recall costs what it reads, never a scan of the whole log.
- */
+/** The shadowed originals, newest first, each read only when reached (recall costs what it reads). */
 async function* shadowedOriginals(session: Session): AsyncGenerator<ShadowedOriginal> {
   const seqs = session.recall.shadowedSeqs().slice()
   for (let i = seqs.length - 1; i >= 0; i--) {
@@ -4756,10 +4552,7 @@ async function shadowedOriginal(session: Session, seq: number): Promise<Shadowed
   }
 }
 
-/**
- * Tool call `callId` as the model sent it (arguments uncut), read from the assistant message the
- * session indexed for the shadowed result at `resultSeq` ({@link Session.shadowedCallSeq}): one event.
- */
+/** Tool call `callId` as the model sent it, read from its assistant message: one event. */
 async function originalCall(session: Session, callId: string, resultSeq: number): Promise<ToolCallBlock | undefined> {
   const callSeq = session.recall.shadowedCallSeq(resultSeq)
   if (callSeq === undefined) return undefined
@@ -4795,10 +4588,7 @@ function recallLines(text: string): string[] {
   return lines
 }
 
-/**
- * Joins whole lines from `lines[from]` on while they fit {@link RECALL_MAX_CODE_POINTS} minus
- * `reserved` (at least one line, of at most 1,000 code points) and `limit`; `to` is the end (exclusive).
- */
+/** Whole lines from `lines[from]` while they fit the answer and `limit`; `to` is the end (exclusive). */
 function pageOf(lines: readonly string[], from: number, limit: number, reserved: number): { text: string; to: number } {
   const parts: string[] = []
   let used = reserved
@@ -4827,11 +4617,7 @@ const RECALL_KEYS = ['key', 'tool', 'arguments', 'pattern', 'offset', 'limit']
  *  answer stays capped). */
 const echo = (v: string): string => JSON.stringify(headCodePoints(v, RECALL_HIT_CODE_POINTS))
 
-/**
- * The `recall` tool (docs/design.md §10; its description says the arguments to the model): reads the
- * shadowed originals back from the log (a spilled one from the store's artefacts), at most
- * {@link RECALL_MAX_CODE_POINTS} code points per answer plus how to get more; bad arguments are an error result.
- */
+/** The `recall` tool (docs/design.md §10): reads shadowed originals back from the log, a page at a time. */
 function recallTool(session: Session): Tool {
   return {
     name: RECALL_TOOL_NAME,
@@ -4948,18 +4734,10 @@ function utf8Length(text: string, limit = Infinity): number {
   return bytes
 }
 
-/**
- * The artefact name of a spilled tool result: from the seq of the `tool/result` event that will
- * refer to it (unique in a log, across resumes), never from a server-chosen call id (docs/design.md §13).
- */
+/** A spill's artefact name, from the event seq, never a server-chosen call id (docs/design.md §13). */
 function spillName(seq: number): string { return `tool-result-${seq}.txt` }
 
-/**
- * Spill (docs/design.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
- * to the store's artefact area and replaced by a head/tail preview plus the reference. Runs at write
- * time, never under pressure. Returns the message unchanged when it is small or the store keeps no
- * artefacts.
- */
+/** Spill (docs/design.md §5): a result over `spillBytes` goes whole to the artefacts, a preview stays. */
 async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number,
   name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
   if (!store.putArtefact) return { message }
@@ -7283,10 +7061,7 @@ function toolOutputToResult(callId: string, name: string, out: unknown): ToolRes
     + `{content, isError}`, 'TOOL_BAD_OUTPUT')
 }
 
-/**
- * Gives every tool call a usable id: some servers omit it, some repeat one from an earlier step.
- * Missing or repeated ids become `call_dsh_<seq>_<n>`, unique by the event seq the message will get.
- */
+/** Every tool call with a usable id: a missing or repeated one becomes `call_dsh_<seq>_<n>`. */
 function withCallIds(message: AssistantMessage, seq: number, session: Session): AssistantMessage {
   const seen = new Set<string>()
   const usable = (b: Block) => {
@@ -7337,10 +7112,7 @@ function stepFailure(raw: unknown, inputTokens: number, ctx: HookContext): StepF
   return { error, raw, partial, inputTokens, ctx }
 }
 
-/**
- * What a failed step does next (docs/design.md §5, §7), in order: the first recovery that returns an
- * outcome decides. Each is a method of {@link Agent}.
- */
+/** What a failed step does next (docs/design.md §5, §7): the first recovery that returns an outcome decides. */
 const RECOVERIES = ['abortedStep', 'recoveredStep', 'retriedStream', 'failedTurn'] as const
 
 /** The names of `tools`; throws a TypeError for a tool without a name or `execute`, or a name used twice. */
