@@ -2469,11 +2469,7 @@ class LadderState {
   /** Least-squares sums (count, Σh, Σp, Σh², Σhp) of the transcript samples, for the model `model`. */
   private transcriptFit?: { n: number; h: number; p: number; hh: number; hp: number }
 
-  /**
-   * A `ladder/state` event: the failed-pressure guard, and a calibration sample. Returns whether the
-   * sample is the new usage anchor: a plausible overflow count is the exact size of the surface as it is
-   * now, even one too small to be a calibration sample.
-   */
+  /** A `ladder/state` event; returns whether its sample is the new usage anchor (an overflow count is exact). */
   apply(data: LadderStateData, contextWindow?: number): data is LadderStateData & { sample: object } {
     const { sample, failedAtTokens } = data
     if (failedAtTokens !== undefined) this.failedAtTokens = failedAtTokens ?? undefined
@@ -2489,12 +2485,7 @@ class LadderState {
     if (model !== this.model) { this.model = model; this.samples = []; this.transcriptFit = undefined }
   }
 
-  /**
-   * Adds a calibration sample (docs/design.md §10); the newest 8 count. Ignores requests under
-   * {@link calibrationMinSampleTokens} of the window and implausible samples (a ratio outside
-   * [0.5, 4]: the count is of something else, e.g. a server configured with another window).
-   * Returns whether it was taken.
-   */
+  /** Adds a calibration sample, the newest 8 count (docs/design.md §10); returns whether it was taken. */
   sample(provider: number, heuristic: number, contextWindow?: number): boolean {
     if (!(heuristic >= calibrationMinSampleTokens(contextWindow)) || !plausibleRatio(provider, heuristic)) return false
     this.samples.push({ provider, heuristic })
@@ -2512,12 +2503,7 @@ class LadderState {
   /** How many samples the ratio stands on. */
   get count(): number { return this.transcriptFit?.n ?? this.samples.length }
 
-  /**
-   * `provider ≈ offset + ratio × heuristic` by least squares over every transcript sample so far
-   * (docs/design.md §15); the ratio clamped to [0.5, 4], the offset not below 0. One sample (or all of
-   * one size): the seed's ratio, 1, and the offset takes the rest. Without transcript samples: the
-   * ratio of the recent samples, no offset.
-   */
+  /** `provider ≈ offset + ratio × heuristic` by least squares over the transcript samples (docs/design.md §15). */
   fit(): { ratio: number; offset: number } {
     const f = this.transcriptFit
     if (!f) return { ratio: this.ratio(), offset: 0 }
@@ -3867,10 +3853,7 @@ class SummaryJob {
     return { chunk, to: i }
   }
 
-  /**
-   * A tool-balanced group shortened to `room` tokens for this request: an even share first; what some
-   * members cannot give up (an assistant message's many tool calls) is then taken from the others.
-   */
+  /** A tool-balanced group shortened to `room` tokens: an even share first, then what others can give up. */
   private shrinkGroup(group: Message[], room: number): { messages: Message[]; tokens: number } {
     if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) {
       const s = this.summary
@@ -3895,10 +3878,7 @@ class SummaryJob {
     return { messages: shrunk, tokens }
   }
 
-  /**
-   * One summary request of `chunk` (after the running summary, before the instruction); its text, or
-   * undefined after an overflow that re-planned the budget. Throws what cannot be re-planned.
-   */
+  /** One summary request of `chunk`; its text, or undefined after an overflow that re-planned the budget. */
   private async request(chunk: Message[], signal: AbortSignal | undefined, replans: number): Promise<string
     | undefined> {
     const { provider, instruction } = this
@@ -4161,10 +4141,7 @@ class Ladder {
     }
   }
 
-  /**
-   * Runs `rung` on the session as it is now and logs its edits (the one place that does): a batch is
-   * skipped or stopped by the size of the next request, measured before each edit. Returns tokens reclaimed.
-   */
+  /** Runs `rung` and logs its edits (the one place that does); returns tokens reclaimed. */
   private apply(rung: Rung, view: LadderView, trigger: string, gate?: Gate, needed = true): number {
     const session = view.session
     let reclaimed = 0
@@ -4270,10 +4247,7 @@ class Ladder {
       ? 'pruned' : 'failed', why)
   }
 
-  /**
-   * The size of the next request, tokens: the measured total plus what the host's envelope adds beyond the
-   * logged one (the recall tool the ladder's own edits make offered), so no rung stops short of it.
-   */
+  /** The next request in tokens: the measured total plus what the host's envelope adds (the recall tool). */
   private nextRequestTokens(): number {
     const m = this.host.session.measure()
     const envelope = this.host.envelope
@@ -7389,10 +7363,7 @@ class Agent {
     }
   }
 
-  /**
-   * Logs the turn and its input (pinned when asked), then refuses an input that cannot fit and
-   * relieves pressure once (docs/design.md §5: at the start of a turn, after the input is durable).
-   */
+  /** Logs the turn and its input, refuses an input that cannot fit, relieves pressure once (docs/design.md §5). */
   private async startTurn(t: Turn, message: UserMessage, pin: boolean): Promise<StepOutcome> {
     const session = this.session
     session.append('turn/start', { turn: t.turn })
@@ -7475,10 +7446,7 @@ class Agent {
     return NEXT_STEP
   }
 
-  /**
-   * The spend cap (docs/design.md §11): a line saying what was spent when the next request, at its
-   * modelled cost, would pass a cap; undefined when it fits.
-   */
+  /** The spend cap (docs/design.md §11): what was spent when the next request would pass a cap, else undefined. */
   private overBudget(t: Turn, cap: { turn?: number; session?: number }): string | undefined {
     const usage = this.session.cost.usage(), spent = usage.costUSD ?? usage.conversation.costUSD ?? 0
     t.startUSD ??= spent
@@ -7505,11 +7473,7 @@ class Agent {
     return { reason: 'aborted' }
   }
 
-  /**
-   * Recovery 2: the error is logged and the `agent/request-error` hooks run (the ladder's overflow
-   * recovery is one); when one asks to retry and the surface changed, the next step is the retry. A
-   * second overflow at or above the size of one already recovered from in this turn makes no progress.
-   */
+  /** Recovery 2: the error logged, the `agent/request-error` hooks run; a changed surface: retry next step. */
   private async recoveredStep(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
     const { session } = this, { error, inputTokens } = f
     session.append('request/error', { code: error.code, status: error.status, message: error.message,
@@ -7535,11 +7499,7 @@ class Agent {
     return NEXT_STEP
   }
 
-  /**
-   * Recovery 3: the partial output is kept as an interrupted message; a stream that broke after
-   * output with a retryable error is retried once as a new step (the adapter never retries once
-   * output was streamed: the caller saw it), whose request carries the partial output.
-   */
+  /** Recovery 3: the partial output kept; a retryable break after output is retried once as a new step. */
   private async retriedStream(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
     const session = this.session, { error } = f
     if (f.partial) session.append('assistant/message', { message: f.partial, finishReason: 'error',
@@ -7558,11 +7518,7 @@ class Agent {
     return { reason: 'error', error: f.raw instanceof ProviderError ? f.raw : f.error }
   }
 
-  /**
-   * The refusal of an input that cannot fit (docs/design.md §10): the current input is never
-   * edited, so when it and the envelope alone (calibrated) leave no room in the window, nothing is
-   * sent. Returns the error to throw, or undefined.
-   */
+  /** The error for an input that cannot fit with the envelope alone (docs/design.md §10), else undefined. */
   private inputTooBig(message: UserMessage): ProviderError | undefined {
     const window = this.window
     if (window === undefined) return undefined
@@ -7596,13 +7552,7 @@ class Agent {
     return envelope
   }
 
-  /**
-   * The reply with at most as many tool calls as this agent's window can answer (window / 64): past that,
-   * the group (the message and a result per call) could not fit the window even with every result cleared,
-   * and no later turn would. The calls past it are dropped unrun, a text block in the message saying how many
-   * and why; of the calls kept, those past {@link MAX_TOOL_CALLS_PER_STEP} get error results (runTools).
-   * A warning tells the caller of either.
-   */
+  /** The reply with at most window / 64 tool calls (more could not fit even cleared); a warning says so. */
   private boundToolCalls(message: AssistantMessage): AssistantMessage {
     const max = Math.floor((this.window ?? Infinity) / WINDOW_TOKENS_PER_TOOL_CALL)
     let calls = 0
@@ -7622,10 +7572,7 @@ class Agent {
     return { ...message, content: [...content, { type: 'text', text }] }
   }
 
-  /**
-   * Runs tool calls in order. After an abort the remaining ones get TOOL_ABORTED results, and those past
-   * {@link MAX_TOOL_CALLS_PER_STEP} TOOL_LIMIT results, both unrun.
-   */
+  /** Runs tool calls in order; after an abort, or past MAX_TOOL_CALLS_PER_STEP, the rest get error results unrun. */
   private async runTools(calls: ToolCallBlock[], signal: AbortSignal): Promise<void> {
     const session = this.session
     for (const [i, call] of calls.entries()) {
