@@ -2529,10 +2529,6 @@ const RECENT_EDITS = 64
 /**
  * Tokens and cost of a session's requests and its prompt-cache model (docs/design.md §11), kept as
  * events arrive (O(1) per append, O(edit span) per replace) so that they survive resume.
- * `cacheNodes` leading surface nodes were sent by the last conversation request and are unchanged
- * since (-1: no request since the envelope or model changed); `cachePrefixTokens` is their price.
- * Requests are folded into buckets by conversation/summary, model, price table and UTC minute of
- * the week (what decides a peak window): bounded memory, exact (re-)pricing.
  */
 class CostLedger {
   private cacheNodes = -1
@@ -4059,13 +4055,10 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
 }
 
 /**
- * The escalation ladder of one session (docs/design.md §§5, 10), split by trigger:
- * {@link Ladder.relievePressure} (after each step and at turn start), {@link Ladder.recoverOverflow}
- * (after a `CONTEXT_WINDOW_EXCEEDED` provider error) and {@link Ladder.compact} (manual, e.g.
- * `/compact`). Its memory — the failed-compaction guard — is written to the log as `ladder/state`
- * and read back when a ladder is made for a loaded session, so a restart does not repeat a failed
- * compaction. Calibration lives in the session's meter ({@link Measurement.calibration}). None of
- * the methods throws for a ladder failure (those are warnings); only cancellation is rethrown.
+ * The escalation ladder of one session (docs/design.md §§5, 10): {@link Ladder.relievePressure},
+ * {@link Ladder.recoverOverflow}, {@link Ladder.compact}. Its memory is logged as `ladder/state`, so a
+ * restart does not repeat a failed compaction. No method throws for a ladder failure (a warning);
+ * only cancellation is rethrown.
  */
 class Ladder {
   private readonly host: CompactionHost
@@ -4158,11 +4151,8 @@ class Ladder {
   }
 
   /**
-   * Pressure (`trigger: 'pressure'`, docs/design.md §§5, 10): nothing below `floor(window ×
-   * thresholdRatio)`; else prune tool results (older first), prune oversized messages, clear old
-   * tool results, remeasuring between rungs; only then summarise the oldest tool-balanced region,
-   * up to 2 attempts. A failure is a warning, remembered (durably) so that no
-   * summary is tried again before the surface grows by the retained tail.
+   * Pressure (`trigger: 'pressure'`, docs/design.md §§5, 10): over `floor(window × thresholdRatio)` tokens,
+   * the rungs in order, remeasuring between them; a failed summary is remembered durably.
    */
   async relievePressure(signal?: AbortSignal): Promise<CompactionOutcome> {
     const { session, settings: { compaction: cfg, contextWindow: window } } = this.host
@@ -4258,12 +4248,9 @@ class Ladder {
   }
 
   /**
-   * Overflow (`trigger: 'context-overflow'`, docs/design.md §§5, 10), after the provider refused a
-   * request as too long (`error`). A count in the error is logged as a calibration sample first.
-   * Then every tool result is prunable, oversized messages are pruned and old results cleared; when
-   * the error carried a count and that brings the calibrated total under the threshold, no model
-   * is called. Otherwise everything before the current input is summarised (retained tail 0), once.
-   * The caller retries only if `generationAfter > generationBefore`.
+   * Overflow (`trigger: 'context-overflow'`, docs/design.md §§5, 10), after the provider refused a request
+   * as too long (`error`; its count is a calibration sample). The caller retries only if
+   * `generationAfter > generationBefore`.
    */
   async recoverOverflow(error: ProviderError | undefined, signal?: AbortSignal): Promise<CompactionOutcome> {
     const { session } = this.host
@@ -7123,14 +7110,9 @@ const toolSpec = (t: Tool): ToolSpec => ({ name: t.name, description: t.descript
 /**
  * The agent loop (docs/design.md §7). A turn is one user input until the model stops calling tools; a
  * step is one provider call plus its tool calls. Every state change is a log event (see
- * {@link Session}); {@link AgentOptions.onEvent} also gets streamed deltas and warnings.
- * The ladder (§5) is wired in through the `agent/post-step` and `agent/request-error` hooks unless
- * `compaction.auto` is false. Cancellation through `run(input, {signal})`: a running tool call
- * finishes, undispatched calls get a synthetic `TOOL_ABORTED` result, partial assistant text is kept
- * as an interrupted message. A stream that breaks after output with a retryable error (SERVER,
- * TRANSPORT, TIMEOUT, RATE_LIMIT; the adapter itself never retries once output was streamed) keeps
- * its partial text as an interrupted message and is retried once as a new step (`step/retry`); a
- * second break in a row ends the turn with the error.
+ * {@link Session}); {@link AgentOptions.onEvent} also gets streamed deltas and warnings. The ladder
+ * runs through the `agent/post-step` and `agent/request-error` hooks unless `compaction.auto` is false.
+ * Cancellation, interrupted streams and their one retry: docs/design.md §7.
  */
 class Agent {
   readonly session: Session
