@@ -2650,10 +2650,8 @@ class CostLedger {
    * `request/header`) at the edit's time; undefined when `seq` was no surface edit.
    */
   editCost(seq: number, prices: Prices | undefined = this.session.measure().header?.prices): EditCost | undefined {
-    const e = this.edits.get(seq)
-    if (!e) return undefined
-    const cost: EditCost = { seq: e.seq, movedTokens: e.movedTokens, savedTokens: e.savedTokens }
-    if (prices) {
+    const e = this.edits.get(seq), cost: EditCost | undefined = this.editCache(seq)
+    if (e && cost && prices) {
       cost.cacheCostUSD = cacheCostUSD(prices, e.movedTokens, e.time)
       const peak = isPeakTime(prices, e.time) ? prices.peak!.multiplier : 1
       cost.savedUSDPerRequest = (e.savedTokens * prices.cacheHitInput * peak) / 1_000_000
@@ -2674,31 +2672,27 @@ class CostLedger {
   usage(options: { prices?: Prices | ((model: string) => Prices | undefined) } = {}): SessionUsage {
     const tally = (): TokenTally => ({ requests: 0, inputTokens: 0, cachedInputTokens: 0, uncachedInputTokens: 0,
       outputTokens: 0, costUSD: 0, unpricedRequests: 0 })
-    const conversation = tally(), summary = tally()
+    const conversation = tally(), summary = tally(), total = tally()
     let modelledHitTokens = 0, reportedCacheRequests = 0
     const override = options.prices
     for (const b of this.buckets.values()) {
-      const t = b.summary ? summary : conversation
       reportedCacheRequests += b.reportedCacheRequests
       modelledHitTokens += b.modelledHitTokens
-      t.requests += b.requests
-      t.inputTokens += b.cachedInputTokens + b.uncachedInputTokens
-      t.cachedInputTokens += b.cachedInputTokens
-      t.uncachedInputTokens += b.uncachedInputTokens
-      t.outputTokens += b.outputTokens
       const prices = override === undefined ? b.prices : typeof override === 'function' ? override(b.model) : override
-      if (prices) t.costUSD! += requestCostUSD(prices, b, b.time) // costs are linear in tokens: one call per bucket
-      else t.unpricedRequests += b.requests
+      for (const t of b.summary ? [summary, total] : [conversation, total]) {
+        t.requests += b.requests
+        t.inputTokens += b.cachedInputTokens + b.uncachedInputTokens
+        t.cachedInputTokens += b.cachedInputTokens
+        t.uncachedInputTokens += b.uncachedInputTokens
+        t.outputTokens += b.outputTokens
+        if (!prices) t.unpricedRequests += b.requests
+        else if (t !== total) t.costUSD! += requestCostUSD(prices, b, b.time) // linear in tokens: one call per bucket
+      }
     }
     for (const t of [conversation, summary]) if (t.unpricedRequests > 0) t.costUSD = undefined
-    const sum = (k: keyof TokenTally) => (conversation[k] as number) + (summary[k] as number)
-    const total: TokenTally = {
-      requests: sum('requests'), inputTokens: sum('inputTokens'), cachedInputTokens: sum('cachedInputTokens'),
-      uncachedInputTokens: sum('uncachedInputTokens'), outputTokens: sum('outputTokens'),
-      costUSD: conversation.costUSD === undefined || summary.costUSD === undefined ? undefined
-        : conversation.costUSD + summary.costUSD,
-      unpricedRequests: sum('unpricedRequests'),
-    }
+    // The total's cost as the sum of the two parts' (one rounding, as callers add them).
+    total.costUSD = conversation.costUSD === undefined || summary.costUSD === undefined ? undefined
+      : conversation.costUSD + summary.costUSD
     const cacheHitShare = total.inputTokens > 0 ? total.cachedInputTokens / total.inputTokens : 0
     return { ...total, conversation, summary, cacheHitShare, modelledHitTokens, reportedCacheRequests }
   }
