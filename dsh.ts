@@ -2733,36 +2733,26 @@ class RecallIndex {
   result(callId: string, tokens: number): void { this.firstResultTokens.set(callId, tokens) }
 
   /**
-   * The seqs of the logged originals the surface no longer shows as logged, oldest first: appended
-   * messages since pruned, cleared or folded into a checkpoint, and spilled tool results (the
-   * surface shows a preview). What `recall` reads; read each with {@link Session.readEvent}. Kept
-   * as the events arrive, so no log scan (a sort after an out-of-order addition: O(k log k) for k
-   * originals). A live view: do not keep it across appends.
+   * The seqs of the logged originals the surface no longer shows as logged (pruned, cleared, summarised or
+   * spilled), oldest first; read each with {@link Session.readEvent}. A live view: do not keep it across appends.
    */
   shadowedSeqs(): readonly number[] {
     if (!this.sorted) { this.shadowed.sort((a, b) => a - b); this.sorted = true }
     return this.shadowed
   }
   /**
-   * For a shadowed tool result (`resultSeq` one of {@link RecallIndex.shadowedSeqs}), the append seq
-   * of the assistant message that holds its call as the model sent it (arguments uncut), however far
-   * back, and even once that call is off the surface or its id reused; undefined otherwise.
+   * For a shadowed tool result, the append seq of the assistant message holding its call as the model sent
+   * it, even once that call is off the surface or its id reused; undefined otherwise.
    */
   shadowedCallSeq(resultSeq: number): number | undefined { return this.calls.get(resultSeq) }
-  /**
-   * The seq of the first logged result of tool call `callId` (before any prune or clear), while the
-   * call is on the surface; undefined otherwise.
-   */
+  /** The seq of the first logged result of tool call `callId` while the call is on the surface, else undefined. */
   resultOriginSeq(callId: string): number | undefined {
     const entry = this.st.calls.get(callId)
     return entry?.resultSeq === undefined ? undefined : this.st.bySeq.get(entry.resultSeq)?.key
   }
   /** Whether the log holds originals the surface no longer shows (a replace or a spill happened). */
   get hasShadowedContent(): boolean { return this.session.replaceGeneration > 0 || this.spilledSeqs.size > 0 }
-  /**
-   * The heuristic price in tokens of the original of surface node `seq`: for a tool result, of the
-   * result as first logged (before any prune or clear); otherwise of the node itself.
-   */
+  /** The heuristic price in tokens of the original of surface node `seq` (a tool result: as first logged). */
   originalTokens(seq: number): number {
     const node = this.st.bySeq.get(seq)
     if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
@@ -2809,11 +2799,8 @@ class Pins {
   }
 
   /**
-   * Throws `SessionError('PIN')` unless `extraTokens` more pinned tokens still fit: envelope +
-   * pinned messages + `extraTokens` (heuristic tokens, priced at the calibration) must stay within
-   * `limitTokens` (default: the compaction threshold, `floor(contextWindow × 0.8)`, of the window in
-   * the last `request/header`; no limit while the window is unknown). Pins are never compacted, so
-   * they must leave the ladder room.
+   * Throws `SessionError('PIN')` unless envelope + pinned messages + `extraTokens` (tokens, at the calibration)
+   * stay within `limitTokens` (default: the compaction threshold of the logged window; none while it is unknown).
    */
   checkFits(extraTokens: number, what: string, limitTokens?: number): void {
     const m = this.session.measure()
@@ -2821,8 +2808,7 @@ class Pins {
     const limit = limitTokens ?? (window === undefined ? Infinity
       : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
     const pinned = this.tokens() + extraTokens
-    // The limit is measured tokens of the window; the prices are heuristic tokens (docs/design.md §10).
-    const rate = m.calibration
+    const rate = m.calibration // the limit is measured tokens, the prices heuristic ones (docs/design.md §10)
     const measured = Math.ceil((m.envelopeTokens + pinned) * rate)
     if (measured <= limit) return
     throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} `
@@ -2833,11 +2819,9 @@ class Pins {
   }
 
   /**
-   * Pins surface node `seq` (logs `surface/pin {seq}`): from now on it is never pruned, cleared or
-   * summarised and stays verbatim in its position.
-   * @param options.limitTokens see {@link Pins.checkFits}.
+   * Pins surface node `seq` (logs `surface/pin {seq}`): never pruned, cleared or summarised from now on.
    * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit
-   *   (with the numbers).
+   *   ({@link Pins.checkFits} with `options.limitTokens`).
    */
   pin(seq: number, options: { limitTokens?: number } = {}): void {
     const node = this.st.bySeq.get(seq)
@@ -4044,9 +4028,15 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
     session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err),
       requests: records })
-    throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
+    throw Object.assign(err as object, { summaryRequests: requests + summaryRequestsOf(err) })
   }
 }
+
+/** The action of an outcome that called no model: what its rungs did, else `otherwise`. */
+const modelFreeAction = (o: CompactionOutcome, otherwise: CompactionOutcome['action']): CompactionOutcome['action'] =>
+  o.clearedTokens > 0 ? 'cleared' : o.prunedTokens > 0 ? 'pruned' : otherwise
+/** The summary requests a failed compaction made (compactRegion sets them on what it throws). */
+const summaryRequestsOf = (err: unknown): number => (err as { summaryRequests?: number })?.summaryRequests ?? 0
 
 /**
  * The escalation ladder of one session (docs/design.md §§5, 10): {@link Ladder.relievePressure},
@@ -4163,17 +4153,16 @@ class Ladder {
       + this.apply(pruneMessagesRung, view, trigger, gate, needed)
     if (needed && below()) return done('pruned')
     outcome.clearedTokens = this.apply(clearRung, view, trigger, gate, needed)
-    if (!needed) return done(outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'none')
+    if (!needed) return done(modelFreeAction(outcome, 'none'))
     const next = this.nextRequestTokens() // the gate: clear more (the protected results too) rather than summarise
     const more = gate && next > Math.floor(view.window! * reliefRatio(cfg)) && clearMore(view, gate, next)
     if (more) outcome.clearedTokens += this.apply(() => [more.batch], view, 'pressure', gate, more.needed)
     if (below()) return done('cleared')
-    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
-      ? 'pruned' : 'skipped'
     // The guard and node prices are heuristic tokens; the retained tail is measured tokens of the window.
     const retained = Math.floor((window! * cfg.retainedTailRatio) / session.measure().calibration)
     if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
-      return done(modelFree, 'an earlier compaction failed and the surface has not grown enough since')
+      return done(modelFreeAction(outcome, 'skipped'), 'an earlier compaction failed and the surface has not grown '
+        + 'enough since')
     }
     return this.summariseUnder('pressure', threshold, outcome, done, signal)
   }
@@ -4205,13 +4194,13 @@ class Ladder {
       }
       try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus,
         gate ? paybackRequests(gate.prices, model!) : undefined); committed++ } catch (err) {
-        outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
+        outcome.summaryRequests += summaryRequestsOf(err)
         if (signal?.aborted) throw err
         lastError = (err as Error).message
         // a hook said no: asking again would only repeat the question
         if ((err as { cancelled?: boolean })?.cancelled) break
         // Refused before any model call: the same surface and calibration give the same region and the same refusal.
-        if (((err as { summaryRequests?: number })?.summaryRequests ?? 0) === 0) break
+        if (summaryRequestsOf(err) === 0) break
         continue
       }
       if (trigger === 'manual' || this.nextRequestTokens() < threshold) break
@@ -4227,8 +4216,7 @@ class Ladder {
       + `not retrying until the surface grows by ${retained} tokens`)
     session.append('compaction/warning', { trigger, message: why, totalTokens: after, thresholdTokens: threshold })
     this.setGuard(session.measure().heuristicTokens)
-    return done(committed > 0 ? 'compacted' : outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
-      ? 'pruned' : 'failed', why)
+    return done(committed > 0 ? 'compacted' : modelFreeAction(outcome, 'failed'), why)
   }
 
   /** The next request in tokens: the measured total plus what the host's envelope adds (the recall tool). */
@@ -4283,8 +4271,7 @@ class Ladder {
     outcome.prunedTokens = this.apply(pruneResultsRung, view, 'context-overflow')
       + this.apply(pruneMessagesRung, view, 'context-overflow')
     outcome.clearedTokens = this.apply(clearRung, view, 'context-overflow')
-    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
-      ? 'pruned' : 'failed'
+    const modelFree = modelFreeAction(outcome, 'failed')
     if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore
       && this.nextRequestTokens() < threshold) return done(modelFree)
     const region = selectRegion(session.surface(), 0, keptOutOfSummary(session))
@@ -4292,7 +4279,7 @@ class Ladder {
     if (region) {
       try { outcome.summaryRequests += await compactRegion(this.host, region, 'context-overflow', signal);
         compacted = true } catch (err) {
-        outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
+        outcome.summaryRequests += summaryRequestsOf(err)
         if (signal?.aborted) throw err
         warn(this.host, `overflow compaction failed: ${(err as Error).message}`)
       }
@@ -4302,10 +4289,7 @@ class Ladder {
     return done(modelFree, modelFree === 'failed' && !region ? 'no region to summarise' : undefined)
   }
 
-  /**
-   * Manual compaction (`/compact [FOCUS]`): prune, then summarise whatever the threshold says;
-   * `focus` is passed into the summary instruction.
-   */
+  /** Manual compaction (`/compact [FOCUS]`): prune, then summarise; `focus` goes into the summary instruction. */
   async compact(signal?: AbortSignal, options: { focus?: string } = {}): Promise<CompactionOutcome> {
     const { session } = this.host
     const { outcome, done } = this.outcome('manual')
