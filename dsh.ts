@@ -3723,10 +3723,13 @@ function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: strin
       + `keep everything else that still matters.`
 }
 
-/** Summarises `messages` in chunks that fit (docs/design.md §5, §10); throws {@link CompactionError}. */
+/**
+ * Summarises `messages` in chunks that fit (docs/design.md §5, §10), each answered request added to `records`
+ * (for `compaction/end {requests}`, §11); throws {@link CompactionError}.
+ */
 async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal,
-  focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
-  return await new SummaryJob(host, messages, focus).run(signal)
+  focus?: string, records: SummaryRequestRecord[] = []): Promise<{ summary: string; usage?: Usage; requests: number }> {
+  return await new SummaryJob(host, messages, focus, records).run(signal)
 }
 
 /** One run of {@link summarise}: its window, calibration and budget as they are learned, and its progress. */
@@ -3753,7 +3756,8 @@ class SummaryJob {
   /** This session's summary requests that overflowed: a later re-plan can arrive at one of them again. */
   private readonly failed: Set<number>
 
-  constructor(private readonly host: CompactionHost, messages: readonly Message[], focus?: string) {
+  constructor(private readonly host: CompactionHost, messages: readonly Message[], focus: string | undefined,
+    private readonly records: SummaryRequestRecord[]) {
     this.provider = host.summarizer
     this.session = host.session
     const m = this.session.measure()
@@ -3873,6 +3877,7 @@ class SummaryJob {
         + `tokens); nothing was sent`)
     }
     this.requests++
+    const modelledHitTokens = this.session.cost.summaryRequestHit(provider.model, env, msgs)
     let res: ChatResponse
     try {
       res = await provider.complete({ system: env.system, tools: env.tools, messages: msgs, maxTokens,
@@ -3891,6 +3896,9 @@ class SummaryJob {
       return undefined
     }
     const usage = checkedUsage(res.usage)
+    const prices = provider.model === this.session.measure().header?.model ? undefined : provider.prices
+    this.records.push({ model: provider.model, inputTokens, modelledHitTokens,
+      outputTokens: estimateMessageTokens(res.message), ...(usage ? { usage } : {}), ...(prices ? { prices } : {}) })
     if (usage) {
       this.usage.promptTokens += usage.promptTokens
       this.usage.completionTokens += usage.completionTokens
@@ -3930,29 +3938,6 @@ async function firstUserSeq(session: Session): Promise<number | undefined> {
   return undefined
 }
 
-/** `host` with a summarizer that records each answered request for `compaction/end {requests}` (§11). */
-function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRecord[]): CompactionHost {
-  const base = host.summarizer, session = host.session
-  const summarizer: Provider = {
-    model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens,
-    prices: base.prices,
-    async complete(request) {
-      const envelope: Envelope = { system: request.system, tools: request.tools }
-      const inputTokens = estimateRequestTokens(envelope, request.messages)
-      const modelledHitTokens = session.cost.summaryRequestHit(base.model, envelope, request.messages)
-      const response = await base.complete(request)
-      const record: SummaryRequestRecord =
-        { model: base.model, inputTokens, modelledHitTokens, outputTokens: estimateMessageTokens(response.message) }
-      const usage = checkedUsage(response.usage)
-      if (usage) record.usage = usage
-      if (base.prices && base.model !== session.measure().header?.model) record.prices = base.prices
-      records.push(record)
-      return response
-    },
-  }
-  return Object.create(host, { summarizer: { value: summarizer } }) as CompactionHost
-}
-
 /** A `compaction/before` verdict: cancel (throws, marked `cancelled`), or a focus joined to the one asked for. */
 function applyVerdict(info: CompactionInfo, verdict: CompactionVerdict | void): void {
   if (verdict?.cancel) {
@@ -3980,7 +3965,6 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
   focus?: string, payback?: number): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
-  host = withRecordingSummarizer(host, records)
   const nodes = session.surface().slice(region.start, region.end)
   const first = nodes[0].seq, last = nodes[nodes.length - 1].seq
   const generation = session.replaceGeneration
@@ -4002,7 +3986,7 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     if (frameTokens >= region.tokens)
       throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and `
         + `ledger alone (${frameTokens} tokens); nothing was sent`)
-    const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
+    const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus, records)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
     const ledger = facts()
@@ -7475,7 +7459,7 @@ class Agent {
 
   /** Recovery 4: nothing helped; the turn ends with the provider's own error. */
   private async failedTurn(_t: Turn, f: StepFailure): Promise<StepOutcome> {
-    return { reason: 'error', error: f.raw instanceof ProviderError ? f.raw : f.error }
+    return { reason: 'error', error: f.error } // the provider's own error: stepFailure wraps only other throws
   }
 
   /** The error for an input that cannot fit with the envelope alone (docs/design.md §10), else undefined. */
