@@ -3183,20 +3183,20 @@ async function checkpointLedger(session: Session, seq: number): Promise<Ledger |
   return { ...ledger, userMessages: await Promise.all(ledger.userMessages.map((e) => (e.pruned ? whole(e) : e))) }
 }
 
-function addPath(list: LedgerPath[], path: string, seq: number, count = 1): void {
-  const entry = list.find((e) => e.path === path)
-  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ path, count, seq })
+/** Adds `entry` to `list`, or its count to the entry there that is the `same`, keeping the newest seq. */
+function addEntry<E extends { count: number; seq: number }>(list: E[], entry: E, same: (e: E) => boolean): void {
+  const found = list.find(same)
+  if (!found) return void list.push(entry)
+  found.count += entry.count
+  found.seq = Math.max(found.seq, entry.seq)
 }
-function addText(list: LedgerText[], text: string, seq: number, count = 1): void {
-  const entry = list.find((e) => e.text === text)
-  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ text, count, seq })
-}
-function addCommand(list: LedgerCommand[], c: Omit<LedgerCommand, 'count'> & { count?: number }): void {
-  const entry = list.find((e) => e.command === c.command && e.exitCode === c.exitCode && e.failed === c.failed)
-  if (entry) { entry.count += c.count ?? 1;
-    entry.seq = Math.max(entry.seq, c.seq) } else list.push({ command: c.command, exitCode: c.exitCode,
-    failed: c.failed, count: c.count ?? 1, seq: c.seq })
-}
+const addPath = (list: LedgerPath[], path: string, seq: number, count = 1) =>
+  addEntry(list, { path, count, seq }, (e) => e.path === path)
+const addText = (list: LedgerText[], text: string, seq: number, count = 1) =>
+  addEntry(list, { text, count, seq }, (e) => e.text === text)
+const addCommand = (list: LedgerCommand[], c: Omit<LedgerCommand, 'count'> & { count?: number }) =>
+  addEntry(list, { command: c.command, exitCode: c.exitCode, failed: c.failed, count: c.count ?? 1, seq: c.seq },
+    (e) => e.command === c.command && e.exitCode === c.exitCode && e.failed === c.failed)
 
 /** Merges `from` (an earlier ledger) into `into`: entries deduplicated, counts added. */
 function mergeLedger(into: Ledger, from: Ledger): void {
