@@ -3571,9 +3571,7 @@ function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, kee
     if (run) runs.push(run)
     start = i + 1
   }
-  const fresh =
-    (r: Region) => { let t = 0;
-    for (let i = r.start; i < r.end; i++) if (!isCheckpoint(nodes[i])) t += nodes[i].tokens; return t }
+  const fresh = (r: Region) => nodes.slice(r.start, r.end).reduce((t, n) => t + (isCheckpoint(n) ? 0 : n.tokens), 0)
   return runs.find((r) => fresh(r) >= minTokens) ?? runs.at(-1)
 }
 
@@ -3585,10 +3583,8 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
   const callAt = new Map<string, number>()
   const resultAt = new Map<string, number>()
   nodes.forEach((n, i) => {
-    if (n.message.role === 'assistant') {
-      for (const b of n.message.content) if (b.type === 'tool-call') callAt.set((b as ToolCallBlock).id, i)
-    }
-    else if (n.message.role === 'tool') resultAt.set(n.message.toolCallId, i)
+    for (const c of toolCalls(n.message)) callAt.set(c.id, i)
+    if (n.message.role === 'tool') resultAt.set(n.message.toolCallId, i)
   })
   for (let changed = true; changed && start < cut;) {
     changed = false
@@ -3596,11 +3592,9 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
       const m = nodes[i].message
       if (m.role === 'tool') {
         if ((callAt.get(m.toolCallId) ?? -1) < start) { start = i + 1; changed = true }
-      } else if (m.role === 'assistant') {
-        for (const b of m.content) {
-          if (b.type === 'tool-call' && (resultAt.get((b as ToolCallBlock).id) ?? Infinity) >= cut) { cut = i;
-            changed = true; break }
-        }
+      } else if (toolCalls(m).some((c) => (resultAt.get(c.id) ?? Infinity) >= cut)) {
+        cut = i
+        changed = true
       }
     }
   }
@@ -3630,7 +3624,7 @@ function balancedGroups(messages: readonly Message[]): Message[][] {
   for (const m of messages) {
     if (open.size === 0) groups.push([])
     groups[groups.length - 1].push(m)
-    if (m.role === 'assistant') for (const b of m.content) if (b.type === 'tool-call') open.add((b as ToolCallBlock).id)
+    for (const c of toolCalls(m)) open.add(c.id)
     if (m.role === 'tool') open.delete(m.toolCallId)
   }
   return groups
