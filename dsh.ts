@@ -3502,8 +3502,7 @@ const clearRung: Rung = (v) => {
   if (!cfg.clear || v.window === undefined) return []
   // The protected budget is measured tokens of the window; node prices are heuristic tokens.
   const rate = v.session.measure().calibration
-  const candidates = clearCandidates(v.session, Math.floor((v.window * PROTECTED_RATIO) / rate), v.clearable)
-  const ops = candidates.map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
+  const ops = clearCandidates(v.session, Math.floor((v.window * PROTECTED_RATIO) / rate), v.clearable)
   return [{ ops, stopAtOrBelow: Math.floor(v.window * reliefRatio(cfg)) }]
 }
 
@@ -3528,18 +3527,14 @@ function clearedPlaceholder(toolName: string, args: string, originalTokens: numb
 const isCleared = (m: Message) => m.role === 'tool' && m.content.length === 1 && m.content[0].type === 'text'
   && (m.content[0] as TextBlock).text.startsWith(CLEARED_RESULT_PREFIX)
 
-/** One tool result the clear rung may replace, oldest first; `savedTokens` by the §2 estimate. */
-interface ClearCandidate { seq: number; placeholder: string; savedTokens: number }
-
-/** The clear rung's candidates, oldest first (docs/design.md §10). */
-function clearCandidates(session: Session, protectedTokens: number,
-  clearable: (name: string) => boolean): ClearCandidate[] {
+/** The clear rung's candidates as its ops, oldest first (docs/design.md §10): each saves tokens (§2). */
+function clearCandidates(session: Session, protectedTokens: number, clearable: (name: string) => boolean): LadderOp[] {
   const nodes = session.surface()
   const keep = unseenResults(session)
   let kept = 0
   for (let i = nodes.length - 1; i >= 0 && kept < protectedTokens;
     i--) if (nodes[i].message.role === 'tool') { keep.add(nodes[i].seq); kept += nodes[i].tokens }
-  const out: ClearCandidate[] = []
+  const out: LadderOp[] = []
   for (const n of nodes) {
     const m = n.message
     if (m.role !== 'tool' || keep.has(n.seq) || isCleared(m) || session.pins.has(n.seq)) continue
@@ -3549,7 +3544,7 @@ function clearCandidates(session: Session, protectedTokens: number,
     const placeholder = clearedPlaceholder(name, call?.arguments ?? '', session.recall.originalTokens(n.seq),
       m.toolCallId)
     const savedTokens = n.tokens - estimateMessageTokens({ ...m, content: [{ type: 'text', text: placeholder }] })
-    if (savedTokens > 0) out.push({ seq: n.seq, placeholder, savedTokens })
+    if (savedTokens > 0) out.push({ op: 'clear', seq: n.seq, placeholder })
   }
   return out
 }
@@ -4372,8 +4367,8 @@ function gatedOps(session: Session, batch: LadderBatch, prune: PruneConfig, gate
 /** The model of a summary of `region` (docs/design.md §11). */
 function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices): EditModel {
   const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
-  const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests) : Math.ceil(SUMMARY_OUTPUT_SHARE
-    * Math.min(cfg.summaryMaxTokens, Math.max(512, Math.floor(region.tokens / 2))))
+  const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests)
+    : Math.ceil(SUMMARY_OUTPUT_SHARE * summaryMaxTokens(region.tokens, cfg))
   const hit = Math.min(region.tokens, cached), saved = Math.max(0, region.tokens - output)
   const summaryUSD = requestCostUSD(prices, { cachedInputTokens: hit, uncachedInputTokens: region.tokens - hit,
     outputTokens: output }, 0)
@@ -4385,7 +4380,6 @@ function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: Ladd
   if (!v.compaction.clear || v.window === undefined) return undefined
   const rate = v.session.measure().calibration
   const ops = clearCandidates(v.session, 0, v.clearable)
-    .map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
   if (ops.length === 0) return undefined
   const [clear] = suffixModels(v.session, ops, v.prune)
   // The region a pressure summary would take now (as the ladder selects it, before the minimum saving).
@@ -7371,7 +7365,7 @@ class Agent {
       + `token counts in [0, ${USAGE_MAX_TOKENS}]`)
     session.append('assistant/message', { message: t.last, ...(usage ? { usage } : {}),
       finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
-    const calls = t.last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+    const calls = toolCalls(t.last)
     await this.runTools(calls, t.signal)
     const steered = this.drainSteering()
     await stateOf(session).flush() // written before the post-step ladder may call a model; fsynced once, below
