@@ -7543,10 +7543,8 @@ class Agent {
           }
         }
       }
-      const spilled = await spillToolResult(result!, session.store, SPILL_BYTES, spillName(session.seq))
-      session.append('tool/result', spilled.spilled
-        ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } }
-        : { message: spilled.message, surfaceOp: { op: 'append' } })
+      const { message, spilled } = await spillToolResult(result!, session.store, SPILL_BYTES, spillName(session.seq))
+      session.append('tool/result', { message, ...(spilled ? { spilled } : {}), surfaceOp: { op: 'append' } })
     }
   }
 
