@@ -761,7 +761,7 @@ function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfi
 
 /** The smaller cut for the string values of tool-call arguments still over the threshold. */
 const ARGUMENT_VALUE_CUT: Readonly<PruneConfig> =
-  Object.freeze({ thresholdChars: 1024, headChars: 512, tailChars: 256 })
+  /* @__PURE__ */ Object.freeze({ thresholdChars: 1024, headChars: 512, tailChars: 256 })
 
 /** Tool-call arguments (JSON text) cut to the threshold and kept valid JSON (docs/design.md §10). */
 function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string {
