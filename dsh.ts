@@ -248,24 +248,20 @@ export type ProviderErrorCode =
  * `partial` the assistant output received before a stream broke (for an interrupted message).
  */
 class ProviderError extends Error {
-  readonly code: ProviderErrorCode
-  readonly status?: number
-  readonly retryAfterMs?: number
-  readonly requestId?: string
-  readonly body: string
-  partial?: AssistantMessage
+  declare readonly code: ProviderErrorCode
+  declare readonly status?: number
+  declare readonly retryAfterMs?: number
+  declare readonly requestId?: string
+  declare readonly body: string
+  declare partial?: AssistantMessage
   constructor(code: ProviderErrorCode, message: string, init: {
     status?: number; retryAfterMs?: number; requestId?: string; body?: string; partial?: AssistantMessage;
     cause?: unknown
   } = {}) {
     super(message, init.cause === undefined ? undefined : { cause: init.cause })
+    const { status, retryAfterMs, requestId, partial } = init
+    Object.assign(this, { code, status, retryAfterMs, requestId, body: init.body ?? '', partial })
     this.name = 'ProviderError'
-    this.code = code
-    this.status = init.status
-    this.retryAfterMs = init.retryAfterMs
-    this.requestId = init.requestId
-    this.body = init.body ?? ''
-    this.partial = init.partial
   }
 }
 
