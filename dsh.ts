@@ -864,7 +864,7 @@ export interface TokenTally {
 }
 
 /**
- * What a session has used so far ({@link Session.usage}): conversation and summary requests apart
+ * What a session has used so far ({@link CostLedger.usage}): conversation and summary requests apart
  * and together. `cacheHitShare` = cached ÷ input tokens over all requests (0 … 1; 0 with no input);
  * `modelledHitTokens` the meter's modelled cache hits summed (tokens); `reportedCacheRequests` how
  * many requests carried a provider-reported `cachedTokens`.
@@ -937,7 +937,7 @@ export interface EventDataMap {
 }
 /**
  * The ladder's durable memory (docs/design.md §10 "Durable ladder state"), one `ladder/state` event
- * per change; {@link Session.load} replays them, so a resumed session keeps them.
+ * per change; {@link Session.open} replays them, so a resumed session keeps them.
  * - `failedAtTokens`: heuristic tokens (envelope + surface) when a pressure compaction failed; no
  *   new summary is tried until the surface has grown by the retained tail. `null`: cleared by a success.
  * - `sample`: a calibration sample, the prompt tokens a provider counted for one request
@@ -7240,7 +7240,7 @@ class Agent {
   }
 
   /**
-   * Pins surface message `seq` (see {@link Session.pin}) within {@link Agent.pinLimitTokens}.
+   * Pins surface message `seq` (see {@link Pins.pin}) within {@link Agent.pinLimitTokens}.
    * @throws SessionError `PIN` with the numbers when it would not fit, or `seq` is not on the surface.
    */
   pin(seq: number): void {
@@ -7544,11 +7544,10 @@ class Agent {
     }
   }
 
-  /** Tokens and cost of the session so far ({@link Session.usage}), priced with the provider's table as logged. */
+  /** Tokens and cost of the session so far ({@link CostLedger.usage}), priced with the provider's table as logged. */
   usage(): SessionUsage { return this.session.cost.usage() }
 
-  /** The prompt-cache cost of the surface edit logged as event `seq`, at the provider's prices ({@link
-   *  Session.editCost}). */
+  /** The prompt-cache cost of the edit logged as event `seq`, at the provider's prices ({@link CostLedger.editCost}) */
   editCost(seq: number): EditCost | undefined { return this.session.cost.editCost(seq, this.provider.prices) }
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
