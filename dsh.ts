@@ -109,10 +109,7 @@ export type { Ladder, CostLedger, RecallIndex, Pins }
 // ═══════════════════════════════════════
 
 const VERSION = '0.1.0'
-/**
- * The layout of the log this dsh writes, in `session/start {format}` (docs/design.md §14). A log
- * without one (dsh 0.1.0) is format 1; a later layout raises it, so that old logs can be migrated.
- */
+/** The log layout in `session/start {format}` (docs/design.md §14); a log without one is format 1. */
 const LOG_FORMAT = 1
 
 // ═══════════════════════════════════════
@@ -148,10 +145,7 @@ export interface ToolResultMessage {
 /** A provider-neutral message (docs/design.md §1); the envelope (system, tools) is not a message. */
 export type Message = UserMessage | AssistantMessage | ToolResultMessage
 
-/**
- * The text of a message's content: a string as it is, blocks as their text blocks joined by
- * `separator` (none by default), other blocks left out. The one block-text join of the file.
- */
+/** A message's text: a string as it is, else its text blocks joined by `separator`. The one block-text join. */
 function contentText(content: string | readonly Block[], separator = ''): string {
   if (typeof content === 'string') return content
   return content.filter((b) => b.type === 'text').map((b) => (b as TextBlock).text).join(separator)
@@ -255,24 +249,20 @@ export type ProviderErrorCode =
  * `partial` the assistant output received before a stream broke (for an interrupted message).
  */
 class ProviderError extends Error {
-  readonly code: ProviderErrorCode
-  readonly status?: number
-  readonly retryAfterMs?: number
-  readonly requestId?: string
-  readonly body: string
-  partial?: AssistantMessage
+  declare readonly code: ProviderErrorCode
+  declare readonly status?: number
+  declare readonly retryAfterMs?: number
+  declare readonly requestId?: string
+  declare readonly body: string
+  declare partial?: AssistantMessage
   constructor(code: ProviderErrorCode, message: string, init: {
     status?: number; retryAfterMs?: number; requestId?: string; body?: string; partial?: AssistantMessage;
     cause?: unknown
   } = {}) {
     super(message, init.cause === undefined ? undefined : { cause: init.cause })
+    const { status, retryAfterMs, requestId, partial } = init
+    Object.assign(this, { code, status, retryAfterMs, requestId, body: init.body ?? '', partial })
     this.name = 'ProviderError'
-    this.code = code
-    this.status = init.status
-    this.retryAfterMs = init.retryAfterMs
-    this.requestId = init.requestId
-    this.body = init.body ?? ''
-    this.partial = init.partial
   }
 }
 
@@ -391,11 +381,7 @@ function estimateMessageTokens(message: Message): number {
   return Math.ceil(units / UNITS_PER_TOKEN) + MESSAGE_OVERHEAD_TOKENS + other
 }
 
-/**
- * Heuristic price of the request envelope in tokens: `ceil(system.length / 4) + 8` plus
- * `ceil(JSON.stringify(tools).length / 4) + 8`. An absent (or empty) system prompt and an absent
- * (or empty) tool list cost 0. docs/design.md §2.
- */
+/** Heuristic price of the envelope in tokens (docs/design.md §2); an empty system or tool list costs 0. */
 function estimateEnvelopeTokens(envelope: Envelope): number {
   let tokens = 0
   if (envelope.system) tokens += estimateTextTokens(envelope.system) + MESSAGE_OVERHEAD_TOKENS
@@ -479,10 +465,7 @@ const CALIBRATION_SAMPLES = 8
 /** Requests under this many heuristic tokens give no calibration sample (framing, not the tokenizer, decides). */
 const CALIBRATION_MIN_SAMPLE_TOKENS = 1000
 
-/**
- * The smallest request (heuristic tokens) that gives a calibration sample (docs/design.md §10): 1,000, or
- * an eighth of a smaller window (where no request may reach 1,000, and calibration matters most).
- */
+/** The smallest request that gives a calibration sample: 1,000 tokens, or an eighth of a smaller window (§10). */
 function calibrationMinSampleTokens(contextWindow?: number): number {
   return contextWindow === undefined || !(contextWindow > 0) ? CALIBRATION_MIN_SAMPLE_TOKENS
     : Math.min(CALIBRATION_MIN_SAMPLE_TOKENS, Math.floor(contextWindow / 8))
@@ -508,14 +491,7 @@ function plausibleRatio(providerTokens: number, heuristicTokens: number): boolea
   return ratio >= CALIBRATION_RANGE[0] && ratio <= CALIBRATION_RANGE[1]
 }
 
-/**
- * Applies the usage anchor rule of docs/design.md §2 to a heuristic total (tokens), with content added
- * since the anchor priced at `calibration` provider tokens per heuristic token (docs/design.md §10)
- * and content removed since priced at the anchor's own rate (provider ÷ heuristic at the anchor,
- * at most 4); unanchored, the whole heuristic total is priced at `calibration`, plus `offsetTokens`
- * (tokens counted beyond the priced content, docs/design.md §15; an anchor's count holds them already).
- * `calibration` 1 and no offset (the defaults: no sample yet) is the seed's rule exactly.
- */
+/** The usage anchor rule (docs/design.md §2, §10, §15) applied to a heuristic total; tokens. */
 function anchoredTotal(
   heuristicTokens: number, anchor: UsageAnchor | undefined, calibration = 1, offsetTokens = 0,
 ): number {
@@ -533,12 +509,7 @@ function anchoredTotal(
 /** More tokens than any request and answer hold (no window is near it): a usage count past it is of something else. */
 const USAGE_MAX_TOKENS = 1e9
 
-/**
- * Usage as dsh reads it, wherever it comes from (a provider, a custom one, a log): undefined unless the
- * prompt and completion counts are numbers in [0, {@link USAGE_MAX_TOKENS}] (NaN, Infinity, 1e308 or a
- * negative count is refused); a cached, cache-write or reasoning count out of range is dropped, and clamped
- * to the prompt or completion count it is part of. The one check before the meter, the ladder or cost use a count.
- */
+/** Usage as dsh reads it (docs/design.md §13): counts outside [0, USAGE_MAX_TOKENS] refused or dropped. */
 function checkedUsage(u: unknown): Usage | undefined {
   const count = (v: unknown): v is number => typeof v === 'number' && v >= 0 && v <= USAGE_MAX_TOKENS
   if (typeof u !== 'object' || u === null) return undefined
@@ -554,11 +525,7 @@ function checkedUsage(u: unknown): Usage | undefined {
   return usage
 }
 
-/**
- * An answer's usage as the new anchor of a surface of `heuristicTokens` (docs/design.md §2), or undefined
- * when the count is of something else: more than 4× the heuristic one (of at least 1,000), e.g. a broken
- * server's bogus usage, would price every later request as an overflow, for good.
- */
+/** An answer's usage as the new anchor (§2); undefined when over 4× a heuristic count of ≥ 1,000 (bogus). */
 function usageAnchor(u: Usage, heuristicTokens: number, seq: number): UsageAnchor | undefined {
   const providerTokens = u.promptTokens + u.completionTokens
   const ceiling = CALIBRATION_RANGE[1] * Math.max(heuristicTokens, CALIBRATION_MIN_SAMPLE_TOKENS)
@@ -615,11 +582,7 @@ export interface BilledTokens {
   cachedInputTokens: number; uncachedInputTokens: number; outputTokens: number; cacheWriteInputTokens?: number
 }
 
-/**
- * USD of one request (docs/design.md §11): `cached × cacheHitInput + uncached × cacheMissInput +
- * writes × (cacheWriteInput − cacheMissInput) + output × output`, per million tokens, times the peak
- * multiplier when `timeMs` is in a peak window.
- */
+/** USD of one request (docs/design.md §11), peak multiplier applied at `timeMs`. */
 function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): number {
   const writeExtra = ((prices.cacheWriteInput ?? prices.cacheMissInput) - prices.cacheMissInput)
     * (tokens.cacheWriteInputTokens ?? 0)
@@ -628,11 +591,7 @@ function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): n
   return isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
 }
 
-/**
- * USD that an edit of the surface adds to the next request (docs/design.md §11): the tokens after
- * the edit point that move from cache hit to cache miss × (miss − hit price), off-peak (times the
- * peak multiplier when `timeMs` is given and in a peak window).
- */
+/** USD an edit adds to the next request: moved tokens × (miss − hit price) (docs/design.md §11). */
 function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: number): number {
   const usd = (movedTokens * ((prices.cacheWriteInput ?? prices.cacheMissInput) - prices.cacheHitInput)) / 1_000_000
   return timeMs !== undefined && isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
@@ -659,11 +618,7 @@ const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> =
 
 const validatedConfigs = new WeakSet<object>()
 
-/**
- * Checks a partial configuration and returns the full one (defaults filled in). Throws
- * {@link ConfigError} for unknown keys, non-integer or negative lengths, and
- * `headChars + 39 + tailChars > thresholdChars` (the pruned text would not be smaller).
- */
+/** The full prune configuration; throws {@link ConfigError} for bad keys or values (docs/design.md §3). */
 function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
   if (config === undefined || config === DEFAULT_PRUNE_CONFIG) return DEFAULT_PRUNE_CONFIG
   if (validatedConfigs.has(config)) return config as PruneConfig
@@ -733,21 +688,14 @@ function pruneText(text: string, config?: Partial<PruneConfig>): string {
   return (cut.content[0] as TextBlock).text
 }
 
-/**
- * Whether `text` holds more than `threshold` code points. No count is needed outside
- * (threshold, 2 × threshold] UTF-16 units: a code point is one or two units.
- */
+/** Whether `text` holds more than `threshold` code points; counts only inside (threshold, 2 × threshold] units. */
 function overThreshold(text: string, threshold: number): boolean {
   if (text.length <= threshold) return false
   if (text.length > 2 * threshold) return true
   return codePointLength(text, threshold) > threshold
 }
 
-/**
- * Copies a short result cut from a long `source`: V8 keeps a slice as a view of its parent, so
- * without the copy a 5 KB result would keep a 100 MB input alive. The JSON round trip is the
- * fastest full copy (≈ 10 µs for 5 K units) and is lossless, lone surrogates included. O(result).
- */
+/** A copy of a slice of `source`: V8 keeps a slice as a view of its parent (a 5 KB cut would pin 100 MB). */
 function detach(result: string, source: string): string {
   return source.length > 65_536 ? JSON.parse(JSON.stringify(result)) : result
 }
@@ -810,14 +758,9 @@ function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfi
 
 /** The smaller cut for the string values of tool-call arguments still over the threshold. */
 const ARGUMENT_VALUE_CUT: Readonly<PruneConfig> =
-  Object.freeze({ thresholdChars: 1024, headChars: 512, tailChars: 256 })
+  /* @__PURE__ */ Object.freeze({ thresholdChars: 1024, headChars: 512, tailChars: 256 })
 
-/**
- * Cuts tool-call arguments (raw JSON text) over `thresholdChars` code points while keeping them
- * valid JSON (docs/design.md §10): long string values are pruned inside the JSON (first with
- * `config`, then, if the whole is still over, every string over 1,024 code points to 512 + 256).
- * Arguments that are not JSON are pruned as text. Returns the same string when nothing is cut.
- */
+/** Tool-call arguments (JSON text) cut to the threshold and kept valid JSON (docs/design.md §10). */
 function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string {
   const cfg = resolvePruneConfig(config)
   if (!overThreshold(args, cfg.thresholdChars)) return args
@@ -834,13 +777,7 @@ function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string
   return out.length < args.length ? out : args
 }
 
-/**
- * Prunes an assistant or user message (docs/design.md §10 "Oversized non-tool messages"): each
- * text or reasoning block over `thresholdChars` code points is cut like a tool result (head,
- * {@link PRUNE_MARKER}, tail); tool-call blocks keep their id and name, their arguments are cut
- * with {@link pruneToolArguments}; other blocks are unchanged. A tool result goes to
- * {@link pruneToolResult}. Returns the same object when nothing is over the threshold. Idempotent.
- */
+/** A message's oversized text, reasoning and call arguments pruned (docs/design.md §10); the same object if none. */
 function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>): M {
   const cfg = resolvePruneConfig(config)
   if (message.role === 'tool') return pruneToolResult(message, cfg) as M
@@ -928,7 +865,7 @@ export interface TokenTally {
 }
 
 /**
- * What a session has used so far ({@link Session.usage}): conversation and summary requests apart
+ * What a session has used so far ({@link CostLedger.usage}): conversation and summary requests apart
  * and together. `cacheHitShare` = cached ÷ input tokens over all requests (0 … 1; 0 with no input);
  * `modelledHitTokens` the meter's modelled cache hits summed (tokens); `reportedCacheRequests` how
  * many requests carried a provider-reported `cachedTokens`.
@@ -1001,7 +938,7 @@ export interface EventDataMap {
 }
 /**
  * The ladder's durable memory (docs/design.md §10 "Durable ladder state"), one `ladder/state` event
- * per change; {@link Session.load} replays them, so a resumed session keeps them.
+ * per change; {@link Session.open} replays them, so a resumed session keeps them.
  * - `failedAtTokens`: heuristic tokens (envelope + surface) when a pressure compaction failed; no
  *   new summary is tried until the surface has grown by the retained tail. `null`: cleared by a success.
  * - `sample`: a calibration sample, the prompt tokens a provider counted for one request
@@ -1416,12 +1353,7 @@ function eventShapeProblem(e: unknown, expectedSeq: number): string | undefined 
 /** How every line dsh writes to a log begins (`JSON.stringify` of an event, `seq` first). */
 const EVENT_LINE_START = '{"seq":'
 
-/**
- * One log line (without its newline) → its event. `'torn'`: the last line, unterminated, starts
- * like an event (`{"seq":`, or a prefix of it such as `{"`) but does not parse (a crash cut it; a
- * one-line `.env` is refused); `'blank'`: trailing white space at the end of the file. Anything else
- * that is wrong throws `SessionError('LOG_CORRUPT')` naming the 1-based `line`.
- */
+/** One log line → its event, `'torn'` (a cut last line), `'blank'`; else throws `SessionError('LOG_CORRUPT')`. */
 function parseLogLine(raw: string, line: number, expectedSeq: number, terminated: boolean): SessionEvent
   | 'torn' | 'blank' {
   if (raw.trim() === '') {
@@ -1723,8 +1655,7 @@ export class Session {
     const tokens = estimateMessageTokens(message)
     const answer = event.type === 'assistant/message' && op.op === 'append'
     const usage = answer ? checkedUsage(data.usage) : undefined
-    // The request that produced this message carried the surface as it is now (docs/design.md §10); a
-    // sample only when the messages are at least half of it (tool specs' framing varies more than tokenizers).
+    // A calibration sample only when the messages are at least half of the request (docs/design.md §10).
     if (usage && this.surfaceTokensSum >= this.envelopeTokensSum) {
       const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
       this.st.ladder.sample(usage.promptTokens, heuristicTokens, this.header?.contextWindow)
@@ -1757,8 +1688,7 @@ export class Session {
   }
 
   /** Replaces the surface nodes `op.start..op.end` by one node; what they held stays in the log. */
-  private replaceNodes(event: SessionEvent, op: { start: number; end: number }, message: Message,
-    tokens: number): void {
+  private replaceNodes(event: SessionEvent, op: { start: number; end: number }, message: Message, tokens: number) {
     const st = this.st
     const first = st.bySeq.get(op.start)!, last = st.bySeq.get(op.end)!
     const indexOf = (key: number) => binarySearch(this.nodes, key, (n) => n.key)
@@ -1777,8 +1707,7 @@ export class Session {
       const old = this.nodes[i]
       st.bySeq.delete(old.seq)
       if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
-      // a pruned assistant message keeps its calls (checked)
-      if (message.role === 'assistant' && toolCalls(message).length > 0) continue
+      if (message.role === 'assistant' && toolCalls(message).length > 0) continue // a pruned one keeps its calls
       for (const c of toolCalls(old.message)) { st.calls.delete(c.id); st.openCalls.delete(c.id);
         st.dispatched.delete(c.id) }
     }
@@ -1798,8 +1727,7 @@ export class Session {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
     const ladder = this.st.ladder
     const { ratio: calibration, offset } = ladder.fit()
-    // Built on MEASUREMENT_VIEW (what console.log shows); Object.create then stores keeps this as cheap as a literal.
-    const m: Measurement = Object.create(MEASUREMENT_VIEW)
+    const m: Measurement = Object.create(MEASUREMENT_VIEW) // MEASUREMENT_VIEW: what console.log shows
     m.calibration = calibration
     m.calibrationOffsetTokens = offset
     m.calibrationSamples = ladder.count
@@ -1970,11 +1898,7 @@ function checkSurfaceEvent(st: SessionState, nodes: readonly SurfaceNode[], pins
     throw new SessionError('PAIRING', `tool call ${JSON.stringify(id)} already has a result (seq ${call.resultSeq})`)
 }
 
-/**
- * Checks a replace: `start..end` are surface nodes in order, none pinned; a replacement carries no
- * tool calls; a `tool/result` replace covers one result and changes only its content; a range
- * replace keeps every call with its result (docs/design.md §4, matched by id).
- */
+/** Checks a replace against the surface, pins and call pairing (docs/design.md §4). */
 function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins, type: string,
   role: Message['role'], op: { start: number; end: number }, message: Message, newCalls: number): void {
   const { start, end } = op
@@ -2048,12 +1972,7 @@ function replaceNode(session: Session, node: SurfaceNode, type: 'compaction/prun
   return node.tokens - session.surface().node(after.seq)!.tokens
 }
 
-/**
- * Prunes the message at surface node `seq` (docs/design.md §10 "Oversized non-tool messages", with
- * {@link pruneMessage}): `compaction/prune` then the message as a replace of `seq` (tool calls
- * kept); a tool result goes to {@link Session.pruneToolResult}. Refuses the open turn's input.
- * Returns the tokens reclaimed (0, nothing appended, when nothing is over the threshold).
- */
+/** Prunes a message on the surface (docs/design.md §10); tokens reclaimed, 0 when nothing is over. */
 function pruneNode(session: Session, seq: number, config?: Partial<PruneConfig>, trigger?: string,
   payback?: number): number {
   const node = session.surface().node(seq)
@@ -2064,11 +1983,7 @@ function pruneNode(session: Session, seq: number, config?: Partial<PruneConfig>,
   return pruned === m ? 0 : replaceNode(session, node, 'compaction/prune', pruned, trigger, payback)
 }
 
-/**
- * Clears the tool result at surface node `seq` (docs/design.md §10 clear rung): `compaction/clear`
- * then the result, its content one text block `placeholder`, as a replace of `seq`. The original
- * stays in the log. Returns the tokens reclaimed (negative if the placeholder is larger: callers check).
- */
+/** Clears a tool result to `placeholder` (docs/design.md §10); tokens reclaimed (callers check the sign). */
 function clearNode(session: Session, seq: number, placeholder: string, trigger?: string, payback?: number): number {
   const node = session.surface().node(seq)
   if (!node || node.message.role !== 'tool')
@@ -2098,10 +2013,7 @@ function surfaceToolCall(session: Session, callId: string): ToolCallBlock | unde
 // Each part is fed by its session with every event it applies (Session.apply is the one place that
 // derives state; Session.append is the one writer of the log) and answers questions about it.
 
-/**
- * The ladder's durable memory (docs/design.md §10 "Durable ladder state"), as `ladder/state` events
- * log it: the calibration samples of the current model and the failed-compaction guard.
- */
+/** The ladder's durable memory as `ladder/state` logs it (docs/design.md §10 "Durable ladder state"). */
 class LadderState {
   /** Heuristic tokens when a pressure compaction last failed; undefined when none is pending. */
   failedAtTokens?: number
@@ -2111,11 +2023,7 @@ class LadderState {
   /** Least-squares sums (count, Σh, Σp, Σh², Σhp) of the transcript samples, for the model `model`. */
   private transcriptFit?: { n: number; h: number; p: number; hh: number; hp: number }
 
-  /**
-   * A `ladder/state` event: the failed-pressure guard, and a calibration sample. Returns whether the
-   * sample is the new usage anchor: a plausible overflow count is the exact size of the surface as it is
-   * now, even one too small to be a calibration sample.
-   */
+  /** A `ladder/state` event; returns whether its sample is the new usage anchor (an overflow count is exact). */
   apply(data: LadderStateData, contextWindow?: number): data is LadderStateData & { sample: object } {
     const { sample, failedAtTokens } = data
     if (failedAtTokens !== undefined) this.failedAtTokens = failedAtTokens ?? undefined
@@ -2131,12 +2039,7 @@ class LadderState {
     if (model !== this.model) { this.model = model; this.samples = []; this.transcriptFit = undefined }
   }
 
-  /**
-   * Adds a calibration sample (docs/design.md §10); the newest 8 count. Ignores requests under
-   * {@link calibrationMinSampleTokens} of the window and implausible samples (a ratio outside
-   * [0.5, 4]: the count is of something else, e.g. a server configured with another window).
-   * Returns whether it was taken.
-   */
+  /** Adds a calibration sample, the newest 8 count (docs/design.md §10); returns whether it was taken. */
   sample(provider: number, heuristic: number, contextWindow?: number): boolean {
     if (!(heuristic >= calibrationMinSampleTokens(contextWindow)) || !plausibleRatio(provider, heuristic)) return false
     this.samples.push({ provider, heuristic })
@@ -2154,12 +2057,7 @@ class LadderState {
   /** How many samples the ratio stands on. */
   get count(): number { return this.transcriptFit?.n ?? this.samples.length }
 
-  /**
-   * `provider ≈ offset + ratio × heuristic` by least squares over every transcript sample so far
-   * (docs/design.md §15); the ratio clamped to [0.5, 4], the offset not below 0. One sample (or all of
-   * one size): the seed's ratio, 1, and the offset takes the rest. Without transcript samples: the
-   * ratio of the recent samples, no offset.
-   */
+  /** `provider ≈ offset + ratio × heuristic` by least squares over the transcript samples (docs/design.md §15). */
   fit(): { ratio: number; offset: number } {
     const f = this.transcriptFit
     if (!f) return { ratio: this.ratio(), offset: 0 }
@@ -2185,10 +2083,6 @@ const RECENT_EDITS = 64
 /**
  * Tokens and cost of a session's requests and its prompt-cache model (docs/design.md §11), kept as
  * events arrive (O(1) per append, O(edit span) per replace) so that they survive resume.
- * `cacheNodes` leading surface nodes were sent by the last conversation request and are unchanged
- * since (-1: no request since the envelope or model changed); `cachePrefixTokens` is their price.
- * Requests are folded into buckets by conversation/summary, model, price table and UTC minute of
- * the week (what decides a peak window): bounded memory, exact (re-)pricing.
  */
 class CostLedger {
   private cacheNodes = -1
@@ -2310,10 +2204,8 @@ class CostLedger {
    * `request/header`) at the edit's time; undefined when `seq` was no surface edit.
    */
   editCost(seq: number, prices: Prices | undefined = this.session.measure().header?.prices): EditCost | undefined {
-    const e = this.edits.get(seq)
-    if (!e) return undefined
-    const cost: EditCost = { seq: e.seq, movedTokens: e.movedTokens, savedTokens: e.savedTokens }
-    if (prices) {
+    const e = this.edits.get(seq), cost: EditCost | undefined = this.editCache(seq)
+    if (e && cost && prices) {
       cost.cacheCostUSD = cacheCostUSD(prices, e.movedTokens, e.time)
       const peak = isPeakTime(prices, e.time) ? prices.peak!.multiplier : 1
       cost.savedUSDPerRequest = (e.savedTokens * prices.cacheHitInput * peak) / 1_000_000
@@ -2334,31 +2226,27 @@ class CostLedger {
   usage(options: { prices?: Prices | ((model: string) => Prices | undefined) } = {}): SessionUsage {
     const tally = (): TokenTally => ({ requests: 0, inputTokens: 0, cachedInputTokens: 0, uncachedInputTokens: 0,
       outputTokens: 0, costUSD: 0, unpricedRequests: 0 })
-    const conversation = tally(), summary = tally()
+    const conversation = tally(), summary = tally(), total = tally()
     let modelledHitTokens = 0, reportedCacheRequests = 0
     const override = options.prices
     for (const b of this.buckets.values()) {
-      const t = b.summary ? summary : conversation
       reportedCacheRequests += b.reportedCacheRequests
       modelledHitTokens += b.modelledHitTokens
-      t.requests += b.requests
-      t.inputTokens += b.cachedInputTokens + b.uncachedInputTokens
-      t.cachedInputTokens += b.cachedInputTokens
-      t.uncachedInputTokens += b.uncachedInputTokens
-      t.outputTokens += b.outputTokens
       const prices = override === undefined ? b.prices : typeof override === 'function' ? override(b.model) : override
-      if (prices) t.costUSD! += requestCostUSD(prices, b, b.time) // costs are linear in tokens: one call per bucket
-      else t.unpricedRequests += b.requests
+      for (const t of b.summary ? [summary, total] : [conversation, total]) {
+        t.requests += b.requests
+        t.inputTokens += b.cachedInputTokens + b.uncachedInputTokens
+        t.cachedInputTokens += b.cachedInputTokens
+        t.uncachedInputTokens += b.uncachedInputTokens
+        t.outputTokens += b.outputTokens
+        if (!prices) t.unpricedRequests += b.requests
+        else if (t !== total) t.costUSD! += requestCostUSD(prices, b, b.time) // linear in tokens: one call per bucket
+      }
     }
     for (const t of [conversation, summary]) if (t.unpricedRequests > 0) t.costUSD = undefined
-    const sum = (k: keyof TokenTally) => (conversation[k] as number) + (summary[k] as number)
-    const total: TokenTally = {
-      requests: sum('requests'), inputTokens: sum('inputTokens'), cachedInputTokens: sum('cachedInputTokens'),
-      uncachedInputTokens: sum('uncachedInputTokens'), outputTokens: sum('outputTokens'),
-      costUSD: conversation.costUSD === undefined || summary.costUSD === undefined ? undefined
-        : conversation.costUSD + summary.costUSD,
-      unpricedRequests: sum('unpricedRequests'),
-    }
+    // The total's cost as the sum of the two parts' (one rounding, as callers add them).
+    total.costUSD = conversation.costUSD === undefined || summary.costUSD === undefined ? undefined
+      : conversation.costUSD + summary.costUSD
     const cacheHitShare = total.inputTokens > 0 ? total.cachedInputTokens / total.inputTokens : 0
     return { ...total, conversation, summary, cacheHitShare, modelledHitTokens, reportedCacheRequests }
   }
@@ -2399,36 +2287,26 @@ class RecallIndex {
   result(callId: string, tokens: number): void { this.firstResultTokens.set(callId, tokens) }
 
   /**
-   * The seqs of the logged originals the surface no longer shows as logged, oldest first: appended
-   * messages since pruned, cleared or folded into a checkpoint, and spilled tool results (the
-   * surface shows a preview). What `recall` reads; read each with {@link Session.readEvent}. Kept
-   * as the events arrive, so no log scan (a sort after an out-of-order addition: O(k log k) for k
-   * originals). A live view: do not keep it across appends.
+   * The seqs of the logged originals the surface no longer shows as logged (pruned, cleared, summarised or
+   * spilled), oldest first; read each with {@link Session.readEvent}. A live view: do not keep it across appends.
    */
   shadowedSeqs(): readonly number[] {
     if (!this.sorted) { this.shadowed.sort((a, b) => a - b); this.sorted = true }
     return this.shadowed
   }
   /**
-   * For a shadowed tool result (`resultSeq` one of {@link RecallIndex.shadowedSeqs}), the append seq
-   * of the assistant message that holds its call as the model sent it (arguments uncut), however far
-   * back, and even once that call is off the surface or its id reused; undefined otherwise.
+   * For a shadowed tool result, the append seq of the assistant message holding its call as the model sent
+   * it, even once that call is off the surface or its id reused; undefined otherwise.
    */
   shadowedCallSeq(resultSeq: number): number | undefined { return this.calls.get(resultSeq) }
-  /**
-   * The seq of the first logged result of tool call `callId` (before any prune or clear), while the
-   * call is on the surface; undefined otherwise.
-   */
+  /** The seq of the first logged result of tool call `callId` while the call is on the surface, else undefined. */
   resultOriginSeq(callId: string): number | undefined {
     const entry = this.st.calls.get(callId)
     return entry?.resultSeq === undefined ? undefined : this.st.bySeq.get(entry.resultSeq)?.key
   }
   /** Whether the log holds originals the surface no longer shows (a replace or a spill happened). */
   get hasShadowedContent(): boolean { return this.session.replaceGeneration > 0 || this.spilledSeqs.size > 0 }
-  /**
-   * The heuristic price in tokens of the original of surface node `seq`: for a tool result, of the
-   * result as first logged (before any prune or clear); otherwise of the node itself.
-   */
+  /** The heuristic price in tokens of the original of surface node `seq` (a tool result: as first logged). */
   originalTokens(seq: number): number {
     const node = this.st.bySeq.get(seq)
     if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
@@ -2475,11 +2353,8 @@ class Pins {
   }
 
   /**
-   * Throws `SessionError('PIN')` unless `extraTokens` more pinned tokens still fit: envelope +
-   * pinned messages + `extraTokens` (heuristic tokens, priced at the calibration) must stay within
-   * `limitTokens` (default: the compaction threshold, `floor(contextWindow × 0.8)`, of the window in
-   * the last `request/header`; no limit while the window is unknown). Pins are never compacted, so
-   * they must leave the ladder room.
+   * Throws `SessionError('PIN')` unless envelope + pinned messages + `extraTokens` (tokens, at the calibration)
+   * stay within `limitTokens` (default: the compaction threshold of the logged window; none while it is unknown).
    */
   checkFits(extraTokens: number, what: string, limitTokens?: number): void {
     const m = this.session.measure()
@@ -2487,8 +2362,7 @@ class Pins {
     const limit = limitTokens ?? (window === undefined ? Infinity
       : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
     const pinned = this.tokens() + extraTokens
-    // The limit is measured tokens of the window; the prices are heuristic tokens (docs/design.md §10).
-    const rate = m.calibration
+    const rate = m.calibration // the limit is measured tokens, the prices heuristic ones (docs/design.md §10)
     const measured = Math.ceil((m.envelopeTokens + pinned) * rate)
     if (measured <= limit) return
     throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} `
@@ -2499,11 +2373,9 @@ class Pins {
   }
 
   /**
-   * Pins surface node `seq` (logs `surface/pin {seq}`): from now on it is never pruned, cleared or
-   * summarised and stays verbatim in its position.
-   * @param options.limitTokens see {@link Pins.checkFits}.
+   * Pins surface node `seq` (logs `surface/pin {seq}`): never pruned, cleared or summarised from now on.
    * @throws SessionError `PIN` when `seq` is not on the surface, is already pinned, or would not fit
-   *   (with the numbers).
+   *   ({@link Pins.checkFits} with `options.limitTokens`).
    */
   pin(seq: number, options: { limitTokens?: number } = {}): void {
     const node = this.st.bySeq.get(seq)
@@ -2563,10 +2435,7 @@ function cacheKey(model: string, h: { baseURL?: string; system?: string; tools?:
   return JSON.stringify([model, h.baseURL ?? '', h.system ?? '', h.tools ?? []])
 }
 
-/**
- * The billed split of one request (docs/design.md §11): the provider's figures when reported, else
- * the meter's; a reported prompt size without `cachedTokens` takes the modelled hit's share of it.
- */
+/** The billed split of one request (docs/design.md §11): reported figures, else the meter's. */
 function billedTokens(r: { inputTokens: number; modelledHitTokens: number; outputTokens: number;
   usage?: Usage }): BilledTokens {
   // a prompt is never 0 tokens: 0 means "not reported"
@@ -2641,11 +2510,7 @@ const PROTECTED_RATIO = 0.2
 const COMPACTION_RATIOS = { thresholdRatio: '(0, 1]', retainedTailRatio: '[0, 1)' } as const
 const COMPACTION_INTEGERS = { summaryMaxTokens: [1, 'tokens'] } as const
 
-/**
- * Checks a partial ladder configuration and returns the full one (defaults filled in), like
- * {@link resolvePruneConfig}. Throws {@link ConfigError} for a non-object, an unknown key, or a
- * value of the wrong type or out of its range (as documented on {@link CompactionConfig}).
- */
+/** The full ladder configuration; throws {@link ConfigError} for bad keys or values. */
 function resolveCompactionConfig(config?: Partial<CompactionConfig>): CompactionConfig {
   if (config === undefined) return { ...DEFAULT_COMPACTION_CONFIG }
   const full = withDefaults('compaction config', config, DEFAULT_COMPACTION_CONFIG)
@@ -2685,11 +2550,7 @@ const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
     + 'merge it in; drop nothing from it that still matters.',
 ].join('\n')
 
-/**
- * Frames a summary as the checkpoint text of a `user/message` (docs/design.md §4): the preamble, the
- * model's text in `<compacted-summary>`, then the facts `ledger` (when it holds anything) in
- * `<ledger>` (docs/design.md §12).
- */
+/** A summary framed as a checkpoint text with its ledger (docs/design.md §4, §12). */
 function frameCheckpoint(summary: string, ledger?: Ledger): string {
   const framed = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
   return ledger && ledgerEntries(ledger) > 0 ? `${framed}\n${renderLedger(ledger)}` : framed
@@ -2728,10 +2589,7 @@ export interface Ledger {
   trimmed: number
 }
 
-/**
- * The ledger budget of the facts other than user messages: `min(LEDGER_MAX_TOKENS, floor(window ×
- * LEDGER_WINDOW_RATIO))` tokens (docs/design.md §12). The user's messages have a budget of their own.
- */
+/** Ledger budget of the facts but user messages: `min(2000, floor(window × 0.05))` tokens (§12). */
 const LEDGER_MAX_TOKENS = 2000
 /** See {@link LEDGER_MAX_TOKENS}. */
 const LEDGER_WINDOW_RATIO = 0.05
@@ -2758,10 +2616,7 @@ const USER_LINE_UNITS = 32
 /** The `recall` call that returns the message logged at `seq` (the key of a cut user message's marker). */
 const recallOfSeq = (seq: number) => `${RECALL_TOOL_NAME} {"key":"seq:${seq}"}`
 
-/**
- * A user message cut by the pruner (docs/design.md §3) to at most `maxUnits` UTF-16 units: head (three
- * quarters), a marker naming the recall key of the original logged at `seq`, tail.
- */
+/** A user message cut to `maxUnits` UTF-16 units, head and tail, with the recall key of `seq` (§3). */
 function cutUserMessage(text: string, seq: number, maxUnits: number): string {
   const marker = `\n\n[... middle of this user message cut; ${recallOfSeq(seq)} returns it whole ...]\n\n`
   for (let keep = Math.max(0, maxUnits - marker.length); ;) {
@@ -2773,11 +2628,7 @@ function cutUserMessage(text: string, seq: number, maxUnits: number): string {
   }
 }
 
-/**
- * The user messages of a region within `budgetTokens` (docs/design.md §12): the task (`taskSeq`) whole up to
- * `taskTokens`; the others whole if all fit, else each cut alike to head + tail with its recall key, and the
- * oldest left out (`left`) when even cuts to {@link USER_MESSAGE_MIN_UNITS} units do not fit.
- */
+/** The user messages of a region within `budgetTokens` (docs/design.md §12). */
 function fitUserMessages(entries: readonly LedgerText[], budgetTokens: number, taskTokens: number, taskSeq?: number):
   { kept: LedgerText[]; left: number } {
   const cut = (e: LedgerText, units: number): LedgerText =>
@@ -2871,10 +2722,7 @@ async function originalEvent(session: Session, seq: number): Promise<{ seq: numb
   return { seq: event.seq, message: (event.data as any).message as Message }
 }
 
-/**
- * The ledger logged with the checkpoint at surface node `seq` (its `compaction/summary` is the event right
- * before it), if any, with each user message it cut read back whole from the log.
- */
+/** The ledger logged with the checkpoint at `seq`, its cut user messages read back whole. */
 async function checkpointLedger(session: Session, seq: number): Promise<Ledger | undefined> {
   const id = ((await session.readEvent(seq)).data as any).compactionId
   if (id === undefined || seq === 0) return undefined
@@ -2889,20 +2737,20 @@ async function checkpointLedger(session: Session, seq: number): Promise<Ledger |
   return { ...ledger, userMessages: await Promise.all(ledger.userMessages.map((e) => (e.pruned ? whole(e) : e))) }
 }
 
-function addPath(list: LedgerPath[], path: string, seq: number, count = 1): void {
-  const entry = list.find((e) => e.path === path)
-  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ path, count, seq })
+/** Adds `entry` to `list`, or its count to the entry there that is the `same`, keeping the newest seq. */
+function addEntry<E extends { count: number; seq: number }>(list: E[], entry: E, same: (e: E) => boolean): void {
+  const found = list.find(same)
+  if (!found) return void list.push(entry)
+  found.count += entry.count
+  found.seq = Math.max(found.seq, entry.seq)
 }
-function addText(list: LedgerText[], text: string, seq: number, count = 1): void {
-  const entry = list.find((e) => e.text === text)
-  if (entry) { entry.count += count; entry.seq = Math.max(entry.seq, seq) } else list.push({ text, count, seq })
-}
-function addCommand(list: LedgerCommand[], c: Omit<LedgerCommand, 'count'> & { count?: number }): void {
-  const entry = list.find((e) => e.command === c.command && e.exitCode === c.exitCode && e.failed === c.failed)
-  if (entry) { entry.count += c.count ?? 1;
-    entry.seq = Math.max(entry.seq, c.seq) } else list.push({ command: c.command, exitCode: c.exitCode,
-    failed: c.failed, count: c.count ?? 1, seq: c.seq })
-}
+const addPath = (list: LedgerPath[], path: string, seq: number, count = 1) =>
+  addEntry(list, { path, count, seq }, (e) => e.path === path)
+const addText = (list: LedgerText[], text: string, seq: number, count = 1) =>
+  addEntry(list, { text, count, seq }, (e) => e.text === text)
+const addCommand = (list: LedgerCommand[], c: Omit<LedgerCommand, 'count'> & { count?: number }) =>
+  addEntry(list, { command: c.command, exitCode: c.exitCode, failed: c.failed, count: c.count ?? 1, seq: c.seq },
+    (e) => e.command === c.command && e.exitCode === c.exitCode && e.failed === c.failed)
 
 /** Merges `from` (an earlier ledger) into `into`: entries deduplicated, counts added. */
 function mergeLedger(into: Ledger, from: Ledger): void {
@@ -2914,10 +2762,7 @@ function mergeLedger(into: Ledger, from: Ledger): void {
   into.trimmed += from.trimmed ?? 0
 }
 
-/**
- * The full ledger of a region (docs/design.md §12), no budget applied: from the originals read back from
- * the log, with the ledgers of earlier checkpoints inside it merged in.
- */
+/** The full ledger of a region, earlier checkpoints' ledgers merged in (docs/design.md §12). */
 async function regionLedger(session: Session, nodes: readonly SurfaceNode[]): Promise<Ledger> {
   const ledger = emptyLedger()
   const results = new Map<string, { seq: number; message: ToolResultMessage }>()
@@ -2993,10 +2838,7 @@ function renderLedger(ledger: Ledger): string {
   return lines.join('\n')
 }
 
-/**
- * `ledger`'s facts other than user messages cut to `budgetTokens` of rendered text (docs/design.md §12):
- * whole entries, newest first, those over a tenth of the budget last; the rest are counted in `trimmed`.
- */
+/** `ledger`'s facts but user messages cut to `budgetTokens` (docs/design.md §12). */
 function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
   const lists = LEDGER_ORDER.filter((l) => l !== 'userMessages')
   const all = lists.flatMap((list) => (ledger[list] as Array<LedgerPath | LedgerText>)
@@ -3019,10 +2861,7 @@ function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
   return out
 }
 
-/**
- * The ledger a checkpoint carries (docs/design.md §12): the facts within {@link ledgerBudget}, the user's
- * messages within 15% of the window (the task 10%) and half the region; window tokens ÷ `rate` (calibration).
- */
+/** The ledger a checkpoint carries, within its budgets (docs/design.md §12). */
 function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate: number, regionTokens: number,
   taskSeq?: number): Ledger {
   const ledger = trimLedger(full, Math.floor(ledgerBudget(contextWindow) / rate))
@@ -3161,10 +3000,7 @@ const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdCha
 /** One edit a rung would log: prune the message at `seq`, or clear the tool result at `seq` to `placeholder`. */
 type LadderOp = { op: 'prune'; seq: number } | { op: 'clear'; seq: number; placeholder: string }
 
-/**
- * A batch of a rung's edits, applied in order. With `onlyIfAtLeast` the batch is skipped when the
- * next request is below that size by then; `stopAtOrBelow` stops it once the next request is that small.
- */
+/** A rung's edits, applied in order; skipped below `onlyIfAtLeast`, stopped at `stopAtOrBelow` tokens. */
 interface LadderBatch { ops: LadderOp[]; onlyIfAtLeast?: number; stopAtOrBelow?: number }
 
 /** What a rung reads: the session, the configuration, the window and the size of the next request. */
@@ -3189,11 +3025,7 @@ interface LadderView {
 /** A rung: the batches of edits it would log for the view as it is now. */
 type Rung = (view: LadderView) => LadderBatch[]
 
-/**
- * Prunes tool results over the threshold (docs/design.md §3 recency rule): first those the model has
- * seen; the newest step's results only under overflow, or when pruning the older ones did not bring
- * the next request under the threshold.
- */
+/** Prunes tool results over the threshold (docs/design.md §3 recency rule). */
 const pruneResultsRung: Rung = (v) => {
   const { session } = v
   const unseen = unseenResults(session)
@@ -3206,10 +3038,7 @@ const pruneResultsRung: Rung = (v) => {
   ]
 }
 
-/**
- * Prunes oversized non-tool messages (docs/design.md §10, §12): every one over the prune threshold but the
- * input, pinned messages, checkpoints, and the task while it heads the surface and is within `taskTokens`.
- */
+/** Prunes oversized non-tool messages (docs/design.md §10, §12). */
 const pruneMessagesRung: Rung = (v) => {
   const { session } = v
   const input = stateOf(session).input
@@ -3221,19 +3050,13 @@ const pruneMessagesRung: Rung = (v) => {
   return [{ ops: seqs.map((seq): LadderOp => ({ op: 'prune', seq })) }]
 }
 
-/**
- * The clear rung (docs/design.md §10): the oldest clearable tool results outside the protected recent
- * budget become placeholders, in one batch, down to `floor(window × 0.6)` tokens (under a threshold
- * at or below 0.6, to three quarters of the threshold), even when that alone cannot relieve the
- * pressure (the summarizer then reads placeholders; docs/bench.md measured both).
- */
+/** The clear rung (docs/design.md §10): old tool results to placeholders, down to the relief target. */
 const clearRung: Rung = (v) => {
   const cfg = v.compaction
   if (!cfg.clear || v.window === undefined) return []
   // The protected budget is measured tokens of the window; node prices are heuristic tokens.
   const rate = v.session.measure().calibration
-  const candidates = clearCandidates(v.session, Math.floor((v.window * PROTECTED_RATIO) / rate), v.clearable)
-  const ops = candidates.map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
+  const ops = clearCandidates(v.session, Math.floor((v.window * PROTECTED_RATIO) / rate), v.clearable)
   return [{ ops, stopAtOrBelow: Math.floor(v.window * reliefRatio(cfg)) }]
 }
 
@@ -3248,11 +3071,7 @@ function headCodePoints(text: string, max: number): string {
   return end >= text.length ? text : text.slice(0, end) + '…'
 }
 
-/**
- * The one-line placeholder of a cleared tool result: {@link CLEARED_RESULT_PREFIX}, the tool name,
- * its arguments (whitespace folded, cut to 200 code points), the original's price in tokens and
- * the `recall` call that returns it.
- */
+/** The one-line placeholder of a cleared tool result, with the `recall` call that returns it. */
 function clearedPlaceholder(toolName: string, args: string, originalTokens: number, key: string): string {
   const shown = headCodePoints(args.replace(/\s+/g, ' ').trim(), PLACEHOLDER_ARGUMENT_CODE_POINTS)
   return `${CLEARED_RESULT_PREFIX} ${toolName} ${shown || '{}'} → ${originalTokens} tokens; ${RECALL_TOOL_NAME} `
@@ -3262,21 +3081,14 @@ function clearedPlaceholder(toolName: string, args: string, originalTokens: numb
 const isCleared = (m: Message) => m.role === 'tool' && m.content.length === 1 && m.content[0].type === 'text'
   && (m.content[0] as TextBlock).text.startsWith(CLEARED_RESULT_PREFIX)
 
-/** One tool result the clear rung may replace, oldest first; `savedTokens` by the §2 estimate. */
-interface ClearCandidate { seq: number; placeholder: string; savedTokens: number }
-
-/**
- * The clear rung's candidates, oldest first (docs/design.md §10): tool results outside the newest ones worth
- * `protectedTokens` (and the newest step's), not pinned, cleared or unclearable, whose placeholder is smaller.
- */
-function clearCandidates(session: Session, protectedTokens: number,
-  clearable: (name: string) => boolean): ClearCandidate[] {
+/** The clear rung's candidates as its ops, oldest first (docs/design.md §10): each saves tokens (§2). */
+function clearCandidates(session: Session, protectedTokens: number, clearable: (name: string) => boolean): LadderOp[] {
   const nodes = session.surface()
   const keep = unseenResults(session)
   let kept = 0
   for (let i = nodes.length - 1; i >= 0 && kept < protectedTokens;
     i--) if (nodes[i].message.role === 'tool') { keep.add(nodes[i].seq); kept += nodes[i].tokens }
-  const out: ClearCandidate[] = []
+  const out: LadderOp[] = []
   for (const n of nodes) {
     const m = n.message
     if (m.role !== 'tool' || keep.has(n.seq) || isCleared(m) || session.pins.has(n.seq)) continue
@@ -3286,7 +3098,7 @@ function clearCandidates(session: Session, protectedTokens: number,
     const placeholder = clearedPlaceholder(name, call?.arguments ?? '', session.recall.originalTokens(n.seq),
       m.toolCallId)
     const savedTokens = n.tokens - estimateMessageTokens({ ...m, content: [{ type: 'text', text: placeholder }] })
-    if (savedTokens > 0) out.push({ seq: n.seq, placeholder, savedTokens })
+    if (savedTokens > 0) out.push({ op: 'clear', seq: n.seq, placeholder })
   }
   return out
 }
@@ -3294,12 +3106,7 @@ function clearCandidates(session: Session, protectedTokens: number,
 /** A contiguous run of surface nodes chosen for summary: indices `[start, end)` of the surface. */
 export interface Region { start: number; end: number; tokens: number }
 
-/**
- * The region to summarise (docs/design.md §5 "Region selection", §12): from the head to a tool-balanced cut
- * that keeps `retainedTokens` of the newest history; the `keep` seqs (the input, pinned messages) split it
- * into runs, and the first run of at least `minTokens` that is not just a checkpoint wins, else the last.
- * Undefined when no safe region exists.
- */
+/** The region to summarise (docs/design.md §5 "Region selection", §12); undefined when none is safe. */
 function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, keep?: number | Iterable<number>,
   minTokens = 0): Region | undefined {
   let cut = nodes.length
@@ -3313,28 +3120,20 @@ function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, kee
     if (run) runs.push(run)
     start = i + 1
   }
-  const fresh =
-    (r: Region) => { let t = 0;
-    for (let i = r.start; i < r.end; i++) if (!isCheckpoint(nodes[i])) t += nodes[i].tokens; return t }
+  const fresh = (r: Region) => nodes.slice(r.start, r.end).reduce((t, n) => t + (isCheckpoint(n) ? 0 : n.tokens), 0)
   return runs.find((r) => fresh(r) >= minTokens) ?? runs.at(-1)
 }
 
 const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string'
   && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
 
-/**
- * Shrinks `[start, cut)` until it is tool-balanced by id: the cut moves toward the head while a
- * summarised call would lose its kept result; the start moves past a result whose call lies before
- * it. Undefined when nothing, or only a lone checkpoint, is left.
- */
+/** `[start, cut)` shrunk until tool-balanced by id; undefined when only a checkpoint or nothing is left. */
 function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: number): Region | undefined {
   const callAt = new Map<string, number>()
   const resultAt = new Map<string, number>()
   nodes.forEach((n, i) => {
-    if (n.message.role === 'assistant') {
-      for (const b of n.message.content) if (b.type === 'tool-call') callAt.set((b as ToolCallBlock).id, i)
-    }
-    else if (n.message.role === 'tool') resultAt.set(n.message.toolCallId, i)
+    for (const c of toolCalls(n.message)) callAt.set(c.id, i)
+    if (n.message.role === 'tool') resultAt.set(n.message.toolCallId, i)
   })
   for (let changed = true; changed && start < cut;) {
     changed = false
@@ -3342,11 +3141,9 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
       const m = nodes[i].message
       if (m.role === 'tool') {
         if ((callAt.get(m.toolCallId) ?? -1) < start) { start = i + 1; changed = true }
-      } else if (m.role === 'assistant') {
-        for (const b of m.content) {
-          if (b.type === 'tool-call' && (resultAt.get((b as ToolCallBlock).id) ?? Infinity) >= cut) { cut = i;
-            changed = true; break }
-        }
+      } else if (toolCalls(m).some((c) => (resultAt.get(c.id) ?? Infinity) >= cut)) {
+        cut = i
+        changed = true
       }
     }
   }
@@ -3376,7 +3173,7 @@ function balancedGroups(messages: readonly Message[]): Message[][] {
   for (const m of messages) {
     if (open.size === 0) groups.push([])
     groups[groups.length - 1].push(m)
-    if (m.role === 'assistant') for (const b of m.content) if (b.type === 'tool-call') open.add((b as ToolCallBlock).id)
+    for (const c of toolCalls(m)) open.add(c.id)
     if (m.role === 'tool') open.delete(m.toolCallId)
   }
   return groups
@@ -3400,11 +3197,7 @@ function cutToUnits(text: string, maxUnits: number): string {
   return text.slice(0, head) + SHRINK_MARKER + text.slice(tail)
 }
 
-/**
- * Shortens a message for a summary request only (the log is untouched) so that it costs at most
- * `tokens` by the §2 estimate: every text-bearing field (text, reasoning, tool-call arguments) is
- * cut in proportion, in UTF-16 units; non-text blocks become a one-line placeholder.
- */
+/** A message cut to at most `tokens` for a summary request only, in proportion (the log is untouched). */
 function shrinkMessage(m: Message, tokens: number): Message {
   const blocks: Block[] = typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : m.content
   let units = 0
@@ -3457,26 +3250,16 @@ const MAX_SUMMARY_REPLANS = 3
 const REPLAN_MARGIN = 0.95
 /** Without counts, a re-planned request is at most this share of the one that failed (by the §2 estimate). */
 const REPLAN_SHRINK = 0.7
-/**
- * A summary request carries the conversation's tool specs (so it reuses the conversation's cached
- * prefix) unless they would take more than this share of the summarizer's window at the current
- * calibration; then it carries the system prompt only (docs/design.md §10).
- */
+/** Over this share of the window, a summary request leaves the tool specs out (docs/design.md §10). */
 const SUMMARY_TOOLS_MAX_RATIO = 0.1
 
-/**
- * The completion budget of a summary request (docs/design.md §10): `min(summaryMaxTokens,
- * max(512, floor(regionTokens / 2)))`, then at most `roomTokens` (the window minus the request).
- */
+/** The completion budget of a summary request (docs/design.md §10). */
 function summaryMaxTokens(regionTokens: number, config: Pick<CompactionConfig, 'summaryMaxTokens'>,
   roomTokens = Infinity): number {
   return Math.max(1, Math.min(config.summaryMaxTokens, Math.max(512, Math.floor(regionTokens / 2)), roomTokens))
 }
 
-/**
- * The instruction that ends a summary request: `instruction` (default {@link SUMMARY_INSTRUCTION}),
- * then, when a focus is given, a paragraph asking to give it the most detail.
- */
+/** The instruction that ends a summary request, with a paragraph for the focus when given. */
 function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: string): string {
   return focus === undefined || focus.trim() === '' ? instruction
     : `${instruction}\n\nFocus of this checkpoint, as asked for: ${focus.trim()}\nGive it the most detail; `
@@ -3484,15 +3267,12 @@ function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: strin
 }
 
 /**
- * Summarises `messages` with the host's summarizer (docs/design.md §5, §10): the envelope, the messages and
- * the instruction, in tool-balanced chunks merged into a running summary when the whole does not fit the
- * window at the calibration; an overflowed request re-planned smaller (by the error's counts, else to 70%)
- * up to 3 times, never resent as it was. Counts and usage of the same model are calibration samples.
- * @throws {CompactionError} when nothing fits; the provider's error when it is not an overflow.
+ * Summarises `messages` in chunks that fit (docs/design.md §5, §10), each answered request added to `records`
+ * (for `compaction/end {requests}`, §11); throws {@link CompactionError}.
  */
 async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal,
-  focus?: string): Promise<{ summary: string; usage?: Usage; requests: number }> {
-  return await new SummaryJob(host, messages, focus).run(signal)
+  focus?: string, records: SummaryRequestRecord[] = []): Promise<{ summary: string; usage?: Usage; requests: number }> {
+  return await new SummaryJob(host, messages, focus, records).run(signal)
 }
 
 /** One run of {@link summarise}: its window, calibration and budget as they are learned, and its progress. */
@@ -3519,7 +3299,8 @@ class SummaryJob {
   /** This session's summary requests that overflowed: a later re-plan can arrive at one of them again. */
   private readonly failed: Set<number>
 
-  constructor(private readonly host: CompactionHost, messages: readonly Message[], focus?: string) {
+  constructor(private readonly host: CompactionHost, messages: readonly Message[], focus: string | undefined,
+    private readonly records: SummaryRequestRecord[]) {
     this.provider = host.summarizer
     this.session = host.session
     const m = this.session.measure()
@@ -3593,10 +3374,7 @@ class SummaryJob {
     return { chunk, to: i }
   }
 
-  /**
-   * A tool-balanced group shortened to `room` tokens for this request: an even share first; what some
-   * members cannot give up (an assistant message's many tool calls) is then taken from the others.
-   */
+  /** A tool-balanced group shortened to `room` tokens: an even share first, then what others can give up. */
   private shrinkGroup(group: Message[], room: number): { messages: Message[]; tokens: number } {
     if (room <= MESSAGE_OVERHEAD_TOKENS * group.length * 2) {
       const s = this.summary
@@ -3621,10 +3399,7 @@ class SummaryJob {
     return { messages: shrunk, tokens }
   }
 
-  /**
-   * One summary request of `chunk` (after the running summary, before the instruction); its text, or
-   * undefined after an overflow that re-planned the budget. Throws what cannot be re-planned.
-   */
+  /** One summary request of `chunk`; its text, or undefined after an overflow that re-planned the budget. */
   private async request(chunk: Message[], signal: AbortSignal | undefined, replans: number): Promise<string
     | undefined> {
     const { provider, instruction } = this
@@ -3645,6 +3420,7 @@ class SummaryJob {
         + `tokens); nothing was sent`)
     }
     this.requests++
+    const modelledHitTokens = this.session.cost.summaryRequestHit(provider.model, env, msgs)
     let res: ChatResponse
     try {
       res = await provider.complete({ system: env.system, tools: env.tools, messages: msgs, maxTokens,
@@ -3663,6 +3439,9 @@ class SummaryJob {
       return undefined
     }
     const usage = checkedUsage(res.usage)
+    const prices = provider.model === this.session.measure().header?.model ? undefined : provider.prices
+    this.records.push({ model: provider.model, inputTokens, modelledHitTokens,
+      outputTokens: estimateMessageTokens(res.message), ...(usage ? { usage } : {}), ...(prices ? { prices } : {}) })
     if (usage) {
       this.usage.promptTokens += usage.promptTokens
       this.usage.completionTokens += usage.completionTokens
@@ -3702,29 +3481,6 @@ async function firstUserSeq(session: Session): Promise<number | undefined> {
   return undefined
 }
 
-/** `host` with a summarizer that records each answered request for `compaction/end {requests}` (§11). */
-function withRecordingSummarizer(host: CompactionHost, records: SummaryRequestRecord[]): CompactionHost {
-  const base = host.summarizer, session = host.session
-  const summarizer: Provider = {
-    model: base.model, baseURL: base.baseURL, contextWindow: base.contextWindow, maxTokens: base.maxTokens,
-    prices: base.prices,
-    async complete(request) {
-      const envelope: Envelope = { system: request.system, tools: request.tools }
-      const inputTokens = estimateRequestTokens(envelope, request.messages)
-      const modelledHitTokens = session.cost.summaryRequestHit(base.model, envelope, request.messages)
-      const response = await base.complete(request)
-      const record: SummaryRequestRecord =
-        { model: base.model, inputTokens, modelledHitTokens, outputTokens: estimateMessageTokens(response.message) }
-      const usage = checkedUsage(response.usage)
-      if (usage) record.usage = usage
-      if (base.prices && base.model !== session.measure().header?.model) record.prices = base.prices
-      records.push(record)
-      return response
-    },
-  }
-  return Object.create(host, { summarizer: { value: summarizer } }) as CompactionHost
-}
-
 /** A `compaction/before` verdict: cancel (throws, marked `cancelled`), or a focus joined to the one asked for. */
 function applyVerdict(info: CompactionInfo, verdict: CompactionVerdict | void): void {
   if (verdict?.cancel) {
@@ -3747,19 +3503,11 @@ function framedCheckpoint(summary: string, ledger: Ledger, regionTokens: number)
   return { checkpoint, text, checkpointTokens }
 }
 
-/**
- * One summary transaction (docs/design.md §5, §12): `compaction/start` (the lock), the `compaction/before`
- * hooks, the summary, the checkpoint framed with the region's ledger (refused unless smaller than the region,
- * or if the surface changed), `compaction/summary` (with the gate's `payback`, requests) and the replacing
- * `user/message` with no await between, `compaction/end`, the `compaction/after` hooks. A failure logs
- * `compaction/end {error}`, leaves the surface as it was and is thrown (`cancelled` set when a hook
- * cancelled). Returns the summary requests made.
- */
+/** One summary transaction (docs/design.md §5, §12); returns the summary requests made, throws on failure. */
 async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal,
   focus?: string, payback?: number): Promise<number> {
   const session = host.session
   const records: SummaryRequestRecord[] = []
-  host = withRecordingSummarizer(host, records)
   const nodes = session.surface().slice(region.start, region.end)
   const first = nodes[0].seq, last = nodes[nodes.length - 1].seq
   const generation = session.replaceGeneration
@@ -3781,7 +3529,7 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     if (frameTokens >= region.tokens)
       throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and `
         + `ledger alone (${frameTokens} tokens); nothing was sent`)
-    const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus)
+    const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus, records)
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
     const ledger = facts()
@@ -3807,18 +3555,21 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     const aborted = signal?.aborted || (err as ProviderError)?.code === 'ABORTED'
     session.append('compaction/end', { id, error: aborted ? 'aborted' : String((err as Error)?.message ?? err),
       requests: records })
-    throw Object.assign(err as object, { summaryRequests: requests + ((err as any)?.summaryRequests ?? 0) })
+    throw Object.assign(err as object, { summaryRequests: requests + summaryRequestsOf(err) })
   }
 }
 
+/** The action of an outcome that called no model: what its rungs did, else `otherwise`. */
+const modelFreeAction = (o: CompactionOutcome, otherwise: CompactionOutcome['action']): CompactionOutcome['action'] =>
+  o.clearedTokens > 0 ? 'cleared' : o.prunedTokens > 0 ? 'pruned' : otherwise
+/** The summary requests a failed compaction made (compactRegion sets them on what it throws). */
+const summaryRequestsOf = (err: unknown): number => (err as { summaryRequests?: number })?.summaryRequests ?? 0
+
 /**
- * The escalation ladder of one session (docs/design.md §§5, 10), split by trigger:
- * {@link Ladder.relievePressure} (after each step and at turn start), {@link Ladder.recoverOverflow}
- * (after a `CONTEXT_WINDOW_EXCEEDED` provider error) and {@link Ladder.compact} (manual, e.g.
- * `/compact`). Its memory — the failed-compaction guard — is written to the log as `ladder/state`
- * and read back when a ladder is made for a loaded session, so a restart does not repeat a failed
- * compaction. Calibration lives in the session's meter ({@link Measurement.calibration}). None of
- * the methods throws for a ladder failure (those are warnings); only cancellation is rethrown.
+ * The escalation ladder of one session (docs/design.md §§5, 10): {@link Ladder.relievePressure},
+ * {@link Ladder.recoverOverflow}, {@link Ladder.compact}. Its memory is logged as `ladder/state`, so a
+ * restart does not repeat a failed compaction. No method throws for a ladder failure (a warning);
+ * only cancellation is rethrown.
  */
 class Ladder {
   private readonly host: CompactionHost
@@ -3894,10 +3645,7 @@ class Ladder {
     }
   }
 
-  /**
-   * Runs `rung` on the session as it is now and logs its edits (the one place that does): a batch is
-   * skipped or stopped by the size of the next request, measured before each edit. Returns tokens reclaimed.
-   */
+  /** Runs `rung` and logs its edits (the one place that does); returns tokens reclaimed. */
   private apply(rung: Rung, view: LadderView, trigger: string, gate?: Gate, needed = true): number {
     const session = view.session
     let reclaimed = 0
@@ -3914,11 +3662,8 @@ class Ladder {
   }
 
   /**
-   * Pressure (`trigger: 'pressure'`, docs/design.md §§5, 10): nothing below `floor(window ×
-   * thresholdRatio)`; else prune tool results (older first), prune oversized messages, clear old
-   * tool results, remeasuring between rungs; only then summarise the oldest tool-balanced region,
-   * up to 2 attempts. A failure is a warning, remembered (durably) so that no
-   * summary is tried again before the surface grows by the retained tail.
+   * Pressure (`trigger: 'pressure'`, docs/design.md §§5, 10): over `floor(window × thresholdRatio)` tokens,
+   * the rungs in order, remeasuring between them; a failed summary is remembered durably.
    */
   async relievePressure(signal?: AbortSignal): Promise<CompactionOutcome> {
     const { session, settings: { compaction: cfg, contextWindow: window } } = this.host
@@ -3935,17 +3680,16 @@ class Ladder {
       + this.apply(pruneMessagesRung, view, trigger, gate, needed)
     if (needed && below()) return done('pruned')
     outcome.clearedTokens = this.apply(clearRung, view, trigger, gate, needed)
-    if (!needed) return done(outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0 ? 'pruned' : 'none')
+    if (!needed) return done(modelFreeAction(outcome, 'none'))
     const next = this.nextRequestTokens() // the gate: clear more (the protected results too) rather than summarise
     const more = gate && next > Math.floor(view.window! * reliefRatio(cfg)) && clearMore(view, gate, next)
     if (more) outcome.clearedTokens += this.apply(() => [more.batch], view, 'pressure', gate, more.needed)
     if (below()) return done('cleared')
-    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
-      ? 'pruned' : 'skipped'
     // The guard and node prices are heuristic tokens; the retained tail is measured tokens of the window.
     const retained = Math.floor((window! * cfg.retainedTailRatio) / session.measure().calibration)
     if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
-      return done(modelFree, 'an earlier compaction failed and the surface has not grown enough since')
+      return done(modelFreeAction(outcome, 'skipped'), 'an earlier compaction failed and the surface has not grown '
+        + 'enough since')
     }
     return this.summariseUnder('pressure', threshold, outcome, done, signal)
   }
@@ -3977,13 +3721,13 @@ class Ladder {
       }
       try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus,
         gate ? paybackRequests(gate.prices, model!) : undefined); committed++ } catch (err) {
-        outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
+        outcome.summaryRequests += summaryRequestsOf(err)
         if (signal?.aborted) throw err
         lastError = (err as Error).message
         // a hook said no: asking again would only repeat the question
         if ((err as { cancelled?: boolean })?.cancelled) break
         // Refused before any model call: the same surface and calibration give the same region and the same refusal.
-        if (((err as { summaryRequests?: number })?.summaryRequests ?? 0) === 0) break
+        if (summaryRequestsOf(err) === 0) break
         continue
       }
       if (trigger === 'manual' || this.nextRequestTokens() < threshold) break
@@ -3999,14 +3743,10 @@ class Ladder {
       + `not retrying until the surface grows by ${retained} tokens`)
     session.append('compaction/warning', { trigger, message: why, totalTokens: after, thresholdTokens: threshold })
     this.setGuard(session.measure().heuristicTokens)
-    return done(committed > 0 ? 'compacted' : outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
-      ? 'pruned' : 'failed', why)
+    return done(committed > 0 ? 'compacted' : modelFreeAction(outcome, 'failed'), why)
   }
 
-  /**
-   * The size of the next request, tokens: the measured total plus what the host's envelope adds beyond the
-   * logged one (the recall tool the ladder's own edits make offered), so no rung stops short of it.
-   */
+  /** The next request in tokens: the measured total plus what the host's envelope adds (the recall tool). */
   private nextRequestTokens(): number {
     const m = this.host.session.measure()
     const envelope = this.host.envelope
@@ -4017,12 +3757,9 @@ class Ladder {
   }
 
   /**
-   * Overflow (`trigger: 'context-overflow'`, docs/design.md §§5, 10), after the provider refused a
-   * request as too long (`error`). A count in the error is logged as a calibration sample first.
-   * Then every tool result is prunable, oversized messages are pruned and old results cleared; when
-   * the error carried a count and that brings the calibrated total under the threshold, no model
-   * is called. Otherwise everything before the current input is summarised (retained tail 0), once.
-   * The caller retries only if `generationAfter > generationBefore`.
+   * Overflow (`trigger: 'context-overflow'`, docs/design.md §§5, 10), after the provider refused a request
+   * as too long (`error`; its count is a calibration sample). The caller retries only if
+   * `generationAfter > generationBefore`.
    */
   async recoverOverflow(error: ProviderError | undefined, signal?: AbortSignal): Promise<CompactionOutcome> {
     const { session } = this.host
@@ -4061,8 +3798,7 @@ class Ladder {
     outcome.prunedTokens = this.apply(pruneResultsRung, view, 'context-overflow')
       + this.apply(pruneMessagesRung, view, 'context-overflow')
     outcome.clearedTokens = this.apply(clearRung, view, 'context-overflow')
-    const modelFree: CompactionOutcome['action'] = outcome.clearedTokens > 0 ? 'cleared' : outcome.prunedTokens > 0
-      ? 'pruned' : 'failed'
+    const modelFree = modelFreeAction(outcome, 'failed')
     if (counted && window !== undefined && session.replaceGeneration > outcome.generationBefore
       && this.nextRequestTokens() < threshold) return done(modelFree)
     const region = selectRegion(session.surface(), 0, keptOutOfSummary(session))
@@ -4070,7 +3806,7 @@ class Ladder {
     if (region) {
       try { outcome.summaryRequests += await compactRegion(this.host, region, 'context-overflow', signal);
         compacted = true } catch (err) {
-        outcome.summaryRequests += (err as { summaryRequests?: number })?.summaryRequests ?? 0
+        outcome.summaryRequests += summaryRequestsOf(err)
         if (signal?.aborted) throw err
         warn(this.host, `overflow compaction failed: ${(err as Error).message}`)
       }
@@ -4080,10 +3816,7 @@ class Ladder {
     return done(modelFree, modelFree === 'failed' && !region ? 'no region to summarise' : undefined)
   }
 
-  /**
-   * Manual compaction (`/compact [FOCUS]`): prune, then summarise whatever the threshold says;
-   * `focus` is passed into the summary instruction.
-   */
+  /** Manual compaction (`/compact [FOCUS]`): prune, then summarise; `focus` goes into the summary instruction. */
   async compact(signal?: AbortSignal, options: { focus?: string } = {}): Promise<CompactionOutcome> {
     const { session } = this.host
     const { outcome, done } = this.outcome('manual')
@@ -4109,18 +3842,11 @@ const CACHE_LIFETIME_MS = 3_600_000
 /** A summary's checkpoint is priced at this share of its completion budget: the model rarely writes all of it. */
 const SUMMARY_OUTPUT_SHARE = 0.5
 
-/**
- * What a live session knows of its own pace: conversation requests so far, completed turns, the
- * current turn's requests, and the requests watched over `elapsedMs` (ms) for the step rate.
- */
+/** What a live session knows of its own pace (elapsed time in ms). */
 interface SessionPace { requests: number; turns: number; turnRequests: number; watchedRequests: number;
   elapsedMs: number }
 
-/**
- * Requests the session can expect before it ends or its cache expires (at least 1): the current turn
- * lasts as long as the completed turns did on average, or as long again as it has so far (whichever
- * is longer); no more than the step rate fits into {@link CACHE_LIFETIME_MS}.
- */
+/** Requests the session can expect before it ends or its cache expires (docs/design.md §11); at least 1. */
 function expectedRequests(p: SessionPace): number {
   const meanTurn = p.turns > 0 ? (p.requests - p.turnRequests) / p.turns : 0
   const n = Math.max(1, Math.round(meanTurn) - p.turnRequests, p.turnRequests)
@@ -4163,10 +3889,7 @@ function cachedSurfaceTokens(session: Session): number {
   return c.modelledHitTokens > 0 ? Math.max(0, c.modelledHitTokens - session.measure().envelopeTokens) : 0
 }
 
-/**
- * The model of each run of the newest ops of `ops` (surface order) applied now, oldest start first:
- * misses from the run's first node to the end of the cached prefix, tokens saved. O(surface + ops).
- */
+/** The model of each run of the newest ops applied now, oldest start first. O(surface + ops). */
 function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneConfig): EditModel[] {
   const before = new Map<number, number>(), at = new Set(ops.map((o) => o.seq))
   let tokens = 0
@@ -4186,12 +3909,7 @@ function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneCo
   return out
 }
 
-/**
- * The edits of a batch the gate lets through, with their payback (requests): all of them when
- * `needed` (or without a gate: the batch as it is); else the longest run of the newest ops that pays back
- * within the requests expected (an older op moves more of the cached prefix), none when no run does —
- * they wait and pay in a later batch.
- */
+/** The ops of a batch the gate lets through, with their payback in requests (docs/design.md §11). */
 function gatedOps(session: Session, batch: LadderBatch, prune: PruneConfig, gate: Gate | undefined,
   needed: boolean): { ops: readonly LadderOp[]; payback?: number } {
   if (!gate) return batch
@@ -4200,34 +3918,22 @@ function gatedOps(session: Session, batch: LadderBatch, prune: PruneConfig, gate
   return k < 0 ? { ops: [] } : { ops: batch.ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
 }
 
-/**
- * The model of a summary of `region`: its request (the cached part of the region at the hit price),
- * its checkpoint — as long as the session's own summaries so far on average, else
- * {@link SUMMARY_OUTPUT_SHARE} of the completion budget — and the misses after it.
- */
+/** The model of a summary of `region` (docs/design.md §11). */
 function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices): EditModel {
   const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
-  const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests) : Math.ceil(SUMMARY_OUTPUT_SHARE
-    * Math.min(cfg.summaryMaxTokens, Math.max(512, Math.floor(region.tokens / 2))))
+  const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests)
+    : Math.ceil(SUMMARY_OUTPUT_SHARE * summaryMaxTokens(region.tokens, cfg))
   const hit = Math.min(region.tokens, cached), saved = Math.max(0, region.tokens - output)
   const summaryUSD = requestCostUSD(prices, { cachedInputTokens: hit, uncachedInputTokens: region.tokens - hit,
     outputTokens: output }, 0)
   return { movedTokens: Math.max(0, cached - saved), savedTokens: saved, summaryUSD }
 }
 
-/**
- * Clear-more (the gate at pressure, docs/design.md §11): every clearable result outside the newest
- * step, the protected budget included, down to the clear rung's relief target. It is `needed` when it
- * alone brings the next request (`nextTokens`, tokens) under the threshold for less than the summary it
- * replaces, and when it cannot (the summary that follows rewrites the prefix: these edits cost no miss of
- * their own); otherwise the gate lets through what pays back (results after an edit point already paid
- * for cost no new miss). Undefined when there is nothing to clear.
- */
+/** Clear-more, the gate at pressure (docs/design.md §11); undefined when there is nothing to clear. */
 function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: LadderBatch; needed: boolean } | undefined {
   if (!v.compaction.clear || v.window === undefined) return undefined
   const rate = v.session.measure().calibration
   const ops = clearCandidates(v.session, 0, v.clearable)
-    .map((c): LadderOp => ({ op: 'clear', seq: c.seq, placeholder: c.placeholder }))
   if (ops.length === 0) return undefined
   const [clear] = suffixModels(v.session, ops, v.prune)
   // The region a pressure summary would take now (as the ladder selects it, before the minimum saving).
@@ -4243,11 +3949,7 @@ function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: Ladd
 
 /** The name of the tool {@link recallTool} makes. */
 const RECALL_TOOL_NAME = 'recall'
-/**
- * The Agent offers `recall` only while its spec, priced at the calibration, takes at most this share
- * of the context window (docs/design.md §10): in a small window with a dense tokenizer the spec
- * (JSON, which tokenizes worst) would crowd out the conversation it is meant to serve.
- */
+/** `recall` is offered while its spec takes at most this share of the window (docs/design.md §10). */
 const RECALL_MAX_WINDOW_RATIO = 0.1
 /** Cap on one recall answer, code points, before the line that says how to get more. */
 const RECALL_MAX_CODE_POINTS = 4096
@@ -4282,10 +3984,7 @@ function recallText(m: Message): string {
   }).join('\n')
 }
 
-/**
- * The shadowed originals ({@link Session.shadowedSeqs}), newest first, each read back from the log
- * only when reached: recall costs what it reads, never a scan of the whole log.
- */
+/** The shadowed originals, newest first, each read only when reached (recall costs what it reads). */
 async function* shadowedOriginals(session: Session): AsyncGenerator<ShadowedOriginal> {
   const seqs = session.recall.shadowedSeqs().slice()
   for (let i = seqs.length - 1; i >= 0; i--) {
@@ -4318,10 +4017,7 @@ async function shadowedOriginal(session: Session, seq: number): Promise<Shadowed
   }
 }
 
-/**
- * Tool call `callId` as the model sent it (arguments uncut), read from the assistant message the
- * session indexed for the shadowed result at `resultSeq` ({@link Session.shadowedCallSeq}): one event.
- */
+/** Tool call `callId` as the model sent it, read from its assistant message: one event. */
 async function originalCall(session: Session, callId: string, resultSeq: number): Promise<ToolCallBlock | undefined> {
   const callSeq = session.recall.shadowedCallSeq(resultSeq)
   if (callSeq === undefined) return undefined
@@ -4357,10 +4053,7 @@ function recallLines(text: string): string[] {
   return lines
 }
 
-/**
- * Joins whole lines from `lines[from]` on while they fit {@link RECALL_MAX_CODE_POINTS} minus
- * `reserved` (at least one line, of at most 1,000 code points) and `limit`; `to` is the end (exclusive).
- */
+/** Whole lines from `lines[from]` while they fit the answer and `limit`; `to` is the end (exclusive). */
 function pageOf(lines: readonly string[], from: number, limit: number, reserved: number): { text: string; to: number } {
   const parts: string[] = []
   let used = reserved
@@ -4389,11 +4082,7 @@ const RECALL_KEYS = ['key', 'tool', 'arguments', 'pattern', 'offset', 'limit']
  *  answer stays capped). */
 const echo = (v: string): string => JSON.stringify(headCodePoints(v, RECALL_HIT_CODE_POINTS))
 
-/**
- * The `recall` tool (docs/design.md §10; its description says the arguments to the model): reads the
- * shadowed originals back from the log (a spilled one from the store's artefacts), at most
- * {@link RECALL_MAX_CODE_POINTS} code points per answer plus how to get more; bad arguments are an error result.
- */
+/** The `recall` tool (docs/design.md §10): reads shadowed originals back from the log, a page at a time. */
 function recallTool(session: Session): Tool {
   return {
     name: RECALL_TOOL_NAME,
@@ -4510,18 +4199,10 @@ function utf8Length(text: string, limit = Infinity): number {
   return bytes
 }
 
-/**
- * The artefact name of a spilled tool result: from the seq of the `tool/result` event that will
- * refer to it (unique in a log, across resumes), never from a server-chosen call id (docs/design.md §13).
- */
+/** A spill's artefact name, from the event seq, never a server-chosen call id (docs/design.md §13). */
 function spillName(seq: number): string { return `tool-result-${seq}.txt` }
 
-/**
- * Spill (docs/design.md §5): a tool result whose text is over `spillBytes` UTF-8 bytes is written whole
- * to the store's artefact area and replaced by a head/tail preview plus the reference. Runs at write
- * time, never under pressure. Returns the message unchanged when it is small or the store keeps no
- * artefacts.
- */
+/** Spill (docs/design.md §5): a result over `spillBytes` goes whole to the artefacts, a preview stays. */
 async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number,
   name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
   if (!store.putArtefact) return { message }
@@ -6848,10 +6529,7 @@ function toolOutputToResult(callId: string, name: string, out: unknown): ToolRes
     + `{content, isError}`, 'TOOL_BAD_OUTPUT')
 }
 
-/**
- * Gives every tool call a usable id: some servers omit it, some repeat one from an earlier step.
- * Missing or repeated ids become `call_dsh_<seq>_<n>`, unique by the event seq the message will get.
- */
+/** Every tool call with a usable id: a missing or repeated one becomes `call_dsh_<seq>_<n>`. */
 function withCallIds(message: AssistantMessage, seq: number, session: Session): AssistantMessage {
   const seen = new Set<string>()
   const usable = (b: Block) => {
@@ -6902,10 +6580,7 @@ function stepFailure(raw: unknown, inputTokens: number, ctx: HookContext): StepF
   return { error, raw, partial, inputTokens, ctx }
 }
 
-/**
- * What a failed step does next (docs/design.md §5, §7), in order: the first recovery that returns an
- * outcome decides. Each is a method of {@link Agent}.
- */
+/** What a failed step does next (docs/design.md §5, §7): the first recovery that returns an outcome decides. */
 const RECOVERIES = ['abortedStep', 'recoveredStep', 'retriedStream', 'failedTurn'] as const
 
 /** The names of `tools`; throws a TypeError for a tool without a name or `execute`, or a name used twice. */
@@ -6942,14 +6617,9 @@ const toolSpec = (t: Tool): ToolSpec => ({ name: t.name, description: t.descript
 /**
  * The agent loop (docs/design.md §7). A turn is one user input until the model stops calling tools; a
  * step is one provider call plus its tool calls. Every state change is a log event (see
- * {@link Session}); {@link AgentOptions.onEvent} also gets streamed deltas and warnings.
- * The ladder (§5) is wired in through the `agent/post-step` and `agent/request-error` hooks unless
- * `compaction.auto` is false. Cancellation through `run(input, {signal})`: a running tool call
- * finishes, undispatched calls get a synthetic `TOOL_ABORTED` result, partial assistant text is kept
- * as an interrupted message. A stream that breaks after output with a retryable error (SERVER,
- * TRANSPORT, TIMEOUT, RATE_LIMIT; the adapter itself never retries once output was streamed) keeps
- * its partial text as an interrupted message and is retried once as a new step (`step/retry`); a
- * second break in a row ends the turn with the error.
+ * {@link Session}); {@link AgentOptions.onEvent} also gets streamed deltas and warnings. The ladder
+ * runs through the `agent/post-step` and `agent/request-error` hooks unless `compaction.auto` is false.
+ * Cancellation, interrupted streams and their one retry: docs/design.md §7.
  */
 class Agent {
   readonly session: Session
@@ -7131,7 +6801,7 @@ class Agent {
   }
 
   /**
-   * Pins surface message `seq` (see {@link Session.pin}) within {@link Agent.pinLimitTokens}.
+   * Pins surface message `seq` (see {@link Pins.pin}) within {@link Agent.pinLimitTokens}.
    * @throws SessionError `PIN` with the numbers when it would not fit, or `seq` is not on the surface.
    */
   pin(seq: number): void {
@@ -7182,10 +6852,7 @@ class Agent {
     }
   }
 
-  /**
-   * Logs the turn and its input (pinned when asked), then refuses an input that cannot fit and
-   * relieves pressure once (docs/design.md §5: at the start of a turn, after the input is durable).
-   */
+  /** Logs the turn and its input, refuses an input that cannot fit, relieves pressure once (docs/design.md §5). */
   private async startTurn(t: Turn, message: UserMessage, pin: boolean): Promise<StepOutcome> {
     const session = this.session
     session.append('turn/start', { turn: t.turn })
@@ -7255,7 +6922,7 @@ class Agent {
       + `token counts in [0, ${USAGE_MAX_TOKENS}]`)
     session.append('assistant/message', { message: t.last, ...(usage ? { usage } : {}),
       finishReason: response.finishReason, surfaceOp: { op: 'append' }, cache })
-    const calls = t.last.content.filter((b) => b.type === 'tool-call') as ToolCallBlock[]
+    const calls = toolCalls(t.last)
     await this.runTools(calls, t.signal)
     const steered = this.drainSteering()
     await stateOf(session).flush() // written before the post-step ladder may call a model; fsynced once, below
@@ -7268,10 +6935,7 @@ class Agent {
     return NEXT_STEP
   }
 
-  /**
-   * The spend cap (docs/design.md §11): a line saying what was spent when the next request, at its
-   * modelled cost, would pass a cap; undefined when it fits.
-   */
+  /** The spend cap (docs/design.md §11): what was spent when the next request would pass a cap, else undefined. */
   private overBudget(t: Turn, cap: { turn?: number; session?: number }): string | undefined {
     const usage = this.session.cost.usage(), spent = usage.costUSD ?? usage.conversation.costUSD ?? 0
     t.startUSD ??= spent
@@ -7298,11 +6962,7 @@ class Agent {
     return { reason: 'aborted' }
   }
 
-  /**
-   * Recovery 2: the error is logged and the `agent/request-error` hooks run (the ladder's overflow
-   * recovery is one); when one asks to retry and the surface changed, the next step is the retry. A
-   * second overflow at or above the size of one already recovered from in this turn makes no progress.
-   */
+  /** Recovery 2: the error logged, the `agent/request-error` hooks run; a changed surface: retry next step. */
   private async recoveredStep(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
     const { session } = this, { error, inputTokens } = f
     session.append('request/error', { code: error.code, status: error.status, message: error.message,
@@ -7328,11 +6988,7 @@ class Agent {
     return NEXT_STEP
   }
 
-  /**
-   * Recovery 3: the partial output is kept as an interrupted message; a stream that broke after
-   * output with a retryable error is retried once as a new step (the adapter never retries once
-   * output was streamed: the caller saw it), whose request carries the partial output.
-   */
+  /** Recovery 3: the partial output kept; a retryable break after output is retried once as a new step. */
   private async retriedStream(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
     const session = this.session, { error } = f
     if (f.partial) session.append('assistant/message', { message: f.partial, finishReason: 'error',
@@ -7348,14 +7004,10 @@ class Agent {
 
   /** Recovery 4: nothing helped; the turn ends with the provider's own error. */
   private async failedTurn(_t: Turn, f: StepFailure): Promise<StepOutcome> {
-    return { reason: 'error', error: f.raw instanceof ProviderError ? f.raw : f.error }
+    return { reason: 'error', error: f.error } // the provider's own error: stepFailure wraps only other throws
   }
 
-  /**
-   * The refusal of an input that cannot fit (docs/design.md §10): the current input is never
-   * edited, so when it and the envelope alone (calibrated) leave no room in the window, nothing is
-   * sent. Returns the error to throw, or undefined.
-   */
+  /** The error for an input that cannot fit with the envelope alone (docs/design.md §10), else undefined. */
   private inputTooBig(message: UserMessage): ProviderError | undefined {
     const window = this.window
     if (window === undefined) return undefined
@@ -7389,13 +7041,7 @@ class Agent {
     return envelope
   }
 
-  /**
-   * The reply with at most as many tool calls as this agent's window can answer (window / 64): past that,
-   * the group (the message and a result per call) could not fit the window even with every result cleared,
-   * and no later turn would. The calls past it are dropped unrun, a text block in the message saying how many
-   * and why; of the calls kept, those past {@link MAX_TOOL_CALLS_PER_STEP} get error results (runTools).
-   * A warning tells the caller of either.
-   */
+  /** The reply with at most window / 64 tool calls (more could not fit even cleared); a warning says so. */
   private boundToolCalls(message: AssistantMessage): AssistantMessage {
     const max = Math.floor((this.window ?? Infinity) / WINDOW_TOKENS_PER_TOOL_CALL)
     let calls = 0
@@ -7415,10 +7061,7 @@ class Agent {
     return { ...message, content: [...content, { type: 'text', text }] }
   }
 
-  /**
-   * Runs tool calls in order. After an abort the remaining ones get TOOL_ABORTED results, and those past
-   * {@link MAX_TOOL_CALLS_PER_STEP} TOOL_LIMIT results, both unrun.
-   */
+  /** Runs tool calls in order; after an abort, or past MAX_TOOL_CALLS_PER_STEP, the rest get error results unrun. */
   private async runTools(calls: ToolCallBlock[], signal: AbortSignal): Promise<void> {
     const session = this.session
     for (const [i, call] of calls.entries()) {
@@ -7457,18 +7100,15 @@ class Agent {
           }
         }
       }
-      const spilled = await spillToolResult(result!, session.store, SPILL_BYTES, spillName(session.seq))
-      session.append('tool/result', spilled.spilled
-        ? { message: spilled.message, spilled: spilled.spilled, surfaceOp: { op: 'append' } }
-        : { message: spilled.message, surfaceOp: { op: 'append' } })
+      const { message, spilled } = await spillToolResult(result!, session.store, SPILL_BYTES, spillName(session.seq))
+      session.append('tool/result', { message, ...(spilled ? { spilled } : {}), surfaceOp: { op: 'append' } })
     }
   }
 
-  /** Tokens and cost of the session so far ({@link Session.usage}), priced with the provider's table as logged. */
+  /** Tokens and cost of the session so far ({@link CostLedger.usage}), priced with the provider's table as logged. */
   usage(): SessionUsage { return this.session.cost.usage() }
 
-  /** The prompt-cache cost of the surface edit logged as event `seq`, at the provider's prices ({@link
-   *  Session.editCost}). */
+  /** The prompt-cache cost of the edit logged as event `seq`, at the provider's prices ({@link CostLedger.editCost}) */
   editCost(seq: number): EditCost | undefined { return this.session.cost.editCost(seq, this.provider.prices) }
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
