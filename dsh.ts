@@ -14,7 +14,7 @@
  * PUBLIC API (the one export list below this header; types are exported where they are declared)
  *   Agent                  the loop: turns, steps, tools, hooks, the ladder, cancellation (§7)
  *   Session                the append-only log, its surface and measure(); parts over it: cost, recall, pins
- *   MemoryStore, FileStore where a session's events live: in memory (anywhere); JSONL file (Part II, §12)
+ *   MemoryStore, FileStore where a session's events live: in memory (anywhere); JSONL file (Part II, section 11)
  *   SqlLogStore            a session in PostgreSQL, one writer across machines (SessionLockedError: held elsewhere)
  *   openAICompatible       a Provider for any OpenAI-compatible chat-completions server (§6)
  *   deepseek               openAICompatible with DeepSeek's base URL, model, key variable and prices
@@ -60,13 +60,15 @@
  *   1. Types          messages, blocks, events, provider contract, errors
  *   2. Meter          token estimates (tokens), usage anchor; 2.1 cost: prices applied to tokens (USD)
  *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
- *   4. Log & surface  append-only session log (Session, the one writer), surface projection, stores,
- *                     resume; 4.1 the log protocol of a prune or clear; 4.2 parts over the log: the
- *                     ladder's memory, cost and cache (session.cost), recall index, pins
+ *   4. Log & surface  append-only session log (Session, the one writer), surface projection, stores
+ *                     (MemoryStore, SqlLogStore with its lease), resume; 4.1 the log protocol of a
+ *                     prune or clear; 4.2 parts over the log: the ladder's memory, cost and cache
+ *                     (session.cost), recall index, pins
  *   5. Ladder         prune → clear → compact → fail, spill at write time; ledger. 5.1 A LADDER RUNG
  *                     is a function from the ladder's view to the edits it would log (like clearRung)
  *                     plus one line in Ladder.relievePressure (and recoverOverflow); Ladder.apply logs
- *                     them as `compaction/*` events (docs/design.md §5, §10, §14). 5.2 recall
+ *                     them as `compaction/*` events (docs/design.md §5, §10, §14); 5.1a the net-cost
+ *                     gate; 5.2 recall
  *   6. Provider       6.0 configuration (DeepSeek defaults, KNOWN_MODELS), 6.1 SSE parser, 6.2 error
  *                     classifier — a PROVIDER'S ERROR WORDING of an overflow goes into OVERFLOW_PATTERNS
  *                     only if it states no numbers (one that states a size and its limit is read by
@@ -81,7 +83,7 @@
  *                     recorded provider and tools — a REPORT COLUMN is one entry of REPLAY_FIGURES
  *   10. CLI           arguments, terminal output, entry point; 10.1 configuration files and trust,
  *                     10.2 approvals, diffs and undo, 10.3 kept sessions
- *   11. SQL store     SqlLogStore;  12. File store  FileStore and its lock file (node:fs; in dist/dsh.mjs)
+ *   11. File store    FileStore and its lock file (node:fs; build.mjs carries it into dist/dsh.mjs)
  *
  * UNITS (one word, one unit, everywhere in this file):
  *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
@@ -13685,7 +13687,7 @@ void isEntryPoint().then(async (isMain) => {
 })
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
-// 12. File store — FileStore, a session log in a JSONL file (node:fs); dist/dsh.mjs carries it too
+// 11. File store — FileStore, a session log in a JSONL file (node:fs); dist/dsh.mjs carries it too
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // The one store that needs `node:fs` (Node, Deno, Bun), so it lives below the fence; build.mjs adds
 // this section (and only this one of Part II) to the runtime bundle `dist/dsh.mjs` and its types,
