@@ -1155,7 +1155,9 @@ class SqlLogStore implements LogStore {
   private async run(what: string, sql: string, params: unknown[] = []): Promise<any[]> {
     try {
       const result = await this.query(sql, params)
-      return (Array.isArray(result) ? result : (result as { rows: unknown[] }).rows) as any[]
+      const rows = Array.isArray(result) ? result : (result as { rows?: unknown } | null)?.rows
+      if (!Array.isArray(rows)) throw new Error('the driver answered without rows (query must return rows or {rows})')
+      return rows
     } catch (err) {
       if (err instanceof SessionError) throw err
       throw Object.assign(new SessionError('STORE', `SqlLogStore: ${what} of session ${JSON.stringify(this.session)} `
@@ -5763,7 +5765,8 @@ async function countTokens(cfg: AdapterConfig, request: ChatRequest): Promise<nu
     const { text } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
     if (!response.ok) throw httpError(cfg, response, text, false, requestId, url)
     const tokens = tokenCount((parseJSONOrUndefined(text) as { input_tokens?: unknown } | undefined)?.input_tokens)
-    if (tokens !== undefined) return tokens
+    // a count, as usage is one (checkedUsage): an integer from 0 to USAGE_MAX_TOKENS
+    if (tokens !== undefined && Number.isInteger(tokens) && tokens <= USAGE_MAX_TOKENS) return tokens
     throw providerError(cfg, 'MALFORMED_RESPONSE', `${url} answered without input_tokens: ${text.slice(0, 200)}`,
       { status: response.status, body: text, requestId })
   } catch (e) {
@@ -6022,8 +6025,8 @@ function openAIToolCall(acc: ReplyAssembler, tc: unknown): void {
 }
 
 /** A count field: a non-negative finite number; anything else (negative, NaN as a string, …) is absent. */
-const tokenCount = (v: unknown): number | undefined => (Number.isInteger(v) && (v as number) >= 0
-  && (v as number) <= USAGE_MAX_TOKENS ? v as number : undefined)
+const tokenCount = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0
+  ? v : undefined)
 
 function readUsage(u: unknown): Usage | undefined {
   if (!isRecord(u)) return undefined
@@ -6503,7 +6506,7 @@ function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?:
   if (cap === undefined) return undefined
   const caps = typeof cap === 'number' ? { turn: cap } : cap
   const ok = (x: unknown) => x === undefined || (typeof x === 'number' && Number.isFinite(x) && x >= 0)
-  if (typeof caps !== 'object' || caps === null || !ok(caps.turn) || !ok(caps.session)
+  if (!isRecord(caps) || !ok(caps.turn) || !ok(caps.session)
     || Object.keys(caps).some((k) => k !== 'turn' && k !== 'session'))
     throw configError('maxCostUSD', 'a non-negative number of USD or {turn, session} of them', cap,
       'e.g. maxCostUSD: 0.5 (each turn) or { session: 5 }')

@@ -152,7 +152,7 @@ test('maxCostUSD without prices, or not a number of USD, is a ConfigError that s
   assert.throws(() => new Agent({ session, provider, maxCostUSD: 1 }), (err: unknown) => err instanceof ConfigError
     && /maxCostUSD needs the provider's prices, and model "local" has none/.test((err as Error).message))
   const priced = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', prices: FLASH })
-  for (const bad of [-1, Number.NaN, '1', { turn: -2 }, { month: 3 }]) {
+  for (const bad of [-1, Number.NaN, '1', { turn: -2 }, { month: 3 }, [], [1]]) {
     assert.throws(() => new Agent({ session, provider: priced, maxCostUSD: bad as never }), ConfigError)
   }
   assert.doesNotThrow(() => new Agent({ session, provider: priced, maxCostUSD: { turn: 0.5, session: 5 } }))

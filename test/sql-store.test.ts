@@ -276,3 +276,11 @@ describe('SqlLogStore: faults, paging and tables', () => {
 })
 
 before(async () => { await db.waitReady })
+
+test('a driver that answers without rows is a STORE error that says so, not a TypeError', async () => {
+  for (const answer of [{}, null, { rows: 'x' }]) {
+    const store = new SqlLogStore({ query: async () => answer as any, session: 'no-rows' })
+    await assert.rejects(Session.open(store), (err: any) => err instanceof SessionError && err.code === 'STORE'
+      && /the driver answered without rows/.test(err.message), JSON.stringify(answer))
+  }
+})
