@@ -2,33 +2,14 @@
 // the same session in tmux against test/fake-provider.ts playing the model and compares the
 // screen with the README's block (paths shortened the way the README shows them). When the CLI's
 // output changes on purpose, paste the screen this test prints into README.md.
-import { test, after } from 'node:test'
+import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { execFile, spawnSync } from 'node:child_process'
 import { mkdir, readFile, writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
 import { CLEAN_ENV, ROOT, TEST_HOME, dshCommand, fake, tempDir } from './cli-helpers.ts'
+import { screen, skipWithoutTmux, startTmux, tmux, type, waitFor } from './tmux.ts'
 
-const probe = spawnSync('tmux', ['-V'], { encoding: 'utf8' })
-const skip = probe.status === 0 ? false : 'SKIPPED: tmux is not installed (apt-get install -y tmux; .ci/run installs it)'
-if (skip) console.log(`# ${skip}`)
-
-let socket: string | undefined
-const tmux = (...args: string[]): Promise<string> => new Promise((resolve, reject) => {
-  execFile('tmux', ['-S', socket!, ...args], { env: { ...CLEAN_ENV, TERM: 'xterm-256color' } }, (err, stdout) => (err ? reject(err) : resolve(stdout)))
-})
-after(async () => { if (socket) await tmux('kill-server').catch(() => {}) })
-const screen = () => tmux('capture-pane', '-p', '-J', '-S', '-2000', '-t', 'dsh')
-async function waitFor(text: string, count = 1): Promise<string> {
-  const started = Date.now()
-  for (;;) {
-    const shown = await screen()
-    if (shown.split(text).length > count) return shown
-    if (Date.now() - started > 20_000) throw new Error(`the screen never showed ${JSON.stringify(text)} (${count}×):\n${shown}`)
-    await new Promise((r) => setTimeout(r, 100))
-  }
-}
-const type = async (keys: string) => { await tmux('send-keys', '-t', 'dsh', '-l', keys); await tmux('send-keys', '-t', 'dsh', 'Enter') }
+const skip = skipWithoutTmux
 
 const DATE_TS = 'export function isLeapYear(year: number): boolean {\n  return year % 4 === 0\n}\n'
 const FIXED = '  return year % 4 === 0 && (year % 100 !== 0 || year % 400 === 0)'
@@ -50,7 +31,7 @@ test('README: the CLI session with approvals, diffs and /undo is what dsh shows 
   const project = join(base, 'p'.repeat(Math.max(1, 48 - base.length)), 'my-project')
   await mkdir(join(project, 'src'), { recursive: true })
   await writeFile(join(project, 'src', 'date.ts'), DATE_TS)
-  socket = join(await tempDir(), 'tmux.sock')
+  await startTmux()
   const f = await fake((request, i) => {
     const last = request.body.messages.at(-1)
     if (last.role === 'user' && last.content.includes('why?')) return { text: 'Understood: both changes are undone, src/date.ts is back as it was.' }

@@ -1,42 +1,20 @@
 // The CLI in a real terminal emulator (issue 27, items 1–3): dsh runs inside tmux (a private
 // server on its own socket), keys are typed with `send-keys` and the screen is read with
 // `capture-pane`, as a user would see it: an approval with its coloured diff, then /undo.
-import { test, after } from 'node:test'
+import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { execFile, spawnSync } from 'node:child_process'
 import { readFile, writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
-import { CLEAN_ENV, dshCommand, fake, runFlags, tempDir } from './cli-helpers.ts'
+import { dshCommand, fake, runFlags, tempDir } from './cli-helpers.ts'
+import { exitCodeFrom, plain, skipWithoutTmux, startTmux, tmux, type, waitFor as waitForText } from './tmux.ts'
 
-const probe = spawnSync('tmux', ['-V'], { encoding: 'utf8' })
-const skip = probe.status === 0 ? false : 'SKIPPED: tmux is not installed (apt-get install -y tmux; .ci/run installs it)'
-if (skip) console.log(`# ${skip}`)
-
-let socket: string | undefined
-const tmux = (...args: string[]): Promise<string> => new Promise((resolve, reject) => {
-  execFile('tmux', ['-S', socket!, ...args], { env: { ...CLEAN_ENV, TERM: 'xterm-256color' } }, (err, stdout) => (err ? reject(err) : resolve(stdout)))
-})
-after(async () => { if (socket) await tmux('kill-server').catch(() => {}) })
-
-/** The pane's text with its escapes (`-e`: colours), its history included. */
-const screen = () => tmux('capture-pane', '-p', '-e', '-J', '-S', '-2000', '-t', 'dsh')
-const plain = (text: string) => text.replace(/\x1b\[[0-9;]*m/g, '')
-
-/** Waits until the screen (escapes aside) shows `text` at least `count` times; returns the screen with its escapes. */
-async function waitFor(text: string, count = 1, timeoutMs = 20_000): Promise<string> {
-  const started = Date.now()
-  for (;;) {
-    const shown = await screen()
-    if (plain(shown).split(text).length > count) return shown
-    if (Date.now() - started > timeoutMs) throw new Error(`the screen never showed ${JSON.stringify(text)} (${count}×):\n${plain(shown)}`)
-    await new Promise((r) => setTimeout(r, 100))
-  }
-}
-const type = async (keys: string) => { await tmux('send-keys', '-t', 'dsh', '-l', keys); await tmux('send-keys', '-t', 'dsh', 'Enter') }
+const skip = skipWithoutTmux
+/** The screen with its colour escapes: the diff's colours are what this file checks. */
+const waitFor = (text: string, count = 1, timeoutMs = 20_000) => waitForText(text, count, timeoutMs, true)
 
 test('in tmux: an edit and a new file, each shown as a coloured diff and approved; /undo puts both back', { skip }, async () => {
   const cwd = await tempDir()
-  socket = join(await tempDir(), 'tmux.sock')
+  await startTmux()
   await writeFile(join(cwd, 'a.txt'), 'first line\nsecond line\n')
   const f = await fake([
     { toolCalls: [{ name: 'edit_file', arguments: { path: 'a.txt', old_string: 'second line', new_string: 'SECOND LINE' } }, { name: 'write_file', arguments: { path: 'b.txt', content: 'a new file\n' } }] },
@@ -63,19 +41,13 @@ test('in tmux: an edit and a new file, each shown as a coloured diff and approve
   assert.equal(await readFile(join(cwd, 'a.txt'), 'utf8'), 'first line\nsecond line\n')
   await assert.rejects(readFile(join(cwd, 'b.txt')), { code: 'ENOENT' })
   await type('/exit')
-  const started = Date.now()
-  let code: string | undefined
-  while (code === undefined && Date.now() - started < 20_000) {
-    code = await readFile(exitFile, 'utf8').catch(() => undefined)
-    if (code === undefined) await new Promise((r) => setTimeout(r, 100))
-  }
-  assert.equal(code?.trim(), '0')
+  assert.equal(await exitCodeFrom(exitFile), '0')
 })
 
 // Issue 27 item 7: what a terminal must show while a turn runs and at the prompt.
 test('in tmux: a spinner names the running tool with its elapsed time; input typed meanwhile is shown apart and runs after the turn; Ctrl-C clears a half-typed line, a second exits', { skip }, async () => {
   const cwd = await tempDir()
-  socket = join(await tempDir(), 'tmux.sock')
+  await startTmux()
   const f = await fake((request) => {
     const last = request.body.messages.at(-1)
     if (last.role === 'tool') return { text: 'Slept well.' }
@@ -108,12 +80,6 @@ test('in tmux: a spinner names the running tool with its elapsed time; input typ
   const cleared = plain(await waitFor('[dsh] input cleared; Ctrl-C again exits'))
   assert.ok(cleared.trimEnd().endsWith('›'), `an empty prompt after the line:\n${cleared}`)
   await tmux('send-keys', '-t', 'dsh', 'C-c')
-  const started = Date.now()
-  let code: string | undefined
-  while (code === undefined && Date.now() - started < 20_000) {
-    code = await readFile(exitFile, 'utf8').catch(() => undefined)
-    if (code === undefined) await new Promise((r) => setTimeout(r, 100))
-  }
-  assert.equal(code?.trim(), '0')
+  assert.equal(await exitCodeFrom(exitFile), '0')
   assert.equal(f.requests.length, 3, 'the cleared line was never sent')
 })

@@ -2,7 +2,7 @@
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  Agent, Session, MemoryStore, openAICompatible, PRUNE_MARKER, ProviderError, type Tool,
+  Agent, Session, MemoryStore, openAICompatible, PRUNE_MARKER, ProviderError, type Tool, type ToolCallBlock,
 } from '../dsh.ts'
 import {
   SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE,
@@ -190,13 +190,18 @@ test('1,000 tool calls in an 8,000-token window: 125 run, the rest are dropped w
   assert.ok(session.measure().totalTokens < 0.8 * 8_000, `${session.measure().totalTokens} tokens, over the pressure threshold`)
 })
 
+/** An in-process provider (1,000,000-token window) whose first answer is `calls`, every later one `reply N`. */
+function manyCallsThenText(calls: ToolCallBlock[]) {
+  let n = 0
+  return {
+    model: 'in-process', baseURL: 'memory://in-process', contextWindow: 1_000_000, maxTokens: 100,
+    complete: async () => (n++ === 0 ? { message: { role: 'assistant' as const, content: calls }, finishReason: 'tool_calls' } : { message: { role: 'assistant' as const, content: [{ type: 'text' as const, text: `reply ${n}` }] }, finishReason: 'stop' }),
+  }
+}
+
 test('a provider that returns 20,000 tool calls in one message (no adapter cap): 1,000 run, TOOL_LIMIT errors up to what the window holds, the next turn works', { timeout: 60_000 }, async () => {
   const many = Array.from({ length: 20_000 }, (_, i) => ({ type: 'tool-call' as const, id: `c${i}`, name: 'ping', arguments: '{}' }))
-  let calls = 0
-  const provider = {
-    model: 'in-process', baseURL: 'memory://in-process', contextWindow: 1_000_000, maxTokens: 100,
-    complete: async () => (calls++ === 0 ? { message: { role: 'assistant' as const, content: many }, finishReason: 'tool_calls' } : { message: { role: 'assistant' as const, content: [{ type: 'text' as const, text: `reply ${calls}` }] }, finishReason: 'stop' }),
-  }
+  const provider = manyCallsThenText(many)
   const session = await Session.open(new MemoryStore())
   let ran = 0
   const agent = new Agent({ session, provider, tools: [tool('ping', () => { ran++; return 'pong' })] })
@@ -212,11 +217,7 @@ test('a provider that returns 20,000 tool calls in one message (no adapter cap):
 
 test('calls past the 1,000 a step runs get TOOL_LIMIT error results saying why (not dropped unrun); the next turn works', { timeout: 60_000 }, async () => {
   const many = Array.from({ length: 1_500 }, (_, i) => ({ type: 'tool-call' as const, id: `c${i}`, name: 'ping', arguments: '{}' }))
-  let calls = 0
-  const provider = {
-    model: 'in-process', baseURL: 'memory://in-process', contextWindow: 1_000_000, maxTokens: 100,
-    complete: async () => (calls++ === 0 ? { message: { role: 'assistant' as const, content: many }, finishReason: 'tool_calls' } : { message: { role: 'assistant' as const, content: [{ type: 'text' as const, text: `reply ${calls}` }] }, finishReason: 'stop' }),
-  }
+  const provider = manyCallsThenText(many)
   const session = await Session.open(new MemoryStore())
   let ran = 0
   const warnings: string[] = []
