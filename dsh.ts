@@ -44,14 +44,17 @@
  *                                          summary max 8,192 tokens, auto on, clear rung on;
  *                                          constants: 1 compaction and 1 overflow retry, spill over
  *                                          256 KiB, clear down to 0.6 × window, newest 0.2 kept; `recall` tool
- *                                          offered once content is shadowed (recall: false = off)
+ *                                          offered once content is shadowed (recall: false = off);
+ *                                          net-cost gate on where prices are known (gate: false = off)
  *   provider   openAICompatible / deepseek max_tokens 32,768 (clamped to the window), 5 retries
- *                                          500 ms → 10 s, idle timeout 300 s; prices: DEEPSEEK_PRICES
- *                                          for deepseek(), none for openAICompatible (cost unknown)
- *   loop       Agent                       200 steps per turn; tools run one at a time
+ *              / anthropic                 500 ms → 10 s, idle timeout 300 s, a call's deadline 1 h;
+ *                                          prices: DEEPSEEK_PRICES for deepseek(), none otherwise
+ *                                          (cost unknown) unless given
+ *   loop       Agent                       200 steps per turn; tools run one at a time; no spend cap
+ *                                          unless maxCostUSD (per turn, or {turn, session})
  *
  * LIMITS: token counts are a heuristic (UTF-16 units / 4 + 8 per message) until a provider reports
- * usage; chat-completions tool results cannot carry images (sent as JSON text); the CLI's file tools
+ * usage; chat-completions tool results cannot carry images (sent as JSON text; Anthropic's can); the CLI's file tools
  * stay inside the working directory (the CLI's shell runs in a bubblewrap sandbox where one can start,
  * else unconfined); FileStore needs node:fs (Node, Deno, Bun), MemoryStore runs anywhere.
  *
