@@ -956,7 +956,7 @@ export interface EventDataMap {
  */
 export interface LadderStateData {
   failedAtTokens?: number | null
-  sample?: { providerTokens: number; heuristicTokens: number; source: 'overflow' | 'summary' | 'transcript' }
+  sample?: { providerTokens: number; heuristicTokens: number; source: 'overflow' | 'count' | 'summary' | 'transcript' }
   calibration?: number
 }
 
@@ -2038,7 +2038,9 @@ class LadderState {
     // A replayed transcript's count is of a request this session did not send: a sample, never an anchor.
     if (sample.source === 'transcript') { this.transcript(sample.providerTokens, sample.heuristicTokens); return false }
     const taken = this.sample(sample.providerTokens, sample.heuristicTokens, contextWindow)
-    return sample.source === 'overflow' && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))
+    // an overflow's count and the provider's own count of the request are exact: an anchor when plausible
+    return (sample.source === 'overflow' || sample.source === 'count')
+      && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))
   }
 
   /** A `request/header`: calibration is per model. */
@@ -3958,6 +3960,8 @@ function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: Ladd
 const RECALL_TOOL_NAME = 'recall'
 /** `recall` is offered while its spec takes at most this share of the window (docs/design.md §10). */
 const RECALL_MAX_WINDOW_RATIO = 0.1
+/** The Agent asks the provider's own count when the measured request is within this share of the window (§6.1). */
+const COUNT_NEAR_WINDOW_RATIO = 0.1
 /** Cap on one recall answer, code points, before the line that says how to get more. */
 const RECALL_MAX_CODE_POINTS = 4096
 /** Lines per recall page unless `limit` says otherwise. */
@@ -6651,6 +6655,8 @@ class Agent {
   private running = false
   private overflowRetries = 0
   private streamRetries = 0
+  /** Set once the provider's `countTokens` failed: the estimate is used from then on. */
+  private countFailed = false
   private onEvent?: (e: AgentEvent) => void
   private envelopeMemo?: Envelope
   private envelopeMemoTools = 0
@@ -6896,6 +6902,7 @@ class Agent {
     await this.runHooks('agent/pre-step', ctx)
     this.drainSteering()
     const envelope = this.writeHeader()
+    await this.countNearWindow(envelope, t.signal)
     // Hooks may edit the request; they get copies, so the surface always matches the log.
     const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
     const inputTokens = session.measure().totalTokens
@@ -6917,6 +6924,31 @@ class Agent {
       throw raw // unreachable: the last recovery always decides
     }
     return await this.answered(t, ctx, response, cache)
+  }
+
+  /**
+   * Near the window (the measured request within {@link COUNT_NEAR_WINDOW_RATIO} of it), the
+   * provider's own count of the request, where it has one, is logged as an exact calibration sample
+   * and the ladder relieves pressure on it before the request is sent (docs/design.md §6.1). A count
+   * that fails is warned about once and not asked for again.
+   */
+  private async countNearWindow(envelope: Envelope, signal: AbortSignal): Promise<void> {
+    const session = this.session, window = this.window, m = session.measure()
+    if (!this.provider.countTokens || this.countFailed || window === undefined || signal.aborted
+      || m.totalTokens < window * (1 - COUNT_NEAR_WINDOW_RATIO)) return
+    let tokens: number
+    try {
+      tokens = await this.provider.countTokens({ system: envelope.system, tools: envelope.tools,
+        messages: session.messages(), signal })
+    } catch (err) {
+      if (signal.aborted) return
+      this.countFailed = true
+      this.warn(`the provider could not count the request (${(err as Error).message}); the estimate stands`)
+      return
+    }
+    session.append('ladder/state', { sample: { providerTokens: tokens, heuristicTokens: m.heuristicTokens,
+      source: 'count' } })
+    if (this.compaction.auto) await this.unlessAborted(() => this.ladder.relievePressure(signal), signal)
   }
 
   /** A step answered: the message (ids repaired), its tool calls run, steering, then the post-step ladder. */
