@@ -3428,6 +3428,14 @@ class SummaryJob {
       throw new CompactionError(`re-planning gave a summary request identical to one that overflowed (${calibrated} `
         + `tokens); nothing was sent`)
     }
+    // The server's own count, where it has one (docs/design.md §6.1): over the window, plan smaller unsent.
+    const counted = await provider.countTokens?.({ system: env.system, tools: env.tools, messages: msgs, signal })
+      .catch(() => undefined)
+    if (counted !== undefined && counted + maxTokens > this.window && replans < MAX_SUMMARY_REPLANS) {
+      this.failed.add(fingerprint)
+      this.replan({ promptTokens: counted }, inputTokens, maxTokens)
+      return undefined
+    }
     this.requests++
     const modelledHitTokens = this.session.cost.summaryRequestHit(provider.model, env, msgs)
     let res: ChatResponse
@@ -3444,7 +3452,7 @@ class SummaryJob {
       if (!overflow || signal?.aborted || replans >= MAX_SUMMARY_REPLANS) {
         throw Object.assign(err as object, { summaryRequests: this.requests })
       }
-      this.replan(e, inputTokens, maxTokens)
+      this.replan(overflowCounts(e.body || e.message), inputTokens, maxTokens)
       return undefined
     }
     const usage = checkedUsage(res.usage)
@@ -3464,9 +3472,8 @@ class SummaryJob {
     return text
   }
 
-  /** The server counts the last request as too long: learn its rate and limit, then plan smaller. */
-  private replan(e: ProviderError, inputTokens: number, maxTokens: number): void {
-    const counts = overflowCounts(e.body || e.message)
+  /** The server counts the last request as too long (an overflow, or its own count): learn its rate and limit. */
+  private replan(counts: ReturnType<typeof overflowCounts>, inputTokens: number, maxTokens: number): void {
     if (counts.contextTokens !== undefined) this.window = Math.min(this.window, counts.contextTokens)
     const requested = counts.requestedTokens
     const promptTokens = counts.promptTokens

@@ -49,3 +49,21 @@ test('a count that fails is warned about once, the estimate stands and the turn 
   assert.deepEqual(warnings.filter((w) => w.includes('could not count')), ['the provider could not count the request (count endpoint down); the estimate stands'])
   assert.equal(p.sent.length >= 2, true)
 })
+
+test('a summary request the server counts over the window is planned smaller before it is sent', async () => {
+  // The summarizer's tokenizer is 3× the heuristic: its count says the first plan cannot fit.
+  const summaries: ChatRequest[] = []
+  const heuristic = (r: ChatRequest) => r.messages.reduce((n, m) => n + Math.ceil(text(m).length / 4) + 8, 0)
+  const summarizer = {
+    model: 's', baseURL: 'memory://s', contextWindow: 8_000, maxTokens: 100,
+    complete: async (r: ChatRequest) => { summaries.push(r); return { message: { role: 'assistant' as const, content: [{ type: 'text' as const, text: 'summary' }] }, finishReason: 'stop' } },
+    countTokens: async (r: ChatRequest) => 3 * heuristic(r),
+  }
+  const p = provider(async () => 1)
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: { ...p, contextWindow: 20_000, countTokens: undefined }, summarizer })
+  for (let i = 0; i < 12; i++) await agent.run(`turn ${i} ` + String(i % 10).repeat(8_000))
+  assert.ok(summaries.length > 0, 'a summary was made')
+  // every request the summarizer got fits its window by its own count
+  for (const r of summaries) assert.ok(3 * heuristic(r) + (r.maxTokens ?? 0) <= 8_000, `${3 * heuristic(r)} + ${r.maxTokens}`)
+})
