@@ -3967,8 +3967,6 @@ function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: Ladd
 const RECALL_TOOL_NAME = 'recall'
 /** `recall` is offered while its spec takes at most this share of the window (docs/design.md §10). */
 const RECALL_MAX_WINDOW_RATIO = 0.1
-/** The Agent asks the provider's own count when the measured request is within this share of the window (§6.1). */
-const COUNT_NEAR_WINDOW_RATIO = 0.1
 /** Cap on one recall answer, code points, before the line that says how to get more. */
 const RECALL_MAX_CODE_POINTS = 4096
 /** Lines per recall page unless `limit` says otherwise. */
@@ -6632,6 +6630,9 @@ async function collectHooks(hooks: ReadonlyMap<HookName, readonly Hook[]>, name:
 
 /** The part of a tool the model sees: name, description, parameters schema. */
 const toolSpec = (t: Tool): ToolSpec => ({ name: t.name, description: t.description, parameters: t.parameters })
+
+/** The Agent asks the provider's own count when the measured request is within this share of the window (§6.1). */
+const COUNT_NEAR_WINDOW_RATIO = 0.1
 
 /**
  * The agent loop (docs/design.md §7). A turn is one user input until the model stops calling tools; a
