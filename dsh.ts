@@ -7219,7 +7219,7 @@ export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
    *  (a quadratic pattern on a minified line never ends); they are counted, and fixed_strings searches them. */
   grepMaxLineUnits: 10_000,
   /** write_file and edit_file: the largest file they write, and the largest file edit_file reads, in bytes. */
-  maxWriteBytes: 16 * 1024 * 1024,
+  maxWriteBytes: 16_777_216, // 16 MiB
   /** shell: timeout of a command when the model gives no `timeout_ms`, in ms. */
   shellTimeoutMs: 120_000,
   /** shell: the longest `timeout_ms` the model may ask for, in ms. */
@@ -7229,9 +7229,9 @@ export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
 /** Directories that list_files and grep never descend into (they may still be named as `path`). */
 const TOOL_SKIP_DIRS: ReadonlySet<string> = new Set(['node_modules', '.git'])
 /** Bytes sniffed for a NUL byte to call a file binary (the heuristic of git and grep). */
-const TOOL_BINARY_SNIFF_BYTES = 8 * 1024
+const TOOL_BINARY_SNIFF_BYTES = 8_192 // 8 KiB
 /** grep: files larger than this many bytes are skipped (and counted in the summary). */
-const GREP_MAX_FILE_BYTES = 16 * 1024 * 1024
+const GREP_MAX_FILE_BYTES = 16_777_216 // 16 MiB
 /** grep: a matching line is shown up to this many UTF-16 units. */
 const GREP_LINE_UNITS = 500
 /** shell: ms between SIGTERM and SIGKILL of the process group, and again before giving up on its pipes. */
@@ -7824,7 +7824,7 @@ function plural(n: number, word: string): string { return `${n} ${word}${n === 1
 /** read_file: the most bytes of a file one call reads (skipped lines and the unread rest of a long
  *  line count too), so that an offset far into a huge file, or a line without end (a 4 GiB sparse
  *  file), cannot keep a call reading toward EOF. 64 MiB is four times the largest file grep searches. */
-const READ_FILE_MAX_SCAN_BYTES = 64 * 1024 * 1024
+const READ_FILE_MAX_SCAN_BYTES = 67_108_864 // 64 MiB
 
 function readFileTool(host: ToolHost, defaultLines: number): Tool {
   const max = host.maxOutputUnits
@@ -9803,7 +9803,7 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
 
 /** The largest transcript file replay reads: JSON.parse of one takes several times its size in heap,
  *  and the engine's longest string is 512 MiB. */
-const REPLAY_MAX_FILE_BYTES = 256 * 1024 * 1024
+const REPLAY_MAX_FILE_BYTES = 268_435_456 // 256 MiB
 
 /**
  * A transcript file's text, for the CLI (the readers above take text). Opened without blocking and
@@ -10099,11 +10099,16 @@ const fidelityFigure = (kind: keyof Fidelity, count: keyof FidelityShare, name: 
  * Named `fidelity <kind> <count>`; JSON per row, one combined totals line in the text report. The
  * CLI's `replay` passes them ({@link ReplayOptions.figures}); a library replay adds them when asked.
  */
-export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ [
-  ...FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]) =>
-    fidelityFigure(kind, count, `fidelity ${label} ${countLabel}`))),
-  fidelityFigure('userMessages', 'pruned', 'fidelity user messages pruned'),
-]
+export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ fidelityFigures()
+
+// A function, so that the PURE call above lets a bundle that takes only the runtime drop the table.
+function fidelityFigures(): ReplayFigure[] {
+  return [
+    ...FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]) =>
+      fidelityFigure(kind, count, `fidelity ${label} ${countLabel}`))),
+    fidelityFigure('userMessages', 'pruned', 'fidelity user messages pruned'),
+  ]
+}
 
 /**
  * The totals line of {@link FIDELITY_FIGURES}: `in checkpoints: paths 12/12, …; in the summaries alone: 1/12, …`,
@@ -11906,7 +11911,7 @@ function agoText(ms: number): string {
 /** The project's own configuration, relative to its directory. Untrusted until the user trusts the directory. */
 export const PROJECT_CONFIG_FILE = '.dsh/config.json'
 /** Largest configuration file read, in bytes (a config is a few hundred; this stops a link to a device or a huge file). */
-const CONFIG_MAX_BYTES = 256 * 1024
+const CONFIG_MAX_BYTES = 262_144 // 256 KiB
 /** Kept sessions older than this many days are removed when dsh starts (config `retentionDays`). */
 const DEFAULT_RETENTION_DAYS = 30
 /** The tools whose calls are approved in interactive mode: those that change files or run commands. */
@@ -12620,7 +12625,7 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
 /** Sessions `--resume` and `/sessions` list, newest first. */
 const SESSIONS_LISTED = 20
 /** Bytes read from each end of a kept log to describe it (its first input; its last message and turn). */
-const SESSION_PEEK_BYTES = 256 * 1024
+const SESSION_PEEK_BYTES = 262_144 // 256 KiB
 /** Days in ms. */
 const DAY_MS = 86_400_000
 
@@ -13352,7 +13357,7 @@ async function interactiveLoop(current: () => Agent, terminal: Terminal, io: Cli
 /** Files the CLI reads project instructions from, in order: the first that exists in the working directory wins. */
 export const PROJECT_INSTRUCTION_FILES: readonly string[] = ['AGENTS.md', 'CLAUDE.md']
 /** Largest project-instructions file the CLI accepts, in UTF-8 bytes (64 KiB ≈ 16,000 tokens, all of it in every request). */
-export const PROJECT_INSTRUCTIONS_MAX_BYTES = 64 * 1024
+export const PROJECT_INSTRUCTIONS_MAX_BYTES = 65_536 // 64 KiB
 
 /** Project instructions read by {@link readProjectInstructions}: the file name, its size in bytes, and the text for the envelope. */
 export interface ProjectInstructions { file: string; bytes: number; text: string }
@@ -13711,8 +13716,8 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
 
 /**
  * Runs the CLI as this process's program: {@link main} on `process.argv`, its result as the exit
- * code; an unexpected throw is printed as `dsh: internal error: …` with exit code 1. The entry
- * check below calls it; call it yourself from a wrapper script that should behave like `dsh`.
+ * code; an unexpected throw is printed as `dsh: internal error: …` with exit code 1. {@link runIfProgram}
+ * calls it; call it yourself from a wrapper script that should behave like `dsh`.
  */
 export async function runAsProgram(): Promise<void> {
   const p = (await importNode<any>('node:process')).default
@@ -13722,15 +13727,22 @@ export async function runAsProgram(): Promise<void> {
   }
 }
 
-// The entry check: runs the CLI when this file (or dist/cli.mjs) is the program, never on import.
-// It reaches the CLI through a dynamic import of this module itself, so the statement names no
-// CLI code and a bundler that takes only the runtime from this file drops Part II; the identity
-// test makes sure the module imported is this one (an app bundling dsh.ts has its own URL).
-void isEntryPoint().then(async (isMain) => {
-  if (!isMain) return
-  const self = await import(import.meta.url)
-  if (self.isEntryPoint === isEntryPoint) await self.runAsProgram()
-})
+/**
+ * Runs the CLI ({@link runAsProgram}) when this module is the program ({@link isEntryPoint}), else
+ * does nothing; the entry statement below calls it through this module's own namespace.
+ */
+export async function runIfProgram(): Promise<void> {
+  if (await isEntryPoint()) await runAsProgram()
+}
+
+// The entry statement: runs the CLI when this file (or dist/cli.mjs) is the program, never on import.
+// It names no Part II code — it reaches runIfProgram through a dynamic import of this module itself —
+// so an app that bundles only the runtime from this file keeps this one line and drops Part II (a
+// statement that named isEntryPoint kept it and every Part II constant before it). An app's bundle
+// has its own URL and exports no runIfProgram, so there the import finds nothing to run.
+if (import.meta.url?.startsWith('file:')) {
+  import(import.meta.url).then((self: { runIfProgram?: () => Promise<void> }) => self.runIfProgram?.(), () => {})
+}
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // 11. File store — FileStore, a session log in a JSONL file (node:fs); dist/dsh.mjs carries it too
@@ -13795,7 +13807,7 @@ function sameFile(a: { dev: number; ino: number }, b: { dev: number; ino: number
   && a.ino === b.ino }
 
 /** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
-const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
+const LOG_READ_CHUNK_BYTES = 4_194_304 // 4 MiB
 
 /**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
