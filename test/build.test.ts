@@ -230,6 +230,23 @@ test('a browser-platform bundler (esbuild, as wrangler and Vercel use) can bundl
   assert.deepEqual('errors' in result ? result.errors?.map((e) => e.text) : 'threw', [])
 })
 
+// An app that bundles the runtime from dsh.ts itself (not dist/) must not carry Part II: its
+// top-level statements are the only way in, so each must be side-effect free or name no Part II code.
+test('an app bundling {Session, MemoryStore} from dsh.ts carries no Part II code (tools, replay, CLI, entry check)', async () => {
+  const esbuild = await import('esbuild')
+  const result = await esbuild.build({
+    stdin: { contents: `import { Session, MemoryStore } from ${JSON.stringify(join(ROOT, 'dsh.ts'))}\nconsole.log(Session, MemoryStore)`,
+      resolveDir: ROOT, loader: 'ts' },
+    bundle: true, minify: true, format: 'esm', platform: 'neutral', external: ['node:*'], write: false, logLevel: 'silent',
+  })
+  const js = result.outputFiles[0].text
+  // One string each of the tools' defaults, replay's fidelity figures, the CLI's entry check, the file store.
+  for (const part of ['shellMaxTimeoutMs', 'fidelity user messages pruned', 'realpath', 'the cut line is dropped on load']) {
+    assert.equal(js.includes(part), false, `${part} is Part II code`)
+  }
+  assert.match(js, /runIfProgram/, 'the entry statement itself stays (it names no Part II code)')
+})
+
 // ── README's layout section describes the file as it is ─────────────────────────────────────────
 test("README's layout names every section of dsh.ts, and its Part I / Part II line counts hold within a quarter", () => {
   const readme = readFileSync(join(ROOT, 'README.md'), 'utf8')
