@@ -4277,15 +4277,19 @@ const MAX_RETRIES = 5
 /** Retries of a refused connection or a failed DNS lookup (at most):
  *  no server is listening there, so five backoffs (~16 s) only make the user wait. */
 const CONNECT_FAILURE_RETRIES = 1
+/** A case-insensitive RegExp of any of `sources`; called pure, so a bundle without the provider drops the table. */
+function anyOf(sources: readonly string[]): RegExp {
+  return new RegExp(sources.join('|'), 'i')
+}
 /** Error codes and wordings of a refused connection or a failed DNS lookup (Node's undici, Deno, Bun). */
 const CONNECT_FAILURE_CODES =
   new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL', 'ConnectionRefused'])
-const CONNECT_FAILURE_RE = new RegExp(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'connection refused',
-  'failed to lookup address', 'dns error', 'name or service not known', 'unable to connect'].join('|'), 'i')
+const CONNECT_FAILURE_RE = /* @__PURE__ */ anyOf(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'connection refused',
+  'failed to lookup address', 'dns error', 'name or service not known', 'unable to connect'])
 /** Fetch failures no retry can mend, so none is made: a port fetch blocks (undici "bad port", Deno), an invalid
  *  URL, a runtime's permission denial (Deno's NotCapable / PermissionDenied). Matched on a cause's name, code, text. */
-const FAIL_FAST_RE = new RegExp(['bad port', 'port \\d+ (?:is|are) blocked', 'ERR_INVALID_URL', 'invalid url',
-  'failed to parse url', 'url is invalid', 'NotCapable', 'PermissionDenied', 'requires net access'].join('|'), 'i')
+const FAIL_FAST_RE = /* @__PURE__ */ anyOf(['bad port', 'port \\d+ (?:is|are) blocked', 'ERR_INVALID_URL',
+  'invalid url', 'failed to parse url', 'url is invalid', 'NotCapable', 'PermissionDenied', 'requires net access'])
 /** First backoff delay in ms; doubles per retry up to {@link RETRY_MAX_MS} (docs/design.md §6). */
 const RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
@@ -4747,8 +4751,8 @@ const ERROR_MESSAGE_KEYS = new Set(['message', 'msg', 'detail', 'error', 'raw', 
  * the prompt length" too (OpenAI/Groq TPM "Request too large", Anthropic input-TPM 429), and a
  * rate limit is never an overflow (docs/design.md §6).
  */
-const RATE_LIMIT_RE = new RegExp(['rate[ _-]?limit', 'too many requests', 'tokens per min', 'requests per min',
-  '\\b(?:TPM|RPM|TPD|RPD)\\b', 'per[ -]minute', 'resource[_ ]exhausted'].join('|'), 'i')
+const RATE_LIMIT_RE = /* @__PURE__ */ anyOf(['rate[ _-]?limit', 'too many requests', 'tokens per min',
+  'requests per min', '\\b(?:TPM|RPM|TPD|RPD)\\b', 'per[ -]minute', 'resource[_ ]exhausted'])
 
 /**
  * Context-window overflow wordings that state no counts, one per line with the servers known to use it. A
@@ -4770,8 +4774,9 @@ const OVERFLOW_PATTERNS: readonly RegExp[] = [
 ]
 
 /** Out of balance or quota (not retried: only money helps). */
-const QUOTA_RE = new RegExp(['insufficient[_ ]?(?:balance|quota|credits?|funds)', 'exceeded your current quota',
-  'billing', 'credit balance', 'payment required', 'out of credits', 'not enough credits'].join('|'), 'i')
+const QUOTA_RE = /* @__PURE__ */ anyOf(['insufficient[_ ]?(?:balance|quota|credits?|funds)',
+  'exceeded your current quota', 'billing', 'credit balance', 'payment required', 'out of credits',
+  'not enough credits'])
 /** Authentication and permission wording, used when no HTTP status says so. */
 const AUTH_RE =
   /authenticat|unauthori[sz]ed|invalid[_ ]api[_ ]key|incorrect api key|permission[_ ]denied|permission_error|forbidden/i
@@ -4905,19 +4910,20 @@ function readErrorBody(status: number | undefined, bodyText: unknown): { code: P
 /** A count in an error text (thousands commas allowed); not a piece of a word, an id, a version or a date. */
 const COUNT_RE = /(?<![\w.,-])(\d{1,3}(?:,\d{3})+|\d+)(?!\w|[.,]\d)/g
 /** What may stand between a cue word and its count: quotes, `(`, `:`, `=`, small words ("is", "of", "about"). */
-const GLUE = String.raw`(?:[\s"'\\:=(\[~]|\b(?:is|of|to|be|was|about|approximately|least|the|only|an?)\b)*$`
+const glue = (): string =>
+  String.raw`(?:[\s"'\\:=(\[~]|\b(?:is|of|to|be|was|about|approximately|least|the|only|an?)\b)*$`
 /** Words right before a count that make it a limit (maximum, limit, allowed, at most, context size, `n_ctx`) … */
-const LIMIT_BEFORE = new RegExp(String.raw`(?:(?<![a-z])(?:max(?:imum)?(?:[ _-]+[a-z]+){0,3}|limit(?:ed)?`
-  + String.raw`|allow(?:s|ed)?|most|up|capacity|context(?:[ _-]+(?:window|length|size))?`
-  + String.raw`|exceed(?:s|ed|ing)?|ctx)|<=|≤)${GLUE}`, 'i')
+const LIMIT_BEFORE = /* @__PURE__ */ (() => new RegExp(String.raw`(?:(?<![a-z])(?:max(?:imum)?(?:[ _-]+[a-z]+){0,3}`
+  + String.raw`|limit(?:ed)?|allow(?:s|ed)?|most|up|capacity|context(?:[ _-]+(?:window|length|size))?`
+  + String.raw`|exceed(?:s|ed|ing)?|ctx)|<=|≤)${glue()}`, 'i'))()
 /** … or the size of what was sent (prompt, input, request, messages, count, got, contains, `n_prompt_tokens`). */
-const SIZE_BEFORE = new RegExp(String.raw`(?<![a-z])(?:prompt|inputs?|request(?:ed)?|messages?|got|contains?|count`
-  + String.raw`|received|given|provided|resulted in|sent|uses?|needs?|has|have|total|length)`
-  + String.raw`(?:[ _-]+(?:tokens?|length|size|count))*${GLUE}`, 'i')
+const SIZE_BEFORE = /* @__PURE__ */ (() => new RegExp(String.raw`(?<![a-z])(?:prompt|inputs?|request(?:ed)?|messages?`
+  + String.raw`|got|contains?|count|received|given|provided|resulted in|sent|uses?|needs?|has|have|total|length)`
+  + String.raw`(?:[ _-]+(?:tokens?|length|size|count))*${glue()}`, 'i'))()
 /** Words right after a count that make it a limit ("200000 maximum", "8,000-token window") or a part of the prompt. */
 const LIMIT_AFTER = /^[\s)-]*(?:tokens?[\s)-]*)?,?\s*(?:max(?:imum)?|limit|window|context)\b/i
-const PART_AFTER = new RegExp(String.raw`^\s*(?:tokens?\s+)?(?:in (?:the|your) (?:messages|prompt|functions|tools`
-  + String.raw`|input)|of (?:text |tool )?input|(?:prompt|input) tokens)`, 'i')
+const PART_AFTER = /* @__PURE__ */ (() => new RegExp(String.raw`^\s*(?:tokens?\s+)?(?:in (?:the|your) (?:messages`
+  + String.raw`|prompt|functions|tools|input)|of (?:text |tool )?input|(?:prompt|input) tokens)`, 'i'))()
 /** `A > B`, "A exceeds B": a size, then its limit. */
 const COMPARE_RE = /^\s*(?:tokens?)?\s*\)?\s*(?:>|exceeds?|is (?:more|greater|larger) than)\s*\(?\s*$/i
 /** A count near these words is about the output (max_tokens, the completion), not the prompt. */
@@ -5001,14 +5007,14 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   INVALID_REQUEST: 'The server rejected the request; the body above names the field.',
   SERVER: 'The server failed; try again later.',
   TRANSPORT: 'Check the network and baseURL.',
-  TIMEOUT: `The server sent nothing for ${IDLE_TIMEOUT_MS} ms (IDLE_TIMEOUT_MS), or the call passed its deadline of `
-    + `${REQUEST_TIMEOUT_MS} ms (REQUEST_TIMEOUT_MS); try again later.`,
+  TIMEOUT: 'The server made no progress for IDLE_TIMEOUT_MS (5 minutes), or the call passed REQUEST_TIMEOUT_MS '
+    + '(1 hour); try again later.',
   ABORTED: 'The caller aborted the request.',
   EMPTY_RESPONSE: 'The server answered with nothing; try again later.',
   MALFORMED_RESPONSE: 'The server does not speak the stream format of this adapter (OpenAI chat completions for '
     + 'openAICompatible, Anthropic Messages for anthropic); check baseURL.',
-  RESPONSE_TOO_LARGE: `The server sent more than dsh reads (MAX_MESSAGE_BYTES, ${MAX_MESSAGE_BYTES} bytes of one `
-    + 'message); lower maxTokens.',
+  RESPONSE_TOO_LARGE: 'The server sent more than dsh reads (MAX_MESSAGE_BYTES, 8 MiB of one message); lower '
+    + 'maxTokens.',
 }
 
 /** Seconds, an HTTP date, or OpenAI's `retry-after-ms`, in ms (RFC 9110 §10.2.3). */
@@ -5521,7 +5527,8 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * and the rest cancelled unread; one assistant message up to {@link MAX_MESSAGE_BYTES} (8 MiB of text,
  * reasoning and tool-call ids, names and arguments, counted as they arrive) and 1,000 tool calls, past
  * which RESPONSE_TOO_LARGE carries the partial; {@link IDLE_TIMEOUT_MS} (5 minutes) without progress ends an
- * attempt, {@link REQUEST_TIMEOUT_MS} (1 hour) the whole call. Redirects are not followed across origins (only a same-origin 307/308).
+ * attempt, {@link REQUEST_TIMEOUT_MS} (1 hour) the whole call. Redirects are not followed across origins (only a
+ * same-origin 307/308).
  * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
  */
 function openAICompatible(options: OpenAICompatibleOptions): Provider {
