@@ -4433,9 +4433,8 @@ class SSEParser {
   private dataLines = 0
   private eventType: string | undefined = undefined
   private id: string | undefined = undefined
-  /** `onEvent` returned false: later events are dropped. */
-  stopped = false
-  constructor(private readonly onEvent: (event: SSEEvent) => boolean | void,
+  /** `onEvent` gets each event's fields (no object is made for it: the adapter needs only `event` and `data`). */
+  constructor(private readonly onEvent: (event: string, data: string, id: string | undefined) => void,
     private readonly maxBufferSize = Infinity) {}
 
   feed(text: string): void {
@@ -4544,10 +4543,9 @@ class SSEParser {
   }
 
   private emit(data: string): void {
-    const event = this.eventType ?? 'message'
-    const e: SSEEvent = this.id === undefined ? { event, data } : { event, data, id: this.id }
+    const event = this.eventType ?? 'message', id = this.id
     this.eventType = undefined; this.id = undefined
-    if (!this.stopped && this.onEvent(e) === false) this.stopped = true
+    this.onEvent(event, data, id)
   }
 
   /** Keeps an unterminated piece, unless its start shows the line is one this parser ignores. */
@@ -4627,7 +4625,9 @@ function parseSSE(
   let batch: SSEEvent[] = []
   let head = 0
   let ended = false
-  const parser = new SSEParser((event) => { batch.push(event) }, sseBufferLimit(options.maxBufferSize))
+  const parser = new SSEParser((event, data, id) => {
+    batch.push(id === undefined ? { event, data } : { event, data, id })
+  }, sseBufferLimit(options.maxBufferSize))
   const decode = utf8Decoder()
   const done: IteratorResult<SSEEvent> = { value: undefined, done: true }
   async function fill(): Promise<IteratorResult<SSEEvent>> {
@@ -4665,36 +4665,26 @@ function sseBufferLimit(maxBufferSize: unknown): number {
 }
 
 /**
- * The adapter's form of {@link parseSSE}: calls `onEvent` synchronously for every event of each
- * chunk. `onEvent` returning `false` stops (later events are dropped, the source is cancelled);
- * `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings); `signal` aborting cancels the
- * source and rejects with its reason. Rejects with what `onEvent` or the source threw, or with the
- * parser's RangeError past `maxBufferSize`.
+ * The adapter's one body reader, for event streams and whole bodies alike: hands each chunk of `body` to `onChunk`
+ * (`undefined` once it ended) until `onChunk` returns true; the rest is cancelled unread (closing the connection).
+ * `signal` aborting cancels the body and rejects with its reason; rejects with what `onChunk` or the body threw.
  */
-async function pumpSSE(
-  source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
-  onEvent: (event: SSEEvent) => boolean | void,
-  options: { maxBufferSize?: number; onChunk?: (size: number) => void; signal?: AbortSignal } = {},
-): Promise<void> {
-  const pull = chunkPuller(source)
-  const parser = new SSEParser(onEvent, sseBufferLimit(options.maxBufferSize))
-  const decode = utf8Decoder()
-  const { signal } = options
+async function eachChunk(body: ReadableStream<Uint8Array>, signal: AbortSignal,
+  onChunk: (chunk: Uint8Array | undefined) => boolean | void): Promise<void> {
+  const pull = chunkPuller(body)
   const onAbort = (): void => { pull.close().catch(() => {}) } // settles a pending read at once (WHATWG streams)
-  signal?.addEventListener('abort', onAbort, { once: true })
+  signal.addEventListener('abort', onAbort, { once: true })
   try {
-    while (!parser.stopped) {
-      if (signal?.aborted) throw signal.reason
+    for (;;) {
+      if (signal.aborted) throw signal.reason
       let r: IteratorResult<Uint8Array | string>
       try { r = await pull.next() } catch (err) { pull.finished = true; throw err }
-      if (signal?.aborted) throw signal.reason
-      if (r.done) { pull.finished = true; parser.feed(decode(undefined)); return }
-      const chunk = r.value
-      options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
-      parser.feed(decode(chunk))
+      if (signal.aborted) throw signal.reason
+      if (r.done) pull.finished = true
+      if (onChunk(r.done ? undefined : r.value as Uint8Array) === true || r.done) return
     }
   } finally {
-    signal?.removeEventListener('abort', onAbort)
+    signal.removeEventListener('abort', onAbort)
     await pull.close()
   }
 }
@@ -6149,29 +6139,18 @@ function relayChunks(cfg: AdapterConfig, data: string, requestId: string | undef
  */
 async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string;
   cut: boolean }> {
-  if (!response.body) return { text: '', cut: false }
-  const pull = chunkPuller(response.body)
-  const onAbort = (): void => { pull.close().catch(() => {}) } // settles a pending read at once (WHATWG streams)
-  signal.addEventListener('abort', onAbort, { once: true })
   const decoder = new TextDecoder()
-  let text = '', bytes = 0
-  try {
-    for (;;) {
-      if (signal.aborted) throw signal.reason
-      const r = await pull.next()
-      if (signal.aborted) throw signal.reason
-      if (r.done) { pull.finished = true; return { text: text + decoder.decode(), cut: false } }
-      const chunk = r.value as Uint8Array
-      if (bytes + chunk.byteLength > maxBytes) {
-        return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
-      }
+  let text = '', bytes = 0, cut = false
+  if (response.body) {
+    await eachChunk(response.body, signal, (chunk) => {
+      if (chunk === undefined) { text += decoder.decode(); return }
+      cut = bytes + chunk.byteLength > maxBytes
+      text += decoder.decode(cut ? chunk.subarray(0, maxBytes - bytes) : chunk, { stream: !cut })
       bytes += chunk.byteLength
-      text += decoder.decode(chunk, { stream: true })
-    }
-  } finally {
-    signal.removeEventListener('abort', onAbort)
-    await pull.close() // cancels the rest unread
+      return cut
+    })
   }
+  return { text, cut }
 }
 
 const REDIRECT_STATUSES: ReadonlySet<number> = new Set([301, 302, 303, 307, 308])
@@ -6315,25 +6294,31 @@ async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssem
   }
   let sawDone = false, sawData = false, bytes = 0
   const { format } = cfg
-  await pumpSSE(response.body, (event) => {
-    if (event.event !== 'message') {
-      if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
+  const parser = new SSEParser((event, data) => {
+    if (sawDone) return // after the end marker: dropped
+    if (event !== 'message') {
+      if (event === 'error') throw inStreamError(cfg, data, requestId)
       if (!format.namedEvents) return
     }
-    if (!sawData) sawData = true
-    let data = event.data
+    sawData = true
     if (data.charCodeAt(0) !== 123) { // not `{`: the rare shapes
       data = data.trim()
       if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line
-      if (data === '[DONE]') { sawDone = true; return false }
+      if (data === '[DONE]') { sawDone = true; return }
     }
     let obj: unknown
     try { obj = JSON.parse(data) } catch (error) { obj = relayChunks(cfg, data, requestId, error) }
-    if (obj instanceof ChunkList ? obj.list.some((o) => format.event(acc, o, data)) : format.event(acc, obj, data)) {
+    const text = data
+    if (obj instanceof ChunkList ? obj.list.some((o) => format.event(acc, o, text)) : format.event(acc, obj, text)) {
       sawDone = true
-      return false
     }
-  }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n }, signal })
+  }, SSE_MAX_BUFFER_UNITS)
+  const decode = utf8Decoder()
+  await eachChunk(response.body, signal, (chunk) => {
+    if (chunk !== undefined) bytes += chunk.byteLength
+    parser.feed(decode(chunk))
+    return sawDone
+  })
   const type = response.headers.get('content-type')
   if (!sawData && type && !/event-stream/i.test(type)) {
     throw bytes === 0
