@@ -4266,30 +4266,34 @@ const ANTHROPIC_API_KEY_ENV = 'ANTHROPIC_API_KEY'
 const ANTHROPIC_VERSION = '2023-06-01'
 /** `cache_control` breakpoints one Messages request may carry (Anthropic's limit). */
 const MAX_CACHE_BREAKPOINTS = 4
-/** Deadline of one `complete()` call, retries included, unless `requestTimeoutMs` says otherwise: 1 hour. */
-const DEFAULT_REQUEST_TIMEOUT_MS = 3_600_000
+/** Deadline of one `complete()` call, retries and backoff included: 1 hour; past it TIMEOUT, not retried. */
+const REQUEST_TIMEOUT_MS = 3_600_000
 /** Completion budget in tokens when neither the request nor the options set one (docs/design.md §6). */
 const DEFAULT_MAX_TOKENS = 32_768
-/** No progress (response headers or a data event) for this long ends the attempt as TIMEOUT. */
-const DEFAULT_IDLE_TIMEOUT_MS = 300_000
+/** No progress (response headers or a data event; keep-alive comments do not count) for this long: TIMEOUT. */
+const IDLE_TIMEOUT_MS = 300_000
 /** Retries after the first attempt, for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. */
-const DEFAULT_MAX_RETRIES = 5
-/** Retries of a refused connection or a failed DNS lookup (at most; `maxRetries` may be lower):
+const MAX_RETRIES = 5
+/** Retries of a refused connection or a failed DNS lookup (at most):
  *  no server is listening there, so five backoffs (~16 s) only make the user wait. */
 const CONNECT_FAILURE_RETRIES = 1
+/** A case-insensitive RegExp of any of `sources`; called pure, so a bundle without the provider drops the table. */
+function anyOf(sources: readonly string[]): RegExp {
+  return new RegExp(sources.join('|'), 'i')
+}
 /** Error codes and wordings of a refused connection or a failed DNS lookup (Node's undici, Deno, Bun). */
 const CONNECT_FAILURE_CODES =
   new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EAI_NONAME', 'EAI_FAIL', 'ConnectionRefused'])
-const CONNECT_FAILURE_RE = new RegExp(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'connection refused',
-  'failed to lookup address', 'dns error', 'name or service not known', 'unable to connect'].join('|'), 'i')
+const CONNECT_FAILURE_RE = /* @__PURE__ */ anyOf(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'connection refused',
+  'failed to lookup address', 'dns error', 'name or service not known', 'unable to connect'])
 /** Fetch failures no retry can mend, so none is made: a port fetch blocks (undici "bad port", Deno), an invalid
  *  URL, a runtime's permission denial (Deno's NotCapable / PermissionDenied). Matched on a cause's name, code, text. */
-const FAIL_FAST_RE = new RegExp(['bad port', 'port \\d+ (?:is|are) blocked', 'ERR_INVALID_URL', 'invalid url',
-  'failed to parse url', 'url is invalid', 'NotCapable', 'PermissionDenied', 'requires net access'].join('|'), 'i')
-/** First backoff delay in ms; doubles per retry up to {@link DEFAULT_RETRY_MAX_MS} (docs/design.md §6). */
-const DEFAULT_RETRY_BASE_MS = 500
+const FAIL_FAST_RE = /* @__PURE__ */ anyOf(['bad port', 'port \\d+ (?:is|are) blocked', 'ERR_INVALID_URL',
+  'invalid url', 'failed to parse url', 'url is invalid', 'NotCapable', 'PermissionDenied', 'requires net access'])
+/** First backoff delay in ms; doubles per retry up to {@link RETRY_MAX_MS} (docs/design.md §6). */
+const RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
-const DEFAULT_RETRY_MAX_MS = 10_000
+const RETRY_MAX_MS = 10_000
 /** Backoff delays are multiplied by a random factor in [1 − r, 1 + r] so clients do not stampede. */
 const RETRY_JITTER_RATIO = 0.1
 /** Largest unterminated SSE line plus event data the adapter buffers, in UTF-16 units. */
@@ -4298,10 +4302,10 @@ const SSE_MAX_BUFFER_UNITS = 16 * 1024 * 1024
 const ERROR_BODY_MAX_UNITS = 64 * 1024
 /** An error body is read up to this many bytes (after content decoding), then the rest is cancelled
  *  unread: a gzip bomb is never inflated (docs/design.md §13). A non-streamed answer may take
- *  `2 × maxMessageBytes` more (JSON escapes), its message then capped like a streamed one. */
+ *  `2 × MAX_MESSAGE_BYTES` more (JSON escapes), its message then capped like a streamed one. */
 const RESPONSE_BODY_MAX_BYTES = 64 * 1024
-/** Default cap on one assistant message: text, reasoning, tool-call ids, names and arguments, UTF-8 bytes (§13). */
-const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+/** Cap on one assistant message: text, reasoning, tool-call ids, names and arguments, UTF-8 bytes (§13). */
+const MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 /** Tool calls one assistant message may hold; past it RESPONSE_TOO_LARGE (each call costs memory and a result). */
 const MAX_TOOL_CALLS_PER_MESSAGE = 1_000
 /** Same-origin 307/308 redirects followed per attempt, at most. */
@@ -4429,9 +4433,8 @@ class SSEParser {
   private dataLines = 0
   private eventType: string | undefined = undefined
   private id: string | undefined = undefined
-  /** `onEvent` returned false: later events are dropped. */
-  stopped = false
-  constructor(private readonly onEvent: (event: SSEEvent) => boolean | void,
+  /** `onEvent` gets each event's fields (no object is made for it: the adapter needs only `event` and `data`). */
+  constructor(private readonly onEvent: (event: string, data: string, id: string | undefined) => void,
     private readonly maxBufferSize = Infinity) {}
 
   feed(text: string): void {
@@ -4540,10 +4543,9 @@ class SSEParser {
   }
 
   private emit(data: string): void {
-    const event = this.eventType ?? 'message'
-    const e: SSEEvent = this.id === undefined ? { event, data } : { event, data, id: this.id }
+    const event = this.eventType ?? 'message', id = this.id
     this.eventType = undefined; this.id = undefined
-    if (!this.stopped && this.onEvent(e) === false) this.stopped = true
+    this.onEvent(event, data, id)
   }
 
   /** Keeps an unterminated piece, unless its start shows the line is one this parser ignores. */
@@ -4623,7 +4625,9 @@ function parseSSE(
   let batch: SSEEvent[] = []
   let head = 0
   let ended = false
-  const parser = new SSEParser((event) => { batch.push(event) }, sseBufferLimit(options.maxBufferSize))
+  const parser = new SSEParser((event, data, id) => {
+    batch.push(id === undefined ? { event, data } : { event, data, id })
+  }, sseBufferLimit(options.maxBufferSize))
   const decode = utf8Decoder()
   const done: IteratorResult<SSEEvent> = { value: undefined, done: true }
   async function fill(): Promise<IteratorResult<SSEEvent>> {
@@ -4661,36 +4665,26 @@ function sseBufferLimit(maxBufferSize: unknown): number {
 }
 
 /**
- * The adapter's form of {@link parseSSE}: calls `onEvent` synchronously for every event of each
- * chunk. `onEvent` returning `false` stops (later events are dropped, the source is cancelled);
- * `onChunk` sees each chunk's size (bytes, or UTF-16 units for strings); `signal` aborting cancels the
- * source and rejects with its reason. Rejects with what `onEvent` or the source threw, or with the
- * parser's RangeError past `maxBufferSize`.
+ * The adapter's one body reader, for event streams and whole bodies alike: hands each chunk of `body` to `onChunk`
+ * (`undefined` once it ended) until `onChunk` returns true; the rest is cancelled unread (closing the connection).
+ * `signal` aborting cancels the body and rejects with its reason; rejects with what `onChunk` or the body threw.
  */
-async function pumpSSE(
-  source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
-  onEvent: (event: SSEEvent) => boolean | void,
-  options: { maxBufferSize?: number; onChunk?: (size: number) => void; signal?: AbortSignal } = {},
-): Promise<void> {
-  const pull = chunkPuller(source)
-  const parser = new SSEParser(onEvent, sseBufferLimit(options.maxBufferSize))
-  const decode = utf8Decoder()
-  const { signal } = options
+async function eachChunk(body: ReadableStream<Uint8Array>, signal: AbortSignal,
+  onChunk: (chunk: Uint8Array | undefined) => boolean | void): Promise<void> {
+  const pull = chunkPuller(body)
   const onAbort = (): void => { pull.close().catch(() => {}) } // settles a pending read at once (WHATWG streams)
-  signal?.addEventListener('abort', onAbort, { once: true })
+  signal.addEventListener('abort', onAbort, { once: true })
   try {
-    while (!parser.stopped) {
-      if (signal?.aborted) throw signal.reason
+    for (;;) {
+      if (signal.aborted) throw signal.reason
       let r: IteratorResult<Uint8Array | string>
       try { r = await pull.next() } catch (err) { pull.finished = true; throw err }
-      if (signal?.aborted) throw signal.reason
-      if (r.done) { pull.finished = true; parser.feed(decode(undefined)); return }
-      const chunk = r.value
-      options.onChunk?.(typeof chunk === 'string' ? chunk.length : chunk.byteLength)
-      parser.feed(decode(chunk))
+      if (signal.aborted) throw signal.reason
+      if (r.done) pull.finished = true
+      if (onChunk(r.done ? undefined : r.value as Uint8Array) === true || r.done) return
     }
   } finally {
-    signal?.removeEventListener('abort', onAbort)
+    signal.removeEventListener('abort', onAbort)
     await pull.close()
   }
 }
@@ -4747,8 +4741,8 @@ const ERROR_MESSAGE_KEYS = new Set(['message', 'msg', 'detail', 'error', 'raw', 
  * the prompt length" too (OpenAI/Groq TPM "Request too large", Anthropic input-TPM 429), and a
  * rate limit is never an overflow (docs/design.md §6).
  */
-const RATE_LIMIT_RE = new RegExp(['rate[ _-]?limit', 'too many requests', 'tokens per min', 'requests per min',
-  '\\b(?:TPM|RPM|TPD|RPD)\\b', 'per[ -]minute', 'resource[_ ]exhausted'].join('|'), 'i')
+const RATE_LIMIT_RE = /* @__PURE__ */ anyOf(['rate[ _-]?limit', 'too many requests', 'tokens per min',
+  'requests per min', '\\b(?:TPM|RPM|TPD|RPD)\\b', 'per[ -]minute', 'resource[_ ]exhausted'])
 
 /**
  * Context-window overflow wordings that state no counts, one per line with the servers known to use it. A
@@ -4770,8 +4764,9 @@ const OVERFLOW_PATTERNS: readonly RegExp[] = [
 ]
 
 /** Out of balance or quota (not retried: only money helps). */
-const QUOTA_RE = new RegExp(['insufficient[_ ]?(?:balance|quota|credits?|funds)', 'exceeded your current quota',
-  'billing', 'credit balance', 'payment required', 'out of credits', 'not enough credits'].join('|'), 'i')
+const QUOTA_RE = /* @__PURE__ */ anyOf(['insufficient[_ ]?(?:balance|quota|credits?|funds)',
+  'exceeded your current quota', 'billing', 'credit balance', 'payment required', 'out of credits',
+  'not enough credits'])
 /** Authentication and permission wording, used when no HTTP status says so. */
 const AUTH_RE =
   /authenticat|unauthori[sz]ed|invalid[_ ]api[_ ]key|incorrect api key|permission[_ ]denied|permission_error|forbidden/i
@@ -4905,19 +4900,20 @@ function readErrorBody(status: number | undefined, bodyText: unknown): { code: P
 /** A count in an error text (thousands commas allowed); not a piece of a word, an id, a version or a date. */
 const COUNT_RE = /(?<![\w.,-])(\d{1,3}(?:,\d{3})+|\d+)(?!\w|[.,]\d)/g
 /** What may stand between a cue word and its count: quotes, `(`, `:`, `=`, small words ("is", "of", "about"). */
-const GLUE = String.raw`(?:[\s"'\\:=(\[~]|\b(?:is|of|to|be|was|about|approximately|least|the|only|an?)\b)*$`
+const glue = (): string =>
+  String.raw`(?:[\s"'\\:=(\[~]|\b(?:is|of|to|be|was|about|approximately|least|the|only|an?)\b)*$`
 /** Words right before a count that make it a limit (maximum, limit, allowed, at most, context size, `n_ctx`) … */
-const LIMIT_BEFORE = new RegExp(String.raw`(?:(?<![a-z])(?:max(?:imum)?(?:[ _-]+[a-z]+){0,3}|limit(?:ed)?`
-  + String.raw`|allow(?:s|ed)?|most|up|capacity|context(?:[ _-]+(?:window|length|size))?`
-  + String.raw`|exceed(?:s|ed|ing)?|ctx)|<=|≤)${GLUE}`, 'i')
+const LIMIT_BEFORE = /* @__PURE__ */ (() => new RegExp(String.raw`(?:(?<![a-z])(?:max(?:imum)?(?:[ _-]+[a-z]+){0,3}`
+  + String.raw`|limit(?:ed)?|allow(?:s|ed)?|most|up|capacity|context(?:[ _-]+(?:window|length|size))?`
+  + String.raw`|exceed(?:s|ed|ing)?|ctx)|<=|≤)${glue()}`, 'i'))()
 /** … or the size of what was sent (prompt, input, request, messages, count, got, contains, `n_prompt_tokens`). */
-const SIZE_BEFORE = new RegExp(String.raw`(?<![a-z])(?:prompt|inputs?|request(?:ed)?|messages?|got|contains?|count`
-  + String.raw`|received|given|provided|resulted in|sent|uses?|needs?|has|have|total|length)`
-  + String.raw`(?:[ _-]+(?:tokens?|length|size|count))*${GLUE}`, 'i')
+const SIZE_BEFORE = /* @__PURE__ */ (() => new RegExp(String.raw`(?<![a-z])(?:prompt|inputs?|request(?:ed)?|messages?`
+  + String.raw`|got|contains?|count|received|given|provided|resulted in|sent|uses?|needs?|has|have|total|length)`
+  + String.raw`(?:[ _-]+(?:tokens?|length|size|count))*${glue()}`, 'i'))()
 /** Words right after a count that make it a limit ("200000 maximum", "8,000-token window") or a part of the prompt. */
 const LIMIT_AFTER = /^[\s)-]*(?:tokens?[\s)-]*)?,?\s*(?:max(?:imum)?|limit|window|context)\b/i
-const PART_AFTER = new RegExp(String.raw`^\s*(?:tokens?\s+)?(?:in (?:the|your) (?:messages|prompt|functions|tools`
-  + String.raw`|input)|of (?:text |tool )?input|(?:prompt|input) tokens)`, 'i')
+const PART_AFTER = /* @__PURE__ */ (() => new RegExp(String.raw`^\s*(?:tokens?\s+)?(?:in (?:the|your) (?:messages`
+  + String.raw`|prompt|functions|tools|input)|of (?:text |tool )?input|(?:prompt|input) tokens)`, 'i'))()
 /** `A > B`, "A exceeds B": a size, then its limit. */
 const COMPARE_RE = /^\s*(?:tokens?)?\s*\)?\s*(?:>|exceeds?|is (?:more|greater|larger) than)\s*\(?\s*$/i
 /** A count near these words is about the output (max_tokens, the completion), not the prompt. */
@@ -5001,13 +4997,14 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
   INVALID_REQUEST: 'The server rejected the request; the body above names the field.',
   SERVER: 'The server failed; try again later.',
   TRANSPORT: 'Check the network and baseURL.',
-  TIMEOUT: 'Raise idleTimeoutMs if the model needs longer before its first token.',
+  TIMEOUT: 'The server made no progress for IDLE_TIMEOUT_MS (5 minutes), or the call passed REQUEST_TIMEOUT_MS '
+    + '(1 hour); try again later.',
   ABORTED: 'The caller aborted the request.',
   EMPTY_RESPONSE: 'The server answered with nothing; try again later.',
   MALFORMED_RESPONSE: 'The server does not speak the stream format of this adapter (OpenAI chat completions for '
     + 'openAICompatible, Anthropic Messages for anthropic); check baseURL.',
-  RESPONSE_TOO_LARGE: 'The server sent more than dsh reads; raise maxMessageBytes if a message really needs more, '
-    + 'or lower maxTokens.',
+  RESPONSE_TOO_LARGE: 'The server sent more than dsh reads (MAX_MESSAGE_BYTES, 8 MiB of one message); lower '
+    + 'maxTokens.',
 }
 
 /** Seconds, an HTTP date, or OpenAI's `retry-after-ms`, in ms (RFC 9110 §10.2.3). */
@@ -5336,52 +5333,34 @@ export interface OpenAICompatibleOptions {
   headers?: Record<string, string>
   /** Replacement for `globalThis.fetch` (proxies, tests). */
   fetch?: (input: string, init: RequestInit) => Promise<Response>
-  /** An attempt with no progress (headers or a data event; keep-alive comments do not count) for this long fails as
-   *  TIMEOUT. Default 300,000. */
-  idleTimeoutMs?: number
-  /** Retries after the first attempt for RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT, EMPTY_RESPONSE. Default 5;
-   *  a refused connection or a failed DNS lookup gets at most 1. */
-  maxRetries?: number
-  /** First backoff delay; doubles per retry. Default 500. */
-  retryBaseMs?: number
-  /** Longest backoff delay, and the cap on `Retry-After`. Default 10,000. */
-  retryMaxMs?: number
-  /** Sends `thinking: {type: "enabled" | "disabled"}` (DeepSeek V4). Default: not sent (server default). */
-  thinking?: boolean | 'enabled' | 'disabled'
-  /** Sends `reasoning_effort` (DeepSeek V4, OpenAI reasoning models). */
-  reasoningEffort?: string
-  /** Extra body fields (e.g. `temperature`); the adapter's own fields win. A `max_completion_tokens` key (any
-   *  value; OpenAI's reasoning models refuse `max_tokens`) makes the clamped budget go under that name. */
+  /** Extra body fields, e.g. `temperature`, or DeepSeek's `thinking: {type: 'enabled'}` and `reasoning_effort`; the
+   *  adapter's own fields win. A `max_completion_tokens` key (any value; OpenAI's reasoning models refuse
+   *  `max_tokens`) makes the clamped budget go under that name. */
   extraBody?: Record<string, unknown>
-  /** Waits between retries (tests pass a fake clock). Must reject when `signal` aborts. */
-  sleep?: (ms: number, signal?: AbortSignal) => Promise<void>
   /**
    * The model's price table, USD per million tokens (docs/design.md §11). Default: none for
    * {@link openAICompatible} (cost "unknown"); {@link deepseek} uses {@link pricesOf} the model.
    * @throws TypeError at construction for a malformed table (the message names the field).
    */
   prices?: Prices
-  /** Cap on one assistant message in UTF-8 bytes (text, reasoning, tool-call ids, names and arguments); past
-   *  it (or past 1,000 tool calls) the stream is cancelled and RESPONSE_TOO_LARGE thrown with the partial text.
-   *  Default {@link DEFAULT_MAX_MESSAGE_BYTES}. */
-  maxMessageBytes?: number
-  /** Deadline of one `complete()` call, retries and backoff included, in ms; past it: TIMEOUT, not retried. Default
-   *  {@link DEFAULT_REQUEST_TIMEOUT_MS} (1 hour). */
-  requestTimeoutMs?: number
 }
 
-/** Options of {@link anthropic}: those of {@link openAICompatible} without the chat-completions fields. */
-export interface AnthropicOptions
-  extends Omit<OpenAICompatibleOptions, 'baseURL' | 'thinking' | 'reasoningEffort'> {
+/** Options of {@link anthropic}: those of {@link openAICompatible}, with a default `baseURL`. */
+export interface AnthropicOptions extends Omit<OpenAICompatibleOptions, 'baseURL'> {
   /** Server root; the adapter POSTs to `{baseURL}/v1/messages`. Default `https://api.anthropic.com`. */
   baseURL?: string
 }
 
 const OPTION_NAMES: readonly (keyof OpenAICompatibleOptions)[] = [
-  'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'headers', 'fetch',
-  'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'thinking', 'reasoningEffort', 'extraBody', 'sleep',
-  'maxMessageBytes', 'requestTimeoutMs', 'prices',
+  'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'headers', 'fetch', 'extraBody', 'prices',
 ]
+
+/**
+ * The adapter's times, retries and message cap: the constants above, read when a provider is made. The one test
+ * seam of section 6 (`internals.adapterTuning`): a test sets a field, makes its provider, and sets it back.
+ */
+const adapterTuning = { idleTimeoutMs: IDLE_TIMEOUT_MS, requestTimeoutMs: REQUEST_TIMEOUT_MS, maxRetries: MAX_RETRIES,
+  retryBaseMs: RETRY_BASE_MS, retryMaxMs: RETRY_MAX_MS, maxMessageBytes: MAX_MESSAGE_BYTES, sleep: sleepMs }
 
 /**
  * What differs between the wire formats; everything else (retries, SSE, errors, the assembler) is
@@ -5392,7 +5371,6 @@ interface WireFormat {
   path: string
   /** The path and the body of a token count, where the format has one. */
   count?: { path: string; body(cfg: AdapterConfig, request: ChatRequest): string }
-  options: readonly string[]
   /** Events of other names than `message` carry data (Anthropic names every event). */
   namedEvents: boolean
   authHeaders(apiKey: string | undefined): Record<string, string>
@@ -5401,7 +5379,7 @@ interface WireFormat {
   whole(acc: ReplyAssembler, obj: unknown, data: string): void
 }
 
-interface AdapterConfig {
+interface AdapterConfig extends Readonly<typeof adapterTuning> {
   format: WireFormat
   /** The last two Messages requests' prefixes (cache breakpoints), newest first. */
   sent: SentPrefix[]
@@ -5414,17 +5392,8 @@ interface AdapterConfig {
   maxTokens: number
   headers: Record<string, string>
   fetch: (input: string, init: RequestInit) => Promise<Response>
-  idleTimeoutMs: number
-  maxRetries: number
-  retryBaseMs: number
-  retryMaxMs: number
-  thinking?: 'enabled' | 'disabled'
-  reasoningEffort?: string
   extraBody: Record<string, unknown>
-  sleep: (ms: number, signal?: AbortSignal) => Promise<void>
   prices?: Prices
-  maxMessageBytes: number
-  requestTimeoutMs: number
 }
 
 /** Reads an environment variable where one exists; edge runtimes have none, Deno may deny access. */
@@ -5463,12 +5432,15 @@ function positiveInteger(fn: string, name: string, value: unknown, allowZero = f
  * absolute http(s) `baseURL`, a `model`; returns the API key (from `apiKey`, else the variable named
  * by `apiKeyEnv`, or `requireKeyFrom`). Throws TypeError naming the option and the fix.
  */
-function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFrom: string | undefined,
-  known: readonly string[]): string | undefined {
+function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFrom: string | undefined):
+  string | undefined {
   if (!isRecord(options))
     throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null' : typeof options}`)
   for (const key of Object.keys(options)) {
-    if (!known.includes(key)) throw new TypeError(`${fn}: unknown option "${key}"; known options: ${known.join(', ')}`)
+    if (!OPTION_NAMES.includes(key as keyof OpenAICompatibleOptions)) {
+      throw new TypeError(`${fn}: unknown option "${key}"; known options: ${OPTION_NAMES.join(', ')} (a field of the `
+        + `server's API, e.g. thinking or reasoning_effort, goes in extraBody)`)
+    }
   }
   const { baseURL, model } = options
   let url: URL
@@ -5495,20 +5467,15 @@ function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFr
 
 function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string,
   format: WireFormat = OPENAI_FORMAT): AdapterConfig {
-  const apiKey = checkOptions(fn, options, requireKeyFrom, format.options)
+  const apiKey = checkOptions(fn, options, requireKeyFrom)
   const { baseURL, model } = options
   const known = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model] : undefined
-  const thinking = options.thinking === undefined ? undefined : options.thinking === true
-    || options.thinking === 'enabled' ? 'enabled' : options.thinking === false || options.thinking === 'disabled'
-    ? 'disabled' : undefined
-  if (options.thinking !== undefined && thinking === undefined)
-    throw new TypeError(`${fn}: thinking must be true, false, 'enabled' or 'disabled', `
-      + `got ${JSON.stringify(options.thinking)}`)
   const baseURLText = String(baseURL).replace(/\/+$/, '')
   // unbound fetch throws "Illegal invocation" in workerd
   const fetchImpl = options.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init))
   if (typeof fetchImpl !== 'function') throw new TypeError(`${fn}: fetch must be a function`)
   return {
+    ...adapterTuning,
     format,
     sent: [],
     baseURL: baseURLText,
@@ -5520,17 +5487,8 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
     maxTokens: positiveInteger(fn, 'maxTokens', options.maxTokens) ?? DEFAULT_MAX_TOKENS,
     headers: { ...(options.headers ?? {}) },
     fetch: fetchImpl,
-    idleTimeoutMs: positiveInteger(fn, 'idleTimeoutMs', options.idleTimeoutMs) ?? DEFAULT_IDLE_TIMEOUT_MS,
-    maxRetries: positiveInteger(fn, 'maxRetries', options.maxRetries, true) ?? DEFAULT_MAX_RETRIES,
-    retryBaseMs: positiveInteger(fn, 'retryBaseMs', options.retryBaseMs, true) ?? DEFAULT_RETRY_BASE_MS,
-    retryMaxMs: positiveInteger(fn, 'retryMaxMs', options.retryMaxMs, true) ?? DEFAULT_RETRY_MAX_MS,
-    thinking,
-    reasoningEffort: options.reasoningEffort,
     extraBody: { ...(options.extraBody ?? {}) },
-    sleep: options.sleep ?? sleepMs,
     prices: options.prices === undefined ? undefined : validatePrices(options.prices, `${fn}: prices`),
-    maxMessageBytes: positiveInteger(fn, 'maxMessageBytes', options.maxMessageBytes) ?? DEFAULT_MAX_MESSAGE_BYTES,
-    requestTimeoutMs: positiveInteger(fn, 'requestTimeoutMs', options.requestTimeoutMs) ?? DEFAULT_REQUEST_TIMEOUT_MS,
   }
 }
 
@@ -5546,8 +5504,9 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * estimate; with a known window and no room left it throws CONTEXT_WINDOW_EXCEEDED before sending.
  *
  * Failures are {@link ProviderError}s. RATE_LIMIT, SERVER, TRANSPORT, TIMEOUT and EMPTY_RESPONSE
- * are retried (`maxRetries`; a refused connection or failed DNS lookup at most once; exponential backoff with ±10%
- * jitter, `Retry-After` honoured up to `retryMaxMs`, a `{type:'retry'}` event before each wait), but never once output
+ * are retried ({@link MAX_RETRIES} times; a refused connection or failed DNS lookup at most once; backoff from
+ * {@link RETRY_BASE_MS} doubling, ±10% jitter, `Retry-After` honoured up to {@link RETRY_MAX_MS}, a `{type:'retry'}`
+ * event before each wait), but never once output
  * was streamed — then the error carries `partial` (text and reasoning so far, `interrupted: true`; tool calls are
  * dropped since their arguments may be cut). A "request too large for the per-minute budget" rate limit is not retried
  * (it can never pass). ABORTED (the request's signal) ends at once, also during a backoff wait, and is never retried.
@@ -5555,10 +5514,11 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  *
  * Limits on what a server can make the adapter read (docs/design.md §13): an error body or a
  * non-streamed body is read up to {@link RESPONSE_BODY_MAX_BYTES} (64 KiB, after gzip decoding)
- * and the rest cancelled unread; one assistant message up to `maxMessageBytes` (8 MiB of text,
+ * and the rest cancelled unread; one assistant message up to {@link MAX_MESSAGE_BYTES} (8 MiB of text,
  * reasoning and tool-call ids, names and arguments, counted as they arrive) and 1,000 tool calls, past
- * which RESPONSE_TOO_LARGE carries the partial; `requestTimeoutMs`
- * bounds the whole call. Redirects are not followed across origins (only a same-origin 307/308).
+ * which RESPONSE_TOO_LARGE carries the partial; {@link IDLE_TIMEOUT_MS} (5 minutes) without progress ends an
+ * attempt, {@link REQUEST_TIMEOUT_MS} (1 hour) the whole call. Redirects are not followed across origins (only a
+ * same-origin 307/308).
  * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
  */
 function openAICompatible(options: OpenAICompatibleOptions): Provider {
@@ -5702,7 +5662,7 @@ const toolsJSON = new WeakMap<readonly ToolSpec[], string>()
 
 /**
  * The request body (docs/design.md §11 "byte stability"). Keys in a fixed order — extra body fields,
- * model, thinking, reasoning_effort, tools, messages, then the per-request fields (stream,
+ * model, tools, messages, then the per-request fields (stream,
  * stream_options, the budget) — and nothing per-request inside a message, so for unchanged
  * history the body of one request is a byte prefix of the next one's up to the end of its last
  * message. The tools are serialised once per tools array: do not mutate one after sending it.
@@ -5712,8 +5672,6 @@ function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number
   const budgetField = Object.prototype.hasOwnProperty.call(cfg.extraBody, 'max_completion_tokens')
     ? 'max_completion_tokens' : 'max_tokens'
   const own = new Set(['model', 'messages', 'stream', 'stream_options', budgetField])
-  if (cfg.thinking) own.add('thinking')
-  if (cfg.reasoningEffort !== undefined) own.add('reasoning_effort')
   const tools = request.tools && request.tools.length > 0 ? request.tools : undefined
   if (tools) own.add('tools')
   const fields: string[] = []
@@ -5722,8 +5680,6 @@ function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number
     | undefined) => { if (valueJSON !== undefined) fields.push(`${json(key)}:${valueJSON}`) }
   for (const [key, value] of Object.entries(cfg.extraBody)) if (!own.has(key)) field(key, json(value))
   field('model', json(cfg.model))
-  if (cfg.thinking) field('thinking', json({ type: cfg.thinking }))
-  if (cfg.reasoningEffort !== undefined) field('reasoning_effort', json(cfg.reasoningEffort))
   if (tools) {
     let text = toolsJSON.get(tools)
     if (text === undefined) {
@@ -5861,7 +5817,7 @@ class ReplyAssembler {
       + 'runs).', { status: 200 })
   }
 
-  /** Counts a delta against maxMessageBytes before it is kept, so nothing past the cap is held; it is progress. */
+  /** Counts a delta against the message cap before it is kept, so nothing past the cap is held; it is progress. */
   private admit(delta: string): void {
     const cap = this.cfg.maxMessageBytes
     if (this.messageBytes < 0) {
@@ -5878,7 +5834,7 @@ class ReplyAssembler {
     this.messageBytes += utf8Length(delta, cap)
     if (this.messageBytes > cap) {
       const of = 'bytes of text, reasoning and tool-call ids, names and arguments'
-      throw this.tooLarge(`passed maxMessageBytes, ${this.cfg.maxMessageBytes} ${of}`)
+      throw this.tooLarge(`passed MAX_MESSAGE_BYTES, ${this.cfg.maxMessageBytes} ${of}`)
     }
     this.progress()
   }
@@ -6058,7 +6014,6 @@ function readUsage(u: unknown): Usage | undefined {
 
 const OPENAI_FORMAT: WireFormat = {
   path: '/chat/completions',
-  options: OPTION_NAMES,
   namedEvents: false,
   authHeaders: (apiKey): Record<string, string> => (apiKey === undefined ? {} : { authorization: `Bearer ${apiKey}` }),
   body: requestBody,
@@ -6136,7 +6091,6 @@ function anthropicUsage(acc: ReplyAssembler, u: unknown): Usage | undefined {
 const ANTHROPIC_FORMAT: WireFormat = {
   path: '/v1/messages',
   count: { path: '/v1/messages/count_tokens', body: (cfg, request) => anthropicBody(cfg, request) },
-  options: /* @__PURE__ */ OPTION_NAMES.filter((k) => k !== 'thinking' && k !== 'reasoningEffort'),
   namedEvents: true,
   authHeaders: (apiKey) => ({ 'anthropic-version': ANTHROPIC_VERSION, ...(apiKey === undefined ? {}
     : { 'x-api-key': apiKey }) }),
@@ -6185,29 +6139,18 @@ function relayChunks(cfg: AdapterConfig, data: string, requestId: string | undef
  */
 async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string;
   cut: boolean }> {
-  if (!response.body) return { text: '', cut: false }
-  const pull = chunkPuller(response.body)
-  const onAbort = (): void => { pull.close().catch(() => {}) } // settles a pending read at once (WHATWG streams)
-  signal.addEventListener('abort', onAbort, { once: true })
   const decoder = new TextDecoder()
-  let text = '', bytes = 0
-  try {
-    for (;;) {
-      if (signal.aborted) throw signal.reason
-      const r = await pull.next()
-      if (signal.aborted) throw signal.reason
-      if (r.done) { pull.finished = true; return { text: text + decoder.decode(), cut: false } }
-      const chunk = r.value as Uint8Array
-      if (bytes + chunk.byteLength > maxBytes) {
-        return { text: text + decoder.decode(chunk.subarray(0, maxBytes - bytes)), cut: true }
-      }
+  let text = '', bytes = 0, cut = false
+  if (response.body) {
+    await eachChunk(response.body, signal, (chunk) => {
+      if (chunk === undefined) { text += decoder.decode(); return }
+      cut = bytes + chunk.byteLength > maxBytes
+      text += decoder.decode(cut ? chunk.subarray(0, maxBytes - bytes) : chunk, { stream: !cut })
       bytes += chunk.byteLength
-      text += decoder.decode(chunk, { stream: true })
-    }
-  } finally {
-    signal.removeEventListener('abort', onAbort)
-    await pull.close() // cancels the rest unread
+      return cut
+    })
   }
+  return { text, cut }
 }
 
 const REDIRECT_STATUSES: ReadonlySet<number> = new Set([301, 302, 303, 307, 308])
@@ -6253,7 +6196,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     controller.abort(new Error(`deadline of ${cfg.requestTimeoutMs} ms passed`))
   }, Math.max(0, deadlineAt - Date.now()))
   // One idle timer per request: progress only counts; the timer looks every quarter of
-  // idleTimeoutMs and aborts once the count stood still for idleTimeoutMs (so within 1.25 × of it;
+  // the idle timeout and aborts once the count stood still that long (so within 1.25 × of it;
   // re-arming or reading the clock per event cost 10–12%). Progress is the response headers, then
   // only what the assembler keeps (text, reasoning, tool calls, changed usage): empty chunks, pings
   // and keep-alives are not (docs/design.md §6).
@@ -6316,7 +6259,7 @@ async function readWhole(cfg: AdapterConfig, response: Response, acc: ReplyAssem
   const { text, cut } = await readBodyCapped(response, maxBytes, signal)
   if (cut) {
     throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a `
-      + `non-streamed body over ${maxBytes} bytes (2 × maxMessageBytes + ${RESPONSE_BODY_MAX_BYTES}); it was cut `
+      + `non-streamed body over ${maxBytes} bytes (2 × MAX_MESSAGE_BYTES + ${RESPONSE_BODY_MAX_BYTES}); it was cut `
       + `there and not used (dsh asks for stream: true).`, { status, requestId })
   }
   const data = text.trim()
@@ -6351,25 +6294,31 @@ async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssem
   }
   let sawDone = false, sawData = false, bytes = 0
   const { format } = cfg
-  await pumpSSE(response.body, (event) => {
-    if (event.event !== 'message') {
-      if (event.event === 'error') throw inStreamError(cfg, event.data, requestId)
+  const parser = new SSEParser((event, data) => {
+    if (sawDone) return // after the end marker: dropped
+    if (event !== 'message') {
+      if (event === 'error') throw inStreamError(cfg, data, requestId)
       if (!format.namedEvents) return
     }
-    if (!sawData) sawData = true
-    let data = event.data
+    sawData = true
     if (data.charCodeAt(0) !== 123) { // not `{`: the rare shapes
       data = data.trim()
       if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line
-      if (data === '[DONE]') { sawDone = true; return false }
+      if (data === '[DONE]') { sawDone = true; return }
     }
     let obj: unknown
     try { obj = JSON.parse(data) } catch (error) { obj = relayChunks(cfg, data, requestId, error) }
-    if (obj instanceof ChunkList ? obj.list.some((o) => format.event(acc, o, data)) : format.event(acc, obj, data)) {
+    const text = data
+    if (obj instanceof ChunkList ? obj.list.some((o) => format.event(acc, o, text)) : format.event(acc, obj, text)) {
       sawDone = true
-      return false
     }
-  }, { maxBufferSize: SSE_MAX_BUFFER_UNITS, onChunk: (n) => { bytes += n }, signal })
+  }, SSE_MAX_BUFFER_UNITS)
+  const decode = utf8Decoder()
+  await eachChunk(response.body, signal, (chunk) => {
+    if (chunk !== undefined) bytes += chunk.byteLength
+    parser.feed(decode(chunk))
+    return sawDone
+  })
   const type = response.headers.get('content-type')
   if (!sawData && type && !/event-stream/i.test(type)) {
     throw bytes === 0
@@ -6392,7 +6341,7 @@ function attemptError(cfg: AdapterConfig, e: unknown, acc: ReplyAssembler, abort
   let error: ProviderError
   if (aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`, { requestId })
   else if (st.pastDeadline) {
-    error = providerError(cfg, 'TIMEOUT', `the request deadline of ${cfg.requestTimeoutMs} ms (requestTimeoutMs) `
+    error = providerError(cfg, 'TIMEOUT', `the request deadline of ${cfg.requestTimeoutMs} ms (REQUEST_TIMEOUT_MS) `
       + `passed before ${cfg.endpoint} (model ${cfg.model}) finished; not retried.`, { requestId })
     notRetried.add(error)
   } else if (e instanceof ProviderError) error = e
@@ -7179,7 +7128,7 @@ class Agent {
  * @internal
  */
 export const internals = /* @__PURE__ */ Object.freeze({
-  pumpSSE, selectRegion, summarise, summaryMaxTokens, recallTool, regionLedger, trimLedger, renderLedger,
+  adapterTuning, selectRegion, summarise, summaryMaxTokens, recallTool, regionLedger, trimLedger, renderLedger,
   spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, stateOf, overflowCounts,
 })
 

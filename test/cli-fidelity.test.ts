@@ -2,6 +2,7 @@
 // instructions from AGENTS.md / CLAUDE.md, /compact FOCUS, /pin and /context in interactive mode
 // (under a pseudo-terminal), and `dsh show`. Child processes against test/fake-provider.ts.
 import { test, describe, after } from 'node:test'
+import { tuned } from './tuning.ts'
 import assert from 'node:assert/strict'
 import { spawn, spawnSync } from 'node:child_process'
 import { mkdtemp, writeFile, readFile, realpath, rm } from 'node:fs/promises'
@@ -151,7 +152,7 @@ describe('case 5: dsh show', () => {
       { text: 'all read' }, { text: 'second turn' },
     ], 'SUMMARY: four files read.')
     const session = await Session.open(new FileStore(file))
-    const provider = openAICompatible({ baseURL: f.url, model: 'm', apiKey: 'k', contextWindow: 16_000, maxRetries: 0 })
+    const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: f.url, model: 'm', apiKey: 'k', contextWindow: 16_000 }))
     const tools: Tool[] = [
       { name: 'read_big', description: 'big', parameters: { type: 'object' }, execute: () => 'B'.repeat(60_000) },
       { name: 'read_mid', description: 'mid', parameters: { type: 'object' }, execute: () => 'M'.repeat(7_000) },

@@ -18,6 +18,7 @@ const validatePrices = (prices: unknown) => openAICompatible({ baseURL: 'http://
 const pricesOf = (model: string) => deepseek({ apiKey: 'sk-test', model }).prices
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 import { logHeader } from './spec.ts'
+import { tuned } from './tuning.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
 after(async () => { for (const s of servers) await s.close() })
@@ -36,7 +37,7 @@ async function fake(script: FakeReply[], summaries: FakeReply[] = [{ text: 'CHEC
   servers.push(server)
   return server
 }
-const provider = (url: string, extra: Record<string, unknown> = {}) => openAICompatible({ baseURL: url, model: 'fake-model', apiKey: 'sk-test', contextWindow: 16_000, maxRetries: 0, ...extra })
+const provider = (url: string, extra: Record<string, unknown> = {}) => tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: url, model: 'fake-model', apiKey: 'sk-test', contextWindow: 16_000, ...extra }))
 const tool = (name: string, out: (args: any) => string): Tool => ({ name, description: 'test tool', parameters: { type: 'object', properties: {} }, execute: out })
 const assistants = (s: Session) => s.events.filter((e) => e.type === 'assistant/message') as SessionEvent<'assistant/message'>[]
 /** Where the messages array of a raw body ends (the per-request fields follow it). */

@@ -17,6 +17,7 @@
  */
 import { writeSync } from 'node:fs'
 import { Agent, FileStore, Session, openAICompatible, type SessionEvent, type Tool, type TornLine } from '../dsh.ts'
+import { tuned } from './tuning.ts'
 
 const args = process.argv.slice(2)
 const flag = (name: string): string | undefined => { const i = args.indexOf(name); return i >= 0 ? args[i + 1] : undefined }
@@ -55,7 +56,7 @@ const tools: Tool[] = [
   { name: 'nap', description: 'sleeps ms milliseconds', parameters: { type: 'object' }, execute: async (a: { ms: number }) => { await sleep(a.ms); return `slept ${a.ms} ms` } },
   { name: 'dump', description: 'returns n characters', parameters: { type: 'object' }, execute: (a: { n: number }) => `dump ${a.n}\n` + 'abcdefghij\n'.repeat(Math.ceil(a.n / 11)) },
 ]
-const provider = openAICompatible({ baseURL: url, model: 'fake-model', apiKey: 'sk-crash-driver', contextWindow: 4_000, headers: { 'x-lane': 'child' }, retryBaseMs: 1, retryMaxMs: 5 })
+const provider = tuned({ retryBaseMs: 1, retryMaxMs: 5 }, () => openAICompatible({ baseURL: url, model: 'fake-model', apiKey: 'sk-crash-driver', contextWindow: 4_000, headers: { 'x-lane': 'child' } }))
 let phase = ''
 const enter = (p: string): void => { if (p !== phase) { phase = p; say(`at ${p}`) } }
 const agent = new Agent({

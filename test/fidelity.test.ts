@@ -16,6 +16,7 @@ import {
 const { renderLedger, regionLedger, trimLedger, recallTool } = internals
 import { readCorpus, skipWithoutShared } from './shared.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+import { tuned } from './tuning.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
 after(async () => { for (const s of servers) await s.close() })
@@ -27,7 +28,7 @@ async function fake(script: FakeReply[], summaries: FakeReply[] = [{ text: 'ok' 
     handler: (req: FakeRequest) => req.headers['x-dsh-purpose'] === 'compaction' ? summaries[Math.min(s++, summaries.length - 1)] : script[Math.min(c++, script.length - 1)],
   })
   servers.push(server)
-  const provider = openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'sk-test', contextWindow, maxRetries: 0 })
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'sk-test', contextWindow }))
   const conversation = () => server.requests.filter((r) => r.headers['x-dsh-purpose'] !== 'compaction')
   const summary = () => server.requests.filter((r) => r.headers['x-dsh-purpose'] === 'compaction')
   return { server, provider, conversation, summary }

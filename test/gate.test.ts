@@ -10,6 +10,7 @@ import {
 } from '../dsh.ts'
 import { logHeader } from './spec.ts'
 import { startFakeProvider } from './fake-provider.ts'
+import { tuned } from './tuning.ts'
 
 const { Ladder } = internals
 /** deepseek-flash off-peak, USD per million tokens. */
@@ -61,7 +62,7 @@ async function pacedSession(): Promise<{ session: Session; resultSeq: number }> 
 }
 
 const host = (session: Session, contextWindow: number, gate = true, onEvent?: (e: AgentEvent) => void) => ({
-  session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }),
+  session, summarizer: tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' })),
   envelope: {}, settings: { contextWindow, prune: { ...DEFAULT_PRUNE_CONFIG, ...PRUNE }, onEvent,
     compaction: { ...DEFAULT_COMPACTION_CONFIG, clear: false, gate } },
 })
@@ -126,8 +127,8 @@ test('case 2: a turn with maxCostUSD 0.001 at DeepSeek prices stops with reason 
   const session = await Session.open(new MemoryStore())
   const lines: string[] = []
   const agent = new Agent({
-    session, provider: openAICompatible({ baseURL: server.url, model: 'deepseek-flash', apiKey: 'k', maxRetries: 0,
-      contextWindow: 1_000_000, prices: FLASH }),
+    session, provider: tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'deepseek-flash', apiKey: 'k',
+      contextWindow: 1_000_000, prices: FLASH })),
     tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} },
       execute: () => 'y'.repeat(8_000) }], // 2,000 tokens a result, all new to the next request
     maxCostUSD: 0.001, onEvent: (e) => { if (e.type === 'warning') lines.push(e.message) },

@@ -24,6 +24,7 @@ const warningsTo = (list: string[]) => (e: { type: string; message?: string }) =
 const compactionConfig = (config: Partial<typeof DEFAULT_COMPACTION_CONFIG> = {}) => ({ ...DEFAULT_COMPACTION_CONFIG, ...config })
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 import { logHeader, clearNode } from './spec.ts'
+import { tuned } from './tuning.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
 after(async () => { for (const s of servers) await s.close() })
@@ -39,7 +40,7 @@ async function fake(script: FakeReply[] | ((req: FakeRequest, i: number) => Fake
     },
   })
   servers.push(server)
-  const provider = openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'sk-test', contextWindow, maxRetries: 0 })
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'sk-test', contextWindow }))
   const conversation = () => server.requests.filter((r) => r.headers['x-dsh-purpose'] !== 'compaction')
   const summary = () => server.requests.filter((r) => r.headers['x-dsh-purpose'] === 'compaction')
   return { server, provider, conversation, summary }
@@ -392,7 +393,7 @@ describe('summary overflow, calibration, durable state', () => {
     servers.push(server)
     let c = 0, n = 0
     const conv: FakeReply[] = [...steps(7).map((r) => ({ ...r, usage: null })), { text: 'done', usage: null }]
-    const provider = openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'k', contextWindow: 4_096, maxRetries: 0 })
+    const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'k', contextWindow: 4_096 }))
     const session = await Session.open(new MemoryStore())
     const fetch: Tool = { name: 'fetch', description: '', parameters: {}, execute: () => `r${n++} `.padEnd(2_000, '.') }
     const r = await new Agent({ session, provider, tools: [fetch], compaction: { clear: false } }).run('go')
@@ -480,7 +481,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
   /** `n` heuristic tokens of text in one message (ceil(chars / 4) + 8). */
   const text = (tokens: number, c = 'x') => c.repeat((tokens - 8) * 4)
   const bigTool = (chars: number): ToolSpec => ({ name: 'big', description: 'd'.repeat(chars), parameters: { type: 'object' } })
-  const host = (session: Session, contextWindow: number, envelope: () => Envelope, summarizer = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), compaction = {}): CompactionHost => ({
+  const host = (session: Session, contextWindow: number, envelope: () => Envelope, summarizer = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' })), compaction = {}): CompactionHost => ({
     session, summarizer, get envelope() { return envelope() }, settings: { contextWindow, compaction: compactionConfig(compaction), prune: DEFAULT_PRUNE_CONFIG },
   })
   /** Three calibration samples at 3 provider tokens per heuristic token (no anchor). */
@@ -543,7 +544,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
     const bodies: any[] = []
     const server = await startFakeProvider({ handler: (req) => { bodies.push(req.body); return { text: 'CHECKPOINT: part done.' } } })
     servers.push(server)
-    const summarizer = openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', contextWindow: 8_000, maxRetries: 0 })
+    const summarizer = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', contextWindow: 8_000 }))
     const messages = [{ role: 'user' as const, content: text(300) }, { role: 'assistant' as const, content: [{ type: 'text' as const, text: text(300) }] }]
     for (const [chars, kept] of [[4_000, false], [400, true]] as const) {
       const session = await Session.open(new MemoryStore())
@@ -560,14 +561,14 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
     const tools = [bigTool(600)]
     const tokens = estimateEnvelopeTokens({ tools })
     assert.ok(tokens <= 200 && tokens * 3 > 200)
-    await summarise(host(session, 2_000, () => ({ tools }), openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', maxRetries: 0 })), [messages[0]])
+    await summarise(host(session, 2_000, () => ({ tools }), tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k' }))), [messages[0]])
     assert.equal(bodies.at(-1).tools, undefined)
   })
 
   const summarizerAt = async (text: string) => {
     const server = await startFakeProvider({ handler: () => ({ text, usage: null }) }) // no usage: the calibration stays at 3
     servers.push(server)
-    return openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', maxRetries: 0 })
+    return tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k' }))
   }
 
   test('pressure at calibration 3: the retained tail is measured tokens of the window (1,120 tokens = 374 heuristic), not heuristic ones', async () => {
@@ -685,7 +686,7 @@ describe('small windows against a dense tokenizer (attack3)', () => {
 
 describe('window figures in window tokens at calibration 3 (attack3)', () => {
   const at3 = (session: Session) => { for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } }) }
-  const unreachable = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 })
+  const unreachable = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' }))
   const hostOf = (session: Session, contextWindow: number, summarizer = unreachable, compaction = {}): CompactionHost => ({
     session, summarizer, envelope: {}, settings: { contextWindow, compaction: compactionConfig(compaction), prune: DEFAULT_PRUNE_CONFIG },
   })
@@ -746,7 +747,7 @@ describe('summary of a wide tool step (attack3)', () => {
     const bodies: any[] = []
     const server = await startFakeProvider({ handler: (req) => { bodies.push(req.body); return { text: 'CHECKPOINT: read twelve files.', usage: null } } })
     servers.push(server)
-    const summarizer = openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', maxRetries: 0 })
+    const summarizer = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k' }))
     const session = await Session.open(new MemoryStore())
     for (let i = 0; i < 3; i++) session.append('ladder/state', { sample: { providerTokens: 3_000, heuristicTokens: 1_000, source: 'summary' } })
     const calls = Array.from({ length: 12 }, (_, k) => ({ type: 'tool-call' as const, id: `t${k}`, name: 'read_file', arguments: JSON.stringify({ path: `f${k}.txt` }) }))
@@ -777,7 +778,7 @@ describe('no summary request is sent twice after it overflowed (attack3)', () =>
     const bodies: string[] = []
     const server = await startFakeProvider({ handler: (req) => { bodies.push(JSON.stringify(req.body.messages) + req.body.max_tokens); return { status: 400, body: { error: { code: 400, message: 'the request exceeds the available context size, try increasing it', type: 'exceed_context_size_error' } } } } })
     servers.push(server)
-    const summarizer = openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', maxRetries: 0 })
+    const summarizer = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k' }))
     const session = await Session.open(new MemoryStore())
     logHeader(session, { model: 'm', baseURL: 'http://x' })
     for (let i = 0; i < 10; i++) {
@@ -803,7 +804,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
     session.append('user/message', { message: { role: 'user', content: 'Say hello.' }, surfaceOp: { op: 'append' } })
     const m = session.measure()
     const warnings: string[] = []
-    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), envelope: { system: 's'.repeat(400), tools }, settings: { contextWindow: 2_048, compaction: compactionConfig(), prune: DEFAULT_PRUNE_CONFIG, onEvent: warningsTo(warnings) } }
+    const host: CompactionHost = { session, summarizer: tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' })), envelope: { system: 's'.repeat(400), tools }, settings: { contextWindow: 2_048, compaction: compactionConfig(), prune: DEFAULT_PRUNE_CONFIG, onEvent: warningsTo(warnings) } }
     const body = JSON.stringify({ error: { code: 400, message: 'request (3728 tokens) exceeds the available context size (2048 tokens), try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 3728, n_ctx: 2048 } })
     const ladder = new Ladder(host)
     const out = await ladder.recoverOverflow(new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body }))
@@ -873,7 +874,7 @@ describe('a server whose window is smaller than the configured one (attack3)', (
     logHeader(session, { model: 'm', baseURL: 'http://x', contextWindow: 2_048 })
     session.append('user/message', { message: { role: 'user', content: 'hello' }, surfaceOp: { op: 'append' } })
     const warnings: string[] = []
-    const host: CompactionHost = { session, summarizer: openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', maxRetries: 0 }), envelope: {}, settings: { contextWindow: 2_048, compaction: compactionConfig(), prune: DEFAULT_PRUNE_CONFIG, onEvent: warningsTo(warnings) } }
+    const host: CompactionHost = { session, summarizer: tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' })), envelope: {}, settings: { contextWindow: 2_048, compaction: compactionConfig(), prune: DEFAULT_PRUNE_CONFIG, onEvent: warningsTo(warnings) } }
     const body = JSON.stringify({ error: { code: 400, message: 'request (1122 tokens) exceeds the available context size (1024 tokens), try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 1122, n_ctx: 1024 } })
     const error = new ProviderError('CONTEXT_WINDOW_EXCEEDED', 'overflow', { status: 400, body })
     const ladder = new Ladder(host)

@@ -8,6 +8,7 @@ import {
   SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE,
 } from './spec.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+import { tuned } from './tuning.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
 after(async () => { for (const s of servers) await s.close() })
@@ -19,7 +20,7 @@ async function fake(script: FakeReply[], summaries: FakeReply[] = [{ text: 'CHEC
     handler: (req: FakeRequest) => req.headers['x-dsh-purpose'] === 'compaction' ? summaries[Math.min(s++, summaries.length - 1)] : script[Math.min(c++, script.length - 1)],
   })
   servers.push(server)
-  const provider = openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'sk-test', contextWindow: 16_000, maxRetries: 0 })
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'sk-test', contextWindow: 16_000 }))
   const conversation = () => server.requests.filter((r) => r.headers['x-dsh-purpose'] !== 'compaction')
   const summary = () => server.requests.filter((r) => r.headers['x-dsh-purpose'] === 'compaction')
   return { server, provider, conversation, summary }
@@ -171,7 +172,7 @@ test('a stream error before any output is not retried by the loop (the adapter r
 test('1,000 tool calls in an 8,000-token window: 125 run, the rest are dropped with a note; the next turns work', { timeout: 60_000 }, async () => {
   const calls = Array.from({ length: 1000 }, (_, i) => ({ id: `c${i}`, name: 'ping', arguments: {} }))
   const f = await fake([{ toolCalls: calls, deltaSize: 100 }, { text: 'pinged' }, { text: 'second turn' }, { text: 'third turn' }])
-  const provider = openAICompatible({ baseURL: f.server.url, model: 'fake-model', apiKey: 'sk-test', contextWindow: 8_000, maxTokens: 500, maxRetries: 0 })
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: f.server.url, model: 'fake-model', apiKey: 'sk-test', contextWindow: 8_000, maxTokens: 500 }))
   const session = await Session.open(new MemoryStore())
   let ran = 0
   const warnings: string[] = []

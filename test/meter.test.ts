@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { Agent, Session, FileStore, openAICompatible } from '../dsh.ts'
 import { startFakeProvider } from './fake-provider.ts'
+import { tuned } from './tuning.ts'
 
 const dirs: string[] = []
 const servers: Array<{ close(): Promise<void> }> = []
@@ -22,7 +23,7 @@ for (const [name, usage] of [
     let i = 0
     const server = await startFakeProvider({ handler: () => ({ text: `reply ${i}`, usage: i++ === 0 ? usage : null }) })
     servers.push(server)
-    const provider = openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'k', contextWindow: 32_000, maxRetries: 0 })
+    const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'fake-model', apiKey: 'k', contextWindow: 32_000 }))
     const path = join(dir, 's.jsonl')
     const session = await Session.open(new FileStore(path))
     const agent = new Agent({ session, provider })
@@ -48,7 +49,7 @@ test('recall: an answer that quotes a hostile argument (100,000 code points) sta
   servers.push(server)
   const session = await S.open(new MemoryStore())
   const dump = { name: 'dump', description: '', parameters: {}, execute: () => big }
-  const provider = openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', contextWindow: 16_000, maxRetries: 0 })
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', contextWindow: 16_000 }))
   assert.equal((await new A({ session, provider, tools: [dump] }).run('go')).text, 'ok')
   const answers = session.events.filter((e) => e.type === 'tool/result' && (e.data as any).surfaceOp.op === 'append' && (e.data as any).message.toolCallId.startsWith('q'))
   assert.equal(answers.length, calls.length)

@@ -3,6 +3,7 @@
 // (docs.anthropic.com, "Streaming Messages": text, tool_use with input_json_delta, thinking with
 // signature_delta, ping, error) with cache fields in usage, replayed byte for byte by a fetch.
 import { test } from 'node:test'
+import { tuned, type Tuning } from './tuning.ts'
 import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, anthropic, openAICompatible, ProviderError, internals,
@@ -47,8 +48,8 @@ const toolReply = (id: string, name: string, args: string): Reply => ({
 
 const HI: Message[] = [{ role: 'user', content: 'hi' }]
 const quick = { maxRetries: 2, retryBaseMs: 1, retryMaxMs: 1 }
-const provider = (w: ReturnType<typeof wire>, extra: Record<string, unknown> = {}) =>
-  anthropic({ baseURL: 'http://127.0.0.1:9', model: 'claude-x', apiKey: 'sk-ant-test', contextWindow: 200_000, fetch: w.fetch, ...quick, ...extra })
+const provider = (w: ReturnType<typeof wire>, extra: Record<string, unknown> = {}, tuning: Tuning = {}) => tuned({ ...quick, ...tuning }, () =>
+  anthropic({ baseURL: 'http://127.0.0.1:9', model: 'claude-x', apiKey: 'sk-ant-test', contextWindow: 200_000, fetch: w.fetch, ...extra }))
 async function failure(p: Promise<unknown>): Promise<ProviderError> {
   try { await p } catch (e) { if (e instanceof ProviderError) return e; throw e }
   throw new Error('expected a ProviderError')
@@ -259,8 +260,8 @@ test('one scripted session through anthropic() and openAICompatible() leaves the
   }
   const aw = wire([toolReply('call_1', 'echo', '{"say":"hi"}'), textReply('said hi', { input_tokens: 10, output_tokens: 1 }), textReply('again done')])
   const ow = wire([oaTool('call_1', 'echo', '{"say":"hi"}'), oaText('said hi'), oaText('again done')])
-  const a = await run(provider(aw, { maxRetries: 0 }))
-  const o = await run(openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'claude-x', apiKey: 'k', contextWindow: 200_000, fetch: ow.fetch, maxRetries: 0 }))
+  const a = await run(provider(aw, {}, { maxRetries: 0 }))
+  const o = await run(tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'claude-x', apiKey: 'k', contextWindow: 200_000, fetch: ow.fetch })))
   assert.deepEqual(a.surface(), o.surface())
   const PROVIDER_FIELDS = new Set(['baseURL', 'requestId', 'time'])
   const strip = (v: unknown): unknown => Array.isArray(v) ? v.map(strip) : v && typeof v === 'object'

@@ -4,6 +4,7 @@
 import { test, mock } from 'node:test'
 import assert from 'node:assert/strict'
 import { openAICompatible, anthropic, ProviderError, type Message, type StreamEvent } from '../dsh.ts'
+import { tuned } from './tuning.ts'
 
 const HI: Message[] = [{ role: 'user', content: 'hi' }]
 const enc = new TextEncoder()
@@ -31,8 +32,8 @@ test('a stream of chunks that carry nothing times out: empty deltas, repeated us
   ]
   for (const [name, line, format] of streams) {
     const d = dribble(line, 10)
-    const options = { baseURL: 'http://127.0.0.1:9', model: 'm', fetch: d.fetch, idleTimeoutMs: 300, maxRetries: 0 }
-    const provider = format === 'openai' ? openAICompatible(options) : anthropic(options)
+    const options = { baseURL: 'http://127.0.0.1:9', model: 'm', fetch: d.fetch }
+    const provider = tuned({ idleTimeoutMs: 300, maxRetries: 0 }, () => (format === 'openai' ? openAICompatible(options) : anthropic(options)))
     const started = Date.now()
     const err = await failure(provider.complete({ messages: HI }))
     assert.equal(err.code, 'TIMEOUT', name)
@@ -46,7 +47,7 @@ test('text that keeps coming is progress: a stream longer than the idle timeout 
   let n = 0
   const d = dribble(() => (++n < 12 ? `data: {"choices":[{"index":0,"delta":{"content":"w${n} "}}]}\n\n`
     : 'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'), 50)
-  const r = await openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', fetch: d.fetch, idleTimeoutMs: 200, maxRetries: 0 }).complete({ messages: HI })
+  const r = await tuned({ idleTimeoutMs: 200, maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', fetch: d.fetch })).complete({ messages: HI })
   assert.equal((r.message.content[0] as { text: string }).text.split(' ').length, 12)
 })
 
@@ -63,7 +64,7 @@ test('every call has a total deadline by default (1 hour): a stream that dribble
     },
   }), { headers: { 'content-type': 'text/event-stream' } })
   const events: StreamEvent[] = []
-  const done = failure(openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', fetch, maxRetries: 3 }).complete({ messages: HI, onEvent: (e) => events.push(e) }))
+  const done = failure(tuned({ maxRetries: 3 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', fetch })).complete({ messages: HI, onEvent: (e) => events.push(e) }))
   const flush = () => new Promise((r) => setImmediate(r))
   for (let minute = 0; minute < 61; minute++) {
     for (let i = 0; i < 10 && !wake; i++) await flush()
@@ -74,7 +75,7 @@ test('every call has a total deadline by default (1 hour): a stream that dribble
   }
   const err = await done
   assert.equal(err.code, 'TIMEOUT')
-  assert.match(err.message, /deadline of 3600000 ms \(requestTimeoutMs\)/)
+  assert.match(err.message, /deadline of 3600000 ms \(REQUEST_TIMEOUT_MS\)/)
   assert.ok(pulls >= 59, `${pulls} pulls`)
   assert.equal(events.filter((e) => e.type === 'retry').length, 0)
 })
@@ -90,7 +91,7 @@ test('a fetch error no retry can mend fails at once: a blocked port, an invalid 
   ]
   for (const [name, fetch] of cases) {
     const slept: number[] = []
-    const provider = openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', fetch, maxRetries: 5, sleep: async (ms) => { slept.push(ms) } })
+    const provider = tuned({ maxRetries: 5, sleep: async (ms) => { slept.push(ms) } }, () => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', fetch }))
     const err = await failure(provider.complete({ messages: HI }))
     assert.equal(err.code, 'TRANSPORT', name)
     assert.deepEqual(slept, [], `${name}: retried ${slept.length} times`)
@@ -101,7 +102,7 @@ test('a fetch error no retry can mend fails at once: a blocked port, an invalid 
   for (const [cause, retries] of [[refused, 1], [reset, 5]] as const) {
     const slept: number[] = []
     const fetch = async () => { throw new TypeError('fetch failed', { cause }) }
-    await failure(openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', fetch, maxRetries: 5, sleep: async (ms) => { slept.push(ms) } }).complete({ messages: HI }))
+    await failure(tuned({ maxRetries: 5, sleep: async (ms) => { slept.push(ms) } }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', fetch })).complete({ messages: HI }))
     assert.equal(slept.length, retries, cause.code)
   }
 })

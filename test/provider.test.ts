@@ -23,6 +23,7 @@ import {
 const { overflowCounts } = internals
 import { startFakeProvider, sseFromChunkLines, type FakeProvider, type FakeReply, type FakeProviderOptions } from './fake-provider.ts'
 import { sharedPath, skipWithoutShared } from './shared.ts'
+import { tuned, type Tuning } from './tuning.ts'
 
 const KEY = 'sk-test-0123456789abcdef'
 const HI: Message[] = [{ role: 'user', content: 'hi' }]
@@ -33,13 +34,11 @@ async function withFake<T>(setup: FakeReply[] | FakeProviderOptions, fn: (fake: 
 }
 
 /** A provider on the fake with a recording clock: `sleeps` collects every backoff wait (ms). */
-function on(fake: FakeProvider, options: Partial<OpenAICompatibleOptions> = {}) {
+function on(fake: FakeProvider, tuning: Tuning = {}, options: Partial<OpenAICompatibleOptions> = {}) {
   const sleeps: number[] = []
-  const provider = openAICompatible({
-    baseURL: fake.url, model: 'fake-model', apiKey: KEY,
-    sleep: async (ms) => { sleeps.push(ms) },
-    ...options,
-  })
+  const provider = tuned({ sleep: async (ms) => { sleeps.push(ms) }, ...tuning }, () => openAICompatible({
+    baseURL: fake.url, model: 'fake-model', apiKey: KEY, ...options,
+  }))
   return { provider, sleeps }
 }
 
@@ -773,7 +772,7 @@ test('the request: endpoint, headers (x-dsh-purpose as given), stream options, t
   await withFake([{ text: 'ok' }], async (fake) => {
     const provider = openAICompatible({
       baseURL: `${fake.url}/v1/`, model: 'fake-model', apiKey: KEY, headers: { 'X-Title': 'dsh', 'x-dsh-purpose': 'overridden' },
-      thinking: true, reasoningEffort: 'high', extraBody: { temperature: 0.2, model: 'ignored', max_completion_tokens: 1 },
+      extraBody: { temperature: 0.2, model: 'ignored', max_completion_tokens: 1, thinking: { type: 'enabled' }, reasoning_effort: 'high' },
     })
     assert.equal(provider.baseURL, `${fake.url}/v1`)
     await provider.complete({
@@ -788,13 +787,12 @@ test('the request: endpoint, headers (x-dsh-purpose as given), stream options, t
     assert.equal(r.headers['content-type'], 'application/json')
     assert.equal(r.headers.accept, 'text/event-stream')
     assert.deepEqual(r.body, {
-      temperature: 0.2, model: 'fake-model', messages: [{ role: 'user', content: 'hi' }], stream: true, stream_options: { include_usage: true },
+      temperature: 0.2, thinking: { type: 'enabled' }, reasoning_effort: 'high', model: 'fake-model', messages: [{ role: 'user', content: 'hi' }], stream: true, stream_options: { include_usage: true },
       max_completion_tokens: 777,
       tools: [
         { type: 'function', function: { name: 'read_file', description: 'Read a file', parameters: { type: 'object', properties: { path: { type: 'string' } } } } },
         { type: 'function', function: { name: 'now', parameters: { type: 'object', properties: {} } } },
       ],
-      thinking: { type: 'enabled' }, reasoning_effort: 'high',
     })
   })
 })
@@ -861,15 +859,15 @@ test('max_tokens = min(request or default budget, model output cap, window − p
     const sent = (): number => fake.requests[fake.requests.length - 1].body.max_tokens
     await on(fake).provider.complete({ messages: HI }) // unknown window: the default, unclamped
     assert.equal(sent(), DEFAULT_MAX_TOKENS)
-    const windowed = on(fake, { contextWindow: 10_000 }).provider
+    const windowed = on(fake, {}, { contextWindow: 10_000 }).provider
     await windowed.complete({ messages: HI, inputTokens: 9_000, maxTokens: 5_000 })
     assert.equal(sent(), 1_000)
     await windowed.complete({ messages: HI, inputTokens: 9_999 })
     assert.equal(sent(), 1)
     // Heuristic (docs/design.md §2): system 40 chars → 10 + 8, user 100 chars → 25 + 8: 51 tokens of a 100-token window.
-    await on(fake, { contextWindow: 100 }).provider.complete({ system: 'x'.repeat(40), messages: [{ role: 'user', content: 'y'.repeat(100) }] })
+    await on(fake, {}, { contextWindow: 100 }).provider.complete({ system: 'x'.repeat(40), messages: [{ role: 'user', content: 'y'.repeat(100) }] })
     assert.equal(sent(), 49)
-    const pro = on(fake, { model: 'deepseek-v4-pro' }).provider
+    const pro = on(fake, {}, { model: 'deepseek-v4-pro' }).provider
     assert.equal(pro.contextWindow, 1_048_576)
     await pro.complete({ messages: HI, maxTokens: 500_000 })
     assert.equal(sent(), 384_000) // the model's output cap
@@ -878,7 +876,7 @@ test('max_tokens = min(request or default budget, model output cap, window − p
 
 test('preflight: no room left in a known window throws CONTEXT_WINDOW_EXCEEDED without sending', async () => {
   await withFake([{ text: 'never' }], async (fake) => {
-    const provider = on(fake, { contextWindow: 1_000 }).provider
+    const provider = on(fake, {}, { contextWindow: 1_000 }).provider
     const err = await failure(provider.complete({ messages: [{ role: 'user', content: 'z'.repeat(4_000) }] }))
     assert.equal(err.code, 'CONTEXT_WINDOW_EXCEEDED')
     assert.match(err.message, /preflight: nothing was sent\. The prompt is estimated at 1008 tokens and the context window of fake-model is 1000 tokens, leaving -8/)
@@ -1040,7 +1038,9 @@ test('openAICompatible: apiKeyEnv, no key for local servers, and clear errors fo
   assert.throws(() => openAICompatible({ baseURL: 'api.deepseek.com', model: 'm' }), /baseURL must be an absolute http\(s\) URL .* got "api.deepseek.com"/)
   assert.throws(() => openAICompatible({ baseURL: 'http://x', model: '' }), /model must be a non-empty string/)
   assert.throws(() => openAICompatible({ baseURL: 'http://x', model: 'm', contextWindow: 0 }), /contextWindow must be a positive integer, got 0/)
-  assert.throws(() => openAICompatible({ baseURL: 'http://x', model: 'm', thinking: 'maybe' as never }), /thinking must be true, false, 'enabled' or 'disabled'/)
+  // The chat-completions fields thinking and reasoning_effort go in extraBody (CHANGELOG.md): the old options are refused.
+  assert.throws(() => openAICompatible({ baseURL: 'http://x', model: 'm', thinking: true } as never), /unknown option "thinking".* goes in extraBody/)
+  assert.throws(() => openAICompatible({ baseURL: 'http://x', model: 'm', maxRetries: 0 } as never), /unknown option "maxRetries"/)
   await assert.rejects(openAICompatible({ baseURL: 'http://x', model: 'm' }).complete({ messages: HI, maxTokens: -5 }), /request.maxTokens must be a positive integer, got -5/)
 })
 
@@ -1080,7 +1080,7 @@ test('CLI mode: prints its URL first, serves the script in order, reports reques
       child.once('exit', (code) => reject(new Error(`fake provider exited with ${code}`)))
     })
     assert.match(url, /^http:\/\/127\.0\.0\.1:\d+$/)
-    const provider = openAICompatible({ baseURL: url, model: 'cli-model', apiKey: 'sk-cli-123456', maxRetries: 0 })
+    const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: url, model: 'cli-model', apiKey: 'sk-cli-123456' }))
     const first = await provider.complete({ messages: [{ role: 'user', content: 'hi' }] })
     assert.deepEqual(first.message.content, [{ type: 'reasoning', text: 'r' }, { type: 'text', text: 'from a child process' }])
     const second = await provider.complete({ messages: [{ role: 'user', content: 'again' }] })

@@ -19,6 +19,7 @@ const { stateOf } = internals
 import { logEvents } from './shared.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 import { rng } from './rng.ts'
+import { tuned } from './tuning.ts'
 
 const HERE = dirname(fileURLToPath(import.meta.url))
 const ROOT = join(HERE, '..')
@@ -145,7 +146,7 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
           }
           // The next request is valid: a real turn with a tool call completes against the fake.
           const before = fake.requests.length
-          const provider = openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-check', contextWindow: 4_000, headers: { 'x-lane': 'check' }, retryBaseMs: 1, retryMaxMs: 5 })
+          const provider = tuned({ retryBaseMs: 1, retryMaxMs: 5 }, () => openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-check', contextWindow: 4_000, headers: { 'x-lane': 'check' } }))
           const agent = new Agent({ session, provider, tools: checkTools, prune: { thresholdChars: 2_000, headChars: 800, tailChars: 400 } })
           const result = await within(20_000, agent.run('check turn'), 'the check turn')
           assert.equal(result.reason, 'stop')
@@ -417,7 +418,7 @@ describe('fault-injecting provider', () => {
     }
     const fake = await startFakeProvider({ handler })
     const tools: Tool[] = [tool('echo', (a: { n: number }) => `echo ${a.n}: ` + 'result line\n'.repeat(150))]
-    const provider = openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-faults', contextWindow: 8_000, maxTokens: 1_000, maxRetries: 2, retryBaseMs: 1, retryMaxMs: 5 })
+    const provider = tuned({ maxRetries: 2, retryBaseMs: 1, retryMaxMs: 5 }, () => openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-faults', contextWindow: 8_000, maxTokens: 1_000 }))
     const outcomes = new Map<string, number>()
     let retries = 0
     let session!: Session, agent!: Agent, file = ''
@@ -468,7 +469,7 @@ async function turnOverHTTP(name: string, script: FakeReply[], tools: Tool[] = [
   const fake = await startFakeProvider({ script })
   const file = join(WORK, `bad-${name}.jsonl`)
   const session = await Session.open(new FileStore(file))
-  const provider = openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-bad', contextWindow: 64_000, maxRetries: 0 })
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: fake.url, model: 'fake-model', apiKey: 'sk-bad', contextWindow: 64_000 }))
   const agent = new Agent({ session, provider, tools })
   let error: unknown, reason: string | undefined
   try { reason = (await within(60_000, agent.run(`bad input: ${name}`), name)).reason } catch (err) { error = err }

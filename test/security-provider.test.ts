@@ -8,9 +8,10 @@ import {
   openAICompatible, ProviderError, Agent, Session, type Message,
 } from '../dsh.ts'
 import {
-  RESPONSE_BODY_MAX_BYTES, DEFAULT_MAX_MESSAGE_BYTES,
+  RESPONSE_BODY_MAX_BYTES, MAX_MESSAGE_BYTES,
 } from './spec.ts'
 import { startFakeProvider } from './fake-provider.ts'
+import { tuned } from './tuning.ts'
 
 const HI: Message[] = [{ role: 'user', content: 'hi' }]
 const servers: Server[] = []
@@ -76,7 +77,7 @@ describe('error and non-stream bodies are read up to 64 KiB, then cancelled', ()
       res.writeHead(500, { 'content-type': 'text/plain' })
       sent.push(pump(res, 'x'.repeat(64 * 1024), 16 * 1024)) // 1 GiB offered per attempt
     })
-    await rejectsWith(openAICompatible({ baseURL: url, model: 'm', maxRetries: 2, retryBaseMs: 1, retryMaxMs: 1 }).complete({ messages: HI }), (e) => {
+    await rejectsWith(tuned({ maxRetries: 2, retryBaseMs: 1, retryMaxMs: 1 }, () => openAICompatible({ baseURL: url, model: 'm' })).complete({ messages: HI }), (e) => {
       assert.equal(e.code, 'SERVER')
       assert.equal(e.body, 'x'.repeat(RESPONSE_BODY_MAX_BYTES))
     })
@@ -84,16 +85,16 @@ describe('error and non-stream bodies are read up to 64 KiB, then cancelled', ()
     for (const n of await Promise.all(sent)) assert.ok(n < 64 * 1024 * 1024, `one attempt took ${n} bytes`)
   })
 
-  test('one cap for streamed and non-streamed answers: a 64 KiB non-streamed answer is kept, one over maxMessageBytes is RESPONSE_TOO_LARGE', async () => {
+  test('one cap for streamed and non-streamed answers: a 64 KiB non-streamed answer is kept, one over the message cap is RESPONSE_TOO_LARGE', async () => {
     const answer = (n: number) => ({ json: { choices: [{ index: 0, message: { role: 'assistant', content: 'y'.repeat(n) }, finish_reason: 'stop' }] } })
     const f = await startFakeProvider({ script: [answer(RESPONSE_BODY_MAX_BYTES), answer(100_001), answer(300_000)] })
     try {
-      const ok = await openAICompatible({ baseURL: f.url, model: 'm', maxRetries: 0 }).complete({ messages: HI })
+      const ok = await tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: f.url, model: 'm' })).complete({ messages: HI })
       assert.deepEqual(ok.message.content, [{ type: 'text', text: 'y'.repeat(RESPONSE_BODY_MAX_BYTES) }]) // refused at 64 KiB before
-      const small = openAICompatible({ baseURL: f.url, model: 'm', maxRetries: 0, maxMessageBytes: 100_000 })
+      const small = tuned({ maxRetries: 0, maxMessageBytes: 100_000 }, () => openAICompatible({ baseURL: f.url, model: 'm' }))
       await rejectsWith(small.complete({ messages: HI }), (e) => {
         assert.equal(e.code, 'RESPONSE_TOO_LARGE') // the message cap, as for a stream
-        assert.match(e.message, /passed maxMessageBytes, 100000 bytes/)
+        assert.match(e.message, /passed MAX_MESSAGE_BYTES, 100000 bytes/)
       })
       await rejectsWith(small.complete({ messages: HI }), (e) => {
         assert.equal(e.code, 'RESPONSE_TOO_LARGE') // the body is not even read past 2 × 100,000 + 65,536 bytes
@@ -104,7 +105,7 @@ describe('error and non-stream bodies are read up to 64 KiB, then cancelled', ()
 })
 
 describe('one assistant message is capped (default 8 MiB of everything it keeps, 1,000 tool calls)', () => {
-  test('the default is 8 MiB', () => assert.equal(DEFAULT_MAX_MESSAGE_BYTES, 8 * 1024 * 1024))
+  test('the default is 8 MiB', () => assert.equal(MAX_MESSAGE_BYTES, 8 * 1024 * 1024))
 
   test('an endless stream ends with RESPONSE_TOO_LARGE and the partial text kept; the loop logs it as interrupted', async () => {
     let sent: Promise<number> | undefined
@@ -114,10 +115,10 @@ describe('one assistant message is capped (default 8 MiB of everything it keeps,
       res.writeHead(200, { 'content-type': 'text/event-stream' })
       sent = pump(res, delta, 1_000_000) // ≈ 1 GB, endless for the client
     })
-    const provider = openAICompatible({ baseURL: url, model: 'm', maxMessageBytes: 64 * 1024 })
+    const provider = tuned({ maxMessageBytes: 64 * 1024 }, () => openAICompatible({ baseURL: url, model: 'm' }))
     await rejectsWith(provider.complete({ messages: HI }), (e) => {
       assert.equal(e.code, 'RESPONSE_TOO_LARGE')
-      assert.match(e.message, /passed maxMessageBytes, 65536 bytes of text, reasoning and tool-call ids, names and arguments/)
+      assert.match(e.message, /passed MAX_MESSAGE_BYTES, 65536 bytes of text, reasoning and tool-call ids, names and arguments/)
       const text = (e.partial!.content[0] as { text: string }).text
       assert.equal(text, 'z'.repeat(65_000))
       assert.equal(e.partial!.interrupted, true)
@@ -142,12 +143,12 @@ describe('one assistant message is capped (default 8 MiB of everything it keeps,
   for (const c of fieldCases) test(`tool-call ${c.field} count too`, async () => {
     const f = await startFakeProvider({ script: [{ text: 'ok', toolCalls: [c.call], deltaSize: 500 }, { text: 'ok', toolCalls: [c.call], deltaSize: 500 }] })
     try {
-      const provider = openAICompatible({ baseURL: f.url, model: 'm', maxMessageBytes: 2000 })
+      const provider = tuned({ maxMessageBytes: 2000 }, () => openAICompatible({ baseURL: f.url, model: 'm' }))
       await rejectsWith(provider.complete({ messages: HI }), (e) => {
         assert.equal(e.code, 'RESPONSE_TOO_LARGE')
         assert.deepEqual(e.partial?.content, [{ type: 'text', text: 'ok' }])
       })
-      const roomy = await openAICompatible({ baseURL: f.url, model: 'm', maxMessageBytes: 4000 }).complete({ messages: HI })
+      const roomy = await tuned({ maxMessageBytes: 4000 }, () => openAICompatible({ baseURL: f.url, model: 'm' })).complete({ messages: HI })
       assert.deepEqual(roomy.message.content.at(-1), { type: 'tool-call', ...c.call })
     } finally { await f.close() }
   })
@@ -177,7 +178,7 @@ describe('one assistant message is capped (default 8 MiB of everything it keeps,
     let deltas = 0
     await rejectsWith(openAICompatible({ baseURL: url, model: 'm' }).complete({ messages: HI, onEvent: (e) => { if (e.type === 'tool-call-delta') deltas++ } }), (e) => {
       assert.equal(e.code, 'RESPONSE_TOO_LARGE')
-      assert.match(e.message, /passed maxMessageBytes, 8388608 bytes of text, reasoning and tool-call ids, names and arguments/)
+      assert.match(e.message, /passed MAX_MESSAGE_BYTES, 8388608 bytes of text, reasoning and tool-call ids, names and arguments/)
       assert.equal(e.partial, undefined, 'no text: nothing to keep')
     })
     assert.equal(deltas, 1, 'the second name is refused before it is kept or shown')
@@ -189,7 +190,7 @@ describe('one assistant message is capped (default 8 MiB of everything it keeps,
   test('1,001 tool calls are refused with the partial text kept; 1,000 are taken; the loop runs none of the 1,001', { timeout: 60_000 }, async () => {
     const f = await startFakeProvider({ script: [{ text: 'many', toolCalls: manyCalls(1001) }, { text: 'many', toolCalls: manyCalls(1000) }, { text: 'many', toolCalls: manyCalls(1001) }] })
     try {
-      const provider = openAICompatible({ baseURL: f.url, model: 'm', maxRetries: 0 })
+      const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: f.url, model: 'm' }))
       await rejectsWith(provider.complete({ messages: HI }), (e) => {
         assert.equal(e.code, 'RESPONSE_TOO_LARGE')
         assert.match(e.message, /has more than 1000 tool calls, the most dsh takes in one message/)
@@ -214,7 +215,7 @@ describe('one assistant message is capped (default 8 MiB of everything it keeps,
     assert.ok(JSON.stringify(json).length < RESPONSE_BODY_MAX_BYTES)
     const f = await startFakeProvider({ script: [{ json }] })
     try {
-      await rejectsWith(openAICompatible({ baseURL: f.url, model: 'm', maxRetries: 0 }).complete({ messages: HI }), (e) => {
+      await rejectsWith(tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: f.url, model: 'm' })).complete({ messages: HI }), (e) => {
         assert.equal(e.code, 'RESPONSE_TOO_LARGE')
         assert.match(e.message, /has more than 1000 tool calls/)
         assert.deepEqual(e.partial?.content, [{ type: 'text', text: 'many' }])
@@ -222,20 +223,21 @@ describe('one assistant message is capped (default 8 MiB of everything it keeps,
     } finally { await f.close() }
   })
 
-  test('maxMessageBytes and requestTimeoutMs are checked', () => {
-    assert.throws(() => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', maxMessageBytes: 0 }), /maxMessageBytes must be a positive integer, got 0/)
-    assert.throws(() => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', requestTimeoutMs: 1.5 }), /requestTimeoutMs must be a positive integer, got 1\.5/)
+  test('the message cap and the deadline are constants: options of those names are refused (CHANGELOG.md)', () => {
+    for (const name of ['maxMessageBytes', 'requestTimeoutMs', 'idleTimeoutMs', 'maxRetries', 'retryBaseMs', 'retryMaxMs', 'sleep']) {
+      assert.throws(() => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', [name]: 1 } as never), new RegExp(`unknown option "${name}"`))
+    }
   })
 })
 
 describe('an overall request deadline', () => {
-  test('keep-alive comments forever: TIMEOUT at requestTimeoutMs, not retried', async () => {
+  test('keep-alive comments forever: TIMEOUT at the request deadline, not retried', async () => {
     const f = await startFakeProvider({ script: [{ fault: 'keep-alive', intervalMs: 20 }, { text: 'never' }] })
     try {
       const started = Date.now()
-      await rejectsWith(openAICompatible({ baseURL: f.url, model: 'm', requestTimeoutMs: 300 }).complete({ messages: HI }), (e) => {
+      await rejectsWith(tuned({ requestTimeoutMs: 300 }, () => openAICompatible({ baseURL: f.url, model: 'm' })).complete({ messages: HI }), (e) => {
         assert.equal(e.code, 'TIMEOUT')
-        assert.match(e.message, /the request deadline of 300 ms \(requestTimeoutMs\) passed/)
+        assert.match(e.message, /the request deadline of 300 ms \(REQUEST_TIMEOUT_MS\) passed/)
       })
       const ms = Date.now() - started
       assert.ok(ms >= 290 && ms < 3_000, `${ms} ms`)

@@ -69,8 +69,8 @@ export const ledgerBudget = (contextWindow?: number): number =>
 export const DEFAULT_MAX_TOKENS = 32_768
 /** An error body or a non-streamed body is read up to this many bytes (docs/design.md §13). */
 export const RESPONSE_BODY_MAX_BYTES = 64 * 1024
-/** Default cap on one assistant message, UTF-8 bytes (docs/design.md §13). */
-export const DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+/** The cap on one assistant message, UTF-8 bytes (docs/design.md §13). */
+export const MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 /** The artefact name of the spilled result logged at `seq` (docs/design.md §13: named from the event seq). */
 export const spillName = (seq: number): string => `tool-result-${seq}.txt`

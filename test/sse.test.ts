@@ -1,14 +1,13 @@
 // SSE parser conformance: every case of the eventsource-parser test suite (recorded as data in
-// ../shared/fixtures/sse/eventsource-parser-cases.json) through parseSSE and the adapter's form
-// (internals.pumpSSE), fed as strings, as UTF-8 bytes, and byte by byte. The three cases that call
+// ../shared/fixtures/sse/eventsource-parser-cases.json) through parseSSE (the adapter feeds the same
+// parser from its body reader), fed as strings, as UTF-8 bytes, and byte by byte. The three cases that call
 // the push parser's reset() test an API dsh no longer has (one parser behind parseSSE; CHANGELOG.md).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { readFileSync } from 'node:fs'
-import { parseSSE, internals, type SSEEvent } from '../dsh.ts'
+import { parseSSE, openAICompatible, type SSEEvent } from '../dsh.ts'
 import { sharedPath, skipWithoutShared } from './shared.ts'
 
-const { pumpSSE } = internals
 type Op = string | { reset: { consume?: boolean } }
 interface Case { name: string; config: { maxBufferSize?: number; onComment?: false }; ops: Op[]; expected: Record<string, unknown>[] }
 
@@ -29,11 +28,10 @@ function expectedEvents(c: Case): { events: SSEEvent[]; overflow: boolean } {
   return { events, overflow: false }
 }
 
-async function collect(source: AsyncIterable<Uint8Array | string>, maxBufferSize?: number, form: 'iterable' | 'callback' = 'iterable'): Promise<{ events: SSEEvent[]; error?: unknown }> {
+async function collect(source: AsyncIterable<Uint8Array | string>, maxBufferSize?: number): Promise<{ events: SSEEvent[]; error?: unknown }> {
   const events: SSEEvent[] = []
   try {
-    if (form === 'callback') await pumpSSE(source, (e) => { events.push(e) }, { maxBufferSize })
-    else for await (const e of parseSSE(source, { maxBufferSize })) events.push(e)
+    for await (const e of parseSSE(source, { maxBufferSize })) events.push(e)
   } catch (error) {
     return { events, error }
   }
@@ -55,12 +53,12 @@ async function* iterate<T>(items: T[]): AsyncGenerator<T> { for (const item of i
 for (const c of cases) {
   if (c.ops.some((op) => typeof op !== 'string')) continue // reset() is an API of the push parser only
   const ops = c.ops as string[]
-  test(`parseSSE and pumpSSE (strings, UTF-8 chunks, single bytes): ${c.name}`, async () => {
+  test(`parseSSE (strings, UTF-8 chunks, single bytes): ${c.name}`, async () => {
     const want = expectedEvents(c)
     const bytes = ops.map(toBytes)
     const single = bytes.flatMap((b) => Array.from(b, (x) => Uint8Array.of(x)))
-    for (const [form, source] of (['iterable', 'callback'] as const).flatMap((f) => [iterate(ops), iterate(bytes), iterate(single)].map((src) => [f, src] as const))) {
-      const got = await collect(source, c.config.maxBufferSize, form)
+    for (const source of [iterate(ops), iterate(bytes), iterate(single)]) {
+      const got = await collect(source, c.config.maxBufferSize)
       if (want.overflow) {
         assert.ok(got.error instanceof RangeError && /held more than maxBufferSize = \d+ UTF-16 units/.test(got.error.message), `expected an overflow, got ${String(got.error)}`)
         assert.deepEqual(got.events, want.events)
@@ -114,18 +112,20 @@ test('parseSSE refuses a bad maxBufferSize', async () => {
   await assert.rejects(async () => { for await (const _ of parseSSE(iterate(['data: x\n\n']), { maxBufferSize: 0 })) { /* nothing */ } }, /maxBufferSize must be a positive integer/)
 })
 
-test('pumpSSE: events arrive synchronously per chunk; false stops and cancels the source; a throw from onEvent rejects and cancels', async () => {
+test('the adapter\'s form: events of one chunk arrive synchronously; [DONE] stops and cancels the body; a throw from onEvent rejects and cancels', async () => {
   let cancelled = 0
+  const chunk = (text: string) => `data: {"choices":[{"index":0,"delta":{"content":"${text}"}}]}\n\n`
   const stream = () => new ReadableStream<Uint8Array>({
-    start(c) { c.enqueue(new TextEncoder().encode('data: a\n\ndata: b\n\ndata: [DONE]\n\ndata: after\n\n')) },
+    start(c) { c.enqueue(new TextEncoder().encode(`${chunk('a')}${chunk('b')}data: [DONE]\n\n${chunk('after')}`)) },
     cancel() { cancelled++ },
   })
+  const provider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm',
+    fetch: async () => new Response(stream(), { headers: { 'content-type': 'text/event-stream' } }) })
   const seen: string[] = []
-  const sizes: number[] = []
-  await pumpSSE(stream(), (e) => { seen.push(e.data); return e.data !== '[DONE]' }, { onChunk: (n) => sizes.push(n) })
-  assert.deepEqual(seen, ['a', 'b', '[DONE]'])
-  assert.deepEqual(sizes, [45])
+  const r = await provider.complete({ messages: [{ role: 'user', content: 'hi' }], onEvent: (e) => { if (e.type === 'text-delta') seen.push(e.text) } })
+  assert.deepEqual(seen, ['a', 'b'])
+  assert.deepEqual(r.message.content, [{ type: 'text', text: 'ab' }])
   assert.equal(cancelled, 1)
-  await assert.rejects(pumpSSE(stream(), () => { throw new Error('listener failed') }), /listener failed/)
+  await assert.rejects(provider.complete({ messages: [{ role: 'user', content: 'hi' }], onEvent: () => { throw new Error('listener failed') } }), /listener failed/)
   assert.equal(cancelled, 2)
 })

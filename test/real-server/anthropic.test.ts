@@ -7,6 +7,7 @@ import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { Agent, Session, MemoryStore, anthropic, estimateRequestTokens, type Message, type StreamEvent, type ChatRequest } from '../../dsh.ts'
 import { skipWithoutServer, startServer, recordingFetch, settled, type RunningServer, type Exchange } from './server.ts'
+import { tuned } from '../tuning.ts'
 
 const skip = skipWithoutServer()
 const SCENARIO_TIMEOUT_MS = 300_000
@@ -38,8 +39,8 @@ describe('anthropic() against llama-server\'s /v1/messages', { skip, timeout: SC
   after(async () => { await server?.stop() })
   const make = () => {
     const rec = recordingFetch()
-    const provider = anthropic({ baseURL: server.baseURL.replace(/\/v1$/, ''), model: 'stories260K', contextWindow: server.ctxSize,
-      maxTokens: 24, maxRetries: 0, fetch: rec.fetch, extraBody: { temperature: 0 } })
+    const provider = tuned({ maxRetries: 0 }, () => anthropic({ baseURL: server.baseURL.replace(/\/v1$/, ''), model: 'stories260K', contextWindow: server.ctxSize,
+      maxTokens: 24, fetch: rec.fetch, extraBody: { temperature: 0 } }))
     return { provider, exchanges: rec.exchanges }
   }
 

@@ -20,6 +20,7 @@ import {
 import { rng } from '../rng.ts'
 import { runDsh, CLEAN_ENV } from '../cli-child.ts'
 import { skipWithoutServer, startServer, recordingFetch, serverPromptTokens, settled, type RunningServer, type Exchange } from './server.ts'
+import { tuned } from '../tuning.ts'
 
 const skip = skipWithoutServer()
 const MODEL = 'stories260K'
@@ -40,10 +41,8 @@ function serverFor(ctxSize: number): () => RunningServer {
 /** A provider for the running server whose every exchange is recorded. Greedy sampling, no adapter retries. */
 function realProvider(server: RunningServer, options: { maxTokens?: number; transform?: Parameters<typeof recordingFetch>[0] } = {}) {
   const rec = recordingFetch(options.transform)
-  const provider = openAICompatible({
-    baseURL: server.baseURL, model: MODEL, contextWindow: server.ctxSize, maxTokens: options.maxTokens ?? 48,
-    maxRetries: 0, fetch: rec.fetch, extraBody: { temperature: 0 },
-  })
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({
+    baseURL: server.baseURL, model: MODEL, contextWindow: server.ctxSize, maxTokens: options.maxTokens ?? 48, fetch: rec.fetch, extraBody: { temperature: 0 } }))
   return { provider, exchanges: rec.exchanges }
 }
 

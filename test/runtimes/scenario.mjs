@@ -117,7 +117,10 @@ export const STEPS = [
   // The fake answers PROVIDER_SCRIPT in order (one list per runner); the test compares the request
   // bodies it received from every runtime.
   ['agent-http', async (dsh, ctx) => {
-    const provider = dsh.openAICompatible({ baseURL: ctx.providerURL, model: 'fake-model', apiKey: 'sk-test', contextWindow: 8000, maxRetries: 0 })
+    const tuning = dsh.internals.adapterTuning, retries = tuning.maxRetries
+    tuning.maxRetries = 0 // the adapter's test seam (test/tuning.ts): no retries
+    const provider = dsh.openAICompatible({ baseURL: ctx.providerURL, model: 'fake-model', apiKey: 'sk-test', contextWindow: 8000 })
+    tuning.maxRetries = retries
     const readLog = {
       name: 'read_log', description: 'returns one part of the log',
       parameters: { type: 'object', properties: { part: { type: 'integer' } }, required: ['part'] },
