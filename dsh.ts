@@ -2002,11 +2002,15 @@ function clearNode(session: Session, seq: number, placeholder: string, trigger?:
 /** Logs `request/header` when model, base URL, envelope, budget or window changed; returns whether it did. */
 function logHeader(session: Session, header: RequestHeader): boolean {
   const text = JSON.stringify(header) // also drops undefined fields, so equal headers compare equal
-  const last = session.measure().header
-  if (last && JSON.stringify(last) === text) return false
-  session.append('request/header', JSON.parse(text) as RequestHeader)
+  const last = session.measure().header, memo = headerTexts.get(session)
+  const lastText = !last ? undefined : memo?.header === last ? memo.text : JSON.stringify(last)
+  if (lastText === text) { if (memo?.header !== last) headerTexts.set(session, { header: last!, text }); return false }
+  const logged = session.append('request/header', JSON.parse(text) as RequestHeader).data
+  headerTexts.set(session, { header: logged, text })
   return true
 }
+/** The JSON of each session's last `request/header` (by its data object): a step stringifies one header, not two. */
+const headerTexts = /* @__PURE__ */ new WeakMap<Session, { header: RequestHeader; text: string }>()
 
 /** The tool-call block of `callId` on the surface (name and raw arguments), if any. */
 function surfaceToolCall(session: Session, callId: string): ToolCallBlock | undefined {
