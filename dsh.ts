@@ -13800,6 +13800,8 @@ function sameFile(a: { dev: number; ino: number }, b: { dev: number; ino: number
 
 /** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
 const LOG_READ_CHUNK_BYTES = 4 * 1024 * 1024
+/** A FileStore's scratch buffer: at least 64 KiB, grown by doubling; a batch over 1 MiB gets its own buffer. */
+const SCRATCH_MIN_BYTES = 64 * 1024, SCRATCH_MAX_BYTES = 1024 * 1024
 
 /**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
@@ -13842,6 +13844,11 @@ class FileStore implements LogStore {
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
   private fsSync?: typeof import('node:fs')
+  private readonly encoder = new TextEncoder()
+  private readonly decoder = new TextDecoder()
+  /** The buffer appends encode into and events are read back into (see append); `scratchBusy` while a write awaits. */
+  private scratch?: Uint8Array
+  private scratchBusy = false
 
   /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('SESSION_LOCKED')`. */
   private async lock(): Promise<void> {
@@ -13990,12 +13997,18 @@ class FileStore implements LogStore {
     }
     const starts = this.lineStarts!
     // The batch's lines are encoded into one buffer (UTF-8 takes at most 3 bytes per UTF-16 unit),
-    // recording where each line ends: no buffer per line, no copy.
+    // recording where each line ends: no buffer per line, no copy. The buffer is this store's scratch
+    // when it is free and large enough (one allocation per store, not per append; it is kept up to
+    // SCRATCH_MAX_BYTES), else a new one.
     const lines = events.map((e) => JSON.stringify(e))
     let units = 1
     for (const line of lines) units += line.length + 1
-    const into = new Uint8Array(units * 3)
-    const encoder = new TextEncoder()
+    const free = this.scratch && !this.scratchBusy ? this.scratch : undefined
+    const keep = !this.scratchBusy && units * 3 <= SCRATCH_MAX_BYTES
+    const into = free && free.length >= units * 3 ? free
+      : new Uint8Array(keep ? Math.max(units * 3, SCRATCH_MIN_BYTES, 2 * (free?.length ?? 0)) : units * 3)
+    if (keep && into !== free) this.scratch = into
+    const encoder = this.encoder
     const lead = this.needsNewline ? 1 : 0
     const first = starts[starts.length - 1] + lead
     const added: number[] = []
@@ -14007,7 +14020,10 @@ class FileStore implements LogStore {
       added.push(first + pos - lead)
     }
     const buffer = into.subarray(0, pos)
+    const owns = into === this.scratch
+    if (owns) this.scratchBusy = true // a write may await (a subclass's, a short write): no other append uses it
     try { await this.write(buffer) } catch (err) { throw await this.writeFailed(err, buffer.length, events[0].seq) }
+    finally { if (owns) this.scratchBusy = false }
     this.seenBytes! += buffer.length
     this.needsNewline = false
     starts[starts.length - 1] = first
@@ -14064,11 +14080,14 @@ class FileStore implements LogStore {
     const starts = await this.index()
     if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1)
       throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
-    const bytes = new Uint8Array(starts[seq + 1] - starts[seq])
     // One line, read with a synchronous pread (it was written or scanned by this store, so it is
-    // in the page cache as a rule): no trip through the thread pool per event read back.
+    // in the page cache as a rule): no trip through the thread pool per event read back. Into the
+    // scratch buffer when it is free: from the read to the decode nothing awaits.
     const fs = this.fsSync ?? await this.syncFs()
     this.reader ??= fs.openSync(this.path, 'r')
+    const length = starts[seq + 1] - starts[seq]
+    const free = this.scratch && !this.scratchBusy && this.scratch.length >= length ? this.scratch : undefined
+    const bytes = free ? free.subarray(0, length) : new Uint8Array(length)
     for (let done = 0; done < bytes.length;) {
       const n = fs.readSync(this.reader, bytes, done, bytes.length - done, starts[seq] + done)
       if (n === 0) throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: the file ends inside it `
@@ -14092,7 +14111,7 @@ class FileStore implements LogStore {
   }
 
   private decodeEvent(bytes: Uint8Array, seq: number): SessionEvent {
-    let text = new TextDecoder().decode(bytes)
+    let text = this.decoder.decode(bytes)
     if (text.endsWith('\n')) text = text.slice(0, -1)
     const parsed = parseLogLine(text, seq + 1, seq, true)
     if (typeof parsed === 'string')
