@@ -2002,11 +2002,15 @@ function clearNode(session: Session, seq: number, placeholder: string, trigger?:
 /** Logs `request/header` when model, base URL, envelope, budget or window changed; returns whether it did. */
 function logHeader(session: Session, header: RequestHeader): boolean {
   const text = JSON.stringify(header) // also drops undefined fields, so equal headers compare equal
-  const last = session.measure().header
-  if (last && JSON.stringify(last) === text) return false
-  session.append('request/header', JSON.parse(text) as RequestHeader)
+  const last = session.measure().header, memo = headerTexts.get(session)
+  const lastText = !last ? undefined : memo?.header === last ? memo.text : JSON.stringify(last)
+  if (lastText === text) { if (memo?.header !== last) headerTexts.set(session, { header: last!, text }); return false }
+  const logged = session.append('request/header', JSON.parse(text) as RequestHeader).data
+  headerTexts.set(session, { header: logged, text })
   return true
 }
+/** The JSON of each session's last `request/header` (by its data object): a step stringifies one header, not two. */
+const headerTexts = /* @__PURE__ */ new WeakMap<Session, { header: RequestHeader; text: string }>()
 
 /** The tool-call block of `callId` on the surface (name and raw arguments), if any. */
 function surfaceToolCall(session: Session, callId: string): ToolCallBlock | undefined {
@@ -13757,6 +13761,8 @@ function sameFile(a: { dev: number; ino: number }, b: { dev: number; ino: number
 
 /** Bytes read from a log file per `read` call while loading or scanning (4 MiB). */
 const LOG_READ_CHUNK_BYTES = 4_194_304 // 4 MiB
+/** A FileStore's scratch buffer: at least 64 KiB, grown by doubling; a batch over 1 MiB gets its own buffer. */
+const SCRATCH_MIN_BYTES = 65_536, SCRATCH_MAX_BYTES = 1_048_576
 
 /**
  * A JSONL file store for Node, Deno and Bun (node:fs, loaded lazily). One event per line.
@@ -13799,6 +13805,11 @@ class FileStore implements LogStore {
 
   private fs(): Promise<typeof import('node:fs/promises')> { return importNode('node:fs/promises') }
   private fsSync?: typeof import('node:fs')
+  private readonly encoder = new TextEncoder()
+  private readonly decoder = new TextDecoder()
+  /** The buffer appends encode into and events are read back into (see append); `scratchBusy` while a write awaits. */
+  private scratch?: Uint8Array
+  private scratchBusy = false
 
   /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('SESSION_LOCKED')`. */
   private async lock(): Promise<void> {
@@ -13947,12 +13958,18 @@ class FileStore implements LogStore {
     }
     const starts = this.lineStarts!
     // The batch's lines are encoded into one buffer (UTF-8 takes at most 3 bytes per UTF-16 unit),
-    // recording where each line ends: no buffer per line, no copy.
+    // recording where each line ends: no buffer per line, no copy. The buffer is this store's scratch
+    // when it is free and large enough (one allocation per store, not per append; it is kept up to
+    // SCRATCH_MAX_BYTES), else a new one.
     const lines = events.map((e) => JSON.stringify(e))
     let units = 1
     for (const line of lines) units += line.length + 1
-    const into = new Uint8Array(units * 3)
-    const encoder = new TextEncoder()
+    const free = this.scratch && !this.scratchBusy ? this.scratch : undefined
+    const keep = !this.scratchBusy && units * 3 <= SCRATCH_MAX_BYTES
+    const into = free && free.length >= units * 3 ? free
+      : new Uint8Array(keep ? Math.max(units * 3, SCRATCH_MIN_BYTES, 2 * (free?.length ?? 0)) : units * 3)
+    if (keep && into !== free) this.scratch = into
+    const encoder = this.encoder
     const lead = this.needsNewline ? 1 : 0
     const first = starts[starts.length - 1] + lead
     const added: number[] = []
@@ -13964,7 +13981,10 @@ class FileStore implements LogStore {
       added.push(first + pos - lead)
     }
     const buffer = into.subarray(0, pos)
+    const owns = into === this.scratch
+    if (owns) this.scratchBusy = true // a write may await (a subclass's, a short write): no other append uses it
     try { await this.write(buffer) } catch (err) { throw await this.writeFailed(err, buffer.length, events[0].seq) }
+    finally { if (owns) this.scratchBusy = false }
     this.seenBytes! += buffer.length
     this.needsNewline = false
     starts[starts.length - 1] = first
@@ -14021,11 +14041,14 @@ class FileStore implements LogStore {
     const starts = await this.index()
     if (!Number.isInteger(seq) || seq < 0 || seq >= starts.length - 1)
       throw new SessionError('STORE', `no event with seq ${seq} in ${this.path} (0..${starts.length - 2})`)
-    const bytes = new Uint8Array(starts[seq + 1] - starts[seq])
     // One line, read with a synchronous pread (it was written or scanned by this store, so it is
-    // in the page cache as a rule): no trip through the thread pool per event read back.
+    // in the page cache as a rule): no trip through the thread pool per event read back. Into the
+    // scratch buffer when it is free: from the read to the decode nothing awaits.
     const fs = this.fsSync ?? await this.syncFs()
     this.reader ??= fs.openSync(this.path, 'r')
+    const length = starts[seq + 1] - starts[seq]
+    const free = this.scratch && !this.scratchBusy && this.scratch.length >= length ? this.scratch : undefined
+    const bytes = free ? free.subarray(0, length) : new Uint8Array(length)
     for (let done = 0; done < bytes.length;) {
       const n = fs.readSync(this.reader, bytes, done, bytes.length - done, starts[seq] + done)
       if (n === 0) throw new SessionError('LOG_CORRUPT', `session log line ${seq + 1}: the file ends inside it `
@@ -14049,7 +14072,7 @@ class FileStore implements LogStore {
   }
 
   private decodeEvent(bytes: Uint8Array, seq: number): SessionEvent {
-    let text = new TextDecoder().decode(bytes)
+    let text = this.decoder.decode(bytes)
     if (text.endsWith('\n')) text = text.slice(0, -1)
     const parsed = parseLogLine(text, seq + 1, seq, true)
     if (typeof parsed === 'string')
@@ -14093,33 +14116,49 @@ interface LogLine { bytes: Uint8Array; at: number; terminated: boolean }
  * The lines of the open file `fh` between byte offsets `start` and `end`, one array per read of
  * {@link LOG_READ_CHUNK_BYTES} (one promise per chunk, not per line). Only a last line with no
  * newline has `terminated: false`. A line that spans reads is joined once, not per read. The
- * arrays' `bytes` are views of a buffer reused by the next read: decode them before asking for more.
+ * arrays' `bytes` are views of a buffer reused by the read after next: decode them before asking
+ * for more. The next chunk is read (on libuv's thread pool) while the caller parses this one, so
+ * a load waits for the disk only where the disk is slower than parsing; two buffers take turns.
  * Newlines are found by node:buffer's `indexOf` (a native memchr; it takes any Uint8Array), not by
  * the Uint8Array's own, which walks the bytes one by one: a tenth of a 100 MiB resume's time.
  */
 async function* lineChunks(fh: any, start: number, end: number): AsyncGenerator<LogLine[]> {
   const { Buffer } = await importNode<typeof import('node:buffer')>('node:buffer')
   const indexOf = Buffer.prototype.indexOf as (this: Uint8Array, byte: number, from?: number) => number
-  const chunk = new Uint8Array(Math.min(LOG_READ_CHUNK_BYTES, Math.max(1, end - start)))
+  const size = Math.min(LOG_READ_CHUNK_BYTES, Math.max(1, end - start))
+  const buffers: Uint8Array[] = [new Uint8Array(size)] // the second one on the first read ahead
+  const read = (turn: number, at: number): Promise<{ bytesRead: number }> => {
+    const into = buffers[turn] ??= new Uint8Array(size)
+    return fh.read(into, 0, Math.min(size, end - at), at)
+  }
   let carry: Uint8Array[] = []
   let carryAt = start
   let pos = start
-  while (pos < end) {
-    const { bytesRead } = await fh.read(chunk, 0, Math.min(chunk.length, end - pos), pos)
-    if (bytesRead === 0) break
-    const view = chunk.subarray(0, bytesRead)
-    const lines: LogLine[] = []
-    let from = 0
-    for (let nl = indexOf.call(view, 10, 0); nl >= 0; nl = indexOf.call(view, 10, from)) {
-      let bytes: Uint8Array = view.subarray(from, nl)
-      if (carry.length > 0) { carry.push(bytes); bytes = concatBytes(carry); carry = [] }
-      lines.push({ bytes, at: carryAt, terminated: true })
-      from = nl + 1
-      carryAt = pos + from
+  let turn = 0
+  let next: Promise<{ bytesRead: number }> | undefined = pos < end ? read(0, pos) : undefined
+  try {
+    while (next) {
+      const { bytesRead } = await next
+      next = undefined
+      if (bytesRead === 0) break
+      const view = buffers[turn].subarray(0, bytesRead)
+      turn ^= 1
+      if (pos + bytesRead < end) next = read(turn, pos + bytesRead) // read ahead while this one is parsed
+      const lines: LogLine[] = []
+      let from = 0
+      for (let nl = indexOf.call(view, 10, 0); nl >= 0; nl = indexOf.call(view, 10, from)) {
+        let bytes: Uint8Array = view.subarray(from, nl)
+        if (carry.length > 0) { carry.push(bytes); bytes = concatBytes(carry); carry = [] }
+        lines.push({ bytes, at: carryAt, terminated: true })
+        from = nl + 1
+        carryAt = pos + from
+      }
+      if (from < bytesRead) carry.push(view.slice(from))
+      pos += bytesRead
+      if (lines.length > 0) yield lines
     }
-    if (from < bytesRead) carry.push(view.slice(from))
-    pos += bytesRead
-    if (lines.length > 0) yield lines
+  } finally {
+    if (next) await next.catch(() => {}) // a caller that stops early: the read in flight ends before fh closes
   }
   if (carry.length > 0) yield [{ bytes: concatBytes(carry), at: carryAt, terminated: false }]
 }

@@ -1,7 +1,7 @@
 // Session logs for the resume benchmarks (bench/scale.bench.ts, bench/compare.ts): a generator of
 // valid dsh logs of any size, and the floor a resume is compared with — read the file in 4 MiB
 // chunks and JSON.parse every line once.
-import { closeSync, openSync, readSync, writeSync } from 'node:fs'
+import { closeSync, fsyncSync, openSync, readSync, writeSync } from 'node:fs'
 
 const MiB = 1024 * 1024
 
@@ -9,8 +9,10 @@ const MiB = 1024 * 1024
  * Writes a valid dsh log of about `bytes` bytes: turns of one tool call with a ~96 KiB result (a
  * tenth of them non-ASCII), each followed by a compaction whose checkpoint replaces the whole
  * surface — the shape of a long session whose originals are all shadowed. The surface left is one
- * checkpoint. Written with large synchronous writes; returns the event count. `version` goes into
- * `session/start` (the VERSION of the build that will read it).
+ * checkpoint. Written with large synchronous writes, then fsynced, as a session's own log is step by step
+ * (unsynced, the first resume's own fsync would wait for the writeback of the whole file, a cost
+ * a real log never has); returns the event count. `version` goes into `session/start` (the
+ * VERSION of the build that will read it).
  */
 export function writeLog(file: string, bytes: number, version: string): number {
   const fd = openSync(file, 'w')
@@ -45,6 +47,7 @@ export function writeLog(file: string, bytes: number, version: string): number {
     put('compaction/end', { id })
   }
   const b = Buffer.from(buf.join('')); writeSync(fd, b)
+  fsyncSync(fd)
   closeSync(fd)
   return seq
 }

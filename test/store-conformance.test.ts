@@ -5,7 +5,7 @@
 import { after, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawnSync } from 'node:child_process'
-import { appendFileSync, mkdtempSync, rmSync } from 'node:fs'
+import { appendFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -48,3 +48,35 @@ for (const [broken, cases] of Object.entries(FAILS)) {
     assert.equal(run.status, 1)
   })
 }
+
+// A load reads the next 4 MiB chunk while it parses this one (FileStore's line reader reads ahead),
+// and lines that span chunks arrive whole, in order, at the right offsets.
+test('FileStore.scan reads the next chunk while the caller parses this one; lines across chunks are whole', async () => {
+  const file = join(dir, 'read-ahead.jsonl')
+  const text = 'x'.repeat(300_000) + '北京 😊'
+  const events: SessionEvent[] = []
+  for (let seq = 0; seq < 40; seq++) events.push({ seq, type: 'user/message', time: seq, data: { message: { role: 'user', content: `${seq}:${text}` }, surfaceOp: { op: 'append' } } } as SessionEvent)
+  writeFileSync(file, events.map((e) => JSON.stringify(e) + '\n').join(''))
+  const { open } = await import('node:fs/promises')
+  const probe = await open(file, 'r')
+  const FileHandle = probe.constructor as { prototype: { read: (...a: unknown[]) => Promise<unknown> } }
+  await probe.close()
+  const read = FileHandle.prototype.read
+  let inFlight = 0, reads = 0
+  FileHandle.prototype.read = function (this: unknown, ...a: unknown[]) {
+    inFlight++; reads++
+    return read.apply(this, a).finally(() => { inFlight-- })
+  }
+  const seen: number[] = []
+  const inFlightWhileParsing: number[] = []
+  try {
+    await new FileStore(file, { readOnly: true }).scan((e) => {
+      seen.push(e.seq)
+      assert.equal((e.data as { message: { content: string } }).message.content, `${e.seq}:${text}`)
+      inFlightWhileParsing.push(inFlight)
+    })
+  } finally { FileHandle.prototype.read = read }
+  assert.deepEqual(seen, events.map((e) => e.seq))
+  assert.equal(reads, 3, 'a 12 MB log is 3 reads of 4 MiB')
+  assert.ok(inFlightWhileParsing.filter((n) => n > 0).length >= 20, `a read was in flight while most lines were parsed: ${inFlightWhileParsing.join(' ')}`)
+})

@@ -1,0 +1,92 @@
+// What a durable step spends beyond its write and its fsync (bench/durable.bench.ts measures it):
+// the header of the request is serialised once per step (to compare it with the one logged), not
+// twice, and a header that changed is logged once and compared by its own text from then on; a
+// FileStore encodes appends and reads events back into one scratch buffer, not a new one each time.
+import { describe, test } from 'node:test'
+import assert from 'node:assert/strict'
+import { mkdtempSync, readFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { Agent, FileStore, MemoryStore, Session, type SessionEvent } from '../dsh.ts'
+import { ScriptedProvider, call, say } from './scripted-provider.ts'
+
+const readTool = { name: 'read_file', description: 'reads a file', parameters: { type: 'object' }, execute: () => 'x'.repeat(100) }
+const isHeader = (v: unknown): boolean => typeof v === 'object' && v !== null && 'baseURL' in v && 'model' in v && 'tools' in v
+
+test('a step serialises the request header once, and logs it only when it changed', async () => {
+  const session = await Session.open(new MemoryStore())
+  const provider = new ScriptedProvider(32_000, [call('c1', 'read_file'), call('c2', 'read_file'), call('c3', 'read_file'), say('done'), say('again')])
+  const agent = new Agent({ session, provider, tools: [readTool] })
+  const stringify = JSON.stringify
+  let headerStringifies = 0
+  JSON.stringify = function (this: unknown, value: unknown, ...rest: unknown[]) {
+    if (isHeader(value)) headerStringifies++
+    return (stringify as (...a: unknown[]) => string).call(JSON, value, ...rest)
+  } as typeof JSON.stringify
+  let steps = 0
+  try {
+    steps += (await agent.run('read three files')).steps
+    steps += (await agent.run('once more')).steps
+  } finally { JSON.stringify = stringify }
+  assert.equal(steps, 5)
+  // One per step, plus one per turn start (the turn-start pressure check prices the envelope); never twice in a row.
+  assert.equal(headerStringifies, steps + 2)
+  let headers = 0
+  for await (const e of session.readEvents()) if (e.type === 'request/header') headers++
+  assert.equal(headers, 1, 'an unchanged header is logged once')
+})
+
+test('a changed header is logged once more, then compared with the new one', async () => {
+  const session = await Session.open(new MemoryStore())
+  const run = async (system: string) => { await new Agent({ session, provider: new ScriptedProvider(32_000, [say('ok')]), tools: [readTool], system }).run('hi') }
+  await run('one'); await run('one'); await run('two'); await run('two'); await run('one')
+  const systems: string[] = []
+  for await (const e of session.readEvents()) if (e.type === 'request/header') systems.push((e.data as { system: string }).system)
+  assert.deepEqual(systems, ['one', 'two', 'one'])
+})
+
+describe('FileStore encodes appends into one scratch buffer and reads events back into it', () => {
+  const event = (seq: number, text = `m${seq}`) => ({ seq, type: 'user/message', time: 1, data: { message: { role: 'user', content: text }, surfaceOp: { op: 'append' } } }) as SessionEvent
+  const tempFile = () => join(mkdtempSync(join(tmpdir(), 'dsh-scratch-')), 's.jsonl')
+
+  test('appends and read-backs after the first allocate no byte buffer of their own', async () => {
+    const store = new FileStore(tempFile())
+    await store.load()
+    await store.append([event(0)])
+    await store.readEvent(0)
+    const Real = globalThis.Uint8Array
+    let made = 0
+    globalThis.Uint8Array = new Proxy(Real, { construct(target, args, newTarget) { made++; return Reflect.construct(target, args, newTarget) } })
+    try {
+      for (let seq = 1; seq <= 100; seq++) { await store.append([event(seq, '北京 😊 '.repeat(seq))]); assert.equal(((await store.readEvent(seq)).data as any).message.content, '北京 😊 '.repeat(seq)) }
+    } finally { globalThis.Uint8Array = Real }
+    assert.equal(made, 0)
+    await store.close()
+  })
+
+  test('a write that awaits keeps its bytes: a read-back meanwhile gets a buffer of its own', async () => {
+    let release!: () => void
+    const gate = new Promise<void>((r) => { release = r })
+    let slow = false
+    class SlowStore extends FileStore {
+      protected override async write(bytes: Uint8Array): Promise<void> {
+        if (slow) { slow = false; const copy = bytes.slice(); await gate; assert.deepEqual(bytes, copy, 'the bytes of a write in flight are not overwritten'); return super.write(bytes) }
+        return super.write(bytes)
+      }
+    }
+    const file = tempFile()
+    const store = new SlowStore(file)
+    await store.load()
+    await store.append([event(0, 'a'.repeat(500))])
+    slow = true
+    const first = store.append([event(1, 'b'.repeat(900))])
+    const read = await store.readEvent(0)
+    assert.equal((read.data as any).message.content, 'a'.repeat(500))
+    release()
+    await first
+    await store.append([event(2, 'c'.repeat(100))])
+    const lines = readFileSync(file, 'utf8').trim().split('\n').map((l) => JSON.parse(l).data.message.content)
+    assert.deepEqual(lines, ['a'.repeat(500), 'b'.repeat(900), 'c'.repeat(100)])
+    await store.close()
+  })
+})
