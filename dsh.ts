@@ -2504,7 +2504,7 @@ const MAX_OVERFLOW_RETRIES = 1
 /** A compaction that saves less than this share of the total counts as failed. */
 const MIN_SAVINGS_RATIO = 0.05
 /** Tool results over this many UTF-8 bytes are spilled at write time (256 KiB; docs/design.md §5). */
-const SPILL_BYTES = 256 * 1024
+const SPILL_BYTES = 262_144 // 256 KiB
 /** The clear rung clears down to `floor(window × 0.6)` tokens (docs/bench.md measured 0.4–0.75). */
 const RELIEF_RATIO = 0.6
 /** Under a threshold at or below RELIEF_RATIO, the clear rung clears down to this share of the threshold. */
@@ -7217,7 +7217,7 @@ export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
    *  (a quadratic pattern on a minified line never ends); they are counted, and fixed_strings searches them. */
   grepMaxLineUnits: 10_000,
   /** write_file and edit_file: the largest file they write, and the largest file edit_file reads, in bytes. */
-  maxWriteBytes: 16 * 1024 * 1024,
+  maxWriteBytes: 16_777_216, // 16 MiB
   /** shell: timeout of a command when the model gives no `timeout_ms`, in ms. */
   shellTimeoutMs: 120_000,
   /** shell: the longest `timeout_ms` the model may ask for, in ms. */
@@ -7227,9 +7227,9 @@ export const BUILTIN_TOOL_DEFAULTS = /* @__PURE__ */ Object.freeze({
 /** Directories that list_files and grep never descend into (they may still be named as `path`). */
 const TOOL_SKIP_DIRS: ReadonlySet<string> = new Set(['node_modules', '.git'])
 /** Bytes sniffed for a NUL byte to call a file binary (the heuristic of git and grep). */
-const TOOL_BINARY_SNIFF_BYTES = 8 * 1024
+const TOOL_BINARY_SNIFF_BYTES = 8_192 // 8 KiB
 /** grep: files larger than this many bytes are skipped (and counted in the summary). */
-const GREP_MAX_FILE_BYTES = 16 * 1024 * 1024
+const GREP_MAX_FILE_BYTES = 16_777_216 // 16 MiB
 /** grep: a matching line is shown up to this many UTF-16 units. */
 const GREP_LINE_UNITS = 500
 /** shell: ms between SIGTERM and SIGKILL of the process group, and again before giving up on its pipes. */
@@ -7822,7 +7822,7 @@ function plural(n: number, word: string): string { return `${n} ${word}${n === 1
 /** read_file: the most bytes of a file one call reads (skipped lines and the unread rest of a long
  *  line count too), so that an offset far into a huge file, or a line without end (a 4 GiB sparse
  *  file), cannot keep a call reading toward EOF. 64 MiB is four times the largest file grep searches. */
-const READ_FILE_MAX_SCAN_BYTES = 64 * 1024 * 1024
+const READ_FILE_MAX_SCAN_BYTES = 67_108_864 // 64 MiB
 
 function readFileTool(host: ToolHost, defaultLines: number): Tool {
   const max = host.maxOutputUnits
@@ -9801,7 +9801,7 @@ function readDshLog(parsed: ParsedTranscript): Transcript {
 
 /** The largest transcript file replay reads: JSON.parse of one takes several times its size in heap,
  *  and the engine's longest string is 512 MiB. */
-const REPLAY_MAX_FILE_BYTES = 256 * 1024 * 1024
+const REPLAY_MAX_FILE_BYTES = 268_435_456 // 256 MiB
 
 /**
  * A transcript file's text, for the CLI (the readers above take text). Opened without blocking and
@@ -10097,11 +10097,11 @@ const fidelityFigure = (kind: keyof Fidelity, count: keyof FidelityShare, name: 
  * Named `fidelity <kind> <count>`; JSON per row, one combined totals line in the text report. The
  * CLI's `replay` passes them ({@link ReplayOptions.figures}); a library replay adds them when asked.
  */
-export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ [
+export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ (() => [ // a call: a bundle without replay drops it
   ...FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]) =>
     fidelityFigure(kind, count, `fidelity ${label} ${countLabel}`))),
   fidelityFigure('userMessages', 'pruned', 'fidelity user messages pruned'),
-]
+])()
 
 /**
  * The totals line of {@link FIDELITY_FIGURES}: `in checkpoints: paths 12/12, …; in the summaries alone: 1/12, …`,
@@ -11904,7 +11904,7 @@ function agoText(ms: number): string {
 /** The project's own configuration, relative to its directory. Untrusted until the user trusts the directory. */
 export const PROJECT_CONFIG_FILE = '.dsh/config.json'
 /** Largest configuration file read, in bytes (a config is a few hundred; this stops a link to a device or a huge file). */
-const CONFIG_MAX_BYTES = 256 * 1024
+const CONFIG_MAX_BYTES = 262_144 // 256 KiB
 /** Kept sessions older than this many days are removed when dsh starts (config `retentionDays`). */
 const DEFAULT_RETENTION_DAYS = 30
 /** The tools whose calls are approved in interactive mode: those that change files or run commands. */
@@ -12618,7 +12618,7 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
 /** Sessions `--resume` and `/sessions` list, newest first. */
 const SESSIONS_LISTED = 20
 /** Bytes read from each end of a kept log to describe it (its first input; its last message and turn). */
-const SESSION_PEEK_BYTES = 256 * 1024
+const SESSION_PEEK_BYTES = 262_144 // 256 KiB
 /** Days in ms. */
 const DAY_MS = 86_400_000
 
@@ -13350,7 +13350,7 @@ async function interactiveLoop(current: () => Agent, terminal: Terminal, io: Cli
 /** Files the CLI reads project instructions from, in order: the first that exists in the working directory wins. */
 export const PROJECT_INSTRUCTION_FILES: readonly string[] = ['AGENTS.md', 'CLAUDE.md']
 /** Largest project-instructions file the CLI accepts, in UTF-8 bytes (64 KiB ≈ 16,000 tokens, all of it in every request). */
-export const PROJECT_INSTRUCTIONS_MAX_BYTES = 64 * 1024
+export const PROJECT_INSTRUCTIONS_MAX_BYTES = 65_536 // 64 KiB
 
 /** Project instructions read by {@link readProjectInstructions}: the file name, its size in bytes, and the text for the envelope. */
 export interface ProjectInstructions { file: string; bytes: number; text: string }
