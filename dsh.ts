@@ -2508,7 +2508,7 @@ const MAX_OVERFLOW_RETRIES = 1
 /** A compaction that saves less than this share of the total counts as failed. */
 const MIN_SAVINGS_RATIO = 0.05
 /** Tool results over this many UTF-8 bytes are spilled at write time (256 KiB; docs/design.md §5). */
-const SPILL_BYTES = 256 * 1024
+const SPILL_BYTES = 262_144 // 256 KiB
 /** The clear rung clears down to `floor(window × 0.6)` tokens (docs/bench.md measured 0.4–0.75). */
 const RELIEF_RATIO = 0.6
 /** Under a threshold at or below RELIEF_RATIO, the clear rung clears down to this share of the threshold. */
@@ -6413,18 +6413,14 @@ export interface AgentOptions {
   session: Session
   provider: Provider
   tools?: readonly Tool[]
-  system?: string
   /**
-   * Project instructions (e.g. the text of AGENTS.md), part of the envelope: appended to `system`
-   * in every request, which compaction never touches (docs/design.md §12).
+   * The system prompt, part of the envelope that compaction never touches (docs/design.md §12): project
+   * instructions (e.g. the text of AGENTS.md) go here too. The context window (tokens) and the completion
+   * budget per step (tokens, clamped to the room left) are the provider's `contextWindow` and `maxTokens`.
    */
-  instructions?: string
+  system?: string
   /** Replaces {@link SUMMARY_INSTRUCTION} in summary requests; a non-empty string. */
   summaryInstruction?: string
-  /** Overrides the provider's context window (tokens). */
-  contextWindow?: number
-  /** Completion budget per step, tokens (default: the provider's); clamped to the room left. */
-  maxTokens?: number
   /** Model for summaries (default: `provider`). */
   summarizer?: Provider
   compaction?: Partial<CompactionConfig>
@@ -6464,6 +6460,13 @@ const MAX_STREAM_RETRIES = 1
 const WINDOW_TOKENS_PER_TOOL_CALL = 64
 /** Tool calls one step runs (as many as the adapter passes); a message's other calls get TOOL_LIMIT error results. */
 const MAX_TOOL_CALLS_PER_STEP = MAX_TOOL_CALLS_PER_MESSAGE
+
+/** Agent options of dsh 0.1.0 that moved, and where: a ConfigError says so rather than ignore them. */
+const MOVED_AGENT_OPTIONS: Readonly<Record<string, string>> = {
+  contextWindow: "the provider's contextWindow (openAICompatible({ contextWindow }) or { ...provider, contextWindow })",
+  maxTokens: "the provider's maxTokens (openAICompatible({ maxTokens }), or { ...provider, maxTokens })",
+  instructions: 'system: append them to the system prompt',
+}
 
 /** The spend caps of {@link AgentOptions.maxCostUSD}, checked; ConfigError for a bad value or unknown prices. */
 function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?: number; session?: number }
@@ -6603,7 +6606,6 @@ class Agent {
   readonly pruneConfig: PruneConfig
   readonly maxSteps: number
   readonly system?: string
-  readonly instructions?: string
   readonly summaryInstruction?: string
   /** This agent's ladder (prune → clear → compact); its memory is in the session log. */
   readonly ladder: Ladder
@@ -6631,25 +6633,23 @@ class Agent {
   constructor(options: AgentOptions) {
     if (!options?.session || !options.provider)
       throw new TypeError('new Agent({session, provider, …}): session and provider are required')
+    for (const k in MOVED_AGENT_OPTIONS) {
+      if (k in options) throw new ConfigError(`new Agent({ ${k} }): the option moved; use ${MOVED_AGENT_OPTIONS[k]}`)
+    }
     this.session = options.session
     this.provider = options.provider
     this.summarizer = options.summarizer ?? options.provider
     this.tools = options.tools ?? []
     const names = toolNames(this.tools)
     this.system = options.system
-    const { instructions, summaryInstruction, maxTokens, maxSteps = 200, recall } = options
-    if (instructions !== undefined && typeof instructions !== 'string')
-      throw configError('instructions', 'a string (e.g. the text of AGENTS.md)', instructions)
-    this.instructions = instructions?.trim() ? instructions : undefined
+    const { summaryInstruction, maxSteps = 200, recall } = options
     if (summaryInstruction !== undefined && (typeof summaryInstruction !== 'string' || !summaryInstruction.trim()))
       throw configError('summaryInstruction', 'a non-empty string', summaryInstruction, 'leave it out for the default')
     this.summaryInstruction = summaryInstruction
-    this.window = options.contextWindow ?? options.provider.contextWindow
+    this.window = options.provider.contextWindow
     if (this.window !== undefined && !isIntegerAtLeast(this.window, 1))
       throw new RangeError(`contextWindow must be a positive integer number of tokens, got ${this.window}`)
-    if (maxTokens !== undefined && !isIntegerAtLeast(maxTokens, 1))
-      throw configError('maxTokens', 'a positive integer number of tokens', maxTokens)
-    this.maxTokens = maxTokens ?? options.provider.maxTokens
+    this.maxTokens = options.provider.maxTokens
     this.compaction = resolveCompactionConfig(options.compaction)
     this.pruneConfig = resolvePruneConfig(options.prune)
     if (!isIntegerAtLeast(maxSteps, 1))
@@ -6712,16 +6712,14 @@ class Agent {
   get contextWindow(): number | undefined { return this.window }
   /** The conversation model's name. */
   get modelName(): string { return this.provider.model }
-  /** The request envelope: system prompt (then the project instructions) and tool specs. */
+  /** The request envelope: system prompt and tool specs. */
   get envelope(): Envelope {
     // One object per agent and tool set: the adapter serialises its tools once (docs/design.md §11
     // byte stability); the set changes once, when `recall` is first offered.
     const tools = this.offeredTools()
     if (this.envelopeMemo && this.envelopeMemoTools === tools.length) return this.envelopeMemo
-    const system = this.instructions === undefined ? this.system : this.system
-      ? `${this.system}\n\n${this.instructions}` : this.instructions
     this.envelopeMemoTools = tools.length
-    this.envelopeMemo = { system, tools: tools.length ? tools.map(toolSpec) : undefined }
+    this.envelopeMemo = { system: this.system, tools: tools.length ? tools.map(toolSpec) : undefined }
     return this.envelopeMemo
   }
 
@@ -10052,16 +10050,11 @@ const fidelityFigure = (kind: keyof Fidelity, count: keyof FidelityShare, name: 
  * Named `fidelity <kind> <count>`; JSON per row, one combined totals line in the text report. The
  * CLI's `replay` passes them ({@link ReplayOptions.figures}); a library replay adds them when asked.
  */
-export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ fidelityFigures()
-
-// A function, so that the PURE call above lets a bundle that takes only the runtime drop the table.
-function fidelityFigures(): ReplayFigure[] {
-  return [
-    ...FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]) =>
-      fidelityFigure(kind, count, `fidelity ${label} ${countLabel}`))),
-    fidelityFigure('userMessages', 'pruned', 'fidelity user messages pruned'),
-  ]
-}
+export const FIDELITY_FIGURES: readonly ReplayFigure[] = /* @__PURE__ */ (() => [ // a call: a bundle without replay drops it
+  ...FIDELITY_KINDS.flatMap(([kind, label]) => FIDELITY_COUNTS.map(([count, countLabel]) =>
+    fidelityFigure(kind, count, `fidelity ${label} ${countLabel}`))),
+  fidelityFigure('userMessages', 'pruned', 'fidelity user messages pruned'),
+])()
 
 /**
  * The totals line of {@link FIDELITY_FIGURES}: `in checkpoints: paths 12/12, …; in the summaries alone: 1/12, …`,
@@ -10544,7 +10537,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
 
   const maxSteps = script.reduce((m, t) => Math.max(m, t.steps.length), 0) + 1
   const agentOptions: AgentOptions = {
-    session, provider, tools, summarizer, contextWindow: window, system: transcript.envelope.system,
+    session, provider, tools, summarizer, system: transcript.envelope.system,
     compaction: { ...options.compaction, thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe, recall: options.recall ?? false,
   }
   // The transcript's own `recall` tool keeps its name: the Agent then offers no recall tool of its own.
@@ -12900,24 +12893,24 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
   // One Agent per model: `/model` starts another over the same session (the log is the state); the
   // events of an agent that was replaced are ignored (its session subscription stays).
   let agents = 0
-  const newAgent = (p: Provider, contextWindow: number | undefined): Agent => {
+  const newAgent = (p: Provider): Agent => {
     const mine = agents + 1
     const made = new Agent({
-      session, provider: p, tools, system: CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions: instructions?.text, contextWindow,
-      maxTokens: run.maxTokens, compaction: { thresholdRatio: run.threshold, ...(run.clear === false ? { clear: false } : {}) }, maxSteps: run.maxSteps,
+      session, provider: p, tools, system: [CLI_SYSTEM_PROMPT.replace('{cwd}', cwd), instructions?.text].filter((t) => t?.trim()).join('\n\n'),
+      compaction: { thresholdRatio: run.threshold, ...(run.clear === false ? { clear: false } : {}) }, maxSteps: run.maxSteps,
       ...(run.maxCostUSD !== undefined ? { maxCostUSD: run.maxCostUSD } : {}),
       onEvent: (e) => { if (mine === agents) onEvent(e) },
     })
     agents = mine // from here on, only this agent's events are shown
     return made
   }
-  agent = newAgent(provider, options.contextWindow)
+  agent = newAgent(provider)
   const switchModel = async (line: string, signal: AbortSignal): Promise<string> => {
     const next = parseModelCommand(line, agent!)
     if (typeof next === 'string') return next
     // Prices are a model's: DeepSeek's for its models, else none (cost unknown) — never the last model's.
     let made: Agent
-    try { made = newAgent(providerFor(next.model, next.contextWindow, pricesOf(next.model)), next.contextWindow) } catch (err) {
+    try { made = newAgent(providerFor(next.model, next.contextWindow, pricesOf(next.model))) } catch (err) {
       return `[dsh] /model: ${(err as Error).message}; the model stays ${stripControls(agent!.provider.model)}\n`
     }
     const hadCost = costKnown(agent!)

@@ -408,12 +408,11 @@ describe('case 3 (library): instructions are part of the envelope', () => {
     const f = await fake([...calls(8, 'a'), { text: 'done' }, { text: 'after' }])
     const session = await Session.open(new MemoryStore())
     const INSTR = 'Project instructions (AGENTS.md):\nRun `npm test` before you say you are done.'
-    const agent = new Agent({ session, provider: f.provider, system: 'You are a test agent.', instructions: INSTR, tools: [tool('fetch', () => `r${n++}`.padEnd(7_000, '.'))], compaction: { clear: false } })
+    const agent = new Agent({ session, provider: f.provider, system: `You are a test agent.\n\n${INSTR}`, tools: [tool('fetch', () => `r${n++}`.padEnd(7_000, '.'))], compaction: { clear: false } })
     await agent.run('fetch five')
     await agent.run('and now?')
     assert.ok(f.summary().length >= 1)
     for (const req of f.server.requests) assert.deepEqual(req.body.messages[0], { role: 'system', content: `You are a test agent.\n\n${INSTR}` })
-    assert.throws(() => new Agent({ session, provider: f.provider, instructions: 42 as any }), /instructions must be a string \(e\.g\. the text of AGENTS\.md\), got 42/)
   })
 })
 

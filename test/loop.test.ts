@@ -403,9 +403,10 @@ test('Agent options are checked with the value, the limit and the fix (one helpe
   const bad: Array<[Record<string, unknown>, RegExp]> = [
     [{ maxSteps: 0 }, /^maxSteps must be an integer ≥ 1 \(provider calls per turn\), got 0$/],
     [{ maxSteps: '5' }, /^maxSteps must be an integer ≥ 1 \(provider calls per turn\), got "5"$/],
-    [{ maxTokens: -1 }, /^maxTokens must be a positive integer number of tokens, got -1$/],
     [{ recall: 'no' }, /^recall must be true or false, got "no"$/],
-    [{ instructions: 42 }, /^instructions must be a string \(e\.g\. the text of AGENTS\.md\), got 42$/],
+    [{ contextWindow: 1000 }, /^new Agent\(\{ contextWindow \}\): the option moved; use the provider's contextWindow/],
+    [{ maxTokens: 100 }, /^new Agent\(\{ maxTokens \}\): the option moved; use the provider's maxTokens/],
+    [{ instructions: 'x' }, /^new Agent\(\{ instructions \}\): the option moved; use system/],
   ]
   for (const [options, message] of bad) {
     assert.throws(() => new Agent({ session, provider, ...options } as any), (e: unknown) => e instanceof ConfigError && e instanceof TypeError && message.test((e as Error).message), JSON.stringify(options))

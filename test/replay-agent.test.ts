@@ -51,7 +51,7 @@ test('the replay log is the live loop\'s log: same events in the same order for 
   const provider = new ScriptedProvider(10_000, [call('c1', 'sh', { cmd: 'ls' }), say('done'), say('ok')])
   let agent!: Agent
   const sh: Tool = { name: 'sh', description: 'run', parameters: {}, execute: () => { agent.steer('also check c'); return 'a.txt\nb.txt' } }
-  agent = new Agent({ session: live, provider, tools: [sh], contextWindow: 10_000 })
+  agent = new Agent({ session: live, provider, tools: [sh] })
   await agent.run('task')
   await agent.run('next')
   assert.deepEqual(shape(replayed.events), shape(live.events))

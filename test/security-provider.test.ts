@@ -126,7 +126,7 @@ describe('one assistant message is capped (default 8 MiB of everything it keeps,
     assert.ok((await sent!) < 64 * 1024 * 1024)
 
     const session = await Session.open()
-    const agent = new Agent({ session, provider, contextWindow: 1_000_000, maxTokens: 1000 })
+    const agent = new Agent({ session, provider: { ...provider, contextWindow: 1_000_000, maxTokens: 1000 } })
     await assert.rejects(agent.run('go'), (e: ProviderError) => e.code === 'RESPONSE_TOO_LARGE')
     const logged = session.events.find((e) => e.type === 'assistant/message')!.data as any
     assert.equal(logged.finishReason, 'error')
@@ -201,7 +201,7 @@ describe('one assistant message is capped (default 8 MiB of everything it keeps,
 
       const session = await Session.open()
       let ran = 0
-      const agent = new Agent({ session, provider, contextWindow: 1_000_000, maxTokens: 1000, tools: [{ name: 't', description: 't', parameters: { type: 'object' }, execute: () => { ran++; return 'ran' } }] })
+      const agent = new Agent({ session, provider: { ...provider, contextWindow: 1_000_000, maxTokens: 1000 }, tools: [{ name: 't', description: 't', parameters: { type: 'object' }, execute: () => { ran++; return 'ran' } }] })
       await assert.rejects(agent.run('go'), (e: ProviderError) => e.code === 'RESPONSE_TOO_LARGE')
       assert.equal(ran, 0)
       const logged = session.events.filter((e) => e.type === 'assistant/message').map((e) => (e.data as any).message)
