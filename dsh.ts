@@ -6678,7 +6678,8 @@ class Agent {
     if (!options?.session || !options.provider)
       throw new TypeError('new Agent({session, provider, …}): session and provider are required')
     for (const k in MOVED_AGENT_OPTIONS) {
-      if (k in options) throw new ConfigError(`new Agent({ ${k} }): the option moved; use ${MOVED_AGENT_OPTIONS[k]}`)
+      if ((options as unknown as Record<string, unknown>)[k] !== undefined)
+        throw new ConfigError(`new Agent({ ${k} }): the option moved; use ${MOVED_AGENT_OPTIONS[k]}`)
     }
     this.session = options.session
     this.provider = options.provider
