@@ -2070,23 +2070,21 @@ class LadderState {
   /** How many samples the ratio stands on. */
   get count(): number { return this.transcriptFit?.n ?? this.samples.length }
 
-  /** `provider ≈ offset + ratio × heuristic` by least squares over the transcript samples (docs/design.md §15). */
+  /** `provider ≈ offset + ratio × heuristic`: least squares over the transcript samples (docs/design.md §15), else
+   *  Σ provider ÷ Σ heuristic of the newest samples (offset 0); clamped to [0.5, 4], 1 without samples. */
   fit(): { ratio: number; offset: number } {
     const f = this.transcriptFit
-    if (!f) return { ratio: this.ratio(), offset: 0 }
+    const clamp = (r: number) => Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], r))
+    if (!f) {
+      // Σ provider ÷ Σ heuristic over the samples, clamped to [0.5, 4]; 1 without samples
+      let p = 0, h = 0
+      for (const s of this.samples) { p += s.provider; h += s.heuristic }
+      return { ratio: h > 0 ? clamp(p / h) : 1, offset: 0 }
+    }
     const spread = f.n * f.hh - f.h * f.h
     const fitted = spread > 1e-9 * f.n * f.hh ? (f.n * f.hp - f.h * f.p) / spread : 1
-    const ratio = Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], fitted))
+    const ratio = clamp(fitted)
     return { ratio, offset: Math.max(0, Math.round((f.p - ratio * f.h) / f.n)) }
-  }
-
-  /** Provider tokens per heuristic token (Σ provider ÷ Σ heuristic), clamped to [0.5, 4]; 1 without samples. */
-  ratio(): number {
-    if (this.transcriptFit) return this.fit().ratio
-    if (this.samples.length === 0) return 1
-    let p = 0, h = 0
-    for (const s of this.samples) { p += s.provider; h += s.heuristic }
-    return Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], p / h))
   }
 }
 
@@ -3593,7 +3591,6 @@ const summaryRequestsOf = (err: unknown): number => (err as { summaryRequests?: 
  */
 class Ladder {
   private readonly host: CompactionHost
-  private guard?: number
   private warnedNoWindow = false
   private warnedServerWindow = false
   private warnedEnvelope = false
@@ -3604,12 +3601,13 @@ class Ladder {
 
   constructor(host: CompactionHost) {
     this.host = host
-    this.guard = stateOf(host.session).ladder.failedAtTokens
     this.watch = { ms: Date.now(), requests: host.session.cost.usage().conversation.requests }
   }
 
   /** Heuristic tokens (envelope + surface) at the last failed pressure compaction; undefined when none is pending. */
   get failedAtTokens(): number | undefined { return this.guard }
+  /** The guard is the log's (`ladder/state`): every ladder of the session, and a resumed one, sees the same. */
+  private get guard(): number | undefined { return stateOf(this.host.session).ladder.failedAtTokens }
 
   private outcome(trigger: CompactionOutcome['trigger']): { outcome: CompactionOutcome;
     done: (action: CompactionOutcome['action'], reason?: string) => CompactionOutcome } {
@@ -3650,7 +3648,6 @@ class Ladder {
 
   private setGuard(tokens: number | undefined): void {
     if (tokens === this.guard) return
-    this.guard = tokens
     this.host.session.append('ladder/state',
       { failedAtTokens: tokens ?? null, calibration: this.host.session.measure().calibration })
   }
@@ -6634,7 +6631,8 @@ class Agent {
     if (!options?.session || !options.provider)
       throw new TypeError('new Agent({session, provider, …}): session and provider are required')
     for (const k in MOVED_AGENT_OPTIONS) {
-      if (k in options) throw new ConfigError(`new Agent({ ${k} }): the option moved; use ${MOVED_AGENT_OPTIONS[k]}`)
+      if ((options as unknown as Record<string, unknown>)[k] !== undefined)
+        throw new ConfigError(`new Agent({ ${k} }): the option moved; use ${MOVED_AGENT_OPTIONS[k]}`)
     }
     this.session = options.session
     this.provider = options.provider

@@ -411,4 +411,5 @@ test('Agent options are checked with the value, the limit and the fix (one helpe
   for (const [options, message] of bad) {
     assert.throws(() => new Agent({ session, provider, ...options } as any), (e: unknown) => e instanceof ConfigError && e instanceof TypeError && message.test((e as Error).message), JSON.stringify(options))
   }
+  assert.equal(new Agent({ session, provider, contextWindow: undefined } as any).contextWindow, 16_000, 'a moved option left undefined is no error; the window is the provider\'s')
 })
