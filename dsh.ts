@@ -5718,32 +5718,17 @@ async function countTokens(cfg: AdapterConfig, request: ChatRequest): Promise<nu
   if (!isRecord(request) || !Array.isArray(request.messages))
     throw new TypeError('countTokens(request): request.messages must be an array of messages')
   const count = cfg.format.count!
-  const url = `${cfg.baseURL}${count.path}`
-  const controller = new AbortController()
-  const forwardAbort = (): void => controller.abort(request.signal?.reason)
-  request.signal?.addEventListener('abort', forwardAbort, { once: true })
-  const timer = setTimeout(() => controller.abort(new Error(`no answer for ${cfg.idleTimeoutMs} ms`)),
-    cfg.idleTimeoutMs)
-  const init = { method: 'POST', headers: requestHeaders(cfg, request), body: count.body(cfg, request),
-    signal: controller.signal }
-  const acc = new ReplyAssembler({ ...cfg, endpoint: url }, () => {})
-  try {
-    const response = await postFollowingSameOrigin(cfg, init, url)
-    const requestId = requestIdOf(response.headers)
-    const { text } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
-    if (!response.ok) throw httpError(cfg, response, text, false, requestId, url)
-    const tokens = tokenCount((parseJSONOrUndefined(text) as { input_tokens?: unknown } | undefined)?.input_tokens)
-    // a count, as usage is one (checkedUsage): an integer from 0 to USAGE_MAX_TOKENS
-    if (tokens !== undefined && Number.isInteger(tokens) && tokens <= USAGE_MAX_TOKENS) return tokens
-    throw providerError(cfg, 'MALFORMED_RESPONSE', `${url} answered without input_tokens: ${text.slice(0, 200)}`,
-      { status: response.status, body: text, requestId })
-  } catch (e) {
-    throw attemptError(cfg, e, acc, request.signal?.aborted === true, { timedOut: controller.signal.aborted
-      && !request.signal?.aborted, pastDeadline: false })
-  } finally {
-    clearTimeout(timer)
-    request.signal?.removeEventListener('abort', forwardAbort)
-  }
+  const at = { ...cfg, endpoint: `${cfg.baseURL}${count.path}` }
+  return attempt(at, request, count.body(cfg, request), requestHeaders(cfg, request), Date.now() + cfg.requestTimeoutMs,
+    async (response, acc, signal) => {
+      const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
+      if (!response.ok) throw httpError(at, response, text, cut, acc.requestId)
+      const tokens = tokenCount((parseJSONOrUndefined(text) as { input_tokens?: unknown } | undefined)?.input_tokens)
+      // a count, as usage is one (checkedUsage): an integer from 0 to USAGE_MAX_TOKENS
+      if (tokens !== undefined && Number.isInteger(tokens) && tokens <= USAGE_MAX_TOKENS) return tokens
+      throw providerError(at, 'MALFORMED_RESPONSE', `${at.endpoint} answered without input_tokens: `
+        + `${text.slice(0, 200)}`, { status: response.status, body: text, requestId: acc.requestId })
+    })
 }
 
 async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Promise<ChatResponse> {
@@ -5796,10 +5781,7 @@ class ReplyAssembler {
   requestId: string | undefined
   /** Whether any text, reasoning or tool-call delta arrived (the adapter never retries after one). */
   streamed = false
-  /** UTF-16 units kept so far: 3 × units bounds their UTF-8 bytes, so exact bytes are counted only past a third
-   *  of the cap (`messageBytes` is -1 until then). */
-  private messageUnits = 0
-  private messageBytes = -1 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
+  private messageBytes = 0 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
   private readonly emit: (event: StreamEvent) => void
   /** Whether anyone listens: deltas are built as events only then. */
   private readonly listening: boolean
@@ -5820,21 +5802,10 @@ class ReplyAssembler {
   /** Counts a delta against the message cap before it is kept, so nothing past the cap is held; it is progress. */
   private admit(delta: string): void {
     const cap = this.cfg.maxMessageBytes
-    if (this.messageBytes < 0) {
-      this.messageUnits += delta.length
-      if (this.messageUnits * 3 <= cap) { this.progress(); return }
-      this.messageBytes = 0
-      for (const b of this.blocks) {
-        const parts = b.type === 'tool-call' ? [(b as ToolCallBlock).id, (b as ToolCallBlock).name,
-          (b as ToolCallBlock).arguments] : b.type === 'text' || b.type === 'reasoning'
-          ? [(b as TextBlock).text, (b as ReasoningBlock).signature ?? ''] : [JSON.stringify(b)]
-        for (const part of parts) this.messageBytes += utf8Length(part, cap)
-      }
-    }
     this.messageBytes += utf8Length(delta, cap)
     if (this.messageBytes > cap) {
-      const of = 'bytes of text, reasoning and tool-call ids, names and arguments'
-      throw this.tooLarge(`passed MAX_MESSAGE_BYTES, ${this.cfg.maxMessageBytes} ${of}`)
+      throw this.tooLarge(`passed MAX_MESSAGE_BYTES, ${cap} bytes of text, reasoning and tool-call ids, names and `
+        + 'arguments')
     }
     this.progress()
   }
@@ -6186,8 +6157,14 @@ async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit, fi
 /** What one attempt learned that its error needs: the response's request id, and which timer ended it. */
 interface AttemptState { requestId?: string; timedOut: boolean; pastDeadline: boolean }
 
-async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>,
-  deadlineAt: number): Promise<ChatResponse> {
+/**
+ * One POST of `body` to `cfg.endpoint` under the request's signal, the idle timer and the deadline; `read` reads the
+ * response (a reply by default, or a count). Its failures are classified by {@link attemptError}.
+ */
+async function attempt<T = ChatResponse>(cfg: AdapterConfig, request: ChatRequest, body: string,
+  headers: Record<string, string>, deadlineAt: number,
+  read: (response: Response, acc: ReplyAssembler, signal: AbortSignal) => Promise<T> = readReply as never,
+): Promise<T> {
   const { signal, onEvent } = request
   const controller = new AbortController()
   const st: AttemptState = { timedOut: false, pastDeadline: false }
@@ -6226,7 +6203,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
     st.requestId = acc.requestId = requestIdOf(response.headers)
-    return await readReply(cfg, response, acc, controller.signal)
+    return await read(response, acc, controller.signal)
   } catch (e) {
     if (e instanceof ListenerFailure) throw e
     throw attemptError(cfg, e, acc, signal?.aborted === true, st)
@@ -6277,10 +6254,9 @@ async function readWhole(cfg: AdapterConfig, response: Response, acc: ReplyAssem
  * Reads a response into the assembler: an error status as a classified error (its body capped), a
  * non-streamed JSON answer ({@link readWhole}), or the event stream through the format's event mapper.
  */
-async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssembler,
-  signal: AbortSignal): Promise<ChatResponse> {
+async function readReply(response: Response, acc: ReplyAssembler, signal: AbortSignal): Promise<ChatResponse> {
   const { status } = response
-  const { requestId } = acc
+  const { cfg, requestId } = acc
   if (!response.ok) {
     const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
     throw httpError(cfg, response, text, cut, requestId)
