@@ -5068,6 +5068,27 @@ function wireReplacer(_key: string, value: unknown): unknown {
   return value
 }
 
+/** A value as JSON text on the wire: every string well-formed ({@link wireReplacer}). */
+const wireJSON = (value: unknown): string => JSON.stringify(value, wireReplacer)
+
+/** A tool's parameters as sent: an empty object schema when it has none. */
+const schemaOf = (t: ToolSpec): Record<string, unknown> => t.parameters ?? { type: 'object', properties: {} }
+
+/**
+ * A request body of both formats from its `fields` in order (a value is JSON text; undefined leaves it out), after
+ * the extra body fields it does not set (docs/design.md §11: the fixed order keeps one request's body
+ * a byte prefix of the next one's up to its last message).
+ */
+function bodyOf(extraBody: Record<string, unknown> | undefined, fields: [string, string | undefined][]): string {
+  const own = new Set(fields.filter(([, value]) => value !== undefined).map(([key]) => key))
+  const out: string[] = []
+  for (const [key, value] of Object.entries(extraBody ?? {})) {
+    if (!own.has(key)) out.push(`${wireJSON(key)}:${wireJSON(value)}`)
+  }
+  for (const [key, value] of fields) if (value !== undefined) out.push(`${wireJSON(key)}:${value}`)
+  return `{${out.join(',')}}`
+}
+
 /** A non-text block as JSON text; long strings (base64 images) are elided, not sent as text. */
 function describeBlock(block: Block): string {
   return JSON.stringify(block, (_key, value: unknown) =>
@@ -5289,27 +5310,20 @@ function withCacheMark(m: AnthropicMessage): AnthropicMessage {
  * budget nor breakpoints).
  */
 function anthropicBody(cfg: AdapterConfig, request: ChatRequest, maxTokens?: number): string {
-  const json = (value: unknown) => JSON.stringify(value, wireReplacer)
-  const fields: string[] = []
-  const field = (key: string, valueJSON: string) => { fields.push(`${json(key)}:${valueJSON}`) }
-  const own = new Set(['model', 'tools', 'system', 'messages', 'stream', 'max_tokens'])
-  if (maxTokens !== undefined) for (const [k, v] of Object.entries(cfg.extraBody)) if (!own.has(k)) field(k, json(v))
-  field('model', json(cfg.model))
   const messages = anthropicMessages(request.messages)
-  const keys = messages.map(json)
+  const keys = messages.map(wireJSON)
   const tools = (request.tools ?? []).map((t) => ({ name: t.name, ...(t.description !== undefined
-    ? { description: t.description } : {}), input_schema: t.parameters ?? { type: 'object', properties: {} } }))
-  const envelope = json([request.system ?? '', tools])
+    ? { description: t.description } : {}), input_schema: schemaOf(t) }))
+  const envelope = wireJSON([request.system ?? '', tools])
   const marks = maxTokens === undefined ? [] : cacheMarks(cfg.sent, envelope, keys)
   const mark = maxTokens === undefined ? undefined : { cache_control: { type: 'ephemeral' } }
-  if (tools.length > 0) {
-    if (mark && !request.system) tools[tools.length - 1] = { ...tools[tools.length - 1], ...mark }
-    field('tools', json(tools))
-  }
-  if (request.system) field('system', json([{ type: 'text', text: request.system, ...mark }]))
-  field('messages', `[${keys.map((k, i) => (marks.includes(i) ? json(withCacheMark(messages[i])) : k)).join(',')}]`)
-  if (maxTokens !== undefined) { field('stream', 'true'); field('max_tokens', String(maxTokens)) }
-  return `{${fields.join(',')}}`
+  if (mark && tools.length > 0 && !request.system) tools[tools.length - 1] = { ...tools[tools.length - 1], ...mark }
+  const sent = (m: AnthropicMessage, i: number) => (marks.includes(i) ? wireJSON(withCacheMark(m)) : keys[i])
+  return bodyOf(maxTokens === undefined ? undefined : cfg.extraBody, [['model', wireJSON(cfg.model)],
+    ['tools', tools.length > 0 ? wireJSON(tools) : undefined],
+    ['system', request.system ? wireJSON([{ type: 'text', text: request.system, ...mark }]) : undefined],
+    ['messages', `[${messages.map(sent).join(',')}]`],
+    ['stream', maxTokens === undefined ? undefined : 'true'], ['max_tokens', maxTokens?.toString()]])
 }
 
 // ── 6.4 The adapter ──────────────────────────────
@@ -5668,35 +5682,17 @@ const toolsJSON = new WeakMap<readonly ToolSpec[], string>()
  * message. The tools are serialised once per tools array: do not mutate one after sending it.
  */
 function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number): string {
-  const json = (value: unknown) => JSON.stringify(value, wireReplacer)
-  const budgetField = Object.prototype.hasOwnProperty.call(cfg.extraBody, 'max_completion_tokens')
-    ? 'max_completion_tokens' : 'max_tokens'
-  const own = new Set(['model', 'messages', 'stream', 'stream_options', budgetField])
+  const budgetField = Object.hasOwn(cfg.extraBody, 'max_completion_tokens') ? 'max_completion_tokens' : 'max_tokens'
   const tools = request.tools && request.tools.length > 0 ? request.tools : undefined
-  if (tools) own.add('tools')
-  const fields: string[] = []
-  const field =
-    (key: string, valueJSON: string
-    | undefined) => { if (valueJSON !== undefined) fields.push(`${json(key)}:${valueJSON}`) }
-  for (const [key, value] of Object.entries(cfg.extraBody)) if (!own.has(key)) field(key, json(value))
-  field('model', json(cfg.model))
-  if (tools) {
-    let text = toolsJSON.get(tools)
-    if (text === undefined) {
-      text = json(tools.map((t) => ({
-        type: 'function',
-        function: { name: t.name, ...(t.description !== undefined ? { description: t.description } : {}),
-          parameters: t.parameters ?? { type: 'object', properties: {} } },
-      })))
-      toolsJSON.set(tools, text)
-    }
-    field('tools', text)
+  let toolsText = tools && toolsJSON.get(tools)
+  if (tools && toolsText === undefined) {
+    toolsText = wireJSON(tools.map((t) => ({ type: 'function', function: { name: t.name,
+      ...(t.description !== undefined ? { description: t.description } : {}), parameters: schemaOf(t) } })))
+    toolsJSON.set(tools, toolsText)
   }
-  field('messages', `[${toWireMessages(request.system, request.messages).map((m) => json(m)).join(',')}]`)
-  field('stream', 'true')
-  field('stream_options', '{"include_usage":true}')
-  field(budgetField, String(maxTokens))
-  return `{${fields.join(',')}}`
+  return bodyOf(cfg.extraBody, [['model', wireJSON(cfg.model)], ['tools', toolsText],
+    ['messages', `[${toWireMessages(request.system, request.messages).map(wireJSON).join(',')}]`],
+    ['stream', 'true'], ['stream_options', '{"include_usage":true}'], [budgetField, String(maxTokens)]])
 }
 
 /** The headers of a request: JSON, SSE, the format's key and version headers, then the caller's (lower-cased, so
