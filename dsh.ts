@@ -5442,21 +5442,25 @@ function positiveInteger(fn: string, name: string, value: unknown, allowZero = f
 }
 
 /**
- * Checks the options of {@link openAICompatible} / {@link deepseek} (`fn`): an object of known keys, an
- * absolute http(s) `baseURL`, a `model`; returns the API key (from `apiKey`, else the variable named
- * by `apiKeyEnv`, or `requireKeyFrom`). Throws TypeError naming the option and the fix.
+ * A provider from the options of `fn` over `defaults` (an undefined value keeps the default): an object of known
+ * keys, an absolute http(s) `baseURL`, a `model`; the API key from `apiKey`, else the variable named by
+ * `apiKeyEnv`, else by `keyEnv(host)` (then required). `check` sees the URL and whether the caller named a key.
+ * Throws TypeError naming the option and the fix.
  */
-function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFrom: string | undefined):
-  string | undefined {
+function makeProvider(fn: string, options: unknown, defaults: Partial<OpenAICompatibleOptions>, format: WireFormat,
+  keyEnv: (host: string) => string | undefined = () => undefined,
+  check?: (url: URL, explicitKey: boolean, base: string) => void): Provider {
   if (!isRecord(options))
     throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null' : typeof options}`)
-  for (const key of Object.keys(options)) {
+  const o: Record<string, any> = { ...defaults }
+  for (const [key, value] of Object.entries(options)) {
     if (!OPTION_NAMES.includes(key as keyof OpenAICompatibleOptions)) {
       throw new TypeError(`${fn}: unknown option "${key}"; known options: ${OPTION_NAMES.join(', ')} (a field of the `
         + `server's API, e.g. thinking or reasoning_effort, goes in extraBody)`)
     }
+    if (value !== undefined) o[key] = value
   }
-  const { baseURL, model } = options
+  const { baseURL, model } = o
   let url: URL
   try { url = new URL(String(baseURL)) } catch {
     throw new TypeError(`${fn}: baseURL must be an absolute http(s) URL such as https://api.deepseek.com, `
@@ -5466,9 +5470,9 @@ function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFr
     throw new TypeError(`${fn}: baseURL must use http or https, got ${JSON.stringify(baseURL)}`)
   if (typeof model !== 'string' || model.trim() === '')
     throw new TypeError(`${fn}: model must be a non-empty string, got ${JSON.stringify(model)}`)
-  let apiKey = options.apiKey === '' ? undefined : options.apiKey
+  let apiKey = o.apiKey === '' ? undefined : o.apiKey
   if (apiKey !== undefined && typeof apiKey !== 'string') throw new TypeError(`${fn}: apiKey must be a string`)
-  const envName = apiKey === undefined ? (options.apiKeyEnv ?? requireKeyFrom) : undefined
+  const envName = apiKey === undefined ? (o.apiKeyEnv ?? keyEnv(url.hostname)) : undefined
   if (envName !== undefined) {
     apiKey = readEnv(envName) || undefined
     if (apiKey === undefined) {
@@ -5476,33 +5480,25 @@ function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFr
         + `runtime (Deno needs --allow-env=${envName}); set it or pass { apiKey }`)
     }
   }
-  return apiKey
-}
-
-function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string,
-  format: WireFormat = OPENAI_FORMAT): AdapterConfig {
-  const apiKey = checkOptions(fn, options, requireKeyFrom)
-  const { baseURL, model } = options
-  const known = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model] : undefined
-  const baseURLText = String(baseURL).replace(/\/+$/, '')
+  const base = String(baseURL).replace(/\/+$/, '')
+  check?.(url, (o.apiKey !== undefined && o.apiKey !== '') || o.apiKeyEnv !== undefined, base)
+  const known = Object.hasOwn(KNOWN_MODELS, model) ? KNOWN_MODELS[model] : undefined
   // unbound fetch throws "Illegal invocation" in workerd
-  const fetchImpl = options.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init))
+  const fetchImpl = o.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init))
   if (typeof fetchImpl !== 'function') throw new TypeError(`${fn}: fetch must be a function`)
-  return {
-    ...adapterTuning,
-    format,
-    sent: [],
-    baseURL: baseURLText,
-    endpoint: `${baseURLText}${format.path}`,
-    model,
-    apiKey,
-    contextWindow: positiveInteger(fn, 'contextWindow', options.contextWindow) ?? known?.contextWindow,
+  const cfg: AdapterConfig = {
+    ...adapterTuning, format, sent: [], baseURL: base, endpoint: `${base}${format.path}`, model, apiKey,
+    contextWindow: positiveInteger(fn, 'contextWindow', o.contextWindow) ?? known?.contextWindow,
     maxOutputTokens: known?.maxOutputTokens,
-    maxTokens: positiveInteger(fn, 'maxTokens', options.maxTokens) ?? DEFAULT_MAX_TOKENS,
-    headers: { ...(options.headers ?? {}) },
-    fetch: fetchImpl,
-    extraBody: { ...(options.extraBody ?? {}) },
-    prices: options.prices === undefined ? undefined : validatePrices(options.prices, `${fn}: prices`),
+    maxTokens: positiveInteger(fn, 'maxTokens', o.maxTokens) ?? DEFAULT_MAX_TOKENS,
+    headers: { ...(o.headers ?? {}) }, fetch: fetchImpl, extraBody: { ...(o.extraBody ?? {}) },
+    prices: o.prices === undefined ? undefined : validatePrices(o.prices, `${fn}: prices`),
+  }
+  return {
+    model, baseURL: base, contextWindow: cfg.contextWindow, maxTokens: cfg.maxTokens,
+    ...(cfg.prices ? { prices: cfg.prices } : {}),
+    complete: (request) => completeWithRetries(cfg, request),
+    ...(format.count ? { countTokens: (request: ChatRequest) => countTokens(cfg, request) } : {}),
   }
 }
 
@@ -5536,7 +5532,7 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
  */
 function openAICompatible(options: OpenAICompatibleOptions): Provider {
-  return makeProvider(resolveConfig('openAICompatible', options))
+  return makeProvider('openAICompatible', options, {}, OPENAI_FORMAT)
 }
 
 /**
@@ -5548,21 +5544,20 @@ function openAICompatible(options: OpenAICompatibleOptions): Provider {
  *   an explicit `apiKey`/`apiKeyEnv`, or for bad options.
  */
 function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
-  const merged = overDefaults('deepseek', options, { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL })
-  if (merged.prices === undefined && typeof merged.model === 'string') merged.prices = pricesOf(merged.model)
-  const cfg = resolveConfig('deepseek', merged as unknown as OpenAICompatibleOptions, DEEPSEEK_API_KEY_ENV)
-  // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
-  const url = new URL(cfg.baseURL)
-  if (url.protocol !== 'https:') {
-    throw new TypeError(`deepseek: baseURL ${JSON.stringify(cfg.baseURL)} would send the API key unencrypted; `
-      + `use https:// (or openAICompatible for a local server)`)
-  }
-  const explicitKey = (options.apiKey !== undefined && options.apiKey !== '') || options.apiKeyEnv !== undefined
-  if (!explicitKey && url.hostname !== new URL(DEEPSEEK_BASE_URL).hostname) {
-    throw new TypeError(`deepseek: $${DEEPSEEK_API_KEY_ENV} is only sent to ${new URL(DEEPSEEK_BASE_URL).hostname}, `
-      + `not to ${url.hostname}; pass apiKey or apiKeyEnv for that server`)
-  }
-  return makeProvider(cfg)
+  const model = isRecord(options) && typeof options.model === 'string' ? options.model : DEEPSEEK_DEFAULT_MODEL
+  const host = new URL(DEEPSEEK_BASE_URL).hostname
+  return makeProvider('deepseek', options, { baseURL: DEEPSEEK_BASE_URL, model, prices: pricesOf(model) },
+    OPENAI_FORMAT, () => DEEPSEEK_API_KEY_ENV, (url, explicitKey, base) => {
+      // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
+      if (url.protocol !== 'https:') {
+        throw new TypeError(`deepseek: baseURL ${JSON.stringify(base)} would send the API key unencrypted; use `
+          + `https:// (or openAICompatible for a local server)`)
+      }
+      if (!explicitKey && url.hostname !== host) {
+        throw new TypeError(`deepseek: $${DEEPSEEK_API_KEY_ENV} is only sent to ${host}, not to ${url.hostname}; `
+          + `pass apiKey or apiKeyEnv for that server`)
+      }
+    })
 }
 
 /**
@@ -5581,34 +5576,9 @@ function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
  * @throws TypeError for bad options (unknown keys, bad URL, missing key).
  */
 function anthropic(options: AnthropicOptions): Provider {
-  const merged = overDefaults('anthropic', options, { baseURL: ANTHROPIC_BASE_URL })
-  let host: string | undefined
-  try { host = new URL(String(merged.baseURL)).hostname } catch { host = undefined }
-  const explicitKey = (options.apiKey !== undefined && options.apiKey !== '') || options.apiKeyEnv !== undefined
-  const envKey = !explicitKey && host === new URL(ANTHROPIC_BASE_URL).hostname ? ANTHROPIC_API_KEY_ENV : undefined
-  return makeProvider(resolveConfig('anthropic', merged as unknown as OpenAICompatibleOptions, envKey,
-    ANTHROPIC_FORMAT))
-}
-
-/** The options over `defaults` (an undefined value keeps the default); TypeError for a non-object. */
-function overDefaults(fn: string, options: unknown, defaults: Record<string, unknown>): Record<string, unknown> {
-  if (!isRecord(options)) throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null'
-    : typeof options}`)
-  const merged = { ...defaults }
-  for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
-  return merged
-}
-
-function makeProvider(cfg: AdapterConfig): Provider {
-  return {
-    model: cfg.model,
-    baseURL: cfg.baseURL,
-    contextWindow: cfg.contextWindow,
-    maxTokens: cfg.maxTokens,
-    ...(cfg.prices ? { prices: cfg.prices } : {}),
-    complete: (request) => completeWithRetries(cfg, request),
-    ...(cfg.format.count ? { countTokens: (request: ChatRequest) => countTokens(cfg, request) } : {}),
-  }
+  const host = new URL(ANTHROPIC_BASE_URL).hostname
+  return makeProvider('anthropic', options, { baseURL: ANTHROPIC_BASE_URL }, ANTHROPIC_FORMAT,
+    (h) => (h === host ? ANTHROPIC_API_KEY_ENV : undefined))
 }
 
 /**
