@@ -5069,6 +5069,27 @@ function wireReplacer(_key: string, value: unknown): unknown {
   return value
 }
 
+/** A value as JSON text on the wire: every string well-formed ({@link wireReplacer}). */
+const wireJSON = (value: unknown): string => JSON.stringify(value, wireReplacer)
+
+/** A tool's parameters as sent: an empty object schema when it has none. */
+const schemaOf = (t: ToolSpec): Record<string, unknown> => t.parameters ?? { type: 'object', properties: {} }
+
+/**
+ * A request body of both formats from its `fields` in order (a value is JSON text; undefined leaves it out), after
+ * the extra body fields it does not set (docs/design.md §11: the fixed order keeps one request's body
+ * a byte prefix of the next one's up to its last message).
+ */
+function bodyOf(extraBody: Record<string, unknown> | undefined, fields: [string, string | undefined][]): string {
+  const own = new Set(fields.filter(([, value]) => value !== undefined).map(([key]) => key))
+  const out: string[] = []
+  for (const [key, value] of Object.entries(extraBody ?? {})) {
+    if (!own.has(key)) out.push(`${wireJSON(key)}:${wireJSON(value)}`)
+  }
+  for (const [key, value] of fields) if (value !== undefined) out.push(`${wireJSON(key)}:${value}`)
+  return `{${out.join(',')}}`
+}
+
 /** A non-text block as JSON text; long strings (base64 images) are elided, not sent as text. */
 function describeBlock(block: Block): string {
   return JSON.stringify(block, (_key, value: unknown) =>
@@ -5290,27 +5311,20 @@ function withCacheMark(m: AnthropicMessage): AnthropicMessage {
  * budget nor breakpoints).
  */
 function anthropicBody(cfg: AdapterConfig, request: ChatRequest, maxTokens?: number): string {
-  const json = (value: unknown) => JSON.stringify(value, wireReplacer)
-  const fields: string[] = []
-  const field = (key: string, valueJSON: string) => { fields.push(`${json(key)}:${valueJSON}`) }
-  const own = new Set(['model', 'tools', 'system', 'messages', 'stream', 'max_tokens'])
-  if (maxTokens !== undefined) for (const [k, v] of Object.entries(cfg.extraBody)) if (!own.has(k)) field(k, json(v))
-  field('model', json(cfg.model))
   const messages = anthropicMessages(request.messages)
-  const keys = messages.map(json)
+  const keys = messages.map(wireJSON)
   const tools = (request.tools ?? []).map((t) => ({ name: t.name, ...(t.description !== undefined
-    ? { description: t.description } : {}), input_schema: t.parameters ?? { type: 'object', properties: {} } }))
-  const envelope = json([request.system ?? '', tools])
+    ? { description: t.description } : {}), input_schema: schemaOf(t) }))
+  const envelope = wireJSON([request.system ?? '', tools])
   const marks = maxTokens === undefined ? [] : cacheMarks(cfg.sent, envelope, keys)
   const mark = maxTokens === undefined ? undefined : { cache_control: { type: 'ephemeral' } }
-  if (tools.length > 0) {
-    if (mark && !request.system) tools[tools.length - 1] = { ...tools[tools.length - 1], ...mark }
-    field('tools', json(tools))
-  }
-  if (request.system) field('system', json([{ type: 'text', text: request.system, ...mark }]))
-  field('messages', `[${keys.map((k, i) => (marks.includes(i) ? json(withCacheMark(messages[i])) : k)).join(',')}]`)
-  if (maxTokens !== undefined) { field('stream', 'true'); field('max_tokens', String(maxTokens)) }
-  return `{${fields.join(',')}}`
+  if (mark && tools.length > 0 && !request.system) tools[tools.length - 1] = { ...tools[tools.length - 1], ...mark }
+  const sent = (m: AnthropicMessage, i: number) => (marks.includes(i) ? wireJSON(withCacheMark(m)) : keys[i])
+  return bodyOf(maxTokens === undefined ? undefined : cfg.extraBody, [['model', wireJSON(cfg.model)],
+    ['tools', tools.length > 0 ? wireJSON(tools) : undefined],
+    ['system', request.system ? wireJSON([{ type: 'text', text: request.system, ...mark }]) : undefined],
+    ['messages', `[${messages.map(sent).join(',')}]`],
+    ['stream', maxTokens === undefined ? undefined : 'true'], ['max_tokens', maxTokens?.toString()]])
 }
 
 // ── 6.4 The adapter ──────────────────────────────
@@ -5429,21 +5443,25 @@ function positiveInteger(fn: string, name: string, value: unknown, allowZero = f
 }
 
 /**
- * Checks the options of {@link openAICompatible} / {@link deepseek} (`fn`): an object of known keys, an
- * absolute http(s) `baseURL`, a `model`; returns the API key (from `apiKey`, else the variable named
- * by `apiKeyEnv`, or `requireKeyFrom`). Throws TypeError naming the option and the fix.
+ * A provider from the options of `fn` over `defaults` (an undefined value keeps the default): an object of known
+ * keys, an absolute http(s) `baseURL`, a `model`; the API key from `apiKey`, else the variable named by
+ * `apiKeyEnv`, else by `keyEnv(host)` (then required). `check` sees the URL and whether the caller named a key.
+ * Throws TypeError naming the option and the fix.
  */
-function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFrom: string | undefined):
-  string | undefined {
+function makeProvider(fn: string, options: unknown, defaults: Partial<OpenAICompatibleOptions>, format: WireFormat,
+  keyEnv: (host: string) => string | undefined = () => undefined,
+  check?: (url: URL, explicitKey: boolean, base: string) => void): Provider {
   if (!isRecord(options))
     throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null' : typeof options}`)
-  for (const key of Object.keys(options)) {
+  const o: Record<string, any> = { ...defaults }
+  for (const [key, value] of Object.entries(options)) {
     if (!OPTION_NAMES.includes(key as keyof OpenAICompatibleOptions)) {
       throw new TypeError(`${fn}: unknown option "${key}"; known options: ${OPTION_NAMES.join(', ')} (a field of the `
         + `server's API, e.g. thinking or reasoning_effort, goes in extraBody)`)
     }
+    if (value !== undefined) o[key] = value
   }
-  const { baseURL, model } = options
+  const { baseURL, model } = o
   let url: URL
   try { url = new URL(String(baseURL)) } catch {
     throw new TypeError(`${fn}: baseURL must be an absolute http(s) URL such as https://api.deepseek.com, `
@@ -5453,9 +5471,9 @@ function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFr
     throw new TypeError(`${fn}: baseURL must use http or https, got ${JSON.stringify(baseURL)}`)
   if (typeof model !== 'string' || model.trim() === '')
     throw new TypeError(`${fn}: model must be a non-empty string, got ${JSON.stringify(model)}`)
-  let apiKey = options.apiKey === '' ? undefined : options.apiKey
+  let apiKey = o.apiKey === '' ? undefined : o.apiKey
   if (apiKey !== undefined && typeof apiKey !== 'string') throw new TypeError(`${fn}: apiKey must be a string`)
-  const envName = apiKey === undefined ? (options.apiKeyEnv ?? requireKeyFrom) : undefined
+  const envName = apiKey === undefined ? (o.apiKeyEnv ?? keyEnv(url.hostname)) : undefined
   if (envName !== undefined) {
     apiKey = readEnv(envName) || undefined
     if (apiKey === undefined) {
@@ -5463,33 +5481,25 @@ function checkOptions(fn: string, options: OpenAICompatibleOptions, requireKeyFr
         + `runtime (Deno needs --allow-env=${envName}); set it or pass { apiKey }`)
     }
   }
-  return apiKey
-}
-
-function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyFrom?: string,
-  format: WireFormat = OPENAI_FORMAT): AdapterConfig {
-  const apiKey = checkOptions(fn, options, requireKeyFrom)
-  const { baseURL, model } = options
-  const known = Object.prototype.hasOwnProperty.call(KNOWN_MODELS, model) ? KNOWN_MODELS[model] : undefined
-  const baseURLText = String(baseURL).replace(/\/+$/, '')
+  const base = String(baseURL).replace(/\/+$/, '')
+  check?.(url, (o.apiKey !== undefined && o.apiKey !== '') || o.apiKeyEnv !== undefined, base)
+  const known = Object.hasOwn(KNOWN_MODELS, model) ? KNOWN_MODELS[model] : undefined
   // unbound fetch throws "Illegal invocation" in workerd
-  const fetchImpl = options.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init))
+  const fetchImpl = o.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init))
   if (typeof fetchImpl !== 'function') throw new TypeError(`${fn}: fetch must be a function`)
-  return {
-    ...adapterTuning,
-    format,
-    sent: [],
-    baseURL: baseURLText,
-    endpoint: `${baseURLText}${format.path}`,
-    model,
-    apiKey,
-    contextWindow: positiveInteger(fn, 'contextWindow', options.contextWindow) ?? known?.contextWindow,
+  const cfg: AdapterConfig = {
+    ...adapterTuning, format, sent: [], baseURL: base, endpoint: `${base}${format.path}`, model, apiKey,
+    contextWindow: positiveInteger(fn, 'contextWindow', o.contextWindow) ?? known?.contextWindow,
     maxOutputTokens: known?.maxOutputTokens,
-    maxTokens: positiveInteger(fn, 'maxTokens', options.maxTokens) ?? DEFAULT_MAX_TOKENS,
-    headers: { ...(options.headers ?? {}) },
-    fetch: fetchImpl,
-    extraBody: { ...(options.extraBody ?? {}) },
-    prices: options.prices === undefined ? undefined : validatePrices(options.prices, `${fn}: prices`),
+    maxTokens: positiveInteger(fn, 'maxTokens', o.maxTokens) ?? DEFAULT_MAX_TOKENS,
+    headers: { ...(o.headers ?? {}) }, fetch: fetchImpl, extraBody: { ...(o.extraBody ?? {}) },
+    prices: o.prices === undefined ? undefined : validatePrices(o.prices, `${fn}: prices`),
+  }
+  return {
+    model, baseURL: base, contextWindow: cfg.contextWindow, maxTokens: cfg.maxTokens,
+    ...(cfg.prices ? { prices: cfg.prices } : {}),
+    complete: (request) => completeWithRetries(cfg, request),
+    ...(format.count ? { countTokens: (request: ChatRequest) => countTokens(cfg, request) } : {}),
   }
 }
 
@@ -5523,7 +5533,7 @@ function resolveConfig(fn: string, options: OpenAICompatibleOptions, requireKeyF
  * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
  */
 function openAICompatible(options: OpenAICompatibleOptions): Provider {
-  return makeProvider(resolveConfig('openAICompatible', options))
+  return makeProvider('openAICompatible', options, {}, OPENAI_FORMAT)
 }
 
 /**
@@ -5535,21 +5545,20 @@ function openAICompatible(options: OpenAICompatibleOptions): Provider {
  *   an explicit `apiKey`/`apiKeyEnv`, or for bad options.
  */
 function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
-  const merged = overDefaults('deepseek', options, { baseURL: DEEPSEEK_BASE_URL, model: DEEPSEEK_DEFAULT_MODEL })
-  if (merged.prices === undefined && typeof merged.model === 'string') merged.prices = pricesOf(merged.model)
-  const cfg = resolveConfig('deepseek', merged as unknown as OpenAICompatibleOptions, DEEPSEEK_API_KEY_ENV)
-  // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
-  const url = new URL(cfg.baseURL)
-  if (url.protocol !== 'https:') {
-    throw new TypeError(`deepseek: baseURL ${JSON.stringify(cfg.baseURL)} would send the API key unencrypted; `
-      + `use https:// (or openAICompatible for a local server)`)
-  }
-  const explicitKey = (options.apiKey !== undefined && options.apiKey !== '') || options.apiKeyEnv !== undefined
-  if (!explicitKey && url.hostname !== new URL(DEEPSEEK_BASE_URL).hostname) {
-    throw new TypeError(`deepseek: $${DEEPSEEK_API_KEY_ENV} is only sent to ${new URL(DEEPSEEK_BASE_URL).hostname}, `
-      + `not to ${url.hostname}; pass apiKey or apiKeyEnv for that server`)
-  }
-  return makeProvider(cfg)
+  const model = isRecord(options) && typeof options.model === 'string' ? options.model : DEEPSEEK_DEFAULT_MODEL
+  const host = new URL(DEEPSEEK_BASE_URL).hostname
+  return makeProvider('deepseek', options, { baseURL: DEEPSEEK_BASE_URL, model, prices: pricesOf(model) },
+    OPENAI_FORMAT, () => DEEPSEEK_API_KEY_ENV, (url, explicitKey, base) => {
+      // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
+      if (url.protocol !== 'https:') {
+        throw new TypeError(`deepseek: baseURL ${JSON.stringify(base)} would send the API key unencrypted; use `
+          + `https:// (or openAICompatible for a local server)`)
+      }
+      if (!explicitKey && url.hostname !== host) {
+        throw new TypeError(`deepseek: $${DEEPSEEK_API_KEY_ENV} is only sent to ${host}, not to ${url.hostname}; `
+          + `pass apiKey or apiKeyEnv for that server`)
+      }
+    })
 }
 
 /**
@@ -5568,34 +5577,9 @@ function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
  * @throws TypeError for bad options (unknown keys, bad URL, missing key).
  */
 function anthropic(options: AnthropicOptions): Provider {
-  const merged = overDefaults('anthropic', options, { baseURL: ANTHROPIC_BASE_URL })
-  let host: string | undefined
-  try { host = new URL(String(merged.baseURL)).hostname } catch { host = undefined }
-  const explicitKey = (options.apiKey !== undefined && options.apiKey !== '') || options.apiKeyEnv !== undefined
-  const envKey = !explicitKey && host === new URL(ANTHROPIC_BASE_URL).hostname ? ANTHROPIC_API_KEY_ENV : undefined
-  return makeProvider(resolveConfig('anthropic', merged as unknown as OpenAICompatibleOptions, envKey,
-    ANTHROPIC_FORMAT))
-}
-
-/** The options over `defaults` (an undefined value keeps the default); TypeError for a non-object. */
-function overDefaults(fn: string, options: unknown, defaults: Record<string, unknown>): Record<string, unknown> {
-  if (!isRecord(options)) throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null'
-    : typeof options}`)
-  const merged = { ...defaults }
-  for (const [key, value] of Object.entries(options)) if (value !== undefined) merged[key] = value
-  return merged
-}
-
-function makeProvider(cfg: AdapterConfig): Provider {
-  return {
-    model: cfg.model,
-    baseURL: cfg.baseURL,
-    contextWindow: cfg.contextWindow,
-    maxTokens: cfg.maxTokens,
-    ...(cfg.prices ? { prices: cfg.prices } : {}),
-    complete: (request) => completeWithRetries(cfg, request),
-    ...(cfg.format.count ? { countTokens: (request: ChatRequest) => countTokens(cfg, request) } : {}),
-  }
+  const host = new URL(ANTHROPIC_BASE_URL).hostname
+  return makeProvider('anthropic', options, { baseURL: ANTHROPIC_BASE_URL }, ANTHROPIC_FORMAT,
+    (h) => (h === host ? ANTHROPIC_API_KEY_ENV : undefined))
 }
 
 /**
@@ -5669,35 +5653,17 @@ const toolsJSON = new WeakMap<readonly ToolSpec[], string>()
  * message. The tools are serialised once per tools array: do not mutate one after sending it.
  */
 function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number): string {
-  const json = (value: unknown) => JSON.stringify(value, wireReplacer)
-  const budgetField = Object.prototype.hasOwnProperty.call(cfg.extraBody, 'max_completion_tokens')
-    ? 'max_completion_tokens' : 'max_tokens'
-  const own = new Set(['model', 'messages', 'stream', 'stream_options', budgetField])
+  const budgetField = Object.hasOwn(cfg.extraBody, 'max_completion_tokens') ? 'max_completion_tokens' : 'max_tokens'
   const tools = request.tools && request.tools.length > 0 ? request.tools : undefined
-  if (tools) own.add('tools')
-  const fields: string[] = []
-  const field =
-    (key: string, valueJSON: string
-    | undefined) => { if (valueJSON !== undefined) fields.push(`${json(key)}:${valueJSON}`) }
-  for (const [key, value] of Object.entries(cfg.extraBody)) if (!own.has(key)) field(key, json(value))
-  field('model', json(cfg.model))
-  if (tools) {
-    let text = toolsJSON.get(tools)
-    if (text === undefined) {
-      text = json(tools.map((t) => ({
-        type: 'function',
-        function: { name: t.name, ...(t.description !== undefined ? { description: t.description } : {}),
-          parameters: t.parameters ?? { type: 'object', properties: {} } },
-      })))
-      toolsJSON.set(tools, text)
-    }
-    field('tools', text)
+  let toolsText = tools && toolsJSON.get(tools)
+  if (tools && toolsText === undefined) {
+    toolsText = wireJSON(tools.map((t) => ({ type: 'function', function: { name: t.name,
+      ...(t.description !== undefined ? { description: t.description } : {}), parameters: schemaOf(t) } })))
+    toolsJSON.set(tools, toolsText)
   }
-  field('messages', `[${toWireMessages(request.system, request.messages).map((m) => json(m)).join(',')}]`)
-  field('stream', 'true')
-  field('stream_options', '{"include_usage":true}')
-  field(budgetField, String(maxTokens))
-  return `{${fields.join(',')}}`
+  return bodyOf(cfg.extraBody, [['model', wireJSON(cfg.model)], ['tools', toolsText],
+    ['messages', `[${toWireMessages(request.system, request.messages).map(wireJSON).join(',')}]`],
+    ['stream', 'true'], ['stream_options', '{"include_usage":true}'], [budgetField, String(maxTokens)]])
 }
 
 /** The headers of a request: JSON, SSE, the format's key and version headers, then the caller's (lower-cased, so
@@ -5719,32 +5685,17 @@ async function countTokens(cfg: AdapterConfig, request: ChatRequest): Promise<nu
   if (!isRecord(request) || !Array.isArray(request.messages))
     throw new TypeError('countTokens(request): request.messages must be an array of messages')
   const count = cfg.format.count!
-  const url = `${cfg.baseURL}${count.path}`
-  const controller = new AbortController()
-  const forwardAbort = (): void => controller.abort(request.signal?.reason)
-  request.signal?.addEventListener('abort', forwardAbort, { once: true })
-  const timer = setTimeout(() => controller.abort(new Error(`no answer for ${cfg.idleTimeoutMs} ms`)),
-    cfg.idleTimeoutMs)
-  const init = { method: 'POST', headers: requestHeaders(cfg, request), body: count.body(cfg, request),
-    signal: controller.signal }
-  const acc = new ReplyAssembler({ ...cfg, endpoint: url }, () => {})
-  try {
-    const response = await postFollowingSameOrigin(cfg, init, url)
-    const requestId = requestIdOf(response.headers)
-    const { text } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, controller.signal)
-    if (!response.ok) throw httpError(cfg, response, text, false, requestId, url)
-    const tokens = tokenCount((parseJSONOrUndefined(text) as { input_tokens?: unknown } | undefined)?.input_tokens)
-    // a count, as usage is one (checkedUsage): an integer from 0 to USAGE_MAX_TOKENS
-    if (tokens !== undefined && Number.isInteger(tokens) && tokens <= USAGE_MAX_TOKENS) return tokens
-    throw providerError(cfg, 'MALFORMED_RESPONSE', `${url} answered without input_tokens: ${text.slice(0, 200)}`,
-      { status: response.status, body: text, requestId })
-  } catch (e) {
-    throw attemptError(cfg, e, acc, request.signal?.aborted === true, { timedOut: controller.signal.aborted
-      && !request.signal?.aborted, pastDeadline: false })
-  } finally {
-    clearTimeout(timer)
-    request.signal?.removeEventListener('abort', forwardAbort)
-  }
+  const at = { ...cfg, endpoint: `${cfg.baseURL}${count.path}` }
+  return attempt(at, request, count.body(cfg, request), requestHeaders(cfg, request), Date.now() + cfg.requestTimeoutMs,
+    async (response, acc, signal) => {
+      const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
+      if (!response.ok) throw httpError(at, response, text, cut, acc.requestId)
+      const tokens = tokenCount((parseJSONOrUndefined(text) as { input_tokens?: unknown } | undefined)?.input_tokens)
+      // a count, as usage is one (checkedUsage): an integer from 0 to USAGE_MAX_TOKENS
+      if (tokens !== undefined && Number.isInteger(tokens) && tokens <= USAGE_MAX_TOKENS) return tokens
+      throw providerError(at, 'MALFORMED_RESPONSE', `${at.endpoint} answered without input_tokens: `
+        + `${text.slice(0, 200)}`, { status: response.status, body: text, requestId: acc.requestId })
+    })
 }
 
 async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Promise<ChatResponse> {
@@ -5797,10 +5748,7 @@ class ReplyAssembler {
   requestId: string | undefined
   /** Whether any text, reasoning or tool-call delta arrived (the adapter never retries after one). */
   streamed = false
-  /** UTF-16 units kept so far: 3 × units bounds their UTF-8 bytes, so exact bytes are counted only past a third
-   *  of the cap (`messageBytes` is -1 until then). */
-  private messageUnits = 0
-  private messageBytes = -1 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
+  private messageBytes = 0 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
   private readonly emit: (event: StreamEvent) => void
   /** Whether anyone listens: deltas are built as events only then. */
   private readonly listening: boolean
@@ -5821,21 +5769,10 @@ class ReplyAssembler {
   /** Counts a delta against the message cap before it is kept, so nothing past the cap is held; it is progress. */
   private admit(delta: string): void {
     const cap = this.cfg.maxMessageBytes
-    if (this.messageBytes < 0) {
-      this.messageUnits += delta.length
-      if (this.messageUnits * 3 <= cap) { this.progress(); return }
-      this.messageBytes = 0
-      for (const b of this.blocks) {
-        const parts = b.type === 'tool-call' ? [(b as ToolCallBlock).id, (b as ToolCallBlock).name,
-          (b as ToolCallBlock).arguments] : b.type === 'text' || b.type === 'reasoning'
-          ? [(b as TextBlock).text, (b as ReasoningBlock).signature ?? ''] : [JSON.stringify(b)]
-        for (const part of parts) this.messageBytes += utf8Length(part, cap)
-      }
-    }
     this.messageBytes += utf8Length(delta, cap)
     if (this.messageBytes > cap) {
-      const of = 'bytes of text, reasoning and tool-call ids, names and arguments'
-      throw this.tooLarge(`passed MAX_MESSAGE_BYTES, ${this.cfg.maxMessageBytes} ${of}`)
+      throw this.tooLarge(`passed MAX_MESSAGE_BYTES, ${cap} bytes of text, reasoning and tool-call ids, names and `
+        + 'arguments')
     }
     this.progress()
   }
@@ -6187,8 +6124,14 @@ async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit, fi
 /** What one attempt learned that its error needs: the response's request id, and which timer ended it. */
 interface AttemptState { requestId?: string; timedOut: boolean; pastDeadline: boolean }
 
-async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, headers: Record<string, string>,
-  deadlineAt: number): Promise<ChatResponse> {
+/**
+ * One POST of `body` to `cfg.endpoint` under the request's signal, the idle timer and the deadline; `read` reads the
+ * response (a reply by default, or a count). Its failures are classified by {@link attemptError}.
+ */
+async function attempt<T = ChatResponse>(cfg: AdapterConfig, request: ChatRequest, body: string,
+  headers: Record<string, string>, deadlineAt: number,
+  read: (response: Response, acc: ReplyAssembler, signal: AbortSignal) => Promise<T> = readReply as never,
+): Promise<T> {
   const { signal, onEvent } = request
   const controller = new AbortController()
   const st: AttemptState = { timedOut: false, pastDeadline: false }
@@ -6227,7 +6170,7 @@ async function attempt(cfg: AdapterConfig, request: ChatRequest, body: string, h
     const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
     st.requestId = acc.requestId = requestIdOf(response.headers)
-    return await readReply(cfg, response, acc, controller.signal)
+    return await read(response, acc, controller.signal)
   } catch (e) {
     if (e instanceof ListenerFailure) throw e
     throw attemptError(cfg, e, acc, signal?.aborted === true, st)
@@ -6278,10 +6221,9 @@ async function readWhole(cfg: AdapterConfig, response: Response, acc: ReplyAssem
  * Reads a response into the assembler: an error status as a classified error (its body capped), a
  * non-streamed JSON answer ({@link readWhole}), or the event stream through the format's event mapper.
  */
-async function readReply(cfg: AdapterConfig, response: Response, acc: ReplyAssembler,
-  signal: AbortSignal): Promise<ChatResponse> {
+async function readReply(response: Response, acc: ReplyAssembler, signal: AbortSignal): Promise<ChatResponse> {
   const { status } = response
-  const { requestId } = acc
+  const { cfg, requestId } = acc
   if (!response.ok) {
     const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
     throw httpError(cfg, response, text, cut, requestId)
