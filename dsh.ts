@@ -3667,9 +3667,9 @@ class Ladder {
     let reclaimed = 0
     for (const batch of rung(view)) {
       if (batch.onlyIfAtLeast !== undefined && view.nextRequestTokens() < batch.onlyIfAtLeast) continue
-      const gated = gatedOps(session, batch, view.prune, gate, needed) // the net-cost gate (5.1a)
+      const gated = gatedOps(view, batch, gate, needed) // the net-cost gate (5.1a)
       for (const op of gated.ops) {
-        if (batch.stopAtOrBelow !== undefined && view.nextRequestTokens() <= batch.stopAtOrBelow) break
+        if (gated.stopAtOrBelow !== undefined && view.nextRequestTokens() <= gated.stopAtOrBelow) break
         reclaimed += op.op === 'prune' ? pruneNode(session, op.seq, view.prune, trigger, gated.payback)
           : clearNode(session, op.seq, op.placeholder, trigger, gated.payback)
       }
@@ -3694,13 +3694,13 @@ class Ladder {
     const below = () => this.nextRequestTokens() < threshold, trigger = needed ? 'pressure' : 'gate'
     outcome.prunedTokens = this.apply(pruneResultsRung, view, trigger, gate, needed)
       + this.apply(pruneMessagesRung, view, trigger, gate, needed)
-    if (needed && below()) return done('pruned')
-    outcome.clearedTokens = this.apply(clearRung, view, trigger, gate, needed)
+    if (needed && below() && !gate) return done('pruned') // the gate goes on with the clears that pay back
+    outcome.clearedTokens = this.apply(clearRung, view, trigger, gate, needed && !below())
     if (!needed) return done(modelFreeAction(outcome, 'none'))
     const next = this.nextRequestTokens() // the gate: clear more (the protected results too) rather than summarise
     const more = gate && next > Math.floor(view.window! * reliefRatio(cfg)) && clearMore(view, gate, next)
     if (more) outcome.clearedTokens += this.apply(() => [more.batch], view, 'pressure', gate, more.needed)
-    if (below()) return done('cleared')
+    if (below()) return done(modelFreeAction(outcome, 'cleared'))
     // The guard and node prices are heuristic tokens; the retained tail is measured tokens of the window.
     const retained = Math.floor((window! * cfg.retainedTailRatio) / session.measure().calibration)
     if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
@@ -3925,13 +3925,31 @@ function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneCo
   return out
 }
 
-/** The ops of a batch the gate lets through, with their payback in requests (docs/design.md §11). */
-function gatedOps(session: Session, batch: LadderBatch, prune: PruneConfig, gate: Gate | undefined,
-  needed: boolean): { ops: readonly LadderOp[]; payback?: number } {
+/**
+ * The ops of a batch the gate lets through, with their payback in requests (docs/design.md §11). Below the
+ * threshold: the longest run of newest edits that pays back. Needed: of the runs that bring the next request to
+ * the batch's stop (else under the threshold), the one of least net cost, else the whole batch; made whole, since
+ * every edit after the run's oldest moves no cached token of its own.
+ */
+function gatedOps(v: LadderView, batch: LadderBatch, gate: Gate | undefined,
+  needed: boolean): { ops: readonly LadderOp[]; stopAtOrBelow?: number; payback?: number } {
   if (!gate) return batch
-  const models = suffixModels(session, batch.ops, prune)
-  const k = models.findIndex((m) => needed || paybackRequests(gate.prices, m) <= gate.requests)
-  return k < 0 ? { ops: [] } : { ops: batch.ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
+  const models = suffixModels(v.session, batch.ops, v.prune)
+  if (!needed) {
+    const k = models.findIndex((m) => paybackRequests(gate.prices, m) <= gate.requests)
+    return k < 0 ? { ops: [] } : { ops: batch.ops.slice(k), stopAtOrBelow: batch.stopAtOrBelow,
+      payback: paybackRequests(gate.prices, models[k]) }
+  }
+  const next = v.nextRequestTokens(), rate = v.session.measure().calibration
+  const relieves = (m: EditModel) => batch.stopAtOrBelow === undefined ? next - m.savedTokens * rate < v.threshold
+    : next - m.savedTokens * rate <= batch.stopAtOrBelow
+  let k = 0, least = Infinity
+  models.forEach((m, j) => {
+    const net = netEditUSD(gate.prices, m, gate.requests)
+    if (relieves(m) && net < least) { least = net; k = j }
+  })
+  return models.length === 0 ? { ops: [] }
+    : { ops: batch.ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
 }
 
 /** The model of a summary of `region` (docs/design.md §11). */

@@ -208,3 +208,66 @@ test('--max-cost USD: the spend cap of each turn; anything but a positive number
   }
   assert.throws(() => parseCliArgs(['replay', 'f.jsonl', '--max-cost', '1'], {}), /--max-cost/)
 })
+
+/**
+ * One turn of 30 steps, the request of each reading all before it (heuristic tokens, no envelope): each step an
+ * assistant message of 1,600 code points of text (410 tokens with its call) and a result of 1,900 code points (483
+ * tokens; step `big`'s, 12,000 code points: 3,008). A window just over what the threshold lets through.
+ */
+async function readsSession(big?: number): Promise<{ session: Session; results: number[]; window: number }> {
+  const session = await Session.open(new MemoryStore())
+  logHeader(session, { model: 'm', baseURL: 'http://127.0.0.1:9', prices: FLASH })
+  const say = (type: string, message: Message) => session.append(type, { message, surfaceOp: { op: 'append' },
+    ...(message.role === 'assistant' ? { finishReason: 'stop' } : {}) }).seq
+  session.append('turn/start', { turn: 1 })
+  say('user/message', { role: 'user', content: 'read them all' })
+  const results: number[] = []
+  for (let step = 1; step <= 30; step++) {
+    if (step > 1) session.append('step/end', { turn: 1, step: step - 1 })
+    session.append('step/start', { turn: 1, step })
+    say('assistant/message', { role: 'assistant', content: [{ type: 'text', text: 't'.repeat(1_600) },
+      { type: 'tool-call', id: `c${step}`, name: 'read', arguments: '{}' }] })
+    results.push(say('tool/result', { role: 'tool', toolCallId: `c${step}`,
+      content: [{ type: 'text', text: 'q'.repeat(step === big ? 12_000 : 1_900) }] }))
+  }
+  return { session, results, window: Math.floor(session.measure().totalTokens / 0.8) - 50 }
+}
+/** The steps (1-based) whose results the ladder cleared, in order; 0 for a result no longer at its seq. */
+const clearedSteps = (session: Session, results: number[]) => session.events.filter((e) => e.type === 'compaction/clear')
+  .map((e) => results.indexOf((e.data as { shadowedSeqs: number[] }).shadowedSeqs[0]) + 1)
+const ladderOn = (session: Session, window: number, gate = true) => new Ladder({ ...host(session, window, gate),
+  settings: { ...host(session, window, gate).settings, compaction: { ...DEFAULT_COMPACTION_CONFIG, gate } } })
+const range = (from: number, to: number) => Array.from({ length: to - from + 1 }, (_, i) => from + i)
+
+test('at the threshold the gate clears the newest run of candidates that reaches the relief target, not the oldest', async () => {
+  const { session, results, window } = await readsSession()
+  // 26,802 tokens; window 33,452: threshold 26,761, relief target 20,071; results 17–30 protected (20% of the window).
+  assert.deepEqual([session.measure().totalTokens, window], [26_802, 33_452])
+  const out = await ladderOn(session, window).relievePressure()
+  // Each clear saves 433 tokens; 15 of the 16 candidates reach the target. The newest such run, 2–16, moves the
+  // cache from step 2's result on, not from step 1's (moving one step more costs 460 tokens of misses, which 433
+  // saved × 30 expected requests at the hit price do not pay back); it is made whole.
+  assert.deepEqual(clearedSteps(session, results), range(2, 16))
+  assert.deepEqual([out.action, out.tokensAfter], ['cleared', 20_059])
+  const events = session.events.filter((e) => e.type === 'compaction/clear') as SessionEvent<'compaction/clear'>[]
+  assert.deepEqual([...new Set(events.map((e) => e.data.paysBackAfterRequests))], [130])
+  // Without the gate the clear rung takes the oldest first, down to the target.
+  const plain = await readsSession()
+  await ladderOn(plain.session, plain.window, false).relievePressure()
+  assert.deepEqual(clearedSteps(plain.session, plain.results), range(1, 15))
+})
+
+test('a needed prune that gets under the threshold does not end the gate: the clears that now pay back follow', async () => {
+  const { session, results, window } = await readsSession(10)
+  const out = await ladderOn(session, window).relievePressure()
+  // The prune of step 10's result (needed) gets under the threshold and moves the cache from there: clearing the
+  // results before it now moves only steps 1–10, and pays back after 15 of the 30 requests expected; the clears go
+  // down to the relief target (step 10's pruned result, at a new seq, and step 11's).
+  assert.deepEqual(prunes(session).map((e) => [e.data.shadowedSeqs[0], e.data.paysBackAfterRequests]), [[results[9], 326]])
+  assert.deepEqual(clearedSteps(session, results), [...range(1, 9), 0, 11])
+  assert.deepEqual([out.action, out.tokensBefore, out.tokensAfter], ['cleared', 29_327, 21_854])
+  // Without the gate the ladder stops at the prune.
+  const plain = await readsSession(10)
+  const o = await ladderOn(plain.session, plain.window, false).relievePressure()
+  assert.deepEqual([o.action, o.tokensAfter, clearedSteps(plain.session, plain.results).length], ['pruned', 26_712, 0])
+})
