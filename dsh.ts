@@ -2157,9 +2157,13 @@ class CostLedger {
     if (!b) {
       this.buckets.set(key, b = { time: r.time, summary: r.summary, model: r.model, prices: r.prices,
         requests: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, modelledHitTokens: 0,
-        reportedCacheRequests: 0 })
+        reportedCacheRequests: 0, floor: { cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0 } })
     }
-    const billed = billedTokens(r)
+    const billed = billedTokens(r), floor = spendFloorTokens(r, billed)
+    b.floor.cachedInputTokens += floor.cachedInputTokens
+    b.floor.uncachedInputTokens += floor.uncachedInputTokens
+    b.floor.outputTokens += floor.outputTokens
+    b.floor.cacheWriteInputTokens = (b.floor.cacheWriteInputTokens ?? 0) + (floor.cacheWriteInputTokens ?? 0)
     b.requests++
     b.cachedInputTokens += billed.cachedInputTokens
     b.uncachedInputTokens += billed.uncachedInputTokens
@@ -2200,6 +2204,17 @@ class CostLedger {
     const n = Math.min(this.cacheNodes, messages.length)
     for (let i = 0; i < n && messages[i] === this.nodes[i].message; i++) tokens += this.nodes[i].tokens
     return tokens
+  }
+
+  /** @internal What the spend cap counts (docs/design.md §11): USD of the priced requests at their floors, and the
+   *  conversation requests' output tokens at theirs. */
+  spendFloor(): { costUSD: number; conversationOutputTokens: number } {
+    let costUSD = 0, conversationOutputTokens = 0
+    for (const b of this.buckets.values()) {
+      if (b.prices) costUSD += requestCostUSD(b.prices, b.floor, b.time)
+      if (!b.summary) conversationOutputTokens += b.floor.outputTokens
+    }
+    return { costUSD, conversationOutputTokens }
   }
 
   /** The prompt-cache effect of the surface edit logged as event `seq` (a replace), if it was one. */
@@ -2405,6 +2420,8 @@ interface RequestBucket extends BilledTokens {
   requests: number
   modelledHitTokens: number
   reportedCacheRequests: number
+  /** What the spend cap counts of the bucket's requests (section 7, {@link spendFloorTokens}). */
+  floor: BilledTokens
 }
 
 interface RequestEntry {
@@ -6530,6 +6547,22 @@ const WINDOW_TOKENS_PER_TOOL_CALL = 64
 /** Tool calls one step runs (as many as the adapter passes); a message's other calls get TOOL_LIMIT error results. */
 const MAX_TOOL_CALLS_PER_STEP = MAX_TOOL_CALLS_PER_MESSAGE
 
+/**
+ * What the spend cap counts of one request (docs/design.md §11): never less than dsh's own estimate of what it
+ * sent and received, whatever the server reports. Input: the larger of the reported and the meter's count; of it
+ * uncached, the larger of the reported and the modelled miss; output: the larger of the reported and the meter's
+ * count of the answer. The cost of this split is at least that of either.
+ */
+function spendFloorTokens(r: { inputTokens: number; modelledHitTokens: number; outputTokens: number },
+  billed: BilledTokens): BilledTokens {
+  const input = Math.max(billed.cachedInputTokens + billed.uncachedInputTokens, r.inputTokens)
+  const uncached = Math.min(input, Math.max(billed.uncachedInputTokens, r.inputTokens - Math.min(r.inputTokens,
+    r.modelledHitTokens)))
+  return { cachedInputTokens: input - uncached, uncachedInputTokens: uncached,
+    outputTokens: Math.max(billed.outputTokens, r.outputTokens),
+    ...(billed.cacheWriteInputTokens ? { cacheWriteInputTokens: billed.cacheWriteInputTokens } : {}) }
+}
+
 /** The spend caps of {@link AgentOptions.maxCostUSD}, checked; ConfigError for a bad value or unknown prices. */
 function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?: number; session?: number }
   | undefined {
@@ -7003,11 +7036,12 @@ class Agent {
 
   /** The spend cap (docs/design.md §11): what was spent when the next request would pass a cap, else undefined. */
   private overBudget(t: Turn, cap: { turn?: number; session?: number }): string | undefined {
-    const usage = this.session.cost.usage(), spent = usage.costUSD ?? usage.conversation.costUSD ?? 0
+    // Counted at the floors of dsh's own estimates: a server's small usage figures cannot talk the cap down.
+    const floor = this.session.cost.spendFloor(), spent = floor.costUSD
     t.startUSD ??= spent
-    const c = this.session.cost.nextRequestCache(), n = usage.conversation.requests
+    const c = this.session.cost.nextRequestCache(), n = this.session.cost.usage().conversation.requests
     const next = requestCostUSD(this.provider.prices!, { cachedInputTokens: c.modelledHitTokens, uncachedInputTokens:
-      c.inputTokens - c.modelledHitTokens, outputTokens: n > 0 ? usage.conversation.outputTokens / n : 0 }, Date.now())
+      c.inputTokens - c.modelledHitTokens, outputTokens: n > 0 ? floor.conversationOutputTokens / n : 0 }, Date.now())
     const usd = (x: number) => `$${x.toFixed(6)}`
     const scopes = [['turn', cap.turn, spent - t.startUSD], ['session', cap.session, spent]] as const
     for (const [scope, limit, used] of scopes) {

@@ -146,6 +146,30 @@ test('case 2: a turn with maxCostUSD 0.001 at DeepSeek prices stops with reason 
   assert.deepEqual(lines, [end.data.message])
 })
 
+test('a server that reports tiny usage does not talk the cap down: it counts dsh\'s own estimates as floors', async () => {
+  let calls = 0
+  // Every answer claims 1 prompt token (1 of it cached) and 1 completion token.
+  const server = await startFakeProvider({ handler: () => (calls++, { toolCalls: [{ id: `c${calls}`, name: 'read',
+    arguments: {} }], usage: { prompt_tokens: 1, completion_tokens: 1, prompt_tokens_details: { cached_tokens: 1 } } }) })
+  servers.push(server)
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({
+    session, provider: openAICompatible({ baseURL: server.url, model: 'deepseek-flash', apiKey: 'k', maxRetries: 0,
+      contextWindow: 1_000_000, prices: FLASH }), maxSteps: 20,
+    tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} },
+      execute: () => 'y'.repeat(8_000) }],
+    maxCostUSD: 0.001,
+  })
+  const result = await agent.run('go')
+  // The reported figures price the four requests at 4 × (1 × 0.003 + 1 × 0.60) / 10⁶ USD; the cap counts what was sent.
+  assert.equal(session.cost.usage().costUSD!.toFixed(8), '0.00000241')
+  assert.equal(result.reason, 'budget')
+  assert.equal(calls, 4)
+  const end = session.events.find((e) => e.type === 'turn/end') as SessionEvent<'turn/end'>
+  assert.equal(end.data.message, 'spend cap: this turn has spent $0.000956 of its $0.001000 cap and the next request '
+    + 'would cost about $0.000327; stopped before it (maxCostUSD)')
+})
+
 test('maxCostUSD without prices, or not a number of USD, is a ConfigError that says the fix', () => {
   const session = new Session({ store: new MemoryStore() })
   const provider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'local', apiKey: 'k' })
