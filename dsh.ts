@@ -2207,14 +2207,15 @@ class CostLedger {
   }
 
   /** @internal What the spend cap counts (docs/design.md §11): USD of the priced requests at their floors, and the
-   *  conversation requests' output tokens at theirs. */
-  spendFloor(): { costUSD: number; conversationOutputTokens: number } {
-    let costUSD = 0, conversationOutputTokens = 0
+   *  conversation and summary requests' output tokens at theirs. */
+  spendFloor(): { costUSD: number; conversationOutputTokens: number; summaryOutputTokens: number } {
+    let costUSD = 0, conversationOutputTokens = 0, summaryOutputTokens = 0
     for (const b of this.buckets.values()) {
       if (b.prices) costUSD += requestCostUSD(b.prices, b.floor, b.time)
-      if (!b.summary) conversationOutputTokens += b.floor.outputTokens
+      if (b.summary) summaryOutputTokens += b.floor.outputTokens
+      else conversationOutputTokens += b.floor.outputTokens
     }
-    return { costUSD, conversationOutputTokens }
+    return { costUSD, conversationOutputTokens, summaryOutputTokens }
   }
 
   /** The prompt-cache effect of the surface edit logged as event `seq` (a replace), if it was one. */
@@ -3754,6 +3755,9 @@ class Ladder {
       }
       try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus,
         gate ? paybackRequests(gate.prices, model!) : undefined); committed++ } catch (err) {
+        // The host's spend cap refused the request unsent: no failure to remember (docs/design.md §11).
+        if ((err as { budget?: boolean })?.budget) return done(modelFreeAction(outcome, 'skipped'),
+          (err as Error).message)
         outcome.summaryRequests += summaryRequestsOf(err)
         if (signal?.aborted) throw err
         lastError = (err as Error).message
@@ -6564,8 +6568,8 @@ function spendFloorTokens(r: { inputTokens: number; modelledHitTokens: number; o
 }
 
 /** The spend caps of {@link AgentOptions.maxCostUSD}, checked; ConfigError for a bad value or unknown prices. */
-function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?: number; session?: number }
-  | undefined {
+function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider, summarizer: Provider): { turn?: number;
+  session?: number } | undefined {
   if (cap === undefined) return undefined
   const caps = typeof cap === 'number' ? { turn: cap } : cap
   const ok = (x: unknown) => x === undefined || (typeof x === 'number' && Number.isFinite(x) && x >= 0)
@@ -6576,7 +6580,28 @@ function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?:
   if (!provider.prices) throw new ConfigError(`maxCostUSD needs the provider's prices, and model `
     + `"${provider.model}" has none (cost unknown); give the provider prices: { cacheHitInput, cacheMissInput, `
     + `output } (USD per million tokens), or leave maxCostUSD out`)
+  if (!summaryPrices(provider, summarizer)) throw new ConfigError(`maxCostUSD needs the summarizer's prices too, and `
+    + `model "${summarizer.model}" has none (cost unknown); give the summarizer prices, or leave maxCostUSD out`)
   return caps
+}
+
+/** The prices a summary request is counted at: the summarizer's, the conversation's for the same model. */
+const summaryPrices = (provider: Provider, summarizer: Provider): Prices | undefined =>
+  summarizer.prices ?? (summarizer.model === provider.model ? provider.prices : undefined)
+
+/** `summarizer`, with each request first put to `refuse` (a reason, or undefined to send it). */
+function refusingProvider(summarizer: Provider, refuse: (request: ChatRequest) => string | undefined): Provider {
+  return new Proxy(summarizer, {
+    get(target, key) {
+      if (key === 'complete') return async (request: ChatRequest) => {
+        const why = refuse(request)
+        if (why) throw Object.assign(new CompactionError(why), { budget: true, cancelled: true })
+        return await target.complete(request)
+      }
+      const v = Reflect.get(target, key, target)
+      return typeof v === 'function' ? v.bind(target) : v
+    },
+  })
 }
 
 
@@ -6624,6 +6649,8 @@ interface Turn {
   readonly signal: AbortSignal
   /** The session's cost when the turn began, USD (for the turn's spend cap). */
   startUSD?: number
+  /** Why the spend cap refused a summary request in this turn: the turn stops before its next step. */
+  budget?: string
   /** The last assistant message: the turn's answer. */
   last?: AssistantMessage
   /** Set once `turn/end` is logged. */
@@ -6725,6 +6752,8 @@ class Agent {
   private recallDropped = false
   /** The spend caps, USD ({@link AgentOptions.maxCostUSD}). */
   private readonly maxCost?: { turn?: number; session?: number }
+  /** The turn running now, for the spend cap of its summary requests. */
+  private turnNow?: Turn
 
   constructor(options: AgentOptions) {
     if (!options?.session || !options.provider)
@@ -6761,11 +6790,12 @@ class Agent {
       this.recall = recallTool(this.session)
       this.recallSpecTokens = estimateEnvelopeTokens({ tools: [toolSpec(this.recall)] })
     }
-    this.maxCost = spendCap(options.maxCostUSD, options.provider)
+    this.maxCost = spendCap(options.maxCostUSD, options.provider, this.summarizer)
     this.onEvent = options.onEvent
     const agent = this
     this.ladder = new Ladder({
-      session: this.session, summarizer: this.summarizer, get envelope() { return agent.envelope },
+      session: this.session, get envelope() { return agent.envelope },
+      summarizer: this.maxCost ? refusingProvider(this.summarizer, (r) => this.summaryOverBudget(r)) : this.summarizer,
       settings: { contextWindow: this.window, compaction: this.compaction, prune: this.pruneConfig,
         summaryInstruction: this.summaryInstruction, modelName: this.provider.model, onEvent: this.onEvent,
         unclearable: new Set(this.tools.filter((t) => t.clearable === false).map((t) => t.name)),
@@ -6900,6 +6930,7 @@ class Agent {
     const session = this.session
     const t: Turn = { turn: session.turn.turn + 1, step: 0, ended: false, signal: options.signal
       ?? new AbortController().signal }
+    this.turnNow = t
     try {
       let outcome = await this.startTurn(t, message, options.pin === true)
       while (outcome === NEXT_STEP) outcome = await this.step(t)
@@ -6922,6 +6953,7 @@ class Agent {
       throw err
     } finally {
       this.running = false
+      this.turnNow = undefined
     }
   }
 
@@ -6953,7 +6985,7 @@ class Agent {
     const session = this.session
     if (t.signal.aborted) return { reason: 'aborted' }
     if (t.step >= this.maxSteps) return { reason: 'max-steps' }
-    const budget = this.maxCost && this.overBudget(t, this.maxCost)
+    const budget = this.maxCost && (t.budget ?? this.overBudget(t, this.maxCost))
     if (budget) { this.warn(budget); return { reason: 'budget', message: budget } }
     t.step++
     session.append('step/start', { turn: t.turn, step: t.step })
@@ -7035,20 +7067,42 @@ class Agent {
   }
 
   /** The spend cap (docs/design.md §11): what was spent when the next request would pass a cap, else undefined. */
-  private overBudget(t: Turn, cap: { turn?: number; session?: number }): string | undefined {
+  private overBudget(t: Turn | undefined, cap: { turn?: number; session?: number }, next?: { usd: number;
+    what: string }): string | undefined {
     // Counted at the floors of dsh's own estimates: a server's small usage figures cannot talk the cap down.
     const floor = this.session.cost.spendFloor(), spent = floor.costUSD
-    t.startUSD ??= spent
-    const c = this.session.cost.nextRequestCache(), n = this.session.cost.usage().conversation.requests
-    const next = requestCostUSD(this.provider.prices!, { cachedInputTokens: c.modelledHitTokens, uncachedInputTokens:
-      c.inputTokens - c.modelledHitTokens, outputTokens: n > 0 ? floor.conversationOutputTokens / n : 0 }, Date.now())
+    if (t) t.startUSD ??= spent
+    if (!next) {
+      const c = this.session.cost.nextRequestCache(), n = this.session.cost.usage().conversation.requests
+      next = { what: 'the next request', usd: requestCostUSD(this.provider.prices!, { cachedInputTokens:
+        c.modelledHitTokens, uncachedInputTokens: c.inputTokens - c.modelledHitTokens,
+      outputTokens: n > 0 ? floor.conversationOutputTokens / n : 0 }, Date.now()) }
+    }
     const usd = (x: number) => `$${x.toFixed(6)}`
-    const scopes = [['turn', cap.turn, spent - t.startUSD], ['session', cap.session, spent]] as const
+    const scopes = [['turn', t && cap.turn, spent - (t?.startUSD ?? 0)], ['session', cap.session, spent]] as const
     for (const [scope, limit, used] of scopes) {
-      if (limit !== undefined && used + next > limit) return `spend cap: this ${scope} has spent ${usd(used)} of its `
-        + `${usd(limit)} cap and the next request would cost about ${usd(next)}; stopped before it (maxCostUSD)`
+      if (limit !== undefined && used + next.usd > limit) return `spend cap: this ${scope} has spent ${usd(used)} of `
+        + `its ${usd(limit)} cap and ${next.what} would cost about ${usd(next.usd)}; stopped before it (maxCostUSD)`
     }
     return undefined
+  }
+
+  /**
+   * The spend cap before a summary request (docs/design.md §11): its input at the modelled hit, its output at the
+   * mean of the session's summaries so far, else half its budget. Past a cap the request is not sent, and the
+   * turn stops with reason `budget` before its next step.
+   */
+  private summaryOverBudget(request: ChatRequest): string | undefined {
+    const s = this.summarizer, cost = this.session.cost, envelope = { system: request.system, tools: request.tools }
+    const input = estimateRequestTokens(envelope, request.messages)
+    const hit = Math.min(input, cost.summaryRequestHit(s.model, envelope, request.messages))
+    const n = cost.usage().summary.requests
+    const output = n > 0 ? cost.spendFloor().summaryOutputTokens / n : SUMMARY_OUTPUT_SHARE * (request.maxTokens ?? 0)
+    const usd = requestCostUSD(summaryPrices(this.provider, s)!, { cachedInputTokens: hit,
+      uncachedInputTokens: input - hit, outputTokens: output }, Date.now())
+    const why = this.overBudget(this.turnNow, this.maxCost!, { usd, what: 'a summary request' })
+    if (why && this.turnNow) this.turnNow.budget = why
+    return why
   }
 
   /** Recovery 1: an aborted call keeps its partial output and ends the turn. */

@@ -170,6 +170,49 @@ test('a server that reports tiny usage does not talk the cap down: it counts dsh
     + 'would cost about $0.000327; stopped before it (maxCostUSD)')
 })
 
+test('the spend cap is checked before a summary request too: unsent past the cap, the turn stops with reason budget', async () => {
+  let summaries = 0, calls = 0
+  // Each answer: 2,000 code points of text and a call; each result "ok". Nothing clears or prunes: pressure summarises.
+  const server = await startFakeProvider({ handler: (req) => {
+    if (req.headers['x-dsh-purpose'] === 'compaction') return (summaries++, { text: 'summary' })
+    calls++
+    return { text: 'a'.repeat(2_000), toolCalls: [{ id: `c${calls}`, name: 'read', arguments: {} }], usage: null }
+  } })
+  servers.push(server)
+  const run = async (maxCostUSD: { session: number }) => {
+    const session = await Session.open(new MemoryStore())
+    const provider = openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', maxRetries: 0,
+      contextWindow: 6_000, prices: FLASH })
+    // The summarizer's prices are 100 times the conversation model's.
+    const summarizer = openAICompatible({ baseURL: server.url, model: 'dear', apiKey: 'k', maxRetries: 0,
+      contextWindow: 6_000, prices: { cacheHitInput: 0.3, cacheMissInput: 15, output: 60 } })
+    const agent = new Agent({ session, provider, summarizer, maxSteps: 30, maxCostUSD,
+      tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} }, execute: () => 'ok' }] })
+    return { session, result: await agent.run('go') }
+  }
+  const { session, result } = await run({ session: 0.01 })
+  assert.equal(summaries, 0) // never sent
+  assert.equal(result.reason, 'budget')
+  const end = session.events.find((e) => e.type === 'turn/end') as SessionEvent<'turn/end'>
+  // Ten steps spent $0.003824; the summary request of the region before the retained tail, at the summarizer's
+  // prices (its output modelled at half its completion budget), would pass the session's cap.
+  assert.equal(result.steps, 10)
+  assert.equal(end.data.message, 'spend cap: this session has spent $0.003824 of its $0.010000 cap and a summary '
+    + 'request would cost about $0.114120; stopped before it (maxCostUSD)')
+  // The refused summary is in the log as a compaction that ended unsent, and is no failure the ladder remembers.
+  const ends = session.events.filter((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>[]
+  assert.deepEqual(ends.map((e) => [e.data.error, e.data.requests]), [[end.data.message, []]])
+  assert.equal(session.events.some((e) => e.type === 'ladder/state' && (e.data as { failedAtTokens?: number })
+    .failedAtTokens != null), false)
+  assert.equal(calls, result.steps)
+  // With room for it the same session summarises and goes on.
+  const before = calls
+  const roomy = await run({ session: 10 })
+  assert.ok(summaries >= 1, `summaries ${summaries}`)
+  assert.equal(roomy.result.reason, 'max-steps')
+  assert.equal(calls - before, 30)
+})
+
 test('maxCostUSD without prices, or not a number of USD, is a ConfigError that says the fix', () => {
   const session = new Session({ store: new MemoryStore() })
   const provider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'local', apiKey: 'k' })
@@ -180,6 +223,12 @@ test('maxCostUSD without prices, or not a number of USD, is a ConfigError that s
     assert.throws(() => new Agent({ session, provider: priced, maxCostUSD: bad as never }), ConfigError)
   }
   assert.doesNotThrow(() => new Agent({ session, provider: priced, maxCostUSD: { turn: 0.5, session: 5 } }))
+  // A summary request is a request the cap counts: a summarizer of another model needs prices of its own.
+  assert.throws(() => new Agent({ session, provider: priced, summarizer: provider, maxCostUSD: 1 }), (err: unknown) =>
+    err instanceof ConfigError && /maxCostUSD needs the summarizer's prices too, and model "local" has none/
+      .test((err as Error).message))
+  const sameModel = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' })
+  assert.doesNotThrow(() => new Agent({ session, provider: priced, summarizer: sameModel, maxCostUSD: 1 }))
 })
 
 test('no pressure summary that would leave the request above the threshold while it fits the window without it', async () => {
