@@ -6526,8 +6526,10 @@ export interface AgentOptions {
    * Spend cap, USD (docs/design.md §11): a number caps each turn; `{turn, session}` caps a turn, the
    * session (all its requests so far, summaries included), or both. Before a request whose modelled
    * cost (its input at the modelled cache hit, its output at the session's mean so far) would pass a
-   * cap, the turn ends with reason `budget` and a message saying what was spent. Needs the provider's
-   * `prices`: without them the Agent throws {@link ConfigError}.
+   * cap, the turn ends with reason `budget` and a message saying what was spent; a summary request is
+   * checked too, and not sent past a cap. What is spent counts each request at no less than dsh's own
+   * estimate of it, whatever the server reports. Needs the provider's `prices` (and a summarizer of another
+   * model its own): without them the Agent throws {@link ConfigError}.
    */
   maxCostUSD?: number | { turn?: number; session?: number }
   onEvent?: (event: AgentEvent) => void
