@@ -3949,8 +3949,8 @@ function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneCo
 /**
  * The ops of a batch the gate lets through, with their payback in requests (docs/design.md §11). Below the
  * threshold: the longest run of newest edits that pays back. Needed: of the runs that bring the next request to
- * the batch's stop (else under the threshold), the one of least net cost, else the whole batch; made whole, since
- * every edit after the run's oldest moves no cached token of its own.
+ * the batch's stop, the one of least net cost, else the whole batch (a batch without a stop: whole); made whole,
+ * since every edit after the run's oldest moves no cached token of its own.
  */
 function gatedOps(v: LadderView, batch: LadderBatch, gate: Gate | undefined,
   needed: boolean): { ops: readonly LadderOp[]; stopAtOrBelow?: number; payback?: number } {
@@ -3961,13 +3961,12 @@ function gatedOps(v: LadderView, batch: LadderBatch, gate: Gate | undefined,
     return k < 0 ? { ops: [] } : { ops: batch.ops.slice(k), stopAtOrBelow: batch.stopAtOrBelow,
       payback: paybackRequests(gate.prices, models[k]) }
   }
-  const next = v.nextRequestTokens(), rate = v.session.measure().calibration
-  const relieves = (m: EditModel) => batch.stopAtOrBelow === undefined ? next - m.savedTokens * rate < v.threshold
-    : next - m.savedTokens * rate <= batch.stopAtOrBelow
+  // A prune batch is made whole (under pressure every seen result over the threshold is pruned, docs/design.md §3).
+  const next = v.nextRequestTokens(), rate = v.session.measure().calibration, stop = batch.stopAtOrBelow
   let k = 0, least = Infinity
-  models.forEach((m, j) => {
+  if (stop !== undefined) models.forEach((m, j) => {
     const net = netEditUSD(gate.prices, m, gate.requests)
-    if (relieves(m) && net < least) { least = net; k = j }
+    if (next - m.savedTokens * rate <= stop && net < least) { least = net; k = j }
   })
   return models.length === 0 ? { ops: [] }
     : { ops: batch.ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
