@@ -2159,9 +2159,13 @@ class CostLedger {
     if (!b) {
       this.buckets.set(key, b = { time: r.time, summary: r.summary, model: r.model, prices: r.prices,
         requests: 0, cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0, modelledHitTokens: 0,
-        reportedCacheRequests: 0 })
+        reportedCacheRequests: 0, floor: { cachedInputTokens: 0, uncachedInputTokens: 0, outputTokens: 0 } })
     }
-    const billed = billedTokens(r)
+    const billed = billedTokens(r), floor = spendFloorTokens(r, billed)
+    b.floor.cachedInputTokens += floor.cachedInputTokens
+    b.floor.uncachedInputTokens += floor.uncachedInputTokens
+    b.floor.outputTokens += floor.outputTokens
+    b.floor.cacheWriteInputTokens = (b.floor.cacheWriteInputTokens ?? 0) + (floor.cacheWriteInputTokens ?? 0)
     b.requests++
     b.cachedInputTokens += billed.cachedInputTokens
     b.uncachedInputTokens += billed.uncachedInputTokens
@@ -2202,6 +2206,18 @@ class CostLedger {
     const n = Math.min(this.cacheNodes, messages.length)
     for (let i = 0; i < n && messages[i] === this.nodes[i].message; i++) tokens += this.nodes[i].tokens
     return tokens
+  }
+
+  /** @internal What the spend cap counts (docs/design.md §11): USD of the priced requests at their floors, and the
+   *  conversation and summary requests' output tokens at theirs. */
+  spendFloor(): { costUSD: number; conversationOutputTokens: number; summaryOutputTokens: number } {
+    let costUSD = 0, conversationOutputTokens = 0, summaryOutputTokens = 0
+    for (const b of this.buckets.values()) {
+      if (b.prices) costUSD += requestCostUSD(b.prices, b.floor, b.time)
+      if (b.summary) summaryOutputTokens += b.floor.outputTokens
+      else conversationOutputTokens += b.floor.outputTokens
+    }
+    return { costUSD, conversationOutputTokens, summaryOutputTokens }
   }
 
   /** The prompt-cache effect of the surface edit logged as event `seq` (a replace), if it was one. */
@@ -2407,6 +2423,8 @@ interface RequestBucket extends BilledTokens {
   requests: number
   modelledHitTokens: number
   reportedCacheRequests: number
+  /** What the spend cap counts of the bucket's requests (section 7, {@link spendFloorTokens}). */
+  floor: BilledTokens
 }
 
 interface RequestEntry {
@@ -3668,9 +3686,9 @@ class Ladder {
     let reclaimed = 0
     for (const batch of rung(view)) {
       if (batch.onlyIfAtLeast !== undefined && view.nextRequestTokens() < batch.onlyIfAtLeast) continue
-      const gated = gatedOps(session, batch, view.prune, gate, needed) // the net-cost gate (5.1a)
+      const gated = gatedOps(view, batch, gate, needed) // the net-cost gate (5.1a)
       for (const op of gated.ops) {
-        if (batch.stopAtOrBelow !== undefined && view.nextRequestTokens() <= batch.stopAtOrBelow) break
+        if (gated.stopAtOrBelow !== undefined && view.nextRequestTokens() <= gated.stopAtOrBelow) break
         reclaimed += op.op === 'prune' ? pruneNode(session, op.seq, view.prune, trigger, gated.payback)
           : clearNode(session, op.seq, op.placeholder, trigger, gated.payback)
       }
@@ -3695,13 +3713,13 @@ class Ladder {
     const below = () => this.nextRequestTokens() < threshold, trigger = needed ? 'pressure' : 'gate'
     outcome.prunedTokens = this.apply(pruneResultsRung, view, trigger, gate, needed)
       + this.apply(pruneMessagesRung, view, trigger, gate, needed)
-    if (needed && below()) return done('pruned')
-    outcome.clearedTokens = this.apply(clearRung, view, trigger, gate, needed)
+    if (needed && below() && !gate) return done('pruned') // the gate goes on with the clears that pay back
+    outcome.clearedTokens = this.apply(clearRung, view, trigger, gate, needed && !below())
     if (!needed) return done(modelFreeAction(outcome, 'none'))
     const next = this.nextRequestTokens() // the gate: clear more (the protected results too) rather than summarise
     const more = gate && next > Math.floor(view.window! * reliefRatio(cfg)) && clearMore(view, gate, next)
     if (more) outcome.clearedTokens += this.apply(() => [more.batch], view, 'pressure', gate, more.needed)
-    if (below()) return done('cleared')
+    if (below()) return done(modelFreeAction(outcome, 'cleared'))
     // The guard and node prices are heuristic tokens; the retained tail is measured tokens of the window.
     const retained = Math.floor((window! * cfg.retainedTailRatio) / session.measure().calibration)
     if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
@@ -3738,6 +3756,9 @@ class Ladder {
       }
       try { outcome.summaryRequests += await compactRegion(this.host, region, trigger, signal, focus,
         gate ? paybackRequests(gate.prices, model!) : undefined); committed++ } catch (err) {
+        // The host's spend cap refused the request unsent: no failure to remember (docs/design.md §11).
+        if ((err as { budget?: boolean })?.budget) return done(modelFreeAction(outcome, 'skipped'),
+          (err as Error).message)
         outcome.summaryRequests += summaryRequestsOf(err)
         if (signal?.aborted) throw err
         lastError = (err as Error).message
@@ -3926,13 +3947,30 @@ function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneCo
   return out
 }
 
-/** The ops of a batch the gate lets through, with their payback in requests (docs/design.md §11). */
-function gatedOps(session: Session, batch: LadderBatch, prune: PruneConfig, gate: Gate | undefined,
-  needed: boolean): { ops: readonly LadderOp[]; payback?: number } {
+/**
+ * The ops of a batch the gate lets through, with their payback in requests (docs/design.md §11). Below the
+ * threshold: the longest run of newest edits that pays back. Needed: of the runs that bring the next request to
+ * the batch's stop, the one of least net cost, else the whole batch (a batch without a stop: whole); made whole,
+ * since every edit after the run's oldest moves no cached token of its own.
+ */
+function gatedOps(v: LadderView, batch: LadderBatch, gate: Gate | undefined,
+  needed: boolean): { ops: readonly LadderOp[]; stopAtOrBelow?: number; payback?: number } {
   if (!gate) return batch
-  const models = suffixModels(session, batch.ops, prune)
-  const k = models.findIndex((m) => needed || paybackRequests(gate.prices, m) <= gate.requests)
-  return k < 0 ? { ops: [] } : { ops: batch.ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
+  const models = suffixModels(v.session, batch.ops, v.prune)
+  if (!needed) {
+    const k = models.findIndex((m) => paybackRequests(gate.prices, m) <= gate.requests)
+    return k < 0 ? { ops: [] } : { ops: batch.ops.slice(k), stopAtOrBelow: batch.stopAtOrBelow,
+      payback: paybackRequests(gate.prices, models[k]) }
+  }
+  // A prune batch is made whole (under pressure every seen result over the threshold is pruned, docs/design.md §3).
+  const next = v.nextRequestTokens(), rate = v.session.measure().calibration, stop = batch.stopAtOrBelow
+  let k = 0, least = Infinity
+  if (stop !== undefined) models.forEach((m, j) => {
+    const net = netEditUSD(gate.prices, m, gate.requests)
+    if (next - m.savedTokens * rate <= stop && net < least) { least = net; k = j }
+  })
+  return models.length === 0 ? { ops: [] }
+    : { ops: batch.ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
 }
 
 /** The model of a summary of `region` (docs/design.md §11). */
@@ -6375,8 +6413,10 @@ export interface AgentOptions {
    * Spend cap, USD (docs/design.md §11): a number caps each turn; `{turn, session}` caps a turn, the
    * session (all its requests so far, summaries included), or both. Before a request whose modelled
    * cost (its input at the modelled cache hit, its output at the session's mean so far) would pass a
-   * cap, the turn ends with reason `budget` and a message saying what was spent. Needs the provider's
-   * `prices`: without them the Agent throws {@link ConfigError}.
+   * cap, the turn ends with reason `budget` and a message saying what was spent; a summary request is
+   * checked too, and not sent past a cap. What is spent counts each request at no less than dsh's own
+   * estimate of it, whatever the server reports. Needs the provider's `prices` (and a summarizer of another
+   * model its own): without them the Agent throws {@link ConfigError}.
    */
   maxCostUSD?: number | { turn?: number; session?: number }
   onEvent?: (event: AgentEvent) => void
@@ -6407,9 +6447,25 @@ const MOVED_AGENT_OPTIONS: Readonly<Record<string, string>> = {
   instructions: 'system: append them to the system prompt',
 }
 
+/**
+ * What the spend cap counts of one request (docs/design.md §11): never less than dsh's own estimate of what it
+ * sent and received, whatever the server reports. Input: the larger of the reported and the meter's count; of it
+ * uncached, the larger of the reported and the modelled miss; output: the larger of the reported and the meter's
+ * count of the answer. The cost of this split is at least that of either.
+ */
+function spendFloorTokens(r: { inputTokens: number; modelledHitTokens: number; outputTokens: number },
+  billed: BilledTokens): BilledTokens {
+  const input = Math.max(billed.cachedInputTokens + billed.uncachedInputTokens, r.inputTokens)
+  const uncached = Math.min(input, Math.max(billed.uncachedInputTokens, r.inputTokens - Math.min(r.inputTokens,
+    r.modelledHitTokens)))
+  return { cachedInputTokens: input - uncached, uncachedInputTokens: uncached,
+    outputTokens: Math.max(billed.outputTokens, r.outputTokens),
+    ...(billed.cacheWriteInputTokens ? { cacheWriteInputTokens: billed.cacheWriteInputTokens } : {}) }
+}
+
 /** The spend caps of {@link AgentOptions.maxCostUSD}, checked; ConfigError for a bad value or unknown prices. */
-function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?: number; session?: number }
-  | undefined {
+function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider, summarizer: Provider): { turn?: number;
+  session?: number } | undefined {
   if (cap === undefined) return undefined
   const caps = typeof cap === 'number' ? { turn: cap } : cap
   const ok = (x: unknown) => x === undefined || (typeof x === 'number' && Number.isFinite(x) && x >= 0)
@@ -6420,7 +6476,28 @@ function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider): { turn?:
   if (!provider.prices) throw new ConfigError(`maxCostUSD needs the provider's prices, and model `
     + `"${provider.model}" has none (cost unknown); give the provider prices: { cacheHitInput, cacheMissInput, `
     + `output } (USD per million tokens), or leave maxCostUSD out`)
+  if (!summaryPrices(provider, summarizer)) throw new ConfigError(`maxCostUSD needs the summarizer's prices too, and `
+    + `model "${summarizer.model}" has none (cost unknown); give the summarizer prices, or leave maxCostUSD out`)
   return caps
+}
+
+/** The prices a summary request is counted at: the summarizer's, the conversation's for the same model. */
+const summaryPrices = (provider: Provider, summarizer: Provider): Prices | undefined =>
+  summarizer.prices ?? (summarizer.model === provider.model ? provider.prices : undefined)
+
+/** `summarizer`, with each request first put to `refuse` (a reason, or undefined to send it). */
+function refusingProvider(summarizer: Provider, refuse: (request: ChatRequest) => string | undefined): Provider {
+  return new Proxy(summarizer, {
+    get(target, key) {
+      if (key === 'complete') return async (request: ChatRequest) => {
+        const why = refuse(request)
+        if (why) throw Object.assign(new CompactionError(why), { budget: true, cancelled: true })
+        return await target.complete(request)
+      }
+      const v = Reflect.get(target, key, target)
+      return typeof v === 'function' ? v.bind(target) : v
+    },
+  })
 }
 
 
@@ -6468,6 +6545,8 @@ interface Turn {
   readonly signal: AbortSignal
   /** The session's cost when the turn began, USD (for the turn's spend cap). */
   startUSD?: number
+  /** Why the spend cap refused a summary request in this turn: the turn stops before its next step. */
+  budget?: string
   /** The last assistant message: the turn's answer. */
   last?: AssistantMessage
   /** Set once `turn/end` is logged. */
@@ -6568,6 +6647,8 @@ class Agent {
   private recallDropped = false
   /** The spend caps, USD ({@link AgentOptions.maxCostUSD}). */
   private readonly maxCost?: { turn?: number; session?: number }
+  /** The turn running now, for the spend cap of its summary requests. */
+  private turnNow?: Turn
 
   constructor(options: AgentOptions) {
     if (!options?.session || !options.provider)
@@ -6603,11 +6684,12 @@ class Agent {
       this.recall = recallTool(this.session)
       this.recallSpecTokens = estimateEnvelopeTokens({ tools: [toolSpec(this.recall)] })
     }
-    this.maxCost = spendCap(options.maxCostUSD, options.provider)
+    this.maxCost = spendCap(options.maxCostUSD, options.provider, this.summarizer)
     this.onEvent = options.onEvent
     const agent = this
     this.ladder = new Ladder({
-      session: this.session, summarizer: this.summarizer, get envelope() { return agent.envelope },
+      session: this.session, get envelope() { return agent.envelope },
+      summarizer: this.maxCost ? refusingProvider(this.summarizer, (r) => this.summaryOverBudget(r)) : this.summarizer,
       settings: { contextWindow: this.window, compaction: this.compaction, prune: this.pruneConfig,
         summaryInstruction: this.summaryInstruction, modelName: this.provider.model, onEvent: this.onEvent,
         unclearable: new Set(this.tools.filter((t) => t.clearable === false).map((t) => t.name)),
@@ -6740,6 +6822,7 @@ class Agent {
     const session = this.session
     const t: Turn = { turn: session.turn.turn + 1, step: 0, ended: false, signal: options.signal
       ?? new AbortController().signal }
+    this.turnNow = t
     try {
       let outcome = await this.startTurn(t, message, options.pin === true)
       while (outcome === NEXT_STEP) outcome = await this.step(t)
@@ -6762,6 +6845,7 @@ class Agent {
       throw err
     } finally {
       this.running = false
+      this.turnNow = undefined
     }
   }
 
@@ -6793,7 +6877,7 @@ class Agent {
     const session = this.session
     if (t.signal.aborted) return { reason: 'aborted' }
     if (t.step >= this.maxSteps) return { reason: 'max-steps' }
-    const budget = this.maxCost && this.overBudget(t, this.maxCost)
+    const budget = this.maxCost && (t.budget ?? this.overBudget(t, this.maxCost))
     if (budget) { this.warn(budget); return { reason: 'budget', message: budget } }
     t.step++
     session.append('step/start', { turn: t.turn, step: t.step })
@@ -6875,19 +6959,42 @@ class Agent {
   }
 
   /** The spend cap (docs/design.md §11): what was spent when the next request would pass a cap, else undefined. */
-  private overBudget(t: Turn, cap: { turn?: number; session?: number }): string | undefined {
-    const usage = this.session.cost.usage(), spent = usage.costUSD ?? usage.conversation.costUSD ?? 0
-    t.startUSD ??= spent
-    const c = this.session.cost.nextRequestCache(), n = usage.conversation.requests
-    const next = requestCostUSD(this.provider.prices!, { cachedInputTokens: c.modelledHitTokens, uncachedInputTokens:
-      c.inputTokens - c.modelledHitTokens, outputTokens: n > 0 ? usage.conversation.outputTokens / n : 0 }, Date.now())
+  private overBudget(t: Turn | undefined, cap: { turn?: number; session?: number }, next?: { usd: number;
+    what: string }): string | undefined {
+    // Counted at the floors of dsh's own estimates: a server's small usage figures cannot talk the cap down.
+    const floor = this.session.cost.spendFloor(), spent = floor.costUSD
+    if (t) t.startUSD ??= spent
+    if (!next) {
+      const c = this.session.cost.nextRequestCache(), n = this.session.cost.usage().conversation.requests
+      next = { what: 'the next request', usd: requestCostUSD(this.provider.prices!, { cachedInputTokens:
+        c.modelledHitTokens, uncachedInputTokens: c.inputTokens - c.modelledHitTokens,
+      outputTokens: n > 0 ? floor.conversationOutputTokens / n : 0 }, Date.now()) }
+    }
     const usd = (x: number) => `$${x.toFixed(6)}`
-    const scopes = [['turn', cap.turn, spent - t.startUSD], ['session', cap.session, spent]] as const
+    const scopes = [['turn', t && cap.turn, spent - (t?.startUSD ?? 0)], ['session', cap.session, spent]] as const
     for (const [scope, limit, used] of scopes) {
-      if (limit !== undefined && used + next > limit) return `spend cap: this ${scope} has spent ${usd(used)} of its `
-        + `${usd(limit)} cap and the next request would cost about ${usd(next)}; stopped before it (maxCostUSD)`
+      if (limit !== undefined && used + next.usd > limit) return `spend cap: this ${scope} has spent ${usd(used)} of `
+        + `its ${usd(limit)} cap and ${next.what} would cost about ${usd(next.usd)}; stopped before it (maxCostUSD)`
     }
     return undefined
+  }
+
+  /**
+   * The spend cap before a summary request (docs/design.md §11): its input at the modelled hit, its output at the
+   * mean of the session's summaries so far, else half its budget. Past a cap the request is not sent, and the
+   * turn stops with reason `budget` before its next step.
+   */
+  private summaryOverBudget(request: ChatRequest): string | undefined {
+    const s = this.summarizer, cost = this.session.cost, envelope = { system: request.system, tools: request.tools }
+    const input = estimateRequestTokens(envelope, request.messages)
+    const hit = Math.min(input, cost.summaryRequestHit(s.model, envelope, request.messages))
+    const n = cost.usage().summary.requests
+    const output = n > 0 ? cost.spendFloor().summaryOutputTokens / n : SUMMARY_OUTPUT_SHARE * (request.maxTokens ?? 0)
+    const usd = requestCostUSD(summaryPrices(this.provider, s)!, { cachedInputTokens: hit,
+      uncachedInputTokens: input - hit, outputTokens: output }, Date.now())
+    const why = this.overBudget(this.turnNow, this.maxCost!, { usd, what: 'a summary request' })
+    if (why && this.turnNow) this.turnNow.budget = why
+    return why
   }
 
   /** Recovery 1: an aborted call keeps its partial output and ends the turn. */

@@ -147,6 +147,73 @@ test('case 2: a turn with maxCostUSD 0.001 at DeepSeek prices stops with reason 
   assert.deepEqual(lines, [end.data.message])
 })
 
+test('a server that reports tiny usage does not talk the cap down: it counts dsh\'s own estimates as floors', async () => {
+  let calls = 0
+  // Every answer claims 1 prompt token (1 of it cached) and 1 completion token.
+  const server = await startFakeProvider({ handler: () => (calls++, { toolCalls: [{ id: `c${calls}`, name: 'read',
+    arguments: {} }], usage: { prompt_tokens: 1, completion_tokens: 1, prompt_tokens_details: { cached_tokens: 1 } } }) })
+  servers.push(server)
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({
+    session, provider: openAICompatible({ baseURL: server.url, model: 'deepseek-flash', apiKey: 'k', maxRetries: 0,
+      contextWindow: 1_000_000, prices: FLASH }), maxSteps: 20,
+    tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} },
+      execute: () => 'y'.repeat(8_000) }],
+    maxCostUSD: 0.001,
+  })
+  const result = await agent.run('go')
+  // The reported figures price the four requests at 4 × (1 × 0.003 + 1 × 0.60) / 10⁶ USD; the cap counts what was sent.
+  assert.equal(session.cost.usage().costUSD!.toFixed(8), '0.00000241')
+  assert.equal(result.reason, 'budget')
+  assert.equal(calls, 4)
+  const end = session.events.find((e) => e.type === 'turn/end') as SessionEvent<'turn/end'>
+  assert.equal(end.data.message, 'spend cap: this turn has spent $0.000956 of its $0.001000 cap and the next request '
+    + 'would cost about $0.000327; stopped before it (maxCostUSD)')
+})
+
+test('the spend cap is checked before a summary request too: unsent past the cap, the turn stops with reason budget', async () => {
+  let summaries = 0, calls = 0
+  // Each answer: 2,000 code points of text and a call; each result "ok". Nothing clears or prunes: pressure summarises.
+  const server = await startFakeProvider({ handler: (req) => {
+    if (req.headers['x-dsh-purpose'] === 'compaction') return (summaries++, { text: 'summary' })
+    calls++
+    return { text: 'a'.repeat(2_000), toolCalls: [{ id: `c${calls}`, name: 'read', arguments: {} }], usage: null }
+  } })
+  servers.push(server)
+  const run = async (maxCostUSD: { session: number }) => {
+    const session = await Session.open(new MemoryStore())
+    const provider = openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', maxRetries: 0,
+      contextWindow: 6_000, prices: FLASH })
+    // The summarizer's prices are 100 times the conversation model's.
+    const summarizer = openAICompatible({ baseURL: server.url, model: 'dear', apiKey: 'k', maxRetries: 0,
+      contextWindow: 6_000, prices: { cacheHitInput: 0.3, cacheMissInput: 15, output: 60 } })
+    const agent = new Agent({ session, provider, summarizer, maxSteps: 30, maxCostUSD,
+      tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} }, execute: () => 'ok' }] })
+    return { session, result: await agent.run('go') }
+  }
+  const { session, result } = await run({ session: 0.01 })
+  assert.equal(summaries, 0) // never sent
+  assert.equal(result.reason, 'budget')
+  const end = session.events.find((e) => e.type === 'turn/end') as SessionEvent<'turn/end'>
+  // Ten steps spent $0.003824; the summary request of the region before the retained tail, at the summarizer's
+  // prices (its output modelled at half its completion budget), would pass the session's cap.
+  assert.equal(result.steps, 10)
+  assert.equal(end.data.message, 'spend cap: this session has spent $0.003824 of its $0.010000 cap and a summary '
+    + 'request would cost about $0.114120; stopped before it (maxCostUSD)')
+  // The refused summary is in the log as a compaction that ended unsent, and is no failure the ladder remembers.
+  const ends = session.events.filter((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>[]
+  assert.deepEqual(ends.map((e) => [e.data.error, e.data.requests]), [[end.data.message, []]])
+  assert.equal(session.events.some((e) => e.type === 'ladder/state' && (e.data as { failedAtTokens?: number })
+    .failedAtTokens != null), false)
+  assert.equal(calls, result.steps)
+  // With room for it the same session summarises and goes on.
+  const before = calls
+  const roomy = await run({ session: 10 })
+  assert.ok(summaries >= 1, `summaries ${summaries}`)
+  assert.equal(roomy.result.reason, 'max-steps')
+  assert.equal(calls - before, 30)
+})
+
 test('maxCostUSD without prices, or not a number of USD, is a ConfigError that says the fix', () => {
   const session = new Session({ store: new MemoryStore() })
   const provider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'local', apiKey: 'k' })
@@ -157,6 +224,12 @@ test('maxCostUSD without prices, or not a number of USD, is a ConfigError that s
     assert.throws(() => new Agent({ session, provider: priced, maxCostUSD: bad as never }), ConfigError)
   }
   assert.doesNotThrow(() => new Agent({ session, provider: priced, maxCostUSD: { turn: 0.5, session: 5 } }))
+  // A summary request is a request the cap counts: a summarizer of another model needs prices of its own.
+  assert.throws(() => new Agent({ session, provider: priced, summarizer: provider, maxCostUSD: 1 }), (err: unknown) =>
+    err instanceof ConfigError && /maxCostUSD needs the summarizer's prices too, and model "local" has none/
+      .test((err as Error).message))
+  const sameModel = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' })
+  assert.doesNotThrow(() => new Agent({ session, provider: priced, summarizer: sameModel, maxCostUSD: 1 }))
 })
 
 test('no pressure summary that would leave the request above the threshold while it fits the window without it', async () => {
@@ -208,4 +281,67 @@ test('--max-cost USD: the spend cap of each turn; anything but a positive number
     assert.throws(() => parseCliArgs(['--max-cost', bad, '-p', 'hi'], env), /--max-cost/)
   }
   assert.throws(() => parseCliArgs(['replay', 'f.jsonl', '--max-cost', '1'], {}), /--max-cost/)
+})
+
+/**
+ * One turn of 30 steps, the request of each reading all before it (heuristic tokens, no envelope): each step an
+ * assistant message of 1,600 code points of text (410 tokens with its call) and a result of 1,900 code points (483
+ * tokens; step `big`'s, 12,000 code points: 3,008). A window just over what the threshold lets through.
+ */
+async function readsSession(big?: number): Promise<{ session: Session; results: number[]; window: number }> {
+  const session = await Session.open(new MemoryStore())
+  logHeader(session, { model: 'm', baseURL: 'http://127.0.0.1:9', prices: FLASH })
+  const say = (type: string, message: Message) => session.append(type, { message, surfaceOp: { op: 'append' },
+    ...(message.role === 'assistant' ? { finishReason: 'stop' } : {}) }).seq
+  session.append('turn/start', { turn: 1 })
+  say('user/message', { role: 'user', content: 'read them all' })
+  const results: number[] = []
+  for (let step = 1; step <= 30; step++) {
+    if (step > 1) session.append('step/end', { turn: 1, step: step - 1 })
+    session.append('step/start', { turn: 1, step })
+    say('assistant/message', { role: 'assistant', content: [{ type: 'text', text: 't'.repeat(1_600) },
+      { type: 'tool-call', id: `c${step}`, name: 'read', arguments: '{}' }] })
+    results.push(say('tool/result', { role: 'tool', toolCallId: `c${step}`,
+      content: [{ type: 'text', text: 'q'.repeat(step === big ? 12_000 : 1_900) }] }))
+  }
+  return { session, results, window: Math.floor(session.measure().totalTokens / 0.8) - 50 }
+}
+/** The steps (1-based) whose results the ladder cleared, in order; 0 for a result no longer at its seq. */
+const clearedSteps = (session: Session, results: number[]) => session.events.filter((e) => e.type === 'compaction/clear')
+  .map((e) => results.indexOf((e.data as { shadowedSeqs: number[] }).shadowedSeqs[0]) + 1)
+const ladderOn = (session: Session, window: number, gate = true) => new Ladder({ ...host(session, window, gate),
+  settings: { ...host(session, window, gate).settings, compaction: { ...DEFAULT_COMPACTION_CONFIG, gate } } })
+const range = (from: number, to: number) => Array.from({ length: to - from + 1 }, (_, i) => from + i)
+
+test('at the threshold the gate clears the newest run of candidates that reaches the relief target, not the oldest', async () => {
+  const { session, results, window } = await readsSession()
+  // 26,802 tokens; window 33,452: threshold 26,761, relief target 20,071; results 17–30 protected (20% of the window).
+  assert.deepEqual([session.measure().totalTokens, window], [26_802, 33_452])
+  const out = await ladderOn(session, window).relievePressure()
+  // Each clear saves 433 tokens; 15 of the 16 candidates reach the target. The newest such run, 2–16, moves the
+  // cache from step 2's result on, not from step 1's (moving one step more costs 460 tokens of misses, which 433
+  // saved × 30 expected requests at the hit price do not pay back); it is made whole.
+  assert.deepEqual(clearedSteps(session, results), range(2, 16))
+  assert.deepEqual([out.action, out.tokensAfter], ['cleared', 20_059])
+  const events = session.events.filter((e) => e.type === 'compaction/clear') as SessionEvent<'compaction/clear'>[]
+  assert.deepEqual([...new Set(events.map((e) => e.data.paysBackAfterRequests))], [130])
+  // Without the gate the clear rung takes the oldest first, down to the target.
+  const plain = await readsSession()
+  await ladderOn(plain.session, plain.window, false).relievePressure()
+  assert.deepEqual(clearedSteps(plain.session, plain.results), range(1, 15))
+})
+
+test('a needed prune that gets under the threshold does not end the gate: the clears that now pay back follow', async () => {
+  const { session, results, window } = await readsSession(10)
+  const out = await ladderOn(session, window).relievePressure()
+  // The prune of step 10's result (needed) gets under the threshold and moves the cache from there: clearing the
+  // results before it now moves only steps 1–10, and pays back after 15 of the 30 requests expected; the clears go
+  // down to the relief target (step 10's pruned result, at a new seq, and step 11's).
+  assert.deepEqual(prunes(session).map((e) => [e.data.shadowedSeqs[0], e.data.paysBackAfterRequests]), [[results[9], 326]])
+  assert.deepEqual(clearedSteps(session, results), [...range(1, 9), 0, 11])
+  assert.deepEqual([out.action, out.tokensBefore, out.tokensAfter], ['cleared', 29_327, 21_854])
+  // Without the gate the ladder stops at the prune.
+  const plain = await readsSession(10)
+  const o = await ladderOn(plain.session, plain.window, false).relievePressure()
+  assert.deepEqual([o.action, o.tokensAfter, clearedSteps(plain.session, plain.results).length], ['pruned', 26_712, 0])
 })
