@@ -155,8 +155,8 @@ test('a server that reports tiny usage does not talk the cap down: it counts dsh
   servers.push(server)
   const session = await Session.open(new MemoryStore())
   const agent = new Agent({
-    session, provider: openAICompatible({ baseURL: server.url, model: 'deepseek-flash', apiKey: 'k', maxRetries: 0,
-      contextWindow: 1_000_000, prices: FLASH }), maxSteps: 20,
+    session, provider: tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'deepseek-flash',
+      apiKey: 'k', contextWindow: 1_000_000, prices: FLASH })), maxSteps: 20,
     tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} },
       execute: () => 'y'.repeat(8_000) }],
     maxCostUSD: 0.001,
@@ -182,11 +182,11 @@ test('the spend cap is checked before a summary request too: unsent past the cap
   servers.push(server)
   const run = async (maxCostUSD: { session: number }) => {
     const session = await Session.open(new MemoryStore())
-    const provider = openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k', maxRetries: 0,
-      contextWindow: 6_000, prices: FLASH })
+    const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'm', apiKey: 'k',
+      contextWindow: 6_000, prices: FLASH }))
     // The summarizer's prices are 100 times the conversation model's.
-    const summarizer = openAICompatible({ baseURL: server.url, model: 'dear', apiKey: 'k', maxRetries: 0,
-      contextWindow: 6_000, prices: { cacheHitInput: 0.3, cacheMissInput: 15, output: 60 } })
+    const summarizer = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: server.url, model: 'dear', apiKey: 'k',
+      contextWindow: 6_000, prices: { cacheHitInput: 0.3, cacheMissInput: 15, output: 60 } }))
     const agent = new Agent({ session, provider, summarizer, maxSteps: 30, maxCostUSD,
       tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} }, execute: () => 'ok' }] })
     return { session, result: await agent.run('go') }
