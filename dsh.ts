@@ -1454,7 +1454,8 @@ interface SessionState {
   readonly openCalls: Set<string>
   /** Ids of surface tool calls whose `tool/call` dispatch record was logged. */
   readonly dispatched: Set<string>
-  readonly bySeq: Map<number, SurfaceNode>
+  /** Surface nodes by seq; replaced by a copy now and then (see Session.replaceNodes). */
+  bySeq: Map<number, SurfaceNode>
   turn: { last: number; open: boolean; step: number; stepOpen: boolean }
   /** Seq of the open turn's input (the first user message after `turn/start`), never edited. */
   input?: number
@@ -1493,6 +1494,8 @@ export class Session {
   readonly pins: Pins
   private readonly st: SessionState
   private retained?: SessionEvent[] // the whole log, when the store cannot read events back
+  /** Deletions from `st.bySeq` since it was last copied (see replaceNodes). */
+  private bySeqDeletes = 0
   private nextSeq = 0
   private readonly now: () => number
   private readonly nodes: SurfaceNode[] & Surface
@@ -1509,11 +1512,10 @@ export class Session {
     this.now = options.now ?? Date.now
     this.queue = new EventQueue(this.store)
     if (!readsBack(this.store)) this.retained = []
-    const bySeq = new Map<number, SurfaceNode>()
-    this.nodes = Object.defineProperty([] as SurfaceNode[], 'node', { value: (seq: number) => bySeq.get(seq) }) as
-      SurfaceNode[] & Surface
+    this.nodes = Object.defineProperty([] as SurfaceNode[], 'node',
+      { value: (seq: number) => this.st.bySeq.get(seq) }) as SurfaceNode[] & Surface
     this.st = {
-      calls: new Map(), openCalls: new Set(), dispatched: new Set(), bySeq,
+      calls: new Map(), openCalls: new Set(), dispatched: new Set(), bySeq: new Map(),
       turn: { last: 0, open: false, step: 0, stepOpen: false }, awaitingInput: false, openedAt: 0,
       ladder: new LadderState(), flush: () => this.queue.flush(),
       check: (type, data) => checkEvent(this.st, this.nodes, this.pins, type, data), apply: (e) => this.apply(e),
@@ -1722,6 +1724,10 @@ export class Session {
     for (const c of toolCalls(message)) st.calls.get(c.id)!.callSeq = event.seq
     this.nodes.splice(lo, hi - lo + 1, node)
     st.bySeq.set(event.seq, node)
+    // V8 rehashes a Map with steady deletes into new tables that its dead old ones still point to, so replaced
+    // nodes outlive young-generation GCs (a 1 GiB resume spent 3× the floor's GC time): copy it now and then.
+    this.bySeqDeletes += hi - lo + 1
+    if (this.bySeqDeletes > 2 * st.bySeq.size + 16) { st.bySeq = new Map(st.bySeq); this.bySeqDeletes = 0 }
     this.surfaceTokensSum += tokens - shadowed
     this.generation++
   }

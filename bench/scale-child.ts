@@ -21,16 +21,17 @@ const rssMB = (): number => process.resourceUsage().maxRSS / 1024
 if (mode === 'resume') {
   gc()
   const startMB = process.memoryUsage().rss / 1024 / 1024 // the runtime and the code, before the log
-  const t0 = performance.now()
+  const t0 = performance.now(), c0 = process.cpuUsage()
   const session = await Session.open(new FileStore(arg)) // loads, resumes (session/resume) and fsyncs
-  const ms = performance.now() - t0
-  out({ ms, rssMB: rssMB(), startMB, heapLimitMB: (await import('node:v8')).getHeapStatistics().heap_size_limit / 1024 / 1024, events: session.seq, surfaceNodes: session.surface().length, surfaceBytes: JSON.stringify(session.messages()).length })
+  const ms = performance.now() - t0, c = process.cpuUsage(c0)
+  out({ ms, cpuMs: (c.user + c.system) / 1000, rssMB: rssMB(), startMB, heapLimitMB: (await import('node:v8')).getHeapStatistics().heap_size_limit / 1024 / 1024, events: session.seq, surfaceNodes: session.surface().length, surfaceBytes: JSON.stringify(session.messages()).length })
 } else if (mode === 'baseline') {
   gc()
   const startMB = process.memoryUsage().rss / 1024 / 1024
-  const t0 = performance.now()
+  const t0 = performance.now(), c0 = process.cpuUsage()
   const lines = readAndParse(arg)
-  out({ ms: performance.now() - t0, rssMB: rssMB(), startMB, lines })
+  const c = process.cpuUsage(c0)
+  out({ ms: performance.now() - t0, cpuMs: (c.user + c.system) / 1000, rssMB: rssMB(), startMB, lines })
 } else if (mode === 'heap') {
   // fsync off: the disk does not change the heap.
   const total = Number(arg)

@@ -90,3 +90,26 @@ describe('FileStore encodes appends into one scratch buffer and reads events bac
     await store.close()
   })
 })
+
+// Session.replaceNodes copies its seq → node index now and then (a Map with steady deletes kept
+// replaced messages alive through young-generation GCs: a 1 GiB resume spent 3× the floor's GC
+// time). The index and the surface's node(seq) stay right across the copies.
+test('the surface index stays right across many replaces and its copies', async () => {
+  const session = await Session.open(new MemoryStore())
+  let head = -1
+  const replaced: number[] = []
+  for (let i = 0; i < 300; i++) {
+    const a = session.append('user/message', { message: { role: 'user', content: `q${i}` }, surfaceOp: { op: 'append' } })
+    const b = session.append('user/message', { message: { role: 'user', content: `r${i}` }, surfaceOp: { op: 'append' } })
+    if (i % 10 === 9 && i < 299) continue // some turns stay on the surface until the next checkpoint replaces them
+    const start = head >= 0 ? head : a.seq
+    head = session.append('user/message', { message: { role: 'user', content: `checkpoint ${i}` }, surfaceOp: { op: 'replace', start, end: b.seq } }).seq
+    replaced.push(a.seq, b.seq)
+    assert.equal(session.surface().length, 1)
+  }
+  const surface = session.surface()
+  for (const n of surface) assert.equal(surface.node(n.seq), n)
+  assert.equal(surface.node(head)?.message.content, 'checkpoint 299')
+  for (const seq of replaced) assert.equal(surface.node(seq), undefined)
+  assert.equal(session.surface().length, 1)
+})
