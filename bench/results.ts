@@ -102,7 +102,8 @@ function stampHeader(lines: string[], s: Section): string[] {
   const row = lines.findIndex((l) => l.startsWith(prefix))
   if (row >= 0) {
     const cell = lines[row].slice(prefix.length).replace(/\|\s*$/, '').trim()
-    const kept = cell.split('<br>').filter((e) => e && !e.startsWith(`${number(s)}. `))
+    // Entries are joined by <br>; a hand-merged row may also join them with '; ' (each starts with its number).
+    const kept = cell.split(/<br>|; (?=\d+\. )/).filter((e) => e && !e.startsWith(`${number(s)}. `))
     lines[row] = `${prefix} ${[...kept, entry].join('<br>')} |`
     return lines
   }

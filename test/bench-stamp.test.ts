@@ -78,6 +78,14 @@ test('an --update splice stamps its sections and target rows with their commit a
   assert.equal(twice.split('\n').filter((l) => l.startsWith('## 7.')).length, 1)
 })
 
+test('an --update splice keeps the other entries of a later-measurements row whose entries a merge joined with "; "', () => {
+  const full = render([section('pruner', 'Pruner', 'aaaaaaa', 'old-p')], [['commit measured', 'aaaaaaa'],
+    ['sections measured later (`--update`)', '8. Cost at `b` on 2026-12-01; 10. Replay at `c` on 2026-12-01<br>4. Bundle at `d` on 2026-12-01']])
+  const row = splice(full, [section('cost', 'Cost', 'eeeeeee', 'new-c')]).split('\n').find((l) => l.startsWith('| sections measured later'))!
+  assert.equal(row, '| sections measured later (`--update`) | 10. Replay at `c` on 2026-12-01<br>4. Bundle at `d` on 2026-12-01'
+    + '<br>8. Cost at `eeeeeee` on 2026-12-01 |')
+})
+
 test('topFrames: self time from the gaps between samples, total time over the stack, counted once per frame', () => {
   const cf = (functionName: string, lineNumber = 0) => ({ functionName, url: '', lineNumber, columnNumber: 0 })
   // root → a → b; root → (idle). a recursion (a → a) must count a's total once per sample.
