@@ -211,7 +211,10 @@ describe('the shell answer is remembered per directory (under a pseudo-terminal)
     const f = await fake(() => ({ text: 'ok' }))
     const env = { ...CLEAN_ENV, XDG_CONFIG_HOME: config }
     const tools = (i: number) => f.requests[i].body.tools.map((t: any) => t.function.name)
-    const first = await dshPty(runFlags(f), cwd, env, 'y\nhello\n/exit\n')
+    const PROMPT = '› '
+    // Driven: an answer typed before the question is type-ahead, never an approval (so a fixed input races).
+    const first = await dshPtyDriven(runFlags(f), cwd, env, [{ waitFor: `Allow the agent to run shell commands in ${cwd}? (remembered for this directory) [y/N]`, send: 'y\r' },
+      { waitFor: PROMPT, send: 'hello\r' }, { waitFor: 'ok', send: '' }, { waitFor: PROMPT, send: '/exit\r' }])
     assert.equal(first.code, 0, first.stdout)
     assert.ok(first.stdout.includes(`Allow the agent to run shell commands in ${cwd}? (remembered for this directory) [y/N]`), first.stdout)
     assert.ok(tools(0).includes('shell'))
@@ -229,7 +232,8 @@ describe('the shell answer is remembered per directory (under a pseudo-terminal)
     assert.doesNotMatch(refused.stdout, /Allow the agent|remembered/)
     assert.ok(!tools(2).includes('shell'))
 
-    const elsewhere = await dshPty(runFlags(f), other, env, 'n\nhello\n/exit\n')
+    const elsewhere = await dshPtyDriven(runFlags(f), other, env, [{ waitFor: `Allow the agent to run shell commands in ${other}?`, send: 'n\r' },
+      { waitFor: PROMPT, send: 'hello\r' }, { waitFor: 'ok', send: '' }, { waitFor: PROMPT, send: '/exit\r' }])
     assert.ok(elsewhere.stdout.includes(`Allow the agent to run shell commands in ${other}?`), elsewhere.stdout)
     assert.ok(!tools(3).includes('shell'))
     assert.deepEqual(JSON.parse(await readFile(join(config, 'dsh', 'config.json'), 'utf8')), { projects: { [cwd]: { shell: true }, [other]: { shell: false } } })
