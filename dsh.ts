@@ -1446,6 +1446,23 @@ export interface Surface extends ReadonlyArray<SurfaceNode> {
   node(seq: number): SurfaceNode | undefined
 }
 
+/**
+ * Surface nodes by seq. V8 rehashes a Map with steady deletes into new tables that its dead old ones
+ * still point to, so replaced nodes outlived young-generation GCs (a 1 GiB resume spent 3× the floor's
+ * GC time): after as many deletes as it holds, the map is copied (amortised O(1) per delete).
+ */
+class SeqIndex {
+  private map = new Map<number, SurfaceNode>()
+  private deletes = 0
+  get(seq: number): SurfaceNode | undefined { return this.map.get(seq) }
+  has(seq: number): boolean { return this.map.has(seq) }
+  set(seq: number, node: SurfaceNode): void { this.map.set(seq, node) }
+  delete(seq: number): void {
+    this.map.delete(seq)
+    if (++this.deletes > 2 * this.map.size + 16) { this.map = new Map(this.map); this.deletes = 0 }
+  }
+}
+
 /** What the loop, the ladder and the CLI read of a session beyond its public API (docs/design.md §14). */
 interface SessionState {
   /** callId → seq of the surface node holding the call, and of its result once logged. */
@@ -1454,8 +1471,7 @@ interface SessionState {
   readonly openCalls: Set<string>
   /** Ids of surface tool calls whose `tool/call` dispatch record was logged. */
   readonly dispatched: Set<string>
-  /** Surface nodes by seq; replaced by a copy now and then (see Session.replaceNodes). */
-  bySeq: Map<number, SurfaceNode>
+  readonly bySeq: SeqIndex
   turn: { last: number; open: boolean; step: number; stepOpen: boolean }
   /** Seq of the open turn's input (the first user message after `turn/start`), never edited. */
   input?: number
@@ -1494,8 +1510,6 @@ export class Session {
   readonly pins: Pins
   private readonly st: SessionState
   private retained?: SessionEvent[] // the whole log, when the store cannot read events back
-  /** Deletions from `st.bySeq` since it was last copied (see replaceNodes). */
-  private bySeqDeletes = 0
   private nextSeq = 0
   private readonly now: () => number
   private readonly nodes: SurfaceNode[] & Surface
@@ -1515,7 +1529,7 @@ export class Session {
     this.nodes = Object.defineProperty([] as SurfaceNode[], 'node',
       { value: (seq: number) => this.st.bySeq.get(seq) }) as SurfaceNode[] & Surface
     this.st = {
-      calls: new Map(), openCalls: new Set(), dispatched: new Set(), bySeq: new Map(),
+      calls: new Map(), openCalls: new Set(), dispatched: new Set(), bySeq: new SeqIndex(),
       turn: { last: 0, open: false, step: 0, stepOpen: false }, awaitingInput: false, openedAt: 0,
       ladder: new LadderState(), flush: () => this.queue.flush(),
       check: (type, data) => checkEvent(this.st, this.nodes, this.pins, type, data), apply: (e) => this.apply(e),
@@ -1724,10 +1738,6 @@ export class Session {
     for (const c of toolCalls(message)) st.calls.get(c.id)!.callSeq = event.seq
     this.nodes.splice(lo, hi - lo + 1, node)
     st.bySeq.set(event.seq, node)
-    // V8 rehashes a Map with steady deletes into new tables that its dead old ones still point to, so replaced
-    // nodes outlive young-generation GCs (a 1 GiB resume spent 3× the floor's GC time): copy it now and then.
-    this.bySeqDeletes += hi - lo + 1
-    if (this.bySeqDeletes > 2 * st.bySeq.size + 16) { st.bySeq = new Map(st.bySeq); this.bySeqDeletes = 0 }
     this.surfaceTokensSum += tokens - shadowed
     this.generation++
   }
