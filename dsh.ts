@@ -7041,6 +7041,9 @@ class Agent {
     const retry = !noProgress
       && await this.unlessAborted(() => this.runHooks('agent/request-error', { ...f.ctx, error }), t.signal)
     if (t.signal.aborted) { session.append('step/end', { turn: t.turn, step: t.step }); return { reason: 'aborted' } }
+    // The spend cap refused the recovery's summary: the turn stops at the cap, not with the overflow it could not fix.
+    if (t.budget) { session.append('step/end', { turn: t.turn, step: t.step }); this.warn(t.budget)
+      return { reason: 'budget', message: t.budget } }
     if (!retry || session.replaceGeneration <= generationBefore) return undefined
     if (overflow) t.recoveredOverflowTokens = Math.min(t.recoveredOverflowTokens ?? Infinity, inputTokens)
     this.overflowRetries++

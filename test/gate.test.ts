@@ -345,3 +345,32 @@ test('a needed prune that gets under the threshold does not end the gate: the cl
   const o = await ladderOn(plain.session, plain.window, false).relievePressure()
   assert.deepEqual([o.action, o.tokensAfter, clearedSteps(plain.session, plain.results).length], ['pruned', 26_712, 0])
 })
+
+test('an overflow whose recovery needs a summary past the cap stops the turn with reason budget, not the overflow', async () => {
+  let summaries = 0, calls = 0
+  // Seven answers of 2,000 code points and a call; the eighth request overflows a 6,000-token window the options did
+  // not state. Nothing is clearable ("ok" results): only a summary would relieve it, at 100× the prices.
+  const server = await startFakeProvider({ handler: (req) => {
+    if (req.headers['x-dsh-purpose'] === 'compaction') return (summaries++, { text: 'summary' })
+    if (++calls === 8) return { status: 400, body: { error: { type: 'invalid_request_error', code: 'context_length_exceeded',
+      message: "This model's maximum context length is 6000 tokens. However, you requested 7000 tokens." } } }
+    return { text: 'a'.repeat(2_000), toolCalls: [{ id: `c${calls}`, name: 'read', arguments: {} }], usage: null }
+  } })
+  servers.push(server)
+  const session = await Session.open(new MemoryStore())
+  const make = (model: string, prices: typeof FLASH) => tuned({ maxRetries: 0 }, () => openAICompatible({
+    baseURL: server.url, model, apiKey: 'k', contextWindow: 100_000, prices }))
+  const agent = new Agent({ session, provider: make('m', FLASH), maxSteps: 30, maxCostUSD: { session: 0.01 },
+    summarizer: make('dear', { cacheHitInput: 0.3, cacheMissInput: 15, output: 60 }),
+    tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} }, execute: () => 'ok' }] })
+  const result = await agent.run('go')
+  assert.equal(result.reason, 'budget')
+  assert.equal(result.steps, 8)
+  assert.equal(summaries, 0)
+  const message = 'spend cap: this session has spent $0.002639 of its $0.010000 cap and a summary request would cost '
+    + 'about $0.112575; stopped before it (maxCostUSD)'
+  const end = session.events.find((e) => e.type === 'turn/end') as SessionEvent<'turn/end'>
+  assert.deepEqual(end.data, { turn: 1, reason: 'budget', message })
+  assert.deepEqual(session.events.filter((e) => /^(request\/error|compaction\/|step\/end)/.test(e.type)).slice(-4)
+    .map((e) => e.type), ['request/error', 'compaction/start', 'compaction/end', 'step/end'])
+})
