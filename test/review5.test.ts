@@ -1,0 +1,74 @@
+// review5: a hostile review of the spend cap, the provider's options and body reader, FileStore and the Agent's
+// moved options. Each test here is a break found by the review (it fails on the reviewed commit, 8b3d8c1), or an
+// attack that held and is kept as a guard; the report in the review lists which is which.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import {
+  Agent, Session, MemoryStore, openAICompatible, type Prices,
+} from '../dsh.ts'
+import { tuned } from './tuning.ts'
+
+/** deepseek-flash off-peak, USD per million tokens. */
+const FLASH: Prices = { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 }
+
+/** An event-stream Response of `events` (each sent as `data: …\n\n`), erroring after them when `cut`. */
+function sse(events: unknown[], cut: boolean): Response {
+  const enc = new TextEncoder()
+  let i = 0
+  return new Response(new ReadableStream<Uint8Array>({
+    pull(c) {
+      if (i < events.length) c.enqueue(enc.encode(`data: ${JSON.stringify(events[i++])}\n\n`))
+      else if (cut) c.error(new Error('connection reset'))
+      else { c.enqueue(enc.encode('data: [DONE]\n\n')); c.close() }
+    },
+  }), { status: 200, headers: { 'content-type': 'text/event-stream' } })
+}
+
+/** A tool call whose arguments arrive in `pieces` deltas of 10,000 code points each. */
+function toolCallEvents(pieces: number): unknown[] {
+  const events: unknown[] = [{ choices: [{ index: 0, delta: { tool_calls: [{ index: 0, id: 'c1', type: 'function',
+    function: { name: 'read', arguments: '' } }] } }] }]
+  for (let k = 0; k < pieces; k++) {
+    events.push({ choices: [{ index: 0, delta: { tool_calls: [{ index: 0, function: { arguments: 'x'.repeat(10_000) } }] } }] })
+  }
+  return events
+}
+
+test('cap: tool-call arguments streamed before a cut or an oversized message count toward maxCostUSD', async () => {
+  // Each request streams 400,000 bytes of tool-call arguments (about 100,000 tokens of output, $0.06 at FLASH's
+  // output price) and then fails: past the message cap (RESPONSE_TOO_LARGE, tuned to 300,000 bytes here) or cut.
+  // dsh itself received those bytes; the cap must count at least them ("never less than dsh's own estimate of
+  // what it sent and received"). With a session cap of $0.05 the second turn must stop with reason budget.
+  let calls = 0
+  const fetch = async () => { calls++; return sse(toolCallEvents(40), true) }
+  const provider = tuned({ maxRetries: 0, maxMessageBytes: 300_000 }, () => openAICompatible({
+    baseURL: 'http://127.0.0.1:9', model: 'deepseek-flash', apiKey: 'k', contextWindow: 1_000_000, prices: FLASH,
+    fetch }))
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, maxCostUSD: { session: 0.05 },
+    tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} }, execute: () => 'y' }] })
+  // The turn fails with the provider's error (the Agent throws it).
+  await assert.rejects(agent.run('go'), { code: 'RESPONSE_TOO_LARGE' })
+  assert.equal(calls, 1)
+  const second = await agent.run('again').then((r) => r.reason, (e: Error & { code?: string }) => e.code)
+  assert.equal(second, 'budget', `the second turn ended ${second} after ${calls} requests`)
+  assert.equal(calls, 1)
+  // What the cap counts of the session so far: at least the ~75,000 tokens of arguments dsh read before the cap.
+  const floor = session.cost.spendFloor()
+  assert.ok(floor.conversationOutputTokens >= 70_000,
+    `the cap counts ${floor.conversationOutputTokens} output tokens of a request that streamed 300,000 bytes`)
+})
+
+test('cap: a stream cut after tool-call arguments is retried past maxCostUSD (the cut request counted as nothing)', async () => {
+  // 400,000 bytes of arguments (about 100,000 tokens, $0.06 of output at FLASH) and then the connection drops: a
+  // break after output, which the Agent retries once as a new step. The cap of $0.05 a turn must stop that retry.
+  let calls = 0
+  const fetch = async () => { calls++; return sse(toolCallEvents(40), true) }
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9',
+    model: 'deepseek-flash', apiKey: 'k', contextWindow: 1_000_000, prices: FLASH, fetch }))
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, maxCostUSD: 0.05,
+    tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} }, execute: () => 'y' }] })
+  const reason = await agent.run('go').then((r) => r.reason, (e: Error & { code?: string }) => e.code)
+  assert.deepEqual([reason, calls], ['budget', 1])
+})
