@@ -3,8 +3,12 @@
 // attack that held and is kept as a guard; the report in the review lists which is which.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
+import { spawnSync } from 'node:child_process'
+import fs from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
 import {
-  Agent, Session, MemoryStore, openAICompatible, type Prices,
+  Agent, Session, MemoryStore, FileStore, openAICompatible, type Prices,
 } from '../dsh.ts'
 import { tuned } from './tuning.ts'
 
@@ -71,4 +75,34 @@ test('cap: a stream cut after tool-call arguments is retried past maxCostUSD (th
     tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} }, execute: () => 'y' }] })
   const reason = await agent.run('go').then((r) => r.reason, (e: Error & { code?: string }) => e.code)
   assert.deepEqual([reason, calls], ['budget', 1])
+})
+
+/** A 2 MiB tmpfs at a new directory for `body` (root only: mount), unmounted after; undefined when it cannot mount. */
+async function onSmallDisk(body: (dir: string) => Promise<void>): Promise<boolean> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'review5-disk-'))
+  const mounted = process.getuid?.() === 0
+    && spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=2m', 'tmpfs', dir]).status === 0
+  try { if (mounted) await body(dir) } finally {
+    if (mounted) spawnSync('umount', [dir])
+    fs.rmSync(dir, { recursive: true, force: true })
+  }
+  return mounted
+}
+
+test('full disk: a lock file that could not be written is not left behind to lock the log out', async (t) => {
+  const ran = await onSmallDisk(async (dir) => {
+    const log = path.join(dir, 's.jsonl'), fill = path.join(dir, 'fill')
+    assert.throws(() => fs.writeFileSync(fill, Buffer.alloc(4 * 1024 * 1024)), { code: 'ENOSPC' }) // the disk is full
+    const session = new Session({ store: new FileStore(log) })
+    session.append('session/start', { id: 's', version: '0.1.0', format: 1 })
+    // The first write takes the lock: creating FILE.lock works (an inode), writing its holder does not.
+    await assert.rejects(session.sync(), (err: Error & { code?: string }) => err.code === 'STORE'
+      && /ENOSPC/.test(err.message))
+    fs.unlinkSync(fill) // room again: the session keeps its events, and flushing again must write them
+    await session.sync()
+    assert.equal(fs.readFileSync(log, 'utf8').split('\n').length, 2)
+    await session.store.close?.()
+    assert.equal(fs.existsSync(`${log}.lock`), false)
+  })
+  if (!ran) t.skip('needs root to mount a 2 MiB tmpfs')
 })
