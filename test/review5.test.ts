@@ -106,3 +106,36 @@ test('full disk: a lock file that could not be written is not left behind to loc
   })
   if (!ran) t.skip('needs root to mount a 2 MiB tmpfs')
 })
+
+/** A Response of one streamed chat completion that answers `text` and stops. */
+const answer = (text: string) => sse([{ choices: [{ index: 0, delta: { content: text } }] },
+  { choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }], false)
+
+test('cap: the summary requests of one compaction are checked against each other, not each alone', async () => {
+  // 30 exchanges of 4,000 code points each way (about 60,000 tokens): over the threshold of a 70,000-token window,
+  // so the turn starts with a summary. The summarizer's window is 10,000 tokens: the region goes in several
+  // requests of about 8,000 tokens each, each modelled at about $0.15 at the summarizer's prices.
+  const session = await Session.open(new MemoryStore())
+  for (let i = 0; i < 30; i++) {
+    session.append('turn/start', { turn: i + 1 })
+    session.append('user/message', { message: { role: 'user', content: `q${i} ${'u'.repeat(4_000)}` },
+      surfaceOp: { op: 'append' } })
+    session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text',
+      text: `a${i} ${'v'.repeat(4_000)}` }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+    session.append('turn/end', { turn: i + 1, reason: 'stop' })
+  }
+  let summaries = 0, conversation = 0
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm',
+    apiKey: 'k', contextWindow: 70_000, prices: FLASH, fetch: async () => (conversation++, answer('done')) }))
+  const summarizer = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'dear',
+    apiKey: 'k', contextWindow: 10_000, prices: { cacheHitInput: 0.3, cacheMissInput: 15, output: 60 },
+    fetch: async () => (summaries++, answer('s'.repeat(400))) }))
+  const cap = 0.25
+  const agent = new Agent({ session, provider, summarizer, maxCostUSD: { session: cap } })
+  const result = await agent.run('go on')
+  const spent = session.cost.spendFloor().costUSD
+  // Whatever the turn did, what it spent by dsh's own count stays within the session's cap (a summary request is
+  // not sent past it), give or take one request's modelling error.
+  assert.ok(spent <= cap * 1.2, `spent $${spent.toFixed(4)} of a $${cap} session cap in ${summaries} summary `
+    + `requests (reason ${result.reason})`)
+})
