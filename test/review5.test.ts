@@ -139,3 +139,46 @@ test('cap: the summary requests of one compaction are checked against each other
   assert.ok(spent <= cap * 1.2, `spent $${spent.toFixed(4)} of a $${cap} session cap in ${summaries} summary `
     + `requests (reason ${result.reason})`)
 })
+
+test('cap: a provider made { ...provider, prices } with a price missing or NaN cannot silently turn maxCostUSD off', async () => {
+  // Each answer: 8,000 code points of text and a call, so each request costs at least 2,000 tokens of output.
+  let calls = 0
+  const fetch = async () => (calls++, sse([{ choices: [{ index: 0, delta: { content: 'z'.repeat(8_000), tool_calls: [{
+    index: 0, id: `c${calls}`, type: 'function', function: { name: 'read', arguments: '{}' } }] } }] },
+  { choices: [{ index: 0, delta: {}, finish_reason: 'tool_calls' }] }], false))
+  const base = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm',
+    apiKey: 'k', contextWindow: 1_000_000, fetch }))
+  const tools = [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} },
+    execute: () => 'y'.repeat(8_000) }]
+  for (const prices of [{ cacheHitInput: 0.003, cacheMissInput: 0.15 }, { ...FLASH, output: Number('0,6') }]) {
+    calls = 0
+    const session = await Session.open(new MemoryStore())
+    let outcome: string
+    try {
+      const agent = new Agent({ session, provider: { ...base, prices: prices as Prices }, tools, maxSteps: 20,
+        maxCostUSD: 0.001 })
+      outcome = (await agent.run('go')).reason
+    } catch (err) { outcome = calls === 0 ? 'refused' : String(err) }
+    // Refused before any request (prices that price nothing), or the cap fires: never 20 requests past a $0.001 cap.
+    assert.ok(outcome === 'refused' || outcome === 'budget',
+      `prices ${JSON.stringify(prices)}: the turn ended ${outcome} after ${calls} requests under a $0.001 cap`)
+  }
+})
+
+const BASE = { baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' }
+
+test('provider options: NaN or Infinity is named in the error (not "got null")', () => {
+  const base = BASE
+  // The message must say the value given: "got null" for NaN sends the caller looking for a null.
+  assert.throws(() => openAICompatible({ ...base, contextWindow: NaN }), (err: Error) => err instanceof TypeError
+    && /got NaN/.test(err.message))
+  assert.throws(() => openAICompatible({ ...base, maxTokens: Infinity }), (err: Error) => err instanceof TypeError
+    && /got Infinity/.test(err.message))
+})
+
+test('provider options: headers and extraBody that are not plain objects fail loudly', () => {
+  const base = BASE
+  // A string spread as headers sends "0: a", "1: b", … and an array as extraBody sends {"0": …}: both fail loudly.
+  assert.throws(() => openAICompatible({ ...base, headers: 'ab' as never }), TypeError)
+  assert.throws(() => openAICompatible({ ...base, extraBody: ['temperature', 0] as never }), TypeError)
+})
