@@ -182,3 +182,35 @@ test('provider options: headers and extraBody that are not plain objects fail lo
   assert.throws(() => openAICompatible({ ...base, headers: 'ab' as never }), TypeError)
   assert.throws(() => openAICompatible({ ...base, extraBody: ['temperature', 0] as never }), TypeError)
 })
+
+/** A FileStore whose next write waits `delayMs` first (FileStore documents that a subclass's write may await). */
+class SlowWriteStore extends FileStore {
+  delayNextMs = 0
+  protected override async write(bytes: Uint8Array): Promise<void> {
+    const ms = this.delayNextMs
+    this.delayNextMs = 0
+    if (ms > 0) await new Promise((resolve) => setTimeout(resolve, ms))
+    return super.write(bytes)
+  }
+}
+
+const userEvent = (seq: number) => ({ seq, time: 1, type: 'user/message', data: { message: { role: 'user',
+  content: `m${seq}` }, surfaceOp: { op: 'append' } } })
+
+test('FileStore: an append made while the previous write awaits never lands before it (the log keeps seq order)', async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'review5-conc-'))
+  try {
+    const log = path.join(dir, 's.jsonl')
+    const store = new SlowWriteStore(log)
+    await store.append([{ seq: 0, time: 1, type: 'session/start', data: { id: 's', version: '0.1.0', format: 1 } }])
+    store.delayNextMs = 30
+    // LogStore: "append receives events in seq order" — these calls are made in seq order, the first one's write slow.
+    const results = await Promise.allSettled([store.append([userEvent(1)]), store.append([userEvent(2)])])
+    const seqs = fs.readFileSync(log, 'utf8').split('\n').filter(Boolean).map((l) => (JSON.parse(l) as { seq: number }).seq)
+    await store.close()
+    // Either both landed in order, or the later one was refused and the file is a prefix of the log.
+    assert.deepEqual(seqs, seqs.map((_, i) => i), `the file holds seqs ${JSON.stringify(seqs)} after `
+      + JSON.stringify(results.map((r) => (r.status === 'rejected' ? String(r.reason?.message).slice(0, 60) : 'ok'))))
+    await Session.open(new FileStore(log), { readOnly: true }) // and the log loads
+  } finally { fs.rmSync(dir, { recursive: true, force: true }) }
+})
