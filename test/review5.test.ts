@@ -8,7 +8,7 @@ import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import {
-  Agent, Session, MemoryStore, FileStore, openAICompatible, type Prices,
+  Agent, Session, MemoryStore, FileStore, openAICompatible, anthropic, type Prices,
 } from '../dsh.ts'
 import { tuned } from './tuning.ts'
 
@@ -213,4 +213,19 @@ test('FileStore: an append made while the previous write awaits never lands befo
       + JSON.stringify(results.map((r) => (r.status === 'rejected' ? String(r.reason?.message).slice(0, 60) : 'ok'))))
     await Session.open(new FileStore(log), { readOnly: true }) // and the log loads
   } finally { fs.rmSync(dir, { recursive: true, force: true }) }
+})
+
+test('body writer: an extraBody field left undefined is left out, as JSON.stringify would (the body stays JSON)', async () => {
+  // A caller forwarding an optional setting: extraBody: { temperature: opts.temperature } with none given.
+  // openAICompatible left such a field out before the one body writer (940dcbb); both formats must send JSON.
+  for (const make of [openAICompatible, anthropic]) {
+    let body = ''
+    const provider = tuned({ maxRetries: 0 }, () => make({ ...BASE, extraBody: { temperature: undefined, top_p: 0.5 },
+      fetch: async (_url: string, init: RequestInit) => { body = String(init.body); return answer('ok') } }))
+    await provider.complete({ messages: [{ role: 'user', content: 'hi' }] }).catch(() => {})
+    let parsed: Record<string, unknown> | undefined
+    try { parsed = JSON.parse(body) } catch { /* asserted below */ }
+    assert.ok(parsed, `${make.name} sent a body that is not JSON: ${body.slice(0, 60)}…`)
+    assert.deepEqual([Object.hasOwn(parsed!, 'temperature'), parsed!.top_p], [false, 0.5])
+  }
 })
