@@ -4,6 +4,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawnSync } from 'node:child_process'
+import { fileURLToPath } from 'node:url'
 import fs from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
@@ -228,4 +229,19 @@ test('body writer: an extraBody field left undefined is left out, as JSON.string
     assert.ok(parsed, `${make.name} sent a body that is not JSON: ${body.slice(0, 60)}…`)
     assert.deepEqual([Object.hasOwn(parsed!, 'temperature'), parsed!.top_p], [false, 0.5])
   }
+})
+
+test('entry statement: an app that re-exports dsh.ts, bundled and run as the program, does not run the dsh CLI', async () => {
+  const { build } = await import('esbuild')
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'review5-entry-'))
+  try {
+    const dsh = fileURLToPath(new URL('../dsh.ts', import.meta.url))
+    // A library over dsh that re-exports it whole and is also run as a program of its own.
+    fs.writeFileSync(path.join(dir, 'app.ts'), `export * from ${JSON.stringify(dsh)}\nconsole.log('app')\n`)
+    await build({ entryPoints: [path.join(dir, 'app.ts')], bundle: true, format: 'esm', platform: 'node',
+      outfile: path.join(dir, 'app.mjs'), logLevel: 'silent' })
+    const r = spawnSync(process.execPath, [path.join(dir, 'app.mjs'), '--version'], { encoding: 'utf8', timeout: 30_000 })
+    // The program is app.mjs, not dsh.ts nor dist/cli.mjs: only the app's own line.
+    assert.equal(r.stdout, 'app\n')
+  } finally { fs.rmSync(dir, { recursive: true, force: true }) }
 })
