@@ -245,3 +245,29 @@ test('entry statement: an app that re-exports dsh.ts, bundled and run as the pro
     assert.equal(r.stdout, 'app\n')
   } finally { fs.rmSync(dir, { recursive: true, force: true }) }
 })
+
+test('spill: a tool result whose artefact cannot be stored still gets a result, and the session goes on', async () => {
+  // The artefacts directory cannot be made (a file holds its name: a full or read-only disk fails the same way).
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'review5-spill-'))
+  try {
+    const log = path.join(dir, 's.jsonl')
+    fs.writeFileSync(`${log}.artefacts`, 'not a directory')
+    let calls = 0
+    const fetch = async () => (++calls === 1 ? sse([{ choices: [{ index: 0, delta: { tool_calls: [{ index: 0, id: 'c1',
+      type: 'function', function: { name: 'read', arguments: '{}' } }] } }] },
+    { choices: [{ index: 0, delta: {}, finish_reason: 'tool_calls' }] }], false) : answer('done'))
+    const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ ...BASE, contextWindow: 1_000_000, fetch }))
+    const session = await Session.open(new FileStore(log))
+    // A result over the spill size (256 KiB) goes to the artefacts.
+    const agent = new Agent({ session, provider, tools: [{ name: 'read', description: 'read',
+      parameters: { type: 'object', properties: {} }, execute: () => 'z'.repeat(300 * 1024) }] })
+    const first = await agent.run('go').then((r) => r.reason, (e: Error & { code?: string }) => `${e.code}: ${e.message}`)
+    const second = await agent.run('again').then((r) => r.reason, (e: Error & { code?: string }) => `${e.code}: ${e.message}`)
+    await session.store.close?.()
+    const results = fs.readFileSync(log, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as
+      { type: string; data: { message?: { toolCallId?: string } } }).filter((e) => e.type === 'tool/result')
+    // The call that ran has its result in the log (whole, or an error saying why), and the next turn can be sent.
+    assert.deepEqual([results.map((e) => e.data.message?.toolCallId), second], [['c1'], 'stop'],
+      `first turn: ${first}; second: ${second}`)
+  } finally { fs.rmSync(dir, { recursive: true, force: true }) }
+})
