@@ -271,3 +271,24 @@ test('spill: a tool result whose artefact cannot be stored still gets a result, 
       `first turn: ${first}; second: ${second}`)
   } finally { fs.rmSync(dir, { recursive: true, force: true }) }
 })
+
+test('body reader: a body whose cancel never settles (a proxying fetch) does not hang complete() past its deadline', async () => {
+  const enc = new TextEncoder()
+  const provider = tuned({ maxRetries: 0, idleTimeoutMs: 200, requestTimeoutMs: 500 }, () => openAICompatible({ ...BASE,
+    fetch: async () => new Response(new ReadableStream<Uint8Array>({
+      start(c) {
+        c.enqueue(enc.encode('data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n'
+          + 'data: [DONE]\n\n'))
+      },
+      cancel: () => new Promise<void>(() => {}), // waits on an upstream that never answers
+    }), { headers: { 'content-type': 'text/event-stream' } }) }))
+  let timer: ReturnType<typeof setTimeout> | undefined
+  const outcome = await Promise.race([
+    provider.complete({ messages: [{ role: 'user', content: 'x' }] }).then((r) => JSON.stringify(r.message.content),
+      (e: Error & { code?: string }) => String(e.code)),
+    new Promise<string>((resolve) => { timer = setTimeout(() => resolve('still pending after 3 s'), 3_000) }),
+  ])
+  clearTimeout(timer)
+  // The answer was whole at [DONE]: it is returned (or at worst a TIMEOUT at the 500 ms deadline), never a hang.
+  assert.ok(outcome !== 'still pending after 3 s', outcome)
+})
