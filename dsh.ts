@@ -13740,12 +13740,19 @@ export async function runAsProgram(): Promise<void> {
 }
 
 /**
- * Runs the CLI ({@link runAsProgram}) when this module is the program ({@link isEntryPoint}), else
- * does nothing; the entry statement below calls it through this module's own namespace.
+ * Runs the CLI ({@link runAsProgram}) when this module is the program ({@link isEntryPoint}) and its file
+ * has one of dsh's names (dsh.ts, dsh.js, dsh.mjs, cli.mjs), else does nothing; the entry statement below
+ * calls it through this module's own namespace.
  */
 export async function runIfProgram(): Promise<void> {
-  if (await isEntryPoint()) await runAsProgram()
+  // An app that bundles dsh.ts whole (`export * from`) and is run itself holds this code too, and is the
+  // program: only a file of dsh's own names starts the CLI (docs/design.md §0).
+  const file = decodeURIComponent(new URL(import.meta.url).pathname.split('/').pop() ?? '')
+  if (DSH_ENTRY_FILES.test(file) && await isEntryPoint()) await runAsProgram()
 }
+
+/** The file names the CLI runs from: a copy of this file (dsh.ts, or as .js/.mjs) and the package's dist/cli.mjs. */
+const DSH_ENTRY_FILES = /^(?:dsh\.(?:ts|js|mjs)|cli\.mjs)$/
 
 // The entry statement: runs the CLI when this file (or dist/cli.mjs) is the program, never on import.
 // It names no Part II code — it reaches runIfProgram through a dynamic import of this module itself —
