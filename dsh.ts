@@ -14272,9 +14272,19 @@ async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLoc
   for (let round = 0; ; round++) {
     try {
       const handle = await fs.open(lockPath, 'wx')
-      try { await handle.writeFile(JSON.stringify(me) + '\n') } finally { await handle.close() }
+      try { await handle.writeFile(JSON.stringify(me) + '\n') } catch (err: any) {
+        // Created but not written whole (a full disk takes the inode, not the bytes): the file is ours (O_EXCL, and
+        // one that names no holder is never taken over), so it goes, and a retry once there is room takes the lock.
+        await handle.close().catch(() => {})
+        await fs.unlink(lockPath).catch(() => {})
+        const what = err?.code === 'ENOSPC' ? 'disk full' : err?.code === 'EDQUOT' ? 'disk quota exceeded' : 'failed'
+        throw new SessionError('STORE', `cannot write the lock file ${lockPath} (${what}: ${err?.message ?? err}); `
+          + `it was removed and nothing was written to session log ${logPath}: free disk space, then try again`)
+      }
+      await handle.close()
       break
     } catch (err: any) {
+      if (err instanceof SessionError) throw err
       if (err?.code !== 'EEXIST')
         throw new SessionError('STORE', `cannot create the lock file ${lockPath}: ${err?.message ?? err}`)
     }
