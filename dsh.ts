@@ -13980,8 +13980,31 @@ class FileStore implements LogStore {
    * another live process holds it or when the file changed since this store loaded it. A batch the
    * disk cannot take whole throws `SessionError('STORE')` ("disk full: N of M bytes written; nothing
    * after seq S is durable") with none of it in the log (docs/design.md §4).
+   * Appends run one at a time in call order, even when a write awaits: an append made while earlier
+   * ones are pending waits for them, and is refused (`SessionError('STORE')`, nothing written) when
+   * one of them failed, so that the file never holds a later batch without an earlier one.
    */
-  async append(events: readonly SessionEvent[]): Promise<void> {
+  append(events: readonly SessionEvent[]): Promise<void> {
+    const prior = this.appending > 0 ? this.appendQueue : undefined
+    this.appending++
+    let failed: string | undefined
+    const run = (async () => {
+      try {
+        failed = prior && await prior
+        if (failed) throw new SessionError('STORE', `session log ${this.path}: events from seq ${events[0]?.seq} `
+          + `not appended: an append made before them failed (${failed}); append them again once it has settled`)
+        try { await this.appendNow(events) } catch (err) { failed = String((err as Error)?.message ?? err); throw err }
+      } finally { this.appending-- } // before `run` settles: a caller's retry after it starts a new queue
+    })()
+    this.appendQueue = run.then(() => undefined, () => failed)
+    return run
+  }
+
+  /** Appends in flight or queued, and the last one's outcome: why it (or one before it) failed, if one did. */
+  private appending = 0
+  private appendQueue: Promise<string | undefined> = Promise.resolve(undefined)
+
+  private async appendNow(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
     if (this.readOnly)
       throw new SessionError('STORE', `session log ${this.path} was opened read-only; nothing is written to it`)
@@ -14159,6 +14182,7 @@ class FileStore implements LogStore {
 
   /** Closes the file and gives the lock back. */
   async close(): Promise<void> {
+    await this.appendQueue // an append in flight ends before its file closes
     const h = this.handle, r = this.reader
     this.handle = undefined; this.handleFile = undefined; this.reader = undefined
     try {
