@@ -4273,9 +4273,12 @@ function utf8Length(text: string, limit = Infinity): number {
 /** A spill's artefact name, from the event seq, never a server-chosen call id (docs/design.md §13). */
 function spillName(seq: number): string { return `tool-result-${seq}.txt` }
 
-/** Spill (docs/design.md §5): a result over `spillBytes` goes whole to the artefacts, a preview stays. */
-async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number,
-  name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
+/**
+ * Spill (docs/design.md §5): a result over `spillBytes` goes whole to the artefacts, a preview stays. When the
+ * store cannot take the artefact, the result stays inline whole, with a `warning` saying why.
+ */
+async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string):
+  Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number }; warning?: string }> {
   if (!store.putArtefact) return { message }
   const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
   // Length first: a UTF-16 unit is 1 to 3 UTF-8 bytes, so most results are decided without a walk.
@@ -4288,8 +4291,13 @@ async function spillToolResult(message: ToolResultMessage, store: LogStore, spil
     if (bytes <= spillBytes) return { message }
   }
   const whole = texts.map((t) => t.text).join('')
-  const ref = await store.putArtefact(name, whole)
   const fullBytes = utf8Length(whole)
+  let ref: string
+  try { ref = await store.putArtefact(name, whole) } catch (err) {
+    return { message, warning: `a tool result of ${fullBytes} bytes (call ${echo(message.toolCallId)}) is kept inline, `
+      + `not spilled: storing it as artefact ${name} failed (${(err as Error)?.message ?? err}); the ladder prunes it `
+      + `like any other result. Free disk space or fix the store's artefact area to spill the next ones` }
+  }
   const preview = pruneText(whole).replace(PRUNE_MARKER, `\n\n[... tool result middle spilled: all ${fullBytes} bytes `
     + `are stored at ${ref} ...]\n\n`)
   const content: Block[] = [{ type: 'text', text: preview }, ...message.content.filter((b) => b.type !== 'text')]
@@ -7165,7 +7173,9 @@ class Agent {
           }
         }
       }
-      const { message, spilled } = await spillToolResult(result!, session.store, SPILL_BYTES, spillName(session.seq))
+      const { message, spilled, warning } = await spillToolResult(result!, session.store, SPILL_BYTES,
+        spillName(session.seq))
+      if (warning) this.warn(warning)
       session.append('tool/result', { message, ...(spilled ? { spilled } : {}), surfaceOp: { op: 'append' } })
     }
   }
