@@ -14311,9 +14311,10 @@ async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLoc
         // one that names no holder is never taken over), so it goes, and a retry once there is room takes the lock.
         await handle.close().catch(() => {})
         await fs.unlink(lockPath).catch(() => {})
-        const what = err?.code === 'ENOSPC' ? 'disk full' : err?.code === 'EDQUOT' ? 'disk quota exceeded' : 'failed'
-        throw new SessionError('STORE', `cannot write the lock file ${lockPath} (${what}: ${err?.message ?? err}); `
-          + `it was removed and nothing was written to session log ${logPath}: free disk space, then try again`)
+        const what = err?.code === 'ENOSPC' ? 'disk full' : err?.code === 'EDQUOT' ? 'disk quota exceeded' : undefined
+        throw new SessionError('STORE', `cannot write the lock file ${lockPath} (${what ?? 'failed'}: `
+          + `${err?.message ?? err}); it was removed and nothing was written to session log ${logPath}: `
+          + `${what ? 'free disk space' : 'mend the cause'}, then try again`)
       }
       await handle.close()
       break
