@@ -4273,9 +4273,12 @@ function utf8Length(text: string, limit = Infinity): number {
 /** A spill's artefact name, from the event seq, never a server-chosen call id (docs/design.md §13). */
 function spillName(seq: number): string { return `tool-result-${seq}.txt` }
 
-/** Spill (docs/design.md §5): a result over `spillBytes` goes whole to the artefacts, a preview stays. */
-async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number,
-  name: string): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number } }> {
+/**
+ * Spill (docs/design.md §5): a result over `spillBytes` goes whole to the artefacts, a preview stays. When the
+ * store cannot take the artefact, the result stays inline whole, with a `warning` saying why.
+ */
+async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string):
+  Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number }; warning?: string }> {
   if (!store.putArtefact) return { message }
   const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
   // Length first: a UTF-16 unit is 1 to 3 UTF-8 bytes, so most results are decided without a walk.
@@ -4288,8 +4291,13 @@ async function spillToolResult(message: ToolResultMessage, store: LogStore, spil
     if (bytes <= spillBytes) return { message }
   }
   const whole = texts.map((t) => t.text).join('')
-  const ref = await store.putArtefact(name, whole)
   const fullBytes = utf8Length(whole)
+  let ref: string
+  try { ref = await store.putArtefact(name, whole) } catch (err) {
+    return { message, warning: `a tool result of ${fullBytes} bytes (call ${echo(message.toolCallId)}) is kept inline, `
+      + `not spilled: storing it as artefact ${name} failed (${(err as Error)?.message ?? err}); the ladder prunes it `
+      + `like any other result. Free disk space or fix the store's artefact area to spill the next ones` }
+  }
   const preview = pruneText(whole).replace(PRUNE_MARKER, `\n\n[... tool result middle spilled: all ${fullBytes} bytes `
     + `are stored at ${ref} ...]\n\n`)
   const content: Block[] = [{ type: 'text', text: preview }, ...message.content.filter((b) => b.type !== 'text')]
@@ -7165,7 +7173,9 @@ class Agent {
           }
         }
       }
-      const { message, spilled } = await spillToolResult(result!, session.store, SPILL_BYTES, spillName(session.seq))
+      const { message, spilled, warning } = await spillToolResult(result!, session.store, SPILL_BYTES,
+        spillName(session.seq))
+      if (warning) this.warn(warning)
       session.append('tool/result', { message, ...(spilled ? { spilled } : {}), surfaceOp: { op: 'append' } })
     }
   }
@@ -13987,8 +13997,31 @@ class FileStore implements LogStore {
    * another live process holds it or when the file changed since this store loaded it. A batch the
    * disk cannot take whole throws `SessionError('STORE')` ("disk full: N of M bytes written; nothing
    * after seq S is durable") with none of it in the log (docs/design.md §4).
+   * Appends run one at a time in call order, even when a write awaits: an append made while earlier
+   * ones are pending waits for them, and is refused (`SessionError('STORE')`, nothing written) when
+   * one of them failed, so that the file never holds a later batch without an earlier one.
    */
-  async append(events: readonly SessionEvent[]): Promise<void> {
+  append(events: readonly SessionEvent[]): Promise<void> {
+    const prior = this.appending > 0 ? this.appendQueue : undefined
+    this.appending++
+    let failed: string | undefined
+    const run = (async () => {
+      try {
+        failed = prior && await prior
+        if (failed) throw new SessionError('STORE', `session log ${this.path}: events from seq ${events[0]?.seq} `
+          + `not appended: an append made before them failed (${failed}); append them again once it has settled`)
+        try { await this.appendNow(events) } catch (err) { failed = String((err as Error)?.message ?? err); throw err }
+      } finally { this.appending-- } // before `run` settles: a caller's retry after it starts a new queue
+    })()
+    this.appendQueue = run.then(() => undefined, () => failed)
+    return run
+  }
+
+  /** Appends in flight or queued, and the last one's outcome: why it (or one before it) failed, if one did. */
+  private appending = 0
+  private appendQueue: Promise<string | undefined> = Promise.resolve(undefined)
+
+  private async appendNow(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
     if (this.readOnly)
       throw new SessionError('STORE', `session log ${this.path} was opened read-only; nothing is written to it`)
@@ -14166,6 +14199,7 @@ class FileStore implements LogStore {
 
   /** Closes the file and gives the lock back. */
   async close(): Promise<void> {
+    await this.appendQueue // an append in flight ends before its file closes
     const h = this.handle, r = this.reader
     this.handle = undefined; this.handleFile = undefined; this.reader = undefined
     try {
@@ -14279,9 +14313,20 @@ async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLoc
   for (let round = 0; ; round++) {
     try {
       const handle = await fs.open(lockPath, 'wx')
-      try { await handle.writeFile(JSON.stringify(me) + '\n') } finally { await handle.close() }
+      try { await handle.writeFile(JSON.stringify(me) + '\n') } catch (err: any) {
+        // Created but not written whole (a full disk takes the inode, not the bytes): the file is ours (O_EXCL, and
+        // one that names no holder is never taken over), so it goes, and a retry once there is room takes the lock.
+        await handle.close().catch(() => {})
+        await fs.unlink(lockPath).catch(() => {})
+        const what = err?.code === 'ENOSPC' ? 'disk full' : err?.code === 'EDQUOT' ? 'disk quota exceeded' : undefined
+        throw new SessionError('STORE', `cannot write the lock file ${lockPath} (${what ?? 'failed'}: `
+          + `${err?.message ?? err}); it was removed and nothing was written to session log ${logPath}: `
+          + `${what ? 'free disk space' : 'mend the cause'}, then try again`)
+      }
+      await handle.close()
       break
     } catch (err: any) {
+      if (err instanceof SessionError) throw err
       if (err?.code !== 'EEXIST')
         throw new SessionError('STORE', `cannot create the lock file ${lockPath}: ${err?.message ?? err}`)
     }

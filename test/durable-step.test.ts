@@ -89,6 +89,35 @@ describe('FileStore encodes appends into one scratch buffer and reads events bac
     assert.deepEqual(lines, ['a'.repeat(500), 'b'.repeat(900), 'c'.repeat(100)])
     await store.close()
   })
+
+  test('an append queued behind one that fails is refused whole; both appended again land in seq order', async () => {
+    let release!: () => void
+    const gate = new Promise<void>((r) => { release = r })
+    let failNext = false
+    class FullDiskStore extends FileStore {
+      protected override async write(bytes: Uint8Array): Promise<void> {
+        if (failNext) { failNext = false; await gate; throw Object.assign(new Error('no space left'), { code: 'ENOSPC' }) }
+        return super.write(bytes)
+      }
+    }
+    const file = tempFile()
+    const store = new FullDiskStore(file)
+    await store.load()
+    await store.append([event(0, 'a')])
+    failNext = true
+    const first = store.append([event(1, 'b')])
+    const second = store.append([event(2, 'c')]) // made while the first one's write awaits
+    release()
+    const outcomes = await Promise.allSettled([first, second])
+    const errors = outcomes.map((o) => (o.status === 'rejected' ? [o.reason.code, /disk full|seq 2 not appended/.test(o.reason.message)] : 'ok'))
+    assert.deepEqual(errors, [['STORE', true], ['STORE', true]])
+    assert.equal(readFileSync(file, 'utf8').trim().split('\n').length, 1) // the second did not land after a gap
+    await store.append([event(1, 'b')]) // the retry, once both settled, starts afresh
+    await store.append([event(2, 'c')])
+    const lines = readFileSync(file, 'utf8').trim().split('\n').map((l) => JSON.parse(l).seq)
+    assert.deepEqual(lines, [0, 1, 2])
+    await store.close()
+  })
 })
 
 // Session.replaceNodes copies its seq → node index now and then (a Map with steady deletes kept

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict'
 import { readFile, readdir } from 'node:fs/promises'
 import { join } from 'node:path'
 import {
-  Agent, Session, FileStore, stripControls, internals, type Tool,
+  Agent, Session, FileStore, MemoryStore, stripControls, internals, type Tool,
 } from '../dsh.ts'
 import {
   spillName,
@@ -49,6 +49,23 @@ describe('the session log: tool-call arguments once, spill names from the seq', 
     // Resume still knows which calls were dispatched.
     const again = await Session.open(new FileStore(join(dir, 's.jsonl')), { readOnly: true })
     assert.ok(ids.every((id) => stateOf(again).dispatched.has(id)))
+  })
+
+  test('a result the store cannot spill is kept inline whole, answered, with a warning saying why', async () => {
+    const store = new MemoryStore()
+    store.putArtefact = async () => { throw new Error('ENOSPC: no space left on device') }
+    const big: Tool = { name: 'big', description: 'big output', parameters: { type: 'object' }, execute: () => 'y'.repeat(300_000) }
+    const provider = new ScriptedProvider(100_000, [
+      { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'big', arguments: '{}' }] }, finishReason: 'tool_calls' },
+      say('done'),
+    ])
+    const session = await Session.open(store)
+    const warnings: string[] = []
+    const agent = new Agent({ session, provider, tools: [big], onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } })
+    assert.equal((await agent.run('go')).reason, 'stop')
+    const results = store.events.filter((e) => e.type === 'tool/result').map((e) => e.data as { message: { toolCallId: string; content: { text: string }[] }; spilled?: unknown })
+    assert.deepEqual(results.map((r) => [r.message.toolCallId, r.message.content[0].text.length, r.spilled]), [['c1', 300_000, undefined]])
+    assert.equal(warnings.filter((w) => /300000 bytes .*kept inline.*ENOSPC/.test(w)).length, 1, warnings.join('\n'))
   })
 })
 
