@@ -4761,7 +4761,8 @@ function chunkPuller(source: unknown): ChunkSource {
     return {
       finished: false,
       next: () => reader.read() as Promise<IteratorResult<Uint8Array>>,
-      async close() { if (!this.finished) { this.finished = true; await reader.cancel().catch(() => {}) } },
+      // not awaited: a proxying source's cancel may never settle, and nothing waits on a server (docs/design.md §13)
+      async close() { if (!this.finished) { this.finished = true; reader.cancel().catch(() => {}) } },
     }
   }
   if (source !== null && typeof source === 'object' && (Symbol.asyncIterator in source || Symbol.iterator in source)) {
@@ -5131,14 +5132,16 @@ const schemaOf = (t: ToolSpec): Record<string, unknown> => t.parameters ?? { typ
 
 /**
  * A request body of both formats from its `fields` in order (a value is JSON text; undefined leaves it out), after
- * the extra body fields it does not set (docs/design.md §11: the fixed order keeps one request's body
+ * the extra body fields it does not set, each left out as JSON.stringify would leave it (undefined, a function, a
+ * symbol) (docs/design.md §11: the fixed order keeps one request's body
  * a byte prefix of the next one's up to its last message).
  */
 function bodyOf(extraBody: Record<string, unknown> | undefined, fields: [string, string | undefined][]): string {
   const own = new Set(fields.filter(([, value]) => value !== undefined).map(([key]) => key))
   const out: string[] = []
   for (const [key, value] of Object.entries(extraBody ?? {})) {
-    if (!own.has(key)) out.push(`${wireJSON(key)}:${wireJSON(value)}`)
+    const text = own.has(key) ? undefined : wireJSON(value) // undefined (as JSON.stringify): a field left out
+    if (text !== undefined) out.push(`${wireJSON(key)}:${text}`)
   }
   for (const [key, value] of fields) if (value !== undefined) out.push(`${wireJSON(key)}:${value}`)
   return `{${out.join(',')}}`
