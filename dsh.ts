@@ -5781,7 +5781,7 @@ function requestHeaders(cfg: AdapterConfig, request: ChatRequest): Record<string
   const headers: Record<string, string> = { 'content-type': 'application/json', accept: 'text/event-stream',
     ...cfg.format.authHeaders(cfg.apiKey) }
   for (const extra of [cfg.headers, request.headers ?? {}]) {
-    for (const [name, value] of Object.entries(extra)) headers[name.toLowerCase()] = value
+    for (const [name, value] of Object.entries(extra)) if (value !== undefined) headers[name.toLowerCase()] = value
   }
   return headers
 }

@@ -1077,7 +1077,7 @@ test('options are read once, in one place: plain objects only, a throwing getter
   ])
 })
 
-test('a header left undefined is not sent (as an extraBody field left undefined is not)', async () => {
+test('a header left undefined, in the options or a request, is not sent (as an extraBody field left undefined is not)', async () => {
   let headers: Headers | undefined
   const provider = openAICompatible({ baseURL: 'http://x', model: 'm', apiKey: 'k', headers: { 'x-a': undefined, 'x-b': 'b' } as never,
     fetch: async (_url: string, init: RequestInit) => {
@@ -1085,8 +1085,8 @@ test('a header left undefined is not sent (as an extraBody field left undefined 
       return new Response('data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
         { headers: { 'content-type': 'text/event-stream' } })
     } })
-  await provider.complete({ messages: HI })
-  assert.deepEqual([headers?.has('x-a'), headers?.get('x-b')], [false, 'b'])
+  await provider.complete({ messages: HI, headers: { 'x-c': undefined } as never })
+  assert.deepEqual([headers?.has('x-a'), headers?.get('x-b'), headers?.has('x-c')], [false, 'b', false])
 })
 
 test('a 200 that is not an event stream is MALFORMED_RESPONSE; an `event: error` with unreadable data is SERVER', async () => {
