@@ -218,11 +218,23 @@ class ConfigError extends TypeError {
   constructor(message: string) { super(message); this.name = 'ConfigError' }
 }
 
-/** A value as an error message shows it: strings quoted, objects by kind. */
-function shown(value: unknown): string {
+/** A value as an option error shows it, as given: NaN, Infinity, -0, 1n, strings quoted, short arrays item by item,
+ *  other objects by kind (`a Headers`). Never throws (a Proxy's trap that throws shows it by kind). */
+function shown(value: unknown, depth = 0): string {
   if (typeof value === 'string') return JSON.stringify(value)
+  if (typeof value === 'number') return Object.is(value, -0) ? '-0' : String(value)
+  if (typeof value === 'bigint') return `${value}n`
+  if (typeof value === 'function') return 'a function'
   if (value === null || typeof value !== 'object') return String(value)
-  return Array.isArray(value) ? 'an array' : 'an object'
+  try {
+    if (Array.isArray(value)) {
+      return depth > 1 || value.length > 8 ? `an array of ${value.length}`
+        : `[${Array.from(value, (v) => shown(v, depth + 1)).join(', ')}]`
+    }
+    const name: unknown = Object.getPrototypeOf(value)?.constructor?.name
+    if (typeof name !== 'string' || name === '' || name === 'Object') return 'an object'
+    return `${/^[AEIOU]/.test(name) ? 'an' : 'a'} ${name}`
+  } catch { return 'an object' } // a revoked Proxy, a throwing trap
 }
 
 /** The one shape of an option error: `${what} must be ${limit}, got ${value}; ${fix}` (value, limit, fix). */
@@ -545,7 +557,7 @@ function validatePrices(prices: unknown, where = 'prices'): Prices {
   const fail = (what: string): never => { throw new TypeError(`${where}${what}; e.g. { cacheHitInput: 0.003, `
     + `cacheMissInput: 0.15, output: 0.6 } (USD per million tokens)`) }
   if (typeof prices !== 'object' || prices === null || Array.isArray(prices)) fail(` must be an object, `
-    + `got ${prices === null ? 'null' : typeof prices}`)
+    + `got ${shown(prices)}`)
   const p = prices as Record<string, unknown>
   const keys = ['cacheHitInput', 'cacheMissInput', 'output', 'peak', 'cacheWriteInput']
   for (const key of Object.keys(p)) if (!keys.includes(key)) fail(`: unknown key "${key}" (${keys.join(', ')})`)
@@ -553,20 +565,21 @@ function validatePrices(prices: unknown, where = 'prices'): Prices {
     const v = p[key]
     if (key === 'cacheWriteInput' && v === undefined) continue
     if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) fail(`.${key} must be a non-negative number of USD per `
-      + `million tokens, got ${JSON.stringify(v)}`)
+      + `million tokens, got ${shown(v)}`)
   }
   if (p.peak !== undefined) {
     const peak = p.peak as Record<string, unknown>
-    if (typeof peak !== 'object' || peak === null) fail('.peak must be an object {multiplier, days, hoursUTC}')
+    if (typeof peak !== 'object' || peak === null) fail(`.peak must be an object {multiplier, days, hoursUTC}, `
+      + `got ${shown(peak)}`)
     if (typeof peak.multiplier !== 'number' || !Number.isFinite(peak.multiplier)
       || peak.multiplier < 0) fail(`.peak.multiplier must be a non-negative number, `
-      + `got ${JSON.stringify(peak.multiplier)}`)
+      + `got ${shown(peak.multiplier)}`)
     if (!Array.isArray(peak.days) || !peak.days.every((d) => Number.isInteger(d) && d >= 0
-      && d <= 6)) fail(`.peak.days must be UTC weekdays 0 (Sunday) … 6 (Saturday), got ${JSON.stringify(peak.days)}`)
+      && d <= 6)) fail(`.peak.days must be UTC weekdays 0 (Sunday) … 6 (Saturday), got ${shown(peak.days)}`)
     if (!Array.isArray(peak.hoursUTC) || !peak.hoursUTC.every((h) => Array.isArray(h) && h.length === 2
       && h.every((x) => typeof x === 'number' && x >= 0 && x <= 24) && h[0] < h[1])) {
       fail(`.peak.hoursUTC must be [startHour, endHour) pairs with 0 ≤ start < end ≤ 24, `
-        + `got ${JSON.stringify(peak.hoursUTC)}`)
+        + `got ${shown(peak.hoursUTC)}`)
     }
   }
   return prices as Prices
@@ -4724,7 +4737,7 @@ function sseBufferLimit(maxBufferSize: unknown): number {
   if (maxBufferSize === undefined) return Infinity
   if (isIntegerAtLeast(maxBufferSize, 1)) return maxBufferSize
   throw new RangeError(`parseSSE: maxBufferSize must be a positive integer (UTF-16 units), `
-    + `got ${String(maxBufferSize)}`)
+    + `got ${shown(maxBufferSize)}`)
 }
 
 /**
@@ -4769,7 +4782,8 @@ function chunkPuller(source: unknown): ChunkSource {
     return {
       finished: false,
       next: () => reader.read() as Promise<IteratorResult<Uint8Array>>,
-      async close() { if (!this.finished) { this.finished = true; await reader.cancel().catch(() => {}) } },
+      // not awaited: a proxying source's cancel may never settle, and nothing waits on a server (docs/design.md §13)
+      async close() { if (!this.finished) { this.finished = true; reader.cancel().catch(() => {}) } },
     }
   }
   if (source !== null && typeof source === 'object' && (Symbol.asyncIterator in source || Symbol.iterator in source)) {
@@ -5139,14 +5153,16 @@ const schemaOf = (t: ToolSpec): Record<string, unknown> => t.parameters ?? { typ
 
 /**
  * A request body of both formats from its `fields` in order (a value is JSON text; undefined leaves it out), after
- * the extra body fields it does not set (docs/design.md §11: the fixed order keeps one request's body
+ * the extra body fields it does not set, each left out as JSON.stringify would leave it (undefined, a function, a
+ * symbol) (docs/design.md §11: the fixed order keeps one request's body
  * a byte prefix of the next one's up to its last message).
  */
 function bodyOf(extraBody: Record<string, unknown> | undefined, fields: [string, string | undefined][]): string {
   const own = new Set(fields.filter(([, value]) => value !== undefined).map(([key]) => key))
   const out: string[] = []
   for (const [key, value] of Object.entries(extraBody ?? {})) {
-    if (!own.has(key)) out.push(`${wireJSON(key)}:${wireJSON(value)}`)
+    const text = own.has(key) ? undefined : wireJSON(value) // undefined (as JSON.stringify): a field left out
+    if (text !== undefined) out.push(`${wireJSON(key)}:${text}`)
   }
   for (const [key, value] of fields) if (value !== undefined) out.push(`${wireJSON(key)}:${value}`)
   return `{${out.join(',')}}`
@@ -5406,13 +5422,14 @@ export interface OpenAICompatibleOptions {
   contextWindow?: number
   /** Completion budget in tokens when a request sets none. Default {@link DEFAULT_MAX_TOKENS}; always clamped. */
   maxTokens?: number
-  /** Extra HTTP headers on every request (a request's own `headers` win). */
+  /** Extra HTTP headers on every request, a plain object of strings (a request's own `headers` win). */
   headers?: Record<string, string>
   /** Replacement for `globalThis.fetch` (proxies, tests). */
   fetch?: (input: string, init: RequestInit) => Promise<Response>
-  /** Extra body fields, e.g. `temperature`, or DeepSeek's `thinking: {type: 'enabled'}` and `reasoning_effort`; the
-   *  adapter's own fields win. A `max_completion_tokens` key (any value; OpenAI's reasoning models refuse
-   *  `max_tokens`) makes the clamped budget go under that name. */
+  /** Extra body fields (a plain object), e.g. `temperature`, or DeepSeek's `thinking: {type: 'enabled'}` and
+   *  `reasoning_effort`; one left undefined is not sent; the adapter's own fields win. A `max_completion_tokens`
+   *  key (any value but undefined; OpenAI's reasoning models refuse `max_tokens`) makes the clamped budget go under
+   *  that name. */
   extraBody?: Record<string, unknown>
   /**
    * The model's price table, USD per million tokens (docs/design.md §11). Default: none for
@@ -5495,34 +5512,67 @@ function sleepMs(ms: number, signal?: AbortSignal): Promise<void> {
   })
 }
 
+/** The `headers` option: a plain object of header names to strings (undefined values left out). */
+function headersOf(fn: string, headers: unknown): Record<string, string> {
+  if (headers === undefined) return {}
+  const fields = plainFields(fn, 'headers', headers, "a plain object of header names to strings, e.g. { 'x-id': 'a' }")
+  for (const [name, value] of fields) {
+    if (typeof value !== 'string') throw new TypeError(`${fn}: headers[${JSON.stringify(name)}] must be a string, `
+      + `got ${shown(value)}`)
+  }
+  return Object.fromEntries(fields) as Record<string, string>
+}
+
 function positiveInteger(fn: string, name: string, value: unknown, allowZero = false): number | undefined {
   if (value === undefined) return undefined
   if (!isIntegerAtLeast(value, allowZero ? 0 : 1)) {
     throw new TypeError(`${fn}: ${name} must be ${allowZero ? 'a non-negative' : 'a positive'} integer, `
-      + `got ${JSON.stringify(value)}`)
+      + `got ${shown(value)}`)
   }
   return value
 }
 
 /**
- * A provider from the options of `fn` over `defaults` (an undefined value keeps the default): an object of known
- * keys, an absolute http(s) `baseURL`, a `model`; the API key from `apiKey`, else the variable named by
- * `apiKeyEnv`, else by `keyEnv(host)` (then required). `check` sees the URL and whether the caller named a key.
- * Throws TypeError naming the option and the fix.
+ * The own fields of `value`, each read once, those whose value is undefined left out (as JSON.stringify leaves them).
+ * The one place the provider reads its options, `headers` and `extraBody`. Throws TypeError naming `what` unless
+ * `value` is a plain object (`{…}` or `Object.create(null)`: a string, an array, a Map or a Headers would be sent
+ * item by item), or when reading it throws (a getter, a Proxy trap).
  */
-function makeProvider(fn: string, options: unknown, defaults: Partial<OpenAICompatibleOptions>, format: WireFormat,
+function plainFields(fn: string, what: string, value: unknown, expected: string): [string, unknown][] {
+  const fields: [string, unknown][] = []
+  let key: string | undefined
+  let plain = false
+  try {
+    const proto: unknown = isRecord(value) ? Object.getPrototypeOf(value) : undefined
+    plain = proto === null || (proto !== undefined && Object.getPrototypeOf(proto) === null) // of any realm
+    if (plain) for (key of Object.keys(value as object)) fields.push([key, (value as Record<string, unknown>)[key]])
+  } catch (err) {
+    throw new TypeError(`${fn}: ${key === undefined ? what : `${what}.${key}`} could not be read: `
+      + `${(err as Error)?.message ?? err}`, { cause: err })
+  }
+  if (!plain) throw new TypeError(`${fn}: ${what} must be ${expected}, got ${shown(value)}`)
+  return fields.filter(([, v]) => v !== undefined)
+}
+
+/**
+ * A provider from the options of `fn` over `defaults` (of the options given; an undefined value keeps the default):
+ * a plain object of known keys, an absolute http(s) `baseURL`, a `model`; the API key from `apiKey`, else the
+ * variable named by `apiKeyEnv`, else by `keyEnv(host)` (then required). `check` sees the URL and whether the caller
+ * named a key. Throws TypeError naming the option and the fix.
+ */
+function makeProvider(fn: string, options: unknown,
+  defaults: (given: Record<string, unknown>) => Partial<OpenAICompatibleOptions>, format: WireFormat,
   keyEnv: (host: string) => string | undefined = () => undefined,
   check?: (url: URL, explicitKey: boolean, base: string) => void): Provider {
-  if (!isRecord(options))
-    throw new TypeError(`${fn} takes an options object, got ${options === null ? 'null' : typeof options}`)
-  const o: Record<string, any> = { ...defaults }
-  for (const [key, value] of Object.entries(options)) {
+  const given: Record<string, any> = Object.fromEntries(plainFields(fn, 'options', options,
+    'a plain object of options'))
+  for (const key of Object.keys(given)) {
     if (!OPTION_NAMES.includes(key as keyof OpenAICompatibleOptions)) {
       throw new TypeError(`${fn}: unknown option "${key}"; known options: ${OPTION_NAMES.join(', ')} (a field of the `
         + `server's API, e.g. thinking or reasoning_effort, goes in extraBody)`)
     }
-    if (value !== undefined) o[key] = value
   }
+  const o: Record<string, any> = { ...defaults(given), ...given }
   const { baseURL, model } = o
   let url: URL
   try { url = new URL(String(baseURL)) } catch {
@@ -5554,7 +5604,8 @@ function makeProvider(fn: string, options: unknown, defaults: Partial<OpenAIComp
     contextWindow: positiveInteger(fn, 'contextWindow', o.contextWindow) ?? known?.contextWindow,
     maxOutputTokens: known?.maxOutputTokens,
     maxTokens: positiveInteger(fn, 'maxTokens', o.maxTokens) ?? DEFAULT_MAX_TOKENS,
-    headers: { ...(o.headers ?? {}) }, fetch: fetchImpl, extraBody: { ...(o.extraBody ?? {}) },
+    headers: headersOf(fn, o.headers), fetch: fetchImpl, extraBody: Object.fromEntries(o.extraBody === undefined ? []
+      : plainFields(fn, 'extraBody', o.extraBody, 'a plain object of body fields, e.g. { temperature: 0 }')),
     prices: o.prices === undefined ? undefined : validatePrices(o.prices, `${fn}: prices`),
   }
   return {
@@ -5592,10 +5643,11 @@ function makeProvider(fn: string, options: unknown, defaults: Partial<OpenAIComp
  * which RESPONSE_TOO_LARGE carries the partial; {@link IDLE_TIMEOUT_MS} (5 minutes) without progress ends an
  * attempt, {@link REQUEST_TIMEOUT_MS} (1 hour) the whole call. Redirects are not followed across origins (only a
  * same-origin 307/308).
- * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv).
+ * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv, `headers` or `extraBody`
+ *   not a plain object, an option whose getter throws), naming the option and the value as given.
  */
 function openAICompatible(options: OpenAICompatibleOptions): Provider {
-  return makeProvider('openAICompatible', options, {}, OPENAI_FORMAT)
+  return makeProvider('openAICompatible', options, () => ({}), OPENAI_FORMAT)
 }
 
 /**
@@ -5607,10 +5659,13 @@ function openAICompatible(options: OpenAICompatibleOptions): Provider {
  *   an explicit `apiKey`/`apiKeyEnv`, or for bad options.
  */
 function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
-  const model = isRecord(options) && typeof options.model === 'string' ? options.model : DEEPSEEK_DEFAULT_MODEL
   const host = new URL(DEEPSEEK_BASE_URL).hostname
-  return makeProvider('deepseek', options, { baseURL: DEEPSEEK_BASE_URL, model, prices: pricesOf(model) },
-    OPENAI_FORMAT, () => DEEPSEEK_API_KEY_ENV, (url, explicitKey, base) => {
+  const defaults = (given: Record<string, unknown>): Partial<OpenAICompatibleOptions> => {
+    const model = typeof given.model === 'string' ? given.model : DEEPSEEK_DEFAULT_MODEL
+    return { baseURL: DEEPSEEK_BASE_URL, model, prices: pricesOf(model) }
+  }
+  return makeProvider('deepseek', options, defaults, OPENAI_FORMAT, () => DEEPSEEK_API_KEY_ENV,
+    (url, explicitKey, base) => {
       // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
       if (url.protocol !== 'https:') {
         throw new TypeError(`deepseek: baseURL ${JSON.stringify(base)} would send the API key unencrypted; use `
@@ -5640,7 +5695,7 @@ function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
  */
 function anthropic(options: AnthropicOptions): Provider {
   const host = new URL(ANTHROPIC_BASE_URL).hostname
-  return makeProvider('anthropic', options, { baseURL: ANTHROPIC_BASE_URL }, ANTHROPIC_FORMAT,
+  return makeProvider('anthropic', options, () => ({ baseURL: ANTHROPIC_BASE_URL }), ANTHROPIC_FORMAT,
     (h) => (h === host ? ANTHROPIC_API_KEY_ENV : undefined))
 }
 
@@ -5690,7 +5745,7 @@ function maxTokensFor(cfg: AdapterConfig, request: ChatRequest): number {
   if (request.inputTokens !== undefined && !(typeof request.inputTokens === 'number'
     && Number.isFinite(request.inputTokens) && request.inputTokens >= 0)) {
     throw new TypeError(`complete: request.inputTokens must be a non-negative number of tokens, `
-      + `got ${JSON.stringify(request.inputTokens)}`)
+      + `got ${shown(request.inputTokens)}`)
   }
   const prompt = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools },
     request.messages)
@@ -5734,7 +5789,7 @@ function requestHeaders(cfg: AdapterConfig, request: ChatRequest): Record<string
   const headers: Record<string, string> = { 'content-type': 'application/json', accept: 'text/event-stream',
     ...cfg.format.authHeaders(cfg.apiKey) }
   for (const extra of [cfg.headers, request.headers ?? {}]) {
-    for (const [name, value] of Object.entries(extra)) headers[name.toLowerCase()] = value
+    for (const [name, value] of Object.entries(extra)) if (value !== undefined) headers[name.toLowerCase()] = value
   }
   return headers
 }

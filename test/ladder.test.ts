@@ -159,7 +159,7 @@ describe('CompactionConfig validation', () => {
       [{ auto: 1 }, /auto must be true or false, got 1/],
       [{ reliefRatio: 0.5 }, /unknown key "reliefRatio"/],
       [null, /compaction config must be an object, got null/],
-      [[1], /got an array/],
+      [[1], /compaction config must be an object, got \[1\]/],
     ]
     for (const [config, message] of bad) {
       assert.throws(() => resolveCompactionConfig(config), (e) => e instanceof ConfigError && e instanceof TypeError && message.test((e as Error).message), String(JSON.stringify(config)))

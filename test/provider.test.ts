@@ -1044,6 +1044,51 @@ test('openAICompatible: apiKeyEnv, no key for local servers, and clear errors fo
   await assert.rejects(openAICompatible({ baseURL: 'http://x', model: 'm' }).complete({ messages: HI, maxTokens: -5 }), /request.maxTokens must be a positive integer, got -5/)
 })
 
+test('options are read once, in one place: plain objects only, a throwing getter named, values shown as given', () => {
+  const B = { baseURL: 'http://x', model: 'm', apiKey: 'k' }
+  const message = (make: () => unknown): string => { try { make(); return 'no error' } catch (e) { return `${(e as Error).name}: ${(e as Error).message}` } }
+  assert.deepEqual([
+    message(() => openAICompatible({ ...B, headers: new Headers({ a: 'b' }) as never })),
+    message(() => openAICompatible({ ...B, headers: { 'x-n': 1 } as never })),
+    message(() => openAICompatible({ ...B, extraBody: new Map() as never })),
+    message(() => openAICompatible({ ...B, get model(): string { throw new Error('vault locked') } })),
+    message(() => deepseek({ apiKey: 'k', get model(): string { throw new Error('vault locked') } })),
+    message(() => openAICompatible({ ...B, extraBody: { get temperature(): number { throw new Error('unset') } } })),
+    message(() => openAICompatible(new Proxy({ ...B }, { ownKeys() { throw new Error('trap') } }))),
+    message(() => openAICompatible({ ...B, maxTokens: -0 })),
+    message(() => openAICompatible({ ...B, prices: { cacheHitInput: NaN, cacheMissInput: 1, output: 1 } })),
+    message(() => openAICompatible({ ...B, prices: { cacheHitInput: 1, cacheMissInput: 1, output: 1,
+      peak: { multiplier: 2, days: [Infinity], hoursUTC: [[1, 4]] } } })),
+    message(() => openAICompatible(null as never)),
+  ], [
+    `TypeError: openAICompatible: headers must be a plain object of header names to strings, e.g. { 'x-id': 'a' }, got a Headers`,
+    'TypeError: openAICompatible: headers["x-n"] must be a string, got 1',
+    'TypeError: openAICompatible: extraBody must be a plain object of body fields, e.g. { temperature: 0 }, got a Map',
+    'TypeError: openAICompatible: options.model could not be read: vault locked',
+    'TypeError: deepseek: options.model could not be read: vault locked',
+    'TypeError: openAICompatible: extraBody.temperature could not be read: unset',
+    'TypeError: openAICompatible: options could not be read: trap',
+    'TypeError: openAICompatible: maxTokens must be a positive integer, got -0',
+    'TypeError: openAICompatible: prices.cacheHitInput must be a non-negative number of USD per million tokens, got NaN; '
+      + 'e.g. { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 } (USD per million tokens)',
+    'TypeError: openAICompatible: prices.peak.days must be UTC weekdays 0 (Sunday) … 6 (Saturday), got [Infinity]; '
+      + 'e.g. { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 } (USD per million tokens)',
+    'TypeError: openAICompatible: options must be a plain object of options, got null',
+  ])
+})
+
+test('a header left undefined, in the options or a request, is not sent (as an extraBody field left undefined is not)', async () => {
+  let headers: Headers | undefined
+  const provider = openAICompatible({ baseURL: 'http://x', model: 'm', apiKey: 'k', headers: { 'x-a': undefined, 'x-b': 'b' } as never,
+    fetch: async (_url: string, init: RequestInit) => {
+      headers = new Headers(init.headers)
+      return new Response('data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n',
+        { headers: { 'content-type': 'text/event-stream' } })
+    } })
+  await provider.complete({ messages: HI, headers: { 'x-c': undefined } as never })
+  assert.deepEqual([headers?.has('x-a'), headers?.get('x-b'), headers?.has('x-c')], [false, 'b', false])
+})
+
 test('a 200 that is not an event stream is MALFORMED_RESPONSE; an `event: error` with unreadable data is SERVER', async () => {
   await withFake([{ status: 200, body: '<html>please log in</html>', headers: { 'content-type': 'text/html' } }, { rawSSE: 'event: error\ndata: boom\n\n' }], async (fake) => {
     const provider = on(fake, { maxRetries: 0 }).provider
