@@ -918,8 +918,9 @@ export interface EventDataMap {
    *  the assistant message that holds `callId` (logs written by dsh 0.1 repeat them here). */
   'tool/call': { callId: string; name: string; arguments?: string }
   'tool/result': { message: ToolResultMessage; surfaceOp: SurfaceOp; spilled?: { ref: string; bytes: number } }
-  /** `spent`: a request the server ran before it failed (a cut stream, an oversized message), tokens by the meter:
-   *  what was sent and the output received; the spend cap counts it (docs/design.md §11). Absent in older logs. */
+  /** `spent`: a request the server ran before it failed (a cut stream, an oversized message; `trigger: 'retry'`: an
+   *  empty 200 the adapter retried), tokens by the meter: what was sent and the output received; the spend cap
+   *  counts it (docs/design.md §11). Absent in older logs. */
   'request/error': { code: string; status?: number; message: string; trigger?: string;
     spent?: RequestCache & { outputTokens: number } }
   'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string;
@@ -3503,16 +3504,19 @@ class SummaryJob {
     this.requests++
     const modelledHitTokens = this.session.cost.summaryRequestHit(provider.model, env, msgs)
     const prices = provider.model === this.session.measure().header?.model ? undefined : provider.prices
-    const seen = { units: 0 }
+    const seen: SeenOutput = { units: 0, retried: [] }
+    // A request the server ran costs, failed or not (docs/design.md §11): the attempts retried after a 200 too.
+    const ran = (outputTokens: number) => this.records.push({ model: provider.model, inputTokens, modelledHitTokens,
+      outputTokens, ...(prices ? { prices } : {}) })
     let res: ChatResponse
     try {
       res = await provider.complete({ system: env.system, tools: env.tools, messages: msgs, maxTokens,
         inputTokens: calibrated, signal, headers: { 'x-dsh-purpose': 'compaction' }, onEvent: countingOutput(seen) })
     } catch (err) {
       const e = err as ProviderError
-      const outputTokens = failedOutputTokens(e, seen) // a request the server ran costs, failed or not (§11)
-      if (outputTokens !== undefined) this.records.push({ model: provider.model, inputTokens, modelledHitTokens,
-        outputTokens, ...(prices ? { prices } : {}) })
+      for (const _ of seen.retried) ran(0)
+      const outputTokens = failedOutputTokens(e, seen)
+      if (outputTokens !== undefined) ran(outputTokens)
       const overflow = e?.code === 'CONTEXT_WINDOW_EXCEEDED'
       if (overflow) {
         this.failed.add(fingerprint)
@@ -3524,6 +3528,7 @@ class SummaryJob {
       this.replan(overflowCounts(e.body || e.message), inputTokens, maxTokens)
       return undefined
     }
+    for (const _ of seen.retried) ran(0)
     const usage = checkedUsage(res.usage)
     this.records.push({ model: provider.model, inputTokens, modelledHitTokens,
       outputTokens: estimateMessageTokens(res.message), ...(usage ? { usage } : {}), ...(prices ? { prices } : {}) })
@@ -6511,20 +6516,25 @@ function spendFloorTokens(r: { inputTokens: number; modelledHitTokens: number; o
     ...(billed.cacheWriteInputTokens ? { cacheWriteInputTokens: billed.cacheWriteInputTokens } : {}) }
 }
 
+/** What a request's stream showed of its cost: output received and the attempts the adapter retried after a 200. */
+interface SeenOutput { units: number; retried: ProviderError[] }
+
 /** A stream listener that adds the output received (UTF-16 units of text, reasoning and tool-call ids, names and
- *  arguments) to `seen.units`, then passes the event on to `next`. */
-function countingOutput(seen: { units: number }, next?: (event: StreamEvent) => void): (event: StreamEvent) => void {
+ *  arguments) to `seen.units` and each attempt the server ran before a retry (it answered 200, e.g. empty) to
+ *  `seen.retried`, then passes the event on to `next`. */
+function countingOutput(seen: SeenOutput, next?: (event: StreamEvent) => void): (event: StreamEvent) => void {
   return (event) => {
     if (event.type === 'text-delta' || event.type === 'reasoning-delta') seen.units += event.text.length
     else if (event.type === 'tool-call-delta')
       seen.units += event.argumentsDelta.length + (event.id?.length ?? 0) + (event.name?.length ?? 0)
+    else if (event.type === 'retry' && event.error.status === 200) seen.retried.push(event.error)
     next?.(event)
   }
 }
 
 /** The output tokens (by the meter) of a failed request the server ran — it streamed output (`seen`, or the error's
  *  partial) or answered 200 — which the spend cap counts (docs/design.md §11); undefined when it did not run. */
-function failedOutputTokens(error: ProviderError | undefined, seen: { units: number }): number | undefined {
+function failedOutputTokens(error: ProviderError | undefined, seen: SeenOutput): number | undefined {
   const partial = error?.partial ? estimateMessageTokens(error.partial) : 0
   const tokens = Math.max(Math.ceil(seen.units / UNITS_PER_TOKEN), partial)
   return tokens > 0 || error?.status === 200 ? tokens : undefined
@@ -6956,7 +6966,7 @@ class Agent {
     // Hooks may edit the request; they get copies, so the surface always matches the log.
     const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
     const inputTokens = session.measure().totalTokens
-    const seen = { units: 0 } // the output received, which a failed request is counted with (docs/design.md §11)
+    const seen: SeenOutput = { units: 0, retried: [] } // what the request cost, if it fails (docs/design.md §11)
     const request: ChatRequest = {
       system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, inputTokens, signal: t.signal,
       messages: editable ? structuredClone(session.messages()) : session.messages(),
@@ -6966,7 +6976,11 @@ class Agent {
     await stateOf(session).flush() // written, not fsynced: a crash mid-request still shows the step it was in
     const cache = session.cost.nextRequestCache()
     let response: ChatResponse
+    // Each attempt the adapter retried after the server ran it is a request that cost (docs/design.md §11).
+    const retried = () => { for (const e of seen.retried) session.append('request/error', { code: e.code,
+      status: e.status, message: e.message, trigger: 'retry', spent: { ...cache, outputTokens: 0 } }) }
     try { response = await this.provider.complete(request) } catch (raw) {
+      retried()
       const failure = stepFailure(raw, inputTokens, ctx)
       const outputTokens = failedOutputTokens(failure.error, seen)
       if (outputTokens !== undefined) failure.spent = { ...cache, outputTokens }
@@ -6976,6 +6990,7 @@ class Agent {
       }
       throw raw // unreachable: the last recovery always decides
     }
+    retried()
     return await this.answered(t, ctx, response, cache)
   }
 

@@ -346,3 +346,20 @@ test('a summary request cut after output is counted: it is in its compaction/end
   assert.equal(session.cost.usage().summary.requests, 2)
   assert.equal(session.cost.spendFloor().summaryOutputTokens, 2 * received)
 })
+
+test('an attempt the adapter retried after an empty 200 is a request that cost: logged as request/error {trigger: retry, spent}', async () => {
+  const done = [{ choices: [{ index: 0, delta: { content: 'done' } }] }, { choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }]
+  let calls = 0
+  const provider = tuned({ maxRetries: 2, sleep: async () => {} }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9',
+    model: 'm', apiKey: 'k', contextWindow: 100_000, prices: FLASH, fetch: async () => sseReply(calls++ < 2 ? [] : done, false) }))
+  const session = await Session.open(new MemoryStore())
+  const r = await new Agent({ session, provider, maxCostUSD: 1 }).run('hello')
+  assert.deepEqual([r.reason, r.text, calls], ['stop', 'done', 3])
+  const errors = session.events.filter((e) => e.type === 'request/error') as SessionEvent<'request/error'>[]
+  assert.deepEqual(errors.map((e) => [e.data.code, e.data.status, e.data.trigger, e.data.spent?.outputTokens]),
+    [['EMPTY_RESPONSE', 200, 'retry', 0], ['EMPTY_RESPONSE', 200, 'retry', 0]])
+  // The two empty attempts and the answer: three requests of the same input.
+  const usage = session.cost.usage().conversation
+  assert.equal(usage.requests, 3)
+  assert.equal(usage.inputTokens, 3 * errors[0].data.spent!.inputTokens)
+})
