@@ -931,7 +931,11 @@ export interface EventDataMap {
    *  the assistant message that holds `callId` (logs written by dsh 0.1 repeat them here). */
   'tool/call': { callId: string; name: string; arguments?: string }
   'tool/result': { message: ToolResultMessage; surfaceOp: SurfaceOp; spilled?: { ref: string; bytes: number } }
-  'request/error': { code: string; status?: number; message: string; trigger?: string }
+  /** `spent`: a request the server ran before it failed (a cut stream, an oversized message; `trigger: 'retry'`: an
+   *  empty 200 the adapter retried), tokens by the meter: what was sent and the output received; the spend cap
+   *  counts it (docs/design.md §11). Absent in older logs. */
+  'request/error': { code: string; status?: number; message: string; trigger?: string;
+    spent?: RequestCache & { outputTokens: number } }
   'compaction/prune': { shadowedSeqs: number[]; shadowedTokenCount: number; trigger?: string;
     paysBackAfterRequests?: number }
   /** A tool result replaced by a placeholder (the clear rung, docs/design.md §10); the replace follows. */
@@ -1673,13 +1677,15 @@ export class Session {
         }
         break
       case 'step/start': st.turn.step = data.step; st.turn.stepOpen = true; break
-      case 'step/end': st.turn.stepOpen = false; break
+      case 'step/end': st.turn.stepOpen = false; this.cost.failed(); break // a failed request's partial came before
       case 'tool/call': st.dispatched.add(data.callId); break
       case 'compaction/start': st.compaction = data.id; break
       case 'surface/pin': case 'surface/unpin': this.pins.apply(event.type, data.seq); break
       case 'compaction/end':
         if (st.compaction === data.id) st.compaction = undefined
         if (Array.isArray(data.requests)) this.cost.summaries(event.time, data.requests, this.header)
+        break
+      case 'request/error': if (data.spent) this.cost.failed(event.time, data.spent, this.header)
     }
     if (SURFACE_TYPES[event.type]) this.applySurface(event)
   }
@@ -1710,7 +1716,8 @@ export class Session {
     const st = this.st
     if (message.role === 'user' && st.awaitingInput) { st.input = event.seq; st.awaitingInput = false }
     if (event.type === 'assistant/message')
-      this.cost.request(event.time, tokens, usage, this.header, this.surfaceTokensSum)
+      this.cost.request(event.time, tokens, usage, this.header, this.surfaceTokensSum,
+        (message as AssistantMessage).interrupted === true)
     const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
     this.nodes.push(node)
     st.bySeq.set(event.seq, node)
@@ -1894,6 +1901,8 @@ function checkEvent(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins,
     }
   }
   if (type === 'compaction/end' && data.requests !== undefined) checkSummaryRequests(data.requests)
+  if (type === 'request/error' && data.spent !== undefined)
+    checkSummaryRequests([{ model: '', ...data.spent }], 'request/error: spent')
   if (type === 'surface/pin' || type === 'surface/unpin') return pins.checkEvent(type, data.seq)
   const role = SURFACE_TYPES[type]
   if (role) checkSurfaceEvent(st, nodes, pins, type, role, data)
@@ -2130,6 +2139,10 @@ class CostLedger {
   private envelopeKey = ''
   private readonly edits = new Map<number, EditCache & { time: number }>()
   private readonly buckets = new Map<string, RequestBucket>()
+  /** A `request/error` of this step counted its request: the interrupted message after it is that request's. */
+  private failedCounted = false
+  /** @internal The summary requests of the compaction now running, counted by the cap before its `compaction/end`. */
+  running: SummaryRequestRecord[] = []
   /** @internal */
   constructor(private readonly session: Session, private readonly nodes: readonly SurfaceNode[]) {}
 
@@ -2141,22 +2154,31 @@ class CostLedger {
 
   /** @internal One conversation request, answered by an appended assistant message (before it is on the surface). */
   request(time: number, outputTokens: number, usage: Usage | undefined, header: RequestHeader | undefined,
-    surfaceTokens: number): void {
+    surfaceTokens: number, interrupted = false): void {
     const { inputTokens, modelledHitTokens } = this.nextRequestCache()
-    this.add({ time, summary: false, model: header?.model ?? '', inputTokens, modelledHitTokens, outputTokens, usage,
-      prices: header?.prices })
+    if (!(interrupted && this.failedCounted)) this.add({ time, summary: false, model: header?.model ?? '', inputTokens,
+      modelledHitTokens, outputTokens, usage, prices: header?.prices })
+    this.failedCounted = false
     this.cacheNodes = this.nodes.length // the request sent the whole surface before this message
     this.cachePrefixTokens = surfaceTokens
   }
 
   /** @internal The summary requests of a `compaction/end`. */
   summaries(time: number, requests: readonly SummaryRequestRecord[], header: RequestHeader | undefined): void {
+    this.running = []
     for (const r of requests) {
       const prices = r.prices ?? (r.model === header?.model ? header?.prices : undefined)
       this.add({ time, summary: true, model: r.model, inputTokens: r.inputTokens,
         modelledHitTokens: r.modelledHitTokens,
         outputTokens: r.outputTokens, usage: checkedUsage(r.usage), prices })
     }
+  }
+
+  /** @internal A `request/error` whose request the server ran (`spent`); without it, the end of a step. */
+  failed(time = 0, spent?: RequestCache & { outputTokens: number }, header?: RequestHeader): void {
+    this.failedCounted = spent !== undefined
+    if (spent) this.add({ time, summary: false, model: header?.model ?? '', inputTokens: spent.inputTokens,
+      modelledHitTokens: spent.modelledHitTokens, outputTokens: spent.outputTokens, prices: header?.prices })
   }
 
   /**
@@ -2237,14 +2259,21 @@ class CostLedger {
     return tokens
   }
 
-  /** @internal What the spend cap counts (docs/design.md §11): USD of the priced requests at their floors, and the
-   *  conversation and summary requests' output tokens at theirs. */
+  /** @internal What the spend cap counts (docs/design.md §11): USD of the priced requests at their floors, the
+   *  running compaction's summary requests too, and the conversation and summary requests' output tokens. */
   spendFloor(): { costUSD: number; conversationOutputTokens: number; summaryOutputTokens: number } {
     let costUSD = 0, conversationOutputTokens = 0, summaryOutputTokens = 0
     for (const b of this.buckets.values()) {
       if (b.prices) costUSD += requestCostUSD(b.prices, b.floor, b.time)
       if (b.summary) summaryOutputTokens += b.floor.outputTokens
       else conversationOutputTokens += b.floor.outputTokens
+    }
+    const header = this.session.measure().header, now = Date.now()
+    for (const r of this.running) {
+      const prices = r.prices ?? (r.model === header?.model ? header?.prices : undefined)
+      const floor = spendFloorTokens(r, billedTokens({ ...r, usage: checkedUsage(r.usage) }))
+      if (prices) costUSD += requestCostUSD(prices, floor, now)
+      summaryOutputTokens += floor.outputTokens
     }
     return { costUSD, conversationOutputTokens, summaryOutputTokens }
   }
@@ -2469,7 +2498,7 @@ interface RequestEntry {
 
 /** Throws `SessionError('INVALID_EVENT')` unless `requests` is a list of {@link SummaryRequestRecord}s (cost figures
  *  stay numbers). */
-function checkSummaryRequests(requests: unknown): void {
+function checkSummaryRequests(requests: unknown, where = 'compaction/end: requests'): void {
   const count = (v: unknown) => typeof v === 'number' && Number.isFinite(v) && v >= 0
   if (!Array.isArray(requests))
     throw new SessionError('INVALID_EVENT', 'compaction/end: requests must be an array of summary request records')
@@ -2478,12 +2507,12 @@ function checkSummaryRequests(requests: unknown): void {
       && count(r.modelledHitTokens) && count(r.outputTokens)
       && (r.usage === undefined || (typeof r.usage === 'object' && r.usage !== null && count(r.usage.promptTokens)
         && count(r.usage.completionTokens)))
-    if (!ok) throw new SessionError('INVALID_EVENT', `compaction/end: requests[${i}] must be {model, inputTokens, `
+    if (!ok) throw new SessionError('INVALID_EVENT', `${where}[${i}] must be {model, inputTokens, `
       + `modelledHitTokens, outputTokens, usage?} with token counts as non-negative numbers, `
       + `got ${JSON.stringify(r)?.slice(0, 120)}`)
     if (r.prices !== undefined) {
-      try { validatePrices(r.prices, `compaction/end: `
-        + `requests[${i}].prices`) } catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
+      try { validatePrices(r.prices, `${where}[${i}].prices`) }
+      catch (err) { throw new SessionError('INVALID_EVENT', (err as Error).message) }
     }
   })
 }
@@ -3487,12 +3516,20 @@ class SummaryJob {
     }
     this.requests++
     const modelledHitTokens = this.session.cost.summaryRequestHit(provider.model, env, msgs)
+    const prices = provider.model === this.session.measure().header?.model ? undefined : provider.prices
+    const seen: SeenOutput = { units: 0, retried: [] }
+    // A request the server ran costs, failed or not (docs/design.md §11): the attempts retried after a 200 too.
+    const ran = (outputTokens: number) => this.records.push({ model: provider.model, inputTokens, modelledHitTokens,
+      outputTokens, ...(prices ? { prices } : {}) })
     let res: ChatResponse
     try {
       res = await provider.complete({ system: env.system, tools: env.tools, messages: msgs, maxTokens,
-        inputTokens: calibrated, signal, headers: { 'x-dsh-purpose': 'compaction' } })
+        inputTokens: calibrated, signal, headers: { 'x-dsh-purpose': 'compaction' }, onEvent: countingOutput(seen) })
     } catch (err) {
       const e = err as ProviderError
+      for (const _ of seen.retried) ran(0)
+      const outputTokens = failedOutputTokens(e, seen)
+      if (outputTokens !== undefined) ran(outputTokens)
       const overflow = e?.code === 'CONTEXT_WINDOW_EXCEEDED'
       if (overflow) {
         this.failed.add(fingerprint)
@@ -3504,8 +3541,8 @@ class SummaryJob {
       this.replan(overflowCounts(e.body || e.message), inputTokens, maxTokens)
       return undefined
     }
+    for (const _ of seen.retried) ran(0)
     const usage = checkedUsage(res.usage)
-    const prices = provider.model === this.session.measure().header?.model ? undefined : provider.prices
     this.records.push({ model: provider.model, inputTokens, modelledHitTokens,
       outputTokens: estimateMessageTokens(res.message), ...(usage ? { usage } : {}), ...(prices ? { prices } : {}) })
     if (usage) {
@@ -3572,7 +3609,7 @@ function framedCheckpoint(summary: string, ledger: Ledger, regionTokens: number)
 async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal,
   focus?: string, payback?: number): Promise<number> {
   const session = host.session
-  const records: SummaryRequestRecord[] = []
+  const records: SummaryRequestRecord[] = session.cost.running = [] // the cap counts them as they are made
   const nodes = session.surface().slice(region.start, region.end)
   const first = nodes[0].seq, last = nodes[nodes.length - 1].seq
   const generation = session.replaceGeneration
@@ -6542,6 +6579,30 @@ function spendFloorTokens(r: { inputTokens: number; modelledHitTokens: number; o
     ...(billed.cacheWriteInputTokens ? { cacheWriteInputTokens: billed.cacheWriteInputTokens } : {}) }
 }
 
+/** What a request's stream showed of its cost: output received and the attempts the adapter retried after a 200. */
+interface SeenOutput { units: number; retried: ProviderError[] }
+
+/** A stream listener that adds the output received (UTF-16 units of text, reasoning and tool-call ids, names and
+ *  arguments) to `seen.units` and each attempt the server ran before a retry (it answered 200, e.g. empty) to
+ *  `seen.retried`, then passes the event on to `next`. */
+function countingOutput(seen: SeenOutput, next?: (event: StreamEvent) => void): (event: StreamEvent) => void {
+  return (event) => {
+    if (event.type === 'text-delta' || event.type === 'reasoning-delta') seen.units += event.text.length
+    else if (event.type === 'tool-call-delta')
+      seen.units += event.argumentsDelta.length + (event.id?.length ?? 0) + (event.name?.length ?? 0)
+    else if (event.type === 'retry' && event.error.status === 200) seen.retried.push(event.error)
+    next?.(event)
+  }
+}
+
+/** The output tokens (by the meter) of a failed request the server ran — it streamed output (`seen`, or the error's
+ *  partial) or answered 200 — which the spend cap counts (docs/design.md §11); undefined when it did not run. */
+function failedOutputTokens(error: ProviderError | undefined, seen: SeenOutput): number | undefined {
+  const partial = error?.partial ? estimateMessageTokens(error.partial) : 0
+  const tokens = Math.max(Math.ceil(seen.units / UNITS_PER_TOKEN), partial)
+  return tokens > 0 || error?.status === 200 ? tokens : undefined
+}
+
 /** The spend caps of {@link AgentOptions.maxCostUSD}, checked; ConfigError for a bad value or unknown prices. */
 function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider, summarizer: Provider): { turn?: number;
   session?: number } | undefined {
@@ -6640,7 +6701,7 @@ const NEXT_STEP = Symbol('next step')
 
 /** A failed provider call: the error as a ProviderError, the raw throw, the partial text output. */
 interface StepFailure { error: ProviderError; raw: unknown; partial?: AssistantMessage; inputTokens: number;
-  ctx: HookContext }
+  ctx: HookContext; spent?: RequestCache & { outputTokens: number } }
 
 function stepFailure(raw: unknown, inputTokens: number, ctx: HookContext): StepFailure {
   const error = raw instanceof ProviderError ? raw
@@ -6968,23 +7029,31 @@ class Agent {
     // Hooks may edit the request; they get copies, so the surface always matches the log.
     const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
     const inputTokens = session.measure().totalTokens
+    const seen: SeenOutput = { units: 0, retried: [] } // what the request cost, if it fails (docs/design.md §11)
     const request: ChatRequest = {
       system: envelope.system, tools: envelope.tools, maxTokens: this.maxTokens, inputTokens, signal: t.signal,
       messages: editable ? structuredClone(session.messages()) : session.messages(),
-      onEvent: (event) => this.onEvent?.({ type: 'stream', event }),
+      onEvent: countingOutput(seen, (event) => this.onEvent?.({ type: 'stream', event })),
     }
     await this.runHooks('agent/request', { ...ctx, request })
     await stateOf(session).flush() // written, not fsynced: a crash mid-request still shows the step it was in
     const cache = session.cost.nextRequestCache()
     let response: ChatResponse
+    // Each attempt the adapter retried after the server ran it is a request that cost (docs/design.md §11).
+    const retried = () => { for (const e of seen.retried) session.append('request/error', { code: e.code,
+      status: e.status, message: e.message, trigger: 'retry', spent: { ...cache, outputTokens: 0 } }) }
     try { response = await this.provider.complete(request) } catch (raw) {
+      retried()
       const failure = stepFailure(raw, inputTokens, ctx)
+      const outputTokens = failedOutputTokens(failure.error, seen)
+      if (outputTokens !== undefined) failure.spent = { ...cache, outputTokens }
       for (const recovery of RECOVERIES) {
         const outcome = await this[recovery](t, failure)
         if (outcome) return outcome
       }
       throw raw // unreachable: the last recovery always decides
     }
+    retried()
     return await this.answered(t, ctx, response, cache)
   }
 
@@ -7067,7 +7136,7 @@ class Agent {
     const s = this.summarizer, cost = this.session.cost, envelope = { system: request.system, tools: request.tools }
     const input = estimateRequestTokens(envelope, request.messages)
     const hit = Math.min(input, cost.summaryRequestHit(s.model, envelope, request.messages))
-    const n = cost.usage().summary.requests
+    const n = cost.usage().summary.requests + cost.running.length
     const output = n > 0 ? cost.spendFloor().summaryOutputTokens / n : SUMMARY_OUTPUT_SHARE * (request.maxTokens ?? 0)
     const usd = requestCostUSD(summaryPrices(this.provider, s)!, { cachedInputTokens: hit,
       uncachedInputTokens: input - hit, outputTokens: output }, Date.now())
@@ -7091,7 +7160,7 @@ class Agent {
   private async recoveredStep(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
     const { session } = this, { error, inputTokens } = f
     session.append('request/error', { code: error.code, status: error.status, message: error.message,
-      trigger: 'conversation' })
+      trigger: 'conversation', ...(f.spent ? { spent: f.spent } : {}) })
     const generationBefore = session.replaceGeneration
     const overflow = error.code === 'CONTEXT_WINDOW_EXCEEDED'
     const noProgress = overflow && t.recoveredOverflowTokens !== undefined && inputTokens >= t.recoveredOverflowTokens

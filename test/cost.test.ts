@@ -271,3 +271,95 @@ test('usage() memory is bounded: requests are added up in buckets, and re-pricin
   }
   assert.ok(Math.abs(u.costUSD! - usd) < 1e-12, `${u.costUSD} vs ${usd}`)
 })
+
+/** An event-stream Response of `events` (each `data: …`), then a reset connection when `cut`, else `[DONE]`. */
+function sseReply(events: unknown[], cut: boolean): Response {
+  const enc = new TextEncoder()
+  let i = 0
+  return new Response(new ReadableStream<Uint8Array>({
+    pull(c) {
+      if (i < events.length) c.enqueue(enc.encode(`data: ${JSON.stringify(events[i++])}\n\n`))
+      else if (cut) c.error(new Error('connection reset'))
+      else { c.enqueue(enc.encode('data: [DONE]\n\n')); c.close() }
+    },
+  }), { status: 200, headers: { 'content-type': 'text/event-stream' } })
+}
+
+test('a failed request the server ran is counted from its request/error {spent}, also after resume; its partial is the same request; older logs load', async () => {
+  const { SessionError } = await import('../dsh.ts')
+  const store = new MemoryStore()
+  const s = await Session.open(store, { now: () => SATURDAY_NOON })
+  logHeader(s, { model: 'm', baseURL: 'u', prices: FLASH })
+  s.append('turn/start', { turn: 1 })
+  s.append('user/message', { message: { role: 'user', content: 'go' }, surfaceOp: { op: 'append' } })
+  s.append('step/start', { turn: 1, step: 1 })
+  s.append('request/error', { code: 'TRANSPORT', message: 'cut', trigger: 'conversation',
+    spent: { inputTokens: 1_000, modelledHitTokens: 0, outputTokens: 100_000 } })
+  s.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'partial' }], interrupted: true },
+    finishReason: 'error', surfaceOp: { op: 'append' } })
+  s.append('step/end', { turn: 1, step: 1 })
+  // A request/error as older logs have it (no spent): nothing counted for it; its partial counts as before.
+  s.append('step/start', { turn: 1, step: 2 })
+  s.append('request/error', { code: 'TRANSPORT', message: 'cut', trigger: 'conversation' })
+  s.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'again' }], interrupted: true },
+    finishReason: 'error', surfaceOp: { op: 'append' } })
+  s.append('step/end', { turn: 1, step: 2 })
+  assert.throws(() => s.append('request/error', { code: 'X', message: 'm', spent: { inputTokens: 1, modelledHitTokens: 0 } as any }),
+    (e: unknown) => e instanceof SessionError && e.code === 'INVALID_EVENT' && /request\/error: spent\[0\] must be/.test(e.message))
+  await s.sync()
+  const partialTokens = estimateMessageTokens({ role: 'assistant', content: [{ type: 'text', text: 'again' }] })
+  for (const session of [s, await Session.open(store, { now: () => SATURDAY_NOON })]) {
+    const floor = session.cost.spendFloor()
+    assert.equal(session.cost.usage().conversation.requests, 2)
+    assert.equal(floor.conversationOutputTokens, 100_000 + partialTokens)
+    // No usage reported: the floor is the ledger's cost, the failed request's 1,000 input tokens at the miss price
+    // and 100,000 output tokens ($0.06015) plus the second partial's request (a few tokens).
+    assert.ok(Math.abs(floor.costUSD - session.cost.usage().conversation.costUSD!) < 1e-12)
+    assert.ok(floor.costUSD > 0.06015 && floor.costUSD < 0.0602, `${floor.costUSD}`)
+  }
+})
+
+test('a summary request cut after output is counted: it is in its compaction/end {requests} with the output received', async () => {
+  const session = await Session.open(new MemoryStore())
+  for (let i = 0; i < 30; i++) {
+    session.append('turn/start', { turn: i + 1 })
+    session.append('user/message', { message: { role: 'user', content: `q${i} ${'u'.repeat(4_000)}` }, surfaceOp: { op: 'append' } })
+    session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: `a${i} ${'v'.repeat(4_000)}` }] },
+      finishReason: 'stop', surfaceOp: { op: 'append' } })
+    session.append('turn/end', { turn: i + 1, reason: 'stop' })
+  }
+  const text = 's'.repeat(4_000)
+  const done = [{ choices: [{ index: 0, delta: { content: 'done' } }] }, { choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }]
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k',
+    contextWindow: 70_000, prices: FLASH, fetch: async () => sseReply(done, false) }))
+  const summarizer = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'sum', apiKey: 'k',
+    contextWindow: 1_000_000, prices: FLASH, fetch: async () => sseReply([{ choices: [{ index: 0, delta: { content: text } }] }], true) }))
+  await new Agent({ session, provider, summarizer, maxCostUSD: { session: 10 } }).run('go on')
+  const end = session.events.find((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>
+  assert.match(end.data.error ?? '', /connection reset/)
+  assert.equal(end.data.requests?.length, 1)
+  const received = estimateMessageTokens({ role: 'assistant', content: [{ type: 'text', text }] })
+  assert.deepEqual([end.data.requests![0].model, end.data.requests![0].outputTokens, end.data.requests![0].prices], ['sum', received, FLASH])
+  // Each failed compaction (here at the turn's start and after its step) counted its one request.
+  const ends = session.events.filter((e) => e.type === 'compaction/end')
+  assert.equal(ends.length, 2)
+  assert.equal(session.cost.usage().summary.requests, 2)
+  assert.equal(session.cost.spendFloor().summaryOutputTokens, 2 * received)
+})
+
+test('an attempt the adapter retried after an empty 200 is a request that cost: logged as request/error {trigger: retry, spent}', async () => {
+  const done = [{ choices: [{ index: 0, delta: { content: 'done' } }] }, { choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }]
+  let calls = 0
+  const provider = tuned({ maxRetries: 2, sleep: async () => {} }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9',
+    model: 'm', apiKey: 'k', contextWindow: 100_000, prices: FLASH, fetch: async () => sseReply(calls++ < 2 ? [] : done, false) }))
+  const session = await Session.open(new MemoryStore())
+  const r = await new Agent({ session, provider, maxCostUSD: 1 }).run('hello')
+  assert.deepEqual([r.reason, r.text, calls], ['stop', 'done', 3])
+  const errors = session.events.filter((e) => e.type === 'request/error') as SessionEvent<'request/error'>[]
+  assert.deepEqual(errors.map((e) => [e.data.code, e.data.status, e.data.trigger, e.data.spent?.outputTokens]),
+    [['EMPTY_RESPONSE', 200, 'retry', 0], ['EMPTY_RESPONSE', 200, 'retry', 0]])
+  // The two empty attempts and the answer: three requests of the same input.
+  const usage = session.cost.usage().conversation
+  assert.equal(usage.requests, 3)
+  assert.equal(usage.inputTokens, 3 * errors[0].data.spent!.inputTokens)
+})

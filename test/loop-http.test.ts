@@ -135,7 +135,11 @@ test('an in-stream error after content: the partial is kept as an interrupted me
   assert.equal(r.steps, 2)
   const turn = session.events.filter((e) => e.type !== 'request/header')
   assert.deepEqual(turn.map((e) => e.type), ['session/start', 'turn/start', 'user/message', 'step/start', 'request/error', 'assistant/message', 'step/end', 'step/retry', 'step/start', 'assistant/message', 'step/end', 'turn/end'])
-  assert.deepEqual(turn[4].data, { code: 'SERVER', status: 500, message: (turn[4].data as { message: string }).message, trigger: 'conversation' })
+  // The broken request ran on the server: it is logged with what dsh sent and received (the spend cap counts it), and
+  // its partial is that same request, not a second one.
+  assert.deepEqual(turn[4].data, { code: 'SERVER', status: 500, message: (turn[4].data as { message: string }).message, trigger: 'conversation',
+    spent: { inputTokens: 11, modelledHitTokens: 0, outputTokens: 11 } })
+  assert.equal(session.cost.usage().conversation.requests, 2)
   assert.deepEqual(turn[5].data, { message: { role: 'assistant', content: [{ type: 'text', text: 'Once upon' }], interrupted: true }, finishReason: 'error', surfaceOp: { op: 'append' } })
   assert.deepEqual(turn[7].data, { turn: 1, step: 1, code: 'SERVER' })
   // The retried request carries the partial output as the last (assistant) message.
