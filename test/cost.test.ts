@@ -16,7 +16,7 @@ const { isPeakTime, requestCostUSD, cacheCostUSD } = internals
 const validatePrices = (prices: unknown) => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', prices: prices as Prices }).prices
 /** DeepSeek's table for a model name, aliases resolved, as deepseek() picks it. */
 const pricesOf = (model: string) => deepseek({ apiKey: 'sk-test', model }).prices
-import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
+import { sseResponse, startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 import { logHeader } from './spec.ts'
 import { tuned } from './tuning.ts'
 
@@ -272,18 +272,6 @@ test('usage() memory is bounded: requests are added up in buckets, and re-pricin
   assert.ok(Math.abs(u.costUSD! - usd) < 1e-12, `${u.costUSD} vs ${usd}`)
 })
 
-/** An event-stream Response of `events` (each `data: …`), then a reset connection when `cut`, else `[DONE]`. */
-function sseReply(events: unknown[], cut: boolean): Response {
-  const enc = new TextEncoder()
-  let i = 0
-  return new Response(new ReadableStream<Uint8Array>({
-    pull(c) {
-      if (i < events.length) c.enqueue(enc.encode(`data: ${JSON.stringify(events[i++])}\n\n`))
-      else if (cut) c.error(new Error('connection reset'))
-      else { c.enqueue(enc.encode('data: [DONE]\n\n')); c.close() }
-    },
-  }), { status: 200, headers: { 'content-type': 'text/event-stream' } })
-}
 
 test('a failed request the server ran is counted from its request/error {spent}, also after resume; its partial is the same request; older logs load', async () => {
   const { SessionError } = await import('../dsh.ts')
@@ -331,9 +319,9 @@ test('a summary request cut after output is counted: it is in its compaction/end
   const text = 's'.repeat(4_000)
   const done = [{ choices: [{ index: 0, delta: { content: 'done' } }] }, { choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }]
   const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k',
-    contextWindow: 70_000, prices: FLASH, fetch: async () => sseReply(done, false) }))
+    contextWindow: 70_000, prices: FLASH, fetch: async () => sseResponse(done, false) }))
   const summarizer = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'sum', apiKey: 'k',
-    contextWindow: 1_000_000, prices: FLASH, fetch: async () => sseReply([{ choices: [{ index: 0, delta: { content: text } }] }], true) }))
+    contextWindow: 1_000_000, prices: FLASH, fetch: async () => sseResponse([{ choices: [{ index: 0, delta: { content: text } }] }], true) }))
   await new Agent({ session, provider, summarizer, maxCostUSD: { session: 10 } }).run('go on')
   const end = session.events.find((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>
   assert.match(end.data.error ?? '', /connection reset/)
@@ -351,7 +339,7 @@ test('an attempt the adapter retried after an empty 200 is a request that cost: 
   const done = [{ choices: [{ index: 0, delta: { content: 'done' } }] }, { choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }]
   let calls = 0
   const provider = tuned({ maxRetries: 2, sleep: async () => {} }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9',
-    model: 'm', apiKey: 'k', contextWindow: 100_000, prices: FLASH, fetch: async () => sseReply(calls++ < 2 ? [] : done, false) }))
+    model: 'm', apiKey: 'k', contextWindow: 100_000, prices: FLASH, fetch: async () => sseResponse(calls++ < 2 ? [] : done, false) }))
   const session = await Session.open(new MemoryStore())
   const r = await new Agent({ session, provider, maxCostUSD: 1 }).run('hello')
   assert.deepEqual([r.reason, r.text, calls], ['stop', 'done', 3])

@@ -317,3 +317,19 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
   process.on('SIGTERM', stop)
   process.on('SIGINT', stop)
 }
+
+/**
+ * IN-PROCESS, no server: an event-stream Response of `events` (each sent as `data: …\n\n`), then a reset
+ * connection when `cut`, else `[DONE]` — for a provider's `fetch` option.
+ */
+export function sseResponse(events: unknown[], cut: boolean): Response {
+  const enc = new TextEncoder()
+  let i = 0
+  return new Response(new ReadableStream<Uint8Array>({
+    pull(c) {
+      if (i < events.length) c.enqueue(enc.encode(`data: ${JSON.stringify(events[i++])}\n\n`))
+      else if (cut) c.error(new Error('connection reset'))
+      else { c.enqueue(enc.encode('data: [DONE]\n\n')); c.close() }
+    },
+  }), { status: 200, headers: { 'content-type': 'text/event-stream' } })
+}

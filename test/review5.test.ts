@@ -12,22 +12,11 @@ import {
   Agent, Session, MemoryStore, FileStore, openAICompatible, anthropic, type Prices,
 } from '../dsh.ts'
 import { tuned } from './tuning.ts'
+import { sseResponse } from './fake-provider.ts'
 
 /** deepseek-flash off-peak, USD per million tokens. */
 const FLASH: Prices = { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 }
 
-/** An event-stream Response of `events` (each sent as `data: …\n\n`), erroring after them when `cut`. */
-function sse(events: unknown[], cut: boolean): Response {
-  const enc = new TextEncoder()
-  let i = 0
-  return new Response(new ReadableStream<Uint8Array>({
-    pull(c) {
-      if (i < events.length) c.enqueue(enc.encode(`data: ${JSON.stringify(events[i++])}\n\n`))
-      else if (cut) c.error(new Error('connection reset'))
-      else { c.enqueue(enc.encode('data: [DONE]\n\n')); c.close() }
-    },
-  }), { status: 200, headers: { 'content-type': 'text/event-stream' } })
-}
 
 /** A tool call whose arguments arrive in `pieces` deltas of 10,000 code points each. */
 function toolCallEvents(pieces: number): unknown[] {
@@ -45,7 +34,7 @@ test('cap: tool-call arguments streamed before a cut or an oversized message cou
   // dsh itself received those bytes; the cap must count at least them ("never less than dsh's own estimate of
   // what it sent and received"). With a session cap of $0.05 the second turn must stop with reason budget.
   let calls = 0
-  const fetch = async () => { calls++; return sse(toolCallEvents(40), true) }
+  const fetch = async () => { calls++; return sseResponse(toolCallEvents(40), true) }
   const provider = tuned({ maxRetries: 0, maxMessageBytes: 300_000 }, () => openAICompatible({
     baseURL: 'http://127.0.0.1:9', model: 'deepseek-flash', apiKey: 'k', contextWindow: 1_000_000, prices: FLASH,
     fetch }))
@@ -68,7 +57,7 @@ test('cap: a stream cut after tool-call arguments is retried past maxCostUSD (th
   // 400,000 bytes of arguments (about 100,000 tokens, $0.06 of output at FLASH) and then the connection drops: a
   // break after output, which the Agent retries once as a new step. The cap of $0.05 a turn must stop that retry.
   let calls = 0
-  const fetch = async () => { calls++; return sse(toolCallEvents(40), true) }
+  const fetch = async () => { calls++; return sseResponse(toolCallEvents(40), true) }
   const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9',
     model: 'deepseek-flash', apiKey: 'k', contextWindow: 1_000_000, prices: FLASH, fetch }))
   const session = await Session.open(new MemoryStore())
@@ -109,7 +98,7 @@ test('full disk: a lock file that could not be written is not left behind to loc
 })
 
 /** A Response of one streamed chat completion that answers `text` and stops. */
-const answer = (text: string) => sse([{ choices: [{ index: 0, delta: { content: text } }] },
+const answer = (text: string) => sseResponse([{ choices: [{ index: 0, delta: { content: text } }] },
   { choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }], false)
 
 test('cap: the summary requests of one compaction are checked against each other, not each alone', async () => {
@@ -144,7 +133,7 @@ test('cap: the summary requests of one compaction are checked against each other
 test('cap: a provider made { ...provider, prices } with a price missing or NaN cannot silently turn maxCostUSD off', async () => {
   // Each answer: 8,000 code points of text and a call, so each request costs at least 2,000 tokens of output.
   let calls = 0
-  const fetch = async () => (calls++, sse([{ choices: [{ index: 0, delta: { content: 'z'.repeat(8_000), tool_calls: [{
+  const fetch = async () => (calls++, sseResponse([{ choices: [{ index: 0, delta: { content: 'z'.repeat(8_000), tool_calls: [{
     index: 0, id: `c${calls}`, type: 'function', function: { name: 'read', arguments: '{}' } }] } }] },
   { choices: [{ index: 0, delta: {}, finish_reason: 'tool_calls' }] }], false))
   const base = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm',
@@ -253,7 +242,7 @@ test('spill: a tool result whose artefact cannot be stored still gets a result, 
     const log = path.join(dir, 's.jsonl')
     fs.writeFileSync(`${log}.artefacts`, 'not a directory')
     let calls = 0
-    const fetch = async () => (++calls === 1 ? sse([{ choices: [{ index: 0, delta: { tool_calls: [{ index: 0, id: 'c1',
+    const fetch = async () => (++calls === 1 ? sseResponse([{ choices: [{ index: 0, delta: { tool_calls: [{ index: 0, id: 'c1',
       type: 'function', function: { name: 'read', arguments: '{}' } }] } }] },
     { choices: [{ index: 0, delta: {}, finish_reason: 'tool_calls' }] }], false) : answer('done'))
     const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ ...BASE, contextWindow: 1_000_000, fetch }))
