@@ -1660,7 +1660,6 @@ export class Session {
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
         this.anchorState = undefined // an envelope or model change voids the usage anchor (docs/design.md §2)
-        this.cost.header(data)
         st.ladder.header(data.model)
         break
       case 'turn/start':
@@ -1677,16 +1676,13 @@ export class Session {
         }
         break
       case 'step/start': st.turn.step = data.step; st.turn.stepOpen = true; break
-      case 'step/end': st.turn.stepOpen = false; this.cost.failed(); break // a failed request's partial came before
+      case 'step/end': st.turn.stepOpen = false; break
       case 'tool/call': st.dispatched.add(data.callId); break
       case 'compaction/start': st.compaction = data.id; break
       case 'surface/pin': case 'surface/unpin': this.pins.apply(event.type, data.seq); break
-      case 'compaction/end':
-        if (st.compaction === data.id) st.compaction = undefined
-        if (Array.isArray(data.requests)) this.cost.summaries(event.time, data.requests, this.header)
-        break
-      case 'request/error': if (data.spent) this.cost.failed(event.time, data.spent, this.header)
+      case 'compaction/end': if (st.compaction === data.id) st.compaction = undefined
     }
+    this.cost.event(event, this.header)
     if (SURFACE_TYPES[event.type]) this.applySurface(event)
   }
 
@@ -2171,6 +2167,17 @@ class CostLedger {
       this.add({ time, summary: true, model: r.model, inputTokens: r.inputTokens,
         modelledHitTokens: r.modelledHitTokens,
         outputTokens: r.outputTokens, usage: checkedUsage(r.usage), prices })
+    }
+  }
+
+  /** @internal The events the ledger reads besides surface appends; the session feeds it each one it applies. */
+  event(event: SessionEvent, header: RequestHeader | undefined): void {
+    const data = event.data as any
+    switch (event.type) {
+      case 'request/header': this.header(data); break
+      case 'step/end': this.failed(); break // a failed request's partial came before
+      case 'compaction/end': if (Array.isArray(data.requests)) this.summaries(event.time, data.requests, header); break
+      case 'request/error': if (data.spent) this.failed(event.time, data.spent, header)
     }
   }
 
