@@ -1159,7 +1159,7 @@ class SqlLogStore implements LogStore {
     const bad = (what: string) => new TypeError(`SqlLogStore: ${what}`)
     if (typeof query !== 'function') throw bad('query must be a function (sql, params) → rows')
     if (typeof session !== 'string' || session === '') throw bad('session must be a non-empty string')
-    if (!isIntegerAtLeast(leaseMs, 1)) throw bad(`leaseMs must be an integer ≥ 1 ms, got ${leaseMs}`)
+    if (!isIntegerAtLeast(leaseMs, 1)) throw bad(`leaseMs must be an integer ≥ 1 ms, got ${shown(leaseMs)}`)
     if (!/^[a-z_][a-z0-9_]{0,40}$/.test(tablePrefix)) {
       throw bad(`tablePrefix ${JSON.stringify(tablePrefix)} must match [a-z_][a-z0-9_]{0,40}: it names tables`)
     }
@@ -5621,12 +5621,12 @@ function makeProvider(fn: string, options: unknown,
   let url: URL
   try { url = new URL(String(baseURL)) } catch {
     throw new TypeError(`${fn}: baseURL must be an absolute http(s) URL such as https://api.deepseek.com, `
-      + `got ${JSON.stringify(baseURL)}`)
+      + `got ${shown(baseURL)}`)
   }
   if (url.protocol !== 'http:' && url.protocol !== 'https:')
-    throw new TypeError(`${fn}: baseURL must use http or https, got ${JSON.stringify(baseURL)}`)
+    throw new TypeError(`${fn}: baseURL must use http or https, got ${shown(baseURL)}`)
   if (typeof model !== 'string' || model.trim() === '')
-    throw new TypeError(`${fn}: model must be a non-empty string, got ${JSON.stringify(model)}`)
+    throw new TypeError(`${fn}: model must be a non-empty string, got ${shown(model)}`)
   let apiKey = o.apiKey === '' ? undefined : o.apiKey
   if (apiKey !== undefined && typeof apiKey !== 'string') throw new TypeError(`${fn}: apiKey must be a string`)
   const envName = apiKey === undefined ? (o.apiKeyEnv ?? keyEnv(url.hostname)) : undefined
