@@ -3365,8 +3365,21 @@ function summaryInstructionText(instruction = SUMMARY_INSTRUCTION, focus?: strin
  * (for `compaction/end {requests}`, §11); throws {@link CompactionError}.
  */
 async function summarise(host: CompactionHost, messages: readonly Message[], signal?: AbortSignal,
-  focus?: string, records: SummaryRequestRecord[] = []): Promise<{ summary: string; usage?: Usage; requests: number }> {
-  return await new SummaryJob(host, messages, focus, records).run(signal)
+  focus?: string, records: SummaryRequestRecord[] = [], lead: readonly Message[] = []):
+  Promise<{ summary: string; usage?: Usage; requests: number }> {
+  return await new SummaryJob(host, messages, focus, records, lead).run(signal)
+}
+
+/**
+ * The surface messages before `region` that its first summary request sends ahead of it (docs/design.md §11): the
+ * conversation's cached prefix, so that the request reuses it (a kept current input or pin at the head would
+ * otherwise leave it no cached message). None unless they are tool-balanced on their own.
+ */
+function summaryLead(nodes: readonly SurfaceNode[], region: Region): Message[] {
+  const lead = nodes.slice(0, region.start).map((n) => n.message), calls = new Set<string>()
+  for (const m of lead) for (const c of toolCalls(m)) calls.add(c.id)
+  for (const m of lead) if (m.role === 'tool' && !calls.delete(m.toolCallId)) return []
+  return calls.size === 0 ? lead : []
 }
 
 /** One run of {@link summarise}: its window, calibration and budget as they are learned, and its progress. */
@@ -3392,9 +3405,13 @@ class SummaryJob {
   private readonly groups: Message[][]
   /** This session's summary requests that overflowed: a later re-plan can arrive at one of them again. */
   private readonly failed: Set<number>
+  /** {@link summaryLead}: sent ahead of the first chunk while it takes at most a quarter of the room. */
+  private readonly lead: readonly Message[]
+  private readonly leadTokens: number
 
   constructor(private readonly host: CompactionHost, messages: readonly Message[], focus: string | undefined,
-    private readonly records: SummaryRequestRecord[]) {
+    private readonly records: SummaryRequestRecord[], lead: readonly Message[]) {
+    this.lead = lead
     this.provider = host.summarizer
     this.session = host.session
     const m = this.session.measure()
@@ -3410,6 +3427,7 @@ class SummaryJob {
     this.inputBudget = Math.floor((this.window - this.reserve - this.offset) / this.rate)
     this.failed = overflowedSummaryRequests(this.session)
     this.groups = balancedGroups(messages)
+    this.leadTokens = lead.reduce((t, m) => t + estimateMessageTokens(m), 0)
   }
 
   /** The next request's envelope: the conversation's, without its tool specs once they crowd the window. */
@@ -3419,12 +3437,17 @@ class SummaryJob {
     return crowded ? { system: full.system } : full
   }
   private fixed(): number { return estimateEnvelopeTokens(this.envelope()) + estimateMessageTokens(this.instruction) }
+  /** The lead this request sends: none after the first chunk, nor once it would take over a quarter of the room. */
+  private leadSent(): number {
+    return this.summary || this.leadTokens * 4 > this.inputBudget - this.fixed() ? 0 : this.leadTokens
+  }
   private prior(s: string): UserMessage {
     return { role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` }
   }
-  /** The room left for a chunk: the budget minus the envelope, instruction and running summary. */
+  /** The room left for a chunk: the budget minus the envelope, instruction and running summary (or lead). */
   private budget(): number {
-    return this.inputBudget - this.fixed() - (this.summary ? estimateMessageTokens(this.prior(this.summary)) : 0)
+    return this.inputBudget - this.fixed() - (this.summary ? estimateMessageTokens(this.prior(this.summary))
+      : this.leadSent())
   }
   private sample(providerTokens: number, heuristicTokens: number): void {
     if (this.sameModel) this.session.append('ladder/state',
@@ -3497,7 +3520,8 @@ class SummaryJob {
   private async request(chunk: Message[], signal: AbortSignal | undefined, replans: number): Promise<string
     | undefined> {
     const { provider, instruction } = this
-    const msgs = this.summary ? [this.prior(this.summary), ...chunk, instruction] : [...chunk, instruction]
+    const leadTokens = this.leadSent(), lead = leadTokens > 0 ? this.lead : []
+    const msgs = this.summary ? [this.prior(this.summary), ...chunk, instruction] : [...lead, ...chunk, instruction]
     const env = this.envelope()
     const inputTokens = estimateRequestTokens(env, msgs)
     const calibrated = Math.ceil(inputTokens * this.rate) + this.offset
@@ -3506,7 +3530,7 @@ class SummaryJob {
         + `(${this.window} tokens); nothing was sent`)
     }
     const room = this.window - calibrated
-    const maxTokens = summaryMaxTokens(inputTokens - this.fixed(), this.host.settings.compaction, room)
+    const maxTokens = summaryMaxTokens(inputTokens - this.fixed() - leadTokens, this.host.settings.compaction, room)
     const fingerprint =
       fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
     if (this.failed.has(fingerprint)) {
@@ -3638,7 +3662,8 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     if (frameTokens >= region.tokens)
       throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and `
         + `ledger alone (${frameTokens} tokens); nothing was sent`)
-    const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus, records)
+    const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus, records,
+      summaryLead(session.surface(), region))
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
     const ledger = facts()
@@ -4046,13 +4071,16 @@ function gatedOps(v: LadderView, batch: LadderBatch, gate: Gate | undefined,
     : { ops: batch.ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
 }
 
-/** The model of a summary of `region` (docs/design.md §11). */
+/** The model of a summary of `region` (docs/design.md §11): its request reads the cache through its lead, if any. */
 function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices): EditModel {
   const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
   const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests)
     : Math.ceil(SUMMARY_OUTPUT_SHARE * summaryMaxTokens(region.tokens, cfg))
-  const hit = Math.min(region.tokens, cached), saved = Math.max(0, region.tokens - output)
-  const summaryUSD = requestCostUSD(prices, { cachedInputTokens: hit, uncachedInputTokens: region.tokens - hit,
+  const lead = summaryLead(session.surface(), region)
+  const input = lead.reduce((t, m) => t + estimateMessageTokens(m), region.tokens)
+  const saved = Math.max(0, region.tokens - output)
+  const hit = region.start > 0 && lead.length === 0 ? 0 : Math.min(input, cached)
+  const summaryUSD = requestCostUSD(prices, { cachedInputTokens: hit, uncachedInputTokens: input - hit,
     outputTokens: output }, 0)
   return { movedTokens: Math.max(0, cached - saved), savedTokens: saved, summaryUSD }
 }

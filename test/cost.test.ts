@@ -187,6 +187,30 @@ test('case 4: a summary request shares its bytes with the conversation request b
   assert.ok(typeof u.summary.costUSD === 'number' && u.summary.costUSD > 0)
 })
 
+test('a summary request of a region after the kept current input sends that input first: it reuses the cached prefix', async () => {
+  // One turn: its input heads the surface and is never summarised, so the region starts after it. The summary request
+  // sends it ahead of the region (the conversation's leading message), so the bytes and the modelled hit cover both.
+  const calls = Array.from({ length: 9 }, (_, i) => ({ toolCalls: [{ id: `a${i}`, name: 'fetch', arguments: { i } }], usage: null }))
+  const server = await fake([...calls, { text: 'done', usage: null }])
+  let n = 0
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: provider(server.url, { prices: FLASH }), system: 'sys', tools: [tool('fetch', () => `result ${n++} `.padEnd(7_000, '.'))], compaction: { clear: false }, recall: false })
+  await agent.run('fetch nine')
+  const at = server.requests.findIndex((r) => r.headers['x-dsh-purpose'] === 'compaction')
+  assert.ok(at > 0, 'one summary request was made')
+  const summary = server.requests[at].rawBody, before = server.requests[at - 1].rawBody
+  assert.deepEqual(JSON.parse(summary).messages[1], { role: 'user', content: 'fetch nine' }, 'the input first, after the system prompt')
+  const instruction = summary.lastIndexOf(`,{"role":"user","content":${JSON.stringify(SUMMARY_INSTRUCTION)}}`)
+  assert.equal(summary.slice(0, instruction), before.slice(0, instruction), 'byte prefix up to the end of the region')
+  const record = (session.events.find((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>).data.requests![0]
+  const summarised = (session.events.find((e) => e.type === 'compaction/summary') as SessionEvent<'compaction/summary'>).data
+  const input = estimateMessageTokens({ role: 'user', content: 'fetch nine' })
+  assert.equal(record.modelledHitTokens, estimateEnvelopeTokens(agent.envelope) + input + summarised.shadowedTokenCount)
+  assert.equal(record.inputTokens, record.modelledHitTokens + estimateMessageTokens({ role: 'user', content: SUMMARY_INSTRUCTION }))
+  // The checkpoint replaces the region only: the input stays on the surface, ahead of it.
+  assert.deepEqual(session.surface().slice(0, 1).map((node) => node.message), [{ role: 'user', content: 'fetch nine' }])
+})
+
 test('case 5: a model without a price: cost unknown, tokens still reported', async () => {
   const server = await fake([{ text: 'hello', usage: { prompt_tokens: 300, completion_tokens: 5, prompt_cache_hit_tokens: 100 } }])
   const session = await Session.open(new MemoryStore())
