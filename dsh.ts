@@ -7061,6 +7061,9 @@ class Agent {
     this.drainSteering()
     const envelope = this.writeHeader()
     await this.countNearWindow(envelope, t.signal)
+    // The spend cap refused the summary this count needed: stop before the request it was to make room for.
+    if (t.budget) { session.append('step/end', { turn: t.turn, step: t.step }); this.warn(t.budget)
+      return { reason: 'budget', message: t.budget } }
     // Hooks may edit the request; they get copies, so the surface always matches the log.
     const editable = (this.hooks.get('agent/request')?.length ?? 0) > 0
     const inputTokens = session.measure().totalTokens
@@ -7180,9 +7183,12 @@ class Agent {
     return why
   }
 
-  /** Recovery 1: an aborted call keeps its partial output and ends the turn. */
+  /** Recovery 1: an aborted call keeps its partial output and ends the turn; what streamed is counted (§11). */
   private async abortedStep(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
     if (!t.signal.aborted && f.error.code !== 'ABORTED') return undefined
+    // The partial keeps text only: tool-call arguments that streamed cost too, and the partial is the same request.
+    if (f.spent) this.session.append('request/error', { code: f.error.code, message: f.error.message,
+      trigger: 'conversation', spent: f.spent })
     if (f.partial) {
       this.session.append('assistant/message', { message: f.partial, finishReason: 'aborted',
         surfaceOp: { op: 'append' } })

@@ -6,7 +6,8 @@ import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, ConfigError, openAICompatible, estimateMessageTokens, DEFAULT_COMPACTION_CONFIG,
-  DEFAULT_PRUNE_CONFIG, internals, parseCliArgs, type AgentEvent, type Message, type Prices, type SessionEvent,
+  DEFAULT_PRUNE_CONFIG, internals, parseCliArgs, type AgentEvent, type ChatRequest, type Message, type Prices,
+  type SessionEvent,
 } from '../dsh.ts'
 import { logHeader } from './spec.ts'
 import { startFakeProvider } from './fake-provider.ts'
@@ -374,4 +375,67 @@ test('an overflow whose recovery needs a summary past the cap stops the turn wit
   assert.deepEqual(end.data, { turn: 1, reason: 'budget', message })
   assert.deepEqual(session.events.filter((e) => /^(request\/error|compaction\/|step\/end)/.test(e.type)).slice(-4)
     .map((e) => e.type), ['request/error', 'compaction/start', 'compaction/end', 'step/end'])
+})
+
+test('a user abort after a tool call\'s arguments streamed counts what streamed, not only the partial\'s text', async () => {
+  // The stream: 'Let me look.' then a call whose 4,000-character arguments stream; the user aborts before it ends.
+  const args = JSON.stringify({ path: 'x'.repeat(3_988) }) // 4,000 UTF-16 units
+  const events = [{ choices: [{ index: 0, delta: { content: 'Let me look.' } }] },
+    { choices: [{ index: 0, delta: { tool_calls: [{ index: 0, id: 'call_1', type: 'function', function: { name: 'read', arguments: args } }] } }] }]
+  const ctrl = new AbortController()
+  const enc = new TextEncoder()
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k',
+    contextWindow: 100_000, prices: FLASH, fetch: async (_url, init) => new Response(new ReadableStream<Uint8Array>({
+      start(c) {
+        for (const e of events) c.enqueue(enc.encode(`data: ${JSON.stringify(e)}\n\n`))
+        init?.signal?.addEventListener('abort', () => c.error(new DOMException('aborted', 'AbortError')))
+      },
+    }), { status: 200, headers: { 'content-type': 'text/event-stream' } }) }))
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, maxCostUSD: 1, tools: [{ name: 'read', description: '', parameters: {}, execute: () => 'y' }],
+    onEvent: (e) => { if (e.type === 'stream' && e.event.type === 'tool-call-delta') ctrl.abort() } })
+  const result = await agent.run('go', { signal: ctrl.signal })
+  assert.equal(result.reason, 'aborted')
+  // Streamed: 12 units of text + 4,000 of arguments + 6 of id + 4 of name = 4,022 units, 1,006 tokens by the meter.
+  const error = session.events.find((e) => e.type === 'request/error') as SessionEvent<'request/error'>
+  assert.deepEqual([error.data.code, error.data.trigger, error.data.spent?.outputTokens], ['ABORTED', 'conversation', 1_006])
+  // The partial after it (its text only) is that same request: one request, its output what streamed.
+  const partial = session.events.findLast((e) => e.type === 'assistant/message') as SessionEvent<'assistant/message'>
+  assert.deepEqual(partial.data.message.content, [{ type: 'text', text: 'Let me look.' }])
+  assert.ok(partial.seq > error.seq)
+  assert.equal(session.cost.usage().conversation.requests, 1)
+  assert.equal(session.cost.spendFloor().conversationOutputTokens, 1_006)
+  assert.equal(session.cost.usage().conversation.outputTokens, 1_006)
+})
+
+test('a summary the count near the window needs, refused by the cap, stops the turn with reason budget before the request', async () => {
+  // Four turns of about 1,800 tokens each; the fifth input brings the estimate to 9,0xx of a 10,000-token window
+  // (threshold 0.95: no pressure by the estimate), and the provider counts 12,000: pressure on the count. No result
+  // to clear, no message over the prune threshold: only a summary would relieve it, at the summarizer's 100× prices.
+  const sent: ChatRequest[] = []
+  const provider = {
+    model: 'm', baseURL: 'memory://count', contextWindow: 10_000, maxTokens: 100, prices: FLASH,
+    complete: async (request: ChatRequest) => { sent.push(request)
+      return { message: { role: 'assistant' as const, content: [{ type: 'text' as const, text: 'ok: a short reply' }] }, finishReason: 'stop' } },
+    countTokens: async () => 12_000,
+  }
+  let summaries = 0
+  const summarizer = { ...provider, model: 'dear', prices: { cacheHitInput: 0.3, cacheMissInput: 15, output: 60 }, countTokens: undefined,
+    complete: async () => { summaries++; return { message: { role: 'assistant' as const, content: [{ type: 'text' as const, text: 'summary' }] }, finishReason: 'stop' } } }
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, summarizer, compaction: { thresholdRatio: 0.95 }, maxCostUSD: { session: 0.01 } })
+  for (let i = 1; i <= 4; i++) assert.equal((await agent.run(`turn ${i} ` + String(i).repeat(7_200))).reason, 'stop')
+  assert.equal(sent.length, 4)
+  const result = await agent.run('turn 5 ' + '5'.repeat(7_200))
+  assert.equal(summaries, 0)
+  assert.equal(sent.length, 4, 'the fifth request is not sent')
+  assert.deepEqual([result.reason, result.steps], ['budget', 1])
+  const end = session.events.findLast((e) => e.type === 'turn/end') as SessionEvent<'turn/end'>
+  // Four requests spent $0.001156; the summary of the four turns at 100× the prices would pass the session's cap.
+  assert.equal(end.data.message, 'spend cap: this session has spent $0.001156 of its $0.010000 cap and a summary '
+    + 'request would cost about $0.187470; stopped before it (maxCostUSD)')
+  // The step that made the count ends without a request: count sample, the refused compaction, step/end, turn/end.
+  const last = session.events.slice(session.events.findLastIndex((e) => e.type === 'step/start'))
+  assert.deepEqual(last.map((e) => e.type), ['step/start', 'ladder/state', 'compaction/start', 'compaction/end', 'step/end',
+    'turn/end'])
 })
