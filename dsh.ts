@@ -3370,16 +3370,12 @@ async function summarise(host: CompactionHost, messages: readonly Message[], sig
   return await new SummaryJob(host, messages, focus, records, lead).run(signal)
 }
 
-/**
- * The surface messages before `region` that its first summary request sends ahead of it (docs/design.md §11): the
- * conversation's cached prefix, so that the request reuses it (a kept current input or pin at the head would
- * otherwise leave it no cached message). None unless they are tool-balanced on their own.
- */
+/** The surface messages before `region` (a kept input or pin), sent ahead of its summary so that the request reads
+ *  the conversation's cached prefix (docs/design.md §5, §11); none unless they are tool-balanced on their own. */
 function summaryLead(nodes: readonly SurfaceNode[], region: Region): Message[] {
-  const lead = nodes.slice(0, region.start).map((n) => n.message), calls = new Set<string>()
-  for (const m of lead) for (const c of toolCalls(m)) calls.add(c.id)
-  for (const m of lead) if (m.role === 'tool' && !calls.delete(m.toolCallId)) return []
-  return calls.size === 0 ? lead : []
+  const lead = nodes.slice(0, region.start).map((n) => n.message), calls = lead.flatMap((m) => toolCalls(m))
+  const results = new Set(lead.flatMap((m) => (m.role === 'tool' ? [m.toolCallId] : [])))
+  return calls.length === results.size && calls.every((c) => results.has(c.id)) ? lead : []
 }
 
 /** One run of {@link summarise}: its window, calibration and budget as they are learned, and its progress. */
@@ -3405,13 +3401,9 @@ class SummaryJob {
   private readonly groups: Message[][]
   /** This session's summary requests that overflowed: a later re-plan can arrive at one of them again. */
   private readonly failed: Set<number>
-  /** {@link summaryLead}: sent ahead of the first chunk while it takes at most a quarter of the room. */
-  private readonly lead: readonly Message[]
-  private readonly leadTokens: number
 
   constructor(private readonly host: CompactionHost, messages: readonly Message[], focus: string | undefined,
-    private readonly records: SummaryRequestRecord[], lead: readonly Message[]) {
-    this.lead = lead
+    private readonly records: SummaryRequestRecord[], private readonly lead: readonly Message[]) {
     this.provider = host.summarizer
     this.session = host.session
     const m = this.session.measure()
@@ -3427,7 +3419,6 @@ class SummaryJob {
     this.inputBudget = Math.floor((this.window - this.reserve - this.offset) / this.rate)
     this.failed = overflowedSummaryRequests(this.session)
     this.groups = balancedGroups(messages)
-    this.leadTokens = lead.reduce((t, m) => t + estimateMessageTokens(m), 0)
   }
 
   /** The next request's envelope: the conversation's, without its tool specs once they crowd the window. */
@@ -3437,16 +3428,16 @@ class SummaryJob {
     return crowded ? { system: full.system } : full
   }
   private fixed(): number { return estimateEnvelopeTokens(this.envelope()) + estimateMessageTokens(this.instruction) }
-  /** The lead this request sends: none after the first chunk, nor once it would take over a quarter of the room. */
-  private leadSent(): number {
-    return this.summary || this.leadTokens * 4 > this.inputBudget - this.fixed() ? 0 : this.leadTokens
+  /** What this request sends of the lead: all with the first chunk while within a quarter of the room, else none. */
+  private leadSent(): readonly Message[] {
+    return this.summary || estimateRequestTokens({}, this.lead) * 4 > this.inputBudget - this.fixed() ? [] : this.lead
   }
   private prior(s: string): UserMessage {
     return { role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` }
   }
   /** The room left for a chunk: the budget minus the envelope, instruction and running summary (or lead). */
   private budget(): number {
-    return this.inputBudget - this.fixed() - (this.summary ? estimateMessageTokens(this.prior(this.summary))
+    return this.inputBudget - this.fixed() - estimateRequestTokens({}, this.summary ? [this.prior(this.summary)]
       : this.leadSent())
   }
   private sample(providerTokens: number, heuristicTokens: number): void {
@@ -3520,7 +3511,7 @@ class SummaryJob {
   private async request(chunk: Message[], signal: AbortSignal | undefined, replans: number): Promise<string
     | undefined> {
     const { provider, instruction } = this
-    const leadTokens = this.leadSent(), lead = leadTokens > 0 ? this.lead : []
+    const lead = this.leadSent()
     const msgs = this.summary ? [this.prior(this.summary), ...chunk, instruction] : [...lead, ...chunk, instruction]
     const env = this.envelope()
     const inputTokens = estimateRequestTokens(env, msgs)
@@ -3530,7 +3521,8 @@ class SummaryJob {
         + `(${this.window} tokens); nothing was sent`)
     }
     const room = this.window - calibrated
-    const maxTokens = summaryMaxTokens(inputTokens - this.fixed() - leadTokens, this.host.settings.compaction, room)
+    const maxTokens = summaryMaxTokens(inputTokens - this.fixed() - estimateRequestTokens({}, lead),
+      this.host.settings.compaction, room)
     const fingerprint =
       fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
     if (this.failed.has(fingerprint)) {
@@ -3978,18 +3970,6 @@ const CACHE_LIFETIME_MS = 3_600_000
 /** A summary's checkpoint is priced at this share of its completion budget: the model rarely writes all of it. */
 const SUMMARY_OUTPUT_SHARE = 0.5
 
-/** What a live session knows of its own pace (elapsed time in ms). */
-interface SessionPace { requests: number; turns: number; turnRequests: number; watchedRequests: number;
-  elapsedMs: number }
-
-/** Requests the session can expect before it ends or its cache expires (docs/design.md §11); at least 1. */
-function expectedRequests(p: SessionPace): number {
-  const meanTurn = p.turns > 0 ? (p.requests - p.turnRequests) / p.turns : 0
-  const n = Math.max(1, Math.round(meanTurn) - p.turnRequests, p.turnRequests)
-  if (!(p.elapsedMs > 0 && p.watchedRequests > 0)) return n
-  return Math.min(n, Math.max(1, Math.floor((CACHE_LIFETIME_MS * p.watchedRequests) / p.elapsedMs)))
-}
-
 /** An edit as the gate prices it: tokens moved from hit to miss now, saved on every later request; a summary's USD. */
 interface EditModel { movedTokens: number; savedTokens: number; summaryUSD?: number }
 
@@ -4010,13 +3990,20 @@ const netEditUSD = (prices: Prices, e: EditModel, requests: number) =>
 /** What the ladder's gate decides with: the prices of the next request and the requests expected. */
 interface Gate { prices: Prices; requests: number }
 
-/** The gate of a session now, or undefined when it is off (`gate: false`) or the prices are unknown. */
+/**
+ * The gate of a session now, or undefined when it is off (`gate: false`) or the prices are unknown. The requests it
+ * expects before the session ends or its cache expires (docs/design.md §11; at least 1): the current turn as long as
+ * the completed ones on average, or as long again as it has been, and no more than the pace since `watch` (its start,
+ * ms, and the requests then) fits into the cache's lifetime.
+ */
 function gateOf(session: Session, cfg: CompactionConfig, watch: { ms: number; requests: number }): Gate | undefined {
   const prices = session.measure().header?.prices
   if (!cfg.gate || !prices) return undefined
-  const requests = session.cost.usage().conversation.requests, t = stateOf(session).turn
-  return { prices, requests: expectedRequests({ requests, turns: Math.max(0, t.last - (t.open ? 1 : 0)),
-    turnRequests: t.open ? t.step : 0, watchedRequests: requests - watch.requests, elapsedMs: Date.now() - watch.ms }) }
+  const requests = session.cost.usage().conversation.requests, t = stateOf(session).turn, now = t.open ? t.step : 0
+  const turns = Math.max(0, t.last - (t.open ? 1 : 0)), watched = requests - watch.requests, ms = Date.now() - watch.ms
+  const n = Math.max(1, Math.round(turns > 0 ? (requests - now) / turns : 0) - now, now)
+  return { prices, requests: ms > 0 && watched > 0 ? Math.min(n, Math.max(1, Math.floor(CACHE_LIFETIME_MS * watched
+    / ms))) : n }
 }
 
 /** Surface tokens the next request would read from the cache (heuristic tokens). */
@@ -4054,21 +4041,16 @@ function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneCo
 function gatedOps(v: LadderView, batch: LadderBatch, gate: Gate | undefined,
   needed: boolean): { ops: readonly LadderOp[]; stopAtOrBelow?: number; payback?: number } {
   if (!gate) return batch
-  const models = suffixModels(v.session, batch.ops, v.prune)
-  if (!needed) {
-    const k = models.findIndex((m) => paybackRequests(gate.prices, m) <= gate.requests)
-    return k < 0 ? { ops: [] } : { ops: batch.ops.slice(k), stopAtOrBelow: batch.stopAtOrBelow,
-      payback: paybackRequests(gate.prices, models[k]) }
-  }
+  const models = suffixModels(v.session, batch.ops, v.prune), stop = batch.stopAtOrBelow
+  let k = needed ? 0 : models.findIndex((m) => paybackRequests(gate.prices, m) <= gate.requests), least = Infinity
   // A prune batch is made whole (under pressure every seen result over the threshold is pruned, docs/design.md §3).
-  const next = v.nextRequestTokens(), rate = v.session.measure().calibration, stop = batch.stopAtOrBelow
-  let k = 0, least = Infinity
-  if (stop !== undefined) models.forEach((m, j) => {
+  const next = v.nextRequestTokens(), rate = v.session.measure().calibration
+  if (needed && stop !== undefined) models.forEach((m, j) => {
     const net = netEditUSD(gate.prices, m, gate.requests)
     if (next - m.savedTokens * rate <= stop && net < least) { least = net; k = j }
   })
-  return models.length === 0 ? { ops: [] }
-    : { ops: batch.ops.slice(k), payback: paybackRequests(gate.prices, models[k]) }
+  return !models[k] ? { ops: [] } : { ops: batch.ops.slice(k), stopAtOrBelow: needed ? undefined : stop,
+    payback: paybackRequests(gate.prices, models[k]) }
 }
 
 /** The model of a summary of `region` (docs/design.md §11): its request reads the cache through its lead, if any. */
@@ -4076,10 +4058,9 @@ function summaryModel(session: Session, region: Region, cfg: CompactionConfig, p
   const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
   const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests)
     : Math.ceil(SUMMARY_OUTPUT_SHARE * summaryMaxTokens(region.tokens, cfg))
-  const lead = summaryLead(session.surface(), region)
-  const input = lead.reduce((t, m) => t + estimateMessageTokens(m), region.tokens)
-  const saved = Math.max(0, region.tokens - output)
+  const lead = summaryLead(session.surface(), region), input = estimateRequestTokens({}, lead) + region.tokens
   const hit = region.start > 0 && lead.length === 0 ? 0 : Math.min(input, cached)
+  const saved = Math.max(0, region.tokens - output)
   const summaryUSD = requestCostUSD(prices, { cachedInputTokens: hit, uncachedInputTokens: input - hit,
     outputTokens: output }, 0)
   return { movedTokens: Math.max(0, cached - saved), savedTokens: saved, summaryUSD }
@@ -7052,7 +7033,7 @@ class Agent {
     const session = this.session
     if (t.signal.aborted) return { reason: 'aborted' }
     if (t.step >= this.maxSteps) return { reason: 'max-steps' }
-    const budget = this.maxCost && (t.budget ?? this.overBudget(t, this.maxCost))
+    const budget = this.maxCost && (t.budget ?? this.overBudget(t))
     if (budget) { this.warn(budget); return { reason: 'budget', message: budget } }
     t.step++
     session.append('step/start', { turn: t.turn, step: t.step })
@@ -7145,8 +7126,7 @@ class Agent {
   }
 
   /** The spend cap (docs/design.md §11): what was spent when the next request would pass a cap, else undefined. */
-  private overBudget(t: Turn | undefined, cap: { turn?: number; session?: number }, next?: { usd: number;
-    what: string }): string | undefined {
+  private overBudget(t: Turn | undefined, next?: { usd: number; what: string }): string | undefined {
     // Counted at the floors of dsh's own estimates: a server's small usage figures cannot talk the cap down.
     const floor = this.session.cost.spendFloor(), spent = floor.costUSD
     if (t) t.startUSD ??= spent
@@ -7157,7 +7137,8 @@ class Agent {
       outputTokens: n > 0 ? floor.conversationOutputTokens / n : 0 }, Date.now()) }
     }
     const usd = (x: number) => `$${x.toFixed(6)}`
-    const scopes = [['turn', t && cap.turn, spent - (t?.startUSD ?? 0)], ['session', cap.session, spent]] as const
+    const cap = this.maxCost!, scopes = [['turn', t && cap.turn, spent - (t?.startUSD ?? 0)], ['session', cap.session,
+      spent]] as const
     for (const [scope, limit, used] of scopes) {
       if (limit !== undefined && used + next.usd > limit) return `spend cap: this ${scope} has spent ${usd(used)} of `
         + `its ${usd(limit)} cap and ${next.what} would cost about ${usd(next.usd)}; stopped before it (maxCostUSD)`
@@ -7178,15 +7159,15 @@ class Agent {
     const output = n > 0 ? cost.spendFloor().summaryOutputTokens / n : SUMMARY_OUTPUT_SHARE * (request.maxTokens ?? 0)
     const usd = requestCostUSD(summaryPrices(this.provider, s)!, { cachedInputTokens: hit,
       uncachedInputTokens: input - hit, outputTokens: output }, Date.now())
-    const why = this.overBudget(this.turnNow, this.maxCost!, { usd, what: 'a summary request' })
+    const why = this.overBudget(this.turnNow, { usd, what: 'a summary request' })
     if (why && this.turnNow) this.turnNow.budget = why
     return why
   }
 
-  /** Recovery 1: an aborted call keeps its partial output and ends the turn; what streamed is counted (§11). */
+  /** Recovery 1: an aborted call keeps its partial output (text only) and ends the turn; all that streamed (tool-call
+   *  arguments too) is counted as `request/error {spent}`, the partial after it being the same request (§11). */
   private async abortedStep(t: Turn, f: StepFailure): Promise<StepOutcome | undefined> {
     if (!t.signal.aborted && f.error.code !== 'ABORTED') return undefined
-    // The partial keeps text only: tool-call arguments that streamed cost too, and the partial is the same request.
     if (f.spent) this.session.append('request/error', { code: f.error.code, message: f.error.message,
       trigger: 'conversation', spent: f.spent })
     if (f.partial) {
