@@ -3370,10 +3370,13 @@ async function summarise(host: CompactionHost, messages: readonly Message[], sig
   return await new SummaryJob(host, messages, focus, records, lead).run(signal)
 }
 
-/** The surface messages before `region` (a kept input or pin), sent ahead of its summary so that the request reads
- *  the conversation's cached prefix (docs/design.md §5, §11); none unless they are tool-balanced on their own. */
-function summaryLead(nodes: readonly SurfaceNode[], region: Region): Message[] {
-  const lead = nodes.slice(0, region.start).map((n) => n.message), calls = lead.flatMap((m) => toolCalls(m))
+/** The surface messages before `region` (the kept current input), sent ahead of its summary so that the request reads
+ *  the conversation's cached prefix (docs/design.md §5, §11); none when they hold a pin (a summary never restates
+ *  one) or are not tool-balanced on their own. */
+function summaryLead(session: Session, region: Region): Message[] {
+  const nodes = session.surface().slice(0, region.start)
+  if (nodes.some((n) => session.pins.has(n.seq))) return []
+  const lead = nodes.map((n) => n.message), calls = lead.flatMap((m) => toolCalls(m))
   const results = new Set(lead.flatMap((m) => (m.role === 'tool' ? [m.toolCallId] : [])))
   return calls.length === results.size && calls.every((c) => results.has(c.id)) ? lead : []
 }
@@ -3655,7 +3658,7 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
       throw new CompactionError(`the region (${region.tokens} tokens) is not larger than its checkpoint's frame and `
         + `ledger alone (${frameTokens} tokens); nothing was sent`)
     const result = await summarise(host, nodes.map((n) => n.message), signal, info.focus, records,
-      summaryLead(session.surface(), region))
+      summaryLead(session, region))
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
     const ledger = facts()
@@ -4058,7 +4061,7 @@ function summaryModel(session: Session, region: Region, cfg: CompactionConfig, p
   const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
   const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests)
     : Math.ceil(SUMMARY_OUTPUT_SHARE * summaryMaxTokens(region.tokens, cfg))
-  const lead = summaryLead(session.surface(), region), input = estimateRequestTokens({}, lead) + region.tokens
+  const lead = summaryLead(session, region), input = estimateRequestTokens({}, lead) + region.tokens
   const hit = region.start > 0 && lead.length === 0 ? 0 : Math.min(input, cached)
   const saved = Math.max(0, region.tokens - output)
   const summaryUSD = requestCostUSD(prices, { cachedInputTokens: hit, uncachedInputTokens: input - hit,

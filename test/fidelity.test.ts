@@ -41,7 +41,7 @@ const calls = (k: number, p: string) => Array.from({ length: k }, (_, i) => ({ t
 describe('case 1: pins', () => {
   const PIN = 'Constraint for the whole session: never touch the vendor/ directory; answer in British English.'
 
-  test('a pinned first message survives three compactions verbatim and in position; a summary request carries it only ahead of its region', async () => {
+  test('a pinned first message survives three compactions verbatim and in position; no summary request carries it', async () => {
     let n = 0
     const script: FakeReply[] = []
     for (let t = 0; t < 7; t++) script.push(...calls(3, `t${t}c`), { text: `turn ${t + 1} done` })
@@ -62,9 +62,7 @@ describe('case 1: pins', () => {
     const firstSummaryAt = f.server.requests.indexOf(f.summary()[0])
     for (const [i, req] of f.server.requests.entries()) {
       if (req.headers['x-dsh-purpose'] === 'compaction') {
-        // Only as the conversation's leading message (its cached prefix, docs/design.md §5), never inside the region.
-        const carrying = req.body.messages.filter((m: any) => JSON.stringify(m).includes(PIN))
-        assert.ok(carrying.length === 0 || (carrying.length === 1 && req.body.messages[0].content === PIN), `summary request ${i}`)
+        assert.ok(!req.rawBody.includes(PIN), `summary request ${i} carries the pinned text`)
         continue
       }
       assert.deepEqual(req.body.messages[0], { role: 'user', content: PIN })
