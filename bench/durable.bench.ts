@@ -58,7 +58,7 @@ export default async function durable(): Promise<Section> {
     tables.push(`**Profile** of ${int(p.steps)} steps (${(p.ms / p.steps).toFixed(3)} ms per step under the profiler, after ${int(p.warmupSteps)} warm-up steps; sampled every ${p.intervalUs} µs). ` +
       `The main thread was idle ${fmtPct(idle?.share ?? 0)} of the time (waiting for the disk: fsync and the writes run on libuv's thread pool) and busy ${fmtTime(busy / p.steps)} per step. Top ${TOP_FRAMES} frames by self time:\n\n` +
       table(['#', 'frame', 'where', 'self time', 'self per step', 'total per step (sync callees)', 'share of the profile', 'share of busy time'],
-        frames.slice(0, TOP_FRAMES).map((f, i) => [String(i + 1), `\`${f.name}\``, f.where || '—', fmtTime(f.selfMs), fmtTime(f.selfMs / p.steps), f.name.startsWith('(') ? '—' : fmtTime(f.totalMs / p.steps), fmtPct(f.share), f.name === '(idle)' ? '—' : fmtPct(f.selfMs / busy)])))
+        frames.slice(0, TOP_FRAMES).map((f, i) => [String(i + 1), `\`${f.name}\``, f.where || '—', fmtTime(f.selfMs), fmtTime(f.selfMs / p.steps), !f.where ? '—' : fmtTime(f.totalMs / p.steps), fmtPct(f.share), f.name === '(idle)' ? '—' : fmtPct(f.selfMs / busy)])))
     const dsh = frames.filter((f) => f.where.startsWith('dsh.ts:')).sort((a, b) => b.totalMs - a.totalMs).slice(0, TOP_DSH)
     tables.push(`dsh.ts frames of the same profile by total time (the frame and its synchronous callees; time after an \`await\` is not linked back to the caller):\n\n` +
       table(['frame', 'where', 'total per step', 'self per step'], dsh.map((f) => [`\`${f.name}\``, f.where, fmtTime(f.totalMs / p.steps), fmtTime(f.selfMs / p.steps)])))

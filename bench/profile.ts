@@ -33,8 +33,10 @@ class Mapper {
   private maps = new Map<string, SourceMap | null>()
   private sources = new Map<string, string[]>()
   frame(cf: CallFrame): { name: string; where: string } {
+    // V8's own entries ((idle), (program), (garbage collector), (root)) have no script; an anonymous
+    // function has one, and is kept apart by where it is (else every arrow function is one frame).
     const name = cf.functionName || '(anonymous)'
-    if (name.startsWith('(')) return { name, where: '' }
+    if (cf.functionName.startsWith('(') && !cf.url) return { name, where: '' }
     if (!cf.url.startsWith('file://')) return { name, where: cf.url ? `${cf.url}:${cf.lineNumber + 1}` : 'native' }
     const file = fileURLToPath(cf.url)
     let map = this.maps.get(file)

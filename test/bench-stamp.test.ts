@@ -108,3 +108,19 @@ test('topFrames: self time from the gaps between samples, total time over the st
   assert.equal(f['(idle)'].share, 0.3)
   assert.deepEqual(topFrames(profile).map((x) => x.name), ['a', '(idle)', 'b'])
 })
+
+test('topFrames: anonymous functions are told apart by where they are (one frame each), V8\'s own entries are not', () => {
+  const cf = (functionName: string, lineNumber: number, url = 'file:///nowhere/bundle.mjs') => ({ functionName, url, lineNumber, columnNumber: 0 })
+  const profile: CpuProfile = {
+    nodes: [
+      { id: 1, callFrame: cf('(root)', 0, ''), children: [2, 3, 4] },
+      { id: 2, callFrame: cf('', 10) },
+      { id: 3, callFrame: cf('', 20) },
+      { id: 4, callFrame: cf('(garbage collector)', 0, '') },
+    ],
+    startTime: 0, endTime: 6_000,
+    samples: [2, 3, 3, 4], timeDeltas: [0, 1000, 1000, 1000], // 2: 1 ms, 3: 2 ms, 4: 3 ms (to the end)
+  }
+  const frames = topFrames(profile).map((x) => [x.name, x.where, x.selfMs])
+  assert.deepEqual(frames, [['(garbage collector)', '', 3], ['(anonymous)', 'bundle.mjs:21', 2], ['(anonymous)', 'bundle.mjs:11', 1]])
+})
