@@ -215,7 +215,7 @@ export interface PeakHours {
  * names the key, the value, the range and the fix. A TypeError, like the other option errors.
  */
 class ConfigError extends TypeError {
-  constructor(message: string) { super(message); this.name = 'ConfigError' }
+  constructor(message: string, options?: ErrorOptions) { super(message, options); this.name = 'ConfigError' }
 }
 
 /** A value as an option error shows it, as given: NaN, Infinity, -0, 1n, strings quoted, short arrays item by item,
@@ -231,7 +231,10 @@ function shown(value: unknown, depth = 0): string {
       return depth > 1 || value.length > 8 ? `an array of ${value.length}`
         : `[${Array.from(value, (v) => shown(v, depth + 1)).join(', ')}]`
     }
-    const name: unknown = Object.getPrototypeOf(value)?.constructor?.name
+    const proto: unknown = Object.getPrototypeOf(value)
+    const name: unknown = (proto as { constructor?: { name?: unknown } } | null)?.constructor?.name
+    const inherits = name === 'Object' && proto !== null && Object.getPrototypeOf(proto) !== null
+    if (inherits) return 'an object that inherits fields'
     if (typeof name !== 'string' || name === '' || name === 'Object') return 'an object'
     return `${/^[AEIOU]/.test(name) ? 'an' : 'a'} ${name}`
   } catch { return 'an object' } // a revoked Proxy, a throwing trap
@@ -242,15 +245,37 @@ function configError(what: string, limit: string, value: unknown, fix?: string):
   return new ConfigError(`${what} must be ${limit}, got ${shown(value)}${fix ? `; ${fix}` : ''}`)
 }
 
+/**
+ * The own fields of `value`, each read once, those whose value is undefined left out (as JSON.stringify leaves them):
+ * the one reader of an options object (the provider's options, `headers`, `extraBody`, `prices`, the prune and ladder
+ * configurations). Throws `Err` (TypeError; {@link ConfigError} for a configuration) naming `what` unless `value` is
+ * a plain object (`{…}` or `Object.create(null)`, of any realm: a string, an array or a Map would be read item by
+ * item, a class instance's inherited fields missed), or when reading it throws (a getter, a Proxy trap).
+ */
+function plainFields(what: string, value: unknown, expected = 'a plain object',
+  Err: new (message: string, options?: ErrorOptions) => Error = TypeError): [string, unknown][] {
+  const fields: [string, unknown][] = []
+  let key: string | undefined
+  let plain = false
+  try {
+    const proto: unknown = isRecord(value) ? Object.getPrototypeOf(value) : undefined
+    plain = proto === null || (proto !== undefined && Object.getPrototypeOf(proto) === null)
+    if (plain) for (key of Object.keys(value as object)) fields.push([key, (value as Record<string, unknown>)[key]])
+  } catch (err) {
+    throw new Err(`${key === undefined ? what : `${what}.${key}`} could not be read: `
+      + `${(err as Error)?.message ?? err}`, { cause: err })
+  }
+  if (!plain) throw new Err(`${what} must be ${expected}, got ${shown(value)}`)
+  return fields.filter(([, v]) => v !== undefined)
+}
+
 /** `config` over `defaults` (undefined values skipped). Throws {@link ConfigError} for a non-object, an unknown key. */
 function withDefaults<T extends object>(where: string, config: unknown, defaults: Readonly<T>): T {
-  if (typeof config !== 'object' || config === null || Array.isArray(config))
-    throw configError(where, 'an object', config)
   const known = Object.keys(defaults)
   const full: Record<string, unknown> = { ...defaults }
-  for (const [key, value] of Object.entries(config)) {
+  for (const [key, value] of plainFields(where, config, 'an object', ConfigError)) {
     if (!known.includes(key)) throw new ConfigError(`${where}: unknown key "${key}" (known: ${known.join(', ')})`)
-    if (value !== undefined) full[key] = value
+    full[key] = value
   }
   return full as T
 }
@@ -552,13 +577,15 @@ function usageAnchor(u: Usage, heuristicTokens: number, seq: number): UsageAncho
 
 // ── 2.1 Cost: prices applied to tokens (docs/design.md §11) ──
 
-/** Throws a TypeError naming the field unless `prices` is a well-formed {@link Prices}; returns it. */
+/** Throws a TypeError naming the field unless `prices` is a well-formed {@link Prices}; returns a copy of its fields,
+ *  each read once (a getter is never read again). */
 function validatePrices(prices: unknown, where = 'prices'): Prices {
   const fail = (what: string): never => { throw new TypeError(`${where}${what}; e.g. { cacheHitInput: 0.003, `
     + `cacheMissInput: 0.15, output: 0.6 } (USD per million tokens)`) }
   if (typeof prices !== 'object' || prices === null || Array.isArray(prices)) fail(` must be an object, `
     + `got ${shown(prices)}`)
-  const p = prices as Record<string, unknown>
+  // One read of each field, into a copy that is what the provider keeps: a getter is never read again.
+  const p: Record<string, unknown> = Object.fromEntries(plainFields(where, prices))
   const keys = ['cacheHitInput', 'cacheMissInput', 'output', 'peak', 'cacheWriteInput']
   for (const key of Object.keys(p)) if (!keys.includes(key)) fail(`: unknown key "${key}" (${keys.join(', ')})`)
   for (const key of ['cacheHitInput', 'cacheMissInput', 'output', 'cacheWriteInput']) {
@@ -568,9 +595,13 @@ function validatePrices(prices: unknown, where = 'prices'): Prices {
       + `million tokens, got ${shown(v)}`)
   }
   if (p.peak !== undefined) {
-    const peak = p.peak as Record<string, unknown>
-    if (typeof peak !== 'object' || peak === null) fail(`.peak must be an object {multiplier, days, hoursUTC}, `
-      + `got ${shown(peak)}`)
+    if (typeof p.peak !== 'object' || p.peak === null) fail(`.peak must be an object {multiplier, days, hoursUTC}, `
+      + `got ${shown(p.peak)}`)
+    const peak: Record<string, unknown> = Object.fromEntries(plainFields(`${where}.peak`, p.peak))
+    const copied = (list: unknown) => (Array.isArray(list) ? Array.from(list, (x) => (Array.isArray(x) ? [...x] : x))
+      : list)
+    peak.days = copied(peak.days)
+    peak.hoursUTC = copied(peak.hoursUTC)
     if (typeof peak.multiplier !== 'number' || !Number.isFinite(peak.multiplier)
       || peak.multiplier < 0) fail(`.peak.multiplier must be a non-negative number, `
       + `got ${shown(peak.multiplier)}`)
@@ -581,8 +612,9 @@ function validatePrices(prices: unknown, where = 'prices'): Prices {
       fail(`.peak.hoursUTC must be [startHour, endHour) pairs with 0 ≤ start < end ≤ 24, `
         + `got ${shown(peak.hoursUTC)}`)
     }
+    p.peak = peak
   }
-  return prices as Prices
+  return p as unknown as Prices
 }
 
 /** Whether `timeMs` (ms since the epoch) lies in a peak window of `prices`. */
@@ -5571,7 +5603,8 @@ function sleepMs(ms: number, signal?: AbortSignal): Promise<void> {
 /** The `headers` option: a plain object of header names to strings (undefined values left out). */
 function headersOf(fn: string, headers: unknown): Record<string, string> {
   if (headers === undefined) return {}
-  const fields = plainFields(fn, 'headers', headers, "a plain object of header names to strings, e.g. { 'x-id': 'a' }")
+  const fields = plainFields(`${fn}: headers`, headers,
+    "a plain object of header names to strings, e.g. { 'x-id': 'a' }")
   for (const [name, value] of fields) {
     if (typeof value !== 'string') throw new TypeError(`${fn}: headers[${JSON.stringify(name)}] must be a string, `
       + `got ${shown(value)}`)
@@ -5589,28 +5622,6 @@ function positiveInteger(fn: string, name: string, value: unknown, allowZero = f
 }
 
 /**
- * The own fields of `value`, each read once, those whose value is undefined left out (as JSON.stringify leaves them).
- * The one place the provider reads its options, `headers` and `extraBody`. Throws TypeError naming `what` unless
- * `value` is a plain object (`{…}` or `Object.create(null)`: a string, an array, a Map or a Headers would be sent
- * item by item), or when reading it throws (a getter, a Proxy trap).
- */
-function plainFields(fn: string, what: string, value: unknown, expected: string): [string, unknown][] {
-  const fields: [string, unknown][] = []
-  let key: string | undefined
-  let plain = false
-  try {
-    const proto: unknown = isRecord(value) ? Object.getPrototypeOf(value) : undefined
-    plain = proto === null || (proto !== undefined && Object.getPrototypeOf(proto) === null) // of any realm
-    if (plain) for (key of Object.keys(value as object)) fields.push([key, (value as Record<string, unknown>)[key]])
-  } catch (err) {
-    throw new TypeError(`${fn}: ${key === undefined ? what : `${what}.${key}`} could not be read: `
-      + `${(err as Error)?.message ?? err}`, { cause: err })
-  }
-  if (!plain) throw new TypeError(`${fn}: ${what} must be ${expected}, got ${shown(value)}`)
-  return fields.filter(([, v]) => v !== undefined)
-}
-
-/**
  * A provider from the options of `fn` over `defaults` (of the options given; an undefined value keeps the default):
  * a plain object of known keys, an absolute http(s) `baseURL`, a `model`; the API key from `apiKey`, else the
  * variable named by `apiKeyEnv`, else by `keyEnv(host)` (then required). `check` sees the URL and whether the caller
@@ -5620,7 +5631,7 @@ function makeProvider(fn: string, options: unknown,
   defaults: (given: Record<string, unknown>) => Partial<OpenAICompatibleOptions>, format: WireFormat,
   keyEnv: (host: string) => string | undefined = () => undefined,
   check?: (url: URL, explicitKey: boolean, base: string) => void): Provider {
-  const given: Record<string, any> = Object.fromEntries(plainFields(fn, 'options', options,
+  const given: Record<string, any> = Object.fromEntries(plainFields(`${fn}: options`, options,
     'a plain object of options'))
   for (const key of Object.keys(given)) {
     if (!OPTION_NAMES.includes(key as keyof OpenAICompatibleOptions)) {
@@ -5661,8 +5672,9 @@ function makeProvider(fn: string, options: unknown,
     maxOutputTokens: known?.maxOutputTokens,
     maxTokens: positiveInteger(fn, 'maxTokens', o.maxTokens) ?? DEFAULT_MAX_TOKENS,
     headers: headersOf(fn, o.headers), fetch: fetchImpl, extraBody: Object.fromEntries(o.extraBody === undefined ? []
-      : plainFields(fn, 'extraBody', o.extraBody, 'a plain object of body fields, e.g. { temperature: 0 }')),
-    prices: o.prices === undefined ? undefined : validatePrices(o.prices, `${fn}: prices`),
+      : plainFields(`${fn}: extraBody`, o.extraBody, 'a plain object of body fields, e.g. { temperature: 0 }')),
+    // a default is one of dsh's own frozen tables
+    prices: given.prices === undefined ? o.prices : validatePrices(o.prices, `${fn}: prices`),
   }
   return {
     model, baseURL: base, contextWindow: cfg.contextWindow, maxTokens: cfg.maxTokens,
