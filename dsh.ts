@@ -233,9 +233,9 @@ function shown(value: unknown, depth = 0): string {
     }
     const proto: unknown = Object.getPrototypeOf(value)
     const name: unknown = (proto as { constructor?: { name?: unknown } } | null)?.constructor?.name
-    const inherits = name === 'Object' && proto !== null && Object.getPrototypeOf(proto) !== null
-    if (inherits) return 'an object that inherits fields'
-    if (typeof name !== 'string' || name === '' || name === 'Object') return 'an object'
+    const bare = typeof name !== 'string' || name === '' || name === 'Object'
+    if (bare && proto !== null && !isObjectPrototype(proto as object)) return 'an object that inherits fields'
+    if (bare) return 'an object'
     return `${/^[AEIOU]/.test(name) ? 'an' : 'a'} ${name}`
   } catch { return 'an object' } // a revoked Proxy, a throwing trap
 }
@@ -245,8 +245,14 @@ function configError(what: string, limit: string, value: unknown, fix?: string):
   return new ConfigError(`${what} must be ${limit}, got ${shown(value)}${fix ? `; ${fix}` : ''}`)
 }
 
+/** Whether `proto` is `Object.prototype` of some realm (null above it, and its own methods), not a bag of fields. */
+function isObjectPrototype(proto: object): boolean {
+  return Object.getPrototypeOf(proto) === null
+    && ['hasOwnProperty', 'isPrototypeOf'].every((k) => typeof Object.getOwnPropertyDescriptor(proto, k)?.value === 'function')
+}
+
 /**
- * The own fields of `value`, each read once, those whose value is undefined left out (as JSON.stringify leaves them):
+ * The own fields of `value` (enumerable or not), each read once, those whose value is undefined left out (as JSON.stringify leaves them):
  * the one reader of an options object (the provider's options, `headers`, `extraBody`, `prices`, the prune and ladder
  * configurations). Throws `Err` (TypeError; {@link ConfigError} for a configuration) naming `what` unless `value` is
  * a plain object (`{…}` or `Object.create(null)`, of any realm: a string, an array or a Map would be read item by
@@ -259,8 +265,8 @@ function plainFields(what: string, value: unknown, expected = 'a plain object',
   let plain = false
   try {
     const proto: unknown = isRecord(value) ? Object.getPrototypeOf(value) : undefined
-    plain = proto === null || (proto !== undefined && Object.getPrototypeOf(proto) === null)
-    if (plain) for (key of Object.keys(value as object)) fields.push([key, (value as Record<string, unknown>)[key]])
+    plain = proto === null || (proto !== undefined && isObjectPrototype(proto))
+    if (plain) for (key of Object.getOwnPropertyNames(value)) fields.push([key, (value as Record<string, unknown>)[key]])
   } catch (err) {
     throw new Err(`${key === undefined ? what : `${what}.${key}`} could not be read: `
       + `${(err as Error)?.message ?? err}`, { cause: err })
@@ -582,10 +588,9 @@ function usageAnchor(u: Usage, heuristicTokens: number, seq: number): UsageAncho
 function validatePrices(prices: unknown, where = 'prices'): Prices {
   const fail = (what: string): never => { throw new TypeError(`${where}${what}; e.g. { cacheHitInput: 0.003, `
     + `cacheMissInput: 0.15, output: 0.6 } (USD per million tokens)`) }
-  if (typeof prices !== 'object' || prices === null || Array.isArray(prices)) fail(` must be an object, `
-    + `got ${shown(prices)}`)
+  if (typeof prices !== 'object' || prices === null) fail(` must be an object, got ${shown(prices)}`)
   // One read of each field, into a copy that is what the provider keeps: a getter is never read again.
-  const p: Record<string, unknown> = Object.fromEntries(plainFields(where, prices))
+  const p: Record<string, unknown> = Object.fromEntries(plainFields(where, prices, 'a plain object'))
   const keys = ['cacheHitInput', 'cacheMissInput', 'output', 'peak', 'cacheWriteInput']
   for (const key of Object.keys(p)) if (!keys.includes(key)) fail(`: unknown key "${key}" (${keys.join(', ')})`)
   for (const key of ['cacheHitInput', 'cacheMissInput', 'output', 'cacheWriteInput']) {
@@ -3402,15 +3407,13 @@ async function summarise(host: CompactionHost, messages: readonly Message[], sig
   return await new SummaryJob(host, messages, focus, records, lead).run(signal)
 }
 
-/** The surface messages before `region` (the kept current input), sent ahead of its summary so that the request reads
- *  the conversation's cached prefix (docs/design.md §5, §11); none when they hold a pin (a summary never restates
- *  one) or are not tool-balanced on their own. */
+/** The one surface message before `region` when it is the kept current input at the head (a user message, neither
+ *  a checkpoint nor a pin), sent ahead of the summary so that the request reads the conversation's cached prefix
+ *  (docs/design.md §5, §11); none otherwise: an earlier turn or checkpoint there would be restated in the new one. */
 function summaryLead(session: Session, region: Region): Message[] {
-  const nodes = session.surface().slice(0, region.start)
-  if (nodes.some((n) => session.pins.has(n.seq))) return []
-  const lead = nodes.map((n) => n.message), calls = lead.flatMap((m) => toolCalls(m))
-  const results = new Set(lead.flatMap((m) => (m.role === 'tool' ? [m.toolCallId] : [])))
-  return calls.length === results.size && calls.every((c) => results.has(c.id)) ? lead : []
+  const head = region.start === 1 ? session.surface()[0] : undefined
+  return head && head.message.role === 'user' && !isCheckpoint(head) && !session.pins.has(head.seq)
+    ? [head.message] : []
 }
 
 /** One run of {@link summarise}: its window, calibration and budget as they are learned, and its progress. */
@@ -3463,9 +3466,11 @@ class SummaryJob {
     return crowded ? { system: full.system } : full
   }
   private fixed(): number { return estimateEnvelopeTokens(this.envelope()) + estimateMessageTokens(this.instruction) }
-  /** What this request sends of the lead: all with the first chunk while within a quarter of the room, else none. */
+  /** What this request sends of the lead: all with the first chunk while within a quarter of the room, else none;
+   *  none to a summarizer of another model (it has no cached prefix to read). */
   private leadSent(): readonly Message[] {
-    return this.summary || estimateRequestTokens({}, this.lead) * 4 > this.inputBudget - this.fixed() ? [] : this.lead
+    return this.summary || !this.sameModel || estimateRequestTokens({}, this.lead) * 4 > this.inputBudget - this.fixed()
+      ? [] : this.lead
   }
   private prior(s: string): UserMessage {
     return { role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` }
@@ -6307,7 +6312,7 @@ async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit, fi
 }
 
 /** What one attempt learned that its error needs: the response's request id, and which timer ended it. */
-interface AttemptState { requestId?: string; timedOut: boolean; pastDeadline: boolean }
+interface AttemptState { requestId?: string; status?: number; timedOut: boolean; pastDeadline: boolean }
 
 /**
  * One POST of `body` to `cfg.endpoint` under the request's signal, the idle timer and the deadline; `read` reads the
@@ -6354,6 +6359,7 @@ async function attempt<T = ChatResponse>(cfg: AdapterConfig, request: ChatReques
   try {
     const response = await postFollowingSameOrigin(cfg, { method: 'POST', headers, body, signal: controller.signal })
     progress()
+    st.status = response.status
     st.requestId = acc.requestId = requestIdOf(response.headers)
     return await read(response, acc, controller.signal)
   } catch (e) {
@@ -6465,17 +6471,18 @@ async function readReply(response: Response, acc: ReplyAssembler, signal: AbortS
  */
 function attemptError(cfg: AdapterConfig, e: unknown, acc: ReplyAssembler, aborted: boolean,
   st: AttemptState): ProviderError {
-  const { requestId } = st
+  // After a 200 the server ran the request: the error carries that status, so the spend cap counts it (§11).
+  const { requestId } = st, ran = { requestId, ...(st.status === 200 ? { status: 200 } : {}) }
   let error: ProviderError
-  if (aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`, { requestId })
+  if (aborted) error = providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted by the caller.`, ran)
   else if (st.pastDeadline) {
     error = providerError(cfg, 'TIMEOUT', `the request deadline of ${cfg.requestTimeoutMs} ms (REQUEST_TIMEOUT_MS) `
-      + `passed before ${cfg.endpoint} (model ${cfg.model}) finished; not retried.`, { requestId })
+      + `passed before ${cfg.endpoint} (model ${cfg.model}) finished; not retried.`, ran)
     notRetried.add(error)
   } else if (e instanceof ProviderError) error = e
   else if (st.timedOut) {
     error = providerError(cfg, 'TIMEOUT', `no progress from ${cfg.endpoint} (model ${cfg.model}) `
-      + `for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, { requestId })
+      + `for ${cfg.idleTimeoutMs} ms; keep-alive comments do not count.`, ran)
   } else if (e instanceof SSEOverflowError) {
     error = providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint}: ${e.message}.`,
       { requestId, status: 200, cause: e })
@@ -6483,7 +6490,7 @@ function attemptError(cfg: AdapterConfig, e: unknown, acc: ReplyAssembler, abort
     // undici says only "fetch failed"; the reason (ECONNREFUSED, ENOTFOUND, …) is in its cause.
     const reason = e instanceof Error ? e.message + (e.cause instanceof Error ? ` (${e.cause.message})`
       : '') : String(e)
-    error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${reason}.`, { requestId, cause: e })
+    error = providerError(cfg, 'TRANSPORT', `request to ${cfg.endpoint} failed: ${reason}.`, { ...ran, cause: e })
   }
   const partial = acc.partial()
   if (partial && !error.partial) error.partial = partial
@@ -6638,18 +6645,25 @@ function failedOutputTokens(error: ProviderError | undefined, seen: SeenOutput):
 function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider, summarizer: Provider): { turn?: number;
   session?: number } | undefined {
   if (cap === undefined) return undefined
-  const caps = typeof cap === 'number' ? { turn: cap } : cap
+  const limit = 'a non-negative number of USD or {turn, session} of them'
+  // Read once, into a copy (a getter is never read again, docs/design.md §14).
+  const caps: Record<string, unknown> = typeof cap === 'number' ? { turn: cap }
+    : Object.fromEntries(plainFields('maxCostUSD', cap, limit, ConfigError))
   const ok = (x: unknown) => x === undefined || (typeof x === 'number' && Number.isFinite(x) && x >= 0)
-  if (!isRecord(caps) || !ok(caps.turn) || !ok(caps.session)
-    || Object.keys(caps).some((k) => k !== 'turn' && k !== 'session'))
-    throw configError('maxCostUSD', 'a non-negative number of USD or {turn, session} of them', cap,
-      'e.g. maxCostUSD: 0.5 (each turn) or { session: 5 }')
+  if (!ok(caps.turn) || !ok(caps.session) || Object.keys(caps).some((k) => k !== 'turn' && k !== 'session'))
+    throw configError('maxCostUSD', limit, cap, 'e.g. maxCostUSD: 0.5 (each turn) or { session: 5 }')
+  for (const p of [provider, summarizer]) {
+    // A Provider of the caller's own is not checked where it was made: prices that cannot price a request fail here.
+    try { if (p.prices) validatePrices(p.prices, `${p.model}: prices`) } catch (e) {
+      throw new ConfigError(`maxCostUSD: ${(e as Error).message}`, { cause: e })
+    }
+  }
   if (!provider.prices) throw new ConfigError(`maxCostUSD needs the provider's prices, and model `
     + `"${provider.model}" has none (cost unknown); give the provider prices: { cacheHitInput, cacheMissInput, `
     + `output } (USD per million tokens), or leave maxCostUSD out`)
   if (!summaryPrices(provider, summarizer)) throw new ConfigError(`maxCostUSD needs the summarizer's prices too, and `
     + `model "${summarizer.model}" has none (cost unknown); give the summarizer prices, or leave maxCostUSD out`)
-  return caps
+  return caps as { turn?: number; session?: number }
 }
 
 /** The prices a summary request is counted at: the summarizer's, the conversation's for the same model. */

@@ -196,12 +196,12 @@ test('the spend cap is checked before a summary request too: unsent past the cap
   assert.equal(summaries, 0) // never sent
   assert.equal(result.reason, 'budget')
   const end = session.events.find((e) => e.type === 'turn/end') as SessionEvent<'turn/end'>
-  // Ten steps spent $0.003824; the summary request of the region before the retained tail (the current input "go"
-  // ahead of it, 9 tokens), at the summarizer's prices (its output modelled at half its completion budget, which the
-  // window's room left clamps), would pass the session's cap.
+  // Ten steps spent $0.003824; the summary request of the region before the retained tail, at the summarizer's
+  // prices (its output modelled at half its completion budget), would pass the session's cap. The summarizer is
+  // another model: no lead (it has no cached prefix to read).
   assert.equal(result.steps, 10)
   assert.equal(end.data.message, 'spend cap: this session has spent $0.003824 of its $0.010000 cap and a summary '
-    + 'request would cost about $0.113985; stopped before it (maxCostUSD)')
+    + 'request would cost about $0.114120; stopped before it (maxCostUSD)')
   // The refused summary is in the log as a compaction that ended unsent, and is no failure the ladder remembers.
   const ends = session.events.filter((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>[]
   assert.deepEqual(ends.map((e) => [e.data.error, e.data.requests]), [[end.data.message, []]])
@@ -370,7 +370,7 @@ test('an overflow whose recovery needs a summary past the cap stops the turn wit
   assert.equal(result.steps, 8)
   assert.equal(summaries, 0)
   const message = 'spend cap: this session has spent $0.002639 of its $0.010000 cap and a summary request would cost '
-    + 'about $0.112710; stopped before it (maxCostUSD)' // the current input "go" (9 tokens) ahead of the region
+    + 'about $0.112575; stopped before it (maxCostUSD)' // another model summarises: no lead
   const end = session.events.find((e) => e.type === 'turn/end') as SessionEvent<'turn/end'>
   assert.deepEqual(end.data, { turn: 1, reason: 'budget', message })
   assert.deepEqual(session.events.filter((e) => /^(request\/error|compaction\/|step\/end)/.test(e.type)).slice(-4)
