@@ -603,18 +603,20 @@ function validatePrices(prices: unknown, where = 'prices'): Prices {
     if (typeof p.peak !== 'object' || p.peak === null) fail(`.peak must be an object {multiplier, days, hoursUTC}, `
       + `got ${shown(p.peak)}`)
     const peak: Record<string, unknown> = Object.fromEntries(plainFields(`${where}.peak`, p.peak))
-    const copied = (list: unknown) => (Array.isArray(list) ? Array.from(list, (x) => (Array.isArray(x) ? [...x] : x))
-      : list)
-    peak.days = copied(peak.days)
-    peak.hoursUTC = copied(peak.hoursUTC)
+    // Copied once their lengths are checked: a sparse array of 2^27 holes is a few bytes until it is copied.
+    const copied = (list: unknown, max: number) => (!Array.isArray(list) || list.length > max ? list
+      : Array.from(list, (x) => (Array.isArray(x) && x.length === 2 ? [x[0], x[1]] : x)))
+    peak.days = copied(peak.days, 7)
+    peak.hoursUTC = copied(peak.hoursUTC, 24)
     if (typeof peak.multiplier !== 'number' || !Number.isFinite(peak.multiplier)
       || peak.multiplier < 0) fail(`.peak.multiplier must be a non-negative number, `
       + `got ${shown(peak.multiplier)}`)
-    if (!Array.isArray(peak.days) || !peak.days.every((d) => Number.isInteger(d) && d >= 0
+    if (!Array.isArray(peak.days) || peak.days.length > 7 || !peak.days.every((d) => Number.isInteger(d) && d >= 0
       && d <= 6)) fail(`.peak.days must be UTC weekdays 0 (Sunday) … 6 (Saturday), got ${shown(peak.days)}`)
-    if (!Array.isArray(peak.hoursUTC) || !peak.hoursUTC.every((h) => Array.isArray(h) && h.length === 2
+    if (!Array.isArray(peak.hoursUTC) || peak.hoursUTC.length > 24 || !peak.hoursUTC.every((h) => Array.isArray(h)
+      && h.length === 2
       && h.every((x) => typeof x === 'number' && x >= 0 && x <= 24) && h[0] < h[1])) {
-      fail(`.peak.hoursUTC must be [startHour, endHour) pairs with 0 ≤ start < end ≤ 24, `
+      fail(`.peak.hoursUTC must be at most 24 [startHour, endHour) pairs with 0 ≤ start < end ≤ 24, `
         + `got ${shown(peak.hoursUTC)}`)
     }
     p.peak = peak
@@ -3151,6 +3153,8 @@ interface LadderView {
   clearable(name: string): boolean
   /** The size of the next request, tokens (the envelope it will carry included). */
   nextRequestTokens(): number
+  /** How a summary of `region` would read the conversation's cache (docs/design.md §5, §11). */
+  summaryCacheRead(region: Region): SummaryCacheRead
 }
 
 /** A rung: the batches of edits it would log for the view as it is now. */
@@ -3467,10 +3471,14 @@ class SummaryJob {
   }
   private fixed(): number { return estimateEnvelopeTokens(this.envelope()) + estimateMessageTokens(this.instruction) }
   /** What this request sends of the lead: all with the first chunk while within a quarter of the room, else none;
-   *  none to a summarizer of another model (it has no cached prefix to read). */
-  private leadSent(): readonly Message[] {
-    return this.summary || !this.sameModel || estimateRequestTokens({}, this.lead) * 4 > this.inputBudget - this.fixed()
-      ? [] : this.lead
+   *  none to a summarizer of another model, nor without the tool specs (neither reads the cached prefix). */
+  leadSent(): readonly Message[] {
+    return this.summary || !this.readsCache() || estimateRequestTokens({}, this.lead) * 4 > this.inputBudget
+      - this.fixed() ? [] : this.lead
+  }
+  /** Whether this job's requests can read the conversation's cached prefix: the same model, the tool specs kept. */
+  readsCache(): boolean {
+    return this.sameModel && this.envelope() === this.fullEnvelope
   }
   private prior(s: string): UserMessage {
     return { role: 'user', content: `Checkpoint of the earlier part:\n<compacted-summary>\n${s}\n</compacted-summary>` }
@@ -3806,7 +3814,7 @@ class Ladder {
     return {
       session: this.host.session, prune: s.prune, compaction: s.compaction, window: s.contextWindow, threshold,
       includeNewest, clearable: (name) => !s.unclearable?.has(name), taskTokens: this.taskTokens(),
-      nextRequestTokens: () => this.nextRequestTokens(),
+      nextRequestTokens: () => this.nextRequestTokens(), summaryCacheRead: (r) => summaryCacheRead(this.host, r),
     }
   }
 
@@ -3877,7 +3885,8 @@ class Ladder {
       // The gate: no summary that cannot save a token, nor one that leaves the request above the threshold
       // when it fits the window without it or would not fit with it either (the checkpoint as the gate models it).
       const gate = trigger === 'pressure' && gateOf(session, cfg, this.watch)
-      const model = gate ? summaryModel(session, region, cfg, gate.prices) : undefined, saved = model?.savedTokens ?? 0
+      const model = gate ? summaryModel(session, region, cfg, gate.prices, summaryCacheRead(this.host, region))
+        : undefined, saved = model?.savedTokens ?? 0
       const next = this.nextRequestTokens(), left = Math.ceil(next - saved * rate)
       if (gate && (saved <= 0 || (left >= threshold && (next <= window || left >= window)))) {
         lastError = `a summary of this ${region.tokens}-token region would leave about ${left} tokens, not under the `
@@ -4093,13 +4102,23 @@ function gatedOps(v: LadderView, batch: LadderBatch, gate: Gate | undefined,
     payback: paybackRequests(gate.prices, models[k]) }
 }
 
-/** The model of a summary of `region` (docs/design.md §11): its request reads the cache through its lead, if any. */
-function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices): EditModel {
+/** How a summary of `region` would read the conversation's cache, as its {@link SummaryJob} decides (docs/design.md
+ *  §5, §11): what it sends ahead of the region, and whether it reads the cache at all (the same model, and the tool
+ *  specs kept). */
+function summaryCacheRead(host: CompactionHost, region: Region): SummaryCacheRead {
+  const job = new SummaryJob(host, [], undefined, [], summaryLead(host.session, region))
+  return { lead: job.leadSent(), reads: job.readsCache() }
+}
+interface SummaryCacheRead { lead: readonly Message[]; reads: boolean }
+
+/** The model of a summary of `region` (docs/design.md §11): its request reads the cache through `lead`, if any. */
+function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices,
+  { lead, reads }: SummaryCacheRead): EditModel {
   const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
   const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests)
     : Math.ceil(SUMMARY_OUTPUT_SHARE * summaryMaxTokens(region.tokens, cfg))
-  const lead = summaryLead(session, region), input = estimateRequestTokens({}, lead) + region.tokens
-  const hit = region.start > 0 && lead.length === 0 ? 0 : Math.min(input, cached)
+  const input = estimateRequestTokens({}, lead) + region.tokens
+  const hit = !reads || (region.start > 0 && lead.length === 0) ? 0 : Math.min(input, cached)
   const saved = Math.max(0, region.tokens - output)
   const summaryUSD = requestCostUSD(prices, { cachedInputTokens: hit, uncachedInputTokens: input - hit,
     outputTokens: output }, 0)
@@ -4117,7 +4136,8 @@ function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: Ladd
   const region = selectRegion(v.session.surface(), Math.floor((v.window * v.compaction.retainedTailRatio) / rate),
     keptOutOfSummary(v.session))
   const cheaper = !region || netEditUSD(gate.prices, clear, gate.requests)
-    <= netEditUSD(gate.prices, summaryModel(v.session, region, v.compaction, gate.prices), gate.requests)
+    <= netEditUSD(gate.prices, summaryModel(v.session, region, v.compaction, gate.prices, v.summaryCacheRead(region)),
+      gate.requests)
   return { batch: { ops, stopAtOrBelow: Math.floor(v.window * reliefRatio(v.compaction)) },
     needed: nextTokens - clear.savedTokens * rate >= v.threshold || cheaper }
 }
@@ -7125,8 +7145,17 @@ class Agent {
       this.warn(`the provider could not count the request (${(err as Error).message}); the estimate stands`)
       return
     }
+    // A count, as usage is one (checkedUsage): a Provider of the caller's own may answer anything.
+    if (!Number.isInteger(tokens) || tokens < 0 || tokens > USAGE_MAX_TOKENS) {
+      this.countFailed = true
+      this.warn(`the provider's count ${shown(tokens)} is not a token count in [0, ${USAGE_MAX_TOKENS}]; the estimate `
+        + `stands`)
+      return
+    }
     session.append('ladder/state', { sample: { providerTokens: tokens, heuristicTokens: m.heuristicTokens,
       source: 'count' } })
+    // written before the ladder may call a model, as before the step's own request
+    if (this.compaction.auto) await stateOf(session).flush()
     if (this.compaction.auto) await this.unlessAborted(() => this.ladder.relievePressure(signal), signal)
   }
 

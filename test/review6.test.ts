@@ -262,3 +262,120 @@ test('options: an object that inherits its fields from a null-prototype object i
   }
   assert.equal(agent.compaction.thresholdRatio, 0.1)
 })
+
+test('gate: a summary whose lead is not sent (over a quarter of the summarizer\'s room) is priced without the cache hit', async () => {
+  // docs/design.md §11: a summary's input is priced "with what it sends ahead of its region, the cached part at the
+  // hit price — none when the region does not start at the head and nothing is sent ahead of it". The same session
+  // twice: a 2,000-token input, nine 7,000-character results, a summarizer of the same model with a window of 16,000
+  // (the input is sent ahead of the region: 10,879 of 11,089 tokens hit) or of 8,000 (the input is over a quarter of
+  // its room: not sent; 29 tokens hit, the envelope's). The gate's model ignores the summarizer's room, so it prices
+  // both alike: the same payback, 113 requests, for a request that misses all but 29 tokens.
+  async function run(summaryWindow: number) {
+    let step = 0, n = 0
+    const sent: ChatRequest[] = []
+    const provider: Provider = { model: 'm', baseURL: 'memory://g', contextWindow: 16_000, maxTokens: 200, prices: FLASH,
+      complete: async () => { const i = step++
+        return i < 9 ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `a${i}`, name: 'fetch', arguments: '{}' }] }, finishReason: 'tool-calls' }
+          : { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop' } } } as Provider
+    const summarizer: Provider = { ...provider, contextWindow: summaryWindow, complete: async (r: ChatRequest) => { sent.push(r)
+      return { message: { role: 'assistant', content: [{ type: 'text', text: 'CHECKPOINT: work so far.' }] }, finishReason: 'stop' } } } as Provider
+    const session = await Session.open(new MemoryStore())
+    const input = 'task: ' + 'q'.repeat(8_000)
+    const agent = new Agent({ session, provider, summarizer, recall: false, compaction: { clear: false },
+      tools: [{ name: 'fetch', description: 't', parameters: { type: 'object', properties: {} }, execute: () => `result ${n++} `.padEnd(7_000, '.') }] })
+    await agent.run(input)
+    const summary = session.events.find((e) => e.type === 'compaction/summary') as SessionEvent<'compaction/summary'>
+    const end = session.events.find((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>
+    return { payback: summary.data.paysBackAfterRequests, leadSent: sent[0].messages[0].content === input,
+      hit: end.data.requests![0].modelledHitTokens }
+  }
+  const sentAhead = await run(16_000), dropped = await run(8_000)
+  assert.deepEqual([sentAhead.leadSent, sentAhead.hit, dropped.leadSent, dropped.hit], [true, 10_879, false, 29])
+  // Observed: 113 and 113.
+  assert.ok(dropped.payback! > sentAhead.payback!, `payback ${dropped.payback} with no lead vs ${sentAhead.payback} with it`)
+})
+
+test('options: a sparse prices.peak.days of 2^27 holes is a TypeError, not an out-of-memory crash of the process', async () => {
+  // validatePrices copies peak.days with Array.from before it validates it: a sparse array (a few bytes of the
+  // caller's memory) becomes 2^27 undefined slots. In a process with a 64 MB heap that is a fatal V8 out-of-memory
+  // crash (the caller cannot catch it); fb1e8ef took every() over the holes and accepted the list instead.
+  const { spawnSync } = await import('node:child_process')
+  const { fileURLToPath } = await import('node:url')
+  const dsh = fileURLToPath(new URL('../dsh.ts', import.meta.url))
+  const script = `const { openAICompatible } = await import(${JSON.stringify(dsh)});
+    try { openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', prices: { cacheHitInput: 1, cacheMissInput: 1,
+      output: 1, peak: { multiplier: 2, days: new Array(2 ** 27), hoursUTC: [[1, 2]] } } }); console.log('accepted') }
+    catch (e) { console.log(e.name + ': ' + e.message.slice(0, 66)) }`
+  const child = spawnSync(process.execPath, ['--max-old-space-size=64', '--import', 'tsx', '--input-type=module', '-e', script],
+    { cwd: fileURLToPath(new URL('..', import.meta.url)), encoding: 'utf8', timeout: 120_000 })
+  assert.deepEqual([child.status, child.signal, child.stdout.trim()],
+    [0, null, 'TypeError: openAICompatible: prices.peak.days must be UTC weekdays 0 (Sunday)'], child.stderr.slice(0, 300))
+})
+
+test('lead: a summary request whose tool specs are dropped (they crowd the window) reads no cache, so it sends no lead', async () => {
+  // One tool of a 7,000-character description: over 10% of the 16,000-token window, so the summary requests go without
+  // the tool specs. Their envelope differs from the conversation's, nothing of the prefix is cached for them (the
+  // modelled hit is 0), and the lead is only tokens paid at the miss price.
+  let step = 0, n = 0
+  const sent: ChatRequest[] = []
+  const provider: Provider = { model: 'm', baseURL: 'memory://g', contextWindow: 16_000, maxTokens: 200, prices: FLASH,
+    complete: async (r: ChatRequest) => {
+      if (r.headers?.['x-dsh-purpose'] === 'compaction') { sent.push(r)
+        return { message: { role: 'assistant', content: [{ type: 'text', text: 'CHECKPOINT: work so far.' }] }, finishReason: 'stop' } }
+      const i = step++
+      return i < 9 ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `a${i}`, name: 'fetch', arguments: '{}' }] }, finishReason: 'tool-calls' }
+        : { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop' } } } as Provider
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, recall: false, compaction: { clear: false },
+    tools: [{ name: 'fetch', description: 'd'.repeat(7_000), parameters: { type: 'object', properties: {} }, execute: () => `result ${n++} `.padEnd(6_000, '.') }] })
+  await agent.run('fetch nine')
+  const end = session.events.find((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>
+  assert.deepEqual(end.data.requests!.map((r) => r.modelledHitTokens), [0])
+  assert.deepEqual(sent.map((r) => r.tools?.length ?? 0), [0], 'the summary request has no tool specs')
+  // Observed: it opens with the input 'fetch nine' all the same.
+  assert.notDeepEqual(sent[0].messages[0], { role: 'user', content: 'fetch nine' })
+})
+
+test('count: a Provider whose countTokens answers no token count (NaN, -5, "12000") logs no calibration sample of it', async () => {
+  // The adapters check their server's count (an integer in [0, USAGE_MAX_TOKENS]); the loop takes any Provider's
+  // answer as is and logs it: ladder/state {sample: {providerTokens: null}} (NaN as JSON), -5, "12000".
+  const logged: unknown[] = []
+  for (const count of [Number.NaN, -5, '12000']) {
+    const provider: Provider = { model: 'm', baseURL: 'memory://count', contextWindow: 10_000, maxTokens: 100, prices: FLASH,
+      complete: async () => ({ message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }),
+      countTokens: async () => count as number } as Provider
+    const session = await Session.open(new MemoryStore())
+    await new Agent({ session, provider, warn: () => {} } as ConstructorParameters<typeof Agent>[0]).run('x'.repeat(36_000))
+    for (const e of session.events) {
+      const sample = (e.data as { sample?: { providerTokens: unknown; source: string } }).sample
+      if (e.type === 'ladder/state' && sample?.source === 'count') logged.push(sample.providerTokens)
+    }
+  }
+  // Observed: [NaN, -5, '12000'] (NaN is written as null).
+  assert.deepEqual(logged, [])
+})
+
+test('durability: a summary the provider\'s count near the window asks for is sent after its step is written to the store', async () => {
+  // A conversation request is sent only once its step/start is written ("a crash mid-request still shows the step it
+  // was in"), and the post-step ladder flushes before it may call a model. The count near the window relieves
+  // pressure between the step's start and its flush: its summary requests go out while the store holds nothing of
+  // the step (step/start, request/header, the count's sample, compaction/start). A crash then leaves a log that never
+  // shows the requests were made.
+  const store = new MemoryStore()
+  const seen: Array<[number, number]> = []
+  const provider: Provider = { model: 'm', baseURL: 'memory://count', contextWindow: 10_000, maxTokens: 100, prices: FLASH,
+    complete: async (r: ChatRequest) => {
+      if (r.headers?.['x-dsh-purpose'] === 'compaction') {
+        seen.push([store.events.filter((e) => e.type === 'step/start').length, session.events.filter((e) => e.type === 'step/start').length])
+        return { message: { role: 'assistant', content: [{ type: 'text', text: 'summary' }] }, finishReason: 'stop' }
+      }
+      return { message: { role: 'assistant', content: [{ type: 'text', text: 'ok: a short reply' }] }, finishReason: 'stop' }
+    },
+    countTokens: async () => 12_000 } as Provider
+  const session = await Session.open(store)
+  const agent = new Agent({ session, provider, compaction: { thresholdRatio: 0.95 } })
+  for (let i = 1; i <= 5; i++) await agent.run(`turn ${i} ` + String(i).repeat(7_200))
+  assert.ok(seen.length > 0, 'the count asked for a summary')
+  // Observed: [4, 5] for each: the fifth step is in memory only.
+  assert.deepEqual(seen.filter(([written, appended]) => written < appended), [])
+})
