@@ -248,15 +248,17 @@ function configError(what: string, limit: string, value: unknown, fix?: string):
 /** Whether `proto` is `Object.prototype` of some realm (null above it, and its own methods), not a bag of fields. */
 function isObjectPrototype(proto: object): boolean {
   return Object.getPrototypeOf(proto) === null
-    && ['hasOwnProperty', 'isPrototypeOf'].every((k) => typeof Object.getOwnPropertyDescriptor(proto, k)?.value === 'function')
+    && ['hasOwnProperty', 'isPrototypeOf'].every((k) => typeof Object.getOwnPropertyDescriptor(proto, k)?.value
+      === 'function')
 }
 
 /**
- * The own fields of `value` (enumerable or not), each read once, those whose value is undefined left out (as JSON.stringify leaves them):
- * the one reader of an options object (the provider's options, `headers`, `extraBody`, `prices`, the prune and ladder
- * configurations). Throws `Err` (TypeError; {@link ConfigError} for a configuration) naming `what` unless `value` is
- * a plain object (`{…}` or `Object.create(null)`, of any realm: a string, an array or a Map would be read item by
- * item, a class instance's inherited fields missed), or when reading it throws (a getter, a Proxy trap).
+ * The own fields of `value` (enumerable or not), each read once, those whose value is undefined left out (as
+ * JSON.stringify leaves them): the one reader of an options object (the provider's options, `headers`, `extraBody`,
+ * `prices`, `maxCostUSD`, the prune and ladder configurations). Throws `Err` (TypeError; {@link ConfigError} for a
+ * configuration) naming `what` unless `value` is a plain object (`{…}` or `Object.create(null)`, of any realm: a
+ * string, an array or a Map would be read item by item, a class instance's inherited fields missed), or when reading
+ * it throws (a getter, a Proxy trap).
  */
 function plainFields(what: string, value: unknown, expected = 'a plain object',
   Err: new (message: string, options?: ErrorOptions) => Error = TypeError): [string, unknown][] {
@@ -266,7 +268,9 @@ function plainFields(what: string, value: unknown, expected = 'a plain object',
   try {
     const proto: unknown = isRecord(value) ? Object.getPrototypeOf(value) : undefined
     plain = proto === null || (proto !== undefined && isObjectPrototype(proto))
-    if (plain) for (key of Object.getOwnPropertyNames(value)) fields.push([key, (value as Record<string, unknown>)[key]])
+    if (plain) {
+      for (key of Object.getOwnPropertyNames(value)) fields.push([key, (value as Record<string, unknown>)[key]])
+    }
   } catch (err) {
     throw new Err(`${key === undefined ? what : `${what}.${key}`} could not be read: `
       + `${(err as Error)?.message ?? err}`, { cause: err })
