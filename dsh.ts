@@ -10396,12 +10396,17 @@ function simulatedSummaryText(tokens: number, messages: number): string {
   return text.replace(/\s/g, (c, i: number) => (i === 0 || i === chars - 1 ? '.' : c))
 }
 
-/** A Provider that answers every summary request with a fixed-size text (no network). */
+/**
+ * A Provider that answers every summary request with a fixed-size text (no network): `tokens`, or the
+ * request's `maxTokens` when that is smaller (finish reason `length`), as a server never answers past it.
+ */
 function simulatedSummarizer(tokens: number, contextWindow: number): Provider {
   return {
     model: 'simulated-summarizer', baseURL: 'replay://simulated', contextWindow, maxTokens: tokens,
     async complete(request: ChatRequest): Promise<ChatResponse> {
-      return { message: { role: 'assistant', content: [{ type: 'text', text: simulatedSummaryText(tokens, request.messages.length) }] }, finishReason: 'stop' }
+      const capped = request.maxTokens !== undefined && request.maxTokens < tokens
+      const text = simulatedSummaryText(capped ? Math.max(1, Math.floor(request.maxTokens!)) : tokens, request.messages.length)
+      return { message: { role: 'assistant', content: [{ type: 'text', text }] }, finishReason: capped ? 'length' : 'stop' }
     },
   }
 }

@@ -131,3 +131,21 @@ test('rereads: the same call and output before and after a compaction is 1; the 
   assert.equal(lines.at(-1).figures.rereads, 1)
   assert.equal(lines.filter((l) => l.kind === 'step').reduce((n: number, l: { figures: { rereads: number } }) => n + l.figures.rereads, 0), 1)
 })
+
+test('the simulated summarizer honours a summary request\'s max_tokens, as a server does: a 300-token budget gets a 300-token summary, not the 2,000 of --summary-tokens', async () => {
+  const summaries = new Set<string>()
+  const report = await replayTranscript(readTranscript(transcript(30)), {
+    contextWindow: 16_000, compaction: { summaryMaxTokens: 300, gate: false, clear: false },
+    onStep(_row, session) {
+      for (const n of session.surface()) {
+        const text = typeof n.message.content === 'string' ? n.message.content : ''
+        const summary = /\[simulated checkpoint of \d+ message\(s\)[^\n]*/.exec(text)
+        if (summary) summaries.add(summary[0])
+      }
+    },
+  })
+  assert.ok(report.totals.summaryCalls >= 1, `summary calls ${report.totals.summaryCalls}`)
+  assert.ok(summaries.size >= 1)
+  // 300 tokens by §2 are 1,200 UTF-16 units.
+  for (const s of summaries) assert.equal(s.length, 1_200)
+})
