@@ -149,3 +149,23 @@ test('the simulated summarizer honours a summary request\'s max_tokens, as a ser
   // 300 tokens by §2 are 1,200 UTF-16 units.
   for (const s of summaries) assert.equal(s.length, 1_200)
 })
+
+test('a hidden prompt of 12,000 tokens in a 16,000-token window: the ladder sizes its tail, task share, ledger and summary budget by the room the history has, and no calibrated request is over the window', async () => {
+  // 'task', then 40 steps of `sh {}` and an 800-character result (209 tokens by §2); the run records 12,000 + 1.4 × the estimate.
+  const messages: object[] = [{ role: 'user', content: 'task' }]
+  for (let k = 1; k <= 40; k++) {
+    const estimate = 9 + 209 * (k - 1)
+    messages.push({ role: 'assistant', content: null, tool_calls: [call(`c${k}`)], usage: { prompt_tokens: Math.round(12_000 + 1.4 * estimate), completion_tokens: 3 } })
+    messages.push({ role: 'tool', tool_call_id: `c${k}`, content: String(k % 10).repeat(800) })
+  }
+  messages.push({ role: 'assistant', content: 'done' })
+  const t = readTranscript(JSON.stringify(messages))
+  // The history has 4,000 − 1.4 × its envelope tokens of room: sized by the window (a 2,560-token tail, 1,829 by
+  // §2), a summary would keep more than that room and 26 requests went over (20 with clear off).
+  for (const [compaction, summaries] of [[{ gate: false }, 7], [{ gate: false, clear: false }, 7]] as const) {
+    const report = await replayTranscript(t, { contextWindow: 16_000, compaction })
+    assert.equal(report.totals.calibratedRequestsOverWindow, 0, JSON.stringify(compaction))
+    assert.ok(report.totals.peakCalibratedRequestTokens <= 16_000, `peak ${report.totals.peakCalibratedRequestTokens}`)
+    assert.equal(report.totals.summaryCalls, summaries, JSON.stringify(compaction))
+  }
+})
