@@ -2697,14 +2697,15 @@ function ledgerBudget(contextWindow?: number): number {
 }
 
 /**
- * The window (tokens) the ladder sizes what it keeps by (docs/design.md §5 "Room"): `window`, or twice the
- * history's room — `window` less the envelope as measured (`offset + calibration ×` its heuristic price) —
- * when the envelope takes more than half of it; 0 when the envelope fills it.
+ * The window (tokens) the ladder sizes what it keeps by (docs/design.md §5 "Room"): `window × f²`, f = min(1,
+ * 2 × room ÷ window), the room being `window` less the envelope as measured (`offset + calibration ×` its
+ * heuristic price): `window` while the envelope takes at most half of it; 0 when the envelope fills it.
  */
 function keptWindowTokens(session: Session, window: number): number {
   const m = session.measure()
-  const envelopeTokens = m.calibrationOffsetTokens + m.calibration * m.envelopeTokens
-  return Math.max(0, Math.min(window, Math.floor(2 * (window - envelopeTokens))))
+  const roomTokens = window - m.calibrationOffsetTokens - m.calibration * m.envelopeTokens
+  const f = Math.max(0, Math.min(1, (2 * roomTokens) / window))
+  return f === 1 ? window : Math.floor(window * f * f)
 }
 
 // The user's own words (docs/design.md §12): every user message of a region is in its checkpoint, within

@@ -160,9 +160,10 @@ test('a hidden prompt of 12,000 tokens in a 16,000-token window: the ladder size
   }
   messages.push({ role: 'assistant', content: 'done' })
   const t = readTranscript(JSON.stringify(messages))
-  // The history has 4,000 − 1.4 × its envelope tokens of room: sized by the window (a 2,560-token tail, 1,829 by
-  // §2), a summary would keep more than that room and 26 requests went over (20 with clear off).
-  for (const [compaction, summaries] of [[{ gate: false }, 7], [{ gate: false, clear: false }, 7]] as const) {
+  // The history has 16,000 − 12,000 = 4,000 tokens of room (the envelope is unknown: 0), so the kept window is
+  // 16,000 × (2 × 4,000 ÷ 16,000)² = 4,000 and the retained tail 640 tokens (457 by §2). Sized by the window (a
+  // 2,560-token tail, 1,828 by §2, and a checkpoint of up to 2,000), 26 requests went over (20 with clear off).
+  for (const [compaction, summaries] of [[{ gate: false }, 12], [{ gate: false, clear: false }, 12]] as const) {
     const report = await replayTranscript(t, { contextWindow: 16_000, compaction })
     assert.equal(report.totals.calibratedRequestsOverWindow, 0, JSON.stringify(compaction))
     assert.ok(report.totals.peakCalibratedRequestTokens <= 16_000, `peak ${report.totals.peakCalibratedRequestTokens}`)
