@@ -2699,9 +2699,10 @@ function ledgerBudget(contextWindow?: number): number {
 /**
  * The window (tokens) the ladder sizes what it keeps by (docs/design.md §5 "Room"): `window × f²`, f = min(1,
  * 2 × room ÷ window), the room being `window` less the envelope as measured (`offset + calibration ×` its
- * heuristic price): `window` while the envelope takes at most half of it; 0 when the envelope fills it.
+ * heuristic price): `window` while the envelope takes at most half of it; 0 when it fills it (or no window).
  */
 function keptWindowTokens(session: Session, window: number): number {
+  if (!(window > 0)) return 0
   const m = session.measure()
   const roomTokens = window - m.calibrationOffsetTokens - m.calibration * m.envelopeTokens
   const f = Math.max(0, Math.min(1, (2 * roomTokens) / window))
