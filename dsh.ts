@@ -2739,6 +2739,19 @@ function ledgerBudget(contextWindow?: number): number {
     : Math.min(LEDGER_MAX_TOKENS, Math.floor(contextWindow * LEDGER_WINDOW_RATIO))
 }
 
+/**
+ * The window (tokens) the ladder sizes what it keeps by (docs/design.md §5 "Room"): `window × f²`, f = min(1,
+ * 2 × room ÷ window), the room being `window` less the envelope as measured (`offset + calibration ×` its
+ * heuristic price): `window` while the envelope takes at most half of it; 0 when it fills it (or no window).
+ */
+function keptWindowTokens(session: Session, window: number): number {
+  if (!(window > 0)) return 0
+  const m = session.measure()
+  const roomTokens = window - m.calibrationOffsetTokens - m.calibration * m.envelopeTokens
+  const f = Math.max(0, Math.min(1, (2 * roomTokens) / window))
+  return f === 1 ? window : Math.floor(window * f * f)
+}
+
 // The user's own words (docs/design.md §12): every user message of a region is in its checkpoint, within
 // a share of the window of their own; the session's first message (the task) first, up to a smaller share.
 const USER_MESSAGES_WINDOW_RATIO = 0.15
@@ -3392,10 +3405,16 @@ const REPLAN_SHRINK = 0.7
 /** Over this share of the window, a summary request leaves the tool specs out (docs/design.md §10). */
 const SUMMARY_TOOLS_MAX_RATIO = 0.1
 
-/** The completion budget of a summary request (docs/design.md §10). */
+/** The completion budget of a summary request (docs/design.md §10), scaled by `keptShare` (§5 "Room"). */
 function summaryMaxTokens(regionTokens: number, config: Pick<CompactionConfig, 'summaryMaxTokens'>,
-  roomTokens = Infinity): number {
-  return Math.max(1, Math.min(config.summaryMaxTokens, Math.max(512, Math.floor(regionTokens / 2)), roomTokens))
+  roomTokens = Infinity, keptShare = 1): number {
+  const budget = Math.min(config.summaryMaxTokens, Math.max(512, Math.floor(regionTokens / 2)))
+  return Math.max(1, Math.min(Math.floor(budget * keptShare), roomTokens))
+}
+
+/** The share of its window the ladder sizes what a session keeps by: {@link keptWindowTokens} ÷ the window. */
+function keptShare(session: Session, window: number | undefined): number {
+  return window === undefined || window <= 0 ? 1 : keptWindowTokens(session, window) / window
 }
 
 /** The instruction that ends a summary request, with a paragraph for the focus when given. */
@@ -3438,6 +3457,8 @@ class SummaryJob {
   private readonly toolsTokens: number
   private readonly instruction: UserMessage
   private readonly reserve: number
+  /** The conversation's kept share of its window (docs/design.md §5 "Room"): scales the completion budget. */
+  private readonly keptShare: number
   /** What a request's input may cost by the §2 estimate (heuristic tokens); the output is reserved already. */
   private inputBudget: number
   private summary = ''
@@ -3461,7 +3482,8 @@ class SummaryJob {
     const tools = this.fullEnvelope.tools
     this.toolsTokens = tools?.length ? estimateEnvelopeTokens({ tools }) : 0
     this.instruction = { role: 'user', content: summaryInstructionText(host.settings.summaryInstruction, focus) }
-    this.reserve = Math.min(host.settings.compaction.summaryMaxTokens, Math.floor(this.window * 0.1))
+    this.keptShare = keptShare(this.session, host.settings.contextWindow)
+    this.reserve = Math.floor(Math.min(host.settings.compaction.summaryMaxTokens, this.window * 0.1) * this.keptShare)
     this.inputBudget = Math.floor((this.window - this.reserve - this.offset) / this.rate)
     this.failed = overflowedSummaryRequests(this.session)
     this.groups = balancedGroups(messages)
@@ -3574,7 +3596,7 @@ class SummaryJob {
     }
     const room = this.window - calibrated
     const maxTokens = summaryMaxTokens(inputTokens - this.fixed() - estimateRequestTokens({}, lead),
-      this.host.settings.compaction, room)
+      this.host.settings.compaction, room, this.keptShare)
     const fingerprint =
       fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
     if (this.failed.has(fingerprint)) {
@@ -3699,7 +3721,9 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     const fullLedger = await regionLedger(session, nodes)
     const taskSeq = await firstUserSeq(session)
     // The budgets are measured tokens of the window; the ledger is priced by the heuristic.
-    const facts = () => checkpointFacts(fullLedger, host.settings.contextWindow, session.measure().calibration,
+    const window = host.settings.contextWindow
+    const kept = window === undefined ? undefined : keptWindowTokens(session, window)
+    const facts = () => checkpointFacts(fullLedger, kept, session.measure().calibration,
       region.tokens, taskSeq)
     // A region no larger than its checkpoint's frame and ledger could only be rejected after the model call.
     const frameTokens = estimateMessageTokens({ role: 'user', content: frameCheckpoint('', facts()) })
@@ -3802,8 +3826,9 @@ class Ladder {
 
   /** How large the task may be and stay whole on the surface: 10% of the window in heuristic tokens (design §12). */
   private taskTokens(): number {
-    const window = this.host.settings.contextWindow
-    return window === undefined ? 0 : Math.floor((window * TASK_WINDOW_RATIO) / this.host.session.measure().calibration)
+    const window = this.host.settings.contextWindow, session = this.host.session
+    return window === undefined ? 0
+      : Math.floor((keptWindowTokens(session, window) * TASK_WINDOW_RATIO) / session.measure().calibration)
   }
 
   private setGuard(tokens: number | undefined): void {
@@ -3863,8 +3888,11 @@ class Ladder {
     if (more) outcome.clearedTokens += this.apply(() => [more.batch], view, 'pressure', gate, more.needed)
     if (below()) return done(modelFreeAction(outcome, 'cleared'))
     // The guard and node prices are heuristic tokens; the retained tail is measured tokens of the window.
-    const retained = Math.floor((window! * cfg.retainedTailRatio) / session.measure().calibration)
-    if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained) {
+    const retained = Math.floor((keptWindowTokens(session, window!) * cfg.retainedTailRatio)
+      / session.measure().calibration)
+    // The guard holds off a summary for the threshold, never one the next request needs to fit the window.
+    if (this.guard !== undefined && session.measure().heuristicTokens < this.guard + retained
+      && this.nextRequestTokens() <= window!) {
       return done(modelFreeAction(outcome, 'skipped'), 'an earlier compaction failed and the surface has not grown '
         + 'enough since')
     }
@@ -3876,22 +3904,27 @@ class Ladder {
     done: (a: CompactionOutcome['action'],
     r?: string) => CompactionOutcome, signal?: AbortSignal, focus?: string): Promise<CompactionOutcome> {
     const { session, settings: { compaction: cfg, contextWindow: window = 0 } } = this.host
-    const retained = Math.floor(window * cfg.retainedTailRatio)
+    const retained = Math.floor(keptWindowTokens(session, window) * cfg.retainedTailRatio)
     const minSaving = Math.ceil(outcome.tokensBefore * MIN_SAVINGS_RATIO)
     let lastError = '', committed = 0
     for (let attempt = 0; attempt <= COMPACTION_RETRIES; attempt++) {
       // Node prices are heuristic tokens: the measured retained tail and saving are divided by the calibration.
-      const rate = session.measure().calibration
-      const region = selectRegion(session.surface(), Math.floor(retained / rate), keptOutOfSummary(session),
-        Math.ceil(minSaving / rate))
-      if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or '
-        + 'touching the current input'; break }
+      const rate = session.measure().calibration, next = this.nextRequestTokens(), over = window > 0 && next > window
+      const pick = (tailTokens: number) => selectRegion(session.surface(), Math.floor(tailTokens / rate),
+        keptOutOfSummary(session), Math.ceil(minSaving / rate))
       // The gate: no summary that cannot save a token, nor one that leaves the request above the threshold
       // when it fits the window without it or would not fit with it either (the checkpoint as the gate models it).
       const gate = trigger === 'pressure' && gateOf(session, cfg, this.watch)
-      const model = gate ? summaryModel(session, region, cfg, gate.prices, summaryCacheRead(this.host, region))
-        : undefined, saved = model?.savedTokens ?? 0
-      const next = this.nextRequestTokens(), left = Math.ceil(next - saved * rate)
+      const modelOf = (r: Region) => (gate ? summaryModel(session, r, cfg, gate.prices, summaryCacheRead(this.host, r),
+        window) : undefined)
+      // A request that would not fit the window keeps no tail (as an overflow's recovery) on a retry, or when the
+      // tail leaves no region or one whose summary would not make it fit.
+      let region = pick(over && attempt > 0 ? 0 : retained)
+      if (over && (!region || (gate && next - (modelOf(region)?.savedTokens ?? 0) * rate >= window)))
+        region = pick(0) ?? region
+      if (!region) { lastError = 'no region can be summarised without separating a tool call from its result or '
+        + 'touching the current input'; break }
+      const model = modelOf(region), saved = model?.savedTokens ?? 0, left = Math.ceil(next - saved * rate)
       if (gate && (saved <= 0 || (left >= threshold && (next <= window || left >= window)))) {
         lastError = `a summary of this ${region.tokens}-token region would leave about ${left} tokens, not under the `
           + `threshold, and the request ${next <= window ? 'fits the window without it' : 'would not fit it either'}`
@@ -4117,10 +4150,10 @@ interface SummaryCacheRead { lead: readonly Message[]; reads: boolean }
 
 /** The model of a summary of `region` (docs/design.md §11): its request reads the cache through `lead`, if any. */
 function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices,
-  { lead, reads }: SummaryCacheRead): EditModel {
+  { lead, reads }: SummaryCacheRead, window?: number): EditModel {
   const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
   const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests)
-    : Math.ceil(SUMMARY_OUTPUT_SHARE * summaryMaxTokens(region.tokens, cfg))
+    : Math.ceil(SUMMARY_OUTPUT_SHARE * summaryMaxTokens(region.tokens, cfg, Infinity, keptShare(session, window)))
   const input = estimateRequestTokens({}, lead) + region.tokens
   const hit = !reads || (region.start > 0 && lead.length === 0) ? 0 : Math.min(input, cached)
   const saved = Math.max(0, region.tokens - output)
@@ -4137,11 +4170,12 @@ function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: Ladd
   if (ops.length === 0) return undefined
   const [clear] = suffixModels(v.session, ops, v.prune)
   // The region a pressure summary would take now (as the ladder selects it, before the minimum saving).
-  const region = selectRegion(v.session.surface(), Math.floor((v.window * v.compaction.retainedTailRatio) / rate),
+  const tail = keptWindowTokens(v.session, v.window) * v.compaction.retainedTailRatio
+  const region = selectRegion(v.session.surface(), Math.floor(tail / rate),
     keptOutOfSummary(v.session))
   const cheaper = !region || netEditUSD(gate.prices, clear, gate.requests)
-    <= netEditUSD(gate.prices, summaryModel(v.session, region, v.compaction, gate.prices, v.summaryCacheRead(region)),
-      gate.requests)
+    <= netEditUSD(gate.prices, summaryModel(v.session, region, v.compaction, gate.prices, v.summaryCacheRead(region),
+      v.window), gate.requests)
   return { batch: { ops, stopAtOrBelow: Math.floor(v.window * reliefRatio(v.compaction)) },
     needed: nextTokens - clear.savedTokens * rate >= v.threshold || cheaper }
 }
@@ -10455,12 +10489,18 @@ function simulatedSummaryText(tokens: number, messages: number): string {
   return text.replace(/\s/g, (c, i: number) => (i === 0 || i === chars - 1 ? '.' : c))
 }
 
-/** A Provider that answers every summary request with a fixed-size text (no network). */
+/**
+ * A Provider that answers every summary request with a fixed-size text (no network): `tokens`, or the
+ * request's `maxTokens` when that is smaller (finish reason `length`), as a server never answers past it.
+ */
 function simulatedSummarizer(tokens: number, contextWindow: number): Provider {
   return {
     model: 'simulated-summarizer', baseURL: 'replay://simulated', contextWindow, maxTokens: tokens,
     async complete(request: ChatRequest): Promise<ChatResponse> {
-      return { message: { role: 'assistant', content: [{ type: 'text', text: simulatedSummaryText(tokens, request.messages.length) }] }, finishReason: 'stop' }
+      const capped = request.maxTokens !== undefined && request.maxTokens < tokens
+      const size = capped ? Math.max(1, Math.floor(request.maxTokens!)) : tokens
+      const text = simulatedSummaryText(size, request.messages.length)
+      return { message: { role: 'assistant', content: [{ type: 'text', text }] }, finishReason: capped ? 'length' : 'stop' }
     },
   }
 }

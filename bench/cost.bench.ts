@@ -7,7 +7,7 @@
 // Policies: the floor (no management, infinite window: appends only), observation masking (tool
 // outputs of the newest 10 steps kept), dsh v1 (prune + summarise, clear off), dsh v2 (with the
 // clear rung) and dsh v3 (v2 with the net-cost gate, the default), the last three through
-// `replayTranscript` with simulated 2,000-token summaries; the gate decides in replay as live, from
+// `replayTranscript` with simulated 2,000-token summaries (or max_tokens if smaller); the gate decides in replay as live, from
 // the session so far (its pace, its cache) at the replay's prices.
 // Then the measurements that chose the cost-related defaults (docs/bench.md "Cost").
 import { readFileSync } from 'node:fs'
@@ -227,7 +227,7 @@ export default async function costBench(): Promise<Section> {
       `only, so every request but the first hits the cache up to its new messages. **Masking** = before each request the tool results`,
       `of the step that left the newest ${MASK_KEEP_STEPS} are replaced by "${MASK_PLACEHOLDER}" (an edit deep in the prefix at every`,
       'step once the session is longer than 10 steps). **dsh v1 / v2 / v3** = `replayTranscript(t, {contextWindow, compaction})` (the',
-      'Agent\'s event order, pressure checks at turn start and after each step, summaries simulated at 2,000 tokens, no model call);',
+      'Agent\'s event order, pressure checks at turn start and after each step, summaries simulated at 2,000 tokens or the request\'s max_tokens if smaller, no model call);',
       'v1 = `{clear: false, gate: false}`, v2 = `{gate: false}`, v3 = the defaults (the net-cost gate on, docs/design.md §11): it',
       'decides from the session so far — its cache model, its pace (requests per turn so far), the replay\'s prices — never from',
       'the transcript\'s later steps. "calibrated" = requests over the window in the transcript\'s own tokens (replay\'s fit, §15).',

@@ -131,3 +131,42 @@ test('rereads: the same call and output before and after a compaction is 1; the 
   assert.equal(lines.at(-1).figures.rereads, 1)
   assert.equal(lines.filter((l) => l.kind === 'step').reduce((n: number, l: { figures: { rereads: number } }) => n + l.figures.rereads, 0), 1)
 })
+
+test('the simulated summarizer honours a summary request\'s max_tokens, as a server does: a 300-token budget gets a 300-token summary, not the 2,000 of --summary-tokens', async () => {
+  const summaries = new Set<string>()
+  const report = await replayTranscript(readTranscript(transcript(30)), {
+    contextWindow: 16_000, compaction: { summaryMaxTokens: 300, gate: false, clear: false },
+    onStep(_row, session) {
+      for (const n of session.surface()) {
+        const text = typeof n.message.content === 'string' ? n.message.content : ''
+        const summary = /\[simulated checkpoint of \d+ message\(s\)[^\n]*/.exec(text)
+        if (summary) summaries.add(summary[0])
+      }
+    },
+  })
+  assert.ok(report.totals.summaryCalls >= 1, `summary calls ${report.totals.summaryCalls}`)
+  assert.ok(summaries.size >= 1)
+  // 300 tokens by §2 are 1,200 UTF-16 units.
+  for (const s of summaries) assert.equal(s.length, 1_200)
+})
+
+test('a hidden prompt of 12,000 tokens in a 16,000-token window: the ladder sizes its tail, task share, ledger and summary budget by the room the history has, and no calibrated request is over the window', async () => {
+  // 'task', then 40 steps of `sh {}` and an 800-character result (209 tokens by §2); the run records 12,000 + 1.4 × the estimate.
+  const messages: object[] = [{ role: 'user', content: 'task' }]
+  for (let k = 1; k <= 40; k++) {
+    const estimate = 9 + 209 * (k - 1)
+    messages.push({ role: 'assistant', content: null, tool_calls: [call(`c${k}`)], usage: { prompt_tokens: Math.round(12_000 + 1.4 * estimate), completion_tokens: 3 } })
+    messages.push({ role: 'tool', tool_call_id: `c${k}`, content: String(k % 10).repeat(800) })
+  }
+  messages.push({ role: 'assistant', content: 'done' })
+  const t = readTranscript(JSON.stringify(messages))
+  // The history has 16,000 − 12,000 = 4,000 tokens of room (the envelope is unknown: 0), so the kept window is
+  // 16,000 × (2 × 4,000 ÷ 16,000)² = 4,000 and the retained tail 640 tokens (457 by §2). Sized by the window (a
+  // 2,560-token tail, 1,828 by §2, and a checkpoint of up to 2,000), 26 requests went over (20 with clear off).
+  for (const [compaction, summaries] of [[{ gate: false }, 12], [{ gate: false, clear: false }, 12]] as const) {
+    const report = await replayTranscript(t, { contextWindow: 16_000, compaction })
+    assert.equal(report.totals.calibratedRequestsOverWindow, 0, JSON.stringify(compaction))
+    assert.ok(report.totals.peakCalibratedRequestTokens <= 16_000, `peak ${report.totals.peakCalibratedRequestTokens}`)
+    assert.equal(report.totals.summaryCalls, summaries, JSON.stringify(compaction))
+  }
+})
