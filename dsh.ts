@@ -13479,7 +13479,7 @@ const INTERACTIVE_HELP = `commands: /usage (context and token use), /compact [FO
 /**
  * Why `/compact` has nothing to summarise, as one plain sentence, or undefined when something older
  * than the tail compaction keeps exists. The rule is the ladder's own (docs/design.md §5 "Region"):
- * its region selection with the retained tail (`retainedTailRatio` × window, in the window's tokens)
+ * its region selection with the retained tail (`retainedTailRatio` × what the window keeps for the history)
  * and what it keeps out of every summary (pins, the current input).
  */
 function nothingToCompact(agent: Agent): string | undefined {
@@ -13487,7 +13487,8 @@ function nothingToCompact(agent: Agent): string | undefined {
   if (window === undefined) return 'nothing was compacted: the context window is unknown, so dsh cannot tell what to keep; give --context-window N (or "contextWindow" in a configuration file)'
   const session = agent.session, nodes = session.surface()
   if (nodes.length === 0) return 'nothing to compact yet: the conversation is empty'
-  const tailTokens = Math.floor(window * agent.compaction.retainedTailRatio)
+  // The ladder's own tail: a share of what the window keeps for the history (docs/design.md §5 "Room").
+  const kept = keptWindowTokens(session, window), tailTokens = Math.floor(kept * agent.compaction.retainedTailRatio)
   const calibration = session.measure().calibration
   if (selectRegion(nodes, Math.floor(tailTokens / calibration), keptOutOfSummary(session))) return undefined
   const open = nodes.filter((n) => !isCheckpoint(n) && !session.pins.has(n.seq))
@@ -13495,7 +13496,7 @@ function nothingToCompact(agent: Agent): string | undefined {
   const tokens = Math.ceil(open.reduce((sum, n) => sum + n.tokens, 0) * calibration)
   const pinned = session.pins.seqs().length > 0 ? ' (pinned messages aside)' : ''
   if (tokens > tailTokens) return `nothing to compact yet: what comes before the newest ${groupDigits(tailTokens)} tokens (the tail compaction keeps word for word) is one tool call with its result, which are summarised together or not at all`
-  return `nothing to compact yet: the conversation${pinned} is ${groupDigits(tokens)} tokens, all within the newest ${groupDigits(tailTokens)} tokens (${Math.round(agent.compaction.retainedTailRatio * 100)}% of the window) that compaction always keeps word for word`
+  return `nothing to compact yet: the conversation${pinned} is ${groupDigits(tokens)} tokens, all within the newest ${groupDigits(tailTokens)} tokens (${Math.round(agent.compaction.retainedTailRatio * 100)}% of ${kept === window ? 'the window' : `the ${groupDigits(kept)} tokens the window keeps for the history past its large envelope`}) that compaction always keeps word for word`
 }
 
 /** `/compact`: runs the ladder now; one line says what happened (or that it was cancelled, or why there is nothing to do). */
