@@ -4516,21 +4516,18 @@ export interface SSEEvent {
 /** More than `maxBufferSize` UTF-16 units held at once; {@link parseSSE} documents it as a RangeError. */
 class SSEOverflowError extends RangeError {}
 
-const SSE_FIELDS = ['data:', 'event:', 'id:', 'retry:']
-
 /**
  * Whether the unterminated line `head` can still become a field this parser reads: 1 yes, 0 no
  * (a comment, or an unknown field: the rest of the line is skipped unbuffered), -1 too short to tell.
+ * Its first character names the one field it can be (called once per held line: kept cheap).
  */
 function sseFieldStart(head: string): number {
-  if (head.charCodeAt(0) === 58) return 0
-  for (const field of SSE_FIELDS) {
-    const n = Math.min(head.length, field.length)
-    let k = 0
-    while (k < n && head.charCodeAt(k) === field.charCodeAt(k)) k++
-    if (k === n) return n === field.length ? 1 : -1
-  }
-  return 0
+  const c = head.charCodeAt(0)
+  const field = c === 100 ? 'data:' : c === 101 ? 'event:' : c === 105 ? 'id:' : c === 114 ? 'retry:' : ''
+  if (field === '') return head === '' ? -1 : 0
+  const n = Math.min(head.length, field.length)
+  for (let k = 1; k < n; k++) if (head.charCodeAt(k) !== field.charCodeAt(k)) return 0
+  return n === field.length ? 1 : -1
 }
 
 /**
@@ -4566,36 +4563,47 @@ class SSEParser {
       else if (text.startsWith('\u00ef\u00bb\u00bf')) i = 3
     }
     if (this.skipLF) { this.skipLF = false; if (text.charCodeAt(i) === 10) i++ }
-    const cr = text.indexOf('\r', i) // the one scan of the chunk for CR: most streams have none
-    if (this.discarding || this.pending.length > 0) i = this.endHeldLine(text, i, cr)
-    if (i >= 0) {
-      const rest = cr < 0 || cr < i && text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
-      if (rest < text.length) this.hold(rest === 0 ? text : text.slice(rest))
+    if (this.discarding) {
+      if ((i = this.skipLine(text, i)) < 0) return
+    } else if (this.pending.length > 0) {
+      // The held line ends in this chunk: it and the chunk become one string, parsed like any other
+      // (one copy of the chunk, cheaper than reading that line apart from the rest).
+      const held = this.pending
+      held.push(i === 0 ? text : text.slice(i))
+      if (text.indexOf('\n', i) < 0 && text.indexOf('\r', i) < 0) return this.held(held.length - 1)
+      text = held.join('')
+      held.length = 0; this.pendingUnits = 0; this.pendingKept = false; i = 0
     }
+    const rest = text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
+    if (rest < text.length) { this.pending.push(rest === 0 ? text : text.slice(rest)); this.held(0) }
+    else this.checkSize()
+  }
+
+  /** The piece `pending[k]` was just held: counts it, and drops the line when its start shows it is ignored. */
+  private held(k: number): void {
+    const pending = this.pending
+    this.pendingUnits += pending[k].length
+    if (!this.pendingKept) {
+      const keep = sseFieldStart(pending.length === 1 ? pending[0] : pending.join(''))
+      if (keep === 1) this.pendingKept = true
+      else if (keep === 0) { pending.length = 0; this.pendingUnits = 0; this.discarding = true }
+    }
+    this.checkSize()
+  }
+
+  private checkSize(): void {
     if (this.pendingUnits + this.data.length > this.maxBufferSize) {
       throw new SSEOverflowError(`the event stream held more than maxBufferSize = ${this.maxBufferSize} UTF-16 units`
         + ' in one line and event; raise maxBufferSize, or check that the source is an event stream')
     }
   }
 
-  /**
-   * Ends the line held from earlier chunks at the first line end in `text` (`cr`: its first CR at or
-   * after `i`, or -1); returns where the rest begins, -1 when `text` has no line end.
-   */
-  private endHeldLine(text: string, i: number, cr: number): number {
-    const lf = text.indexOf('\n', i)
+  /** Skips the rest of an ignored line up to its end in `text`; returns where the next line begins, -1 if none. */
+  private skipLine(text: string, i: number): number {
+    const lf = text.indexOf('\n', i), cr = text.indexOf('\r', i)
     let end = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
-    if (end < 0) {
-      if (!this.discarding && i < text.length) this.hold(i === 0 ? text : text.slice(i))
-      return -1
-    }
-    if (this.discarding) this.discarding = false
-    else {
-      const held = this.pending
-      const line = (held.length === 1 ? held[0] : held.join('')) + text.slice(i, end)
-      held.length = 0; this.pendingUnits = 0; this.pendingKept = false
-      this.line(line, 0, line.length)
-    }
+    if (end < 0) return -1
+    this.discarding = false
     if (text.charCodeAt(end) === 13) {
       if (end + 1 === text.length) this.skipLF = true
       else if (text.charCodeAt(end + 1) === 10) end++
@@ -4666,16 +4674,6 @@ class SSEParser {
     const event = this.eventType ?? 'message', id = this.id
     this.eventType = undefined; this.id = undefined
     this.onEvent(event, data, id)
-  }
-
-  /** Keeps an unterminated piece, unless its start shows the line is one this parser ignores. */
-  private hold(piece: string): void {
-    this.pending.push(piece)
-    this.pendingUnits += piece.length
-    if (this.pendingKept) return
-    const keep = sseFieldStart(this.pending.length === 1 ? piece : this.pending.join(''))
-    if (keep === 1) this.pendingKept = true
-    else if (keep === 0) { this.pending.length = 0; this.pendingUnits = 0; this.discarding = true }
   }
 }
 
