@@ -4513,6 +4513,9 @@ export interface SSEEvent {
   id?: string
 }
 
+/** UTF-16 units an unterminated line may hold before the parser reads whether it ignores that line. */
+const SSE_UNCHECKED_UNITS = 4096
+
 /** More than `maxBufferSize` UTF-16 units held at once; {@link parseSSE} documents it as a RangeError. */
 class SSEOverflowError extends RangeError {}
 
@@ -4579,10 +4582,15 @@ class SSEParser {
     else this.checkSize()
   }
 
-  /** The piece `pending[k]` was just held: counts it, and drops the line when its start shows it is ignored. */
+  /**
+   * The piece `pending[k]` was just held. Whether the line is one this parser ignores is read from its start only
+   * once it holds more than SSE_UNCHECKED_UNITS (or would overflow): an ignored line is then dropped, and so holds
+   * little, while the usual short held piece is not looked at.
+   */
   private held(k: number): void {
     const pending = this.pending
     this.pendingUnits += pending[k].length
+    if (this.pendingUnits + this.data.length <= Math.min(this.maxBufferSize, SSE_UNCHECKED_UNITS)) return
     if (!this.pendingKept) {
       const keep = sseFieldStart(pending.length === 1 ? pending[0] : pending.join(''))
       if (keep === 1) this.pendingKept = true
