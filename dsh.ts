@@ -4701,6 +4701,7 @@ const utf8Needed = (lead: number): number => (lead >= 0xf0 ? 4 : lead >= 0xe0 ? 
 function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
   const streaming = new TextDecoder('utf-8', { ignoreBOM: true })
   const whole = new TextDecoder('utf-8', { ignoreBOM: true })
+  const streamOption = { stream: true } // one options object for every call
   let pending = false // the streaming decoder may hold the start of a character
   let units = 1, bytes = 1
   return (c) => {
@@ -4709,14 +4710,14 @@ function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
     const n = c.length
     let text: string, j = n - 1
     if ((bytes - units) * 1024 > bytes) {
-      text = streaming.decode(c, { stream: true })
+      text = streaming.decode(c, streamOption)
       while (j > 0 && j > n - 4 && (c[j] & 0xc0) === 0x80) j--
       pending = j >= 0 && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j
     } else {
       let start = 0, head = ''
       if (pending) { // the end of a character split at the last chunk's end
         while (start < n && start < 3 && (c[start] & 0xc0) === 0x80) start++
-        if (start === n) return streaming.decode(c, { stream: true })
+        if (start === n) return streaming.decode(c, streamOption)
         head = streaming.decode(c.subarray(0, start))
         pending = false
       }
@@ -4724,7 +4725,7 @@ function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
       const cut = j >= start && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j ? j : n
       text = whole.decode(start === 0 && cut === n ? c : c.subarray(start, cut))
       if (head !== '') text = head + text
-      if (cut < n) { streaming.decode(c.subarray(cut), { stream: true }); pending = true }
+      if (cut < n) { streaming.decode(c.subarray(cut), streamOption); pending = true }
     }
     units = units / 2 + text.length
     bytes = bytes / 2 + n
@@ -6071,8 +6072,8 @@ function openAIChunk(acc: ReplyAssembler, obj: unknown, dataText: string): boole
       const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== ''
         ? delta.reasoning_content
         : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
-      acc.add('reasoning', r)
-      if (typeof delta.content === 'string') acc.add('text', delta.content)
+      if (r !== '') acc.add('reasoning', r)
+      if (typeof delta.content === 'string' && delta.content !== '') acc.add('text', delta.content)
       if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) openAIToolCall(acc, tc)
     }
     if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
@@ -6417,11 +6418,11 @@ async function readReply(response: Response, acc: ReplyAssembler, signal: AbortS
       if (data === '[DONE]') { sawDone = true; return }
     }
     let obj: unknown
-    try { obj = JSON.parse(data) } catch (error) { obj = relayChunks(cfg, data, requestId, error) }
-    const text = data
-    if (obj instanceof ChunkList ? obj.list.some((o) => format.event(acc, o, text)) : format.event(acc, obj, text)) {
-      sawDone = true
+    try { obj = JSON.parse(data) } catch (error) {
+      for (const o of relayChunks(cfg, data, requestId, error).list) if (format.event(acc, o, data)) return void (sawDone = true)
+      return
     }
+    if (format.event(acc, obj, data)) sawDone = true
   }, SSE_MAX_BUFFER_UNITS)
   const decode = utf8Decoder()
   await eachChunk(response.body, signal, (chunk) => {
