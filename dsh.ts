@@ -4572,10 +4572,13 @@ class SSEParser {
       // The held line ends in this chunk: it and the chunk become one string, parsed like any other
       // (one copy of the chunk, cheaper than reading that line apart from the rest).
       const held = this.pending
-      held.push(i === 0 ? text : text.slice(i))
-      if (text.indexOf('\n', i) < 0 && text.indexOf('\r', i) < 0) return this.held(held.length - 1)
-      text = held.join('')
-      held.length = 0; this.pendingUnits = 0; this.pendingKept = false; i = 0
+      if (text.indexOf('\n', i) < 0 && text.indexOf('\r', i) < 0) {
+        held.push(i === 0 ? text : text.slice(i))
+        return this.held(held.length - 1)
+      }
+      text = held.length === 1 ? held.pop() + (i === 0 ? text : text.slice(i)) : held.join('') + text.slice(i)
+      if (held.length > 0) held.length = 0
+      this.pendingUnits = 0; this.pendingKept = false; i = 0
     }
     const rest = text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
     if (rest < text.length) { this.pending.push(rest === 0 ? text : text.slice(rest)); this.held(0) }
