@@ -4694,7 +4694,7 @@ const utf8Needed = (lead: number): number => (lead >= 0xf0 ? 4 : lead >= 0xe0 ? 
 /**
  * Decodes a stream of UTF-8 chunks (strings are passed through as decoded). V8's non-streaming
  * decoder is several times faster on text that is almost all ASCII and slower on other text, so
- * while the recent chunks held few non-ASCII bytes (under 1 in 1,024: (bytes − UTF-16 units) of a
+ * while the recent chunks held few non-ASCII bytes (under 1 in 256: (bytes − UTF-16 units) of a
  * decay-weighted count) a chunk is cut before a character split at its end and decoded whole; the
  * split bytes go to the streaming decoder, which ends that character at the start of the next chunk.
  * Otherwise the streaming decoder takes the chunk. Either way every character is intact and invalid
@@ -4712,7 +4712,7 @@ function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
     if (typeof c === 'string') return c
     const n = c.length
     let text: string, j = n - 1
-    if ((bytes - units) * 1024 > bytes) {
+    if ((bytes - units) * 256 > bytes) {
       text = streaming.decode(c, streamOption)
       while (j > 0 && j > n - 4 && (c[j] & 0xc0) === 0x80) j--
       pending = j >= 0 && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j
