@@ -6422,7 +6422,9 @@ async function readReply(response: Response, acc: ReplyAssembler, signal: AbortS
     }
     let obj: unknown
     try { obj = JSON.parse(data) } catch (error) {
-      for (const o of relayChunks(cfg, data, requestId, error).list) if (format.event(acc, o, data)) return void (sawDone = true)
+      for (const o of relayChunks(cfg, data, requestId, error).list) {
+        if (format.event(acc, o, data)) { sawDone = true; return }
+      }
       return
     }
     if (format.event(acc, obj, data)) sawDone = true
@@ -7348,7 +7350,7 @@ class Agent {
  */
 export const internals = /* @__PURE__ */ Object.freeze({
   adapterTuning, selectRegion, summarise, summaryMaxTokens, recallTool, regionLedger, trimLedger, renderLedger,
-  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, stateOf, overflowCounts,
+  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, stateOf, overflowCounts, SSEParser, utf8Decoder,
 })
 
 // ═══════════════════════════════════════
