@@ -4522,15 +4522,11 @@ class SSEOverflowError extends RangeError {}
 /**
  * Whether the unterminated line `head` can still become a field this parser reads: 1 yes, 0 no
  * (a comment, or an unknown field: the rest of the line is skipped unbuffered), -1 too short to tell.
- * Its first character names the one field it can be (called once per held line: kept cheap).
  */
 function sseFieldStart(head: string): number {
   const c = head.charCodeAt(0)
   const field = c === 100 ? 'data:' : c === 101 ? 'event:' : c === 105 ? 'id:' : c === 114 ? 'retry:' : ''
-  if (field === '') return head === '' ? -1 : 0
-  const n = Math.min(head.length, field.length)
-  for (let k = 1; k < n; k++) if (head.charCodeAt(k) !== field.charCodeAt(k)) return 0
-  return n === field.length ? 1 : -1
+  return field === '' ? 0 : head.startsWith(field) ? 1 : field.startsWith(head) ? -1 : 0
 }
 
 /**
@@ -4568,41 +4564,32 @@ class SSEParser {
     if (this.skipLF) { this.skipLF = false; if (text.charCodeAt(i) === 10) i++ }
     if (this.discarding) {
       if ((i = this.skipLine(text, i)) < 0) return
-    } else if (this.pending.length > 0) {
-      // The held line ends in this chunk: it and the chunk become one string, parsed like any other
-      // (one copy of the chunk, cheaper than reading that line apart from the rest).
+    } else if (this.pending.length > 0) { // a held line ends here: it and the chunk are joined (one copy, the fastest)
       const held = this.pending
       if (text.indexOf('\n', i) < 0 && text.indexOf('\r', i) < 0) {
         held.push(i === 0 ? text : text.slice(i))
-        return this.held(held.length - 1)
+        return this.held(text.length - i)
       }
-      text = held.length === 1 ? held.pop() + (i === 0 ? text : text.slice(i)) : held.join('') + text.slice(i)
-      if (held.length > 0) held.length = 0
+      text = held.length === 1 ? held.pop() + (i === 0 ? text : text.slice(i)) : held.splice(0).join('') + text.slice(i)
       this.pendingUnits = 0; this.pendingKept = false; i = 0
     }
     const rest = text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
-    if (rest < text.length) { this.pending.push(rest === 0 ? text : text.slice(rest)); this.held(0) }
-    else this.checkSize()
+    if (rest < text.length) this.pending.push(rest === 0 ? text : text.slice(rest))
+    this.held(text.length - rest)
   }
 
   /**
-   * The piece `pending[k]` was just held. Whether the line is one this parser ignores is read from its start only
-   * once it holds more than SSE_UNCHECKED_UNITS (or would overflow): an ignored line is then dropped, and so holds
-   * little, while the usual short held piece is not looked at.
+   * `units` more were just held. Whether the line is one this parser ignores is read from its start only once it
+   * holds more than SSE_UNCHECKED_UNITS (or would overflow): an ignored line is then dropped, so it holds little.
    */
-  private held(k: number): void {
+  private held(units: number): void {
     const pending = this.pending
-    this.pendingUnits += pending[k].length
-    if (this.pendingUnits + this.data.length <= Math.min(this.maxBufferSize, SSE_UNCHECKED_UNITS)) return
-    if (!this.pendingKept) {
+    if ((this.pendingUnits += units) + this.data.length <= Math.min(this.maxBufferSize, SSE_UNCHECKED_UNITS)) return
+    if (!this.pendingKept && pending.length > 0) {
       const keep = sseFieldStart(pending.length === 1 ? pending[0] : pending.join(''))
       if (keep === 1) this.pendingKept = true
       else if (keep === 0) { pending.length = 0; this.pendingUnits = 0; this.discarding = true }
     }
-    this.checkSize()
-  }
-
-  private checkSize(): void {
     if (this.pendingUnits + this.data.length > this.maxBufferSize) {
       throw new SSEOverflowError(`the event stream held more than maxBufferSize = ${this.maxBufferSize} UTF-16 units`
         + ' in one line and event; raise maxBufferSize, or check that the source is an event stream')
@@ -4704,7 +4691,6 @@ const utf8Needed = (lead: number): number => (lead >= 0xf0 ? 4 : lead >= 0xe0 ? 
 function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
   const streaming = new TextDecoder('utf-8', { ignoreBOM: true })
   const whole = new TextDecoder('utf-8', { ignoreBOM: true })
-  const streamOption = { stream: true } // one options object for every call
   let pending = false // the streaming decoder may hold the start of a character
   let units = 1, bytes = 1
   return (c) => {
@@ -4713,14 +4699,14 @@ function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
     const n = c.length
     let text: string, j = n - 1
     if ((bytes - units) * 256 > bytes) {
-      text = streaming.decode(c, streamOption)
+      text = streaming.decode(c, { stream: true })
       while (j > 0 && j > n - 4 && (c[j] & 0xc0) === 0x80) j--
       pending = j >= 0 && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j
     } else {
       let start = 0, head = ''
       if (pending) { // the end of a character split at the last chunk's end
         while (start < n && start < 3 && (c[start] & 0xc0) === 0x80) start++
-        if (start === n) return streaming.decode(c, streamOption)
+        if (start === n) return streaming.decode(c, { stream: true })
         head = streaming.decode(c.subarray(0, start))
         pending = false
       }
@@ -4728,7 +4714,7 @@ function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
       const cut = j >= start && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j ? j : n
       text = whole.decode(start === 0 && cut === n ? c : c.subarray(start, cut))
       if (head !== '') text = head + text
-      if (cut < n) { streaming.decode(c.subarray(cut), streamOption); pending = true }
+      if (cut < n) { streaming.decode(c.subarray(cut), { stream: true }); pending = true }
     }
     units = units / 2 + text.length
     bytes = bytes / 2 + n
@@ -6075,8 +6061,8 @@ function openAIChunk(acc: ReplyAssembler, obj: unknown, dataText: string): boole
       const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== ''
         ? delta.reasoning_content
         : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
-      if (r !== '') acc.add('reasoning', r)
-      if (typeof delta.content === 'string' && delta.content !== '') acc.add('text', delta.content)
+      acc.add('reasoning', r)
+      if (typeof delta.content === 'string') acc.add('text', delta.content)
       if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) openAIToolCall(acc, tc)
     }
     if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
@@ -6422,9 +6408,7 @@ async function readReply(response: Response, acc: ReplyAssembler, signal: AbortS
     }
     let obj: unknown
     try { obj = JSON.parse(data) } catch (error) {
-      for (const o of relayChunks(cfg, data, requestId, error).list) {
-        if (format.event(acc, o, data)) { sawDone = true; return }
-      }
+      sawDone = relayChunks(cfg, data, requestId, error).list.some((o) => format.event(acc, o, data))
       return
     }
     if (format.event(acc, obj, data)) sawDone = true
