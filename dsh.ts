@@ -7334,7 +7334,7 @@ class Agent {
  */
 export const internals = /* @__PURE__ */ Object.freeze({
   adapterTuning, selectRegion, summarise, summaryMaxTokens, recallTool, regionLedger, trimLedger, renderLedger,
-  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, stateOf, overflowCounts, SSEParser, utf8Decoder,
+  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, stateOf, overflowCounts,
 })
 
 // ═══════════════════════════════════════

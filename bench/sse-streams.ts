@@ -143,24 +143,3 @@ export async function runDshPump(pumpSSE: PumpSSE, chunks: readonly Uint8Array[]
 
 export type PumpSSE = (source: AsyncIterable<Uint8Array | string>, onEvent: (e: SSEEvent) => void) => Promise<void>
 
-/** The module-private parser and decoder of dsh.ts, reached through its undocumented `internals`. */
-export interface SSEInternals {
-  SSEParser?: new (onEvent: (event: string, data: string, id: string | undefined) => void) => { feed(text: string): void }
-  utf8Decoder?: () => (chunk: Uint8Array | string | undefined) => string
-}
-
-/**
- * dsh's callback form as its adapter runs it (one SSEParser fed by one utf8Decoder, each event handed on as it is
- * parsed: no promise per event), built from `internals`; undefined when they are not there.
- */
-export function pumpOf(internals: SSEInternals | undefined): PumpSSE | undefined {
-  const Parser = internals?.SSEParser, decoder = internals?.utf8Decoder
-  if (typeof Parser !== 'function' || typeof decoder !== 'function') return undefined
-  return async (source, onEvent) => {
-    const parser = new Parser((event, data, id) => onEvent(id === undefined ? { event, data } : { event, data, id }))
-    const decode = decoder()
-    for await (const c of source) parser.feed(decode(c))
-    parser.feed(decode(undefined))
-  }
-}
-
