@@ -4620,24 +4620,20 @@ export interface SSEEvent {
   id?: string
 }
 
+/** UTF-16 units an unterminated line may hold before the parser reads whether it ignores that line. */
+const SSE_UNCHECKED_UNITS = 4096
+
 /** More than `maxBufferSize` UTF-16 units held at once; {@link parseSSE} documents it as a RangeError. */
 class SSEOverflowError extends RangeError {}
-
-const SSE_FIELDS = ['data:', 'event:', 'id:', 'retry:']
 
 /**
  * Whether the unterminated line `head` can still become a field this parser reads: 1 yes, 0 no
  * (a comment, or an unknown field: the rest of the line is skipped unbuffered), -1 too short to tell.
  */
 function sseFieldStart(head: string): number {
-  if (head.charCodeAt(0) === 58) return 0
-  for (const field of SSE_FIELDS) {
-    const n = Math.min(head.length, field.length)
-    let k = 0
-    while (k < n && head.charCodeAt(k) === field.charCodeAt(k)) k++
-    if (k === n) return n === field.length ? 1 : -1
-  }
-  return 0
+  const c = head.charCodeAt(0)
+  const field = c === 100 ? 'data:' : c === 101 ? 'event:' : c === 105 ? 'id:' : c === 114 ? 'retry:' : ''
+  return field === '' ? 0 : head.startsWith(field) ? 1 : field.startsWith(head) ? -1 : 0
 }
 
 /**
@@ -4673,11 +4669,33 @@ class SSEParser {
       else if (text.startsWith('\u00ef\u00bb\u00bf')) i = 3
     }
     if (this.skipLF) { this.skipLF = false; if (text.charCodeAt(i) === 10) i++ }
-    const cr = text.indexOf('\r', i) // the one scan of the chunk for CR: most streams have none
-    if (this.discarding || this.pending.length > 0) i = this.endHeldLine(text, i, cr)
-    if (i >= 0) {
-      const rest = cr < 0 || cr < i && text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
-      if (rest < text.length) this.hold(rest === 0 ? text : text.slice(rest))
+    if (this.discarding) {
+      if ((i = this.skipLine(text, i)) < 0) return
+    } else if (this.pending.length > 0) { // a held line ends here: it and the chunk are joined (one copy, the fastest)
+      const held = this.pending
+      if (text.indexOf('\n', i) < 0 && text.indexOf('\r', i) < 0) {
+        held.push(i === 0 ? text : text.slice(i))
+        return this.held(text.length - i)
+      }
+      text = held.length === 1 ? held.pop() + (i === 0 ? text : text.slice(i)) : held.splice(0).join('') + text.slice(i)
+      this.pendingUnits = 0; this.pendingKept = false; i = 0
+    }
+    const rest = text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
+    if (rest < text.length) this.pending.push(rest === 0 ? text : text.slice(rest))
+    this.held(text.length - rest)
+  }
+
+  /**
+   * `units` more were just held. Whether the line is one this parser ignores is read from its start only once it
+   * holds more than SSE_UNCHECKED_UNITS (or would overflow): an ignored line is then dropped, so it holds little.
+   */
+  private held(units: number): void {
+    const pending = this.pending
+    if ((this.pendingUnits += units) + this.data.length <= Math.min(this.maxBufferSize, SSE_UNCHECKED_UNITS)) return
+    if (!this.pendingKept && pending.length > 0) {
+      const keep = sseFieldStart(pending.length === 1 ? pending[0] : pending.join(''))
+      if (keep === 1) this.pendingKept = true
+      else if (keep === 0) { pending.length = 0; this.pendingUnits = 0; this.discarding = true }
     }
     if (this.pendingUnits + this.data.length > this.maxBufferSize) {
       throw new SSEOverflowError(`the event stream held more than maxBufferSize = ${this.maxBufferSize} UTF-16 units`
@@ -4685,24 +4703,12 @@ class SSEParser {
     }
   }
 
-  /**
-   * Ends the line held from earlier chunks at the first line end in `text` (`cr`: its first CR at or
-   * after `i`, or -1); returns where the rest begins, -1 when `text` has no line end.
-   */
-  private endHeldLine(text: string, i: number, cr: number): number {
-    const lf = text.indexOf('\n', i)
+  /** Skips the rest of an ignored line up to its end in `text`; returns where the next line begins, -1 if none. */
+  private skipLine(text: string, i: number): number {
+    const lf = text.indexOf('\n', i), cr = text.indexOf('\r', i)
     let end = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
-    if (end < 0) {
-      if (!this.discarding && i < text.length) this.hold(i === 0 ? text : text.slice(i))
-      return -1
-    }
-    if (this.discarding) this.discarding = false
-    else {
-      const held = this.pending
-      const line = (held.length === 1 ? held[0] : held.join('')) + text.slice(i, end)
-      held.length = 0; this.pendingUnits = 0; this.pendingKept = false
-      this.line(line, 0, line.length)
-    }
+    if (end < 0) return -1
+    this.discarding = false
     if (text.charCodeAt(end) === 13) {
       if (end + 1 === text.length) this.skipLF = true
       else if (text.charCodeAt(end + 1) === 10) end++
@@ -4774,16 +4780,6 @@ class SSEParser {
     this.eventType = undefined; this.id = undefined
     this.onEvent(event, data, id)
   }
-
-  /** Keeps an unterminated piece, unless its start shows the line is one this parser ignores. */
-  private hold(piece: string): void {
-    this.pending.push(piece)
-    this.pendingUnits += piece.length
-    if (this.pendingKept) return
-    const keep = sseFieldStart(this.pending.length === 1 ? piece : this.pending.join(''))
-    if (keep === 1) this.pendingKept = true
-    else if (keep === 0) { this.pending.length = 0; this.pendingUnits = 0; this.discarding = true }
-  }
 }
 
 /** UTF-8 bytes of the sequence a lead byte starts. */
@@ -4792,7 +4788,7 @@ const utf8Needed = (lead: number): number => (lead >= 0xf0 ? 4 : lead >= 0xe0 ? 
 /**
  * Decodes a stream of UTF-8 chunks (strings are passed through as decoded). V8's non-streaming
  * decoder is several times faster on text that is almost all ASCII and slower on other text, so
- * while the recent chunks held few non-ASCII bytes (under 1 in 1,024: (bytes − UTF-16 units) of a
+ * while the recent chunks held few non-ASCII bytes (under 1 in 256: (bytes − UTF-16 units) of a
  * decay-weighted count) a chunk is cut before a character split at its end and decoded whole; the
  * split bytes go to the streaming decoder, which ends that character at the start of the next chunk.
  * Otherwise the streaming decoder takes the chunk. Either way every character is intact and invalid
@@ -4809,7 +4805,7 @@ function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
     if (typeof c === 'string') return c
     const n = c.length
     let text: string, j = n - 1
-    if ((bytes - units) * 1024 > bytes) {
+    if ((bytes - units) * 256 > bytes) {
       text = streaming.decode(c, { stream: true })
       while (j > 0 && j > n - 4 && (c[j] & 0xc0) === 0x80) j--
       pending = j >= 0 && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j
@@ -6499,11 +6495,11 @@ async function readReply(response: Response, acc: ReplyAssembler, signal: AbortS
       if (data === '[DONE]') { sawDone = true; return }
     }
     let obj: unknown
-    try { obj = JSON.parse(data) } catch (error) { obj = relayChunks(cfg, data, requestId, error) }
-    const text = data
-    if (obj instanceof ChunkList ? obj.list.some((o) => format.event(acc, o, text)) : format.event(acc, obj, text)) {
-      sawDone = true
+    try { obj = JSON.parse(data) } catch (error) {
+      sawDone = relayChunks(cfg, data, requestId, error).list.some((o) => format.event(acc, o, data))
+      return
     }
+    if (format.event(acc, obj, data)) sawDone = true
   }, SSE_MAX_BUFFER_UNITS)
   const decode = utf8Decoder()
   await eachChunk(response.body, signal, (chunk) => {

@@ -129,3 +129,20 @@ test('the adapter\'s form: events of one chunk arrive synchronously; [DONE] stop
   await assert.rejects(provider.complete({ messages: [{ role: 'user', content: 'hi' }], onEvent: () => { throw new Error('listener failed') } }), /listener failed/)
   assert.equal(cancelled, 2)
 })
+
+test('parseSSE: a line it ignores (comment, unknown field) is dropped as it arrives, in pieces of any size; a data line of that length overflows', async () => {
+  // 1 MiB of one comment line, one unknown-field line and one line without a colon, each in 100-unit pieces, under a
+  // 10,000-unit cap: the comment and the unknown field are never held, so nothing overflows and the event after
+  // them arrives. The ignored line is looked at only once it holds 4,096 units, so what it held stays under the cap.
+  const pieces = (head: string) => [head, ...Array.from({ length: 10_486 }, () => 'x'.repeat(100)), '\n']
+  for (const head of [': keep-alive ', 'unknown-field: ', 'a']) {
+    const got = await collect(iterate([...pieces(head), '\n', 'data: after\n\n']), 10_000)
+    assert.deepEqual(got, { events: [{ event: 'message', data: 'after' }] }, head)
+  }
+  const data = await collect(iterate([...pieces('data: '), '\n', 'data: after\n\n']), 10_000)
+  assert.ok(data.error instanceof RangeError && /held more than maxBufferSize = 10000 UTF-16 units/.test(data.error.message), String(data.error))
+  assert.deepEqual(data.events, [])
+  // Under a cap smaller than 4,096 units the line is looked at before it could overflow.
+  const small = await collect(iterate([': ', 'y'.repeat(60), 'y'.repeat(60), '\n', 'data: z\n\n']), 100)
+  assert.deepEqual(small, { events: [{ event: 'message', data: 'z' }] })
+})
