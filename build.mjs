@@ -67,7 +67,7 @@ const FENCE = /^\/\/ FENCE\. /m
  */
 export function partOne(source, file = 'dsh.ts') {
   const m = FENCE.exec(source)
-  if (!m) throw new Error(`${file}: no fence line (a line starting "// FENCE. ") ends Part I; the build cuts the runtime bundle there. Restore the fence comment before section 8.`)
+  if (!m) throw new Error(`${file}: no fence line (a line starting "// FENCE. ") ends Part I; the build cuts the runtime bundle there. Restore the fence comment before section 9.`)
   return source.slice(0, m.index)
 }
 

@@ -14,7 +14,7 @@
  * PUBLIC API (the one export list below this header; types are exported where they are declared)
  *   Agent                  the loop: turns, steps, tools, hooks, the ladder, cancellation (§7)
  *   Session                the append-only log, its surface and measure(); parts over it: cost, recall, pins
- *   MemoryStore, FileStore where a session's events live: in memory (anywhere); JSONL file (Part II, section 11)
+ *   MemoryStore, FileStore where a session's events live: in memory (anywhere); JSONL file (Part II, section 12)
  *   SqlLogStore            a session in PostgreSQL, one writer across machines (SessionLockedError: held elsewhere)
  *   openAICompatible       a Provider for any OpenAI-compatible chat-completions server (§6)
  *   deepseek               openAICompatible with DeepSeek's base URL, model, key variable and prices
@@ -58,35 +58,37 @@
  * stay inside the working directory (the CLI's shell runs in a bubblewrap sandbox where one can start,
  * else unconfined); FileStore needs node:fs (Node, Deno, Bun), MemoryStore runs anywhere.
  *
- * CONTENTS (sections follow the data; docs/design.md has the same numbers where a topic matches)
+ * CONTENTS (sections follow the path of a tool result, docs/design.md §14; `§N` cites docs/design.md)
  *   PART I — THE RUNTIME (web standards only; `dist/dsh.mjs` is this part plus section 12, FileStore)
  *   1. Types          messages, blocks, events, provider contract, errors
- *   2. Meter          token estimates (tokens), usage anchor; 2.1 cost: prices applied to tokens (USD)
- *   3. Pruner         code-point-safe head/tail cut of tool results (code points)
+ *   2. Stream in      2.1 SSE parser (parseSSE and the adapter's one parser), 2.2 error classifier — a
+ *                     PROVIDER'S ERROR WORDING of an overflow goes into OVERFLOW_PATTERNS only if it
+ *                     states no numbers (one that states a size and its limit is read by shape,
+ *                     overflowCounts); RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for the rest —
+ *                     2.3 reply assembly: events of both wire formats → the assistant message
+ *   3. Meter          token estimates (tokens), usage anchor; 3.1 cost: prices applied to tokens (USD)
  *   4. Log & surface  append-only session log (Session, the one writer), surface projection, stores
  *                     (MemoryStore, SqlLogStore with its lease), resume; 4.1 the log protocol of a
  *                     prune or clear; 4.2 parts over the log: the ladder's memory, cost and cache
  *                     (session.cost), recall index, pins
- *   5. Ladder         prune → clear → compact → fail, spill at write time; ledger. 5.1 A LADDER RUNG
+ *   5. Pruner         code-point-safe head/tail cut of tool results (code points)
+ *   6. Ladder         prune → clear → compact → fail, spill at write time; ledger. 6.1 A LADDER RUNG
  *                     is a function from the ladder's view to the edits it would log (like clearRung)
  *                     plus one line in Ladder.relievePressure (and recoverOverflow); Ladder.apply logs
- *                     them as `compaction/*` events (docs/design.md §5, §10, §14); 5.1a the net-cost
- *                     gate; 5.2 recall
- *   6. Provider       6.0 configuration (DeepSeek defaults, KNOWN_MODELS), 6.1 SSE parser, 6.2 error
- *                     classifier — a PROVIDER'S ERROR WORDING of an overflow goes into OVERFLOW_PATTERNS
- *                     only if it states no numbers (one that states a size and its limit is read by
- *                     shape, overflowCounts); RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for
- *                     the rest — 6.3 messages on the wire, 6.4 adapter
- *   7. Loop           Agent: turns, steps, tools, hooks, cancellation
+ *                     them as `compaction/*` events (§5, §10, §14); 6.1a the net-cost gate; 6.2 recall
+ *   7. Stream out     7.0 configuration (DeepSeek defaults, KNOWN_MODELS, the adapter's constants),
+ *                     7.1 messages on the wire (chat completions), 7.2 (Anthropic Messages), 7.3 the
+ *                     adapter: a WIRE FORMAT is one WireFormat table (body writer + event mapper)
+ *   8. Loop           Agent: turns, steps, tools, hooks, cancellation
  *   ── fence: nothing in Part I names anything in Part II ──
  *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
- *   8. Tools          built-in coding tools of the CLI (read_file, list_files, grep, write/edit, shell)
- *   9. Replay         9.1 transcript readers — a TRANSCRIPT FORMAT is one entry of
- *                     TRANSCRIPT_READERS (detect + read); 9.2 the replay runner: an Agent with a
+ *   9. Tools          built-in coding tools of the CLI (read_file, list_files, grep, write/edit, shell)
+ *   10. Replay        10.1 transcript readers — a TRANSCRIPT FORMAT is one entry of
+ *                     TRANSCRIPT_READERS (detect + read); 10.2 the replay runner: an Agent with a
  *                     recorded provider and tools — a REPORT COLUMN is one entry of REPLAY_FIGURES
- *   10. CLI           arguments, terminal output, entry point; 10.1 configuration files and trust,
- *                     10.2 approvals, diffs and undo, 10.3 kept sessions
- *   11. File store    FileStore and its lock file (node:fs; build.mjs carries it into dist/dsh.mjs)
+ *   11. CLI           arguments, terminal output, entry point; 11.1 configuration files and trust,
+ *                     11.2 approvals, diffs and undo, 11.3 kept sessions, 11.4 fidelity views
+ *   12. File store    FileStore and its lock file (node:fs; build.mjs carries it into dist/dsh.mjs)
  *
  * UNITS (one word, one unit, everywhere in this file):
  *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
@@ -110,7 +112,7 @@ export {
 export type { Ladder, CostLedger, RecallIndex, Pins }
 
 // ═══════════════════════════════════════
-// PART I — THE RUNTIME: sections 1–7, web standards only (the fence before section 8 says more)
+// PART I — THE RUNTIME: sections 1–8, web standards only (the fence before section 9 says more)
 // ═══════════════════════════════════════
 
 const VERSION = '0.1.0'
@@ -400,7 +402,1086 @@ export interface Tool<Args = any> {
 }
 
 // ═══════════════════════════════════════
-// 2. Meter
+// 2. Stream in — the reply's bytes to an assistant message
+// ═══════════════════════════════════════
+
+// A reply arrives as bytes on a response body: the one SSE parser splits them into events (2.1), a
+// failure is classified into a ProviderError (2.2), and each event's JSON is assembled into the
+// assistant message with its tool calls (2.3). The adapter that sends the request and composes these
+// is section 7. Web standards only (fetch, streams, TextDecoder).
+
+// ── 2.1 Server-sent events ────────────────────────────
+// Spec: WHATWG HTML §9.2 "Server-sent events", https://html.spec.whatwg.org/multipage/server-sent-events.html
+// One parser (SSEParser) serves parseSSE and the adapter. A network chunk is decoded once, its
+// whole lines are parsed in place, and its events are handed on as one batch: no promise per event.
+// Checked against every case of the eventsource-parser test suite (test/sse.test.ts).
+
+/** One dispatched server-sent event. */
+export interface SSEEvent {
+  /** The `event` field, or `"message"` when the block had none (or an empty one). */
+  event: string
+  /** The `data` lines of the block joined with LF. */
+  data: string
+  /** The `id` field of this event's block, when it had one (as eventsource-parser reports it). */
+  id?: string
+}
+
+/** UTF-16 units an unterminated line may hold before the parser reads whether it ignores that line. */
+const SSE_UNCHECKED_UNITS = 4096
+
+/** More than `maxBufferSize` UTF-16 units held at once; {@link parseSSE} documents it as a RangeError. */
+class SSEOverflowError extends RangeError {}
+
+/**
+ * Whether the unterminated line `head` can still become a field this parser reads: 1 yes, 0 no
+ * (a comment, or an unknown field: the rest of the line is skipped unbuffered), -1 too short to tell.
+ */
+function sseFieldStart(head: string): number {
+  const c = head.charCodeAt(0)
+  const field = c === 100 ? 'data:' : c === 101 ? 'event:' : c === 105 ? 'id:' : c === 114 ? 'retry:' : ''
+  return field === '' ? 0 : head.startsWith(field) ? 1 : field.startsWith(head) ? -1 : 0
+}
+
+/**
+ * The WHATWG event-stream parser over decoded text: LF, CRLF and lone CR end lines (also split
+ * across chunks); one leading BOM (U+FEFF, or EF BB BF read as Latin-1) is skipped; comments,
+ * `retry` and unknown fields are ignored; an event whose blank line never arrives is never
+ * dispatched. Throws {@link SSEOverflowError} once the unterminated line plus the event's data
+ * hold more than `maxBufferSize` UTF-16 units.
+ */
+class SSEParser {
+  /** The unterminated line, in pieces joined once its end arrives: joining per chunk is quadratic. */
+  private readonly pending: string[] = []
+  private pendingUnits = 0
+  private pendingKept = false
+  private discarding = false
+  /** The last chunk ended in CR: an LF starting the next one ends no second line. */
+  private skipLF = false
+  private atStart = true
+  private data = ''
+  private dataLines = 0
+  private eventType: string | undefined = undefined
+  private id: string | undefined = undefined
+  /** `onEvent` gets each event's fields (no object is made for it: the adapter needs only `event` and `data`). */
+  constructor(private readonly onEvent: (event: string, data: string, id: string | undefined) => void,
+    private readonly maxBufferSize = Infinity) {}
+
+  feed(text: string): void {
+    let i = 0
+    if (text.length === 0) return
+    if (this.atStart) {
+      this.atStart = false
+      if (text.charCodeAt(0) === 0xfeff) i = 1
+      else if (text.startsWith('\u00ef\u00bb\u00bf')) i = 3
+    }
+    if (this.skipLF) { this.skipLF = false; if (text.charCodeAt(i) === 10) i++ }
+    if (this.discarding) {
+      if ((i = this.skipLine(text, i)) < 0) return
+    } else if (this.pending.length > 0) { // a held line ends here: it and the chunk are joined (one copy, the fastest)
+      const held = this.pending
+      if (text.indexOf('\n', i) < 0 && text.indexOf('\r', i) < 0) {
+        held.push(i === 0 ? text : text.slice(i))
+        return this.held(text.length - i)
+      }
+      text = held.length === 1 ? held.pop() + (i === 0 ? text : text.slice(i)) : held.splice(0).join('') + text.slice(i)
+      this.pendingUnits = 0; this.pendingKept = false; i = 0
+    }
+    const rest = text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
+    if (rest < text.length) this.pending.push(rest === 0 ? text : text.slice(rest))
+    this.held(text.length - rest)
+  }
+
+  /**
+   * `units` more were just held. Whether the line is one this parser ignores is read from its start only once it
+   * holds more than SSE_UNCHECKED_UNITS (or would overflow): an ignored line is then dropped, so it holds little.
+   */
+  private held(units: number): void {
+    const pending = this.pending
+    if ((this.pendingUnits += units) + this.data.length <= Math.min(this.maxBufferSize, SSE_UNCHECKED_UNITS)) return
+    if (!this.pendingKept && pending.length > 0) {
+      const keep = sseFieldStart(pending.length === 1 ? pending[0] : pending.join(''))
+      if (keep === 1) this.pendingKept = true
+      else if (keep === 0) { pending.length = 0; this.pendingUnits = 0; this.discarding = true }
+    }
+    if (this.pendingUnits + this.data.length > this.maxBufferSize) {
+      throw new SSEOverflowError(`the event stream held more than maxBufferSize = ${this.maxBufferSize} UTF-16 units`
+        + ' in one line and event; raise maxBufferSize, or check that the source is an event stream')
+    }
+  }
+
+  /** Skips the rest of an ignored line up to its end in `text`; returns where the next line begins, -1 if none. */
+  private skipLine(text: string, i: number): number {
+    const lf = text.indexOf('\n', i), cr = text.indexOf('\r', i)
+    let end = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
+    if (end < 0) return -1
+    this.discarding = false
+    if (text.charCodeAt(end) === 13) {
+      if (end + 1 === text.length) this.skipLF = true
+      else if (text.charCodeAt(end + 1) === 10) end++
+    }
+    return end + 1
+  }
+
+  /**
+   * The hot path, whole lines of a chunk with no CR: an empty line, `data:` and a one-line event
+   * (`data: …` then a blank line) are read in place; anything else goes through {@link line}.
+   * Returns where the unterminated rest begins.
+   */
+  private linesLF(text: string, pos: number): number {
+    for (let lf = text.indexOf('\n', pos); lf >= 0; lf = text.indexOf('\n', pos)) {
+      if (lf === pos) { this.dispatch(); pos++; continue }
+      // `data:`, compared by char code: startsWith is a slower builtin call, more so on two-byte text.
+      if (text.charCodeAt(pos) === 100 && text.charCodeAt(pos + 4) === 58 && text.charCodeAt(pos + 1) === 97
+        && text.charCodeAt(pos + 2) === 116 && text.charCodeAt(pos + 3) === 97) {
+        const value = text.slice(text.charCodeAt(pos + 5) === 32 ? pos + 6 : pos + 5, lf)
+        if (this.dataLines === 0 && text.charCodeAt(lf + 1) === 10) { this.emit(value); pos = lf + 2; continue }
+        this.data = this.dataLines++ === 0 ? value : `${this.data}\n${value}`
+      } else this.line(text, pos, lf)
+      pos = lf + 1
+    }
+    return pos
+  }
+
+  /** Whole lines of a chunk that holds a CR (LF, CRLF or CR end a line). Returns where the rest begins. */
+  private linesCR(text: string, pos: number): number {
+    const n = text.length
+    while (pos < n) {
+      let end = pos
+      for (let c = text.charCodeAt(end); end < n && c !== 10 && c !== 13; c = text.charCodeAt(++end));
+      if (end === n) break
+      if (text.charCodeAt(end) === 13 && end + 1 === n) this.skipLF = true
+      this.line(text, pos, end)
+      pos = text.charCodeAt(end) === 13 && text.charCodeAt(end + 1) === 10 ? end + 2 : end + 1
+    }
+    return pos
+  }
+
+  /** One line `text[start, end)`: a blank line dispatches; `data`, `event` and `id` are read. */
+  private line(text: string, start: number, end: number): void {
+    if (start === end) return this.dispatch()
+    if (text.charCodeAt(start) === 58) return
+    let colon = text.indexOf(':', start)
+    if (colon < 0 || colon > end) colon = end
+    const valueStart = colon === end ? end : text.charCodeAt(colon + 1) === 32 ? colon + 2 : colon + 1
+    const name = colon - start
+    if (name === 4 && text.startsWith('data', start)) {
+      const value = text.slice(valueStart, end)
+      this.data = this.dataLines++ === 0 ? value : `${this.data}\n${value}`
+    } else if (name === 5 && text.startsWith('event', start)) this.eventType = text.slice(valueStart, end) || undefined
+    else if (name === 2 && text.startsWith('id', start)) {
+      const value = text.slice(valueStart, end)
+      if (!value.includes('\0')) this.id = value // WHATWG: an id holding NUL is ignored
+    }
+  }
+
+  private dispatch(): void {
+    if (this.dataLines === 0) { this.eventType = undefined; this.id = undefined; return }
+    const data = this.data
+    this.data = ''; this.dataLines = 0
+    this.emit(data)
+  }
+
+  private emit(data: string): void {
+    const event = this.eventType ?? 'message', id = this.id
+    this.eventType = undefined; this.id = undefined
+    this.onEvent(event, data, id)
+  }
+}
+
+/** UTF-8 bytes of the sequence a lead byte starts. */
+const utf8Needed = (lead: number): number => (lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : 2)
+
+/**
+ * Decodes a stream of UTF-8 chunks (strings are passed through as decoded). V8's non-streaming
+ * decoder is several times faster on text that is almost all ASCII and slower on other text, so
+ * while the recent chunks held few non-ASCII bytes (under 1 in 256: (bytes − UTF-16 units) of a
+ * decay-weighted count) a chunk is cut before a character split at its end and decoded whole; the
+ * split bytes go to the streaming decoder, which ends that character at the start of the next chunk.
+ * Otherwise the streaming decoder takes the chunk. Either way every character is intact and invalid
+ * bytes give U+FFFD as the streaming decoder alone would. `ignoreBOM`: the parser skips exactly one
+ * leading BOM itself (WHATWG). `undefined` ends the stream.
+ */
+function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
+  const streaming = new TextDecoder('utf-8', { ignoreBOM: true })
+  const whole = new TextDecoder('utf-8', { ignoreBOM: true })
+  let pending = false // the streaming decoder may hold the start of a character
+  let units = 1, bytes = 1
+  return (c) => {
+    if (c === undefined) return streaming.decode()
+    if (typeof c === 'string') return c
+    const n = c.length
+    let text: string, j = n - 1
+    if ((bytes - units) * 256 > bytes) {
+      text = streaming.decode(c, { stream: true })
+      while (j > 0 && j > n - 4 && (c[j] & 0xc0) === 0x80) j--
+      pending = j >= 0 && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j
+    } else {
+      let start = 0, head = ''
+      if (pending) { // the end of a character split at the last chunk's end
+        while (start < n && start < 3 && (c[start] & 0xc0) === 0x80) start++
+        if (start === n) return streaming.decode(c, { stream: true })
+        head = streaming.decode(c.subarray(0, start))
+        pending = false
+      }
+      while (j > start && j > n - 4 && (c[j] & 0xc0) === 0x80) j--
+      const cut = j >= start && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j ? j : n
+      text = whole.decode(start === 0 && cut === n ? c : c.subarray(start, cut))
+      if (head !== '') text = head + text
+      if (cut < n) { streaming.decode(c.subarray(cut), { stream: true }); pending = true }
+    }
+    units = units / 2 + text.length
+    bytes = bytes / 2 + n
+    return text
+  }
+}
+
+/**
+ * Parses a server-sent event stream into its events (WHATWG rules): bytes are decoded as UTF-8 with
+ * a streaming decoder, strings are taken as decoded; comments, `retry` and malformed lines are
+ * skipped. The events of one chunk are parsed together and handed out from an array. Stopping the
+ * iteration early cancels a `ReadableStream` source.
+ * @param source a `ReadableStream<Uint8Array>` (e.g. `response.body`) or an async iterable of
+ *   `Uint8Array | string` chunks.
+ * @param options.maxBufferSize most UTF-16 units one unterminated line plus its event's data may
+ *   hold (default: unbounded).
+ * @throws RangeError past `maxBufferSize`; TypeError for a source that is not a stream.
+ */
+function parseSSE(
+  source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
+  options: { maxBufferSize?: number } = {},
+): AsyncIterableIterator<SSEEvent> {
+  const pull = chunkPuller(source)
+  let batch: SSEEvent[] = []
+  let head = 0
+  let ended = false
+  const parser = new SSEParser((event, data, id) => {
+    batch.push(id === undefined ? { event, data } : { event, data, id })
+  }, sseBufferLimit(options.maxBufferSize))
+  const decode = utf8Decoder()
+  const done: IteratorResult<SSEEvent> = { value: undefined, done: true }
+  async function fill(): Promise<IteratorResult<SSEEvent>> {
+    while (head >= batch.length) {
+      batch = []; head = 0
+      if (ended) return done
+      let r: IteratorResult<Uint8Array | string>
+      try { r = await pull.next() } catch (err) { ended = true; pull.finished = true; throw err }
+      if (r.done) { ended = true; pull.finished = true }
+      try { parser.feed(decode(r.done ? undefined : r.value)) } catch (err) {
+        ended = true
+        await pull.close()
+        throw err
+      }
+    }
+    return { value: batch[head++], done: false }
+  }
+  return {
+    next: () => (head < batch.length ? Promise.resolve({ value: batch[head++], done: false }) : fill()),
+    async return(): Promise<IteratorResult<SSEEvent>> {
+      ended = true; batch = []; head = 0
+      await pull.close()
+      return done
+    },
+    [Symbol.asyncIterator]() { return this },
+  }
+}
+
+/** A `maxBufferSize` option: a positive integer of UTF-16 units, or undefined for no limit. */
+function sseBufferLimit(maxBufferSize: unknown): number {
+  if (maxBufferSize === undefined) return Infinity
+  if (isIntegerAtLeast(maxBufferSize, 1)) return maxBufferSize
+  throw new RangeError(`parseSSE: maxBufferSize must be a positive integer (UTF-16 units), `
+    + `got ${shown(maxBufferSize)}`)
+}
+
+/**
+ * The adapter's one body reader, for event streams and whole bodies alike: hands each chunk of `body` to `onChunk`
+ * (`undefined` once it ended) until `onChunk` returns true; the rest is cancelled unread (closing the connection).
+ * `signal` aborting cancels the body and rejects with its reason; rejects with what `onChunk` or the body threw.
+ */
+async function eachChunk(body: ReadableStream<Uint8Array>, signal: AbortSignal,
+  onChunk: (chunk: Uint8Array | undefined) => boolean | void): Promise<void> {
+  const pull = chunkPuller(body)
+  const onAbort = (): void => { pull.close().catch(() => {}) } // settles a pending read at once (WHATWG streams)
+  signal.addEventListener('abort', onAbort, { once: true })
+  try {
+    for (;;) {
+      if (signal.aborted) throw signal.reason
+      let r: IteratorResult<Uint8Array | string>
+      try { r = await pull.next() } catch (err) { pull.finished = true; throw err }
+      if (signal.aborted) throw signal.reason
+      if (r.done) pull.finished = true
+      if (onChunk(r.done ? undefined : r.value as Uint8Array) === true || r.done) return
+    }
+  } finally {
+    signal.removeEventListener('abort', onAbort)
+    await pull.close()
+  }
+}
+
+/**
+ * Reads chunks from a `ReadableStream` or an (async) iterable: `next()` is the source's own read (one
+ * promise per chunk, no wrapper of ours around it); `close()` stops early and cancels the stream
+ * behind it (closing the connection) unless the reader set `finished` (the source ended or threw).
+ */
+interface ChunkSource {
+  next(): Promise<IteratorResult<Uint8Array | string>>
+  close(): Promise<void>
+  finished: boolean
+}
+
+function chunkPuller(source: unknown): ChunkSource {
+  if (source !== null && typeof source === 'object' && typeof (source as ReadableStream).getReader === 'function') {
+    const reader = (source as ReadableStream<Uint8Array>).getReader()
+    return {
+      finished: false,
+      next: () => reader.read() as Promise<IteratorResult<Uint8Array>>,
+      // not awaited: a proxying source's cancel may never settle, and nothing waits on a server (docs/design.md §13)
+      async close() { if (!this.finished) { this.finished = true; reader.cancel().catch(() => {}) } },
+    }
+  }
+  if (source !== null && typeof source === 'object' && (Symbol.asyncIterator in source || Symbol.iterator in source)) {
+    const async = Symbol.asyncIterator in source
+    const it: AsyncIterator<Uint8Array | string> | Iterator<Uint8Array | string> = async
+      ? (source as AsyncIterable<Uint8Array | string>)[Symbol.asyncIterator]()
+      : (source as Iterable<Uint8Array | string>)[Symbol.iterator]()
+    return {
+      finished: false,
+      next: async ? () => it.next() as Promise<IteratorResult<Uint8Array | string>> : async () => it.next(),
+      async close() { if (!this.finished) { this.finished = true; await it.return?.() } },
+    }
+  }
+  throw new TypeError(`parseSSE needs a ReadableStream<Uint8Array> or an AsyncIterable of Uint8Array | string, `
+    + `got ${source === null ? 'null' : typeof source}`)
+}
+
+// ── 2.2 Error classification ────────────────────────────
+
+/** HTTP statuses and in-stream error codes are read from these keys of an error body. */
+const ERROR_STATUS_KEYS = new Set(['code', 'status', 'status_code', 'statusCode'])
+/** Keys whose values describe an error; everything else (e.g. Groq's `failed_generation`, model output) is not read. */
+const ERROR_TEXT_KEYS = new Set([
+  'error', 'errors', 'message', 'msg', 'detail', 'details', 'type', 'code', 'status', 'status_code', 'statusCode',
+  'reason', 'raw', 'metadata', 'title', 'description', 'error_description',
+])
+/** Keys whose string value is the human-readable message, in order of preference as met. */
+const ERROR_MESSAGE_KEYS = new Set(['message', 'msg', 'detail', 'error', 'raw', 'description', 'error_description'])
+
+/**
+ * Rate limits, checked BEFORE the overflow patterns: their messages talk about tokens and "reduce
+ * the prompt length" too (OpenAI/Groq TPM "Request too large", Anthropic input-TPM 429), and a
+ * rate limit is never an overflow (docs/design.md §6).
+ */
+const RATE_LIMIT_RE = /* @__PURE__ */ anyOf(['rate[ _-]?limit', 'too many requests', 'tokens per min',
+  'requests per min', '\\b(?:TPM|RPM|TPD|RPD)\\b', 'per[ -]minute', 'resource[_ ]exhausted'])
+
+/**
+ * Context-window overflow wordings that state no counts, one per line with the servers known to use it. A
+ * message that states a prompt size and the limit it exceeds needs no line here ({@link overflowCounts}).
+ */
+const OVERFLOW_PATTERNS: readonly RegExp[] = [
+  /context[_ ]length[_ ]exceeded/i, // OpenAI, Groq, OpenRouter code `context_length_exceeded`
+  /exceed_context_size/i, // llama.cpp server `exceed_context_size_error`
+  /\bexceed(?:s|ed)?\b[^.]{0,60}?\bcontext (?:window|length|size|limit)/i, // llama.cpp, OpenAI (new), Anthropic, Ollama
+  /\bcontext (?:window|length|size|limit)\b[^.]{0,40}?\bexceed/i, // MiniMax, generic "context window exceeded"
+  /\b(?:prompt|input) (?:is )?too long\b/i, // Anthropic "prompt is too long", Bedrock "Input is too long", Fireworks
+  /\btokens? \+ `?max_new_tokens`? must be <=/i, // Hugging Face TGI (Together, Inference Endpoints)
+  /exceeded model token limit/i, // Moonshot / Kimi
+  /greater than the context length|context the overflows|context length of only/i, // LM Studio
+  /range of input length should be/i, // Alibaba DashScope / Qwen
+  /prompt exceeds max length/i, // Zhipu GLM
+  /reduce the length of the messages/i, // OpenAI, Groq (the "no numbers" form)
+  /max_tokens must be at least 1, got -\d/i, // vLLM: a negative room means the prompt alone overflows
+]
+
+/** Out of balance or quota (not retried: only money helps). */
+const QUOTA_RE = /* @__PURE__ */ anyOf(['insufficient[_ ]?(?:balance|quota|credits?|funds)',
+  'exceeded your current quota', 'billing', 'credit balance', 'payment required', 'out of credits',
+  'not enough credits'])
+/** Authentication and permission wording, used when no HTTP status says so. */
+const AUTH_RE =
+  /authenticat|unauthori[sz]ed|invalid[_ ]api[_ ]key|incorrect api key|permission[_ ]denied|permission_error|forbidden/i
+/** Server-side trouble, used when no HTTP status says so (errors inside a 200 stream). */
+const SERVER_RE = /overloaded|server[_ ]error|internal|unavailable|bad gateway|api_error|timed? ?out/i
+/** Request-side trouble, used when no HTTP status says so. */
+const INVALID_RE = /invalid|bad[_ ]request|not[_ ]found|unsupported|tool_use_failed|must be|missing|not allowed/i
+
+interface ErrorBodyInfo {
+  /** The error-describing strings of the body joined by LF (or the raw text when not JSON). */
+  haystack: string
+  /** The first human-readable message found. */
+  message?: string
+  /** A numeric HTTP-like status embedded in the body (`code: 400`, `status_code: 429`, …). */
+  status?: number
+  /** The body held JSON (or SSE data lines with JSON). */
+  parsed: boolean
+  /** The body was empty or whitespace only. */
+  blank: boolean
+}
+
+function isRecord(value: unknown): value is Record<string, any> {
+  return value !== null && typeof value === 'object' && !Array.isArray(value)
+}
+
+function parseJSONOrUndefined(text: string): unknown {
+  try { return JSON.parse(text) } catch { return undefined }
+}
+
+const isErrorStatus = (status: unknown): status is number => typeof status === 'number' && Number.isInteger(status)
+  && status >= 400 && status <= 599
+
+/** Reads what an error body says, whatever its shape (docs/design.md §6). Never throws on strings. */
+function inspectErrorBody(bodyText: string): ErrorBodyInfo {
+  const text = bodyText.length > ERROR_BODY_MAX_UNITS ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : bodyText
+  const trimmed = text.trim()
+  const info: ErrorBodyInfo = { haystack: '', parsed: false, blank: trimmed === '' }
+  const payloads: unknown[] = []
+  if (/^(?:data|event):/m.test(trimmed) && trimmed[0] !== '{' && trimmed[0] !== '[') {
+    // An SSE excerpt (e.g. `event: error` + `data: {...}`): read its data lines.
+    for (const match of trimmed.matchAll(/^data:[ ]?(.*)$/gm)) {
+      const value = parseJSONOrUndefined(match[1])
+      if (value !== undefined) payloads.push(value)
+    }
+  } else if (trimmed !== '') {
+    const value = parseJSONOrUndefined(trimmed)
+    if (value !== undefined) payloads.push(value)
+  }
+  if (payloads.length === 0) {
+    info.haystack = text
+    const firstLine = trimmed.split(/\r\n|\r|\n/, 1)[0]
+    if (firstLine) info.message = firstLine.length > 500 ? `${firstLine.slice(0, 500)}…` : firstLine
+    return info
+  }
+  info.parsed = true
+  const strings: string[] = []
+  const collect = (value: unknown, depth: number, key: string | undefined): void => {
+    if (depth > 8) return
+    if (typeof value === 'string') {
+      const start = value.trimStart()[0]
+      // Wrapped errors: a proxy that puts the upstream JSON body into its message (Gemini CLI,
+      // double-encoded bodies) — read the inner JSON as well.
+      const nested = start === '{' || start === '[' || start === '"' ? parseJSONOrUndefined(value) : undefined
+      if (nested !== undefined && typeof nested !== 'number' && typeof nested !== 'boolean')
+        return collect(nested, depth + 1, key)
+      strings.push(value)
+      if (info.message === undefined && value.trim() !== ''
+        && (key === undefined || ERROR_MESSAGE_KEYS.has(key))) info.message = value.trim()
+      return
+    }
+    if (typeof value === 'number') {
+      if (key !== undefined && ERROR_STATUS_KEYS.has(key) && info.status === undefined
+        && isErrorStatus(value)) info.status = value
+      return
+    }
+    if (Array.isArray(value)) {
+      for (const item of value) collect(item, depth + 1, key)
+      return
+    }
+    if (isRecord(value)) {
+      for (const k of Object.keys(value)) if (ERROR_TEXT_KEYS.has(k)) collect(value[k], depth + 1, k)
+    }
+  }
+  for (const payload of payloads) collect(payload, 0, undefined)
+  info.haystack = strings.join('\n')
+  if (info.message && info.message.length > 500) info.message = `${info.message.slice(0, 500)}…`
+  return info
+}
+
+/**
+ * Maps a failed response to a {@link ProviderErrorCode} (docs/design.md §6). Never throws, whatever
+ * it is given. The body may be JSON (`{"error":{...}}`, an array of such objects, `{"error":
+ * "text"}`, a top-level `{"object":"error", …}`, a body double-encoded as a JSON string, a proxy
+ * message wrapping the upstream JSON), an SSE excerpt, plain text, or empty.
+ *
+ * Order: 429 or rate-limit wording → RATE_LIMIT (a rate limit is never an overflow, whatever it
+ * says about tokens); a message that states a prompt or input size in tokens above a limit it names, in
+ * any wording (the shape of {@link overflowCounts}: Gemini, xAI, Cohere, DeepSeek, OpenAI, Anthropic …),
+ * or an overflow wording without counts (Groq, llama.cpp, LM Studio, Ollama, Moonshot, Qwen, GLM, TGI) →
+ * CONTEXT_WINDOW_EXCEEDED (also on a 5xx: proxies wrap overflows); 402 or balance wording → QUOTA;
+ * 401/403 → AUTH; 408 → TIMEOUT; a bare 413 → CONTEXT_WINDOW_EXCEEDED (the request is too big;
+ * shrinking it is the cure); other 4xx → INVALID_REQUEST (an output-cap error like "max_tokens:
+ * 300000 > 128000" lands here); 5xx → SERVER.
+ *
+ * Errors inside a 200 stream: pass `status` 200 (or undefined). Then a numeric `code`, `status`
+ * or `status_code` in the body stands in for the HTTP status; without one the wording decides
+ * (AUTH, SERVER, INVALID_REQUEST; SERVER when nothing matches), an empty body is EMPTY_RESPONSE
+ * and a non-JSON body MALFORMED_RESPONSE.
+ * @param status HTTP status, or 200/undefined for an in-stream error.
+ * @param bodyText the response body (or the in-stream `data:` payload) as text.
+ */
+function classifyProviderError(status: number | undefined, bodyText: string): ProviderErrorCode {
+  return readErrorBody(status, bodyText).code
+}
+
+/**
+ * An error body read once: its code (the rules of {@link classifyProviderError}) and what it says
+ * (`info`, for the error's message and in-stream status). Never throws.
+ */
+function readErrorBody(status: number | undefined, bodyText: unknown): { code: ProviderErrorCode;
+  info?: ErrorBodyInfo } {
+  let info: ErrorBodyInfo | undefined
+  try {
+    info = inspectErrorBody(typeof bodyText === 'string' ? bodyText : bodyText == null ? '' : String(bodyText))
+    return { code: codeOfErrorBody(status, info), info }
+  } catch {
+    return { code: isErrorStatus(status) && status < 500 ? 'INVALID_REQUEST' : 'SERVER', info }
+  }
+}
+
+/** A count in an error text (thousands commas allowed); not a piece of a word, an id, a version or a date. */
+const COUNT_RE = /(?<![\w.,-])(\d{1,3}(?:,\d{3})+|\d+)(?!\w|[.,]\d)/g
+/** What may stand between a cue word and its count: quotes, `(`, `:`, `=`, small words ("is", "of", "about"). */
+const glue = (): string =>
+  String.raw`(?:[\s"'\\:=(\[~]|\b(?:is|of|to|be|was|about|approximately|least|the|only|an?)\b)*$`
+/** Words right before a count that make it a limit (maximum, limit, allowed, at most, context size, `n_ctx`) … */
+const LIMIT_BEFORE = /* @__PURE__ */ (() => new RegExp(String.raw`(?:(?<![a-z])(?:max(?:imum)?(?:[ _-]+[a-z]+){0,3}`
+  + String.raw`|limit(?:ed)?|allow(?:s|ed)?|most|up|capacity|context(?:[ _-]+(?:window|length|size))?`
+  + String.raw`|exceed(?:s|ed|ing)?|ctx)|<=|≤)${glue()}`, 'i'))()
+/** … or the size of what was sent (prompt, input, request, messages, count, got, contains, `n_prompt_tokens`). */
+const SIZE_BEFORE = /* @__PURE__ */ (() => new RegExp(String.raw`(?<![a-z])(?:prompt|inputs?|request(?:ed)?|messages?`
+  + String.raw`|got|contains?|count|received|given|provided|resulted in|sent|uses?|needs?|has|have|total|length)`
+  + String.raw`(?:[ _-]+(?:tokens?|length|size|count))*${glue()}`, 'i'))()
+/** Words right after a count that make it a limit ("200000 maximum", "8,000-token window") or a part of the prompt. */
+const LIMIT_AFTER = /^[\s)-]*(?:tokens?[\s)-]*)?,?\s*(?:max(?:imum)?|limit|window|context)\b/i
+const PART_AFTER = /* @__PURE__ */ (() => new RegExp(String.raw`^\s*(?:tokens?\s+)?(?:in (?:the|your) (?:messages`
+  + String.raw`|prompt|functions|tools|input)|of (?:text |tool )?input|(?:prompt|input) tokens)`, 'i'))()
+/** `A > B`, "A exceeds B": a size, then its limit. */
+const COMPARE_RE = /^\s*(?:tokens?)?\s*\)?\s*(?:>|exceeds?|is (?:more|greater|larger) than)\s*\(?\s*$/i
+/** A count near these words is about the output (max_tokens, the completion), not the prompt. */
+const OUTPUT_NEAR = /max_(?:new_|completion_|output_)?tokens|completion|output|generat/i
+
+/**
+ * Token counts an overflow error states (docs/design.md §6, §10), read from the body text (JSON or not) by
+ * shape, not by phrase. A count is a limit when a word right before it says so (maximum, limit, allowed, at
+ * most, up to, context size, exceeds, `<=`, `n_ctx`) or one right after it does ("200000 maximum", "8,000-token
+ * window"); a size when a word before it names what was sent (prompt, input, request, messages, count, got,
+ * received, `n_prompt_tokens`) or one after it names a part of the prompt ("62219 in the messages"); `A > B`
+ * and `A + B > C` compare sizes with a limit. A count near output words (max_tokens, completion, output) is
+ * skipped, except the C of `A + B > C` (the whole request against the window). `contextTokens`: the first
+ * limit; `promptTokens`: the parts of the prompt summed, else the largest size; `requestedTokens`: a size that
+ * holds the completion too ("requested N tokens", the `A + B`). What the text does not state is absent.
+ * Never throws.
+ */
+function overflowCounts(bodyText: string): { promptTokens?: number; contextTokens?: number; requestedTokens?: number } {
+  const text = typeof bodyText === 'string' ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : ''
+  const found = [...text.matchAll(COUNT_RE)]
+  const at = (i: number) => Number(found[i][1].replace(/,/g, ''))
+  const gap = (i: number) => text.slice(found[i].index + found[i][0].length, found[i + 1]?.index ?? text.length)
+  const before = (i: number) => (i > 0 ? gap(i - 1) : text.slice(0, found[0].index)).slice(-80)
+  const output = (i: number) => OUTPUT_NEAR.test(before(i).slice(-30) + gap(i).slice(0, 80))
+  let context: number | undefined, prompt = 0, parts = 0, requested = 0
+  const size = (n: number) => { prompt = Math.max(prompt, n) }
+  for (let i = 0; i < found.length; i++) {
+    if (output(i)) continue
+    const after = gap(i).slice(0, 80)
+    if (i + 2 < found.length && /^\s*(?:tokens?)?\s*\+\s*$/.test(after) && COMPARE_RE.test(gap(i + 1))) {
+      size(at(i)); requested = Math.max(requested, at(i) + at(i + 1)); context ??= at(i + 2); i += 2
+    } else if (i + 1 < found.length && COMPARE_RE.test(after) && !output(i + 1)) { size(at(i)); context ??= at(++i) }
+    else if (LIMIT_AFTER.test(after) || LIMIT_BEFORE.test(before(i))) context ??= at(i)
+    else if (PART_AFTER.test(after)) parts += at(i)
+    else if (/requested\W*(?:about\W*)?$/i.test(before(i))) requested = Math.max(requested, at(i))
+    else if (SIZE_BEFORE.test(before(i))) size(at(i))
+  }
+  const out: { promptTokens?: number; contextTokens?: number; requestedTokens?: number } = {}
+  if (parts > 0 || prompt > 0) out.promptTokens = parts > 0 ? parts : prompt
+  if (context !== undefined && context > 0) out.contextTokens = context
+  if (requested > 0) out.requestedTokens = requested
+  return out
+}
+
+/**
+ * Whether an error text states a prompt (or request) in tokens larger than a limit it names, in any
+ * wording and order ({@link overflowCounts}), and is not about a quota of a day or an hour.
+ */
+function statesOverflow(text: string): boolean {
+  if (!/\btokens?\b/i.test(text) || !/prompt|input|context|request|message|sequence/i.test(text)) return false
+  if (/\b(?:daily|monthly|per (?:day|hour|month)|today)\b/i.test(text)) return false
+  const c = overflowCounts(text)
+  return c.contextTokens !== undefined && Math.max(c.promptTokens ?? 0, c.requestedTokens ?? 0) > c.contextTokens
+}
+
+function codeOfErrorBody(status: number | undefined, info: ErrorBodyInfo): ProviderErrorCode {
+  const s = isErrorStatus(status) ? status : info.status
+  const h = info.haystack
+  if (s === 429 || RATE_LIMIT_RE.test(h)) return 'RATE_LIMIT'
+  if (OVERFLOW_PATTERNS.some((re) => re.test(h)) || statesOverflow(h)) return 'CONTEXT_WINDOW_EXCEEDED'
+  if (s === 402 || QUOTA_RE.test(h)) return 'QUOTA'
+  if (s === 401 || s === 403) return 'AUTH'
+  if (s === 408) return 'TIMEOUT'
+  if (s === 413) return 'CONTEXT_WINDOW_EXCEEDED'
+  if (s !== undefined) return s < 500 ? 'INVALID_REQUEST' : 'SERVER'
+  if (info.blank) return 'EMPTY_RESPONSE'
+  if (AUTH_RE.test(h)) return 'AUTH'
+  if (SERVER_RE.test(h)) return 'SERVER'
+  if (INVALID_RE.test(h)) return 'INVALID_REQUEST'
+  return info.parsed ? 'SERVER' : 'MALFORMED_RESPONSE'
+}
+
+/** What to do about each code, appended to error messages (docs/design.md §0: an error names the fix). */
+const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
+  CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, '
+    + 'or lower maxTokens.',
+  RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
+  QUOTA: 'The account has no balance or quota left: top it up or use another API key.',
+  AUTH: 'Check the API key and its permissions (option apiKey, or the environment variable named by apiKeyEnv; CLI: '
+    + '--api-key-env NAME).',
+  INVALID_REQUEST: 'The server rejected the request; the body above names the field.',
+  SERVER: 'The server failed; try again later.',
+  TRANSPORT: 'Check the network and baseURL.',
+  TIMEOUT: 'The server made no progress for IDLE_TIMEOUT_MS (5 minutes), or the call passed REQUEST_TIMEOUT_MS '
+    + '(1 hour); try again later.',
+  ABORTED: 'The caller aborted the request.',
+  EMPTY_RESPONSE: 'The server answered with nothing; try again later.',
+  MALFORMED_RESPONSE: 'The server does not speak the stream format of this adapter (OpenAI chat completions for '
+    + 'openAICompatible, Anthropic Messages for anthropic); check baseURL.',
+  RESPONSE_TOO_LARGE: 'The server sent more than dsh reads (MAX_MESSAGE_BYTES, 8 MiB of one message); lower '
+    + 'maxTokens.',
+}
+
+/** Seconds, an HTTP date, or OpenAI's `retry-after-ms`, in ms (RFC 9110 §10.2.3). */
+function parseRetryAfterMs(headers: Headers, nowMs: number): number | undefined {
+  const ms = headers.get('retry-after-ms')?.trim()
+  if (ms && /^\d+(?:\.\d+)?$/.test(ms)) return Math.ceil(parseFloat(ms))
+  const value = headers.get('retry-after')?.trim()
+  if (!value) return undefined
+  if (/^\d+(?:\.\d+)?$/.test(value)) return Math.ceil(parseFloat(value) * 1000)
+  const date = Date.parse(value)
+  return Number.isNaN(date) ? undefined : Math.max(0, date - nowMs)
+}
+
+/** Response headers that carry a request id support can trace, in order of preference. */
+const REQUEST_ID_HEADERS = ['x-request-id', 'request-id', 'x-ds-trace-id', 'x-trace-id', 'x-amzn-requestid', 'cf-ray']
+
+function requestIdOf(headers: Headers): string | undefined {
+  for (const name of REQUEST_ID_HEADERS) {
+    const value = headers.get(name)
+    if (value) return value
+  }
+  return undefined
+}
+
+/**
+ * "Request too large … tokens per minute": one request bigger than the per-minute budget, sent
+ * as 413 (Groq) or 429 (OpenAI). Retrying can never succeed, so it is not retried.
+ */
+function requestExceedsRateLimit(body: string): boolean {
+  return /request too large/i.test(body) && RATE_LIMIT_RE.test(body)
+}
+
+// ── 2.3 Reply assembly: events of both wire formats → the assistant message ──
+
+/** Collects one streamed (or non-streamed) completion in block order; emits deltas as they arrive. */
+class ReplyAssembler {
+  private readonly blocks: Block[] = []
+  private readonly calls: ToolCallBlock[] = []
+  private readonly slotOfIndex = new Map<number, number>()
+  /** The next text or reasoning starts a block of its own (a format's new content block). */
+  fresh = false
+  finishReason: string | undefined
+  usage: Usage | undefined
+  /** The format's own usage fields so far (Anthropic sends them in two events). */
+  wireUsage: Record<string, unknown> = {}
+  responseId: string | undefined
+  requestId: string | undefined
+  /** Whether any text, reasoning or tool-call delta arrived (the adapter never retries after one). */
+  streamed = false
+  private messageBytes = 0 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
+  private readonly emit: (event: StreamEvent) => void
+  /** Whether anyone listens: deltas are built as events only then. */
+  private readonly listening: boolean
+  constructor(readonly cfg: AdapterConfig, emit: ((event: StreamEvent) => void) | undefined,
+    private readonly progress: () => void = () => {}) {
+    this.emit = emit ?? (() => {})
+    this.listening = emit !== undefined
+  }
+
+  /** RESPONSE_TOO_LARGE for a message past one of its caps (`why`); `partial()` keeps its text. */
+  private tooLarge(why: string): ProviderError {
+    const { cfg } = this
+    return providerError(cfg, 'RESPONSE_TOO_LARGE', `the assistant message from ${cfg.endpoint} (model ${cfg.model}) `
+      + `${why}; the stream was cancelled and the text so far kept as an interrupted message (none of its tool calls `
+      + 'runs).', { status: 200 })
+  }
+
+  /** Counts a delta against the message cap before it is kept, so nothing past the cap is held; it is progress. */
+  private admit(delta: string): void {
+    const cap = this.cfg.maxMessageBytes
+    this.messageBytes += utf8Length(delta, cap)
+    if (this.messageBytes > cap) {
+      throw this.tooLarge(`passed MAX_MESSAGE_BYTES, ${cap} bytes of text, reasoning and tool-call ids, names and `
+        + 'arguments')
+    }
+    this.progress()
+  }
+
+  /** Text or reasoning: appended to the last block when it is of the same kind and no new block began. */
+  add(kind: 'text' | 'reasoning', delta: string): void {
+    if (delta === '') return
+    this.admit(delta)
+    const last = this.blocks.length > 0 ? this.blocks[this.blocks.length - 1] : undefined
+    if (!this.fresh && last !== undefined && last.type === kind) (last as TextBlock).text += delta
+    else this.blocks.push({ type: kind, text: delta })
+    this.fresh = false
+    this.streamed = true
+    if (this.listening) {
+      this.emit(kind === 'text' ? { type: 'text-delta', text: delta } : { type: 'reasoning-delta', text: delta })
+    }
+  }
+
+  /** A signature of the reasoning block just streamed (sent back with it). */
+  sign(signature: string): void {
+    const last = this.blocks[this.blocks.length - 1] as ReasoningBlock | undefined
+    if (signature === '' || last?.type !== 'reasoning') return
+    this.admit(signature)
+    last.signature = (last.signature ?? '') + signature
+  }
+
+  /** A block dsh does not interpret (e.g. `redacted_thinking`), kept in position as it came. */
+  keep(block: OtherBlock): void {
+    this.admit(JSON.stringify(block))
+    this.blocks.push(block)
+    this.fresh = false
+    this.streamed = true
+  }
+
+  /** Usage so far; progress only when a figure changed. */
+  setUsage(usage: Usage): void {
+    const u = this.usage
+    if (!u || u.promptTokens !== usage.promptTokens || u.completionTokens !== usage.completionTokens) this.progress()
+    this.usage = usage
+  }
+
+  /** The slot of a tool-call delta: by `index`, else by id, else the last call; a new slot when none fits. */
+  private slotOf(wireIndex: number | undefined, id: string | undefined): number {
+    const calls = this.calls
+    let slot: number | undefined
+    if (wireIndex !== undefined) slot = this.slotOfIndex.get(wireIndex)
+    else if (id !== undefined) { const k = calls.findIndex((c) => c.id === id); slot = k >= 0 ? k : undefined }
+    else if (calls.length > 0) slot = calls.length - 1 // no index, no id: the continuation of the last call
+    // A different id on a known index starts a new call (servers that send every call as index 0).
+    if (slot !== undefined && id !== undefined && calls[slot].id !== '' && calls[slot].id !== id) slot = undefined
+    if (slot !== undefined) return slot
+    const max = MAX_TOOL_CALLS_PER_MESSAGE
+    if (calls.length >= max) throw this.tooLarge(`has more than ${max} tool calls, the most dsh takes in one message`)
+    const call: ToolCallBlock = { type: 'tool-call', id: '', name: '', arguments: '' }
+    calls.push(call)
+    this.blocks.push(call)
+    this.fresh = false
+    if (wireIndex !== undefined) this.slotOfIndex.set(wireIndex, calls.length - 1)
+    return calls.length - 1
+  }
+
+  /** A piece of a tool call: its id and name (kept once, from the first delta that has them) and arguments. */
+  tool(wireIndex: number | undefined, id: string | undefined, name: string | undefined, args: string): void {
+    const slot = this.slotOf(wireIndex, id)
+    const call = this.calls[slot]
+    const newId = id !== undefined && call.id === '' ? id : undefined
+    const newName = name !== undefined && call.name === '' ? name : undefined
+    for (const kept of [newId, newName, args]) if (kept) this.admit(kept)
+    if (newId) call.id = newId
+    if (newName) call.name = newName
+    call.arguments += args
+    if (newId || newName || args) {
+      this.streamed = true
+      if (this.listening) this.emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}),
+        ...(newName ? { name: newName } : {}), argumentsDelta: args })
+    }
+  }
+
+  /** MALFORMED_RESPONSE for a data event that is not a JSON object. */
+  notAnObject(dataText: string): ProviderError {
+    return providerError(this.cfg, 'MALFORMED_RESPONSE', `stream from ${this.cfg.endpoint} sent a data event that is `
+      + `not a JSON object: ${dataText.slice(0, 200)}`, { body: dataText, requestId: this.requestId, status: 200 })
+  }
+
+  /** The text and reasoning so far as an interrupted message (tool calls dropped: their arguments may be cut). */
+  partial(): AssistantMessage | undefined {
+    const content = this.blocks.filter((b) => b.type === 'text' || b.type === 'reasoning')
+    return content.length === 0 ? undefined : { role: 'assistant', content, interrupted: true }
+  }
+
+  /** The assembled answer; TRANSPORT for a stream that ended with no end marker nor finish reason, EMPTY_RESPONSE. */
+  finish(sawDone: boolean): ChatResponse {
+    const { cfg, usage, requestId } = this
+    if (!sawDone && this.finishReason === undefined) {
+      throw providerError(cfg, 'TRANSPORT', `stream from ${cfg.endpoint} ended without its end marker and without a `
+        + `finish reason (model ${cfg.model}).`, { requestId, status: 200 })
+    }
+    if (!this.streamed && this.finishReason !== 'content_filter') {
+      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} (model ${cfg.model}) finished without any text, `
+        + `reasoning or tool call.`, { requestId, status: 200 })
+    }
+    // The ids as the server sent them ('' when it sent none): the Agent repairs missing and repeated
+    // ids in one place (withCallIds), where it knows the log's seq and the ids already used.
+    const reason = this.finishReason ?? (this.calls.length > 0 ? 'tool_calls' : 'stop')
+    if (usage) this.emit({ type: 'usage', usage })
+    this.emit({ type: 'finish', finishReason: reason })
+    const response: ChatResponse = { message: { role: 'assistant', content: this.blocks }, finishReason: reason }
+    if (usage) response.usage = usage
+    const id = requestId ?? this.responseId
+    if (id !== undefined) response.requestId = id
+    return response
+  }
+}
+
+/** One chat-completions chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. */
+function openAIChunk(acc: ReplyAssembler, obj: unknown, dataText: string): boolean {
+  if (!isRecord(obj)) throw acc.notAnObject(dataText)
+  const { cfg, requestId } = acc
+  if (obj.error !== undefined && obj.error !== null) throw inStreamError(cfg, dataText, requestId)
+  if (acc.responseId === undefined && typeof obj.id === 'string' && obj.id !== '') acc.responseId = obj.id
+  const u = readUsage(obj.usage)
+  if (u) acc.setUsage(u) // running totals (SiliconFlow) or a final chunk: the last one wins
+  const choices: unknown[] = Array.isArray(obj.choices) ? obj.choices : []
+  for (const choice of choices) {
+    // n = 1 is requested
+    if (!isRecord(choice) || (typeof choice.index === 'number' && choice.index !== 0)) continue
+    const delta = isRecord(choice.delta) ? choice.delta : isRecord(choice.message) ? choice.message : undefined
+    if (delta) {
+      const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== ''
+        ? delta.reasoning_content
+        : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
+      acc.add('reasoning', r)
+      if (typeof delta.content === 'string') acc.add('text', delta.content)
+      if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) openAIToolCall(acc, tc)
+    }
+    if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
+      acc.finishReason = choice.finish_reason
+      if (acc.finishReason === 'error') {
+        throw providerError(cfg, 'SERVER', `stream from ${cfg.endpoint} ended with finish_reason "error".`,
+          { body: dataText, requestId, status: 200 })
+      }
+    }
+  }
+  return false
+}
+
+function openAIToolCall(acc: ReplyAssembler, tc: unknown): void {
+  if (!isRecord(tc)) return
+  const fn = isRecord(tc.function) ? tc.function : {}
+  const id = typeof tc.id === 'string' && tc.id !== '' ? tc.id : undefined // Qwen sends "" after the first delta
+  // Mistral sends "" after the first delta
+  const name = typeof fn.name === 'string' && fn.name !== '' ? fn.name : undefined
+  const args = typeof fn.arguments === 'string' ? fn.arguments : isRecord(fn.arguments)
+    ? JSON.stringify(fn.arguments) : ''
+  acc.tool(typeof tc.index === 'number' ? tc.index : undefined, id, name, args)
+}
+
+/** A count field: a non-negative finite number; anything else (negative, NaN as a string, …) is absent. */
+const tokenCount = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0
+  ? v : undefined)
+
+function readUsage(u: unknown): Usage | undefined {
+  if (!isRecord(u)) return undefined
+  const n = tokenCount
+  const prompt = n(u.prompt_tokens)
+  const completion = n(u.completion_tokens)
+  if (prompt === undefined && completion === undefined) return undefined
+  const usage: Usage = { promptTokens: prompt ?? 0, completionTokens: completion ?? 0 }
+  const cached = n(u.prompt_cache_hit_tokens) ?? (isRecord(u.prompt_tokens_details)
+    ? n(u.prompt_tokens_details.cached_tokens) : undefined)
+  if (cached !== undefined) usage.cachedTokens = cached
+  const reasoning = (isRecord(u.completion_tokens_details) ? n(u.completion_tokens_details.reasoning_tokens)
+    : undefined) ?? n(u.reasoning_tokens)
+  if (reasoning !== undefined) usage.reasoningTokens = reasoning
+  return usage
+}
+
+/** Anthropic's `stop_reason` → the finish reasons of chat completions (others pass as sent). */
+const STOP_REASONS: Readonly<Record<string, string>> = {
+  end_turn: 'stop', stop_sequence: 'stop', max_tokens: 'length', tool_use: 'tool_calls', refusal: 'content_filter',
+  model_context_window_exceeded: 'length',
+}
+
+/** One Messages stream event; true at `message_stop`. Throws the in-stream error it carries. */
+function anthropicEvent(acc: ReplyAssembler, obj: unknown, dataText: string): boolean {
+  if (!isRecord(obj)) throw acc.notAnObject(dataText)
+  const type = obj.type
+  if (type === 'content_block_delta') {
+    const d = isRecord(obj.delta) ? obj.delta : {}
+    const text = (v: unknown) => (typeof v === 'string' ? v : '')
+    if (d.type === 'text_delta') acc.add('text', text(d.text))
+    else if (d.type === 'thinking_delta') acc.add('reasoning', text(d.thinking))
+    else if (d.type === 'input_json_delta') acc.tool(Number(obj.index), undefined, undefined, text(d.partial_json))
+    else if (d.type === 'signature_delta') acc.sign(text(d.signature))
+  } else if (type === 'content_block_start') anthropicBlock(acc, Number(obj.index), obj.content_block)
+  else if (type === 'message_start' || type === 'message_delta') {
+    const m = type === 'message_start' ? (isRecord(obj.message) ? obj.message : {}) : obj
+    if (acc.responseId === undefined && typeof m.id === 'string' && m.id !== '') acc.responseId = m.id
+    const reason = isRecord(obj.delta) ? obj.delta.stop_reason : m.stop_reason
+    // own keys only: a stop_reason of "constructor" or "__proto__" is a string like any other
+    if (typeof reason === 'string' && reason !== '') {
+      acc.finishReason = Object.hasOwn(STOP_REASONS, reason) ? STOP_REASONS[reason] : reason
+    }
+    const u = anthropicUsage(acc, m.usage)
+    if (u) acc.setUsage(u)
+  } else if (type === 'message_stop') return true
+  else if (type === 'error' || (obj.error !== undefined && obj.error !== null)) {
+    throw inStreamError(acc.cfg, dataText, acc.requestId)
+  }
+  return false
+}
+
+/** A content block as it starts (streamed: empty; non-streamed: whole). */
+function anthropicBlock(acc: ReplyAssembler, index: number, b: unknown): void {
+  if (!isRecord(b)) return
+  acc.fresh = true
+  if (b.type === 'text') acc.add('text', typeof b.text === 'string' ? b.text : '')
+  else if (b.type === 'thinking') {
+    acc.add('reasoning', typeof b.thinking === 'string' ? b.thinking : '')
+    if (typeof b.signature === 'string') acc.sign(b.signature)
+  } else if (b.type === 'tool_use') {
+    const input = isRecord(b.input) && Object.keys(b.input).length > 0 ? JSON.stringify(b.input) : ''
+    acc.tool(index, typeof b.id === 'string' && b.id !== '' ? b.id : undefined,
+      typeof b.name === 'string' && b.name !== '' ? b.name : undefined, input)
+  } else if (typeof b.type === 'string' && b.type !== 'image') acc.keep(b as OtherBlock)
+}
+
+/** Usage from Anthropic's fields, merged over those seen before: prompt = input + cache writes + cache reads. */
+function anthropicUsage(acc: ReplyAssembler, u: unknown): Usage | undefined {
+  if (!isRecord(u)) return undefined
+  const w = acc.wireUsage
+  for (const key of ['input_tokens', 'cache_creation_input_tokens', 'cache_read_input_tokens', 'output_tokens']) {
+    const v = tokenCount(u[key])
+    if (v !== undefined) w[key] = v
+  }
+  const n = (key: string) => (w[key] as number | undefined) ?? 0
+  if (w.input_tokens === undefined && w.output_tokens === undefined) return undefined
+  const usage: Usage = { promptTokens: n('input_tokens') + n('cache_creation_input_tokens')
+    + n('cache_read_input_tokens'), completionTokens: n('output_tokens') }
+  if (w.cache_read_input_tokens !== undefined) usage.cachedTokens = n('cache_read_input_tokens')
+  if (w.cache_creation_input_tokens !== undefined) usage.cacheWriteTokens = n('cache_creation_input_tokens')
+  return usage
+}
+
+/**
+ * An error event inside a 200 stream (`data: {"error": …}` or `event: error`), classified like an
+ * HTTP error body. Its status is the numeric code the payload carries (`code`, `status`,
+ * `status_code`), else the 200 the response had.
+ */
+function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | undefined): ProviderError {
+  const { code: classified, info } = readErrorBody(200, payload)
+  // An explicit error event whose payload says nothing readable is still the server's failure.
+  const code = classified === 'MALFORMED_RESPONSE' || classified === 'EMPTY_RESPONSE' ? 'SERVER' : classified
+  return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model `
+    + `${cfg.model})${info?.message ? `: ${info.message}` : ''}.`, { status: info?.status ?? 200, body: payload,
+    requestId })
+}
+
+/** The objects of a data event that a relay joined from several `data:` lines (one JSON value per line). */
+class ChunkList { constructor(readonly list: unknown[]) {} }
+
+/** A data event that is not JSON: a relay's joined `data:` lines as a {@link ChunkList}, else MALFORMED_RESPONSE. */
+function relayChunks(cfg: AdapterConfig, data: string, requestId: string | undefined, error: unknown): ChunkList {
+  if (data.includes('\n')) {
+    const lines = data.split('\n').filter((line) => line.trim() !== '')
+    try { return new ChunkList(lines.map((line) => JSON.parse(line))) } catch { /* fall through */ }
+  }
+  throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: `
+    + `${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
+}
+
+/**
+ * Reads at most `maxBytes` of a response body (bytes after content decoding: fetch inflates gzip
+ * as it is read), then cancels the rest unread. `cut` says whether anything was left.
+ */
+async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string;
+  cut: boolean }> {
+  const decoder = new TextDecoder()
+  let text = '', bytes = 0, cut = false
+  if (response.body) {
+    await eachChunk(response.body, signal, (chunk) => {
+      if (chunk === undefined) { text += decoder.decode(); return }
+      cut = bytes + chunk.byteLength > maxBytes
+      text += decoder.decode(cut ? chunk.subarray(0, maxBytes - bytes) : chunk, { stream: !cut })
+      bytes += chunk.byteLength
+      return cut
+    })
+  }
+  return { text, cut }
+}
+
+/** A non-streamed answer (the server ignored stream: true), read up to twice the message cap; its message is
+ *  then capped like a streamed one. */
+async function readWhole(cfg: AdapterConfig, response: Response, acc: ReplyAssembler,
+  signal: AbortSignal): Promise<ChatResponse> {
+  const { status } = response
+  const { requestId } = acc
+  const maxBytes = 2 * cfg.maxMessageBytes + RESPONSE_BODY_MAX_BYTES
+  const { text, cut } = await readBodyCapped(response, maxBytes, signal)
+  if (cut) {
+    throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a `
+      + `non-streamed body over ${maxBytes} bytes (2 × MAX_MESSAGE_BYTES + ${RESPONSE_BODY_MAX_BYTES}); it was cut `
+      + `there and not used (dsh asks for stream: true).`, { status, requestId })
+  }
+  const data = text.trim()
+  if (data === '') {
+    throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
+      + `${cfg.model}).`, { status, requestId })
+  }
+  let parsed: unknown
+  try { parsed = JSON.parse(data) } catch (error) { parsed = relayChunks(cfg, data, requestId, error) }
+  for (const obj of parsed instanceof ChunkList ? parsed.list : [parsed]) cfg.format.whole(acc, obj, text)
+  return acc.finish(true)
+}
+
+/**
+ * Reads a response into the assembler: an error status as a classified error (its body capped), a
+ * non-streamed JSON answer ({@link readWhole}), or the event stream through the format's event mapper.
+ */
+async function readReply(response: Response, acc: ReplyAssembler, signal: AbortSignal): Promise<ChatResponse> {
+  const { status } = response
+  const { cfg, requestId } = acc
+  if (!response.ok) {
+    const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
+    throw httpError(cfg, response, text, cut, requestId)
+  }
+  if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
+    return readWhole(cfg, response, acc, signal)
+  }
+  if (!response.body) {
+    throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} without a body (model `
+      + `${cfg.model}).`, { status, requestId })
+  }
+  let sawDone = false, sawData = false, bytes = 0
+  const { format } = cfg
+  const parser = new SSEParser((event, data) => {
+    if (sawDone) return // after the end marker: dropped
+    if (event !== 'message') {
+      if (event === 'error') throw inStreamError(cfg, data, requestId)
+      if (!format.namedEvents) return
+    }
+    sawData = true
+    if (data.charCodeAt(0) !== 123) { // not `{`: the rare shapes
+      data = data.trim()
+      if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line
+      if (data === '[DONE]') { sawDone = true; return }
+    }
+    let obj: unknown
+    try { obj = JSON.parse(data) } catch (error) {
+      sawDone = relayChunks(cfg, data, requestId, error).list.some((o) => format.event(acc, o, data))
+      return
+    }
+    if (format.event(acc, obj, data)) sawDone = true
+  }, SSE_MAX_BUFFER_UNITS)
+  const decode = utf8Decoder()
+  await eachChunk(response.body, signal, (chunk) => {
+    if (chunk !== undefined) bytes += chunk.byteLength
+    parser.feed(decode(chunk))
+    return sawDone
+  })
+  const type = response.headers.get('content-type')
+  if (!sawData && type && !/event-stream/i.test(type)) {
+    throw bytes === 0
+      ? providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} with an empty ${type} `
+        + `body (model ${cfg.model}).`, { status, requestId })
+      : providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${status} with ${type}, `
+        + `not an event stream (model ${cfg.model}).`, { status, requestId })
+  }
+  return acc.finish(sawDone)
+}
+
+// ═══════════════════════════════════════
+// 3. Meter
 // ═══════════════════════════════════════
 
 /** Tokens are estimated as one per four UTF-16 units (docs/design.md §2). */
@@ -585,7 +1666,7 @@ function usageAnchor(u: Usage, heuristicTokens: number, seq: number): UsageAncho
   return plausible ? { providerTokens, heuristicTokens, seq } : undefined
 }
 
-// ── 2.1 Cost: prices applied to tokens (docs/design.md §11) ──
+// ── 3.1 Cost: prices applied to tokens (docs/design.md §11) ──
 
 /** Throws a TypeError naming the field unless `prices` is a well-formed {@link Prices}; returns a copy of its fields,
  *  each read once (a getter is never read again). */
@@ -656,213 +1737,6 @@ function requestCostUSD(prices: Prices, tokens: BilledTokens, timeMs: number): n
 function cacheCostUSD(prices: Prices, movedTokens: number, timeMs?: number): number {
   const usd = (movedTokens * ((prices.cacheWriteInput ?? prices.cacheMissInput) - prices.cacheHitInput)) / 1_000_000
   return timeMs !== undefined && isPeakTime(prices, timeMs) ? usd * prices.peak!.multiplier : usd
-}
-
-// ═══════════════════════════════════════
-// 3. Pruner
-// ═══════════════════════════════════════
-
-/** The text put where the middle of a pruned tool result was (39 code points). docs/design.md §3. */
-const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
-const MARKER_CODE_POINTS = 39
-
-/** Pruner configuration, all lengths in Unicode code points (docs/design.md §3). */
-export interface PruneConfig {
-  thresholdChars: number
-  headChars: number
-  tailChars: number
-}
-
-/** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
-const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> =
-  /* @__PURE__ */ Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
-
-const validatedConfigs = new WeakSet<object>()
-
-/** The full prune configuration; throws {@link ConfigError} for bad keys or values (docs/design.md §3). */
-function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
-  if (config === undefined || config === DEFAULT_PRUNE_CONFIG) return DEFAULT_PRUNE_CONFIG
-  if (validatedConfigs.has(config)) return config as PruneConfig
-  const full = withDefaults('prune config', config, DEFAULT_PRUNE_CONFIG)
-  for (const key of ['thresholdChars', 'headChars', 'tailChars'] as const) {
-    if (!isIntegerAtLeast(full[key], 0))
-      throw configError(`prune config: ${key}`, 'a non-negative integer number of code points', full[key])
-  }
-  const { headChars: head, tailChars: tail, thresholdChars: threshold } = full
-  if (head + MARKER_CODE_POINTS + tail > threshold) {
-    throw configError(`prune config: headChars (${head}) + marker (${MARKER_CODE_POINTS}) + tailChars (${tail})`,
-      `at most thresholdChars (${threshold})`, head + MARKER_CODE_POINTS + tail,
-      'lower headChars or tailChars, or raise thresholdChars')
-  }
-  validatedConfigs.add(full)
-  return full
-}
-
-const isHigh = (c: number) => c >= 0xd800 && c <= 0xdbff
-const isLow = (c: number) => c >= 0xdc00 && c <= 0xdfff
-
-/** UTF-16 index just after the first `n` code points of `text` (or `text.length`). O(n). */
-function indexAfterCodePoints(text: string, n: number): number {
-  let i = 0
-  for (let k = 0; k < n && i < text.length; k++) i += isHigh(text.charCodeAt(i))
-    && isLow(text.charCodeAt(i + 1)) ? 2 : 1
-  return i
-}
-
-/** UTF-16 index where the last `n` code points of `text` start (or 0). O(n). */
-function indexBeforeLastCodePoints(text: string, n: number): number {
-  let i = text.length
-  for (let k = 0; k < n && i > 0; k++) i -= isLow(text.charCodeAt(i - 1)) && isHigh(text.charCodeAt(i - 2)) ? 2 : 1
-  return i
-}
-
-/**
- * Number of Unicode code points in `text` (a surrogate pair counts once; a lone surrogate counts
- * once). O(length). Stops early and returns `limit + 1` when `limit` is given and exceeded, so a
- * "more than N?" question costs O(N) whatever the text's size.
- */
-function codePointLength(text: string, limit = Infinity): number {
-  if (text.length <= limit) {
-    // Fast path: no astral characters means one code point per UTF-16 unit.
-    let n = 0
-    for (let i = 0; i < text.length; i++, n++) if (isHigh(text.charCodeAt(i)) && isLow(text.charCodeAt(i + 1))) i++
-    return n
-  }
-  let n = 0
-  for (let i = 0; i < text.length; i++) {
-    if (isHigh(text.charCodeAt(i)) && isLow(text.charCodeAt(i + 1))) i++
-    if (++n > limit) return n
-  }
-  return n
-}
-
-/**
- * Prunes one text: unchanged when it holds ≤ `thresholdChars` code points, else the first
- * `headChars` code points + {@link PRUNE_MARKER} + the last `tailChars` code points. Never splits a
- * surrogate pair. O(head + tail + threshold) whatever the text's length. Idempotent.
- * Throws {@link ConfigError} for a bad config. docs/design.md §3.
- */
-function pruneText(text: string, config?: Partial<PruneConfig>): string {
-  if (typeof text !== 'string')
-    throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
-  const cut = pruneToolResult({ role: 'tool', toolCallId: '', content: [{ type: 'text', text }] }, config)
-  return (cut.content[0] as TextBlock).text
-}
-
-/** Whether `text` holds more than `threshold` code points; counts only inside (threshold, 2 × threshold] units. */
-function overThreshold(text: string, threshold: number): boolean {
-  if (text.length <= threshold) return false
-  if (text.length > 2 * threshold) return true
-  return codePointLength(text, threshold) > threshold
-}
-
-/** A copy of a slice of `source`: V8 keeps a slice as a view of its parent (a 5 KB cut would pin 100 MB). */
-function detach(result: string, source: string): string {
-  return source.length > 65_536 ? JSON.parse(JSON.stringify(result)) : result
-}
-
-/**
- * Prunes a tool result (docs/design.md §3). Its text blocks are treated as one joined text (no
- * separator): when that holds ≤ `thresholdChars` code points the same object is returned.
- * Otherwise the first `headChars` and last `tailChars` code points are kept, the marker goes into
- * the first text block the cut touches, text blocks wholly inside the cut are dropped, non-text
- * blocks keep their order among the kept blocks, and every other field (toolCallId, isError,
- * metadata) is unchanged. Work is O(head + tail + threshold + blocks). Idempotent.
- */
-function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfig>): ToolResultMessage {
-  const cfg = resolvePruneConfig(config)
-  const blocks = message.content
-  // Count code points of the joined text, stopping past the threshold.
-  let leftChars = cfg.thresholdChars
-  for (const b of blocks) {
-    if (b.type !== 'text') continue
-    const t = (b as TextBlock).text
-    leftChars -= overThreshold(t, leftChars) ? leftChars + 1 : codePointLength(t, leftChars)
-    if (leftChars < 0) break
-  }
-  if (leftChars >= 0) return message
-
-  // The head cut: walk forward through text blocks until `headChars` code points are kept.
-  const texts = blocks.map((b, i) => (b.type === 'text' ? i : -1)).filter((i) => i >= 0)
-  let left = cfg.headChars
-  let headBlock = -1, headEnd = 0 // block index (into `blocks`) and UTF-16 index where the cut starts
-  for (const i of texts) {
-    const t = (blocks[i] as TextBlock).text
-    const end = indexAfterCodePoints(t, left)
-    if (end < t.length) { headBlock = i; headEnd = end; break }
-    left -= codePointLength(t, left) // the whole block is kept
-  }
-  // The tail cut: walk backward.
-  left = cfg.tailChars
-  let tailBlock = -1, tailStart = 0
-  for (let k = texts.length - 1; k >= 0; k--) {
-    const i = texts[k]
-    const t = (blocks[i] as TextBlock).text
-    const start = indexBeforeLastCodePoints(t, left)
-    if (start > 0) { tailBlock = i; tailStart = start; break }
-    left -= codePointLength(t, left)
-  }
-  const out: Block[] = []
-  for (let i = 0; i < blocks.length; i++) {
-    const b = blocks[i]
-    if (b.type !== 'text' || i < headBlock || i > tailBlock) { out.push(b); continue }
-    const t = (b as TextBlock).text
-    if (i === headBlock) {
-      const rest = i === tailBlock ? t.slice(tailStart) : ''
-      out.push({ ...b, text: detach(t.slice(0, headEnd) + PRUNE_MARKER + rest, t) } as TextBlock)
-    } else if (i === tailBlock) {
-      out.push({ ...b, text: detach(t.slice(tailStart), t) } as TextBlock)
-    } // else: wholly inside the cut, dropped
-  }
-  return { ...message, content: out }
-}
-
-/** The smaller cut for the string values of tool-call arguments still over the threshold. */
-const ARGUMENT_VALUE_CUT: Readonly<PruneConfig> =
-  /* @__PURE__ */ Object.freeze({ thresholdChars: 1024, headChars: 512, tailChars: 256 })
-
-/** Tool-call arguments (JSON text) cut to the threshold and kept valid JSON (docs/design.md §10). */
-function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string {
-  const cfg = resolvePruneConfig(config)
-  if (!overThreshold(args, cfg.thresholdChars)) return args
-  let value: unknown
-  try { value = JSON.parse(args) } catch { return pruneText(args, cfg) }
-  const cut = (v: unknown, c: PruneConfig): unknown =>
-    typeof v === 'string' ? pruneText(v, c)
-      : Array.isArray(v) ? v.map((x) => cut(x, c))
-        : v !== null && typeof v === 'object'
-          ? Object.fromEntries(Object.entries(v).map(([k, x]) => [k, cut(x, c)])) : v
-  let out = JSON.stringify(cut(value, cfg))
-  if (overThreshold(out, cfg.thresholdChars)) out = JSON.stringify(cut(JSON.parse(out),
-    resolvePruneConfig(ARGUMENT_VALUE_CUT)))
-  return out.length < args.length ? out : args
-}
-
-/** A message's oversized text, reasoning and call arguments pruned (docs/design.md §10); the same object if none. */
-function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>): M {
-  const cfg = resolvePruneConfig(config)
-  if (message.role === 'tool') return pruneToolResult(message, cfg) as M
-  if (typeof message.content === 'string') {
-    const text = pruneText(message.content, cfg)
-    return (text === message.content ? message : { ...message, content: text })
-  }
-  let changed = false
-  const content = message.content.map((b): Block => {
-    if (b.type === 'text' || b.type === 'reasoning') {
-      const text = pruneText((b as TextBlock).text, cfg)
-      if (text === (b as TextBlock).text) return b
-      changed = true
-      return { ...b, text } as Block
-    }
-    if (b.type === 'tool-call') {
-      const args = pruneToolArguments((b as ToolCallBlock).arguments, cfg)
-      if (args === (b as ToolCallBlock).arguments) return b
-      changed = true
-      return { ...b, arguments: args } as Block
-    }
-    return b
-  })
-  return changed ? { ...message, content } : message
 }
 
 // ═══════════════════════════════════════
@@ -2038,7 +2912,7 @@ function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pin
 
 // ── 4.1 Edits of the surface: the log protocol of a prune or a clear (docs/design.md §3, §10) ─────
 
-/** An edit's event data for the payback (requests) the net-cost gate modelled (section 5.1a): only a finite one. */
+/** An edit's event data for the payback (requests) the net-cost gate modelled (section 6.1a): only a finite one. */
 const paybackData = (payback?: number) => Number.isFinite(payback) ? { paysBackAfterRequests: payback } : {}
 
 /** Logs `type {shadowedSeqs:[seq], shadowedTokenCount}` and the replacing surface event: both or neither. */
@@ -2531,7 +3405,7 @@ interface RequestBucket extends BilledTokens {
   requests: number
   modelledHitTokens: number
   reportedCacheRequests: number
-  /** What the spend cap counts of the bucket's requests (section 7, {@link spendFloorTokens}). */
+  /** What the spend cap counts of the bucket's requests (section 8, {@link spendFloorTokens}). */
   floor: BilledTokens
 }
 
@@ -2592,7 +3466,214 @@ function randomId(): string {
 }
 
 // ═══════════════════════════════════════
-// 5. Ladder
+// 5. Pruner
+// ═══════════════════════════════════════
+
+/** The text put where the middle of a pruned tool result was (39 code points). docs/design.md §3. */
+const PRUNE_MARKER = '\n\n[... tool result middle pruned ...]\n\n'
+const MARKER_CODE_POINTS = 39
+
+/** Pruner configuration, all lengths in Unicode code points (docs/design.md §3). */
+export interface PruneConfig {
+  thresholdChars: number
+  headChars: number
+  tailChars: number
+}
+
+/** `{thresholdChars: 8192, headChars: 4096, tailChars: 1024}` code points. docs/design.md §3. */
+const DEFAULT_PRUNE_CONFIG: Readonly<PruneConfig> =
+  /* @__PURE__ */ Object.freeze({ thresholdChars: 8192, headChars: 4096, tailChars: 1024 })
+
+const validatedConfigs = new WeakSet<object>()
+
+/** The full prune configuration; throws {@link ConfigError} for bad keys or values (docs/design.md §3). */
+function resolvePruneConfig(config?: Partial<PruneConfig>): PruneConfig {
+  if (config === undefined || config === DEFAULT_PRUNE_CONFIG) return DEFAULT_PRUNE_CONFIG
+  if (validatedConfigs.has(config)) return config as PruneConfig
+  const full = withDefaults('prune config', config, DEFAULT_PRUNE_CONFIG)
+  for (const key of ['thresholdChars', 'headChars', 'tailChars'] as const) {
+    if (!isIntegerAtLeast(full[key], 0))
+      throw configError(`prune config: ${key}`, 'a non-negative integer number of code points', full[key])
+  }
+  const { headChars: head, tailChars: tail, thresholdChars: threshold } = full
+  if (head + MARKER_CODE_POINTS + tail > threshold) {
+    throw configError(`prune config: headChars (${head}) + marker (${MARKER_CODE_POINTS}) + tailChars (${tail})`,
+      `at most thresholdChars (${threshold})`, head + MARKER_CODE_POINTS + tail,
+      'lower headChars or tailChars, or raise thresholdChars')
+  }
+  validatedConfigs.add(full)
+  return full
+}
+
+const isHigh = (c: number) => c >= 0xd800 && c <= 0xdbff
+const isLow = (c: number) => c >= 0xdc00 && c <= 0xdfff
+
+/** UTF-16 index just after the first `n` code points of `text` (or `text.length`). O(n). */
+function indexAfterCodePoints(text: string, n: number): number {
+  let i = 0
+  for (let k = 0; k < n && i < text.length; k++) i += isHigh(text.charCodeAt(i))
+    && isLow(text.charCodeAt(i + 1)) ? 2 : 1
+  return i
+}
+
+/** UTF-16 index where the last `n` code points of `text` start (or 0). O(n). */
+function indexBeforeLastCodePoints(text: string, n: number): number {
+  let i = text.length
+  for (let k = 0; k < n && i > 0; k++) i -= isLow(text.charCodeAt(i - 1)) && isHigh(text.charCodeAt(i - 2)) ? 2 : 1
+  return i
+}
+
+/**
+ * Number of Unicode code points in `text` (a surrogate pair counts once; a lone surrogate counts
+ * once). O(length). Stops early and returns `limit + 1` when `limit` is given and exceeded, so a
+ * "more than N?" question costs O(N) whatever the text's size.
+ */
+function codePointLength(text: string, limit = Infinity): number {
+  if (text.length <= limit) {
+    // Fast path: no astral characters means one code point per UTF-16 unit.
+    let n = 0
+    for (let i = 0; i < text.length; i++, n++) if (isHigh(text.charCodeAt(i)) && isLow(text.charCodeAt(i + 1))) i++
+    return n
+  }
+  let n = 0
+  for (let i = 0; i < text.length; i++) {
+    if (isHigh(text.charCodeAt(i)) && isLow(text.charCodeAt(i + 1))) i++
+    if (++n > limit) return n
+  }
+  return n
+}
+
+/**
+ * Prunes one text: unchanged when it holds ≤ `thresholdChars` code points, else the first
+ * `headChars` code points + {@link PRUNE_MARKER} + the last `tailChars` code points. Never splits a
+ * surrogate pair. O(head + tail + threshold) whatever the text's length. Idempotent.
+ * Throws {@link ConfigError} for a bad config. docs/design.md §3.
+ */
+function pruneText(text: string, config?: Partial<PruneConfig>): string {
+  if (typeof text !== 'string')
+    throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
+  const cut = pruneToolResult({ role: 'tool', toolCallId: '', content: [{ type: 'text', text }] }, config)
+  return (cut.content[0] as TextBlock).text
+}
+
+/** Whether `text` holds more than `threshold` code points; counts only inside (threshold, 2 × threshold] units. */
+function overThreshold(text: string, threshold: number): boolean {
+  if (text.length <= threshold) return false
+  if (text.length > 2 * threshold) return true
+  return codePointLength(text, threshold) > threshold
+}
+
+/** A copy of a slice of `source`: V8 keeps a slice as a view of its parent (a 5 KB cut would pin 100 MB). */
+function detach(result: string, source: string): string {
+  return source.length > 65_536 ? JSON.parse(JSON.stringify(result)) : result
+}
+
+/**
+ * Prunes a tool result (docs/design.md §3). Its text blocks are treated as one joined text (no
+ * separator): when that holds ≤ `thresholdChars` code points the same object is returned.
+ * Otherwise the first `headChars` and last `tailChars` code points are kept, the marker goes into
+ * the first text block the cut touches, text blocks wholly inside the cut are dropped, non-text
+ * blocks keep their order among the kept blocks, and every other field (toolCallId, isError,
+ * metadata) is unchanged. Work is O(head + tail + threshold + blocks). Idempotent.
+ */
+function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfig>): ToolResultMessage {
+  const cfg = resolvePruneConfig(config)
+  const blocks = message.content
+  // Count code points of the joined text, stopping past the threshold.
+  let leftChars = cfg.thresholdChars
+  for (const b of blocks) {
+    if (b.type !== 'text') continue
+    const t = (b as TextBlock).text
+    leftChars -= overThreshold(t, leftChars) ? leftChars + 1 : codePointLength(t, leftChars)
+    if (leftChars < 0) break
+  }
+  if (leftChars >= 0) return message
+
+  // The head cut: walk forward through text blocks until `headChars` code points are kept.
+  const texts = blocks.map((b, i) => (b.type === 'text' ? i : -1)).filter((i) => i >= 0)
+  let left = cfg.headChars
+  let headBlock = -1, headEnd = 0 // block index (into `blocks`) and UTF-16 index where the cut starts
+  for (const i of texts) {
+    const t = (blocks[i] as TextBlock).text
+    const end = indexAfterCodePoints(t, left)
+    if (end < t.length) { headBlock = i; headEnd = end; break }
+    left -= codePointLength(t, left) // the whole block is kept
+  }
+  // The tail cut: walk backward.
+  left = cfg.tailChars
+  let tailBlock = -1, tailStart = 0
+  for (let k = texts.length - 1; k >= 0; k--) {
+    const i = texts[k]
+    const t = (blocks[i] as TextBlock).text
+    const start = indexBeforeLastCodePoints(t, left)
+    if (start > 0) { tailBlock = i; tailStart = start; break }
+    left -= codePointLength(t, left)
+  }
+  const out: Block[] = []
+  for (let i = 0; i < blocks.length; i++) {
+    const b = blocks[i]
+    if (b.type !== 'text' || i < headBlock || i > tailBlock) { out.push(b); continue }
+    const t = (b as TextBlock).text
+    if (i === headBlock) {
+      const rest = i === tailBlock ? t.slice(tailStart) : ''
+      out.push({ ...b, text: detach(t.slice(0, headEnd) + PRUNE_MARKER + rest, t) } as TextBlock)
+    } else if (i === tailBlock) {
+      out.push({ ...b, text: detach(t.slice(tailStart), t) } as TextBlock)
+    } // else: wholly inside the cut, dropped
+  }
+  return { ...message, content: out }
+}
+
+/** The smaller cut for the string values of tool-call arguments still over the threshold. */
+const ARGUMENT_VALUE_CUT: Readonly<PruneConfig> =
+  /* @__PURE__ */ Object.freeze({ thresholdChars: 1024, headChars: 512, tailChars: 256 })
+
+/** Tool-call arguments (JSON text) cut to the threshold and kept valid JSON (docs/design.md §10). */
+function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string {
+  const cfg = resolvePruneConfig(config)
+  if (!overThreshold(args, cfg.thresholdChars)) return args
+  let value: unknown
+  try { value = JSON.parse(args) } catch { return pruneText(args, cfg) }
+  const cut = (v: unknown, c: PruneConfig): unknown =>
+    typeof v === 'string' ? pruneText(v, c)
+      : Array.isArray(v) ? v.map((x) => cut(x, c))
+        : v !== null && typeof v === 'object'
+          ? Object.fromEntries(Object.entries(v).map(([k, x]) => [k, cut(x, c)])) : v
+  let out = JSON.stringify(cut(value, cfg))
+  if (overThreshold(out, cfg.thresholdChars)) out = JSON.stringify(cut(JSON.parse(out),
+    resolvePruneConfig(ARGUMENT_VALUE_CUT)))
+  return out.length < args.length ? out : args
+}
+
+/** A message's oversized text, reasoning and call arguments pruned (docs/design.md §10); the same object if none. */
+function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>): M {
+  const cfg = resolvePruneConfig(config)
+  if (message.role === 'tool') return pruneToolResult(message, cfg) as M
+  if (typeof message.content === 'string') {
+    const text = pruneText(message.content, cfg)
+    return (text === message.content ? message : { ...message, content: text })
+  }
+  let changed = false
+  const content = message.content.map((b): Block => {
+    if (b.type === 'text' || b.type === 'reasoning') {
+      const text = pruneText((b as TextBlock).text, cfg)
+      if (text === (b as TextBlock).text) return b
+      changed = true
+      return { ...b, text } as Block
+    }
+    if (b.type === 'tool-call') {
+      const args = pruneToolArguments((b as ToolCallBlock).arguments, cfg)
+      if (args === (b as ToolCallBlock).arguments) return b
+      changed = true
+      return { ...b, arguments: args } as Block
+    }
+    return b
+  })
+  return changed ? { ...message, content } : message
+}
+
+// ═══════════════════════════════════════
+// 6. Ladder
 // ═══════════════════════════════════════
 
 // prune → clear → compact → fail, plus spill at write time (docs/design.md §§5, 10). Each rung runs
@@ -3143,7 +4224,7 @@ function unseenResults(session: Session): Set<number> {
  *  */
 const minPrunableTokens = (config: PruneConfig) => Math.ceil(config.thresholdChars / UNITS_PER_TOKEN)
 
-// ── 5.1 The rungs as planning (docs/design.md §14) ───────────────────
+// ── 6.1 The rungs as planning (docs/design.md §14) ───────────────────
 // A rung is a function from the ladder's view of the session to the edits it would log; the
 // ladder's `apply` is the one place that logs them, through the session (the one writer).
 
@@ -4045,7 +5126,7 @@ class Ladder {
   }
 }
 
-// ── 5.1a The net-cost gate (docs/design.md §11 "Edits that pay for themselves") ──
+// ── 6.1a The net-cost gate (docs/design.md §11 "Edits that pay for themselves") ──
 // An edit of the cached prefix costs the cache misses it causes now (and a summary request's own
 // price); it saves its tokens on every later request. The gate makes it when it pays back within
 // the requests the session can expect (its own pace so far, never a transcript's future), or when
@@ -4180,7 +5261,7 @@ function clearMore(v: LadderView, gate: Gate, nextTokens: number): { batch: Ladd
     needed: nextTokens - clear.savedTokens * rate >= v.threshold || cheaper }
 }
 
-// ── 5.2 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ──────────
+// ── 6.2 Recall: the model reads back what the ladder shadowed (docs/design.md §10) ──────────
 
 /** The name of the tool {@link recallTool} makes. */
 const RECALL_TOOL_NAME = 'recall'
@@ -4469,15 +5550,15 @@ async function spillToolResult(message: ToolResultMessage, store: LogStore, spil
 }
 
 // ═══════════════════════════════════════
-// 6. Provider
+// 7. Stream out — the surface to a request body, and the adapter
 // ═══════════════════════════════════════
 
 // The only part of dsh.ts that talks to a model, in two wire formats (OpenAI chat completions and
-// Anthropic Messages, each a WireFormat): POST with stream: true, parse the server-sent events, map
-// them into one reply assembler, classify failures, retry the transient ones. Web standards only
-// (fetch, streams, TextDecoder, AbortController): Node, Deno, Bun, workerd and edge runtimes.
+// Anthropic Messages), each a WireFormat: a body writer (7.1, 7.2) and an event mapper into section 2's
+// reply assembler. The adapter (7.3) POSTs with stream: true, reads the reply through section 2 and
+// retries the transient failures. Web standards only (fetch, streams, TextDecoder, AbortController).
 
-// ── 6.0 Configuration ─────────────────────────────
+// ── 7.0 Configuration ─────────────────────────────
 
 /** DeepSeek's OpenAI-compatible endpoint (docs/design.md §6; api-docs.deepseek.com). */
 const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
@@ -4604,664 +5685,7 @@ function pricesOf(model: string): Readonly<Prices> | undefined {
   return own ?? (alias !== undefined ? pricesOf(alias) : undefined)
 }
 
-// ── 6.1 Server-sent events ────────────────────────────
-// Spec: WHATWG HTML §9.2 "Server-sent events", https://html.spec.whatwg.org/multipage/server-sent-events.html
-// One parser (SSEParser) serves parseSSE and the adapter. A network chunk is decoded once, its
-// whole lines are parsed in place, and its events are handed on as one batch: no promise per event.
-// Checked against every case of the eventsource-parser test suite (test/sse.test.ts).
-
-/** One dispatched server-sent event. */
-export interface SSEEvent {
-  /** The `event` field, or `"message"` when the block had none (or an empty one). */
-  event: string
-  /** The `data` lines of the block joined with LF. */
-  data: string
-  /** The `id` field of this event's block, when it had one (as eventsource-parser reports it). */
-  id?: string
-}
-
-/** UTF-16 units an unterminated line may hold before the parser reads whether it ignores that line. */
-const SSE_UNCHECKED_UNITS = 4096
-
-/** More than `maxBufferSize` UTF-16 units held at once; {@link parseSSE} documents it as a RangeError. */
-class SSEOverflowError extends RangeError {}
-
-/**
- * Whether the unterminated line `head` can still become a field this parser reads: 1 yes, 0 no
- * (a comment, or an unknown field: the rest of the line is skipped unbuffered), -1 too short to tell.
- */
-function sseFieldStart(head: string): number {
-  const c = head.charCodeAt(0)
-  const field = c === 100 ? 'data:' : c === 101 ? 'event:' : c === 105 ? 'id:' : c === 114 ? 'retry:' : ''
-  return field === '' ? 0 : head.startsWith(field) ? 1 : field.startsWith(head) ? -1 : 0
-}
-
-/**
- * The WHATWG event-stream parser over decoded text: LF, CRLF and lone CR end lines (also split
- * across chunks); one leading BOM (U+FEFF, or EF BB BF read as Latin-1) is skipped; comments,
- * `retry` and unknown fields are ignored; an event whose blank line never arrives is never
- * dispatched. Throws {@link SSEOverflowError} once the unterminated line plus the event's data
- * hold more than `maxBufferSize` UTF-16 units.
- */
-class SSEParser {
-  /** The unterminated line, in pieces joined once its end arrives: joining per chunk is quadratic. */
-  private readonly pending: string[] = []
-  private pendingUnits = 0
-  private pendingKept = false
-  private discarding = false
-  /** The last chunk ended in CR: an LF starting the next one ends no second line. */
-  private skipLF = false
-  private atStart = true
-  private data = ''
-  private dataLines = 0
-  private eventType: string | undefined = undefined
-  private id: string | undefined = undefined
-  /** `onEvent` gets each event's fields (no object is made for it: the adapter needs only `event` and `data`). */
-  constructor(private readonly onEvent: (event: string, data: string, id: string | undefined) => void,
-    private readonly maxBufferSize = Infinity) {}
-
-  feed(text: string): void {
-    let i = 0
-    if (text.length === 0) return
-    if (this.atStart) {
-      this.atStart = false
-      if (text.charCodeAt(0) === 0xfeff) i = 1
-      else if (text.startsWith('\u00ef\u00bb\u00bf')) i = 3
-    }
-    if (this.skipLF) { this.skipLF = false; if (text.charCodeAt(i) === 10) i++ }
-    if (this.discarding) {
-      if ((i = this.skipLine(text, i)) < 0) return
-    } else if (this.pending.length > 0) { // a held line ends here: it and the chunk are joined (one copy, the fastest)
-      const held = this.pending
-      if (text.indexOf('\n', i) < 0 && text.indexOf('\r', i) < 0) {
-        held.push(i === 0 ? text : text.slice(i))
-        return this.held(text.length - i)
-      }
-      text = held.length === 1 ? held.pop() + (i === 0 ? text : text.slice(i)) : held.splice(0).join('') + text.slice(i)
-      this.pendingUnits = 0; this.pendingKept = false; i = 0
-    }
-    const rest = text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
-    if (rest < text.length) this.pending.push(rest === 0 ? text : text.slice(rest))
-    this.held(text.length - rest)
-  }
-
-  /**
-   * `units` more were just held. Whether the line is one this parser ignores is read from its start only once it
-   * holds more than SSE_UNCHECKED_UNITS (or would overflow): an ignored line is then dropped, so it holds little.
-   */
-  private held(units: number): void {
-    const pending = this.pending
-    if ((this.pendingUnits += units) + this.data.length <= Math.min(this.maxBufferSize, SSE_UNCHECKED_UNITS)) return
-    if (!this.pendingKept && pending.length > 0) {
-      const keep = sseFieldStart(pending.length === 1 ? pending[0] : pending.join(''))
-      if (keep === 1) this.pendingKept = true
-      else if (keep === 0) { pending.length = 0; this.pendingUnits = 0; this.discarding = true }
-    }
-    if (this.pendingUnits + this.data.length > this.maxBufferSize) {
-      throw new SSEOverflowError(`the event stream held more than maxBufferSize = ${this.maxBufferSize} UTF-16 units`
-        + ' in one line and event; raise maxBufferSize, or check that the source is an event stream')
-    }
-  }
-
-  /** Skips the rest of an ignored line up to its end in `text`; returns where the next line begins, -1 if none. */
-  private skipLine(text: string, i: number): number {
-    const lf = text.indexOf('\n', i), cr = text.indexOf('\r', i)
-    let end = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
-    if (end < 0) return -1
-    this.discarding = false
-    if (text.charCodeAt(end) === 13) {
-      if (end + 1 === text.length) this.skipLF = true
-      else if (text.charCodeAt(end + 1) === 10) end++
-    }
-    return end + 1
-  }
-
-  /**
-   * The hot path, whole lines of a chunk with no CR: an empty line, `data:` and a one-line event
-   * (`data: …` then a blank line) are read in place; anything else goes through {@link line}.
-   * Returns where the unterminated rest begins.
-   */
-  private linesLF(text: string, pos: number): number {
-    for (let lf = text.indexOf('\n', pos); lf >= 0; lf = text.indexOf('\n', pos)) {
-      if (lf === pos) { this.dispatch(); pos++; continue }
-      // `data:`, compared by char code: startsWith is a slower builtin call, more so on two-byte text.
-      if (text.charCodeAt(pos) === 100 && text.charCodeAt(pos + 4) === 58 && text.charCodeAt(pos + 1) === 97
-        && text.charCodeAt(pos + 2) === 116 && text.charCodeAt(pos + 3) === 97) {
-        const value = text.slice(text.charCodeAt(pos + 5) === 32 ? pos + 6 : pos + 5, lf)
-        if (this.dataLines === 0 && text.charCodeAt(lf + 1) === 10) { this.emit(value); pos = lf + 2; continue }
-        this.data = this.dataLines++ === 0 ? value : `${this.data}\n${value}`
-      } else this.line(text, pos, lf)
-      pos = lf + 1
-    }
-    return pos
-  }
-
-  /** Whole lines of a chunk that holds a CR (LF, CRLF or CR end a line). Returns where the rest begins. */
-  private linesCR(text: string, pos: number): number {
-    const n = text.length
-    while (pos < n) {
-      let end = pos
-      for (let c = text.charCodeAt(end); end < n && c !== 10 && c !== 13; c = text.charCodeAt(++end));
-      if (end === n) break
-      if (text.charCodeAt(end) === 13 && end + 1 === n) this.skipLF = true
-      this.line(text, pos, end)
-      pos = text.charCodeAt(end) === 13 && text.charCodeAt(end + 1) === 10 ? end + 2 : end + 1
-    }
-    return pos
-  }
-
-  /** One line `text[start, end)`: a blank line dispatches; `data`, `event` and `id` are read. */
-  private line(text: string, start: number, end: number): void {
-    if (start === end) return this.dispatch()
-    if (text.charCodeAt(start) === 58) return
-    let colon = text.indexOf(':', start)
-    if (colon < 0 || colon > end) colon = end
-    const valueStart = colon === end ? end : text.charCodeAt(colon + 1) === 32 ? colon + 2 : colon + 1
-    const name = colon - start
-    if (name === 4 && text.startsWith('data', start)) {
-      const value = text.slice(valueStart, end)
-      this.data = this.dataLines++ === 0 ? value : `${this.data}\n${value}`
-    } else if (name === 5 && text.startsWith('event', start)) this.eventType = text.slice(valueStart, end) || undefined
-    else if (name === 2 && text.startsWith('id', start)) {
-      const value = text.slice(valueStart, end)
-      if (!value.includes('\0')) this.id = value // WHATWG: an id holding NUL is ignored
-    }
-  }
-
-  private dispatch(): void {
-    if (this.dataLines === 0) { this.eventType = undefined; this.id = undefined; return }
-    const data = this.data
-    this.data = ''; this.dataLines = 0
-    this.emit(data)
-  }
-
-  private emit(data: string): void {
-    const event = this.eventType ?? 'message', id = this.id
-    this.eventType = undefined; this.id = undefined
-    this.onEvent(event, data, id)
-  }
-}
-
-/** UTF-8 bytes of the sequence a lead byte starts. */
-const utf8Needed = (lead: number): number => (lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : 2)
-
-/**
- * Decodes a stream of UTF-8 chunks (strings are passed through as decoded). V8's non-streaming
- * decoder is several times faster on text that is almost all ASCII and slower on other text, so
- * while the recent chunks held few non-ASCII bytes (under 1 in 256: (bytes − UTF-16 units) of a
- * decay-weighted count) a chunk is cut before a character split at its end and decoded whole; the
- * split bytes go to the streaming decoder, which ends that character at the start of the next chunk.
- * Otherwise the streaming decoder takes the chunk. Either way every character is intact and invalid
- * bytes give U+FFFD as the streaming decoder alone would. `ignoreBOM`: the parser skips exactly one
- * leading BOM itself (WHATWG). `undefined` ends the stream.
- */
-function utf8Decoder(): (chunk: Uint8Array | string | undefined) => string {
-  const streaming = new TextDecoder('utf-8', { ignoreBOM: true })
-  const whole = new TextDecoder('utf-8', { ignoreBOM: true })
-  let pending = false // the streaming decoder may hold the start of a character
-  let units = 1, bytes = 1
-  return (c) => {
-    if (c === undefined) return streaming.decode()
-    if (typeof c === 'string') return c
-    const n = c.length
-    let text: string, j = n - 1
-    if ((bytes - units) * 256 > bytes) {
-      text = streaming.decode(c, { stream: true })
-      while (j > 0 && j > n - 4 && (c[j] & 0xc0) === 0x80) j--
-      pending = j >= 0 && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j
-    } else {
-      let start = 0, head = ''
-      if (pending) { // the end of a character split at the last chunk's end
-        while (start < n && start < 3 && (c[start] & 0xc0) === 0x80) start++
-        if (start === n) return streaming.decode(c, { stream: true })
-        head = streaming.decode(c.subarray(0, start))
-        pending = false
-      }
-      while (j > start && j > n - 4 && (c[j] & 0xc0) === 0x80) j--
-      const cut = j >= start && c[j] >= 0xc2 && c[j] <= 0xf4 && utf8Needed(c[j]) > n - j ? j : n
-      text = whole.decode(start === 0 && cut === n ? c : c.subarray(start, cut))
-      if (head !== '') text = head + text
-      if (cut < n) { streaming.decode(c.subarray(cut), { stream: true }); pending = true }
-    }
-    units = units / 2 + text.length
-    bytes = bytes / 2 + n
-    return text
-  }
-}
-
-/**
- * Parses a server-sent event stream into its events (WHATWG rules): bytes are decoded as UTF-8 with
- * a streaming decoder, strings are taken as decoded; comments, `retry` and malformed lines are
- * skipped. The events of one chunk are parsed together and handed out from an array. Stopping the
- * iteration early cancels a `ReadableStream` source.
- * @param source a `ReadableStream<Uint8Array>` (e.g. `response.body`) or an async iterable of
- *   `Uint8Array | string` chunks.
- * @param options.maxBufferSize most UTF-16 units one unterminated line plus its event's data may
- *   hold (default: unbounded).
- * @throws RangeError past `maxBufferSize`; TypeError for a source that is not a stream.
- */
-function parseSSE(
-  source: ReadableStream<Uint8Array> | AsyncIterable<Uint8Array | string>,
-  options: { maxBufferSize?: number } = {},
-): AsyncIterableIterator<SSEEvent> {
-  const pull = chunkPuller(source)
-  let batch: SSEEvent[] = []
-  let head = 0
-  let ended = false
-  const parser = new SSEParser((event, data, id) => {
-    batch.push(id === undefined ? { event, data } : { event, data, id })
-  }, sseBufferLimit(options.maxBufferSize))
-  const decode = utf8Decoder()
-  const done: IteratorResult<SSEEvent> = { value: undefined, done: true }
-  async function fill(): Promise<IteratorResult<SSEEvent>> {
-    while (head >= batch.length) {
-      batch = []; head = 0
-      if (ended) return done
-      let r: IteratorResult<Uint8Array | string>
-      try { r = await pull.next() } catch (err) { ended = true; pull.finished = true; throw err }
-      if (r.done) { ended = true; pull.finished = true }
-      try { parser.feed(decode(r.done ? undefined : r.value)) } catch (err) {
-        ended = true
-        await pull.close()
-        throw err
-      }
-    }
-    return { value: batch[head++], done: false }
-  }
-  return {
-    next: () => (head < batch.length ? Promise.resolve({ value: batch[head++], done: false }) : fill()),
-    async return(): Promise<IteratorResult<SSEEvent>> {
-      ended = true; batch = []; head = 0
-      await pull.close()
-      return done
-    },
-    [Symbol.asyncIterator]() { return this },
-  }
-}
-
-/** A `maxBufferSize` option: a positive integer of UTF-16 units, or undefined for no limit. */
-function sseBufferLimit(maxBufferSize: unknown): number {
-  if (maxBufferSize === undefined) return Infinity
-  if (isIntegerAtLeast(maxBufferSize, 1)) return maxBufferSize
-  throw new RangeError(`parseSSE: maxBufferSize must be a positive integer (UTF-16 units), `
-    + `got ${shown(maxBufferSize)}`)
-}
-
-/**
- * The adapter's one body reader, for event streams and whole bodies alike: hands each chunk of `body` to `onChunk`
- * (`undefined` once it ended) until `onChunk` returns true; the rest is cancelled unread (closing the connection).
- * `signal` aborting cancels the body and rejects with its reason; rejects with what `onChunk` or the body threw.
- */
-async function eachChunk(body: ReadableStream<Uint8Array>, signal: AbortSignal,
-  onChunk: (chunk: Uint8Array | undefined) => boolean | void): Promise<void> {
-  const pull = chunkPuller(body)
-  const onAbort = (): void => { pull.close().catch(() => {}) } // settles a pending read at once (WHATWG streams)
-  signal.addEventListener('abort', onAbort, { once: true })
-  try {
-    for (;;) {
-      if (signal.aborted) throw signal.reason
-      let r: IteratorResult<Uint8Array | string>
-      try { r = await pull.next() } catch (err) { pull.finished = true; throw err }
-      if (signal.aborted) throw signal.reason
-      if (r.done) pull.finished = true
-      if (onChunk(r.done ? undefined : r.value as Uint8Array) === true || r.done) return
-    }
-  } finally {
-    signal.removeEventListener('abort', onAbort)
-    await pull.close()
-  }
-}
-
-/**
- * Reads chunks from a `ReadableStream` or an (async) iterable: `next()` is the source's own read (one
- * promise per chunk, no wrapper of ours around it); `close()` stops early and cancels the stream
- * behind it (closing the connection) unless the reader set `finished` (the source ended or threw).
- */
-interface ChunkSource {
-  next(): Promise<IteratorResult<Uint8Array | string>>
-  close(): Promise<void>
-  finished: boolean
-}
-
-function chunkPuller(source: unknown): ChunkSource {
-  if (source !== null && typeof source === 'object' && typeof (source as ReadableStream).getReader === 'function') {
-    const reader = (source as ReadableStream<Uint8Array>).getReader()
-    return {
-      finished: false,
-      next: () => reader.read() as Promise<IteratorResult<Uint8Array>>,
-      // not awaited: a proxying source's cancel may never settle, and nothing waits on a server (docs/design.md §13)
-      async close() { if (!this.finished) { this.finished = true; reader.cancel().catch(() => {}) } },
-    }
-  }
-  if (source !== null && typeof source === 'object' && (Symbol.asyncIterator in source || Symbol.iterator in source)) {
-    const async = Symbol.asyncIterator in source
-    const it: AsyncIterator<Uint8Array | string> | Iterator<Uint8Array | string> = async
-      ? (source as AsyncIterable<Uint8Array | string>)[Symbol.asyncIterator]()
-      : (source as Iterable<Uint8Array | string>)[Symbol.iterator]()
-    return {
-      finished: false,
-      next: async ? () => it.next() as Promise<IteratorResult<Uint8Array | string>> : async () => it.next(),
-      async close() { if (!this.finished) { this.finished = true; await it.return?.() } },
-    }
-  }
-  throw new TypeError(`parseSSE needs a ReadableStream<Uint8Array> or an AsyncIterable of Uint8Array | string, `
-    + `got ${source === null ? 'null' : typeof source}`)
-}
-
-// ── 6.2 Error classification ────────────────────────────
-
-/** HTTP statuses and in-stream error codes are read from these keys of an error body. */
-const ERROR_STATUS_KEYS = new Set(['code', 'status', 'status_code', 'statusCode'])
-/** Keys whose values describe an error; everything else (e.g. Groq's `failed_generation`, model output) is not read. */
-const ERROR_TEXT_KEYS = new Set([
-  'error', 'errors', 'message', 'msg', 'detail', 'details', 'type', 'code', 'status', 'status_code', 'statusCode',
-  'reason', 'raw', 'metadata', 'title', 'description', 'error_description',
-])
-/** Keys whose string value is the human-readable message, in order of preference as met. */
-const ERROR_MESSAGE_KEYS = new Set(['message', 'msg', 'detail', 'error', 'raw', 'description', 'error_description'])
-
-/**
- * Rate limits, checked BEFORE the overflow patterns: their messages talk about tokens and "reduce
- * the prompt length" too (OpenAI/Groq TPM "Request too large", Anthropic input-TPM 429), and a
- * rate limit is never an overflow (docs/design.md §6).
- */
-const RATE_LIMIT_RE = /* @__PURE__ */ anyOf(['rate[ _-]?limit', 'too many requests', 'tokens per min',
-  'requests per min', '\\b(?:TPM|RPM|TPD|RPD)\\b', 'per[ -]minute', 'resource[_ ]exhausted'])
-
-/**
- * Context-window overflow wordings that state no counts, one per line with the servers known to use it. A
- * message that states a prompt size and the limit it exceeds needs no line here ({@link overflowCounts}).
- */
-const OVERFLOW_PATTERNS: readonly RegExp[] = [
-  /context[_ ]length[_ ]exceeded/i, // OpenAI, Groq, OpenRouter code `context_length_exceeded`
-  /exceed_context_size/i, // llama.cpp server `exceed_context_size_error`
-  /\bexceed(?:s|ed)?\b[^.]{0,60}?\bcontext (?:window|length|size|limit)/i, // llama.cpp, OpenAI (new), Anthropic, Ollama
-  /\bcontext (?:window|length|size|limit)\b[^.]{0,40}?\bexceed/i, // MiniMax, generic "context window exceeded"
-  /\b(?:prompt|input) (?:is )?too long\b/i, // Anthropic "prompt is too long", Bedrock "Input is too long", Fireworks
-  /\btokens? \+ `?max_new_tokens`? must be <=/i, // Hugging Face TGI (Together, Inference Endpoints)
-  /exceeded model token limit/i, // Moonshot / Kimi
-  /greater than the context length|context the overflows|context length of only/i, // LM Studio
-  /range of input length should be/i, // Alibaba DashScope / Qwen
-  /prompt exceeds max length/i, // Zhipu GLM
-  /reduce the length of the messages/i, // OpenAI, Groq (the "no numbers" form)
-  /max_tokens must be at least 1, got -\d/i, // vLLM: a negative room means the prompt alone overflows
-]
-
-/** Out of balance or quota (not retried: only money helps). */
-const QUOTA_RE = /* @__PURE__ */ anyOf(['insufficient[_ ]?(?:balance|quota|credits?|funds)',
-  'exceeded your current quota', 'billing', 'credit balance', 'payment required', 'out of credits',
-  'not enough credits'])
-/** Authentication and permission wording, used when no HTTP status says so. */
-const AUTH_RE =
-  /authenticat|unauthori[sz]ed|invalid[_ ]api[_ ]key|incorrect api key|permission[_ ]denied|permission_error|forbidden/i
-/** Server-side trouble, used when no HTTP status says so (errors inside a 200 stream). */
-const SERVER_RE = /overloaded|server[_ ]error|internal|unavailable|bad gateway|api_error|timed? ?out/i
-/** Request-side trouble, used when no HTTP status says so. */
-const INVALID_RE = /invalid|bad[_ ]request|not[_ ]found|unsupported|tool_use_failed|must be|missing|not allowed/i
-
-interface ErrorBodyInfo {
-  /** The error-describing strings of the body joined by LF (or the raw text when not JSON). */
-  haystack: string
-  /** The first human-readable message found. */
-  message?: string
-  /** A numeric HTTP-like status embedded in the body (`code: 400`, `status_code: 429`, …). */
-  status?: number
-  /** The body held JSON (or SSE data lines with JSON). */
-  parsed: boolean
-  /** The body was empty or whitespace only. */
-  blank: boolean
-}
-
-function isRecord(value: unknown): value is Record<string, any> {
-  return value !== null && typeof value === 'object' && !Array.isArray(value)
-}
-
-function parseJSONOrUndefined(text: string): unknown {
-  try { return JSON.parse(text) } catch { return undefined }
-}
-
-const isErrorStatus = (status: unknown): status is number => typeof status === 'number' && Number.isInteger(status)
-  && status >= 400 && status <= 599
-
-/** Reads what an error body says, whatever its shape (docs/design.md §6). Never throws on strings. */
-function inspectErrorBody(bodyText: string): ErrorBodyInfo {
-  const text = bodyText.length > ERROR_BODY_MAX_UNITS ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : bodyText
-  const trimmed = text.trim()
-  const info: ErrorBodyInfo = { haystack: '', parsed: false, blank: trimmed === '' }
-  const payloads: unknown[] = []
-  if (/^(?:data|event):/m.test(trimmed) && trimmed[0] !== '{' && trimmed[0] !== '[') {
-    // An SSE excerpt (e.g. `event: error` + `data: {...}`): read its data lines.
-    for (const match of trimmed.matchAll(/^data:[ ]?(.*)$/gm)) {
-      const value = parseJSONOrUndefined(match[1])
-      if (value !== undefined) payloads.push(value)
-    }
-  } else if (trimmed !== '') {
-    const value = parseJSONOrUndefined(trimmed)
-    if (value !== undefined) payloads.push(value)
-  }
-  if (payloads.length === 0) {
-    info.haystack = text
-    const firstLine = trimmed.split(/\r\n|\r|\n/, 1)[0]
-    if (firstLine) info.message = firstLine.length > 500 ? `${firstLine.slice(0, 500)}…` : firstLine
-    return info
-  }
-  info.parsed = true
-  const strings: string[] = []
-  const collect = (value: unknown, depth: number, key: string | undefined): void => {
-    if (depth > 8) return
-    if (typeof value === 'string') {
-      const start = value.trimStart()[0]
-      // Wrapped errors: a proxy that puts the upstream JSON body into its message (Gemini CLI,
-      // double-encoded bodies) — read the inner JSON as well.
-      const nested = start === '{' || start === '[' || start === '"' ? parseJSONOrUndefined(value) : undefined
-      if (nested !== undefined && typeof nested !== 'number' && typeof nested !== 'boolean')
-        return collect(nested, depth + 1, key)
-      strings.push(value)
-      if (info.message === undefined && value.trim() !== ''
-        && (key === undefined || ERROR_MESSAGE_KEYS.has(key))) info.message = value.trim()
-      return
-    }
-    if (typeof value === 'number') {
-      if (key !== undefined && ERROR_STATUS_KEYS.has(key) && info.status === undefined
-        && isErrorStatus(value)) info.status = value
-      return
-    }
-    if (Array.isArray(value)) {
-      for (const item of value) collect(item, depth + 1, key)
-      return
-    }
-    if (isRecord(value)) {
-      for (const k of Object.keys(value)) if (ERROR_TEXT_KEYS.has(k)) collect(value[k], depth + 1, k)
-    }
-  }
-  for (const payload of payloads) collect(payload, 0, undefined)
-  info.haystack = strings.join('\n')
-  if (info.message && info.message.length > 500) info.message = `${info.message.slice(0, 500)}…`
-  return info
-}
-
-/**
- * Maps a failed response to a {@link ProviderErrorCode} (docs/design.md §6). Never throws, whatever
- * it is given. The body may be JSON (`{"error":{...}}`, an array of such objects, `{"error":
- * "text"}`, a top-level `{"object":"error", …}`, a body double-encoded as a JSON string, a proxy
- * message wrapping the upstream JSON), an SSE excerpt, plain text, or empty.
- *
- * Order: 429 or rate-limit wording → RATE_LIMIT (a rate limit is never an overflow, whatever it
- * says about tokens); a message that states a prompt or input size in tokens above a limit it names, in
- * any wording (the shape of {@link overflowCounts}: Gemini, xAI, Cohere, DeepSeek, OpenAI, Anthropic …),
- * or an overflow wording without counts (Groq, llama.cpp, LM Studio, Ollama, Moonshot, Qwen, GLM, TGI) →
- * CONTEXT_WINDOW_EXCEEDED (also on a 5xx: proxies wrap overflows); 402 or balance wording → QUOTA;
- * 401/403 → AUTH; 408 → TIMEOUT; a bare 413 → CONTEXT_WINDOW_EXCEEDED (the request is too big;
- * shrinking it is the cure); other 4xx → INVALID_REQUEST (an output-cap error like "max_tokens:
- * 300000 > 128000" lands here); 5xx → SERVER.
- *
- * Errors inside a 200 stream: pass `status` 200 (or undefined). Then a numeric `code`, `status`
- * or `status_code` in the body stands in for the HTTP status; without one the wording decides
- * (AUTH, SERVER, INVALID_REQUEST; SERVER when nothing matches), an empty body is EMPTY_RESPONSE
- * and a non-JSON body MALFORMED_RESPONSE.
- * @param status HTTP status, or 200/undefined for an in-stream error.
- * @param bodyText the response body (or the in-stream `data:` payload) as text.
- */
-function classifyProviderError(status: number | undefined, bodyText: string): ProviderErrorCode {
-  return readErrorBody(status, bodyText).code
-}
-
-/**
- * An error body read once: its code (the rules of {@link classifyProviderError}) and what it says
- * (`info`, for the error's message and in-stream status). Never throws.
- */
-function readErrorBody(status: number | undefined, bodyText: unknown): { code: ProviderErrorCode;
-  info?: ErrorBodyInfo } {
-  let info: ErrorBodyInfo | undefined
-  try {
-    info = inspectErrorBody(typeof bodyText === 'string' ? bodyText : bodyText == null ? '' : String(bodyText))
-    return { code: codeOfErrorBody(status, info), info }
-  } catch {
-    return { code: isErrorStatus(status) && status < 500 ? 'INVALID_REQUEST' : 'SERVER', info }
-  }
-}
-
-/** A count in an error text (thousands commas allowed); not a piece of a word, an id, a version or a date. */
-const COUNT_RE = /(?<![\w.,-])(\d{1,3}(?:,\d{3})+|\d+)(?!\w|[.,]\d)/g
-/** What may stand between a cue word and its count: quotes, `(`, `:`, `=`, small words ("is", "of", "about"). */
-const glue = (): string =>
-  String.raw`(?:[\s"'\\:=(\[~]|\b(?:is|of|to|be|was|about|approximately|least|the|only|an?)\b)*$`
-/** Words right before a count that make it a limit (maximum, limit, allowed, at most, context size, `n_ctx`) … */
-const LIMIT_BEFORE = /* @__PURE__ */ (() => new RegExp(String.raw`(?:(?<![a-z])(?:max(?:imum)?(?:[ _-]+[a-z]+){0,3}`
-  + String.raw`|limit(?:ed)?|allow(?:s|ed)?|most|up|capacity|context(?:[ _-]+(?:window|length|size))?`
-  + String.raw`|exceed(?:s|ed|ing)?|ctx)|<=|≤)${glue()}`, 'i'))()
-/** … or the size of what was sent (prompt, input, request, messages, count, got, contains, `n_prompt_tokens`). */
-const SIZE_BEFORE = /* @__PURE__ */ (() => new RegExp(String.raw`(?<![a-z])(?:prompt|inputs?|request(?:ed)?|messages?`
-  + String.raw`|got|contains?|count|received|given|provided|resulted in|sent|uses?|needs?|has|have|total|length)`
-  + String.raw`(?:[ _-]+(?:tokens?|length|size|count))*${glue()}`, 'i'))()
-/** Words right after a count that make it a limit ("200000 maximum", "8,000-token window") or a part of the prompt. */
-const LIMIT_AFTER = /^[\s)-]*(?:tokens?[\s)-]*)?,?\s*(?:max(?:imum)?|limit|window|context)\b/i
-const PART_AFTER = /* @__PURE__ */ (() => new RegExp(String.raw`^\s*(?:tokens?\s+)?(?:in (?:the|your) (?:messages`
-  + String.raw`|prompt|functions|tools|input)|of (?:text |tool )?input|(?:prompt|input) tokens)`, 'i'))()
-/** `A > B`, "A exceeds B": a size, then its limit. */
-const COMPARE_RE = /^\s*(?:tokens?)?\s*\)?\s*(?:>|exceeds?|is (?:more|greater|larger) than)\s*\(?\s*$/i
-/** A count near these words is about the output (max_tokens, the completion), not the prompt. */
-const OUTPUT_NEAR = /max_(?:new_|completion_|output_)?tokens|completion|output|generat/i
-
-/**
- * Token counts an overflow error states (docs/design.md §6, §10), read from the body text (JSON or not) by
- * shape, not by phrase. A count is a limit when a word right before it says so (maximum, limit, allowed, at
- * most, up to, context size, exceeds, `<=`, `n_ctx`) or one right after it does ("200000 maximum", "8,000-token
- * window"); a size when a word before it names what was sent (prompt, input, request, messages, count, got,
- * received, `n_prompt_tokens`) or one after it names a part of the prompt ("62219 in the messages"); `A > B`
- * and `A + B > C` compare sizes with a limit. A count near output words (max_tokens, completion, output) is
- * skipped, except the C of `A + B > C` (the whole request against the window). `contextTokens`: the first
- * limit; `promptTokens`: the parts of the prompt summed, else the largest size; `requestedTokens`: a size that
- * holds the completion too ("requested N tokens", the `A + B`). What the text does not state is absent.
- * Never throws.
- */
-function overflowCounts(bodyText: string): { promptTokens?: number; contextTokens?: number; requestedTokens?: number } {
-  const text = typeof bodyText === 'string' ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : ''
-  const found = [...text.matchAll(COUNT_RE)]
-  const at = (i: number) => Number(found[i][1].replace(/,/g, ''))
-  const gap = (i: number) => text.slice(found[i].index + found[i][0].length, found[i + 1]?.index ?? text.length)
-  const before = (i: number) => (i > 0 ? gap(i - 1) : text.slice(0, found[0].index)).slice(-80)
-  const output = (i: number) => OUTPUT_NEAR.test(before(i).slice(-30) + gap(i).slice(0, 80))
-  let context: number | undefined, prompt = 0, parts = 0, requested = 0
-  const size = (n: number) => { prompt = Math.max(prompt, n) }
-  for (let i = 0; i < found.length; i++) {
-    if (output(i)) continue
-    const after = gap(i).slice(0, 80)
-    if (i + 2 < found.length && /^\s*(?:tokens?)?\s*\+\s*$/.test(after) && COMPARE_RE.test(gap(i + 1))) {
-      size(at(i)); requested = Math.max(requested, at(i) + at(i + 1)); context ??= at(i + 2); i += 2
-    } else if (i + 1 < found.length && COMPARE_RE.test(after) && !output(i + 1)) { size(at(i)); context ??= at(++i) }
-    else if (LIMIT_AFTER.test(after) || LIMIT_BEFORE.test(before(i))) context ??= at(i)
-    else if (PART_AFTER.test(after)) parts += at(i)
-    else if (/requested\W*(?:about\W*)?$/i.test(before(i))) requested = Math.max(requested, at(i))
-    else if (SIZE_BEFORE.test(before(i))) size(at(i))
-  }
-  const out: { promptTokens?: number; contextTokens?: number; requestedTokens?: number } = {}
-  if (parts > 0 || prompt > 0) out.promptTokens = parts > 0 ? parts : prompt
-  if (context !== undefined && context > 0) out.contextTokens = context
-  if (requested > 0) out.requestedTokens = requested
-  return out
-}
-
-/**
- * Whether an error text states a prompt (or request) in tokens larger than a limit it names, in any
- * wording and order ({@link overflowCounts}), and is not about a quota of a day or an hour.
- */
-function statesOverflow(text: string): boolean {
-  if (!/\btokens?\b/i.test(text) || !/prompt|input|context|request|message|sequence/i.test(text)) return false
-  if (/\b(?:daily|monthly|per (?:day|hour|month)|today)\b/i.test(text)) return false
-  const c = overflowCounts(text)
-  return c.contextTokens !== undefined && Math.max(c.promptTokens ?? 0, c.requestedTokens ?? 0) > c.contextTokens
-}
-
-function codeOfErrorBody(status: number | undefined, info: ErrorBodyInfo): ProviderErrorCode {
-  const s = isErrorStatus(status) ? status : info.status
-  const h = info.haystack
-  if (s === 429 || RATE_LIMIT_RE.test(h)) return 'RATE_LIMIT'
-  if (OVERFLOW_PATTERNS.some((re) => re.test(h)) || statesOverflow(h)) return 'CONTEXT_WINDOW_EXCEEDED'
-  if (s === 402 || QUOTA_RE.test(h)) return 'QUOTA'
-  if (s === 401 || s === 403) return 'AUTH'
-  if (s === 408) return 'TIMEOUT'
-  if (s === 413) return 'CONTEXT_WINDOW_EXCEEDED'
-  if (s !== undefined) return s < 500 ? 'INVALID_REQUEST' : 'SERVER'
-  if (info.blank) return 'EMPTY_RESPONSE'
-  if (AUTH_RE.test(h)) return 'AUTH'
-  if (SERVER_RE.test(h)) return 'SERVER'
-  if (INVALID_RE.test(h)) return 'INVALID_REQUEST'
-  return info.parsed ? 'SERVER' : 'MALFORMED_RESPONSE'
-}
-
-/** What to do about each code, appended to error messages (docs/design.md §0: an error names the fix). */
-const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
-  CONTEXT_WINDOW_EXCEEDED: 'The prompt does not fit the context window: prune or compact the session, '
-    + 'or lower maxTokens.',
-  RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
-  QUOTA: 'The account has no balance or quota left: top it up or use another API key.',
-  AUTH: 'Check the API key and its permissions (option apiKey, or the environment variable named by apiKeyEnv; CLI: '
-    + '--api-key-env NAME).',
-  INVALID_REQUEST: 'The server rejected the request; the body above names the field.',
-  SERVER: 'The server failed; try again later.',
-  TRANSPORT: 'Check the network and baseURL.',
-  TIMEOUT: 'The server made no progress for IDLE_TIMEOUT_MS (5 minutes), or the call passed REQUEST_TIMEOUT_MS '
-    + '(1 hour); try again later.',
-  ABORTED: 'The caller aborted the request.',
-  EMPTY_RESPONSE: 'The server answered with nothing; try again later.',
-  MALFORMED_RESPONSE: 'The server does not speak the stream format of this adapter (OpenAI chat completions for '
-    + 'openAICompatible, Anthropic Messages for anthropic); check baseURL.',
-  RESPONSE_TOO_LARGE: 'The server sent more than dsh reads (MAX_MESSAGE_BYTES, 8 MiB of one message); lower '
-    + 'maxTokens.',
-}
-
-/** Seconds, an HTTP date, or OpenAI's `retry-after-ms`, in ms (RFC 9110 §10.2.3). */
-function parseRetryAfterMs(headers: Headers, nowMs: number): number | undefined {
-  const ms = headers.get('retry-after-ms')?.trim()
-  if (ms && /^\d+(?:\.\d+)?$/.test(ms)) return Math.ceil(parseFloat(ms))
-  const value = headers.get('retry-after')?.trim()
-  if (!value) return undefined
-  if (/^\d+(?:\.\d+)?$/.test(value)) return Math.ceil(parseFloat(value) * 1000)
-  const date = Date.parse(value)
-  return Number.isNaN(date) ? undefined : Math.max(0, date - nowMs)
-}
-
-/** Response headers that carry a request id support can trace, in order of preference. */
-const REQUEST_ID_HEADERS = ['x-request-id', 'request-id', 'x-ds-trace-id', 'x-trace-id', 'x-amzn-requestid', 'cf-ray']
-
-function requestIdOf(headers: Headers): string | undefined {
-  for (const name of REQUEST_ID_HEADERS) {
-    const value = headers.get(name)
-    if (value) return value
-  }
-  return undefined
-}
-
-/**
- * "Request too large … tokens per minute": one request bigger than the per-minute budget, sent
- * as 413 (Groq) or 429 (OpenAI). Retrying can never succeed, so it is not retried.
- */
-function requestExceedsRateLimit(body: string): boolean {
-  return /request too large/i.test(body) && RATE_LIMIT_RE.test(body)
-}
-
-// ── 6.3 Messages on the wire (OpenAI chat-completions shape) ────────────────
+// ── 7.1 Messages on the wire (OpenAI chat-completions shape) ────────────────
 
 type WirePart = { type: 'text'; text: string } | { type: 'image_url'; image_url: { url: string } }
 type WireMessage =
@@ -5426,7 +5850,7 @@ function wireOrder(messages: readonly Message[]): readonly Message[] {
   return out
 }
 
-// ── 6.3.1 Messages on the wire (Anthropic Messages shape, docs/design.md §6) ──────
+// ── 7.2 Messages on the wire (Anthropic Messages shape, docs/design.md §6) ──────
 
 type AnthropicBlock = Record<string, unknown>
 interface AnthropicMessage { role: 'user' | 'assistant'; content: AnthropicBlock[] }
@@ -5552,7 +5976,7 @@ function anthropicBody(cfg: AdapterConfig, request: ChatRequest, maxTokens?: num
     ['stream', maxTokens === undefined ? undefined : 'true'], ['max_tokens', maxTokens?.toString()]])
 }
 
-// ── 6.4 The adapter ──────────────────────────────
+// ── 7.3 The adapter ──────────────────────────────
 
 /** Options of {@link openAICompatible}. Times in ms, budgets in tokens. */
 export interface OpenAICompatibleOptions {
@@ -5598,7 +6022,7 @@ const OPTION_NAMES: readonly (keyof OpenAICompatibleOptions)[] = [
 
 /**
  * The adapter's times, retries and message cap: the constants above, read when a provider is made. The one test
- * seam of section 6 (`internals.adapterTuning`): a test sets a field, makes its provider, and sets it back.
+ * seam of section 7 (`internals.adapterTuning`): a test sets a field, makes its provider, and sets it back.
  */
 const adapterTuning = { idleTimeoutMs: IDLE_TIMEOUT_MS, requestTimeoutMs: REQUEST_TIMEOUT_MS, maxRetries: MAX_RETRIES,
   retryBaseMs: RETRY_BASE_MS, retryMaxMs: RETRY_MAX_MS, maxMessageBytes: MAX_MESSAGE_BYTES, sleep: sleepMs }
@@ -5977,223 +6401,6 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
   }
 }
 
-/** Collects one streamed (or non-streamed) completion in block order; emits deltas as they arrive. */
-class ReplyAssembler {
-  private readonly blocks: Block[] = []
-  private readonly calls: ToolCallBlock[] = []
-  private readonly slotOfIndex = new Map<number, number>()
-  /** The next text or reasoning starts a block of its own (a format's new content block). */
-  fresh = false
-  finishReason: string | undefined
-  usage: Usage | undefined
-  /** The format's own usage fields so far (Anthropic sends them in two events). */
-  wireUsage: Record<string, unknown> = {}
-  responseId: string | undefined
-  requestId: string | undefined
-  /** Whether any text, reasoning or tool-call delta arrived (the adapter never retries after one). */
-  streamed = false
-  private messageBytes = 0 // text, reasoning and tool-call ids, names and arguments so far, UTF-8 bytes
-  private readonly emit: (event: StreamEvent) => void
-  /** Whether anyone listens: deltas are built as events only then. */
-  private readonly listening: boolean
-  constructor(readonly cfg: AdapterConfig, emit: ((event: StreamEvent) => void) | undefined,
-    private readonly progress: () => void = () => {}) {
-    this.emit = emit ?? (() => {})
-    this.listening = emit !== undefined
-  }
-
-  /** RESPONSE_TOO_LARGE for a message past one of its caps (`why`); `partial()` keeps its text. */
-  private tooLarge(why: string): ProviderError {
-    const { cfg } = this
-    return providerError(cfg, 'RESPONSE_TOO_LARGE', `the assistant message from ${cfg.endpoint} (model ${cfg.model}) `
-      + `${why}; the stream was cancelled and the text so far kept as an interrupted message (none of its tool calls `
-      + 'runs).', { status: 200 })
-  }
-
-  /** Counts a delta against the message cap before it is kept, so nothing past the cap is held; it is progress. */
-  private admit(delta: string): void {
-    const cap = this.cfg.maxMessageBytes
-    this.messageBytes += utf8Length(delta, cap)
-    if (this.messageBytes > cap) {
-      throw this.tooLarge(`passed MAX_MESSAGE_BYTES, ${cap} bytes of text, reasoning and tool-call ids, names and `
-        + 'arguments')
-    }
-    this.progress()
-  }
-
-  /** Text or reasoning: appended to the last block when it is of the same kind and no new block began. */
-  add(kind: 'text' | 'reasoning', delta: string): void {
-    if (delta === '') return
-    this.admit(delta)
-    const last = this.blocks.length > 0 ? this.blocks[this.blocks.length - 1] : undefined
-    if (!this.fresh && last !== undefined && last.type === kind) (last as TextBlock).text += delta
-    else this.blocks.push({ type: kind, text: delta })
-    this.fresh = false
-    this.streamed = true
-    if (this.listening) {
-      this.emit(kind === 'text' ? { type: 'text-delta', text: delta } : { type: 'reasoning-delta', text: delta })
-    }
-  }
-
-  /** A signature of the reasoning block just streamed (sent back with it). */
-  sign(signature: string): void {
-    const last = this.blocks[this.blocks.length - 1] as ReasoningBlock | undefined
-    if (signature === '' || last?.type !== 'reasoning') return
-    this.admit(signature)
-    last.signature = (last.signature ?? '') + signature
-  }
-
-  /** A block dsh does not interpret (e.g. `redacted_thinking`), kept in position as it came. */
-  keep(block: OtherBlock): void {
-    this.admit(JSON.stringify(block))
-    this.blocks.push(block)
-    this.fresh = false
-    this.streamed = true
-  }
-
-  /** Usage so far; progress only when a figure changed. */
-  setUsage(usage: Usage): void {
-    const u = this.usage
-    if (!u || u.promptTokens !== usage.promptTokens || u.completionTokens !== usage.completionTokens) this.progress()
-    this.usage = usage
-  }
-
-  /** The slot of a tool-call delta: by `index`, else by id, else the last call; a new slot when none fits. */
-  private slotOf(wireIndex: number | undefined, id: string | undefined): number {
-    const calls = this.calls
-    let slot: number | undefined
-    if (wireIndex !== undefined) slot = this.slotOfIndex.get(wireIndex)
-    else if (id !== undefined) { const k = calls.findIndex((c) => c.id === id); slot = k >= 0 ? k : undefined }
-    else if (calls.length > 0) slot = calls.length - 1 // no index, no id: the continuation of the last call
-    // A different id on a known index starts a new call (servers that send every call as index 0).
-    if (slot !== undefined && id !== undefined && calls[slot].id !== '' && calls[slot].id !== id) slot = undefined
-    if (slot !== undefined) return slot
-    const max = MAX_TOOL_CALLS_PER_MESSAGE
-    if (calls.length >= max) throw this.tooLarge(`has more than ${max} tool calls, the most dsh takes in one message`)
-    const call: ToolCallBlock = { type: 'tool-call', id: '', name: '', arguments: '' }
-    calls.push(call)
-    this.blocks.push(call)
-    this.fresh = false
-    if (wireIndex !== undefined) this.slotOfIndex.set(wireIndex, calls.length - 1)
-    return calls.length - 1
-  }
-
-  /** A piece of a tool call: its id and name (kept once, from the first delta that has them) and arguments. */
-  tool(wireIndex: number | undefined, id: string | undefined, name: string | undefined, args: string): void {
-    const slot = this.slotOf(wireIndex, id)
-    const call = this.calls[slot]
-    const newId = id !== undefined && call.id === '' ? id : undefined
-    const newName = name !== undefined && call.name === '' ? name : undefined
-    for (const kept of [newId, newName, args]) if (kept) this.admit(kept)
-    if (newId) call.id = newId
-    if (newName) call.name = newName
-    call.arguments += args
-    if (newId || newName || args) {
-      this.streamed = true
-      if (this.listening) this.emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}),
-        ...(newName ? { name: newName } : {}), argumentsDelta: args })
-    }
-  }
-
-  /** MALFORMED_RESPONSE for a data event that is not a JSON object. */
-  notAnObject(dataText: string): ProviderError {
-    return providerError(this.cfg, 'MALFORMED_RESPONSE', `stream from ${this.cfg.endpoint} sent a data event that is `
-      + `not a JSON object: ${dataText.slice(0, 200)}`, { body: dataText, requestId: this.requestId, status: 200 })
-  }
-
-  /** The text and reasoning so far as an interrupted message (tool calls dropped: their arguments may be cut). */
-  partial(): AssistantMessage | undefined {
-    const content = this.blocks.filter((b) => b.type === 'text' || b.type === 'reasoning')
-    return content.length === 0 ? undefined : { role: 'assistant', content, interrupted: true }
-  }
-
-  /** The assembled answer; TRANSPORT for a stream that ended with no end marker nor finish reason, EMPTY_RESPONSE. */
-  finish(sawDone: boolean): ChatResponse {
-    const { cfg, usage, requestId } = this
-    if (!sawDone && this.finishReason === undefined) {
-      throw providerError(cfg, 'TRANSPORT', `stream from ${cfg.endpoint} ended without its end marker and without a `
-        + `finish reason (model ${cfg.model}).`, { requestId, status: 200 })
-    }
-    if (!this.streamed && this.finishReason !== 'content_filter') {
-      throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} (model ${cfg.model}) finished without any text, `
-        + `reasoning or tool call.`, { requestId, status: 200 })
-    }
-    // The ids as the server sent them ('' when it sent none): the Agent repairs missing and repeated
-    // ids in one place (withCallIds), where it knows the log's seq and the ids already used.
-    const reason = this.finishReason ?? (this.calls.length > 0 ? 'tool_calls' : 'stop')
-    if (usage) this.emit({ type: 'usage', usage })
-    this.emit({ type: 'finish', finishReason: reason })
-    const response: ChatResponse = { message: { role: 'assistant', content: this.blocks }, finishReason: reason }
-    if (usage) response.usage = usage
-    const id = requestId ?? this.responseId
-    if (id !== undefined) response.requestId = id
-    return response
-  }
-}
-
-/** One chat-completions chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. */
-function openAIChunk(acc: ReplyAssembler, obj: unknown, dataText: string): boolean {
-  if (!isRecord(obj)) throw acc.notAnObject(dataText)
-  const { cfg, requestId } = acc
-  if (obj.error !== undefined && obj.error !== null) throw inStreamError(cfg, dataText, requestId)
-  if (acc.responseId === undefined && typeof obj.id === 'string' && obj.id !== '') acc.responseId = obj.id
-  const u = readUsage(obj.usage)
-  if (u) acc.setUsage(u) // running totals (SiliconFlow) or a final chunk: the last one wins
-  const choices: unknown[] = Array.isArray(obj.choices) ? obj.choices : []
-  for (const choice of choices) {
-    // n = 1 is requested
-    if (!isRecord(choice) || (typeof choice.index === 'number' && choice.index !== 0)) continue
-    const delta = isRecord(choice.delta) ? choice.delta : isRecord(choice.message) ? choice.message : undefined
-    if (delta) {
-      const r = typeof delta.reasoning_content === 'string' && delta.reasoning_content !== ''
-        ? delta.reasoning_content
-        : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
-      acc.add('reasoning', r)
-      if (typeof delta.content === 'string') acc.add('text', delta.content)
-      if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) openAIToolCall(acc, tc)
-    }
-    if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
-      acc.finishReason = choice.finish_reason
-      if (acc.finishReason === 'error') {
-        throw providerError(cfg, 'SERVER', `stream from ${cfg.endpoint} ended with finish_reason "error".`,
-          { body: dataText, requestId, status: 200 })
-      }
-    }
-  }
-  return false
-}
-
-function openAIToolCall(acc: ReplyAssembler, tc: unknown): void {
-  if (!isRecord(tc)) return
-  const fn = isRecord(tc.function) ? tc.function : {}
-  const id = typeof tc.id === 'string' && tc.id !== '' ? tc.id : undefined // Qwen sends "" after the first delta
-  // Mistral sends "" after the first delta
-  const name = typeof fn.name === 'string' && fn.name !== '' ? fn.name : undefined
-  const args = typeof fn.arguments === 'string' ? fn.arguments : isRecord(fn.arguments)
-    ? JSON.stringify(fn.arguments) : ''
-  acc.tool(typeof tc.index === 'number' ? tc.index : undefined, id, name, args)
-}
-
-/** A count field: a non-negative finite number; anything else (negative, NaN as a string, …) is absent. */
-const tokenCount = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) && v >= 0
-  ? v : undefined)
-
-function readUsage(u: unknown): Usage | undefined {
-  if (!isRecord(u)) return undefined
-  const n = tokenCount
-  const prompt = n(u.prompt_tokens)
-  const completion = n(u.completion_tokens)
-  if (prompt === undefined && completion === undefined) return undefined
-  const usage: Usage = { promptTokens: prompt ?? 0, completionTokens: completion ?? 0 }
-  const cached = n(u.prompt_cache_hit_tokens) ?? (isRecord(u.prompt_tokens_details)
-    ? n(u.prompt_tokens_details.cached_tokens) : undefined)
-  if (cached !== undefined) usage.cachedTokens = cached
-  const reasoning = (isRecord(u.completion_tokens_details) ? n(u.completion_tokens_details.reasoning_tokens)
-    : undefined) ?? n(u.reasoning_tokens)
-  if (reasoning !== undefined) usage.reasoningTokens = reasoning
-  return usage
-}
-
 const OPENAI_FORMAT: WireFormat = {
   path: '/chat/completions',
   namedEvents: false,
@@ -6201,73 +6408,6 @@ const OPENAI_FORMAT: WireFormat = {
   body: requestBody,
   event: openAIChunk,
   whole: openAIChunk,
-}
-
-/** Anthropic's `stop_reason` → the finish reasons of chat completions (others pass as sent). */
-const STOP_REASONS: Readonly<Record<string, string>> = {
-  end_turn: 'stop', stop_sequence: 'stop', max_tokens: 'length', tool_use: 'tool_calls', refusal: 'content_filter',
-  model_context_window_exceeded: 'length',
-}
-
-/** One Messages stream event; true at `message_stop`. Throws the in-stream error it carries. */
-function anthropicEvent(acc: ReplyAssembler, obj: unknown, dataText: string): boolean {
-  if (!isRecord(obj)) throw acc.notAnObject(dataText)
-  const type = obj.type
-  if (type === 'content_block_delta') {
-    const d = isRecord(obj.delta) ? obj.delta : {}
-    const text = (v: unknown) => (typeof v === 'string' ? v : '')
-    if (d.type === 'text_delta') acc.add('text', text(d.text))
-    else if (d.type === 'thinking_delta') acc.add('reasoning', text(d.thinking))
-    else if (d.type === 'input_json_delta') acc.tool(Number(obj.index), undefined, undefined, text(d.partial_json))
-    else if (d.type === 'signature_delta') acc.sign(text(d.signature))
-  } else if (type === 'content_block_start') anthropicBlock(acc, Number(obj.index), obj.content_block)
-  else if (type === 'message_start' || type === 'message_delta') {
-    const m = type === 'message_start' ? (isRecord(obj.message) ? obj.message : {}) : obj
-    if (acc.responseId === undefined && typeof m.id === 'string' && m.id !== '') acc.responseId = m.id
-    const reason = isRecord(obj.delta) ? obj.delta.stop_reason : m.stop_reason
-    // own keys only: a stop_reason of "constructor" or "__proto__" is a string like any other
-    if (typeof reason === 'string' && reason !== '') {
-      acc.finishReason = Object.hasOwn(STOP_REASONS, reason) ? STOP_REASONS[reason] : reason
-    }
-    const u = anthropicUsage(acc, m.usage)
-    if (u) acc.setUsage(u)
-  } else if (type === 'message_stop') return true
-  else if (type === 'error' || (obj.error !== undefined && obj.error !== null)) {
-    throw inStreamError(acc.cfg, dataText, acc.requestId)
-  }
-  return false
-}
-
-/** A content block as it starts (streamed: empty; non-streamed: whole). */
-function anthropicBlock(acc: ReplyAssembler, index: number, b: unknown): void {
-  if (!isRecord(b)) return
-  acc.fresh = true
-  if (b.type === 'text') acc.add('text', typeof b.text === 'string' ? b.text : '')
-  else if (b.type === 'thinking') {
-    acc.add('reasoning', typeof b.thinking === 'string' ? b.thinking : '')
-    if (typeof b.signature === 'string') acc.sign(b.signature)
-  } else if (b.type === 'tool_use') {
-    const input = isRecord(b.input) && Object.keys(b.input).length > 0 ? JSON.stringify(b.input) : ''
-    acc.tool(index, typeof b.id === 'string' && b.id !== '' ? b.id : undefined,
-      typeof b.name === 'string' && b.name !== '' ? b.name : undefined, input)
-  } else if (typeof b.type === 'string' && b.type !== 'image') acc.keep(b as OtherBlock)
-}
-
-/** Usage from Anthropic's fields, merged over those seen before: prompt = input + cache writes + cache reads. */
-function anthropicUsage(acc: ReplyAssembler, u: unknown): Usage | undefined {
-  if (!isRecord(u)) return undefined
-  const w = acc.wireUsage
-  for (const key of ['input_tokens', 'cache_creation_input_tokens', 'cache_read_input_tokens', 'output_tokens']) {
-    const v = tokenCount(u[key])
-    if (v !== undefined) w[key] = v
-  }
-  const n = (key: string) => (w[key] as number | undefined) ?? 0
-  if (w.input_tokens === undefined && w.output_tokens === undefined) return undefined
-  const usage: Usage = { promptTokens: n('input_tokens') + n('cache_creation_input_tokens')
-    + n('cache_read_input_tokens'), completionTokens: n('output_tokens') }
-  if (w.cache_read_input_tokens !== undefined) usage.cachedTokens = n('cache_read_input_tokens')
-  if (w.cache_creation_input_tokens !== undefined) usage.cacheWriteTokens = n('cache_creation_input_tokens')
-  return usage
 }
 
 const ANTHROPIC_FORMAT: WireFormat = {
@@ -6286,53 +6426,6 @@ const ANTHROPIC_FORMAT: WireFormat = {
     anthropicEvent(acc, { type: 'message_start', message: obj }, data)
     if (Array.isArray(obj.content)) obj.content.forEach((b, i) => anthropicBlock(acc, i, b))
   },
-}
-
-/**
- * An error event inside a 200 stream (`data: {"error": …}` or `event: error`), classified like an
- * HTTP error body. Its status is the numeric code the payload carries (`code`, `status`,
- * `status_code`), else the 200 the response had.
- */
-function inStreamError(cfg: AdapterConfig, payload: string, requestId: string | undefined): ProviderError {
-  const { code: classified, info } = readErrorBody(200, payload)
-  // An explicit error event whose payload says nothing readable is still the server's failure.
-  const code = classified === 'MALFORMED_RESPONSE' || classified === 'EMPTY_RESPONSE' ? 'SERVER' : classified
-  return providerError(cfg, code, `error inside the stream from ${cfg.endpoint} (model `
-    + `${cfg.model})${info?.message ? `: ${info.message}` : ''}.`, { status: info?.status ?? 200, body: payload,
-    requestId })
-}
-
-/** The objects of a data event that a relay joined from several `data:` lines (one JSON value per line). */
-class ChunkList { constructor(readonly list: unknown[]) {} }
-
-/** A data event that is not JSON: a relay's joined `data:` lines as a {@link ChunkList}, else MALFORMED_RESPONSE. */
-function relayChunks(cfg: AdapterConfig, data: string, requestId: string | undefined, error: unknown): ChunkList {
-  if (data.includes('\n')) {
-    const lines = data.split('\n').filter((line) => line.trim() !== '')
-    try { return new ChunkList(lines.map((line) => JSON.parse(line))) } catch { /* fall through */ }
-  }
-  throw providerError(cfg, 'MALFORMED_RESPONSE', `stream from ${cfg.endpoint} sent a data event that is not JSON: `
-    + `${data.slice(0, 200)}`, { body: data, requestId, status: 200, cause: error })
-}
-
-/**
- * Reads at most `maxBytes` of a response body (bytes after content decoding: fetch inflates gzip
- * as it is read), then cancels the rest unread. `cut` says whether anything was left.
- */
-async function readBodyCapped(response: Response, maxBytes: number, signal: AbortSignal): Promise<{ text: string;
-  cut: boolean }> {
-  const decoder = new TextDecoder()
-  let text = '', bytes = 0, cut = false
-  if (response.body) {
-    await eachChunk(response.body, signal, (chunk) => {
-      if (chunk === undefined) { text += decoder.decode(); return }
-      cut = bytes + chunk.byteLength > maxBytes
-      text += decoder.decode(cut ? chunk.subarray(0, maxBytes - bytes) : chunk, { stream: !cut })
-      bytes += chunk.byteLength
-      return cut
-    })
-  }
-  return { text, cut }
 }
 
 const REDIRECT_STATUSES: ReadonlySet<number> = new Set([301, 302, 303, 307, 308])
@@ -6438,86 +6531,6 @@ function httpError(cfg: AdapterConfig, response: Response, text: string, cut: bo
   })
 }
 
-/** A non-streamed answer (the server ignored stream: true), read up to twice the message cap; its message is
- *  then capped like a streamed one. */
-async function readWhole(cfg: AdapterConfig, response: Response, acc: ReplyAssembler,
-  signal: AbortSignal): Promise<ChatResponse> {
-  const { status } = response
-  const { requestId } = acc
-  const maxBytes = 2 * cfg.maxMessageBytes + RESPONSE_BODY_MAX_BYTES
-  const { text, cut } = await readBodyCapped(response, maxBytes, signal)
-  if (cut) {
-    throw providerError(cfg, 'RESPONSE_TOO_LARGE', `${cfg.endpoint} (model ${cfg.model}) answered with a `
-      + `non-streamed body over ${maxBytes} bytes (2 × MAX_MESSAGE_BYTES + ${RESPONSE_BODY_MAX_BYTES}); it was cut `
-      + `there and not used (dsh asks for stream: true).`, { status, requestId })
-  }
-  const data = text.trim()
-  if (data === '') {
-    throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
-      + `${cfg.model}).`, { status, requestId })
-  }
-  let parsed: unknown
-  try { parsed = JSON.parse(data) } catch (error) { parsed = relayChunks(cfg, data, requestId, error) }
-  for (const obj of parsed instanceof ChunkList ? parsed.list : [parsed]) cfg.format.whole(acc, obj, text)
-  return acc.finish(true)
-}
-
-/**
- * Reads a response into the assembler: an error status as a classified error (its body capped), a
- * non-streamed JSON answer ({@link readWhole}), or the event stream through the format's event mapper.
- */
-async function readReply(response: Response, acc: ReplyAssembler, signal: AbortSignal): Promise<ChatResponse> {
-  const { status } = response
-  const { cfg, requestId } = acc
-  if (!response.ok) {
-    const { text, cut } = await readBodyCapped(response, RESPONSE_BODY_MAX_BYTES, signal)
-    throw httpError(cfg, response, text, cut, requestId)
-  }
-  if (/\bapplication\/json\b/i.test(response.headers.get('content-type') ?? '')) {
-    return readWhole(cfg, response, acc, signal)
-  }
-  if (!response.body) {
-    throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} without a body (model `
-      + `${cfg.model}).`, { status, requestId })
-  }
-  let sawDone = false, sawData = false, bytes = 0
-  const { format } = cfg
-  const parser = new SSEParser((event, data) => {
-    if (sawDone) return // after the end marker: dropped
-    if (event !== 'message') {
-      if (event === 'error') throw inStreamError(cfg, data, requestId)
-      if (!format.namedEvents) return
-    }
-    sawData = true
-    if (data.charCodeAt(0) !== 123) { // not `{`: the rare shapes
-      data = data.trim()
-      if (data === '' || data[0] === ':') return // a relay's keep-alive inside a data line
-      if (data === '[DONE]') { sawDone = true; return }
-    }
-    let obj: unknown
-    try { obj = JSON.parse(data) } catch (error) {
-      sawDone = relayChunks(cfg, data, requestId, error).list.some((o) => format.event(acc, o, data))
-      return
-    }
-    if (format.event(acc, obj, data)) sawDone = true
-  }, SSE_MAX_BUFFER_UNITS)
-  const decode = utf8Decoder()
-  await eachChunk(response.body, signal, (chunk) => {
-    if (chunk !== undefined) bytes += chunk.byteLength
-    parser.feed(decode(chunk))
-    return sawDone
-  })
-  const type = response.headers.get('content-type')
-  if (!sawData && type && !/event-stream/i.test(type)) {
-    throw bytes === 0
-      ? providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} with an empty ${type} `
-        + `body (model ${cfg.model}).`, { status, requestId })
-      : providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${status} with ${type}, `
-        + `not an event stream (model ${cfg.model}).`, { status, requestId })
-  }
-  return acc.finish(sawDone)
-}
-
 /**
  * The ProviderError of a failed attempt: ABORTED (the caller), TIMEOUT past the deadline (never
  * retried) or when idle, the classified error itself, MALFORMED_RESPONSE past the SSE buffer, else
@@ -6554,7 +6567,7 @@ function attemptError(cfg: AdapterConfig, e: unknown, acc: ReplyAssembler, abort
 }
 
 // ═══════════════════════════════════════
-// 7. Loop
+// 8. Loop
 // ═══════════════════════════════════════
 
 /**
@@ -7459,7 +7472,7 @@ export const internals = /* @__PURE__ */ Object.freeze({
 // ═══════════════════════════════════════
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
-// 8. Tools — the CLI's built-in coding tools (docs/design.md §8, §13)
+// 9. Tools — the CLI's built-in coding tools (docs/design.md §8, §13)
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
 // The file system and process code of dsh.ts. `node:` modules are loaded here through dynamic
@@ -9084,10 +9097,10 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
 }
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
-// 9. Replay — a recorded transcript through the meter and the ladder (docs/design.md §8)
+// 10. Replay — a recorded transcript through the meter and the ladder (docs/design.md §8)
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
-// ── 9.1 Transcript readers: the input side of `replay` ─────────────────────────────────────────
+// ── 10.1 Transcript readers: the input side of `replay` ─────────────────────────────────────────
 // Web-standard code: the readers take the file's TEXT (never a path), so they run anywhere.
 // Formats as found in real files: docs/replay.md.
 
@@ -10091,7 +10104,7 @@ async function readTranscriptFile(fs: typeof import('node:fs/promises'), path: s
   } finally { await handle.close() }
 }
 
-// ── 9.2 Replay runner: a transcript through the real Agent, offline (docs/design.md §8) ──
+// ── 10.2 Replay runner: a transcript through the real Agent, offline (docs/design.md §8) ──
 // Web-standard like the readers: it takes a Transcript (or the file's text); the CLI reads files.
 // Replay IS an Agent: a recorded provider answers each step with the transcript's assistant message,
 // recorded tools answer each call with the transcript's result, and the report is read off the
@@ -11138,7 +11151,7 @@ export async function runReplay(text: string, options: RunReplayOptions = {}): P
 }
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
-// 10. CLI — arguments, configuration, terminal output, entry point (docs/design.md §8)
+// 11. CLI — arguments, configuration, terminal output, entry point (docs/design.md §8)
 // ════════════════════════════════════════════════════════════════════════════════════════════
 
 /** DeepSeek defaults of the CLI (docs/design.md §6). */
@@ -12172,7 +12185,7 @@ function agoText(ms: number): string {
   return `${Math.round(s / 86_400)} days ago`
 }
 
-// ── 10.1 Configuration files and trust (docs/design.md §8 "Configuration") ──
+// ── 11.1 Configuration files and trust (docs/design.md §8 "Configuration") ──
 
 /** The project's own configuration, relative to its directory. Untrusted until the user trusts the directory. */
 export const PROJECT_CONFIG_FILE = '.dsh/config.json'
@@ -12495,7 +12508,7 @@ function mergeApprovals(list: readonly (CliApprovals | undefined)[]): CliApprova
   return { tools: [...tools], commands: [...commands] }
 }
 
-// ── 10.2 Approvals, diffs and undo (docs/design.md §8 "Approvals, diffs and undo") ──
+// ── 11.2 Approvals, diffs and undo (docs/design.md §8 "Approvals, diffs and undo") ──
 
 /** Lines of the diff printed with each write and edit; the rest is counted in one line. */
 const DIFF_SHOWN_LINES = 40
@@ -12886,7 +12899,7 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
   }
 }
 
-// ── 10.3 Kept sessions (docs/design.md §8 "Sessions are kept by default") ──
+// ── 11.3 Kept sessions (docs/design.md §8 "Sessions are kept by default") ──
 
 /** Sessions `--resume` and `/sessions` list, newest first. */
 const SESSIONS_LISTED = 20
@@ -13619,7 +13632,7 @@ async function interactiveLoop(current: () => Agent, terminal: Terminal, io: Cli
   return exitCode
 }
 
-// ── 10.x Fidelity views: project instructions, /pin, /compact FOCUS, /context, `dsh show` (docs/design.md §12) ──
+// ── 11.4 Fidelity views: project instructions, /pin, /compact FOCUS, /context, `dsh show` (docs/design.md §12) ──
 
 /** Files the CLI reads project instructions from, in order: the first that exists in the working directory wins. */
 export const PROJECT_INSTRUCTION_FILES: readonly string[] = ['AGENTS.md', 'CLAUDE.md']
@@ -14019,7 +14032,7 @@ if (import.meta.url?.startsWith('file:')) {
 }
 
 // ════════════════════════════════════════════════════════════════════════════════════════════
-// 11. File store — FileStore, a session log in a JSONL file (node:fs); dist/dsh.mjs carries it too
+// 12. File store — FileStore, a session log in a JSONL file (node:fs); dist/dsh.mjs carries it too
 // ════════════════════════════════════════════════════════════════════════════════════════════
 // The one store that needs `node:fs` (Node, Deno, Bun), so it lives below the fence; build.mjs adds
 // this section (and only this one of Part II) to the runtime bundle `dist/dsh.mjs` and its types,
@@ -14030,7 +14043,7 @@ export { FileStore }
 
 /**
  * The `node:` modules loaded so far, by specifier (see {@link importNode}). A `var`, created by
- * the first call: the entry check (the end of section 10) calls importNode while the module is
+ * the first call: the entry check (the end of section 11) calls importNode while the module is
  * still being evaluated, before this line would have run.
  */
 var nodeModules: Map<string, Promise<any>> | undefined

@@ -178,7 +178,7 @@ export default async function ladderBench(): Promise<Section> {
   const replay = (dshModule as unknown as { replayTranscript?: ReplayTranscript }).replayTranscript
   const base = { id: 'ladder', title: 'The ladder on real sessions', method: '', tables: [] as string[] }
   if (typeof replay !== 'function') {
-    return { ...base, status: 'not-run', reason: '`replayTranscript` (dsh.ts section 8) has not landed on this branch yet; bench/ladder.bench.ts is written against its documented API and runs once it does', targets: [] }
+    return { ...base, status: 'not-run', reason: '`replayTranscript` (dsh.ts section 10) has not landed on this branch yet; bench/ladder.bench.ts is written against its documented API and runs once it does', targets: [] }
   }
   const files = corpusFiles()
   if (files.length === 0) return { ...base, status: 'not-run', reason: `no transcripts in ${CORPUS_DIR} (set DSH_CORPUS)`, targets: [] }

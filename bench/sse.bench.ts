@@ -74,7 +74,7 @@ export default async function sse(): Promise<Section> {
   const base = { id: 'sse', title: 'SSE parser', method: '', tables: [] as string[] }
   if (typeof mod.parseSSE !== 'function') {
     return {
-      ...base, status: 'not-run', reason: '`parseSSE` (dsh.ts section 6, provider) has not landed on this branch yet; bench/sse.bench.ts is written against its documented API (docs/design.md §9) and runs once it does',
+      ...base, status: 'not-run', reason: '`parseSSE` (dsh.ts section 2, stream in) has not landed on this branch yet; bench/sse.bench.ts is written against its documented API (docs/design.md §9) and runs once it does',
       targets: [{ name: 'throughput', target: '≥ 1.0× eventsource-parser, byte-identical events', measured: 'not yet run' }],
     }
   }
