@@ -4685,8 +4685,9 @@ class SummaryJob {
         + `tokens); nothing was sent`)
     }
     // The server's own count, where it has one (docs/design.md §6.1): over the window, plan smaller unsent.
-    const counted = await provider.countTokens?.({ system: env.system, tools: env.tools, messages: msgs, signal })
-      .catch(() => undefined)
+    const counted = provider.countTokens
+      ? await providerCount(provider, { system: env.system, tools: env.tools, messages: msgs, signal })
+        .catch(() => undefined) : undefined
     if (counted !== undefined && counted + maxTokens > this.window && replans < MAX_SUMMARY_REPLANS) {
       this.failed.add(fingerprint)
       this.replan({ promptTokens: counted }, inputTokens, maxTokens)
@@ -6700,6 +6701,15 @@ function countingOutput(seen: SeenOutput, next?: (event: StreamEvent) => void): 
   }
 }
 
+/** A provider's count of `request`, checked as usage is (docs/design.md §13): an integer in [0, USAGE_MAX_TOKENS].
+ *  A Provider of the caller's own may answer anything, a plain value, or throw at once: all reject here. */
+async function providerCount(provider: Provider, request: ChatRequest): Promise<number> {
+  const tokens: unknown = await provider.countTokens!(request)
+  if (typeof tokens !== 'number' || !Number.isInteger(tokens) || tokens < 0 || tokens > USAGE_MAX_TOKENS)
+    throw new Error(`its count ${shown(tokens)} is not a token count in [0, ${USAGE_MAX_TOKENS}]`)
+  return tokens
+}
+
 /** The output tokens (by the meter) of a failed request the server ran — it streamed output (`seen`, or the error's
  *  partial) or answered 200 — which the spend cap counts (docs/design.md §11); undefined when it did not run. */
 function failedOutputTokens(error: ProviderError | undefined, seen: SeenOutput): number | undefined {
@@ -7184,19 +7194,12 @@ class Agent {
       || m.totalTokens < window * (1 - COUNT_NEAR_WINDOW_RATIO)) return
     let tokens: number
     try {
-      tokens = await this.provider.countTokens({ system: envelope.system, tools: envelope.tools,
+      tokens = await providerCount(this.provider, { system: envelope.system, tools: envelope.tools,
         messages: session.messages(), signal })
     } catch (err) {
       if (signal.aborted) return
       this.countFailed = true
-      this.warn(`the provider could not count the request (${(err as Error).message}); the estimate stands`)
-      return
-    }
-    // A count, as usage is one (checkedUsage): a Provider of the caller's own may answer anything.
-    if (!Number.isInteger(tokens) || tokens < 0 || tokens > USAGE_MAX_TOKENS) {
-      this.countFailed = true
-      this.warn(`the provider's count ${shown(tokens)} is not a token count in [0, ${USAGE_MAX_TOKENS}]; the estimate `
-        + `stands`)
+      this.warn(`the provider could not count the request (${(err as Error)?.message ?? err}); the estimate stands`)
       return
     }
     session.append('ladder/state', { sample: { providerTokens: tokens, heuristicTokens: m.heuristicTokens,
