@@ -4278,8 +4278,14 @@ const pruneMessagesRung: Rung = (v) => {
   // The surface head is the session's first message until a checkpoint replaces it (regions start at the head).
   const head = session.surface()[0]
   const task = head?.message.role === 'user' && !isCheckpoint(head) && head.tokens <= v.taskTokens ? head.seq : input
-  const seqs = session.surface().filter((n) => n.message.role !== 'tool' && n.seq !== input && n.seq !== task
-    && !isCheckpoint(n) && !session.pins.has(n.seq) && n.tokens >= minPrunableTokens(v.prune)).map((n) => n.seq)
+  // A user message after the newest assistant message is one the model has not read (a steering message): as the
+  // current input, never cut (docs/design.md §3).
+  const nodes = session.surface()
+  let read = nodes.length
+  while (read > 0 && nodes[read - 1].message.role !== 'assistant') read--
+  const seqs = nodes.filter((n, i) => n.message.role !== 'tool' && n.seq !== input && n.seq !== task
+    && !(i >= read && n.message.role === 'user') && !isCheckpoint(n) && !session.pins.has(n.seq)
+    && n.tokens >= minPrunableTokens(v.prune)).map((n) => n.seq)
   return [{ ops: seqs.map((seq): LadderOp => ({ op: 'prune', seq })) }]
 }
 
@@ -6719,8 +6725,8 @@ function failedOutputTokens(error: ProviderError | undefined, seen: SeenOutput):
 }
 
 /** The spend caps of {@link AgentOptions.maxCostUSD}, checked; ConfigError for a bad value or unknown prices. */
-function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider, summarizer: Provider): { turn?: number;
-  session?: number } | undefined {
+function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider, summarizer: Provider, prices: AgentPrices):
+  { turn?: number; session?: number } | undefined {
   if (cap === undefined) return undefined
   const limit = 'a non-negative number of USD or {turn, session} of them'
   // Read once, into a copy (a getter is never read again, docs/design.md §14).
@@ -6729,23 +6735,27 @@ function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider, summarize
   const ok = (x: unknown) => x === undefined || (typeof x === 'number' && Number.isFinite(x) && x >= 0)
   if (!ok(caps.turn) || !ok(caps.session) || Object.keys(caps).some((k) => k !== 'turn' && k !== 'session'))
     throw configError('maxCostUSD', limit, cap, 'e.g. maxCostUSD: 0.5 (each turn) or { session: 5 }')
-  for (const p of [provider, summarizer]) {
-    // A Provider of the caller's own is not checked where it was made: prices that cannot price a request fail here.
-    try { if (p.prices) validatePrices(p.prices, `${p.model}: prices`) } catch (e) {
-      throw new ConfigError(`maxCostUSD: ${(e as Error).message}`, { cause: e })
-    }
-  }
-  if (!provider.prices) throw new ConfigError(`maxCostUSD needs the provider's prices, and model `
+  if (!prices.conversation) throw new ConfigError(`maxCostUSD needs the provider's prices, and model `
     + `"${provider.model}" has none (cost unknown); give the provider prices: { cacheHitInput, cacheMissInput, `
     + `output } (USD per million tokens), or leave maxCostUSD out`)
-  if (!summaryPrices(provider, summarizer)) throw new ConfigError(`maxCostUSD needs the summarizer's prices too, and `
+  if (!prices.summary) throw new ConfigError(`maxCostUSD needs the summarizer's prices too, and `
     + `model "${summarizer.model}" has none (cost unknown); give the summarizer prices, or leave maxCostUSD out`)
   return caps as { turn?: number; session?: number }
 }
 
-/** The prices a summary request is counted at: the summarizer's, the conversation's for the same model. */
-const summaryPrices = (provider: Provider, summarizer: Provider): Prices | undefined =>
-  summarizer.prices ?? (summarizer.model === provider.model ? provider.prices : undefined)
+/** The prices an Agent counts at, read once where it is made (docs/design.md §11, §14): a Provider of the caller's own
+ *  is not checked where it was made, and its `prices` may be a getter. A summary request is counted at the
+ *  summarizer's, or the conversation's for the same model. Throws {@link ConfigError} for prices that cannot price. */
+interface AgentPrices { conversation?: Prices; summary?: Prices }
+function agentPrices(provider: Provider, summarizer: Provider): AgentPrices {
+  const read = (p: Provider): Prices | undefined => {
+    try { const prices = p.prices; return prices === undefined ? undefined : validatePrices(prices, `${p.model}: prices`) }
+    catch (e) { throw new ConfigError(`new Agent: the provider's ${(e as Error).message}`, { cause: e }) }
+  }
+  const conversation = read(provider)
+  const own = summarizer === provider ? conversation : read(summarizer)
+  return { conversation, summary: own ?? (summarizer.model === provider.model ? conversation : undefined) }
+}
 
 /** `summarizer`, with each request first put to `refuse` (a reason, or undefined to send it). */
 function refusingProvider(summarizer: Provider, refuse: (request: ChatRequest) => string | undefined): Provider {
@@ -6907,6 +6917,8 @@ class Agent {
   private readonly recallSpecTokens: number = 0
   /** Set once the recall spec was found too big for the window ({@link RECALL_MAX_WINDOW_RATIO}). */
   private recallDropped = false
+  /** The prices of the provider and the summarizer, read once ({@link agentPrices}). */
+  private readonly prices: AgentPrices
   /** The spend caps, USD ({@link AgentOptions.maxCostUSD}). */
   private readonly maxCost?: { turn?: number; session?: number }
   /** The turn running now, for the spend cap of its summary requests. */
@@ -6946,7 +6958,8 @@ class Agent {
       this.recall = recallTool(this.session)
       this.recallSpecTokens = estimateEnvelopeTokens({ tools: [toolSpec(this.recall)] })
     }
-    this.maxCost = spendCap(options.maxCostUSD, options.provider, this.summarizer)
+    this.prices = agentPrices(this.provider, this.summarizer)
+    this.maxCost = spendCap(options.maxCostUSD, options.provider, this.summarizer, this.prices)
     this.onEvent = options.onEvent
     const agent = this
     this.ladder = new Ladder({
@@ -6982,12 +6995,14 @@ class Agent {
   private recallAffordable(): boolean {
     if (this.recallDropped) return false
     if (this.window === undefined) return true
-    const m = this.session.measure()
-    if (this.recallSpecTokens * m.calibration <= this.window * RECALL_MAX_WINDOW_RATIO) return true
+    // A share of what the window keeps for the history (docs/design.md §5 "Room"), as the ladder sizes its parts.
+    const m = this.session.measure(), kept = keptWindowTokens(this.session, this.window)
+    if (this.recallSpecTokens * m.calibration <= kept * RECALL_MAX_WINDOW_RATIO) return true
     this.recallDropped = true
     this.warn(`the ${RECALL_TOOL_NAME} tool is not offered: its spec (${this.recallSpecTokens} `
       + `tokens${m.calibration === 1 ? '' : ` × ${m.calibration.toFixed(2)} calibration`}) would take more than `
-      + `${Math.round(RECALL_MAX_WINDOW_RATIO * 100)}% of the ${this.window}-token window; shadowed content stays in `
+      + `${Math.round(RECALL_MAX_WINDOW_RATIO * 100)}% of the ${kept === this.window ? `${this.window}-token window`
+        : `${kept} tokens the ${this.window}-token window keeps for the history`}; shadowed content stays in `
       + `the log (a ${RECALL_TOOL_NAME} call is still answered)`)
     return false
   }
@@ -7240,7 +7255,7 @@ class Agent {
     if (t) t.startUSD ??= spent
     if (!next) {
       const c = this.session.cost.nextRequestCache(), n = this.session.cost.usage().conversation.requests
-      next = { what: 'the next request', usd: requestCostUSD(this.provider.prices!, { cachedInputTokens:
+      next = { what: 'the next request', usd: requestCostUSD(this.prices.conversation!, { cachedInputTokens:
         c.modelledHitTokens, uncachedInputTokens: c.inputTokens - c.modelledHitTokens,
       outputTokens: n > 0 ? floor.conversationOutputTokens / n : 0 }, Date.now()) }
     }
@@ -7265,7 +7280,7 @@ class Agent {
     const hit = Math.min(input, cost.summaryRequestHit(s.model, envelope, request.messages))
     const n = cost.usage().summary.requests + cost.running.length
     const output = n > 0 ? cost.spendFloor().summaryOutputTokens / n : SUMMARY_OUTPUT_SHARE * (request.maxTokens ?? 0)
-    const usd = requestCostUSD(summaryPrices(this.provider, s)!, { cachedInputTokens: hit,
+    const usd = requestCostUSD(this.prices.summary!, { cachedInputTokens: hit,
       uncachedInputTokens: input - hit, outputTokens: output }, Date.now())
     const why = this.overBudget(this.turnNow, { usd, what: 'a summary request' })
     if (why && this.turnNow) this.turnNow.budget = why
@@ -7364,7 +7379,7 @@ class Agent {
   writeHeader(): Envelope {
     const envelope = this.envelope
     logHeader(this.session, { model: this.provider.model, baseURL: this.provider.baseURL, system: envelope.system,
-      tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window, prices: this.provider.prices })
+      tools: envelope.tools, maxTokens: this.maxTokens, contextWindow: this.window, prices: this.prices.conversation })
     return envelope
   }
 
@@ -7438,7 +7453,7 @@ class Agent {
   usage(): SessionUsage { return this.session.cost.usage() }
 
   /** The prompt-cache cost of the edit logged as event `seq`, at the provider's prices ({@link CostLedger.editCost}) */
-  editCost(seq: number): EditCost | undefined { return this.session.cost.editCost(seq, this.provider.prices) }
+  editCost(seq: number): EditCost | undefined { return this.session.cost.editCost(seq, this.prices.conversation) }
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
   compact(signal?: AbortSignal): Promise<CompactionOutcome> { return this.ladder.compact(signal) }

@@ -165,7 +165,8 @@ const LADDERS = [
   ['dsh v1 (prune + summarise)', { clear: false }],
 ] as const
 const V2 = LADDERS[0][0], V1 = LADDERS[1][0]
-const POLICIES = [...LADDERS.map((l) => l[0]), 'no management', `observation masking (newest ${MASK_KEEP_STEPS} steps)`] as const
+const UNMANAGED = 'no management', MASKING = `observation masking (newest ${MASK_KEEP_STEPS} steps)`
+const POLICIES = [...LADDERS.map((l) => l[0]), UNMANAGED, MASKING] as const
 const isLadder = (p: string) => LADDERS.some((l) => l[0] === p)
 
 /** The commit this run measures (and whether dsh.ts differs from it), for the section's text. */
@@ -218,8 +219,8 @@ export default async function ladderBench(): Promise<Section> {
         }
         byPolicy.get(name)!.set(g.file, sum(ls))
       }
-      byPolicy.get(POLICIES[3])!.set(g.file, sum(g.transcripts.map((t) => unmanaged(t, w, truth))))
-      byPolicy.get(POLICIES[4])!.set(g.file, sum(g.transcripts.map((t) => masking(t, w, truth))))
+      byPolicy.get(UNMANAGED)!.set(g.file, sum(g.transcripts.map((t) => unmanaged(t, w, truth))))
+      byPolicy.get(MASKING)!.set(g.file, sum(g.transcripts.map((t) => masking(t, w, truth))))
     }
     results.set(w, byPolicy)
   }

@@ -45,7 +45,7 @@ function userMessagesOnSurface(session: Session, n: number): number[] {
 
 // ── §12 under the room rule: the user's words in a checkpoint that fits ──
 
-test('room: a large envelope (80% of the window) leaves user messages out of checkpoints that had room for them', async () => {
+test('room: a large envelope (80% of the window) leaves user messages out of checkpoints that had room for them', { todo: 'open: the room rule (docs/design.md §5) makes §12\'s user budget a share of the kept window, and §12 leaves the oldest out when 200-unit cuts of them all exceed it; a floor tried this session raised a 95%-envelope case over the window (review6b 2), so the two rules need one decision' }, async () => {
   // Window 10,000 tokens, system prompt 8,000: room 2,000, f = 0.4, kept window 1,600, so a checkpoint's user budget
   // is 15% of 1,600 = 240 tokens (f² of the window's 1,500): four 223-unit messages (+ their 32-unit lines) cannot
   // "fit" it, and the oldest are left out with no recall key. Yet the largest conversation request sent was 8,981
@@ -63,7 +63,7 @@ test('room: a large envelope (80% of the window) leaves user messages out of che
   assert.deepEqual(dropped, [], `user messages left out of the checkpoint: ${dropped.map((i) => `USER-${i}`).join(', ')}`)
 })
 
-test('room: the task is cut below the 200-unit minimum, to its marker alone, in a checkpoint with room to spare', async () => {
+test('room: the task is cut below the 200-unit minimum, to its marker alone, in a checkpoint with room to spare', { todo: 'open: with the 200-unit floor for the task and the others the same session sent a request of 10,230 tokens into its 10,000-token window; the task keeps its recall key meanwhile' }, async () => {
   // docs/design.md §12: "A message is cut to no fewer than 200 UTF-16 units". Window 10,000, system prompt 9,500:
   // room 500, f = 0.1, kept window 100 tokens, the task's share 10 tokens (40 units, less the 32-unit line): the
   // 223-unit task is "cut" to 86 units, the marker alone, and not one of its words is left. The conversation's
@@ -181,7 +181,7 @@ test('input: a steering message is cut by the prune rung before the model has re
 
 // ── The room as measured: a tokenizer that counts 1.5× the heuristic, an envelope over half the window ──
 
-test('room: with a large envelope usage never calibrates, so summary requests are sent over the window they are planned to fit', async () => {
+test('room: with a large envelope usage never calibrates, so summary requests are sent over the window they are planned to fit', { todo: 'open: a usage sample is taken only when the messages are half the request; calibrating with an envelope that large needs the offset fit replay has (docs/design.md §15) in a live session' }, async () => {
   // The server counts 1.5 tokens per heuristic token and reports it as usage on every answer, and refuses (400, with
   // its counts) a request over its 20,000-token window. System prompt 11,000 heuristic tokens (16,500 counted).
   // The conversation's total is anchored on usage and right; but a usage sample is taken only when the messages are
@@ -222,4 +222,78 @@ test('room: with a large envelope usage never calibrates, so summary requests ar
   assert.ok(summaries.length > 0, 'summaries were made')
   // Observed: 3 of 14 summary requests over the window (23,027, 20,081, 20,081 counted tokens of 20,000).
   assert.deepEqual(summaries.filter((n) => n > W), [], `summary requests (counted tokens): ${summaries.join(', ')}`)
+})
+
+// ── The spend cap: a Provider of the caller's own whose prices change after the cap is checked ──
+
+const FLASH = { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 }
+/** A Provider of the caller's own whose `prices` getter answers FLASH until `state.changed`, then `later`. */
+function changingPrices(state: { changed: boolean }, later: unknown): Provider {
+  return { model: 'm', baseURL: 'memory://m', contextWindow: 100_000, maxTokens: 100,
+    get prices() { return state.changed ? later : FLASH },
+    complete: async () => ({ message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop',
+      usage: { promptTokens: 10_000, completionTokens: 5 } }),
+  } as unknown as Provider
+}
+
+test('cap: a custom Provider whose prices getter answers zeros once maxCostUSD is checked runs past the cap', async () => {
+  // 19b89c8/e7fd24e read maxCostUSD and openAICompatible's prices once into copies, and spendCap() validates a custom
+  // Provider's prices where the cap is set; but that validated copy is thrown away and every request/header reads
+  // provider.prices again. With the prices honest, a $0.004 session cap stops the third 10,000-token turn ('budget').
+  const state = { changed: false }
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: changingPrices(state, { cacheHitInput: 0, cacheMissInput: 0, output: 0 }),
+    maxCostUSD: { session: 0.004 }, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  state.changed = true
+  const reasons: string[] = []
+  for (let i = 0; i < 5; i++) reasons.push((await agent.run('x'.repeat(40_000))).reason)
+  // Observed: ['stop' ×5], spendFloor().costUSD 0 after five 10,000-token requests.
+  assert.deepEqual(reasons, ['stop', 'stop', 'budget', 'budget', 'budget'])
+})
+
+test('cap: a custom Provider whose prices turn NaN mid-session ends the turn with a clear error, not the log\'s INVALID_EVENT', async () => {
+  // The same getter answering NaN prices after the check: the next request/header is refused by the log's own event
+  // check, and run() throws SessionError INVALID_EVENT "request/header: prices.cacheHitInput must be … got null"
+  // after turn/start and the input were logged (the turn has no end). Expected: the prices read once where the cap is
+  // set (the run goes on at them), or a ConfigError/TypeError naming the provider's prices before the turn starts.
+  const state = { changed: false }
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: changingPrices(state, { cacheHitInput: NaN, cacheMissInput: NaN, output: NaN }),
+    maxCostUSD: { session: 1 }, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  state.changed = true
+  let thrown: unknown
+  try { await agent.run('hello') } catch (e) { thrown = e }
+  assert.ok(!(thrown instanceof Error && /INVALID_EVENT/.test(`${(thrown as { code?: string }).code} ${thrown.message}`)),
+    `run threw ${(thrown as Error)?.name} ${(thrown as { code?: string })?.code}: ${(thrown as Error)?.message?.slice(0, 120)}`)
+  const types = session.events.map((e) => e.type)
+  assert.equal(types.filter((t) => t === 'turn/start').length, types.filter((t) => t === 'turn/end').length,
+    `a turn/start without its turn/end: ${types.join(', ')}`)
+})
+
+// ── The recall tool and the room ──
+
+test('room: the recall tool is offered when its spec takes the room a large envelope leaves, and the turn then overflows', async () => {
+  // docs/design.md §3 "Recall": the Agent offers `recall` unless its spec would take more than a tenth of the WINDOW;
+  // the room is not asked. Window 10,000, system prompt 9,600 tokens, six tool calls of 500-token results, a server
+  // that refuses (400) a request over its window: with recall: false the turn ends 'stop'; with the default recall
+  // the first compaction adds the recall spec (~140 tokens) to every request and the turn throws the overflow.
+  const W = 10_000
+  const outcome = async (recall: boolean): Promise<string> => {
+    let k = 0
+    const provider = { model: 'm', baseURL: 'memory://m', contextWindow: W, maxTokens: 200,
+      complete: async (r: ChatRequest) => {
+        const n = size(r)
+        if (n > W) throw new ProviderError('CONTEXT_WINDOW_EXCEEDED', `maximum context length is ${W} tokens`,
+          { status: 400, body: `This model's maximum context length is ${W} tokens. However, you requested ${n} tokens` })
+        return k < 6 ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `c${k++}`, name: 't', arguments: '{}' }] },
+          finishReason: 'tool-calls' } : { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop' }
+      } } as unknown as Provider
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider, summarizer: shortSummarizer(W), system: 's'.repeat(38_400), recall,
+      warn: () => {}, tools: [tool(2_000)] } as ConstructorParameters<typeof Agent>[0])
+    try { return (await agent.run('task '.repeat(50))).reason } catch (e) { return `${(e as Error).name} ${(e as { code?: string }).code}` }
+  }
+  assert.equal(await outcome(false), 'stop')
+  // Observed: 'ProviderError CONTEXT_WINDOW_EXCEEDED' (requested 10,417 tokens).
+  assert.equal(await outcome(true), 'stop')
 })
