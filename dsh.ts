@@ -6743,14 +6743,16 @@ function spendCap(cap: AgentOptions['maxCostUSD'], provider: Provider, summarize
   return caps as { turn?: number; session?: number }
 }
 
-/** The prices an Agent counts at, read once where it is made (docs/design.md §11, §14): a Provider of the caller's own
- *  is not checked where it was made, and its `prices` may be a getter. A summary request is counted at the
+/** The prices an Agent counts at, read once where it is made (docs/design.md §11, §14): a Provider of the caller's
+ *  own is not checked where it was made, and its `prices` may be a getter. A summary request is counted at the
  *  summarizer's, or the conversation's for the same model. Throws {@link ConfigError} for prices that cannot price. */
 interface AgentPrices { conversation?: Prices; summary?: Prices }
 function agentPrices(provider: Provider, summarizer: Provider): AgentPrices {
   const read = (p: Provider): Prices | undefined => {
-    try { const prices = p.prices; return prices === undefined ? undefined : validatePrices(prices, `${p.model}: prices`) }
-    catch (e) { throw new ConfigError(`new Agent: the provider's ${(e as Error).message}`, { cause: e }) }
+    try {
+      const prices = p.prices
+      return prices === undefined ? undefined : validatePrices(prices, `${p.model}: prices`)
+    } catch (e) { throw new ConfigError(`new Agent: the provider's ${(e as Error).message}`, { cause: e }) }
   }
   const conversation = read(provider)
   const own = summarizer === provider ? conversation : read(summarizer)
