@@ -1,7 +1,8 @@
 // Builds dsh.ts into dist/ (docs/design.md §0):
-//   dsh.mjs      the runtime: Part I of dsh.ts (everything above the fence) plus the one section of
-//                Part II it carries, the file store (FileStore: node:fs, loaded lazily); ESM,
-//                platform-neutral, minified, with a source map (Node, Deno, Bun, workerd, browsers)
+//   dsh.mjs      the runtime: Part I of dsh.ts (everything above the fence) plus the sections of
+//                Part II it carries, from the file store to the end of the file (FileStore: node:fs,
+//                loaded lazily; SqlLogStore; the Anthropic adapter); ESM, platform-neutral,
+//                minified, with a source map (Node, Deno, Bun, workerd, browsers)
 //   dsh.iife.js  the same as a classic script defining the global `DSH` (script-only runtimes such
 //                as Vercel's edge-runtime), minified, with a source map
 //   cli.mjs      the whole file (runtime, tools, replay, CLI) with a `#!/usr/bin/env node` line: the
@@ -18,9 +19,9 @@
 //   module; a dynamic `await import('node:…')` (the CLI and the file store load node modules
 //   lazily) is left external and runs where `node:` exists.
 //
-// The runtime's text is dsh.ts with every line of Part II blanked but those of the file store's
-// section (see runtimeSource): the line numbers stay those of dsh.ts (source and declaration maps),
-// and the section, type-checked with Part I, may name nothing else of Part II.
+// The runtime's text is dsh.ts with every line of Part II blanked but those from the file store's
+// section to the end (see runtimeSource): the line numbers stay those of dsh.ts (source and
+// declaration maps), and those sections, type-checked with Part I, may name nothing else of Part II.
 //
 // Usage: node build.mjs [--entry FILE] [--outdir DIR] [--no-dts]   (defaults: dsh.ts, dist)
 // Exit code 1 on any build error. Importable too: `import { build, partOne, runtimeSource } from './build.mjs'`.
@@ -71,27 +72,21 @@ export function partOne(source, file = 'dsh.ts') {
   return source.slice(0, m.index)
 }
 
-/** The heading of the one section of Part II that the runtime carries: the file store. */
+/** The heading of the first section of Part II that the runtime carries (it carries the rest of the file too). */
 const RUNTIME_SECTION = /^\/\/ \d+\. File store\b/m
-/** A section heading of dsh.ts (`// 8. Tools — …`). */
-const SECTION_HEADING = /^\/\/ \d+\. /gm
 
 /**
- * The runtime's text: Part I, then Part II with every line blanked (newlines kept) except those of
- * the file store's section, from its heading to the next section heading or the end of the file.
+ * The runtime's text: Part I, then Part II with every line blanked (newlines kept) before the file
+ * store's heading; from there to the end of the file (the stores and the second wire format) as it is.
  * Line numbers are those of dsh.ts. Throws when there is no fence or no such section below it.
  * @param {string} source @param {string} [file] for the message
  */
 export function runtimeSource(source, file = 'dsh.ts') {
   const one = partOne(source, file)
   const at = source.slice(one.length).search(RUNTIME_SECTION)
-  if (at < 0) throw new Error(`${file}: no "// N. File store" section below the fence; the runtime bundle carries FileStore from that section. Restore its heading.`)
+  if (at < 0) throw new Error(`${file}: no "// N. File store" section below the fence; the runtime bundle carries Part II from that section to the end (FileStore, SqlLogStore, anthropic). Restore its heading.`)
   const start = one.length + at
-  SECTION_HEADING.lastIndex = start + 1
-  const next = SECTION_HEADING.exec(source)
-  const end = next ? next.index : source.length
-  const blank = (text) => text.replace(/[^\n]+/g, '')
-  return one + blank(source.slice(one.length, start)) + source.slice(start, end) + blank(source.slice(end))
+  return one + source.slice(one.length, start).replace(/[^\n]+/g, '') + source.slice(start)
 }
 
 /** esbuild plugin: the entry module is read as the runtime's text only (see runtimeSource). */
@@ -182,7 +177,7 @@ async function buildInto(entry, source, outdir, dts, log) {
  * check, nothing written. tsc runs `-p` on a throwaway config in a scratch dir in `outdir` (a file
  * argument beside tsconfig.json fails, TS5112) that extends tsconfig.dts.json.
  * For Part I, a name declared only in Part II is an error: "Part I names Part II"; for the runtime,
- * one the file store's section takes from the rest of Part II.
+ * one the sections it carries (file store to the end) take from the rest of Part II.
  * @param {string} entry @param {string} text @param {string} outdir @param {string} name
  * @param {'partOne' | 'runtime' | 'all'} kind
  */
@@ -205,9 +200,9 @@ function runTsc(entry, text, outdir, name, kind) {
       const unknownName = /error TS2304|error TS2552|error TS2749|error TS2693/.test(output)
       const why = !unknownName ? ''
         : kind === 'partOne' ? 'Part I names Part II: something above the fence in dsh.ts uses a name only Part II declares. Move that name into Part I or the use into Part II.\n'
-        : kind === 'runtime' ? 'The file store section names the rest of Part II: the runtime bundle carries only Part I and that section. Move the name into the section (or Part I), or the use out of it.\n'
+        : kind === 'runtime' ? 'The runtime\'s sections of Part II (the file store to the end) name the rest of Part II: the runtime bundle carries only Part I and those. Move the name into them (or Part I), or the use out of them.\n'
         : ''
-      const what = kind === 'partOne' ? 'Part I of ' : kind === 'runtime' ? 'the runtime (Part I + the file store) of ' : ''
+      const what = kind === 'partOne' ? 'Part I of ' : kind === 'runtime' ? 'the runtime (Part I + the file store to the end) of ' : ''
       throw new Error(`${why}tsc on ${what}${entry} failed (exit ${r.status}):\n${output}`)
     }
     if (kind === 'partOne') return

@@ -14,11 +14,9 @@
  * PUBLIC API (the one export list below this header; types are exported where they are declared)
  *   Agent                  the loop: turns, steps, tools, hooks, the ladder, cancellation (§7)
  *   Session                the append-only log, its surface and measure(); parts over it: cost, recall, pins
- *   MemoryStore, FileStore where a session's events live: in memory (anywhere); JSONL file (Part II, section 12)
- *   SqlLogStore            a session in PostgreSQL, one writer across machines (SessionLockedError: held elsewhere)
+ *   MemoryStore            where a session's events live by default: in memory (anywhere)
  *   openAICompatible       a Provider for any OpenAI-compatible chat-completions server (§6)
  *   deepseek               openAICompatible with DeepSeek's base URL, model, key variable and prices
- *   anthropic              a Provider for the Anthropic Messages API, cache breakpoints placed by dsh (§6)
  *   parseSSE               a server-sent event stream as an async iterable of {event, data, id?}
  *   classifyProviderError  an HTTP status and error body → a ProviderErrorCode
  *   ProviderError          the one error a provider throws ({code, status?, body, partial?})
@@ -36,6 +34,10 @@
  *   KNOWN_MODELS           context window and output cap by model name (DeepSeek's)
  *   DEEPSEEK_PRICES        DeepSeek's prices, USD per million tokens, with peak hours (§11)
  *   VERSION                this file's version
+ * and, exported from Part II's sections 12–14 (carried into dist/dsh.mjs too):
+ *   FileStore              a session in a JSONL file (node:fs)
+ *   SqlLogStore            a session in PostgreSQL, one writer across machines (SessionLockedError: held elsewhere)
+ *   anthropic              a Provider for the Anthropic Messages API, cache breakpoints placed by dsh (§6)
  *
  * OPTIONS AND DEFAULTS (docs/design.md; all overridable per Agent / provider)
  *   pruner     DEFAULT_PRUNE_CONFIG        prune tool results over 8,192 code points to
@@ -59,16 +61,16 @@
  * else unconfined); FileStore needs node:fs (Node, Deno, Bun), MemoryStore runs anywhere.
  *
  * CONTENTS (sections follow the path of a tool result, docs/design.md §14; `§N` cites docs/design.md)
- *   PART I — THE RUNTIME (web standards only; `dist/dsh.mjs` is this part plus section 12, FileStore)
+ *   PART I — THE RUNTIME (web standards only; `dist/dsh.mjs` is this part plus sections 12–14)
  *   1. Types          messages, blocks, events, provider contract, errors
  *   2. Stream in      2.1 SSE parser (parseSSE and the adapter's one parser), 2.2 error classifier — a
  *                     PROVIDER'S ERROR WORDING of an overflow goes into OVERFLOW_PATTERNS only if it
  *                     states no numbers (one that states a size and its limit is read by shape,
  *                     overflowCounts); RATE_LIMIT_RE, QUOTA_RE and the other *_RE beside it for the rest —
- *                     2.3 reply assembly: events of both wire formats → the assistant message
+ *                     2.3 reply assembly: a wire format's events → the assistant message
  *   3. Meter          token estimates (tokens), usage anchor; 3.1 cost: prices applied to tokens (USD)
- *   4. Log & surface  append-only session log (Session, the one writer), surface projection, stores
- *                     (MemoryStore, SqlLogStore with its lease), resume; 4.1 the log protocol of a
+ *   4. Log & surface  append-only session log (Session, the one writer), surface projection, the
+ *                     store contract and MemoryStore, resume; 4.1 the log protocol of a
  *                     prune or clear; 4.2 parts over the log: the ladder's memory, cost and cache
  *                     (session.cost), recall index, pins
  *   5. Pruner         code-point-safe head/tail cut of tool results (code points)
@@ -77,8 +79,8 @@
  *                     plus one line in Ladder.relievePressure (and recoverOverflow); Ladder.apply logs
  *                     them as `compaction/*` events (§5, §10, §14); 6.1a the net-cost gate; 6.2 recall
  *   7. Stream out     7.0 configuration (DeepSeek defaults, KNOWN_MODELS, the adapter's constants),
- *                     7.1 messages on the wire (chat completions), 7.2 (Anthropic Messages), 7.3 the
- *                     adapter: a WIRE FORMAT is one WireFormat table (body writer + event mapper)
+ *                     7.1 messages on the wire (chat completions), 7.3 the adapter: a WIRE FORMAT
+ *                     is one WireFormat table (body writer + event mapper; section 14 is the second)
  *   8. Loop           Agent: turns, steps, tools, hooks, cancellation
  *   ── fence: nothing in Part I names anything in Part II ──
  *   PART II — THE EXTRAS (may use `node:` modules, only through dynamic import; `dist/cli.mjs`)
@@ -88,7 +90,9 @@
  *                     recorded provider and tools — a REPORT COLUMN is one entry of REPLAY_FIGURES
  *   11. CLI           arguments, terminal output, entry point; 11.1 configuration files and trust,
  *                     11.2 approvals, diffs and undo, 11.3 kept sessions, 11.4 fidelity views
- *   12. File store    FileStore and its lock file (node:fs; build.mjs carries it into dist/dsh.mjs)
+ *   12. File store    FileStore and its lock file (node:fs)   ┐ capabilities a session opts into;
+ *   13. SQL store     SqlLogStore and its lease               │ build.mjs carries 12–14 into
+ *   14. Anthropic     anthropic(): the Messages wire format   ┘ dist/dsh.mjs (they name no 9–11)
  *
  * UNITS (one word, one unit, everywhere in this file):
  *   tokens       heuristic (§2) or provider-reported tokens; `budget` and `room` are always tokens
@@ -103,8 +107,8 @@
 // is the undocumented `internals` object at the end of Part I (docs/design.md §14). `Session` is exported at its
 // declaration in section 4 (the figures of the core count its class there).
 export {
-  VERSION, Agent, MemoryStore, SqlLogStore, SessionError, SessionLockedError, ProviderError, ConfigError,
-  openAICompatible, deepseek, anthropic, parseSSE, classifyProviderError,
+  VERSION, Agent, MemoryStore, SessionError, ProviderError, ConfigError,
+  openAICompatible, deepseek, parseSSE, classifyProviderError,
   estimateTextTokens, estimateMessageTokens, estimateRequestTokens,
   codePointLength, pruneText, pruneToolResult, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
   DEFAULT_COMPACTION_CONFIG, KNOWN_MODELS, DEEPSEEK_PRICES,
@@ -1286,73 +1290,6 @@ function readUsage(u: unknown): Usage | undefined {
   return usage
 }
 
-/** Anthropic's `stop_reason` → the finish reasons of chat completions (others pass as sent). */
-const STOP_REASONS: Readonly<Record<string, string>> = {
-  end_turn: 'stop', stop_sequence: 'stop', max_tokens: 'length', tool_use: 'tool_calls', refusal: 'content_filter',
-  model_context_window_exceeded: 'length',
-}
-
-/** One Messages stream event; true at `message_stop`. Throws the in-stream error it carries. */
-function anthropicEvent(acc: ReplyAssembler, obj: unknown, dataText: string): boolean {
-  if (!isRecord(obj)) throw acc.notAnObject(dataText)
-  const type = obj.type
-  if (type === 'content_block_delta') {
-    const d = isRecord(obj.delta) ? obj.delta : {}
-    const text = (v: unknown) => (typeof v === 'string' ? v : '')
-    if (d.type === 'text_delta') acc.add('text', text(d.text))
-    else if (d.type === 'thinking_delta') acc.add('reasoning', text(d.thinking))
-    else if (d.type === 'input_json_delta') acc.tool(Number(obj.index), undefined, undefined, text(d.partial_json))
-    else if (d.type === 'signature_delta') acc.sign(text(d.signature))
-  } else if (type === 'content_block_start') anthropicBlock(acc, Number(obj.index), obj.content_block)
-  else if (type === 'message_start' || type === 'message_delta') {
-    const m = type === 'message_start' ? (isRecord(obj.message) ? obj.message : {}) : obj
-    if (acc.responseId === undefined && typeof m.id === 'string' && m.id !== '') acc.responseId = m.id
-    const reason = isRecord(obj.delta) ? obj.delta.stop_reason : m.stop_reason
-    // own keys only: a stop_reason of "constructor" or "__proto__" is a string like any other
-    if (typeof reason === 'string' && reason !== '') {
-      acc.finishReason = Object.hasOwn(STOP_REASONS, reason) ? STOP_REASONS[reason] : reason
-    }
-    const u = anthropicUsage(acc, m.usage)
-    if (u) acc.setUsage(u)
-  } else if (type === 'message_stop') return true
-  else if (type === 'error' || (obj.error !== undefined && obj.error !== null)) {
-    throw inStreamError(acc.cfg, dataText, acc.requestId)
-  }
-  return false
-}
-
-/** A content block as it starts (streamed: empty; non-streamed: whole). */
-function anthropicBlock(acc: ReplyAssembler, index: number, b: unknown): void {
-  if (!isRecord(b)) return
-  acc.fresh = true
-  if (b.type === 'text') acc.add('text', typeof b.text === 'string' ? b.text : '')
-  else if (b.type === 'thinking') {
-    acc.add('reasoning', typeof b.thinking === 'string' ? b.thinking : '')
-    if (typeof b.signature === 'string') acc.sign(b.signature)
-  } else if (b.type === 'tool_use') {
-    const input = isRecord(b.input) && Object.keys(b.input).length > 0 ? JSON.stringify(b.input) : ''
-    acc.tool(index, typeof b.id === 'string' && b.id !== '' ? b.id : undefined,
-      typeof b.name === 'string' && b.name !== '' ? b.name : undefined, input)
-  } else if (typeof b.type === 'string' && b.type !== 'image') acc.keep(b as OtherBlock)
-}
-
-/** Usage from Anthropic's fields, merged over those seen before: prompt = input + cache writes + cache reads. */
-function anthropicUsage(acc: ReplyAssembler, u: unknown): Usage | undefined {
-  if (!isRecord(u)) return undefined
-  const w = acc.wireUsage
-  for (const key of ['input_tokens', 'cache_creation_input_tokens', 'cache_read_input_tokens', 'output_tokens']) {
-    const v = tokenCount(u[key])
-    if (v !== undefined) w[key] = v
-  }
-  const n = (key: string) => (w[key] as number | undefined) ?? 0
-  if (w.input_tokens === undefined && w.output_tokens === undefined) return undefined
-  const usage: Usage = { promptTokens: n('input_tokens') + n('cache_creation_input_tokens')
-    + n('cache_read_input_tokens'), completionTokens: n('output_tokens') }
-  if (w.cache_read_input_tokens !== undefined) usage.cachedTokens = n('cache_read_input_tokens')
-  if (w.cache_creation_input_tokens !== undefined) usage.cacheWriteTokens = n('cache_creation_input_tokens')
-  return usage
-}
-
 /**
  * An error event inside a 200 stream (`data: {"error": …}` or `event: error`), classified like an
  * HTTP error body. Its status is the numeric code the payload carries (`code`, `status`,
@@ -1988,292 +1925,6 @@ class MemoryStore implements LogStore {
     const text = this.artefacts.get(ref.replace(/^memory:/, ''))
     if (text === undefined) throw new SessionError('STORE', `no artefact ${ref} in this MemoryStore`)
     return text
-  }
-}
-
-// ── SQL store: a session in PostgreSQL, one writer across machines (docs/design.md §4 "SQL store") ──
-// Every write is ONE statement, so one transaction on any driver (a pool, an HTTP driver); a lease
-// row per session is checked and extended by each, with no renewal timer (edge workers keep none).
-
-/**
- * Runs one SQL statement with `$1…$n` parameters; resolves with its rows, or with an object holding
- * them as `rows` (pg, PGlite): `(sql, params) => pool.query(sql, params)`; postgres.js
- * `(sql, params) => db.unsafe(sql, params)`; Neon `neon(url).query`.
- */
-export type SqlQuery = (sql: string, params: unknown[]) => Promise<readonly unknown[] | { rows: readonly unknown[] }>
-
-/** Options of {@link SqlLogStore}. */
-export interface SqlLogStoreOptions {
-  query: SqlQuery
-  /** The session's key in the tables (a non-empty string; one log per key). */
-  session: string
-  /** Who holds the lease, named in refusals (default `worker-` + a random UUID). */
-  owner?: string
-  /** Lease length, ms (default 300,000: 5 min); longer than a worker's longest step. */
-  leaseMs?: number
-  /** Table name prefix: `PREFIX_events`, `PREFIX_artefacts`, `PREFIX_leases` (default `dsh`). */
-  tablePrefix?: string
-  /** Reads without taking the lease (e.g. to show a live session); writes are refused. */
-  readOnly?: boolean
-}
-
-/** The database's clock in ms since the epoch: one clock for every worker, whatever their skew. */
-const SQL_NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint'
-/** In a statement: its transaction commits without waiting for the WAL's fsync (a `sync` waits). */
-const SQL_NO_FSYNC = "set_config('synchronous_commit', 'off', true)"
-/** Events a session syncs right after (a step's or turn's end, an open): their batch waits for the fsync itself. */
-const SQL_SYNC_POINTS = new Set<string>(
-  ['step/end', 'turn/end', 'session/start', 'session/resume'] satisfies (keyof EventDataMap)[])
-
-/**
- * A session another writer holds (`code` `'SESSION_LOCKED'`): its `owner`, until `expiresAtMs` (ms
- * since the epoch, by the database's clock), and the lease's fencing `token`.
- */
-class SessionLockedError extends SessionError {
-  declare readonly owner: string
-  declare readonly expiresAtMs: number
-  declare readonly token: number
-  constructor(message: string, lease: { owner: string; expiresAtMs: number; token: number }) {
-    super('SESSION_LOCKED', message)
-    this.name = 'SessionLockedError'
-    Object.assign(this, lease)
-  }
-}
-
-/**
- * A {@link LogStore} in PostgreSQL through one {@link SqlQuery} function (pg, postgres.js, PGlite,
- * Neon; no dependency). Tables, created on first use: `PREFIX_events (session_id, seq)` → type,
- * time_ms, the event's JSON and a row version `v`; `PREFIX_artefacts (session_id, name)`;
- * `PREFIX_leases (session_id)` → owner, token, expires_ms.
- * - `load`/`scan` take the lease (a free or expired one; a takeover raises the token by one) or throw
- *   {@link SessionLockedError}. Every write checks the token and extends the lease in its statement,
- *   so a holder whose lease was taken over (paused, then revived) is refused, never interleaved.
- *   `close` gives the lease back.
- * - `append` (one flush of the session) is one statement; it commits without waiting for the WAL's
- *   fsync unless its batch ends a step or a turn (the session syncs next). `sync` waits if anything
- *   was written since: one fsync per step. An append whose previous seq is not stored (a database
- *   that crashed before a sync lost it) is refused: no gap. A batch retried after a lost
- *   acknowledgement finds its rows and succeeds; another event at a stored seq is refused.
- * - Readable (see {@link LogStore.scan}): loads and reads back by seq ranges of 500 events, so a
- *   Session on it keeps only its surface in memory.
- * Errors: `SessionError('STORE')` for a failed query (the driver's error as `cause`) or a refused
- * write, `'LOG_CORRUPT'` for rows that are not a contiguous log, {@link SessionLockedError}.
- */
-class SqlLogStore implements LogStore {
-  readonly session: string
-  readonly owner: string
-  readonly leaseMs: number
-  readonly readOnly: boolean
-  /** The fencing token of the lease this store holds (undefined: none). */
-  token?: number
-  private readonly query: SqlQuery
-  private readonly t: string
-  private schema?: Promise<void>
-  /** Whether writes were committed since the last durable commit. */
-  private unsynced = false
-  constructor(options: SqlLogStoreOptions) {
-    const { query, session, owner, leaseMs = 300_000, tablePrefix = 'dsh', readOnly = false } = options
-    const bad = (what: string) => new TypeError(`SqlLogStore: ${what}`)
-    if (typeof query !== 'function') throw bad('query must be a function (sql, params) → rows')
-    if (typeof session !== 'string' || session === '') throw bad('session must be a non-empty string')
-    if (!isIntegerAtLeast(leaseMs, 1)) throw bad(`leaseMs must be an integer ≥ 1 ms, got ${shown(leaseMs)}`)
-    if (!/^[a-z_][a-z0-9_]{0,40}$/.test(tablePrefix)) {
-      throw bad(`tablePrefix ${JSON.stringify(tablePrefix)} must match [a-z_][a-z0-9_]{0,40}: it names tables`)
-    }
-    this.query = query
-    this.session = session
-    this.owner = owner ?? `worker-${crypto.randomUUID()}`
-    this.leaseMs = leaseMs
-    this.t = tablePrefix
-    this.readOnly = readOnly
-  }
-
-  /** Runs one statement; a failure is `SessionError('STORE')` naming what was being done. */
-  private async run(what: string, sql: string, params: unknown[] = []): Promise<any[]> {
-    try {
-      const result = await this.query(sql, params)
-      const rows = Array.isArray(result) ? result : (result as { rows?: unknown } | null)?.rows
-      if (!Array.isArray(rows)) throw new Error('the driver answered without rows (query must return rows or {rows})')
-      return rows
-    } catch (err) {
-      if (err instanceof SessionError) throw err
-      throw Object.assign(new SessionError('STORE', `SqlLogStore: ${what} of session ${JSON.stringify(this.session)} `
-        + `failed: ${(err as Error)?.message ?? err}; nothing of it was written (retry when the database answers)`),
-      { cause: err })
-    }
-  }
-
-  /** Creates the tables once per store (one statement; a racing creator's error is retried once). */
-  private ensureSchema(): Promise<void> {
-    const t = this.t
-    const sql = `DO $$ BEGIN
-      CREATE TABLE IF NOT EXISTS ${t}_events (session_id text NOT NULL, seq bigint NOT NULL, type text NOT NULL,
-        time_ms bigint NOT NULL, event text NOT NULL, v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq));
-      CREATE TABLE IF NOT EXISTS ${t}_artefacts (session_id text NOT NULL, name text NOT NULL, body text NOT NULL,
-        v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, name));
-      CREATE TABLE IF NOT EXISTS ${t}_leases (session_id text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL,
-        expires_ms bigint NOT NULL);
-    END $$`
-    this.schema ??= this.run('creating the tables', sql).catch(() => this.run('creating the tables', sql)).then(
-      () => {}, (err) => { this.schema = undefined; throw err })
-    return this.schema
-  }
-
-  /** Takes (or renews) the lease, durably; throws {@link SessionLockedError} when another's is live. */
-  private async acquire(): Promise<void> {
-    await this.ensureSchema()
-    if (this.readOnly) return
-    const rows = await this.run('taking the lease', `INSERT INTO ${this.t}_leases AS l
-      VALUES ($1, $2, 1, ${SQL_NOW_MS} + $3::bigint)
-      ON CONFLICT (session_id) DO UPDATE SET owner = EXCLUDED.owner, expires_ms = EXCLUDED.expires_ms,
-        token = CASE WHEN l.token = $4::bigint THEN l.token ELSE l.token + 1 END
-      WHERE l.expires_ms <= ${SQL_NOW_MS} OR l.token = $4::bigint RETURNING token`,
-    [this.session, this.owner, this.leaseMs, this.token ?? 0])
-    if (rows.length !== 1) throw await this.locked('is held by')
-    this.token = Number(rows[0].token)
-  }
-
-  /** The refusal naming the lease's current holder. */
-  private async locked(how: string): Promise<SessionLockedError> {
-    const [r = { owner: '(nobody)', token: 0, expires_ms: 0, now_ms: 0 }] = await this.run('reading the lease',
-      `SELECT owner, token, expires_ms, ${SQL_NOW_MS} AS now_ms FROM ${this.t}_leases WHERE session_id = $1`,
-      [this.session])
-    const lease = { owner: String(r.owner), token: Number(r.token), expiresAtMs: Number(r.expires_ms) }
-    const mine = this.token === undefined ? '' : ` (this store's token ${this.token} is fenced off: nothing written)`
-    return new SessionLockedError(`session ${JSON.stringify(this.session)} ${how} ${lease.owner}${mine}, lease `
-      + `token ${lease.token} until ${new Date(lease.expiresAtMs).toISOString()} (${Math.max(0, lease.expiresAtMs
-        - Number(r.now_ms))} ms from now); open it again after that, or once its owner closes it`, lease)
-  }
-
-  async load(): Promise<LoadedLog> {
-    const events: SessionEvent[] = []
-    return { ...await this.scan((e) => { events.push(e) }), events }
-  }
-
-  /** Takes the lease, then streams the log by seq ranges. */
-  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
-    await this.acquire()
-    for await (const e of this.readEvents(0, Infinity)) onEvent(e)
-    return {}
-  }
-
-  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
-    await this.ensureSchema()
-    const where = `FROM ${this.t}_events WHERE session_id = $1 AND seq >= $2::bigint`
-    for (let next = Math.max(0, fromSeq); next < toSeq;) {
-      // A seq range, not `LIMIT`: the index scan then reads one page, whatever the planner's statistics.
-      const count = Math.min(500, toSeq - next)
-      const rows = await this.run('reading events', `SELECT seq, event ${where} AND seq < $2::bigint + $3::int
-        ORDER BY seq`, [this.session, next, count])
-      for (const row of rows) yield this.decode(row, next++)
-      if (rows.length === count) continue
-      // A short page is the end of the log, unless rows follow a gap (never written by this store).
-      const [end] = await this.run('reading events', `SELECT min(seq) AS seq ${where}`, [this.session, next])
-      if (end?.seq !== null && end?.seq !== undefined) this.decode({ seq: end.seq, event: 'null' }, next)
-      return
-    }
-  }
-
-  async readEvent(seq: number): Promise<SessionEvent> {
-    if (Number.isSafeInteger(seq) && seq >= 0) for await (const e of this.readEvents(seq, seq + 1)) return e
-    throw new SessionError('STORE', `no event with seq ${seq} in SQL session ${JSON.stringify(this.session)}`)
-  }
-
-  private decode(row: { seq: unknown; event: string }, expectedSeq: number): SessionEvent {
-    let e: SessionEvent | undefined
-    try { e = JSON.parse(row.event) } catch { /* reported below */ }
-    if (Number(row.seq) === expectedSeq && e?.seq === expectedSeq && typeof e.type === 'string') return e
-    throw new SessionError('LOG_CORRUPT', `SQL session ${JSON.stringify(this.session)}: row seq ${row.seq} where `
-      + `${expectedSeq} was expected, or its event is not a dsh event of that seq (events must be contiguous)`,
-    expectedSeq + 1)
-  }
-
-  /** `[session, token, leaseMs]`, the first parameters of every write; refuses without a lease. */
-  private writable(what: string): [string, number, number] {
-    const refuse = (why: string) => new SessionError('STORE', `SqlLogStore: ${what} refused: ${why}`)
-    if (this.readOnly) throw refuse(`session ${JSON.stringify(this.session)} was opened read-only`)
-    if (this.token === undefined) throw refuse('the store holds no lease: load() or scan() it first (that takes it)')
-    return [this.session, this.token, this.leaseMs]
-  }
-
-  /** The lease check and extension of every write (`$1` session, `$2` token, `$3` lease ms). */
-  private extendLease(): string {
-    return `UPDATE ${this.t}_leases SET expires_ms = ${SQL_NOW_MS} + $3::bigint
-      WHERE session_id = $1 AND token = $2::bigint RETURNING 1`
-  }
-
-  async append(events: readonly SessionEvent[]): Promise<void> {
-    if (events.length === 0) return
-    const texts = events.map((e) => JSON.stringify(e))
-    const time = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
-    const first = events[0].seq
-    const durable = events.some((e) => SQL_SYNC_POINTS.has(e.type)) // so the sync after it sends nothing
-    const [row] = await this.run(`appending ${events.length} event(s)`, `WITH lease AS (${this.extendLease()}),
-      prev AS (SELECT 1 WHERE $5::bigint = 0 OR EXISTS (SELECT 1 FROM ${this.t}_events
-        WHERE session_id = $1 AND seq = $5::bigint - 1)),
-      ins AS (INSERT INTO ${this.t}_events (session_id, seq, type, time_ms, event)
-        SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, prev, json_array_elements($4::json) r
-        ON CONFLICT (session_id, seq) DO NOTHING RETURNING 1)
-      SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM prev)::int AS follows,
-        (SELECT count(*) FROM ins)::int AS inserted${durable ? '' : `, ${SQL_NO_FSYNC}`}`,
-    [...this.writable('append'), JSON.stringify(events.map((e, i) => [e.seq, e.type, time(e), texts[i]])), first])
-    if (Number(row?.leased) !== 1) throw await this.locked('was taken over by')
-    const where = `seq ${first - 1} of session ${JSON.stringify(this.session)}`
-    if (Number(row.follows) !== 1) {
-      throw new SessionError('STORE', `SqlLogStore: ${where} is not in the database, so seq ${first}.. would leave a `
-        + 'gap: it lost events written since the last sync (a crash or a restore); nothing of this batch was '
-        + 'written; open the session again (it resumes at its last stored event)')
-    }
-    this.unsynced = !durable // a durable commit covers every earlier one (the WAL is one sequence)
-    if (Number(row.inserted) === events.length) return
-    // Some seqs were there: a retry of a batch whose commit was not acknowledged finds its own rows.
-    let i = 0
-    for await (const e of this.readEvents(first, events[events.length - 1].seq + 1)) {
-      if (JSON.stringify(e) === texts[i++]) continue
-      throw new SessionError('STORE', `SqlLogStore: seq ${e.seq} of session ${JSON.stringify(this.session)} already `
-        + `holds another event (${e.type}); nothing of this batch was written over it; open the session again`)
-    }
-  }
-
-  async putArtefact(name: string, text: string): Promise<string> {
-    // JSON text: a tool's output may hold NUL or lone surrogates, which PostgreSQL's text refuses.
-    const rows = await this.run(`storing artefact ${name}`, `WITH lease AS (${this.extendLease()})
-      INSERT INTO ${this.t}_artefacts (session_id, name, body) SELECT $1, $4, $5 FROM lease
-      ON CONFLICT (session_id, name) DO UPDATE SET body = EXCLUDED.body RETURNING ${SQL_NO_FSYNC}`,
-    [...this.writable('putArtefact'), name, JSON.stringify(text)])
-    if (rows.length !== 1) throw await this.locked('was taken over by')
-    this.unsynced = true
-    return `sql:${this.session}/${name}`
-  }
-
-  async getArtefact(ref: string): Promise<string> {
-    const prefix = `sql:${this.session}/`
-    const name = ref.startsWith(prefix) ? ref.slice(prefix.length) : undefined
-    const rows = name === undefined ? [] : await this.run(`reading artefact ${name}`,
-      `SELECT body FROM ${this.t}_artefacts WHERE session_id = $1 AND name = $2`, [this.session, name])
-    if (rows.length === 1) return JSON.parse(rows[0].body)
-    throw new SessionError('STORE', `no artefact ${ref} in SQL session ${JSON.stringify(this.session)} `
-      + `(references look like ${prefix}NAME)`)
-  }
-
-  /**
-   * Makes every write so far durable: one statement that extends the lease and waits for the WAL's
-   * fsync, which covers every earlier commit; none when nothing was written since the last one.
-   */
-  async sync(): Promise<void> {
-    if (!this.unsynced || this.token === undefined) return
-    if ((await this.run('syncing', this.extendLease(), this.writable('sync'))).length !== 1) {
-      throw await this.locked('was taken over by')
-    }
-    this.unsynced = false
-  }
-
-  /** Gives the lease back (its token stays, so a fenced-off writer stays fenced off); a failed close can be retried. */
-  async close(): Promise<void> {
-    if (this.token === undefined || this.readOnly) return
-    await this.run('giving the lease back', `UPDATE ${this.t}_leases SET expires_ms = 0
-      WHERE session_id = $1 AND token = $2::bigint`, [this.session, this.token])
-    this.token = undefined
   }
 }
 
@@ -5560,8 +5211,8 @@ async function spillToolResult(message: ToolResultMessage, store: LogStore, spil
 // 7. Stream out — the surface to a request body, and the adapter
 // ═══════════════════════════════════════
 
-// The only part of dsh.ts that talks to a model, in two wire formats (OpenAI chat completions and
-// Anthropic Messages), each a WireFormat: a body writer (7.1, 7.2) and an event mapper into section 2's
+// The only part of dsh.ts that talks to a model. A wire format is a WireFormat: a body writer (7.1 for
+// OpenAI chat completions; section 14 holds Anthropic Messages) and an event mapper into section 2's
 // reply assembler. The adapter (7.3) POSTs with stream: true, reads the reply through section 2 and
 // retries the transient failures. Web standards only (fetch, streams, TextDecoder, AbortController).
 
@@ -5573,14 +5224,6 @@ const DEEPSEEK_BASE_URL = 'https://api.deepseek.com'
 const DEEPSEEK_DEFAULT_MODEL = 'deepseek-flash'
 /** The environment variable {@link deepseek} reads the API key from when no `apiKey` is given. */
 const DEEPSEEK_API_KEY_ENV = 'DEEPSEEK_API_KEY'
-/** Anthropic's API root (docs.anthropic.com): {@link anthropic} POSTs to `{baseURL}/v1/messages`. */
-const ANTHROPIC_BASE_URL = 'https://api.anthropic.com'
-/** Read by {@link anthropic} when no key is given, and sent only to Anthropic's own host. */
-const ANTHROPIC_API_KEY_ENV = 'ANTHROPIC_API_KEY'
-/** The `anthropic-version` header every Messages request carries. */
-const ANTHROPIC_VERSION = '2023-06-01'
-/** `cache_control` breakpoints one Messages request may carry (Anthropic's limit). */
-const MAX_CACHE_BREAKPOINTS = 4
 /** Deadline of one `complete()` call, retries and backoff included: 1 hour; past it TIMEOUT, not retried. */
 const REQUEST_TIMEOUT_MS = 3_600_000
 /** Completion budget in tokens when neither the request nor the options set one (docs/design.md §6). */
@@ -5857,132 +5500,6 @@ function wireOrder(messages: readonly Message[]): readonly Message[] {
   return out
 }
 
-// ── 7.2 Messages on the wire (Anthropic Messages shape, docs/design.md §6) ──────
-
-type AnthropicBlock = Record<string, unknown>
-interface AnthropicMessage { role: 'user' | 'assistant'; content: AnthropicBlock[] }
-
-/** A text block as it is; an image (data: URL → base64 source, else a URL source); anything else as JSON text. */
-function anthropicPart(b: Block): AnthropicBlock {
-  if (b.type === 'text') return { type: 'text', text: (b as TextBlock).text }
-  const url = b.type === 'image' ? imageURLOf(b) : undefined
-  const data = url === undefined ? undefined : /^data:([^;,]+);base64,/.exec(url)
-  if (data) return { type: 'image', source: { type: 'base64', media_type: data[1], data: url!.slice(data[0].length) } }
-  if (url !== undefined) return { type: 'image', source: { type: 'url', url } }
-  return { type: 'text', text: describeBlock(b) }
-}
-
-/** Empty text blocks are refused by the format: left out. */
-const isSent = (b: AnthropicBlock): boolean => b.type !== 'text' || b.text !== ''
-
-/** A tool call's `input`: its arguments parsed when they are a JSON object, else `{}`. */
-function toolInput(args: string): unknown {
-  const value = args.trim() === '' ? undefined : parseJSONOrUndefined(args)
-  return isRecord(value) ? value : {}
-}
-
-/**
- * One message's content blocks: a tool result is a `tool_result` block (its images as image
- * blocks) of a user message; reasoning goes back as `thinking` only with its signature (a server
- * refuses unsigned thinking); a `redacted_thinking` block goes back as it came.
- */
-function anthropicContent(m: Message): AnthropicBlock[] {
-  if (m.role === 'tool') {
-    const content = m.content.map(anthropicPart).filter(isSent)
-    return [{ type: 'tool_result', tool_use_id: m.toolCallId, ...(content.length > 0 ? { content } : {}),
-      ...(m.isError ? { is_error: true } : {}) }]
-  }
-  if (m.role === 'user') {
-    return (typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : m.content.map(anthropicPart))
-      .filter(isSent)
-  }
-  const out: AnthropicBlock[] = []
-  for (const b of m.content) {
-    if (b.type === 'tool-call') {
-      const c = b as ToolCallBlock
-      out.push({ type: 'tool_use', id: c.id, name: c.name, input: toolInput(c.arguments) })
-    } else if (b.type === 'reasoning') {
-      const r = b as ReasoningBlock
-      if (r.signature) out.push({ type: 'thinking', thinking: r.text, signature: r.signature })
-    } else if (b.type === 'redacted_thinking') out.push(b)
-    else if (b.type === 'text' ? (b as TextBlock).text !== '' : true) out.push(anthropicPart(b))
-  }
-  return out
-}
-
-/** The messages in {@link wireOrder} as user / assistant turns; neighbours of one role are merged into one. */
-function anthropicMessages(messages: readonly Message[]): AnthropicMessage[] {
-  const out: AnthropicMessage[] = []
-  for (const m of wireOrder(messages)) {
-    const content = anthropicContent(m)
-    if (content.length === 0) continue
-    const role = m.role === 'assistant' ? 'assistant' : 'user'
-    const last = out[out.length - 1]
-    if (last?.role === role) last.content.push(...content)
-    else out.push({ role, content })
-  }
-  return out
-}
-
-/** What one Messages request sent, for the cache breakpoints of the next ones. */
-interface SentPrefix { envelope: string; keys: readonly string[]; marks: readonly number[] }
-
-/**
- * The messages that get a `cache_control` breakpoint (docs/design.md §6): the stable prefix is the
- * longest run of leading messages equal to those of one of the two requests sent before (a summary
- * request in between does not reset it); the breakpoints are the earlier ones still inside it (their
- * cache entries exist), its last message, and the request's last message (written for the next
- * request) — the newest {@link MAX_CACHE_BREAKPOINTS} − 1 of them; the envelope takes the other.
- */
-function cacheMarks(sent: SentPrefix[], envelope: string, keys: readonly string[]): number[] {
-  let stable = 0, best: SentPrefix | undefined
-  for (const s of sent) {
-    if (s.envelope !== envelope) continue
-    let i = 0
-    while (i < s.keys.length && i < keys.length && s.keys[i] === keys[i]) i++
-    if (best === undefined || i > stable) { best = s; stable = i }
-  }
-  const marks = new Set((best?.marks ?? []).filter((m) => m < stable))
-  if (stable > 0) marks.add(stable - 1)
-  if (keys.length > 0) marks.add(keys.length - 1)
-  const kept = [...marks].sort((a, b) => a - b).slice(-(MAX_CACHE_BREAKPOINTS - 1))
-  sent.unshift({ envelope, keys, marks: kept })
-  if (sent.length > 2) sent.length = 2
-  return kept
-}
-
-/** A message with a breakpoint on its last block that can carry one (not thinking); unchanged when none can. */
-function withCacheMark(m: AnthropicMessage): AnthropicMessage {
-  const at = m.content.findLastIndex((b) => b.type !== 'thinking' && b.type !== 'redacted_thinking')
-  if (at < 0) return m
-  const content = m.content.slice()
-  content[at] = { ...content[at], cache_control: { type: 'ephemeral' } }
-  return { role: m.role, content }
-}
-
-/**
- * A Messages request body (docs/design.md §6): extra body fields, model, tools (`input_schema`),
- * system (its own field), messages, then stream and max_tokens; with the cache breakpoints of
- * {@link cacheMarks}. Without `maxTokens` it is the body of `count_tokens` (no extras, stream,
- * budget nor breakpoints).
- */
-function anthropicBody(cfg: AdapterConfig, request: ChatRequest, maxTokens?: number): string {
-  const messages = anthropicMessages(request.messages)
-  const keys = messages.map(wireJSON)
-  const tools = (request.tools ?? []).map((t) => ({ name: t.name, ...(t.description !== undefined
-    ? { description: t.description } : {}), input_schema: schemaOf(t) }))
-  const envelope = wireJSON([request.system ?? '', tools])
-  const marks = maxTokens === undefined ? [] : cacheMarks(cfg.sent, envelope, keys)
-  const mark = maxTokens === undefined ? undefined : { cache_control: { type: 'ephemeral' } }
-  if (mark && tools.length > 0 && !request.system) tools[tools.length - 1] = { ...tools[tools.length - 1], ...mark }
-  const sent = (m: AnthropicMessage, i: number) => (marks.includes(i) ? wireJSON(withCacheMark(m)) : keys[i])
-  return bodyOf(maxTokens === undefined ? undefined : cfg.extraBody, [['model', wireJSON(cfg.model)],
-    ['tools', tools.length > 0 ? wireJSON(tools) : undefined],
-    ['system', request.system ? wireJSON([{ type: 'text', text: request.system, ...mark }]) : undefined],
-    ['messages', `[${messages.map(sent).join(',')}]`],
-    ['stream', maxTokens === undefined ? undefined : 'true'], ['max_tokens', maxTokens?.toString()]])
-}
-
 // ── 7.3 The adapter ──────────────────────────────
 
 /** Options of {@link openAICompatible}. Times in ms, budgets in tokens. */
@@ -6017,12 +5534,6 @@ export interface OpenAICompatibleOptions {
   prices?: Prices
 }
 
-/** Options of {@link anthropic}: those of {@link openAICompatible}, with a default `baseURL`. */
-export interface AnthropicOptions extends Omit<OpenAICompatibleOptions, 'baseURL'> {
-  /** Server root; the adapter POSTs to `{baseURL}/v1/messages`. Default `https://api.anthropic.com`. */
-  baseURL?: string
-}
-
 const OPTION_NAMES: readonly (keyof OpenAICompatibleOptions)[] = [
   'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'headers', 'fetch', 'extraBody', 'prices',
 ]
@@ -6053,8 +5564,8 @@ interface WireFormat {
 
 interface AdapterConfig extends Readonly<typeof adapterTuning> {
   format: WireFormat
-  /** The last two Messages requests' prefixes (cache breakpoints), newest first. */
-  sent: SentPrefix[]
+  /** What the format keeps of the requests sent, newest first (Anthropic's: their prefixes, for cache breakpoints). */
+  sent: unknown[]
   baseURL: string
   endpoint: string
   model: string
@@ -6237,27 +5748,6 @@ function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
 }
 
 /**
- * A {@link Provider} for the Anthropic Messages API (docs/design.md §6): Anthropic, and servers that
- * serve `/v1/messages` (DeepSeek's Anthropic endpoint, llama.cpp's server). The same contract,
- * options, limits and retries as {@link openAICompatible}; what differs is the wire: `system` as its
- * own field, tool calls as `tool_use` blocks and results as `tool_result` blocks (images in them as
- * image blocks), reasoning as `thinking` blocks kept in position with their signature, `stop_reason`
- * mapped to the finish reasons of chat completions (`end_turn` → `stop`, `tool_use` → `tool_calls`,
- * `max_tokens` → `length`, `refusal` → `content_filter`), usage with cache writes and reads
- * (`promptTokens` = input + cache writes + cache reads). dsh places the `cache_control` breakpoints
- * itself (at most 4: the envelope, and the stable prefix it finds by comparing with the requests sent
- * before); give `prices` a `cacheWriteInput` for Anthropic's price shape. `countTokens` asks
- * `/v1/messages/count_tokens`. The key goes as `x-api-key`: `apiKey`, else `apiKeyEnv`, else
- * `$ANTHROPIC_API_KEY`, which is read (and required) only for Anthropic's own host.
- * @throws TypeError for bad options (unknown keys, bad URL, missing key).
- */
-function anthropic(options: AnthropicOptions): Provider {
-  const host = new URL(ANTHROPIC_BASE_URL).hostname
-  return makeProvider('anthropic', options, () => ({ baseURL: ANTHROPIC_BASE_URL }), ANTHROPIC_FORMAT,
-    (h) => (h === host ? ANTHROPIC_API_KEY_ENV : undefined))
-}
-
-/**
  * How many retries a TRANSPORT error may get, by its cause's name, code or wording: none when no
  * retry can succeed ({@link FAIL_FAST_RE}), {@link CONNECT_FAILURE_RETRIES} for a refused connection
  * or a failed DNS lookup; otherwise `maxRetries`.
@@ -6415,24 +5905,6 @@ const OPENAI_FORMAT: WireFormat = {
   body: requestBody,
   event: openAIChunk,
   whole: openAIChunk,
-}
-
-const ANTHROPIC_FORMAT: WireFormat = {
-  path: '/v1/messages',
-  count: { path: '/v1/messages/count_tokens', body: (cfg, request) => anthropicBody(cfg, request) },
-  namedEvents: true,
-  authHeaders: (apiKey) => ({ 'anthropic-version': ANTHROPIC_VERSION, ...(apiKey === undefined ? {}
-    : { 'x-api-key': apiKey }) }),
-  body: anthropicBody,
-  event: anthropicEvent,
-  whole(acc, obj, data) {
-    if (!isRecord(obj)) throw acc.notAnObject(data)
-    if (obj.type === 'error' || (obj.error !== undefined && obj.error !== null)) {
-      throw inStreamError(acc.cfg, data, acc.requestId)
-    }
-    anthropicEvent(acc, { type: 'message_start', message: obj }, data)
-    if (Array.isArray(obj.content)) obj.content.forEach((b, i) => anthropicBlock(acc, i, b))
-  },
 }
 
 const REDIRECT_STATUSES: ReadonlySet<number> = new Set([301, 302, 303, 307, 308])
@@ -14652,4 +14124,557 @@ async function releaseLogLock(lockPath: string): Promise<void> {
   if (held > 1) { heldLogLocks.set(lockPath, held - 1); return }
   heldLogLocks.delete(lockPath)
   await (await importNode<typeof import('node:fs/promises')>('node:fs/promises')).unlink(lockPath).catch(() => {})
+}
+
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 13. SQL store — SqlLogStore, a session in PostgreSQL, one writer across machines (also in dist/dsh.mjs)
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// A store a session opts into (docs/design.md §4 "SQL store"), so it lives below the fence with the
+// file store; it needs no `node:` module and runs wherever `fetch` does (an HTTP driver such as Neon's).
+// Every write is ONE statement, so one transaction on any driver (a pool, an HTTP driver); a lease
+// row per session is checked and extended by each, with no renewal timer (edge workers keep none).
+
+export { SqlLogStore, SessionLockedError }
+
+
+/**
+ * Runs one SQL statement with `$1…$n` parameters; resolves with its rows, or with an object holding
+ * them as `rows` (pg, PGlite): `(sql, params) => pool.query(sql, params)`; postgres.js
+ * `(sql, params) => db.unsafe(sql, params)`; Neon `neon(url).query`.
+ */
+export type SqlQuery = (sql: string, params: unknown[]) => Promise<readonly unknown[] | { rows: readonly unknown[] }>
+
+/** Options of {@link SqlLogStore}. */
+export interface SqlLogStoreOptions {
+  query: SqlQuery
+  /** The session's key in the tables (a non-empty string; one log per key). */
+  session: string
+  /** Who holds the lease, named in refusals (default `worker-` + a random UUID). */
+  owner?: string
+  /** Lease length, ms (default 300,000: 5 min); longer than a worker's longest step. */
+  leaseMs?: number
+  /** Table name prefix: `PREFIX_events`, `PREFIX_artefacts`, `PREFIX_leases` (default `dsh`). */
+  tablePrefix?: string
+  /** Reads without taking the lease (e.g. to show a live session); writes are refused. */
+  readOnly?: boolean
+}
+
+/** The database's clock in ms since the epoch: one clock for every worker, whatever their skew. */
+const SQL_NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint'
+/** In a statement: its transaction commits without waiting for the WAL's fsync (a `sync` waits). */
+const SQL_NO_FSYNC = "set_config('synchronous_commit', 'off', true)"
+/** Events a session syncs right after (a step's or turn's end, an open): their batch waits for the fsync itself. */
+const SQL_SYNC_POINTS = new Set<string>(
+  ['step/end', 'turn/end', 'session/start', 'session/resume'] satisfies (keyof EventDataMap)[])
+
+/**
+ * A session another writer holds (`code` `'SESSION_LOCKED'`): its `owner`, until `expiresAtMs` (ms
+ * since the epoch, by the database's clock), and the lease's fencing `token`.
+ */
+class SessionLockedError extends SessionError {
+  declare readonly owner: string
+  declare readonly expiresAtMs: number
+  declare readonly token: number
+  constructor(message: string, lease: { owner: string; expiresAtMs: number; token: number }) {
+    super('SESSION_LOCKED', message)
+    this.name = 'SessionLockedError'
+    Object.assign(this, lease)
+  }
+}
+
+/**
+ * A {@link LogStore} in PostgreSQL through one {@link SqlQuery} function (pg, postgres.js, PGlite,
+ * Neon; no dependency). Tables, created on first use: `PREFIX_events (session_id, seq)` → type,
+ * time_ms, the event's JSON and a row version `v`; `PREFIX_artefacts (session_id, name)`;
+ * `PREFIX_leases (session_id)` → owner, token, expires_ms.
+ * - `load`/`scan` take the lease (a free or expired one; a takeover raises the token by one) or throw
+ *   {@link SessionLockedError}. Every write checks the token and extends the lease in its statement,
+ *   so a holder whose lease was taken over (paused, then revived) is refused, never interleaved.
+ *   `close` gives the lease back.
+ * - `append` (one flush of the session) is one statement; it commits without waiting for the WAL's
+ *   fsync unless its batch ends a step or a turn (the session syncs next). `sync` waits if anything
+ *   was written since: one fsync per step. An append whose previous seq is not stored (a database
+ *   that crashed before a sync lost it) is refused: no gap. A batch retried after a lost
+ *   acknowledgement finds its rows and succeeds; another event at a stored seq is refused.
+ * - Readable (see {@link LogStore.scan}): loads and reads back by seq ranges of 500 events, so a
+ *   Session on it keeps only its surface in memory.
+ * Errors: `SessionError('STORE')` for a failed query (the driver's error as `cause`) or a refused
+ * write, `'LOG_CORRUPT'` for rows that are not a contiguous log, {@link SessionLockedError}.
+ */
+class SqlLogStore implements LogStore {
+  readonly session: string
+  readonly owner: string
+  readonly leaseMs: number
+  readonly readOnly: boolean
+  /** The fencing token of the lease this store holds (undefined: none). */
+  token?: number
+  private readonly query: SqlQuery
+  private readonly t: string
+  private schema?: Promise<void>
+  /** Whether writes were committed since the last durable commit. */
+  private unsynced = false
+  constructor(options: SqlLogStoreOptions) {
+    const { query, session, owner, leaseMs = 300_000, tablePrefix = 'dsh', readOnly = false } = options
+    const bad = (what: string) => new TypeError(`SqlLogStore: ${what}`)
+    if (typeof query !== 'function') throw bad('query must be a function (sql, params) → rows')
+    if (typeof session !== 'string' || session === '') throw bad('session must be a non-empty string')
+    if (!isIntegerAtLeast(leaseMs, 1)) throw bad(`leaseMs must be an integer ≥ 1 ms, got ${shown(leaseMs)}`)
+    if (!/^[a-z_][a-z0-9_]{0,40}$/.test(tablePrefix)) {
+      throw bad(`tablePrefix ${JSON.stringify(tablePrefix)} must match [a-z_][a-z0-9_]{0,40}: it names tables`)
+    }
+    this.query = query
+    this.session = session
+    this.owner = owner ?? `worker-${crypto.randomUUID()}`
+    this.leaseMs = leaseMs
+    this.t = tablePrefix
+    this.readOnly = readOnly
+  }
+
+  /** Runs one statement; a failure is `SessionError('STORE')` naming what was being done. */
+  private async run(what: string, sql: string, params: unknown[] = []): Promise<any[]> {
+    try {
+      const result = await this.query(sql, params)
+      const rows = Array.isArray(result) ? result : (result as { rows?: unknown } | null)?.rows
+      if (!Array.isArray(rows)) throw new Error('the driver answered without rows (query must return rows or {rows})')
+      return rows
+    } catch (err) {
+      if (err instanceof SessionError) throw err
+      throw Object.assign(new SessionError('STORE', `SqlLogStore: ${what} of session ${JSON.stringify(this.session)} `
+        + `failed: ${(err as Error)?.message ?? err}; nothing of it was written (retry when the database answers)`),
+      { cause: err })
+    }
+  }
+
+  /** Creates the tables once per store (one statement; a racing creator's error is retried once). */
+  private ensureSchema(): Promise<void> {
+    const t = this.t
+    const sql = `DO $$ BEGIN
+      CREATE TABLE IF NOT EXISTS ${t}_events (session_id text NOT NULL, seq bigint NOT NULL, type text NOT NULL,
+        time_ms bigint NOT NULL, event text NOT NULL, v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, seq));
+      CREATE TABLE IF NOT EXISTS ${t}_artefacts (session_id text NOT NULL, name text NOT NULL, body text NOT NULL,
+        v smallint NOT NULL DEFAULT 1, PRIMARY KEY (session_id, name));
+      CREATE TABLE IF NOT EXISTS ${t}_leases (session_id text PRIMARY KEY, owner text NOT NULL, token bigint NOT NULL,
+        expires_ms bigint NOT NULL);
+    END $$`
+    this.schema ??= this.run('creating the tables', sql).catch(() => this.run('creating the tables', sql)).then(
+      () => {}, (err) => { this.schema = undefined; throw err })
+    return this.schema
+  }
+
+  /** Takes (or renews) the lease, durably; throws {@link SessionLockedError} when another's is live. */
+  private async acquire(): Promise<void> {
+    await this.ensureSchema()
+    if (this.readOnly) return
+    const rows = await this.run('taking the lease', `INSERT INTO ${this.t}_leases AS l
+      VALUES ($1, $2, 1, ${SQL_NOW_MS} + $3::bigint)
+      ON CONFLICT (session_id) DO UPDATE SET owner = EXCLUDED.owner, expires_ms = EXCLUDED.expires_ms,
+        token = CASE WHEN l.token = $4::bigint THEN l.token ELSE l.token + 1 END
+      WHERE l.expires_ms <= ${SQL_NOW_MS} OR l.token = $4::bigint RETURNING token`,
+    [this.session, this.owner, this.leaseMs, this.token ?? 0])
+    if (rows.length !== 1) throw await this.locked('is held by')
+    this.token = Number(rows[0].token)
+  }
+
+  /** The refusal naming the lease's current holder. */
+  private async locked(how: string): Promise<SessionLockedError> {
+    const [r = { owner: '(nobody)', token: 0, expires_ms: 0, now_ms: 0 }] = await this.run('reading the lease',
+      `SELECT owner, token, expires_ms, ${SQL_NOW_MS} AS now_ms FROM ${this.t}_leases WHERE session_id = $1`,
+      [this.session])
+    const lease = { owner: String(r.owner), token: Number(r.token), expiresAtMs: Number(r.expires_ms) }
+    const mine = this.token === undefined ? '' : ` (this store's token ${this.token} is fenced off: nothing written)`
+    return new SessionLockedError(`session ${JSON.stringify(this.session)} ${how} ${lease.owner}${mine}, lease `
+      + `token ${lease.token} until ${new Date(lease.expiresAtMs).toISOString()} (${Math.max(0, lease.expiresAtMs
+        - Number(r.now_ms))} ms from now); open it again after that, or once its owner closes it`, lease)
+  }
+
+  async load(): Promise<LoadedLog> {
+    const events: SessionEvent[] = []
+    return { ...await this.scan((e) => { events.push(e) }), events }
+  }
+
+  /** Takes the lease, then streams the log by seq ranges. */
+  async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
+    await this.acquire()
+    for await (const e of this.readEvents(0, Infinity)) onEvent(e)
+    return {}
+  }
+
+  async *readEvents(fromSeq: number, toSeq: number): AsyncGenerator<SessionEvent> {
+    await this.ensureSchema()
+    const where = `FROM ${this.t}_events WHERE session_id = $1 AND seq >= $2::bigint`
+    for (let next = Math.max(0, fromSeq); next < toSeq;) {
+      // A seq range, not `LIMIT`: the index scan then reads one page, whatever the planner's statistics.
+      const count = Math.min(500, toSeq - next)
+      const rows = await this.run('reading events', `SELECT seq, event ${where} AND seq < $2::bigint + $3::int
+        ORDER BY seq`, [this.session, next, count])
+      for (const row of rows) yield this.decode(row, next++)
+      if (rows.length === count) continue
+      // A short page is the end of the log, unless rows follow a gap (never written by this store).
+      const [end] = await this.run('reading events', `SELECT min(seq) AS seq ${where}`, [this.session, next])
+      if (end?.seq !== null && end?.seq !== undefined) this.decode({ seq: end.seq, event: 'null' }, next)
+      return
+    }
+  }
+
+  async readEvent(seq: number): Promise<SessionEvent> {
+    if (Number.isSafeInteger(seq) && seq >= 0) for await (const e of this.readEvents(seq, seq + 1)) return e
+    throw new SessionError('STORE', `no event with seq ${seq} in SQL session ${JSON.stringify(this.session)}`)
+  }
+
+  private decode(row: { seq: unknown; event: string }, expectedSeq: number): SessionEvent {
+    let e: SessionEvent | undefined
+    try { e = JSON.parse(row.event) } catch { /* reported below */ }
+    if (Number(row.seq) === expectedSeq && e?.seq === expectedSeq && typeof e.type === 'string') return e
+    throw new SessionError('LOG_CORRUPT', `SQL session ${JSON.stringify(this.session)}: row seq ${row.seq} where `
+      + `${expectedSeq} was expected, or its event is not a dsh event of that seq (events must be contiguous)`,
+    expectedSeq + 1)
+  }
+
+  /** `[session, token, leaseMs]`, the first parameters of every write; refuses without a lease. */
+  private writable(what: string): [string, number, number] {
+    const refuse = (why: string) => new SessionError('STORE', `SqlLogStore: ${what} refused: ${why}`)
+    if (this.readOnly) throw refuse(`session ${JSON.stringify(this.session)} was opened read-only`)
+    if (this.token === undefined) throw refuse('the store holds no lease: load() or scan() it first (that takes it)')
+    return [this.session, this.token, this.leaseMs]
+  }
+
+  /** The lease check and extension of every write (`$1` session, `$2` token, `$3` lease ms). */
+  private extendLease(): string {
+    return `UPDATE ${this.t}_leases SET expires_ms = ${SQL_NOW_MS} + $3::bigint
+      WHERE session_id = $1 AND token = $2::bigint RETURNING 1`
+  }
+
+  async append(events: readonly SessionEvent[]): Promise<void> {
+    if (events.length === 0) return
+    const texts = events.map((e) => JSON.stringify(e))
+    const time = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
+    const first = events[0].seq
+    const durable = events.some((e) => SQL_SYNC_POINTS.has(e.type)) // so the sync after it sends nothing
+    const [row] = await this.run(`appending ${events.length} event(s)`, `WITH lease AS (${this.extendLease()}),
+      prev AS (SELECT 1 WHERE $5::bigint = 0 OR EXISTS (SELECT 1 FROM ${this.t}_events
+        WHERE session_id = $1 AND seq = $5::bigint - 1)),
+      ins AS (INSERT INTO ${this.t}_events (session_id, seq, type, time_ms, event)
+        SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, prev, json_array_elements($4::json) r
+        ON CONFLICT (session_id, seq) DO NOTHING RETURNING 1)
+      SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM prev)::int AS follows,
+        (SELECT count(*) FROM ins)::int AS inserted${durable ? '' : `, ${SQL_NO_FSYNC}`}`,
+    [...this.writable('append'), JSON.stringify(events.map((e, i) => [e.seq, e.type, time(e), texts[i]])), first])
+    if (Number(row?.leased) !== 1) throw await this.locked('was taken over by')
+    const where = `seq ${first - 1} of session ${JSON.stringify(this.session)}`
+    if (Number(row.follows) !== 1) {
+      throw new SessionError('STORE', `SqlLogStore: ${where} is not in the database, so seq ${first}.. would leave a `
+        + 'gap: it lost events written since the last sync (a crash or a restore); nothing of this batch was '
+        + 'written; open the session again (it resumes at its last stored event)')
+    }
+    this.unsynced = !durable // a durable commit covers every earlier one (the WAL is one sequence)
+    if (Number(row.inserted) === events.length) return
+    // Some seqs were there: a retry of a batch whose commit was not acknowledged finds its own rows.
+    let i = 0
+    for await (const e of this.readEvents(first, events[events.length - 1].seq + 1)) {
+      if (JSON.stringify(e) === texts[i++]) continue
+      throw new SessionError('STORE', `SqlLogStore: seq ${e.seq} of session ${JSON.stringify(this.session)} already `
+        + `holds another event (${e.type}); nothing of this batch was written over it; open the session again`)
+    }
+  }
+
+  async putArtefact(name: string, text: string): Promise<string> {
+    // JSON text: a tool's output may hold NUL or lone surrogates, which PostgreSQL's text refuses.
+    const rows = await this.run(`storing artefact ${name}`, `WITH lease AS (${this.extendLease()})
+      INSERT INTO ${this.t}_artefacts (session_id, name, body) SELECT $1, $4, $5 FROM lease
+      ON CONFLICT (session_id, name) DO UPDATE SET body = EXCLUDED.body RETURNING ${SQL_NO_FSYNC}`,
+    [...this.writable('putArtefact'), name, JSON.stringify(text)])
+    if (rows.length !== 1) throw await this.locked('was taken over by')
+    this.unsynced = true
+    return `sql:${this.session}/${name}`
+  }
+
+  async getArtefact(ref: string): Promise<string> {
+    const prefix = `sql:${this.session}/`
+    const name = ref.startsWith(prefix) ? ref.slice(prefix.length) : undefined
+    const rows = name === undefined ? [] : await this.run(`reading artefact ${name}`,
+      `SELECT body FROM ${this.t}_artefacts WHERE session_id = $1 AND name = $2`, [this.session, name])
+    if (rows.length === 1) return JSON.parse(rows[0].body)
+    throw new SessionError('STORE', `no artefact ${ref} in SQL session ${JSON.stringify(this.session)} `
+      + `(references look like ${prefix}NAME)`)
+  }
+
+  /**
+   * Makes every write so far durable: one statement that extends the lease and waits for the WAL's
+   * fsync, which covers every earlier commit; none when nothing was written since the last one.
+   */
+  async sync(): Promise<void> {
+    if (!this.unsynced || this.token === undefined) return
+    if ((await this.run('syncing', this.extendLease(), this.writable('sync'))).length !== 1) {
+      throw await this.locked('was taken over by')
+    }
+    this.unsynced = false
+  }
+
+  /** Gives the lease back (its token stays, so a fenced-off writer stays fenced off); a failed close can be retried. */
+  async close(): Promise<void> {
+    if (this.token === undefined || this.readOnly) return
+    await this.run('giving the lease back', `UPDATE ${this.t}_leases SET expires_ms = 0
+      WHERE session_id = $1 AND token = $2::bigint`, [this.session, this.token])
+    this.token = undefined
+  }
+}
+
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// 14. Anthropic Messages — the second wire format, anthropic() (also in dist/dsh.mjs)
+// ════════════════════════════════════════════════════════════════════════════════════════════
+// A provider a session opts into (docs/design.md §6), so it lives below the fence. It is one
+// WireFormat (section 7.3): a body writer (14.1, with dsh's own cache breakpoints) and an event mapper
+// into section 2.3's reply assembler; the adapter, its retries and its errors are section 7's.
+
+export { anthropic }
+
+/** Anthropic's API root (docs.anthropic.com): {@link anthropic} POSTs to `{baseURL}/v1/messages`. */
+const ANTHROPIC_BASE_URL = 'https://api.anthropic.com'
+/** Read by {@link anthropic} when no key is given, and sent only to Anthropic's own host. */
+const ANTHROPIC_API_KEY_ENV = 'ANTHROPIC_API_KEY'
+/** The `anthropic-version` header every Messages request carries. */
+const ANTHROPIC_VERSION = '2023-06-01'
+/** `cache_control` breakpoints one Messages request may carry (Anthropic's limit). */
+const MAX_CACHE_BREAKPOINTS = 4
+
+/** Options of {@link anthropic}: those of {@link openAICompatible}, with a default `baseURL`. */
+export interface AnthropicOptions extends Omit<OpenAICompatibleOptions, 'baseURL'> {
+  /** Server root; the adapter POSTs to `{baseURL}/v1/messages`. Default `https://api.anthropic.com`. */
+  baseURL?: string
+}
+
+
+/**
+ * A {@link Provider} for the Anthropic Messages API (docs/design.md §6): Anthropic, and servers that
+ * serve `/v1/messages` (DeepSeek's Anthropic endpoint, llama.cpp's server). The same contract,
+ * options, limits and retries as {@link openAICompatible}; what differs is the wire: `system` as its
+ * own field, tool calls as `tool_use` blocks and results as `tool_result` blocks (images in them as
+ * image blocks), reasoning as `thinking` blocks kept in position with their signature, `stop_reason`
+ * mapped to the finish reasons of chat completions (`end_turn` → `stop`, `tool_use` → `tool_calls`,
+ * `max_tokens` → `length`, `refusal` → `content_filter`), usage with cache writes and reads
+ * (`promptTokens` = input + cache writes + cache reads). dsh places the `cache_control` breakpoints
+ * itself (at most 4: the envelope, and the stable prefix it finds by comparing with the requests sent
+ * before); give `prices` a `cacheWriteInput` for Anthropic's price shape. `countTokens` asks
+ * `/v1/messages/count_tokens`. The key goes as `x-api-key`: `apiKey`, else `apiKeyEnv`, else
+ * `$ANTHROPIC_API_KEY`, which is read (and required) only for Anthropic's own host.
+ * @throws TypeError for bad options (unknown keys, bad URL, missing key).
+ */
+function anthropic(options: AnthropicOptions): Provider {
+  const host = new URL(ANTHROPIC_BASE_URL).hostname
+  return makeProvider('anthropic', options, () => ({ baseURL: ANTHROPIC_BASE_URL }), ANTHROPIC_FORMAT,
+    (h) => (h === host ? ANTHROPIC_API_KEY_ENV : undefined))
+}
+
+
+const ANTHROPIC_FORMAT: WireFormat = {
+  path: '/v1/messages',
+  count: { path: '/v1/messages/count_tokens', body: (cfg, request) => anthropicBody(cfg, request) },
+  namedEvents: true,
+  authHeaders: (apiKey) => ({ 'anthropic-version': ANTHROPIC_VERSION, ...(apiKey === undefined ? {}
+    : { 'x-api-key': apiKey }) }),
+  body: anthropicBody,
+  event: anthropicEvent,
+  whole(acc, obj, data) {
+    if (!isRecord(obj)) throw acc.notAnObject(data)
+    if (obj.type === 'error' || (obj.error !== undefined && obj.error !== null)) {
+      throw inStreamError(acc.cfg, data, acc.requestId)
+    }
+    anthropicEvent(acc, { type: 'message_start', message: obj }, data)
+    if (Array.isArray(obj.content)) obj.content.forEach((b, i) => anthropicBlock(acc, i, b))
+  },
+}
+
+
+/** Anthropic's `stop_reason` → the finish reasons of chat completions (others pass as sent). */
+const STOP_REASONS: Readonly<Record<string, string>> = {
+  end_turn: 'stop', stop_sequence: 'stop', max_tokens: 'length', tool_use: 'tool_calls', refusal: 'content_filter',
+  model_context_window_exceeded: 'length',
+}
+
+/** One Messages stream event; true at `message_stop`. Throws the in-stream error it carries. */
+function anthropicEvent(acc: ReplyAssembler, obj: unknown, dataText: string): boolean {
+  if (!isRecord(obj)) throw acc.notAnObject(dataText)
+  const type = obj.type
+  if (type === 'content_block_delta') {
+    const d = isRecord(obj.delta) ? obj.delta : {}
+    const text = (v: unknown) => (typeof v === 'string' ? v : '')
+    if (d.type === 'text_delta') acc.add('text', text(d.text))
+    else if (d.type === 'thinking_delta') acc.add('reasoning', text(d.thinking))
+    else if (d.type === 'input_json_delta') acc.tool(Number(obj.index), undefined, undefined, text(d.partial_json))
+    else if (d.type === 'signature_delta') acc.sign(text(d.signature))
+  } else if (type === 'content_block_start') anthropicBlock(acc, Number(obj.index), obj.content_block)
+  else if (type === 'message_start' || type === 'message_delta') {
+    const m = type === 'message_start' ? (isRecord(obj.message) ? obj.message : {}) : obj
+    if (acc.responseId === undefined && typeof m.id === 'string' && m.id !== '') acc.responseId = m.id
+    const reason = isRecord(obj.delta) ? obj.delta.stop_reason : m.stop_reason
+    // own keys only: a stop_reason of "constructor" or "__proto__" is a string like any other
+    if (typeof reason === 'string' && reason !== '') {
+      acc.finishReason = Object.hasOwn(STOP_REASONS, reason) ? STOP_REASONS[reason] : reason
+    }
+    const u = anthropicUsage(acc, m.usage)
+    if (u) acc.setUsage(u)
+  } else if (type === 'message_stop') return true
+  else if (type === 'error' || (obj.error !== undefined && obj.error !== null)) {
+    throw inStreamError(acc.cfg, dataText, acc.requestId)
+  }
+  return false
+}
+
+/** A content block as it starts (streamed: empty; non-streamed: whole). */
+function anthropicBlock(acc: ReplyAssembler, index: number, b: unknown): void {
+  if (!isRecord(b)) return
+  acc.fresh = true
+  if (b.type === 'text') acc.add('text', typeof b.text === 'string' ? b.text : '')
+  else if (b.type === 'thinking') {
+    acc.add('reasoning', typeof b.thinking === 'string' ? b.thinking : '')
+    if (typeof b.signature === 'string') acc.sign(b.signature)
+  } else if (b.type === 'tool_use') {
+    const input = isRecord(b.input) && Object.keys(b.input).length > 0 ? JSON.stringify(b.input) : ''
+    acc.tool(index, typeof b.id === 'string' && b.id !== '' ? b.id : undefined,
+      typeof b.name === 'string' && b.name !== '' ? b.name : undefined, input)
+  } else if (typeof b.type === 'string' && b.type !== 'image') acc.keep(b as OtherBlock)
+}
+
+/** Usage from Anthropic's fields, merged over those seen before: prompt = input + cache writes + cache reads. */
+function anthropicUsage(acc: ReplyAssembler, u: unknown): Usage | undefined {
+  if (!isRecord(u)) return undefined
+  const w = acc.wireUsage
+  for (const key of ['input_tokens', 'cache_creation_input_tokens', 'cache_read_input_tokens', 'output_tokens']) {
+    const v = tokenCount(u[key])
+    if (v !== undefined) w[key] = v
+  }
+  const n = (key: string) => (w[key] as number | undefined) ?? 0
+  if (w.input_tokens === undefined && w.output_tokens === undefined) return undefined
+  const usage: Usage = { promptTokens: n('input_tokens') + n('cache_creation_input_tokens')
+    + n('cache_read_input_tokens'), completionTokens: n('output_tokens') }
+  if (w.cache_read_input_tokens !== undefined) usage.cachedTokens = n('cache_read_input_tokens')
+  if (w.cache_creation_input_tokens !== undefined) usage.cacheWriteTokens = n('cache_creation_input_tokens')
+  return usage
+}
+
+
+// ── 14.1 Messages on the wire (Anthropic Messages shape, docs/design.md §6) ──────
+
+type AnthropicBlock = Record<string, unknown>
+interface AnthropicMessage { role: 'user' | 'assistant'; content: AnthropicBlock[] }
+
+/** A text block as it is; an image (data: URL → base64 source, else a URL source); anything else as JSON text. */
+function anthropicPart(b: Block): AnthropicBlock {
+  if (b.type === 'text') return { type: 'text', text: (b as TextBlock).text }
+  const url = b.type === 'image' ? imageURLOf(b) : undefined
+  const data = url === undefined ? undefined : /^data:([^;,]+);base64,/.exec(url)
+  if (data) return { type: 'image', source: { type: 'base64', media_type: data[1], data: url!.slice(data[0].length) } }
+  if (url !== undefined) return { type: 'image', source: { type: 'url', url } }
+  return { type: 'text', text: describeBlock(b) }
+}
+
+/** Empty text blocks are refused by the format: left out. */
+const isSent = (b: AnthropicBlock): boolean => b.type !== 'text' || b.text !== ''
+
+/** A tool call's `input`: its arguments parsed when they are a JSON object, else `{}`. */
+function toolInput(args: string): unknown {
+  const value = args.trim() === '' ? undefined : parseJSONOrUndefined(args)
+  return isRecord(value) ? value : {}
+}
+
+/**
+ * One message's content blocks: a tool result is a `tool_result` block (its images as image
+ * blocks) of a user message; reasoning goes back as `thinking` only with its signature (a server
+ * refuses unsigned thinking); a `redacted_thinking` block goes back as it came.
+ */
+function anthropicContent(m: Message): AnthropicBlock[] {
+  if (m.role === 'tool') {
+    const content = m.content.map(anthropicPart).filter(isSent)
+    return [{ type: 'tool_result', tool_use_id: m.toolCallId, ...(content.length > 0 ? { content } : {}),
+      ...(m.isError ? { is_error: true } : {}) }]
+  }
+  if (m.role === 'user') {
+    return (typeof m.content === 'string' ? [{ type: 'text', text: m.content }] : m.content.map(anthropicPart))
+      .filter(isSent)
+  }
+  const out: AnthropicBlock[] = []
+  for (const b of m.content) {
+    if (b.type === 'tool-call') {
+      const c = b as ToolCallBlock
+      out.push({ type: 'tool_use', id: c.id, name: c.name, input: toolInput(c.arguments) })
+    } else if (b.type === 'reasoning') {
+      const r = b as ReasoningBlock
+      if (r.signature) out.push({ type: 'thinking', thinking: r.text, signature: r.signature })
+    } else if (b.type === 'redacted_thinking') out.push(b)
+    else if (b.type === 'text' ? (b as TextBlock).text !== '' : true) out.push(anthropicPart(b))
+  }
+  return out
+}
+
+/** The messages in {@link wireOrder} as user / assistant turns; neighbours of one role are merged into one. */
+function anthropicMessages(messages: readonly Message[]): AnthropicMessage[] {
+  const out: AnthropicMessage[] = []
+  for (const m of wireOrder(messages)) {
+    const content = anthropicContent(m)
+    if (content.length === 0) continue
+    const role = m.role === 'assistant' ? 'assistant' : 'user'
+    const last = out[out.length - 1]
+    if (last?.role === role) last.content.push(...content)
+    else out.push({ role, content })
+  }
+  return out
+}
+
+/** What one Messages request sent, for the cache breakpoints of the next ones. */
+interface SentPrefix { envelope: string; keys: readonly string[]; marks: readonly number[] }
+
+/**
+ * The messages that get a `cache_control` breakpoint (docs/design.md §6): the stable prefix is the
+ * longest run of leading messages equal to those of one of the two requests sent before (a summary
+ * request in between does not reset it); the breakpoints are the earlier ones still inside it (their
+ * cache entries exist), its last message, and the request's last message (written for the next
+ * request) — the newest {@link MAX_CACHE_BREAKPOINTS} − 1 of them; the envelope takes the other.
+ */
+function cacheMarks(sent: SentPrefix[], envelope: string, keys: readonly string[]): number[] {
+  let stable = 0, best: SentPrefix | undefined
+  for (const s of sent) {
+    if (s.envelope !== envelope) continue
+    let i = 0
+    while (i < s.keys.length && i < keys.length && s.keys[i] === keys[i]) i++
+    if (best === undefined || i > stable) { best = s; stable = i }
+  }
+  const marks = new Set((best?.marks ?? []).filter((m) => m < stable))
+  if (stable > 0) marks.add(stable - 1)
+  if (keys.length > 0) marks.add(keys.length - 1)
+  const kept = [...marks].sort((a, b) => a - b).slice(-(MAX_CACHE_BREAKPOINTS - 1))
+  sent.unshift({ envelope, keys, marks: kept })
+  if (sent.length > 2) sent.length = 2
+  return kept
+}
+
+/** A message with a breakpoint on its last block that can carry one (not thinking); unchanged when none can. */
+function withCacheMark(m: AnthropicMessage): AnthropicMessage {
+  const at = m.content.findLastIndex((b) => b.type !== 'thinking' && b.type !== 'redacted_thinking')
+  if (at < 0) return m
+  const content = m.content.slice()
+  content[at] = { ...content[at], cache_control: { type: 'ephemeral' } }
+  return { role: m.role, content }
+}
+
+/**
+ * A Messages request body (docs/design.md §6): extra body fields, model, tools (`input_schema`),
+ * system (its own field), messages, then stream and max_tokens; with the cache breakpoints of
+ * {@link cacheMarks}. Without `maxTokens` it is the body of `count_tokens` (no extras, stream,
+ * budget nor breakpoints).
+ */
+function anthropicBody(cfg: AdapterConfig, request: ChatRequest, maxTokens?: number): string {
+  const messages = anthropicMessages(request.messages)
+  const keys = messages.map(wireJSON)
+  const tools = (request.tools ?? []).map((t) => ({ name: t.name, ...(t.description !== undefined
+    ? { description: t.description } : {}), input_schema: schemaOf(t) }))
+  const envelope = wireJSON([request.system ?? '', tools])
+  const marks = maxTokens === undefined ? [] : cacheMarks(cfg.sent as SentPrefix[], envelope, keys)
+  const mark = maxTokens === undefined ? undefined : { cache_control: { type: 'ephemeral' } }
+  if (mark && tools.length > 0 && !request.system) tools[tools.length - 1] = { ...tools[tools.length - 1], ...mark }
+  const sent = (m: AnthropicMessage, i: number) => (marks.includes(i) ? wireJSON(withCacheMark(m)) : keys[i])
+  return bodyOf(maxTokens === undefined ? undefined : cfg.extraBody, [['model', wireJSON(cfg.model)],
+    ['tools', tools.length > 0 ? wireJSON(tools) : undefined],
+    ['system', request.system ? wireJSON([{ type: 'text', text: request.system, ...mark }]) : undefined],
+    ['messages', `[${messages.map(sent).join(',')}]`],
+    ['stream', maxTokens === undefined ? undefined : 'true'], ['max_tokens', maxTokens?.toString()]])
 }

@@ -158,7 +158,7 @@ const noStoreBuild = runBuild('--entry', noStore.entry, '--outdir', noStore.outd
 test('a name of the rest of Part II in the file store section fails the build, with the line and what to do; so does a missing section', async () => {
   const r = await storeCrossingBuild
   assert.equal(r.code, 1, `build exited ${r.code}:\n${r.stdout}${r.stderr}`)
-  assert.match(r.stderr, /The file store section names the rest of Part II/)
+  assert.match(r.stderr, /The runtime's sections of Part II \(the file store to the end\) name the rest of Part II/)
   const line = readFileSync(storeCrossing.entry, 'utf8').split('\n').findIndex((l) => l.includes('helpWidth')) + 1
   assert.match(r.stderr, new RegExp(`dsh\\.ts\\(${line},\\d+\\): error TS2304: Cannot find name 'cliHelp'`))
   assert.equal(existsSync(storeCrossing.outdir), false, 'no half-built dist is left behind')

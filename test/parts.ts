@@ -19,9 +19,9 @@ const valueExports = (text: string): string[] => [
 export const PART_ONE_EXPORTS: readonly string[] = valueExports(SOURCE.slice(0, FENCE_AT))
 /** Value exports declared below the fence (Part II: tools, replay, CLI), sorted. */
 export const PART_TWO_EXPORTS: readonly string[] = valueExports(SOURCE.slice(FENCE_AT))
-/** The one section of Part II that the runtime bundle (dist/dsh.mjs) carries, and the names it exports there. */
-export const RUNTIME_SECTION_EXPORTS: readonly string[] = ['FileStore']
-/** Value exports of the runtime bundle, dist/dsh.mjs: Part I's plus the file store's, sorted. */
+/** The sections of Part II that the runtime bundle (dist/dsh.mjs) carries (12–14), and the names they export, sorted. */
+export const RUNTIME_SECTION_EXPORTS: readonly string[] = ['FileStore', 'SessionLockedError', 'SqlLogStore', 'anthropic']
+/** Value exports of the runtime bundle, dist/dsh.mjs: Part I's plus those sections', sorted. */
 export const RUNTIME_EXPORTS: readonly string[] = [...PART_ONE_EXPORTS, ...RUNTIME_SECTION_EXPORTS].sort()
 /** The 1-based line of the fence in dsh.ts. */
 export const FENCE_LINE = SOURCE.slice(0, FENCE_AT).split('\n').length
