@@ -42,12 +42,12 @@
  * OPTIONS AND DEFAULTS (docs/design.md; all overridable per Agent / provider)
  *   pruner     DEFAULT_PRUNE_CONFIG        prune tool results over 8,192 code points to
  *                                          head 4,096 + marker (39) + tail 1,024 code points
- *   ladder     DEFAULT_COMPACTION_CONFIG   threshold 0.8 × window, retained tail 0.16 × window,
- *                                          summary max 8,192 tokens, auto on, clear rung on;
- *                                          constants: 1 compaction and 1 overflow retry, spill over
+ *   ladder     DEFAULT_COMPACTION_CONFIG   threshold 0.8 × window, auto on, clear rung on;
+ *                                          constants: retained tail 0.16 × window, summary max 8,192
+ *                                          tokens, 1 compaction and 1 overflow retry, spill over
  *                                          256 KiB, clear down to 0.6 × window, newest 0.2 kept; `recall` tool
  *                                          offered once content is shadowed (recall: false = off);
- *                                          net-cost gate on where prices are known (gate: false = off)
+ *                                          the net-cost gate acts where prices are known
  *   provider   openAICompatible / deepseek max_tokens 32,768 (clamped to the window), 5 retries
  *              / anthropic                 500 ms → 10 s, idle timeout 300 s, a call's deadline 1 h;
  *                                          prices: DEEPSEEK_PRICES for deepseek(), none otherwise
@@ -285,12 +285,43 @@ function plainFields(what: string, value: unknown, expected = 'a plain object',
   return fields.filter(([, v]) => v !== undefined)
 }
 
-/** `config` over `defaults` (undefined values skipped). Throws {@link ConfigError} for a non-object, an unknown key. */
-function withDefaults<T extends object>(where: string, config: unknown, defaults: Readonly<T>): T {
+/**
+ * Options of earlier releases that are gone, by where they were given, and what to do instead (CHANGELOG.md):
+ * a ConfigError says so rather than ignore them or call them unknown.
+ */
+const REMOVED_OPTIONS: Readonly<Record<'agent' | 'compaction' | 'provider', Readonly<Record<string, string>>>> = {
+  agent: {
+    contextWindow: "moved; use the provider's contextWindow (openAICompatible({ contextWindow }) or "
+      + '{ ...provider, contextWindow })',
+    maxTokens: "moved; use the provider's maxTokens (openAICompatible({ maxTokens }), or { ...provider, maxTokens })",
+    instructions: 'moved; use system: append them to the system prompt',
+  },
+  compaction: {
+    retainedTailRatio: 'was removed: a compaction keeps the newest floor(window × 0.16) tokens (docs/design.md §5)',
+    summaryMaxTokens: "was removed: a summary request's budget is at most 8,192 tokens (docs/design.md §5)",
+    gate: 'was removed: the net-cost gate acts where the provider has prices (docs/design.md §11)',
+  },
+  provider: { apiKeyEnv: 'was removed; pass apiKey, read from the environment yourself (apiKey: process.env.NAME)' },
+}
+
+/** The error for the option `key` given to `where`, if `removed` (a part of {@link REMOVED_OPTIONS}) has it. */
+function removedOption(removed: Readonly<Record<string, string>>, where: string, key: string): ConfigError | undefined {
+  return Object.hasOwn(removed, key) ? new ConfigError(`${where}: the option ${key} ${removed[key]}`) : undefined
+}
+
+/**
+ * `config` over `defaults` (undefined values skipped). Throws {@link ConfigError} for a non-object, an unknown key
+ * (one that `removed` holds says what to do instead).
+ */
+function withDefaults<T extends object>(where: string, config: unknown, defaults: Readonly<T>,
+  removed: Readonly<Record<string, string>> = {}): T {
   const known = Object.keys(defaults)
   const full: Record<string, unknown> = { ...defaults }
   for (const [key, value] of plainFields(where, config, 'an object', ConfigError)) {
-    if (!known.includes(key)) throw new ConfigError(`${where}: unknown key "${key}" (known: ${known.join(', ')})`)
+    if (!known.includes(key)) {
+      throw removedOption(removed, where, key)
+        ?? new ConfigError(`${where}: unknown key "${key}" (known: ${known.join(', ')})`)
+    }
     full[key] = value
   }
   return full as T
@@ -1026,8 +1057,7 @@ const ERROR_HINTS: Readonly<Record<ProviderErrorCode, string>> = {
     + 'or lower maxTokens.',
   RATE_LIMIT: 'Rate limited: wait, send fewer or smaller requests, or raise the account limits.',
   QUOTA: 'The account has no balance or quota left: top it up or use another API key.',
-  AUTH: 'Check the API key and its permissions (option apiKey, or the environment variable named by apiKeyEnv; CLI: '
-    + '--api-key-env NAME).',
+  AUTH: 'Check the API key and its permissions (option apiKey; CLI: --api-key-env NAME).',
   INVALID_REQUEST: 'The server rejected the request; the body above names the field.',
   SERVER: 'The server failed; try again later.',
   TRANSPORT: 'Check the network and baseURL.',
@@ -3332,30 +3362,42 @@ function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfi
 // here plus one line in Ladder.relievePressure (and Ladder.recoverOverflow if it helps there).
 
 /**
- * Ladder settings (docs/design.md §§5, 10). Ratios are of the context window; token counts are tokens.
+ * The ladder's options (docs/design.md §§5, 10). Ratios are of the context window.
  * - `thresholdRatio` 0.8: pressure starts at `floor(window × 0.8)` tokens.
- * - `retainedTailRatio` 0.16: a pressure compaction keeps the newest `floor(window × 0.16)` tokens verbatim.
- * - `summaryMaxTokens` 8192: cap on a summary request's completion budget; the budget is
- *   `min(summaryMaxTokens, max(512, floor(regionTokens / 2)))`, clamped to the room left.
  * - `auto` true: the Agent runs the ladder itself; false disables pressure and overflow handling.
  * - `clear` true: the clear rung (old tool results → one-line placeholders, no model call).
- * - `gate` true: the net-cost gate (docs/design.md §11) — with known prices, an edit below the threshold is
- *   made only when it pays back within the requests expected, and at pressure the clear rung takes the
- *   protected results too when that is cheaper than a summary; false: the ladder as without prices.
  */
 export interface CompactionConfig {
   thresholdRatio: number
-  retainedTailRatio: number
-  summaryMaxTokens: number
   auto: boolean
   clear: boolean
-  gate: boolean
 }
 
 /** The defaults of docs/design.md §§5, 10. */
 const DEFAULT_COMPACTION_CONFIG: Readonly<CompactionConfig> = /* @__PURE__ */ Object.freeze({
-  thresholdRatio: 0.8, retainedTailRatio: 0.16, summaryMaxTokens: 8192, auto: true, clear: true, gate: true,
+  thresholdRatio: 0.8, auto: true, clear: true,
 })
+
+/** A pressure compaction keeps the newest `floor(window × 0.16)` tokens verbatim (docs/design.md §5). */
+const RETAINED_TAIL_RATIO = 0.16
+/** Cap on a summary request's completion budget, tokens; see {@link summaryMaxTokens} (docs/design.md §5). */
+const SUMMARY_MAX_TOKENS = 8192
+
+/**
+ * The ladder's configuration as it runs: the options over their defaults, and the constants a user does not
+ * set. `gate`: the net-cost gate (docs/design.md §11), which acts where prices are known — below the threshold
+ * an edit is made only when it pays back within the requests expected, and at pressure the clear rung takes the
+ * protected results too when that is cheaper than a summary. Benchmarks and tests turn it off, or change the
+ * other two, through the one test seam (`internals.tuning.ladder`), read when an Agent is made.
+ */
+export interface LadderConfig extends CompactionConfig {
+  readonly retainedTailRatio: number
+  readonly summaryMaxTokens: number
+  readonly gate: boolean
+}
+
+/** The ladder's test seam (`internals.tuning.ladder`, docs/design.md §14): the constants above. */
+const ladderTuning = { retainedTailRatio: RETAINED_TAIL_RATIO, summaryMaxTokens: SUMMARY_MAX_TOKENS, gate: true }
 
 /** Extra summary attempts under pressure (docs/design.md §5). */
 const COMPACTION_RETRIES = 1
@@ -3375,28 +3417,17 @@ const reliefRatio = (cfg: CompactionConfig) =>
 /** The newest tool results worth `floor(window × 0.2)` tokens (and always the newest step's) are never cleared. */
 const PROTECTED_RATIO = 0.2
 
-/** Each ratio's range, `[` / `(` closed or open as in the message; the rest are integers ≥ `min` or booleans. */
-const COMPACTION_RATIOS = { thresholdRatio: '(0, 1]', retainedTailRatio: '[0, 1)' } as const
-const COMPACTION_INTEGERS = { summaryMaxTokens: [1, 'tokens'] } as const
-
 /** The full ladder configuration; throws {@link ConfigError} for bad keys or values. */
-function resolveCompactionConfig(config?: Partial<CompactionConfig>): CompactionConfig {
-  if (config === undefined) return { ...DEFAULT_COMPACTION_CONFIG }
-  const full = withDefaults('compaction config', config, DEFAULT_COMPACTION_CONFIG)
-  for (const [key, range] of Object.entries(COMPACTION_RATIOS)) {
-    const v = full[key as keyof typeof COMPACTION_RATIOS]
-    const inRange = typeof v === 'number' && (range[0] === '(' ? v > 0 : v >= 0) && (range[5] === ']' ? v <= 1 : v < 1)
-    if (!inRange)
-      throw configError(`compaction config: ${key}`, `a number in ${range} (a share of the context window)`, v)
-  }
-  for (const [key, [min, unit]] of Object.entries(COMPACTION_INTEGERS)) {
-    const v = full[key as keyof typeof COMPACTION_INTEGERS]
-    if (!isIntegerAtLeast(v, min)) throw configError(`compaction config: ${key}`, `an integer ≥ ${min} (${unit})`, v)
-  }
-  for (const key of ['auto', 'clear', 'gate'] as const) {
+function resolveCompactionConfig(config?: Partial<CompactionConfig>): LadderConfig {
+  const full = config === undefined ? { ...DEFAULT_COMPACTION_CONFIG }
+    : withDefaults('compaction config', config, DEFAULT_COMPACTION_CONFIG, REMOVED_OPTIONS.compaction)
+  const v = full.thresholdRatio
+  if (!(typeof v === 'number' && v > 0 && v <= 1))
+    throw configError('compaction config: thresholdRatio', 'a number in (0, 1] (a share of the context window)', v)
+  for (const key of ['auto', 'clear'] as const) {
     if (typeof full[key] !== 'boolean') throw configError(`compaction config: ${key}`, 'true or false', full[key])
   }
-  return full
+  return { ...full, ...ladderTuning }
 }
 
 /** The one-line preamble in front of a summary checkpoint (docs/design.md §4 "Projection"). */
@@ -3808,7 +3839,7 @@ export interface LadderSettings {
   /** Context window of the conversation model, tokens; undefined when unknown. */
   readonly contextWindow?: number
   /** A resolved configuration (defaults filled in). */
-  readonly compaction: CompactionConfig
+  readonly compaction: LadderConfig
   readonly prune: PruneConfig
   /** Replaces the default summary instruction (a non-empty string). */
   readonly summaryInstruction?: string
@@ -3889,7 +3920,7 @@ interface LadderBatch { ops: LadderOp[]; onlyIfAtLeast?: number; stopAtOrBelow?:
 interface LadderView {
   readonly session: Session
   readonly prune: PruneConfig
-  readonly compaction: CompactionConfig
+  readonly compaction: LadderConfig
   /** Context window, tokens; undefined when unknown. */
   readonly window?: number
   /** The threshold of this ladder run, tokens. */
@@ -4144,7 +4175,7 @@ const REPLAN_SHRINK = 0.7
 const SUMMARY_TOOLS_MAX_RATIO = 0.1
 
 /** The completion budget of a summary request (docs/design.md §10), scaled by `keptShare` (§5 "Room"). */
-function summaryMaxTokens(regionTokens: number, config: Pick<CompactionConfig, 'summaryMaxTokens'>,
+function summaryMaxTokens(regionTokens: number, config: Pick<LadderConfig, 'summaryMaxTokens'>,
   roomTokens = Infinity, keptShare = 1): number {
   const budget = Math.min(config.summaryMaxTokens, Math.max(512, Math.floor(regionTokens / 2)))
   return Math.max(1, Math.min(Math.floor(budget * keptShare), roomTokens))
@@ -4816,12 +4847,12 @@ const netEditUSD = (prices: Prices, e: EditModel, requests: number) =>
 interface Gate { prices: Prices; requests: number }
 
 /**
- * The gate of a session now, or undefined when it is off (`gate: false`) or the prices are unknown. The requests it
- * expects before the session ends or its cache expires (docs/design.md §11; at least 1): the current turn as long as
- * the completed ones on average, or as long again as it has been, and no more than the pace since `watch` (its start,
- * ms, and the requests then) fits into the cache's lifetime.
+ * The gate of a session now, or undefined when it is off (the test seam's `gate: false`) or the prices are unknown.
+ * The requests it expects before the session ends or its cache expires (docs/design.md §11; at least 1): the current
+ * turn as long as the completed ones on average, or as long again as it has been, and no more than the pace since
+ * `watch` (its start, ms, and the requests then) fits into the cache's lifetime.
  */
-function gateOf(session: Session, cfg: CompactionConfig, watch: { ms: number; requests: number }): Gate | undefined {
+function gateOf(session: Session, cfg: LadderConfig, watch: { ms: number; requests: number }): Gate | undefined {
   const prices = session.measure().header?.prices
   if (!cfg.gate || !prices) return undefined
   const requests = session.cost.usage().conversation.requests, t = stateOf(session).turn, now = t.open ? t.step : 0
@@ -4888,7 +4919,7 @@ function summaryCacheRead(host: CompactionHost, region: Region): SummaryCacheRea
 interface SummaryCacheRead { lead: readonly Message[]; reads: boolean }
 
 /** The model of a summary of `region` (docs/design.md §11): its request reads the cache through `lead`, if any. */
-function summaryModel(session: Session, region: Region, cfg: CompactionConfig, prices: Prices,
+function summaryModel(session: Session, region: Region, cfg: LadderConfig, prices: Prices,
   { lead, reads }: SummaryCacheRead, window?: number): EditModel {
   const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
   const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests)
@@ -5506,11 +5537,11 @@ function wireOrder(messages: readonly Message[]): readonly Message[] {
 export interface OpenAICompatibleOptions {
   /** Server root; the adapter POSTs to `{baseURL}/chat/completions`. E.g. `https://api.openai.com/v1`. */
   baseURL: string
-  /** Sent as `Authorization: Bearer …`. Takes precedence over `apiKeyEnv`. Never appears in errors. */
+  /**
+   * Sent as `Authorization: Bearer …`; never appears in errors. A key in the environment is passed as read there
+   * (`apiKey: process.env.OPENAI_API_KEY`, Deno's `Deno.env.get(…)`, a Worker's `env` binding).
+   */
   apiKey?: string
-  /** Name of an environment variable holding the key (read once, guarded: absent or denied env is an error naming it).
-   *  */
-  apiKeyEnv?: string
   /** Model name sent as `model`. */
   model: string
   /** Context window in tokens. Default: {@link KNOWN_MODELS}, else unknown (no clamping, no preflight). */
@@ -5535,12 +5566,12 @@ export interface OpenAICompatibleOptions {
 }
 
 const OPTION_NAMES: readonly (keyof OpenAICompatibleOptions)[] = [
-  'baseURL', 'apiKey', 'apiKeyEnv', 'model', 'contextWindow', 'maxTokens', 'headers', 'fetch', 'extraBody', 'prices',
+  'baseURL', 'apiKey', 'model', 'contextWindow', 'maxTokens', 'headers', 'fetch', 'extraBody', 'prices',
 ]
 
 /**
- * The adapter's times, retries and message cap: the constants above, read when a provider is made. The one test
- * seam of section 7 (`internals.adapterTuning`): a test sets a field, makes its provider, and sets it back.
+ * The adapter's times, retries and message cap: the constants above, read when a provider is made. Its test seam
+ * (`internals.tuning.adapter`, docs/design.md §14): a test sets a field, makes its provider, and sets it back.
  */
 const adapterTuning = { idleTimeoutMs: IDLE_TIMEOUT_MS, requestTimeoutMs: REQUEST_TIMEOUT_MS, maxRetries: MAX_RETRIES,
   retryBaseMs: RETRY_BASE_MS, retryMaxMs: RETRY_MAX_MS, maxMessageBytes: MAX_MESSAGE_BYTES, sleep: sleepMs }
@@ -5625,7 +5656,7 @@ function positiveInteger(fn: string, name: string, value: unknown, allowZero = f
 /**
  * A provider from the options of `fn` over `defaults` (of the options given; an undefined value keeps the default):
  * a plain object of known keys, an absolute http(s) `baseURL`, a `model`; the API key from `apiKey`, else the
- * variable named by `apiKeyEnv`, else by `keyEnv(host)` (then required). `check` sees the URL and whether the caller
+ * variable named by `keyEnv(host)` (then required). `check` sees the URL and whether the caller
  * named a key. Throws TypeError naming the option and the fix.
  */
 function makeProvider(fn: string, options: unknown,
@@ -5636,8 +5667,9 @@ function makeProvider(fn: string, options: unknown,
     'a plain object of options'))
   for (const key of Object.keys(given)) {
     if (!OPTION_NAMES.includes(key as keyof OpenAICompatibleOptions)) {
-      throw new TypeError(`${fn}: unknown option "${key}"; known options: ${OPTION_NAMES.join(', ')} (a field of the `
-        + `server's API, e.g. thinking or reasoning_effort, goes in extraBody)`)
+      throw removedOption(REMOVED_OPTIONS.provider, fn, key) ?? new TypeError(`${fn}: unknown option "${key}"; `
+        + `known options: ${OPTION_NAMES.join(', ')} (a field of the server's API, e.g. thinking or reasoning_effort, `
+        + 'goes in extraBody)')
     }
   }
   const o: Record<string, any> = { ...defaults(given), ...given }
@@ -5653,7 +5685,7 @@ function makeProvider(fn: string, options: unknown,
     throw new TypeError(`${fn}: model must be a non-empty string, got ${shown(model)}`)
   let apiKey = o.apiKey === '' ? undefined : o.apiKey
   if (apiKey !== undefined && typeof apiKey !== 'string') throw new TypeError(`${fn}: apiKey must be a string`)
-  const envName = apiKey === undefined ? (o.apiKeyEnv ?? keyEnv(url.hostname)) : undefined
+  const explicitKey = apiKey !== undefined, envName = explicitKey ? undefined : keyEnv(url.hostname)
   if (envName !== undefined) {
     apiKey = readEnv(envName) || undefined
     if (apiKey === undefined) {
@@ -5662,7 +5694,7 @@ function makeProvider(fn: string, options: unknown,
     }
   }
   const base = String(baseURL).replace(/\/+$/, '')
-  check?.(url, (o.apiKey !== undefined && o.apiKey !== '') || o.apiKeyEnv !== undefined, base)
+  check?.(url, explicitKey, base)
   const known = Object.hasOwn(KNOWN_MODELS, model) ? KNOWN_MODELS[model] : undefined
   // unbound fetch throws "Illegal invocation" in workerd
   const fetchImpl = o.fetch ?? ((input: string, init: RequestInit) => globalThis.fetch(input, init))
@@ -5712,7 +5744,7 @@ function makeProvider(fn: string, options: unknown,
  * which RESPONSE_TOO_LARGE carries the partial; {@link IDLE_TIMEOUT_MS} (5 minutes) without progress ends an
  * attempt, {@link REQUEST_TIMEOUT_MS} (1 hour) the whole call. Redirects are not followed across origins (only a
  * same-origin 307/308).
- * @throws TypeError for bad options (unknown keys, bad URL, missing key named by apiKeyEnv, `headers` or `extraBody`
+ * @throws TypeError for bad options (unknown keys, bad URL, missing key, `headers` or `extraBody`
  *   not a plain object, an option whose getter throws), naming the option and the value as given.
  */
 function openAICompatible(options: OpenAICompatibleOptions): Provider {
@@ -5725,7 +5757,7 @@ function openAICompatible(options: OpenAICompatibleOptions): Provider {
  * Undefined option values fall back to the defaults. The key is sent only over `https:`, and
  * `$DEEPSEEK_API_KEY` only to DeepSeek's host (docs/design.md §13).
  * @throws TypeError when no key can be found, for a non-https `baseURL`, for another host without
- *   an explicit `apiKey`/`apiKeyEnv`, or for bad options.
+ *   an explicit `apiKey`, or for bad options.
  */
 function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
   const host = new URL(DEEPSEEK_BASE_URL).hostname
@@ -5742,7 +5774,7 @@ function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
       }
       if (!explicitKey && url.hostname !== host) {
         throw new TypeError(`deepseek: $${DEEPSEEK_API_KEY_ENV} is only sent to ${host}, not to ${url.hostname}; `
-          + `pass apiKey or apiKeyEnv for that server`)
+          + `pass that server's apiKey`)
       }
     })
 }
@@ -6140,13 +6172,6 @@ const WINDOW_TOKENS_PER_TOOL_CALL = 64
 /** Tool calls one step runs (as many as the adapter passes); a message's other calls get TOOL_LIMIT error results. */
 const MAX_TOOL_CALLS_PER_STEP = MAX_TOOL_CALLS_PER_MESSAGE
 
-/** Agent options of dsh 0.1.0 that moved, and where: a ConfigError says so rather than ignore them. */
-const MOVED_AGENT_OPTIONS: Readonly<Record<string, string>> = {
-  contextWindow: "the provider's contextWindow (openAICompatible({ contextWindow }) or { ...provider, contextWindow })",
-  maxTokens: "the provider's maxTokens (openAICompatible({ maxTokens }), or { ...provider, maxTokens })",
-  instructions: 'system: append them to the system prompt',
-}
-
 /**
  * What the spend cap counts of one request (docs/design.md §11): never less than dsh's own estimate of what it
  * sent and received, whatever the server reports. Input: the larger of the reported and the meter's count; of it
@@ -6366,7 +6391,8 @@ class Agent {
   readonly provider: Provider
   readonly summarizer: Provider
   readonly tools: readonly Tool[]
-  readonly compaction: CompactionConfig
+  /** The ladder's configuration: {@link AgentOptions.compaction} over the defaults, with the constants it runs with. */
+  readonly compaction: LadderConfig
   readonly pruneConfig: PruneConfig
   readonly maxSteps: number
   readonly system?: string
@@ -6401,9 +6427,9 @@ class Agent {
   constructor(options: AgentOptions) {
     if (!options?.session || !options.provider)
       throw new TypeError('new Agent({session, provider, …}): session and provider are required')
-    for (const k in MOVED_AGENT_OPTIONS) {
-      if ((options as unknown as Record<string, unknown>)[k] !== undefined)
-        throw new ConfigError(`new Agent({ ${k} }): the option moved; use ${MOVED_AGENT_OPTIONS[k]}`)
+    for (const k in REMOVED_OPTIONS.agent) {
+      const given = (options as unknown as Record<string, unknown>)[k] !== undefined
+      if (given) throw removedOption(REMOVED_OPTIONS.agent, 'new Agent', k)
     }
     this.session = options.session
     this.provider = options.provider
@@ -6949,8 +6975,9 @@ class Agent {
  * @internal
  */
 export const internals = /* @__PURE__ */ Object.freeze({
-  adapterTuning, selectRegion, summarise, summaryMaxTokens, recallTool, regionLedger, trimLedger, renderLedger,
-  spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, stateOf, overflowCounts,
+  tuning: { adapter: adapterTuning, ladder: ladderTuning }, selectRegion, summarise, summaryMaxTokens, recallTool,
+  regionLedger, trimLedger, renderLedger, spillToolResult, isPeakTime, requestCostUSD, cacheCostUSD, Ladder, stateOf,
+  overflowCounts,
 })
 
 // ═══════════════════════════════════════
@@ -14455,8 +14482,8 @@ export interface AnthropicOptions extends Omit<OpenAICompatibleOptions, 'baseURL
  * (`promptTokens` = input + cache writes + cache reads). dsh places the `cache_control` breakpoints
  * itself (at most 4: the envelope, and the stable prefix it finds by comparing with the requests sent
  * before); give `prices` a `cacheWriteInput` for Anthropic's price shape. `countTokens` asks
- * `/v1/messages/count_tokens`. The key goes as `x-api-key`: `apiKey`, else `apiKeyEnv`, else
- * `$ANTHROPIC_API_KEY`, which is read (and required) only for Anthropic's own host.
+ * `/v1/messages/count_tokens`. The key goes as `x-api-key`: `apiKey`, else `$ANTHROPIC_API_KEY`, which is read
+ * (and required) only for Anthropic's own host.
  * @throws TypeError for bad options (unknown keys, bad URL, missing key).
  */
 function anthropic(options: AnthropicOptions): Provider {

@@ -13,7 +13,7 @@
 import { readFileSync } from 'node:fs'
 import { basename } from 'node:path'
 import {
-  DEFAULT_COMPACTION_CONFIG, DEEPSEEK_PRICES, readTranscript, replayTranscript, unmanagedSession, estimateMessageTokens, type Session,
+  DEFAULT_COMPACTION_CONFIG, DEEPSEEK_PRICES, internals, readTranscript, replayTranscript, unmanagedSession, estimateMessageTokens, type Session,
   type CompactionConfig, type Prices, type SessionUsage, type ToolResultMessage, type Transcript,
 } from '../dsh.ts'
 import { CORPUS_DIR, corpusFiles, fmtPct, int, nowMs, table, type Section, type Target } from './lib.ts'
@@ -66,10 +66,20 @@ function masking(t: Transcript, window: number): Run {
   })
 }
 
-/** dsh's ladder through `replayTranscript` with `compaction` settings; the replay's session is priced. */
-async function dsh(t: Transcript, window: number, compaction: Partial<CompactionConfig>): Promise<Run> {
+/** The ladder's constants (the runtime's test seam, test/tuning.ts): the net-cost gate is one. */
+const ladderSeam = (internals as { tuning?: { ladder?: { gate?: boolean } } }).tuning?.ladder
+const HAS_GATE = ladderSeam?.gate !== undefined
+
+/**
+ * dsh's ladder through `replayTranscript` with `compaction` settings, the net-cost gate on or off; the replay's
+ * session is priced.
+ */
+async function dsh(t: Transcript, window: number, compaction: Partial<CompactionConfig>, gate = true): Promise<Run> {
   let session: Session | undefined
+  const saved = ladderSeam?.gate
+  if (HAS_GATE) ladderSeam!.gate = gate
   const report = await replayTranscript(t, { contextWindow: window, compaction, onStep: (_row, s) => { session = s } })
+    .finally(() => { if (HAS_GATE) ladderSeam!.gate = saved })
   const s = session!
   let summaryHitTokens = 0, summaryInputTokens = 0
   for (const e of s.events) {
@@ -84,11 +94,9 @@ async function dsh(t: Transcript, window: number, compaction: Partial<Compaction
 /** Whether the ladder on this branch knows every key of `config` (the clear rung may not have landed). */
 const supported = (config: Partial<CompactionConfig>) => Object.keys(config).every((k) => k in DEFAULT_COMPACTION_CONFIG)
 
-const HAS_GATE = supported({ gate: true } as Partial<CompactionConfig>)
-/** v1 and v2 without the gate, where this branch has one. */
-const NO_GATE = (HAS_GATE ? { gate: false } : {}) as Partial<CompactionConfig>
-const V1: Partial<CompactionConfig> = supported({ clear: false } as Partial<CompactionConfig>) ? ({ clear: false, ...NO_GATE } as Partial<CompactionConfig>) : {}
-const V2: Partial<CompactionConfig> = NO_GATE
+/** v1 and v2 run without the gate (dsh's 4th argument false), v3 with it. */
+const V1: Partial<CompactionConfig> = supported({ clear: false } as Partial<CompactionConfig>) ? ({ clear: false } as Partial<CompactionConfig>) : {}
+const V2: Partial<CompactionConfig> = {}
 const V3: Partial<CompactionConfig> = {}
 const HAS_CLEAR = supported({ clear: true } as Partial<CompactionConfig>)
 
@@ -141,8 +149,8 @@ export default async function costBench(): Promise<Section> {
   const policies: { name: string; run: (t: Transcript, w: number) => Run | Promise<Run>; ran: boolean }[] = [
     { name: 'floor (no management, infinite window)', run: (t, w) => feed(t, w), ran: true },
     { name: `observation masking (newest ${MASK_KEEP_STEPS} steps)`, run: masking, ran: true },
-    { name: 'dsh v1 (prune + summarise, clear off)', run: (t, w) => dsh(t, w, V1), ran: true },
-    { name: 'dsh v2 (prune + clear + summarise)', run: (t, w) => dsh(t, w, V2), ran: HAS_CLEAR },
+    { name: 'dsh v1 (prune + summarise, clear off)', run: (t, w) => dsh(t, w, V1, false), ran: true },
+    { name: 'dsh v2 (prune + clear + summarise)', run: (t, w) => dsh(t, w, V2, false), ran: HAS_CLEAR },
     { name: 'dsh v3 (v2 + the net-cost gate, the default)', run: (t, w) => dsh(t, w, V3), ran: HAS_GATE },
   ]
   // results[w][policy][file]
@@ -168,7 +176,7 @@ export default async function costBench(): Promise<Section> {
     for (const w of WINDOWS) {
       if (!ok) { cells.push('not run (the ladder on this branch has no such setting)'); continue }
       const runs: Run[] = []
-      for (const g of groups) for (const t of g.transcripts) runs.push(await dsh(t, w, { ...NO_GATE, ...x.config } as Partial<CompactionConfig>))
+      for (const g of groups) for (const t of g.transcripts) runs.push(await dsh(t, w, x.config as Partial<CompactionConfig>, false))
       const y = sum(runs), f = total(results.get(w)![0])
       cells.push(`${usd(y.cost)} (${(y.cost / f.cost).toFixed(3)}×), hits ${fmtPct(y.cached / y.input)}, ${y.over} over, ${y.summaryRequests} summaries`)
     }
@@ -231,7 +239,7 @@ export default async function costBench(): Promise<Section> {
       `of the step that left the newest ${MASK_KEEP_STEPS} are replaced by "${MASK_PLACEHOLDER}" (an edit deep in the prefix at every`,
       'step once the session is longer than 10 steps). **dsh v1 / v2 / v3** = `replayTranscript(t, {contextWindow, compaction})` (the',
       'Agent\'s event order, pressure checks at turn start and after each step, summaries simulated at 2,000 tokens or the request\'s max_tokens if smaller, no model call);',
-      'v1 = `{clear: false, gate: false}`, v2 = `{gate: false}`, v3 = the defaults (the net-cost gate on, docs/design.md §11): it',
+      'v1 = `{clear: false}` without the gate, v2 = the defaults without the gate, v3 = the defaults (the net-cost gate on, docs/design.md §11; off through the test seam `internals.tuning.ladder`): it',
       'decides from the session so far — its cache model, its pace (requests per turn so far), the replay\'s prices — never from',
       'the transcript\'s later steps. "calibrated" = requests over the window in the transcript\'s own tokens (replay\'s fit, §15).',
       `Ratios (×) are to the floor of the same transcript. Replays took ${(ms / 1000).toFixed(1)} s.`,

@@ -2,7 +2,7 @@
 // instructions from AGENTS.md / CLAUDE.md, /compact FOCUS, /pin and /context in interactive mode
 // (under a pseudo-terminal), and `dsh show`. Child processes against test/fake-provider.ts.
 import { test, describe, after } from 'node:test'
-import { tuned } from './tuning.ts'
+import { tuned, ladderTuned } from './tuning.ts'
 import assert from 'node:assert/strict'
 import { spawn, spawnSync } from 'node:child_process'
 import { mkdtemp, writeFile, readFile, realpath, rm } from 'node:fs/promises'
@@ -157,7 +157,7 @@ describe('case 5: dsh show', () => {
       { name: 'read_big', description: 'big', parameters: { type: 'object' }, execute: () => 'B'.repeat(60_000) },
       { name: 'read_mid', description: 'mid', parameters: { type: 'object' }, execute: () => 'M'.repeat(7_000) },
     ]
-    const agent = new Agent({ session, provider, tools, compaction: { retainedTailRatio: 0.05, clear: false } })
+    const agent = ladderTuned({ retainedTailRatio: 0.05 }, () => new Agent({ session, provider, tools, compaction: { clear: false } }))
     await agent.run('read everything')
     // A clear, by the log protocol of docs/design.md §10: compaction/clear, then the placeholder replacing the result.
     const mid = session.surface().find((n) => n.message.role === 'tool' && (n.message as any).toolCallId === 'm2')!

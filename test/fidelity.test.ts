@@ -16,7 +16,7 @@ import {
 const { renderLedger, regionLedger, trimLedger, recallTool } = internals
 import { readCorpus, skipWithoutShared } from './shared.ts'
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
-import { tuned } from './tuning.ts'
+import { tuned, ladderTuned } from './tuning.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
 after(async () => { for (const s of servers) await s.close() })
@@ -146,7 +146,7 @@ describe('case 2: the facts ledger', () => {
   test('read src/a.ts, edited src/b.ts, ran npm test (exit 1, TS2304): the ledger lists exactly those though the summary is "ok"', async () => {
     const f = await fake(script, [{ text: 'ok' }])
     const session = await Session.open(new MemoryStore())
-    const agent = new Agent({ session, provider: f.provider, tools, compaction: { retainedTailRatio: 0.05 } })
+    const agent = ladderTuned({ retainedTailRatio: 0.05 }, () => new Agent({ session, provider: f.provider, tools }))
     await agent.run('fix the build')
     await agent.run('now fetch the rest')
     const outcome = await agent.compactNow()
@@ -202,7 +202,7 @@ describe('case 2: the facts ledger', () => {
       { toolCalls: [{ id: 'f1', name: 'fetch', arguments: {} }] }, { text: 'three' },
     ], [{ text: 'first summary' }, { text: 'second summary' }])
     const session = await Session.open(new MemoryStore())
-    const agent = new Agent({ session, provider: f.provider, tools: tools.map((t) => t.name === 'shell' ? tool('shell', () => `exit code ${k++}\nstdout:\nall good`) : t), compaction: { retainedTailRatio: 0.05 } })
+    const agent = ladderTuned({ retainedTailRatio: 0.05 }, () => new Agent({ session, provider: f.provider, tools: tools.map((t) => t.name === 'shell' ? tool('shell', () => `exit code ${k++}\nstdout:\nall good`) : t) }))
     await agent.run('step one')
     await agent.run('step two')
     assert.equal((await agent.compactNow()).action, 'compacted')
@@ -373,7 +373,7 @@ describe('case 6: every user message of a compacted region is in its checkpoint 
     const replies: FakeReply[] = [...calls(2, 'a'), { text: 'one' }, ...calls(2, 'b'), { text: 'two' }, ...calls(2, 'c'), { text: 'three' }]
     const f = await fake(replies.map((r) => ({ ...r, usage: null })), [{ text: 'CHECKPOINT', usage: null }], 16_000)
     const session = await Session.open(new MemoryStore())
-    const agent = new Agent({ session, provider: f.provider, tools: [tool('fetch', () => `r${n++} `.padEnd(3_000, '.'))], compaction: { clear: false, retainedTailRatio: 0.05 } })
+    const agent = ladderTuned({ retainedTailRatio: 0.05 }, () => new Agent({ session, provider: f.provider, tools: [tool('fetch', () => `r${n++} `.padEnd(3_000, '.'))], compaction: { clear: false } }))
     const task = lines('task', 100) // 7,999 units > 10% of 16,000 tokens (6,400 units)
     const asks = Array.from({ length: 6 }, (_, i) => `ask ${i}: ` + 'w'.repeat(i < 3 ? 40 : 2_500)) // three short, three long
     await agent.run(task)
@@ -479,7 +479,7 @@ describe('case 4 (library): focus, summaryInstruction, compaction hooks', () => 
 test('a pruned tool result enters the ledger as it was (the original is read from the log)', async () => {
   const f = await fake([{ toolCalls: [{ id: 'g', name: 'grep', arguments: { pattern: 'x', path: 'lib' } }] }, { text: 'found' }, ...calls(1, 'q'), { text: 'q' }])
   const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider: f.provider, tools: [tool('grep', () => ({ content: 'grep: lib: No such file or directory\n' + 'x'.repeat(60_000), isError: true })), tool('fetch', () => 'F'.repeat(12_000))], compaction: { retainedTailRatio: 0.05 } })
+  const agent = ladderTuned({ retainedTailRatio: 0.05 }, () => new Agent({ session, provider: f.provider, tools: [tool('grep', () => ({ content: 'grep: lib: No such file or directory\n' + 'x'.repeat(60_000), isError: true })), tool('fetch', () => 'F'.repeat(12_000))] }))
   await agent.run('search')
   assert.equal(eventsOf(session, 'compaction/prune').length, 1)
   assert.ok(f.conversation()[1].rawBody.includes(PRUNE_MARKER.trim()))

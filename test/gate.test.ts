@@ -5,13 +5,13 @@
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  Agent, Session, MemoryStore, ConfigError, openAICompatible, estimateMessageTokens, DEFAULT_COMPACTION_CONFIG,
+  Agent, Session, MemoryStore, ConfigError, openAICompatible, estimateMessageTokens,
   DEFAULT_PRUNE_CONFIG, internals, parseCliArgs, type AgentEvent, type ChatRequest, type Message, type Prices,
   type SessionEvent,
 } from '../dsh.ts'
 import { logHeader } from './spec.ts'
 import { startFakeProvider } from './fake-provider.ts'
-import { tuned } from './tuning.ts'
+import { tuned, ladderConfig } from './tuning.ts'
 
 const { Ladder } = internals
 /** deepseek-flash off-peak, USD per million tokens. */
@@ -65,7 +65,7 @@ async function pacedSession(): Promise<{ session: Session; resultSeq: number }> 
 const host = (session: Session, contextWindow: number, gate = true, onEvent?: (e: AgentEvent) => void) => ({
   session, summarizer: tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' })),
   envelope: {}, settings: { contextWindow, prune: { ...DEFAULT_PRUNE_CONFIG, ...PRUNE }, onEvent,
-    compaction: { ...DEFAULT_COMPACTION_CONFIG, clear: false, gate } },
+    compaction: ladderConfig({ clear: false, gate }) },
 })
 const prunes = (session: Session) => session.events.filter((e) => e.type === 'compaction/prune') as SessionEvent<'compaction/prune'>[]
 
@@ -312,7 +312,7 @@ async function readsSession(big?: number): Promise<{ session: Session; results: 
 const clearedSteps = (session: Session, results: number[]) => session.events.filter((e) => e.type === 'compaction/clear')
   .map((e) => results.indexOf((e.data as { shadowedSeqs: number[] }).shadowedSeqs[0]) + 1)
 const ladderOn = (session: Session, window: number, gate = true) => new Ladder({ ...host(session, window, gate),
-  settings: { ...host(session, window, gate).settings, compaction: { ...DEFAULT_COMPACTION_CONFIG, gate } } })
+  settings: { ...host(session, window, gate).settings, compaction: ladderConfig({ gate }) } })
 const range = (from: number, to: number) => Array.from({ length: to - from + 1 }, (_, i) => from + i)
 
 test('at the threshold the gate clears the newest run of candidates that reaches the relief target, not the oldest', async () => {

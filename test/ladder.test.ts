@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import {
   Agent, Session, MemoryStore, FileStore, openAICompatible, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
-  DEFAULT_COMPACTION_CONFIG, codePointLength, ProviderError, estimateMessageTokens,
+  codePointLength, ProviderError, estimateMessageTokens,
   type Tool, type SessionEvent, estimateTextTokens, type CompactionHost, type Envelope, type ToolSpec,
   ConfigError, internals,
 } from '../dsh.ts'
@@ -20,11 +20,11 @@ import {
 const { Ladder, summaryMaxTokens, recallTool, summarise, stateOf } = internals
 /** An onEvent that keeps the warnings' messages in `list`. */
 const warningsTo = (list: string[]) => (e: { type: string; message?: string }) => { if (e.type === 'warning') list.push(e.message!) }
-/** A full ladder configuration: the defaults with `config` over them (the Agent validates the same way). */
-const compactionConfig = (config: Partial<typeof DEFAULT_COMPACTION_CONFIG> = {}) => ({ ...DEFAULT_COMPACTION_CONFIG, ...config })
+/** A full ladder configuration: the defaults and the ladder's constants with `config` over them. */
+const compactionConfig = ladderConfig
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 import { logHeader, clearNode } from './spec.ts'
-import { tuned } from './tuning.ts'
+import { tuned, ladderConfig } from './tuning.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
 after(async () => { for (const s of servers) await s.close() })
@@ -145,16 +145,16 @@ describe('CompactionConfig validation', () => {
   test('unknown keys, wrong types and out-of-range values are typed errors naming the value', () => {
     const agentProvider = openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k', contextWindow: 1000 })
     const resolveCompactionConfig = (compaction?: unknown) => new Agent({ session: new Session(), provider: agentProvider, compaction: compaction as any }).compaction
-    assert.deepEqual(resolveCompactionConfig(), { ...DEFAULT_COMPACTION_CONFIG })
+    assert.deepEqual(resolveCompactionConfig(), { thresholdRatio: 0.8, auto: true, clear: true, retainedTailRatio: 0.16, summaryMaxTokens: 8192, gate: true })
     assert.equal(resolveCompactionConfig({ thresholdRatio: 0.5 }).thresholdRatio, 0.5) // the clear rung then stops at 0.375
     const bad: Array<[unknown, RegExp]> = [
       [{ threshold: 0.8 }, /unknown key "threshold" \(known: thresholdRatio, /],
       [{ thresholdRatio: 0 }, /thresholdRatio must be a number in \(0, 1\] .*got 0/],
       [{ thresholdRatio: 1.5 }, /thresholdRatio must be a number in \(0, 1\].*got 1\.5/],
-      [{ retainedTailRatio: -0.1 }, /retainedTailRatio must be a number in \[0, 1\)/],
-      [{ summaryMaxTokens: 0 }, /summaryMaxTokens must be an integer ≥ 1 \(tokens\), got 0/],
+      [{ retainedTailRatio: 0.1 }, /^compaction config: the option retainedTailRatio was removed: a compaction keeps the newest floor\(window × 0\.16\) tokens/],
+      [{ summaryMaxTokens: 128 }, /the option summaryMaxTokens was removed: a summary request's budget is at most 8,192 tokens/],
+      [{ gate: false }, /the option gate was removed: the net-cost gate acts where the provider has prices/],
       [{ compactionRetries: 0 }, /unknown key "compactionRetries"/],
-      [{ summaryMaxTokens: '8k' }, /summaryMaxTokens must be an integer ≥ 1 \(tokens\), got "8k"/],
       [{ clear: 'no' }, /clear must be true or false, got "no"/],
       [{ auto: 1 }, /auto must be true or false, got 1/],
       [{ reliefRatio: 0.5 }, /unknown key "reliefRatio"/],
@@ -410,10 +410,10 @@ describe('summary overflow, calibration, durable state', () => {
   })
 
   test('summary max_tokens = min(summaryMaxTokens, max(512, floor(region / 2))), clamped to the room', () => {
-    assert.equal(summaryMaxTokens(231, DEFAULT_COMPACTION_CONFIG), 512)
-    assert.equal(summaryMaxTokens(10_000, DEFAULT_COMPACTION_CONFIG), 5_000)
-    assert.equal(summaryMaxTokens(40_000, DEFAULT_COMPACTION_CONFIG), 8_192)
-    assert.equal(summaryMaxTokens(10_000, DEFAULT_COMPACTION_CONFIG, 700), 700)
+    assert.equal(summaryMaxTokens(231, ladderConfig()), 512)
+    assert.equal(summaryMaxTokens(10_000, ladderConfig()), 5_000)
+    assert.equal(summaryMaxTokens(40_000, ladderConfig()), 8_192)
+    assert.equal(summaryMaxTokens(10_000, ladderConfig(), 700), 700)
   })
 
   test('case 5: usage 1.3× the heuristic → calibration ≈ 1.3, and pressure fires on the calibrated total; no usage → the seed formula exactly', async () => {

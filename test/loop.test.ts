@@ -2,7 +2,7 @@
 import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  Agent, Session, MemoryStore, PRUNE_MARKER, ProviderError, estimateRequestTokens, DEFAULT_COMPACTION_CONFIG,
+  Agent, Session, MemoryStore, PRUNE_MARKER, ProviderError, estimateRequestTokens,
   DEFAULT_PRUNE_CONFIG, type Tool, type Message, type SessionEvent, type AgentEvent, internals, ConfigError,
 } from '../dsh.ts'
 import {
@@ -11,6 +11,7 @@ import {
 
 const { selectRegion, summarise, stateOf } = internals
 import { ScriptedProvider, say, call, overflow } from './scripted-provider.ts'
+import { ladderConfig } from './tuning.ts'
 
 const types = (events: SessionEvent[]) => events.map((e) => e.type)
 const count = (s: Session, type: string) => s.events.filter((e) => e.type === type).length
@@ -320,7 +321,7 @@ describe('loop', () => {
 })
 
 describe('review fixes', () => {
-  const host = (provider: ScriptedProvider) => ({ session: new Session(), summarizer: provider, envelope: {}, settings: { contextWindow: 4_000, compaction: { ...DEFAULT_COMPACTION_CONFIG }, prune: DEFAULT_PRUNE_CONFIG } })
+  const host = (provider: ScriptedProvider) => ({ session: new Session(), summarizer: provider, envelope: {}, settings: { contextWindow: 4_000, compaction: ladderConfig(), prune: DEFAULT_PRUNE_CONFIG } })
 
   test('summary requests stay inside the window for emoji text and huge tool-call arguments', async () => {
     const provider = new ScriptedProvider(4_000, [], [say('S')])
@@ -404,9 +405,9 @@ test('Agent options are checked with the value, the limit and the fix (one helpe
     [{ maxSteps: 0 }, /^maxSteps must be an integer ≥ 1 \(provider calls per turn\), got 0$/],
     [{ maxSteps: '5' }, /^maxSteps must be an integer ≥ 1 \(provider calls per turn\), got "5"$/],
     [{ recall: 'no' }, /^recall must be true or false, got "no"$/],
-    [{ contextWindow: 1000 }, /^new Agent\(\{ contextWindow \}\): the option moved; use the provider's contextWindow/],
-    [{ maxTokens: 100 }, /^new Agent\(\{ maxTokens \}\): the option moved; use the provider's maxTokens/],
-    [{ instructions: 'x' }, /^new Agent\(\{ instructions \}\): the option moved; use system/],
+    [{ contextWindow: 1000 }, /^new Agent: the option contextWindow moved; use the provider's contextWindow/],
+    [{ maxTokens: 100 }, /^new Agent: the option maxTokens moved; use the provider's maxTokens/],
+    [{ instructions: 'x' }, /^new Agent: the option instructions moved; use system/],
   ]
   for (const [options, message] of bad) {
     assert.throws(() => new Agent({ session, provider, ...options } as any), (e: unknown) => e instanceof ConfigError && e instanceof TypeError && message.test((e as Error).message), JSON.stringify(options))

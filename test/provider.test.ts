@@ -13,7 +13,7 @@ import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { createInterface } from 'node:readline'
 import {
-  openAICompatible, deepseek, classifyProviderError, ProviderError, KNOWN_MODELS, internals, type StreamEvent,
+  openAICompatible, deepseek, classifyProviderError, ProviderError, ConfigError, KNOWN_MODELS, internals, type StreamEvent,
   type Message, type ChatResponse, type ProviderErrorCode, type OpenAICompatibleOptions, type Usage,
 } from '../dsh.ts'
 import {
@@ -1013,7 +1013,7 @@ test('deepseek(): DeepSeek defaults, key from the option or $DEEPSEEK_API_KEY, u
     await withFake([{ text: 'ok' }], async (fake) => {
       assert.throws(() => deepseek({ baseURL: fake.url }), /deepseek: baseURL "http:\/\/127\.0\.0\.1:\d+" would send the API key unencrypted; use https:\/\//)
       assert.throws(() => deepseek({ apiKey: KEY, baseURL: 'http://api.deepseek.com:8080' }), /would send the API key unencrypted/)
-      assert.throws(() => deepseek({ baseURL: 'https://proxy.example' }), /\$DEEPSEEK_API_KEY is only sent to api\.deepseek\.com, not to proxy\.example; pass apiKey or apiKeyEnv/)
+      assert.throws(() => deepseek({ baseURL: 'https://proxy.example' }), /\$DEEPSEEK_API_KEY is only sent to api\.deepseek\.com, not to proxy\.example; pass that server's apiKey/)
       assert.equal(deepseek({ apiKey: KEY, baseURL: 'https://proxy.example/v1' }).baseURL, 'https://proxy.example/v1')
       assert.equal(fake.requests.length, 0)
     })
@@ -1023,17 +1023,20 @@ test('deepseek(): DeepSeek defaults, key from the option or $DEEPSEEK_API_KEY, u
   }
 })
 
-test('openAICompatible: apiKeyEnv, no key for local servers, and clear errors for bad options', async () => {
+test('openAICompatible: a key read from the environment, no key for local servers, the removed apiKeyEnv, and clear errors for bad options', async () => {
   process.env.DSH_TEST_KEY = 'sk-env-abcdef'
   try {
     await withFake([{ text: 'ok' }, { text: 'ok' }], async (fake) => {
-      await openAICompatible({ baseURL: fake.url, model: 'm', apiKeyEnv: 'DSH_TEST_KEY' }).complete({ messages: HI })
+      await openAICompatible({ baseURL: fake.url, model: 'm', apiKey: process.env.DSH_TEST_KEY }).complete({ messages: HI })
       assert.equal(fake.requests[0].headers.authorization, 'Bearer sk-env-abcdef')
       await openAICompatible({ baseURL: fake.url, model: 'm' }).complete({ messages: HI })
       assert.equal(fake.requests[1].headers.authorization, undefined)
     })
+    // apiKeyEnv is gone (CHANGELOG.md): an error says what to use instead, and no variable is read for it.
+    assert.throws(() => openAICompatible({ baseURL: 'http://x', model: 'm', apiKeyEnv: 'DSH_TEST_KEY' } as never),
+      (e) => e instanceof ConfigError && e instanceof TypeError && (e as Error).message
+        === 'openAICompatible: the option apiKeyEnv was removed; pass apiKey, read from the environment yourself (apiKey: process.env.NAME)')
   } finally { delete process.env.DSH_TEST_KEY }
-  assert.throws(() => openAICompatible({ baseURL: 'http://x', model: 'm', apiKeyEnv: 'DSH_TEST_NOPE' }), /DSH_TEST_NOPE is not set/)
   assert.throws(() => openAICompatible({ baseURL: 'http://x', model: 'm', apikey: 'k' } as never), /unknown option "apikey"; known options: baseURL, apiKey,/)
   assert.throws(() => openAICompatible({ baseURL: 'api.deepseek.com', model: 'm' }), /baseURL must be an absolute http\(s\) URL .* got "api.deepseek.com"/)
   assert.throws(() => openAICompatible({ baseURL: 'http://x', model: '' }), /model must be a non-empty string/)

@@ -5,6 +5,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { readTranscript, replayTranscript, runReplay, type ReplayStep } from '../dsh.ts'
+import { ladderTuned } from './tuning.ts'
 
 const call = (id: string) => ({ id, type: 'function', function: { name: 'sh', arguments: '{}' } })
 
@@ -47,7 +48,7 @@ test('recorded = 2,000 + 1.3 × the estimate: the fit is within 2% of both from 
   assert.ok(first.beforeTokens >= 12_800 && first.beforeTokens <= 13_437 + 10, `before ${first.beforeTokens}`)
   assert.ok(first.afterTokens < 12_800, `after ${first.afterTokens}`)
   // (Pressure only: the net-cost gate's own edits below the threshold, which start at step 24 here, are off.)
-  const heuristicOnly = await replayTranscript(readTranscript(transcript(30)), { contextWindow: 16_000, compaction: { gate: false } })
+  const heuristicOnly = await ladderTuned({ gate: false }, () => replayTranscript(readTranscript(transcript(30)), { contextWindow: 16_000 }))
   assert.equal(heuristicOnly.rows.find((r) => r.kind === 'step' && r.rung !== 'none')!.step, 25)
   // Every request in the transcript's tokens stays under the window; unmanaged, 10 would not (steps 22–31).
   assert.deepEqual([report.totals.calibratedRequestsOverWindow, report.totals.requestsOverWindow], [0, 0])
@@ -134,8 +135,8 @@ test('rereads: the same call and output before and after a compaction is 1; the 
 
 test('the simulated summarizer honours a summary request\'s max_tokens, as a server does: a 300-token budget gets a 300-token summary, not the 2,000 of --summary-tokens', async () => {
   const summaries = new Set<string>()
-  const report = await replayTranscript(readTranscript(transcript(30)), {
-    contextWindow: 16_000, compaction: { summaryMaxTokens: 300, gate: false, clear: false },
+  const report = await ladderTuned({ summaryMaxTokens: 300, gate: false }, () => replayTranscript(readTranscript(transcript(30)), {
+    contextWindow: 16_000, compaction: { clear: false },
     onStep(_row, session) {
       for (const n of session.surface()) {
         const text = typeof n.message.content === 'string' ? n.message.content : ''
@@ -143,7 +144,7 @@ test('the simulated summarizer honours a summary request\'s max_tokens, as a ser
         if (summary) summaries.add(summary[0])
       }
     },
-  })
+  }))
   assert.ok(report.totals.summaryCalls >= 1, `summary calls ${report.totals.summaryCalls}`)
   assert.ok(summaries.size >= 1)
   // 300 tokens by §2 are 1,200 UTF-16 units.
@@ -163,8 +164,8 @@ test('a hidden prompt of 12,000 tokens in a 16,000-token window: the ladder size
   // The history has 16,000 − 12,000 = 4,000 tokens of room (the envelope is unknown: 0), so the kept window is
   // 16,000 × (2 × 4,000 ÷ 16,000)² = 4,000 and the retained tail 640 tokens (457 by §2). Sized by the window (a
   // 2,560-token tail, 1,828 by §2, and a checkpoint of up to 2,000), 26 requests went over (20 with clear off).
-  for (const [compaction, summaries] of [[{ gate: false }, 12], [{ gate: false, clear: false }, 12]] as const) {
-    const report = await replayTranscript(t, { contextWindow: 16_000, compaction })
+  for (const [compaction, summaries] of [[{}, 12], [{ clear: false }, 12]] as const) {
+    const report = await ladderTuned({ gate: false }, () => replayTranscript(t, { contextWindow: 16_000, compaction }))
     assert.equal(report.totals.calibratedRequestsOverWindow, 0, JSON.stringify(compaction))
     assert.ok(report.totals.peakCalibratedRequestTokens <= 16_000, `peak ${report.totals.peakCalibratedRequestTokens}`)
     assert.equal(report.totals.summaryCalls, summaries, JSON.stringify(compaction))

@@ -7,7 +7,7 @@ import { describe, test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { Agent, Session, MemoryStore, anthropic, estimateRequestTokens, type Message, type StreamEvent, type ChatRequest } from '../../dsh.ts'
 import { skipWithoutServer, startServer, recordingFetch, settled, type RunningServer, type Exchange } from './server.ts'
-import { tuned } from '../tuning.ts'
+import { tuned, ladderTuned } from '../tuning.ts'
 
 const skip = skipWithoutServer()
 const SCENARIO_TIMEOUT_MS = 300_000
@@ -99,7 +99,7 @@ describe('anthropic() against llama-server\'s /v1/messages', { skip, timeout: SC
       session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: `r${i}`, name: 'read_file', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
       session.append('tool/result', { message: { role: 'tool', toolCallId: `r${i}`, content: [{ type: 'text', text: filler(1_300, 20 + i) }] }, surfaceOp: { op: 'append' } })
     }
-    const agent = new Agent({ session, provider, prune: { thresholdChars: 1_000, headChars: 200, tailChars: 100 }, compaction: { summaryMaxTokens: 64 } })
+    const agent = ladderTuned({ summaryMaxTokens: 64 }, () => new Agent({ session, provider, prune: { thresholdChars: 1_000, headChars: 200, tailChars: 100 } }))
     const input = 'What happened next?'
     const estimate = estimateRequestTokens(agent.envelope, [...session.messages(), { role: 'user', content: input }])
     assert.ok(estimate + 24 < 2048 * 0.8, `the heuristic must think it fits (${estimate})`)

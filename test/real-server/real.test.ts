@@ -20,7 +20,7 @@ import {
 import { rng } from '../rng.ts'
 import { runDsh, CLEAN_ENV } from '../cli-child.ts'
 import { skipWithoutServer, startServer, recordingFetch, serverPromptTokens, settled, type RunningServer, type Exchange } from './server.ts'
-import { tuned } from '../tuning.ts'
+import { tuned, ladderTuned } from '../tuning.ts'
 
 const skip = skipWithoutServer()
 const MODEL = 'stories260K'
@@ -169,7 +169,7 @@ describe('2–3. the ladder against a real 2,048-token window', { skip, timeout:
     const { provider, exchanges } = realProvider(server())
     const session = await Session.open(new MemoryStore())
     // The pruner's threshold is lowered to suit a 2,048-token window.
-    const agent = new Agent({ session, provider, prune: { thresholdChars: 1_000, headChars: 200, tailChars: 100 }, compaction: { summaryMaxTokens: 128 } })
+    const agent = ladderTuned({ summaryMaxTokens: 128 }, () => new Agent({ session, provider, prune: { thresholdChars: 1_000, headChars: 200, tailChars: 100 } }))
     const threshold = Math.floor(2048 * 0.8)
     let peak = 0 // the largest measured total at any event
     session.subscribe(() => { peak = Math.max(peak, session.measure().totalTokens) })
@@ -207,7 +207,7 @@ describe('2–3. the ladder against a real 2,048-token window', { skip, timeout:
     // A resumed log with no usage yet: the meter can only use chars/4, which is about half of this tokenizer's count.
     for (let i = 0; i < 4; i++) appendToolStep(session, `r${i}`, filler(1_300, 20 + i))
     appendPair(session, filler(300, 30), filler(300, 31))
-    const agent = new Agent({ session, provider, prune: { thresholdChars: 1_000, headChars: 200, tailChars: 100 }, compaction: { summaryMaxTokens: 128 } })
+    const agent = ladderTuned({ summaryMaxTokens: 128 }, () => new Agent({ session, provider, prune: { thresholdChars: 1_000, headChars: 200, tailChars: 100 } }))
     const input = 'What happened next?'
     const estimate = estimateRequestTokens(agent.envelope, [...session.messages(), { role: 'user', content: input }])
     assert.ok(estimate + 48 < 2048 * 0.8, `the heuristic must think it fits (${estimate})`)
@@ -318,7 +318,7 @@ describe('4. a summary request that overflows the real window', { skip, timeout:
     // Earlier turns of plain text: chars/4 prices them at about half of what this tokenizer counts,
     // so a summary request planned to fit by the heuristic does not fit the real window.
     for (let i = 0; i < 7; i++) appendPair(session, filler(500, 40 + i), filler(400, 50 + i))
-    const agent = new Agent({ session, provider, compaction: { summaryMaxTokens: 128 } })
+    const agent = ladderTuned({ summaryMaxTokens: 128 }, () => new Agent({ session, provider }))
     assert.ok(session.measure().totalTokens >= Math.floor(2048 * 0.8), `pressure expected: ${session.measure().totalTokens}`)
     const r = await runTurn(agent, 'And then?', exchanges)
     await settled(exchanges)
@@ -489,7 +489,7 @@ describe('a 1,024-token window', { skip, timeout: SCENARIO_TIMEOUT_MS }, () => {
     const { provider, exchanges } = realProvider(server())
     const session = await Session.open(new MemoryStore())
     const warnings: string[] = []
-    const agent = new Agent({ session, provider, compaction: { summaryMaxTokens: 128 }, onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } })
+    const agent = ladderTuned({ summaryMaxTokens: 128 }, () => new Agent({ session, provider, onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } }))
     for (let t = 0; t < 9; t++) {
       const r = await runTurn(agent, filler(200, 300 + t), exchanges)
       assert.ok(['stop', 'length'].includes(r.reason), `turn ${t} ended ${r.reason}`)

@@ -117,7 +117,7 @@ export const STEPS = [
   // The fake answers PROVIDER_SCRIPT in order (one list per runner); the test compares the request
   // bodies it received from every runtime.
   ['agent-http', async (dsh, ctx) => {
-    const tuning = dsh.internals.adapterTuning, retries = tuning.maxRetries
+    const tuning = dsh.internals.tuning.adapter, retries = tuning.maxRetries
     tuning.maxRetries = 0 // the adapter's test seam (test/tuning.ts): no retries
     const provider = dsh.openAICompatible({ baseURL: ctx.providerURL, model: 'fake-model', apiKey: 'sk-test', contextWindow: 8000 })
     tuning.maxRetries = retries
