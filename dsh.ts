@@ -4350,9 +4350,12 @@ class SummaryJob {
     return { messages: shrunk, tokens }
   }
 
-  /** One summary request of `chunk`; its text, or undefined after an overflow that re-planned the budget. */
-  private async request(chunk: Message[], signal: AbortSignal | undefined, replans: number): Promise<string
-    | undefined> {
+  /**
+   * The summary request of `chunk` as it would be sent: its messages, envelope, heuristic and calibrated input
+   * tokens, completion budget and fingerprint. Throws {@link CompactionError}, sending nothing, when it would not
+   * fit the summarizer's window or is identical to one that overflowed.
+   */
+  private requestOf(chunk: Message[]) {
     const { provider, instruction } = this
     const lead = this.leadSent()
     const msgs = this.summary ? [this.prior(this.summary), ...chunk, instruction] : [...lead, ...chunk, instruction]
@@ -4363,15 +4366,22 @@ class SummaryJob {
       throw new CompactionError(`a summary request of ${calibrated} tokens would not fit the summarizer's window `
         + `(${this.window} tokens); nothing was sent`)
     }
-    const room = this.window - calibrated
     const maxTokens = summaryMaxTokens(inputTokens - this.fixed() - estimateRequestTokens({}, lead),
-      this.host.settings.compaction, room, this.keptShare)
+      this.host.settings.compaction, this.window - calibrated, this.keptShare)
     const fingerprint =
       fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
     if (this.failed.has(fingerprint)) {
       throw new CompactionError(`re-planning gave a summary request identical to one that overflowed (${calibrated} `
         + `tokens); nothing was sent`)
     }
+    return { msgs, env, inputTokens, calibrated, maxTokens, fingerprint }
+  }
+
+  /** One summary request of `chunk`; its text, or undefined after an overflow that re-planned the budget. */
+  private async request(chunk: Message[], signal: AbortSignal | undefined, replans: number): Promise<string
+    | undefined> {
+    const { provider } = this
+    const { msgs, env, inputTokens, calibrated, maxTokens, fingerprint } = this.requestOf(chunk)
     // The server's own count, where it has one (docs/design.md §6.1): over the window, plan smaller unsent.
     const counted = provider.countTokens
       ? await providerCount(provider, { system: env.system, tools: env.tools, messages: msgs, signal })
@@ -4537,6 +4547,9 @@ const modelFreeAction = (o: CompactionOutcome, otherwise: CompactionOutcome['act
 /** The summary requests a failed compaction made (compactRegion sets them on what it throws). */
 const summaryRequestsOf = (err: unknown): number => (err as { summaryRequests?: number })?.summaryRequests ?? 0
 
+/** Ends a ladder run: its outcome with `action`, `reason` and the figures after it. */
+type LadderDone = (action: CompactionOutcome['action'], reason?: string) => CompactionOutcome
+
 /**
  * The escalation ladder of one session (docs/design.md §§5, 10): {@link Ladder.relievePressure},
  * {@link Ladder.recoverOverflow}, {@link Ladder.compact}. Its memory is logged as `ladder/state`, so a
@@ -4563,8 +4576,7 @@ class Ladder {
   /** The guard is the log's (`ladder/state`): every ladder of the session, and a resumed one, sees the same. */
   private get guard(): number | undefined { return stateOf(this.host.session).ladder.failedAtTokens }
 
-  private outcome(trigger: CompactionOutcome['trigger']): { outcome: CompactionOutcome;
-    done: (action: CompactionOutcome['action'], reason?: string) => CompactionOutcome } {
+  private outcome(trigger: CompactionOutcome['trigger']): { outcome: CompactionOutcome; done: LadderDone } {
     const session = this.host.session
     const before = this.nextRequestTokens()
     const outcome: CompactionOutcome = {
@@ -4671,8 +4683,7 @@ class Ladder {
 
   /** Rung 3 under pressure or by hand: summary attempts, then success, or a remembered failure. */
   private async summariseUnder(trigger: 'pressure' | 'manual', threshold: number, outcome: CompactionOutcome,
-    done: (a: CompactionOutcome['action'],
-    r?: string) => CompactionOutcome, signal?: AbortSignal, focus?: string): Promise<CompactionOutcome> {
+    done: LadderDone, signal?: AbortSignal, focus?: string): Promise<CompactionOutcome> {
     const { session, settings: { compaction: cfg, contextWindow: window = 0 } } = this.host
     const retained = Math.floor(keptWindowTokens(session, window) * cfg.retainedTailRatio)
     const minSaving = Math.ceil(outcome.tokensBefore * MIN_SAVINGS_RATIO)
