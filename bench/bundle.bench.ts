@@ -12,6 +12,7 @@ import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { gzipSync } from 'node:zlib'
 import * as esbuild from 'esbuild'
+import { CORE_TARGETS, coreFigures, type CoreFigures } from './core.ts'
 import { ROOT, fmtBytes, fmtRatio, fmtStats, fmtTime, nowMs, stats, table, type Section, type Target } from './lib.ts'
 
 const RUNS = 9
@@ -66,6 +67,36 @@ const APPS: Array<[label: string, names: string]> = [
 const AGENT_APP_TARGET_BYTES = 23_000
 /** Target: Deno's `import()` of dist/dsh.mjs at most this many times Node's. */
 const DENO_VS_NODE_TARGET = 2
+
+/** The commit where the core issue measured the table it sets targets for (docs/design.md §14). */
+const CORE_BASE = 'e9ce0b5'
+/** The core's figures as the table shows them, in the issue's order. */
+const CORE_ROWS: Array<[key: keyof typeof CORE_TARGETS, label: string]> = [
+  ['lines', 'Part I lines (the TSDoc of every public export kept)'],
+  ['longLines', 'Part I lines over 120 characters (UTF-16 units)'],
+  ['runtimeExports', 'runtime exports of Part I (`internals` counts as 1)'],
+  ['leafOptions', 'leaf options (AgentOptions, CompactionConfig, PruneConfig, OpenAICompatibleOptions; not `compaction`, `prune`)'],
+  ['sessionLines', '`class Session`, lines'],
+  ['sessionMembers', '`class Session`, public members (overloads once, not the constructor)'],
+  ['longestFunctionLines', 'longest Part I function, lines'],
+  ['agentAppGzipBytes', 'app {Agent, Session, MemoryStore, deepseek} from dsh.ts, minified, gzip -9, bytes'],
+  ['sessionAppGzipBytes', 'app {Session, MemoryStore} from dsh.ts, the same way, bytes'],
+]
+
+/** The core's table: each figure at {@link CORE_BASE} (when git has it) and now, against its target. */
+async function coreTable(): Promise<{ rows: string[][]; targets: Target[] }> {
+  const now = await coreFigures(readFileSync(join(ROOT, 'dsh.ts'), 'utf8'))
+  const old = spawnSync('git', ['show', `${CORE_BASE}:dsh.ts`], { cwd: ROOT, encoding: 'utf8', maxBuffer: 1 << 28 })
+  const base: CoreFigures | undefined = old.status === 0 ? await coreFigures(old.stdout) : undefined
+  const shown = (f: CoreFigures, key: keyof typeof CORE_TARGETS) => f[key].toLocaleString('en-US')
+    + (key === 'longestFunctionLines' ? ` (\`${f.longestFunction}\`)` : '')
+    + (key === 'leafOptions' ? ` (${Object.values(f.leafOptionsBy).join(' + ')})` : '')
+  const rows = CORE_ROWS.map(([key, label]) => [label, base ? shown(base, key) : 'not in this clone', shown(now, key),
+    `≤ ${CORE_TARGETS[key].toLocaleString('en-US')}`, now[key] <= CORE_TARGETS[key] ? '✅' : '❌'])
+  const targets = CORE_ROWS.map(([key, label]): Target => ({ name: `core: ${label}`,
+    target: `≤ ${CORE_TARGETS[key].toLocaleString('en-US')}`, measured: shown(now, key), met: now[key] <= CORE_TARGETS[key] }))
+  return { rows, targets }
+}
 
 export default async function bundle(): Promise<Section> {
   const dir = mkdtempSync(join(tmpdir(), 'dsh-bench-bundle-'))
@@ -167,7 +198,9 @@ export default async function bundle(): Promise<Section> {
     const denoMs = denoName ? importMedian.get(denoName) : undefined
     const openaiApp = others[0]
     const aiApp = others[2]
+    const core = await coreTable()
     const targets: Target[] = [
+      ...core.targets,
       {
         name: 'app {Agent, Session, MemoryStore, deepseek} from dist/dsh.mjs', target: `≤ ${AGENT_APP_TARGET_BYTES.toLocaleString('en-US')} bytes (23 KB) gzipped`,
         met: agentApp.gzip <= AGENT_APP_TARGET_BYTES,
@@ -191,9 +224,13 @@ export default async function bundle(): Promise<Section> {
         `exit, and the time the process measured around its own \`import()\` (performance.now); ${RUNS} runs each, interleaved,`,
         'after one untimed run of each. "vs empty entry" = median minus the median of the same runtime running an entry that',
         'imports nothing. On a busy 2-core machine the whole-process figures are noisy; the `import()` column much less so.',
+        `The core's figures (docs/design.md §14; bench/core.ts) of this tree and of \`${CORE_BASE}\`, where the core issue`,
+        'measured its table: Part I is dsh.ts above the `// FENCE` line; runtime exports are the keys of Part I imported as',
+        'a module; a function is measured from its first to its last source line (acorn over esbuild\'s output, mapped back).',
         ...notes.map((n) => `*${n}*`),
       ].join('\n'),
       tables: [
+        table(['the core\'s figure', `at ${CORE_BASE}`, 'now', 'target', 'met'], core.rows),
         table(['app imports', 'from dist/dsh.mjs (minified / gzip)', 'from dsh.ts (minified / gzip)'], appRows),
         table(['bundle', 'minified', 'gzip -9', 'note'], [...whole, ...others].map((b) => [b.name, fmtBytes(b.bytes), fmtBytes(b.gzip), b.note])),
         table(['runtime', 'imports', 'whole process', 'vs empty entry', '`import()` inside the process'], startRows),
