@@ -5,7 +5,7 @@
 // this file never races test/runtimes.test.ts or touches the checkout's dist/.
 import { after, before, test } from 'node:test'
 import assert from 'node:assert/strict'
-import { execFile } from 'node:child_process'
+import { execFile, spawnSync } from 'node:child_process'
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
@@ -245,6 +245,22 @@ test('an app bundling {Session, MemoryStore} from dsh.ts carries no Part II code
     assert.equal(js.includes(part), false, `${part} is Part II code`)
   }
   assert.match(js, /runIfProgram/, 'the entry statement itself stays (it names no Part II code)')
+})
+
+// From the hostile review rev5: the entry statement of an app that re-exports dsh.ts.
+test('entry statement: an app that re-exports dsh.ts, bundled and run as the program, does not run the dsh CLI', async () => {
+  const { build } = await import('esbuild')
+  const dir = mkdtempSync(join(tmpdir(), 'dsh-entry-'))
+  try {
+    const dsh = join(ROOT, 'dsh.ts')
+    // A library over dsh that re-exports it whole and is also run as a program of its own.
+    writeFileSync(join(dir, 'app.ts'), `export * from ${JSON.stringify(dsh)}\nconsole.log('app')\n`)
+    await build({ entryPoints: [join(dir, 'app.ts')], bundle: true, format: 'esm', platform: 'node',
+      outfile: join(dir, 'app.mjs'), logLevel: 'silent' })
+    const r = spawnSync(process.execPath, [join(dir, 'app.mjs'), '--version'], { encoding: 'utf8', timeout: 30_000 })
+    // The program is app.mjs, not dsh.ts nor dist/cli.mjs: only the app's own line.
+    assert.equal(r.stdout, 'app\n')
+  } finally { rmSync(dir, { recursive: true, force: true }) }
 })
 
 // ── README's layout section describes the file as it is ─────────────────────────────────────────

@@ -2,6 +2,7 @@
 // parsing, help/version handling and entry-point check.
 import { test, describe, before, after } from 'node:test'
 import assert from 'node:assert/strict'
+import { existsSync, readFileSync } from 'node:fs'
 import { mkdtemp, mkdir, writeFile, readFile, symlink, realpath, rm, stat } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
@@ -10,6 +11,7 @@ import {
   builtinTools, parseCliArgs, runCliBasics, isEntryPoint, UsageError, cliHelp, VERSION,
   type Tool, type ToolOutput, type BuiltinToolsOptions, type CliOptions, type CliConfigFiles,
 } from '../dsh.ts'
+import { ROOT, dsh } from './cli-helpers.ts'
 
 const live = () => ({ signal: new AbortController().signal, callId: 'call_1' })
 
@@ -575,6 +577,9 @@ describe('parseCliArgs', () => {
   })
 })
 
+/** What `npm pack` ships (package.json "files"), as path prefixes. */
+const PACKAGE_FILES: string[] = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')).files.map((f: string) => f.replace(/\*.*$/, ''))
+
 describe('runCliBasics, cliHelp(), isEntryPoint', () => {
   function capture() {
     const io = { out: '', err: '', stdout(s: string) { io.out += s }, stderr(s: string) { io.err += s } }
@@ -619,6 +624,30 @@ describe('runCliBasics, cliHelp(), isEntryPoint', () => {
     assert.match(installed, /^  dsh -p "PROMPT" {22}the same \(--print\)$/m)
     assert.doesNotMatch(installed, /npx tsx|examples\//)
     assert.match(cliHelp('npx tsx dsh.ts'), /^  npx tsx dsh.ts replay examples\/session\.jsonl --context-window 32000$/m)
+  })
+
+  test('--help shows the name it was run as: from the source `npx tsx dsh.ts`', async () => {
+    const run = await dsh(['--help'], ROOT)
+    assert.equal(run.code, 0, run.stderr)
+    assert.equal(run.stdout, cliHelp('npx tsx dsh.ts'))
+  })
+
+  test('--help examples are commands that work: each parses (installed `dsh` and from the source), and names no file the package lacks', () => {
+    for (const name of ['dsh', 'npx tsx dsh.ts']) {
+      const help = cliHelp(name)
+      const examples = help.slice(help.indexOf('\nExamples\n') + 10).split('\n').filter((l) => l.startsWith(`  ${name} `))
+      assert.ok(examples.length >= 6, help)
+      for (const line of examples) {
+        const command = line.slice(`  ${name} `.length).replace(/\s+#.*$/, '')
+        const args = [...command.matchAll(/"([^"]*)"|(\S+)/g)].map((m) => m[1] ?? m[2])
+        assert.doesNotThrow(() => parseCliArgs(args, { DEEPSEEK_API_KEY: 'sk-test' }), `${line}`)
+        // Unquoted file arguments exist in what the package ships (placeholders in capitals aside).
+        for (const arg of command.replace(/"[^"]*"/g, '').split(/\s+/).filter((a) => /\.(jsonl|json|ts|md)$/.test(a))) {
+          assert.ok(name !== 'dsh' || PACKAGE_FILES.some((f) => arg === f || arg.startsWith(f)), `${line}: ${arg} is not in the package`)
+          assert.ok(existsSync(join(ROOT, arg)), `${line}: ${arg} does not exist`)
+        }
+      }
+    }
   })
 
   test('isEntryPoint: import.meta.main wins; else realpaths are compared; never true without a file URL', async () => {

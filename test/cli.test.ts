@@ -149,6 +149,22 @@ describe('exit codes and prompt sources of a one-shot run', () => {
     assert.match(empty.stderr, /^dsh: no prompt: pass one as an argument or with -p/)
     assert.equal(f.requests.length, 1)
   })
+
+  test('-p - reads the prompt from stdin (one-shot: the answer on stdout)', async () => {
+    const f = await fake([{ text: 'read from stdin' }])
+    const run = await runProcess(process.execPath, ['--import', TSX, DSH, '-p', '-', ...runFlags(f), '--no-save'], await tempDir(), CLEAN_ENV, 'the task\non two lines\n')
+    assert.equal(run.code, 0, run.stderr)
+    assert.equal(run.stdout, 'read from stdin\n')
+    assert.equal(f.requests[0].body.messages.at(-1).content, 'the task\non two lines\n')
+  })
+
+  test('an HTTP 404 names the base URL dsh posted to and what to check', async () => {
+    const f = await fake(() => ({ status: 404, body: 'Cannot POST /chat/completions' }))
+    const run = await dsh(['-p', 'hi', ...runFlags(f), '--no-save'], await tempDir())
+    assert.equal(run.code, 1)
+    assert.ok(lines(run.stderr).at(-1)!.endsWith(` dsh posts to BASE/chat/completions with the base URL ${f.url} (--base-url, DSH_BASE_URL or "baseURL" in a configuration file): check it (most servers want it to end in /v1, e.g. http://127.0.0.1:8080/v1), and the model name`), run.stderr)
+    assert.equal(f.requests.length, 1, 'a 404 is not retried')
+  })
 })
 
 describe('case 4: replay on a file that is not a transcript', () => {

@@ -5,7 +5,7 @@ import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, openAICompatible, deepseek, DEEPSEEK_PRICES, estimateMessageTokens, statusReporter,
-  formatUSD, type Prices, type Tool, type SessionEvent, type AgentEvent, internals,
+  formatUSD, type ChatRequest, type Prices, type Provider, type Tool, type SessionEvent, type AgentEvent, internals,
 } from '../dsh.ts'
 import {
   estimateEnvelopeTokens, SUMMARY_INSTRUCTION,
@@ -209,6 +209,130 @@ test('a summary request of a region after the kept current input sends that inpu
   assert.equal(record.inputTokens, record.modelledHitTokens + estimateMessageTokens({ role: 'user', content: SUMMARY_INSTRUCTION }))
   // The checkpoint replaces the region only: the input stays on the surface, ahead of it.
   assert.deepEqual(session.surface().slice(0, 1).map((node) => node.message), [{ role: 'user', content: 'fetch nine' }])
+})
+
+// The lead (what a summary request sends ahead of its region) under the hostile review rev6: sent only where it reads the cache.
+test('lead: a summarizer of another model gets no lead (it has no cached prefix to reuse, the lead is only cost)', async () => {
+  // The conversation model runs nine tool calls of 7,000-character results in a 16,000-token window; the summaries
+  // go to another model. The lead (the current input ahead of the region) exists only to read the conversation's
+  // cache (docs/design.md §5, §11); another model has none, so every token of it is paid at that model's miss price.
+  let step = 0
+  const conversation: Provider = {
+    model: 'conv', baseURL: 'memory://conv', contextWindow: 16_000, maxTokens: 200, prices: FLASH,
+    complete: async () => {
+      const i = step++
+      return i < 9
+        ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `a${i}`, name: 'fetch', arguments: JSON.stringify({ i }) }] }, finishReason: 'tool-calls' }
+        : { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop' }
+    },
+  } as Provider
+  const sent: ChatRequest[] = []
+  const summarizer: Provider = { ...conversation, model: 'other', prices: FLASH,
+    complete: async (request: ChatRequest) => { sent.push(request)
+      return { message: { role: 'assistant', content: [{ type: 'text', text: 'CHECKPOINT: work so far.' }] }, finishReason: 'stop' } } } as Provider
+  let n = 0
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: conversation, summarizer, system: 'sys', recall: false, compaction: { clear: false },
+    tools: [{ name: 'fetch', description: 't', parameters: { type: 'object', properties: {} }, execute: () => `result ${n++} `.padEnd(7_000, '.') }] })
+  await agent.run('fetch nine')
+  assert.ok(sent.length > 0, 'a summary request was made')
+  const record = (session.events.find((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>).data.requests![0]
+  assert.equal(record.modelledHitTokens, 0, 'another model reads no cached prefix')
+  // Observed: the first message of the summary request is the input 'fetch nine' (the lead), sent uncached.
+  assert.notDeepEqual(sent[0].messages[0], { role: 'user', content: 'fetch nine' })
+})
+
+test('lead: a summary of the region after the current input never carries an earlier turn that stays on the surface', async () => {
+  // Turn 1 is short ("hello" → "hi there"); turn 2 fetches nine results of 7,000 characters in a 16,000-token window.
+  // The run before turn 2's input is too small to be the region, so the region is the one after the input, and the
+  // lead is every surface message before it: turn 1 and the input. The instruction asks for a checkpoint of "the
+  // conversation above … the messages it covers will be removed", so the checkpoint restates turn 1, which stays on
+  // the surface next to it (the commit says the lead is the kept current input at the head).
+  let step = 0
+  const sent: ChatRequest[] = []
+  const provider: Provider = {
+    model: 'm', baseURL: 'memory://lead', contextWindow: 16_000, maxTokens: 200, prices: FLASH,
+    complete: async (request: ChatRequest) => {
+      if (request.headers?.['x-dsh-purpose'] === 'compaction') { sent.push(request)
+        return { message: { role: 'assistant', content: [{ type: 'text', text: 'CHECKPOINT: work so far.' }] }, finishReason: 'stop' } }
+      const i = step++
+      if (i === 0) return { message: { role: 'assistant', content: [{ type: 'text', text: 'hi there' }] }, finishReason: 'stop' }
+      return i < 10
+        ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `a${i}`, name: 'fetch', arguments: JSON.stringify({ i }) }] }, finishReason: 'tool-calls' }
+        : { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop' }
+    },
+  } as Provider
+  let n = 0
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, system: 'sys', recall: false, compaction: { clear: false },
+    tools: [{ name: 'fetch', description: 't', parameters: { type: 'object', properties: {} }, execute: () => `result ${n++} `.padEnd(7_000, '.') }] })
+  await agent.run('hello')
+  await agent.run('fetch nine')
+  assert.ok(sent.length > 0, 'a summary request was made')
+  const surface = session.surface().map((node) => node.message)
+  assert.deepEqual(surface[0], { role: 'user', content: 'hello' }, 'turn 1 stays on the surface, outside every region')
+  // Observed: the first summary request opens with 'hello', 'hi there', 'fetch nine' (the lead).
+  assert.deepEqual(sent.map((r) => r.messages.findIndex((m) => m.role === 'user' && m.content === 'hello')),
+    sent.map(() => -1))
+})
+
+test('lead: a checkpoint that stays at the head is not sent to the next summary, which is told to merge it in', async () => {
+  // Turn 1 fetches nine results and compacts; a /compact between turns, then turn 2 fetches nine more. Its first
+  // summary leaves a lone checkpoint before the input "task two" (no region: a checkpoint alone), so its second
+  // summary's region follows the input and the lead (everything before the region) is that checkpoint and the input. SUMMARY_INSTRUCTION says "If an earlier checkpoint is included, merge it
+  // in", so the new checkpoint restates the old one, which stays on the surface: the same facts twice, paid for twice.
+  let step = 0, k = 0, n = 0
+  const sent: ChatRequest[] = []
+  const provider: Provider = {
+    model: 'm', baseURL: 'memory://lead', contextWindow: 16_000, maxTokens: 200, prices: FLASH,
+    complete: async (request: ChatRequest) => {
+      if (request.headers?.['x-dsh-purpose'] === 'compaction') { sent.push(request)
+        return { message: { role: 'assistant', content: [{ type: 'text', text: `CHECKPOINT ${++k}: work so far.` }] }, finishReason: 'stop' } }
+      const i = step++ % 10
+      return i < 9
+        ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `a${step}`, name: 'fetch', arguments: JSON.stringify({ i }) }] }, finishReason: 'tool-calls' }
+        : { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop' }
+    },
+  } as Provider
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, system: 'sys', recall: false, compaction: { clear: false },
+    tools: [{ name: 'fetch', description: 't', parameters: { type: 'object', properties: {} }, execute: () => `result ${n++} `.padEnd(7_000, '.') }] })
+  await agent.run('task one')
+  assert.equal((await agent.compact()).action, 'compacted')
+  const before = sent.length
+  await agent.run('task two')
+  const surface = session.surface().map((node) => node.message)
+  const head = surface[0]
+  assert.match(String(head.content), /^Earlier parts of this session were compacted/)
+  assert.deepEqual(surface[1], { role: 'user', content: 'task two' }, 'a checkpoint at the head, then the input')
+  assert.ok(sent.length - before >= 2, 'turn 2 made two summary requests')
+  // Observed: turn 2's second summary request opens with that head checkpoint, then "task two" (the lead).
+  assert.deepEqual(sent.slice(before).map((r) => r.messages.some((m) => m.role === 'user' && m.content === head.content)),
+    sent.slice(before).map(() => false))
+})
+
+test('lead: a summary request whose tool specs are dropped (they crowd the window) reads no cache, so it sends no lead', async () => {
+  // One tool of a 7,000-character description: over 10% of the 16,000-token window, so the summary requests go without
+  // the tool specs. Their envelope differs from the conversation's, nothing of the prefix is cached for them (the
+  // modelled hit is 0), and the lead is only tokens paid at the miss price.
+  let step = 0, n = 0
+  const sent: ChatRequest[] = []
+  const provider: Provider = { model: 'm', baseURL: 'memory://g', contextWindow: 16_000, maxTokens: 200, prices: FLASH,
+    complete: async (r: ChatRequest) => {
+      if (r.headers?.['x-dsh-purpose'] === 'compaction') { sent.push(r)
+        return { message: { role: 'assistant', content: [{ type: 'text', text: 'CHECKPOINT: work so far.' }] }, finishReason: 'stop' } }
+      const i = step++
+      return i < 9 ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `a${i}`, name: 'fetch', arguments: '{}' }] }, finishReason: 'tool-calls' }
+        : { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop' } } } as Provider
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, recall: false, compaction: { clear: false },
+    tools: [{ name: 'fetch', description: 'd'.repeat(7_000), parameters: { type: 'object', properties: {} }, execute: () => `result ${n++} `.padEnd(6_000, '.') }] })
+  await agent.run('fetch nine')
+  const end = session.events.find((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>
+  assert.deepEqual(end.data.requests!.map((r) => r.modelledHitTokens), [0])
+  assert.deepEqual(sent.map((r) => r.tools?.length ?? 0), [0], 'the summary request has no tool specs')
+  // Observed: it opens with the input 'fetch nine' all the same.
+  assert.notDeepEqual(sent[0].messages[0], { role: 'user', content: 'fetch nine' })
 })
 
 test('case 5: a model without a price: cost unknown, tokens still reported', async () => {

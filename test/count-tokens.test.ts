@@ -3,7 +3,8 @@
 // on it before the request is sent.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { Agent, Session, MemoryStore, PRUNE_MARKER, type ChatRequest, type Message } from '../dsh.ts'
+import { Agent, Session, MemoryStore, PRUNE_MARKER, type ChatRequest, type Message, type Provider, type SessionEvent } from '../dsh.ts'
+import { FLASH, requestTokens, resultTool, shortSummarizer, toolOncePerTurn } from './scripted-provider.ts'
 
 const text = (m: Message) => (typeof m.content === 'string' ? m.content : JSON.stringify(m.content))
 
@@ -66,4 +67,86 @@ test('a summary request the server counts over the window is planned smaller bef
   assert.ok(summaries.length > 0, 'a summary was made')
   // every request the summarizer got fits its window by its own count
   for (const r of summaries) assert.ok(3 * heuristic(r) + (r.maxTokens ?? 0) <= 8_000, `${3 * heuristic(r)} + ${r.maxTokens}`)
+})
+
+// A Provider's count that is no token count, and the summary job's own count (the hostile reviews rev6, rev6b).
+test('count: a Provider whose countTokens answers no token count (NaN, -5, "12000") logs no calibration sample of it', async () => {
+  // The adapters check their server's count (an integer in [0, USAGE_MAX_TOKENS]); the loop takes any Provider's
+  // answer as is and logs it: ladder/state {sample: {providerTokens: null}} (NaN as JSON), -5, "12000".
+  const logged: unknown[] = []
+  for (const count of [Number.NaN, -5, '12000']) {
+    const provider: Provider = { model: 'm', baseURL: 'memory://count', contextWindow: 10_000, maxTokens: 100, prices: FLASH,
+      complete: async () => ({ message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }),
+      countTokens: async () => count as number } as Provider
+    const session = await Session.open(new MemoryStore())
+    await new Agent({ session, provider, warn: () => {} } as ConstructorParameters<typeof Agent>[0]).run('x'.repeat(36_000))
+    for (const e of session.events) {
+      const sample = (e.data as { sample?: { providerTokens: unknown; source: string } }).sample
+      if (e.type === 'ladder/state' && sample?.source === 'count') logged.push(sample.providerTokens)
+    }
+  }
+  // Observed: [NaN, -5, '12000'] (NaN is written as null).
+  assert.deepEqual(logged, [])
+})
+
+test('count: a summary request\'s countTokens answer that is no token count ("99999", 1.5e12, 12000.5) is not logged as a sample', async () => {
+  // 66de51e: "a Provider's countTokens answer that is no token count is not logged (a warning, the estimate stands)".
+  // That check is on the conversation's count near the window only; the summary job's own count (SummaryJob.request,
+  // which re-plans on it) logs what it gets as `ladder/state {sample: {providerTokens}}`: a string, a count over
+  // USAGE_MAX_TOKENS (1e9), a fraction. The fraction moves the calibration (2.41 after resume, from 1).
+  const isSummary = (messages: readonly unknown[]) =>
+    JSON.stringify(messages.at(-1)).includes('Write a checkpoint of the conversation')
+  const logged: unknown[] = []
+  for (const answer of ['99999', 1.5e12, 12000.5] as unknown[]) {
+    let k = 0
+    const provider = { model: 'm', baseURL: 'memory://m', contextWindow: 10_000, maxTokens: 100,
+      countTokens: async (r: { messages: readonly unknown[] }) => {
+        if (isSummary(r.messages)) return answer
+        throw new Error('no count here')
+      },
+      complete: async (r: ChatRequest) => isSummary(r.messages)
+        ? { message: { role: 'assistant', content: [{ type: 'text', text: 'Summary: tools were run.' }] }, finishReason: 'stop' }
+        : k < 9 ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `c${k++}`, name: 't', arguments: '{}' }] },
+          finishReason: 'tool-calls' }
+          : { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' },
+    } as unknown as Provider
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider, system: 'sys', recall: false, warn: () => {}, compaction: { clear: false },
+      tools: [resultTool(7_000)] } as ConstructorParameters<typeof Agent>[0])
+    await agent.run('go')
+    assert.ok(session.events.some((e) => e.type === 'compaction/summary'), `a summary was made (count ${answer})`)
+    for (const e of session.events as SessionEvent<'ladder/state'>[]) {
+      const t = e.type === 'ladder/state' ? (e.data as { sample?: { providerTokens: unknown } }).sample?.providerTokens : undefined
+      if (t !== undefined && !(Number.isInteger(t) && (t as number) >= 0 && (t as number) <= 1e9)) logged.push(t)
+    }
+  }
+  // Observed: ['99999' ×6, 1500000000000 ×6, 12000.5 ×12]
+  assert.deepEqual([...new Set(logged)], [])
+})
+
+test('count: a countTokens that answers a plain number, or throws at once, disables every summary (requests grow past the window)', async () => {
+  // The conversation's count near the window awaits the answer in a try: a plain number is read, a throw is a warning
+  // and the estimate stands. The summary job calls `provider.countTokens?.(…).catch(…)`: a plain number has no
+  // .catch (TypeError), a synchronous throw escapes the .catch; either fails the compaction before its request, every
+  // time. With a 10,000-token window and nine 1,750-token results the requests grow to about 16,000 tokens.
+  const seen: string[] = []
+  for (const count of [() => 3000, () => { throw new Error('count: not supported by this server') }]) {
+    let k = 0
+    const sizes: number[] = []
+    const provider = { ...toolOncePerTurn(10_000, sizes), countTokens: count,
+      complete: async (r: ChatRequest) => { sizes.push(requestTokens(r))
+        return k < 9 ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `c${k++}`, name: 't', arguments: '{}' }] },
+          finishReason: 'tool-calls' } : { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' } },
+    } as unknown as Provider
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider, summarizer: { ...shortSummarizer(10_000), countTokens: count } as unknown as Provider,
+      system: 'sys', recall: false, warn: () => {}, compaction: { clear: false }, tools: [resultTool(7_000)] } as ConstructorParameters<typeof Agent>[0])
+    await agent.run('go')
+    const failures = session.events.filter((e) => e.type === 'compaction/end' && (e.data as { error?: string }).error)
+      .map((e) => (e.data as { error: string }).error)
+    // Observed: 0 summaries, six failures 'provider.countTokens(...).catch is not a function' (or the count's own
+    // error), and a largest request of ~16,000 tokens in the 10,000-token window.
+    seen.push(...new Set(failures), ...(Math.max(...sizes) > 10_000 ? [`a request of ${Math.max(...sizes)} tokens`] : []))
+  }
+  assert.deepEqual(seen, [])
 })

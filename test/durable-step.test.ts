@@ -1,14 +1,15 @@
 // What a durable step spends beyond its write and its fsync (bench/durable.bench.ts measures it):
 // the header of the request is serialised once per step (to compare it with the one logged), not
 // twice, and a header that changed is logged once and compared by its own text from then on; a
-// FileStore encodes appends and reads events back into one scratch buffer, not a new one each time.
+// FileStore encodes appends and reads events back into one scratch buffer, not a new one each time. And what a
+// step is durable for: its appends land in seq order, its summary requests go out only once it is written.
 import { describe, test } from 'node:test'
 import assert from 'node:assert/strict'
-import { mkdtempSync, readFileSync } from 'node:fs'
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { Agent, FileStore, MemoryStore, Session, type SessionEvent } from '../dsh.ts'
-import { ScriptedProvider, call, say } from './scripted-provider.ts'
+import { Agent, FileStore, MemoryStore, Session, type ChatRequest, type Provider, type SessionEvent } from '../dsh.ts'
+import { FLASH, ScriptedProvider, call, say } from './scripted-provider.ts'
 
 const readTool = { name: 'read_file', description: 'reads a file', parameters: { type: 'object' }, execute: () => 'x'.repeat(100) }
 const isHeader = (v: unknown): boolean => typeof v === 'object' && v !== null && 'baseURL' in v && 'model' in v && 'tools' in v
@@ -45,8 +46,9 @@ test('a changed header is logged once more, then compared with the new one', asy
   assert.deepEqual(systems, ['one', 'two', 'one'])
 })
 
+const event = (seq: number, text = `m${seq}`) => ({ seq, type: 'user/message', time: 1, data: { message: { role: 'user', content: text }, surfaceOp: { op: 'append' } } }) as SessionEvent
+
 describe('FileStore encodes appends into one scratch buffer and reads events back into it', () => {
-  const event = (seq: number, text = `m${seq}`) => ({ seq, type: 'user/message', time: 1, data: { message: { role: 'user', content: text }, surfaceOp: { op: 'append' } } }) as SessionEvent
   const tempFile = () => join(mkdtempSync(join(tmpdir(), 'dsh-scratch-')), 's.jsonl')
 
   test('appends and read-backs after the first allocate no byte buffer of their own', async () => {
@@ -118,6 +120,61 @@ describe('FileStore encodes appends into one scratch buffer and reads events bac
     assert.deepEqual(lines, [0, 1, 2])
     await store.close()
   })
+})
+
+// From the hostile reviews rev5 (FileStore) and rev6 (the count near the window).
+/** A FileStore whose next write waits `delayMs` first (FileStore documents that a subclass's write may await). */
+class SlowWriteStore extends FileStore {
+  delayNextMs = 0
+  protected override async write(bytes: Uint8Array): Promise<void> {
+    const ms = this.delayNextMs
+    this.delayNextMs = 0
+    if (ms > 0) await new Promise((resolve) => setTimeout(resolve, ms))
+    return super.write(bytes)
+  }
+}
+
+test('FileStore: an append made while the previous write awaits never lands before it (the log keeps seq order)', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'dsh-order-'))
+  try {
+    const log = join(dir, 's.jsonl')
+    const store = new SlowWriteStore(log)
+    await store.append([{ seq: 0, time: 1, type: 'session/start', data: { id: 's', version: '0.1.0', format: 1 } }])
+    store.delayNextMs = 30
+    // LogStore: "append receives events in seq order" — these calls are made in seq order, the first one's write slow.
+    const results = await Promise.allSettled([store.append([event(1)]), store.append([event(2)])])
+    const seqs = readFileSync(log, 'utf8').split('\n').filter(Boolean).map((l) => (JSON.parse(l) as { seq: number }).seq)
+    await store.close()
+    // Either both landed in order, or the later one was refused and the file is a prefix of the log.
+    assert.deepEqual(seqs, seqs.map((_, i) => i), `the file holds seqs ${JSON.stringify(seqs)} after `
+      + JSON.stringify(results.map((r) => (r.status === 'rejected' ? String(r.reason?.message).slice(0, 60) : 'ok'))))
+    await Session.open(new FileStore(log), { readOnly: true }) // and the log loads
+  } finally { rmSync(dir, { recursive: true, force: true }) }
+})
+
+test('durability: a summary the provider\'s count near the window asks for is sent after its step is written to the store', async () => {
+  // A conversation request is sent only once its step/start is written ("a crash mid-request still shows the step it
+  // was in"), and the post-step ladder flushes before it may call a model. The count near the window relieves
+  // pressure between the step's start and its flush: its summary requests go out while the store holds nothing of
+  // the step (step/start, request/header, the count's sample, compaction/start). A crash then leaves a log that never
+  // shows the requests were made.
+  const store = new MemoryStore()
+  const seen: Array<[number, number]> = []
+  const provider: Provider = { model: 'm', baseURL: 'memory://count', contextWindow: 10_000, maxTokens: 100, prices: FLASH,
+    complete: async (r: ChatRequest) => {
+      if (r.headers?.['x-dsh-purpose'] === 'compaction') {
+        seen.push([store.events.filter((e) => e.type === 'step/start').length, session.events.filter((e) => e.type === 'step/start').length])
+        return { message: { role: 'assistant', content: [{ type: 'text', text: 'summary' }] }, finishReason: 'stop' }
+      }
+      return { message: { role: 'assistant', content: [{ type: 'text', text: 'ok: a short reply' }] }, finishReason: 'stop' }
+    },
+    countTokens: async () => 12_000 } as Provider
+  const session = await Session.open(store)
+  const agent = new Agent({ session, provider, compaction: { thresholdRatio: 0.95 } })
+  for (let i = 1; i <= 5; i++) await agent.run(`turn ${i} ` + String(i).repeat(7_200))
+  assert.ok(seen.length > 0, 'the count asked for a summary')
+  // Observed: [4, 5] for each: the fifth step is in memory only.
+  assert.deepEqual(seen.filter(([written, appended]) => written < appended), [])
 })
 
 // Session.replaceNodes copies its seq → node index now and then (a Map with steady deletes kept

@@ -333,3 +333,10 @@ export function sseResponse(events: unknown[], cut: boolean): Response {
     },
   }), { status: 200, headers: { 'content-type': 'text/event-stream' } })
 }
+
+/** A Response of one streamed chat completion that answers `text` and stops. */
+export const sseAnswer = (text: string): Response => sseResponse([{ choices: [{ index: 0, delta: { content: text } }] },
+  { choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }], false)
+
+/** The options of a provider whose `fetch` the test gives: its base URL (port 9, discard) is never reached. */
+export const FETCH_BASE = { baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k' }

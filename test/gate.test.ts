@@ -7,10 +7,10 @@ import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, ConfigError, openAICompatible, estimateMessageTokens,
   DEFAULT_PRUNE_CONFIG, internals, parseCliArgs, type AgentEvent, type ChatRequest, type Message, type Prices,
-  type SessionEvent,
+  type Provider, type SessionEvent,
 } from '../dsh.ts'
 import { logHeader } from './spec.ts'
-import { startFakeProvider } from './fake-provider.ts'
+import { sseAnswer, sseResponse, startFakeProvider } from './fake-provider.ts'
 import { tuned, ladderConfig } from './tuning.ts'
 
 const { Ladder } = internals
@@ -348,6 +348,38 @@ test('a needed prune that gets under the threshold does not end the gate: the cl
   assert.deepEqual([o.action, o.tokensAfter, clearedSteps(plain.session, plain.results).length], ['pruned', 26_712, 0])
 })
 
+test('gate: a summary whose lead is not sent (over a quarter of the summarizer\'s room) is priced without the cache hit', async () => {
+  // docs/design.md §11: a summary's input is priced "with what it sends ahead of its region, the cached part at the
+  // hit price — none when the region does not start at the head and nothing is sent ahead of it". The same session
+  // twice: a 2,000-token input, nine 7,000-character results, a summarizer of the same model with a window of 16,000
+  // (the input is sent ahead of the region: 10,879 of 11,089 tokens hit) or of 8,000 (the input is over a quarter of
+  // its room: not sent; 29 tokens hit, the envelope's). The gate's model ignores the summarizer's room, so it prices
+  // both alike: the same payback, 113 requests, for a request that misses all but 29 tokens.
+  async function run(summaryWindow: number) {
+    let step = 0, n = 0
+    const sent: ChatRequest[] = []
+    const provider: Provider = { model: 'm', baseURL: 'memory://g', contextWindow: 16_000, maxTokens: 200, prices: FLASH,
+      complete: async () => { const i = step++
+        return i < 9 ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `a${i}`, name: 'fetch', arguments: '{}' }] }, finishReason: 'tool-calls' }
+          : { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop' } } } as Provider
+    const summarizer: Provider = { ...provider, contextWindow: summaryWindow, complete: async (r: ChatRequest) => { sent.push(r)
+      return { message: { role: 'assistant', content: [{ type: 'text', text: 'CHECKPOINT: work so far.' }] }, finishReason: 'stop' } } } as Provider
+    const session = await Session.open(new MemoryStore())
+    const input = 'task: ' + 'q'.repeat(8_000)
+    const agent = new Agent({ session, provider, summarizer, recall: false, compaction: { clear: false },
+      tools: [{ name: 'fetch', description: 't', parameters: { type: 'object', properties: {} }, execute: () => `result ${n++} `.padEnd(7_000, '.') }] })
+    await agent.run(input)
+    const summary = session.events.find((e) => e.type === 'compaction/summary') as SessionEvent<'compaction/summary'>
+    const end = session.events.find((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>
+    return { payback: summary.data.paysBackAfterRequests, leadSent: sent[0].messages[0].content === input,
+      hit: end.data.requests![0].modelledHitTokens }
+  }
+  const sentAhead = await run(16_000), dropped = await run(8_000)
+  assert.deepEqual([sentAhead.leadSent, sentAhead.hit, dropped.leadSent, dropped.hit], [true, 10_879, false, 29])
+  // Observed: 113 and 113.
+  assert.ok(dropped.payback! > sentAhead.payback!, `payback ${dropped.payback} with no lead vs ${sentAhead.payback} with it`)
+})
+
 test('an overflow whose recovery needs a summary past the cap stops the turn with reason budget, not the overflow', async () => {
   let summaries = 0, calls = 0
   // Seven answers of 2,000 code points and a call; the eighth request overflows a 6,000-token window the options did
@@ -438,4 +470,262 @@ test('a summary the count near the window needs, refused by the cap, stops the t
   const last = session.events.slice(session.events.findLastIndex((e) => e.type === 'step/start'))
   assert.deepEqual(last.map((e) => e.type), ['step/start', 'ladder/state', 'compaction/start', 'compaction/end', 'step/end',
     'turn/end'])
+})
+
+// ── The spend cap under attack (from the hostile reviews rev5, rev6 and rev6b of the spend cap) ──
+
+/** A tool call whose arguments arrive in `pieces` deltas of 10,000 code points each. */
+function toolCallEvents(pieces: number): unknown[] {
+  const events: unknown[] = [{ choices: [{ index: 0, delta: { tool_calls: [{ index: 0, id: 'c1', type: 'function',
+    function: { name: 'read', arguments: '' } }] } }] }]
+  for (let k = 0; k < pieces; k++) {
+    events.push({ choices: [{ index: 0, delta: { tool_calls: [{ index: 0, function: { arguments: 'x'.repeat(10_000) } }] } }] })
+  }
+  return events
+}
+
+test('cap: tool-call arguments streamed before a cut or an oversized message count toward maxCostUSD', async () => {
+  // Each request streams 400,000 bytes of tool-call arguments (about 100,000 tokens of output, $0.06 at FLASH's
+  // output price) and then fails: past the message cap (RESPONSE_TOO_LARGE, tuned to 300,000 bytes here) or cut.
+  // dsh itself received those bytes; the cap must count at least them ("never less than dsh's own estimate of
+  // what it sent and received"). With a session cap of $0.05 the second turn must stop with reason budget.
+  let calls = 0
+  const fetch = async () => { calls++; return sseResponse(toolCallEvents(40), true) }
+  const provider = tuned({ maxRetries: 0, maxMessageBytes: 300_000 }, () => openAICompatible({
+    baseURL: 'http://127.0.0.1:9', model: 'deepseek-flash', apiKey: 'k', contextWindow: 1_000_000, prices: FLASH,
+    fetch }))
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, maxCostUSD: { session: 0.05 },
+    tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} }, execute: () => 'y' }] })
+  // The turn fails with the provider's error (the Agent throws it).
+  await assert.rejects(agent.run('go'), { code: 'RESPONSE_TOO_LARGE' })
+  assert.equal(calls, 1)
+  const second = await agent.run('again').then((r) => r.reason, (e: Error & { code?: string }) => e.code)
+  assert.equal(second, 'budget', `the second turn ended ${second} after ${calls} requests`)
+  assert.equal(calls, 1)
+  // What the cap counts of the session so far: at least the ~75,000 tokens of arguments dsh read before the cap.
+  const floor = session.cost.spendFloor()
+  assert.ok(floor.conversationOutputTokens >= 70_000,
+    `the cap counts ${floor.conversationOutputTokens} output tokens of a request that streamed 300,000 bytes`)
+})
+
+test('cap: a stream cut after tool-call arguments is retried past maxCostUSD (the cut request counted as nothing)', async () => {
+  // 400,000 bytes of arguments (about 100,000 tokens, $0.06 of output at FLASH) and then the connection drops: a
+  // break after output, which the Agent retries once as a new step. The cap of $0.05 a turn must stop that retry.
+  let calls = 0
+  const fetch = async () => { calls++; return sseResponse(toolCallEvents(40), true) }
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9',
+    model: 'deepseek-flash', apiKey: 'k', contextWindow: 1_000_000, prices: FLASH, fetch }))
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, maxCostUSD: 0.05,
+    tools: [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} }, execute: () => 'y' }] })
+  const reason = await agent.run('go').then((r) => r.reason, (e: Error & { code?: string }) => e.code)
+  assert.deepEqual([reason, calls], ['budget', 1])
+})
+
+test('cap: the summary requests of one compaction are checked against each other, not each alone', async () => {
+  // 30 exchanges of 4,000 code points each way (about 60,000 tokens): over the threshold of a 70,000-token window,
+  // so the turn starts with a summary. The summarizer's window is 10,000 tokens: the region goes in several
+  // requests of about 8,000 tokens each, each modelled at about $0.15 at the summarizer's prices.
+  const session = await Session.open(new MemoryStore())
+  for (let i = 0; i < 30; i++) {
+    session.append('turn/start', { turn: i + 1 })
+    session.append('user/message', { message: { role: 'user', content: `q${i} ${'u'.repeat(4_000)}` },
+      surfaceOp: { op: 'append' } })
+    session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text',
+      text: `a${i} ${'v'.repeat(4_000)}` }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
+    session.append('turn/end', { turn: i + 1, reason: 'stop' })
+  }
+  let summaries = 0, conversation = 0
+  const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm',
+    apiKey: 'k', contextWindow: 70_000, prices: FLASH, fetch: async () => (conversation++, sseAnswer('done')) }))
+  const summarizer = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'dear',
+    apiKey: 'k', contextWindow: 10_000, prices: { cacheHitInput: 0.3, cacheMissInput: 15, output: 60 },
+    fetch: async () => (summaries++, sseAnswer('s'.repeat(400))) }))
+  const cap = 0.25
+  const agent = new Agent({ session, provider, summarizer, maxCostUSD: { session: cap } })
+  const result = await agent.run('go on')
+  const spent = session.cost.spendFloor().costUSD
+  // Whatever the turn did, what it spent by dsh's own count stays within the session's cap (a summary request is
+  // not sent past it), give or take one request's modelling error.
+  assert.ok(spent <= cap * 1.2, `spent $${spent.toFixed(4)} of a $${cap} session cap in ${summaries} summary `
+    + `requests (reason ${result.reason})`)
+})
+
+test('cap: a provider made { ...provider, prices } with a price missing or NaN cannot silently turn maxCostUSD off', async () => {
+  // Each answer: 8,000 code points of text and a call, so each request costs at least 2,000 tokens of output.
+  let calls = 0
+  const fetch = async () => (calls++, sseResponse([{ choices: [{ index: 0, delta: { content: 'z'.repeat(8_000), tool_calls: [{
+    index: 0, id: `c${calls}`, type: 'function', function: { name: 'read', arguments: '{}' } }] } }] },
+  { choices: [{ index: 0, delta: {}, finish_reason: 'tool_calls' }] }], false))
+  const base = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm',
+    apiKey: 'k', contextWindow: 1_000_000, fetch }))
+  const tools = [{ name: 'read', description: 'read', parameters: { type: 'object', properties: {} },
+    execute: () => 'y'.repeat(8_000) }]
+  for (const prices of [{ cacheHitInput: 0.003, cacheMissInput: 0.15 }, { ...FLASH, output: Number('0,6') }]) {
+    calls = 0
+    const session = await Session.open(new MemoryStore())
+    let outcome: string
+    try {
+      const agent = new Agent({ session, provider: { ...base, prices: prices as Prices }, tools, maxSteps: 20,
+        maxCostUSD: 0.001 })
+      outcome = (await agent.run('go')).reason
+    } catch (err) { outcome = calls === 0 ? 'refused' : String(err) }
+    // Refused before any request (prices that price nothing), or the cap fires: never 20 requests past a $0.001 cap.
+    assert.ok(outcome === 'refused' || outcome === 'budget',
+      `prices ${JSON.stringify(prices)}: the turn ended ${outcome} after ${calls} requests under a $0.001 cap`)
+  }
+})
+
+const enc = new TextEncoder()
+
+/** A provider over `fetch` that answers 200 with an event stream of `chunks`, then keeps the body open (it ends only
+ *  when the request's signal aborts it). `onServed` runs once the response is handed over. */
+function stalledProvider(chunks: string[], onServed: () => void, tuning = {}) {
+  return tuned({ maxRetries: 0, ...tuning }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k',
+    contextWindow: 100_000, prices: FLASH, fetch: async (_url, init) => {
+      const body = new ReadableStream<Uint8Array>({
+        start(c) {
+          for (const s of chunks) c.enqueue(enc.encode(s))
+          init?.signal?.addEventListener('abort', () => c.error(new DOMException('aborted', 'AbortError')))
+        },
+      })
+      setTimeout(onServed, 20)
+      return new Response(body, { status: 200, headers: { 'content-type': 'text/event-stream' } })
+    } }))
+}
+
+test('cap: a user abort after the server answered 200, before any output, counts the request it ran', async () => {
+  // docs/design.md §11: "A request that fails after the server ran it — it streamed output … or answered 200 —
+  // costs too, and is counted like an answered one". The server has read a 10,000-token prompt when the user aborts.
+  const ctrl = new AbortController()
+  const provider = stalledProvider([`data: ${JSON.stringify({ choices: [{ index: 0, delta: { role: 'assistant' } }] })}\n\n`],
+    () => ctrl.abort())
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, maxCostUSD: 1 })
+  const result = await agent.run('x'.repeat(40_000), { signal: ctrl.signal })
+  assert.equal(result.reason, 'aborted')
+  const errors = session.events.filter((e) => e.type === 'request/error') as SessionEvent<'request/error'>[]
+  // Observed: no request/error at all, usage().conversation.requests 0 and spendFloor().costUSD 0: a user who aborts
+  // each turn after the 200 spends a full prompt per turn that no cap ever counts.
+  assert.deepEqual(errors.map((e) => [e.data.code, e.data.spent?.outputTokens]), [['ABORTED', 0]])
+  assert.equal(session.cost.usage().conversation.requests, 1)
+  assert.ok(session.cost.spendFloor().costUSD >= 10_000 * 0.15 / 1e6, `spent ${session.cost.spendFloor().costUSD}`)
+})
+
+test('cap: a server that answers 200 and then sends nothing (keep-alives only) until the idle timeout costs a request', async () => {
+  // A hostile or broken server: 200, then a keep-alive comment and silence. The adapter gives up (TIMEOUT, idle) and
+  // the turn fails, but the server ran the prompt: §11 counts a request that answered 200.
+  const provider = stalledProvider([': keep-alive\n\n'], () => {}, { idleTimeoutMs: 100 })
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, maxCostUSD: 1, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  await assert.rejects(agent.run('x'.repeat(40_000)), { name: 'ProviderError', code: 'TIMEOUT' })
+  const errors = session.events.filter((e) => e.type === 'request/error') as SessionEvent<'request/error'>[]
+  assert.equal(errors.at(-1)?.data.code, 'TIMEOUT')
+  // Observed: the TIMEOUT has no `spent` (the error carries no status 200), so the request is not counted.
+  assert.deepEqual(errors.at(-1)?.data.spent && { outputTokens: errors.at(-1)!.data.spent!.outputTokens }, { outputTokens: 0 })
+  assert.equal(session.cost.usage().conversation.requests, 1)
+})
+
+test('cap: a custom provider\'s prices that cannot price a request are refused where the cap is set, not mid-turn', async () => {
+  // maxCostUSD checks only that the provider has prices. A Provider object of the caller's own with NaN in its table
+  // is accepted; the first run() then throws a SessionError from request/header ("…cacheHitInput … got null": the
+  // NaN as JSON) after the turn and its input were logged.
+  const provider: Provider = {
+    model: 'm', baseURL: 'memory://x', contextWindow: 100_000, maxTokens: 100,
+    prices: { cacheHitInput: Number.NaN, cacheMissInput: 1, output: 1 },
+    complete: async () => ({ message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }),
+  } as Provider
+  const session = await Session.open(new MemoryStore())
+  assert.throws(() => new Agent({ session, provider, maxCostUSD: 1 }),
+    (e: unknown) => (e as Error).name === 'ConfigError' && /prices\.cacheHitInput/.test((e as Error).message)
+      && /NaN/.test((e as Error).message))
+  assert.deepEqual(session.events.map((e) => e.type), ['session/start'])
+})
+
+test('cap: maxCostUSD {turn, session} is read once: a getter that passes the check and then answers NaN cannot lift it', async () => {
+  // The options reader copies prices (a getter is never read again) but the spend cap keeps the caller's object and
+  // reads cap.turn at every step: the check saw 1e-9 USD, every later read sees NaN, and "used + next > NaN" is false.
+  let reads = 0
+  const cap = { get turn() { reads++; return reads === 1 ? 1e-9 : Number.NaN } }
+  let requests = 0
+  const provider: Provider = {
+    model: 'm', baseURL: 'memory://cap', contextWindow: 100_000, maxTokens: 100, prices: FLASH,
+    complete: async () => { requests++
+      return { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' } },
+  } as Provider
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, maxCostUSD: cap, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  const result = await agent.run('x'.repeat(4_000))
+  // A 1,000-token request at $0.15 per million costs $0.00015, past the $0.000000001 cap that was checked.
+  assert.deepEqual([result.reason, requests], ['budget', 0])
+})
+
+test('cap: a summary request the user aborts after its 200, before output, is in compaction/end {requests}', async () => {
+  // The same gap in the summary path: the summarizer answered 200 to a ~10,900-token request, then the user aborts;
+  // the compaction ends "aborted" with no request recorded, so neither usage() nor the cap ever counts it.
+  const ctrl = new AbortController()
+  let step = 0, n = 0
+  const conversation: Provider = { model: 'm', baseURL: 'memory://x', contextWindow: 16_000, maxTokens: 200, prices: FLASH,
+    complete: async () => { const i = step++
+      return i < 9 ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `a${i}`, name: 'fetch', arguments: '{}' }] }, finishReason: 'tool-calls' }
+        : { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop' } } } as Provider
+  const summarizer = tuned({ maxRetries: 0 }, () => openAICompatible({ baseURL: 'http://127.0.0.1:9', model: 'm', apiKey: 'k',
+    contextWindow: 16_000, prices: FLASH, fetch: async (_url, init) => new Response(new ReadableStream<Uint8Array>({
+      start(c) {
+        setTimeout(() => ctrl.abort(), 20)
+        init?.signal?.addEventListener('abort', () => c.error(new DOMException('aborted', 'AbortError')))
+      } }), { status: 200, headers: { 'content-type': 'text/event-stream' } }) }))
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: conversation, summarizer, maxCostUSD: 1, recall: false, compaction: { clear: false },
+    tools: [{ name: 'fetch', description: 't', parameters: { type: 'object', properties: {} }, execute: () => `result ${n++} `.padEnd(7_000, '.') }] })
+  assert.equal((await agent.run('fetch nine', { signal: ctrl.signal })).reason, 'aborted')
+  const end = session.events.find((e) => e.type === 'compaction/end') as SessionEvent<'compaction/end'>
+  assert.equal(end.data.error, 'aborted')
+  // Observed: requests [] and usage().summary.requests 0.
+  assert.deepEqual(end.data.requests?.map((r) => r.outputTokens), [0])
+  assert.equal(session.cost.usage().summary.requests, 1)
+})
+
+/** A Provider of the caller's own whose `prices` getter answers FLASH until `state.changed`, then `later`. */
+function changingPrices(state: { changed: boolean }, later: unknown): Provider {
+  return { model: 'm', baseURL: 'memory://m', contextWindow: 100_000, maxTokens: 100,
+    get prices() { return state.changed ? later : FLASH },
+    complete: async () => ({ message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop',
+      usage: { promptTokens: 10_000, completionTokens: 5 } }),
+  } as unknown as Provider
+}
+
+test('cap: a custom Provider whose prices getter answers zeros once maxCostUSD is checked runs past the cap', async () => {
+  // 19b89c8/e7fd24e read maxCostUSD and openAICompatible's prices once into copies, and spendCap() validates a custom
+  // Provider's prices where the cap is set; but that validated copy is thrown away and every request/header reads
+  // provider.prices again. With the prices honest, a $0.004 session cap stops the third 10,000-token turn ('budget').
+  const state = { changed: false }
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: changingPrices(state, { cacheHitInput: 0, cacheMissInput: 0, output: 0 }),
+    maxCostUSD: { session: 0.004 }, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  state.changed = true
+  const reasons: string[] = []
+  for (let i = 0; i < 5; i++) reasons.push((await agent.run('x'.repeat(40_000))).reason)
+  // Observed: ['stop' ×5], spendFloor().costUSD 0 after five 10,000-token requests.
+  assert.deepEqual(reasons, ['stop', 'stop', 'budget', 'budget', 'budget'])
+})
+
+test('cap: a custom Provider whose prices turn NaN mid-session ends the turn with a clear error, not the log\'s INVALID_EVENT', async () => {
+  // The same getter answering NaN prices after the check: the next request/header is refused by the log's own event
+  // check, and run() throws SessionError INVALID_EVENT "request/header: prices.cacheHitInput must be … got null"
+  // after turn/start and the input were logged (the turn has no end). Expected: the prices read once where the cap is
+  // set (the run goes on at them), or a ConfigError/TypeError naming the provider's prices before the turn starts.
+  const state = { changed: false }
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: changingPrices(state, { cacheHitInput: NaN, cacheMissInput: NaN, output: NaN }),
+    maxCostUSD: { session: 1 }, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  state.changed = true
+  let thrown: unknown
+  try { await agent.run('hello') } catch (e) { thrown = e }
+  assert.ok(!(thrown instanceof Error && /INVALID_EVENT/.test(`${(thrown as { code?: string }).code} ${thrown.message}`)),
+    `run threw ${(thrown as Error)?.name} ${(thrown as { code?: string })?.code}: ${(thrown as Error)?.message?.slice(0, 120)}`)
+  const types = session.events.map((e) => e.type)
+  assert.equal(types.filter((t) => t === 'turn/start').length, types.filter((t) => t === 'turn/end').length,
+    `a turn/start without its turn/end: ${types.join(', ')}`)
 })

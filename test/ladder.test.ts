@@ -8,7 +8,7 @@ import { join } from 'node:path'
 import {
   Agent, Session, MemoryStore, FileStore, openAICompatible, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
   codePointLength, ProviderError, estimateMessageTokens,
-  type Tool, type SessionEvent, estimateTextTokens, type CompactionHost, type Envelope, type ToolSpec,
+  type Tool, type SessionEvent, estimateTextTokens, type ChatRequest, type CompactionHost, type Envelope, type Provider, type ToolSpec,
   ConfigError, internals,
 } from '../dsh.ts'
 import {
@@ -24,6 +24,7 @@ const warningsTo = (list: string[]) => (e: { type: string; message?: string }) =
 const compactionConfig = ladderConfig
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 import { logHeader, clearNode } from './spec.ts'
+import { requestTokens, resultTool, shortSummarizer } from './scripted-provider.ts'
 import { tuned, ladderConfig } from './tuning.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
@@ -379,6 +380,36 @@ describe('oversized non-tool messages', () => {
     const req = f.conversation().at(-1)!.body.messages
     assert.equal(req.at(-1).content, current)
     assert.equal(req[0].content, 'z'.repeat(4_096) + PRUNE_MARKER + 'z'.repeat(1_021) + 'END')
+  })
+
+  // From the hostile review rev6b of the room rule: a steering message is the current input.
+  test('input: a steering message is cut by the prune rung before the model has read it once, though it fits the window', async () => {
+    // docs/design.md §3 "Oversized messages": "Earlier user messages may be cut likewise; the current input never is".
+    // `steer(text)` queues the user's newest words for the next step: they are that step's current input. Window 10,000,
+    // system prompt 6,000 (kept window 6,400), a 9,006-character steering message (~2,250 tokens) queued while a tool
+    // runs: the request carrying it whole is ~9,000 tokens (over the 8,000 threshold, within the window).
+    let k = 0
+    const seen: { tokens: number; steer?: string }[] = []
+    const provider = { model: 'm', baseURL: 'memory://m', contextWindow: 10_000, maxTokens: 100,
+      complete: async (r: ChatRequest) => {
+        const steer = r.messages.map((m) => (typeof m.content === 'string' ? m.content : ''))
+          .find((c) => c.startsWith('STEER '))
+        seen.push({ tokens: requestTokens(r), steer })
+        return k < 3 ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `c${k++}`, name: 't', arguments: '{}' }] },
+          finishReason: 'tool-calls' } : { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }
+      } } as unknown as Provider
+    const session = await Session.open(new MemoryStore())
+    const steering = 'STEER ' + 'x'.repeat(9_000)
+    const agent: Agent = new Agent({ session, provider, summarizer: shortSummarizer(10_000), system: 's'.repeat(24_000),
+      recall: false, warn: () => {}, tools: [{ ...resultTool(1_200), execute: () => { if (k === 1) agent.steer(steering)
+        return 'r'.repeat(1_200) } }] } as ConstructorParameters<typeof Agent>[0])
+    await agent.run('task')
+    const first = seen.find((s) => s.steer !== undefined)
+    assert.ok(first, 'a request carried the steering message')
+    const whole = first.tokens - estimateTextTokens(first.steer!) + estimateTextTokens(steering)
+    assert.ok(whole < 10_000, `the request with it whole would be ${whole} tokens`)
+    // Observed: the first request that carries it has 5,250 characters of the 9,006 (head + marker + tail).
+    assert.equal(first.steer!.length, steering.length)
   })
 })
 

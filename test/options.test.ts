@@ -49,3 +49,75 @@ test('a configuration that inherits its fields is refused, never read as the def
   assert.doesNotThrow(() => new Agent({ session, provider, compaction: bare }))
   assert.doesNotThrow(() => new Agent({ session, provider, compaction: Object.freeze({ thresholdRatio: 0.7 }) }))
 })
+
+// From the hostile reviews of the options reader (rev5, rev6).
+test('provider options: NaN or Infinity is named in the error (not "got null")', () => {
+  const base = BASE
+  // The message must say the value given: "got null" for NaN sends the caller looking for a null.
+  assert.throws(() => openAICompatible({ ...base, contextWindow: NaN }), (err: Error) => err instanceof TypeError
+    && /got NaN/.test(err.message))
+  assert.throws(() => openAICompatible({ ...base, maxTokens: Infinity }), (err: Error) => err instanceof TypeError
+    && /got Infinity/.test(err.message))
+})
+
+test('provider options: headers and extraBody that are not plain objects fail loudly', () => {
+  const base = BASE
+  // A string spread as headers sends "0: a", "1: b", … and an array as extraBody sends {"0": …}: both fail loudly.
+  assert.throws(() => openAICompatible({ ...base, headers: 'ab' as never }), TypeError)
+  assert.throws(() => openAICompatible({ ...base, extraBody: ['temperature', 0] as never }), TypeError)
+})
+
+test('options: a revoked Proxy as prices is a TypeError naming prices, like any other unreadable prices', () => {
+  const { proxy, revoke } = Proxy.revocable({}, {})
+  revoke()
+  // Observed: "Cannot perform 'IsArray' on a proxy that has been revoked" (the Array.isArray check before the
+  // reader, outside its try): the error names neither the function nor the field. headers and extraBody say it.
+  assert.throws(() => openAICompatible({ ...BASE, prices: proxy as unknown as Prices }),
+    (e: unknown) => e instanceof TypeError && /^openAICompatible: prices\b/.test(e.message))
+  assert.throws(() => openAICompatible({ ...BASE, headers: proxy as unknown as Record<string, string> }),
+    (e: unknown) => e instanceof TypeError && /^openAICompatible: headers\b/.test(e.message))
+})
+
+test('options: a configuration field that is own but not enumerable is refused or read, never read as the default', async () => {
+  // Like an object that inherits its fields (refused since e7fd24e): the caller's thresholdRatio 0.1 is silently
+  // replaced by the default 0.8.
+  const session = await Session.open(new MemoryStore())
+  const provider = openAICompatible({ ...BASE, contextWindow: 10_000 })
+  const compaction = Object.defineProperty({}, 'thresholdRatio', { value: 0.1, enumerable: false })
+  let agent: Agent | undefined
+  try { agent = new Agent({ session, provider, compaction }) } catch (e) { assert.equal((e as Error).name, 'ConfigError'); return }
+  assert.equal(agent.compaction.thresholdRatio, 0.1)
+})
+
+test('options: an object that inherits its fields from a null-prototype object is refused too, never read as the defaults', async () => {
+  // plainFields takes an object as plain when its prototype's prototype is null: true of Object.prototype, and also
+  // of any null-prototype object used as a prototype. So Object.create(base) with base = Object.create(null) + fields
+  // passes as plain, its own keys are none, and the caller's thresholdRatio 0.1 is read as the default 0.8.
+  const session = await Session.open(new MemoryStore())
+  const provider = openAICompatible({ ...BASE, contextWindow: 10_000 })
+  const base = Object.assign(Object.create(null) as object, { thresholdRatio: 0.1 })
+  let agent: Agent | undefined
+  try { agent = new Agent({ session, provider, compaction: Object.create(base) }) } catch (e) {
+    assert.deepEqual([(e as Error).name, (e as Error).message],
+      ['ConfigError', 'compaction config must be an object, got an object that inherits fields'])
+    return
+  }
+  assert.equal(agent.compaction.thresholdRatio, 0.1)
+})
+
+test('options: a sparse prices.peak.days of 2^27 holes is a TypeError, not an out-of-memory crash of the process', async () => {
+  // validatePrices copies peak.days with Array.from before it validates it: a sparse array (a few bytes of the
+  // caller's memory) becomes 2^27 undefined slots. In a process with a 64 MB heap that is a fatal V8 out-of-memory
+  // crash (the caller cannot catch it); fb1e8ef took every() over the holes and accepted the list instead.
+  const { spawnSync } = await import('node:child_process')
+  const { fileURLToPath } = await import('node:url')
+  const dsh = fileURLToPath(new URL('../dsh.ts', import.meta.url))
+  const script = `const { openAICompatible } = await import(${JSON.stringify(dsh)});
+    try { openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', prices: { cacheHitInput: 1, cacheMissInput: 1,
+      output: 1, peak: { multiplier: 2, days: new Array(2 ** 27), hoursUTC: [[1, 2]] } } }); console.log('accepted') }
+    catch (e) { console.log(e.name + ': ' + e.message.slice(0, 66)) }`
+  const child = spawnSync(process.execPath, ['--max-old-space-size=64', '--import', 'tsx', '--input-type=module', '-e', script],
+    { cwd: fileURLToPath(new URL('..', import.meta.url)), encoding: 'utf8', timeout: 120_000 })
+  assert.deepEqual([child.status, child.signal, child.stdout.trim()],
+    [0, null, 'TypeError: openAICompatible: prices.peak.days must be UTC weekdays 0 (Sunday)'], child.stderr.slice(0, 300))
+})

@@ -4,6 +4,7 @@
 import { test, mock } from 'node:test'
 import assert from 'node:assert/strict'
 import { openAICompatible, anthropic, ProviderError, type Message, type StreamEvent } from '../dsh.ts'
+import { FETCH_BASE } from './fake-provider.ts'
 import { tuned } from './tuning.ts'
 
 const HI: Message[] = [{ role: 'user', content: 'hi' }]
@@ -78,6 +79,27 @@ test('every call has a total deadline by default (1 hour): a stream that dribble
   assert.match(err.message, /deadline of 3600000 ms \(REQUEST_TIMEOUT_MS\)/)
   assert.ok(pulls >= 59, `${pulls} pulls`)
   assert.equal(events.filter((e) => e.type === 'retry').length, 0)
+})
+
+// From the hostile review rev5 of the body reader.
+test('body reader: a body whose cancel never settles (a proxying fetch) does not hang complete() past its deadline', async () => {
+  const provider = tuned({ maxRetries: 0, idleTimeoutMs: 200, requestTimeoutMs: 500 }, () => openAICompatible({ ...FETCH_BASE,
+    fetch: async () => new Response(new ReadableStream<Uint8Array>({
+      start(c) {
+        c.enqueue(enc.encode('data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n'
+          + 'data: [DONE]\n\n'))
+      },
+      cancel: () => new Promise<void>(() => {}), // waits on an upstream that never answers
+    }), { headers: { 'content-type': 'text/event-stream' } }) }))
+  let timer: ReturnType<typeof setTimeout> | undefined
+  const outcome = await Promise.race([
+    provider.complete({ messages: [{ role: 'user', content: 'x' }] }).then((r) => JSON.stringify(r.message.content),
+      (e: Error & { code?: string }) => String(e.code)),
+    new Promise<string>((resolve) => { timer = setTimeout(() => resolve('still pending after 3 s'), 3_000) }),
+  ])
+  clearTimeout(timer)
+  // The answer was whole at [DONE]: it is returned (or at worst a TIMEOUT at the 500 ms deadline), never a hang.
+  assert.ok(outcome !== 'still pending after 3 s', outcome)
 })
 
 test('a fetch error no retry can mend fails at once: a blocked port, an invalid URL, a permission denial', async () => {

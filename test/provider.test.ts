@@ -13,7 +13,7 @@ import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { createInterface } from 'node:readline'
 import {
-  openAICompatible, deepseek, classifyProviderError, ProviderError, ConfigError, KNOWN_MODELS, internals, type StreamEvent,
+  openAICompatible, anthropic, deepseek, classifyProviderError, ProviderError, ConfigError, KNOWN_MODELS, internals, type StreamEvent,
   type Message, type ChatResponse, type ProviderErrorCode, type OpenAICompatibleOptions, type Usage,
 } from '../dsh.ts'
 import {
@@ -21,7 +21,7 @@ import {
 } from './spec.ts'
 
 const { overflowCounts } = internals
-import { startFakeProvider, sseFromChunkLines, type FakeProvider, type FakeReply, type FakeProviderOptions } from './fake-provider.ts'
+import { FETCH_BASE, sseAnswer, startFakeProvider, sseFromChunkLines, type FakeProvider, type FakeReply, type FakeProviderOptions } from './fake-provider.ts'
 import { sharedPath, skipWithoutShared } from './shared.ts'
 import { tuned, type Tuning } from './tuning.ts'
 
@@ -1090,6 +1090,21 @@ test('a header left undefined, in the options or a request, is not sent (as an e
     } })
   await provider.complete({ messages: HI, headers: { 'x-c': undefined } as never })
   assert.deepEqual([headers?.has('x-a'), headers?.get('x-b'), headers?.has('x-c')], [false, 'b', false])
+})
+
+test('body writer: an extraBody field left undefined is left out, as JSON.stringify would (the body stays JSON)', async () => {
+  // A caller forwarding an optional setting: extraBody: { temperature: opts.temperature } with none given.
+  // openAICompatible left such a field out before the one body writer (940dcbb); both formats must send JSON.
+  for (const make of [openAICompatible, anthropic]) {
+    let body = ''
+    const provider = tuned({ maxRetries: 0 }, () => make({ ...FETCH_BASE, extraBody: { temperature: undefined, top_p: 0.5 },
+      fetch: async (_url: string, init: RequestInit) => { body = String(init.body); return sseAnswer('ok') } }))
+    await provider.complete({ messages: [{ role: 'user', content: 'hi' }] }).catch(() => {})
+    let parsed: Record<string, unknown> | undefined
+    try { parsed = JSON.parse(body) } catch { /* asserted below */ }
+    assert.ok(parsed, `${make.name} sent a body that is not JSON: ${body.slice(0, 60)}…`)
+    assert.deepEqual([Object.hasOwn(parsed!, 'temperature'), parsed!.top_p], [false, 0.5])
+  }
 })
 
 test('a 200 that is not an event stream is MALFORMED_RESPONSE; an `event: error` with unreadable data is SERVER', async () => {

@@ -3,8 +3,8 @@
 // `DSH_STRESS=1` (npm run test:stress) runs the long variants.
 import { test, describe, after } from 'node:test'
 import assert from 'node:assert/strict'
-import { spawn, execFileSync } from 'node:child_process'
-import { mkdtempSync, readFileSync, writeFileSync, statSync, readdirSync, rmSync } from 'node:fs'
+import { spawn, spawnSync, execFileSync } from 'node:child_process'
+import { existsSync, mkdtempSync, readFileSync, writeFileSync, statSync, readdirSync, rmSync, unlinkSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -253,6 +253,18 @@ function wholeLines(file: string): { seq: number; type: string }[] {
 
 const bigMessage = (i: number) => ({ message: { role: 'user' as const, content: `message ${i} ` + 'x'.repeat(300) }, surfaceOp: { op: 'append' as const } })
 
+/** A 2 MiB tmpfs at a new directory for `body` (root only: mount), unmounted after; undefined when it cannot mount. */
+async function onSmallDisk(body: (dir: string) => Promise<void>): Promise<boolean> {
+  const dir = mkdtempSync(join(tmpdir(), 'dsh-small-disk-'))
+  const mounted = process.getuid?.() === 0
+    && spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=2m', 'tmpfs', dir]).status === 0
+  try { if (mounted) await body(dir) } finally {
+    if (mounted) spawnSync('umount', [dir])
+    rmSync(dir, { recursive: true, force: true })
+  }
+  return mounted
+}
+
 describe('a full disk', () => {
   test('a short write is finished or fails as STORE with the numbers; nothing unwritten is acknowledged; the log resumes', async () => {
     const file = join(WORK, 'short-write.jsonl')
@@ -365,6 +377,24 @@ describe('a full disk', () => {
       if (mounted) execFileSync('umount', [dir])
       rmSync(dir, { recursive: true, force: true })
     }
+  })
+
+  test('full disk: a lock file that could not be written is not left behind to lock the log out', async (t) => {
+    const ran = await onSmallDisk(async (dir) => {
+      const log = join(dir, 's.jsonl'), fill = join(dir, 'fill')
+      assert.throws(() => writeFileSync(fill, Buffer.alloc(4 * 1024 * 1024)), { code: 'ENOSPC' }) // the disk is full
+      const session = new Session({ store: new FileStore(log) })
+      session.append('session/start', { id: 's', version: '0.1.0', format: 1 })
+      // The first write takes the lock: creating FILE.lock works (an inode), writing its holder does not.
+      await assert.rejects(session.sync(), (err: Error & { code?: string }) => err.code === 'STORE'
+        && /ENOSPC/.test(err.message))
+      unlinkSync(fill) // room again: the session keeps its events, and flushing again must write them
+      await session.sync()
+      assert.equal(readFileSync(log, 'utf8').split('\n').length, 2)
+      await session.store.close?.()
+      assert.equal(existsSync(`${log}.lock`), false)
+    })
+    if (!ran) t.skip('needs root to mount a 2 MiB tmpfs')
   })
 })
 

@@ -1,6 +1,6 @@
 // An in-process Provider for loop and ladder tests: answers from a script, records every request.
 // (The HTTP-level fake provider is test/fake-provider.ts; this one isolates the loop from the wire.)
-import { ProviderError, estimateRequestTokens, type ChatRequest, type ChatResponse, type Provider, type Block } from '../dsh.ts'
+import { ProviderError, estimateRequestTokens, type ChatRequest, type ChatResponse, type Prices, type Provider, type Block } from '../dsh.ts'
 
 export type Reply = ChatResponse | ProviderError | ((req: ChatRequest, index: number) => ChatResponse | ProviderError | Promise<ChatResponse | ProviderError>)
 
@@ -36,3 +36,35 @@ export class ScriptedProvider implements Provider {
     return structuredClone(reply)
   }
 }
+
+/** deepseek-flash off-peak, USD per million tokens. */
+export const FLASH: Prices = { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 }
+
+/** The size of request `r` in heuristic tokens, as the meter prices it. */
+export const requestTokens = (r: ChatRequest): number => estimateRequestTokens({ system: r.system, tools: r.tools }, r.messages)
+
+/** A tool `t` whose result is `chars` code points. */
+export const resultTool = (chars: number) => ({ name: 't', description: 'd', parameters: { type: 'object', properties: {} },
+  execute: () => 'r'.repeat(chars) })
+
+/** A conversation model of window `window` that calls tool `t` once per user message, then answers 'ok'; the sizes
+ *  (heuristic tokens, as the meter prices them) of every request it was sent go to `sizes`. */
+export function toolOncePerTurn(window: number, sizes: number[], usage?: (r: ChatRequest, i: number) => { promptTokens: number;
+  completionTokens: number } | undefined): Provider {
+  let k = 0, i = 0
+  return { model: 'm', baseURL: 'memory://m', contextWindow: window, maxTokens: 100,
+    complete: async (r: ChatRequest) => {
+      sizes.push(requestTokens(r))
+      const u = usage?.(r, i++)
+      return r.messages.at(-1)!.role === 'user'
+        ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `c${k++}`, name: 't', arguments: '{}' }] },
+          finishReason: 'tool-calls', ...(u ? { usage: u } : {}) }
+        : { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop',
+          ...(u ? { usage: u } : {}) }
+    } } as Provider
+}
+
+/** A summarizer of window `window` whose every summary is one short line. */
+export const shortSummarizer = (window: number): Provider => ({ model: 's', baseURL: 'memory://s', contextWindow: window,
+  maxTokens: 100, complete: async () => ({ message: { role: 'assistant', content: [{ type: 'text',
+    text: 'Summary: tools were run.' }] }, finishReason: 'stop' }) } as Provider)

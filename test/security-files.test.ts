@@ -3,12 +3,13 @@
 import { test, describe, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, spawnSync } from 'node:child_process'
-import { mkdtemp, mkdir, realpath, rm, writeFile, readFile, readdir, symlink, link } from 'node:fs/promises'
+import { appendFile, mkdtemp, mkdir, realpath, rm, stat, writeFile, readFile, readdir, symlink, link } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { builtinTools, BUILTIN_TOOL_DEFAULTS, type Tool } from '../dsh.ts'
 import { startFakeProvider } from './fake-provider.ts'
 import { runDsh } from './cli-child.ts'
+import { MiB, nested, rejection } from './hostile.ts'
 
 const temps: string[] = []
 after(async () => { for (const dir of temps) await rm(dir, { recursive: true, force: true }) })
@@ -189,5 +190,86 @@ describe('paths a hostile model picks: through /proc, a loop, a NUL, absurd numb
     ]
     for (const [name, args, says] of CASES) assert.match(await said(name, args), says, `${name} ${JSON.stringify(args)}`)
     assert.equal(await readFile(join(root, 'a.txt'), 'utf8'), 'hello\n')
+  })
+})
+
+// The Low breaks of the third attack table (docs/reliability.md, "Attack table (round 3)") in the file tools.
+const SCAN = 64 * MiB // read_file's READ_FILE_MAX_SCAN_BYTES
+
+describe('read_file reads at most 64 MiB of a file per call', () => {
+  const truncate = (file: string, bytes: number) => {
+    const r = spawnSync('truncate', ['-s', String(bytes), file], { encoding: 'utf8' })
+    assert.equal(r.status, 0, r.stderr)
+  }
+
+  test('a 4 GiB sparse file without a newline: line 1 is shown cut at once, line 2 is refused after 64 MiB (it read toward EOF)', async () => {
+    const { root: dir } = await workspace()
+    const file = join(dir, 'big')
+    await writeFile(file, 'x'.repeat(10_000)) // text first: a NUL in the first 8 KiB would make it "binary"
+    truncate(file, 4 * 1024 * MiB)
+    assert.equal((await stat(file)).size, 4294967296)
+    const { read_file } = await tools(dir)
+    const first = await read_file.execute({ path: 'big' }, live()) as string
+    assert.equal(first, `     1\t${'x'.repeat(10_000)}${'\0'.repeat(100_000 - 7 - 10_000)}\n[line 1 of big is longer than the output cap of 100000 characters and was cut; the next line is at offset=2; use grep to find text inside this line]`)
+    assert.equal(await rejection(read_file.execute({ path: 'big', offset: 2 }, live())),
+      `read_file: line 2 of big (4294967296 bytes) does not start within its first ${SCAN} bytes, the most read_file reads per call; use an offset from 1 to 1, or the shell tool, where offered, reads further (e.g. tail -c +${SCAN + 1} 'big' | head -c 100000)`)
+  })
+
+  test('lines that cross the 64 MiB mark: those before it are shown, the one it cuts as far as it was read, and the note says how to read on', async () => {
+    const { root: dir } = await workspace()
+    const file = join(dir, 'log.txt')
+    await writeFile(file, 'x'.repeat(10_000) + '\n') // line 1; line 2 is the sparse run of NULs
+    truncate(file, SCAN - 1000)
+    await appendFile(file, '\n' + Array.from({ length: 400 }, (_, k) => `r${String(k).padStart(4, '0')}\n`).join(''))
+    // Row k (line 3 + k) starts at byte SCAN - 999 + 6k: rows 0..165 end before SCAN, row 166 is cut after "r01".
+    const { read_file } = await tools(dir)
+    const out = await read_file.execute({ path: 'log.txt', offset: 3 }, live()) as string
+    const lines = out.split('\n')
+    assert.equal(lines.length, 168)
+    assert.equal(lines[0], '     3\tr0000')
+    assert.equal(lines[165], '   168\tr0165')
+    assert.equal(lines[166], '   169\tr01')
+    assert.equal(lines[167], `[lines 3-169 of log.txt shown (line 169 up to byte ${SCAN}); read_file reads at most ${SCAN} bytes of a file per call and stopped there (${SCAN + 1401} bytes in all), so what follows is out of its reach; the shell tool, where offered, reads further (e.g. tail -c +${SCAN + 1} 'log.txt' | head -c 100000)]`)
+    assert.match(await rejection(read_file.execute({ path: 'log.txt', offset: 200 }, live())), /^read_file: line 200 of log\.txt \(67110265 bytes\) does not start within its first 67108864 bytes, the most read_file reads per call; use an offset from 1 to 169, or /)
+    // Within the cap nothing changed: the range note as before.
+    assert.equal(await read_file.execute({ path: 'log.txt', offset: 3, limit: 2 }, live()), `     3\tr0000\n     4\tr0001\n[lines 3-4 of log.txt shown; the file continues (${SCAN + 1401} bytes in all); read more with offset=5]`)
+  })
+})
+
+describe('edit_file replaces at most 10,000 occurrences per call', () => {
+  test('replace_all of "a" in 16 MiB of "a" is refused with the count, the size, the limit and the fix; the file is unchanged (it took 2.9 s and +648 MB)', async () => {
+    const { root: dir } = await workspace()
+    const text = 'a'.repeat(16 * MiB)
+    await writeFile(join(dir, 'a.txt'), text)
+    const { edit_file } = await tools(dir)
+    assert.equal(await rejection(edit_file.execute({ path: 'a.txt', old_string: 'a', new_string: 'b', replace_all: true }, live())),
+      'edit_file: old_string occurs more than 10000 times in a.txt (16777216 bytes); replace_all replaces at most 10000 occurrences per call: give old_string more surrounding text so that it matches fewer places, use the shell (e.g. sed) where offered, or write the new content whole with write_file')
+    assert.equal(await rejection(edit_file.execute({ path: 'a.txt', old_string: 'a', new_string: 'b' }, live())),
+      'edit_file: old_string occurs more than 10000 times in a.txt (at lines 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, …); include more surrounding text to make it unique')
+    assert.ok((await readFile(join(dir, 'a.txt'), 'utf8')) === text, 'the file is unchanged')
+  })
+
+  test('10,000 occurrences are replaced; 10,001 are refused', async () => {
+    const { root: dir } = await workspace()
+    await writeFile(join(dir, 'ok.txt'), 'k\n'.repeat(10_000))
+    await writeFile(join(dir, 'over.txt'), 'k\n'.repeat(10_001))
+    const { edit_file } = await tools(dir)
+    assert.match(await edit_file.execute({ path: 'ok.txt', old_string: 'k', new_string: 'v', replace_all: true }, live()) as string, /^edited ok\.txt: replaced 10000 occurrences \(at lines 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, …\)$/)
+    assert.equal(await readFile(join(dir, 'ok.txt'), 'utf8'), 'v\n'.repeat(10_000))
+    assert.match(await rejection(edit_file.execute({ path: 'over.txt', old_string: 'k', new_string: 'v', replace_all: true }, live())), /^edit_file: old_string occurs more than 10000 times in over\.txt \(20002 bytes\); replace_all replaces at most 10000/)
+    assert.equal(await readFile(join(dir, 'over.txt'), 'utf8'), 'k\n'.repeat(10_001))
+  })
+})
+
+describe('a 200,000-deep nesting is a clear typed error, never a stack overflow', () => {
+  test('a tool-call argument nested 200,000 deep: the tool names it instead of a stack overflow (it said "Maximum call stack size exceeded")', async () => {
+    const { root: dir } = await workspace()
+    const { read_file, grep } = await tools(dir)
+    const deep = JSON.parse(nested(200_000))
+    assert.equal(await rejection(read_file.execute({ path: deep }, live())), 'read_file: "path" must be a string, got an array nested too deeply to print')
+    assert.equal(await rejection(read_file.execute({ path: 'a', offset: deep }, live())), 'read_file: "offset" must be an integer from 1 to 9007199254740991 (a 1-based line number), got an array nested too deeply to print')
+    assert.equal(await rejection(grep.execute({ pattern: 'a', ignore_case: { a: deep } }, live())), 'grep: "ignore_case" must be true or false, got an object nested too deeply to print')
+    // A long value is quoted capped too (it was quoted whole).
+    assert.equal(await rejection(read_file.execute({ path: ['x'.repeat(100_000)] }, live())), `read_file: "path" must be a string, got ["${'x'.repeat(198)}…`)
   })
 })

@@ -8,6 +8,7 @@ import { join } from 'node:path'
 import { builtinTools, BUILTIN_TOOL_DEFAULTS, type Tool } from '../dsh.ts'
 import { startFakeProvider } from './fake-provider.ts'
 import { runDsh } from './cli-child.ts'
+import { rejection } from './hostile.ts'
 
 const temps: string[] = []
 after(async () => { for (const dir of temps) await rm(dir, { recursive: true, force: true }) })
@@ -97,4 +98,14 @@ describe('a huge pattern is refused, and no error quotes a pattern whole', () =>
     const said = await text(g.execute({ pattern: '(' + 'x'.repeat(30_000) }, live()))
     assert.equal(said, `grep: "(${'x'.repeat(199)}…" is not a valid JavaScript regular expression (invalid regular expression: Unterminated group); fix it, or pass fixed_strings: true to search for the text literally`)
   })
+})
+
+// From the Low breaks of the third attack table (docs/reliability.md, "Attack table (round 3)").
+test('grep: an invalid glob is a grep: error that says how to fix it (it was a bare "Invalid regular expression")', async () => {
+  const g = await grep(await workdir({ 'a.ts': 'x\n' }))
+  assert.equal(await rejection(g.execute({ pattern: 'x', glob: '[z-a]' }, live())),
+    'grep: "glob" "[z-a]" is not a valid glob (Range out of order in character class); fix it, e.g. "*.ts" or "src/**/*.{js,mjs}", or leave it out')
+  const long = await rejection(g.execute({ pattern: 'x', glob: 'g'.repeat(100_000) + '[z-a]' }, live()))
+  assert.equal(long, `grep: "glob" "${'g'.repeat(200)}…" is not a valid glob (Range out of order in character class); fix it, e.g. "*.ts" or "src/**/*.{js,mjs}", or leave it out`)
+  assert.equal(await g.execute({ pattern: 'x', glob: '*.ts' }, live()), 'a.ts:1:x\n[1 matching line in 1 file; 1 file searched]')
 })

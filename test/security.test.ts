@@ -2,10 +2,11 @@
 // arguments, a hostile or broken server, a second process. Each test fails without its fix.
 import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
+import { readFileSync, writeFileSync } from 'node:fs'
 import { readFile, readdir } from 'node:fs/promises'
 import { join } from 'node:path'
 import {
-  Agent, Session, FileStore, MemoryStore, stripControls, internals, type Tool,
+  Agent, Session, FileStore, MemoryStore, openAICompatible, stripControls, internals, type Tool,
 } from '../dsh.ts'
 import {
   spillName,
@@ -13,7 +14,8 @@ import {
 
 const { stateOf } = internals
 import { ScriptedProvider, say } from './scripted-provider.ts'
-import { startFakeProvider } from './fake-provider.ts'
+import { FETCH_BASE, sseAnswer, sseResponse, startFakeProvider } from './fake-provider.ts'
+import { tuned } from './tuning.ts'
 import { runDsh, CLEAN_ENV, tempDirs } from './cli-child.ts'
 
 const tempDir = tempDirs('dsh-sec-')
@@ -66,6 +68,31 @@ describe('the session log: tool-call arguments once, spill names from the seq', 
     const results = store.events.filter((e) => e.type === 'tool/result').map((e) => e.data as { message: { toolCallId: string; content: { text: string }[] }; spilled?: unknown })
     assert.deepEqual(results.map((r) => [r.message.toolCallId, r.message.content[0].text.length, r.spilled]), [['c1', 300_000, undefined]])
     assert.equal(warnings.filter((w) => /300000 bytes .*kept inline.*ENOSPC/.test(w)).length, 1, warnings.join('\n'))
+  })
+
+  // From the hostile review rev5: an artefact the store cannot make.
+  test('spill: a tool result whose artefact cannot be stored still gets a result, and the session goes on', async () => {
+    // The artefacts directory cannot be made (a file holds its name: a full or read-only disk fails the same way).
+    const dir = await tempDir()
+    const log = join(dir, 's.jsonl')
+    writeFileSync(`${log}.artefacts`, 'not a directory')
+    let calls = 0
+    const fetch = async () => (++calls === 1 ? sseResponse([{ choices: [{ index: 0, delta: { tool_calls: [{ index: 0, id: 'c1',
+      type: 'function', function: { name: 'read', arguments: '{}' } }] } }] },
+    { choices: [{ index: 0, delta: {}, finish_reason: 'tool_calls' }] }], false) : sseAnswer('done'))
+    const provider = tuned({ maxRetries: 0 }, () => openAICompatible({ ...FETCH_BASE, contextWindow: 1_000_000, fetch }))
+    const session = await Session.open(new FileStore(log))
+    // A result over the spill size (256 KiB) goes to the artefacts.
+    const agent = new Agent({ session, provider, tools: [{ name: 'read', description: 'read',
+      parameters: { type: 'object', properties: {} }, execute: () => 'z'.repeat(300 * 1024) }] })
+    const first = await agent.run('go').then((r) => r.reason, (e: Error & { code?: string }) => `${e.code}: ${e.message}`)
+    const second = await agent.run('again').then((r) => r.reason, (e: Error & { code?: string }) => `${e.code}: ${e.message}`)
+    await session.store.close?.()
+    const results = readFileSync(log, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as
+      { type: string; data: { message?: { toolCallId?: string } } }).filter((e) => e.type === 'tool/result')
+    // The call that ran has its result in the log (whole, or an error saying why), and the next turn can be sent.
+    assert.deepEqual([results.map((e) => e.data.message?.toolCallId), second], [['c1'], 'stop'],
+      `first turn: ${first}; second: ${second}`)
   })
 })
 
@@ -122,5 +149,34 @@ describe('terminal control sequences from the model and the server are not print
       assert.deepEqual(printed, logged)
       assert.equal(printed.find((e) => e.type === 'assistant/message').data.message.content[0].text, 'x\x9b2Jy\x1b[2J')
     } finally { await f.close() }
+  })
+})
+
+// From the Low breaks of the third attack table (docs/reliability.md, "Attack table (round 3)").
+describe('a 100,000-character tool name is quoted at most 200 code points long', () => {
+  const name = 'n'.repeat(100_000)
+
+  test('the unknown-tool result quotes 200 code points and "…" (it held the whole name)', async () => {
+    const provider = new ScriptedProvider(100_000, [{ message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name, arguments: '{}' }] }, finishReason: 'tool_calls' }, say('done')])
+    const agent = new Agent({ session: await Session.open(new MemoryStore()), provider, tools: [] })
+    assert.equal((await agent.run('go')).reason, 'stop')
+    const result = agent.session.surface().find((n) => n.message.role === 'tool')!.message
+    assert.equal((result.content[0] as { text: string }).text, `unknown tool "${'n'.repeat(200)}…"; available tools: none`)
+  })
+
+  test('the CLI: no stderr line holds it whole, nor the result sent back (both held all 100,000)', async () => {
+    const dir = await tempDir()
+    let turn = 0
+    const fake = await startFakeProvider({ handler: () => turn++ === 0 ? { toolCalls: [{ id: 'c1', name, arguments: {} }] } : { text: 'done' } })
+    try {
+      const run = await runDsh(['-p', 'go', '--base-url', fake.url, '--model', 'm', '--context-window', '100000'], dir, { ...CLEAN_ENV, DEEPSEEK_API_KEY: 'k' })
+      assert.equal(run.code, 0, run.stderr.slice(0, 500))
+      assert.equal(run.stdout, 'done\n')
+      const activity = run.stderr.split('\n').find((l) => l.startsWith('▸ '))!
+      assert.match(activity, /^▸ n{200}… → unknown tool "n{145}…$/)
+      assert.ok(run.stderr.length < 2_000, `stderr is ${run.stderr.length} characters`)
+      const result = (fake.requests[1].body as any).messages.find((m: any) => m.role === 'tool')
+      assert.ok(result.content.length < 400 && result.content.startsWith(`unknown tool "${'n'.repeat(200)}…"`), `the result is ${result.content.length} characters`)
+    } finally { await fake.close() }
   })
 })
