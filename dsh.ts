@@ -3391,8 +3391,11 @@ const SUMMARY_MAX_TOKENS = 8192
  * other two, through the one test seam (`internals.tuning.ladder`), read when an Agent is made.
  */
 export interface LadderConfig extends CompactionConfig {
+  /** Share of the kept window a pressure compaction leaves verbatim ({@link RETAINED_TAIL_RATIO}). */
   readonly retainedTailRatio: number
+  /** Cap on a summary request's completion budget, tokens ({@link SUMMARY_MAX_TOKENS}). */
   readonly summaryMaxTokens: number
+  /** Whether the net-cost gate acts (where prices are known). */
   readonly gate: boolean
 }
 
