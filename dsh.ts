@@ -5670,7 +5670,7 @@ function positiveInteger(fn: string, name: string, value: unknown, allowZero = f
 /**
  * A provider from the options of `fn` over `defaults` (of the options given; an undefined value keeps the default):
  * a plain object of known keys, an absolute http(s) `baseURL`, a `model`; the API key from `apiKey`, else the
- * variable named by `keyEnv(host)` (then required). `check` sees the URL and whether the caller
+ * variable named by `keyEnv(host)` (then required, and sent only over `https:`). `check` sees the URL and whether the caller
  * named a key. Throws TypeError naming the option and the fix.
  */
 function makeProvider(fn: string, options: unknown,
@@ -5700,6 +5700,11 @@ function makeProvider(fn: string, options: unknown,
   let apiKey = o.apiKey === '' ? undefined : o.apiKey
   if (apiKey !== undefined && typeof apiKey !== 'string') throw new TypeError(`${fn}: apiKey must be a string`)
   const explicitKey = apiKey !== undefined, envName = explicitKey ? undefined : keyEnv(url.hostname)
+  // a key read from the environment goes only over https: (docs/design.md §13), whichever adapter reads it
+  if (envName !== undefined && url.protocol !== 'https:') {
+    throw new TypeError(`${fn}: baseURL ${JSON.stringify(String(baseURL))} would send the API key unencrypted; use `
+      + `https://${url.host} ($${envName} goes only over https)`)
+  }
   if (envName !== undefined) {
     apiKey = readEnv(envName) || undefined
     if (apiKey === undefined) {
@@ -14497,8 +14502,8 @@ export interface AnthropicOptions extends Omit<OpenAICompatibleOptions, 'baseURL
  * itself (at most 4: the envelope, and the stable prefix it finds by comparing with the requests sent
  * before); give `prices` a `cacheWriteInput` for Anthropic's price shape. `countTokens` asks
  * `/v1/messages/count_tokens`. The key goes as `x-api-key`: `apiKey`, else `$ANTHROPIC_API_KEY`, which is read
- * (and required) only for Anthropic's own host.
- * @throws TypeError for bad options (unknown keys, bad URL, missing key).
+ * (and required) only for Anthropic's own host and sent only over `https:`.
+ * @throws TypeError for bad options (unknown keys, bad URL, missing key, `$ANTHROPIC_API_KEY` for an `http:` URL).
  */
 function anthropic(options: AnthropicOptions): Provider {
   const host = new URL(ANTHROPIC_BASE_URL).hostname

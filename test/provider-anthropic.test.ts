@@ -216,6 +216,14 @@ test('options: the key goes only where it is meant to; chat-completions options 
     await anthropic({ baseURL: 'http://127.0.0.1:9', model: 'm', fetch: w.fetch }).complete({ messages: HI })
     assert.equal(w.sent[0].headers['x-api-key'], undefined)
     assert.equal(w.sent[0].headers['anthropic-version'], '2023-06-01')
+    // Anthropic's host over http: the key read from the environment is never sent in clear, on any port
+    for (const baseURL of ['http://api.anthropic.com', 'http://api.anthropic.com:8080']) {
+      const clear = wire([textReply('x')])
+      assert.throws(() => anthropic({ baseURL, model: 'm', fetch: clear.fetch }), new TypeError(`anthropic: baseURL `
+        + `"${baseURL}" would send the API key unencrypted; use https://${new URL(baseURL).host} ($ANTHROPIC_API_KEY `
+        + 'goes only over https)'))
+      assert.equal(clear.sent.length, 0)
+    }
   } finally {
     if (saved === undefined) delete process.env.ANTHROPIC_API_KEY
     else process.env.ANTHROPIC_API_KEY = saved
