@@ -10002,7 +10002,7 @@ export interface ReplayOptions {
   summaryTokens?: number
   /** A real model to write the summaries (the CLI passes one with --base-url/--model or a key). */
   summarizer?: Provider
-  /** Ladder settings to replay with (default {@link DEFAULT_COMPACTION_CONFIG}; `thresholdRatio` above wins). */
+  /** Ladder settings to replay with (default {@link DEFAULT_COMPACTION_CONFIG}; `thresholdRatio` above wins when given). */
   compaction?: Partial<CompactionConfig>
   /** Prices for the cost totals (default {@link REPLAY_PRICES}: deepseek-flash, off-peak). */
   prices?: Prices
@@ -10184,14 +10184,16 @@ function rungOfEvent(type: string): string | undefined {
  * as cancelled. The rows are read off the Agent's events.
  * Without `summarizer`, summaries are simulated at exactly `summaryTokens` tokens each.
  * @throws {RangeError} for a missing or bad `contextWindow`, `thresholdRatio`, `summaryTokens` or
- *   figure names (the message names the value and the fix). Cancellation through `signal` rejects
- *   with its reason.
+ *   figure names (the message names the value and the fix); {@link ConfigError} for a bad or removed
+ *   `compaction` key, as `new Agent` gives. Cancellation through `signal` rejects with its reason.
  */
 export async function replayTranscript(transcript: Transcript, options: ReplayOptions = {}): Promise<ReplayReport> {
   const windowGiven = options.contextWindow ?? transcript.contextWindow ?? options.summarizer?.contextWindow
   if (windowGiven === undefined) throw new RangeError(`replay: this ${transcript.format} file does not say its context window; pass contextWindow (CLI: --context-window N, e.g. 128000)`)
   const window = replayPositiveInteger('contextWindow', windowGiven, 'pass contextWindow (CLI: --context-window N)')
-  const thresholdRatio = options.thresholdRatio ?? DEFAULT_COMPACTION_CONFIG.thresholdRatio
+  // read like new Agent's (a removed or bad key is a ConfigError); thresholdRatio, when given, wins over its own
+  const { auto, clear, thresholdRatio: ladderRatio } = resolveCompactionConfig(options.compaction)
+  const thresholdRatio = options.thresholdRatio ?? ladderRatio
   if (typeof thresholdRatio !== 'number' || !(thresholdRatio > 0 && thresholdRatio <= 1)) {
     throw new RangeError(`replay: thresholdRatio must be a number in (0, 1], got ${String(thresholdRatio)}; e.g. 0.8 (CLI: --threshold 0.8)`)
   }
@@ -10409,7 +10411,7 @@ export async function replayTranscript(transcript: Transcript, options: ReplayOp
   const maxSteps = script.reduce((m, t) => Math.max(m, t.steps.length), 0) + 1
   const agentOptions: AgentOptions = {
     session, provider, tools, summarizer, system: transcript.envelope.system,
-    compaction: { ...options.compaction, thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe, recall: options.recall ?? false,
+    compaction: { auto, clear, thresholdRatio }, prune: pruneConfig, maxSteps, onEvent: observe, recall: options.recall ?? false,
   }
   // The transcript's own `recall` tool keeps its name: the Agent then offers no recall tool of its own.
   if (toolNames.has(RECALL_TOOL_NAME) && agentOptions.recall) {

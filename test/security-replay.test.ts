@@ -8,7 +8,8 @@ import { spawnSync } from 'node:child_process'
 import { writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
 import {
-  Session, MemoryStore, FileStore, SessionError, contextBreakdown, readTranscript, showSession, TranscriptError,
+  Session, MemoryStore, FileStore, SessionError, ConfigError, contextBreakdown, readTranscript, replayTranscript, showSession,
+  TranscriptError,
 } from '../dsh.ts'
 import { runDsh, CLEAN_ENV, tempDirs } from './cli-child.ts'
 import { MiB, nested } from './hostile.ts'
@@ -148,5 +149,32 @@ describe('dsh show tolerates a compaction event without shadowedSeqs', () => {
     const breakdown = await contextBreakdown(session, 100_000)
     assert.deepEqual(breakdown.shadowed.pruned, { tokens: 1008, messages: 0 })
     assert.deepEqual(breakdown.shadowed.cleared, { tokens: 0, messages: 1 })
+  })
+})
+
+describe('replay reads its compaction options as new Agent does', () => {
+  const t = readTranscript(JSON.stringify({ messages: [{ role: 'user', content: 'task' }, { role: 'assistant', content: 'done' }] }))
+  test('a removed key however given (non-enumerable, inherited, a getter that throws) and a non-object are ConfigErrors, before any work (0.1 spread them and ignored them)', async () => {
+    const removed = 'compaction config: the option gate was removed: the net-cost gate acts where the provider has prices (docs/design.md §11)'
+    const given: Array<[string, unknown, RegExp | string]> = [
+      ['non-enumerable', Object.defineProperty({}, 'gate', { value: false }), removed],
+      ['inherited', Object.create({ gate: false }), 'compaction config must be an object, got an object that inherits fields'],
+      ['getter that throws', { get auto(): boolean { throw new Error('boom') } }, /compaction config/],
+      ['a number', 42, /compaction config/],
+      ['a Map', new Map([['auto', false]]), /compaction config/],
+    ]
+    for (const [name, compaction, message] of given) {
+      await assert.rejects(replayTranscript(t, { contextWindow: 10_000, compaction: compaction as never }), (e: unknown) => {
+        assert.ok(e instanceof ConfigError, `${name}: ${String(e)}`)
+        if (typeof message === 'string') assert.ok(e.message.startsWith(message), `${name}: ${e.message}`)
+        else assert.match(e.message, message, name)
+        return true
+      })
+    }
+  })
+  test('compaction.thresholdRatio is used when thresholdRatio is not given; thresholdRatio wins when it is', async () => {
+    assert.equal((await replayTranscript(t, { contextWindow: 10_000, compaction: { thresholdRatio: 0.5 } })).thresholdTokens, 5_000)
+    assert.equal((await replayTranscript(t, { contextWindow: 10_000, thresholdRatio: 0.7, compaction: { thresholdRatio: 0.5 } })).thresholdTokens, 7_000)
+    assert.equal((await replayTranscript(t, { contextWindow: 10_000 })).thresholdTokens, 8_000)
   })
 })
