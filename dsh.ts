@@ -6404,6 +6404,8 @@ const COUNT_NEAR_WINDOW_RATIO = 0.1
  * {@link Session}); {@link AgentOptions.onEvent} also gets streamed deltas and warnings. The ladder
  * runs through the `agent/post-step` and `agent/request-error` hooks unless `compaction.auto` is false.
  * Cancellation, interrupted streams and their one retry: docs/design.md §7.
+ * `new Agent` throws TypeError without `session` and `provider`, {@link ConfigError} for a bad, removed or
+ * unreadable option (an options object that is not a plain one, a getter that throws).
  */
 class Agent {
   readonly session: Session
@@ -6443,7 +6445,10 @@ class Agent {
   /** The turn running now, for the spend cap of its summary requests. */
   private turnNow?: Turn
 
-  constructor(options: AgentOptions) {
+  constructor(given: AgentOptions) {
+    // each option read once, here: a getter that throws or an object of another kind is a ConfigError
+    const options = (isRecord(given) ? Object.fromEntries(plainFields('new Agent: options', given,
+      'a plain object of options', ConfigError)) : given) as AgentOptions
     if (!options?.session || !options.provider)
       throw new TypeError('new Agent({session, provider, …}): session and provider are required')
     for (const k in REMOVED_OPTIONS.agent) {

@@ -31,6 +31,23 @@ test('a field whose getter throws is a TypeError naming the field, not the gette
     { name: 'TypeError', message: 'openAICompatible: prices.peak.hoursUTC could not be read: boom' })
 })
 
+test('new Agent reads each option once: a getter that throws is a ConfigError naming the option, its error the cause', async () => {
+  const session = await Session.open(new MemoryStore())
+  const provider = openAICompatible(BASE)
+  let reads = 0
+  for (const key of ['session', 'system', 'maxSteps', 'compaction']) {
+    const options = { session, provider }
+    Object.defineProperty(options, key, { enumerable: true, get() { throw new RangeError(`boom ${key}`) } })
+    assert.throws(() => new Agent(options), (e: unknown) => e instanceof ConfigError
+      && e.message === `new Agent: options.${key} could not be read: boom ${key}` && (e.cause as Error).message === `boom ${key}`)
+  }
+  const agent = new Agent({ session, provider, get maxSteps() { reads++; return reads === 1 ? 3 : 0 } })
+  assert.equal(reads, 1)
+  assert.throws(() => new Agent(Object.assign(Object.create({ session }), { provider })),
+    { name: 'ConfigError', message: 'new Agent: options must be a plain object of options, got an object that inherits fields' })
+  assert.ok(agent)
+})
+
 test('a configuration that inherits its fields is refused, never read as the defaults', async () => {
   const session = await Session.open(new MemoryStore())
   const provider = openAICompatible({ ...BASE, contextWindow: 10_000 })
