@@ -4148,10 +4148,11 @@ function shrinkMessage(m: Message, tokens: number): Message {
     : { ...m, content: out }) as Message
 }
 
-/** How many fingerprints of overflowed summary requests a session remembers (in memory, not logged). */
+/** How many fingerprints of refused summary requests (overflowed, or counted over the window) a session remembers
+ * (in memory, not logged: after a resume such a request may be tried once more). */
 const FAILED_SUMMARY_MEMORY = 32
 const failedSummaries = new WeakMap<Session, Set<number>>()
-/** The fingerprints of the session's summary requests that overflowed (oldest first). */
+/** The fingerprints of the session's summary requests that overflowed or were counted over the window (oldest first). */
 function overflowedSummaryRequests(session: Session): Set<number> {
   let set = failedSummaries.get(session)
   if (!set) failedSummaries.set(session, set = new Set())
@@ -4374,10 +4375,16 @@ class SummaryJob {
     const fingerprint =
       fingerprintOf(JSON.stringify([provider.model, maxTokens, env.system ?? '', env.tools?.length ?? 0, msgs]))
     if (this.failed.has(fingerprint)) {
-      throw new CompactionError(`re-planning gave a summary request identical to one that overflowed (${calibrated} `
-        + `tokens); nothing was sent`)
+      throw new CompactionError(`re-planning gave a summary request identical to one that overflowed or that the `
+        + `server counted over the window (${calibrated} tokens); nothing was sent`)
     }
     return { msgs, env, inputTokens, calibrated, maxTokens, fingerprint }
+  }
+
+  /** Remembers a summary request that overflowed, or that the server counted over the window, so it is not sent again. */
+  private refused(fingerprint: number): void {
+    this.failed.add(fingerprint)
+    if (this.failed.size > FAILED_SUMMARY_MEMORY) this.failed.delete(this.failed.values().next().value!)
   }
 
   /** One summary request of `chunk`; its text, or undefined after an overflow that re-planned the budget. */
@@ -4390,7 +4397,7 @@ class SummaryJob {
       ? await providerCount(provider, { system: env.system, tools: env.tools, messages: msgs, signal })
         .catch(() => undefined) : undefined
     if (counted !== undefined && counted + maxTokens > this.window && replans < MAX_SUMMARY_REPLANS) {
-      this.failed.add(fingerprint)
+      this.refused(fingerprint)
       this.replan({ promptTokens: counted }, inputTokens, maxTokens)
       return undefined
     }
@@ -4411,10 +4418,7 @@ class SummaryJob {
       const outputTokens = failedOutputTokens(e, seen)
       if (outputTokens !== undefined) ran(outputTokens)
       const overflow = e?.code === 'CONTEXT_WINDOW_EXCEEDED'
-      if (overflow) {
-        this.failed.add(fingerprint)
-        if (this.failed.size > FAILED_SUMMARY_MEMORY) this.failed.delete(this.failed.values().next().value!)
-      }
+      if (overflow) this.refused(fingerprint)
       if (!overflow || signal?.aborted || replans >= MAX_SUMMARY_REPLANS) {
         throw Object.assign(err as object, { summaryRequests: this.requests })
       }
@@ -6448,7 +6452,7 @@ class Agent {
   constructor(given: AgentOptions) {
     // each option read once, here: a getter that throws or an object of another kind is a ConfigError
     const options = (isRecord(given) ? Object.fromEntries(plainFields('new Agent: options', given,
-      'a plain object of options', ConfigError)) : given) as AgentOptions
+      'a plain object of options', ConfigError)) : given) as unknown as AgentOptions
     if (!options?.session || !options.provider)
       throw new TypeError('new Agent({session, provider, …}): session and provider are required')
     for (const k in REMOVED_OPTIONS.agent) {

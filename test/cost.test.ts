@@ -19,12 +19,12 @@ const pricesOf = (model: string) => deepseek({ apiKey: 'sk-test', model }).price
 import { sseResponse, startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 import { logHeader } from './spec.ts'
 import { tuned } from './tuning.ts'
+import { FLASH } from './scripted-provider.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
 after(async () => { for (const s of servers) await s.close() })
 
 /** deepseek-flash without its peak hours: results do not depend on the clock. */
-const FLASH: Prices = { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 }
 /** A Saturday, 12:00 UTC (off-peak) and a Monday, 02:30 UTC (peak), in ms. */
 const SATURDAY_NOON = Date.UTC(2026, 10, 28, 12, 0, 0)
 const MONDAY_PEAK = Date.UTC(2026, 10, 30, 2, 30, 0)

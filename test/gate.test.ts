@@ -12,10 +12,10 @@ import {
 import { logHeader } from './spec.ts'
 import { sseAnswer, sseResponse, startFakeProvider } from './fake-provider.ts'
 import { tuned, ladderConfig } from './tuning.ts'
+import { FLASH } from './scripted-provider.ts'
 
 const { Ladder } = internals
 /** deepseek-flash off-peak, USD per million tokens. */
-const FLASH: Prices = { cacheHitInput: 0.003, cacheMissInput: 0.15, output: 0.6 }
 /** Prune results over 2,000 code points to 1,000 + marker (39) + 500. */
 const PRUNE = { thresholdChars: 2_000, headChars: 1_000, tailChars: 500 }
 
