@@ -3510,13 +3510,22 @@ function ledgerBudget(contextWindow?: number): number {
  * 2 × room ÷ window), the room being `window` less the envelope as measured (`offset + calibration ×` its
  * heuristic price): `window` while the envelope takes at most half of it; 0 when it fills it (or no window).
  */
-function keptWindowTokens(session: Session, window: number): number {
+function keptWindowTokens(session: Session, window: number, power = 2): number {
   if (!(window > 0)) return 0
   const m = session.measure()
   const roomTokens = window - m.calibrationOffsetTokens - m.calibration * m.envelopeTokens
   const f = Math.max(0, Math.min(1, (2 * roomTokens) / window))
-  return f === 1 ? window : Math.floor(window * f * f)
+  return f === 1 ? window : Math.floor(window * f ** power)
 }
+
+/**
+ * The window (tokens) the user's words are budgeted by (docs/design.md §5 "Room", §12): `window × f`, linear in the
+ * room where the rest of what the ladder keeps is quadratic. The user's messages are what a checkpoint must not lose:
+ * at f = 0.4 their share is 6% of the window (2.5 × the kept window's 2.4%), still 30% of the room at most.
+ */
+const userWindowTokens = (session: Session, window: number): number => keptWindowTokens(session, window, 1)
+/** Steps of the search for the widest user-message budget a checkpoint can hold (1/256 of the range at most). */
+const USER_WINDOW_BISECTIONS = 8
 
 // The user's own words (docs/design.md §12): every user message of a region is in its checkpoint, within
 // a share of the window of their own; the session's first message (the task) first, up to a smaller share.
@@ -3779,9 +3788,9 @@ function trimLedger(ledger: Ledger, budgetTokens: number): Ledger {
 
 /** The ledger a checkpoint carries, within its budgets (docs/design.md §12). */
 function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate: number, regionTokens: number,
-  taskSeq?: number): Ledger {
+  taskSeq?: number, userWindow = contextWindow): Ledger {
   const ledger = trimLedger(full, Math.floor(ledgerBudget(contextWindow) / rate))
-  const window = contextWindow ?? USER_MESSAGES_DEFAULT_WINDOW
+  const window = userWindow ?? USER_MESSAGES_DEFAULT_WINDOW
   const share = (ratio: number) => Math.min(Math.floor((window * ratio) / rate), Math.floor(regionTokens / 2))
   const users = fitUserMessages(full.userMessages, share(USER_MESSAGES_WINDOW_RATIO), share(TASK_WINDOW_RATIO), taskSeq)
   return { ...ledger, userMessages: users.kept, trimmed: ledger.trimmed + users.left }
@@ -4510,8 +4519,23 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
     // The budgets are measured tokens of the window; the ledger is priced by the heuristic.
     const window = host.settings.contextWindow
     const kept = window === undefined ? undefined : keptWindowTokens(session, window)
-    const facts = () => checkpointFacts(fullLedger, kept, session.measure().calibration,
-      region.tokens, taskSeq)
+    const users = window === undefined ? undefined : userWindowTokens(session, window)
+    const factsBy = (userWindow?: number) => checkpointFacts(fullLedger, kept, session.measure().calibration,
+      region.tokens, taskSeq, userWindow)
+    // The user's words get the widest budget (§12) between the kept window's and their own with which the checkpoint
+    // stays smaller than the region it replaces (a bisection: a few ledgers of one region, no model call).
+    const facts = (summary = ''): Ledger => {
+      const fits = (l: Ledger) => estimateMessageTokens({ role: 'user', content: frameCheckpoint(summary, l) })
+        < region.tokens
+      const wide = factsBy(users)
+      if (users === undefined || kept === undefined || users === kept || fits(wide)) return wide
+      let lo = kept, hi = users
+      for (let i = 0; i < USER_WINDOW_BISECTIONS && hi - lo > 1; i++) {
+        const mid = Math.floor((lo + hi) / 2)
+        if (fits(factsBy(mid))) lo = mid; else hi = mid
+      }
+      return factsBy(lo)
+    }
     // A region no larger than its checkpoint's frame and ledger could only be rejected after the model call.
     const frameTokens = estimateMessageTokens({ role: 'user', content: frameCheckpoint('', facts()) })
     if (frameTokens >= region.tokens)
@@ -4521,7 +4545,7 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
       summaryLead(session, region))
     requests = result.requests
     if (signal?.aborted) throw new CompactionError('aborted')
-    const ledger = facts()
+    const ledger = facts(result.summary)
     const { checkpoint, text, checkpointTokens } = framedCheckpoint(result.summary, ledger, region.tokens)
     if (session.replaceGeneration !== generation || !session.surface().node(first) || !session.surface().node(last))
       throw new CompactionError('the surface changed during compaction')
@@ -4617,7 +4641,7 @@ class Ladder {
   private taskTokens(): number {
     const window = this.host.settings.contextWindow, session = this.host.session
     return window === undefined ? 0
-      : Math.floor((keptWindowTokens(session, window) * TASK_WINDOW_RATIO) / session.measure().calibration)
+      : Math.floor((userWindowTokens(session, window) * TASK_WINDOW_RATIO) / session.measure().calibration)
   }
 
   private setGuard(tokens: number | undefined): void {

@@ -34,21 +34,21 @@ async function roomSession(systemChars: number, turns: number): Promise<{ sessio
 
 // ── §12 under the room rule: the user's words in a checkpoint that fits ──
 
-test('room: a large envelope (80% of the window) leaves user messages out of checkpoints that had room for them', { todo: 'open: the room rule (docs/design.md §5) makes §12\'s user budget a share of the kept window, and §12 leaves the oldest out when 200-unit cuts of them all exceed it; a floor tried this session raised a 95%-envelope case over the window (review6b 2), so the two rules need one decision' }, async () => {
-  // Window 10,000 tokens, system prompt 8,000: room 2,000, f = 0.4, kept window 1,600, so a checkpoint's user budget
-  // is 15% of 1,600 = 240 tokens (f² of the window's 1,500): four 223-unit messages (+ their 32-unit lines) cannot
-  // "fit" it, and the oldest are left out with no recall key. Yet the largest conversation request sent was 8,981
-  // tokens: a thousand tokens were free, and the four messages left out are about 56 tokens each.
+test('room: a large envelope (80% of the window) keeps every user message in the checkpoints, which have room for them', async () => {
+  // Window 10,000 tokens, system prompt 8,000: room 2,000, f = 0.4, kept window 1,600. Under the kept window a
+  // checkpoint's user budget was 15% of 1,600 = 240 tokens: four 223-unit messages (+ their 32-unit lines) could not
+  // fit it, and the oldest were left out with no recall key, while the largest request sent was 8,981 tokens. The
+  // user's words are budgeted by window × f = 4,000 (docs/design.md §5 "Room", §12): 600 tokens, and all eight stay.
   const { session, sizes } = await roomSession(32_000, 8)
   const dropped = [...Array(8).keys()].filter((i) => !userMessagesOnSurface(session, 8).includes(i))
   const freeTokens = 10_000 - Math.max(...sizes)
   const droppedTokens = dropped.reduce((t, i) => t + estimateTextTokens(words(i)) + 8, 0)
   assert.ok(droppedTokens < freeTokens, `${droppedTokens} tokens of user messages dropped, ${freeTokens} were free`)
-  // Observed: USER-1 … USER-4 are gone from the surface (no text, no recall key): the checkpoints "trimmed" them.
+  // At 66c9081: USER-1 … USER-4 were gone from the surface (no text, no recall key): the checkpoints "trimmed" them.
   assert.deepEqual(dropped, [], `user messages left out of the checkpoint: ${dropped.map((i) => `USER-${i}`).join(', ')}`)
 })
 
-test('room: the task is cut below the 200-unit minimum, to its marker alone, in a checkpoint with room to spare', { todo: 'open: with the 200-unit floor for the task and the others the same session sent a request of 10,230 tokens into its 10,000-token window; the task keeps its recall key meanwhile' }, async () => {
+test('room: the task is cut below the 200-unit minimum, to its marker alone, in a checkpoint with room to spare', { todo: 'open: under the user window (window × f, docs/design.md §5) the later checkpoints keep the task whole (223 units); the first one replaces a region of 113 tokens, and a checkpoint must be smaller than what it replaces, so the task is cut to 104 units there; a 200-unit floor (tried in round 4) sent a request of 10,230 tokens into the 10,000-token window' }, async () => {
   // docs/design.md §12: "A message is cut to no fewer than 200 UTF-16 units". Window 10,000, system prompt 9,500:
   // room 500, f = 0.1, kept window 100 tokens, the task's share 10 tokens (40 units, less the 32-unit line): the
   // 223-unit task is "cut" to 86 units, the marker alone, and not one of its words is left. The conversation's
@@ -59,7 +59,7 @@ test('room: the task is cut below the 200-unit minimum, to its marker alone, in 
   const tasks = summaries.map((s) => s.data.ledger?.userMessages.find((u) => u.seq === 2)?.text)
     .filter((t): t is string => t !== undefined)
   assert.ok(tasks.length > 0, 'a checkpoint carried the task')
-  // Observed: [86, 86, 86]: '\n\n[... middle of this user message cut; recall {"key":"seq:2"} returns it whole ...]\n\n'
+  // At 66c9081: [86, 86, 86], the marker alone; now [104, 223, 223]: the first checkpoint holds at most 104 units of it.
   assert.deepEqual(tasks.map((t) => t.length >= 200 || t === words(0)), tasks.map(() => true),
     `task lengths in checkpoints: ${tasks.map((t) => t.length).join(', ')}`)
   assert.ok(tasks.every((t) => t.startsWith('USER-0 please')), `the task's head: ${JSON.stringify(tasks[0].slice(0, 40))}`)
