@@ -4161,7 +4161,7 @@ function shrinkMessage(m: Message, tokens: number): Message {
  * (in memory, not logged: after a resume such a request may be tried once more). */
 const FAILED_SUMMARY_MEMORY = 32
 const failedSummaries = new WeakMap<Session, Set<number>>()
-/** The fingerprints of the session's summary requests that overflowed or were counted over the window (oldest first). */
+/** Fingerprints of the session's summary requests that overflowed or were counted over the window, oldest first. */
 function overflowedSummaryRequests(session: Session): Set<number> {
   let set = failedSummaries.get(session)
   if (!set) failedSummaries.set(session, set = new Set())
@@ -4390,7 +4390,7 @@ class SummaryJob {
     return { msgs, env, inputTokens, calibrated, maxTokens, fingerprint }
   }
 
-  /** Remembers a summary request that overflowed, or that the server counted over the window, so it is not sent again. */
+  /** Remembers a summary request that overflowed, or that the server counted over the window: never sent again. */
   private refused(fingerprint: number): void {
     this.failed.add(fingerprint)
     if (this.failed.size > FAILED_SUMMARY_MEMORY) this.failed.delete(this.failed.values().next().value!)
@@ -5698,8 +5698,8 @@ function positiveInteger(fn: string, name: string, value: unknown, allowZero = f
 /**
  * A provider from the options of `fn` over `defaults` (of the options given; an undefined value keeps the default):
  * a plain object of known keys, an absolute http(s) `baseURL`, a `model`; the API key from `apiKey`, else the
- * variable named by `keyEnv(host)` (then required, and sent only over `https:`). `check` sees the URL and whether the caller
- * named a key. Throws TypeError naming the option and the fix.
+ * variable named by `keyEnv(host)` (then required, and sent only over `https:`). `check` sees the URL and
+ * whether the caller named a key. Throws TypeError naming the option and the fix.
  */
 function makeProvider(fn: string, options: unknown,
   defaults: (given: Record<string, unknown>) => Partial<OpenAICompatibleOptions>, format: WireFormat,
