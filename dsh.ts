@@ -2291,10 +2291,13 @@ export class Session {
     const tokens = estimateMessageTokens(message)
     const answer = event.type === 'assistant/message' && op.op === 'append'
     const usage = answer ? checkedUsage(data.usage) : undefined
-    // A calibration sample only when the messages are at least half of the request (docs/design.md §10).
-    if (usage && this.surfaceTokensSum >= this.envelopeTokensSum) {
+    // A ratio sample when the messages are at least half of the request; else one of the envelope-heavy fit (§10).
+    if (usage) {
       const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
-      this.st.ladder.sample(usage.promptTokens, heuristicTokens, this.header?.contextWindow)
+      if (this.surfaceTokensSum >= this.envelopeTokensSum)
+        this.st.ladder.sample(usage.promptTokens, heuristicTokens, this.header?.contextWindow)
+      else this.st.ladder.heavy(usage.promptTokens, this.envelopeTokensSum, this.surfaceTokensSum,
+        this.header?.contextWindow)
     }
     if (event.type === 'tool/result' && data.spilled && op.op === 'append') this.recall.spilled(event.seq, message)
     if (op.op === 'append') this.appendNode(event, message, tokens, usage)
@@ -2363,7 +2366,7 @@ export class Session {
   measure(): Measurement {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
     const ladder = this.st.ladder
-    const { ratio: calibration, offset } = ladder.fit()
+    const { ratio: calibration, offset } = ladder.fit(this.envelopeTokensSum)
     const m: Measurement = Object.create(MEASUREMENT_VIEW) // MEASUREMENT_VIEW: what console.log shows
     m.calibration = calibration
     m.calibrationOffsetTokens = offset
@@ -2665,6 +2668,8 @@ class LadderState {
   private model?: string
   /** Least-squares sums (count, Σh, Σp, Σh², Σhp) of the transcript samples, for the model `model`. */
   private transcriptFit?: { n: number; h: number; p: number; hh: number; hp: number }
+  /** Samples of requests whose envelope outweighed their messages (provider; envelope and surface heuristic). */
+  private heavySamples: { provider: number; envelope: number; surface: number }[] = []
 
   /** A `ladder/state` event; returns whether its sample is the new usage anchor (an overflow count is exact). */
   apply(data: LadderStateData, contextWindow?: number): data is LadderStateData & { sample: object } {
@@ -2681,7 +2686,7 @@ class LadderState {
 
   /** A `request/header`: calibration is per model. */
   header(model: string): void {
-    if (model !== this.model) { this.model = model; this.samples = []; this.transcriptFit = undefined }
+    if (model !== this.model) { this.model = model; this.samples = []; this.heavySamples = []; this.transcriptFit = undefined }
   }
 
   /** Adds a calibration sample, the newest 8 count (docs/design.md §10); returns whether it was taken. */
@@ -2692,6 +2697,14 @@ class LadderState {
     return true
   }
 
+  /** Adds a sample of a request whose envelope outweighed its messages (docs/design.md §10), the newest 8 count. */
+  heavy(provider: number, envelope: number, surface: number, contextWindow?: number): void {
+    if (!(envelope + surface >= calibrationMinSampleTokens(contextWindow))
+      || !plausibleRatio(provider, envelope + surface)) return
+    this.heavySamples.push({ provider, envelope, surface })
+    if (this.heavySamples.length > CALIBRATION_SAMPLES) this.heavySamples.shift()
+  }
+
   /** Adds a count a replayed transcript records for a request of `heuristic` tokens (docs/design.md §15). */
   transcript(provider: number, heuristic: number): void {
     if (!(Number.isFinite(provider) && provider > 0 && Number.isFinite(heuristic) && heuristic > 0)) return
@@ -2700,25 +2713,51 @@ class LadderState {
   }
 
   /** How many samples the ratio stands on. */
-  get count(): number { return this.transcriptFit?.n ?? this.samples.length }
+  get count(): number {
+    return this.transcriptFit?.n ?? (this.samples.length || this.heavySamples.length)
+  }
 
   /** `provider ≈ offset + ratio × heuristic`: least squares over the transcript samples (docs/design.md §15), else
-   *  Σ provider ÷ Σ heuristic of the newest samples (offset 0); clamped to [0.5, 4], 1 without samples. */
-  fit(): { ratio: number; offset: number } {
+   *  Σ provider ÷ Σ heuristic of the newest samples (offset 0), else the envelope-heavy fit for an envelope of
+   *  `envelopeTokens` ({@link LadderState.heavyFit}); clamped to [0.5, 4], 1 without samples. */
+  fit(envelopeTokens = 0): { ratio: number; offset: number } {
     const f = this.transcriptFit
     const clamp = (r: number) => Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], r))
     if (!f) {
       // Σ provider ÷ Σ heuristic over the samples, clamped to [0.5, 4]; 1 without samples
       let p = 0, h = 0
       for (const s of this.samples) { p += s.provider; h += s.heuristic }
-      return { ratio: h > 0 ? clamp(p / h) : 1, offset: 0 }
+      if (h > 0 || this.heavySamples.length === 0) return { ratio: h > 0 ? clamp(p / h) : 1, offset: 0 }
+      const { messages, envelope } = this.heavyFit(clamp)
+      return { ratio: messages, offset: Math.round((envelope - messages) * envelopeTokens) }
     }
     const spread = f.n * f.hh - f.h * f.h
     const fitted = spread > 1e-9 * f.n * f.hh ? (f.n * f.hp - f.h * f.p) / spread : 1
     const ratio = clamp(fitted)
     return { ratio, offset: Math.max(0, Math.round((f.p - ratio * f.h) / f.n)) }
   }
+
+  /**
+   * The ratios of the messages and of the envelope, `provider ≈ messages × surface + envelope × envelope`, by least
+   * squares over the envelope-heavy samples when their shares differ enough to tell the two apart; else the messages
+   * at the heuristic and the envelope taking the rest (an input is then never priced at the envelope's ratio).
+   */
+  private heavyFit(clamp: (r: number) => number): { messages: number; envelope: number } {
+    let ss = 0, se = 0, ee = 0, ps = 0, pe = 0, p = 0, e = 0, s = 0
+    for (const x of this.heavySamples) {
+      ss += x.surface * x.surface; se += x.surface * x.envelope; ee += x.envelope * x.envelope
+      ps += x.provider * x.surface; pe += x.provider * x.envelope; p += x.provider; e += x.envelope; s += x.surface
+    }
+    const det = ss * ee - se * se
+    if (det > HEAVY_FIT_CONDITION * ss * ee) {
+      return { messages: clamp((ps * ee - pe * se) / det), envelope: clamp((pe * ss - ps * se) / det) }
+    }
+    return { messages: 1, envelope: clamp((p - s) / e) }
+  }
 }
+
+/** How far apart (1 − cos² of the surface and envelope columns) envelope-heavy samples must be to fit two ratios. */
+const HEAVY_FIT_CONDITION = 0.01
 
 /** How many recent surface edits keep their cache figures for {@link CostLedger.editCache}. */
 const RECENT_EDITS = 64
