@@ -2686,7 +2686,8 @@ class LadderState {
 
   /** A `request/header`: calibration is per model. */
   header(model: string): void {
-    if (model !== this.model) { this.model = model; this.samples = []; this.heavySamples = []; this.transcriptFit = undefined }
+    if (model === this.model) return
+    this.model = model; this.samples = []; this.heavySamples = []; this.transcriptFit = undefined
   }
 
   /** Adds a calibration sample, the newest 8 count (docs/design.md §10); returns whether it was taken. */
