@@ -510,18 +510,27 @@ class SSEParser {
       else if (text.startsWith('\u00ef\u00bb\u00bf')) i = 3
     }
     if (this.skipLF) { this.skipLF = false; if (text.charCodeAt(i) === 10) i++ }
+    const cr = text.indexOf('\r', i) // the chunk's first CR, if any: looked for once
     if (this.discarding) {
-      if ((i = this.skipLine(text, i)) < 0) return
-    } else if (this.pending.length > 0) { // a held line ends here: it and the chunk are joined (one copy, the fastest)
+      const end = this.lineEnd(text, i, cr)
+      if (end < 0) return
+      this.discarding = false
+      i = this.afterLine(text, end)
+    } else if (this.pending.length > 0) {
+      // A held line ends in this chunk: only that line is joined, so the rest of the chunk is read where it lies
+      // (joining the whole chunk to it would copy every chunk that a line straddles).
       const held = this.pending
-      if (text.indexOf('\n', i) < 0 && text.indexOf('\r', i) < 0) {
+      const end = this.lineEnd(text, i, cr)
+      if (end < 0) {
         held.push(i === 0 ? text : text.slice(i))
         return this.held(text.length - i)
       }
-      text = held.length === 1 ? held.pop() + (i === 0 ? text : text.slice(i)) : held.splice(0).join('') + text.slice(i)
-      this.pendingUnits = 0; this.pendingKept = false; i = 0
+      const line = (held.length === 1 ? held.pop()! : held.splice(0).join('')) + text.slice(i, end)
+      this.pendingUnits = 0; this.pendingKept = false
+      i = this.afterLine(text, end)
+      this.line(line, 0, line.length)
     }
-    const rest = text.indexOf('\r', i) < 0 ? this.linesLF(text, i) : this.linesCR(text, i)
+    const rest = cr < 0 || (cr < i && text.indexOf('\r', i) < 0) ? this.linesLF(text, i) : this.linesCR(text, i)
     if (rest < text.length) this.pending.push(rest === 0 ? text : text.slice(rest))
     this.held(text.length - rest)
   }
@@ -544,18 +553,21 @@ class SSEParser {
     }
   }
 
-  /** Skips the rest of an ignored line up to its end in `text`; returns where the next line begins, -1 if none. */
-  private skipLine(text: string, i: number): number {
-    const lf = text.indexOf('\n', i), cr = text.indexOf('\r', i)
-    let end = lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
-    if (end < 0) return -1
-    this.discarding = false
+  /** Where the line from `i` ends in `text` (its LF or CR), -1 if it does not; `cr`: the first CR at or after `i`. */
+  private lineEnd(text: string, i: number, cr: number): number {
+    const lf = text.indexOf('\n', i)
+    return lf < 0 ? cr : cr < 0 ? lf : Math.min(lf, cr)
+  }
+
+  /** Where the next line begins after the line end at `end` (CRLF is one end; a CR last in the chunk may be). */
+  private afterLine(text: string, end: number): number {
     if (text.charCodeAt(end) === 13) {
       if (end + 1 === text.length) this.skipLF = true
-      else if (text.charCodeAt(end + 1) === 10) end++
+      else if (text.charCodeAt(end + 1) === 10) return end + 2
     }
     return end + 1
   }
+
 
   /**
    * The hot path, whole lines of a chunk with no CR: an empty line, `data:` and a one-line event

@@ -7,6 +7,8 @@ import assert from 'node:assert/strict'
 import { readFileSync } from 'node:fs'
 import { parseSSE, openAICompatible, type SSEEvent } from '../dsh.ts'
 import { sharedPath, skipWithoutShared } from './shared.ts'
+import { createParser } from 'eventsource-parser'
+import { rng } from './rng.ts'
 
 type Op = string | { reset: { consume?: boolean } }
 interface Case { name: string; config: { maxBufferSize?: number; onComment?: false }; ops: Op[]; expected: Record<string, unknown>[] }
@@ -145,4 +147,40 @@ test('parseSSE: a line it ignores (comment, unknown field) is dropped as it arri
   // Under a cap smaller than 4,096 units the line is looked at before it could overflow.
   const small = await collect(iterate([': ', 'y'.repeat(60), 'y'.repeat(60), '\n', 'data: z\n\n']), 100)
   assert.deepEqual(small, { events: [{ event: 'message', data: 'z' }] })
+})
+
+test('parseSSE equals eventsource-parser on 300 seeded streams of mixed line ends (LF, CR, CRLF), comments, unknown fields and ids, cut at random places', async () => {
+  const lineEnds = ['\n', '\r', '\r\n']
+  for (let seed = 1; seed <= 300; seed++) {
+    const r = rng(seed)
+    const pick = <T>(xs: readonly T[]): T => xs[Math.floor(r() * xs.length)]
+    const text = (n: number) => Array.from({ length: n }, () => pick(['a', 'b', ' ', ':', '北', '😊', 'é'])).join('')
+    let stream = r() < 0.2 ? '\ufeff' : ''
+    for (let block = 0; block < 12; block++) {
+      for (let k = 1 + Math.floor(r() * 3); k > 0; k--) {
+        const field = pick(['data: ', 'data:', 'data', 'event: ', 'id: ', ': ', 'retry: ', 'other: '])
+        stream += field + text(Math.floor(r() * 40)) + pick(lineEnds)
+      }
+      stream += pick(lineEnds)
+    }
+    // eventsource-parser holds a CR that ends its input (an LF may follow); dsh dispatches at once (WHATWG: a CR ends
+    // the line). An LF after it ends the same line, so both see the same events.
+    if (stream.endsWith('\r')) stream += '\n'
+    const want: SSEEvent[] = []
+    const esp = createParser({ onEvent: (e) => want.push(e.id === undefined ? { event: e.event ?? 'message', data: e.data }
+      : { event: e.event ?? 'message', data: e.data, id: e.id }) })
+    esp.feed(stream.replace(/^\ufeff/, '')) // a decoder strips the BOM before eventsource-parser sees the text (WHATWG)
+    // the same text in chunks cut anywhere (a CRLF split too), as strings and as UTF-8 bytes cut anywhere
+    const cuts = (n: number) => [...new Set(Array.from({ length: 1 + Math.floor(r() * 20) }, () => Math.floor(r() * n)))]
+      .sort((a, b) => a - b)
+    const pieces = <T extends { slice(a: number, b?: number): T; length: number }>(whole: T): T[] => {
+      const at = [0, ...cuts(whole.length), whole.length]
+      return at.slice(1).map((end, i) => whole.slice(at[i], end)).filter((p) => p.length > 0)
+    }
+    for (const source of [pieces(stream), pieces(new TextEncoder().encode(stream))]) {
+      const got: SSEEvent[] = []
+      for await (const e of parseSSE(iterate<string | Uint8Array>(source))) got.push(e)
+      assert.deepEqual(got, want, `seed ${seed}: ${JSON.stringify(stream.slice(0, 200))}`)
+    }
+  }
 })
