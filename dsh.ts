@@ -13075,7 +13075,9 @@ async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
     if (signal?.aborted) return undefined
     io.live(undefined)
     asking = true
-    rl.setPrompt(question); prompt()
+    // Input that ended before the question (a paste, then end of input) still answers it: the question is shown.
+    rl.setPrompt(question)
+    if (closed) io.stderrRaw(question); else prompt()
     let onAbort: (() => void) | undefined
     const answer = await new Promise<IteratorResult<string>>((resolve) => {
       if (!signal) { void next(true).then(resolve); return }
