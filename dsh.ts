@@ -1603,6 +1603,15 @@ function plausibleRatio(providerTokens: number, heuristicTokens: number): boolea
   return ratio >= CALIBRATION_RANGE[0] && ratio <= CALIBRATION_RANGE[1]
 }
 
+/**
+ * An envelope of `envelopeTokens` heuristic tokens (default: the logged one) as measured: the calibration offset plus
+ * the calibration × it (docs/design.md §5 "Room", §10), tokens. The room, the pin limit and the input check price
+ * the envelope this one way.
+ */
+function measuredEnvelopeTokens(m: Measurement, envelopeTokens = m.envelopeTokens): number {
+  return Math.ceil(m.calibrationOffsetTokens + m.calibration * envelopeTokens)
+}
+
 /** The usage anchor rule (docs/design.md §2, §10, §15) applied to a heuristic total; tokens. */
 function anchoredTotal(
   heuristicTokens: number, anchor: UsageAnchor | undefined, calibration = 1, offsetTokens = 0,
@@ -1864,12 +1873,15 @@ export interface EventDataMap {
  *   `source` `'overflow'`: a conversation request refused with a count — that count also becomes
  *   the usage anchor (the surface is what was sent); `'summary'`: a summary request's usage or
  *   overflow count (a sample only); `'transcript'`: the prompt count a replayed transcript records
- *   for a request of `heuristicTokens` (replay's; fitted as offset + ratio, docs/design.md §15).
+ *   for a request of `heuristicTokens` (replay's; fitted as offset + ratio, docs/design.md §15). `envelopeTokens`:
+ *   the heuristic tokens of that request's envelope when it is not the session's (a summary request's); a sample
+ *   whose envelope outweighs its messages goes to the envelope-heavy fit (docs/design.md §10).
  * - `calibration`: the ratio after this event (for readers; the session recomputes it).
  */
 export interface LadderStateData {
   failedAtTokens?: number | null
-  sample?: { providerTokens: number; heuristicTokens: number; source: 'overflow' | 'count' | 'summary' | 'transcript' }
+  sample?: { providerTokens: number; heuristicTokens: number; envelopeTokens?: number
+    source: 'overflow' | 'count' | 'summary' | 'transcript' }
   calibration?: number
 }
 
@@ -2280,7 +2292,7 @@ export class Session {
         st.turn.open = false; st.turn.stepOpen = false; st.input = undefined; st.awaitingInput = false
         break
       case 'ladder/state':
-        if (st.ladder.apply(data, this.header?.contextWindow)) {
+        if (st.ladder.apply(data, this.header?.contextWindow, this.envelopeTokensSum)) {
           const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
           this.anchorState = { providerTokens: data.sample.providerTokens, heuristicTokens, seq: event.seq }
         }
@@ -2684,13 +2696,17 @@ class LadderState {
   private heavySamples: { provider: number; envelope: number; surface: number }[] = []
 
   /** A `ladder/state` event; returns whether its sample is the new usage anchor (an overflow count is exact). */
-  apply(data: LadderStateData, contextWindow?: number): data is LadderStateData & { sample: object } {
+  apply(data: LadderStateData, contextWindow?: number,
+    envelopeTokens = 0): data is LadderStateData & { sample: object } {
     const { sample, failedAtTokens } = data
     if (failedAtTokens !== undefined) this.failedAtTokens = failedAtTokens ?? undefined
     if (!sample) return false
     // A replayed transcript's count is of a request this session did not send: a sample, never an anchor.
     if (sample.source === 'transcript') { this.transcript(sample.providerTokens, sample.heuristicTokens); return false }
-    const taken = this.sample(sample.providerTokens, sample.heuristicTokens, contextWindow)
+    const envelope = typeof sample.envelopeTokens === 'number' ? sample.envelopeTokens : envelopeTokens
+    const messages = sample.heuristicTokens - envelope
+    const taken = messages >= envelope ? this.sample(sample.providerTokens, sample.heuristicTokens, contextWindow)
+      : this.heavy(sample.providerTokens, envelope, messages, contextWindow)
     // an overflow's count and the provider's own count of the request are exact: an anchor when plausible
     return (sample.source === 'overflow' || sample.source === 'count')
       && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))
@@ -2711,11 +2727,12 @@ class LadderState {
   }
 
   /** Adds a sample of a request whose envelope outweighed its messages (docs/design.md §10), the newest 8 count. */
-  heavy(provider: number, envelope: number, surface: number, contextWindow?: number): void {
-    if (!(envelope + surface >= calibrationMinSampleTokens(contextWindow))
-      || !plausibleRatio(provider, envelope + surface)) return
+  heavy(provider: number, envelope: number, surface: number, contextWindow?: number): boolean {
+    if (!(surface >= 0 && envelope + surface >= calibrationMinSampleTokens(contextWindow))
+      || !plausibleRatio(provider, envelope + surface)) return false
     this.heavySamples.push({ provider, envelope, surface })
     if (this.heavySamples.length > CALIBRATION_SAMPLES) this.heavySamples.shift()
+    return true
   }
 
   /** Adds a count a replayed transcript records for a request of `heuristic` tokens (docs/design.md §15). */
@@ -2752,8 +2769,9 @@ class LadderState {
 
   /**
    * The ratios of the messages and of the envelope, `provider ≈ messages × surface + envelope × envelope`, by least
-   * squares over the envelope-heavy samples when their shares differ enough to tell the two apart; else the messages
-   * at the heuristic and the envelope taking the rest (an input is then never priced at the envelope's ratio).
+   * squares over the envelope-heavy samples when their shares differ enough to tell the two apart and the fit, its
+   * ratios clamped, errs less than the fallback: the messages at the heuristic and the envelope taking the rest (an
+   * input is then never priced at the envelope's ratio).
    */
   private heavyFit(clamp: (r: number) => number): { messages: number; envelope: number } {
     let ss = 0, se = 0, ee = 0, ps = 0, pe = 0, p = 0, e = 0, s = 0
@@ -2761,11 +2779,13 @@ class LadderState {
       ss += x.surface * x.surface; se += x.surface * x.envelope; ee += x.envelope * x.envelope
       ps += x.provider * x.surface; pe += x.provider * x.envelope; p += x.provider; e += x.envelope; s += x.surface
     }
+    const fallback = { messages: 1, envelope: clamp((p - s) / e) }
     const det = ss * ee - se * se
-    if (det > HEAVY_FIT_CONDITION * ss * ee) {
-      return { messages: clamp((ps * ee - pe * se) / det), envelope: clamp((pe * ss - ps * se) / det) }
-    }
-    return { messages: 1, envelope: clamp((p - s) / e) }
+    if (!(det > HEAVY_FIT_CONDITION * ss * ee)) return fallback
+    const fit = { messages: clamp((ps * ee - pe * se) / det), envelope: clamp((pe * ss - ps * se) / det) }
+    const error = (f: typeof fit) => this.heavySamples.reduce((sum, x) =>
+      sum + (x.provider - f.messages * x.surface - f.envelope * x.envelope) ** 2, 0)
+    return error(fit) <= error(fallback) ? fit : fallback
   }
 }
 
@@ -3105,13 +3125,16 @@ class Pins {
       : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
     const pinned = this.tokens() + extraTokens
     const rate = m.calibration // the limit is measured tokens, the prices heuristic ones (docs/design.md §10)
-    const measured = Math.ceil((m.envelopeTokens + pinned) * rate)
+    const measured = measuredEnvelopeTokens(m) + Math.ceil(pinned * rate)
     if (measured <= limit) return
+    const how = measured === m.envelopeTokens + pinned ? ''
+      : `${m.calibrationOffsetTokens !== 0 ? ' as measured' : ` at × ${rate.toFixed(2)} calibration`}`
+        + ` (${measured} tokens)`
     throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} `
       + `tokens, which with the ${m.envelopeTokens}-token envelope exceeds the ${limit}-token limit for `
-      + `pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}`
-      + `${rate === 1 ? '' : ` at × ${rate.toFixed(2)} calibration (${measured} tokens)`}; pinned messages are never `
-      + 'compacted, so unpin one (session.pins.unpin(seq), CLI /unpin) or pin a shorter message')
+      + `pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}${how}; `
+      + 'pinned messages are never compacted, so unpin one (session.pins.unpin(seq), CLI /unpin) or pin a shorter '
+      + 'message')
   }
 
   /**
@@ -3565,7 +3588,7 @@ function ledgerBudget(contextWindow?: number): number {
 function keptWindowTokens(session: Session, window: number, power = 2): number {
   if (!(window > 0)) return 0
   const m = session.measure()
-  const roomTokens = window - m.calibrationOffsetTokens - m.calibration * m.envelopeTokens
+  const roomTokens = window - measuredEnvelopeTokens(m)
   const f = Math.max(0, Math.min(1, (2 * roomTokens) / window))
   return f === 1 ? window : Math.floor(window * f ** power)
 }
@@ -4349,8 +4372,8 @@ class SummaryJob {
       : this.leadSent())
   }
   private sample(providerTokens: number, heuristicTokens: number): void {
-    if (this.sameModel) this.session.append('ladder/state',
-      { sample: { providerTokens, heuristicTokens, source: 'summary' } })
+    if (this.sameModel) this.session.append('ladder/state', { sample: { providerTokens, heuristicTokens,
+      envelopeTokens: estimateEnvelopeTokens(this.envelope()), source: 'summary' } })
   }
   private windowNote(): string {
     return `the summarizer's window (${this.window} `
@@ -6527,7 +6550,8 @@ class Agent {
 
   constructor(given: AgentOptions) {
     // each option read once, here: a getter that throws or an object of another kind is a ConfigError
-    const options = (isRecord(given) ? Object.fromEntries(plainFields('new Agent: options', given,
+    const object = typeof given === 'function' || isRecord(given)
+    const options = (object ? Object.fromEntries(plainFields('new Agent: options', given,
       'a plain object of options', ConfigError)) : given) as unknown as AgentOptions
     if (!options?.session || !options.provider)
       throw new TypeError('new Agent({session, provider, …}): session and provider are required')
@@ -6957,23 +6981,25 @@ class Agent {
   private inputTooBig(message: UserMessage): ProviderError | undefined {
     const window = this.window
     if (window === undefined) return undefined
-    const calibration = this.session.measure().calibration
+    const m = this.session.measure(), calibration = m.calibration
     const envelope = estimateEnvelopeTokens(this.envelope)
     const input = estimateMessageTokens(message)
-    const tokens = Math.ceil((envelope + input) * calibration)
+    const envelopeAlone = measuredEnvelopeTokens(m, envelope) // as the room prices it (docs/design.md §5, §10)
+    const tokens = envelopeAlone + Math.ceil(input * calibration)
     if (tokens < window) return undefined
-    const envelopeAlone = Math.ceil(envelope * calibration)
+    const calibrated = m.calibrationOffsetTokens !== 0 ? ', as measured'
+      : calibration === 1 ? '' : `, × ${calibration.toFixed(2)} calibration`
     if (envelope >= input) {
       return new ProviderError('CONTEXT_WINDOW_EXCEEDED',
         `CONTEXT_WINDOW_EXCEEDED: the system prompt and tool specs alone are ${envelope} `
-          + `tokens${calibration === 1 ? '' : ` (× ${calibration.toFixed(2)} calibration = ${envelopeAlone})`}, `
+          + `tokens${envelopeAlone === envelope ? '' : ` (${calibrated.slice(2)} = ${envelopeAlone})`}, `
           + `and with the ${input}-token input (${tokens} in all) they do not fit the context window of `
           + `${this.provider.model}, ${window} tokens; nothing was sent. Use a model with a larger window, or fewer or `
           + `shorter tools and system prompt.`)
     }
     return new ProviderError('CONTEXT_WINDOW_EXCEEDED',
       `CONTEXT_WINDOW_EXCEEDED: the current input alone is ${input} tokens (plus ${envelope} of system prompt and `
-        + `tools${calibration === 1 ? '' : `, × ${calibration.toFixed(2)} calibration`} = ${tokens}) and the context `
+        + `tools${calibrated} = ${tokens}) and the context `
         + `window of ${this.provider.model} is ${window} tokens; nothing was sent. The input is never cut: shorten it, `
         + `or use a model with a larger window.`)
   }

@@ -138,3 +138,10 @@ test('options: a sparse prices.peak.days of 2^27 holes is a TypeError, not an ou
   assert.deepEqual([child.status, child.signal, child.stdout.trim()],
     [0, null, 'TypeError: openAICompatible: prices.peak.days must be UTC weekdays 0 (Sunday)'], child.stderr.slice(0, 300))
 })
+
+test('new Agent: an options "object" of another kind — a function carrying the fields — is a ConfigError like a class instance', async () => {
+  // A function is no record: its fields were read as they are.
+  const session = await Session.open(new MemoryStore())
+  const provider = openAICompatible(BASE)
+  assert.throws(() => new Agent(Object.assign(function options() {}, { session, provider }) as never), { name: 'ConfigError' })
+})
