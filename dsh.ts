@@ -1612,6 +1612,17 @@ function measuredEnvelopeTokens(m: Measurement, envelopeTokens = m.envelopeToken
   return Math.ceil(m.calibrationOffsetTokens + m.calibration * envelopeTokens)
 }
 
+/**
+ * {@link measuredEnvelopeTokens} of what the session itself sends: without a replayed transcript's hidden prompt
+ * (its fitted offset, docs/design.md §15), which the replay reports in its over-window counts instead of refusing the
+ * inputs the transcript sent. The input check and the pin limit price the envelope so.
+ */
+function sentEnvelopeTokens(session: Session, envelopeTokens?: number): number {
+  const m = session.measure()
+  return stateOf(session).ladder.replayed ? Math.ceil(m.calibration * (envelopeTokens ?? m.envelopeTokens))
+    : measuredEnvelopeTokens(m, envelopeTokens)
+}
+
 /** The usage anchor rule (docs/design.md §2, §10, §15) applied to a heuristic total; tokens. */
 function anchoredTotal(
   heuristicTokens: number, anchor: UsageAnchor | undefined, calibration = 1, offsetTokens = 0,
@@ -2390,7 +2401,7 @@ export class Session {
   measure(): Measurement {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
     const ladder = this.st.ladder
-    const { ratio: calibration, offset } = ladder.fit(this.envelopeTokensSum)
+    const { ratio: calibration, offset } = ladder.fit(this.envelopeTokensSum, this.surfaceTokensSum)
     const m: Measurement = Object.create(MEASUREMENT_VIEW) // MEASUREMENT_VIEW: what console.log shows
     m.calibration = calibration
     m.calibrationOffsetTokens = offset
@@ -2742,24 +2753,31 @@ class LadderState {
     f.n++; f.h += heuristic; f.p += provider; f.hh += heuristic * heuristic; f.hp += heuristic * provider
   }
 
+  /** Whether the fit is of a replayed transcript's counts (an offset that is its harness's hidden prompt). */
+  get replayed(): boolean { return this.transcriptFit !== undefined }
+
   /** How many samples the ratio stands on. */
   get count(): number {
-    return this.transcriptFit?.n ?? (this.samples.length || this.heavySamples.length)
+    return this.transcriptFit?.n ?? (this.samples.length + this.heavySamples.length)
   }
 
-  /** `provider ≈ offset + ratio × heuristic`: least squares over the transcript samples (docs/design.md §15), else
-   *  Σ provider ÷ Σ heuristic of the newest samples (offset 0), else the envelope-heavy fit for an envelope of
-   *  `envelopeTokens` ({@link LadderState.heavyFit}); clamped to [0.5, 4], 1 without samples. */
-  fit(envelopeTokens = 0): { ratio: number; offset: number } {
+  /** `provider ≈ offset + ratio × heuristic`: least squares over the transcript samples (docs/design.md §15), else,
+   *  for a request of `envelopeTokens` + `surfaceTokens`: while the envelope outweighs the messages (or only such
+   *  samples exist), the envelope-heavy fit ({@link LadderState.heavyFit}), otherwise Σ provider ÷ Σ heuristic of
+   *  the newest samples (offset 0); clamped to [0.5, 4], 1 without samples. */
+  fit(envelopeTokens = 0, surfaceTokens = 0): { ratio: number; offset: number } {
     const f = this.transcriptFit
     const clamp = (r: number) => Math.min(CALIBRATION_RANGE[1], Math.max(CALIBRATION_RANGE[0], r))
     if (!f) {
+      const heavy = this.heavySamples.length > 0 && (surfaceTokens < envelopeTokens || this.samples.length === 0)
+      if (heavy) {
+        const { messages, envelope } = this.heavyFit(clamp)
+        return { ratio: messages, offset: Math.round((envelope - messages) * envelopeTokens) }
+      }
       // Σ provider ÷ Σ heuristic over the samples, clamped to [0.5, 4]; 1 without samples
       let p = 0, h = 0
       for (const s of this.samples) { p += s.provider; h += s.heuristic }
-      if (h > 0 || this.heavySamples.length === 0) return { ratio: h > 0 ? clamp(p / h) : 1, offset: 0 }
-      const { messages, envelope } = this.heavyFit(clamp)
-      return { ratio: messages, offset: Math.round((envelope - messages) * envelopeTokens) }
+      return { ratio: h > 0 ? clamp(p / h) : 1, offset: 0 }
     }
     const spread = f.n * f.hh - f.h * f.h
     const fitted = spread > 1e-9 * f.n * f.hh ? (f.n * f.hp - f.h * f.p) / spread : 1
@@ -3125,13 +3143,13 @@ class Pins {
       : Math.floor(window * DEFAULT_COMPACTION_CONFIG.thresholdRatio))
     const pinned = this.tokens() + extraTokens
     const rate = m.calibration // the limit is measured tokens, the prices heuristic ones (docs/design.md §10)
-    const measured = measuredEnvelopeTokens(m) + Math.ceil(pinned * rate)
+    const envelope = sentEnvelopeTokens(this.session), measured = envelope + Math.ceil(pinned * rate)
     if (measured <= limit) return
+    const counted = envelope === m.envelopeTokens ? '' : ` (${envelope} as the provider counts it)`
     const how = measured === m.envelopeTokens + pinned ? ''
-      : `${m.calibrationOffsetTokens !== 0 ? ' as measured' : ` at × ${rate.toFixed(2)} calibration`}`
-        + ` (${measured} tokens)`
+      : `${rate === 1 ? '' : ` at × ${rate.toFixed(2)} calibration`} (${measured} tokens)`
     throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} `
-      + `tokens, which with the ${m.envelopeTokens}-token envelope exceeds the ${limit}-token limit for `
+      + `tokens, which with the ${m.envelopeTokens}-token envelope${counted} exceeds the ${limit}-token limit for `
       + `pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}${how}; `
       + 'pinned messages are never compacted, so unpin one (session.pins.unpin(seq), CLI /unpin) or pin a shorter '
       + 'message')
@@ -6981,27 +6999,28 @@ class Agent {
   private inputTooBig(message: UserMessage): ProviderError | undefined {
     const window = this.window
     if (window === undefined) return undefined
-    const m = this.session.measure(), calibration = m.calibration
+    const calibration = this.session.measure().calibration
     const envelope = estimateEnvelopeTokens(this.envelope)
     const input = estimateMessageTokens(message)
-    const envelopeAlone = measuredEnvelopeTokens(m, envelope) // as the room prices it (docs/design.md §5, §10)
-    const tokens = envelopeAlone + Math.ceil(input * calibration)
+    const envelopeAlone = sentEnvelopeTokens(this.session, envelope) // as the room prices it (docs/design.md §5, §10)
+    const inputAlone = Math.ceil(input * calibration)
+    const tokens = envelopeAlone + inputAlone
     if (tokens < window) return undefined
-    const calibrated = m.calibrationOffsetTokens !== 0 ? ', as measured'
-      : calibration === 1 ? '' : `, × ${calibration.toFixed(2)} calibration`
-    if (envelope >= input) {
+    const envelopeCounted = envelopeAlone === envelope ? '' : `${envelopeAlone} as the provider counts them`
+    if (envelopeAlone >= inputAlone) {
       return new ProviderError('CONTEXT_WINDOW_EXCEEDED',
         `CONTEXT_WINDOW_EXCEEDED: the system prompt and tool specs alone are ${envelope} `
-          + `tokens${envelopeAlone === envelope ? '' : ` (${calibrated.slice(2)} = ${envelopeAlone})`}, `
+          + `tokens${envelopeCounted && ` (${envelopeCounted})`}, `
           + `and with the ${input}-token input (${tokens} in all) they do not fit the context window of `
           + `${this.provider.model}, ${window} tokens; nothing was sent. Use a model with a larger window, or fewer or `
           + `shorter tools and system prompt.`)
     }
     return new ProviderError('CONTEXT_WINDOW_EXCEEDED',
-      `CONTEXT_WINDOW_EXCEEDED: the current input alone is ${input} tokens (plus ${envelope} of system prompt and `
-        + `tools${calibrated} = ${tokens}) and the context `
-        + `window of ${this.provider.model} is ${window} tokens; nothing was sent. The input is never cut: shorten it, `
-        + `or use a model with a larger window.`)
+      `CONTEXT_WINDOW_EXCEEDED: the current input alone is ${input} tokens`
+        + `${inputAlone === input ? '' : ` (${inputAlone} at × ${calibration.toFixed(2)} calibration)`} (plus `
+        + `${envelope} of system prompt and tools${envelopeCounted && `, ${envelopeCounted}`} = ${tokens}) and the `
+        + `context window of ${this.provider.model} is ${window} tokens; nothing was sent. The input is never cut: `
+        + `shorten it, or use a model with a larger window.`)
   }
 
   /** Logs `request/header` when model, envelope, budget or window changed; returns the envelope. Public so that a

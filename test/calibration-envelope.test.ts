@@ -170,3 +170,95 @@ test('calibration: clamping the two-ratio fit coordinate by coordinate never giv
   const fallback = sse(1, samples.reduce((t, x) => t + x.p - x.s, 0) / samples.reduce((t, x) => t + x.e, 0))
   assert.ok(sse(r, re) <= fallback + 2 * Math.sqrt(fallback) + 1, `fit r=${r}, r_e=${re}: squared error ${sse(r, re).toExponential(3)} > the fallback's ${fallback.toExponential(3)}`)
 })
+
+// ── The second review: a summary request of another envelope, an earlier envelope's samples, the messages ──
+
+const W = 32_000
+/** Counts the envelope (system + tools) at `er` × the heuristic and the messages at `mr` ×; refuses over W. */
+function tokenizer(er: number, mr: number, sent: { purpose: string; count: number }[] = []): Provider {
+  return { model: 'm', baseURL: 'memory://m', contextWindow: W, maxTokens: 1000,
+    async complete(req: ChatRequest) {
+      const env = requestTokens({ ...req, messages: [] })
+      const count = Math.round(er * env + mr * (requestTokens(req) - env))
+      const purpose = req.headers?.['x-dsh-purpose'] ?? 'conversation'
+      sent.push({ purpose, count })
+      if (count + 1 > W) {
+        const t = `This model's maximum context length is ${W} tokens. However, you requested ${count} tokens`
+        throw new ProviderError('CONTEXT_WINDOW_EXCEEDED', t, { status: 400, body: t })
+      }
+      return { message: { role: 'assistant', content: [{ type: 'text', text: purpose === 'compaction' ? 'Summary.' : 'ok' }] },
+        finishReason: 'stop', usage: { promptTokens: count, completionTokens: 1 } }
+    } } as Provider
+}
+const outcome = (p: Promise<unknown>) => p.then((r: any) => r.error?.message ?? r.reason, (e: Error) => e.message)
+const tools = (n: number) => Array.from({ length: n }, (_, i) => ({ name: `t${i}`, description: 'd'.repeat(1500),
+  parameters: { type: 'object', properties: {} }, execute: () => 'r' }))
+
+test('calibration: a summary request sent without the tool specs does not wipe the conversation\'s envelope-heavy fit; an input that cannot fit the 2x envelope is refused with nothing sent', async () => {
+  // Envelope 13,857 heuristic tokens (system 2,008 + 30 tools) counted at 2x = 27,714 of 32,000; messages at 1x.
+  // The heavy fit finds r = 1, offset 13,857 (exact). The tools take more than a tenth of the window, so summary
+  // requests carry the system prompt only (envelopeTokens 2,008); once a summary region outgrows that 2,008-token
+  // system prompt, its usage (6,689 of 4,681 heuristic) is a *ratio* sample, and fit() then ignores every heavy
+  // sample: calibration 1.43, offset 0, the conversation envelope priced 19,802 instead of 27,714. The input check
+  // then lets through a 4,500-token input that cannot fit (priced ~26,200; counted > 32,000).
+  const sent: { purpose: string; count: number }[] = []
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: tokenizer(2, 1, sent), system: 's'.repeat(8000), tools: tools(30),
+    recall: false, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  for (let i = 0; i < 6; i++) await agent.run('hello ' + 'h'.repeat(1500 * i))
+  const m = session.measure()
+  const re = m.calibration + m.calibrationOffsetTokens / m.envelopeTokens
+  assert.ok(Math.abs(re - 2) < 0.2, `the envelope as measured: r ${m.calibration.toFixed(3)}, offset ${m.calibrationOffsetTokens} `
+    + `(r_e ${re.toFixed(3)}; the server counts it at 2)`)
+  const n = sent.length
+  const said = await outcome(agent.run('w '.repeat(9_000)))
+  assert.deepEqual(sent.slice(n).filter((s) => s.purpose === 'conversation' && s.count >= W), [], 'no request sent over the window')
+  assert.match(said, /nothing was sent/)
+})
+
+test('calibration: ratio samples of an earlier small envelope (same model) do not price a later 4x envelope at the messages\' ratio; an input that cannot fit is refused before sending', async () => {
+  // Three turns under a 9-token system prompt give a ratio sample (1.02). A new Agent on the same session (same model)
+  // has a 7,008-token system prompt counted 28,032 of 32,000; its heavy samples are taken but fit() prefers any ratio
+  // sample (offset 0), so the envelope is priced 7,160 in the room and the input check. A 4,500-token input
+  // (about 33,000 counted) passes the check, costs two summary calls, and the turn rejects with the server's overflow.
+  const sent: { purpose: string; count: number }[] = []
+  const session = await Session.open(new MemoryStore())
+  const provider = tokenizer(4, 1, sent)
+  const first = new Agent({ session, provider, system: 'sys', recall: false, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  for (let i = 0; i < 3; i++) assert.equal((await first.run('w '.repeat(800))).reason, 'stop')
+  const agent = new Agent({ session, provider, system: 's'.repeat(28_000), recall: false, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  for (let i = 0; i < 2; i++) assert.equal((await agent.run('hello')).reason, 'stop')
+  const n = sent.length
+  const said = await outcome(agent.run('w '.repeat(9_000)))
+  assert.deepEqual(sent.slice(n).filter((s) => s.count >= W), [], 'no request sent over the window')
+  assert.match(said, /nothing was sent/)
+})
+
+test('input check: under a 4x envelope an input smaller than the envelope as measured is refused naming the envelope (its measured size), not as "the current input alone"', async () => {
+  // Envelope 7,008 heuristic (28,032 measured), input 7,016 (7,016 measured): the branch compares heuristic sizes, so
+  // the message reads "the current input alone is 7016 tokens (plus 7008 of system prompt and tools, as measured =
+  // 35048) ... shorten it": it blames an input of a fifth of the window, advises shortening it rather than the
+  // envelope, and "7008 of system prompt and tools, as measured = 35048" reads as the envelope being 35,048.
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: tokenizer(4, 1), system: 's'.repeat(28_000), recall: false,
+    warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  assert.equal((await agent.run('hello')).reason, 'stop')
+  const said = await outcome(agent.run('x '.repeat(14_028)))
+  assert.match(said, /nothing was sent/)
+  assert.match(said, /system prompt and tool specs alone/, said)
+  assert.match(said, /28032/, `the envelope's measured size is named: ${said}`)
+})
+
+test('pins: a refused pin under a 4x envelope names the envelope\'s measured size, so the sum it shows exceeds the limit', async () => {
+  // "pinned messages would hold 7015 tokens, which with the 7008-token envelope exceeds the 25600-token limit for pins
+  // (...) as measured (35047 tokens)": 7,015 + 7,008 = 14,023 is under 25,600; the 28,032 the envelope costs is not said.
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: tokenizer(4, 1), system: 's'.repeat(28_000), recall: false,
+    warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  assert.equal((await agent.run('hello')).reason, 'stop')
+  await assert.rejects(agent.run('z '.repeat(14_014), { pin: true }), (e: Error) => {
+    assert.equal((e as { code?: string }).code, 'PIN')
+    assert.match(e.message, /28032/, e.message)
+    return true
+  })
+})
