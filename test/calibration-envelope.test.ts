@@ -32,6 +32,16 @@ function envelopeTokenizer(envelopeRatio: number, sent: { purpose: string; count
   } as Provider
 }
 
+/** A session and an Agent whose 28,000-code-point system prompt (7,008 heuristic tokens) the server counts at 4×
+ *  (28,032 of its 32,000 tokens), after one turn; `sent`: every request's count. */
+async function underFourTimes(sent: { purpose: string; count: number }[] = []) {
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider: envelopeTokenizer(4, sent), system: 's'.repeat(28_000), recall: false,
+    warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  assert.equal((await agent.run('hello')).reason, 'stop')
+  return { session, agent, sent }
+}
+
 test('calibration: the usage of an envelope-heavy summary request is no ratio sample; after a compaction under a 4x envelope an input that fits is sent', async () => {
   // docs/design.md §10: "A request gives a ratio sample only when its messages are at least half of it"; "r prices the
   // messages and the input ... so an input is never priced at the envelope's ratio". The system prompt is 7,008
@@ -86,11 +96,7 @@ test('calibration: the input-too-large check prices the envelope as measured (of
   // it prices a 7,008-token envelope counted 28,032 at 7,008, lets a 5,008-token input through (12,016 < 32,000), and
   // the request is sent at 33,059 counted tokens into the 32,000-token window (its own estimate, inputTokens, was
   // 33,051); the turn ends with the server's overflow instead of dsh's "nothing was sent".
-  const sent: { purpose: string; count: number }[] = []
-  const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider: envelopeTokenizer(4, sent), system: 's'.repeat(28_000), recall: false,
-    warn: () => {} } as ConstructorParameters<typeof Agent>[0])
-  assert.equal((await agent.run('hello')).reason, 'stop')
+  const { session, agent, sent } = await underFourTimes()
   const m = session.measure()
   assert.equal(m.calibration, 1)
   assert.equal(m.calibrationOffsetTokens, 3 * m.envelopeTokens)
@@ -105,11 +111,7 @@ test('pins: the pin limit prices the envelope as measured (offset + r × envelop
   // Pins.checkFits computes ceil((envelope + pinned) × calibration) and ignores calibrationOffsetTokens. Envelope at 4x:
   // 7,008 heuristic tokens counted 28,032, over the 25,600-token pin limit (0.8 × 32,000) on its own; a 2,508-token
   // input (30,540 with the envelope as measured) is pinned because it is priced at (7,008 + 2,508) × 1 = 9,516.
-  const sent: { purpose: string; count: number }[] = []
-  const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider: envelopeTokenizer(4, sent), system: 's'.repeat(28_000), recall: false,
-    warn: () => {} } as ConstructorParameters<typeof Agent>[0])
-  assert.equal((await agent.run('hello')).reason, 'stop')
+  const { session, agent } = await underFourTimes()
   assert.equal(session.measure().calibrationOffsetTokens, 3 * session.measure().envelopeTokens)
   await assert.rejects(agent.run('w '.repeat(5_000), { pin: true }), { name: 'SessionError', code: 'PIN' })
 })
@@ -239,10 +241,7 @@ test('input check: under a 4x envelope an input smaller than the envelope as mea
   // the message reads "the current input alone is 7016 tokens (plus 7008 of system prompt and tools, as measured =
   // 35048) ... shorten it": it blames an input of a fifth of the window, advises shortening it rather than the
   // envelope, and "7008 of system prompt and tools, as measured = 35048" reads as the envelope being 35,048.
-  const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider: tokenizer(4, 1), system: 's'.repeat(28_000), recall: false,
-    warn: () => {} } as ConstructorParameters<typeof Agent>[0])
-  assert.equal((await agent.run('hello')).reason, 'stop')
+  const { agent } = await underFourTimes()
   const said = await outcome(agent.run('x '.repeat(14_028)))
   assert.match(said, /nothing was sent/)
   assert.match(said, /system prompt and tool specs alone/, said)
@@ -252,10 +251,7 @@ test('input check: under a 4x envelope an input smaller than the envelope as mea
 test('pins: a refused pin under a 4x envelope names the envelope\'s measured size, so the sum it shows exceeds the limit', async () => {
   // "pinned messages would hold 7015 tokens, which with the 7008-token envelope exceeds the 25600-token limit for pins
   // (...) as measured (35047 tokens)": 7,015 + 7,008 = 14,023 is under 25,600; the 28,032 the envelope costs is not said.
-  const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider: tokenizer(4, 1), system: 's'.repeat(28_000), recall: false,
-    warn: () => {} } as ConstructorParameters<typeof Agent>[0])
-  assert.equal((await agent.run('hello')).reason, 'stop')
+  const { agent } = await underFourTimes()
   await assert.rejects(agent.run('z '.repeat(14_014), { pin: true }), (e: Error) => {
     assert.equal((e as { code?: string }).code, 'PIN')
     assert.match(e.message, /28032/, e.message)
