@@ -95,6 +95,17 @@ export function splice(old: string, fresh: Section[]): string {
   return out
 }
 
+/** The targets table of a RESULTS.md (its rows as they stand, each naming the commit it measured). */
+export function targetsOf(results: string): string {
+  const lines = results.split('\n')
+  let at = lines.findIndex((l) => l.startsWith(TARGETS_HEADING))
+  if (at < 0) throw new Error('RESULTS.md has no targets table; run `npm run bench` once without names')
+  while (at < lines.length && !lines[at].startsWith('|')) at++
+  let end = at
+  while (end < lines.length && lines[end].startsWith('|')) end++
+  return lines.slice(at, end).join('\n')
+}
+
 /** Adds (or refreshes) section `s` in the header's row of later measurements. */
 function stampHeader(lines: string[], s: Section): string[] {
   const entry = `${number(s)}. ${s.title} at \`${s.at?.label ?? '?'}\` on ${s.at?.date ?? '?'}`

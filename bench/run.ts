@@ -19,7 +19,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { ROOT, commitStamp, machineFacts, stampLabel, fmtTime, type Section } from './lib.ts'
-import { BENCHMARKS, TITLES, render, splice, targetsTable } from './results.ts'
+import { BENCHMARKS, TITLES, render, splice, targetsOf, targetsTable } from './results.ts'
 
 /** A benchmark process still running after this is killed and reported as failed. */
 const KILL_MS = 600_000
@@ -51,14 +51,14 @@ function runOne(name: string, dir: string): Section {
 const HEADLINE_START = '<!-- bench:headline:start (written by npm run bench) -->'
 const HEADLINE_END = '<!-- bench:headline:end -->'
 
-/** Replaces the block between the markers of docs/bench.md with this run's targets table. */
-function updateDocs(sections: Section[]): void {
+/** Replaces the block between the markers of docs/bench.md with `table`, under the line `from`. */
+function updateDocs(from: string, table: string): void {
   const path = join(ROOT, 'docs', 'bench.md')
   let doc: string
   try { doc = readFileSync(path, 'utf8') } catch { return }
   const a = doc.indexOf(HEADLINE_START), b = doc.indexOf(HEADLINE_END)
   if (a < 0 || b < a) return
-  const block = `${HEADLINE_START}\nFrom the run of ${at.date} at \`${at.label}\` in [bench/RESULTS.md](../bench/RESULTS.md):\n\n${targetsTable(sections)}\n`
+  const block = `${HEADLINE_START}\n${from}\n\n${table}\n`
   writeFileSync(path, doc.slice(0, a) + block + doc.slice(b))
 }
 
@@ -86,11 +86,16 @@ try {
 
 if (process.argv.includes('--update') && asked.length > 0) {
   const path = join(ROOT, 'bench', 'RESULTS.md')
-  writeFileSync(path, splice(readFileSync(path, 'utf8'), sections))
-  console.error(`updated ${asked.join(', ')} in bench/RESULTS.md (stamped ${at.label})`)
+  const results = splice(readFileSync(path, 'utf8'), sections)
+  writeFileSync(path, results)
+  // The headline quotes RESULTS.md as it now stands: the other rows keep the commit they measured.
+  updateDocs(`From [bench/RESULTS.md](../bench/RESULTS.md), with ${asked.join(', ')} rerun at \`${at.label}\` on `
+    + `${at.date} (each row names the commit it measured):`, targetsOf(results))
+  console.error(`updated ${asked.join(', ')} in bench/RESULTS.md and the headline of docs/bench.md (stamped ${at.label})`)
 } else if (asked.length === 0) {
   writeFileSync(join(ROOT, 'bench', 'RESULTS.md'), render(sections, facts))
-  updateDocs(sections)
+  updateDocs(`From the run of ${at.date} at \`${at.label}\` in [bench/RESULTS.md](../bench/RESULTS.md):`,
+    targetsTable(sections))
   console.error('wrote bench/RESULTS.md and the headline of docs/bench.md')
 } else {
   process.stdout.write(render(sections, facts))

@@ -8,7 +8,7 @@ import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { changedPaths, commitStamp, stampLabel, type Section } from '../bench/lib.ts'
-import { render, splice } from '../bench/results.ts'
+import { render, splice, targetsOf } from '../bench/results.ts'
 import { topFrames, type CpuProfile } from '../bench/profile.ts'
 
 const git = (cwd: string, ...args: string[]) => execFileSync('git', args, { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).trim()
@@ -76,6 +76,12 @@ test('an --update splice stamps its sections and target rows with their commit a
   const row = twice.split('\n').find((l) => l.startsWith('| sections measured later'))!
   assert.equal(row, '| sections measured later (`--update`) | 1. Pruner at `ccccccc` on 2026-12-01<br>7. Long sessions at scale at `ddddddd` on 2026-12-01 |')
   assert.equal(twice.split('\n').filter((l) => l.startsWith('## 7.')).length, 1)
+  // docs/bench.md's headline after an --update quotes the spliced targets table: each row with the commit it measured
+  const targets = targetsOf(twice).split('\n')
+  assert.equal(targets[0], '| benchmark | target | measured | status | at |')
+  assert.ok(targets.some((l) => l.startsWith('| 7. Long sessions at scale |') && l.endsWith('| ddddddd |')), targets.join('\n'))
+  assert.ok(targets.some((l) => l.startsWith('| 1. Pruner |') && l.endsWith('| ccccccc |')))
+  assert.ok(targets.every((l) => l.startsWith('|')))
 })
 
 test('an --update splice keeps the other entries of a later-measurements row whose entries a merge joined with "; "', () => {
