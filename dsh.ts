@@ -4591,6 +4591,32 @@ function framedCheckpoint(summary: string, ledger: Ledger, regionTokens: number)
   return { checkpoint, text, checkpointTokens }
 }
 
+/**
+ * The ledger of a checkpoint of `region` with `summary`, from the region's `full` ledger (docs/design.md §12). The
+ * budgets are measured tokens of the window, the ledger priced by the heuristic. The user's words get the widest
+ * budget between the kept window's and their own (§5 "Room") with which the checkpoint stays smaller than the region
+ * it replaces: a bisection, a few ledgers of one region, no model call.
+ */
+function regionFacts(session: Session, window: number | undefined, region: Region, full: Ledger,
+  taskSeq: number | undefined): (summary?: string) => Ledger {
+  const kept = window === undefined ? undefined : keptWindowTokens(session, window)
+  const users = window === undefined ? undefined : userWindowTokens(session, window)
+  const factsBy = (userWindow?: number) => checkpointFacts(full, kept, session.measure().calibration,
+    region.tokens, taskSeq, userWindow)
+  return (summary = '') => {
+    const fits = (l: Ledger) => estimateMessageTokens({ role: 'user', content: frameCheckpoint(summary, l) })
+      < region.tokens
+    const wide = factsBy(users)
+    if (users === undefined || kept === undefined || users === kept || fits(wide)) return wide
+    let lo = kept, hi = users
+    for (let i = 0; i < USER_WINDOW_BISECTIONS && hi - lo > 1; i++) {
+      const mid = Math.floor((lo + hi) / 2)
+      if (fits(factsBy(mid))) lo = mid; else hi = mid
+    }
+    return factsBy(lo)
+  }
+}
+
 /** One summary transaction (docs/design.md §5, §12); returns the summary requests made, throws on failure. */
 async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal,
   focus?: string, payback?: number): Promise<number> {
@@ -4608,27 +4634,7 @@ async function compactRegion(host: CompactionHost, region: Region, trigger: stri
   try {
     applyVerdict(info, await compactionHooks(host, 'compaction/before', { compaction: info }, signal))
     const fullLedger = await regionLedger(session, nodes)
-    const taskSeq = await firstUserSeq(session)
-    // The budgets are measured tokens of the window; the ledger is priced by the heuristic.
-    const window = host.settings.contextWindow
-    const kept = window === undefined ? undefined : keptWindowTokens(session, window)
-    const users = window === undefined ? undefined : userWindowTokens(session, window)
-    const factsBy = (userWindow?: number) => checkpointFacts(fullLedger, kept, session.measure().calibration,
-      region.tokens, taskSeq, userWindow)
-    // The user's words get the widest budget (§12) between the kept window's and their own with which the checkpoint
-    // stays smaller than the region it replaces (a bisection: a few ledgers of one region, no model call).
-    const facts = (summary = ''): Ledger => {
-      const fits = (l: Ledger) => estimateMessageTokens({ role: 'user', content: frameCheckpoint(summary, l) })
-        < region.tokens
-      const wide = factsBy(users)
-      if (users === undefined || kept === undefined || users === kept || fits(wide)) return wide
-      let lo = kept, hi = users
-      for (let i = 0; i < USER_WINDOW_BISECTIONS && hi - lo > 1; i++) {
-        const mid = Math.floor((lo + hi) / 2)
-        if (fits(factsBy(mid))) lo = mid; else hi = mid
-      }
-      return factsBy(lo)
-    }
+    const facts = regionFacts(session, host.settings.contextWindow, region, fullLedger, await firstUserSeq(session))
     // A region no larger than its checkpoint's frame and ledger could only be rejected after the model call.
     const frameTokens = estimateMessageTokens({ role: 'user', content: frameCheckpoint('', facts()) })
     if (frameTokens >= region.tokens)
@@ -5789,6 +5795,24 @@ function positiveInteger(fn: string, name: string, value: unknown, allowZero = f
 }
 
 /**
+ * The API key of `fn` from the environment variable `name`, for a request to `url` (`baseURL` as given). Throws
+ * TypeError when it is not set, and for an `http:` URL: a key read from the environment goes only over https
+ * (docs/design.md §13), whichever adapter reads it.
+ */
+function keyFromEnv(fn: string, name: string, url: URL, baseURL: string): string {
+  if (url.protocol !== 'https:') {
+    throw new TypeError(`${fn}: baseURL ${JSON.stringify(baseURL)} would send the API key unencrypted; use `
+      + `https://${url.host} ($${name} goes only over https)`)
+  }
+  const key = readEnv(name)
+  if (!key) {
+    throw new TypeError(`${fn}: no API key: the environment variable ${name} is not set or not readable in this `
+      + `runtime (Deno needs --allow-env=${name}); set it or pass { apiKey }`)
+  }
+  return key
+}
+
+/**
  * A provider from the options of `fn` over `defaults` (of the options given; an undefined value keeps the default):
  * a plain object of known keys, an absolute http(s) `baseURL`, a `model`; the API key from `apiKey`, else the
  * variable named by `keyEnv(host)` (then required, and sent only over `https:`). `check` sees the URL and
@@ -5821,18 +5845,7 @@ function makeProvider(fn: string, options: unknown,
   let apiKey = o.apiKey === '' ? undefined : o.apiKey
   if (apiKey !== undefined && typeof apiKey !== 'string') throw new TypeError(`${fn}: apiKey must be a string`)
   const explicitKey = apiKey !== undefined, envName = explicitKey ? undefined : keyEnv(url.hostname)
-  // a key read from the environment goes only over https: (docs/design.md §13), whichever adapter reads it
-  if (envName !== undefined && url.protocol !== 'https:') {
-    throw new TypeError(`${fn}: baseURL ${JSON.stringify(String(baseURL))} would send the API key unencrypted; use `
-      + `https://${url.host} ($${envName} goes only over https)`)
-  }
-  if (envName !== undefined) {
-    apiKey = readEnv(envName) || undefined
-    if (apiKey === undefined) {
-      throw new TypeError(`${fn}: no API key: the environment variable ${envName} is not set or not readable in this `
-        + `runtime (Deno needs --allow-env=${envName}); set it or pass { apiKey }`)
-    }
-  }
+  if (envName !== undefined) apiKey = keyFromEnv(fn, envName, url, String(baseURL))
   const base = String(baseURL).replace(/\/+$/, '')
   check?.(url, explicitKey, base)
   const known = Object.hasOwn(KNOWN_MODELS, model) ? KNOWN_MODELS[model] : undefined
@@ -6520,6 +6533,23 @@ const toolSpec = (t: Tool): ToolSpec => ({ name: t.name, description: t.descript
 const COUNT_NEAR_WINDOW_RATIO = 0.1
 
 /**
+ * `new Agent`'s options, each read once: TypeError without `session` and `provider`; {@link ConfigError} for an
+ * options object that is not a plain one, a getter that throws, or an option of 0.1 that moved.
+ */
+function agentOptions(given: AgentOptions): AgentOptions {
+  const object = typeof given === 'function' || isRecord(given)
+  const options = (object ? Object.fromEntries(plainFields('new Agent: options', given, 'a plain object of options',
+    ConfigError)) : given) as unknown as AgentOptions
+  if (!options?.session || !options.provider)
+    throw new TypeError('new Agent({session, provider, …}): session and provider are required')
+  for (const k in REMOVED_OPTIONS.agent) {
+    if ((options as unknown as Record<string, unknown>)[k] !== undefined)
+      throw removedOption(REMOVED_OPTIONS.agent, 'new Agent', k)
+  }
+  return options
+}
+
+/**
  * The agent loop (docs/design.md §7). A turn is one user input until the model stops calling tools; a
  * step is one provider call plus its tool calls. Every state change is a log event (see
  * {@link Session}); {@link AgentOptions.onEvent} also gets streamed deltas and warnings. The ladder
@@ -6567,16 +6597,7 @@ class Agent {
   private turnNow?: Turn
 
   constructor(given: AgentOptions) {
-    // each option read once, here: a getter that throws or an object of another kind is a ConfigError
-    const object = typeof given === 'function' || isRecord(given)
-    const options = (object ? Object.fromEntries(plainFields('new Agent: options', given,
-      'a plain object of options', ConfigError)) : given) as unknown as AgentOptions
-    if (!options?.session || !options.provider)
-      throw new TypeError('new Agent({session, provider, …}): session and provider are required')
-    for (const k in REMOVED_OPTIONS.agent) {
-      const given = (options as unknown as Record<string, unknown>)[k] !== undefined
-      if (given) throw removedOption(REMOVED_OPTIONS.agent, 'new Agent', k)
-    }
+    const options = agentOptions(given)
     this.session = options.session
     this.provider = options.provider
     this.summarizer = options.summarizer ?? options.provider
