@@ -5918,7 +5918,9 @@ function deepseek(options: Partial<OpenAICompatibleOptions> = {}): Provider {
     const model = typeof given.model === 'string' ? given.model : DEEPSEEK_DEFAULT_MODEL
     return { baseURL: DEEPSEEK_BASE_URL, model, prices: pricesOf(model) }
   }
-  return makeProvider('deepseek', options, defaults, OPENAI_FORMAT, () => DEEPSEEK_API_KEY_ENV,
+  // $DEEPSEEK_API_KEY is read for DeepSeek's own host only: another host gets the host rule below, not "set it"
+  const keyEnv = (h: string) => (h === host ? DEEPSEEK_API_KEY_ENV : undefined)
+  return makeProvider('deepseek', options, defaults, OPENAI_FORMAT, keyEnv,
     (url, explicitKey, base) => {
       // The key goes only over https: (docs/design.md §13); $DEEPSEEK_API_KEY only to DeepSeek's own host.
       if (url.protocol !== 'https:') {
@@ -10335,10 +10337,14 @@ function rungOfEvent(type: string): string | undefined {
  * as cancelled. The rows are read off the Agent's events.
  * Without `summarizer`, summaries are simulated at exactly `summaryTokens` tokens each.
  * @throws {RangeError} for a missing or bad `contextWindow`, `thresholdRatio`, `summaryTokens` or
- *   figure names (the message names the value and the fix); {@link ConfigError} for a bad or removed
- *   `compaction` key, as `new Agent` gives. Cancellation through `signal` rejects with its reason.
+ *   figure names (the message names the value and the fix); {@link ConfigError} for options that are not a plain
+ *   object or an option whose getter throws, and for a bad or removed `compaction` key, as `new Agent` gives.
+ *   Cancellation through `signal` rejects with its reason.
  */
-export async function replayTranscript(transcript: Transcript, options: ReplayOptions = {}): Promise<ReplayReport> {
+export async function replayTranscript(transcript: Transcript, given: ReplayOptions = {}): Promise<ReplayReport> {
+  // each option read once, as new Agent reads its own: a getter that throws or another kind of object is a ConfigError
+  const options = Object.fromEntries(plainFields('replay: options', given, 'a plain object of options', ConfigError)) as
+    ReplayOptions
   const windowGiven = options.contextWindow ?? transcript.contextWindow ?? options.summarizer?.contextWindow
   if (windowGiven === undefined) throw new RangeError(`replay: this ${transcript.format} file does not say its context window; pass contextWindow (CLI: --context-window N, e.g. 128000)`)
   const window = replayPositiveInteger('contextWindow', windowGiven, 'pass contextWindow (CLI: --context-window N)')

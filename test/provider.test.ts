@@ -1161,3 +1161,32 @@ test('CLI mode: prints its URL first, serves the script in order, reports reques
     rmSync(dir, { recursive: true, force: true })
   }
 })
+// deepseek() reads $DEEPSEEK_API_KEY for DeepSeek's host only: another host was told to set the variable, though setting
+// it only led to the next refusal ("$DEEPSEEK_API_KEY is only sent to api.deepseek.com").
+test('deepseek({baseURL: other https host}) without $DEEPSEEK_API_KEY names the host rule, not "set it"', () => {
+  const saved = process.env.DEEPSEEK_API_KEY
+  try {
+    delete process.env.DEEPSEEK_API_KEY
+    assert.throws(() => deepseek({ baseURL: 'https://proxy.example' }),
+      /only sent to api\.deepseek\.com, not to proxy\.example/)
+  } finally {
+    if (saved === undefined) delete process.env.DEEPSEEK_API_KEY
+    else process.env.DEEPSEEK_API_KEY = saved
+  }
+})
+
+// deepseek({baseURL: 'http://localhost:…'}) without apiKey points to openAICompatible, the variable set or not (9e8e6f8's
+// generic "use https://localhost:1234" had replaced that hint).
+test('deepseek({baseURL: http local server}) points to openAICompatible, as its own check says', () => {
+  const saved = process.env.DEEPSEEK_API_KEY
+  try {
+    for (const value of ['sk-env-123456', undefined]) {
+      if (value === undefined) delete process.env.DEEPSEEK_API_KEY
+      else process.env.DEEPSEEK_API_KEY = value
+      assert.throws(() => deepseek({ baseURL: 'http://localhost:1234' }), /openAICompatible for a local server/)
+    }
+  } finally {
+    if (saved === undefined) delete process.env.DEEPSEEK_API_KEY
+    else process.env.DEEPSEEK_API_KEY = saved
+  }
+})

@@ -178,3 +178,27 @@ describe('replay reads its compaction options as new Agent does', () => {
     assert.equal((await replayTranscript(t, { contextWindow: 10_000 })).thresholdTokens, 8_000)
   })
 })
+
+// replayTranscript reads its own options as new Agent does, not only its compaction object (the final review of round 4
+// session 10 found plain property reads there).
+const transcript = () => readTranscript(JSON.stringify({ messages: [
+  { role: 'user', content: 'task' }, { role: 'assistant', content: 'ok' },
+] }))
+test('replay options: turns a throwing options getter into a ConfigError', async () => {
+  await assert.rejects(replayTranscript(transcript(), { get contextWindow(): number { throw new Error('boom') } }),
+    (e: unknown) => e instanceof ConfigError) // it escaped as the getter's own Error
+  await assert.rejects(replayTranscript(transcript(), { contextWindow: 10_000,
+    get compaction(): never { throw new Error('boom') } }), (e: unknown) => e instanceof ConfigError)
+})
+
+test('replay options: refuses an options object that inherits its fields', async () => {
+  const options = Object.create({ contextWindow: 10_000 }) as { contextWindow: number }
+  await assert.rejects(replayTranscript(transcript(), options), (e: unknown) => e instanceof ConfigError)
+  // it resolved, the inherited contextWindow used
+})
+
+test('replay options: reads each option once (summarizer is read twice)', async () => {
+  let reads = 0
+  await replayTranscript(transcript(), { contextWindow: 10_000, get summarizer() { reads++; return undefined } })
+  assert.equal(reads, 1) // it was read twice
+})
