@@ -1613,14 +1613,17 @@ function measuredEnvelopeTokens(m: Measurement, envelopeTokens = m.envelopeToken
 }
 
 /**
- * {@link measuredEnvelopeTokens} of what the session itself sends: without a replayed transcript's hidden prompt
- * (its fitted offset, docs/design.md §15), which the replay reports in its over-window counts instead of refusing the
- * inputs the transcript sent. The input check and the pin limit price the envelope so.
+ * An envelope of `envelopeTokens` heuristic tokens (default: the logged one) as the session itself sends it: at the
+ * envelope's own ratio (the calibration, and the envelope-heavy fit's offset in proportion), without a replayed
+ * transcript's hidden prompt (its fitted offset, docs/design.md §15), which the replay reports in its over-window
+ * counts instead of refusing the inputs the transcript sent. The input check, the pin limit and the ladder's price of
+ * an envelope part the next request adds (the recall tool) price the envelope so.
  */
 function sentEnvelopeTokens(session: Session, envelopeTokens?: number): number {
-  const m = session.measure()
-  return stateOf(session).ladder.replayed ? Math.ceil(m.calibration * (envelopeTokens ?? m.envelopeTokens))
-    : measuredEnvelopeTokens(m, envelopeTokens)
+  const m = session.measure(), tokens = envelopeTokens ?? m.envelopeTokens
+  if (stateOf(session).ladder.replayed) return Math.ceil(m.calibration * tokens)
+  return tokens === m.envelopeTokens || m.envelopeTokens <= 0 ? measuredEnvelopeTokens(m, tokens)
+    : Math.ceil((m.calibrationOffsetTokens * tokens) / m.envelopeTokens + m.calibration * tokens)
 }
 
 /** The usage anchor rule (docs/design.md §2, §10, §15) applied to a heuristic total; tokens. */
@@ -4878,7 +4881,9 @@ class Ladder {
     if (this.envelopePrice?.envelope !== envelope) this.envelopePrice = { envelope,
       tokens: estimateEnvelopeTokens(envelope) }
     const added = this.envelopePrice.tokens - m.envelopeTokens
-    return m.totalTokens + (added > 0 ? Math.ceil(added * m.calibration) : 0)
+    if (added <= 0) return m.totalTokens
+    const session = this.host.session // the added part at the envelope's own ratio (docs/design.md §10)
+    return m.totalTokens + sentEnvelopeTokens(session, this.envelopePrice.tokens) - sentEnvelopeTokens(session)
   }
 
   /**

@@ -5,9 +5,11 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  Agent, Session, MemoryStore, ProviderError, type ChatRequest, type Provider,
+  Agent, Session, MemoryStore, ProviderError, DEFAULT_PRUNE_CONFIG, estimateRequestTokens, internals, type ChatRequest,
+  type Provider,
 } from '../dsh.ts'
 import { requestTokens } from './scripted-provider.ts'
+import { ladderConfig } from './tuning.ts'
 
 const WINDOW = 32_000
 
@@ -257,4 +259,20 @@ test('pins: a refused pin under a 4x envelope names the envelope\'s measured siz
     assert.match(e.message, /28032/, e.message)
     return true
   })
+})
+
+test('calibration: the ladder prices an envelope part the next request adds (a tool spec) at the envelope\'s ratio', async () => {
+  // The next request's size (Ladder.nextRequestTokens, what an overflow's recovery checks against the window) adds the
+  // host's envelope beyond the logged one; it priced that part at the messages' ratio (1 here), not the envelope's 4.
+  const { session } = await underFourTimes()
+  const m = session.measure()
+  assert.equal(m.calibrationOffsetTokens, 3 * m.envelopeTokens)
+  const extra = { name: 'extra', description: 'd'.repeat(4_000), parameters: { type: 'object', properties: {} } }
+  const envelope = { system: 's'.repeat(28_000), tools: [extra] }
+  const added = estimateRequestTokens(envelope, []) - m.envelopeTokens
+  assert.ok(added > 1_000, `${added}`)
+  const host = { session, summarizer: envelopeTokenizer(4, []), envelope,
+    settings: { contextWindow: WINDOW, compaction: ladderConfig(), prune: DEFAULT_PRUNE_CONFIG } }
+  const outcome = await new internals.Ladder(host as never).relievePressure()
+  assert.equal(outcome.tokensBefore, m.totalTokens + 4 * added, 'the added spec at 4x')
 })
