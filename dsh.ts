@@ -568,7 +568,6 @@ class SSEParser {
     return end + 1
   }
 
-
   /**
    * The hot path, whole lines of a chunk with no CR: an empty line, `data:` and a one-line event
    * (`data: …` then a blank line) are read in place; anything else goes through {@link line}.
@@ -1604,12 +1603,11 @@ function plausibleRatio(providerTokens: number, heuristicTokens: number): boolea
 }
 
 /**
- * An envelope of `envelopeTokens` heuristic tokens (default: the logged one) as measured: the calibration offset plus
- * the calibration × it (docs/design.md §5 "Room", §10), tokens. The room, the pin limit and the input check price
- * the envelope this one way.
+ * The logged envelope as measured, for the room (docs/design.md §5 "Room", §10): the calibration offset (a replayed
+ * transcript's hidden prompt included, §15) plus the calibration × its heuristic tokens; tokens.
  */
-function measuredEnvelopeTokens(m: Measurement, envelopeTokens = m.envelopeTokens): number {
-  return Math.ceil(m.calibrationOffsetTokens + m.calibration * envelopeTokens)
+function measuredEnvelopeTokens(m: Measurement): number {
+  return Math.ceil(m.calibrationOffsetTokens + m.calibration * m.envelopeTokens)
 }
 
 /**
@@ -1621,9 +1619,9 @@ function measuredEnvelopeTokens(m: Measurement, envelopeTokens = m.envelopeToken
  */
 function sentEnvelopeTokens(session: Session, envelopeTokens?: number): number {
   const m = session.measure(), tokens = envelopeTokens ?? m.envelopeTokens
-  if (stateOf(session).ladder.replayed) return Math.ceil(m.calibration * tokens)
-  return tokens === m.envelopeTokens || m.envelopeTokens <= 0 ? measuredEnvelopeTokens(m, tokens)
-    : Math.ceil((m.calibrationOffsetTokens * tokens) / m.envelopeTokens + m.calibration * tokens)
+  const offset = stateOf(session).ladder.replayed || m.envelopeTokens <= 0 ? 0
+    : (m.calibrationOffsetTokens * tokens) / m.envelopeTokens
+  return Math.ceil(offset + m.calibration * tokens)
 }
 
 /** The usage anchor rule (docs/design.md §2, §10, §15) applied to a heuristic total; tokens. */
@@ -2329,13 +2327,8 @@ export class Session {
     const tokens = estimateMessageTokens(message)
     const answer = event.type === 'assistant/message' && op.op === 'append'
     const usage = answer ? checkedUsage(data.usage) : undefined
-    // A ratio sample when the messages are at least half of the request; else one of the envelope-heavy fit (§10).
     if (usage) {
-      const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
-      if (this.surfaceTokensSum >= this.envelopeTokensSum)
-        this.st.ladder.sample(usage.promptTokens, heuristicTokens, this.header?.contextWindow)
-      else this.st.ladder.heavy(usage.promptTokens, this.envelopeTokensSum, this.surfaceTokensSum,
-        this.header?.contextWindow)
+      this.st.ladder.take(usage.promptTokens, this.envelopeTokensSum, this.surfaceTokensSum, this.header?.contextWindow)
     }
     if (event.type === 'tool/result' && data.spilled && op.op === 'append') this.recall.spilled(event.seq, message)
     if (op.op === 'append') this.appendNode(event, message, tokens, usage)
@@ -2718,9 +2711,7 @@ class LadderState {
     // A replayed transcript's count is of a request this session did not send: a sample, never an anchor.
     if (sample.source === 'transcript') { this.transcript(sample.providerTokens, sample.heuristicTokens); return false }
     const envelope = typeof sample.envelopeTokens === 'number' ? sample.envelopeTokens : envelopeTokens
-    const messages = sample.heuristicTokens - envelope
-    const taken = messages >= envelope ? this.sample(sample.providerTokens, sample.heuristicTokens, contextWindow)
-      : this.heavy(sample.providerTokens, envelope, messages, contextWindow)
+    const taken = this.take(sample.providerTokens, envelope, sample.heuristicTokens - envelope, contextWindow)
     // an overflow's count and the provider's own count of the request are exact: an anchor when plausible
     return (sample.source === 'overflow' || sample.source === 'count')
       && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))
@@ -2732,8 +2723,17 @@ class LadderState {
     this.model = model; this.samples = []; this.heavySamples = []; this.transcriptFit = undefined
   }
 
+  /**
+   * Adds the count of a request of `envelope` + `messages` heuristic tokens (docs/design.md §10): a ratio sample when
+   * the messages are at least half of it, else a sample of the envelope-heavy fit; returns whether it was taken.
+   */
+  take(provider: number, envelope: number, messages: number, contextWindow?: number): boolean {
+    return messages >= envelope ? this.sample(provider, envelope + messages, contextWindow)
+      : this.heavy(provider, envelope, messages, contextWindow)
+  }
+
   /** Adds a calibration sample, the newest 8 count (docs/design.md §10); returns whether it was taken. */
-  sample(provider: number, heuristic: number, contextWindow?: number): boolean {
+  private sample(provider: number, heuristic: number, contextWindow?: number): boolean {
     if (!(heuristic >= calibrationMinSampleTokens(contextWindow)) || !plausibleRatio(provider, heuristic)) return false
     this.samples.push({ provider, heuristic })
     if (this.samples.length > CALIBRATION_SAMPLES) this.samples.shift()
@@ -2741,7 +2741,7 @@ class LadderState {
   }
 
   /** Adds a sample of a request whose envelope outweighed its messages (docs/design.md §10), the newest 8 count. */
-  heavy(provider: number, envelope: number, surface: number, contextWindow?: number): boolean {
+  private heavy(provider: number, envelope: number, surface: number, contextWindow?: number): boolean {
     if (!(surface >= 0 && envelope + surface >= calibrationMinSampleTokens(contextWindow))
       || !plausibleRatio(provider, envelope + surface)) return false
     this.heavySamples.push({ provider, envelope, surface })
