@@ -14,21 +14,21 @@ import { ladderConfig } from './tuning.ts'
 const WINDOW = 32_000
 
 /** A server whose tokenizer counts the envelope (system + tools) at `envelopeRatio` × the heuristic and the messages
- *  at 1×; it reports that count as usage, answers summary requests too (same model), refuses a request over its window.
- *  `sent`: every request's count. */
-function envelopeTokenizer(envelopeRatio: number, sent: { purpose: string; count: number }[]): Provider {
+ *  at `messagesRatio` ×; it reports that count as usage, answers summary requests too (same model), refuses a request
+ *  over its window. `sent`: every request's count. */
+function tokenizer(envelopeRatio: number, messagesRatio = 1, sent: { purpose: string; count: number }[] = []): Provider {
   return {
     model: 'm', baseURL: 'memory://m', contextWindow: WINDOW, maxTokens: 1000,
     async complete(req: ChatRequest) {
       const env = requestTokens({ ...req, messages: [] })
-      const count = Math.round(envelopeRatio * env) + (requestTokens(req) - env)
-      sent.push({ purpose: req.headers?.['x-dsh-purpose'] ?? 'conversation', count })
+      const count = Math.round(envelopeRatio * env + messagesRatio * (requestTokens(req) - env))
+      const purpose = req.headers?.['x-dsh-purpose'] ?? 'conversation'
+      sent.push({ purpose, count })
       if (count + 1 > WINDOW) {
         const text = `This model's maximum context length is ${WINDOW} tokens. However, you requested ${count} tokens`
         throw new ProviderError('CONTEXT_WINDOW_EXCEEDED', text, { status: 400, body: text })
       }
-      const summary = req.headers?.['x-dsh-purpose'] === 'compaction'
-      return { message: { role: 'assistant', content: [{ type: 'text', text: summary ? 'Summary: greetings.' : 'ok' }] },
+      return { message: { role: 'assistant', content: [{ type: 'text', text: purpose === 'compaction' ? 'Summary: greetings.' : 'ok' }] },
         finishReason: 'stop', usage: { promptTokens: count, completionTokens: 1 } }
     },
   } as Provider
@@ -38,7 +38,7 @@ function envelopeTokenizer(envelopeRatio: number, sent: { purpose: string; count
  *  (28,032 of its 32,000 tokens), after one turn; `sent`: every request's count. */
 async function underFourTimes(sent: { purpose: string; count: number }[] = []) {
   const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider: envelopeTokenizer(4, sent), system: 's'.repeat(28_000), recall: false,
+  const agent = new Agent({ session, provider: tokenizer(4, 1, sent), system: 's'.repeat(28_000), recall: false,
     warn: () => {} } as ConstructorParameters<typeof Agent>[0])
   assert.equal((await agent.run('hello')).reason, 'stop')
   return { session, agent, sent }
@@ -55,7 +55,7 @@ test('calibration: the usage of an envelope-heavy summary request is no ratio sa
   // "(7,008 + 2,008) × 3.78 = 34,100 tokens".
   const sent: { purpose: string; count: number }[] = []
   const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider: envelopeTokenizer(4, sent), system: 's'.repeat(28_000), recall: false,
+  const agent = new Agent({ session, provider: tokenizer(4, 1, sent), system: 's'.repeat(28_000), recall: false,
     warn: () => {} } as ConstructorParameters<typeof Agent>[0])
   for (let i = 0; i < 3; i++) assert.equal((await agent.run('hello ' + 'h'.repeat(1200 * i))).reason, 'stop')
   assert.ok(sent.some((s) => s.purpose === 'compaction'), 'a summary request was made')
@@ -177,23 +177,6 @@ test('calibration: clamping the two-ratio fit coordinate by coordinate never giv
 
 // ── The second review: a summary request of another envelope, an earlier envelope's samples, the messages ──
 
-const W = 32_000
-/** Counts the envelope (system + tools) at `er` × the heuristic and the messages at `mr` ×; refuses over W. */
-function tokenizer(er: number, mr: number, sent: { purpose: string; count: number }[] = []): Provider {
-  return { model: 'm', baseURL: 'memory://m', contextWindow: W, maxTokens: 1000,
-    async complete(req: ChatRequest) {
-      const env = requestTokens({ ...req, messages: [] })
-      const count = Math.round(er * env + mr * (requestTokens(req) - env))
-      const purpose = req.headers?.['x-dsh-purpose'] ?? 'conversation'
-      sent.push({ purpose, count })
-      if (count + 1 > W) {
-        const t = `This model's maximum context length is ${W} tokens. However, you requested ${count} tokens`
-        throw new ProviderError('CONTEXT_WINDOW_EXCEEDED', t, { status: 400, body: t })
-      }
-      return { message: { role: 'assistant', content: [{ type: 'text', text: purpose === 'compaction' ? 'Summary.' : 'ok' }] },
-        finishReason: 'stop', usage: { promptTokens: count, completionTokens: 1 } }
-    } } as Provider
-}
 const outcome = (p: Promise<unknown>) => p.then((r: any) => r.error?.message ?? r.reason, (e: Error) => e.message)
 const tools = (n: number) => Array.from({ length: n }, (_, i) => ({ name: `t${i}`, description: 'd'.repeat(1500),
   parameters: { type: 'object', properties: {} }, execute: () => 'r' }))
@@ -216,7 +199,7 @@ test('calibration: a summary request sent without the tool specs does not wipe t
     + `(r_e ${re.toFixed(3)}; the server counts it at 2)`)
   const n = sent.length
   const said = await outcome(agent.run('w '.repeat(9_000)))
-  assert.deepEqual(sent.slice(n).filter((s) => s.purpose === 'conversation' && s.count >= W), [], 'no request sent over the window')
+  assert.deepEqual(sent.slice(n).filter((s) => s.purpose === 'conversation' && s.count >= WINDOW), [], 'no request sent over the window')
   assert.match(said, /nothing was sent/)
 })
 
@@ -234,7 +217,7 @@ test('calibration: ratio samples of an earlier small envelope (same model) do no
   for (let i = 0; i < 2; i++) assert.equal((await agent.run('hello')).reason, 'stop')
   const n = sent.length
   const said = await outcome(agent.run('w '.repeat(9_000)))
-  assert.deepEqual(sent.slice(n).filter((s) => s.count >= W), [], 'no request sent over the window')
+  assert.deepEqual(sent.slice(n).filter((s) => s.count >= WINDOW), [], 'no request sent over the window')
   assert.match(said, /nothing was sent/)
 })
 
@@ -271,7 +254,7 @@ test('calibration: the ladder prices an envelope part the next request adds (a t
   const envelope = { system: 's'.repeat(28_000), tools: [extra] }
   const added = estimateRequestTokens(envelope, []) - m.envelopeTokens
   assert.ok(added > 1_000, `${added}`)
-  const host = { session, summarizer: envelopeTokenizer(4, []), envelope,
+  const host = { session, summarizer: tokenizer(4), envelope,
     settings: { contextWindow: WINDOW, compaction: ladderConfig(), prune: DEFAULT_PRUNE_CONFIG } }
   const outcome = await new internals.Ladder(host as never).relievePressure()
   assert.equal(outcome.tokensBefore, m.totalTokens + 4 * added, 'the added spec at 4x')
