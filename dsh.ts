@@ -7244,6 +7244,10 @@ export interface BuiltinToolsOptions {
   /** The session log's path (the CLI's `--session`): the write tools refuse it, its lock file, its
    *  artefacts and its torn-line copies (every `FILE.*`), wherever it lies. */
   sessionLog?: string
+  /** More paths (files or directories) the write tools refuse and a sandboxed command sees read-only, wherever they
+   *  lie: the CLI gives its own settings and kept sessions (`$XDG_CONFIG_HOME/dsh`, `$XDG_STATE_HOME/dsh`), which a
+   *  model that could write them could use to approve its own commands in the next run. */
+  protectedPaths?: readonly string[]
   /** Called with each change `write_file`, `edit_file` and `shell` are about to make, after every
    *  check passed and before anything is written or run (the CLI's approvals, diffs and undo). A
    *  throw refuses the change: its message becomes the tool's error result, nothing is changed. */
@@ -7305,8 +7309,8 @@ interface ToolHost {
   maxWriteBytes: number
   /** {@link BuiltinToolsOptions.beforeChange} and `afterChange`. */
   hooks: Pick<BuiltinToolsOptions, 'beforeChange' | 'afterChange'>
-  /** Real paths the write tools refuse, with everything named `P.*` beside them (the session log). */
-  protectedPaths: string[]
+  /** Real paths the write tools refuse: the session log (with everything named `P.*` beside it), the embedder's. */
+  protectedPaths: ProtectedPath[]
   /** The shell sandbox, when it runs (bwrap started at the probe). */
   sandbox?: SandboxRuntime
 }
@@ -7345,7 +7349,7 @@ interface ToolHost {
  * when `sandbox` is given without `onUnavailable` but bwrap cannot start.
  */
 export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]> {
-  const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineUnits', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop', 'maxWriteBytes', 'sessionLog', 'sandbox']
+  const known = ['cwd', 'allowShell', 'maxOutputUnits', 'readLimitLines', 'listMaxEntries', 'grepMaxMatches', 'grepTimeoutMs', 'grepMaxLineUnits', 'shellTimeoutMs', 'shellMaxTimeoutMs', 'shellEnv', 'shellEnvKeep', 'shellEnvDrop', 'maxWriteBytes', 'sessionLog', 'protectedPaths', 'sandbox']
   for (const key of Object.keys(options)) {
     if (!known.includes(key) && !BUILTIN_TOOL_HOOKS.includes(key)) throw new TypeError(`builtinTools: unknown option "${key}"; known options: ${[...known, ...BUILTIN_TOOL_HOOKS].join(', ')}`)
   }
@@ -7374,13 +7378,16 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
   }
   if (!(await fs.stat(root)).isDirectory()) throw new Error(`builtinTools: working directory ${options.cwd} is not a directory`)
   if (options.sessionLog !== undefined && (typeof options.sessionLog !== 'string' || options.sessionLog === '')) throw new TypeError('builtinTools: options.sessionLog must be a file path')
+  const guarded = options.protectedPaths ?? []
+  if (!Array.isArray(guarded) || !guarded.every((p) => typeof p === 'string' && p !== '')) throw new TypeError('builtinTools: options.protectedPaths must be an array of paths')
   for (const name of BUILTIN_TOOL_HOOKS) {
     const hook = (options as unknown as Record<string, unknown>)[name]
     if (hook !== undefined && typeof hook !== 'function') throw new TypeError(`builtinTools: options.${name} must be a function`)
   }
   const hooks = { beforeChange: options.beforeChange, afterChange: options.afterChange }
   const host: ToolHost = { fs, path, root, maxOutputUnits, maxWriteBytes: num('maxWriteBytes'), hooks, protectedPaths: [] }
-  if (options.sessionLog !== undefined) host.protectedPaths.push(await realpathLenient(host, path.resolve(root, options.sessionLog)))
+  if (options.sessionLog !== undefined) host.protectedPaths.push({ real: await realpathLenient(host, path.resolve(root, options.sessionLog)), kind: 'session', siblings: true })
+  for (const p of guarded) host.protectedPaths.push({ real: await realpathLenient(host, path.resolve(root, p)), kind: 'settings' })
   const tools = [
     readFileTool(host, readLimitLines),
     listFilesTool(host, listMaxEntries),
@@ -7583,8 +7590,9 @@ const SANDBOX_SCAN_MAX_DIRS = 50_000
 /** Bytes of a `.git` file (or a `commondir` file) read for its pointer. */
 const GIT_POINTER_MAX_BYTES = 4096
 
-/** What a protected path is (the refusal says it): a git directory, the project instructions, dsh's config, the session log. */
-type ProtectedKind = 'git' | 'instructions' | 'config' | 'session'
+/** What a protected path is (the refusal says it): a git directory, the project instructions, dsh's config, the session
+ *  log, or one of {@link BuiltinToolsOptions.protectedPaths} (the CLI's own settings and kept sessions). */
+type ProtectedKind = 'git' | 'instructions' | 'config' | 'session' | 'settings'
 /** A protected real path and everything below it; `siblings`: also every `real.*` beside it (the session log's files). */
 interface ProtectedPath { real: string; kind: ProtectedKind; siblings?: boolean; via?: string }
 /** A name no bind mount can hold still (a symlink, or nothing yet): the sandbox puts it back after each command. */
@@ -7609,7 +7617,7 @@ function holdsGitRepository(has: (name: string, dir: boolean) => boolean): boole
  */
 async function protectedSet(host: ToolHost, scope: string | 'project'): Promise<ProtectedSet> {
   const { fs, path, root } = host
-  const set: ProtectedSet = { paths: host.protectedPaths.map((real) => ({ real, kind: 'session' as const, siblings: true })), pinned: [], scanStopped: false }
+  const set: ProtectedSet = { paths: [...host.protectedPaths], pinned: [], scanStopped: false }
   const lstat = (p: string) => fs.lstat(p).catch(() => undefined)
   const resolve = (p: string) => realpathLenient(host, p).catch(() => p)
   // A `.git` entry: the directory itself, a link's target (and the link), a file's pointers.
@@ -7717,6 +7725,7 @@ async function refuseWrite(host: ToolHost, tool: string, real: string, shown: st
   if (hit?.kind === 'instructions') {
     throw new Error(`${tool}: ${shown} holds the project instructions${hit.via ? ` (${hit.via} resolves to it)` : ''} that dsh puts into the system prompt of every session in this directory; the tools never write it: tell the user what to change and let them edit it`)
   }
+  if (hit?.kind === 'settings') throw new Error(`${tool}: ${shown} is inside ${shownPath(host, hit.real)}, which the tools never write (dsh's own settings and kept sessions: a change there could approve commands for later runs); tell the user what to change`)
   if (hit?.kind === 'config') throw new Error(`${tool}: ${shown} is inside ${DSH_CONFIG_DIR}${hit.via ? ` (what ${hit.via} resolves to)` : ''}, dsh's own configuration for this directory; the tools never write it: tell the user what to change`)
   let st
   try { st = await host.fs.lstat(real) } catch (error) {
@@ -8349,7 +8358,7 @@ function editFileTool(host: ToolHost): Tool {
 async function restoreToolFile(cwd: string, realPath: string, bytes: Uint8Array | undefined, sessionLog?: string): Promise<string> {
   const [fs, path] = await Promise.all([importNode<NodeFs>('node:fs/promises'), importNode<NodePath>('node:path')])
   const host: ToolHost = { fs, path, root: await fs.realpath(cwd), maxOutputUnits: 1, maxWriteBytes: Infinity, hooks: {}, protectedPaths: [] }
-  if (sessionLog !== undefined) host.protectedPaths.push(await realpathLenient(host, path.resolve(host.root, sessionLog)))
+  if (sessionLog !== undefined) host.protectedPaths.push({ real: await realpathLenient(host, path.resolve(host.root, sessionLog)), kind: 'session', siblings: true })
   const { real, shown } = await confine(host, 'undo', realPath)
   const { mode, bytes: now } = await refuseWrite(host, 'undo', real, shown)
   refuseProjectConfig(host, 'undo', real, shown)
@@ -8419,8 +8428,14 @@ function scrubEnvironment(env: Record<string, string | undefined>, lists: { keep
 const SANDBOX_ENV_NAMES: ReadonlySet<string> = new Set(['PATH', 'LANG', 'LANGUAGE', 'TERM', 'COLORTERM', 'NO_COLOR', 'TZ', 'USER', 'LOGNAME', 'SHELL', 'HOME'])
 /** Entries of a home directory hidden from a sandboxed command when the home lies inside the working directory (else the whole home is). */
 const SANDBOX_HOME_SECRETS = ['.ssh', '.aws', '.config', '.gnupg', '.netrc', '.docker', '.kube', '.npmrc', '.pgpass', '.git-credentials', '.azure', '.password-store']
-/** Sockets outside the project a sandboxed command must not reach (per-user agents and D-Bus, the Docker daemon). */
+/** Sockets outside the project a sandboxed command with the network must not reach (per-user agents and D-Bus, the
+ *  Docker daemon); without the network every daemon's directory is hidden ({@link SANDBOX_DAEMON_DIRS}). */
 const SANDBOX_HIDDEN_SOCKETS = ['/run/user', '/run/docker.sock', '/var/run/docker.sock']
+/** Where daemons keep their Unix sockets (containerd, podman, the D-Bus system bus, PostgreSQL): each an empty tmpfs in a
+ *  sandbox without the network, since no network namespace fences a socket's path. */
+const SANDBOX_DAEMON_DIRS = ['/run', '/var/run']
+/** Directories that hold other users' homes, each an empty tmpfs in the sandbox like the user's own. */
+const SANDBOX_HOME_ROOTS = ['/home', '/root']
 /** The namespaces every sandboxed command gets (the network too unless allowed); the probe starts bwrap with the same. */
 const SANDBOX_NAMESPACE_FLAGS = ['--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup-try', '--die-with-parent', '--cap-drop', 'ALL']
 /** How long the probe may take to start bwrap once, in ms. */
@@ -8470,13 +8485,16 @@ async function startSandbox(host: ToolHost, options: ShellSandboxOptions, env: R
   }
   const { path } = host
   const homes = new Set<string>()
-  for (const home of [env.HOME, (() => { try { return os.userInfo().homedir } catch { return undefined } })()]) {
+  const own = [env.HOME, (() => { try { return os.userInfo().homedir } catch { return undefined } })()]
+  for (const home of [...SANDBOX_HOME_ROOTS, ...own]) { // outer first: a tmpfs mounted later would cover the user's
     if (typeof home === 'string' && path.isAbsolute(home) && home !== '/') homes.add(await host.fs.realpath(home).catch(() => home))
   }
   // Programs installed in the home (~/.cargo/bin, ~/.local/bin) stay runnable: PATH's directories inside a hidden home are readable.
   const readPaths = new Set((options.readPaths ?? []).map((p) => path.resolve(host.root, p)))
   for (const dir of (env.PATH ?? '').split(':')) {
-    if (path.isAbsolute(dir) && [...homes].some((home) => dir !== home && isInside(path, home, dir))) readPaths.add(await host.fs.realpath(dir).catch(() => dir))
+    if (!path.isAbsolute(dir) || ![...homes].some((home) => dir !== home && isInside(path, home, dir))) continue
+    // one this user can enter (bwrap cannot bind another's: /root/.cargo/bin on an unprivileged user's PATH)
+    if (await host.fs.access(dir, host.fs.constants.X_OK).then(() => true, () => false)) readPaths.add(await host.fs.realpath(dir).catch(() => dir))
   }
   return { bwrap, allowNetwork: options.allowNetwork === true, readPaths: [...readPaths], homes: [...homes] }
 }
@@ -8497,14 +8515,19 @@ async function sandboxArgs(host: ToolHost, sandbox: SandboxRuntime, set: Protect
   const { fs, path, root } = host
   const exists = async (p: string) => (await fs.lstat(p).catch(() => undefined)) !== undefined
   const args = ['--ro-bind', '/', '/', '--dev', '/dev', '--proc', '/proc', '--tmpfs', '/tmp']
-  for (const socket of SANDBOX_HIDDEN_SOCKETS) {
+  for (const dir of sandbox.allowNetwork ? [] : SANDBOX_DAEMON_DIRS) {
+    if ((await fs.lstat(dir).catch(() => undefined))?.isDirectory()) args.push('--tmpfs', dir) // not /var/run → /run
+  }
+  for (const socket of sandbox.allowNetwork ? SANDBOX_HIDDEN_SOCKETS : []) {
     const st = await fs.stat(socket).catch(() => undefined)
     if (st?.isDirectory()) args.push('--tmpfs', socket)
     else if (st) args.push('--ro-bind', '/dev/null', socket)
   }
   for (const home of sandbox.homes) if (!isInside(path, '/tmp', home) && !isInside(path, root, home) && await exists(home)) args.push('--tmpfs', home)
   for (const p of sandbox.readPaths) args.push('--ro-bind-try', p, p)
-  args.push('--bind', root, root)
+  // A scan that stopped may have missed a repository: the command then gets no writable project (fail closed), so that
+  // making many directories cannot switch the protection off.
+  args.push(set.scanStopped ? '--ro-bind' : '--bind', root, root)
   for (const home of sandbox.homes.filter((h) => isInside(path, root, h))) {
     for (const name of SANDBOX_HOME_SECRETS) {
       const st = await fs.stat(path.join(home, name)).catch(() => undefined) // through a link: what a mount would cover
@@ -8522,12 +8545,18 @@ async function sandboxArgs(host: ToolHost, sandbox: SandboxRuntime, set: Protect
   }
   const binds: [string, 'rw' | 'ro'][] = []
   const pinned = new Set<string>()
+  const pinAncestors = (p: string): void => {
+    for (let dir = path.dirname(p); dir !== root && isInside(path, root, dir); dir = path.dirname(dir)) pinned.add(dir)
+  }
   for (const p of readOnly) {
     if (!isInside(path, root, p) || !(await exists(p)) || (await fs.lstat(p)).isSymbolicLink()) continue
     if ([...readOnly].some((q) => q !== p && isInside(path, q, p))) continue // inside another read-only one
     binds.push([p, 'ro'])
-    for (let dir = path.dirname(p); dir !== root && isInside(path, root, dir); dir = path.dirname(dir)) pinned.add(dir)
+    pinAncestors(p)
   }
+  // A pinned name is put back after the command, outside the sandbox: the directories above it must stay where they
+  // are, or a command that swapped one for a link would have that repair made wherever the link points.
+  for (const pin of set.pinned) pinAncestors(pin.path)
   for (const dir of pinned) if (![...readOnly].some((q) => isInside(path, q, dir))) binds.push([dir, 'rw'])
   binds.sort((a, b) => a[0].split(path.sep).length - b[0].split(path.sep).length)
   for (const [p, mode] of binds) args.push(mode === 'ro' ? '--ro-bind' : '--bind', p, p)
@@ -8550,6 +8579,10 @@ async function restorePinned(host: ToolHost, pinned: readonly PinnedName[]): Pro
     if (pin.link === undefined ? st === undefined : now === pin.link) continue
     let aside = ''
     try {
+      // Not through a directory the command replaced by a link (the sandbox binds them in place; this is the second
+      // guard): the repair would land outside the project.
+      const dir = host.path.dirname(pin.path)
+      if (await fs.realpath(dir) !== dir) throw new Error(`${shownPath(host, dir)} is no longer the directory it was`)
       if (st !== undefined) { aside = `${pin.path}.dsh-displaced-${randomId().slice(0, 8)}`; await fs.rename(pin.path, aside) }
       if (pin.link !== undefined) await fs.symlink(pin.link, pin.path)
       const what = pin.kind === 'git' ? 'a git directory' : pin.kind === 'config' ? "dsh's configuration" : 'the project instructions'
@@ -8774,7 +8807,7 @@ function shellTool(host: ToolHost, defaultTimeoutMs: number, maxTimeoutMs: numbe
         child.once('close', (code, signal) => finish({ code, signal }))
       })
       const repairs = guarded ? await restorePinned(host, guarded.pinned) : []
-      if (guarded?.scanStopped) repairs.push(`[dsh: the sandbox looked for git directories in the first ${SANDBOX_SCAN_MAX_DIRS} directories only; any beyond them were writable]`)
+      if (guarded?.scanStopped) repairs.push(`[dsh: the project holds more than ${SANDBOX_SCAN_MAX_DIRS} directories (node_modules aside), more than the sandbox looks through for git directories, so this command ran with the project read-only; commands may write again once there are fewer]`)
       if (outcome.why === 'error') throw new Error(`shell: could not start the command: ${shellStartFailure(outcome.error, command)}`, { cause: outcome.error })
       const status = outcome.why === 'timeout' ? `timed out after ${timeoutMs} ms; the command was killed (raise timeout_ms, up to ${maxTimeoutMs}, if it needs longer)`
         : outcome.why === 'aborted' ? 'cancelled; the command was killed'
@@ -12031,6 +12064,13 @@ function cliConfigFile(env: Record<string, string | undefined>, name: string): s
   return base ? `${base}/dsh/${name}` : undefined
 }
 
+/** The CLI's own directories, which its tools never write: its settings (`$XDG_CONFIG_HOME/dsh`) and kept sessions. */
+function cliOwnDirs(env: Record<string, string | undefined>): string[] {
+  const settings = cliConfigFile(env, 'config.json'), sessions = sessionsRoot(env)
+  return [settings?.slice(0, -'/config.json'.length), sessions?.slice(0, -'/sessions'.length)]
+    .filter((d): d is string => d !== undefined)
+}
+
 /** Reads and checks a configuration file; undefined when there is none. @throws UsageError for one that is unreadable, too big or wrong. */
 async function readCliConfig(file: string, scope: 'user' | 'project'): Promise<CliConfigFile | undefined> {
   const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
@@ -12906,6 +12946,7 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
   const desk = await cliChangeDesk(options, dir, prep, session, path.resolve(cwd, options.session ?? '.'), io, terminal, tty && !p.env.NO_COLOR, () => endLine())
   const tools = await builtinTools({
     cwd, allowShell, shellEnv: p.env, shellEnvKeep: options.shellEnv, ...(options.session ? { sessionLog: path.resolve(cwd, options.session) } : {}),
+    protectedPaths: cliOwnDirs(p.env),
     shellEnvDrop: [CLI_DEFAULTS.apiKeyEnv, ...(options.apiKeyEnv ? [options.apiKeyEnv] : [])], ...(sandbox ? { sandbox } : {}),
     beforeChange: desk.beforeChange, afterChange: desk.afterChange,
   })
