@@ -13590,8 +13590,10 @@ export interface CliShowOptions {
   cwd?: string
 }
 
-/** One line of text for a transcript: newlines shown as `⏎`, cut to `max` code points with `…`. */
-function oneLine(text: string, max = 120): string {
+/** One line of text for a transcript: newlines shown as `⏎`, cut to `max` code points with `…`; a value that is no text
+ *  (a field a hostile or older log lacks) is said to be missing, so that `dsh show` prints every event. */
+function oneLine(text: unknown, max = 120): string {
+  if (typeof text !== 'string') return `(no text: the event holds ${text === undefined ? 'none' : typeof text} here)`
   const flat = text.replace(/\r\n|\r|\n/g, ' ⏎ ').replace(/\t/g, ' ')
   const end = indexAfterCodePoints(flat, max)
   return end < flat.length ? flat.slice(0, end) + '…' : flat
@@ -13858,8 +13860,8 @@ const SCRATCH_MIN_BYTES = 65_536, SCRATCH_MAX_BYTES = 1_048_576
  */
 class FileStore implements LogStore {
   readonly path: string
-  /** The lock file, `FILE.lock`. */
-  readonly lockPath: string
+  /** The lock file, `FILE.lock`; once locked, beside the log's real path (so that a link to the log shares its lock). */
+  lockPath: string
   private handle?: AppendHandle
   /** Device and inode of the file `handle` appends to (fstat once, when it is opened). */
   private handleFile?: { dev: number; ino: number }
@@ -13893,6 +13895,13 @@ class FileStore implements LogStore {
   /** Takes the lock for writing (see {@link acquireLogLock}); throws `SessionError('SESSION_LOCKED')`. */
   private async lock(): Promise<void> {
     if (this.locked) return
+    const fs = await this.fs()
+    const real = await fs.realpath(this.path).catch(() => undefined)
+    if (real !== undefined) this.lockPath = `${real}.lock`
+    if (real !== undefined && (await fs.stat(real)).nlink > 1) {
+      throw new SessionError('SESSION_LOCKED', `session log ${this.path} has more than one name (a hard link): `
+        + `another name would take a lock of its own; give the log one name`)
+    }
     const stale = await acquireLogLock(this.path, this.lockPath)
     this.locked = true
     if (stale) this.staleLock = stale
@@ -13947,9 +13956,15 @@ class FileStore implements LogStore {
   async scan(onEvent: (event: SessionEvent) => void): Promise<{ torn?: TornLine }> {
     const fs = await this.fs()
     let fh: any
-    try { fh = await fs.open(this.path, 'r') } catch (err: any) {
+    const { O_RDONLY, O_NONBLOCK = 0 } = (await this.syncFs()).constants
+    try { fh = await fs.open(this.path, O_RDONLY | O_NONBLOCK) } catch (err: any) { // a FIFO must not block the open
       if (err?.code === 'ENOENT') { this.lineStarts = [0]; this.seenBytes = -1; return {} }
       throw new SessionError('STORE', `cannot read session log ${this.path}: ${err?.message ?? err}`)
+    }
+    if (!(await fh.stat()).isFile()) {
+      await fh.close()
+      throw new SessionError('STORE', `session log ${this.path} is not a regular file (a directory, FIFO, socket or `
+        + `device); a session log is a file: give the path of one`)
     }
     const starts: number[] = [0]
     const decoder = new TextDecoder()
@@ -14187,18 +14202,52 @@ class FileStore implements LogStore {
     return this.lineStarts!
   }
 
-  async sync(): Promise<void> { if (this.handle) await this.handle.sync() }
+  /**
+   * fsyncs the log. A failed fsync fails the store for good: the kernel reports a lost write-back to one fsync only
+   * and then marks the pages clean, so a later fsync that succeeds would acknowledge events that are not on disk.
+   * @throws SessionError('STORE') naming the log, then for every later append and sync.
+   */
+  async sync(): Promise<void> {
+    if (this.failed) throw new SessionError('STORE', this.failed)
+    if (!this.handle) return
+    try { await this.handle.sync() } catch (err: any) {
+      this.failed = `session log ${this.path}: fsync failed (${err?.message ?? err}); what was appended since the last `
+        + `sync may not be on disk: nothing more is written to this log; open it again to see what it holds`
+      throw new SessionError('STORE', this.failed)
+    }
+  }
 
+  /** Writes a spilled tool result to `FILE.artefacts/NAME` and fsyncs it (and its directory) before the event naming
+   *  it is logged: durable before the step that spilled it. Returns the ref the event records. */
   async putArtefact(name: string, text: string): Promise<string> {
     const fs = await this.fs()
     const dir = `${this.path}.artefacts`
     await fs.mkdir(dir, { recursive: true })
-    const file = `${dir}/${name.replace(/[^\w.-]/g, '_')}`
-    await fs.writeFile(file, text)
+    const file = `${dir}/${artefactName(name)}`
+    const handle = await fs.open(file, 'w')
+    try { await handle.writeFile(text); await handle.sync() } finally { await handle.close() }
+    const dirHandle = await fs.open(dir, 'r')
+    try { await dirHandle.sync() } finally { await dirHandle.close() }
     return file
   }
 
-  async getArtefact(ref: string): Promise<string> { return await (await this.fs()).readFile(ref, 'utf8') }
+  /**
+   * Reads a spilled tool result back. Only a file in this log's own `FILE.artefacts/` is read, by the ref's last name
+   * (a log names its artefacts; a hostile or edited one must not make recall read `~/.ssh/id_rsa`), and only a regular
+   * file (O_NOFOLLOW, O_NONBLOCK: no link, FIFO or device). @throws Error naming the ref.
+   */
+  async getArtefact(ref: string): Promise<string> {
+    const fs = await this.fs()
+    const name = String(ref).slice(String(ref).lastIndexOf('/') + 1)
+    if (artefactName(name) !== name || name === '.' || name === '..')
+      throw new Error(`artefact ${JSON.stringify(ref)} is not a name this store writes; not read`)
+    const { O_RDONLY, O_NOFOLLOW = 0, O_NONBLOCK = 0 } = (await this.syncFs()).constants
+    const handle = await fs.open(`${this.path}.artefacts/${name}`, O_RDONLY | O_NOFOLLOW | O_NONBLOCK)
+    try {
+      if (!(await handle.stat()).isFile()) throw new Error(`artefact ${name} is not a regular file; not read`)
+      return await handle.readFile('utf8')
+    } finally { await handle.close() }
+  }
 
   /** Closes the file and gives the lock back. */
   async close(): Promise<void> {
@@ -14211,6 +14260,9 @@ class FileStore implements LogStore {
     } finally { await this.unlock() }
   }
 }
+
+/** The file name an artefact is stored under: `name` with every character but letters, digits, `_`, `.`, `-` as `_`. */
+const artefactName = (name: string): string => name.replace(/[^\w.-]/g, '_')
 
 /** One line of a log file: its bytes without the newline, its byte offset, whether a newline ended it. */
 interface LogLine { bytes: Uint8Array; at: number; terminated: boolean }
@@ -14281,11 +14333,14 @@ const heldLogLocks = new Map<string, number>()
 let logLockExitHooked = false
 
 /** The holder recorded in a lock file, or undefined when the file does not say. */
-function parseLockHolder(text: string): LogLockHolder | undefined {
+/** A lock file's holder, and the PID namespace its pid is in (Linux `/proc/self/ns/pid`), where it was written. */
+type LockRecord = LogLockHolder & { pidns?: string }
+
+function parseLockHolder(text: string): LockRecord | undefined {
   const v = parseJSONOrUndefined(text)
   if (!isRecord(v) || !Number.isSafeInteger(v.pid) || typeof v.host !== 'string' || typeof v.time !== 'number')
     return undefined
-  return { pid: v.pid, host: v.host, time: v.time }
+  return { pid: v.pid, host: v.host, time: v.time, ...(typeof v.pidns === 'string' ? { pidns: v.pidns } : {}) }
 }
 
 const describeHolder = (h: LogLockHolder): string => `pid ${h.pid} on host ${h.host} (since `
@@ -14305,7 +14360,9 @@ async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLoc
     await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'),
     importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
   const host = os.hostname()
-  const me: LogLockHolder = { pid: proc.pid, host, time: Date.now() }
+  // A pid means something only in its PID namespace: another one's (a container, a sandbox) cannot be checked.
+  const pidns = await fs.readlink('/proc/self/ns/pid').catch(() => undefined)
+  const me: LockRecord = { pid: proc.pid, host, time: Date.now(), ...(pidns ? { pidns } : {}) }
   const held = heldLogLocks.get(lockPath)
   if (held !== undefined) { heldLogLocks.set(lockPath, held + 1); return undefined }
   const refuse =
@@ -14341,10 +14398,13 @@ async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLoc
     const holder = parseLockHolder(text)
     if (!holder) refuse(`has a lock file that does not name its holder (${JSON.stringify(text.slice(0, 80))}); `
       + `if no dsh is using this log, delete the lock file`)
+    const sameNs = holder!.pidns === undefined || pidns === undefined || holder!.pidns === pidns // a lock of 0.1 has none
     // ours, from before a close we skipped
-    if (holder!.pid === proc.pid && holder!.host === host) { heldLogLocks.set(lockPath, 1); return undefined }
+    if (holder!.pid === proc.pid && holder!.host === host && sameNs) { heldLogLocks.set(lockPath, 1); return undefined }
     if (holder!.host !== host) refuse(`is in use by ${describeHolder(holder!)}, another host; if that process is gone, `
       + `delete the lock file`)
+    if (!sameNs) refuse(`is in use by ${describeHolder(holder!)} in another PID namespace (a container or `
+      + `a sandbox), which this process cannot check; if that process is gone, delete the lock file`)
     let alive = true
     try { proc.kill(holder!.pid, 0) } catch (err: any) { alive = err?.code !== 'ESRCH' }
     if (alive) refuse(`is in use by ${describeHolder(holder!)}; wait for it to finish or use another session file (if `
@@ -14575,12 +14635,14 @@ class SqlLogStore implements LogStore {
   }
 
   private decode(row: { seq: unknown; event: string }, expectedSeq: number): SessionEvent {
-    let e: SessionEvent | undefined
-    try { e = JSON.parse(row.event) } catch { /* reported below */ }
-    if (Number(row.seq) === expectedSeq && e?.seq === expectedSeq && typeof e.type === 'string') return e
+    let e: unknown
+    try { e = JSON.parse(row.event) } catch { e = undefined }
+    // the file store's rule for a line, for a row: {seq, type, time, data} at the expected seq
+    const problem = Number(row.seq) === expectedSeq ? eventShapeProblem(e, expectedSeq) : 'not the expected seq'
+    if (problem === undefined) return e as SessionEvent
     throw new SessionError('LOG_CORRUPT', `SQL session ${JSON.stringify(this.session)}: row seq ${row.seq} where `
-      + `${expectedSeq} was expected, or its event is not a dsh event of that seq (events must be contiguous)`,
-    expectedSeq + 1)
+      + `${expectedSeq} was expected, or its event is not a dsh event of that seq (${problem}; events must be `
+      + `contiguous)`, expectedSeq + 1)
   }
 
   /** `[session, token, leaseMs]`, the first parameters of every write; refuses without a lease. */
