@@ -10907,9 +10907,11 @@ const cliReplayFormats = (): readonly CliReplayFormat[] => ['auto', ...TRANSCRIP
 
 /** A bad command line or missing configuration. The CLI prints `message` (one line) and exits with `exitCode` 2. */
 export class UsageError extends Error {
-  readonly exitCode = 2
-  constructor(message: string) {
+  /** 2, or 130 for a question answered with Ctrl-C (the shell's code for an interrupt). */
+  readonly exitCode: number
+  constructor(message: string, exitCode = 2) {
     super(message)
+    this.exitCode = exitCode
     this.name = 'UsageError'
   }
 }
@@ -11508,7 +11510,7 @@ export const CLI_SYSTEM_PROMPT = /* @__PURE__ */ [
   'When you are done, answer with a short summary for the user and stop calling tools.',
 ].join('\n')
 
-type NodeStream = { write(s: string): boolean; isTTY?: boolean; on?(event: string, fn: (...a: any[]) => void): unknown }
+type NodeStream = { write(s: string, done?: () => void): boolean; isTTY?: boolean; on?(event: string, fn: (...a: any[]) => void): unknown }
 type NodeProcess = {
   argv: string[]; env: Record<string, string | undefined>; cwd(): string; exitCode?: number
   stdin: any; stdout: NodeStream; stderr: NodeStream
@@ -11519,8 +11521,12 @@ type NodeProcess = {
 
 /** The CLI's output streams, safe against a reader that went away (`dsh … | head -1`, `| true`). */
 interface CliOutput extends CliIO {
-  /** True once stdout's reader closed (EPIPE): nothing more is written there. */
+  /** True once stdout's reader closed (EPIPE) or a write to it failed: nothing more is written there. */
   readonly stdoutClosed: boolean
+  /** Why a write to stdout failed other than its reader closing (a full disk: ENOSPC), if one did. */
+  readonly stdoutFailed?: string
+  /** Resolves once what was written to stdout so far has been taken (or has failed). */
+  flushed(): Promise<void>
   /** Called once when stdout's reader closes (the CLI cancels the running turn: nobody reads its output). */
   onStdoutClosed?: () => void
   /** Writes dsh's own terminal escapes (colour, line clearing) to stderr as they are: the caller
@@ -11565,9 +11571,15 @@ function jsonLine(value: unknown): string {
  */
 function cliOutput(p: NodeProcess): CliOutput {
   let stdoutClosed = false, stderrClosed = false, liveShown = false
+  let stdoutFailed: string | undefined
   const hide = () => { if (liveShown) { liveShown = false; if (!stderrClosed) p.stderr.write('\r\x1b[K') } }
   const out: CliOutput = {
     get stdoutClosed() { return stdoutClosed },
+    get stdoutFailed() { return stdoutFailed },
+    // a stream's write calls back once what came before it is taken (a stand-in without that: the next turn)
+    flushed: () => new Promise((resolve) => {
+      if (stdoutClosed || p.stdout.write.length < 2) setImmediate(resolve); else p.stdout.write('', () => resolve())
+    }),
     stdout: (text) => { hide(); if (!stdoutClosed) p.stdout.write(stripControls(text)) },
     stderr: (text) => { hide(); if (!stderrClosed) p.stderr.write(stripControls(text)) },
     stderrRaw: (text) => { hide(); if (!stderrClosed) p.stderr.write(text) },
@@ -11576,9 +11588,10 @@ function cliOutput(p: NodeProcess): CliOutput {
       if (!stderrClosed) { p.stderr.write('\r\x1b[K' + text); liveShown = true }
     },
   }
-  p.stdout.on?.('error', () => {
+  p.stdout.on?.('error', (err: any) => {
     if (stdoutClosed) return
     stdoutClosed = true
+    if (err?.code !== 'EPIPE') stdoutFailed = `${err?.code ?? 'error'}: ${err?.message ?? err}` // not a reader gone
     out.onStdoutClosed?.()
   })
   p.stderr.on?.('error', () => { stderrClosed = true })
@@ -11748,7 +11761,8 @@ export function statusReporter(agent: () => Agent | undefined, write: (line: str
     const a = agent()
     if (e.type === 'warning') return say(`[dsh] warning: ${e.message}`)
     if (e.type === 'stream') {
-      if (live?.kind === 'model') stopLive() // the answer streams on this line now
+      // the answer streams on this line now; reasoning and a tool call's arguments are not shown: the count goes on
+      if (live?.kind === 'model' && e.event.type === 'text-delta' && e.event.text !== '') stopLive()
       if (e.event.type === 'retry') {
         const { attempt, delayMs, error, maxRetries } = e.event
         const why = Array.from(error.message.slice(0, 2 * ACTIVITY_ERROR_CODE_POINTS).split('\n')[0])
@@ -11982,12 +11996,19 @@ function shownValue(value: unknown): string {
 }
 
 /** `approvals` of a config: `{tools: [...], commands: [...]}`, both optional. `where` names the key for errors. */
+/** Control characters (C0 with line breaks and NUL, DEL, C1): a setting that holds one could draw lines of its own into
+ *  the trust question, or end a path early. */
+const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f]/
+
+/** A setting's text: a non-empty string on one line, without control characters. */
+const settingText = (v: unknown): v is string => typeof v === 'string' && v.trim() !== '' && !CONTROL_CHARS.test(v)
+
 function configApprovals(value: unknown, where: string): CliApprovals {
   if (!isRecord(value)) throw new UsageError(`${where} must be an object such as {"tools": ["edit_file"], "commands": ["npm test"]}, got ${shownValue(value)}`)
   for (const key of Object.keys(value)) if (key !== 'tools' && key !== 'commands') throw new UsageError(`${where}: unknown key "${key}"; the keys are tools, commands`)
   const list = (key: 'tools' | 'commands'): string[] => {
     const items = value[key] ?? []
-    if (!Array.isArray(items) || !items.every((x) => typeof x === 'string' && x.trim() !== '')) throw new UsageError(`${where}.${key} must be a list of ${key === 'tools' ? 'tool names' : 'command prefixes'}, got ${shownValue(items)}`)
+    if (!Array.isArray(items) || !items.every(settingText)) throw new UsageError(`${where}.${key} must be a list of ${key === 'tools' ? 'tool names' : 'command prefixes'}, got ${shownValue(items)}`)
     return items
   }
   const tools = list('tools')
@@ -12013,10 +12034,10 @@ export function parseCliConfig(text: string, file: string, scope: 'user' | 'proj
       throw new UsageError(`${file}: unknown key "${key}"${why}; the keys are ${keys.join(', ')}`)
     }
     if (key === 'model') {
-      if (typeof value !== 'string' || value.trim() === '') throw bad(key, 'a model name such as "deepseek-v4-pro"', value)
+      if (!settingText(value)) throw bad(key, 'a model name such as "deepseek-v4-pro"', value)
       out.model = value
     } else if (key === 'baseURL') {
-      let ok = typeof value === 'string' && /^https?:\/\//i.test(value)
+      let ok = settingText(value) && /^https?:\/\//i.test(value) // the URL parser drops a line break: the text must not
       try { if (ok) new URL(value as string) } catch { ok = false }
       if (!ok) throw bad(key, 'an http(s) URL such as "http://127.0.0.1:8080/v1"', value)
       out.baseURL = value as string
@@ -12034,7 +12055,7 @@ export function parseCliConfig(text: string, file: string, scope: 'user' | 'proj
           if (k !== 'allowNetwork' && k !== 'read') throw new UsageError(`${file}: "sandbox"."${k}" is not a sandbox setting; known: allowNetwork, read`)
         }
         if (value.allowNetwork !== undefined && typeof value.allowNetwork !== 'boolean') throw bad('sandbox.allowNetwork', 'true or false', value.allowNetwork)
-        if (value.read !== undefined && !(Array.isArray(value.read) && value.read.every((r) => typeof r === 'string'))) throw bad('sandbox.read', 'an array of paths', value.read)
+        if (value.read !== undefined && !(Array.isArray(value.read) && value.read.every(settingText))) throw bad('sandbox.read', 'an array of paths', value.read)
       }
       out.sandbox = value
     } else if (key === 'projects') {
@@ -12120,12 +12141,13 @@ function projectMemory(raw: Record<string, any>, dir: string): Record<string, an
 /** The settings of a project config in a few lines, for the trust question. */
 function describeConfig(config: CliConfig): string {
   const lines: string[] = []
-  if (config.baseURL) lines.push(`  baseURL ${config.baseURL}  (model requests, with your API key if one is set, go there)`)
   if (config.model) lines.push(`  model ${config.model}`)
   if (config.contextWindow) lines.push(`  contextWindow ${groupDigits(config.contextWindow)} tokens`)
   if (config.prices) lines.push(`  prices ${config.prices.cacheHitInput},${config.prices.cacheMissInput},${config.prices.output} USD per million tokens`)
   if (config.approvals) lines.push(`  approvals: runs without asking: ${[...config.approvals.tools, ...config.approvals.commands.map((c) => `commands starting with "${c}"`)].join(', ') || 'nothing'}`)
   if (config.sandbox !== undefined) lines.push(`  sandbox ${JSON.stringify(config.sandbox)}`)
+  // last, right above the question: where the conversation and the key go
+  if (config.baseURL) lines.push(`  baseURL ${config.baseURL}  (model requests, with your API key if one is set, go there)`)
   return lines.join('\n') || '  (no settings)'
 }
 
@@ -12149,6 +12171,7 @@ async function projectConfig(dir: string, user: CliConfigFile | undefined, userF
   if (!found) return { exists: false }
   io.stderr(`This directory has its own dsh configuration, ${PROJECT_CONFIG_FILE}:\n${describeConfig(found.config)}\n`)
   const trusted = await terminal.askYesNo(`Trust ${dir} and use it? (remembered${userFile ? ` in ${userFile}` : ''}) [y/N] `)
+  if (terminal.interrupted) throw new UsageError('interrupted at the question: nothing was remembered', 130)
   if (!trusted) { io.stderr(`[dsh] ${PROJECT_CONFIG_FILE} ignored for this run\n`); return { exists: true } }
   const problem = userFile ? await editUserConfig(userFile, (raw) => { projectMemory(raw, dir).trusted = true }) : 'no configuration directory ($XDG_CONFIG_HOME or $HOME)'
   if (problem) io.stderr(`[dsh] trusted for this run only: ${problem}\n`)
@@ -12238,9 +12261,26 @@ async function shellPermission(options: CliRunOptions, cwd: string, env: Record<
   }
   if (approved) return true
   const allowed = await terminal.askYesNo(`Allow the agent to run shell commands in ${cwd}? (remembered for this directory) [y/N] `)
+  if (terminal.interrupted) throw new UsageError('interrupted at the question: nothing was remembered', 130)
   const problem = file ? await editUserConfig(file, (raw) => { projectMemory(raw, cwd).shell = allowed }) : 'no configuration directory ($XDG_CONFIG_HOME or $HOME)'
   if (problem) io.stderr(`[dsh] could not remember the answer: ${problem}\n`)
   return allowed
+}
+
+/**
+ * A shell command as its approval shows it: one line as it is; more with their numbers, a run of blank lines as one
+ * line, so that a command cannot scroll its first lines out of view above the question unnoticed.
+ */
+function shownCommand(lines: readonly string[]): string {
+  if (lines.length === 1) return `$ ${lines[0]}\n`
+  const out = [`$ (a command of ${lines.length} lines)`]
+  for (let i = 0; i < lines.length; i++) {
+    let j = i
+    while (lines[i].trim() === '' && j + 1 < lines.length && lines[j + 1].trim() === '') j++
+    out.push(j > i ? `  ${i + 1}–${j + 1}│ (${j - i + 1} blank lines)` : `  ${String(i + 1).padStart(3)}│ ${lines[i]}`)
+    i = j
+  }
+  return out.join('\n') + '\n'
 }
 
 /** The union of approvals (each tool and prefix once). */
@@ -12515,9 +12555,10 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
       if (!shell || o.allowShell) return // a one-shot run: today's rules (file tools inside the project; shell with --allow-shell)
       throw new Error(`shell: not run: no approved prefix covers this command, and a one-shot run (-p) cannot ask; ${o.userFile ? `approve it in ${o.userFile} ("approvals": {"commands": [...]}), ` : ''}or pass --allow-shell to run every command`)
     }
-    if (shell) say(`$ ${stripControls(change.command)}\n`)
+    const lines = shell ? stripControls(change.command).split(/\r\n|\r|\n/) : []
+    if (shell) say(shownCommand(lines))
     const prefix = shell ? commandPrefix(change.command) : ''
-    const question = shell ? `Run it? [y]es / [n]o / [a]lways for shell / [p] always for "${stripControls(prefix)} …": ` : `Apply this change to ${stripControls(change.path)}? [y]es / [n]o / [a]lways for ${change.tool}: `
+    const question = shell ? `Run it${lines.length > 1 ? ` (all ${lines.length} lines above)` : ''}? [y]es / [n]o / [a]lways for shell / [p] always for "${stripControls(prefix)} …": ` : `Apply this change to ${stripControls(change.path)}? [y]es / [n]o / [a]lways for ${change.tool}: `
     let answer: Awaited<ReturnType<typeof ask>>
     try { answer = await ask(question, shell, signal) } catch { throw new Error(`${change.tool}: cancelled; ${shell ? 'the command was not run' : `${change.path} was not changed`}`) }
     if (answer === 'no') throw new Error(`${change.tool}: declined by the user; ${shell ? 'the command was not run' : `${change.path} was not changed`}. Do not retry it as it is: ask the user what they want instead`)
@@ -12931,6 +12972,13 @@ async function mainWith(argv: readonly string[], p: NodeProcess, io: CliOutput, 
     const resumed = await resumeLine(session, options.session!, Date.now())
     if (resumed) io.stderr(resumed + '\n')
     if (resumed && interactive) io.stderr(lastExchanges(session))
+    // A resumed session keeps its log, not its model: say when the model or its window changed (the ladder sizes by it).
+    const was = session.measure().header, window = provider.contextWindow
+    if (resumed && was && (was.model !== options.model || was.contextWindow !== window)) {
+      const named = (model: string, w?: number) => `${stripControls(model)}${w ? ` (window ${groupDigits(w)} tokens)` : ''}`
+      io.stderr(`[dsh] this session ran on ${named(was.model, was.contextWindow)}; it goes on with ${named(options.model, window)}`
+        + `${was.contextWindow ? `: --model ${stripControls(was.model)} --context-window ${was.contextWindow} keeps them` : ''}\n`)
+    }
   }
   const allowShell = await shellPermission(options, cwd, p.env, terminal, io)
   // Flags win over the config's `sandbox` (false turns it off; {allowNetwork, read} sets its parts).
@@ -13060,10 +13108,12 @@ async function oneTurn(agent: Agent, prompt: string, p: NodeProcess, io: CliOutp
   io.onStdoutClosed = () => ctrl.abort() // nobody reads the answer: stop spending on it
   try {
     const result = await agent.run(prompt, { signal: ctrl.signal })
-    if (io.stdoutClosed) return 0
     const problem = turnProblem(agent, result)
-    if (how.streamed) how.endLine()
-    else if (!how.json && result.reason !== 'max-steps') io.stdout(result.text.endsWith('\n') || result.text === '' ? result.text : result.text + '\n')
+    if (!io.stdoutClosed && how.streamed) how.endLine()
+    else if (!io.stdoutClosed && !how.json && result.reason !== 'max-steps') io.stdout(result.text.endsWith('\n') || result.text === '' ? result.text : result.text + '\n')
+    await io.flushed()
+    if (io.stdoutFailed) { io.stderr(`dsh: the answer could not be written to stdout (${io.stdoutFailed})\n`); return 1 }
+    if (io.stdoutClosed) return 0
     if (result.reason === 'aborted') { io.stderr('dsh: turn cancelled\n'); return 130 }
     if (problem) { io.stderr(`dsh: ${problem}\n`); return 1 }
     return 0
@@ -13103,6 +13153,8 @@ interface Terminal {
   ask(question: string, signal?: AbortSignal): Promise<string | undefined>
   /** `ask`, true for y/yes; anything else (and an abort) is no. */
   askYesNo(question: string, signal?: AbortSignal): Promise<boolean>
+  /** True when the last question was answered with Ctrl-C: no answer, and nothing to remember. */
+  readonly interrupted: boolean
   /** True while a question of {@link Terminal.ask} waits for its answer. */
   readonly asking: boolean
   /**
@@ -13146,7 +13198,7 @@ async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
   let pasting = false
   let pasteOff = false
   let held: string[] = []
-  let running = false, asking = false, lastAhead = false
+  let running = false, asking = false, lastAhead = false, interrupted = false
   const muted = () => running && !asking
   const rlAny = rl as any
   if (typeof rlAny._writeToOutput === 'function') {
@@ -13193,20 +13245,31 @@ async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
     if (signal?.aborted) return undefined
     io.live(undefined)
     asking = true
+    interrupted = false
+    // A question names paths and settings: what it shows cannot control the terminal (a directory named with OSC 52).
+    question = stripControls(question)
     // Input that ended before the question (a paste, then end of input) still answers it: the question is shown.
     rl.setPrompt(question)
     if (closed) io.stderrRaw(question); else prompt()
-    let onAbort: (() => void) | undefined
+    let stop: ((why: 'abort' | 'interrupt') => void) | undefined
+    const onAbort = () => stop?.('abort'), onInterrupt = () => stop?.('interrupt')
     const answer = await new Promise<IteratorResult<string>>((resolve) => {
-      if (!signal) { void next(true).then(resolve); return }
       const queued = take(true)
+      if (queued) lastAhead = queued.ahead
       if (queued || closed) { resolve(queued ? { value: queued.text, done: false } : { value: undefined, done: true }); return }
       const entry = { resolve, question: true }
       waiting.push(entry)
-      onAbort = () => { const i = waiting.indexOf(entry); if (i !== -1) waiting.splice(i, 1); resolve({ value: undefined, done: true }) }
-      signal.addEventListener('abort', onAbort, { once: true })
+      stop = (why) => {
+        const i = waiting.indexOf(entry)
+        if (i !== -1) waiting.splice(i, 1)
+        if (why === 'interrupt') interrupted = true
+        resolve({ value: undefined, done: true })
+      }
+      signal?.addEventListener('abort', onAbort, { once: true })
+      rl.once('SIGINT', onInterrupt) // Ctrl-C: no answer (with no listener readline would close the input)
     })
-    if (onAbort) signal!.removeEventListener('abort', onAbort)
+    signal?.removeEventListener('abort', onAbort)
+    rl.off('SIGINT', onInterrupt)
     asking = false
     rl.setPrompt(PROMPT)
     return answer.done ? undefined : answer.value
@@ -13217,6 +13280,7 @@ async function openTerminal(p: NodeProcess, io: CliOutput): Promise<Terminal> {
       const answer = await ask(question, signal)
       return answer !== undefined && /^y(es)?$/i.test(answer.trim())
     },
+    get interrupted() { return interrupted },
     get asking() { return asking },
     turn(on) { running = on },
     typedAhead: () => (muted() ? String(rlAny.line ?? '') : ''),

@@ -117,7 +117,8 @@ describe('case 4: a project configuration applies once its directory is trusted'
       { waitFor: '[y/N] ', send: 'n\r' }, { waitFor: '› ', send: '/exit\r' },
     ])
     assert.equal(refused.code, 0, refused.stdout)
-    assert.ok(refused.stdout.includes(`This directory has its own dsh configuration, .dsh/config.json:\n  baseURL ${project.url}  (model requests, with your API key if one is set, go there)\n  model p-model\n  contextWindow 16,000 tokens\n`), refused.stdout)
+    // the base URL last, right above the question (a setting cannot push it off the screen: text settings are one line)
+    assert.ok(refused.stdout.includes(`This directory has its own dsh configuration, .dsh/config.json:\n  model p-model\n  contextWindow 16,000 tokens\n  baseURL ${project.url}  (model requests, with your API key if one is set, go there)\n`), refused.stdout)
     assert.match(refused.stdout, /\[dsh\] \.dsh\/config\.json ignored for this run/)
     assert.deepEqual(JSON.parse(await readFile(join(config, 'dsh', 'config.json'), 'utf8')), {})
 
