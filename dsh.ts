@@ -1182,7 +1182,7 @@ class ReplyAssembler {
 
   /** A block dsh does not interpret (e.g. `redacted_thinking`), kept in position as it came. */
   keep(block: OtherBlock): void {
-    this.admit(JSON.stringify(block))
+    this.admit(this.json(block))
     this.blocks.push(block)
     this.fresh = false
     this.streamed = true
@@ -1195,13 +1195,14 @@ class ReplyAssembler {
     this.usage = usage
   }
 
-  /** The slot of a tool-call delta: by `index`, else by id, else the last call; a new slot when none fits. */
+  /** The slot of a tool-call delta: by a known id, else by `index`, else the last call; a new slot when none fits. */
   private slotOf(wireIndex: number | undefined, id: string | undefined): number {
     const calls = this.calls
+    const known = id === undefined ? -1 : calls.findIndex((c) => c.id === id) // calls interleaved on one index
     let slot: number | undefined
-    if (wireIndex !== undefined) slot = this.slotOfIndex.get(wireIndex)
-    else if (id !== undefined) { const k = calls.findIndex((c) => c.id === id); slot = k >= 0 ? k : undefined }
-    else if (calls.length > 0) slot = calls.length - 1 // no index, no id: the continuation of the last call
+    if (known >= 0) slot = known
+    else if (wireIndex !== undefined) slot = this.slotOfIndex.get(wireIndex)
+    else if (id === undefined && calls.length > 0) slot = calls.length - 1 // no index, no id: the last call goes on
     // A different id on a known index starts a new call (servers that send every call as index 0).
     if (slot !== undefined && id !== undefined && calls[slot].id !== '' && calls[slot].id !== id) slot = undefined
     if (slot !== undefined) return slot
@@ -1230,6 +1231,19 @@ class ReplyAssembler {
       if (this.listening) this.emit({ type: 'tool-call-delta', index: slot, ...(newId ? { id: newId } : {}),
         ...(newName ? { name: newName } : {}), argumentsDelta: args })
     }
+  }
+
+  /** MALFORMED_RESPONSE: what the server sent cannot be read (`why`); not retried, the same bytes would come back. */
+  malformed(why: string, cause?: unknown): ProviderError {
+    const { endpoint, model } = this.cfg
+    return providerError(this.cfg, 'MALFORMED_RESPONSE', `the reply from ${endpoint} (model ${model}) ${why}`,
+      { requestId: this.requestId, status: 200, ...(cause === undefined ? {} : { cause }) })
+  }
+
+  /** A server's object as JSON text (a tool call's arguments, a kept block); refused past MAX_NESTING_LEVELS. */
+  json(value: object): string {
+    if (nestedDeeperThan(value)) throw this.malformed(`nests an object more than ${MAX_NESTING_LEVELS} levels deep`)
+    return JSON.stringify(value)
   }
 
   /** MALFORMED_RESPONSE for a data event that is not a JSON object. */
@@ -1268,6 +1282,23 @@ class ReplyAssembler {
   }
 }
 
+/** Deepest nesting of arrays and objects dsh keeps from outside (a server's block, a transcript): JSON.parse
+ *  takes 100,000 levels, JSON.stringify and structuredClone overflow the stack on a few thousand later. */
+const MAX_NESTING_LEVELS = 1_000
+
+/** Whether `value` nests arrays and objects more than `max` levels deep (an explicit stack: no overflow). */
+function nestedDeeperThan(value: unknown, max = MAX_NESTING_LEVELS): boolean {
+  const stack: Array<[unknown, number]> = [[value, 1]]
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!
+    if (depth > max) return true
+    for (const child of Object.values(v as object)) {
+      if (typeof child === 'object' && child !== null) stack.push([child, depth + 1])
+    }
+  }
+  return false
+}
+
 /** One chat-completions chunk object (or a whole non-streamed completion). Throws the in-stream error it carries. */
 function openAIChunk(acc: ReplyAssembler, obj: unknown, dataText: string): boolean {
   if (!isRecord(obj)) throw acc.notAnObject(dataText)
@@ -1287,7 +1318,10 @@ function openAIChunk(acc: ReplyAssembler, obj: unknown, dataText: string): boole
         : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
       acc.add('reasoning', r)
       if (typeof delta.content === 'string') acc.add('text', delta.content)
-      if (Array.isArray(delta.tool_calls)) for (const tc of delta.tool_calls) openAIToolCall(acc, tc)
+      // A whole message's calls are whole: each element is a call of its own, also without an id or index.
+      const whole = delta === choice.message
+      const calls: unknown[] = Array.isArray(delta.tool_calls) ? delta.tool_calls : []
+      calls.forEach((tc, i) => openAIToolCall(acc, tc, whole ? i : undefined))
     }
     if (typeof choice.finish_reason === 'string' && choice.finish_reason !== '') {
       acc.finishReason = choice.finish_reason
@@ -1300,15 +1334,14 @@ function openAIChunk(acc: ReplyAssembler, obj: unknown, dataText: string): boole
   return false
 }
 
-function openAIToolCall(acc: ReplyAssembler, tc: unknown): void {
+function openAIToolCall(acc: ReplyAssembler, tc: unknown, position?: number): void {
   if (!isRecord(tc)) return
   const fn = isRecord(tc.function) ? tc.function : {}
   const id = typeof tc.id === 'string' && tc.id !== '' ? tc.id : undefined // Qwen sends "" after the first delta
   // Mistral sends "" after the first delta
   const name = typeof fn.name === 'string' && fn.name !== '' ? fn.name : undefined
-  const args = typeof fn.arguments === 'string' ? fn.arguments : isRecord(fn.arguments)
-    ? JSON.stringify(fn.arguments) : ''
-  acc.tool(typeof tc.index === 'number' ? tc.index : undefined, id, name, args)
+  const args = typeof fn.arguments === 'string' ? fn.arguments : isRecord(fn.arguments) ? acc.json(fn.arguments) : ''
+  acc.tool(typeof tc.index === 'number' ? tc.index : position, id, name, args)
 }
 
 /** A count field: a non-negative finite number; anything else (negative, NaN as a string, …) is absent. */
@@ -1398,8 +1431,19 @@ async function readWhole(cfg: AdapterConfig, response: Response, acc: ReplyAssem
   }
   let parsed: unknown
   try { parsed = JSON.parse(data) } catch (error) { parsed = relayChunks(cfg, data, requestId, error) }
-  for (const obj of parsed instanceof ChunkList ? parsed.list : [parsed]) cfg.format.whole(acc, obj, text)
+  for (const obj of parsed instanceof ChunkList ? parsed.list : [parsed]) {
+    mapped(acc, () => cfg.format.whole(acc, obj, text))
+  }
   return acc.finish(true)
+}
+
+/** The wire format's reading of one server object: what it throws that is no ProviderError (a RangeError of JSON nested
+ *  past the stack) is the server's malformed reply, not a transport failure to retry. */
+function mapped<T>(acc: ReplyAssembler, read: () => T): T {
+  try { return read() } catch (err) {
+    if (err instanceof ProviderError || err instanceof ListenerFailure) throw err
+    throw acc.malformed(`could not be read (${(err as Error)?.message ?? err})`, err)
+  }
 }
 
 /**
@@ -1436,10 +1480,10 @@ async function readReply(response: Response, acc: ReplyAssembler, signal: AbortS
     }
     let obj: unknown
     try { obj = JSON.parse(data) } catch (error) {
-      sawDone = relayChunks(cfg, data, requestId, error).list.some((o) => format.event(acc, o, data))
+      sawDone = relayChunks(cfg, data, requestId, error).list.some((o) => mapped(acc, () => format.event(acc, o, data)))
       return
     }
-    if (format.event(acc, obj, data)) sawDone = true
+    if (mapped(acc, () => format.event(acc, obj, data))) sawDone = true
   }, SSE_MAX_BUFFER_UNITS)
   const decode = utf8Decoder()
   await eachChunk(response.body, signal, (chunk) => {
@@ -6111,7 +6155,7 @@ async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit, fi
   const origin = new URL(first).origin
   let url = first
   for (let hops = 0; ; hops++) {
-    const response = await cfg.fetch(url, { ...init, redirect: 'manual' })
+    const response = await fetchUnder(cfg, url, { ...init, redirect: 'manual' })
     if (response.type !== 'opaqueredirect' && !REDIRECT_STATUSES.has(response.status)) return response
     response.body?.cancel().catch(() => {})
     let target: URL | undefined
@@ -6128,6 +6172,23 @@ async function postFollowingSameOrigin(cfg: AdapterConfig, init: RequestInit, fi
     })
   }
 }
+
+/** `cfg.fetch`, settled by the init's signal too: a fetch that does not pass the signal on (a proxy's) cannot hold
+ *  a call past an abort, the idle timer or the deadline (docs/design.md §13); a later response is cancelled. */
+function fetchUnder(cfg: AdapterConfig, url: string, init: RequestInit): Promise<Response> {
+  const sent = cfg.fetch(url, init), signal = init.signal
+  if (!signal) return sent
+  return new Promise((resolve, reject) => {
+    const onAbort = (): void => { reject(signal.reason); sent.then((r) => r.body?.cancel().catch(() => {}), () => {}) }
+    if (signal.aborted) return onAbort()
+    signal.addEventListener('abort', onAbort, { once: true })
+    const settled = (): void => signal.removeEventListener('abort', onAbort)
+    sent.then((r) => { settled(); resolve(r) }, (e) => { settled(); reject(e) })
+  })
+}
+
+/** After a finish reason, ms without progress that end the answer (usage may follow it; the end marker should). */
+const FINISHED_IDLE_MS = 10_000
 
 /** What one attempt learned that its error needs: the response's request id, and which timer ended it. */
 interface AttemptState { requestId?: string; status?: number; timedOut: boolean; pastDeadline: boolean }
@@ -6159,12 +6220,13 @@ async function attempt<T = ChatResponse>(cfg: AdapterConfig, request: ChatReques
     const now = Date.now()
     if (progressCount !== seenCount) { seenCount = progressCount; seenAt = now }
     const idleMs = now - seenAt
-    if (idleMs < cfg.idleTimeoutMs) {
-      timer = setTimeout(idleCheck, Math.max(1, Math.min(cfg.idleTimeoutMs / 4, cfg.idleTimeoutMs - idleMs)))
+    const limitMs = acc.finishReason === undefined ? cfg.idleTimeoutMs : Math.min(cfg.idleTimeoutMs, FINISHED_IDLE_MS)
+    if (idleMs < limitMs) {
+      timer = setTimeout(idleCheck, Math.max(1, Math.min(limitMs / 4, limitMs - idleMs)))
       return
     }
     st.timedOut = true
-    controller.abort(new Error(`no progress for ${cfg.idleTimeoutMs} ms`))
+    controller.abort(new Error(`no progress for ${limitMs} ms`))
   }
   const forwardAbort = (): void => controller.abort(signal?.reason)
   signal?.addEventListener('abort', forwardAbort, { once: true })
@@ -6182,6 +6244,9 @@ async function attempt<T = ChatResponse>(cfg: AdapterConfig, request: ChatReques
     return await read(response, acc, controller.signal)
   } catch (e) {
     if (e instanceof ListenerFailure) throw e
+    // A finished answer whose server held the connection open: the answer stands (the abort closed the connection).
+    const finished = st.timedOut && !st.pastDeadline && !signal?.aborted && acc.finishReason !== undefined
+    if (finished) return acc.finish(false) as T
     throw attemptError(cfg, e, acc, signal?.aborted === true, st)
   } finally {
     if (timer !== undefined) clearTimeout(timer)
@@ -9026,20 +9091,13 @@ type ParsedTranscript =
 
 const isJsonRecord = (v: unknown): v is TranscriptRecord => typeof v === 'object' && v !== null && !Array.isArray(v)
 
-/** Deepest nesting of arrays and objects replay reads. Real transcripts nest a few dozen levels;
- *  JSON.parse takes 200,000, but JSON.stringify and structuredClone overflow the stack on them later. */
-const TRANSCRIPT_MAX_NESTING = 1_000
+/** Deepest nesting of arrays and objects replay reads (real transcripts nest a few dozen levels). */
+const TRANSCRIPT_MAX_NESTING = MAX_NESTING_LEVELS
 
 /** Refuses a parsed value nested deeper than {@link TRANSCRIPT_MAX_NESTING} (an explicit stack: the
  *  walk itself cannot overflow). `text` is what was parsed, `line` its first line (to name the deep one). */
 function refuseDeepNesting(value: unknown, text: string, line = 1): void {
-  const stack: Array<[unknown, number]> = [[value, 1]]
-  while (stack.length > 0) {
-    const [v, depth] = stack.pop()!
-    if (depth <= TRANSCRIPT_MAX_NESTING) {
-      for (const child of Object.values(v as object)) if (typeof child === 'object' && child !== null) stack.push([child, depth + 1])
-      continue
-    }
+  if (typeof value === 'object' && value !== null && nestedDeeperThan(value, TRANSCRIPT_MAX_NESTING)) {
     let at = 0 // the bracket that opens level TRANSCRIPT_MAX_NESTING + 1, outside strings
     for (let d = 0, i = 0; i < text.length; i++) {
       const c = text[i]
@@ -14908,7 +14966,7 @@ function anthropicBlock(acc: ReplyAssembler, index: number, b: unknown): void {
     acc.add('reasoning', typeof b.thinking === 'string' ? b.thinking : '')
     if (typeof b.signature === 'string') acc.sign(b.signature)
   } else if (b.type === 'tool_use') {
-    const input = isRecord(b.input) && Object.keys(b.input).length > 0 ? JSON.stringify(b.input) : ''
+    const input = isRecord(b.input) && Object.keys(b.input).length > 0 ? acc.json(b.input) : ''
     acc.tool(index, typeof b.id === 'string' && b.id !== '' ? b.id : undefined,
       typeof b.name === 'string' && b.name !== '' ? b.name : undefined, input)
   } else if (typeof b.type === 'string' && b.type !== 'image') acc.keep(b as OtherBlock)
