@@ -69,39 +69,27 @@ test('B1 openAI: tool-call arguments sent as a deeply nested object are a typed,
   } finally { await srv.close() }
 })
 
-test('B2 anthropic: a tool_use block whose input is deeply nested is a typed, non-retried error (not TRANSPORT x6)', async () => {
-  const srv = await serve((_q, res) => {
-    res.writeHead(200, { 'content-type': 'text/event-stream' })
-    res.write('event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":5}}}\n\n')
-    res.write(`event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"t","name":"f","input":${deepObject(100_000)}}}\n\n`)
-    res.write('event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":3}}\n\n')
-    res.write('event: message_stop\ndata: {"type":"message_stop"}\n\n')
-    res.end()
+for (const [name, block, stop] of [
+  ['B2 anthropic: a tool_use block whose input is deeply nested', `{"type":"tool_use","id":"t","name":"f","input":${deepObject(100_000)}}`, 'tool_use'],
+  ['B3 anthropic: an unknown content block nested deeply', `{"type":"server_thing","x":${deepObject(100_000)}}`, 'end_turn'],
+]) {
+  test(`${name} is a typed, non-retried error (not TRANSPORT x6)`, async () => {
+    const srv = await serve((_q, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write('event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":5}}}\n\n')
+      res.write(`event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":${block}}\n\n`)
+      res.write(`event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"${stop}"},"usage":{"output_tokens":3}}\n\n`)
+      res.write('event: message_stop\ndata: {"type":"message_stop"}\n\n')
+      res.end()
+    })
+    try {
+      const e = await failure(an(srv.url).complete({ messages: HI }))
+      assert.ok(e instanceof ProviderError)
+      assert.equal(e.code, 'MALFORMED_RESPONSE', e.message)
+      assert.equal(srv.hits, 1, 'not retried')
+    } finally { await srv.close() }
   })
-  try {
-    const e = await failure(an(srv.url).complete({ messages: HI }))
-    assert.ok(e instanceof ProviderError)
-    assert.equal(e.code, 'MALFORMED_RESPONSE', e.message)
-    assert.equal(srv.hits, 1, 'not retried')
-  } finally { await srv.close() }
-})
-
-test('B3 anthropic: an unknown content block nested deeply is a typed, non-retried error', async () => {
-  const srv = await serve((_q, res) => {
-    res.writeHead(200, { 'content-type': 'text/event-stream' })
-    res.write('event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":5}}}\n\n')
-    res.write(`event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"server_thing","x":${deepObject(100_000)}}}\n\n`)
-    res.write('event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}\n\n')
-    res.write('event: message_stop\ndata: {"type":"message_stop"}\n\n')
-    res.end()
-  })
-  try {
-    const e = await failure(an(srv.url).complete({ messages: HI }))
-    assert.ok(e instanceof ProviderError)
-    assert.equal(e.code, 'MALFORMED_RESPONSE', e.message)
-    assert.equal(srv.hits, 1, 'not retried')
-  } finally { await srv.close() }
-})
+}
 
 // ── 2. A moderately deep block (stringifies, but cannot be cloned) poisons the session ──
 const anthropicTurn = (res: ServerResponse, block: string) => {

@@ -38,6 +38,16 @@ function dsh(args: string[], ms = 15_000): Promise<{ code: number | null; stdout
   })
 }
 
+/** A script that holds `log` open, and on a line of input appends and syncs once, saying whether it could. */
+const holderScript = (log: string, close: boolean) => `import { Session, FileStore } from ${JSON.stringify(DSH)}
+const s = await Session.open(new FileStore(${JSON.stringify(log)}))
+process.stdout.write('ready\\n')
+process.stdin.once('data', async () => {
+  s.append('turn/start', { turn: 1 })
+  try { await s.sync(); process.stdout.write('holder synced\\n') } catch (e) { process.stdout.write('holder refused: ' + e.code + '\\n') }
+  ${close ? 'await s.store.close(); ' : ''}process.exit(0)
+})\n`
+
 describe('a second writer on the same log', () => {
   test('two Session objects in one process on the same log: the second open is refused, the first keeps writing', { todo: 'open: one process shares its lock (heldLogLocks counts holds); the older writer is the one refused, by the size check, and nothing acknowledged is lost' }, async () => {
     const log = join(tempDir(), 's.jsonl')
@@ -59,14 +69,7 @@ describe('a second writer on the same log', () => {
     const log = join(dir, 's.jsonl'), link = join(dir, 'alias.jsonl')
     symlinkSync(log, link)
     const holder = join(dir, 'holder.mts')
-    writeFileSync(holder, `import { Session, FileStore } from ${JSON.stringify(DSH)}
-const s = await Session.open(new FileStore(${JSON.stringify(log)}))
-process.stdout.write('ready\\n')
-process.stdin.once('data', async () => {
-  s.append('turn/start', { turn: 1 })
-  try { await s.sync(); process.stdout.write('holder synced\\n') } catch (e) { process.stdout.write('holder refused: ' + e.code + '\\n') }
-  await s.store.close(); process.exit(0)
-})\n`)
+    writeFileSync(holder, holderScript(log, true))
     const child = spawn(process.execPath, ['--import', 'tsx', holder], { stdio: ['pipe', 'pipe', 'inherit'] })
     let out = ''
     child.stdout.on('data', (b) => { out += b })
@@ -91,14 +94,7 @@ describe('a writer in another PID namespace (same host name, shared file system)
     const dir = tempDir()
     const log = join(dir, 's.jsonl')
     const holder = join(dir, 'holder.mts'), intruder = join(dir, 'intruder.mts')
-    writeFileSync(holder, `import { Session, FileStore } from ${JSON.stringify(DSH)}
-const s = await Session.open(new FileStore(${JSON.stringify(log)}))
-process.stdout.write('ready\\n')
-process.stdin.once('data', async () => {
-  s.append('turn/start', { turn: 1 })
-  try { await s.sync(); process.stdout.write('holder synced\\n') } catch (e) { process.stdout.write('holder refused: ' + e.code + '\\n') }
-  process.exit(0)
-})\n`)
+    writeFileSync(holder, holderScript(log, false))
     writeFileSync(intruder, `import { Session, FileStore } from ${JSON.stringify(DSH)}
 try { const s = await Session.open(new FileStore(${JSON.stringify(log)})); process.stdout.write('opened, took over ' + JSON.stringify(s.store.staleLock)); await s.store.close() }
 catch (e) { process.stdout.write('refused ' + e.code) }\n`)
