@@ -1195,16 +1195,18 @@ class ReplyAssembler {
     this.usage = usage
   }
 
-  /** The slot of a tool-call delta: by a known id, else by `index`, else the last call; a new slot when none fits. */
+  /** The slot of a tool-call delta: by `index`, else by id, else the last call; a new slot when none fits. */
   private slotOf(wireIndex: number | undefined, id: string | undefined): number {
     const calls = this.calls
-    const known = id === undefined ? -1 : calls.findIndex((c) => c.id === id) // calls interleaved on one index
+    const byId = (): number | undefined => { const k = calls.findIndex((c) => c.id === id); return k >= 0 ? k : undefined }
     let slot: number | undefined
-    if (known >= 0) slot = known
-    else if (wireIndex !== undefined) slot = this.slotOfIndex.get(wireIndex)
-    else if (id === undefined && calls.length > 0) slot = calls.length - 1 // no index, no id: the last call goes on
-    // A different id on a known index starts a new call (servers that send every call as index 0).
-    if (slot !== undefined && id !== undefined && calls[slot].id !== '' && calls[slot].id !== id) slot = undefined
+    if (wireIndex !== undefined) {
+      slot = this.slotOfIndex.get(wireIndex)
+      // A different id on a known index: that id's own call (calls interleaved on one index), else a new call
+      // (servers that send every call as index 0). A new index is a new call, whatever its id.
+      if (slot !== undefined && id !== undefined && calls[slot].id !== '' && calls[slot].id !== id) slot = byId()
+    } else if (id !== undefined) slot = byId()
+    else if (calls.length > 0) slot = calls.length - 1 // no index, no id: the continuation of the last call
     if (slot !== undefined) return slot
     const max = MAX_TOOL_CALLS_PER_MESSAGE
     if (calls.length >= max) throw this.tooLarge(`has more than ${max} tool calls, the most dsh takes in one message`)
@@ -7311,7 +7313,8 @@ export interface BuiltinToolsOptions {
   sessionLog?: string
   /** More paths (files or directories) the write tools refuse and a sandboxed command sees read-only, wherever they
    *  lie: the CLI gives its own settings and kept sessions (`$XDG_CONFIG_HOME/dsh`, `$XDG_STATE_HOME/dsh`), which a
-   *  model that could write them could use to approve its own commands in the next run. */
+   *  model that could write them could use to approve its own commands in the next run. One inside `cwd` that does
+   *  not exist yet is made as an empty directory (mode 0700), so that the sandbox can hold it read-only. */
   protectedPaths?: readonly string[]
   /** Called with each change `write_file`, `edit_file` and `shell` are about to make, after every
    *  check passed and before anything is written or run (the CLI's approvals, diffs and undo). A
@@ -7452,7 +7455,13 @@ export async function builtinTools(options: BuiltinToolsOptions): Promise<Tool[]
   const hooks = { beforeChange: options.beforeChange, afterChange: options.afterChange }
   const host: ToolHost = { fs, path, root, maxOutputUnits, maxWriteBytes: num('maxWriteBytes'), hooks, protectedPaths: [] }
   if (options.sessionLog !== undefined) host.protectedPaths.push({ real: await realpathLenient(host, path.resolve(root, options.sessionLog)), kind: 'session', siblings: true })
-  for (const p of guarded) host.protectedPaths.push({ real: await realpathLenient(host, path.resolve(root, p)), kind: 'settings' })
+  for (const p of guarded) {
+    // One inside the working directory that is not there yet is made (an empty directory): a sandboxed command could
+    // otherwise create it, since no mount can hold a name that does not exist.
+    const abs = path.resolve(root, p)
+    if (isInside(path, root, abs) && !(await fs.lstat(abs).catch(() => undefined))) await fs.mkdir(abs, { recursive: true, mode: 0o700 }).catch(() => {})
+    host.protectedPaths.push({ real: await realpathLenient(host, abs), kind: 'settings' })
+  }
   const tools = [
     readFileTool(host, readLimitLines),
     listFilesTool(host, listMaxEntries),
@@ -8507,7 +8516,7 @@ const SANDBOX_NAMESPACE_FLAGS = ['--unshare-pid', '--unshare-ipc', '--unshare-ut
 const SANDBOX_PROBE_TIMEOUT_MS = 10_000
 
 /** The sandbox as it runs: the bwrap to start, the network switch, the paths made readable, the homes hidden. */
-interface SandboxRuntime { bwrap: string; allowNetwork: boolean; readPaths: string[]; homes: string[] }
+interface SandboxRuntime { bwrap: string; allowNetwork: boolean; readPaths: string[]; homes: string[]; runPaths: string[] }
 
 /**
  * Checks the options and starts bwrap once (`bwrap --ro-bind / / … true`, the namespaces every
@@ -8561,7 +8570,8 @@ async function startSandbox(host: ToolHost, options: ShellSandboxOptions, env: R
     // one this user can enter (bwrap cannot bind another's: /root/.cargo/bin on an unprivileged user's PATH)
     if (await host.fs.access(dir, host.fs.constants.X_OK).then(() => true, () => false)) readPaths.add(await host.fs.realpath(dir).catch(() => dir))
   }
-  return { bwrap, allowNetwork: options.allowNetwork === true, readPaths: [...readPaths], homes: [...homes] }
+  const runPaths = (env.PATH ?? '').split(':').filter((dir) => SANDBOX_DAEMON_DIRS.some((d) => isInside(path, d, dir)))
+  return { bwrap, allowNetwork: options.allowNetwork === true, readPaths: [...readPaths], homes: [...homes], runPaths }
 }
 
 /** The environment of a sandboxed command: {@link SANDBOX_ENV_NAMES}, LC_* and `lists.keep`, scrubbed as {@link shellEnvironment} scrubs, and TMPDIR=/tmp. */
@@ -8583,6 +8593,9 @@ async function sandboxArgs(host: ToolHost, sandbox: SandboxRuntime, set: Protect
   for (const dir of sandbox.allowNetwork ? [] : SANDBOX_DAEMON_DIRS) {
     if ((await fs.lstat(dir).catch(() => undefined))?.isDirectory()) args.push('--tmpfs', dir) // not /var/run → /run
   }
+  // PATH's directories there stay runnable (NixOS: /run/current-system/sw/bin, /run/wrappers/bin); a source is
+  // resolved outside the sandbox, so a link under /run still reaches its program
+  for (const dir of sandbox.allowNetwork ? [] : sandbox.runPaths) args.push('--ro-bind-try', dir, dir)
   for (const socket of sandbox.allowNetwork ? SANDBOX_HIDDEN_SOCKETS : []) {
     const st = await fs.stat(socket).catch(() => undefined)
     if (st?.isDirectory()) args.push('--tmpfs', socket)
@@ -8622,7 +8635,8 @@ async function sandboxArgs(host: ToolHost, sandbox: SandboxRuntime, set: Protect
   // A pinned name is put back after the command, outside the sandbox: the directories above it must stay where they
   // are, or a command that swapped one for a link would have that repair made wherever the link points.
   for (const pin of set.pinned) pinAncestors(pin.path)
-  for (const dir of pinned) if (![...readOnly].some((q) => isInside(path, q, dir))) binds.push([dir, 'rw'])
+  // (a project bound read-only after a stopped scan holds its directories still itself: none is bound writable again)
+  for (const dir of set.scanStopped ? [] : pinned) if (![...readOnly].some((q) => isInside(path, q, dir))) binds.push([dir, 'rw'])
   binds.sort((a, b) => a[0].split(path.sep).length - b[0].split(path.sep).length)
   for (const [p, mode] of binds) args.push(mode === 'ro' ? '--ro-bind' : '--bind', p, p)
   args.push('--chdir', root, ...SANDBOX_NAMESPACE_FLAGS)
@@ -12054,12 +12068,15 @@ function shownValue(value: unknown): string {
 }
 
 /** `approvals` of a config: `{tools: [...], commands: [...]}`, both optional. `where` names the key for errors. */
-/** Control characters (C0 with line breaks and NUL, DEL, C1): a setting that holds one could draw lines of its own into
- *  the trust question, or end a path early. */
-const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f]/
+/** Control characters (C0 with line breaks and NUL, DEL, C1, Unicode line separators and bidi controls): a setting that
+ *  holds one could draw lines of its own into the trust question, reorder what it shows, or end a path early. */
+const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/
+/** The longest text setting, UTF-16 units: a longer one would scroll the rest of the trust question off the screen. */
+const SETTING_MAX_UNITS = 300
 
-/** A setting's text: a non-empty string on one line, without control characters. */
-const settingText = (v: unknown): v is string => typeof v === 'string' && v.trim() !== '' && !CONTROL_CHARS.test(v)
+/** A setting's text: a non-empty string on one line of at most {@link SETTING_MAX_UNITS}, without control characters. */
+const settingText = (v: unknown): v is string => typeof v === 'string' && v.trim() !== '' && v.length <= SETTING_MAX_UNITS
+  && !CONTROL_CHARS.test(v)
 
 function configApprovals(value: unknown, where: string): CliApprovals {
   if (!isRecord(value)) throw new UsageError(`${where} must be an object such as {"tools": ["edit_file"], "commands": ["npm test"]}, got ${shownValue(value)}`)
@@ -14018,9 +14035,9 @@ class FileStore implements LogStore {
   private async lock(): Promise<void> {
     if (this.locked) return
     const fs = await this.fs()
-    const real = await fs.realpath(this.path).catch(() => undefined)
+    const real = await fs.realpath(this.path).catch(() => realTarget(fs, this.path))
     if (real !== undefined) this.lockPath = `${real}.lock`
-    if (real !== undefined && (await fs.stat(real)).nlink > 1) {
+    if (real !== undefined && ((await fs.stat(real).catch(() => undefined))?.nlink ?? 1) > 1) {
       throw new SessionError('SESSION_LOCKED', `session log ${this.path} has more than one name (a hard link): `
         + `another name would take a lock of its own; give the log one name`)
     }
@@ -14364,7 +14381,10 @@ class FileStore implements LogStore {
     if (artefactName(name) !== name || name === '.' || name === '..')
       throw new Error(`artefact ${JSON.stringify(ref)} is not a name this store writes; not read`)
     const { O_RDONLY, O_NOFOLLOW = 0, O_NONBLOCK = 0 } = (await this.syncFs()).constants
-    const handle = await fs.open(`${this.path}.artefacts/${name}`, O_RDONLY | O_NOFOLLOW | O_NONBLOCK)
+    const dir = `${this.path}.artefacts`
+    if (!(await fs.lstat(dir).catch(() => undefined))?.isDirectory()) // not a link to a folder elsewhere
+      throw new Error(`${dir} is not a directory of this log (a link, or missing); artefact ${name} not read`)
+    const handle = await fs.open(`${dir}/${name}`, O_RDONLY | O_NOFOLLOW | O_NONBLOCK)
     try {
       if (!(await handle.stat()).isFile()) throw new Error(`artefact ${name} is not a regular file; not read`)
       return await handle.readFile('utf8')
@@ -14381,6 +14401,20 @@ class FileStore implements LogStore {
       if (r !== undefined) this.fsSync!.closeSync(r)
     } finally { await this.unlock() }
   }
+}
+
+/** The real path a log not made yet will have: the end of its chain of links (a dangling link names it), in its
+ *  directory's real path; undefined when that directory cannot be resolved. */
+async function realTarget(fs: typeof import('node:fs/promises'), file: string): Promise<string | undefined> {
+  const path = await importNode<typeof import('node:path')>('node:path')
+  let at = path.resolve(file)
+  for (let hops = 0; hops < 40; hops++) {
+    const link = await fs.readlink(at).catch(() => undefined)
+    if (link === undefined) break
+    at = path.resolve(path.dirname(at), link)
+  }
+  const dir = await fs.realpath(path.dirname(at)).catch(() => undefined)
+  return dir === undefined ? undefined : path.join(dir, path.basename(at))
 }
 
 /** The file name an artefact is stored under: `name` with every character but letters, digits, `_`, `.`, `-` as `_`. */
