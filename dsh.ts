@@ -1198,7 +1198,10 @@ class ReplyAssembler {
   /** The slot of a tool-call delta: by `index`, else by id, else the last call; a new slot when none fits. */
   private slotOf(wireIndex: number | undefined, id: string | undefined): number {
     const calls = this.calls
-    const byId = (): number | undefined => { const k = calls.findIndex((c) => c.id === id); return k >= 0 ? k : undefined }
+    const byId = (): number | undefined => {
+      const k = calls.findIndex((c) => c.id === id)
+      return k >= 0 ? k : undefined
+    }
     let slot: number | undefined
     if (wireIndex !== undefined) {
       slot = this.slotOfIndex.get(wireIndex)
