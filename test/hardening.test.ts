@@ -1,18 +1,18 @@
 // A second hostile pass over round 4's security fixes (test/sandbox-reach, store-hostile, cli-safety, provider-hostile):
-// ways around them and what they broke, each failing before its fix. An artefacts folder that is a link; a stopped
-// scan whose repositories' parents stayed writable; a protected path not there yet; PATH under /run (NixOS); a log
-// opened through a dangling link; two calls with one id on two indexes; a long or bidi-laden setting.
+// ways around them and what they broke, each failing before its fix: a stopped scan whose repositories' parents stayed
+// writable; a protected path not there yet; PATH under /run (NixOS); a log opened through a dangling link; two calls
+// with one id on two indexes; a long or bidi-laden setting (an artefacts folder that is a link: store-hostile.test.ts).
 import { test, describe, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, spawnSync } from 'node:child_process'
-import { chmodSync, mkdirSync, mkdtempSync, symlinkSync, writeFileSync } from 'node:fs'
+import { chmodSync, mkdtempSync, symlinkSync, writeFileSync } from 'node:fs'
 import { lstat, mkdir, mkdtemp, realpath, rm, writeFile } from 'node:fs/promises'
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { builtinTools, FileStore, internals, openAICompatible, Session, SessionError, type Tool } from '../dsh.ts'
+import { builtinTools, FileStore, openAICompatible, Session, SessionError, type Tool } from '../dsh.ts'
 import { CLEAN_ENV, dshPtyDriven, fake, skipWithoutPty, tempDir as cliTempDir } from './cli-helpers.ts'
 import { tuned, type Tuning } from './tuning.ts'
 
@@ -28,38 +28,7 @@ async function sandboxedShell(root: string, env: Record<string, string> = CLEAN_
 }
 
 // ── FileStore ─────────────────────────────────────────────────────────────────────────────
-const user = (t: string) => ({ message: { role: 'user' as const, content: [{ type: 'text' as const, text: t }] }, surfaceOp: { op: 'append' as const } })
-const line = (seq: number, type: string, data: object) => JSON.stringify({ seq, type, time: 1_700_000_000_000, data })
-function spilledLog(dir: string, ref: string): string {
-  const log = join(dir, 's.jsonl')
-  writeFileSync(log, [
-    line(0, 'session/start', { id: 'x', version: '0.0.0', format: 1 }),
-    line(1, 'turn/start', { turn: 1 }),
-    line(2, 'user/message', user('read it')),
-    line(3, 'assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'read_file', arguments: '{"path":"big.log"}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } }),
-    line(4, 'tool/call', { callId: 'c1', name: 'read_file' }),
-    line(5, 'tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: 'preview [... spilled ...]' }] }, spilled: { ref, bytes: 300_000 }, surfaceOp: { op: 'append' } }),
-    line(6, 'step/end', { turn: 1, step: 1 }),
-    line(7, 'turn/end', { turn: 1, reason: 'stop' }),
-  ].join('\n') + '\n')
-  return log
-}
-
 describe('FileStore', () => {
-  test('E1 recall does not follow a FILE.artefacts that is a symlink out of the log\'s folder (a shipped log with artefacts -> ~/.ssh)', async () => {
-    const dir = tempDir()
-    const ssh = join(dir, 'home-ssh')
-    mkdirSync(ssh)
-    writeFileSync(join(ssh, 'id_rsa'), '-----BEGIN OPENSSH PRIVATE KEY----- hunter2\n')
-    const log = spilledLog(dir, 's.jsonl.artefacts/id_rsa') // a ref by basename, as the fix reads it
-    symlinkSync(ssh, `${log}.artefacts`) // git keeps symlinks: a repository can ship this next to a log
-    const session = await Session.open(new FileStore(log))
-    let answer: string
-    try { answer = String(await internals.recallTool(session).execute({ key: 'c1' }, live() as any)) } catch (err) { answer = `ERROR ${(err as Error).message}` }
-    await session.store.close?.()
-    assert.doesNotMatch(answer, /hunter2/, `recall read through the symlinked artefact folder: ${answer.slice(0, 200)}`)
-  })
-
   test('E2 a log opened through a dangling symlink (its target made by the open) and the target opened by another process: the second is refused', async () => {
     const dir = tempDir()
     const log = join(dir, 's.jsonl'), link = join(dir, 'current.jsonl')

@@ -3,7 +3,7 @@
 // dsh does not keep yet (a second writer in the same process).
 import { test, describe, after } from 'node:test'
 import assert from 'node:assert/strict'
-import fs, { mkdtempSync, rmSync, writeFileSync, symlinkSync, readFileSync, readlinkSync, openSync, closeSync, constants } from 'node:fs'
+import fs, { mkdirSync, mkdtempSync, rmSync, writeFileSync, symlinkSync, readFileSync, readlinkSync, openSync, closeSync, constants } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { spawn, spawnSync, execFileSync } from 'node:child_process'
@@ -203,6 +203,20 @@ describe('artefacts', () => {
     await session.store.close?.()
     // What happened: FileStore.getArtefact(ref) is readFile(ref): the model was handed the file's bytes.
     assert.doesNotMatch(answer, /hunter2/, 'recall returned the content of a file outside s.jsonl.artefacts/ (it goes to the provider next)')
+  })
+
+  test('recall does not follow a FILE.artefacts that is a symlink out of the log\'s folder (a shipped log with artefacts -> ~/.ssh)', async () => {
+    const dir = tempDir()
+    const ssh = join(dir, 'home-ssh')
+    mkdirSync(ssh)
+    writeFileSync(join(ssh, 'id_rsa'), '-----BEGIN OPENSSH PRIVATE KEY----- hunter2\n')
+    const log = spilledLog(dir, 's.jsonl.artefacts/id_rsa') // a ref by basename, as the fix reads it
+    symlinkSync(ssh, `${log}.artefacts`) // git keeps symlinks: a repository can ship this next to a log
+    const session = await Session.open(new FileStore(log))
+    let answer: string
+    try { answer = String(await internals.recallTool(session).execute({ key: 'c1' }, { signal: new AbortController().signal, callId: 'r1' } as any)) } catch (err) { answer = `ERROR ${(err as Error).message}` }
+    await session.store.close?.()
+    assert.doesNotMatch(answer, /hunter2/, `recall read through the symlinked artefact folder: ${answer.slice(0, 200)}`)
   })
 
   test('a spilled tool result is durable when the step that logged it is: its artefact is fsynced by the sync', async () => {
