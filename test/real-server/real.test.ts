@@ -75,8 +75,9 @@ async function trace(session: Session, exchanges: Exchange[] = []): Promise<stri
   const keys = ['code', 'status', 'trigger', 'tokensBefore', 'tokensAfter', 'error', 'shadowedTokenCount', 'totalTokens', 'message', 'sample', 'calibration', 'failedAtTokens']
   const lines = (await eventsOf(session)).filter((e) => /^(compaction|request\/error|recovery|step\/retry|turn\/end|ladder\/state)/.test(e.type)).map((e) =>
     `${e.seq} ${e.type} ${JSON.stringify(Object.fromEntries(Object.entries(e.data).filter(([k]) => keys.includes(k)).map(([k, v]) => [k, typeof v === 'string' ? v.slice(0, 160) : v])))}`)
-  const wire = exchanges.map((x, i) => `#${i} ${x.headers['x-dsh-purpose'] ?? 'conversation'} ${x.status} prompt=${x.promptTokens ?? JSON.parse(x.responseText || '{}')?.error?.n_prompt_tokens} msgs=${x.body.messages.length} max_tokens=${x.body.max_tokens}`)
-  return `\n  ${[...lines, ...wire].join('\n  ')}`
+  const wire = exchanges.map((x, i) => `#${i} ${x.headers['x-dsh-purpose'] ?? 'conversation'} ${x.failure ?? x.status} prompt=${x.promptTokens ?? JSON.parse(x.responseText || '{}')?.error?.n_prompt_tokens} msgs=${x.body.messages.length} max_tokens=${x.body.max_tokens}`)
+  // The wire first: a report cut in the middle keeps its end, where the errors are.
+  return `\n  ${[...wire, ...lines].join('\n  ')}`
 }
 const ofType = <T extends string>(session: Session, type: T) => session.events.filter((e) => e.type === type) as SessionEvent<T>[]
 const summaryExchanges = (xs: Exchange[]) => xs.filter((x) => x.headers['x-dsh-purpose'] === 'compaction')
