@@ -8432,16 +8432,56 @@ function editFileTool(host: ToolHost): Tool {
  * path, a regular file with one link; `sessionLog` as in {@link BuiltinToolsOptions}), and the same
  * whole-or-nothing write. Returns the path as shown to the model. Throws an Error naming the refusal.
  */
-async function restoreToolFile(cwd: string, realPath: string, bytes: Uint8Array | undefined, sessionLog?: string): Promise<string> {
-  const [fs, path] = await Promise.all([importNode<NodeFs>('node:fs/promises'), importNode<NodePath>('node:path')])
-  const host: ToolHost = { fs, path, root: await fs.realpath(cwd), maxOutputUnits: 1, maxWriteBytes: Infinity, hooks: {}, protectedPaths: [] }
-  if (sessionLog !== undefined) host.protectedPaths.push({ real: await realpathLenient(host, path.resolve(host.root, sessionLog)), kind: 'session', siblings: true })
+export async function restoreToolFile(cwd: string, realPath: string, bytes: Uint8Array | undefined,
+  sessionLog?: string): Promise<string> {
+  const host = await undoHost(cwd)
+  if (sessionLog !== undefined) host.protectedPaths.push({ real: await realpathLenient(host, host.path.resolve(host.root, sessionLog)), kind: 'session', siblings: true })
   const { real, shown } = await confine(host, 'undo', realPath)
   const { mode, bytes: now } = await refuseWrite(host, 'undo', real, shown)
   refuseProjectConfig(host, 'undo', real, shown)
   if (bytes !== undefined) await writeReplacing(host, 'undo', real, shown, bytes, mode)
-  else if (now !== undefined) await fs.unlink(real).catch((error) => { throw fsError('undo', shown, error) })
+  else if (now !== undefined) await unlinkVerified(host, 'undo', real, shown)
   return shown
+}
+
+/** A tool host for undo at `cwd`: no hooks, no output or write cap. */
+async function undoHost(cwd: string): Promise<ToolHost> {
+  const [fs, path] = await Promise.all([importNode<NodeFs>('node:fs/promises'), importNode<NodePath>('node:path')])
+  return { fs, path, root: await fs.realpath(cwd), maxOutputUnits: 1, maxWriteBytes: Infinity, hooks: {}, protectedPaths: [] }
+}
+
+/**
+ * A file as a write tool left it, read back the way the tools read (for `/diff` and `/undo`): inside `cwd`, no link
+ * followed at its end, a regular file only (a FIFO or a device put there meanwhile is refused, never waited on).
+ * Undefined when it is gone. Throws an Error naming the refusal.
+ */
+export async function readToolFile(cwd: string, realPath: string): Promise<Uint8Array | undefined> {
+  const host = await undoHost(cwd)
+  const { real, shown } = await confine(host, 'undo', realPath)
+  return await currentBytes(host, 'undo', real, shown)
+}
+
+/**
+ * Removes `real` inside the directory it was checked in: the directory is opened and checked where the kernel tells
+ * (Linux), and the name removed through that handle, so a directory swapped for a link meanwhile (by a command running
+ * at the same time) cannot turn the removal onto a file outside the project. Elsewhere the directory's real path is
+ * checked again just before.
+ */
+async function unlinkVerified(host: ToolHost, tool: string, real: string, shown: string): Promise<void> {
+  const { fs, path } = host, dir = path.dirname(real)
+  const moved = (now: string | undefined) => new Error(`${tool}: the directory of ${shown} resolved to ${now} when `
+    + `removed, not ${dir} (a path changed after it was checked); not removed`)
+  let handle: import('node:fs/promises').FileHandle | undefined
+  try {
+    handle = await fs.open(dir, fs.constants.O_RDONLY | (fs.constants.O_DIRECTORY ?? 0))
+    const opened = await handlePath(host, handle)
+    if (opened !== undefined && opened !== dir) throw moved(opened)
+    const through = opened !== undefined ? `/proc/self/fd/${handle.fd}/${path.basename(real)}` : real
+    if (opened === undefined && await fs.realpath(dir) !== dir) throw moved(await fs.realpath(dir))
+    await fs.unlink(through)
+  } catch (error) {
+    throw error instanceof Error && error.message.startsWith(`${tool}:`) ? error : fsError(tool, shown, error)
+  } finally { await handle?.close().catch(() => {}) }
 }
 
 // ── shell ──
@@ -11631,6 +11671,22 @@ export function stripControls(text: string): string {
   return text.replace(TERMINAL_CONTROL, '')
 }
 
+/** What an approval shows as an escape: C0 but tab and LF, DEL, C1, the bidi controls and the Unicode line
+ *  separators (so that nothing shown can be hidden, reordered or drawn on a line of its own). */
+const APPROVAL_HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g
+
+/**
+ * `text` as an approval or a diff must show it, every character accounted for: each control character, bidi control or
+ * line separator as a visible escape (`\x1b`, `\u202e`). Unlike {@link stripControls}, which deletes them (right for
+ * what is only read), nothing that then runs or is written is left out of view.
+ */
+function shownExactly(text: string): string {
+  return text.replace(APPROVAL_HIDDEN, (c) => {
+    const code = c.charCodeAt(0)
+    return code <= 0xff ? `\\x${code.toString(16).padStart(2, '0')}` : `\\u${code.toString(16).padStart(4, '0')}`
+  })
+}
+
 /** One JSON line whose DEL and C1 characters are escaped as `\u00XX` (JSON.stringify escapes only
  *  C0), so that printing it cannot control a terminal; it parses to the same value. */
 function jsonLine(value: unknown): string {
@@ -12025,8 +12081,11 @@ export interface CliApprovals { tools: string[]; commands: string[] }
 
 /** What the user's configuration remembers for one directory (keyed by its real path). */
 export interface CliProjectMemory {
-  /** The user trusts the directory's `.dsh/config.json`. */
+  /** The user trusts the directory's `.dsh/config.json`, as it was then: see {@link CliProjectMemory.trustedSha256}. */
   trusted?: boolean
+  /** SHA-256 (hex) of the `.dsh/config.json` the user trusted. A file that changed since (a `git pull` could turn the
+   *  sandbox off or approve the shell) is asked about again; without a terminal it is ignored, with one line. */
+  trustedSha256?: string
   /** The answer to "allow shell commands here?". */
   shell?: boolean
   /** "Always" answers given at approval questions. */
@@ -12056,7 +12115,12 @@ export interface CliConfig {
 }
 
 /** One configuration file: where it is and what it sets. */
-export interface CliConfigFile { file: string; config: CliConfig }
+export interface CliConfigFile {
+  file: string
+  config: CliConfig
+  /** SHA-256 (hex) of the file's bytes as they were read. */
+  sha256?: string
+}
 /** The files settings come from: the user's, and the project's once its directory is trusted (it wins over the user's). */
 export interface CliConfigFiles { user?: CliConfigFile; project?: CliConfigFile }
 
@@ -12074,6 +12138,8 @@ function shownValue(value: unknown): string {
 /** Control characters (C0 with line breaks and NUL, DEL, C1, Unicode line separators and bidi controls): a setting that
  *  holds one could draw lines of its own into the trust question, reorder what it shows, or end a path early. */
 const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/
+/** The most entries an approvals list may have (each distinct), so that the trust question can still show them. */
+const APPROVALS_MAX_ITEMS = 50
 /** The longest text setting, UTF-16 units: a longer one would scroll the rest of the trust question off the screen. */
 const SETTING_MAX_UNITS = 300
 
@@ -12087,7 +12153,9 @@ function configApprovals(value: unknown, where: string): CliApprovals {
   const list = (key: 'tools' | 'commands'): string[] => {
     const items = value[key] ?? []
     if (!Array.isArray(items) || !items.every(settingText)) throw new UsageError(`${where}.${key} must be a list of ${key === 'tools' ? 'tool names' : 'command prefixes'}, got ${shownValue(items)}`)
-    return items
+    const distinct = [...new Set(items)]
+    if (distinct.length > APPROVALS_MAX_ITEMS) throw new UsageError(`${where}.${key} holds ${distinct.length} different ${key === 'tools' ? 'tool names' : 'command prefixes'}, over the ${APPROVALS_MAX_ITEMS} a list may have (a question about them would not fit a screen)`)
+    return distinct
   }
   const tools = list('tools')
   for (const tool of tools) if (!APPROVAL_TOOLS.includes(tool)) throw new UsageError(`${where}.tools: ${JSON.stringify(tool)} is not a tool that asks; the tools are ${APPROVAL_TOOLS.join(', ')}`)
@@ -12147,8 +12215,11 @@ export function parseCliConfig(text: string, file: string, scope: 'user' | 'proj
           if (k === 'trusted' || k === 'shell') {
             if (typeof v !== 'boolean') throw new UsageError(`${where}.${k} must be true or false, got ${shownValue(v)}`)
             entry[k] = v
+          } else if (k === 'trustedSha256') {
+            if (typeof v !== 'string' || !/^[0-9a-f]{64}$/.test(v)) throw new UsageError(`${where}.${k} must be the SHA-256 of the trusted file in hex (dsh writes it), got ${shownValue(v)}`)
+            entry[k] = v
           } else if (k === 'approvals') entry.approvals = configApprovals(v, `${where}.approvals`)
-          else throw new UsageError(`${where}: unknown key "${k}"; the keys are trusted, shell, approvals`)
+          else throw new UsageError(`${where}: unknown key "${k}"; the keys are trusted, trustedSha256, shell, approvals`)
         }
         out.projects[dir] = entry
       }
@@ -12173,18 +12244,20 @@ function cliOwnDirs(env: Record<string, string | undefined>): string[] {
 /** Reads and checks a configuration file; undefined when there is none. @throws UsageError for one that is unreadable, too big or wrong. */
 async function readCliConfig(file: string, scope: 'user' | 'project'): Promise<CliConfigFile | undefined> {
   const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
-  let text: string
+  let bytes: Uint8Array
   try {
     const stat = await fs.stat(file)
     if (!stat.isFile()) throw new UsageError(`${file} is not a regular file; a configuration file holds JSON`)
     if (stat.size > CONFIG_MAX_BYTES) throw new UsageError(`${file} is ${groupDigits(stat.size)} bytes, over the ${groupDigits(CONFIG_MAX_BYTES)} bytes a configuration file may have`)
-    text = await fs.readFile(file, 'utf8')
+    bytes = await fs.readFile(file)
   } catch (err: any) {
     if (err instanceof UsageError) throw err
     if (err?.code === 'ENOENT' || err?.code === 'ENOTDIR') return undefined
     throw new UsageError(`cannot read ${file}: ${err?.message ?? err}; fix its permissions or move it away`)
   }
-  return { file, config: parseCliConfig(text, file, scope) }
+  const { createHash } = await importNode<typeof import('node:crypto')>('node:crypto')
+  const sha256 = createHash('sha256').update(bytes).digest('hex')
+  return { file, config: parseCliConfig(new TextDecoder().decode(bytes), file, scope), sha256 }
 }
 
 /**
@@ -12222,7 +12295,9 @@ function describeConfig(config: CliConfig): string {
   if (config.model) lines.push(`  model ${config.model}`)
   if (config.contextWindow) lines.push(`  contextWindow ${groupDigits(config.contextWindow)} tokens`)
   if (config.prices) lines.push(`  prices ${config.prices.cacheHitInput},${config.prices.cacheMissInput},${config.prices.output} USD per million tokens`)
-  if (config.approvals) lines.push(`  approvals: runs without asking: ${[...config.approvals.tools, ...config.approvals.commands.map((c) => `commands starting with "${c}"`)].join(', ') || 'nothing'}`)
+  // the long list first, then what matters most nearest the question: a long list cannot scroll those away
+  if (config.approvals?.commands.length) lines.push(`  approvals: commands run without asking when they start with ${config.approvals.commands.map((c) => `"${c}"`).join(', ')}`)
+  if (config.approvals) lines.push(`  approvals: tools that run without asking: ${config.approvals.tools.join(', ') || 'none'}`)
   if (config.sandbox !== undefined) lines.push(`  sandbox ${JSON.stringify(config.sandbox)}`)
   // last, right above the question: where the conversation and the key go
   if (config.baseURL) lines.push(`  baseURL ${config.baseURL}  (model requests, with your API key if one is set, go there)`)
@@ -12240,18 +12315,23 @@ async function projectConfig(dir: string, user: CliConfigFile | undefined, userF
   const file = `${dir}/${PROJECT_CONFIG_FILE}`
   const fs = await importNode<typeof import('node:fs/promises')>('node:fs/promises')
   if (!(await fs.lstat(file).then(() => true, () => false))) return { exists: false }
-  if (user?.config.projects?.[dir]?.trusted === true) return { exists: true, used: await readCliConfig(file, 'project') }
+  const memory = user?.config.projects?.[dir]
+  // a trusted directory's file is read (a bad one stops the run) and used while it is the file the user trusted
+  const found = memory?.trusted === true || terminal ? await readCliConfig(file, 'project') : undefined
+  if (memory?.trusted === true && found?.sha256 !== undefined && found.sha256 === memory.trustedSha256) return { exists: true, used: found }
+  const changed = memory?.trusted === true ? `it changed since you trusted ${dir}` : `${dir} is not trusted`
   if (!terminal) {
-    io.stderr(`[dsh] ignoring ${PROJECT_CONFIG_FILE}: ${dir} is not trusted, so none of its settings (its baseURL included) are used; run dsh here interactively once to trust it\n`)
+    io.stderr(`[dsh] ignoring ${PROJECT_CONFIG_FILE}: ${changed}, so none of its settings (its baseURL included) are used; run dsh here interactively once to ${memory?.trusted === true ? 'look at it again' : 'trust it'}\n`)
     return { exists: true }
   }
-  const found = await readCliConfig(file, 'project')
   if (!found) return { exists: false }
-  io.stderr(`This directory has its own dsh configuration, ${PROJECT_CONFIG_FILE}:\n${describeConfig(found.config)}\n`)
+  io.stderr(`This directory has its own dsh configuration, ${PROJECT_CONFIG_FILE}${memory?.trusted === true ? ` (${changed})` : ''}:\n${describeConfig(found.config)}\n`)
   const trusted = await terminal.askYesNo(`Trust ${dir} and use it? (remembered${userFile ? ` in ${userFile}` : ''}) [y/N] `)
   if (terminal.interrupted) throw new UsageError('interrupted at the question: nothing was remembered', 130)
   if (!trusted) { io.stderr(`[dsh] ${PROJECT_CONFIG_FILE} ignored for this run\n`); return { exists: true } }
-  const problem = userFile ? await editUserConfig(userFile, (raw) => { projectMemory(raw, dir).trusted = true }) : 'no configuration directory ($XDG_CONFIG_HOME or $HOME)'
+  const problem = userFile ? await editUserConfig(userFile, (raw) => {
+    Object.assign(projectMemory(raw, dir), { trusted: true, trustedSha256: found.sha256 })
+  }) : 'no configuration directory ($XDG_CONFIG_HOME or $HOME)'
   if (problem) io.stderr(`[dsh] trusted for this run only: ${problem}\n`)
   return { exists: true, used: found }
 }
@@ -12345,9 +12425,16 @@ async function shellPermission(options: CliRunOptions, cwd: string, env: Record<
   return allowed
 }
 
+/** Spaces and tabs in a row beyond which a command's approval shows their count instead (a run pushes the rest away). */
+const APPROVAL_BLANK_RUN = 16
+
+/** A shell command's lines as its approval shows them: {@link shownExactly}, a long run of blanks as `⟨N blanks⟩`. */
+const commandLines = (command: string): string[] => shownExactly(command).split('\n')
+  .map((line) => line.replace(new RegExp(`[ \\t]{${APPROVAL_BLANK_RUN + 1},}`, 'g'), (run) => ` ⟨${groupDigits(run.length)} blanks⟩ `))
+
 /**
- * A shell command as its approval shows it: one line as it is; more with their numbers, a run of blank lines as one
- * line, so that a command cannot scroll its first lines out of view above the question unnoticed.
+ * A shell command as its approval shows it ({@link commandLines}): one line as it is; more with their numbers, a run of
+ * blank lines as one line, so that a command cannot scroll its first lines out of view above the question unnoticed.
  */
 function shownCommand(lines: readonly string[]): string {
   if (lines.length === 1) return `$ ${lines[0]}\n`
@@ -12468,10 +12555,11 @@ export function unifiedDiff(before: string | undefined, after: string, name: str
   return out
 }
 
-/** Diff lines for the terminal: model text stripped of controls, at most `maxLines`, then `… N more lines`; coloured when asked. */
+/** Diff lines for the terminal: model text with its controls shown as escapes, at most `maxLines`, then `… N more
+ *  lines`; coloured when asked. */
 function renderDiff(lines: readonly string[], color: boolean, maxLines: number): string {
   const paint = (line: string): string => {
-    const text = stripControls(line)
+    const text = shownExactly(line)
     if (!color) return text
     const code = line.startsWith('+++') || line.startsWith('---') ? '1' : line[0] === '+' ? '32' : line[0] === '-' ? '31' : line.startsWith('@@') ? '36' : ''
     return code ? `\x1b[${code}m${text}\x1b[0m` : text
@@ -12483,12 +12571,12 @@ function renderDiff(lines: readonly string[], color: boolean, maxLines: number):
 
 /** What a file change does, as the terminal shows it: its diff, or one line for a binary or an unshown file. */
 function describeFileChange(path: string, before: Uint8Array | undefined, existed: boolean, after: string, color: boolean, maxLines: number): string {
-  if (existed && before === undefined) return `${stripControls(path)}: replaces a file too large to show (${groupDigits(utf8Length(after))} bytes after)\n`
+  if (existed && before === undefined) return `${shownExactly(path)}: replaces a file too large to show (${groupDigits(utf8Length(after))} bytes after)\n`
   if ((before && hasNulByte(before)) || after.slice(0, TOOL_BINARY_SNIFF_BYTES).includes('\0')) {
-    return `${stripControls(path)}: binary content, ${existed ? `${groupDigits(before!.length)} → ` : 'new, '}${groupDigits(utf8Length(after))} bytes\n`
+    return `${shownExactly(path)}: binary content, ${existed ? `${groupDigits(before!.length)} → ` : 'new, '}${groupDigits(utf8Length(after))} bytes\n`
   }
   const lines = unifiedDiff(existed ? new TextDecoder().decode(before) : undefined, after, path)
-  return lines.length ? renderDiff(lines, color, maxLines) : `${stripControls(path)}: no change\n`
+  return lines.length ? renderDiff(lines, color, maxLines) : `${shownExactly(path)}: no change\n`
 }
 
 /**
@@ -12600,13 +12688,15 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
   }
   const remember = async (kind: 'tools' | 'commands', value: string): Promise<void> => {
     if (!remembered[kind].includes(value)) remembered[kind].push(value)
-    const problem = o.userFile ? await editUserConfig(o.userFile, (raw) => {
+    // what the config could not read back (parseCliConfig refuses it) is kept for this run only, never written
+    const problem = !settingText(value) ? `the prefix holds a control character or is over ${SETTING_MAX_UNITS} units`
+      : o.userFile ? await editUserConfig(o.userFile, (raw) => {
       const memory = projectMemory(raw, o.dir)
       if (!isRecord(memory.approvals)) memory.approvals = { tools: [], commands: [] }
       const list: string[] = Array.isArray(memory.approvals[kind]) ? memory.approvals[kind] : (memory.approvals[kind] = [])
       if (!list.includes(value)) list.push(value)
     }) : 'no configuration directory ($XDG_CONFIG_HOME or $HOME)'
-    say(problem ? `[dsh] approved for this run only: ${problem}\n` : `[dsh] ${kind === 'tools' ? value : `commands starting with "${stripControls(value)}"`} will run without asking in this directory (remembered in ${o.userFile}; /permissions changes it)\n`)
+    say(problem ? `[dsh] approved for this run only: ${problem}\n` : `[dsh] ${kind === 'tools' ? value : `commands starting with "${shownExactly(value)}"`} will run without asking in this directory (remembered in ${o.userFile}; /permissions changes it)\n`)
   }
   const approved = (change: ToolChange): boolean => sources().some(({ approvals }) => approvals.tools.includes(change.tool)
     || (change.tool === 'shell' && approvals.commands.some((prefix) => commandMatches(change.command, prefix))))
@@ -12633,10 +12723,10 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
       if (!shell || o.allowShell) return // a one-shot run: today's rules (file tools inside the project; shell with --allow-shell)
       throw new Error(`shell: not run: no approved prefix covers this command, and a one-shot run (-p) cannot ask; ${o.userFile ? `approve it in ${o.userFile} ("approvals": {"commands": [...]}), ` : ''}or pass --allow-shell to run every command`)
     }
-    const lines = shell ? stripControls(change.command).split(/\r\n|\r|\n/) : []
+    const lines = shell ? commandLines(change.command) : []
     if (shell) say(shownCommand(lines))
     const prefix = shell ? commandPrefix(change.command) : ''
-    const question = shell ? `Run it${lines.length > 1 ? ` (all ${lines.length} lines above)` : ''}? [y]es / [n]o / [a]lways for shell / [p] always for "${stripControls(prefix)} …": ` : `Apply this change to ${stripControls(change.path)}? [y]es / [n]o / [a]lways for ${change.tool}: `
+    const question = shell ? `Run it${lines.length > 1 ? ` (all ${lines.length} lines above)` : ''}? [y]es / [n]o / [a]lways for shell / [p] always for "${shownExactly(prefix)} …": ` : `Apply this change to ${shownExactly(change.path)}? [y]es / [n]o / [a]lways for ${change.tool}: `
     let answer: Awaited<ReturnType<typeof ask>>
     try { answer = await ask(question, shell, signal) } catch { throw new Error(`${change.tool}: cancelled; ${shell ? 'the command was not run' : `${change.path} was not changed`}`) }
     if (answer === 'no') throw new Error(`${change.tool}: declined by the user; ${shell ? 'the command was not run' : `${change.path} was not changed`}. Do not retry it as it is: ask the user what they want instead`)
@@ -12653,10 +12743,7 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
     await journal(line, record.before ? { id: record.id, bytes: record.before } : undefined)
   }
 
-  const currentBytes = async (file: string): Promise<Uint8Array | undefined> => fs.readFile(file).then((b) => new Uint8Array(b), (err) => {
-    if (err?.code === 'ENOENT') return undefined
-    throw err
-  })
+  const currentBytes = (file: string): Promise<Uint8Array | undefined> => readToolFile(o.dir, file)
 
   /** `/undo`: the newest turn with changes not undone yet, each file put back as that turn found it. */
   const undo = async (signal: AbortSignal): Promise<string> => {
@@ -12673,9 +12760,12 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
       if (first.existed && first.before === undefined) { failed.push(`${first.path} (its content before was too large to keep)`); done.push(...mine.map((r) => r.id)); continue }
       let now: Uint8Array | undefined
       try { now = await currentBytes(file) } catch (err) { failed.push(`${first.path} (${(err as Error).message})`); continue }
-      if (now === undefined || sha(now) !== last.afterHash) {
-        const how = now === undefined ? 'was deleted' : 'changed'
-        const overwrite = o.terminal ? await o.terminal.askYesNo(`${stripControls(first.path)} ${how} outside dsh since turn ${turn} wrote it; ${first.existed ? 'put back its content from before that turn' : 'remove it'} anyway? [y/N] `, signal) : false
+      // a change made between two of the turn's writes (the next write found other bytes than the last one left)
+      const between = mine.slice(1).some((r, i) => !r.existed || (r.before !== undefined && sha(r.before) !== mine[i].afterHash))
+      if (now === undefined || sha(now) !== last.afterHash || between) {
+        const how = now === undefined ? `was deleted outside dsh since turn ${turn} wrote it`
+          : between ? `changed outside dsh between two of turn ${turn}'s writes` : `changed outside dsh since turn ${turn} wrote it`
+        const overwrite = o.terminal ? await o.terminal.askYesNo(`${shownExactly(first.path)} ${how}; ${first.existed ? 'put back its content from before that turn' : 'remove it'} anyway? [y/N] `, signal) : false
         if (!overwrite) { kept.push(first.path); done.push(...mine.map((r) => r.id)); continue }
       }
       try {
@@ -12728,10 +12818,20 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
         const memory = projectMemory(raw, o.dir)
         if (isRecord(memory.approvals) && Array.isArray(memory.approvals[entry.kind])) memory.approvals[entry.kind] = memory.approvals[entry.kind].filter((x: unknown) => x !== entry.value)
       }) : undefined
-      return `[dsh] ${entry.kind === 'tools' ? entry.value : `commands starting with "${stripControls(entry.value)}"`} will be asked about again${problem ? ` (for this run only: ${problem})` : ''}\n`
+      return `[dsh] ${entry.kind === 'tools' ? entry.value : `commands starting with "${shownExactly(entry.value)}"`} will be asked about again${problem ? ` (for this run only: ${problem})` : ''}\n`
     }
     if ((verb === 'shell' || verb === 'trust') && (value === 'yes' || value === 'no')) {
-      const problem = o.userFile ? await editUserConfig(o.userFile, (raw) => { projectMemory(raw, o.dir)[verb === 'shell' ? 'shell' : 'trusted'] = value === 'yes' }) : 'no configuration directory ($XDG_CONFIG_HOME or $HOME)'
+      // trust is of the file as it is now (CliProjectMemory.trustedSha256)
+      let sha256: string | undefined
+      if (verb === 'trust' && value === 'yes') {
+        try { sha256 = (await readCliConfig(`${o.dir}/${PROJECT_CONFIG_FILE}`, 'project'))?.sha256 } catch (err) { return `[dsh] /permissions: ${(err as Error).message}\n` }
+        if (sha256 === undefined) return `[dsh] /permissions: ${o.dir} has no ${PROJECT_CONFIG_FILE} to trust\n`
+      }
+      const problem = o.userFile ? await editUserConfig(o.userFile, (raw) => {
+        const memory = projectMemory(raw, o.dir)
+        if (verb === 'shell') memory.shell = value === 'yes'
+        else { memory.trusted = value === 'yes'; if (sha256) memory.trustedSha256 = sha256; else delete memory.trustedSha256 }
+      }) : 'no configuration directory ($XDG_CONFIG_HOME or $HOME)'
       if (problem) return `[dsh] /permissions: ${problem}\n`
       return `[dsh] ${verb === 'shell' ? `shell commands ${value === 'yes' ? 'allowed' : 'not allowed'}` : `${PROJECT_CONFIG_FILE} ${value === 'yes' ? 'trusted' : 'not trusted'}`} in ${o.dir} from the next start (remembered in ${o.userFile})\n`
     }
@@ -12742,7 +12842,7 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
       `  shell commands: ${shellAnswer === undefined ? 'not asked yet' : shellAnswer ? 'allowed' : 'not allowed'}${o.userFile ? ` (remembered in ${o.userFile})` : ''}`,
       `  ${PROJECT_CONFIG_FILE}: ${!o.projectConfig ? 'none' : o.projectConfig.trusted ? 'trusted, in use' : 'not trusted, ignored'}`,
       entries.length ? '  run without asking:' : '  run without asking: nothing (every write, edit and command is asked about)',
-      ...entries.map((e) => `    ${e.s.remembered ? `${rememberedOnes.indexOf(e) + 1}.` : '-'} ${e.kind === 'tools' ? `every ${e.value} call` : `commands starting with "${stripControls(e.value)}"`} (${e.s.label})`),
+      ...entries.map((e) => `    ${e.s.remembered ? `${rememberedOnes.indexOf(e) + 1}.` : '-'} ${e.kind === 'tools' ? `every ${e.value} call` : `commands starting with "${shownExactly(e.value)}"`} (${e.s.label})`),
       '  change: /permissions remove N · /permissions shell yes|no · /permissions trust yes|no',
     ]
     return lines.join('\n') + '\n'
@@ -12964,6 +13064,7 @@ async function sessionsCommand(line: string, dir: string, env: Record<string, st
     const s = kept[Number(value) - 1]
     if (!s) return `[dsh] /sessions delete N: N is a number from the list (1–${kept.length}); /sessions shows it\n`
     if (s.file === current) return '[dsh] /sessions: that is this session; it can be deleted from another one (or start with --no-save)\n'
+    if (await lockHeld(s.file)) return `[dsh] /sessions: that session is open in another dsh process (${s.file}.lock is held); end it there first\n`
     await deleteKeptSession(s.file)
     return `[dsh] deleted the session of ${agoText(Date.now() - s.modifiedMs)} (${plural(s.turns, 'turn')}): ${s.file}\n`
   }

@@ -3,11 +3,12 @@
 // pseudo-terminal (cases 1 and 2 of the issue).
 import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
-import { mkdir, readFile, writeFile, stat } from 'node:fs/promises'
+import { mkdir, readFile, realpath, symlink, writeFile, stat } from 'node:fs/promises'
+import { execFileSync, spawn } from 'node:child_process'
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import fc from 'fast-check'
-import { builtinTools, diffLines, unifiedDiff, commandPrefix, commandMatches, type ToolChange } from '../dsh.ts'
+import { builtinTools, diffLines, unifiedDiff, commandPrefix, commandMatches, readToolFile, restoreToolFile, type ToolChange } from '../dsh.ts'
 import { CLEAN_ENV, dsh, dshPtyDriven, fake, lines, runFlags, skipWithoutPty, tempDir } from './cli-helpers.ts'
 
 const live = () => ({ signal: new AbortController().signal, callId: 'c' })
@@ -282,6 +283,56 @@ describe('case 2: /undo (under a pseudo-terminal)', () => {
     assert.match(run.stdout, /\[dsh\] \/undo, turn 1: restored b\.txt; left a\.txt as it is \(changed outside dsh since\)/)
     assert.equal(await readFile(join(cwd, 'a.txt'), 'utf8'), 'by the user\n')
     assert.equal(await readFile(join(cwd, 'b.txt'), 'utf8'), 'b original\n')
+  })
+})
+
+describe('undo and /diff under a racing or hostile project (a review of round 4, session 12; each failed before)', () => {
+  test('a change the user made between two of a turn\'s writes is not dropped by /undo without asking', { skip: skipWithoutPty }, async () => {
+    const cwd = await tempDir()
+    await writeFile(join(cwd, 'a.txt'), 'original\n')
+    const f = await fake((_request, index) => {
+      if (index === 1) writeFileSync(join(cwd, 'a.txt'), 'model-1\nthe user\'s line\n') // the user saves between the writes
+      return [
+        { toolCalls: [{ name: 'edit_file', arguments: { path: 'a.txt', old_string: 'original', new_string: 'model-1' } }] },
+        { toolCalls: [{ name: 'edit_file', arguments: { path: 'a.txt', old_string: 'model-1', new_string: 'model-2' } }] },
+      ][index] ?? { text: 'Edited.' }
+    })
+    const run = await dshPtyDriven([...runFlags(f), '--no-shell', '-y'], cwd, CLEAN_ENV, [
+      { waitFor: PROMPT, send: 'edit\r' }, { waitFor: 'Edited.', send: '' },
+      { waitFor: PROMPT, send: '/undo\r' }, { waitFor: 'a.txt changed outside dsh between two of turn 1\'s writes; put back its content from before that turn anyway? [y/N] ', send: 'n\r' },
+      { waitFor: '[dsh] /undo, turn 1: ', send: '' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(run.code, 0, run.stdout)
+    assert.equal(await readFile(join(cwd, 'a.txt'), 'utf8'), 'model-2\nthe user\'s line\n')
+  })
+
+  test('readToolFile (/diff, /undo) refuses a FIFO, a device link and a link out of the project, at once', async () => {
+    const cwd = await realpath(await tempDir()), outside = await realpath(await tempDir())
+    await writeFile(join(outside, 'secret.txt'), 'TOP-SECRET')
+    execFileSync('mkfifo', [join(cwd, 'fifo.txt')])
+    await symlink('/dev/zero', join(cwd, 'zero.txt'))
+    await symlink(join(outside, 'secret.txt'), join(cwd, 'out.txt'))
+    await writeFile(join(cwd, 'ok.txt'), 'fine')
+    assert.deepEqual(await readToolFile(cwd, join(cwd, 'ok.txt')), new TextEncoder().encode('fine'))
+    assert.equal(await readToolFile(cwd, join(cwd, 'gone.txt')), undefined)
+    await assert.rejects(readToolFile(cwd, join(cwd, 'fifo.txt')), /not a regular file/)
+    await assert.rejects(readToolFile(cwd, join(cwd, 'zero.txt')), /outside|not a regular file/)
+    await assert.rejects(readToolFile(cwd, join(cwd, 'out.txt')), /outside/)
+  })
+
+  test('restoreToolFile removes a created file only inside the project, while another process swaps its directory for a link', async () => {
+    const cwd = await realpath(await tempDir()), outside = await realpath(await tempDir())
+    await mkdir(join(cwd, 'd'))
+    await writeFile(join(outside, 'new.txt'), 'VICTIM')
+    // a sandboxed command of another dsh could do this: d ⇄ a link to the outside directory, over and over
+    const racer = spawn('sh', ['-c', `cd '${cwd}'; while :; do mv -T d d_real; ln -s '${outside}' d; rm -f d; mv -T d_real d; done 2>/dev/null`])
+    try {
+      for (let i = 0; i < 1500; i++) {
+        try { writeFileSync(join(cwd, 'd_real', 'new.txt'), 'by dsh', { flag: 'wx' }) } catch { /* d is not there now */ }
+        await restoreToolFile(cwd, join(cwd, 'd', 'new.txt'), undefined).catch(() => {})
+      }
+    } finally { racer.kill() }
+    assert.equal(await readFile(join(outside, 'new.txt'), 'utf8'), 'VICTIM', 'the file outside the project was removed')
   })
 })
 

@@ -4,6 +4,7 @@ import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import { mkdir, readFile, readdir, writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
+import { createHash } from 'node:crypto'
 import { parseCliConfig, UsageError } from '../dsh.ts'
 import { CLEAN_ENV, dsh, dshPtyDriven, fake, lines, readLog, skipWithoutPty, tempDir } from './cli-helpers.ts'
 
@@ -47,14 +48,18 @@ describe('parseCliConfig: a bad file is one line naming the file and the key', (
   })
 })
 
-/** A project whose .dsh/config.json names `settings`, and a user configuration directory holding `user` as its config.json. */
-async function setup(settings: object, user: (dir: string) => object) {
+/** SHA-256 (hex) of `text`: what the user's configuration remembers of a trusted project file. */
+const sha256 = (text: string) => createHash('sha256').update(text).digest('hex')
+
+/** A project whose .dsh/config.json names `settings`, and a user configuration directory holding `user` as its config.json
+ *  (`user` gets the project file's SHA-256, which a trust must name). */
+async function setup(settings: object, user: (dir: string, sha: string) => object) {
   const dir = await tempDir()
   const config = await tempDir()
   await mkdir(join(dir, '.dsh'))
   await writeFile(join(dir, '.dsh', 'config.json'), JSON.stringify(settings))
   await mkdir(join(config, 'dsh'))
-  await writeFile(join(config, 'dsh', 'config.json'), JSON.stringify(user(dir)))
+  await writeFile(join(config, 'dsh', 'config.json'), JSON.stringify(user(dir, sha256(JSON.stringify(settings)))))
   return { dir, config, env: { ...CLEAN_ENV, XDG_CONFIG_HOME: config } as Record<string, string> }
 }
 
@@ -64,7 +69,7 @@ const BIG_FILE = Array.from({ length: 1000 }, (_, i) => `L${String(i).padStart(4
 describe('case 4: a project configuration applies once its directory is trusted', () => {
   test('trusted: its contextWindow makes pressure compaction work for an unknown model without flags', async () => {
     const f = await fake([{ toolCalls: [{ name: 'read_file', arguments: { path: 'big.txt' } }] }, { text: 'It has 1,000 lines.' }])
-    const { dir, env } = await setup({ baseURL: f.url, model: 'some-unknown-model', contextWindow: 4000 }, (d) => ({ projects: { [d]: { trusted: true } } }))
+    const { dir, env } = await setup({ baseURL: f.url, model: 'some-unknown-model', contextWindow: 4000 }, (d, sha) => ({ projects: { [d]: { trusted: true, trustedSha256: sha } } }))
     await writeFile(join(dir, 'big.txt'), BIG_FILE)
     const run = await dsh(['-p', 'How long is big.txt?'], dir, env)
     assert.equal(run.code, 0, run.stderr)
@@ -80,7 +85,9 @@ describe('case 4: a project configuration applies once its directory is trusted'
     assert.equal(log.find((e) => e.type === 'compaction/prune').data.trigger, 'pressure')
     // Without the project's window the same model gets none (the user's file does not set one): nothing is managed.
     const g = await fake([{ toolCalls: [{ name: 'read_file', arguments: { path: 'big.txt' } }] }, { text: 'It has 1,000 lines.' }])
-    await writeFile(join(dir, '.dsh', 'config.json'), JSON.stringify({ baseURL: g.url, model: 'some-unknown-model' }))
+    const changed = JSON.stringify({ baseURL: g.url, model: 'some-unknown-model' })
+    await writeFile(join(dir, '.dsh', 'config.json'), changed)
+    await writeFile(join(env.XDG_CONFIG_HOME, 'dsh', 'config.json'), JSON.stringify({ projects: { [dir]: { trusted: true, trustedSha256: sha256(changed) } } }))
     const unmanaged = await dsh(['-p', 'How long is big.txt?', '--no-save'], dir, env)
     assert.equal(unmanaged.code, 0, unmanaged.stderr)
     assert.doesNotMatch(unmanaged.stderr, /pruned/)
@@ -100,7 +107,7 @@ describe('case 4: a project configuration applies once its directory is trusted'
   })
 
   test('a bad file stops the run: exit 2, one line naming the file and the key', async () => {
-    const { dir, config, env } = await setup({ contextWindow: 'big' }, (d) => ({ projects: { [d]: { trusted: true } } }))
+    const { dir, config, env } = await setup({ contextWindow: 'big' }, (d, sha) => ({ projects: { [d]: { trusted: true, trustedSha256: sha } } }))
     const run = await dsh(['-p', 'hi', '--base-url', 'http://127.0.0.1:9/v1'], dir, env)
     assert.equal(run.code, 2)
     assert.deepEqual(lines(run.stderr), [`dsh: ${dir}/.dsh/config.json: "contextWindow" must be a positive whole number of tokens such as 131072, got "big"`])
@@ -129,7 +136,8 @@ describe('case 4: a project configuration applies once its directory is trusted'
     assert.equal(trusted.code, 0, trusted.stdout)
     assert.equal(project.requests.length, 1)
     assert.equal(project.requests[0].body.model, 'p-model')
-    assert.deepEqual(JSON.parse(await readFile(join(config, 'dsh', 'config.json'), 'utf8')), { projects: { [dir]: { trusted: true } } })
+    assert.deepEqual(JSON.parse(await readFile(join(config, 'dsh', 'config.json'), 'utf8')),
+      { projects: { [dir]: { trusted: true, trustedSha256: sha256(JSON.stringify({ baseURL: project.url, model: 'p-model', contextWindow: 16000 })) } } })
     assert.deepEqual(JSON.parse(await readFile(join(dir, '.dsh', 'config.json'), 'utf8')), { baseURL: project.url, model: 'p-model', contextWindow: 16000 }, 'the project file is not written')
 
     const later = await dsh(['-p', 'again'], dir, env)

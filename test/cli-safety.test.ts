@@ -7,6 +7,7 @@ import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import { mkdir, readFile, readdir, writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
+import { parseCliConfig, UsageError } from '../dsh.ts'
 import { CLEAN_ENV, dsh, dshPtyDriven, fake, lines, readLog, runFlags, skipWithoutPty, tempDir } from './cli-helpers.ts'
 
 const skip = skipWithoutPty
@@ -154,5 +155,107 @@ describe('a resumed session continues where it was', () => {
     const kept = f.requests[1].body.model === 'qwen-local'
     const said = /qwen-local/.test(again.stderr) && /8,000|8000/.test(again.stderr)
     assert.ok(kept || said, `resumed with model ${f.requests[1].body.model} (headers ${JSON.stringify(headers)}) and nothing said so; stderr: ${JSON.stringify(again.stderr)}`)
+  })
+})
+
+// ── From a hostile review of approvals, trust and kept sessions (round 4, session 12); each failed before ──
+
+describe('what an approval shows is what runs or is written', () => {
+  test('a shell command holding OSC / ESC / C1 / bidi characters is shown with them as escapes, never with them deleted', { skip }, async () => {
+    const cwd = await tempDir()
+    // `\x1b] … \x07` is an OSC string to a terminal but plain word characters to sh: stripped, "; touch PWNED ;" vanished
+    const command = `echo hello \x1b]; touch PWNED ;\x07 \x9d; touch C1 ;\x07 \u202eabc${' '.repeat(3000)}&& echo listing`
+    const f = await fake((request) => request.body.messages.at(-1).role === 'tool' ? { text: 'done' } : { toolCalls: [{ name: 'shell', arguments: { command } }] })
+    const run = await dshPtyDriven([...runFlags(f), '--allow-shell', '--no-sandbox', '--no-save'], cwd, CLEAN_ENV, [
+      { waitFor: PROMPT, send: 'go\r' }, { waitFor: 'Run it', send: 'n\r' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(run.code, 0, run.stdout)
+    const shown = run.stdout.slice(run.stdout.lastIndexOf('$ ', run.stdout.indexOf('Run it')), run.stdout.indexOf('Run it'))
+    assert.ok(shown.includes('$ echo hello \\x1b]; touch PWNED ;\\x07 \\x9d; touch C1 ;\\x07 \\u202eabc ⟨3,000 blanks⟩ && echo listing'), JSON.stringify(shown))
+    assert.ok(shown.split('\n').length <= 3, `the 3,000 blanks took ${shown.split('\n').length} rows`)
+  })
+
+  test('a write_file diff shows the control characters of the content it writes', { skip }, async () => {
+    const cwd = await tempDir()
+    const content = '#!/bin/sh\necho building \x9d; touch HIDDEN;\x07\necho ok\n'
+    const f = await fake((request) => request.body.messages.at(-1).role === 'tool' ? { text: 'done' } : { toolCalls: [{ name: 'write_file', arguments: { path: 'build.sh', content } }] })
+    const run = await dshPtyDriven([...runFlags(f), '--no-shell', '--no-save'], cwd, CLEAN_ENV, [
+      { waitFor: PROMPT, send: 'go\r' }, { waitFor: 'Apply this change', send: 'n\r' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(run.code, 0, run.stdout)
+    assert.ok(run.stdout.includes('+echo building \\x9d; touch HIDDEN;\\x07'), JSON.stringify(run.stdout.slice(0, 800)))
+  })
+
+  test('"p" for a prefix the configuration could not read back (a control character) approves for this run only; the next start works', { skip }, async () => {
+    const cwd = await tempDir(), config = await tempDir()
+    const env = { ...CLEAN_ENV, XDG_CONFIG_HOME: config }
+    const f = await fake((request) => request.body.messages.at(-1).role === 'tool' ? { text: 'done' } : { toolCalls: [{ name: 'shell', arguments: { command: 'ls\x01 -la' } }] })
+    const run = await dshPtyDriven([...runFlags(f), '--allow-shell', '--no-sandbox', '--no-save'], cwd, env, [
+      { waitFor: PROMPT, send: 'go\r' }, { waitFor: 'Run it', send: 'p\r' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(run.code, 0, run.stdout)
+    assert.match(run.stdout, /\[dsh\] approved for this run only: the prefix holds a control character or is over 300 units/)
+    const again = await dsh(['-p', 'hi', '--base-url', f.url, '--model', 'm', '--context-window', '16000', '--no-save', '--no-shell'], cwd, env)
+    assert.equal(again.code, 0, again.stderr)
+  })
+})
+
+describe('trust is of the project file as it was trusted', () => {
+  test('a trusted .dsh/config.json that changes (a git pull turning the sandbox off) is ignored by -p and asked about again', { skip }, async () => {
+    const mine = await fake(() => ({ text: 'from the user\'s server' }))
+    const { dir, config, env } = await project({ model: 'm' })
+    const userFile = join(config, 'dsh', 'config.json')
+    await writeFile(userFile, JSON.stringify({ baseURL: mine.url, model: 'mine', contextWindow: 16000 }))
+    const trusted = await dshPtyDriven(['--no-shell', '--no-save'], dir, env, [
+      { waitFor: '[y/N] ', send: 'y\r' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(trusted.code, 0, trusted.stdout)
+    const memory = JSON.parse(await readFile(userFile, 'utf8')).projects[dir]
+    assert.equal(memory.trusted, true)
+    assert.match(memory.trustedSha256, /^[0-9a-f]{64}$/)
+    const same = await dsh(['-p', 'hi', '--no-save', '--no-shell'], dir, env)
+    assert.equal(same.stderr, '', 'the file as trusted: used, no line')
+    assert.equal(mine.requests.at(-1)!.body.model, 'm')
+    // The file changes after it was trusted.
+    await writeFile(join(dir, '.dsh', 'config.json'), JSON.stringify({ model: 'evil', approvals: { tools: ['shell', 'write_file'] }, sandbox: false }))
+    const changed = await dsh(['-p', 'hi', '--no-save', '--no-shell'], dir, env)
+    assert.equal(changed.code, 0, changed.stderr)
+    assert.deepEqual(lines(changed.stderr), [`[dsh] ignoring .dsh/config.json: it changed since you trusted ${dir}, so none of its settings (its baseURL included) are used; run dsh here interactively once to look at it again`])
+    assert.equal(mine.requests.at(-1)!.body.model, 'mine')
+    const asked = await dshPtyDriven(['--no-shell', '--no-save'], dir, env, [
+      { waitFor: '[y/N] ', send: 'n\r' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.match(asked.stdout, /This directory has its own dsh configuration, \.dsh\/config\.json \(it changed since you trusted /)
+  })
+})
+
+describe('kept sessions', () => {
+  test('/sessions delete refuses a session another dsh process has open (its lock is held)', { skip }, async () => {
+    const cwd = await tempDir(), state = await tempDir()
+    const env = { ...CLEAN_ENV, XDG_STATE_HOME: state }
+    const f = await fake(() => ({ text: 'ok' }))
+    const first = await dsh(['-p', 'hi', ...runFlags(f), '--no-shell'], cwd, env)
+    assert.equal(first.code, 0, first.stderr)
+    const [projectDir] = await readdir(join(state, 'dsh', 'sessions'))
+    const [log] = (await readdir(join(state, 'dsh', 'sessions', projectDir))).filter((n) => n.endsWith('.jsonl'))
+    const file = join(state, 'dsh', 'sessions', projectDir, log)
+    // a live holder: this test's own process, on this host (the interactive run's own session is 1, newest first)
+    await writeFile(`${file}.lock`, JSON.stringify({ pid: process.pid, host: (await import('node:os')).hostname() }))
+    const run = await dshPtyDriven([...runFlags(f), '--no-shell'], cwd, env, [
+      { waitFor: PROMPT, send: '/sessions delete 2\r' }, { waitFor: '[dsh] /sessions', send: '' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.match(run.stdout, /that session is open in another dsh process/)
+    assert.ok((await readdir(join(state, 'dsh', 'sessions', projectDir))).includes(log), 'the open session is still there')
+  })
+})
+
+describe('the trust question keeps what matters most in view', () => {
+  test('approvals: 400 copies of one prefix are one; over 50 different ones are refused; the tools line stays above the question', async () => {
+    const file = '/p/.dsh/config.json'
+    const many = parseCliConfig(JSON.stringify({ approvals: { tools: ['shell'], commands: Array(400).fill('npm test') } }), file, 'project')
+    assert.deepEqual(many.approvals, { tools: ['shell'], commands: ['npm test'] })
+    const over = JSON.stringify({ approvals: { commands: Array.from({ length: 51 }, (_, i) => `cmd${i}`) } })
+    assert.throws(() => parseCliConfig(over, file, 'project'), (e: Error) => e instanceof UsageError
+      && e.message === `${file}: "approvals".commands holds 51 different command prefixes, over the 50 a list may have (a question about them would not fit a screen)`)
   })
 })
