@@ -2572,6 +2572,13 @@ function checkEvent(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins,
       + `${newer ? ', written by a newer dsh' : ''}; this dsh (${VERSION}) reads format ${LOG_FORMAT}`
       + (newer ? ': open it with the dsh that wrote it, or a newer one' : ': a format is a positive integer'))
   }
+  // the meter prices the envelope from these: a system that is no text was NaN tokens from then on
+  if (type === 'request/header' && ((data.system !== undefined && typeof data.system !== 'string')
+    || (data.tools !== undefined && !Array.isArray(data.tools))
+    || (data.contextWindow !== undefined && !isIntegerAtLeast(data.contextWindow, 1)))) {
+    throw new SessionError('INVALID_EVENT', 'request/header: system must be a string, tools an array and '
+      + 'contextWindow a positive whole number of tokens, when given')
+  }
   if (type === 'request/header' && data.prices !== undefined) {
     try { validatePrices(data.prices, 'request/header: prices') } catch (err) {
       throw new SessionError('INVALID_EVENT', (err as Error).message)
@@ -4477,7 +4484,7 @@ class SummaryJob {
       const oversized = groupTokens > b
       if (chunk.length > 0 && chunkTokens + groupTokens > b && !(oversized && b - chunkTokens >= b / 4)) break
       const kept = oversized ? this.shrinkGroup(group, b - chunkTokens) : { messages: group, tokens: groupTokens }
-      chunk.push(...kept.messages)
+      for (const m of kept.messages) chunk.push(m)
       chunkTokens += kept.tokens
     }
     return { chunk, to: i }
@@ -9196,7 +9203,17 @@ function parseTranscriptText(text: string): ParsedTranscript {
   return { kind: 'json', value, notes: [] }
 }
 
+/** The most lines a JSONL transcript may have: the size cap alone let 87 million tiny lines through, whose parsed
+ *  objects outgrew the heap (the process was killed, with no error). */
+const TRANSCRIPT_MAX_LINES = 2_000_000
+
 function parseJsonl(text: string): ParsedTranscript {
+  let count = 0 // counted before the split, which alone would hold a string per line
+  for (let at = text.indexOf('\n'); at >= 0 && count <= TRANSCRIPT_MAX_LINES; at = text.indexOf('\n', at + 1)) count++
+  if (count > TRANSCRIPT_MAX_LINES) {
+    throw new TranscriptError(`it has more than ${groupDigits(TRANSCRIPT_MAX_LINES)} lines, the most replay reads `
+      + `(TRANSCRIPT_MAX_LINES): split it, or replay one session of it`)
+  }
   const rows = text.split('\n')
   const lines: JsonlLine[] = []
   const notes: string[] = []
@@ -9211,7 +9228,7 @@ function parseJsonl(text: string): ParsedTranscript {
     } catch (err) {
       // A torn last line (a writer stopped mid-line: no final newline) is dropped, as docs/design.md §4
       // tolerates it when a session log loads; a broken line anywhere else is corruption.
-      if (i === last && !/\n\s*$/.test(text)) {
+      if (i === last && !text.slice(text.trimEnd().length).includes('\n')) { // /\n\s*$/, which is quadratic
         notes.push(`dropped the torn last line ${i + 1} (${row.length} UTF-16 units, not valid JSON, no final newline)`)
         break
       }
@@ -9302,6 +9319,17 @@ interface TranscriptDraft {
 const newTranscriptDraft = (): TranscriptDraft => ({ envelope: {}, messages: [], where: [], usage: [], notes: [] })
 
 function pushDraft(draft: TranscriptDraft, message: Message, where: string, usage?: Usage): void {
+  // every reader's message is checked as Session.append checks it: a bad block is the transcript's error, at its place
+  // (it had reached the replay's provider as a TypeError, reported as "the summarizer failed"). An empty call id is
+  // not: the replay's loop repairs it, as it would a model's.
+  const checked: Message = message.role === 'assistant' && Array.isArray(message.content) ? { ...message, content: message.content.map((b) =>
+    (isRecord(b) && b.type === 'tool-call' && b.id === '' ? { ...b, id: '-' } : b)) }
+    : message.role === 'tool' && message.toolCallId === '' ? { ...message, toolCallId: '-' } : message
+  try { validateMessage(checked) } catch (err) {
+    if (!(err instanceof SessionError)) throw err
+    const line = /^line (\d+)$/.exec(where)
+    throw new TranscriptError(err.message.replace(/^INVALID_MESSAGE: /, ''), line ? { line: Number(line[1]) } : { field: where })
+  }
   draft.messages.push(message)
   draft.where.push(where)
   if (message.role === 'assistant') draft.usage.push(usage)
@@ -9371,7 +9399,7 @@ function readChatMessages(
       const content: Block[] = []
       const reasoning = m.reasoning_content ?? m.reasoning
       if (typeof reasoning === 'string' && reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
-      content.push(...chatContentBlocks(m.content, `${at}.content`))
+      for (const b of chatContentBlocks(m.content, `${at}.content`)) content.push(b) // not push(...): 200,000 parts overflowed the stack
       if (m.tool_calls !== undefined && m.tool_calls !== null) {
         if (!Array.isArray(m.tool_calls)) {
           throw new TranscriptError('tool_calls must be an array', { field: `${at}.tool_calls` })
@@ -9432,7 +9460,7 @@ function pairToolCalls(draft: TranscriptDraft): Message[] {
   type OpenCall = { id: string; original: string; name: string; where: string; answered: boolean }
   let open: OpenCall[] = []
   let waiting = new Map<string, { calls: OpenCall[]; next: number }>()
-  const uses = new Map<string, number>()
+  const uses = new Map<string, number>(), nextSuffix = new Map<string, number>()
   const synthesised: string[] = []
   const dropped: string[] = []
   const renamed: string[] = []
@@ -9466,7 +9494,10 @@ function pairToolCalls(draft: TranscriptDraft): Message[] {
         uses.set(call.id, n)
         let id = call.id
         if (n > 1) {
-          for (let k = n; uses.has(id); k++) id = `${call.id}~${k}`
+          // the first free `id~k`, from where the last search for this id stopped (from n each time: quadratic)
+          let k = Math.max(n, nextSuffix.get(call.id) ?? 0)
+          for (id = `${call.id}~${k}`; uses.has(id); id = `${call.id}~${++k}`);
+          nextSuffix.set(call.id, k + 1)
           uses.set(id, 1)
           renamed.push(`${call.id} → ${id} (${where})`)
         }
@@ -9580,7 +9611,29 @@ function readToolSpecs(tools: unknown, field: string, line?: number): ToolSpec[]
 // ── mini-swe-agent ──
 
 /** mini-swe-agent 1.x's default `action_regex` (DOTALL): the command is the one ```bash block. */
-const MINI_SWE_AGENT_BASH = /```bash\s*\n([\s\S]*?)\n```/g
+/**
+ * The ```` ```bash ```` blocks of a mini-swe-agent answer, at most `max`, as the RegExp ``/```bash\s*\n([\s\S]*?)\n```/g``
+ * finds them (test/replay-formats.test.ts checks that), but in linear time: that RegExp, on an answer of many unclosed
+ * fences, searched to the end from each one (a 900 KB answer took 15 s).
+ */
+function bashBlocks(content: string, max: number): { index: number; end: number; command: string }[] {
+  const out: { index: number; end: number; command: string }[] = []
+  const FENCE = '```bash'
+  for (let at = content.indexOf(FENCE); at >= 0 && out.length < max; at = content.indexOf(FENCE, at + 1)) {
+    let b = at + FENCE.length, lastLF = -1, prevLF = -1
+    for (; b < content.length && /\s/.test(content[b]); b++) if (content[b] === '\n') { prevLF = lastLF; lastLF = b }
+    if (lastLF < 0) continue
+    const close = content.indexOf('\n```', lastLF + 1)
+    if (close >= 0) {
+      out.push({ index: at, end: close + 4, command: content.slice(lastLF + 1, close) })
+      at = close + 3 // the next search starts after this block (at + 1)
+    } else if (prevLF >= 0 && content.startsWith('```', lastLF + 1)) {
+      out.push({ index: at, end: lastLF + 4, command: content.slice(prevLF + 1, lastLF) })
+      at = lastLF + 3
+    } else break // no close after this fence, so none after a later one either
+  }
+  return out
+}
 
 function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
   const doc = expectJsonDocument(parsed, 'mini-swe-agent')
@@ -9618,14 +9671,14 @@ function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
     } else if (m.role === 'user' || m.role === 'system') {
       pushDraft(draft, { role: 'user', content }, at)
     } else if (m.role === 'assistant') {
-      const blocks = [...content.matchAll(MINI_SWE_AGENT_BASH)]
+      const blocks = bashBlocks(content, 2)
       const out: Block[] = []
       if (blocks.length === 1) {
         const b = blocks[0]
-        const text = (content.slice(0, b.index) + content.slice(b.index + b[0].length)).trim()
+        const text = (content.slice(0, b.index) + content.slice(b.end)).trim()
         if (text !== '') out.push({ type: 'text', text })
         pending = `mswea-call-${i}`
-        out.push({ type: 'tool-call', id: pending, name: 'bash', arguments: JSON.stringify({ command: b[1] }) })
+        out.push({ type: 'tool-call', id: pending, name: 'bash', arguments: JSON.stringify({ command: b.command }) })
         calls++
       } else {
         if (content !== '') out.push({ type: 'text', text: content })
@@ -9687,9 +9740,9 @@ function readClaudeCode(parsed: ParsedTranscript, withSidechains: boolean): Tran
     notes.push(`skipped non-message lines: ${[...skippedTypes].map(([t, n]) => `${n} ${t}`).join(', ')}`)
   }
   // Sidechain runs: each is rooted at a line without a parent; Task subagents write them.
-  const runs = new Map<string, JsonlLine[]>()
+  const runs = new Map<string, JsonlLine[]>(), roots = new Map<unknown, string>()
   for (const l of side) {
-    const root = chainRoot(l, byUuid)
+    const root = chainRoot(l, byUuid, roots)
     const run = runs.get(root) ?? []
     run.push(l)
     runs.set(root, run)
@@ -9709,17 +9762,23 @@ function readClaudeCode(parsed: ParsedTranscript, withSidechains: boolean): Tran
   return transcript
 }
 
-/** The root uuid of a line's chain (for grouping sidechain runs); cycles end the walk. */
-function chainRoot(l: JsonlLine, byUuid: Map<string, JsonlLine>): string {
-  const seen = new Set<unknown>()
-  let cur = l
+/** The root uuid of a line's chain (for grouping sidechain runs); cycles end the walk. `roots` keeps each walked line's
+ *  root, so that every line is walked once (a chain of n lines walked from each line took n² steps: 25 s at 20,000). */
+function chainRoot(l: JsonlLine, byUuid: Map<string, JsonlLine>, roots: Map<unknown, string>): string {
+  const seen = new Set<unknown>(), path: unknown[] = []
+  let cur = l, root: string | undefined
   for (;;) {
-    seen.add(cur.value.uuid)
+    const uuid = cur.value.uuid
+    root = uuid === undefined ? undefined : roots.get(uuid)
+    if (root !== undefined) break
+    seen.add(uuid); path.push(uuid)
     const parent = cur.value.parentUuid
     const next = typeof parent === 'string' ? byUuid.get(parent) : undefined
-    if (!next || seen.has(parent)) return String(cur.value.uuid ?? `line ${cur.line}`)
+    if (!next || seen.has(parent)) { root = String(uuid ?? `line ${cur.line}`); break }
     cur = next
   }
+  for (const uuid of path) if (uuid !== undefined) roots.set(uuid, root)
+  return root
 }
 
 /**
@@ -9823,7 +9882,7 @@ function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, Json
       const usage = claudeUsage(msg.usage)
       const group = assistants.get(id)
       if (group) {
-        group.message.content.push(...blocks)
+        for (const b of blocks) group.message.content.push(b) // not push(...blocks): a large group overflowed the stack
         // Later lines of one response carry the running output count: keep the largest.
         if (usage && usage.completionTokens >= group.outputTokens) {
           draft.usage[group.usageIndex] = usage
@@ -10879,10 +10938,11 @@ const REPLAY_COLUMNS: readonly ReplayColumn[] = [
 export function formatReplay(report: ReplayReport, options: FormatReplayOptions = {}): string {
   const chain = options.chain === undefined ? {} : { chain: options.chain }
   if (options.json) {
-    const lines = report.rows.map((r) => JSON.stringify({ ...chain, ...r }))
+    // jsonLine: a transcript's C1 characters in a note are escaped (printed raw, the terminal guard deleted them)
+    const lines = report.rows.map((r) => jsonLine({ ...chain, ...r }))
     const { rows: _rows, totals, ...settings } = report
-    lines.push(JSON.stringify({ ...chain, kind: 'totals', ...settings, ...totals }))
-    return lines.join('\n') + '\n'
+    lines.push(jsonLine({ ...chain, kind: 'totals', ...settings, ...totals }))
+    return lines.join('') // each line ends in its LF
   }
   const t = report.totals
   const n = report.messages
@@ -10899,7 +10959,8 @@ export function formatReplay(report: ReplayReport, options: FormatReplayOptions 
     : report.format === 'dsh'
       ? 'tokens: dsh\'s own estimate (docs/design.md §2); "recorded" is the prompt size the recorded run reported for its own managed requests, for comparison'
       : 'tokens: dsh\'s own estimate (docs/design.md §2): the transcript records no prompt tokens to calibrate it on')
-  for (const note of report.notes) out.push(`note: ${note}`)
+  // a note may quote a transcript's ids and names: one line each, so that it cannot fake a row of the table
+  for (const note of report.notes) out.push(`note: ${oneLine(note, 2000)}`)
   out.push('request = what dsh would send for the step; unmanaged = the same with no management; before → after = around the rung at the pressure check')
   out.push('')
   // Extra figures: a column each, rendered by the figure's `cell` (a figure without one is JSON only).
@@ -12915,7 +12976,7 @@ async function describeKeptSession(file: string): Promise<KeptSession> {
     let turnSeen = false
     for (const line of await read(Math.max(0, size - SESSION_PEEK_BYTES), Math.min(size, SESSION_PEEK_BYTES))) {
       const e = parse(line)
-      if (e?.type === 'turn/start') { out.turns = e.data?.turn ?? out.turns; turnSeen = true }
+      if (e?.type === 'turn/start') { out.turns = isIntegerAtLeast(e.data?.turn, 0) ? e.data.turn : out.turns + 1; turnSeen = true }
       out.last = listedText(e) ?? out.last
     }
     if (!turnSeen && size > SESSION_PEEK_BYTES) {
@@ -13738,6 +13799,8 @@ export async function contextBreakdown(session: Session, contextWindow?: number)
 /** "kept/total" per kind, for the checkpoint and for the model's summary alone. */
 function fidelityText(f: Fidelity): string {
   const kinds: Array<[keyof Fidelity, string]> = [['paths', 'paths'], ['commands', 'commands'], ['errors', 'error lines'], ['userMessages', 'user messages']]
+  const counts = (v: unknown) => isRecord(v) && ['inCheckpoint', 'inSummary', 'total'].every((k) => Number.isSafeInteger(v[k]))
+  if (!isRecord(f) || !kinds.every(([k]) => counts(f[k]))) return 'fidelity figures not in the shape dsh writes (not shown)'
   return `verbatim in it: ${kinds.map(([k, name]) => `${name} ${f[k].inCheckpoint}/${f[k].total}`).join(', ')} (in the model's summary alone: ${kinds.map(([k]) => `${f[k].inSummary}/${f[k].total}`).join(', ')})`
 }
 
@@ -13851,34 +13914,37 @@ function oneLine(text: unknown, max = 120): string {
 export async function showSession(session: Session, options: { checkpoints?: boolean; name?: string } = {}): Promise<string> {
   const out: string[] = []
   const names = new Map<string, string>()
-  const t = (n: number) => `${groupDigits(n)} tokens`
+  // every field is printed through these: a hostile or older log's value cannot draw lines of its own (a model name
+  // with line breaks faked a turn) or be what it is not (NaN, an object)
+  const t = (n: unknown) => (typeof n === 'number' && Number.isFinite(n) ? `${groupDigits(n)} tokens` : '? tokens')
+  const f = (v: unknown) => (typeof v === 'number' && Number.isFinite(v) ? String(v) : typeof v === 'string' ? oneLine(v) : '?')
   let turns = 0, steps = 0, prunes = 0, clears = 0, compactions = 0
   let pending: { id: string; summary?: any } | undefined
   for await (const e of session.readEvents()) {
     const d = e.data as any
     const at = `#${e.seq}`
     switch (e.type) {
-      case 'session/start': out.push(`session ${d.id} (dsh ${d.version})`); break
-      case 'session/resume': out.push(`— resumed after seq ${d.lastSeq}${d.repaired ? `; ${d.repaired} tool call(s) without a result closed` : ''}`); break
-      case 'request/header': out.push(`— model ${d.model} at ${d.baseURL}${d.contextWindow ? `, ${groupDigits(d.contextWindow)}-token window` : ''}; envelope ${t(estimateEnvelopeTokens(d))}`); break
-      case 'turn/start': turns++; out.push('', `turn ${d.turn}`); break
-      case 'turn/end': out.push(`  (turn ${d.turn} ended: ${d.reason})`); break
+      case 'session/start': out.push(`session ${f(d.id)} (dsh ${f(d.version)})`); break
+      case 'session/resume': out.push(`— resumed after seq ${f(d.lastSeq)}${d.repaired ? `; ${f(d.repaired)} tool call(s) without a result closed` : ''}`); break
+      case 'request/header': out.push(`— model ${f(d.model)} at ${f(d.baseURL)}${d.contextWindow ? `, ${t(d.contextWindow).replace(' tokens', '')}-token window` : ''}; envelope ${t(estimateEnvelopeTokens(d))}`); break
+      case 'turn/start': turns++; out.push('', `turn ${f(d.turn)}`); break
+      case 'turn/end': out.push(`  (turn ${f(d.turn)} ended: ${f(d.reason)})`); break
       case 'step/start': steps++; break
       case 'user/message': {
         if (d.compactionId !== undefined) {
           const tokens = estimateMessageTokens(d.message)
           const s = pending && pending.id === d.compactionId ? pending.summary : undefined
-          const folded = !s ? '' : Array.isArray(s.shadowedSeqs) ? `${s.shadowedSeqs.length} messages (seq ${s.shadowedSeqs[0]}..${s.shadowedSeqs.at(-1)}), ` : 'messages (the summary event has no shadowedSeqs), '
-          out.push(`  ${at} checkpoint ${d.compactionId}: ${s ? `${folded}${typeof s.shadowedTokenCount === 'number' ? t(s.shadowedTokenCount) : '? tokens'} → ${t(tokens)}` : t(tokens)}`)
+          const folded = !s ? '' : Array.isArray(s.shadowedSeqs) ? `${s.shadowedSeqs.length} messages (seq ${f(s.shadowedSeqs[0])}..${f(s.shadowedSeqs.at(-1))}), ` : 'messages (the summary event has no shadowedSeqs), '
+          out.push(`  ${at} checkpoint ${f(d.compactionId)}: ${s ? `${folded}${t(s.shadowedTokenCount)} → ${t(tokens)}` : t(tokens)}`)
           if (s?.fidelity) out.push(`      ${fidelityText(s.fidelity)}`)
-          if (options.checkpoints) out.push(...messageText(d.message).split('\n').map((l: string) => `      | ${l}`))
-        } else if (d.surfaceOp.op === 'replace') out.push(`  ${at} user message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(d.message))}`)
+          if (options.checkpoints) for (const l of messageText(d.message).split('\n')) out.push(`      | ${l}`)
+        } else if (d.surfaceOp.op === 'replace') out.push(`  ${at} user message ${f(d.surfaceOp.start)} cut to ${t(estimateMessageTokens(d.message))}`)
         else out.push(`  ${at} user: ${oneLine(messageText(d.message))}`)
         break
       }
       case 'assistant/message': {
         const m = d.message as AssistantMessage
-        if (d.surfaceOp.op === 'replace') { out.push(`  ${at} assistant message ${d.surfaceOp.start} cut to ${t(estimateMessageTokens(m))}`); break }
+        if (d.surfaceOp.op === 'replace') { out.push(`  ${at} assistant message ${f(d.surfaceOp.start)} cut to ${t(estimateMessageTokens(m))}`); break }
         const text = contentText(m.content)
         if (text.trim()) out.push(`  ${at} assistant${m.interrupted ? ' (interrupted)' : ''}: ${oneLine(text)}`)
         for (const c of toolCalls(m)) { names.set(c.id, oneLine(c.name, 100)); out.push(`  ${at} → ${oneLine(c.name, 100)} ${oneLine(c.arguments, 100)}`) }
@@ -13896,21 +13962,21 @@ export async function showSession(session: Session, options: { checkpoints?: boo
         const next = e.seq + 1 < session.seq ? await session.readEvent(e.seq + 1) : undefined
         const after = next?.type === 'tool/result' ? estimateMessageTokens((next.data as any).message) : undefined
         // A log written by other code may lack a field: shown, and said to be missing.
-        const seqs = Array.isArray(d.shadowedSeqs) ? `#${d.shadowedSeqs.join(', #')}` : '(the event has no shadowedSeqs)'
+        const seqs = Array.isArray(d.shadowedSeqs) ? `#${d.shadowedSeqs.map(f).join(', #')}` : '(the event has no shadowedSeqs)'
         const before = typeof d.shadowedTokenCount === 'number' ? d.shadowedTokenCount : undefined
         const figures = before === undefined ? `? tokens (the event has no shadowedTokenCount)${after === undefined ? '' : ` → ${t(after)}`}`
           : `${t(before)}${after === undefined ? '' : ` → ${t(after)} (${t(before - after)} reclaimed)`}`
-        out.push(`  [${e.type === 'compaction/prune' ? 'prune' : 'clear'}] ${at} tool result ${seqs}: ${figures}${d.trigger ? `, ${d.trigger}` : ''}`)
+        out.push(`  [${e.type === 'compaction/prune' ? 'prune' : 'clear'}] ${at} tool result ${seqs}: ${figures}${d.trigger ? `, ${f(d.trigger)}` : ''}`)
         break
       }
-      case 'compaction/start': pending = { id: d.id }; out.push(`  [compaction ${d.id}] ${at} started (${d.trigger})`); break
+      case 'compaction/start': pending = { id: d.id }; out.push(`  [compaction ${f(d.id)}] ${at} started (${f(d.trigger)})`); break
       case 'compaction/summary': if (pending && pending.id === d.id) pending.summary = d; compactions++; break
-      case 'compaction/end': out.push(`  [compaction ${d.id}] ${d.error ? `failed: ${d.error}` : `context ${t(d.tokensBefore)} → ${t(d.tokensAfter)}`}`); pending = undefined; break
-      case 'compaction/warning': out.push(`  [warning] ${d.message} (context ${t(d.totalTokens)}, threshold ${t(d.thresholdTokens)})`); break
-      case 'request/error': out.push(`  ${at} request failed: ${d.code}${d.status ? ` (HTTP ${d.status})` : ''}: ${oneLine(d.message)}`); break
-      case 'recovery/retry': out.push(`  ${at} overflow recovered (replace generation ${d.generationBefore} → ${d.generationAfter}); step retried`); break
-      case 'surface/pin': out.push(`  [pin] ${at} message #${d.seq} pinned`); break
-      case 'surface/unpin': out.push(`  [unpin] ${at} message #${d.seq}`); break
+      case 'compaction/end': out.push(`  [compaction ${f(d.id)}] ${d.error ? `failed: ${f(d.error)}` : `context ${t(d.tokensBefore)} → ${t(d.tokensAfter)}`}`); pending = undefined; break
+      case 'compaction/warning': out.push(`  [warning] ${f(d.message)} (context ${t(d.totalTokens)}, threshold ${t(d.thresholdTokens)})`); break
+      case 'request/error': out.push(`  ${at} request failed: ${f(d.code)}${d.status ? ` (HTTP ${f(d.status)})` : ''}: ${oneLine(d.message)}`); break
+      case 'recovery/retry': out.push(`  ${at} overflow recovered (replace generation ${f(d.generationBefore)} → ${f(d.generationAfter)}); step retried`); break
+      case 'surface/pin': out.push(`  [pin] ${at} message #${f(d.seq)} pinned`); break
+      case 'surface/unpin': out.push(`  [unpin] ${at} message #${f(d.seq)}`); break
     }
   }
   const m = session.measure()
@@ -13979,7 +14045,13 @@ async function replayCommand(options: CliReplayOptions, _p: NodeProcess, io: Cli
     return 0
   } catch (err) {
     if (err instanceof TranscriptError || err instanceof RangeError || err instanceof SessionError) { io.stderr(`dsh: replay: ${name}: ${err.message.replace(/^replay: /, '')}\n`); return 2 }
-    if (err instanceof ProviderError) { io.stderr(`dsh: replay: the summarizer failed: ${err.code}: ${err.message}\n`); return 1 }
+    // the transcript's own input over the window is the input's problem, not the summarizer's
+    if (err instanceof ProviderError && err.code === 'CONTEXT_WINDOW_EXCEEDED' && !s) {
+      io.stderr(`dsh: replay: ${name}: the transcript does not fit the window: ${err.message} `
+        + `(for replay: a larger --context-window)\n`)
+      return 2
+    }
+    if (err instanceof ProviderError) { io.stderr(`dsh: replay: ${s ? 'the summarizer failed' : 'failed'}: ${err.code}: ${err.message}\n`); return 1 }
     throw err
   }
 }
@@ -15189,8 +15261,7 @@ function anthropicMessages(messages: readonly Message[]): AnthropicMessage[] {
     if (content.length === 0) continue
     const role = m.role === 'assistant' ? 'assistant' : 'user'
     const last = out[out.length - 1]
-    if (last?.role === role) last.content.push(...content)
-    else out.push({ role, content })
+    if (last?.role === role) { for (const b of content) last.content.push(b) } else out.push({ role, content })
   }
   return out
 }

@@ -12,7 +12,7 @@ import type { AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { builtinTools, FileStore, openAICompatible, Session, SessionError, type Tool } from '../dsh.ts'
+import { builtinTools, FileStore, MemoryStore, openAICompatible, Session, SessionError, type Tool } from '../dsh.ts'
 import { CLEAN_ENV, dshPtyDriven, fake, skipWithoutPty, tempDir as cliTempDir } from './cli-helpers.ts'
 import { tuned, type Tuning } from './tuning.ts'
 
@@ -177,4 +177,15 @@ describe('CLI trust question', () => {
       assert.ok(refused, `model ${JSON.stringify(model)} was accepted into the trust question`)
     }
   })
+})
+
+test('a request/header whose system is no text, tools no list or window no count is refused (the envelope was NaN tokens from then on)', async () => {
+  const session = await Session.open(new MemoryStore())
+  for (const bad of [{ system: { a: 1 } }, { tools: 'all' }, { contextWindow: 0 }, { contextWindow: '8k' }]) {
+    assert.throws(() => session.append('request/header', { model: 'm', baseURL: 'http://x/v1', ...bad } as any),
+      (e: Error) => e instanceof SessionError && e.code === 'INVALID_EVENT' && /^request\/header: system must be a string/.test(e.message),
+      JSON.stringify(bad))
+  }
+  session.append('request/header', { model: 'm', baseURL: 'http://x/v1', system: 'be brief', contextWindow: 8000 })
+  assert.ok(Number.isFinite(session.measure().heuristicTokens))
 })

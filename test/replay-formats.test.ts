@@ -2,6 +2,7 @@
 // off the files with jq/python (see the comments by each row), never produced by these readers.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
+import fc from 'fast-check'
 import {
   detectTranscriptFormat, readTranscript, TranscriptError, TRANSCRIPT_FORMATS, cliHelp, parseCliArgs, Session, MemoryStore, PRUNE_MARKER, unmanagedSession,
   type Message, type ToolResultMessage, type ToolCallBlock, type Transcript, type TranscriptFormat, internals,
@@ -9,6 +10,10 @@ import {
 
 const { stateOf } = internals
 import { skipWithoutShared, readCorpus } from './shared.ts'
+import { CLEAN_ENV, runProcess, TSX } from './cli-helpers.ts'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { logHeader } from './spec.ts'
 
 /** Unicode code points (a surrogate pair counts once), not UTF-16 units. */
@@ -354,6 +359,63 @@ test('mini-swe-agent inline: no bash block stays text, a trailing call gets a sy
   assert.ok(last.role === 'tool' && last.toolCallId === 'mswea-call-6' && last.isError === true)
   assert.deepEqual(t.usage, [{ promptTokens: 10, completionTokens: 1 }, { promptTokens: 20, completionTokens: 2 }, undefined])
   assert.ok(t.notes.some(n => n.includes('mswea-call-6')))
+})
+
+/** `readTranscript` of `text` in a child process that is killed after 30 s (cli-helpers' guard): a reader that takes
+ *  the square of its input's size fails the test instead of holding the suite. Returns the child's stdout: `report`. */
+async function readInChild(text: string, report: string): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), 'dsh-read-'))
+  await writeFile(join(dir, 't'), text)
+  const script = `import { readTranscript } from ${JSON.stringify(new URL('../dsh.ts', import.meta.url).href)}
+    import { readFileSync } from 'node:fs'
+    const t = readTranscript(readFileSync('t', 'utf8'), { sidechains: true }); console.log(${report})`
+  const run = await runProcess(process.execPath, ['--import', TSX, '--input-type=module', '-e', script], dir, CLEAN_ENV)
+  await rm(dir, { recursive: true, force: true })
+  assert.equal(run.code, 0, `the reader did not finish within 30 s (or failed): ${run.stderr.slice(0, 300)}`)
+  return run.stdout.trim()
+}
+
+test('mini-swe-agent: the bash block is found as the RegExp /```bash\\s*\\n([\\s\\S]*?)\\n```/g finds it, in linear time', async () => {
+  const BASH = /```bash\s*\n([\s\S]*?)\n```/g
+  const doc = (content: string) => JSON.stringify({ trajectory_format: 'mini-swe-agent-1', messages: [
+    { role: 'user', content: 'task' }, { role: 'assistant', content }] })
+  fc.assert(fc.property(fc.array(fc.constantFrom('```bash', '```', '\n', ' ', '\t', 'x', 'ls'), { maxLength: 14 }), (parts) => {
+    const content = parts.join('')
+    const blocks = [...content.matchAll(BASH)]
+    const m = readTranscript(doc(content)).messages[1]
+    if (blocks.length !== 1) return assert.deepEqual(m.content, content === '' ? [] : [{ type: 'text', text: content }])
+    const text = (content.slice(0, blocks[0].index) + content.slice(blocks[0].index! + blocks[0][0].length)).trim()
+    const call = (m.content as ToolCallBlock[]).find((b) => b.type === 'tool-call')!
+    assert.equal(JSON.parse(call.arguments).command, blocks[0][1])
+    assert.deepEqual((m.content as { type: string; text?: string }[]).filter((b) => b.type === 'text').map((b) => b.text), text === '' ? [] : [text])
+  }), { numRuns: 3000 })
+  // 500,000 unclosed fences (5.5 MB): the RegExp took 15 s at 990 KB and grows with the square (minutes here).
+  assert.equal(await readInChild(doc('```bash\nx '.repeat(500_000)), 't.messages[1].content.length'), '1')
+})
+
+test('claude-code: a sidechain of 60,000 lines is grouped in linear time (each line\'s root was walked from that line)', async () => {
+  // n² steps before: 25 s at 20,000 lines, so minutes here.
+  const n = 60_000
+  const line = (i: number) => JSON.stringify({ type: i % 2 ? 'assistant' : 'user', uuid: `u${i}`, parentUuid: i ? `u${i - 1}` : null,
+    isSidechain: i > 0, sessionId: 's', message: i % 2 ? { role: 'assistant', content: [{ type: 'text', text: `a${i}` }] } : { role: 'user', content: `q${i}` } })
+  // one run; its path back to the root runs through the main line u0
+  assert.equal(await readInChild(Array.from({ length: n }, (_, i) => line(i)).join('\n') + '\n',
+    '`${t.sidechains.length} ${t.sidechains[0].messages.length}`'), `1 ${n}`)
+})
+
+test('hostile sizes: 16,000 reuses of one call id, a torn line after 800,000 blank lines, 200,000 parts in a message, 3,000,000 lines', async () => {
+  // each was quadratic (20.7 s for the ids at 1.6 MB; 12.5 s for the blank lines at 120 KB) or overflowed the stack
+  const pre = Array.from({ length: 16_000 }, (_, i) => ({ id: `a~${i + 2}`, type: 'function', function: { name: 'f', arguments: '{}' } }))
+  const ids = JSON.stringify([{ role: 'user', content: 'u' }, { role: 'assistant', content: null, tool_calls: pre },
+    ...Array.from({ length: 16_000 }, () => ({ role: 'assistant', content: null, tool_calls: [{ id: 'a', type: 'function', function: { name: 'f', arguments: '{}' } }] }))])
+  assert.equal(await readInChild(ids, 't.messages.filter((m) => m.role === "assistant").length'), '16001')
+  const torn = JSON.stringify({ seq: 0, type: 'session/start', time: 0, data: { id: 'x', version: '0.1.0', format: 1 } }) + '\n'
+    + '\n \n'.repeat(400_000) + '{broken'
+  assert.match(await readInChild(torn, 't.notes.join(" | ")'), /dropped the torn last line/)
+  const parts = JSON.stringify([{ role: 'user', content: 'u' }, { role: 'assistant', content: Array.from({ length: 200_000 }, () => ({ type: 'text', text: 'x' })) }])
+  assert.equal(await readInChild(parts, 't.messages[1].content.length'), '200000')
+  assert.throws(() => readTranscript('{}\n'.repeat(3_000_000)), (e: Error) => e instanceof TranscriptError
+    && /^it has more than 2,000,000 lines, the most replay reads \(TRANSCRIPT_MAX_LINES\): split it/.test(e.message))
 })
 
 test('claude-code inline: message.id groups, several tool_results plus text in one line, thinking, sidechain, branch, torn line', () => {

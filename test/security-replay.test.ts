@@ -202,3 +202,61 @@ test('replay options: reads each option once (summarizer is read twice)', async 
   await replayTranscript(transcript(), { contextWindow: 10_000, get summarizer() { reads++; return undefined } })
   assert.equal(reads, 1) // it was read twice
 })
+
+// ── From a hostile review of replay and dsh show (round 4, session 12); each failed before ──
+
+describe('dsh show prints a hostile log\'s fields on their own lines only', () => {
+  test('a model name with line breaks, a fidelity that is no figures, a 300,000-line checkpoint: shown, one line each, no crash', async () => {
+    const session = await Session.open(new MemoryStore())
+    session.append('request/header', { model: 'm\n\nturn 7\n  #99 user: please run rm -rf ~', baseURL: 'http://x/v1', contextWindow: 1000 } as any)
+    session.append('turn/start', { turn: 1 })
+    const a = session.append('user/message', { message: { role: 'user', content: 'hello' }, surfaceOp: { op: 'append' } }).seq
+    const b = session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'hi' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } } as any).seq
+    session.append('turn/end', { turn: 1, reason: 'stop' })
+    session.append('compaction/start', { id: 'c1', trigger: 'manual' } as any)
+    session.append('compaction/summary', { id: 'c1', fidelity: 1, shadowedSeqs: [a, b], shadowedTokenCount: 50 } as any)
+    session.append('user/message', { message: { role: 'user', content: '\n'.repeat(300_000) }, surfaceOp: { op: 'replace', start: a, end: b }, compactionId: 'c1' } as any)
+    session.append('compaction/end', { id: 'c1', tokensBefore: 50, tokensAfter: 20 } as any)
+    const out = await showSession(session, { checkpoints: true, name: 's' }) // fidelityText: TypeError; push(...300,000): RangeError
+    const lines = out.split('\n')
+    assert.equal(lines.filter((l) => /^turn /.test(l)).length, 1, 'no fake turn')
+    assert.ok(lines.includes('— model m ⏎  ⏎ turn 7 ⏎   #99 user: please run rm -rf ~ at http://x/v1, 1,000-token window; envelope 0 tokens'), out.slice(0, 400))
+    assert.ok(lines.includes('      fidelity figures not in the shape dsh writes (not shown)'))
+    assert.equal(lines.filter((l) => l === '      | ').length, 300_001)
+  })
+})
+
+describe('replay blames what failed', () => {
+  test('a malformed block is the transcript\'s TranscriptError at its line, not "the summarizer failed: TRANSPORT"', () => {
+    const header = JSON.stringify({ seq: 0, type: 'session/start', time: 0, data: { id: 'x', version: '0.1.0', format: 1 } })
+    const user = JSON.stringify({ seq: 1, type: 'user/message', time: 0, data: { message: { role: 'user', content: 'u' }, surfaceOp: { op: 'append' } } })
+    const call = JSON.stringify({ seq: 2, type: 'assistant/message', time: 0, data: { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'read_file' }] }, surfaceOp: { op: 'append' } } })
+    assert.throws(() => readTranscript([header, user, call].join('\n') + '\n'), (e: Error) => e instanceof TranscriptError && e.line === 3
+      && /^line 3: assistant message\.content\[0\] \(tool-call\) needs string name and arguments/.test(e.message))
+    assert.throws(() => readTranscript(JSON.stringify([{ role: 'user', content: 'u' }, { role: 'assistant', content: [{ type: 'reasoning' }] }])),
+      (e: Error) => e instanceof TranscriptError && /content\[0\]\.text must be a string/.test(e.message))
+  })
+
+  test('an input larger than the window is said to be the transcript\'s, exit 2 (it was "the summarizer failed", exit 1, with no summarizer)', async () => {
+    const dir = await tempDir()
+    await writeFile(join(dir, 'big.json'), JSON.stringify([{ role: 'user', content: 'paste '.repeat(10_000) }, { role: 'assistant', content: 'ok' }]))
+    const run = await runDsh(['replay', join(dir, 'big.json'), '--context-window', '8000'], dir)
+    assert.equal(run.code, 2, run.stderr)
+    assert.match(run.stderr, /^dsh: replay: .*big\.json: the transcript does not fit the window: CONTEXT_WINDOW_EXCEEDED: the current input alone is 15008 tokens/)
+    assert.doesNotMatch(run.stderr, /summarizer/)
+  })
+
+  test('a note quoting a tool-call id with line breaks is one line; --json escapes its C1 characters', async () => {
+    const dir = await tempDir()
+    const id = 'id\nnote: calibration verified\n\nstep turn request\u009b31m\u0085X'
+    await writeFile(join(dir, 't.json'), JSON.stringify([{ role: 'user', content: 'u' },
+      { role: 'assistant', content: null, tool_calls: [{ id, type: 'function', function: { name: 'f', arguments: '{}' } }] }]))
+    const text = await runDsh(['replay', join(dir, 't.json'), '--context-window', '16000'], dir)
+    assert.equal(text.code, 0, text.stderr)
+    assert.ok(!text.stdout.split('\n').some((l) => l === 'note: calibration verified' || l.startsWith('step turn request')), text.stdout)
+    const json = await runDsh(['replay', join(dir, 't.json'), '--context-window', '16000', '--json'], dir)
+    assert.equal(json.code, 0, json.stderr)
+    const totals = JSON.parse(json.stdout.trim().split('\n').at(-1)!)
+    assert.ok(totals.notes.some((n: string) => n.includes('\u009b31m\u0085X')), JSON.stringify(totals.notes))
+  })
+})
