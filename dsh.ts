@@ -3467,6 +3467,8 @@ function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string
   if (!overThreshold(args, cfg.thresholdChars)) return args
   let value: unknown
   try { value = JSON.parse(args) } catch { return pruneText(args, cfg) }
+  // a model's arguments nested deeper than dsh keeps are cut as text: `cut` below would overflow the stack
+  if (nestedDeeperThan(value)) return pruneText(args, cfg)
   const cut = (v: unknown, c: PruneConfig): unknown =>
     typeof v === 'string' ? pruneText(v, c)
       : Array.isArray(v) ? v.map((x) => cut(x, c))
@@ -3605,9 +3607,22 @@ const SUMMARY_INSTRUCTION = /* @__PURE__ */ [
     + 'merge it in; drop nothing from it that still matters.',
 ].join('\n')
 
+/** The checkpoint's own tags, where a text inside it opens or closes one. */
+const CHECKPOINT_TAG = /<(?=\/?(?:compacted-summary|ledger|user-message)\b)/gi
+/** `text` with the checkpoint's tags neutralised (`<` as `&lt;`): a summary or a tool's error line could otherwise
+ *  close its block and forge a ledger, with user messages "recorded by dsh, verbatim". */
+const neutralTags = (text: string): string => text.replace(CHECKPOINT_TAG, '&lt;')
+
+/** Pins are never summarised: when they hold a quarter of the window or more, the truth names them and the way out. */
+function pinsNote(session: Session, window: number): string {
+  const pinned = session.pins.tokens()
+  return pinned * 4 >= window ? `; pinned messages hold ${pinned} tokens, which are never summarised: unpin some `
+    + '(session.pins.unpin(seq), CLI /unpin)' : ''
+}
+
 /** A summary framed as a checkpoint text with its ledger (docs/design.md §4, §12). */
 function frameCheckpoint(summary: string, ledger?: Ledger): string {
-  const framed = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${summary.trim()}\n</compacted-summary>`
+  const framed = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\n${neutralTags(summary.trim())}\n</compacted-summary>`
   return ledger && ledgerEntries(ledger) > 0 ? `${framed}\n${renderLedger(ledger)}` : framed
 }
 
@@ -3890,14 +3905,14 @@ const times = (n: number) => (n > 1 ? ` (${n}×)` : '')
 /** One entry as the ledger prints it (`- ` lines; user messages between `<user-message>` tags, so multi-line text
  *  stays verbatim). */
 function ledgerLine(list: LedgerList, e: LedgerPath | LedgerCommand | LedgerText): string {
-  if (list === 'userMessages') return `<user-message>\n${(e as LedgerText).text}\n</user-message>`
-  if (list === 'errors') return `- ${(e as LedgerText).text}${times(e.count)}`
+  if (list === 'userMessages') return `<user-message>\n${neutralTags((e as LedgerText).text)}\n</user-message>`
+  if (list === 'errors') return `- ${neutralTags((e as LedgerText).text)}${times(e.count)}`
   if (list === 'commands') {
     const c = e as LedgerCommand
-    return `- ${c.command} → `
+    return `- ${neutralTags(c.command)} → `
       + `${c.exitCode !== undefined ? `exit ${c.exitCode}` : c.failed ? 'failed' : 'ok'}${times(c.count)}`
   }
-  return `- ${(e as LedgerPath).path}${times(e.count)}`
+  return `- ${neutralTags((e as LedgerPath).path)}${times(e.count)}`
 }
 
 /** The `<ledger>` block of a checkpoint: lists oldest first, user messages newest first. */
@@ -3967,13 +3982,16 @@ export interface Fidelity { paths: FidelityShare; commands: FidelityShare; error
 function measureFidelity(ledger: Ledger, checkpoint: string, summary: string): Fidelity {
   const share = (items: readonly string[]): FidelityShare => {
     const unique = [...new Set(items)]
-    return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(t)).length,
+    return { total: unique.length, inCheckpoint: unique.filter((t) => checkpoint.includes(neutralTags(t))).length,
       inSummary: unique.filter((t) => summary.includes(t)).length }
   }
-  // A user message cut to head + tail counts as kept when its marker's recall key is in the checkpoint.
+  // A user message cut to head + tail counts as kept when its marker's recall key is in the ledger (a key that the
+  // summary writes does not keep the message).
+  const ledgerPart = checkpoint.slice(checkpoint.lastIndexOf('</compacted-summary>'))
   const users = (entries: readonly LedgerText[]): FidelityShare => {
     const s = share(entries.map((e) => e.text))
-    const pruned = entries.filter((e) => !checkpoint.includes(e.text) && checkpoint.includes(recallOfSeq(e.seq))).length
+    const pruned = entries.filter((e) => !checkpoint.includes(neutralTags(e.text))
+      && ledgerPart.includes(recallOfSeq(e.seq))).length
     return { ...s, inCheckpoint: s.inCheckpoint + pruned, pruned }
   }
   return {
@@ -4920,9 +4938,9 @@ class Ladder {
     const saved = outcome.tokensBefore - after
     if (trigger === 'manual' && committed > 0) { this.setGuard(undefined); return done('compacted') }
     if (committed > 0 && after < threshold && saved >= minSaving) { this.setGuard(undefined); return done('compacted') }
-    const why = lastError || (saved < minSaving
+    const why = (lastError || (saved < minSaving
       ? `it saved only ${saved} tokens (< ${Math.round(MIN_SAVINGS_RATIO * 100)}%)`
-      : 'the retained tail and envelope alone are above it')
+      : 'the retained tail and envelope alone are above it')) + pinsNote(session, window)
     warn(this.host, `context still at ${after} of ${window} tokens (threshold ${threshold}) after compaction: ${why}; `
       + `not retrying until the surface grows by ${retained} tokens`)
     session.append('compaction/warning', { trigger, message: why, totalTokens: after, thresholdTokens: threshold })
@@ -5244,21 +5262,24 @@ async function recallByKey(session: Session, key: string): Promise<ShadowedOrigi
   return undefined
 }
 
-/** The text split into lines for paging; lines over 1,000 code points become pieces of 1,000. */
-function recallLines(text: string): string[] {
-  const lines: string[] = []
-  for (const line of text.split('\n')) {
-    if (line.length <= RECALL_LINE_CODE_POINTS) { lines.push(line); continue }
-    let rest = line
-    while (codePointLength(rest, RECALL_LINE_CODE_POINTS) > RECALL_LINE_CODE_POINTS) {
-      const end = indexAfterCodePoints(rest, RECALL_LINE_CODE_POINTS)
-      lines.push(rest.slice(0, end))
-      rest = rest.slice(end)
+/** The text's lines for paging, one at a time (a search holds no array of them); lines over 1,000 code points become
+ *  pieces of 1,000. */
+function* recallLineIter(text: string): Generator<string> {
+  for (let start = 0; start <= text.length;) {
+    const lf = text.indexOf('\n', start), end = lf < 0 ? text.length : lf
+    let rest = text.slice(start, end)
+    start = end + 1
+    while (rest.length > RECALL_LINE_CODE_POINTS
+      && codePointLength(rest, RECALL_LINE_CODE_POINTS) > RECALL_LINE_CODE_POINTS) {
+      const cut = indexAfterCodePoints(rest, RECALL_LINE_CODE_POINTS)
+      yield rest.slice(0, cut)
+      rest = rest.slice(cut)
     }
-    lines.push(rest)
+    yield rest
   }
-  return lines
 }
+/** {@link recallLineIter} as an array, for reading a page of one original. */
+const recallLines = (text: string): string[] => [...recallLineIter(text)]
 
 /** Whole lines from `lines[from]` while they fit the answer and `limit`; `to` is the end (exclusive). */
 function pageOf(lines: readonly string[], from: number, limit: number, reserved: number): { text: string; to: number } {
@@ -5285,6 +5306,8 @@ function recallInt(args: Record<string, unknown>, key: string, fallback: number)
 }
 
 const RECALL_KEYS = ['key', 'tool', 'arguments', 'pattern', 'offset', 'limit']
+/** Hits a search counts past its page before it stops counting ("more than N hits"). */
+const RECALL_COUNTED_HITS = 1_000
 /** A model's argument as an answer quotes it: JSON, at most {@link RECALL_HIT_CODE_POINTS} code points of it (so an
  *  answer stays capped). */
 const echo = (v: string): string => JSON.stringify(headCodePoints(v, RECALL_HIT_CODE_POINTS))
@@ -5330,28 +5353,35 @@ function recallTool(session: Session): Tool {
 async function recallSearch(session: Session, pattern: string, offset: number, limit: number): Promise<string> {
   const needle = pattern.toLowerCase()
   if (needle === '') throw new Error(`${RECALL_TOOL_NAME}: pattern must not be empty`)
+  // Only the hits of the page asked for are written out, and the count stops at RECALL_COUNTED_HITS past them: a
+  // pattern in every line of a 16 MB original built 8 million hit lines (2 GB) for one answer.
+  const first = offset - 1, countTo = first + limit + RECALL_COUNTED_HITS
   const hits: string[] = []
-  let searched = 0
+  let searched = 0, total = 0
   for await (const o of shadowedOriginals(session)) {
     // A recall answer repeats other originals: searching it would find each hit twice.
     if (o.toolName === RECALL_TOOL_NAME) continue
     searched++
-    recallLines(await o.text()).forEach((line, i) => {
-      if (line.toLowerCase().includes(needle)) {
-        hits.push(`${o.key} line ${i + 1} (${o.label}): ${headCodePoints(line.trim(), RECALL_HIT_CODE_POINTS)}`)
-      }
-    })
+    let i = 0
+    for (const line of recallLineIter(await o.text())) {
+      i++
+      if (!line.toLowerCase().includes(needle)) continue
+      if (total >= first && total < first + limit) hits.push(`${headCodePoints(o.key, RECALL_HIT_CODE_POINTS)} `
+        + `line ${i} (${o.label}): ${headCodePoints(line.trim(), RECALL_HIT_CODE_POINTS)}`)
+      if (++total >= countTo) break
+    }
+    if (total >= countTo) break
   }
-  if (hits.length === 0)
+  const counted = total >= countTo ? `more than ${total - 1}` : String(total)
+  if (total === 0)
     return `${RECALL_TOOL_NAME}: no shadowed original contains ${echo(pattern)} (${searched} searched)`
-  if (offset > hits.length)
-    throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the last hit (${hits.length})`)
-  const header = headCodePoints(`${hits.length} hit(s) for ${JSON.stringify(pattern)}, newest first; read one with `
+  if (offset > total) throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the last hit (${total})`)
+  const header = headCodePoints(`${counted} hit(s) for ${JSON.stringify(pattern)}, newest first; read one with `
     + '{"key":…,"offset":line}:', 400)
-  const page = pageOf(hits, offset - 1, limit, codePointLength(header) + 1)
-  const next = JSON.stringify({ pattern, offset: page.to + 1 })
-  const more = page.to < hits.length ? `\n[hits ${offset}–${page.to} of ${hits.length}; more: ${RECALL_TOOL_NAME} `
-    + `${next}]` : ''
+  const page = pageOf(hits, 0, limit, codePointLength(header) + 1)
+  const to = first + page.to
+  const next = JSON.stringify({ pattern, offset: to + 1 })
+  const more = to < total ? `\n[hits ${offset}–${to} of ${counted}; more: ${RECALL_TOOL_NAME} ${next}]` : ''
   return `${header}\n${page.text}${more}`
 }
 
@@ -5377,18 +5407,21 @@ async function recallRead(session: Session, args: Record<string, unknown>, offse
         + `${sub ? ` with arguments containing ${echo(sub)}` : ''}`)
     }
     found = matches[0]
-    others = matches.slice(1, 6).map((o) => o.key)
+    others = matches.slice(1, 6).map((o) => headCodePoints(o.key, RECALL_HIT_CODE_POINTS))
   } else throw new Error(`${RECALL_TOOL_NAME}: pass key, tool or pattern, e.g. {"key":"call_1"} or `
     + `{"pattern":"TypeError"}`)
   const lines = recallLines(await found.text())
   if (offset > lines.length) {
     throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the end of ${found.key} (${lines.length} lines)`)
   }
-  const head = (to: number) => `${found!.key} (${found!.label}), lines ${offset}–${to} of ${lines.length}:`
+  // a key is the model's own call id, of any length: the answer quotes at most RECALL_HIT_CODE_POINTS of it
+  const key = headCodePoints(found.key, RECALL_HIT_CODE_POINTS), whole = key === found.key
+  const head = (to: number) => `${key}${whole ? '' : '…'} (${found!.label}), lines ${offset}–${to} of `
+    + `${lines.length}:`
   const page = pageOf(lines, offset - 1, limit, codePointLength(head(lines.length)) + 1)
   const notes: string[] = []
   if (page.to < lines.length) notes.push(`more: ${RECALL_TOOL_NAME} `
-    + `${JSON.stringify({ key: found.key, offset: page.to + 1 })}`)
+    + `${whole ? JSON.stringify({ key, offset: page.to + 1 }) : `with the same key and "offset": ${page.to + 1}`}`)
   if (others.length) notes.push(`older results of ${args.tool}: ${others.join(', ')}`)
   return `${head(page.to)}\n${page.text}${notes.length ? `\n[${notes.join('; ')}]` : ''}`
 }
@@ -11732,9 +11765,10 @@ export function stripControls(text: string): string {
   return text.replace(TERMINAL_CONTROL, '')
 }
 
-/** What an approval shows as an escape: C0 but tab and LF, DEL, C1, the bidi controls and the Unicode line
- *  separators (so that nothing shown can be hidden, reordered or drawn on a line of its own). */
-const APPROVAL_HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g
+/** What an approval shows as an escape: C0 but tab and LF, DEL, C1, the bidi controls, the Unicode line separators,
+ *  the zero-width and invisible characters (soft hyphen, BOM, word joiners, tag characters), so that nothing shown
+ *  can be hidden, reordered or drawn on a line of its own, nor break a run of blanks into short ones. */
+const APPROVAL_HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u00ad\u061c\u180e\u200b-\u200f\u2028\u2029\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff\u{e0000}-\u{e007f}]/gu
 
 /**
  * `text` as an approval or a diff must show it, every character accounted for: each control character, bidi control or
@@ -11743,8 +11777,9 @@ const APPROVAL_HIDDEN = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u2
  */
 function shownExactly(text: string): string {
   return text.replace(APPROVAL_HIDDEN, (c) => {
-    const code = c.charCodeAt(0)
-    return code <= 0xff ? `\\x${code.toString(16).padStart(2, '0')}` : `\\u${code.toString(16).padStart(4, '0')}`
+    const code = c.codePointAt(0)!
+    return code <= 0xff ? `\\x${code.toString(16).padStart(2, '0')}`
+      : code <= 0xffff ? `\\u${code.toString(16).padStart(4, '0')}` : `\\u{${code.toString(16)}}`
   })
 }
 
@@ -12199,7 +12234,7 @@ function shownValue(value: unknown): string {
 /** Control characters (C0 with line breaks and NUL, DEL, C1, Unicode line separators and bidi controls): a setting that
  *  holds one could draw lines of its own into the trust question, reorder what it shows, or end a path early. */
 const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/
-/** The most entries an approvals list may have (each distinct), so that the trust question can still show them. */
+/** The most entries an approvals list or `sandbox.read` may have, so that the trust question can still show them. */
 const APPROVALS_MAX_ITEMS = 50
 /** The longest text setting, UTF-16 units: a longer one would scroll the rest of the trust question off the screen. */
 const SETTING_MAX_UNITS = 300
@@ -12263,6 +12298,7 @@ export function parseCliConfig(text: string, file: string, scope: 'user' | 'proj
         }
         if (value.allowNetwork !== undefined && typeof value.allowNetwork !== 'boolean') throw bad('sandbox.allowNetwork', 'true or false', value.allowNetwork)
         if (value.read !== undefined && !(Array.isArray(value.read) && value.read.every(settingText))) throw bad('sandbox.read', 'an array of paths', value.read)
+        if (Array.isArray(value.read) && value.read.length > APPROVALS_MAX_ITEMS) throw new UsageError(`${file}: "sandbox".read holds ${value.read.length} paths, over the ${APPROVALS_MAX_ITEMS} a list may have (a question about them would not fit a screen)`)
       }
       out.sandbox = value
     } else if (key === 'projects') {
@@ -12356,10 +12392,11 @@ function describeConfig(config: CliConfig): string {
   if (config.model) lines.push(`  model ${config.model}`)
   if (config.contextWindow) lines.push(`  contextWindow ${groupDigits(config.contextWindow)} tokens`)
   if (config.prices) lines.push(`  prices ${config.prices.cacheHitInput},${config.prices.cacheMissInput},${config.prices.output} USD per million tokens`)
-  // the long list first, then what matters most nearest the question: a long list cannot scroll those away
+  // the long lists first, then what matters most nearest the question: a long list cannot scroll those away
+  if (isRecord(config.sandbox)) lines.push(`  sandbox ${JSON.stringify(config.sandbox)}`)
   if (config.approvals?.commands.length) lines.push(`  approvals: commands run without asking when they start with ${config.approvals.commands.map((c) => `"${c}"`).join(', ')}`)
   if (config.approvals) lines.push(`  approvals: tools that run without asking: ${config.approvals.tools.join(', ') || 'none'}`)
-  if (config.sandbox !== undefined) lines.push(`  sandbox ${JSON.stringify(config.sandbox)}`)
+  if (typeof config.sandbox === 'boolean') lines.push(`  sandbox ${config.sandbox}`)
   // last, right above the question: where the conversation and the key go
   if (config.baseURL) lines.push(`  baseURL ${config.baseURL}  (model requests, with your API key if one is set, go there)`)
   return lines.join('\n') || '  (no settings)'
@@ -12486,12 +12523,18 @@ async function shellPermission(options: CliRunOptions, cwd: string, env: Record<
   return allowed
 }
 
-/** Spaces and tabs in a row beyond which a command's approval shows their count instead (a run pushes the rest away). */
+/** Blanks (spaces, tabs, any Unicode space) in a row beyond which a command's approval shows their count instead (a
+ *  run pushes the rest away); in a diff, where indentation is legitimate, beyond {@link DIFF_BLANK_RUN}. */
 const APPROVAL_BLANK_RUN = 16
+const DIFF_BLANK_RUN = 80
+
+/** `text` with each run of more than `max` blanks (no line feed) as `⟨N blanks⟩`. */
+const collapseBlanks = (text: string, max: number): string =>
+  text.replace(new RegExp(`[^\\S\\n]{${max + 1},}`, 'g'), (run) => ` ⟨${groupDigits(run.length)} blanks⟩ `)
 
 /** A shell command's lines as its approval shows them: {@link shownExactly}, a long run of blanks as `⟨N blanks⟩`. */
-const commandLines = (command: string): string[] => shownExactly(command).split('\n')
-  .map((line) => line.replace(new RegExp(`[ \\t]{${APPROVAL_BLANK_RUN + 1},}`, 'g'), (run) => ` ⟨${groupDigits(run.length)} blanks⟩ `))
+const commandLines = (command: string): string[] =>
+  shownExactly(command).split('\n').map((line) => collapseBlanks(line, APPROVAL_BLANK_RUN))
 
 /**
  * A shell command as its approval shows it ({@link commandLines}): one line as it is; more with their numbers, a run of
@@ -12620,7 +12663,7 @@ export function unifiedDiff(before: string | undefined, after: string, name: str
  *  lines`; coloured when asked. */
 function renderDiff(lines: readonly string[], color: boolean, maxLines: number): string {
   const paint = (line: string): string => {
-    const text = shownExactly(line)
+    const text = collapseBlanks(shownExactly(line), DIFF_BLANK_RUN)
     if (!color) return text
     const code = line.startsWith('+++') || line.startsWith('---') ? '1' : line[0] === '+' ? '32' : line[0] === '-' ? '31' : line.startsWith('@@') ? '36' : ''
     return code ? `\x1b[${code}m${text}\x1b[0m` : text
@@ -12638,6 +12681,16 @@ function describeFileChange(path: string, before: Uint8Array | undefined, existe
   }
   const lines = unifiedDiff(existed ? new TextDecoder().decode(before) : undefined, after, path)
   return lines.length ? renderDiff(lines, color, maxLines) : `${shownExactly(path)}: no change\n`
+}
+
+/** A file change in full when {@link describeFileChange} at {@link DIFF_SHOWN_LINES} leaves part of it out: the
+ *  whole diff, or (binary, or replacing a file too large to keep) the new content with its controls as escapes. */
+function changeInFull(change: Extract<ToolChange, { tool: 'write_file' | 'edit_file' }>, color: boolean): string | undefined {
+  const { path, before, existed, after } = change
+  const binary = (before && hasNulByte(before)) || after.slice(0, TOOL_BINARY_SNIFF_BYTES).includes('\0')
+  if (binary || (existed && before === undefined)) return `${shownExactly(path)}, its new content:\n${shownExactly(after)}\n`
+  const lines = unifiedDiff(existed ? new TextDecoder().decode(before) : undefined, after, path)
+  return lines.length > DIFF_SHOWN_LINES ? renderDiff(lines, color, Infinity) : undefined
 }
 
 /**
@@ -12762,7 +12815,7 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
   const approved = (change: ToolChange): boolean => sources().some(({ approvals }) => approvals.tools.includes(change.tool)
     || (change.tool === 'shell' && approvals.commands.some((prefix) => commandMatches(change.command, prefix))))
   /** Asks until the answer is one of the choices; Enter is no. */
-  const ask = async (question: string, shell: boolean, signal: AbortSignal): Promise<'yes' | 'no' | 'tool' | 'prefix'> => {
+  const ask = async (question: string, shell: boolean, signal: AbortSignal, view?: string): Promise<'yes' | 'no' | 'tool' | 'prefix'> => {
     for (;;) {
       const answer = await o.terminal!.ask(question, signal)
       if (answer === undefined) throw new Error('cancelled')
@@ -12771,7 +12824,8 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
       if (a === '' || a === 'n' || a === 'no') return 'no'
       if (a === 'a' || a === 'always') return 'tool'
       if (shell && (a === 'p' || a === 'prefix')) return 'prefix'
-      say(`answer y (yes), n (no) or a (always for this tool)${shell ? ', or p (always for commands starting with the same words)' : ''}\n`)
+      if (view !== undefined && (a === 'v' || a === 'view')) { o.io.stderrRaw(view); continue }
+      say(`answer y (yes), n (no) or a (always for this tool)${shell ? ', or p (always for commands starting with the same words)' : ''}${view !== undefined ? ', or v (view all of it)' : ''}\n`)
     }
   }
 
@@ -12787,9 +12841,11 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
     const lines = shell ? commandLines(change.command) : []
     if (shell) say(shownCommand(lines))
     const prefix = shell ? commandPrefix(change.command) : ''
-    const question = shell ? `Run it${lines.length > 1 ? ` (all ${lines.length} lines above)` : ''}? [y]es / [n]o / [a]lways for shell / [p] always for "${shownExactly(prefix)} …": ` : `Apply this change to ${shownExactly(change.path)}? [y]es / [n]o / [a]lways for ${change.tool}: `
+    // what the diff above left out (lines past its cap, a binary or too large file's content) is one answer away
+    const view = change.tool === 'shell' ? undefined : changeInFull(change, o.color)
+    const question = shell ? `Run it${lines.length > 1 ? ` (all ${lines.length} lines above)` : ''}? [y]es / [n]o / [a]lways for shell / [p] always for "${shownExactly(prefix)} …": ` : `Apply this change to ${shownExactly(change.path)}${view !== undefined ? ' (not all of it is shown above)' : ''}? [y]es / [n]o / [a]lways for ${change.tool}${view !== undefined ? ' / [v]iew all of it' : ''}: `
     let answer: Awaited<ReturnType<typeof ask>>
-    try { answer = await ask(question, shell, signal) } catch { throw new Error(`${change.tool}: cancelled; ${shell ? 'the command was not run' : `${change.path} was not changed`}`) }
+    try { answer = await ask(question, shell, signal, view) } catch { throw new Error(`${change.tool}: cancelled; ${shell ? 'the command was not run' : `${change.path} was not changed`}`) }
     if (answer === 'no') throw new Error(`${change.tool}: declined by the user; ${shell ? 'the command was not run' : `${change.path} was not changed`}. Do not retry it as it is: ask the user what they want instead`)
     if (answer === 'tool') await remember('tools', change.tool)
     if (answer === 'prefix') await remember('commands', prefix)
@@ -12885,8 +12941,13 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
       // trust is of the file as it is now (CliProjectMemory.trustedSha256)
       let sha256: string | undefined
       if (verb === 'trust' && value === 'yes') {
-        try { sha256 = (await readCliConfig(`${o.dir}/${PROJECT_CONFIG_FILE}`, 'project'))?.sha256 } catch (err) { return `[dsh] /permissions: ${(err as Error).message}\n` }
-        if (sha256 === undefined) return `[dsh] /permissions: ${o.dir} has no ${PROJECT_CONFIG_FILE} to trust\n`
+        let found: CliConfigFile | undefined
+        try { found = await readCliConfig(`${o.dir}/${PROJECT_CONFIG_FILE}`, 'project') } catch (err) { return `[dsh] /permissions: ${(err as Error).message}\n` }
+        if (found?.sha256 === undefined) return `[dsh] /permissions: ${o.dir} has no ${PROJECT_CONFIG_FILE} to trust\n`
+        // the file as it is now is what gets trusted: it is shown and asked about, as at start
+        say(`${PROJECT_CONFIG_FILE} now sets:\n${describeConfig(found.config)}\n`)
+        if (!o.terminal || !(await o.terminal.askYesNo(`Trust it? [y/N] `))) return `[dsh] /permissions: ${PROJECT_CONFIG_FILE} not trusted\n`
+        sha256 = found.sha256
       }
       const problem = o.userFile ? await editUserConfig(o.userFile, (raw) => {
         const memory = projectMemory(raw, o.dir)

@@ -259,3 +259,53 @@ describe('the trust question keeps what matters most in view', () => {
       && e.message === `${file}: "approvals".commands holds 51 different command prefixes, over the 50 a list may have (a question about them would not fit a screen)`)
   })
 })
+
+// ── From a second pass over those fixes (round 4, session 12); each failed before ──
+
+describe('what an approval leaves out is one answer away, and nothing is invisible', () => {
+  test('a write whose diff passes the 40 shown lines, or a binary file, offers [v]iew; v shows the rest, escaped', { skip }, async () => {
+    const cwd = await tempDir()
+    const long = Array.from({ length: 100 }, (_, i) => (i === 69 ? 'touch PWNED_LINE70' : `echo step ${i}`)).join('\n') + '\n'
+    const calls = [{ name: 'write_file', arguments: { path: 'build.sh', content: long } }, { name: 'write_file', arguments: { path: 'setup.sh', content: 'touch PWNED_BIN\n#\0\n' } }]
+    let n = 0
+    const f = await fake((request) => request.body.messages.at(-1).role === 'tool' && n >= calls.length ? { text: 'done' } : { toolCalls: [calls[n++]] })
+    const run = await dshPtyDriven([...runFlags(f), '--no-shell', '--no-save'], cwd, CLEAN_ENV, [
+      { waitFor: PROMPT, send: 'go\r' }, { waitFor: '[v]iew all of it: ', send: 'v\r' }, { waitFor: 'PWNED_LINE70', send: '' },
+      { waitFor: '[v]iew all of it: ', send: 'n\r' }, { waitFor: '[v]iew all of it: ', send: 'v\r' }, { waitFor: 'setup.sh, its new content:', send: '' },
+      { waitFor: '[v]iew all of it: ', send: 'n\r' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(run.code, 0, run.stdout)
+    assert.match(run.stdout, /Apply this change to build\.sh \(not all of it is shown above\)\?/)
+    assert.ok(run.stdout.includes('touch PWNED_BIN\n#\\x00'), JSON.stringify(run.stdout.slice(-600)))
+  })
+
+  test('zero-width characters and Unicode spaces are escapes or counted blanks in a command\'s approval', { skip }, async () => {
+    const cwd = await tempDir()
+    const command = `rm -rf ./important #${(' '.repeat(16) + '\u200b').repeat(200)}${'\u00a0'.repeat(3000)}\u{e0049}\nls`
+    const f = await fake((request) => request.body.messages.at(-1).role === 'tool' ? { text: 'done' } : { toolCalls: [{ name: 'shell', arguments: { command } }] })
+    const run = await dshPtyDriven([...runFlags(f), '--allow-shell', '--no-sandbox', '--no-save'], cwd, CLEAN_ENV, [
+      { waitFor: PROMPT, send: 'go\r' }, { waitFor: 'Run it', send: 'n\r' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    const shown = run.stdout.slice(run.stdout.lastIndexOf('$ ', run.stdout.indexOf('Run it')), run.stdout.indexOf('Run it'))
+    assert.ok(shown.includes('\\u200b') && shown.includes('⟨3,000 blanks⟩') && shown.includes('\\u{e0049}'), JSON.stringify(shown.slice(0, 300)))
+    assert.ok(!shown.includes('\u200b') && !shown.includes('\u00a0'.repeat(17)), 'no raw invisible character or long run')
+  })
+
+  test('sandbox.read of more than 50 paths is refused; a boolean sandbox is shown nearest the question', () => {
+    const file = '/p/.dsh/config.json'
+    assert.throws(() => parseCliConfig(JSON.stringify({ sandbox: { read: Array.from({ length: 51 }, (_, i) => `~/.cache/t${i}`) } }), file, 'project'),
+      (e: Error) => e instanceof UsageError && /"sandbox"\.read holds 51 paths, over the 50 a list may have/.test(e.message))
+  })
+
+  test('/permissions trust yes shows the file as it is now and asks; "n" trusts nothing', { skip }, async () => {
+    const { dir, config, env } = await project({ model: 'm', approvals: { tools: ['shell'] }, sandbox: false })
+    const f = await fake(() => ({ text: 'ok' }))
+    const run = await dshPtyDriven([...runFlags(f), '--no-shell', '--no-save'], dir, env, [
+      { waitFor: '[y/N] ', send: 'n\r' }, { waitFor: PROMPT, send: '/permissions trust yes\r' },
+      { waitFor: 'Trust it? [y/N] ', send: 'n\r' }, { waitFor: 'not trusted', send: '' }, { waitFor: PROMPT, send: '/exit\r' },
+    ])
+    assert.equal(run.code, 0, run.stdout)
+    assert.match(run.stdout, /\.dsh\/config\.json now sets:\n  model m\n  approvals: tools that run without asking: shell\n  sandbox false\n/)
+    assert.equal(JSON.parse(await readFile(join(config, 'dsh', 'config.json'), 'utf8')).projects?.[dir]?.trusted, undefined)
+  })
+})
