@@ -6663,8 +6663,15 @@ function agentOptions(given: AgentOptions): AgentOptions {
     if ((options as unknown as Record<string, unknown>)[k] !== undefined)
       throw removedOption(REMOVED_OPTIONS.agent, 'new Agent', k)
   }
+  // a misspelt or invented option is refused, as the providers refuse theirs: ignored, it changed nothing silently
+  const unknown = Object.keys(options).find((k) => !AGENT_OPTION_NAMES.includes(k as keyof AgentOptions))
+  if (unknown !== undefined) throw new ConfigError(`new Agent: unknown option "${unknown}"; known options: `
+    + `${AGENT_OPTION_NAMES.join(', ')} (warnings arrive through onEvent as {type: 'warning'})`)
   return options
 }
+/** The keys of {@link AgentOptions}. */
+const AGENT_OPTION_NAMES: readonly (keyof AgentOptions)[] = ['session', 'provider', 'tools', 'system',
+  'summaryInstruction', 'summarizer', 'compaction', 'prune', 'maxSteps', 'recall', 'maxCostUSD', 'onEvent']
 
 /**
  * The agent loop (docs/design.md §7). A turn is one user input until the model stops calling tools; a

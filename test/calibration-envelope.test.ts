@@ -38,8 +38,7 @@ function tokenizer(envelopeRatio: number, messagesRatio = 1, sent: { purpose: st
  *  (28,032 of its 32,000 tokens), after one turn; `sent`: every request's count. */
 async function underFourTimes(sent: { purpose: string; count: number }[] = []) {
   const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider: tokenizer(4, 1, sent), system: 's'.repeat(28_000), recall: false,
-    warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  const agent = new Agent({ session, provider: tokenizer(4, 1, sent), system: 's'.repeat(28_000), recall: false } as ConstructorParameters<typeof Agent>[0])
   assert.equal((await agent.run('hello')).reason, 'stop')
   return { session, agent, sent }
 }
@@ -55,8 +54,7 @@ test('calibration: the usage of an envelope-heavy summary request is no ratio sa
   // "(7,008 + 2,008) × 3.78 = 34,100 tokens".
   const sent: { purpose: string; count: number }[] = []
   const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider: tokenizer(4, 1, sent), system: 's'.repeat(28_000), recall: false,
-    warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  const agent = new Agent({ session, provider: tokenizer(4, 1, sent), system: 's'.repeat(28_000), recall: false } as ConstructorParameters<typeof Agent>[0])
   for (let i = 0; i < 3; i++) assert.equal((await agent.run('hello ' + 'h'.repeat(1200 * i))).reason, 'stop')
   assert.ok(sent.some((s) => s.purpose === 'compaction'), 'a summary request was made')
   const m = session.measure()
@@ -141,9 +139,8 @@ test('calibration: messages counted at 1.5x under a 1x envelope of 70% of the wi
         finishReason: 'tool-calls', usage }
     } } as unknown as Provider
   const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider, system: 's'.repeat(28_000), recall: false, warn: () => {},
-    tools: [{ name: 't', description: 'd', parameters: { type: 'object', properties: {} }, execute: () => 'r'.repeat(1500) }],
-  } as ConstructorParameters<typeof Agent>[0])
+  const agent = new Agent({ session, provider, system: 's'.repeat(28_000), recall: false,
+    tools: [{ name: 't', description: 'd', parameters: { type: 'object', properties: {} }, execute: () => 'r'.repeat(1500) }] } as ConstructorParameters<typeof Agent>[0])
   const outcomes: string[] = []
   for (let i = 0; i < 4; i++) {
     outcomes.push(await agent.run(`USER-${i} please handle item ${i}`).then((r) => (r as { error?: Error }).error?.message ?? r.reason,
@@ -191,7 +188,7 @@ test('calibration: a summary request sent without the tool specs does not wipe t
   const sent: { purpose: string; count: number }[] = []
   const session = await Session.open(new MemoryStore())
   const agent = new Agent({ session, provider: tokenizer(2, 1, sent), system: 's'.repeat(8000), tools: tools(30),
-    recall: false, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+    recall: false } as ConstructorParameters<typeof Agent>[0])
   for (let i = 0; i < 6; i++) await agent.run('hello ' + 'h'.repeat(1500 * i))
   const m = session.measure()
   const re = m.calibration + m.calibrationOffsetTokens / m.envelopeTokens
@@ -211,9 +208,9 @@ test('calibration: ratio samples of an earlier small envelope (same model) do no
   const sent: { purpose: string; count: number }[] = []
   const session = await Session.open(new MemoryStore())
   const provider = tokenizer(4, 1, sent)
-  const first = new Agent({ session, provider, system: 'sys', recall: false, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  const first = new Agent({ session, provider, system: 'sys', recall: false } as ConstructorParameters<typeof Agent>[0])
   for (let i = 0; i < 3; i++) assert.equal((await first.run('w '.repeat(800))).reason, 'stop')
-  const agent = new Agent({ session, provider, system: 's'.repeat(28_000), recall: false, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  const agent = new Agent({ session, provider, system: 's'.repeat(28_000), recall: false } as ConstructorParameters<typeof Agent>[0])
   for (let i = 0; i < 2; i++) assert.equal((await agent.run('hello')).reason, 'stop')
   const n = sent.length
   const said = await outcome(agent.run('w '.repeat(9_000)))

@@ -79,7 +79,7 @@ test('count: a Provider whose countTokens answers no token count (NaN, -5, "1200
       complete: async () => ({ message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }),
       countTokens: async () => count as number } as Provider
     const session = await Session.open(new MemoryStore())
-    await new Agent({ session, provider, warn: () => {} } as ConstructorParameters<typeof Agent>[0]).run('x'.repeat(36_000))
+    await new Agent({ session, provider } as ConstructorParameters<typeof Agent>[0]).run('x'.repeat(36_000))
     for (const e of session.events) {
       const sample = (e.data as { sample?: { providerTokens: unknown; source: string } }).sample
       if (e.type === 'ladder/state' && sample?.source === 'count') logged.push(sample.providerTokens)
@@ -111,7 +111,7 @@ test('count: a summary request\'s countTokens answer that is no token count ("99
           : { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' },
     } as unknown as Provider
     const session = await Session.open(new MemoryStore())
-    const agent = new Agent({ session, provider, system: 'sys', recall: false, warn: () => {}, compaction: { clear: false },
+    const agent = new Agent({ session, provider, system: 'sys', recall: false, compaction: { clear: false },
       tools: [resultTool(7_000)] } as ConstructorParameters<typeof Agent>[0])
     await agent.run('go')
     assert.ok(session.events.some((e) => e.type === 'compaction/summary'), `a summary was made (count ${answer})`)
@@ -140,7 +140,7 @@ test('count: a countTokens that answers a plain number, or throws at once, disab
     } as unknown as Provider
     const session = await Session.open(new MemoryStore())
     const agent = new Agent({ session, provider, summarizer: { ...shortSummarizer(10_000), countTokens: count } as unknown as Provider,
-      system: 'sys', recall: false, warn: () => {}, compaction: { clear: false }, tools: [resultTool(7_000)] } as ConstructorParameters<typeof Agent>[0])
+      system: 'sys', recall: false, compaction: { clear: false }, tools: [resultTool(7_000)] } as ConstructorParameters<typeof Agent>[0])
     await agent.run('go')
     const failures = session.events.filter((e) => e.type === 'compaction/end' && (e.data as { error?: string }).error)
       .map((e) => (e.data as { error: string }).error)

@@ -618,7 +618,7 @@ test('cap: a server that answers 200 and then sends nothing (keep-alives only) u
   // the turn fails, but the server ran the prompt: §11 counts a request that answered 200.
   const provider = stalledProvider([': keep-alive\n\n'], () => {}, { idleTimeoutMs: 100 })
   const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider, maxCostUSD: 1, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  const agent = new Agent({ session, provider, maxCostUSD: 1 } as ConstructorParameters<typeof Agent>[0])
   await assert.rejects(agent.run('x'.repeat(40_000)), { name: 'ProviderError', code: 'TIMEOUT' })
   const errors = session.events.filter((e) => e.type === 'request/error') as SessionEvent<'request/error'>[]
   assert.equal(errors.at(-1)?.data.code, 'TIMEOUT')
@@ -655,7 +655,7 @@ test('cap: maxCostUSD {turn, session} is read once: a getter that passes the che
       return { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' } },
   } as Provider
   const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider, maxCostUSD: cap, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+  const agent = new Agent({ session, provider, maxCostUSD: cap } as ConstructorParameters<typeof Agent>[0])
   const result = await agent.run('x'.repeat(4_000))
   // A 1,000-token request at $0.15 per million costs $0.00015, past the $0.000000001 cap that was checked.
   assert.deepEqual([result.reason, requests], ['budget', 0])
@@ -703,7 +703,7 @@ test('cap: a custom Provider whose prices getter answers zeros once maxCostUSD i
   const state = { changed: false }
   const session = await Session.open(new MemoryStore())
   const agent = new Agent({ session, provider: changingPrices(state, { cacheHitInput: 0, cacheMissInput: 0, output: 0 }),
-    maxCostUSD: { session: 0.004 }, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+    maxCostUSD: { session: 0.004 } } as ConstructorParameters<typeof Agent>[0])
   state.changed = true
   const reasons: string[] = []
   for (let i = 0; i < 5; i++) reasons.push((await agent.run('x'.repeat(40_000))).reason)
@@ -719,7 +719,7 @@ test('cap: a custom Provider whose prices turn NaN mid-session ends the turn wit
   const state = { changed: false }
   const session = await Session.open(new MemoryStore())
   const agent = new Agent({ session, provider: changingPrices(state, { cacheHitInput: NaN, cacheMissInput: NaN, output: NaN }),
-    maxCostUSD: { session: 1 }, warn: () => {} } as ConstructorParameters<typeof Agent>[0])
+    maxCostUSD: { session: 1 } } as ConstructorParameters<typeof Agent>[0])
   state.changed = true
   let thrown: unknown
   try { await agent.run('hello') } catch (e) { thrown = e }

@@ -12,7 +12,7 @@ import type { AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { builtinTools, FileStore, MemoryStore, openAICompatible, Session, SessionError, type Tool } from '../dsh.ts'
+import { Agent, builtinTools, FileStore, MemoryStore, openAICompatible, Session, SessionError, type Tool } from '../dsh.ts'
 import { CLEAN_ENV, dshPtyDriven, fake, skipWithoutPty, tempDir as cliTempDir } from './cli-helpers.ts'
 import { tuned, type Tuning } from './tuning.ts'
 
@@ -188,4 +188,13 @@ test('a request/header whose system is no text, tools no list or window no count
   }
   session.append('request/header', { model: 'm', baseURL: 'http://x/v1', system: 'be brief', contextWindow: 8000 })
   assert.ok(Number.isFinite(session.measure().heuristicTokens))
+})
+
+test('new Agent refuses an option it does not know (warn: ignored before, so a misspelt option changed nothing silently)', async () => {
+  const session = await Session.open(new MemoryStore())
+  const provider = openAICompatible({ baseURL: 'http://127.0.0.1:9/v1', model: 'm', contextWindow: 8000 })
+  assert.throws(() => new Agent({ session, provider, warn: () => {} } as any), (e: Error) => e.name === 'ConfigError'
+    && /^new Agent: unknown option "warn"; known options: session, provider, tools, system,/.test(e.message))
+  assert.throws(() => new Agent({ session, provider, maxStep: 3 } as any), /unknown option "maxStep"/)
+  assert.doesNotThrow(() => new Agent({ session, provider, maxSteps: 3 }))
 })

@@ -401,7 +401,7 @@ describe('oversized non-tool messages', () => {
     const session = await Session.open(new MemoryStore())
     const steering = 'STEER ' + 'x'.repeat(9_000)
     const agent: Agent = new Agent({ session, provider, summarizer: shortSummarizer(10_000), system: 's'.repeat(24_000),
-      recall: false, warn: () => {}, tools: [{ ...resultTool(1_200), execute: () => { if (k === 1) agent.steer(steering)
+      recall: false, tools: [{ ...resultTool(1_200), execute: () => { if (k === 1) agent.steer(steering)
         return 'r'.repeat(1_200) } }] } as ConstructorParameters<typeof Agent>[0])
     await agent.run('task')
     const first = seen.find((s) => s.steer !== undefined)

@@ -27,7 +27,7 @@ async function roomSession(systemChars: number, turns: number): Promise<{ sessio
   const sizes: number[] = []
   const session = await Session.open(new MemoryStore())
   const agent = new Agent({ session, provider: toolOncePerTurn(10_000, sizes), summarizer: shortSummarizer(10_000),
-    system: 's'.repeat(systemChars), recall: false, warn: () => {}, tools: [resultTool(2_000)] } as ConstructorParameters<typeof Agent>[0])
+    system: 's'.repeat(systemChars), recall: false, tools: [resultTool(2_000)] } as ConstructorParameters<typeof Agent>[0])
   for (let i = 0; i < turns; i++) await agent.run(words(i))
   return { session, sizes }
 }
@@ -101,7 +101,7 @@ test('room: with a large envelope usage calibrates the envelope and the messages
         finishReason: 'stop', usage: { promptTokens: n, completionTokens: 12 } }
     } } as unknown as Provider
   const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider, summarizer, system: 's'.repeat(44_000), recall: false, warn: () => {},
+  const agent = new Agent({ session, provider, summarizer, system: 's'.repeat(44_000), recall: false,
     compaction: { clear: false }, tools: [resultTool(8_000)] } as ConstructorParameters<typeof Agent>[0])
   await agent.run('task '.repeat(50))
   assert.deepEqual(over, [], 'no conversation request over the window')
@@ -158,7 +158,7 @@ test('room: the recall tool is offered when its spec takes the room a large enve
       } } as unknown as Provider
     const session = await Session.open(new MemoryStore())
     const agent = new Agent({ session, provider, summarizer: shortSummarizer(W), system: 's'.repeat(38_400), recall,
-      warn: () => {}, tools: [resultTool(2_000)] } as ConstructorParameters<typeof Agent>[0])
+      tools: [resultTool(2_000)] } as ConstructorParameters<typeof Agent>[0])
     try { return (await agent.run('task '.repeat(50))).reason } catch (e) { return `${(e as Error).name} ${(e as { code?: string }).code}` }
   }
   assert.equal(await outcome(false), 'stop')
