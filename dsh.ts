@@ -9195,21 +9195,18 @@ type ParsedTranscript =
 
 const isJsonRecord = (v: unknown): v is TranscriptRecord => typeof v === 'object' && v !== null && !Array.isArray(v)
 
-/** Deepest nesting of arrays and objects replay reads (real transcripts nest a few dozen levels). */
-const TRANSCRIPT_MAX_NESTING = MAX_NESTING_LEVELS
-
-/** Refuses a parsed value nested deeper than {@link TRANSCRIPT_MAX_NESTING} (an explicit stack: the
+/** Refuses a parsed value nested deeper than {@link MAX_NESTING_LEVELS} (an explicit stack: the
  *  walk itself cannot overflow). `text` is what was parsed, `line` its first line (to name the deep one). */
 function refuseDeepNesting(value: unknown, text: string, line = 1): void {
-  if (typeof value === 'object' && value !== null && nestedDeeperThan(value, TRANSCRIPT_MAX_NESTING)) {
-    let at = 0 // the bracket that opens level TRANSCRIPT_MAX_NESTING + 1, outside strings
+  if (typeof value === 'object' && value !== null && nestedDeeperThan(value, MAX_NESTING_LEVELS)) {
+    let at = 0 // the bracket that opens level MAX_NESTING_LEVELS + 1, outside strings
     for (let d = 0, i = 0; i < text.length; i++) {
       const c = text[i]
       if (c === '"') { for (i++; i < text.length && text[i] !== '"'; i++) if (text[i] === '\\') i++ }
-      else if (c === '[' || c === '{') { if (++d > TRANSCRIPT_MAX_NESTING) { at = i; break } }
+      else if (c === '[' || c === '{') { if (++d > MAX_NESTING_LEVELS) { at = i; break } }
       else if (c === ']' || c === '}') d--
     }
-    throw new TranscriptError(`arrays and objects nested more than ${TRANSCRIPT_MAX_NESTING} levels deep; replay reads at most ${TRANSCRIPT_MAX_NESTING} levels (transcripts nest a few dozen): flatten that value or remove it`, { line: line + lineNumberAt(text, at) - 1 })
+    throw new TranscriptError(`arrays and objects nested more than ${MAX_NESTING_LEVELS} levels deep; replay reads at most ${MAX_NESTING_LEVELS} levels (transcripts nest a few dozen): flatten that value or remove it`, { line: line + lineNumberAt(text, at) - 1 })
   }
 }
 
@@ -9650,11 +9647,11 @@ function readToolSpecs(tools: unknown, field: string, line?: number): ToolSpec[]
 
 // ── mini-swe-agent ──
 
-/** mini-swe-agent 1.x's default `action_regex` (DOTALL): the command is the one ```bash block. */
 /**
- * The ```` ```bash ```` blocks of a mini-swe-agent answer, at most `max`, as the RegExp ``/```bash\s*\n([\s\S]*?)\n```/g``
- * finds them (test/replay-formats.test.ts checks that), but in linear time: that RegExp, on an answer of many unclosed
- * fences, searched to the end from each one (a 900 KB answer took 15 s).
+ * The ```` ```bash ```` blocks of a mini-swe-agent answer (its command is the one block), at most `max`, as mini-swe-agent
+ * 1.x's default `action_regex` ``/```bash\s*\n([\s\S]*?)\n```/g`` finds them (test/replay-formats.test.ts checks that),
+ * but in linear time: that RegExp, on an answer of many unclosed fences, searched to the end from each one (a 900 KB
+ * answer took 15 s).
  */
 function bashBlocks(content: string, max: number): { index: number; end: number; command: string }[] {
   const out: { index: number; end: number; command: string }[] = []
@@ -12243,6 +12240,10 @@ function shownValue(value: unknown): string {
 const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/
 /** The most entries an approvals list or `sandbox.read` may have, so that the trust question can still show them. */
 const APPROVALS_MAX_ITEMS = 50
+/** A list setting of `count` entries (`what`) over {@link APPROVALS_MAX_ITEMS} is a UsageError naming `where`. */
+function refuseLongList(where: string, count: number, what: string): void {
+  if (count > APPROVALS_MAX_ITEMS) throw new UsageError(`${where} holds ${count} ${what}, over the ${APPROVALS_MAX_ITEMS} a list may have (a question about them would not fit a screen)`)
+}
 /** The longest text setting, UTF-16 units: a longer one would scroll the rest of the trust question off the screen. */
 const SETTING_MAX_UNITS = 300
 
@@ -12257,7 +12258,7 @@ function configApprovals(value: unknown, where: string): CliApprovals {
     const items = value[key] ?? []
     if (!Array.isArray(items) || !items.every(settingText)) throw new UsageError(`${where}.${key} must be a list of ${key === 'tools' ? 'tool names' : 'command prefixes'}, got ${shownValue(items)}`)
     const distinct = [...new Set(items)]
-    if (distinct.length > APPROVALS_MAX_ITEMS) throw new UsageError(`${where}.${key} holds ${distinct.length} different ${key === 'tools' ? 'tool names' : 'command prefixes'}, over the ${APPROVALS_MAX_ITEMS} a list may have (a question about them would not fit a screen)`)
+    refuseLongList(`${where}.${key}`, distinct.length, `different ${key === 'tools' ? 'tool names' : 'command prefixes'}`)
     return distinct
   }
   const tools = list('tools')
@@ -12305,7 +12306,7 @@ export function parseCliConfig(text: string, file: string, scope: 'user' | 'proj
         }
         if (value.allowNetwork !== undefined && typeof value.allowNetwork !== 'boolean') throw bad('sandbox.allowNetwork', 'true or false', value.allowNetwork)
         if (value.read !== undefined && !(Array.isArray(value.read) && value.read.every(settingText))) throw bad('sandbox.read', 'an array of paths', value.read)
-        if (Array.isArray(value.read) && value.read.length > APPROVALS_MAX_ITEMS) throw new UsageError(`${file}: "sandbox".read holds ${value.read.length} paths, over the ${APPROVALS_MAX_ITEMS} a list may have (a question about them would not fit a screen)`)
+        if (Array.isArray(value.read)) refuseLongList(`${file}: "sandbox".read`, value.read.length, 'paths')
       }
       out.sandbox = value
     } else if (key === 'projects') {
@@ -12396,16 +12397,16 @@ function projectMemory(raw: Record<string, any>, dir: string): Record<string, an
 /** The settings of a project config in a few lines, for the trust question. */
 function describeConfig(config: CliConfig): string {
   const lines: string[] = []
-  if (config.model) lines.push(`  model ${config.model}`)
+  if (config.model) lines.push(`  model ${shownExactly(config.model)}`)
   if (config.contextWindow) lines.push(`  contextWindow ${groupDigits(config.contextWindow)} tokens`)
   if (config.prices) lines.push(`  prices ${config.prices.cacheHitInput},${config.prices.cacheMissInput},${config.prices.output} USD per million tokens`)
   // the long lists first, then what matters most nearest the question: a long list cannot scroll those away
-  if (isRecord(config.sandbox)) lines.push(`  sandbox ${JSON.stringify(config.sandbox)}`)
-  if (config.approvals?.commands.length) lines.push(`  approvals: commands run without asking when they start with ${config.approvals.commands.map((c) => `"${c}"`).join(', ')}`)
+  if (isRecord(config.sandbox)) lines.push(`  sandbox ${shownExactly(JSON.stringify(config.sandbox))}`)
+  if (config.approvals?.commands.length) lines.push(`  approvals: commands run without asking when they start with ${config.approvals.commands.map((c) => `"${shownExactly(c)}"`).join(', ')}`)
   if (config.approvals) lines.push(`  approvals: tools that run without asking: ${config.approvals.tools.join(', ') || 'none'}`)
   if (typeof config.sandbox === 'boolean') lines.push(`  sandbox ${config.sandbox}`)
   // last, right above the question: where the conversation and the key go
-  if (config.baseURL) lines.push(`  baseURL ${config.baseURL}  (model requests, with your API key if one is set, go there)`)
+  if (config.baseURL) lines.push(`  baseURL ${shownExactly(config.baseURL)}  (model requests, with your API key if one is set, go there)`)
   return lines.join('\n') || '  (no settings)'
 }
 
@@ -12534,14 +12535,17 @@ async function shellPermission(options: CliRunOptions, cwd: string, env: Record<
  *  run pushes the rest away); in a diff, where indentation is legitimate, beyond {@link DIFF_BLANK_RUN}. */
 const APPROVAL_BLANK_RUN = 16
 const DIFF_BLANK_RUN = 80
+/** A run of more than `max` blanks (no line feed), compiled once per limit. */
+const blankRun = (max: number): RegExp => new RegExp(`[^\\S\\n]{${max + 1},}`, 'g')
+const APPROVAL_BLANKS = /* @__PURE__ */ blankRun(APPROVAL_BLANK_RUN), DIFF_BLANKS = /* @__PURE__ */ blankRun(DIFF_BLANK_RUN)
 
-/** `text` with each run of more than `max` blanks (no line feed) as `⟨N blanks⟩`. */
-const collapseBlanks = (text: string, max: number): string =>
-  text.replace(new RegExp(`[^\\S\\n]{${max + 1},}`, 'g'), (run) => ` ⟨${groupDigits(run.length)} blanks⟩ `)
+/** `text` with each run that `blanks` matches as `⟨N blanks⟩`. */
+const collapseBlanks = (text: string, blanks: RegExp): string =>
+  text.replace(blanks, (run) => ` ⟨${groupDigits(run.length)} blanks⟩ `)
 
 /** A shell command's lines as its approval shows them: {@link shownExactly}, a long run of blanks as `⟨N blanks⟩`. */
 const commandLines = (command: string): string[] =>
-  shownExactly(command).split('\n').map((line) => collapseBlanks(line, APPROVAL_BLANK_RUN))
+  shownExactly(command).split('\n').map((line) => collapseBlanks(line, APPROVAL_BLANKS))
 
 /**
  * A shell command as its approval shows it ({@link commandLines}): one line as it is; more with their numbers, a run of
@@ -12670,7 +12674,7 @@ export function unifiedDiff(before: string | undefined, after: string, name: str
  *  lines`; coloured when asked. */
 function renderDiff(lines: readonly string[], color: boolean, maxLines: number): string {
   const paint = (line: string): string => {
-    const text = collapseBlanks(shownExactly(line), DIFF_BLANK_RUN)
+    const text = collapseBlanks(shownExactly(line), DIFF_BLANKS)
     if (!color) return text
     const code = line.startsWith('+++') || line.startsWith('---') ? '1' : line[0] === '+' ? '32' : line[0] === '-' ? '31' : line.startsWith('@@') ? '36' : ''
     return code ? `\x1b[${code}m${text}\x1b[0m` : text
@@ -12680,24 +12684,21 @@ function renderDiff(lines: readonly string[], color: boolean, maxLines: number):
   return shown.length ? shown.join('\n') + '\n' : ''
 }
 
-/** What a file change does, as the terminal shows it: its diff, or one line for a binary or an unshown file. */
-function describeFileChange(path: string, before: Uint8Array | undefined, existed: boolean, after: string, color: boolean, maxLines: number): string {
-  if (existed && before === undefined) return `${shownExactly(path)}: replaces a file too large to show (${groupDigits(utf8Length(after))} bytes after)\n`
+/**
+ * What a file change does, as the terminal shows it: its diff (at most `maxLines`), or one line for a binary file or one
+ * too large to show; and `whole`, when that leaves part of it out: the whole diff, or the new content with its controls
+ * as escapes (an approval offers it: a payload past the shown lines was approved unseen).
+ */
+function fileChangeViews(path: string, before: Uint8Array | undefined, existed: boolean, after: string, color: boolean,
+  maxLines: number): { shown: string; whole?: () => string } {
+  const content = (): string => `${shownExactly(path)}, its new content:\n${shownExactly(after)}\n`
+  if (existed && before === undefined) return { shown: `${shownExactly(path)}: replaces a file too large to show (${groupDigits(utf8Length(after))} bytes after)\n`, whole: content }
   if ((before && hasNulByte(before)) || after.slice(0, TOOL_BINARY_SNIFF_BYTES).includes('\0')) {
-    return `${shownExactly(path)}: binary content, ${existed ? `${groupDigits(before!.length)} → ` : 'new, '}${groupDigits(utf8Length(after))} bytes\n`
+    return { shown: `${shownExactly(path)}: binary content, ${existed ? `${groupDigits(before!.length)} → ` : 'new, '}${groupDigits(utf8Length(after))} bytes\n`, whole: content }
   }
   const lines = unifiedDiff(existed ? new TextDecoder().decode(before) : undefined, after, path)
-  return lines.length ? renderDiff(lines, color, maxLines) : `${shownExactly(path)}: no change\n`
-}
-
-/** A file change in full when {@link describeFileChange} at {@link DIFF_SHOWN_LINES} leaves part of it out: the
- *  whole diff, or (binary, or replacing a file too large to keep) the new content with its controls as escapes. */
-function changeInFull(change: Extract<ToolChange, { tool: 'write_file' | 'edit_file' }>, color: boolean): string | undefined {
-  const { path, before, existed, after } = change
-  const binary = (before && hasNulByte(before)) || after.slice(0, TOOL_BINARY_SNIFF_BYTES).includes('\0')
-  if (binary || (existed && before === undefined)) return `${shownExactly(path)}, its new content:\n${shownExactly(after)}\n`
-  const lines = unifiedDiff(existed ? new TextDecoder().decode(before) : undefined, after, path)
-  return lines.length > DIFF_SHOWN_LINES ? renderDiff(lines, color, Infinity) : undefined
+  if (lines.length === 0) return { shown: `${shownExactly(path)}: no change\n` }
+  return { shown: renderDiff(lines, color, maxLines), ...(lines.length > maxLines ? { whole: () => renderDiff(lines, color, Infinity) } : {}) }
 }
 
 /**
@@ -12822,7 +12823,7 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
   const approved = (change: ToolChange): boolean => sources().some(({ approvals }) => approvals.tools.includes(change.tool)
     || (change.tool === 'shell' && approvals.commands.some((prefix) => commandMatches(change.command, prefix))))
   /** Asks until the answer is one of the choices; Enter is no. */
-  const ask = async (question: string, shell: boolean, signal: AbortSignal, view?: string): Promise<'yes' | 'no' | 'tool' | 'prefix'> => {
+  const ask = async (question: string, shell: boolean, signal: AbortSignal, view?: () => string): Promise<'yes' | 'no' | 'tool' | 'prefix'> => {
     for (;;) {
       const answer = await o.terminal!.ask(question, signal)
       if (answer === undefined) throw new Error('cancelled')
@@ -12831,7 +12832,7 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
       if (a === '' || a === 'n' || a === 'no') return 'no'
       if (a === 'a' || a === 'always') return 'tool'
       if (shell && (a === 'p' || a === 'prefix')) return 'prefix'
-      if (view !== undefined && (a === 'v' || a === 'view')) { o.io.stderrRaw(view); continue }
+      if (view !== undefined && (a === 'v' || a === 'view')) { o.io.stderrRaw(view()); continue }
       say(`answer y (yes), n (no) or a (always for this tool)${shell ? ', or p (always for commands starting with the same words)' : ''}${view !== undefined ? ', or v (view all of it)' : ''}\n`)
     }
   }
@@ -12839,7 +12840,8 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
   const beforeChange = async (change: ToolChange, signal: AbortSignal): Promise<void> => {
     const shell = change.tool === 'shell'
     o.endLine?.()
-    if (!shell && !o.quiet) o.io.stderrRaw(describeFileChange(change.path, change.before, change.existed, change.after, o.color, DIFF_SHOWN_LINES))
+    const views = change.tool === 'shell' ? undefined : fileChangeViews(change.path, change.before, change.existed, change.after, o.color, DIFF_SHOWN_LINES)
+    if (views && !o.quiet) o.io.stderrRaw(views.shown)
     if (o.yes || approved(change)) return
     if (!o.terminal) {
       if (!shell || o.allowShell) return // a one-shot run: today's rules (file tools inside the project; shell with --allow-shell)
@@ -12849,7 +12851,7 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
     if (shell) say(shownCommand(lines))
     const prefix = shell ? commandPrefix(change.command) : ''
     // what the diff above left out (lines past its cap, a binary or too large file's content) is one answer away
-    const view = change.tool === 'shell' ? undefined : changeInFull(change, o.color)
+    const view = views?.whole
     const question = shell ? `Run it${lines.length > 1 ? ` (all ${lines.length} lines above)` : ''}? [y]es / [n]o / [a]lways for shell / [p] always for "${shownExactly(prefix)} …": ` : `Apply this change to ${shownExactly(change.path)}${view !== undefined ? ' (not all of it is shown above)' : ''}? [y]es / [n]o / [a]lways for ${change.tool}${view !== undefined ? ' / [v]iew all of it' : ''}: `
     let answer: Awaited<ReturnType<typeof ask>>
     try { answer = await ask(question, shell, signal, view) } catch { throw new Error(`${change.tool}: cancelled; ${shell ? 'the command was not run' : `${change.path} was not changed`}`) }
@@ -12923,7 +12925,7 @@ async function changeDesk(o: ChangeDeskOptions): Promise<{
       let now: Uint8Array | undefined
       try { now = await currentBytes(file) } catch (err) { out.push(`${stripControls(first.path)}: cannot be read (${(err as Error).message})\n`); continue }
       if (now === undefined) { out.push(`${stripControls(first.path)}: deleted since\n`); continue }
-      out.push(describeFileChange(first.path, first.before, first.existed, new TextDecoder().decode(now), o.color, DIFF_COMMAND_LINES))
+      out.push(fileChangeViews(first.path, first.before, first.existed, new TextDecoder().decode(now), o.color, DIFF_COMMAND_LINES).shown)
     }
     return out.join('')
   }

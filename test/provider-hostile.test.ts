@@ -205,32 +205,30 @@ test('B10 a non-streamed answer (server ignored stream: true) with two tool call
 })
 
 // ── 5. A whole answer, then the connection is held open ─────────────────────────────────
-test('B11 openAI: text, finish_reason and usage arrive, then the server holds the connection open: the whole answer is returned, not TIMEOUT', async () => {
-  const srv = await serve((_q, res) => {
-    res.writeHead(200, { 'content-type': 'text/event-stream' })
-    res.write('data: {"choices":[{"index":0,"delta":{"content":"done."}}]}\n\n')
-    res.write('data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n')
-    // no [DONE], no end: the relay keeps the socket
+// B11 (OpenAI) and B12 (Anthropic): the answer and its finish reason arrive, then neither the end marker (`[DONE]`,
+// `message_stop`) nor the end of the stream: the relay keeps the socket. The whole answer is returned, not TIMEOUT.
+const HELD_OPEN: [string, typeof oa, string[]][] = [
+  ['B11 openAI: text, finish_reason and usage arrive', oa, [
+    'data: {"choices":[{"index":0,"delta":{"content":"done."}}]}',
+    'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}']],
+  ['B12 anthropic: message_delta with stop_reason arrives, message_stop never does', an, [
+    'event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":5}}}',
+    'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":"done."}}',
+    'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}']],
+]
+for (const [name, make, events] of HELD_OPEN) {
+  test(`${name}, then the server holds the connection open: the whole answer is returned, not TIMEOUT`, async () => {
+    const srv = await serve((_q, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      for (const e of events) res.write(`${e}\n\n`)
+    })
+    try {
+      const r = await make(srv.url, { ...fast, idleTimeoutMs: 300, maxRetries: 0 }).complete({ messages: HI }).catch((e) => e)
+      assert.ok(!(r instanceof Error), `failed: ${(r as Error).message}`)
+      assert.equal((r as { finishReason: string }).finishReason, 'stop') // end_turn is the adapter's stop
+    } finally { await srv.close() }
   })
-  try {
-    const r = await oa(srv.url, { ...fast, idleTimeoutMs: 300, maxRetries: 0 }).complete({ messages: HI }).catch((e) => e)
-    assert.ok(!(r instanceof Error), `failed: ${(r as Error).message}`)
-    assert.equal((r as { finishReason: string }).finishReason, 'stop')
-  } finally { await srv.close() }
-})
-
-test('B12 anthropic: message_delta with stop_reason arrives, message_stop never does and the socket stays open: the answer is returned', async () => {
-  const srv = await serve((_q, res) => {
-    res.writeHead(200, { 'content-type': 'text/event-stream' })
-    res.write('event: message_start\ndata: {"type":"message_start","message":{"id":"m","usage":{"input_tokens":5}}}\n\n')
-    res.write('event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":"done."}}\n\n')
-    res.write('event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}\n\n')
-  })
-  try {
-    const r = await an(srv.url, { ...fast, idleTimeoutMs: 300, maxRetries: 0 }).complete({ messages: HI }).catch((e) => e)
-    assert.ok(!(r instanceof Error), `failed: ${(r as Error).message}`)
-  } finally { await srv.close() }
-})
+}
 
 // ── 6. Retry-After and resets (these held) ────────────────────────────────────────────
 test('B13 Retry-After: 99999999 and retry-after-ms: 1e30-ish are capped at the backoff cap; a 429 loop ends after 5 retries (holds)', async () => {
