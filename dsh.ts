@@ -939,7 +939,7 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
  * message wrapping the upstream JSON), an SSE excerpt, plain text, or empty.
  *
  * Order: 429 or rate-limit wording → RATE_LIMIT (a rate limit is never an overflow, whatever it
- * says about tokens); a message that states a prompt or input size in tokens above a limit it names, in
+ * says about tokens; a 429 in balance or quota wording and none of a rate limit is QUOTA); a message that states a prompt or input size in tokens above a limit it names, in
  * any wording (the shape of {@link overflowCounts}: Gemini, xAI, Cohere, DeepSeek, OpenAI, Anthropic …),
  * or an overflow wording without counts (Groq, llama.cpp, LM Studio, Ollama, Moonshot, Qwen, GLM, TGI) →
  * CONTEXT_WINDOW_EXCEEDED (also on a 5xx: proxies wrap overflows); 402 or balance wording → QUOTA;
@@ -1048,7 +1048,9 @@ function statesOverflow(text: string): boolean {
 function codeOfErrorBody(status: number | undefined, info: ErrorBodyInfo): ProviderErrorCode {
   const s = isErrorStatus(status) ? status : info.status
   const h = info.haystack
-  if (s === 429 || RATE_LIMIT_RE.test(h)) return 'RATE_LIMIT'
+  // OpenAI's 429 `insufficient_quota` ("check your plan and billing details") is no rate limit: waiting never helps
+  if (s === 429 || RATE_LIMIT_RE.test(h)) return s === 429 && QUOTA_RE.test(h) && !RATE_LIMIT_RE.test(h) ? 'QUOTA'
+    : 'RATE_LIMIT'
   if (OVERFLOW_PATTERNS.some((re) => re.test(h)) || statesOverflow(h)) return 'CONTEXT_WINDOW_EXCEEDED'
   if (s === 402 || QUOTA_RE.test(h)) return 'QUOTA'
   if (s === 401 || s === 403) return 'AUTH'

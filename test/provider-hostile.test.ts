@@ -258,3 +258,19 @@ test('B14 a reset after some text: TRANSPORT with the partial, not retried by th
     assert.equal(srv.hits, 1)
   } finally { await srv.close() }
 })
+
+// ── 7. Wordings never seen, and broken servers (hostile review A) ───────────────────────
+test('C1 OpenAI 429 insufficient_quota is QUOTA, sent once (not 6 billed-nothing retries); a 429 in rate-limit words stays RATE_LIMIT', async () => {
+  // OpenAI's real body (langchain-ai/langchainjs#1929): the account has no money, waiting never helps.
+  const quota = '{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}'
+  // Gemini's free tier says "quota" too, but it is a per-minute limit: RESOURCE_EXHAUSTED, retried.
+  const perMinute = '[{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details. See https://ai.google.dev/gemini-api/docs/rate-limits.","status":"RESOURCE_EXHAUSTED"}}]'
+  for (const [body, code, hits] of [[quota, 'QUOTA', 1], [perMinute, 'RATE_LIMIT', 6]] as const) {
+    const srv = await serve((_q, res) => { res.writeHead(429, { 'content-type': 'application/json' }); res.end(body) })
+    try {
+      const e = await failure(oa(srv.url).complete({ messages: HI }))
+      assert.equal(e.code, code, e.message)
+      assert.equal(srv.hits, hits)
+    } finally { await srv.close() }
+  }
+})
