@@ -837,6 +837,9 @@ const OVERFLOW_PATTERNS: readonly RegExp[] = [
   /prompt exceeds max length/i, // Zhipu GLM
   /reduce the length of the messages/i, // OpenAI, Groq (the "no numbers" form)
   /max_tokens must be at least 1, got -\d/i, // vLLM: a negative room means the prompt alone overflows
+  /\binput token count exceeds\b/i, // Gemini 2.5 "The input token count exceeds the maximum number of tokens allowed"
+  /\bsize limit exceeded by\b/i, // Cohere "too many tokens: size limit exceeded by 1502 tokens"
+  /ContextWindowExceededError/i, // LiteLLM proxy, its class name for any upstream's overflow
 ]
 
 /** Out of balance or quota (not retried: only money helps). */
@@ -939,9 +942,10 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
  * message wrapping the upstream JSON), an SSE excerpt, plain text, or empty.
  *
  * Order: 429 or rate-limit wording → RATE_LIMIT (a rate limit is never an overflow, whatever it
- * says about tokens; a 429 in balance or quota wording and none of a rate limit is QUOTA); a message that states a prompt or input size in tokens above a limit it names, in
- * any wording (the shape of {@link overflowCounts}: Gemini, xAI, Cohere, DeepSeek, OpenAI, Anthropic …),
- * or an overflow wording without counts (Groq, llama.cpp, LM Studio, Ollama, Moonshot, Qwen, GLM, TGI) →
+ * says about tokens; a 429 in balance or quota wording and none of a rate limit is QUOTA); a message
+ * that states a prompt or input size in tokens above a limit it names, in any wording (the shape of
+ * {@link overflowCounts}: Gemini, xAI, Cohere, DeepSeek, OpenAI, Anthropic …), or an overflow wording
+ * without counts (Groq, llama.cpp, LM Studio, Ollama, Moonshot, Qwen, GLM, TGI, LiteLLM) →
  * CONTEXT_WINDOW_EXCEEDED (also on a 5xx: proxies wrap overflows); 402 or balance wording → QUOTA;
  * 401/403 → AUTH; 408 → TIMEOUT; a bare 413 → CONTEXT_WINDOW_EXCEEDED (the request is too big;
  * shrinking it is the cure); other 4xx → INVALID_REQUEST (an output-cap error like "max_tokens:
@@ -977,11 +981,12 @@ function readErrorBody(status: number | undefined, bodyText: unknown): { code: P
 const COUNT_RE = /(?<![\w.,-])(\d{1,3}(?:,\d{3})+|\d+)(?!\w|[.,]\d)/g
 /** What may stand between a cue word and its count: quotes, `(`, `:`, `=`, small words ("is", "of", "about"). */
 const glue = (): string =>
-  String.raw`(?:[\s"'\\:=(\[~]|\b(?:is|of|to|be|was|about|approximately|least|the|only|an?)\b)*$`
-/** Words right before a count that make it a limit (maximum, limit, allowed, at most, context size, `n_ctx`) … */
+  String.raw`(?:[\s"'\\:=(\[~]|\b(?:is|of|to|be|was|about|approximately|least|the|only|just|an?)\b)*$`
+/** Words right before a count that make it a limit (maximum, limit, allowed, at most, less than, context size,
+ *  `n_ctx`) … */
 const LIMIT_BEFORE = /* @__PURE__ */ (() => new RegExp(String.raw`(?:(?<![a-z])(?:max(?:imum)?(?:[ _-]+[a-z]+){0,3}`
   + String.raw`|limit(?:ed)?|allow(?:s|ed)?|most|up|capacity|context(?:[ _-]+(?:window|length|size))?`
-  + String.raw`|exceed(?:s|ed|ing)?|ctx)|<=|≤)${glue()}`, 'i'))()
+  + String.raw`|exceed(?:s|ed|ing)?|ctx|(?:less|fewer) than)|<=|≤)${glue()}`, 'i'))()
 /** … or the size of what was sent (prompt, input, request, messages, count, got, contains, `n_prompt_tokens`). */
 const SIZE_BEFORE = /* @__PURE__ */ (() => new RegExp(String.raw`(?<![a-z])(?:prompt|inputs?|request(?:ed)?|messages?`
   + String.raw`|got|contains?|count|received|given|provided|resulted in|sent|uses?|needs?|has|have|total|length)`

@@ -487,6 +487,31 @@ test('overflow by shape: 25 composed wordings are CONTEXT_WINDOW_EXCEEDED with b
   for (const [status, text, code] of SHAPED_NOT_OVERFLOWS) assert.equal(classifyProviderError(status, JSON.stringify({ error: { message: text } })), code, text)
 })
 
+/** Real overflow wordings the classifier had not met (hostile review A), each from a public issue thread, with the
+ *  counts a reader of the text finds; sent as the server sends them. */
+const UNSEEN_OVERFLOWS: [status: number, body: string, counts: { promptTokens?: number; contextTokens?: number }][] = [
+  // Gemini 2.5 states no input count (BerriAI/litellm#18282)
+  [400, JSON.stringify([{ error: { code: 400, message: 'The input token count exceeds the maximum number of tokens allowed (1048576).', status: 'INVALID_ARGUMENT' } }]), { contextTokens: 1_048_576 }],
+  // SambaNova (cline/cline#294): "is just 4096"
+  [400, JSON.stringify({ error: { message: 'Requested generation length 1 is not possible! The provided prompt is 4309 tokens long, so generating 1 tokens requires a sequence length of 4310, but the maximum supported sequence length is just 4096!' } }), { promptTokens: 4_310, contextTokens: 4_096 }],
+  // TGI / TEI validation (opea-project/GenAIExamples#340): "less than N tokens. Given: M"
+  [422, JSON.stringify({ error: 'Input validation error: `inputs` must have less than 512 tokens. Given: 600', error_type: 'validation' }), { promptTokens: 600, contextTokens: 512 }],
+  // Cohere (Quansight/ragna#351): only the excess is stated
+  [400, JSON.stringify({ message: "too many tokens: size limit exceeded by 1502 tokens. Try using shorter or fewer inputs, or setting prompt_truncation='AUTO'." }), {}],
+  // LiteLLM proxy: its class name, the upstream's own words cut off
+  [400, JSON.stringify({ error: { message: 'litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError: OpenAIException - Error code: 400', type: null, param: null, code: '400' } }), {}],
+]
+
+test('overflow: real wordings not met before (Gemini 2.5, SambaNova, TGI, Cohere, LiteLLM) are CONTEXT_WINDOW_EXCEEDED', () => {
+  for (const [status, body, counts] of UNSEEN_OVERFLOWS) {
+    assert.equal(classifyProviderError(status, body), 'CONTEXT_WINDOW_EXCEEDED', body)
+    assert.deepEqual(overflowCounts(body), counts, body)
+  }
+  // "less than" reads a limit, not a size: a size under it is no overflow, an output cap stays an output cap
+  assert.equal(classifyProviderError(422, '`inputs` must have less than 4096 tokens. Given: 100, but `truncate` is invalid'), 'INVALID_REQUEST')
+  assert.equal(classifyProviderError(400, 'max_new_tokens must be less than 4096 tokens. Given: 5000'), 'INVALID_REQUEST')
+})
+
 /** The counts of each overflow sample of provider-errors.json, read off the samples by hand. */
 const SAMPLE_COUNTS: Record<string, { promptTokens?: number; contextTokens?: number; requestedTokens?: number }> = {
   'deepseek-overflow-65536-litellm': { promptTokens: 68_161, contextTokens: 65_536, requestedTokens: 68_161 },
