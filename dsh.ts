@@ -1095,8 +1095,11 @@ function parseRetryAfterMs(headers: Headers, nowMs: number): number | undefined 
   if (ms && /^\d+(?:\.\d+)?$/.test(ms)) return Math.ceil(parseFloat(ms))
   const value = headers.get('retry-after')?.trim()
   if (!value) return undefined
-  if (/^\d+(?:\.\d+)?$/.test(value)) return Math.ceil(parseFloat(value) * 1000)
-  const date = Date.parse(value)
+  // A repeated header comes joined by ", " (the first counts). A date only as HTTP writes one, from its day's name:
+  // Date.parse reads "-1", "1 2" or "2, 3" as dates in 2001, which would retry at once.
+  const seconds = /^(\d+(?:\.\d+)?)\s*(?:,|$)/.exec(value)
+  if (seconds) return Math.ceil(parseFloat(seconds[1]) * 1000)
+  const date = /^[a-z]{3,9},? /i.test(value) ? Date.parse(value) : NaN
   return Number.isNaN(date) ? undefined : Math.max(0, date - nowMs)
 }
 

@@ -274,3 +274,28 @@ test('C1 OpenAI 429 insufficient_quota is QUOTA, sent once (not 6 billed-nothing
     } finally { await srv.close() }
   }
 })
+
+test('C2 Retry-After garbage ("-1", "1 2", "2, 3") waits the backoff, not 0 ms; a repeated header "30, 30" is 30 s (capped); an HTTP date still counts', async () => {
+  const cases: [string, (ms: number) => boolean][] = [
+    ['-1', (ms) => ms >= 900 && ms <= 1100], // Date.parse('-1') is 2001-01-01: a date long past, so no wait at all
+    ['1 2', (ms) => ms >= 900 && ms <= 1100],
+    ['2, 3', (ms) => ms === 2000], // two Retry-After headers, joined by fetch: the first one
+    ['30, 30', (ms) => ms === 10_000],
+    ['Wed, 21 Oct 2015 07:28:00 GMT', (ms) => ms === 0], // a date past: at once (holds)
+    [new Date(Date.now() + 4_000).toUTCString(), (ms) => ms > 2_000 && ms <= 4_000], // holds
+  ]
+  for (const [value, ok] of cases) {
+    const srv = await serve((_q, res, n) => {
+      if (n === 0) { res.writeHead(429, { 'retry-after': value }); res.end('{"error":{"message":"slow down"}}'); return }
+      sse(res, [{ choices: [{ index: 0, delta: { content: 'ok' }, finish_reason: 'stop' }] }])
+    })
+    try {
+      const sleeps: number[] = []
+      const p = tuned({ sleep: async (ms) => { sleeps.push(ms) }, retryBaseMs: 1_000, retryMaxMs: 10_000 },
+        () => openAICompatible({ baseURL: srv.url, model: 'm', apiKey: KEY }))
+      await p.complete({ messages: HI })
+      assert.equal(sleeps.length, 1)
+      assert.ok(ok(sleeps[0]), `Retry-After ${JSON.stringify(value)}: waited ${sleeps[0]} ms`)
+    } finally { await srv.close() }
+  }
+})
