@@ -1009,8 +1009,8 @@ const OUTPUT_NEAR = /max_(?:new_|completion_|output_)?tokens|completion|output|g
  * and `A + B > C` compare sizes with a limit. A count near output words (max_tokens, completion, output) is
  * skipped, except the C of `A + B > C` (the whole request against the window). `contextTokens`: the first
  * limit; `promptTokens`: the parts of the prompt summed, else the largest size; `requestedTokens`: a size that
- * holds the completion too ("requested N tokens", the `A + B`). What the text does not state is absent.
- * Never throws.
+ * holds the completion too ("requested N tokens", "a total of N", the `A + B`). What the text does not state is
+ * absent. Never throws.
  */
 function overflowCounts(bodyText: string): { promptTokens?: number; contextTokens?: number; requestedTokens?: number } {
   const text = typeof bodyText === 'string' ? bodyText.slice(0, ERROR_BODY_MAX_UNITS) : ''
@@ -1029,8 +1029,9 @@ function overflowCounts(bodyText: string): { promptTokens?: number; contextToken
     } else if (i + 1 < found.length && COMPARE_RE.test(after) && !output(i + 1)) { size(at(i)); context ??= at(++i) }
     else if (LIMIT_AFTER.test(after) || LIMIT_BEFORE.test(before(i))) context ??= at(i)
     else if (PART_AFTER.test(after)) parts += at(i)
-    else if (/requested\W*(?:about\W*)?$/i.test(before(i))) requested = Math.max(requested, at(i))
-    else if (SIZE_BEFORE.test(before(i))) size(at(i))
+    else if (/(?:requested|\ba total of)\W*(?:about|at least)?\W*$/i.test(before(i))) {
+      requested = Math.max(requested, at(i))
+    } else if (SIZE_BEFORE.test(before(i))) size(at(i))
   }
   const out: { promptTokens?: number; contextTokens?: number; requestedTokens?: number } = {}
   if (parts > 0 || prompt > 0) out.promptTokens = parts > 0 ? parts : prompt

@@ -489,7 +489,7 @@ test('overflow by shape: 25 composed wordings are CONTEXT_WINDOW_EXCEEDED with b
 
 /** Real overflow wordings the classifier had not met (hostile review A), each from a public issue thread, with the
  *  counts a reader of the text finds; sent as the server sends them. */
-const UNSEEN_OVERFLOWS: [status: number, body: string, counts: { promptTokens?: number; contextTokens?: number }][] = [
+const UNSEEN_OVERFLOWS: [status: number, body: string, counts: ReturnType<typeof overflowCounts>][] = [
   // Gemini 2.5 states no input count (BerriAI/litellm#18282)
   [400, JSON.stringify([{ error: { code: 400, message: 'The input token count exceeds the maximum number of tokens allowed (1048576).', status: 'INVALID_ARGUMENT' } }]), { contextTokens: 1_048_576 }],
   // SambaNova (cline/cline#294): "is just 4096"
@@ -498,11 +498,13 @@ const UNSEEN_OVERFLOWS: [status: number, body: string, counts: { promptTokens?: 
   [422, JSON.stringify({ error: 'Input validation error: `inputs` must have less than 512 tokens. Given: 600', error_type: 'validation' }), { promptTokens: 600, contextTokens: 512 }],
   // Cohere (Quansight/ragna#351): only the excess is stated
   [400, JSON.stringify({ message: "too many tokens: size limit exceeded by 1502 tokens. Try using shorter or fewer inputs, or setting prompt_truncation='AUTO'." }), {}],
+  // vLLM 0.20 (vllm-project/vllm#42474): the A + B > C of a request, in words; the older wording of it already was one
+  [400, JSON.stringify({ object: 'error', message: "VLLMValidationError: This model's maximum context length is 128000 tokens. However, you requested 65535 output tokens and your prompt contains at least 62466 input tokens, for a total of at least 128001 tokens.", type: 'BadRequestError', param: null, code: 400 }), { promptTokens: 62_466, contextTokens: 128_000, requestedTokens: 128_001 }],
   // LiteLLM proxy: its class name, the upstream's own words cut off
   [400, JSON.stringify({ error: { message: 'litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError: OpenAIException - Error code: 400', type: null, param: null, code: '400' } }), {}],
 ]
 
-test('overflow: real wordings not met before (Gemini 2.5, SambaNova, TGI, Cohere, LiteLLM) are CONTEXT_WINDOW_EXCEEDED', () => {
+test('overflow: real wordings not met before (Gemini 2.5, SambaNova, TGI, Cohere, vLLM 0.20, LiteLLM) are CONTEXT_WINDOW_EXCEEDED', () => {
   for (const [status, body, counts] of UNSEEN_OVERFLOWS) {
     assert.equal(classifyProviderError(status, body), 'CONTEXT_WINDOW_EXCEEDED', body)
     assert.deepEqual(overflowCounts(body), counts, body)
