@@ -1507,11 +1507,12 @@ async function readReply(response: Response, acc: ReplyAssembler, signal: AbortS
     parser.feed(decode(chunk))
     return sawDone
   })
-  const type = response.headers.get('content-type')
-  if (!sawData && type && !/event-stream/i.test(type)) {
+  // no content type is no event stream either (a captive portal's page, a proxy's): not retried as a broken one
+  const type = response.headers.get('content-type') || 'no content type'
+  if (!sawData && !/event-stream/i.test(type)) {
     throw bytes === 0
-      ? providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} with an empty ${type} `
-        + `body (model ${cfg.model}).`, { status, requestId })
+      ? providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} with an empty body (${type}, `
+        + `model ${cfg.model}).`, { status, requestId })
       : providerError(cfg, 'MALFORMED_RESPONSE', `${cfg.endpoint} answered ${status} with ${type}, `
         + `not an event stream (model ${cfg.model}).`, { status, requestId })
   }

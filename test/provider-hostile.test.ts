@@ -299,3 +299,23 @@ test('C2 Retry-After garbage ("-1", "1 2", "2, 3") waits the backoff, not 0 ms; 
     } finally { await srv.close() }
   }
 })
+
+test('C3 a 200 with no content type: an HTML page is MALFORMED_RESPONSE sent once (was TRANSPORT x6); an empty one EMPTY_RESPONSE; SSE without a type still reads', async () => {
+  const cases: [string, string, number][] = [
+    ['<!DOCTYPE html><html><body>Sign in to the Wi-Fi</body></html>', 'MALFORMED_RESPONSE', 1],
+    ['', 'EMPTY_RESPONSE', 6],
+  ]
+  for (const [body, code, hits] of cases) {
+    const srv = await serve((_q, res) => { res.writeHead(200); res.end(body) })
+    try {
+      const e = await failure(oa(srv.url).complete({ messages: HI }))
+      assert.equal(e.code, code, e.message)
+      assert.equal(srv.hits, hits)
+    } finally { await srv.close() }
+  }
+  const srv = await serve((_q, res) => { res.writeHead(200); res.end('data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}\n\n') })
+  try {
+    const r = await oa(srv.url).complete({ messages: HI })
+    assert.deepEqual(r.message.content, [{ type: 'text', text: 'ok' }])
+  } finally { await srv.close() }
+})
