@@ -15229,7 +15229,11 @@ function anthropicEvent(acc: ReplyAssembler, obj: unknown, dataText: string): bo
     const text = (v: unknown) => (typeof v === 'string' ? v : '')
     if (d.type === 'text_delta') acc.add('text', text(d.text))
     else if (d.type === 'thinking_delta') acc.add('reasoning', text(d.thinking))
-    else if (d.type === 'input_json_delta') acc.tool(Number(obj.index), undefined, undefined, text(d.partial_json))
+    else if (d.type === 'input_json_delta') {
+      // a server tool's block (server_tool_use, mcp_tool_use), kept as it came, streams its input too: no call of ours
+      const index = Number(obj.index)
+      if (toolBlocks.get(acc)?.has(index)) acc.tool(index, undefined, undefined, text(d.partial_json))
+    }
     else if (d.type === 'signature_delta') acc.sign(text(d.signature))
   } else if (type === 'content_block_start') anthropicBlock(acc, Number(obj.index), obj.content_block)
   else if (type === 'message_start' || type === 'message_delta') {
@@ -15249,6 +15253,9 @@ function anthropicEvent(acc: ReplyAssembler, obj: unknown, dataText: string): bo
   return false
 }
 
+/** The content-block indices of each reply's `tool_use` blocks, the only ones whose `input_json_delta` is a call's. */
+const toolBlocks = new WeakMap<ReplyAssembler, Set<number>>()
+
 /** A content block as it starts (streamed: empty; non-streamed: whole). */
 function anthropicBlock(acc: ReplyAssembler, index: number, b: unknown): void {
   if (!isRecord(b)) return
@@ -15258,6 +15265,7 @@ function anthropicBlock(acc: ReplyAssembler, index: number, b: unknown): void {
     acc.add('reasoning', typeof b.thinking === 'string' ? b.thinking : '')
     if (typeof b.signature === 'string') acc.sign(b.signature)
   } else if (b.type === 'tool_use') {
+    toolBlocks.set(acc, (toolBlocks.get(acc) ?? new Set()).add(index))
     const input = isRecord(b.input) && Object.keys(b.input).length > 0 ? acc.json(b.input) : ''
     acc.tool(index, typeof b.id === 'string' && b.id !== '' ? b.id : undefined,
       typeof b.name === 'string' && b.name !== '' ? b.name : undefined, input)

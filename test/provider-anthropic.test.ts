@@ -292,3 +292,17 @@ test('hostile server fields stay data: a stop_reason named like an object proper
     assert.equal((await failure(provider(w).countTokens!({ messages: HI }))).code, 'MALFORMED_RESPONSE', `input_tokens ${bad}`)
   }
 })
+
+test('a server tool block (server_tool_use, mcp_tool_use) streams its input_json_delta: it stays the block it is, no nameless call of ours is made from it', async () => {
+  // Anthropic's web search stream (docs.anthropic.com, "Web search tool", streaming): the server's own tool call.
+  const w = wire([{ sse: sse([start({ input_tokens: 10, output_tokens: 1 }),
+    block(0, { type: 'text', text: '' }), delta(0, { type: 'text_delta', text: 'Let me look.' }), stop(0),
+    block(1, { type: 'server_tool_use', id: 'srvtoolu_01', name: 'web_search', input: {} }),
+    delta(1, { type: 'input_json_delta', partial_json: '{"query": "weather' }), delta(1, { type: 'input_json_delta', partial_json: ' NYC"}' }), stop(1),
+    block(2, { type: 'web_search_tool_result', tool_use_id: 'srvtoolu_01', content: [] }), stop(2),
+    block(3, { type: 'tool_use', id: 'toolu_01', name: 'read_file', input: {} }), delta(3, { type: 'input_json_delta', partial_json: '{"path":"a"}' }), stop(3),
+    ...end('tool_use', 9)]) }])
+  const r = await provider(w).complete({ messages: HI })
+  assert.deepEqual(r.message.content.map((b) => b.type), ['text', 'server_tool_use', 'web_search_tool_result', 'tool-call'])
+  assert.deepEqual(r.message.content[3], { type: 'tool-call', id: 'toolu_01', name: 'read_file', arguments: '{"path":"a"}' })
+})
