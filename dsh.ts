@@ -5523,9 +5523,11 @@ const CONNECT_FAILURE_CODES =
 const CONNECT_FAILURE_RE = /* @__PURE__ */ anyOf(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'connection refused',
   'failed to lookup address', 'dns error', 'name or service not known', 'unable to connect'])
 /** Fetch failures no retry can mend, so none is made: a port fetch blocks (undici "bad port", Deno), an invalid
- *  URL, a runtime's permission denial (Deno's NotCapable / PermissionDenied). Matched on a cause's name, code, text. */
+ *  URL, a header fetch refuses (a request's), a runtime's permission denial (Deno's NotCapable / PermissionDenied).
+ *  Matched on a cause's name, code, text. */
 const FAIL_FAST_RE = /* @__PURE__ */ anyOf(['bad port', 'port \\d+ (?:is|are) blocked', 'ERR_INVALID_URL',
-  'invalid url', 'failed to parse url', 'url is invalid', 'NotCapable', 'PermissionDenied', 'requires net access'])
+  'invalid url', 'failed to parse url', 'url is invalid', 'invalid header', 'NotCapable', 'PermissionDenied',
+  'requires net access'])
 /** First backoff delay in ms; doubles per retry up to {@link RETRY_MAX_MS} (docs/design.md §6). */
 const RETRY_BASE_MS = 500
 /** Longest wait between attempts in ms, also the cap on a server's `Retry-After`. */
@@ -5967,6 +5969,11 @@ function makeProvider(fn: string, options: unknown,
       : plainFields(`${fn}: extraBody`, o.extraBody, 'a plain object of body fields, e.g. { temperature: 0 }')),
     // a default is one of dsh's own frozen tables
     prices: given.prices === undefined ? o.prices : validatePrices(o.prices, `${fn}: prices`),
+  }
+  // Checked here, not by each fetch: its TypeError would be retried as TRANSPORT, the key in its message
+  try { new Headers(requestHeaders(cfg, { messages: [] })) } catch {
+    throw new TypeError(`${fn}: apiKey or headers cannot be sent as HTTP headers (a line break, or a character past `
+      + 'U+00FF such as a typographic quote or a zero-width space, copied with the key?); the value is not shown')
   }
   return {
     model, baseURL: base, contextWindow: cfg.contextWindow, maxTokens: cfg.maxTokens,

@@ -279,3 +279,27 @@ describe('POST redirects are not followed across origins', () => {
     await rejectsWith(openAICompatible({ baseURL: `${url}/old`, model: 'm' }).complete({ messages: HI }), (e) => assert.match(e.message, /HTTP 302 would turn the POST into a GET/))
   })
 })
+
+test('a key or header fetch cannot send (a line break, a typographic quote copied with it) is a TypeError at construction that does not show it; a bad request header is not retried', async () => {
+  const secret = 'sk-live-5f3c9a1e77'
+  // Before: each complete() went out, fetch threw a TypeError quoting "Bearer sk-live…", retried 5 times as TRANSPORT
+  // ("check the network"), and the ProviderError's cause kept the key in its message.
+  const made = [
+    () => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', apiKey: `${secret}\nsk-other` }),
+    () => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', apiKey: `\u201c${secret}\u201d` }),
+    () => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', apiKey: 'k', headers: { 'api-key': `${secret}\r\nx: y` } }),
+    () => openAICompatible({ baseURL: 'http://127.0.0.1:1', model: 'm', apiKey: 'k', headers: { 'bad name': 'v' } }),
+  ]
+  for (const make of made) {
+    assert.throws(make, (e: unknown) => e instanceof TypeError && /cannot be sent as HTTP headers/.test(e.message)
+      && !e.message.includes(secret) && (e as Error).cause === undefined)
+  }
+  let hits = 0
+  const url = await serve((_q, res) => { hits++; res.writeHead(200, { 'content-type': 'text/event-stream' }); res.end('data: [DONE]\n\n') })
+  const sleeps: number[] = []
+  const p = tuned({ sleep: async (ms) => { sleeps.push(ms) } }, () => openAICompatible({ baseURL: url, model: 'm', apiKey: 'k' }))
+  const e = await p.complete({ messages: HI, headers: { 'x-trace': 'a\nb' } }).then(() => undefined, (err) => err as ProviderError)
+  assert.equal(e?.code, 'TRANSPORT')
+  assert.deepEqual(sleeps, [], 'not retried: the same header fails the same way')
+  assert.equal(hits, 0)
+})
