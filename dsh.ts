@@ -1445,10 +1445,15 @@ async function readWhole(cfg: AdapterConfig, response: Response, acc: ReplyAssem
     throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered 200 with an empty body (model `
       + `${cfg.model}).`, { status, requestId })
   }
+  return wholeAnswer(acc, data)
+}
+
+/** A body read whole (one JSON value, or a relay's lines of them) through the format's reader of a whole answer. */
+function wholeAnswer(acc: ReplyAssembler, data: string): ChatResponse {
   let parsed: unknown
-  try { parsed = JSON.parse(data) } catch (error) { parsed = relayChunks(cfg, data, requestId, error) }
+  try { parsed = JSON.parse(data) } catch (error) { parsed = relayChunks(acc.cfg, data, acc.requestId, error) }
   for (const obj of parsed instanceof ChunkList ? parsed.list : [parsed]) {
-    mapped(acc, () => cfg.format.whole(acc, obj, text))
+    mapped(acc, () => acc.cfg.format.whole(acc, obj, data))
   }
   return acc.finish(true)
 }
@@ -1480,7 +1485,7 @@ async function readReply(response: Response, acc: ReplyAssembler, signal: AbortS
     throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} without a body (model `
       + `${cfg.model}).`, { status, requestId })
   }
-  let sawDone = false, sawData = false, bytes = 0
+  let sawDone = false, sawData = false, bytes = 0, head = ''
   const { format } = cfg
   const parser = new SSEParser((event, data) => {
     if (sawDone) return // after the end marker: dropped
@@ -1504,12 +1509,16 @@ async function readReply(response: Response, acc: ReplyAssembler, signal: AbortS
   const decode = utf8Decoder()
   await eachChunk(response.body, signal, (chunk) => {
     if (chunk !== undefined) bytes += chunk.byteLength
-    parser.feed(decode(chunk))
+    const text = decode(chunk)
+    if (!sawData && head.length < ERROR_BODY_MAX_UNITS) head += text // what it is, if no event comes
+    parser.feed(text)
     return sawDone
   })
-  // no content type is no event stream either (a captive portal's page, a proxy's): not retried as a broken one
-  const type = response.headers.get('content-type') || 'no content type'
-  if (!sawData && !/event-stream/i.test(type)) {
+  // No data event: one JSON value (a relay's error body, a whole answer) is read as one, whatever the type says; no
+  // content type is no event stream (a captive portal's page), nor is one whose lines are none: not retried as broken.
+  const type = response.headers.get('content-type') || 'no content type', body = head.trim()
+  if (!sawData && (body[0] === '{' || body[0] === '[')) return wholeAnswer(acc, body)
+  if (!sawData && (!/event-stream/i.test(type) || (body !== '' && !/^(?:data|event|id|retry)?:/m.test(body)))) {
     throw bytes === 0
       ? providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} answered ${status} with an empty body (${type}, `
         + `model ${cfg.model}).`, { status, requestId })

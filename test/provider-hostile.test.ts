@@ -319,3 +319,21 @@ test('C3 a 200 with no content type: an HTML page is MALFORMED_RESPONSE sent onc
     assert.deepEqual(r.message.content, [{ type: 'text', text: 'ok' }])
   } finally { await srv.close() }
 })
+
+test('C4 a 200 "text/event-stream" whose body is one JSON value is read as one: an overflow error is CONTEXT_WINDOW_EXCEEDED, a whole answer an answer; an HTML page MALFORMED_RESPONSE (each was TRANSPORT x6)', async () => {
+  // A relay (one-api / new-api style) that sets the stream's type and writes the upstream's error body as it came.
+  const overflow = '{"error":{"message":"This model\'s maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}'
+  const whole = JSON.stringify({ id: 'x', choices: [{ index: 0, message: { role: 'assistant', content: 'whole' }, finish_reason: 'stop' }] })
+  for (const [body, code, hits] of [[overflow, 'CONTEXT_WINDOW_EXCEEDED', 1], ['<html><body>502 Bad Gateway</body></html>', 'MALFORMED_RESPONSE', 1], [whole, 'answer', 1]] as const) {
+    const srv = await serve((_q, res) => { res.writeHead(200, { 'content-type': 'text/event-stream' }); res.end(body) })
+    try {
+      const r = await oa(srv.url).complete({ messages: HI }).catch((e: ProviderError) => e)
+      if (code === 'answer') assert.deepEqual((r as { message: Message }).message.content, [{ type: 'text', text: 'whole' }])
+      else assert.equal((r as ProviderError).code, code, (r as ProviderError).message)
+      assert.equal(srv.hits, hits)
+    } finally { await srv.close() }
+  }
+  // A stream that is one only by its type and carried nothing readable before it was cut is still TRANSPORT (holds)
+  const cut = await serve((_q, res) => { res.writeHead(200, { 'content-type': 'text/event-stream' }); res.end(': keep-alive\n\n') })
+  try { assert.equal((await failure(oa(cut.url).complete({ messages: HI }))).code, 'TRANSPORT') } finally { await cut.close() }
+})
