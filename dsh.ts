@@ -1045,7 +1045,9 @@ function overflowCounts(bodyText: string): { promptTokens?: number; contextToken
  * wording and order ({@link overflowCounts}), and is not about a quota of a day or an hour.
  */
 function statesOverflow(text: string): boolean {
-  if (!/\btokens?\b/i.test(text) || !/prompt|input|context|request|message|sequence/i.test(text)) return false
+  // in tokens, or in the length of a prompt, input or sequence (TensorRT-LLM, TabbyAPI), not of a string or image
+  if (!/\btokens?\b|\b(?:prompt|input|sequence) length\b/i.test(text)
+    || !/prompt|input|context|request|message|sequence/i.test(text)) return false
   if (/\b(?:daily|monthly|per (?:day|hour|month)|today)\b/i.test(text)) return false
   const c = overflowCounts(text)
   return c.contextTokens !== undefined && Math.max(c.promptTokens ?? 0, c.requestedTokens ?? 0) > c.contextTokens

@@ -500,11 +500,14 @@ const UNSEEN_OVERFLOWS: [status: number, body: string, counts: ReturnType<typeof
   [400, JSON.stringify({ message: "too many tokens: size limit exceeded by 1502 tokens. Try using shorter or fewer inputs, or setting prompt_truncation='AUTO'." }), {}],
   // vLLM 0.20 (vllm-project/vllm#42474): the A + B > C of a request, in words; the older wording of it already was one
   [400, JSON.stringify({ object: 'error', message: "VLLMValidationError: This model's maximum context length is 128000 tokens. However, you requested 65535 output tokens and your prompt contains at least 62466 input tokens, for a total of at least 128001 tokens.", type: 'BadRequestError', param: null, code: 400 }), { promptTokens: 62_466, contextTokens: 128_000, requestedTokens: 128_001 }],
+  // TensorRT-LLM / Triton (triton-inference-server/tensorrtllm_backend#141, #565): a prompt length, no word "tokens"
+  [400, JSON.stringify({ error: { message: 'Cannot process new request: Prompt length (5056) exceeds maximum sequence length (2048)' } }), { promptTokens: 5_056, contextTokens: 2_048 }],
+  [400, JSON.stringify({ error: { message: 'Encountered an error when fetching new request: Prompt length (9000) exceeds maximum input length (8192)' } }), { promptTokens: 9_000, contextTokens: 8_192 }],
   // LiteLLM proxy: its class name, the upstream's own words cut off
   [400, JSON.stringify({ error: { message: 'litellm.ContextWindowExceededError: litellm.BadRequestError: ContextWindowExceededError: OpenAIException - Error code: 400', type: null, param: null, code: '400' } }), {}],
 ]
 
-test('overflow: real wordings not met before (Gemini 2.5, SambaNova, TGI, Cohere, vLLM 0.20, LiteLLM) are CONTEXT_WINDOW_EXCEEDED', () => {
+test('overflow: real wordings not met before (Gemini 2.5, SambaNova, TGI, Cohere, vLLM 0.20, TensorRT-LLM, LiteLLM) are CONTEXT_WINDOW_EXCEEDED', () => {
   for (const [status, body, counts] of UNSEEN_OVERFLOWS) {
     assert.equal(classifyProviderError(status, body), 'CONTEXT_WINDOW_EXCEEDED', body)
     assert.deepEqual(overflowCounts(body), counts, body)
