@@ -846,9 +846,10 @@ const OVERFLOW_PATTERNS: readonly RegExp[] = [
 const QUOTA_RE = /* @__PURE__ */ anyOf(['insufficient[_ ]?(?:balance|quota|credits?|funds)',
   'exceeded your current quota', 'billing', 'credit balance', 'payment required', 'out of credits',
   'not enough credits'])
+/** A key the server does not take, whatever the status says (Gemini: 400 INVALID_ARGUMENT, reason API_KEY_INVALID). */
+const BAD_KEY_RE = /invalid[_ ]api[_ ]key|incorrect api key|api[_ ]key not valid|api_key_invalid/i
 /** Authentication and permission wording, used when no HTTP status says so. */
-const AUTH_RE =
-  /authenticat|unauthori[sz]ed|invalid[_ ]api[_ ]key|incorrect api key|permission[_ ]denied|permission_error|forbidden/i
+const AUTH_RE = /authenticat|unauthori[sz]ed|permission[_ ]denied|permission_error|forbidden/i
 /** Server-side trouble, used when no HTTP status says so (errors inside a 200 stream). */
 const SERVER_RE = /overloaded|server[_ ]error|internal|unavailable|bad gateway|api_error|timed? ?out/i
 /** Request-side trouble, used when no HTTP status says so. */
@@ -947,9 +948,9 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
  * {@link overflowCounts}: Gemini, xAI, Cohere, DeepSeek, OpenAI, Anthropic …), or an overflow wording
  * without counts (Groq, llama.cpp, LM Studio, Ollama, Moonshot, Qwen, GLM, TGI, LiteLLM) →
  * CONTEXT_WINDOW_EXCEEDED (also on a 5xx: proxies wrap overflows); 402 or balance wording → QUOTA;
- * 401/403 → AUTH; 408 → TIMEOUT; a bare 413 → CONTEXT_WINDOW_EXCEEDED (the request is too big;
- * shrinking it is the cure); other 4xx → INVALID_REQUEST (an output-cap error like "max_tokens:
- * 300000 > 128000" lands here); 5xx → SERVER.
+ * 401/403 or a key refused in words (Gemini's 400) → AUTH; 408 → TIMEOUT; a bare 413 →
+ * CONTEXT_WINDOW_EXCEEDED (the request is too big; shrinking it is the cure); other 4xx → INVALID_REQUEST (an
+ * output-cap error like "max_tokens: 300000 > 128000" lands here); 5xx → SERVER.
  *
  * Errors inside a 200 stream: pass `status` 200 (or undefined). Then a numeric `code`, `status`
  * or `status_code` in the body stands in for the HTTP status; without one the wording decides
@@ -1061,7 +1062,7 @@ function codeOfErrorBody(status: number | undefined, info: ErrorBodyInfo): Provi
     : 'RATE_LIMIT'
   if (OVERFLOW_PATTERNS.some((re) => re.test(h)) || statesOverflow(h)) return 'CONTEXT_WINDOW_EXCEEDED'
   if (s === 402 || QUOTA_RE.test(h)) return 'QUOTA'
-  if (s === 401 || s === 403) return 'AUTH'
+  if (s === 401 || s === 403 || BAD_KEY_RE.test(h)) return 'AUTH'
   if (s === 408) return 'TIMEOUT'
   if (s === 413) return 'CONTEXT_WINDOW_EXCEEDED'
   if (s !== undefined) return s < 500 ? 'INVALID_REQUEST' : 'SERVER'

@@ -416,6 +416,11 @@ test('classifyProviderError reads every body shape and never throws', () => {
     [Number.NaN, null as unknown as string, 'EMPTY_RESPONSE'],
     [500, { toString() { throw new Error('boom') } } as unknown as string, 'SERVER'],
     [404, '{"error": {"message": "unterminated', 'INVALID_REQUEST'],
+    // Gemini refuses a key with a 400 (its OpenAI-compatible endpoint too): the key is the fix, not "the field"
+    [400, j([{ error: { code: 400, message: 'API key not valid. Please pass a valid API key.', status: 'INVALID_ARGUMENT', details: [{ '@type': 'type.googleapis.com/google.rpc.ErrorInfo', reason: 'API_KEY_INVALID', domain: 'googleapis.com' }] } }]), 'AUTH'],
+    [400, j({ error: { message: "Invalid 'tools[0].function.parameters': schema must be a JSON Schema of 'type: \"object\"'", code: 'invalid_function_parameters' } }), 'INVALID_REQUEST'],
+    // MiniMax through ModelScope: a 429 that is a balance, not a rate (modelscope/modelscope#1691)
+    [429, j({ error: { http_code: '429', message: 'insufficient balance (1008)', type: 'insufficient_balance_error' }, request_id: 'x' }), 'QUOTA'],
   ]
   for (const [status, body, want] of table) {
     assert.equal(classifyProviderError(status, body), want, `${status} ${JSON.stringify(body)}`)
