@@ -931,7 +931,8 @@ function inspectErrorBody(bodyText: string): ErrorBodyInfo {
     }
   }
   for (const payload of payloads) collect(payload, 0, undefined)
-  info.haystack = strings.join('\n')
+  // no known key (`errorMessage` of a Lambda, `error_msg`, `status_msg`): the text as it is, as when it is not JSON
+  info.haystack = strings.length > 0 ? strings.join('\n') : text
   if (info.message && info.message.length > 500) info.message = `${info.message.slice(0, 500)}…`
   return info
 }

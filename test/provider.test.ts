@@ -419,6 +419,9 @@ test('classifyProviderError reads every body shape and never throws', () => {
     // Gemini refuses a key with a 400 (its OpenAI-compatible endpoint too): the key is the fix, not "the field"
     [400, j([{ error: { code: 400, message: 'API key not valid. Please pass a valid API key.', status: 'INVALID_ARGUMENT', details: [{ '@type': 'type.googleapis.com/google.rpc.ErrorInfo', reason: 'API_KEY_INVALID', domain: 'googleapis.com' }] } }]), 'AUTH'],
     [400, j({ error: { message: "Invalid 'tools[0].function.parameters': schema must be a JSON Schema of 'type: \"object\"'", code: 'invalid_function_parameters' } }), 'INVALID_REQUEST'],
+    // a body with none of the known keys (a Lambda's errorMessage) is read as text, as a non-JSON body is
+    [400, j({ errorMessage: "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.", errorType: 'BadRequestError' }), 'CONTEXT_WINDOW_EXCEEDED'],
+    [400, j({ error: { message: 'tool call validation failed', failed_generation: 'the context length exceeded' } }), 'INVALID_REQUEST'], // model output stays unread (holds)
     // MiniMax through ModelScope: a 429 that is a balance, not a rate (modelscope/modelscope#1691)
     [429, j({ error: { http_code: '429', message: 'insufficient balance (1008)', type: 'insufficient_balance_error' }, request_id: 'x' }), 'QUOTA'],
   ]
