@@ -1338,6 +1338,7 @@ function openAIChunk(acc: ReplyAssembler, obj: unknown, dataText: string): boole
         : typeof delta.reasoning === 'string' ? delta.reasoning : '' // `reasoning`: OpenRouter, Groq
       acc.add('reasoning', r)
       if (typeof delta.content === 'string') acc.add('text', delta.content)
+      else if (Array.isArray(delta.content)) contentParts(acc, delta.content)
       // A whole message's calls are whole: each element is a call of its own, also without an id or index.
       const whole = delta === choice.message
       const calls: unknown[] = Array.isArray(delta.tool_calls) ? delta.tool_calls : []
@@ -1352,6 +1353,17 @@ function openAIChunk(acc: ReplyAssembler, obj: unknown, dataText: string): boole
     }
   }
   return false
+}
+
+/** `content` sent as parts: text, and Mistral Magistral's `{type: 'thinking', thinking: [text parts]}` as reasoning. */
+function contentParts(acc: ReplyAssembler, parts: unknown[]): void {
+  for (const p of parts) {
+    if (!isRecord(p)) continue
+    if (p.type === 'text' && typeof p.text === 'string') acc.add('text', p.text)
+    else if (p.type === 'thinking' && Array.isArray(p.thinking)) {
+      for (const t of p.thinking) if (isRecord(t) && typeof t.text === 'string') acc.add('reasoning', t.text)
+    }
+  }
 }
 
 function openAIToolCall(acc: ReplyAssembler, tc: unknown, position?: number): void {

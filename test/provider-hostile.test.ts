@@ -337,3 +337,19 @@ test('C4 a 200 "text/event-stream" whose body is one JSON value is read as one: 
   const cut = await serve((_q, res) => { res.writeHead(200, { 'content-type': 'text/event-stream' }); res.end(': keep-alive\n\n') })
   try { assert.equal((await failure(oa(cut.url).complete({ messages: HI }))).code, 'TRANSPORT') } finally { await cut.close() }
 })
+
+test('C5 Mistral Magistral streams content as parts (thinking, then text): reasoning and text are kept, not an empty answer retried 5 times', async () => {
+  // The chunks as Mistral sends them (BerriAI/litellm#16272), then the answer as a text part and as a string.
+  const chunk = (content: unknown, finish?: string) => ({ id: 'c', object: 'chat.completion.chunk', model: 'magistral-medium-2509',
+    choices: [{ index: 0, delta: { content }, finish_reason: finish ?? null }] })
+  const srv = await serve((_q, res) => sse(res, [
+    chunk([{ type: 'thinking', thinking: [{ type: 'text', text: "'s a greeting" }] }]),
+    chunk([{ type: 'thinking', thinking: [{ type: 'text', text: ', I should return one' }] }]),
+    chunk([{ type: 'text', text: 'Hello' }]), chunk('!', 'stop'),
+  ]))
+  try {
+    const r = await oa(srv.url).complete({ messages: HI })
+    assert.deepEqual(r.message.content, [{ type: 'reasoning', text: "'s a greeting, I should return one" }, { type: 'text', text: 'Hello!' }])
+    assert.equal(srv.hits, 1)
+  } finally { await srv.close() }
+})
