@@ -2745,7 +2745,9 @@ function pruneNode(session: Session, seq: number, config?: Partial<PruneConfig>,
   if (!node) throw new SessionError('SURFACE_OP', `seq ${seq} is not on the surface`)
   if (node.message.role !== 'tool' && seq === stateOf(session).input)
     throw new SessionError('SURFACE_OP', `seq ${seq} is the current turn's input, which is never edited`)
-  const m = node.message, pruned = m.role === 'tool' ? pruneToolResult(m, config) : pruneMessage(m, config)
+  // A user message's cut names the recall key of its original, as a checkpoint's does (docs/design.md §12).
+  const m = node.message, pruned = m.role === 'tool' ? pruneToolResult(m, config)
+    : pruneMessage(m, config, m.role === 'user' ? userCutMarker(node.key) : undefined)
   return pruned === m ? 0 : replaceNode(session, node, 'compaction/prune', pruned, trigger, payback)
 }
 
@@ -3517,18 +3519,27 @@ function pruneToolArguments(args: string, config?: Partial<PruneConfig>): string
   return out.length < args.length ? out : args
 }
 
-/** A message's oversized text, reasoning and call arguments pruned (docs/design.md §10); the same object if none. */
-function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>): M {
+/** `text` pruned (§3), `marker` (if any) where {@link PRUNE_MARKER} went: found by place (the text may hold one). */
+function markedCut(text: string, cfg: PruneConfig, marker?: string): string {
+  const cut = pruneText(text, cfg), at = indexAfterCodePoints(cut, cfg.headChars)
+  return marker === undefined || cut === text ? cut : cut.slice(0, at) + marker + cut.slice(at + PRUNE_MARKER.length)
+}
+
+/** A message's oversized text, reasoning and call arguments pruned (docs/design.md §10); the same object if none.
+ *  `marker` takes the place of {@link PRUNE_MARKER} in its texts where the cut stays shorter. */
+function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>, marker?: string): M {
   const cfg = resolvePruneConfig(config)
   if (message.role === 'tool') return pruneToolResult(message, cfg) as M
+  const cut = (t: string) => { const out = markedCut(t, cfg, marker); return out.length < t.length ? out
+    : pruneText(t, cfg) }
   if (typeof message.content === 'string') {
-    const text = pruneText(message.content, cfg)
+    const text = cut(message.content)
     return (text === message.content ? message : { ...message, content: text })
   }
   let changed = false
   const content = message.content.map((b): Block => {
     if (b.type === 'text' || b.type === 'reasoning') {
-      const text = pruneText((b as TextBlock).text, cfg)
+      const text = cut((b as TextBlock).text)
       if (text === (b as TextBlock).text) return b
       changed = true
       return { ...b, text } as Block
@@ -3745,13 +3756,17 @@ const USER_LINE_UNITS = 32
 /** The `recall` call that returns the message logged at `seq` (the key of a cut user message's marker). */
 const recallOfSeq = (seq: number) => `${RECALL_TOOL_NAME} {"key":"seq:${seq}"}`
 
+/** What takes the place of a cut user message's middle: the recall key of its original, logged at `seq`. */
+const userCutMarker = (seq: number) =>
+  `\n\n[... middle of this user message cut; ${recallOfSeq(seq)} returns it whole ...]\n\n`
+
 /** A user message cut to `maxUnits` UTF-16 units, head and tail, with the recall key of `seq` (§3). */
 function cutUserMessage(text: string, seq: number, maxUnits: number): string {
-  const marker = `\n\n[... middle of this user message cut; ${recallOfSeq(seq)} returns it whole ...]\n\n`
+  const marker = userCutMarker(seq)
   for (let keep = Math.max(0, maxUnits - marker.length); ;) {
     const head = Math.floor(keep * 0.75)
-    const cut = pruneText(text, { thresholdChars: keep + MARKER_CODE_POINTS, headChars: head, tailChars: keep - head })
-    const out = cut.replace(PRUNE_MARKER, marker)
+    const out = markedCut(text, { thresholdChars: keep + MARKER_CODE_POINTS, headChars: head, tailChars: keep - head },
+      marker)
     if (out.length <= maxUnits || keep === 0) return out
     keep = Math.max(0, keep - (out.length - maxUnits)) // astral text: more units than code points
   }

@@ -3,7 +3,7 @@
 // on it before the request is sent.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { Agent, Session, MemoryStore, PRUNE_MARKER, type ChatRequest, type Message, type Provider, type SessionEvent } from '../dsh.ts'
+import { Agent, Session, MemoryStore, type ChatRequest, type Message, type Provider, type SessionEvent } from '../dsh.ts'
 import { FLASH, requestTokens, resultTool, shortSummarizer, toolOncePerTurn } from './scripted-provider.ts'
 
 const text = (m: Message) => (typeof m.content === 'string' ? m.content : JSON.stringify(m.content))
@@ -36,7 +36,7 @@ test('near the window the provider\'s count is a sample and an anchor, and the l
   const edits = session.events.filter((e) => e.type.startsWith('compaction/') && e.seq > samples[0].seq && e.seq < answer.seq)
   assert.ok(edits.length > 0, 'an edit between the count and the answer')
   const first = p.sent.at(-1)!.messages.find((m) => text(m).startsWith('first '))!
-  assert.ok(text(first).includes(PRUNE_MARKER) && text(first).length < 16_006, 'the first message is no longer sent whole')
+  assert.ok(text(first).includes('[... middle of this user message cut; recall {"key":"seq:') && text(first).length < 16_006, 'the first message is no longer sent whole')
 })
 
 test('a count that fails is warned about once, the estimate stands and the turn runs', async () => {

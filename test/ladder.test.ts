@@ -379,7 +379,26 @@ describe('oversized non-tool messages', () => {
     await a2.run(current)
     const req = f.conversation().at(-1)!.body.messages
     assert.equal(req.at(-1).content, current)
-    assert.equal(req[0].content, 'z'.repeat(4_096) + PRUNE_MARKER + 'z'.repeat(1_021) + 'END')
+    const seq = of(s2, 'user/message')[0].seq
+    assert.equal(req[0].content, 'z'.repeat(4_096) + `\n\n[... middle of this user message cut; recall {"key":"seq:${seq}"} returns it whole ...]\n\n` + 'z'.repeat(1_021) + 'END')
+  })
+
+  test('an earlier user message cut by the prune rung says so and names the recall key that returns it whole', async () => {
+    // Was: "[... tool result middle pruned ...]" in the user's own message, and no key: the model could not read it back.
+    const f = await fake([{ text: 'first' }, { text: 'second' }, { text: 'third' }], undefined, 16_000)
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider })
+    await agent.run('the task')
+    // Lines of 80 units; the hostile paste holds the plain marker itself in its head, where no cut is.
+    const paste = 'x' + PRUNE_MARKER + Array.from({ length: 300 }, (_, i) => `paste line ${i} `.padEnd(79, '.')).join('\n')
+    await agent.run(paste)
+    await agent.run('w'.repeat(40_000))
+    const seq = of(session, 'user/message').find((e) => (e.data as any).message.content === paste)!.seq
+    const sent = f.conversation().at(-1)!.body.messages.find((m: any) => m.role === 'user' && m.content.startsWith('x'))
+    const marker = `\n\n[... middle of this user message cut; recall {"key":"seq:${seq}"} returns it whole ...]\n\n`
+    assert.equal(sent.content, paste.slice(0, 4_096) + marker + paste.slice(-1_024))
+    const answer = String(await recallTool(session).execute({ key: `seq:${seq}`, offset: 304 }, { signal: new AbortController().signal, callId: 'r' }))
+    assert.equal(answer, `seq:${seq} (user message), lines 304–304 of 304:\n${paste.split('\n').at(-1)}`)
   })
 
   // From the hostile review rev6b of the room rule: a steering message is the current input.
