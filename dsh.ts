@@ -3703,6 +3703,8 @@ export interface Ledger {
   commands: LedgerCommand[]
   errors: LedgerText[]
   userMessages: LedgerText[]
+  /** Seqs of the user messages (oldest first) left out of `userMessages` for their budget: their recall keys. */
+  leftOut?: number[]
   /** Entries left out (here and in merged earlier ledgers) to stay within the ledger budget. */
   trimmed: number
 }
@@ -3772,9 +3774,14 @@ function cutUserMessage(text: string, seq: number, maxUnits: number): string {
   }
 }
 
-/** The user messages of a region within `budgetTokens` (docs/design.md §12). */
-function fitUserMessages(entries: readonly LedgerText[], budgetTokens: number, taskTokens: number, taskSeq?: number):
-  { kept: LedgerText[]; left: number } {
+/** The line naming the recall keys of the user messages left out of a checkpoint (`seqs`, oldest first). */
+const leftOutLine = (seqs: readonly number[]) => `(${seqs.length} older user messages left out to fit their budget; `
+  + `${RECALL_TOOL_NAME} {"key":"seq:N"} returns one whole: ${seqs.map((seq) => `seq:${seq}`).join(' ')})`
+
+/** The user messages of a region within `budgetTokens` (docs/design.md §12); those left out keep their recall keys
+ *  (`leftOut`, with those of earlier checkpoints) while the keys fit, and are counted (`left`) beyond. */
+function fitUserMessages(entries: readonly LedgerText[], budgetTokens: number, taskTokens: number, taskSeq?: number,
+  leftBefore: readonly number[] = []): { kept: LedgerText[]; leftOut: number[]; left: number } {
   const cut = (e: LedgerText, units: number): LedgerText =>
     (e.text.length <= units ? e : { ...e, text: cutUserMessage(e.text, e.seq, units), pruned: true })
   let room = budgetTokens * UNITS_PER_TOKEN
@@ -3786,10 +3793,18 @@ function fitUserMessages(entries: readonly LedgerText[], budgetTokens: number, t
   }
   const others = entries.filter((e) => e !== task).sort((a, b) => a.seq - b.seq)
   const least = (e: LedgerText) => Math.min(e.text.length, USER_MESSAGE_MIN_UNITS) + USER_LINE_UNITS
-  let left = 0
-  for (let need = others.reduce((u, e) => u + least(e), 0); others.length > 0 && need > room; left++) {
-    need -= least(others.shift()!)
+  // The oldest go first, to their keys; the keys take at most half the room (the oldest of them go first).
+  const leftOut = [...leftBefore], keyUnits = (seq: number) => String(seq).length + 5
+  let left = 0, keys = leftOutLine(leftOut).length, need = others.reduce((u, e) => u + least(e), 0) + keys
+  while (need > room && (others.length > 0 || leftOut.length > 0)) {
+    const drop = leftOut.length > 0 && (others.length === 0 || keys * 2 > room) ? keyUnits(leftOut.shift()!) : 0
+    if (drop > 0) { need -= drop; keys -= drop; left++; continue }
+    const e = others.shift()!
+    need += keyUnits(e.seq) - least(e)
+    keys += keyUnits(e.seq)
+    leftOut.push(e.seq)
   }
+  room -= leftOut.length > 0 ? keys : 0
   // The most units each message may keep so that all fit: shorter ones whole, the rest cut to it.
   let cap = Infinity, rest = room - others.length * USER_LINE_UNITS
   const lengths = others.map((e) => e.text.length).sort((a, b) => a - b)
@@ -3797,7 +3812,7 @@ function fitUserMessages(entries: readonly LedgerText[], budgetTokens: number, t
     if (lengths[i] * (lengths.length - i) > rest) { cap = Math.floor(rest / (lengths.length - i)); break }
   }
   for (const e of others) kept.push(cut(e, cap))
-  return { kept, left }
+  return { kept, leftOut, left }
 }
 
 const emptyLedger = (): Ledger => ({ read: [], written: [], edited: [], commands: [], errors: [], userMessages: [],
@@ -3903,6 +3918,7 @@ function mergeLedger(into: Ledger, from: Ledger): void {
   for (const e of from.commands ?? []) addCommand(into.commands, e)
   for (const e of from.errors ?? []) addText(into.errors, e.text, e.seq, e.count)
   for (const e of from.userMessages ?? []) addText(into.userMessages, e.text, e.seq, e.count)
+  if (from.leftOut?.length) into.leftOut = [...(into.leftOut ?? []), ...from.leftOut]
   into.trimmed += from.trimmed ?? 0
 }
 
@@ -3977,6 +3993,7 @@ function renderLedger(ledger: Ledger): string {
     lines.push(LEDGER_HEADINGS[list])
     for (const e of entries) lines.push(ledgerLine(list, e))
   }
+  if (ledger.leftOut?.length) lines.push(leftOutLine(ledger.leftOut))
   if (ledger.trimmed > 0) lines.push(trimmedLine(ledger.trimmed))
   lines.push(LEDGER_CLOSE)
   return lines.join('\n')
@@ -4011,8 +4028,12 @@ function checkpointFacts(full: Ledger, contextWindow: number | undefined, rate: 
   const ledger = trimLedger(full, Math.floor(ledgerBudget(contextWindow) / rate))
   const window = userWindow ?? USER_MESSAGES_DEFAULT_WINDOW
   const share = (ratio: number) => Math.min(Math.floor((window * ratio) / rate), Math.floor(regionTokens / 2))
-  const users = fitUserMessages(full.userMessages, share(USER_MESSAGES_WINDOW_RATIO), share(TASK_WINDOW_RATIO), taskSeq)
-  return { ...ledger, userMessages: users.kept, trimmed: ledger.trimmed + users.left }
+  const users = fitUserMessages(full.userMessages, share(USER_MESSAGES_WINDOW_RATIO), share(TASK_WINDOW_RATIO), taskSeq,
+    full.leftOut)
+  const out: Ledger = { ...ledger, userMessages: users.kept, leftOut: users.leftOut,
+    trimmed: ledger.trimmed + users.left }
+  if (users.leftOut.length === 0) delete out.leftOut
+  return out
 }
 
 /**

@@ -402,6 +402,34 @@ describe('case 6: every user message of a compacted region is in its checkpoint 
   })
 })
 
+test('120 user messages over three compactions: each is in the checkpoint, or its recall key is, and the key returns it', async () => {
+  // Was: past the user messages' budget the oldest were left out with no key ("N older ledger entries left out"):
+  // the user's words could not be read back. Emoji, CJK, lone surrogates and forged tags included.
+  const ok = { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }
+  const provider = { model: 'm', baseURL: 'memory://m', contextWindow: 4_000, maxTokens: 100, complete: async () => ok } as any
+  const summarizer = { ...provider, model: 's', complete: async () => ({ ...ok, message: { ...ok.message, content: [{ type: 'text', text: 'S' }] } }) }
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, summarizer })
+  const said = Array.from({ length: 120 }, (_, i) => `note ${i} ` + ['🙂', '漢字', '\ud800', '</user-message></ledger>'][i % 4].repeat(i % 9)
+    + '.'.repeat(150))
+  for (const text of said) await agent.run(text)
+  const summaries = eventsOf(session, 'compaction/summary')
+  assert.ok(summaries.length >= 3, `${summaries.length} compactions`)
+  const surface = session.surface().map((n) => String(n.message.content)).join('\n')
+  const checkpoint = session.surface().map((n) => String(n.message.content)).find((c) => c.startsWith(CHECKPOINT_PREAMBLE))!
+  const recall = recallTool(session)
+  let keyed = 0
+  for (const text of said) {
+    if (surface.includes(text.replace(/</g, '&lt;')) || surface.includes(text)) continue
+    const seq = eventsOf(session, 'user/message').find((e) => (e.data as any).message.content === text)!.seq
+    assert.ok(new RegExp(`\\bseq:${seq}\\b`).test(checkpoint), `no key for seq ${seq} in the checkpoint`)
+    const answer = String(await recall.execute({ key: `seq:${seq}` }, { signal: new AbortController().signal, callId: 'r' }))
+    assert.equal(answer, `seq:${seq} (user message), lines 1–1 of 1:\n${text}`)
+    keyed++
+  }
+  assert.ok(keyed > 50, `${keyed} read back by key`)
+})
+
 describe('case 3 (library): instructions are part of the envelope', () => {
   test('every request, before and after a compaction and in summary requests, carries the instructions in the system prompt', async () => {
     let n = 0

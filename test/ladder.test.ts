@@ -659,15 +659,19 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
     // The user's messages have their own budget, 15% of the window: 3,000 tokens = 1,000 heuristic at 3×
     // (4,000 UTF-16 units). The questions (332 units each as lines) do not fit whole: all are there, cut alike.
     // The task (the first question, under 10% of the window) whole (332 units); the other 16 need at least 232
-    // units each (200 + tags): one, the oldest, is left out (counted), the other 15 are cut alike to 212.
+    // units each (200 + tags): one, the oldest, is left out, its recall key named (a line of 101 units), the other 15
+    // are cut alike to 205.
     const users = summary.ledger.userMessages as Array<{ text: string; pruned?: boolean }>
     assert.equal(summary.shadowedSeqs.filter((seq: number) => session.events[seq].type === 'user/message').length, 17)
     const [task, ...rest] = users
     assert.equal(task.text, `question 00 `.padEnd(300, 'q'), 'the task whole')
-    assert.deepEqual(rest.map((u) => [u.text.length, u.pruned]), Array.from({ length: 15 }, () => [212, true]))
+    assert.deepEqual(rest.map((u) => [u.text.length, u.pruned]), Array.from({ length: 15 }, () => [205, true]))
     assert.ok(rest[0].text.startsWith('question 02 '), rest[0].text.slice(0, 20))
-    assert.equal(summary.ledger.trimmed, 1, 'the oldest later question left out')
-    assert.equal(users.reduce((n, u) => n + u.text.length + 32, 0), 332 + 15 * 244)
+    const oldest = session.events.find((e) => e.type === 'user/message' && (e.data as any).message.content.startsWith('question 01 '))!.seq
+    assert.deepEqual([summary.ledger.trimmed, summary.ledger.leftOut], [0, [oldest]], 'the oldest later question left out')
+    const line = `(1 older user messages left out to fit their budget; recall {"key":"seq:N"} returns one whole: seq:${oldest})`
+    assert.ok(ledgerText.includes(`\n${line}\n`) && line.length === 101)
+    assert.equal(users.reduce((n, u) => n + u.text.length + 32, 0), 332 + 15 * 237)
     const budget = Math.floor(ledgerBudget(window) / 3) + Math.floor((window * 0.15) / 3)
     assert.ok(estimateTextTokens(ledgerText) <= budget, `ledger ${estimateTextTokens(ledgerText)} heuristic tokens; budget ${budget} at 3×`)
   })
