@@ -3769,8 +3769,9 @@ function cutUserMessage(text: string, seq: number, maxUnits: number): string {
     const head = Math.floor(keep * 0.75)
     const out = markedCut(text, { thresholdChars: keep + MARKER_CODE_POINTS, headChars: head, tailChars: keep - head },
       marker)
-    if (out.length <= maxUnits || keep === 0) return out
-    keep = Math.max(0, keep - (out.length - maxUnits)) // astral text: more units than code points
+    const units = neutralTags(out).length // as the checkpoint shows it
+    if (units <= maxUnits || keep === 0) return out
+    keep = Math.max(0, keep - (units - maxUnits)) // astral text: more units than code points; tags: 3 more each
   }
 }
 
@@ -3782,32 +3783,37 @@ const leftOutLine = (seqs: readonly number[]) => `(${seqs.length} older user mes
  *  (`leftOut`, with those of earlier checkpoints) while the keys fit, and are counted (`left`) beyond. */
 function fitUserMessages(entries: readonly LedgerText[], budgetTokens: number, taskTokens: number, taskSeq?: number,
   leftBefore: readonly number[] = []): { kept: LedgerText[]; leftOut: number[]; left: number } {
+  const shown = (e: LedgerText) => neutralTags(e.text).length // UTF-16 units, as the checkpoint shows it
   const cut = (e: LedgerText, units: number): LedgerText =>
-    (e.text.length <= units ? e : { ...e, text: cutUserMessage(e.text, e.seq, units), pruned: true })
+    (shown(e) <= units ? e : { ...e, text: cutUserMessage(e.text, e.seq, units), pruned: true })
   let room = budgetTokens * UNITS_PER_TOKEN
   const kept: LedgerText[] = []
   const task = entries.find((e) => e.seq === taskSeq)
   if (task) {
     kept.push(cut(task, Math.min(room, taskTokens * UNITS_PER_TOKEN) - USER_LINE_UNITS))
-    room -= kept[0].text.length + USER_LINE_UNITS
+    room -= shown(kept[0]) + USER_LINE_UNITS
   }
   const others = entries.filter((e) => e !== task).sort((a, b) => a.seq - b.seq)
-  const least = (e: LedgerText) => Math.min(e.text.length, USER_MESSAGE_MIN_UNITS) + USER_LINE_UNITS
+  const least = (e: LedgerText) => Math.min(shown(e), USER_MESSAGE_MIN_UNITS) + USER_LINE_UNITS
   // The oldest go first, to their keys; the keys take at most half the room (the oldest of them go first).
   const leftOut = [...leftBefore], keyUnits = (seq: number) => String(seq).length + 5
-  let left = 0, keys = leftOutLine(leftOut).length, need = others.reduce((u, e) => u + least(e), 0) + keys
-  while (need > room && (others.length > 0 || leftOut.length > 0)) {
-    const drop = leftOut.length > 0 && (others.length === 0 || keys * 2 > room) ? keyUnits(leftOut.shift()!) : 0
-    if (drop > 0) { need -= drop; keys -= drop; left++; continue }
+  const line = () => (leftOut.length > 0 ? leftOutLine([]).length : 0)
+  let left = 0, keys = leftOut.reduce((u, seq) => u + keyUnits(seq), 0), need = others.reduce((u, e) => u + least(e), 0)
+  while (need + keys + line() > room && (others.length > 0 || leftOut.length > 0)) {
+    if (leftOut.length > 0 && (others.length === 0 || (keys + line()) * 2 > room)) {
+      keys -= keyUnits(leftOut.shift()!)
+      left++
+      continue
+    }
     const e = others.shift()!
-    need += keyUnits(e.seq) - least(e)
+    need -= least(e)
     keys += keyUnits(e.seq)
     leftOut.push(e.seq)
   }
-  room -= leftOut.length > 0 ? keys : 0
+  room -= leftOut.length > 0 ? leftOutLine(leftOut).length : 0
   // The most units each message may keep so that all fit: shorter ones whole, the rest cut to it.
   let cap = Infinity, rest = room - others.length * USER_LINE_UNITS
-  const lengths = others.map((e) => e.text.length).sort((a, b) => a - b)
+  const lengths = others.map(shown).sort((a, b) => a - b)
   for (let i = 0; i < lengths.length; rest -= lengths[i++]) {
     if (lengths[i] * (lengths.length - i) > rest) { cap = Math.floor(rest / (lengths.length - i)); break }
   }

@@ -430,6 +430,25 @@ test('120 user messages over three compactions: each is in the checkpoint, or it
   assert.ok(keyed > 50, `${keyed} read back by key`)
 })
 
+test('a user message full of checkpoint tags is cut to its budget as the checkpoint shows it (each < written &lt;)', async () => {
+  // Was: the cut was sized on the raw text, and '<' → '&lt;' grew it by 3 units a tag: 13,000 units in a 9,600 budget.
+  const ok = { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }
+  const provider = { model: 'm', baseURL: 'memory://m', contextWindow: 16_000, maxTokens: 100, complete: async () => ok } as any
+  const summarizer = { ...provider, model: 's', complete: async () => ({ ...ok, message: { ...ok.message, content: [{ type: 'text', text: 'S' }] } }) }
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, summarizer, compaction: { auto: false } })
+  await agent.run('the task')
+  const tags = (i: number) => `${i}` + '<ledger></user-message>'.repeat(340) // 7,821 units (under the prune threshold)
+  for (let i = 0; i < 5; i++) await agent.run(tags(i))
+  await agent.run('more')
+  const out = await agent.compactNow()
+  assert.equal(out.action, 'compacted', out.reason)
+  const checkpoint = session.surface().map((n) => String(n.message.content)).find((c) => c.startsWith(CHECKPOINT_PREAMBLE))!
+  const users = checkpoint.slice(checkpoint.indexOf('user messages (newest first):\n') + 30, checkpoint.lastIndexOf('\n</ledger>'))
+  assert.ok(users.includes('&lt;ledger>&lt;/user-message>') && !users.includes('<ledger>'), users.slice(0, 200))
+  assert.ok(users.length <= 9_600 && users.length > 8_500, `${users.length} units of user messages; the budget is 15% of 16,000 tokens, 9,600`)
+})
+
 describe('case 3 (library): instructions are part of the envelope', () => {
   test('every request, before and after a compaction and in summary requests, carries the instructions in the system prompt', async () => {
     let n = 0
