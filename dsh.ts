@@ -5342,8 +5342,8 @@ async function recallByKey(session: Session, key: string): Promise<ShadowedOrigi
 }
 
 /** The text's lines for paging, one at a time (a search holds no array of them); lines over 1,000 code points become
- *  pieces of 1,000. */
-function* recallLineIter(text: string): Generator<string> {
+ *  pieces of 1,000, each but the last with `goesOn` (no line break after it). */
+function* recallLineIter(text: string): Generator<[line: string, goesOn: boolean]> {
   for (let start = 0; start <= text.length;) {
     const lf = text.indexOf('\n', start), end = lf < 0 ? text.length : lf
     let rest = text.slice(start, end)
@@ -5351,28 +5351,27 @@ function* recallLineIter(text: string): Generator<string> {
     while (rest.length > RECALL_LINE_CODE_POINTS
       && codePointLength(rest, RECALL_LINE_CODE_POINTS) > RECALL_LINE_CODE_POINTS) {
       const cut = indexAfterCodePoints(rest, RECALL_LINE_CODE_POINTS)
-      yield rest.slice(0, cut)
+      yield [rest.slice(0, cut), true]
       rest = rest.slice(cut)
     }
-    yield rest
+    yield [rest, false]
   }
 }
-/** {@link recallLineIter} as an array, for reading a page of one original. */
-const recallLines = (text: string): string[] => [...recallLineIter(text)]
 
-/** Whole lines from `lines[from]` while they fit the answer and `limit`; `to` is the end (exclusive). */
-function pageOf(lines: readonly string[], from: number, limit: number, reserved: number): { text: string; to: number } {
-  const parts: string[] = []
-  let used = reserved
-  let to = from
+/** Whole lines from `lines[from]` while they fit the answer and `limit`; `to` is the end (exclusive). A piece of a
+ *  longer line is joined to the next one with no line break. */
+function pageOf(lines: ReadonlyArray<string | [string, boolean]>, from: number, limit: number, reserved: number):
+  { text: string; to: number } {
+  let text = '', used = reserved, to = from
   while (to < lines.length && to - from < limit) {
-    const cost = codePointLength(lines[to]) + 1
+    const [line, goesOn] = typeof lines[to] === 'string' ? [lines[to] as string, false] : lines[to] as [string, boolean]
+    const cost = codePointLength(line) + 1
     if (used + cost > RECALL_MAX_CODE_POINTS && to > from) break
-    parts.push(lines[to])
+    text += line + (goesOn ? '' : '\n')
     used += cost
     to++
   }
-  return { text: parts.join('\n'), to }
+  return { text: text.endsWith('\n') ? text.slice(0, -1) : text, to }
 }
 
 /** Reads a positive integer argument of recall (1-based), with a default. */
@@ -5442,7 +5441,7 @@ async function recallSearch(session: Session, pattern: string, offset: number, l
     if (o.toolName === RECALL_TOOL_NAME) continue
     searched++
     let i = 0
-    for (const line of recallLineIter(await o.text())) {
+    for (const [line] of recallLineIter(await o.text())) {
       i++
       if (!line.toLowerCase().includes(needle)) continue
       if (total >= first && total < first + limit) hits.push(`${headCodePoints(o.key, RECALL_HIT_CODE_POINTS)} `
@@ -5489,7 +5488,7 @@ async function recallRead(session: Session, args: Record<string, unknown>, offse
     others = matches.slice(1, 6).map((o) => headCodePoints(o.key, RECALL_HIT_CODE_POINTS))
   } else throw new Error(`${RECALL_TOOL_NAME}: pass key, tool or pattern, e.g. {"key":"call_1"} or `
     + `{"pattern":"TypeError"}`)
-  const lines = recallLines(await found.text())
+  const lines = [...recallLineIter(await found.text())]
   if (offset > lines.length) {
     throw new Error(`${RECALL_TOOL_NAME}: offset ${offset} is past the end of ${found.key} (${lines.length} lines)`)
   }
@@ -5500,7 +5499,8 @@ async function recallRead(session: Session, args: Record<string, unknown>, offse
   const page = pageOf(lines, offset - 1, limit, codePointLength(head(lines.length)) + 1)
   const notes: string[] = []
   if (page.to < lines.length) notes.push(`more: ${RECALL_TOOL_NAME} `
-    + `${whole ? JSON.stringify({ key, offset: page.to + 1 }) : `with the same key and "offset": ${page.to + 1}`}`)
+    + `${whole ? JSON.stringify({ key, offset: page.to + 1 }) : `with the same key and "offset": ${page.to + 1}`}`
+    + `${lines[page.to - 1][1] ? ' — the line goes on there' : ''}`)
   if (others.length) notes.push(`older results of ${args.tool}: ${others.join(', ')}`)
   return `${head(page.to)}\n${page.text}${notes.length ? `\n[${notes.join('; ')}]` : ''}`
 }

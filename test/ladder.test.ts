@@ -310,8 +310,33 @@ describe('recall', () => {
       // Lines over 1,000 code points are paged as 1,000-code-point pieces: 1 + 6 here.
       assert.equal(again, `c3 (tool result of fetch {"i":3}), lines 1–1 of 7:\nERROR: NEEDLE-42 in src/parser.ts:118\n[more: recall {"key":"c3","offset":2}]`)
       const pieces = 'r3 '.padEnd(6_000, '.').match(/.{1,1000}/g)!
-      assert.equal(await recallTool(reloaded).execute({ key: 'c3', offset: 2 }, ctx), `c3 (tool result of fetch {"i":3}), lines 2–5 of 7:\n${pieces.slice(0, 4).join('\n')}\n[more: recall {"key":"c3","offset":6}]`)
+      // A page joins the pieces of one line, and says when it ends inside one.
+      assert.equal(await recallTool(reloaded).execute({ key: 'c3', offset: 2 }, ctx), `c3 (tool result of fetch {"i":3}), lines 2–5 of 7:\n${pieces.slice(0, 4).join('')}\n[more: recall {"key":"c3","offset":6} — the line goes on there]`)
     } finally { rmSync(dir, { recursive: true, force: true }) }
+  })
+
+  test('a 200 KB one-line paste comes back exactly: its pieces of 1,000 code points are joined, a page ending inside the line says so', async () => {
+    // Was: each piece was shown as a line of its own, so the pages read back had a line break every 1,000 code points.
+    const f = await fake([{ text: 'one' }, { text: 'two' }], undefined, 72_000)
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider: f.provider })
+    const paste = '{"data":"' + 'a🙂b'.repeat(50_000) + '"}\n{"tail":1}' // 200,022 units, two lines
+    await agent.run(paste)
+    await agent.run('w'.repeat(40_000))
+    const seq = of(session, 'user/message')[0].seq
+    assert.ok(String(f.conversation().at(-1)!.body.messages[0].content).includes(`recall {"key":"seq:${seq}"}`), JSON.stringify(f.conversation().at(-1)!.body.messages).slice(0, 300) + f.conversation().length)
+    const recall = recallTool(session)
+    let whole = '', pages = 0
+    for (let offset: number | undefined = 1; offset !== undefined; pages++) {
+      const answer = String(await recall.execute({ key: `seq:${seq}`, offset }, { signal: new AbortController().signal, callId: 'r' }))
+      const head = answer.split('\n', 1)[0]
+      assert.match(head, new RegExp(`^seq:${seq} \\(user message\\), lines ${offset}–\\d+ of 152:$`))
+      const more = /\n\[more: recall \{"key":"[^"]+","offset":(\d+)\}( — the line goes on there)?\]$/.exec(answer)
+      whole += (more ? answer.slice(0, more.index) : answer).slice(head.length + 1) + (more && !more[2] ? '\n' : '')
+      offset = more ? Number(more[1]) : undefined
+    }
+    assert.equal(pages, 38)
+    assert.equal(whole, paste)
   })
 
   test('recall: false offers no recall tool; a caller tool named recall needs recall: false', async () => {
