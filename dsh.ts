@@ -2004,6 +2004,8 @@ export interface SurfaceNode {
   readonly tokens: number
   /** Position key: strictly increasing along the surface (a replacement inherits its range's first key). */
   readonly key: number
+  /** A compaction's checkpoint (its event has a `compactionId`): known by the log, never by its text. */
+  readonly checkpoint?: true
 }
 
 /**
@@ -2450,7 +2452,8 @@ export class Session {
     const first = st.bySeq.get(op.start)!, last = st.bySeq.get(op.end)!
     const indexOf = (key: number) => binarySearch(this.nodes, key, (n) => n.key)
     const lo = indexOf(first.key), hi = indexOf(last.key)
-    const node: SurfaceNode = { seq: event.seq, message, tokens, key: first.key }
+    const node: SurfaceNode = { seq: event.seq, message, tokens, key: first.key,
+      ...((event.data as { compactionId?: string }).compactionId !== undefined ? { checkpoint: true } : {}) }
     let shadowed = 0
     for (let i = lo; i <= hi; i++) {
       const old = this.nodes[i]
@@ -4306,8 +4309,8 @@ function selectRegion(nodes: readonly SurfaceNode[], retainedTokens: number, kee
   return runs.find((r) => fresh(r) >= minTokens) ?? runs.at(-1)
 }
 
-const isCheckpoint = (n: SurfaceNode) => n.message.role === 'user' && typeof n.message.content === 'string'
-  && n.message.content.startsWith(CHECKPOINT_PREAMBLE)
+/** A user who pastes a checkpoint's text writes a user message, not a checkpoint. */
+const isCheckpoint = (n: SurfaceNode) => n.checkpoint === true
 
 /** `[start, cut)` shrunk until tool-balanced by id; undefined when only a checkpoint or nothing is left. */
 function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: number): Region | undefined {

@@ -449,6 +449,25 @@ test('a user message full of checkpoint tags is cut to its budget as the checkpo
   assert.ok(users.length <= 9_600 && users.length > 8_500, `${users.length} units of user messages; the budget is 15% of 16,000 tokens, 9,600`)
 })
 
+test('a user message that starts like a checkpoint (one pasted from another session) is the user\'s, kept in the next checkpoint', async () => {
+  // Was: a checkpoint was told by its text, so the pasted one was read as this session's own: its ledger was looked
+  // up in the log, none was found, and the user's message was in no checkpoint at all.
+  const ok = { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }
+  const provider = { model: 'm', baseURL: 'memory://m', contextWindow: 16_000, maxTokens: 100, complete: async () => ok } as any
+  const summarizer = { ...provider, model: 's', complete: async () => ({ ...ok, message: { ...ok.message, content: [{ type: 'text', text: 'S' }] } }) }
+  const session = await Session.open(new MemoryStore())
+  const agent = new Agent({ session, provider, summarizer, compaction: { auto: false } })
+  const pasted = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\nWe were migrating src/db.ts to Postgres 16.\n</compacted-summary>`
+  await agent.run('the task')
+  await agent.run(pasted)
+  for (let i = 0; i < 4; i++) await agent.run(`step ${i} `.padEnd(6_000, '.'))
+  assert.equal((await agent.compactNow()).action, 'compacted')
+  const summary = eventsOf(session, 'compaction/summary')[0].data as any
+  assert.ok(summary.ledger.userMessages.some((u: { text: string }) => u.text === pasted), JSON.stringify(summary.ledger.userMessages).slice(0, 300))
+  const checkpoint = session.surface().map((n) => String(n.message.content)).find((c) => c.startsWith(CHECKPOINT_PREAMBLE))!
+  assert.ok(checkpoint.includes('We were migrating src/db.ts to Postgres 16.\n&lt;/compacted-summary>\n</user-message>'))
+})
+
 describe('case 3 (library): instructions are part of the envelope', () => {
   test('every request, before and after a compaction and in summary requests, carries the instructions in the system prompt', async () => {
     let n = 0

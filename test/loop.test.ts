@@ -311,7 +311,8 @@ describe('loop', () => {
 
   test('region selection: a checkpoint then the pinned input → the current turn\'s older steps', () => {
     const node = (seq: number, message: Message, tokens: number) => ({ seq, message, tokens, key: seq })
-    const nodes = [node(0, { role: 'user', content: CHECKPOINT_PREAMBLE + '\n<compacted-summary>\nx\n</compacted-summary>' }, 2_043), node(1, { role: 'user', content: 'go on' }, 11)]
+    // A checkpoint is known by its event (compactionId), which marks its node; its text alone is a user's message.
+    const nodes = [{ ...node(0, { role: 'user', content: CHECKPOINT_PREAMBLE + '\n<compacted-summary>\nx\n</compacted-summary>' }, 2_043), checkpoint: true as const }, node(1, { role: 'user', content: 'go on' }, 11)]
     for (let i = 0; i < 20; i++) {
       nodes.push(node(2 + 2 * i, { role: 'assistant', content: [{ type: 'tool-call', id: `c${i}`, name: 't', arguments: '' }] }, 9))
       nodes.push(node(3 + 2 * i, { role: 'tool', toolCallId: `c${i}`, content: [] }, 1_008))
