@@ -3529,12 +3529,12 @@ function markedCut(text: string, cfg: PruneConfig, marker?: string): string {
 }
 
 /** A message's oversized text, reasoning and call arguments pruned (docs/design.md §10); the same object if none.
- *  `marker` takes the place of {@link PRUNE_MARKER} in its texts where the cut stays shorter. */
+ *  `marker` takes the place of {@link PRUNE_MARKER} in its texts, cut only where that makes them shorter. */
 function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>, marker?: string): M {
   const cfg = resolvePruneConfig(config)
   if (message.role === 'tool') return pruneToolResult(message, cfg) as M
-  const cut = (t: string) => { const out = markedCut(t, cfg, marker); return out.length < t.length ? out
-    : pruneText(t, cfg) }
+  // A cut that names its key and is no shorter is no cut: the text stays whole (a plain marker would lose the key).
+  const cut = (t: string) => { const out = markedCut(t, cfg, marker); return out.length < t.length ? out : t }
   if (typeof message.content === 'string') {
     const text = cut(message.content)
     return (text === message.content ? message : { ...message, content: text })

@@ -426,6 +426,24 @@ describe('oversized non-tool messages', () => {
     assert.equal(answer, `seq:${seq} (user message), lines 304–304 of 304:\n${paste.split('\n').at(-1)}`)
   })
 
+  test('under a small prune config a user message is cut only where the cut with its key is shorter, and never recut without it', async () => {
+    // Was: where the keyed cut was not shorter, the plain marker was used (no key), and a cut message was cut again
+    // to the plain marker at the next prune: its key was lost.
+    const ok = { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }
+    const provider = { model: 'm', baseURL: 'memory://m', contextWindow: 16_000, maxTokens: 100, complete: async () => ok } as any
+    const summarizer = { ...provider, model: 's', complete: async () => { throw new Error('summarizer down') } }
+    const session = await Session.open(new MemoryStore())
+    const agent = new Agent({ session, provider, summarizer, prune: { thresholdChars: 200, headChars: 100, tailChars: 61 }, compaction: { auto: false } })
+    const a = 'a'.repeat(210), b = 'b'.repeat(400)
+    for (const input of ['the task', a, b, 'now']) await agent.run(input)
+    // The second run finds nothing to cut (the cut one is not cut again), and the summary fails: 'failed'.
+    assert.deepEqual([(await agent.compactNow()).action, (await agent.compactNow()).action], ['pruned', 'failed'])
+    const shown = session.surface().map((n) => String(n.message.content))
+    const bSeq = of(session, 'user/message').find((e) => (e.data as any).message.content === b)!.seq
+    assert.deepEqual(shown.filter((c) => c.startsWith('a') || c.startsWith('b')), [a, 'b'.repeat(100)
+      + `\n\n[... middle of this user message cut; recall {"key":"seq:${bSeq}"} returns it whole ...]\n\n` + 'b'.repeat(61)])
+  })
+
   // From the hostile review rev6b of the room rule: a steering message is the current input.
   test('input: a steering message is cut by the prune rung before the model has read it once, though it fits the window', async () => {
     // docs/design.md §3 "Oversized messages": "Earlier user messages may be cut likewise; the current input never is".
