@@ -4338,11 +4338,15 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
   return { start, end: cut, tokens }
 }
 
-/** Seqs region selection keeps out of every summary: the session's pins and the current turn's input. */
+/** Seqs region selection keeps out of every summary: the session's pins and the current input (steering too). */
 function keptOutOfSummary(session: Session): number[] {
   const seqs = session.pins.seqs()
   const input = stateOf(session).input
   if (input !== undefined) seqs.push(input)
+  // A user message after the newest assistant message (steering) is input the model has not read yet.
+  const nodes = session.surface()
+  for (let i = nodes.length - 1; i >= 0 && nodes[i].message.role !== 'assistant'; i--)
+    if (nodes[i].message.role === 'user' && !isCheckpoint(nodes[i])) seqs.push(nodes[i].seq)
   return seqs
 }
 

@@ -24,7 +24,7 @@ const warningsTo = (list: string[]) => (e: { type: string; message?: string }) =
 const compactionConfig = ladderConfig
 import { startFakeProvider, type FakeReply, type FakeRequest } from './fake-provider.ts'
 import { logHeader, clearNode } from './spec.ts'
-import { requestTokens, resultTool, shortSummarizer } from './scripted-provider.ts'
+import { requestTokens, resultTool, shortSummarizer, overflow } from './scripted-provider.ts'
 import { tuned, ladderConfig } from './tuning.ts'
 
 const servers: Array<{ close(): Promise<void> }> = []
@@ -442,6 +442,31 @@ describe('oversized non-tool messages', () => {
     const bSeq = of(session, 'user/message').find((e) => (e.data as any).message.content === b)!.seq
     assert.deepEqual(shown.filter((c) => c.startsWith('a') || c.startsWith('b')), [a, 'b'.repeat(100)
       + `\n\n[... middle of this user message cut; recall {"key":"seq:${bSeq}"} returns it whole ...]\n\n` + 'b'.repeat(61)])
+  })
+
+  test('a steering message the model has not read is not summarised by an overflow\'s recovery: the retry carries it as sent', async () => {
+    // Was: recovery takes a region with no retained tail, and it ran to the end of the surface, over the steering
+    // message: the model first met the user's newest words as a line of a checkpoint's history.
+    let k = 0, overflowed = false
+    const STEER = 'STEER: stop, use yarn instead of npm'
+    const sent: ChatRequest[] = []
+    const provider = { model: 'm', baseURL: 'memory://m', contextWindow: 10_000, maxTokens: 100,
+      complete: async (r: ChatRequest) => {
+        sent.push(r)
+        if (r.headers?.['x-dsh-purpose'] === 'compaction') return { message: { role: 'assistant', content: [{ type: 'text', text: 'S' }] }, finishReason: 'stop' }
+        if (!overflowed && r.messages.some((m) => m.content === STEER)) { overflowed = true; throw overflow() }
+        return k < 3 ? { message: { role: 'assistant', content: [{ type: 'tool-call', id: `c${k++}`, name: 't', arguments: '{}' }] }, finishReason: 'tool-calls' }
+          : { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop' }
+      } } as unknown as Provider
+    const session = await Session.open(new MemoryStore())
+    const agent: Agent = new Agent({ session, provider, tools: [{ ...resultTool(2_000), execute: () => { if (k === 2) agent.steer(STEER)
+      return 'r'.repeat(2_000) } }] })
+    assert.equal((await agent.run('the task')).text, 'done')
+    assert.equal(of(session, 'compaction/summary').length, 1)
+    const summaries = sent.filter((r) => r.headers?.['x-dsh-purpose'] === 'compaction')
+    assert.ok(summaries.length > 0 && summaries.every((r) => !JSON.stringify(r.messages).includes('STEER')))
+    const retry = sent[sent.findIndex((r) => r === summaries.at(-1)) + 1]
+    assert.deepEqual(retry.messages.at(-1), { role: 'user', content: STEER })
   })
 
   // From the hostile review rev6b of the room rule: a steering message is the current input.
