@@ -5553,7 +5553,8 @@ async function spillToolResult(message: ToolResultMessage, store: LogStore, spil
       + `not spilled: storing it as artefact ${name} failed (${(err as Error)?.message ?? err}); the ladder prunes it `
       + `like any other result. Free disk space or fix the store's artefact area to spill the next ones` }
   }
-  const preview = pruneText(whole).replace(PRUNE_MARKER, `\n\n[... tool result middle spilled: all ${fullBytes} bytes `
+  // The note goes where the cut is (an output may hold the plain marker itself).
+  const preview = markedCut(whole, DEFAULT_PRUNE_CONFIG, `\n\n[... tool result middle spilled: all ${fullBytes} bytes `
     + `are stored at ${ref} ...]\n\n`)
   const content: Block[] = [{ type: 'text', text: preview }, ...message.content.filter((b) => b.type !== 'text')]
   return { message: { ...message, content }, spilled: { ref, bytes: fullBytes } }

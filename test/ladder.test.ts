@@ -315,6 +315,26 @@ describe('recall', () => {
     } finally { rmSync(dir, { recursive: true, force: true }) }
   })
 
+  test('a spilled result\'s note is where its cut is, though the output holds the plain marker; recall by its id returns it', async () => {
+    // Was: the note replaced the first plain marker in the text: the one the output held in its head, and the real cut
+    // was shown as "tool result middle pruned".
+    const dir = mkdtempSync(join(tmpdir(), 'dsh-spill-'))
+    try {
+      const session = await Session.open(new FileStore(join(dir, 's.jsonl')))
+      const f = await fake([{ toolCalls: [{ id: 'h1', name: 'huge', arguments: {} }] }, { text: 'ok' }])
+      const output = 'HEAD ' + PRUNE_MARKER + 'x'.repeat(300_000) + ' END' // the plain marker in its head, where no cut is
+      const huge: Tool = { name: 'huge', description: '', parameters: {}, execute: () => output }
+      await new Agent({ session, provider: f.provider, tools: [huge] }).run('go')
+      const sent = toolMessages(f.conversation()[1])[0].content as string
+      const ref = ((await logOf(session)).find((e) => e.type === 'tool/result')!.data as any).spilled.ref
+      assert.equal(sent, output.slice(0, 4_096) + `\n\n[... tool result middle spilled: all 300048 bytes are stored at ${ref} ...]\n\n`
+        + output.slice(-1_024))
+      const page = String(await recallTool(session).execute({ key: 'h1', limit: 1 }, { signal: new AbortController().signal, callId: 'r' }))
+      assert.equal(page.split('\n').slice(0, 2).join('\n'), 'h1 (tool result of huge {}), lines 1–1 of 305:\nHEAD ')
+      await session.store.close?.()
+    } finally { rmSync(dir, { recursive: true, force: true }) }
+  })
+
   test('a 200 KB one-line paste comes back exactly: its pieces of 1,000 code points are joined, a page ending inside the line says so', async () => {
     // Was: each piece was shown as a line of its own, so the pages read back had a line break every 1,000 code points.
     const f = await fake([{ text: 'one' }, { text: 'two' }], undefined, 72_000)
