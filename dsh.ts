@@ -9238,11 +9238,15 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  *   blocks; `tool_call_id` → `toolCallId`; `reasoning_content` (or `reasoning`) → a reasoning block;
  *   content as a string or parts (`text`, `image_url` → image; other parts kept as they are);
  *   usage from a message's `usage` when present.
- * - **mini-swe-agent** — no native tool calls: an assistant message with exactly one ```` ```bash ````
- *   block (mini-swe-agent's own rule; 0 or ≥2 blocks are its format errors and ran nothing) becomes
- *   its text without the block plus a tool call `bash` with arguments `{"command": …}` and the id
- *   `mswea-call-<index in messages>`; the NEXT user message becomes that call's tool result (a
- *   "timed out" observation is `isError`), so the pruner applies. Other messages stay as they are.
+ * - **mini-swe-agent** — text-based actions (v1, and v2's text-based models): an assistant message with
+ *   exactly one action (mini-swe-agent's own rule; 0 or ≥2 are its format errors and ran nothing; v2's
+ *   `extra.actions` say which when present) becomes its text without the block plus a tool call `bash`
+ *   with arguments `{"command": …}` and the id `mswea-call-<index in messages>`; the action syntax is the
+ *   file's `action_regex` (a ```` ```WORD ```` fence or a `<WORD>` tag), else ```` ```bash ```` (v1) or
+ *   ```` ```mswea_bash_command ```` (v2). The NEXT user message becomes that call's tool result (a
+ *   "timed out" observation or v2's `extra.exception_info` is `isError`), so the pruner applies. Content
+ *   is a string or a list of parts. v2's native tool calls are read as openai; v2's `exit` message
+ *   (exit status, submission) is skipped.
  *   Usage from `extra.response.usage`. Gemini's `reasoning` is not read: mini-swe-agent never sent it back.
  * - **swe-agent** — `history` only (`trajectory[i].messages` repeats it at every step); tool results
  *   carry `tool_call_ids` (an array). No per-call usage in the file.
@@ -9512,12 +9516,14 @@ const blocksText = (blocks: Block[]): string =>
  */
 function readChatMessages(
   list: unknown[], path: string, draft: TranscriptDraft, usageOf: (m: TranscriptRecord) => Usage | undefined,
+  skip: (m: TranscriptRecord) => boolean = () => false,
 ): void {
   const system: string[] = []
   let lateSystem = 0
   list.forEach((m, i) => {
     const at = `${path}[${i}]`
     if (!isJsonRecord(m)) throw new TranscriptError(`a message must be an object, got ${jsonTypeName(m)}`, { field: at })
+    if (skip(m)) return
     const role = m.role
     if (role === 'system' || role === 'developer') {
       const text = blocksText(chatContentBlocks(m.content, `${at}.content`))
@@ -9742,14 +9748,46 @@ function readToolSpecs(tools: unknown, field: string, line?: number): ToolSpec[]
 // ── mini-swe-agent ──
 
 /**
- * The ```` ```bash ```` blocks of a mini-swe-agent answer (its command is the one block), at most `max`, as mini-swe-agent
- * 1.x's default `action_regex` ``/```bash\s*\n([\s\S]*?)\n```/g`` finds them (test/replay-formats.test.ts checks that),
- * but in linear time: that RegExp, on an answer of many unclosed fences, searched to the end from each one (a 900 KB
- * answer took 15 s).
+ * How a mini-swe-agent answer states its command, read off the file: `info.config.model.action_regex` (v2) or
+ * `info.config.agent.action_regex` (v1) when it is one of the two shapes its configurations use, a fence
+ * ```` ```WORD\s*\n(.*?)\n``` ```` or a tag `<WORD>(.*?)</WORD>`; else the default of its trajectory format: the
+ * ```` ```bash ```` fence of v1 (`mini-swe-agent-1`), the ```` ```mswea_bash_command ```` fence of v2's text-based models.
  */
-function bashBlocks(content: string, max: number): { index: number; end: number; command: string }[] {
+type MiniActionSyntax = { kind: 'fence' | 'tag'; word: string }
+
+function miniActionSyntax(doc: TranscriptRecord): MiniActionSyntax {
+  const config = isJsonRecord(doc.info) && isJsonRecord(doc.info.config) ? doc.info.config : {}
+  for (const part of [config.model, config.agent]) {
+    const regex = isJsonRecord(part) ? part.action_regex : undefined
+    if (typeof regex !== 'string') continue
+    const fence = /^```([\w-]+)\\s\*\\n\((?:\.\*\?|\[\\s\\S\]\*\?)\)\\n```$/.exec(regex)
+    if (fence) return { kind: 'fence', word: fence[1] }
+    const tag = /^<([\w-]+)>\((?:\.\*\?|\[\\s\\S\]\*\?)\)<\/([\w-]+)>$/.exec(regex)
+    if (tag && tag[1] === tag[2]) return { kind: 'tag', word: tag[1] }
+  }
+  const format = typeof doc.trajectory_format === 'string' ? doc.trajectory_format : 'mini-swe-agent-1'
+  return { kind: 'fence', word: format === 'mini-swe-agent-1' ? 'bash' : 'mswea_bash_command' }
+}
+
+/**
+ * The action blocks of a mini-swe-agent answer (its command is the one block), at most `max`, as mini-swe-agent's
+ * `action_regex` finds them with `re.DOTALL`: for a fence ```` ```bash ```` 1.x's default ``/```bash\s*\n([\s\S]*?)\n```/g``
+ * (test/replay-formats.test.ts checks that), for a tag `/<WORD>([\s\S]*?)<\/WORD>/g`, but in linear time: that RegExp, on
+ * an answer of many unclosed fences, searched to the end from each one (a 900 KB answer took 15 s).
+ */
+function actionBlocks(content: string, max: number, syntax: MiniActionSyntax = { kind: 'fence', word: 'bash' }): { index: number; end: number; command: string }[] {
   const out: { index: number; end: number; command: string }[] = []
-  const FENCE = '```bash'
+  if (syntax.kind === 'tag') {
+    const open = `<${syntax.word}>`, close = `</${syntax.word}>`
+    for (let at = content.indexOf(open); at >= 0 && out.length < max; at = content.indexOf(open, at)) {
+      const shut = content.indexOf(close, at + open.length)
+      if (shut < 0) break // no close after this tag, so none after a later one either
+      out.push({ index: at, end: shut + close.length, command: content.slice(at + open.length, shut) })
+      at = shut + close.length
+    }
+    return out
+  }
+  const FENCE = '```' + syntax.word
   for (let at = content.indexOf(FENCE); at >= 0 && out.length < max; at = content.indexOf(FENCE, at + 1)) {
     let b = at + FENCE.length, lastLF = -1, prevLF = -1
     for (; b < content.length && /\s/.test(content[b]); b++) if (content[b] === '\n') { prevLF = lastLF; lastLF = b }
@@ -9766,6 +9804,13 @@ function bashBlocks(content: string, max: number): { index: number; end: number;
   return out
 }
 
+/** mini-swe-agent v2's `extra.actions` of an answer (`[{command, tool_call_id?}]`: the commands it ran), else undefined (v1). */
+function miniRecordedActions(m: TranscriptRecord): string[] | undefined {
+  const actions = isJsonRecord(m.extra) ? m.extra.actions : undefined
+  if (!Array.isArray(actions) || !actions.every(a => isJsonRecord(a) && typeof a.command === 'string')) return undefined
+  return actions.map(a => (a as TranscriptRecord).command as string)
+}
+
 function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
   const doc = expectJsonDocument(parsed, 'mini-swe-agent')
   if (!isJsonRecord(doc) || !Array.isArray(doc.messages)) {
@@ -9775,11 +9820,19 @@ function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
   const draft = newTranscriptDraft()
   const usageOf = (m: TranscriptRecord) =>
     (isJsonRecord(m.extra) && isJsonRecord(m.extra.response) ? chatCompletionUsage(m.extra.response.usage) : undefined)
+  // v2 (`mini-swe-agent-1.1`) ends a run with a `role: "exit"` message (exit status, submission): the loop stops there,
+  // so no model ever read it.
+  const isExit = (m: unknown) => isJsonRecord(m) && m.role === 'exit'
+  const exits = list.filter(isExit).length
+  const exitNote = () => { if (exits > 0) draft.notes.push(`skipped ${exits} "exit" message(s) (mini-swe-agent's exit status and submission; no model read them)`) }
   if (list.some(m => isJsonRecord(m) && (m.role === 'tool' || Array.isArray(m.tool_calls)))) {
-    readChatMessages(list, 'messages', draft, usageOf)
+    readChatMessages(list, 'messages', draft, usageOf, isExit)
     draft.notes.push('mini-swe-agent trajectory with native tool calls: read as OpenAI messages')
+    exitNote()
     return finishTranscript('mini-swe-agent', draft)
   }
+  const syntax = miniActionSyntax(doc)
+  const syntaxName = syntax.kind === 'fence' ? `\`\`\`${syntax.word}` : `<${syntax.word}>`
   let calls = 0
   let plain = 0
   let pending: string | undefined
@@ -9787,29 +9840,37 @@ function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
   list.forEach((m, i) => {
     const at = `messages[${i}]`
     if (!isJsonRecord(m)) throw new TranscriptError(`a message must be an object, got ${jsonTypeName(m)}`, { field: at })
-    if (typeof m.content !== 'string') {
-      throw new TranscriptError('mini-swe-agent message content must be a string', { field: `${at}.content` })
+    if (isExit(m)) return
+    // a string, or (v2 with multimodal content, or any content part list) parts as OpenAI's
+    const blocks = typeof m.content === 'string' ? undefined : chatContentBlocks(m.content, `${at}.content`)
+    if (blocks === undefined && typeof m.content !== 'string') {
+      throw new TranscriptError('mini-swe-agent message content must be a string or an array of parts', { field: `${at}.content` })
     }
-    const content = m.content
+    const content = blocks === undefined ? m.content as string : blocksText(blocks)
     const callId = pending
     pending = undefined
     if (m.role === 'system' && draft.messages.length === 0) system.push(content)
     else if (m.role === 'user' && callId !== undefined) {
-      const isError = /^The last command <command>[\s\S]*?<\/command> timed out/.test(content)
-      const result: ToolResultMessage = { role: 'tool', toolCallId: callId, content: [{ type: 'text', text: content }] }
+      // v1's timeout template; v2 renders an exception of the command (a timeout among them) as <exception> and keeps it in extra
+      const exception = isJsonRecord(m.extra) && typeof m.extra.exception_info === 'string' && m.extra.exception_info !== ''
+      const isError = exception || /^The last command <command>[\s\S]*?<\/command> timed out/.test(content)
+      const result: ToolResultMessage = { role: 'tool', toolCallId: callId, content: blocks ?? [{ type: 'text', text: content }] }
+      if (result.content.length === 0) result.content = [{ type: 'text', text: '' }]
       if (isError) result.isError = true
       pushDraft(draft, result, at)
     } else if (m.role === 'user' || m.role === 'system') {
-      pushDraft(draft, { role: 'user', content }, at)
+      pushDraft(draft, { role: 'user', content: blocks ?? content }, at)
     } else if (m.role === 'assistant') {
-      const blocks = bashBlocks(content, 2)
+      const found = actionBlocks(content, 2, syntax)
+      const recorded = miniRecordedActions(m) // v2: what it ran, whatever the syntax
       const out: Block[] = []
-      if (blocks.length === 1) {
-        const b = blocks[0]
-        const text = (content.slice(0, b.index) + content.slice(b.end)).trim()
+      const command = recorded ? (recorded.length === 1 ? recorded[0] : undefined) : found.length === 1 ? found[0].command : undefined
+      if (command !== undefined) {
+        const b = found.length === 1 ? found[0] : undefined
+        const text = b ? (content.slice(0, b.index) + content.slice(b.end)).trim() : content.trim()
         if (text !== '') out.push({ type: 'text', text })
         pending = `mswea-call-${i}`
-        out.push({ type: 'tool-call', id: pending, name: 'bash', arguments: JSON.stringify({ command: b.command }) })
+        out.push({ type: 'tool-call', id: pending, name: 'bash', arguments: JSON.stringify({ command }) })
         calls++
       } else {
         if (content !== '') out.push({ type: 'text', text: content })
@@ -9817,14 +9878,15 @@ function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
       }
       pushDraft(draft, { role: 'assistant', content: out }, at, usageOf(m))
     } else {
-      throw new TranscriptError(`unknown role ${JSON.stringify(m.role)}; mini-swe-agent has system, user, assistant`,
+      throw new TranscriptError(`unknown role ${JSON.stringify(m.role)}; mini-swe-agent has system, user, assistant, exit`,
         { field: `${at}.role` })
     }
   })
   if (system.length > 0) draft.envelope.system = system.join('\n\n')
-  draft.notes.push(`mini-swe-agent has no native tool calls: ${calls} assistant message(s) with exactly one bash block read as ` +
+  draft.notes.push(`mini-swe-agent has no native tool calls: ${calls} assistant message(s) with exactly one ${syntaxName} action read as ` +
     'a `bash` tool call (block moved out of the text) and the next user message as its result' +
-    (plain > 0 ? `; ${plain} with 0 or several bash blocks (format errors, nothing ran) kept as text` : ''))
+    (plain > 0 ? `; ${plain} with 0 or several actions (format errors, nothing ran) kept as text` : ''))
+  exitNote()
   draft.notes.push('envelope.tools unknown: mini-swe-agent sends no tool specs')
   return finishTranscript('mini-swe-agent', draft)
 }

@@ -554,7 +554,7 @@ const ERRORS: { name: string; text: string; format?: TranscriptFormat; line?: nu
   { name: 'dsh request/header with bad tools', text: jsonl(ev(0, 'session/start', {}), ev(1, 'request/header', { tools: [{ description: 'no name' }] })), line: 2, field: 'data.tools[0]', says: /a tool spec needs a string "name"/ },
   { name: 'claude-code user line without message', text: jsonl({ type: 'user', uuid: 'u', sessionId: 's', parentUuid: null }), line: 1, field: 'message', says: /needs a "message" object/ },
   { name: 'claude-code tool_result without id', text: jsonl(cc('u', null, 'user', { role: 'user', content: [{ type: 'tool_result', content: 'x' }] })), line: 1, field: 'message.content[0].tool_use_id', says: /tool_use_id/ },
-  { name: 'mini-swe-agent content not a string', text: JSON.stringify({ trajectory_format: 'mini-swe-agent-1', messages: [{ role: 'user', content: 5 }] }), field: 'messages[0].content', says: /must be a string/ },
+  { name: 'mini-swe-agent content not a string', text: JSON.stringify({ trajectory_format: 'mini-swe-agent-1', messages: [{ role: 'user', content: 5 }] }), field: 'messages[0].content', says: /must be a string or an array of parts/ },
   { name: 'swe-agent empty history', text: JSON.stringify({ history: [], trajectory: [] }), field: 'history', says: /history is empty/ },
   { name: 'unknown format option', text: '[]', format: 'csv' as TranscriptFormat, field: 'format', says: /unknown format "csv"/ },
 ]
@@ -588,4 +588,76 @@ test('the readers table drives the format list, the help and the --format check'
   for (const f of TRANSCRIPT_FORMATS) assert.equal((parseCliArgs(['replay', 'x', '--format', f], {}) as { format: string }).format, f)
   // An inherited property name is no format.
   assert.throws(() => readTranscript('[]', { format: 'toString' as TranscriptFormat }), /unknown format "toString"/)
+})
+
+// ── variants the corpus does not hold: other versions of each tool (hostile review D) ──
+
+test('mini-swe-agent v2 text-based (mini-swe-agent-1.1): ```mswea_bash_command actions, extra.actions, an exception result, the "exit" message skipped', () => {
+  const usage = (p: number, c: number) => ({ response: { usage: { prompt_tokens: p, completion_tokens: c } } })
+  const t = readTranscript(JSON.stringify({
+    trajectory_format: 'mini-swe-agent-1.1',
+    info: { mini_version: '2.0.0', exit_status: 'Submitted', config: { model: { action_regex: '```mswea_bash_command\\s*\\n(.*?)\\n```' } } },
+    messages: [
+      { role: 'system', content: 'sys' },
+      { role: 'user', content: 'task' },
+      { role: 'assistant', content: 'THOUGHT: look\n\n```mswea_bash_command\nls\n```', extra: { actions: [{ command: 'ls' }], ...usage(100, 9) } },
+      { role: 'user', content: '<returncode>0</returncode>\n<output>\na\n</output>', extra: { returncode: 0, exception_info: '' } },
+      { role: 'assistant', content: '```mswea_bash_command\nsleep 99\n```', extra: { actions: [{ command: 'sleep 99' }], ...usage(200, 8) } },
+      { role: 'user', content: '<exception>timed out</exception>\n<returncode>-1</returncode>', extra: { returncode: -1, exception_info: 'An error occurred while executing the command: timed out' } },
+      { role: 'assistant', content: 'two\n```mswea_bash_command\na\n```\n```mswea_bash_command\nb\n```', extra: usage(300, 7) },
+      { role: 'user', content: 'Expected exactly 1 action, found 2.', extra: { interrupt_type: 'FormatError' } },
+      { role: 'exit', content: 'the diff', extra: { exit_status: 'Submitted', submission: 'the diff' } },
+    ],
+  }, null, 2))
+  assert.equal(t.envelope.system, 'sys')
+  assert.deepEqual(t.messages, [
+    { role: 'user', content: 'task' },
+    { role: 'assistant', content: [{ type: 'text', text: 'THOUGHT: look' }, { type: 'tool-call', id: 'mswea-call-2', name: 'bash', arguments: '{"command":"ls"}' }] },
+    { role: 'tool', toolCallId: 'mswea-call-2', content: [{ type: 'text', text: '<returncode>0</returncode>\n<output>\na\n</output>' }] },
+    { role: 'assistant', content: [{ type: 'tool-call', id: 'mswea-call-4', name: 'bash', arguments: '{"command":"sleep 99"}' }] },
+    { role: 'tool', toolCallId: 'mswea-call-4', content: [{ type: 'text', text: '<exception>timed out</exception>\n<returncode>-1</returncode>' }], isError: true },
+    { role: 'assistant', content: [{ type: 'text', text: 'two\n```mswea_bash_command\na\n```\n```mswea_bash_command\nb\n```' }] },
+    { role: 'user', content: 'Expected exactly 1 action, found 2.' },
+  ])
+  assert.deepEqual(t.usage, [{ promptTokens: 100, completionTokens: 9 }, { promptTokens: 200, completionTokens: 8 }, { promptTokens: 300, completionTokens: 7 }])
+  assert.ok(t.notes.some(n => n.startsWith('skipped 1 "exit" message(s)')), t.notes.join('\n'))
+  assert.ok(t.notes.some(n => n.includes('2 assistant message(s) with exactly one ```mswea_bash_command action') && n.includes('1 with 0 or several')), t.notes.join('\n'))
+})
+
+test('mini-swe-agent v2 with tool calls: the "exit" message is skipped, not an unknown role', () => {
+  const t = readTranscript(JSON.stringify({
+    trajectory_format: 'mini-swe-agent-1.1', info: { mini_version: '2.0.0' },
+    messages: [
+      { role: 'system', content: 'sys' },
+      { role: 'user', content: 'task' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'bash', arguments: '{"command":"ls"}' } }],
+        extra: { actions: [{ command: 'ls', tool_call_id: 'c1' }], response: { usage: { prompt_tokens: 50, completion_tokens: 5 } } } },
+      { role: 'tool', tool_call_id: 'c1', content: '<returncode>0</returncode>', extra: { returncode: 0 } },
+      { role: 'exit', content: 'LimitsExceeded', extra: { exit_status: 'LimitsExceeded', submission: '' } },
+    ],
+  }))
+  assert.deepEqual(t.messages.map(m => m.role), ['user', 'assistant', 'tool'])
+  assert.deepEqual(t.usage, [{ promptTokens: 50, completionTokens: 5 }])
+  assert.ok(t.notes.some(n => n.startsWith('skipped 1 "exit" message(s)')), t.notes.join('\n'))
+})
+
+test('mini-swe-agent: content as a list of parts (v2 multimodal), and the XML action of its swebench_xml config', () => {
+  const t = readTranscript(JSON.stringify({
+    trajectory_format: 'mini-swe-agent-1.1', info: { config: { model: { action_regex: '<mswea_bash_command>(.*?)</mswea_bash_command>' } } },
+    messages: [
+      { role: 'system', content: [{ type: 'text', text: 'sys' }] },
+      { role: 'user', content: [{ type: 'text', text: 'task' }] },
+      { role: 'assistant', content: [{ type: 'text', text: 'THOUGHT: x\n<mswea_bash_command>cat a.png</mswea_bash_command>' }] },
+      { role: 'user', content: [{ type: 'text', text: '<returncode>0</returncode>' }, { type: 'image_url', image_url: { url: 'data:image/png;base64,AAAA' } }] },
+    ],
+  }))
+  assert.equal(t.envelope.system, 'sys')
+  assert.deepEqual(t.messages, [
+    { role: 'user', content: [{ type: 'text', text: 'task' }] },
+    { role: 'assistant', content: [{ type: 'text', text: 'THOUGHT: x' }, { type: 'tool-call', id: 'mswea-call-2', name: 'bash', arguments: '{"command":"cat a.png"}' }] },
+    { role: 'tool', toolCallId: 'mswea-call-2', content: [{ type: 'text', text: '<returncode>0</returncode>' }, { type: 'image', image_url: { url: 'data:image/png;base64,AAAA' } }] },
+  ])
+  // a content that is neither a string nor parts is still the transcript's error, at its field
+  assert.throws(() => readTranscript(JSON.stringify({ trajectory_format: 'mini-swe-agent-1', messages: [{ role: 'user', content: { text: 'x' } }] })),
+    (e: unknown) => e instanceof TranscriptError && e.field === 'messages[0].content')
 })
