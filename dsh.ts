@@ -9236,8 +9236,9 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  * - **openai** — `[...]` or `{messages, tools?}`: leading `system`/`developer` messages → `envelope.system`
  *   (a later one becomes a user message, noted); `tool_calls[].function{name, arguments}` → tool-call
  *   blocks; `tool_call_id` → `toolCallId`; `reasoning_content` (or `reasoning`) → a reasoning block;
- *   content as a string or parts (`text`, `image_url` → image; other parts kept as they are);
- *   usage from a message's `usage` when present.
+ *   content as a string or parts (`text`, `input_text`, `output_text` → text, `image_url` → image; other parts
+ *   kept as they are); a `refusal` with no content is the text; the legacy `function_call` is a tool call
+ *   `function-call-<index>` answered by the `function` message after it; usage from a message's `usage` when present.
  * - **mini-swe-agent** — text-based actions (v1, and v2's text-based models): an assistant message with
  *   exactly one action (mini-swe-agent's own rule; 0 or ≥2 are its format errors and ran nothing; v2's
  *   `extra.actions` say which when present) becomes its text without the block plus a tool call `bash`
@@ -9503,6 +9504,8 @@ function chatPartBlock(part: unknown, field: string, at: { line?: number }): Blo
     return { type: 'text', text: part.text }
   }
   if (part.type === 'image_url') return { type: 'image', image_url: part.image_url }
+  // the Responses API's text parts (`input_text`, `output_text`), as some chat logs keep them
+  if ((part.type === 'input_text' || part.type === 'output_text') && typeof part.text === 'string') return { type: 'text', text: part.text }
   return { ...part, type: part.type }
 }
 
@@ -9520,10 +9523,13 @@ function readChatMessages(
 ): void {
   const system: string[] = []
   let lateSystem = 0
+  let functionCall: string | undefined // the id given to the last legacy `function_call`, which a `function` message answers
+  let functionCalls = 0
   list.forEach((m, i) => {
     const at = `${path}[${i}]`
     if (!isJsonRecord(m)) throw new TranscriptError(`a message must be an object, got ${jsonTypeName(m)}`, { field: at })
     if (skip(m)) return
+    if (m.role !== 'function' && m.role !== 'tool') functionCall = undefined
     const role = m.role
     if (role === 'system' || role === 'developer') {
       const text = blocksText(chatContentBlocks(m.content, `${at}.content`))
@@ -9537,6 +9543,19 @@ function readChatMessages(
       const reasoning = m.reasoning_content ?? m.reasoning
       if (typeof reasoning === 'string' && reasoning !== '') content.push({ type: 'reasoning', text: reasoning })
       for (const b of chatContentBlocks(m.content, `${at}.content`)) content.push(b) // not push(...): 200,000 parts overflowed the stack
+      // a refusal is the answer's text (the API takes it back as the message's refusal)
+      if (content.length === 0 && typeof m.refusal === 'string' && m.refusal !== '') content.push({ type: 'text', text: m.refusal })
+      // the legacy `function_call` (before `tool_calls`): one call without an id; the next `function` message is its result
+      if (isJsonRecord(m.function_call) && (m.tool_calls === undefined || m.tool_calls === null)) {
+        const fn = m.function_call
+        if (typeof fn.name !== 'string') {
+          throw new TranscriptError('a function_call needs a string "name"', { field: `${at}.function_call.name` })
+        }
+        functionCall = `function-call-${i}`
+        functionCalls++
+        const args = typeof fn.arguments === 'string' ? fn.arguments : JSON.stringify(fn.arguments ?? {})
+        content.push({ type: 'tool-call', id: functionCall, name: fn.name, arguments: args })
+      }
       if (m.tool_calls !== undefined && m.tool_calls !== null) {
         if (!Array.isArray(m.tool_calls)) {
           throw new TranscriptError('tool_calls must be an array', { field: `${at}.tool_calls` })
@@ -9571,11 +9590,20 @@ function readChatMessages(
       if (ids.length > 1) {
         draft.notes.push(`${at} answers ${ids.length} tool calls; its text went to the first (${ids[0]})`)
       }
+    } else if (role === 'function') {
+      const content = chatContentBlocks(m.content, `${at}.content`)
+      if (content.length === 0) content.push({ type: 'text', text: '' })
+      // with no function_call open, an id no call has: the pairing pass drops it and says so
+      pushDraft(draft, { role: 'tool', toolCallId: functionCall ?? `function ${typeof m.name === 'string' ? m.name : '?'}`, content }, at)
+      functionCall = undefined
     } else {
-      throw new TranscriptError(`unknown role ${JSON.stringify(role)}; accepted roles: system, developer, user, assistant, tool`,
+      throw new TranscriptError(`unknown role ${JSON.stringify(role)}; accepted roles: system, developer, user, assistant, tool, function`,
         { field: `${at}.role` })
     }
   })
+  if (functionCalls > 0) {
+    draft.notes.push(`${functionCalls} legacy function_call(s) read as tool calls with the ids function-call-<index>, each answered by the "function" message after it`)
+  }
   if (system.length > 0) draft.envelope.system = system.join('\n\n')
   if (lateSystem > 0) {
     draft.notes.push(`${lateSystem} system message(s) after the conversation began kept as user messages (in place)`)

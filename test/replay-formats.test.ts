@@ -542,7 +542,7 @@ const ERRORS: { name: string; text: string; format?: TranscriptFormat; line?: nu
   { name: 'JSONL line that is not an object', text: '{"type":"summary","leafUuid":"x","summary":"s"}\n[1]\n', line: 2, says: /must be a JSON object, got array/ },
   { name: 'JSONL of unknown events', text: '{"event":"x"}\n{"event":"y"}\n', line: 1, says: /JSONL that matches no format \(dsh: a first line that is a dsh event \{seq, type, time, data\}; claude-code: Claude Code entries \{type, uuid or sessionId, message\} among the first 50 lines\); its first line's keys are "event"/ },
   { name: 'pretty JSON broken on line 3', text: '{\n  "messages": [\n    {"role": "user",, }\n  ]\n}', line: 3, says: /not valid JSON/ },
-  { name: 'unknown role', text: JSON.stringify({ messages: [{ role: 'user', content: 'a' }, { role: 'function', content: 'b' }] }), field: 'messages[1].role', says: /unknown role "function"/ },
+  { name: 'unknown role', text: JSON.stringify({ messages: [{ role: 'user', content: 'a' }, { role: 'critic', content: 'b' }] }), field: 'messages[1].role', says: /unknown role "critic"; accepted roles: system, developer, user, assistant, tool, function/ },
   { name: 'tool call without id', text: JSON.stringify([{ role: 'assistant', tool_calls: [{ function: { name: 'x', arguments: '{}' } }] }]), field: '[0].tool_calls[0].id', says: /needs a string "id"/ },
   { name: 'tool message without tool_call_id', text: JSON.stringify([{ role: 'tool', content: 'x' }]), field: '[0].tool_call_id', says: /tool_call_id/ },
   { name: 'empty message array', text: '[]', says: /the message array is empty/ },
@@ -660,4 +660,28 @@ test('mini-swe-agent: content as a list of parts (v2 multimodal), and the XML ac
   // a content that is neither a string nor parts is still the transcript's error, at its field
   assert.throws(() => readTranscript(JSON.stringify({ trajectory_format: 'mini-swe-agent-1', messages: [{ role: 'user', content: { text: 'x' } }] })),
     (e: unknown) => e instanceof TranscriptError && e.field === 'messages[0].content')
+})
+
+test('openai: the legacy function_call and its "function" result are a paired tool call; a refusal is text; input_text/output_text parts are text', () => {
+  const t = readTranscript(JSON.stringify([
+    { role: 'user', content: [{ type: 'input_text', text: 'weather?' }] },
+    { role: 'assistant', content: null, function_call: { name: 'get_weather', arguments: '{"city":"Paris"}' } },
+    { role: 'function', name: 'get_weather', content: '{"t":20}' },
+    { role: 'assistant', content: [{ type: 'output_text', text: 'It is 20.' }] },
+    { role: 'function', name: 'get_weather', content: 'no call is open' },
+    { role: 'user', content: 'and tomorrow?' },
+    { role: 'assistant', content: null, refusal: 'I cannot forecast.' },
+  ]))
+  assert.deepEqual(t.messages, [
+    { role: 'user', content: [{ type: 'text', text: 'weather?' }] },
+    { role: 'assistant', content: [{ type: 'tool-call', id: 'function-call-1', name: 'get_weather', arguments: '{"city":"Paris"}' }] },
+    { role: 'tool', toolCallId: 'function-call-1', content: [{ type: 'text', text: '{"t":20}' }] },
+    { role: 'assistant', content: [{ type: 'text', text: 'It is 20.' }] },
+    { role: 'user', content: 'and tomorrow?' },
+    { role: 'assistant', content: [{ type: 'text', text: 'I cannot forecast.' }] },
+  ])
+  assert.ok(t.notes.some(n => n.startsWith('1 legacy function_call(s) read as tool calls')), t.notes.join('\n'))
+  assert.ok(t.notes.some(n => n.startsWith('dropped 1 tool result(s)') && n.includes('function get_weather ([4])')), t.notes.join('\n'))
+  assert.throws(() => readTranscript(JSON.stringify([{ role: 'assistant', content: null, function_call: { arguments: '{}' } }])),
+    (e: unknown) => e instanceof TranscriptError && e.field === '[0].function_call.name')
 })
