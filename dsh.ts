@@ -9126,8 +9126,9 @@ const TRANSCRIPT_READERS = {
   },
   'swe-agent': {
     describe: 'SWE-agent trajectory (.traj with "history")',
-    looksFor: { json: 'an object with "history"' },
-    detect: (p) => p.kind === 'json' && isJsonRecord(p.value) && Array.isArray(p.value.history),
+    looksFor: { json: 'an object with "history", or a "trajectory" of steps' },
+    detect: (p) => p.kind === 'json' && isJsonRecord(p.value) && (Array.isArray(p.value.history) ||
+      (Array.isArray(p.value.trajectory) && p.value.trajectory.length > 0 && isSweAgentStep(p.value.trajectory[0]))),
     read: (p) => readSweAgent(p),
   },
   openai: {
@@ -9249,8 +9250,10 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  *   is a string or a list of parts. v2's native tool calls are read as openai; v2's `exit` message
  *   (exit status, submission) is skipped.
  *   Usage from `extra.response.usage`. Gemini's `reasoning` is not read: mini-swe-agent never sent it back.
- * - **swe-agent** — `history` only (`trajectory[i].messages` repeats it at every step); tool results
- *   carry `tool_call_ids` (an array). No per-call usage in the file.
+ * - **swe-agent** — `history` only (`trajectory[i].messages` repeats it at every step; without `history`,
+ *   the last step's `messages`, else the steps' response, action and observation); tool results carry
+ *   `tool_call_ids` (an array). Without native tool calls an answer's `action` is a `bash` tool call
+ *   `swe-call-<index>` and the observation after it its result. No per-call usage in the file.
  * - **claude-code** — the main chain only by default: the path from the last non-sidechain line back
  *   through `parentUuid` (abandoned branches of a rewind are skipped; compaction boundaries are
  *   crossed through `logicalParentUuid` and Claude Code's own summary dropped, so the raw history is
@@ -9921,16 +9924,79 @@ function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
 
 // ── swe-agent ──
 
+const isSweAgentStep = (v: unknown): boolean => isJsonRecord(v) && ('action' in v || 'observation' in v || Array.isArray(v.messages))
+
+/**
+ * A SWE-agent history as chat messages. Without native tool calls (its thought-action parsers, SWE-agent 0.x
+ * and 1.x), an answer (`message_type: "action"` with a string `action`) becomes a `bash` tool call with
+ * `{"command": action}` (the fenced action moved out of the text) and the observation after it
+ * (`role: "user"`, `message_type: "observation"`) its result, as mini-swe-agent's are read.
+ */
+function sweAgentToolCalls(history: unknown[]): { list: unknown[]; calls: number } {
+  let calls = 0
+  const list = history.map((m, i): unknown => {
+    if (!isJsonRecord(m) || m.role !== 'user' || m.message_type !== 'observation') return m
+    const prev = history[i - 1]
+    if (!isJsonRecord(prev) || prev.role !== 'assistant' || typeof prev.action !== 'string' || (Array.isArray(prev.tool_calls) && prev.tool_calls.length > 0)) return m
+    return { ...m, role: 'tool', tool_call_id: `swe-call-${i - 1}` }
+  })
+  list.forEach((m, i) => {
+    const next = list[i + 1]
+    if (!isJsonRecord(m) || m.role !== 'assistant' || !isJsonRecord(next) || next.tool_call_id !== `swe-call-${i}`) return
+    const action = m.action as string, trimmed = action.trim()
+    let content = typeof m.content === 'string' ? m.content : ''
+    const at = trimmed === '' ? -1 : content.lastIndexOf(trimmed)
+    if (at >= 0) { // the action's fence (```, a line before and after it) goes with it
+      const open = content.lastIndexOf('\n', at - 2) + 1, close = content.indexOf('\n', at + trimmed.length + 1)
+      const fenced = content.startsWith('```', open) && content.slice(at + trimmed.length).trimStart().startsWith('```')
+      const end = fenced ? (close < 0 ? content.length : close) : at + trimmed.length
+      content = (content.slice(0, fenced ? open : at) + content.slice(end)).trim()
+    }
+    calls++
+    list[i] = { ...m, content, tool_calls: [{ id: `swe-call-${i}`, type: 'function', function: { name: 'bash', arguments: JSON.stringify({ command: action }) } }] }
+  })
+  return { list, calls }
+}
+
 function readSweAgent(parsed: ParsedTranscript): Transcript {
   const doc = expectJsonDocument(parsed, 'swe-agent')
-  if (!isJsonRecord(doc) || !Array.isArray(doc.history)) {
-    throw new TranscriptError('a SWE-agent trajectory is a JSON object with a "history" array', { field: 'history' })
+  if (!isJsonRecord(doc) || (!Array.isArray(doc.history) && !Array.isArray(doc.trajectory))) {
+    throw new TranscriptError('a SWE-agent trajectory is a JSON object with a "history" (or "trajectory") array', { field: 'history' })
   }
-  if (doc.history.length === 0) throw new TranscriptError('the history is empty', { field: 'history' })
   const draft = newTranscriptDraft()
-  readChatMessages(doc.history, 'history', draft, () => undefined)
-  draft.notes.push('read "history" only ("trajectory[].messages" repeats it at every step); no per-call usage in SWE-agent ' +
-    'trajectories; envelope.tools unknown (the file names tool bundles, not specs)')
+  let history: unknown[], path = 'history'
+  if (Array.isArray(doc.history)) {
+    history = doc.history
+    draft.notes.push('read "history" only ("trajectory[].messages" repeats it at every step)')
+  } else {
+    // no "history" (an older or trimmed file): the last step's messages, else the steps themselves
+    const steps = doc.trajectory as unknown[]
+    const last = steps[steps.length - 1]
+    if (isJsonRecord(last) && Array.isArray(last.messages)) {
+      history = last.messages
+      path = `trajectory[${steps.length - 1}].messages`
+      draft.notes.push(`no "history": read the last step's messages (${path})`)
+    } else {
+      history = []
+      steps.forEach((st, i) => {
+        if (!isJsonRecord(st) || (typeof st.action !== 'string' && typeof st.observation !== 'string')) {
+          throw new TranscriptError('a trajectory step needs a string "action" or "observation"', { field: `trajectory[${i}]` })
+        }
+        const said = typeof st.response === 'string' ? st.response : typeof st.thought === 'string' ? st.thought : ''
+        history.push({ role: 'assistant', content: said, action: typeof st.action === 'string' ? st.action : '', message_type: 'action' })
+        history.push({ role: 'user', content: typeof st.observation === 'string' ? st.observation : '', message_type: 'observation' })
+      })
+      path = 'trajectory(steps)'
+      draft.notes.push(`no "history": rebuilt from the ${steps.length} trajectory steps (response, action, observation); the system prompt and the task are not in them`)
+    }
+  }
+  if (history.length === 0) throw new TranscriptError(`the ${path === 'history' ? 'history' : 'trajectory'} is empty`, { field: path === 'history' ? 'history' : 'trajectory' })
+  const { list, calls } = sweAgentToolCalls(history)
+  readChatMessages(list, path, draft, () => undefined)
+  if (calls > 0) {
+    draft.notes.push(`${calls} action(s) without native tool calls read as \`bash\` tool calls (swe-call-<index>), each answered by the observation after it`)
+  }
+  draft.notes.push('no per-call usage in SWE-agent trajectories; envelope.tools unknown (the file names tool bundles, not specs)')
   return finishTranscript('swe-agent', draft)
 }
 

@@ -171,7 +171,7 @@ describe('case 4: replay on a file that is not a transcript', () => {
   const cases: [string, string, RegExp][] = [
     ['notes.txt', 'hello world\nsecond line\n', /: line 1: not JSON/],
     ['broken.jsonl', '{"a": 1}\n{"b": \n{"c": 3}\n', /: line 2: not valid JSON/],
-    ['object.json', '{"x": 1}\n', /a JSON object that matches no format \(mini-swe-agent: .*; swe-agent: an object with "history"; openai: .*\); its keys are "x"/],
+    ['object.json', '{"x": 1}\n', /a JSON object that matches no format \(mini-swe-agent: .*; swe-agent: an object with "history", or a "trajectory" of steps; openai: .*\); its keys are "x"/],
     ['empty.jsonl', '', /the file is empty/],
   ]
   for (const [file, content, problem] of cases) {

@@ -536,7 +536,7 @@ const ERRORS: { name: string; text: string; format?: TranscriptFormat; line?: nu
   { name: 'JSON null', text: 'null\n', says: /^a JSON null is not a transcript \(a transcript is a JSON object or array, or JSONL\)/ },
   { name: 'JSON string', text: '"hello"', says: /^a JSON string is not a transcript/ },
   { name: 'JSON number 42', text: ' 42 ', says: /^a JSON number is not a transcript/ },
-  { name: 'JSON object without messages', text: '{"foo": 1, "bar": [2]}', says: /^a JSON object that matches no format \(mini-swe-agent: an object with "trajectory_format": "mini-swe-agent…", or with "messages" and "info.mini_version"; swe-agent: an object with "history"; openai: an array of messages, or an object with "messages"; dsh: one dsh event \{seq, type, time, data\}; claude-code: one Claude Code entry \{type, uuid or sessionId, message\}\); its keys are "foo", "bar"/ },
+  { name: 'JSON object without messages', text: '{"foo": 1, "bar": [2]}', says: /^a JSON object that matches no format \(mini-swe-agent: an object with "trajectory_format": "mini-swe-agent…", or with "messages" and "info.mini_version"; swe-agent: an object with "history", or a "trajectory" of steps; openai: an array of messages, or an object with "messages"; dsh: one dsh event \{seq, type, time, data\}; claude-code: one Claude Code entry \{type, uuid or sessionId, message\}\); its keys are "foo", "bar"/ },
   { name: 'JSON number', text: '[1, 2]', field: '[0]', says: /a message must be an object, got number/ },
   { name: 'JSONL with a broken line 3', text: '{"seq":0,"type":"session/start","time":0,"data":{}}\n{"seq":1,"type":"turn/start","time":1,"data":{}}\n{"seq":2,"type":\n{"seq":3,"type":"turn/end","time":3,"data":{}}\n', line: 3, says: /not valid JSON/ },
   { name: 'JSONL line that is not an object', text: '{"type":"summary","leafUuid":"x","summary":"s"}\n[1]\n', line: 2, says: /must be a JSON object, got array/ },
@@ -684,4 +684,48 @@ test('openai: the legacy function_call and its "function" result are a paired to
   assert.ok(t.notes.some(n => n.startsWith('dropped 1 tool result(s)') && n.includes('function get_weather ([4])')), t.notes.join('\n'))
   assert.throws(() => readTranscript(JSON.stringify([{ role: 'assistant', content: null, function_call: { arguments: '{}' } }])),
     (e: unknown) => e instanceof TranscriptError && e.field === '[0].function_call.name')
+})
+
+test('swe-agent without function calling: an action is a bash tool call, the observation after it its result (the first observation, the task, stays the user\'s)', () => {
+  const history = [
+    { message_type: 'system_prompt', role: 'system', content: 'SETTING', agent: 'primary' },
+    { message_type: 'observation', role: 'user', content: 'ISSUE: fix it', agent: 'primary' },
+    { message_type: 'action', role: 'assistant', content: "Let's list.\n```\nls -F\n```", thought: "Let's list.", action: 'ls -F\n', agent: 'primary' },
+    { message_type: 'observation', role: 'user', content: 'AUTHORS.rst\nsetup.py', agent: 'primary' },
+    { message_type: 'action', role: 'assistant', content: 'DISCUSSION\nOpen it.\n\n```\nopen setup.py\n```\n', thought: 'Open it.', action: 'open setup.py', agent: 'primary' },
+    { message_type: 'observation', role: 'user', content: '[File: setup.py]\n1:import re', agent: 'primary' },
+  ]
+  const expected = [
+    { role: 'user', content: 'ISSUE: fix it' },
+    { role: 'assistant', content: [{ type: 'text', text: "Let's list." }, { type: 'tool-call', id: 'swe-call-2', name: 'bash', arguments: '{"command":"ls -F\\n"}' }] },
+    { role: 'tool', toolCallId: 'swe-call-2', content: [{ type: 'text', text: 'AUTHORS.rst\nsetup.py' }] },
+    { role: 'assistant', content: [{ type: 'text', text: 'DISCUSSION\nOpen it.' }, { type: 'tool-call', id: 'swe-call-4', name: 'bash', arguments: '{"command":"open setup.py"}' }] },
+    { role: 'tool', toolCallId: 'swe-call-4', content: [{ type: 'text', text: '[File: setup.py]\n1:import re' }] },
+  ]
+  const t = readTranscript(JSON.stringify({ environment: 'swe_main', history, trajectory: [], info: {} }, null, 2))
+  assert.equal(t.envelope.system, 'SETTING')
+  assert.deepEqual(t.messages, expected)
+  assert.ok(t.notes.some(n => n.startsWith('2 action(s) without native tool calls read as `bash` tool calls')), t.notes.join('\n'))
+  // the same history as the last step's messages of a file without "history"
+  const fromSteps = readTranscript(JSON.stringify({ trajectory: [{ action: 'ls -F\n', observation: 'x', messages: history.slice(0, 4) }, { action: 'open setup.py', observation: 'y', messages: history }], info: {} }))
+  assert.equal(fromSteps.format, 'swe-agent')
+  assert.deepEqual(fromSteps.messages, expected)
+  assert.ok(fromSteps.notes.some(n => n.startsWith('no "history": read the last step\'s messages (trajectory[1].messages)')), fromSteps.notes.join('\n'))
+})
+
+test('swe-agent: a file with only "trajectory" steps (no messages in them) is rebuilt from response, action and observation', () => {
+  const t = readTranscript(JSON.stringify({ trajectory: [
+    { action: 'ls -F\n', observation: 'AUTHORS', response: "Let's list.\n```\nls -F\n```", thought: "Let's list.", state: '{}' },
+    { action: 'submit', observation: 'diff --git a/x b/x', response: 'Done.\n```\nsubmit\n```', thought: 'Done.' },
+  ], info: { exit_status: 'submitted' } }))
+  assert.equal(t.format, 'swe-agent')
+  assert.deepEqual(t.messages, [
+    { role: 'assistant', content: [{ type: 'text', text: "Let's list." }, { type: 'tool-call', id: 'swe-call-0', name: 'bash', arguments: '{"command":"ls -F\\n"}' }] },
+    { role: 'tool', toolCallId: 'swe-call-0', content: [{ type: 'text', text: 'AUTHORS' }] },
+    { role: 'assistant', content: [{ type: 'text', text: 'Done.' }, { type: 'tool-call', id: 'swe-call-2', name: 'bash', arguments: '{"command":"submit"}' }] },
+    { role: 'tool', toolCallId: 'swe-call-2', content: [{ type: 'text', text: 'diff --git a/x b/x' }] },
+  ])
+  assert.ok(t.notes.some(n => n.startsWith('no "history": rebuilt from the 2 trajectory steps')), t.notes.join('\n'))
+  assert.throws(() => readTranscript(JSON.stringify({ trajectory: [{ action: 'ls' }, { thought: 5 }] }), { format: 'swe-agent' }),
+    (e: unknown) => e instanceof TranscriptError && e.field === 'trajectory[1]' && /needs a string "action" or "observation"/.test(e.message))
 })
