@@ -9132,9 +9132,10 @@ const TRANSCRIPT_READERS = {
     read: (p) => readSweAgent(p),
   },
   openai: {
-    describe: 'OpenAI-style chat messages ([...messages] or {"messages": [...]})',
-    looksFor: { json: 'an array of messages, or an object with "messages"' },
-    detect: (p) => p.kind === 'json' && (Array.isArray(p.value) || (isJsonRecord(p.value) && Array.isArray(p.value.messages))),
+    describe: 'OpenAI-style chat messages ([...messages] or {"messages": [...]}), or a log of its requests and responses',
+    looksFor: { json: 'an array of messages, or an object with "messages"', jsonl: 'request/response lines {request: {messages}, response}' },
+    detect: (p) => (p.kind === 'json' ? Array.isArray(p.value) || (isJsonRecord(p.value) && (Array.isArray(p.value.messages) || isChatCallRecord(p.value)))
+      : isChatCallRecord(p.lines[0].value)),
     read: (p) => readOpenAITranscript(p),
   },
   dsh: {
@@ -9211,11 +9212,14 @@ export interface ReadTranscriptOptions {
 export class TranscriptError extends Error {
   readonly line?: number
   readonly field?: string
+  /** What is wrong, without the place and the accepted formats. */
+  readonly problem: string
   constructor(problem: string, at: { line?: number; field?: string } = {}) {
     const where = [at.line === undefined ? '' : `line ${at.line}`, at.field === undefined ? '' : `field ${at.field}`]
       .filter(Boolean).join(', ')
     super(`${where ? `${where}: ` : ''}${problem}. ${acceptedFormats()}`)
     this.name = 'TranscriptError'
+    this.problem = problem
     this.line = at.line
     this.field = at.field
   }
@@ -9240,6 +9244,9 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  *   content as a string or parts (`text`, `input_text`, `output_text` → text, `image_url` → image; other parts
  *   kept as they are); a `refusal` with no content is the text; the legacy `function_call` is a tool call
  *   `function-call-<index>` answered by the `function` message after it; usage from a message's `usage` when present.
+ *   A request/response log (JSONL or a JSON array of `{request: {messages, tools?}, response: {choices, usage}}`,
+ *   `body` inside either as in OpenAI's batch files, or one object with `messages` and `choices`): the last
+ *   request's messages and its response's message, each call's usage on the answer it produced.
  * - **mini-swe-agent** — text-based actions (v1, and v2's text-based models): an assistant message with
  *   exactly one action (mini-swe-agent's own rule; 0 or ≥2 are its format errors and ran nothing; v2's
  *   `extra.actions` say which when present) becomes its text without the block plus a tool call `bash`
@@ -9739,6 +9746,8 @@ function recordedUsage(usage: Usage): Usage | undefined {
 // ── openai ──
 
 function readOpenAITranscript(parsed: ParsedTranscript): Transcript {
+  const calls = chatCallRecords(parsed)
+  if (calls) return readChatCallLog(calls)
   const doc = expectJsonDocument(parsed, 'openai')
   const draft = newTranscriptDraft()
   let list: unknown
@@ -9758,6 +9767,84 @@ function readOpenAITranscript(parsed: ParsedTranscript): Transcript {
     if (typeof doc.system === 'string' && draft.envelope.system === undefined) draft.envelope.system = doc.system
     if (doc.tools !== undefined) draft.envelope.tools = readToolSpecs(doc.tools, 'tools')
   }
+  return finishTranscript('openai', draft)
+}
+
+// A request/response log: one entry per API call, `{request: {messages, tools?}, response: {choices: [{message}], usage}}`
+// (either may wrap its body in `body`, as OpenAI's batch files do), or one object holding the request's `messages` and
+// the response's `choices` side by side.
+
+const chatCallRequest = (v: TranscriptRecord): TranscriptRecord | undefined => {
+  const r = isJsonRecord(v.request) ? (isJsonRecord(v.request.body) ? v.request.body : v.request) : Array.isArray(v.choices) ? v : undefined
+  return r && Array.isArray(r.messages) ? r : undefined
+}
+const chatCallResponse = (v: TranscriptRecord): TranscriptRecord | undefined => {
+  const r = isJsonRecord(v.response) ? (isJsonRecord(v.response.body) ? v.response.body : v.response) : Array.isArray(v.choices) ? v : undefined
+  return r && Array.isArray(r.choices) ? r : undefined
+}
+function isChatCallRecord(v: unknown): v is TranscriptRecord {
+  return isJsonRecord(v) && chatCallRequest(v) !== undefined && ('response' in v || Array.isArray(v.choices))
+}
+
+interface ChatCall { value: TranscriptRecord; line?: number; field: string }
+
+/** The entries of a request/response log (JSONL, a JSON array of them, or one), else undefined (plain messages). */
+function chatCallRecords(parsed: ParsedTranscript): ChatCall[] | undefined {
+  if (parsed.kind === 'jsonl') return isChatCallRecord(parsed.lines[0].value) ? parsed.lines.map(l => ({ value: l.value, line: l.line, field: '' })) : undefined
+  const doc = parsed.value
+  if (isChatCallRecord(doc)) return [{ value: doc, field: '' }]
+  if (Array.isArray(doc) && doc.length > 0 && isChatCallRecord(doc[0])) {
+    return doc.map((v, i) => {
+      if (!isJsonRecord(v)) throw new TranscriptError(`a log entry must be an object, got ${jsonTypeName(v)}`, { field: `[${i}]` })
+      return { value: v, field: `[${i}].` }
+    })
+  }
+  return undefined
+}
+
+/** Runs `read`; a TranscriptError it throws without a line gets `line` (a JSONL entry's). */
+function atLine<T>(line: number | undefined, read: () => T): T {
+  try { return read() } catch (err) {
+    if (line === undefined || !(err instanceof TranscriptError) || err.line !== undefined) throw err
+    throw new TranscriptError(err.problem, { line, field: err.field })
+  }
+}
+
+/**
+ * A request/response log → transcript: the conversation is the last request's messages and the message of its response;
+ * each call's usage goes to the answer it produced, the message right after its request's (when that request is the
+ * same conversation: its last message is the conversation's at that place). A call that is not is counted in a note.
+ */
+function readChatCallLog(calls: ChatCall[]): Transcript {
+  const draft = newTranscriptDraft()
+  const entries = calls.map(c => {
+    const request = chatCallRequest(c.value), response = chatCallResponse(c.value)
+    if (!request) {
+      throw new TranscriptError('a request/response log entry needs "request": {"messages": [...]}', { line: c.line, field: `${c.field}request.messages` })
+    }
+    return { ...c, request, response, messages: request.messages as unknown[] }
+  })
+  const last = entries[entries.length - 1]
+  const conversation: unknown[] = [...last.messages]
+  const answerOf = (r: TranscriptRecord | undefined) => (r && Array.isArray(r.choices) && isJsonRecord(r.choices[0]) && isJsonRecord(r.choices[0].message) ? r.choices[0].message : undefined)
+  const answer = answerOf(last.response)
+  if (answer) conversation.push({ role: 'assistant', ...answer })
+  let placed = 0, unplaced = 0
+  const sameJson = (a: unknown, b: unknown) => JSON.stringify(a) === JSON.stringify(b)
+  for (const e of entries) {
+    const n = e.messages.length, at = conversation[n]
+    const usage = e.response?.usage
+    if (usage === undefined) continue
+    if (isJsonRecord(at) && at.role === 'assistant' && at.usage === undefined && (n === 0 || sameJson(e.messages[n - 1], conversation[n - 1]))) {
+      conversation[n] = { ...at, usage }
+      placed++
+    } else unplaced++
+  }
+  if (conversation.length === 0) throw new TranscriptError('the last request has no messages and its response no message', { line: last.line, field: `${last.field}request.messages` })
+  atLine(last.line, () => readChatMessages(conversation, `${last.field}request.messages`, draft, m => chatCompletionUsage(m.usage)))
+  if (last.request.tools !== undefined) draft.envelope.tools = atLine(last.line, () => readToolSpecs(last.request.tools, `${last.field}request.tools`))
+  draft.notes.push(`a request/response log of ${calls.length} call(s): the last request's messages and its response replayed; ` +
+    `usage of ${placed} call(s) on the answers they produced` + (unplaced > 0 ? `; ${unplaced} call(s) with usage are of another conversation or a changed one (not placed)` : ''))
   return finishTranscript('openai', draft)
 }
 

@@ -4,7 +4,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import fc from 'fast-check'
 import {
-  detectTranscriptFormat, readTranscript, TranscriptError, TRANSCRIPT_FORMATS, cliHelp, parseCliArgs, Session, MemoryStore, PRUNE_MARKER, unmanagedSession,
+  detectTranscriptFormat, readTranscript, runReplay, TranscriptError, TRANSCRIPT_FORMATS, cliHelp, parseCliArgs, Session, MemoryStore, PRUNE_MARKER, unmanagedSession,
   type Message, type ToolResultMessage, type ToolCallBlock, type Transcript, type TranscriptFormat, internals,
 } from '../dsh.ts'
 
@@ -540,7 +540,7 @@ const ERRORS: { name: string; text: string; format?: TranscriptFormat; line?: nu
   { name: 'JSON number', text: '[1, 2]', field: '[0]', says: /a message must be an object, got number/ },
   { name: 'JSONL with a broken line 3', text: '{"seq":0,"type":"session/start","time":0,"data":{}}\n{"seq":1,"type":"turn/start","time":1,"data":{}}\n{"seq":2,"type":\n{"seq":3,"type":"turn/end","time":3,"data":{}}\n', line: 3, says: /not valid JSON/ },
   { name: 'JSONL line that is not an object', text: '{"type":"summary","leafUuid":"x","summary":"s"}\n[1]\n', line: 2, says: /must be a JSON object, got array/ },
-  { name: 'JSONL of unknown events', text: '{"event":"x"}\n{"event":"y"}\n', line: 1, says: /JSONL that matches no format \(dsh: a first line that is a dsh event \{seq, type, time, data\}; claude-code: Claude Code entries \{type, uuid or sessionId, message\} among the first 50 lines\); its first line's keys are "event"/ },
+  { name: 'JSONL of unknown events', text: '{"event":"x"}\n{"event":"y"}\n', line: 1, says: /JSONL that matches no format \(openai: request\/response lines \{request: \{messages\}, response\}; dsh: a first line that is a dsh event \{seq, type, time, data\}; claude-code: Claude Code entries \{type, uuid or sessionId, message\} among the first 50 lines\); its first line's keys are "event"/ },
   { name: 'pretty JSON broken on line 3', text: '{\n  "messages": [\n    {"role": "user",, }\n  ]\n}', line: 3, says: /not valid JSON/ },
   { name: 'unknown role', text: JSON.stringify({ messages: [{ role: 'user', content: 'a' }, { role: 'critic', content: 'b' }] }), field: 'messages[1].role', says: /unknown role "critic"; accepted roles: system, developer, user, assistant, tool, function/ },
   { name: 'tool call without id', text: JSON.stringify([{ role: 'assistant', tool_calls: [{ function: { name: 'x', arguments: '{}' } }] }]), field: '[0].tool_calls[0].id', says: /needs a string "id"/ },
@@ -728,4 +728,47 @@ test('swe-agent: a file with only "trajectory" steps (no messages in them) is re
   assert.ok(t.notes.some(n => n.startsWith('no "history": rebuilt from the 2 trajectory steps')), t.notes.join('\n'))
   assert.throws(() => readTranscript(JSON.stringify({ trajectory: [{ action: 'ls' }, { thought: 5 }] }), { format: 'swe-agent' }),
     (e: unknown) => e instanceof TranscriptError && e.field === 'trajectory[1]' && /needs a string "action" or "observation"/.test(e.message))
+})
+
+test('openai request/response log (JSONL, a JSON array, one merged object): the last request and its answer, each call\'s usage on the answer it produced', async () => {
+  const call = (id: string) => ({ id, type: 'function', function: { name: 'sh', arguments: `{"cmd":"${id}"}` } })
+  const m1 = [{ role: 'system', content: 'sys' }, { role: 'user', content: 'go' }]
+  const a1 = { role: 'assistant', content: null, tool_calls: [call('c1')] }
+  const m2 = [...m1, a1, { role: 'tool', tool_call_id: 'c1', content: 'out1' }]
+  const a2 = { role: 'assistant', content: 'done' }
+  const usage = (p: number, c: number) => ({ prompt_tokens: p, completion_tokens: c, prompt_tokens_details: { cached_tokens: p - 10 } })
+  const entries = [
+    { request: { model: 'gpt-4o', messages: m1, tools: [{ type: 'function', function: { name: 'sh', parameters: { type: 'object' } } }] },
+      response: { id: 'chatcmpl-1', object: 'chat.completion', choices: [{ index: 0, message: a1, finish_reason: 'tool_calls' }], usage: usage(1200, 30) } },
+    { request: { model: 'gpt-4o', messages: [{ role: 'user', content: 'another conversation' }] },
+      response: { choices: [{ message: { role: 'assistant', content: 'x' } }], usage: usage(50, 1) } },
+    { request: { model: 'gpt-4o', messages: m2, tools: [{ type: 'function', function: { name: 'sh', parameters: { type: 'object' } } }] },
+      response: { choices: [{ message: a2, finish_reason: 'stop' }], usage: usage(1300, 5) } },
+  ]
+  const expected = [
+    { role: 'user', content: 'go' },
+    { role: 'assistant', content: [{ type: 'tool-call', id: 'c1', name: 'sh', arguments: '{"cmd":"c1"}' }] },
+    { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: 'out1' }] },
+    { role: 'assistant', content: [{ type: 'text', text: 'done' }] },
+  ]
+  const expectedUsage = [{ promptTokens: 1200, completionTokens: 30, cachedTokens: 1190 }, { promptTokens: 1300, completionTokens: 5, cachedTokens: 1290 }]
+  for (const text of [jsonl(...entries), JSON.stringify(entries, null, 2)]) {
+    assert.equal(detectTranscriptFormat(text), 'openai')
+    const t = readTranscript(text)
+    assert.deepEqual(t.envelope, { system: 'sys', tools: [{ name: 'sh', parameters: { type: 'object' } }] })
+    assert.deepEqual(t.messages, expected)
+    assert.deepEqual(t.usage, expectedUsage)
+    assert.ok(t.notes.some(n => n.startsWith('a request/response log of 3 call(s)') && n.includes('usage of 2 call(s)') && n.includes('1 call(s) with usage are of another conversation')), t.notes.join('\n'))
+  }
+  // the provider's prompt tokens reach the report as the recorded figures of its steps
+  const { report } = await runReplay(jsonl(...entries), { contextWindow: 16_000 })
+  assert.deepEqual(report.rows.filter(r => r.recordedPromptTokens !== undefined).map(r => r.recordedPromptTokens), [1200, 1300])
+  // one object with the request's messages and the response's choices side by side: the answer is no longer dropped
+  const merged = readTranscript(JSON.stringify({ model: 'gpt-4o', messages: m2, choices: [{ message: a2 }], usage: usage(1300, 5) }))
+  assert.deepEqual(merged.messages, expected)
+  assert.deepEqual(merged.usage, [undefined, expectedUsage[1]])
+  // a broken message in the last request of a JSONL log is named by its line and field
+  const bad = jsonl(entries[0], { request: { messages: [...m2.slice(0, 3), { role: 'critic', content: 'x' }] }, response: { choices: [] } })
+  assert.throws(() => readTranscript(bad), (e: unknown) => e instanceof TranscriptError && e.line === 2 && e.field === 'request.messages[3].role' && /^line 2, field request\.messages\[3\]\.role: unknown role "critic"/.test(e.message))
+  assert.throws(() => readTranscript(jsonl(entries[0], { response: {} })), (e: unknown) => e instanceof TranscriptError && e.line === 2 && e.field === 'request.messages')
 })
