@@ -9706,6 +9706,11 @@ function pairToolCalls(draft: TranscriptDraft): Message[] {
 }
 
 function finishTranscript(format: TranscriptFormat, draft: TranscriptDraft): Transcript {
+  if (draft.messages.length === 0) {
+    // a report of 0 steps would look like a replay of nothing; say what the file held instead
+    const said = draft.notes.length > 0 ? ` (${draft.notes.join('; ')})` : ''
+    throw new TranscriptError(`no conversation to replay: the ${format} file holds no user, assistant or tool message${said}`)
+  }
   const messages = pairToolCalls(draft)
   const refused: string[] = []
   let k = 0 // the assistant message's index in draft.usage
@@ -10122,6 +10127,10 @@ function readClaudeCode(parsed: ParsedTranscript, withSidechains: boolean): Tran
     runs.set(root, run)
   }
   let chain = main
+  if (entries.length === 0) {
+    const only = skippedTypes.size > 0 ? `only ${[...skippedTypes].map(([t, n]) => `${n} ${t}`).join(', ')} line(s)` : 'no lines'
+    throw new TranscriptError(`no conversation to replay: no "user" or "assistant" line, ${only}`)
+  }
   if (main.length === 0) {
     chain = entries
     notes.push('every line is a sidechain (a subagent file): read the run that ends the file')
@@ -10200,8 +10209,9 @@ function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, Json
     path = candidates
     draft.notes.push('lines without "uuid": read in file order')
   }
-  const assistants = new Map<string, { message: AssistantMessage; usageIndex: number; outputTokens: number }>()
-  let compactSummaries = 0
+  // one API response's lines, by message.id; `seen`: its blocks as JSON (a line written twice adds nothing)
+  const assistants = new Map<string, { message: AssistantMessage; usageIndex: number; outputTokens: number; requestId?: string; seen: Set<string> }>()
+  let compactSummaries = 0, rewritten = 0, reusedIds = 0
   for (const l of path) {
     const v = l.value
     const msg = v.message
@@ -10253,10 +10263,21 @@ function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, Json
         return chatPartBlock(b, field, at)
       })
       const id = typeof msg.id === 'string' ? msg.id : String(v.uuid ?? `line ${l.line}`)
+      const requestId = typeof v.requestId === 'string' && v.requestId !== '' ? v.requestId : undefined
       const usage = claudeUsage(msg.usage)
-      const group = assistants.get(id)
+      const found = assistants.get(id)
+      // A line continues the response of its message.id when nothing came between them, or when both name the same
+      // requestId; else it is a new response that reuses the id (a gateway or relay that answers every request with one
+      // message id merged a whole session into one message).
+      const group = found && (draft.messages[draft.messages.length - 1] === found.message ||
+        (requestId !== undefined && found.requestId === requestId)) ? found : undefined
       if (group) {
-        for (const b of blocks) group.message.content.push(b) // not push(...blocks): a large group overflowed the stack
+        for (const b of blocks) { // not push(...blocks): a large group overflowed the stack
+          const key = JSON.stringify(b)
+          if (group.seen.has(key)) { rewritten++; continue } // the same block again: a rewritten line (streaming updates)
+          group.seen.add(key)
+          group.message.content.push(b)
+        }
         // Later lines of one response carry the running output count: keep the largest.
         if (usage && usage.completionTokens >= group.outputTokens) {
           draft.usage[group.usageIndex] = usage
@@ -10264,13 +10285,18 @@ function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, Json
         }
       } else {
         const message: AssistantMessage = { role: 'assistant', content: blocks }
-        assistants.set(id, { message, usageIndex: draft.usage.length, outputTokens: usage?.completionTokens ?? -1 })
+        if (found) reusedIds++
+        assistants.set(id, { message, usageIndex: draft.usage.length, outputTokens: usage?.completionTokens ?? -1, requestId, seen: new Set(blocks.map(b => JSON.stringify(b))) })
         pushDraft(draft, message, where, usage)
       }
     }
   }
   if (compactSummaries > 0) {
     draft.notes.push(`dropped ${compactSummaries} compact-summary user message(s) written by Claude Code's own compaction`)
+  }
+  if (rewritten > 0) draft.notes.push(`skipped ${rewritten} content block(s) written again by a later line of the same response (same message.id)`)
+  if (reusedIds > 0) {
+    draft.notes.push(`${reusedIds} response(s) reuse an earlier response's message.id after other messages (a gateway's fixed id?): read as responses of their own`)
   }
   draft.notes.push('envelope unknown: Claude Code logs record neither the system prompt nor the tool specs')
   return finishTranscript('claude-code', draft)

@@ -410,6 +410,7 @@ test('hostile sizes: 16,000 reuses of one call id, a torn line after 800,000 bla
     ...Array.from({ length: 16_000 }, () => ({ role: 'assistant', content: null, tool_calls: [{ id: 'a', type: 'function', function: { name: 'f', arguments: '{}' } }] }))])
   assert.equal(await readInChild(ids, 't.messages.filter((m) => m.role === "assistant").length'), '16001')
   const torn = JSON.stringify({ seq: 0, type: 'session/start', time: 0, data: { id: 'x', version: '0.1.0', format: 1 } }) + '\n'
+    + JSON.stringify({ seq: 1, type: 'user/message', time: 1, data: { message: { role: 'user', content: 'hi' }, surfaceOp: { op: 'append' } } }) + '\n'
     + '\n \n'.repeat(400_000) + '{broken'
   assert.match(await readInChild(torn, 't.notes.join(" | ")'), /dropped the torn last line/)
   const parts = JSON.stringify([{ role: 'user', content: 'u' }, { role: 'assistant', content: Array.from({ length: 200_000 }, () => ({ type: 'text', text: 'x' })) }])
@@ -771,4 +772,61 @@ test('openai request/response log (JSONL, a JSON array, one merged object): the 
   const bad = jsonl(entries[0], { request: { messages: [...m2.slice(0, 3), { role: 'critic', content: 'x' }] }, response: { choices: [] } })
   assert.throws(() => readTranscript(bad), (e: unknown) => e instanceof TranscriptError && e.line === 2 && e.field === 'request.messages[3].role' && /^line 2, field request\.messages\[3\]\.role: unknown role "critic"/.test(e.message))
   assert.throws(() => readTranscript(jsonl(entries[0], { response: {} })), (e: unknown) => e instanceof TranscriptError && e.line === 2 && e.field === 'request.messages')
+})
+
+test('a file that holds no conversation is an error that says what it held, never a report of 0 steps', () => {
+  const cases: [string, string, RegExp][] = [
+    ['claude-code, only summary and snapshot lines', jsonl({ type: 'summary', summary: 'x', leafUuid: 'u9' }, { type: 'file-history-snapshot', messageId: 'm', snapshot: {}, isSnapshotUpdate: false }),
+      /^no conversation to replay: no "user" or "assistant" line, only 1 summary, 1 file-history-snapshot line\(s\)\. Accepted formats/],
+    ['openai, only a system message', JSON.stringify([{ role: 'system', content: 'be brief' }]), /^no conversation to replay: the openai file holds no user, assistant or tool message/],
+    ['dsh, only session/start', jsonl(ev(0, 'session/start', { id: 's', version: '0.1.0' })), /^no conversation to replay: the dsh file holds no user, assistant or tool message/],
+    ['mini-swe-agent, only the system prompt and the exit', JSON.stringify({ trajectory_format: 'mini-swe-agent-1.1', messages: [{ role: 'system', content: 's' }, { role: 'exit', content: '' }] }),
+      /^no conversation to replay: the mini-swe-agent file holds no user, assistant or tool message \(.*skipped 1 "exit" message/],
+  ]
+  for (const [name, text, says] of cases) {
+    assert.throws(() => readTranscript(text), (e: unknown) => e instanceof TranscriptError && says.test(e.message), name)
+  }
+})
+
+test('claude-code: a line written twice within one response adds nothing; a message.id reused by later responses (a gateway) does not merge them', () => {
+  const usage = (i: number, o: number) => ({ input_tokens: i, output_tokens: o, cache_creation_input_tokens: 0, cache_read_input_tokens: 0 })
+  const a = (uuid: string, parent: string, id: string, block: object, u: object, requestId?: string) =>
+    cc(uuid, parent, 'assistant', { id, role: 'assistant', content: [block], usage: u }, requestId ? { requestId } : {})
+  const text = jsonl(
+    cc('u1', null, 'user', { role: 'user', content: 'first' }),
+    a('a1', 'u1', 'msg_1', { type: 'text', text: 'looking' }, usage(100, 1), 'req_1'),
+    a('a2', 'a1', 'msg_1', { type: 'text', text: 'looking' }, usage(100, 5), 'req_1'), // the same block again, a later usage snapshot
+    a('a3', 'a2', 'msg_1', { type: 'tool_use', id: 't1', name: 'Bash', input: { command: 'ls' } }, usage(100, 9), 'req_1'),
+    cc('r1', 'a3', 'user', { role: 'user', content: [{ type: 'tool_result', tool_use_id: 't1', content: 'a b' }] }),
+    // a relay answers every request with the message id "ocgo" and no requestId
+    a('g1', 'r1', 'ocgo', { type: 'tool_use', id: 't2', name: 'Bash', input: { command: 'pwd' } }, usage(200, 3)),
+    cc('r2', 'g1', 'user', { role: 'user', content: [{ type: 'tool_result', tool_use_id: 't2', content: '/x' }] }),
+    a('g2', 'r2', 'ocgo', { type: 'text', text: 'done' }, usage(300, 2)),
+    cc('u2', 'g2', 'user', { role: 'user', content: 'again' }),
+    a('g3', 'u2', 'ocgo', { type: 'text', text: 'ok' }, usage(400, 1)),
+  )
+  const t = readTranscript(text)
+  assert.deepEqual(t.messages, [
+    { role: 'user', content: 'first' },
+    { role: 'assistant', content: [{ type: 'text', text: 'looking' }, { type: 'tool-call', id: 't1', name: 'Bash', arguments: '{"command":"ls"}' }] },
+    { role: 'tool', toolCallId: 't1', content: [{ type: 'text', text: 'a b' }] },
+    { role: 'assistant', content: [{ type: 'tool-call', id: 't2', name: 'Bash', arguments: '{"command":"pwd"}' }] },
+    { role: 'tool', toolCallId: 't2', content: [{ type: 'text', text: '/x' }] },
+    { role: 'assistant', content: [{ type: 'text', text: 'done' }] },
+    { role: 'user', content: 'again' },
+    { role: 'assistant', content: [{ type: 'text', text: 'ok' }] },
+  ])
+  assert.deepEqual(t.usage.map(u => u && [u.promptTokens, u.completionTokens]), [[100, 9], [200, 3], [300, 2], [400, 1]])
+  assert.ok(t.notes.some(n => n.startsWith('skipped 1 content block(s) written again')), t.notes.join('\n'))
+  assert.ok(t.notes.some(n => n.startsWith('2 response(s) reuse an earlier response\'s message.id')), t.notes.join('\n'))
+  // lines of one response (one requestId) around a tool result written in between still make one message
+  const interleaved = readTranscript(jsonl(
+    cc('u1', null, 'user', { role: 'user', content: 'go' }),
+    a('a1', 'u1', 'msg_1', { type: 'tool_use', id: 't1', name: 'Read', input: { file_path: 'a' } }, usage(100, 4), 'req_1'),
+    cc('r1', 'a1', 'user', { role: 'user', content: [{ type: 'tool_result', tool_use_id: 't1', content: 'A' }] }),
+    a('a2', 'r1', 'msg_1', { type: 'tool_use', id: 't2', name: 'Read', input: { file_path: 'b' } }, usage(100, 8), 'req_1'),
+    cc('r2', 'a2', 'user', { role: 'user', content: [{ type: 'tool_result', tool_use_id: 't2', content: 'B' }] }),
+  ))
+  assert.deepEqual(interleaved.messages.map(m => m.role), ['user', 'assistant', 'tool', 'tool'])
+  assert.deepEqual(interleaved.usage.map(u => u?.completionTokens), [8])
 })
