@@ -9246,7 +9246,9 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  *   `function-call-<index>` answered by the `function` message after it; usage from a message's `usage` when present.
  *   A request/response log (JSONL or a JSON array of `{request: {messages, tools?}, response: {choices, usage}}`,
  *   `body` inside either as in OpenAI's batch files, or one object with `messages` and `choices`): the last
- *   request's messages and its response's message, each call's usage on the answer it produced.
+ *   request's messages and its response's message, each call's usage on the answer it produced. Responses API
+ *   items (`message`, `reasoning`, `function_call`, `function_call_output`, or a whole `response` object) are
+ *   read as the chat messages they stand for (here, and in mini-swe-agent's and SWE-agent's files).
  * - **mini-swe-agent** — text-based actions (v1, and v2's text-based models): an assistant message with
  *   exactly one action (mini-swe-agent's own rule; 0 or ≥2 are its format errors and ran nothing; v2's
  *   `extra.actions` say which when present) becomes its text without the block plus a tool call `bash`
@@ -9535,7 +9537,9 @@ function readChatMessages(
   let lateSystem = 0
   let functionCall: string | undefined // the id given to the last legacy `function_call`, which a `function` message answers
   let functionCalls = 0
-  list.forEach((m, i) => {
+  const entries = responsesItemsAsChat(list, path, skip)
+  if (entries.length !== list.length) draft.notes.push(`OpenAI Responses API items read as chat messages (${list.length} item(s) → ${entries.length} message(s))`)
+  entries.forEach(({ value: m, index: i }) => {
     const at = `${path}[${i}]`
     if (!isJsonRecord(m)) throw new TranscriptError(`a message must be an object, got ${jsonTypeName(m)}`, { field: at })
     if (skip(m)) return
@@ -9618,6 +9622,69 @@ function readChatMessages(
   if (lateSystem > 0) {
     draft.notes.push(`${lateSystem} system message(s) after the conversation began kept as user messages (in place)`)
   }
+}
+
+const isResponsesItem = (m: unknown): m is TranscriptRecord => isJsonRecord(m) && m.role === undefined && (typeof m.type === 'string' || m.object === 'response')
+
+/** Responses API usage (`input_tokens`, `output_tokens`, `input_tokens_details.cached_tokens`) in the chat-completions shape. */
+function responsesUsageAsChat(u: unknown): TranscriptRecord | undefined {
+  if (!isJsonRecord(u) || typeof u.input_tokens !== 'number' || typeof u.output_tokens !== 'number') return undefined
+  const usage: TranscriptRecord = { prompt_tokens: u.input_tokens, completion_tokens: u.output_tokens }
+  if (isJsonRecord(u.input_tokens_details)) usage.prompt_tokens_details = { cached_tokens: u.input_tokens_details.cached_tokens }
+  if (isJsonRecord(u.output_tokens_details)) usage.completion_tokens_details = { reasoning_tokens: u.output_tokens_details.reasoning_tokens }
+  return usage
+}
+
+/**
+ * OpenAI Responses API items among chat messages (its logs; mini-swe-agent v2's response models, which record each
+ * answer as the whole `response` object) → chat messages, each with the index of the item it starts at (for field
+ * paths): a run of `reasoning`, `function_call` and assistant `message` items, or one `response` object's `output`,
+ * is one assistant message (its usage the response's); `function_call_output` is a tool message; an item with a
+ * role (`{type: "message", role: "user", …}`) passes as a message. Without such items the list is as it was.
+ */
+function responsesItemsAsChat(list: unknown[], path: string, skip: (m: TranscriptRecord) => boolean): { value: unknown; index: number }[] {
+  if (!list.some(isResponsesItem)) return list.map((value, index) => ({ value, index }))
+  const out: { value: unknown; index: number }[] = []
+  let open: { role: 'assistant'; content: unknown[]; tool_calls: unknown[]; reasoning_content?: string; usage?: unknown } | undefined
+  const assistant = (index: number) => {
+    if (!open) { open = { role: 'assistant', content: [], tool_calls: [] }; out.push({ value: open, index }) }
+    return open
+  }
+  list.forEach((m, index) => {
+    if (!isResponsesItem(m) || skip(m)) { open = undefined; out.push({ value: m, index }); return }
+    const whole = m.object === 'response'
+    if (whole) open = undefined // each recorded response is one answer
+    const items: unknown[] = whole ? (Array.isArray(m.output) ? m.output : []) : [m]
+    items.forEach((item, k) => {
+      const field = whole ? `${path}[${index}].output[${k}]` : `${path}[${index}]`
+      if (!isJsonRecord(item)) throw new TranscriptError(`a Responses API item must be an object, got ${jsonTypeName(item)}`, { field })
+      if (item.type === 'function_call') {
+        assistant(index).tool_calls.push({ id: item.call_id ?? item.id, type: 'function', function: { name: item.name, arguments: item.arguments } })
+      } else if (item.type === 'reasoning') {
+        const text = Array.isArray(item.summary) ? item.summary.map(p => (isJsonRecord(p) && typeof p.text === 'string' ? p.text : '')).join('\n') : ''
+        const a = assistant(index)
+        if (text !== '') a.reasoning_content = a.reasoning_content === undefined ? text : `${a.reasoning_content}\n${text}`
+      } else if (item.type === 'message' && (item.role === 'assistant' || item.role === undefined)) {
+        const parts = typeof item.content === 'string' ? [{ type: 'text', text: item.content }] : Array.isArray(item.content) ? item.content : []
+        for (const part of parts) assistant(index).content.push(part)
+      } else if (item.type === 'function_call_output') {
+        open = undefined
+        out.push({ value: { role: 'tool', tool_call_id: item.call_id, content: item.output ?? null }, index })
+      } else if (typeof item.role === 'string') {
+        open = undefined
+        out.push({ value: item, index })
+      } else {
+        throw new TranscriptError(`a Responses API item of type ${JSON.stringify(item.type)}, which replay does not read (it reads message, reasoning, function_call and function_call_output)`, { field: `${field}.type` })
+      }
+    })
+    if (whole) {
+      const a = assistant(index)
+      const usage = responsesUsageAsChat(m.usage)
+      if (usage) a.usage = usage
+      open = undefined
+    }
+  })
+  return out
 }
 
 /** The text of a synthesised result (the pairing pass), stated as what it is: not the tool's output. */
@@ -9942,13 +10009,13 @@ function readMiniSweAgent(parsed: ParsedTranscript): Transcript {
   const list: unknown[] = doc.messages
   const draft = newTranscriptDraft()
   const usageOf = (m: TranscriptRecord) =>
-    (isJsonRecord(m.extra) && isJsonRecord(m.extra.response) ? chatCompletionUsage(m.extra.response.usage) : undefined)
+    (isJsonRecord(m.extra) && isJsonRecord(m.extra.response) ? chatCompletionUsage(m.extra.response.usage) : undefined) ?? chatCompletionUsage(m.usage)
   // v2 (`mini-swe-agent-1.1`) ends a run with a `role: "exit"` message (exit status, submission): the loop stops there,
   // so no model ever read it.
   const isExit = (m: unknown) => isJsonRecord(m) && m.role === 'exit'
   const exits = list.filter(isExit).length
   const exitNote = () => { if (exits > 0) draft.notes.push(`skipped ${exits} "exit" message(s) (mini-swe-agent's exit status and submission; no model read them)`) }
-  if (list.some(m => isJsonRecord(m) && (m.role === 'tool' || Array.isArray(m.tool_calls)))) {
+  if (list.some(m => isJsonRecord(m) && (m.role === 'tool' || Array.isArray(m.tool_calls) || (isResponsesItem(m) && !isExit(m))))) {
     readChatMessages(list, 'messages', draft, usageOf, isExit)
     draft.notes.push('mini-swe-agent trajectory with native tool calls: read as OpenAI messages')
     exitNote()

@@ -830,3 +830,47 @@ test('claude-code: a line written twice within one response adds nothing; a mess
   assert.deepEqual(interleaved.messages.map(m => m.role), ['user', 'assistant', 'tool', 'tool'])
   assert.deepEqual(interleaved.usage.map(u => u?.completionTokens), [8])
 })
+
+test('Responses API items: mini-swe-agent v2\'s response models (each answer the whole response object) and an openai list of items', () => {
+  const response = (id: string, output: object[], input: number, out: number) => ({
+    id, object: 'response', status: 'completed', output,
+    usage: { input_tokens: input, output_tokens: out, input_tokens_details: { cached_tokens: input - 100 }, output_tokens_details: { reasoning_tokens: 3 } },
+    extra: { actions: [{ command: 'ls', tool_call_id: 'fc1' }], cost: 0.01 },
+  })
+  const t = readTranscript(JSON.stringify({
+    trajectory_format: 'mini-swe-agent-1.1', info: { mini_version: '2.0.0' },
+    messages: [
+      { role: 'system', content: 'sys' },
+      { role: 'user', content: 'task' },
+      response('resp_1', [
+        { type: 'reasoning', id: 'rs_1', summary: [{ type: 'summary_text', text: 'list first' }], encrypted_content: 'gAAA' },
+        { type: 'message', id: 'msg_1', role: 'assistant', content: [{ type: 'output_text', text: 'Listing.' }] },
+        { type: 'function_call', id: 'fc_item', call_id: 'fc1', name: 'bash', arguments: '{"command":"ls"}' },
+      ], 1500, 40),
+      { type: 'function_call_output', call_id: 'fc1', output: '<returncode>0</returncode>', extra: { returncode: 0 } },
+      { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'No tool calls found in the response.' }], extra: { interrupt_type: 'FormatError' } },
+      { role: 'exit', content: 'LimitsExceeded', extra: { exit_status: 'LimitsExceeded' } },
+    ],
+  }))
+  assert.deepEqual(t.messages, [
+    { role: 'user', content: 'task' },
+    { role: 'assistant', content: [{ type: 'reasoning', text: 'list first' }, { type: 'text', text: 'Listing.' }, { type: 'tool-call', id: 'fc1', name: 'bash', arguments: '{"command":"ls"}' }] },
+    { role: 'tool', toolCallId: 'fc1', content: [{ type: 'text', text: '<returncode>0</returncode>' }] },
+    { role: 'user', content: [{ type: 'text', text: 'No tool calls found in the response.' }] },
+  ])
+  assert.deepEqual(t.usage, [{ promptTokens: 1500, completionTokens: 40, cachedTokens: 1400, reasoningTokens: 3 }])
+  // an openai file that is a Responses input list: items in a row are one assistant message
+  const o = readTranscript(JSON.stringify([
+    { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'go' }] },
+    { type: 'function_call', call_id: 'a', name: 'sh', arguments: '{}' },
+    { type: 'function_call', call_id: 'b', name: 'sh', arguments: '{"x":1}' },
+    { type: 'function_call_output', call_id: 'a', output: 'A' },
+    { type: 'function_call_output', call_id: 'b', output: 'B' },
+    { type: 'message', role: 'assistant', content: [{ type: 'output_text', text: 'done' }] },
+  ]))
+  assert.deepEqual(o.messages.map(m => m.role), ['user', 'assistant', 'tool', 'tool', 'assistant'])
+  assert.deepEqual(calls(o).map(c => c.id), ['a', 'b'])
+  assert.ok(o.notes.some(n => n.startsWith('OpenAI Responses API items read as chat messages (6 item(s) → 5 message(s))')), o.notes.join('\n'))
+  assert.throws(() => readTranscript(JSON.stringify([{ type: 'message', role: 'user', content: 'x' }, { type: 'web_search_call', id: 'w' }])),
+    (e: unknown) => e instanceof TranscriptError && e.field === '[1].type' && /Responses API item of type "web_search_call", which replay does not read/.test(e.message))
+})
