@@ -9132,7 +9132,7 @@ const TRANSCRIPT_READERS = {
     read: (p) => readSweAgent(p),
   },
   openai: {
-    describe: 'OpenAI-style chat messages ([...messages] or {"messages": [...]}), or a log of its requests and responses',
+    describe: 'OpenAI-style messages ([...] or {"messages": [...]}) or a request/response log',
     looksFor: { json: 'an array of messages, or an object with "messages"', jsonl: 'request/response lines {request: {messages}, response}' },
     detect: (p) => (p.kind === 'json' ? Array.isArray(p.value) || (isJsonRecord(p.value) && (Array.isArray(p.value.messages) || isChatCallRecord(p.value)))
       : isChatCallRecord(p.lines[0].value)),
