@@ -9245,7 +9245,7 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  *   kept as they are); a `refusal` with no content is the text; the legacy `function_call` is a tool call
  *   `function-call-<index>` answered by the `function` message after it; usage from a message's `usage` when present.
  *   A request/response log (JSONL or a JSON array of `{request: {messages, tools?}, response: {choices, usage}}`,
- *   `body` inside either as in OpenAI's batch files, or one object with `messages` and `choices`): the last
+ *   `body` inside either as in OpenAI's batch files, or one object with `messages` and `choices`): the longest
  *   request's messages and its response's message, each call's usage on the answer it produced. Responses API
  *   items (`message`, `reasoning`, `function_call`, `function_call_output`, or a whole `response` object) are
  *   read as the chat messages they stand for (here, and in mini-swe-agent's and SWE-agent's files).
@@ -9883,7 +9883,8 @@ function atLine<T>(line: number | undefined, read: () => T): T {
 }
 
 /**
- * A request/response log → transcript: the conversation is the last request's messages and the message of its response;
+ * A request/response log → transcript: the conversation is the longest request's messages (the last of the longest) and
+ * the message of its response;
  * each call's usage goes to the answer it produced, the message right after its request's (when that request is the
  * same conversation: its last message is the conversation's at that place). A call that is not is counted in a note.
  */
@@ -9896,7 +9897,10 @@ function readChatCallLog(calls: ChatCall[]): Transcript {
     }
     return { ...c, request, response, messages: request.messages as unknown[] }
   })
-  const last = entries[entries.length - 1]
+  // the conversation is the longest request's (the last of the longest): a side call logged after it (a title, a
+  // summary, a probe of another conversation) must not stand for the session
+  let last = entries[0]
+  for (const e of entries) if (e.messages.length >= last.messages.length) last = e
   const conversation: unknown[] = [...last.messages]
   const answerOf = (r: TranscriptRecord | undefined) => (r && Array.isArray(r.choices) && isJsonRecord(r.choices[0]) && isJsonRecord(r.choices[0].message) ? r.choices[0].message : undefined)
   const answer = answerOf(last.response)
@@ -9915,7 +9919,7 @@ function readChatCallLog(calls: ChatCall[]): Transcript {
   if (conversation.length === 0) throw new TranscriptError('the last request has no messages and its response no message', { line: last.line, field: `${last.field}request.messages` })
   atLine(last.line, () => readChatMessages(conversation, `${last.field}request.messages`, draft, m => chatCompletionUsage(m.usage)))
   if (last.request.tools !== undefined) draft.envelope.tools = atLine(last.line, () => readToolSpecs(last.request.tools, `${last.field}request.tools`))
-  draft.notes.push(`a request/response log of ${calls.length} call(s): the last request's messages and its response replayed; ` +
+  draft.notes.push(`a request/response log of ${calls.length} call(s): the longest request's messages (${last.line !== undefined ? `line ${last.line}` : `entry ${entries.indexOf(last) + 1}`}) and its response replayed; ` +
     `usage of ${placed} call(s) on the answers they produced` + (unplaced > 0 ? `; ${unplaced} call(s) with usage are of another conversation or a changed one (not placed)` : ''))
   return finishTranscript('openai', draft)
 }

@@ -731,7 +731,7 @@ test('swe-agent: a file with only "trajectory" steps (no messages in them) is re
     (e: unknown) => e instanceof TranscriptError && e.field === 'trajectory[1]' && /needs a string "action" or "observation"/.test(e.message))
 })
 
-test('openai request/response log (JSONL, a JSON array, one merged object): the last request and its answer, each call\'s usage on the answer it produced', async () => {
+test('openai request/response log (JSONL, a JSON array, one merged object): the longest request and its answer, each call\'s usage on the answer it produced', async () => {
   const call = (id: string) => ({ id, type: 'function', function: { name: 'sh', arguments: `{"cmd":"${id}"}` } })
   const m1 = [{ role: 'system', content: 'sys' }, { role: 'user', content: 'go' }]
   const a1 = { role: 'assistant', content: null, tool_calls: [call('c1')] }
@@ -759,8 +759,14 @@ test('openai request/response log (JSONL, a JSON array, one merged object): the 
     assert.deepEqual(t.envelope, { system: 'sys', tools: [{ name: 'sh', parameters: { type: 'object' } }] })
     assert.deepEqual(t.messages, expected)
     assert.deepEqual(t.usage, expectedUsage)
-    assert.ok(t.notes.some(n => n.startsWith('a request/response log of 3 call(s)') && n.includes('usage of 2 call(s)') && n.includes('1 call(s) with usage are of another conversation')), t.notes.join('\n'))
+    assert.ok(t.notes.some(n => n.startsWith('a request/response log of 3 call(s): the longest request\'s messages') && n.includes('usage of 2 call(s)') && n.includes('1 call(s) with usage are of another conversation')), t.notes.join('\n'))
   }
+  // a side call logged after the session's last one (a title, a summary) does not stand for the session
+  const side = { request: { messages: [{ role: 'user', content: 'Write a 5-word title for: go' }] }, response: { choices: [{ message: { role: 'assistant', content: 'Go' } }], usage: usage(40, 2) } }
+  const withSide = readTranscript(jsonl(...entries, side))
+  assert.deepEqual(withSide.messages, expected)
+  assert.deepEqual(withSide.usage, expectedUsage)
+  assert.ok(withSide.notes.some(n => n.includes('(line 3)') && n.includes('2 call(s) with usage are of another conversation')), withSide.notes.join('\n'))
   // the provider's prompt tokens reach the report as the recorded figures of its steps
   const { report } = await runReplay(jsonl(...entries), { contextWindow: 16_000 })
   assert.deepEqual(report.rows.filter(r => r.recordedPromptTokens !== undefined).map(r => r.recordedPromptTokens), [1200, 1300])
