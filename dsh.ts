@@ -9263,7 +9263,9 @@ export function detectTranscriptFormat(text: string): TranscriptFormat {
  *   the last step's `messages`, else the steps' response, action and observation); tool results carry
  *   `tool_call_ids` (an array). Without native tool calls an answer's `action` is a `bash` tool call
  *   `swe-call-<index>` and the observation after it its result. No per-call usage in the file.
- * - **claude-code** — the main chain only by default: the path from the last non-sidechain line back
+ * - **claude-code** — session files, and the lines of `claude -p --output-format stream-json` (`session_id`,
+ *   no `parentUuid`: read in file order; `parent_tool_use_id` marks a subagent's lines, as `isSidechain` does).
+ *   The main chain only by default: the path from the last non-sidechain line back
  *   through `parentUuid` (abandoned branches of a rewind are skipped; compaction boundaries are
  *   crossed through `logicalParentUuid` and Claude Code's own summary dropped, so the raw history is
  *   replayed). `isSidechain` lines are Task-subagent traffic with their own context windows: skipped
@@ -9414,7 +9416,8 @@ function isDshEvent(v: TranscriptRecord): boolean {
 }
 
 function isClaudeCodeLine(v: TranscriptRecord): boolean {
-  return typeof v.type === 'string' && (typeof v.sessionId === 'string' || typeof v.uuid === 'string' ||
+  // `session_id`: the lines of `claude -p --output-format stream-json`
+  return typeof v.type === 'string' && (typeof v.sessionId === 'string' || typeof v.session_id === 'string' || typeof v.uuid === 'string' ||
     (v.type === 'summary' && typeof v.leafUuid === 'string'))
 }
 
@@ -10183,8 +10186,11 @@ function readClaudeCode(parsed: ParsedTranscript, withSidechains: boolean): Tran
       entries.push(l)
     } else skippedTypes.set(v.type, (skippedTypes.get(v.type) ?? 0) + 1)
   }
-  const main = entries.filter(l => l.value.isSidechain !== true)
-  const side = entries.filter(l => l.value.isSidechain === true)
+  // a sidechain line: a session file's isSidechain, or stream-json's parent_tool_use_id (the Task call it runs under)
+  const subagentOf = (l: JsonlLine) => (typeof l.value.parent_tool_use_id === 'string' ? l.value.parent_tool_use_id : undefined)
+  const isSide = (l: JsonlLine) => l.value.isSidechain === true || subagentOf(l) !== undefined
+  const main = entries.filter(l => !isSide(l))
+  const side = entries.filter(isSide)
   const notes: string[] = []
   if (skippedTypes.size > 0) {
     notes.push(`skipped non-message lines: ${[...skippedTypes].map(([t, n]) => `${n} ${t}`).join(', ')}`)
@@ -10192,7 +10198,8 @@ function readClaudeCode(parsed: ParsedTranscript, withSidechains: boolean): Tran
   // Sidechain runs: each is rooted at a line without a parent; Task subagents write them.
   const runs = new Map<string, JsonlLine[]>(), roots = new Map<unknown, string>()
   for (const l of side) {
-    const root = chainRoot(l, byUuid, roots)
+    const task = subagentOf(l)
+    const root = task !== undefined ? `task ${task}` : chainRoot(l, byUuid, roots)
     const run = runs.get(root) ?? []
     run.push(l)
     runs.set(root, run)
@@ -10243,7 +10250,7 @@ function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, Json
   const draft = newTranscriptDraft()
   const leaf = candidates[candidates.length - 1]
   let path: JsonlLine[]
-  if (candidates.every(l => typeof l.value.uuid === 'string')) {
+  if (candidates.every(l => typeof l.value.uuid === 'string' && 'parentUuid' in l.value)) {
     path = []
     const seen = new Set<string>()
     let boundaries = 0
@@ -10278,7 +10285,8 @@ function claudeChainTranscript(candidates: JsonlLine[], byUuid: Map<string, Json
     }
   } else {
     path = candidates
-    draft.notes.push('lines without "uuid": read in file order')
+    draft.notes.push(candidates.some(l => 'parentUuid' in l.value) ? 'lines without "uuid": read in file order'
+      : 'lines without "parentUuid" (Claude Code\'s stream-json output): read in file order')
   }
   // one API response's lines, by message.id; `seen`: its blocks as JSON (a line written twice adds nothing)
   const assistants = new Map<string, { message: AssistantMessage; usageIndex: number; outputTokens: number; requestId?: string; seen: Set<string> }>()

@@ -880,3 +880,32 @@ test('Responses API items: mini-swe-agent v2\'s response models (each answer the
   assert.throws(() => readTranscript(JSON.stringify([{ type: 'message', role: 'user', content: 'x' }, { type: 'web_search_call', id: 'w' }])),
     (e: unknown) => e instanceof TranscriptError && e.field === '[1].type' && /Responses API item of type "web_search_call", which replay does not read/.test(e.message))
 })
+
+test('claude-code stream-json output (claude -p --output-format stream-json): no parentUuid, so file order; parent_tool_use_id lines are a subagent\'s', () => {
+  const line = (o: object) => ({ parent_tool_use_id: null, session_id: 'sess', ...o })
+  const lines = [
+    { type: 'system', subtype: 'init', session_id: 'sess', tools: ['Bash', 'Task'], model: 'claude-sonnet-4', uuid: 'i0' },
+    line({ type: 'user', message: { role: 'user', content: 'list files' }, uuid: 'x1' }),
+    line({ type: 'assistant', message: { id: 'msg_1', role: 'assistant', content: [{ type: 'tool_use', id: 't1', name: 'Task', input: { prompt: 'ls' } }], usage: { input_tokens: 3, cache_read_input_tokens: 9000, output_tokens: 20 } }, uuid: 'x2' }),
+    line({ type: 'assistant', message: { id: 'msg_s', role: 'assistant', content: [{ type: 'text', text: 'subagent says' }], usage: { input_tokens: 50, output_tokens: 2 } }, parent_tool_use_id: 't1', uuid: 'x3' }),
+    line({ type: 'user', message: { role: 'user', content: [{ type: 'tool_result', tool_use_id: 't1', content: 'a b' }] }, uuid: 'x4', tool_use_result: { stdout: 'a b' } }),
+    line({ type: 'assistant', message: { id: 'msg_2', role: 'assistant', content: [{ type: 'text', text: 'two files' }], usage: { input_tokens: 3, cache_read_input_tokens: 9100, output_tokens: 4 } }, uuid: 'x5' }),
+    { type: 'result', subtype: 'success', is_error: false, session_id: 'sess', usage: { input_tokens: 6 }, result: 'two files' },
+  ]
+  const expected = [
+    { role: 'user', content: 'list files' },
+    { role: 'assistant', content: [{ type: 'tool-call', id: 't1', name: 'Task', arguments: '{"prompt":"ls"}' }] },
+    { role: 'tool', toolCallId: 't1', content: [{ type: 'text', text: 'a b' }] },
+    { role: 'assistant', content: [{ type: 'text', text: 'two files' }] },
+  ]
+  // newer CLIs write a uuid on each line (the walk from the last line found only that line), older ones none (no format matched)
+  for (const text of [jsonl(...lines), jsonl(...lines.map((l) => { const { uuid: _, ...rest } = l as { uuid?: string }; return rest }))]) {
+    assert.equal(detectTranscriptFormat(text), 'claude-code')
+    const t = readTranscript(text, { sidechains: true })
+    assert.deepEqual(t.messages, expected)
+    assert.deepEqual(t.usage.map(u => u?.promptTokens), [9003, 9103])
+    assert.ok(t.notes.some(n => n.startsWith('lines without "parentUuid" (Claude Code\'s stream-json output): read in file order')), t.notes.join('\n'))
+    assert.equal(t.sidechains?.length, 1)
+    assert.deepEqual(t.sidechains![0].messages, [{ role: 'assistant', content: [{ type: 'text', text: 'subagent says' }] }])
+  }
+})
