@@ -9563,7 +9563,7 @@ function readChatMessages(
       // a refusal is the answer's text (the API takes it back as the message's refusal)
       if (content.length === 0 && typeof m.refusal === 'string' && m.refusal !== '') content.push({ type: 'text', text: m.refusal })
       // the legacy `function_call` (before `tool_calls`): one call without an id; the next `function` message is its result
-      if (isJsonRecord(m.function_call) && (m.tool_calls === undefined || m.tool_calls === null)) {
+      if (isJsonRecord(m.function_call) && !(Array.isArray(m.tool_calls) && m.tool_calls.length > 0)) {
         const fn = m.function_call
         if (typeof fn.name !== 'string') {
           throw new TranscriptError('a function_call needs a string "name"', { field: `${at}.function_call.name` })
@@ -9579,7 +9579,9 @@ function readChatMessages(
         }
         m.tool_calls.forEach((c, j) => {
           const cf = `${at}.tool_calls[${j}]`
-          const fn = isJsonRecord(c) ? c.function : undefined
+          // a custom tool's call (`type: "custom"`, free-form `input`) is a call with that input as its arguments
+          const fn = !isJsonRecord(c) ? undefined : c.type === 'custom' && isJsonRecord(c.custom) && c.function === undefined
+            ? { name: c.custom.name, arguments: typeof c.custom.input === 'string' ? c.custom.input : JSON.stringify(c.custom.input ?? '') } : c.function
           if (!isJsonRecord(c) || typeof c.id !== 'string') {
             throw new TranscriptError('a tool call needs a string "id"', { field: `${cf}.id` })
           }

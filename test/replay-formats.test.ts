@@ -909,3 +909,18 @@ test('claude-code stream-json output (claude -p --output-format stream-json): no
     assert.deepEqual(t.sidechains![0].messages, [{ role: 'assistant', content: [{ type: 'text', text: 'subagent says' }] }])
   }
 })
+
+test('openai: a custom tool call (type "custom", free-form input) is a tool call; a function_call beside an empty tool_calls is still read', () => {
+  const t = readTranscript(JSON.stringify([
+    { role: 'user', content: 'run it' },
+    { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'custom', custom: { name: 'code_exec', input: 'print(1)' } }] },
+    { role: 'tool', tool_call_id: 'call_1', content: '1' },
+    { role: 'assistant', content: null, tool_calls: [], function_call: { name: 'f', arguments: '{}' } },
+    { role: 'function', name: 'f', content: 'r' },
+  ]))
+  assert.deepEqual(calls(t), [
+    { type: 'tool-call', id: 'call_1', name: 'code_exec', arguments: 'print(1)' },
+    { type: 'tool-call', id: 'function-call-3', name: 'f', arguments: '{}' },
+  ])
+  assert.deepEqual(t.messages.filter(m => m.role === 'tool').map(m => textOf(m)), ['1', 'r'])
+})
