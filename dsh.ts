@@ -10114,11 +10114,10 @@ function sweAgentToolCalls(history: unknown[]): { list: unknown[]; calls: number
     const action = m.action as string, trimmed = action.trim()
     let content = typeof m.content === 'string' ? m.content : ''
     const at = trimmed === '' ? -1 : content.lastIndexOf(trimmed)
-    if (at >= 0) { // the action's fence (```, a line before and after it) goes with it
+    if (at >= 0) { // the action's fence (```, a line before and after it) goes with it; an action not fenced stays in the text
       const open = content.lastIndexOf('\n', at - 2) + 1, close = content.indexOf('\n', at + trimmed.length + 1)
       const fenced = content.startsWith('```', open) && content.slice(at + trimmed.length).trimStart().startsWith('```')
-      const end = fenced ? (close < 0 ? content.length : close) : at + trimmed.length
-      content = (content.slice(0, fenced ? open : at) + content.slice(end)).trim()
+      if (fenced) content = (content.slice(0, open) + content.slice(close < 0 ? content.length : close)).trim()
     }
     calls++
     list[i] = { ...m, content, tool_calls: [{ id: `swe-call-${i}`, type: 'function', function: { name: 'bash', arguments: JSON.stringify({ command: action }) } }] }

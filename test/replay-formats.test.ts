@@ -705,6 +705,9 @@ test('swe-agent without function calling: an action is a bash tool call, the obs
   ]
   const t = readTranscript(JSON.stringify({ environment: 'swe_main', history, trajectory: [], info: {} }, null, 2))
   assert.equal(t.envelope.system, 'SETTING')
+  // an action that is not fenced in the text leaves the text as it is (only a fenced action is moved out)
+  const unfenced = readTranscript(JSON.stringify({ history: [history[1], { ...history[2], content: 'Use ls -F here.', action: 'ls -F' }, history[3]] }))
+  assert.deepEqual(unfenced.messages[1].content, [{ type: 'text', text: 'Use ls -F here.' }, { type: 'tool-call', id: 'swe-call-1', name: 'bash', arguments: '{"command":"ls -F"}' }])
   assert.deepEqual(t.messages, expected)
   assert.ok(t.notes.some(n => n.startsWith('2 action(s) without native tool calls read as `bash` tool calls')), t.notes.join('\n'))
   // the same history as the last step's messages of a file without "history"
