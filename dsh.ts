@@ -15513,8 +15513,12 @@ class SqlLogStore implements LogStore {
     const [row] = await this.run(`appending ${events.length} event(s)`, `WITH lease AS (${this.extendLease()}),
       prev AS (SELECT 1 WHERE $5::bigint = 0 OR EXISTS (SELECT 1 FROM ${this.t}_events
         WHERE session_id = $1 AND seq = $5::bigint - 1)),
+      batch AS (SELECT (r->>0)::bigint AS seq, r->>1 AS type, (r->>2)::bigint AS time_ms, r->>3 AS event
+        FROM json_array_elements($4::json) r),
       ins AS (INSERT INTO ${this.t}_events (session_id, seq, type, time_ms, event)
-        SELECT $1, (r->>0)::bigint, r->>1, (r->>2)::bigint, r->>3 FROM lease, prev, json_array_elements($4::json) r
+        SELECT $1, b.seq, b.type, b.time_ms, b.event FROM lease, prev, batch b
+        WHERE NOT EXISTS (SELECT 1 FROM batch o JOIN ${this.t}_events e ON e.session_id = $1 AND e.seq = o.seq
+          WHERE e.event <> o.event)
         ON CONFLICT (session_id, seq) DO NOTHING RETURNING 1)
       SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM prev)::int AS follows,
         (SELECT count(*) FROM ins)::int AS inserted${durable ? '' : `, ${SQL_NO_FSYNC}`}`,
@@ -15528,7 +15532,8 @@ class SqlLogStore implements LogStore {
     }
     this.unsynced = !durable // a durable commit covers every earlier one (the WAL is one sequence)
     if (Number(row.inserted) === events.length) return
-    // Some seqs were there: a retry of a batch whose commit was not acknowledged finds its own rows.
+    // Some seqs were there: a retry of a batch whose commit was not acknowledged finds its own rows. A seq that
+    // holds another event inserted none of the batch (the NOT EXISTS above): the check below names it.
     let i = 0
     for await (const e of this.readEvents(first, events[events.length - 1].seq + 1)) {
       if (JSON.stringify(e) === texts[i++]) continue

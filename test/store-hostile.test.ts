@@ -1,5 +1,5 @@
 // Stores under a second writer, a failing disk, hostile log files and artefact refs (docs/design.md §4, §13), from a
-// hostile-storage review of round 4. Each test failed when it was written; the two TODO tests state promises that
+// hostile-storage review of round 4. Each test failed when it was written; the TODO test states a promise that
 // dsh does not keep yet (a second writer in the same process).
 import { test, describe, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -285,7 +285,7 @@ describe('SqlLogStore with hostile rows and a second Session', () => {
     assert.ok(err instanceof SessionError && err.code === 'LOG_CORRUPT', `expected LOG_CORRUPT, got ${err?.constructor?.name}: ${err?.message}`)
   })
 
-  test('a batch refused because a seq holds another event writes none of its events (two Sessions on one store)', { todo: 'open: two Sessions on one SqlLogStore instance share its lease; the refused batch\'s other rows are inserted (ON CONFLICT DO NOTHING)' }, async () => {
+  test('a batch refused because a seq holds another event writes none of its events (two Sessions on one store)', async () => {
     const store = new SqlLogStore({ query, session: 'two-sessions' })
     const a = await Session.open(store)
     await Session.open(store) // not refused either: it writes session/resume at seq 1
