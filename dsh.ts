@@ -14916,7 +14916,7 @@ class FileStore implements LogStore {
     if (keep && into !== free) this.scratch = into
     const encoder = this.encoder
     const lead = this.needsNewline ? 1 : 0
-    const first = starts[starts.length - 1] + lead
+    const first = this.seenBytes! + lead // the file's end (after a blank unterminated tail, not the last event's)
     const added: number[] = []
     let pos = 0
     if (lead) into[pos++] = 10

@@ -299,3 +299,29 @@ describe('SqlLogStore with hostile rows and a second Session', () => {
       `the refused batch left ${rows.length - 2} of its events in the log: ${rows.slice(2).map((r) => r.event.slice(0, 80)).join(' | ')}`)
   })
 })
+
+describe('a hand-edited log on resume', () => {
+  test('a log ending in blanks with no newline (an editor\'s trailing spaces): the events appended after it read back', async () => {
+    const log = join(tempDir(), 's.jsonl')
+    const first = await Session.open(new FileStore(log))
+    first.append('user/message', user('before the edit'))
+    await first.sync(); await first.store.close?.()
+    fs.appendFileSync(log, '  \t ')
+    const store = new FileStore(log)
+    const resumed = await Session.open(store)
+    resumed.append('user/message', user('after the edit'))
+    await resumed.sync()
+    const types: string[] = []
+    // What happened: the appended events' line offsets were counted from the last event's end, before the blanks:
+    // readEvent(2) was "session log line 3: not valid JSON" (its first bytes were the blanks, its last ones cut).
+    for (let seq = 0; seq < resumed.seq; seq++) types.push((await resumed.readEvent(seq)).type)
+    assert.deepEqual(types, ['session/start', 'user/message', 'session/resume', 'user/message'])
+    const all: string[] = []
+    for await (const e of resumed.readEvents(1, 4)) all.push(e.type)
+    assert.deepEqual(all, ['user/message', 'session/resume', 'user/message'])
+    await store.close()
+    const again = await Session.open(new FileStore(log), { readOnly: true })
+    assert.equal(again.seq, 4)
+    assert.equal(((await again.readEvent(3)).data as any).message.content[0].text, 'after the edit')
+  })
+})
