@@ -2364,6 +2364,7 @@ export class Session {
       throw new SessionError('INVALID_EVENT', `event ${type}: data must be an object`)
     this.st.check(type, data)
     const event = { seq: this.nextSeq, type, time: this.now(), data } as SessionEvent
+    EVENT_JSON.set(event, storableJSON(event))
     this.apply(event)
     this.queue.push(event)
     for (const l of this.listeners) l(event)
@@ -2534,6 +2535,27 @@ export class Session {
   }
 }
 
+/** Each appended event's JSON text, from Session.append's check until its store has taken it ({@link eventJSON}). */
+const EVENT_JSON = new WeakMap<SessionEvent, string>()
+
+/** The JSON text a store writes for `event`: the text Session.append checked, else `JSON.stringify`'s. */
+const eventJSON = (event: SessionEvent): string => EVENT_JSON.get(event) ?? JSON.stringify(event)
+
+/**
+ * `event` as JSON text, or `SessionError('INVALID_EVENT')`: an event a store cannot write (a BigInt, a cycle, nesting
+ * past the stack, a time that is no number) would stay queued, and every later flush of the session would fail on it.
+ */
+function storableJSON(event: SessionEvent): string {
+  const fail = (why: string): never => {
+    throw new SessionError('INVALID_EVENT', `event ${event.type}: ${why}; nothing was appended: give data that JSON `
+      + `holds as it is (strings, finite numbers, booleans, null, arrays, plain objects)`)
+  }
+  if (!Number.isFinite(event.time)) fail(`its time ${String(event.time)} is not a number of ms (the session's now())`)
+  let text: string | undefined
+  try { text = JSON.stringify(event) } catch (err) { fail(`it cannot be stored as JSON (${(err as Error)?.message})`) }
+  return text!
+}
+
 /** A session's appended events not yet written to its store, written in order (one write at a time). */
 class EventQueue {
   private pending: SessionEvent[] = []
@@ -2548,7 +2570,7 @@ class EventQueue {
       if (this.pending.length === 0) return
       const batch = this.pending
       this.pending = []
-      try { await this.store.append(batch) } catch (err) {
+      try { await this.store.append(batch); for (const e of batch) EVENT_JSON.delete(e) } catch (err) {
         this.pending = batch.concat(this.pending)
         if (err instanceof SessionError && err.code === 'SESSION_LOCKED') throw err // another writer: say who
         throw new SessionError('STORE', `could not write ${batch.length} event(s) to the session store: `
@@ -6641,6 +6663,11 @@ function toolOutputToResult(callId: string, name: string, out: unknown): ToolRes
   if (typeof out === 'string') return { role: 'tool', toolCallId: callId, content: [{ type: 'text', text: out }] }
   if (Array.isArray(out)) {
     validateMessage({ role: 'tool', toolCallId: callId, content: out }, 'tool')
+    try { JSON.stringify(out) } catch (err) { // else Session.append refuses the result and the call stays open
+      const why = (err as Error)?.message
+      return errorResult(callId, `tool ${name} returned blocks that cannot be stored as JSON (${why}); a tool must `
+        + `return plain data: strings, finite numbers, arrays, plain objects`, 'TOOL_BAD_OUTPUT')
+    }
     return { role: 'tool', toolCallId: callId, content: out as Block[] }
   }
   if (out && typeof out === 'object' && 'content' in out) {
@@ -14906,7 +14933,7 @@ class FileStore implements LogStore {
     // recording where each line ends: no buffer per line, no copy. The buffer is this store's scratch
     // when it is free and large enough (one allocation per store, not per append; it is kept up to
     // SCRATCH_MAX_BYTES), else a new one.
-    const lines = events.map((e) => JSON.stringify(e))
+    const lines = events.map(eventJSON)
     let units = 1
     for (const line of lines) units += line.length + 1
     const free = this.scratch && !this.scratchBusy ? this.scratch : undefined
@@ -15506,7 +15533,7 @@ class SqlLogStore implements LogStore {
 
   async append(events: readonly SessionEvent[]): Promise<void> {
     if (events.length === 0) return
-    const texts = events.map((e) => JSON.stringify(e))
+    const texts = events.map(eventJSON)
     const time = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
     const first = events[0].seq
     const durable = events.some((e) => SQL_SYNC_POINTS.has(e.type)) // so the sync after it sends nothing

@@ -517,10 +517,13 @@ describe('bad input (over HTTP)', () => {
     { name: 'arguments that are not JSON', call: { id: 'b1', name: 'echo', arguments: '{"path": "a.txt",,' }, code: 'TOOL_BAD_ARGUMENTS', text: /arguments of echo are not valid JSON/ },
     { name: 'a tool that throws', call: { id: 'b2', name: 'boom', arguments: {} }, tool: tool('boom', () => { throw new Error('disk on fire') }), code: 'TOOL_ERROR', text: /tool boom failed: disk on fire/ },
     { name: 'a tool that returns a non-string', call: { id: 'b3', name: 'num', arguments: {} }, tool: tool('num', () => 42 as any), code: 'TOOL_BAD_OUTPUT', text: /tool num returned number/ },
+    // What happened: Session.append refused the result (the store could not write it) and the call stayed open: the
+    // run threw, and every later one was PAIRING.
+    { name: 'a tool that returns blocks JSON cannot hold (a BigInt)', call: { id: 'b5', name: 'big', arguments: {} }, tool: tool('big', () => [{ type: 'text', text: 'n', n: 1n }] as any), code: 'TOOL_BAD_OUTPUT', text: /tool big returned blocks that cannot be stored as JSON \(Do not know how to serialize a BigInt\)/ },
     { name: 'an unknown tool', call: { id: 'b4', name: 'rm_rf', arguments: {} }, code: 'TOOL_UNKNOWN', text: /unknown tool "rm_rf"; available tools: echo/ },
   ]
   for (const c of toolCases) test(`${c.name} → an error result (${c.code}) for the model; the turn completes`, async () => {
-    const r = await turnOverHTTP(c.code, [{ toolCalls: [c.call] }, { text: 'understood' }], [echo, ...(c.tool ? [c.tool] : [])])
+    const r = await turnOverHTTP(`${c.code}-${c.call.id}`, [{ toolCalls: [c.call] }, { text: 'understood' }], [echo, ...(c.tool ? [c.tool] : [])])
     assert.equal(r.error, undefined)
     assert.equal(r.reason, 'stop')
     assert.equal(r.results.length, 1)

@@ -325,3 +325,41 @@ describe('a hand-edited log on resume', () => {
     assert.equal(((await again.readEvent(3)).data as any).message.content[0].text, 'after the edit')
   })
 })
+
+describe('an event a store cannot write', () => {
+  const call = { message: { role: 'assistant' as const, content: [{ type: 'tool-call' as const, id: 'c1', name: 't', arguments: '{}' }] }, surfaceOp: { op: 'append' as const }, finishReason: 'tool-calls' }
+  const cyclic: Record<string, unknown> = {}; cyclic.self = cyclic
+  const cases: [string, Record<string, unknown>, RegExp][] = [
+    ['a BigInt in a text block', { content: [{ type: 'text', text: 'x', n: 1n }] }, /BigInt/],
+    ['a cycle in metadata', { content: [{ type: 'text', text: 'x' }], metadata: { cyclic } }, /circular/],
+  ]
+  for (const [name, result, why] of cases) test(`${name}: append refuses it (INVALID_EVENT), and the log keeps being written`, async () => {
+    const log = join(tempDir(), 's.jsonl')
+    const s = await Session.open(new FileStore(log))
+    s.append('assistant/message', call)
+    const refused = (() => { try { s.append('tool/result', { message: { role: 'tool', toolCallId: 'c1', ...result } as any, surfaceOp: { op: 'append' } }) } catch (e) { return e } })()
+    // What happened: the append was taken, and every later flush failed on it ("could not write 3 event(s) to the
+    // session store: Do not know how to serialize a BigInt"): nothing more reached the log.
+    assert.ok(refused instanceof SessionError && refused.code === 'INVALID_EVENT', `expected INVALID_EVENT, got ${refused}`)
+    assert.match(refused.message, why)
+    assert.match(refused.message, /nothing was appended/)
+    s.append('tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: 'ok' }] }, surfaceOp: { op: 'append' } })
+    await s.sync()
+    await s.store.close?.()
+    const lines = readFileSync(log, 'utf8').trim().split('\n').map((l) => JSON.parse(l).type)
+    assert.deepEqual(lines, ['session/start', 'assistant/message', 'tool/result'])
+  })
+
+  test('a clock that gives NaN: append refuses the event (its time would be null, and the log unloadable)', async () => {
+    const log = join(tempDir(), 's.jsonl')
+    const s = await Session.open(new FileStore(log))
+    await s.store.close?.()
+    let t = NaN
+    const resumed = await Session.open(new FileStore(log), { now: () => t }).then(() => undefined, (e) => e)
+    // What happened: session/resume was written with "time":null, and the next open was "not a dsh event".
+    assert.ok(resumed instanceof SessionError && resumed.code === 'INVALID_EVENT', `expected INVALID_EVENT, got ${resumed}`)
+    assert.match(resumed.message, /time NaN is not a number of ms/)
+    t = 1_700_000_000_000
+    assert.equal((await Session.open(new FileStore(log), { now: () => t })).seq, 2)
+  })
+})
