@@ -14851,7 +14851,8 @@ class FileStore implements LogStore {
           const savedTo = `${this.path}.torn-${Date.now()}`
           const tail = new Uint8Array(size - tornAt)
           await fh.read(tail, 0, tail.length, tornAt)
-          await fs.writeFile(savedTo, tail)
+          await writeFileDurably(fs, savedTo, tail, `the torn last line (line ${torn.line}) of session log `
+            + `${this.path} to`, 'the log was not changed (open it read-only to read it as it is)')
           await fs.truncate(this.path, tornAt)
           this.seenBytes = tornAt
           torn.savedTo = savedTo
@@ -14995,9 +14996,7 @@ class FileStore implements LogStore {
       try { written = Math.max(0, (await this.handle.stat()).size - before) } catch { /* unknown: say 0 */ }
       try { await this.handle.truncate(before); restored = true } catch { /* reported below */ }
     }
-    const code = (err as { code?: unknown })?.code
-    const what = code === 'ENOSPC' ? 'disk full' : code === 'EDQUOT' ? 'disk quota exceeded'
-      : `write failed (${(err as Error)?.message ?? err})`
+    const what = diskFull(err) ?? `write failed (${(err as Error)?.message ?? err})`
     const durable = firstSeq > 0 ? `nothing after seq ${firstSeq - 1} is durable` : 'no event is durable'
     const message = `session log ${this.path}: ${what}: ${written} of ${totalBytes} bytes written; ${durable}`
     if (restored) {
@@ -15079,8 +15078,7 @@ class FileStore implements LogStore {
     const dir = `${this.path}.artefacts`
     await fs.mkdir(dir, { recursive: true })
     const file = `${dir}/${artefactName(name)}`
-    const handle = await fs.open(file, 'w')
-    try { await handle.writeFile(text); await handle.sync() } finally { await handle.close() }
+    await writeFileDurably(fs, file, text, 'artefact', 'it was not stored')
     const dirHandle = await fs.open(dir, 'r')
     try { await dirHandle.sync() } finally { await dirHandle.close() }
     return file
@@ -15135,6 +15133,34 @@ async function realTarget(fs: typeof import('node:fs/promises'), file: string): 
 
 /** The file name an artefact is stored under: `name` with every character but letters, digits, `_`, `.`, `-` as `_`. */
 const artefactName = (name: string): string => name.replace(/[^\w.-]/g, '_')
+
+/** A write's error as words: 'disk full' (ENOSPC), 'disk quota exceeded' (EDQUOT), else undefined. */
+const diskFull = (err: unknown): string | undefined => {
+  const code = (err as { code?: unknown })?.code
+  return code === 'ENOSPC' ? 'disk full' : code === 'EDQUOT' ? 'disk quota exceeded' : undefined
+}
+
+/**
+ * Writes `file` whole and fsyncs it, or removes what was written of it and throws `SessionError('STORE')` naming
+ * `what` it is and the cause (a full disk: free disk space), followed by `after` (what the caller did not do).
+ */
+async function writeFileDurably(fs: typeof import('node:fs/promises'), file: string, data: string | Uint8Array,
+  what: string, after: string): Promise<void> {
+  let handle: Awaited<ReturnType<typeof fs.open>> | undefined
+  try {
+    handle = await fs.open(file, 'w')
+    await handle.writeFile(data)
+    await handle.sync()
+  } catch (err) {
+    await handle?.close().catch(() => {})
+    handle = undefined
+    await fs.unlink(file).catch(() => {})
+    const full = diskFull(err)
+    throw new SessionError('STORE', `cannot write ${what} ${file} (${full ? `${full}: ` : ''}`
+      + `${(err as Error)?.message ?? err}); what was written of it was removed; ${after}: `
+      + `${full ? 'free disk space' : 'mend the cause'}, then try again`)
+  } finally { await handle?.close() }
+}
 
 /** One line of a log file: its bytes without the newline, its byte offset, whether a newline ended it. */
 interface LogLine { bytes: Uint8Array; at: number; terminated: boolean }
@@ -15250,7 +15276,7 @@ async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLoc
         // one that names no holder is never taken over), so it goes, and a retry once there is room takes the lock.
         await handle.close().catch(() => {})
         await fs.unlink(lockPath).catch(() => {})
-        const what = err?.code === 'ENOSPC' ? 'disk full' : err?.code === 'EDQUOT' ? 'disk quota exceeded' : undefined
+        const what = diskFull(err)
         throw new SessionError('STORE', `cannot write the lock file ${lockPath} (${what ?? 'failed'}: `
           + `${err?.message ?? err}); it was removed and nothing was written to session log ${logPath}: `
           + `${what ? 'free disk space' : 'mend the cause'}, then try again`)

@@ -4,7 +4,7 @@
 import { test, describe, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { spawn, spawnSync, execFileSync } from 'node:child_process'
-import { existsSync, mkdtempSync, readFileSync, writeFileSync, statSync, readdirSync, rmSync, unlinkSync } from 'node:fs'
+import { appendFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync, statSync, statfsSync, readdirSync, rmSync, unlinkSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, dirname } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -377,6 +377,56 @@ describe('a full disk', () => {
       if (mounted) execFileSync('umount', [dir])
       rmSync(dir, { recursive: true, force: true })
     }
+  })
+
+  /** Fills the disk of `dir` but for `room` bytes; returns the filler's path. */
+  const fillBut = (dir: string, room: number) => {
+    const { bavail, bsize } = statfsSync(dir)
+    writeFileSync(join(dir, 'fill'), Buffer.alloc(Number(bavail) * Number(bsize) - room))
+    return join(dir, 'fill')
+  }
+
+  test('full disk: a torn last line that cannot be saved beside the log is a STORE error saying so; no part file is left', async (t) => {
+    const ran = await onSmallDisk(async (dir) => {
+      const log = join(dir, 's.jsonl')
+      const first = await Session.open(new FileStore(log))
+      first.append('user/message', { message: { role: 'user', content: 'kept' }, surfaceOp: { op: 'append' } })
+      await first.sync(); await first.store.close?.()
+      const torn = '{"seq":2,"type":"user/message","time":1,"data":{"message":"' + 'z'.repeat(100_000)
+      appendFileSync(log, torn)
+      const before = readFileSync(log)
+      const fill = fillBut(dir, 16_384) // room for the lock file, not for the torn line's 100 kB
+      const err = await Session.open(new FileStore(log)).then(() => undefined, (e) => e)
+      // What happened: "cannot read session log …: ENOSPC: no space left on device, write", and each attempt left a
+      // FILE.torn-<time> holding the first 4 KiB of the line.
+      assert.ok(err instanceof SessionError && err.code === 'STORE', `expected STORE, got ${err}`)
+      assert.match(err.message, /cannot write the torn last line \(line 3\) of session log .* \(disk full: ENOSPC/)
+      assert.match(err.message, /the log was not changed .*: free disk space, then try again/)
+      assert.deepEqual(readdirSync(dir).sort(), ['fill', 's.jsonl'])
+      assert.deepEqual(readFileSync(log), before)
+      unlinkSync(fill)
+      const resumed = await Session.open(new FileStore(log))
+      assert.equal(resumed.torn?.line, 3)
+      assert.equal(readFileSync(resumed.torn!.savedTo!, 'utf8'), torn)
+      assert.deepEqual(resumed.messages().map((m) => m.content), ['kept'])
+      await resumed.store.close?.()
+    })
+    if (!ran) t.skip('needs root to mount a 2 MiB tmpfs')
+  })
+
+  test('full disk: an artefact that does not fit is a STORE error and leaves no part of itself', async (t) => {
+    const ran = await onSmallDisk(async (dir) => {
+      const store = new FileStore(join(dir, 's.jsonl'))
+      mkdirSync(join(dir, 's.jsonl.artefacts'))
+      fillBut(dir, 16_384)
+      const err = await store.putArtefact('big', 'q'.repeat(300_000)).then(() => undefined, (e) => e)
+      // What happened: a bare Error "ENOSPC: no space left on device, write", and s.jsonl.artefacts/big kept part
+      // of the text: the little room left on the disk was taken by a file no event names.
+      assert.ok(err instanceof SessionError && err.code === 'STORE', `expected STORE, got ${err}`)
+      assert.match(err.message, /cannot write artefact .*big \(disk full: ENOSPC.*free disk space/)
+      assert.deepEqual(readdirSync(join(dir, 's.jsonl.artefacts')), [])
+    })
+    if (!ran) t.skip('needs root to mount a 2 MiB tmpfs')
   })
 
   test('full disk: a lock file that could not be written is not left behind to lock the log out', async (t) => {
