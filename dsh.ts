@@ -2109,8 +2109,10 @@ function parseLogLine(raw: string, line: number, expectedSeq: number, terminated
   let value: unknown
   try { value = JSON.parse(raw) } catch {
     // Torn: the start of an event dsh wrote ({"seq":…), cut short — anywhere, even inside its first
-    // 7 bytes (`{"`: a crash between two writes of one batch). Anything else is not a dsh log.
-    if (!terminated && (raw.startsWith(EVENT_LINE_START) || EVENT_LINE_START.startsWith(raw))) return 'torn'
+    // 7 bytes (`{"`: a crash between two writes of one batch) — or NUL bytes only: a power loss after the
+    // file grew but before its unsynced blocks were written (XFS, ext4 data=writeback). Else it is no dsh log.
+    if (!terminated && (raw.startsWith(EVENT_LINE_START) || EVENT_LINE_START.startsWith(raw) || /^\0+$/.test(raw)))
+      return 'torn'
     // The line itself is not echoed: a file given by mistake (an .env) may hold secrets.
     throw new SessionError('LOG_CORRUPT', `session log line ${line}: not valid JSON (${raw.length} characters; `
       + `not shown)`, line)

@@ -198,9 +198,28 @@ describe('crash safety (SIGKILL at seeded moments)', () => {
       writeFileSync(file, good)
     }
     // Still refused: an unterminated last line that is not the start of a dsh event.
-    for (const tail of ['{"a', '{"sex', '{ "seq":']) {
+    for (const tail of ['{"a', '{"sex', '{ "seq":', '\0\0x', 'x\0']) {
       writeFileSync(file, good + tail)
       await assert.rejects(Session.open(new FileStore(file), { readOnly: true }), (e: SessionError) => e.code === 'LOG_CORRUPT' && e.line === whole.length + 1, JSON.stringify(tail))
+    }
+  })
+
+  // A power loss after the file grew (its size is on disk) but before the unsynced blocks were: they read as zeros.
+  test('a last line of NUL bytes only (unsynced blocks after a power loss) is torn, not corrupt: the log resumes', async () => {
+    const file = join(WORK, 'torn-nul.jsonl')
+    const first = await Session.open(new FileStore(file))
+    first.append('user/message', { message: { role: 'user', content: 'acknowledged' }, surfaceOp: { op: 'append' } })
+    await first.sync(); await first.store.close?.()
+    const good = readFileSync(file)
+    for (const zeros of [1, 4096, 65_536]) {
+      writeFileSync(file, Buffer.concat([good, Buffer.alloc(zeros)]))
+      // What happened: "session log line 3: not valid JSON (4096 characters; not shown)": the log could not resume.
+      const resumed = await Session.open(new FileStore(file))
+      assert.deepEqual(resumed.torn && { line: resumed.torn.line, bytes: resumed.torn.bytes }, { line: 3, bytes: zeros })
+      assert.deepEqual(readFileSync(resumed.torn!.savedTo!), Buffer.alloc(zeros))
+      assert.deepEqual(resumed.messages().map((m) => m.content), ['acknowledged'])
+      await resumed.store.close?.()
+      writeFileSync(file, good)
     }
   })
 })
