@@ -15376,6 +15376,8 @@ export interface SqlLogStoreOptions {
 const SQL_NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint'
 /** In a statement: its transaction commits without waiting for the WAL's fsync (a `sync` waits). */
 const SQL_NO_FSYNC = "set_config('synchronous_commit', 'off', true)"
+/** What PostgreSQL's `text` cannot hold: NUL and lone surrogates. */
+const SQL_UNSTORABLE_TEXT = /\0|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g
 /** Events a session syncs right after (a step's or turn's end, an open): their batch waits for the fsync itself. */
 const SQL_SYNC_POINTS = new Set<string>(
   ['step/end', 'turn/end', 'session/start', 'session/resume'] satisfies (keyof EventDataMap)[])
@@ -15563,6 +15565,8 @@ class SqlLogStore implements LogStore {
     if (events.length === 0) return
     const texts = events.map(eventJSON)
     const time = (e: SessionEvent) => (Number.isSafeInteger(e.time) ? e.time : 0) // a column for queries only
+    // so is `type`: PostgreSQL's text holds no NUL or lone surrogate (the event's JSON text keeps the type as it is)
+    const type = (e: SessionEvent) => e.type.replace(SQL_UNSTORABLE_TEXT, '\uFFFD')
     const first = events[0].seq
     const durable = events.some((e) => SQL_SYNC_POINTS.has(e.type)) // so the sync after it sends nothing
     const [row] = await this.run(`appending ${events.length} event(s)`, `WITH lease AS (${this.extendLease()}),
@@ -15577,7 +15581,7 @@ class SqlLogStore implements LogStore {
         ON CONFLICT (session_id, seq) DO NOTHING RETURNING 1)
       SELECT (SELECT count(*) FROM lease)::int AS leased, (SELECT count(*) FROM prev)::int AS follows,
         (SELECT count(*) FROM ins)::int AS inserted${durable ? '' : `, ${SQL_NO_FSYNC}`}`,
-    [...this.writable('append'), JSON.stringify(events.map((e, i) => [e.seq, e.type, time(e), texts[i]])), first])
+    [...this.writable('append'), JSON.stringify(events.map((e, i) => [e.seq, type(e), time(e), texts[i]])), first])
     if (Number(row?.leased) !== 1) throw await this.locked('was taken over by')
     const where = `seq ${first - 1} of session ${JSON.stringify(this.session)}`
     if (Number(row.follows) !== 1) {

@@ -284,3 +284,19 @@ test('a driver that answers without rows is a STORE error that says so, not a Ty
       && /the driver answered without rows/.test(err.message), JSON.stringify(answer))
   }
 })
+
+test('an event type holding NUL or a lone surrogate is stored (the type column gets U+FFFD; the event keeps its type), and later events too', async () => {
+  const s = await Session.open(new SqlLogStore({ query, session: 'odd-types' }))
+  s.append('x/\0nul', { n: 1 })
+  s.append('x/\uD800lone', { n: 2 })
+  // What happened: "appending 2 event(s) … failed: unsupported Unicode escape sequence; … (retry when the database
+  // answers)": no retry could help, and every later flush of the session failed on the same events.
+  await s.sync()
+  s.append('turn/start', { turn: 1 })
+  await s.sync()
+  await s.store.close?.()
+  const again = await Session.open(new SqlLogStore({ query, session: 'odd-types' }), { readOnly: true })
+  assert.deepEqual([(await again.readEvent(1)).type, (await again.readEvent(2)).type, (await again.readEvent(3)).type], ['x/\0nul', 'x/\uD800lone', 'turn/start'])
+  const rows = (await db.query<{ type: string }>(`SELECT type FROM dsh_events WHERE session_id = 'odd-types' ORDER BY seq`)).rows
+  assert.deepEqual(rows.map((r) => r.type), ['session/start', 'x/\uFFFDnul', 'x/\uFFFDlone', 'turn/start'])
+})
