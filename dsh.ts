@@ -2674,6 +2674,7 @@ function checkSurfaceEvent(st: SessionState, nodes: readonly SurfaceNode[], pins
       throw new SessionError('SURFACE_OP', `${type}: a replacement that carries tool calls must replace exactly the `
         + `one assistant message with the same calls (seq ${op.start})`)
     }
+    if (pins.has(op.start)) throw pinnedError(type, op, op.start)
     return
   }
   const seen = new Set<string>()
@@ -2691,6 +2692,11 @@ function checkSurfaceEvent(st: SessionState, nodes: readonly SurfaceNode[], pins
     throw new SessionError('PAIRING', `tool call ${JSON.stringify(id)} already has a result (seq ${call.resultSeq})`)
 }
 
+/** The refusal of a replace `op` that would change pinned message `seq`. */
+const pinnedError = (type: string, op: { start: number; end: number }, seq: number): SessionError =>
+  new SessionError('PIN', `${type}: replace ${op.start}..${op.end} would change pinned message seq ${seq}; pinned `
+    + 'messages are never pruned, cleared or summarised (unpin it first)')
+
 /** Checks a replace against the surface, pins and call pairing (docs/design.md §4). */
 function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins, type: string,
   role: Message['role'], op: { start: number; end: number }, message: Message, newCalls: number): void {
@@ -2704,12 +2710,7 @@ function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pin
   if (first.key > last.key)
     throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
   const lo = binarySearch(nodes, first.key, (n) => n.key), hi = binarySearch(nodes, last.key, (n) => n.key)
-  for (let i = lo; i <= hi && pins.count > 0; i++) {
-    if (pins.has(nodes[i].seq)) {
-      throw new SessionError('PIN', `${type}: replace ${start}..${end} would change pinned message seq `
-        + `${nodes[i].seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
-    }
-  }
+  for (let i = lo; i <= hi && pins.count > 0; i++) if (pins.has(nodes[i].seq)) throw pinnedError(type, op, nodes[i].seq)
   if (newCalls > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
   if (role === 'tool') {
     const old = first.message

@@ -99,6 +99,24 @@ describe('case 1: pins', () => {
     assert.throws(() => session.pins.pin(9_999), /surface\/pin: seq 9999 is not a message on the current surface/)
   })
 
+  test('a pinned assistant message with tool calls cannot be replaced either (live or in a loaded log)', async () => {
+    const session = await Session.open(new MemoryStore())
+    const call = (args: string) => ({ role: 'assistant' as const, content: [{ type: 'tool-call' as const, id: 'c1', name: 't', arguments: args }] })
+    const asked = session.append('assistant/message', { message: call(`{"x":"${'x'.repeat(2000)}"}`), surfaceOp: { op: 'append' }, finishReason: 'tool-calls' })
+    session.append('tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: 'r' }] }, surfaceOp: { op: 'append' } })
+    session.pins.pin(asked.seq)
+    const replace = { message: call('{}'), surfaceOp: { op: 'replace' as const, start: asked.seq, end: asked.seq }, finishReason: 'pruned' }
+    // What happened: the replace was taken (a replace that keeps its calls skipped the pin check), the pin named a seq
+    // no longer on the surface, and session.pins.tokens() threw "TypeError: Cannot read properties of undefined".
+    assert.throws(() => session.append('assistant/message', replace), (e: any) => e instanceof SessionError && e.code === 'PIN'
+      && e.message === `assistant/message: replace ${asked.seq}..${asked.seq} would change pinned message seq ${asked.seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
+    assert.equal(session.pins.tokens(), session.surface().node(asked.seq)!.tokens)
+    const store = new MemoryStore()
+    for (const e of session.events) store.events.push(e)
+    store.events.push({ seq: session.seq, type: 'assistant/message', time: 0, data: replace })
+    await assert.rejects(Session.open(store), (e: any) => e instanceof SessionError && e.code === 'LOG_CORRUPT' && e.line === session.seq + 1)
+  })
+
   test('a pin that cannot fit is refused with the numbers, before anything is logged', async () => {
     const f = await fake([{ text: 'never' }])
     const session = await Session.open(new MemoryStore())
