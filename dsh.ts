@@ -15080,6 +15080,10 @@ class FileStore implements LogStore {
     const fs = await this.fs()
     const dir = `${this.path}.artefacts`
     await fs.mkdir(dir, { recursive: true })
+    if (!(await fs.lstat(dir).catch(() => undefined))?.isDirectory()) { // not a link to a folder elsewhere
+      throw new SessionError('STORE', `${dir} is not a directory of this log (a link, or missing); artefact ${name} `
+        + `not written: remove the link`)
+    }
     const file = `${dir}/${artefactName(name)}`
     await writeFileDurably(fs, file, text, 'artefact', 'it was not stored')
     const dirHandle = await fs.open(dir, 'r')
@@ -15145,17 +15149,24 @@ const diskFull = (err: unknown): string | undefined => {
 
 /**
  * Writes `file` whole and fsyncs it, or removes what was written of it and throws `SessionError('STORE')` naming
- * `what` it is and the cause (a full disk: free disk space), followed by `after` (what the caller did not do).
+ * `what` it is and the cause (a full disk: free disk space), followed by `after` (what the caller did not do). A
+ * link at `file` is not written through (O_NOFOLLOW): a log's folder from elsewhere may hold one to ~/.bashrc.
  */
 async function writeFileDurably(fs: typeof import('node:fs/promises'), file: string, data: string | Uint8Array,
   what: string, after: string): Promise<void> {
+  const { O_WRONLY, O_CREAT, O_TRUNC, O_NOFOLLOW = 0 } = (await importNode<typeof import('node:fs')>('node:fs'))
+    .constants
   let handle: Awaited<ReturnType<typeof fs.open>> | undefined
   try {
-    handle = await fs.open(file, 'w')
+    handle = await fs.open(file, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW)
     await handle.writeFile(data)
     await handle.sync()
   } catch (err) {
     await handle?.close().catch(() => {})
+    if ((err as { code?: unknown })?.code === 'ELOOP') {
+      throw new SessionError('STORE', `cannot write ${what} ${file}: it is a symbolic link, not written through; `
+        + `${after}: remove the link (nothing in a log's folder is a link dsh made)`)
+    }
     handle = undefined
     await fs.unlink(file).catch(() => {})
     const full = diskFull(err)
@@ -15261,6 +15272,7 @@ async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLoc
     await Promise.all([importNode<typeof import('node:fs/promises')>('node:fs/promises'),
     importNode<typeof import('node:os')>('node:os'), importNode<any>('node:process')])
   const host = os.hostname()
+  const { O_RDONLY, O_NOFOLLOW = 0, O_NONBLOCK = 0 } = (await importNode<typeof import('node:fs')>('node:fs')).constants
   // A pid means something only in its PID namespace: another one's (a container, a sandbox) cannot be checked.
   const pidns = await fs.readlink('/proc/self/ns/pid').catch(() => undefined)
   const me: LockRecord = { pid: proc.pid, host, time: Date.now(), ...(pidns ? { pidns } : {}) }
@@ -15292,8 +15304,12 @@ async function acquireLogLock(logPath: string, lockPath: string): Promise<LogLoc
         throw new SessionError('STORE', `cannot create the lock file ${lockPath}: ${err?.message ?? err}`)
     }
     let text: string
-    try { text = await fs.readFile(lockPath, 'utf8') } catch (err: any) {
+    const flag = O_RDONLY | O_NOFOLLOW | O_NONBLOCK
+    try { text = await fs.readFile(lockPath, { encoding: 'utf8', flag }) } catch (err: any) {
       if (err?.code === 'ENOENT' && round < 3) continue // released meanwhile: try again
+      // A link (its target's text would be echoed below: a planted one to ~/.ssh/id_rsa), a FIFO, a folder.
+      if (err?.code === 'ELOOP' || err?.code === 'EISDIR' || err?.code === 'EAGAIN') refuse('has a lock file that is '
+        + 'no regular file (a link, folder or FIFO); if no dsh is using this log, delete the lock file')
       throw new SessionError('STORE', `cannot read the lock file ${lockPath}: ${err?.message ?? err}`)
     }
     const holder = parseLockHolder(text)

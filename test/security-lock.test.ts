@@ -4,6 +4,7 @@ import { test, describe } from 'node:test'
 import assert from 'node:assert/strict'
 import { rm, readFile, writeFile, readdir } from 'node:fs/promises'
 import { spawnSync } from 'node:child_process'
+import { symlinkSync } from 'node:fs'
 import { hostname } from 'node:os'
 import { join } from 'node:path'
 import { FileStore, Session, SessionError } from '../dsh.ts'
@@ -52,6 +53,19 @@ describe('one writer per session log', () => {
       assert.equal(run.code, 0, run.stderr)
       assert.match(run.stderr, new RegExp(`^dsh: --session s\\.jsonl: took over the stale lock of pid ${pid} on host .* \\(since 2023-11-14T22:13:20\\.000Z\\), which is no longer running\\n`))
     })
+  })
+
+  test('a lock file that is a link is refused without reading what it points to (a planted link to a key)', async () => {
+    const dir = await tempDir()
+    const log = join(dir, 's.jsonl')
+    await writeFile(join(dir, 'id_rsa'), '-----BEGIN OPENSSH PRIVATE KEY----- b3BlbnNzaC1rZXktdjEAAAAA')
+    symlinkSync(join(dir, 'id_rsa'), `${log}.lock`)
+    const err = await Session.open(new FileStore(log)).then(() => undefined, (e) => e)
+    // What happened: 'has a lock file that does not name its holder ("-----BEGIN OPENSSH PRIVATE KEY----- b3Bl…")':
+    // the first 80 characters of the link's target, in an error message that goes to terminals and CI logs.
+    assert.ok(err instanceof SessionError && err.code === 'SESSION_LOCKED', `expected SESSION_LOCKED, got ${err}`)
+    assert.doesNotMatch(err.message, /PRIVATE KEY/)
+    assert.match(err.message, /has a lock file that is no regular file \(a link, folder or FIFO\); if no dsh is using this log, delete the lock file/)
   })
 
   test('a lock held on another host is refused (its pid cannot be checked)', async () => {

@@ -193,6 +193,26 @@ describe('artefacts', () => {
     return log
   }
 
+  test('a spill never writes through a link planted in the log\'s artefact folder, nor into a folder it links to', async () => {
+    const dir = tempDir()
+    const victim = join(dir, 'bashrc'), elsewhere = join(dir, 'elsewhere')
+    writeFileSync(victim, 'precious\n'); mkdirSync(elsewhere)
+    mkdirSync(join(dir, 's.jsonl.artefacts'))
+    symlinkSync(victim, join(dir, 's.jsonl.artefacts', 'tool-result-7.txt')) // spill names are tool-result-<seq>.txt
+    const err = await new FileStore(join(dir, 's.jsonl')).putArtefact('tool-result-7.txt', 'echo pwned').then(() => undefined, (e) => e)
+    // What happened: the artefact was written through the link: bashrc held the tool's output ("echo pwned").
+    assert.ok(err instanceof SessionError && err.code === 'STORE', `expected STORE, got ${err}`)
+    assert.match(err.message, /tool-result-7\.txt: it is a symbolic link, not written through; it was not stored: remove the link/)
+    assert.equal(readFileSync(victim, 'utf8'), 'precious\n')
+    assert.equal(readlinkSync(join(dir, 's.jsonl.artefacts', 'tool-result-7.txt')), victim, 'the link is reported, not removed')
+    symlinkSync(elsewhere, join(dir, 't.jsonl.artefacts'))
+    const linked = await new FileStore(join(dir, 't.jsonl')).putArtefact('a', 'text').then(() => undefined, (e) => e)
+    // What happened: the artefact was written into the folder the link named.
+    assert.ok(linked instanceof SessionError && linked.code === 'STORE', `expected STORE, got ${linked}`)
+    assert.match(linked.message, /t\.jsonl\.artefacts is not a directory of this log \(a link, or missing\); artefact a not written/)
+    assert.deepEqual(fs.readdirSync(elsewhere), [])
+  })
+
   test('recall never reads a spilled ref outside the log\'s own artefact folder (a hostile log names ~/.ssh/id_rsa)', async () => {
     const dir = tempDir()
     const secret = join(dir, 'id_rsa')
