@@ -2067,12 +2067,21 @@ export interface LogStore {
   close?(): Promise<void>
 }
 
-/** Keeps the log in memory (the default; edge-safe). Artefacts live in a Map. */
+/** Keeps the log in memory (the default; edge-safe). Artefacts live in a Map. One writer: a batch that does not
+ *  continue the log (a second Session on this store appended first) is refused whole, `SESSION_LOCKED`. */
 class MemoryStore implements LogStore {
   readonly events: SessionEvent[] = []
   readonly artefacts = new Map<string, string>()
   async load(): Promise<LoadedLog> { return { events: this.events.slice() } }
-  async append(events: readonly SessionEvent[]): Promise<void> { for (const e of events) this.events.push(e) }
+  async append(events: readonly SessionEvent[]): Promise<void> {
+    const at = events.findIndex((e, i) => e.seq !== this.events.length + i)
+    if (at >= 0) {
+      throw new SessionError('SESSION_LOCKED', `MemoryStore: event seq ${events[at].seq} where ${this.events.length + at}`
+        + ` was expected: another Session appended to this store; nothing of this batch was stored (one Session per `
+        + `store: open it again)`)
+    }
+    for (const e of events) this.events.push(e)
+  }
   async putArtefact(name: string, text: string): Promise<string> { this.artefacts.set(name, text);
     return `memory:${name}` }
   async getArtefact(ref: string): Promise<string> {

@@ -10,7 +10,7 @@ import { spawn, spawnSync, execFileSync } from 'node:child_process'
 import { syncBuiltinESMExports } from 'node:module'
 import { fileURLToPath } from 'node:url'
 import { PGlite } from '@electric-sql/pglite'
-import { Session, FileStore, SessionError, SqlLogStore, internals, type SqlQuery } from '../dsh.ts'
+import { Session, FileStore, MemoryStore, SessionError, SqlLogStore, internals, type SqlQuery } from '../dsh.ts'
 
 const DSH = fileURLToPath(new URL('../dsh.ts', import.meta.url))
 const dirs: string[] = []
@@ -381,5 +381,24 @@ describe('an event a store cannot write', () => {
     assert.match(resumed.message, /time NaN is not a number of ms/)
     t = 1_700_000_000_000
     assert.equal((await Session.open(new FileStore(log), { now: () => t })).seq, 2)
+  })
+})
+
+describe('two Sessions on one MemoryStore', () => {
+  test('the writer that did not append last is refused SESSION_LOCKED, its batch stored not at all; the log stays contiguous', async () => {
+    const store = new MemoryStore()
+    const a = await Session.open(store)
+    const b = await Session.open(store) // writes session/resume at seq 1
+    a.append('user/message', user('from A'))
+    a.append('user/message', user('from A, again'))
+    const refused = await a.sync().then(() => undefined, (e) => e)
+    // What happened: A's events were stored after B's resume, two events at seq 1: [0, 1, 1, 2], and the next open
+    // of the store was LOG_CORRUPT "event seq 1 where 2 was expected".
+    assert.ok(refused instanceof SessionError && refused.code === 'SESSION_LOCKED', `expected SESSION_LOCKED, got ${refused}`)
+    assert.match(refused.message, /MemoryStore: event seq 1 where 2 was expected: another Session appended to this store; nothing of this batch was stored/)
+    b.append('user/message', user('from B'))
+    await b.sync()
+    assert.deepEqual(store.events.map((e) => [e.seq, e.type]), [[0, 'session/start'], [1, 'session/resume'], [2, 'user/message']])
+    assert.equal((await Session.open(store, { readOnly: true })).seq, 3)
   })
 })
