@@ -15008,14 +15008,16 @@ class FileStore implements LogStore {
       try { written = Math.max(0, (await this.handle.stat()).size - before) } catch { /* unknown: say 0 */ }
       try { await this.handle.truncate(before); restored = true } catch { /* reported below */ }
     }
-    const what = diskFull(err) ?? `write failed (${(err as Error)?.message ?? err})`
+    const full = diskFull(err)
+    const what = full ?? `write failed (${(err as Error)?.message ?? err})`
+    const mend = full ? 'free disk space' : 'mend the cause (the disk, the file\'s permissions)'
     const durable = firstSeq > 0 ? `nothing after seq ${firstSeq - 1} is durable` : 'no event is durable'
     const message = `session log ${this.path}: ${what}: ${written} of ${totalBytes} bytes written; ${durable}`
     if (restored) {
-      const fix = 'free disk space, then flush again (the session keeps the events it could not write) or resume'
+      const fix = `${mend}, then flush again (the session keeps the events it could not write) or resume`
       return new SessionError('STORE', `${message}; the log was cut back to its last whole event: ${fix}`)
     }
-    this.failed = `${message}; its cut last line could not be removed, so this store appends no more: free disk space, `
+    this.failed = `${message}; its cut last line could not be removed, so this store appends no more: ${mend}, `
       + 'then open the log again (the cut line is dropped on load)'
     return new SessionError('STORE', this.failed)
   }

@@ -326,6 +326,27 @@ describe('a full disk', () => {
     await resumed.store.close?.()
   })
 
+  test('a write that fails for another reason (EIO) says so and what to mend, not "free disk space"', async () => {
+    const file = join(WORK, 'eio-write.jsonl')
+    const session = await Session.open(new FileStore(file))
+    await stateOf(session).flush()
+    const store = session.store as unknown as { handle: AppendHandle }
+    const real = store.handle
+    store.handle = new Proxy(real, { get: (target, key) => key === 'write'
+      ? async () => { throw Object.assign(new Error('EIO: i/o error, write'), { code: 'EIO' }) }
+      : (typeof Reflect.get(target, key) === 'function' ? Reflect.get(target, key).bind(target) : Reflect.get(target, key)) })
+    session.append('user/message', bigMessage(0))
+    const err = await stateOf(session).flush().then(() => undefined, (e) => e)
+    // What happened: "write failed (EIO: i/o error, write): 0 of … bytes written; …: free disk space, then flush again".
+    assert.ok(err instanceof SessionError && err.code === 'STORE', `expected STORE, got ${err}`)
+    assert.match(err.message, /write failed \(EIO: i\/o error, write\): 0 of \d+ bytes written; nothing after seq 0 is durable; the log was cut back to its last whole event: mend the cause \(the disk, the file's permissions\), then flush again/)
+    assert.doesNotMatch(err.message, /free disk space/)
+    store.handle = real
+    await stateOf(session).flush()
+    assert.deepEqual(wholeLines(file).map((e) => e.type), ['session/start', 'user/message'])
+    await session.store.close?.()
+  })
+
   test('when the cut back fails too, the store appends no more; the next load drops the cut line and resumes', async () => {
     const file = join(WORK, 'short-write-no-cut.jsonl')
     const session = await Session.open(new FileStore(file))
