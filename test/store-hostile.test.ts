@@ -20,6 +20,9 @@ after(() => { for (const d of dirs) rmSync(d, { recursive: true, force: true }) 
 const user = (text: string) => ({ message: { role: 'user' as const, content: [{ type: 'text' as const, text }] }, surfaceOp: { op: 'append' as const } })
 const line = (seq: number, type: string, data: object) => JSON.stringify({ seq, type, time: 1_700_000_000_000, data })
 
+/** How long an open or a sync may take here: generous, as a loaded machine (CI, parallel suites) is slow. */
+const WITHIN_MS = 30_000
+
 /** What `run` settles to within `ms`: its value, its error, or 'timeout'. */
 async function within<T>(ms: number, run: Promise<T>): Promise<{ value?: T; error?: unknown; timeout?: true }> {
   let timer: NodeJS.Timeout | undefined
@@ -52,12 +55,12 @@ describe('a second writer on the same log', () => {
   test('two Session objects in one process on the same log: the second open is refused, the first keeps writing', { todo: 'open: one process shares its lock (heldLogLocks counts holds); the older writer is the one refused, by the size check, and nothing acknowledged is lost' }, async () => {
     const log = join(tempDir(), 's.jsonl')
     const first = await Session.open(new FileStore(log))
-    const second = await within(5_000, Session.open(new FileStore(log)))
+    const second = await within(WITHIN_MS, Session.open(new FileStore(log)))
     // What happened: the second open succeeded (it wrote its session/resume), and the first writer's
     // next sync was refused "another process wrote to it": the older writer was locked out by the newer one.
     first.append('turn/start', { turn: 1 })
     first.append('user/message', user('from the first writer'))
-    const synced = await within(5_000, first.sync())
+    const synced = await within(WITHIN_MS, first.sync())
     assert.ok(second.error instanceof SessionError && second.error.code === 'SESSION_LOCKED',
       `the second Session on ${log} must be refused SESSION_LOCKED, but it opened (seq ${(second.value as Session | undefined)?.seq})`)
     assert.equal(synced.error, undefined, `the first writer must keep its log: ${(synced.error as Error)?.message}`)
@@ -75,14 +78,15 @@ describe('a second writer on the same log', () => {
     child.stdout.on('data', (b) => { out += b })
     try {
       while (!out.includes('ready')) await new Promise((r) => setTimeout(r, 20))
-      const intruder = await within(5_000, Session.open(new FileStore(link)))
+      const intruder = await within(WITHIN_MS, Session.open(new FileStore(link)))
       if (intruder.value) await intruder.value.store.close?.()
       child.stdin.write('go\n')
       await new Promise((r) => child.once('close', r))
       // What happened: the lock is `${path}.lock` of the path as given, so alias.jsonl.lock was taken while
       // s.jsonl.lock was held; the intruder wrote session/resume and the holder was refused.
       assert.ok(intruder.error instanceof SessionError && intruder.error.code === 'SESSION_LOCKED',
-        'a writer reaching the held log through a symlink must be refused SESSION_LOCKED, but it opened and wrote')
+        intruder.timeout ? `the intruder's open did not settle within ${WITHIN_MS} ms`
+          : 'a writer reaching the held log through a symlink must be refused SESSION_LOCKED, but it opened and wrote')
       assert.match(out, /holder synced/, `the holder must keep writing its own log; it said: ${out.trim()}`)
     } finally { child.kill('SIGKILL') }
   })
