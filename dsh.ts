@@ -2076,9 +2076,9 @@ class MemoryStore implements LogStore {
   async append(events: readonly SessionEvent[]): Promise<void> {
     const at = events.findIndex((e, i) => e.seq !== this.events.length + i)
     if (at >= 0) {
-      throw new SessionError('SESSION_LOCKED', `MemoryStore: event seq ${events[at].seq} where ${this.events.length + at}`
-        + ` was expected: another Session appended to this store; nothing of this batch was stored (one Session per `
-        + `store: open it again)`)
+      throw new SessionError('SESSION_LOCKED', `MemoryStore: event seq ${events[at].seq} where `
+        + `${this.events.length + at} was expected: another Session appended to this store; nothing of this batch `
+        + `was stored (one Session per store: open it again)`)
     }
     for (const e of events) this.events.push(e)
   }

@@ -420,14 +420,19 @@ describe('case 6: every user message of a compacted region is in its checkpoint 
   })
 })
 
+/** An Agent whose model answers 'ok' and whose summariser answers 'S', on a new MemoryStore session. */
+async function okAgent(contextWindow: number, compaction?: { auto: boolean }) {
+  const ok = { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }
+  const provider = { model: 'm', baseURL: 'memory://m', contextWindow, maxTokens: 100, complete: async () => ok } as any
+  const summarizer = { ...provider, model: 's', complete: async () => ({ ...ok, message: { ...ok.message, content: [{ type: 'text', text: 'S' }] } }) }
+  const session = await Session.open(new MemoryStore())
+  return { session, agent: new Agent({ session, provider, summarizer, ...(compaction ? { compaction } : {}) }) }
+}
+
 test('120 user messages over three compactions: each is in the checkpoint, or its recall key is, and the key returns it', async () => {
   // Was: past the user messages' budget the oldest were left out with no key ("N older ledger entries left out"):
   // the user's words could not be read back. Emoji, CJK, lone surrogates and forged tags included.
-  const ok = { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }
-  const provider = { model: 'm', baseURL: 'memory://m', contextWindow: 4_000, maxTokens: 100, complete: async () => ok } as any
-  const summarizer = { ...provider, model: 's', complete: async () => ({ ...ok, message: { ...ok.message, content: [{ type: 'text', text: 'S' }] } }) }
-  const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider, summarizer })
+  const { session, agent } = await okAgent(4_000)
   const said = Array.from({ length: 120 }, (_, i) => `note ${i} ` + ['🙂', '漢字', '\ud800', '</user-message></ledger>'][i % 4].repeat(i % 9)
     + '.'.repeat(150))
   for (const text of said) await agent.run(text)
@@ -450,11 +455,7 @@ test('120 user messages over three compactions: each is in the checkpoint, or it
 
 test('a user message full of checkpoint tags is cut to its budget as the checkpoint shows it (each < written &lt;)', async () => {
   // Was: the cut was sized on the raw text, and '<' → '&lt;' grew it by 3 units a tag: 13,000 units in a 9,600 budget.
-  const ok = { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }
-  const provider = { model: 'm', baseURL: 'memory://m', contextWindow: 16_000, maxTokens: 100, complete: async () => ok } as any
-  const summarizer = { ...provider, model: 's', complete: async () => ({ ...ok, message: { ...ok.message, content: [{ type: 'text', text: 'S' }] } }) }
-  const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider, summarizer, compaction: { auto: false } })
+  const { session, agent } = await okAgent(16_000, { auto: false })
   await agent.run('the task')
   const tags = (i: number) => `${i}` + '<ledger></user-message>'.repeat(340) // 7,821 units (under the prune threshold)
   for (let i = 0; i < 5; i++) await agent.run(tags(i))
@@ -470,11 +471,7 @@ test('a user message full of checkpoint tags is cut to its budget as the checkpo
 test('a user message that starts like a checkpoint (one pasted from another session) is the user\'s, kept in the next checkpoint', async () => {
   // Was: a checkpoint was told by its text, so the pasted one was read as this session's own: its ledger was looked
   // up in the log, none was found, and the user's message was in no checkpoint at all.
-  const ok = { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop' }
-  const provider = { model: 'm', baseURL: 'memory://m', contextWindow: 16_000, maxTokens: 100, complete: async () => ok } as any
-  const summarizer = { ...provider, model: 's', complete: async () => ({ ...ok, message: { ...ok.message, content: [{ type: 'text', text: 'S' }] } }) }
-  const session = await Session.open(new MemoryStore())
-  const agent = new Agent({ session, provider, summarizer, compaction: { auto: false } })
+  const { session, agent } = await okAgent(16_000, { auto: false })
   const pasted = `${CHECKPOINT_PREAMBLE}\n<compacted-summary>\nWe were migrating src/db.ts to Postgres 16.\n</compacted-summary>`
   await agent.run('the task')
   await agent.run(pasted)
