@@ -1163,7 +1163,7 @@ class ReplyAssembler {
   }
 
   /** Counts a delta against the message cap before it is kept, so nothing past the cap is held; it is progress. */
-  private admit(delta: string): void {
+  admit(delta: string): void {
     const cap = this.cfg.maxMessageBytes
     this.messageBytes += utf8Length(delta, cap)
     if (this.messageBytes > cap) {
@@ -15755,10 +15755,19 @@ function anthropicEvent(acc: ReplyAssembler, obj: unknown, dataText: string): bo
     else if (d.type === 'input_json_delta') {
       // a server tool's block (server_tool_use, mcp_tool_use), kept as it came, streams its input too: no call of ours
       const index = Number(obj.index)
+      const kept = keptInputs.get(acc)?.get(index)
       if (toolBlocks.get(acc)?.has(index)) acc.tool(index, undefined, undefined, text(d.partial_json))
+      else if (kept) { acc.admit(text(d.partial_json)); kept.json += text(d.partial_json) }
     }
     else if (d.type === 'signature_delta') acc.sign(text(d.signature))
   } else if (type === 'content_block_start') anthropicBlock(acc, Number(obj.index), obj.content_block)
+  else if (type === 'content_block_stop') {
+    // a server tool's streamed input (its web search query) goes into its kept block, which started with input {}
+    const kept = keptInputs.get(acc)?.get(Number(obj.index))
+    keptInputs.get(acc)?.delete(Number(obj.index))
+    try { const input = kept?.json ? JSON.parse(kept.json) : undefined; if (isRecord(input)) kept!.block.input = input }
+    catch { /* not JSON: the block keeps the input it started with */ }
+  }
   else if (type === 'message_start' || type === 'message_delta') {
     const m = type === 'message_start' ? (isRecord(obj.message) ? obj.message : {}) : obj
     if (acc.responseId === undefined && typeof m.id === 'string' && m.id !== '') acc.responseId = m.id
@@ -15779,6 +15788,9 @@ function anthropicEvent(acc: ReplyAssembler, obj: unknown, dataText: string): bo
 /** The content-block indices of each reply's `tool_use` blocks, the only ones whose `input_json_delta` is a call's. */
 const toolBlocks = new WeakMap<ReplyAssembler, Set<number>>()
 
+/** Each reply's kept blocks (server tools) that started with an empty input, by index, and their streamed JSON. */
+const keptInputs = new WeakMap<ReplyAssembler, Map<number, { block: Record<string, unknown>; json: string }>>()
+
 /** A content block as it starts (streamed: empty; non-streamed: whole). */
 function anthropicBlock(acc: ReplyAssembler, index: number, b: unknown): void {
   if (!isRecord(b)) return
@@ -15792,7 +15804,12 @@ function anthropicBlock(acc: ReplyAssembler, index: number, b: unknown): void {
     const input = isRecord(b.input) && Object.keys(b.input).length > 0 ? acc.json(b.input) : ''
     acc.tool(index, typeof b.id === 'string' && b.id !== '' ? b.id : undefined,
       typeof b.name === 'string' && b.name !== '' ? b.name : undefined, input)
-  } else if (typeof b.type === 'string' && b.type !== 'image') acc.keep(b as OtherBlock)
+  } else if (typeof b.type === 'string' && b.type !== 'image') {
+    acc.keep(b as OtherBlock)
+    if (isRecord(b.input) && Object.keys(b.input).length === 0) {
+      keptInputs.set(acc, (keptInputs.get(acc) ?? new Map()).set(index, { block: b, json: '' }))
+    }
+  }
 }
 
 /** Usage from Anthropic's fields, merged over those seen before: prompt = input + cache writes + cache reads. */

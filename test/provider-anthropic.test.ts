@@ -305,4 +305,6 @@ test('a server tool block (server_tool_use, mcp_tool_use) streams its input_json
   const r = await provider(w).complete({ messages: HI })
   assert.deepEqual(r.message.content.map((b) => b.type), ['text', 'server_tool_use', 'web_search_tool_result', 'tool-call'])
   assert.deepEqual(r.message.content[3], { type: 'tool-call', id: 'toolu_01', name: 'read_file', arguments: '{"path":"a"}' })
+  // the server's query, streamed, is the kept block's input (sent back as the model wrote it, not as {})
+  assert.deepEqual(r.message.content[1], { type: 'server_tool_use', id: 'srvtoolu_01', name: 'web_search', input: { query: 'weather NYC' } })
 })
