@@ -6079,11 +6079,7 @@ function makeProvider(fn: string, options: unknown,
     // a default is one of dsh's own frozen tables
     prices: given.prices === undefined ? o.prices : validatePrices(o.prices, `${fn}: prices`),
   }
-  // Checked here, not by each fetch: its TypeError would be retried as TRANSPORT, the key in its message
-  try { new Headers(requestHeaders(cfg, { messages: [] })) } catch {
-    throw new TypeError(`${fn}: apiKey or headers cannot be sent as HTTP headers (a line break, or a character past `
-      + 'U+00FF such as a typographic quote or a zero-width space, copied with the key?); the value is not shown')
-  }
+  requestHeaders(cfg, { messages: [] }, `${fn}: apiKey or headers`) // once here, not by each complete()
   return {
     model, baseURL: base, contextWindow: cfg.contextWindow, maxTokens: cfg.maxTokens,
     ...(cfg.prices ? { prices: cfg.prices } : {}),
@@ -6242,11 +6238,16 @@ function requestBody(cfg: AdapterConfig, request: ChatRequest, maxTokens: number
 
 /** The headers of a request: JSON, SSE, the format's key and version headers, then the caller's (lower-cased, so
  *  that a caller's `Authorization` replaces ours instead of being joined to it). */
-function requestHeaders(cfg: AdapterConfig, request: ChatRequest): Record<string, string> {
+function requestHeaders(cfg: AdapterConfig, request: ChatRequest, what = 'request.headers'): Record<string, string> {
   const headers: Record<string, string> = { 'content-type': 'application/json', accept: 'text/event-stream',
     ...cfg.format.authHeaders(cfg.apiKey) }
   for (const extra of [cfg.headers, request.headers ?? {}]) {
     for (const [name, value] of Object.entries(extra)) if (value !== undefined) headers[name.toLowerCase()] = value
+  }
+  // Checked before any fetch: its TypeError would be retried as TRANSPORT, the key in its message
+  try { new Headers(headers) } catch {
+    throw new TypeError(`${what} cannot be sent as HTTP headers (a line break, or a character past U+00FF such `
+      + 'as a typographic quote or a zero-width space, copied with the key?); the value is not shown')
   }
   return headers
 }

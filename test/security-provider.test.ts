@@ -5,7 +5,7 @@ import assert from 'node:assert/strict'
 import { createServer, type Server, type IncomingMessage, type ServerResponse } from 'node:http'
 import { gzipSync } from 'node:zlib'
 import {
-  openAICompatible, ProviderError, Agent, Session, type Message,
+  openAICompatible, anthropic, ProviderError, Agent, Session, type Message,
 } from '../dsh.ts'
 import {
   RESPONSE_BODY_MAX_BYTES, MAX_MESSAGE_BYTES,
@@ -298,8 +298,28 @@ test('a key or header fetch cannot send (a line break, a typographic quote copie
   const url = await serve((_q, res) => { hits++; res.writeHead(200, { 'content-type': 'text/event-stream' }); res.end('data: [DONE]\n\n') })
   const sleeps: number[] = []
   const p = tuned({ sleep: async (ms) => { sleeps.push(ms) } }, () => openAICompatible({ baseURL: url, model: 'm', apiKey: 'k' }))
-  const e = await p.complete({ messages: HI, headers: { 'x-trace': 'a\nb' } }).then(() => undefined, (err) => err as ProviderError)
-  assert.equal(e?.code, 'TRANSPORT')
+  const e = await p.complete({ messages: HI, headers: { 'x-trace': 'a\nb' } }).then(() => undefined, (err) => err as Error)
+  assert.ok(e instanceof TypeError && /request.headers cannot be sent/.test(e.message), String(e))
   assert.deepEqual(sleeps, [], 'not retried: the same header fails the same way')
+  assert.equal(hits, 0)
+})
+
+test('a request header fetch cannot send (complete or countTokens) is a TypeError that does not show it, sent never', async () => {
+  // Before: the line break case was TRANSPORT ('check the network') quoting "Bearer sk-…" in its message, and a
+  // character past U+00FF (a typographic quote) matched no fail-fast wording: retried 5 times as TRANSPORT.
+  const secret = 'sk-live-5f3c9a1e77'
+  let hits = 0
+  const url = await serve((_q, res) => { hits++; res.writeHead(200, { 'content-type': 'text/event-stream' }); res.end('data: [DONE]\n\n') })
+  const sleeps: number[] = []
+  const p = tuned({ sleep: async (ms) => { sleeps.push(ms) } }, () => anthropic({ baseURL: url, model: 'm', apiKey: 'k' }))
+  for (const value of [`Bearer ${secret}\nx`, `Bearer ${secret}\u201d`]) {
+    for (const call of [() => p.complete({ messages: HI, headers: { authorization: value } }),
+      () => p.countTokens!({ messages: HI, headers: { authorization: value } })]) {
+      const e = await call().then(() => undefined, (err) => err as Error)
+      assert.ok(e instanceof TypeError && /cannot be sent as HTTP headers/.test(e.message), String(e))
+      assert.ok(!e.message.includes(secret) && e.cause === undefined)
+    }
+  }
+  assert.deepEqual(sleeps, [])
   assert.equal(hits, 0)
 })
