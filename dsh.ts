@@ -845,7 +845,7 @@ const OVERFLOW_PATTERNS: readonly RegExp[] = [
 /** Out of balance or quota (not retried: only money helps). */
 const QUOTA_RE = /* @__PURE__ */ anyOf(['insufficient[_ ]?(?:balance|quota|credits?|funds)',
   'exceeded your current quota', 'billing', 'credit balance', 'payment required', 'out of credits',
-  'not enough credits'])
+  'not enough credits', 'spending limit', 'purchase more credits'])
 /** A key the server does not take, whatever the status says (Gemini: 400 INVALID_ARGUMENT, reason API_KEY_INVALID). */
 const BAD_KEY_RE = /invalid[_ ]api[_ ]key|incorrect api key|api[_ ]key not valid|api_key_invalid/i
 /** Authentication and permission wording, used when no HTTP status says so. */

@@ -265,7 +265,9 @@ test('C1 OpenAI 429 insufficient_quota is QUOTA, sent once (not 6 billed-nothing
   const quota = '{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}'
   // Gemini's free tier says "quota" too, but it is a per-minute limit: RESOURCE_EXHAUSTED, retried.
   const perMinute = '[{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details. See https://ai.google.dev/gemini-api/docs/rate-limits.","status":"RESOURCE_EXHAUSTED"}}]'
-  for (const [body, code, hits] of [[quota, 'QUOTA', 1], [perMinute, 'RATE_LIMIT', 6]] as const) {
+  // xAI's 429 when a team's credits or spending limit are used up (no 'billing', no 'insufficient'): was RATE_LIMIT
+  const xai = '{"code":"Some resource has been exhausted","error":"Your team 0b1c has either used all available credits or reached its monthly spending limit. To continue making API requests, please purchase more credits or raise your spending limit."}'
+  for (const [body, code, hits] of [[quota, 'QUOTA', 1], [perMinute, 'RATE_LIMIT', 6], [xai, 'QUOTA', 1]] as const) {
     const srv = await serve((_q, res) => { res.writeHead(429, { 'content-type': 'application/json' }); res.end(body) })
     try {
       const e = await failure(oa(srv.url).complete({ messages: HI }))
