@@ -6676,11 +6676,6 @@ function toolOutputToResult(callId: string, name: string, out: unknown): ToolRes
   if (typeof out === 'string') return { role: 'tool', toolCallId: callId, content: [{ type: 'text', text: out }] }
   if (Array.isArray(out)) {
     validateMessage({ role: 'tool', toolCallId: callId, content: out }, 'tool')
-    try { JSON.stringify(out) } catch (err) { // else Session.append refuses the result and the call stays open
-      const why = (err as Error)?.message
-      return errorResult(callId, `tool ${name} returned blocks that cannot be stored as JSON (${why}); a tool must `
-        + `return plain data: strings, finite numbers, arrays, plain objects`, 'TOOL_BAD_OUTPUT')
-    }
     return { role: 'tool', toolCallId: callId, content: out as Block[] }
   }
   if (out && typeof out === 'object' && 'content' in out) {
@@ -7373,7 +7368,15 @@ class Agent {
       const { message, spilled, warning } = await spillToolResult(result!, session.store, SPILL_BYTES,
         spillName(session.seq))
       if (warning) this.warn(warning)
-      session.append('tool/result', { message, ...(spilled ? { spilled } : {}), surfaceOp: { op: 'append' } })
+      try { session.append('tool/result', { message, ...(spilled ? { spilled } : {}), surfaceOp: { op: 'append' } }) }
+      catch (err) { // blocks JSON cannot hold (a BigInt, a cycle; Session.append's check): an error result instead
+        if (!(err instanceof SessionError) || err.code !== 'INVALID_EVENT') throw err
+        let why = err.message
+        try { JSON.stringify(message) } catch (e) { why = String((e as Error)?.message ?? e) }
+        session.append('tool/result', { message: errorResult(call.id, `tool ${call.name} returned blocks that cannot `
+          + `be stored as JSON (${why}); a tool must return plain data: strings, finite numbers, arrays, plain `
+          + 'objects', 'TOOL_BAD_OUTPUT'), surfaceOp: { op: 'append' } })
+      }
     }
   }
 
