@@ -164,14 +164,14 @@ describe('session log and surface (docs/design.md §4)', () => {
     const { ra } = interleaved(session)
     assert.deepEqual(session.events.map((e) => e.seq), [0, 1, 2, 3, 4, 5])
     const before = session.measure().totalTokens
-    const reclaimed = session.pruneToolResult(ra)
+    const reclaimed = pruneToolResult(session, ra)
     assert.equal(reclaimed, (8 + 9000 / 4) - (8 + Math.ceil(5159 / 4)))
     const [prune, result] = session.events.slice(-2)
     assert.deepEqual(prune.data, { shadowedSeqs: [ra], shadowedTokenCount: 8 + 9000 / 4 })
     assert.deepEqual((result.data as any).surfaceOp, { op: 'replace', start: ra, end: ra })
     assert.equal(session.replaceGeneration, 1)
     assert.equal(session.measure().totalTokens, before - reclaimed)
-    assert.equal(session.pruneToolResult(result.seq), 0) // idempotent: no event
+    assert.equal(pruneToolResult(session, result.seq), 0) // idempotent: no event
     assert.equal(session.events.length, 8)
     assert.equal((session.events[ra].data as any).message.content[0].text.length, 9000) // original kept
   })
@@ -228,7 +228,7 @@ describe('session log and surface (docs/design.md §4)', () => {
     assert.deepEqual([session.measure().totalTokens, session.measure().anchored], [520, true])
     const r = session.append('tool/result', { message: toolResult('r'.repeat(40_000), 'c'), surfaceOp: { op: 'append' } }) // 10,008
     assert.equal(session.measure().totalTokens, 520 + 10_008)
-    session.pruneToolResult(r.seq) // −10,008 + 1,298
+    pruneToolResult(session, r.seq) // −10,008 + 1,298
     assert.equal(session.measure().totalTokens, 520 + 1_298)
     // A low provider figure never undercounts: heuristic at anchor (137) beats 50.
     session.append('user/message', { message: { role: 'user', content: 'next' }, surfaceOp: { op: 'append' } })
@@ -243,7 +243,7 @@ describe('session log and surface (docs/design.md §4)', () => {
     const store = new MemoryStore()
     const live = await Session.open(store)
     const { ra, a, rb } = interleaved(live)
-    live.pruneToolResult(ra)
+    pruneToolResult(live, ra)
     live.append('user/message', { message: { role: 'user', content: 'summary' }, surfaceOp: { op: 'replace', start: a, end: rb } })
     await live.sync()
     const again = await Session.open(store, { readOnly: true })
@@ -386,7 +386,7 @@ describe('FileStore streaming load and read-back (memory O(surface))', () => {
     // 5 MB of mixed 1-, 2-, 3- and 4-byte characters: the line spans two 4 MiB reads, a character sits on the cut.
     const big = ('a\u00e9\u20ac\u{1F600}'.repeat(500_000)) + 'END'
     const original = live.append('tool/result', { message: toolResult(big, 'c1'), surfaceOp: { op: 'append' } })
-    live.pruneToolResult(original.seq)
+    pruneToolResult(live, original.seq)
     await live.sync()
     assert.equal(((await live.readEvent(original.seq)).data as any).message.content[0].text, big)
     await live.store.close?.()

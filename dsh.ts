@@ -13,7 +13,10 @@
  *
  * PUBLIC API (the one export list below this header; types are exported where they are declared)
  *   Agent                  the loop: turns, steps, tools, hooks, the ladder, cancellation (§7)
- *   Session                the append-only log, its surface and measure(); parts over it: cost, recall, pins
+ *   Session                the append-only log, its one writer, its surface and measure() (§4)
+ *   CostLedger             a part over the log: CostLedger.of(session).usage(), the prompt-cache model (§11)
+ *   RecallIndex            a part over the log: the originals the surface no longer shows (§10)
+ *   Pins                   a part over the log: Pins.of(session).pin(seq), never compacted (§12)
  *   MemoryStore            where a session's events live by default: in memory (anywhere)
  *   openAICompatible       a Provider for any OpenAI-compatible chat-completions server (§6)
  *   deepseek               openAICompatible with DeepSeek's base URL, model, key variable and prices
@@ -27,7 +30,8 @@
  *   estimateRequestTokens  envelope + messages, heuristic tokens (§2)
  *   codePointLength        Unicode code points of a text (a surrogate pair is one)
  *   pruneText              head + PRUNE_MARKER + tail of a text over the threshold (§3)
- *   pruneToolResult        the same cut over a tool result's text blocks, other blocks kept (§3)
+ *   pruneToolResult        the same cut over a tool result's text blocks, other blocks kept (§3);
+ *                          (session, seq) logs it as a replace of surface node seq
  *   PRUNE_MARKER           the 39-code-point text put where a pruned middle was
  *   DEFAULT_PRUNE_CONFIG   {thresholdChars: 8192, headChars: 4096, tailChars: 1024}, code points
  *   DEFAULT_COMPACTION_CONFIG  the ladder's defaults (below, and docs/design.md §5, §10)
@@ -72,7 +76,7 @@
  *   4. Log & surface  append-only session log (Session, the one writer), surface projection, the
  *                     store contract and MemoryStore, resume; 4.1 the log protocol of a
  *                     prune or clear; 4.2 parts over the log: the ladder's memory, cost and cache
- *                     (session.cost), recall index, pins
+ *                     (CostLedger.of(session)), recall index, pins
  *   5. Pruner         code-point-safe head/tail cut of tool results (code points)
  *   6. Ladder         prune → clear → compact → fail, spill at write time; ledger. 6.1 A LADDER RUNG
  *                     is a function from the ladder's view to the edits it would log (like clearRung)
@@ -111,9 +115,9 @@ export {
   openAICompatible, deepseek, parseSSE, classifyProviderError,
   estimateTextTokens, estimateMessageTokens, estimateRequestTokens,
   codePointLength, pruneText, pruneToolResult, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
-  DEFAULT_COMPACTION_CONFIG, KNOWN_MODELS, DEEPSEEK_PRICES,
+  DEFAULT_COMPACTION_CONFIG, KNOWN_MODELS, DEEPSEEK_PRICES, CostLedger, RecallIndex, Pins,
 }
-export type { Ladder, CostLedger, RecallIndex, Pins }
+export type { Ladder }
 
 // ═══════════════════════════════════════
 // PART I — THE RUNTIME: sections 1–8, web standards only (the fence before section 9 says more)
@@ -1705,7 +1709,7 @@ function measuredEnvelopeTokens(m: Measurement): number {
  */
 function sentEnvelopeTokens(session: Session, envelopeTokens?: number): number {
   const m = session.measure(), tokens = envelopeTokens ?? m.envelopeTokens
-  const offset = stateOf(session).ladder.replayed || m.envelopeTokens <= 0 ? 0
+  const offset = ladderStateOf(session).replayed || m.envelopeTokens <= 0 ? 0
     : (m.calibrationOffsetTokens * tokens) / m.envelopeTokens
   return Math.ceil(offset + m.calibration * tokens)
 }
@@ -2230,7 +2234,14 @@ interface SessionState {
   compaction?: string
   /** Seq of the last `session/start` or `session/resume`. */
   openedAt: number
-  readonly ladder: LadderState
+  /** Seqs of pinned surface nodes, in the order they were pinned (docs/design.md §12): a replace never covers one. */
+  readonly pinned: Set<number>
+  /** The session's parts over the log (section 4.2), one per {@link definePart}, in definition order. */
+  readonly parts: Part[]
+  /** The calibration `measure()` applies (the ladder's part, when it is in the bundle); none: ratio 1, offset 0. */
+  calibrator?: { fit(envelopeTokens: number, surfaceTokens: number): { ratio: number; offset: number }; count: number }
+  /** Makes `providerTokens` the usage anchor at event `seq`, for the request the surface is now (an exact count). */
+  anchorAt(providerTokens: number, seq: number): void
   /** Writes queued events to the store, without fsync. */
   flush(): Promise<void>
   /** Checks an event against the current state without appending it (throws like `append`). */
@@ -2239,25 +2250,46 @@ interface SessionState {
   apply(event: SessionEvent): void
 }
 
+/**
+ * What a surface event changes, as its parts see it before the session applies it: the nodes it
+ * removes from index `at` (none for an append), the new node's price (tokens, §2 heuristic) and an
+ * answer's checked usage.
+ */
+interface SurfaceChange { at: number; removed: readonly SurfaceNode[]; tokens: number; usage?: Usage }
+
+/**
+ * A part over the log (section 4.2): cost, recall, pins, the ladder's memory. Each session builds one of
+ * every defined part, and shows it each event before applying it (with the surface the event applies to).
+ */
+interface Part { observe?(event: SessionEvent, change?: SurfaceChange): void }
+
+/** The factories of the defined parts, in definition order; Session's constructor calls each. */
+const PART_FACTORIES: ((session: Session, st: SessionState) => Part)[] = []
+
+/**
+ * Defines a part and returns the reader of a session's instance. Call it as `/* @__PURE__ *\/ definePart(…)` at
+ * top level: a bundle that never reads a part drops it, and a part that is kept is defined before any session
+ * opens, so it sees every event of the log, the loaded ones too.
+ */
+function definePart<P extends Part>(make: (session: Session, st: SessionState) => P): (session: Session) => P {
+  const index = PART_FACTORIES.push(make) - 1
+  return (session) => stateOf(session).parts[index] as P
+}
+
 const SESSION_STATE = new WeakMap<Session, SessionState>()
 /** The module-private state of `session` (see {@link SessionState}). */
 function stateOf(session: Session): SessionState { return SESSION_STATE.get(session)! }
 
 /**
  * The append-only session log, its one writer, and the surface projected from it (docs/design.md §4):
- * `append` checks every invariant first (else throws {@link SessionError}, changing nothing), updates the
- * surface, prices, usage anchor and parts (`cost`, `recall`, `pins`), and queues the event for {@link Session.sync}.
+ * `append` checks every invariant first (else throws {@link SessionError}, changing nothing), shows the event to
+ * the parts over the log ({@link CostLedger.of}, {@link RecallIndex.of}, {@link Pins.of}), updates the surface,
+ * prices and usage anchor, and queues the event for {@link Session.sync}.
  */
 export class Session {
   readonly store: LogStore
   /** The torn last line dropped when this session was loaded, if any. */
   torn?: TornLine
-  /** Tokens and cost of the requests so far, and the prompt-cache model (docs/design.md §11). */
-  readonly cost: CostLedger
-  /** The originals the surface no longer shows, as `recall` reads them (docs/design.md §10). */
-  readonly recall: RecallIndex
-  /** Messages that are never pruned, cleared or summarised (docs/design.md §12). */
-  readonly pins: Pins
   private readonly st: SessionState
   private retained?: SessionEvent[] // the whole log, when the store cannot read events back
   private nextSeq = 0
@@ -2281,13 +2313,13 @@ export class Session {
     this.st = {
       calls: new Map(), openCalls: new Set(), dispatched: new Set(), bySeq: new SeqIndex(),
       turn: { last: 0, open: false, step: 0, stepOpen: false }, awaitingInput: false, openedAt: 0,
-      ladder: new LadderState(), flush: () => this.queue.flush(),
-      check: (type, data) => checkEvent(this.st, this.nodes, this.pins, type, data), apply: (e) => this.apply(e),
+      pinned: new Set(), parts: [], flush: () => this.queue.flush(),
+      check: (type, data) => checkEvent(this.st, this.nodes, type, data), apply: (e) => this.apply(e),
+      anchorAt: (providerTokens, seq) => { this.anchorState = { providerTokens, seq,
+        heuristicTokens: this.envelopeTokensSum + this.surfaceTokensSum } },
     }
     SESSION_STATE.set(this, this.st)
-    this.cost = new CostLedger(this, this.nodes)
-    this.recall = new RecallIndex(this, this.st)
-    this.pins = new Pins(this, this.st)
+    for (const make of PART_FACTORIES) this.st.parts.push(make(this, this.st))
   }
 
   /**
@@ -2388,13 +2420,14 @@ export class Session {
     this.nextSeq = event.seq + 1
     const data = event.data as any
     const st = this.st
+    const change = SURFACE_TYPES[event.type] ? this.surfaceChange(event) : undefined
+    for (const part of st.parts) part.observe?.(event, change)
     switch (event.type) {
       case 'session/start': case 'session/resume': st.openedAt = event.seq; break
       case 'request/header':
         this.header = data
         this.envelopeTokensSum = estimateEnvelopeTokens(data)
         this.anchorState = undefined // an envelope or model change voids the usage anchor (docs/design.md §2)
-        st.ladder.header(data.model)
         break
       case 'turn/start':
         st.turn = { last: data.turn, open: true, step: 0, stepOpen: false }
@@ -2403,49 +2436,47 @@ export class Session {
       case 'turn/end':
         st.turn.open = false; st.turn.stepOpen = false; st.input = undefined; st.awaitingInput = false
         break
-      case 'ladder/state':
-        if (st.ladder.apply(data, this.header?.contextWindow, this.envelopeTokensSum)) {
-          const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
-          this.anchorState = { providerTokens: data.sample.providerTokens, heuristicTokens, seq: event.seq }
-        }
-        break
       case 'step/start': st.turn.step = data.step; st.turn.stepOpen = true; break
       case 'step/end': st.turn.stepOpen = false; break
       case 'tool/call': st.dispatched.add(data.callId); break
       case 'compaction/start': st.compaction = data.id; break
-      case 'surface/pin': case 'surface/unpin': this.pins.apply(event.type, data.seq); break
+      case 'surface/pin': st.pinned.add(data.seq); break
+      case 'surface/unpin': st.pinned.delete(data.seq); break
       case 'compaction/end': if (st.compaction === data.id) st.compaction = undefined
     }
-    this.cost.event(event, this.header)
-    if (SURFACE_TYPES[event.type]) this.applySurface(event)
+    if (change) this.applySurface(event, change)
   }
 
-  /** A checked surface event: an append or a replace on the surface, its prices, calls, parts and anchor. */
-  private applySurface(event: SessionEvent): void {
-    const data = event.data as unknown as SessionEvent<'assistant/message'>['data'] & { spilled?: unknown }
+  /** What checked surface event `event` changes on the surface (see {@link SurfaceChange}). */
+  private surfaceChange(event: SessionEvent): SurfaceChange {
+    const data = event.data as unknown as SessionEvent<'assistant/message'>['data']
     const { message, surfaceOp: op } = data
     const tokens = estimateMessageTokens(message)
-    const answer = event.type === 'assistant/message' && op.op === 'append'
-    const usage = answer ? checkedUsage(data.usage) : undefined
-    if (usage) {
-      this.st.ladder.take(usage.promptTokens, this.envelopeTokensSum, this.surfaceTokensSum, this.header?.contextWindow)
+    if (op.op === 'append') {
+      const usage = event.type === 'assistant/message' ? checkedUsage(data.usage) : undefined
+      return { at: this.nodes.length, removed: [], tokens, ...(usage ? { usage } : {}) }
     }
-    if (event.type === 'tool/result' && data.spilled && op.op === 'append') this.recall.spilled(event.seq, message)
-    if (op.op === 'append') this.appendNode(event, message, tokens, usage)
-    else this.replaceNodes(event, op, message, tokens)
+    const indexOf = (seq: number) => binarySearch(this.nodes, this.st.bySeq.get(seq)!.key, (n) => n.key)
+    const at = indexOf(op.start)
+    return { at, removed: this.nodes.slice(at, indexOf(op.end) + 1), tokens }
+  }
+
+  /** A checked surface event: an append or a replace on the surface, its calls and the usage anchor. */
+  private applySurface(event: SessionEvent, change: SurfaceChange): void {
+    const { message } = event.data as { message: Message }
+    const { tokens, usage } = change
+    if (change.removed.length === 0) this.appendNode(event, message, tokens)
+    else this.replaceNodes(event, change, message, tokens)
     if (usage) {
       const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
       this.anchorState = usageAnchor(usage, heuristicTokens, event.seq) ?? this.anchorState
     }
   }
 
-  /** Appends a node to the surface (and an answer's request to the cost ledger first). */
-  private appendNode(event: SessionEvent, message: Message, tokens: number, usage?: Usage): void {
+  /** Appends a node to the surface. */
+  private appendNode(event: SessionEvent, message: Message, tokens: number): void {
     const st = this.st
     if (message.role === 'user' && st.awaitingInput) { st.input = event.seq; st.awaitingInput = false }
-    if (event.type === 'assistant/message')
-      this.cost.request(event.time, tokens, usage, this.header, this.surfaceTokensSum,
-        (message as AssistantMessage).interrupted === true)
     const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
     this.nodes.push(node)
     st.bySeq.set(event.seq, node)
@@ -2454,29 +2485,17 @@ export class Session {
     if (message.role === 'tool') {
       st.calls.get(message.toolCallId)!.resultSeq = event.seq
       st.openCalls.delete(message.toolCallId)
-      this.recall.result(message.toolCallId, tokens)
     }
   }
 
-  /** Replaces the surface nodes `op.start..op.end` by one node; what they held stays in the log. */
-  private replaceNodes(event: SessionEvent, op: { start: number; end: number }, message: Message, tokens: number) {
+  /** Replaces the surface nodes `change.removed` by one node; what they held stays in the log. */
+  private replaceNodes(event: SessionEvent, change: SurfaceChange, message: Message, tokens: number) {
     const st = this.st
-    const first = st.bySeq.get(op.start)!, last = st.bySeq.get(op.end)!
-    const indexOf = (key: number) => binarySearch(this.nodes, key, (n) => n.key)
-    const lo = indexOf(first.key), hi = indexOf(last.key)
-    const node: SurfaceNode = { seq: event.seq, message, tokens, key: first.key,
+    const node: SurfaceNode = { seq: event.seq, message, tokens, key: change.removed[0].key,
       ...((event.data as { compactionId?: string }).compactionId !== undefined ? { checkpoint: true } : {}) }
     let shadowed = 0
-    for (let i = lo; i <= hi; i++) {
-      const old = this.nodes[i]
+    for (const old of change.removed) {
       shadowed += old.tokens
-      // An appended node's seq is its key; a replacement's seq is later than its key.
-      if (old.seq === old.key && !this.recall.isSpilled(old.seq)) this.recall.shadow(old.seq, old.message)
-    }
-    this.cost.replaced(event, lo, hi, tokens, shadowed) // before the splice: it reads the old nodes
-    // Nodes and calls leave only after every shadowed result in the range has looked its call up.
-    for (let i = lo; i <= hi; i++) {
-      const old = this.nodes[i]
       st.bySeq.delete(old.seq)
       if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
       if (message.role === 'assistant' && toolCalls(message).length > 0) continue // a pruned one keeps its calls
@@ -2485,7 +2504,7 @@ export class Session {
     }
     if (message.role === 'tool') st.calls.get(message.toolCallId)!.resultSeq = event.seq
     for (const c of toolCalls(message)) st.calls.get(c.id)!.callSeq = event.seq
-    this.nodes.splice(lo, hi - lo + 1, node)
+    this.nodes.splice(change.at, change.removed.length, node)
     st.bySeq.set(event.seq, node)
     this.surfaceTokensSum += tokens - shadowed
     this.generation++
@@ -2497,12 +2516,13 @@ export class Session {
    */
   measure(): Measurement {
     const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
-    const ladder = this.st.ladder
-    const { ratio: calibration, offset } = ladder.fit(this.envelopeTokensSum, this.surfaceTokensSum)
+    const calibrator = this.st.calibrator
+    const { ratio: calibration, offset } = calibrator?.fit(this.envelopeTokensSum, this.surfaceTokensSum)
+      ?? { ratio: 1, offset: 0 }
     const m: Measurement = Object.create(MEASUREMENT_VIEW) // MEASUREMENT_VIEW: what console.log shows
     m.calibration = calibration
     m.calibrationOffsetTokens = offset
-    m.calibrationSamples = ladder.count
+    m.calibrationSamples = calibrator?.count ?? 0
     m.totalTokens = anchoredTotal(heuristicTokens, this.anchorState, calibration, offset)
     m.envelopeTokens = this.envelopeTokensSum
     m.surfaceTokens = this.surfaceTokensSum
@@ -2524,19 +2544,6 @@ export class Session {
       throw new SessionError('PAIRING', `cannot build a request: tool call(s) ${[...open].join(', ')} have `
         + 'no result yet')
     return this.nodes.map((n) => n.message)
-  }
-
-  /**
-   * Prunes the tool result at surface node `seq` (docs/design.md §3): logs `compaction/prune` and the pruned
-   * `tool/result` as a replace of `seq` (the original stays in the log). Returns the tokens reclaimed (0,
-   * nothing logged, when it is within the threshold). Throws `SessionError('SURFACE_OP')` for another seq.
-   */
-  pruneToolResult(seq: number, config?: Partial<PruneConfig>, trigger?: string): number {
-    const node = this.st.bySeq.get(seq)
-    if (!node || node.message.role !== 'tool')
-      throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
-    const pruned = pruneToolResult(node.message, config)
-    return pruned === node.message ? 0 : replaceNode(this, node, 'compaction/prune', pruned, trigger)
   }
 
   /** Writes the queued events to the store, then makes the log durable (fsync for {@link FileStore}). */
@@ -2638,7 +2645,7 @@ function resumeLog(session: Session, st: SessionState): void {
 }
 
 /** Validates an event against the session's state without changing anything (throws like `append`). */
-function checkEvent(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins, type: string, data: any): void {
+function checkEvent(st: SessionState, nodes: readonly SurfaceNode[], type: string, data: any): void {
   if (type === 'session/start' && data.format !== undefined && data.format !== LOG_FORMAT) {
     const newer = Number.isSafeInteger(data.format) && data.format > LOG_FORMAT
     throw new SessionError('INVALID_EVENT', `session/start: the log is format ${JSON.stringify(data.format)}`
@@ -2660,13 +2667,23 @@ function checkEvent(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins,
   if (type === 'compaction/end' && data.requests !== undefined) checkSummaryRequests(data.requests)
   if (type === 'request/error' && data.spent !== undefined)
     checkSummaryRequests([{ model: '', ...data.spent }], 'request/error: spent')
-  if (type === 'surface/pin' || type === 'surface/unpin') return pins.checkEvent(type, data.seq)
+  if (type === 'surface/pin' || type === 'surface/unpin') return checkPin(st, type, data.seq)
   const role = SURFACE_TYPES[type]
-  if (role) checkSurfaceEvent(st, nodes, pins, type, role, data)
+  if (role) checkSurfaceEvent(st, nodes, type, role, data)
+}
+
+/** Checks a `surface/pin` or `surface/unpin` of `seq` (throws `SessionError('PIN')`). */
+function checkPin(st: SessionState, type: string, seq: unknown): void {
+  if (!Number.isInteger(seq) || !st.bySeq.has(seq as number)) {
+    throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
+  }
+  const pinned = st.pinned.has(seq as number)
+  if ((type === 'surface/pin') === pinned)
+    throw new SessionError('PIN', `${type}: seq ${seq} is ${pinned ? 'already' : 'not'} pinned`)
 }
 
 /** Checks a surface event's message, op, call ids and replace range against the surface; throws SessionError. */
-function checkSurfaceEvent(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins, type: string,
+function checkSurfaceEvent(st: SessionState, nodes: readonly SurfaceNode[], type: string,
   role: Message['role'], data: any): void {
   validateMessage(data.message, role)
   const op = data.surfaceOp as SurfaceOp
@@ -2683,7 +2700,7 @@ function checkSurfaceEvent(st: SessionState, nodes: readonly SurfaceNode[], pins
       throw new SessionError('SURFACE_OP', `${type}: a replacement that carries tool calls must replace exactly the `
         + `one assistant message with the same calls (seq ${op.start})`)
     }
-    if (pins.has(op.start)) throw pinnedError(type, op, op.start)
+    if (st.pinned.has(op.start)) throw pinnedError(type, op, op.start)
     return
   }
   const seen = new Set<string>()
@@ -2692,7 +2709,7 @@ function checkSurfaceEvent(st: SessionState, nodes: readonly SurfaceNode[], pins
       throw new SessionError('PAIRING', `tool call id ${JSON.stringify(c.id)} is not unique on the surface`)
     seen.add(c.id)
   }
-  if (op.op === 'replace') return checkReplace(st, nodes, pins, type, role, op, message, newCalls.length)
+  if (op.op === 'replace') return checkReplace(st, nodes, type, role, op, message, newCalls.length)
   if (role !== 'tool') return
   const id = (message as ToolResultMessage).toolCallId
   const call = st.calls.get(id)
@@ -2707,7 +2724,7 @@ const pinnedError = (type: string, op: { start: number; end: number }, seq: numb
     + 'messages are never pruned, cleared or summarised (unpin it first)')
 
 /** Checks a replace against the surface, pins and call pairing (docs/design.md §4). */
-function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pins, type: string,
+function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], type: string,
   role: Message['role'], op: { start: number; end: number }, message: Message, newCalls: number): void {
   const { start, end } = op
   const first = st.bySeq.get(start)
@@ -2719,7 +2736,9 @@ function checkReplace(st: SessionState, nodes: readonly SurfaceNode[], pins: Pin
   if (first.key > last.key)
     throw new SessionError('SURFACE_OP', `${type}: replace start ${start} comes after end ${end} on the surface`)
   const lo = binarySearch(nodes, first.key, (n) => n.key), hi = binarySearch(nodes, last.key, (n) => n.key)
-  for (let i = lo; i <= hi && pins.count > 0; i++) if (pins.has(nodes[i].seq)) throw pinnedError(type, op, nodes[i].seq)
+  for (let i = lo; i <= hi && st.pinned.size > 0; i++) {
+    if (st.pinned.has(nodes[i].seq)) throw pinnedError(type, op, nodes[i].seq)
+  }
   if (newCalls > 0) throw new SessionError('SURFACE_OP', `${type}: a replacement cannot carry tool calls`)
   if (role === 'tool') {
     const old = first.message
@@ -2783,7 +2802,7 @@ function pruneNode(session: Session, seq: number, config?: Partial<PruneConfig>,
   if (node.message.role !== 'tool' && seq === stateOf(session).input)
     throw new SessionError('SURFACE_OP', `seq ${seq} is the current turn's input, which is never edited`)
   // A user message's cut names the recall key of its original, as a checkpoint's does (docs/design.md §12).
-  const m = node.message, pruned = m.role === 'tool' ? pruneToolResult(m, config)
+  const m = node.message, pruned = m.role === 'tool' ? pruneResultMessage(m, config)
     : pruneMessage(m, config, m.role === 'user' ? userCutMarker(node.key) : undefined)
   return pruned === m ? 0 : replaceNode(session, node, 'compaction/prune', pruned, trigger, payback)
 }
@@ -2819,10 +2838,15 @@ function surfaceToolCall(session: Session, callId: string): ToolCallBlock | unde
 }
 
 // ── 4.2 Parts over the log: the ladder's memory, cost and cache, recall index, pins ─────────
-// Each part is fed by its session with every event it applies (Session.apply is the one place that
-// derives state; Session.append is the one writer of the log) and answers questions about it.
+// Each part is defined once (definePart, section 4) and built with every session, which shows it each
+// event before applying it (Session.apply is the one place that derives state; Session.append is the
+// one writer of the log). A part answers questions about the log; a bundle that never asks drops it.
 
-/** The ladder's durable memory as `ladder/state` logs it (docs/design.md §10 "Durable ladder state"). */
+/**
+ * The ladder's durable memory as `ladder/state` logs it (docs/design.md §10 "Durable ladder state"), and
+ * the calibration of {@link Session.measure} it keeps (without this part in a bundle, `measure()` is
+ * uncalibrated).
+ */
 class LadderState {
   /** Heuristic tokens when a pressure compaction last failed; undefined when none is pending. */
   failedAtTokens?: number
@@ -2833,6 +2857,18 @@ class LadderState {
   private transcriptFit?: { n: number; h: number; p: number; hh: number; hp: number }
   /** Samples of requests whose envelope outweighed their messages (provider; envelope and surface heuristic). */
   private heavySamples: { provider: number; envelope: number; surface: number }[] = []
+
+  constructor(private readonly session: Session, private readonly st: SessionState) { st.calibrator = this }
+
+  /** Calibration is per model; a `ladder/state` is applied; an answer's reported prompt size is a sample. */
+  observe(event: SessionEvent, change?: SurfaceChange): void {
+    const data = event.data as any
+    if (event.type === 'request/header') return this.header(data.model)
+    if (event.type !== 'ladder/state' && !change?.usage) return
+    const m = this.session.measure(), window = m.header?.contextWindow
+    if (change?.usage) this.take(change.usage.promptTokens, m.envelopeTokens, m.surfaceTokens, window)
+    else if (this.apply(data, window, m.envelopeTokens)) this.st.anchorAt(data.sample.providerTokens, event.seq)
+  }
 
   /** A `ladder/state` event; returns whether its sample is the new usage anchor (an overflow count is exact). */
   apply(data: LadderStateData, contextWindow?: number,
@@ -2942,15 +2978,22 @@ class LadderState {
   }
 }
 
+/** The ladder's memory of `session` (see {@link LadderState}). */
+const ladderStateOf = /* @__PURE__ */ definePart((session, st) => new LadderState(session, st))
+
 /** How far apart (1 − cos² of the surface and envelope columns) envelope-heavy samples must be to fit two ratios. */
 const HEAVY_FIT_CONDITION = 0.01
 
 /** How many recent surface edits keep their cache figures for {@link CostLedger.editCache}. */
 const RECENT_EDITS = 64
 
+/** The cost ledger of `session` (see {@link CostLedger.of}). */
+const costLedgerOf = /* @__PURE__ */ definePart((session) => new CostLedger(session))
+
 /**
  * Tokens and cost of a session's requests and its prompt-cache model (docs/design.md §11), kept as
- * events arrive (O(1) per append, O(edit span) per replace) so that they survive resume.
+ * events arrive (O(1) per append, O(edit span) per replace) so that they survive resume. Read a
+ * session's with {@link CostLedger.of}.
  */
 class CostLedger {
   private cacheNodes = -1
@@ -2962,8 +3005,14 @@ class CostLedger {
   private failedCounted = false
   /** @internal The summary requests of the compaction now running, counted by the cap before its `compaction/end`. */
   running: SummaryRequestRecord[] = []
+  private readonly nodes: readonly SurfaceNode[]
+  /** The last `request/header` (model, envelope, prices) the requests after it are priced by. */
+  private lastHeader?: RequestHeader
   /** @internal */
-  constructor(private readonly session: Session, private readonly nodes: readonly SurfaceNode[]) {}
+  constructor(private readonly session: Session) { this.nodes = session.surface() }
+
+  /** The cost ledger of `session`, kept since it opened (the loaded log included). */
+  static of(session: Session): CostLedger { return costLedgerOf(session) }
 
   /** @internal A `request/header`: a new envelope or model caches nothing. */
   header(h: RequestHeader): void {
@@ -2993,14 +3042,22 @@ class CostLedger {
     }
   }
 
-  /** @internal The events the ledger reads besides surface appends; the session feeds it each one it applies. */
-  event(event: SessionEvent, header: RequestHeader | undefined): void {
-    const data = event.data as any
+  /** @internal Each event, before the session applies it: requests, their answers and the edits of the surface. */
+  observe(event: SessionEvent, change?: SurfaceChange): void {
+    const data = event.data as any, header = this.lastHeader
+    if (change && change.removed.length > 0) {
+      let shadowed = 0
+      for (const n of change.removed) shadowed += n.tokens
+      return this.replaced(event, change.at, change.at + change.removed.length - 1, change.tokens, shadowed)
+    }
     switch (event.type) {
-      case 'request/header': this.header(data); break
+      case 'request/header': this.header(data); this.lastHeader = data; break
       case 'step/end': this.failed(); break // a failed request's partial came before
       case 'compaction/end': if (Array.isArray(data.requests)) this.summaries(event.time, data.requests, header); break
-      case 'request/error': if (data.spent) this.failed(event.time, data.spent, header)
+      case 'request/error': if (data.spent) this.failed(event.time, data.spent, header); break
+      case 'assistant/message':
+        this.request(event.time, change!.tokens, change!.usage, header, this.session.measure().surfaceTokens,
+          data.message.interrupted === true)
     }
   }
 
@@ -3169,7 +3226,8 @@ class CostLedger {
 
 /**
  * The originals the surface no longer shows as logged (docs/design.md §10 "Recall"), indexed as
- * events arrive so that `recall` reads a few events instead of scanning the log.
+ * events arrive so that `recall` reads a few events instead of scanning the log. Read a session's
+ * with {@link RecallIndex.of}.
  */
 class RecallIndex {
   /** Append seqs of the shadowed originals; sorted lazily. */
@@ -3183,6 +3241,24 @@ class RecallIndex {
   private readonly firstResultTokens = new Map<string, number>()
   /** @internal */
   constructor(private readonly session: Session, private readonly st: SessionState) {}
+
+  /** The recall index of `session`, kept since it opened (the loaded log included). */
+  static of(session: Session): RecallIndex { return recallIndexOf(session) }
+
+  /** @internal Each surface event, before the session applies it: spills, first results, shadowed originals. */
+  observe(event: SessionEvent, change?: SurfaceChange): void {
+    if (!change) return
+    const { message, spilled } = event.data as { message: Message; spilled?: unknown }
+    if (change.removed.length === 0) {
+      if (message.role !== 'tool') return
+      if (spilled) this.spilled(event.seq, message)
+      return this.result(message.toolCallId, change.tokens)
+    }
+    // An appended node's seq is its key; a replacement's seq is later than its key.
+    for (const old of change.removed) {
+      if (old.seq === old.key && !this.isSpilled(old.seq)) this.shadow(old.seq, old.message)
+    }
+  }
 
   /** @internal The original at `seq` is no longer shown as logged; a result remembers its call. */
   shadow(seq: number, message: Message): void {
@@ -3233,28 +3309,16 @@ class RecallIndex {
 /**
  * Pinned surface messages (docs/design.md §12): never pruned, cleared or summarised; region
  * selection treats them like the current input. Logged (`surface/pin`, `surface/unpin`), so they
- * survive resume, and priced against the window like any message.
+ * survive resume, and priced against the window like any message. The session keeps the set (its
+ * replace check reads it); this view of it pins, unpins and prices. Read a session's with {@link Pins.of}.
  */
 class Pins {
-  /** Seqs of pinned surface nodes, in the order they were pinned. */
-  private readonly pinned = new Set<number>()
+  private readonly pinned: Set<number>
   /** @internal */
-  constructor(private readonly session: Session, private readonly st: SessionState) {}
+  constructor(private readonly session: Session, private readonly st: SessionState) { this.pinned = st.pinned }
 
-  /** @internal Checks a `surface/pin` or `surface/unpin` of `seq` (throws `SessionError('PIN')`). */
-  checkEvent(type: string, seq: unknown): void {
-    if (!Number.isInteger(seq) || !this.st.bySeq.has(seq as number)) {
-      throw new SessionError('PIN', `${type}: seq ${JSON.stringify(seq)} is not a message on the current surface`)
-    }
-    if ((type === 'surface/pin') === this.pinned.has(seq as number))
-      throw new SessionError('PIN', `${type}: seq ${seq} is `
-        + `${this.pinned.has(seq as number) ? 'already' : 'not'} pinned`)
-  }
-  /** @internal How many messages are pinned. */
-  get count(): number { return this.pinned.size }
-  /** @internal Applies a checked pin or unpin. */
-  apply(type: string, seq: number): void { if (type === 'surface/pin') this.pinned.add(seq);
-    else this.pinned.delete(seq) }
+  /** The pins of `session` (a view: every call reads the same set). */
+  static of(session: Session): Pins { return new Pins(session, stateOf(session)) }
 
   /** Whether the surface node `seq` is pinned. */
   has(seq: number): boolean { return this.pinned.has(seq) }
@@ -3286,7 +3350,7 @@ class Pins {
     throw new SessionError('PIN', `cannot pin ${what} (${extraTokens} tokens): pinned messages would hold ${pinned} `
       + `tokens, which with the ${m.envelopeTokens}-token envelope${counted} exceeds the ${limit}-token limit for `
       + `pins${window === undefined ? '' : ` (the compaction threshold of the ${window}-token window)`}${how}; `
-      + 'pinned messages are never compacted, so unpin one (session.pins.unpin(seq), CLI /unpin) or pin a shorter '
+      + 'pinned messages are never compacted, so unpin one (Pins.of(session).unpin(seq), CLI /unpin) or pin a shorter '
       + 'message')
   }
 
@@ -3304,6 +3368,9 @@ class Pins {
   /** Removes a pin (logs `surface/unpin {seq}`). Throws `SessionError('PIN')` when `seq` is not pinned. */
   unpin(seq: number): void { this.session.append('surface/unpin', { seq }) }
 }
+
+/** The recall index of `session` (see {@link RecallIndex.of}). */
+const recallIndexOf = /* @__PURE__ */ definePart((session, st) => new RecallIndex(session, st))
 
 interface RequestBucket extends BilledTokens {
   /** Time of the bucket's first request (ms): its minute decides the peak window. */
@@ -3461,7 +3528,7 @@ function codePointLength(text: string, limit = Infinity): number {
 function pruneText(text: string, config?: Partial<PruneConfig>): string {
   if (typeof text !== 'string')
     throw new TypeError(`pruneText: text must be a string, got ${text === null ? 'null' : typeof text}`)
-  const cut = pruneToolResult({ role: 'tool', toolCallId: '', content: [{ type: 'text', text }] }, config)
+  const cut = pruneResultMessage({ role: 'tool', toolCallId: '', content: [{ type: 'text', text }] }, config)
   return (cut.content[0] as TextBlock).text
 }
 
@@ -3485,7 +3552,26 @@ function detach(result: string, source: string): string {
  * blocks keep their order among the kept blocks, and every other field (toolCallId, isError,
  * metadata) is unchanged. Work is O(head + tail + threshold + blocks). Idempotent.
  */
-function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfig>): ToolResultMessage {
+function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfig>): ToolResultMessage
+/**
+ * Prunes the tool result at surface node `seq` of `session` (docs/design.md §3): logs `compaction/prune` and
+ * the pruned `tool/result` as a replace of `seq` (the original stays in the log). Returns the tokens
+ * reclaimed (0, nothing logged, when it is within the threshold). Throws `SessionError('SURFACE_OP')` for a seq
+ * that is no tool result on the surface.
+ */
+function pruneToolResult(session: Session, seq: number, config?: Partial<PruneConfig>, trigger?: string): number
+function pruneToolResult(target: ToolResultMessage | Session, configOrSeq?: Partial<PruneConfig> | number,
+  config?: Partial<PruneConfig>, trigger?: string): ToolResultMessage | number {
+  if (!(target instanceof Session)) return pruneResultMessage(target, configOrSeq as Partial<PruneConfig>)
+  const node = target.surface().node(configOrSeq as number)
+  if (!node || node.message.role !== 'tool')
+    throw new SessionError('SURFACE_OP', `seq ${configOrSeq} is not a tool result on the surface`)
+  const pruned = pruneResultMessage(node.message, config)
+  return pruned === node.message ? 0 : replaceNode(target, node, 'compaction/prune', pruned, trigger)
+}
+
+/** {@link pruneToolResult} of a message. */
+function pruneResultMessage(message: ToolResultMessage, config?: Partial<PruneConfig>): ToolResultMessage {
   const cfg = resolvePruneConfig(config)
   const blocks = message.content
   // Count code points of the joined text, stopping past the threshold.
@@ -3566,7 +3652,7 @@ function markedCut(text: string, cfg: PruneConfig, marker?: string): string {
  *  `marker` takes the place of {@link PRUNE_MARKER} in its texts, cut only where that makes them shorter. */
 function pruneMessage<M extends Message>(message: M, config?: Partial<PruneConfig>, marker?: string): M {
   const cfg = resolvePruneConfig(config)
-  if (message.role === 'tool') return pruneToolResult(message, cfg) as M
+  if (message.role === 'tool') return pruneResultMessage(message, cfg) as M
   // A cut that names its key and is no shorter is no cut: the text stays whole (a plain marker would lose the key).
   const cut = (t: string) => { const out = markedCut(t, cfg, marker); return out.length < t.length ? out : t }
   if (typeof message.content === 'string') {
@@ -3700,9 +3786,9 @@ const neutralTags = (text: string): string => text.replace(CHECKPOINT_TAG, '&lt;
 
 /** Pins are never summarised: when they hold a quarter of the window or more, the truth names them and the way out. */
 function pinsNote(session: Session, window: number): string {
-  const pinned = session.pins.tokens()
+  const pinned = Pins.of(session).tokens()
   return pinned * 4 >= window ? `; pinned messages hold ${pinned} tokens, which are never summarised: unpin some `
-    + '(session.pins.unpin(seq), CLI /unpin)' : ''
+    + '(Pins.of(session).unpin(seq), CLI /unpin)' : ''
 }
 
 /** A summary framed as a checkpoint text with its ledger (docs/design.md §4, §12). */
@@ -4243,7 +4329,7 @@ const pruneResultsRung: Rung = (v) => {
   const { session } = v
   const unseen = unseenResults(session)
   const seqs = session.surface().filter((n) => n.message.role === 'tool' && n.tokens >= minPrunableTokens(v.prune)
-    && !session.pins.has(n.seq)).map((n) => n.seq)
+    && !Pins.of(session).has(n.seq)).map((n) => n.seq)
   const prune = (seq: number): LadderOp => ({ op: 'prune', seq })
   return [
     { ops: seqs.filter((seq) => !unseen.has(seq)).map(prune) },
@@ -4264,7 +4350,7 @@ const pruneMessagesRung: Rung = (v) => {
   let read = nodes.length
   while (read > 0 && nodes[read - 1].message.role !== 'assistant') read--
   const seqs = nodes.filter((n, i) => n.message.role !== 'tool' && n.seq !== input && n.seq !== task
-    && !(i >= read && n.message.role === 'user') && !isCheckpoint(n) && !session.pins.has(n.seq)
+    && !(i >= read && n.message.role === 'user') && !isCheckpoint(n) && !Pins.of(session).has(n.seq)
     && n.tokens >= minPrunableTokens(v.prune)).map((n) => n.seq)
   return [{ ops: seqs.map((seq): LadderOp => ({ op: 'prune', seq })) }]
 }
@@ -4310,11 +4396,11 @@ function clearCandidates(session: Session, protectedTokens: number, clearable: (
   const out: LadderOp[] = []
   for (const n of nodes) {
     const m = n.message
-    if (m.role !== 'tool' || keep.has(n.seq) || isCleared(m) || session.pins.has(n.seq)) continue
+    if (m.role !== 'tool' || keep.has(n.seq) || isCleared(m) || Pins.of(session).has(n.seq)) continue
     const call = surfaceToolCall(session, m.toolCallId)
     const name = call?.name ?? 'tool'
     if (!clearable(name)) continue
-    const placeholder = clearedPlaceholder(name, call?.arguments ?? '', session.recall.originalTokens(n.seq),
+    const placeholder = clearedPlaceholder(name, call?.arguments ?? '', RecallIndex.of(session).originalTokens(n.seq),
       m.toolCallId)
     const savedTokens = n.tokens - estimateMessageTokens({ ...m, content: [{ type: 'text', text: placeholder }] })
     if (savedTokens > 0) out.push({ op: 'clear', seq: n.seq, placeholder })
@@ -4374,7 +4460,7 @@ function balancedRegion(nodes: readonly SurfaceNode[], start: number, cut: numbe
 
 /** Seqs region selection keeps out of every summary: the session's pins and the current input (steering too). */
 function keptOutOfSummary(session: Session): number[] {
-  const seqs = session.pins.seqs()
+  const seqs = Pins.of(session).seqs()
   const input = stateOf(session).input
   if (input !== undefined) seqs.push(input)
   // A user message after the newest assistant message (steering) is input the model has not read yet.
@@ -4511,7 +4597,7 @@ async function summarise(host: CompactionHost, messages: readonly Message[], sig
  *  (docs/design.md §5, §11); none otherwise: an earlier turn or checkpoint there would be restated in the new one. */
 function summaryLead(session: Session, region: Region): Message[] {
   const head = region.start === 1 ? session.surface()[0] : undefined
-  return head && head.message.role === 'user' && !isCheckpoint(head) && !session.pins.has(head.seq)
+  return head && head.message.role === 'user' && !isCheckpoint(head) && !Pins.of(session).has(head.seq)
     ? [head.message] : []
 }
 
@@ -4701,7 +4787,7 @@ class SummaryJob {
       return undefined
     }
     this.requests++
-    const modelledHitTokens = this.session.cost.summaryRequestHit(provider.model, env, msgs)
+    const modelledHitTokens = CostLedger.of(this.session).summaryRequestHit(provider.model, env, msgs)
     const prices = provider.model === this.session.measure().header?.model ? undefined : provider.prices
     const seen: SeenOutput = { units: 0, retried: [] }
     // A request the server ran costs, failed or not (docs/design.md §11): the attempts retried after a 200 too.
@@ -4818,7 +4904,7 @@ function regionFacts(session: Session, window: number | undefined, region: Regio
 async function compactRegion(host: CompactionHost, region: Region, trigger: string, signal?: AbortSignal,
   focus?: string, payback?: number): Promise<number> {
   const session = host.session
-  const records: SummaryRequestRecord[] = session.cost.running = [] // the cap counts them as they are made
+  const records: SummaryRequestRecord[] = CostLedger.of(session).running = [] // the cap counts them as they are made
   const nodes = session.surface().slice(region.start, region.end)
   const first = nodes[0].seq, last = nodes[nodes.length - 1].seq
   const generation = session.replaceGeneration
@@ -4895,13 +4981,13 @@ class Ladder {
 
   constructor(host: CompactionHost) {
     this.host = host
-    this.watch = { ms: Date.now(), requests: host.session.cost.usage().conversation.requests }
+    this.watch = { ms: Date.now(), requests: CostLedger.of(host.session).usage().conversation.requests }
   }
 
   /** Heuristic tokens (envelope + surface) at the last failed pressure compaction; undefined when none is pending. */
   get failedAtTokens(): number | undefined { return this.guard }
   /** The guard is the log's (`ladder/state`): every ladder of the session, and a resumed one, sees the same. */
-  private get guard(): number | undefined { return stateOf(this.host.session).ladder.failedAtTokens }
+  private get guard(): number | undefined { return ladderStateOf(this.host.session).failedAtTokens }
 
   private outcome(trigger: CompactionOutcome['trigger']): { outcome: CompactionOutcome; done: LadderDone } {
     const session = this.host.session
@@ -5195,7 +5281,8 @@ interface Gate { prices: Prices; requests: number }
 function gateOf(session: Session, cfg: LadderConfig, watch: { ms: number; requests: number }): Gate | undefined {
   const prices = session.measure().header?.prices
   if (!cfg.gate || !prices) return undefined
-  const requests = session.cost.usage().conversation.requests, t = stateOf(session).turn, now = t.open ? t.step : 0
+  const requests = CostLedger.of(session).usage().conversation.requests
+  const t = stateOf(session).turn, now = t.open ? t.step : 0
   const turns = Math.max(0, t.last - (t.open ? 1 : 0)), watched = requests - watch.requests, ms = Date.now() - watch.ms
   const n = Math.max(1, Math.round(turns > 0 ? (requests - now) / turns : 0) - now, now)
   return { prices, requests: ms > 0 && watched > 0 ? Math.min(n, Math.max(1, Math.floor(CACHE_LIFETIME_MS * watched
@@ -5204,7 +5291,7 @@ function gateOf(session: Session, cfg: LadderConfig, watch: { ms: number; reques
 
 /** Surface tokens the next request would read from the cache (heuristic tokens). */
 function cachedSurfaceTokens(session: Session): number {
-  const c = session.cost.nextRequestCache()
+  const c = CostLedger.of(session).nextRequestCache()
   return c.modelledHitTokens > 0 ? Math.max(0, c.modelledHitTokens - session.measure().envelopeTokens) : 0
 }
 
@@ -5220,7 +5307,7 @@ function suffixModels(session: Session, ops: readonly LadderOp[], prune: PruneCo
     if (n) {
       const m = n.message
       const after = op.op === 'clear' ? { ...m, content: [{ type: 'text', text: op.placeholder }] } as Message
-        : m.role === 'tool' ? pruneToolResult(m, prune) : pruneMessage(m, prune)
+        : m.role === 'tool' ? pruneResultMessage(m, prune) : pruneMessage(m, prune)
       saved += Math.max(0, n.tokens - estimateMessageTokens(after))
     }
     out[k] = { movedTokens: Math.max(0, cached - (before.get(op.seq) ?? tokens) - saved), savedTokens: saved }
@@ -5261,7 +5348,7 @@ interface SummaryCacheRead { lead: readonly Message[]; reads: boolean }
 /** The model of a summary of `region` (docs/design.md §11): its request reads the cache through `lead`, if any. */
 function summaryModel(session: Session, region: Region, cfg: LadderConfig, prices: Prices,
   { lead, reads }: SummaryCacheRead, window?: number): EditModel {
-  const cached = cachedSurfaceTokens(session), done = session.cost.usage().summary
+  const cached = cachedSurfaceTokens(session), done = CostLedger.of(session).usage().summary
   const output = done.requests > 0 ? Math.ceil(done.outputTokens / done.requests)
     : Math.ceil(SUMMARY_OUTPUT_SHARE * summaryMaxTokens(region.tokens, cfg, Infinity, keptShare(session, window)))
   const input = estimateRequestTokens({}, lead) + region.tokens
@@ -5331,7 +5418,7 @@ function recallText(m: Message): string {
 
 /** The shadowed originals, newest first, each read only when reached (recall costs what it reads). */
 async function* shadowedOriginals(session: Session): AsyncGenerator<ShadowedOriginal> {
-  const seqs = session.recall.shadowedSeqs().slice()
+  const seqs = RecallIndex.of(session).shadowedSeqs().slice()
   for (let i = seqs.length - 1; i >= 0; i--) {
     const o = await shadowedOriginal(session, seqs[i])
     if (o) yield o
@@ -5364,7 +5451,7 @@ async function shadowedOriginal(session: Session, seq: number): Promise<Shadowed
 
 /** Tool call `callId` as the model sent it, read from its assistant message: one event. */
 async function originalCall(session: Session, callId: string, resultSeq: number): Promise<ToolCallBlock | undefined> {
-  const callSeq = session.recall.shadowedCallSeq(resultSeq)
+  const callSeq = RecallIndex.of(session).shadowedCallSeq(resultSeq)
   if (callSeq === undefined) return undefined
   const d = (await session.readEvent(callSeq)).data as { message?: Message }
   return d.message ? toolCalls(d.message).find((c) => c.id === callId) : undefined
@@ -5374,8 +5461,8 @@ async function originalCall(session: Session, callId: string, resultSeq: number)
  *  newest shadowed original with that key. */
 async function recallByKey(session: Session, key: string): Promise<ShadowedOriginal | undefined> {
   const bySeq = /^seq:\d+$/.test(key)
-  const direct = bySeq ? Number(key.slice(4)) : session.recall.resultOriginSeq(key)
-  if (direct !== undefined && binarySearch(session.recall.shadowedSeqs(), direct,
+  const direct = bySeq ? Number(key.slice(4)) : RecallIndex.of(session).resultOriginSeq(key)
+  if (direct !== undefined && binarySearch(RecallIndex.of(session).shadowedSeqs(), direct,
     (seq) => seq) >= 0) { const o = await shadowedOriginal(session, direct); if (o?.key === key) return o }
   if (bySeq) return undefined
   for await (const o of shadowedOriginals(session)) if (o.key === key) return o
@@ -6906,7 +6993,7 @@ class Agent {
 
   /** The tools offered in the next request: the caller's, plus `recall` once something is shadowed. */
   private offeredTools(): readonly Tool[] {
-    return this.recall && this.session.recall.hasShadowedContent && this.recallAffordable()
+    return this.recall && RecallIndex.of(this.session).hasShadowedContent && this.recallAffordable()
       ? [...this.tools, this.recall]
       : this.tools
   }
@@ -6998,7 +7085,7 @@ class Agent {
    */
   pin(seq: number): void {
     this.writeHeader() // the envelope the limit is checked with
-    this.session.pins.pin(seq, { limitTokens: this.pinLimitTokens })
+    Pins.of(this.session).pin(seq, { limitTokens: this.pinLimitTokens })
   }
 
   /**
@@ -7013,7 +7100,7 @@ class Agent {
     if (options.pin) {
       validateMessage(message, 'user')
       this.writeHeader()
-      this.session.pins.checkFits(estimateMessageTokens(message), 'the input', this.pinLimitTokens)
+      Pins.of(this.session).checkFits(estimateMessageTokens(message), 'the input', this.pinLimitTokens)
     }
     this.running = true
     const session = this.session
@@ -7051,7 +7138,7 @@ class Agent {
     const session = this.session
     session.append('turn/start', { turn: t.turn })
     const inputSeq = session.append('user/message', { message, surfaceOp: { op: 'append' } }).seq
-    if (pin) session.pins.pin(inputSeq, { limitTokens: this.pinLimitTokens })
+    if (pin) Pins.of(session).pin(inputSeq, { limitTokens: this.pinLimitTokens })
     this.writeHeader() // so the turn-start pressure check prices this agent's envelope (docs/design.md §2)
     await stateOf(session).flush() // the input is written at once and fsynced with the first step's boundary
     // Before the ladder: no rung edits the input or the caller's envelope, so a summary spent on a
@@ -7097,7 +7184,7 @@ class Agent {
     }
     await this.runHooks('agent/request', { ...ctx, request })
     await stateOf(session).flush() // written, not fsynced: a crash mid-request still shows the step it was in
-    const cache = session.cost.nextRequestCache()
+    const cache = CostLedger.of(session).nextRequestCache()
     let response: ChatResponse
     // Each attempt the adapter retried after the server ran it is a request that cost (docs/design.md §11).
     const retried = () => { for (const e of seen.retried) session.append('request/error', { code: e.code,
@@ -7171,10 +7258,10 @@ class Agent {
   /** The spend cap (docs/design.md §11): what was spent when the next request would pass a cap, else undefined. */
   private overBudget(t: Turn | undefined, next?: { usd: number; what: string }): string | undefined {
     // Counted at the floors of dsh's own estimates: a server's small usage figures cannot talk the cap down.
-    const floor = this.session.cost.spendFloor(), spent = floor.costUSD
+    const cost = CostLedger.of(this.session), floor = cost.spendFloor(), spent = floor.costUSD
     if (t) t.startUSD ??= spent
     if (!next) {
-      const c = this.session.cost.nextRequestCache(), n = this.session.cost.usage().conversation.requests
+      const c = cost.nextRequestCache(), n = cost.usage().conversation.requests
       next = { what: 'the next request', usd: requestCostUSD(this.prices.conversation!, { cachedInputTokens:
         c.modelledHitTokens, uncachedInputTokens: c.inputTokens - c.modelledHitTokens,
       outputTokens: n > 0 ? floor.conversationOutputTokens / n : 0 }, Date.now()) }
@@ -7195,7 +7282,8 @@ class Agent {
    * turn stops with reason `budget` before its next step.
    */
   private summaryOverBudget(request: ChatRequest): string | undefined {
-    const s = this.summarizer, cost = this.session.cost, envelope = { system: request.system, tools: request.tools }
+    const s = this.summarizer, cost = CostLedger.of(this.session)
+    const envelope = { system: request.system, tools: request.tools }
     const input = estimateRequestTokens(envelope, request.messages)
     const hit = Math.min(input, cost.summaryRequestHit(s.model, envelope, request.messages))
     const n = cost.usage().summary.requests + cost.running.length
@@ -7345,7 +7433,7 @@ class Agent {
       const offered = this.offeredTools()
       // recall is answered even when its spec is not offered: the placeholders name it.
       const tool = offered.find((t) => t.name === call.name)
-        ?? (call.name === RECALL_TOOL_NAME && this.session.recall.hasShadowedContent ? this.recall : undefined)
+        ?? (call.name === RECALL_TOOL_NAME && RecallIndex.of(this.session).hasShadowedContent ? this.recall : undefined)
       if (!tool) {
         result = errorResult(call.id, `unknown tool ${echo(call.name)}; available tools: `
           + `${offered.map((t) => t.name).join(', ') || 'none'}`, 'TOOL_UNKNOWN')
@@ -7381,10 +7469,12 @@ class Agent {
   }
 
   /** Tokens and cost of the session so far ({@link CostLedger.usage}), priced with the provider's table as logged. */
-  usage(): SessionUsage { return this.session.cost.usage() }
+  usage(): SessionUsage { return CostLedger.of(this.session).usage() }
 
   /** The prompt-cache cost of the edit logged as event `seq`, at the provider's prices ({@link CostLedger.editCost}) */
-  editCost(seq: number): EditCost | undefined { return this.session.cost.editCost(seq, this.prices.conversation) }
+  editCost(seq: number): EditCost | undefined {
+    return CostLedger.of(this.session).editCost(seq, this.prices.conversation)
+  }
 
   /** Runs the ladder now with trigger `manual` (the CLI's `/compact`). */
   compact(signal?: AbortSignal): Promise<CompactionOutcome> { return this.ladder.compact(signal) }
@@ -11165,7 +11255,7 @@ export async function replayTranscript(transcript: Transcript, given: ReplayOpti
         open.calibratedRequestTokens = m.totalTokens
         open.calibratedUnmanagedTokens = anchoredTotal(unmanaged, undefined, m.calibration, m.calibrationOffsetTokens)
       }
-      priced.push({ ...session.cost.nextRequestCache(), outputTokens: estimateMessageTokens(current.message) })
+      priced.push({ ...CostLedger.of(session).nextRequestCache(), outputTokens: estimateMessageTokens(current.message) })
       if (current.usage) request.onEvent?.({ type: 'usage', usage: current.usage })
       for (const m of current.steerAfter) agent.steer(m)
       return { message: current.message, finishReason: 'replay' }
@@ -11348,7 +11438,7 @@ export async function replayTranscript(transcript: Transcript, given: ReplayOpti
   const assistants = transcript.messages.filter((m) => m.role === 'assistant')
   const floor: PricedRequest[] = []
   const floorSession = unmanagedSession(transcript, (s, k) => {
-    floor.push({ ...s.cost.nextRequestCache(), outputTokens: estimateMessageTokens(assistants[k]) })
+    floor.push({ ...CostLedger.of(s).nextRequestCache(), outputTokens: estimateMessageTokens(assistants[k]) })
   })
   const calibrated = (r: ReplayStep) => r.calibratedRequestTokens ?? r.requestTokens!
   const totals: ReplayTotals = {
@@ -11376,8 +11466,8 @@ export async function replayTranscript(transcript: Transcript, given: ReplayOpti
     resultsOverPruneThreshold: transcript.messages.filter((m) => m.role === 'tool' && resultCodePoints(m, pruneThreshold) > pruneThreshold).length,
     ladderWarnings: warnings.length,
     cost: {
-      dsh: replayCost(session.cost.usage({ prices })),
-      unmanaged: replayCost(floorSession.cost.usage({ prices })),
+      dsh: replayCost(CostLedger.of(session).usage({ prices })),
+      unmanaged: replayCost(CostLedger.of(floorSession).usage({ prices })),
       ...(calibration.samples > 0 ? {
         calibrated: {
           dsh: calibratedCost([...priced, ...pricedSummaries], pricedSummaries.length, calibration, prices),
@@ -14105,10 +14195,10 @@ function nothingToCompact(agent: Agent): string | undefined {
   const kept = keptWindowTokens(session, window), tailTokens = Math.floor(kept * agent.compaction.retainedTailRatio)
   const calibration = session.measure().calibration
   if (selectRegion(nodes, Math.floor(tailTokens / calibration), keptOutOfSummary(session))) return undefined
-  const open = nodes.filter((n) => !isCheckpoint(n) && !session.pins.has(n.seq))
+  const open = nodes.filter((n) => !isCheckpoint(n) && !Pins.of(session).has(n.seq))
   if (open.length === 0) return 'nothing to compact: everything is already a checkpoint or pinned'
   const tokens = Math.ceil(open.reduce((sum, n) => sum + n.tokens, 0) * calibration)
-  const pinned = session.pins.seqs().length > 0 ? ' (pinned messages aside)' : ''
+  const pinned = Pins.of(session).seqs().length > 0 ? ' (pinned messages aside)' : ''
   if (tokens > tailTokens) return `nothing to compact yet: what comes before the newest ${groupDigits(tailTokens)} tokens (the tail compaction keeps word for word) is one tool call with its result, which are summarised together or not at all`
   return `nothing to compact yet: the conversation${pinned} is ${groupDigits(tokens)} tokens, all within the newest ${groupDigits(tailTokens)} tokens (${Math.round(agent.compaction.retainedTailRatio * 100)}% of ${kept === window ? 'the window' : `the ${groupDigits(kept)} tokens the window keeps for the history past its large envelope`}) that compaction always keeps word for word`
 }
@@ -14325,7 +14415,7 @@ export async function contextBreakdown(session: Session, contextWindow?: number)
   }
   const add = (p: ContextPart, tokens: number) => { p.tokens += tokens; p.messages++ }
   for (const n of session.surface()) {
-    if (session.pins.has(n.seq)) add(out.pinned, n.tokens)
+    if (Pins.of(session).has(n.seq)) add(out.pinned, n.tokens)
     else if (isCheckpoint(n)) { add(out.checkpoints, n.tokens); out.newestCheckpoint = { seq: n.seq, tokens: n.tokens, text: messageText(n.message) } }
     else if (n.message.role === 'tool') {
       add(out.toolResults, n.tokens)
@@ -14427,15 +14517,15 @@ export async function fidelityCommand(agent: Agent, line: string, signal?: Abort
   if (command === '/pin') {
     const seq = lastInputSeq(session)
     if (seq === undefined) return '[dsh] /pin: nothing to pin yet: type an input first; /pin pins the last one\n'
-    if (session.pins.has(seq)) return `[dsh] /pin: your last input (seq ${seq}) is already pinned\n`
+    if (Pins.of(session).has(seq)) return `[dsh] /pin: your last input (seq ${seq}) is already pinned\n`
     try { agent.pin(seq) } catch (err) { return `[dsh] /pin: ${(err as Error).message}\n` }
-    return `[dsh] pinned your last input (seq ${seq}, ${groupDigits(session.surface().node(seq)!.tokens)} tokens): it is never pruned, cleared or summarised; pinned messages hold ${groupDigits(session.pins.tokens())} tokens\n`
+    return `[dsh] pinned your last input (seq ${seq}, ${groupDigits(session.surface().node(seq)!.tokens)} tokens): it is never pruned, cleared or summarised; pinned messages hold ${groupDigits(Pins.of(session).tokens())} tokens\n`
   }
   if (command === '/unpin') {
-    const seq = session.pins.seqs().at(-1)
+    const seq = Pins.of(session).seqs().at(-1)
     if (seq === undefined) return '[dsh] /unpin: nothing is pinned\n'
-    session.pins.unpin(seq)
-    return `[dsh] unpinned seq ${seq}; ${session.pins.seqs().length} pinned message(s) left\n`
+    Pins.of(session).unpin(seq)
+    return `[dsh] unpinned seq ${seq}; ${Pins.of(session).seqs().length} pinned message(s) left\n`
   }
   if (command === '/context') return formatContext(await contextBreakdown(session, agent.contextWindow), { recall: agent.tools.some((t) => t.name === 'recall') })
   return await compactCommand(agent, signal ?? new AbortController().signal, line.trim().slice(command.length).trim() || undefined) + '\n'

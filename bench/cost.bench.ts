@@ -14,7 +14,7 @@ import { readFileSync } from 'node:fs'
 import { basename } from 'node:path'
 import {
   DEFAULT_COMPACTION_CONFIG, DEEPSEEK_PRICES, internals, readTranscript, replayTranscript, unmanagedSession, estimateMessageTokens, type Session,
-  type CompactionConfig, type Prices, type SessionUsage, type ToolResultMessage, type Transcript,
+  type CompactionConfig, type Prices, type SessionUsage, type ToolResultMessage, type Transcript, CostLedger
 } from '../dsh.ts'
 import { CORPUS_DIR, corpusFiles, fmtPct, int, nowMs, table, type Section, type Target } from './lib.ts'
 
@@ -40,7 +40,7 @@ function feed(t: Transcript, window: number, edit?: (session: Session, step: num
     requests++
     if (session.measure().totalTokens > window) over++
   })
-  return { usage: s.cost.usage({ prices: PRICES }), requests, over, summaryHitTokens: 0, summaryInputTokens: 0 }
+  return { usage: CostLedger.of(s).usage({ prices: PRICES }), requests, over, summaryHitTokens: 0, summaryInputTokens: 0 }
 }
 
 /** Observation masking: before each request, the results of the step that left the newest 10 become a placeholder. */
@@ -88,7 +88,7 @@ async function dsh(t: Transcript, window: number, compaction: Partial<Compaction
   }
   // A first request the file records over the window holds only the envelope and the task: no edit can fit it.
   const firstOver = report.rows.filter((r) => r.kind === 'step' && r.step === 1 && (r.recordedPromptTokens ?? 0) > window).length
-  return { usage: s.cost.usage({ prices: PRICES }), requests: report.totals.steps, over: report.totals.requestsOverWindow, calibratedOver: report.totals.calibratedRequestsOverWindow, firstOver, summaryHitTokens, summaryInputTokens }
+  return { usage: CostLedger.of(s).usage({ prices: PRICES }), requests: report.totals.steps, over: report.totals.requestsOverWindow, calibratedOver: report.totals.calibratedRequestsOverWindow, firstOver, summaryHitTokens, summaryInputTokens }
 }
 
 /** Whether the ladder on this branch knows every key of `config` (the clear rung may not have landed). */

@@ -7,7 +7,7 @@ import { readFile } from 'node:fs/promises'
 import { join } from 'node:path'
 import { CLEAN_ENV, dshPtyDriven, fake, readLog, runFlags, skipWithoutPty, tempDir } from './cli-helpers.ts'
 import type { FakeRequest } from './fake-provider.ts'
-import { Agent, MemoryStore, Session, contextBar, openAICompatible, statusReporter } from '../dsh.ts'
+import { Agent, MemoryStore, Session, contextBar, openAICompatible, statusReporter, pruneToolResult } from '../dsh.ts'
 
 const skip = skipWithoutPty
 const PROMPT = '› '
@@ -105,7 +105,7 @@ describe('the status line prints only news', () => {
     assert.equal(statusLines().length, 2, lines.join(''))
     // A prune of it (the rung's own edit, logged as the ladder logs it) saves 0.9 points: it is news all the same.
     const result = session.surface().findLast((n) => n.message.role === 'tool')!
-    assert.equal(session.pruneToolResult(result.seq), 8_710)
+    assert.equal(pruneToolResult(session, result.seq), 8_710)
     const pruned = lines.findIndex((l) => l.startsWith('[dsh] pruned read: 10,008 → 1,298 tokens'))
     assert.ok(pruned > 0, lines.join(''))
     await agent.run('after')

@@ -5,7 +5,7 @@ import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, openAICompatible, deepseek, DEEPSEEK_PRICES, estimateMessageTokens, statusReporter,
-  formatUSD, type ChatRequest, type Prices, type Provider, type Tool, type SessionEvent, type AgentEvent, internals,
+  formatUSD, type ChatRequest, type Prices, type Provider, type Tool, type SessionEvent, type AgentEvent, internals, CostLedger
 } from '../dsh.ts'
 import {
   estimateEnvelopeTokens, SUMMARY_INSTRUCTION,
@@ -87,7 +87,7 @@ test('case 1: two requests of one turn: the first body is a byte prefix of the s
   assert.equal(a2.data.cache!.modelledHitTokens, input1)
   const input2 = input1 + estimateMessageTokens(a1.data.message) + estimateMessageTokens(session.surface()[2].message)
   assert.equal(a2.data.cache!.inputTokens, input2)
-  const u = session.cost.usage()
+  const u = CostLedger.of(session).usage()
   assert.deepEqual(u.conversation, {
     requests: 2, inputTokens: input1 + input2, cachedInputTokens: input1, uncachedInputTokens: input2, unpricedRequests: 0,
     outputTokens: estimateMessageTokens(a1.data.message) + estimateMessageTokens(a2.data.message),
@@ -121,7 +121,7 @@ test('case 2: a prune at position k: the next hit is the prefix before k; the pr
   assert.equal(surface[k].tokens, 1_298)
   // The request before the prune sent: user, A1, result 1, A2, result 2. From k on: result 1 (pruned), A2, result 2.
   const movedTokens = surface[k].tokens + surface[k + 1].tokens + surface[k + 2].tokens
-  assert.deepEqual(session.cost.editCache(replace.seq), { seq: replace.seq, movedTokens, savedTokens: 10_008 - 1_298 })
+  assert.deepEqual(CostLedger.of(session).editCache(replace.seq), { seq: replace.seq, movedTokens, savedTokens: 10_008 - 1_298 })
   assert.equal(movedTokens, 1_298 + surface[3].tokens + 1_008)
   assert.equal(agent.editCost(replace.seq)!.cacheCostUSD, movedTokens * (0.15 - 0.003) / 1e6)
   // The CLI's prune line carries the same figures.
@@ -131,7 +131,7 @@ test('case 2: a prune at position k: the next hit is the prefix before k; the pr
   assert.equal((prunes[0].data as { paysBackAfterRequests?: number }).paysBackAfterRequests, 14)
   assert.ok(lines.includes(`[dsh] pruned read 1: 10,008 → 1,298 tokens (8,710 saved) · pays back after 14 requests · cache: ${movedTokens.toLocaleString('en-US')} tokens move from hit to miss (+${formatUSD(cost)} once); saves 8,710 tokens (${formatUSD(saved)} per request)\n`), lines.join(''))
   assert.equal(formatUSD(cost), '$0.000341')
-  const u = session.cost.usage()
+  const u = CostLedger.of(session).usage()
   assert.match(lines.at(-1)!, new RegExp(`· \\${formatUSD(u.costUSD!)} so far, cache hits ${Math.round(u.cacheHitShare * 100)}%\n$`))
   const last = assistants(session).at(-1)!
   assert.equal(last.data.cache!.modelledHitTokens, estimateEnvelopeTokens(agent.envelope) + surface[0].tokens + surface[1].tokens, 'the next request hits only the envelope and the prefix before k')
@@ -146,7 +146,7 @@ test('case 3: reported cached tokens win; the split and the cost are the price t
   let clock = SATURDAY_NOON
   const session = await Session.open(store, { now: () => clock })
   await new Agent({ session, provider: provider(server.url, { prices: DEEPSEEK_PRICES['deepseek-flash'] }), tools: [tool('look', () => 'ok')] }).run('go')
-  const u = session.cost.usage()
+  const u = CostLedger.of(session).usage()
   assert.deepEqual(
     [u.inputTokens, u.cachedInputTokens, u.uncachedInputTokens, u.outputTokens, u.requests, u.reportedCacheRequests],
     [2500, 1000, 1500, 70, 2, 2])
@@ -154,11 +154,11 @@ test('case 3: reported cached tokens win; the split and the cost are the price t
   assert.equal(u.cacheHitShare, 0.4)
   // Re-priced as if at a peak hour: double.
   const reloaded = await Session.open(store, { now: () => clock })
-  assert.deepEqual(reloaded.cost.usage(), u, 'derived from the log: the same after resume')
+  assert.deepEqual(CostLedger.of(reloaded).usage(), u, 'derived from the log: the same after resume')
   clock = MONDAY_PEAK
   const peak = new Session({ now: () => clock })
   for (const e of session.events) peak.append(e.type, e.data as any)
-  assert.equal(peak.cost.usage().costUSD, 2 * (1000 * 0.003 + 1500 * 0.15 + 70 * 0.6) / 1e6)
+  assert.equal(CostLedger.of(peak).usage().costUSD, 2 * (1000 * 0.003 + 1500 * 0.15 + 70 * 0.6) / 1e6)
 })
 
 test('case 4: a summary request shares its bytes with the conversation request before it up to the region\'s end', async () => {
@@ -181,7 +181,7 @@ test('case 4: a summary request shares its bytes with the conversation request b
   const summarised = (session.events.find((e) => e.type === 'compaction/summary') as SessionEvent<'compaction/summary'>).data
   assert.equal(record.modelledHitTokens, estimateEnvelopeTokens(agent.envelope) + summarised.shadowedTokenCount, 'the whole region hits the cache')
   assert.equal(record.inputTokens, record.modelledHitTokens + estimateMessageTokens({ role: 'user', content: SUMMARY_INSTRUCTION }))
-  const u = session.cost.usage()
+  const u = CostLedger.of(session).usage()
   assert.equal(u.summary.requests, 1)
   assert.equal(u.summary.cachedInputTokens, record.modelledHitTokens)
   assert.ok(typeof u.summary.costUSD === 'number' && u.summary.costUSD > 0)
@@ -347,7 +347,7 @@ test('case 5: a model without a price: cost unknown, tokens still reported', asy
   statusReporter(() => agent, (line) => lines.push(line), true, false)({ type: 'log', event: session.events.at(-2)! })
   assert.match(lines[0], /· cost unknown \(no price for this model; --prices sets one\), cache hits 33%\n$/)
   assert.deepEqual([u.inputTokens, u.cachedInputTokens, u.uncachedInputTokens, u.outputTokens], [300, 100, 200, 5])
-  assert.equal(session.cost.usage({ prices: FLASH }).costUSD, (100 * 0.003 + 200 * 0.15 + 5 * 0.6) / 1e6, 're-priced on request')
+  assert.equal(CostLedger.of(session).usage({ prices: FLASH }).costUSD, (100 * 0.003 + 200 * 0.15 + 5 * 0.6) / 1e6, 're-priced on request')
 })
 
 test('modelled hit: an envelope change caches nothing; a reported prompt size without cached tokens takes the modelled share', () => {
@@ -357,18 +357,18 @@ test('modelled hit: an envelope change caches nothing; a reported prompt size wi
   const user = (text: string) => s.append('user/message', { message: { role: 'user', content: text }, surfaceOp: { op: 'append' } })
   const answer = (usage?: { promptTokens: number; completionTokens: number }) => s.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, finishReason: 'stop', surfaceOp: { op: 'append' }, usage })
   user('a'.repeat(400)) // 108 tokens; envelope 18
-  assert.deepEqual(s.cost.nextRequestCache(), { inputTokens: 126, modelledHitTokens: 0 })
+  assert.deepEqual(CostLedger.of(s).nextRequestCache(), { inputTokens: 126, modelledHitTokens: 0 })
   answer()
   user('b'.repeat(40)) // 18
-  assert.deepEqual(s.cost.nextRequestCache(), { inputTokens: 126 + 9 + 18, modelledHitTokens: 126 })
+  assert.deepEqual(CostLedger.of(s).nextRequestCache(), { inputTokens: 126 + 9 + 18, modelledHitTokens: 126 })
   answer({ promptTokens: 306, completionTokens: 3 }) // reported 2× the estimate, no cached figure: 126/153 of 306 = 252
-  assert.equal(s.cost.usage().conversation.cachedInputTokens, 0 + 252)
+  assert.equal(CostLedger.of(s).usage().conversation.cachedInputTokens, 0 + 252)
   logHeader(s, { model: 'm', baseURL: 'u', system: 'y'.repeat(40), prices: FLASH })
-  assert.equal(s.cost.nextRequestCache().modelledHitTokens, 0, 'a new system prompt: nothing cached')
+  assert.equal(CostLedger.of(s).nextRequestCache().modelledHitTokens, 0, 'a new system prompt: nothing cached')
   logHeader(s, { model: 'm', baseURL: 'u', system: 'y'.repeat(40), maxTokens: 10, prices: FLASH })
   answer()
   logHeader(s, { model: 'm', baseURL: 'u', system: 'y'.repeat(40), maxTokens: 20, prices: FLASH })
-  assert.equal(s.cost.nextRequestCache().modelledHitTokens, 18 + 108 + 9 + 18 + 9, 'a new budget does not touch the cache')
+  assert.equal(CostLedger.of(s).nextRequestCache().modelledHitTokens, 18 + 108 + 9 + 18 + 9, 'a new budget does not touch the cache')
 })
 
 test('--prices: a DeepSeek model name or HIT,MISS,OUTPUT; a bad value is a usage error naming both forms', async () => {
@@ -390,7 +390,7 @@ test('a hostile log: malformed prices or summary request records are refused wit
   assert.throws(() => s.append('compaction/end', { id: 'k1', requests: [{ model: 'm', inputTokens: -1, modelledHitTokens: 0, outputTokens: 0 }] }),
     (e: unknown) => e instanceof SessionError && e.code === 'INVALID_EVENT' && /requests\[0\] must be/.test(e.message))
   assert.equal(s.seq, 1)
-  assert.deepEqual([s.cost.usage().requests, s.cost.usage().costUSD], [0, 0])
+  assert.deepEqual([CostLedger.of(s).usage().requests, CostLedger.of(s).usage().costUSD], [0, 0])
 })
 
 test('usage() memory is bounded: requests are added up in buckets, and re-pricing a bucket equals pricing its requests one by one', async () => {
@@ -403,9 +403,9 @@ test('usage() memory is bounded: requests are added up in buckets, and re-pricin
     session.append('user/message', { message: { role: 'user', content: `q${i}` }, surfaceOp: { op: 'append' } })
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'a' }] }, usage: { promptTokens: 1000 + i, completionTokens: 10, cachedTokens: 500 }, finishReason: 'stop', surfaceOp: { op: 'append' } })
   }
-  const buckets = (session.cost as any).buckets as Map<string, unknown>
+  const buckets = (CostLedger.of(session) as any).buckets as Map<string, unknown>
   assert.ok(buckets.size <= 101, `${buckets.size} buckets for 200 requests`)
-  const u = session.cost.usage()
+  const u = CostLedger.of(session).usage()
   assert.equal(u.conversation.requests, 200)
   assert.equal(u.conversation.cachedInputTokens, 200 * 500)
   assert.equal(u.conversation.inputTokens, 200 * 1000 + (199 * 200) / 2)
@@ -445,12 +445,12 @@ test('a failed request the server ran is counted from its request/error {spent},
   await s.sync()
   const partialTokens = estimateMessageTokens({ role: 'assistant', content: [{ type: 'text', text: 'again' }] })
   for (const session of [s, await Session.open(store, { now: () => SATURDAY_NOON })]) {
-    const floor = session.cost.spendFloor()
-    assert.equal(session.cost.usage().conversation.requests, 2)
+    const floor = CostLedger.of(session).spendFloor()
+    assert.equal(CostLedger.of(session).usage().conversation.requests, 2)
     assert.equal(floor.conversationOutputTokens, 100_000 + partialTokens)
     // No usage reported: the floor is the ledger's cost, the failed request's 1,000 input tokens at the miss price
     // and 100,000 output tokens ($0.06015) plus the second partial's request (a few tokens).
-    assert.ok(Math.abs(floor.costUSD - session.cost.usage().conversation.costUSD!) < 1e-12)
+    assert.ok(Math.abs(floor.costUSD - CostLedger.of(session).usage().conversation.costUSD!) < 1e-12)
     assert.ok(floor.costUSD > 0.06015 && floor.costUSD < 0.0602, `${floor.costUSD}`)
   }
 })
@@ -479,8 +479,8 @@ test('a summary request cut after output is counted: it is in its compaction/end
   // Each failed compaction (here at the turn's start and after its step) counted its one request.
   const ends = session.events.filter((e) => e.type === 'compaction/end')
   assert.equal(ends.length, 2)
-  assert.equal(session.cost.usage().summary.requests, 2)
-  assert.equal(session.cost.spendFloor().summaryOutputTokens, 2 * received)
+  assert.equal(CostLedger.of(session).usage().summary.requests, 2)
+  assert.equal(CostLedger.of(session).spendFloor().summaryOutputTokens, 2 * received)
 })
 
 test('an attempt the adapter retried after an empty 200 is a request that cost: logged as request/error {trigger: retry, spent}', async () => {
@@ -495,7 +495,7 @@ test('an attempt the adapter retried after an empty 200 is a request that cost: 
   assert.deepEqual(errors.map((e) => [e.data.code, e.data.status, e.data.trigger, e.data.spent?.outputTokens]),
     [['EMPTY_RESPONSE', 200, 'retry', 0], ['EMPTY_RESPONSE', 200, 'retry', 0]])
   // The two empty attempts and the answer: three requests of the same input.
-  const usage = session.cost.usage().conversation
+  const usage = CostLedger.of(session).usage().conversation
   assert.equal(usage.requests, 3)
   assert.equal(usage.inputTokens, 3 * errors[0].data.spent!.inputTokens)
 })

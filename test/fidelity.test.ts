@@ -6,7 +6,7 @@ import { test, describe, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, openAICompatible, SessionError, PRUNE_MARKER, estimateMessageTokens,
-  estimateTextTokens, runReplay, FIDELITY_FIGURES, type Tool, type Ledger, type SessionEvent, internals,
+  estimateTextTokens, runReplay, FIDELITY_FIGURES, type Tool, type Ledger, type SessionEvent, internals, Pins, pruneToolResult
 } from '../dsh.ts'
 import {
   SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE, frameCheckpoint, ledgerBudget, summaryInstructionText,
@@ -74,29 +74,29 @@ describe('case 1: pins', () => {
     assert.equal(surface.filter((n) => typeof n.message.content === 'string' && n.message.content.startsWith(CHECKPOINT_PREAMBLE)).length, 1)
     // Pins survive resume.
     const resumed = await Session.open(store)
-    assert.deepEqual(resumed.pins.seqs(), [pinSeq])
-    assert.equal(resumed.pins.tokens(), estimateMessageTokens({ role: 'user', content: PIN }))
+    assert.deepEqual(Pins.of(resumed).seqs(), [pinSeq])
+    assert.equal(Pins.of(resumed).tokens(), estimateMessageTokens({ role: 'user', content: PIN }))
   })
 
   test('a pinned tool result is never pruned; a replace over a pinned message is refused', async () => {
     const f = await fake([{ toolCalls: [{ id: 'b', name: 'big', arguments: {} }] }, { text: 'read it' }])
     const session = await Session.open(new MemoryStore())
     const agent = new Agent({ session, provider: f.provider, tools: [tool('big', () => 'B'.repeat(20_000))] })
-    agent.on('agent/post-step', () => { for (const n of session.surface()) if (n.message.role === 'tool' && !session.pins.has(n.seq)) agent.pin(n.seq) })
+    agent.on('agent/post-step', () => { for (const n of session.surface()) if (n.message.role === 'tool' && !Pins.of(session).has(n.seq)) agent.pin(n.seq) })
     await agent.run('read the big one')
     const resultSeq = eventsOf(session, 'tool/result')[0].seq
-    assert.ok(session.pins.has(resultSeq))
+    assert.ok(Pins.of(session).has(resultSeq))
     assert.equal(eventsOf(session, 'compaction/prune').length, 0)
     assert.equal(f.conversation()[1].body.messages.find((m: any) => m.role === 'tool').content, 'B'.repeat(20_000))
     const before = session.seq
-    assert.throws(() => session.pruneToolResult(resultSeq), (e: any) => e instanceof SessionError && e.code === 'PIN'
+    assert.throws(() => pruneToolResult(session, resultSeq), (e: any) => e instanceof SessionError && e.code === 'PIN'
       && e.message === `tool/result: replace ${resultSeq}..${resultSeq} would change pinned message seq ${resultSeq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
     assert.equal(session.seq, before, 'nothing appended')
-    assert.throws(() => session.pins.pin(resultSeq), /surface\/pin: seq \d+ is already pinned/)
-    session.pins.unpin(resultSeq)
-    assert.equal(session.pins.has(resultSeq), false)
-    assert.ok(session.pruneToolResult(resultSeq) > 0)
-    assert.throws(() => session.pins.pin(9_999), /surface\/pin: seq 9999 is not a message on the current surface/)
+    assert.throws(() => Pins.of(session).pin(resultSeq), /surface\/pin: seq \d+ is already pinned/)
+    Pins.of(session).unpin(resultSeq)
+    assert.equal(Pins.of(session).has(resultSeq), false)
+    assert.ok(pruneToolResult(session, resultSeq) > 0)
+    assert.throws(() => Pins.of(session).pin(9_999), /surface\/pin: seq 9999 is not a message on the current surface/)
   })
 
   test('a pinned assistant message with tool calls cannot be replaced either (live or in a loaded log)', async () => {
@@ -104,13 +104,13 @@ describe('case 1: pins', () => {
     const call = (args: string) => ({ role: 'assistant' as const, content: [{ type: 'tool-call' as const, id: 'c1', name: 't', arguments: args }] })
     const asked = session.append('assistant/message', { message: call(`{"x":"${'x'.repeat(2000)}"}`), surfaceOp: { op: 'append' }, finishReason: 'tool-calls' })
     session.append('tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: 'r' }] }, surfaceOp: { op: 'append' } })
-    session.pins.pin(asked.seq)
+    Pins.of(session).pin(asked.seq)
     const replace = { message: call('{}'), surfaceOp: { op: 'replace' as const, start: asked.seq, end: asked.seq }, finishReason: 'pruned' }
     // What happened: the replace was taken (a replace that keeps its calls skipped the pin check), the pin named a seq
-    // no longer on the surface, and session.pins.tokens() threw "TypeError: Cannot read properties of undefined".
+    // no longer on the surface, and Pins.of(session).tokens() threw "TypeError: Cannot read properties of undefined".
     assert.throws(() => session.append('assistant/message', replace), (e: any) => e instanceof SessionError && e.code === 'PIN'
       && e.message === `assistant/message: replace ${asked.seq}..${asked.seq} would change pinned message seq ${asked.seq}; pinned messages are never pruned, cleared or summarised (unpin it first)`)
-    assert.equal(session.pins.tokens(), session.surface().node(asked.seq)!.tokens)
+    assert.equal(Pins.of(session).tokens(), session.surface().node(asked.seq)!.tokens)
     const store = new MemoryStore()
     for (const e of session.events) store.events.push(e)
     store.events.push({ seq: session.seq, type: 'assistant/message', time: 0, data: replace })
@@ -125,18 +125,18 @@ describe('case 1: pins', () => {
     const envelope = estimateEnvelopeTokens(agent.envelope)
     const events = session.seq
     await assert.rejects(agent.run(big, { pin: true }), (e: any) => e instanceof SessionError && e.code === 'PIN' && e.message ===
-      `cannot pin the input (13008 tokens): pinned messages would hold 13008 tokens, which with the ${envelope}-token envelope exceeds the 12800-token limit for pins (the compaction threshold of the 16000-token window); pinned messages are never compacted, so unpin one (session.pins.unpin(seq), CLI /unpin) or pin a shorter message`)
+      `cannot pin the input (13008 tokens): pinned messages would hold 13008 tokens, which with the ${envelope}-token envelope exceeds the 12800-token limit for pins (the compaction threshold of the 16000-token window); pinned messages are never compacted, so unpin one (Pins.of(session).unpin(seq), CLI /unpin) or pin a shorter message`)
     assert.deepEqual(session.events.slice(events).map((e) => e.type), ['request/header'])
     assert.equal(f.server.requests.length, 0)
     // A pin that fits is accepted; a second that would pass the limit is refused with the sum.
     const r = await agent.run('p'.repeat(40_000), { pin: true }) // 10,008 tokens
     assert.equal(r.text, 'never')
     const userSeq = eventsOf(session, 'user/message')[0].seq
-    assert.deepEqual(session.pins.seqs(), [userSeq])
+    assert.deepEqual(Pins.of(session).seqs(), [userSeq])
     await agent.run('q'.repeat(12_000)) // 3,008 tokens
     const second = eventsOf(session, 'user/message')[1].seq
     assert.throws(() => agent.pin(second), (e: any) => e.code === 'PIN' && e.message.startsWith(`cannot pin seq ${second} (3008 tokens): pinned messages would hold 13016 tokens, which with the ${envelope}-token envelope exceeds the 12800-token limit`))
-    assert.equal(session.pins.has(second), false)
+    assert.equal(Pins.of(session).has(second), false)
   })
 })
 

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, ConfigError, openAICompatible, estimateMessageTokens,
   DEFAULT_PRUNE_CONFIG, internals, parseCliArgs, type AgentEvent, type ChatRequest, type Message, type Prices,
-  type Provider, type SessionEvent,
+  type Provider, type SessionEvent, CostLedger
 } from '../dsh.ts'
 import { logHeader } from './spec.ts'
 import { sseAnswer, sseResponse, startFakeProvider } from './fake-provider.ts'
@@ -74,7 +74,7 @@ test('case 1: a 500-token saving over 3 expected requests does not pay for a 30,
   const node = session.surface().node(resultSeq)!
   assert.equal(node.tokens - estimateMessageTokens({ role: 'tool', toolCallId: 'c1',
     content: [{ type: 'text', text: 'r'.repeat(1_000) + '\n\n[... tool result middle pruned ...]\n\n' + 'r'.repeat(500) }] }), 500)
-  assert.equal(session.cost.nextRequestCache().modelledHitTokens, 30_000) // no envelope: the surface the request read
+  assert.equal(CostLedger.of(session).nextRequestCache().modelledHitTokens, 30_000) // no envelope: the surface the request read
   const total = session.measure().totalTokens
   // Below the threshold: the edit moves 29,500 - tokens before it to misses (USD 0.0043…) to save 500 × 3 hits.
   const below = await new Ladder(host(session, Math.ceil(total / 0.8) + 10)).relievePressure()
@@ -138,7 +138,7 @@ test('case 2: a turn with maxCostUSD 0.001 at DeepSeek prices stops with reason 
   assert.equal(result.reason, 'budget')
   const end = session.events.find((e) => e.type === 'turn/end') as SessionEvent<'turn/end'>
   assert.equal(end.data.reason, 'budget')
-  const spent = session.cost.usage().costUSD!
+  const spent = CostLedger.of(session).usage().costUSD!
   // Four requests (2,000 new tokens each, all misses) cost $0.000956; the fifth, about $0.000327, would pass the cap.
   assert.equal(calls, 4)
   assert.equal(result.steps, 4)
@@ -164,7 +164,7 @@ test('a server that reports tiny usage does not talk the cap down: it counts dsh
   })
   const result = await agent.run('go')
   // The reported figures price the four requests at 4 × (1 × 0.003 + 1 × 0.60) / 10⁶ USD; the cap counts what was sent.
-  assert.equal(session.cost.usage().costUSD!.toFixed(8), '0.00000241')
+  assert.equal(CostLedger.of(session).usage().costUSD!.toFixed(8), '0.00000241')
   assert.equal(result.reason, 'budget')
   assert.equal(calls, 4)
   const end = session.events.find((e) => e.type === 'turn/end') as SessionEvent<'turn/end'>
@@ -435,9 +435,9 @@ test('a user abort after a tool call\'s arguments streamed counts what streamed,
   const partial = session.events.findLast((e) => e.type === 'assistant/message') as SessionEvent<'assistant/message'>
   assert.deepEqual(partial.data.message.content, [{ type: 'text', text: 'Let me look.' }])
   assert.ok(partial.seq > error.seq)
-  assert.equal(session.cost.usage().conversation.requests, 1)
-  assert.equal(session.cost.spendFloor().conversationOutputTokens, 1_006)
-  assert.equal(session.cost.usage().conversation.outputTokens, 1_006)
+  assert.equal(CostLedger.of(session).usage().conversation.requests, 1)
+  assert.equal(CostLedger.of(session).spendFloor().conversationOutputTokens, 1_006)
+  assert.equal(CostLedger.of(session).usage().conversation.outputTokens, 1_006)
 })
 
 test('a summary the count near the window needs, refused by the cap, stops the turn with reason budget before the request', async () => {
@@ -504,7 +504,7 @@ test('cap: tool-call arguments streamed before a cut or an oversized message cou
   assert.equal(second, 'budget', `the second turn ended ${second} after ${calls} requests`)
   assert.equal(calls, 1)
   // What the cap counts of the session so far: at least the ~75,000 tokens of arguments dsh read before the cap.
-  const floor = session.cost.spendFloor()
+  const floor = CostLedger.of(session).spendFloor()
   assert.ok(floor.conversationOutputTokens >= 70_000,
     `the cap counts ${floor.conversationOutputTokens} output tokens of a request that streamed 300,000 bytes`)
 })
@@ -545,7 +545,7 @@ test('cap: the summary requests of one compaction are checked against each other
   const cap = 0.25
   const agent = new Agent({ session, provider, summarizer, maxCostUSD: { session: cap } })
   const result = await agent.run('go on')
-  const spent = session.cost.spendFloor().costUSD
+  const spent = CostLedger.of(session).spendFloor().costUSD
   // Whatever the turn did, what it spent by dsh's own count stays within the session's cap (a summary request is
   // not sent past it), give or take one request's modelling error.
   assert.ok(spent <= cap * 1.2, `spent $${spent.toFixed(4)} of a $${cap} session cap in ${summaries} summary `
@@ -609,8 +609,8 @@ test('cap: a user abort after the server answered 200, before any output, counts
   // Observed: no request/error at all, usage().conversation.requests 0 and spendFloor().costUSD 0: a user who aborts
   // each turn after the 200 spends a full prompt per turn that no cap ever counts.
   assert.deepEqual(errors.map((e) => [e.data.code, e.data.spent?.outputTokens]), [['ABORTED', 0]])
-  assert.equal(session.cost.usage().conversation.requests, 1)
-  assert.ok(session.cost.spendFloor().costUSD >= 10_000 * 0.15 / 1e6, `spent ${session.cost.spendFloor().costUSD}`)
+  assert.equal(CostLedger.of(session).usage().conversation.requests, 1)
+  assert.ok(CostLedger.of(session).spendFloor().costUSD >= 10_000 * 0.15 / 1e6, `spent ${CostLedger.of(session).spendFloor().costUSD}`)
 })
 
 test('cap: a server that answers 200 and then sends nothing (keep-alives only) until the idle timeout costs a request', async () => {
@@ -624,7 +624,7 @@ test('cap: a server that answers 200 and then sends nothing (keep-alives only) u
   assert.equal(errors.at(-1)?.data.code, 'TIMEOUT')
   // Observed: the TIMEOUT has no `spent` (the error carries no status 200), so the request is not counted.
   assert.deepEqual(errors.at(-1)?.data.spent && { outputTokens: errors.at(-1)!.data.spent!.outputTokens }, { outputTokens: 0 })
-  assert.equal(session.cost.usage().conversation.requests, 1)
+  assert.equal(CostLedger.of(session).usage().conversation.requests, 1)
 })
 
 test('cap: a custom provider\'s prices that cannot price a request are refused where the cap is set, not mid-turn', async () => {
@@ -684,7 +684,7 @@ test('cap: a summary request the user aborts after its 200, before output, is in
   assert.equal(end.data.error, 'aborted')
   // Observed: requests [] and usage().summary.requests 0.
   assert.deepEqual(end.data.requests?.map((r) => r.outputTokens), [0])
-  assert.equal(session.cost.usage().summary.requests, 1)
+  assert.equal(CostLedger.of(session).usage().summary.requests, 1)
 })
 
 /** A Provider of the caller's own whose `prices` getter answers FLASH until `state.changed`, then `later`. */

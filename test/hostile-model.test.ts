@@ -4,7 +4,7 @@
 // failed before its fix.
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { Agent, Session, MemoryStore, internals, type ChatRequest, type Provider, type SessionEvent, type ToolCallBlock } from '../dsh.ts'
+import { Agent, Session, MemoryStore, internals, type ChatRequest, type Provider, type SessionEvent, type ToolCallBlock, Pins, RecallIndex } from '../dsh.ts'
 import { resultTool, shortSummarizer } from './scripted-provider.ts'
 
 const { recallTool } = internals
@@ -62,7 +62,7 @@ test('a recall search over an original of 1,000,000 hit lines writes only its pa
   const session = await Session.open(new MemoryStore())
   const agent = new Agent({ session, provider, summarizer: shortSummarizer(100_000) })
   for (let i = 0; i < 3; i++) await agent.run(`U${i}`).catch(() => {})
-  assert.ok(session.recall.shadowedSeqs().length > 0, 'the long answer was shadowed')
+  assert.ok(RecallIndex.of(session).shadowedSeqs().length > 0, 'the long answer was shadowed')
   const before = process.memoryUsage().heapUsed
   const answer = String(await recallTool(session).execute({ pattern: 'a', limit: 2 }, live))
   assert.match(answer, /^more than 1001 hit\(s\) for "a", newest first/)
@@ -90,7 +90,7 @@ test('when pins fill the window, the warning names them and how to unpin', async
   for (let i = 0; i < 4; i++) {
     await agent.run(`PIN-${i} ` + 'keep this exact text; '.repeat(600))
     const seq = session.events.filter((e) => e.type === 'user/message').at(-1)!.seq
-    session.pins.pin(seq)
+    Pins.of(session).pin(seq)
   }
   for (let i = 0; i < 6; i++) await agent.run(`U${i}`).catch(() => {})
   assert.ok(warnings.some((w) => /pinned messages hold \d+ tokens, which are never summarised: unpin some/.test(w)), warnings.join('\n'))

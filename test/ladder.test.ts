@@ -9,7 +9,7 @@ import {
   Agent, Session, MemoryStore, FileStore, openAICompatible, PRUNE_MARKER, DEFAULT_PRUNE_CONFIG,
   codePointLength, ProviderError, estimateMessageTokens,
   type Tool, type SessionEvent, estimateTextTokens, type ChatRequest, type CompactionHost, type Envelope, type Provider, type ToolSpec,
-  ConfigError, internals,
+  ConfigError, internals, Pins, RecallIndex, pruneToolResult
 } from '../dsh.ts'
 import {
   CLEARED_RESULT_PREFIX, clearedPlaceholder, RECALL_TOOL_NAME, RECALL_MAX_CODE_POINTS,
@@ -210,7 +210,7 @@ describe('recall', () => {
       const recall = recallTool(session)
       const ctx = { signal: new AbortController().signal, callId: 'r0' }
       resultSeqs.forEach((seq, i) => clearNode(session, seq, clearedPlaceholder('fetch', JSON.stringify({ i }), 758, `c${i}`)))
-      assert.deepEqual(session.recall.shadowedSeqs(), resultSeqs)
+      assert.deepEqual(RecallIndex.of(session).shadowedSeqs(), resultSeqs)
       await stateOf(session).flush()
       store.reads = 0; store.scans = 0
       const byKey = await recall.execute({ key: 'c17' }, ctx) as string
@@ -666,7 +666,7 @@ describe('small windows and a tokenizer that counts more than the heuristic', ()
     const tool = bigTool(10_000)
     const toolTokens = estimateEnvelopeTokens({ tools: [tool] })
     // The newest 1,600 tokens of results are protected (c3, 333 tokens, and the pruned c2), the oldest clearable.
-    const h = host(session, 8_000, () => (session.recall.hasShadowedContent ? { tools: [tool] } : {}))
+    const h = host(session, 8_000, () => (RecallIndex.of(session).hasShadowedContent ? { tools: [tool] } : {}))
     const before = session.measure().totalTokens
     assert.ok(before >= 6_400, `${before}`)
     const out = await new Ladder(h).relievePressure()
@@ -778,8 +778,8 @@ describe('small windows against a dense tokenizer (attack3)', () => {
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c0', name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
     session.append('tool/result', { message: { role: 'tool', toolCallId: 'c0', content: [{ type: 'text', text: bigResult(0) }] }, surfaceOp: { op: 'append' } })
     const seq = session.events.at(-1)!.seq
-    assert.ok(session.pruneToolResult(seq, { thresholdChars: 1_000, headChars: 100, tailChars: 50 }, 'manual') > 0)
-    assert.equal(session.recall.hasShadowedContent, true)
+    assert.ok(pruneToolResult(session, seq, { thresholdChars: 1_000, headChars: 100, tailChars: 50 }, 'manual') > 0)
+    assert.equal(RecallIndex.of(session).hasShadowedContent, true)
     const warnings: string[] = []
     const agent = new Agent({ session, provider: f.provider, compaction: { auto: false }, onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } })
     const r = await agent.run('go')
@@ -797,7 +797,7 @@ describe('small windows against a dense tokenizer (attack3)', () => {
     logHeader(session, { model: 'fake-model', baseURL: f.server.url, contextWindow: 2_048 })
     session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'c0', name: 'fetch', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
     session.append('tool/result', { message: { role: 'tool', toolCallId: 'c0', content: [{ type: 'text', text: bigResult(0) }] }, surfaceOp: { op: 'append' } })
-    session.pruneToolResult(session.events.at(-1)!.seq, { thresholdChars: 1_000, headChars: 100, tailChars: 50 }, 'manual')
+    pruneToolResult(session, session.events.at(-1)!.seq, { thresholdChars: 1_000, headChars: 100, tailChars: 50 }, 'manual')
     const agent = new Agent({ session, provider: f.provider, compaction: { auto: false } })
     const offered = (i: number) => (f.conversation()[i].body.tools ?? []).some((t: any) => t.function.name === RECALL_TOOL_NAME)
     await agent.run('one')
@@ -858,7 +858,7 @@ describe('window figures in window tokens at calibration 3 (attack3)', () => {
     at3(session)
     session.append('user/message', { message: { role: 'user', content: 'p'.repeat((600 - 8) * 4) }, surfaceOp: { op: 'append' } })
     // 600 heuristic tokens = 1,800 tokens of the window at 3×: over the 1,600-token limit.
-    assert.throws(() => session.pins.pin(session.events.at(-1)!.seq), (e: unknown) => (e as { code?: string }).code === 'PIN' && /at × 3\.00 calibration \(1800 tokens\)/.test((e as Error).message))
+    assert.throws(() => Pins.of(session).pin(session.events.at(-1)!.seq), (e: unknown) => (e as { code?: string }).code === 'PIN' && /at × 3\.00 calibration \(1800 tokens\)/.test((e as Error).message))
   })
 
   test('a successful overflow compaction clears the failed-pressure guard (durably), so pressure summarises again before the next overflow', async () => {

@@ -10,7 +10,7 @@ import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from '
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import * as dsh from '../dsh.ts'
-import { FileStore, MemoryStore, Session, SessionError } from '../dsh.ts'
+import { FileStore, MemoryStore, Session, SessionError, Pins, CostLedger, RecallIndex } from '../dsh.ts'
 
 const LOG = new URL('./logs/e9ce0b5.jsonl', import.meta.url)
 const EXPECTED = new URL('./logs/e9ce0b5.expected.json', import.meta.url)
@@ -28,16 +28,19 @@ async function derive(lib: typeof dsh): Promise<Record<string, unknown>> {
     for await (const e of session.readEvents(before)) appended.push({ type: e.type, data: e.data })
     const m = session.measure()
     const old = session as any
+    // e9ce0b5 had these on Session itself, 1b39f7d as session.cost / session.recall (RECORD_E9CE0B5 runs this
+    // function on that commit's code); now they are parts over the log.
+    const cost = typeof old.usage === 'function' ? old : old.cost ?? CostLedger.of(session)
+    const recall = typeof old.shadowedSeqs === 'function' ? old : old.recall ?? RecallIndex.of(session)
     const out = {
       appended, seq: session.seq, replaceGeneration: session.replaceGeneration, turn: session.turn,
       measure: { totalTokens: m.totalTokens, envelopeTokens: m.envelopeTokens, surfaceTokens: m.surfaceTokens, anchored: m.anchored, calibration: m.calibration, calibrationSamples: m.calibrationSamples },
       surfaceSeqs: session.surface().map((n) => n.seq),
       messagesSha256: createHash('sha256').update(JSON.stringify(session.messages())).digest('hex'),
-      // e9ce0b5 had these on Session itself (RECORD_E9CE0B5 runs this function on that commit's code).
-      usage: (session.cost ?? old).usage(),
-      pinnedSeqs: typeof old.pinnedSeqs === 'function' ? old.pinnedSeqs() : session.pins.seqs(),
-      shadowedSeqs: [...(session.recall ?? old).shadowedSeqs()],
-      nextRequestCache: (session.cost ?? old).nextRequestCache(),
+      usage: cost.usage(),
+      pinnedSeqs: typeof old.pinnedSeqs === 'function' ? old.pinnedSeqs() : (old.pins ?? Pins.of(session)).seqs(),
+      shadowedSeqs: [...recall.shadowedSeqs()],
+      nextRequestCache: cost.nextRequestCache(),
     }
     await store.close()
     return JSON.parse(JSON.stringify(out))

@@ -2,7 +2,7 @@
 import { test, after } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  Agent, Session, MemoryStore, openAICompatible, PRUNE_MARKER, ProviderError, type Tool, type ToolCallBlock,
+  Agent, Session, MemoryStore, openAICompatible, PRUNE_MARKER, ProviderError, type Tool, type ToolCallBlock, CostLedger
 } from '../dsh.ts'
 import {
   SUMMARY_INSTRUCTION, CHECKPOINT_PREAMBLE,
@@ -139,7 +139,7 @@ test('an in-stream error after content: the partial is kept as an interrupted me
   // its partial is that same request, not a second one.
   assert.deepEqual(turn[4].data, { code: 'SERVER', status: 500, message: (turn[4].data as { message: string }).message, trigger: 'conversation',
     spent: { inputTokens: 11, modelledHitTokens: 0, outputTokens: 11 } })
-  assert.equal(session.cost.usage().conversation.requests, 2)
+  assert.equal(CostLedger.of(session).usage().conversation.requests, 2)
   assert.deepEqual(turn[5].data, { message: { role: 'assistant', content: [{ type: 'text', text: 'Once upon' }], interrupted: true }, finishReason: 'error', surfaceOp: { op: 'append' } })
   assert.deepEqual(turn[7].data, { turn: 1, step: 1, code: 'SERVER' })
   // The retried request carries the partial output as the last (assistant) message.

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { Agent, Session, FileStore, openAICompatible } from '../dsh.ts'
+import { Agent, Session, FileStore, openAICompatible, CostLedger } from '../dsh.ts'
 import { startFakeProvider } from './fake-provider.ts'
 import { tuned } from './tuning.ts'
 
@@ -31,7 +31,7 @@ for (const [name, usage] of [
     const m = session.measure()
     assert.equal(m.anchored, false, JSON.stringify(m.anchor))
     assert.equal(m.totalTokens, m.heuristicTokens)
-    assert.ok(session.cost.usage().outputTokens >= 0, `outputTokens ${session.cost.usage().outputTokens}`)
+    assert.ok(CostLedger.of(session).usage().outputTokens >= 0, `outputTokens ${CostLedger.of(session).usage().outputTokens}`)
     const again = await Session.open(new FileStore(path))
     assert.equal(again.measure().totalTokens, m.totalTokens)
   })
@@ -80,7 +80,7 @@ for (const [name, usage] of [
     const session = await Session.open(new MemoryStore())
     const agent = new Agent({ session, provider, onEvent: (e) => { if (e.type === 'warning') warnings.push(e.message) } })
     for (let t = 0; t < 2; t++) assert.equal((await agent.run(`hello ${t}`)).text, `reply ${t}`)
-    const u = session.cost.usage()
+    const u = CostLedger.of(session).usage()
     assert.ok(Number.isFinite(u.costUSD) && u.costUSD! < 0.01, `costUSD ${u.costUSD}`)
     assert.ok(u.inputTokens < 1e6 && u.outputTokens < 1e6 && u.cachedInputTokens <= u.inputTokens, JSON.stringify(u))
     const logged = session.events.filter((e) => e.type === 'assistant/message').map((e) => (e.data as any).usage)
@@ -102,7 +102,7 @@ test('a log holding 1e308 usage (written by another writer) resumes with finite 
   s.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'ok' }] }, usage: { promptTokens: 1e308, completionTokens: 1e308 }, surfaceOp: { op: 'append' } })
   await s.sync(); await s.store.close?.()
   const again = await Session.open(new FileStore(path))
-  const u = again.cost.usage()
+  const u = CostLedger.of(again).usage()
   assert.ok(Number.isFinite(u.costUSD) && u.costUSD! < 0.01, `costUSD ${u.costUSD}`)
   assert.equal(again.measure().anchored, false)
   await again.store.close?.()

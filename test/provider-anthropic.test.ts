@@ -7,7 +7,7 @@ import { tuned, type Tuning } from './tuning.ts'
 import assert from 'node:assert/strict'
 import {
   Agent, Session, MemoryStore, anthropic, openAICompatible, ProviderError, internals,
-  type Message, type StreamEvent, type Tool, type Prices,
+  type Message, type StreamEvent, type Tool, type Prices, CostLedger
 } from '../dsh.ts'
 
 interface Reply { sse?: string; json?: unknown; status?: number; headers?: Record<string, string> }
@@ -243,7 +243,7 @@ test('cost: Anthropic\'s price shape (cache write 1.25 ×, read 0.1 × input) fr
     block(0, { type: 'text', text: '' }), delta(0, { type: 'text_delta', text: 'ok' }), stop(0), ...end('end_turn', 10_000)]) }])
   const session = await Session.open(new MemoryStore())
   await new Agent({ session, provider: provider(w, { prices, contextWindow: 2_000_000 }) }).run('go')
-  const cost = session.cost.usage()
+  const cost = CostLedger.of(session).usage()
   assert.ok(Math.abs((cost.costUSD ?? NaN) - usd) < 1e-9, `${cost.costUSD} vs ${usd}`)
 })
 

@@ -9,7 +9,7 @@ import { appendFileSync, mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import {
-  Session, MemoryStore, FileStore, type Message, internals,
+  Session, MemoryStore, FileStore, type Message, internals, Pins, RecallIndex
 } from '../dsh.ts'
 import {
   RECALL_TOOL_NAME,
@@ -65,7 +65,7 @@ async function ask(session: Session, args: Record<string, unknown>): Promise<str
 /** Checks the index and recall's answers against {@link reference}. */
 async function compare(session: Session, ids: Iterable<string>, where: string): Promise<void> {
   const ref = await reference(session)
-  assert.deepEqual([...session.recall.shadowedSeqs()], ref.map((o) => o.seq).reverse(), `${where}: shadowedSeqs`)
+  assert.deepEqual([...RecallIndex.of(session).shadowedSeqs()], ref.map((o) => o.seq).reverse(), `${where}: shadowedSeqs`)
   const keys = new Set<string>([...ids, '__proto__', 'constructor', 'seq:-1', 'seq:1e3', 'seq:007', 'seq:99999999999999999999', 'seq:', 'never-called'])
   for (let seq = 0; seq < session.seq + 2; seq += 1 + (seq % 3)) keys.add(`seq:${seq}`)
   for (const key of keys) {
@@ -151,7 +151,7 @@ async function randomSession(seed: number, file: string | undefined, steps: numb
         }
       } else if (op < 0.86) {
         const node = pick(surface)
-        if (node) { if (session.pins.has(node.seq)) session.pins.unpin(node.seq); else session.pins.pin(node.seq) }
+        if (node) { if (Pins.of(session).has(node.seq)) Pins.of(session).unpin(node.seq); else Pins.of(session).pin(node.seq) }
       } else if (op < 0.9 && file) {
         await stateOf(session).flush()
         await (store as FileStore).close()
@@ -185,8 +185,8 @@ describe('recall index', () => {
     assert.equal(await ask(session, { key: 'call_500' }), 'call_500 (tool result of fetch {"url":"https://example.com/500"}), lines 1–1 of 1:\npage call_500 body')
     const byTool = await ask(session, { tool: 'fetch', arguments: 'example.com/499' })
     assert.ok(byTool.startsWith('call_499 (tool result of fetch {"url":"https://example.com/499"})'), byTool.slice(0, 120))
-    assert.equal(session.recall.shadowedCallSeq(last), first + 1)
-    assert.equal(session.recall.shadowedCallSeq(first), undefined, 'a message, not a result')
+    assert.equal(RecallIndex.of(session).shadowedCallSeq(last), first + 1)
+    assert.equal(RecallIndex.of(session).shadowedCallSeq(first), undefined, 'a message, not a result')
   })
 
   test('property: the index and every answer equal a full scan of the log (MemoryStore, random sessions)', async () => {
@@ -195,7 +195,7 @@ describe('recall index', () => {
       await compare(session, [], `seed ${seed} end`)
       await stateOf(session).flush()
       const loaded = await Session.open(session.store, { readOnly: true })
-      assert.deepEqual([...loaded.recall.shadowedSeqs()], [...session.recall.shadowedSeqs()], `seed ${seed}: replayed index`)
+      assert.deepEqual([...RecallIndex.of(loaded).shadowedSeqs()], [...RecallIndex.of(session).shadowedSeqs()], `seed ${seed}: replayed index`)
     }
   })
 
@@ -207,14 +207,14 @@ describe('recall index', () => {
         const { session, ids } = await randomSession(seed, file, 40, async (s, ids, where) => { if (s.seq % 5 === 0) await compare(s, ids, where) })
         await compare(session, ids, `seed ${seed} end`)
         await stateOf(session).flush()
-        const live = [...session.recall.shadowedSeqs()]
-        const liveCalls = live.map((seq) => session.recall.shadowedCallSeq(seq))
+        const live = [...RecallIndex.of(session).shadowedSeqs()]
+        const liveCalls = live.map((seq) => RecallIndex.of(session).shadowedCallSeq(seq))
         await (session.store as FileStore).close()
         appendFileSync(file, '{"seq":99999,"type":"user/mess') // a crash mid-append
         const loaded = await Session.open(new FileStore(file), { readOnly: true })
         assert.ok(loaded.torn, 'the torn line is reported')
-        assert.deepEqual([...loaded.recall.shadowedSeqs()], live, `seed ${seed}: index after the torn line`)
-        assert.deepEqual(live.map((seq) => loaded.recall.shadowedCallSeq(seq)), liveCalls)
+        assert.deepEqual([...RecallIndex.of(loaded).shadowedSeqs()], live, `seed ${seed}: index after the torn line`)
+        assert.deepEqual(live.map((seq) => RecallIndex.of(loaded).shadowedCallSeq(seq)), liveCalls)
         await compare(loaded, ids, `seed ${seed} reloaded`)
         await (loaded.store as FileStore).close()
       }

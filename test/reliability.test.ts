@@ -12,7 +12,7 @@ import fc from 'fast-check'
 import {
   pruneText, codePointLength, parseSSE, classifyProviderError, PRUNE_MARKER,
   Agent, FileStore, MemoryStore, Session, SessionError, ProviderError, openAICompatible,
-  type Tool, type ToolResultMessage, internals,
+  type Tool, type ToolResultMessage, internals, pruneToolResult
 } from '../dsh.ts'
 
 const { stateOf } = internals
@@ -842,7 +842,7 @@ describe('properties', () => {
             s.append('user/message', { message: { role: 'user', content: 'checkpoint' }, surfaceOp: { op: 'replace', start: a, end: b } })
           } else {
             const results = s.surface().filter((n) => n.message.role === 'tool')
-            if (results.length) s.pruneToolResult(results[o.pick % results.length].seq)
+            if (results.length) pruneToolResult(s, results[o.pick % results.length].seq)
           }
         } catch (err) {
           assert.ok(err instanceof SessionError, `not a SessionError: ${err}`)

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict'
 import fc from 'fast-check'
 import {
   detectTranscriptFormat, readTranscript, runReplay, TranscriptError, TRANSCRIPT_FORMATS, cliHelp, parseCliArgs, Session, MemoryStore, PRUNE_MARKER, unmanagedSession,
-  type Message, type ToolResultMessage, type ToolCallBlock, type Transcript, type TranscriptFormat, internals,
+  type Message, type ToolResultMessage, type ToolCallBlock, type Transcript, type TranscriptFormat, internals, pruneToolResult
 } from '../dsh.ts'
 
 const { stateOf } = internals
@@ -512,7 +512,7 @@ test('dsh: a log written by Session (with a prune) reads back as the history bef
   })
   const big = '🎯'.repeat(10_000) // 10,000 code points, 20,000 UTF-16 units
   const result = session.append('tool/result', { message: { role: 'tool', toolCallId: 'c1', content: [{ type: 'text', text: big }] }, surfaceOp: { op: 'append' } })
-  assert.ok(session.pruneToolResult(result.seq) > 0)
+  assert.ok(pruneToolResult(session, result.seq) > 0)
   session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
   await stateOf(session).flush()
   const text = store.events.map(e => JSON.stringify(e)).join('\n') + '\n'

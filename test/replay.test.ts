@@ -6,7 +6,7 @@ import assert from 'node:assert/strict'
 import {
   replayTranscript, runReplay, formatReplay, readTranscript, estimateRequestTokens, Session, MemoryStore,
   TranscriptError, PRUNE_MARKER, DEFAULT_REPLAY_SUMMARY_TOKENS,
-  type Message, type ReplayStep, type Transcript, type Provider, type ChatRequest,
+  type Message, type ReplayStep, type Transcript, type Provider, type ChatRequest, pruneToolResult
 } from '../dsh.ts'
 
 import { skipWithoutShared, readCorpus } from './shared.ts'
@@ -303,7 +303,7 @@ test('a dsh log: surface events as written, turns from turn/start (steering open
   add('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: 'a', name: 'sh', arguments: '{}' }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
   add('tool/result', { message: { role: 'tool', toolCallId: 'a', content: [{ type: 'text', text: 'y'.repeat(9_000) }] }, surfaceOp: { op: 'append' } })
   add('user/message', { message: { role: 'user', content: 'steer' }, surfaceOp: { op: 'append' } }) // steering, no turn/start
-  session.pruneToolResult(6, undefined, 'pressure') // a replace in the recorded run: skipped, the original replayed
+  pruneToolResult(session, 6, undefined, 'pressure') // a replace in the recorded run: skipped, the original replayed
   add('step/end', { turn: 1, step: 1 })
   add('step/start', { turn: 1, step: 2 })
   add('assistant/message', { message: { role: 'assistant', content: [{ type: 'text', text: 'done' }] }, finishReason: 'stop', surfaceOp: { op: 'append' } })
