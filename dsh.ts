@@ -2273,7 +2273,14 @@ const PART_FACTORIES: ((session: Session, st: SessionState) => Part)[] = []
  */
 function definePart<P extends Part>(make: (session: Session, st: SessionState) => P): (session: Session) => P {
   const index = PART_FACTORIES.push(make) - 1
-  return (session) => stateOf(session).parts[index] as P
+  return (session) => sessionState(session).parts[index] as P
+}
+
+/** The state of `session`, or a TypeError when it is no {@link Session} (a part read of another object). */
+function sessionState(session: Session): SessionState {
+  const st = SESSION_STATE.get(session)
+  if (!st) throw new TypeError(`${shown(session)} is not a Session: pass the Session whose log the part reads`)
+  return st
 }
 
 const SESSION_STATE = new WeakMap<Session, SessionState>()
@@ -3011,7 +3018,7 @@ class CostLedger {
   /** @internal */
   constructor(private readonly session: Session) { this.nodes = session.surface() }
 
-  /** The cost ledger of `session`, kept since it opened (the loaded log included). */
+  /** The cost ledger of `session`, kept since it opened (the loaded log included); a TypeError for no Session. */
   static of(session: Session): CostLedger { return costLedgerOf(session) }
 
   /** @internal A `request/header`: a new envelope or model caches nothing. */
@@ -3242,7 +3249,7 @@ class RecallIndex {
   /** @internal */
   constructor(private readonly session: Session, private readonly st: SessionState) {}
 
-  /** The recall index of `session`, kept since it opened (the loaded log included). */
+  /** The recall index of `session`, kept since it opened (the loaded log included); a TypeError for no Session. */
   static of(session: Session): RecallIndex { return recallIndexOf(session) }
 
   /** @internal Each surface event, before the session applies it: spills, first results, shadowed originals. */
@@ -3317,8 +3324,8 @@ class Pins {
   /** @internal */
   constructor(private readonly session: Session, private readonly st: SessionState) { this.pinned = st.pinned }
 
-  /** The pins of `session` (a view: every call reads the same set). */
-  static of(session: Session): Pins { return new Pins(session, stateOf(session)) }
+  /** The pins of `session` (a view: every call reads the same set). Throws a TypeError for no Session. */
+  static of(session: Session): Pins { return new Pins(session, sessionState(session)) }
 
   /** Whether the surface node `seq` is pinned. */
   has(seq: number): boolean { return this.pinned.has(seq) }
