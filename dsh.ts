@@ -1215,7 +1215,7 @@ class ReplyAssembler {
   }
 
   /** The slot of a tool-call delta: by `index`, else by id, else the last call; a new slot when none fits. */
-  private slotOf(wireIndex: number | undefined, id: string | undefined): number {
+  private slotOf(wireIndex: number | undefined, id: string | undefined, name: string | undefined): number {
     const calls = this.calls
     const byId = (): number | undefined => {
       const k = calls.findIndex((c) => c.id === id)
@@ -1228,7 +1228,9 @@ class ReplyAssembler {
       // (servers that send every call as index 0). A new index is a new call, whatever its id.
       if (slot !== undefined && id !== undefined && calls[slot].id !== '' && calls[slot].id !== id) slot = byId()
     } else if (id !== undefined) slot = byId()
-    else if (calls.length > 0) slot = calls.length - 1 // no index, no id: the continuation of the last call
+    // No index, no id: the continuation of the last call, unless it names a call once the last one has its name
+    // (a name comes once, on a call's first delta: servers that send each whole call so are sending a new one).
+    else if (calls.length > 0 && !(name !== undefined && calls[calls.length - 1].name !== '')) slot = calls.length - 1
     if (slot !== undefined) return slot
     const max = MAX_TOOL_CALLS_PER_MESSAGE
     if (calls.length >= max) throw this.tooLarge(`has more than ${max} tool calls, the most dsh takes in one message`)
@@ -1242,7 +1244,7 @@ class ReplyAssembler {
 
   /** A piece of a tool call: its id and name (kept once, from the first delta that has them) and arguments. */
   tool(wireIndex: number | undefined, id: string | undefined, name: string | undefined, args: string): void {
-    const slot = this.slotOf(wireIndex, id)
+    const slot = this.slotOf(wireIndex, id, name)
     const call = this.calls[slot]
     const newId = id !== undefined && call.id === '' ? id : undefined
     const newName = name !== undefined && call.name === '' ? name : undefined
@@ -1288,6 +1290,14 @@ class ReplyAssembler {
     if (!sawDone && this.finishReason === undefined) {
       throw providerError(cfg, 'TRANSPORT', `stream from ${cfg.endpoint} ended without its end marker and without a `
         + `finish reason (model ${cfg.model}).`, { requestId, status: 200 })
+    }
+    if (!this.streamed && this.finishReason === 'length') {
+      // The output budget ran out before anything was said: the same request would spend it the same way.
+      const error = providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} (model ${cfg.model}) reached its output `
+        + `limit (finish reason length) before any text, reasoning or tool call; not retried, since the same request `
+        + `would spend its budget the same way: raise the provider's maxTokens`, { requestId, status: 200 })
+      notRetried.add(error)
+      throw error
     }
     if (!this.streamed && this.finishReason !== 'content_filter') {
       throw providerError(cfg, 'EMPTY_RESPONSE', `${cfg.endpoint} (model ${cfg.model}) finished without any text, `
@@ -3244,6 +3254,8 @@ class RecallIndex {
   private readonly spilledSeqs = new Set<number>()
   /** Shadowed result seq → append seq of the assistant message holding its call. */
   private readonly calls = new Map<number, number>()
+  /** callId → seq of its newest shadowed result (an id may be reused once its call is off the surface). */
+  private readonly resultsByCall = new Map<string, number>()
   /** callId → heuristic price (tokens) of its result as first logged. */
   private readonly firstResultTokens = new Map<string, number>()
   /** @internal */
@@ -3272,6 +3284,8 @@ class RecallIndex {
     if (this.shadowed.length > 0 && seq < this.shadowed[this.shadowed.length - 1]) this.sorted = false
     this.shadowed.push(seq)
     if (message.role !== 'tool') return
+    const newest = this.resultsByCall.get(message.toolCallId)
+    if (newest === undefined || seq > newest) this.resultsByCall.set(message.toolCallId, seq)
     // The call's node key is the append seq of the assistant message as the model sent it.
     const entry = this.st.calls.get(message.toolCallId)
     const callKey = entry && this.st.bySeq.get(entry.callSeq)?.key
@@ -3297,6 +3311,8 @@ class RecallIndex {
    * it, even once that call is off the surface or its id reused; undefined otherwise.
    */
   shadowedCallSeq(resultSeq: number): number | undefined { return this.calls.get(resultSeq) }
+  /** The seq of the newest shadowed original result of tool call `callId` (whatever it became since), if any. */
+  shadowedResultSeq(callId: string): number | undefined { return this.resultsByCall.get(callId) }
   /** The seq of the first logged result of tool call `callId` while the call is on the surface, else undefined. */
   resultOriginSeq(callId: string): number | undefined {
     const entry = this.st.calls.get(callId)
@@ -5464,16 +5480,15 @@ async function originalCall(session: Session, callId: string, resultSeq: number)
   return d.message ? toolCalls(d.message).find((c) => c.id === callId) : undefined
 }
 
-/** The original recall answers for `key` (a tool-call id or `seq:N`): by the session's index when it has it, else the
- *  newest shadowed original with that key. */
+/** The original recall answers for `key` (a tool-call id or `seq:N`): the first result of a call on the surface,
+ *  else the newest shadowed original with that key; each found by the session's index (one event read). */
 async function recallByKey(session: Session, key: string): Promise<ShadowedOriginal | undefined> {
-  const bySeq = /^seq:\d+$/.test(key)
-  const direct = bySeq ? Number(key.slice(4)) : RecallIndex.of(session).resultOriginSeq(key)
-  if (direct !== undefined && binarySearch(RecallIndex.of(session).shadowedSeqs(), direct,
+  const index = RecallIndex.of(session), bySeq = /^seq:\d+$/.test(key)
+  const direct = bySeq ? Number(key.slice(4)) : index.resultOriginSeq(key)
+  if (direct !== undefined && binarySearch(index.shadowedSeqs(), direct,
     (seq) => seq) >= 0) { const o = await shadowedOriginal(session, direct); if (o?.key === key) return o }
-  if (bySeq) return undefined
-  for await (const o of shadowedOriginals(session)) if (o.key === key) return o
-  return undefined
+  const newest = bySeq ? undefined : index.shadowedResultSeq(key)
+  return newest === undefined ? undefined : await shadowedOriginal(session, newest)
 }
 
 /** The text's lines for paging, one at a time (a search holds no array of them); lines over 1,000 code points become
@@ -6054,6 +6069,8 @@ interface AdapterConfig extends Readonly<typeof adapterTuning> {
   model: string
   apiKey?: string
   contextWindow?: number
+  /** The window a server stated when it refused a budget as too large for it (tokens), when smaller or unknown. */
+  serverWindowTokens?: number
   maxOutputTokens?: number
   maxTokens: number
   headers: Record<string, string>
@@ -6288,7 +6305,8 @@ function providerError(cfg: AdapterConfig, code: ProviderErrorCode, message: str
 function maxTokensFor(cfg: AdapterConfig, request: ChatRequest): number {
   const requested = positiveInteger('complete', 'request.maxTokens', request.maxTokens) ?? cfg.maxTokens
   const capped = cfg.maxOutputTokens === undefined ? requested : Math.min(requested, cfg.maxOutputTokens)
-  if (cfg.contextWindow === undefined) return capped
+  const window = Math.min(cfg.contextWindow ?? Infinity, cfg.serverWindowTokens ?? Infinity)
+  if (window === Infinity) return capped
   if (request.inputTokens !== undefined && !(typeof request.inputTokens === 'number'
     && Number.isFinite(request.inputTokens) && request.inputTokens >= 0)) {
     throw new TypeError(`complete: request.inputTokens must be a non-negative number of tokens, `
@@ -6296,14 +6314,30 @@ function maxTokensFor(cfg: AdapterConfig, request: ChatRequest): number {
   }
   const prompt = request.inputTokens ?? estimateRequestTokens({ system: request.system, tools: request.tools },
     request.messages)
-  const room = cfg.contextWindow - prompt
+  const room = window - prompt
   if (room < 1) {
+    const stated = window === cfg.contextWindow ? '' : ' (as the server stated it)'
     throw providerError(cfg, 'CONTEXT_WINDOW_EXCEEDED',
       `preflight: nothing was sent. The prompt is estimated at ${prompt} tokens and the context window of ${cfg.model} `
-        + `is ${cfg.contextWindow} tokens, leaving ${room} for the completion (at least 1 is needed); `
-        + `pass contextWindow if ${cfg.contextWindow} is wrong.`)
+        + `is ${window} tokens${stated}, leaving ${room} for the completion (at least 1 is needed); `
+        + `pass contextWindow if ${window} is wrong.`)
   }
   return Math.min(capped, room)
+}
+
+/**
+ * The budget a refusal says fits (tokens): its window minus its prompt, when it refused the `budget` sent as too
+ * large for them (vLLM: "'max_tokens' … is too large: 32768. This model's maximum context length is 4096 tokens and
+ * your request has 100 input tokens"); else undefined. The body must name that budget and output words.
+ */
+function budgetThatFits(error: ProviderError, budget: number): { budget: number; window: number } | undefined {
+  if (error.code !== 'INVALID_REQUEST' && error.code !== 'CONTEXT_WINDOW_EXCEEDED') return undefined
+  const text = error.body || error.message
+  if (!OUTPUT_NEAR.test(text) || !new RegExp(`(?<![\\d,.])${budget}(?![\\d,]|\\.\\d)`).test(text)) return undefined
+  const { promptTokens: prompt, contextTokens: window } = overflowCounts(text)
+  if (prompt === undefined || window === undefined) return undefined
+  const room = window - prompt
+  return room >= 1 && room < budget ? { budget: room, window } : undefined
 }
 
 /** The tool specs of an envelope as wire JSON, serialised once per tools array (the Agent keeps one per envelope). */
@@ -6374,7 +6408,8 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
   const aborted = (): ProviderError => providerError(cfg, 'ABORTED', `request to ${cfg.endpoint} aborted before it `
     + `completed.`)
   if (signal?.aborted) throw aborted()
-  const body = cfg.format.body(cfg, request, maxTokensFor(cfg, request))
+  let budget = maxTokensFor(cfg, request), refitted = false
+  let body = cfg.format.body(cfg, request, budget)
   const headers = requestHeaders(cfg, request)
   const deadlineAt = Date.now() + cfg.requestTimeoutMs
   for (let retry = 0; ; retry++) {
@@ -6385,6 +6420,16 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
       if (e instanceof ListenerFailure) throw e.error
       if (!(e instanceof ProviderError)) throw e
       error = e
+    }
+    // A budget the server's window cannot hold with this prompt: sent again at once with the room it stated
+    // (and later requests clamped to that window), the one retry of its kind.
+    const fits = refitted || signal?.aborted ? undefined : budgetThatFits(error, budget)
+    if (fits) {
+      refitted = true
+      cfg.serverWindowTokens = Math.min(cfg.serverWindowTokens ?? Infinity, fits.window)
+      budget = fits.budget
+      body = cfg.format.body(cfg, request, budget)
+      continue
     }
     const retryable = RETRYABLE.has(error.code) && !notRetried.has(error)
       && !(error.code === 'RATE_LIMIT' && requestExceedsRateLimit(error.body))

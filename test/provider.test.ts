@@ -912,6 +912,27 @@ test('max_tokens = min(request or default budget, model output cap, window − p
   })
 })
 
+test('a budget the server refuses as too large for its window (vLLM) is sent again at once with the room it states; later requests are clamped to that window', async () => {
+  const vllm = (budget: number, window: number, input: number) => ({ status: 400, body: { object: 'error', message: `'max_tokens' or 'max_completion_tokens' is too large: ${budget}. This model's maximum context length is ${window} tokens and your request has ${input} input tokens (${budget} > ${window} - ${input}). None`, type: 'BadRequestError', param: null, code: 400 } })
+  const olderVllm = { status: 400, body: { object: 'error', message: "This model's maximum context length is 4096 tokens. However, you requested 4596 tokens (596 in the messages, 4000 in the completion). Please reduce the length of the messages or completion.", type: 'BadRequestError', code: 400 } }
+  await withFake([vllm(DEFAULT_MAX_TOKENS, 4096, 100), { text: 'fits' }, { text: 'clamped' }, olderVllm, { text: 'older fits' }, vllm(3_000, 2048, 9), vllm(2_039, 2048, 9)], async (fake) => {
+    const sent = (i: number): number => fake.requests[i].body.max_tokens
+    const { provider, sleeps } = on(fake, { maxRetries: 3 }) // no window configured: nothing clamps the default
+    assert.equal(textOf(await provider.complete({ messages: HI }), 'text'), 'fits')
+    assert.deepEqual([sent(0), sent(1), sleeps.length], [DEFAULT_MAX_TOKENS, 4096 - 100, 0])
+    await provider.complete({ messages: HI }) // the stated window clamps up front: 4,096 − the 9-token estimate
+    assert.equal(sent(2), 4096 - 9)
+    // vLLM's older wording, for a provider that believes its window is larger.
+    const big = on(fake, { maxRetries: 3 }, { contextWindow: 8192 }).provider
+    assert.equal(textOf(await big.complete({ messages: HI, maxTokens: 4_000 }), 'text'), 'older fits')
+    assert.deepEqual([sent(3), sent(4)], [4_000, 4096 - 596])
+    // One refit per request: a second refusal is the answer, as classified.
+    const err = await failure(on(fake, { maxRetries: 3 }).provider.complete({ messages: HI, maxTokens: 3_000 }))
+    assert.equal(err.code, 'INVALID_REQUEST')
+    assert.deepEqual([sent(5), sent(6), fake.requests.length], [3_000, 2048 - 9, 7])
+  })
+})
+
 test('preflight: no room left in a known window throws CONTEXT_WINDOW_EXCEEDED without sending', async () => {
   await withFake([{ text: 'never' }], async (fake) => {
     const provider = on(fake, {}, { contextWindow: 1_000 }).provider
@@ -934,6 +955,20 @@ test('[DONE] with nothing before it is EMPTY_RESPONSE, retried', async () => {
     assert.equal(sleeps.length, 1)
     assert.equal(fake.requests.length, 2)
     assert.equal(textOf(await provider.complete({ messages: HI }), 'text'), 'third time')
+  })
+})
+
+test('a length finish before any output is EMPTY_RESPONSE sent once: a retry would spend the budget the same way', async () => {
+  const empty = (reason: string) => `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":"${reason}"}]}\n\ndata: [DONE]\n\n`
+  await withFake([{ rawSSE: empty('length') }, { rawSSE: empty('stop') }, { text: 'after a retry' }], async (fake) => {
+    const { provider, sleeps } = on(fake, { maxRetries: 3 })
+    const err = await failure(provider.complete({ messages: HI }))
+    assert.equal(err.code, 'EMPTY_RESPONSE')
+    assert.match(err.message, /reached its output limit \(finish reason length\) before any text, reasoning or tool call; not retried.*raise the provider's maxTokens/)
+    assert.deepEqual([fake.requests.length, sleeps.length], [1, 0])
+    // An empty stop (no output budget spent) is still retried.
+    assert.equal(textOf(await provider.complete({ messages: HI }), 'text'), 'after a retry')
+    assert.deepEqual([fake.requests.length, sleeps.length], [3, 1])
   })
 })
 
@@ -1019,6 +1054,26 @@ test('tool calls without index, with one id per call on index 0, and with empty 
       { id: 'a', name: 'one', arguments: '{"x":1}' },
       { id: 'b', name: 'two', arguments: '{}' },
       { id: 'c', name: 'three', arguments: '{"y":2}' },
+    ])
+  })
+})
+
+test('tool calls with neither index nor id: a delta that names a call once the last one has its name starts a new call', async () => {
+  const line = (delta: object, finish: string | null = null) => `data: ${JSON.stringify({ choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`
+  const rawSSE = [
+    line({ tool_calls: [{ function: { name: 'read', arguments: '{"path":"a"}' } }] }), // each call whole, in one delta
+    line({ tool_calls: [{ function: { name: 'read', arguments: '{"path":' } }] }), // the same name again: a second call
+    line({ tool_calls: [{ function: { arguments: '"b"}' } }] }), // no name: the second call's continuation
+    line({ tool_calls: [{ function: { name: 'list', arguments: '{}' } }] }),
+    line({}, 'tool_calls'),
+    'data: [DONE]\n\n',
+  ].join('')
+  await withFake([{ rawSSE }], async (fake) => {
+    const res = await on(fake).provider.complete({ messages: HI })
+    assert.deepEqual(callsOf(res).map(({ name, arguments: args }) => ({ name, args })), [
+      { name: 'read', args: '{"path":"a"}' },
+      { name: 'read', args: '{"path":"b"}' },
+      { name: 'list', args: '{}' },
     ])
   })
 })

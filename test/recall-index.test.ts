@@ -189,6 +189,26 @@ describe('recall index', () => {
     assert.equal(RecallIndex.of(session).shadowedCallSeq(first), undefined, 'a message, not a result')
   })
 
+  test('a key that names nothing shadowed, or a call folded away, is answered from the index: no scan of the shadowed originals', async () => {
+    const session = await Session.open(new MemoryStore())
+    const first = session.append('user/message', { message: { role: 'user', content: 'go' }, surfaceOp: { op: 'append' } }).seq
+    let last = 0
+    for (let i = 0; i < 300; i++) {
+      session.append('assistant/message', { message: { role: 'assistant', content: [{ type: 'tool-call', id: `k${i}`, name: 'grep', arguments: `{"q":${i}}` }] }, finishReason: 'tool_calls', surfaceOp: { op: 'append' } })
+      last = session.append('tool/result', { message: { role: 'tool', toolCallId: `k${i}`, content: [{ type: 'text', text: `hit ${i}` }] }, surfaceOp: { op: 'append' } }).seq
+    }
+    session.append('user/message', { message: { role: 'user', content: 'CHECKPOINT: 300 greps' }, surfaceOp: { op: 'replace', start: first, end: last } })
+    let reads = 0
+    const readEvent = session.readEvent.bind(session)
+    session.readEvent = (seq: number) => { reads++; return readEvent(seq) }
+    assert.match(await ask(session, { key: 'k-unknown' }), /^ERROR recall: nothing shadowed has key "k-unknown"/)
+    assert.equal(reads, 0, 'an unknown key reads no event')
+    assert.equal(await ask(session, { key: 'k7' }), 'k7 (tool result of grep {"q":7}), lines 1–1 of 1:\nhit 7')
+    assert.equal(reads, 2, 'a folded-away call: its result and the message holding its call')
+    assert.equal(RecallIndex.of(session).shadowedResultSeq('k7'), first + 2 * 7 + 2)
+    assert.equal(RecallIndex.of(session).shadowedResultSeq('k-unknown'), undefined)
+  })
+
   test('property: the index and every answer equal a full scan of the log (MemoryStore, random sessions)', async () => {
     for (let seed = 1; seed <= 8; seed++) {
       const { session } = await randomSession(seed, undefined, 40, async (s, ids, where) => { if (s.seq % 4 === 0) await compare(s, ids, where) })
