@@ -2248,10 +2248,17 @@ interface SessionState {
   readonly pinned: Set<number>
   /** The session's parts over the log (section 4.2), one per {@link definePart}, in definition order. */
   readonly parts: Part[]
+  /** The surface (the array `Session.surface()` returns) and the meter's sums over it, as the log made them. */
+  readonly nodes: SurfaceNode[] & Surface
+  /** Heuristic tokens of the surface's messages and of the last logged envelope (§2). */
+  surfaceTokens: number
+  envelopeTokens: number
+  /** The last `request/header`. */
+  header?: RequestHeader
   /** The calibration `measure()` applies (the ladder's part, when it is in the bundle); none: ratio 1, offset 0. */
   calibrator?: { fit(envelopeTokens: number, surfaceTokens: number): { ratio: number; offset: number }; count: number }
-  /** Makes `providerTokens` the usage anchor at event `seq`, for the request the surface is now (an exact count). */
-  anchorAt(providerTokens: number, seq: number): void
+  /** The session's {@link Pins} view, once asked for. */
+  pins?: Pins
   /** Writes queued events to the store, without fsync. */
   flush(): Promise<void>
   /** Checks an event against the current state without appending it (throws like `append`). */
@@ -2289,7 +2296,10 @@ function definePart<P extends Part>(make: (session: Session, st: SessionState) =
 /** The state of `session`, or a TypeError when it is no {@link Session} (a part read of another object). */
 function sessionState(session: Session): SessionState {
   const st = SESSION_STATE.get(session)
-  if (!st) throw new TypeError(`${shown(session)} is not a Session: pass the Session whose log the part reads`)
+  if (!st) {
+    throw new TypeError(`${shown(session)} is not a Session of this copy of dsh.ts: pass the Session whose log the `
+      + 'part reads (a session opened by another copy of dsh.ts in the process, or a Proxy of one, has no state here)')
+  }
   return st
 }
 
@@ -2312,11 +2322,8 @@ export class Session {
   private nextSeq = 0
   private readonly now: () => number
   private readonly nodes: SurfaceNode[] & Surface
-  private surfaceTokensSum = 0
-  private envelopeTokensSum = 0
   private anchorState?: UsageAnchor
   private generation = 0
-  private header?: RequestHeader
   private readonly queue: EventQueue
   private listeners = new Set<(e: SessionEvent) => void>()
 
@@ -2330,10 +2337,9 @@ export class Session {
     this.st = {
       calls: new Map(), openCalls: new Set(), dispatched: new Set(), bySeq: new SeqIndex(),
       turn: { last: 0, open: false, step: 0, stepOpen: false }, awaitingInput: false, openedAt: 0,
-      pinned: new Set(), parts: [], flush: () => this.queue.flush(),
+      pinned: new Set(), parts: [], nodes: this.nodes, surfaceTokens: 0, envelopeTokens: 0,
+      flush: () => this.queue.flush(),
       check: (type, data) => checkEvent(this.st, this.nodes, type, data), apply: (e) => this.apply(e),
-      anchorAt: (providerTokens, seq) => { this.anchorState = { providerTokens, seq,
-        heuristicTokens: this.envelopeTokensSum + this.surfaceTokensSum } },
     }
     SESSION_STATE.set(this, this.st)
     for (const make of PART_FACTORIES) this.st.parts.push(make(this, this.st))
@@ -2442,8 +2448,8 @@ export class Session {
     switch (event.type) {
       case 'session/start': case 'session/resume': st.openedAt = event.seq; break
       case 'request/header':
-        this.header = data
-        this.envelopeTokensSum = estimateEnvelopeTokens(data)
+        this.st.header = data
+        this.st.envelopeTokens = estimateEnvelopeTokens(data)
         this.anchorState = undefined // an envelope or model change voids the usage anchor (docs/design.md §2)
         break
       case 'turn/start':
@@ -2453,6 +2459,16 @@ export class Session {
       case 'turn/end':
         st.turn.open = false; st.turn.stepOpen = false; st.input = undefined; st.awaitingInput = false
         break
+      case 'ladder/state': {
+        // An overflow's count and the provider's own count of the request are exact: the anchor, when plausible.
+        const sample = data.sample
+        if ((sample?.source === 'overflow' || sample?.source === 'count')
+          && plausibleRatio(sample.providerTokens, sample.heuristicTokens)) {
+          this.anchorState = { providerTokens: sample.providerTokens,
+            heuristicTokens: st.envelopeTokens + st.surfaceTokens, seq: event.seq }
+        }
+        break
+      }
       case 'step/start': st.turn.step = data.step; st.turn.stepOpen = true; break
       case 'step/end': st.turn.stepOpen = false; break
       case 'tool/call': st.dispatched.add(data.callId); break
@@ -2485,7 +2501,7 @@ export class Session {
     if (change.removed.length === 0) this.appendNode(event, message, tokens)
     else this.replaceNodes(event, change, message, tokens)
     if (usage) {
-      const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+      const heuristicTokens = this.st.envelopeTokens + this.st.surfaceTokens
       this.anchorState = usageAnchor(usage, heuristicTokens, event.seq) ?? this.anchorState
     }
   }
@@ -2497,7 +2513,7 @@ export class Session {
     const node: SurfaceNode = { seq: event.seq, message, tokens, key: event.seq }
     this.nodes.push(node)
     st.bySeq.set(event.seq, node)
-    this.surfaceTokensSum += tokens
+    this.st.surfaceTokens += tokens
     for (const c of toolCalls(message)) { st.calls.set(c.id, { callSeq: event.seq }); st.openCalls.add(c.id) }
     if (message.role === 'tool') {
       st.calls.get(message.toolCallId)!.resultSeq = event.seq
@@ -2523,7 +2539,7 @@ export class Session {
     for (const c of toolCalls(message)) st.calls.get(c.id)!.callSeq = event.seq
     this.nodes.splice(change.at, change.removed.length, node)
     st.bySeq.set(event.seq, node)
-    this.surfaceTokensSum += tokens - shadowed
+    this.st.surfaceTokens += tokens - shadowed
     this.generation++
   }
 
@@ -2532,22 +2548,22 @@ export class Session {
    * §10), and the `request/header` it carries (model, envelope, window, prices) as last logged.
    */
   measure(): Measurement {
-    const heuristicTokens = this.envelopeTokensSum + this.surfaceTokensSum
+    const heuristicTokens = this.st.envelopeTokens + this.st.surfaceTokens
     const calibrator = this.st.calibrator
-    const { ratio: calibration, offset } = calibrator?.fit(this.envelopeTokensSum, this.surfaceTokensSum)
+    const { ratio: calibration, offset } = calibrator?.fit(this.st.envelopeTokens, this.st.surfaceTokens)
       ?? { ratio: 1, offset: 0 }
     const m: Measurement = Object.create(MEASUREMENT_VIEW) // MEASUREMENT_VIEW: what console.log shows
     m.calibration = calibration
     m.calibrationOffsetTokens = offset
     m.calibrationSamples = calibrator?.count ?? 0
     m.totalTokens = anchoredTotal(heuristicTokens, this.anchorState, calibration, offset)
-    m.envelopeTokens = this.envelopeTokensSum
-    m.surfaceTokens = this.surfaceTokensSum
+    m.envelopeTokens = this.st.envelopeTokens
+    m.surfaceTokens = this.st.surfaceTokens
     m.heuristicTokens = heuristicTokens
     m.anchored = this.anchorState !== undefined
     m.anchor = this.anchorState
     m.nodes = this.nodes
-    m.header = this.header
+    m.header = this.st.header
     return m
   }
 
@@ -2875,31 +2891,25 @@ class LadderState {
   /** Samples of requests whose envelope outweighed their messages (provider; envelope and surface heuristic). */
   private heavySamples: { provider: number; envelope: number; surface: number }[] = []
 
-  constructor(private readonly session: Session, private readonly st: SessionState) { st.calibrator = this }
+  constructor(private readonly st: SessionState) { st.calibrator = this }
 
   /** Calibration is per model; a `ladder/state` is applied; an answer's reported prompt size is a sample. */
   observe(event: SessionEvent, change?: SurfaceChange): void {
-    const data = event.data as any
-    if (event.type === 'request/header') return this.header(data.model)
-    if (event.type !== 'ladder/state' && !change?.usage) return
-    const m = this.session.measure(), window = m.header?.contextWindow
-    if (change?.usage) this.take(change.usage.promptTokens, m.envelopeTokens, m.surfaceTokens, window)
-    else if (this.apply(data, window, m.envelopeTokens)) this.st.anchorAt(data.sample.providerTokens, event.seq)
+    const data = event.data as any, st = this.st, window = st.header?.contextWindow
+    if (event.type === 'request/header') this.header(data.model)
+    else if (event.type === 'ladder/state') this.apply(data, window, st.envelopeTokens)
+    else if (change?.usage) this.take(change.usage.promptTokens, st.envelopeTokens, st.surfaceTokens, window)
   }
 
-  /** A `ladder/state` event; returns whether its sample is the new usage anchor (an overflow count is exact). */
-  apply(data: LadderStateData, contextWindow?: number,
-    envelopeTokens = 0): data is LadderStateData & { sample: object } {
+  /** A `ladder/state` event: the pending failure, and its sample (the session anchors an exact count itself). */
+  apply(data: LadderStateData, contextWindow?: number, envelopeTokens = 0): void {
     const { sample, failedAtTokens } = data
     if (failedAtTokens !== undefined) this.failedAtTokens = failedAtTokens ?? undefined
-    if (!sample) return false
+    if (!sample) return
     // A replayed transcript's count is of a request this session did not send: a sample, never an anchor.
-    if (sample.source === 'transcript') { this.transcript(sample.providerTokens, sample.heuristicTokens); return false }
+    if (sample.source === 'transcript') return this.transcript(sample.providerTokens, sample.heuristicTokens)
     const envelope = typeof sample.envelopeTokens === 'number' ? sample.envelopeTokens : envelopeTokens
-    const taken = this.take(sample.providerTokens, envelope, sample.heuristicTokens - envelope, contextWindow)
-    // an overflow's count and the provider's own count of the request are exact: an anchor when plausible
-    return (sample.source === 'overflow' || sample.source === 'count')
-      && (taken || plausibleRatio(sample.providerTokens, sample.heuristicTokens))
+    this.take(sample.providerTokens, envelope, sample.heuristicTokens - envelope, contextWindow)
   }
 
   /** A `request/header`: calibration is per model. */
@@ -2996,7 +3006,7 @@ class LadderState {
 }
 
 /** The ladder's memory of `session` (see {@link LadderState}). */
-const ladderStateOf = /* @__PURE__ */ definePart((session, st) => new LadderState(session, st))
+const ladderStateOf = /* @__PURE__ */ definePart((_, st) => new LadderState(st))
 
 /** How far apart (1 − cos² of the surface and envelope columns) envelope-heavy samples must be to fit two ratios. */
 const HEAVY_FIT_CONDITION = 0.01
@@ -3005,7 +3015,7 @@ const HEAVY_FIT_CONDITION = 0.01
 const RECENT_EDITS = 64
 
 /** The cost ledger of `session` (see {@link CostLedger.of}). */
-const costLedgerOf = /* @__PURE__ */ definePart((session) => new CostLedger(session))
+const costLedgerOf = /* @__PURE__ */ definePart((_, st) => CostLedger['part'](st))
 
 /**
  * Tokens and cost of a session's requests and its prompt-cache model (docs/design.md §11), kept as
@@ -3023,10 +3033,9 @@ class CostLedger {
   /** @internal The summary requests of the compaction now running, counted by the cap before its `compaction/end`. */
   running: SummaryRequestRecord[] = []
   private readonly nodes: readonly SurfaceNode[]
-  /** The last `request/header` (model, envelope, prices) the requests after it are priced by. */
-  private lastHeader?: RequestHeader
-  /** @internal */
-  constructor(private readonly session: Session) { this.nodes = session.surface() }
+  private constructor(private readonly st: SessionState) { this.nodes = st.nodes }
+  /** @internal The part's factory ({@link definePart}): a ledger is built only with its session. */
+  private static part(st: SessionState): CostLedger { return new CostLedger(st) }
 
   /** The cost ledger of `session`, kept since it opened (the loaded log included); a TypeError for no Session. */
   static of(session: Session): CostLedger { return costLedgerOf(session) }
@@ -3061,19 +3070,19 @@ class CostLedger {
 
   /** @internal Each event, before the session applies it: requests, their answers and the edits of the surface. */
   observe(event: SessionEvent, change?: SurfaceChange): void {
-    const data = event.data as any, header = this.lastHeader
+    const data = event.data as any, header = this.st.header
     if (change && change.removed.length > 0) {
       let shadowed = 0
       for (const n of change.removed) shadowed += n.tokens
       return this.replaced(event, change.at, change.at + change.removed.length - 1, change.tokens, shadowed)
     }
     switch (event.type) {
-      case 'request/header': this.header(data); this.lastHeader = data; break
+      case 'request/header': this.header(data); break
       case 'step/end': this.failed(); break // a failed request's partial came before
       case 'compaction/end': if (Array.isArray(data.requests)) this.summaries(event.time, data.requests, header); break
       case 'request/error': if (data.spent) this.failed(event.time, data.spent, header); break
       case 'assistant/message':
-        this.request(event.time, change!.tokens, change!.usage, header, this.session.measure().surfaceTokens,
+        this.request(event.time, change!.tokens, change!.usage, header, this.st.surfaceTokens,
           data.message.interrupted === true)
     }
   }
@@ -3139,10 +3148,10 @@ class CostLedger {
    * the first request). O(1). Derived from the log, so it survives resume.
    */
   nextRequestCache(): RequestCache {
-    const m = this.session.measure()
+    const { envelopeTokens, surfaceTokens } = this.st
     return {
-      inputTokens: m.envelopeTokens + m.surfaceTokens,
-      modelledHitTokens: this.cacheNodes < 0 ? 0 : m.envelopeTokens + this.cachePrefixTokens,
+      inputTokens: envelopeTokens + surfaceTokens,
+      modelledHitTokens: this.cacheNodes < 0 ? 0 : envelopeTokens + this.cachePrefixTokens,
     }
   }
 
@@ -3153,11 +3162,11 @@ class CostLedger {
    * another model or envelope. O(messages compared).
    */
   summaryRequestHit(model: string, envelope: Envelope, messages: readonly Message[]): number {
-    const m = this.session.measure()
-    if (this.cacheNodes < 0 || cacheKey(model, { ...envelope, baseURL: m.header?.baseURL }) !== this.envelopeKey) {
+    const st = this.st
+    if (this.cacheNodes < 0 || cacheKey(model, { ...envelope, baseURL: st.header?.baseURL }) !== this.envelopeKey) {
       return 0
     }
-    let tokens = m.envelopeTokens
+    let tokens = st.envelopeTokens
     const n = Math.min(this.cacheNodes, messages.length)
     for (let i = 0; i < n && messages[i] === this.nodes[i].message; i++) tokens += this.nodes[i].tokens
     return tokens
@@ -3172,7 +3181,7 @@ class CostLedger {
       if (b.summary) summaryOutputTokens += b.floor.outputTokens
       else conversationOutputTokens += b.floor.outputTokens
     }
-    const header = this.session.measure().header, now = Date.now()
+    const header = this.st.header, now = Date.now()
     for (const r of this.running) {
       const prices = r.prices ?? (r.model === header?.model ? header?.prices : undefined)
       const floor = spendFloorTokens(r, billedTokens({ ...r, usage: checkedUsage(r.usage) }))
@@ -3192,7 +3201,7 @@ class CostLedger {
    * {@link CostLedger.editCache} priced with `prices` (default: the table of the current
    * `request/header`) at the edit's time; undefined when `seq` was no surface edit.
    */
-  editCost(seq: number, prices: Prices | undefined = this.session.measure().header?.prices): EditCost | undefined {
+  editCost(seq: number, prices: Prices | undefined = this.st.header?.prices): EditCost | undefined {
     const e = this.edits.get(seq), cost: EditCost | undefined = this.editCache(seq)
     if (e && cost && prices) {
       cost.cacheCostUSD = cacheCostUSD(prices, e.movedTokens, e.time)
@@ -3258,8 +3267,9 @@ class RecallIndex {
   private readonly resultsByCall = new Map<string, number>()
   /** callId → heuristic price (tokens) of its result as first logged. */
   private readonly firstResultTokens = new Map<string, number>()
-  /** @internal */
-  constructor(private readonly session: Session, private readonly st: SessionState) {}
+  private constructor(private readonly session: Session, private readonly st: SessionState) {}
+  /** @internal The part's factory ({@link definePart}): an index is built only with its session. */
+  private static part(session: Session, st: SessionState): RecallIndex { return new RecallIndex(session, st) }
 
   /** The recall index of `session`, kept since it opened (the loaded log included); a TypeError for no Session. */
   static of(session: Session): RecallIndex { return recallIndexOf(session) }
@@ -3337,11 +3347,13 @@ class RecallIndex {
  */
 class Pins {
   private readonly pinned: Set<number>
-  /** @internal */
-  constructor(private readonly session: Session, private readonly st: SessionState) { this.pinned = st.pinned }
+  private constructor(private readonly session: Session, private readonly st: SessionState) { this.pinned = st.pinned }
 
-  /** The pins of `session` (a view: every call reads the same set). Throws a TypeError for no Session. */
-  static of(session: Session): Pins { return new Pins(session, sessionState(session)) }
+  /** The pins of `session` (one view of the set the session keeps). Throws a TypeError for no Session. */
+  static of(session: Session): Pins {
+    const st = sessionState(session)
+    return st.pins ??= new Pins(session, st)
+  }
 
   /** Whether the surface node `seq` is pinned. */
   has(seq: number): boolean { return this.pinned.has(seq) }
@@ -3393,7 +3405,7 @@ class Pins {
 }
 
 /** The recall index of `session` (see {@link RecallIndex.of}). */
-const recallIndexOf = /* @__PURE__ */ definePart((session, st) => new RecallIndex(session, st))
+const recallIndexOf = /* @__PURE__ */ definePart((session, st) => RecallIndex['part'](session, st))
 
 interface RequestBucket extends BilledTokens {
   /** Time of the bucket's first request (ms): its minute decides the peak window. */
@@ -3585,12 +3597,15 @@ function pruneToolResult(message: ToolResultMessage, config?: Partial<PruneConfi
 function pruneToolResult(session: Session, seq: number, config?: Partial<PruneConfig>, trigger?: string): number
 function pruneToolResult(target: ToolResultMessage | Session, configOrSeq?: Partial<PruneConfig> | number,
   config?: Partial<PruneConfig>, trigger?: string): ToolResultMessage | number {
-  if (!(target instanceof Session)) return pruneResultMessage(target, configOrSeq as Partial<PruneConfig>)
-  const node = target.surface().node(configOrSeq as number)
+  if (typeof configOrSeq !== 'number' && !SESSION_STATE.has(target as Session)) {
+    return pruneResultMessage(target as ToolResultMessage, configOrSeq as Partial<PruneConfig> | undefined)
+  }
+  sessionState(target as Session) // a TypeError for anything else
+  const node = (target as Session).surface().node(configOrSeq as number)
   if (!node || node.message.role !== 'tool')
     throw new SessionError('SURFACE_OP', `seq ${configOrSeq} is not a tool result on the surface`)
   const pruned = pruneResultMessage(node.message, config)
-  return pruned === node.message ? 0 : replaceNode(target, node, 'compaction/prune', pruned, trigger)
+  return pruned === node.message ? 0 : replaceNode(target as Session, node, 'compaction/prune', pruned, trigger)
 }
 
 /** {@link pruneToolResult} of a message. */
