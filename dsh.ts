@@ -5690,8 +5690,11 @@ function spillName(seq: number): string { return `tool-result-${seq}.txt` }
  * Spill (docs/design.md §5): a result over `spillBytes` goes whole to the artefacts, a preview stays. When the
  * store cannot take the artefact, the result stays inline whole, with a `warning` saying why.
  */
-async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string):
-  Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number }; warning?: string }> {
+/** The longest call id (UTF-16 units) a spill note repeats as its recall key. */
+const RECALL_KEY_MAX_UNITS = 200
+
+async function spillToolResult(message: ToolResultMessage, store: LogStore, spillBytes: number, name: string,
+  recall = false): Promise<{ message: ToolResultMessage; spilled?: { ref: string; bytes: number }; warning?: string }> {
   if (!store.putArtefact) return { message }
   const texts = message.content.filter((b) => b.type === 'text') as TextBlock[]
   // Length first: a UTF-16 unit is 1 to 3 UTF-8 bytes, so most results are decided without a walk.
@@ -5711,9 +5714,12 @@ async function spillToolResult(message: ToolResultMessage, store: LogStore, spil
       + `not spilled: storing it as artefact ${name} failed (${(err as Error)?.message ?? err}); the ladder prunes it `
       + `like any other result. Free disk space or fix the store's artefact area to spill the next ones` }
   }
-  // The note goes where the cut is (an output may hold the plain marker itself).
+  // The note goes where the cut is (an output may hold the plain marker itself), with the call that reads it back
+  // when the agent offers recall (and the call's id is short enough to be worth repeating: a model chose it).
+  const read = recall && message.toolCallId.length <= RECALL_KEY_MAX_UNITS
+    ? `; ${RECALL_TOOL_NAME} ${JSON.stringify({ key: message.toolCallId })} reads them` : ''
   const preview = markedCut(whole, DEFAULT_PRUNE_CONFIG, `\n\n[... tool result middle spilled: all ${fullBytes} bytes `
-    + `are stored at ${ref} ...]\n\n`)
+    + `are stored at ${ref}${read} ...]\n\n`)
   const content: Block[] = [{ type: 'text', text: preview }, ...message.content.filter((b) => b.type !== 'text')]
   return { message: { ...message, content }, spilled: { ref, bytes: fullBytes } }
 }
@@ -7521,7 +7527,7 @@ class Agent {
         }
       }
       const { message, spilled, warning } = await spillToolResult(result!, session.store, SPILL_BYTES,
-        spillName(session.seq))
+        spillName(session.seq), this.recall !== undefined)
       if (warning) this.warn(warning)
       try { session.append('tool/result', { message, ...(spilled ? { spilled } : {}), surfaceOp: { op: 'append' } }) }
       catch (err) { // blocks JSON cannot hold (a BigInt, a cycle; Session.append's check): an error result instead

@@ -327,10 +327,23 @@ describe('recall', () => {
       await new Agent({ session, provider: f.provider, tools: [huge] }).run('go')
       const sent = toolMessages(f.conversation()[1])[0].content as string
       const ref = ((await logOf(session)).find((e) => e.type === 'tool/result')!.data as any).spilled.ref
-      assert.equal(sent, output.slice(0, 4_096) + `\n\n[... tool result middle spilled: all 300048 bytes are stored at ${ref} ...]\n\n`
+      assert.equal(sent, output.slice(0, 4_096) + `\n\n[... tool result middle spilled: all 300048 bytes are stored at ${ref}; recall {"key":"h1"} reads them ...]\n\n`
         + output.slice(-1_024))
       const page = String(await recallTool(session).execute({ key: 'h1', limit: 1 }, { signal: new AbortController().signal, callId: 'r' }))
       assert.equal(page.split('\n').slice(0, 2).join('\n'), 'h1 (tool result of huge {}), lines 1–1 of 305:\nHEAD ')
+      await session.store.close?.()
+    } finally { rmSync(dir, { recursive: true, force: true }) }
+  })
+
+  test('a spill note names its recall key only where recall is offered (recall: false: the reference alone)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'dsh-spill-'))
+    try {
+      const session = await Session.open(new FileStore(join(dir, 's.jsonl')))
+      const f = await fake([{ toolCalls: [{ id: 'h2', name: 'huge', arguments: {} }] }, { text: 'ok' }])
+      const huge: Tool = { name: 'huge', description: '', parameters: {}, execute: () => 'y'.repeat(300_000) }
+      await new Agent({ session, provider: f.provider, tools: [huge], recall: false }).run('go')
+      const sent = toolMessages(f.conversation()[1])[0].content as string
+      assert.match(sent, /\[\.\.\. tool result middle spilled: all 300000 bytes are stored at [^;\]]+ \.\.\.\]/)
       await session.store.close?.()
     } finally { rmSync(dir, { recursive: true, force: true }) }
   })
