@@ -6090,8 +6090,6 @@ interface AdapterConfig extends Readonly<typeof adapterTuning> {
   model: string
   apiKey?: string
   contextWindow?: number
-  /** The window a server stated when it refused a budget as too large for it (tokens), when smaller or unknown. */
-  serverWindowTokens?: number
   maxOutputTokens?: number
   maxTokens: number
   headers: Record<string, string>
@@ -6326,8 +6324,8 @@ function providerError(cfg: AdapterConfig, code: ProviderErrorCode, message: str
 function maxTokensFor(cfg: AdapterConfig, request: ChatRequest): number {
   const requested = positiveInteger('complete', 'request.maxTokens', request.maxTokens) ?? cfg.maxTokens
   const capped = cfg.maxOutputTokens === undefined ? requested : Math.min(requested, cfg.maxOutputTokens)
-  const window = Math.min(cfg.contextWindow ?? Infinity, cfg.serverWindowTokens ?? Infinity)
-  if (window === Infinity) return capped
+  const window = cfg.contextWindow
+  if (window === undefined) return capped
   if (request.inputTokens !== undefined && !(typeof request.inputTokens === 'number'
     && Number.isFinite(request.inputTokens) && request.inputTokens >= 0)) {
     throw new TypeError(`complete: request.inputTokens must be a non-negative number of tokens, `
@@ -6337,10 +6335,9 @@ function maxTokensFor(cfg: AdapterConfig, request: ChatRequest): number {
     request.messages)
   const room = window - prompt
   if (room < 1) {
-    const stated = window === cfg.contextWindow ? '' : ' (as the server stated it)'
     throw providerError(cfg, 'CONTEXT_WINDOW_EXCEEDED',
       `preflight: nothing was sent. The prompt is estimated at ${prompt} tokens and the context window of ${cfg.model} `
-        + `is ${window} tokens${stated}, leaving ${room} for the completion (at least 1 is needed); `
+        + `is ${window} tokens, leaving ${room} for the completion (at least 1 is needed); `
         + `pass contextWindow if ${window} is wrong.`)
   }
   return Math.min(capped, room)
@@ -6351,14 +6348,14 @@ function maxTokensFor(cfg: AdapterConfig, request: ChatRequest): number {
  * large for them (vLLM: "'max_tokens' … is too large: 32768. This model's maximum context length is 4096 tokens and
  * your request has 100 input tokens"); else undefined. The body must name that budget and output words.
  */
-function budgetThatFits(error: ProviderError, budget: number): { budget: number; window: number } | undefined {
+function budgetThatFits(error: ProviderError, budget: number): { budget: number } | undefined {
   if (error.code !== 'INVALID_REQUEST' && error.code !== 'CONTEXT_WINDOW_EXCEEDED') return undefined
   const text = error.body || error.message
   if (!OUTPUT_NEAR.test(text) || !new RegExp(`(?<![\\d,.])${budget}(?![\\d,]|\\.\\d)`).test(text)) return undefined
   const { promptTokens: prompt, contextTokens: window } = overflowCounts(text)
   if (prompt === undefined || window === undefined) return undefined
   const room = window - prompt
-  return room >= 1 && room < budget ? { budget: room, window } : undefined
+  return room >= 1 && room < budget ? { budget: room } : undefined
 }
 
 /** The tool specs of an envelope as wire JSON, serialised once per tools array (the Agent keeps one per envelope). */
@@ -6442,14 +6439,17 @@ async function completeWithRetries(cfg: AdapterConfig, request: ChatRequest): Pr
       if (!(e instanceof ProviderError)) throw e
       error = e
     }
-    // A budget the server's window cannot hold with this prompt: sent again at once with the room it stated
-    // (and later requests clamped to that window), the one retry of its kind.
-    const fits = refitted || signal?.aborted ? undefined : budgetThatFits(error, budget)
+    // A budget the server's window cannot hold with this prompt: sent again at once with the room it stated, the one
+    // retry of its kind.
+    // Not after output was streamed (a second answer) nor past the deadline; it spends none of the retries.
+    // Per request: a statement is not kept for later ones, so a server that misstated its window once (a proxy's
+    // error) cannot shrink every later budget.
+    const fits = refitted || signal?.aborted || notRetried.has(error) ? undefined : budgetThatFits(error, budget)
     if (fits) {
       refitted = true
-      cfg.serverWindowTokens = Math.min(cfg.serverWindowTokens ?? Infinity, fits.window)
       budget = fits.budget
       body = cfg.format.body(cfg, request, budget)
+      retry--
       continue
     }
     const retryable = RETRYABLE.has(error.code) && !notRetried.has(error)

@@ -912,24 +912,42 @@ test('max_tokens = min(request or default budget, model output cap, window − p
   })
 })
 
-test('a budget the server refuses as too large for its window (vLLM) is sent again at once with the room it states; later requests are clamped to that window', async () => {
+test('a budget the server refuses as too large for its window (vLLM) is sent again at once with the room it states, per request', async () => {
   const vllm = (budget: number, window: number, input: number) => ({ status: 400, body: { object: 'error', message: `'max_tokens' or 'max_completion_tokens' is too large: ${budget}. This model's maximum context length is ${window} tokens and your request has ${input} input tokens (${budget} > ${window} - ${input}). None`, type: 'BadRequestError', param: null, code: 400 } })
   const olderVllm = { status: 400, body: { object: 'error', message: "This model's maximum context length is 4096 tokens. However, you requested 4596 tokens (596 in the messages, 4000 in the completion). Please reduce the length of the messages or completion.", type: 'BadRequestError', code: 400 } }
-  await withFake([vllm(DEFAULT_MAX_TOKENS, 4096, 100), { text: 'fits' }, { text: 'clamped' }, olderVllm, { text: 'older fits' }, vllm(3_000, 2048, 9), vllm(2_039, 2048, 9)], async (fake) => {
+  await withFake([vllm(DEFAULT_MAX_TOKENS, 4096, 100), { text: 'fits' }, vllm(DEFAULT_MAX_TOKENS, 4096, 9), { text: 'again' }, olderVllm, { text: 'older fits' }, vllm(3_000, 2048, 9), vllm(2_039, 2048, 9)], async (fake) => {
     const sent = (i: number): number => fake.requests[i].body.max_tokens
     const { provider, sleeps } = on(fake, { maxRetries: 3 }) // no window configured: nothing clamps the default
     assert.equal(textOf(await provider.complete({ messages: HI }), 'text'), 'fits')
     assert.deepEqual([sent(0), sent(1), sleeps.length], [DEFAULT_MAX_TOKENS, 4096 - 100, 0])
-    await provider.complete({ messages: HI }) // the stated window clamps up front: 4,096 − the 9-token estimate
-    assert.equal(sent(2), 4096 - 9)
+    // Not kept for the next request (a proxy that misstated a window once would shrink every later budget).
+    assert.equal(textOf(await provider.complete({ messages: HI }), 'text'), 'again')
+    assert.deepEqual([sent(2), sent(3)], [DEFAULT_MAX_TOKENS, 4096 - 9])
     // vLLM's older wording, for a provider that believes its window is larger.
     const big = on(fake, { maxRetries: 3 }, { contextWindow: 8192 }).provider
     assert.equal(textOf(await big.complete({ messages: HI, maxTokens: 4_000 }), 'text'), 'older fits')
-    assert.deepEqual([sent(3), sent(4)], [4_000, 4096 - 596])
+    assert.deepEqual([sent(4), sent(5)], [4_000, 4096 - 596])
     // One refit per request: a second refusal is the answer, as classified.
     const err = await failure(on(fake, { maxRetries: 3 }).provider.complete({ messages: HI, maxTokens: 3_000 }))
     assert.equal(err.code, 'INVALID_REQUEST')
-    assert.deepEqual([sent(5), sent(6), fake.requests.length], [3_000, 2048 - 9, 7])
+    assert.deepEqual([sent(6), sent(7), fake.requests.length], [3_000, 2048 - 9, 8])
+  })
+})
+
+test('the budget refit: never after output was streamed, and it spends none of the retries', async () => {
+  const message = (budget: number, window: number, input: number) => `'max_tokens' or 'max_completion_tokens' is too large: ${budget}. This model's maximum context length is ${window} tokens and your request has ${input} input tokens (${budget} > ${window} - ${input}). None`
+  const refused = (budget: number, window: number, input: number) => ({ status: 400, body: { object: 'error', message: message(budget, window, input), code: 400 } })
+  // After text was streamed, a re-send would show the caller a second answer: the error stands.
+  await withFake([{ fault: 'in-band-error', text: 'partial', error: { message: message(DEFAULT_MAX_TOKENS, 4096, 100), code: 400 } }, { text: 'second answer' }], async (fake) => {
+    const err = await failure(on(fake, { maxRetries: 3 }).provider.complete({ messages: HI }))
+    assert.equal(textOf({ message: err.partial!, finishReason: 'stop' } as ChatResponse, 'text'), 'partial')
+    assert.equal(fake.requests.length, 1)
+  })
+  // The refit is no retry: a 503 after it still gets the one retry maxRetries allows.
+  await withFake([refused(DEFAULT_MAX_TOKENS, 4096, 100), { status: 503, body: { error: { message: 'overloaded' } } }, { text: 'ok' }], async (fake) => {
+    const { provider, sleeps } = on(fake, { maxRetries: 1 })
+    assert.equal(textOf(await provider.complete({ messages: HI }), 'text'), 'ok')
+    assert.deepEqual([fake.requests.map((r) => r.body.max_tokens), sleeps.length], [[DEFAULT_MAX_TOKENS, 3996, 3996], 1])
   })
 })
 
