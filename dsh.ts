@@ -2269,10 +2269,15 @@ interface SessionState {
 
 /**
  * What a surface event changes, as its parts see it before the session applies it: the nodes it
- * removes from index `at` (none for an append), the new node's price (tokens, §2 heuristic) and an
- * answer's checked usage.
+ * removes from index `at` (none for an append) and what they cost, the new node's price (tokens, §2
+ * heuristic) and an answer's checked usage.
  */
-interface SurfaceChange { at: number; removed: readonly SurfaceNode[]; tokens: number; usage?: Usage }
+interface SurfaceChange {
+  at: number; removed: readonly SurfaceNode[]; removedTokens: number; tokens: number; usage?: Usage
+}
+
+/** The `removed` of every append (nothing leaves the surface). */
+const NO_NODES: readonly SurfaceNode[] = Object.freeze([])
 
 /**
  * A part over the log (section 4.2): cost, recall, pins, the ladder's memory. Each session builds one of
@@ -2487,11 +2492,13 @@ export class Session {
     const tokens = estimateMessageTokens(message)
     if (op.op === 'append') {
       const usage = event.type === 'assistant/message' ? checkedUsage(data.usage) : undefined
-      return { at: this.nodes.length, removed: [], tokens, ...(usage ? { usage } : {}) }
+      return { at: this.nodes.length, removed: NO_NODES, removedTokens: 0, tokens, ...(usage ? { usage } : {}) }
     }
     const indexOf = (seq: number) => binarySearch(this.nodes, this.st.bySeq.get(seq)!.key, (n) => n.key)
-    const at = indexOf(op.start)
-    return { at, removed: this.nodes.slice(at, indexOf(op.end) + 1), tokens }
+    const at = indexOf(op.start), removed = this.nodes.slice(at, indexOf(op.end) + 1)
+    let removedTokens = 0
+    for (const n of removed) removedTokens += n.tokens
+    return { at, removed, removedTokens, tokens }
   }
 
   /** A checked surface event: an append or a replace on the surface, its calls and the usage anchor. */
@@ -2526,9 +2533,7 @@ export class Session {
     const st = this.st
     const node: SurfaceNode = { seq: event.seq, message, tokens, key: change.removed[0].key,
       ...((event.data as { compactionId?: string }).compactionId !== undefined ? { checkpoint: true } : {}) }
-    let shadowed = 0
     for (const old of change.removed) {
-      shadowed += old.tokens
       st.bySeq.delete(old.seq)
       if (message.role === 'tool' && old.message.role === 'tool') continue // same call, new content
       if (message.role === 'assistant' && toolCalls(message).length > 0) continue // a pruned one keeps its calls
@@ -2539,7 +2544,7 @@ export class Session {
     for (const c of toolCalls(message)) st.calls.get(c.id)!.callSeq = event.seq
     this.nodes.splice(change.at, change.removed.length, node)
     st.bySeq.set(event.seq, node)
-    this.st.surfaceTokens += tokens - shadowed
+    this.st.surfaceTokens += tokens - change.removedTokens
     this.generation++
   }
 
@@ -2897,19 +2902,19 @@ class LadderState {
   observe(event: SessionEvent, change?: SurfaceChange): void {
     const data = event.data as any, st = this.st, window = st.header?.contextWindow
     if (event.type === 'request/header') this.header(data.model)
-    else if (event.type === 'ladder/state') this.apply(data, window, st.envelopeTokens)
+    else if (event.type === 'ladder/state') this.apply(data)
     else if (change?.usage) this.take(change.usage.promptTokens, st.envelopeTokens, st.surfaceTokens, window)
   }
 
   /** A `ladder/state` event: the pending failure, and its sample (the session anchors an exact count itself). */
-  apply(data: LadderStateData, contextWindow?: number, envelopeTokens = 0): void {
+  private apply(data: LadderStateData): void {
     const { sample, failedAtTokens } = data
     if (failedAtTokens !== undefined) this.failedAtTokens = failedAtTokens ?? undefined
     if (!sample) return
     // A replayed transcript's count is of a request this session did not send: a sample, never an anchor.
     if (sample.source === 'transcript') return this.transcript(sample.providerTokens, sample.heuristicTokens)
-    const envelope = typeof sample.envelopeTokens === 'number' ? sample.envelopeTokens : envelopeTokens
-    this.take(sample.providerTokens, envelope, sample.heuristicTokens - envelope, contextWindow)
+    const envelope = typeof sample.envelopeTokens === 'number' ? sample.envelopeTokens : this.st.envelopeTokens
+    this.take(sample.providerTokens, envelope, sample.heuristicTokens - envelope, this.st.header?.contextWindow)
   }
 
   /** A `request/header`: calibration is per model. */
@@ -3072,9 +3077,8 @@ class CostLedger {
   observe(event: SessionEvent, change?: SurfaceChange): void {
     const data = event.data as any, header = this.st.header
     if (change && change.removed.length > 0) {
-      let shadowed = 0
-      for (const n of change.removed) shadowed += n.tokens
-      return this.replaced(event, change.at, change.at + change.removed.length - 1, change.tokens, shadowed)
+      return this.replaced(event, change.at, change.at + change.removed.length - 1, change.tokens,
+        change.removedTokens)
     }
     switch (event.type) {
       case 'request/header': this.header(data); break
@@ -3601,11 +3605,10 @@ function pruneToolResult(target: ToolResultMessage | Session, configOrSeq?: Part
     return pruneResultMessage(target as ToolResultMessage, configOrSeq as Partial<PruneConfig> | undefined)
   }
   sessionState(target as Session) // a TypeError for anything else
-  const node = (target as Session).surface().node(configOrSeq as number)
-  if (!node || node.message.role !== 'tool')
-    throw new SessionError('SURFACE_OP', `seq ${configOrSeq} is not a tool result on the surface`)
-  const pruned = pruneResultMessage(node.message, config)
-  return pruned === node.message ? 0 : replaceNode(target as Session, node, 'compaction/prune', pruned, trigger)
+  const seq = configOrSeq as number
+  if ((target as Session).surface().node(seq)?.message.role !== 'tool')
+    throw new SessionError('SURFACE_OP', `seq ${seq} is not a tool result on the surface`)
+  return pruneNode(target as Session, seq, config, trigger)
 }
 
 /** {@link pruneToolResult} of a message. */
