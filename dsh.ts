@@ -7011,6 +7011,8 @@ class Agent {
   private readonly maxCost?: { turn?: number; session?: number }
   /** The turn running now, for the spend cap of its summary requests. */
   private turnNow?: Turn
+  /** The fsync of the last step boundary, running while the next step is prepared ({@link Agent.boundary}). */
+  private syncing: Promise<void> = Promise.resolve()
 
   constructor(given: AgentOptions) {
     const options = agentOptions(given)
@@ -7189,7 +7191,8 @@ class Agent {
       t.ended = true
       const why = outcome.message ? { message: outcome.message } : {}
       session.append('turn/end', { turn: t.turn, reason: outcome.reason, ...why })
-      await session.sync()
+      await this.boundary()
+      await this.syncing // a turn is on disk when run() resolves
       if (outcome.error !== undefined) throw outcome.error
       return { turn: t.turn, steps: t.step, reason: outcome.reason, text: t.last ? contentText(t.last.content) : '',
         message: t.last }
@@ -7199,6 +7202,7 @@ class Agent {
         try {
           if (session.turn.stepOpen) session.append('step/end', { turn: t.turn, step: t.step })
           session.append('turn/end', { turn: t.turn, reason: 'error' })
+          await this.syncing.catch(() => {})
           await session.sync()
         } catch { /* the original error matters more */ }
       }
@@ -7327,8 +7331,22 @@ class Agent {
     // One fsync per step: at its boundary, together with the turn's end when this step ends it.
     if (t.signal.aborted) return { reason: 'aborted' }
     if (calls.length === 0 && !steered) return { reason: response.finishReason === 'length' ? 'length' : 'stop' }
-    await session.sync()
+    await this.boundary()
     return NEXT_STEP
+  }
+
+  /**
+   * A step boundary (docs/design.md §4): the log so far is written and its fsync started, to run while the next step
+   * is prepared. The last boundary's fsync is awaited first, so one runs at a time (the kernel reports a failed
+   * write-back to one fsync only) and its failure fails the step after it; {@link Agent.run} awaits the turn's own.
+   */
+  private async boundary(): Promise<void> {
+    const last = this.syncing
+    this.syncing = Promise.resolve()
+    await last
+    await stateOf(this.session).flush()
+    this.syncing = this.session.sync()
+    this.syncing.catch(() => {}) // awaited by the next boundary or by the turn's end
   }
 
   /** The spend cap (docs/design.md §11): what was spent when the next request would pass a cap, else undefined. */
@@ -7410,7 +7428,7 @@ class Agent {
     this.overflowRetries++
     session.append('step/end', { turn: t.turn, step: t.step })
     session.append('recovery/retry', { generationBefore, generationAfter: session.replaceGeneration })
-    await session.sync()
+    await this.boundary()
     return NEXT_STEP
   }
 
@@ -7424,7 +7442,7 @@ class Agent {
       return undefined
     this.streamRetries++
     session.append('step/retry', { turn: t.turn, step: t.step, code: error.code })
-    await session.sync()
+    await this.boundary()
     return NEXT_STEP
   }
 
@@ -15826,10 +15844,13 @@ class SqlLogStore implements LogStore {
    */
   async sync(): Promise<void> {
     if (!this.unsynced || this.token === undefined) return
-    if ((await this.run('syncing', this.extendLease(), this.writable('sync'))).length !== 1) {
-      throw await this.locked('was taken over by')
+    this.unsynced = false // before the statement: a write committed while it runs is not covered by it
+    let rows: unknown[]
+    try { rows = await this.run('syncing', this.extendLease(), this.writable('sync')) } catch (err) {
+      this.unsynced = true
+      throw err
     }
-    this.unsynced = false
+    if (rows.length !== 1) { this.unsynced = true; throw await this.locked('was taken over by') }
   }
 
   /** Gives the lease back (its token stays, so a fenced-off writer stays fenced off); a failed close can be retried. */

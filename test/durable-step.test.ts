@@ -199,3 +199,56 @@ test('the surface index stays right across many replaces and its copies', async 
   for (const seq of replaced) assert.equal(surface.node(seq), undefined)
   assert.equal(session.surface().length, 1)
 })
+
+// A step boundary's fsync runs while the next step is prepared (docs/design.md §4): one at a time, a failed one fails
+// the step after it, and run() resolves only once the turn's own fsync is done.
+describe('the fsync of a step boundary runs while the next step is prepared', () => {
+  /** A store whose fsyncs take `ms` and are recorded: when each started and ended, and how many events it covered. */
+  class SlowSyncStore extends MemoryStore {
+    inFlight = 0
+    overlapped = 0
+    synced = 0
+    failAt?: number
+    calls = 0
+    constructor(private readonly ms: number) { super() }
+    async sync(): Promise<void> {
+      const n = ++this.calls
+      if (++this.inFlight > 1) this.overlapped++
+      const covered = this.events.length
+      await new Promise((resolve) => setTimeout(resolve, this.ms))
+      this.inFlight--
+      if (n === this.failAt) throw new Error('EIO: write-back failed')
+      this.synced = covered
+    }
+  }
+  const echo = { name: 'echo', description: 'echoes', parameters: { type: 'object' }, execute: () => 'ok' }
+
+  test('a turn of steps: one fsync per step, never two at once, and the whole turn synced when run() resolves', async () => {
+    const store = new SlowSyncStore(50)
+    const session = await Session.open(store)
+    const before = store.calls
+    const provider = new ScriptedProvider(100_000, [call('c1', 'echo'), call('c2', 'echo'), call('c3', 'echo'), say('done')])
+    let ranDuringSync = 0
+    const tool = { ...echo, execute: () => { if (store.inFlight > 0) ranDuringSync++; return 'ok' } }
+    const result = await new Agent({ session, provider, tools: [tool] }).run('go')
+    assert.equal(result.steps, 4)
+    assert.equal(ranDuringSync, 2, 'the tools of steps 2 and 3 ran while the boundary before them was fsynced')
+    assert.equal(store.calls - before, 4)
+    assert.equal(store.overlapped, 0, 'an fsync starts only after the last one ended')
+    assert.equal(store.inFlight, 0)
+    assert.equal(store.synced, store.events.length, 'the turn\'s last fsync covered every event, turn/end included')
+    assert.equal(store.events.at(-1)!.type, 'turn/end')
+  })
+
+  test('a failed fsync fails the turn with the store\'s error, at the step after it at the latest', async () => {
+    const store = new SlowSyncStore(2)
+    const session = await Session.open(store)
+    store.failAt = store.calls + 1 // the first step's boundary
+    const provider = new ScriptedProvider(100_000, [call('c1', 'echo'), call('c2', 'echo'), call('c3', 'echo'), say('done')])
+    await assert.rejects(new Agent({ session, provider, tools: [echo] }).run('go'), /EIO: write-back failed/)
+    assert.ok(provider.requests.length <= 2, `at most one more request after the failed fsync, got ${provider.requests.length}`)
+    assert.equal(store.inFlight, 0, 'no fsync is left running')
+    const types = store.events.map((e) => e.type)
+    assert.equal(types.at(-1), 'turn/end', 'the turn is closed in the log')
+  })
+})
