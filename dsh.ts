@@ -7192,7 +7192,7 @@ class Agent {
       const why = outcome.message ? { message: outcome.message } : {}
       session.append('turn/end', { turn: t.turn, reason: outcome.reason, ...why })
       await this.boundary()
-      await this.syncing // a turn is on disk when run() resolves
+      await this.synced() // a turn is on disk when run() resolves
       if (outcome.error !== undefined) throw outcome.error
       return { turn: t.turn, steps: t.step, reason: outcome.reason, text: t.last ? contentText(t.last.content) : '',
         message: t.last }
@@ -7202,7 +7202,7 @@ class Agent {
         try {
           if (session.turn.stepOpen) session.append('step/end', { turn: t.turn, step: t.step })
           session.append('turn/end', { turn: t.turn, reason: 'error' })
-          await this.syncing.catch(() => {})
+          await this.synced().catch(() => {})
           await session.sync()
         } catch { /* the original error matters more */ }
       }
@@ -7341,12 +7341,17 @@ class Agent {
    * write-back to one fsync only) and its failure fails the step after it; {@link Agent.run} awaits the turn's own.
    */
   private async boundary(): Promise<void> {
-    const last = this.syncing
-    this.syncing = Promise.resolve()
-    await last
+    await this.synced()
     await stateOf(this.session).flush()
     this.syncing = this.session.sync()
     this.syncing.catch(() => {}) // awaited by the next boundary or by the turn's end
+  }
+
+  /** The last boundary's fsync; its failure is thrown once, never again into a later turn. */
+  private synced(): Promise<void> {
+    const last = this.syncing
+    this.syncing = Promise.resolve()
+    return last
   }
 
   /** The spend cap (docs/design.md §11): what was spent when the next request would pass a cap, else undefined. */

@@ -251,4 +251,16 @@ describe('the fsync of a step boundary runs while the next step is prepared', ()
     const types = store.events.map((e) => e.type)
     assert.equal(types.at(-1), 'turn/end', 'the turn is closed in the log')
   })
+
+  test('a failed fsync of a turn\'s end fails that turn only: the next turn on a healthy disk succeeds', async () => {
+    const store = new SlowSyncStore(2)
+    const session = await Session.open(store)
+    store.failAt = store.calls + 2 // the first turn's steps: one call and its answer
+    const provider = new ScriptedProvider(100_000, [call('c1', 'echo'), say('done'), say('again')])
+    const agent = new Agent({ session, provider, tools: [echo] })
+    await assert.rejects(agent.run('go'), /EIO: write-back failed/)
+    const next = await agent.run('once more')
+    assert.equal(next.text, 'again')
+    assert.equal(store.synced, store.events.length)
+  })
 })
